@@ -1,0 +1,458 @@
+"""An emulated slow parallel filesystem: a read-only FUSE view of a directory.
+
+It adds a latency to every open (the metadata server round trip that dominates a
+PFS with many small files), optionally to every read call, and caps the aggregate
+bandwidth. The kernel caches nothing: files are opened with ``direct_io`` (no page
+cache, every read reaches the filesystem) and entries and attributes expire at once
+(every ``open`` reaches it too). It counts opens, reads and bytes, in total and per
+file, into a JSON file of its own, so a benchmark or a test measures the PFS traffic
+of a job independently of what Monarch believes it did.
+
+Run it as a process::
+
+    python -m monarch.testing.slowpfs SRC MOUNTPOINT --counters FILE \\
+        [--open-latency-ms 2] [--read-latency-ms 0] [--bandwidth MBps]
+
+or from Python with the :class:`SlowPFS` context manager, which starts that process,
+waits for the mount and always unmounts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from monarch.errors import MonarchError
+
+COUNTER_KEYS = ("opens", "reads", "bytes", "lookups", "readdirs")
+FLUSH_INTERVAL_S = 0.01
+MOUNT_TIMEOUT_S = 20.0
+
+
+class SlowPFSError(MonarchError):
+    """The emulated PFS could not be mounted or unmounted."""
+
+
+@dataclass(frozen=True)
+class Latency:
+    """What the emulated PFS costs: seconds per open and per read call, bytes/s (0 = unlimited)."""
+
+    open_s: float = 0.002
+    read_s: float = 0.0
+    bandwidth: float = 0.0
+    lookup_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- counters
+
+
+class Counters:
+    """Thread-safe counters, flushed as JSON (atomically) by a background thread."""
+
+    def __init__(self, path: str, interval: float = FLUSH_INTERVAL_S) -> None:
+        self.path = path
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._totals = dict.fromkeys(COUNTER_KEYS, 0)
+        self._files: dict[str, list[int]] = {}  # rel path -> [opens, reads, bytes]
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, key: str, path: str | None = None, n: int = 1, nbytes: int = 0) -> None:
+        with self._lock:
+            self._totals[key] += n
+            if nbytes:
+                self._totals["bytes"] += nbytes
+            if path is not None:
+                per = self._files.setdefault(path, [0, 0, 0])
+                if key == "opens":
+                    per[0] += n
+                elif key == "reads":
+                    per[1] += n
+                    per[2] += nbytes
+        self._dirty.set()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            data: dict[str, Any] = dict(self._totals)
+            data["files"] = {p: {"opens": o, "reads": r, "bytes": b} for p, (o, r, b) in self._files.items()}
+        data["pid"] = os.getpid()
+        data["time"] = time.time()
+        return data
+
+    def flush(self) -> None:
+        self._dirty.clear()
+        data = self.snapshot()
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, self.path)
+
+    def start(self) -> None:
+        self.flush()
+        self._thread = threading.Thread(target=self._run, name="slowpfs-counters", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._dirty.wait()
+            if self._stop.is_set():
+                return
+            self.flush()
+            time.sleep(self.interval)
+
+
+class Throttle:
+    """A shared link of fixed bandwidth: each read waits for its turn on the wire."""
+
+    def __init__(self, bandwidth: float) -> None:
+        self.bandwidth = bandwidth
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def wait(self, nbytes: int) -> None:
+        if self.bandwidth <= 0 or nbytes <= 0:
+            return
+        with self._lock:
+            start = max(time.monotonic(), self._free_at)
+            self._free_at = start + nbytes / self.bandwidth
+            done = self._free_at
+        delay = done - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+# --------------------------------------------------------------------------- the filesystem
+
+
+def _operations_class():
+    """Build the FUSE operations class (mfusepy is imported only where FUSE is used)."""
+    import mfusepy
+
+    class SlowOperations(mfusepy.Operations):
+        use_ns = True
+
+        def __init__(self, src: str, latency: Latency, counters: Counters) -> None:
+            self.src = os.path.realpath(src)
+            self.latency = latency
+            self.counters = counters
+            self.throttle = Throttle(latency.bandwidth)
+
+        def _real(self, path: str) -> str:
+            return os.path.join(self.src, path.lstrip("/"))
+
+        def init_with_config(self, conn_info, config_3) -> None:
+            if config_3 is not None:
+                # Nothing cached by the kernel: every lookup, open and read reaches us.
+                config_3.entry_timeout = 0.0
+                config_3.attr_timeout = 0.0
+                config_3.negative_timeout = 0.0
+                config_3.direct_io = 1
+                config_3.kernel_cache = 0
+                config_3.auto_cache = 0
+
+        def getattr(self, path: str, fh=None) -> dict[str, Any]:
+            self.counters.add("lookups")
+            if self.latency.lookup_s:
+                time.sleep(self.latency.lookup_s)
+            st = os.lstat(self._real(path))
+            keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_ino",
+                    "st_atime_ns", "st_mtime_ns", "st_ctime_ns", "st_blocks", "st_blksize")
+            attrs = {k: getattr(st, k) for k in keys}
+            # mfusepy (use_ns) expects the times under their plain names, in nanoseconds.
+            for k in ("st_atime", "st_mtime", "st_ctime"):
+                attrs[k] = attrs.pop(k + "_ns")
+            attrs["st_mode"] &= ~0o222  # read-only, as far as anyone asks
+            return attrs
+
+        def readlink(self, path: str) -> str:
+            return os.readlink(self._real(path))
+
+        def readdir(self, path: str, fh: int):
+            self.counters.add("readdirs")
+            return [".", "..", *os.listdir(self._real(path))]
+
+        def statfs(self, path: str) -> dict[str, int]:
+            sv = os.statvfs(self._real(path))
+            keys = ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree",
+                    "f_files", "f_flag", "f_frsize", "f_namemax")
+            return {k: getattr(sv, k) for k in keys}
+
+        def access(self, path: str, amode: int) -> int:
+            if amode & os.W_OK:
+                raise mfusepy.FuseOSError(errno.EROFS)
+            if not os.access(self._real(path), amode):
+                raise mfusepy.FuseOSError(errno.EACCES)
+            return 0
+
+        def open(self, path: str, fi) -> int:
+            if fi.flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
+                raise mfusepy.FuseOSError(errno.EROFS)
+            if self.latency.open_s:
+                time.sleep(self.latency.open_s)
+            fi.fh = os.open(self._real(path), os.O_RDONLY)
+            fi.direct_io = 1   # no page cache: every read() reaches read() below
+            fi.keep_cache = 0
+            self.counters.add("opens", path.lstrip("/"))
+            return 0
+
+        def read(self, path: str, size: int, offset: int, fi) -> bytes:
+            if self.latency.read_s:
+                time.sleep(self.latency.read_s)
+            data = os.pread(fi.fh, size, offset)
+            self.throttle.wait(len(data))
+            self.counters.add("reads", path.lstrip("/"), nbytes=len(data))
+            return data
+
+        def release(self, path: str, fi) -> int:
+            os.close(fi.fh)
+            return 0
+
+    return SlowOperations
+
+
+def serve(src: str, mountpoint: str, counters_path: str, latency: Latency, debug: bool = False) -> None:
+    """Mount ``src`` read-only at ``mountpoint`` and serve it until unmounted or signalled."""
+    import mfusepy
+
+    if not os.path.isdir(src):
+        raise SlowPFSError(f"slowpfs: source {src!r} is not a directory")
+    counters = Counters(counters_path)
+    counters.start()
+    ops = _operations_class()(src, latency, counters)
+    try:
+        # libfuse installs its own SIGTERM/SIGINT/SIGHUP handlers (exit the loop, unmount).
+        mfusepy.FUSE(ops, mountpoint, raw_fi=True, foreground=True, nothreads=False, debug=debug,
+                     ro=True, fsname=f"slowpfs:{os.path.realpath(src)}", subtype="slowpfs",
+                     direct_io=True)
+    except RuntimeError as exc:
+        # libfuse's fuse_main returns 8 whenever its loop ended by a signal (SIGTERM, SIGINT):
+        # that is the normal way to stop it, the mount is already gone.
+        if str(exc) != "8":
+            raise
+    finally:
+        counters.stop()
+
+
+# --------------------------------------------------------------------------- client side
+
+
+def fuse_unavailable_reason() -> str | None:
+    """Why a FUSE mount cannot work here (a reason to skip a test), or None if it can."""
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse on this machine"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "/dev/fuse is not readable and writable by this user"
+    if shutil.which("fusermount3") is None and os.geteuid() != 0:
+        return "fusermount3 not found (apt-get install fuse3)"
+    try:
+        import mfusepy  # noqa: F401
+    except (ImportError, OSError) as exc:
+        return f"mfusepy or libfuse3 not usable: {exc} (pip install mfusepy; apt-get install fuse3)"
+    return None
+
+
+def is_mounted(mountpoint: str) -> bool:
+    """True if ``mountpoint`` is in the mount table, even when its FUSE process is dead
+    (``os.path.ismount`` says False then: stat fails with ENOTCONN)."""
+    path = os.path.abspath(mountpoint)
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 1 and _unescape_mount(fields[1]) == path:
+                    return True
+    except OSError:
+        return os.path.ismount(path)
+    return False
+
+
+def _unescape_mount(field: str) -> str:
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def unmount(mountpoint: str) -> None:
+    """Unmount ``mountpoint`` if mounted: ``fusermount3 -u``, then lazily (``-uz``)."""
+    if not is_mounted(mountpoint):
+        return
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    attempts = [[tool, "-u", mountpoint], [tool, "-uz", mountpoint]] if tool else []
+    attempts += [["umount", mountpoint], ["umount", "-l", mountpoint]]
+    for cmd in attempts:
+        subprocess.run(cmd, capture_output=True, timeout=10)
+        if not is_mounted(mountpoint):
+            return
+    raise SlowPFSError(f"slowpfs: could not unmount {mountpoint}; try: fusermount3 -uz {mountpoint}")
+
+
+class SlowPFS:
+    """Run the emulated PFS as a subprocess for the life of a ``with`` block.
+
+    ``with SlowPFS(src, mnt, counters_json, open_latency_ms=2) as pfs:`` mounts ``src`` at
+    ``mnt``; ``pfs.counters()`` reads the traffic so far, ``pfs.reset_counters()`` starts
+    a new measurement. On exit, even by an exception, the process is stopped and the mount
+    removed.
+    """
+
+    def __init__(self, src: str | os.PathLike, mountpoint: str | os.PathLike,
+                 counters: str | os.PathLike | None = None, *, open_latency_ms: float = 2.0,
+                 read_latency_ms: float = 0.0, bandwidth_mbps: float = 0.0,
+                 lookup_latency_ms: float = 0.0, timeout: float = MOUNT_TIMEOUT_S) -> None:
+        self.src = os.fspath(src)
+        self.mountpoint = os.path.abspath(os.fspath(mountpoint))
+        self._own_counters = counters is None
+        self.counters_path = os.fspath(counters) if counters is not None else os.path.join(
+            tempfile.mkdtemp(prefix="slowpfs-"), "counters.json")
+        self.options = dict(open_latency_ms=open_latency_ms, read_latency_ms=read_latency_ms,
+                            bandwidth=bandwidth_mbps, lookup_latency_ms=lookup_latency_ms)
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+        self._stderr = None
+        self._baseline: dict[str, Any] | None = None
+
+    def command(self) -> list[str]:
+        o = self.options
+        return [sys.executable, "-m", "monarch.testing.slowpfs", self.src, self.mountpoint,
+                "--counters", self.counters_path,
+                "--open-latency-ms", str(o["open_latency_ms"]),
+                "--read-latency-ms", str(o["read_latency_ms"]),
+                "--lookup-latency-ms", str(o["lookup_latency_ms"]),
+                "--bandwidth", str(o["bandwidth"])]
+
+    def start(self) -> SlowPFS:
+        reason = fuse_unavailable_reason()
+        if reason:
+            raise SlowPFSError(f"slowpfs: FUSE is not usable here: {reason}")
+        os.makedirs(self.mountpoint, exist_ok=True)
+        if is_mounted(self.mountpoint):
+            raise SlowPFSError(f"slowpfs: {self.mountpoint} is already a mount point")
+        self._stderr = tempfile.TemporaryFile()
+        env = dict(os.environ)
+        src_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = src_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.pop("LD_PRELOAD", None)  # never serve the PFS through a preloaded shim
+        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._stderr,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + self.timeout
+        while not os.path.ismount(self.mountpoint):
+            if self.proc.poll() is not None:
+                err = self._read_stderr()
+                self.stop()
+                raise SlowPFSError(f"slowpfs: mounting {self.src} at {self.mountpoint} failed "
+                                   f"(exit {self.proc.returncode}):\n{err}")
+            if time.monotonic() > deadline:
+                err = self._read_stderr()
+                self.stop()
+                raise SlowPFSError(f"slowpfs: {self.mountpoint} not mounted after {self.timeout:.0f} s:\n{err}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Stop the process and remove the mount; safe to call twice."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    unmount(self.mountpoint)
+                    try:
+                        self.proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        self.proc.kill()
+                        self.proc.wait(timeout=5)
+        finally:
+            unmount(self.mountpoint)
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
+
+    def _read_stderr(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-4000:]
+
+    def raw_counters(self, settle: float = 3 * FLUSH_INTERVAL_S) -> dict[str, Any]:
+        """The emulator's counters file as written (waits ``settle`` s for the last flush)."""
+        if settle:
+            time.sleep(settle)
+        with open(self.counters_path) as f:
+            return json.load(f)
+
+    def counters(self, settle: float = 3 * FLUSH_INTERVAL_S) -> dict[str, Any]:
+        """Traffic since the start (or the last :meth:`reset_counters`): totals and ``files``."""
+        now = self.raw_counters(settle)
+        base = self._baseline
+        if base is None:
+            return now
+        out: dict[str, Any] = {k: now[k] - base[k] for k in COUNTER_KEYS}
+        files = {}
+        for path, per in now["files"].items():
+            old = base["files"].get(path, {})
+            diff = {k: v - old.get(k, 0) for k, v in per.items()}
+            if any(diff.values()):
+                files[path] = diff
+        out["files"] = files
+        return out
+
+    def reset_counters(self, settle: float = 3 * FLUSH_INTERVAL_S) -> None:
+        """Start a new measurement: later :meth:`counters` count from now."""
+        self._baseline = self.raw_counters(settle)
+
+    def __enter__(self) -> SlowPFS:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m monarch.testing.slowpfs", description=__doc__.split("\n\n")[0])
+    p.add_argument("src", help="directory to serve (read-only)")
+    p.add_argument("mountpoint")
+    p.add_argument("--counters", required=True, help="JSON file the counters are written to")
+    p.add_argument("--open-latency-ms", type=float, default=2.0, help="added to every open (default 2)")
+    p.add_argument("--read-latency-ms", type=float, default=0.0, help="added to every read call (default 0)")
+    p.add_argument("--lookup-latency-ms", type=float, default=0.0, help="added to every getattr (default 0)")
+    p.add_argument("--bandwidth", type=float, default=0.0, metavar="MBps",
+                   help="aggregate read bandwidth cap in MB/s (10^6 bytes/s; 0 = unlimited)")
+    p.add_argument("--debug", action="store_true", help="libfuse debug output")
+    args = p.parse_args(argv)
+    latency = Latency(open_s=args.open_latency_ms / 1e3, read_s=args.read_latency_ms / 1e3,
+                      bandwidth=args.bandwidth * 1e6, lookup_s=args.lookup_latency_ms / 1e3)
+    try:
+        serve(args.src, args.mountpoint, args.counters, latency, debug=args.debug)
+    except (SlowPFSError, RuntimeError, OSError) as exc:
+        print(f"slowpfs: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
