@@ -1,0 +1,3 @@
+from monarch.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""The ``monarch`` command: one entry point, subcommands, the user's command after ``--``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+
+from monarch.errors import MonarchError
+
+log = logging.getLogger("monarch")
+
+_MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+
+
+def _setup_logging(verbose: int, node: str) -> None:
+    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format=f"[monarch node {node}] %(levelname)s %(message)s", stream=sys.stderr)
+
+
+def _load(path: str | None):
+    from monarch.config import load_config
+    return load_config(path)
+
+
+def cmd_run(args) -> int:
+    from monarch.launcher import run
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        raise MonarchError("monarch run: no command given; usage: monarch run [-c CONFIG] -- CMD ARGS...")
+    config = _load(args.config)
+    return run(config, args.config, cmd, args.report)
+
+
+def _under_mpi() -> bool:
+    return any(v in os.environ for v in _MPI_RANK_VARS)
+
+
+def cmd_serve(args) -> int:
+    from monarch.daemon import NodeDaemon
+    from monarch.report import build_report, write_report
+    from monarch.server import NodeServer
+    cluster = None
+    if _under_mpi() and not args.embedded:
+        from monarch.cluster import Cluster
+        cluster = Cluster.from_world()
+        os.environ["MONARCH_NODE"] = str(cluster.node)  # each node expands ${MONARCH_NODE} to its own dirs
+        _setup_logging(args.verbose, str(cluster.node))
+    config = _load(args.config)
+    daemon = NodeDaemon(config, cluster=cluster)
+    server = NodeServer(daemon, embedded=args.embedded)
+    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: server.request_stop())
+    try:
+        server.serve()
+    finally:
+        daemon.close()
+        stats = daemon.stats()
+        if not args.embedded:  # a standing daemon writes the job's report; embedded ones leave it to `monarch run`
+            nodes = cluster.finish(stats) if cluster is not None else [stats]
+            if nodes is not None:
+                report = build_report(nodes, {"job_id": os.environ.get("MONARCH_JOB_ID", ""), "config": config.source,
+                                              "nodes": len(nodes)})
+                write_report(report, args.report or config.report_path)
+                log.warning("report written to %s", args.report or config.report_path)
+        if cluster is not None:
+            cluster.close()
+    return 0
+
+
+def cmd_stop(args) -> int:
+    import socket
+    config = _load(args.config)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(config.socket_path)
+        sock.sendall(b"STOP\n")
+        sock.recv(16)
+    except OSError as e:
+        raise MonarchError(f"no Monarch daemon answers at {config.socket_path} ({e.strerror})") from None
+    finally:
+        sock.close()
+    return 0
+
+
+def cmd_check_config(args) -> int:
+    config = _load(args.file)
+    print(f"{args.file}: OK")
+    print(f"  roots   : {', '.join(config.dataset.roots)}")
+    for t in config.tiers:
+        print(f"  tier    : {t.name} {t.path} capacity {t.capacity} bytes{' (kept)' if t.keep else ''}")
+    print(f"  staging : {config.staging.policy}, {config.staging.threads} threads")
+    print(f"  run_dir : {config.run_dir}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from monarch.report import load_report, print_report
+    report = load_report(args.file)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        print_report(report, sys.stdout)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from monarch.demo import demo
+    return demo(args.dir, files=args.files, epochs=args.epochs, workers=args.workers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="monarch", description="Hierarchical data staging for DL training on HPC.")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    sub = p.add_subparsers(dest="sub", required=True)
+
+    r = sub.add_parser("run", help="run a command with its dataset reads staged by Monarch")
+    r.add_argument("-c", "--config", help="YAML configuration (default: the shipped single-node defaults)")
+    r.add_argument("--report", help="where to write the JSON report (default: <run_dir>/report.json)")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("serve", help="run the node daemon (one per node; under mpiexec, a cluster)")
+    s.add_argument("-c", "--config")
+    s.add_argument("--report", help="where the job report goes at stop (default: <run_dir>/report.json)")
+    s.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
+    s.set_defaults(func=cmd_serve)
+
+    st = sub.add_parser("stop", help="stop this node's daemon")
+    st.add_argument("-c", "--config")
+    st.set_defaults(func=cmd_stop)
+
+    c = sub.add_parser("check-config", help="validate a configuration file")
+    c.add_argument("file")
+    c.set_defaults(func=cmd_check_config)
+
+    rep = sub.add_parser("report", help="print a JSON report again")
+    rep.add_argument("file")
+    rep.add_argument("--json", action="store_true", help="print the JSON itself")
+    rep.set_defaults(func=cmd_report)
+
+    d = sub.add_parser("demo", help="make a demo dataset and read it for several epochs under monarch run")
+    d.add_argument("--dir", default=None, help="where to put the demo dataset (default: a temporary directory)")
+    d.add_argument("--files", type=int, default=2000)
+    d.add_argument("--epochs", type=int, default=3)
+    d.add_argument("--workers", type=int, default=4)
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        from monarch.topology import node_index
+        _setup_logging(args.verbose, str(node_index()))
+    try:
+        return args.func(args)
+    except MonarchError as e:
+        print(f"monarch: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,65 @@
+"""Compile ``monarch_shim.c`` into ``libmonarch_shim.so``.
+
+One function serves both the install-time build hook (``setup.py``) and a source
+checkout, where the library is built on first use into a cache keyed by the
+source's hash, so a stale library is never preloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+
+SOURCE = Path(__file__).with_name("monarch_shim.c")
+LIBRARY_NAME = "libmonarch_shim.so"
+CFLAGS = ["-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-std=gnu11",
+          "-Wall", "-Wextra", "-Werror"]
+LIBS = ["-ldl", "-lpthread"]
+
+
+class ShimBuildError(RuntimeError):
+    """The shim could not be compiled (kept free of package imports: setup.py loads this file by path)."""
+
+
+def build_shim(out: Path, source: Path = SOURCE) -> Path:
+    """Compile the shim to ``out`` (atomically: a half-written .so is never preloaded)."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise ShimBuildError("cannot build the Monarch shim: no C compiler found; "
+                           "install gcc (apt-get install gcc) or set CC")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    cmd = [cc, *CFLAGS, "-o", str(tmp), str(source), *LIBS]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ShimBuildError(f"building the Monarch shim failed: {' '.join(cmd)}\n{proc.stderr}")
+    os.replace(tmp, out)
+    return out
+
+
+def shim_library() -> Path:
+    """The shim to preload: the installed one, else one built from this checkout."""
+    installed = Path(__file__).with_name(LIBRARY_NAME)
+    if installed.exists() and not SOURCE.exists():
+        return installed
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    if installed.exists() and _stamp(installed) == digest:
+        return installed
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "monarch"
+    built = cache / f"{digest}-{LIBRARY_NAME}"
+    if not built.exists():
+        build_shim(built)
+    return built
+
+
+def _stamp(library: Path) -> str | None:
+    stamp = library.with_suffix(".sha256")
+    return stamp.read_text().strip() if stamp.exists() else None
+
+
+def write_stamp(library: Path, source: Path = SOURCE) -> None:
+    library.with_suffix(".sha256").write_text(hashlib.sha256(source.read_bytes()).hexdigest()[:16])
