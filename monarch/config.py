@@ -230,6 +230,10 @@ def _validate(raw: dict, source: str, env: Mapping[str, str]) -> Config:
         roots = [roots]
     if not isinstance(roots, list):
         raise r.fail("dataset.roots", f"expected a list of directories, got {roots!r}")
+    roots = [r.string(v, f"dataset.roots[{i}]") for i, v in enumerate(roots)]
+    if not any(roots):
+        raise r.fail("dataset.roots", "no dataset roots: list the directories Monarch manages, "
+                                      "or set MONARCH_DATASET for the default configuration")
     root_paths = tuple(os.path.realpath(r.path(v, f"dataset.roots[{i}]")) for i, v in enumerate(roots))
 
     tiers_raw = raw.get("tiers")

@@ -23,6 +23,7 @@ class Tier:
         self._used = 0
         self._lock = threading.Lock()
         self.files = 0
+        self._created: list[str] = []  # directories prepare() made, deepest first, for remove()
 
     @classmethod
     def from_config(cls, cfg: TierConfig, slot: int) -> "Tier":
@@ -51,7 +52,12 @@ class Tier:
             self.files += 1
 
     def prepare(self) -> None:
+        missing, d = [], self.path
+        while not os.path.exists(d):
+            missing.append(d)
+            d = os.path.dirname(d)
         os.makedirs(self.path, exist_ok=True)
+        self._created = missing
 
     def adopt_existing(self, files: dict[str, FileInfo]) -> list[str]:
         """Count copies a kept tier holds from an earlier job; drop stale and partial ones."""
@@ -75,7 +81,13 @@ class Tier:
         return adopted
 
     def remove(self) -> None:
+        """Delete the tier and the empty directories prepare() made for it (one job, one namespace)."""
         shutil.rmtree(self.path, ignore_errors=True)
+        for d in self._created[1:]:
+            try:
+                os.rmdir(d)
+            except OSError:
+                break  # not empty: another node's or job's tier lives there
 
     def describe(self) -> dict:
         return {"name": self.name, "path": self.path, "capacity": self.capacity,
