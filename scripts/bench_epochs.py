@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""Epoch benchmark: the same training-like workload read three ways, side by side.
+
+  direct   straight from the emulated slow PFS (a FUSE mount, 2 ms per open by default)
+  monarch  the same mount under ``monarch run`` (files staged into a RAM tier)
+  ceiling  straight from a copy of the dataset in /dev/shm (what local RAM allows)
+
+It prints each epoch's time and samples/s per mode, the ratios monarch/direct and
+monarch/ceiling over the steady-state epochs (all but the first), and the bytes each mode
+read from the PFS as the emulator counted them, against the dataset size. It writes the
+figures as JSON and a plot as PNG.
+
+    python scripts/bench_epochs.py                      # ~3000 files of ~100 KiB, 3 epochs
+    python scripts/bench_epochs.py --variant large      # 64 files of 16 MiB
+    python scripts/bench_epochs.py --quick              # a small smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.workload import make_dataset, parse_size  # noqa: E402
+
+MODES = ("direct", "monarch", "ceiling")
+VARIANTS = {"small": dict(files=3000, size="100KiB", spread=0.5),
+            "large": dict(files=64, size="16MiB", spread=0.0)}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variant", choices=sorted(VARIANTS), default="small",
+                   help="small: many ~100 KiB files (default); large: few 16 MiB files")
+    p.add_argument("--files", type=int, help="number of files (overrides the variant)")
+    p.add_argument("--size", help="mean file size, e.g. 100KiB (overrides the variant)")
+    p.add_argument("--spread", type=float, help="log-normal spread of sizes (overrides the variant)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--reader", choices=("python", "os", "mmap"), default="python")
+    p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per sample in the workload")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--open-latency-ms", type=float, default=2.0, help="emulated PFS: per open")
+    p.add_argument("--read-latency-ms", type=float, default=0.0, help="emulated PFS: per read call")
+    p.add_argument("--bandwidth", type=float, default=0.0, metavar="MBps", help="emulated PFS: cap (0 = none)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument("--policy", default="on-access", help="Monarch staging.policy (on-access, prestage)")
+    p.add_argument("--capacity", help="Monarch RAM tier capacity (default: room for the dataset)")
+    p.add_argument("--workdir", help="where the dataset and scratch go (default: a new temporary directory)")
+    p.add_argument("--out", default="bench_epochs", help="prefix of the JSON and PNG written (default bench_epochs)")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds allowed to each mode's run")
+    p.add_argument("--keep", action="store_true", help="keep the working directory")
+    p.add_argument("--quick", action="store_true", help="smoke run: 300 files of 32 KiB, 2 epochs")
+    args = p.parse_args(argv)
+    base = dict(VARIANTS[args.variant])
+    if args.quick:
+        base = dict(files=300, size="32KiB", spread=0.5)
+        args.epochs = min(args.epochs, 2)
+    for key in ("files", "size", "spread"):
+        if getattr(args, key) is None:
+            setattr(args, key, base[key])
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = set(args.modes) - set(MODES)
+    if bad:
+        p.error(f"--modes: unknown {', '.join(sorted(bad))}; choose from {', '.join(MODES)}")
+    return args
+
+
+# --------------------------------------------------------------------------- running one mode
+
+
+def workload_cmd(data_dir: str, manifest: Path, out_json: Path, args) -> list[str]:
+    return [sys.executable, "-m", "monarch.workload", "read", data_dir, "--epochs", str(args.epochs),
+            "--workers", str(args.workers), "--seed", str(args.seed), "--reader", args.reader,
+            "--compute-ms", str(args.compute_ms), "--manifest", str(manifest), "--json", str(out_json)]
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
+def run_workload(cmd: list[str], out_json: Path, log_path: Path, timeout: float) -> dict:
+    """Run one mode's command; its per-epoch results, or the reason it failed."""
+    t0 = time.perf_counter()
+    with open(log_path, "w") as logf:
+        try:
+            proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=child_env(),
+                                  timeout=timeout, cwd=REPO)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    wall = time.perf_counter() - t0
+    text = log_path.read_text(errors="replace")
+    result = {"command": cmd, "returncode": rc, "wall_s": wall, "log": str(log_path)}
+    if rc != 0 or not out_json.exists():
+        why = f"timed out after {timeout:.0f} s" if rc is None else f"exit code {rc}"
+        result["error"] = f"{why}; last lines of {log_path}:\n" + "\n".join(text.splitlines()[-15:])
+        return result
+    result["epochs"] = json.loads(out_json.read_text())["epochs"]
+    return result
+
+
+def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int, policy: str) -> None:
+    # JSON is YAML: no YAML writer needed, and paths with odd characters are quoted right.
+    config = {
+        "dataset": {"roots": [mount]},
+        "run_dir": str(work / "run"),
+        "tiers": [{"name": "ram", "path": str(shm / "tier-ram"), "capacity": f"{capacity}B", "keep": False}],
+        "staging": {"policy": policy},
+        "report": str(work / "monarch-report.json"),
+    }
+    path.write_text("# written by scripts/bench_epochs.py\n" + json.dumps(config, indent=2) + "\n")
+
+
+def check_config(path: Path) -> str | None:
+    proc = subprocess.run([sys.executable, "-m", "monarch", "check-config", str(path)], capture_output=True,
+                          text=True, env=child_env(), timeout=60, cwd=REPO)
+    if proc.returncode != 0:
+        return f"monarch check-config {path} failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout}"
+    return None
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def steady(epochs: list[dict]) -> dict | None:
+    """Aggregate throughput of the steady-state epochs (all but the first, if there are more)."""
+    chosen = epochs[1:] if len(epochs) > 1 else epochs
+    if not chosen:
+        return None
+    seconds = sum(e["seconds"] for e in chosen)
+    samples = sum(e["samples"] for e in chosen)
+    return {"epochs": [e["epoch"] for e in chosen], "seconds": seconds, "samples_per_s": samples / seconds}
+
+
+def print_table(results: dict, dataset_bytes: int, args) -> None:
+    modes = [m for m in MODES if m in results]
+    print()
+    print(f"dataset: {args.files} files, {dataset_bytes / 1e6:.1f} MB; {args.epochs} epochs, "
+          f"{args.workers} workers, reader {args.reader}; PFS: {args.open_latency_ms} ms/open, "
+          f"{args.read_latency_ms} ms/read, bandwidth {'unlimited' if not args.bandwidth else f'{args.bandwidth} MB/s'}")
+    print(f"{'epoch':>5}  " + "  ".join(f"{m + ' s':>11} {m + ' smp/s':>14}" for m in modes))
+    for e in range(args.epochs):
+        cells = []
+        for m in modes:
+            ep = results[m].get("epochs") or []
+            if e < len(ep):
+                cells.append(f"{ep[e]['seconds']:>11.3f} {ep[e]['samples_per_s']:>14.1f}")
+            else:
+                cells.append(f"{'-':>11} {'-':>14}")
+        print(f"{e:>5}  " + "  ".join(cells))
+    print()
+    for m in modes:
+        r = results[m]
+        pfs = r.get("pfs")
+        pfs_txt = (f"PFS {pfs['bytes'] / 1e6:9.1f} MB = {pfs['bytes'] / dataset_bytes:5.2f} x dataset, "
+                   f"{pfs['opens']:6d} opens, {pfs['reads']:7d} reads") if pfs else "PFS not touched"
+        if "error" in r:
+            print(f"{m:>8}: FAILED: {r['error']}")
+        s = r.get("steady")
+        print(f"{m:>8}: steady {s['samples_per_s']:10.1f} samples/s; {pfs_txt}" if s else f"{m:>8}: {pfs_txt}")
+    ratios = results.get("ratios", {})
+    for name, value in ratios.items():
+        print(f"{name}: {value:.2f}")
+
+
+def plot(results: dict, dataset_bytes: int, args, png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in MODES if m in results and results[m].get("epochs")]
+    colors = {"direct": "tab:red", "monarch": "tab:blue", "ceiling": "tab:green"}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    width = 0.8 / max(1, len(modes))
+    for i, m in enumerate(modes):
+        ep = results[m]["epochs"]
+        xs = [e["epoch"] + (i - (len(modes) - 1) / 2) * width for e in ep]
+        ax1.bar(xs, [e["samples_per_s"] for e in ep], width, label=m, color=colors[m])
+    ax1.set_xlabel("epoch")
+    ax1.set_ylabel("samples/s")
+    ax1.set_xticks(range(args.epochs))
+    ax1.set_title(f"{args.files} files x {args.size} ({dataset_bytes / 1e6:.0f} MB), {args.workers} workers")
+    ax1.legend()
+    pfs_modes = [m for m in MODES if m in results]
+    vals = [results[m]["pfs"]["bytes"] / dataset_bytes if results[m].get("pfs") else 0 for m in pfs_modes]
+    ax2.bar(pfs_modes, vals, color=[colors[m] for m in pfs_modes])
+    ax2.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax2.set_ylabel("PFS bytes read / dataset size")
+    ax2.set_title(f"PFS traffic over {args.epochs} epochs (emulator's count)")
+    for x, v in enumerate(vals):
+        ax2.text(x, v, f"{v:.2f}", ha="center", va="bottom")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    reason = fuse_unavailable_reason()
+    if reason and {"direct", "monarch"} & set(args.modes):
+        print(f"bench_epochs: the emulated PFS needs FUSE: {reason}", file=sys.stderr)
+        return 2
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="mbench-", dir="/tmp")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    shm = Path(tempfile.mkdtemp(prefix="mbench-", dir="/dev/shm"))
+    src, manifest = work / "dataset", work / "dataset.manifest.json"
+    out_json, out_png = Path(f"{args.out}.json").resolve(), Path(f"{args.out}.png").resolve()
+    results: dict = {}
+    try:
+        t0 = time.perf_counter()
+        if manifest.exists() and src.is_dir():
+            entries = json.loads(manifest.read_text())["files"]
+            print(f"reusing the dataset in {src}")
+        else:
+            entries = make_dataset(src, args.files, args.size, args.spread, args.seed, manifest=manifest)
+            print(f"made {len(entries)} files in {src} ({time.perf_counter() - t0:.1f} s)")
+        dataset_bytes = sum(e["size"] for e in entries.values())
+        args.files = len(entries)
+
+        if "ceiling" in args.modes:
+            ram = shm / "dataset"
+            shutil.copytree(src, ram)
+            print(f"ceiling: reading a RAM copy in {ram}", flush=True)
+            results["ceiling"] = run_workload(workload_cmd(str(ram), manifest, work / "ceiling.json", args),
+                                              work / "ceiling.json", work / "ceiling.log", args.timeout)
+            shutil.rmtree(ram, ignore_errors=True)
+
+        if {"direct", "monarch"} & set(args.modes):
+            with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=args.open_latency_ms,
+                         read_latency_ms=args.read_latency_ms, bandwidth_mbps=args.bandwidth) as pfs:
+                if "direct" in args.modes:
+                    print(f"direct: reading the emulated PFS at {pfs.mountpoint}", flush=True)
+                    pfs.reset_counters()
+                    results["direct"] = run_workload(
+                        workload_cmd(pfs.mountpoint, manifest, work / "direct.json", args),
+                        work / "direct.json", work / "direct.log", args.timeout)
+                    results["direct"]["pfs"] = _pfs_totals(pfs.counters())
+                if "monarch" in args.modes:
+                    results["monarch"] = run_monarch(pfs, manifest, work, shm, dataset_bytes, args)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+        if not args.keep and not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    for m in results.values():
+        if m.get("epochs"):
+            m["steady"] = steady(m["epochs"])
+    ratios = {}
+    s = {m: results[m].get("steady") for m in results}
+    if s.get("monarch") and s.get("direct"):
+        ratios["monarch/direct (steady samples/s, speed-up)"] = s["monarch"]["samples_per_s"] / s["direct"]["samples_per_s"]
+    if s.get("monarch") and s.get("ceiling"):
+        ratios["monarch/ceiling (steady samples/s, fraction of RAM speed)"] = (
+            s["monarch"]["samples_per_s"] / s["ceiling"]["samples_per_s"])
+    results["ratios"] = ratios
+    print_table(results, dataset_bytes, args)
+
+    summary = {"config": {k: v for k, v in vars(args).items()}, "dataset_bytes": dataset_bytes,
+               "dataset_files": args.files, "results": results}
+    out_json.write_text(json.dumps(summary, indent=1, default=str))
+    try:
+        plot(results, dataset_bytes, args, out_png)
+        print(f"\nwrote {out_json} and {out_png}")
+    except Exception as exc:  # a plot is a nicety: never lose the figures for it
+        print(f"\nwrote {out_json}; no plot: {exc}")
+    failed = [m for m in args.modes if "error" in results.get(m, {})]
+    return 1 if failed else 0
+
+
+def _pfs_totals(counters: dict) -> dict:
+    return {k: counters[k] for k in ("opens", "reads", "bytes", "lookups", "readdirs")}
+
+
+def run_monarch(pfs: SlowPFS, manifest: Path, work: Path, shm: Path, dataset_bytes: int, args) -> dict:
+    capacity = parse_size(args.capacity) if args.capacity else int(dataset_bytes * 1.1) + (64 << 20)
+    config = work / "monarch.yaml"
+    monarch_config(config, pfs.mountpoint, work, shm, capacity, args.policy)
+    problem = check_config(config)
+    if problem:
+        print(f"monarch: {problem}", flush=True)
+        return {"error": problem}
+    print(f"monarch: reading {pfs.mountpoint} under monarch run -c {config}", flush=True)
+    report_path = work / "monarch-report.json"
+    pfs.reset_counters()
+    cmd = [sys.executable, "-m", "monarch", "run", "-c", str(config), "--report", str(report_path), "--",
+           *workload_cmd(pfs.mountpoint, manifest, work / "monarch.json", args)]
+    result = run_workload(cmd, work / "monarch.json", work / "monarch.log", args.timeout)
+    result["pfs"] = _pfs_totals(pfs.counters())
+    result["config"] = json.loads(config.read_text().split("\n", 1)[1])
+    if report_path.exists():
+        report = json.loads(report_path.read_text())
+        result["report"] = {k: report.get(k) for k in ("sources", "pfs", "staging", "dataset")}
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
