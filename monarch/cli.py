@@ -52,12 +52,16 @@ def cmd_serve(args) -> int:
     config = _load(args.config)
     daemon = NodeDaemon(config, cluster=cluster)
     server = NodeServer(daemon, embedded=args.embedded)
+    pid_file = os.path.join(config.run_dir, "daemon.pid")
+    with open(pid_file, "w") as f:
+        f.write(f"{os.getpid()}\n")
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
     try:
         server.serve()
     finally:
         daemon.close()
+        _remove(pid_file)
         stats = daemon.stats()
         if not args.embedded:  # a standing daemon writes the job's report; embedded ones leave it to `monarch run`
             nodes = cluster.finish(stats) if cluster is not None else [stats]
@@ -69,6 +73,13 @@ def cmd_serve(args) -> int:
         if cluster is not None:
             cluster.close()
     return 0
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def cmd_stop(args) -> int:

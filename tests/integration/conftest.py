@@ -1,0 +1,71 @@
+"""Helpers for end-to-end tests: datasets, configurations and ``monarch`` as a real process."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from monarch.workload import make_dataset
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass
+class Dataset:
+    root: str
+    manifest: str
+    files: dict
+    total: int
+
+
+@pytest.fixture
+def dataset(short_tmp):
+    def make(files=300, size="8KiB", name="pfs"):
+        root = os.path.join(short_tmp, name)
+        manifest = os.path.join(short_tmp, f"{name}.manifest.json")
+        entries = make_dataset(root, files=files, size=size, manifest=manifest)
+        return Dataset(root, manifest, entries, sum(e["size"] for e in entries.values()))
+    return make
+
+
+def write_config(base, roots, ram="1GiB", ssd="1GiB", policy="on-access", keep=False, extra=""):
+    path = os.path.join(base, "monarch.yaml")
+    roots_yaml = ", ".join(json.dumps(r) for r in ([roots] if isinstance(roots, str) else roots))
+    with open(path, "w") as f:
+        f.write(f"""dataset: {{roots: [{roots_yaml}]}}
+run_dir: "{base}/run${{MONARCH_NODE}}"
+tiers:
+  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}, keep: {str(keep).lower()}}}
+  - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}, keep: {str(keep).lower()}}}
+staging: {{policy: {policy}, threads: 2}}
+peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}
+{extra}""")
+    return path
+
+
+def monarch_env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("MONARCH_DISABLE", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def monarch(*args, env=None, timeout=180, **kw):
+    """Run ``python -m monarch ARGS`` from this checkout."""
+    return subprocess.run([sys.executable, "-m", "monarch", *args], env=env or monarch_env(),
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def reader(ds, epochs=3, workers=4, reader_kind="python"):
+    return [sys.executable, "-m", "monarch.workload", "read", ds.root, "--epochs", str(epochs),
+            "--workers", str(workers), "--manifest", ds.manifest, "--reader", reader_kind]
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
