@@ -25,10 +25,11 @@ def demo(directory: str | None, files: int, epochs: int, workers: int) -> int:
             subprocess.run([py, "-m", "monarch.workload", "make", data, "--files", str(files),
                             "--manifest", manifest], check=True)
         env = dict(os.environ, MONARCH_DATASET=data, MONARCH_JOB_ID=f"demo-{os.getpid()}")
-        cmd = [py, "-m", "monarch", "run", "--report", os.path.join(base, "report.json"), "--",
+        # the report goes to the job's run_dir (the default), so it outlives the demo dataset
+        cmd = [py, "-m", "monarch", "run", "--",
                py, "-m", "monarch.workload", "read", data, "--epochs", str(epochs),
                "--workers", str(workers), "--manifest", manifest]
-        print("demo: " + " ".join(cmd[1:]), flush=True)
+        print("demo: monarch " + " ".join(cmd[3:]), flush=True)
         return subprocess.run(cmd, env=env).returncode
     finally:
         if own:

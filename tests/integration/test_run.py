@@ -198,3 +198,13 @@ def test_report_command_prints_a_saved_report(dataset, short_tmp):
     open(bad, "w").write("{}")
     r = monarch("report", bad)
     assert r.returncode == 2 and "not a Monarch report" in r.stderr
+
+
+def test_demo_runs_the_main_job_on_the_embedded_default(short_tmp):
+    env = monarch_env(TMPDIR=short_tmp)
+    r = monarch("demo", "--files", "200", "--epochs", "2", "--workers", "2", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "= 1.00x the dataset" in r.stderr
+    (report,) = glob.glob(os.path.join(short_tmp, "monarch-*", "demo-*", "node0", "report.json"))
+    rep = load(report)
+    assert rep["sources"]["ram"]["opens"] == 400 and rep["pfs"]["app_bytes"] == 0
