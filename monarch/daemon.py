@@ -151,7 +151,9 @@ class NodeDaemon:
 
     # -- statistics and shutdown ---------------------------------------------------------
     def source_names(self) -> dict[int, str]:
-        names = {protocol.SLOT_PFS: "pfs", protocol.SLOT_PEER: "peer"}
+        names = {protocol.SLOT_PFS: "pfs"}
+        if self.cluster is not None:
+            names[protocol.SLOT_PEER] = "peer"
         names.update({t.slot: t.name for t in self.tiers})
         return names
 

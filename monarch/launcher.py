@@ -207,7 +207,7 @@ def _reap(daemon: subprocess.Popen, config: Config) -> None:
 
 def _stats_without_daemon(config: Config) -> dict:
     """The shim's counters survive the daemon: report what the application read."""
-    names = {protocol.SLOT_PFS: "pfs", protocol.SLOT_PEER: "peer"}
+    names = {protocol.SLOT_PFS: "pfs"}
     names.update({protocol.tier_slot(i): t.name for i, t in enumerate(config.tiers)})
     try:
         counters = protocol.read_counters(config.counters_path)
