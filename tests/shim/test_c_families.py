@@ -1,0 +1,91 @@
+"""Every wrapped glibc family, from a small C program, under the shim."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from .conftest import md5
+
+pytestmark = pytest.mark.shim
+
+SIZE = 123_457
+
+# (open family, read family, bytes counted?)
+FAMILIES = [
+    ("open", "read", True),
+    ("open64", "__read_chk", True),
+    ("__open_2", "pread", True),
+    ("__open64_2", "pread64", True),
+    ("openat", "readv", True),
+    ("openat64", "preadv", True),
+    ("__openat_2", "preadv64", True),
+    ("__openat64_2", "preadv2", True),
+    ("open", "preadv64v2", True),
+    ("open64", "__pread_chk", True),
+    ("open", "__pread64_chk", True),
+    ("open", "sendfile", True),
+    ("fopen64", "read", True),
+    ("fopen", "fread", False),  # stdio reads through glibc's internal __read: only the open counts
+]
+
+
+@pytest.mark.parametrize("open_fam,read_fam,counted", FAMILIES, ids=[f"{o}+{r}" for o, r, _ in FAMILIES])
+def test_family_staged_by_daemon(staged_env, families_bin, open_fam, read_fam, counted):
+    src = staged_env.write("fam/data.bin", SIZE)
+    proc = staged_env.run([families_bin, open_fam, read_fam, str(src)])
+    assert md5(proc.stdout) == md5(src.read_bytes())
+    assert staged_env.daemon.requests == ["0/fam/data.bin"]
+    assert staged_env.counts() == staged_env.expected(tier0=(1, SIZE if counted else 0))
+
+
+@pytest.mark.parametrize("open_fam", ["open", "openat64", "__open_2", "fopen"])
+def test_family_probe_hit_prefers_fastest_tier(shim_env, families_bin, open_fam):
+    src = shim_env.write("a/b.bin", SIZE)
+    shim_env.stage("a/b.bin", tier=1)
+    shim_env.stage("a/b.bin", tier=0)
+    proc = shim_env.run([families_bin, open_fam, "read", str(src)])  # no daemon: probing must suffice
+    assert md5(proc.stdout) == md5(src.read_bytes())
+    assert shim_env.counts() == shim_env.expected(tier0=(1, SIZE))
+
+
+def test_reads_from_the_staged_copy(shim_env, families_bin):
+    """Proof the bytes come from the tier: give the staged copy different content."""
+    src = shim_env.write("x.bin", 1000)
+    shim_env.stage("x.bin", tier=1, data=b"S" * 1000)
+    proc = shim_env.run([families_bin, "openat", "pread", str(src)])
+    assert proc.stdout == b"S" * 1000
+    assert shim_env.counts() == shim_env.expected(tier1=(1, 1000))
+
+
+@pytest.mark.parametrize("how", ["dup", "dup2"])
+def test_dup_keeps_counting(staged_env, families_bin, how):
+    src = staged_env.write("d.bin", SIZE)
+    proc = staged_env.run([families_bin, "open", "read", str(src), how])
+    assert md5(proc.stdout) == md5(src.read_bytes())
+    assert staged_env.counts() == staged_env.expected(tier0=(1, SIZE))
+
+
+@pytest.mark.parametrize("open_fam", ["open", "fopen64"])
+def test_closed_fd_number_reused_is_not_counted(staged_env, families_bin, open_fam):
+    src = staged_env.write("r.bin", SIZE)
+    other = staged_env.write("unmanaged.bin", 50_000, under=staged_env.other)
+    proc = staged_env.run([families_bin, open_fam, "read", str(src), f"reuse={other}"])
+    assert md5(proc.stdout) == md5(src.read_bytes())
+    assert staged_env.counts() == staged_env.expected(tier0=(1, SIZE))
+
+
+@pytest.mark.parametrize("open_fam", ["open", "__openat64_2", "fopen"])
+def test_missing_file_gives_enoent(staged_env, families_bin, open_fam):
+    proc = staged_env.run([families_bin, open_fam, "read", str(staged_env.root / "nope.bin")], check=False)
+    assert proc.returncode == 3
+    assert proc.stderr.decode().strip() == f"errno={errno.ENOENT}"
+    assert staged_env.counts() == staged_env.expected()
+
+
+def test_file_as_directory_gives_enotdir(staged_env, families_bin):
+    staged_env.write("f.bin", 10)
+    proc = staged_env.run([families_bin, "open", "read", str(staged_env.root / "f.bin" / "x")], check=False)
+    assert (proc.returncode, proc.stderr.decode().strip()) == (3, f"errno={errno.ENOTDIR}")
+    assert staged_env.counts() == staged_env.expected()
