@@ -2,7 +2,8 @@
 and answers the shim's ``resolve(key)``.
 
 Single node it stages on access (or prestages); in a cluster it stages what this node
-owns and fetches the rest from the owning peer into a bounded local peer area.
+owns and fetches the rest from the owning peer into a bounded local peer area; when a
+peer cannot help (dead, slow, full) the file is staged here from the PFS instead.
 Every way it cannot help ends in the same answer: read the PFS (fail open), counted by why.
 """
 
@@ -40,6 +41,7 @@ class NodeDaemon:
         self._lock = threading.Lock()
         self._peer_flights: dict[str, concurrent.futures.Future] = {}
         self._peer_files: set[str] = set()
+        self._down_peers: set[int] = set()  # timed out once: not waited for again this job
         self.peer_bytes_received = 0
         self.snapshot_seconds = 0.0
         os.makedirs(config.run_dir, exist_ok=True)
@@ -86,8 +88,12 @@ class NodeDaemon:
             return PFS, "pfs:not_in_snapshot"
         if self.config.staging.policy == "off":
             return PFS, "pfs:policy_off"
-        if not self.owns(key):
-            return self._from_peer(key)
+        if not self.owns(key) and self.cluster.owner(key) not in self._down_peers:
+            answer, outcome = self._from_peer(key)
+            if answer != PFS:
+                return answer, outcome
+            with self._lock:  # the peer could not help: count why, then stage it here
+                self.outcomes[outcome] += 1
         try:
             tier = self.stager.ensure(key).result(timeout=self.config.staging.resolve_timeout)
         except concurrent.futures.TimeoutError:
@@ -125,24 +131,30 @@ class NodeDaemon:
         try:
             outcome = flight.result(timeout=self.config.peer.timeout + self.config.staging.resolve_timeout)
         except concurrent.futures.TimeoutError:
-            return PFS, "pfs:peer_timeout"
+            return PFS, "peer_timeout"
         return ((protocol.SLOT_PEER, path), "fetched") if outcome == "fetched" else (PFS, outcome)
 
     def _fetch(self, key: str, path: str) -> str:
         info = self.snapshot.get(key)
         if not self.peer_area.reserve(info.size):
-            return "pfs:peer_area_full"
+            return "peer_area_full"
         owner = self.cluster.owner(key)
+        t0 = time.monotonic()
         try:
             n = write_atomically(path, lambda tmp: self.cluster.fetch(owner, key, tmp), info.mtime_ns)
         except PeerError as e:
             self.peer_area.release(info.size)
-            log.warning("fetching %s from node %d failed: %s", key, owner, e)
-            return "pfs:peer_error"
+            if time.monotonic() - t0 >= self.config.peer.timeout:
+                with self._lock:
+                    self._down_peers.add(owner)
+                log.warning("node %d timed out: its files are staged locally from now on (%s)", owner, e)
+            else:
+                log.warning("fetching %s from node %d failed: %s", key, owner, e)
+            return "peer_failed"
         except OSError as e:
             self.peer_area.release(info.size)
             log.warning("writing %s into the peer area failed: %s", key, e)
-            return "pfs:peer_area_error"
+            return "peer_area_error"
         self.peer_area.committed()
         with self._lock:
             self._peer_files.add(key)

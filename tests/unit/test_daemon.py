@@ -1,0 +1,127 @@
+"""The daemon's resolve policy, with an in-process stand-in for the MPI peer layer."""
+
+import collections
+import hashlib
+import os
+import shutil
+import time
+
+import pytest
+
+from monarch import protocol
+from monarch.config import load_config
+from monarch.daemon import PFS, NodeDaemon
+from monarch.errors import PeerError
+from monarch.snapshot import take_snapshot
+
+
+class FakeCluster:
+    """Two nodes; keys are owned by the parity of their file number. ``mode`` makes the peer fail."""
+
+    def __init__(self, node=0, mode="ok", delay=0.0):
+        self.node, self.nodes, self.mode, self.delay = node, 2, mode, delay
+        self.fetches = collections.Counter()
+        self.peer_timeout = None
+
+    def share(self, take):
+        return take()
+
+    def owner(self, key):
+        return int(key.rsplit("f", 1)[1].split(".")[0]) % 2
+
+    def start(self, provide):
+        self.provide = provide
+
+    def fetch(self, owner, key, dest):
+        self.fetches[key] += 1
+        time.sleep(self.delay)
+        if self.mode != "ok":
+            raise PeerError(f"node {owner}: {self.mode}")
+        shutil.copyfile(self.snapshot_source(key), dest)
+        return os.path.getsize(dest)
+
+    def counters(self):
+        return {"bytes_sent": 0, "bytes_received": 0}
+
+
+@pytest.fixture
+def setup(tmp_path):
+    root = tmp_path / "pfs"
+    root.mkdir()
+    for i in range(8):
+        (root / f"f{i}.bin").write_bytes(os.urandom(1000 + i))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""dataset: {{roots: ["{root}"]}}
+run_dir: "{tmp_path}/run"
+tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
+peer: {{path: "{tmp_path}/peer", capacity: 2500, timeout: 0.2}}
+staging: {{threads: 2, resolve_timeout: 5}}
+""")
+
+    def make(cluster):
+        config = load_config(str(cfg), env={"USER": "u"})
+        snap = take_snapshot(config.dataset.roots)
+        cluster.snapshot_source = snap.source_path
+        return NodeDaemon(config, cluster=cluster)
+    return make, root
+
+
+def same_bytes(a, b):
+    return hashlib.sha256(open(a, "rb").read()).digest() == hashlib.sha256(open(b, "rb").read()).digest()
+
+
+def test_owned_files_are_staged_and_others_fetched_from_the_owner_once(setup):
+    make, root = setup
+    cluster = FakeCluster(node=0)
+    d = make(cluster)
+    slot, path = d.resolve("0/f0.bin")
+    assert slot == protocol.tier_slot(0) and same_bytes(path, root / "f0.bin")
+    slot, path = d.resolve("0/f1.bin")
+    assert slot == protocol.SLOT_PEER and same_bytes(path, root / "f1.bin")
+    assert d.resolve("0/f1.bin") == (protocol.SLOT_PEER, path)
+    assert cluster.fetches == {"0/f1.bin": 1}
+    assert d.stager.stats()["pfs_bytes_read"] == 1000  # only the owned file came from the PFS
+    assert cluster.provide("0/f2.bin").endswith("/ram/0/f2.bin")
+
+
+def test_a_dead_peer_is_waited_for_once_then_its_files_are_staged_here(setup):
+    make, root = setup
+    cluster = FakeCluster(node=0, mode="dead", delay=0.25)
+    d = make(cluster)
+    slot, path = d.resolve("0/f1.bin")
+    assert slot == protocol.tier_slot(0) and same_bytes(path, root / "f1.bin")
+    t0 = time.monotonic()
+    slot, path = d.resolve("0/f3.bin")
+    assert time.monotonic() - t0 < 0.2  # not waited for again
+    assert slot == protocol.tier_slot(0) and same_bytes(path, root / "f3.bin")
+    assert cluster.fetches == {"0/f1.bin": 1}
+    assert d.stats()["resolves"]["peer_failed"] == 1 and d.peer_area.used == 0
+
+
+def test_a_refusing_peer_is_asked_again_for_other_files(setup):
+    make, _ = setup
+    cluster = FakeCluster(node=0, mode="refused")
+    d = make(cluster)
+    assert d.resolve("0/f1.bin")[0] == protocol.tier_slot(0)
+    assert d.resolve("0/f3.bin")[0] == protocol.tier_slot(0)
+    assert cluster.fetches == {"0/f1.bin": 1, "0/f3.bin": 1}
+
+
+def test_full_peer_area_stages_locally(setup):
+    make, _ = setup
+    cluster = FakeCluster(node=0)
+    d = make(cluster)
+    answers = [d.resolve(f"0/f{i}.bin")[0] for i in (1, 3, 5)]
+    assert answers == [protocol.SLOT_PEER, protocol.SLOT_PEER, protocol.tier_slot(0)]
+    assert d.stats()["resolves"]["peer_area_full"] == 1
+
+
+def test_unknown_files_and_policy_off_read_the_pfs(setup, tmp_path):
+    make, root = setup
+    d = make(FakeCluster(node=0))
+    assert d.resolve("0/nope.bin") == PFS
+    env = d.client_env()
+    assert env[protocol.ENV_ROOTS] == str(root)
+    assert env[protocol.ENV_PROBE].endswith(f"{protocol.SLOT_PEER}={tmp_path}/peer")
+    d.close()
+    assert not os.path.exists(tmp_path / "ram") and not os.path.exists(tmp_path / "peer")
