@@ -208,3 +208,29 @@ def test_demo_runs_the_main_job_on_the_embedded_default(short_tmp):
     (report,) = glob.glob(os.path.join(short_tmp, "monarch-*", "demo-*", "node0", "report.json"))
     rep = load(report)
     assert rep["sources"]["ram"]["opens"] == 400 and rep["pfs"]["app_bytes"] == 0
+
+
+def test_standing_daemon_serves_several_runs_and_reports_at_stop(dataset, short_tmp):
+    ds = dataset(files=200, size="4KiB")
+    cfg = write_config(short_tmp, ds.root)
+    env = monarch_env()
+    serve = subprocess.Popen([sys.executable, "-m", "monarch", "serve", "-c", cfg], env=env,
+                             stderr=subprocess.PIPE, text=True)
+    sock = os.path.join(short_tmp, "run0", "daemon.sock")
+    try:
+        deadline = time.time() + 30
+        while not os.path.exists(sock) and time.time() < deadline:
+            time.sleep(0.05)
+        for _ in range(2):
+            r = monarch("run", "-c", cfg, "--report", os.path.join(short_tmp, "r.json"), "--",
+                        *reader(ds, epochs=1, workers=2), env=env)
+            assert r.returncode == 0, r.stderr
+        assert serve.poll() is None  # runs attach; they never stop a daemon they did not start
+        assert monarch("stop", "-c", cfg, env=env).returncode == 0
+        assert serve.wait(timeout=30) == 0
+    finally:
+        serve.kill()
+    rep = load(os.path.join(short_tmp, "run0", "report.json"))
+    assert rep["sources"]["ram"]["opens"] == 400 and rep["pfs"]["total_bytes"] == ds.total
+    r = monarch("stop", "-c", cfg, env=env)
+    assert r.returncode == 2 and "no Monarch daemon answers" in r.stderr
