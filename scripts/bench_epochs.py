@@ -192,7 +192,8 @@ def plot(results: dict, dataset_bytes: int, args, png: Path) -> None:
         xs = [e["epoch"] + (i - (len(modes) - 1) / 2) * width for e in ep]
         ax1.bar(xs, [e["samples_per_s"] for e in ep], width, label=m, color=colors[m])
     ax1.set_xlabel("epoch")
-    ax1.set_ylabel("samples/s")
+    ax1.set_ylabel("samples/s (log scale)")
+    ax1.set_yscale("log")
     ax1.set_xticks(range(args.epochs))
     ax1.set_title(f"{args.files} files x {args.size} ({dataset_bytes / 1e6:.0f} MB), {args.workers} workers")
     ax1.legend()
