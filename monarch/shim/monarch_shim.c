@@ -186,7 +186,8 @@ static inline void monarch_count_bytes(int fd, uint64_t n)
         uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
         if (s && c)
             __atomic_fetch_add(monarch_counter(s - 1, 1), n, __ATOMIC_RELAXED);
-        MONARCH_DEBUG(3, "fd %d: %llu bytes (slot %d)", fd, (unsigned long long)n, (int)s - 1);
+        if (s)
+            MONARCH_DEBUG(3, "fd %d: %llu bytes (slot %u)", fd, (unsigned long long)n, s - 1);
     }
 }
 

@@ -137,8 +137,8 @@ class ShimEnv:
         dest.write_bytes((self.root / rel).read_bytes() if data is None else data)
         return dest
 
-    def start_daemon(self, mode: str = "stage") -> StubDaemon:
-        self.daemon = StubDaemon(self.sock, [self.root], self.tiers[0], TIER_SLOTS[0], mode)
+    def start_daemon(self, mode: str = "stage", slot: int = TIER_SLOTS[0], into: Path | None = None) -> StubDaemon:
+        self.daemon = StubDaemon(self.sock, [self.root], into or self.tiers[0], slot, mode)
         return self.daemon
 
     # -- processes --

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import shutil
+import subprocess
 
 import pytest
 
@@ -89,3 +91,32 @@ def test_file_as_directory_gives_enotdir(staged_env, families_bin):
     proc = staged_env.run([families_bin, "open", "read", str(staged_env.root / "f.bin" / "x")], check=False)
     assert (proc.returncode, proc.stderr.decode().strip()) == (3, f"errno={errno.ENOTDIR}")
     assert staged_env.counts() == staged_env.expected()
+
+
+def test_daemon_answer_in_the_peer_area_counts_slot_1(shim_env, families_bin):
+    """The daemon may name a path outside the probed tiers (the peer area): count its slot."""
+    peer = shim_env.base / "peer"
+    shim_env.start_daemon("stage", slot=1, into=peer)
+    src = shim_env.write("p/q.bin", SIZE)
+    for _ in range(2):  # the peer area is not probed: both opens ask the daemon
+        proc = shim_env.run([families_bin, "open", "pread", str(src)])
+        assert md5(proc.stdout) == md5(src.read_bytes())
+    assert (peer / "0/p/q.bin").read_bytes() == src.read_bytes()
+    assert shim_env.daemon.requests == ["0/p/q.bin"] * 2
+    assert shim_env.counts() == shim_env.expected(peer=(2, 2 * SIZE))
+
+
+def test_only_the_wrappers_are_exported(shim_lib):
+    """Hidden visibility: the library exports the wrapped glibc names and nothing else."""
+    nm = shutil.which("nm")
+    if not nm:
+        pytest.skip("nm not installed")
+    out = subprocess.run([nm, "-D", "--defined-only", shim_lib], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.split()[1] in "TW"}
+    assert exported == {
+        "open", "open64", "__open_2", "__open64_2", "openat", "openat64", "__openat_2", "__openat64_2",
+        "fopen", "fopen64", "close", "fclose", "dup", "dup2", "dup3", "close_range",
+        "read", "pread", "pread64", "readv", "preadv", "preadv64", "preadv2", "preadv64v2",
+        "__read_chk", "__pread_chk", "__pread64_chk", "sendfile", "sendfile64", "copy_file_range",
+    }
