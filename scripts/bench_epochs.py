@@ -237,15 +237,6 @@ def main(argv=None) -> int:
         args.files = len(entries)
         settle()
 
-        if "ceiling" in args.modes:
-            ram = shm / "dataset"
-            shutil.copytree(src, ram)
-            settle()
-            print(f"ceiling: reading a RAM copy in {ram}", flush=True)
-            results["ceiling"] = run_workload(workload_cmd(str(ram), manifest, work / "ceiling.json", args),
-                                              work / "ceiling.json", work / "ceiling.log", args.timeout)
-            shutil.rmtree(ram, ignore_errors=True)
-
         if {"direct", "monarch"} & set(args.modes):
             with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=args.open_latency_ms,
                          read_latency_ms=args.read_latency_ms, bandwidth_mbps=args.bandwidth) as pfs:
@@ -258,6 +249,15 @@ def main(argv=None) -> int:
                     results["direct"]["pfs"] = _pfs_totals(pfs.counters())
                 if "monarch" in args.modes:
                     results["monarch"] = run_monarch(pfs, manifest, work, shm, dataset_bytes, args)
+
+        if "ceiling" in args.modes:
+            ram = shm / "dataset"
+            shutil.copytree(src, ram)
+            settle()
+            print(f"ceiling: reading a RAM copy in {ram}", flush=True)
+            results["ceiling"] = run_workload(workload_cmd(str(ram), manifest, work / "ceiling.json", args),
+                                              work / "ceiling.json", work / "ceiling.log", args.timeout)
+            shutil.rmtree(ram, ignore_errors=True)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
         if not args.keep and not args.workdir:

@@ -26,7 +26,7 @@ from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason
 @pytest.fixture
 def slow_pfs(tmp_path):
     """Factory: ``slow_pfs(src_dir, **options) -> SlowPFS`` (mounted, under ``tmp_path``)."""
-    reason = fuse_unavailable_reason()
+    reason = fuse_unavailable_reason(probe=True)
     if reason:
         pytest.skip(f"emulated PFS needs FUSE: {reason}")
     mounted: list[SlowPFS] = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import json
 import os
 import shutil
@@ -257,8 +258,11 @@ def serve(src: str, mountpoint: str, counters_path: str, latency: Latency, debug
 # --------------------------------------------------------------------------- client side
 
 
-def fuse_unavailable_reason() -> str | None:
-    """Why a FUSE mount cannot work here (a reason to skip a test), or None if it can."""
+def fuse_unavailable_reason(probe: bool = False) -> str | None:
+    """Why a FUSE mount cannot work here (a reason to skip a test), or None if it can.
+
+    ``probe=True`` also mounts an empty directory once (cached per process): /dev/fuse
+    can exist where mounting is still refused (a container without CAP_SYS_ADMIN)."""
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse on this machine"
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
@@ -269,7 +273,20 @@ def fuse_unavailable_reason() -> str | None:
         import mfusepy  # noqa: F401
     except (ImportError, OSError) as exc:
         return f"mfusepy or libfuse3 not usable: {exc} (pip install mfusepy; apt-get install fuse3)"
-    return None
+    return _probe_mount() if probe else None
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_mount() -> str | None:
+    with tempfile.TemporaryDirectory(prefix="slowpfs-probe-") as tmp:
+        src = os.path.join(tmp, "src")
+        os.mkdir(src)
+        try:
+            with SlowPFS(src, os.path.join(tmp, "mnt"), os.path.join(tmp, "c.json"), open_latency_ms=0,
+                         timeout=10):
+                return None
+        except SlowPFSError as exc:
+            return f"a test mount failed: {exc}"
 
 
 def is_mounted(mountpoint: str) -> bool:

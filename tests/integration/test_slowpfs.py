@@ -150,7 +150,7 @@ def test_opens_are_served_concurrently(slow_pfs, src):
 
 @pytest.fixture
 def fuse_ok():
-    reason = fuse_unavailable_reason()
+    reason = fuse_unavailable_reason(probe=True)
     if reason:
         pytest.skip(f"emulated PFS needs FUSE: {reason}")
 
