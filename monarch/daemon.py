@@ -141,6 +141,7 @@ class NodeDaemon:
         owner = self.cluster.owner(key)
         t0 = time.monotonic()
         try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             n = write_atomically(path, lambda tmp: self.cluster.fetch(owner, key, tmp), info.mtime_ns)
         except PeerError as e:
             self.peer_area.release(info.size)

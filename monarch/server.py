@@ -1,8 +1,10 @@
 """The daemon's Unix socket: the shim's OPEN requests and the launchers' sessions.
 
-A thread per connection (requests are short; staging waits happen off the accept loop).
-Launcher sessions are connections held open for a run: when the last one closes an
-embedded daemon stops by itself, so a killed launcher never leaves a daemon behind.
+An accept thread hands each connection to a pool of request threads made once (a thread
+per connection cost more than the answer itself); a request waiting for its file to be
+staged holds one of them. Launcher sessions are connections held open for a run, each on
+a thread of its own: when the last one closes an embedded daemon stops by itself, so a
+killed launcher never leaves a daemon behind.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ import json
 import logging
 import os
 import socket
-import socketserver
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from monarch.daemon import NodeDaemon
 from monarch.errors import DaemonError
@@ -22,39 +24,9 @@ from monarch.protocol import format_answer
 log = logging.getLogger(__name__)
 
 MAX_LINE = 16384
+REQUEST_THREADS = 64  # opens waiting for staging at once; DataLoader workers rarely exceed this per node
 EMBEDDED_IDLE_SECONDS = 0.5     # grace after the last session, for launchers started a moment apart
 EMBEDDED_FIRST_ATTACH_SECONDS = 120.0
-
-
-class _Handler(socketserver.StreamRequestHandler):
-    server: "_Server"
-
-    def handle(self) -> None:
-        line = self.rfile.readline(MAX_LINE)
-        verb, _, arg = line.decode(errors="replace").rstrip("\n").partition(" ")
-        node = self.server.node
-        try:
-            if verb == "OPEN":
-                slot, path = node.daemon.resolve(arg)
-                self.wfile.write(format_answer(slot, path))
-            elif verb == "ATTACH":
-                node.session(self)
-            elif verb == "REPORT":
-                self.wfile.write(json.dumps(node.daemon.stats()).encode() + b"\n")
-            elif verb == "STOP":
-                self.wfile.write(b"OK\n")
-                node.request_stop()
-            else:
-                self.wfile.write(b"ERR unknown request\n")
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the shim gave up waiting and read the PFS
-
-
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 512
-    node: "NodeServer"
 
 
 class NodeServer:
@@ -70,23 +42,58 @@ class NodeServer:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         _claim_socket(self.path)
-        self._server = _Server(self.path, _Handler)
-        self._server.node = self
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.path)
+        self._listener.listen(1024)
+        self._pool = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="monarch-request")
 
-    def session(self, handler: _Handler) -> None:
+    def _accept(self) -> None:
+        self._listener.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            conn.settimeout(None)
+            self._pool.submit(self._handle, conn)
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            verb, _, arg = _read_line(conn).partition(" ")
+            if verb == "OPEN":
+                slot, path = self.daemon.resolve(arg)
+                conn.sendall(format_answer(slot, path))
+            elif verb == "ATTACH":
+                threading.Thread(target=self._session, args=(conn,), name="monarch-session", daemon=True).start()
+                return  # the session owns the connection now
+            elif verb == "REPORT":
+                conn.sendall(json.dumps(self.daemon.stats()).encode() + b"\n")
+            elif verb == "STOP":
+                conn.sendall(b"OK\n")
+                self.request_stop()
+            else:
+                conn.sendall(b"ERR unknown request\n")
+        except OSError:
+            pass  # the shim gave up waiting and read the PFS
+        except Exception:  # a bug here must not take the daemon down: the shim falls back to the PFS
+            log.exception("request failed")
+        conn.close()
+
+    def _session(self, conn: socket.socket) -> None:
         with self._lock:
             self._sessions += 1
             self._ever_attached = True
         try:
-            handler.wfile.write(b"OK " + json.dumps(self.daemon.client_env()).encode() + b"\n")
-            handler.wfile.flush()
-            for line in handler.rfile:
+            conn.sendall(b"OK " + json.dumps(self.daemon.client_env()).encode() + b"\n")
+            for line in conn.makefile("rb"):
                 if line.strip() == b"REPORT":
-                    handler.wfile.write(json.dumps(self.daemon.stats()).encode() + b"\n")
-                    handler.wfile.flush()
+                    conn.sendall(json.dumps(self.daemon.stats()).encode() + b"\n")
         except OSError:
             pass
         finally:
+            conn.close()
             with self._lock:
                 self._sessions -= 1
                 self._last_change = time.monotonic()
@@ -95,8 +102,7 @@ class NodeServer:
         self._stop.set()
 
     def serve(self) -> None:
-        thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                  name="monarch-socket", daemon=True)
+        thread = threading.Thread(target=self._accept, name="monarch-accept", daemon=True)
         thread.start()
         try:
             while not self._stop.wait(0.2):
@@ -104,8 +110,10 @@ class NodeServer:
                     log.info("last session closed: stopping")
                     break
         finally:
-            self._server.shutdown()
-            self._server.server_close()
+            self._stop.set()
+            thread.join()
+            self._listener.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
             try:
                 os.unlink(self.path)
             except OSError:
@@ -117,6 +125,17 @@ class NodeServer:
             if self._ever_attached:
                 return self._sessions == 0 and idle > EMBEDDED_IDLE_SECONDS
             return idle > EMBEDDED_FIRST_ATTACH_SECONDS
+
+
+def _read_line(conn: socket.socket) -> str:
+    """One request line (a request arrives whole in one recv, nearly always)."""
+    data = b""
+    while not data.endswith(b"\n") and len(data) < MAX_LINE:
+        chunk = conn.recv(MAX_LINE)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").rstrip("\n")
 
 
 def _claim_socket(path: str) -> None:

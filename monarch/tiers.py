@@ -97,12 +97,12 @@ class Tier:
 def write_atomically(dest: str, fill: Callable[[str], int], mtime_ns: int) -> int:
     """Create ``dest`` through a temporary name in its directory, then rename it in place.
 
-    ``fill(tmp_path)`` writes the temporary file and returns the bytes written; the copy
+    ``fill(tmp_path)`` creates and writes the temporary file (making its directory if
+    missing) and returns the bytes written; the copy
     gets the source's mtime so a kept tier can be checked against the next snapshot.
     A reader therefore sees the whole file or none of it.
     """
     directory = os.path.dirname(dest)
-    os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{os.path.basename(dest)}")
     try:
         n = fill(tmp)
