@@ -102,3 +102,9 @@ def test_check_config_cli(tmp_path, capsys):
     bad = write(tmp_path, "dataset: {roots: [/a]}\nstaging: {policy: lru}\n")
     assert main(["check-config", bad]) == 2
     assert "staging.policy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["local.yaml", "cluster.yaml"])
+def test_shipped_configs_validate(name):
+    c = load_config(str(REPO / "configs" / name), env=ENV)
+    assert c.run_dir.endswith("/node3") and c.tiers[0].path.endswith("/node3/ram")
