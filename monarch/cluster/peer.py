@@ -1,0 +1,368 @@
+"""``Cluster``: the peer layer the node daemon calls (one instance per daemon, one daemon per node).
+
+Threads: the caller's threads (``fetch`` from many at once, ``share``/``finish``/``close``
+from one), one MPI engine thread that makes every MPI call, and a small pool that runs
+``provide`` for peers. See docs/cluster.md for the protocol and the failure model.
+"""
+
+import logging
+import pickle
+import queue
+import threading
+import time
+
+from ..errors import PeerError
+from . import placement, world
+from .engine import TAG_CTRL, Engine
+from .serve import Server
+from .transfer import FIRST_REPLY_TAG, Incoming
+
+log = logging.getLogger(__name__)
+
+FAILURE_REASONS = ("refused", "timeout", "peer_down", "aborted", "local_io", "not_running")
+
+
+class Cluster:
+    """One node of the job. ``node`` is this node's rank, ``nodes`` the node count."""
+
+    chunk_size = 4 << 20     # bytes per MPI message of a file
+    window = 4               # chunk messages in flight per transfer, each direction
+    serve_threads = 8        # concurrent provide() calls for peers
+    finish_timeout = 600.0   # cap on finish() waiting for live but slow nodes
+    close_timeout = 30.0     # close() after finish(): wait this long for node 0's goodbye
+
+    def __init__(self, MPI, comm):
+        self.MPI = MPI
+        self.comm = comm
+        self.node = comm.Get_rank()
+        self.nodes = comm.Get_size()
+        self.peer_timeout = 10.0
+        self._engine = Engine(MPI, comm, self._on_ctrl)
+        self._server = None
+        self._lock = threading.Lock()
+        self._counters = {"bytes_sent": 0, "bytes_received": 0, "files_sent": 0,
+                          "files_received": 0, "fetch_failures": {}, "serve_failures": {}}
+        # engine-thread state (read from other threads only as atomic dict look-ups)
+        self._tags = {}
+        self._next_tag = FIRST_REPLY_TAG
+        self._tag_ub = comm.Get_attr(MPI.TAG_UB) or 32767
+        self._down = {}          # node -> monotonic time it stopped answering
+        self._heard = {}         # node -> monotonic time of its last message
+        self._pinging = set()
+        self._done = {}          # finish(), node 0: nodes that called finish
+        self._stats = {}         # finish(), node 0: node -> its stats
+        self._released = threading.Event()
+        self._bye = threading.Event()
+        self._finished = None    # finish(): the nodes given up on
+        self._closed = False
+
+    @classmethod
+    def from_world(cls):
+        """The cluster of every rank of MPI_COMM_WORLD (collective: every rank must call it)."""
+        MPI = world.load_mpi()
+        comm = MPI.COMM_WORLD.Dup()      # our own tag space
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        return cls(MPI, comm)
+
+    # -- placement ---------------------------------------------------------------------
+    def owner(self, key):
+        """The node that owns ``key``: the same answer on every node, nothing negotiated."""
+        return placement.owner(key, self.nodes)
+
+    # -- snapshot ----------------------------------------------------------------------
+    def share(self, take, timeout=None):
+        """Collective: node 0 returns and broadcasts ``take()``; every node returns it.
+
+        Waiting nodes poll (MPICH's blocking broadcast would spin a core for as long as
+        node 0 walks the PFS). If ``take`` raises on node 0 it re-raises there and every
+        other node raises PeerError. ``timeout`` (None: wait forever) bounds the wait.
+        """
+        MPI = self.MPI
+        error = None
+        if self.node == 0:
+            try:
+                payload = pickle.dumps(("ok", take()), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                error = exc
+                payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+            payload = bytearray(payload)
+            head = bytearray(len(payload).to_bytes(8, "little"))
+        else:
+            head = bytearray(8)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._bcast(head, deadline)
+        if self.node != 0:
+            payload = bytearray(int.from_bytes(head, "little"))
+        self._bcast(payload, deadline)
+        if error is not None:
+            raise error
+        status, value = pickle.loads(payload)
+        if status != "ok":
+            raise PeerError(f"node 0 could not take the dataset snapshot: {value}")
+        return value
+
+    def _bcast(self, buf, deadline):
+        MPI, comm = self.MPI, self.comm
+        req = self._engine.run(lambda: comm.Ibcast([buf, MPI.BYTE], root=0))
+        pause = 1e-4
+        while not self._engine.run(req.Test):
+            if deadline is not None and time.monotonic() > deadline:
+                raise PeerError("share(): node 0 did not send the dataset snapshot in time")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
+    # -- serving -----------------------------------------------------------------------
+    def start(self, provide):
+        """Serve peers in the background; ``provide(key) -> local path | None`` (see module doc)."""
+        if self._engine.running or self._closed:
+            raise PeerError("Cluster.start(): already started or closed")
+        self._server = Server(self._engine, provide, self, self.serve_threads)
+        world.track_engine(self._engine)
+        self._engine.start()
+        self._engine.call(self._tick)
+
+    def _tick(self):
+        # Engine thread, periodic: re-ping peers that stopped answering.
+        for node in list(self._down):
+            self._ping(node)
+        self._engine.after(max(0.25, self.peer_timeout / 2), self._tick)
+
+    # -- fetching ----------------------------------------------------------------------
+    def fetch(self, owner, key, dest):
+        """Copy ``key`` from node ``owner`` into the local file ``dest``; return its size.
+
+        Raises PeerError when the owner refuses, does not answer the header within
+        ``peer_timeout`` (this includes the owner staging the file), stalls for
+        ``peer_timeout`` between chunks, or is known to be down (then at once).
+        """
+        if not (0 <= owner < self.nodes) or owner == self.node:
+            raise PeerError(f"fetch {key!r}: node {owner} is not a peer of node {self.node} of {self.nodes}")
+        if not self._engine.running or self._closed:
+            raise self._failure("not_running", f"fetch {key!r}: the peer layer is not running")
+        if owner in self._down:
+            raise self._failure("peer_down", f"fetch {key!r}: node {owner} is not answering")
+        timeout = self.peer_timeout
+        xfer = Incoming(self._engine, owner, key, None, self.chunk_size, self.window,
+                        self._release_tag, self._on_heard)
+        self._engine.call(lambda: self._begin(xfer))
+        try:
+            kind, *rest = self._next_event(xfer, timeout, "the file header")
+            if kind == "refused":
+                raise self._failure("refused", f"fetch {key!r}: node {owner} refused: {rest[0]}")
+            size = rest[0]
+            written = self._receive(xfer, size, dest, timeout)
+        except BaseException:
+            self._engine.call(xfer.abandon)
+            raise
+        with self._lock:
+            self._counters["bytes_received"] += written
+            self._counters["files_received"] += 1
+        return written
+
+    def _receive(self, xfer, size, dest, timeout):
+        written = 0
+        try:
+            with open(dest, "wb") as f:
+                for _ in range(xfer.nchunks if size else 0):
+                    kind, idx, buf, count = self._next_event(xfer, timeout, "the next chunk")
+                    if count != len(buf):
+                        raise self._failure("aborted", f"fetch {xfer.key!r}: node {xfer.owner} "
+                                            f"aborted the transfer at {written} of {size} bytes")
+                    f.write(buf)
+                    written += count
+                    self._engine.call(xfer.credit)
+        except OSError as exc:
+            raise self._failure("local_io", f"fetch {xfer.key!r}: writing {dest}: {exc}") from exc
+        return written
+
+    def _next_event(self, xfer, timeout, what):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._suspect(xfer.owner)
+                raise self._failure("timeout", f"fetch {xfer.key!r}: node {xfer.owner} did not send "
+                                    f"{what} within {timeout:g}s")
+            try:
+                return xfer.events.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if not self._engine.running:
+                    raise self._failure("not_running", f"fetch {xfer.key!r}: the MPI engine stopped")
+
+    def _failure(self, reason, message):
+        with self._lock:
+            failures = self._counters["fetch_failures"]
+            failures[reason] = failures.get(reason, 0) + 1
+        return PeerError(message)
+
+    def _count_serve_failure(self, reason):
+        with self._lock:
+            failures = self._counters["serve_failures"]
+            failures[reason] = failures.get(reason, 0) + 1
+
+    def _count_sent(self, size):
+        with self._lock:
+            self._counters["bytes_sent"] += size
+            self._counters["files_sent"] += 1
+
+    def counters(self):
+        """A copy of the transfer counters (failures by reason)."""
+        with self._lock:
+            out = dict(self._counters)
+            out["fetch_failures"] = dict(out["fetch_failures"])
+            out["serve_failures"] = dict(out["serve_failures"])
+        out["peers_down"] = sorted(self._down)
+        return out
+
+    # -- engine thread: tags, control messages, liveness --------------------------------
+    def _begin(self, xfer):
+        tag = self._next_tag
+        while tag in self._tags:
+            tag = tag + 1 if tag < self._tag_ub else FIRST_REPLY_TAG
+        self._next_tag = tag + 1 if tag < self._tag_ub else FIRST_REPLY_TAG
+        self._tags[tag] = xfer
+        xfer.tag = tag
+        xfer.begin()
+
+    def _release_tag(self, xfer):
+        self._tags.pop(xfer.tag, None)
+
+    def _on_ctrl(self, src, msg):
+        self._on_heard(src)
+        kind = msg[0]
+        if kind == "req":
+            if self._server is None:
+                return
+            self._server.on_request(src, msg[1], msg[2])
+        elif kind == "cancel":
+            if self._server is not None:
+                self._server.on_cancel(src, msg[1])
+        elif kind == "ping":
+            self._engine.send_obj(("pong",), src)
+        elif kind == "done":
+            self._done[src] = True
+        elif kind == "stats":
+            self._stats[src] = msg[1]
+        elif kind == "release":
+            self._released.set()
+        elif kind == "bye":
+            self._bye.set()
+        elif kind != "pong":
+            log.warning("unknown control message %r from node %d", kind, src)
+
+    def _on_heard(self, node):
+        self._heard[node] = time.monotonic()
+        if self._down.pop(node, None) is not None:
+            log.info("node %d answers again", node)
+
+    def _suspect(self, node):
+        # Any thread: later fetches from ``node`` fail at once until it answers a ping.
+        if node not in self._down:
+            log.warning("node %d did not answer within %gs: using the PFS instead until it does",
+                        node, self.peer_timeout)
+            self._down[node] = time.monotonic()
+        self._engine.call(lambda: self._ping(node))
+
+    def _ping(self, node):
+        if node in self._pinging:      # the last ping has not even left: do not pile up
+            return
+        self._pinging.add(node)
+        req = self.comm.isend(("ping",), node, TAG_CTRL)
+        self._engine.post(req, lambda st: self._pinging.discard(node))
+
+    # -- shutdown ----------------------------------------------------------------------
+    def finish(self, local_stats, timeout=None):
+        """Collective at shutdown: see docs/cluster.md.
+
+        1. Every node tells node 0 it is done and keeps serving; node 0 waits for all of them,
+           giving up on a node that answers no ping for ``peer_timeout`` (dead) or when
+           ``timeout`` (default ``finish_timeout``) runs out, then releases the others.
+        2. Released, a node stops taking requests, lets the transfers under way end, and
+           sends its stats: ``local_stats``, or ``local_stats()`` if it is callable (so
+           the files it served while waiting are counted).
+        Returns on node 0 the stats of every node indexed by node, with
+        ``{"node": k, "missing": True, "reason": ...}`` for a node that never reported;
+        None on the other nodes.
+        """
+        if not self._engine.running:
+            self.start(None)
+        limit = self.finish_timeout if timeout is None else timeout
+        started = time.monotonic()
+        if self.node == 0:
+            self._done[0] = True
+            missing = self._await(started, limit, lambda: [k for k in range(self.nodes) if k not in self._done])
+            alive = [k for k in range(1, self.nodes) if k not in missing]
+            self._send_wait([(("release",), k) for k in alive])
+        else:
+            self._send_wait([(("done",), 0)])
+            missing = self._await(started, limit, lambda: [] if self._released.is_set() else [0])
+        self._server.stop_accepting()
+        if not self._server.wait_idle(self.peer_timeout):
+            log.warning("finish(): transfers to peers still running after %gs", self.peer_timeout)
+        stats = local_stats() if callable(local_stats) else local_stats
+        result = None
+        if self.node == 0:
+            self._stats[0] = stats
+            missing.update(self._await(time.monotonic(), limit,
+                                       lambda: [k for k in alive if k not in self._stats]))
+            result = [self._stats.get(k) for k in range(self.nodes)]
+            for k, reason in missing.items():
+                result[k] = {"node": k, "missing": True, "reason": reason}
+        elif not missing:
+            self._send_wait([(("stats", stats), 0)])
+        if missing:
+            world.note_failure(f"finish(): nodes {sorted(missing)} did not finish")
+        self._finished = missing
+        return result
+
+    def _send_wait(self, messages):
+        """Send control messages and wait (at most peer_timeout) until they have left."""
+        left = threading.Semaphore(0)
+        for obj, dest in messages:
+            self._engine.call(lambda obj=obj, dest=dest: self._engine.send_obj(obj, dest, on_sent=left.release))
+        deadline = time.monotonic() + self.peer_timeout
+        return all(left.acquire(timeout=max(0.0, deadline - time.monotonic())) for _ in messages)
+
+    def _await(self, started, limit, waiting_for):
+        """Wait until ``waiting_for()`` is empty; return {node: reason} for nodes given up on."""
+        ping_every = max(0.1, min(1.0, self.peer_timeout / 4))
+        next_ping = 0.0
+        while True:
+            pending = waiting_for()
+            if not pending:
+                return {}
+            now = time.monotonic()
+            silent = [k for k in pending if now - max(self._heard.get(k, 0.0), started) > self.peer_timeout]
+            if len(silent) == len(pending):
+                return {k: f"no answer for {self.peer_timeout:g}s" for k in pending}
+            if now - started > limit:
+                return {k: ("no answer" if k in silent else f"did not finish within {limit:g}s")
+                        for k in pending}
+            if now >= next_ping:
+                self._engine.call(lambda p=pending: [self._ping(k) for k in p])
+                next_ping = now + ping_every
+            time.sleep(0.02)
+
+    def close(self):
+        """Stop serving and stop the MPI engine. MPI itself is finalised at exit (if no peer failed)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._finished is not None and self._engine.running:
+            # After a peer failure hydra kills every survivor as soon as one exits: node 0
+            # (which writes the report between finish() and close()) says when to go.
+            if self.node == 0:
+                self._send_wait([(("bye",), k) for k in range(1, self.nodes) if k not in self._finished])
+            elif 0 not in self._finished and not self._bye.wait(self.close_timeout):
+                log.warning("close(): node 0 did not say goodbye within %gs", self.close_timeout)
+        if self._down:
+            world.note_failure(f"nodes {sorted(self._down)} were not answering")
+        if self._server is not None:
+            self._server.shutdown()
+        self._engine.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

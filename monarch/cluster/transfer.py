@@ -1,0 +1,143 @@
+"""Wire protocol of one file transfer between two daemons, and its receiving side.
+
+A requester picks a reply tag unique among its outstanding requests and sends
+``("req", tag, key)`` on the control tag. The owner answers on that tag, to that requester:
+
+  header   8-byte little-endian size; a negative size is a refusal, followed by a UTF-8 reason
+  chunks   ceil(size / chunk) raw messages of ``chunk`` bytes (the last one shorter)
+
+MPI keeps messages with the same (source, tag, communicator) in order, so the chunks need
+no sequence numbers. An owner that fails mid-file sends an empty chunk instead of the next
+one: the requester sees the short count and gives up. A requester that gives up (timeout,
+local error) sends ``("cancel", tag)`` and keeps receiving what is already under way into
+scratch buffers ("drain"), so no message is left unmatched and the tag can be reused.
+"""
+
+import queue
+import struct
+
+HEADER = struct.Struct("<q")
+HEADER_MAX = 4096
+FIRST_REPLY_TAG = 16
+
+
+def encode_ok(size):
+    return HEADER.pack(size)
+
+
+def encode_refusal(reason):
+    return HEADER.pack(-1) + reason.encode("utf-8", "replace")[: HEADER_MAX - HEADER.size]
+
+
+def decode_header(buf, count):
+    (size,) = HEADER.unpack_from(buf)
+    if size >= 0:
+        return size, None
+    return None, bytes(buf[HEADER.size:count]).decode("utf-8", "replace")
+
+
+def chunk_count(size, chunk):
+    return (size + chunk - 1) // chunk
+
+
+def chunk_len(idx, size, chunk):
+    return min(chunk, size - idx * chunk)
+
+
+class Incoming:
+    """One file being received. Engine-thread methods are marked; ``events`` feeds the fetcher.
+
+    Events: ("header", size) | ("refused", reason) | ("chunk", idx, buf, count).
+    """
+
+    def __init__(self, engine, owner, key, tag, chunk, window, on_done, on_heard):
+        self.engine, self.owner, self.key, self.tag = engine, owner, key, tag
+        self.chunk, self.window = chunk, window
+        self.events = queue.SimpleQueue()
+        self.size = None
+        self.nchunks = 0
+        self.next_idx = 0
+        self.in_flight = {}       # idx -> request of a posted chunk receive
+        self.abandoned = False
+        self.aborted = False
+        self.done = False
+        self._on_done = on_done   # engine thread: the tag is free again
+        self._on_heard = on_heard  # engine thread: the owner is alive
+
+    # -- engine thread ---------------------------------------------------------------
+    def begin(self):
+        MPI, comm = self.engine.MPI, self.engine.comm
+        buf = bytearray(HEADER_MAX)
+        req = comm.Irecv([buf, MPI.BYTE], self.owner, self.tag)
+        self.engine.post(req, lambda st: self._on_header(buf, st))
+        self.engine.send_obj(("req", self.tag, self.key), self.owner)
+
+    def credit(self):
+        """The fetcher wrote a chunk: one more receive may be posted."""
+        self._post_next()
+
+    def abandon(self):
+        """The fetcher gave up: tell the owner, swallow whatever still arrives."""
+        if self.abandoned:
+            return
+        self.abandoned = True
+        if self.done:
+            return
+        self.engine.send_obj(("cancel", self.tag), self.owner)
+        if self.size is not None:
+            while len(self.in_flight) < self.window and self._post_next():
+                pass
+
+    def _finish(self):
+        if not self.done:
+            self.done = True
+            self._on_done(self)
+
+    def _on_header(self, buf, status):
+        self._on_heard(self.owner)
+        size, reason = decode_header(buf, status.Get_count(self.engine.MPI.BYTE))
+        if size is None:
+            self.events.put(("refused", reason))
+            self._finish()
+            return
+        self.size = size
+        self.nchunks = chunk_count(size, self.chunk)
+        self.events.put(("header", size))
+        if self.nchunks == 0:
+            self._finish()
+            return
+        while len(self.in_flight) < self.window and self._post_next():
+            pass
+
+    def _post_next(self):
+        if self.done or self.aborted or self.size is None or self.next_idx >= self.nchunks:
+            return False
+        idx = self.next_idx
+        self.next_idx += 1
+        MPI = self.engine.MPI
+        buf = bytearray(chunk_len(idx, self.size, self.chunk))
+        req = self.engine.comm.Irecv([buf, MPI.BYTE], self.owner, self.tag)
+        self.in_flight[idx] = req
+        self.engine.post(req, lambda st: self._on_chunk(idx, buf, st))
+        return True
+
+    def _on_chunk(self, idx, buf, status):
+        self.in_flight.pop(idx, None)
+        if not status.Is_cancelled():
+            self._on_heard(self.owner)
+            count = status.Get_count(self.engine.MPI.BYTE)
+            if not (self.abandoned or self.aborted):
+                self.events.put(("chunk", idx, buf, count))
+            if count != len(buf) and not self.aborted:
+                # The owner aborted; nothing more will come. Cancel the receives already
+                # posted and free the tag only once they are gone.
+                self.aborted = True
+                for req in list(self.in_flight.values()):
+                    req.Cancel()
+            elif self.abandoned and not self.aborted:
+                self._post_next()
+        if self.aborted:
+            if not self.in_flight:
+                self._finish()
+        elif idx == self.nchunks - 1:
+            self._finish()

@@ -1,0 +1,72 @@
+"""Helpers for the MPI tests: run a small program under mpiexec, always with a timeout."""
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+
+
+def _mpiexec():
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else shutil.which("mpiexec")
+
+
+def _have_mpi():
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return _mpiexec() is not None
+
+
+def run_mpi(n, script, *args, flags=(), timeout=90):
+    """Run ``mpiexec [flags] -n N python script args``; kill the whole process group on timeout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    cmd = [_mpiexec(), *flags, "-n", str(n), sys.executable, str(HERE / script), *map(str, args)]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} hung for {timeout}s\n{out}\n{err}")
+    proc.elapsed = time.monotonic() - t0
+    proc.out, proc.err = out, err
+    return proc
+
+
+@pytest.fixture
+def mpi():
+    if not _have_mpi():
+        pytest.skip("mpi4py or mpiexec not available")
+    return run_mpi
+
+
+@pytest.fixture
+def pfs(tmp_path):
+    """A small dataset: edge sizes around the 64 KiB test chunk, random sizes, one 9 MiB file,
+    and files whose provide() refuses, raises or is slow."""
+    root = tmp_path / "pfs"
+    rng = random.Random(7)
+    sizes = [0, 1, 1000, 65535, 65536, 65537, 3 * 65536 + 5] + [rng.randrange(300_000) for _ in range(24)]
+    for i, size in enumerate(sizes):
+        path = root / "0" / "train" / f"c{i % 4}" / f"f{i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(size))
+    (root / "0" / "val").mkdir(parents=True)
+    (root / "0" / "val" / "big.bin").write_bytes(rng.randbytes(9 * (1 << 20) + 123))
+    for i in range(4):
+        for kind in ("deny", "boom", "slow"):
+            (root / "0" / "val" / f"{kind}{i}.bin").write_bytes(rng.randbytes(5000))
+    return root
