@@ -9,11 +9,11 @@ import os
 import signal
 import sys
 
+from monarch.cluster.world import mpi_world_rank
 from monarch.errors import MonarchError
 
 log = logging.getLogger("monarch")
 
-_MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 
 def _setup_logging(verbose: int, node: str) -> None:
@@ -35,17 +35,13 @@ def cmd_run(args) -> int:
     return run(config, args.config, cmd, args.report)
 
 
-def _under_mpi() -> bool:
-    return any(v in os.environ for v in _MPI_RANK_VARS)
-
-
 def cmd_serve(args) -> int:
     from monarch.daemon import NodeDaemon
-    from monarch.report import build_report, write_report
     from monarch.server import NodeServer
     cluster = None
-    if _under_mpi() and not args.embedded:
-        from monarch.cluster import Cluster
+    if mpi_world_rank() is not None and not args.embedded:
+        from monarch.cluster import Cluster, abort_on_unhandled_exception
+        abort_on_unhandled_exception()  # one failing rank must not hang the others
         cluster = Cluster.from_world()
         os.environ["MONARCH_NODE"] = str(cluster.node)  # each node expands ${MONARCH_NODE} to its own dirs
         _setup_logging(args.verbose, str(cluster.node))
@@ -59,20 +55,25 @@ def cmd_serve(args) -> int:
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
     try:
         server.serve()
+        if not args.embedded:  # a standing daemon writes the job's report; embedded ones leave it to `monarch run`
+            # finish() keeps serving peers until every node is done, so tiers stay until then
+            nodes = cluster.finish(daemon.stats) if cluster is not None else [daemon.stats()]
+            if nodes is not None:
+                _write_job_report(nodes, config, args.report)
     finally:
         daemon.close()
         _remove(pid_file)
-        stats = daemon.stats()
-        if not args.embedded:  # a standing daemon writes the job's report; embedded ones leave it to `monarch run`
-            nodes = cluster.finish(stats) if cluster is not None else [stats]
-            if nodes is not None:
-                report = build_report(nodes, {"job_id": os.environ.get("MONARCH_JOB_ID", ""), "config": config.source,
-                                              "nodes": len(nodes)})
-                write_report(report, args.report or config.report_path)
-                log.warning("report written to %s", args.report or config.report_path)
         if cluster is not None:
             cluster.close()
     return 0
+
+
+def _write_job_report(nodes: list, config, path: str | None) -> None:
+    from monarch.report import build_report, write_report
+    from monarch.topology import job_id
+    report = build_report(nodes, {"job_id": job_id(), "config": config.source, "nodes": len(nodes)})
+    write_report(report, path or config.report_path)
+    log.warning("report written to %s", path or config.report_path)
 
 
 def _remove(path: str) -> None:

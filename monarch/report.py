@@ -17,8 +17,8 @@ SCHEMA = "monarch.report/1"
 
 
 def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
-    """Combine per-node statistics (``NodeDaemon.stats()``; None for a node that was lost)."""
-    nodes = list(nodes)
+    """Combine per-node statistics (``NodeDaemon.stats()``; None or ``{"missing": True}`` for a lost node)."""
+    nodes = [None if not n or n.get("missing") else n for n in nodes]
     alive = [n for n in nodes if n]
     sources: dict[str, collections.Counter] = {}
     for n in alive:

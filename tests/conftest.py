@@ -1,7 +1,10 @@
 import os
 import sys
+from dataclasses import dataclass
 
 import pytest
+
+from monarch.workload import make_dataset
 
 pytest_plugins = ["monarch.testing.fixtures"]
 
@@ -21,3 +24,21 @@ def short_tmp(tmp_path_factory):
 @pytest.fixture
 def python():
     return sys.executable
+
+
+@dataclass
+class Dataset:
+    root: str
+    manifest: str
+    files: dict
+    total: int
+
+
+@pytest.fixture
+def dataset(short_tmp):
+    def make(files=300, size="8KiB", name="pfs"):
+        root = os.path.join(short_tmp, name)
+        manifest = os.path.join(short_tmp, f"{name}.manifest.json")
+        entries = make_dataset(root, files=files, size=size, manifest=manifest)
+        return Dataset(root, manifest, entries, sum(e["size"] for e in entries.values()))
+    return make

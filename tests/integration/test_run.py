@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import load, monarch, monarch_env, reader, write_config
+from monarch.testing.harness import load, monarch, monarch_env, reader, write_config
 
 pytestmark = pytest.mark.integration
 

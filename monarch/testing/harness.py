@@ -1,35 +1,13 @@
-"""Helpers for end-to-end tests: datasets, configurations and ``monarch`` as a real process."""
+"""Test harness shared by the integration and MPI tests: configurations, and ``monarch``
+run as a real process from this checkout."""
 
 import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-from monarch.workload import make_dataset
-
 REPO = str(Path(__file__).resolve().parents[2])
-
-
-@dataclass
-class Dataset:
-    root: str
-    manifest: str
-    files: dict
-    total: int
-
-
-@pytest.fixture
-def dataset(short_tmp):
-    def make(files=300, size="8KiB", name="pfs"):
-        root = os.path.join(short_tmp, name)
-        manifest = os.path.join(short_tmp, f"{name}.manifest.json")
-        entries = make_dataset(root, files=files, size=size, manifest=manifest)
-        return Dataset(root, manifest, entries, sum(e["size"] for e in entries.values()))
-    return make
 
 
 def write_config(base, roots, ram="1GiB", ssd="1GiB", policy="on-access", keep=False, extra=""):
@@ -61,9 +39,10 @@ def monarch(*args, env=None, timeout=180, **kw):
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def reader(ds, epochs=3, workers=4, reader_kind="python"):
+def reader(ds, epochs=3, workers=4, reader_kind="python", compute_ms=0):
     return [sys.executable, "-m", "monarch.workload", "read", ds.root, "--epochs", str(epochs),
-            "--workers", str(workers), "--manifest", ds.manifest, "--reader", reader_kind]
+            "--workers", str(workers), "--manifest", ds.manifest, "--reader", reader_kind,
+            "--compute-ms", str(compute_ms)]
 
 
 def load(path):

@@ -1,0 +1,121 @@
+"""The cluster end to end: `monarch serve` under mpiexec (each rank its own node, own tiers and
+socket), a reader attached to every node with `monarch run`, the PFS counted by the emulated
+PFS itself."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from monarch.testing.harness import load, monarch, monarch_env, reader, write_config
+
+pytestmark = pytest.mark.mpi
+
+
+def mpiexec():
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if not found:
+        pytest.skip("mpiexec not available")
+    return found
+
+
+class Cluster:
+    """`mpiexec -disable-auto-cleanup -n N monarch serve` for one test, always torn down."""
+
+    def __init__(self, nodes, cfg, base):
+        self.nodes, self.cfg, self.base = nodes, cfg, base
+        self.proc = subprocess.Popen([mpiexec(), "-disable-auto-cleanup", "-n", str(nodes), sys.executable, "-m",
+                                      "monarch", "serve", "-c", cfg], env=monarch_env(), start_new_session=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while not all(os.path.exists(self.socket(k)) for k in range(nodes)):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"the cluster did not come up:\n{self.proc.stdout.read()}")
+            time.sleep(0.1)
+
+    def socket(self, k):
+        return os.path.join(self.base, f"run{k}", "daemon.sock")
+
+    def pid(self, k):
+        return int(open(os.path.join(self.base, f"run{k}", "daemon.pid")).read())
+
+    def readers(self, ds, nodes, **kw):
+        return [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", self.cfg, "--report",
+                                  os.path.join(self.base, f"reader{k}.json"), "--", *reader(ds, **kw)],
+                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True) for k in nodes]
+
+    def stop(self, nodes):
+        for k in nodes:
+            monarch("stop", "-c", self.cfg, env=monarch_env(MONARCH_NODE=k))
+        try:
+            return self.proc.wait(timeout=90)
+        finally:
+            self.kill()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def finish(procs, timeout=240):
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        outs.append(out)
+        assert p.returncode == 0, out  # the reader checked every file's digest
+    return outs
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_every_node_reads_everything_and_the_cluster_reads_the_pfs_once(nodes, dataset, short_tmp, slow_pfs):
+    ds = dataset(files=300, size="8KiB")
+    pfs = slow_pfs(ds.root, open_latency_ms=1)
+    mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
+    cfg = write_config(short_tmp, mounted.root)
+    cluster = Cluster(nodes, cfg, short_tmp)
+    try:
+        finish(cluster.readers(mounted, range(nodes), epochs=3, workers=2))
+    finally:
+        assert cluster.stop(range(nodes)) == 0
+    counted = pfs.counters()
+    # the emulated PFS saw each byte about once for the whole cluster (against nodes x 3 without Monarch)
+    assert ds.total <= counted["bytes"] <= 1.05 * ds.total
+    rep = load(os.path.join(short_tmp, "run0", "report.json"))
+    assert rep["nodes_reporting"] == nodes and rep["nodes_lost"] == []
+    assert rep["pfs"]["total_bytes"] == counted["bytes"]  # Monarch's count agrees with the filesystem's
+    sources = rep["sources"]
+    assert sum(c["opens"] for c in sources.values()) == nodes * 3 * 300
+    assert sum(c["bytes"] for c in sources.values()) == nodes * 3 * ds.total
+    assert sources["pfs"]["opens"] == 0
+    # every node staged only its share and got the rest from its peers
+    assert sources["peer"]["bytes"] == pytest.approx(3 * (nodes - 1) * ds.total, rel=0.01)
+    assert rep["peer"]["bytes_sent"] == rep["peer"]["bytes_received"] > 0
+    for node in rep["nodes"]:
+        assert node["staging"]["files"] < 300 * 0.8  # a share, not the dataset
+
+
+def test_a_peer_killed_mid_job_readers_elsewhere_complete_with_correct_bytes(dataset, short_tmp):
+    nodes = 3
+    ds = dataset(files=300, size="8KiB")
+    cfg = write_config(short_tmp, ds.root, extra="")
+    cluster = Cluster(nodes, cfg, short_tmp)
+    try:
+        # slow epochs (compute time per sample) so the kill lands in the middle of the job
+        procs = cluster.readers(ds, [0, 1], epochs=3, workers=2, compute_ms=2)
+        time.sleep(1.0)
+        os.kill(cluster.pid(2), signal.SIGKILL)
+        outs = finish(procs)
+        assert all("epoch 2" in out for out in outs)
+    finally:
+        cluster.stop([0, 1])
+    # wherever the bytes came from (peer, local staging, or the PFS if MPICH took the
+    # survivors down), the readers verified every digest and exited 0
