@@ -16,4 +16,6 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 python3 -m pip install -q --disable-pip-version-check ".[mpi,test,bench]"
+# under pyenv, new console scripts (monarch, mpiexec) need their shims made
+if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
 echo "install: Monarch $(python3 -c 'import monarch; print(monarch.__version__)') and its dependencies are installed"
