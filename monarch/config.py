@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -64,7 +64,6 @@ class Config:
     staging: StagingConfig
     peer: PeerConfig
     report: str | None = None  # JSON report path; default <run_dir>/report.json
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def report_path(self) -> str:

@@ -163,21 +163,10 @@ class NodeDaemon:
         return "fetched"
 
     # -- statistics and shutdown ---------------------------------------------------------
-    def source_names(self) -> dict[int, str]:
-        names = {protocol.SLOT_PFS: "pfs"}
-        if self.cluster is not None:
-            names[protocol.SLOT_PEER] = "peer"
-        names.update({t.slot: t.name for t in self.tiers})
-        return names
-
     def stats(self) -> dict:
         """This node's numbers (the report module turns them into the report)."""
-        try:
-            counters = protocol.read_counters(self.config.counters_path)
-        except (OSError, ValueError):
-            counters = [(0, 0)] * protocol.MAX_SLOTS
-        sources = {name: {"opens": counters[slot][0], "bytes": counters[slot][1]}
-                   for slot, name in sorted(self.source_names().items())}
+        names = protocol.slot_names([t.name for t in self.tiers], with_peer=self.cluster is not None)
+        sources = protocol.read_sources(self.config.counters_path, names)
         with self._lock:
             outcomes = dict(self.outcomes)
         return {

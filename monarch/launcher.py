@@ -207,14 +207,9 @@ def _reap(daemon: subprocess.Popen, config: Config) -> None:
 
 def _stats_without_daemon(config: Config) -> dict:
     """The shim's counters survive the daemon: report what the application read."""
-    names = {protocol.SLOT_PFS: "pfs"}
-    names.update({protocol.tier_slot(i): t.name for i, t in enumerate(config.tiers)})
-    try:
-        counters = protocol.read_counters(config.counters_path)
-    except (OSError, ValueError):
-        counters = [(0, 0)] * protocol.MAX_SLOTS
+    names = protocol.slot_names([t.name for t in config.tiers], with_peer=False)
     return {"node": 0, "host": socket.gethostname(),
-            "sources": {name: {"opens": counters[s][0], "bytes": counters[s][1]} for s, name in sorted(names.items())},
+            "sources": protocol.read_sources(config.counters_path, names),
             "staging": {"files": 0, "bytes": 0, "pfs_files_read": 0, "pfs_bytes_read": 0,
                         "failures": {"daemon_lost": 1}},
             "dataset": {"files": 0, "bytes": 0}, "peer": {}, "resolves": {}, "tiers": []}

@@ -85,3 +85,21 @@ def read_counters(path: str) -> list[tuple[int, int]]:
         raise ValueError(f"{path}: not a Monarch counters file of version {COUNTERS_VERSION}")
     body = words[HEADER_WORDS:]
     return [(body[2 * i], body[2 * i + 1]) for i in range(MAX_SLOTS)]
+
+
+def slot_names(tier_names, with_peer: bool) -> dict[int, str]:
+    """The report's name of each slot in use: ``pfs``, ``peer`` (clusters), then the tiers."""
+    names = {SLOT_PFS: "pfs"}
+    if with_peer:
+        names[SLOT_PEER] = "peer"
+    names.update({tier_slot(i): name for i, name in enumerate(tier_names)})
+    return names
+
+
+def read_sources(path: str, names: dict[int, str]) -> dict[str, dict[str, int]]:
+    """Opens and bytes per named source; zeros when the counters file is gone or foreign."""
+    try:
+        counters = read_counters(path)
+    except (OSError, ValueError):
+        counters = [(0, 0)] * MAX_SLOTS
+    return {name: {"opens": counters[slot][0], "bytes": counters[slot][1]} for slot, name in sorted(names.items())}

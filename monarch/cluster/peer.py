@@ -77,7 +77,6 @@ class Cluster:
         node 0 walks the PFS). If ``take`` raises on node 0 it re-raises there and every
         other node raises PeerError. ``timeout`` (None: wait forever) bounds the wait.
         """
-        MPI = self.MPI
         error = None
         if self.node == 0:
             try:

@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from monarch.testing.fixtures import slow_pfs  # noqa: F401
 from monarch.testing.slowpfs import SlowPFS, SlowPFSError, fuse_unavailable_reason, is_mounted
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
