@@ -3,37 +3,73 @@
 Everything both sides must agree on lives here (and is mirrored by hand in
 ``monarch/shim/monarch_shim.c``; ``tests/unit/test_protocol.py`` checks the two agree).
 
-Environment (set by ``monarch run`` for the application's process tree):
-  MONARCH_ROOTS     dataset roots, absolute and canonical, separated by ':'.
-                    Root k's files have the *key* ``"<k>/<path relative to root k>"``.
+Keys: a managed file's key is ``b"<k>/<path relative to root k>"`` as raw bytes (any byte
+but NUL; newlines and non-UTF-8 bytes included). Python holds keys as ``str`` decoded with
+``os.fsdecode`` (surrogateescape), so every name the filesystem allows round-trips.
+
+Environment (set by ``monarch run`` for the application's process tree; the launcher
+exports these keys only, never anything else a daemon says):
+  MONARCH_ROOTS     dataset roots as ``<k>=<absolute dir>`` entries separated by ':'. Root k
+                    may appear more than once: its canonical path (symlinks resolved) and
+                    the spelling the configuration used (``/scratch`` -> ``/lustre/scratch``).
   MONARCH_PROBE     staged-copy directories the shim probes, fastest first, as
                     ``<slot>=<dir>`` pairs separated by ':'. A key is staged at ``<dir>/<key>``.
+                    Empty when every open must ask the daemon (``staging.validate: open``).
   MONARCH_SOCKET    the node daemon's Unix socket.
   MONARCH_COUNTERS  the job's shared counters file (see below).
+  MONARCH_INDEX     the snapshot index (see below): what ``fstat`` of a staged copy reports.
   MONARCH_DISABLE=1 the shim passes everything through.
   MONARCH_SHIM_DEBUG=1..3  debug lines on stderr.
-  MONARCH_SHIM_TIMEOUT_MS  how long the shim waits for the daemon (default below).
+  MONARCH_SHIM_TIMEOUT_MS  the longest the shim waits for one answer (default below); a
+                    daemon that sends nothing for HEARTBEAT_TIMEOUT_MS is given up sooner.
 
-Socket protocol (one request per connection, text lines, UTF-8):
-  shim -> daemon   ``OPEN <key>\\n``
-  daemon -> shim   ``<slot> <path>\\n``   open <path>, count it under <slot>
-                   ``0 \\n``              read the PFS original (slot 0)
-  launcher: ``ATTACH\\n`` keeps the connection open for the life of one ``monarch run``
-  (the daemon answers ``OK\\n``); ``REPORT\\n`` answers one JSON line; ``STOP\\n`` answers
-  ``OK\\n`` and shuts the daemon down.
+Socket protocol: frames, little-endian, one request per connection for the shim.
+  request  = u8 verb, u8 flags (0), u16 reserved (0), u32 length, then ``length`` bytes
+             (length <= MAX_REQUEST; a key for OPEN and INVALIDATE, empty otherwise)
+  answer   = i32 status, u32 length, then ``length`` bytes (length <= MAX_ANSWER)
+  OPEN key        -> status = slot: SLOT_PFS (0, empty body: read the original) or a
+                     staged slot with the path to open as body; while the daemon stages
+                     it sends STATUS_PENDING frames (empty) every HEARTBEAT_MS, so a
+                     stalled daemon is told from a slow copy.
+  INVALIDATE key  -> status 0 once the node's copies of the key (or of everything under
+                     it, for a directory) are gone and will not be served again this job:
+                     the shim sends it before a write-open, rename, unlink or truncate.
+  ATTACH          -> status 0, body JSON {"env": {...}, "run": {...}}; the connection is
+                     the launcher's session: REPORT frames on it are answered, and the
+                     daemon counts it until it closes.
+  REPORT          -> status 0, body JSON statistics.
+  STOP            -> status 0, then the daemon shuts down.
+  Any malformed or oversized request is answered STATUS_ERROR (body: a reason) and closed.
+  Both sides check the peer's uid (SO_PEERCRED): only the daemon's own user is served,
+  and the shim and launcher talk only to a daemon of their own uid.
 
 Counters file: little-endian uint64 words, written by the shim with atomic adds,
 so counts survive forked workers that leave with ``_exit`` and processes that are killed.
   word 0: COUNTERS_MAGIC, word 1: COUNTERS_VERSION, word 2: MAX_SLOTS,
   then per slot: opens, bytes (bytes read through read/pread/readv/preadv).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
+
+Snapshot index (written once by the daemon, atomically, read-only mmap in the shim):
+  header  INDEX_HEADER: u64 magic, u32 version, u32 entries, u32 buckets (a power of 2),
+          u32 reserved, u64 offset of the buckets, u64 offset of the entries,
+          u64 offset of the key bytes, u64 size of the key bytes
+  buckets u32[buckets]: entry number + 1, or 0 for empty; open addressing, linear probing,
+          starting at ``key_hash(key) & (buckets - 1)``
+  entries INDEX_ENTRY each: u32 hash, u32 key length, u64 key offset, u64 size,
+          i64 mtime_ns, i64 atime_ns, i64 ctime_ns, u64 ino, u64 dev, u32 mode, u32 uid,
+          u32 gid, u32 nlink: the source's own ``stat`` as the snapshot saw it
+  keys    the key bytes, not NUL-terminated
+  key_hash is CRC-32 (zlib's, polynomial 0xEDB88320) of the key bytes.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import socket
 import struct
+import zlib
+from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
 COUNTERS_VERSION = 1
@@ -47,34 +83,114 @@ FIRST_TIER_SLOT = 2
 MAX_TIERS = MAX_SLOTS - FIRST_TIER_SLOT
 
 SHIM_TIMEOUT_MS_DEFAULT = 60_000
+HEARTBEAT_MS = 250
+HEARTBEAT_TIMEOUT_MS = 1500
 
 ENV_ROOTS = "MONARCH_ROOTS"
 ENV_PROBE = "MONARCH_PROBE"
 ENV_SOCKET = "MONARCH_SOCKET"
 ENV_COUNTERS = "MONARCH_COUNTERS"
+ENV_INDEX = "MONARCH_INDEX"
 ENV_DISABLE = "MONARCH_DISABLE"
+# what a launcher takes from a daemon's ATTACH answer; anything else is refused
+CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX)
+
+# -- socket frames --------------------------------------------------------------------
+VERB_OPEN = 1
+VERB_INVALIDATE = 2
+VERB_ATTACH = 3
+VERB_REPORT = 4
+VERB_STOP = 5
+VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH",
+         VERB_REPORT: "REPORT", VERB_STOP: "STOP"}
+
+STATUS_PENDING = -2
+STATUS_ERROR = -1
+
+MAX_REQUEST = 8192          # a key: root index, '/', a path of up to PATH_MAX (4096)
+MAX_ANSWER = 1 << 20        # REPORT and ATTACH bodies; an OPEN answer's path is < PATH_MAX
+REQUEST_HEADER = struct.Struct("<BBHI")
+ANSWER_HEADER = struct.Struct("<iI")
+
+
+class ProtocolError(ValueError):
+    """A frame that breaks the contract (wrong verb, too long, truncated)."""
+
+
+def encode_request(verb: int, body: bytes = b"") -> bytes:
+    if len(body) > MAX_REQUEST:
+        raise ProtocolError(f"request body of {len(body)} bytes exceeds {MAX_REQUEST}")
+    return REQUEST_HEADER.pack(verb, 0, 0, len(body)) + body
+
+
+def decode_request_header(header: bytes) -> tuple[int, int]:
+    """(verb, body length) of an 8-byte request header; ProtocolError if it is not one."""
+    verb, flags, reserved, length = REQUEST_HEADER.unpack(header)
+    if verb not in VERBS or flags or reserved:
+        raise ProtocolError(f"unknown request (verb {verb}, flags {flags}, reserved {reserved})")
+    if length > MAX_REQUEST:
+        raise ProtocolError(f"request body of {length} bytes exceeds {MAX_REQUEST}")
+    return verb, length
+
+
+def encode_answer(status: int, body: bytes = b"") -> bytes:
+    return ANSWER_HEADER.pack(status, len(body)) + body
+
+
+def key_bytes(key: str) -> bytes:
+    return os.fsencode(key)
+
+
+def key_str(raw: bytes) -> str:
+    return os.fsdecode(raw)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes (the socket's own timeout applies); ProtocolError on early close."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ProtocolError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_answer(sock: socket.socket, limit: int = MAX_ANSWER) -> tuple[int, bytes]:
+    """The next answer that is not a heartbeat: (status, body)."""
+    while True:
+        status, length = ANSWER_HEADER.unpack(recv_exact(sock, ANSWER_HEADER.size))
+        if length > limit:
+            raise ProtocolError(f"answer body of {length} bytes exceeds {limit}")
+        body = recv_exact(sock, length) if length else b""
+        if status != STATUS_PENDING:
+            return status, body
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
 
 
 def tier_slot(index: int) -> int:
     return FIRST_TIER_SLOT + index
 
 
-def format_answer(slot: int, path: str = "") -> bytes:
-    return f"{slot} {path}\n".encode()
+def format_roots(roots: Iterable[tuple[int, str]]) -> str:
+    return ":".join(f"{k}={path}" for k, path in roots)
 
 
-def parse_answer(line: bytes) -> tuple[int, str]:
-    slot, _, path = line.decode().rstrip("\n").partition(" ")
-    return int(slot), path
+def format_probe(probe: Iterable[tuple[int, str]]) -> str:
+    return ":".join(f"{slot}={path}" for slot, path in probe)
 
 
+# -- counters ---------------------------------------------------------------------------
 def create_counters(path: str) -> None:
     """Create a zeroed counters file (atomically: the shim may map it at any time)."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    from monarch.secure import write_file_atomically
     header = struct.pack("<3Q", COUNTERS_MAGIC, COUNTERS_VERSION, MAX_SLOTS)
-    with open(tmp, "wb") as f:
-        f.write(header + b"\0" * (COUNTERS_SIZE - len(header)))
-    os.replace(tmp, path)
+    write_file_atomically(path, header + b"\0" * (COUNTERS_SIZE - len(header)))
 
 
 def read_counters(path: str) -> list[tuple[int, int]]:
@@ -103,3 +219,61 @@ def read_sources(path: str, names: dict[int, str]) -> dict[str, dict[str, int]]:
     except (OSError, ValueError):
         counters = [(0, 0)] * MAX_SLOTS
     return {name: {"opens": counters[slot][0], "bytes": counters[slot][1]} for slot, name in sorted(names.items())}
+
+
+# -- snapshot index -------------------------------------------------------------------------
+INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
+INDEX_VERSION = 1
+INDEX_HEADER = struct.Struct("<QIIIIQQQQ")
+INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIII")
+
+
+def key_hash(raw: bytes) -> int:
+    return zlib.crc32(raw) & 0xFFFFFFFF
+
+
+def build_index(entries: Iterable[tuple[bytes, os.stat_result]]) -> bytes:
+    """The index file's bytes for (key, source stat) pairs (see the module doc)."""
+    items = list(entries)
+    nbuckets = 16
+    while nbuckets < 2 * len(items):
+        nbuckets *= 2
+    mask = nbuckets - 1
+    buckets = [0] * nbuckets
+    packed, keys, key_off = [], [], 0
+    for number, (raw, st) in enumerate(items):
+        h = key_hash(raw)
+        b = h & mask
+        while buckets[b]:
+            b = (b + 1) & mask
+        buckets[b] = number + 1
+        packed.append(INDEX_ENTRY.pack(h, len(raw), key_off, st.st_size, st.st_mtime_ns, st.st_atime_ns,
+                                       st.st_ctime_ns, st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_gid,
+                                       st.st_nlink))
+        keys.append(raw)
+        key_off += len(raw)
+    buckets_off = INDEX_HEADER.size
+    entries_off = buckets_off + 4 * nbuckets
+    keys_off = entries_off + INDEX_ENTRY.size * len(items)
+    header = INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, len(items), nbuckets, 0,
+                               buckets_off, entries_off, keys_off, key_off)
+    return b"".join([header, struct.pack(f"<{nbuckets}I", *buckets), *packed, *keys])
+
+
+def index_lookup(data: bytes, raw: bytes) -> tuple | None:
+    """The entry of ``raw`` in an index (the shim's lookup, in Python for tests): a tuple in
+    INDEX_ENTRY order after the key fields (size, mtime_ns, atime_ns, ctime_ns, ino, dev,
+    mode, uid, gid, nlink), or None."""
+    magic, version, n, nbuckets, _, buckets_off, entries_off, keys_off, _ = INDEX_HEADER.unpack_from(data)
+    if magic != INDEX_MAGIC or version != INDEX_VERSION:
+        raise ValueError("not a Monarch index")
+    h = key_hash(raw)
+    b = h & (nbuckets - 1)
+    while True:
+        number = struct.unpack_from("<I", data, buckets_off + 4 * b)[0]
+        if not number:
+            return None
+        fields = INDEX_ENTRY.unpack_from(data, entries_off + INDEX_ENTRY.size * (number - 1))
+        if fields[0] == h and data[keys_off + fields[2]: keys_off + fields[2] + fields[1]] == raw:
+            return fields[3:]
+        b = (b + 1) & (nbuckets - 1)
