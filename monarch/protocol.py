@@ -232,8 +232,18 @@ def key_hash(raw: bytes) -> int:
     return zlib.crc32(raw) & 0xFFFFFFFF
 
 
-def build_index(entries: Iterable[tuple[bytes, os.stat_result]]) -> bytes:
-    """The index file's bytes for (key, source stat) pairs (see the module doc)."""
+def _stat_fields(st) -> tuple:
+    """(size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink) of an os.stat_result or a
+    snapshot FileInfo."""
+    if hasattr(st, "st_size"):
+        return (st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                st.st_mode, st.st_uid, st.st_gid, st.st_nlink)
+    return (st.size, st.mtime_ns, st.atime_ns, st.ctime_ns, st.ino, st.dev, st.mode, st.uid, st.gid, st.nlink)
+
+
+def build_index(entries: Iterable[tuple[bytes, object]]) -> bytes:
+    """The index file's bytes for (key, source stat) pairs (see the module doc); a stat is
+    an os.stat_result or a snapshot FileInfo."""
     items = list(entries)
     nbuckets = 16
     while nbuckets < 2 * len(items):
@@ -247,9 +257,7 @@ def build_index(entries: Iterable[tuple[bytes, os.stat_result]]) -> bytes:
         while buckets[b]:
             b = (b + 1) & mask
         buckets[b] = number + 1
-        packed.append(INDEX_ENTRY.pack(h, len(raw), key_off, st.st_size, st.st_mtime_ns, st.st_atime_ns,
-                                       st.st_ctime_ns, st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_gid,
-                                       st.st_nlink))
+        packed.append(INDEX_ENTRY.pack(h, len(raw), key_off, *_stat_fields(st)))
         keys.append(raw)
         key_off += len(raw)
     buckets_off = INDEX_HEADER.size

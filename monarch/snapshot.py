@@ -1,18 +1,43 @@
-"""The dataset snapshot: every managed file's key, size and mtime, from one tree walk.
+"""The dataset snapshot: every managed file's key and its source's ``stat``, from one tree walk.
 
-A key is ``"<root index>/<path relative to that root>"`` (see monarch/protocol.py).
+A key is ``"<root index>/<path relative to that root>"`` (see monarch/protocol.py), decoded
+with ``os.fsdecode`` so that any name the filesystem allows (newlines, non-UTF-8 bytes,
+255-byte names) is a key. The snapshot is the job's view of the dataset: what the
+stager checks a source against before copying it, and what ``fstat`` of a staged copy
+reports (through the index the shim maps).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from monarch import protocol
+from monarch.secure import write_file_atomically
 
 
-@dataclass(frozen=True)
-class FileInfo:
+class FileInfo(NamedTuple):
+    """The source's stat as the snapshot saw it (the fields the index carries)."""
     size: int
     mtime_ns: int
+    mode: int = 0o100644
+    atime_ns: int = 0
+    ctime_ns: int = 0
+    ino: int = 0
+    dev: int = 0
+    uid: int = 0
+    gid: int = 0
+    nlink: int = 1
+
+    @classmethod
+    def from_stat(cls, st: os.stat_result) -> "FileInfo":
+        return cls(st.st_size, st.st_mtime_ns, st.st_mode, st.st_atime_ns, st.st_ctime_ns, st.st_ino,
+                   st.st_dev, st.st_uid, st.st_gid, st.st_nlink)
+
+    def same_content_as(self, st: os.stat_result) -> bool:
+        """Does ``st`` describe the file this snapshot entry saw (size and mtime)?"""
+        return st.st_size == self.size and st.st_mtime_ns == self.mtime_ns
 
 
 @dataclass(frozen=True)
@@ -31,9 +56,18 @@ class Snapshot:
     def get(self, key: str) -> FileInfo | None:
         return self.files.get(key)
 
+    def write_index(self, path: str) -> None:
+        """The index the shim maps (protocol.py, "Snapshot index"), written atomically."""
+        write_file_atomically(path, protocol.build_index(
+            (protocol.key_bytes(key), info) for key, info in self.files.items()))
+
 
 def take_snapshot(roots: tuple[str, ...]) -> Snapshot:
-    """Walk every root once (os.scandir: one stat per entry, no extra lookups)."""
+    """Walk every root once (os.scandir: one stat per entry, no extra lookups).
+
+    Directories are not followed through symlinks (their files are not the root's); a
+    symlink to a file is the file the kernel would open.
+    """
     files: dict[str, FileInfo] = {}
     for index, root in enumerate(roots):
         stack = [root]
@@ -48,9 +82,8 @@ def take_snapshot(roots: tuple[str, ...]) -> Snapshot:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
                     elif entry.is_file():
-                        st = entry.stat()
                         rel = os.path.relpath(entry.path, root)
-                        files[f"{index}/{rel}"] = FileInfo(st.st_size, st.st_mtime_ns)
+                        files[f"{index}/{rel}"] = FileInfo.from_stat(entry.stat())
                 except OSError:
                     continue
     return Snapshot(roots=tuple(roots), files=files)
