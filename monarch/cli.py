@@ -37,7 +37,9 @@ def cmd_run(args) -> int:
 
 def cmd_serve(args) -> int:
     from monarch.daemon import NodeDaemon
+    from monarch.secure import write_file_atomically
     from monarch.server import NodeServer
+    from monarch.topology import job_id, run_id
     cluster = None
     if mpi_world_rank() is not None and not args.embedded:
         from monarch.cluster import Cluster, abort_on_unhandled_exception
@@ -46,11 +48,14 @@ def cmd_serve(args) -> int:
         os.environ["MONARCH_NODE"] = str(cluster.node)  # each node expands ${MONARCH_NODE} to its own dirs
         _setup_logging(args.verbose, str(cluster.node))
     config = _load(args.config)
-    daemon = NodeDaemon(config, cluster=cluster)
+    # embedded: the run its launcher named; standing: the job, which the job's launchers look for
+    rid = run_id() if args.embedded else job_id()
+    if not rid:
+        raise MonarchError("monarch serve --embedded is started by monarch run, with MONARCH_RUN_ID set")
+    daemon = NodeDaemon(config, rid, cluster=cluster)
     server = NodeServer(daemon, embedded=args.embedded)
-    pid_file = os.path.join(config.run_dir, "daemon.pid")
-    with open(pid_file, "w") as f:
-        f.write(f"{os.getpid()}\n")
+    pid_file = os.path.join(daemon.run_dir, "daemon.pid")
+    write_file_atomically(pid_file, f"{os.getpid()}\n".encode())
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
     try:
@@ -59,7 +64,7 @@ def cmd_serve(args) -> int:
             # finish() keeps serving peers until every node is done, so tiers stay until then
             nodes = cluster.finish(daemon.stats) if cluster is not None else [daemon.stats()]
             if nodes is not None:
-                _write_job_report(nodes, config, args.report)
+                _write_job_report(nodes, config, args.report or os.path.join(daemon.run_dir, "report.json"), rid)
     finally:
         daemon.close()
         _remove(pid_file)
@@ -68,12 +73,11 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _write_job_report(nodes: list, config, path: str | None) -> None:
+def _write_job_report(nodes: list, config, path: str, rid: str) -> None:
     from monarch.report import build_report, write_report
-    from monarch.topology import job_id
-    report = build_report(nodes, {"job_id": job_id(), "config": config.source, "nodes": len(nodes)})
-    write_report(report, path or config.report_path)
-    log.warning("report written to %s", path or config.report_path)
+    report = build_report(nodes, {"job_id": rid, "config": config.source, "nodes": len(nodes)})
+    write_report(report, config.report or path)
+    log.warning("report written to %s", config.report or path)
 
 
 def _remove(path: str) -> None:
@@ -85,14 +89,19 @@ def _remove(path: str) -> None:
 
 def cmd_stop(args) -> int:
     import socket
+    from monarch import layout, protocol, secure
+    from monarch.topology import job_id, node_index
     config = _load(args.config)
+    path = os.path.join(layout.user_dir(config.run_dir), f"{job_id()}-node{node_index()}", "daemon.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(config.socket_path)
-        sock.sendall(b"STOP\n")
-        sock.recv(16)
-    except OSError as e:
-        raise MonarchError(f"no Monarch daemon answers at {config.socket_path} ({e.strerror})") from None
+        sock.settimeout(30)
+        sock.connect(path)
+        secure.check_peer_is_me(sock)
+        sock.sendall(protocol.encode_request(protocol.VERB_STOP))
+        protocol.recv_answer(sock)
+    except (OSError, ValueError) as e:
+        raise MonarchError(f"no Monarch daemon answers at {path} ({getattr(e, 'strerror', None) or e})") from None
     finally:
         sock.close()
     return 0

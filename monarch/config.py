@@ -21,6 +21,7 @@ from monarch.protocol import MAX_TIERS
 
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
 POLICIES = ("on-access", "prestage", "off")
+VALIDATE_MODES = ("none", "open")
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
 _UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
@@ -38,7 +39,14 @@ class TierConfig:
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    roots: tuple[str, ...]
+    roots: tuple[str, ...]  # canonical: symlinks resolved
+    given: tuple[str, ...] = ()  # as configured (absolute), e.g. /scratch/ds when /scratch -> /lustre/scratch
+
+    def spellings(self) -> list[tuple[int, str]]:
+        """(root index, path) for every spelling of every root that the shim should match."""
+        out = [(k, root) for k, root in enumerate(self.roots)]
+        out += [(k, given) for k, given in enumerate(self.given) if given != self.roots[k]]
+        return out
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class StagingConfig:
     policy: str = "on-access"
     threads: int = 4
     resolve_timeout: float = 30.0  # seconds a shim request waits for staging before "read the PFS"
+    validate: str = "none"  # "open": compare size and mtime with the PFS at each file's first open in a job
 
 
 @dataclass(frozen=True)
@@ -63,19 +72,7 @@ class Config:
     tiers: tuple[TierConfig, ...]
     staging: StagingConfig
     peer: PeerConfig
-    report: str | None = None  # JSON report path; default <run_dir>/report.json
-
-    @property
-    def report_path(self) -> str:
-        return self.report or os.path.join(self.run_dir, "report.json")
-
-    @property
-    def socket_path(self) -> str:
-        return os.path.join(self.run_dir, "daemon.sock")
-
-    @property
-    def counters_path(self) -> str:
-        return os.path.join(self.run_dir, "counters")
+    report: str | None = None  # JSON report path; default: the run's directory (monarch/layout.py)
 
 
 def parse_size(text: Any) -> int:
@@ -233,7 +230,8 @@ def _validate(raw: dict, source: str, env: Mapping[str, str]) -> Config:
     if not any(roots):
         raise r.fail("dataset.roots", "no dataset roots: list the directories Monarch manages, "
                                       "or set MONARCH_DATASET for the default configuration")
-    root_paths = tuple(os.path.realpath(r.path(v, f"dataset.roots[{i}]")) for i, v in enumerate(roots))
+    given = tuple(r.path(v, f"dataset.roots[{i}]") for i, v in enumerate(roots))
+    root_paths = tuple(os.path.realpath(g) for g in given)
 
     tiers_raw = raw.get("tiers")
     if not isinstance(tiers_raw, list) or not tiers_raw:
@@ -270,15 +268,18 @@ def _validate(raw: dict, source: str, env: Mapping[str, str]) -> Config:
     policy = r.string(staging.get("policy"), "staging.policy")
     if policy not in POLICIES:
         raise r.fail("staging.policy", f"expected one of {', '.join(POLICIES)}, got {policy!r}")
+    validate = r.string(staging.get("validate", "none"), "staging.validate")
+    if validate not in VALIDATE_MODES:
+        raise r.fail("staging.validate", f"expected one of {', '.join(VALIDATE_MODES)}, got {validate!r}")
     staging_cfg = StagingConfig(policy=policy, threads=r.number(staging.get("threads"), "staging.threads", int, 1),
                                 resolve_timeout=r.number(staging.get("resolve_timeout"), "staging.resolve_timeout",
-                                                         float, 0.1))
+                                                         float, 0.1), validate=validate)
     peer = r.mapping(raw.get("peer"), "peer")
     peer_cfg = PeerConfig(path=r.path(peer.get("path"), "peer.path"),
                           capacity=r.size(peer.get("capacity"), "peer.capacity"),
                           timeout=r.number(peer.get("timeout"), "peer.timeout", float, 0.1))
     report = raw.get("report")
-    return Config(source=source, dataset=DatasetConfig(roots=root_paths),
+    return Config(source=source, dataset=DatasetConfig(roots=root_paths, given=given),
                   run_dir=r.path(raw.get("run_dir"), "run_dir"), tiers=tuple(tiers),
                   staging=staging_cfg, peer=peer_cfg,
                   report=None if report is None else r.path(report, "report"))

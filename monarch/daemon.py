@@ -17,11 +17,12 @@ import socket
 import threading
 import time
 
-from monarch import protocol
-from monarch.config import Config
-from monarch.errors import PeerError
+from monarch import layout, protocol
+from monarch.config import Config, TierConfig
+from monarch.errors import MonarchError, PeerError
+from monarch.secure import owner_only
 from monarch.snapshot import Snapshot, take_snapshot
-from monarch.stager import Stager
+from monarch.stager import Invalidated, Stager
 from monarch.tiers import Tier, write_atomically
 
 log = logging.getLogger(__name__)
@@ -30,36 +31,65 @@ PFS = (protocol.SLOT_PFS, "")
 
 
 class NodeDaemon:
-    def __init__(self, config: Config, cluster=None, node: int = 0):
+    def __init__(self, config: Config, run_id: str, cluster=None, node: int = 0):
         self.config = config
+        self.run_id = run_id
         self.cluster = cluster
         self.node = cluster.node if cluster is not None else node
         self.started = time.time()
-        self.tiers = [Tier.from_config(t, protocol.tier_slot(i)) for i, t in enumerate(config.tiers)]
-        self.peer_area = Tier("peer", config.peer.path, config.peer.capacity, protocol.SLOT_PEER)
         self.outcomes: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._peer_flights: dict[str, concurrent.futures.Future] = {}
         self._peer_files: set[str] = set()
         self._down_peers: set[int] = set()  # timed out once: not waited for again this job
+        self._validated: set[str] = set()  # staging.validate: open — keys checked against the PFS
         self.peer_bytes_received = 0
         self.snapshot_seconds = 0.0
-        os.makedirs(config.run_dir, exist_ok=True)
-        protocol.create_counters(config.counters_path)
-        for tier in self.tiers:
-            tier.prepare()
+        self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
+        layout.write_marker(self.run_dir, run_id)
+        protocol.create_counters(self.counters_path)
+        self.tier_errors: dict[str, str] = {}
+        roots = config.dataset.roots
+        self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i)) for i, cfg in enumerate(config.tiers))
+                      if t is not None]
         self.snapshot = self._take_snapshot()
+        self.snapshot.write_index(self.index_path)
         self.stager = Stager(self.snapshot, self.tiers, config.staging.threads)
         for tier in self.tiers:
             if tier.keep:
                 for key in tier.adopt_existing(self.snapshot.files):
                     self.stager.adopt(key, tier)
+        self.peer_area = None
         if cluster is not None:
-            self.peer_area.prepare()
+            self.peer_area = self._make_tier(TierConfig("peer", config.peer.path, config.peer.capacity),
+                                             protocol.SLOT_PEER)
             cluster.peer_timeout = config.peer.timeout
             cluster.start(self.provide)
         if config.staging.policy == "prestage":
             self.stager.prestage(k for k in sorted(self.snapshot.files) if self.owns(k))
+
+    # -- where things are --------------------------------------------------------------
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.run_dir, "daemon.sock")
+
+    @property
+    def counters_path(self) -> str:
+        return os.path.join(self.run_dir, "counters")
+
+    @property
+    def index_path(self) -> str:
+        return os.path.join(self.run_dir, "index")
+
+    def _make_tier(self, cfg: TierConfig, slot: int) -> Tier | None:
+        """A tier that cannot be made is skipped with one line saying why; the others serve."""
+        try:
+            return Tier.from_config(cfg, slot, self.run_id, self.node, self.config.dataset.roots)
+        except (MonarchError, OSError) as e:
+            reason = str(e) if isinstance(e, MonarchError) else f"{cfg.path}: {e.strerror}"
+            self.tier_errors[cfg.name] = reason
+            log.warning("tier %s is not used: %s", cfg.name, reason)
+            return None
 
     def _take_snapshot(self) -> Snapshot:
         t0 = time.perf_counter()
@@ -73,6 +103,23 @@ class NodeDaemon:
         return self.cluster is None or self.cluster.owner(key) == self.node
 
     # -- the shim's question -------------------------------------------------------
+    def resolve_now(self, key: str) -> tuple[int, str] | None:
+        """The answer when it needs no waiting (the event loop answers these itself), else None."""
+        info = self.snapshot.get(key)
+        if info is None:
+            answer, outcome = PFS, "pfs:not_in_snapshot"
+        elif self.config.staging.validate == "open" and key not in self._validated:
+            return None
+        elif (tier := self.stager.where(key)) is not None:
+            answer, outcome = (tier.slot, tier.path_for(key)), "already_staged"
+        elif key in self._peer_files:
+            answer, outcome = (protocol.SLOT_PEER, self.peer_area.path_for(key)), "already_fetched"
+        else:
+            return None
+        with self._lock:
+            self.outcomes[outcome] += 1
+        return answer
+
     def resolve(self, key: str) -> tuple[int, str]:
         """Where the shim should open ``key``: ``(slot, path)``, or ``PFS``."""
         answer, outcome = self._resolve(key)
@@ -81,11 +128,14 @@ class NodeDaemon:
         return answer
 
     def _resolve(self, key: str) -> tuple[tuple[int, str], str]:
+        info = self.snapshot.get(key)
+        if info is None:
+            return PFS, "pfs:not_in_snapshot"
+        if self.config.staging.validate == "open" and key not in self._validated and not self._still_same(key, info):
+            return PFS, "pfs:changed_since_snapshot"
         tier = self.stager.where(key)
         if tier is not None:
             return (tier.slot, tier.path_for(key)), "already_staged"
-        if self.snapshot.get(key) is None:
-            return PFS, "pfs:not_in_snapshot"
         if self.config.staging.policy == "off":
             return PFS, "pfs:policy_off"
         if not self.owns(key) and self.cluster.owner(key) not in self._down_peers:
@@ -104,6 +154,36 @@ class NodeDaemon:
             return PFS, "pfs:not_staged"
         return (tier.slot, tier.path_for(key)), "staged"
 
+    def _still_same(self, key: str, info) -> bool:
+        """staging.validate: open — the first open of a file in the job compares the PFS's
+        size and mtime with the snapshot; a changed file is never served from a copy."""
+        try:
+            same = info.same_content_as(os.stat(self.snapshot.source_path(key)))
+        except OSError:
+            same = False
+        if same:
+            with self._lock:
+                self._validated.add(key)
+        else:
+            self.stager.mark_changed(key)
+        return same
+
+    def invalidate(self, key: str) -> None:
+        """The job writes to ``key`` (file or directory): its copies on this node go now."""
+        self.stager.invalidate(key)
+        if self.peer_area is not None:
+            prefix = key.rstrip("/") + "/"
+            with self._lock:
+                gone = [k for k in self._peer_files if k == key or k.startswith(prefix)]
+                for k in gone:
+                    self._peer_files.discard(k)
+                    try:
+                        os.unlink(self.peer_area.path_for(k))
+                    except OSError:
+                        pass
+        with self._lock:
+            self.outcomes["invalidated"] += 1
+
     def provide(self, key: str) -> str | None:
         """A peer asks for a key this node owns: the local path once staged, or None."""
         if self.snapshot.get(key) is None:
@@ -116,6 +196,8 @@ class NodeDaemon:
 
     # -- the peer area ---------------------------------------------------------------
     def _from_peer(self, key: str) -> tuple[tuple[int, str], str]:
+        if self.peer_area is None:
+            return PFS, "peer_area_unusable"
         path = self.peer_area.path_for(key)
         with self._lock:
             if key in self._peer_files:
@@ -141,8 +223,8 @@ class NodeDaemon:
         owner = self.cluster.owner(key)
         t0 = time.monotonic()
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            n = write_atomically(path, lambda tmp: self.cluster.fetch(owner, key, tmp), info.mtime_ns)
+            n = write_atomically(path, lambda fd: self.cluster.fetch(owner, key, fd), info.mtime_ns,
+                                 owner_only(info.mode), publish=lambda tmp, dest: self._publish_peer(key, tmp, dest))
         except PeerError as e:
             self.peer_area.release(info.size)
             if time.monotonic() - t0 >= self.config.peer.timeout:
@@ -152,7 +234,7 @@ class NodeDaemon:
             else:
                 log.warning("fetching %s from node %d failed: %s", key, owner, e)
             return "peer_failed"
-        except OSError as e:
+        except (OSError, Invalidated) as e:
             self.peer_area.release(info.size)
             log.warning("writing %s into the peer area failed: %s", key, e)
             return "peer_area_error"
@@ -162,11 +244,17 @@ class NodeDaemon:
             self.peer_bytes_received += n
         return "fetched"
 
+    def _publish_peer(self, key: str, tmp: str, dest: str) -> None:
+        with self.stager._lock:
+            if self.stager._is_dirty(key):
+                raise Invalidated(key)
+            os.replace(tmp, dest)
+
     # -- statistics and shutdown ---------------------------------------------------------
     def stats(self) -> dict:
         """This node's numbers (the report module turns them into the report)."""
         names = protocol.slot_names([t.name for t in self.tiers], with_peer=self.cluster is not None)
-        sources = protocol.read_sources(self.config.counters_path, names)
+        sources = protocol.read_sources(self.counters_path, names)
         with self._lock:
             outcomes = dict(self.outcomes)
         return {
@@ -175,29 +263,37 @@ class NodeDaemon:
             "snapshot_seconds": round(self.snapshot_seconds, 3),
             "sources": sources,
             "staging": self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()},
-            "tiers": [t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.cluster else []),
+            "tiers": [t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.peer_area else []),
+            "tier_errors": dict(self.tier_errors),
             "resolves": outcomes,
             "peer": self.cluster.counters() if self.cluster is not None else {},
             "dataset": {"files": len(self.snapshot.files), "bytes": self.snapshot.total_bytes},
         }
 
     def client_env(self) -> dict[str, str]:
-        """What the shim in the application needs (the launcher exports it)."""
+        """What the shim in the application needs (the launcher exports exactly these keys)."""
         probe = [(t.slot, t.path) for t in self.tiers]
-        if self.cluster is not None:
+        if self.peer_area is not None:
             probe.append((protocol.SLOT_PEER, self.peer_area.path))
+        if self.config.staging.validate == "open":
+            probe = []  # every open asks the daemon, which checks the PFS once per file
         return {
-            protocol.ENV_ROOTS: ":".join(self.config.dataset.roots),
-            protocol.ENV_PROBE: ":".join(f"{slot}={path}" for slot, path in probe),
-            protocol.ENV_SOCKET: self.config.socket_path,
-            protocol.ENV_COUNTERS: self.config.counters_path,
+            protocol.ENV_ROOTS: protocol.format_roots(self.config.dataset.spellings()),
+            protocol.ENV_PROBE: protocol.format_probe(probe),
+            protocol.ENV_SOCKET: self.socket_path,
+            protocol.ENV_COUNTERS: self.counters_path,
+            protocol.ENV_INDEX: self.index_path,
         }
 
+    def describe(self) -> dict:
+        """Who this daemon is, for a launcher deciding whether to attach."""
+        return {"run": self.run_id, "node": self.node, "roots": list(self.config.dataset.roots),
+                "config": self.config.source, "pid": os.getpid()}
+
     def close(self) -> None:
-        """Stop staging and remove what the job asked not to keep (the counters stay for the report)."""
+        """Stop staging and remove what the run asked not to keep (the counters stay for the report)."""
         self.stager.shutdown()
         for tier in self.tiers:
-            if not tier.keep:
-                tier.remove()
-        if self.cluster is not None:
+            tier.remove()
+        if self.peer_area is not None:
             self.peer_area.remove()

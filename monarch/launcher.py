@@ -12,7 +12,6 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,9 +19,9 @@ import sys
 import time
 from contextlib import contextmanager
 
-from monarch import protocol
+from monarch import layout, protocol, secure, topology
 from monarch.config import Config
-from monarch.errors import DaemonError
+from monarch.errors import DaemonError, MonarchError
 from monarch.report import build_report, print_report, write_report
 from monarch.server import EMBEDDED_IDLE_SECONDS
 from monarch.shim import shim_library
@@ -30,74 +29,141 @@ from monarch.shim import shim_library
 log = logging.getLogger(__name__)
 
 DAEMON_START_TIMEOUT = 600.0  # the snapshot of a large dataset takes a while
+ENV_RUN_ID = "MONARCH_RUN_ID"
+
+
+ATTACH_TIMEOUT = 10.0          # a daemon answers ATTACH at once (its event loop never waits)
+REPORT_TIMEOUT = 30.0
+MAX_ENV_VALUE = 1 << 16
 
 
 class Session:
-    """One launcher's attachment to the daemon (an open connection)."""
+    """One launcher's attachment to a daemon (an open connection), checked before it is trusted."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, socket_path: str):
         self.sock = sock
-        self.reader = sock.makefile("rb")
-        line = self.reader.readline()
-        if not line.startswith(b"OK "):
-            raise DaemonError(f"unexpected answer from the daemon: {line[:200]!r}")
-        self.env: dict[str, str] = json.loads(line[3:])
+        self.socket_path = socket_path
+        sock.settimeout(ATTACH_TIMEOUT)
+        secure.check_peer_is_me(sock)
+        sock.sendall(protocol.encode_request(protocol.VERB_ATTACH))
+        status, body = protocol.recv_answer(sock)
+        if status != 0:
+            raise DaemonError(f"the daemon at {socket_path} refused to attach: {body[:200]!r}")
+        answer = json.loads(body)
+        self.env = _client_env(answer.get("env"), socket_path)
+        self.run = answer.get("run") if isinstance(answer.get("run"), dict) else {}
+        self.run_dir = os.path.dirname(socket_path)
 
     def stats(self) -> dict | None:
         try:
-            self.sock.sendall(b"REPORT\n")
-            line = self.reader.readline()
-            return json.loads(line) if line else None
+            self.sock.settimeout(REPORT_TIMEOUT)
+            self.sock.sendall(protocol.encode_request(protocol.VERB_REPORT))
+            status, body = protocol.recv_answer(self.sock)
+            stats = json.loads(body) if status == 0 else None
+            return stats if isinstance(stats, dict) else None
         except (OSError, ValueError):
             return None
 
     def close(self) -> None:
-        self.reader.close()
         self.sock.close()
 
 
-def attach(config: Config) -> Session | None:
+def _client_env(env, socket_path: str) -> dict[str, str]:
+    """Only Monarch's own keys, as strings of bounded length, naming the socket we asked."""
+    if not isinstance(env, dict) or set(env) - set(protocol.CLIENT_ENV_KEYS):
+        raise DaemonError(f"the daemon at {socket_path} sent an environment with unexpected keys")
+    for key, value in env.items():
+        if not isinstance(value, str) or "\0" in value or len(value) > MAX_ENV_VALUE:
+            raise DaemonError(f"the daemon at {socket_path} sent a malformed {key}")
+    if env.get(protocol.ENV_SOCKET) != socket_path:
+        raise DaemonError(f"the daemon at {socket_path} names another socket")
+    return dict(env)
+
+
+def attach(socket_path: str) -> Session | None:
+    """A session with the daemon at ``socket_path``, or None if none answers there."""
+    if not os.path.exists(socket_path):
+        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(config.socket_path)
-        sock.sendall(b"ATTACH\n")
-        return Session(sock)
-    except OSError:
+        sock.settimeout(ATTACH_TIMEOUT)
+        sock.connect(socket_path)
+        return Session(sock, socket_path)
+    except (OSError, ValueError) as e:
+        log.debug("no daemon at %s: %s", socket_path, e)
         sock.close()
         return None
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _serves(session: Session, config: Config) -> bool:
+    """Does the daemon serve this configuration's dataset? (one job, one namespace)"""
+    roots = session.run.get("roots")
+    if roots == list(config.dataset.roots):
+        return True
+    log.warning("the daemon at %s serves the dataset %s, not %s: this run does not use it",
+                session.socket_path, roots, list(config.dataset.roots))
+    return False
 
 
 @contextmanager
-def _start_lock(config: Config):
-    os.makedirs(config.run_dir, exist_ok=True)
-    with open(os.path.join(config.run_dir, "start.lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+def _start_lock(run_dir: str):
+    fd = secure.open_private_file(os.path.join(run_dir, "start.lock"))
+    try:
+        deadline = time.monotonic() + DAEMON_START_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DaemonError(f"another launcher holds {run_dir}/start.lock for too long") from None
+                time.sleep(0.05)
         yield
+    finally:
+        os.close(fd)
 
 
-def attach_or_start(config: Config, config_file: str | None) -> tuple[Session, subprocess.Popen | None]:
-    """Attach to the job's daemon on this node, starting an embedded one if none runs."""
-    session = attach(config)
-    if session is not None:
-        return session, None
-    with _start_lock(config):  # several launchers on a node start one daemon
-        session = attach(config)
+def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[Session, subprocess.Popen | None]:
+    """Attach to the daemon of this run (or of this job: a standing ``monarch serve``) on this
+    node, if it serves this dataset; else start an embedded one for the run."""
+    node = topology.node_index()
+    candidates = [run] + [j for j in [topology.job_id()] if j != run]
+    for rid in candidates[1:]:
+        session = attach(os.path.join(layout.user_dir(config.run_dir), f"{rid}-node{node}", "daemon.sock"))
         if session is not None:
-            return session, None
+            if _serves(session, config):
+                return session, None
+            session.close()
+    run_dir = layout.run_dir(config.run_dir, run, node)
+    socket_path = os.path.join(run_dir, "daemon.sock")
+    with _start_lock(run_dir):  # several launchers of the run on a node start one daemon
+        session = attach(socket_path)
+        if session is not None:
+            if _serves(session, config):
+                return session, None
+            session.close()
+            raise DaemonError(f"the run's daemon at {socket_path} serves another dataset; "
+                              "give this job its own MONARCH_JOB_ID")
         cmd = [sys.executable, "-m", "monarch", "serve", "--embedded"]
         if config_file:
             cmd += ["-c", config_file]
-        env = _without_shim(os.environ)
-        log_path = os.path.join(config.run_dir, "daemon.log")
-        with open(log_path, "ab") as log_file:
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+        env = _without_shim(os.environ) | {ENV_RUN_ID: run}
+        log_path = os.path.join(run_dir, "daemon.log")
+        log_fd = secure.open_private_file(log_path, os.O_WRONLY | os.O_APPEND)
+        try:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
                                     stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            os.close(log_fd)
         deadline = time.monotonic() + DAEMON_START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise DaemonError(f"the node daemon exited with code {proc.returncode} while starting; "
                                   f"see {log_path}:\n{_tail(log_path)}")
-            session = attach(config)
+            session = attach(socket_path)
             if session is not None:
                 return session, proc
             time.sleep(0.02)
@@ -122,9 +188,10 @@ def _tail(path: str, lines: int = 15) -> str:
         return ""
 
 
-def app_env(session_env: dict[str, str]) -> dict[str, str]:
+def app_env(session_env: dict[str, str], run: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(session_env)
+    env[ENV_RUN_ID] = run  # nested monarch run and the command's children share the run
     shim = str(shim_library())
     preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != shim]
     env["LD_PRELOAD"] = ":".join([shim, *preload])
@@ -158,9 +225,10 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     """The whole of ``monarch run``. Monarch trouble never stops the command: it runs on the PFS."""
     t0 = time.time()
     session = daemon = None
+    run = topology.run_id() or topology.new_run_id()
     try:
-        session, daemon = attach_or_start(config, config_file)
-        env = app_env(session.env)
+        session, daemon = attach_or_start(config, config_file, run)
+        env = app_env(session.env, run)
     except Exception as e:  # fail open: the job runs unaccelerated
         log.error("Monarch is not active for this run (%s); reading the PFS directly", e)
         env = dict(os.environ)
@@ -174,12 +242,12 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     if session is None:
         return code
     if stats is None:
-        stats = _stats_without_daemon(config)
+        stats = _stats_without_daemon(config, session)
         log.warning("the node daemon was lost during the run; the report holds the shim's counts only")
-    report = build_report([stats], {"job_id": os.path.basename(os.path.dirname(config.run_dir)),
+    report = build_report([stats], {"job_id": session.run.get("run", run),
                                     "config": config.source, "command": cmd, "exit_code": code,
                                     "wall_seconds": round(wall, 3)})
-    path = report_path or config.report_path
+    path = report_path or config.report or os.path.join(session.run_dir, "report.json")
     try:
         write_report(report, path)
     except OSError as e:
@@ -190,26 +258,28 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
 
 
 def _reap(daemon: subprocess.Popen, config: Config) -> None:
-    """The embedded daemon stops by itself when the job's last session closes.
+    """The embedded daemon stops by itself when the run's last session closes.
 
-    If it is still running, other launchers of the job are attached: leave it to them.
-    If it died, clean up the tiers it could not.
+    If it is still running, other launchers of the run are attached: leave it to them.
+    If it died, remove the copies it left (its tier directories name a process that is gone).
     """
     try:
         daemon.wait(timeout=EMBEDDED_IDLE_SECONDS + 10)
     except subprocess.TimeoutExpired:
         return
     if daemon.returncode != 0:
-        for tier in config.tiers:
-            if not tier.keep:
-                shutil.rmtree(tier.path, ignore_errors=True)
+        for base in {t.path for t in config.tiers} | {config.peer.path}:
+            try:
+                layout.remove_leftovers(layout.user_dir(base))
+            except MonarchError:
+                pass
 
 
-def _stats_without_daemon(config: Config) -> dict:
+def _stats_without_daemon(config: Config, session: Session) -> dict:
     """The shim's counters survive the daemon: report what the application read."""
     names = protocol.slot_names([t.name for t in config.tiers], with_peer=False)
     return {"node": 0, "host": socket.gethostname(),
-            "sources": protocol.read_sources(config.counters_path, names),
+            "sources": protocol.read_sources(session.env[protocol.ENV_COUNTERS], names),
             "staging": {"files": 0, "bytes": 0, "pfs_files_read": 0, "pfs_bytes_read": 0,
                         "failures": {"daemon_lost": 1}},
             "dataset": {"files": 0, "bytes": 0}, "peer": {}, "resolves": {}, "tiers": []}

@@ -61,12 +61,10 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
 
 
 def write_report(report: dict, path: str) -> None:
+    """Write the report through a fresh temporary name (never through a planted symlink)."""
+    from monarch.secure import write_file_atomically
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_file_atomically(path, (json.dumps(report, indent=2) + "\n").encode(), mode=0o644)
 
 
 def load_report(path: str) -> dict:

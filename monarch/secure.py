@@ -55,14 +55,33 @@ def private_dir(path: str) -> str:
     return path
 
 
+def check_base(base: str) -> None:
+    """A base may be shared (``/tmp``, ``/dev/shm``) but not open to renames by others:
+    owned by the user or root, and sticky if others may write it."""
+    try:
+        st = os.stat(base)
+    except OSError as e:
+        raise UnsafePathError(f"{base}: cannot use it as a base directory: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePathError(f"{base} is not a directory; configure a directory as the base path")
+    if st.st_uid not in (0, os.getuid()):
+        raise UnsafePathError(f"{base} is owned by uid {st.st_uid}: another user could replace Monarch's "
+                              "files there; configure a base directory of yours (or /tmp, /dev/shm)")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise UnsafePathError(f"{base} is writable by others without the sticky bit (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}); use a private or sticky base such as /tmp")
+
+
 def user_dir(base: str) -> str:
     """``<base>/monarch-<uid>``: this user's private directory under a shared base.
 
-    The base itself (``/tmp``, ``/dev/shm``, an SSD mount) must exist; Monarch never creates
-    or removes it.
+    A missing base is created (0700); Monarch never removes a base.
     """
-    if not os.path.isdir(base):
-        raise UnsafePathError(f"{base}: no such directory; create it or configure another base path")
+    try:
+        os.makedirs(base, 0o700, exist_ok=True)
+    except OSError as e:
+        raise UnsafePathError(f"{base}: cannot create it: {e.strerror}; configure another base path") from None
+    check_base(base)
     return private_dir(os.path.join(base, f"monarch-{os.getuid()}"))
 
 

@@ -1,32 +1,56 @@
-"""The daemon's Unix socket: the shim's OPEN requests and the launchers' sessions.
+"""The daemon's Unix socket: the shim's requests and the launchers' sessions, on one event loop.
 
-An accept thread hands each connection to a pool of request threads made once (a thread
-per connection cost more than the answer itself); a request waiting for its file to be
-staged holds one of them. Launcher sessions are connections held open for a run, each on
-a thread of its own: when the last one closes an embedded daemon stops by itself, so a
-killed launcher never leaves a daemon behind.
+One thread owns every connection (selectors): it reads frames without ever waiting on
+a client, so idle, slow or hostile clients cost a file descriptor and nothing else. A
+request whose answer is already known (a staged file, a report) is answered in the loop;
+one that waits for a copy or a peer runs on a pool of request threads, and the loop sends
+the client a heartbeat frame every HEARTBEAT_MS meanwhile, so the shim can tell a slow
+copy from a stalled daemon. Every connection's peer uid is checked (SO_PEERCRED): only
+the daemon's own user is served. A malformed, oversized or slow request is answered with
+an error, counted, and closed. Launcher sessions (ATTACH) stay open for a run; when the
+last one closes an embedded daemon stops by itself, so a killed launcher never leaves a
+daemon behind.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
+import selectors
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from monarch import protocol
 from monarch.daemon import NodeDaemon
 from monarch.errors import DaemonError
-from monarch.protocol import format_answer
+from monarch.protocol import ProtocolError
 
 log = logging.getLogger(__name__)
 
-MAX_LINE = 16384
-REQUEST_THREADS = 64  # opens waiting for staging at once; DataLoader workers rarely exceed this per node
+REQUEST_THREADS = 64          # requests waiting for a copy or a peer at once; more queue without blocking the loop
+REQUEST_TIMEOUT = 5.0         # seconds a client has to send its whole request
+MAX_CONNECTIONS = 4096        # open connections at once (beyond: closed at accept)
+MAX_SESSIONS = 1024           # attached launchers at once
 EMBEDDED_IDLE_SECONDS = 0.5     # grace after the last session, for launchers started a moment apart
 EMBEDDED_FIRST_ATTACH_SECONDS = 120.0
+
+
+class _Conn:
+    __slots__ = ("sock", "inbuf", "outbuf", "deadline", "session", "pending", "next_beat", "close_after")
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.deadline = time.monotonic() + REQUEST_TIMEOUT
+        self.session = False       # an attached launcher
+        self.pending = False       # a request is running on the pool
+        self.next_beat = 0.0
+        self.close_after = False   # close once outbuf is written
 
 
 class NodeServer:
@@ -35,107 +59,268 @@ class NodeServer:
     def __init__(self, daemon: NodeDaemon, embedded: bool):
         self.daemon = daemon
         self.embedded = embedded
-        self.path = daemon.config.socket_path
+        self.path = daemon.socket_path
+        self.errors: collections.Counter[str] = collections.Counter()  # refused requests, by reason
+        self._conns: dict[int, _Conn] = {}
         self._sessions = 0
         self._ever_attached = False
         self._last_change = time.monotonic()
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._done: collections.deque[tuple[_Conn, bytes]] = collections.deque()
         _claim_socket(self.path)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
-        self._listener.listen(1024)
-        self._pool = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="monarch-request")
-
-    def _accept(self) -> None:
-        self._listener.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            conn.settimeout(None)
-            self._pool.submit(self._handle, conn)
-
-    def _handle(self, conn: socket.socket) -> None:
+        old_umask = os.umask(0o177)  # the socket file is 0600 from the start
         try:
-            verb, _, arg = _read_line(conn).partition(" ")
-            if verb == "OPEN":
-                slot, path = self.daemon.resolve(arg)
-                conn.sendall(format_answer(slot, path))
-            elif verb == "ATTACH":
-                threading.Thread(target=self._session, args=(conn,), name="monarch-session", daemon=True).start()
-                return  # the session owns the connection now
-            elif verb == "REPORT":
-                conn.sendall(json.dumps(self.daemon.stats()).encode() + b"\n")
-            elif verb == "STOP":
-                conn.sendall(b"OK\n")
-                self.request_stop()
-            else:
-                conn.sendall(b"ERR unknown request\n")
-        except OSError:
-            pass  # the shim gave up waiting and read the PFS
-        except Exception:  # a bug here must not take the daemon down: the shim falls back to the PFS
-            log.exception("request failed")
-        conn.close()
-
-    def _session(self, conn: socket.socket) -> None:
-        with self._lock:
-            self._sessions += 1
-            self._ever_attached = True
-        try:
-            conn.sendall(b"OK " + json.dumps(self.daemon.client_env()).encode() + b"\n")
-            for line in conn.makefile("rb"):
-                if line.strip() == b"REPORT":
-                    conn.sendall(json.dumps(self.daemon.stats()).encode() + b"\n")
-        except OSError:
-            pass
+            self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._listener.bind(self.path)
         finally:
-            conn.close()
-            with self._lock:
-                self._sessions -= 1
-                self._last_change = time.monotonic()
+            os.umask(old_umask)
+        self._listener.listen(1024)
+        self._listener.setblocking(False)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._pool = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="monarch-request")
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
 
+    # -- the loop -----------------------------------------------------------------------
     def request_stop(self) -> None:
         self._stop.set()
+        self._wake()
 
     def serve(self) -> None:
-        thread = threading.Thread(target=self._accept, name="monarch-accept", daemon=True)
-        thread.start()
         try:
-            while not self._stop.wait(0.2):
+            while not self._stop.is_set():
+                for key, events in self._sel.select(timeout=protocol.HEARTBEAT_MS / 1000):
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        self._drain_wake()
+                    else:
+                        self._on_event(key.data, events)
+                self._deliver_done()
+                self._tick()
                 if self.embedded and self._unused():
                     log.info("last session closed: stopping")
                     break
         finally:
             self._stop.set()
-            thread.join()
-            self._listener.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
+            for conn in list(self._conns.values()):
+                self._close(conn)
+            self._sel.close()
+            self._listener.close()
+            self._wake_r.close()
+            self._wake_w.close()
             try:
                 os.unlink(self.path)
             except OSError:
                 pass
 
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                log.warning("accept: %s", e)
+                return
+            if len(self._conns) >= MAX_CONNECTIONS:
+                self.errors["too_many_connections"] += 1
+                sock.close()
+                continue
+            try:
+                uid = protocol.peer_uid(sock)
+            except OSError:
+                uid = -1
+            if uid != os.getuid():
+                self.errors["other_user"] += 1
+                log.warning("refused a connection from uid %d (this daemon serves uid %d only)", uid, os.getuid())
+                sock.close()
+                continue
+            sock.setblocking(False)
+            conn = _Conn(sock)
+            self._conns[sock.fileno()] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _on_event(self, conn: _Conn, events: int) -> None:
+        if events & selectors.EVENT_WRITE:
+            self._flush(conn)
+        if events & selectors.EVENT_READ and conn.sock.fileno() >= 0:
+            try:
+                data = conn.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._close(conn)
+                return
+            if conn.pending or conn.close_after:
+                self._refuse(conn, "data_while_busy", "one request per connection")
+                return
+            conn.inbuf += data
+            self._parse(conn)
+
+    def _parse(self, conn: _Conn) -> None:
+        """Handle every complete frame in the buffer (a session may send several REPORTs)."""
+        while len(conn.inbuf) >= protocol.REQUEST_HEADER.size and not conn.pending and not conn.close_after:
+            try:
+                verb, length = protocol.decode_request_header(bytes(conn.inbuf[:protocol.REQUEST_HEADER.size]))
+            except ProtocolError as e:
+                self._refuse(conn, "malformed", str(e))
+                return
+            end = protocol.REQUEST_HEADER.size + length
+            if len(conn.inbuf) < end:
+                return
+            body = bytes(conn.inbuf[protocol.REQUEST_HEADER.size:end])
+            del conn.inbuf[:end]
+            self._request(conn, verb, body)
+
+    def _request(self, conn: _Conn, verb: int, body: bytes) -> None:
+        if conn.session and verb != protocol.VERB_REPORT:
+            self._refuse(conn, "bad_session_request", "a session only asks for REPORT")
+            return
+        if verb in (protocol.VERB_OPEN, protocol.VERB_INVALIDATE):
+            key = _valid_key(body)
+            if key is None:
+                self._refuse(conn, "bad_key", "a key is '<root index>/<relative path>' without NUL, '.' or '..'")
+                return
+            if verb == protocol.VERB_OPEN:
+                known = self.daemon.resolve_now(key)
+                if known is not None:
+                    self._answer(conn, _open_answer(known), close=True)
+                    return
+                work = lambda: _open_answer(self.daemon.resolve(key))  # noqa: E731
+            else:
+                work = lambda: (self.daemon.invalidate(key), protocol.encode_answer(0))[1]  # noqa: E731
+            conn.pending = True
+            conn.next_beat = time.monotonic() + protocol.HEARTBEAT_MS / 1000
+            future = self._pool.submit(work)
+            future.add_done_callback(lambda f, c=conn: self._finished(c, f))
+        elif verb == protocol.VERB_ATTACH:
+            if self._sessions >= MAX_SESSIONS:
+                self._refuse(conn, "too_many_sessions", f"at most {MAX_SESSIONS} sessions")
+                return
+            conn.session = True
+            self._sessions += 1
+            self._ever_attached = True
+            self._last_change = time.monotonic()
+            body = {"env": self.daemon.client_env(), "run": self.daemon.describe()}
+            self._answer(conn, protocol.encode_answer(0, json.dumps(body).encode()))
+        elif verb == protocol.VERB_REPORT:
+            stats = self.daemon.stats() | {"requests_refused": dict(self.errors)}
+            self._answer(conn, protocol.encode_answer(0, json.dumps(stats).encode()), close=not conn.session)
+        elif verb == protocol.VERB_STOP:
+            self._answer(conn, protocol.encode_answer(0), close=True)
+            self.request_stop()
+
+    def _finished(self, conn: _Conn, future) -> None:
+        """On a pool thread: hand the answer to the loop."""
+        try:
+            answer = future.result()
+        except Exception:  # a bug here must not take the daemon down: the shim reads the PFS
+            log.exception("request failed")
+            answer = protocol.encode_answer(protocol.SLOT_PFS)
+        self._done.append((conn, answer))
+        self._wake()
+
+    def _deliver_done(self) -> None:
+        while self._done:
+            conn, answer = self._done.popleft()
+            conn.pending = False
+            if self._conns.get(conn.sock.fileno()) is conn:
+                self._answer(conn, answer, close=True)
+
+    def _tick(self) -> None:
+        """Heartbeats to waiting clients; close clients too slow to send their request."""
+        now = time.monotonic()
+        for conn in list(self._conns.values()):
+            if conn.pending and now >= conn.next_beat:
+                conn.next_beat = now + protocol.HEARTBEAT_MS / 1000
+                self._answer(conn, protocol.encode_answer(protocol.STATUS_PENDING))
+            elif not conn.session and not conn.pending and not conn.outbuf and now > conn.deadline:
+                self.errors["request_timeout"] += 1
+                self._close(conn)
+
+    # -- writing ---------------------------------------------------------------------------
+    def _answer(self, conn: _Conn, frame: bytes, close: bool = False) -> None:
+        conn.outbuf += frame
+        conn.close_after = conn.close_after or close
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            while conn.outbuf:
+                sent = conn.sock.send(conn.outbuf)
+                del conn.outbuf[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # the client gave up (the shim read the PFS)
+            self._close(conn)
+            return
+        if conn.outbuf:
+            self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+            return
+        if conn.close_after:
+            self._close(conn)
+        elif conn.sock.fileno() >= 0:
+            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+
+    def _refuse(self, conn: _Conn, reason: str, message: str) -> None:
+        self.errors[reason] += 1
+        conn.inbuf.clear()
+        self._answer(conn, protocol.encode_answer(protocol.STATUS_ERROR, message.encode()[:4096]), close=True)
+
+    def _close(self, conn: _Conn) -> None:
+        fd = conn.sock.fileno()
+        if fd < 0 or self._conns.get(fd) is not conn:
+            return
+        del self._conns[fd]
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        if conn.session:
+            self._sessions -= 1
+            self._last_change = time.monotonic()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass  # full (the loop will wake anyway) or closed at shutdown
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError, OSError):
+            pass
+
     def _unused(self) -> bool:
-        with self._lock:
-            idle = time.monotonic() - self._last_change
-            if self._ever_attached:
-                return self._sessions == 0 and idle > EMBEDDED_IDLE_SECONDS
-            return idle > EMBEDDED_FIRST_ATTACH_SECONDS
+        idle = time.monotonic() - self._last_change
+        if self._ever_attached:
+            return self._sessions == 0 and idle > EMBEDDED_IDLE_SECONDS
+        return idle > EMBEDDED_FIRST_ATTACH_SECONDS
 
 
-def _read_line(conn: socket.socket) -> str:
-    """One request line (a request arrives whole in one recv, nearly always)."""
-    data = b""
-    while not data.endswith(b"\n") and len(data) < MAX_LINE:
-        chunk = conn.recv(MAX_LINE)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode(errors="replace").rstrip("\n")
+def _open_answer(answer: tuple[int, str]) -> bytes:
+    slot, path = answer
+    return protocol.encode_answer(slot, os.fsencode(path) if slot != protocol.SLOT_PFS else b"")
+
+
+def _valid_key(body: bytes) -> str | None:
+    """The key of a request, or None if it could name something outside a root's files."""
+    index, sep, rel = body.partition(b"/")
+    if not sep or not index.isdigit() or not rel or b"\0" in rel or rel.startswith(b"/"):
+        return None
+    if any(part in (b"", b".", b"..") for part in rel.split(b"/")):
+        return None
+    return protocol.key_str(body)
 
 
 def _claim_socket(path: str) -> None:
@@ -143,7 +328,7 @@ def _claim_socket(path: str) -> None:
     if len(path.encode()) >= 108:
         raise DaemonError(f"socket path {path} is too long for a Unix socket (max 107 bytes); "
                           "choose a shorter run_dir in the configuration")
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -128,7 +128,7 @@ class Cluster:
 
     # -- fetching ----------------------------------------------------------------------
     def fetch(self, owner, key, dest):
-        """Copy ``key`` from node ``owner`` into the local file ``dest``; return its size.
+        """Copy ``key`` from node ``owner`` into ``dest`` (a path, or a descriptor open for writing); return its size.
 
         Raises PeerError when the owner refuses, does not answer the header within
         ``peer_timeout`` (this includes the owner staging the file), stalls for
@@ -161,7 +161,7 @@ class Cluster:
     def _receive(self, xfer, size, dest, timeout):
         written = 0
         try:
-            with open(dest, "wb") as f:
+            with open(dest, "wb", closefd=not isinstance(dest, int)) as f:
                 for _ in range(xfer.nchunks if size else 0):
                     kind, idx, buf, count = self._next_event(xfer, timeout, "the next chunk")
                     if count != len(buf):
@@ -171,7 +171,7 @@ class Cluster:
                     written += count
                     self._engine.call(xfer.credit)
         except OSError as exc:
-            raise self._failure("local_io", f"fetch {xfer.key!r}: writing {dest}: {exc}") from exc
+            raise self._failure("local_io", f"fetch {xfer.key!r}: writing fd {dest}: {exc}") from exc
         return written
 
     def _next_event(self, xfer, timeout, what):

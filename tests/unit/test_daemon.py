@@ -3,7 +3,6 @@
 import collections
 import hashlib
 import os
-import shutil
 import time
 
 import pytest
@@ -37,8 +36,10 @@ class FakeCluster:
         time.sleep(self.delay)
         if self.mode != "ok":
             raise PeerError(f"node {owner}: {self.mode}")
-        shutil.copyfile(self.snapshot_source(key), dest)
-        return os.path.getsize(dest)
+        data = open(self.snapshot_source(key), "rb").read()
+        with open(dest, "wb", closefd=False) as f:  # dest: the daemon's descriptor
+            f.write(data)
+        return len(data)
 
     def counters(self):
         return {"bytes_sent": 0, "bytes_received": 0}
@@ -62,7 +63,7 @@ staging: {{threads: 2, resolve_timeout: 5}}
         config = load_config(str(cfg), env={"USER": "u"})
         snap = take_snapshot(config.dataset.roots)
         cluster.snapshot_source = snap.source_path
-        return NodeDaemon(config, cluster=cluster)
+        return NodeDaemon(config, "r1", cluster=cluster)
     return make, root
 
 
@@ -81,7 +82,7 @@ def test_owned_files_are_staged_and_others_fetched_from_the_owner_once(setup):
     assert d.resolve("0/f1.bin") == (protocol.SLOT_PEER, path)
     assert cluster.fetches == {"0/f1.bin": 1}
     assert d.stager.stats()["pfs_bytes_read"] == 1000  # only the owned file came from the PFS
-    assert cluster.provide("0/f2.bin").endswith("/ram/0/f2.bin")
+    assert cluster.provide("0/f2.bin") == d.tiers[0].path_for("0/f2.bin")
 
 
 def test_a_dead_peer_is_waited_for_once_then_its_files_are_staged_here(setup):
@@ -121,7 +122,10 @@ def test_unknown_files_and_policy_off_read_the_pfs(setup, tmp_path):
     d = make(FakeCluster(node=0))
     assert d.resolve("0/nope.bin") == PFS
     env = d.client_env()
-    assert env[protocol.ENV_ROOTS] == str(root)
-    assert env[protocol.ENV_PROBE].endswith(f"{protocol.SLOT_PEER}={tmp_path}/peer")
+    assert env[protocol.ENV_ROOTS] == f"0={root}"
+    assert env[protocol.ENV_PROBE].endswith(f"{protocol.SLOT_PEER}={d.peer_area.path}")
+    ram, peer = d.tiers[0].path, d.peer_area.path
+    assert ram.startswith(f"{tmp_path}/ram/monarch-{os.getuid()}/r1-node0-")
     d.close()
-    assert not os.path.exists(tmp_path / "ram") and not os.path.exists(tmp_path / "peer")
+    assert not os.path.exists(ram) and not os.path.exists(peer)
+    assert os.path.isdir(tmp_path / "ram")  # the configured base itself stays

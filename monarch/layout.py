@@ -1,0 +1,152 @@
+"""Where one run keeps its things on this node: private, per run, cleaned up after a crash.
+
+Every configured path (``run_dir``, ``tiers[].path``, ``peer.path``) is a *base*: Monarch
+makes ``<base>/monarch-<uid>/`` (0700, checked, see monarch/secure.py) and works only
+inside it.
+
+- The run directory ``<run base>/monarch-<uid>/<run id>-node<N>/`` is where the launchers
+  of one run meet its daemon: socket, counters, snapshot index, daemon log, report.
+- Each tier's copies live in a directory the daemon makes with an unpredictable name,
+  ``<tier base>/monarch-<uid>/<run id>-node<N>-<random>/``, announced to the shim only
+  through its own launcher's environment: no other run, job step or user can compute it,
+  so a copy is only ever served to the run (and dataset) that staged it.
+- A kept tier (``keep: true``) lives in ``<tier base>/monarch-<uid>/keep-<tier>-<dataset id>/``,
+  where the dataset id hashes every root's canonical path and device: a copy is adopted
+  only by a run of the same dataset, and only after its size and mtime match the snapshot.
+  One run uses a kept directory at a time (a lock); a second one stages privately.
+
+Each directory made for a run holds a marker (its pid, process start time and host). A
+directory whose marker names a process that is gone is a crashed run's left-over: the
+next run that finds it removes it. Nothing without a marker is ever removed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+
+import xxhash
+
+from monarch.secure import (check_private_dir, new_private_dir, open_private_file, private_dir, user_dir,
+                            write_file_atomically)
+
+log = logging.getLogger(__name__)
+
+MARKER = ".monarch-run"
+KEEP_LOCK = ".monarch-keep.lock"
+
+
+def _process_start(pid: int) -> float | None:
+    try:
+        import psutil
+        return psutil.Process(pid).create_time()
+    except Exception:  # gone, or psutil cannot say
+        return None
+
+
+def write_marker(directory: str, run_id: str) -> None:
+    me = os.getpid()
+    write_file_atomically(os.path.join(directory, MARKER), json.dumps(
+        {"pid": me, "started": _process_start(me), "host": socket.gethostname(), "run": run_id,
+         "created": time.time()}).encode())
+
+
+def _marker_owner_alive(directory: str) -> bool | None:
+    """True/False for a marked directory (is its maker still running?); None: no valid marker."""
+    try:
+        with open(os.path.join(directory, MARKER), "rb") as f:
+            marker = json.loads(f.read(4096))
+        pid, started, host = int(marker["pid"]), marker.get("started"), str(marker["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host != socket.gethostname():
+        return True  # another host's directory on a shared base: not ours to judge
+    now = _process_start(pid)
+    if now is None:
+        return False
+    return started is None or abs(now - float(started)) < 1.0  # else the pid was reused
+
+
+def remove_leftovers(parent: str, keep: str | None = None) -> list[str]:
+    """Remove directories in ``parent`` whose marker names a process that is gone."""
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        if path == keep or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        if _marker_owner_alive(path) is False:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            log.info("removed %s: left by a run that is gone", path)
+    return removed
+
+
+def run_dir(base: str, run_id: str, node: int) -> str:
+    """The run's meeting point on this node (made private if missing)."""
+    return private_dir(os.path.join(user_dir(base), f"{run_id}-node{node}"))
+
+
+def dataset_id(roots: tuple[str, ...]) -> str:
+    """The identity of a dataset's roots: canonical path and device of each."""
+    h = xxhash.xxh64()
+    for root in roots:
+        st = os.stat(root)
+        h.update(os.fsencode(root) + b"\0" + str(st.st_dev).encode() + b"\0")
+    return h.hexdigest()
+
+
+class StorageDir:
+    """A directory of copies made for this run (private) or kept across runs (locked)."""
+
+    def __init__(self, path: str, kept: bool, lock_fd: int | None = None):
+        self.path, self.kept, self._lock_fd = path, kept, lock_fd
+
+    @classmethod
+    def create(cls, base: str, run_id: str, node: int, keep_name: str | None = None,
+               roots: tuple[str, ...] = ()) -> "StorageDir":
+        """A private directory for this run under ``base`` (kept: the dataset's kept one,
+        if no other run holds it)."""
+        parent = user_dir(base)
+        remove_leftovers(parent)
+        if keep_name is not None:
+            kept = cls._kept(parent, keep_name, roots)
+            if kept is not None:
+                return kept
+        path = new_private_dir(parent, f"{run_id}-node{node}-")
+        write_marker(path, run_id)
+        return cls(path, kept=False)
+
+    @classmethod
+    def _kept(cls, parent: str, keep_name: str, roots: tuple[str, ...]) -> "StorageDir | None":
+        path = private_dir(os.path.join(parent, f"keep-{keep_name}-{dataset_id(roots)}"))
+        fd = open_private_file(os.path.join(path, KEEP_LOCK))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            log.warning("%s is in use by another run: this run stages into a private directory", path)
+            return None
+        return cls(path, kept=True, lock_fd=fd)
+
+    def check(self) -> None:
+        check_private_dir(self.path)
+
+    def remove(self) -> None:
+        """Delete a private directory (the run's own); a kept one is only unlocked."""
+        if not self.kept:
+            shutil.rmtree(self.path, ignore_errors=True)
+        self.release()
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
