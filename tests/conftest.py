@@ -42,3 +42,21 @@ def dataset(short_tmp):
         entries = make_dataset(root, files=files, size=size, manifest=manifest)
         return Dataset(root, manifest, entries, sum(e["size"] for e in entries.values()))
     return make
+
+
+SECOND_USER = "nobody"
+SYSTEM_PYTHON = "/usr/bin/python3"  # the test interpreter may live where a second user cannot reach it
+
+
+@pytest.fixture
+def as_other_user():
+    """Run ``python3 ARGS`` as a second user of the node (root, runuser and the system Python needed)."""
+    import shutil
+    import subprocess
+    if os.getuid() != 0 or not shutil.which("runuser") or not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip("acting as a second user needs root, runuser and /usr/bin/python3")
+
+    def run(args, **kw):
+        return subprocess.run(["runuser", "-u", SECOND_USER, "--", SYSTEM_PYTHON, *args], capture_output=True,
+                              text=True, timeout=60, **kw)
+    return run
