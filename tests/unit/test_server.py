@@ -194,7 +194,7 @@ s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect({daemon.socket_pa
 try:
     s.sendall({request!r})
     print("answered" if s.recv(100) else "closed")
-except ConnectionResetError:
+except (ConnectionResetError, BrokenPipeError):
     print("closed")
 """
     r = as_other_user(["-c", code])
