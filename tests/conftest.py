@@ -19,6 +19,7 @@ def short_tmp(tmp_path_factory):
     d = tempfile.mkdtemp(prefix="mt-", dir="/tmp")
     yield d
     shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(f"/dev/shm{d}", ignore_errors=True)  # RAM tier bases of write_config
 
 
 @pytest.fixture

@@ -48,3 +48,9 @@ def reader(ds, epochs=3, workers=4, reader_kind="python", compute_ms=0):
 def load(path):
     with open(path) as f:
         return json.load(f)
+
+
+def run_dirs(base, node=0):
+    """The run directories of a config written by write_config(base): <run base>/monarch-<uid>/<run>-node<N>."""
+    import glob
+    return sorted(glob.glob(os.path.join(base, f"run{node}", f"monarch-{os.getuid()}", f"*-node{node}")))

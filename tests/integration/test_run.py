@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from monarch.testing.harness import load, monarch, monarch_env, reader, write_config
+from monarch.testing.harness import load, monarch, monarch_env, reader, run_dirs, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -31,9 +31,9 @@ def test_three_shuffled_epochs_read_the_pfs_once(dataset, short_tmp):
     assert rep["pfs"]["without_monarch_bytes"] == 3 * ds.total
     assert rep["staging"] == {"files": 2000, "bytes": ds.total, "failures": {}}
     assert "Monarch access report" in r.stderr and "1.00x the dataset" in r.stderr
-    # nothing left behind: RAM tier removed, socket gone
-    assert not glob.glob(f"/dev/shm{short_tmp}*")
-    assert not os.path.exists(os.path.join(short_tmp, "run0", "daemon.sock"))
+    # nothing left behind: the run's RAM tier directory removed, socket gone
+    assert not any(files for _, _, files in os.walk(f"/dev/shm{short_tmp}"))
+    assert not glob.glob(os.path.join(short_tmp, "run0", "*", "*", "daemon.sock"))
 
 
 def test_pfs_bytes_counted_independently_by_the_emulated_pfs(dataset, short_tmp, slow_pfs):
@@ -149,12 +149,12 @@ def test_bad_config_stops_before_anything_runs(short_tmp):
 def test_daemon_killed_mid_run_the_app_completes_with_correct_bytes(dataset, short_tmp):
     ds = dataset(files=200, size="8KiB")
     cfg = write_config(short_tmp, ds.root)
-    pid_file = os.path.join(short_tmp, "run0", "daemon.pid")
     # epoch 1 stages through the daemon; then the daemon is SIGKILLed; epochs 2-3 still verify
     epoch = reader(ds, epochs=1, workers=2)
     script = (f"import os, signal, subprocess\n"
               f"subprocess.run({epoch!r} + ['--seed', '1'], check=True)\n"
-              f"os.kill(int(open({pid_file!r}).read()), signal.SIGKILL)\n"
+              f"pid_file = os.path.join(os.path.dirname(os.environ['MONARCH_SOCKET']), 'daemon.pid')\n"
+              f"os.kill(int(open(pid_file).read()), signal.SIGKILL)\n"
               f"for seed in ('2', '3'):\n"
               f"    subprocess.run({epoch!r} + ['--seed', seed], check=True)\n")
     report = os.path.join(short_tmp, "report.json")
@@ -182,10 +182,12 @@ def test_two_launchers_of_one_job_share_one_daemon(dataset, short_tmp):
     # one daemon: the dataset was staged once for both launchers
     assert last["pfs"]["staging_bytes"] == ds.total
     assert last["sources"]["ram"]["opens"] + last["sources"]["pfs"]["opens"] == 2 * 2 * 300
+    (run_dir,) = run_dirs(short_tmp)
+    assert os.path.basename(run_dir) == "shared-job-node0"
     deadline = time.time() + 10
-    while os.path.exists(os.path.join(short_tmp, "run0", "daemon.sock")) and time.time() < deadline:
+    while os.path.exists(os.path.join(run_dir, "daemon.sock")) and time.time() < deadline:
         time.sleep(0.1)
-    assert not os.path.exists(os.path.join(short_tmp, "run0", "daemon.sock"))
+    assert not os.path.exists(os.path.join(run_dir, "daemon.sock"))
 
 
 def test_report_command_prints_a_saved_report(dataset, short_tmp):
@@ -205,7 +207,7 @@ def test_demo_runs_the_main_job_on_the_embedded_default(short_tmp):
     r = monarch("demo", "--files", "200", "--epochs", "2", "--workers", "2", env=env)
     assert r.returncode == 0, r.stderr
     assert "= 1.00x the dataset" in r.stderr
-    (report,) = glob.glob(os.path.join(short_tmp, "monarch-*", "demo-*", "node0", "report.json"))
+    (report,) = glob.glob(os.path.join(short_tmp, f"monarch-{os.getuid()}", "demo-*-node0", "report.json"))
     rep = load(report)
     assert rep["sources"]["ram"]["opens"] == 400 and rep["pfs"]["app_bytes"] == 0
 
@@ -216,7 +218,7 @@ def test_standing_daemon_serves_several_runs_and_reports_at_stop(dataset, short_
     env = monarch_env()
     serve = subprocess.Popen([sys.executable, "-m", "monarch", "serve", "-c", cfg], env=env,
                              stderr=subprocess.PIPE, text=True)
-    sock = os.path.join(short_tmp, "run0", "daemon.sock")
+    sock = os.path.join(short_tmp, "run0", f"monarch-{os.getuid()}", "local-node0", "daemon.sock")
     try:
         deadline = time.time() + 30
         while not os.path.exists(sock) and time.time() < deadline:
@@ -230,7 +232,7 @@ def test_standing_daemon_serves_several_runs_and_reports_at_stop(dataset, short_
         assert serve.wait(timeout=30) == 0
     finally:
         serve.kill()
-    rep = load(os.path.join(short_tmp, "run0", "report.json"))
+    rep = load(os.path.join(os.path.dirname(sock), "report.json"))
     assert rep["sources"]["ram"]["opens"] == 400 and rep["pfs"]["total_bytes"] == ds.total
     r = monarch("stop", "-c", cfg, env=env)
     assert r.returncode == 2 and "no Monarch daemon answers" in r.stderr
