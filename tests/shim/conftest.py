@@ -12,8 +12,8 @@ OPEN, by mode:
   "nul"        answers the right staged path followed by a NUL and more bytes;
   "evil"       answers ``evil_path`` (a file outside the probe dirs, or forged);
   "bogus"      names a path in the tier that does not exist.
-INVALIDATE removes the stub's copies of the key (a file or a tree) and answers 0, or
-STATUS_ERROR when ``confirm_invalidate`` is false. It records the keys of every OPEN
+INVALIDATE removes the stub's copies of the key (a file or a tree) and answers 0; when
+``confirm_invalidate`` is false it keeps them and answers STATUS_ERROR. It records the keys of every OPEN
 (``requests``) and INVALIDATE (``invalidated``), as ``str`` (os.fsdecode), and counts
 connections.
 """
@@ -95,7 +95,8 @@ class StubDaemon:
             if verb == protocol.VERB_INVALIDATE:
                 with self._lock:
                     self.invalidated.append(key)
-                    self._drop(raw)
+                    if self.confirm_invalidate:
+                        self._drop(raw)
                 status = 0 if self.confirm_invalidate else protocol.STATUS_ERROR
                 self._send(conn, protocol.encode_answer(status))
                 return
@@ -278,13 +279,24 @@ def staged_env(shim_env):
     return shim_env
 
 
-@pytest.fixture(scope="session")
-def families_bin(tmp_path_factory) -> str:
-    """tests/shim/families.c compiled: one open family + one read family per run."""
+def compile_helper(tmp_path_factory, name: str) -> str:
+    """tests/shim/<name>.c compiled once per session."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("no C compiler")
-    out = tmp_path_factory.mktemp("bin") / "families"
+    out = tmp_path_factory.mktemp("bin") / name
     subprocess.run([cc, "-O1", "-U_FORTIFY_SOURCE", "-Wall", "-Werror", "-o", str(out),
-                    str(SHIM_DIR / "families.c")], check=True, timeout=TIMEOUT)
+                    str(SHIM_DIR / f"{name}.c")], check=True, timeout=TIMEOUT)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def families_bin(tmp_path_factory) -> str:
+    """tests/shim/families.c compiled: one open family + one read family per run."""
+    return compile_helper(tmp_path_factory, "families")
+
+
+@pytest.fixture(scope="session")
+def statfd_bin(tmp_path_factory) -> str:
+    """tests/shim/statfd.c compiled: fstat/fstatat/statx of an open descriptor; creat."""
+    return compile_helper(tmp_path_factory, "statfd")
