@@ -146,7 +146,7 @@ class StubDaemon:
         with self._lock:
             if not dest.exists():
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                tmp = dest.with_name(f".{dest.name}.tmp")
+                tmp = dest.with_name(f".stage.{threading.get_ident()}.tmp")  # a 255-byte name has no room left
                 shutil.copyfile(src, tmp)
                 os.replace(tmp, dest)
         body = os.fsencode(dest)
