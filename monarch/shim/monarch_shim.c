@@ -2,28 +2,56 @@
  * monarch_shim.c -- the Monarch LD_PRELOAD shim (libmonarch_shim.so).
  *
  * Redirects read-only opens of files under the dataset roots to a staged copy
- * (node-local tier or peer area) and counts opens and bytes per source.
- * The contract with the node daemon lives in monarch/protocol.py; the
- * constants below mirror it and tests/unit/test_protocol.py checks they agree.
+ * (node-local tier or peer area), makes fstat of such a descriptor report the
+ * source's stat, tells the daemon before the job changes a file under a root,
+ * and counts opens and bytes per source. The contract with the node daemon
+ * lives in monarch/protocol.py (framed socket messages, key format, counters
+ * and snapshot index layouts); the constants below mirror it and
+ * tests/unit/test_protocol.py checks they agree.
  *
  * Shape (after Darshan / libfaketime / GOTCHA):
  *   - every wrapped symbol is one line of MONARCH_WRAPPERS; the line names the
- *     symbol's family (open, openat, __open_2, fopen, byte-counting I/O) and
- *     the family macro generates the real_* pointer, the exported wrapper and
- *     its resolution;
+ *     symbol's family (open, openat, __open_2, fopen, byte-counting I/O, calls
+ *     that change a path, stat of a descriptor) and the family macro generates
+ *     the real_* pointer, the exported wrapper and its resolution;
  *   - real_* pointers are resolved once by the constructor (pthread_once) and
- *     lazily by any wrapper called before it; a missing symbol passes through
- *     (ENOSYS only if libc really lacks it), never exit();
- *   - the hot path (a non-managed open, every read) takes no lock, allocates
- *     nothing and logs nothing: flag test, stack buffer, prefix match against
- *     a root table fixed at start-up, one byte of fd table, one atomic add;
- *   - a __thread recursion guard; the shim's own file I/O goes through real_*.
+ *     lazily by any wrapper called before it, always through dlsym: a symbol
+ *     this glibc lacks (statx before 2.28, fstat before 2.33 ...) still links,
+ *     and its wrapper answers ENOSYS; nothing here ever calls exit();
+ *   - the hot path (a non-managed open, every read, every fstat) takes no lock,
+ *     allocates nothing and logs nothing: flag test, stack buffer, prefix match
+ *     against a root table fixed at start-up, a load from the fd tables, one
+ *     atomic add;
+ *   - a __thread recursion guard; the shim's own file I/O goes through real_*
+ *     (or raw syscalls), never through its own wrappers;
+ *   - builds with -Werror against glibc 2.17 headers and imports no symbol
+ *     newer than GLIBC_2.17 (tests/shim/test_glibc_compat.py checks it).
  *
  * Environment (see protocol.py): MONARCH_ROOTS, MONARCH_PROBE, MONARCH_SOCKET,
- * MONARCH_COUNTERS, MONARCH_DISABLE, MONARCH_SHIM_DEBUG, MONARCH_SHIM_TIMEOUT_MS.
- * Missing or invalid settings degrade to pass-through; nothing here may make
- * the application fail: on any Monarch-side failure the original is opened by
- * the application's own call, so the errors it sees are the original's.
+ * MONARCH_COUNTERS, MONARCH_INDEX, MONARCH_DISABLE, MONARCH_SHIM_DEBUG,
+ * MONARCH_SHIM_TIMEOUT_MS. Missing or invalid settings degrade to
+ * pass-through; nothing here may make the application fail: on any
+ * Monarch-side failure the original is opened by the application's own call,
+ * so the errors it sees are the original's.
+ *
+ * Paths: a managed path is one under a root once joined to the cwd or dirfd.
+ * Without a ".." component it is matched lexically; with one, its directory is
+ * resolved with realpath() first, because the kernel follows a symlink before
+ * it applies "..": root/lnk/../x is not root/x when lnk points elsewhere.
+ * O_NOFOLLOW opens are left alone (the copy is keyed by name, not by inode).
+ *
+ * The daemon: one connection per request; the daemon's uid (SO_PEERCRED) must
+ * be ours. OPEN answers may be preceded by STATUS_PENDING heartbeats; silence
+ * for HEARTBEAT_TIMEOUT_MS, or MONARCH_SHIM_TIMEOUT_MS in all, means PFS. An
+ * OPEN answer is used only if it names a NUL-free path shorter than PATH_MAX
+ * inside one of the MONARCH_PROBE directories: a forged or corrupt answer can
+ * neither overflow a buffer nor send the application elsewhere.
+ *
+ * The job's own writes are read back exactly: before a write-open, creat,
+ * rename, unlink, remove, rmdir or truncate of a managed path, the shim sends
+ * INVALIDATE <key> and removes <probe dir>/<key> itself; if the daemon did not
+ * confirm, this process stops probing tiers for good (later opens ask the
+ * daemon or read the PFS), so it never reads stale bytes from a tier.
  *
  * What is counted:
  *   - opens of managed files, per slot (0 = PFS original, 1 = peer area,
@@ -38,8 +66,9 @@
  *   - bytes read through mmap (page faults are not calls);
  *   - descriptors duplicated with fcntl(F_DUPFD[_CLOEXEC]) (Python's os.dup
  *     uses it) or reopened through /proc/self/fd; freopen.
- * The fd table covers descriptors below MONARCH_MAX_FDS; higher ones are read
- * correctly but not counted.
+ * The same descriptors (dup'd by fcntl, reopened) also report the staged
+ * copy's own stat, not the source's. The fd tables cover descriptors below
+ * MONARCH_MAX_FDS; higher ones are read correctly but not counted.
  */
 #undef _FORTIFY_SOURCE /* we define open, read ... ourselves */
 #define _GNU_SOURCE
@@ -58,11 +87,56 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+
+/* ---- glibc 2.17 compatibility: what older headers lack ---- */
+#ifndef __OPEN_NEEDS_MODE /* glibc < 2.19 */
+#ifdef __O_TMPFILE
+#define __OPEN_NEEDS_MODE(flags) (((flags) & O_CREAT) != 0 || ((flags) & __O_TMPFILE) == __O_TMPFILE)
+#else
+#define __OPEN_NEEDS_MODE(flags) (((flags) & O_CREAT) != 0)
+#endif
+#endif
+#ifndef AT_EMPTY_PATH
+#define AT_EMPTY_PATH 0x1000
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+#ifndef STATX_TYPE /* glibc < 2.28: the kernel's struct statx */
+#define STATX_TYPE 0x0001U
+#define STATX_MODE 0x0002U
+#define STATX_NLINK 0x0004U
+#define STATX_UID 0x0008U
+#define STATX_GID 0x0010U
+#define STATX_ATIME 0x0020U
+#define STATX_MTIME 0x0040U
+#define STATX_CTIME 0x0080U
+#define STATX_INO 0x0100U
+#define STATX_SIZE 0x0200U
+struct statx_timestamp {
+    int64_t tv_sec;
+    uint32_t tv_nsec;
+    int32_t statx_reserved;
+};
+struct statx {
+    uint32_t stx_mask, stx_blksize;
+    uint64_t stx_attributes;
+    uint32_t stx_nlink, stx_uid, stx_gid;
+    uint16_t stx_mode, statx_spare0[1];
+    uint64_t stx_ino, stx_size, stx_blocks, stx_attributes_mask;
+    struct statx_timestamp stx_atime, stx_btime, stx_ctime, stx_mtime;
+    uint32_t stx_rdev_major, stx_rdev_minor, stx_dev_major, stx_dev_minor;
+    uint64_t statx_spare2[14];
+};
+#endif
+/* gettid() is glibc 2.30; the shim only needs the number for its debug lines */
+#define monarch_gettid() ((int)syscall(SYS_gettid))
 
 /* ---- protocol mirror (monarch/protocol.py; checked by tests/unit/test_protocol.py) ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
@@ -73,18 +147,53 @@
 #define MONARCH_SLOT_PEER 1
 #define MONARCH_FIRST_TIER_SLOT 2
 #define MONARCH_SHIM_TIMEOUT_MS_DEFAULT 60000
+#define MONARCH_HEARTBEAT_MS 250
+#define MONARCH_HEARTBEAT_TIMEOUT_MS 1500
+#define MONARCH_VERB_OPEN 1
+#define MONARCH_VERB_INVALIDATE 2
+#define MONARCH_VERB_ATTACH 3
+#define MONARCH_VERB_REPORT 4
+#define MONARCH_VERB_STOP 5
+#define MONARCH_STATUS_PENDING (-2)
+#define MONARCH_STATUS_ERROR (-1)
+#define MONARCH_MAX_REQUEST 8192
+#define MONARCH_MAX_ANSWER 1048576
+#define MONARCH_REQUEST_HEADER_SIZE 8
+#define MONARCH_ANSWER_HEADER_SIZE 8
+#define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL
+#define MONARCH_INDEX_VERSION 1
+#define MONARCH_INDEX_HEADER_SIZE 56
+#define MONARCH_INDEX_ENTRY_SIZE 80
 #define MONARCH_ENV_ROOTS "MONARCH_ROOTS"
 #define MONARCH_ENV_PROBE "MONARCH_PROBE"
 #define MONARCH_ENV_SOCKET "MONARCH_SOCKET"
 #define MONARCH_ENV_COUNTERS "MONARCH_COUNTERS"
+#define MONARCH_ENV_INDEX "MONARCH_INDEX"
 #define MONARCH_ENV_DISABLE "MONARCH_DISABLE"
 #define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
 #define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + 2 * MONARCH_MAX_SLOTS)
 
+/* The snapshot index (protocol.py, "Snapshot index"), little-endian like the host. */
+struct monarch_index_header {
+    uint64_t magic;
+    uint32_t version, entries, buckets, reserved;
+    uint64_t buckets_off, entries_off, keys_off, keys_size;
+};
+struct monarch_index_entry {
+    uint32_t hash, key_len;
+    uint64_t key_off, size;
+    int64_t mtime_ns, atime_ns, ctime_ns;
+    uint64_t ino, dev;
+    uint32_t mode, uid, gid, nlink;
+};
+_Static_assert(sizeof(struct monarch_index_header) == MONARCH_INDEX_HEADER_SIZE, "index header layout");
+_Static_assert(sizeof(struct monarch_index_entry) == MONARCH_INDEX_ENTRY_SIZE, "index entry layout");
+
 /* ---- fixed tables ---- */
-#define MONARCH_MAX_ROOTS 16
+#define MONARCH_MAX_ROOTS 32 /* a root may appear twice: canonical and configured spelling */
 #define MONARCH_MAX_FDS 65536
+#define MONARCH_KEY_MAX (PATH_MAX + 16) /* "<k>/" + a path below PATH_MAX */
 
 #define MONARCH_EXPORT __attribute__((visibility("default")))
 #define MONARCH_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -96,7 +205,7 @@
 struct monarch_root {
     char path[PATH_MAX]; /* normalized, no trailing '/'; "" for "/" */
     size_t len;
-    unsigned index; /* k in the key "<k>/<rel>": position in MONARCH_ROOTS */
+    unsigned index; /* k in the key "<k>/<rel>", as MONARCH_ROOTS names it */
 };
 
 struct monarch_probe {
@@ -109,17 +218,23 @@ static struct monarch_root monarch_roots[MONARCH_MAX_ROOTS];
 static unsigned monarch_nroots;
 static struct monarch_probe monarch_probes[MONARCH_MAX_SLOTS];
 static unsigned monarch_nprobes;
+static int monarch_probing;  /* 0 for good once an INVALIDATE went unconfirmed */
 static struct sockaddr_un monarch_sockaddr;
 static int monarch_have_socket;
 static int monarch_timeout_ms = MONARCH_SHIM_TIMEOUT_MS_DEFAULT;
 static uint64_t *monarch_counters; /* MAP_SHARED; NULL => counting off */
+static const unsigned char *monarch_index; /* read-only mapping, validated; NULL => no fstat rewrite */
+static struct monarch_index_header monarch_index_hdr;
+static uint32_t monarch_crc_table[256];
 static int monarch_enabled;
 static int monarch_debug;
 static int monarch_ready;  /* set (release) when init is complete */
 static pid_t monarch_pid;  /* this process; a vfork child sees another pid */
 static pthread_once_t monarch_once = PTHREAD_ONCE_INIT;
-/* slot + 1 of each descriptor the shim opened; 0 = not ours. Only counting uses it. */
+/* Per descriptor the shim opened: slot + 1 (0 = not ours), for counting; and the
+ * index entry + 1 of its source when it is a staged copy (0 = stat passes through). */
 static uint8_t monarch_fd_slot[MONARCH_MAX_FDS];
+static uint32_t monarch_fd_entry[MONARCH_MAX_FDS];
 static __thread int monarch_guard __attribute__((tls_model("initial-exec")));
 
 static void monarch_ensure_init(void);
@@ -130,7 +245,7 @@ static void monarch_log(const char *file, int line, const char *fmt, ...)
 {
     char buf[1024];
     int saved = errno;
-    int n = snprintf(buf, sizeof buf, "[monarch %d/%d] %s:%d ", (int)getpid(), (int)gettid(), file, line);
+    int n = snprintf(buf, sizeof buf, "[monarch %d/%d] %s:%d ", (int)getpid(), monarch_gettid(), file, line);
     va_list ap;
     va_start(ap, fmt);
     if (n > 0 && (size_t)n < sizeof buf)
@@ -163,9 +278,18 @@ static void monarch_log(const char *file, int line, const char *fmt, ...)
         p_;                                                                         \
     })
 
-/* Functions the shim calls itself (openat: a tentative definition, the family
- * macro below defines the wrapper) or wraps by hand. */
+/* The real function, or ENOSYS (and `fail`) when this libc lacks it. */
+#define MONARCH_REAL(name, fail)                                                    \
+    __typeof__(real_##name) real_ = MONARCH_RESOLVE(name);                          \
+    if (MONARCH_UNLIKELY(!real_)) {                                                 \
+        errno = ENOSYS;                                                             \
+        return fail;                                                                \
+    }
+
+/* Functions the shim calls itself (tentative definitions: the family macros
+ * below define their wrappers) or wraps by hand. */
 static int (*real_openat)(int, const char *, int, ...);
+static int (*real_unlink)(const char *);
 static int (*real_close)(int);
 static int (*real_fclose)(FILE *);
 static int (*real_dup)(int);
@@ -173,7 +297,14 @@ static int (*real_dup2)(int, int);
 static int (*real_dup3)(int, int, int);
 static int (*real_close_range)(unsigned int, unsigned int, int);
 
-/* ---- counting (hot path: no lock, no allocation, no log) ---- */
+/* The kernel's fstat, for the shim's own checks: never our wrapper, and no
+ * fstat@GLIBC_2.33 import (64-bit Linux: struct stat is the kernel's). */
+static int monarch_sys_fstat(int fd, struct stat *st)
+{
+    return (int)syscall(SYS_fstat, fd, st);
+}
+
+/* ---- counting and the fd tables (hot path: no lock, no allocation, no log) ---- */
 static inline uint64_t *monarch_counter(unsigned slot, unsigned which)
 {
     return &monarch_counters[MONARCH_HEADER_WORDS + 2 * slot + which];
@@ -191,24 +322,28 @@ static inline void monarch_count_bytes(int fd, uint64_t n)
     }
 }
 
-/* Remember a managed fd and count its open. */
-static void monarch_track(int fd, unsigned slot)
+/* Remember a managed fd (its slot, and its source's index entry + 1 or 0) and count its open. */
+static void monarch_track(int fd, unsigned slot, uint32_t entry)
 {
     if (fd < 0)
         return;
-    if ((unsigned)fd < MONARCH_MAX_FDS)
+    if ((unsigned)fd < MONARCH_MAX_FDS) {
+        __atomic_store_n(&monarch_fd_entry[fd], entry, __ATOMIC_RELAXED);
         __atomic_store_n(&monarch_fd_slot[fd], (uint8_t)(slot + 1), __ATOMIC_RELAXED);
+    }
     if (monarch_counters)
         __atomic_fetch_add(monarch_counter(slot, 0), 1, __ATOMIC_RELAXED);
 }
 
 /* Forget a descriptor (closed, or reused by a pass-through open). A vfork child
- * shares our memory but not our descriptors: it must not touch the table. */
+ * shares our memory but not our descriptors: it must not touch the tables. */
 static inline void monarch_forget(int fd)
 {
     if ((unsigned)fd < MONARCH_MAX_FDS && __atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED)
-        && getpid() == monarch_pid)
+        && getpid() == monarch_pid) {
+        __atomic_store_n(&monarch_fd_entry[fd], 0, __ATOMIC_RELAXED);
         __atomic_store_n(&monarch_fd_slot[fd], 0, __ATOMIC_RELAXED);
+    }
 }
 
 /* newfd now refers to oldfd's file. */
@@ -216,9 +351,13 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 {
     if ((unsigned)newfd >= MONARCH_MAX_FDS)
         return;
-    uint8_t s = (unsigned)oldfd < MONARCH_MAX_FDS ? __atomic_load_n(&monarch_fd_slot[oldfd], __ATOMIC_RELAXED) : 0;
-    if ((s || __atomic_load_n(&monarch_fd_slot[newfd], __ATOMIC_RELAXED)) && getpid() == monarch_pid)
+    int ours = (unsigned)oldfd < MONARCH_MAX_FDS;
+    uint8_t s = ours ? __atomic_load_n(&monarch_fd_slot[oldfd], __ATOMIC_RELAXED) : 0;
+    uint32_t e = ours ? __atomic_load_n(&monarch_fd_entry[oldfd], __ATOMIC_RELAXED) : 0;
+    if ((s || __atomic_load_n(&monarch_fd_slot[newfd], __ATOMIC_RELAXED)) && getpid() == monarch_pid) {
+        __atomic_store_n(&monarch_fd_entry[newfd], e, __ATOMIC_RELAXED);
         __atomic_store_n(&monarch_fd_slot[newfd], s, __ATOMIC_RELAXED);
+    }
 }
 
 /* ---- paths ---- */
@@ -255,7 +394,22 @@ static size_t monarch_normalize(char *p)
     return w;
 }
 
-/* The absolute, normalized form of (dirfd, path) into out[PATH_MAX]; -1 if unknown. */
+/* Does the path have a ".." component? */
+static int monarch_has_dotdot(const char *p)
+{
+    for (const char *c = strstr(p, ".."); c; c = strstr(c + 1, ".."))
+        if ((c == p || c[-1] == '/') && (c[2] == '\0' || c[2] == '/'))
+            return 1;
+    return 0;
+}
+
+/*
+ * The absolute form of (dirfd, path) into out[PATH_MAX], as the kernel will
+ * look it up; -1 if unknown. Without "..": lexical. With "..": the directory
+ * part through realpath() (symlinks followed, as the kernel does before it
+ * applies ".."), then the last component unresolved (open follows it, unlink
+ * and rename do not; either way the key names what the call names).
+ */
 static int monarch_abspath(int dirfd, const char *path, char *out, size_t *lenp)
 {
     size_t n = 0;
@@ -289,6 +443,33 @@ static int monarch_abspath(int dirfd, const char *path, char *out, size_t *lenp)
     if (n + plen >= PATH_MAX)
         return -1;
     memcpy(out + n, path, plen + 1);
+    if (MONARCH_UNLIKELY(monarch_has_dotdot(out))) {
+        char dir[PATH_MAX];
+        size_t e = n + plen;
+        while (e > 1 && out[e - 1] == '/') /* "d/" names d */
+            e--;
+        size_t s = e;
+        while (s > 0 && out[s - 1] != '/')
+            s--;
+        const char *last = out + s;
+        size_t llen = e - s;
+        int whole = (llen == 2 && last[0] == '.' && last[1] == '.') || (llen == 1 && last[0] == '.');
+        memcpy(dir, out, whole ? e : s);
+        dir[whole ? e : s] = '\0';
+        char resolved[PATH_MAX];
+        if (!realpath(dir[0] ? dir : "/", resolved))
+            return -1;
+        size_t rl = strlen(resolved);
+        if (!whole) {
+            if (rl + 1 + llen >= PATH_MAX)
+                return -1;
+            resolved[rl++] = '/';
+            memcpy(resolved + rl, last, llen);
+            rl += llen;
+            resolved[rl] = '\0';
+        }
+        memcpy(out, resolved, rl + 1);
+    }
     *lenp = monarch_normalize(out);
     return 0;
 }
@@ -306,11 +487,167 @@ static int monarch_wants_dir(const char *path)
     return path[n - 2] == '.' && (n == 2 || path[n - 3] == '/');
 }
 
+/* The key "<k>/<rel>" of (dirfd, path) into key[MONARCH_KEY_MAX] when it lies under
+ * a root; 0 and its length in *klp, or -1 when not managed. */
+static int monarch_key(int dirfd, const char *path, char *key, size_t *klp)
+{
+    char abs[PATH_MAX];
+    size_t len;
+    if (monarch_abspath(dirfd, path, abs, &len) != 0)
+        return -1;
+    for (unsigned i = 0; i < monarch_nroots; i++) {
+        const struct monarch_root *r = &monarch_roots[i];
+        if (len > r->len + 1 && abs[r->len] == '/' && memcmp(abs, r->path, r->len) == 0) {
+            int kl = snprintf(key, MONARCH_KEY_MAX, "%u/%s", r->index, abs + r->len + 1);
+            if (kl <= 0 || kl >= MONARCH_KEY_MAX || kl > MONARCH_MAX_REQUEST)
+                return -1;
+            *klp = (size_t)kl;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* <probe dir>/<key> into out[PATH_MAX]; -1 if too long. */
+static int monarch_probe_path(const struct monarch_probe *pr, const char *key, size_t kl, char *out)
+{
+    if (pr->len + 1 + kl >= PATH_MAX)
+        return -1;
+    memcpy(out, pr->dir, pr->len);
+    out[pr->len] = '/';
+    memcpy(out + pr->len + 1, key, kl + 1);
+    return 0;
+}
+
 static int monarch_is_regular(int fd)
 {
     struct stat st;
-    return fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    return monarch_sys_fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
 }
+
+/* ---- the snapshot index: the source's stat of a key (slow path only) ---- */
+static uint32_t monarch_crc32(const char *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++)
+        c = monarch_crc_table[(c ^ (unsigned char)p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* Entry number n (from 1) into *e, if it is inside the mapping. */
+static int monarch_index_entry(uint32_t n, struct monarch_index_entry *e)
+{
+    const struct monarch_index_header *h = &monarch_index_hdr;
+    if (!monarch_index || n == 0 || n > h->entries)
+        return -1;
+    memcpy(e, monarch_index + h->entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE, sizeof *e);
+    return 0;
+}
+
+/* Entry number + 1 of key, or 0: protocol.index_lookup, bounded by the table size. */
+static uint32_t monarch_index_lookup(const char *key, size_t kl)
+{
+    const struct monarch_index_header *h = &monarch_index_hdr;
+    if (!monarch_index)
+        return 0;
+    uint32_t hash = monarch_crc32(key, kl), mask = h->buckets - 1;
+    for (uint32_t i = 0, b = hash & mask; i < h->buckets; i++, b = (b + 1) & mask) {
+        uint32_t n;
+        memcpy(&n, monarch_index + h->buckets_off + 4 * (uint64_t)b, sizeof n);
+        struct monarch_index_entry e;
+        if (n == 0 || monarch_index_entry(n, &e) != 0)
+            return 0;
+        if (e.hash == hash && e.key_len == kl && e.key_off <= h->keys_size && kl <= h->keys_size - e.key_off
+            && memcmp(monarch_index + h->keys_off + e.key_off, key, kl) == 0)
+            return n;
+    }
+    return 0;
+}
+
+static void monarch_ns(int64_t ns, struct timespec *ts)
+{
+    int64_t s = ns / 1000000000, r = ns % 1000000000;
+    if (r < 0) { /* before 1970: tv_nsec stays in [0, 1e9) */
+        s -= 1;
+        r += 1000000000;
+    }
+    ts->tv_sec = (time_t)s;
+    ts->tv_nsec = (long)r;
+}
+
+/* stat and stat64 have the same field names: one body for both. */
+#define MONARCH_FILL_STAT(st, e)                      \
+    do {                                              \
+        (st)->st_size = (off_t)(e).size;              \
+        (st)->st_mode = (mode_t)(e).mode;             \
+        (st)->st_uid = (uid_t)(e).uid;                \
+        (st)->st_gid = (gid_t)(e).gid;                \
+        (st)->st_nlink = (nlink_t)(e).nlink;          \
+        (st)->st_ino = (e).ino;                       \
+        (st)->st_dev = (dev_t)(e).dev;                \
+        monarch_ns((e).atime_ns, &(st)->st_atim);     \
+        monarch_ns((e).mtime_ns, &(st)->st_mtim);     \
+        monarch_ns((e).ctime_ns, &(st)->st_ctim);     \
+    } while (0)
+
+/* The source's stat for a staged descriptor; anything else is left as the kernel said. */
+static inline int monarch_fd_source(int fd, struct monarch_index_entry *e)
+{
+    if ((unsigned)fd >= MONARCH_MAX_FDS)
+        return 0;
+    uint32_t n = __atomic_load_n(&monarch_fd_entry[fd], __ATOMIC_RELAXED);
+    return n && monarch_index_entry(n, e) == 0;
+}
+
+static void monarch_fill_stat(int fd, struct stat *st)
+{
+    struct monarch_index_entry e;
+    if (monarch_fd_source(fd, &e))
+        MONARCH_FILL_STAT(st, e);
+}
+
+static void monarch_fill_stat64(int fd, struct stat64 *st)
+{
+    struct monarch_index_entry e;
+    if (monarch_fd_source(fd, &e))
+        MONARCH_FILL_STAT(st, e);
+}
+
+static void monarch_fill_statx(int fd, struct statx *st)
+{
+    struct monarch_index_entry e;
+    struct timespec ts;
+    if (!monarch_fd_source(fd, &e))
+        return;
+    st->stx_size = e.size;
+    st->stx_mode = (uint16_t)e.mode;
+    st->stx_uid = e.uid;
+    st->stx_gid = e.gid;
+    st->stx_nlink = e.nlink;
+    st->stx_ino = e.ino;
+    /* Linux's dev_t encoding (gnu_dev_major/minor), without the libc call */
+    st->stx_dev_major = (uint32_t)(((e.dev >> 8) & 0xfff) | ((e.dev >> 32) & ~0xfffULL));
+    st->stx_dev_minor = (uint32_t)((e.dev & 0xff) | ((e.dev >> 12) & ~0xffULL));
+    monarch_ns(e.atime_ns, &ts);
+    st->stx_atime.tv_sec = ts.tv_sec;
+    st->stx_atime.tv_nsec = (uint32_t)ts.tv_nsec;
+    monarch_ns(e.mtime_ns, &ts);
+    st->stx_mtime.tv_sec = ts.tv_sec;
+    st->stx_mtime.tv_nsec = (uint32_t)ts.tv_nsec;
+    monarch_ns(e.ctime_ns, &ts);
+    st->stx_ctime.tv_sec = ts.tv_sec;
+    st->stx_ctime.tv_nsec = (uint32_t)ts.tv_nsec;
+    st->stx_mask |= STATX_TYPE | STATX_MODE | STATX_NLINK | STATX_UID | STATX_GID | STATX_ATIME | STATX_MTIME
+                    | STATX_CTIME | STATX_INO | STATX_SIZE;
+}
+
+/* fstatat-like calls describe the descriptor itself only with AT_EMPTY_PATH and ""
+ * (a function, not a test in the wrapper: glibc declares the path nonnull). */
+static int monarch_on_fd(const char *path, int flags)
+{
+    return (flags & AT_EMPTY_PATH) && path && !path[0];
+}
+#define MONARCH_ON_FD(path, flags) monarch_on_fd(path, flags)
 
 /* ---- the daemon ---- */
 static long monarch_now_ms(void)
@@ -320,32 +657,77 @@ static long monarch_now_ms(void)
     return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Ask the daemon for key; the answered path goes to path[PATH_MAX]. Returns the
- * slot (>= 0), or -1 when the daemon cannot be asked or answers nonsense. */
-static int monarch_ask(const char *key, size_t keylen, char *path)
+/* Exactly n bytes from s before deadline (ms, monotonic); -1 on timeout, error or EOF. */
+static int monarch_recv_exact(int s, void *buf, size_t n, long deadline)
 {
-    char buf[PATH_MAX + 64];
-    if (!monarch_have_socket || keylen + 7 > sizeof buf)
-        return -1;
+    size_t got = 0;
+    while (got < n) {
+        long left = deadline - monarch_now_ms();
+        if (left <= 0)
+            return -1;
+        struct pollfd pfd = {s, POLLIN, 0};
+        int pr = poll(&pfd, 1, (int)left);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            continue; /* timeout: the deadline check above ends the loop */
+        ssize_t r = recv(s, (char *)buf + got, n - got, 0);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (r <= 0) {
+            MONARCH_DEBUG(1, "daemon: %s", r == 0 ? "closed without answer" : strerror(errno));
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static uint32_t monarch_le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/*
+ * One request to the daemon (verb, key) over a fresh connection. Heartbeats
+ * (STATUS_PENDING, empty) are skipped, each one restarting the "alive" timer.
+ * Returns the answer's status, with its body in body[bodymax] (NUL-terminated;
+ * NULL: the body is not wanted and not read), or INT_MIN when the daemon cannot
+ * be asked, is not of our uid, goes silent, times out or breaks the frame rules
+ * (an oversized body, a NUL in it, a heartbeat with a body).
+ */
+static int monarch_request(unsigned verb, const char *key, size_t kl, char *body, size_t bodymax)
+{
+    unsigned char req[MONARCH_REQUEST_HEADER_SIZE + MONARCH_KEY_MAX];
+    if (!monarch_have_socket || kl > MONARCH_MAX_REQUEST || kl > MONARCH_KEY_MAX)
+        return INT_MIN;
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0)
-        return -1;
-    int slot = -1;
-    long deadline = monarch_now_ms() + monarch_timeout_ms;
-    struct timeval tv = {monarch_timeout_ms / 1000, (monarch_timeout_ms % 1000) * 1000};
-    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        return INT_MIN;
+    int status = INT_MIN;
+    long start = monarch_now_ms(), deadline = start + monarch_timeout_ms;
+    int tmo = monarch_timeout_ms < MONARCH_HEARTBEAT_TIMEOUT_MS ? monarch_timeout_ms : MONARCH_HEARTBEAT_TIMEOUT_MS;
+    struct timeval tv = {tmo / 1000, (tmo % 1000) * 1000};
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds connect and send */
     if (connect(s, (const struct sockaddr *)&monarch_sockaddr, sizeof monarch_sockaddr) != 0) {
         MONARCH_DEBUG(1, "daemon %s: connect: %s", monarch_sockaddr.sun_path, strerror(errno));
         goto out;
     }
-    size_t len = 0;
-    memcpy(buf, "OPEN ", 5);
-    memcpy(buf + 5, key, keylen);
-    len = 5 + keylen;
-    buf[len++] = '\n';
+    struct ucred cred;
+    socklen_t clen = sizeof cred;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || clen != sizeof cred || cred.uid != getuid()) {
+        MONARCH_DEBUG(1, "daemon %s: peer uid %d is not ours (%d); not asking it", monarch_sockaddr.sun_path,
+                      clen == sizeof cred ? (int)cred.uid : -1, (int)getuid());
+        goto out;
+    }
+    req[0] = (unsigned char)verb;
+    req[1] = req[2] = req[3] = 0;
+    for (int i = 0; i < 4; i++)
+        req[4 + i] = (unsigned char)(kl >> (8 * i));
+    memcpy(req + MONARCH_REQUEST_HEADER_SIZE, key, kl);
+    size_t len = MONARCH_REQUEST_HEADER_SIZE + kl;
     for (size_t off = 0; off < len;) {
-        ssize_t w = send(s, buf + off, len - off, MSG_NOSIGNAL);
+        ssize_t w = send(s, req + off, len - off, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
@@ -354,54 +736,57 @@ static int monarch_ask(const char *key, size_t keylen, char *path)
         }
         off += (size_t)w;
     }
-    size_t got = 0;
-    char *nl = NULL;
-    while (!nl && got < sizeof buf - 1) {
-        long left = deadline - monarch_now_ms();
-        if (left <= 0) {
-            MONARCH_DEBUG(1, "daemon: no answer within %d ms", monarch_timeout_ms);
+    for (;;) {
+        unsigned char hdr[MONARCH_ANSWER_HEADER_SIZE];
+        long alive = monarch_now_ms() + MONARCH_HEARTBEAT_TIMEOUT_MS;
+        if (monarch_recv_exact(s, hdr, sizeof hdr, alive < deadline ? alive : deadline) != 0) {
+            MONARCH_DEBUG(1, "daemon: no answer (silent for %d ms, or %d ms in all)", MONARCH_HEARTBEAT_TIMEOUT_MS,
+                          monarch_timeout_ms);
             goto out;
         }
-        struct pollfd pfd = {s, POLLIN, 0};
-        int pr = poll(&pfd, 1, (int)left);
-        if (pr < 0 && errno == EINTR)
+        int32_t st = (int32_t)monarch_le32(hdr);
+        uint32_t blen = monarch_le32(hdr + 4);
+        if (st == MONARCH_STATUS_PENDING) {
+            if (blen) {
+                MONARCH_DEBUG(1, "daemon: heartbeat with a %u-byte body", blen);
+                goto out;
+            }
+            MONARCH_DEBUG(2, "daemon: pending (%ld ms)", monarch_now_ms() - start);
             continue;
-        if (pr <= 0)
-            continue; /* timeout: the deadline check above ends the loop */
-        ssize_t r = recv(s, buf + got, sizeof buf - 1 - got, 0);
-        if (r < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
-        if (r <= 0) {
-            MONARCH_DEBUG(1, "daemon: %s", r == 0 ? "closed without answer" : strerror(errno));
-            goto out;
         }
-        got += (size_t)r;
-        buf[got] = '\0';
-        nl = memchr(buf, '\n', got);
+        if (body) {
+            if (blen >= bodymax) {
+                MONARCH_DEBUG(1, "daemon: answer of %u bytes refused (limit %zu)", blen, bodymax - 1);
+                goto out;
+            }
+            alive = monarch_now_ms() + MONARCH_HEARTBEAT_TIMEOUT_MS;
+            if (monarch_recv_exact(s, body, blen, alive < deadline ? alive : deadline) != 0)
+                goto out;
+            if (memchr(body, '\0', blen)) {
+                MONARCH_DEBUG(1, "daemon: answer with a NUL byte refused");
+                goto out;
+            }
+            body[blen] = '\0';
+        }
+        status = st;
+        break;
     }
-    if (!nl)
-        goto out;
-    *nl = '\0';
-    /* "<slot> <path>" */
-    char *p = buf;
-    long v = 0;
-    if (*p < '0' || *p > '9')
-        goto bad;
-    while (*p >= '0' && *p <= '9' && v < MONARCH_MAX_SLOTS)
-        v = v * 10 + (*p++ - '0');
-    if (*p != ' ' || v >= MONARCH_MAX_SLOTS)
-        goto bad;
-    p++;
-    if (v > MONARCH_SLOT_PFS && (p[0] != '/' || strlen(p) >= PATH_MAX))
-        goto bad;
-    strcpy(path, p);
-    slot = (int)v;
-    goto out;
-bad:
-    MONARCH_DEBUG(1, "daemon: bad answer '%.200s'", buf);
 out:
     real_close(s);
-    return slot;
+    return status;
+}
+
+/* Is an OPEN answer's path one we may open: absolute, inside a probe dir, no "..". */
+static int monarch_answer_allowed(const char *path)
+{
+    if (path[0] != '/' || monarch_has_dotdot(path))
+        return 0;
+    for (unsigned i = 0; i < monarch_nprobes; i++) {
+        const struct monarch_probe *pr = &monarch_probes[i];
+        if (strncmp(path, pr->dir, pr->len) == 0 && path[pr->len] == '/' && path[pr->len + 1])
+            return 1;
+    }
+    return 0;
 }
 
 /* ---- the open decision ---- */
@@ -416,75 +801,63 @@ static int monarch_open_staged(const char *path, int flags)
     return fd;
 }
 
+static inline int monarch_start(void)
+{
+    if (MONARCH_UNLIKELY(!__atomic_load_n(&monarch_ready, __ATOMIC_ACQUIRE)))
+        monarch_ensure_init();
+    return monarch_enabled;
+}
+
 /*
  * Before the application's open: -1 = not managed (pass through); 0 = managed,
  * open the PFS original with the application's own call (monarch_after counts
- * it); > 0 = a staged copy is open in *fdp, counted under the returned slot.
+ * it); > 0 = a staged copy is open in *fdp, counted under the returned slot,
+ * its source's index entry + 1 in *entryp.
  */
-static int monarch_before(int dirfd, const char *path, int flags, int *fdp)
+static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint32_t *entryp)
 {
     if (monarch_guard || !path || !path[0])
         return -1;
-    if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC | O_DIRECTORY | O_PATH)))
+    if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC | O_DIRECTORY | O_PATH | O_NOFOLLOW)))
         return -1;
-    if (MONARCH_UNLIKELY(!__atomic_load_n(&monarch_ready, __ATOMIC_ACQUIRE)))
-        monarch_ensure_init();
-    if (!monarch_enabled)
+    if (!monarch_start() || monarch_wants_dir(path))
         return -1;
-
-    char abs[PATH_MAX];
-    size_t len;
-    if (monarch_abspath(dirfd, path, abs, &len) != 0)
-        return -1;
-    const struct monarch_root *root = NULL;
-    for (unsigned i = 0; i < monarch_nroots; i++) {
-        const struct monarch_root *r = &monarch_roots[i];
-        if (len > r->len + 1 && abs[r->len] == '/' && memcmp(abs, r->path, r->len) == 0) {
-            root = r;
-            break;
-        }
-    }
-    if (!root || monarch_wants_dir(path))
+    char key[MONARCH_KEY_MAX];
+    size_t kl;
+    if (monarch_key(dirfd, path, key, &kl) != 0)
         return -1;
 
     /* Managed: from here on, the slow path. */
     int saved = errno;
     monarch_guard = 1;
-    char key[PATH_MAX], staged[PATH_MAX];
-    const char *rel = abs + root->len + 1;
-    int kl = snprintf(key, sizeof key, "%u/%s", root->index, rel);
-    int slot = MONARCH_SLOT_PFS;
+    char staged[PATH_MAX];
+    int slot = MONARCH_SLOT_PFS, fd = -1;
     int pflags = flags & ~(O_DIRECT | O_NOATIME); /* a tmpfs copy may refuse them */
-    if (kl <= 0 || (size_t)kl >= sizeof key)
-        goto out;
-    for (unsigned i = 0; i < monarch_nprobes; i++) {
+    for (unsigned i = 0; i < monarch_nprobes && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED); i++) {
         const struct monarch_probe *pr = &monarch_probes[i];
-        if (pr->len + 1 + (size_t)kl >= PATH_MAX)
-            continue;
-        memcpy(staged, pr->dir, pr->len);
-        staged[pr->len] = '/';
-        memcpy(staged + pr->len + 1, key, (size_t)kl + 1);
-        int fd = monarch_open_staged(staged, pflags);
-        if (fd >= 0) {
+        if (monarch_probe_path(pr, key, kl, staged) == 0 && (fd = monarch_open_staged(staged, pflags)) >= 0) {
             MONARCH_DEBUG(1, "open %s: hit slot %u %s (fd %d)", path, pr->slot, staged, fd);
-            *fdp = fd;
             slot = (int)pr->slot;
             goto out;
         }
     }
-    int answer = monarch_ask(key, (size_t)kl, staged);
-    if (answer > MONARCH_SLOT_PFS) {
-        int fd = monarch_open_staged(staged, pflags);
-        if (fd >= 0) {
+    int answer = monarch_request(MONARCH_VERB_OPEN, key, kl, staged, sizeof staged);
+    if (answer > MONARCH_SLOT_PFS && answer < MONARCH_MAX_SLOTS) {
+        if (!monarch_answer_allowed(staged))
+            MONARCH_DEBUG(1, "open %s: daemon named %.200s, outside the probe dirs: refused", path, staged);
+        else if ((fd = monarch_open_staged(staged, pflags)) >= 0) {
             MONARCH_DEBUG(1, "open %s: daemon slot %d %s (fd %d)", path, answer, staged, fd);
-            *fdp = fd;
             slot = answer;
             goto out;
-        }
-        MONARCH_DEBUG(1, "open %s: daemon named %s, which does not open: %s", path, staged, strerror(errno));
+        } else
+            MONARCH_DEBUG(1, "open %s: daemon named %s, which does not open: %s", path, staged, strerror(errno));
     }
-    MONARCH_DEBUG(1, "open %s: PFS (key %s, daemon %d)", path, key, answer);
+    MONARCH_DEBUG(1, "open %s: PFS (daemon %d)", path, answer);
 out:
+    if (slot > MONARCH_SLOT_PFS) {
+        *fdp = fd;
+        *entryp = monarch_index_lookup(key, kl);
+    }
     monarch_guard = 0;
     errno = saved;
     return slot;
@@ -494,9 +867,49 @@ out:
 static inline void monarch_after(int fd, int how)
 {
     if (how == MONARCH_SLOT_PFS)
-        monarch_track(fd, MONARCH_SLOT_PFS);
+        monarch_track(fd, MONARCH_SLOT_PFS, 0);
     else if (fd >= 0)
         monarch_forget(fd); /* a stale entry from a close we did not see */
+}
+
+/*
+ * Before a call that changes (dirfd, path) -- a write-open, creat, rename,
+ * unlink, rmdir, truncate -- when it lies under a root: the daemon drops its
+ * copies of the key (INVALIDATE) and we remove <probe dir>/<key> ourselves.
+ * Without the daemon's confirmation this process stops probing tiers for good:
+ * a copy we could not remove (a directory's files, another slot) is never read.
+ */
+static void monarch_invalidate(int dirfd, const char *path)
+{
+    if (monarch_guard || !path || !path[0] || !monarch_start())
+        return;
+    char key[MONARCH_KEY_MAX];
+    size_t kl;
+    if (monarch_key(dirfd, path, key, &kl) != 0)
+        return;
+    int saved = errno;
+    monarch_guard = 1;
+    int status = monarch_request(MONARCH_VERB_INVALIDATE, key, kl, NULL, 0);
+    if (status != 0 && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&monarch_probing, 0, __ATOMIC_RELAXED);
+        MONARCH_DEBUG(1, "invalidate %s: daemon did not confirm (%d); no more tier probes in this process", path,
+                      status);
+    }
+    char staged[PATH_MAX];
+    for (unsigned i = 0; i < monarch_nprobes; i++)
+        if (monarch_probe_path(&monarch_probes[i], key, kl, staged) == 0 && MONARCH_RESOLVE(unlink)(staged) == 0)
+            MONARCH_DEBUG(1, "invalidate %s: removed %s", path, staged);
+    MONARCH_DEBUG(1, "invalidate %s: key %s, daemon %d", path, key, status);
+    monarch_guard = 0;
+    errno = saved;
+}
+
+/* Both paths of a rename (or one: p2 NULL). */
+static void monarch_invalidate2(int d1, const char *p1, int d2, const char *p2)
+{
+    monarch_invalidate(d1, p1);
+    if (p2)
+        monarch_invalidate(d2, p2);
 }
 
 /* fopen mode -> open flags when the mode is read-only, else -1. */
@@ -514,6 +927,9 @@ static int monarch_fopen_flags(const char *mode)
     return flags;
 }
 
+/* open flags that may change the file: the ones a staged copy would miss. */
+#define MONARCH_WRITES(flags) (((flags) & O_ACCMODE) != O_RDONLY || ((flags) & (O_CREAT | O_TRUNC)))
+
 /* ---- wrapper families: one macro shape per family ---- */
 #define MONARCH_VA_MODE(flags)                                      \
     mode_t mode = 0;                                                \
@@ -525,15 +941,14 @@ static int monarch_fopen_flags(const char *mode)
     }
 
 #define MONARCH_OPEN_BODY(name, dirfd, args)                         \
-    __typeof__(real_##name) real_ = MONARCH_RESOLVE(name);           \
-    if (MONARCH_UNLIKELY(!real_)) {                                  \
-        errno = ENOSYS;                                              \
-        return -1;                                                   \
-    }                                                                \
+    MONARCH_REAL(name, -1)                                           \
     int fd_ = -1;                                                    \
-    int how_ = monarch_before(dirfd, path, flags, &fd_);             \
+    uint32_t entry_ = 0;                                             \
+    if (MONARCH_WRITES(flags))                                       \
+        monarch_invalidate(dirfd, path);                             \
+    int how_ = monarch_before(dirfd, path, flags, &fd_, &entry_);    \
     if (how_ > MONARCH_SLOT_PFS) {                                   \
-        monarch_track(fd_, (unsigned)how_);                          \
+        monarch_track(fd_, (unsigned)how_, entry_);                  \
         return fd_;                                                  \
     }                                                                \
     fd_ = real_ args;                                                \
@@ -574,23 +989,22 @@ static int monarch_fopen_flags(const char *mode)
         MONARCH_OPEN_BODY(name, dirfd, (dirfd, path, flags))                      \
     }
 
-/* FILE *fopen(const char *path, const char *mode) */
+/* FILE *fopen(const char *path, const char *mode); modes w, a and + write. */
 #define MONARCH_WRAP_FOPEN(name)                                                  \
     static FILE *(*real_##name)(const char *, const char *);                     \
     MONARCH_EXPORT FILE *name(const char *path, const char *mode)                 \
     {                                                                             \
-        __typeof__(real_##name) real_ = MONARCH_RESOLVE(name);                    \
-        if (MONARCH_UNLIKELY(!real_)) {                                           \
-            errno = ENOSYS;                                                       \
-            return NULL;                                                          \
-        }                                                                         \
+        MONARCH_REAL(name, NULL)                                                  \
         int fd_ = -1, flags = monarch_fopen_flags(mode);                          \
-        int how_ = flags < 0 ? -1 : monarch_before(AT_FDCWD, path, flags, &fd_);  \
+        uint32_t entry_ = 0;                                                      \
+        if (flags < 0 && mode)                                                    \
+            monarch_invalidate(AT_FDCWD, path);                                   \
+        int how_ = flags < 0 ? -1 : monarch_before(AT_FDCWD, path, flags, &fd_, &entry_); \
         if (how_ > MONARCH_SLOT_PFS) {                                            \
             int saved_ = errno;                                                   \
             FILE *fp_ = fdopen(fd_, mode);                                        \
             if (fp_) {                                                            \
-                monarch_track(fd_, (unsigned)how_);                               \
+                monarch_track(fd_, (unsigned)how_, entry_);                       \
                 return fp_;                                                       \
             }                                                                     \
             real_close(fd_);                                                      \
@@ -607,20 +1021,40 @@ static int monarch_fopen_flags(const char *mode)
     static ret(*real_##name) params;                                              \
     MONARCH_EXPORT ret name params                                                \
     {                                                                             \
-        __typeof__(real_##name) real_ = MONARCH_RESOLVE(name);                    \
-        if (MONARCH_UNLIKELY(!real_)) {                                           \
-            errno = ENOSYS;                                                       \
-            return -1;                                                            \
-        }                                                                         \
+        MONARCH_REAL(name, -1)                                                    \
         ret n_ = real_ args;                                                      \
         if (n_ > 0)                                                               \
             monarch_count_bytes(fd, (uint64_t)n_);                                \
         return n_;                                                                \
     }
 
+/* Calls that change what a path names (creat, rename, unlink, rmdir, truncate):
+ * invalidate (d1, p1) and (d2, p2) (p2 NULL: one path), then the real call. */
+#define MONARCH_WRAP_CHANGE(name, params, args, d1, p1, d2, p2)                   \
+    static int (*real_##name) params;                                             \
+    MONARCH_EXPORT int name params                                                \
+    {                                                                             \
+        MONARCH_REAL(name, -1)                                                    \
+        monarch_invalidate2(d1, p1, d2, p2);                                      \
+        return real_ args;                                                        \
+    }
+
+/* stat of a descriptor: the real call, then the source's stat if fd is a staged
+ * copy and the call is about fd itself (on_fd); `type` picks the fill. */
+#define MONARCH_WRAP_STAT(name, type, fd, on_fd, params, args)                    \
+    static int (*real_##name) params;                                             \
+    MONARCH_EXPORT int name params                                                \
+    {                                                                             \
+        MONARCH_REAL(name, -1)                                                    \
+        int r_ = real_ args;                                                      \
+        if (r_ == 0 && (on_fd))                                                   \
+            monarch_fill_##type(fd, buf);                                         \
+        return r_;                                                                \
+    }
+
 /* Every wrapped symbol, one line each. Instantiated twice: to define the
  * wrappers, and (MONARCH_RESOLVE_ALL) to resolve every real_* at start-up. */
-#define MONARCH_WRAPPERS(OPEN, OPEN_2, OPENAT, OPENAT_2, FOPEN, IO)                                      \
+#define MONARCH_WRAPPERS(OPEN, OPEN_2, OPENAT, OPENAT_2, FOPEN, IO, CHANGE, STAT)                         \
     OPEN(open)                                                                                          \
     OPEN(open64)                                                                                        \
     OPEN_2(__open_2)                                                                                    \
@@ -647,9 +1081,38 @@ static int monarch_fopen_flags(const char *mode)
     IO(sendfile, ssize_t, in, (int out, int in, off_t *o, size_t n), (out, in, o, n))                   \
     IO(sendfile64, ssize_t, in, (int out, int in, off64_t *o, size_t n), (out, in, o, n))               \
     IO(copy_file_range, ssize_t, in,                                                                    \
-       (int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f), (in, io, out, oo, n, f))
+       (int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f), (in, io, out, oo, n, f))  \
+    CHANGE(creat, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                       \
+    CHANGE(creat64, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                     \
+    CHANGE(rename, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n)                    \
+    CHANGE(renameat, (int od, const char *o, int nd, const char *n), (od, o, nd, n), od, o, nd, n)      \
+    CHANGE(renameat2, (int od, const char *o, int nd, const char *n, unsigned int f),                   \
+           (od, o, nd, n, f), od, o, nd, n)                                                             \
+    CHANGE(unlink, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL)                                   \
+    CHANGE(unlinkat, (int d, const char *p, int f), (d, p, f), d, p, AT_FDCWD, NULL)                    \
+    CHANGE(remove, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL)                                   \
+    CHANGE(rmdir, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL)                                    \
+    CHANGE(truncate, (const char *p, off_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL)                     \
+    CHANGE(truncate64, (const char *p, off64_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL)                 \
+    STAT(fstat, stat, fd, 1, (int fd, struct stat *buf), (fd, buf))                                     \
+    STAT(fstat64, stat64, fd, 1, (int fd, struct stat64 *buf), (fd, buf))                               \
+    STAT(__fxstat, stat, fd, 1, (int v, int fd, struct stat *buf), (v, fd, buf))                        \
+    STAT(__fxstat64, stat64, fd, 1, (int v, int fd, struct stat64 *buf), (v, fd, buf))                  \
+    STAT(fstatat, stat, fd, MONARCH_ON_FD(p, f), (int fd, const char *p, struct stat *buf, int f),      \
+         (fd, p, buf, f))                                                                               \
+    STAT(fstatat64, stat64, fd, MONARCH_ON_FD(p, f), (int fd, const char *p, struct stat64 *buf, int f), \
+         (fd, p, buf, f))                                                                               \
+    STAT(newfstatat, stat, fd, MONARCH_ON_FD(p, f), (int fd, const char *p, struct stat *buf, int f),   \
+         (fd, p, buf, f))                                                                               \
+    STAT(__fxstatat, stat, fd, MONARCH_ON_FD(p, f), (int v, int fd, const char *p, struct stat *buf, int f), \
+         (v, fd, p, buf, f))                                                                            \
+    STAT(__fxstatat64, stat64, fd, MONARCH_ON_FD(p, f),                                                 \
+         (int v, int fd, const char *p, struct stat64 *buf, int f), (v, fd, p, buf, f))                 \
+    STAT(statx, statx, fd, MONARCH_ON_FD(p, f),                                                         \
+         (int fd, const char *p, int f, unsigned int m, struct statx *buf), (fd, p, f, m, buf))
 
-/* glibc declares the fortified entry points only under _FORTIFY_SOURCE. */
+/* What glibc declares only under _FORTIFY_SOURCE, or no longer (the __fxstat
+ * family left the headers in 2.33), or not yet (2.17 headers). */
 ssize_t __read_chk(int fd, void *b, size_t n, size_t bl);
 ssize_t __pread_chk(int fd, void *b, size_t n, off_t o, size_t bl);
 ssize_t __pread64_chk(int fd, void *b, size_t n, off64_t o, size_t bl);
@@ -657,41 +1120,41 @@ int __open_2(const char *path, int flags);
 int __open64_2(const char *path, int flags);
 int __openat_2(int dirfd, const char *path, int flags);
 int __openat64_2(int dirfd, const char *path, int flags);
+int __fxstat(int v, int fd, struct stat *buf);
+int __fxstat64(int v, int fd, struct stat64 *buf);
+int __fxstatat(int v, int fd, const char *p, struct stat *buf, int f);
+int __fxstatat64(int v, int fd, const char *p, struct stat64 *buf, int f);
+int newfstatat(int fd, const char *p, struct stat *buf, int f);
+int statx(int fd, const char *p, int f, unsigned int m, struct statx *buf);
+int renameat2(int od, const char *o, int nd, const char *n, unsigned int f);
+ssize_t copy_file_range(int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f);
+ssize_t preadv2(int fd, const struct iovec *v, int c, off_t o, int f);
+ssize_t preadv64v2(int fd, const struct iovec *v, int c, off64_t o, int f);
+int close_range(unsigned int first, unsigned int last, int flags);
 
 MONARCH_WRAPPERS(MONARCH_WRAP_OPEN, MONARCH_WRAP_OPEN_2, MONARCH_WRAP_OPENAT, MONARCH_WRAP_OPENAT_2,
-                 MONARCH_WRAP_FOPEN, MONARCH_WRAP_IO)
+                 MONARCH_WRAP_FOPEN, MONARCH_WRAP_IO, MONARCH_WRAP_CHANGE, MONARCH_WRAP_STAT)
 
-/* ---- descriptor lifecycle: close, fclose, dup* keep the fd table true ---- */
+/* ---- descriptor lifecycle: close, fclose, dup* keep the fd tables true ---- */
 MONARCH_EXPORT int close(int fd)
 {
-    __typeof__(real_close) real_ = MONARCH_RESOLVE(close);
-    if (MONARCH_UNLIKELY(!real_)) {
-        errno = ENOSYS;
-        return -1;
-    }
+    MONARCH_REAL(close, -1)
     monarch_forget(fd); /* before: once closed, another thread may reuse the number */
     return real_(fd);
 }
 
 MONARCH_EXPORT int fclose(FILE *fp)
 {
-    __typeof__(real_fclose) real_ = MONARCH_RESOLVE(fclose);
-    if (MONARCH_UNLIKELY(!real_)) {
-        errno = ENOSYS;
-        return EOF;
-    }
-    if (fp)
-        monarch_forget(fileno(fp)); /* glibc closes the fd internally */
+    MONARCH_REAL(fclose, EOF)
+    FILE *f = fp; /* glibc declares fp nonnull; callers still pass NULL */
+    if (f)
+        monarch_forget(fileno(f)); /* glibc closes the fd internally */
     return real_(fp);
 }
 
 MONARCH_EXPORT int dup(int oldfd)
 {
-    __typeof__(real_dup) real_ = MONARCH_RESOLVE(dup);
-    if (MONARCH_UNLIKELY(!real_)) {
-        errno = ENOSYS;
-        return -1;
-    }
+    MONARCH_REAL(dup, -1)
     int fd = real_(oldfd);
     if (fd >= 0)
         monarch_copy_slot(oldfd, fd);
@@ -700,11 +1163,7 @@ MONARCH_EXPORT int dup(int oldfd)
 
 MONARCH_EXPORT int dup2(int oldfd, int newfd)
 {
-    __typeof__(real_dup2) real_ = MONARCH_RESOLVE(dup2);
-    if (MONARCH_UNLIKELY(!real_)) {
-        errno = ENOSYS;
-        return -1;
-    }
+    MONARCH_REAL(dup2, -1)
     int fd = real_(oldfd, newfd);
     if (fd >= 0 && oldfd != newfd)
         monarch_copy_slot(oldfd, fd);
@@ -713,11 +1172,7 @@ MONARCH_EXPORT int dup2(int oldfd, int newfd)
 
 MONARCH_EXPORT int dup3(int oldfd, int newfd, int flags)
 {
-    __typeof__(real_dup3) real_ = MONARCH_RESOLVE(dup3);
-    if (MONARCH_UNLIKELY(!real_)) {
-        errno = ENOSYS;
-        return -1;
-    }
+    MONARCH_REAL(dup3, -1)
     int fd = real_(oldfd, newfd, flags);
     if (fd >= 0)
         monarch_copy_slot(oldfd, fd);
@@ -726,15 +1181,13 @@ MONARCH_EXPORT int dup3(int oldfd, int newfd, int flags)
 
 MONARCH_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 {
-    __typeof__(real_close_range) real_ = MONARCH_RESOLVE(close_range);
-    if (MONARCH_UNLIKELY(!real_)) {
-        errno = ENOSYS;
-        return -1;
-    }
+    MONARCH_REAL(close_range, -1)
     int r = real_(first, last, flags);
     if (r == 0 && !(flags & CLOSE_RANGE_CLOEXEC) && getpid() == monarch_pid)
-        for (unsigned long fd = first; fd <= last && fd < MONARCH_MAX_FDS; fd++)
+        for (unsigned long fd = first; fd <= last && fd < MONARCH_MAX_FDS; fd++) {
+            __atomic_store_n(&monarch_fd_entry[fd], 0, __ATOMIC_RELAXED);
             __atomic_store_n(&monarch_fd_slot[fd], 0, __ATOMIC_RELAXED);
+        }
     return r;
 }
 
@@ -744,7 +1197,7 @@ MONARCH_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 static void monarch_resolve_all(void)
 {
     MONARCH_WRAPPERS(MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE,
-                     MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE)
+                     MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE)
     MONARCH_RESOLVE_ONE(close)
     MONARCH_RESOLVE_ONE(fclose)
     MONARCH_RESOLVE_ONE(dup)
@@ -771,23 +1224,39 @@ static int monarch_next_field(const char **s, char *out)
     return r;
 }
 
+/* "<number>=<absolute path>": the number (< limit) and the path (normalized, in
+ * place); -1 if the field is not one. */
+static long monarch_numbered_dir(char *field, long limit, char **dirp, size_t *lenp)
+{
+    char *eq = strchr(field, '=');
+    char *end = NULL;
+    long v = eq && eq > field ? strtol(field, &end, 10) : -1;
+    if (!eq || end != eq || v < 0 || v >= limit || eq[1] != '/')
+        return -1;
+    *dirp = eq + 1;
+    *lenp = monarch_normalize(eq + 1);
+    return v;
+}
+
 static void monarch_parse_roots(const char *env)
 {
     char field[PATH_MAX];
     int r;
-    for (unsigned k = 0; (r = monarch_next_field(&env, field)) >= 0; k++) {
-        if (r || field[0] != '/' || monarch_nroots == MONARCH_MAX_ROOTS) {
-            MONARCH_DEBUG(1, "%s: root %u ignored (not an absolute path, or too many roots)", MONARCH_ENV_ROOTS, k);
+    while ((r = monarch_next_field(&env, field)) >= 0) {
+        char *dir;
+        size_t len;
+        long k = r ? -1 : monarch_numbered_dir(field, 1L << 20, &dir, &len);
+        if (k < 0 || monarch_nroots == MONARCH_MAX_ROOTS) {
+            MONARCH_DEBUG(1, "%s: entry '%.200s' ignored (expected <k>=<absolute dir>, at most %d)",
+                          MONARCH_ENV_ROOTS, r ? "(too long)" : field, MONARCH_MAX_ROOTS);
             continue;
         }
         struct monarch_root *root = &monarch_roots[monarch_nroots++];
-        root->len = monarch_normalize(field);
-        if (root->len == 1) /* "/" */
-            root->len = 0;
-        memcpy(root->path, field, root->len);
+        root->len = len == 1 ? 0 : len; /* "/" */
+        memcpy(root->path, dir, root->len);
         root->path[root->len] = '\0';
-        root->index = k;
-        MONARCH_DEBUG(1, "root %u: %s", k, root->len ? root->path : "/");
+        root->index = (unsigned)k;
+        MONARCH_DEBUG(1, "root %u: %s", root->index, root->len ? root->path : "/");
     }
 }
 
@@ -796,56 +1265,92 @@ static void monarch_parse_probe(const char *env)
     char field[PATH_MAX];
     int r;
     while ((r = monarch_next_field(&env, field)) >= 0) {
-        char *eq = strchr(field, '=');
-        char *end = NULL;
-        long slot = eq ? strtol(field, &end, 10) : -1;
-        if (r || !eq || end != eq || slot <= MONARCH_SLOT_PFS || slot >= MONARCH_MAX_SLOTS || eq[1] != '/'
-            || monarch_nprobes == MONARCH_MAX_SLOTS) {
+        char *dir;
+        size_t len;
+        long slot = r ? -1 : monarch_numbered_dir(field, MONARCH_MAX_SLOTS, &dir, &len);
+        if (slot <= MONARCH_SLOT_PFS || monarch_nprobes == MONARCH_MAX_SLOTS) {
             MONARCH_DEBUG(1, "%s: entry '%.200s' ignored (expected <slot>=<absolute dir>)", MONARCH_ENV_PROBE,
                           r ? "(too long)" : field);
             continue;
         }
         struct monarch_probe *p = &monarch_probes[monarch_nprobes++];
-        p->len = monarch_normalize(eq + 1);
-        memcpy(p->dir, eq + 1, p->len + 1);
+        p->len = len == 1 ? 0 : len;
+        memcpy(p->dir, dir, p->len);
+        p->dir[p->len] = '\0';
         p->slot = (unsigned)slot;
-        MONARCH_DEBUG(1, "probe slot %u: %s", p->slot, p->dir);
+        MONARCH_DEBUG(1, "probe slot %u: %s", p->slot, p->len ? p->dir : "/");
     }
+}
+
+/* Map a whole file; its size in *sizep. */
+static void *monarch_map_file(const char *path, int writable, size_t minsize, size_t *sizep)
+{
+    int fd = MONARCH_RESOLVE(openat)(AT_FDCWD, path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (monarch_sys_fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 0
+        && (uint64_t)st.st_size >= minsize && (uint64_t)st.st_size <= SIZE_MAX) {
+        *sizep = writable ? minsize : (size_t)st.st_size;
+        m = mmap(NULL, *sizep, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+    }
+    real_close(fd);
+    return m == MAP_FAILED ? NULL : m;
 }
 
 static uint64_t *monarch_map_counters(const char *path)
 {
-    int fd = MONARCH_RESOLVE(openat)(AT_FDCWD, path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-        MONARCH_DEBUG(1, "%s=%s: %s; not counting", MONARCH_ENV_COUNTERS, path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    void *m = MAP_FAILED;
     size_t size = 8 * MONARCH_COUNTERS_WORDS;
-    if (fstat(fd, &st) == 0 && (size_t)st.st_size >= size)
-        m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    real_close(fd);
-    if (m == MAP_FAILED) {
-        MONARCH_DEBUG(1, "%s=%s: too small or not mappable; not counting", MONARCH_ENV_COUNTERS, path);
+    uint64_t *w = monarch_map_file(path, 1, size, &size);
+    if (!w) {
+        MONARCH_DEBUG(1, "%s=%s: missing, too small or not mappable; not counting", MONARCH_ENV_COUNTERS, path);
         return NULL;
     }
-    uint64_t *w = m;
     if (w[0] != MONARCH_COUNTERS_MAGIC || w[1] != MONARCH_COUNTERS_VERSION || w[2] != MONARCH_MAX_SLOTS) {
         MONARCH_DEBUG(1, "%s=%s: not a version %d counters file; not counting", MONARCH_ENV_COUNTERS, path,
                       MONARCH_COUNTERS_VERSION);
-        munmap(m, size);
+        munmap(w, size);
         return NULL;
     }
     return w;
 }
 
+/* Map and check the snapshot index: every offset and count inside the file, so a
+ * lookup never reads outside it. A bad index only turns the fstat rewrite off. */
+static void monarch_map_index(const char *path)
+{
+    size_t size = 0;
+    const unsigned char *m = monarch_map_file(path, 0, MONARCH_INDEX_HEADER_SIZE, &size);
+    struct monarch_index_header h;
+    const char *why = "missing, too small or not mappable";
+    if (!m)
+        goto bad;
+    memcpy(&h, m, sizeof h);
+    why = "not a Monarch index of this version, or its tables are out of bounds";
+    if (h.magic != MONARCH_INDEX_MAGIC || h.version != MONARCH_INDEX_VERSION || h.buckets == 0
+        || (h.buckets & (h.buckets - 1)) || h.entries >= h.buckets || h.buckets_off > size
+        || 4 * (uint64_t)h.buckets > size - h.buckets_off || h.entries_off > size
+        || (uint64_t)MONARCH_INDEX_ENTRY_SIZE * h.entries > size - h.entries_off || h.keys_off > size
+        || h.keys_size > size - h.keys_off) {
+        munmap((void *)m, size);
+        goto bad;
+    }
+    monarch_index_hdr = h;
+    monarch_index = m;
+    MONARCH_DEBUG(1, "index %s: %u entries", path, h.entries);
+    return;
+bad:
+    MONARCH_DEBUG(1, "%s=%s: %s; fstat of staged copies shows the copy", MONARCH_ENV_INDEX, path, why);
+}
+
 static void monarch_atfork_child(void)
 {
     /* Per-process state: the pid (vfork detection, debug prefix) and the guard of
-     * the forking thread. The counters mapping is MAP_SHARED and inherited, the fd
-     * table is inherited with the descriptors it describes, and the daemon is
-     * asked over one fresh connection per request: nothing else to reset. */
+     * the forking thread. The counters and index mappings are inherited, the fd
+     * tables are inherited with the descriptors they describe, a stop of probing
+     * holds for the child too, and the daemon is asked over one fresh
+     * connection per request: nothing else to reset. */
     monarch_pid = getpid();
     monarch_guard = 0;
     if (!__atomic_load_n(&monarch_ready, __ATOMIC_ACQUIRE)) {
@@ -882,6 +1387,7 @@ static void monarch_init(void)
     const char *probe = getenv(MONARCH_ENV_PROBE);
     if (probe && probe[0])
         monarch_parse_probe(probe);
+    monarch_probing = 1;
     const char *sock = getenv(MONARCH_ENV_SOCKET);
     if (sock && sock[0] && strlen(sock) < sizeof monarch_sockaddr.sun_path) {
         monarch_sockaddr.sun_family = AF_UNIX;
@@ -904,10 +1410,19 @@ static void monarch_init(void)
     const char *counters = getenv(MONARCH_ENV_COUNTERS);
     if (counters && counters[0])
         __atomic_store_n(&monarch_counters, monarch_map_counters(counters), __ATOMIC_RELEASE);
+    for (uint32_t i = 0; i < 256; i++) { /* CRC-32 (zlib's, reflected 0xEDB88320) */
+        uint32_t c = i;
+        for (int b = 0; b < 8; b++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        monarch_crc_table[i] = c;
+    }
+    const char *index = getenv(MONARCH_ENV_INDEX);
+    if (index && index[0])
+        monarch_map_index(index);
     monarch_enabled = 1;
-    MONARCH_DEBUG(1, "enabled: %u roots, %u probe dirs, daemon %s, timeout %d ms, counters %s", monarch_nroots,
-                  monarch_nprobes, monarch_have_socket ? monarch_sockaddr.sun_path : "(none)", monarch_timeout_ms,
-                  monarch_counters ? "on" : "off");
+    MONARCH_DEBUG(1, "enabled: %u roots, %u probe dirs, daemon %s, timeout %d ms, counters %s, index %s",
+                  monarch_nroots, monarch_nprobes, monarch_have_socket ? monarch_sockaddr.sun_path : "(none)",
+                  monarch_timeout_ms, monarch_counters ? "on" : "off", monarch_index ? "on" : "off");
 done:
     monarch_guard = 0;
     __atomic_store_n(&monarch_ready, 1, __ATOMIC_RELEASE);

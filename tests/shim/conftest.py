@@ -1,10 +1,21 @@
 """Shared pieces of the shim tests: a stub node daemon and a preloaded-process runner.
 
-The stub daemon speaks monarch/protocol.py's socket protocol from a thread. In
-mode "stage" it copies the PFS source into its tier directory (temporary name,
-then rename, as the real daemon does) and answers ``<slot> <path>``; "pfs"
-answers ``0``; "hang" accepts and never answers; "garbage" answers nonsense;
-"bogus" names a path that does not exist. It records every key it is asked.
+The stub daemon speaks monarch/protocol.py's framed socket protocol from a thread.
+OPEN, by mode:
+  "stage"      copies the PFS source into its tier directory (temporary name, then
+               rename, as the real daemon does) and answers ``<slot>`` + the path;
+  "heartbeat"  the same after sending STATUS_PENDING frames for ``beats`` seconds;
+  "pfs"        answers SLOT_PFS;
+  "hang"       accepts, reads the request and never answers;
+  "garbage"    answers a frame whose length is far beyond any limit, then junk;
+  "oversized"  answers a staged slot with a body of PATH_MAX bytes;
+  "nul"        answers the right staged path followed by a NUL and more bytes;
+  "evil"       answers ``evil_path`` (a file outside the probe dirs, or forged);
+  "bogus"      names a path in the tier that does not exist.
+INVALIDATE removes the stub's copies of the key (a file or a tree) and answers 0; when
+``confirm_invalidate`` is false it keeps them and answers STATUS_ERROR. It records the keys of every OPEN
+(``requests``) and INVALIDATE (``invalidated``), as ``str`` (os.fsdecode), and counts
+connections.
 """
 
 from __future__ import annotations
@@ -13,10 +24,12 @@ import hashlib
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +40,7 @@ from monarch.shim.build import shim_library
 TIMEOUT = 60  # seconds, for every subprocess
 TIER_SLOTS = (protocol.tier_slot(0), protocol.tier_slot(1))
 SHIM_DIR = Path(__file__).parent
+PATH_MAX = 4096
 
 
 def md5(data: bytes) -> str:
@@ -35,17 +49,21 @@ def md5(data: bytes) -> str:
 
 def payload(name: str, size: int) -> bytes:
     """Deterministic bytes that differ per file."""
-    seed = hashlib.sha256(name.encode()).digest()
+    seed = hashlib.sha256(os.fsencode(name)).digest()
     return (seed * (size // len(seed) + 1))[:size]
 
 
 class StubDaemon:
-    MODES = ("stage", "pfs", "hang", "garbage", "bogus")
+    MODES = ("stage", "heartbeat", "pfs", "hang", "garbage", "oversized", "nul", "evil", "bogus")
 
-    def __init__(self, sock_path: str, roots: list[Path], tier: Path, slot: int, mode: str = "stage"):
+    def __init__(self, sock_path: str, roots: list[Path], tier: Path, slot: int, mode: str = "stage", *,
+                 beats: float = 0.0, evil_path: Path | None = None, confirm_invalidate: bool = True):
         assert mode in self.MODES
         self.sock_path, self.roots, self.tier, self.slot, self.mode = sock_path, roots, tier, slot, mode
+        self.beats, self.evil_path, self.confirm_invalidate = beats, evil_path, confirm_invalidate
         self.requests: list[str] = []
+        self.invalidated: list[str] = []
+        self.connections = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -61,45 +79,80 @@ class StubDaemon:
                 conn, _ = self._srv.accept()
             except (socket.timeout, OSError):
                 continue
+            with self._lock:
+                self.connections += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(TIMEOUT)
-            line = b""
-            while not line.endswith(b"\n"):
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return
-                line += chunk
-            verb, _, key = line.decode().rstrip("\n").partition(" ")
-            assert verb == "OPEN", line
+            try:
+                verb, length = protocol.decode_request_header(protocol.recv_exact(conn, protocol.REQUEST_HEADER.size))
+                raw = protocol.recv_exact(conn, length) if length else b""
+            except (protocol.ProtocolError, OSError):
+                return  # a client that went away (or was refused) before asking
+            key = protocol.key_str(raw)
+            if verb == protocol.VERB_INVALIDATE:
+                with self._lock:
+                    self.invalidated.append(key)
+                    if self.confirm_invalidate:
+                        self._drop(raw)
+                status = 0 if self.confirm_invalidate else protocol.STATUS_ERROR
+                self._send(conn, protocol.encode_answer(status))
+                return
+            assert verb == protocol.VERB_OPEN, verb
             with self._lock:
                 self.requests.append(key)
             if self.mode == "hang":
                 self._stop.wait(TIMEOUT)
                 return
-            conn.sendall(self._answer(key))
+            if self.mode == "heartbeat":
+                end = time.monotonic() + self.beats
+                while time.monotonic() < end and not self._stop.is_set():
+                    self._send(conn, protocol.encode_answer(protocol.STATUS_PENDING))
+                    time.sleep(protocol.HEARTBEAT_MS / 1000)
+            self._send(conn, self._answer(raw))
 
-    def _answer(self, key: str) -> bytes:
+    @staticmethod
+    def _send(conn: socket.socket, data: bytes) -> None:
+        try:
+            conn.sendall(data)
+        except OSError:
+            pass  # the shim gave up on us: that is what some tests want
+
+    def _drop(self, raw: bytes) -> None:
+        dest = Path(os.fsdecode(bytes(self.tier) + b"/" + raw))
+        if dest.is_dir() and not dest.is_symlink():
+            shutil.rmtree(dest)
+        elif dest.exists() or dest.is_symlink():
+            dest.unlink()
+
+    def _answer(self, raw: bytes) -> bytes:
         if self.mode == "pfs":
-            return protocol.format_answer(protocol.SLOT_PFS)
+            return protocol.encode_answer(protocol.SLOT_PFS)
         if self.mode == "garbage":
-            return b"what?\n"
+            return struct.pack("<iI", self.slot, 0xFFFFFFF0) + os.urandom(64)
+        if self.mode == "oversized":
+            return protocol.encode_answer(self.slot, b"/" + b"a" * (PATH_MAX - 1))
+        if self.mode == "evil":
+            return protocol.encode_answer(self.slot, os.fsencode(self.evil_path))
         if self.mode == "bogus":
-            return protocol.format_answer(self.slot, str(self.tier / "no" / "such" / "file"))
-        k, _, rel = key.partition("/")
-        src = self.roots[int(k)] / rel
+            return protocol.encode_answer(self.slot, os.fsencode(self.tier / "no" / "such" / "file"))
+        k, _, rel = raw.partition(b"/")
+        src = Path(os.fsdecode(bytes(self.roots[int(k)]) + b"/" + rel))
         if not src.is_file():
-            return protocol.format_answer(protocol.SLOT_PFS)
-        dest = self.tier / key
+            return protocol.encode_answer(protocol.SLOT_PFS)
+        dest = Path(os.fsdecode(bytes(self.tier) + b"/" + raw))
         with self._lock:
             if not dest.exists():
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                tmp = dest.with_name(f".{dest.name}.tmp")
+                tmp = dest.with_name(f".stage.{threading.get_ident()}.tmp")  # a 255-byte name has no room left
                 shutil.copyfile(src, tmp)
                 os.replace(tmp, dest)
-        return protocol.format_answer(self.slot, str(dest))
+        body = os.fsencode(dest)
+        if self.mode == "nul":
+            body += b"\0/../../elsewhere"
+        return protocol.encode_answer(self.slot, body)
 
     def stop(self) -> None:
         self._stop.set()
@@ -108,7 +161,8 @@ class StubDaemon:
 
 
 class ShimEnv:
-    """One PFS root, two tier directories (slots 2 and 3), a counters file, a socket path."""
+    """One PFS root, two tier directories (slots 2 and 3), a counters file, a socket path,
+    and a snapshot index of the root, rewritten from os.stat before every process starts."""
 
     def __init__(self, base: Path, lib: str, sock_dir: str):
         self.base = base.resolve()
@@ -118,6 +172,8 @@ class ShimEnv:
         for d in (self.root, self.other, *self.tiers):
             d.mkdir(parents=True)
         self.counters = str(self.base / "counters")
+        self.index = str(self.base / "index")
+        self.roots = [(0, self.root)]  # MONARCH_ROOTS entries; tests may add spellings
         protocol.create_counters(self.counters)
         self.sock = os.path.join(sock_dir, "daemon.sock")
         self.lib = lib
@@ -137,19 +193,35 @@ class ShimEnv:
         dest.write_bytes((self.root / rel).read_bytes() if data is None else data)
         return dest
 
-    def start_daemon(self, mode: str = "stage", slot: int = TIER_SLOTS[0], into: Path | None = None) -> StubDaemon:
-        self.daemon = StubDaemon(self.sock, [self.root], into or self.tiers[0], slot, mode)
+    def start_daemon(self, mode: str = "stage", slot: int = TIER_SLOTS[0], into: Path | None = None,
+                     **kw) -> StubDaemon:
+        self.daemon = StubDaemon(self.sock, [self.root], into or self.tiers[0], slot, mode, **kw)
         return self.daemon
+
+    def write_index(self) -> None:
+        """protocol.build_index of every file under the root, with its os.stat now."""
+        root = bytes(self.root)
+        entries = []
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                entries.append((b"0/" + os.path.relpath(path, root), os.stat(path)))
+        tmp = self.index + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(protocol.build_index(entries))
+        os.replace(tmp, self.index)
 
     # -- processes --
     def environ(self, **extra: str) -> dict[str, str]:
+        self.write_index()
         env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
         env.update({
             "LD_PRELOAD": self.lib,
-            protocol.ENV_ROOTS: str(self.root),
-            protocol.ENV_PROBE: ":".join(f"{s}={d}" for s, d in zip(TIER_SLOTS, self.tiers)),
+            protocol.ENV_ROOTS: protocol.format_roots((k, str(d)) for k, d in self.roots),
+            protocol.ENV_PROBE: protocol.format_probe(zip(TIER_SLOTS, map(str, self.tiers))),
             protocol.ENV_SOCKET: self.sock,
             protocol.ENV_COUNTERS: self.counters,
+            protocol.ENV_INDEX: self.index,
         })
         env.update(extra)
         return env
@@ -207,13 +279,24 @@ def staged_env(shim_env):
     return shim_env
 
 
-@pytest.fixture(scope="session")
-def families_bin(tmp_path_factory) -> str:
-    """tests/shim/families.c compiled: one open family + one read family per run."""
+def compile_helper(tmp_path_factory, name: str) -> str:
+    """tests/shim/<name>.c compiled once per session."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("no C compiler")
-    out = tmp_path_factory.mktemp("bin") / "families"
+    out = tmp_path_factory.mktemp("bin") / name
     subprocess.run([cc, "-O1", "-U_FORTIFY_SOURCE", "-Wall", "-Werror", "-o", str(out),
-                    str(SHIM_DIR / "families.c")], check=True, timeout=TIMEOUT)
+                    str(SHIM_DIR / f"{name}.c")], check=True, timeout=TIMEOUT)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def families_bin(tmp_path_factory) -> str:
+    """tests/shim/families.c compiled: one open family + one read family per run."""
+    return compile_helper(tmp_path_factory, "families")
+
+
+@pytest.fixture(scope="session")
+def statfd_bin(tmp_path_factory) -> str:
+    """tests/shim/statfd.c compiled: fstat/fstatat/statx of an open descriptor; creat."""
+    return compile_helper(tmp_path_factory, "statfd")

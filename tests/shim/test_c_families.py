@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+from monarch import protocol
+
 from .conftest import md5
 
 pytestmark = pytest.mark.shim
@@ -94,16 +96,28 @@ def test_file_as_directory_gives_enotdir(staged_env, families_bin):
 
 
 def test_daemon_answer_in_the_peer_area_counts_slot_1(shim_env, families_bin):
-    """The daemon may name a path outside the probed tiers (the peer area): count its slot."""
+    """The daemon may name a copy in the peer area (a probe dir of slot 1): count its slot."""
     peer = shim_env.base / "peer"
     shim_env.start_daemon("stage", slot=1, into=peer)
     src = shim_env.write("p/q.bin", SIZE)
-    for _ in range(2):  # the peer area is not probed: both opens ask the daemon
-        proc = shim_env.run([families_bin, "open", "pread", str(src)])
+    probe = f"{protocol.SLOT_PEER}={peer}"
+    for _ in range(2):  # the first open asks the daemon, the second finds the copy by probing
+        proc = shim_env.run([families_bin, "open", "pread", str(src)], MONARCH_PROBE=probe)
         assert md5(proc.stdout) == md5(src.read_bytes())
     assert (peer / "0/p/q.bin").read_bytes() == src.read_bytes()
-    assert shim_env.daemon.requests == ["0/p/q.bin"] * 2
+    assert shim_env.daemon.requests == ["0/p/q.bin"]
     assert shim_env.counts() == shim_env.expected(peer=(2, 2 * SIZE))
+
+
+def test_answer_outside_the_probe_dirs_is_refused(shim_env, families_bin):
+    """A copy the daemon names outside every MONARCH_PROBE dir is not opened: PFS."""
+    peer = shim_env.base / "peer"
+    shim_env.start_daemon("stage", slot=1, into=peer)
+    src = shim_env.write("p/r.bin", SIZE)
+    proc = shim_env.run([families_bin, "open", "pread", str(src)])
+    assert md5(proc.stdout) == md5(src.read_bytes())
+    assert shim_env.daemon.requests == ["0/p/r.bin"]
+    assert shim_env.counts() == shim_env.expected(pfs=(1, SIZE))
 
 
 def test_only_the_wrappers_are_exported(shim_lib):
@@ -119,4 +133,8 @@ def test_only_the_wrappers_are_exported(shim_lib):
         "fopen", "fopen64", "close", "fclose", "dup", "dup2", "dup3", "close_range",
         "read", "pread", "pread64", "readv", "preadv", "preadv64", "preadv2", "preadv64v2",
         "__read_chk", "__pread_chk", "__pread64_chk", "sendfile", "sendfile64", "copy_file_range",
+        "creat", "creat64", "rename", "renameat", "renameat2", "unlink", "unlinkat", "remove", "rmdir",
+        "truncate", "truncate64",
+        "fstat", "fstat64", "__fxstat", "__fxstat64", "fstatat", "fstatat64", "newfstatat", "__fxstatat",
+        "__fxstatat64", "statx",
     }

@@ -78,7 +78,8 @@ def test_invalid_environment_never_breaks_the_app(staged_env, bad):
 
 def test_writes_under_the_root_go_to_the_pfs_file(staged_env):
     src = staged_env.write("w/data.bin", SIZE)
-    staged_env.stage("w/data.bin", tier=0)  # a staged copy exists: it must not be written
+    original = src.read_bytes()
+    copy = staged_env.stage("w/data.bin", tier=0)  # a staged copy exists: it must not be written
     staged_env.python(textwrap.dedent("""
         import os, sys
         with open(sys.argv[1], "r+b") as f:
@@ -90,11 +91,11 @@ def test_writes_under_the_root_go_to_the_pfs_file(staged_env):
         with open(sys.argv[1], "ab") as f:
             f.write(b"TAIL")
     """), str(src), str(staged_env.root / "w" / "new.bin"), str(staged_env.root / "w" / "created.bin"))
-    original = staged_env.tiers[0].joinpath("0/w/data.bin").read_bytes()
     assert src.read_bytes() == b"MODIFIED" + original[8:] + b"TAIL"
     assert (staged_env.root / "w" / "new.bin").read_bytes() == b"new file"
     assert (staged_env.root / "w" / "created.bin").exists()
-    assert sorted(p.name for p in staged_env.tiers[0].joinpath("0/w").iterdir()) == ["data.bin"]
+    assert not copy.exists()  # invalidated: the shim removed the stale copy
+    assert staged_env.daemon.invalidated == ["0/w/data.bin", "0/w/new.bin", "0/w/created.bin", "0/w/data.bin"]
     assert staged_env.daemon.requests == []
     assert staged_env.counts() == staged_env.expected()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 
@@ -25,6 +26,28 @@ MIRRORED = {
     "ENV_SOCKET": "ENV_SOCKET",
     "ENV_COUNTERS": "ENV_COUNTERS",
     "ENV_DISABLE": "ENV_DISABLE",
+    "ENV_INDEX": "ENV_INDEX",
+    "HEARTBEAT_MS": "HEARTBEAT_MS",
+    "HEARTBEAT_TIMEOUT_MS": "HEARTBEAT_TIMEOUT_MS",
+    "VERB_OPEN": "VERB_OPEN",
+    "VERB_INVALIDATE": "VERB_INVALIDATE",
+    "VERB_ATTACH": "VERB_ATTACH",
+    "VERB_REPORT": "VERB_REPORT",
+    "VERB_STOP": "VERB_STOP",
+    "STATUS_PENDING": "STATUS_PENDING",
+    "STATUS_ERROR": "STATUS_ERROR",
+    "MAX_REQUEST": "MAX_REQUEST",
+    "MAX_ANSWER": "MAX_ANSWER",
+    "INDEX_MAGIC": "INDEX_MAGIC",
+    "INDEX_VERSION": "INDEX_VERSION",
+}
+
+# C macro -> the size of a protocol.py struct layout
+MIRRORED_SIZES = {
+    "REQUEST_HEADER_SIZE": protocol.REQUEST_HEADER,
+    "ANSWER_HEADER_SIZE": protocol.ANSWER_HEADER,
+    "INDEX_HEADER_SIZE": protocol.INDEX_HEADER,
+    "INDEX_ENTRY_SIZE": protocol.INDEX_ENTRY,
 }
 
 DEFINE = re.compile(r"^#define MONARCH_(\w+)[ \t]+(.+?)\s*$", re.M)
@@ -33,7 +56,7 @@ DEFINE = re.compile(r"^#define MONARCH_(\w+)[ \t]+(.+?)\s*$", re.M)
 def c_value(text: str):
     if text.startswith('"'):
         return text.strip('"')
-    return int(re.sub(r"[uUlL]+$", "", text), 0)
+    return int(re.sub(r"[uUlL]+$", "", text.strip("()")), 0)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +74,11 @@ def c_defines() -> dict[str, object]:
 def test_c_mirror_equals_protocol(c_defines, c_name, py_name):
     assert c_name in c_defines, f"monarch_shim.c lacks #define MONARCH_{c_name}"
     assert c_defines[c_name] == getattr(protocol, py_name), f"MONARCH_{c_name} differs from protocol.{py_name}"
+
+
+@pytest.mark.parametrize("c_name,layout", MIRRORED_SIZES.items())
+def test_c_layout_sizes_equal_protocol(c_defines, c_name, layout):
+    assert c_defines.get(c_name) == layout.size, f"MONARCH_{c_name} differs from the protocol.py struct"
 
 
 def test_debug_and_timeout_env_names_documented(c_defines):
@@ -91,13 +119,83 @@ def test_read_counters_rejects_foreign_file(tmp_path):
         protocol.read_counters(str(path))
 
 
-@pytest.mark.parametrize("slot,path", [(0, ""), (2, "/tier/0/a b.jpg"), (1, "/peer/0/x")])
-def test_answer_roundtrip(slot, path):
-    line = protocol.format_answer(slot, path)
-    assert line.endswith(b"\n") and line.count(b"\n") == 1
-    assert protocol.parse_answer(line) == (slot, path)
+# -- frames ---------------------------------------------------------------------------
+class FakeSock:
+    """recv() from a byte string in small pieces, as a stream socket may deliver it."""
+
+    def __init__(self, data: bytes, piece: int = 3):
+        self.data, self.piece = data, piece
+
+    def recv(self, n: int) -> bytes:
+        out, self.data = self.data[:min(n, self.piece)], self.data[min(n, self.piece):]
+        return out
 
 
-def test_pfs_answer_is_what_the_shim_parses():
-    # the shim expects "<digits> <path>\n"; slot 0 carries an empty path
-    assert protocol.format_answer(protocol.SLOT_PFS) == b"0 \n"
+@pytest.mark.parametrize("key", [b"0/a.jpg", b"3/dir/with\nnewline", b"1/\xff\xfe latin", b"0/" + b"n" * 255, b""])
+def test_request_roundtrip(key):
+    frame = protocol.encode_request(protocol.VERB_OPEN, key)
+    # what the shim writes: u8 verb, u8 0, u16 0, u32 little-endian length, key
+    assert frame[:8] == bytes([protocol.VERB_OPEN, 0, 0, 0]) + struct.pack("<I", len(key))
+    verb, length = protocol.decode_request_header(frame[:8])
+    assert (verb, frame[8:8 + length]) == (protocol.VERB_OPEN, key)
+    assert protocol.key_bytes(protocol.key_str(key)) == key  # surrogateescape round trip
+
+
+@pytest.mark.parametrize("header", [
+    bytes([9, 0, 0, 0]) + struct.pack("<I", 1),                        # unknown verb
+    bytes([protocol.VERB_OPEN, 1, 0, 0]) + struct.pack("<I", 1),        # flags
+    bytes([protocol.VERB_OPEN, 0, 0, 1]) + struct.pack("<I", 1),        # reserved
+    bytes([protocol.VERB_OPEN, 0, 0, 0]) + struct.pack("<I", protocol.MAX_REQUEST + 1),
+])
+def test_bad_request_headers_are_refused(header):
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode_request_header(header)
+
+
+def test_oversized_request_cannot_be_encoded():
+    with pytest.raises(protocol.ProtocolError):
+        protocol.encode_request(protocol.VERB_INVALIDATE, b"k" * (protocol.MAX_REQUEST + 1))
+
+
+def test_answer_roundtrip_skips_heartbeats():
+    body = b"/tier/0/a\nb\xff"
+    stream = protocol.encode_answer(protocol.STATUS_PENDING) * 3 + protocol.encode_answer(2, body)
+    assert stream[:8] == struct.pack("<iI", protocol.STATUS_PENDING, 0)
+    assert protocol.recv_answer(FakeSock(stream)) == (2, body)
+    assert protocol.recv_answer(FakeSock(protocol.encode_answer(protocol.SLOT_PFS))) == (protocol.SLOT_PFS, b"")
+
+
+def test_oversized_or_truncated_answers_raise():
+    with pytest.raises(protocol.ProtocolError, match="exceeds"):
+        protocol.recv_answer(FakeSock(struct.pack("<iI", 2, 5000) + b"x" * 5000), limit=4095)
+    with pytest.raises(protocol.ProtocolError, match="closed"):
+        protocol.recv_answer(FakeSock(protocol.encode_answer(2, b"/tier/x")[:-2]))
+
+
+# -- snapshot index ---------------------------------------------------------------------
+def test_index_build_and_lookup(tmp_path):
+    names = [b"a.jpg", b"dir/b\nc", b"\xff\xfe.bin", b"n" * 255] + [f"many/{i}".encode() for i in range(40)]
+    entries = []
+    for i, name in enumerate(names):
+        path = os.path.join(bytes(tmp_path), name.replace(b"/", b"_"))
+        with open(path, "wb") as f:
+            f.write(b"x" * i)
+        entries.append((b"0/" + name, os.stat(path)))
+    data = protocol.build_index(entries)
+    magic, version, n, nbuckets, _, boff, eoff, koff, ksize = protocol.INDEX_HEADER.unpack_from(data)
+    assert (magic, version, n) == (protocol.INDEX_MAGIC, protocol.INDEX_VERSION, len(names))
+    assert nbuckets & (nbuckets - 1) == 0 and nbuckets >= 2 * n  # always an empty bucket: lookups end
+    assert eoff == boff + 4 * nbuckets and koff == eoff + protocol.INDEX_ENTRY.size * n
+    assert len(data) == koff + ksize
+    for key, st in entries:
+        got = protocol.index_lookup(data, key)
+        assert got == (st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                       st.st_mode, st.st_uid, st.st_gid, st.st_nlink)
+    assert protocol.index_lookup(data, b"0/missing") is None
+    assert protocol.index_lookup(data, b"1/a.jpg") is None  # same name, other root
+    assert protocol.key_hash(b"123456789") == 0xCBF43926     # the CRC-32 check value the shim's table must give
+
+
+def test_index_lookup_rejects_foreign_data():
+    with pytest.raises(ValueError, match="not a Monarch index"):
+        protocol.index_lookup(b"\0" * 128, b"0/a")
