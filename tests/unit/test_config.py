@@ -43,12 +43,23 @@ def test_shipped_local_config_documents_every_default_key():
 def test_defaults_load_with_builtin_variables(env, ds):
     c = load_config(None, env=env)
     assert c.dataset.roots == (os.path.realpath(ds),)
-    assert c.run_dir == "/tmp/monarch-u/j1/node3"
+    # run_dir and tier paths are base directories: Monarch makes its monarch-<uid>/... inside
+    assert c.run_dir == "/tmp"
     assert [t.name for t in c.tiers] == ["ram", "ssd"]
-    assert c.tiers[0].path == "/dev/shm/monarch-u/j1/node3/ram"
+    assert [t.path for t in c.tiers] == ["/dev/shm", "/tmp"]
+    assert c.peer.path == "/tmp"
     assert c.tiers[0].capacity == 4 * 2**30
     assert c.staging.policy == "on-access"
-    assert c.socket_path.endswith("/node3/daemon.sock")
+
+
+@pytest.mark.parametrize("extra,ssd,run_dir", [
+    ({}, "/tmp", "/tmp"),
+    ({"TMPDIR": "/scratch/job7"}, "/scratch/job7", "/scratch/job7"),
+    ({"TMPDIR": "/scratch/job7", "MONARCH_SSD": "/nvme"}, "/nvme", "/scratch/job7"),
+])
+def test_default_base_directories_follow_tmpdir_and_monarch_ssd(env, extra, ssd, run_dir):
+    c = load_config(None, env=dict(env, **extra))
+    assert (c.tiers[1].path, c.peer.path, c.run_dir, c.tiers[0].path) == (ssd, ssd, run_dir, "/dev/shm")
 
 
 @pytest.mark.parametrize("text,value", [("64GiB", 64 * 2**30), ("1.5KiB", 1536), ("10 MB", 10**7), (42, 42), ("7", 7)])
@@ -124,7 +135,7 @@ def test_check_config_cli(tmp_path, ds, capsys):
 @pytest.mark.parametrize("name", ["local.yaml", "cluster.yaml"])
 def test_shipped_configs_validate(name, env):
     c = load_config(str(REPO / "configs" / name), env=env)
-    assert c.run_dir.endswith("/node3") and c.tiers[0].path.endswith("/node3/ram")
+    assert c.run_dir == "/tmp" and [t.path for t in c.tiers] == ["/dev/shm", "/tmp"] and c.peer.path == "/tmp"
 
 
 def test_expand_vars_nested_defaults_are_expanded_only_when_used():
