@@ -7,12 +7,53 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
 
+from monarch import __version__
 from monarch.cluster.world import mpi_world_rank
 from monarch.errors import MonarchError
 
 log = logging.getLogger("monarch")
+
+RUN_DESCRIPTION = """\
+Run CMD with its reads of the dataset staged by Monarch: the node's daemon (started here
+if none runs for this job on this node) copies each file under the dataset roots into the
+node-local tiers on first open, and later opens read the copy. When CMD ends, the access
+report is printed on stderr and written as JSON.
+
+The dataset roots come from, in order: --dataset (given once or more, it replaces
+dataset.roots of the configuration, -c or the default); else dataset.roots of -c CONFIG;
+else, with the shipped default configuration, the MONARCH_DATASET variable."""
+
+RUN_EPILOG = """\
+examples:
+  single node, the shipped defaults (either form):
+    monarch run --dataset /pfs/datasets/imagenet -- python train.py --data /pfs/datasets/imagenet
+    MONARCH_DATASET=/pfs/datasets/imagenet monarch run -- python train.py --data /pfs/datasets/imagenet
+  with a configuration file:
+    monarch run -c configs/local.yaml -- python train.py
+  one monarch run per rank (MPI); the ranks on a node share one daemon:
+    mpiexec -n 4 monarch run -c cfg.yaml -- python train.py
+  around a launcher that starts the ranks itself:
+    monarch run -c cfg.yaml -- torchrun --nproc-per-node 4 train.py
+
+environment:
+  MONARCH_DATASET          the dataset root of the default configuration (no -c, no --dataset)
+  MONARCH_JOB_ID           separates jobs on one node (default: SLURM_JOB_ID, PBS_JOBID,
+                           LSB_JOBID, FLUX_JOB_ID; else "local"); set it to run two jobs side by side
+  MONARCH_DISABLE=1        the shim passes every open through: CMD reads the PFS directly
+  MONARCH_SHIM_DEBUG=1..3  the shim says what it does, on stderr
+  MONARCH_SHIM_TIMEOUT_MS  how long an open waits for the daemon before reading the PFS (default 60000)
+
+exit status:
+  CMD's exit code; 128+N if CMD was killed by signal N; 126 if CMD is not executable
+  (permission denied, a directory); 127 if CMD is not found; 2 for a Monarch usage or
+  configuration error (then CMD is not run). Trouble with the daemon does not stop CMD:
+  it runs and reads the PFS directly.
+
+signals:
+  SIGINT and SIGTERM are passed on to CMD; a second Ctrl-C kills it."""
 
 
 
@@ -21,9 +62,37 @@ def _setup_logging(verbose: int, node: str) -> None:
     logging.basicConfig(level=level, format=f"[monarch node {node}] %(levelname)s %(message)s", stream=sys.stderr)
 
 
-def _load(path: str | None):
+def _load(path: str | None, **kw):
     from monarch.config import load_config
-    return load_config(path)
+    return load_config(path, **kw)
+
+
+def find_command(name: str, path: str | None = None) -> tuple[int, str] | None:
+    """Can ``name`` be executed, as a shell would find it? None if so, else (exit code, reason).
+
+    A name with a '/' is taken as a path; any other is looked up in ``path`` (default: $PATH),
+    an empty entry meaning the current directory. 127: not found; 126: found but not executable.
+    """
+    if "/" in name:
+        candidates = [name]
+    else:
+        path = os.environ.get("PATH", os.defpath) if path is None else path
+        candidates = [os.path.join(d or ".", name) for d in path.split(os.pathsep)]
+    denied = None
+    for candidate in candidates:
+        try:
+            mode = os.stat(candidate).st_mode
+        except OSError:
+            continue
+        if stat.S_ISDIR(mode):
+            denied = denied or "Is a directory"
+        elif not os.access(candidate, os.X_OK):
+            denied = "Permission denied"
+        else:
+            return None
+    if denied:
+        return 126, denied
+    return 127, "No such file or directory" if "/" in name else "command not found"
 
 
 def cmd_run(args) -> int:
@@ -31,7 +100,12 @@ def cmd_run(args) -> int:
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         raise MonarchError("monarch run: no command given; usage: monarch run [-c CONFIG] -- CMD ARGS...")
-    config = _load(args.config)
+    config = _load(args.config, roots=args.dataset)
+    problem = find_command(cmd[0])
+    if problem is not None:  # as a shell or srun would say it, before any daemon starts
+        code, reason = problem
+        print(f"monarch: {cmd[0]}: {reason}", file=sys.stderr)
+        return code
     return run(config, args.config, cmd, args.report)
 
 
@@ -47,7 +121,7 @@ def cmd_serve(args) -> int:
         cluster = Cluster.from_world()
         os.environ["MONARCH_NODE"] = str(cluster.node)  # each node expands ${MONARCH_NODE} to its own dirs
         _setup_logging(args.verbose, str(cluster.node))
-    config = _load(args.config)
+    config = _load(args.config, roots=args.dataset)
     # embedded: the run its launcher named; standing: the job, which the job's launchers look for
     rid = run_id() if args.embedded else job_id()
     if not rid:
@@ -91,7 +165,7 @@ def cmd_stop(args) -> int:
     import socket
     from monarch import layout, protocol, secure
     from monarch.topology import job_id, node_index
-    config = _load(args.config)
+    config = _load(args.config, check_roots=False)  # stopping needs no dataset (it may be gone already)
     path = os.path.join(layout.user_dir(config.run_dir), f"{job_id()}-node{node_index()}", "daemon.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -113,7 +187,8 @@ def cmd_check_config(args) -> int:
     print(f"  roots   : {', '.join(config.dataset.roots)}")
     for t in config.tiers:
         print(f"  tier    : {t.name} {t.path} capacity {t.capacity} bytes{' (kept)' if t.keep else ''}")
-    print(f"  staging : {config.staging.policy}, {config.staging.threads} threads")
+    print(f"  staging : {config.staging.policy}, {config.staging.threads} threads, "
+          f"validate {config.staging.validate}")
     print(f"  run_dir : {config.run_dir}")
     return 0
 
@@ -135,18 +210,29 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="monarch", description="Hierarchical data staging for DL training on HPC.")
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    sub = p.add_subparsers(dest="sub", required=True)
+    p = argparse.ArgumentParser(prog="monarch", description="Hierarchical data staging for DL training on HPC.",
+                                epilog="'monarch COMMAND --help' says more about each command.")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="say more on stderr (-vv: debug)")
+    p.add_argument("--version", action="version", version=f"monarch {__version__}")
+    sub = p.add_subparsers(dest="sub", required=True, metavar="COMMAND")
 
-    r = sub.add_parser("run", help="run a command with its dataset reads staged by Monarch")
-    r.add_argument("-c", "--config", help="YAML configuration (default: the shipped single-node defaults)")
-    r.add_argument("--report", help="where to write the JSON report (default: <run_dir>/report.json)")
-    r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    r = sub.add_parser("run", help="run a command with its dataset reads staged by Monarch",
+                       usage="monarch run [-h] [-c CONFIG] [--dataset PATH] [--report PATH] -- CMD [ARGS...]",
+                       description=RUN_DESCRIPTION, epilog=RUN_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("-c", "--config", help="YAML configuration (default: the shipped single-node defaults, "
+                                          "as in configs/local.yaml)")
+    r.add_argument("--dataset", action="append", metavar="PATH",
+                   help="a dataset root (repeat for several); replaces dataset.roots of the configuration")
+    r.add_argument("--report", metavar="PATH",
+                   help="where to write the JSON report (default: the configuration's report)")
+    r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...", help="the command to run")
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("serve", help="run the node daemon (one per node; under mpiexec, a cluster)")
     s.add_argument("-c", "--config")
+    s.add_argument("--dataset", action="append", metavar="PATH",
+                   help="a dataset root (repeat for several); replaces dataset.roots of the configuration")
     s.add_argument("--report", help="where the job report goes at stop (default: <run_dir>/report.json)")
     s.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_serve)
@@ -174,7 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # `monarch` alone: the help, as a usage error
+        parser.print_help(sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
         from monarch.topology import node_index
         _setup_logging(args.verbose, str(node_index()))

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
@@ -22,17 +22,18 @@ from monarch.protocol import MAX_TIERS
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
 POLICIES = ("on-access", "prestage", "off")
 VALIDATE_MODES = ("none", "open")
+PRIVATE_PREFIX = "monarch-"  # Monarch's own directory in a base directory: monarch-<uid>
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
 _UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
 class TierConfig:
     name: str
-    path: str
+    path: str  # a base directory: Monarch keeps its copies in its own monarch-<uid>/... inside
     capacity: int  # bytes
     keep: bool = False  # keep staged files after the job (reused by the next job)
 
@@ -54,12 +55,12 @@ class StagingConfig:
     policy: str = "on-access"
     threads: int = 4
     resolve_timeout: float = 30.0  # seconds a shim request waits for staging before "read the PFS"
-    validate: str = "none"  # "open": compare size and mtime with the PFS at each file's first open in a job
+    validate: str = "none"  # "open": compare size and mtime with the PFS at a file's first open in a job
 
 
 @dataclass(frozen=True)
 class PeerConfig:
-    path: str
+    path: str  # a base directory, like TierConfig.path
     capacity: int
     timeout: float = 10.0
 
@@ -68,7 +69,7 @@ class PeerConfig:
 class Config:
     source: str  # where it came from, for messages
     dataset: DatasetConfig
-    run_dir: str
+    run_dir: str  # a base directory: the run's socket, counters and log go in monarch-<uid>/... inside
     tiers: tuple[TierConfig, ...]
     staging: StagingConfig
     peer: PeerConfig
@@ -88,16 +89,54 @@ def parse_size(text: Any) -> int:
 
 
 def expand_vars(text: str, env: Mapping[str, str]) -> str:
-    """``${VAR}`` and ``${VAR:-default}``; an unset variable without default is an error."""
-    def sub(m: re.Match) -> str:
-        name, default = m.group(1), m.group(2)
-        value = env.get(name)
-        if value is None or (value == "" and default is not None):
-            if default is None:
+    """``${VAR}`` and ``${VAR:-default}``, defaults nested (``${A:-${B:-c}}``) and expanded only when used.
+
+    An unset variable without a default raises KeyError(name); a malformed ``${...}`` raises
+    ValueError saying what is wrong. A ``$`` not followed by ``{`` is kept as it is.
+    """
+    out: list[str] = []
+    i = 0
+    while True:
+        start = text.find("${", i)
+        if start < 0:
+            out.append(text[i:])
+            return "".join(out)
+        out.append(text[i:start])
+        m = _NAME_RE.match(text, start + 2)
+        if not m:
+            raise ValueError(f"{text[start:start + 12]!r}...: expected a variable name after '${{'")
+        name, pos = m.group(0), m.end()
+        if text.startswith("}", pos):
+            value = env.get(name)
+            if value is None:
                 raise KeyError(name)
-            return default
-        return value
-    return _VAR_RE.sub(sub, text)
+            out.append(value)
+            i = pos + 1
+        elif text.startswith(":-", pos):
+            end = _closing_brace(text, pos + 2)
+            if end < 0:
+                raise ValueError(f"${{{name}:-... has no closing '}}'")
+            value = env.get(name)
+            out.append(value if value else expand_vars(text[pos + 2:end], env))
+            i = end + 1
+        else:
+            raise ValueError(f"${{{name}...: only ${{{name}}} and ${{{name}:-default}} are understood")
+
+
+def _closing_brace(text: str, pos: int) -> int:
+    """Index of the ``}`` that closes a ``${`` whose body starts at ``pos`` (nested ``${}`` skipped), or -1."""
+    depth = 0
+    while pos < len(text):
+        if text.startswith("${", pos):
+            depth += 1
+            pos += 2
+            continue
+        if text[pos] == "}":
+            if depth == 0:
+                return pos
+            depth -= 1
+        pos += 1
+    return -1
 
 
 def builtin_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -110,17 +149,27 @@ def builtin_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return out
 
 
-def load_config(path: str | os.PathLike | None, env: Mapping[str, str] | None = None) -> Config:
-    """Load ``path`` over the shipped defaults (``None``: the defaults alone)."""
+def load_config(path: str | os.PathLike | None, env: Mapping[str, str] | None = None, *,
+                roots: Sequence[str] | None = None, check_roots: bool = True) -> Config:
+    """Load ``path`` over the shipped defaults (``None``: the defaults alone).
+
+    ``roots`` (``monarch run --dataset``) replaces ``dataset.roots``. With ``check_roots``
+    every root must be a readable directory. All problems found are raised together as one
+    ConfigError, one line each.
+    """
     env = builtin_env(env)
     raw = _read_yaml(DEFAULTS_FILE, str(DEFAULTS_FILE))
     source = str(DEFAULTS_FILE)
+    errors: list[str] = []
     if path is not None:
         source = str(path)
         user = _read_yaml(Path(path), source)
-        _check_keys(user, raw, source, "")
+        _check_keys(user, raw, source, "", errors)
         raw = _merge(raw, user)
-    return _validate(raw, source, env)
+    if roots is not None:
+        raw = _merge(raw, {"dataset": {"roots": list(roots)}})
+    return _validate(raw, source, env, errors, check_roots=check_roots,
+                     roots_origin=None if roots is None else "--dataset")
 
 
 def _read_yaml(path: Path, source: str) -> dict:
@@ -142,16 +191,17 @@ def _read_yaml(path: Path, source: str) -> dict:
     return data
 
 
-def _check_keys(user: Any, defaults: Any, source: str, where: str) -> None:
-    """Unknown keys are typos: say which and list the known ones."""
+def _check_keys(user: Any, defaults: Any, source: str, where: str, errors: list[str]) -> None:
+    """Unknown keys are typos: say which and list the known ones (every one of them, into ``errors``)."""
     if not isinstance(user, dict) or not isinstance(defaults, dict):
         return
     for key, value in user.items():
         here = f"{where}.{key}" if where else str(key)
         if key not in defaults:
             known = ", ".join(sorted(defaults))
-            raise ConfigError(f"config {source}: {here}: unknown key; known keys here: {known}")
-        _check_keys(value, defaults[key], source, here)
+            errors.append(f"config {source}: {here}: unknown key; known keys here: {known}")
+            continue
+        _check_keys(value, defaults[key], source, here, errors)
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -164,14 +214,32 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-class _Reader:
-    """Typed access to the raw mapping that turns every problem into a ConfigError."""
+def combine_errors(source: str, errors: list[str]) -> str:
+    """One message for all problems of a file: the problem itself, or a count and one line each."""
+    if len(errors) == 1:
+        return errors[0]
+    return f"config {source}: {len(errors)} errors:\n" + "\n".join(f"  {e}" for e in errors)
 
-    def __init__(self, source: str, env: Mapping[str, str]):
-        self.source, self.env = source, env
+
+class _Reader:
+    """Typed access to the raw mapping. Each check raises a ConfigError; ``get`` records it and goes on."""
+
+    def __init__(self, source: str, env: Mapping[str, str], errors: list[str]):
+        self.source, self.env, self.errors = source, env, errors
 
     def fail(self, key: str, problem: str) -> ConfigError:
         return ConfigError(f"config {self.source}: {key}: {problem}")
+
+    def error(self, key: str, problem: str) -> None:
+        self.errors.append(str(self.fail(key, problem)))
+
+    def get(self, check: Callable[..., Any], *args: Any) -> Any:
+        """``check(*args)``, or None with its problem recorded."""
+        try:
+            return check(*args)
+        except ConfigError as e:
+            self.errors.append(str(e))
+            return None
 
     def string(self, value: Any, key: str) -> str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
@@ -181,14 +249,35 @@ class _Reader:
         except KeyError as e:
             raise self.fail(key, f"${{{e.args[0]}}} is not set; set it in the environment "
                                  f"or give a default as ${{{e.args[0]}:-value}}") from None
+        except ValueError as e:
+            raise self.fail(key, f"{e}; write ${{VAR}} or ${{VAR:-default}}") from None
 
     def path(self, value: Any, key: str) -> str:
-        text = self.string(value, key)
+        return os.path.abspath(self._path_text(value, key))
+
+    def _path_text(self, value: Any, key: str) -> str:
+        text = os.path.expanduser(self.string(value, key))
         if not text:
             raise self.fail(key, "expected a path, got an empty string")
         if ":" in text:
             raise self.fail(key, f"paths may not contain ':' (it separates paths for the shim), got {text!r}")
-        return os.path.abspath(os.path.expanduser(text))
+        return text
+
+    def root(self, value: Any, key: str, hint: str) -> str:
+        """A dataset root: an existing directory this user can list and read."""
+        text = self._path_text(value, key)
+        path = os.path.abspath(text)
+        if not os.path.exists(path):
+            shown = path if os.path.isabs(text) else \
+                f"{text} (relative, so taken from the current directory as {path})"
+            raise self.fail(key, f"{shown} does not exist; {hint}")
+        if not os.path.isdir(path):
+            raise self.fail(key, f"{path} is not a directory; a root is the top directory of the dataset "
+                                 "(Monarch manages the files below it)")
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise self.fail(key, f"{path} is not readable by you (a root needs read and search permission); "
+                                 "fix its permissions or choose another root")
+        return path
 
     def size(self, value: Any, key: str) -> int:
         try:
@@ -209,77 +298,147 @@ class _Reader:
             raise self.fail(key, f"expected true or false, got {value!r}")
         return value
 
+    def choice(self, value: Any, key: str, choices: tuple[str, ...]) -> str:
+        text = self.string(value, key)
+        if text not in choices:
+            raise self.fail(key, f"expected one of {', '.join(choices)}, got {text!r}")
+        return text
+
     def mapping(self, value: Any, key: str) -> dict:
         if not isinstance(value, dict):
             raise self.fail(key, f"expected a mapping of keys, got {value!r}")
         return value
 
 
-def _validate(raw: dict, source: str, env: Mapping[str, str]) -> Config:
-    r = _Reader(source, env)
-    dataset = r.mapping(raw.get("dataset"), "dataset")
+_NO_ROOTS = ("no dataset roots: list the directories Monarch manages, or set MONARCH_DATASET "
+             "for the default configuration (or give monarch run --dataset PATH)")
+
+
+def _roots(r: _Reader, raw: dict, check: bool, origin: str | None) -> tuple[str, ...] | None:
+    """The dataset roots, canonical; None when they are wrong (the problems are recorded)."""
+    dataset = r.get(r.mapping, raw.get("dataset"), "dataset")
+    if dataset is None:
+        return None
     roots = dataset.get("roots")
-    if roots is None or roots == []:
-        raise r.fail("dataset.roots", "no dataset roots: list the directories Monarch manages, "
-                                      "or set MONARCH_DATASET for the default configuration")
     if isinstance(roots, str):
         roots = [roots]
-    if not isinstance(roots, list):
-        raise r.fail("dataset.roots", f"expected a list of directories, got {roots!r}")
-    roots = [r.string(v, f"dataset.roots[{i}]") for i, v in enumerate(roots)]
-    if not any(roots):
-        raise r.fail("dataset.roots", "no dataset roots: list the directories Monarch manages, "
-                                      "or set MONARCH_DATASET for the default configuration")
-    given = tuple(r.path(v, f"dataset.roots[{i}]") for i, v in enumerate(roots))
-    root_paths = tuple(os.path.realpath(g) for g in given)
+    if roots is not None and not isinstance(roots, list):
+        r.error("dataset.roots", f"expected a list of directories, got {roots!r}")
+        return None
+    texts = [r.get(r.string, v, f"dataset.roots[{i}]") for i, v in enumerate(roots or [])]
+    if None in texts:
+        return None
+    if not any(texts):
+        r.error("dataset.roots", _NO_ROOTS)
+        return None
+    out = []
+    for i, (text, value) in enumerate(zip(texts, roots)):
+        key = f"dataset.roots[{i}]" + (f" (from {origin})" if origin else "")
+        if not check:
+            out.append(r.get(r.path, value, key))
+            continue
+        if origin:
+            hint = f"check the path given with {origin}"
+        elif "MONARCH_DATASET" in str(value):
+            hint = "check MONARCH_DATASET or the path"
+        else:
+            hint = "check the path (the dataset must be reachable on this node)"
+        out.append(r.get(r.root, value, key, hint))
+    return None if None in out else tuple(out)
 
+
+def _private_dir(base: str) -> str:
+    """The directory Monarch owns inside a base directory (tiers[].path, peer.path, run_dir)."""
+    return os.path.join(os.path.realpath(base), f"{PRIVATE_PREFIX}{os.getuid()}")
+
+
+def _check_outside_roots(r: _Reader, key: str, base: str, roots: tuple[str, ...]) -> None:
+    mine = _private_dir(base)
+    for root in roots:
+        if mine == root or mine.startswith(root + os.sep) or root.startswith(mine + os.sep):
+            r.error(key, f"{base} would put Monarch's copies in {mine}, which overlaps the dataset root "
+                         f"{root}; choose a base directory outside the dataset")
+            return
+
+
+def _tiers(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> list[TierConfig] | None:
     tiers_raw = raw.get("tiers")
     if not isinstance(tiers_raw, list) or not tiers_raw:
-        raise r.fail("tiers", "expected a list of tiers, fastest first (name, path, capacity)")
+        r.error("tiers", "expected a list of tiers, fastest first (name, path, capacity)")
+        return None
     if len(tiers_raw) > MAX_TIERS:
-        raise r.fail("tiers", f"at most {MAX_TIERS} tiers, got {len(tiers_raw)}")
-    tiers = []
+        r.error("tiers", f"at most {MAX_TIERS} tiers, got {len(tiers_raw)}")
+        return None
+    known = [f.name for f in fields(TierConfig)]
+    tiers: list[TierConfig | None] = []
+    names: list[str] = []
     for i, t in enumerate(tiers_raw):
         key = f"tiers[{i}]"
-        t = r.mapping(t, key)
-        unknown = set(t) - {f.name for f in fields(TierConfig)}
-        if unknown:
-            raise r.fail(f"{key}.{sorted(unknown)[0]}", "unknown key; known keys here: capacity, keep, name, path")
-        for required in ("name", "path", "capacity"):
-            if required not in t:
-                raise r.fail(f"{key}.{required}", "missing; every tier needs name, path and capacity")
-        tiers.append(TierConfig(name=r.string(t["name"], f"{key}.name"), path=r.path(t["path"], f"{key}.path"),
-                                capacity=r.size(t["capacity"], f"{key}.capacity"),
-                                keep=r.boolean(t.get("keep", False), f"{key}.keep")))
-    names = [t.name for t in tiers]
-    for i, name in enumerate(names):
-        if name in ("pfs", "peer") or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
-            raise r.fail(f"tiers[{i}].name", f"{name!r} is not allowed: use letters, digits, '-' or '_', "
-                                             "and not 'pfs' or 'peer' (report sources)")
-        if name in names[:i]:
-            raise r.fail(f"tiers[{i}].name", f"{name!r} is used by another tier; tier names must differ")
-    paths = [t.path for t in tiers]
-    for i, p in enumerate(paths):
-        for root in root_paths:
-            if p == root or p.startswith(root + os.sep) or root.startswith(p + os.sep):
-                raise r.fail(f"tiers[{i}].path", f"{p} overlaps the dataset root {root}; put tiers elsewhere")
+        t = r.get(r.mapping, t, key)
+        if t is None:
+            tiers.append(None)
+            continue
+        for unknown in sorted(set(t) - set(known)):
+            r.error(f"{key}.{unknown}", f"unknown key; known keys here: {', '.join(sorted(known))}")
+        missing = [k for k in ("name", "path", "capacity") if k not in t]
+        for k in missing:
+            r.error(f"{key}.{k}", "missing; every tier needs name, path and capacity")
+        name = r.get(r.string, t["name"], f"{key}.name") if "name" in t else None
+        if name is not None and (name in ("pfs", "peer") or not re.fullmatch(r"[A-Za-z0-9_-]+", name)):
+            r.error(f"{key}.name", f"{name!r} is not allowed: use letters, digits, '-' or '_', "
+                                   "and not 'pfs' or 'peer' (report sources)")
+            name = None
+        elif name is not None and name in names:
+            r.error(f"{key}.name", f"{name!r} is used by another tier; tier names must differ")
+        if name is not None:
+            names.append(name)
+        path = r.get(r.path, t["path"], f"{key}.path") if "path" in t else None
+        if path is not None and roots:
+            _check_outside_roots(r, f"{key}.path", path, roots)
+        capacity = r.get(r.size, t["capacity"], f"{key}.capacity") if "capacity" in t else None
+        keep = r.get(r.boolean, t.get("keep", False), f"{key}.keep")
+        ok = None not in (name, path, capacity, keep) and not missing
+        tiers.append(TierConfig(name=name, path=path, capacity=capacity, keep=keep) if ok else None)
+    return None if None in tiers else tiers
 
-    staging = r.mapping(raw.get("staging"), "staging")
-    policy = r.string(staging.get("policy"), "staging.policy")
-    if policy not in POLICIES:
-        raise r.fail("staging.policy", f"expected one of {', '.join(POLICIES)}, got {policy!r}")
-    validate = r.string(staging.get("validate", "none"), "staging.validate")
-    if validate not in VALIDATE_MODES:
-        raise r.fail("staging.validate", f"expected one of {', '.join(VALIDATE_MODES)}, got {validate!r}")
-    staging_cfg = StagingConfig(policy=policy, threads=r.number(staging.get("threads"), "staging.threads", int, 1),
-                                resolve_timeout=r.number(staging.get("resolve_timeout"), "staging.resolve_timeout",
-                                                         float, 0.1), validate=validate)
-    peer = r.mapping(raw.get("peer"), "peer")
-    peer_cfg = PeerConfig(path=r.path(peer.get("path"), "peer.path"),
-                          capacity=r.size(peer.get("capacity"), "peer.capacity"),
-                          timeout=r.number(peer.get("timeout"), "peer.timeout", float, 0.1))
+
+def _staging(r: _Reader, raw: dict) -> StagingConfig | None:
+    staging = r.get(r.mapping, raw.get("staging"), "staging")
+    if staging is None:
+        return None
+    values = {
+        "policy": r.get(r.choice, staging.get("policy"), "staging.policy", POLICIES),
+        "threads": r.get(r.number, staging.get("threads"), "staging.threads", int, 1),
+        "resolve_timeout": r.get(r.number, staging.get("resolve_timeout"), "staging.resolve_timeout", float, 0.1),
+        "validate": r.get(r.choice, staging.get("validate"), "staging.validate", VALIDATE_MODES),
+    }
+    return None if None in values.values() else StagingConfig(**values)
+
+
+def _peer(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> PeerConfig | None:
+    peer = r.get(r.mapping, raw.get("peer"), "peer")
+    if peer is None:
+        return None
+    path = r.get(r.path, peer.get("path"), "peer.path")
+    if path is not None and roots:
+        _check_outside_roots(r, "peer.path", path, roots)
+    capacity = r.get(r.size, peer.get("capacity"), "peer.capacity")
+    timeout = r.get(r.number, peer.get("timeout"), "peer.timeout", float, 0.1)
+    return None if None in (path, capacity, timeout) else PeerConfig(path=path, capacity=capacity, timeout=timeout)
+
+
+def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str], *,
+              check_roots: bool = True, roots_origin: str | None = None) -> Config:
+    r = _Reader(source, env, errors)
+    given = _roots(r, raw, check_roots, roots_origin)  # absolute, as configured
+    roots = None if given is None else tuple(os.path.realpath(g) for g in given)
+    tiers = _tiers(r, raw, roots)
+    staging = _staging(r, raw)
+    peer = _peer(r, raw, roots)
+    run_dir = r.get(r.path, raw.get("run_dir"), "run_dir")
     report = raw.get("report")
-    return Config(source=source, dataset=DatasetConfig(roots=root_paths, given=given),
-                  run_dir=r.path(raw.get("run_dir"), "run_dir"), tiers=tuple(tiers),
-                  staging=staging_cfg, peer=peer_cfg,
-                  report=None if report is None else r.path(report, "report"))
+    report_path = None if report is None else r.get(r.path, report, "report")
+    if errors:
+        raise ConfigError(combine_errors(source, errors))
+    return Config(source=source, dataset=DatasetConfig(roots=roots, given=given), run_dir=run_dir, tiers=tuple(tiers),
+                  staging=staging, peer=peer, report=report_path)

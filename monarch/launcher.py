@@ -150,6 +150,7 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
         cmd = [sys.executable, "-m", "monarch", "serve", "--embedded"]
         if config_file:
             cmd += ["-c", config_file]
+        cmd += [a for root in config.dataset.given for a in ("--dataset", root)]  # what this launcher validated
         env = _without_shim(os.environ) | {ENV_RUN_ID: run}
         log_path = os.path.join(run_dir, "daemon.log")
         log_fd = secure.open_private_file(log_path, os.O_WRONLY | os.O_APPEND)

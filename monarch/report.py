@@ -1,6 +1,6 @@
 """The access report: nodes' statistics combined into one versioned JSON document, and a table.
 
-Schema ``monarch.report/1`` is documented in README.md ("Report reference").
+Schema ``monarch.report/2`` is documented in README.md ("Report reference").
 """
 
 from __future__ import annotations
@@ -9,15 +9,23 @@ import collections
 import datetime
 import json
 import os
+import shlex
 from typing import Any, Iterable, TextIO
 
 from monarch.errors import MonarchError
 
-SCHEMA = "monarch.report/1"
+SCHEMA = "monarch.report/2"
+READABLE_SCHEMAS = ("monarch.report/1", SCHEMA)  # `monarch report` prints older reports too
 
 
 def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
-    """Combine per-node statistics (``NodeDaemon.stats()``; None or ``{"missing": True}`` for a lost node)."""
+    """Combine per-node statistics (``NodeDaemon.stats()``; None or ``{"missing": True}`` for a lost node).
+
+    Per source the statistics give ``opens`` and ``bytes``, and may give ``opens_uncounted``:
+    opens whose bytes the shim cannot see (read through mmap or stdio). Byte figures that
+    include such opens are lower bounds (listed in ``pfs.lower_bounds``); a figure none of
+    whose bytes were counted is None (unknown).
+    """
     nodes = [None if not n or n.get("missing") else n for n in nodes]
     alive = [n for n in nodes if n]
     sources: dict[str, collections.Counter] = {}
@@ -33,9 +41,6 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         failures.update(s["failures"])
         peer.update({k: v for k, v in n.get("peer", {}).items() if isinstance(v, (int, float))})
     dataset_bytes = alive[0]["dataset"]["bytes"] if alive else 0
-    app_pfs = sources.get("pfs", {}).get("bytes", 0)
-    app_total = sum(c["bytes"] for c in sources.values())
-    pfs_total = app_pfs + staging["pfs_bytes_read"]
     return {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -44,19 +49,44 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         "nodes_reporting": len(alive),
         "nodes_lost": [i for i, n in enumerate(nodes) if not n],
         "sources": {name: dict(c) for name, c in sources.items()},
-        "pfs": {
-            "app_bytes": app_pfs,
-            "staging_bytes": staging["pfs_bytes_read"],
-            "total_bytes": pfs_total,
-            "dataset_bytes": dataset_bytes,
-            "reads_of_dataset": round(pfs_total / dataset_bytes, 4) if dataset_bytes else None,
-            "without_monarch_bytes": app_total,
-            "saved_bytes": app_total - pfs_total,
-            "saved_fraction": round(1 - pfs_total / app_total, 4) if app_total else None,
-        },
+        "pfs": _pfs_traffic(sources, staging["pfs_bytes_read"], dataset_bytes),
         "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
         "peer": dict(peer),
         "nodes": nodes,
+    }
+
+
+def _pfs_traffic(sources: dict[str, collections.Counter], staging_bytes: int, dataset_bytes: int) -> dict:
+    """The PFS figures, each exact, a lower bound (named in ``lower_bounds``) or None (unknown)."""
+    pfs = sources.get("pfs", collections.Counter())
+    opens = sum(c["opens"] for c in sources.values())
+    uncounted = sum(c["opens_uncounted"] for c in sources.values())
+    pfs_uncounted = pfs["opens_uncounted"]
+    nothing_counted = opens > 0 and uncounted >= opens  # every managed open was read through mmap/stdio
+    app_pfs = pfs["bytes"]
+    app_total = sum(c["bytes"] for c in sources.values())
+    pfs_total = app_pfs + staging_bytes
+    lower = set()
+    if pfs_uncounted:
+        lower |= {"app_bytes", "total_bytes", "reads_of_dataset"}
+    if uncounted:
+        lower.add("without_monarch_bytes")
+    if uncounted - pfs_uncounted:  # saved = bytes read from tiers and peers - bytes read to stage them
+        lower.add("saved_bytes")
+    unknown = pfs["opens"] > 0 and pfs_uncounted >= pfs["opens"]
+    return {
+        "app_bytes": None if unknown else app_pfs,
+        "staging_bytes": staging_bytes,
+        "total_bytes": pfs_total,
+        "dataset_bytes": dataset_bytes,
+        "reads_of_dataset": round(pfs_total / dataset_bytes, 4) if dataset_bytes else None,
+        "without_monarch_bytes": None if nothing_counted else app_total,
+        "saved_bytes": None if nothing_counted else app_total - pfs_total,
+        # a ratio of two lower bounds bounds nothing
+        "saved_fraction": round(1 - pfs_total / app_total, 4) if app_total and not uncounted else None,
+        # None: the shim did not tell mmap/stdio opens apart (their bytes are missing, unmarked)
+        "opens_uncounted": uncounted if any("opens_uncounted" in c for c in sources.values()) else None,
+        "lower_bounds": sorted(lower - ({"app_bytes"} if unknown else set())),
     }
 
 
@@ -75,8 +105,8 @@ def load_report(path: str) -> dict:
         raise MonarchError(f"report {path}: cannot read it: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise MonarchError(f"report {path}: not JSON (line {e.lineno}): {e.msg}") from None
-    if not isinstance(report, dict) or report.get("schema") != SCHEMA:
-        raise MonarchError(f"report {path}: not a Monarch report of schema {SCHEMA}")
+    if not isinstance(report, dict) or report.get("schema") not in READABLE_SCHEMAS:
+        raise MonarchError(f"report {path}: not a Monarch report (schema {' or '.join(READABLE_SCHEMAS)})")
     return report
 
 
@@ -88,29 +118,46 @@ def human(n: float) -> str:
     return str(n)
 
 
+def _amount(n: float | None, lower: bool) -> str:
+    """Bytes for the table: ``≥`` for a lower bound, ``unknown`` for None."""
+    if n is None:
+        return "unknown"
+    return f"≥ {human(n)}" if lower else human(n)
+
+
+def _source_amount(counts: dict) -> str:
+    """One source's bytes: exact, ``≥`` when some opens were uncounted, ``unknown`` when all were."""
+    opens, uncounted = counts.get("opens", 0), counts.get("opens_uncounted", 0)
+    return _amount(None if opens and uncounted >= opens else counts.get("bytes", 0), uncounted > 0)
+
+
 def print_report(report: dict, out: TextIO) -> None:
     job, pfs, ds = report["job"], report["pfs"], report["dataset"]
+    lower = set(pfs.get("lower_bounds", ()))
     w = out.write
     w("\n== Monarch access report ==\n")
     if job.get("command"):
-        w(f"command   : {' '.join(job['command'])}  (exit {job.get('exit_code')}, "
+        w(f"command   : {shlex.join(job['command'])}  (exit {job.get('exit_code')}, "
           f"{job.get('wall_seconds', 0):.2f} s)\n")
     w(f"dataset   : {ds['files']} files, {human(ds['bytes'])}\n")
     if report["nodes_lost"]:
         w(f"nodes lost: {report['nodes_lost']} (their numbers are missing)\n")
-    w(f"\n{'source':<10}{'opens':>12}{'bytes read':>16}{'share':>8}\n")
+    w(f"\n{'source':<10}{'opens':>12}{'bytes read':>16}{'share of bytes read':>22}\n")
     total = sum(c["bytes"] for c in report["sources"].values()) or 1
     for name, c in report["sources"].items():
-        w(f"{name:<10}{c['opens']:>12}{human(c['bytes']):>16}{100 * c['bytes'] / total:>7.1f}%\n")
+        share = f"{100 * c['bytes'] / total:.1f}%"
+        w(f"{name:<10}{c['opens']:>12}{_source_amount(c):>16}{share:>22}\n")
     w("\nPFS traffic\n")
-    w(f"  read by the application : {human(pfs['app_bytes'])}\n")
+    w(f"  read by the application : {_amount(pfs['app_bytes'], 'app_bytes' in lower)}\n")
     w(f"  read by Monarch to stage: {human(pfs['staging_bytes'])}\n")
     ratio = pfs["reads_of_dataset"]
-    w(f"  total                   : {human(pfs['total_bytes'])}"
-      f"{f' = {ratio:.2f}x the dataset' if ratio is not None else ''}\n")
-    w(f"  without Monarch         : {human(pfs['without_monarch_bytes'])}\n")
-    if pfs["saved_fraction"] is not None:
-        w(f"  saved                   : {human(pfs['saved_bytes'])} ({100 * pfs['saved_fraction']:.1f}%)\n")
+    at_least = "at least " if "reads_of_dataset" in lower else ""
+    w(f"  total                   : {_amount(pfs['total_bytes'], 'total_bytes' in lower)}"
+      f"{f' = {at_least}{ratio:.2f}x the dataset' if ratio is not None else ''}\n")
+    w(f"  without Monarch         : {_amount(pfs['without_monarch_bytes'], 'without_monarch_bytes' in lower)}\n")
+    if pfs["saved_bytes"] is not None and (pfs["saved_fraction"] is not None or pfs.get("opens_uncounted")):
+        fraction = f" ({100 * pfs['saved_fraction']:.1f}%)" if pfs["saved_fraction"] is not None else ""
+        w(f"  saved                   : {_amount(pfs['saved_bytes'], 'saved_bytes' in lower)}{fraction}\n")
     st = report["staging"]
     w(f"\nstaged    : {st['files']} files, {human(st['bytes'])}")
     w(f"; not staged: {', '.join(f'{k} x{v}' for k, v in sorted(st['failures'].items()))}\n" if st["failures"] else "\n")
@@ -123,7 +170,14 @@ def print_report(report: dict, out: TextIO) -> None:
             if not n:
                 w(f"{i:<6}lost\n")
                 continue
-            cells = "".join(f"{human(n['sources'].get(name, {}).get('bytes', 0)):>12}" for name in report["sources"])
-            node_pfs = n["sources"]["pfs"]["bytes"] + n["staging"]["pfs_bytes_read"]
-            w(f"{i:<6}{cells}{human(n['staging']['bytes']):>12}{human(node_pfs):>12}\n")
-    w("\nbytes are those read with read/pread/readv; mmap and stdio reads count opens only\n")
+            cells = "".join(f"{_source_amount(n['sources'].get(name, {})):>12}" for name in report["sources"])
+            node_pfs = n["sources"].get("pfs", {})
+            pfs_cell = _amount(node_pfs.get("bytes", 0) + n["staging"]["pfs_bytes_read"],
+                               node_pfs.get("opens_uncounted", 0) > 0)
+            w(f"{i:<6}{cells}{human(n['staging']['bytes']):>12}{pfs_cell:>12}\n")
+    uncounted = pfs.get("opens_uncounted")
+    if uncounted:
+        w(f"\n≥: {uncounted} opens were read through mmap or stdio (fread); their bytes are unknown, so the "
+          "figures marked ≥ are lower bounds and the shares are of the bytes counted\n")
+    elif uncounted is None:  # a report from a shim that does not tell such opens apart
+        w("\nbytes are those read with read/pread/readv; mmap and stdio reads count opens only\n")

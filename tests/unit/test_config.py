@@ -8,7 +8,19 @@ from monarch.config import DEFAULTS_FILE, expand_vars, load_config, parse_size
 from monarch.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-ENV = {"MONARCH_DATASET": "/data/ds", "USER": "u", "MONARCH_JOB_ID": "j1", "MONARCH_NODE": "3"}
+
+
+@pytest.fixture
+def ds(tmp_path):
+    """An existing dataset root (roots must exist to validate)."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    return str(root)
+
+
+@pytest.fixture
+def env(ds):
+    return {"MONARCH_DATASET": ds, "USER": "u", "MONARCH_JOB_ID": "j1", "MONARCH_NODE": "3"}
 
 
 def keys(tree, prefix=""):
@@ -28,15 +40,26 @@ def test_shipped_local_config_documents_every_default_key():
     assert local == defaults  # local.yaml *is* the defaults, with the documentation
 
 
-def test_defaults_load_with_builtin_variables(tmp_path):
-    c = load_config(None, env=ENV)
-    assert c.dataset.roots == ("/data/ds",)
-    assert c.run_dir == "/tmp/monarch-u/j1/node3"
+def test_defaults_load_with_builtin_variables(env, ds):
+    c = load_config(None, env=env)
+    assert c.dataset.roots == (os.path.realpath(ds),)
+    # run_dir and tier paths are base directories: Monarch makes its monarch-<uid>/... inside
+    assert c.run_dir == "/tmp"
     assert [t.name for t in c.tiers] == ["ram", "ssd"]
-    assert c.tiers[0].path == "/dev/shm/monarch-u/j1/node3/ram"
+    assert [t.path for t in c.tiers] == ["/dev/shm", "/tmp"]
+    assert c.peer.path == "/tmp"
     assert c.tiers[0].capacity == 4 * 2**30
     assert c.staging.policy == "on-access"
-    assert c.socket_path.endswith("/node3/daemon.sock")
+
+
+@pytest.mark.parametrize("extra,ssd,run_dir", [
+    ({}, "/tmp", "/tmp"),
+    ({"TMPDIR": "/scratch/job7"}, "/scratch/job7", "/scratch/job7"),
+    ({"TMPDIR": "/scratch/job7", "MONARCH_SSD": "/nvme"}, "/nvme", "/scratch/job7"),
+])
+def test_default_base_directories_follow_tmpdir_and_monarch_ssd(env, extra, ssd, run_dir):
+    c = load_config(None, env=dict(env, **extra))
+    assert (c.tiers[1].path, c.peer.path, c.run_dir, c.tiers[0].path) == (ssd, ssd, run_dir, "/dev/shm")
 
 
 @pytest.mark.parametrize("text,value", [("64GiB", 64 * 2**30), ("1.5KiB", 1536), ("10 MB", 10**7), (42, 42), ("7", 7)])
@@ -62,6 +85,7 @@ def write(tmp_path, text):
     ("staging: {policy: lru}\n", "staging.policy: expected one of on-access, prestage, off, got 'lru'"),
     ("staging: {threads: 0}\n", "staging.threads: must be at least 1"),
     ("stagin: {threads: 2}\n", "stagin: unknown key; known keys here: dataset, peer, report, run_dir, staging, tiers"),
+    ("staging: {validate: always}\n", "staging.validate: expected one of none, open, got 'always'"),
     ("tiers:\n  - {name: ram, path: /dev/shm/x}\n", "tiers[0].capacity: missing"),
     ("tiers:\n  - {name: pfs, path: /dev/shm/x, capacity: 1GiB}\n", "tiers[0].name: 'pfs' is not allowed"),
     ("tiers:\n  - {name: a, path: /data/ds/cache, capacity: 1GiB}\n", "overlaps the dataset root /data/ds"),
@@ -71,40 +95,166 @@ def write(tmp_path, text):
     ("tiers: [\n", "not valid YAML"),
     ("tiers:\n  - {name: a, path: /x, capacity: 1GiB, speed: 3}\n", "tiers[0].speed: unknown key"),
 ])
-def test_bad_configs_say_where_what_and_how(tmp_path, text, message):
-    path = write(tmp_path, text)
+def test_bad_configs_say_where_what_and_how(tmp_path, env, ds, text, message):
+    path = write(tmp_path, text.replace("/data/ds", ds))
     with pytest.raises(ConfigError) as e:
-        load_config(path, env=ENV)
+        load_config(path, env=env)
+    message = message.replace("/data/ds", ds)
     assert str(e.value).startswith(f"config {path}")
     assert message in str(e.value)
 
 
-def test_missing_file_is_a_clear_error(tmp_path):
+def test_missing_file_is_a_clear_error(tmp_path, env):
     with pytest.raises(ConfigError, match="cannot read it"):
-        load_config(str(tmp_path / "nope.yaml"), env=ENV)
+        load_config(str(tmp_path / "nope.yaml"), env=env)
 
 
-def test_user_values_override_defaults(tmp_path):
-    path = write(tmp_path, "dataset: {roots: [/a, /b]}\nstaging: {policy: prestage, threads: 2}\n"
+def test_user_values_override_defaults(tmp_path, env):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    path = write(tmp_path, f"dataset: {{roots: [{tmp_path}/a, {tmp_path}/b]}}\n"
+                           "staging: {policy: prestage, threads: 2}\n"
                            "tiers:\n  - {name: fast, path: /dev/shm/t, capacity: 1MiB, keep: true}\n")
-    c = load_config(path, env=ENV)
-    assert c.dataset.roots == ("/a", "/b")
+    c = load_config(path, env=env)
+    assert c.dataset.roots == (f"{tmp_path}/a", f"{tmp_path}/b")
     assert c.staging.policy == "prestage" and c.staging.threads == 2
     assert c.staging.resolve_timeout == 30.0  # default kept
     assert len(c.tiers) == 1 and c.tiers[0].keep is True and c.tiers[0].capacity == 2**20
 
 
-def test_check_config_cli(tmp_path, capsys):
+def test_check_config_cli(tmp_path, ds, capsys):
     from monarch.cli import main
-    good = write(tmp_path, "dataset: {roots: [/a]}\n")
+    good = write(tmp_path, f"dataset: {{roots: [{ds}]}}\n")
     os.environ.setdefault("USER", "u")
     assert main(["check-config", good]) == 0
-    bad = write(tmp_path, "dataset: {roots: [/a]}\nstaging: {policy: lru}\n")
+    bad = write(tmp_path, f"dataset: {{roots: [{ds}]}}\nstaging: {{policy: lru}}\n")
     assert main(["check-config", bad]) == 2
     assert "staging.policy" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["local.yaml", "cluster.yaml"])
-def test_shipped_configs_validate(name):
-    c = load_config(str(REPO / "configs" / name), env=ENV)
-    assert c.run_dir.endswith("/node3") and c.tiers[0].path.endswith("/node3/ram")
+def test_shipped_configs_validate(name, env):
+    c = load_config(str(REPO / "configs" / name), env=env)
+    assert c.run_dir == "/tmp" and [t.path for t in c.tiers] == ["/dev/shm", "/tmp"] and c.peer.path == "/tmp"
+
+
+def test_expand_vars_nested_defaults_are_expanded_only_when_used():
+    nested = "${MONARCH_SSD:-${TMPDIR:-/tmp}}"
+    assert expand_vars(nested, {}) == "/tmp"
+    assert expand_vars(nested, {"TMPDIR": "/scratch"}) == "/scratch"
+    assert expand_vars(nested, {"TMPDIR": "/scratch", "MONARCH_SSD": "/nvme"}) == "/nvme"
+    assert expand_vars(nested + "/x", {"TMPDIR": ""}) == "/tmp/x"  # empty counts as unset, as in the shell
+    assert expand_vars("${A:-${UNSET_NO_DEFAULT}}", {"A": "a"}) == "a"  # an unused default is not expanded
+    with pytest.raises(ValueError, match="closing"):
+        expand_vars("${A:-${B:-c}", {})
+
+
+def test_malformed_variable_is_a_config_error(tmp_path, env):
+    path = write(tmp_path, "run_dir: ${TMPDIR-/tmp}\n")
+    with pytest.raises(ConfigError, match=r"run_dir: .*only \$\{TMPDIR\} and \$\{TMPDIR:-default\}"):
+        load_config(path, env=env)
+
+
+def test_missing_root_names_key_path_and_fix(tmp_path, env):
+    path = write(tmp_path, "dataset: {roots: [/pfs/imagnet]}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, env=env)
+    assert str(e.value) == (f"config {path}: dataset.roots[0]: /pfs/imagnet does not exist; "
+                            "check the path (the dataset must be reachable on this node)")
+
+
+def test_missing_root_from_monarch_dataset_points_at_the_variable(env):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, env=dict(env, MONARCH_DATASET="/pfs/imagnet"))
+    assert "dataset.roots[0]: /pfs/imagnet does not exist; check MONARCH_DATASET or the path" in str(e.value)
+
+
+def test_relative_root_is_taken_from_the_cwd_and_said_so_only_when_missing(tmp_path, env, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "here").mkdir()
+    path = write(tmp_path, "dataset: {roots: [here, gone]}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, env=env)
+    assert str(e.value) == (f"config {path}: dataset.roots[1]: gone (relative, so taken from the current "
+                            f"directory as {tmp_path}/gone) does not exist; "
+                            "check the path (the dataset must be reachable on this node)")
+    path = write(tmp_path, "dataset: {roots: [here]}\n")
+    assert load_config(path, env=env).dataset.roots == (str(tmp_path / "here"),)
+
+
+def test_root_that_is_a_file_or_unreadable(tmp_path, env, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o300)  # writable and searchable, but not listable
+    if os.geteuid() == 0:  # root may read everything: make os.access answer as for another user
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(locked) else real_access(p, mode))
+    try:
+        path = write(tmp_path, f"dataset: {{roots: [{tmp_path}/file, {locked}]}}\n")
+        with pytest.raises(ConfigError) as e:
+            load_config(path, env=env)
+        msg = str(e.value)
+        assert f"dataset.roots[0]: {tmp_path}/file is not a directory" in msg
+        assert f"dataset.roots[1]: {locked} is not readable by you" in msg
+    finally:
+        locked.chmod(0o700)
+
+
+def test_check_roots_false_accepts_a_root_not_there(tmp_path, env):
+    path = write(tmp_path, "dataset: {roots: [/pfs/not/mounted/here]}\n")
+    assert load_config(path, env=env, check_roots=False).dataset.roots == ("/pfs/not/mounted/here",)
+
+
+def test_every_error_of_a_file_is_reported_one_line_each(tmp_path, env):
+    path = write(tmp_path, "dataset: {roots: [/pfs/imagnet]}\n"
+                           "tiers:\n  - {name: ram, path: /dev/shm, capacity: 64 G}\n"
+                           "  - {name: ram, path: /tmp, capacity: 1GiB, keep: yes please}\n"
+                           "staging: {policy: lru, threads: 0, validte: open}\n"
+                           "peer: {timeout: -1}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, env=env)
+    head, *lines = str(e.value).splitlines()
+    assert head == f"config {path}: 8 errors:"
+    keys = [line.strip().removeprefix(f"config {path}: ").split(": ")[0] for line in lines]
+    assert keys == ["staging.validte", "dataset.roots[0]", "tiers[0].capacity", "tiers[1].name", "tiers[1].keep",
+                    "staging.policy", "staging.threads", "peer.timeout"]
+    assert all(line.startswith(f"  config {path}: ") for line in lines)
+    assert "'ram' is used by another tier" in lines[3]
+
+
+def test_cli_dataset_override_replaces_the_roots(tmp_path, env, ds):
+    other = tmp_path / "other"
+    other.mkdir()
+    path = write(tmp_path, f"dataset: {{roots: [{ds}]}}\n")
+    assert load_config(path, env=env, roots=[str(other)]).dataset.roots == (str(other),)
+    with pytest.raises(ConfigError) as e:
+        load_config(path, env=env, roots=["/pfs/imagnet"])
+    assert "dataset.roots[0] (from --dataset): /pfs/imagnet does not exist; check the path given with --dataset" \
+        in str(e.value)
+
+
+@pytest.mark.parametrize("key,base,bad", [
+    ("tiers[0].path", "{tmp}", False),          # the dataset below a base directory: fine, Monarch uses monarch-<uid>
+    ("tiers[0].path", "{ds}/cache", True),      # Monarch's copies inside the dataset
+    ("tiers[0].path", "{ds}/..", False),
+    ("peer.path", "{ds}/peer", True),
+])
+def test_base_directories_may_hold_the_dataset_but_not_be_inside_it(tmp_path, env, ds, key, base, bad):
+    base = base.format(tmp=tmp_path, ds=ds)
+    text = (f"tiers:\n  - {{name: ram, path: {base}, capacity: 1GiB}}\n" if key.startswith("tiers")
+            else f"peer: {{path: {base}}}\n")
+    path = write(tmp_path, text)
+    if not bad:
+        load_config(path, env=env)
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(path, env=env)
+    assert f"{key}: {base} would put Monarch's copies in {base}/monarch-{os.getuid()}, which overlaps " \
+           f"the dataset root {ds}" in str(e.value)
+
+
+def test_staging_validate(tmp_path, env, ds):
+    assert load_config(None, env=env).staging.validate == "none"
+    path = write(tmp_path, "staging: {validate: open}\n")
+    assert load_config(path, env=env).staging.validate == "open"

@@ -1,0 +1,128 @@
+"""The command line, in process: help, version, --dataset, and finding the command before running it."""
+
+import os
+
+import pytest
+
+from monarch import __version__
+from monarch.cli import build_parser, find_command, main
+
+
+@pytest.fixture
+def bindir(tmp_path):
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "tool").write_text("#!/bin/sh\nexit 0\n")
+    (d / "tool").chmod(0o755)
+    (d / "plain").write_text("not a program\n")
+    (d / "plain").chmod(0o644)
+    (d / "sub").mkdir()
+    return d
+
+
+def test_find_command_on_path(bindir):
+    assert find_command("tool", str(bindir)) is None
+    assert find_command("nope", str(bindir)) == (127, "command not found")
+    assert find_command("plain", str(bindir)) == (126, "Permission denied")  # no x bit: even root may not
+    assert find_command("sub", str(bindir)) == (126, "Is a directory")
+
+
+def test_find_command_takes_a_later_executable_over_an_earlier_plain_file(bindir, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "plain").write_text("#!/bin/sh\n")
+    (other / "plain").chmod(0o755)
+    assert find_command("plain", f"{bindir}{os.pathsep}{other}") is None
+
+
+def test_find_command_with_a_slash_is_a_path_not_a_search(bindir, monkeypatch):
+    assert find_command(f"{bindir}/tool", "") is None
+    assert find_command(f"{bindir}/missing", str(bindir)) == (127, "No such file or directory")
+    assert find_command(f"{bindir}/plain", str(bindir))[0] == 126
+    monkeypatch.chdir(bindir)
+    assert find_command("./tool", "") is None
+    assert find_command("tool", "") is None  # an empty PATH entry is the current directory
+
+
+def test_monarch_alone_prints_the_help_and_exits_2(capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: monarch")
+    for command in ("run", "serve", "stop", "check-config", "report", "demo"):
+        assert f"    {command}" in err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"monarch {__version__}"
+
+
+def test_run_help_documents_examples_environment_and_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert "mpiexec -n 4 monarch run -c cfg.yaml -- python train.py" in out
+    assert "monarch run -c cfg.yaml -- torchrun" in out
+    assert "--dataset PATH" in out
+    for var in ("MONARCH_DATASET", "MONARCH_JOB_ID", "MONARCH_DISABLE", "MONARCH_SHIM_DEBUG",
+                "MONARCH_SHIM_TIMEOUT_MS"):
+        assert f"\n  {var}" in out
+    for rule in ("128+N", "126 if CMD is not executable", "127 if CMD is not found",
+                 "2 for a Monarch usage or\n  configuration error"):
+        assert rule in out
+
+
+def test_run_dataset_is_repeatable_and_the_command_follows_the_double_dash():
+    args = build_parser().parse_args(["run", "--dataset", "/a", "--dataset", "/b", "--", "python", "-c", "x"])
+    assert args.dataset == ["/a", "/b"]
+    assert args.command == ["--", "python", "-c", "x"]
+
+
+def test_serve_takes_dataset_too():
+    # the embedded daemon must see the roots `monarch run --dataset` validated
+    assert build_parser().parse_args(["serve", "--embedded", "--dataset", "/a"]).dataset == ["/a"]
+
+
+def test_run_passes_the_dataset_roots_to_the_launcher(tmp_path, monkeypatch):
+    import monarch.launcher
+    seen = {}
+    monkeypatch.setattr(monarch.launcher, "run", lambda config, *a: seen.setdefault("roots", config.dataset.roots) and 0)
+    cfg = tmp_path / "job.yaml"
+    (tmp_path / "file_roots").mkdir()
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}/file_roots]}}\n")
+    assert main(["run", "-c", str(cfg), "--dataset", str(tmp_path), "--", "true"]) == 0
+    assert seen["roots"] == (str(tmp_path),)
+
+
+def test_run_missing_dataset_stops_before_the_command(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    assert main(["run", "--dataset", str(tmp_path / "gone"), "--", "touch", str(marker)]) == 2
+    err = capsys.readouterr().err
+    assert f"dataset.roots[0] (from --dataset): {tmp_path}/gone does not exist" in err
+    assert not marker.exists()
+
+
+def test_run_command_not_found_is_127_with_one_line_and_no_daemon(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MONARCH_DATASET", str(tmp_path))
+    import monarch.launcher
+    monkeypatch.setattr(monarch.launcher, "run", lambda *a: pytest.fail("the launcher must not start"))
+    assert main(["run", "--", "no-such-command-anywhere", "arg"]) == 127
+    assert capsys.readouterr().err == "monarch: no-such-command-anywhere: command not found\n"
+
+
+def test_check_config_lists_every_error(tmp_path, capsys):
+    bad = tmp_path / "job.yaml"
+    bad.write_text("dataset: {roots: [/pfs/imagnet]}\nstaging: {policy: lru, threads: 0}\n")
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"monarch: error: config {bad}: 3 errors:"
+    assert [line.split(": ")[1] for line in err[1:]] == ["dataset.roots[0]", "staging.policy", "staging.threads"]
+
+
+def test_check_config_shows_validate(tmp_path, capsys):
+    good = tmp_path / "job.yaml"
+    good.write_text(f"dataset: {{roots: [{tmp_path}]}}\nstaging: {{validate: open}}\n")
+    assert main(["check-config", str(good)]) == 0
+    assert "validate open" in capsys.readouterr().out

@@ -1,0 +1,122 @@
+"""The report from hand-made node statistics: honest figures when some bytes were not counted."""
+
+import io
+import json
+
+import pytest
+
+from monarch.errors import MonarchError
+from monarch.report import SCHEMA, build_report, load_report, print_report
+
+MiB = 2**20
+
+
+def node(sources, staged=10 * MiB, files=10, node_index=0):
+    return {"node": node_index, "host": f"h{node_index}", "sources": sources,
+            "staging": {"files": files, "bytes": staged, "pfs_files_read": files, "pfs_bytes_read": staged,
+                        "failures": {}},
+            "dataset": {"files": files, "bytes": 10 * MiB}, "peer": {}, "resolves": {}, "tiers": []}
+
+
+def text(report):
+    out = io.StringIO()
+    print_report(report, out)
+    return out.getvalue()
+
+
+JOB = {"job_id": "j", "config": "c.yaml", "command": ["python", "train.py", "--name", "my run"],
+       "exit_code": 0, "wall_seconds": 1.5}
+
+
+def test_all_bytes_counted_is_exact():
+    r = build_report([node({"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0},
+                            "ram": {"opens": 30, "bytes": 30 * MiB, "opens_uncounted": 0}})], JOB)
+    assert r["schema"] == SCHEMA == "monarch.report/2"
+    p = r["pfs"]
+    assert (p["app_bytes"], p["total_bytes"], p["without_monarch_bytes"], p["saved_bytes"]) == \
+        (0, 10 * MiB, 30 * MiB, 20 * MiB)
+    assert p["saved_fraction"] == pytest.approx(2 / 3, abs=1e-4)
+    assert p["lower_bounds"] == [] and p["opens_uncounted"] == 0
+    t = text(r)
+    assert "≥" not in t and "unknown" not in t
+    assert "without Monarch         : 30.0 MiB" in t and "(66.7%)" in t
+
+
+def test_every_open_uncounted_makes_without_monarch_unknown_not_zero():
+    # an mmap-only reader (lmdb, numpy mmap_mode): the shim saw 30 opens and no bytes
+    r = build_report([node({"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0},
+                            "ram": {"opens": 30, "bytes": 0, "opens_uncounted": 30}})], JOB)
+    p = r["pfs"]
+    assert p["without_monarch_bytes"] is None and p["saved_bytes"] is None and p["saved_fraction"] is None
+    assert p["app_bytes"] == 0  # no open read the PFS: that zero is exact
+    assert p["total_bytes"] == 10 * MiB and "total_bytes" not in p["lower_bounds"]
+    t = text(r)
+    assert "without Monarch         : unknown" in t
+    assert "ram                 30         unknown" in t
+    assert "30 opens were read through mmap or stdio (fread); their bytes are unknown" in t
+    assert "saved" not in t
+
+
+def test_some_opens_uncounted_gives_lower_bounds():
+    r = build_report([node({"pfs": {"opens": 4, "bytes": 1 * MiB, "opens_uncounted": 2},
+                            "ram": {"opens": 26, "bytes": 20 * MiB, "opens_uncounted": 3}})], JOB)
+    p = r["pfs"]
+    assert p["lower_bounds"] == ["app_bytes", "reads_of_dataset", "saved_bytes", "total_bytes",
+                                 "without_monarch_bytes"]
+    assert p["without_monarch_bytes"] == 21 * MiB and p["saved_bytes"] == 10 * MiB
+    assert p["saved_fraction"] is None and p["opens_uncounted"] == 5
+    t = text(r)
+    assert "read by the application : ≥ 1.0 MiB" in t
+    assert "total                   : ≥ 11.0 MiB = at least 1.10x the dataset" in t
+    assert "without Monarch         : ≥ 21.0 MiB" in t
+    assert "saved                   : ≥ 10.0 MiB\n" in t
+    assert "5 opens were read through mmap or stdio" in t
+
+
+def test_uncounted_only_on_the_pfs_keeps_saved_exact_and_app_bytes_unknown():
+    # saved = bytes read from the tiers - bytes read to stage them: both counted
+    r = build_report([node({"pfs": {"opens": 2, "bytes": 0, "opens_uncounted": 2},
+                            "ram": {"opens": 28, "bytes": 28 * MiB, "opens_uncounted": 0}})], JOB)
+    p = r["pfs"]
+    assert p["app_bytes"] is None and p["saved_bytes"] == 18 * MiB
+    assert "saved_bytes" not in p["lower_bounds"] and "total_bytes" in p["lower_bounds"]
+    assert "read by the application : unknown" in text(r)
+
+
+def test_opens_uncounted_sums_over_nodes_and_marks_node_cells():
+    nodes = [node({"pfs": {"opens": 0, "bytes": 0}, "ram": {"opens": 5, "bytes": 5 * MiB}}, node_index=0),
+             node({"pfs": {"opens": 0, "bytes": 0}, "ram": {"opens": 5, "bytes": 2 * MiB, "opens_uncounted": 2}},
+                  node_index=1)]
+    r = build_report(nodes, {"job_id": "j", "config": "c", "nodes": 2})
+    assert r["sources"]["ram"] == {"opens": 10, "bytes": 7 * MiB, "opens_uncounted": 2}
+    lines = text(r).splitlines()
+    node_rows = [line for line in lines if line[:1] in "01" and "MiB" in line]
+    assert "≥" not in node_rows[0] and "≥ 2.0 MiB" in node_rows[1]
+
+
+def test_share_column_and_shell_quoted_command():
+    r = build_report([node({"pfs": {"opens": 1, "bytes": 1 * MiB}, "ram": {"opens": 3, "bytes": 3 * MiB}})], JOB)
+    t = text(r)
+    assert "share of bytes read" in t
+    assert "75.0%" in t and "25.0%" in t
+    assert "command   : python train.py --name 'my run'  (exit 0, 1.50 s)" in t
+
+
+def test_a_shim_without_uncounted_opens_keeps_the_caveat():
+    r = build_report([node({"pfs": {"opens": 1, "bytes": 1 * MiB}, "ram": {"opens": 3, "bytes": 3 * MiB}})], JOB)
+    assert "opens_uncounted" not in r["sources"]["ram"]  # sources carry what the shim counted, as it counted it
+    assert "mmap and stdio reads count opens only" in text(r)
+
+
+def test_load_report_reads_both_schemas_and_refuses_others(tmp_path):
+    r = build_report([node({"pfs": {"opens": 1, "bytes": 1}})], JOB)
+    old = dict(r, schema="monarch.report/1")
+    old["pfs"] = {k: v for k, v in r["pfs"].items() if k not in ("opens_uncounted", "lower_bounds")}
+    for name, rep in (("new", r), ("old", old)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(rep))
+        assert "Monarch access report" in text(load_report(str(path)))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(dict(r, schema="other/9")))
+    with pytest.raises(MonarchError, match="not a Monarch report"):
+        load_report(str(bad))
