@@ -20,8 +20,8 @@ import sys
 import time
 from contextlib import contextmanager
 
-from monarch import protocol
-from monarch.config import Config
+from monarch import protocol, topology
+from monarch.config import Config, load_config
 from monarch.errors import DaemonError
 from monarch.report import build_report, print_report, write_report
 from monarch.server import EMBEDDED_IDLE_SECONDS
@@ -75,8 +75,9 @@ def _start_lock(config: Config):
         yield
 
 
-def attach_or_start(config: Config, config_file: str | None) -> tuple[Session, subprocess.Popen | None]:
-    """Attach to the job's daemon on this node, starting an embedded one if none runs."""
+def attach_or_start(config: Config, config_file: str | None,
+                    run_id: str | None = None) -> tuple[Session, subprocess.Popen | None]:
+    """Attach to the run's daemon on this node, starting an embedded one if none runs."""
     session = attach(config)
     if session is not None:
         return session, None
@@ -88,10 +89,15 @@ def attach_or_start(config: Config, config_file: str | None) -> tuple[Session, s
         if config_file:
             cmd += ["-c", config_file]
         env = _without_shim(os.environ)
+        if run_id:  # the daemon expands the configuration with the launcher's run id, whatever its parents
+            env[topology.ENV_RUN_ID] = run_id
+            env.setdefault(topology.ENV_JOB_ID, run_id)
         log_path = os.path.join(config.run_dir, "daemon.log")
         with open(log_path, "ab") as log_file:
+            # close_fds: the daemon outlives the command and must not hold what the launcher
+            # inherited (an MPI launcher's PMI socket, its stdout and stderr pipes)
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         deadline = time.monotonic() + DAEMON_START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -132,8 +138,13 @@ def app_env(session_env: dict[str, str]) -> dict[str, str]:
 
 
 def run_command(cmd: list[str], env: dict[str, str]) -> int:
-    """Run ``cmd``, forwarding SIGINT/SIGTERM; return its exit code (128+N for a signal)."""
-    proc = subprocess.Popen(cmd, env=env)
+    """Run ``cmd``, forwarding SIGINT/SIGTERM; return its exit code (128+N for a signal).
+
+    The command inherits every descriptor ``monarch run`` inherited (close_fds=False): an MPI
+    launcher's PMI_FD, a scheduler's or torchrun's sockets. Monarch's own descriptors are
+    close-on-exec (PEP 446) and stay behind.
+    """
+    proc = subprocess.Popen(cmd, env=env, close_fds=False)
     forwarded = {}
 
     def forward(signum, _frame):
@@ -158,12 +169,17 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     """The whole of ``monarch run``. Monarch trouble never stops the command: it runs on the PFS."""
     t0 = time.time()
     session = daemon = None
+    run_id = topology.run_id()
     try:
-        session, daemon = attach_or_start(config, config_file)
+        if run_id is None:  # the outermost run of an unnamed job names it, and its config sees the name
+            run_id = topology.new_run_id()
+            config = load_config(config_file, env=dict(os.environ, **{topology.ENV_RUN_ID: run_id}))
+        session, daemon = attach_or_start(config, config_file, run_id)
         env = app_env(session.env)
     except Exception as e:  # fail open: the job runs unaccelerated
         log.error("Monarch is not active for this run (%s); reading the PFS directly", e)
         env = dict(os.environ)
+    env[topology.ENV_RUN_ID] = run_id  # nested `monarch run` and the command's children share the run
     code = run_command(cmd, env)
     wall = time.time() - t0
     stats = session.stats() if session is not None else None
@@ -176,7 +192,7 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     if stats is None:
         stats = _stats_without_daemon(config)
         log.warning("the node daemon was lost during the run; the report holds the shim's counts only")
-    report = build_report([stats], {"job_id": os.path.basename(os.path.dirname(config.run_dir)),
+    report = build_report([stats], {"job_id": run_id,
                                     "config": config.source, "command": cmd, "exit_code": code,
                                     "wall_seconds": round(wall, 3)})
     path = report_path or config.report_path
