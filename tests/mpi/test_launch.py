@@ -46,11 +46,12 @@ def assert_read_once(rep, ds, opens):
     assert sum(s["opens"] for s in rep["sources"].values()) == opens
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_mpiexec_runs_monarch_run_per_rank_sharing_one_daemon(mpiexec, dataset, short_tmp, ranks):
+@pytest.mark.parametrize("ranks, flags, named", [(2, [], "mpich-"), (4, [], "mpich-"), (2, ["-pmi-port"], "hydra-")])
+def test_mpiexec_runs_monarch_run_per_rank_sharing_one_daemon(mpiexec, dataset, short_tmp, ranks, flags, named):
     ds = dataset(files=96, size="8KiB")
-    cfg = write_config(short_tmp, ds.root, dirs=False, extra=f'report: "{short_tmp}/report-${{PMI_RANK}}.json"\n')
-    r = run_group([mpiexec, "-n", str(ranks), *MONARCH_RUN, "-c", cfg, "--", sys.executable, MPI_READER,
+    rank_var = "PMI_ID" if flags else "PMI_RANK"  # hydra's -pmi-port gives the rank as PMI_ID only
+    cfg = write_config(short_tmp, ds.root, dirs=False, extra=f'report: "{short_tmp}/report-${{{rank_var}}}.json"\n')
+    r = run_group([mpiexec, *flags, "-n", str(ranks), *MONARCH_RUN, "-c", cfg, "--", sys.executable, MPI_READER,
                    ds.root, ds.manifest, "--epochs", "2"], env=unscheduled_env(short_tmp), timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     seen = lines(r.stdout, "mpi_reader")
@@ -60,7 +61,7 @@ def test_mpiexec_runs_monarch_run_per_rank_sharing_one_daemon(mpiexec, dataset, 
     # one run: every rank's launcher named it alike, exported it, and attached to one daemon,
     # which staged the dataset once for all ranks (each read files another rank read first)
     run_ids = {rep["job"]["job_id"] for rep in reports} | {s["run"] for s in seen}
-    assert len(run_ids) == 1 and run_ids.pop().startswith("mpich-")
+    assert len(run_ids) == 1 and run_ids.pop().startswith(named)
     for rep in reports:
         assert rep["job"]["exit_code"] == 0
         assert_read_once(rep, ds, opens=2 * len(ds.files))
@@ -80,6 +81,20 @@ def test_monarch_run_wraps_mpiexec(mpiexec, dataset, short_tmp, ranks):
     # the outermost run named the run and every rank inherited the name
     assert rep["job"]["job_id"].startswith("run-") and {s["run"] for s in seen} == {rep["job"]["job_id"]}
     assert_read_once(rep, ds, opens=2 * len(ds.files))
+
+
+def test_nested_monarch_run_joins_the_outer_run(dataset, short_tmp):
+    ds = dataset(files=60, size="8KiB")
+    cfg = write_config(short_tmp, ds.root, dirs=False)
+    outer, inner = os.path.join(short_tmp, "outer.json"), os.path.join(short_tmp, "inner.json")
+    r = run_group([*MONARCH_RUN, "-c", cfg, "--report", outer, "--", *MONARCH_RUN, "-c", cfg, "--report", inner, "--",
+                   *reader(ds, epochs=2, workers=2)], env=unscheduled_env(short_tmp), timeout=180)
+    assert r.returncode == 0, r.stderr
+    outer, inner = load(outer), load(inner)
+    # the inner launcher inherited the outer's name and attached to its daemon: one staging
+    assert inner["job"]["job_id"] == outer["job"]["job_id"] and outer["job"]["job_id"].startswith("run-")
+    assert_read_once(inner, ds, opens=2 * len(ds.files))
+    assert_read_once(outer, ds, opens=2 * len(ds.files))
 
 
 @pytest.mark.parametrize("torchelastic_run_id", [None, "te-7"])
