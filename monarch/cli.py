@@ -100,6 +100,9 @@ def cmd_run(args) -> int:
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         raise MonarchError("monarch run: no command given; usage: monarch run [-c CONFIG] -- CMD ARGS...")
+    from monarch import topology
+    if topology.run_id() is None:  # the outermost run of an unnamed job names it; its config sees the name
+        os.environ[topology.ENV_RUN_ID] = topology.new_run_id()
     config = _load(args.config, roots=args.dataset)
     problem = find_command(cmd[0])
     if problem is not None:  # as a shell or srun would say it, before any daemon starts

@@ -29,7 +29,6 @@ from monarch.shim import shim_library
 log = logging.getLogger(__name__)
 
 DAEMON_START_TIMEOUT = 600.0  # the snapshot of a large dataset takes a while
-ENV_RUN_ID = "MONARCH_RUN_ID"
 
 
 ATTACH_TIMEOUT = 10.0          # a daemon answers ATTACH at once (its event loop never waits)
@@ -151,12 +150,16 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
         if config_file:
             cmd += ["-c", config_file]
         cmd += [a for root in config.dataset.given for a in ("--dataset", root)]  # what this launcher validated
-        env = _without_shim(os.environ) | {ENV_RUN_ID: run}
+        # the daemon expands the configuration with the launcher's run id, whatever its parents
+        env = _without_shim(os.environ) | {topology.ENV_RUN_ID: run}
+        env.setdefault(topology.ENV_JOB_ID, run)
         log_path = os.path.join(run_dir, "daemon.log")
         log_fd = secure.open_private_file(log_path, os.O_WRONLY | os.O_APPEND)
         try:
+            # close_fds: the daemon outlives the command and must not hold what the launcher
+            # inherited (an MPI launcher's PMI socket, its stdout and stderr pipes)
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         finally:
             os.close(log_fd)
         deadline = time.monotonic() + DAEMON_START_TIMEOUT
@@ -189,10 +192,9 @@ def _tail(path: str, lines: int = 15) -> str:
         return ""
 
 
-def app_env(session_env: dict[str, str], run: str) -> dict[str, str]:
+def app_env(session_env: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(session_env)
-    env[ENV_RUN_ID] = run  # nested monarch run and the command's children share the run
     shim = str(shim_library())
     preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != shim]
     env["LD_PRELOAD"] = ":".join([shim, *preload])
@@ -200,8 +202,13 @@ def app_env(session_env: dict[str, str], run: str) -> dict[str, str]:
 
 
 def run_command(cmd: list[str], env: dict[str, str]) -> int:
-    """Run ``cmd``, forwarding SIGINT/SIGTERM; return its exit code (128+N for a signal)."""
-    proc = subprocess.Popen(cmd, env=env)
+    """Run ``cmd``, forwarding SIGINT/SIGTERM; return its exit code (128+N for a signal).
+
+    The command inherits every descriptor ``monarch run`` inherited (close_fds=False): an MPI
+    launcher's PMI_FD, a scheduler's or torchrun's sockets. Monarch's own descriptors are
+    close-on-exec (PEP 446) and stay behind.
+    """
+    proc = subprocess.Popen(cmd, env=env, close_fds=False)
     forwarded = {}
 
     def forward(signum, _frame):
@@ -226,13 +233,14 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     """The whole of ``monarch run``. Monarch trouble never stops the command: it runs on the PFS."""
     t0 = time.time()
     session = daemon = None
-    run = topology.run_id() or topology.new_run_id()
+    run = topology.run_id() or topology.new_run_id()  # the CLI names an unnamed run before loading the config
     try:
         session, daemon = attach_or_start(config, config_file, run)
-        env = app_env(session.env, run)
+        env = app_env(session.env)
     except Exception as e:  # fail open: the job runs unaccelerated
         log.error("Monarch is not active for this run (%s); reading the PFS directly", e)
         env = dict(os.environ)
+    env[topology.ENV_RUN_ID] = run  # nested `monarch run` and the command's children share the run
     code = run_command(cmd, env)
     wall = time.time() - t0
     stats = session.stats() if session is not None else None
@@ -245,7 +253,7 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     if stats is None:
         stats = _stats_without_daemon(config, session)
         log.warning("the node daemon was lost during the run; the report holds the shim's counts only")
-    report = build_report([stats], {"job_id": session.run.get("run", run),
+    report = build_report([stats], {"job_id": run,
                                     "config": config.source, "command": cmd, "exit_code": code,
                                     "wall_seconds": round(wall, 3)})
     path = report_path or config.report or os.path.join(session.run_dir, "report.json")

@@ -37,10 +37,10 @@ class Dataset:
 
 @pytest.fixture
 def dataset(short_tmp):
-    def make(files=300, size="8KiB", name="pfs"):
+    def make(files=300, size="8KiB", name="pfs", seed=0):
         root = os.path.join(short_tmp, name)
         manifest = os.path.join(short_tmp, f"{name}.manifest.json")
-        entries = make_dataset(root, files=files, size=size, manifest=manifest)
+        entries = make_dataset(root, files=files, size=size, manifest=manifest, seed=seed)
         return Dataset(root, manifest, entries, sum(e["size"] for e in entries.values()))
     return make
 

@@ -3,6 +3,7 @@ run as a real process from this checkout."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,17 +11,20 @@ from pathlib import Path
 REPO = str(Path(__file__).resolve().parents[2])
 
 
-def write_config(base, roots, ram="1GiB", ssd="1GiB", policy="on-access", keep=False, extra=""):
+def write_config(base, roots, ram="1GiB", ssd="1GiB", policy="on-access", keep=False, extra="", dirs=True):
+    """A configuration in ``base``. ``dirs=False`` leaves the run's directories and tiers to the
+    shipped defaults, which separate runs by their identity (set TMPDIR and MONARCH_SSD)."""
     path = os.path.join(base, "monarch.yaml")
     roots_yaml = ", ".join(json.dumps(r) for r in ([roots] if isinstance(roots, str) else roots))
-    with open(path, "w") as f:
-        f.write(f"""dataset: {{roots: [{roots_yaml}]}}
-run_dir: "{base}/run${{MONARCH_NODE}}"
+    places = f"""run_dir: "{base}/run${{MONARCH_NODE}}"
 tiers:
   - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}, keep: {str(keep).lower()}}}
   - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}, keep: {str(keep).lower()}}}
-staging: {{policy: {policy}, threads: 2}}
 peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}
+"""
+    with open(path, "w") as f:
+        f.write(f"""dataset: {{roots: [{roots_yaml}]}}
+{places if dirs else ""}staging: {{policy: {policy}, threads: 2}}
 {extra}""")
     return path
 
@@ -37,6 +41,29 @@ def monarch(*args, env=None, timeout=180, **kw):
     """Run ``python -m monarch ARGS`` from this checkout."""
     return subprocess.run([sys.executable, "-m", "monarch", *args], env=env or monarch_env(),
                           capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def start_group(cmd, env=None, cwd=None):
+    """Start ``cmd`` in its own session (text output piped); end it with :func:`finish_group`."""
+    return subprocess.Popen(cmd, env=env or monarch_env(), cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish_group(proc, timeout=180):
+    """Wait for ``proc``; on timeout kill its whole group (mpiexec, its ranks, a daemon) and fail
+    with what it printed. Returns a CompletedProcess."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{' '.join(map(str, proc.args))} hung for {timeout} s\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_group(cmd, env=None, timeout=180, cwd=None):
+    """:func:`start_group` then :func:`finish_group`."""
+    return finish_group(start_group(cmd, env, cwd), timeout)
 
 
 def reader(ds, epochs=3, workers=4, reader_kind="python", compute_ms=0):

@@ -236,3 +236,20 @@ def test_standing_daemon_serves_several_runs_and_reports_at_stop(dataset, short_
     assert rep["sources"]["ram"]["opens"] == 400 and rep["pfs"]["total_bytes"] == ds.total
     r = monarch("stop", "-c", cfg, env=env)
     assert r.returncode == 2 and "no Monarch daemon answers" in r.stderr
+
+
+def test_the_command_inherits_every_descriptor_monarch_run_got(dataset, short_tmp):
+    # an MPI launcher hands its ranks a PMI socket as a bare inherited fd (PMI_FD): it must reach the command
+    ds = dataset(files=5)
+    read_end, write_end = os.pipe()
+    script = "import os, sys; os.write(int(sys.argv[1]), b'through monarch run'); os.close(int(sys.argv[1]))"
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", write_config(short_tmp, ds.root), "--",
+                              sys.executable, "-c", script, str(write_end)], env=monarch_env(), pass_fds=[write_end],
+                             stderr=subprocess.PIPE, text=True)
+        os.close(write_end)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert os.read(read_end, 100) == b"through monarch run"
+    finally:
+        os.close(read_end)

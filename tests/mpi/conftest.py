@@ -54,6 +54,14 @@ def mpi():
 
 
 @pytest.fixture
+def mpiexec():
+    """The path of mpiexec, for tests that place it themselves in a command line."""
+    if not _have_mpi():
+        pytest.skip("mpi4py or mpiexec not available")
+    return _mpiexec()
+
+
+@pytest.fixture
 def pfs(tmp_path):
     """A small dataset: edge sizes around the 64 KiB test chunk, random sizes, one 9 MiB file,
     and files whose provide() refuses, raises or is slow."""
