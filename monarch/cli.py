@@ -101,15 +101,15 @@ def cmd_run(args) -> int:
     if not cmd:
         raise MonarchError("monarch run: no command given; usage: monarch run [-c CONFIG] -- CMD ARGS...")
     from monarch import topology
-    if topology.run_id() is None:  # the outermost run of an unnamed job names it; its config sees the name
-        os.environ[topology.ENV_RUN_ID] = topology.new_run_id()
-    config = _load(args.config, roots=args.dataset)
+    # the outermost run of an unnamed job names it; its configuration sees the name
+    run_name = topology.run_id() or topology.new_run_id()
+    config = _load(args.config, roots=args.dataset, env=dict(os.environ, **{topology.ENV_RUN_ID: run_name}))
     problem = find_command(cmd[0])
     if problem is not None:  # as a shell or srun would say it, before any daemon starts
         code, reason = problem
         print(f"monarch: {cmd[0]}: {reason}", file=sys.stderr)
         return code
-    return run(config, args.config, cmd, args.report)
+    return run(config, args.config, cmd, args.report, run_name)
 
 
 def cmd_serve(args) -> int:

@@ -229,11 +229,11 @@ def run_command(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def run(config: Config, config_file: str | None, cmd: list[str], report_path: str | None,
-        out=sys.stderr) -> int:
+        run: str | None = None, out=sys.stderr) -> int:
     """The whole of ``monarch run``. Monarch trouble never stops the command: it runs on the PFS."""
     t0 = time.time()
     session = daemon = None
-    run = topology.run_id() or topology.new_run_id()  # the CLI names an unnamed run before loading the config
+    run = run or topology.run_id() or topology.new_run_id()
     try:
         session, daemon = attach_or_start(config, config_file, run)
         env = app_env(session.env)

@@ -43,15 +43,14 @@ def node_index(env: Mapping[str, str] | None = None) -> int:
 def run_id(env: Mapping[str, str] | None = None) -> str | None:
     """The identity of this run on this node, most specific first, sanitised to [A-Za-z0-9._-]:
 
-    1. ``MONARCH_RUN_ID``, inherited from an outer ``monarch run`` (one run tree, one daemon:
-       ``monarch run -- mpiexec -n 4 monarch run -- app`` joins the outer run);
-       ``MONARCH_JOB_ID`` (explicit);
+    1. ``MONARCH_JOB_ID`` (explicit);
     2. the scheduler's job and step: ``SLURM_JOB_ID.SLURM_STEP_ID`` (the job alone outside a
        step), ``PBS_JOBID``, ``LSB_JOBID``, ``FLUX_JOB_ID``, ``COBALT_JOBID``;
     3. the MPI launcher's job: MPICH (Hydra's ``PMI_PORT``, else the process serving our
        ``PMI_FD``: Hydra's proxy on this node or ``mpiexec.gforker``),
        Open MPI (``OMPI_MCA_ess_base_jobid``, ``PMIX_NAMESPACE``), torchrun
        (``TORCHELASTIC_RUN_ID``);
+    4. ``MONARCH_RUN_ID``, inherited from an outer ``monarch run``;
 
     else ``None``: the caller is the outermost ``monarch run`` of an unscheduled run and makes
     a new one (:func:`new_run_id`).
@@ -64,7 +63,6 @@ def run_id(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def _run_id_candidates(env: Mapping[str, str]):
-    yield env.get(ENV_RUN_ID)
     yield env.get(ENV_JOB_ID)
     slurm_job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if slurm_job:
@@ -75,6 +73,7 @@ def _run_id_candidates(env: Mapping[str, str]):
     yield _mpich_job(env)
     for var in _LAUNCHER_VARS:
         yield env.get(var)
+    yield env.get(ENV_RUN_ID)
 
 
 def _mpich_job(env: Mapping[str, str]) -> str | None:

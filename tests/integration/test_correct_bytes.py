@@ -305,15 +305,10 @@ def test_a_file_changed_during_the_job_is_not_served_stale_with_validate_open(da
     open(cfg, "w").write(text)
     # someone else (not through this job's shim) changes a file after it was prestaged
     change = f"f = open({paths[0]!r}, 'r+b'); f.write(b'CHANGED!'); f.close()"
-    script = (f"import subprocess, sys, time
-time.sleep(1.5)
-"
-              f"subprocess.run(['env', '-u', 'LD_PRELOAD', sys.executable, '-c', {change!r}], check=True)
-"
-              f"assert open({paths[0]!r}, 'rb').read(8) == b'CHANGED!'
-"
-              f"for p in {paths[1:]!r}: open(p, 'rb').read()
-")
+    script = (f"import subprocess, sys, time\ntime.sleep(1.5)\n"
+              f"subprocess.run(['env', '-u', 'LD_PRELOAD', sys.executable, '-c', {change!r}], check=True)\n"
+              f"assert open({paths[0]!r}, 'rb').read(8) == b'CHANGED!'\n"
+              f"for p in {paths[1:]!r}: open(p, 'rb').read()\n")
     report = os.path.join(short_tmp, "r.json")
     r = monarch("run", "-c", cfg, "--report", report, "--", sys.executable, "-c", script)
     assert r.returncode == 0, r.stderr

@@ -44,7 +44,17 @@ def no_pmi_server(monkeypatch):
 ])
 def test_precedence(env, expected):
     assert run_id(env) == expected
-    assert job_id(env) == (expected or "local")
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"MONARCH_JOB_ID": "mine", **SLURM}, "mine"),
+    ({**SLURM, **HYDRA_PORT, "MONARCH_RUN_ID": "outer"}, "4242"),  # the job, whatever its step
+    ({"PBS_JOBID": "88.pbs-server"}, "88.pbs-server"),
+    ({**HYDRA_PORT, "MONARCH_RUN_ID": "outer"}, "local"),  # an MPI launch or a run is not a job
+    ({}, "local"),
+])
+def test_the_job_is_what_a_standing_daemon_and_its_launchers_share(env, expected):
+    assert job_id(env) == expected
 
 
 def test_sanitised_to_a_safe_file_name():
@@ -85,7 +95,8 @@ def test_the_configuration_sees_the_run_id_as_monarch_job_id(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text('dataset: {roots: [/d]}\nrun_dir: "/r/${MONARCH_JOB_ID}"\n')
     env = {"USER": "u", "MONARCH_NODE": "0"}
-    assert load_config(cfg, env={**env, **SLURM}).run_dir == "/r/4242.3"
-    assert load_config(cfg, env={**env, "MONARCH_RUN_ID": "run-x"}).run_dir == "/r/run-x"
-    assert load_config(cfg, env={**env, **HYDRA_PORT}).run_dir == "/r/hydra-node7_41234"
-    assert load_config(cfg, env=env).run_dir == "/r/local"  # `monarch run` names such a run itself
+    load = lambda extra: load_config(cfg, env={**env, **extra}, check_roots=False)  # noqa: E731
+    assert load(SLURM).run_dir == "/r/4242.3"
+    assert load({"MONARCH_RUN_ID": "run-x"}).run_dir == "/r/run-x"
+    assert load(HYDRA_PORT).run_dir == "/r/hydra-node7_41234"
+    assert load({}).run_dir == "/r/local"  # `monarch run` names such a run itself
