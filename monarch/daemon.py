@@ -253,7 +253,9 @@ class NodeDaemon:
     # -- statistics and shutdown ---------------------------------------------------------
     def stats(self) -> dict:
         """This node's numbers (the report module turns them into the report)."""
-        names = protocol.slot_names([t.name for t in self.tiers], with_peer=self.cluster is not None)
+        names = {protocol.SLOT_PFS: "pfs"} | {t.slot: t.name for t in self.tiers}  # a skipped tier keeps its slot
+        if self.cluster is not None:
+            names[protocol.SLOT_PEER] = "peer"
         sources = protocol.read_sources(self.counters_path, names)
         with self._lock:
             outcomes = dict(self.outcomes)
@@ -275,15 +277,16 @@ class NodeDaemon:
         probe = [(t.slot, t.path) for t in self.tiers]
         if self.peer_area is not None:
             probe.append((protocol.SLOT_PEER, self.peer_area.path))
-        if self.config.staging.validate == "open":
-            probe = []  # every open asks the daemon, which checks the PFS once per file
-        return {
+        env = {
             protocol.ENV_ROOTS: protocol.format_roots(self.config.dataset.spellings()),
             protocol.ENV_PROBE: protocol.format_probe(probe),
             protocol.ENV_SOCKET: self.socket_path,
             protocol.ENV_COUNTERS: self.counters_path,
             protocol.ENV_INDEX: self.index_path,
         }
+        if self.config.staging.validate == "open":
+            env[protocol.ENV_ASK_FIRST] = "1"  # every open asks the daemon, which checks the PFS once per file
+        return env
 
     def describe(self) -> dict:
         """Who this daemon is, for a launcher deciding whether to attach."""

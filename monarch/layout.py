@@ -42,9 +42,13 @@ KEEP_LOCK = ".monarch-keep.lock"
 
 
 def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started; None if it is gone (a zombie is gone: it will never clean up)."""
     try:
         import psutil
-        return psutil.Process(pid).create_time()
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
     except Exception:  # gone, or psutil cannot say
         return None
 

@@ -14,10 +14,12 @@ exports these keys only, never anything else a daemon says):
                     the spelling the configuration used (``/scratch`` -> ``/lustre/scratch``).
   MONARCH_PROBE     staged-copy directories the shim probes, fastest first, as
                     ``<slot>=<dir>`` pairs separated by ':'. A key is staged at ``<dir>/<key>``.
-                    Empty when every open must ask the daemon (``staging.validate: open``).
+                    An OPEN answer must name a path inside one of these directories.
   MONARCH_SOCKET    the node daemon's Unix socket.
   MONARCH_COUNTERS  the job's shared counters file (see below).
   MONARCH_INDEX     the snapshot index (see below): what ``fstat`` of a staged copy reports.
+  MONARCH_ASK_FIRST=1  every managed open asks the daemon before it probes a tier
+                    (``staging.validate: open``: the daemon checks the PFS at a file's first open).
   MONARCH_DISABLE=1 the shim passes everything through.
   MONARCH_SHIM_DEBUG=1..3  debug lines on stderr.
   MONARCH_SHIM_TIMEOUT_MS  the longest the shim waits for one answer (default below); a
@@ -57,7 +59,9 @@ Snapshot index (written once by the daemon, atomically, read-only mmap in the sh
           starting at ``key_hash(key) & (buckets - 1)``
   entries INDEX_ENTRY each: u32 hash, u32 key length, u64 key offset, u64 size,
           i64 mtime_ns, i64 atime_ns, i64 ctime_ns, u64 ino, u64 dev, u32 mode, u32 uid,
-          u32 gid, u32 nlink: the source's own ``stat`` as the snapshot saw it
+          u32 gid, u32 nlink: the source's own ``stat`` as the snapshot saw it (a symlink's
+          target's), then u32 flags (INDEX_FLAG_SYMLINK: the name itself is a symlink, so an
+          ``O_NOFOLLOW`` open of it fails and is left to the kernel), u32 reserved (0)
   keys    the key bytes, not NUL-terminated
   key_hash is CRC-32 (zlib's, polynomial 0xEDB88320) of the key bytes.
 """
@@ -91,9 +95,10 @@ ENV_PROBE = "MONARCH_PROBE"
 ENV_SOCKET = "MONARCH_SOCKET"
 ENV_COUNTERS = "MONARCH_COUNTERS"
 ENV_INDEX = "MONARCH_INDEX"
+ENV_ASK_FIRST = "MONARCH_ASK_FIRST"
 ENV_DISABLE = "MONARCH_DISABLE"
 # what a launcher takes from a daemon's ATTACH answer; anything else is refused
-CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX)
+CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX, ENV_ASK_FIRST)
 
 # -- socket frames --------------------------------------------------------------------
 VERB_OPEN = 1
@@ -223,27 +228,30 @@ def read_sources(path: str, names: dict[int, str]) -> dict[str, dict[str, int]]:
 
 # -- snapshot index -------------------------------------------------------------------------
 INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 INDEX_HEADER = struct.Struct("<QIIIIQQQQ")
-INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIII")
+INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIII")
+INDEX_FLAG_SYMLINK = 1
 
 
 def key_hash(raw: bytes) -> int:
     return zlib.crc32(raw) & 0xFFFFFFFF
 
 
-def _stat_fields(st) -> tuple:
-    """(size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink) of an os.stat_result or a
-    snapshot FileInfo."""
+def _stat_fields(st, flags: int) -> tuple:
+    """(size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink, flags, 0) of an
+    os.stat_result or a snapshot FileInfo."""
     if hasattr(st, "st_size"):
         return (st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                st.st_mode, st.st_uid, st.st_gid, st.st_nlink)
-    return (st.size, st.mtime_ns, st.atime_ns, st.ctime_ns, st.ino, st.dev, st.mode, st.uid, st.gid, st.nlink)
+                st.st_mode, st.st_uid, st.st_gid, st.st_nlink, flags, 0)
+    flags |= INDEX_FLAG_SYMLINK if getattr(st, "link", False) else 0
+    return (st.size, st.mtime_ns, st.atime_ns, st.ctime_ns, st.ino, st.dev, st.mode, st.uid, st.gid, st.nlink,
+            flags, 0)
 
 
-def build_index(entries: Iterable[tuple[bytes, object]]) -> bytes:
-    """The index file's bytes for (key, source stat) pairs (see the module doc); a stat is
-    an os.stat_result or a snapshot FileInfo."""
+def build_index(entries: Iterable[tuple]) -> bytes:
+    """The index file's bytes for (key, source stat[, flags]) entries (see the module doc); a
+    stat is an os.stat_result or a snapshot FileInfo (which knows whether it is a symlink)."""
     items = list(entries)
     nbuckets = 16
     while nbuckets < 2 * len(items):
@@ -251,13 +259,13 @@ def build_index(entries: Iterable[tuple[bytes, object]]) -> bytes:
     mask = nbuckets - 1
     buckets = [0] * nbuckets
     packed, keys, key_off = [], [], 0
-    for number, (raw, st) in enumerate(items):
+    for number, (raw, st, *flags) in enumerate(items):
         h = key_hash(raw)
         b = h & mask
         while buckets[b]:
             b = (b + 1) & mask
         buckets[b] = number + 1
-        packed.append(INDEX_ENTRY.pack(h, len(raw), key_off, *_stat_fields(st)))
+        packed.append(INDEX_ENTRY.pack(h, len(raw), key_off, *_stat_fields(st, flags[0] if flags else 0)))
         keys.append(raw)
         key_off += len(raw)
     buckets_off = INDEX_HEADER.size
@@ -271,7 +279,7 @@ def build_index(entries: Iterable[tuple[bytes, object]]) -> bytes:
 def index_lookup(data: bytes, raw: bytes) -> tuple | None:
     """The entry of ``raw`` in an index (the shim's lookup, in Python for tests): a tuple in
     INDEX_ENTRY order after the key fields (size, mtime_ns, atime_ns, ctime_ns, ino, dev,
-    mode, uid, gid, nlink), or None."""
+    mode, uid, gid, nlink, flags, reserved), or None."""
     magic, version, n, nbuckets, _, buckets_off, entries_off, keys_off, _ = INDEX_HEADER.unpack_from(data)
     if magic != INDEX_MAGIC or version != INDEX_VERSION:
         raise ValueError("not a Monarch index")

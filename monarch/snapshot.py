@@ -29,11 +29,12 @@ class FileInfo(NamedTuple):
     uid: int = 0
     gid: int = 0
     nlink: int = 1
+    link: bool = False  # the name is a symlink (to a file): an O_NOFOLLOW open of it fails
 
     @classmethod
-    def from_stat(cls, st: os.stat_result) -> "FileInfo":
+    def from_stat(cls, st: os.stat_result, link: bool = False) -> "FileInfo":
         return cls(st.st_size, st.st_mtime_ns, st.st_mode, st.st_atime_ns, st.st_ctime_ns, st.st_ino,
-                   st.st_dev, st.st_uid, st.st_gid, st.st_nlink)
+                   st.st_dev, st.st_uid, st.st_gid, st.st_nlink, link)
 
     def same_content_as(self, st: os.stat_result) -> bool:
         """Does ``st`` describe the file this snapshot entry saw (size and mtime)?"""
@@ -83,7 +84,7 @@ def take_snapshot(roots: tuple[str, ...]) -> Snapshot:
                         stack.append(entry.path)
                     elif entry.is_file():
                         rel = os.path.relpath(entry.path, root)
-                        files[f"{index}/{rel}"] = FileInfo.from_stat(entry.stat())
+                        files[f"{index}/{rel}"] = FileInfo.from_stat(entry.stat(), entry.is_symlink())
                 except OSError:
                     continue
     return Snapshot(roots=tuple(roots), files=files)

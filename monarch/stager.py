@@ -164,7 +164,8 @@ class Stager:
             os.replace(tmp, dest)
 
     def _read_pfs(self, key: str, out: int) -> int:
-        """Copy the source into ``out`` in the kernel (sendfile), counting every byte read."""
+        """Copy the source into ``out``, counting every byte read from the PFS as it is read
+        (sendfile would hide what it read before a failed write, e.g. on a full tier)."""
         n = 0
         info = self.snapshot.get(key)
         src = os.open(self.snapshot.source_path(key), os.O_RDONLY | os.O_CLOEXEC)
@@ -173,13 +174,18 @@ class Stager:
                 raise SourceChanged(errno.ESTALE, "the file changed since the dataset snapshot; it is read from the PFS")
             with self._lock:
                 self.pfs_files += 1
+            buf = bytearray(min(CHUNK, max(info.size, 1) + 1))
+            view = memoryview(buf)
             while True:
-                sent = os.sendfile(out, src, None, CHUNK)
-                if sent == 0:
+                got = os.readv(src, [buf])
+                if got == 0:
                     break
-                n += sent
                 with self._lock:
-                    self.pfs_bytes += sent
+                    self.pfs_bytes += got
+                n += got
+                written = 0
+                while written < got:
+                    written += os.write(out, view[written:got])
         finally:
             os.close(src)
         if n != info.size:

@@ -38,7 +38,8 @@
  * Without a ".." component it is matched lexically; with one, its directory is
  * resolved with realpath() first, because the kernel follows a symlink before
  * it applies "..": root/lnk/../x is not root/x when lnk points elsewhere.
- * O_NOFOLLOW opens are left alone (the copy is keyed by name, not by inode).
+ * O_NOFOLLOW opens are served only for snapshot files whose name is not a symlink
+ * (the index says so); the rest are the kernel's.
  *
  * The daemon: one connection per request; the daemon's uid (SO_PEERCRED) must
  * be ours. OPEN answers may be preceded by STATUS_PENDING heartbeats; silence
@@ -161,14 +162,16 @@ struct statx {
 #define MONARCH_REQUEST_HEADER_SIZE 8
 #define MONARCH_ANSWER_HEADER_SIZE 8
 #define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL
-#define MONARCH_INDEX_VERSION 1
+#define MONARCH_INDEX_VERSION 2
 #define MONARCH_INDEX_HEADER_SIZE 56
-#define MONARCH_INDEX_ENTRY_SIZE 80
+#define MONARCH_INDEX_ENTRY_SIZE 88
+#define MONARCH_INDEX_FLAG_SYMLINK 1
 #define MONARCH_ENV_ROOTS "MONARCH_ROOTS"
 #define MONARCH_ENV_PROBE "MONARCH_PROBE"
 #define MONARCH_ENV_SOCKET "MONARCH_SOCKET"
 #define MONARCH_ENV_COUNTERS "MONARCH_COUNTERS"
 #define MONARCH_ENV_INDEX "MONARCH_INDEX"
+#define MONARCH_ENV_ASK_FIRST "MONARCH_ASK_FIRST"
 #define MONARCH_ENV_DISABLE "MONARCH_DISABLE"
 #define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
 #define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"
@@ -186,6 +189,7 @@ struct monarch_index_entry {
     int64_t mtime_ns, atime_ns, ctime_ns;
     uint64_t ino, dev;
     uint32_t mode, uid, gid, nlink;
+    uint32_t flags, reserved;
 };
 _Static_assert(sizeof(struct monarch_index_header) == MONARCH_INDEX_HEADER_SIZE, "index header layout");
 _Static_assert(sizeof(struct monarch_index_entry) == MONARCH_INDEX_ENTRY_SIZE, "index entry layout");
@@ -564,6 +568,15 @@ static uint32_t monarch_index_lookup(const char *key, size_t kl)
     return 0;
 }
 
+/* Is key a file of the snapshot whose name is not a symlink? (O_NOFOLLOW opens: only
+ * then is the copy what the kernel would open; without an index, nobody can say.) */
+static int monarch_is_plain_file(const char *key, size_t kl)
+{
+    struct monarch_index_entry e;
+    uint32_t n = monarch_index_lookup(key, kl);
+    return n && monarch_index_entry(n, &e) == 0 && !(e.flags & MONARCH_INDEX_FLAG_SYMLINK);
+}
+
 static void monarch_ns(int64_t ns, struct timespec *ts)
 {
     int64_t s = ns / 1000000000, r = ns % 1000000000;
@@ -818,7 +831,7 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
 {
     if (monarch_guard || !path || !path[0])
         return -1;
-    if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC | O_DIRECTORY | O_PATH | O_NOFOLLOW)))
+    if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC | O_DIRECTORY | O_PATH)))
         return -1;
     if (!monarch_start() || monarch_wants_dir(path))
         return -1;
@@ -826,6 +839,8 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
     size_t kl;
     if (monarch_key(dirfd, path, key, &kl) != 0)
         return -1;
+    if ((flags & O_NOFOLLOW) && !monarch_is_plain_file(key, kl))
+        return -1; /* the kernel's answer (ELOOP for a symlink) is the app's */
 
     /* Managed: from here on, the slow path. */
     int saved = errno;
@@ -1387,7 +1402,8 @@ static void monarch_init(void)
     const char *probe = getenv(MONARCH_ENV_PROBE);
     if (probe && probe[0])
         monarch_parse_probe(probe);
-    monarch_probing = 1;
+    const char *ask_first = getenv(MONARCH_ENV_ASK_FIRST);
+    monarch_probing = !(ask_first && ask_first[0] && strcmp(ask_first, "0") != 0); /* validate: open */
     const char *sock = getenv(MONARCH_ENV_SOCKET);
     if (sock && sock[0] && strlen(sock) < sizeof monarch_sockaddr.sun_path) {
         monarch_sockaddr.sun_family = AF_UNIX;

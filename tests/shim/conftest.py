@@ -205,7 +205,8 @@ class ShimEnv:
         for dirpath, _, files in os.walk(root):
             for name in files:
                 path = os.path.join(dirpath, name)
-                entries.append((b"0/" + os.path.relpath(path, root), os.stat(path)))
+                flags = protocol.INDEX_FLAG_SYMLINK if os.path.islink(path) else 0
+                entries.append((b"0/" + os.path.relpath(path, root), os.stat(path), flags))
         tmp = self.index + ".tmp"
         with open(tmp, "wb") as f:
             f.write(protocol.build_index(entries))

@@ -1,8 +1,9 @@
 """Keys are raw bytes, roots have several spellings, and a path means what the kernel
-makes of it: symlinks before "..", O_NOFOLLOW left alone."""
+makes of it: symlinks before "..", O_NOFOLLOW served only where the kernel would open the file."""
 
 from __future__ import annotations
 
+import errno
 import os
 import textwrap
 
@@ -84,14 +85,38 @@ def test_dotdot_to_a_missing_dir_passes_through(staged_env):
     assert staged_env.daemon.requests == []
 
 
-def test_o_nofollow_passes_through(staged_env):
-    src = staged_env.write("nf.bin", SIZE)
-    staged_env.stage("nf.bin", tier=0, data=b"S" * SIZE)  # a copy that differs: must not be read
-    proc = staged_env.python(textwrap.dedent("""
-        import hashlib, os, sys
+NOFOLLOW_MD5 = textwrap.dedent("""
+    import hashlib, os, sys
+    try:
         fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NOFOLLOW)
         print(hashlib.md5(os.read(fd, 1 << 20)).hexdigest())
-    """), str(src))
+    except OSError as e:
+        print(e.errno)
+""")
+
+
+def test_o_nofollow_of_a_plain_file_is_served_from_its_copy(staged_env):
+    src = staged_env.write("nf.bin", SIZE)
+    staged_env.stage("nf.bin", tier=0)
+    proc = staged_env.python(NOFOLLOW_MD5, str(src))  # GNU tar opens every file this way
     assert proc.stdout.decode().split() == [md5(src.read_bytes())]
+    assert staged_env.counts() == staged_env.expected(tier0=(1, SIZE))
+
+
+def test_o_nofollow_of_a_symlink_is_the_kernels_eloop(staged_env):
+    target = staged_env.write("target.bin", SIZE)
+    link = staged_env.root / "link.bin"
+    link.symlink_to(target)
+    staged_env.stage("link.bin", tier=0, data=b"S" * SIZE)  # a copy of the link's target: must not be read
+    proc = staged_env.python(NOFOLLOW_MD5, str(link))
+    assert proc.stdout.decode().split() == [str(errno.ELOOP)]
     assert staged_env.daemon.requests == []
+    assert staged_env.counts() == staged_env.expected()
+
+
+def test_o_nofollow_without_an_index_passes_through(staged_env):
+    src = staged_env.write("nf.bin", SIZE)
+    staged_env.stage("nf.bin", tier=0, data=b"S" * SIZE)
+    proc = staged_env.python(NOFOLLOW_MD5, str(src), env={**staged_env.environ(), "MONARCH_INDEX": "/nonexistent"})
+    assert proc.stdout.decode().split() == [md5(src.read_bytes())]
     assert staged_env.counts() == staged_env.expected()

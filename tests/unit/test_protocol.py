@@ -40,6 +40,8 @@ MIRRORED = {
     "MAX_ANSWER": "MAX_ANSWER",
     "INDEX_MAGIC": "INDEX_MAGIC",
     "INDEX_VERSION": "INDEX_VERSION",
+    "INDEX_FLAG_SYMLINK": "INDEX_FLAG_SYMLINK",
+    "ENV_ASK_FIRST": "ENV_ASK_FIRST",
 }
 
 # C macro -> the size of a protocol.py struct layout
@@ -190,7 +192,9 @@ def test_index_build_and_lookup(tmp_path):
     for key, st in entries:
         got = protocol.index_lookup(data, key)
         assert got == (st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                       st.st_mode, st.st_uid, st.st_gid, st.st_nlink)
+                       st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0)
+    flagged = protocol.build_index([(b"0/l", entries[0][1], protocol.INDEX_FLAG_SYMLINK)])
+    assert protocol.index_lookup(flagged, b"0/l")[-2:] == (protocol.INDEX_FLAG_SYMLINK, 0)
     assert protocol.index_lookup(data, b"0/missing") is None
     assert protocol.index_lookup(data, b"1/a.jpg") is None  # same name, other root
     assert protocol.key_hash(b"123456789") == 0xCBF43926     # the CRC-32 check value the shim's table must give
