@@ -84,7 +84,7 @@ def test_planted_tier_files_are_never_served(dataset, short_tmp, as_other_user):
     rep = load(report)
     (node,) = rep["nodes"]
     assert f"owned by uid {NOBODY}" in node["tier_errors"]["ram"]
-    assert rep["sources"]["ssd"]["opens"] == 200 and rep["sources"]["ram"]["opens"] == 0
+    assert rep["sources"]["ssd"]["opens"] == 200 and "ram" not in rep["sources"]  # skipped, said why
 
 
 def test_a_symlink_planted_as_the_users_directory_is_refused_and_its_target_untouched(dataset, short_tmp,
