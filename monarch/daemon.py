@@ -294,8 +294,13 @@ class NodeDaemon:
                 "config": self.config.source, "pid": os.getpid()}
 
     def close(self) -> None:
-        """Stop staging and remove what the run asked not to keep (the counters stay for the report)."""
+        """Stop staging and remove what the run asked not to keep. The run directory keeps
+        the daemon's log and the report; the index (as large as the dataset's names) goes."""
         self.stager.shutdown()
+        try:
+            os.unlink(self.index_path)
+        except OSError:
+            pass
         for tier in self.tiers:
             tier.remove()
         if self.peer_area is not None:

@@ -40,11 +40,15 @@ class Cluster:
                 pytest.fail(f"the cluster did not come up:\n{self.proc.stdout.read()}")
             time.sleep(0.1)
 
+    def run_dir(self, k):
+        """A standing daemon is its job's: outside a scheduler, the job "local"."""
+        return os.path.join(self.base, f"run{k}", f"monarch-{os.getuid()}", f"local-node{k}")
+
     def socket(self, k):
-        return os.path.join(self.base, f"run{k}", "daemon.sock")
+        return os.path.join(self.run_dir(k), "daemon.sock")
 
     def pid(self, k):
-        return int(open(os.path.join(self.base, f"run{k}", "daemon.pid")).read())
+        return int(open(os.path.join(self.run_dir(k), "daemon.pid")).read())
 
     def readers(self, ds, nodes, **kw):
         return [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", self.cfg, "--report",
@@ -89,7 +93,7 @@ def test_every_node_reads_everything_and_the_cluster_reads_the_pfs_once(nodes, d
     counted = pfs.counters()
     # the emulated PFS saw each byte about once for the whole cluster (against nodes x 3 without Monarch)
     assert ds.total <= counted["bytes"] <= 1.05 * ds.total
-    rep = load(os.path.join(short_tmp, "run0", "report.json"))
+    rep = load(os.path.join(cluster.run_dir(0), "report.json"))
     assert rep["nodes_reporting"] == nodes and rep["nodes_lost"] == []
     assert rep["pfs"]["total_bytes"] == counted["bytes"]  # Monarch's count agrees with the filesystem's
     sources = rep["sources"]

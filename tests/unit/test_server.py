@@ -163,7 +163,7 @@ def test_a_session_gets_only_monarch_keys_and_its_reports(served):
         s.sendall(protocol.encode_request(protocol.VERB_ATTACH))
         status, body = protocol.recv_answer(s)
         attached = json.loads(body)
-        assert status == 0 and set(attached["env"]) == set(protocol.CLIENT_ENV_KEYS)
+        assert status == 0 and set(protocol.CLIENT_ENV_KEYS) - set(attached["env"]) == {protocol.ENV_ASK_FIRST}
         assert attached["run"]["roots"] == list(daemon.config.dataset.roots)
         for _ in range(2):
             s.sendall(protocol.encode_request(protocol.VERB_REPORT))
