@@ -48,7 +48,10 @@ Socket protocol: frames, little-endian, one request per connection for the shim.
 Counters file: little-endian uint64 words, written by the shim with atomic adds,
 so counts survive forked workers that leave with ``_exit`` and processes that are killed.
   word 0: COUNTERS_MAGIC, word 1: COUNTERS_VERSION, word 2: MAX_SLOTS,
-  then per slot: opens, bytes (bytes read through read/pread/readv/preadv).
+  then per slot SLOT_WORDS: opens, bytes (bytes read through read/pread/readv/preadv),
+  opens_uncounted (opens whose bytes the shim cannot see: a FILE opened with fopen, read
+  by stdio's internal reads, or a descriptor mapped with mmap; counted once per open),
+  then EXTRA_WORDS of named counters (EXTRA_*).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
 Snapshot index (written once by the daemon, atomically, read-only mmap in the shim):
@@ -76,10 +79,14 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 1
+COUNTERS_VERSION = 2
 MAX_SLOTS = 16
 HEADER_WORDS = 3
-COUNTERS_SIZE = 8 * (HEADER_WORDS + 2 * MAX_SLOTS)
+SLOT_WORDS = 3
+EXTRA_WORDS = 8
+EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
+EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
+COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
 SLOT_PFS = 0
 SLOT_PEER = 1
@@ -198,14 +205,24 @@ def create_counters(path: str) -> None:
     write_file_atomically(path, header + b"\0" * (COUNTERS_SIZE - len(header)))
 
 
-def read_counters(path: str) -> list[tuple[int, int]]:
-    """(opens, bytes) per slot, as the shim has counted them so far."""
+def read_counters(path: str) -> list[tuple[int, int, int]]:
+    """(opens, bytes, opens_uncounted) per slot, as the shim has counted them so far."""
+    words = _counter_words(path)
+    body = words[HEADER_WORDS:]
+    return [tuple(body[SLOT_WORDS * i: SLOT_WORDS * (i + 1)]) for i in range(MAX_SLOTS)]
+
+
+def read_extra_counters(path: str) -> tuple[int, ...]:
+    """The EXTRA_WORDS named counters (EXTRA_*)."""
+    return _counter_words(path)[HEADER_WORDS + SLOT_WORDS * MAX_SLOTS:]
+
+
+def _counter_words(path: str) -> tuple[int, ...]:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), COUNTERS_SIZE, access=mmap.ACCESS_READ) as m:
         words = struct.unpack(f"<{COUNTERS_SIZE // 8}Q", m[:COUNTERS_SIZE])
     if words[0] != COUNTERS_MAGIC or words[1] != COUNTERS_VERSION:
         raise ValueError(f"{path}: not a Monarch counters file of version {COUNTERS_VERSION}")
-    body = words[HEADER_WORDS:]
-    return [(body[2 * i], body[2 * i + 1]) for i in range(MAX_SLOTS)]
+    return words
 
 
 def slot_names(tier_names, with_peer: bool) -> dict[int, str]:
@@ -218,12 +235,14 @@ def slot_names(tier_names, with_peer: bool) -> dict[int, str]:
 
 
 def read_sources(path: str, names: dict[int, str]) -> dict[str, dict[str, int]]:
-    """Opens and bytes per named source; zeros when the counters file is gone or foreign."""
+    """Opens, bytes and opens whose bytes are unknown, per named source; zeros when the
+    counters file is gone or foreign."""
     try:
         counters = read_counters(path)
     except (OSError, ValueError):
-        counters = [(0, 0)] * MAX_SLOTS
-    return {name: {"opens": counters[slot][0], "bytes": counters[slot][1]} for slot, name in sorted(names.items())}
+        counters = [(0, 0, 0)] * MAX_SLOTS
+    return {name: {"opens": counters[slot][0], "bytes": counters[slot][1], "opens_uncounted": counters[slot][2]}
+            for slot, name in sorted(names.items())}
 
 
 # -- snapshot index -------------------------------------------------------------------------

@@ -141,7 +141,7 @@ struct statx {
 
 /* ---- protocol mirror (monarch/protocol.py; checked by tests/unit/test_protocol.py) ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 1
+#define MONARCH_COUNTERS_VERSION 2
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 #define MONARCH_SLOT_PFS 0
@@ -175,7 +175,10 @@ struct statx {
 #define MONARCH_ENV_DISABLE "MONARCH_DISABLE"
 #define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
 #define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"
-#define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + 2 * MONARCH_MAX_SLOTS)
+#define MONARCH_SLOT_WORDS 3
+#define MONARCH_EXTRA_WORDS 8
+#define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
+#define MONARCH_FD_UNCOUNTED 0x80 /* in monarch_fd_slot: this open's bytes were declared unknown */
 
 /* The snapshot index (protocol.py, "Snapshot index"), little-endian like the host. */
 struct monarch_index_header {
@@ -300,6 +303,8 @@ static int (*real_dup)(int);
 static int (*real_dup2)(int, int);
 static int (*real_dup3)(int, int, int);
 static int (*real_close_range)(unsigned int, unsigned int, int);
+static void *(*real_mmap)(void *, size_t, int, int, int, off_t);
+static void *(*real_mmap64)(void *, size_t, int, int, int, off64_t);
 
 /* The kernel's fstat, for the shim's own checks: never our wrapper, and no
  * fstat@GLIBC_2.33 import (64-bit Linux: struct stat is the kernel's). */
@@ -311,13 +316,28 @@ static int monarch_sys_fstat(int fd, struct stat *st)
 /* ---- counting and the fd tables (hot path: no lock, no allocation, no log) ---- */
 static inline uint64_t *monarch_counter(unsigned slot, unsigned which)
 {
-    return &monarch_counters[MONARCH_HEADER_WORDS + 2 * slot + which];
+    return &monarch_counters[MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * slot + which];
+}
+
+/* This open's bytes go where the shim cannot see them (stdio's internal reads, mmap):
+ * count it once as an open whose bytes are unknown. */
+static inline void monarch_mark_uncounted(int fd)
+{
+    if ((unsigned)fd >= MONARCH_MAX_FDS)
+        return;
+    uint8_t s = __atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED);
+    uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
+    if (!s || (s & MONARCH_FD_UNCOUNTED) || getpid() != monarch_pid)
+        return;
+    __atomic_store_n(&monarch_fd_slot[fd], (uint8_t)(s | MONARCH_FD_UNCOUNTED), __ATOMIC_RELAXED);
+    if (c)
+        __atomic_fetch_add(monarch_counter(s - 1, 2), 1, __ATOMIC_RELAXED);
 }
 
 static inline void monarch_count_bytes(int fd, uint64_t n)
 {
     if ((unsigned)fd < MONARCH_MAX_FDS) {
-        unsigned s = __atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED);
+        unsigned s = __atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED) & ~MONARCH_FD_UNCOUNTED;
         uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
         if (s && c)
             __atomic_fetch_add(monarch_counter(s - 1, 1), n, __ATOMIC_RELAXED);
@@ -881,7 +901,10 @@ out:
 /* After the application's own open call (pass-through or PFS original). */
 static inline void monarch_after(int fd, int how)
 {
-    if (how == MONARCH_SLOT_PFS)
+    struct stat st;
+    if (how == MONARCH_SLOT_PFS && fd >= 0 && monarch_sys_fstat(fd, &st) == 0 && !S_ISREG(st.st_mode))
+        monarch_forget(fd); /* a directory (tar, opendir without O_DIRECTORY): not a file open */
+    else if (how == MONARCH_SLOT_PFS)
         monarch_track(fd, MONARCH_SLOT_PFS, 0);
     else if (fd >= 0)
         monarch_forget(fd); /* a stale entry from a close we did not see */
@@ -1020,6 +1043,7 @@ static int monarch_fopen_flags(const char *mode)
             FILE *fp_ = fdopen(fd_, mode);                                        \
             if (fp_) {                                                            \
                 monarch_track(fd_, (unsigned)how_, entry_);                       \
+                monarch_mark_uncounted(fd_); /* stdio reads with its own __read */ \
                 return fp_;                                                       \
             }                                                                     \
             real_close(fd_);                                                      \
@@ -1028,6 +1052,8 @@ static int monarch_fopen_flags(const char *mode)
         }                                                                         \
         FILE *fp_ = real_(path, mode);                                            \
         monarch_after(fp_ ? fileno(fp_) : -1, how_);                              \
+        if (fp_ && how_ == MONARCH_SLOT_PFS)                                      \
+            monarch_mark_uncounted(fileno(fp_));                                  \
         return fp_;                                                               \
     }
 
@@ -1151,6 +1177,25 @@ MONARCH_WRAPPERS(MONARCH_WRAP_OPEN, MONARCH_WRAP_OPEN_2, MONARCH_WRAP_OPENAT, MO
                  MONARCH_WRAP_FOPEN, MONARCH_WRAP_IO, MONARCH_WRAP_CHANGE, MONARCH_WRAP_STAT)
 
 /* ---- descriptor lifecycle: close, fclose, dup* keep the fd tables true ---- */
+/* mmap: page faults are not calls, so a mapped open's bytes are unknown (counted once). */
+MONARCH_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    MONARCH_REAL(mmap, MAP_FAILED)
+    void *p = real_(addr, len, prot, flags, fd, off);
+    if (p != MAP_FAILED && fd >= 0)
+        monarch_mark_uncounted(fd);
+    return p;
+}
+
+MONARCH_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off64_t off)
+{
+    MONARCH_REAL(mmap64, MAP_FAILED)
+    void *p = real_(addr, len, prot, flags, fd, off);
+    if (p != MAP_FAILED && fd >= 0)
+        monarch_mark_uncounted(fd);
+    return p;
+}
+
 MONARCH_EXPORT int close(int fd)
 {
     MONARCH_REAL(close, -1)
@@ -1219,6 +1264,8 @@ static void monarch_resolve_all(void)
     MONARCH_RESOLVE_ONE(dup2)
     MONARCH_RESOLVE_ONE(dup3)
     MONARCH_RESOLVE_ONE(close_range)
+    MONARCH_RESOLVE_ONE(mmap)
+    MONARCH_RESOLVE_ONE(mmap64)
 }
 
 /* Copy the next ':'-separated field of *s into out[PATH_MAX]; -1 at the end, 1 if too long. */

@@ -241,7 +241,12 @@ class ShimEnv:
 
     # -- counters --
     def counts(self) -> list[tuple[int, int]]:
-        return protocol.read_counters(self.counters)
+        """(opens, bytes) per slot."""
+        return [c[:2] for c in protocol.read_counters(self.counters)]
+
+    def uncounted(self) -> list[int]:
+        """Opens whose bytes the shim could not see (stdio, mmap), per slot."""
+        return [c[2] for c in protocol.read_counters(self.counters)]
 
     @staticmethod
     def expected(**slots: tuple[int, int]) -> list[tuple[int, int]]:

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from .conftest import md5
+from .conftest import TIER_SLOTS, md5
 
 pytestmark = pytest.mark.shim
 
@@ -162,3 +162,23 @@ def test_subprocess_in_between_keeps_counting(staged_env):
     """, str(src))
     assert proc.stdout.decode().strip() == md5(src.read_bytes())
     assert staged_env.counts() == staged_env.expected(tier0=(1, SIZE))
+
+
+def test_stdio_and_mmap_opens_are_counted_as_bytes_unknown(staged_env):
+    """fread reads through glibc's internal __read and mmap through page faults: the shim
+    sees neither, so such an open is counted once as one whose bytes are unknown."""
+    a = staged_env.write("u/a.bin", 50_000)
+    b = staged_env.write("u/b.bin", 50_000)
+    c = staged_env.write("u/c.bin", 50_000)
+    staged_env.python(textwrap.dedent("""
+        import mmap, subprocess, sys
+        a, b, c = sys.argv[1:]
+        subprocess.run(["md5sum", a], check=True, capture_output=True)        # fopen + fread
+        with open(b, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            m[:10]; m[10:20]                                                   # one open, mapped
+        with open(c, "rb") as f:
+            f.read()                                                           # counted bytes
+    """), str(a), str(b), str(c))
+    tier0 = TIER_SLOTS[0]
+    assert staged_env.uncounted()[tier0] == 2
+    assert staged_env.counts()[tier0] == (3, 50_000)

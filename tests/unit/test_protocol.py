@@ -17,6 +17,8 @@ MIRRORED = {
     "COUNTERS_VERSION": "COUNTERS_VERSION",
     "MAX_SLOTS": "MAX_SLOTS",
     "HEADER_WORDS": "HEADER_WORDS",
+    "SLOT_WORDS": "SLOT_WORDS",
+    "EXTRA_WORDS": "EXTRA_WORDS",
     "SLOT_PFS": "SLOT_PFS",
     "SLOT_PEER": "SLOT_PEER",
     "FIRST_TIER_SLOT": "FIRST_TIER_SLOT",
@@ -90,12 +92,13 @@ def test_debug_and_timeout_env_names_documented(c_defines):
 
 
 def test_counters_layout():
-    assert protocol.COUNTERS_SIZE == 8 * (protocol.HEADER_WORDS + 2 * protocol.MAX_SLOTS)
+    assert protocol.COUNTERS_SIZE == 8 * (protocol.HEADER_WORDS + protocol.SLOT_WORDS * protocol.MAX_SLOTS
+                                          + protocol.EXTRA_WORDS)
     assert protocol.MAX_TIERS == protocol.MAX_SLOTS - protocol.FIRST_TIER_SLOT
     assert protocol.tier_slot(0) == protocol.FIRST_TIER_SLOT
     assert protocol.SLOT_PFS == 0 and protocol.SLOT_PEER == 1
-    # the shim's fd table stores slot + 1 in a uint8_t
-    assert protocol.MAX_SLOTS < 255
+    # the shim's fd table stores slot + 1 in a uint8_t, with its top bit as the "uncounted" mark
+    assert protocol.MAX_SLOTS < 127
 
 
 def test_counters_roundtrip(tmp_path):
@@ -103,15 +106,21 @@ def test_counters_roundtrip(tmp_path):
     protocol.create_counters(path)
     raw = bytearray(open(path, "rb").read())
     assert len(raw) == protocol.COUNTERS_SIZE
-    assert protocol.read_counters(path) == [(0, 0)] * protocol.MAX_SLOTS
-    # what the shim does: little-endian adds at word HEADER_WORDS + 2*slot (+1 for bytes)
-    for slot, opens, nbytes in [(0, 3, 1000), (2, 1, 7), (15, 9, 2**40)]:
-        struct.pack_into("<Q", raw, 8 * (protocol.HEADER_WORDS + 2 * slot), opens)
-        struct.pack_into("<Q", raw, 8 * (protocol.HEADER_WORDS + 2 * slot + 1), nbytes)
+    assert protocol.read_counters(path) == [(0, 0, 0)] * protocol.MAX_SLOTS
+    # what the shim does: little-endian adds at word HEADER_WORDS + SLOT_WORDS*slot (+1 bytes, +2 uncounted)
+    for slot, values in [(0, (3, 1000, 1)), (2, (1, 7, 0)), (15, (9, 2**40, 4))]:
+        for i, v in enumerate(values):
+            struct.pack_into("<Q", raw, 8 * (protocol.HEADER_WORDS + protocol.SLOT_WORDS * slot + i), v)
+    struct.pack_into("<Q", raw, 8 * (protocol.HEADER_WORDS + protocol.SLOT_WORDS * protocol.MAX_SLOTS
+                                     + protocol.EXTRA_META_PFS), 5)
     open(path, "wb").write(raw)
     counts = protocol.read_counters(path)
-    assert counts[0] == (3, 1000) and counts[2] == (1, 7) and counts[15] == (9, 2**40)
-    assert counts[1] == (0, 0)
+    assert counts[0] == (3, 1000, 1) and counts[2] == (1, 7, 0) and counts[15] == (9, 2**40, 4)
+    assert counts[1] == (0, 0, 0)
+    assert protocol.read_extra_counters(path)[protocol.EXTRA_META_PFS] == 5
+    names = {0: "pfs", 2: "ram"}
+    assert protocol.read_sources(path, names) == {"pfs": {"opens": 3, "bytes": 1000, "opens_uncounted": 1},
+                                                  "ram": {"opens": 1, "bytes": 7, "opens_uncounted": 0}}
 
 
 def test_read_counters_rejects_foreign_file(tmp_path):
