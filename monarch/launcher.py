@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from monarch import layout, protocol, secure, topology
 from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
-from monarch.report import build_report, print_report, write_report
+from monarch.report import build_report, print_report, session_delta, write_report
 from monarch.server import EMBEDDED_IDLE_SECONDS
 from monarch.shim import shim_library
 
@@ -234,8 +234,11 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     t0 = time.time()
     session = daemon = None
     run = run or topology.run_id() or topology.new_run_id()
+    baseline = None
     try:
         session, daemon = attach_or_start(config, config_file, run)
+        if session.run.get("run") != run:  # the job's standing daemon: report this run's share
+            baseline = session.stats()
         env = app_env(session.env)
     except Exception as e:  # fail open: the job runs unaccelerated
         log.error("Monarch is not active for this run (%s); reading the PFS directly", e)
@@ -253,6 +256,8 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     if stats is None:
         stats = _stats_without_daemon(config, session)
         log.warning("the node daemon was lost during the run; the report holds the shim's counts only")
+    elif baseline is not None:
+        stats = session_delta(stats, baseline)
     report = build_report([stats], {"job_id": run,
                                     "config": config.source, "command": cmd, "exit_code": code,
                                     "wall_seconds": round(wall, 3)})

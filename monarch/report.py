@@ -90,6 +90,23 @@ def _pfs_traffic(sources: dict[str, collections.Counter], staging_bytes: int, da
     }
 
 
+def session_delta(end: dict, start: dict) -> dict:
+    """A node's numbers between two of its ``stats()``: what one ``monarch run`` attached to
+    a standing daemon did (the daemon's own report at stop keeps the totals)."""
+    def minus(a: dict, b: dict) -> dict:
+        return {k: (v - b.get(k, 0) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                for k, v in a.items()}
+    out = dict(end)
+    out["sources"] = {name: minus(c, start.get("sources", {}).get(name, {})) for name, c in end["sources"].items()}
+    staging = minus(end["staging"], start.get("staging", {}))
+    staging["failures"] = {k: v for k, v in minus(end["staging"].get("failures", {}),
+                                                  start.get("staging", {}).get("failures", {})).items() if v}
+    out["staging"] = staging
+    out["resolves"] = {k: v for k, v in minus(end.get("resolves", {}), start.get("resolves", {})).items() if v}
+    out["session_only"] = True
+    return out
+
+
 def write_report(report: dict, path: str) -> None:
     """Write the report through a fresh temporary name (never through a planted symlink)."""
     from monarch.secure import write_file_atomically

@@ -226,10 +226,15 @@ def test_standing_daemon_serves_several_runs_and_reports_at_stop(dataset, short_
         deadline = time.time() + 30
         while not os.path.exists(sock) and time.time() < deadline:
             time.sleep(0.05)
-        for _ in range(2):
-            r = monarch("run", "-c", cfg, "--report", os.path.join(short_tmp, "r.json"), "--",
-                        *reader(ds, epochs=1, workers=2), env=env)
+        runs = []
+        for i in range(2):
+            report = os.path.join(short_tmp, f"r{i}.json")
+            r = monarch("run", "-c", cfg, "--report", report, "--", *reader(ds, epochs=1, workers=2), env=env)
             assert r.returncode == 0, r.stderr
+            runs.append(load(report))
+        # each run reports its own session: the first staged everything, the second read it all from RAM
+        assert [rp["sources"]["ram"]["opens"] for rp in runs] == [200, 200]
+        assert [rp["pfs"]["staging_bytes"] for rp in runs] == [ds.total, 0]
         assert serve.poll() is None  # runs attach; they never stop a daemon they did not start
         assert monarch("stop", "-c", cfg, env=env).returncode == 0
         assert serve.wait(timeout=30) == 0
