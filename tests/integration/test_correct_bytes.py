@@ -315,3 +315,59 @@ def test_a_file_changed_during_the_job_is_not_served_stale_with_validate_open(da
     rep = load(report)
     assert rep["staging"]["failures"] == {"changed_since_snapshot": 1}
     assert rep["sources"]["ram"]["opens"] == 19 and rep["sources"]["pfs"]["opens"] == 1
+
+
+# -- the same cases through every kind of reader --------------------------------------------
+READERS = {
+    "python-forked": lambda ds: reader(ds, epochs=2, workers=4),
+    "os-pread": lambda ds: reader(ds, epochs=2, workers=2, reader_kind="os"),
+    "mmap": lambda ds: reader(ds, epochs=2, workers=2, reader_kind="mmap"),
+    "cat": lambda ds: ["sh", "-c", 'for i in 1 2; do cat "$@" | md5sum; done', "sh", *sorted(_paths(ds))],
+    "numpy": lambda ds: [sys.executable, "-c", "import hashlib, sys, numpy\n"
+                         "for _ in range(2):\n    h = hashlib.md5()\n"
+                         "    for p in sys.argv[1:]: h.update(numpy.fromfile(p, dtype=numpy.uint8).tobytes())\n"
+                         "    print(h.hexdigest(), ' -')\n", *sorted(_paths(ds))],
+}
+
+
+def _paths(ds):
+    return [os.path.join(ds.root, rel) for rel in ds.files]
+
+
+def _expected_output(kind, ds):
+    """What a reader prints when every byte is the source's (the workload readers check digests themselves)."""
+    if kind in ("cat", "numpy"):
+        h = hashlib.md5()
+        for p in sorted(_paths(ds)):
+            h.update(open(p, "rb").read())
+        return f"{h.hexdigest()}  -\n" * 2
+    return None
+
+
+@pytest.mark.parametrize("kind", sorted(READERS))
+def test_matrix_two_jobs_with_the_same_names_and_a_crashed_ones_leftovers(dataset, short_tmp, kind):
+    if kind == "numpy":
+        pytest.importorskip("numpy")
+    a, b = same_names_datasets(dataset)
+    env = monarch_env(MONARCH_JOB_ID="same")  # the worst case: both runs even share a name
+    # a crashed run of A leaves copies behind ...
+    cfg_a = write_config(short_tmp, a.root)
+    crash = (f"import os, signal, subprocess\nsubprocess.run({reader(a, epochs=1)!r}, check=True)\n"
+             f"os.kill(int(open(os.path.join(os.path.dirname(os.environ['MONARCH_SOCKET']), 'daemon.pid')).read()),"
+             f" signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)\n")
+    subprocess.run([sys.executable, "-m", "monarch", "run", "-c", cfg_a, "--", sys.executable, "-c", crash],
+                   env=env, capture_output=True, timeout=120)
+    # ... while another A runs, B (same relative names, other bytes) reads through `kind`
+    live_a = subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg_a, "--",
+                               *reader(a, epochs=3, workers=2)], env=env, stderr=subprocess.PIPE, text=True)
+    # same bases, same job name: before, B's shim opened A's copies at the same tier path
+    cfg_b = os.path.join(short_tmp, "b.yaml")
+    with open(cfg_b, "w") as f:
+        f.write(open(cfg_a).read().replace(a.root, b.root))
+    r = monarch("run", "-c", cfg_b, "--", *READERS[kind](b), env=env)
+    assert r.returncode == 0, r.stderr
+    want = _expected_output(kind, b)
+    if want is not None:
+        assert r.stdout == want
+    _, err = live_a.communicate(timeout=120)
+    assert live_a.returncode == 0, err
