@@ -47,9 +47,10 @@ def checker(short_tmp, paths, epochs=2, name="want.json") -> list:
 
 
 def same_names_datasets(dataset):
-    """Two datasets whose files have the same relative names and sizes, different bytes."""
-    a, b = dataset(files=150, size="4KiB", name="A"), dataset(files=150, size="4KiB", name="B")
+    """Two datasets whose files have the same relative names, different bytes."""
+    a, b = dataset(files=150, size="4KiB", name="A"), dataset(files=150, size="4KiB", name="B", seed=1)
     assert sorted(a.files) == sorted(b.files)
+    assert all(a.files[k]["xxh64"] != b.files[k]["xxh64"] for k in a.files)
     return a, b
 
 
@@ -360,10 +361,11 @@ def test_matrix_two_jobs_with_the_same_names_and_a_crashed_ones_leftovers(datase
     # ... while another A runs, B (same relative names, other bytes) reads through `kind`
     live_a = subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg_a, "--",
                                *reader(a, epochs=3, workers=2)], env=env, stderr=subprocess.PIPE, text=True)
-    # same bases, same job name: before, B's shim opened A's copies at the same tier path
+    # another run directory (another TMPDIR), the same tier bases and job name: before, B's
+    # shim opened A's copies at the tier path both computed
     cfg_b = os.path.join(short_tmp, "b.yaml")
     with open(cfg_b, "w") as f:
-        f.write(open(cfg_a).read().replace(a.root, b.root))
+        f.write(open(cfg_a).read().replace(a.root, b.root).replace(f"{short_tmp}/run", f"{short_tmp}/runb"))
     r = monarch("run", "-c", cfg_b, "--", *READERS[kind](b), env=env)
     assert r.returncode == 0, r.stderr
     want = _expected_output(kind, b)
