@@ -1178,23 +1178,17 @@ MONARCH_WRAPPERS(MONARCH_WRAP_OPEN, MONARCH_WRAP_OPEN_2, MONARCH_WRAP_OPENAT, MO
 
 /* ---- descriptor lifecycle: close, fclose, dup* keep the fd tables true ---- */
 /* mmap: page faults are not calls, so a mapped open's bytes are unknown (counted once). */
-MONARCH_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
-{
-    MONARCH_REAL(mmap, MAP_FAILED)
-    void *p = real_(addr, len, prot, flags, fd, off);
-    if (p != MAP_FAILED && fd >= 0)
-        monarch_mark_uncounted(fd);
-    return p;
-}
-
-MONARCH_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off64_t off)
-{
-    MONARCH_REAL(mmap64, MAP_FAILED)
-    void *p = real_(addr, len, prot, flags, fd, off);
-    if (p != MAP_FAILED && fd >= 0)
-        monarch_mark_uncounted(fd);
-    return p;
-}
+#define MONARCH_WRAP_MMAP(name, off_type)                                          \
+    MONARCH_EXPORT void *name(void *addr, size_t len, int prot, int flags, int fd, off_type off) \
+    {                                                                              \
+        MONARCH_REAL(name, MAP_FAILED)                                             \
+        void *p_ = real_(addr, len, prot, flags, fd, off);                         \
+        if (p_ != MAP_FAILED && fd >= 0)                                           \
+            monarch_mark_uncounted(fd);                                            \
+        return p_;                                                                 \
+    }
+MONARCH_WRAP_MMAP(mmap, off_t)
+MONARCH_WRAP_MMAP(mmap64, off64_t)
 
 MONARCH_EXPORT int close(int fd)
 {

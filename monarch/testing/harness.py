@@ -81,3 +81,16 @@ def run_dirs(base, node=0):
     """The run directories of a config written by write_config(base): <run base>/monarch-<uid>/<run>-node<N>."""
     import glob
     return sorted(glob.glob(os.path.join(base, f"run{node}", f"monarch-{os.getuid()}", f"*-node{node}")))
+
+
+def write_tier_config(base, root, run_base, ram_base, ssd_base, name="c.yaml"):
+    """A configuration with explicit run and tier base directories (write_config derives them)."""
+    path = os.path.join(base, name)
+    with open(path, "w") as f:
+        f.write(f"""dataset: {{roots: ["{root}"]}}
+run_dir: "{run_base}"
+tiers:
+  - {{name: ram, path: "{ram_base}", capacity: 1GiB}}
+  - {{name: ssd, path: "{ssd_base}", capacity: 1GiB}}
+""")
+    return path

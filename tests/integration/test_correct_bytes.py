@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from monarch.testing.harness import load, monarch, monarch_env, reader, write_config
+from monarch.testing.harness import load, monarch, monarch_env, reader, write_config, write_tier_config
 from monarch.workload import make_dataset
 
 pytestmark = pytest.mark.integration
@@ -256,14 +256,7 @@ def test_a_physically_full_tier_spills_to_the_next_and_the_pfs_is_counted_right(
     ds = dataset(files=200, size="8KiB")
     pfs = slow_pfs(ds.root, open_latency_ms=0)
     mounted = ds.__class__(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
-    cfg = os.path.join(short_tmp, "c.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"""dataset: {{roots: ["{mounted.root}"]}}
-run_dir: "{short_tmp}/run"
-tiers:
-  - {{name: ram, path: "{small_tmpfs}", capacity: 1GiB}}
-  - {{name: ssd, path: "{short_tmp}/ssd", capacity: 1GiB}}
-""")
+    cfg = write_tier_config(short_tmp, mounted.root, f"{short_tmp}/run", small_tmpfs, f"{short_tmp}/ssd")
     report = os.path.join(short_tmp, "r.json")
     r = monarch("run", "-c", cfg, "--report", report, "--", *reader(mounted, epochs=3, workers=2))
     assert r.returncode == 0, r.stderr
@@ -279,14 +272,7 @@ def test_a_tier_that_cannot_be_created_is_skipped_and_the_other_used(dataset, sh
     ds = dataset(files=50, size="4KiB")
     not_a_dir = os.path.join(short_tmp, "a-file")
     open(not_a_dir, "w").close()
-    cfg = os.path.join(short_tmp, "c.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"""dataset: {{roots: ["{ds.root}"]}}
-run_dir: "{short_tmp}/run"
-tiers:
-  - {{name: ram, path: "{not_a_dir}", capacity: 1GiB}}
-  - {{name: ssd, path: "{short_tmp}/ssd", capacity: 1GiB}}
-""")
+    cfg = write_tier_config(short_tmp, ds.root, f"{short_tmp}/run", not_a_dir, f"{short_tmp}/ssd")
     report = os.path.join(short_tmp, "r.json")
     r = monarch("run", "-c", cfg, "--report", report, "--", *reader(ds, epochs=2, workers=2))
     assert r.returncode == 0, r.stderr

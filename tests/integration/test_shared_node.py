@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from monarch.testing.harness import load, monarch, monarch_env, reader, write_config
+from monarch.testing.harness import load, monarch, monarch_env, reader, write_config, write_tier_config
 
 pytestmark = pytest.mark.integration
 
@@ -35,15 +35,7 @@ def open_path_to(path: str) -> None:
 
 
 def config(short_tmp, root, run_base, ram_base, ssd_base) -> str:
-    cfg = os.path.join(short_tmp, "c.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{run_base}"
-tiers:
-  - {{name: ram, path: "{ram_base}", capacity: 1GiB}}
-  - {{name: ssd, path: "{ssd_base}", capacity: 1GiB}}
-""")
-    return cfg
+    return write_tier_config(short_tmp, root, run_base, ram_base, ssd_base)
 
 
 def test_a_run_directory_made_first_by_another_user_is_refused(dataset, short_tmp, as_other_user):
