@@ -20,7 +20,7 @@ from monarch.errors import ConfigError
 from monarch.protocol import MAX_TIERS
 
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
-POLICIES = ("on-access", "prestage", "off")
+POLICIES = ("read-ahead", "on-access", "prestage", "off")
 VALIDATE_MODES = ("none", "open")
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
@@ -51,8 +51,8 @@ class DatasetConfig:
 
 @dataclass(frozen=True)
 class StagingConfig:
-    policy: str = "on-access"
-    threads: int = 4
+    policy: str = "read-ahead"
+    threads: int = 0  # copies in flight toward the sources; 0 ("auto"): adapted to what they give
     resolve_timeout: float = 30.0  # seconds a shim request waits for staging before "read the PFS"
     validate: str = "none"  # "open": compare size and mtime with the PFS at each file's first open in a job
 
@@ -271,7 +271,11 @@ def _validate(raw: dict, source: str, env: Mapping[str, str]) -> Config:
     validate = r.string(staging.get("validate", "none"), "staging.validate")
     if validate not in VALIDATE_MODES:
         raise r.fail("staging.validate", f"expected one of {', '.join(VALIDATE_MODES)}, got {validate!r}")
-    staging_cfg = StagingConfig(policy=policy, threads=r.number(staging.get("threads"), "staging.threads", int, 1),
+    threads = staging.get("threads")
+    if isinstance(threads, str) and threads != "auto":
+        raise r.fail("staging.threads", f'expected "auto" or a whole number of copies in flight, got {threads!r}')
+    threads = 0 if threads == "auto" else r.number(threads, "staging.threads", int, 1)
+    staging_cfg = StagingConfig(policy=policy, threads=threads,
                                 resolve_timeout=r.number(staging.get("resolve_timeout"), "staging.resolve_timeout",
                                                          float, 0.1), validate=validate)
     peer = r.mapping(raw.get("peer"), "peer")
