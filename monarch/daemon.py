@@ -184,7 +184,7 @@ class NodeDaemon:
         elif self.config.staging.policy == "off":
             done(PFS, "pfs:policy_off")
         else:
-            self.stager.ensure(key).add_done_callback(lambda f: done(*_answer_of(key, f)))
+            self.stager.ensure(key, inline=True).add_done_callback(lambda f: done(*_answer_of(key, f)))
 
     def _still_same(self, key: str, info) -> bool:
         """staging.validate: open — the first open of a file in the job compares the PFS's

@@ -7,9 +7,9 @@ count of every byte read from each source — the PFS bytes are the number Monar
 to minimise.
 
 Scheduling, in this order (the cold path counts):
-  1. demand: a file the application is waiting for starts at once (it may exceed the
-     concurrency limit by ``DEMAND_EXTRA``); one already being copied is waited for,
-     never read twice;
+  1. demand: a file the application is waiting for goes first, into slots background
+     copies may not take (``background_slots``), so it starts at once; one already being
+     copied is waited for, never read twice;
   2. order hints (``monarch.hints``): the coming epoch's order, staged just ahead of the
      reader; files this epoch has consumed are dropped when room is needed for ones it
      has not (clairvoyant: a file is read from the PFS at most once per epoch);
@@ -46,8 +46,15 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Stager", "Concurrency", "SourceChanged", "Invalidated"]
 
-DEMAND_EXTRA = 32      # demanded copies that may start beyond the concurrency limit
+
+
+def background_slots(limit: int) -> int:
+    """Of ``limit`` copies in flight, how many background copies may take: the rest stay
+    free for copies the application waits for, so those start at once."""
+    return max(1, limit - max(1, limit // 4))
 SCAN_STEP = 512        # read-ahead keys examined per turn under the lock
+INLINE_SECONDS = 0.0005   # a PFS this fast (recent mean per copy) is copied by the asker itself ...
+INLINE_BYTES = 256 << 10  # ... for files this small: no thread hand-off (see ensure)
 
 
 class Invalidated(Exception):
@@ -70,7 +77,7 @@ class Concurrency:
     GAIN = 1.15
     REPROBE = 16
 
-    def __init__(self, fixed: int | None = None, start: int = 16, low: int = 4, high: int = 256,
+    def __init__(self, fixed: int | None = None, start: int = 8, low: int = 4, high: int = 256,
                  clock: Callable[[], float] = time.monotonic):
         self.fixed = fixed
         self.low, self.high = low, max(low, high)
@@ -83,6 +90,7 @@ class Concurrency:
         self._best: tuple[float, int] | None = None  # (rate, limit)
         self._windows = 0
         self.history: list[tuple[int, float]] = []  # (limit, copies/s) of every judged window
+        self.recent_seconds: float | None = None  # moving mean of a copy's time (weight 1/8)
 
     def starved(self) -> None:
         """A slot was free and there was nothing to copy: this window says nothing of the source."""
@@ -92,6 +100,8 @@ class Concurrency:
         """One copy ended after ``seconds``; maybe move the limit (call under the stager's lock)."""
         self._done += 1
         self._seconds += seconds
+        r = self.recent_seconds
+        self.recent_seconds = seconds if r is None else r + (seconds - r) / 8
         if self.fixed:
             return
         now = self._clock()
@@ -206,9 +216,14 @@ class Stager:
         return self.staged.get(key)
 
     # -- asking ------------------------------------------------------------------------
-    def ensure(self, key: str) -> Future:
+    def ensure(self, key: str, inline: bool = False) -> Future:
         """A future of the tier that holds ``key`` (None: it stays on the PFS). The key
-        goes ahead of every background copy."""
+        goes ahead of every background copy.
+
+        ``inline``: the caller may copy it itself, before returning, when that is cheaper
+        than handing it to a thread — a small file from a PFS whose recent copies took
+        under INLINE_SECONDS (local disk, a warm cache). One slow copy raises the moving
+        mean past that at once, and the copies go back to the threads."""
         with self._lock:
             tier = self.staged.get(key)
             flight = self._flights.get(key)
@@ -224,9 +239,20 @@ class Stager:
                 done.set_result(tier)
                 return done
             flight = self._flights[key] = _Flight()
-            self._demand.append(key)
-            self._wake_locked()
-            return flight.future
+            recent = self.concurrency.recent_seconds
+            info = self.snapshot.files.get(key)
+            if (inline and recent is not None and recent < INLINE_SECONDS and info is not None
+                    and info.size <= INLINE_BYTES and self._running < self.concurrency.limit
+                    and not (self.peers is not None and self.peers.owns_elsewhere(key))):
+                flight.running = True
+                self._running += 1
+                self.demand_copies += 1
+            else:
+                self._demand.append(key)
+                self._wake_locked()
+                return flight.future
+        self._run(key, flight)
+        return flight.future
 
     def read_ahead(self, keys: Iterable[str]) -> None:
         """Stage ``keys`` in the background, in this order, after demand and hints, while
@@ -312,8 +338,7 @@ class Stager:
     def _wake_locked(self) -> None:
         if self._closed:
             return
-        want = self.concurrency.limit + DEMAND_EXTRA
-        if self._idle == 0 and len(self._workers) < want:
+        if self._idle == 0 and len(self._workers) < self.concurrency.limit:
             t = threading.Thread(target=self._work, name=f"monarch-stage-{len(self._workers)}", daemon=True)
             self._workers.append(t)
             t.start()
@@ -341,32 +366,35 @@ class Stager:
                 if self._demand or self._orders or self._ahead is not None:
                     self._wake_locked()  # more work: another worker (maybe a new one) looks
                 self._lock.release()
-                t0 = time.monotonic()
                 try:
-                    tier = self._stage(key)
+                    self._run(key, flight)
                 finally:
                     self._lock.acquire()
-                    self._running -= 1
-                    self._flights.pop(key, None)
-                    self.concurrency.completed(time.monotonic() - t0)
-                self._lock.release()
-                try:
-                    flight.future.set_result(tier)  # callbacks run here, outside the lock
-                finally:
-                    self._lock.acquire()
+
+    def _run(self, key: str, flight: _Flight) -> None:
+        """Copy ``key`` (its flight already counted as running), then resolve its future."""
+        t0 = time.monotonic()
+        try:
+            tier = self._stage(key)
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._flights.pop(key, None)
+                self.concurrency.completed(time.monotonic() - t0)
+        flight.future.set_result(tier)  # callbacks run here, outside the lock
 
     def _next_locked(self) -> tuple[str | None, bool]:
         """The next key to copy and whether it was demanded; (None, _) when there is none
         (or no free slot); ("", _) after a fruitless stretch of read-ahead."""
         limit = self.concurrency.limit
-        if self._running >= limit + DEMAND_EXTRA:
+        if self._running >= limit:
             return None, False
         while self._demand:
             key = self._demand.popleft()
             flight = self._flights.get(key)
             if flight is not None and not flight.running:
                 return key, True
-        if self._running >= limit:
+        if self._running >= background_slots(limit):
             return None, False
         for stream, order in list(self._orders.items()):
             key = self._next_hinted_locked(order)
