@@ -69,6 +69,8 @@ class Concurrency:
     reached (there was work for every slot), measure completed copies per second; double
     the limit while that grows by more than ``GAIN``, go back to the best limit when it
     falls, and measure afresh every ``REPROBE`` windows (a source's latency changes).
+    Only an increase that paid is kept: a limit that gives no more than the best so far
+    goes back to the best one (fewer copies in flight for the same rate spare the source).
     A window lasts ``PERIOD`` seconds or three mean copy times, whichever is longer, so a
     100 ms source is judged on whole generations of copies.
     """
@@ -123,9 +125,9 @@ class Concurrency:
         if best is None or rate > best[0] * self.GAIN:
             self._best = (rate, self.limit)
             self.limit = min(self.high, self.limit * 2)
-        elif rate < best[0] / self.GAIN and self.limit > best[1]:
-            self.limit = best[1]
-        # else: a plateau; stay
+        elif self.limit > best[1]:
+            self.limit = best[1]  # more copies at once did not pay: back to the fewest that gave the best
+        # else: at the best limit; stay
 
 
 # -- order hints ---------------------------------------------------------------------------
@@ -134,6 +136,7 @@ class _Order:
     """One reader's order for its current epoch (``monarch.hints``)."""
     keys: list[str] = field(default_factory=list)
     cursor: int = 0      # next position the stager looks at
+    blocked: bool = False  # the key at the cursor waits for room (for the reader to consume)
     consumed: int = 0    # positions below this the reader is done with
     evict_at: int = 0    # next consumed position to look at for a copy to drop
 
@@ -174,6 +177,7 @@ class Stager:
         self.peers = peers
         self.peer_area = peer_area
         self._on_fallback = on_fallback
+        self.inline_seconds = INLINE_SECONDS
         self.concurrency = Concurrency(fixed=threads or None, high=max_threads)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -241,7 +245,7 @@ class Stager:
             flight = self._flights[key] = _Flight()
             recent = self.concurrency.recent_seconds
             info = self.snapshot.files.get(key)
-            if (inline and recent is not None and recent < INLINE_SECONDS and info is not None
+            if (inline and recent is not None and recent < self.inline_seconds and info is not None
                     and info.size <= INLINE_BYTES and self._running < self.concurrency.limit
                     and not (self.peers is not None and self.peers.owns_elsewhere(key))):
                 flight.running = True
@@ -288,6 +292,7 @@ class Stager:
             if order is not None and consumed > order.consumed:
                 order.consumed = min(consumed, len(order.keys))
                 order.cursor = max(order.cursor, order.consumed)
+                order.blocked = False
                 self._wake_locked()
 
     def hint_end(self, stream: int) -> None:
@@ -425,7 +430,9 @@ class Stager:
                 order.cursor += 1
                 continue
             if not self._make_room_locked(self.snapshot.files[key].size):
+                order.blocked = True
                 return None  # wait until the reader consumes more
+            order.blocked = False
             order.cursor += 1
             self._flights[key] = _Flight()
             return key
@@ -560,10 +567,11 @@ class Stager:
             return len(self._flights)
 
     def idle(self) -> bool:
-        """Nothing queued, nothing running, nothing left to read ahead (for tests and benchmarks)."""
+        """Nothing queued or running, nothing left to read ahead, every hinted order done or
+        waiting for its reader (for tests and benchmarks)."""
         with self._lock:
-            return not self._flights and self._ahead is None and not any(
-                o.cursor < len(o.keys) for o in self._orders.values())
+            return not self._flights and self._ahead is None and all(
+                o.cursor >= len(o.keys) or o.blocked for o in self._orders.values())
 
     def shutdown(self) -> None:
         with self._lock:

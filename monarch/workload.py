@@ -214,9 +214,10 @@ def epoch_order(files: list[str], seed: int, epoch: int) -> list[str]:
 
 def read_dataset(directory: str | os.PathLike, epochs: int = 3, workers: int = 4, seed: int = 0,
                  compute_ms: float = 0.0, manifest: str | os.PathLike | None = None,
-                 reader: str = "python", log=None) -> list[EpochResult]:
+                 reader: str = "python", log=None, hints: bool = False) -> list[EpochResult]:
     """Read every file once per epoch with ``workers`` forked processes; stop after an epoch
-    that saw a digest mismatch. ``log(line)`` is called with a summary of each epoch."""
+    that saw a digest mismatch. ``log(line)`` is called with a summary of each epoch.
+    ``hints``: tell Monarch's daemon each epoch's order and progress (monarch.hints)."""
     if reader not in READERS:
         raise WorkloadError(f"--reader must be one of {', '.join(READERS)}, got {reader!r}")
     if workers < 1:
@@ -238,16 +239,24 @@ def read_dataset(directory: str | os.PathLike, epochs: int = 3, workers: int = 4
     spec = _WorkerSpec(root, reader, compute_ms / 1e3, expected)
     ctx = multiprocessing.get_context("fork")
     results = []
+    hinter = None
+    if hints:
+        from monarch.hints import Hints
+        hinter = Hints()
     for epoch in range(epochs):
         order = epoch_order(files, seed, epoch)
         chunks = [order[i:i + CHUNK_FILES] for i in range(0, len(order), CHUNK_FILES)]
         samples = nbytes = 0
         bad: list[str] = []
         t0 = time.perf_counter()
+        if hinter is not None:
+            hinter.order(os.path.join(root, rel) for rel in order)
         with ctx.Pool(workers, initializer=_init_worker, initargs=(spec,)) as pool:
-            for n, b, mism in pool.imap_unordered(_read_chunk, chunks):
+            for done, (n, b, mism) in enumerate(pool.imap_unordered(_read_chunk, chunks), 1):
                 samples, nbytes = samples + n, nbytes + b
                 bad.extend(mism)
+                if hinter is not None:  # chunks start in order: all but the last `workers` are read
+                    hinter.progress((done - workers) * CHUNK_FILES)
         seconds = time.perf_counter() - t0
         r = EpochResult(epoch, seconds, samples, nbytes, samples / seconds, nbytes / seconds / 1e6, bad)
         results.append(r)
@@ -284,6 +293,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="python: open().read(); os: os.open+os.pread; mmap: a private map")
     r.add_argument("--manifest", default=None, help="check every file's digest against this manifest")
     r.add_argument("--json", default=None, help="write per-epoch results here")
+    r.add_argument("--hints", action="store_true", help="tell Monarch each epoch's order (monarch.hints)")
     return p
 
 
@@ -299,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({time.perf_counter() - t0:.1f} s); manifest {args.manifest or default_manifest(args.dir)}")
             return 0
         results = read_dataset(args.dir, args.epochs, args.workers, args.seed, args.compute_ms,
-                               args.manifest, args.reader, log=lambda line: print(line, flush=True))
+                               args.manifest, args.reader, log=lambda line: print(line, flush=True),
+                               hints=args.hints)
     except WorkloadError as exc:
         print(f"monarch.workload: {exc}", file=sys.stderr)
         return 2
