@@ -442,6 +442,7 @@ class SlowPFS:
         if base is None:
             return now
         out: dict[str, Any] = {k: now[k] - base[k] for k in COUNTER_KEYS}
+        out["opening_peak"] = now.get("opening_peak", 0)  # a gauge since the start, not a count
         files = {}
         for path, per in now["files"].items():
             old = base["files"].get(path, {})
