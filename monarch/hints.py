@@ -19,8 +19,10 @@ or by hand::
         ...
         h.progress(n)         # the reader is done with the first n of them
 
-Outside ``monarch run`` (no MONARCH_SOCKET), with ``MONARCH_DISABLE=1``, or when the daemon
-does not answer, every call does nothing: hints never fail a job (fail open).
+Outside ``monarch run`` (no MONARCH_SOCKET) or when the daemon does not answer, every call
+does nothing: hints never fail a job (fail open). ``MONARCH_DISABLE=1`` turns off the shim,
+not the hints: a reader that opens through another path (monarch.testing.pyshim) still
+steers the daemon.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class Hints:
         self.stream = stream if stream is not None else secrets.randbits(63)
         self._socket_path = env.get(protocol.ENV_SOCKET, "")
         self._roots = _parse_roots(env.get(protocol.ENV_ROOTS, ""))
-        self.enabled = bool(self._socket_path and self._roots) and env.get(protocol.ENV_DISABLE) != "1"
+        self.enabled = bool(self._socket_path and self._roots)
         self._sock: socket.socket | None = None
         self._pid = os.getpid()
 
