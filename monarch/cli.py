@@ -190,7 +190,7 @@ def cmd_check_config(args) -> int:
     print(f"  roots   : {', '.join(config.dataset.roots)}")
     for t in config.tiers:
         print(f"  tier    : {t.name} {t.path} capacity {t.capacity} bytes{' (kept)' if t.keep else ''}")
-    print(f"  staging : {config.staging.policy}, {config.staging.threads} threads, "
+    print(f"  staging : {config.staging.policy}, {config.staging.threads or 'auto'} copies in flight, "
           f"validate {config.staging.validate}")
     print(f"  run_dir : {config.run_dir}")
     return 0

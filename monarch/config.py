@@ -20,7 +20,7 @@ from monarch.errors import ConfigError
 from monarch.protocol import MAX_TIERS
 
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
-POLICIES = ("on-access", "prestage", "off")
+POLICIES = ("read-ahead", "on-access", "prestage", "off")
 VALIDATE_MODES = ("none", "open")
 PRIVATE_PREFIX = "monarch-"  # Monarch's own directory in a base directory: monarch-<uid>
 
@@ -52,8 +52,8 @@ class DatasetConfig:
 
 @dataclass(frozen=True)
 class StagingConfig:
-    policy: str = "on-access"
-    threads: int = 4
+    policy: str = "read-ahead"
+    threads: int = 0  # copies in flight toward the sources; 0 ("auto"): adapted to what they give
     resolve_timeout: float = 30.0  # seconds a shim request waits for staging before "read the PFS"
     validate: str = "none"  # "open": compare size and mtime with the PFS at a file's first open in a job
 
@@ -402,13 +402,22 @@ def _tiers(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> list[TierCon
     return None if None in tiers else tiers
 
 
+def _threads(r: _Reader, value: Any) -> int:
+    """``auto`` (0: adapted to what the sources give) or a whole number of copies in flight."""
+    if value == "auto":
+        return 0
+    if isinstance(value, str):
+        raise r.fail("staging.threads", f'expected "auto" or a whole number of copies in flight, got {value!r}')
+    return r.number(value, "staging.threads", int, 1)
+
+
 def _staging(r: _Reader, raw: dict) -> StagingConfig | None:
     staging = r.get(r.mapping, raw.get("staging"), "staging")
     if staging is None:
         return None
     values = {
         "policy": r.get(r.choice, staging.get("policy"), "staging.policy", POLICIES),
-        "threads": r.get(r.number, staging.get("threads"), "staging.threads", int, 1),
+        "threads": r.get(_threads, r, staging.get("threads")),
         "resolve_timeout": r.get(r.number, staging.get("resolve_timeout"), "staging.resolve_timeout", float, 0.1),
         "validate": r.get(r.choice, staging.get("validate"), "staging.validate", VALIDATE_MODES),
     }

@@ -1,9 +1,12 @@
 """The node daemon: owns this node's tiers, snapshot, stager, peer area and statistics,
 and answers the shim's ``resolve(key)``.
 
-Single node it stages on access (or prestages); in a cluster it stages what this node
-owns and fetches the rest from the owning peer into a bounded local peer area; when a
-peer cannot help (dead, slow, full) the file is staged here from the PFS instead.
+Single node it reads the dataset ahead of the application (``read-ahead``: in the
+background from the start, what the application waits for first) or stages on access;
+in a cluster it stages what this node owns and fetches the rest from the owning peer
+into a bounded local peer area; when a peer cannot help (dead, slow, full) the file is
+staged here from the PFS instead. Every copy, from the PFS or a peer, goes through the
+stager (``monarch/stager.py``, ``monarch/sources.py``).
 Every way it cannot help ends in the same answer: read the PFS (fail open), counted by why.
 """
 
@@ -17,17 +20,37 @@ import socket
 import threading
 import time
 
+from typing import Callable
+
 from monarch import layout, protocol
 from monarch.config import Config, TierConfig
-from monarch.errors import MonarchError, PeerError
-from monarch.secure import owner_only
+from monarch.errors import MonarchError
 from monarch.snapshot import Snapshot, take_snapshot
-from monarch.stager import Invalidated, Stager
-from monarch.tiers import Tier, write_atomically
+from monarch.sources import PeerSource
+from monarch.stager import Stager
+from monarch.tiers import Tier
 
 log = logging.getLogger(__name__)
 
 PFS = (protocol.SLOT_PFS, "")
+
+
+def _already(tier: Tier) -> str:
+    return "already_fetched" if tier.slot == protocol.SLOT_PEER else "already_staged"
+
+
+def _answer_of(key: str, future: concurrent.futures.Future) -> tuple[tuple[int, str], str]:
+    """The answer and outcome of a finished staging future."""
+    if future.cancelled():
+        return PFS, "pfs:shutting_down"
+    try:
+        tier = future.result()
+    except Exception:  # a bug must not fail the app: it reads the PFS
+        log.exception("staging %s", key)
+        return PFS, "pfs:error"
+    if tier is None:
+        return PFS, "pfs:not_staged"
+    return (tier.slot, tier.path_for(key)), "fetched" if tier.slot == protocol.SLOT_PEER else "staged"
 
 
 class NodeDaemon:
@@ -39,34 +62,34 @@ class NodeDaemon:
         self.started = time.time()
         self.outcomes: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
-        self._peer_flights: dict[str, concurrent.futures.Future] = {}
-        self._peer_files: set[str] = set()
-        self._down_peers: set[int] = set()  # timed out once: not waited for again this job
         self._validated: set[str] = set()  # staging.validate: open — keys checked against the PFS
-        self.peer_bytes_received = 0
         self.snapshot_seconds = 0.0
         self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
         layout.write_marker(self.run_dir, run_id)
         protocol.create_counters(self.counters_path)
         self.tier_errors: dict[str, str] = {}
-        roots = config.dataset.roots
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i)) for i, cfg in enumerate(config.tiers))
                       if t is not None]
         self.snapshot = self._take_snapshot()
         self.snapshot.write_index(self.index_path)
-        self.stager = Stager(self.snapshot, self.tiers, config.staging.threads)
-        for tier in self.tiers:
-            if tier.keep:
-                for key in tier.adopt_existing(self.snapshot.files):
-                    self.stager.adopt(key, tier)
         self.peer_area = None
+        peers = None
         if cluster is not None:
             self.peer_area = self._make_tier(TierConfig("peer", config.peer.path, config.peer.capacity),
                                              protocol.SLOT_PEER)
             cluster.peer_timeout = config.peer.timeout
+            peers = PeerSource(cluster, config.peer.timeout)
+        self.stager = Stager(self.snapshot, self.tiers, config.staging.threads, peers=peers,
+                             peer_area=self.peer_area, on_fallback=self.count)
+        self._checks = None  # staging.validate: open — a few threads stat the PFS off the event loop
+        for tier in self.tiers:
+            if tier.keep:
+                for key in tier.adopt_existing(self.snapshot.files):
+                    self.stager.adopt(key, tier)
+        if cluster is not None:
             cluster.start(self.provide)
-        if config.staging.policy == "prestage":
-            self.stager.prestage(k for k in sorted(self.snapshot.files) if self.owns(k))
+        if config.staging.policy in ("read-ahead", "prestage"):
+            self.stager.read_ahead(k for k in sorted(self.snapshot.files) if self.owns(k))
 
     # -- where things are --------------------------------------------------------------
     @property
@@ -103,6 +126,10 @@ class NodeDaemon:
         return self.cluster is None or self.cluster.owner(key) == self.node
 
     # -- the shim's question -------------------------------------------------------
+    def count(self, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[outcome] += 1
+
     def resolve_now(self, key: str) -> tuple[int, str] | None:
         """The answer when it needs no waiting (the event loop answers these itself), else None."""
         info = self.snapshot.get(key)
@@ -111,48 +138,53 @@ class NodeDaemon:
         elif self.config.staging.validate == "open" and key not in self._validated:
             return None
         elif (tier := self.stager.where(key)) is not None:
-            answer, outcome = (tier.slot, tier.path_for(key)), "already_staged"
-        elif key in self._peer_files:
-            answer, outcome = (protocol.SLOT_PEER, self.peer_area.path_for(key)), "already_fetched"
+            answer, outcome = (tier.slot, tier.path_for(key)), _already(tier)
         else:
             return None
-        with self._lock:
-            self.outcomes[outcome] += 1
+        self.count(outcome)
         return answer
 
     def resolve(self, key: str) -> tuple[int, str]:
-        """Where the shim should open ``key``: ``(slot, path)``, or ``PFS``."""
-        answer, outcome = self._resolve(key)
-        with self._lock:
-            self.outcomes[outcome] += 1
+        """Where the shim should open ``key``: ``(slot, path)``, or ``PFS`` (waits; counted)."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self.resolve_async(key, lambda answer, outcome: done.set_result((answer, outcome)))
+        try:
+            answer, outcome = done.result(timeout=self.config.staging.resolve_timeout)
+        except concurrent.futures.TimeoutError:
+            answer, outcome = PFS, "pfs:timeout"
+        self.count(outcome)
         return answer
 
-    def _resolve(self, key: str) -> tuple[tuple[int, str], str]:
+    def resolve_async(self, key: str, done: Callable[[tuple[int, str], str], None]) -> None:
+        """Find where the shim should open ``key`` without blocking the caller:
+        ``done(answer, outcome)`` is called once, on this thread if the answer is known,
+        else on a staging thread. The caller counts the outcome (``count``) when it uses it."""
         info = self.snapshot.get(key)
         if info is None:
-            return PFS, "pfs:not_in_snapshot"
-        if self.config.staging.validate == "open" and key not in self._validated and not self._still_same(key, info):
-            return PFS, "pfs:changed_since_snapshot"
+            done(PFS, "pfs:not_in_snapshot")
+        elif self.config.staging.validate == "open" and key not in self._validated:
+            if self._checks is None:
+                with self._lock:
+                    if self._checks is None:
+                        self._checks = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="monarch-check")
+            self._checks.submit(self._checked_then_resolve, key, info, done)
+        else:
+            self._resolve_staged(key, done)
+
+    def _checked_then_resolve(self, key: str, info, done) -> None:
+        if self._still_same(key, info):
+            self._resolve_staged(key, done)
+        else:
+            done(PFS, "pfs:changed_since_snapshot")
+
+    def _resolve_staged(self, key: str, done) -> None:
         tier = self.stager.where(key)
         if tier is not None:
-            return (tier.slot, tier.path_for(key)), "already_staged"
-        if self.config.staging.policy == "off":
-            return PFS, "pfs:policy_off"
-        if not self.owns(key) and self.cluster.owner(key) not in self._down_peers:
-            answer, outcome = self._from_peer(key)
-            if answer != PFS:
-                return answer, outcome
-            with self._lock:  # the peer could not help: count why, then stage it here
-                self.outcomes[outcome] += 1
-        try:
-            tier = self.stager.ensure(key).result(timeout=self.config.staging.resolve_timeout)
-        except concurrent.futures.TimeoutError:
-            return PFS, "pfs:timeout"
-        except concurrent.futures.CancelledError:
-            return PFS, "pfs:shutting_down"
-        if tier is None:
-            return PFS, "pfs:not_staged"
-        return (tier.slot, tier.path_for(key)), "staged"
+            done((tier.slot, tier.path_for(key)), _already(tier))
+        elif self.config.staging.policy == "off":
+            done(PFS, "pfs:policy_off")
+        else:
+            self.stager.ensure(key, inline=True).add_done_callback(lambda f: done(*_answer_of(key, f)))
 
     def _still_same(self, key: str, info) -> bool:
         """staging.validate: open — the first open of a file in the job compares the PFS's
@@ -169,20 +201,21 @@ class NodeDaemon:
         return same
 
     def invalidate(self, key: str) -> None:
-        """The job writes to ``key`` (file or directory): its copies on this node go now."""
+        """The job writes to ``key`` (file or directory): its copies on this node go now
+        (in the tiers and the peer area alike)."""
         self.stager.invalidate(key)
-        if self.peer_area is not None:
-            prefix = key.rstrip("/") + "/"
-            with self._lock:
-                gone = [k for k in self._peer_files if k == key or k.startswith(prefix)]
-                for k in gone:
-                    self._peer_files.discard(k)
-                    try:
-                        os.unlink(self.peer_area.path_for(k))
-                    except OSError:
-                        pass
-        with self._lock:
-            self.outcomes["invalidated"] += 1
+        self.count("invalidated")
+
+    def hint(self, body: bytes) -> None:
+        """An order hint from ``monarch.hints`` (protocol.py, HINT); ProtocolError if malformed."""
+        op, stream, keys = protocol.decode_hint(body)
+        if op == protocol.HINT_ORDER or op == protocol.HINT_MORE:
+            self.stager.hint_order(stream, [k for k in keys if self.owns(k)], begin=op == protocol.HINT_ORDER)
+        elif op == protocol.HINT_PROGRESS:
+            self.stager.hint_progress(stream, keys)
+        else:
+            self.stager.hint_end(stream)
+        self.count("hints")
 
     def provide(self, key: str) -> str | None:
         """A peer asks for a key this node owns: the local path once staged, or None."""
@@ -193,62 +226,6 @@ class NodeDaemon:
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             return None
         return None if tier is None else tier.path_for(key)
-
-    # -- the peer area ---------------------------------------------------------------
-    def _from_peer(self, key: str) -> tuple[tuple[int, str], str]:
-        if self.peer_area is None:
-            return PFS, "peer_area_unusable"
-        path = self.peer_area.path_for(key)
-        with self._lock:
-            if key in self._peer_files:
-                return (protocol.SLOT_PEER, path), "already_fetched"
-            flight = self._peer_flights.get(key)
-            leader = flight is None
-            if leader:
-                flight = self._peer_flights[key] = concurrent.futures.Future()
-        if leader:
-            flight.set_result(self._fetch(key, path))
-            with self._lock:
-                self._peer_flights.pop(key, None)
-        try:
-            outcome = flight.result(timeout=self.config.peer.timeout + self.config.staging.resolve_timeout)
-        except concurrent.futures.TimeoutError:
-            return PFS, "peer_timeout"
-        return ((protocol.SLOT_PEER, path), "fetched") if outcome == "fetched" else (PFS, outcome)
-
-    def _fetch(self, key: str, path: str) -> str:
-        info = self.snapshot.get(key)
-        if not self.peer_area.reserve(info.size):
-            return "peer_area_full"
-        owner = self.cluster.owner(key)
-        t0 = time.monotonic()
-        try:
-            n = write_atomically(path, lambda fd: self.cluster.fetch(owner, key, fd), info.mtime_ns,
-                                 owner_only(info.mode), publish=lambda tmp, dest: self._publish_peer(key, tmp, dest))
-        except PeerError as e:
-            self.peer_area.release(info.size)
-            if time.monotonic() - t0 >= self.config.peer.timeout:
-                with self._lock:
-                    self._down_peers.add(owner)
-                log.warning("node %d timed out: its files are staged locally from now on (%s)", owner, e)
-            else:
-                log.warning("fetching %s from node %d failed: %s", key, owner, e)
-            return "peer_failed"
-        except (OSError, Invalidated) as e:
-            self.peer_area.release(info.size)
-            log.warning("writing %s into the peer area failed: %s", key, e)
-            return "peer_area_error"
-        self.peer_area.committed()
-        with self._lock:
-            self._peer_files.add(key)
-            self.peer_bytes_received += n
-        return "fetched"
-
-    def _publish_peer(self, key: str, tmp: str, dest: str) -> None:
-        with self.stager._lock:
-            if self.stager._is_dirty(key):
-                raise Invalidated(key)
-            os.replace(tmp, dest)
 
     # -- statistics and shutdown ---------------------------------------------------------
     def stats(self) -> dict:
@@ -297,6 +274,8 @@ class NodeDaemon:
         """Stop staging and remove what the run asked not to keep. The run directory keeps
         the daemon's log and the report; the index (as large as the dataset's names) goes."""
         self.stager.shutdown()
+        if self._checks is not None:
+            self._checks.shutdown(wait=False, cancel_futures=True)
         try:
             os.unlink(self.index_path)
         except OSError:

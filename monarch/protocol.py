@@ -41,6 +41,16 @@ Socket protocol: frames, little-endian, one request per connection for the shim.
                      daemon counts it until it closes.
   REPORT          -> status 0, body JSON statistics.
   STOP            -> status 0, then the daemon shuts down.
+  HINT body       -> status 0: an order hint from ``monarch.hints`` (the shim never sends
+                     it). body = u8 op, u64 stream (the reader's id, any number it chose),
+                     then by op:
+                       HINT_ORDER (1)    keys, each u16 length + bytes: the first keys of the
+                                         stream's next epoch, in the order it will read them
+                       HINT_MORE (2)     keys as above: the order continues with these
+                       HINT_PROGRESS (3) u64 n: the reader is done with the first n keys
+                       HINT_END (4)      nothing: the reader has gone
+                     A connection may send several HINT frames, each answered; it is
+                     closed after REQUEST idle seconds without one (the client reconnects).
   Any malformed or oversized request is answered STATUS_ERROR (body: a reason) and closed.
   Both sides check the peer's uid (SO_PEERCRED): only the daemon's own user is served,
   and the shim and launcher talk only to a daemon of their own uid.
@@ -113,8 +123,16 @@ VERB_INVALIDATE = 2
 VERB_ATTACH = 3
 VERB_REPORT = 4
 VERB_STOP = 5
+VERB_HINT = 6
 VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH",
-         VERB_REPORT: "REPORT", VERB_STOP: "STOP"}
+         VERB_REPORT: "REPORT", VERB_STOP: "STOP", VERB_HINT: "HINT"}
+
+HINT_ORDER = 1
+HINT_MORE = 2
+HINT_PROGRESS = 3
+HINT_END = 4
+HINT_HEADER = struct.Struct("<BQ")
+HINT_KEY = struct.Struct("<H")
 
 STATUS_PENDING = -2
 STATUS_ERROR = -1
@@ -143,6 +161,58 @@ def decode_request_header(header: bytes) -> tuple[int, int]:
     if length > MAX_REQUEST:
         raise ProtocolError(f"request body of {length} bytes exceeds {MAX_REQUEST}")
     return verb, length
+
+
+def encode_hints(op: int, stream: int, keys: Iterable[bytes] = (), consumed: int = 0) -> list[bytes]:
+    """The HINT request frames for one hint: a long order is split over several frames
+    (HINT_ORDER, then HINT_MORE), each within MAX_REQUEST."""
+    head = HINT_HEADER.pack(op, stream)
+    if op == HINT_PROGRESS:
+        return [encode_request(VERB_HINT, head + struct.pack("<Q", consumed))]
+    if op == HINT_END:
+        return [encode_request(VERB_HINT, head)]
+    frames, parts, size = [], [head], len(head)
+    for raw in keys:
+        item = HINT_KEY.pack(len(raw)) + raw
+        if len(head) + len(item) > MAX_REQUEST:
+            raise ProtocolError(f"a key of {len(raw)} bytes does not fit a HINT frame")
+        if size + len(item) > MAX_REQUEST:
+            frames.append(encode_request(VERB_HINT, b"".join(parts)))
+            head = HINT_HEADER.pack(HINT_MORE, stream)
+            parts, size = [head], len(head)
+        parts.append(item)
+        size += len(item)
+    frames.append(encode_request(VERB_HINT, b"".join(parts)))
+    return frames
+
+
+def decode_hint(body: bytes) -> tuple[int, int, list[str] | int | None]:
+    """(op, stream, keys | consumed | None) of a HINT body; ProtocolError if malformed."""
+    if len(body) < HINT_HEADER.size:
+        raise ProtocolError("HINT body shorter than its header")
+    op, stream = HINT_HEADER.unpack_from(body)
+    pos = HINT_HEADER.size
+    if op == HINT_PROGRESS:
+        if len(body) != pos + 8:
+            raise ProtocolError("HINT progress takes one u64")
+        return op, stream, struct.unpack_from("<Q", body, pos)[0]
+    if op == HINT_END:
+        if len(body) != pos:
+            raise ProtocolError("HINT end takes no body")
+        return op, stream, None
+    if op not in (HINT_ORDER, HINT_MORE):
+        raise ProtocolError(f"unknown HINT op {op}")
+    keys = []
+    while pos < len(body):
+        if pos + HINT_KEY.size > len(body):
+            raise ProtocolError("HINT key length truncated")
+        (n,) = HINT_KEY.unpack_from(body, pos)
+        pos += HINT_KEY.size
+        if n == 0 or pos + n > len(body):
+            raise ProtocolError("HINT key empty or truncated")
+        keys.append(key_str(body[pos:pos + n]))
+        pos += n
+    return op, stream, keys
 
 
 def encode_answer(status: int, body: bytes = b"") -> bytes:

@@ -3,8 +3,10 @@
 One thread owns every connection (selectors): it reads frames without ever waiting on
 a client, so idle, slow or hostile clients cost a file descriptor and nothing else. A
 request whose answer is already known (a staged file, a report) is answered in the loop;
-one that waits for a copy or a peer runs on a pool of request threads, and the loop sends
-the client a heartbeat frame every HEARTBEAT_MS meanwhile, so the shim can tell a slow
+an OPEN that waits for a copy or a peer is answered by the copy's own end (a callback on
+the staging thread hands the answer to the loop: no thread waits per request), an
+INVALIDATE runs on a pool of request threads, and the loop sends the client a heartbeat
+frame every HEARTBEAT_MS meanwhile, so the shim can tell a slow
 copy from a stalled daemon. Every connection's peer uid is checked (SO_PEERCRED): only
 the daemon's own user is served. A malformed, oversized or slow request is answered with
 an error, counted, and closed. Launcher sessions (ATTACH) stay open for a run; when the
@@ -40,7 +42,8 @@ EMBEDDED_FIRST_ATTACH_SECONDS = 120.0
 
 
 class _Conn:
-    __slots__ = ("sock", "inbuf", "outbuf", "deadline", "session", "pending", "next_beat", "close_after")
+    __slots__ = ("sock", "inbuf", "outbuf", "deadline", "session", "pending", "next_beat", "close_after",
+                 "answer_by")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -51,6 +54,7 @@ class _Conn:
         self.pending = False       # a request is running on the pool
         self.next_beat = 0.0
         self.close_after = False   # close once outbuf is written
+        self.answer_by = 0.0       # an OPEN still staging is answered "PFS" at this time
 
 
 class NodeServer:
@@ -66,7 +70,8 @@ class NodeServer:
         self._ever_attached = False
         self._last_change = time.monotonic()
         self._stop = threading.Event()
-        self._done: collections.deque[tuple[_Conn, bytes]] = collections.deque()
+        self._done: collections.deque[tuple[_Conn, bytes, str | None]] = collections.deque()
+        self._woken = False  # a wake byte is on its way: later finishers need not send one
         _claim_socket(self.path)
         old_umask = os.umask(0o177)  # the socket file is 0600 from the start
         try:
@@ -193,13 +198,24 @@ class NodeServer:
                 if known is not None:
                     self._answer(conn, _open_answer(known), close=True)
                     return
-                work = lambda: _open_answer(self.daemon.resolve(key))  # noqa: E731
-            else:
-                work = lambda: (self.daemon.invalidate(key), protocol.encode_answer(0))[1]  # noqa: E731
             conn.pending = True
-            conn.next_beat = time.monotonic() + protocol.HEARTBEAT_MS / 1000
+            now = time.monotonic()
+            conn.next_beat = now + protocol.HEARTBEAT_MS / 1000
+            if verb == protocol.VERB_OPEN:  # no thread waits for the copy: its end answers
+                conn.answer_by = now + self.daemon.config.staging.resolve_timeout
+                self.daemon.resolve_async(key, lambda answer, outcome, c=conn: self._resolved(c, answer, outcome))
+                return
+            work = lambda: (self.daemon.invalidate(key), protocol.encode_answer(0))[1]  # noqa: E731
             future = self._pool.submit(work)
             future.add_done_callback(lambda f, c=conn: self._finished(c, f))
+        elif verb == protocol.VERB_HINT:
+            try:
+                self.daemon.hint(body)
+            except ProtocolError as e:
+                self._refuse(conn, "bad_hint", str(e))
+                return
+            conn.deadline = time.monotonic() + REQUEST_TIMEOUT  # the hinting reader may send more
+            self._answer(conn, protocol.encode_answer(0))
         elif verb == protocol.VERB_ATTACH:
             if self._sessions >= MAX_SESSIONS:
                 self._refuse(conn, "too_many_sessions", f"at most {MAX_SESSIONS} sessions")
@@ -224,13 +240,27 @@ class NodeServer:
         except Exception:  # a bug here must not take the daemon down: the shim reads the PFS
             log.exception("request failed")
             answer = protocol.encode_answer(protocol.SLOT_PFS)
-        self._done.append((conn, answer))
-        self._wake()
+        self._hand_over(conn, answer, None)
+
+    def _resolved(self, conn: _Conn, answer: tuple[int, str], outcome: str) -> None:
+        """On any thread (a staging thread, or the loop itself): an OPEN's answer is known."""
+        self._hand_over(conn, _open_answer(answer), outcome)
+
+    def _hand_over(self, conn: _Conn, frame: bytes, outcome: str | None) -> None:
+        self._done.append((conn, frame, outcome))
+        if not self._woken:  # one wake byte per batch of answers, not one per answer
+            self._woken = True
+            self._wake()
 
     def _deliver_done(self) -> None:
+        self._woken = False
         while self._done:
-            conn, answer = self._done.popleft()
+            conn, answer, outcome = self._done.popleft()
+            if not conn.pending:
+                continue  # answered already (timed out): the late answer is not counted
             conn.pending = False
+            if outcome is not None:
+                self.daemon.count(outcome)
             if self._conns.get(conn.sock.fileno()) is conn:
                 self._answer(conn, answer, close=True)
 
@@ -238,7 +268,11 @@ class NodeServer:
         """Heartbeats to waiting clients; close clients too slow to send their request."""
         now = time.monotonic()
         for conn in list(self._conns.values()):
-            if conn.pending and now >= conn.next_beat:
+            if conn.pending and conn.answer_by and now >= conn.answer_by:
+                conn.pending = False  # the copy goes on; this open reads the PFS
+                self.daemon.count("pfs:timeout")
+                self._answer(conn, _open_answer((protocol.SLOT_PFS, "")), close=True)
+            elif conn.pending and now >= conn.next_beat:
                 conn.next_beat = now + protocol.HEARTBEAT_MS / 1000
                 self._answer(conn, protocol.encode_answer(protocol.STATUS_PENDING))
             elif not conn.session and not conn.pending and not conn.outbuf and now > conn.deadline:

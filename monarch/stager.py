@@ -1,8 +1,22 @@
-"""The stager: copies dataset files from the PFS into the fastest tier with room.
+"""The stager: copies dataset files from their sources into the fastest tier with room.
 
-A pool of I/O threads; one flight per file (concurrent requests share one copy);
-space reserved before the copy; nothing evicted. It counts every byte it reads
-from the PFS, because that is the number Monarch exists to minimise.
+One place for everything a copy needs, whatever the source (``monarch/sources.py``: the
+PFS, a peer node): priorities, bounded concurrency, one flight per file (concurrent
+requests share one copy), space reserved before the copy, the atomic publish, and the
+count of every byte read from each source — the PFS bytes are the number Monarch exists
+to minimise.
+
+Scheduling, in this order (the cold path counts):
+  1. demand: a file the application is waiting for goes first, into slots background
+     copies may not take (``background_slots``), so it starts at once; one already being
+     copied is waited for, never read twice;
+  2. order hints (``monarch.hints``): the coming epoch's order, staged just ahead of the
+     reader; files this epoch has consumed are dropped when room is needed for ones it
+     has not (clairvoyant: a file is read from the PFS at most once per epoch);
+  3. read-ahead (``staging.policy: read-ahead``): the rest of the dataset in the
+     background while it fits, pinned (nothing is evicted for it).
+Concurrency toward the sources adapts to what they give (``Concurrency``): deep enough to
+hide a high-latency PFS, no deeper than helps.
 
 Correct bytes first: a source is copied only if it is still the file the snapshot saw
 (size and mtime of the open descriptor); a key the job wrote to (``invalidate``) is never
@@ -17,40 +31,186 @@ import errno
 import logging
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
 
+from monarch.errors import PeerError
 from monarch.secure import owner_only
 from monarch.snapshot import Snapshot
+from monarch.sources import PeerSource, PFSSource, Source, SourceChanged
 from monarch.tiers import NO_SPACE, Tier, write_atomically
 
 log = logging.getLogger(__name__)
 
-CHUNK = 4 << 20
+__all__ = ["Stager", "Concurrency", "SourceChanged", "Invalidated"]
 
 
-class SourceChanged(OSError):
-    """The source is no longer the file the snapshot saw."""
+
+def background_slots(limit: int) -> int:
+    """Of ``limit`` copies in flight, how many background copies may take: the rest stay
+    free for copies the application waits for, so those start at once."""
+    return max(1, limit - max(1, limit // 4))
+SCAN_STEP = 512        # read-ahead keys examined per turn under the lock
+INLINE_SECONDS = 0.0005   # a PFS this fast (recent mean per copy) is copied by the asker itself ...
+INLINE_BYTES = 256 << 10  # ... for files this small: no thread hand-off (see ensure)
 
 
 class Invalidated(Exception):
     """The job wrote to the key while it was being copied: the copy is dropped."""
 
 
+# -- adaptive concurrency ------------------------------------------------------------------
+class Concurrency:
+    """How many copies may be in flight: fixed, or found by climbing while it pays.
+
+    Adaptive (``fixed`` None): start at ``start``; over windows in which the limit was
+    reached (there was work for every slot), measure completed copies per second; double
+    the limit while that grows by more than ``GAIN``, go back to the best limit when it
+    falls, and measure afresh every ``REPROBE`` windows (a source's latency changes).
+    Only an increase that paid is kept: a limit that gives no more than the best so far
+    goes back to the best one (fewer copies in flight for the same rate spare the source).
+    A window lasts ``PERIOD`` seconds or three mean copy times, whichever is longer, so a
+    100 ms source is judged on whole generations of copies.
+    """
+
+    PERIOD = 0.25
+    GAIN = 1.15
+    REPROBE = 16
+
+    def __init__(self, fixed: int | None = None, start: int = 8, low: int = 4, high: int = 256,
+                 clock: Callable[[], float] = time.monotonic):
+        self.fixed = fixed
+        self.low, self.high = low, max(low, high)
+        self.limit = fixed if fixed else min(max(start, low), self.high)
+        self._clock = clock
+        self._t0 = clock()
+        self._done = 0
+        self._seconds = 0.0
+        self._saturated = True
+        self._best: tuple[float, int] | None = None  # (rate, limit)
+        self._windows = 0
+        self.history: list[tuple[int, float]] = []  # (limit, copies/s) of every judged window
+        self.recent_seconds: float | None = None  # moving mean of a copy's time (weight 1/8)
+
+    def starved(self) -> None:
+        """A slot was free and there was nothing to copy: this window says nothing of the source."""
+        self._saturated = False
+
+    def completed(self, seconds: float) -> None:
+        """One copy ended after ``seconds``; maybe move the limit (call under the stager's lock)."""
+        self._done += 1
+        self._seconds += seconds
+        r = self.recent_seconds
+        self.recent_seconds = seconds if r is None else r + (seconds - r) / 8
+        if self.fixed:
+            return
+        now = self._clock()
+        span = now - self._t0
+        mean = self._seconds / self._done
+        if span < max(self.PERIOD, 3 * mean) or self._done < 4:
+            return
+        rate = self._done / span
+        if self._saturated:
+            self._judge(rate)
+        self._t0, self._done, self._seconds, self._saturated = now, 0, 0.0, True
+
+    def _judge(self, rate: float) -> None:
+        self.history.append((self.limit, rate))
+        self._windows += 1
+        if self._windows % self.REPROBE == 0:
+            self._best = None
+        best = self._best
+        if best is None or rate > best[0] * self.GAIN:
+            self._best = (rate, self.limit)
+            self.limit = min(self.high, self.limit * 2)
+        elif self.limit > best[1]:
+            self.limit = best[1]  # more copies at once did not pay: back to the fewest that gave the best
+        # else: at the best limit; stay
+
+
+# -- order hints ---------------------------------------------------------------------------
+@dataclass
+class _Order:
+    """One reader's order for its current epoch (``monarch.hints``)."""
+    keys: list[str] = field(default_factory=list)
+    cursor: int = 0      # next position the stager looks at
+    blocked: bool = False  # the key at the cursor waits for room (for the reader to consume)
+    consumed: int = 0    # positions below this the reader is done with
+    evict_at: int = 0    # next consumed position to look at for a copy to drop
+
+
+class _Flight:
+    __slots__ = ("future", "running")
+
+    def __init__(self):
+        self.future: Future = Future()
+        self.running = False
+
+
+class _SourceTally:
+    __slots__ = ("stager", "name")
+
+    def __init__(self, stager: "Stager", name: str):
+        self.stager, self.name = stager, name
+
+    def opened(self) -> None:
+        with self.stager._lock:
+            self.stager.files_read[self.name] += 1
+
+    def read(self, nbytes: int) -> None:
+        with self.stager._lock:
+            self.stager.bytes_read[self.name] += nbytes
+
+
 class Stager:
-    def __init__(self, snapshot: Snapshot, tiers: list[Tier], threads: int):
+    def __init__(self, snapshot: Snapshot, tiers: list[Tier], threads: int = 0, *,
+                 peers: PeerSource | None = None, peer_area: Tier | None = None,
+                 on_fallback: Callable[[str], None] | None = None, max_threads: int = 256):
+        """``threads``: copies in flight at most (0: adaptive, up to ``max_threads``).
+        ``peers``: keys another node owns are fetched from it into ``peer_area`` first;
+        ``on_fallback(reason)`` is told each time that did not work and the PFS was used."""
         self.snapshot = snapshot
         self.tiers = tiers
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="monarch-stage")
+        self.pfs: Source = PFSSource(snapshot)
+        self.peers = peers
+        self.peer_area = peer_area
+        self._on_fallback = on_fallback
+        self.inline_seconds = INLINE_SECONDS
+        self.concurrency = Concurrency(fixed=threads or None, high=max_threads)
         self._lock = threading.Lock()
-        self._flights: dict[str, Future] = {}
+        self._cv = threading.Condition(self._lock)
+        self._flights: dict[str, _Flight] = {}
+        self._demand: collections.deque[str] = collections.deque()
+        self._orders: dict[int, _Order] = {}
+        self._hinted_pos: dict[str, tuple[int, int]] = {}  # key -> (stream, position) in its order
+        self._ahead: Iterator[str] | None = None
+        self._workers: list[threading.Thread] = []
+        self._idle = 0
+        self._running = 0
+        self._closed = False
         self.staged: dict[str, Tier] = {}  # key -> tier holding its complete copy
         self.failures: collections.Counter[str] = collections.Counter()
         self._unstageable: set[str] = set()  # answered "PFS" at once from now on, counted once
+        self._no_room: set[str] = set()  # did not fit; tried again only once room was freed
         self._dirty: set[str] = set()  # keys (files or directories) the job wrote to
-        self.pfs_bytes = 0
-        self.pfs_files = 0
+        self.files_read: collections.Counter[str] = collections.Counter()  # by source name
+        self.bytes_read: collections.Counter[str] = collections.Counter()
         self.bytes_staged = 0
         self.files_staged = 0
+        self.files_dropped = 0
+        self.demand_copies = 0
+        self.background_copies = 0
+
+    # -- compatibility names for the report --------------------------------------------
+    @property
+    def pfs_bytes(self) -> int:
+        return self.bytes_read["pfs"]
+
+    @property
+    def pfs_files(self) -> int:
+        return self.files_read["pfs"]
 
     def adopt(self, key: str, tier: Tier) -> None:
         with self._lock:
@@ -59,19 +219,90 @@ class Stager:
     def where(self, key: str) -> Tier | None:
         return self.staged.get(key)
 
-    def ensure(self, key: str) -> Future:
-        """A future of the tier that holds ``key`` (None: it stays on the PFS)."""
+    # -- asking ------------------------------------------------------------------------
+    def ensure(self, key: str, inline: bool = False) -> Future:
+        """A future of the tier that holds ``key`` (None: it stays on the PFS). The key
+        goes ahead of every background copy.
+
+        ``inline``: the caller may copy it itself, before returning, when that is cheaper
+        than handing it to a thread — a small file from a PFS whose recent copies took
+        under INLINE_SECONDS (local disk, a warm cache). One slow copy raises the moving
+        mean past that at once, and the copies go back to the threads."""
         with self._lock:
             tier = self.staged.get(key)
             flight = self._flights.get(key)
-            if tier is not None or flight is not None or key in self._unstageable or self._is_dirty(key):
-                if flight is None:
-                    flight = Future()
-                    flight.set_result(tier)
-                return flight
-            flight = self._pool.submit(self._stage, key)
-            self._flights[key] = flight
-            return flight
+            if flight is not None:
+                if not flight.running:
+                    self._demand.append(key)  # queued in the background: promote it
+                    self._wake_locked()
+                return flight.future
+            if tier is not None or key in self._unstageable or key in self._no_room or self._is_dirty(key):
+                if key in self._no_room and tier is None:
+                    pass  # counted when it first did not fit
+                done: Future = Future()
+                done.set_result(tier)
+                return done
+            flight = self._flights[key] = _Flight()
+            recent = self.concurrency.recent_seconds
+            info = self.snapshot.files.get(key)
+            if (inline and recent is not None and recent < self.inline_seconds and info is not None
+                    and info.size <= INLINE_BYTES and self._running < self.concurrency.limit
+                    and not (self.peers is not None and self.peers.owns_elsewhere(key))):
+                flight.running = True
+                self._running += 1
+                self.demand_copies += 1
+            else:
+                self._demand.append(key)
+                self._wake_locked()
+                return flight.future
+        self._run(key, flight)
+        return flight.future
+
+    def read_ahead(self, keys: Iterable[str]) -> None:
+        """Stage ``keys`` in the background, in this order, after demand and hints, while
+        they fit (nothing is evicted for them)."""
+        with self._lock:
+            self._ahead = iter(keys)
+            self._wake_locked()
+
+    prestage = read_ahead  # the older name
+
+    # -- order hints -------------------------------------------------------------------------
+    def hint_order(self, stream: int, keys: list[str], begin: bool) -> None:
+        """Reader ``stream`` will read ``keys`` next, in this order (``begin``: a new epoch's
+        order starts with them; else they extend the current one)."""
+        with self._lock:
+            order = self._orders.get(stream)
+            if begin or order is None:
+                if order is not None:
+                    for k in order.keys:
+                        if self._hinted_pos.get(k, (None,))[0] == stream:
+                            del self._hinted_pos[k]
+                order = self._orders[stream] = _Order()
+            base = len(order.keys)
+            order.keys.extend(keys)
+            for i, k in enumerate(keys):
+                self._hinted_pos[k] = (stream, base + i)
+            self._wake_locked()
+
+    def hint_progress(self, stream: int, consumed: int) -> None:
+        """Reader ``stream`` is done with the first ``consumed`` keys of its order."""
+        with self._lock:
+            order = self._orders.get(stream)
+            if order is not None and consumed > order.consumed:
+                order.consumed = min(consumed, len(order.keys))
+                order.cursor = max(order.cursor, order.consumed)
+                order.blocked = False
+                self._wake_locked()
+
+    def hint_end(self, stream: int) -> None:
+        """Reader ``stream`` has gone: its order no longer steers anything."""
+        with self._lock:
+            order = self._orders.pop(stream, None)
+            if order is not None:
+                for k in order.keys:
+                    if self._hinted_pos.get(k, (None,))[0] == stream:
+                        del self._hinted_pos[k]
 
     # -- the job's writes ------------------------------------------------------------------
     def _is_dirty(self, key: str) -> bool:
@@ -88,21 +319,147 @@ class Stager:
             self._dirty.add(key.rstrip("/"))
             gone = [k for k in self.staged if k == key or k.startswith(prefix)] if len(self.staged) else []
             for k in gone:
-                tier = self.staged.pop(k)
-                path = tier.path_for(k)
-                try:
-                    size = os.stat(path).st_size
-                    os.unlink(path)
-                    tier.release(size)
-                except OSError:
-                    pass
+                self._drop_locked(k)
         return len(gone)
+
+    def _drop_locked(self, key: str) -> None:
+        tier = self.staged.pop(key)
+        path = tier.path_for(key)
+        try:
+            size = os.stat(path).st_size
+            os.unlink(path)
+            tier.release(size)
+        except OSError:
+            pass
+        self._no_room.clear()  # room was freed: what did not fit may fit now
 
     def mark_changed(self, key: str) -> None:
         """The source changed since the snapshot (found by a check at open): drop the copy."""
         self.invalidate(key)
         with self._lock:
             self.failures["changed_since_snapshot"] += 1
+
+    # -- the workers ----------------------------------------------------------------------------
+    def _wake_locked(self) -> None:
+        if self._closed:
+            return
+        if self._idle == 0 and len(self._workers) < self.concurrency.limit:
+            t = threading.Thread(target=self._work, name=f"monarch-stage-{len(self._workers)}", daemon=True)
+            self._workers.append(t)
+            t.start()
+        else:
+            self._cv.notify()
+
+    def _work(self) -> None:
+        with self._lock:
+            while not self._closed:
+                key, demanded = self._next_locked()
+                if key is None:
+                    self._idle += 1
+                    self._cv.wait(1.0)
+                    self._idle -= 1
+                    continue
+                if key == "":
+                    continue  # scanned a stretch of read-ahead; let others in
+                flight = self._flights[key]
+                flight.running = True
+                self._running += 1
+                if demanded:
+                    self.demand_copies += 1
+                else:
+                    self.background_copies += 1
+                if self._demand or self._orders or self._ahead is not None:
+                    self._wake_locked()  # more work: another worker (maybe a new one) looks
+                self._lock.release()
+                try:
+                    self._run(key, flight)
+                finally:
+                    self._lock.acquire()
+
+    def _run(self, key: str, flight: _Flight) -> None:
+        """Copy ``key`` (its flight already counted as running), then resolve its future."""
+        t0 = time.monotonic()
+        try:
+            tier = self._stage(key)
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._flights.pop(key, None)
+                self.concurrency.completed(time.monotonic() - t0)
+        flight.future.set_result(tier)  # callbacks run here, outside the lock
+
+    def _next_locked(self) -> tuple[str | None, bool]:
+        """The next key to copy and whether it was demanded; (None, _) when there is none
+        (or no free slot); ("", _) after a fruitless stretch of read-ahead."""
+        limit = self.concurrency.limit
+        if self._running >= limit:
+            return None, False
+        while self._demand:
+            key = self._demand.popleft()
+            flight = self._flights.get(key)
+            if flight is not None and not flight.running:
+                return key, True
+        if self._running >= background_slots(limit):
+            return None, False
+        for stream, order in list(self._orders.items()):
+            key = self._next_hinted_locked(order)
+            if key is not None:
+                return key, False
+        if self._ahead is not None:
+            for _ in range(SCAN_STEP):
+                key = next(self._ahead, None)
+                if key is None:
+                    self._ahead = None
+                    break
+                if self._wanted_locked(key) and self._fits(self.snapshot.files[key].size):
+                    self._flights[key] = _Flight()
+                    return key, False
+            else:
+                return "", False
+        self.concurrency.starved()
+        return None, False
+
+    def _wanted_locked(self, key: str) -> bool:
+        return (key not in self.staged and key not in self._flights and key not in self._unstageable
+                and key not in self._no_room and key in self.snapshot.files and not self._is_dirty(key))
+
+    def _next_hinted_locked(self, order: _Order) -> str | None:
+        while order.cursor < len(order.keys):
+            key = order.keys[order.cursor]
+            if not self._wanted_locked(key):
+                order.cursor += 1
+                continue
+            if not self._make_room_locked(self.snapshot.files[key].size):
+                order.blocked = True
+                return None  # wait until the reader consumes more
+            order.blocked = False
+            order.cursor += 1
+            self._flights[key] = _Flight()
+            return key
+        return None
+
+    def _fits(self, size: int) -> bool:
+        return any(t.full_reason is None and t.used + size <= t.capacity for t in self.tiers)
+
+    def _make_room_locked(self, size: int) -> bool:
+        """Room for ``size`` bytes in some tier, dropping copies hinted readers have
+        consumed if need be (oldest consumed first). False if there is none to drop."""
+        while not self._fits(size):
+            victim = None
+            for order in self._orders.values():
+                while order.evict_at < order.consumed:
+                    k = order.keys[order.evict_at]
+                    order.evict_at += 1
+                    if k in self.staged and self.staged[k] in self.tiers:
+                        victim = k
+                        break
+                if victim is not None:
+                    break
+            if victim is None:
+                return False
+            self._drop_locked(victim)
+            self.files_dropped += 1
+        return True
 
     # -- copying -------------------------------------------------------------------------------
     def _stage(self, key: str) -> Tier | None:
@@ -119,20 +476,57 @@ class Stager:
                 self.failures[reason] += 1
                 self._unstageable.add(key)
             return None
-        finally:
-            with self._lock:
-                self._flights.pop(key, None)
 
     def _copy(self, key: str) -> Tier | None:
         info = self.snapshot.get(key)
         if info is None:
             return self._give_up(key, "not_in_snapshot")
-        for tier in self.tiers:
+        if self.peers is not None and self.peers.owns_elsewhere(key):
+            tier, why = self._from_peer(key, info)
+            if tier is not None:
+                return tier
+            if self._on_fallback is not None:
+                self._on_fallback(why)
+        for attempt in (0, 1):
+            tier = self._copy_into(self.pfs, key, info, self.tiers)
+            if tier is not None:
+                return tier
+            with self._lock:  # no tier had room: hinted readers may have consumed copies to drop
+                if attempt or key not in self._hinted_pos or not self._make_room_locked(info.size):
+                    break
+        with self._lock:
+            self.failures["no_room"] += 1
+            self._no_room.add(key)
+        return None
+
+    def _from_peer(self, key: str, info) -> tuple[Tier | None, str]:
+        if self.peer_area is None:
+            return None, "peer_area_unusable"
+        why = self.peers.available(key)
+        if why is not None:
+            return None, why
+        try:
+            tier = self._copy_into(self.peers, key, info, [self.peer_area])
+        except PeerError:
+            return None, "peer_failed"
+        except (OSError, SourceChanged) as e:
+            log.warning("writing %s into the peer area failed: %s", key, e)
+            return None, "peer_area_error"
+        return (tier, "fetched") if tier is not None else (None, "peer_area_full")
+
+    def _copy_into(self, source: Source, key: str, info, tiers: list[Tier]) -> Tier | None:
+        """Copy ``key`` from ``source`` into the first of ``tiers`` with room (None: none had)."""
+        tally = _SourceTally(self, source.name)
+        if source is self.pfs:
+            fill = lambda fd: self._read_pfs(key, fd)  # noqa: E731
+        else:
+            fill = lambda fd: source.copy(key, info, fd, tally)  # noqa: E731
+        for tier in tiers:
             if not tier.reserve(info.size):
                 continue
             try:
-                n = write_atomically(tier.path_for(key), lambda fd: self._read_pfs(key, fd), info.mtime_ns,
-                                     owner_only(info.mode), publish=lambda tmp, dest: self._publish(key, tmp, dest))
+                n = write_atomically(tier.path_for(key), fill, info.mtime_ns,
+                                     owner_only(info.mode), publish=lambda tmp, dest: self._publish(key, tier, tmp, dest))
             except OSError as e:
                 tier.release(info.size)
                 if e.errno in NO_SPACE:
@@ -145,11 +539,14 @@ class Stager:
                 raise
             tier.committed()
             with self._lock:
-                self.staged[key] = tier
                 self.bytes_staged += n
                 self.files_staged += 1
             return tier
-        return self._give_up(key, "no_room")
+        return None
+
+    def _read_pfs(self, key: str, out: int) -> int:
+        """Copy ``key`` from the PFS into ``out``, counted (the one seam tests wrap)."""
+        return self.pfs.copy(key, self.snapshot.files[key], out, _SourceTally(self, "pfs"))
 
     def _give_up(self, key: str, reason: str) -> None:
         with self._lock:
@@ -157,55 +554,41 @@ class Stager:
             self._unstageable.add(key)
         return None
 
-    def _publish(self, key: str, tmp: str, dest: str) -> None:
+    def _publish(self, key: str, tier: Tier, tmp: str, dest: str) -> None:
         with self._lock:  # invalidate() holds it too: a copy never appears after a write
             if self._is_dirty(key):
                 raise Invalidated(key)
             os.replace(tmp, dest)
+            self.staged[key] = tier
 
-    def _read_pfs(self, key: str, out: int) -> int:
-        """Copy the source into ``out``, counting every byte read from the PFS as it is read
-        (sendfile would hide what it read before a failed write, e.g. on a full tier)."""
-        n = 0
-        info = self.snapshot.get(key)
-        src = os.open(self.snapshot.source_path(key), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if not info.same_content_as(os.fstat(src)):
-                raise SourceChanged(errno.ESTALE, "the file changed since the dataset snapshot; it is read from the PFS")
-            with self._lock:
-                self.pfs_files += 1
-            buf = bytearray(min(CHUNK, max(info.size, 1) + 1))
-            view = memoryview(buf)
-            while True:
-                got = os.readv(src, [buf])
-                if got == 0:
-                    break
-                with self._lock:
-                    self.pfs_bytes += got
-                n += got
-                written = 0
-                while written < got:
-                    written += os.write(out, view[written:got])
-        finally:
-            os.close(src)
-        if n != info.size:
-            raise SourceChanged(errno.ESTALE, f"read {n} bytes, the snapshot saw {info.size}")
-        return n
-
-    def prestage(self, keys) -> None:
-        """Queue ``keys`` in the background (largest files are not favoured: order is the caller's)."""
-        for key in keys:
-            self.ensure(key)
-
+    # -- state ---------------------------------------------------------------------------------
     def in_flight(self) -> int:
         with self._lock:
             return len(self._flights)
 
+    def idle(self) -> bool:
+        """Nothing queued or running, nothing left to read ahead, every hinted order done or
+        waiting for its reader (for tests and benchmarks)."""
+        with self._lock:
+            return not self._flights and self._ahead is None and all(
+                o.cursor >= len(o.keys) or o.blocked for o in self._orders.values())
+
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._closed = True
+            flights = [f for f in self._flights.values() if not f.running]
+            self._flights = {k: f for k, f in self._flights.items() if f.running}
+            self._demand.clear()
+            self._ahead = None
+            self._cv.notify_all()
+        for f in flights:
+            f.future.cancel()
 
     def stats(self) -> dict:
         with self._lock:
             return {"files": self.files_staged, "bytes": self.bytes_staged,
-                    "pfs_files_read": self.pfs_files, "pfs_bytes_read": self.pfs_bytes,
+                    "pfs_files_read": self.files_read["pfs"], "pfs_bytes_read": self.bytes_read["pfs"],
+                    "peer_files_read": self.files_read["peer"], "peer_bytes_read": self.bytes_read["peer"],
+                    "demand_copies": self.demand_copies, "background_copies": self.background_copies,
+                    "dropped": self.files_dropped, "concurrency": self.concurrency.limit,
                     "failures": dict(self.failures)}

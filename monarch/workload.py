@@ -31,7 +31,7 @@ from pathlib import Path
 import xxhash
 
 MANIFEST_SUFFIX = ".manifest.json"
-READERS = ("python", "os", "mmap")
+READERS = ("python", "os", "mmap", "pyshim")
 CHUNK_FILES = 16           # files per task handed to a worker (a "batch")
 OS_READ_CHUNK = 1 << 20    # bytes per os.pread of the "os" reader
 
@@ -134,6 +134,7 @@ class EpochResult:
     samples_per_s: float
     mb_per_s: float
     mismatches: list[str] = field(default_factory=list)
+    served: dict[str, int] = field(default_factory=dict)  # reader "pyshim": opens by how they were served
 
 
 def _read_python(path: str) -> bytes:
@@ -168,7 +169,24 @@ def _read_mmap(path: str) -> bytes:
         os.close(fd)
 
 
-_READ_FUNCS = {"python": _read_python, "os": _read_os, "mmap": _read_mmap}
+_pyshim = None  # the worker's PyShim (reader "pyshim")
+_served: dict[str, int] = {}
+
+
+def _read_pyshim(path: str) -> bytes:
+    """Open as the C shim would (monarch.testing.pyshim: tiers, then the daemon, then the
+    PFS) and read the whole file; counts how each open was served."""
+    global _pyshim
+    if _pyshim is None:
+        from monarch.testing.pyshim import PyShim
+        _pyshim = PyShim()
+    fd, how = _pyshim.open(path)
+    _served[how] = _served.get(how, 0) + 1
+    with open(fd, "rb") as f:
+        return f.read()
+
+
+_READ_FUNCS = {"python": _read_python, "os": _read_os, "mmap": _read_mmap, "pyshim": _read_pyshim}
 
 
 @dataclass(frozen=True)
@@ -187,9 +205,10 @@ def _init_worker(spec: _WorkerSpec) -> None:
     _spec = spec
 
 
-def _read_chunk(rels: list[str]) -> tuple[int, int, list[str]]:
-    """Worker task: read whole files; return (samples, bytes, mismatch messages)."""
+def _read_chunk(rels: list[str]) -> tuple[int, int, list[str], dict[str, int]]:
+    """Worker task: read whole files; return (samples, bytes, mismatch messages, served)."""
     spec = _spec
+    _served.clear()
     read = _READ_FUNCS[spec.reader]
     nbytes, bad = 0, []
     for rel in rels:
@@ -203,7 +222,7 @@ def _read_chunk(rels: list[str]) -> tuple[int, int, list[str]]:
                            f"read {len(data)} bytes xxh64 {got}")
         if spec.compute_s:
             time.sleep(spec.compute_s)
-    return len(rels), nbytes, bad
+    return len(rels), nbytes, bad, dict(_served)
 
 
 def epoch_order(files: list[str], seed: int, epoch: int) -> list[str]:
@@ -214,9 +233,10 @@ def epoch_order(files: list[str], seed: int, epoch: int) -> list[str]:
 
 def read_dataset(directory: str | os.PathLike, epochs: int = 3, workers: int = 4, seed: int = 0,
                  compute_ms: float = 0.0, manifest: str | os.PathLike | None = None,
-                 reader: str = "python", log=None) -> list[EpochResult]:
+                 reader: str = "python", log=None, hints: bool = False) -> list[EpochResult]:
     """Read every file once per epoch with ``workers`` forked processes; stop after an epoch
-    that saw a digest mismatch. ``log(line)`` is called with a summary of each epoch."""
+    that saw a digest mismatch. ``log(line)`` is called with a summary of each epoch.
+    ``hints``: tell Monarch's daemon each epoch's order and progress (monarch.hints)."""
     if reader not in READERS:
         raise WorkloadError(f"--reader must be one of {', '.join(READERS)}, got {reader!r}")
     if workers < 1:
@@ -238,18 +258,29 @@ def read_dataset(directory: str | os.PathLike, epochs: int = 3, workers: int = 4
     spec = _WorkerSpec(root, reader, compute_ms / 1e3, expected)
     ctx = multiprocessing.get_context("fork")
     results = []
+    hinter = None
+    if hints:
+        from monarch.hints import Hints
+        hinter = Hints()
     for epoch in range(epochs):
         order = epoch_order(files, seed, epoch)
         chunks = [order[i:i + CHUNK_FILES] for i in range(0, len(order), CHUNK_FILES)]
         samples = nbytes = 0
         bad: list[str] = []
+        served: dict[str, int] = {}
         t0 = time.perf_counter()
+        if hinter is not None:
+            hinter.order(os.path.join(root, rel) for rel in order)
         with ctx.Pool(workers, initializer=_init_worker, initargs=(spec,)) as pool:
-            for n, b, mism in pool.imap_unordered(_read_chunk, chunks):
+            for done, (n, b, mism, how) in enumerate(pool.imap_unordered(_read_chunk, chunks), 1):
                 samples, nbytes = samples + n, nbytes + b
                 bad.extend(mism)
+                for k, v in how.items():
+                    served[k] = served.get(k, 0) + v
+                if hinter is not None:  # chunks start in order: all but the last `workers` are read
+                    hinter.progress((done - workers) * CHUNK_FILES)
         seconds = time.perf_counter() - t0
-        r = EpochResult(epoch, seconds, samples, nbytes, samples / seconds, nbytes / seconds / 1e6, bad)
+        r = EpochResult(epoch, seconds, samples, nbytes, samples / seconds, nbytes / seconds / 1e6, bad, served)
         results.append(r)
         if log:
             log(f"epoch {epoch}: {seconds:.3f} s, {r.samples_per_s:.1f} samples/s, "
@@ -281,9 +312,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--compute-ms", type=float, default=0.0, help="sleep per sample (default 0)")
     r.add_argument("--reader", choices=READERS, default="python",
-                   help="python: open().read(); os: os.open+os.pread; mmap: a private map")
+                   help="python: open().read(); os: os.open+os.pread; mmap: a private map; "
+                        "pyshim: open as the shim would, in Python (monarch.testing.pyshim)")
     r.add_argument("--manifest", default=None, help="check every file's digest against this manifest")
     r.add_argument("--json", default=None, help="write per-epoch results here")
+    r.add_argument("--hints", action="store_true", help="tell Monarch each epoch's order (monarch.hints)")
     return p
 
 
@@ -299,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({time.perf_counter() - t0:.1f} s); manifest {args.manifest or default_manifest(args.dir)}")
             return 0
         results = read_dataset(args.dir, args.epochs, args.workers, args.seed, args.compute_ms,
-                               args.manifest, args.reader, log=lambda line: print(line, flush=True))
+                               args.manifest, args.reader, log=lambda line: print(line, flush=True),
+                               hints=args.hints)
     except WorkloadError as exc:
         print(f"monarch.workload: {exc}", file=sys.stderr)
         return 2

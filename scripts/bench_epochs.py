@@ -2,17 +2,28 @@
 """Epoch benchmark: the same training-like workload read three ways, side by side.
 
   direct   straight from the emulated slow PFS (a FUSE mount, 2 ms per open by default)
-  monarch  the same mount under ``monarch run`` (files staged into a RAM tier)
+  monarch  the same mount under ``monarch run`` (default configuration: read-ahead into a
+           RAM tier with room for the dataset, unless --capacity says otherwise)
   ceiling  straight from a copy of the dataset in /dev/shm (what local RAM allows)
 
-It prints each epoch's time and samples/s per mode, the ratios monarch/direct and
-monarch/ceiling over the steady-state epochs (all but the first), and the bytes each mode
-read from the PFS as the emulator counted them, against the dataset size. It writes the
-figures as JSON and a plot as PNG.
+It prints each epoch's time and samples/s per mode; the first epoch (the cold path every
+job pays) as its own figure, monarch against direct; the ratios over the steady-state
+epochs (all but the first); and the bytes each mode read from the PFS as the emulator
+counted them, against the dataset size. Several open latencies (``--open-latency-ms
+2,50``) run one after the other on the same dataset, with a summary table at the end. It
+writes the figures as JSON and a plot as PNG.
 
-    python scripts/bench_epochs.py                      # ~3000 files of ~100 KiB, 3 epochs
+    python scripts/bench_epochs.py                      # ~3000 files of ~100 KiB, 3 epochs, 2 ms/open
     python scripts/bench_epochs.py --variant large      # 64 files of 16 MiB
+    python scripts/bench_epochs.py --variant high-latency   # 1000 files, 20, 50 and 100 ms per open
+    python scripts/bench_epochs.py --capacity 0.5x --hints  # RAM tier of half the dataset, order hints
+    python scripts/bench_epochs.py --client python      # monarch mode through monarch.testing.pyshim
     python scripts/bench_epochs.py --quick              # a small smoke run
+
+``--client python`` runs the monarch mode with the C shim off (MONARCH_DISABLE=1) and the
+workload opening files as the shim would, in Python, over the frame protocol
+(monarch/testing/pyshim.py); it then also reports how each epoch's opens were served
+(tier probe hit, staged by the daemon on a miss, PFS).
 """
 
 from __future__ import annotations
@@ -35,7 +46,8 @@ from monarch.workload import make_dataset, parse_size  # noqa: E402
 
 MODES = ("direct", "monarch", "ceiling")
 VARIANTS = {"small": dict(files=3000, size="100KiB", spread=0.5),
-            "large": dict(files=64, size="16MiB", spread=0.0)}
+            "large": dict(files=64, size="16MiB", spread=0.0),
+            "high-latency": dict(files=1000, size="100KiB", spread=0.5, latencies="20,50,100", epochs=2)}
 
 
 def parse_args(argv=None):
@@ -45,17 +57,23 @@ def parse_args(argv=None):
     p.add_argument("--files", type=int, help="number of files (overrides the variant)")
     p.add_argument("--size", help="mean file size, e.g. 100KiB (overrides the variant)")
     p.add_argument("--spread", type=float, help="log-normal spread of sizes (overrides the variant)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=None, help="epochs (default 3; high-latency: 2)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--reader", choices=("python", "os", "mmap"), default="python")
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per sample in the workload")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--open-latency-ms", type=float, default=2.0, help="emulated PFS: per open")
+    p.add_argument("--open-latency-ms", default=None,
+                   help="emulated PFS: ms per open, or several comma-separated (default 2; high-latency: 20,50,100)")
     p.add_argument("--read-latency-ms", type=float, default=0.0, help="emulated PFS: per read call")
     p.add_argument("--bandwidth", type=float, default=0.0, metavar="MBps", help="emulated PFS: cap (0 = none)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
-    p.add_argument("--policy", default="on-access", help="Monarch staging.policy (on-access, prestage)")
-    p.add_argument("--capacity", help="Monarch RAM tier capacity (default: room for the dataset)")
+    p.add_argument("--policy", default=None, help="Monarch staging.policy (default: Monarch's default, read-ahead)")
+    p.add_argument("--threads", default=None, help="Monarch staging.threads (default: Monarch's default, auto)")
+    p.add_argument("--capacity", help="Monarch RAM tier capacity, a size or a fraction of the dataset like 0.5x "
+                                      "(default: room for the dataset)")
+    p.add_argument("--hints", action="store_true", help="the workload tells Monarch each epoch's order (monarch.hints)")
+    p.add_argument("--client", choices=("shim", "python"), default="shim",
+                   help="monarch mode through the C shim (default) or monarch.testing.pyshim")
     p.add_argument("--workdir", help="where the dataset and scratch go (default: a new temporary directory)")
     p.add_argument("--out", default="bench_epochs", help="prefix of the JSON and PNG written (default bench_epochs)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds allowed to each mode's run")
@@ -64,11 +82,17 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     base = dict(VARIANTS[args.variant])
     if args.quick:
-        base = dict(files=300, size="32KiB", spread=0.5)
-        args.epochs = min(args.epochs, 2)
+        base = dict(files=300, size="32KiB", spread=0.5, epochs=2)
+    if args.epochs is None:
+        args.epochs = base.get("epochs", 3)
     for key in ("files", "size", "spread"):
         if getattr(args, key) is None:
             setattr(args, key, base[key])
+    text = args.open_latency_ms or base.get("latencies", "2")
+    try:
+        args.latencies = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--open-latency-ms: expected milliseconds like 2 or 20,50,100, got {text!r}")
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = set(args.modes) - set(MODES)
     if bad:
@@ -79,10 +103,12 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- running one mode
 
 
-def workload_cmd(data_dir: str, manifest: Path, out_json: Path, args) -> list[str]:
+def workload_cmd(data_dir: str, manifest: Path, out_json: Path, args, reader: str | None = None,
+                 hints: bool = False) -> list[str]:
     return [sys.executable, "-m", "monarch.workload", "read", data_dir, "--epochs", str(args.epochs),
-            "--workers", str(args.workers), "--seed", str(args.seed), "--reader", args.reader,
-            "--compute-ms", str(args.compute_ms), "--manifest", str(manifest), "--json", str(out_json)]
+            "--workers", str(args.workers), "--seed", str(args.seed), "--reader", reader or args.reader,
+            "--compute-ms", str(args.compute_ms), "--manifest", str(manifest), "--json", str(out_json),
+            *(["--hints"] if hints else [])]
 
 
 def child_env() -> dict[str, str]:
@@ -92,12 +118,12 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_workload(cmd: list[str], out_json: Path, log_path: Path, timeout: float) -> dict:
+def run_workload(cmd: list[str], out_json: Path, log_path: Path, timeout: float, extra_env=None) -> dict:
     """Run one mode's command; its per-epoch results, or the reason it failed."""
     t0 = time.perf_counter()
     with open(log_path, "w") as logf:
         try:
-            proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=child_env(),
+            proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=child_env() | (extra_env or {}),
                                   timeout=timeout, cwd=REPO)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
@@ -113,15 +139,21 @@ def run_workload(cmd: list[str], out_json: Path, log_path: Path, timeout: float)
     return result
 
 
-def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int, policy: str) -> None:
+def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int, args) -> None:
     # JSON is YAML: no YAML writer needed, and paths with odd characters are quoted right.
+    staging = {}
+    if args.policy:
+        staging["policy"] = args.policy
+    if args.threads:
+        staging["threads"] = args.threads if args.threads == "auto" else int(args.threads)
     config = {
         "dataset": {"roots": [mount]},
         "run_dir": str(work / "run"),
         "tiers": [{"name": "ram", "path": str(shm / "tier-ram"), "capacity": f"{capacity}B", "keep": False}],
-        "staging": {"policy": policy},
         "report": str(work / "monarch-report.json"),
     }
+    if staging:
+        config["staging"] = staging
     path.write_text("# written by scripts/bench_epochs.py\n" + json.dumps(config, indent=2) + "\n")
 
 
@@ -146,11 +178,22 @@ def steady(epochs: list[dict]) -> dict | None:
     return {"epochs": [e["epoch"] for e in chosen], "seconds": seconds, "samples_per_s": samples / seconds}
 
 
-def print_table(results: dict, dataset_bytes: int, args) -> None:
+def served_share(epoch: dict) -> str:
+    """How the opens of one epoch were served (reader pyshim only): tier probe / daemon / PFS."""
+    how = epoch.get("served") or {}
+    total = sum(how.values())
+    if not total:
+        return ""
+    local = how.get("tier", 0) + how.get("daemon", 0)
+    return (f"{100 * local / total:5.1f}% from a tier ({how.get('tier', 0)} probe hits, "
+            f"{how.get('daemon', 0)} staged on a miss), {how.get('pfs', 0)} from the PFS")
+
+
+def print_table(results: dict, dataset_bytes: int, args, latency: float) -> None:
     modes = [m for m in MODES if m in results]
     print()
     print(f"dataset: {args.files} files, {dataset_bytes / 1e6:.1f} MB; {args.epochs} epochs, "
-          f"{args.workers} workers, reader {args.reader}; PFS: {args.open_latency_ms} ms/open, "
+          f"{args.workers} workers, reader {args.reader}; PFS: {latency:g} ms/open, "
           f"{args.read_latency_ms} ms/read, bandwidth {'unlimited' if not args.bandwidth else f'{args.bandwidth} MB/s'}")
     print(f"{'epoch':>5}  " + "  ".join(f"{m + ' s':>11} {m + ' smp/s':>14}" for m in modes))
     for e in range(args.epochs):
@@ -167,43 +210,56 @@ def print_table(results: dict, dataset_bytes: int, args) -> None:
         r = results[m]
         pfs = r.get("pfs")
         pfs_txt = (f"PFS {pfs['bytes'] / 1e6:9.1f} MB = {pfs['bytes'] / dataset_bytes:5.2f} x dataset, "
-                   f"{pfs['opens']:6d} opens, {pfs['reads']:7d} reads") if pfs else "PFS not touched"
+                   f"{pfs['opens']:6d} opens, {pfs['reads']:7d} reads, peak {pfs.get('opening_peak', 0)} opens at once"
+                   ) if pfs else "PFS not touched"
         if "error" in r:
             print(f"{m:>8}: FAILED: {r['error']}")
         s = r.get("steady")
         print(f"{m:>8}: steady {s['samples_per_s']:10.1f} samples/s; {pfs_txt}" if s else f"{m:>8}: {pfs_txt}")
-    ratios = results.get("ratios", {})
-    for name, value in ratios.items():
+        for ep in r.get("epochs") or []:
+            share = served_share(ep)
+            if share:
+                print(f"{'':>10}epoch {ep['epoch']}: {share}")
+    for name, value in results.get("ratios", {}).items():
         print(f"{name}: {value:.2f}")
 
 
-def plot(results: dict, dataset_bytes: int, args, png: Path) -> None:
+def ratios(results: dict) -> dict:
+    out = {}
+    s = {m: results[m].get("steady") for m in MODES if m in results}
+    first = {m: (results[m].get("epochs") or [None])[0] for m in MODES if m in results}
+    if first.get("monarch") and first.get("direct"):
+        out["epoch 1: monarch speed-up over direct (samples/s)"] = (
+            first["monarch"]["samples_per_s"] / first["direct"]["samples_per_s"])
+        out["launch to the end of epoch 1: direct / monarch (speed-up)"] = (
+            to_first_epoch_end(results["direct"]) / to_first_epoch_end(results["monarch"]))
+    if s.get("monarch") and s.get("direct"):
+        out["steady: monarch speed-up over direct (samples/s)"] = s["monarch"]["samples_per_s"] / s["direct"]["samples_per_s"]
+    if s.get("monarch") and s.get("ceiling"):
+        out["steady: monarch / ceiling (fraction of RAM speed)"] = s["monarch"]["samples_per_s"] / s["ceiling"]["samples_per_s"]
+    return out
+
+
+def plot(runs: dict, dataset_bytes: int, args, png: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = [m for m in MODES if m in results and results[m].get("epochs")]
     colors = {"direct": "tab:red", "monarch": "tab:blue", "ceiling": "tab:green"}
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
-    width = 0.8 / max(1, len(modes))
-    for i, m in enumerate(modes):
-        ep = results[m]["epochs"]
-        xs = [e["epoch"] + (i - (len(modes) - 1) / 2) * width for e in ep]
-        ax1.bar(xs, [e["samples_per_s"] for e in ep], width, label=m, color=colors[m])
-    ax1.set_xlabel("epoch")
-    ax1.set_ylabel("samples/s (log scale)")
-    ax1.set_yscale("log")
-    ax1.set_xticks(range(args.epochs))
-    ax1.set_title(f"{args.files} files x {args.size} ({dataset_bytes / 1e6:.0f} MB), {args.workers} workers")
-    ax1.legend()
-    pfs_modes = [m for m in MODES if m in results]
-    vals = [results[m]["pfs"]["bytes"] / dataset_bytes if results[m].get("pfs") else 0 for m in pfs_modes]
-    ax2.bar(pfs_modes, vals, color=[colors[m] for m in pfs_modes])
-    ax2.axhline(1.0, color="gray", linestyle="--", linewidth=1)
-    ax2.set_ylabel("PFS bytes read / dataset size")
-    ax2.set_title(f"PFS traffic over {args.epochs} epochs (emulator's count)")
-    for x, v in enumerate(vals):
-        ax2.text(x, v, f"{v:.2f}", ha="center", va="bottom")
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4.2), squeeze=False)
+    for ax, (latency, results) in zip(axes[0], runs.items()):
+        modes = [m for m in MODES if m in results and results[m].get("epochs")]
+        width = 0.8 / max(1, len(modes))
+        for i, m in enumerate(modes):
+            ep = results[m]["epochs"]
+            xs = [e["epoch"] + (i - (len(modes) - 1) / 2) * width for e in ep]
+            ax.bar(xs, [e["samples_per_s"] for e in ep], width, label=m, color=colors[m])
+        ax.set_xlabel("epoch (0 = the cold first epoch)")
+        ax.set_ylabel("samples/s (log scale)")
+        ax.set_yscale("log")
+        ax.set_xticks(range(args.epochs))
+        ax.set_title(f"{latency:g} ms/open: {args.files} files ({dataset_bytes / 1e6:.0f} MB), {args.workers} workers")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
@@ -223,7 +279,7 @@ def main(argv=None) -> int:
     shm = Path(tempfile.mkdtemp(prefix="mbench-", dir="/dev/shm"))
     src, manifest = work / "dataset", work / "dataset.manifest.json"
     out_json, out_png = Path(f"{args.out}.json").resolve(), Path(f"{args.out}.png").resolve()
-    results: dict = {}
+    runs: dict[float, dict] = {}
     try:
         t0 = time.perf_counter()
         if manifest.exists() and src.is_dir():
@@ -236,55 +292,88 @@ def main(argv=None) -> int:
         args.files = len(entries)
         settle()
 
-        if {"direct", "monarch"} & set(args.modes):
-            with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=args.open_latency_ms,
-                         read_latency_ms=args.read_latency_ms, bandwidth_mbps=args.bandwidth) as pfs:
-                if "direct" in args.modes:
-                    print(f"direct: reading the emulated PFS at {pfs.mountpoint}", flush=True)
-                    pfs.reset_counters()
-                    results["direct"] = run_workload(
-                        workload_cmd(pfs.mountpoint, manifest, work / "direct.json", args),
-                        work / "direct.json", work / "direct.log", args.timeout)
-                    results["direct"]["pfs"] = _pfs_totals(pfs.counters())
-                if "monarch" in args.modes:
-                    results["monarch"] = run_monarch(pfs, manifest, work, shm, dataset_bytes, args)
-
+        ceiling = None
         if "ceiling" in args.modes:
             ram = shm / "dataset"
             shutil.copytree(src, ram)
             settle()
             print(f"ceiling: reading a RAM copy in {ram}", flush=True)
-            results["ceiling"] = run_workload(workload_cmd(str(ram), manifest, work / "ceiling.json", args),
-                                              work / "ceiling.json", work / "ceiling.log", args.timeout)
+            ceiling = run_workload(workload_cmd(str(ram), manifest, work / "ceiling.json", args, reader="python"),
+                                   work / "ceiling.json", work / "ceiling.log", args.timeout)
             shutil.rmtree(ram, ignore_errors=True)
+
+        for latency in args.latencies:
+            results: dict = {}
+            if {"direct", "monarch"} & set(args.modes):
+                with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=latency,
+                             read_latency_ms=args.read_latency_ms, bandwidth_mbps=args.bandwidth) as pfs:
+                    if "direct" in args.modes:
+                        print(f"direct: reading the emulated PFS at {pfs.mountpoint}, {latency:g} ms/open", flush=True)
+                        pfs.reset_counters()
+                        results["direct"] = run_workload(
+                            workload_cmd(pfs.mountpoint, manifest, work / "direct.json", args, reader="python"),
+                            work / "direct.json", work / "direct.log", args.timeout)
+                        results["direct"]["pfs"] = _pfs_totals(pfs.counters())
+                    if "monarch" in args.modes:
+                        results["monarch"] = run_monarch(pfs, manifest, work, shm, dataset_bytes, args)
+            if ceiling is not None:
+                results["ceiling"] = ceiling
+            for m in MODES:
+                if results.get(m, {}).get("epochs"):
+                    results[m]["steady"] = steady(results[m]["epochs"])
+            results["ratios"] = ratios(results)
+            print_table(results, dataset_bytes, args, latency)
+            runs[latency] = results
     finally:
         shutil.rmtree(shm, ignore_errors=True)
         if not args.keep and not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
 
-    for m in results.values():
-        if m.get("epochs"):
-            m["steady"] = steady(m["epochs"])
-    ratios = {}
-    s = {m: results[m].get("steady") for m in results}
-    if s.get("monarch") and s.get("direct"):
-        ratios["monarch/direct (steady samples/s, speed-up)"] = s["monarch"]["samples_per_s"] / s["direct"]["samples_per_s"]
-    if s.get("monarch") and s.get("ceiling"):
-        ratios["monarch/ceiling (steady samples/s, fraction of RAM speed)"] = (
-            s["monarch"]["samples_per_s"] / s["ceiling"]["samples_per_s"])
-    results["ratios"] = ratios
-    print_table(results, dataset_bytes, args)
-
+    print_summary(runs, dataset_bytes, args)
     summary = {"config": {k: v for k, v in vars(args).items()}, "dataset_bytes": dataset_bytes,
-               "dataset_files": args.files, "results": results}
+               "dataset_files": args.files, "runs": {str(k): v for k, v in runs.items()}}
     out_json.write_text(json.dumps(summary, indent=1, default=str))
     try:
-        plot(results, dataset_bytes, args, out_png)
+        plot(runs, dataset_bytes, args, out_png)
         print(f"\nwrote {out_json} and {out_png}")
     except Exception as exc:  # a plot is a nicety: never lose the figures for it
         print(f"\nwrote {out_json}; no plot: {exc}")
-    failed = [m for m in args.modes if "error" in results.get(m, {})]
+    failed = [m for r in runs.values() for m in args.modes if "error" in r.get(m, {})]
     return 1 if failed else 0
+
+
+def print_summary(runs: dict, dataset_bytes: int, args) -> None:
+    """One line per open latency: the first epoch side by side, steady epochs, PFS bytes."""
+    print()
+    print(f"summary: {args.files} files ({dataset_bytes / 1e6:.1f} MB), {args.workers} workers, "
+          f"monarch client {args.client}, capacity {args.capacity or 'the dataset'}"
+          f"{', order hints' if args.hints else ''}, policy {args.policy or 'default'}")
+    print("  (ep1 = the first epoch as the workload timed it; 'launch to ep1 end' adds everything before")
+    print("   it and the tear-down after the last epoch: interpreter and daemon start-up, snapshot, report)")
+    print(f"{'ms/open':>7} {'direct ep1 s':>12} {'monarch ep1 s':>13} {'ep1 speed-up':>12} "
+          f"{'launch to ep1 end d/m s':>23} {'steady speed-up':>15} {'monarch PFS bytes':>17} {'ep1 from a tier':>15}")
+    for latency, r in runs.items():
+        d = (r.get("direct", {}).get("epochs") or [None])[0]
+        m = (r.get("monarch", {}).get("epochs") or [None])[0]
+        rat = r.get("ratios", {})
+        pfs = r.get("monarch", {}).get("pfs")
+        how = (m or {}).get("served") or {}
+        total = sum(how.values())
+        share = f"{100 * (how.get('tier', 0) + how.get('daemon', 0)) / total:.1f}%" if total else "-"
+        launch = "/".join(f"{to_first_epoch_end(r.get(mode, {})):.2f}" for mode in ("direct", "monarch"))
+        print(f"{latency:>7g} {d['seconds'] if d else float('nan'):>12.2f} {m['seconds'] if m else float('nan'):>13.2f} "
+              f"{rat.get('epoch 1: monarch speed-up over direct (samples/s)', float('nan')):>12.2f} {launch:>23} "
+              f"{rat.get('steady: monarch speed-up over direct (samples/s)', float('nan')):>15.2f} "
+              f"{(pfs['bytes'] / dataset_bytes if pfs else float('nan')):>16.2f}x {share:>15}")
+
+
+def to_first_epoch_end(result: dict) -> float:
+    """Seconds from launching the command to the end of its first epoch, tear-down included
+    (the command's wall time less its later epochs): what the cold path costs a job."""
+    epochs = result.get("epochs") or []
+    if not epochs or "wall_s" not in result:
+        return float("nan")
+    return result["wall_s"] - sum(e["seconds"] for e in epochs[1:])
 
 
 def settle() -> None:
@@ -295,28 +384,34 @@ def settle() -> None:
 
 
 def _pfs_totals(counters: dict) -> dict:
-    return {k: counters[k] for k in ("opens", "reads", "bytes", "lookups", "readdirs")}
+    return {k: counters.get(k, 0) for k in ("opens", "reads", "bytes", "lookups", "readdirs", "opening_peak")}
 
 
 def run_monarch(pfs: SlowPFS, manifest: Path, work: Path, shm: Path, dataset_bytes: int, args) -> dict:
-    capacity = parse_size(args.capacity) if args.capacity else int(dataset_bytes * 1.1) + (64 << 20)
+    if args.capacity and args.capacity.endswith("x"):
+        capacity = int(dataset_bytes * float(args.capacity[:-1]))
+    else:
+        capacity = parse_size(args.capacity) if args.capacity else int(dataset_bytes * 1.1) + (64 << 20)
     config = work / "monarch.yaml"
-    monarch_config(config, pfs.mountpoint, work, shm, capacity, args.policy)
+    monarch_config(config, pfs.mountpoint, work, shm, capacity, args)
     problem = check_config(config)
     if problem:
         print(f"monarch: {problem}", flush=True)
         return {"error": problem}
-    print(f"monarch: reading {pfs.mountpoint} under monarch run -c {config}", flush=True)
+    print(f"monarch: reading {pfs.mountpoint} under monarch run -c {config} (client {args.client})", flush=True)
     report_path = work / "monarch-report.json"
     pfs.reset_counters()
+    python_client = args.client == "python"
     cmd = [sys.executable, "-m", "monarch", "run", "-c", str(config), "--report", str(report_path), "--",
-           *workload_cmd(pfs.mountpoint, manifest, work / "monarch.json", args)]
-    result = run_workload(cmd, work / "monarch.json", work / "monarch.log", args.timeout)
+           *workload_cmd(pfs.mountpoint, manifest, work / "monarch.json", args,
+                         reader="pyshim" if python_client else None, hints=args.hints)]
+    result = run_workload(cmd, work / "monarch.json", work / "monarch.log", args.timeout,
+                          extra_env={"MONARCH_DISABLE": "1"} if python_client else None)
     result["pfs"] = _pfs_totals(pfs.counters())
     result["config"] = json.loads(config.read_text().split("\n", 1)[1])
     if report_path.exists():
         report = json.loads(report_path.read_text())
-        result["report"] = {k: report.get(k) for k in ("sources", "pfs", "staging", "dataset")}
+        result["report"] = {k: report.get(k) for k in ("sources", "pfs", "staging", "dataset", "nodes")}
     return result
 
 

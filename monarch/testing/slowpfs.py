@@ -40,6 +40,7 @@ from monarch.errors import MonarchError
 COUNTER_KEYS = ("opens", "reads", "bytes", "lookups", "readdirs")
 FLUSH_INTERVAL_S = 0.01
 MOUNT_TIMEOUT_S = 20.0
+MAX_THREADS = 256  # requests the emulated PFS serves at once (libfuse's default is 10)
 
 
 class SlowPFSError(MonarchError):
@@ -68,6 +69,8 @@ class Counters:
         self._lock = threading.Lock()
         self._totals = dict.fromkeys(COUNTER_KEYS, 0)
         self._files: dict[str, list[int]] = {}  # rel path -> [opens, reads, bytes]
+        self._opening = 0
+        self.opening_peak = 0  # the most opens under way at once (how much the emulator serves in parallel)
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -86,9 +89,15 @@ class Counters:
                     per[2] += nbytes
         self._dirty.set()
 
+    def opening(self, delta: int) -> None:
+        with self._lock:
+            self._opening += delta
+            self.opening_peak = max(self.opening_peak, self._opening)
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             data: dict[str, Any] = dict(self._totals)
+            data["opening_peak"] = self.opening_peak
             data["files"] = {p: {"opens": o, "reads": r, "bytes": b} for p, (o, r, b) in self._files.items()}
         data["pid"] = os.getpid()
         data["time"] = time.time()
@@ -209,9 +218,13 @@ def _operations_class():
         def open(self, path: str, fi) -> int:
             if fi.flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
                 raise mfusepy.FuseOSError(errno.EROFS)
-            if self.latency.open_s:
-                time.sleep(self.latency.open_s)
-            fi.fh = os.open(self._real(path), os.O_RDONLY)
+            self.counters.opening(1)
+            try:
+                if self.latency.open_s:
+                    time.sleep(self.latency.open_s)
+                fi.fh = os.open(self._real(path), os.O_RDONLY)
+            finally:
+                self.counters.opening(-1)
             fi.direct_io = 1   # no page cache: every read() reaches read() below
             fi.keep_cache = 0
             self.counters.add("opens", path.lstrip("/"))
@@ -232,7 +245,8 @@ def _operations_class():
     return SlowOperations
 
 
-def serve(src: str, mountpoint: str, counters_path: str, latency: Latency, debug: bool = False) -> None:
+def serve(src: str, mountpoint: str, counters_path: str, latency: Latency, debug: bool = False,
+          max_threads: int = MAX_THREADS) -> None:
     """Mount ``src`` read-only at ``mountpoint`` and serve it until unmounted or signalled."""
     import mfusepy
 
@@ -243,9 +257,11 @@ def serve(src: str, mountpoint: str, counters_path: str, latency: Latency, debug
     ops = _operations_class()(src, latency, counters)
     try:
         # libfuse installs its own SIGTERM/SIGINT/SIGHUP handlers (exit the loop, unmount).
+        # libfuse serves requests on at most max_threads threads (default 10): a PFS serves
+        # hundreds of clients at once, and a read-ahead keeps that many opens in flight.
         mfusepy.FUSE(ops, mountpoint, raw_fi=True, foreground=True, nothreads=False, debug=debug,
                      ro=True, fsname=f"slowpfs:{os.path.realpath(src)}", subtype="slowpfs",
-                     direct_io=True)
+                     direct_io=True, max_threads=max_threads, max_idle_threads=max_threads)
     except RuntimeError as exc:
         # libfuse's fuse_main returns 8 whenever its loop ended by a signal (SIGTERM, SIGINT):
         # that is the normal way to stop it, the mount is already gone.
@@ -426,6 +442,7 @@ class SlowPFS:
         if base is None:
             return now
         out: dict[str, Any] = {k: now[k] - base[k] for k in COUNTER_KEYS}
+        out["opening_peak"] = now.get("opening_peak", 0)  # a gauge since the start, not a count
         files = {}
         for path, per in now["files"].items():
             old = base["files"].get(path, {})
@@ -459,12 +476,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lookup-latency-ms", type=float, default=0.0, help="added to every getattr (default 0)")
     p.add_argument("--bandwidth", type=float, default=0.0, metavar="MBps",
                    help="aggregate read bandwidth cap in MB/s (10^6 bytes/s; 0 = unlimited)")
+    p.add_argument("--max-threads", type=int, default=MAX_THREADS,
+                   help=f"requests served at once (libfuse worker threads; default {MAX_THREADS})")
     p.add_argument("--debug", action="store_true", help="libfuse debug output")
     args = p.parse_args(argv)
     latency = Latency(open_s=args.open_latency_ms / 1e3, read_s=args.read_latency_ms / 1e3,
                       bandwidth=args.bandwidth * 1e6, lookup_s=args.lookup_latency_ms / 1e3)
     try:
-        serve(args.src, args.mountpoint, args.counters, latency, debug=args.debug)
+        serve(args.src, args.mountpoint, args.counters, latency, debug=args.debug, max_threads=args.max_threads)
     except (SlowPFSError, RuntimeError, OSError) as exc:
         print(f"slowpfs: {exc}", file=sys.stderr)
         return 1

@@ -196,3 +196,24 @@ def test_failed_mount_says_why(fuse_ok, tmp_path):
     with pytest.raises(SlowPFSError, match="not a directory"):
         SlowPFS(tmp_path / "missing", tmp_path / "mnt", tmp_path / "c.json").start()
     assert not is_mounted(str(tmp_path / "mnt"))
+
+
+def test_many_opens_are_served_at_once(src, tmp_path):
+    """libfuse serves on at most max_threads threads (10 by default): a PFS and a deep
+    read-ahead need far more requests in flight than that."""
+    with SlowPFS(src, tmp_path / "mnt", tmp_path / "c.json", open_latency_ms=300) as pfs:
+        barrier = threading.Barrier(40)
+
+        def one(i):
+            barrier.wait()
+            with open(os.path.join(pfs.mountpoint, "page.bin"), "rb") as f:
+                f.read()
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(40)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        c = pfs.raw_counters()
+    assert c["opens"] == 40
+    assert c["opening_peak"] >= 20  # libfuse's default would cap it at 10

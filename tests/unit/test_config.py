@@ -49,7 +49,7 @@ def test_defaults_load_with_builtin_variables(env, ds):
     assert [t.path for t in c.tiers] == ["/dev/shm", "/tmp"]
     assert c.peer.path == "/tmp"
     assert c.tiers[0].capacity == 4 * 2**30
-    assert c.staging.policy == "on-access"
+    assert c.staging.policy == "read-ahead" and c.staging.threads == 0  # threads: auto
 
 
 @pytest.mark.parametrize("extra,ssd,run_dir", [
@@ -82,8 +82,9 @@ def write(tmp_path, text):
 @pytest.mark.parametrize("text,message", [
     ("tiers:\n  - {name: ram, path: /dev/shm/x, capacity: 64 G}\n",
      'tiers[0].capacity: expected a size like "64GiB"'),
-    ("staging: {policy: lru}\n", "staging.policy: expected one of on-access, prestage, off, got 'lru'"),
+    ("staging: {policy: lru}\n", "staging.policy: expected one of read-ahead, on-access, prestage, off, got 'lru'"),
     ("staging: {threads: 0}\n", "staging.threads: must be at least 1"),
+    ("staging: {threads: many}\n", 'staging.threads: expected "auto" or a whole number'),
     ("stagin: {threads: 2}\n", "stagin: unknown key; known keys here: dataset, peer, report, run_dir, staging, tiers"),
     ("staging: {validate: always}\n", "staging.validate: expected one of none, open, got 'always'"),
     ("tiers:\n  - {name: ram, path: /dev/shm/x}\n", "tiers[0].capacity: missing"),

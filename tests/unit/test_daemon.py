@@ -56,7 +56,7 @@ def setup(tmp_path):
 run_dir: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
 peer: {{path: "{tmp_path}/peer", capacity: 2500, timeout: 0.2}}
-staging: {{threads: 2, resolve_timeout: 5}}
+staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
 """)
 
     def make(cluster):

@@ -31,7 +31,7 @@ def served(short_tmp):
         f.write(f"""dataset: {{roots: ["{root}"]}}
 run_dir: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
-staging: {{threads: 2, resolve_timeout: 5}}
+staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
 """)
     daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r1")
     server = NodeServer(daemon, embedded=False)

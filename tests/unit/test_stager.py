@@ -248,3 +248,241 @@ def test_a_physically_full_tier_is_marked_full_and_the_next_tier_is_used(tmp_pat
     assert full.files == n_full and full.used == 1000 * n_full
     for k in sorted(dataset.files):
         assert digest(stager.where(k).path_for(k)) == digest(dataset.source_path(k))
+
+
+# -- scheduling: demand first, read-ahead, single flight, adaptive concurrency, hints --------
+import collections  # noqa: E402
+import time  # noqa: E402
+
+from monarch.stager import Concurrency  # noqa: E402
+
+
+def recording(stager, delay=0.0, gate=None):
+    """Wrap the stager's PFS reads: record the order of copies (and per key counts)."""
+    seen = []
+    real = stager._read_pfs
+
+    def read(key, out):
+        seen.append(key)
+        if gate is not None:
+            gate.wait(10)
+        if delay:
+            time.sleep(delay)
+        return real(key, out)
+
+    stager._read_pfs = read
+    return seen
+
+
+def wait_idle(stager, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not stager.idle():
+        assert time.monotonic() < deadline, "the stager did not finish"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def many(tmp_path):
+    root = tmp_path / "pfs"
+    make_files(root, [1000] * 60)
+    return take_snapshot((str(root),))
+
+
+def test_a_demanded_file_jumps_the_read_ahead_queue(tmp_path, many):
+    stager = Stager(many, tiers(tmp_path, 10**6), threads=2)
+    seen = recording(stager, delay=0.02)
+    keys = sorted(many.files)
+    stager.read_ahead(keys)
+    while not seen:
+        time.sleep(0.001)
+    assert stager.ensure(keys[-1]).result(timeout=10) is not None
+    # at most the copies already running (2) and one more came before it; FIFO would be 59
+    assert seen.index(keys[-1]) <= 3
+    wait_idle(stager)
+    assert sorted(seen) == keys  # everything read once, the demanded file too
+    assert stager.stats()["pfs_files_read"] == 60
+
+
+def test_a_demanded_file_being_read_ahead_is_waited_for_not_read_twice(tmp_path, dataset):
+    stager = Stager(dataset, tiers(tmp_path, 10**6), threads=1)
+    gate = threading.Event()
+    seen = recording(stager, gate=gate)
+    key = sorted(dataset.files)[0]
+    stager.read_ahead([key])
+    while not seen:
+        time.sleep(0.001)
+    future = stager.ensure(key)
+    assert not future.done()
+    gate.set()
+    assert future.result(timeout=10) is stager.where(key) is not None
+    assert seen == [key] and stager.stats()["pfs_files_read"] == 1
+
+
+def test_read_ahead_stages_what_fits_pinned_and_counts_no_failure(tmp_path, dataset):
+    (t,) = tiers(tmp_path, 4500)
+    stager = Stager(dataset, [t], threads=2)
+    stager.read_ahead(sorted(dataset.files))
+    wait_idle(stager)
+    assert stager.stats()["files"] == 4 and t.used == 4000
+    assert stager.stats()["failures"] == {} and stager.stats()["dropped"] == 0
+    late = sorted(dataset.files)[-1]
+    assert stager.ensure(late).result(timeout=10) is None  # no room: read from the PFS, nothing evicted
+    assert stager.stats()["failures"] == {"no_room": 1} and stager.stats()["pfs_files_read"] == 4
+
+
+def test_many_slow_copies_are_in_flight_at_once(tmp_path, many):
+    stager = Stager(many, tiers(tmp_path, 10**6), threads=32)
+    running, peak = [0], [0]
+    lock = threading.Lock()
+    real = stager._read_pfs
+
+    def read(key, out):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return real(key, out)
+
+    stager._read_pfs = read
+    stager.read_ahead(sorted(many.files))
+    wait_idle(stager)
+    assert stager.stats()["files"] == 60
+    assert peak[0] >= 16  # background copies use most of the 32 slots (a quarter stays for demand)
+
+
+def test_adaptive_concurrency_climbs_while_it_pays_and_stops_at_the_plateau():
+    now = [0.0]
+    c = Concurrency(clock=lambda: now[0])
+    assert c.limit == 8
+
+    def window(rate_of, c=c):  # 0.3 s of saturated work: copies finish at rate_of(limit) per second
+        end = now[0] + 0.3
+        while now[0] < end:
+            now[0] += 1 / rate_of(c.limit)
+            c.completed(0.02)
+
+    latency_bound = lambda limit: min(limit, 64) / 0.02  # noqa: E731  20 ms copies, the source serves 64 at once
+    for _ in range(10):
+        window(latency_bound)
+    assert c.limit in (64, 128)  # doubled while it paid (8, 16, 32, 64), not to the 256 cap
+    stop = c.limit
+    for _ in range(5):
+        window(latency_bound)
+    assert c.limit <= stop
+    c2 = Concurrency(clock=lambda: now[0])
+    cpu_bound = lambda limit: 2000.0  # noqa: E731  more copies at once do not help
+    for _ in range(6):
+        window(cpu_bound, c2)
+    assert c2.limit == 8 and c.fixed is None
+    assert Concurrency(fixed=5).limit == 5
+
+
+def test_a_starved_window_does_not_move_the_limit():
+    now = [0.0]
+    c = Concurrency(clock=lambda: now[0])
+    for _ in range(50):
+        now[0] += 0.01
+        c.starved()
+        c.completed(0.01)
+    assert c.limit == 8 and c.history == []
+
+
+def per_key_reads(stager):
+    counts = collections.Counter()
+    real = stager._read_pfs
+
+    def read(key, out):
+        counts[key] += 1
+        return real(key, out)
+
+    stager._read_pfs = read
+    return counts
+
+
+def run_epoch(stager, order, stream=1):
+    """A reader that tells its order, then reads in it: a miss asks the stager (as the shim
+    asks the daemon), and it reports what it has consumed."""
+    stager.hint_order(stream, order, begin=True)
+    served = collections.Counter()
+    for i, key in enumerate(order):
+        tier = stager.where(key) or stager.ensure(key).result(timeout=10)
+        served["tier" if tier is not None else "pfs"] += 1
+        stager.hint_progress(stream, i + 1)
+    return served
+
+
+def test_order_hints_with_half_the_dataset_in_the_tier_read_each_file_at_most_once_per_epoch(tmp_path, many):
+    import random
+    (t,) = tiers(tmp_path, 30_000)  # half of 60 files of 1000 bytes
+    stager = Stager(many, [t], threads=4)
+    counts = per_key_reads(stager)
+    keys = sorted(many.files)
+    total = 0
+    for epoch in range(3):
+        order = list(keys)
+        random.Random(epoch).shuffle(order)
+        before = collections.Counter(counts)
+        run_epoch(stager, order)
+        wait_idle(stager)
+        this = counts - before
+        assert max(this.values(), default=0) <= 1, f"epoch {epoch}: a file read twice"
+        total += sum(this.values())
+        assert t.used <= 30_000
+    assert stager.stats()["dropped"] > 0
+    # epochs after the first find the copies the last one left: fewer than 60 reads each
+    assert total < 3 * 60
+
+
+def test_without_hints_nothing_is_dropped(tmp_path, many):
+    (t,) = tiers(tmp_path, 30_000)
+    stager = Stager(many, [t], threads=4)
+    keys = sorted(many.files)
+    for key in keys:
+        stager.ensure(key).result(timeout=10)
+    assert stager.stats()["dropped"] == 0 and stager.stats()["files"] == 30
+    assert all(stager.where(k) is not None for k in keys[:30])
+
+
+def test_hints_stage_ahead_of_the_reader_in_its_order(tmp_path, many):
+    (t,) = tiers(tmp_path, 20_000)
+    stager = Stager(many, [t], threads=2)
+    order = sorted(many.files, reverse=True)
+    stager.hint_order(7, order, begin=True)
+    wait_idle(stager)
+    assert [k for k in order if stager.where(k) is not None] == order[:20]  # the first 20 in its order
+    stager.hint_progress(7, 10)
+    wait_idle(stager)
+    assert [k for k in order if stager.where(k) is not None] == order[10:30]
+    stager.hint_end(7)
+
+
+def test_an_invalidated_key_is_not_staged_by_read_ahead_or_hints(tmp_path, dataset):
+    stager = Stager(dataset, tiers(tmp_path, 10**6), threads=2)
+    keys = sorted(dataset.files)
+    stager.invalidate(os.path.dirname(keys[0]))
+    stager.hint_order(1, keys, begin=True)
+    stager.read_ahead(keys)
+    wait_idle(stager)
+    assert all(stager.where(k) is None for k in keys if k.startswith(os.path.dirname(keys[0]) + "/"))
+    assert stager.stats()["files"] == sum(1 for k in keys if not k.startswith(os.path.dirname(keys[0]) + "/"))
+
+
+def test_small_files_from_a_fast_pfs_are_copied_by_the_asker(tmp_path, dataset):
+    stager = Stager(dataset, tiers(tmp_path, 10**6), threads=2)
+    stager.inline_seconds = 0.01  # "fast" on any test machine; a 200 ms copy is slow anywhere
+    keys = sorted(dataset.files)
+    for k in keys[:5]:
+        stager.ensure(k).result(timeout=10)  # through the threads: the PFS is measured
+    me = threading.current_thread()
+    who = []
+    real = stager._read_pfs
+    stager._read_pfs = lambda key, out: (who.append(threading.current_thread()), real(key, out))[1]
+    future = stager.ensure(keys[5], inline=True)
+    assert future.done() and future.result() is not None and who == [me]
+    stager._read_pfs = lambda key, out: (time.sleep(0.2), real(key, out))[1]
+    stager.ensure(keys[6], inline=True).result(timeout=10)  # slow: the mean goes up ...
+    stager._read_pfs = lambda key, out: (who.append(threading.current_thread()), real(key, out))[1]
+    stager.ensure(keys[7], inline=True).result(timeout=10)
+    assert who[-1] is not me  # ... and the next copy goes to a thread

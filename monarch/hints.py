@@ -1,0 +1,178 @@
+"""Order hints (optional): tell the node daemon the order the coming epoch will read.
+
+Monarch is transparent without them. With them the daemon stages just ahead of the
+reader and, when the dataset is larger than the tiers, drops copies this epoch has
+consumed to make room for ones it has not (clairvoyant, as NoPFS: a file is read from the
+PFS at most once per epoch, and what stays from the last epoch is served from the tiers).
+
+With a PyTorch-like sampler (nothing here imports torch)::
+
+    from monarch.hints import HintedSampler
+    sampler = HintedSampler(RandomSampler(ds), path_of=lambda i: ds.paths[i])
+    loader = DataLoader(ds, sampler=sampler, num_workers=8)
+
+or by hand::
+
+    from monarch.hints import Hints
+    with Hints() as h:
+        h.order(paths)        # the coming epoch's order (paths under a dataset root)
+        ...
+        h.progress(n)         # the reader is done with the first n of them
+
+Outside ``monarch run`` (no MONARCH_SOCKET) or when the daemon does not answer, every call
+does nothing: hints never fail a job (fail open). ``MONARCH_DISABLE=1`` turns off the shim,
+not the hints: a reader that opens through another path (monarch.testing.pyshim) still
+steers the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from monarch import protocol
+
+log = logging.getLogger(__name__)
+
+TIMEOUT = 5.0  # seconds for the daemon to acknowledge one hint frame
+
+
+class Hints:
+    """One reader's hint stream to its node's daemon (one per process that samples)."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, stream: int | None = None):
+        env = os.environ if env is None else env
+        self.stream = stream if stream is not None else secrets.randbits(63)
+        self._socket_path = env.get(protocol.ENV_SOCKET, "")
+        self._roots = _parse_roots(env.get(protocol.ENV_ROOTS, ""))
+        self.enabled = bool(self._socket_path and self._roots)
+        self._sock: socket.socket | None = None
+        self._pid = os.getpid()
+
+    # -- what the reader tells ------------------------------------------------------------
+    def order(self, paths: Iterable[str | bytes | os.PathLike]) -> int:
+        """The coming epoch reads ``paths`` in this order; returns how many are managed."""
+        if not self.enabled:
+            return 0
+        keys = [k for k in (self.key_of(p) for p in paths) if k is not None]
+        self._send(protocol.encode_hints(protocol.HINT_ORDER, self.stream, keys))
+        return len(keys)
+
+    def progress(self, consumed: int) -> None:
+        """The reader is done with the first ``consumed`` paths of the order."""
+        if self.enabled:
+            self._send(protocol.encode_hints(protocol.HINT_PROGRESS, self.stream, consumed=max(0, consumed)))
+
+    def close(self) -> None:
+        """The reader has gone: its order no longer steers the daemon."""
+        if self.enabled and self._pid == os.getpid():
+            self._send(protocol.encode_hints(protocol.HINT_END, self.stream))
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> "Hints":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- paths to keys, as the shim matches them ----------------------------------------
+    def key_of(self, path: str | bytes | os.PathLike) -> bytes | None:
+        """The key of ``path`` (protocol.py), or None if it is under no dataset root."""
+        raw = os.path.abspath(os.fsencode(path))
+        for k, root in self._roots:
+            if raw.startswith(root + b"/") and len(raw) > len(root) + 1:
+                return str(k).encode() + b"/" + raw[len(root) + 1:]
+        return None
+
+    # -- the socket ------------------------------------------------------------------------
+    def _send(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            if not self._send_one(frame):
+                return
+
+    def _send_one(self, frame: bytes) -> bool:
+        if self._pid != os.getpid():  # a forked child: its parent's connection is not its own
+            self._sock, self._pid = None, os.getpid()
+        for attempt in (0, 1):  # the daemon closes idle hint connections: reconnect once
+            try:
+                if self._sock is None:
+                    self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    self._sock.settimeout(TIMEOUT)
+                    self._sock.connect(self._socket_path)
+                    if protocol.peer_uid(self._sock) != os.getuid():
+                        raise OSError("the daemon's socket belongs to another user")
+                self._sock.sendall(frame)
+                status, body = protocol.recv_answer(self._sock)
+                if status != 0:
+                    self._give_up(f"the daemon refused a hint: {body.decode(errors='replace')}")
+                    return False
+                return True
+            except (OSError, protocol.ProtocolError) as e:
+                if self._sock is not None:
+                    self._sock.close()
+                    self._sock = None
+                if attempt:
+                    self._give_up(f"cannot reach the daemon at {self._socket_path}: {e}")
+        return False
+
+    def _give_up(self, why: str) -> None:
+        log.warning("monarch hints are off for this reader: %s", why)
+        self.enabled = False
+
+
+class HintedSampler:
+    """Wraps a sampler (anything with ``__iter__``; ``__len__`` and ``set_epoch`` are passed
+    through): each epoch's order is sent to the daemon before the first index is yielded,
+    then the progress every ``every`` indices. ``path_of(index)`` names the file of a
+    sample. ``lag``: indices handed out but maybe not read yet (DataLoader workers ×
+    prefetch factor × batch size); the daemon is told only what is surely consumed."""
+
+    def __init__(self, sampler: Any, path_of: Callable[[Any], str | bytes | os.PathLike], lag: int = 256,
+                 every: int = 64, hints: Hints | None = None):
+        self.sampler = sampler
+        self.path_of = path_of
+        self.lag = lag
+        self.every = max(1, every)
+        self.hints = hints if hints is not None else Hints()
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self.hints.enabled:
+            yield from self.sampler
+            return
+        order = list(self.sampler)
+        paths = []
+        for item in order:  # a batch sampler yields lists of indices
+            if isinstance(item, (list, tuple)):
+                paths.extend(self.path_of(i) for i in item)
+            else:
+                paths.append(self.path_of(item))
+        self.hints.order(paths)
+        done = 0
+        for n, item in enumerate(order):
+            if n and n % self.every == 0:
+                self.hints.progress(done - self.lag)
+            done += len(item) if isinstance(item, (list, tuple)) else 1
+            yield item
+        self.hints.progress(done)
+
+
+def _parse_roots(text: str) -> list[tuple[int, bytes]]:
+    """MONARCH_ROOTS (protocol.py) as (root index, path) pairs, longest path first."""
+    roots = []
+    for entry in text.split(":"):
+        k, sep, path = entry.partition("=")
+        if sep and k.isdigit() and path.startswith("/"):
+            roots.append((int(k), os.fsencode(path.rstrip("/") or "/")))
+    return sorted(roots, key=lambda r: -len(r[1]))

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Daemon benchmark: how many misses per second the node daemon answers, and how fast.
+
+A miss is what the shim sends when a file is not staged yet: one connection, one OPEN
+frame, and the daemon answers only once it has staged the file. Here every miss stages a
+different 4 KiB file from local disk (no PFS latency: this measures the daemon itself —
+event loop, scheduling, the copy — not the source). The daemon runs in its own process
+with the given configuration (default ``staging.policy: on-access``, so that no
+read-ahead turns misses into hits); 1, 16 and 64 clients speak the frame protocol from
+client processes at once, each client one connection per request as the shim does. For
+reference the same keys are then asked again (hits, answered in the event loop).
+
+    python scripts/bench_daemon.py                       # 1, 16, 64 clients, 20000 misses each
+    python scripts/bench_daemon.py --clients 16 --misses 40000
+    python scripts/bench_daemon.py --src /tmp/old-checkout   # the same against another checkout
+
+Prints a table: clients, misses/s, miss latency p50/p99, hits/s; and writes JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", default="1,16,64", help="comma-separated numbers of concurrent clients")
+    p.add_argument("--misses", type=int, default=20000, help="misses (distinct files) per client count")
+    p.add_argument("--size", type=int, default=4096, help="bytes per file")
+    p.add_argument("--procs", type=int, default=4, help="client processes at most (clients are threads in them)")
+    p.add_argument("--threads", default="auto", help="staging.threads of the daemon")
+    p.add_argument("--policy", default="on-access", help="staging.policy of the daemon")
+    p.add_argument("--src", default=str(REPO), help="the checkout whose monarch package is measured")
+    p.add_argument("--json", help="write the figures here")
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+def serve(src: str, config: str, ready, stop) -> None:
+    """In the daemon's process: a NodeDaemon on its socket until told to stop."""
+    sys.path.insert(0, src)
+    from monarch.config import load_config
+    from monarch.daemon import NodeDaemon
+    from monarch.server import NodeServer
+
+    daemon = NodeDaemon(load_config(config, env={"USER": "bench"}), f"bench{os.getpid()}")
+    server = NodeServer(daemon, embedded=False)
+    threading.Thread(target=lambda: (stop.wait(), server.request_stop()), daemon=True).start()
+    ready.put(daemon.socket_path)
+    try:
+        server.serve()
+    finally:
+        daemon.close()
+
+
+# --------------------------------------------------------------------------- the clients
+
+
+def _frame_open(key: bytes) -> bytes:
+    import struct
+    return struct.pack("<BBHI", 1, 0, 0, len(key)) + key  # protocol.encode_request(VERB_OPEN, key)
+
+
+def _ask(path: str, frame: bytes) -> int:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(path)
+        s.sendall(frame)
+        while True:
+            head = b""
+            while len(head) < 8:
+                chunk = s.recv(8 - len(head))
+                if not chunk:
+                    raise ConnectionError("closed before the answer")
+                head += chunk
+            status = int.from_bytes(head[:4], "little", signed=True)
+            length = int.from_bytes(head[4:], "little")
+            body = b""
+            while len(body) < length:
+                chunk = s.recv(length - len(body))
+                if not chunk:
+                    raise ConnectionError("closed in the answer")
+                body += chunk
+            if status != -2:  # STATUS_PENDING: a heartbeat
+                return status
+
+
+def client_proc(path: str, key_lists: list[list[bytes]], start, results) -> None:
+    """One client process: a thread per client, each asking for its keys one after another."""
+    lat: list[float] = []
+    errors = [0]
+    pfs = [0]
+    lock = threading.Lock()
+
+    def run(keys):
+        mine, bad, to_pfs = [], 0, 0
+        for key in keys:
+            t0 = time.perf_counter()
+            try:
+                status = _ask(path, _frame_open(key))
+            except OSError:
+                bad += 1
+                continue
+            mine.append(time.perf_counter() - t0)
+            to_pfs += status == 0
+        with lock:
+            lat.extend(mine)
+            errors[0] += bad
+            pfs[0] += to_pfs
+
+    threads = [threading.Thread(target=run, args=(keys,)) for keys in key_lists]
+    start.wait()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results.put((lat, errors[0], pfs[0], time.perf_counter()))
+
+
+def measure(path: str, keys: list[bytes], clients: int, procs: int) -> dict:
+    ctx = multiprocessing.get_context("fork")
+    per_client = [keys[i::clients] for i in range(clients)]
+    nproc = min(procs, clients)
+    groups = [per_client[i::nproc] for i in range(nproc)]
+    start = ctx.Event()
+    results = ctx.Queue()
+    ps = [ctx.Process(target=client_proc, args=(path, g, start, results)) for g in groups]
+    for p in ps:
+        p.start()
+    time.sleep(0.3)  # every process forked and waiting
+    t0 = time.perf_counter()
+    start.set()
+    lat, errors, pfs, end = [], 0, 0, t0
+    for _ in ps:
+        l, e, f, t = results.get(timeout=600)
+        lat += l
+        errors += e
+        pfs += f
+        end = max(end, t)
+    for p in ps:
+        p.join(10)
+    wall = end - t0
+    lat.sort()
+
+    def pct(q):
+        return lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3 if lat else float("nan")
+    return {"answers": len(lat), "seconds": wall, "per_s": len(lat) / wall, "p50_ms": pct(0.5),
+            "p99_ms": pct(0.99), "errors": errors, "pfs_answers": pfs}
+
+
+# --------------------------------------------------------------------------- main
+
+
+def make_files(root: Path, n: int, size: int) -> list[bytes]:
+    keys = []
+    data = os.urandom(size)
+    for i in range(n):
+        d = root / f"d{i % 100:02d}"
+        if i < 100:
+            d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i:07d}.bin").write_bytes(data)
+        keys.append(f"0/d{i % 100:02d}/f{i:07d}.bin".encode())
+    return keys
+
+
+def write_config(path: Path, root: Path, work: Path, shm: Path, args) -> None:
+    threads = args.threads if args.threads == "auto" else int(args.threads)
+    config = {"dataset": {"roots": [str(root)]}, "run_dir": str(work / "run"),
+              "tiers": [{"name": "ram", "path": str(shm), "capacity": "64GiB"}],
+              "staging": {"policy": args.policy, "threads": threads, "resolve_timeout": 60}}
+    path.write_text(json.dumps(config))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    counts = [int(c) for c in args.clients.split(",") if c.strip()]
+    work = Path(tempfile.mkdtemp(prefix="mbd-", dir="/tmp"))
+    shm = Path(tempfile.mkdtemp(prefix="mbd-", dir="/dev/shm"))
+    rows = []
+    try:
+        root = work / "ds"
+        t0 = time.perf_counter()
+        keys = make_files(root, args.misses, args.size)
+        os.sync()
+        print(f"made {len(keys)} files of {args.size} B in {root} ({time.perf_counter() - t0:.1f} s); "
+              f"measuring {args.src}", flush=True)
+        ctx = multiprocessing.get_context("fork")
+        for clients in counts:
+            config = work / f"c{clients}.json"
+            write_config(config, root, work, shm, args)
+            ready, stop = ctx.Queue(), ctx.Event()
+            daemon = ctx.Process(target=serve, args=(args.src, str(config), ready, stop))
+            daemon.start()
+            path = ready.get(timeout=120)
+            try:
+                miss = measure(path, keys, clients, args.procs)
+                hit = measure(path, keys, clients, args.procs)
+            finally:
+                stop.set()
+                daemon.join(30)
+                if daemon.is_alive():
+                    daemon.kill()
+            rows.append({"clients": clients, "miss": miss, "hit": hit})
+            print(f"  {clients:3d} clients: {miss['per_s']:9.0f} misses/s, p50 {miss['p50_ms']:.2f} ms, "
+                  f"p99 {miss['p99_ms']:.2f} ms; {hit['per_s']:9.0f} hits/s; "
+                  f"errors {miss['errors'] + hit['errors']}, PFS answers {miss['pfs_answers']}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+
+    print()
+    print(f"daemon: policy {args.policy}, threads {args.threads}; {args.misses} misses of {args.size} B "
+          f"per row, from local disk; {os.cpu_count()} cores")
+    print(f"{'clients':>7} {'misses/s':>10} {'miss p50 ms':>12} {'miss p99 ms':>12} {'hits/s':>10}")
+    for r in rows:
+        m, h = r["miss"], r["hit"]
+        print(f"{r['clients']:>7} {m['per_s']:>10.0f} {m['p50_ms']:>12.2f} {m['p99_ms']:>12.2f} {h['per_s']:>10.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    bad = any(r["miss"]["errors"] or r["miss"]["pfs_answers"] for r in rows)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
