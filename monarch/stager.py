@@ -46,15 +46,15 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Stager", "Concurrency", "SourceChanged", "Invalidated"]
 
+SCAN_STEP = 512        # read-ahead keys examined per turn under the lock
+INLINE_SECONDS = 0.0005   # a PFS this fast (recent mean per copy) is copied by the asker itself ...
+INLINE_BYTES = 256 << 10  # ... for files this small: no thread hand-off (see ensure)
 
 
 def background_slots(limit: int) -> int:
     """Of ``limit`` copies in flight, how many background copies may take: the rest stay
     free for copies the application waits for, so those start at once."""
     return max(1, limit - max(1, limit // 4))
-SCAN_STEP = 512        # read-ahead keys examined per turn under the lock
-INLINE_SECONDS = 0.0005   # a PFS this fast (recent mean per copy) is copied by the asker itself ...
-INLINE_BYTES = 256 << 10  # ... for files this small: no thread hand-off (see ensure)
 
 
 class Invalidated(Exception):
