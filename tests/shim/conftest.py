@@ -301,3 +301,9 @@ def families_bin(tmp_path_factory) -> str:
 def statfd_bin(tmp_path_factory) -> str:
     """tests/shim/statfd.c compiled: fstat/fstatat/statx of an open descriptor; creat."""
     return compile_helper(tmp_path_factory, "statfd")
+
+
+@pytest.fixture(scope="session")
+def meta_bin(tmp_path_factory) -> str:
+    """tests/shim/meta.c compiled: stat, lstat, statx, access and listings of each path."""
+    return compile_helper(tmp_path_factory, "meta")
