@@ -25,7 +25,8 @@ from typing import Callable
 from monarch import layout, protocol
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
-from monarch.snapshot import Snapshot, take_snapshot
+from monarch.secure import UnsafePathError, private_dir, user_dir
+from monarch.snapshot import Snapshot, load_or_walk
 from monarch.sources import PeerSource
 from monarch.stager import Stager
 from monarch.tiers import Tier
@@ -64,6 +65,8 @@ class NodeDaemon:
         self._lock = threading.Lock()
         self._validated: set[str] = set()  # staging.validate: open — keys checked against the PFS
         self.snapshot_seconds = 0.0
+        self.snapshot_how = ""
+        self._meta_off_logged: set[str] = set()
         self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
         layout.write_marker(self.run_dir, run_id)
         protocol.create_counters(self.counters_path)
@@ -114,12 +117,29 @@ class NodeDaemon:
             log.warning("tier %s is not used: %s", cfg.name, reason)
             return None
 
+    def _snapshot_cache(self) -> str | None:
+        """Where the last walk of this dataset is kept for the next job (the user's private
+        ``snapshots`` directory under the run base, keyed by the dataset id), or None."""
+        try:
+            directory = private_dir(os.path.join(user_dir(self.config.run_dir), "snapshots"))
+            return os.path.join(directory, f"{layout.dataset_id(self.config.dataset.roots)}.index")
+        except (UnsafePathError, OSError) as e:
+            log.warning("the snapshot is not kept for the next job: %s", e)
+            return None
+
     def _take_snapshot(self) -> Snapshot:
+        """One walk per job (node 0's, in a cluster), or the last job's snapshot when no
+        directory changed since (snapshot.load_or_walk); ``staging.validate: open`` walks."""
         t0 = time.perf_counter()
         roots = self.config.dataset.roots
-        snap = take_snapshot(roots) if self.cluster is None else self.cluster.share(lambda: take_snapshot(roots))
+        fresh = self.config.staging.validate == "open"
+        take = lambda: load_or_walk(roots, self._snapshot_cache(), fresh)  # noqa: E731
+        snap, self.snapshot_how = take() if self.cluster is None else self.cluster.share(take)
+        if self.cluster is not None:
+            snap = snap.with_local_devices()
         self.snapshot_seconds = time.perf_counter() - t0
-        log.info("snapshot: %d files, %d bytes in %.2fs", len(snap.files), snap.total_bytes, self.snapshot_seconds)
+        log.info("snapshot (%s): %d files, %d directories, %d bytes in %.2fs", self.snapshot_how, len(snap.files),
+                 len(snap.dirs), snap.total_bytes, self.snapshot_seconds)
         return snap
 
     def owns(self, key: str) -> bool:
@@ -201,8 +221,14 @@ class NodeDaemon:
         return same
 
     def invalidate(self, key: str) -> None:
-        """The job writes to ``key`` (file or directory): its copies on this node go now
-        (in the tiers and the peer area alike)."""
+        """The job writes to ``key`` (file or directory): its copies on this node go now. The
+        shim has already turned the metadata of its root off (EXTRA_META_OFF): say so once."""
+        root = key.partition("/")[0]
+        with self._lock:
+            first = root not in self._meta_off_logged
+            self._meta_off_logged.add(root)
+        if first:
+            log.info("root %s: stat and listings go to the PFS from now on (the job changed %s)", root, key)
         self.stager.invalidate(key)
         self.count("invalidated")
 
@@ -236,10 +262,19 @@ class NodeDaemon:
         sources = protocol.read_sources(self.counters_path, names)
         with self._lock:
             outcomes = dict(self.outcomes)
+        try:
+            extra = protocol.read_extra_counters(self.counters_path)
+        except (OSError, ValueError):
+            extra = (0,) * protocol.EXTRA_WORDS
+        off = extra[protocol.EXTRA_META_OFF]
         return {
             "node": self.node, "host": socket.gethostname(),
             "uptime_seconds": round(time.time() - self.started, 3),
             "snapshot_seconds": round(self.snapshot_seconds, 3),
+            "snapshot": self.snapshot_how,
+            "metadata": {"local": extra[protocol.EXTRA_META_LOCAL], "pfs": extra[protocol.EXTRA_META_PFS],
+                         "off_roots": [k for k in range(len(self.config.dataset.roots))
+                                       if off & (1 << min(k, 63))]},
             "sources": sources,
             "staging": self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()},
             "tiers": [t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.peer_area else []),

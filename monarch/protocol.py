@@ -64,18 +64,31 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   then EXTRA_WORDS of named counters (EXTRA_*).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
-Snapshot index (written once by the daemon, atomically, read-only mmap in the shim):
+Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 3):
   header  INDEX_HEADER: u64 magic, u32 version, u32 entries, u32 buckets (a power of 2),
           u32 reserved, u64 offset of the buckets, u64 offset of the entries,
-          u64 offset of the key bytes, u64 size of the key bytes
+          u64 offset of the key bytes, u64 size of the key bytes, u64 offset of the
+          child records, u64 number of child records
   buckets u32[buckets]: entry number + 1, or 0 for empty; open addressing, linear probing,
           starting at ``key_hash(key) & (buckets - 1)``
   entries INDEX_ENTRY each: u32 hash, u32 key length, u64 key offset, u64 size,
           i64 mtime_ns, i64 atime_ns, i64 ctime_ns, u64 ino, u64 dev, u32 mode, u32 uid,
           u32 gid, u32 nlink: the source's own ``stat`` as the snapshot saw it (a symlink's
-          target's), then u32 flags (INDEX_FLAG_SYMLINK: the name itself is a symlink, so an
-          ``O_NOFOLLOW`` open of it fails and is left to the kernel), u32 reserved (0)
-  keys    the key bytes, not NUL-terminated
+          target's), then u32 flags, u32 link (entry number + 1 of the symlink's own
+          ``lstat`` record, or 0), u64 blocks, u32 blksize, u32 children (how many child
+          records a listed directory has), u64 first child record.
+          Flags: INDEX_FLAG_SYMLINK: the name itself is a symlink (to a file), so an
+          ``O_NOFOLLOW`` open of it fails and is left to the kernel, and ``lstat`` answers
+          its ``link`` record; INDEX_FLAG_LISTED: a directory whose every name the walk
+          saw (its child records are its whole listing, a name not among them does not
+          exist). Files and directories are keyed; a root itself is the key ``"<k>/"``.
+          Link records follow the keyed entries; no bucket points at them.
+  children INDEX_CHILD each, per listed directory contiguous: u64 d_ino, u64 name offset
+          (in the key bytes), u32 entry number + 1 of the child (0: a name the index does
+          not describe: a symlink to a directory, a broken link, a special file), u16 name
+          length, u8 d_type, u8 reserved. A directory's records are "." and ".." first (their
+          d_ino the directory's and its parent's st_ino), then its names sorted bytewise.
+  keys    the key bytes (and the names of undescribed children), not NUL-terminated
   key_hash is CRC-32 (zlib's, polynomial 0xEDB88320) of the key bytes.
 """
 
@@ -96,6 +109,8 @@ SLOT_WORDS = 3
 EXTRA_WORDS = 8
 EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
+EXTRA_META_OFF = 2    # bit k (k < 63; bit 63: every root k >= 63): the job changed root k, its
+                      # metadata is the PFS's from then on (set by the shim before the change)
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
 SLOT_PFS = 0
@@ -317,68 +332,177 @@ def read_sources(path: str, names: dict[int, str]) -> dict[str, dict[str, int]]:
 
 # -- snapshot index -------------------------------------------------------------------------
 INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
-INDEX_VERSION = 2
-INDEX_HEADER = struct.Struct("<QIIIIQQQQ")
-INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIII")
+INDEX_VERSION = 3
+INDEX_HEADER = struct.Struct("<QIIIIQQQQQQ")
+INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIIIQIIQ")
+INDEX_CHILD = struct.Struct("<QQIHBB")
 INDEX_FLAG_SYMLINK = 1
+INDEX_FLAG_LISTED = 2
+
+# d_type values (<dirent.h>)
+DT_UNKNOWN, DT_FIFO, DT_CHR, DT_DIR, DT_BLK, DT_REG, DT_LNK, DT_SOCK = 0, 1, 2, 4, 6, 8, 10, 12
+
+
+def d_type_of(mode: int) -> int:
+    """The d_type readdir gives for an entry of this st_mode."""
+    import stat as _stat
+    for test, value in ((_stat.S_ISREG, DT_REG), (_stat.S_ISDIR, DT_DIR), (_stat.S_ISLNK, DT_LNK),
+                        (_stat.S_ISFIFO, DT_FIFO), (_stat.S_ISSOCK, DT_SOCK), (_stat.S_ISCHR, DT_CHR),
+                        (_stat.S_ISBLK, DT_BLK)):
+        if test(mode):
+            return value
+    return DT_UNKNOWN
 
 
 def key_hash(raw: bytes) -> int:
     return zlib.crc32(raw) & 0xFFFFFFFF
 
 
-def _stat_fields(st, flags: int) -> tuple:
-    """(size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink, flags, 0) of an
-    os.stat_result or a snapshot FileInfo."""
+def _stat_fields(st) -> tuple:
+    """(size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink) of an os.stat_result or a
+    snapshot FileInfo; and (blocks, blksize)."""
     if hasattr(st, "st_size"):
-        return (st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                st.st_mode, st.st_uid, st.st_gid, st.st_nlink, flags, 0)
-    flags |= INDEX_FLAG_SYMLINK if getattr(st, "link", False) else 0
-    return (st.size, st.mtime_ns, st.atime_ns, st.ctime_ns, st.ino, st.dev, st.mode, st.uid, st.gid, st.nlink,
-            flags, 0)
+        return ((st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                 st.st_mode, st.st_uid, st.st_gid, st.st_nlink), (st.st_blocks, st.st_blksize))
+    return ((st.size, st.mtime_ns, st.atime_ns, st.ctime_ns, st.ino, st.dev, st.mode, st.uid, st.gid, st.nlink),
+            (st.blocks, st.blksize))
 
 
-def build_index(entries: Iterable[tuple]) -> bytes:
-    """The index file's bytes for (key, source stat[, flags]) entries (see the module doc); a
-    stat is an os.stat_result or a snapshot FileInfo (which knows whether it is a symlink)."""
-    items = list(entries)
+def build_index(entries: Iterable[tuple], dirs: Iterable[tuple] = (), links: dict | None = None) -> bytes:
+    """The index file's bytes (see the module doc).
+
+    ``entries``: (key, stat[, flags]) of files; a stat is an os.stat_result or a snapshot
+    FileInfo (which knows whether its name is a symlink). ``dirs``: (key, stat, children)
+    of directories, ``children`` a list of (name, d_type, d_ino) of the whole listing
+    (without "." and "..") or None when the directory could not be listed, plus the
+    ``".."`` st_ino as a fourth item (0 if unknown). ``links``: key -> the symlink's own
+    lstat, for keys whose name is a symlink."""
+    links = links or {}
+    items = []  # (raw, st, flags, children or None, parent_ino)
+    for raw, st, *rest in entries:
+        flags = rest[0] if rest else 0
+        if getattr(st, "link", False):
+            flags |= INDEX_FLAG_SYMLINK
+        items.append((raw, st, flags, None, 0))
+    for raw, st, children, *parent in dirs:
+        items.append((raw, st, INDEX_FLAG_LISTED if children is not None else 0, children, parent[0] if parent else 0))
+    number = {raw: n + 1 for n, (raw, *_) in enumerate(items)}
+    link_items = [(raw, links[raw]) for raw, _, flags, *_ in items if flags & INDEX_FLAG_SYMLINK and raw in links]
+    link_number = {raw: len(items) + i + 1 for i, (raw, _) in enumerate(link_items)}
+    total = len(items) + len(link_items)
     nbuckets = 16
-    while nbuckets < 2 * len(items):
+    while nbuckets < 2 * total:
         nbuckets *= 2
     mask = nbuckets - 1
     buckets = [0] * nbuckets
-    packed, keys, key_off = [], [], 0
-    for number, (raw, st, *flags) in enumerate(items):
+    keys = bytearray()
+    key_off: dict[bytes, int] = {}
+    for raw, *_ in items:
+        key_off[raw] = len(keys)
+        keys += raw
+    packed, child_recs = [], []
+    for n, (raw, st, flags, children, parent_ino) in enumerate(items):
         h = key_hash(raw)
         b = h & mask
         while buckets[b]:
             b = (b + 1) & mask
-        buckets[b] = number + 1
-        packed.append(INDEX_ENTRY.pack(h, len(raw), key_off, *_stat_fields(st, flags[0] if flags else 0)))
-        keys.append(raw)
-        key_off += len(raw)
+        buckets[b] = n + 1
+        first, count = len(child_recs), 0
+        if children is not None:
+            fields, _ = _stat_fields(st)
+            prefix = raw if raw.endswith(b"/") else raw + b"/"
+            child_recs.append((fields[4], 0, 0, 0, DT_DIR, b"."))
+            child_recs.append((parent_ino, 0, 0, 0, DT_DIR, b".."))
+            for name, d_type, d_ino in sorted(children):
+                child = prefix + name
+                if child in key_off:
+                    off, entry = key_off[child] + len(prefix), number[child]
+                else:
+                    off, entry = None, 0
+                child_recs.append((d_ino, off, entry, len(name), d_type, name))
+            count = len(child_recs) - first
+        fields, blocks = _stat_fields(st)
+        packed.append(INDEX_ENTRY.pack(h, len(raw), key_off[raw], *fields, flags, link_number.get(raw, 0),
+                                       blocks[0], blocks[1], count, first))
+    for raw, lst in link_items:
+        fields, blocks = _stat_fields(lst)
+        packed.append(INDEX_ENTRY.pack(key_hash(raw), len(raw), key_off[raw], *fields, 0, 0, blocks[0], blocks[1],
+                                       0, 0))
+    names: dict[bytes, int] = {}
+    children_packed = []
+    for d_ino, off, entry, nlen, d_type, name in child_recs:
+        if off is None:
+            off = names.get(name)
+            if off is None:
+                off = names[name] = len(keys)
+                keys += name
+        children_packed.append(INDEX_CHILD.pack(d_ino, off, entry, nlen, d_type, 0))
     buckets_off = INDEX_HEADER.size
     entries_off = buckets_off + 4 * nbuckets
-    keys_off = entries_off + INDEX_ENTRY.size * len(items)
-    header = INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, len(items), nbuckets, 0,
-                               buckets_off, entries_off, keys_off, key_off)
-    return b"".join([header, struct.pack(f"<{nbuckets}I", *buckets), *packed, *keys])
+    keys_off = entries_off + INDEX_ENTRY.size * total
+    children_off = keys_off + len(keys)
+    children_off += -children_off % 8
+    header = INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, total, nbuckets, 0, buckets_off, entries_off, keys_off,
+                               len(keys), children_off, len(children_packed))
+    return b"".join([header, struct.pack(f"<{nbuckets}I", *buckets), *packed, bytes(keys),
+                     b"\0" * (children_off - keys_off - len(keys)), *children_packed])
+
+
+class Index:
+    """A read-only view of an index file's bytes (the shim's lookups, in Python)."""
+
+    def __init__(self, data: bytes):
+        (magic, version, self.entries, self.buckets, _, self.buckets_off, self.entries_off, self.keys_off,
+         self.keys_size, self.children_off, self.nchildren) = INDEX_HEADER.unpack_from(data)
+        if magic != INDEX_MAGIC or version != INDEX_VERSION:
+            raise ValueError("not a Monarch index of version %d" % INDEX_VERSION)
+        self.data = data
+
+    def entry(self, number: int) -> tuple:
+        """Entry ``number`` (from 1): the INDEX_ENTRY fields."""
+        return INDEX_ENTRY.unpack_from(self.data, self.entries_off + INDEX_ENTRY.size * (number - 1))
+
+    def key(self, number: int) -> bytes:
+        e = self.entry(number)
+        return self.data[self.keys_off + e[2]: self.keys_off + e[2] + e[1]]
+
+    def number(self, raw: bytes) -> int:
+        """Entry number (from 1) of ``raw``, or 0."""
+        h = key_hash(raw)
+        b = h & (self.buckets - 1)
+        while True:
+            n = struct.unpack_from("<I", self.data, self.buckets_off + 4 * b)[0]
+            if not n:
+                return 0
+            e = self.entry(n)
+            if e[0] == h and self.data[self.keys_off + e[2]: self.keys_off + e[2] + e[1]] == raw:
+                return n
+            b = (b + 1) & (self.buckets - 1)
+
+    def children(self, number: int) -> list[tuple[bytes, int, int, int]]:
+        """A listed directory's records: (name, d_type, d_ino, entry number or 0)."""
+        e = self.entry(number)
+        out = []
+        for i in range(e[18], e[18] + e[17]):
+            d_ino, off, entry, nlen, d_type, _ = INDEX_CHILD.unpack_from(self.data, self.children_off + INDEX_CHILD.size * i)
+            name = b"." if i == e[18] else b".." if i == e[18] + 1 else self.data[self.keys_off + off: self.keys_off + off + nlen]
+            out.append((name, d_type, d_ino, entry))
+        return out
+
+    def keyed(self) -> Iterable[int]:
+        """The numbers of the keyed entries (not the link records)."""
+        seen = set()
+        for b in range(self.buckets):
+            n = struct.unpack_from("<I", self.data, self.buckets_off + 4 * b)[0]
+            if n:
+                seen.add(n)
+        return sorted(seen)
 
 
 def index_lookup(data: bytes, raw: bytes) -> tuple | None:
     """The entry of ``raw`` in an index (the shim's lookup, in Python for tests): a tuple in
     INDEX_ENTRY order after the key fields (size, mtime_ns, atime_ns, ctime_ns, ino, dev,
-    mode, uid, gid, nlink, flags, reserved), or None."""
-    magic, version, n, nbuckets, _, buckets_off, entries_off, keys_off, _ = INDEX_HEADER.unpack_from(data)
-    if magic != INDEX_MAGIC or version != INDEX_VERSION:
-        raise ValueError("not a Monarch index")
-    h = key_hash(raw)
-    b = h & (nbuckets - 1)
-    while True:
-        number = struct.unpack_from("<I", data, buckets_off + 4 * b)[0]
-        if not number:
-            return None
-        fields = INDEX_ENTRY.unpack_from(data, entries_off + INDEX_ENTRY.size * (number - 1))
-        if fields[0] == h and data[keys_off + fields[2]: keys_off + fields[2] + fields[1]] == raw:
-            return fields[3:]
-        b = (b + 1) & (nbuckets - 1)
+    mode, uid, gid, nlink, flags, link, blocks, blksize, children, first child), or None."""
+    index = Index(data)
+    n = index.number(raw)
+    return index.entry(n)[3:] if n else None

@@ -41,6 +41,9 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         failures.update(s["failures"])
         peer.update({k: v for k, v in n.get("peer", {}).items() if isinstance(v, (int, float))})
     dataset_bytes = alive[0]["dataset"]["bytes"] if alive else 0
+    metadata = collections.Counter()
+    for n in alive:
+        metadata.update({k: v for k, v in n.get("metadata", {}).items() if k in ("local", "pfs")})
     return {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -51,6 +54,7 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         "sources": {name: dict(c) for name, c in sources.items()},
         "pfs": _pfs_traffic(sources, staging["pfs_bytes_read"], dataset_bytes),
         "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
+        "metadata": {"local": metadata["local"], "pfs": metadata["pfs"]},
         "peer": dict(peer),
         "nodes": nodes,
     }
@@ -178,6 +182,10 @@ def print_report(report: dict, out: TextIO) -> None:
     st = report["staging"]
     w(f"\nstaged    : {st['files']} files, {human(st['bytes'])}")
     w(f"; not staged: {', '.join(f'{k} x{v}' for k, v in sorted(st['failures'].items()))}\n" if st["failures"] else "\n")
+    meta = report.get("metadata")
+    if meta and (meta["local"] or meta["pfs"]):
+        w(f"metadata  : {meta['local']} calls answered from the snapshot, {meta['pfs']} sent to the PFS "
+          "(stat, access, directory listings under the roots)\n")
     if report["peer"]:
         p = report["peer"]
         w(f"peers     : sent {human(p.get('bytes_sent', 0))}, received {human(p.get('bytes_received', 0))}\n")

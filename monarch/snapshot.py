@@ -1,20 +1,34 @@
-"""The dataset snapshot: every managed file's key and its source's ``stat``, from one tree walk.
+"""The dataset snapshot: every managed file's and directory's key, its source's ``stat`` and
+every directory's listing, from one tree walk.
 
 A key is ``"<root index>/<path relative to that root>"`` (see monarch/protocol.py), decoded
 with ``os.fsdecode`` so that any name the filesystem allows (newlines, non-UTF-8 bytes,
 255-byte names) is a key. The snapshot is the job's view of the dataset: what the
 stager checks a source against before copying it, and what ``fstat`` of a staged copy
-reports (through the index the shim maps).
+reports (through the index the shim maps), and what the shim answers ``stat``, ``access``
+and directory listings under a root from, without asking the PFS.
+
+Reuse across jobs (``load_or_walk``): the index of the last walk of the same dataset is
+kept in the user's private snapshot directory, keyed by the dataset id. A later job reuses
+it when every directory it lists still has the same inode, mtime and ctime (one ``stat``
+per directory instead of a ``stat`` per file): a name added, removed or renamed changes
+its directory's mtime. A file rewritten in place under the same name does not, so such a
+change is not seen by a reused snapshot (the stager still checks size and mtime before
+it copies); ``staging.validate: open`` always walks afresh.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from monarch import protocol
 from monarch.secure import write_file_atomically
+
+log = logging.getLogger(__name__)
 
 
 class FileInfo(NamedTuple):
@@ -30,21 +44,33 @@ class FileInfo(NamedTuple):
     gid: int = 0
     nlink: int = 1
     link: bool = False  # the name is a symlink (to a file): an O_NOFOLLOW open of it fails
+    blocks: int = 0
+    blksize: int = 4096
 
     @classmethod
     def from_stat(cls, st: os.stat_result, link: bool = False) -> "FileInfo":
         return cls(st.st_size, st.st_mtime_ns, st.st_mode, st.st_atime_ns, st.st_ctime_ns, st.st_ino,
-                   st.st_dev, st.st_uid, st.st_gid, st.st_nlink, link)
+                   st.st_dev, st.st_uid, st.st_gid, st.st_nlink, link, st.st_blocks, st.st_blksize)
 
     def same_content_as(self, st: os.stat_result) -> bool:
         """Does ``st`` describe the file this snapshot entry saw (size and mtime)?"""
         return st.st_size == self.size and st.st_mtime_ns == self.mtime_ns
 
 
+class DirInfo(NamedTuple):
+    """A directory as the walk saw it: its own stat, its listing (names as bytes, with d_type
+    and d_ino; None when it could not be listed whole) and the st_ino of its parent."""
+    info: FileInfo
+    children: tuple[tuple[bytes, int, int], ...] | None
+    parent_ino: int = 0
+
+
 @dataclass(frozen=True)
 class Snapshot:
     roots: tuple[str, ...]
     files: dict[str, FileInfo]
+    dirs: dict[str, DirInfo] = field(default_factory=dict)   # "<k>/" is root k itself
+    links: dict[str, FileInfo] = field(default_factory=dict)  # a symlinked file's own lstat
 
     @property
     def total_bytes(self) -> int:
@@ -57,34 +83,156 @@ class Snapshot:
     def get(self, key: str) -> FileInfo | None:
         return self.files.get(key)
 
+    def index_bytes(self) -> bytes:
+        kb = protocol.key_bytes
+        return protocol.build_index(((kb(key), info) for key, info in self.files.items()),
+                                    ((kb(key), d.info, d.children, d.parent_ino) for key, d in self.dirs.items()),
+                                    {kb(key): info for key, info in self.links.items()})
+
     def write_index(self, path: str) -> None:
         """The index the shim maps (protocol.py, "Snapshot index"), written atomically."""
-        write_file_atomically(path, protocol.build_index(
-            (protocol.key_bytes(key), info) for key, info in self.files.items()))
+        write_file_atomically(path, self.index_bytes())
+
+    def with_local_devices(self) -> "Snapshot":
+        """The snapshot with each root's st_dev as this node sees it (a snapshot received from
+        another node carries that node's device numbers, which need not be ours)."""
+        remap = {}
+        for k, root in enumerate(self.roots):
+            d = self.dirs.get(f"{k}/")
+            try:
+                here = os.stat(root).st_dev
+            except OSError:
+                continue
+            if d is not None and d.info.dev != here:
+                remap[d.info.dev] = here
+        if not remap:
+            return self
+        fix = lambda i: i._replace(dev=remap.get(i.dev, i.dev))  # noqa: E731
+        return Snapshot(self.roots, {k: fix(i) for k, i in self.files.items()},
+                        {k: d._replace(info=fix(d.info)) for k, d in self.dirs.items()},
+                        {k: fix(i) for k, i in self.links.items()})
+
+
+def _child_key(dkey: str, name: str) -> str:
+    return dkey + name if dkey.endswith("/") else f"{dkey}/{name}"
 
 
 def take_snapshot(roots: tuple[str, ...]) -> Snapshot:
-    """Walk every root once (os.scandir: one stat per entry, no extra lookups).
+    """Walk every root once (os.scandir: one stat per file and directory, no extra lookups).
 
     Directories are not followed through symlinks (their files are not the root's); a
-    symlink to a file is the file the kernel would open.
+    symlink to a file is the file the kernel would open. Every directory's listing is kept
+    (names, d_type, d_ino), so the shim can list it and say that a name is absent.
     """
     files: dict[str, FileInfo] = {}
+    dirs: dict[str, DirInfo] = {}
+    links: dict[str, FileInfo] = {}
     for index, root in enumerate(roots):
-        stack = [root]
+        try:
+            rst = os.stat(root)
+        except OSError:
+            continue
+        try:
+            parent_ino = os.stat(os.path.dirname(root.rstrip("/")) or "/").st_ino
+        except OSError:
+            parent_ino = 0
+        stack = [(root, f"{index}/", rst, parent_ino)]
         while stack:
-            directory = stack.pop()
+            directory, dkey, dst, pino = stack.pop()
             try:
                 entries = list(os.scandir(directory))
             except OSError:
-                continue  # unreadable directory: its files stay on the PFS
+                dirs[dkey] = DirInfo(FileInfo.from_stat(dst), None, pino)  # unreadable: its names stay the PFS's
+                continue
+            children: list[tuple[bytes, int, int]] | None = []
             for entry in entries:
+                key = _child_key(dkey, entry.name)
                 try:
                     if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
+                        stack.append((entry.path, key, entry.stat(follow_symlinks=False), dst.st_ino))
+                        d_type = protocol.DT_DIR
                     elif entry.is_file():
-                        rel = os.path.relpath(entry.path, root)
-                        files[f"{index}/{rel}"] = FileInfo.from_stat(entry.stat(), entry.is_symlink())
+                        link = entry.is_symlink()
+                        files[key] = FileInfo.from_stat(entry.stat(), link)
+                        if link:
+                            links[key] = FileInfo.from_stat(entry.stat(follow_symlinks=False))
+                        d_type = protocol.DT_LNK if link else protocol.DT_REG
+                    else:  # a symlink to a directory, a broken link, a special file: named, not described
+                        d_type = (protocol.DT_LNK if entry.is_symlink()
+                                  else protocol.d_type_of(entry.stat(follow_symlinks=False).st_mode))
+                    if children is not None:
+                        children.append((os.fsencode(entry.name), d_type, entry.inode()))
                 except OSError:
-                    continue
-    return Snapshot(roots=tuple(roots), files=files)
+                    children = None  # an entry that vanished or failed: the listing is not known whole
+            dirs[dkey] = DirInfo(FileInfo.from_stat(dst), None if children is None else tuple(sorted(children)), pino)
+    return Snapshot(roots=tuple(roots), files=files, dirs=dirs, links=links)
+
+
+# -- reuse across jobs -------------------------------------------------------------------
+def _info_of(fields: tuple, link: bool = False) -> FileInfo:
+    (size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink, _flags, _link, blocks, blksize) = fields[3:17]
+    return FileInfo(size, mtime, mode, atime, ctime, ino, dev, uid, gid, nlink, link, blocks, blksize)
+
+
+def read_index(data: bytes, roots: tuple[str, ...]) -> Snapshot:
+    """The snapshot an index file was written from (``Snapshot.write_index``'s inverse)."""
+    idx = protocol.Index(data)
+    files, dirs, links = {}, {}, {}
+    for n in idx.keyed():
+        e = idx.entry(n)
+        key = protocol.key_str(idx.key(n))
+        flags = e[13]
+        if (e[9] & 0o170000) == 0o040000:
+            children = None
+            if flags & protocol.INDEX_FLAG_LISTED:
+                recs = idx.children(n)
+                children = tuple((name, d_type, d_ino) for name, d_type, d_ino, _ in recs[2:])
+                parent_ino = recs[1][2]
+            else:
+                parent_ino = 0
+            dirs[key] = DirInfo(_info_of(e), children, parent_ino)
+        else:
+            files[key] = _info_of(e, bool(flags & protocol.INDEX_FLAG_SYMLINK))
+            if e[14]:
+                links[key] = _info_of(idx.entry(e[14]))
+    return Snapshot(tuple(roots), files, dirs, links)
+
+
+def unchanged(snap: Snapshot) -> bool:
+    """Does every directory of the snapshot still have the inode, mtime and ctime it had (and
+    was every one listed whole)? One stat per directory."""
+    for key, d in snap.dirs.items():
+        if d.children is None:
+            return False
+        try:
+            st = os.stat(snap.source_path(key))
+        except OSError:
+            return False
+        if (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (d.info.ino, d.info.mtime_ns, d.info.ctime_ns):
+            return False
+    return len(snap.dirs) > 0 and all(f"{k}/" in snap.dirs for k in range(len(snap.roots)))
+
+
+def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False) -> tuple[Snapshot, str]:
+    """The snapshot of ``roots``: the kept one at ``cache`` if nothing changed (see the module
+    doc), else a fresh walk, kept at ``cache`` for the next job. Returns it and how it was
+    obtained (``"reused"``, ``"walked"``, or ``"walked: <why not reused>"``)."""
+    why = "fresh walk asked" if fresh else "no kept snapshot"
+    if cache and not fresh:
+        try:
+            with open(cache, "rb") as f:
+                snap = read_index(f.read(), roots)
+            if unchanged(snap):
+                return snap, "reused"
+            why = "a directory changed since the kept snapshot"
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, IndexError, Exception) as e:  # a damaged or foreign file: walk
+            why = f"kept snapshot unreadable ({type(e).__name__})"
+    snap = take_snapshot(roots)
+    if cache:
+        try:
+            write_file_atomically(cache, snap.index_bytes())
+        except OSError as e:
+            log.warning("cannot keep the snapshot at %s for the next job: %s", cache, e.strerror)
+    return snap, f"walked: {why}"

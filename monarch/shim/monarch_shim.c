@@ -73,6 +73,7 @@
  */
 #undef _FORTIFY_SOURCE /* we define open, read ... ourselves */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -89,11 +90,14 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+#include <utime.h>
+#include <stddef.h>
 
 /* ---- glibc 2.17 compatibility: what older headers lack ---- */
 #ifndef __OPEN_NEEDS_MODE /* glibc < 2.19 */
@@ -120,6 +124,8 @@
 #define STATX_CTIME 0x0080U
 #define STATX_INO 0x0100U
 #define STATX_SIZE 0x0200U
+#define STATX_BLOCKS 0x0400U
+#define STATX_BASIC_STATS 0x07ffU
 struct statx_timestamp {
     int64_t tv_sec;
     uint32_t tv_nsec;
@@ -135,6 +141,20 @@ struct statx {
     uint32_t stx_rdev_major, stx_rdev_minor, stx_dev_major, stx_dev_minor;
     uint64_t statx_spare2[14];
 };
+#endif
+#ifndef AT_NO_AUTOMOUNT
+#define AT_NO_AUTOMOUNT 0x800
+#endif
+#ifndef AT_STATX_DONT_SYNC
+#define AT_STATX_DONT_SYNC 0x4000
+#endif
+/* __xstat's version argument for the struct stat of this ABI (others pass through) */
+#if defined(__x86_64__)
+#define MONARCH_STAT_VER 1
+#elif defined(__aarch64__) || defined(__riscv)
+#define MONARCH_STAT_VER 0
+#else
+#define MONARCH_STAT_VER (-1)
 #endif
 /* gettid() is glibc 2.30; the shim only needs the number for its debug lines */
 #define monarch_gettid() ((int)syscall(SYS_gettid))
@@ -162,10 +182,15 @@ struct statx {
 #define MONARCH_REQUEST_HEADER_SIZE 8
 #define MONARCH_ANSWER_HEADER_SIZE 8
 #define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL
-#define MONARCH_INDEX_VERSION 2
-#define MONARCH_INDEX_HEADER_SIZE 56
-#define MONARCH_INDEX_ENTRY_SIZE 88
+#define MONARCH_INDEX_VERSION 3
+#define MONARCH_INDEX_HEADER_SIZE 72
+#define MONARCH_INDEX_ENTRY_SIZE 112
+#define MONARCH_INDEX_CHILD_SIZE 24
 #define MONARCH_INDEX_FLAG_SYMLINK 1
+#define MONARCH_INDEX_FLAG_LISTED 2
+#define MONARCH_EXTRA_META_LOCAL 0
+#define MONARCH_EXTRA_META_PFS 1
+#define MONARCH_EXTRA_META_OFF 2
 #define MONARCH_ENV_ROOTS "MONARCH_ROOTS"
 #define MONARCH_ENV_PROBE "MONARCH_PROBE"
 #define MONARCH_ENV_SOCKET "MONARCH_SOCKET"
@@ -184,7 +209,7 @@ struct statx {
 struct monarch_index_header {
     uint64_t magic;
     uint32_t version, entries, buckets, reserved;
-    uint64_t buckets_off, entries_off, keys_off, keys_size;
+    uint64_t buckets_off, entries_off, keys_off, keys_size, children_off, children_count;
 };
 struct monarch_index_entry {
     uint32_t hash, key_len;
@@ -192,10 +217,20 @@ struct monarch_index_entry {
     int64_t mtime_ns, atime_ns, ctime_ns;
     uint64_t ino, dev;
     uint32_t mode, uid, gid, nlink;
-    uint32_t flags, reserved;
+    uint32_t flags, link; /* link: entry + 1 of a symlink's own lstat record */
+    uint64_t blocks;
+    uint32_t blksize, nchildren; /* a listed directory's child records: "." "..", then sorted names */
+    uint64_t children;
+};
+struct monarch_index_child {
+    uint64_t d_ino, name_off;
+    uint32_t entry; /* + 1; 0: a name the index does not describe */
+    uint16_t name_len;
+    uint8_t d_type, reserved;
 };
 _Static_assert(sizeof(struct monarch_index_header) == MONARCH_INDEX_HEADER_SIZE, "index header layout");
 _Static_assert(sizeof(struct monarch_index_entry) == MONARCH_INDEX_ENTRY_SIZE, "index entry layout");
+_Static_assert(sizeof(struct monarch_index_child) == MONARCH_INDEX_CHILD_SIZE, "index child layout");
 
 /* ---- fixed tables ---- */
 #define MONARCH_MAX_ROOTS 32 /* a root may appear twice: canonical and configured spelling */
@@ -511,25 +546,42 @@ static int monarch_wants_dir(const char *path)
     return path[n - 2] == '.' && (n == 2 || path[n - 3] == '/');
 }
 
-/* The key "<k>/<rel>" of (dirfd, path) into key[MONARCH_KEY_MAX] when it lies under
- * a root; 0 and its length in *klp, or -1 when not managed. */
-static int monarch_key(int dirfd, const char *path, char *key, size_t *klp)
+/* The key "<k>/<rel>" of (dirfd, path) into key[MONARCH_KEY_MAX] when it lies under a
+ * root (with allow_root, root k itself too: the key "<k>/"); 0, its length in *klp and k
+ * in *kp, or -1 when not managed. The absolute path is left in abs[PATH_MAX]. */
+static int monarch_key_abs(int dirfd, const char *path, int allow_root, char *key, size_t *klp, unsigned *kp,
+                           char *abs)
 {
-    char abs[PATH_MAX];
     size_t len;
     if (monarch_abspath(dirfd, path, abs, &len) != 0)
         return -1;
     for (unsigned i = 0; i < monarch_nroots; i++) {
         const struct monarch_root *r = &monarch_roots[i];
-        if (len > r->len + 1 && abs[r->len] == '/' && memcmp(abs, r->path, r->len) == 0) {
-            int kl = snprintf(key, MONARCH_KEY_MAX, "%u/%s", r->index, abs + r->len + 1);
-            if (kl <= 0 || kl >= MONARCH_KEY_MAX || kl > MONARCH_MAX_REQUEST)
-                return -1;
-            *klp = (size_t)kl;
-            return 0;
-        }
+        const char *rel;
+        if (len < r->len || memcmp(abs, r->path, r->len) != 0)
+            continue;
+        if (len > r->len + 1 && abs[r->len] == '/')
+            rel = abs + r->len + 1;
+        else if (allow_root && (len == r->len || (r->len == 0 && len == 1)))
+            rel = "";
+        else
+            continue;
+        int kl = snprintf(key, MONARCH_KEY_MAX, "%u/%s", r->index, rel);
+        if (kl <= 0 || kl >= MONARCH_KEY_MAX || kl > MONARCH_MAX_REQUEST)
+            return -1;
+        *klp = (size_t)kl;
+        *kp = r->index;
+        return 0;
     }
     return -1;
+}
+
+/* The key of a path strictly under a root (what opens and INVALIDATE name). */
+static int monarch_key(int dirfd, const char *path, char *key, size_t *klp)
+{
+    char abs[PATH_MAX];
+    unsigned k;
+    return monarch_key_abs(dirfd, path, 0, key, klp, &k, abs);
 }
 
 /* <probe dir>/<key> into out[PATH_MAX]; -1 if too long. */
@@ -611,6 +663,10 @@ static void monarch_ns(int64_t ns, struct timespec *ts)
 /* stat and stat64 have the same field names: one body for both. */
 #define MONARCH_FILL_STAT(st, e)                      \
     do {                                              \
+        if ((e).blksize) {                            \
+            (st)->st_blocks = (blkcnt_t)(e).blocks;   \
+            (st)->st_blksize = (blksize_t)(e).blksize; \
+        }                                             \
         (st)->st_size = (off_t)(e).size;              \
         (st)->st_mode = (mode_t)(e).mode;             \
         (st)->st_uid = (uid_t)(e).uid;                \
@@ -646,12 +702,15 @@ static void monarch_fill_stat64(int fd, struct stat64 *st)
         MONARCH_FILL_STAT(st, e);
 }
 
-static void monarch_fill_statx(int fd, struct statx *st)
+static void monarch_put_statx(const struct monarch_index_entry *ep, struct statx *st)
 {
-    struct monarch_index_entry e;
+    struct monarch_index_entry e = *ep;
     struct timespec ts;
-    if (!monarch_fd_source(fd, &e))
-        return;
+    if (e.blksize) {
+        st->stx_blocks = e.blocks;
+        st->stx_blksize = e.blksize;
+        st->stx_mask |= STATX_BLOCKS;
+    }
     st->stx_size = e.size;
     st->stx_mode = (uint16_t)e.mode;
     st->stx_uid = e.uid;
@@ -674,6 +733,13 @@ static void monarch_fill_statx(int fd, struct statx *st)
                     | STATX_CTIME | STATX_INO | STATX_SIZE;
 }
 
+static void monarch_fill_statx(int fd, struct statx *st)
+{
+    struct monarch_index_entry e;
+    if (monarch_fd_source(fd, &e))
+        monarch_put_statx(&e, st);
+}
+
 /* fstatat-like calls describe the descriptor itself only with AT_EMPTY_PATH and ""
  * (a function, not a test in the wrapper: glibc declares the path nonnull). */
 static int monarch_on_fd(const char *path, int flags)
@@ -681,6 +747,326 @@ static int monarch_on_fd(const char *path, int flags)
     return (flags & AT_EMPTY_PATH) && path && !path[0];
 }
 #define MONARCH_ON_FD(path, flags) monarch_on_fd(path, flags)
+
+
+/* ---- metadata answered from the index (stat, access, directory listings) ----
+ *
+ * A metadata call on a path under a root is answered from the snapshot index when the
+ * index describes it: a file or directory it has an entry for (lstat of a symlinked file
+ * from its link record), or a name that does not exist (ENOENT) because its parent is a
+ * directory listed whole whose listing lacks it. Anything else -- a name the listing has
+ * but the index does not describe (a symlink to a directory, a special file), a path
+ * below such a name, the root's own lstat, a statx asking for more than the basic stats,
+ * flags the answer would have to interpret -- is the PFS's, as is everything once the
+ * job has changed something under that root (EXTRA_META_OFF, set by monarch_invalidate
+ * for every process of the job on the node: the answers never go stale).
+ * The hot path (a path under no root) is the prefix match of monarch_key_abs and out.
+ */
+enum monarch_meta { MONARCH_META_NOT_OURS, MONARCH_META_PASS, MONARCH_META_FOUND, MONARCH_META_ABSENT };
+
+static inline int monarch_start(void);
+
+static inline uint64_t *monarch_extra(uint64_t *c, unsigned which)
+{
+    return &c[MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + which];
+}
+
+static inline uint64_t monarch_root_bit(unsigned k)
+{
+    return k < 63 ? 1ULL << k : 1ULL << 63;
+}
+
+/* May root k's metadata come from the index? Not without an index or a counters file
+ * (the job-wide "changed" bits live there), nor once the job changed something under it. */
+static inline int monarch_meta_on(unsigned k)
+{
+    uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
+    return c && monarch_index
+           && !(__atomic_load_n(monarch_extra(c, MONARCH_EXTRA_META_OFF), __ATOMIC_ACQUIRE) & monarch_root_bit(k));
+}
+
+/* Count one managed metadata call: answered here (local) or sent to the PFS. */
+static inline void monarch_meta_count(int how)
+{
+    uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
+    if (c && how != MONARCH_META_NOT_OURS)
+        __atomic_fetch_add(monarch_extra(c, how == MONARCH_META_PASS ? MONARCH_EXTRA_META_PFS
+                                                                     : MONARCH_EXTRA_META_LOCAL),
+                           1, __ATOMIC_RELAXED);
+}
+
+/* Child record i into *c and its name, if both are inside the mapping. */
+static int monarch_index_child(uint64_t i, struct monarch_index_child *c, const char **name)
+{
+    const struct monarch_index_header *h = &monarch_index_hdr;
+    if (!monarch_index || i >= h->children_count)
+        return -1;
+    memcpy(c, monarch_index + h->children_off + i * MONARCH_INDEX_CHILD_SIZE, sizeof *c);
+    if (c->name_off > h->keys_size || c->name_len > h->keys_size - c->name_off)
+        return -1;
+    *name = (const char *)monarch_index + h->keys_off + c->name_off;
+    return 0;
+}
+
+/* Does listed directory d name `name`? 1 yes (or cannot tell), 0 no: a binary search of
+ * its sorted names (after "." and ".."). */
+static int monarch_child_named(const struct monarch_index_entry *d, const char *name, size_t nl)
+{
+    if (d->nchildren < 2 || d->children > monarch_index_hdr.children_count
+        || d->nchildren > monarch_index_hdr.children_count - d->children)
+        return 1;
+    uint64_t lo = d->children + 2, hi = d->children + d->nchildren;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        struct monarch_index_child c;
+        const char *cn;
+        if (monarch_index_child(mid, &c, &cn) != 0)
+            return 1;
+        int cmp = memcmp(cn, name, c.name_len < nl ? c.name_len : nl);
+        if (!cmp)
+            cmp = (c.name_len > nl) - (c.name_len < nl);
+        if (!cmp)
+            return 1;
+        if (cmp < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+/* The index's answer for key (of root k): FOUND with the entry in *e, ABSENT, or PASS. */
+static int monarch_meta_answer(const char *key, size_t kl, unsigned k, int nofollow, int wants_dir,
+                               struct monarch_index_entry *e)
+{
+    if (!monarch_meta_on(k))
+        return MONARCH_META_PASS;
+    uint32_t n = monarch_index_lookup(key, kl);
+    if (n) {
+        if (monarch_index_entry(n, e) != 0)
+            return MONARCH_META_PASS;
+        if (e->flags & MONARCH_INDEX_FLAG_SYMLINK) {
+            if (wants_dir || (nofollow && (!e->link || monarch_index_entry(e->link, e) != 0)))
+                return MONARCH_META_PASS; /* "link/" is ENOTDIR; no link record: the kernel's */
+        } else if (nofollow && key[kl - 1] == '/') {
+            return MONARCH_META_PASS; /* the root's own spelling may be a symlink */
+        } else if (wants_dir && !S_ISDIR(e->mode)) {
+            return MONARCH_META_PASS;
+        }
+        return MONARCH_META_FOUND;
+    }
+    /* Not described: absent if its parent was listed whole without this name. */
+    size_t p = kl;
+    while (p > 0 && key[p - 1] != '/')
+        p--;
+    const char *slash = memchr(key, '/', kl);
+    if (p == kl || !slash || kl - p > NAME_MAX)
+        return MONARCH_META_PASS;
+    size_t plen = (size_t)(slash - key) + 1 == p ? p : p - 1; /* a root's child: the parent is "<k>/" */
+    struct monarch_index_entry d;
+    uint32_t pn = monarch_index_lookup(key, plen);
+    if (!pn || monarch_index_entry(pn, &d) != 0 || !(d.flags & MONARCH_INDEX_FLAG_LISTED)
+        || (d.flags & MONARCH_INDEX_FLAG_SYMLINK) || monarch_child_named(&d, key + p, kl - p))
+        return MONARCH_META_PASS;
+    return MONARCH_META_ABSENT;
+}
+
+/* Look (dirfd, path) up: NOT_OURS (no root's), or the index's answer; abs[PATH_MAX] gets
+ * the absolute path when abs is not NULL. errno is kept. */
+static int monarch_meta_find(int dirfd, const char *path, int nofollow, struct monarch_index_entry *e, char *abs)
+{
+    if (monarch_guard || !path || !path[0] || !monarch_start())
+        return MONARCH_META_NOT_OURS;
+    char key[MONARCH_KEY_MAX], buf[PATH_MAX];
+    size_t kl;
+    unsigned k;
+    int saved = errno, r = MONARCH_META_NOT_OURS;
+    monarch_guard = 1;
+    if (monarch_key_abs(dirfd, path, 1, key, &kl, &k, abs ? abs : buf) == 0)
+        r = monarch_meta_answer(key, kl, k, nofollow, monarch_wants_dir(path), e);
+    monarch_guard = 0;
+    errno = saved;
+    return r;
+}
+
+/* fstatat-style flags the index can answer for (the rest are the kernel's to judge). */
+#define MONARCH_STAT_FLAGS (AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH)
+
+/* stat of a path from the index: 1 when answered (*r the result, errno set on failure),
+ * 0 to make the real call. `type` is stat or stat64; ver is __xstat's version. */
+#define MONARCH_META_STAT_FN(type)                                                           \
+    static int monarch_meta_##type(int dirfd, const char *path, int flags, unsigned ver,     \
+                                   struct type *buf, int *r)                                 \
+    {                                                                                        \
+        struct monarch_index_entry e;                                                        \
+        int how = monarch_meta_find(dirfd, path, flags & AT_SYMLINK_NOFOLLOW, &e, NULL);     \
+        if (how != MONARCH_META_NOT_OURS && ((int)ver != MONARCH_STAT_VER || (flags & ~MONARCH_STAT_FLAGS))) \
+            how = MONARCH_META_PASS;                                                         \
+        monarch_meta_count(how);                                                             \
+        if (how == MONARCH_META_FOUND) {                                                     \
+            memset(buf, 0, sizeof *buf);                                                     \
+            MONARCH_FILL_STAT(buf, e);                                                       \
+            *r = 0;                                                                          \
+            return 1;                                                                        \
+        }                                                                                    \
+        if (how == MONARCH_META_ABSENT) {                                                    \
+            errno = ENOENT;                                                                  \
+            *r = -1;                                                                         \
+            return 1;                                                                        \
+        }                                                                                    \
+        return 0;                                                                            \
+    }
+MONARCH_META_STAT_FN(stat)
+MONARCH_META_STAT_FN(stat64)
+
+static int monarch_meta_statx(int dirfd, const char *path, int flags, unsigned mask, struct statx *buf, int *r)
+{
+    struct monarch_index_entry e;
+    int ok = !(flags & ~(MONARCH_STAT_FLAGS | AT_STATX_DONT_SYNC)) && !(mask & ~STATX_BASIC_STATS);
+    int how = monarch_meta_find(dirfd, path, flags & AT_SYMLINK_NOFOLLOW, &e, NULL);
+    if (!ok && how != MONARCH_META_NOT_OURS)
+        how = MONARCH_META_PASS;
+    monarch_meta_count(how);
+    if (how == MONARCH_META_FOUND) {
+        memset(buf, 0, sizeof *buf);
+        buf->stx_blksize = 4096;
+        monarch_put_statx(&e, buf);
+        *r = 0;
+        return 1;
+    }
+    if (how == MONARCH_META_ABSENT) {
+        errno = ENOENT;
+        *r = -1;
+        return 1;
+    }
+    return 0;
+}
+
+/* access/faccessat from the index: existence always; permission bits only for the owner
+ * (whose bits the kernel checks first, ACL or not) and not for root or W_OK (a read-only
+ * mount, root squash and ACLs are the PFS's to say). */
+static int monarch_meta_access(int dirfd, const char *path, int mode, int flags, int *r)
+{
+    struct monarch_index_entry e;
+    int how = monarch_meta_find(dirfd, path, flags & AT_SYMLINK_NOFOLLOW, &e, NULL);
+    if (how == MONARCH_META_FOUND && mode != F_OK) {
+        uid_t uid = (flags & AT_EACCESS) ? geteuid() : getuid();
+        if ((flags & ~(AT_EACCESS | AT_SYMLINK_NOFOLLOW)) || (mode & ~(R_OK | X_OK)) || uid == 0 || uid != e.uid)
+            how = MONARCH_META_PASS;
+    }
+    monarch_meta_count(how);
+    if (how == MONARCH_META_FOUND) {
+        unsigned granted = (e.mode >> 6) & 7;
+        *r = (mode == F_OK || !((unsigned)mode & ~granted)) ? 0 : -1;
+        if (*r)
+            errno = EACCES;
+        return 1;
+    }
+    if (how == MONARCH_META_ABSENT) {
+        errno = ENOENT;
+        *r = -1;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- directory listings from the index ----
+ * An emulated DIR: opendir/fdopendir of a directory the index lists whole return one of
+ * these; readdir & co. recognise it by its first two words (a magic and its own address:
+ * a glibc DIR starts with a descriptor, a lock and a size, never that). */
+#define MONARCH_DIR_MAGIC 0x4D4F4E4449523031ULL /* "MONDIR01" */
+struct monarch_dir {
+    uint64_t magic;
+    struct monarch_dir *self;
+    int fd;              /* fdopendir's descriptor, or dirfd()'s late open of path; -1: none yet */
+    uint64_t first;      /* its child records: first, count; pos counts from 0 */
+    uint32_t count;
+    long pos;
+    char path[PATH_MAX]; /* absolute, for dirfd() */
+    union {
+        struct dirent d;
+        struct dirent64 d64;
+    } ent;
+};
+
+static inline struct monarch_dir *monarch_dir_of(DIR *dirp)
+{
+    struct monarch_dir *m = (struct monarch_dir *)(void *)dirp;
+    uint64_t magic;
+    void *self;
+    if (!dirp)
+        return NULL;
+    memcpy(&magic, m, sizeof magic);
+    if (magic != MONARCH_DIR_MAGIC)
+        return NULL;
+    memcpy(&self, (char *)m + offsetof(struct monarch_dir, self), sizeof self);
+    return self == (void *)m ? m : NULL;
+}
+
+/*
+ * opendir (fd < 0) or fdopendir (fd) of (dirfd, path): 1 when answered from the index
+ * (*out a new emulated DIR, or NULL with errno ENOENT), 0 to make the real call.
+ */
+static int monarch_meta_opendir(int dirfd, const char *path, int fd, DIR **out)
+{
+    struct monarch_index_entry e;
+    char abs[PATH_MAX];
+    if (fd >= 0) { /* what fdopendir refuses (O_PATH, write-only) it must refuse itself */
+        long fl = syscall(SYS_fcntl, fd, F_GETFL);
+        if (fl < 0 || (fl & O_PATH) || (fl & O_ACCMODE) == O_WRONLY)
+            return 0;
+    }
+    int how = monarch_meta_find(dirfd, path, 0, &e, abs);
+    if (how == MONARCH_META_FOUND && (!S_ISDIR(e.mode) || !(e.flags & MONARCH_INDEX_FLAG_LISTED)))
+        how = MONARCH_META_PASS;
+    if (how == MONARCH_META_ABSENT && fd >= 0)
+        how = MONARCH_META_PASS; /* an open descriptor exists: the index is out of date */
+    struct monarch_dir *m = NULL;
+    if (how == MONARCH_META_FOUND && !(m = malloc(sizeof *m)))
+        how = MONARCH_META_PASS;
+    monarch_meta_count(how);
+    if (how == MONARCH_META_ABSENT) {
+        errno = ENOENT;
+        *out = NULL;
+        return 1;
+    }
+    if (how != MONARCH_META_FOUND)
+        return 0;
+    m->magic = MONARCH_DIR_MAGIC;
+    m->self = m;
+    m->fd = fd;
+    m->first = e.children;
+    m->count = e.nchildren;
+    m->pos = 0;
+    strcpy(m->path, abs);
+    MONARCH_DEBUG(2, "opendir %s: %u names from the index", abs, e.nchildren);
+    *out = (DIR *)(void *)m;
+    return 1;
+}
+
+/* The next record of an emulated DIR into its dirent (dirent or dirent64: same fields). */
+#define MONARCH_FILL_DIRENT(m, ent, ok)                                                       \
+    do {                                                                                      \
+        struct monarch_index_child c_;                                                        \
+        const char *name_;                                                                    \
+        ok = 0;                                                                               \
+        while ((m)->pos >= 0 && (uint64_t)(m)->pos < (m)->count) {                            \
+            long i_ = (m)->pos++;                                                             \
+            if (monarch_index_child((m)->first + (uint64_t)i_, &c_, &name_) != 0)            \
+                continue;                                                                     \
+            size_t nl_ = i_ == 0 ? 1 : i_ == 1 ? 2 : c_.name_len;                             \
+            if (nl_ >= sizeof (ent).d_name)                                                   \
+                continue;                                                                     \
+            memcpy((ent).d_name, i_ < 2 ? ".." : name_, nl_);                                 \
+            (ent).d_name[nl_] = '\0';                                                         \
+            (ent).d_ino = c_.d_ino;                                                           \
+            (ent).d_off = i_ + 1;                                                             \
+            (ent).d_type = c_.d_type;                                                         \
+            (ent).d_reclen = (unsigned short)((offsetof(__typeof__(ent), d_name) + nl_ + 8) & ~(size_t)7); \
+            ok = 1;                                                                           \
+            break;                                                                            \
+        }                                                                                     \
+    } while (0)
 
 /* ---- the daemon ---- */
 static long monarch_now_ms(void)
@@ -921,11 +1307,23 @@ static void monarch_invalidate(int dirfd, const char *path)
 {
     if (monarch_guard || !path || !path[0] || !monarch_start())
         return;
-    char key[MONARCH_KEY_MAX];
+    char key[MONARCH_KEY_MAX], abs[PATH_MAX];
     size_t kl;
-    if (monarch_key(dirfd, path, key, &kl) != 0)
-        return;
+    unsigned k;
     int saved = errno;
+    if (monarch_key_abs(dirfd, path, 1, key, &kl, &k, abs) != 0) {
+        errno = saved;
+        return;
+    }
+    /* First, for every process of the job on this node: root k's metadata is the PFS's now. */
+    uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
+    if (c && !(__atomic_fetch_or(monarch_extra(c, MONARCH_EXTRA_META_OFF), monarch_root_bit(k), __ATOMIC_ACQ_REL)
+               & monarch_root_bit(k)))
+        MONARCH_DEBUG(1, "metadata of root %u: from the PFS from now on (the job changes %s)", k, path);
+    if (key[kl - 1] == '/') { /* the root itself: no file key to invalidate */
+        errno = saved;
+        return;
+    }
     monarch_guard = 1;
     int status = monarch_request(MONARCH_VERB_INVALIDATE, key, kl, NULL, 0);
     if (status != 0 && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED)) {
@@ -940,6 +1338,13 @@ static void monarch_invalidate(int dirfd, const char *path)
     MONARCH_DEBUG(1, "invalidate %s: key %s, daemon %d", path, key, status);
     monarch_guard = 0;
     errno = saved;
+}
+
+/* A change through a descriptor (fchmod, fchown, futimens): its path, as /proc names it. */
+static void monarch_invalidate_fd(int fd)
+{
+    if (fd >= 0 && !monarch_guard && monarch_start())
+        monarch_invalidate(fd, ".");
 }
 
 /* Both paths of a rename (or one: p2 NULL). */
@@ -1093,9 +1498,96 @@ static int monarch_fopen_flags(const char *mode)
         return r_;                                                                \
     }
 
+/* Calls that change a file through its descriptor (fchmod, fchown, futimens). */
+#define MONARCH_WRAP_FDCHANGE(name, fd, params, args)                             \
+    static int (*real_##name) params;                                             \
+    MONARCH_EXPORT int name params                                                \
+    {                                                                             \
+        MONARCH_REAL(name, -1)                                                    \
+        monarch_invalidate_fd(fd);                                                \
+        return real_ args;                                                        \
+    }
+
+/* stat of a path, in every ABI form (stat, __xstat, fstatat, statx ...): from the index
+ * when it answers (monarch_meta_<type>); with AT_EMPTY_PATH and "" the stat of dirfd
+ * itself, the source's for a staged copy. `ver` is __xstat's version (statx: its mask). */
+#define MONARCH_WRAP_PSTAT(name, type, dirfd, path, flags, ver, params, args)      \
+    static int (*real_##name) params;                                             \
+    MONARCH_EXPORT int name params                                                \
+    {                                                                             \
+        int r_;                                                                   \
+        if (monarch_on_fd(path, flags)) {                                         \
+            MONARCH_REAL(name, -1)                                                \
+            r_ = real_ args;                                                      \
+            if (r_ == 0)                                                          \
+                monarch_fill_##type(dirfd, buf);                                  \
+            return r_;                                                            \
+        }                                                                         \
+        if (monarch_meta_##type(dirfd, path, flags, ver, buf, &r_))               \
+            return r_;                                                            \
+        MONARCH_REAL(name, -1)                                                    \
+        return real_ args;                                                        \
+    }
+
+/* access(2) and its relatives: existence (and the owner's bits) from the index. */
+#define MONARCH_WRAP_ACCESS(name, dirfd, path, mode, flags, params, args)          \
+    static int (*real_##name) params;                                             \
+    MONARCH_EXPORT int name params                                                \
+    {                                                                             \
+        int r_;                                                                   \
+        if (monarch_meta_access(dirfd, path, mode, flags, &r_))                   \
+            return r_;                                                            \
+        MONARCH_REAL(name, -1)                                                    \
+        return real_ args;                                                        \
+    }
+
+/* opendir/fdopendir: a listed directory under a root is listed from the index. */
+#define MONARCH_WRAP_OPENDIR(name, dirfd, path, fd, params, args)                 \
+    static DIR *(*real_##name) params;                                            \
+    MONARCH_EXPORT DIR *name params                                               \
+    {                                                                             \
+        DIR *d_;                                                                  \
+        if (monarch_meta_opendir(dirfd, path, fd, &d_))                           \
+            return d_;                                                            \
+        MONARCH_REAL(name, NULL)                                                  \
+        return real_ args;                                                        \
+    }
+
+/* readdir/readdir64 (`member` picks the dirent of the emulated DIR). */
+#define MONARCH_WRAP_READDIR(name, type, member)                                  \
+    static struct type *(*real_##name)(DIR *);                                    \
+    MONARCH_EXPORT struct type *name(DIR *dirp)                                   \
+    {                                                                             \
+        struct monarch_dir *m_ = monarch_dir_of(dirp);                            \
+        if (m_) {                                                                 \
+            int ok_;                                                              \
+            MONARCH_FILL_DIRENT(m_, m_->ent.member, ok_);                         \
+            return ok_ ? &m_->ent.member : NULL; /* end: errno untouched */       \
+        }                                                                         \
+        MONARCH_REAL(name, NULL)                                                  \
+        return real_(dirp);                                                       \
+    }
+
+/* readdir_r/readdir64_r (deprecated, still called). */
+#define MONARCH_WRAP_READDIR_R(name, type)                                        \
+    static int (*real_##name)(DIR *, struct type *, struct type **);              \
+    MONARCH_EXPORT int name(DIR *dirp, struct type *entry, struct type **result)  \
+    {                                                                             \
+        struct monarch_dir *m_ = monarch_dir_of(dirp);                            \
+        if (m_) {                                                                 \
+            int ok_;                                                              \
+            MONARCH_FILL_DIRENT(m_, *entry, ok_);                                 \
+            *result = ok_ ? entry : NULL;                                         \
+            return 0;                                                             \
+        }                                                                         \
+        MONARCH_REAL(name, ENOSYS)                                                \
+        return real_(dirp, entry, result);                                        \
+    }
+
 /* Every wrapped symbol, one line each. Instantiated twice: to define the
  * wrappers, and (MONARCH_RESOLVE_ALL) to resolve every real_* at start-up. */
-#define MONARCH_WRAPPERS(OPEN, OPEN_2, OPENAT, OPENAT_2, FOPEN, IO, CHANGE, STAT)                         \
+#define MONARCH_WRAPPERS(OPEN, OPEN_2, OPENAT, OPENAT_2, FOPEN, IO, CHANGE, STAT, FDCHANGE, PSTAT, ACCESS,  \
+                         OPENDIR, READDIR, READDIR_R)                                                   \
     OPEN(open)                                                                                          \
     OPEN(open64)                                                                                        \
     OPEN_2(__open_2)                                                                                    \
@@ -1135,22 +1627,66 @@ static int monarch_fopen_flags(const char *mode)
     CHANGE(rmdir, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL)                                    \
     CHANGE(truncate, (const char *p, off_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL)                     \
     CHANGE(truncate64, (const char *p, off64_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL)                 \
+    CHANGE(mkdir, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                       \
+    CHANGE(mkdirat, (int d, const char *p, mode_t m), (d, p, m), d, p, AT_FDCWD, NULL)                  \
+    CHANGE(mknod, (const char *p, mode_t m, dev_t v), (p, m, v), AT_FDCWD, p, AT_FDCWD, NULL)           \
+    CHANGE(mknodat, (int d, const char *p, mode_t m, dev_t v), (d, p, m, v), d, p, AT_FDCWD, NULL)      \
+    CHANGE(symlink, (const char *t, const char *p), (t, p), AT_FDCWD, p, AT_FDCWD, NULL)                \
+    CHANGE(symlinkat, (const char *t, int d, const char *p), (t, d, p), d, p, AT_FDCWD, NULL)           \
+    CHANGE(link, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n)                      \
+    CHANGE(linkat, (int od, const char *o, int nd, const char *n, int f), (od, o, nd, n, f), od, o, nd, n) \
+    CHANGE(chmod, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                       \
+    CHANGE(fchmodat, (int d, const char *p, mode_t m, int f), (d, p, m, f), d, p, AT_FDCWD, NULL)       \
+    CHANGE(chown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL)            \
+    CHANGE(lchown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL)           \
+    CHANGE(fchownat, (int d, const char *p, uid_t u, gid_t g, int f), (d, p, u, g, f), d, p, AT_FDCWD, NULL) \
+    CHANGE(utime, (const char *p, const struct utimbuf *t), (p, t), AT_FDCWD, p, AT_FDCWD, NULL)        \
+    CHANGE(utimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL)     \
+    CHANGE(lutimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL)    \
+    CHANGE(futimesat, (int d, const char *p, const struct timeval t[2]), (d, p, t), d, p, AT_FDCWD, NULL) \
+    CHANGE(utimensat, (int d, const char *p, const struct timespec t[2], int f), (d, p, t, f), d, p,      \
+           AT_FDCWD, NULL)                                                                              \
+    FDCHANGE(fchmod, fd, (int fd, mode_t m), (fd, m))                                                   \
+    FDCHANGE(fchown, fd, (int fd, uid_t u, gid_t g), (fd, u, g))                                        \
+    FDCHANGE(futimens, fd, (int fd, const struct timespec t[2]), (fd, t))                               \
     STAT(fstat, stat, fd, 1, (int fd, struct stat *buf), (fd, buf))                                     \
     STAT(fstat64, stat64, fd, 1, (int fd, struct stat64 *buf), (fd, buf))                               \
     STAT(__fxstat, stat, fd, 1, (int v, int fd, struct stat *buf), (v, fd, buf))                        \
     STAT(__fxstat64, stat64, fd, 1, (int v, int fd, struct stat64 *buf), (v, fd, buf))                  \
-    STAT(fstatat, stat, fd, MONARCH_ON_FD(p, f), (int fd, const char *p, struct stat *buf, int f),      \
-         (fd, p, buf, f))                                                                               \
-    STAT(fstatat64, stat64, fd, MONARCH_ON_FD(p, f), (int fd, const char *p, struct stat64 *buf, int f), \
-         (fd, p, buf, f))                                                                               \
-    STAT(newfstatat, stat, fd, MONARCH_ON_FD(p, f), (int fd, const char *p, struct stat *buf, int f),   \
-         (fd, p, buf, f))                                                                               \
-    STAT(__fxstatat, stat, fd, MONARCH_ON_FD(p, f), (int v, int fd, const char *p, struct stat *buf, int f), \
-         (v, fd, p, buf, f))                                                                            \
-    STAT(__fxstatat64, stat64, fd, MONARCH_ON_FD(p, f),                                                 \
-         (int v, int fd, const char *p, struct stat64 *buf, int f), (v, fd, p, buf, f))                 \
-    STAT(statx, statx, fd, MONARCH_ON_FD(p, f),                                                         \
-         (int fd, const char *p, int f, unsigned int m, struct statx *buf), (fd, p, f, m, buf))
+    PSTAT(stat, stat, AT_FDCWD, p, 0, MONARCH_STAT_VER, (const char *p, struct stat *buf), (p, buf))        \
+    PSTAT(stat64, stat64, AT_FDCWD, p, 0, MONARCH_STAT_VER, (const char *p, struct stat64 *buf), (p, buf))  \
+    PSTAT(lstat, stat, AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, MONARCH_STAT_VER, (const char *p, struct stat *buf), \
+          (p, buf))                                                                                     \
+    PSTAT(lstat64, stat64, AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, MONARCH_STAT_VER,                          \
+          (const char *p, struct stat64 *buf), (p, buf))                                                \
+    PSTAT(__xstat, stat, AT_FDCWD, p, 0, v, (int v, const char *p, struct stat *buf), (v, p, buf))       \
+    PSTAT(__xstat64, stat64, AT_FDCWD, p, 0, v, (int v, const char *p, struct stat64 *buf), (v, p, buf)) \
+    PSTAT(__lxstat, stat, AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, v, (int v, const char *p, struct stat *buf), \
+          (v, p, buf))                                                                                  \
+    PSTAT(__lxstat64, stat64, AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, v,                                      \
+          (int v, const char *p, struct stat64 *buf), (v, p, buf))                                      \
+    PSTAT(fstatat, stat, fd, p, f, MONARCH_STAT_VER, (int fd, const char *p, struct stat *buf, int f),   \
+          (fd, p, buf, f))                                                                              \
+    PSTAT(fstatat64, stat64, fd, p, f, MONARCH_STAT_VER, (int fd, const char *p, struct stat64 *buf, int f), \
+          (fd, p, buf, f))                                                                              \
+    PSTAT(newfstatat, stat, fd, p, f, MONARCH_STAT_VER, (int fd, const char *p, struct stat *buf, int f), \
+          (fd, p, buf, f))                                                                              \
+    PSTAT(__fxstatat, stat, fd, p, f, v, (int v, int fd, const char *p, struct stat *buf, int f),        \
+          (v, fd, p, buf, f))                                                                           \
+    PSTAT(__fxstatat64, stat64, fd, p, f, v, (int v, int fd, const char *p, struct stat64 *buf, int f),  \
+          (v, fd, p, buf, f))                                                                           \
+    PSTAT(statx, statx, fd, p, f, m, (int fd, const char *p, int f, unsigned int m, struct statx *buf),  \
+          (fd, p, f, m, buf))                                                                           \
+    ACCESS(access, AT_FDCWD, p, m, 0, (const char *p, int m), (p, m))                                   \
+    ACCESS(euidaccess, AT_FDCWD, p, m, AT_EACCESS, (const char *p, int m), (p, m))                      \
+    ACCESS(eaccess, AT_FDCWD, p, m, AT_EACCESS, (const char *p, int m), (p, m))                         \
+    ACCESS(faccessat, d, p, m, f, (int d, const char *p, int m, int f), (d, p, m, f))                   \
+    OPENDIR(opendir, AT_FDCWD, p, -1, (const char *p), (p))                                             \
+    OPENDIR(fdopendir, fd, ".", fd, (int fd), (fd))                                                     \
+    READDIR(readdir, dirent, d)                                                                         \
+    READDIR(readdir64, dirent64, d64)                                                                   \
+    READDIR_R(readdir_r, dirent)                                                                        \
+    READDIR_R(readdir64_r, dirent64)
 
 /* What glibc declares only under _FORTIFY_SOURCE, or no longer (the __fxstat
  * family left the headers in 2.33), or not yet (2.17 headers). */
@@ -1163,6 +1699,16 @@ int __openat_2(int dirfd, const char *path, int flags);
 int __openat64_2(int dirfd, const char *path, int flags);
 int __fxstat(int v, int fd, struct stat *buf);
 int __fxstat64(int v, int fd, struct stat64 *buf);
+int __xstat(int v, const char *p, struct stat *buf);
+int __xstat64(int v, const char *p, struct stat64 *buf);
+int __lxstat(int v, const char *p, struct stat *buf);
+int __lxstat64(int v, const char *p, struct stat64 *buf);
+int euidaccess(const char *p, int m);
+int eaccess(const char *p, int m);
+int mknod(const char *p, mode_t m, dev_t v);
+int mknodat(int d, const char *p, mode_t m, dev_t v);
+int futimesat(int d, const char *p, const struct timeval t[2]);
+int lutimes(const char *p, const struct timeval t[2]);
 int __fxstatat(int v, int fd, const char *p, struct stat *buf, int f);
 int __fxstatat64(int v, int fd, const char *p, struct stat64 *buf, int f);
 int newfstatat(int fd, const char *p, struct stat *buf, int f);
@@ -1174,7 +1720,77 @@ ssize_t preadv64v2(int fd, const struct iovec *v, int c, off64_t o, int f);
 int close_range(unsigned int first, unsigned int last, int flags);
 
 MONARCH_WRAPPERS(MONARCH_WRAP_OPEN, MONARCH_WRAP_OPEN_2, MONARCH_WRAP_OPENAT, MONARCH_WRAP_OPENAT_2,
-                 MONARCH_WRAP_FOPEN, MONARCH_WRAP_IO, MONARCH_WRAP_CHANGE, MONARCH_WRAP_STAT)
+                 MONARCH_WRAP_FOPEN, MONARCH_WRAP_IO, MONARCH_WRAP_CHANGE, MONARCH_WRAP_STAT, MONARCH_WRAP_FDCHANGE,
+                 MONARCH_WRAP_PSTAT, MONARCH_WRAP_ACCESS, MONARCH_WRAP_OPENDIR, MONARCH_WRAP_READDIR,
+                 MONARCH_WRAP_READDIR_R)
+
+/* ---- emulated DIRs: the calls that take a DIR * ---- */
+static int (*real_closedir)(DIR *);
+static int (*real_dirfd)(DIR *);
+static void (*real_rewinddir)(DIR *);
+static long (*real_telldir)(DIR *);
+static void (*real_seekdir)(DIR *, long);
+
+MONARCH_EXPORT int closedir(DIR *dirp)
+{
+    struct monarch_dir *m = monarch_dir_of(dirp);
+    if (m) {
+        int fd = m->fd;
+        m->magic = 0;
+        free(m);
+        return fd >= 0 ? MONARCH_RESOLVE(close)(fd) : 0;
+    }
+    MONARCH_REAL(closedir, -1)
+    return real_(dirp);
+}
+
+/* The descriptor of an emulated DIR: fdopendir's, or the directory opened now (on the PFS). */
+MONARCH_EXPORT int dirfd(DIR *dirp)
+{
+    struct monarch_dir *m = monarch_dir_of(dirp);
+    if (m) {
+        if (m->fd < 0) {
+            m->fd = MONARCH_RESOLVE(openat)(AT_FDCWD, m->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            monarch_meta_count(MONARCH_META_PASS);
+        }
+        return m->fd;
+    }
+    MONARCH_REAL(dirfd, -1)
+    return real_(dirp);
+}
+
+MONARCH_EXPORT void rewinddir(DIR *dirp)
+{
+    struct monarch_dir *m = monarch_dir_of(dirp);
+    if (m) {
+        m->pos = 0;
+        return;
+    }
+    __typeof__(real_rewinddir) real_ = MONARCH_RESOLVE(rewinddir);
+    if (real_)
+        real_(dirp);
+}
+
+MONARCH_EXPORT long telldir(DIR *dirp)
+{
+    struct monarch_dir *m = monarch_dir_of(dirp);
+    if (m)
+        return m->pos;
+    MONARCH_REAL(telldir, -1)
+    return real_(dirp);
+}
+
+MONARCH_EXPORT void seekdir(DIR *dirp, long loc)
+{
+    struct monarch_dir *m = monarch_dir_of(dirp);
+    if (m) {
+        m->pos = loc;
+        return;
+    }
+    __typeof__(real_seekdir) real_ = MONARCH_RESOLVE(seekdir);
+    if (real_)
+        real_(dirp, loc);
+}
 
 /* ---- descriptor lifecycle: close, fclose, dup* keep the fd tables true ---- */
 /* mmap: page faults are not calls, so a mapped open's bytes are unknown (counted once). */
@@ -1251,7 +1867,14 @@ MONARCH_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 static void monarch_resolve_all(void)
 {
     MONARCH_WRAPPERS(MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE,
-                     MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE)
+                     MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE,
+                     MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE,
+                     MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE)
+    MONARCH_RESOLVE_ONE(closedir)
+    MONARCH_RESOLVE_ONE(dirfd)
+    MONARCH_RESOLVE_ONE(rewinddir)
+    MONARCH_RESOLVE_ONE(telldir)
+    MONARCH_RESOLVE_ONE(seekdir)
     MONARCH_RESOLVE_ONE(close)
     MONARCH_RESOLVE_ONE(fclose)
     MONARCH_RESOLVE_ONE(dup)
@@ -1388,7 +2011,8 @@ static void monarch_map_index(const char *path)
         || (h.buckets & (h.buckets - 1)) || h.entries >= h.buckets || h.buckets_off > size
         || 4 * (uint64_t)h.buckets > size - h.buckets_off || h.entries_off > size
         || (uint64_t)MONARCH_INDEX_ENTRY_SIZE * h.entries > size - h.entries_off || h.keys_off > size
-        || h.keys_size > size - h.keys_off) {
+        || h.keys_size > size - h.keys_off || h.children_off > size
+        || h.children_count > (size - h.children_off) / MONARCH_INDEX_CHILD_SIZE) {
         munmap((void *)m, size);
         goto bad;
     }

@@ -37,7 +37,10 @@ from typing import Any
 
 from monarch.errors import MonarchError
 
-COUNTER_KEYS = ("opens", "reads", "bytes", "lookups", "readdirs")
+COUNTER_KEYS = ("opens", "reads", "bytes", "lookups", "readdirs", "accesses")
+# the metadata server's work: getattr (every kernel LOOKUP and GETATTR), readdir, access;
+# each costs the lookup latency
+METADATA_KEYS = ("lookups", "readdirs", "accesses")
 FLUSH_INTERVAL_S = 0.01
 MOUNT_TIMEOUT_S = 20.0
 MAX_THREADS = 256  # requests the emulated PFS serves at once (libfuse's default is 10)
@@ -200,6 +203,8 @@ def _operations_class():
 
         def readdir(self, path: str, fh: int):
             self.counters.add("readdirs")
+            if self.latency.lookup_s:
+                time.sleep(self.latency.lookup_s)
             return [".", "..", *os.listdir(self._real(path))]
 
         def statfs(self, path: str) -> dict[str, int]:
@@ -209,6 +214,9 @@ def _operations_class():
             return {k: getattr(sv, k) for k in keys}
 
         def access(self, path: str, amode: int) -> int:
+            self.counters.add("accesses")
+            if self.latency.lookup_s:
+                time.sleep(self.latency.lookup_s)
             if amode & os.W_OK:
                 raise mfusepy.FuseOSError(errno.EROFS)
             if not os.access(self._real(path), amode):
@@ -441,7 +449,7 @@ class SlowPFS:
         base = self._baseline
         if base is None:
             return now
-        out: dict[str, Any] = {k: now[k] - base[k] for k in COUNTER_KEYS}
+        out: dict[str, Any] = {k: now.get(k, 0) - base.get(k, 0) for k in COUNTER_KEYS}
         out["opening_peak"] = now.get("opening_peak", 0)  # a gauge since the start, not a count
         files = {}
         for path, per in now["files"].items():
@@ -473,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--counters", required=True, help="JSON file the counters are written to")
     p.add_argument("--open-latency-ms", type=float, default=2.0, help="added to every open (default 2)")
     p.add_argument("--read-latency-ms", type=float, default=0.0, help="added to every read call (default 0)")
-    p.add_argument("--lookup-latency-ms", type=float, default=0.0, help="added to every getattr (default 0)")
+    p.add_argument("--lookup-latency-ms", type=float, default=0.0,
+                   help="added to every metadata operation: getattr, readdir, access (default 0)")
     p.add_argument("--bandwidth", type=float, default=0.0, metavar="MBps",
                    help="aggregate read bandwidth cap in MB/s (10^6 bytes/s; 0 = unlimited)")
     p.add_argument("--max-threads", type=int, default=MAX_THREADS,

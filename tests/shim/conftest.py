@@ -199,17 +199,12 @@ class ShimEnv:
         return self.daemon
 
     def write_index(self) -> None:
-        """protocol.build_index of every file under the root, with its os.stat now."""
-        root = bytes(self.root)
-        entries = []
-        for dirpath, _, files in os.walk(root):
-            for name in files:
-                path = os.path.join(dirpath, name)
-                flags = protocol.INDEX_FLAG_SYMLINK if os.path.islink(path) else 0
-                entries.append((b"0/" + os.path.relpath(path, root), os.stat(path), flags))
+        """The daemon's index of the root as it is now: monarch.snapshot's walk, files,
+        directories and listings (as Snapshot.write_index writes it)."""
+        from monarch.snapshot import take_snapshot
         tmp = self.index + ".tmp"
         with open(tmp, "wb") as f:
-            f.write(protocol.build_index(entries))
+            f.write(take_snapshot((str(self.root),)).index_bytes())
         os.replace(tmp, self.index)
 
     # -- processes --
@@ -306,3 +301,9 @@ def families_bin(tmp_path_factory) -> str:
 def statfd_bin(tmp_path_factory) -> str:
     """tests/shim/statfd.c compiled: fstat/fstatat/statx of an open descriptor; creat."""
     return compile_helper(tmp_path_factory, "statfd")
+
+
+@pytest.fixture(scope="session")
+def meta_bin(tmp_path_factory) -> str:
+    """tests/shim/meta.c compiled: stat, lstat, statx, access and listings of each path."""
+    return compile_helper(tmp_path_factory, "meta")

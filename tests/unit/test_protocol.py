@@ -43,6 +43,10 @@ MIRRORED = {
     "INDEX_MAGIC": "INDEX_MAGIC",
     "INDEX_VERSION": "INDEX_VERSION",
     "INDEX_FLAG_SYMLINK": "INDEX_FLAG_SYMLINK",
+    "INDEX_FLAG_LISTED": "INDEX_FLAG_LISTED",
+    "EXTRA_META_LOCAL": "EXTRA_META_LOCAL",
+    "EXTRA_META_PFS": "EXTRA_META_PFS",
+    "EXTRA_META_OFF": "EXTRA_META_OFF",
     "ENV_ASK_FIRST": "ENV_ASK_FIRST",
 }
 
@@ -52,6 +56,7 @@ MIRRORED_SIZES = {
     "ANSWER_HEADER_SIZE": protocol.ANSWER_HEADER,
     "INDEX_HEADER_SIZE": protocol.INDEX_HEADER,
     "INDEX_ENTRY_SIZE": protocol.INDEX_ENTRY,
+    "INDEX_CHILD_SIZE": protocol.INDEX_CHILD,
 }
 
 DEFINE = re.compile(r"^#define MONARCH_(\w+)[ \t]+(.+?)\s*$", re.M)
@@ -193,20 +198,52 @@ def test_index_build_and_lookup(tmp_path):
             f.write(b"x" * i)
         entries.append((b"0/" + name, os.stat(path)))
     data = protocol.build_index(entries)
-    magic, version, n, nbuckets, _, boff, eoff, koff, ksize = protocol.INDEX_HEADER.unpack_from(data)
+    (magic, version, n, nbuckets, _, boff, eoff, koff, ksize, coff,
+     nchildren) = protocol.INDEX_HEADER.unpack_from(data)
     assert (magic, version, n) == (protocol.INDEX_MAGIC, protocol.INDEX_VERSION, len(names))
     assert nbuckets & (nbuckets - 1) == 0 and nbuckets >= 2 * n  # always an empty bucket: lookups end
     assert eoff == boff + 4 * nbuckets and koff == eoff + protocol.INDEX_ENTRY.size * n
-    assert len(data) == koff + ksize
+    assert coff >= koff + ksize and nchildren == 0 and len(data) == coff
     for key, st in entries:
         got = protocol.index_lookup(data, key)
         assert got == (st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                       st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0)
+                       st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0, st.st_blocks, st.st_blksize, 0, 0)
     flagged = protocol.build_index([(b"0/l", entries[0][1], protocol.INDEX_FLAG_SYMLINK)])
-    assert protocol.index_lookup(flagged, b"0/l")[-2:] == (protocol.INDEX_FLAG_SYMLINK, 0)
+    assert protocol.index_lookup(flagged, b"0/l")[10:12] == (protocol.INDEX_FLAG_SYMLINK, 0)
     assert protocol.index_lookup(data, b"0/missing") is None
     assert protocol.index_lookup(data, b"1/a.jpg") is None  # same name, other root
     assert protocol.key_hash(b"123456789") == 0xCBF43926     # the CRC-32 check value the shim's table must give
+
+
+def test_index_directories_links_and_listings(tmp_path):
+    """Directories carry their whole listing ("." and ".." first, then sorted names, d_type and
+    d_ino), a symlinked file its own lstat, and the index reads back into the snapshot."""
+    from monarch.snapshot import read_index, take_snapshot
+    root = tmp_path / "ds"
+    (root / "sub" / "deep").mkdir(parents=True)
+    (root / "sub" / "b.bin").write_bytes(b"b" * 10)
+    (root / "sub" / "A.bin").write_bytes(b"a" * 3)
+    (root / "lnk").symlink_to("sub/b.bin")
+    (root / "dlnk").symlink_to("sub")
+    os.mkfifo(root / "fifo")
+    snap = take_snapshot((str(root),))
+    idx = protocol.Index(snap.index_bytes())
+    top = idx.children(idx.number(b"0/"))
+    assert [(name, d_type) for name, d_type, _, _ in top] == [
+        (b".", protocol.DT_DIR), (b"..", protocol.DT_DIR), (b"dlnk", protocol.DT_LNK), (b"fifo", protocol.DT_FIFO),
+        (b"lnk", protocol.DT_LNK), (b"sub", protocol.DT_DIR)]
+    assert top[0][2] == os.stat(root).st_ino and top[1][2] == os.stat(tmp_path).st_ino
+    assert {name: ino for name, _, ino, _ in top[2:]} == {e.name.encode(): e.inode() for e in os.scandir(root)}
+    assert [entry != 0 for *_, entry in top[2:]] == [False, False, True, True]  # undescribed: dir link, fifo
+    sub = idx.children(idx.number(b"0/sub"))
+    assert [name for name, *_ in sub] == [b".", b"..", b"A.bin", b"b.bin", b"deep"]
+    lnk = protocol.index_lookup(idx.data, b"0/lnk")
+    assert lnk[10] == protocol.INDEX_FLAG_SYMLINK and lnk[0] == 10
+    link_record = idx.entry(lnk[11])
+    assert link_record[9] == os.lstat(root / "lnk").st_mode and link_record[7] == os.lstat(root / "lnk").st_ino
+    assert protocol.index_lookup(idx.data, b"0/sub")[10] == protocol.INDEX_FLAG_LISTED
+    again = read_index(idx.data, snap.roots)
+    assert (again.files, again.dirs, again.links) == (snap.files, snap.dirs, snap.links)
 
 
 def test_index_lookup_rejects_foreign_data():

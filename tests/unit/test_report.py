@@ -120,3 +120,17 @@ def test_load_report_reads_both_schemas_and_refuses_others(tmp_path):
     bad.write_text(json.dumps(dict(r, schema="other/9")))
     with pytest.raises(MonarchError, match="not a Monarch report"):
         load_report(str(bad))
+
+
+def test_metadata_counts_are_summed_and_printed():
+    a = node({"pfs": {"opens": 1, "bytes": 1, "opens_uncounted": 0}}) | {"metadata": {"local": 900, "pfs": 7,
+                                                                                       "off_roots": []}}
+    b = node({"pfs": {"opens": 1, "bytes": 1, "opens_uncounted": 0}}, node_index=1) | {
+        "metadata": {"local": 100, "pfs": 3, "off_roots": [0]}}
+    r = build_report([a, b, None], {"job_id": "j"})
+    assert r["schema"] == SCHEMA and r["metadata"] == {"local": 1000, "pfs": 10}
+    out = io.StringIO()
+    print_report(r, out)
+    assert "metadata  : 1000 calls answered from the snapshot, 10 sent to the PFS" in out.getvalue()
+    old = build_report([node({"pfs": {"opens": 1, "bytes": 1, "opens_uncounted": 0}})], {})  # a node without them
+    assert old["metadata"] == {"local": 0, "pfs": 0}
