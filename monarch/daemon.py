@@ -20,10 +20,13 @@ import time
 from monarch import layout, protocol
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError, PeerError
+from monarch.report import size_classes
+from monarch.resources import margin_bytes
 from monarch.secure import owner_only
 from monarch.snapshot import Snapshot, take_snapshot
 from monarch.stager import Invalidated, Stager
 from monarch.tiers import Tier, write_atomically
+from monarch.timeline import Sampler, Timeline
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class NodeDaemon:
         layout.write_marker(self.run_dir, run_id)
         protocol.create_counters(self.counters_path)
         self.tier_errors: dict[str, str] = {}
+        self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         roots = config.dataset.roots
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i)) for i, cfg in enumerate(config.tiers))
                       if t is not None]
@@ -65,6 +69,8 @@ class NodeDaemon:
                                              protocol.SLOT_PEER)
             cluster.peer_timeout = config.peer.timeout
             cluster.start(self.provide)
+        self.timeline = Timeline(time.time())
+        self._sampler = Sampler(self.timeline, self._counters_now).start()
         if config.staging.policy == "prestage":
             self.stager.prestage(k for k in sorted(self.snapshot.files) if self.owns(k))
 
@@ -84,7 +90,8 @@ class NodeDaemon:
     def _make_tier(self, cfg: TierConfig, slot: int) -> Tier | None:
         """A tier that cannot be made is skipped with one line saying why; the others serve."""
         try:
-            return Tier.from_config(cfg, slot, self.run_id, self.node, self.config.dataset.roots)
+            return Tier.from_config(cfg, slot, self.run_id, self.node, self.config.dataset.roots,
+                                    memory_margin=self.memory_margin)
         except (MonarchError, OSError) as e:
             reason = str(e) if isinstance(e, MonarchError) else f"{cfg.path}: {e.strerror}"
             self.tier_errors[cfg.name] = reason
@@ -251,15 +258,39 @@ class NodeDaemon:
             os.replace(tmp, dest)
 
     # -- statistics and shutdown ---------------------------------------------------------
-    def stats(self) -> dict:
-        """This node's numbers (the report module turns them into the report)."""
+    def _source_names(self) -> dict[int, str]:
         names = {protocol.SLOT_PFS: "pfs"} | {t.slot: t.name for t in self.tiers}  # a skipped tier keeps its slot
         if self.cluster is not None:
             names[protocol.SLOT_PEER] = "peer"
-        sources = protocol.read_sources(self.counters_path, names)
+        return names
+
+    def _counters_now(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The timeline's sample: cumulative counters and the tiers' levels."""
+        counters = {}
+        for name, c in protocol.read_sources(self.counters_path, self._source_names()).items():
+            counters[f"opens.{name}"] = c["opens"]
+            counters[f"bytes.{name}"] = c["bytes"]
+        s = self.stager.stats()
+        counters |= {"staged_files": s["files"], "staged_bytes": s["bytes"], "pfs_staging_bytes": s["pfs_bytes_read"]}
+        if self.cluster is not None:
+            counters["peer_bytes_received"] = self.peer_bytes_received
+        tiers = self.tiers + ([self.peer_area] if self.peer_area is not None else [])
+        return counters, {t.name: t.used for t in tiers}
+
+    def stats(self, brief: bool = False) -> dict:
+        """This node's numbers (the report module turns them into the report). ``brief`` (the
+        launcher's progress polls) leaves out the timeline and the size classes, whose cost
+        grows with the job's length and the dataset's size."""
+        sources = protocol.read_sources(self.counters_path, self._source_names())
         with self._lock:
             outcomes = dict(self.outcomes)
-        return {
+        extra = {}
+        if not brief:
+            self._sampler.sample()  # the last, partial interval
+            extra = {"timeline": self.timeline.to_dict(),
+                     "size_classes": size_classes(self.snapshot.files, self.stager.staged.copy(),
+                                                  set(self._peer_files))}
+        return extra | {
             "node": self.node, "host": socket.gethostname(),
             "uptime_seconds": round(time.time() - self.started, 3),
             "snapshot_seconds": round(self.snapshot_seconds, 3),
@@ -296,6 +327,7 @@ class NodeDaemon:
     def close(self) -> None:
         """Stop staging and remove what the run asked not to keep. The run directory keeps
         the daemon's log and the report; the index (as large as the dataset's names) goes."""
+        self._sampler.stop()
         self.stager.shutdown()
         try:
             os.unlink(self.index_path)

@@ -116,6 +116,8 @@ VERB_STOP = 5
 VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH",
          VERB_REPORT: "REPORT", VERB_STOP: "STOP"}
 
+REPORT_BRIEF = b"brief"     # a REPORT body: the counters only (no timeline, no size classes)
+
 STATUS_PENDING = -2
 STATUS_ERROR = -1
 

@@ -31,7 +31,7 @@ JOB = {"job_id": "j", "config": "c.yaml", "command": ["python", "train.py", "--n
 def test_all_bytes_counted_is_exact():
     r = build_report([node({"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0},
                             "ram": {"opens": 30, "bytes": 30 * MiB, "opens_uncounted": 0}})], JOB)
-    assert r["schema"] == SCHEMA == "monarch.report/2"
+    assert r["schema"] == SCHEMA == "monarch.report/3"
     p = r["pfs"]
     assert (p["app_bytes"], p["total_bytes"], p["without_monarch_bytes"], p["saved_bytes"]) == \
         (0, 10 * MiB, 30 * MiB, 20 * MiB)
