@@ -61,11 +61,12 @@ class Timeline:
             self._t.append(round(now - self.start, 3))
             self._last = dict(counters)
             self._last_t = now
-            if len(self._t) > self.max_points:
+            if len(self._t) >= self.max_points - self.max_points % 2:  # an even count: whole pairs
                 self._halve()
 
     def _halve(self) -> None:
-        """Merge neighbours in pairs (an odd last point stays as it is); sample half as often."""
+        """Merge neighbours in pairs (an odd last point, after a partial sample, stays as it is);
+        sample half as often from now on, so later points are as wide as the merged ones."""
         n = len(self._t)
         pairs = range(0, n - 1, 2)
         tail = [n - 1] if n % 2 else []
