@@ -58,6 +58,7 @@ class NodeDaemon:
                       if t is not None]
         self.snapshot = self._take_snapshot()
         self.snapshot.write_index(self.index_path)
+        self.dataset_bytes = self.snapshot.total_bytes  # a sum over every file: once, not per REPORT
         self.stager = Stager(self.snapshot, self.tiers, config.staging.threads)
         for tier in self.tiers:
             if tier.keep:
@@ -300,7 +301,7 @@ class NodeDaemon:
             "tier_errors": dict(self.tier_errors),
             "resolves": outcomes,
             "peer": self.cluster.counters() if self.cluster is not None else {},
-            "dataset": {"files": len(self.snapshot.files), "bytes": self.snapshot.total_bytes},
+            "dataset": {"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
         }
 
     def client_env(self) -> dict[str, str]:
