@@ -3,10 +3,13 @@
 The launcher polls its session with a brief REPORT (the daemon's counters: a counters-file
 read and a few locked copies, no timeline) at most once a second and says how far staging
 is: files and bytes staged of the dataset, the staging rate, opens served per source and
-the PFS bytes so far. On a terminal it is one line rewritten in place (carriage return
-and erase-to-end-of-line: no library needed for that, and nothing heavy in the core);
-otherwise a whole line every few seconds, written with one call, so a log collecting the
-command's stderr gets whole lines. The command's own stdout and stderr are untouched.
+the PFS bytes so far. On a terminal it is the terminal's bottom row, kept out of the
+scrolling region (as apt does: DECSTBM), so the command's output scrolls above it and
+never shares a line with it; otherwise a whole line every few seconds, written with one
+call, so a log collecting the command's stderr gets whole lines. The command's own stdout
+and stderr are untouched. Plain ANSI sequences, no library: tqdm and rich draw bars on a
+line the program itself owns, which this one does not (the command writes to the same
+terminal), and nothing heavy goes into the core.
 
 Off with ``monarch run --no-progress`` or ``MONARCH_PROGRESS=0``; ``MONARCH_PROGRESS=1``
 turns it on for every rank of a node (by default only the node's first local rank shows
@@ -75,18 +78,21 @@ class Progress:
         self._thread = threading.Thread(target=self._run, name="monarch-progress", daemon=True)
         self._prev: tuple[float, int] | None = None  # (time, staged bytes) of the previous poll
         self._shown = False
+        self._rows = 0  # the terminal's height when the bottom row was reserved
 
     def start(self) -> "Progress":
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop polling (waits for a poll under way) and clear the terminal line."""
+        """Stop polling (waits for a poll under way); give the terminal its bottom row back."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
         if self.tty and self._shown:
-            self._write("\r\x1b[K")
+            # save the cursor, whole screen scrolls again, clear the bottom row, restore the cursor
+            rows = self._rows
+            self._write(f"\x1b7\x1b[1;{rows}r\x1b[{rows};1H\x1b[K\x1b8")
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -97,11 +103,19 @@ class Progress:
 
     def show(self, stats: dict, now: float) -> None:
         text = line(stats, self._rate(stats, now))
-        if self.tty:
-            width = shutil.get_terminal_size((100, 24)).columns
-            self._write("\r\x1b[K" + text[:max(20, width - 1)])
-        else:
+        if not self.tty:
             self._write(text + "\n")
+            return
+        size = shutil.get_terminal_size((100, 24))
+        rows, text = max(2, size.lines), text[:max(20, size.columns - 1)]
+        prefix = ""
+        if not self._shown or rows != self._rows:
+            # reserve the bottom row: a newline (scrolls if the cursor is on it), then the
+            # scrolling region above it; DECSTBM homes the cursor, hence save/restore around it
+            prefix = f"\n\x1b[1A\x1b7\x1b[1;{rows - 1}r\x1b8"
+            self._rows = rows
+        # one write: save the cursor, draw the bottom row, restore the cursor
+        self._write(f"{prefix}\x1b7\x1b[{rows};1H\x1b[K{text}\x1b8")
         self._shown = True
 
     def _rate(self, stats: dict, now: float) -> float | None:

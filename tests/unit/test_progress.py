@@ -47,14 +47,21 @@ def test_not_a_terminal_gets_whole_lines_only():
     assert all(x.startswith("monarch: staged ") for x in text.splitlines())
 
 
-def test_a_terminal_gets_one_line_rewritten_and_cleared_at_the_end():
+def test_a_terminal_gets_its_bottom_row_outside_the_scrolling_region(monkeypatch):
+    import os
+    monkeypatch.setattr("shutil.get_terminal_size", lambda fallback: os.terminal_size((120, 40)))
     out = io.StringIO()
     p = Progress(lambda: None, out, tty=True, every=1)
     p.show(stats(1, MiB), 1.0)
     p.show(stats(2, 2 * MiB), 2.0)
     p.stop()
-    text = out.getvalue()
-    assert "\n" not in text and text.count("\r\x1b[K") == 3 and text.endswith("\r\x1b[K")
+    reserve, first, second = out.getvalue().split("\x1b7\x1b[40;1H")  # each draws the bottom row
+    assert reserve == "\n\x1b[1A\x1b7\x1b[1;39r\x1b8"  # the command's output scrolls in rows 1..39 only
+    assert first.startswith("\x1b[Kmonarch: staged 1/100") and first.endswith("\x1b8")
+    assert second.startswith("\x1b[Kmonarch: staged 2/100")
+    # at the end the whole screen scrolls again and the bottom row is cleared
+    assert second.endswith("\x1b8\x1b7\x1b[1;40r\x1b[40;1H\x1b[K\x1b8")
+    assert out.getvalue().count("\n") == 1
 
 
 def test_on_off_and_intervals():
