@@ -317,14 +317,14 @@ def print_report(report: dict, out: TextIO) -> None:
 
 
 def _print_tiers(tiers: list[dict], w) -> None:
-    w(f"\n{'tier':<10}{'used':>12} / {'capacity':<12}{'files':>8}  state\n")
+    w(f"\n{'tier':<10}{'used':>12} / {'capacity':<18}{'files':>8}  state\n")
     for t in tiers:
         cap = t.get("capacity") or 0
         pct = f" ({100 * t['used'] / cap:.0f}%)" if cap else ""
         refused = {k: v for k, v in (t.get("refused") or {}).items() if v}
         why = f"; refused {', '.join(f'{k} x{v}' for k, v in sorted(refused.items()))}" if refused else ""
         state = t.get("stopped")
-        w(f"{t['name']:<10}{human(t['used']):>12} / {human(cap) + pct:<12}{t.get('files', 0):>8}  "
+        w(f"{t['name']:<10}{human(t['used']):>12} / {human(cap) + pct:<18}{t.get('files', 0):>8}  "
           f"{STATE_WORDS.get(state, state)}{why}\n")
 
 

@@ -16,9 +16,11 @@ import shlex
 from typing import Any
 
 from monarch.errors import MonarchError
-from monarch.report import STATE_WORDS, human
+from monarch.report import human
 
 MiB = 1 << 20
+STATES = {None: "taking files", "full": "full (capacity)", "memory_margin": "stopped: memory margin",
+          "filesystem_full": "filesystem full"}
 COLORS = {"pfs": "#d62728", "peer": "#9467bd", "staging": "#ff7f0e", "not staged": "#bbbbbb"}
 TIER_COLORS = ["#2ca02c", "#1f77b4", "#17becf", "#8c564b", "#e377c2", "#7f7f7f"]
 
@@ -27,10 +29,10 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; ma
        color: #222; padding: 0 1em; }
 h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.92em; }
-th, td { padding: 0.25em 0.8em; border-bottom: 1px solid #eee; text-align: right; }
+th, td { padding: 0.25em 0.8em; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; } th { background: #f5f5f5; }
 .meta { color: #666; font-size: 0.9em; } .note { color: #666; font-size: 0.88em; }
-table.kv td:last-child { text-align: left; }
+table.kv td:last-child { text-align: left; white-space: normal; }
 img.plot { width: 100%; max-width: 60em; display: block; margin: 0.5em 0; }
 """
 
@@ -160,7 +162,7 @@ def _tiers(report: dict, timeline: dict | None, Figure) -> list[str]:
         state = t.get("stopped") or ("filesystem_full" if t.get("full") else None)
         rows.append([t["name"], human(t.get("used", 0)), human(cap),
                      f"{100 * t.get('used', 0) / cap:.1f}%" if cap else "-", t.get("files", 0),
-                     STATE_WORDS.get(state, state),
+                     STATES.get(state, state),
                      ", ".join(f"{k} ×{v}" for k, v in sorted(refused.items())) or "-"])
     out.append(_table(["tier", "used", "capacity", "full", "files", "state", "files refused, by reason"], rows))
     if timeline and timeline.get("t") and any(k.startswith("used.") for k in timeline.get("series", {})):
@@ -259,7 +261,7 @@ def _plot_traffic(Figure, timeline: dict) -> bytes:
     ax.set_xlabel("seconds since the daemon started")
     ax.set_ylabel("MiB/s")
     ax.set_ylim(bottom=0)
-    ax.legend(loc="upper right", frameon=False, ncol=3)
+    _legend_above(ax)
     return _svg(fig)
 
 
@@ -281,31 +283,35 @@ def _plot_staging(Figure, timeline: dict, ds: dict) -> bytes:
     ax.set_xlabel("seconds since the daemon started")
     ax.set_ylabel("% of the dataset")
     ax.set_ylim(0, 105)
-    ax.legend(loc="lower right", frameon=False)
+    _legend_above(ax)
     return _svg(fig)
 
 
 def _plot_tiers(Figure, timeline: dict, tiers: list[dict]) -> bytes:
+    """Bytes in each tier over time; its capacity dashed when it is in sight (a RAM tier of
+    64 GiB that stopped at the memory margin after 200 MiB would flatten the plot)."""
     fig, ax = _new(Figure)
     series, t = timeline["series"], _times(timeline)
     names = [tier["name"] for tier in tiers]
     capacity = {tier["name"]: tier.get("capacity") or 0 for tier in tiers}
-    for key, column in series.items():
-        if not key.startswith("used."):
-            continue
-        name = key[5:]
+    used = {k[5:]: column for k, column in series.items() if k.startswith("used.")}
+    peak = max((v for column in used.values() for v in column), default=0)
+    unit, scale = ("GiB", 2**30) if peak >= 2**30 else ("MiB", MiB)
+    for name, column in used.items():
+        color = _color(name, names)
+        ax.plot(t, [0.0] + [v / scale for v in column], label=name, color=color, linewidth=1.8)
         cap = capacity.get(name)
-        if not cap:
-            continue
-        ax.plot(t, [0.0] + [100 * v / cap for v in column], label=f"{name} ({human(cap)})",
-                color=_color(name, names), linewidth=1.8)
+        if cap and cap <= 1.5 * max(peak, 1):
+            ax.axhline(cap / scale, color=color, linestyle=":", linewidth=1.2, label=f"{name} capacity")
     ax.set_xlabel("seconds since the daemon started")
-    ax.set_ylabel("% of capacity used")
-    peak = max((100 * v / capacity[k[5:]] for k, col in series.items() if k.startswith("used.")
-                and capacity.get(k[5:]) for v in col), default=0)
-    ax.set_ylim(0, min(105, max(10, peak * 1.2)))
-    ax.legend(loc="upper left", frameon=False)
+    ax.set_ylabel(f"{unit} in the tier")
+    ax.set_ylim(bottom=0)
+    _legend_above(ax)
     return _svg(fig)
+
+
+def _legend_above(ax) -> None:
+    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False, ncol=6)
 
 
 def _plot_classes(Figure, classes: list[dict], tiers: list[str]) -> bytes:
@@ -320,7 +326,7 @@ def _plot_classes(Figure, classes: list[dict], tiers: list[str]) -> bytes:
         left = [a + b for a, b in zip(left, widths)]
     ax.invert_yaxis()
     ax.set_xlabel("MiB of the dataset")
-    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False, ncol=len(tiers) + 1)
+    _legend_above(ax)
     return _svg(fig)
 
 
@@ -333,5 +339,5 @@ def _plot_nodes(Figure, nodes: list[dict | None]) -> bytes:
     ax.bar([i + 0.2 for i in idx], received, width=0.4, label="received from peers", color="#ff7f0e")
     ax.set_xticks(idx, [f"node {i}" for i in idx])
     ax.set_ylabel("MiB")
-    ax.legend(frameon=False)
+    _legend_above(ax)
     return _svg(fig)

@@ -153,7 +153,7 @@ def test_tiers_and_size_classes_in_the_report_and_its_text():
     assert r["tiers"][1]["stopped"] == "filesystem_full"
     assert r["size_classes"][0]["not_staged"] == {"files": 7, "bytes": 7 * MiB}
     t = text(r)
-    assert "ram            3.0 MiB / 4.0 MiB (75%)       3  stopped at the node's memory margin (memory_margin); " \
+    assert "ram            3.0 MiB / 4.0 MiB (75%)            3  stopped at the node's memory margin (memory_margin); " \
            "refused memory_margin x7" in t
     assert "its filesystem is full" in t
     assert "<64KiB          10    10.0 MiB  ram 3 (3.0 MiB), not staged 7 (7.0 MiB)" in t

@@ -76,7 +76,7 @@ def test_one_node_page_has_every_section_and_inline_plots(tmp_path):
         assert base64.b64decode(img["src"].split(",", 1)[1]).lstrip().startswith(b"<?xml")
     assert all(u.startswith("data:") for u in page.urls)  # nothing to fetch: opens offline
     text = " ".join(page.text)
-    assert "stopped at the node's memory margin" in text and "memory_margin ×2" in text
+    assert "stopped: memory margin" in text and "memory_margin ×2" in text
     assert "1.00× the dataset" in text
 
 
