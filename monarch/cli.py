@@ -45,6 +45,8 @@ environment:
   MONARCH_DISABLE=1        the shim passes every open through: CMD reads the PFS directly
   MONARCH_SHIM_DEBUG=1..3  the shim says what it does, on stderr
   MONARCH_SHIM_TIMEOUT_MS  how long an open waits for the daemon before reading the PFS (default 60000)
+  MONARCH_PROGRESS=0       no live progress (as --no-progress); =1: on every local rank, not only the first
+  MONARCH_PROGRESS_INTERVAL  seconds between progress lines (default 1 on a terminal, else 5; at least 1)
 
 exit status:
   CMD's exit code; 128+N if CMD was killed by signal N; 126 if CMD is not executable
@@ -109,7 +111,9 @@ def cmd_run(args) -> int:
         code, reason = problem
         print(f"monarch: {cmd[0]}: {reason}", file=sys.stderr)
         return code
-    return run(config, args.config, cmd, args.report, run_name)
+    from monarch.progress import wanted
+    return run(config, args.config, cmd, args.report, run_name, progress=wanted(args.no_progress),
+               html_path=args.report_html)
 
 
 def cmd_serve(args) -> int:
@@ -189,7 +193,11 @@ def cmd_check_config(args) -> int:
     print(f"{args.file}: OK")
     print(f"  roots   : {', '.join(config.dataset.roots)}")
     for t in config.tiers:
-        print(f"  tier    : {t.name} {t.path} capacity {t.capacity} bytes{' (kept)' if t.keep else ''}")
+        capacity = f"{t.capacity_share:.0%} of the node" if t.capacity_share is not None else f"{t.capacity} bytes"
+        print(f"  tier    : {t.name} {t.path} capacity {capacity}{' (kept)' if t.keep else ''}")
+    margin = (f"{config.memory_margin_share:.0%} of the node's memory" if config.memory_margin_share is not None
+              else f"{config.memory_margin} bytes")
+    print(f"  memory  : RAM tiers leave {margin} available")
     print(f"  staging : {config.staging.policy}, {config.staging.threads or 'auto'} copies in flight, "
           f"validate {config.staging.validate}")
     print(f"  run_dir : {config.run_dir}")
@@ -199,6 +207,11 @@ def cmd_check_config(args) -> int:
 def cmd_report(args) -> int:
     from monarch.report import load_report, print_report
     report = load_report(args.file)
+    if args.html:
+        from monarch.report_html import write_html
+        write_html(report, args.html)
+        print(f"{args.html}: written (open it in a browser; it needs no network)")
+        return 0
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()
@@ -220,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="sub", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="run a command with its dataset reads staged by Monarch",
-                       usage="monarch run [-h] [-c CONFIG] [--dataset PATH] [--report PATH] -- CMD [ARGS...]",
+                       usage="monarch run [-h] [-c CONFIG] [--dataset PATH] [--report PATH] [--report-html PATH] "
+                             "[--no-progress] -- CMD [ARGS...]",
                        description=RUN_DESCRIPTION, epilog=RUN_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("-c", "--config", help="YAML configuration (default: the shipped single-node defaults, "
@@ -229,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a dataset root (repeat for several); replaces dataset.roots of the configuration")
     r.add_argument("--report", metavar="PATH",
                    help="where to write the JSON report (default: the configuration's report)")
+    r.add_argument("--report-html", metavar="PATH",
+                   help="also write the report as one self-contained HTML page with plots (needs matplotlib)")
+    r.add_argument("--no-progress", action="store_true",
+                   help="no live progress on stderr while CMD runs (or MONARCH_PROGRESS=0)")
     r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...", help="the command to run")
     r.set_defaults(func=cmd_run)
 
@@ -251,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="print a JSON report again")
     rep.add_argument("file")
     rep.add_argument("--json", action="store_true", help="print the JSON itself")
+    rep.add_argument("--html", metavar="OUT", help="write it as one self-contained HTML page with plots "
+                                                   "(needs matplotlib)")
     rep.set_defaults(func=cmd_report)
 
     d = sub.add_parser("demo", help="make a demo dataset and read it for several epochs under monarch run")

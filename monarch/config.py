@@ -24,6 +24,7 @@ POLICIES = ("read-ahead", "on-access", "prestage", "off")
 VALIDATE_MODES = ("none", "open")
 PRIVATE_PREFIX = "monarch-"  # Monarch's own directory in a base directory: monarch-<uid>
 
+_SHARE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
 _UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -34,8 +35,9 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 class TierConfig:
     name: str
     path: str  # a base directory: Monarch keeps its copies in its own monarch-<uid>/... inside
-    capacity: int  # bytes
+    capacity: int  # bytes (0 when capacity_share is set)
     keep: bool = False  # keep staged files after the job (reused by the next job)
+    capacity_share: float | None = None  # "50%": a share of the node's available memory (tmpfs) or free space
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ class Config:
     staging: StagingConfig
     peer: PeerConfig
     report: str | None = None  # JSON report path; default: the run's directory (monarch/layout.py)
+    report_html: str | None = None  # HTML report path (monarch run); None: none
+    memory_margin: int = 0  # bytes of available memory memory-backed tiers leave to the node...
+    memory_margin_share: float | None = 0.10  # ...or this share of its total memory
 
 
 def parse_size(text: Any) -> int:
@@ -286,6 +291,21 @@ class _Reader:
             raise self.fail(key, f'expected a size like "64GiB" (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), '
                                  f"got {value!r}") from None
 
+    def amount(self, value: Any, key: str, whole: str) -> tuple[int, float | None]:
+        """A size in bytes, or a share of ``whole`` like ``"50%"``: (bytes, None) or (0, share)."""
+        text = self.string(value, key) if isinstance(value, str) else value
+        m = _SHARE_RE.match(text) if isinstance(text, str) else None
+        if m is None:
+            try:
+                return parse_size(text), None
+            except ValueError:
+                raise self.fail(key, f'expected a size like "64GiB" (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB) '
+                                     f'or a share of {whole} like "50%", got {value!r}') from None
+        share = float(m.group(1))
+        if not 0 < share <= 100:
+            raise self.fail(key, f"a share of {whole} must be more than 0% and at most 100%, got {value!r}")
+        return 0, share / 100
+
     def number(self, value: Any, key: str, kind: type, minimum: float) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
             raise self.fail(key, f"expected {'a whole number' if kind is int else 'a number'}, got {value!r}")
@@ -369,7 +389,7 @@ def _tiers(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> list[TierCon
     if len(tiers_raw) > MAX_TIERS:
         r.error("tiers", f"at most {MAX_TIERS} tiers, got {len(tiers_raw)}")
         return None
-    known = [f.name for f in fields(TierConfig)]
+    known = [f.name for f in fields(TierConfig) if f.name != "capacity_share"]  # a share is written as capacity
     tiers: list[TierConfig | None] = []
     names: list[str] = []
     for i, t in enumerate(tiers_raw):
@@ -395,10 +415,13 @@ def _tiers(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> list[TierCon
         path = r.get(r.path, t["path"], f"{key}.path") if "path" in t else None
         if path is not None and roots:
             _check_outside_roots(r, f"{key}.path", path, roots)
-        capacity = r.get(r.size, t["capacity"], f"{key}.capacity") if "capacity" in t else None
+        amount = r.get(r.amount, t["capacity"], f"{key}.capacity",
+                       "the node (of available memory for a tier on tmpfs/ramfs, else of free space)") \
+            if "capacity" in t else None
         keep = r.get(r.boolean, t.get("keep", False), f"{key}.keep")
-        ok = None not in (name, path, capacity, keep) and not missing
-        tiers.append(TierConfig(name=name, path=path, capacity=capacity, keep=keep) if ok else None)
+        ok = None not in (name, path, amount, keep) and not missing
+        tiers.append(TierConfig(name=name, path=path, capacity=amount[0], keep=keep, capacity_share=amount[1])
+                     if ok else None)
     return None if None in tiers else tiers
 
 
@@ -447,7 +470,11 @@ def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str],
     run_dir = r.get(r.path, raw.get("run_dir"), "run_dir")
     report = raw.get("report")
     report_path = None if report is None else r.get(r.path, report, "report")
+    report_html = raw.get("report_html")
+    report_html_path = None if report_html is None else r.get(r.path, report_html, "report_html")
+    margin = r.get(r.amount, raw.get("memory_margin"), "memory_margin", "the node's total memory")
     if errors:
         raise ConfigError(combine_errors(source, errors))
     return Config(source=source, dataset=DatasetConfig(roots=roots, given=given), run_dir=run_dir, tiers=tuple(tiers),
-                  staging=staging, peer=peer, report=report_path)
+                  staging=staging, peer=peer, report=report_path, report_html=report_html_path,
+                  memory_margin=margin[0], memory_margin_share=margin[1])

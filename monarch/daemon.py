@@ -25,11 +25,14 @@ from typing import Callable
 from monarch import layout, protocol
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
+from monarch.report import size_classes
+from monarch.resources import margin_bytes
 from monarch.secure import UnsafePathError, private_dir, user_dir
 from monarch.snapshot import Snapshot, load_or_walk
 from monarch.sources import PeerSource
 from monarch.stager import Stager
 from monarch.tiers import Tier
+from monarch.timeline import Sampler, Timeline
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +74,12 @@ class NodeDaemon:
         layout.write_marker(self.run_dir, run_id)
         protocol.create_counters(self.counters_path)
         self.tier_errors: dict[str, str] = {}
+        self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i)) for i, cfg in enumerate(config.tiers))
                       if t is not None]
         self.snapshot = self._take_snapshot()
         self.snapshot.write_index(self.index_path)
+        self.dataset_bytes = self.snapshot.total_bytes  # a sum over every file: once, not per REPORT
         self.peer_area = None
         peers = None
         if cluster is not None:
@@ -91,6 +96,8 @@ class NodeDaemon:
                     self.stager.adopt(key, tier)
         if cluster is not None:
             cluster.start(self.provide)
+        self.timeline = Timeline(time.time())
+        self._sampler = Sampler(self.timeline, self._counters_now).start()
         if config.staging.policy in ("read-ahead", "prestage"):
             self.stager.read_ahead(k for k in sorted(self.snapshot.files) if self.owns(k))
 
@@ -110,7 +117,8 @@ class NodeDaemon:
     def _make_tier(self, cfg: TierConfig, slot: int) -> Tier | None:
         """A tier that cannot be made is skipped with one line saying why; the others serve."""
         try:
-            return Tier.from_config(cfg, slot, self.run_id, self.node, self.config.dataset.roots)
+            return Tier.from_config(cfg, slot, self.run_id, self.node, self.config.dataset.roots,
+                                    memory_margin=self.memory_margin)
         except (MonarchError, OSError) as e:
             reason = str(e) if isinstance(e, MonarchError) else f"{cfg.path}: {e.strerror}"
             self.tier_errors[cfg.name] = reason
@@ -254,25 +262,49 @@ class NodeDaemon:
         return None if tier is None else tier.path_for(key)
 
     # -- statistics and shutdown ---------------------------------------------------------
-    def stats(self) -> dict:
-        """This node's numbers (the report module turns them into the report)."""
+    def _source_names(self) -> dict[int, str]:
         names = {protocol.SLOT_PFS: "pfs"} | {t.slot: t.name for t in self.tiers}  # a skipped tier keeps its slot
         if self.cluster is not None:
             names[protocol.SLOT_PEER] = "peer"
-        sources = protocol.read_sources(self.counters_path, names)
+        return names
+
+    def _counters_now(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The timeline's sample: cumulative counters and the tiers' levels."""
+        counters = {}
+        for name, c in protocol.read_sources(self.counters_path, self._source_names()).items():
+            counters[f"opens.{name}"] = c["opens"]
+            counters[f"bytes.{name}"] = c["bytes"]
+        s = self.stager.stats()
+        counters |= {"staged_files": s["files"], "staged_bytes": s["bytes"], "pfs_staging_bytes": s["pfs_bytes_read"]}
+        if self.cluster is not None:
+            counters["peer_bytes_received"] = s["peer_bytes_read"]
+        tiers = self.tiers + ([self.peer_area] if self.peer_area is not None else [])
+        return counters, {t.name: t.used for t in tiers}
+
+    def stats(self, brief: bool = False) -> dict:
+        """This node's numbers (the report module turns them into the report). ``brief`` (the
+        launcher's progress polls) leaves out the timeline and the size classes, whose cost
+        grows with the job's length and the dataset's size."""
+        sources = protocol.read_sources(self.counters_path, self._source_names())
         with self._lock:
             outcomes = dict(self.outcomes)
         try:
-            extra = protocol.read_extra_counters(self.counters_path)
+            counters = protocol.read_extra_counters(self.counters_path)
         except (OSError, ValueError):
-            extra = (0,) * protocol.EXTRA_WORDS
-        off = extra[protocol.EXTRA_META_OFF]
-        return {
+            counters = (0,) * protocol.EXTRA_WORDS
+        off = counters[protocol.EXTRA_META_OFF]
+        extra = {}
+        if not brief:
+            self._sampler.sample()  # the last, partial interval
+            # the peer area is a tier of the stager's: its files count as staged "peer"
+            extra = {"timeline": self.timeline.to_dict(),
+                     "size_classes": size_classes(self.snapshot.files, self.stager.staged.copy(), set())}
+        return extra | {
             "node": self.node, "host": socket.gethostname(),
             "uptime_seconds": round(time.time() - self.started, 3),
             "snapshot_seconds": round(self.snapshot_seconds, 3),
             "snapshot": self.snapshot_how,
-            "metadata": {"local": extra[protocol.EXTRA_META_LOCAL], "pfs": extra[protocol.EXTRA_META_PFS],
+            "metadata": {"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
                          "off_roots": [k for k in range(len(self.config.dataset.roots))
                                        if off & (1 << min(k, 63))]},
             "sources": sources,
@@ -281,7 +313,7 @@ class NodeDaemon:
             "tier_errors": dict(self.tier_errors),
             "resolves": outcomes,
             "peer": self.cluster.counters() if self.cluster is not None else {},
-            "dataset": {"files": len(self.snapshot.files), "bytes": self.snapshot.total_bytes},
+            "dataset": {"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
         }
 
     def client_env(self) -> dict[str, str]:
@@ -308,6 +340,7 @@ class NodeDaemon:
     def close(self) -> None:
         """Stop staging and remove what the run asked not to keep. The run directory keeps
         the daemon's log and the report; the index (as large as the dataset's names) goes."""
+        self._sampler.stop()
         self.stager.shutdown()
         if self._checks is not None:
             self._checks.shutdown(wait=False, cancel_futures=True)

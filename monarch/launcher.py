@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -52,12 +53,16 @@ class Session:
         self.env = _client_env(answer.get("env"), socket_path)
         self.run = answer.get("run") if isinstance(answer.get("run"), dict) else {}
         self.run_dir = os.path.dirname(socket_path)
+        self._lock = threading.Lock()  # the progress thread polls on the same connection
 
-    def stats(self) -> dict | None:
+    def stats(self, brief: bool = False) -> dict | None:
+        """The daemon's statistics; ``brief``: counters only (for progress), cheap to answer."""
         try:
-            self.sock.settimeout(REPORT_TIMEOUT)
-            self.sock.sendall(protocol.encode_request(protocol.VERB_REPORT))
-            status, body = protocol.recv_answer(self.sock)
+            with self._lock:
+                self.sock.settimeout(REPORT_TIMEOUT)
+                self.sock.sendall(protocol.encode_request(protocol.VERB_REPORT,
+                                                          protocol.REPORT_BRIEF if brief else b""))
+                status, body = protocol.recv_answer(self.sock)
             stats = json.loads(body) if status == 0 else None
             return stats if isinstance(stats, dict) else None
         except (OSError, ValueError):
@@ -229,8 +234,12 @@ def run_command(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def run(config: Config, config_file: str | None, cmd: list[str], report_path: str | None,
-        run: str | None = None, out=sys.stderr) -> int:
-    """The whole of ``monarch run``. Monarch trouble never stops the command: it runs on the PFS."""
+        run: str | None = None, out=sys.stderr, progress: bool = True, html_path: str | None = None) -> int:
+    """The whole of ``monarch run``. Monarch trouble never stops the command: it runs on the PFS.
+
+    ``progress``: show live progress on ``out`` while the command runs (monarch/progress.py);
+    ``html_path``: also write the report as HTML (else the configuration's ``report_html``).
+    """
     t0 = time.time()
     session = daemon = None
     run = run or topology.run_id() or topology.new_run_id()
@@ -244,7 +253,15 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
         log.error("Monarch is not active for this run (%s); reading the PFS directly", e)
         env = dict(os.environ)
     env[topology.ENV_RUN_ID] = run  # nested `monarch run` and the command's children share the run
-    code = run_command(cmd, env)
+    shown = None
+    if session is not None and progress:
+        from monarch.progress import Progress
+        shown = Progress(lambda: session.stats(brief=True), out).start()
+    try:
+        code = run_command(cmd, env)
+    finally:
+        if shown is not None:
+            shown.stop()
     wall = time.time() - t0
     stats = session.stats() if session is not None else None
     if session is not None:
@@ -268,6 +285,14 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
         log.warning("cannot write the report to %s: %s", path, e)
     print_report(report, out)
     out.write(f"report    : {path}\n")
+    html_path = html_path or config.report_html
+    if html_path:
+        try:
+            from monarch.report_html import write_html
+            write_html(report, html_path)
+            out.write(f"html      : {html_path}\n")
+        except (OSError, MonarchError) as e:
+            log.warning("cannot write the HTML report to %s: %s", html_path, e)
     return code
 
 

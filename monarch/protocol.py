@@ -149,6 +149,8 @@ HINT_END = 4
 HINT_HEADER = struct.Struct("<BQ")
 HINT_KEY = struct.Struct("<H")
 
+REPORT_BRIEF = b"brief"     # a REPORT body: the counters only (no timeline, no size classes)
+
 STATUS_PENDING = -2
 STATUS_ERROR = -1
 

@@ -1,6 +1,7 @@
 """The access report: nodes' statistics combined into one versioned JSON document, and a table.
 
-Schema ``monarch.report/2`` is documented in README.md ("Report reference").
+Schema ``monarch.report/3`` is documented in README.md ("Report reference"); ``/1`` and
+``/2`` reports are still read and printed.
 """
 
 from __future__ import annotations
@@ -14,8 +15,46 @@ from typing import Any, Iterable, TextIO
 
 from monarch.errors import MonarchError
 
-SCHEMA = "monarch.report/2"
-READABLE_SCHEMAS = ("monarch.report/1", SCHEMA)  # `monarch report` prints older reports too
+SCHEMA = "monarch.report/3"
+READABLE_SCHEMAS = ("monarch.report/1", "monarch.report/2", SCHEMA)  # `monarch report` prints older reports too
+
+# file-size classes of the report: (name, upper bound in bytes, exclusive; None: no bound)
+SIZE_CLASSES: tuple[tuple[str, int | None], ...] = (
+    ("<64KiB", 64 << 10), ("<1MiB", 1 << 20), ("<16MiB", 16 << 20), (">=16MiB", None))
+
+
+def _size_class(size: int) -> int:
+    for i, (_, bound) in enumerate(SIZE_CLASSES):
+        if bound is None or size < bound:
+            return i
+    return len(SIZE_CLASSES) - 1
+
+
+def size_classes(files: dict, staged: dict, fetched: set) -> list[dict]:
+    """Per file-size class, where the dataset's files are on this node: ``files``/``bytes`` of
+    the dataset, ``staged`` per tier, ``peer`` (fetched from the owning node) and
+    ``not_staged`` (the application reads them from the PFS).
+
+    ``files``: key -> FileInfo (the snapshot); ``staged``: key -> Tier; ``fetched``: keys in
+    the peer area.
+    """
+    out = [{"class": name, "max_bytes": bound, "files": 0, "bytes": 0, "staged": {},
+            "peer": {"files": 0, "bytes": 0}, "not_staged": {"files": 0, "bytes": 0}}
+           for name, bound in SIZE_CLASSES]
+    for key, info in files.items():
+        row = out[_size_class(info.size)]
+        row["files"] += 1
+        row["bytes"] += info.size
+        tier = staged.get(key)
+        if tier is not None:
+            where = row["staged"].setdefault(tier.name, {"files": 0, "bytes": 0})
+        elif key in fetched:
+            where = row["peer"]
+        else:
+            where = row["not_staged"]
+        where["files"] += 1
+        where["bytes"] += info.size
+    return out
 
 
 def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
@@ -44,6 +83,7 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
     metadata = collections.Counter()
     for n in alive:
         metadata.update({k: v for k, v in n.get("metadata", {}).items() if k in ("local", "pfs")})
+    timelines = [n["timeline"] for n in alive if n.get("timeline")]
     return {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -56,8 +96,97 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
         "metadata": {"local": metadata["local"], "pfs": metadata["pfs"]},
         "peer": dict(peer),
+        "tiers": _tiers_over_nodes(alive),
+        "size_classes": _classes_over_nodes(alive),
+        "timeline": combine_timelines(timelines) if timelines else None,
         "nodes": nodes,
     }
+
+
+def _tiers_over_nodes(alive: list[dict]) -> list[dict]:
+    """Each tier (and the peer area) by name, summed over nodes: capacity, used, files, refused by reason."""
+    out: dict[str, dict] = {}
+    for n in alive:
+        for t in n.get("tiers", []):
+            row = out.setdefault(t["name"], {"name": t["name"], "capacity": 0, "used": 0, "files": 0,
+                                             "refused": collections.Counter(), "full_on_nodes": 0})
+            row["capacity"] += t.get("capacity", 0)
+            row["used"] += t.get("used", 0)
+            row["files"] += t.get("files", 0)
+            row["refused"].update(t.get("refused", {}))
+            if t.get("full"):
+                row["full_on_nodes"] += 1
+            if t.get("stopped"):
+                row["last_stopped"] = t["stopped"]
+    for row in out.values():
+        row["refused"] = dict(row["refused"])
+        row["stopped"] = tier_state(row)
+    return list(out.values())
+
+
+def tier_state(tier: dict) -> str | None:
+    """Why a tier stopped taking files, if it did (None: it took every file offered): its
+    filesystem said it was full, else the reason of its latest refusal."""
+    if tier.get("full_on_nodes") or tier.get("full"):
+        return "filesystem_full"
+    return tier.get("last_stopped") or tier.get("stopped")
+
+
+STATE_WORDS = {None: "took every file offered", "full": "full (its capacity is reached)",
+               "memory_margin": "stopped at the node's memory margin (memory_margin)",
+               "filesystem_full": "its filesystem is full"}
+
+
+def _classes_over_nodes(alive: list[dict]) -> list[dict] | None:
+    """Per size class over the cluster: the dataset (node 0's snapshot: every node has the
+    same), copies in each tier summed over nodes, and what no node's tier holds."""
+    per_node = [n["size_classes"] for n in alive if n.get("size_classes")]
+    if not per_node:
+        return None
+    out = []
+    for i, first in enumerate(per_node[0]):
+        staged: dict[str, collections.Counter] = {}
+        for classes in per_node:
+            for tier, c in classes[i]["staged"].items():
+                staged.setdefault(tier, collections.Counter()).update(c)
+        held = sum(c["files"] for c in staged.values()), sum(c["bytes"] for c in staged.values())
+        out.append({"class": first["class"], "max_bytes": first["max_bytes"], "files": first["files"],
+                    "bytes": first["bytes"], "staged": {t: dict(c) for t, c in staged.items()},
+                    "not_staged": {"files": max(0, first["files"] - held[0]),
+                                   "bytes": max(0, first["bytes"] - held[1])}})
+    return out
+
+
+def combine_timelines(timelines: list[dict]) -> dict:
+    """The nodes' timelines on one grid of the coarsest interval, from the earliest start:
+    counts summed, gauges (``used.*``) summed over nodes at each point's end."""
+    if len(timelines) == 1:
+        return timelines[0]
+    from monarch.timeline import is_gauge
+    step = max(tl["interval"] for tl in timelines)
+    origin = min(tl["start"] for tl in timelines)
+    end = max((tl["start"] + tl["t"][-1] for tl in timelines if tl["t"]), default=origin)
+    n = max(1, int((end - origin) // step) + (1 if (end - origin) % step else 0))
+    series: dict[str, list[int]] = {}
+    for tl in timelines:
+        levels: dict[str, list[int | None]] = {}
+        for name, column in tl["series"].items():
+            out = series.setdefault(name, [0] * n)
+            level = levels.setdefault(name, [None] * n)
+            for t, value in zip(tl["t"], column):
+                slot = min(n - 1, max(0, int((tl["start"] + t - origin - 1e-9) // step)))
+                if is_gauge(name):
+                    level[slot] = value  # the node's last level in the slot
+                else:
+                    out[slot] += value
+        for name, level in levels.items():
+            if is_gauge(name):
+                last = 0
+                for i, value in enumerate(level):
+                    last = value if value is not None else last
+                    series[name][i] += last
+    return {"start": round(origin, 3), "interval": step,
+            "t": [round((i + 1) * step, 3) for i in range(n)], "series": series}
 
 
 def _pfs_traffic(sources: dict[str, collections.Counter], staging_bytes: int, dataset_bytes: int) -> dict:
@@ -182,6 +311,10 @@ def print_report(report: dict, out: TextIO) -> None:
     st = report["staging"]
     w(f"\nstaged    : {st['files']} files, {human(st['bytes'])}")
     w(f"; not staged: {', '.join(f'{k} x{v}' for k, v in sorted(st['failures'].items()))}\n" if st["failures"] else "\n")
+    if report.get("tiers"):
+        _print_tiers(report["tiers"], w)
+    if report.get("size_classes"):
+        _print_size_classes(report["size_classes"], w)
     meta = report.get("metadata")
     if meta and (meta["local"] or meta["pfs"]):
         w(f"metadata  : {meta['local']} calls answered from the snapshot, {meta['pfs']} sent to the PFS "
@@ -206,3 +339,29 @@ def print_report(report: dict, out: TextIO) -> None:
           "figures marked ≥ are lower bounds and the shares are of the bytes counted\n")
     elif uncounted is None:  # a report from a shim that does not tell such opens apart
         w("\nbytes are those read with read/pread/readv; mmap and stdio reads count opens only\n")
+
+
+def _print_tiers(tiers: list[dict], w) -> None:
+    w(f"\n{'tier':<10}{'used':>12} / {'capacity':<18}{'files':>8}  state\n")
+    for t in tiers:
+        cap = t.get("capacity") or 0
+        pct = f" ({100 * t['used'] / cap:.0f}%)" if cap else ""
+        refused = {k: v for k, v in (t.get("refused") or {}).items() if v}
+        why = f"; refused {', '.join(f'{k} x{v}' for k, v in sorted(refused.items()))}" if refused else ""
+        state = t.get("stopped")
+        w(f"{t['name']:<10}{human(t['used']):>12} / {human(cap) + pct:<18}{t.get('files', 0):>8}  "
+          f"{STATE_WORDS.get(state, state)}{why}\n")
+
+
+def _print_size_classes(classes: list[dict], w) -> None:
+    w(f"\n{'file size':<10}{'files':>8}{'bytes':>12}  where (files, bytes)\n")
+    for c in classes:
+        if not c["files"]:
+            continue
+        places = [f"{tier} {v['files']} ({human(v['bytes'])})" for tier, v in sorted(c["staged"].items())]
+        if c.get("peer", {}).get("files"):
+            places.append(f"peer {c['peer']['files']} ({human(c['peer']['bytes'])})")
+        ns = c["not_staged"]
+        if ns["files"]:
+            places.append(f"not staged {ns['files']} ({human(ns['bytes'])})")
+        w(f"{c['class']:<10}{c['files']:>8}{human(c['bytes']):>12}  {', '.join(places)}\n")

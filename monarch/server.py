@@ -227,7 +227,8 @@ class NodeServer:
             body = {"env": self.daemon.client_env(), "run": self.daemon.describe()}
             self._answer(conn, protocol.encode_answer(0, json.dumps(body).encode()))
         elif verb == protocol.VERB_REPORT:
-            stats = self.daemon.stats() | {"requests_refused": dict(self.errors)}
+            # a body of b"brief" (progress polls): the counters without the timeline
+            stats = self.daemon.stats(brief=body == protocol.REPORT_BRIEF) | {"requests_refused": dict(self.errors)}
             self._answer(conn, protocol.encode_answer(0, json.dumps(stats).encode()), close=not conn.session)
         elif verb == protocol.VERB_STOP:
             self._answer(conn, protocol.encode_answer(0), close=True)

@@ -2,12 +2,16 @@
 
 Space is reserved before a copy starts and released if it fails, so concurrent
 stagers never overfill a tier. Nothing is ever evicted (pin, don't thrash). A tier whose
-filesystem runs out of space (ENOSPC, EDQUOT) is marked full and not tried again.
+filesystem runs out of space (ENOSPC, EDQUOT) is marked full and not tried again; a tier in
+memory (tmpfs) refuses a copy that would cross the node's memory margin. Every refusal is
+counted by its reason (``REFUSED_*``), for the report.
 """
 
 from __future__ import annotations
 
+import collections
 import errno
+import logging
 import os
 import secrets
 import threading
@@ -15,26 +19,48 @@ from typing import Callable
 
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
+from monarch.resources import MemoryGuard, is_memory_backed, share_of_node
 from monarch.secure import create_exclusive
 from monarch.snapshot import FileInfo
 
+log = logging.getLogger(__name__)
+
 TMP_PREFIX = ".monarch-tmp-"
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+REFUSED_FULL = "full"                        # its capacity would be exceeded
+REFUSED_MEMORY_MARGIN = "memory_margin"      # the node's available memory would drop below the margin
+REFUSED_FILESYSTEM_FULL = "filesystem_full"  # its filesystem said ENOSPC/EDQUOT once
 
 
 class Tier:
-    def __init__(self, name: str, storage: StorageDir, capacity: int, slot: int):
+    def __init__(self, name: str, storage: StorageDir, capacity: int, slot: int,
+                 memory: MemoryGuard | None = None):
         self.name, self.storage, self.capacity, self.slot = name, storage, capacity, slot
         self.path = storage.path
+        self.memory = memory  # set for a tier in RAM: it keeps the node's memory margin
+        self.capacity_note = ""  # how a capacity given as a share was resolved
         self._used = 0
         self._lock = threading.Lock()
         self.files = 0
         self.full_reason: str | None = None  # set once the filesystem refused a copy
+        self.refused: collections.Counter[str] = collections.Counter()
+        self.last_refusal: str | None = None
 
     @classmethod
-    def from_config(cls, cfg: TierConfig, slot: int, run_id: str, node: int, roots: tuple[str, ...]) -> "Tier":
+    def from_config(cls, cfg: TierConfig, slot: int, run_id: str, node: int, roots: tuple[str, ...],
+                    memory_margin: int | None = None) -> "Tier":
+        """The tier of ``cfg``; in memory (tmpfs, ramfs) it keeps ``memory_margin`` bytes free."""
         storage = StorageDir.create(cfg.path, run_id, node, keep_name=cfg.name if cfg.keep else None, roots=roots)
-        return cls(cfg.name, storage, cfg.capacity, slot)
+        in_memory = is_memory_backed(storage.path)
+        capacity, note = cfg.capacity, ""
+        if cfg.capacity_share is not None:
+            capacity, whole = share_of_node(storage.path, cfg.capacity_share)
+            note = f"{cfg.capacity_share:.0%} of {whole}"
+            log.info("tier %s: capacity %d bytes (%s)", cfg.name, capacity, note)
+        guard = MemoryGuard(memory_margin) if in_memory and memory_margin is not None else None
+        tier = cls(cfg.name, storage, capacity, slot, memory=guard)
+        tier.capacity_note = note
+        return tier
 
     @property
     def keep(self) -> bool:
@@ -49,10 +75,22 @@ class Tier:
 
     def reserve(self, size: int) -> bool:
         with self._lock:
-            if self.full_reason is not None or self._used + size > self.capacity:
-                return False
-            self._used += size
-            return True
+            if self.full_reason is not None:
+                reason = REFUSED_FILESYSTEM_FULL
+            elif self._used + size > self.capacity:
+                reason = REFUSED_FULL
+            elif self.memory is not None and not self.memory.allows(size):
+                reason = REFUSED_MEMORY_MARGIN
+            else:
+                self._used += size
+                return True
+            self.refused[reason] += 1
+            if reason == REFUSED_MEMORY_MARGIN and self.last_refusal != reason:
+                log.warning("tier %s: stops taking files at %d bytes: the node's available memory would drop "
+                            "below the margin of %d bytes (memory_margin in the configuration)",
+                            self.name, self._used, self.memory.margin)
+            self.last_refusal = reason
+            return False
 
     def release(self, size: int) -> None:
         with self._lock:
@@ -95,8 +133,18 @@ class Tier:
         self.storage.remove()
 
     def describe(self) -> dict:
-        return {"name": self.name, "path": self.path, "capacity": self.capacity, "kept": self.keep,
-                "used": self._used, "files": self.files, "full": self.full_reason}
+        """For the report: ``refused`` counts the copies it did not take, by reason; ``stopped``
+        is the reason of the latest refusal (None: it took every file offered)."""
+        with self._lock:
+            out = {"name": self.name, "path": self.path, "capacity": self.capacity, "kept": self.keep,
+                   "used": self._used, "files": self.files, "full": self.full_reason,
+                   "refused": dict(self.refused), "stopped": self.last_refusal,
+                   "in_memory": self.memory is not None}
+        if self.capacity_note:
+            out["capacity_from"] = self.capacity_note
+        if self.memory is not None:
+            out["memory_margin"] = self.memory.margin
+        return out
 
 
 def write_atomically(dest: str, fill: Callable[[int], int], mtime_ns: int, mode: int = 0o600,

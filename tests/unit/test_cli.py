@@ -88,12 +88,25 @@ def test_serve_takes_dataset_too():
 def test_run_passes_the_dataset_roots_to_the_launcher(tmp_path, monkeypatch):
     import monarch.launcher
     seen = {}
-    monkeypatch.setattr(monarch.launcher, "run", lambda config, *a: seen.setdefault("roots", config.dataset.roots) and 0)
+    monkeypatch.setattr(monarch.launcher, "run",
+                        lambda config, *a, **kw: seen.setdefault("roots", config.dataset.roots) and 0)
     cfg = tmp_path / "job.yaml"
     (tmp_path / "file_roots").mkdir()
     cfg.write_text(f"dataset: {{roots: [{tmp_path}/file_roots]}}\n")
     assert main(["run", "-c", str(cfg), "--dataset", str(tmp_path), "--", "true"]) == 0
     assert seen["roots"] == (str(tmp_path),)
+
+
+def test_run_progress_and_html_options_reach_the_launcher(tmp_path, monkeypatch):
+    import monarch.launcher
+    seen = []
+    monkeypatch.setattr(monarch.launcher, "run", lambda config, *a, **kw: seen.append(kw) or 0)
+    monkeypatch.delenv("MONARCH_PROGRESS", raising=False)
+    assert main(["run", "--dataset", str(tmp_path), "--no-progress", "--report-html", "r.html", "--", "true"]) == 0
+    assert main(["run", "--dataset", str(tmp_path), "--", "true"]) == 0
+    monkeypatch.setenv("MONARCH_PROGRESS", "0")
+    assert main(["run", "--dataset", str(tmp_path), "--", "true"]) == 0
+    assert [(kw["progress"], kw["html_path"]) for kw in seen] == [(False, "r.html"), (True, None), (False, None)]
 
 
 def test_run_missing_dataset_stops_before_the_command(tmp_path, capsys):

@@ -85,7 +85,16 @@ def write(tmp_path, text):
     ("staging: {policy: lru}\n", "staging.policy: expected one of read-ahead, on-access, prestage, off, got 'lru'"),
     ("staging: {threads: 0}\n", "staging.threads: must be at least 1"),
     ("staging: {threads: many}\n", 'staging.threads: expected "auto" or a whole number'),
-    ("stagin: {threads: 2}\n", "stagin: unknown key; known keys here: dataset, peer, report, run_dir, staging, tiers"),
+    ("stagin: {threads: 2}\n", "stagin: unknown key; known keys here: dataset, memory_margin, peer, report, report_html, run_dir, "
+     "staging, tiers"),
+    ("tiers:\n  - {name: ram, path: /dev/shm/x, capacity: 150%}\n",
+     "tiers[0].capacity: a share of the node (of available memory for a tier on tmpfs/ramfs, else of free space) "
+     "must be more than 0% and at most 100%, got '150%'"),
+    ("tiers:\n  - {name: ram, path: /dev/shm/x, capacity: half}\n",
+     'or a share of the node (of available memory for a tier on tmpfs/ramfs, else of free space) like "50%", '
+     "got 'half'"),
+    ("memory_margin: lots\n", "memory_margin: expected a size like \"64GiB\""),
+    ("memory_margin: 0%\n", "memory_margin: a share of the node's total memory must be more than 0%"),
     ("staging: {validate: always}\n", "staging.validate: expected one of none, open, got 'always'"),
     ("tiers:\n  - {name: ram, path: /dev/shm/x}\n", "tiers[0].capacity: missing"),
     ("tiers:\n  - {name: pfs, path: /dev/shm/x, capacity: 1GiB}\n", "tiers[0].name: 'pfs' is not allowed"),
@@ -259,3 +268,14 @@ def test_staging_validate(tmp_path, env, ds):
     assert load_config(None, env=env).staging.validate == "none"
     path = write(tmp_path, "staging: {validate: open}\n")
     assert load_config(path, env=env).staging.validate == "open"
+
+
+def test_capacity_as_a_share_and_the_memory_margin(tmp_path, env):
+    path = write(tmp_path, "tiers:\n  - {name: ram, path: /dev/shm/x, capacity: 50%}\n"
+                           "  - {name: ssd, path: /tmp/x, capacity: 12.5 %}\nmemory_margin: 2GiB\n")
+    c = load_config(path, env=env)
+    assert [(t.capacity, t.capacity_share) for t in c.tiers] == [(0, 0.5), (0, 0.125)]
+    assert (c.memory_margin, c.memory_margin_share) == (2 * 2**30, None)
+    d = load_config(None, env=env)  # the default: 10% of the node's memory stays free
+    assert (d.memory_margin, d.memory_margin_share) == (0, 0.10)
+    assert d.tiers[0].capacity_share is None and d.report_html is None

@@ -31,7 +31,7 @@ JOB = {"job_id": "j", "config": "c.yaml", "command": ["python", "train.py", "--n
 def test_all_bytes_counted_is_exact():
     r = build_report([node({"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0},
                             "ram": {"opens": 30, "bytes": 30 * MiB, "opens_uncounted": 0}})], JOB)
-    assert r["schema"] == SCHEMA == "monarch.report/2"
+    assert r["schema"] == SCHEMA == "monarch.report/3"
     p = r["pfs"]
     assert (p["app_bytes"], p["total_bytes"], p["without_monarch_bytes"], p["saved_bytes"]) == \
         (0, 10 * MiB, 30 * MiB, 20 * MiB)
@@ -134,3 +134,49 @@ def test_metadata_counts_are_summed_and_printed():
     assert "metadata  : 1000 calls answered from the snapshot, 10 sent to the PFS" in out.getvalue()
     old = build_report([node({"pfs": {"opens": 1, "bytes": 1, "opens_uncounted": 0}})], {})  # a node without them
     assert old["metadata"] == {"local": 0, "pfs": 0}
+
+
+def test_size_classes_say_where_each_class_is():
+    from types import SimpleNamespace as NS
+
+    from monarch.report import size_classes
+    files = {"0/a": NS(size=1000), "0/b": NS(size=200_000), "0/c": NS(size=5 << 20), "0/d": NS(size=40 << 20),
+             "0/e": NS(size=64 << 10)}
+    ram, ssd = NS(name="ram"), NS(name="ssd")
+    rows = size_classes(files, {"0/a": ram, "0/b": ssd, "0/e": ram}, fetched={"0/c"})
+    by = {r["class"]: r for r in rows}
+    assert [r["class"] for r in rows] == ["<64KiB", "<1MiB", "<16MiB", ">=16MiB"]
+    assert by["<64KiB"]["staged"] == {"ram": {"files": 1, "bytes": 1000}}
+    assert by["<1MiB"]["files"] == 2 and by["<1MiB"]["staged"] == {"ram": {"files": 1, "bytes": 64 << 10},
+                                                                    "ssd": {"files": 1, "bytes": 200_000}}
+    assert by["<16MiB"]["peer"] == {"files": 1, "bytes": 5 << 20}
+    assert by[">=16MiB"]["not_staged"] == {"files": 1, "bytes": 40 << 20}
+
+
+def test_tiers_and_size_classes_in_the_report_and_its_text():
+    n = node({"pfs": {"opens": 1, "bytes": 1 * MiB}, "ram": {"opens": 3, "bytes": 3 * MiB}})
+    n["tiers"] = [{"name": "ram", "capacity": 4 * MiB, "used": 3 * MiB, "files": 3, "full": None,
+                   "refused": {"memory_margin": 7}, "stopped": "memory_margin"},
+                  {"name": "ssd", "capacity": 8 * MiB, "used": 8 * MiB, "files": 6, "full": "ENOSPC after 8 bytes",
+                   "refused": {"filesystem_full": 2}, "stopped": "filesystem_full"}]
+    n["size_classes"] = [{"class": "<64KiB", "max_bytes": 65536, "files": 10, "bytes": 10 * MiB,
+                          "staged": {"ram": {"files": 3, "bytes": 3 * MiB}}, "peer": {"files": 0, "bytes": 0},
+                          "not_staged": {"files": 7, "bytes": 7 * MiB}}]
+    r = build_report([n], JOB)
+    assert r["tiers"][0]["refused"] == {"memory_margin": 7} and r["tiers"][0]["stopped"] == "memory_margin"
+    assert r["tiers"][1]["stopped"] == "filesystem_full"
+    assert r["size_classes"][0]["not_staged"] == {"files": 7, "bytes": 7 * MiB}
+    t = text(r)
+    assert "ram            3.0 MiB / 4.0 MiB (75%)            3  stopped at the node's memory margin (memory_margin); " \
+           "refused memory_margin x7" in t
+    assert "its filesystem is full" in t
+    assert "<64KiB          10    10.0 MiB  ram 3 (3.0 MiB), not staged 7 (7.0 MiB)" in t
+
+
+def test_version_2_reports_still_print(tmp_path):
+    r = build_report([node({"pfs": {"opens": 1, "bytes": 1}})], JOB)
+    old = {k: v for k, v in r.items() if k not in ("tiers", "size_classes", "timeline")} | {"schema": "monarch.report/2"}
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(old))
+    t = text(load_report(str(path)))
+    assert "Monarch access report" in t and "file size" not in t

@@ -1,0 +1,149 @@
+"""Live progress of ``monarch run`` on the launcher's stderr, while the command runs.
+
+The launcher polls its session with a brief REPORT (the daemon's counters: a counters-file
+read and a few locked copies, no timeline) at most once a second and says how far staging
+is: files and bytes staged of the dataset, the staging rate, opens served per source and
+the PFS bytes so far. On a terminal it is the terminal's bottom row, kept out of the
+scrolling region (as apt does: DECSTBM), so the command's output scrolls above it and
+never shares a line with it; otherwise a whole line every few seconds, written with one
+call, so a log collecting the command's stderr gets whole lines. The command's own stdout
+and stderr are untouched. Plain ANSI sequences, no library: tqdm and rich draw bars on a
+line the program itself owns, which this one does not (the command writes to the same
+terminal), and nothing heavy goes into the core.
+
+Off with ``monarch run --no-progress`` or ``MONARCH_PROGRESS=0``; ``MONARCH_PROGRESS=1``
+turns it on for every rank of a node (by default only the node's first local rank shows
+it); ``MONARCH_PROGRESS_INTERVAL`` sets the seconds between lines (at least 1).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from typing import Callable, Mapping, TextIO
+
+from monarch.report import human
+
+ENV_PROGRESS = "MONARCH_PROGRESS"
+ENV_INTERVAL = "MONARCH_PROGRESS_INTERVAL"
+MIN_POLL_SECONDS = 1.0      # the daemon answers polls on its event loop: never more often than this
+TERMINAL_SECONDS = 1.0      # a terminal line is rewritten this often
+LINE_SECONDS = 5.0          # a log gets a line this often
+_OFF = ("0", "off", "no", "false")
+_LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK")
+
+
+def wanted(no_progress_flag: bool, env: Mapping[str, str] | None = None) -> bool:
+    """Show progress? Not with the flag or MONARCH_PROGRESS=0; by default only on a node's first rank."""
+    env = os.environ if env is None else env
+    setting = env.get(ENV_PROGRESS, "").strip().lower()
+    if no_progress_flag or setting in _OFF:
+        return False
+    if setting:
+        return True
+    for name in _LOCAL_RANK_VARS:
+        if env.get(name, "").strip().isdigit():
+            return int(env[name]) == 0
+    return True
+
+
+def interval(tty: bool, env: Mapping[str, str] | None = None) -> float:
+    env = os.environ if env is None else env
+    try:
+        seconds = float(env.get(ENV_INTERVAL, ""))
+    except ValueError:
+        seconds = TERMINAL_SECONDS if tty else LINE_SECONDS
+    return max(MIN_POLL_SECONDS, seconds)
+
+
+def _isatty(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Progress:
+    """Polls ``poll()`` (brief node statistics, or None) on a thread and writes to ``out``."""
+
+    def __init__(self, poll: Callable[[], dict | None], out: TextIO, tty: bool | None = None,
+                 every: float | None = None):
+        self._poll = poll
+        self.out = out
+        self.tty = _isatty(out) if tty is None else tty
+        self.every = interval(self.tty) if every is None else max(MIN_POLL_SECONDS, every)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="monarch-progress", daemon=True)
+        self._prev: tuple[float, int] | None = None  # (time, staged bytes) of the previous poll
+        self._shown = False
+        self._rows = 0  # the terminal's height when the bottom row was reserved
+
+    def start(self) -> "Progress":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop polling (waits for a poll under way); give the terminal its bottom row back."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.tty and self._shown:
+            # save the cursor, whole screen scrolls again, clear the bottom row, restore the cursor
+            rows = self._rows
+            self._write(f"\x1b7\x1b[1;{rows}r\x1b[{rows};1H\x1b[K\x1b8")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            stats = self._poll()
+            if stats is None or self._stop.is_set():
+                continue
+            self.show(stats, time.monotonic())
+
+    def show(self, stats: dict, now: float) -> None:
+        text = line(stats, self._rate(stats, now))
+        if not self.tty:
+            self._write(text + "\n")
+            return
+        size = shutil.get_terminal_size((100, 24))
+        rows, text = max(2, size.lines), text[:max(20, size.columns - 1)]
+        prefix = ""
+        if not self._shown or rows != self._rows:
+            # reserve the bottom row: a newline (scrolls if the cursor is on it), then the
+            # scrolling region above it; DECSTBM homes the cursor, hence save/restore around it
+            prefix = f"\n\x1b[1A\x1b7\x1b[1;{rows - 1}r\x1b8"
+            self._rows = rows
+        # one write: save the cursor, draw the bottom row, restore the cursor
+        self._write(f"{prefix}\x1b7\x1b[{rows};1H\x1b[K{text}\x1b8")
+        self._shown = True
+
+    def _rate(self, stats: dict, now: float) -> float | None:
+        staged = stats.get("staging", {}).get("bytes", 0)
+        prev, self._prev = self._prev, (now, staged)
+        if prev is None or now <= prev[0]:
+            return None
+        return (staged - prev[1]) / (now - prev[0])
+
+    def _write(self, text: str) -> None:
+        try:
+            self.out.write(text)  # one call: a whole line at once
+            self.out.flush()
+        except (OSError, ValueError):  # stderr closed: no progress, the job goes on
+            self._stop.set()
+
+
+def line(stats: dict, rate: float | None) -> str:
+    """One progress line from a node's statistics (``NodeDaemon.stats(brief=True)``)."""
+    st, ds = stats.get("staging", {}), stats.get("dataset", {})
+    files, total_files = st.get("files", 0), ds.get("files", 0)
+    pct = f" {100 * st.get('bytes', 0) / ds['bytes']:.0f}%" if ds.get("bytes") else ""
+    parts = [f"monarch: staged {files}/{total_files} files, {human(st.get('bytes', 0))}/"
+             f"{human(ds.get('bytes', 0))}{pct}"]
+    if rate is not None:
+        parts.append(f"{human(rate)}/s")
+    sources = stats.get("sources", {})
+    parts.append("opens " + " ".join(f"{name} {c.get('opens', 0)}" for name, c in sources.items()))
+    pfs = sources.get("pfs", {}).get("bytes", 0) + st.get("pfs_bytes_read", 0)
+    parts.append(f"PFS read {human(pfs)}")
+    return " | ".join(parts)

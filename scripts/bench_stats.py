@@ -1,0 +1,45 @@
+"""What a REPORT costs the daemon: ``NodeDaemon.stats()`` brief (progress polls) and full
+(the report at the end), on a dataset of N files with a share of them staged. Prints figures."""
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+from monarch.config import load_config
+from monarch.daemon import NodeDaemon
+from monarch.workload import make_dataset
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--files", type=int, default=20000)
+    ap.add_argument("--staged", type=int, default=5000)
+    args = ap.parse_args()
+    base = tempfile.mkdtemp(prefix="mb-", dir="/tmp")
+    try:
+        make_dataset(f"{base}/ds", files=args.files, size="1KiB", manifest=f"{base}/m.json", seed=0)
+        with open(f"{base}/c.yaml", "w") as f:
+            f.write(f'dataset: {{roots: ["{base}/ds"]}}\nrun_dir: "{base}/run"\n'
+                    f'tiers:\n  - {{name: ram, path: "/dev/shm{base}", capacity: 1GiB}}\n')
+        os.makedirs(f"/dev/shm{base}")
+        daemon = NodeDaemon(load_config(f"{base}/c.yaml"), "bench-stats")
+        try:
+            for key in sorted(daemon.snapshot.files)[:args.staged]:
+                daemon.stager.ensure(key).result()
+            for brief, n in ((True, 500), (False, 10)):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    daemon.stats(brief=brief)
+                print(f"stats({'brief' if brief else 'full'}): {1e3 * (time.perf_counter() - t0) / n:.3f} ms "
+                      f"({args.files} files, {args.staged} staged)")
+        finally:
+            daemon.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(f"/dev/shm{base}", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Live progress: what a line says, whole lines off a terminal, one rewritten line on it, and off."""
+
+import io
+import threading
+import time
+
+from monarch.progress import Progress, interval, line, wanted
+
+MiB = 2**20
+
+
+def stats(files, nbytes, ram_opens=0, pfs_bytes=0):
+    return {"staging": {"files": files, "bytes": nbytes, "pfs_bytes_read": nbytes},
+            "dataset": {"files": 100, "bytes": 100 * MiB},
+            "sources": {"pfs": {"opens": 2, "bytes": pfs_bytes}, "ram": {"opens": ram_opens, "bytes": 0}}}
+
+
+def test_a_line_says_staged_rate_opens_and_pfs_bytes():
+    text = line(stats(40, 40 * MiB, ram_opens=120, pfs_bytes=MiB), rate=8 * MiB)
+    assert text == ("monarch: staged 40/100 files, 40.0 MiB/100.0 MiB 40% | 8.0 MiB/s | opens pfs 2 ram 120 | "
+                    "PFS read 41.0 MiB")
+
+
+def test_rate_comes_from_successive_polls():
+    out = io.StringIO()
+    p = Progress(lambda: None, out, tty=False, every=1)
+    p.show(stats(10, 10 * MiB), now=100.0)
+    p.show(stats(30, 30 * MiB), now=102.0)
+    first, second = out.getvalue().splitlines()
+    assert "MiB/s" not in first and "| 10.0 MiB/s |" in second
+
+
+def test_not_a_terminal_gets_whole_lines_only():
+    out = io.StringIO()
+    polls = iter([stats(1, MiB), stats(2, 2 * MiB)] + [stats(3, 3 * MiB)] * 100)
+    done = threading.Event()
+
+    def poll():
+        done.set()
+        return next(polls)
+    p = Progress(poll, out, tty=False, every=1).start()
+    done.wait(5)
+    time.sleep(1.5)
+    p.stop()
+    text = out.getvalue()
+    assert text and text.endswith("\n") and "\r" not in text and "\x1b" not in text
+    assert all(x.startswith("monarch: staged ") for x in text.splitlines())
+
+
+def test_a_terminal_gets_its_bottom_row_outside_the_scrolling_region(monkeypatch):
+    import os
+    monkeypatch.setattr("shutil.get_terminal_size", lambda fallback: os.terminal_size((120, 40)))
+    out = io.StringIO()
+    p = Progress(lambda: None, out, tty=True, every=1)
+    p.show(stats(1, MiB), 1.0)
+    p.show(stats(2, 2 * MiB), 2.0)
+    p.stop()
+    reserve, first, second = out.getvalue().split("\x1b7\x1b[40;1H")  # each draws the bottom row
+    assert reserve == "\n\x1b[1A\x1b7\x1b[1;39r\x1b8"  # the command's output scrolls in rows 1..39 only
+    assert first.startswith("\x1b[Kmonarch: staged 1/100") and first.endswith("\x1b8")
+    assert second.startswith("\x1b[Kmonarch: staged 2/100")
+    # at the end the whole screen scrolls again and the bottom row is cleared
+    assert second.endswith("\x1b8\x1b7\x1b[1;40r\x1b[40;1H\x1b[K\x1b8")
+    assert out.getvalue().count("\n") == 1
+
+
+def test_on_off_and_intervals():
+    assert wanted(False, {}) and not wanted(True, {})
+    assert not wanted(False, {"MONARCH_PROGRESS": "0"}) and not wanted(False, {"MONARCH_PROGRESS": "off"})
+    assert not wanted(False, {"MPI_LOCALRANKID": "2"}) and wanted(False, {"SLURM_LOCALID": "0"})
+    assert wanted(False, {"MPI_LOCALRANKID": "2", "MONARCH_PROGRESS": "1"})
+    assert interval(True, {}) == 1.0 and interval(False, {}) == 5.0
+    assert interval(False, {"MONARCH_PROGRESS_INTERVAL": "0.1"}) == 1.0  # never polls faster than 1 s
+    assert interval(False, {"MONARCH_PROGRESS_INTERVAL": "2"}) == 2.0
