@@ -22,6 +22,7 @@ from monarch.protocol import MAX_TIERS
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
 POLICIES = ("read-ahead", "on-access", "prestage", "off")
 VALIDATE_MODES = ("none", "open")
+COMPRESSION_MODES = ("off", "zstd", "auto")
 PRIVATE_PREFIX = "monarch-"  # Monarch's own directory in a base directory: monarch-<uid>
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
@@ -36,6 +37,7 @@ class TierConfig:
     path: str  # a base directory: Monarch keeps its copies in its own monarch-<uid>/... inside
     capacity: int  # bytes
     keep: bool = False  # keep staged files after the job (reused by the next job)
+    compression: str = "off"  # off | zstd | auto: store copies compressed (monarch/codecs.py)
 
 
 @dataclass(frozen=True)
@@ -397,8 +399,13 @@ def _tiers(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> list[TierCon
             _check_outside_roots(r, f"{key}.path", path, roots)
         capacity = r.get(r.size, t["capacity"], f"{key}.capacity") if "capacity" in t else None
         keep = r.get(r.boolean, t.get("keep", False), f"{key}.keep")
-        ok = None not in (name, path, capacity, keep) and not missing
-        tiers.append(TierConfig(name=name, path=path, capacity=capacity, keep=keep) if ok else None)
+        compression = t.get("compression", "off")
+        if compression is False:  # YAML reads a bare `off` as false
+            compression = "off"
+        compression = r.get(r.choice, compression, f"{key}.compression", COMPRESSION_MODES)
+        ok = None not in (name, path, capacity, keep, compression) and not missing
+        tiers.append(TierConfig(name=name, path=path, capacity=capacity, keep=keep, compression=compression)
+                     if ok else None)
     return None if None in tiers else tiers
 
 

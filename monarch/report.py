@@ -52,8 +52,25 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         "pfs": _pfs_traffic(sources, staging["pfs_bytes_read"], dataset_bytes),
         "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
         "peer": dict(peer),
+        "tiers": _tiers(alive),
         "nodes": nodes,
     }
+
+
+def _tiers(alive: list[dict]) -> list[dict]:
+    """Per tier name over the nodes: files, logical bytes (what the copies hold), stored bytes
+    (what they take: fewer when compressed), the ratio, and each node's compression choice."""
+    out: dict[str, dict] = {}
+    for n in alive:
+        for t in n.get("tiers", []):
+            agg = out.setdefault(t["name"], {"name": t["name"], "files": 0, "logical_bytes": 0, "stored_bytes": 0,
+                                             "compressed_files": 0, "compression": []})
+            for k in ("files", "logical_bytes", "stored_bytes", "compressed_files"):
+                agg[k] += t.get(k, 0)
+            agg["compression"].append(t.get("compression", {"mode": "off"}))
+    for agg in out.values():
+        agg["ratio"] = round(agg["logical_bytes"] / agg["stored_bytes"], 3) if agg["stored_bytes"] else 1.0
+    return list(out.values())
 
 
 def _pfs_traffic(sources: dict[str, collections.Counter], staging_bytes: int, dataset_bytes: int) -> dict:
@@ -178,6 +195,12 @@ def print_report(report: dict, out: TextIO) -> None:
     st = report["staging"]
     w(f"\nstaged    : {st['files']} files, {human(st['bytes'])}")
     w(f"; not staged: {', '.join(f'{k} x{v}' for k, v in sorted(st['failures'].items()))}\n" if st["failures"] else "\n")
+    for t in report.get("tiers", []):
+        if t["compressed_files"]:
+            c = t["compression"][0]
+            w(f"tier {t['name']:<5}: {human(t['logical_bytes'])} in {human(t['stored_bytes'])} = {t['ratio']:.2f}x; "
+              f"{t['compressed_files']} of {t['files']} files compressed (zstd level {c.get('level')}"
+              f"{', dictionary' if c.get('dictionary') else ''}; {c.get('selection', {}).get('reason', '')})\n")
     if report["peer"]:
         p = report["peer"]
         w(f"peers     : sent {human(p.get('bytes_sent', 0))}, received {human(p.get('bytes_received', 0))}\n")
