@@ -22,6 +22,7 @@ from monarch.protocol import MAX_TIERS
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
 POLICIES = ("read-ahead", "on-access", "prestage", "off")
 VALIDATE_MODES = ("none", "open")
+COMPRESSION_MODES = ("off", "zstd", "auto")
 PRIVATE_PREFIX = "monarch-"  # Monarch's own directory in a base directory: monarch-<uid>
 
 _SHARE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
@@ -38,6 +39,7 @@ class TierConfig:
     capacity: int  # bytes (0 when capacity_share is set)
     keep: bool = False  # keep staged files after the job (reused by the next job)
     capacity_share: float | None = None  # "50%": a share of the node's available memory (tmpfs) or free space
+    compression: str = "off"  # off | zstd | auto: store copies compressed (monarch/codecs.py)
 
 
 @dataclass(frozen=True)
@@ -419,8 +421,13 @@ def _tiers(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> list[TierCon
                        "the node (of available memory for a tier on tmpfs/ramfs, else of free space)") \
             if "capacity" in t else None
         keep = r.get(r.boolean, t.get("keep", False), f"{key}.keep")
-        ok = None not in (name, path, amount, keep) and not missing
-        tiers.append(TierConfig(name=name, path=path, capacity=amount[0], keep=keep, capacity_share=amount[1])
+        compression = t.get("compression", "off")
+        if compression is False:  # YAML reads a bare `off` as false
+            compression = "off"
+        compression = r.get(r.choice, compression, f"{key}.compression", COMPRESSION_MODES)
+        ok = None not in (name, path, amount, keep, compression) and not missing
+        tiers.append(TierConfig(name=name, path=path, capacity=amount[0], keep=keep, capacity_share=amount[1],
+                                compression=compression)
                      if ok else None)
     return None if None in tiers else tiers
 

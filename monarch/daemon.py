@@ -43,18 +43,21 @@ def _already(tier: Tier) -> str:
     return "already_fetched" if tier.slot == protocol.SLOT_PEER else "already_staged"
 
 
-def _answer_of(key: str, future: concurrent.futures.Future) -> tuple[tuple[int, str], str]:
-    """The answer and outcome of a finished staging future."""
+def _tier_of(key: str, future: concurrent.futures.Future) -> tuple[Tier | None, str]:
+    """The tier and outcome of a finished staging future (None: read the PFS)."""
     if future.cancelled():
-        return PFS, "pfs:shutting_down"
+        return None, "pfs:shutting_down"
     try:
         tier = future.result()
     except Exception:  # a bug must not fail the app: it reads the PFS
         log.exception("staging %s", key)
-        return PFS, "pfs:error"
+        return None, "pfs:error"
     if tier is None:
-        return PFS, "pfs:not_staged"
-    return (tier.slot, tier.path_for(key)), "fetched" if tier.slot == protocol.SLOT_PEER else "staged"
+        return None, "pfs:not_staged"
+    return tier, "fetched" if tier.slot == protocol.SLOT_PEER else "staged"
+
+
+INFLATE_THREADS = 4  # opens of compressed copies decompressed at once (zstd releases the GIL)
 
 
 class NodeDaemon:
@@ -90,6 +93,8 @@ class NodeDaemon:
         self.stager = Stager(self.snapshot, self.tiers, config.staging.threads, peers=peers,
                              peer_area=self.peer_area, on_fallback=self.count)
         self._checks = None  # staging.validate: open — a few threads stat the PFS off the event loop
+        self._inflater = None  # threads that decompress compressed copies into memfds
+        self.inflated_bytes = 0
         for tier in self.tiers:
             if tier.keep:
                 for key in tier.adopt_existing(self.snapshot.files):
@@ -118,7 +123,7 @@ class NodeDaemon:
         """A tier that cannot be made is skipped with one line saying why; the others serve."""
         try:
             return Tier.from_config(cfg, slot, self.run_id, self.node, self.config.dataset.roots,
-                                    memory_margin=self.memory_margin)
+                                    memory_margin=self.memory_margin, pfs_rate=self._pfs_rate)
         except (MonarchError, OSError) as e:
             reason = str(e) if isinstance(e, MonarchError) else f"{cfg.path}: {e.strerror}"
             self.tier_errors[cfg.name] = reason
@@ -150,6 +155,13 @@ class NodeDaemon:
                  len(snap.dirs), snap.total_bytes, self.snapshot_seconds)
         return snap
 
+    def _pfs_rate(self) -> float | None:
+        """Bytes per second read from the PFS so far (a compressed tier's level must
+        decompress well above it)."""
+        stager = getattr(self, "stager", None)
+        elapsed = time.time() - self.started
+        return stager.bytes_read["pfs"] / elapsed if stager is not None and elapsed > 0 else None
+
     def owns(self, key: str) -> bool:
         return self.cluster is None or self.cluster.owner(key) == self.node
 
@@ -165,7 +177,7 @@ class NodeDaemon:
             answer, outcome = PFS, "pfs:not_in_snapshot"
         elif self.config.staging.validate == "open" and key not in self._validated:
             return None
-        elif (tier := self.stager.where(key)) is not None:
+        elif (tier := self.stager.where(key)) is not None and not tier.is_compressed(key):
             answer, outcome = (tier.slot, tier.path_for(key)), _already(tier)
         else:
             return None
@@ -173,13 +185,28 @@ class NodeDaemon:
         return answer
 
     def resolve(self, key: str) -> tuple[int, str]:
-        """Where the shim should open ``key``: ``(slot, path)``, or ``PFS`` (waits; counted)."""
+        """Where the shim should open ``key``: ``(slot, path)``, ``(ANSWER_FD | slot, fd)``
+        for a compressed copy (the caller owns the fd), or ``PFS`` (waits; counted)."""
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self.resolve_async(key, lambda answer, outcome: done.set_result((answer, outcome)))
+        gate = threading.Lock()
+
+        def finish(answer, outcome):
+            with gate:
+                if done.cancelled():  # given up on: a descriptor nobody will take is closed
+                    if answer[0] & protocol.ANSWER_FD:
+                        os.close(answer[1])
+                    return
+                done.set_result((answer, outcome))
+
+        self.resolve_async(key, finish)
         try:
             answer, outcome = done.result(timeout=self.config.staging.resolve_timeout)
         except concurrent.futures.TimeoutError:
-            answer, outcome = PFS, "pfs:timeout"
+            with gate:
+                if done.cancel():
+                    answer, outcome = PFS, "pfs:timeout"
+                else:
+                    answer, outcome = done.result()
         self.count(outcome)
         return answer
 
@@ -208,11 +235,42 @@ class NodeDaemon:
     def _resolve_staged(self, key: str, done) -> None:
         tier = self.stager.where(key)
         if tier is not None:
-            done((tier.slot, tier.path_for(key)), _already(tier))
+            self._serve(key, tier, _already(tier), done)
         elif self.config.staging.policy == "off":
             done(PFS, "pfs:policy_off")
         else:
-            self.stager.ensure(key, inline=True).add_done_callback(lambda f: done(*_answer_of(key, f)))
+            self.stager.ensure(key, inline=True).add_done_callback(lambda f: self._serve(key, *_tier_of(key, f), done))
+
+    def _serve(self, key: str, tier: Tier | None, outcome: str, done) -> None:
+        """Answer with ``tier``'s copy: its path, or for a compressed copy a sealed memfd
+        (decompressed on the inflate threads, never on the event loop); PFS if none."""
+        if tier is None:
+            done(PFS, outcome)
+        elif not tier.is_compressed(key):
+            done((tier.slot, tier.path_for(key)), outcome)
+        else:
+            if self._inflater is None:
+                with self._lock:
+                    if self._inflater is None:
+                        self._inflater = concurrent.futures.ThreadPoolExecutor(
+                            INFLATE_THREADS, thread_name_prefix="monarch-inflate")
+            try:
+                self._inflater.submit(self._inflate, key, tier, outcome, done)
+            except RuntimeError:  # shutting down
+                done(PFS, "pfs:shutting_down")
+
+    def _inflate(self, key: str, tier: Tier, outcome: str, done) -> None:
+        try:
+            fd = tier.codec.inflate(tier.compressed_path_for(key), self.snapshot.files[key].size,
+                                    os.path.basename(key))
+        except Exception as e:  # a lost or corrupt copy must not fail the app: it reads the PFS
+            log.warning("decompressing the copy of %s in tier %s failed: %s; the application reads the PFS",
+                        key, tier.name, e)
+            done(PFS, "pfs:inflate_error")
+            return
+        with self._lock:
+            self.inflated_bytes += self.snapshot.files[key].size
+        done((tier.slot | protocol.ANSWER_FD, fd), outcome + ":inflated")
 
     def _still_same(self, key: str, info) -> bool:
         """staging.validate: open — the first open of a file in the job compares the PFS's
@@ -251,15 +309,22 @@ class NodeDaemon:
             self.stager.hint_end(stream)
         self.count("hints")
 
-    def provide(self, key: str) -> str | None:
-        """A peer asks for a key this node owns: the local path once staged, or None."""
+    def provide(self, key: str):
+        """A peer asks for a key this node owns: the local path once staged, a binary file
+        of its bytes for a compressed copy (decompressed: the wire carries raw bytes), or None."""
         if self.snapshot.get(key) is None:
             return None
         try:
             tier = self.stager.ensure(key).result(timeout=self.config.staging.resolve_timeout)
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             return None
-        return None if tier is None else tier.path_for(key)
+        if tier is None:
+            return None
+        if tier.is_compressed(key):
+            fd = tier.codec.inflate(tier.compressed_path_for(key), self.snapshot.files[key].size,
+                                    os.path.basename(key))
+            return os.fdopen(fd, "rb")
+        return tier.path_for(key)
 
     # -- statistics and shutdown ---------------------------------------------------------
     def _source_names(self) -> dict[int, str]:
@@ -314,6 +379,7 @@ class NodeDaemon:
             "resolves": outcomes,
             "peer": self.cluster.counters() if self.cluster is not None else {},
             "dataset": {"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
+            "inflated_bytes": self.inflated_bytes,
         }
 
     def client_env(self) -> dict[str, str]:
@@ -344,6 +410,8 @@ class NodeDaemon:
         self.stager.shutdown()
         if self._checks is not None:
             self._checks.shutdown(wait=False, cancel_futures=True)
+        if self._inflater is not None:
+            self._inflater.shutdown(wait=True, cancel_futures=True)
         try:
             os.unlink(self.index_path)
         except OSError:

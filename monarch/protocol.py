@@ -33,6 +33,15 @@ Socket protocol: frames, little-endian, one request per connection for the shim.
                      staged slot with the path to open as body; while the daemon stages
                      it sends STATUS_PENDING frames (empty) every HEARTBEAT_MS, so a
                      stalled daemon is told from a slow copy.
+                     A compressed copy (a tier with ``compression``, docs/compression.md) is
+                     answered ANSWER_FD | slot with an empty body and one descriptor passed
+                     with the frame (SCM_RIGHTS, on the frame's bytes): a sealed memfd holding
+                     the file's bytes (F_SEAL_WRITE, F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_SEAL),
+                     positioned at 0, for the application to use as its descriptor. The shim
+                     accepts it only if it is a regular file, sealed so, of the index's size;
+                     it closes any other descriptor that arrives and reads the PFS instead.
+                     A shim that does not know ANSWER_FD sees a status beyond the slots and
+                     reads the PFS (fail open).
   INVALIDATE key  -> status 0 once the node's copies of the key (or of everything under
                      it, for a directory) are gone and will not be served again this job:
                      the shim sends it before a write-open, rename, unlink or truncate.
@@ -153,6 +162,8 @@ REPORT_BRIEF = b"brief"     # a REPORT body: the counters only (no timeline, no 
 
 STATUS_PENDING = -2
 STATUS_ERROR = -1
+ANSWER_FD = 0x100           # OPEN answer flag: the copy comes as a descriptor (SCM_RIGHTS)
+MEMFD_SEALS = 0x1 | 0x2 | 0x4 | 0x8  # F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE
 
 MAX_REQUEST = 8192          # a key: root index, '/', a path of up to PATH_MAX (4096)
 MAX_ANSWER = 1 << 20        # REPORT and ATTACH bodies; an OPEN answer's path is < PATH_MAX

@@ -104,15 +104,18 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
 
 
 def _tiers_over_nodes(alive: list[dict]) -> list[dict]:
-    """Each tier (and the peer area) by name, summed over nodes: capacity, used, files, refused by reason."""
+    """Each tier (and the peer area) by name, summed over nodes: capacity, used (stored bytes),
+    files, refused by reason, logical and stored bytes and their ratio, each node's compression."""
     out: dict[str, dict] = {}
     for n in alive:
         for t in n.get("tiers", []):
             row = out.setdefault(t["name"], {"name": t["name"], "capacity": 0, "used": 0, "files": 0,
-                                             "refused": collections.Counter(), "full_on_nodes": 0})
-            row["capacity"] += t.get("capacity", 0)
-            row["used"] += t.get("used", 0)
-            row["files"] += t.get("files", 0)
+                                             "refused": collections.Counter(), "full_on_nodes": 0,
+                                             "logical_bytes": 0, "stored_bytes": 0, "compressed_files": 0,
+                                             "compression": []})
+            for k in ("capacity", "used", "files", "logical_bytes", "stored_bytes", "compressed_files"):
+                row[k] += t.get(k, 0)
+            row["compression"].append(t.get("compression", {"mode": "off"}))
             row["refused"].update(t.get("refused", {}))
             if t.get("full"):
                 row["full_on_nodes"] += 1
@@ -121,6 +124,7 @@ def _tiers_over_nodes(alive: list[dict]) -> list[dict]:
     for row in out.values():
         row["refused"] = dict(row["refused"])
         row["stopped"] = tier_state(row)
+        row["ratio"] = round(row["logical_bytes"] / row["stored_bytes"], 3) if row["stored_bytes"] else 1.0
     return list(out.values())
 
 
@@ -319,6 +323,12 @@ def print_report(report: dict, out: TextIO) -> None:
     if meta and (meta["local"] or meta["pfs"]):
         w(f"metadata  : {meta['local']} calls answered from the snapshot, {meta['pfs']} sent to the PFS "
           "(stat, access, directory listings under the roots)\n")
+    for t in report.get("tiers", []):
+        if t.get("compressed_files"):
+            c = t["compression"][0]
+            w(f"tier {t['name']:<5}: {human(t['logical_bytes'])} in {human(t['stored_bytes'])} = {t['ratio']:.2f}x; "
+              f"{t['compressed_files']} of {t['files']} files compressed (zstd level {c.get('level')}"
+              f"{', dictionary' if c.get('dictionary') else ''}; {c.get('selection', {}).get('reason', '')})\n")
     if report["peer"]:
         p = report["peer"]
         w(f"peers     : sent {human(p.get('bytes_sent', 0))}, received {human(p.get('bytes_received', 0))}\n")

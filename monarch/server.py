@@ -43,7 +43,7 @@ EMBEDDED_FIRST_ATTACH_SECONDS = 120.0
 
 class _Conn:
     __slots__ = ("sock", "inbuf", "outbuf", "deadline", "session", "pending", "next_beat", "close_after",
-                 "answer_by")
+                 "answer_by", "outfd", "fd_at")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -55,6 +55,8 @@ class _Conn:
         self.next_beat = 0.0
         self.close_after = False   # close once outbuf is written
         self.answer_by = 0.0       # an OPEN still staging is answered "PFS" at this time
+        self.outfd: int | None = None  # a descriptor to pass with the answer frame (SCM_RIGHTS), then close
+        self.fd_at = 0             # where in outbuf that frame starts
 
 
 class NodeServer:
@@ -70,7 +72,7 @@ class NodeServer:
         self._ever_attached = False
         self._last_change = time.monotonic()
         self._stop = threading.Event()
-        self._done: collections.deque[tuple[_Conn, bytes, str | None]] = collections.deque()
+        self._done: collections.deque[tuple[_Conn, bytes, str | None, int | None]] = collections.deque()
         self._woken = False  # a wake byte is on its way: later finishers need not send one
         _claim_socket(self.path)
         old_umask = os.umask(0o177)  # the socket file is 0600 from the start
@@ -196,7 +198,7 @@ class NodeServer:
             if verb == protocol.VERB_OPEN:
                 known = self.daemon.resolve_now(key)
                 if known is not None:
-                    self._answer(conn, _open_answer(known), close=True)
+                    self._answer(conn, *_open_answer(known), close=True)
                     return
             conn.pending = True
             now = time.monotonic()
@@ -241,14 +243,15 @@ class NodeServer:
         except Exception:  # a bug here must not take the daemon down: the shim reads the PFS
             log.exception("request failed")
             answer = protocol.encode_answer(protocol.SLOT_PFS)
-        self._hand_over(conn, answer, None)
+        self._hand_over(conn, answer, None, None)
 
     def _resolved(self, conn: _Conn, answer: tuple[int, str], outcome: str) -> None:
         """On any thread (a staging thread, or the loop itself): an OPEN's answer is known."""
-        self._hand_over(conn, _open_answer(answer), outcome)
+        frame, fd = _open_answer(answer)
+        self._hand_over(conn, frame, outcome, fd)
 
-    def _hand_over(self, conn: _Conn, frame: bytes, outcome: str | None) -> None:
-        self._done.append((conn, frame, outcome))
+    def _hand_over(self, conn: _Conn, frame: bytes, outcome: str | None, fd: int | None) -> None:
+        self._done.append((conn, frame, outcome, fd))
         if not self._woken:  # one wake byte per batch of answers, not one per answer
             self._woken = True
             self._wake()
@@ -256,14 +259,15 @@ class NodeServer:
     def _deliver_done(self) -> None:
         self._woken = False
         while self._done:
-            conn, answer, outcome = self._done.popleft()
-            if not conn.pending:
-                continue  # answered already (timed out): the late answer is not counted
+            conn, answer, outcome, fd = self._done.popleft()
+            if not conn.pending or self._conns.get(conn.sock.fileno()) is not conn:
+                if fd is not None:
+                    os.close(fd)
+                continue  # answered already (timed out) or gone: the late answer is not counted
             conn.pending = False
             if outcome is not None:
                 self.daemon.count(outcome)
-            if self._conns.get(conn.sock.fileno()) is conn:
-                self._answer(conn, answer, close=True)
+            self._answer(conn, answer, fd, close=True)
 
     def _tick(self) -> None:
         """Heartbeats to waiting clients; close clients too slow to send their request."""
@@ -272,7 +276,7 @@ class NodeServer:
             if conn.pending and conn.answer_by and now >= conn.answer_by:
                 conn.pending = False  # the copy goes on; this open reads the PFS
                 self.daemon.count("pfs:timeout")
-                self._answer(conn, _open_answer((protocol.SLOT_PFS, "")), close=True)
+                self._answer(conn, *_open_answer((protocol.SLOT_PFS, "")), close=True)
             elif conn.pending and now >= conn.next_beat:
                 conn.next_beat = now + protocol.HEARTBEAT_MS / 1000
                 self._answer(conn, protocol.encode_answer(protocol.STATUS_PENDING))
@@ -281,7 +285,9 @@ class NodeServer:
                 self._close(conn)
 
     # -- writing ---------------------------------------------------------------------------
-    def _answer(self, conn: _Conn, frame: bytes, close: bool = False) -> None:
+    def _answer(self, conn: _Conn, frame: bytes, fd: int | None = None, close: bool = False) -> None:
+        if fd is not None:
+            conn.outfd, conn.fd_at = fd, len(conn.outbuf)
         conn.outbuf += frame
         conn.close_after = conn.close_after or close
         self._flush(conn)
@@ -289,7 +295,16 @@ class NodeServer:
     def _flush(self, conn: _Conn) -> None:
         try:
             while conn.outbuf:
-                sent = conn.sock.send(conn.outbuf)
+                if conn.outfd is None:
+                    sent = conn.sock.send(conn.outbuf)
+                elif conn.fd_at:  # heartbeats before the frame the descriptor goes with
+                    sent = conn.sock.send(conn.outbuf[:conn.fd_at])
+                    conn.fd_at -= sent
+                else:
+                    sent = socket.send_fds(conn.sock, [bytes(conn.outbuf)], [conn.outfd])
+                    if sent:
+                        os.close(conn.outfd)
+                        conn.outfd = None
                 del conn.outbuf[:sent]
         except (BlockingIOError, InterruptedError):
             pass
@@ -319,6 +334,9 @@ class NodeServer:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
+        if conn.outfd is not None:
+            os.close(conn.outfd)
+            conn.outfd = None
         if conn.session:
             self._sessions -= 1
             self._last_change = time.monotonic()
@@ -343,9 +361,12 @@ class NodeServer:
         return idle > EMBEDDED_FIRST_ATTACH_SECONDS
 
 
-def _open_answer(answer: tuple[int, str]) -> bytes:
-    slot, path = answer
-    return protocol.encode_answer(slot, os.fsencode(path) if slot != protocol.SLOT_PFS else b"")
+def _open_answer(answer: tuple[int, str | int]) -> tuple[bytes, int | None]:
+    """An OPEN answer's frame, and the descriptor to pass with it (compressed copies)."""
+    slot, where = answer
+    if slot & protocol.ANSWER_FD:
+        return protocol.encode_answer(slot), where
+    return protocol.encode_answer(slot, os.fsencode(where) if slot != protocol.SLOT_PFS else b""), None
 
 
 def _valid_key(body: bytes) -> str | None:

@@ -50,8 +50,9 @@ class Source(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def copy(self, key: str, info: FileInfo, out: int, tally: Tally) -> int:
-        """Write ``key``'s bytes into the descriptor ``out``; return how many. Raises
+    def copy(self, key: str, info: FileInfo, out, tally: Tally) -> int:
+        """Write ``key``'s bytes into ``out``, a descriptor (or, for the PFS, a writable
+        buffer such as ``io.BytesIO``: the stager compresses from it); return how many. Raises
         ``SourceChanged``, ``PeerError`` or ``OSError`` when it cannot."""
 
 
@@ -80,6 +81,9 @@ class PFSSource(Source):
                     break
                 tally.read(got)
                 n += got
+                if not isinstance(out, int):  # a buffer the stager compresses from
+                    out.write(view[:got])
+                    continue
                 written = 0
                 while written < got:
                     written += os.write(out, view[written:got])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import io
 import logging
 import os
 import threading
@@ -55,6 +56,13 @@ def background_slots(limit: int) -> int:
     """Of ``limit`` copies in flight, how many background copies may take: the rest stay
     free for copies the application waits for, so those start at once."""
     return max(1, limit - max(1, limit // 4))
+
+
+def _write_all(fd: int, data) -> int:
+    view, done = memoryview(data), 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+    return done
 
 
 class Invalidated(Exception):
@@ -324,11 +332,13 @@ class Stager:
 
     def _drop_locked(self, key: str) -> None:
         tier = self.staged.pop(key)
-        path = tier.path_for(key)
+        path = tier.copy_path(key)
         try:
             size = os.stat(path).st_size
             os.unlink(path)
             tier.release(size)
+            info = self.snapshot.files.get(key)
+            tier.forget(key, info.size if info is not None else size, size)
         except OSError:
             pass
         self._no_room.clear()  # room was freed: what did not fit may fit now
@@ -439,7 +449,7 @@ class Stager:
         return None
 
     def _fits(self, size: int) -> bool:
-        return any(t.full_reason is None and t.used + size <= t.capacity for t in self.tiers)
+        return any(t.fits(size) for t in self.tiers)
 
     def _make_room_locked(self, size: int) -> bool:
         """Room for ``size`` bytes in some tier, dropping copies hinted readers have
@@ -515,31 +525,49 @@ class Stager:
         return (tier, "fetched") if tier is not None else (None, "peer_area_full")
 
     def _copy_into(self, source: Source, key: str, info, tiers: list[Tier]) -> Tier | None:
-        """Copy ``key`` from ``source`` into the first of ``tiers`` with room (None: none had)."""
+        """Copy ``key`` from ``source`` into the first of ``tiers`` with room (None: none had).
+
+        A tier that compresses (``tier.codec``) needs the file's bytes in memory: they are
+        read from the source once, into a buffer, and every later tier tried is written from
+        that buffer (never a second read). What a copy takes in the tier is its stored size."""
         tally = _SourceTally(self, source.name)
         if source is self.pfs:
-            fill = lambda fd: self._read_pfs(key, fd)  # noqa: E731
+            stream = lambda fd: self._read_pfs(key, fd)  # noqa: E731
         else:
-            fill = lambda fd: source.copy(key, info, fd, tally)  # noqa: E731
+            stream = lambda fd: source.copy(key, info, fd, tally)  # noqa: E731
+        held: memoryview | None = None  # the file's bytes, once read for a compressing tier
         for tier in tiers:
-            if not tier.reserve(info.size):
+            frame = None
+            codec = tier.codec if source is self.pfs else None  # the peer area keeps raw copies
+            if codec is not None and codec.wants(info.size):
+                if not tier.fits(info.size):
+                    continue
+                if held is None:
+                    buf = io.BytesIO()
+                    self._read_pfs(key, buf)
+                    held = buf.getbuffer()
+                frame = codec.encode(held)  # None: it does not shrink enough, kept raw
+            stored = len(frame) if frame is not None else info.size
+            if not tier.reserve(stored):
                 continue
+            data = frame if frame is not None else held
+            fill = stream if data is None else (lambda fd, data=data: _write_all(fd, data))
+            dest = tier.compressed_path_for(key) if frame is not None else tier.path_for(key)
             try:
-                n = write_atomically(tier.path_for(key), fill, info.mtime_ns,
-                                     owner_only(info.mode), publish=lambda tmp, dest: self._publish(key, tier, tmp, dest))
+                n = write_atomically(dest, fill, info.mtime_ns, owner_only(info.mode),
+                                     publish=lambda tmp, d, t=tier, z=frame is not None: self._publish(key, t, tmp, d, z))
             except OSError as e:
-                tier.release(info.size)
+                tier.release(stored)
                 if e.errno in NO_SPACE:
                     tier.mark_full(f"{errno.errorcode.get(e.errno, e.errno)} after {tier.used} bytes")
                     log.warning("tier %s is full (%s); staging goes to the next tier", tier.name, e.strerror)
                     continue
                 raise
             except BaseException:
-                tier.release(info.size)
+                tier.release(stored)
                 raise
-            tier.committed()
             with self._lock:
-                self.bytes_staged += n
+                self.bytes_staged += info.size if frame is not None else n
                 self.files_staged += 1
             return tier
         return None
@@ -554,11 +582,12 @@ class Stager:
             self._unstageable.add(key)
         return None
 
-    def _publish(self, key: str, tier: Tier, tmp: str, dest: str) -> None:
+    def _publish(self, key: str, tier: Tier, tmp: str, dest: str, compressed: bool = False) -> None:
         with self._lock:  # invalidate() holds it too: a copy never appears after a write
             if self._is_dirty(key):
                 raise Invalidated(key)
             os.replace(tmp, dest)
+            tier.committed(self.snapshot.files[key].size, os.stat(dest).st_size, key, compressed)
             self.staged[key] = tier
 
     # -- state ---------------------------------------------------------------------------------

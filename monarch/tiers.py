@@ -17,6 +17,7 @@ import secrets
 import threading
 from typing import Callable
 
+from monarch.codecs import Codec, make_codec
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
 from monarch.resources import MemoryGuard, is_memory_backed, share_of_node
@@ -26,6 +27,7 @@ from monarch.snapshot import FileInfo
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = ".monarch-tmp-"
+COMPRESSED_DIR = ".z"  # compressed copies: <tier>/.z/<key>, where the shim's probe of <tier>/<key> does not look
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 REFUSED_FULL = "full"                        # its capacity would be exceeded
 REFUSED_MEMORY_MARGIN = "memory_margin"      # the node's available memory would drop below the margin
@@ -33,22 +35,29 @@ REFUSED_FILESYSTEM_FULL = "filesystem_full"  # its filesystem said ENOSPC/EDQUOT
 
 
 class Tier:
+    """Capacity is accounted in stored bytes (what the copies take); ``logical`` counts the
+    bytes they hold for the application (a compressed copy stores fewer)."""
+
     def __init__(self, name: str, storage: StorageDir, capacity: int, slot: int,
-                 memory: MemoryGuard | None = None):
+                 memory: MemoryGuard | None = None, codec: Codec | None = None):
         self.name, self.storage, self.capacity, self.slot = name, storage, capacity, slot
         self.path = storage.path
         self.memory = memory  # set for a tier in RAM: it keeps the node's memory margin
         self.capacity_note = ""  # how a capacity given as a share was resolved
+        self.codec = codec
         self._used = 0
         self._lock = threading.Lock()
         self.files = 0
+        self.logical = 0
+        self.stored = 0
+        self._compressed: set[str] = set()  # keys whose copy is a zstd frame under COMPRESSED_DIR
         self.full_reason: str | None = None  # set once the filesystem refused a copy
         self.refused: collections.Counter[str] = collections.Counter()
         self.last_refusal: str | None = None
 
     @classmethod
     def from_config(cls, cfg: TierConfig, slot: int, run_id: str, node: int, roots: tuple[str, ...],
-                    memory_margin: int | None = None) -> "Tier":
+                    memory_margin: int | None = None, pfs_rate=lambda: None) -> "Tier":
         """The tier of ``cfg``; in memory (tmpfs, ramfs) it keeps ``memory_margin`` bytes free."""
         storage = StorageDir.create(cfg.path, run_id, node, keep_name=cfg.name if cfg.keep else None, roots=roots)
         in_memory = is_memory_backed(storage.path)
@@ -58,7 +67,7 @@ class Tier:
             note = f"{cfg.capacity_share:.0%} of {whole}"
             log.info("tier %s: capacity %d bytes (%s)", cfg.name, capacity, note)
         guard = MemoryGuard(memory_margin) if in_memory and memory_margin is not None else None
-        tier = cls(cfg.name, storage, capacity, slot, memory=guard)
+        tier = cls(cfg.name, storage, capacity, slot, memory=guard, codec=make_codec(cfg.compression, pfs_rate))
         tier.capacity_note = note
         return tier
 
@@ -71,7 +80,24 @@ class Tier:
         return self._used
 
     def path_for(self, key: str) -> str:
+        """Where a raw copy of ``key`` is (the path the shim probes)."""
         return os.path.join(self.path, key)
+
+    def compressed_path_for(self, key: str) -> str:
+        return os.path.join(self.path, COMPRESSED_DIR, key)
+
+    def is_compressed(self, key: str) -> bool:
+        return key in self._compressed
+
+    def copy_path(self, key: str) -> str:
+        """Where the copy of ``key`` this tier holds is, compressed or raw."""
+        return self.compressed_path_for(key) if key in self._compressed else self.path_for(key)
+
+    def fits(self, size: int) -> bool:
+        """Could a file of ``size`` logical bytes fit now (compressed tiers: as expected from
+        the ratio so far)?"""
+        need = self.codec.estimate(size) if self.codec is not None and self.codec.wants(size) else size
+        return self.full_reason is None and self._used + need <= self.capacity
 
     def reserve(self, size: int) -> bool:
         with self._lock:
@@ -100,9 +126,23 @@ class Tier:
         with self._lock:
             self.full_reason = reason
 
-    def committed(self) -> None:
+    def committed(self, logical: int = 0, stored: int = 0, key: str | None = None, compressed: bool = False) -> None:
+        """A copy of ``logical`` bytes, taking ``stored`` bytes, was published (under the
+        stager's lock when ``key`` is given: ``is_compressed`` must agree with the file)."""
         with self._lock:
             self.files += 1
+            self.logical += logical
+            self.stored += stored
+            if compressed and key is not None:
+                self._compressed.add(key)
+
+    def forget(self, key: str, logical: int, stored: int) -> None:
+        """The copy of ``key`` was deleted (its stored bytes are released separately)."""
+        with self._lock:
+            self.files -= 1
+            self.logical -= logical
+            self.stored -= stored
+            self._compressed.discard(key)
 
     def adopt_existing(self, files: dict[str, FileInfo]) -> list[str]:
         """Count the copies a kept tier holds from an earlier run of this dataset; remove
@@ -120,7 +160,7 @@ class Tier:
                     fresh = (info is not None and not name.startswith(TMP_PREFIX) and os.path.isfile(full)
                              and not os.path.islink(full) and info.same_content_as(st))
                     if fresh and self.reserve(info.size):
-                        self.committed()
+                        self.committed(info.size, info.size)
                         adopted.append(key)
                     else:
                         os.unlink(full)
@@ -134,12 +174,17 @@ class Tier:
 
     def describe(self) -> dict:
         """For the report: ``refused`` counts the copies it did not take, by reason; ``stopped``
-        is the reason of the latest refusal (None: it took every file offered)."""
+        is the reason of the latest refusal (None: it took every file offered); bytes held
+        (logical) and taken (stored: fewer when compressed)."""
         with self._lock:
             out = {"name": self.name, "path": self.path, "capacity": self.capacity, "kept": self.keep,
                    "used": self._used, "files": self.files, "full": self.full_reason,
                    "refused": dict(self.refused), "stopped": self.last_refusal,
-                   "in_memory": self.memory is not None}
+                   "in_memory": self.memory is not None,
+                   "logical_bytes": self.logical, "stored_bytes": self.stored,
+                   "ratio": round(self.logical / self.stored, 3) if self.stored else 1.0,
+                   "compressed_files": len(self._compressed)}
+        out["compression"] = self.codec.describe() if self.codec is not None else {"mode": "off"}
         if self.capacity_note:
             out["capacity_from"] = self.capacity_note
         if self.memory is not None:

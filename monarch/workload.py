@@ -75,10 +75,37 @@ def file_sizes(files: int, mean: int, spread: float, seed: int) -> list[int]:
     return [max(1, int(rng.lognormvariate(mu, spread))) for _ in range(files)]
 
 
+CONTENTS = ("random", "compressible", "mixed")
+
+
+def _compressible(rng, nbytes: int, i: int) -> bytes:
+    """Bytes with the redundancy of real training data (about 2-3x under zstd): even files
+    uint8 images (a smooth field, a little noise), odd files float32 feature maps quantized
+    to 1/256. Needs numpy."""
+    try:
+        import numpy as np
+    except ImportError as e:
+        raise WorkloadError("compressible datasets need numpy (pip install numpy)") from e
+    g = np.random.default_rng(rng.getrandbits(64))
+    if i % 2 == 0:
+        side = int(nbytes ** 0.5) + 1
+        x = np.linspace(0, g.uniform(2, 8), side, dtype=np.float32)
+        img = np.sin(x)[:, None] * np.cos(x * g.uniform(0.5, 2))[None, :] * 100 + 128
+        img += g.integers(0, 3, img.shape)
+        return np.clip(img, 0, 255).astype(np.uint8).tobytes()[:nbytes]
+    t = np.arange((nbytes + 3) // 4, dtype=np.float32)
+    v = np.sin(t / g.uniform(50, 200)) + g.normal(0, 0.05, t.size)
+    return (np.round(v * 256) / 256).astype(np.float32).tobytes()[:nbytes]
+
+
 def make_dataset(directory: str | os.PathLike, files: int = 2000, size: int | str = "100KiB",
                  spread: float = 0.5, seed: int = 0, classes: int | None = None,
-                 manifest: str | os.PathLike | None = None) -> dict[str, dict]:
-    """Write the dataset and its manifest; return the manifest's ``files`` mapping."""
+                 manifest: str | os.PathLike | None = None, content: str = "random") -> dict[str, dict]:
+    """Write the dataset and its manifest; return the manifest's ``files`` mapping.
+    ``content``: random bytes (incompressible), compressible (``_compressible``), or mixed
+    (even files compressible, odd ones random)."""
+    if content not in CONTENTS:
+        raise WorkloadError(f"content must be one of {', '.join(CONTENTS)}, got {content!r}")
     if files < 1:
         raise WorkloadError(f"--files must be at least 1, got {files}")
     mean = parse_size(size)
@@ -89,7 +116,10 @@ def make_dataset(directory: str | os.PathLike, files: int = 2000, size: int | st
     entries: dict[str, dict] = {}
     for i, nbytes in enumerate(file_sizes(files, mean, spread, seed)):
         rel = f"class_{i % classes:03d}/sample_{i:06d}.bin"
-        data = rng.randbytes(nbytes)
+        if content == "compressible" or (content == "mixed" and i % 2 == 0):
+            data = _compressible(rng, nbytes, i // 2 if content == "mixed" else i)
+        else:
+            data = rng.randbytes(nbytes)
         path = root / rel
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(data)

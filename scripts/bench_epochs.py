@@ -19,6 +19,8 @@ writes the figures as JSON and a plot as PNG.
     python scripts/bench_epochs.py --capacity 0.5x --hints  # RAM tier of half the dataset, order hints
     python scripts/bench_epochs.py --client python      # monarch mode through monarch.testing.pyshim
     python scripts/bench_epochs.py --quick              # a small smoke run
+    python scripts/bench_epochs.py --variant compressible   # RAM tier of half the dataset, compression off vs zstd
+    python scripts/bench_epochs.py --variant incompressible # the same with random bytes (stored raw)
 
 ``--client python`` runs the monarch mode with the C shim off (MONARCH_DISABLE=1) and the
 workload opening files as the shim would, in Python, over the frame protocol
@@ -44,8 +46,12 @@ sys.path.insert(0, str(REPO))
 from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
-MODES = ("direct", "monarch", "ceiling")
+MODES = ("direct", "monarch", "zstd", "ceiling")  # zstd: monarch with its RAM tier compressed
 VARIANTS = {"small": dict(files=3000, size="100KiB", spread=0.5),
+            "compressible": dict(files=400, size="256KiB", spread=0.3, content="compressible", capacity="0.5x",
+                                 modes="monarch,zstd,ceiling"),
+            "incompressible": dict(files=400, size="256KiB", spread=0.3, content="random", capacity="0.5x",
+                                   modes="monarch,zstd,ceiling"),
             "large": dict(files=64, size="16MiB", spread=0.0),
             "high-latency": dict(files=1000, size="100KiB", spread=0.5, latencies="20,50,100", epochs=2)}
 
@@ -66,7 +72,11 @@ def parse_args(argv=None):
                    help="emulated PFS: ms per open, or several comma-separated (default 2; high-latency: 20,50,100)")
     p.add_argument("--read-latency-ms", type=float, default=0.0, help="emulated PFS: per read call")
     p.add_argument("--bandwidth", type=float, default=0.0, metavar="MBps", help="emulated PFS: cap (0 = none)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument("--modes", default=None, help=f"comma-separated subset of {','.join(MODES)} "
+                                                 "(default: direct,monarch,ceiling; compressible variants: monarch,zstd,ceiling)")
+    p.add_argument("--content", choices=("random", "compressible", "mixed"), default=None,
+                   help="file content (default random; compressible variants: see --variant)")
+    p.add_argument("--compression", default="zstd", help="the zstd mode's tiers[].compression (zstd or auto)")
     p.add_argument("--policy", default=None, help="Monarch staging.policy (default: Monarch's default, read-ahead)")
     p.add_argument("--threads", default=None, help="Monarch staging.threads (default: Monarch's default, auto)")
     p.add_argument("--capacity", help="Monarch RAM tier capacity, a size or a fraction of the dataset like 0.5x "
@@ -88,6 +98,9 @@ def parse_args(argv=None):
     for key in ("files", "size", "spread"):
         if getattr(args, key) is None:
             setattr(args, key, base[key])
+    args.content = args.content or base.get("content", "random")
+    args.capacity = args.capacity or base.get("capacity")
+    args.modes = args.modes or base.get("modes", "direct,monarch,ceiling")
     text = args.open_latency_ms or base.get("latencies", "2")
     try:
         args.latencies = [float(x) for x in str(text).split(",") if x.strip()]
@@ -139,7 +152,7 @@ def run_workload(cmd: list[str], out_json: Path, log_path: Path, timeout: float,
     return result
 
 
-def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int, args) -> None:
+def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int, args, compression: str = "off") -> None:
     # JSON is YAML: no YAML writer needed, and paths with odd characters are quoted right.
     staging = {}
     if args.policy:
@@ -149,7 +162,8 @@ def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int,
     config = {
         "dataset": {"roots": [mount]},
         "run_dir": str(work / "run"),
-        "tiers": [{"name": "ram", "path": str(shm / "tier-ram"), "capacity": f"{capacity}B", "keep": False}],
+        "tiers": [{"name": "ram", "path": str(shm / "tier-ram"), "capacity": f"{capacity}B", "keep": False,
+                   "compression": compression}],
         "report": str(work / "monarch-report.json"),
     }
     if staging:
@@ -237,6 +251,15 @@ def ratios(results: dict) -> dict:
         out["steady: monarch speed-up over direct (samples/s)"] = s["monarch"]["samples_per_s"] / s["direct"]["samples_per_s"]
     if s.get("monarch") and s.get("ceiling"):
         out["steady: monarch / ceiling (fraction of RAM speed)"] = s["monarch"]["samples_per_s"] / s["ceiling"]["samples_per_s"]
+    if s.get("zstd") and s.get("ceiling"):
+        out["steady: zstd epoch time / ceiling epoch time"] = s["ceiling"]["samples_per_s"] / s["zstd"]["samples_per_s"]
+    if s.get("zstd") and s.get("monarch"):
+        out["steady: zstd epoch time / monarch (compression off) epoch time"] = (
+            s["monarch"]["samples_per_s"] / s["zstd"]["samples_per_s"])
+    for m in ("monarch", "zstd"):
+        tiers = (results.get(m, {}).get("report") or {}).get("tiers") or []
+        if tiers:
+            out[f"{m}: RAM tier logical / stored bytes"] = tiers[0]["ratio"]
     return out
 
 
@@ -245,7 +268,7 @@ def plot(runs: dict, dataset_bytes: int, args, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"direct": "tab:red", "monarch": "tab:blue", "ceiling": "tab:green"}
+    colors = {"direct": "tab:red", "monarch": "tab:blue", "zstd": "tab:purple", "ceiling": "tab:green"}
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4.2), squeeze=False)
     for ax, (latency, results) in zip(axes[0], runs.items()):
         modes = [m for m in MODES if m in results and results[m].get("epochs")]
@@ -271,7 +294,7 @@ def plot(runs: dict, dataset_bytes: int, args, png: Path) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     reason = fuse_unavailable_reason()
-    if reason and {"direct", "monarch"} & set(args.modes):
+    if reason and {"direct", "monarch", "zstd"} & set(args.modes):
         print(f"bench_epochs: the emulated PFS needs FUSE: {reason}", file=sys.stderr)
         return 2
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mbench-", dir="/tmp")).resolve()
@@ -286,7 +309,8 @@ def main(argv=None) -> int:
             entries = json.loads(manifest.read_text())["files"]
             print(f"reusing the dataset in {src}")
         else:
-            entries = make_dataset(src, args.files, args.size, args.spread, args.seed, manifest=manifest)
+            entries = make_dataset(src, args.files, args.size, args.spread, args.seed, manifest=manifest,
+                                   content=args.content)
             print(f"made {len(entries)} files in {src} ({time.perf_counter() - t0:.1f} s)")
         dataset_bytes = sum(e["size"] for e in entries.values())
         args.files = len(entries)
@@ -304,7 +328,7 @@ def main(argv=None) -> int:
 
         for latency in args.latencies:
             results: dict = {}
-            if {"direct", "monarch"} & set(args.modes):
+            if {"direct", "monarch", "zstd"} & set(args.modes):
                 with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=latency,
                              read_latency_ms=args.read_latency_ms, bandwidth_mbps=args.bandwidth) as pfs:
                     if "direct" in args.modes:
@@ -316,6 +340,10 @@ def main(argv=None) -> int:
                         results["direct"]["pfs"] = _pfs_totals(pfs.counters())
                     if "monarch" in args.modes:
                         results["monarch"] = run_monarch(pfs, manifest, work, shm, dataset_bytes, args)
+                    if "zstd" in args.modes:
+                        settle()
+                        results["zstd"] = run_monarch(pfs, manifest, work, shm, dataset_bytes, args,
+                                                      compression=args.compression, name="zstd")
             if ceiling is not None:
                 results["ceiling"] = ceiling
             for m in MODES:
@@ -387,31 +415,32 @@ def _pfs_totals(counters: dict) -> dict:
     return {k: counters.get(k, 0) for k in ("opens", "reads", "bytes", "lookups", "readdirs", "opening_peak")}
 
 
-def run_monarch(pfs: SlowPFS, manifest: Path, work: Path, shm: Path, dataset_bytes: int, args) -> dict:
+def run_monarch(pfs: SlowPFS, manifest: Path, work: Path, shm: Path, dataset_bytes: int, args,
+                compression: str = "off", name: str = "monarch") -> dict:
     if args.capacity and args.capacity.endswith("x"):
         capacity = int(dataset_bytes * float(args.capacity[:-1]))
     else:
         capacity = parse_size(args.capacity) if args.capacity else int(dataset_bytes * 1.1) + (64 << 20)
-    config = work / "monarch.yaml"
-    monarch_config(config, pfs.mountpoint, work, shm, capacity, args)
+    config = work / f"{name}.yaml"
+    monarch_config(config, pfs.mountpoint, work, shm, capacity, args, compression)
     problem = check_config(config)
     if problem:
         print(f"monarch: {problem}", flush=True)
         return {"error": problem}
     print(f"monarch: reading {pfs.mountpoint} under monarch run -c {config} (client {args.client})", flush=True)
-    report_path = work / "monarch-report.json"
+    report_path = work / f"{name}-report.json"
     pfs.reset_counters()
     python_client = args.client == "python"
     cmd = [sys.executable, "-m", "monarch", "run", "-c", str(config), "--report", str(report_path), "--",
-           *workload_cmd(pfs.mountpoint, manifest, work / "monarch.json", args,
+           *workload_cmd(pfs.mountpoint, manifest, work / f"{name}.json", args,
                          reader="pyshim" if python_client else None, hints=args.hints)]
-    result = run_workload(cmd, work / "monarch.json", work / "monarch.log", args.timeout,
+    result = run_workload(cmd, work / f"{name}.json", work / f"{name}.log", args.timeout,
                           extra_env={"MONARCH_DISABLE": "1"} if python_client else None)
     result["pfs"] = _pfs_totals(pfs.counters())
     result["config"] = json.loads(config.read_text().split("\n", 1)[1])
     if report_path.exists():
         report = json.loads(report_path.read_text())
-        result["report"] = {k: report.get(k) for k in ("sources", "pfs", "staging", "dataset", "nodes")}
+        result["report"] = {k: report.get(k) for k in ("sources", "pfs", "staging", "dataset", "tiers", "nodes")}
     return result
 
 

@@ -101,7 +101,7 @@ class Server:
         if path is None:
             return self._refuse(out, reason, "refused")
         try:
-            f = open(path, "rb")
+            f = path if hasattr(path, "read") else open(path, "rb")  # a file object: a decompressed copy
         except OSError as exc:
             return self._refuse(out, f"owner cannot open its staged copy: {exc}", "open")
         with f:

@@ -113,6 +113,12 @@
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
+#ifndef F_GET_SEALS /* glibc 2.17's headers predate memfd */
+#define F_GET_SEALS 1034
+#endif
+#ifndef MSG_CMSG_CLOEXEC
+#define MSG_CMSG_CLOEXEC 0x40000000
+#endif
 #ifndef STATX_TYPE /* glibc < 2.28: the kernel's struct statx */
 #define STATX_TYPE 0x0001U
 #define STATX_MODE 0x0002U
@@ -177,6 +183,12 @@ struct statx {
 #define MONARCH_VERB_STOP 5
 #define MONARCH_STATUS_PENDING (-2)
 #define MONARCH_STATUS_ERROR (-1)
+/* OPEN answer flag: the copy is the descriptor passed with the frame, sealed with
+ * F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE; room for MAX_PASSED_FDS
+ * descriptors in one recvmsg (the extras are closed) */
+#define MONARCH_ANSWER_FD 0x100
+#define MONARCH_MEMFD_SEALS 0xf
+#define MONARCH_MAX_PASSED_FDS 4
 #define MONARCH_MAX_REQUEST 8192
 #define MONARCH_MAX_ANSWER 1048576
 #define MONARCH_REQUEST_HEADER_SIZE 8
@@ -1076,8 +1088,28 @@ static long monarch_now_ms(void)
     return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Exactly n bytes from s before deadline (ms, monotonic); -1 on timeout, error or EOF. */
-static int monarch_recv_exact(int s, void *buf, size_t n, long deadline)
+/* Keep the first descriptor a daemon passed (in *fdp, if wanted and still free) and close
+ * every other one: nothing the daemon sends can leak descriptors into the application. */
+static void monarch_take_fds(struct msghdr *m, int *fdp)
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
+            continue;
+        size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            if (fdp && *fdp < 0)
+                *fdp = fd;
+            else
+                real_close(fd);
+        }
+    }
+}
+
+/* Exactly n bytes from s before deadline (ms, monotonic); -1 on timeout, error or EOF.
+ * A descriptor passed with them (SCM_RIGHTS) goes to *fdp (see monarch_take_fds). */
+static int monarch_recv_exact(int s, void *buf, size_t n, long deadline, int *fdp)
 {
     size_t got = 0;
     while (got < n) {
@@ -1090,7 +1122,20 @@ static int monarch_recv_exact(int s, void *buf, size_t n, long deadline)
             continue;
         if (pr <= 0)
             continue; /* timeout: the deadline check above ends the loop */
-        ssize_t r = recv(s, (char *)buf + got, n - got, 0);
+        union {
+            struct cmsghdr align;
+            char bytes[CMSG_SPACE(MONARCH_MAX_PASSED_FDS * sizeof(int))];
+        } control;
+        struct iovec iov = {(char *)buf + got, n - got};
+        struct msghdr m;
+        memset(&m, 0, sizeof m);
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = control.bytes;
+        m.msg_controllen = sizeof control.bytes;
+        ssize_t r = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
+        if (r >= 0)
+            monarch_take_fds(&m, fdp);
         if (r < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (r <= 0) {
@@ -1111,11 +1156,12 @@ static uint32_t monarch_le32(const unsigned char *p)
  * One request to the daemon (verb, key) over a fresh connection. Heartbeats
  * (STATUS_PENDING, empty) are skipped, each one restarting the "alive" timer.
  * Returns the answer's status, with its body in body[bodymax] (NUL-terminated;
- * NULL: the body is not wanted and not read), or INT_MIN when the daemon cannot
+ * NULL: the body is not wanted and not read) and a descriptor the daemon passed
+ * in *fdp (-1 if none; fdp NULL: any is closed), or INT_MIN when the daemon cannot
  * be asked, is not of our uid, goes silent, times out or breaks the frame rules
  * (an oversized body, a NUL in it, a heartbeat with a body).
  */
-static int monarch_request(unsigned verb, const char *key, size_t kl, char *body, size_t bodymax)
+static int monarch_request(unsigned verb, const char *key, size_t kl, char *body, size_t bodymax, int *fdp)
 {
     unsigned char req[MONARCH_REQUEST_HEADER_SIZE + MONARCH_KEY_MAX];
     if (!monarch_have_socket || kl > MONARCH_MAX_REQUEST || kl > MONARCH_KEY_MAX)
@@ -1158,7 +1204,7 @@ static int monarch_request(unsigned verb, const char *key, size_t kl, char *body
     for (;;) {
         unsigned char hdr[MONARCH_ANSWER_HEADER_SIZE];
         long alive = monarch_now_ms() + MONARCH_HEARTBEAT_TIMEOUT_MS;
-        if (monarch_recv_exact(s, hdr, sizeof hdr, alive < deadline ? alive : deadline) != 0) {
+        if (monarch_recv_exact(s, hdr, sizeof hdr, alive < deadline ? alive : deadline, fdp) != 0) {
             MONARCH_DEBUG(1, "daemon: no answer (silent for %d ms, or %d ms in all)", MONARCH_HEARTBEAT_TIMEOUT_MS,
                           monarch_timeout_ms);
             goto out;
@@ -1179,7 +1225,7 @@ static int monarch_request(unsigned verb, const char *key, size_t kl, char *body
                 goto out;
             }
             alive = monarch_now_ms() + MONARCH_HEARTBEAT_TIMEOUT_MS;
-            if (monarch_recv_exact(s, body, blen, alive < deadline ? alive : deadline) != 0)
+            if (monarch_recv_exact(s, body, blen, alive < deadline ? alive : deadline, fdp) != 0)
                 goto out;
             if (memchr(body, '\0', blen)) {
                 MONARCH_DEBUG(1, "daemon: answer with a NUL byte refused");
@@ -1192,6 +1238,10 @@ static int monarch_request(unsigned verb, const char *key, size_t kl, char *body
     }
 out:
     real_close(s);
+    if (status == INT_MIN && fdp && *fdp >= 0) {
+        real_close(*fdp);
+        *fdp = -1;
+    }
     return status;
 }
 
@@ -1218,6 +1268,26 @@ static int monarch_open_staged(const char *path, int flags)
         fd = -1;
     }
     return fd;
+}
+
+/* A descriptor the daemon passed for key (a decompressed copy): a regular file, sealed
+ * against any change (MONARCH_MEMFD_SEALS), of the snapshot's size; close-on-exec only
+ * if the application asked for it (it arrived with FD_CLOEXEC set). */
+static int monarch_passed_ok(int fd, const char *key, size_t kl, int flags)
+{
+    struct stat st;
+    struct monarch_index_entry e;
+    uint32_t n = monarch_index_lookup(key, kl);
+    if (monarch_sys_fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    long seals = syscall(SYS_fcntl, fd, F_GET_SEALS);
+    if (seals < 0 || (seals & MONARCH_MEMFD_SEALS) != MONARCH_MEMFD_SEALS)
+        return 0;
+    if (n && monarch_index_entry(n, &e) == 0 && (uint64_t)st.st_size != e.size)
+        return 0;
+    if (!(flags & O_CLOEXEC) && syscall(SYS_fcntl, fd, F_SETFD, 0) != 0)
+        return 0;
+    return 1;
 }
 
 static inline int monarch_start(void)
@@ -1262,7 +1332,21 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
             goto out;
         }
     }
-    int answer = monarch_request(MONARCH_VERB_OPEN, key, kl, staged, sizeof staged);
+    int passed = -1;
+    int answer = monarch_request(MONARCH_VERB_OPEN, key, kl, staged, sizeof staged, &passed);
+    if (answer > 0 && (answer & MONARCH_ANSWER_FD) && passed >= 0) {
+        int s = answer & ~MONARCH_ANSWER_FD;
+        if (s > MONARCH_SLOT_PFS && s < MONARCH_MAX_SLOTS && monarch_passed_ok(passed, key, kl, flags)) {
+            MONARCH_DEBUG(1, "open %s: daemon slot %d, a decompressed copy (fd %d)", path, s, passed);
+            fd = passed;
+            slot = s;
+            goto out;
+        }
+        MONARCH_DEBUG(1, "open %s: daemon passed fd %d, which is not a sealed copy of the file: refused", path,
+                      passed);
+    }
+    if (passed >= 0)
+        real_close(passed);
     if (answer > MONARCH_SLOT_PFS && answer < MONARCH_MAX_SLOTS) {
         if (!monarch_answer_allowed(staged))
             MONARCH_DEBUG(1, "open %s: daemon named %.200s, outside the probe dirs: refused", path, staged);
@@ -1325,7 +1409,7 @@ static void monarch_invalidate(int dirfd, const char *path)
         return;
     }
     monarch_guard = 1;
-    int status = monarch_request(MONARCH_VERB_INVALIDATE, key, kl, NULL, 0);
+    int status = monarch_request(MONARCH_VERB_INVALIDATE, key, kl, NULL, 0, NULL);
     if (status != 0 && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED)) {
         __atomic_store_n(&monarch_probing, 0, __ATOMIC_RELAXED);
         MONARCH_DEBUG(1, "invalidate %s: daemon did not confirm (%d); no more tier probes in this process", path,
@@ -1335,6 +1419,16 @@ static void monarch_invalidate(int dirfd, const char *path)
     for (unsigned i = 0; i < monarch_nprobes; i++)
         if (monarch_probe_path(&monarch_probes[i], key, kl, staged) == 0 && MONARCH_RESOLVE(unlink)(staged) == 0)
             MONARCH_DEBUG(1, "invalidate %s: removed %s", path, staged);
+    /* a compressed copy (<probe dir>/.z/<key>) too, so no copy of the old bytes outlives the write */
+    char zkey[MONARCH_KEY_MAX + 3];
+    if (kl + 3 < sizeof zkey) {
+        memcpy(zkey, ".z/", 3);
+        memcpy(zkey + 3, key, kl + 1);
+        for (unsigned i = 0; i < monarch_nprobes; i++)
+            if (monarch_probe_path(&monarch_probes[i], zkey, kl + 3, staged) == 0
+                && MONARCH_RESOLVE(unlink)(staged) == 0)
+                MONARCH_DEBUG(1, "invalidate %s: removed %s", path, staged);
+    }
     MONARCH_DEBUG(1, "invalidate %s: key %s, daemon %d", path, key, status);
     monarch_guard = 0;
     errno = saved;

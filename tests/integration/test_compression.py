@@ -1,0 +1,193 @@
+"""Compressed tiers through a real ``monarch run``: every reader gets the source's bytes.
+
+Half the dataset compresses (numpy arrays), half does not (random bytes named like JPEGs):
+the first half is stored compressed and served as a sealed memfd, the second stays raw
+and is opened from the tier directly. Each reader compares checksums with the source.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from monarch.testing.harness import load, monarch
+
+np = pytest.importorskip("numpy")
+
+pytestmark = pytest.mark.integration
+
+
+def make_mixed(root: str, n: int = 12) -> dict[str, str]:
+    """n/2 .npy arrays (compressible) and n/2 random .jpg files; md5 of each path."""
+    os.makedirs(os.path.join(root, "arr"))
+    os.makedirs(os.path.join(root, "img"))
+    rng = np.random.default_rng(0)
+    digests = {}
+    for i in range(n // 2):
+        a = (np.round(np.sin(np.arange(20000 + 997 * i) / 40) * 64) / 64).astype(np.float32)
+        p = os.path.join(root, "arr", f"a{i}.npy")
+        np.save(p, a)
+        q = os.path.join(root, "img", f"i{i}.jpg")
+        with open(q, "wb") as f:
+            f.write(rng.bytes(30000 + 1001 * i))
+        for path in (p, q):
+            digests[path] = hashlib.md5(open(path, "rb").read()).hexdigest()
+    return digests
+
+
+def config(base: str, root: str, compression: str = "zstd", capacity: str = "1GiB") -> str:
+    path = os.path.join(base, "monarch.yaml")
+    with open(path, "w") as f:
+        f.write(f"""dataset: {{roots: [{json.dumps(root)}]}}
+run_dir: "{base}/run"
+tiers:
+  - {{name: ram, path: "/dev/shm{base}/ram", capacity: {capacity}, compression: {compression}}}
+staging: {{policy: read-ahead, threads: 2}}
+""")
+    return path
+
+
+READERS = r"""
+import hashlib, json, mmap, os, subprocess, sys, time
+import numpy as np
+want = json.loads(open(sys.argv[1]).read())
+def check(path, data, how):
+    if hashlib.md5(data).hexdigest() != want[path]:
+        sys.exit(f"WRONG BYTES via {how}: {path}")
+def read_all(path):
+    with open(path, "rb") as f:
+        check(path, f.read(), "open/read")
+        f.seek(0)
+        head = f.read(100)
+        f.seek(-50, os.SEEK_END)
+        tail = f.read()
+        whole = open(path, "rb").read()
+        assert head == whole[:100] and tail == whole[-50:], f"seek/read {path}"
+        st = os.fstat(f.fileno())
+        assert st.st_size == os.stat(path).st_size == len(whole), f"fstat size {path}: {st.st_size}"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        check(path, b"".join(os.pread(fd, 4096, off) for off in range(0, size, 4096)), "os.pread")
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
+            check(path, m[:], "mmap")
+    finally:
+        os.close(fd)
+    if path.endswith(".npy"):
+        a = np.load(path)
+        b = np.load(path, mmap_mode="r")
+        assert np.array_equal(a, b), f"numpy.load mmap_mode {path}"
+        raw = np.fromfile(path, dtype=np.uint8)
+        check(path, raw.tobytes(), "numpy.fromfile")
+    out = subprocess.run(["md5sum", path], capture_output=True, text=True, check=True).stdout.split()[0]
+    assert out == want[path], f"md5sum {path}"
+    cat = subprocess.run(["cat", path], capture_output=True, check=True).stdout
+    check(path, cat, "cat")
+for epoch in range(2):
+    for path in sorted(want):
+        read_all(path)
+# forked workers read the same files (the DataLoader pattern), one of them through an fd
+# opened before the fork
+keep = open(sorted(want)[0], "rb")
+kids = []
+for w in range(3):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for path in sorted(want)[w::3]:
+                with open(path, "rb") as f:
+                    check(path, f.read(), f"worker {w}")
+            keep.seek(0)
+            check(sorted(want)[0], keep.read(), "inherited fd")
+        except SystemExit as e:
+            print(e, file=sys.stderr)
+            os._exit(1)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    assert os.waitpid(pid, 0)[1] == 0, "a worker read wrong bytes"
+"""
+
+
+def run_readers(base: str, cfg: str, digests: dict) -> dict:
+    want = os.path.join(base, "want.json")
+    with open(want, "w") as f:
+        json.dump(digests, f)
+    script = os.path.join(base, "readers.py")
+    with open(script, "w") as f:
+        f.write(READERS)
+    report = os.path.join(base, "report.json")
+    r = monarch("run", "-c", cfg, "--report", report, "--", sys.executable, script, want, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return load(report)
+
+
+def test_compressed_and_raw_copies_serve_the_sources_bytes_to_every_reader(short_tmp):
+    root = os.path.join(short_tmp, "pfs")
+    digests = make_mixed(root)
+    rep = run_readers(short_tmp, config(short_tmp, root), digests)
+    tier = next(t for t in rep["tiers"] if t["name"] == "ram")
+    total = sum(os.path.getsize(p) for p in digests)
+    assert rep["pfs"]["staging_bytes"] == total            # every file read from the PFS once
+    assert tier["logical_bytes"] == total
+    assert tier["compressed_files"] == 6                  # the arrays; the random .jpg stay raw
+    assert tier["compression"][0]["files_raw"] == 6
+    assert tier["stored_bytes"] < total and tier["ratio"] > 1.3
+    assert rep["nodes"][0]["tiers"][0]["used"] == tier["stored_bytes"]  # capacity is accounted in stored bytes
+    # opens of compressed copies were served from the tier (as memfds), none from the PFS
+    assert rep["sources"]["ram"]["opens"] >= 2 * len(digests)
+    assert rep["sources"]["pfs"]["opens"] == 0, rep["sources"]
+    arrays = sum(os.path.getsize(p) for p in digests if p.endswith(".npy"))
+    assert rep["nodes"][0]["inflated_bytes"] >= 2 * arrays  # two epochs of the arrays, decompressed
+
+
+def test_compressed_copies_live_where_the_probe_does_not_look(short_tmp):
+    """The shim's probe of <tier>/<key> finds only raw copies; compressed ones are under .z/."""
+    root = os.path.join(short_tmp, "pfs")
+    digests = make_mixed(root, n=4)
+    script = ("import glob, os, sys, time\n"
+              f"for p in {sorted(digests)!r}: open(p, 'rb').read()\n"
+              "d = os.environ['MONARCH_PROBE'].split('=', 1)[1]\n"
+              "raw = sorted(os.path.relpath(p, d) for p in glob.glob(d + '/0/*/*'))\n"
+              "z = sorted(os.path.relpath(p, d) for p in glob.glob(d + '/.z/0/*/*'))\n"
+              "print(raw, z)\n"
+              "assert raw == ['0/img/i0.jpg', '0/img/i1.jpg'], raw\n"
+              "assert z == ['.z/0/arr/a0.npy', '.z/0/arr/a1.npy'], z\n"
+              "assert all(os.stat(os.path.join(d, p)).st_mode & 0o077 == 0 for p in raw + z)\n")
+    r = monarch("run", "-c", config(short_tmp, root), "--", sys.executable, "-c", script, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_compression_off_keeps_every_copy_raw(short_tmp):
+    root = os.path.join(short_tmp, "pfs")
+    digests = make_mixed(root, n=4)
+    rep = run_readers(short_tmp, config(short_tmp, root, compression='"off"'), digests)
+    tier = next(t for t in rep["tiers"] if t["name"] == "ram")
+    assert tier["compressed_files"] == 0 and tier["stored_bytes"] == tier["logical_bytes"]
+
+
+def test_a_write_drops_the_compressed_copy(short_tmp):
+    root = os.path.join(short_tmp, "pfs")
+    digests = make_mixed(root, n=2)
+    arr = os.path.join(root, "arr", "a0.npy")
+    script = ("import numpy as np, os\n"
+              f"a = np.load({arr!r}); np.load({arr!r})\n"
+              f"np.save({arr!r}, a * 2)\n"
+              f"assert np.array_equal(np.load({arr!r}), a * 2)\n")
+    r = monarch("run", "-c", config(short_tmp, root), "--", sys.executable, "-c", script, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    del digests
+
+
+def test_md5sum_of_the_whole_tree_matches(short_tmp):
+    root = os.path.join(short_tmp, "pfs")
+    digests = make_mixed(root, n=6)
+    direct = subprocess.run(["md5sum", *sorted(digests)], capture_output=True, text=True, check=True).stdout
+    out = os.path.join(short_tmp, "through.txt")
+    cmd = f"md5sum {' '.join(sorted(digests))} > {out}; md5sum {' '.join(sorted(digests))} > {out}"
+    r = monarch("run", "-c", config(short_tmp, root), "--", "sh", "-c", cmd, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert open(out).read() == direct

@@ -1,0 +1,171 @@
+"""Compressed tiers: the codec's selection, the stager's accounting in stored bytes, and
+the sealed memfd an open is served from."""
+
+import fcntl
+import os
+import random
+
+import pytest
+import zstandard
+
+from monarch import codecs
+from monarch.codecs import Codec, select
+from monarch.config import TierConfig
+from monarch.snapshot import take_snapshot
+from monarch.stager import Stager
+from monarch.tiers import Tier
+
+
+def compressible(n: int, seed: int = 0) -> bytes:
+    rng = random.Random(seed)
+    words = [bytes(rng.choice(b"abcdefgh") for _ in range(rng.randint(3, 9))) for _ in range(40)]
+    out = bytearray()
+    while len(out) < n:
+        out += rng.choice(words) + b" "
+    return bytes(out[:n])
+
+
+def tier(tmp_path, capacity, compression="zstd", name="ram", slot=2):
+    return Tier.from_config(TierConfig(name, str(tmp_path / name), capacity, False, compression), slot, "r1", 0, ())
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    """10 compressible files of 20 KB and 10 random ones of 20 KB."""
+    root = tmp_path / "pfs"
+    (root / "z").mkdir(parents=True)
+    (root / "r").mkdir()
+    for i in range(10):
+        (root / "z" / f"{i}.txt").write_bytes(compressible(20_000, i))
+        (root / "r" / f"{i}.jpg").write_bytes(os.urandom(20_000))
+    return take_snapshot((str(root),))
+
+
+# -- selection ----------------------------------------------------------------------------
+def test_selection_measures_every_level_and_keeps_the_bound():
+    samples = [compressible(50_000, i) for i in range(8)]
+    choice, _ = select(samples, decompress_floor=1.0)
+    assert [c["level"] for c in choice.candidates[:len(codecs.LEVELS)]] == list(codecs.LEVELS)
+    assert choice.ratio > 2 and choice.level in codecs.LEVELS and choice.enabled
+    assert choice.sample_files == 8 and choice.sample_bytes == 400_000
+    # a bound no level can meet: the fastest to decompress is taken, and the reason says so
+    choice, _ = select(samples, decompress_floor=1e15)
+    assert "no level decompresses" in choice.reason
+    fastest = max(choice.candidates[:len(codecs.LEVELS)], key=lambda c: c["decompress_mbps"])
+    assert choice.level == fastest["level"]
+
+
+def test_the_pfs_rate_raises_the_bound():
+    choice, _ = select([compressible(10_000)], decompress_floor=1.0, pfs_rate=3e9)
+    assert choice.bound_mbps == 6000.0
+
+
+def test_auto_turns_compression_off_for_incompressible_data():
+    choice, _ = select([os.urandom(50_000) for _ in range(4)], mode="auto")
+    assert not choice.enabled and "compression off" in choice.reason
+    choice, _ = select([os.urandom(50_000) for _ in range(4)], mode="zstd")
+    assert choice.enabled  # zstd keeps trying per file (each incompressible one stays raw)
+
+
+def test_small_files_with_shared_structure_get_a_dictionary():
+    header = bytes(range(256)) * 8  # a 2 KiB header every file shares, then a small varying body
+    samples = [header + b"id=%06d;" % i + os.urandom(64) for i in range(64)]
+    choice, d = select(samples, decompress_floor=1.0)
+    assert choice.dictionary and d is not None, choice
+    codec = Codec("zstd", decompress_floor=1.0, sample_files=64)
+    for s in samples:
+        codec.encode(s)
+    assert codec.choice.dictionary
+    frame = codec.encode(header + b"id=999999;" + os.urandom(64))
+    assert zstandard.get_frame_parameters(frame).dict_id == d.dict_id()
+
+
+def test_codec_keeps_incompressible_files_raw_and_counts_both():
+    codec = Codec("zstd", sample_files=2)
+    assert codec.encode(os.urandom(10_000)) is None
+    frame = codec.encode(compressible(10_000))
+    assert frame is not None and zstandard.ZstdDecompressor().decompress(frame) == compressible(10_000)
+    assert codec.files_raw == 1 and codec.files_compressed == 1
+    assert codec.choice.reason != "sampling"  # two files: the sample is complete, the choice made
+    assert codec.describe()["selection"]["sample_files"] == 2
+
+
+def test_inflate_gives_a_sealed_read_only_memfd(tmp_path):
+    codec = Codec("zstd")
+    data = compressible(100_000)
+    path = tmp_path / "f.zst"
+    path.write_bytes(codec.encode(data))
+    fd = codec.inflate(str(path), len(data))
+    try:
+        assert os.pread(fd, len(data) + 1, 0) == data and os.lseek(fd, 0, os.SEEK_CUR) == 0
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        assert seals & codecs.SEALS == codecs.SEALS
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"x", 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 1)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError, match="snapshot says"):
+        codec.inflate(str(path), len(data) - 1)
+
+
+# -- the stager ------------------------------------------------------------------------------
+def test_stager_stores_compressible_files_compressed_and_the_rest_raw(tmp_path, mixed):
+    t = tier(tmp_path, 10**7)
+    stager = Stager(mixed, [t], threads=2)
+    for key in mixed.files:
+        assert stager.ensure(key).result(timeout=20) is t
+    z = [k for k in mixed.files if k.endswith(".txt")]
+    r = [k for k in mixed.files if k.endswith(".jpg")]
+    assert all(t.is_compressed(k) and os.path.exists(t.compressed_path_for(k)) and not os.path.exists(t.path_for(k))
+               for k in z)
+    assert all(not t.is_compressed(k) and os.path.exists(t.path_for(k)) for k in r)
+    stored = sum(os.path.getsize(t.copy_path(k)) for k in mixed.files)
+    assert t.used == t.stored == stored < mixed.total_bytes == t.logical
+    assert stager.stats()["pfs_bytes_read"] == mixed.total_bytes  # one PFS read per file
+    assert stager.stats()["bytes"] == mixed.total_bytes
+    d = t.describe()
+    assert d["logical_bytes"] == mixed.total_bytes and d["stored_bytes"] == stored
+    assert d["compressed_files"] == 10 and d["ratio"] == round(mixed.total_bytes / stored, 3)
+    for k in z:  # the copy decodes to the source's bytes
+        fd = t.codec.inflate(t.compressed_path_for(k), mixed.files[k].size)
+        assert os.pread(fd, 10**6, 0) == open(mixed.source_path(k), "rb").read()
+        os.close(fd)
+
+
+def test_compression_holds_more_than_the_capacity_in_logical_bytes(tmp_path):
+    root = tmp_path / "pfs"
+    root.mkdir()
+    for i in range(20):
+        (root / f"{i}.txt").write_bytes(compressible(20_000, i))
+    snap = take_snapshot((str(root),))
+    plain, packed = tier(tmp_path, 200_000, "off", "plain"), tier(tmp_path, 200_000, "zstd", "packed")
+    for t in (plain, packed):
+        stager = Stager(snap, [t], threads=2)
+        for key in sorted(snap.files):
+            stager.ensure(key).result(timeout=20)
+    assert plain.files == 10 and plain.logical == 200_000
+    assert packed.files == 20 and packed.logical == 400_000 and packed.used <= 200_000
+
+
+def test_a_compressed_copy_is_dropped_on_invalidate_and_its_bytes_released(tmp_path, mixed):
+    t = tier(tmp_path, 10**7)
+    stager = Stager(mixed, [t], threads=2)
+    key = next(k for k in mixed.files if k.endswith(".txt"))
+    stager.ensure(key).result(timeout=20)
+    assert t.is_compressed(key) and t.used > 0
+    stager.invalidate(key)
+    assert not os.path.exists(t.compressed_path_for(key)) and not t.is_compressed(key)
+    assert t.used == 0 and t.logical == 0 and t.stored == 0 and t.files == 0
+
+
+def test_a_full_compressed_tier_passes_the_bytes_read_to_the_next_tier_without_a_second_read(tmp_path, mixed):
+    small, big = tier(tmp_path, 10, "zstd", "small", 2), tier(tmp_path, 10**7, "off", "big", 3)
+    stager = Stager(mixed, [small, big], threads=2)
+    key = next(k for k in mixed.files if k.endswith(".txt"))
+    # fits() lets it try (nothing stored yet), reserve() refuses the frame: the next tier gets the bytes
+    small.codec.estimate = lambda size: 1
+    assert stager.ensure(key).result(timeout=20) is big
+    assert open(big.path_for(key), "rb").read() == open(mixed.source_path(key), "rb").read()
+    assert stager.stats()["pfs_files_read"] == 1 and stager.stats()["pfs_bytes_read"] == mixed.files[key].size
