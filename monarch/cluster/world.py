@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +135,14 @@ def abort_on_unhandled_exception():
     def _abort(exc_type, exc, tb):
         import traceback
 
-        traceback.print_exception(exc_type, exc, tb)
-        sys.stderr.flush()
+        # one write, then a moment for the MPI launcher to forward it: Abort kills the job at
+        # once, and a traceback printed line by line was often cut after its first line
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        try:
+            os.write(sys.stderr.fileno(), text.encode(errors="replace"))
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.5)
         MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = _abort
