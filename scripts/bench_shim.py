@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from monarch import protocol  # noqa: E402
+from monarch.snapshot import take_snapshot  # noqa: E402
 from monarch.workload import parse_size  # noqa: E402
 
 TIER_SLOT = protocol.tier_slot(0)
@@ -206,8 +207,11 @@ def _bench(args, shim: str, size: int, work: Path) -> int:
         lists[name].write_text("\n".join(str(root / r) for r in rels) + "\n")
 
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_") and k != "LD_PRELOAD"}
-    shim_env = dict(base_env, LD_PRELOAD=shim, MONARCH_ROOTS=str(pfs), MONARCH_PROBE=f"{TIER_SLOT}={tier}",
-                    MONARCH_COUNTERS=str(counters))
+    index = work / "index"  # the snapshot index, as a daemon writes it (fstat and stat answers)
+    take_snapshot((str(pfs),)).write_index(str(index))
+    shim_env = dict(base_env, LD_PRELOAD=shim, MONARCH_ROOTS=protocol.format_roots([(0, str(pfs))]),
+                    MONARCH_PROBE=protocol.format_probe([(TIER_SLOT, str(tier))]), MONARCH_COUNTERS=str(counters),
+                    MONARCH_INDEX=str(index))
     shim_env.pop("MONARCH_SOCKET", None)  # every open is a tier hit: no daemon needed
 
     drivers = {"py": [sys.executable, "-c", PY_DRIVER]}
