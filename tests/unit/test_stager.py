@@ -254,7 +254,7 @@ def test_a_physically_full_tier_is_marked_full_and_the_next_tier_is_used(tmp_pat
 import collections  # noqa: E402
 import time  # noqa: E402
 
-from monarch.stager import Concurrency  # noqa: E402
+from monarch.concurrency import Concurrency  # noqa: E402
 
 
 def recording(stager, delay=0.0, gate=None):
