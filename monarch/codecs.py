@@ -25,6 +25,7 @@ frame says how to decode it.
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import logging
 import os
@@ -150,6 +151,7 @@ class Codec:
         self._sample_size = 0
         self.choice = Choice()
         self._cctx = threading.local()
+        self._dctx = threading.local()  # a decompression context per inflate thread (and dictionary)
         self._level = DEFAULT_LEVEL
         self._dict: zstandard.ZstdCompressionDict | None = None
         self._dicts: dict[int, zstandard.ZstdCompressionDict] = {}
@@ -232,30 +234,34 @@ class Codec:
     # -- serving -------------------------------------------------------------------------
     def inflate(self, path: str, size: int, name: str = "monarch") -> int:
         """A sealed memfd (read-only for everyone) holding the ``size`` bytes that the frame
-        at ``path`` decodes to; OSError or zstandard.ZstdError when it does not."""
+        at ``path`` decodes to; OSError or zstandard.ZstdError when it does not.
+
+        The fast path: the frame is read with one read, decoded by this thread's reused
+        decompression context (zstd releases the GIL), and the result written to the
+        memfd with one write (no Python copy of the decoded bytes)."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             frame = os.read(fd, os.fstat(fd).st_size + 1)
         finally:
             os.close(fd)
-        params = zstandard.get_frame_parameters(frame)
-        dict_data = self._dicts.get(params.dict_id) if params.dict_id else None
-        if params.dict_id and dict_data is None:
-            raise OSError(f"{path}: frame needs dictionary {params.dict_id}, which this tier does not hold")
-        data = zstandard.ZstdDecompressor(dict_data=dict_data).decompress(frame, max_output_size=size)
+        data = self._decompressor(frame, path).decompress(frame, max_output_size=size)
         if len(data) != size:
             raise OSError(f"{path}: decodes to {len(data)} bytes, the snapshot says {size}")
-        mfd = os.memfd_create(name[:200], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            view, done = memoryview(data), 0
-            while done < size:
-                done += os.write(mfd, view[done:])
-            fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, SEALS)
-            os.lseek(mfd, 0, os.SEEK_SET)
-        except BaseException:
-            os.close(mfd)
-            raise
-        return mfd
+        return sealed_memfd(data, name)
+
+    def _decompressor(self, frame: bytes, path: str) -> zstandard.ZstdDecompressor:
+        dict_id = zstandard.get_frame_parameters(frame).dict_id
+        local = self._dctx
+        dctx = getattr(local, "by_dict", None)
+        if dctx is None:
+            dctx = local.by_dict = {}
+        d = dctx.get(dict_id)
+        if d is None:
+            dict_data = self._dicts.get(dict_id) if dict_id else None
+            if dict_id and dict_data is None:
+                raise OSError(f"{path}: frame needs dictionary {dict_id}, which this tier does not hold")
+            d = dctx[dict_id] = zstandard.ZstdDecompressor(dict_data=dict_data)
+        return d
 
     def describe(self) -> dict:
         with self._lock:
@@ -265,5 +271,115 @@ class Codec:
                     "selection": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in c.items()}}
 
 
+def sealed_memfd(data, name: str = "monarch") -> int:
+    """A memfd holding ``data``, sealed against every change, offset 0 (the caller owns it)."""
+    mfd = os.memfd_create(name[:200], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view, done = memoryview(data), 0
+        while done < len(view):
+            done += os.write(mfd, view[done:])
+        fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, SEALS)
+        os.lseek(mfd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(mfd)
+        raise
+    return mfd
+
+
 def make_codec(mode: str, pfs_rate: Callable[[], float | None] = lambda: None) -> Codec | None:
     return None if mode == "off" else Codec(mode, pfs_rate)
+
+
+def reopen(fd: int) -> int:
+    """A new open file description (own offset, read-only) of the memfd ``fd``: what each
+    open of a cached decoded copy is given, so that two opens never share an offset."""
+    return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+
+
+class DecodedCache:
+    """Sealed memfds of decoded copies, kept so that a file opened again (the next epoch)
+    is served by reopening a ready memfd instead of decompressing it again.
+
+    Bounded in bytes: ``budget()`` says how many decoded bytes may be held now (it may
+    shrink as the tier fills: ``trim`` evicts least recently used memfds down to it).
+    ``allow(size)`` is asked before a memfd is kept (the node's memory margin). Thread-safe:
+    the event loop takes hits, the inflate threads put. ``drop`` (the copy was invalidated
+    or removed) closes the memfd of that key and refuses every put begun before it
+    (``token``), so an inflate racing an invalidation never caches stale bytes."""
+
+    def __init__(self, budget: Callable[[], int], allow: Callable[[int], bool] = lambda size: True):
+        self._budget, self._allow = budget, allow
+        self._lock = threading.Lock()
+        self._fds: "collections.OrderedDict[str, tuple[int, int]]" = collections.OrderedDict()
+        self._gen = 0
+        self.bytes = 0
+        self.hits = self.misses = self.evicted = self.refused = 0
+
+    def token(self) -> int:
+        return self._gen
+
+    def open(self, key: str, count: bool = True) -> int | None:
+        """A fresh read-only descriptor of the decoded copy of ``key`` (the caller owns it), or None."""
+        with self._lock:
+            held = self._fds.get(key)
+            if held is None:
+                self.misses += count
+                return None
+            self._fds.move_to_end(key)
+            self.hits += 1
+            try:
+                return reopen(held[0])
+            except OSError:
+                self._close_locked(key)
+                return None
+
+    def put(self, key: str, fd: int, size: int, token: int) -> int:
+        """Keep the memfd ``fd`` if the budget allows; returns the descriptor to send
+        (``fd`` itself if not kept, else a fresh description of it)."""
+        with self._lock:
+            if token != self._gen or key in self._fds:
+                return fd
+            self._trim_locked(max(0, self._budget() - size))
+            if self.bytes + size > self._budget() or not self._allow(size):
+                self.refused += 1
+                return fd
+            try:
+                out = reopen(fd)
+            except OSError:
+                return fd
+            self._fds[key] = (fd, size)
+            self.bytes += size
+            return out
+
+    def drop(self, key: str) -> None:
+        """``key`` (a file, or a directory and all under it) changed: its memfds go."""
+        prefix = key.rstrip("/") + "/"
+        with self._lock:
+            self._gen += 1
+            for k in [k for k in self._fds if k == key or k.startswith(prefix)]:
+                self._close_locked(k)
+
+    def trim(self) -> None:
+        with self._lock:
+            self._trim_locked(self._budget())
+
+    def _trim_locked(self, limit: int) -> None:
+        while self._fds and self.bytes > limit:
+            self._close_locked(next(iter(self._fds)))
+            self.evicted += 1
+
+    def _close_locked(self, key: str) -> None:
+        fd, size = self._fds.pop(key)
+        self.bytes -= size
+        os.close(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            self._gen += 1
+            while self._fds:
+                self._close_locked(next(iter(self._fds)))
+
+    def describe(self) -> dict:
+        with self._lock:
+            return {"bytes": self.bytes, "files": len(self._fds), "budget": self._budget(), "hits": self.hits,
+                    "misses": self.misses, "evicted": self.evicted, "refused": self.refused}

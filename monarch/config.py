@@ -40,6 +40,7 @@ class TierConfig:
     keep: bool = False  # keep staged files after the job (reused by the next job)
     capacity_share: float | None = None  # "50%": a share of the node's available memory (tmpfs) or free space
     compression: str = "off"  # off | zstd | auto: store copies compressed (monarch/codecs.py)
+    decoded_cache: int = -1  # bytes of decoded memfds kept for re-opens; -1 ("room"): the tier's free room
 
 
 @dataclass(frozen=True)
@@ -425,9 +426,16 @@ def _tiers(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> list[TierCon
         if compression is False:  # YAML reads a bare `off` as false
             compression = "off"
         compression = r.get(r.choice, compression, f"{key}.compression", COMPRESSION_MODES)
-        ok = None not in (name, path, amount, keep, compression) and not missing
+        decoded = t.get("decoded_cache", "room")
+        if decoded is False or decoded == "off":
+            decoded = 0
+        elif decoded == "room":
+            decoded = -1
+        else:
+            decoded = r.get(r.size, decoded, f"{key}.decoded_cache")
+        ok = None not in (name, path, amount, keep, compression, decoded) and not missing
         tiers.append(TierConfig(name=name, path=path, capacity=amount[0], keep=keep, capacity_share=amount[1],
-                                compression=compression)
+                                compression=compression, decoded_cache=decoded)
                      if ok else None)
     return None if None in tiers else tiers
 

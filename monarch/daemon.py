@@ -177,8 +177,13 @@ class NodeDaemon:
             answer, outcome = PFS, "pfs:not_in_snapshot"
         elif self.config.staging.validate == "open" and key not in self._validated:
             return None
-        elif (tier := self.stager.where(key)) is not None and not tier.is_compressed(key):
+        elif (tier := self.stager.where(key)) is None:
+            return None
+        elif not tier.is_compressed(key):
             answer, outcome = (tier.slot, tier.path_for(key)), _already(tier)
+        elif tier.decoded is not None and (fd := tier.decoded.open(key)) is not None:
+            # decoded before and kept: a fresh description of the ready memfd, answered on the loop
+            answer, outcome = (tier.slot | protocol.ANSWER_FD, fd), _already(tier) + ":decoded_cache"
         else:
             return None
         self.count(outcome)
@@ -260,16 +265,23 @@ class NodeDaemon:
                 done(PFS, "pfs:shutting_down")
 
     def _inflate(self, key: str, tier: Tier, outcome: str, done) -> None:
+        cache = tier.decoded
+        if cache is not None and (fd := cache.open(key, count=False)) is not None:  # decoded meanwhile
+            done((tier.slot | protocol.ANSWER_FD, fd), outcome + ":decoded_cache")
+            return
+        token = cache.token() if cache is not None else 0  # before the frame is read: see DecodedCache.drop
+        size = self.snapshot.files[key].size
         try:
-            fd = tier.codec.inflate(tier.compressed_path_for(key), self.snapshot.files[key].size,
-                                    os.path.basename(key))
+            fd = tier.codec.inflate(tier.compressed_path_for(key), size, os.path.basename(key))
+            if cache is not None:
+                fd = cache.put(key, fd, size, token)
         except Exception as e:  # a lost or corrupt copy must not fail the app: it reads the PFS
             log.warning("decompressing the copy of %s in tier %s failed: %s; the application reads the PFS",
                         key, tier.name, e)
             done(PFS, "pfs:inflate_error")
             return
         with self._lock:
-            self.inflated_bytes += self.snapshot.files[key].size
+            self.inflated_bytes += size
         done((tier.slot | protocol.ANSWER_FD, fd), outcome + ":inflated")
 
     def _still_same(self, key: str, info) -> bool:

@@ -264,6 +264,8 @@ class Stager:
 
     def _drop_locked(self, key: str) -> None:
         tier = self.staged.pop(key)
+        if tier.decoded is not None:  # a decoded memfd of the old bytes is never served again
+            tier.decoded.drop(key)
         path = tier.copy_path(key)
         try:
             size = os.stat(path).st_size

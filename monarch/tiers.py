@@ -17,7 +17,7 @@ import secrets
 import threading
 from typing import Callable
 
-from monarch.codecs import Codec, make_codec
+from monarch.codecs import Codec, DecodedCache, make_codec
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
 from monarch.resources import MemoryGuard, is_memory_backed, share_of_node
@@ -45,6 +45,7 @@ class Tier:
         self.memory = memory  # set for a tier in RAM: it keeps the node's memory margin
         self.capacity_note = ""  # how a capacity given as a share was resolved
         self.codec = codec
+        self.decoded: DecodedCache | None = None  # decoded memfds of compressed copies (set_decoded_cache)
         self._used = 0
         self._lock = threading.Lock()
         self.files = 0
@@ -69,7 +70,18 @@ class Tier:
         guard = MemoryGuard(memory_margin) if in_memory and memory_margin is not None else None
         tier = cls(cfg.name, storage, capacity, slot, memory=guard, codec=make_codec(cfg.compression, pfs_rate))
         tier.capacity_note = note
+        if tier.codec is not None and cfg.decoded_cache != 0:
+            tier.set_decoded_cache(cfg.decoded_cache)
         return tier
+
+    def set_decoded_cache(self, budget: int) -> None:
+        """Keep decoded memfds of this tier's compressed copies for re-opens: ``budget``
+        bytes (beyond the capacity), or -1: the tier's free room (capacity less the stored
+        bytes; the cache shrinks as copies fill the tier). A tier in RAM also keeps the
+        node's memory margin."""
+        room = (lambda: max(0, self.capacity - self._used)) if budget < 0 else (lambda: budget)
+        allow = self.memory.allows if self.memory is not None else (lambda size: True)
+        self.decoded = DecodedCache(room, allow)
 
     @property
     def keep(self) -> bool:
@@ -109,6 +121,8 @@ class Tier:
                 reason = REFUSED_MEMORY_MARGIN
             else:
                 self._used += size
+                if self.decoded is not None:  # the room a "room" budget gives decoded memfds shrank
+                    self.decoded.trim()
                 return True
             self.refused[reason] += 1
             if reason == REFUSED_MEMORY_MARGIN and self.last_refusal != reason:
@@ -170,6 +184,8 @@ class Tier:
 
     def remove(self) -> None:
         """Delete this run's copies (a kept tier stays for the next run of the dataset)."""
+        if self.decoded is not None:
+            self.decoded.close()
         self.storage.remove()
 
     def describe(self) -> dict:
@@ -185,6 +201,8 @@ class Tier:
                    "ratio": round(self.logical / self.stored, 3) if self.stored else 1.0,
                    "compressed_files": len(self._compressed)}
         out["compression"] = self.codec.describe() if self.codec is not None else {"mode": "off"}
+        if self.decoded is not None:
+            out["decoded_cache"] = self.decoded.describe()
         if self.capacity_note:
             out["capacity_from"] = self.capacity_note
         if self.memory is not None:

@@ -46,10 +46,12 @@ sys.path.insert(0, str(REPO))
 from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
-MODES = ("direct", "monarch", "zstd", "ceiling")  # zstd: monarch with its RAM tier compressed
+MODES = ("direct", "monarch", "zstd", "zstd-nocache", "ceiling")
+# zstd: monarch with its RAM tier compressed (decoded memfds kept per --decoded-cache);
+# zstd-nocache: the same with decoded_cache off (every open decompresses)
 VARIANTS = {"small": dict(files=3000, size="100KiB", spread=0.5),
             "compressible": dict(files=400, size="256KiB", spread=0.3, content="compressible", capacity="0.5x",
-                                 modes="monarch,zstd,ceiling"),
+                                 modes="monarch,zstd,zstd-nocache,ceiling"),
             "incompressible": dict(files=400, size="256KiB", spread=0.3, content="random", capacity="0.5x",
                                    modes="monarch,zstd,ceiling"),
             "large": dict(files=64, size="16MiB", spread=0.0),
@@ -77,6 +79,9 @@ def parse_args(argv=None):
     p.add_argument("--content", choices=("random", "compressible", "mixed"), default=None,
                    help="file content (default random; compressible variants: see --variant)")
     p.add_argument("--compression", default="zstd", help="the zstd mode's tiers[].compression (zstd or auto)")
+    p.add_argument("--decoded-cache", default=None,
+                   help="the zstd mode's tiers[].decoded_cache: room (Monarch's default), off, a size, or a "
+                        "multiple of the dataset like 1x")
     p.add_argument("--policy", default=None, help="Monarch staging.policy (default: Monarch's default, read-ahead)")
     p.add_argument("--threads", default=None, help="Monarch staging.threads (default: Monarch's default, auto)")
     p.add_argument("--capacity", help="Monarch RAM tier capacity, a size or a fraction of the dataset like 0.5x "
@@ -152,7 +157,8 @@ def run_workload(cmd: list[str], out_json: Path, log_path: Path, timeout: float,
     return result
 
 
-def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int, args, compression: str = "off") -> None:
+def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int, args, compression: str = "off",
+                   decoded_cache: str | None = None) -> None:
     # JSON is YAML: no YAML writer needed, and paths with odd characters are quoted right.
     staging = {}
     if args.policy:
@@ -166,6 +172,8 @@ def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int,
                    "compression": compression}],
         "report": str(work / "monarch-report.json"),
     }
+    if decoded_cache is not None:
+        config["tiers"][0]["decoded_cache"] = decoded_cache
     if staging:
         config["staging"] = staging
     path.write_text("# written by scripts/bench_epochs.py\n" + json.dumps(config, indent=2) + "\n")
@@ -251,6 +259,9 @@ def ratios(results: dict) -> dict:
         out["steady: monarch speed-up over direct (samples/s)"] = s["monarch"]["samples_per_s"] / s["direct"]["samples_per_s"]
     if s.get("monarch") and s.get("ceiling"):
         out["steady: monarch / ceiling (fraction of RAM speed)"] = s["monarch"]["samples_per_s"] / s["ceiling"]["samples_per_s"]
+    if s.get("zstd-nocache") and s.get("ceiling"):
+        out["steady: zstd-nocache epoch time / ceiling epoch time"] = (
+            s["ceiling"]["samples_per_s"] / s["zstd-nocache"]["samples_per_s"])
     if s.get("zstd") and s.get("ceiling"):
         out["steady: zstd epoch time / ceiling epoch time"] = s["ceiling"]["samples_per_s"] / s["zstd"]["samples_per_s"]
     if s.get("zstd") and s.get("monarch"):
@@ -268,7 +279,8 @@ def plot(runs: dict, dataset_bytes: int, args, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"direct": "tab:red", "monarch": "tab:blue", "zstd": "tab:purple", "ceiling": "tab:green"}
+    colors = {"direct": "tab:red", "monarch": "tab:blue", "zstd": "tab:purple", "zstd-nocache": "tab:pink",
+              "ceiling": "tab:green"}
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4.2), squeeze=False)
     for ax, (latency, results) in zip(axes[0], runs.items()):
         modes = [m for m in MODES if m in results and results[m].get("epochs")]
@@ -294,7 +306,7 @@ def plot(runs: dict, dataset_bytes: int, args, png: Path) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     reason = fuse_unavailable_reason()
-    if reason and {"direct", "monarch", "zstd"} & set(args.modes):
+    if reason and {"direct", "monarch", "zstd", "zstd-nocache"} & set(args.modes):
         print(f"bench_epochs: the emulated PFS needs FUSE: {reason}", file=sys.stderr)
         return 2
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mbench-", dir="/tmp")).resolve()
@@ -328,7 +340,7 @@ def main(argv=None) -> int:
 
         for latency in args.latencies:
             results: dict = {}
-            if {"direct", "monarch", "zstd"} & set(args.modes):
+            if {"direct", "monarch", "zstd", "zstd-nocache"} & set(args.modes):
                 with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=latency,
                              read_latency_ms=args.read_latency_ms, bandwidth_mbps=args.bandwidth) as pfs:
                     if "direct" in args.modes:
@@ -343,7 +355,13 @@ def main(argv=None) -> int:
                     if "zstd" in args.modes:
                         settle()
                         results["zstd"] = run_monarch(pfs, manifest, work, shm, dataset_bytes, args,
-                                                      compression=args.compression, name="zstd")
+                                                      compression=args.compression, name="zstd",
+                                                      decoded_cache=_decoded_cache(args.decoded_cache, dataset_bytes))
+                    if "zstd-nocache" in args.modes:
+                        settle()
+                        results["zstd-nocache"] = run_monarch(pfs, manifest, work, shm, dataset_bytes, args,
+                                                              compression=args.compression, name="zstd-nocache",
+                                                              decoded_cache="off")
             if ceiling is not None:
                 results["ceiling"] = ceiling
             for m in MODES:
@@ -411,18 +429,25 @@ def settle() -> None:
     time.sleep(1.0)
 
 
+def _decoded_cache(value: str | None, dataset_bytes: int) -> str | None:
+    """--decoded-cache as the configuration writes it (a multiple of the dataset: bytes)."""
+    if value and value.endswith("x"):
+        return f"{int(dataset_bytes * float(value[:-1]))}B"
+    return value
+
+
 def _pfs_totals(counters: dict) -> dict:
     return {k: counters.get(k, 0) for k in ("opens", "reads", "bytes", "lookups", "readdirs", "opening_peak")}
 
 
 def run_monarch(pfs: SlowPFS, manifest: Path, work: Path, shm: Path, dataset_bytes: int, args,
-                compression: str = "off", name: str = "monarch") -> dict:
+                compression: str = "off", name: str = "monarch", decoded_cache: str | None = None) -> dict:
     if args.capacity and args.capacity.endswith("x"):
         capacity = int(dataset_bytes * float(args.capacity[:-1]))
     else:
         capacity = parse_size(args.capacity) if args.capacity else int(dataset_bytes * 1.1) + (64 << 20)
     config = work / f"{name}.yaml"
-    monarch_config(config, pfs.mountpoint, work, shm, capacity, args, compression)
+    monarch_config(config, pfs.mountpoint, work, shm, capacity, args, compression, decoded_cache)
     problem = check_config(config)
     if problem:
         print(f"monarch: {problem}", flush=True)

@@ -141,7 +141,10 @@ def test_compressed_and_raw_copies_serve_the_sources_bytes_to_every_reader(short
     assert rep["sources"]["ram"]["opens"] >= 2 * len(digests)
     assert rep["sources"]["pfs"]["opens"] == 0, rep["sources"]
     arrays = sum(os.path.getsize(p) for p in digests if p.endswith(".npy"))
-    assert rep["nodes"][0]["inflated_bytes"] >= 2 * arrays  # two epochs of the arrays, decompressed
+    # each array decompressed once; every later open reopened its kept memfd (the decoded cache)
+    assert rep["nodes"][0]["inflated_bytes"] >= arrays
+    cache = rep["nodes"][0]["tiers"][0]["decoded_cache"]
+    assert cache["hits"] >= len(digests) // 2 and cache["files"] == len(digests) // 2, cache
 
 
 def test_compressed_copies_live_where_the_probe_does_not_look(short_tmp):
@@ -177,6 +180,31 @@ def test_a_write_drops_the_compressed_copy(short_tmp):
               f"a = np.load({arr!r}); np.load({arr!r})\n"
               f"np.save({arr!r}, a * 2)\n"
               f"assert np.array_equal(np.load({arr!r}), a * 2)\n")
+    r = monarch("run", "-c", config(short_tmp, root), "--", sys.executable, "-c", script, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    del digests
+
+
+def test_two_opens_of_one_compressed_file_have_independent_offsets(short_tmp):
+    """Opens served from one cached decoded memfd each get their own description (offset)."""
+    root = os.path.join(short_tmp, "pfs")
+    digests = make_mixed(root, n=2)
+    arr = os.path.join(root, "arr", "a0.npy")
+    script = ("import os, threading\n"
+              f"p = {arr!r}\n"
+              "whole = open(p, 'rb').read()\n"          # decoded and kept
+              "a, b = os.open(p, os.O_RDONLY), os.open(p, os.O_RDONLY)\n"   # both from the cache
+              "assert os.read(a, 100) == whole[:100]\n"
+              "assert os.read(b, 10) == whole[:10]\n"
+              "assert os.read(a, 100) == whole[100:200]\n"
+              "assert os.lseek(b, 0, os.SEEK_CUR) == 10 and os.lseek(a, 0, os.SEEK_CUR) == 200\n"
+              "out = {}\n"
+              "def read(i):\n"
+              "    with open(p, 'rb') as f:\n"
+              "        out[i] = b''.join(iter(lambda: f.read(4096), b''))\n"
+              "ts = [threading.Thread(target=read, args=(i,)) for i in range(8)]\n"
+              "[t.start() for t in ts]; [t.join() for t in ts]\n"
+              "assert all(v == whole for v in out.values()) and len(out) == 8\n")
     r = monarch("run", "-c", config(short_tmp, root), "--", sys.executable, "-c", script, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     del digests
