@@ -61,7 +61,11 @@ signals:
 
 def _setup_logging(verbose: int, node: str) -> None:
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, format=f"[monarch node {node}] %(levelname)s %(message)s", stream=sys.stderr)
+    # debug: each line carries its wall-clock time, so that the launcher's and the daemon's
+    # phases can be put side by side (scripts/bench_startup.py reads them)
+    stamp = "%(created).6f " if level == logging.DEBUG else ""
+    logging.basicConfig(level=level, format=f"[monarch node {node}] {stamp}%(levelname)s %(message)s",
+                        stream=sys.stderr)
 
 
 def _load(path: str | None, **kw):
@@ -112,6 +116,7 @@ def cmd_run(args) -> int:
         print(f"monarch: {cmd[0]}: {reason}", file=sys.stderr)
         return code
     from monarch.progress import wanted
+    log.debug("phase launcher.ready")
     return run(config, args.config, cmd, args.report, run_name, progress=wanted(args.no_progress),
                html_path=args.report_html)
 
@@ -121,6 +126,7 @@ def cmd_serve(args) -> int:
     from monarch.secure import write_file_atomically
     from monarch.server import NodeServer
     from monarch.topology import job_id, run_id
+    log.debug("phase daemon.imported")
     cluster = None
     if mpi_world_rank() is not None and not args.embedded:
         from monarch.cluster import Cluster, abort_on_unhandled_exception
@@ -149,6 +155,7 @@ def cmd_serve(args) -> int:
     finally:
         daemon.close()
         _remove(pid_file)
+        log.debug("phase daemon.closed")
         if cluster is not None:
             cluster.close()
     return 0

@@ -26,7 +26,7 @@ def compressible(n: int, seed: int = 0) -> bytes:
 
 
 def tier(tmp_path, capacity, compression="zstd", name="ram", slot=2):
-    return Tier.from_config(TierConfig(name, str(tmp_path / name), capacity, False, compression), slot, "r1", 0, ())
+    return Tier.from_config(TierConfig(name, str(tmp_path / name), capacity, False, compression=compression), slot, "r1", 0, ())
 
 
 @pytest.fixture
