@@ -133,6 +133,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="100KiB")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--open-latency-ms", type=float, default=2.0)
+    p.add_argument("--lookup-latency-ms", type=float, default=0.0,
+                   help="emulated PFS: ms per lookup (getattr, readdir): the metadata round trip a walk pays")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--reuse", action="store_true",
                    help="let later runs reuse the snapshot kept by the first (default: every run walks)")
@@ -150,13 +152,15 @@ def main(argv=None) -> int:
         os.sync()
         time.sleep(1.0)
         direct, monarch = [], []
-        with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=args.open_latency_ms) as pfs:
+        with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=args.open_latency_ms,
+                     lookup_latency_ms=args.lookup_latency_ms) as pfs:
             for i in range(args.repeat):
                 direct.append(run_direct(pfs, manifest, work, args))
                 monarch.append(run_monarch(pfs, manifest, work, args, i))
                 print(f"run {i + 1}/{args.repeat}: direct {direct[-1]['wall']:.2f} s, "
                       f"monarch {monarch[-1]['wall']:.2f} s", flush=True)
         print(f"\n{args.files} files of ~{args.size}, {args.workers} workers, {args.open_latency_ms:g} ms/open, "
+              f"{args.lookup_latency_ms:g} ms/lookup, "
               f"one epoch, {args.repeat} runs each: seconds, median [min-max]")
         print(f"{'direct: launch to exit':32} {stat([r['wall'] for r in direct])}")
         print(f"{'direct: its epoch 1':32} {stat([r['epoch1'] for r in direct])}")
