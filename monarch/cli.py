@@ -11,7 +11,6 @@ import stat
 import sys
 
 from monarch import __version__
-from monarch.cluster.world import mpi_world_rank
 from monarch.errors import MonarchError
 
 log = logging.getLogger("monarch")
@@ -57,6 +56,11 @@ exit status:
 signals:
   SIGINT and SIGTERM are passed on to CMD; a second Ctrl-C kills it."""
 
+
+
+def _mpi_world_rank():
+    from monarch.cluster.world import mpi_world_rank
+    return mpi_world_rank()
 
 
 def _setup_logging(verbose: int, node: str) -> None:
@@ -128,7 +132,8 @@ def cmd_serve(args) -> int:
     from monarch.topology import job_id, run_id
     log.debug("phase daemon.imported")
     cluster = None
-    if mpi_world_rank() is not None and not args.embedded:
+    # the peer layer is imported only by a standing daemon under MPI (not on the launch path)
+    if not args.embedded and _mpi_world_rank() is not None:
         from monarch.cluster import Cluster, abort_on_unhandled_exception
         abort_on_unhandled_exception()  # one failing rank must not hang the others
         cluster = Cluster.from_world()
