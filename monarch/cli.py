@@ -11,7 +11,6 @@ import stat
 import sys
 
 from monarch import __version__
-from monarch.cluster.world import mpi_world_rank
 from monarch.errors import MonarchError
 
 log = logging.getLogger("monarch")
@@ -59,9 +58,18 @@ signals:
 
 
 
+def _mpi_world_rank():
+    from monarch.cluster.world import mpi_world_rank
+    return mpi_world_rank()
+
+
 def _setup_logging(verbose: int, node: str) -> None:
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, format=f"[monarch node {node}] %(levelname)s %(message)s", stream=sys.stderr)
+    # debug: each line carries its wall-clock time, so that the launcher's and the daemon's
+    # phases can be put side by side (scripts/bench_startup.py reads them)
+    stamp = "%(created).6f " if level == logging.DEBUG else ""
+    logging.basicConfig(level=level, format=f"[monarch node {node}] {stamp}%(levelname)s %(message)s",
+                        stream=sys.stderr)
 
 
 def _load(path: str | None, **kw):
@@ -112,6 +120,7 @@ def cmd_run(args) -> int:
         print(f"monarch: {cmd[0]}: {reason}", file=sys.stderr)
         return code
     from monarch.progress import wanted
+    log.debug("phase launcher.ready")
     return run(config, args.config, cmd, args.report, run_name, progress=wanted(args.no_progress),
                html_path=args.report_html)
 
@@ -121,8 +130,10 @@ def cmd_serve(args) -> int:
     from monarch.secure import write_file_atomically
     from monarch.server import NodeServer
     from monarch.topology import job_id, run_id
+    log.debug("phase daemon.imported")
     cluster = None
-    if mpi_world_rank() is not None and not args.embedded:
+    # the peer layer is imported only by a standing daemon under MPI (not on the launch path)
+    if not args.embedded and _mpi_world_rank() is not None:
         from monarch.cluster import Cluster, abort_on_unhandled_exception
         abort_on_unhandled_exception()  # one failing rank must not hang the others
         cluster = Cluster.from_world()
@@ -149,6 +160,7 @@ def cmd_serve(args) -> int:
     finally:
         daemon.close()
         _remove(pid_file)
+        log.debug("phase daemon.closed")
         if cluster is not None:
             cluster.close()
     return 0

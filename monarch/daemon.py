@@ -80,8 +80,11 @@ class NodeDaemon:
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i)) for i, cfg in enumerate(config.tiers))
                       if t is not None]
+        log.debug("phase tiers.ready")
         self.snapshot = self._take_snapshot()
+        log.debug("phase snapshot.done")
         self.snapshot.write_index(self.index_path)
+        log.debug("phase index.written")
         self.dataset_bytes = self.snapshot.total_bytes  # a sum over every file: once, not per REPORT
         self.peer_area = None
         peers = None
@@ -105,6 +108,7 @@ class NodeDaemon:
         self._sampler = Sampler(self.timeline, self._counters_now).start()
         if config.staging.policy in ("read-ahead", "prestage"):
             self.stager.read_ahead(k for k in sorted(self.snapshot.files) if self.owns(k))
+        log.debug("phase daemon.ready")
 
     # -- where things are --------------------------------------------------------------
     @property

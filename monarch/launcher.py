@@ -24,7 +24,6 @@ from monarch import layout, protocol, secure, topology
 from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
 from monarch.report import build_report, print_report, session_delta, write_report
-from monarch.server import EMBEDDED_IDLE_SECONDS
 from monarch.shim import shim_library
 
 log = logging.getLogger(__name__)
@@ -55,13 +54,15 @@ class Session:
         self.run_dir = os.path.dirname(socket_path)
         self._lock = threading.Lock()  # the progress thread polls on the same connection
 
-    def stats(self, brief: bool = False) -> dict | None:
-        """The daemon's statistics; ``brief``: counters only (for progress), cheap to answer."""
+    def stats(self, brief: bool = False, final: bool = False) -> dict | None:
+        """The daemon's statistics; ``brief``: counters only (for progress), cheap to answer;
+        ``final``: the session's last request (it closes next: an embedded daemon with no
+        other session then stops at once, without its grace for launchers yet to attach)."""
+        body = protocol.REPORT_BRIEF if brief else protocol.REPORT_FINAL if final else b""
         try:
             with self._lock:
                 self.sock.settimeout(REPORT_TIMEOUT)
-                self.sock.sendall(protocol.encode_request(protocol.VERB_REPORT,
-                                                          protocol.REPORT_BRIEF if brief else b""))
+                self.sock.sendall(protocol.encode_request(protocol.VERB_REPORT, body))
                 status, body = protocol.recv_answer(self.sock)
             stats = json.loads(body) if status == 0 else None
             return stats if isinstance(stats, dict) else None
@@ -151,7 +152,8 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
             session.close()
             raise DaemonError(f"the run's daemon at {socket_path} serves another dataset; "
                               "give this job its own MONARCH_JOB_ID")
-        cmd = [sys.executable, "-m", "monarch", "serve", "--embedded"]
+        cmd = [sys.executable, "-m", "monarch", *(["-vv"] if log.isEnabledFor(logging.DEBUG) else []),
+               "serve", "--embedded"]
         if config_file:
             cmd += ["-c", config_file]
         cmd += [a for root in config.dataset.given for a in ("--dataset", root)]  # what this launcher validated
@@ -167,6 +169,7 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         finally:
             os.close(log_fd)
+        log.debug("phase daemon.spawned")
         deadline = time.monotonic() + DAEMON_START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -174,6 +177,7 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
                                   f"see {log_path}:\n{_tail(log_path)}")
             session = attach(socket_path)
             if session is not None:
+                log.debug("phase daemon.attached")
                 return session, proc
             time.sleep(0.02)
         proc.kill()
@@ -257,19 +261,32 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     if session is not None and progress:
         from monarch.progress import Progress
         shown = Progress(lambda: session.stats(brief=True), out).start()
+    log.debug("phase command.start")
     try:
         code = run_command(cmd, env)
     finally:
         if shown is not None:
             shown.stop()
+    log.debug("phase command.end")
     wall = time.time() - t0
-    stats = session.stats() if session is not None else None
+    stats = session.stats(final=True) if session is not None else None
+    log.debug("phase report.fetched")
     if session is not None:
         session.close()
-    if daemon is not None:
-        _reap(daemon, config)
     if session is None:
         return code
+    try:  # the report first: the daemon's exit (its tiers removed) is waited for after it
+        _print_and_write(config, session, cmd, code, run, wall, stats, baseline, report_path, html_path, out)
+    finally:
+        if daemon is not None:
+            _reap(daemon, config)
+            log.debug("phase daemon.reaped")
+    return code
+
+
+def _print_and_write(config: Config, session: Session, cmd: list[str], code: int, run: str, wall: float,
+                     stats: dict | None, baseline: dict | None, report_path: str | None, html_path: str | None,
+                     out) -> None:
     if stats is None:
         stats = _stats_without_daemon(config, session)
         log.warning("the node daemon was lost during the run; the report holds the shim's counts only")
@@ -285,6 +302,7 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
         log.warning("cannot write the report to %s: %s", path, e)
     print_report(report, out)
     out.write(f"report    : {path}\n")
+    log.debug("phase report.printed")
     html_path = html_path or config.report_html
     if html_path:
         try:
@@ -293,7 +311,6 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
             out.write(f"html      : {html_path}\n")
         except (OSError, MonarchError) as e:
             log.warning("cannot write the HTML report to %s: %s", html_path, e)
-    return code
 
 
 def _reap(daemon: subprocess.Popen, config: Config) -> None:
@@ -302,6 +319,7 @@ def _reap(daemon: subprocess.Popen, config: Config) -> None:
     If it is still running, other launchers of the run are attached: leave it to them.
     If it died, remove the copies it left (its tier directories name a process that is gone).
     """
+    from monarch.server import EMBEDDED_IDLE_SECONDS  # the daemon's modules stay off the launch path
     try:
         daemon.wait(timeout=EMBEDDED_IDLE_SECONDS + 10)
     except subprocess.TimeoutExpired:

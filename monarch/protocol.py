@@ -159,6 +159,7 @@ HINT_HEADER = struct.Struct("<BQ")
 HINT_KEY = struct.Struct("<H")
 
 REPORT_BRIEF = b"brief"     # a REPORT body: the counters only (no timeline, no size classes)
+REPORT_FINAL = b"final"     # a REPORT body: the whole report, and this session is done (it closes next)
 
 STATUS_PENDING = -2
 STATUS_ERROR = -1

@@ -38,12 +38,14 @@ REQUEST_TIMEOUT = 5.0         # seconds a client has to send its whole request
 MAX_CONNECTIONS = 4096        # open connections at once (beyond: closed at accept)
 MAX_SESSIONS = 1024           # attached launchers at once
 EMBEDDED_IDLE_SECONDS = 0.5     # grace after the last session, for launchers started a moment apart
+# ... unless the last session said it was done (its final REPORT): then an embedded daemon
+# stops at once, and the launcher waiting for it to exit (its tiers removed) is not kept waiting
 EMBEDDED_FIRST_ATTACH_SECONDS = 120.0
 
 
 class _Conn:
     __slots__ = ("sock", "inbuf", "outbuf", "deadline", "session", "pending", "next_beat", "close_after",
-                 "answer_by", "outfd", "fd_at")
+                 "answer_by", "outfd", "fd_at", "done")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -57,6 +59,7 @@ class _Conn:
         self.answer_by = 0.0       # an OPEN still staging is answered "PFS" at this time
         self.outfd: int | None = None  # a descriptor to pass with the answer frame (SCM_RIGHTS), then close
         self.fd_at = 0             # where in outbuf that frame starts
+        self.done = False          # a session that asked its final REPORT: it is closing
 
 
 class NodeServer:
@@ -71,6 +74,7 @@ class NodeServer:
         self._sessions = 0
         self._ever_attached = False
         self._last_change = time.monotonic()
+        self._last_was_done = False  # the last session to close had said it was done
         self._stop = threading.Event()
         self._done: collections.deque[tuple[_Conn, bytes, str | None, int | None]] = collections.deque()
         self._woken = False  # a wake byte is on its way: later finishers need not send one
@@ -97,6 +101,7 @@ class NodeServer:
         self._wake()
 
     def serve(self) -> None:
+        log.debug("phase serving")
         try:
             while not self._stop.is_set():
                 for key, events in self._sel.select(timeout=protocol.HEARTBEAT_MS / 1000):
@@ -110,6 +115,7 @@ class NodeServer:
                 self._tick()
                 if self.embedded and self._unused():
                     log.info("last session closed: stopping")
+                    log.debug("phase daemon.stopping")
                     break
         finally:
             self._stop.set()
@@ -225,13 +231,19 @@ class NodeServer:
             conn.session = True
             self._sessions += 1
             self._ever_attached = True
+            self._last_was_done = False
             self._last_change = time.monotonic()
+            log.debug("phase attach %d", self._sessions)
             body = {"env": self.daemon.client_env(), "run": self.daemon.describe()}
             self._answer(conn, protocol.encode_answer(0, json.dumps(body).encode()))
         elif verb == protocol.VERB_REPORT:
             # a body of b"brief" (progress polls): the counters without the timeline
-            stats = self.daemon.stats(brief=body == protocol.REPORT_BRIEF) | {"requests_refused": dict(self.errors)}
+            brief = body == protocol.REPORT_BRIEF
+            conn.done = conn.done or body == protocol.REPORT_FINAL
+            stats = self.daemon.stats(brief=brief) | {"requests_refused": dict(self.errors)}
             self._answer(conn, protocol.encode_answer(0, json.dumps(stats).encode()), close=not conn.session)
+            if not brief:
+                log.debug("phase report.answered")
         elif verb == protocol.VERB_STOP:
             self._answer(conn, protocol.encode_answer(0), close=True)
             self.request_stop()
@@ -339,7 +351,9 @@ class NodeServer:
             conn.outfd = None
         if conn.session:
             self._sessions -= 1
+            self._last_was_done = conn.done
             self._last_change = time.monotonic()
+            log.debug("phase detach %d", self._sessions)
 
     def _wake(self) -> None:
         try:
@@ -357,7 +371,7 @@ class NodeServer:
     def _unused(self) -> bool:
         idle = time.monotonic() - self._last_change
         if self._ever_attached:
-            return self._sessions == 0 and idle > EMBEDDED_IDLE_SECONDS
+            return self._sessions == 0 and (self._last_was_done or idle > EMBEDDED_IDLE_SECONDS)
         return idle > EMBEDDED_FIRST_ATTACH_SECONDS
 
 

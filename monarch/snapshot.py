@@ -117,16 +117,60 @@ def _child_key(dkey: str, name: str) -> str:
     return dkey + name if dkey.endswith("/") else f"{dkey}/{name}"
 
 
-def take_snapshot(roots: tuple[str, ...]) -> Snapshot:
+WALK_THREADS = 8       # directories listed and entries stat'ed at once: hides the PFS's metadata latency
+WALK_CHUNK = 128       # entries of one directory stat'ed per task (a large flat directory is split)
+
+
+def _describe(entries, dkey: str, dir_ino: int):
+    """Stat a slice of one directory's entries (one stat per entry: scandir's d_type and
+    its cached lstat): the files, links and subdirectories found, each entry's listing
+    record, and whether any entry failed (then the directory's listing is not known whole)."""
+    files, links, subdirs, children, failed = [], [], [], [], False
+    for entry in entries:
+        key = _child_key(dkey, entry.name)
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append((entry.path, key, entry.stat(follow_symlinks=False), dir_ino))
+                d_type = protocol.DT_DIR
+            elif entry.is_file():
+                link = entry.is_symlink()
+                files.append((key, FileInfo.from_stat(entry.stat(), link)))
+                if link:
+                    links.append((key, FileInfo.from_stat(entry.stat(follow_symlinks=False))))
+                d_type = protocol.DT_LNK if link else protocol.DT_REG
+            else:  # a symlink to a directory, a broken link, a special file: named, not described
+                d_type = (protocol.DT_LNK if entry.is_symlink()
+                          else protocol.d_type_of(entry.stat(follow_symlinks=False).st_mode))
+            children.append((os.fsencode(entry.name), d_type, entry.inode()))
+        except OSError:
+            failed = True  # an entry that vanished or failed: the listing is not known whole
+    return files, links, subdirs, children, failed
+
+
+def _list(directory: str):
+    try:
+        return list(os.scandir(directory))
+    except OSError:
+        return None
+
+
+def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS) -> Snapshot:
     """Walk every root once (os.scandir: one stat per file and directory, no extra lookups).
 
     Directories are not followed through symlinks (their files are not the root's); a
     symlink to a file is the file the kernel would open. Every directory's listing is kept
     (names, d_type, d_ino), so the shim can list it and say that a name is absent.
+
+    With ``threads`` > 1, directories are listed and their entries stat'ed by a few threads
+    at once (a large directory in slices of WALK_CHUNK): on a PFS each stat is a metadata
+    round trip, and several in flight hide its latency. The snapshot is the same as one
+    thread's walk: each directory's listing is sorted, and a directory whose listing or
+    any entry failed is kept unlisted.
     """
     files: dict[str, FileInfo] = {}
     dirs: dict[str, DirInfo] = {}
     links: dict[str, FileInfo] = {}
+    pending_dirs = []
     for index, root in enumerate(roots):
         try:
             rst = os.stat(root)
@@ -136,35 +180,61 @@ def take_snapshot(roots: tuple[str, ...]) -> Snapshot:
             parent_ino = os.stat(os.path.dirname(root.rstrip("/")) or "/").st_ino
         except OSError:
             parent_ino = 0
-        stack = [(root, f"{index}/", rst, parent_ino)]
+        pending_dirs.append((root, f"{index}/", rst, parent_ino))
+    if not pending_dirs:
+        return Snapshot(roots=tuple(roots), files=files, dirs=dirs, links=links)
+
+    # per directory being described: [its stat, its parent's ino, slices left, children, failed]
+    state: dict[str, list] = {}
+
+    def add(result, dkey: str) -> list:
+        """Merge one slice's result; the subdirectories it found, to list next."""
+        got_files, got_links, subdirs, children, failed = result
+        files.update(got_files)
+        links.update(got_links)
+        st = state[dkey]
+        st[2] -= 1
+        st[3].extend(children)
+        st[4] = st[4] or failed
+        if st[2] == 0:
+            del state[dkey]
+            dirs[dkey] = DirInfo(FileInfo.from_stat(st[0]), None if st[4] else tuple(sorted(st[3])), st[1])
+        return subdirs
+
+    if threads <= 1:
+        stack = pending_dirs
         while stack:
             directory, dkey, dst, pino = stack.pop()
-            try:
-                entries = list(os.scandir(directory))
-            except OSError:
+            entries = _list(directory)
+            if entries is None:
                 dirs[dkey] = DirInfo(FileInfo.from_stat(dst), None, pino)  # unreadable: its names stay the PFS's
                 continue
-            children: list[tuple[bytes, int, int]] | None = []
-            for entry in entries:
-                key = _child_key(dkey, entry.name)
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append((entry.path, key, entry.stat(follow_symlinks=False), dst.st_ino))
-                        d_type = protocol.DT_DIR
-                    elif entry.is_file():
-                        link = entry.is_symlink()
-                        files[key] = FileInfo.from_stat(entry.stat(), link)
-                        if link:
-                            links[key] = FileInfo.from_stat(entry.stat(follow_symlinks=False))
-                        d_type = protocol.DT_LNK if link else protocol.DT_REG
-                    else:  # a symlink to a directory, a broken link, a special file: named, not described
-                        d_type = (protocol.DT_LNK if entry.is_symlink()
-                                  else protocol.d_type_of(entry.stat(follow_symlinks=False).st_mode))
-                    if children is not None:
-                        children.append((os.fsencode(entry.name), d_type, entry.inode()))
-                except OSError:
-                    children = None  # an entry that vanished or failed: the listing is not known whole
-            dirs[dkey] = DirInfo(FileInfo.from_stat(dst), None if children is None else tuple(sorted(children)), pino)
+            state[dkey] = [dst, pino, 1, [], False]
+            stack.extend(add(_describe(entries, dkey, dst.st_ino), dkey))
+        return Snapshot(roots=tuple(roots), files=files, dirs=dirs, links=links)
+
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+    with ThreadPoolExecutor(threads, thread_name_prefix="monarch-walk") as pool:
+        running = {}
+        for d in pending_dirs:
+            running[pool.submit(_list, d[0])] = ("list", d)
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                what, d = running.pop(future)
+                if what == "list":
+                    directory, dkey, dst, pino = d
+                    entries = future.result()
+                    if entries is None:
+                        dirs[dkey] = DirInfo(FileInfo.from_stat(dst), None, pino)
+                        continue
+                    slices = [entries[i:i + WALK_CHUNK] for i in range(0, len(entries), WALK_CHUNK)] or [[]]
+                    state[dkey] = [dst, pino, len(slices), [], False]
+                    for part in slices:
+                        running[pool.submit(_describe, part, dkey, dst.st_ino)] = ("describe", dkey)
+                else:
+                    for sub in add(future.result(), d):
+                        running[pool.submit(_list, sub[0])] = ("list", sub)
     return Snapshot(roots=tuple(roots), files=files, dirs=dirs, links=links)
 
 

@@ -100,8 +100,10 @@ for w in range(3):
             for path in sorted(want)[w::3]:
                 with open(path, "rb") as f:
                     check(path, f.read(), f"worker {w}")
-            keep.seek(0)
-            check(sorted(want)[0], keep.read(), "inherited fd")
+            # pread: the three workers share the inherited description's offset (a seek
+            # and read of one races with another's)
+            kfd = keep.fileno()
+            check(sorted(want)[0], os.pread(kfd, os.fstat(kfd).st_size + 1, 0), "inherited fd")
         except SystemExit as e:
             print(e, file=sys.stderr)
             os._exit(1)
