@@ -474,16 +474,31 @@ class Stager:
             frame = None
             codec = tier.codec if source is self.pfs else None  # the peer area keeps raw copies
             if codec is not None and codec.wants(info.size):
-                if not tier.fits(info.size):
+                # room for the expected stored size before the read, so that a file read for
+                # a trial compression is not, as a rule, left without a tier (the application
+                # would then read it a second time); the reservation is trued up after encoding
+                expected = tier.codec.estimate(info.size)
+                if not tier.reserve(expected):
                     continue
-                if held is None:
-                    buf = io.BytesIO()
-                    self._read_pfs(key, buf)
-                    held = buf.getbuffer()
-                frame = codec.encode(held)  # None: it does not shrink enough, kept raw
-            stored = len(frame) if frame is not None else info.size
-            if not tier.reserve(stored):
-                continue
+                try:
+                    if held is None:
+                        buf = io.BytesIO()
+                        self._read_pfs(key, buf)
+                        held = buf.getbuffer()
+                    frame = codec.encode(held)  # None: it does not shrink enough, kept raw
+                except BaseException:
+                    tier.release(expected)
+                    raise
+                stored = len(frame) if frame is not None else info.size
+                if stored <= expected:
+                    tier.release(expected - stored)
+                elif not tier.reserve(stored - expected):
+                    tier.release(expected)
+                    continue  # the bytes are held: the next tier takes them without a second read
+            else:
+                stored = info.size
+                if not tier.reserve(stored):
+                    continue
             data = frame if frame is not None else held
             fill = stream if data is None else (lambda fd, data=data: _write_all(fd, data))
             dest = tier.compressed_path_for(key) if frame is not None else tier.path_for(key)

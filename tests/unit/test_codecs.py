@@ -283,3 +283,20 @@ def test_decoded_cache_off_decodes_every_open(tmp_path):
         assert d.inflated_bytes == 2 * 50_000
     finally:
         d.close()
+
+
+def test_a_file_read_for_a_trial_compression_always_finds_a_tier(tmp_path):
+    """Incompressible files, a compressing tier that fills while many copies are in flight:
+    every file the stager reads from the PFS is staged (before, some were read for a trial,
+    found the tier filled meanwhile, and the application read them from the PFS again)."""
+    root = tmp_path / "pfs"
+    root.mkdir()
+    for i in range(60):
+        (root / f"{i}.jpg").write_bytes(os.urandom(20_000))
+    snap = take_snapshot((str(root),))
+    t = tier(tmp_path, 20 * 20_000)
+    stager = Stager(snap, [t], threads=16)
+    for f in [stager.ensure(k) for k in sorted(snap.files)]:
+        f.result(timeout=30)
+    s = stager.stats()
+    assert s["files"] == t.files > 0 and s["pfs_files_read"] == s["files"]
