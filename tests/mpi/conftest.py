@@ -15,6 +15,20 @@ HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _remove_mpich_shared_memory_left_by_killed_ranks():
+    """A rank killed on purpose cannot unlink MPICH's /dev/shm segments: remove the ones a
+    test leaves, so repeated runs do not fill the node's shared memory."""
+    import glob
+    before = set(glob.glob("/dev/shm/mpich_shm_*"))
+    yield
+    for path in set(glob.glob("/dev/shm/mpich_shm_*")) - before:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def _mpiexec():
     local = Path(sys.executable).parent / "mpiexec"
     return str(local) if local.exists() else shutil.which("mpiexec")
