@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+command -v objdump >/dev/null 2>&1 || need+=(binutils)  # the glibc 2.17 import check reads the shim with it
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 [ -e /usr/lib/x86_64-linux-gnu/libfuse3.so.3 ] || ls /usr/lib/*/libfuse3.so.3 >/dev/null 2>&1 || need+=(libfuse3-3)
 if [ ${#need[@]} -gt 0 ]; then

@@ -14,6 +14,7 @@ import sys
 import tarfile
 import time
 
+import psutil
 import pytest
 
 from monarch.testing.harness import load, monarch, monarch_env, reader, write_config, write_tier_config
@@ -90,10 +91,10 @@ def test_a_killed_job_leaves_nothing_that_the_next_job_serves(dataset, short_tmp
     leftovers = glob.glob(f"/dev/shm{short_tmp}/ram0/monarch-{os.getuid()}/step-node0-*")
     assert leftovers and any(files for _, _, files in os.walk(leftovers[0]))
     # SIGKILL the launcher, the daemon and the app: nothing gets to clean up
-    for pid in subprocess.run(["pgrep", "-f", short_tmp], capture_output=True, text=True).stdout.split():
-        if int(pid) != os.getpid():
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.info["pid"] != os.getpid() and short_tmp in " ".join(proc.info["cmdline"] or ()):
             try:
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(proc.info["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
     p.wait(timeout=30)
