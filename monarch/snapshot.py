@@ -19,6 +19,7 @@ it copies); ``staging.validate: open`` always walks afresh.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import time
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from monarch import protocol
+from monarch.pfsmeta import opened_stat
 from monarch.secure import write_file_atomically
 
 log = logging.getLogger(__name__)
@@ -119,18 +121,21 @@ def _child_key(dkey: str, name: str) -> str:
 
 WALK_THREADS = 8       # directories listed and entries stat'ed at once: hides the PFS's metadata latency
 WALK_CHUNK = 128       # entries of one directory stat'ed per task (a large flat directory is split)
+WALK_OPEN_DIRS = 64    # directories open at once (each holds a descriptor until its entries are stat'ed)
 
 
-def _describe(entries, dkey: str, dir_ino: int):
-    """Stat a slice of one directory's entries (one stat per entry: scandir's d_type and
-    its cached lstat): the files, links and subdirectories found, each entry's listing
-    record, and whether any entry failed (then the directory's listing is not known whole)."""
+def _describe(entries, dkey: str, rel: str, dir_ino: int):
+    """Stat a slice of one directory's entries (one stat per entry, relative to the
+    directory's descriptor: scandir's d_type and its cached lstat): the files, links and
+    subdirectories found, each entry's listing record, and whether any entry failed (then
+    the directory's listing is not known whole)."""
     files, links, subdirs, children, failed = [], [], [], [], False
     for entry in entries:
         key = _child_key(dkey, entry.name)
         try:
             if entry.is_dir(follow_symlinks=False):
-                subdirs.append((entry.path, key, entry.stat(follow_symlinks=False), dir_ino))
+                subdirs.append((f"{rel}/{entry.name}" if rel else entry.name, key,
+                                entry.stat(follow_symlinks=False), dir_ino))
                 d_type = protocol.DT_DIR
             elif entry.is_file():
                 link = entry.is_symlink()
@@ -147,48 +152,74 @@ def _describe(entries, dkey: str, dir_ino: int):
     return files, links, subdirs, children, failed
 
 
-def _list(directory: str):
+def _list(root_fd: int, rel: str, ino: int):
+    """Open directory ``rel`` of a root (relative to the root's descriptor: one lookup per
+    component below the root) and list it: ``(fd, entries)``, the caller closes ``fd``;
+    None if it cannot be listed or is no longer the directory its parent's entry described."""
     try:
-        return list(os.scandir(directory))
+        fd = (os.dup(root_fd) if not rel else
+              os.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd))
     except OSError:
         return None
+    try:
+        if opened_stat(fd).st_ino == ino:
+            with os.scandir(fd) as it:
+                return fd, list(it)
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS) -> Snapshot:
-    """Walk every root once (os.scandir: one stat per file and directory, no extra lookups).
+    """Walk every root once (os.scandir: one stat per file and directory, relative to the
+    directory's descriptor: no lookups of the path above it).
 
     Directories are not followed through symlinks (their files are not the root's); a
     symlink to a file is the file the kernel would open. Every directory's listing is kept
     (names, d_type, d_ino), so the shim can list it and say that a name is absent.
 
     With ``threads`` > 1, directories are listed and their entries stat'ed by a few threads
-    at once (a large directory in slices of WALK_CHUNK): on a PFS each stat is a metadata
-    round trip, and several in flight hide its latency. The snapshot is the same as one
-    thread's walk: each directory's listing is sorted, and a directory whose listing or
-    any entry failed is kept unlisted.
+    at once (a large directory in slices of WALK_CHUNK, at most WALK_OPEN_DIRS directories
+    open): on a PFS each stat is a metadata round trip, and several in flight hide its
+    latency. The snapshot is the same as one thread's walk: each directory's listing is
+    sorted, and a directory whose listing or any entry failed is kept unlisted.
     """
     files: dict[str, FileInfo] = {}
     dirs: dict[str, DirInfo] = {}
     links: dict[str, FileInfo] = {}
-    pending_dirs = []
+    root_fds: dict[int, int] = {}
+    pending = collections.deque()  # (root index, path under the root, key, its stat, its parent's ino)
     for index, root in enumerate(roots):
         try:
-            rst = os.stat(root)
+            root_fds[index] = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            rst = os.fstat(root_fds[index])
         except OSError:
+            if index in root_fds:
+                os.close(root_fds.pop(index))
             continue
         try:
             parent_ino = os.stat(os.path.dirname(root.rstrip("/")) or "/").st_ino
         except OSError:
             parent_ino = 0
-        pending_dirs.append((root, f"{index}/", rst, parent_ino))
-    if not pending_dirs:
-        return Snapshot(roots=tuple(roots), files=files, dirs=dirs, links=links)
+        pending.append((index, "", f"{index}/", rst, parent_ino))
 
-    # per directory being described: [its stat, its parent's ino, slices left, children, failed]
+    # per directory being described: [its stat, its parent's ino, slices left, children, failed, fd]
     state: dict[str, list] = {}
 
-    def add(result, dkey: str) -> list:
-        """Merge one slice's result; the subdirectories it found, to list next."""
+    def listed(d, got) -> list:
+        """A directory's listing came back: the slices of entries to stat (none if it failed)."""
+        index, rel, dkey, dst, pino = d
+        if got is None:
+            dirs[dkey] = DirInfo(FileInfo.from_stat(dst), None, pino)  # unreadable: its names stay the PFS's
+            return []
+        fd, entries = got
+        slices = [entries[i:i + WALK_CHUNK] for i in range(0, len(entries), WALK_CHUNK)] or [[]]
+        state[dkey] = [dst, pino, len(slices), [], False, fd]
+        return [(part, dkey, rel, dst.st_ino) for part in slices]
+
+    def add(result, dkey: str) -> None:
+        """Merge one slice's result; the subdirectories it found are listed next."""
         got_files, got_links, subdirs, children, failed = result
         files.update(got_files)
         links.update(got_links)
@@ -198,44 +229,40 @@ def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS) -> Snapsh
         st[4] = st[4] or failed
         if st[2] == 0:
             del state[dkey]
+            os.close(st[5])
             dirs[dkey] = DirInfo(FileInfo.from_stat(st[0]), None if st[4] else tuple(sorted(st[3])), st[1])
-        return subdirs
+        index = int(dkey.partition("/")[0])
+        pending.extend((index, rel, key, sst, pino) for rel, key, sst, pino in subdirs)
 
-    if threads <= 1:
-        stack = pending_dirs
-        while stack:
-            directory, dkey, dst, pino = stack.pop()
-            entries = _list(directory)
-            if entries is None:
-                dirs[dkey] = DirInfo(FileInfo.from_stat(dst), None, pino)  # unreadable: its names stay the PFS's
-                continue
-            state[dkey] = [dst, pino, 1, [], False]
-            stack.extend(add(_describe(entries, dkey, dst.st_ino), dkey))
+    try:
+        if threads <= 1:
+            while pending:
+                d = pending.pop()
+                for part, dkey, rel, ino in listed(d, _list(root_fds[d[0]], d[1], d[3].st_ino)):
+                    add(_describe(part, dkey, rel, ino), dkey)
+            return Snapshot(roots=tuple(roots), files=files, dirs=dirs, links=links)
+
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+        with ThreadPoolExecutor(threads, thread_name_prefix="monarch-walk") as pool:
+            running = {}
+            while pending or running:
+                while pending and len(state) + sum(w == "list" for w, _ in running.values()) < WALK_OPEN_DIRS:
+                    d = pending.popleft()
+                    running[pool.submit(_list, root_fds[d[0]], d[1], d[3].st_ino)] = ("list", d)
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    what, d = running.pop(future)
+                    if what == "list":
+                        for part, dkey, rel, ino in listed(d, future.result()):
+                            running[pool.submit(_describe, part, dkey, rel, ino)] = ("describe", dkey)
+                    else:
+                        add(future.result(), d)
         return Snapshot(roots=tuple(roots), files=files, dirs=dirs, links=links)
-
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-    with ThreadPoolExecutor(threads, thread_name_prefix="monarch-walk") as pool:
-        running = {}
-        for d in pending_dirs:
-            running[pool.submit(_list, d[0])] = ("list", d)
-        while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                what, d = running.pop(future)
-                if what == "list":
-                    directory, dkey, dst, pino = d
-                    entries = future.result()
-                    if entries is None:
-                        dirs[dkey] = DirInfo(FileInfo.from_stat(dst), None, pino)
-                        continue
-                    slices = [entries[i:i + WALK_CHUNK] for i in range(0, len(entries), WALK_CHUNK)] or [[]]
-                    state[dkey] = [dst, pino, len(slices), [], False]
-                    for part in slices:
-                        running[pool.submit(_describe, part, dkey, dst.st_ino)] = ("describe", dkey)
-                else:
-                    for sub in add(future.result(), d):
-                        running[pool.submit(_list, sub[0])] = ("list", sub)
-    return Snapshot(roots=tuple(roots), files=files, dirs=dirs, links=links)
+    finally:
+        for fd in root_fds.values():
+            os.close(fd)
+        for st in state.values():  # only after an error: every directory is closed when described
+            os.close(st[5])
 
 
 # -- reuse across jobs -------------------------------------------------------------------
@@ -270,17 +297,29 @@ def read_index(data: bytes, roots: tuple[str, ...]) -> Snapshot:
 
 def unchanged(snap: Snapshot) -> bool:
     """Does every directory of the snapshot still have the inode, mtime and ctime it had (and
-    was every one listed whole)? One stat per directory."""
-    for key, d in snap.dirs.items():
-        if d.children is None:
-            return False
-        try:
-            st = os.stat(snap.source_path(key))
-        except OSError:
-            return False
-        if (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (d.info.ino, d.info.mtime_ns, d.info.ctime_ns):
-            return False
-    return len(snap.dirs) > 0 and all(f"{k}/" in snap.dirs for k in range(len(snap.roots)))
+    was every one listed whole)? One stat per directory, relative to its root's descriptor."""
+    if not snap.dirs or not all(f"{k}/" in snap.dirs for k in range(len(snap.roots))):
+        return False
+    root_fds: dict[int, int] = {}
+    try:
+        for key, d in snap.dirs.items():
+            if d.children is None:
+                return False
+            index, _, rel = key.partition("/")
+            k = int(index)
+            try:
+                if k not in root_fds:
+                    root_fds[k] = os.open(snap.roots[k], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                st = (os.stat(rel, dir_fd=root_fds[k], follow_symlinks=False) if rel
+                      else os.fstat(root_fds[k]))
+            except OSError:
+                return False
+            if (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (d.info.ino, d.info.mtime_ns, d.info.ctime_ns):
+                return False
+        return True
+    finally:
+        for fd in root_fds.values():
+            os.close(fd)
 
 
 def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False) -> tuple[Snapshot, str]:

@@ -8,7 +8,10 @@ source. A source reports what it reads through a ``Tally`` so the stager can cou
 when the copy fails half-way (the PFS bytes are the number Monarch exists to minimise).
 
 Correct bytes first: the PFS source copies a file only if its open descriptor still has the
-size and mtime the snapshot saw (else ``SourceChanged``).
+size and mtime the snapshot saw, and reads exactly that size (else ``SourceChanged``). It
+opens each file relative to its directory and checks the attributes the open fetched
+(monarch/pfsmeta.py): one metadata operation per file, not one per path component plus a
+getattr.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from typing import Protocol
 
 from monarch.errors import PeerError
+from monarch.pfsmeta import DirFds, opened_stat
 from monarch.snapshot import FileInfo, Snapshot
 
 log = logging.getLogger(__name__)
@@ -63,11 +67,25 @@ class PFSSource(Source):
 
     def __init__(self, snapshot: Snapshot):
         self.snapshot = snapshot
+        self.dirs = DirFds(snapshot)
+
+    def _open(self, key: str) -> int:
+        with self.dirs.parent_of(key) as (dir_fd, name):
+            if dir_fd is None:
+                return os.open(self.snapshot.source_path(key), os.O_RDONLY | os.O_CLOEXEC)
+            return os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+
+    def forget(self, key: str) -> None:
+        """The job changed ``key``: directory descriptors under it are opened afresh."""
+        self.dirs.forget(key)
+
+    def close(self) -> None:
+        self.dirs.close()
 
     def copy(self, key: str, info: FileInfo, out: int, tally: Tally) -> int:
-        src = os.open(self.snapshot.source_path(key), os.O_RDONLY | os.O_CLOEXEC)
+        src = self._open(key)
         try:
-            if not info.same_content_as(os.fstat(src)):
+            if not info.same_content_as(opened_stat(src)):
                 raise SourceChanged(errno.ESTALE, "the file changed since the dataset snapshot; it is read from the PFS")
             tally.opened()
             # read, then write: every byte read is counted, even when the write fails (a full

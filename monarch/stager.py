@@ -113,7 +113,7 @@ class Stager:
         ``on_fallback(reason)`` is told each time that did not work and the PFS was used."""
         self.snapshot = snapshot
         self.tiers = tiers
-        self.pfs: Source = PFSSource(snapshot)
+        self.pfs = PFSSource(snapshot)
         self.peers = peers
         self.peer_area = peer_area
         self._on_fallback = on_fallback
@@ -255,6 +255,7 @@ class Stager:
         """The job writes to ``key`` (a file, or a directory and all under it): drop its
         copies now and never stage it again this run. Returns how many copies went."""
         prefix = key.rstrip("/") + "/"
+        self.pfs.forget(key)
         with self._lock:
             self._dirty.add(key.rstrip("/"))
             gone = [k for k in self.staged if k == key or k.startswith(prefix)] if len(self.staged) else []
@@ -561,6 +562,7 @@ class Stager:
             self._cv.notify_all()
         for f in flights:
             f.future.cancel()
+        self.pfs.close()
 
     def stats(self) -> dict:
         with self._lock:

@@ -1,0 +1,185 @@
+"""Metadata round trips to the PFS, paid once: directory descriptors, and the attributes an
+open has already fetched.
+
+On a parallel filesystem every path component of an ``open`` or ``stat`` is a lookup at the
+metadata server unless the client caches it (the emulated PFS caches nothing, like a
+Lustre or GPFS client under metadata pressure). Opening ``<root>/<dir>/<file>`` by its full
+path costs one lookup per component, and ``fstat`` of the descriptor one more getattr.
+Opened relative to a descriptor of its directory, a file costs one lookup (its own name);
+and the lookup that opened it already refreshed its attributes, which
+``statx(AT_STATX_DONT_SYNC)`` then reads without asking the server again.
+
+That is the freshness a reader gets: NFS revalidates attributes at every open
+(close-to-open), a Lustre open returns them with its intent, GPFS keeps them coherent, a
+FUSE mount with a zero entry timeout looks the name up again. Where ``statx`` is missing
+(kernel before 4.11, a libc without it) ``fstat`` asks the server as before.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import ctypes.util
+import os
+import platform
+import threading
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple
+
+_AT_EMPTY_PATH = 0x1000
+_AT_STATX_DONT_SYNC = 0x4000
+_STATX_TYPE, _STATX_MODE, _STATX_INO, _STATX_SIZE, _STATX_MTIME = 0x1, 0x2, 0x100, 0x200, 0x40
+_WANT = _STATX_TYPE | _STATX_MODE | _STATX_INO | _STATX_SIZE | _STATX_MTIME
+_SYS_STATX = {"x86_64": 332, "aarch64": 291, "ppc64le": 383}.get(platform.machine())
+_STATX_SIZEOF = 256
+
+
+class OpenedStat(NamedTuple):
+    """The fields the stager and the walk compare (os.stat_result's names)."""
+    st_size: int
+    st_mtime_ns: int
+    st_ino: int
+    st_mode: int
+
+
+def _statx_call():
+    """libc's statx, else the raw system call, else None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    except OSError:
+        return None
+    fn = getattr(libc, "statx", None)
+    if fn is not None:
+        fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)
+        return fn
+    if _SYS_STATX is None:
+        return None
+    syscall = libc.syscall
+    return lambda fd, path, flags, mask, buf: syscall(_SYS_STATX, ctypes.c_int(fd), ctypes.c_char_p(path),
+                                                      ctypes.c_int(flags), ctypes.c_uint(mask), buf)
+
+
+_statx = _statx_call()
+
+
+def opened_stat(fd: int) -> OpenedStat:
+    """Size, mtime, inode and mode of an open descriptor as its open left them in the
+    client's cache (no round trip); ``os.fstat`` where that cannot be had."""
+    if _statx is not None:
+        buf = ctypes.create_string_buffer(_STATX_SIZEOF)
+        if _statx(fd, b"", _AT_EMPTY_PATH | _AT_STATX_DONT_SYNC, _WANT, buf) == 0:
+            raw = buf.raw
+            mask = int.from_bytes(raw[0:4], "little")
+            if mask & _WANT == _WANT:
+                return OpenedStat(int.from_bytes(raw[40:48], "little"),
+                                  int.from_bytes(raw[112:120], "little", signed=True) * 1_000_000_000
+                                  + int.from_bytes(raw[120:124], "little"),
+                                  int.from_bytes(raw[32:40], "little"),
+                                  int.from_bytes(raw[28:30], "little"))
+    st = os.fstat(fd)
+    return OpenedStat(st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
+
+
+def parent_key(key: str) -> tuple[str, str]:
+    """``("0/a/b", "f")`` for ``"0/a/b/f"``; a file at the top of root k has parent ``"k/"``."""
+    head, _, name = key.rpartition("/")
+    return (head if "/" in head else head + "/"), name
+
+
+class DirFds:
+    """Descriptors of the dataset's directories the stager opens files in, least recently
+    used closed beyond ``limit`` (never one in use: a closed number could be reused by
+    another thread's open). A directory is used only if it is still the one the snapshot
+    listed (same inode); else, and for a key the snapshot has no directory for, the caller
+    opens the full path."""
+
+    def __init__(self, snapshot, limit: int = 64):
+        self.snapshot = snapshot
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._fds: collections.OrderedDict[str, list] = collections.OrderedDict()  # dkey -> [fd, users, retired]
+        self._closed = False
+
+    def _open(self, dkey: str) -> int | None:
+        d = self.snapshot.dirs.get(dkey)
+        if d is None:
+            return None
+        try:
+            fd = os.open(self.snapshot.source_path(dkey), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            if opened_stat(fd).st_ino == d.info.ino:
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
+        return None
+
+    def _take(self, dkey: str) -> list | None:
+        with self._lock:
+            held = self._fds.get(dkey)
+            if held is not None:
+                held[1] += 1
+                self._fds.move_to_end(dkey)
+                return held
+        fd = self._open(dkey)
+        if fd is None:
+            return None
+        with self._lock:
+            held = self._fds.get(dkey)
+            if held is not None:  # another thread opened it meanwhile
+                os.close(fd)
+                held[1] += 1
+                return held
+            held = [fd, 1, self._closed]
+            if not self._closed:
+                self._fds[dkey] = held
+            return held
+
+    def _give_back(self, held: list) -> None:
+        with self._lock:
+            held[1] -= 1
+            if held[2] and held[1] == 0:
+                os.close(held[0])
+            self._trim_locked()
+
+    @contextmanager
+    def parent_of(self, key: str) -> Iterator[tuple[int | None, str]]:
+        """``(dir fd or None, name)`` to open ``key`` with ``os.open(name, dir_fd=fd)``
+        (None: open ``snapshot.source_path(key)``)."""
+        dkey, name = parent_key(key)
+        held = self._take(dkey)
+        if held is None:
+            yield None, name
+            return
+        try:
+            yield held[0], name
+        finally:
+            self._give_back(held)
+
+    def _retire_locked(self, dkey: str) -> None:
+        held = self._fds.pop(dkey)
+        held[2] = True
+        if held[1] == 0:
+            os.close(held[0])
+
+    def _trim_locked(self) -> None:
+        over = len(self._fds) - self.limit
+        for dkey in [k for k, held in self._fds.items() if held[1] == 0][:max(0, over)]:
+            self._retire_locked(dkey)
+
+    def forget(self, key: str) -> None:
+        """The job changed ``key`` (a file or directory): the descriptors of it and of the
+        directories under it are opened afresh next time (closed once no copy uses them)."""
+        prefix = key.rstrip("/") + "/"
+        with self._lock:
+            for dkey in [k for k in self._fds if k == key or k.startswith(prefix)]:
+                self._retire_locked(dkey)
+
+    def close(self) -> None:
+        """Close every descriptor (one in use when its last user is done)."""
+        with self._lock:
+            self._closed = True
+            for dkey in list(self._fds):
+                self._retire_locked(dkey)

@@ -1,0 +1,150 @@
+"""What Monarch costs the PFS's metadata server, counted by the emulated PFS itself: the walk
+stats each entry relative to its directory, the stager opens each file with one lookup and
+checks the attributes that open fetched; and the directory descriptors behind that."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+
+import pytest
+
+from monarch.pfsmeta import DirFds, opened_stat
+from monarch.snapshot import take_snapshot, unchanged
+from monarch.sources import PFSSource, SourceChanged
+
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+
+CLASSES, PER_CLASS = 4, 25
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "src" / "data"
+    for c in range(CLASSES):
+        for i in range(PER_CLASS):
+            p = root / f"class{c}" / f"{i:03d}.bin"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(os.urandom(1000 + i))
+    return root
+
+
+class _Tally:
+    def __init__(self):
+        self.files = self.bytes = 0
+
+    def opened(self):
+        self.files += 1
+
+    def read(self, n):
+        self.bytes += n
+
+
+def _meta_ops(pfs) -> int:
+    c = pfs.counters()
+    return c["lookups"] + c["readdirs"]
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_walk_and_copies_cost_two_and_one_operations_per_file(slow_pfs, tree):
+    pfs = slow_pfs(tree.parent, open_latency_ms=0)
+    root = os.path.join(pfs.mountpoint, "data")
+    files = CLASSES * PER_CLASS
+    before = _fds()
+    pfs.reset_counters()
+    snap = take_snapshot((root,))
+    walk = _meta_ops(pfs)
+    assert len(snap.files) == files and len(snap.dirs) == CLASSES + 1
+    # two per file (a lookup and a getattr), a few per directory; by full path it was four per file
+    assert walk <= 2 * files + 6 * (CLASSES + 1), walk
+
+    source = PFSSource(snap)
+    pfs.reset_counters()
+    tally = _Tally()
+    copied = {}
+    for key, info in sorted(snap.files.items()):
+        out = copied[key] = io.BytesIO()
+        assert source.copy(key, info, out, tally) == info.size
+    source.close()
+    copies = _meta_ops(pfs)
+    # one lookup per file; per directory its path once (its descriptor is kept); by full path
+    # with an fstat it was four per file
+    assert copies <= files + 3 * (CLASSES + 1), copies
+    assert tally.files == files
+    for key, out in copied.items():  # checked against the source tree, not through the mount
+        want = hashlib.sha256((tree / key.partition("/")[2]).read_bytes()).digest()
+        assert hashlib.sha256(out.getvalue()).digest() == want
+    assert _fds() == before  # no directory descriptor left open
+
+
+def test_a_reused_snapshot_checks_each_directory_once(slow_pfs, tree):
+    pfs = slow_pfs(tree.parent, open_latency_ms=0)
+    root = os.path.join(pfs.mountpoint, "data")
+    snap = take_snapshot((root,))
+    pfs.reset_counters()
+    assert unchanged(snap)
+    assert _meta_ops(pfs) <= 3 * (CLASSES + 1)
+    os.utime(tree / "class1")  # its mtime moves, as when a name is added
+    assert not unchanged(snap)
+
+
+def test_a_file_replaced_after_the_walk_is_not_copied(tree):
+    snap = take_snapshot((str(tree),))
+    key = "0/class2/003.bin"
+    path = tree / "class2" / "003.bin"
+    new = tree / "class2" / "new"
+    new.write_bytes(b"x" * snap.files[key].size)  # same size, another file (inode and mtime)
+    os.utime(new, ns=(0, snap.files[key].mtime_ns + 10**9))
+    os.rename(new, path)
+    source = PFSSource(snap)
+    with pytest.raises(SourceChanged):
+        source.copy(key, snap.files[key], io.BytesIO(), _Tally())
+    source.close()
+
+
+def test_a_directory_replaced_after_the_walk_is_opened_by_its_path(tree):
+    snap = take_snapshot((str(tree),))
+    key = "0/class0/001.bin"
+    os.rename(tree / "class0", tree / "old")
+    os.mkdir(tree / "class0")
+    (tree / "class0" / "001.bin").write_bytes(b"new")
+    dirs = DirFds(snap)
+    with dirs.parent_of(key) as (fd, name):
+        assert fd is None and name == "001.bin"  # not the directory the snapshot listed
+    dirs.close()
+    source = PFSSource(snap)
+    with pytest.raises(SourceChanged):  # the path's file is not the snapshot's
+        source.copy(key, snap.files[key], io.BytesIO(), _Tally())
+    source.close()
+
+
+def test_directory_descriptors_are_bounded_and_never_closed_in_use(tree):
+    snap = take_snapshot((str(tree),))
+    before = _fds()
+    dirs = DirFds(snap, limit=2)
+    keys = [f"0/class{c}/000.bin" for c in range(CLASSES)]
+    with dirs.parent_of(keys[0]) as (held, _):
+        for key in keys[1:]:
+            with dirs.parent_of(key) as (fd, name):
+                assert fd is not None and os.stat(name, dir_fd=fd).st_size == snap.files[key].size
+        assert _fds() <= before + 2
+        dirs.forget("0/class0")  # in use: closed only when its user is done
+        os.fstat(held)
+        dirs.close()
+        os.fstat(held)
+    assert _fds() == before
+
+
+def test_opened_stat_is_the_files_stat(tree):
+    path = tree / "class3" / "007.bin"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got, st = opened_stat(fd), os.fstat(fd)
+    finally:
+        os.close(fd)
+    assert (got.st_size, got.st_mtime_ns, got.st_ino, got.st_mode) == (st.st_size, st.st_mtime_ns,
+                                                                        st.st_ino, st.st_mode)
