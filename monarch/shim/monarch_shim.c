@@ -1818,6 +1818,21 @@ MONARCH_WRAPPERS(MONARCH_WRAP_OPEN, MONARCH_WRAP_OPEN_2, MONARCH_WRAP_OPENAT, MO
                  MONARCH_WRAP_PSTAT, MONARCH_WRAP_ACCESS, MONARCH_WRAP_OPENDIR, MONARCH_WRAP_READDIR,
                  MONARCH_WRAP_READDIR_R)
 
+/* freopen opens its path inside glibc (no open() of ours runs): a writing mode changes
+ * the file, so its copies go first, as for fopen. A reading mode reads the PFS. */
+static FILE *(*real_freopen)(const char *, const char *, FILE *);
+static FILE *(*real_freopen64)(const char *, const char *, FILE *);
+#define MONARCH_WRAP_FREOPEN(name)                                                \
+    MONARCH_EXPORT FILE *name(const char *path, const char *mode, FILE *fp)       \
+    {                                                                             \
+        MONARCH_REAL(name, NULL)                                                  \
+        if (path && mode && monarch_fopen_flags(mode) < 0)                        \
+            monarch_invalidate(AT_FDCWD, path);                                   \
+        return real_(path, mode, fp);                                             \
+    }
+MONARCH_WRAP_FREOPEN(freopen)
+MONARCH_WRAP_FREOPEN(freopen64)
+
 /* ---- emulated DIRs: the calls that take a DIR * ---- */
 static int (*real_closedir)(DIR *);
 static int (*real_dirfd)(DIR *);

@@ -35,8 +35,14 @@ int main(int argc, char **argv)
             return perror("creat"), 1;
         return 0;
     }
+    if (argc == 4 && !strcmp(argv[1], "freopen")) { /* glibc opens the path internally */
+        FILE *fp = freopen(argv[2], "w", stdout);
+        if (!fp || fputs(argv[3], fp) < 0 || fclose(fp) != 0)
+            return perror("freopen"), 1;
+        return 0;
+    }
     if (argc != 3 || strcmp(argv[1], "stat"))
-        return fprintf(stderr, "usage: statfd stat PATH | statfd creat PATH TEXT\n"), 2;
+        return fprintf(stderr, "usage: statfd stat PATH | statfd creat|freopen PATH TEXT\n"), 2;
     int fd = open(argv[2], O_RDONLY);
     if (fd < 0)
         return perror("open"), 1;

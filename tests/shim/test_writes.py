@@ -53,6 +53,8 @@ WRITERS = {
         os.truncate(sys.argv[1], 1000)
     """), lambda old: old[:1000]),
     "creat": (lambda env, src, tmp, statfd: env.run([statfd, "creat", str(src), NEW.decode()]), lambda old: NEW),
+    "freopen-w": (lambda env, src, tmp, statfd: env.run([statfd, "freopen", str(src), NEW.decode()]),
+                  lambda old: NEW),
     "sh-redirect": (lambda env, src, tmp, statfd: env.run(["sh", "-c", f'cat "$1" > "$2"', "sh", str(tmp), str(src)]),
                     lambda old: NEW),
     "mv": (lambda env, src, tmp, statfd: env.run(["mv", "-f", str(tmp), str(src)]), lambda old: NEW),
