@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Large-file benchmark: one big file (an LMDB, an HDF5 or TFRecord shard) from a PFS whose
+every read call costs a round trip, copied by the stager as one stream and in ranges read
+at once, and read by ``md5sum`` directly and under ``monarch run`` (first job, so the
+file is staged while the application waits for it), side by side in one run.
+
+    python scripts/bench_large_files.py                        # 256 MiB, 2 ms per read call
+    python scripts/bench_large_files.py --size-mib 512 --read-latency-ms 5
+
+Bytes are checked against the source (md5) and the PFS's own byte count is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from monarch import sources  # noqa: E402
+from monarch.snapshot import take_snapshot  # noqa: E402
+from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size-mib", type=int, default=256, help="size of the file (default 256)")
+    p.add_argument("--read-latency-ms", type=float, default=2.0, help="per read call of the PFS (default 2)")
+    p.add_argument("--json", help="write the figures here")
+    return p.parse_args(argv)
+
+
+class _Tally:
+    def __init__(self):
+        self.bytes = 0
+
+    def opened(self):
+        pass
+
+    def read(self, n):
+        self.bytes += n
+
+
+def stage_once(snap, key: str, dest: Path, ranges: int) -> float:
+    """Seconds for PFSSource to copy ``key`` into ``dest`` with ``ranges`` ranges at once."""
+    saved = sources.RANGES_AT_ONCE, sources.LARGE
+    sources.RANGES_AT_ONCE = ranges
+    sources.LARGE = sources.LARGE if ranges > 1 else 1 << 62
+    source = sources.PFSSource(snap)
+    out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        t0 = time.perf_counter()
+        source.copy(key, snap.files[key], out, _Tally())
+        return time.perf_counter() - t0
+    finally:
+        os.close(out)
+        source.close()
+        sources.RANGES_AT_ONCE, sources.LARGE = saved
+
+
+def md5_run(cmd: list[str], env: dict) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=1800).stdout
+    return time.perf_counter() - t0, out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    reason = fuse_unavailable_reason(probe=True)
+    if reason:
+        print(f"cannot mount the emulated PFS: {reason}", file=sys.stderr)
+        return 2
+    size = args.size_mib << 20
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    with tempfile.TemporaryDirectory(prefix="bench-large-") as tmp, \
+            tempfile.TemporaryDirectory(prefix="bench-large-", dir="/dev/shm") as shm:
+        work = Path(tmp)
+        src = work / "src" / "data"
+        src.mkdir(parents=True)
+        data = os.urandom(1 << 20) * args.size_mib
+        (src / "big.bin").write_bytes(data)
+        want = hashlib.md5(data).hexdigest()
+        del data
+        results = {}
+        with SlowPFS(src.parent, work / "pfs", work / "pfs.json", open_latency_ms=2,
+                     read_latency_ms=args.read_latency_ms) as pfs:
+            root = os.path.join(pfs.mountpoint, "data")
+            snap = take_snapshot((root,))
+            for ranges in (1, sources.RANGES_AT_ONCE):
+                dest = Path(shm) / f"copy{ranges}"
+                seconds = stage_once(snap, "0/big.bin", dest, ranges)
+                assert hashlib.md5(dest.read_bytes()).hexdigest() == want, "the copy's bytes differ"
+                dest.unlink()
+                results[f"stager, {ranges} range(s) at once"] = seconds
+            config = work / "monarch.yaml"
+            config.write_text(json.dumps({"dataset": {"roots": [root]}, "run_dir": str(work / "run"),
+                                          "tiers": [{"name": "ram", "path": f"{shm}/ram", "capacity": "4GiB"}]}))
+            path = os.path.join(root, "big.bin")
+            pfs.reset_counters()
+            seconds, out = md5_run(["md5sum", path], env)
+            assert out.split()[0] == want
+            results["md5sum direct"] = seconds
+            direct_bytes = pfs.counters()["bytes"]
+            pfs.reset_counters()
+            seconds, out = md5_run([sys.executable, "-m", "monarch", "run", "-c", str(config), "--no-progress",
+                                    "--", "md5sum", path], env)
+            assert out.split()[0] == want
+            results["md5sum under monarch run (staged first)"] = seconds
+            monarch_bytes = pfs.counters()["bytes"]
+    print(f"\none file of {args.size_mib} MiB, {args.read_latency_ms:g} ms per PFS read call; seconds, MB/s")
+    for name, seconds in results.items():
+        print(f"  {name:<42}{seconds:>8.2f} s {size / seconds / 1e6:>8.0f} MB/s")
+    one, many = results["stager, 1 range(s) at once"], results[f"stager, {sources.RANGES_AT_ONCE} range(s) at once"]
+    print(f"ranges: {one / many:.1f}x faster than one stream; PFS bytes read: direct {direct_bytes / size:.2f}x, "
+          f"under monarch {monarch_bytes / size:.2f}x the file")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "args": vars(args)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
