@@ -166,6 +166,8 @@ class DirFds:
 
     def _trim_locked(self) -> None:
         over = len(self._fds) - self.limit
+        if over <= 0:
+            return
         for dkey in [k for k, held in self._fds.items() if held[1] == 0][:max(0, over)]:
             self._retire_locked(dkey)
 
