@@ -116,7 +116,8 @@ def _write_at(out: int, view: memoryview, offset: int | None) -> None:
 
 def _copy_stream(src: int, out, size: int, tally: Tally) -> int:
     """Read ``src`` to its end into ``out`` (a descriptor, or a buffer the stager compresses
-    from). Read, then write: every byte read is counted, even when the write fails (a full
+    from); ``size`` is what the snapshot saw (a file found longer is read on, and refused
+    by the caller). Read, then write: every byte read is counted, even when the write fails (a full
     tier); sendfile would hide what it read before failing."""
     buf = bytearray(min(CHUNK, size + 1))
     view = memoryview(buf)
@@ -131,6 +132,8 @@ def _copy_stream(src: int, out, size: int, tally: Tally) -> int:
             _write_at(out, view[:got], None)
         else:
             out.write(view[:got])
+        if n == size and got < len(buf):
+            return n  # a short read at the expected size is the end: no read round trip to see 0
 
 
 def _copy_ranges(src: int, out: int, size: int, tally: Tally) -> int:

@@ -71,6 +71,7 @@ def test_walk_and_copies_cost_two_and_one_operations_per_file(slow_pfs, tree):
         assert source.copy(key, info, out, tally) == info.size
     source.close()
     copies = _meta_ops(pfs)
+    assert pfs.counters()["reads"] == files  # a short read at the expected size ends a copy
     # one lookup per file; per directory its path once (its descriptor is kept); by full path
     # with an fstat it was four per file
     assert copies <= files + 3 * (CLASSES + 1), copies

@@ -62,11 +62,11 @@ def test_ranged_copy_is_the_file(tmp_path, size):
     assert sources._range_readers._value == 16  # every range reader given back
 
 
-def _changed_after_snapshot(tmp_path, change):
+def _changed_after_snapshot(tmp_path, change, size):
     root = tmp_path / "ds"
     root.mkdir()
     path = root / "big.bin"
-    path.write_bytes(os.urandom(1024 * KiB))
+    path.write_bytes(os.urandom(size))
     snap = take_snapshot((str(root),))
     info = snap.files["0/big.bin"]
     change(path)
@@ -74,13 +74,15 @@ def _changed_after_snapshot(tmp_path, change):
     return snap, info
 
 
+@pytest.mark.parametrize("size", [1024 * KiB, 100 * KiB], ids=["ranges", "stream"])
 @pytest.mark.parametrize("change", ["grown", "shrunk"])
-def test_a_file_that_changed_size_is_refused(tmp_path, change):
+def test_a_file_that_changed_size_is_refused(tmp_path, change, size):
     def grow(p):
         with open(p, "ab") as f:
             f.write(b"more")
 
-    snap, info = _changed_after_snapshot(tmp_path, grow if change == "grown" else lambda p: os.truncate(p, 300 * KiB))
+    snap, info = _changed_after_snapshot(tmp_path, grow if change == "grown" else lambda p: os.truncate(p, size // 3),
+                                         size)
     # the descriptor's size no longer matches: refused before a byte is read
     source = PFSSource(snap)
     sink = os.open(os.devnull, os.O_WRONLY)
