@@ -22,7 +22,10 @@ import time
 
 from typing import Callable
 
+import zstandard
+
 from monarch import layout, protocol
+from monarch.cluster.transfer import Compressed
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
 from monarch.report import size_classes
@@ -55,6 +58,15 @@ def _tier_of(key: str, future: concurrent.futures.Future) -> tuple[Tier | None, 
     if tier is None:
         return None, "pfs:not_staged"
     return tier, "fetched" if tier.slot == protocol.SLOT_PEER else "staged"
+
+
+def _needs_dictionary(path: str) -> bool:
+    """Does the zstd frame at ``path`` name a dictionary (or cannot be read)?"""
+    try:
+        with open(path, "rb") as f:
+            return zstandard.get_frame_parameters(f.read(18)).dict_id != 0
+    except (OSError, zstandard.ZstdError):
+        return True
 
 
 INFLATE_THREADS = 4  # opens of compressed copies decompressed at once (zstd releases the GIL)
@@ -326,8 +338,9 @@ class NodeDaemon:
         self.count("hints")
 
     def provide(self, key: str):
-        """A peer asks for a key this node owns: the local path once staged, a binary file
-        of its bytes for a compressed copy (decompressed: the wire carries raw bytes), or None."""
+        """A peer asks for a key this node owns: the local path once staged; for a compressed
+        copy its frame as stored (``Compressed``), or its bytes decompressed (a binary file)
+        when the frame needs this tier's dictionary, which the peer does not hold; or None."""
         if self.snapshot.get(key) is None:
             return None
         try:
@@ -337,9 +350,10 @@ class NodeDaemon:
         if tier is None:
             return None
         if tier.is_compressed(key):
-            fd = tier.codec.inflate(tier.compressed_path_for(key), self.snapshot.files[key].size,
-                                    os.path.basename(key))
-            return os.fdopen(fd, "rb")
+            path, size = tier.compressed_path_for(key), self.snapshot.files[key].size
+            if not _needs_dictionary(path):  # crosses the network as stored (cluster/transfer.py)
+                return Compressed(path, size)
+            return os.fdopen(tier.codec.inflate(path, size, os.path.basename(key)), "rb")
         return tier.path_for(key)
 
     # -- statistics and shutdown ---------------------------------------------------------

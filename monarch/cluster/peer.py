@@ -11,8 +11,10 @@ import queue
 import threading
 import time
 
+import zstandard
+
 from ..errors import PeerError
-from . import placement, world
+from . import placement, transfer, world
 from .engine import TAG_CTRL, Engine
 from .serve import Server
 from .transfer import FIRST_REPLY_TAG, Incoming
@@ -40,8 +42,9 @@ class Cluster:
         self._engine = Engine(MPI, comm, self._on_ctrl)
         self._server = None
         self._lock = threading.Lock()
-        self._counters = {"bytes_sent": 0, "bytes_received": 0, "files_sent": 0,
-                          "files_received": 0, "fetch_failures": {}, "serve_failures": {}}
+        # bytes_*: the files' bytes; wire_bytes_*: what crossed the network (compressed copies as stored)
+        self._counters = {"bytes_sent": 0, "bytes_received": 0, "wire_bytes_sent": 0, "wire_bytes_received": 0,
+                          "files_sent": 0, "files_received": 0, "fetch_failures": {}, "serve_failures": {}}
         # engine-thread state (read from other threads only as atomic dict look-ups)
         self._tags = {}
         self._next_tag = FIRST_REPLY_TAG
@@ -148,30 +151,46 @@ class Cluster:
             kind, *rest = self._next_event(xfer, timeout, "the file header")
             if kind == "refused":
                 raise self._failure("refused", f"fetch {key!r}: node {owner} refused: {rest[0]}")
-            size = rest[0]
-            written = self._receive(xfer, size, dest, timeout)
+            size, file_size, encoding = rest
+            written = self._receive(xfer, size, dest, timeout, file_size, encoding)
         except BaseException:
             self._engine.call(xfer.abandon)
             raise
         with self._lock:
             self._counters["bytes_received"] += written
+            self._counters["wire_bytes_received"] += size
             self._counters["files_received"] += 1
         return written
 
-    def _receive(self, xfer, size, dest, timeout):
-        written = 0
+    def _receive(self, xfer, size, dest, timeout, file_size, encoding):
+        """Write the file's chunks into ``dest`` (a compressed file decompressed as it comes,
+        never beyond the size its header announced); the file's bytes written."""
+        if encoding not in (transfer.RAW, transfer.ZSTD):
+            raise self._failure("corrupt", f"fetch {xfer.key!r}: node {xfer.owner} sent encoding {encoding}")
+        inflate = zstandard.ZstdDecompressor().decompressobj() if encoding == transfer.ZSTD else None
+        written = received = 0
         try:
             with open(dest, "wb", closefd=not isinstance(dest, int)) as f:
                 for _ in range(xfer.nchunks if size else 0):
                     kind, idx, buf, count = self._next_event(xfer, timeout, "the next chunk")
                     if count != len(buf):
                         raise self._failure("aborted", f"fetch {xfer.key!r}: node {xfer.owner} "
-                                            f"aborted the transfer at {written} of {size} bytes")
-                    f.write(buf)
-                    written += count
+                                            f"aborted the transfer at {received} of {size} bytes")
+                    received += count
+                    data = buf if inflate is None else inflate.decompress(buf)
+                    if written + len(data) > file_size:
+                        raise self._failure("corrupt", f"fetch {xfer.key!r}: node {xfer.owner} sent more "
+                                            f"than the {file_size} bytes it announced")
+                    f.write(data)
+                    written += len(data)
                     self._engine.call(xfer.credit)
+        except zstandard.ZstdError as exc:
+            raise self._failure("corrupt", f"fetch {xfer.key!r}: node {xfer.owner}'s frame: {exc}") from exc
         except OSError as exc:
             raise self._failure("local_io", f"fetch {xfer.key!r}: writing fd {dest}: {exc}") from exc
+        if written != file_size:
+            raise self._failure("corrupt", f"fetch {xfer.key!r}: node {xfer.owner} sent {written} of the "
+                                f"{file_size} bytes it announced")
         return written
 
     def _next_event(self, xfer, timeout, what):
@@ -199,9 +218,10 @@ class Cluster:
             failures = self._counters["serve_failures"]
             failures[reason] = failures.get(reason, 0) + 1
 
-    def _count_sent(self, size):
+    def _count_sent(self, size, wire_size=None):
         with self._lock:
             self._counters["bytes_sent"] += size
+            self._counters["wire_bytes_sent"] += size if wire_size is None else wire_size
             self._counters["files_sent"] += 1
 
     def counters(self):

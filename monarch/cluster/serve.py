@@ -2,6 +2,7 @@
 
 The engine thread receives ``("req", tag, key)``; a pool thread calls ``provide(key)``
 (which may stage the file from the PFS first), then reads the staged file chunk by chunk
+(a compressed copy as it is stored: see transfer.py)
 and hands each chunk to the engine to send, at most ``window`` chunks in flight. A
 requester that stops receiving (dead, hung) stalls the window: after ``peer_timeout``
 without progress the pool thread gives up, so a dead peer costs one pool thread for one
@@ -100,16 +101,18 @@ class Server:
             return self._refuse(out, "cancelled by the requester", "cancelled")
         if path is None:
             return self._refuse(out, reason, "refused")
-        try:
-            f = path if hasattr(path, "read") else open(path, "rb")  # a file object: a decompressed copy
+        compressed = isinstance(path, transfer.Compressed)
+        try:  # a file object: a copy decompressed for the wire
+            f = path if hasattr(path, "read") else open(path.path if compressed else path, "rb")
         except OSError as exc:
             return self._refuse(out, f"owner cannot open its staged copy: {exc}", "open")
         with f:
             size = os.fstat(f.fileno()).st_size
-            self._send(out, transfer.encode_ok(size))
+            file_size = path.size if compressed else size
+            self._send(out, transfer.encode_ok(size, file_size, transfer.ZSTD if compressed else transfer.RAW))
             sent = self._stream(out, f, size)
         if sent == size:
-            self.cluster._count_sent(size)
+            self.cluster._count_sent(file_size, size)
 
     def _stream(self, out, f, size):
         """Send the chunks with a bounded window; return bytes sent, or -1 if abandoned."""

@@ -3,7 +3,11 @@
 A requester picks a reply tag unique among its outstanding requests and sends
 ``("req", tag, key)`` on the control tag. The owner answers on that tag, to that requester:
 
-  header   8-byte little-endian size; a negative size is a refusal, followed by a UTF-8 reason
+  header   8-byte little-endian size of what follows on the wire; a negative size is a
+           refusal, followed by a UTF-8 reason. An accepted file's header goes on with the
+           file's own size (8 bytes) and its encoding (1 byte): RAW, or ZSTD when the owner
+           holds the file compressed (a plain zstd frame, no dictionary), which crosses the
+           network as it is stored and is decompressed by the requester as it arrives.
   chunks   ceil(size / chunk) raw messages of ``chunk`` bytes (the last one shorter)
 
 MPI keeps messages with the same (source, tag, communicator) in order, so the chunks need
@@ -15,14 +19,31 @@ scratch buffers ("drain"), so no message is left unmatched and the tag can be re
 
 import queue
 import struct
+from typing import NamedTuple
 
 HEADER = struct.Struct("<q")
+OK = struct.Struct("<qqB")  # bytes on the wire, bytes of the file, encoding
 HEADER_MAX = 4096
 FIRST_REPLY_TAG = 16
+RAW, ZSTD = 0, 1
 
 
-def encode_ok(size):
-    return HEADER.pack(size)
+class Compressed(NamedTuple):
+    """What ``provide`` returns for a copy sent as stored: its zstd frame's path and the file's size."""
+    path: str
+    size: int
+
+
+def encode_ok(size, file_size=None, encoding=RAW):
+    return OK.pack(size, size if file_size is None else file_size, encoding)
+
+
+def decode_ok(buf, count):
+    """``(wire size, file size, encoding)`` of an accepted file's header."""
+    if count < OK.size:
+        (size,) = HEADER.unpack_from(buf)
+        return size, size, RAW
+    return OK.unpack_from(buf)
 
 
 def encode_refusal(reason):
@@ -47,7 +68,7 @@ def chunk_len(idx, size, chunk):
 class Incoming:
     """One file being received. Engine-thread methods are marked; ``events`` feeds the fetcher.
 
-    Events: ("header", size) | ("refused", reason) | ("chunk", idx, buf, count).
+    Events: ("header", size, file size, encoding) | ("refused", reason) | ("chunk", idx, buf, count).
     """
 
     def __init__(self, engine, owner, key, tag, chunk, window, on_done, on_heard):
@@ -102,7 +123,8 @@ class Incoming:
             return
         self.size = size
         self.nchunks = chunk_count(size, self.chunk)
-        self.events.put(("header", size))
+        _, file_size, encoding = decode_ok(buf, status.Get_count(self.engine.MPI.BYTE))
+        self.events.put(("header", size, file_size, encoding))
         if self.nchunks == 0:
             self._finish()
             return
