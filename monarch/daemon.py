@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import itertools
 import logging
 import os
 import socket
@@ -119,7 +120,10 @@ class NodeDaemon:
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
         if config.staging.policy in ("read-ahead", "prestage"):
-            self.stager.read_ahead(k for k in sorted(self.snapshot.files) if self.owns(k))
+            # this node's own files from the PFS first, then the others' from their owners
+            keys = sorted(self.snapshot.files)
+            self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)),
+                                                   (k for k in keys if not self.owns(k))))
         log.debug("phase daemon.ready")
 
     # -- where things are --------------------------------------------------------------

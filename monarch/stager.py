@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Stager", "SourceChanged", "Invalidated"]
 
 SCAN_STEP = 512        # read-ahead keys examined per turn under the lock
+PEER_AHEAD = 8         # read-ahead copies from peers at once: an owner answers each within its timeout
 INLINE_SECONDS = 0.0005   # a PFS this fast (recent mean per copy) is copied by the asker itself ...
 INLINE_BYTES = 256 << 10  # ... for files this small: no thread hand-off (see ensure)
 
@@ -82,11 +83,12 @@ class _Order:
 
 
 class _Flight:
-    __slots__ = ("future", "running")
+    __slots__ = ("future", "running", "peer_only")
 
-    def __init__(self):
+    def __init__(self, peer_only: bool = False):
         self.future: Future = Future()
         self.running = False
+        self.peer_only = peer_only  # read ahead from the owning peer: never from the PFS here
 
 
 class _SourceTally:
@@ -126,6 +128,8 @@ class Stager:
         self._orders: dict[int, _Order] = {}
         self._hinted_pos: dict[str, tuple[int, int]] = {}  # key -> (stream, position) in its order
         self._ahead: Iterator[str] | None = None
+        self._ahead_held: str | None = None  # the read-ahead's next key, waiting for a peer slot
+        self._peer_ahead = 0  # read-ahead copies from peers running
         self._workers: list[threading.Thread] = []
         self._idle = 0
         self._running = 0
@@ -203,6 +207,7 @@ class Stager:
         they fit (nothing is evicted for them)."""
         with self._lock:
             self._ahead = iter(keys)
+            self._ahead_held = None
             self._wake_locked()
 
     prestage = read_ahead  # the older name
@@ -325,10 +330,11 @@ class Stager:
         """Copy ``key`` (its flight already counted as running), then resolve its future."""
         t0 = time.monotonic()
         try:
-            tier = self._stage(key)
+            tier = self._stage(key, flight.peer_only)
         finally:
             with self._lock:
                 self._running -= 1
+                self._peer_ahead -= flight.peer_only
                 self._flights.pop(key, None)
                 self.concurrency.completed(time.monotonic() - t0)
         flight.future.set_result(tier)  # callbacks run here, outside the lock
@@ -352,11 +358,23 @@ class Stager:
                 return key, False
         if self._ahead is not None:
             for _ in range(SCAN_STEP):
-                key = next(self._ahead, None)
+                key, self._ahead_held = self._ahead_held or next(self._ahead, None), None
                 if key is None:
                     self._ahead = None
                     break
-                if self._wanted_locked(key) and self._fits(self.snapshot.files[key].size):
+                if not self._wanted_locked(key):
+                    continue
+                size = self.snapshot.files[key].size
+                if self.peers is not None and self.peers.owns_elsewhere(key):
+                    if self.peer_area is None or not self.peer_area.fits(size) or self.peers.available(key):
+                        continue
+                    if self._peer_ahead >= PEER_AHEAD:  # its turn comes when one of those ends
+                        self._ahead_held = key
+                        return None, False
+                    self._peer_ahead += 1
+                    self._flights[key] = _Flight(peer_only=True)
+                    return key, False
+                if self._fits(size):
                     self._flights[key] = _Flight()
                     return key, False
             else:
@@ -407,9 +425,9 @@ class Stager:
         return True
 
     # -- copying -------------------------------------------------------------------------------
-    def _stage(self, key: str) -> Tier | None:
+    def _stage(self, key: str, peer_only: bool = False) -> Tier | None:
         try:
-            return self._copy(key)
+            return self._copy(key, peer_only)
         except Invalidated:
             with self._lock:
                 self.failures["written_by_job"] += 1
@@ -422,7 +440,9 @@ class Stager:
                 self._unstageable.add(key)
             return None
 
-    def _copy(self, key: str) -> Tier | None:
+    def _copy(self, key: str, peer_only: bool = False) -> Tier | None:
+        """``peer_only``: a read-ahead of a key another node owns, which gives up (and leaves
+        the key to a later demand) rather than read the PFS a second time for the cluster."""
         info = self.snapshot.get(key)
         if info is None:
             return self._give_up(key, "not_in_snapshot")
@@ -430,6 +450,10 @@ class Stager:
             tier, why = self._from_peer(key, info)
             if tier is not None:
                 return tier
+            if peer_only:
+                with self._lock:
+                    self.failures[f"read_ahead_from_peer:{why}"] += 1
+                return None
             if self._on_fallback is not None:
                 self._on_fallback(why)
         for attempt in (0, 1):

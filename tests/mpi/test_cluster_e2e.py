@@ -154,3 +154,32 @@ staging: {{policy: on-access, threads: 2}}
     assert peer["wire_bytes_received"] == peer["wire_bytes_sent"]
     assert peer["wire_bytes_received"] < 0.7 * peer["bytes_received"]  # ~3x under zstd
     assert not any(peer.get("fetch_failures", {}).values())
+
+
+def test_read_ahead_fetches_the_other_nodes_files_before_they_are_asked_for(dataset, short_tmp, slow_pfs):
+    """With read-ahead each node stages its own files from the PFS, then fetches the others'
+    from their owners into its peer area: a reader that comes later finds every file on its
+    node, and the cluster still reads the PFS once."""
+    nodes = 2
+    ds = dataset(files=200, size="8KiB")
+    pfs = slow_pfs(ds.root, open_latency_ms=1)
+    mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
+    cfg = write_config(short_tmp, mounted.root, policy="read-ahead")
+    cluster = Cluster(nodes, cfg, short_tmp)
+    try:
+        deadline = time.monotonic() + 60
+        peer_dirs = [os.path.join(short_tmp, f"peer{k}") for k in range(nodes)]
+        while sum(len(fs) for k in range(nodes) for _, _, fs in os.walk(peer_dirs[k])) < 200 - 5:
+            assert time.monotonic() < deadline, "the read-ahead did not fetch the other nodes' files"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        finish(cluster.readers(mounted, range(nodes), epochs=1, workers=2))
+    finally:
+        assert cluster.stop(range(nodes)) == 0
+    assert ds.total <= pfs.counters()["bytes"] <= 1.05 * ds.total  # read once for the cluster
+    rep = load(os.path.join(cluster.run_dir(0), "report.json"))
+    assert rep["sources"]["pfs"]["opens"] == 0
+    for node in rep["nodes"]:
+        resolves = node["resolves"]
+        assert resolves.get("fetched", 0) == 0 and resolves.get("staged", 0) == 0, resolves  # nothing waited for
+        assert not any(k.startswith("read_ahead_from_peer") for k in node["staging"].get("failures", {}))
