@@ -86,6 +86,7 @@ class NodeDaemon:
         self.snapshot_seconds = 0.0
         self.snapshot_how = ""
         self._meta_off_logged: set[str] = set()
+        self._link_targets: dict[str, list[str]] | None = None  # see _links_into
         self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
         layout.write_marker(self.run_dir, run_id)
         protocol.create_counters(self.counters_path)
@@ -328,7 +329,25 @@ class NodeDaemon:
         if first:
             log.info("root %s: stat and listings go to the PFS from now on (the job changed %s)", root, key)
         self.stager.invalidate(key)
+        for link in self._links_into(key):  # their copies hold the target's old bytes
+            self.stager.invalidate(link)
         self.count("invalidated")
+
+    def _links_into(self, key: str) -> list[str]:
+        """The keys of symlinked files whose target is ``key`` or lies under it (a link is
+        staged under its own name with its target's bytes). The targets are resolved once,
+        at the job's first write under a root."""
+        if self._link_targets is None:
+            targets: dict[str, list[str]] = {}
+            for k, info in self.snapshot.files.items():
+                if info.link:
+                    targets.setdefault(os.path.realpath(self.snapshot.source_path(k)), []).append(k)
+            self._link_targets = targets
+        if not self._link_targets:
+            return []
+        path = os.path.realpath(self.snapshot.source_path(key))
+        return [k for target, keys in self._link_targets.items()
+                if target == path or target.startswith(path + "/") for k in keys]
 
     def hint(self, body: bytes) -> None:
         """An order hint from ``monarch.hints`` (protocol.py, HINT); ProtocolError if malformed."""

@@ -1387,28 +1387,15 @@ static inline void monarch_after(int fd, int how)
  * Without the daemon's confirmation this process stops probing tiers for good:
  * a copy we could not remove (a directory's files, another slot) is never read.
  */
-static void monarch_invalidate(int dirfd, const char *path)
+static void monarch_invalidate_key(const char *key, size_t kl, unsigned k, const char *path)
 {
-    if (monarch_guard || !path || !path[0] || !monarch_start())
-        return;
-    char key[MONARCH_KEY_MAX], abs[PATH_MAX];
-    size_t kl;
-    unsigned k;
-    int saved = errno;
-    if (monarch_key_abs(dirfd, path, 1, key, &kl, &k, abs) != 0) {
-        errno = saved;
-        return;
-    }
     /* First, for every process of the job on this node: root k's metadata is the PFS's now. */
     uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
     if (c && !(__atomic_fetch_or(monarch_extra(c, MONARCH_EXTRA_META_OFF), monarch_root_bit(k), __ATOMIC_ACQ_REL)
                & monarch_root_bit(k)))
         MONARCH_DEBUG(1, "metadata of root %u: from the PFS from now on (the job changes %s)", k, path);
-    if (key[kl - 1] == '/') { /* the root itself: no file key to invalidate */
-        errno = saved;
+    if (key[kl - 1] == '/') /* the root itself: no file key to invalidate */
         return;
-    }
-    monarch_guard = 1;
     int status = monarch_request(MONARCH_VERB_INVALIDATE, key, kl, NULL, 0, NULL);
     if (status != 0 && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED)) {
         __atomic_store_n(&monarch_probing, 0, __ATOMIC_RELAXED);
@@ -1430,6 +1417,55 @@ static void monarch_invalidate(int dirfd, const char *path)
                 MONARCH_DEBUG(1, "invalidate %s: removed %s", path, staged);
     }
     MONARCH_DEBUG(1, "invalidate %s: key %s, daemon %d", path, key, status);
+}
+
+/* abs with its symlinks resolved, as the kernel will follow them, into out[PATH_MAX]: the
+ * whole path, or (a name not there yet) its directory and then the name; -1 if neither. */
+static int monarch_resolved(const char *abs, char *out)
+{
+    if (realpath(abs, out))
+        return 0;
+    const char *slash = strrchr(abs, '/');
+    if (!slash || !slash[1])
+        return -1;
+    char dir[PATH_MAX];
+    size_t dl = (size_t)(slash - abs);
+    memcpy(dir, abs, dl);
+    dir[dl] = '\0';
+    if (!realpath(dl ? dir : "/", out))
+        return -1;
+    size_t ol = strlen(out), nl = strlen(slash + 1);
+    if (ol + 1 + nl >= PATH_MAX)
+        return -1;
+    if (ol > 1)
+        out[ol++] = '/';
+    memcpy(out + ol, slash + 1, nl + 1);
+    return 0;
+}
+
+static void monarch_invalidate(int dirfd, const char *path)
+{
+    if (monarch_guard || !path || !path[0] || !monarch_start())
+        return;
+    char key[MONARCH_KEY_MAX], abs[PATH_MAX];
+    size_t kl = 0;
+    unsigned k;
+    int saved = errno;
+    monarch_guard = 1;
+    int named = monarch_key_abs(dirfd, path, 1, key, &kl, &k, abs) == 0;
+    if (named)
+        monarch_invalidate_key(key, kl, k, path);
+    /* A write through a symlink under a root changes its target: the target's key goes too
+     * (a rename or unlink of the link itself then drops a copy it did not have to:
+     * harmless). Only for names under a root: resolving costs lookups, and every write
+     * elsewhere (checkpoints, logs) would pay them. */
+    char resolved[PATH_MAX], rkey[MONARCH_KEY_MAX];
+    size_t rkl;
+    unsigned rk;
+    if (named && monarch_resolved(abs, resolved) == 0 && strcmp(resolved, abs) != 0
+        && monarch_key_abs(AT_FDCWD, resolved, 1, rkey, &rkl, &rk, abs) == 0
+        && !(rkl == kl && memcmp(rkey, key, kl) == 0))
+        monarch_invalidate_key(rkey, rkl, rk, path);
     monarch_guard = 0;
     errno = saved;
 }

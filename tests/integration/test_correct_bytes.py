@@ -190,6 +190,33 @@ def test_dotdot_after_a_symlink_gives_the_kernels_file(short_tmp):
     assert r.returncode == 0, r.stderr
 
 
+SYMLINK_WRITE = """
+import sys
+target, link, write_to = sys.argv[1:4]
+for p in (target, link):
+    assert open(p, "rb").read() == b"old " * 1000
+open(write_to, "wb").write(b"new " * 500)
+for p in (target, link):
+    got = open(p, "rb").read()
+    assert got == b"new " * 500, (p, got[:8])
+"""
+
+
+@pytest.mark.parametrize("write_via", ["target", "link"])
+def test_a_write_to_a_symlinked_file_is_read_back_under_both_names(short_tmp, write_via):
+    """A link is staged under its own name with its target's bytes: a write under either
+    name drops both copies, and both names then read what the job wrote."""
+    root = os.path.join(short_tmp, "pfs")
+    os.makedirs(os.path.join(root, "d"))
+    target, link = os.path.join(root, "d", "t.bin"), os.path.join(root, "d", "l.bin")
+    with open(target, "wb") as f:
+        f.write(b"old " * 1000)
+    os.symlink("t.bin", link)
+    r = monarch("run", "-c", write_config(short_tmp, root), "--", sys.executable, "-c", SYMLINK_WRITE,
+                target, link, target if write_via == "target" else link)
+    assert r.returncode == 0, r.stderr
+
+
 def test_fstat_shows_the_source_and_tar_archives_are_identical(dataset, short_tmp):
     ds = dataset(files=40, size="4KiB")
     for i, path in enumerate(sorted(glob.glob(os.path.join(ds.root, "*", "*.bin")))[:10]):

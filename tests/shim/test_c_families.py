@@ -130,7 +130,8 @@ def test_only_the_wrappers_are_exported(shim_lib):
     exported = {line.split()[-1] for line in out.splitlines() if line.split()[1] in "TW"}
     assert exported == {
         "open", "open64", "__open_2", "__open64_2", "openat", "openat64", "__openat_2", "__openat64_2",
-        "fopen", "fopen64", "close", "fclose", "dup", "dup2", "dup3", "close_range", "mmap", "mmap64",
+        "fopen", "fopen64", "freopen", "freopen64", "close", "fclose", "dup", "dup2", "dup3", "close_range",
+        "mmap", "mmap64",
         "read", "pread", "pread64", "readv", "preadv", "preadv64", "preadv2", "preadv64v2",
         "__read_chk", "__pread_chk", "__pread64_chk", "sendfile", "sendfile64", "copy_file_range",
         "creat", "creat64", "rename", "renameat", "renameat2", "unlink", "unlinkat", "remove", "rmdir",

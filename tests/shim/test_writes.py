@@ -110,3 +110,17 @@ def test_writes_outside_the_roots_send_nothing(staged_env):
     staged_env.python("import sys; open(sys.argv[1], 'wb').write(b'x')", str(out))
     staged_env.run(["mv", str(out), str(staged_env.other / "p.bin")])
     assert staged_env.daemon.invalidated == [] and staged_env.daemon.connections == 0
+
+
+def test_a_write_through_a_symlink_drops_the_targets_copy(staged_env):
+    src = staged_file(staged_env, "w/t.bin")
+    link = staged_env.root / "w" / "l.bin"
+    link.symlink_to("t.bin")
+    staged_env.python(textwrap.dedent("""
+        import sys
+        open(sys.argv[1], "wb").write(sys.argv[2].encode())
+    """), str(link), NEW.decode())
+    assert src.read_bytes() == NEW                                   # the target changed on the PFS
+    assert {"0/w/l.bin", "0/w/t.bin"} <= set(staged_env.daemon.invalidated)
+    assert not (staged_env.tiers[0] / "0/w/t.bin").exists()          # the target's copy went
+    assert staged_env.python(READ, str(src)).stdout == NEW           # and reads of the target see it
