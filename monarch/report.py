@@ -331,7 +331,11 @@ def print_report(report: dict, out: TextIO) -> None:
               f"{', dictionary' if c.get('dictionary') else ''}; {c.get('selection', {}).get('reason', '')})\n")
     if report["peer"]:
         p = report["peer"]
-        w(f"peers     : sent {human(p.get('bytes_sent', 0))}, received {human(p.get('bytes_received', 0))}\n")
+        wire = p.get("wire_bytes_received", p.get("bytes_received", 0))
+        on_wire = (f" ({human(wire)} on the wire: compressed copies cross as stored)"
+                   if wire < p.get("bytes_received", 0) else "")
+        w(f"peers     : sent {human(p.get('bytes_sent', 0))}, received {human(p.get('bytes_received', 0))}"
+          f"{on_wire}\n")
     if len(report["nodes"]) > 1:
         w(f"\n{'node':<6}" + "".join(f"{name:>12}" for name in report["sources"]) + f"{'staged':>12}{'pfs total':>12}\n")
         for i, n in enumerate(report["nodes"]):

@@ -180,3 +180,16 @@ def test_version_2_reports_still_print(tmp_path):
     path.write_text(json.dumps(old))
     t = text(load_report(str(path)))
     assert "Monarch access report" in t and "file size" not in t
+
+
+def test_peer_bytes_on_the_wire_are_summed_and_printed():
+    peer = {"bytes_sent": 30 * MiB, "bytes_received": 30 * MiB, "wire_bytes_sent": 10 * MiB,
+            "wire_bytes_received": 10 * MiB, "files_sent": 3, "files_received": 3}
+    a = node({"pfs": {"opens": 1, "bytes": 1, "opens_uncounted": 0}}) | {"peer": peer}
+    b = node({"pfs": {"opens": 1, "bytes": 1, "opens_uncounted": 0}}, node_index=1) | {"peer": peer}
+    r = build_report([a, b], JOB)
+    assert r["peer"]["wire_bytes_received"] == 20 * MiB and r["peer"]["bytes_received"] == 60 * MiB
+    assert "received 60.0 MiB (20.0 MiB on the wire" in text(r)
+    raw = build_report([node({"pfs": {"opens": 1, "bytes": 1, "opens_uncounted": 0}}) | {"peer": dict(
+        peer, wire_bytes_received=30 * MiB)}], JOB)
+    assert "on the wire" not in text(raw)
