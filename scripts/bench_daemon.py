@@ -6,8 +6,9 @@ frame, and the daemon answers only once it has staged the file. Here every miss 
 different 4 KiB file from local disk (no PFS latency: this measures the daemon itself —
 event loop, scheduling, the copy — not the source). The daemon runs in its own process
 with the given configuration (default ``staging.policy: on-access``, so that no
-read-ahead turns misses into hits); 1, 16 and 64 clients speak the frame protocol from
-client processes at once, each client one connection per request as the shim does. For
+read-ahead turns misses into hits); 1, 16 and 64 clients ask at once, each one connection
+per request as the shim does: threads of scripts/daemon_client.c (C, like the shim) or,
+with ``--client python``, Python threads (which spend more of the 2 cores than the daemon). For
 reference the same keys are then asked again (hits, answered in the event loop).
 
     python scripts/bench_daemon.py                       # 1, 16, 64 clients, 20000 misses each
@@ -25,6 +26,7 @@ import multiprocessing
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -39,7 +41,10 @@ def parse_args(argv=None):
     p.add_argument("--clients", default="1,16,64", help="comma-separated numbers of concurrent clients")
     p.add_argument("--misses", type=int, default=20000, help="misses (distinct files) per client count")
     p.add_argument("--size", type=int, default=4096, help="bytes per file")
-    p.add_argument("--procs", type=int, default=4, help="client processes at most (clients are threads in them)")
+    p.add_argument("--procs", type=int, default=4, help="Python client processes at most (clients are threads in them)")
+    p.add_argument("--client", choices=("c", "python"), default="c",
+                   help="c: scripts/daemon_client.c, threads asking as the C shim does (default); "
+                        "python: the frame protocol from Python threads, which spend more CPU than the daemon")
     p.add_argument("--threads", default="auto", help="staging.threads of the daemon")
     p.add_argument("--policy", default="on-access", help="staging.policy of the daemon")
     p.add_argument("--src", default=str(REPO), help="the checkout whose monarch package is measured")
@@ -131,6 +136,24 @@ def client_proc(path: str, key_lists: list[list[bytes]], start, results) -> None
     results.put((lat, errors[0], pfs[0], time.perf_counter()))
 
 
+def compile_client(work: Path) -> str:
+    out = work / "daemon_client"
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise SystemExit("--client c needs a C compiler (cc); use --client python")
+    subprocess.run([cc, "-O2", "-pthread", "-o", str(out), str(REPO / "scripts" / "daemon_client.c")], check=True)
+    return str(out)
+
+
+def measure_c(client: str, path: str, keyfile: Path, clients: int) -> dict:
+    out = subprocess.run([client, path, str(keyfile), str(clients)], check=True, capture_output=True, text=True,
+                         timeout=1200).stdout.split()
+    answers, errors, pfs = int(out[0]), int(out[1]), int(out[2])
+    seconds, p50, p99 = float(out[3]), float(out[4]), float(out[5])
+    return {"answers": answers, "seconds": seconds, "per_s": answers / seconds, "p50_ms": p50, "p99_ms": p99,
+            "errors": errors, "pfs_answers": pfs}
+
+
 def measure(path: str, keys: list[bytes], clients: int, procs: int) -> dict:
     ctx = multiprocessing.get_context("fork")
     per_client = [keys[i::clients] for i in range(clients)]
@@ -198,6 +221,9 @@ def main(argv=None) -> int:
         os.sync()
         print(f"made {len(keys)} files of {args.size} B in {root} ({time.perf_counter() - t0:.1f} s); "
               f"measuring {args.src}", flush=True)
+        client = compile_client(work) if args.client == "c" else None
+        keyfile = work / "keys.txt"
+        keyfile.write_bytes(b"".join(k + b"\n" for k in keys))
         ctx = multiprocessing.get_context("fork")
         for clients in counts:
             config = work / f"c{clients}.json"
@@ -207,8 +233,12 @@ def main(argv=None) -> int:
             daemon.start()
             path = ready.get(timeout=120)
             try:
-                miss = measure(path, keys, clients, args.procs)
-                hit = measure(path, keys, clients, args.procs)
+                if args.client == "c":
+                    miss = measure_c(client, path, keyfile, clients)
+                    hit = measure_c(client, path, keyfile, clients)
+                else:
+                    miss = measure(path, keys, clients, args.procs)
+                    hit = measure(path, keys, clients, args.procs)
             finally:
                 stop.set()
                 daemon.join(30)
@@ -224,7 +254,7 @@ def main(argv=None) -> int:
 
     print()
     print(f"daemon: policy {args.policy}, threads {args.threads}; {args.misses} misses of {args.size} B "
-          f"per row, from local disk; {os.cpu_count()} cores")
+          f"per row, from local disk; {args.client} clients; {os.cpu_count()} cores")
     print(f"{'clients':>7} {'misses/s':>10} {'miss p50 ms':>12} {'miss p99 ms':>12} {'hits/s':>10}")
     for r in rows:
         m, h = r["miss"], r["hit"]
