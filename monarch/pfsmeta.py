@@ -22,6 +22,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import struct
 import threading
 from contextlib import contextmanager
 from typing import Iterator, NamedTuple
@@ -62,20 +63,21 @@ def _statx_call():
 _statx = _statx_call()
 
 
+_FIELDS = struct.Struct("<I24xH2xQQ64xqI")  # stx_mask, stx_mode, stx_ino, stx_size, stx_mtime (sec, nsec)
+_buffers = threading.local()  # a statx buffer per thread: no allocation per call
+
+
 def opened_stat(fd: int) -> OpenedStat:
     """Size, mtime, inode and mode of an open descriptor as its open left them in the
     client's cache (no round trip); ``os.fstat`` where that cannot be had."""
     if _statx is not None:
-        buf = ctypes.create_string_buffer(_STATX_SIZEOF)
+        buf = getattr(_buffers, "buf", None)
+        if buf is None:
+            buf = _buffers.buf = ctypes.create_string_buffer(_STATX_SIZEOF)
         if _statx(fd, b"", _AT_EMPTY_PATH | _AT_STATX_DONT_SYNC, _WANT, buf) == 0:
-            raw = buf.raw
-            mask = int.from_bytes(raw[0:4], "little")
+            mask, mode, ino, size, sec, nsec = _FIELDS.unpack_from(buf)
             if mask & _WANT == _WANT:
-                return OpenedStat(int.from_bytes(raw[40:48], "little"),
-                                  int.from_bytes(raw[112:120], "little", signed=True) * 1_000_000_000
-                                  + int.from_bytes(raw[120:124], "little"),
-                                  int.from_bytes(raw[32:40], "little"),
-                                  int.from_bytes(raw[28:30], "little"))
+                return OpenedStat(size, sec * 1_000_000_000 + nsec, ino, mode)
     st = os.fstat(fd)
     return OpenedStat(st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
 
