@@ -164,7 +164,7 @@ class EpochResult:
     samples_per_s: float
     mb_per_s: float
     mismatches: list[str] = field(default_factory=list)
-    served: dict[str, int] = field(default_factory=dict)  # reader "pyshim": opens by how they were served
+    served: dict[str, int] = field(default_factory=dict)  # opens by how served (pyshim; C shim: its counters)
 
 
 def _read_python(path: str) -> bytes:
@@ -292,7 +292,9 @@ def read_dataset(directory: str | os.PathLike, epochs: int = 3, workers: int = 4
     if hints:
         from monarch.hints import Hints
         hinter = Hints()
+    counted = os.environ.get("MONARCH_COUNTERS") if reader != "pyshim" else None
     for epoch in range(epochs):
+        before = _opens_by_source(counted)
         order = epoch_order(files, seed, epoch)
         chunks = [order[i:i + CHUNK_FILES] for i in range(0, len(order), CHUNK_FILES)]
         samples = nbytes = 0
@@ -310,6 +312,9 @@ def read_dataset(directory: str | os.PathLike, epochs: int = 3, workers: int = 4
                 if hinter is not None:  # chunks start in order: all but the last `workers` are read
                     hinter.progress((done - workers) * CHUNK_FILES)
         seconds = time.perf_counter() - t0
+        after = _opens_by_source(counted)
+        if before and after:  # under the C shim: its counters, tier opens against PFS opens
+            served = {k: after[k] - before[k] for k in after}
         r = EpochResult(epoch, seconds, samples, nbytes, samples / seconds, nbytes / seconds / 1e6, bad, served)
         results.append(r)
         if log:
@@ -319,6 +324,20 @@ def read_dataset(directory: str | os.PathLike, epochs: int = 3, workers: int = 4
         if bad:
             break
     return results
+
+
+def _opens_by_source(counters: str | None) -> dict[str, int] | None:
+    """Opens counted so far by the shim of this job (MONARCH_COUNTERS): from a tier or the
+    peer area ("tier"), from the PFS ("pfs"); None outside Monarch."""
+    if not counters:
+        return None
+    from monarch import protocol
+    try:
+        slots = protocol.read_counters(counters)
+    except (OSError, ValueError):
+        return None
+    return {"tier": sum(c[0] for i, c in enumerate(slots) if i != protocol.SLOT_PFS),
+            "pfs": slots[protocol.SLOT_PFS][0]}
 
 
 # --------------------------------------------------------------------------- command line

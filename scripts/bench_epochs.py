@@ -201,7 +201,7 @@ def steady(epochs: list[dict]) -> dict | None:
 
 
 def served_share(epoch: dict) -> str:
-    """How the opens of one epoch were served (reader pyshim only): tier probe / daemon / PFS."""
+    """How the opens of one epoch were served: tier probe / daemon / PFS (pyshim), tier / PFS (C shim)."""
     how = epoch.get("served") or {}
     total = sum(how.values())
     if not total:
