@@ -94,6 +94,35 @@ def remove_leftovers(parent: str, keep: str | None = None) -> list[str]:
     return removed
 
 
+KEEP_FINISHED_RUNS = 20  # finished run directories (daemon log, report) kept per user and run base
+
+
+def prune_finished_runs(parent: str, keep: int = KEEP_FINISHED_RUNS, spare: str | None = None) -> list[str]:
+    """Remove all but the ``keep`` newest finished run directories in ``parent`` (marked, their
+    daemon gone; newest by marker time), never ``spare``; the removed paths."""
+    finished = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    for name in names:
+        path = os.path.join(parent, name)
+        if path == spare or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        if _marker_owner_alive(path) is False:
+            try:
+                finished.append((os.stat(os.path.join(path, MARKER)).st_mtime, path))
+            except OSError:
+                continue
+    finished.sort(reverse=True)
+    removed = [path for _, path in finished[keep:]]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    if removed:
+        log.info("removed %d finished run directories of %s (the %d newest are kept)", len(removed), parent, keep)
+    return removed
+
+
 def run_dir(base: str, run_id: str, node: int) -> str:
     """The run's meeting point on this node (made private if missing)."""
     return private_dir(os.path.join(user_dir(base), f"{run_id}-node{node}"))
