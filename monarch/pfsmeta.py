@@ -9,10 +9,13 @@ Opened relative to a descriptor of its directory, a file costs one lookup (its o
 and the lookup that opened it already refreshed its attributes, which
 ``statx(AT_STATX_DONT_SYNC)`` then reads without asking the server again.
 
-That is the freshness a reader gets: NFS revalidates attributes at every open
-(close-to-open), a Lustre open returns them with its intent, GPFS keeps them coherent, a
-FUSE mount with a zero entry timeout looks the name up again. Where ``statx`` is missing
-(kernel before 4.11, a libc without it) ``fstat`` asks the server as before.
+That is the freshness a reader gets where the open itself refreshes the attributes: NFS
+revalidates them at every open (close-to-open), GPFS keeps them coherent under its tokens,
+FUSE looks the name up again (with a zero entry timeout; else its cache is what every
+reader of the mount sees). Only on those filesystems (``fstatfs`` of the directory, once)
+are the cached attributes trusted; elsewhere (Lustre, whose size may need a glimpse; local
+filesystems, where ``fstat`` is cheap) ``fstat`` asks, as it does where ``statx`` is
+missing (kernel before 4.11, a libc without it).
 """
 
 from __future__ import annotations
@@ -82,6 +85,43 @@ def opened_stat(fd: int) -> OpenedStat:
     return OpenedStat(st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
 
 
+# f_type of the filesystems whose open refreshes a file's attributes (see the module doc)
+FRESH_AFTER_OPEN = {0x6969: "nfs", 0x65735546: "fuse", 0x47504653: "gpfs"}
+_STATFS_SIZEOF = 120
+
+
+def _fstatfs_call():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.fstatfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    return fn
+
+
+_fstatfs = _fstatfs_call()
+
+
+def attrs_fresh_after_open(fd: int) -> bool:
+    """Does an open on ``fd``'s filesystem leave fresh attributes in the client's cache?"""
+    if _fstatfs is None or _statx is None:
+        return False
+    buf = ctypes.create_string_buffer(_STATFS_SIZEOF)
+    if _fstatfs(fd, buf) != 0:
+        return False
+    return struct.unpack_from("@l", buf)[0] & 0xFFFFFFFF in FRESH_AFTER_OPEN
+
+
+def checked_stat(fd: int, fresh: bool) -> OpenedStat:
+    """The attributes to check a just-opened source against: the open's own where the
+    filesystem refreshes them at open (``fresh``), else asked (``fstat``)."""
+    if fresh:
+        return opened_stat(fd)
+    st = os.fstat(fd)
+    return OpenedStat(st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
+
+
 def parent_key(key: str) -> tuple[str, str]:
     """``("0/a/b", "f")`` for ``"0/a/b/f"``; a file at the top of root k has parent ``"k/"``."""
     head, _, name = key.rpartition("/")
@@ -99,7 +139,8 @@ class DirFds:
         self.snapshot = snapshot
         self.limit = limit
         self._lock = threading.Lock()
-        self._fds: collections.OrderedDict[str, list] = collections.OrderedDict()  # dkey -> [fd, users, retired]
+        # dkey -> [fd, users, retired, attributes fresh after an open there]
+        self._fds: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._closed = False
 
     def _open(self, dkey: str) -> int | None:
@@ -134,7 +175,7 @@ class DirFds:
                 os.close(fd)
                 held[1] += 1
                 return held
-            held = [fd, 1, self._closed]
+            held = [fd, 1, self._closed, attrs_fresh_after_open(fd)]
             if not self._closed:
                 self._fds[dkey] = held
             return held
@@ -147,16 +188,17 @@ class DirFds:
             self._trim_locked()
 
     @contextmanager
-    def parent_of(self, key: str) -> Iterator[tuple[int | None, str]]:
-        """``(dir fd or None, name)`` to open ``key`` with ``os.open(name, dir_fd=fd)``
-        (None: open ``snapshot.source_path(key)``)."""
+    def parent_of(self, key: str) -> Iterator[tuple[int | None, str, bool]]:
+        """``(dir fd or None, name, fresh)`` to open ``key`` with ``os.open(name, dir_fd=fd)``
+        (None: open ``snapshot.source_path(key)``); ``fresh``: its filesystem refreshes
+        attributes at open (``checked_stat``)."""
         dkey, name = parent_key(key)
         held = self._take(dkey)
         if held is None:
-            yield None, name
+            yield None, name, False
             return
         try:
-            yield held[0], name
+            yield held[0], name, held[3]
         finally:
             self._give_back(held)
 

@@ -9,9 +9,9 @@ when the copy fails half-way (the PFS bytes are the number Monarch exists to min
 
 Correct bytes first: the PFS source copies a file only if its open descriptor still has the
 size and mtime the snapshot saw, and reads exactly that size (else ``SourceChanged``). It
-opens each file relative to its directory and checks the attributes the open fetched
-(monarch/pfsmeta.py): one metadata operation per file, not one per path component plus a
-getattr.
+opens each file relative to its directory and, where the filesystem refreshes attributes
+at open, checks those (monarch/pfsmeta.py): one metadata operation per file, not one per
+path component plus a getattr.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from typing import Protocol
 
 from monarch.errors import PeerError
-from monarch.pfsmeta import DirFds, opened_stat
+from monarch.pfsmeta import DirFds, checked_stat
 from monarch.snapshot import FileInfo, Snapshot
 
 log = logging.getLogger(__name__)
@@ -77,11 +77,12 @@ class PFSSource(Source):
         self.snapshot = snapshot
         self.dirs = DirFds(snapshot)
 
-    def _open(self, key: str) -> int:
-        with self.dirs.parent_of(key) as (dir_fd, name):
+    def _open(self, key: str) -> tuple[int, bool]:
+        """The source's descriptor, and whether its attributes are fresh from the open."""
+        with self.dirs.parent_of(key) as (dir_fd, name, fresh):
             if dir_fd is None:
-                return os.open(self.snapshot.source_path(key), os.O_RDONLY | os.O_CLOEXEC)
-            return os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+                return os.open(self.snapshot.source_path(key), os.O_RDONLY | os.O_CLOEXEC), False
+            return os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd), fresh
 
     def forget(self, key: str) -> None:
         """The job changed ``key``: directory descriptors under it are opened afresh."""
@@ -91,9 +92,9 @@ class PFSSource(Source):
         self.dirs.close()
 
     def copy(self, key: str, info: FileInfo, out: int, tally: Tally) -> int:
-        src = self._open(key)
+        src, fresh = self._open(key)
         try:
-            if not info.same_content_as(opened_stat(src)):
+            if not info.same_content_as(checked_stat(src, fresh)):
                 raise SourceChanged(errno.ESTALE, "the file changed since the dataset snapshot; it is read from the PFS")
             tally.opened()
             if isinstance(out, int) and info.size >= LARGE:

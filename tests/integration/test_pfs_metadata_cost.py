@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from monarch.pfsmeta import DirFds, opened_stat
+from monarch.pfsmeta import DirFds, attrs_fresh_after_open, opened_stat
 from monarch.snapshot import take_snapshot, unchanged
 from monarch.sources import PFSSource, SourceChanged
 
@@ -53,6 +53,12 @@ def _fds() -> int:
 def test_walk_and_copies_cost_two_and_one_operations_per_file(slow_pfs, tree):
     pfs = slow_pfs(tree.parent, open_latency_ms=0)
     root = os.path.join(pfs.mountpoint, "data")
+    fuse, local = os.open(root, os.O_RDONLY), os.open(tree, os.O_RDONLY)
+    try:  # FUSE refreshes attributes at open (a lookup, entry timeout 0); local disks are asked
+        assert attrs_fresh_after_open(fuse) and not attrs_fresh_after_open(local)
+    finally:
+        os.close(fuse)
+        os.close(local)
     files = CLASSES * PER_CLASS
     before = _fds()
     pfs.reset_counters()
@@ -114,7 +120,7 @@ def test_a_directory_replaced_after_the_walk_is_opened_by_its_path(tree):
     os.mkdir(tree / "class0")
     (tree / "class0" / "001.bin").write_bytes(b"new")
     dirs = DirFds(snap)
-    with dirs.parent_of(key) as (fd, name):
+    with dirs.parent_of(key) as (fd, name, _):
         assert fd is None and name == "001.bin"  # not the directory the snapshot listed
     dirs.close()
     source = PFSSource(snap)
@@ -128,9 +134,9 @@ def test_directory_descriptors_are_bounded_and_never_closed_in_use(tree):
     before = _fds()
     dirs = DirFds(snap, limit=2)
     keys = [f"0/class{c}/000.bin" for c in range(CLASSES)]
-    with dirs.parent_of(keys[0]) as (held, _):
+    with dirs.parent_of(keys[0]) as (held, _, _):
         for key in keys[1:]:
-            with dirs.parent_of(key) as (fd, name):
+            with dirs.parent_of(key) as (fd, name, _):
                 assert fd is not None and os.stat(name, dir_fd=fd).st_size == snap.files[key].size
         assert _fds() <= before + 2
         dirs.forget("0/class0")  # in use: closed only when its user is done

@@ -89,13 +89,13 @@ def test_a_file_that_changed_size_is_refused(tmp_path, change, size):
     with pytest.raises(SourceChanged):
         source.copy("0/big.bin", info, sink, Tally())
     # and if the attributes were stale, the bytes read tell: the ranges find the end elsewhere
-    real = sources.opened_stat
-    sources.opened_stat = lambda fd: real(fd)._replace(st_size=info.size)
+    real = sources.checked_stat
+    sources.checked_stat = lambda fd, fresh: real(fd, fresh)._replace(st_size=info.size)
     try:
         with pytest.raises(SourceChanged):
             source.copy("0/big.bin", info, sink, Tally())
     finally:
-        sources.opened_stat = real
+        sources.checked_stat = real
         os.close(sink)
     source.close()
 
