@@ -23,12 +23,12 @@ import time
 from typing import Callable
 
 from monarch import layout, protocol
+from monarch.codecs import sealed_memfd
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
 from monarch.report import size_classes
-from monarch.codecs import sealed_memfd
 from monarch.resources import margin_bytes
-from monarch.secure import UnsafePathError, owner_only, private_dir, user_dir
+from monarch.secure import UnsafePathError, private_dir, user_dir
 from monarch.snapshot import Snapshot, load_or_walk
 from monarch.sources import PeerSource
 from monarch.stager import Stager
@@ -297,7 +297,7 @@ class NodeDaemon:
             self.inflated_bytes += info.size
         done((tier.slot | protocol.ANSWER_FD, fd), outcome + ":inflated")
         if kept is not None:
-            kept.put(key, data, info.mtime_ns, owner_only(info.mode), token)
+            kept.put(key, data, info, token)
 
     def _still_same(self, key: str, info) -> bool:
         """staging.validate: open — the first open of a file in the job compares the PFS's

@@ -23,7 +23,7 @@ from monarch.codecs import Codec, make_codec
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
 from monarch.resources import MemoryGuard, is_memory_backed, share_of_node
-from monarch.secure import create_exclusive
+from monarch.secure import create_exclusive, owner_only
 from monarch.snapshot import FileInfo
 
 log = logging.getLogger(__name__)
@@ -277,9 +277,10 @@ class DecodedFiles:
             return False
         return True
 
-    def put(self, key: str, data, mtime_ns: int, mode: int, token: int) -> bool:
-        """Keep ``data`` (the decoded bytes of ``key``) as ``<tier>/<key>`` if the budget has
-        room and no ``drop`` came since ``token`` was taken; True if it was published."""
+    def put(self, key: str, data, info: FileInfo, token: int) -> bool:
+        """Keep ``data`` (the decoded bytes of ``key``, whose source is ``info``) as
+        ``<tier>/<key>`` if the budget has room and no ``drop`` came since ``token`` was
+        taken; True if it was published."""
         size = len(data)
         with self._lock:
             if not self._admits_locked(key, size, token):
@@ -288,7 +289,7 @@ class DecodedFiles:
                 self.refused += 1
                 return False
         try:
-            write_atomically(self.path_for(key), lambda fd: write_all(fd, data), mtime_ns, mode,
+            write_atomically(self.path_for(key), lambda fd: write_all(fd, data), info.mtime_ns, owner_only(info.mode),
                              publish=lambda tmp, dest: self._publish(key, size, token, tmp, dest))
         except _NotKept:
             return False

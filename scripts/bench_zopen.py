@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 import zstandard  # noqa: E402
 
 from monarch import codecs, protocol  # noqa: E402
+from monarch.snapshot import FileInfo  # noqa: E402
 from monarch.tiers import DecodedFiles  # noqa: E402
 from monarch.workload import parse_size  # noqa: E402
 
@@ -109,9 +110,9 @@ def main() -> int:
         rows["inflate (the three)"] = timed(lambda i: os.close(codec.inflate(f"{shm}/{i % len(frames)}.zst", size)), n)
         for where, base in (("tmpfs", shm), ("disk", args.disk_dir)):
             with tempfile.TemporaryDirectory(dir=base) as d:
-                kept = DecodedFiles(d, lambda: 1 << 40)
+                kept, info = DecodedFiles(d, lambda: 1 << 40), FileInfo(size, 0)
                 rows[f"keep: write <tier>/<key> ({where})"] = timed(
-                    lambda i: kept.put(f"k/{i}", datas[i % len(datas)], 0, 0o600, kept.token()), n)
+                    lambda i: kept.put(f"k/{i}", datas[i % len(datas)], info, kept.token()), n)
                 rows[f"native hit: open+read+close ({where})"] = timed(
                     lambda i: read_close(os.open(f"{d}/k/{i}", os.O_RDONLY), size), n)
                 kept.close()

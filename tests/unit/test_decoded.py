@@ -13,13 +13,14 @@ import pytest
 from monarch import protocol
 from monarch.config import load_config
 from monarch.daemon import NodeDaemon
-from monarch.snapshot import take_snapshot
+from monarch.snapshot import FileInfo, take_snapshot
 from monarch.stager import Stager
 from monarch.tiers import DecodedFiles, Tier
 
 from test_codecs import compressible, tier  # noqa: E402 (tests/unit is on sys.path: pytest's prepend mode)
 
 SIZE = 50_000
+INFO = FileInfo(0, 0, 0o100644)  # a source's stat, for DecodedFiles.put
 
 
 def compressed_daemon(tmp_path, decoded_cache="room", capacity="1MiB", keep=False, files=4):
@@ -187,17 +188,17 @@ def test_the_set_is_pinned_when_full_and_trimmed_oldest_first_when_the_budget_sh
     budget = [30]
     files = DecodedFiles(str(tmp_path), lambda: budget[0])
     for k in "abc":
-        assert files.put(k, k.encode() * 10, 0, 0o600, files.token())
-    assert not files.put("d", b"d" * 10, 0, 0o600, files.token())  # full: d is not kept, nothing evicted
+        assert files.put(k, k.encode() * 10, INFO, files.token())
+    assert not files.put("d", b"d" * 10, INFO, files.token())  # full: d is not kept, nothing evicted
     assert list(files._files) == ["a", "b", "c"] and files.refused == 1 and not os.path.exists(tmp_path / "d")
     budget[0] = 15  # the tier filled: its room shrank
     files.trim()
     assert list(files._files) == ["c"] and files.bytes == 10 and files.evicted == 2
     assert sorted(os.listdir(tmp_path)) == ["c"] and open(tmp_path / "c", "rb").read() == b"c" * 10
-    assert not files.put("e", b"e" * 20, 0, 0o600, files.token())  # larger than the budget
+    assert not files.put("e", b"e" * 20, INFO, files.token())  # larger than the budget
     token = files.token()
     files.drop("f")  # invalidated while f was being decoded
-    assert not files.put("f", b"f", 0, 0o600, token) and not os.path.exists(tmp_path / "f")
+    assert not files.put("f", b"f", INFO, token) and not os.path.exists(tmp_path / "f")
     files.close()
     assert files.bytes == 0 and os.listdir(tmp_path) == []
 
@@ -205,8 +206,8 @@ def test_the_set_is_pinned_when_full_and_trimmed_oldest_first_when_the_budget_sh
 def test_the_memory_margin_is_asked_once_per_file_kept(tmp_path):
     asked = []
     files = DecodedFiles(str(tmp_path), lambda: 1 << 20, lambda size: asked.append(size) or size < 100)
-    assert files.put("a/b", b"x" * 50, 0, 0o600, files.token()) and asked == [50]
-    assert not files.put("a/c", b"x" * 200, 0, 0o600, files.token()) and files.refused == 1
+    assert files.put("a/b", b"x" * 50, INFO, files.token()) and asked == [50]
+    assert not files.put("a/c", b"x" * 200, INFO, files.token()) and files.refused == 1
     assert sorted(os.listdir(tmp_path / "a")) == ["b"]
 
 
@@ -221,7 +222,7 @@ def test_a_room_budget_shrinks_as_the_tier_fills(tmp_path):
     keys = sorted(snap.files)
     stager.ensure(keys[0]).result(timeout=10)
     data = open(root / "0.txt", "rb").read()
-    assert t.decoded.put(keys[0], data, 0, 0o600, t.decoded.token())
+    assert t.decoded.put(keys[0], data, INFO, t.decoded.token())
     for k in keys[1:]:
         stager.ensure(k).result(timeout=10)
     assert t.decoded.bytes + t.used <= t.capacity  # the tier never holds more than its capacity
