@@ -1,5 +1,6 @@
 """Compressed tiers: the zstd codec of a tier, its choice of level (and dictionary), and the
-sealed in-memory copy an open of a compressed key is served from.
+sealed in-memory copy an open of a compressed key is served from (the decoded files kept
+for re-opens are the tier's: ``monarch.tiers.DecodedFiles``).
 
 A tier with ``compression: zstd`` or ``auto`` stores a file compressed when that pays: the
 stager hands the codec the bytes it read from the PFS (one read, as for a raw copy) and the
@@ -25,7 +26,6 @@ frame says how to decode it.
 
 from __future__ import annotations
 
-import collections
 import fcntl
 import logging
 import os
@@ -232,13 +232,12 @@ class Codec:
                  choice.compress_mbps, choice.reason)
 
     # -- serving -------------------------------------------------------------------------
-    def inflate(self, path: str, size: int, name: str = "monarch") -> int:
-        """A sealed memfd (read-only for everyone) holding the ``size`` bytes that the frame
-        at ``path`` decodes to; OSError or zstandard.ZstdError when it does not.
+    def decode(self, path: str, size: int) -> bytes:
+        """The ``size`` bytes that the frame at ``path`` decodes to; OSError or
+        zstandard.ZstdError when it does not.
 
-        The fast path: the frame is read with one read, decoded by this thread's reused
-        decompression context (zstd releases the GIL), and the result written to the
-        memfd with one write (no Python copy of the decoded bytes)."""
+        The fast path: the frame is read with one read and decoded by this thread's reused
+        decompression context (zstd releases the GIL)."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             frame = os.read(fd, os.fstat(fd).st_size + 1)
@@ -247,7 +246,12 @@ class Codec:
         data = self._decompressor(frame, path).decompress(frame, max_output_size=size)
         if len(data) != size:
             raise OSError(f"{path}: decodes to {len(data)} bytes, the snapshot says {size}")
-        return sealed_memfd(data, name)
+        return data
+
+    def inflate(self, path: str, size: int, name: str = "monarch") -> int:
+        """A sealed memfd (read-only for everyone) holding what ``decode`` gives, written
+        with one write (no Python copy of the decoded bytes)."""
+        return sealed_memfd(self.decode(path, size), name)
 
     def _decompressor(self, frame: bytes, path: str) -> zstandard.ZstdDecompressor:
         dict_id = zstandard.get_frame_parameters(frame).dict_id
@@ -288,98 +292,3 @@ def sealed_memfd(data, name: str = "monarch") -> int:
 
 def make_codec(mode: str, pfs_rate: Callable[[], float | None] = lambda: None) -> Codec | None:
     return None if mode == "off" else Codec(mode, pfs_rate)
-
-
-def reopen(fd: int) -> int:
-    """A new open file description (own offset, read-only) of the memfd ``fd``: what each
-    open of a cached decoded copy is given, so that two opens never share an offset."""
-    return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
-
-
-class DecodedCache:
-    """Sealed memfds of decoded copies, kept so that a file opened again (the next epoch)
-    is served by reopening a ready memfd instead of decompressing it again.
-
-    Bounded in bytes: ``budget()`` says how many decoded bytes may be held now (it may
-    shrink as the tier fills: ``trim`` evicts least recently used memfds down to it).
-    ``allow(size)`` is asked before a memfd is kept (the node's memory margin). Thread-safe:
-    the event loop takes hits, the inflate threads put. ``drop`` (the copy was invalidated
-    or removed) closes the memfd of that key and refuses every put begun before it
-    (``token``), so an inflate racing an invalidation never caches stale bytes."""
-
-    def __init__(self, budget: Callable[[], int], allow: Callable[[int], bool] = lambda size: True):
-        self._budget, self._allow = budget, allow
-        self._lock = threading.Lock()
-        self._fds: "collections.OrderedDict[str, tuple[int, int]]" = collections.OrderedDict()
-        self._gen = 0
-        self.bytes = 0
-        self.hits = self.misses = self.evicted = self.refused = 0
-
-    def token(self) -> int:
-        return self._gen
-
-    def open(self, key: str, count: bool = True) -> int | None:
-        """A fresh read-only descriptor of the decoded copy of ``key`` (the caller owns it), or None."""
-        with self._lock:
-            held = self._fds.get(key)
-            if held is None:
-                self.misses += count
-                return None
-            self._fds.move_to_end(key)
-            self.hits += 1
-            try:
-                return reopen(held[0])
-            except OSError:
-                self._close_locked(key)
-                return None
-
-    def put(self, key: str, fd: int, size: int, token: int) -> int:
-        """Keep the memfd ``fd`` if the budget allows; returns the descriptor to send
-        (``fd`` itself if not kept, else a fresh description of it)."""
-        with self._lock:
-            if token != self._gen or key in self._fds:
-                return fd
-            self._trim_locked(max(0, self._budget() - size))
-            if self.bytes + size > self._budget() or not self._allow(size):
-                self.refused += 1
-                return fd
-            try:
-                out = reopen(fd)
-            except OSError:
-                return fd
-            self._fds[key] = (fd, size)
-            self.bytes += size
-            return out
-
-    def drop(self, key: str) -> None:
-        """``key`` (a file, or a directory and all under it) changed: its memfds go."""
-        prefix = key.rstrip("/") + "/"
-        with self._lock:
-            self._gen += 1
-            for k in [k for k in self._fds if k == key or k.startswith(prefix)]:
-                self._close_locked(k)
-
-    def trim(self) -> None:
-        with self._lock:
-            self._trim_locked(self._budget())
-
-    def _trim_locked(self, limit: int) -> None:
-        while self._fds and self.bytes > limit:
-            self._close_locked(next(iter(self._fds)))
-            self.evicted += 1
-
-    def _close_locked(self, key: str) -> None:
-        fd, size = self._fds.pop(key)
-        self.bytes -= size
-        os.close(fd)
-
-    def close(self) -> None:
-        with self._lock:
-            self._gen += 1
-            while self._fds:
-                self._close_locked(next(iter(self._fds)))
-
-    def describe(self) -> dict:
-        with self._lock:
-            return {"bytes": self.bytes, "files": len(self._fds), "budget": self._budget(), "hits": self.hits,
-                    "misses": self.misses, "evicted": self.evicted, "refused": self.refused}

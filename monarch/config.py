@@ -40,7 +40,7 @@ class TierConfig:
     keep: bool = False  # keep staged files after the job (reused by the next job)
     capacity_share: float | None = None  # "50%": a share of the node's available memory (tmpfs) or free space
     compression: str = "off"  # off | zstd | auto: store copies compressed (monarch/codecs.py)
-    decoded_cache: int = -1  # bytes of decoded memfds kept for re-opens; -1 ("room"): the tier's free room
+    decoded_cache: int = -1  # bytes of decoded files kept for native re-opens; -1 ("room"): the tier's free room
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import zstandard
 
 from monarch import layout, protocol
 from monarch.cluster.transfer import Compressed
+from monarch.codecs import sealed_memfd
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
 from monarch.report import size_classes
@@ -203,9 +204,9 @@ class NodeDaemon:
             return None
         elif not tier.is_compressed(key):
             answer, outcome = (tier.slot, tier.path_for(key)), _already(tier)
-        elif tier.decoded is not None and (fd := tier.decoded.open(key)) is not None:
-            # decoded before and kept: a fresh description of the ready memfd, answered on the loop
-            answer, outcome = (tier.slot | protocol.ANSWER_FD, fd), _already(tier) + ":decoded_cache"
+        elif tier.decoded is not None and (path := tier.decoded.answer(key)) is not None:
+            # decoded before and kept as <tier>/<key>: the shim opens it (it asked without probing)
+            answer, outcome = (tier.slot, path), _already(tier) + ":decoded"
         else:
             return None
         self.count(outcome)
@@ -269,12 +270,15 @@ class NodeDaemon:
             self.stager.ensure(key, inline=True).add_done_callback(lambda f: self._serve(key, *_tier_of(key, f), done))
 
     def _serve(self, key: str, tier: Tier | None, outcome: str, done) -> None:
-        """Answer with ``tier``'s copy: its path, or for a compressed copy a sealed memfd
-        (decompressed on the inflate threads, never on the event loop); PFS if none."""
+        """Answer with ``tier``'s copy: its path; for a compressed copy the path of its kept
+        decoded file, else a sealed memfd (decompressed on the inflate threads, never on
+        the event loop); PFS if none."""
         if tier is None:
             done(PFS, outcome)
         elif not tier.is_compressed(key):
             done((tier.slot, tier.path_for(key)), outcome)
+        elif tier.decoded is not None and (path := tier.decoded.answer(key)) is not None:
+            done((tier.slot, path), outcome + ":decoded")
         else:
             if self._inflater is None:
                 with self._lock:
@@ -287,24 +291,31 @@ class NodeDaemon:
                 done(PFS, "pfs:shutting_down")
 
     def _inflate(self, key: str, tier: Tier, outcome: str, done) -> None:
-        cache = tier.decoded
-        if cache is not None and (fd := cache.open(key, count=False)) is not None:  # decoded meanwhile
-            done((tier.slot | protocol.ANSWER_FD, fd), outcome + ":decoded_cache")
+        """Decode ``key``'s compressed copy, answer with a sealed memfd of it, then keep the
+        decoded bytes as ``<tier>/<key>`` (``Tier.decoded``, within its budget) so that the
+        next open of the key, in any process, is the shim's native tier hit."""
+        kept = tier.decoded
+        if kept is not None and (path := kept.answer(key)) is not None:  # decoded meanwhile
+            done((tier.slot, path), outcome + ":decoded")
             return
-        token = cache.token() if cache is not None else 0  # before the frame is read: see DecodedCache.drop
-        size = self.snapshot.files[key].size
+        token = kept.token() if kept is not None else 0  # before the frame is read: see DecodedFiles.drop
+        if self.stager.where(key) is not tier:  # dropped before the token was taken (never decode old bytes)
+            done(PFS, "pfs:dropped")
+            return
+        info = self.snapshot.files[key]
         try:
-            fd = tier.codec.inflate(tier.compressed_path_for(key), size, os.path.basename(key))
-            if cache is not None:
-                fd = cache.put(key, fd, size, token)
+            data = tier.codec.decode(tier.compressed_path_for(key), info.size)
+            fd = sealed_memfd(data, os.path.basename(key))
         except Exception as e:  # a lost or corrupt copy must not fail the app: it reads the PFS
             log.warning("decompressing the copy of %s in tier %s failed: %s; the application reads the PFS",
                         key, tier.name, e)
             done(PFS, "pfs:inflate_error")
             return
         with self._lock:
-            self.inflated_bytes += size
+            self.inflated_bytes += info.size
         done((tier.slot | protocol.ANSWER_FD, fd), outcome + ":inflated")
+        if kept is not None:
+            kept.put(key, data, info, token)
 
     def _still_same(self, key: str, info) -> bool:
         """staging.validate: open — the first open of a file in the job compares the PFS's

@@ -105,16 +105,20 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
 
 def _tiers_over_nodes(alive: list[dict]) -> list[dict]:
     """Each tier (and the peer area) by name, summed over nodes: capacity, used (stored bytes),
-    files, refused by reason, logical and stored bytes and their ratio, each node's compression."""
+    files, refused by reason, logical and stored bytes and their ratio, each node's compression,
+    and the decoded files a compressing tier holds for re-opens (bytes, files)."""
     out: dict[str, dict] = {}
     for n in alive:
         for t in n.get("tiers", []):
             row = out.setdefault(t["name"], {"name": t["name"], "capacity": 0, "used": 0, "files": 0,
                                              "refused": collections.Counter(), "full_on_nodes": 0,
                                              "logical_bytes": 0, "stored_bytes": 0, "compressed_files": 0,
-                                             "compression": []})
+                                             "decoded_bytes": 0, "decoded_files": 0, "compression": []})
             for k in ("capacity", "used", "files", "logical_bytes", "stored_bytes", "compressed_files"):
                 row[k] += t.get(k, 0)
+            decoded = t.get("decoded_cache") or {}  # decoded files kept for native re-opens (not in "used")
+            row["decoded_bytes"] += decoded.get("bytes", 0)
+            row["decoded_files"] += decoded.get("files", 0)
             row["compression"].append(t.get("compression", {"mode": "off"}))
             row["refused"].update(t.get("refused", {}))
             if t.get("full"):
@@ -329,6 +333,9 @@ def print_report(report: dict, out: TextIO) -> None:
             w(f"tier {t['name']:<5}: {human(t['logical_bytes'])} in {human(t['stored_bytes'])} = {t['ratio']:.2f}x; "
               f"{t['compressed_files']} of {t['files']} files compressed (zstd level {c.get('level')}"
               f"{', dictionary' if c.get('dictionary') else ''}; {c.get('selection', {}).get('reason', '')})\n")
+            if t.get("decoded_files"):
+                w(f"{'':<11}  {t['decoded_files']} decoded files ({human(t['decoded_bytes'])}) held at the job's "
+                  "end for re-opens at native speed (counted as opens of the tier)\n")
     if report["peer"]:
         p = report["peer"]
         wire = p.get("wire_bytes_received", p.get("bytes_received", 0))

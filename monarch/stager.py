@@ -42,7 +42,7 @@ from monarch.errors import PeerError
 from monarch.secure import owner_only
 from monarch.snapshot import Snapshot
 from monarch.sources import PeerSource, PFSSource, Source, SourceChanged
-from monarch.tiers import NO_SPACE, Tier, write_atomically
+from monarch.tiers import NO_SPACE, Tier, write_all, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +58,6 @@ def background_slots(limit: int) -> int:
     """Of ``limit`` copies in flight, how many background copies may take: the rest stay
     free for copies the application waits for, so those start at once."""
     return max(1, limit - max(1, limit // 4))
-
-
-def _write_all(fd: int, data) -> int:
-    view, done = memoryview(data), 0
-    while done < len(view):
-        done += os.write(fd, view[done:])
-    return done
 
 
 class Invalidated(Exception):
@@ -270,8 +263,6 @@ class Stager:
 
     def _drop_locked(self, key: str) -> None:
         tier = self.staged.pop(key)
-        if tier.decoded is not None:  # a decoded memfd of the old bytes is never served again
-            tier.decoded.drop(key)
         path = tier.copy_path(key)
         try:
             size = os.stat(path).st_size
@@ -281,6 +272,10 @@ class Stager:
             tier.forget(key, info.size if info is not None else size, size)
         except OSError:
             pass
+        if tier.decoded is not None:
+            # after the frame is gone: a decode that takes its token after this finds no frame,
+            # one that took it before is refused (DecodedFiles.drop), so no file of the old bytes
+            tier.decoded.drop(key)
         self._no_room.clear()  # room was freed: what did not fit may fit now
 
     def mark_changed(self, key: str) -> None:
@@ -525,7 +520,7 @@ class Stager:
                 if not tier.reserve(stored):
                     continue
             data = frame if frame is not None else held
-            fill = stream if data is None else (lambda fd, data=data: _write_all(fd, data))
+            fill = stream if data is None else (lambda fd, data=data: write_all(fd, data))
             dest = tier.compressed_path_for(key) if frame is not None else tier.path_for(key)
             try:
                 n = write_atomically(dest, fill, info.mtime_ns, owner_only(info.mode),

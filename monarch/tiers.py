@@ -1,7 +1,9 @@
 """Node-local storage tiers: a private directory with a capacity, and the accounts for it.
 
 Space is reserved before a copy starts and released if it fails, so concurrent
-stagers never overfill a tier. Nothing is ever evicted (pin, don't thrash). A tier whose
+stagers never overfill a tier. Nothing is ever evicted (pin, don't thrash). A compressing
+tier also keeps a bounded decoded working set (``DecodedFiles``): decoded copies of its
+compressed copies, at the path the shim probes, so a re-opened file is opened natively. A tier whose
 filesystem runs out of space (ENOSPC, EDQUOT) is marked full and not tried again; a tier in
 memory (tmpfs) refuses a copy that would cross the node's memory margin. Every refusal is
 counted by its reason (``REFUSED_*``), for the report.
@@ -17,11 +19,11 @@ import secrets
 import threading
 from typing import Callable
 
-from monarch.codecs import Codec, DecodedCache, make_codec
+from monarch.codecs import Codec, make_codec
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
 from monarch.resources import MemoryGuard, is_memory_backed, share_of_node
-from monarch.secure import create_exclusive
+from monarch.secure import create_exclusive, owner_only
 from monarch.snapshot import FileInfo
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,7 @@ class Tier:
         self.memory = memory  # set for a tier in RAM: it keeps the node's memory margin
         self.capacity_note = ""  # how a capacity given as a share was resolved
         self.codec = codec
-        self.decoded: DecodedCache | None = None  # decoded memfds of compressed copies (set_decoded_cache)
+        self.decoded: DecodedFiles | None = None  # decoded copies of compressed ones (set_decoded_cache)
         self._used = 0
         self._lock = threading.Lock()
         self.files = 0
@@ -75,13 +77,13 @@ class Tier:
         return tier
 
     def set_decoded_cache(self, budget: int) -> None:
-        """Keep decoded memfds of this tier's compressed copies for re-opens: ``budget``
-        bytes (beyond the capacity), or -1: the tier's free room (capacity less the stored
-        bytes; the cache shrinks as copies fill the tier). A tier in RAM also keeps the
-        node's memory margin."""
+        """Keep decoded copies of this tier's compressed copies for re-opens (``DecodedFiles``):
+        ``budget`` bytes (beyond the capacity), or -1: the tier's free room (capacity less the
+        stored bytes; the decoded set shrinks as copies fill the tier). A tier in RAM also
+        keeps the node's memory margin."""
         room = (lambda: max(0, self.capacity - self._used)) if budget < 0 else (lambda: budget)
         allow = self.memory.allows if self.memory is not None else (lambda size: True)
-        self.decoded = DecodedCache(room, allow)
+        self.decoded = DecodedFiles(self.path, room, allow)
 
     @property
     def keep(self) -> bool:
@@ -121,7 +123,7 @@ class Tier:
                 reason = REFUSED_MEMORY_MARGIN
             else:
                 self._used += size
-                if self.decoded is not None:  # the room a "room" budget gives decoded memfds shrank
+                if self.decoded is not None:  # the room a "room" budget gives decoded copies shrank
                     self.decoded.trim()
                 return True
             self.refused[reason] += 1
@@ -183,7 +185,8 @@ class Tier:
         return adopted
 
     def remove(self) -> None:
-        """Delete this run's copies (a kept tier stays for the next run of the dataset)."""
+        """Delete this run's copies (a kept tier stays for the next run of the dataset, its
+        decoded copies do not: they are not accounted as copies of the tier)."""
         if self.decoded is not None:
             self.decoded.close()
         self.storage.remove()
@@ -208,6 +211,151 @@ class Tier:
         if self.memory is not None:
             out["memory_margin"] = self.memory.margin
         return out
+
+
+class _NotKept(Exception):
+    """A decoded copy was not published (invalidated meanwhile, or no room any more)."""
+
+
+class DecodedFiles:
+    """The decoded working set of a compressing tier: for a compressed copy
+    (``<tier>/.z/<key>``) opened by the application, its decoded bytes kept as an ordinary
+    file at ``<tier>/<key>``, where the shim's tier probe finds it, so that the next open of
+    that key, in any process, is native (no daemon round trip, no decompression).
+
+    Bounded in bytes by ``budget()`` (which may shrink as the tier fills: ``trim`` unlinks
+    the least recently decoded files down to it) and by ``allow(size)`` (the node's memory
+    margin, for a tier in RAM), asked once per file kept. A file that does not fit is not
+    kept (served from a memfd, as with no budget); nothing is evicted to make room for it:
+    epochs read in shuffled order, where evicting for every new file keeps a few percent of
+    re-opens native instead of budget / decoded dataset (pin, don't thrash: DESIGN.md).
+
+    The files hold the source's bytes (its mtime, its mode masked to the owner, like raw
+    copies); they are not copies the tier accounts for (its capacity is in stored bytes)
+    and are unlinked when the daemon closes, so a kept tier never carries them over.
+
+    Correct bytes first: ``drop(key)`` (the copy was invalidated or removed) unlinks the
+    file of ``key`` (of every key under it, for a directory) and refuses every ``put``
+    begun before it (``token``), so a decode racing an invalidation never publishes stale
+    bytes. An open descriptor of an unlinked file keeps reading (the inode lives on)."""
+
+    def __init__(self, root: str, budget: Callable[[], int], allow: Callable[[int], bool] = lambda size: True):
+        self.root = root
+        self._budget, self._allow = budget, allow
+        self._lock = threading.Lock()
+        self._files: "collections.OrderedDict[str, int]" = collections.OrderedDict()  # key -> size, oldest first
+        self._gen = 0
+        self.bytes = 0
+        self.kept = 0       # files decoded and kept
+        self.evicted = 0    # unlinked because the budget shrank
+        self.refused = 0    # decoded but not kept: no room in the budget (or the memory margin)
+        self.answered = 0   # opens the daemon answered with a kept file (the shim asked without probing)
+
+    def token(self) -> int:
+        return self._gen
+
+    def path_for(self, key: str) -> str:
+        return os.path.join(self.root, key)
+
+    def holds(self, key: str) -> bool:
+        return key in self._files
+
+    def answer(self, key: str) -> str | None:
+        """The path of ``key``'s decoded file, for an open the daemon answers, or None."""
+        with self._lock:
+            if key not in self._files:
+                return None
+            self.answered += 1
+        return self.path_for(key)
+
+    def _admits_locked(self, key: str, size: int, token: int) -> bool:
+        """No drop since ``token``, not kept already (another open's decode), and room."""
+        if token != self._gen or key in self._files:
+            return False
+        if self.bytes + size > self._budget():
+            self.refused += 1
+            return False
+        return True
+
+    def put(self, key: str, data, info: FileInfo, token: int) -> bool:
+        """Keep ``data`` (the decoded bytes of ``key``, whose source is ``info``) as
+        ``<tier>/<key>`` if the budget has room and no ``drop`` came since ``token`` was
+        taken; True if it was published."""
+        size = len(data)
+        with self._lock:
+            if not self._admits_locked(key, size, token):
+                return False
+            if not self._allow(size):
+                self.refused += 1
+                return False
+        try:
+            write_atomically(self.path_for(key), lambda fd: write_all(fd, data), info.mtime_ns, owner_only(info.mode),
+                             publish=lambda tmp, dest: self._publish(key, size, token, tmp, dest))
+        except _NotKept:
+            return False
+        except OSError as e:  # a full filesystem, say: the file is served from a memfd
+            log.debug("decoded copy of %s not kept: %s", key, e)
+            with self._lock:
+                self.refused += 1
+            return False
+        return True
+
+    def _publish(self, key: str, size: int, token: int, tmp: str, dest: str) -> None:
+        with self._lock:  # drop() holds it too: a file is never published after a drop
+            if not self._admits_locked(key, size, token):
+                raise _NotKept(key)
+            os.replace(tmp, dest)
+            self._files[key] = size
+            self.bytes += size
+            self.kept += 1
+
+    def drop(self, key: str) -> None:
+        """``key`` (a file, or a directory and all under it) changed or its copy went: its
+        decoded files go, and no decode begun before now is kept."""
+        prefix = key.rstrip("/") + "/"
+        with self._lock:
+            self._gen += 1
+            for k in [k for k in self._files if k == key or k.startswith(prefix)]:
+                self._unlink_locked(k)
+
+    def trim(self) -> None:
+        """The budget may have shrunk: unlink the least recently decoded files down to it."""
+        with self._lock:
+            limit = self._budget()
+            while self._files and self.bytes > limit:
+                self._unlink_locked(next(iter(self._files)))
+                self.evicted += 1
+
+    def _unlink_locked(self, key: str) -> None:
+        self.bytes -= self._files.pop(key)
+        try:
+            os.unlink(self.path_for(key))
+        except FileNotFoundError:  # the shim's own invalidation removed it first
+            pass
+        except OSError as e:
+            log.warning("removing the decoded copy %s failed: %s", self.path_for(key), e)
+
+    def close(self) -> None:
+        """Unlink every decoded file (the daemon is closing)."""
+        with self._lock:
+            self._gen += 1
+            while self._files:
+                self._unlink_locked(next(iter(self._files)))
+
+    def describe(self) -> dict:
+        """For the report: what is held now (``bytes``, ``files``), against ``budget``. Opens
+        of these files are the shim's native tier hits (counted under the tier's slot)."""
+        with self._lock:
+            return {"bytes": self.bytes, "files": len(self._files), "budget": self._budget(), "kept": self.kept,
+                    "evicted": self.evicted, "refused": self.refused, "answered": self.answered}
+
+
+def write_all(fd: int, data) -> int:
+    """Write all of ``data`` (a bytes-like object) to ``fd``; the bytes written."""
+    view, done = memoryview(data), 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+    return done
 
 
 def write_atomically(dest: str, fill: Callable[[int], int], mtime_ns: int, mode: int = 0o600,

@@ -47,7 +47,7 @@ from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E4
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
 MODES = ("direct", "monarch", "zstd", "zstd-nocache", "ceiling")
-# zstd: monarch with its RAM tier compressed (decoded memfds kept per --decoded-cache);
+# zstd: monarch with its RAM tier compressed (decoded files kept per --decoded-cache);
 # zstd-nocache: the same with decoded_cache off (every open decompresses)
 VARIANTS = {"small": dict(files=3000, size="100KiB", spread=0.5),
             "compressible": dict(files=400, size="256KiB", spread=0.3, content="compressible", capacity="0.5x",

@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """Per-open cost of a compressed copy, by part: what one OPEN of a compressed key costs the
-daemon, measured on the pieces it is made of (2 cores shared: take the median of a few runs).
+daemon, measured on the pieces it is made of, and what a re-open costs once its decoded
+file is kept (2 cores shared: take the median of a few runs).
 
     python scripts/bench_zopen.py [--size 256KiB] [--n 400] [--level 6]
 
-  read frame    os.read of the frame from the tier (tmpfs)
-  decompress    zstd into bytes (the thread's reused context)
-  memfd fill    memfd_create + write + seals
-  reopen        a cached memfd's fresh description (/proc/self/fd/N, O_RDONLY): a cache hit
-  round trip    a whole OPEN through a running daemon's socket, descriptor received
-                (SCM_RIGHTS), miss (decoded now) and hit (from the decoded cache)
+  read frame     os.read of the frame from the tier (tmpfs)
+  decompress     zstd into bytes (the thread's reused context)
+  memfd fill     memfd_create + write + seals
+  keep           the decoded bytes written as <tier>/<key> (temp + rename; DecodedFiles.put),
+                 on tmpfs and on a disk directory (--disk-dir, default /tmp)
+  native hit     open + read + close of a kept decoded file: what the shim's probe does on a
+                 re-open (tmpfs; disk: from the page cache)
+  memfd hit      a memfd's fresh description (/proc/self/fd/N) + read: the earlier memfd cache
+  round trip     a whole OPEN through a running daemon's socket: decoded each time
+                 (decoded_cache off), a miss (decoded, memfd received, file kept after) and
+                 an open answered with the kept file's path (a shim that asks first)
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ sys.path.insert(0, str(REPO))
 import zstandard  # noqa: E402
 
 from monarch import codecs, protocol  # noqa: E402
+from monarch.snapshot import FileInfo  # noqa: E402
+from monarch.tiers import DecodedFiles  # noqa: E402
 from monarch.workload import parse_size  # noqa: E402
 
 
@@ -50,9 +58,11 @@ def timed(fn, n):
 
 
 def ask(sock_path: str, key: str) -> int:
+    """One OPEN: the descriptor passed, or one opened on the path answered (-1: neither)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(sock_path)
     s.sendall(protocol.encode_request(protocol.VERB_OPEN, key.encode()))
+    got = b""
     while True:
         msg, fds, _, _ = socket.recv_fds(s, 4096, 4)
         if fds:
@@ -60,9 +70,19 @@ def ask(sock_path: str, key: str) -> int:
             for fd in fds[1:]:
                 os.close(fd)
             return fds[0]
-        if not msg:
+        got += msg
+        head = protocol.ANSWER_HEADER.size
+        if not msg or (len(got) >= head and len(got) >= head + protocol.ANSWER_HEADER.unpack(got[:head])[1]):
             s.close()
-            return -1
+            status, length = protocol.ANSWER_HEADER.unpack(got[:head]) if len(got) >= head else (-1, 0)
+            path = got[head:head + length]
+            return os.open(path, os.O_RDONLY) if status > protocol.SLOT_PFS and path.startswith(b"/") else -1
+
+
+def read_close(fd: int, size: int) -> None:
+    if fd >= 0:
+        os.read(fd, size + 1)
+        os.close(fd)
 
 
 def main() -> int:
@@ -70,6 +90,7 @@ def main() -> int:
     p.add_argument("--size", default="256KiB")
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--level", type=int, default=6)
+    p.add_argument("--disk-dir", default="/tmp", help="a directory on disk for the keep and native-hit rows")
     args = p.parse_args()
     size, n = parse_size(args.size), args.n
     datas = [content(size, i) for i in range(min(n, 64))]
@@ -87,12 +108,21 @@ def main() -> int:
         rows["decompress"] = timed(lambda i: dctx.decompress(frames[i % len(frames)]), n)
         rows["memfd fill + seal"] = timed(lambda i: os.close(codecs.sealed_memfd(datas[i % len(datas)])), n)
         rows["inflate (the three)"] = timed(lambda i: os.close(codec.inflate(f"{shm}/{i % len(frames)}.zst", size)), n)
+        for where, base in (("tmpfs", shm), ("disk", args.disk_dir)):
+            with tempfile.TemporaryDirectory(dir=base) as d:
+                kept, info = DecodedFiles(d, lambda: 1 << 40), FileInfo(size, 0)
+                rows[f"keep: write <tier>/<key> ({where})"] = timed(
+                    lambda i: kept.put(f"k/{i}", datas[i % len(datas)], info, kept.token()), n)
+                rows[f"native hit: open+read+close ({where})"] = timed(
+                    lambda i: read_close(os.open(f"{d}/k/{i}", os.O_RDONLY), size), n)
+                kept.close()
         mfd = codecs.sealed_memfd(datas[0])
-        rows["reopen (cache hit)"] = timed(lambda i: os.close(codecs.reopen(mfd)), n)
+        rows["memfd hit: reopen+read+close"] = timed(
+            lambda i: read_close(os.open(f"/proc/self/fd/{mfd}", os.O_RDONLY), size), n)
         os.close(mfd)
     rows |= round_trips(size, n)
     for k, v in rows.items():
-        print(f"  {k:28s} {v:8.1f} us")
+        print(f"  {k:52s} {v:8.1f} us")
     return 0
 
 
@@ -123,13 +153,16 @@ staging: {{policy: read-ahead, threads: 2}}
         keys = [f"0/{i}.bin" for i in range(files)]
         while d.stager.stats()["files"] < files:
             time.sleep(0.05)
-        first = timed(lambda i: os.close(ask(d.socket_path, keys[i % files])), files)
-        again = timed(lambda i: os.close(ask(d.socket_path, keys[i % files])), files)
+        first = timed(lambda i: read_close(ask(d.socket_path, keys[i % files]), size), files)
+        if cache == "room":
+            while d.tiers[0].decoded.describe()["kept"] < files:
+                time.sleep(0.05)
+        again = timed(lambda i: read_close(ask(d.socket_path, keys[i % files]), size), files)
         if cache == "off":
-            out["OPEN round trip, decoded each time"] = statistics.mean([first, again])
+            out["OPEN round trip + read, decoded each time"] = statistics.mean([first, again])
         else:
-            out["OPEN round trip, miss (decoded, kept)"] = first
-            out["OPEN round trip, hit (cached memfd)"] = again
+            out["OPEN round trip + read, miss (memfd; file kept after)"] = first
+            out["OPEN round trip + read, answered the kept file's path"] = again
         server.request_stop()
         t.join()
         d.close()

@@ -1,8 +1,10 @@
 """Compressed tiers through a real ``monarch run``: every reader gets the source's bytes.
 
 Half the dataset compresses (numpy arrays), half does not (random bytes named like JPEGs):
-the first half is stored compressed and served as a sealed memfd, the second stays raw
-and is opened from the tier directly. Each reader compares checksums with the source.
+the first half is stored compressed, its first open served as a sealed memfd and every
+later one from the decoded file the daemon kept at ``<tier>/<key>`` (the shim's native
+probe); the second half stays raw and is opened from the tier directly. Each reader
+compares checksums with the source.
 """
 
 import hashlib
@@ -38,14 +40,16 @@ def make_mixed(root: str, n: int = 12) -> dict[str, str]:
     return digests
 
 
-def config(base: str, root: str, compression: str = "zstd", capacity: str = "1GiB") -> str:
+def config(base: str, root: str, compression: str = "zstd", capacity: str = "1GiB", decoded_cache: str = "room",
+           policy: str = "read-ahead") -> str:
     path = os.path.join(base, "monarch.yaml")
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: [{json.dumps(root)}]}}
 run_dir: "{base}/run"
 tiers:
-  - {{name: ram, path: "/dev/shm{base}/ram", capacity: {capacity}, compression: {compression}}}
-staging: {{policy: read-ahead, threads: 2}}
+  - {{name: ram, path: "/dev/shm{base}/ram", capacity: {capacity}, compression: {compression},
+     decoded_cache: {decoded_cache}}}
+staging: {{policy: {policy}, threads: 2}}
 """)
     return path
 
@@ -143,23 +147,35 @@ def test_compressed_and_raw_copies_serve_the_sources_bytes_to_every_reader(short
     assert rep["sources"]["ram"]["opens"] >= 2 * len(digests)
     assert rep["sources"]["pfs"]["opens"] == 0, rep["sources"]
     arrays = sum(os.path.getsize(p) for p in digests if p.endswith(".npy"))
-    # each array decompressed once; every later open reopened its kept memfd (the decoded cache)
-    assert rep["nodes"][0]["inflated_bytes"] >= arrays
+    # each array decoded at its first open (a memfd) and kept as a decoded file at <tier>/<key>;
+    # every later open, in any process, was the shim's native tier hit: the daemon answered
+    # only first opens (and a second one that came while the file was being published: decoded
+    # again, or told the path of the file published meanwhile)
+    resolves = rep["nodes"][0]["resolves"]
+    assert set(resolves) <= {"already_staged:inflated", "already_staged:decoded"}, resolves
+    assert resolves["already_staged:inflated"] >= 6 and sum(resolves.values()) <= 12, resolves
+    assert arrays <= rep["nodes"][0]["inflated_bytes"] <= 2 * arrays
+    assert rep["sources"]["ram"]["opens"] >= 150  # the script's opens (2 epochs, 3 workers, md5sum, cat)
     cache = rep["nodes"][0]["tiers"][0]["decoded_cache"]
-    assert cache["hits"] >= len(digests) // 2 and cache["files"] == len(digests) // 2, cache
+    assert cache["files"] == cache["kept"] == 6 and cache["bytes"] == arrays and cache["refused"] == 0, cache
+    assert tier["decoded_bytes"] == arrays and tier["decoded_files"] == 6
 
 
 def test_compressed_copies_live_where_the_probe_does_not_look(short_tmp):
-    """The shim's probe of <tier>/<key> finds only raw copies; compressed ones are under .z/."""
+    """The shim's probe of <tier>/<key> finds raw copies and the decoded files kept after a
+    first open; compressed copies are under .z/."""
     root = os.path.join(short_tmp, "pfs")
     digests = make_mixed(root, n=4)
     script = ("import glob, os, sys, time\n"
-              f"for p in {sorted(digests)!r}: open(p, 'rb').read()\n"
               "d = os.environ['MONARCH_PROBE'].split('=', 1)[1]\n"
-              "raw = sorted(os.path.relpath(p, d) for p in glob.glob(d + '/0/*/*'))\n"
-              "z = sorted(os.path.relpath(p, d) for p in glob.glob(d + '/.z/0/*/*'))\n"
+              "ls = lambda pattern: sorted(os.path.relpath(p, d) for p in glob.glob(d + pattern))\n"
+              f"for p in {sorted(digests)!r}: open(p, 'rb').read()\n"
+              "for _ in range(500):\n"
+              "    if len(ls('/0/arr/*')) == 2: break\n"
+              "    time.sleep(0.01)\n"  # the daemon keeps a decoded file after it answered
+              "raw, z = ls('/0/*/*'), ls('/.z/0/*/*')\n"
               "print(raw, z)\n"
-              "assert raw == ['0/img/i0.jpg', '0/img/i1.jpg'], raw\n"
+              "assert raw == ['0/arr/a0.npy', '0/arr/a1.npy', '0/img/i0.jpg', '0/img/i1.jpg'], raw\n"
               "assert z == ['.z/0/arr/a0.npy', '.z/0/arr/a1.npy'], z\n"
               "assert all(os.stat(os.path.join(d, p)).st_mode & 0o077 == 0 for p in raw + z)\n")
     r = monarch("run", "-c", config(short_tmp, root), "--", sys.executable, "-c", script, timeout=120)
@@ -221,3 +237,148 @@ def test_md5sum_of_the_whole_tree_matches(short_tmp):
     r = monarch("run", "-c", config(short_tmp, root), "--", "sh", "-c", cmd, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert open(out).read() == direct
+
+
+# -- the decoded files: re-opens are the shim's native hits ----------------------------------
+WAIT_KEPT = """
+def wait_kept(path, timeout=20):
+    # the daemon keeps a decoded file just after it answered the first open: wait for it
+    import glob, os, time
+    d = os.environ['MONARCH_PROBE'].split('=', 1)[1]
+    name = os.path.basename(path)
+    for _ in range(int(timeout * 100)):
+        if glob.glob(f"{d}/0/*/{name}"):
+            return
+        time.sleep(0.01)
+    raise SystemExit(f"no decoded file of {path} in {d}")
+"""
+
+
+def test_a_reopened_compressed_file_is_read_natively_with_the_sources_bytes_and_stat(short_tmp):
+    root = os.path.join(short_tmp, "pfs")
+    digests = make_mixed(root, n=2)
+    arr = os.path.join(root, "arr", "a0.npy")
+    st = os.stat(arr)
+    script = WAIT_KEPT + f"""
+import hashlib, mmap, os, subprocess, sys
+import numpy as np
+p, want = {arr!r}, {digests[arr]!r}
+md5 = lambda b: hashlib.md5(b).hexdigest()
+with open(p, 'rb') as f:            # the first open: decoded by the daemon, a memfd
+    assert md5(f.read()) == want
+wait_kept(p)
+with open(p, 'rb') as f:            # every open from here on: the shim's probe of <tier>/<key>
+    assert md5(f.read()) == want, 'open/read'
+    st = os.fstat(f.fileno())       # the source's stat, from the index, not the decoded file's
+    got = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_mode)
+    assert got == {(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_mode)!r}, got
+fd = os.open(p, os.O_RDONLY)
+assert md5(b''.join(os.pread(fd, 4096, o) for o in range(0, {st.st_size}, 4096))) == want, 'pread'
+with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
+    assert md5(m[:]) == want, 'mmap'
+os.close(fd)
+assert md5(np.fromfile(p, dtype=np.uint8).tobytes()) == want, 'numpy.fromfile'
+assert np.array_equal(np.load(p), np.load(p, mmap_mode='r'))
+assert subprocess.run(['md5sum', p], capture_output=True, text=True).stdout.split()[0] == want, 'md5sum'
+assert md5(subprocess.run(['cat', p], capture_output=True).stdout) == want, 'cat'
+"""
+    report = os.path.join(short_tmp, "report.json")
+    r = monarch("run", "-c", config(short_tmp, root), "--report", report, "--", sys.executable, "-c", script,
+                timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = load(report)
+    node = rep["nodes"][0]
+    # the daemon answered the first open only; the shim counted all of them as opens of the tier
+    assert node["resolves"] == {"already_staged:inflated": 1}, node["resolves"]
+    assert node["inflated_bytes"] == st.st_size
+    assert rep["sources"]["ram"]["opens"] >= 9 and rep["sources"]["pfs"]["opens"] == 0, rep["sources"]
+    assert node["tiers"][0]["decoded_cache"]["files"] == 1 and rep["tiers"][0]["decoded_bytes"] == st.st_size
+    assert "1 decoded files" in r.stdout + r.stderr
+
+
+def test_a_write_and_a_rename_by_the_job_remove_the_decoded_files(short_tmp):
+    root = os.path.join(short_tmp, "pfs")
+    make_mixed(root, n=6)
+    a0, a1, a2 = (os.path.join(root, "arr", f"a{i}.npy") for i in range(3))
+    script = WAIT_KEPT + f"""
+import glob, os
+import numpy as np
+d = os.environ['MONARCH_PROBE'].split('=', 1)[1]
+a0, a1, a2 = {a0!r}, {a1!r}, {a2!r}
+old = {{p: np.load(p) for p in (a0, a1, a2)}}
+for p in (a0, a1, a2):
+    wait_kept(p)
+    assert np.array_equal(np.load(p), old[p])   # a native re-open
+np.save(a0, old[a0] * 2)                         # the job writes a0
+assert not glob.glob(d + '/0/arr/a0.npy') and not glob.glob(d + '/.z/0/arr/a0.npy')
+assert np.array_equal(np.load(a0), old[a0] * 2)
+os.rename(a2, a1)                                # and renames a2 over a1
+assert not glob.glob(d + '/0/arr/a1.npy') and not glob.glob(d + '/0/arr/a2.npy')
+assert np.array_equal(np.load(a1), old[a2]) and not os.path.exists(a2)
+for _ in range(3):                               # later opens too: the new bytes, from the PFS
+    assert np.array_equal(np.load(a0), old[a0] * 2) and np.array_equal(np.load(a1), old[a2])
+"""
+    r = monarch("run", "-c", config(short_tmp, root, policy="on-access"), "--", sys.executable, "-c", script,
+                timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_a_small_budget_evicts_and_pins_and_every_reader_keeps_the_right_bytes(short_tmp):
+    """A tier with little room beyond its frames ("room"): the decoded files are trimmed as
+    the frames fill it, and files that do not fit are served as memfds; three epochs of
+    forked workers and threads read checksummed bytes, one descriptor held across evictions."""
+    root = os.path.join(short_tmp, "pfs")
+    os.makedirs(os.path.join(root, "arr"))
+    digests = {}
+    rng = np.random.default_rng(1)
+    for i in range(24):  # half random, half zeros: about 2x
+        p = os.path.join(root, "arr", f"a{i}.bin")
+        with open(p, "wb") as f:
+            f.write(rng.bytes(20000 + 97 * i) + bytes(20000))
+        digests[p] = hashlib.md5(open(p, "rb").read()).hexdigest()
+    total = sum(os.path.getsize(p) for p in digests)
+    script = WAIT_KEPT + f"""
+import hashlib, os, random, sys, threading
+want = {digests!r}
+paths = sorted(want)
+def check(p, data, how):
+    if hashlib.md5(data).hexdigest() != want[p]:
+        sys.exit(f'WRONG BYTES via {{how}}: {{p}}')
+open(paths[0], 'rb').read()
+wait_kept(paths[0])
+held = open(paths[0], 'rb')                      # its decoded file, held open while it is evicted
+for epoch in range(3):
+    order = paths[:]
+    random.Random(epoch).shuffle(order)
+    kids = []
+    for w in range(2):
+        pid = os.fork()
+        if pid == 0:
+            for p in order[w::2]:
+                with open(p, 'rb') as f:
+                    check(p, f.read(), f'worker {{w}} epoch {{epoch}}')
+            os._exit(0)
+        kids.append(pid)
+    out = {{}}
+    def read(p):
+        fd = os.open(p, os.O_RDONLY)
+        out[p] = os.pread(fd, 1 << 20, 0)
+        os.close(fd)
+    ts = [threading.Thread(target=read, args=(p,)) for p in order]
+    [t.start() for t in ts]; [t.join() for t in ts]
+    for p in order:
+        check(p, out[p], f'thread epoch {{epoch}}')
+    for pid in kids:
+        assert os.waitpid(pid, 0)[1] == 0, 'a worker read wrong bytes'
+check(paths[0], os.pread(held.fileno(), 1 << 20, 0), 'descriptor held across evictions')
+"""
+    report = os.path.join(short_tmp, "report.json")
+    cfg = config(short_tmp, root, capacity=str(total * 6 // 10), policy="on-access")  # frames ~ half
+    r = monarch("run", "-c", cfg, "--report", report, "--", sys.executable, "-c", script, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-2000:]
+    rep = load(report)
+    tier = rep["nodes"][0]["tiers"][0]
+    decoded = tier["decoded_cache"]
+    assert tier["compressed_files"] == 24 and rep["sources"]["pfs"]["opens"] == 0, (tier, rep["sources"])
+    assert decoded["evicted"] > 0 and decoded["refused"] > 0, decoded
+    assert decoded["bytes"] + tier["used"] <= tier["capacity"], decoded  # the tier never holds more

@@ -1,5 +1,5 @@
 """Compressed tiers: the codec's selection, the stager's accounting in stored bytes, and
-the sealed memfd an open is served from."""
+the sealed memfd an open is served from (the decoded files kept for re-opens: test_decoded.py)."""
 
 import fcntl
 import os
@@ -8,7 +8,7 @@ import random
 import pytest
 import zstandard
 
-from monarch import codecs, protocol
+from monarch import codecs
 from monarch.codecs import Codec, select
 from monarch.config import TierConfig
 from monarch.snapshot import take_snapshot
@@ -169,120 +169,6 @@ def test_a_full_compressed_tier_passes_the_bytes_read_to_the_next_tier_without_a
     assert stager.ensure(key).result(timeout=20) is big
     assert open(big.path_for(key), "rb").read() == open(mixed.source_path(key), "rb").read()
     assert stager.stats()["pfs_files_read"] == 1 and stager.stats()["pfs_bytes_read"] == mixed.files[key].size
-
-
-# -- the decoded cache ------------------------------------------------------------------------
-def compressed_daemon(tmp_path, decoded_cache="room"):
-    from monarch.config import load_config
-    from monarch.daemon import NodeDaemon
-    root = tmp_path / "pfs"
-    root.mkdir()
-    for i in range(4):
-        (root / f"{i}.txt").write_bytes(compressible(50_000, i))
-    (root / "sub").mkdir()
-    (root / "sub" / "x.txt").write_bytes(compressible(50_000, 9))
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{tmp_path}/run"
-tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB, compression: zstd, decoded_cache: {decoded_cache}}}]
-staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
-""")
-    return NodeDaemon(load_config(str(cfg), env={"USER": "u"}), "r1"), root
-
-
-def open_fd(d, key):
-    """What the shim gets for an OPEN: the descriptor of a compressed copy (resolve_now first, as the loop does)."""
-    answer = d.resolve_now(key) or d.resolve(key)
-    assert answer[0] & protocol.ANSWER_FD, answer
-    return answer[1]
-
-
-def test_a_reopened_compressed_file_is_a_fresh_description_of_a_cached_memfd(tmp_path):
-    d, root = compressed_daemon(tmp_path)
-    try:
-        want = (root / "0.txt").read_bytes()
-        a = open_fd(d, "0/0.txt")   # decoded now, kept
-        b = open_fd(d, "0/0.txt")   # from the cache, answered on the loop
-        c = open_fd(d, "0/0.txt")
-        cache = d.tiers[0].decoded
-        assert cache.hits == 2 and cache.bytes == len(want)
-        assert d.outcomes["already_staged:decoded_cache"] == 2
-        # independent offsets: reading one does not move the others
-        assert os.read(a, 100) == want[:100]
-        assert os.read(b, 10) == want[:10]
-        assert os.read(a, 100) == want[100:200]
-        assert os.read(c, len(want) + 1) == want and os.read(b, 10) == want[10:20]
-        for fd in (b, c):
-            assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & codecs.SEALS == codecs.SEALS
-            assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
-            assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
-            with pytest.raises(OSError):
-                os.pwrite(fd, b"x", 0)
-        for fd in (a, b, c):
-            os.close(fd)
-    finally:
-        d.close()
-
-
-def test_invalidate_drops_the_cached_decoded_copy(tmp_path):
-    d, root = compressed_daemon(tmp_path)
-    try:
-        cache = d.tiers[0].decoded
-        for key in ("0/1.txt", "0/sub/x.txt"):
-            os.close(open_fd(d, key))
-        assert cache.describe()["files"] == 2
-        held = dict(cache._fds)
-        d.invalidate("0/1.txt")
-        assert cache.open("0/1.txt") is None and cache.describe()["files"] == 1
-        with pytest.raises(OSError):  # the daemon's memfd of the old bytes is closed
-            os.fstat(held["0/1.txt"][0])
-        d.invalidate("0/sub")  # a directory: everything under it
-        assert cache.open("0/sub/x.txt") is None and cache.bytes == 0
-        # the next open of an invalidated key is not served from a copy at all
-        assert d.resolve("0/1.txt")[0] == protocol.SLOT_PFS
-    finally:
-        d.close()
-
-
-def test_a_put_begun_before_an_invalidation_is_not_cached():
-    cache = codecs.DecodedCache(lambda: 1 << 20)
-    fd = codecs.sealed_memfd(b"old bytes")
-    token = cache.token()
-    cache.drop("0/a")  # invalidated while the old frame was being decoded
-    assert cache.put("0/a", fd, 9, token) == fd and cache.bytes == 0
-    os.close(fd)
-
-
-def test_the_cache_keeps_its_budget_least_recently_used_first():
-    budget = [30]
-    cache = codecs.DecodedCache(lambda: budget[0])
-    for k in "abc":
-        out = cache.put(k, codecs.sealed_memfd(k.encode() * 10), 10, cache.token())
-        os.close(out)
-    os.close(cache.open("a"))  # a is now the most recent
-    os.close(cache.put("d", codecs.sealed_memfd(b"d" * 10), 10, cache.token()))
-    assert list(cache._fds) == ["c", "a", "d"] and cache.evicted == 1
-    budget[0] = 15  # the tier filled: its room shrank
-    cache.trim()
-    assert list(cache._fds) == ["d"] and cache.bytes == 10
-    small = codecs.sealed_memfd(b"e" * 20)
-    assert cache.put("e", small, 20, cache.token()) == small and cache.refused == 1  # larger than the budget
-    os.close(small)
-    cache.close()
-    assert cache.bytes == 0
-
-
-def test_decoded_cache_off_decodes_every_open(tmp_path):
-    d, root = compressed_daemon(tmp_path, decoded_cache="off")
-    try:
-        assert d.tiers[0].decoded is None
-        for _ in range(2):
-            fd = open_fd(d, "0/2.txt")
-            assert os.read(fd, 10**6) == (root / "2.txt").read_bytes()
-            os.close(fd)
-        assert d.inflated_bytes == 2 * 50_000
-    finally:
-        d.close()
 
 
 def test_a_file_read_for_a_trial_compression_always_finds_a_tier(tmp_path):
