@@ -10,8 +10,9 @@ speed, so incompressible data costs one trial compression per file and nothing p
 
 The choice (FanStore's "select"): the first files staged into the tier are the sample
 (``SAMPLE_FILES`` files or ``SAMPLE_BYTES``, whichever comes first; they are stored with
-``DEFAULT_LEVEL`` meanwhile, so the sample costs no extra PFS read). On the sample every
-level of ``LEVELS`` is measured (ratio, compression and decompression throughput); the
+``DEFAULT_LEVEL`` meanwhile, so the sample costs no extra PFS read). On the sample each
+level of ``LEVELS`` is measured in CPU time (ratio, compression and decompression
+throughput; the higher levels no more once one compresses below ``COMPRESS_FLOOR``); the
 chosen level is the one with the best ratio among those that decompress at least at
 ``decompress_floor`` bytes/s (and at least twice the PFS's measured rate) and compress at
 least at ``COMPRESS_FLOOR``, the lower level when ratios are within 2 %. Where the files are
@@ -45,7 +46,7 @@ DEFAULT_LEVEL = 3
 LEVELS = (1, 3, 6, 9, 12)
 SAMPLE_FILES = 32
 SAMPLE_BYTES = 16 << 20
-TRIAL_BYTES = 8 << 20        # at most this much of the sample is compressed at every level
+TRIAL_BYTES = 2 << 20        # at most this much of the sample is compressed at every level
 DECOMPRESS_FLOOR = 500e6     # bytes/s: the read path must stay well above a PFS stream
 COMPRESS_FLOOR = 40e6        # bytes/s: staging must not become CPU-bound on high levels
 DICT_MEAN_MAX = 64 << 10     # mean file size under which a dictionary is tried
@@ -70,15 +71,17 @@ class Choice:
 
 
 def _measure(samples: list[bytes], level: int, dict_data: zstandard.ZstdCompressionDict | None = None) -> dict:
+    """Ratio and throughputs of ``level`` on ``samples``, in this thread's CPU time: what the
+    codec costs, not what other processes on the node took of the cores meanwhile."""
     cctx = zstandard.ZstdCompressor(level=level, dict_data=dict_data)
     dctx = zstandard.ZstdDecompressor(dict_data=dict_data)
     raw = sum(len(s) for s in samples)
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     frames = [cctx.compress(s) for s in samples]
-    t1 = time.perf_counter()
+    t1 = time.thread_time()
     for f in frames:
         dctx.decompress(f)
-    t2 = time.perf_counter()
+    t2 = time.thread_time()
     stored = sum(len(f) for f in frames)
     return {"level": level, "ratio": raw / max(1, stored), "compress_mbps": raw / max(t1 - t0, 1e-9) / 1e6,
             "decompress_mbps": raw / max(t2 - t1, 1e-9) / 1e6}
@@ -98,7 +101,11 @@ def select(samples: list[bytes], mode: str = "zstd", decompress_floor: float = D
     if not trial:
         choice.reason = "no sample"
         return choice, None
-    cands = [_measure(trial, level) for level in LEVELS]
+    cands = []
+    for level in LEVELS:  # in rising cost: once one compresses too slowly, the higher ones would too
+        cands.append(_measure(trial, level))
+        if cands[-1]["compress_mbps"] * 1e6 < COMPRESS_FLOOR:
+            break
     choice.candidates = [{k: round(v, 3) if isinstance(v, float) else v for k, v in c.items()} for c in cands]
     ok = [c for c in cands if c["decompress_mbps"] * 1e6 >= bound and c["compress_mbps"] * 1e6 >= COMPRESS_FLOOR]
     if not ok:  # nothing meets the bound: the fastest to decompress
