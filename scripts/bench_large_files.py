@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from monarch import sources  # noqa: E402
 from monarch.snapshot import take_snapshot  # noqa: E402
+from monarch.testing.harness import CountingTally  # noqa: E402
 from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 
@@ -39,17 +40,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-class _Tally:
-    def __init__(self):
-        self.bytes = 0
-
-    def opened(self):
-        pass
-
-    def read(self, n):
-        self.bytes += n
-
-
 def stage_once(snap, key: str, dest: Path, ranges: int) -> float:
     """Seconds for PFSSource to copy ``key`` into ``dest`` with ``ranges`` ranges at once."""
     saved = sources.RANGES_AT_ONCE, sources.LARGE
@@ -59,7 +49,7 @@ def stage_once(snap, key: str, dest: Path, ranges: int) -> float:
     out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         t0 = time.perf_counter()
-        source.copy(key, snap.files[key], out, _Tally())
+        source.copy(key, snap.files[key], out, CountingTally())
         return time.perf_counter() - t0
     finally:
         os.close(out)

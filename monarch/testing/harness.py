@@ -94,3 +94,16 @@ tiers:
   - {{name: ssd, path: "{ssd_base}", capacity: 1GiB}}
 """)
     return path
+
+
+class CountingTally:
+    """A source's ``Tally`` (monarch/sources.py) that counts files opened and bytes read."""
+
+    def __init__(self):
+        self.files = self.bytes = 0
+
+    def opened(self):
+        self.files += 1
+
+    def read(self, n):
+        self.bytes += n

@@ -13,6 +13,7 @@ import pytest
 from monarch.pfsmeta import DirFds, attrs_fresh_after_open, opened_stat
 from monarch.snapshot import take_snapshot, unchanged
 from monarch.sources import PFSSource, SourceChanged
+from monarch.testing.harness import CountingTally
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -28,17 +29,6 @@ def tree(tmp_path):
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(os.urandom(1000 + i))
     return root
-
-
-class _Tally:
-    def __init__(self):
-        self.files = self.bytes = 0
-
-    def opened(self):
-        self.files += 1
-
-    def read(self, n):
-        self.bytes += n
 
 
 def _meta_ops(pfs) -> int:
@@ -70,7 +60,7 @@ def test_walk_and_copies_cost_two_and_one_operations_per_file(slow_pfs, tree):
 
     source = PFSSource(snap)
     pfs.reset_counters()
-    tally = _Tally()
+    tally = CountingTally()
     copied = {}
     for key, info in sorted(snap.files.items()):
         out = copied[key] = io.BytesIO()
@@ -109,7 +99,7 @@ def test_a_file_replaced_after_the_walk_is_not_copied(tree):
     os.rename(new, path)
     source = PFSSource(snap)
     with pytest.raises(SourceChanged):
-        source.copy(key, snap.files[key], io.BytesIO(), _Tally())
+        source.copy(key, snap.files[key], io.BytesIO(), CountingTally())
     source.close()
 
 
@@ -125,7 +115,7 @@ def test_a_directory_replaced_after_the_walk_is_opened_by_its_path(tree):
     dirs.close()
     source = PFSSource(snap)
     with pytest.raises(SourceChanged):  # the path's file is not the snapshot's
-        source.copy(key, snap.files[key], io.BytesIO(), _Tally())
+        source.copy(key, snap.files[key], io.BytesIO(), CountingTally())
     source.close()
 
 

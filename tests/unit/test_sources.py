@@ -13,6 +13,7 @@ import pytest
 from monarch import sources
 from monarch.snapshot import take_snapshot
 from monarch.sources import PFSSource, SourceChanged
+from monarch.testing.harness import CountingTally
 
 KiB = 1024
 
@@ -22,17 +23,6 @@ def small_ranges(monkeypatch):
     # the same code paths as 32 MiB files in 8 MiB ranges, at a test's size
     monkeypatch.setattr(sources, "LARGE", 256 * KiB)
     monkeypatch.setattr(sources, "RANGE", 64 * KiB)
-
-
-class Tally:
-    def __init__(self):
-        self.files = self.bytes = 0
-
-    def opened(self):
-        self.files += 1
-
-    def read(self, n):
-        self.bytes += n
 
 
 def _fds() -> int:
@@ -50,7 +40,7 @@ def test_ranged_copy_is_the_file(tmp_path, size):
     out_path = tmp_path / "copy"
     before = _fds()
     out = os.open(out_path, os.O_WRONLY | os.O_CREAT)
-    tally = Tally()
+    tally = CountingTally()
     try:
         assert source.copy("0/big.bin", snap.files["0/big.bin"], out, tally) == size
     finally:
@@ -87,13 +77,13 @@ def test_a_file_that_changed_size_is_refused(tmp_path, change, size):
     source = PFSSource(snap)
     sink = os.open(os.devnull, os.O_WRONLY)
     with pytest.raises(SourceChanged):
-        source.copy("0/big.bin", info, sink, Tally())
+        source.copy("0/big.bin", info, sink, CountingTally())
     # and if the attributes were stale, the bytes read tell: the ranges find the end elsewhere
     real = sources.checked_stat
     sources.checked_stat = lambda fd, fresh: real(fd, fresh)._replace(st_size=info.size)
     try:
         with pytest.raises(SourceChanged):
-            source.copy("0/big.bin", info, sink, Tally())
+            source.copy("0/big.bin", info, sink, CountingTally())
     finally:
         sources.checked_stat = real
         os.close(sink)
@@ -109,7 +99,7 @@ def test_a_failed_range_write_fails_the_copy_and_frees_the_readers(tmp_path):
     ro = os.open(root / "big.bin", os.O_RDONLY)  # not writable: every pwrite fails
     try:
         with pytest.raises(OSError):
-            source.copy("0/big.bin", snap.files["0/big.bin"], ro, Tally())
+            source.copy("0/big.bin", snap.files["0/big.bin"], ro, CountingTally())
     finally:
         os.close(ro)
     source.close()
@@ -124,6 +114,6 @@ def test_a_small_file_is_one_stream_into_a_buffer(tmp_path):
     snap = take_snapshot((str(root),))
     source = PFSSource(snap)
     buf = io.BytesIO()
-    assert source.copy("0/f", snap.files["0/f"], buf, Tally()) == len(data)
+    assert source.copy("0/f", snap.files["0/f"], buf, CountingTally()) == len(data)
     assert buf.getvalue() == data
     source.close()
