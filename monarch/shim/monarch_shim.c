@@ -29,7 +29,7 @@
  *
  * Environment (see protocol.py): MONARCH_ROOTS, MONARCH_PROBE, MONARCH_SOCKET,
  * MONARCH_COUNTERS, MONARCH_INDEX, MONARCH_DISABLE, MONARCH_SHIM_DEBUG,
- * MONARCH_SHIM_TIMEOUT_MS. Missing or invalid settings degrade to
+ * MONARCH_SHIM_TIMEOUT_MS, MONARCH_SHIM_INDEX_WAIT_MS. Missing or invalid settings degrade to
  * pass-through; nothing here may make the application fail: on any
  * Monarch-side failure the original is opened by the application's own call,
  * so the errors it sees are the original's.
@@ -40,6 +40,10 @@
  * it applies "..": root/lnk/../x is not root/x when lnk points elsewhere.
  * O_NOFOLLOW opens are served only for snapshot files whose name is not a symlink
  * (the index says so); the rest are the kernel's.
+ *
+ * The snapshot index may appear after this process started (the daemon's walk overlaps
+ * the application's start-up): the first call that needs it waits for it, once per
+ * process (see "waiting for the snapshot index"); no tier is probed before it is there.
  *
  * The daemon: one connection per request; the daemon's uid (SO_PEERCRED) must
  * be ours. OPEN answers may be preceded by STATUS_PENDING heartbeats; silence
