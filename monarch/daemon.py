@@ -92,10 +92,12 @@ class NodeDaemon:
         self.state = SnapshotState.WALKING
         self._settled = threading.Event()
         self._on_settled: list[Callable[[], None]] = []
-        # INVALIDATE and HINT that arrived during the walk, applied in order when it ends
-        # (None once applied: later ones go to the stager directly); guarded by _settle_lock
+        # INVALIDATE and HINT that arrive during the walk, applied in order when it ends (None
+        # once applied: later ones go to the stager directly); guarded by _settle_lock, which
+        # is only ever held for a moment (hint() takes it on the event loop)
         self._settle_lock = threading.Lock()
-        self._early: list[tuple[str, object]] | None = []
+        self._early_invalidations: list[str] | None = []
+        self._early_hints: list[tuple] | None = []
         self._closing = False
         self._meta_off_logged: set[str] = set()
         self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
@@ -133,11 +135,13 @@ class NodeDaemon:
                       peer_area=self.peer_area, on_fallback=self.count)
 
     def _prepare(self) -> None:
-        """Walk (or reuse) the snapshot, then make the stager, adopt kept copies, apply the
-        INVALIDATE and HINT that came meanwhile, write the index, start the read-ahead.
-        The index is written last of what the shim relies on: a process that finds it may
-        probe the tiers at once, so every kept copy has been checked by then. Any failure
-        ends in FAILED: no index, every open reads the PFS (fail open), never a hang."""
+        """Walk (or reuse) the snapshot, make the stager, adopt kept copies, apply the
+        INVALIDATEs that came meanwhile, write the index, then start the read-ahead and
+        apply the HINTs that came meanwhile. The index is written once every kept copy has
+        been checked and every early INVALIDATE applied (later ones are applied by the
+        stager as they come): a process that finds it may probe the tiers at once. Nothing
+        is answered from the snapshot before it is settled (server.py holds OPEN and INDEX).
+        Any failure ends in FAILED: no index, every open reads the PFS (fail open)."""
         log.debug("phase snapshot.start")
         stager = None
         try:
@@ -155,17 +159,16 @@ class NodeDaemon:
                 if self._closing:
                     stager.shutdown()
                     return
-                for what, arg in self._early:  # a key written to before the index exists is never served
-                    if what == "invalidate":
-                        stager.invalidate(arg)
-                write_file_atomically(self.index_path, index)
-                log.debug("phase index.written")
+                for key in self._early_invalidations:  # written to before the index exists: never served
+                    stager.invalidate(key)
+                self._early_invalidations = None
                 old, self.snapshot, self.stager = self.stager, snap, stager
                 self.dataset_bytes = snap.total_bytes  # a sum over every file: once, not per REPORT
-                self.state = SnapshotState.READY
-                old.shutdown()
-                early, self._early = self._early, None
-                self._start_staging(early)
+            old.shutdown()
+            write_file_atomically(self.index_path, index)
+            log.debug("phase index.written")
+            self.state = SnapshotState.READY
+            self._start_staging()
         except Exception as e:  # fail open: the job runs, on the PFS
             self._fail(e, stager)
         finally:
@@ -177,20 +180,29 @@ class NodeDaemon:
             for callback in callbacks:
                 callback()
 
-    def _start_staging(self, early: list) -> None:
+    def _start_staging(self) -> None:
         """The snapshot is ready: serve peers, read ahead, then the hints that came during
-        the walk, in order (as if they had come after the read-ahead started, as before).
-        Nothing here can make the snapshot fail: a failure only costs the read-ahead."""
+        the walk, in order (as if they had come after the read-ahead started, as before),
+        those that come meanwhile after them. Nothing here can make the snapshot fail: a
+        failure only costs the read-ahead."""
         try:
             if self.cluster is not None:
                 self.cluster.start(self.provide)
             if self.config.staging.policy in ("read-ahead", "prestage"):
                 self.stager.read_ahead(k for k in sorted(self.snapshot.files) if self.owns(k))
-            for what, arg in early:
-                if what == "hint":
-                    self._apply_hint(*arg)
         except Exception:
             log.exception("starting the read-ahead failed; files are staged as they are opened")
+        while True:
+            with self._settle_lock:
+                batch = self._early_hints
+                self._early_hints = [] if batch else None  # None: hint() applies them itself from now on
+            if not batch:
+                return
+            for hint in batch:
+                try:
+                    self._apply_hint(*hint)
+                except Exception:
+                    log.exception("applying an order hint failed")
 
     def _fail(self, error: Exception, stager: Stager | None) -> None:
         why = str(error) if isinstance(error, MonarchError) else f"{type(error).__name__}: {error}"
@@ -199,7 +211,7 @@ class NodeDaemon:
         with self._settle_lock:
             if stager is not None and stager is not self.stager:
                 stager.shutdown()
-            self._early = None  # nothing will be staged: nothing to invalidate
+            self._early_invalidations = self._early_hints = None  # nothing will be staged
             self.state = SnapshotState.FAILED
             self.snapshot_how = f"failed: {why}"
             self.snapshot = Snapshot(tuple(self.config.dataset.roots), {})
@@ -443,10 +455,12 @@ class NodeDaemon:
         if first:
             log.info("root %s: stat and listings go to the PFS from now on (the job changed %s)", root, key)
         with self._settle_lock:
-            if self._early is not None:
-                self._early.append(("invalidate", key))
-            else:
-                self.stager.invalidate(key)
+            early = self._early_invalidations is not None
+            if early:
+                self._early_invalidations.append(key)
+            stager = self.stager
+        if not early:
+            stager.invalidate(key)
         self.count("invalidated")
 
     def hint(self, body: bytes) -> None:
@@ -454,10 +468,11 @@ class NodeDaemon:
         During the walk it is kept, and applied in order once the snapshot is ready."""
         hint = protocol.decode_hint(body)
         with self._settle_lock:
-            if self._early is not None:
-                self._early.append(("hint", hint))
-            else:
-                self._apply_hint(*hint)
+            early = self._early_hints is not None
+            if early:
+                self._early_hints.append(hint)
+        if not early:
+            self._apply_hint(*hint)
         self.count("hints")
 
     def _apply_hint(self, op: int, stream: int, keys) -> None:

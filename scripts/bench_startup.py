@@ -9,6 +9,7 @@ same mount; the table gives the median and the range of each phase.
 
     python scripts/bench_startup.py                               # 1500 files, 2 ms/open, 3 repeats
     python scripts/bench_startup.py --open-latency-ms 50 --repeat 5
+    python scripts/bench_startup.py --app-startup-s 2     # a command that starts like a PyTorch job
 
 Phases (launcher L, daemon D), on the way to the command (the critical path):
   launcher start      L spawned -> L imported and configured (interpreter, imports, config)
@@ -85,15 +86,28 @@ def phases(text: str) -> dict[str, float]:
     return out
 
 
-def workload(data_dir: str, manifest: Path, out_json: Path, workers: int) -> list[str]:
-    return [sys.executable, "-m", "monarch.workload", "read", data_dir, "--epochs", "1", "--workers", str(workers),
-            "--seed", "0", "--reader", "python", "--manifest", str(manifest), "--json", str(out_json)]
+# a framework's start-up before the command touches the dataset (PyTorch's imports take
+# seconds of CPU): a busy loop of --app-startup-s seconds, then the workload
+STARTUP = ("import runpy, sys, time\n"
+           "end = time.perf_counter() + float(sys.argv[1])\n"
+           "while time.perf_counter() < end: pass\n"
+           "sys.argv = ['monarch.workload', *sys.argv[2:]]\n"
+           "runpy.run_module('monarch.workload', run_name='__main__', alter_sys=True)\n")
+
+
+def workload(data_dir: str, manifest: Path, out_json: Path, workers: int, startup: float = 0.0) -> list[str]:
+    args = ["read", data_dir, "--epochs", "1", "--workers", str(workers), "--seed", "0", "--reader", "python",
+            "--manifest", str(manifest), "--json", str(out_json)]
+    if startup > 0:
+        return [sys.executable, "-c", STARTUP, str(startup), *args]
+    return [sys.executable, "-m", "monarch.workload", *args]
 
 
 def run_direct(pfs, manifest, work, args) -> dict:
     out = work / "direct.json"
     t0 = time.time()
-    proc = subprocess.run(workload(pfs.mountpoint, manifest, out, args.workers), capture_output=True, text=True,
+    proc = subprocess.run(workload(pfs.mountpoint, manifest, out, args.workers, args.app_startup_s),
+                          capture_output=True, text=True,
                           env=child_env(), cwd=REPO)
     wall = time.time() - t0
     if proc.returncode != 0:
@@ -109,7 +123,8 @@ def run_monarch(pfs, manifest, work, args, i) -> dict:
         out = work / "monarch.json"
         env = child_env() | {"MONARCH_JOB_ID": f"startup{os.getpid()}x{i}"}
         cmd = [sys.executable, "-m", "monarch", "-vv", "run", "-c", str(config), "--no-progress",
-               "--report", str(work / "report.json"), "--", *workload(pfs.mountpoint, manifest, out, args.workers)]
+               "--report", str(work / "report.json"), "--",
+               *workload(pfs.mountpoint, manifest, out, args.workers, args.app_startup_s)]
         if not args.reuse:  # the cold path: the first job on this dataset walks it
             for kept in glob.glob(str(work / "run" / "monarch-*" / "snapshots")):
                 shutil.rmtree(kept)
@@ -143,6 +158,9 @@ def main(argv=None) -> int:
     p.add_argument("--open-latency-ms", type=float, default=2.0)
     p.add_argument("--lookup-latency-ms", type=float, default=0.0,
                    help="emulated PFS: ms per lookup (getattr, readdir): the metadata round trip a walk pays")
+    p.add_argument("--app-startup-s", type=float, default=0.0,
+                   help="seconds of CPU the command spends before it touches the dataset, in both modes "
+                        "(a framework's imports: PyTorch takes several); default 0")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--reuse", action="store_true",
                    help="let later runs reuse the snapshot kept by the first (default: every run walks)")
@@ -168,7 +186,7 @@ def main(argv=None) -> int:
                 print(f"run {i + 1}/{args.repeat}: direct {direct[-1]['wall']:.2f} s, "
                       f"monarch {monarch[-1]['wall']:.2f} s", flush=True)
         print(f"\n{args.files} files of ~{args.size}, {args.workers} workers, {args.open_latency_ms:g} ms/open, "
-              f"{args.lookup_latency_ms:g} ms/lookup, "
+              f"{args.lookup_latency_ms:g} ms/lookup, {args.app_startup_s:g} s app start-up, "
               f"one epoch, {args.repeat} runs each: seconds, median [min-max]")
         print(f"{'direct: launch to exit':32} {stat([r['wall'] for r in direct])}")
         print(f"{'direct: its epoch 1':32} {stat([r['epoch1'] for r in direct])}")
