@@ -1322,6 +1322,8 @@ static int monarch_answer_allowed(const char *path)
  * Each waiting thread asks on its own connection (nothing shared is held while waiting:
  * a fork or a signal meanwhile cannot deadlock); the first answer installs the verdict,
  * one thread at a time (INSTALLING, a few microseconds), the later ones take it.
+ * fstat of a staged descriptor never waits: a descriptor is a staged copy only through an
+ * open that waited (the fd tables do not survive exec).
  */
 static int monarch_index_settle(void)
 {

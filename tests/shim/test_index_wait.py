@@ -94,7 +94,7 @@ def test_no_snapshot_means_the_pfs_and_no_tier_copy(shim_env, how):
     make_tree(shim_env)
     index = {"failed": index_later(shim_env, 0.3, protocol.INDEX_NONE, write=False),
              "lost": index_later(shim_env, 0.3, None, write=False),
-             "silent": lambda conn: time.sleep(3) or None}[how]
+             "silent": lambda conn: time.sleep(8) or None}[how]
     shim_env.start_daemon("stage", index=index)
     code = textwrap.dedent("""
         import hashlib, os, sys
@@ -111,7 +111,7 @@ def test_no_snapshot_means_the_pfs_and_no_tier_copy(shim_env, how):
     assert shim_env.daemon.requests == []  # not even asked: the daemon has nothing to serve
     local, pfs, _ = meta_counts(shim_env)
     assert local == 0 and pfs >= 2
-    assert elapsed < 2.9 if how == "silent" else True  # silence is given up after HEARTBEAT_TIMEOUT_MS
+    assert elapsed < 6 if how == "silent" else True  # silence is given up after HEARTBEAT_TIMEOUT_MS
 
 
 def test_the_wait_is_bounded(shim_env):
@@ -141,9 +141,11 @@ def test_threads_and_forked_children_all_get_the_index(shim_env):
         threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
         for t in threads: t.start()
         for t in threads: t.join()
-        print(pid == 0, sorted(results))
         if pid:
-            os.waitpid(pid, 0)
+            os.waitpid(pid, 0)  # the child's line first: two writers to one pipe would interleave
+        print(pid == 0, sorted(results), flush=True)
+        if not pid:
+            os._exit(0)
     """)
     argv = [sys.executable, "-c", code, str(shim_env.root)]
     want = sorted(shim_env.run(argv, env=plain_env(shim_env)).stdout.splitlines())
