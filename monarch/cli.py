@@ -144,7 +144,8 @@ def cmd_serve(args) -> int:
     rid = run_id() if args.embedded else job_id()
     if not rid:
         raise MonarchError("monarch serve --embedded is started by monarch run, with MONARCH_RUN_ID set")
-    daemon = NodeDaemon(config, rid, cluster=cluster)
+    # the snapshot walk runs in the background: the socket answers and the command starts meanwhile
+    daemon = NodeDaemon(config, rid, cluster=cluster, background=True)
     server = NodeServer(daemon, embedded=args.embedded)
     pid_file = os.path.join(daemon.run_dir, "daemon.pid")
     write_file_atomically(pid_file, f"{os.getpid()}\n".encode())
@@ -152,6 +153,8 @@ def cmd_serve(args) -> int:
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
     try:
         server.serve()
+        if cluster is not None:  # the walk's thread may be in a collective (share): MPI is one thread's at a time
+            daemon.wait_settled()
         if not args.embedded:  # a standing daemon writes the job's report; embedded ones leave it to `monarch run`
             # finish() keeps serving peers until every node is done, so tiers stay until then
             nodes = cluster.finish(daemon.stats) if cluster is not None else [daemon.stats()]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import enum
 import itertools
 import logging
 import os
@@ -32,7 +33,7 @@ from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
 from monarch.report import size_classes
 from monarch.resources import margin_bytes
-from monarch.secure import UnsafePathError, private_dir, user_dir
+from monarch.secure import UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.snapshot import Snapshot, load_or_walk
 from monarch.sources import PeerSource
 from monarch.stager import Stager
@@ -74,8 +75,23 @@ def _needs_dictionary(path: str) -> bool:
 INFLATE_THREADS = 4  # opens of compressed copies decompressed at once (zstd releases the GIL)
 
 
+class SnapshotState(enum.Enum):
+    """Where the daemon's snapshot is: being walked, ready (index written), or failed."""
+    WALKING = "walking"
+    READY = "ready"
+    FAILED = "failed"
+
+
 class NodeDaemon:
-    def __init__(self, config: Config, run_id: str, cluster=None, node: int = 0):
+    """This node's daemon. Everything that needs the dataset snapshot -- the walk, the stager,
+    kept copies' adoption, the read-ahead, the index the shim maps -- is made ready by
+    ``_prepare``: inline in the constructor, or with ``background=True`` on a thread of its
+    own, so that the socket answers (ATTACH) and the application starts while the walk
+    runs. Until then (``state`` WALKING) the snapshot and stager are empty stand-ins:
+    the server holds the requests that need them (server.py), INVALIDATE and HINT are
+    recorded and applied, in order, before anything is served (``invalidate``, ``hint``)."""
+
+    def __init__(self, config: Config, run_id: str, cluster=None, node: int = 0, background: bool = False):
         self.config = config
         self.run_id = run_id
         self.cluster = cluster
@@ -85,7 +101,18 @@ class NodeDaemon:
         self._lock = threading.Lock()
         self._validated: set[str] = set()  # staging.validate: open — keys checked against the PFS
         self.snapshot_seconds = 0.0
-        self.snapshot_how = ""
+        self.snapshot_how = SnapshotState.WALKING.value
+        self.snapshot_ready_at: float | None = None  # time.time() when the snapshot was ready (or failed)
+        self.state = SnapshotState.WALKING
+        self._settled = threading.Event()
+        self._on_settled: list[Callable[[], None]] = []
+        # INVALIDATE and HINT that arrive during the walk, applied in order when it ends (None
+        # once applied: later ones go to the stager directly); guarded by _settle_lock, which
+        # is only ever held for a moment (hint() takes it on the event loop)
+        self._settle_lock = threading.Lock()
+        self._early_invalidations: list[str] | None = []
+        self._early_hints: list[tuple] | None = []
+        self._closing = False
         self._meta_off_logged: set[str] = set()
         self._link_targets: dict[str, list[str]] | None = None  # see _links_into
         self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
@@ -97,37 +124,140 @@ class NodeDaemon:
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i)) for i, cfg in enumerate(config.tiers))
                       if t is not None]
         log.debug("phase tiers.ready")
-        self.snapshot = self._take_snapshot()
-        log.debug("phase snapshot.done")
-        self.snapshot.write_index(self.index_path)
-        log.debug("phase index.written")
-        self.dataset_bytes = self.snapshot.total_bytes  # a sum over every file: once, not per REPORT
         self.peer_area = None
-        peers = None
+        self._peers = None
         if cluster is not None:
             self.peer_area = self._make_tier(TierConfig("peer", config.peer.path, config.peer.capacity),
                                              protocol.SLOT_PEER)
             cluster.peer_timeout = config.peer.timeout
-            peers = PeerSource(cluster, config.peer.timeout)
-        self.stager = Stager(self.snapshot, self.tiers, config.staging.threads, peers=peers,
-                             peer_area=self.peer_area, on_fallback=self.count)
+            self._peers = PeerSource(cluster, config.peer.timeout)
+        self.snapshot = Snapshot(tuple(config.dataset.roots), {})  # nothing until the walk ends
+        self.stager = self._make_stager(self.snapshot)
+        self.dataset_bytes = 0
         self._checks = None  # staging.validate: open — a few threads stat the PFS off the event loop
         self._inflater = None  # threads that decompress compressed copies into memfds
         self.inflated_bytes = 0
-        for tier in self.tiers:
-            if tier.keep:
-                for key in tier.adopt_existing(self.snapshot.files):
-                    self.stager.adopt(key, tier)
-        if cluster is not None:
-            cluster.start(self.provide)
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
-        if config.staging.policy in ("read-ahead", "prestage"):
-            # this node's own files from the PFS first, then the others' from their owners
-            keys = sorted(self.snapshot.files)
-            self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)),
-                                                   (k for k in keys if not self.owns(k))))
+        if background:
+            threading.Thread(target=self._prepare, name="monarch-snapshot", daemon=True).start()
+        else:
+            self._prepare()
         log.debug("phase daemon.ready")
+
+    # -- the snapshot, and everything that needs it --------------------------------------
+    def _make_stager(self, snapshot: Snapshot) -> Stager:
+        return Stager(snapshot, self.tiers, self.config.staging.threads, peers=self._peers,
+                      peer_area=self.peer_area, on_fallback=self.count)
+
+    def _prepare(self) -> None:
+        """Walk (or reuse) the snapshot, make the stager, adopt kept copies, apply the
+        INVALIDATEs that came meanwhile, write the index, then start the read-ahead and
+        apply the HINTs that came meanwhile. The index is written once every kept copy has
+        been checked and every early INVALIDATE applied (later ones are applied by the
+        stager as they come): a process that finds it may probe the tiers at once. Nothing
+        is answered from the snapshot before it is settled (server.py holds OPEN and INDEX).
+        Any failure ends in FAILED: no index, every open reads the PFS (fail open)."""
+        log.debug("phase snapshot.start")
+        stager = None
+        try:
+            snap = self._take_snapshot()
+            log.debug("phase snapshot.done")
+            if self._closing:  # stopped during the walk: leave the kept copies as they are
+                return
+            stager = self._make_stager(snap)
+            for tier in self.tiers:
+                if tier.keep:
+                    for key in tier.adopt_existing(snap.files):
+                        stager.adopt(key, tier)
+            index = snap.index_bytes()
+            with self._settle_lock:
+                if self._closing:
+                    stager.shutdown()
+                    return
+                for key in self._early_invalidations:  # written to before the index exists: never served
+                    self._drop_copies(stager, snap, key)
+                self._early_invalidations = None
+                old, self.snapshot, self.stager = self.stager, snap, stager
+                self.dataset_bytes = snap.total_bytes  # a sum over every file: once, not per REPORT
+            old.shutdown()
+            write_file_atomically(self.index_path, index)
+            log.debug("phase index.written")
+            self.state = SnapshotState.READY
+            self._start_staging()
+        except Exception as e:  # fail open: the job runs, on the PFS
+            self._fail(e, stager)
+        finally:
+            self.snapshot_ready_at = time.time()
+            self._settled.set()
+            log.debug("phase snapshot.ready")
+            with self._settle_lock:
+                callbacks, self._on_settled = self._on_settled, []
+            for callback in callbacks:
+                callback()
+
+    def _start_staging(self) -> None:
+        """The snapshot is ready: serve peers, read ahead, then the hints that came during
+        the walk, in order (as if they had come after the read-ahead started, as before),
+        those that come meanwhile after them. Nothing here can make the snapshot fail: a
+        failure only costs the read-ahead."""
+        try:
+            if self.cluster is not None:
+                self.cluster.start(self.provide)
+            if self.config.staging.policy in ("read-ahead", "prestage"):
+                # this node's own files from the PFS first, then the others' from their owners
+                keys = sorted(self.snapshot.files)
+                self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)),
+                                                       (k for k in keys if not self.owns(k))))
+        except Exception:
+            log.exception("starting the read-ahead failed; files are staged as they are opened")
+        while True:
+            with self._settle_lock:
+                batch = self._early_hints
+                self._early_hints = [] if batch else None  # None: hint() applies them itself from now on
+            if not batch:
+                return
+            for hint in batch:
+                try:
+                    self._apply_hint(*hint)
+                except Exception:
+                    log.exception("applying an order hint failed")
+
+    def _fail(self, error: Exception, stager: Stager | None) -> None:
+        why = str(error) if isinstance(error, MonarchError) else f"{type(error).__name__}: {error}"
+        log.error("the dataset snapshot failed (%s); the application reads the PFS for this job", why,
+                  exc_info=not isinstance(error, (MonarchError, OSError)))
+        with self._settle_lock:
+            if stager is not None and stager is not self.stager:
+                stager.shutdown()
+            self._early_invalidations = self._early_hints = None  # nothing will be staged
+            self.state = SnapshotState.FAILED
+            self.snapshot_how = f"failed: {why}"
+            self.snapshot = Snapshot(tuple(self.config.dataset.roots), {})
+            self.stager.shutdown()
+            self.stager = self._make_stager(self.snapshot)
+            self.dataset_bytes = 0
+        try:
+            os.unlink(self.index_path)  # none, or one written before a later step failed
+        except OSError:
+            pass
+
+    @property
+    def settled(self) -> bool:
+        """Is the snapshot ready or failed (nothing to wait for any more)?"""
+        return self._settled.is_set()
+
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        return self._settled.wait(timeout)
+
+    def when_settled(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the snapshot is ready or failed: now (on this thread) if it
+        is, else on the walk's thread."""
+        with self._settle_lock:
+            if not self._settled.is_set():
+                self._on_settled.append(callback)
+                return
+        callback()
 
     # -- where things are --------------------------------------------------------------
     @property
@@ -193,10 +323,19 @@ class NodeDaemon:
         with self._lock:
             self.outcomes[outcome] += 1
 
+    def _no_snapshot(self) -> str | None:
+        """Why no copy can be served for lack of a snapshot (the server holds OPENs during the
+        walk, so WALKING is seen here only by a caller that did not wait), or None when ready."""
+        if self.state is SnapshotState.READY:
+            return None
+        return "pfs:no_snapshot" if self.state is SnapshotState.FAILED else "pfs:snapshot_not_ready"
+
     def resolve_now(self, key: str) -> tuple[int, str] | None:
         """The answer when it needs no waiting (the event loop answers these itself), else None."""
         info = self.snapshot.get(key)
-        if info is None:
+        if (why := self._no_snapshot()) is not None:
+            answer, outcome = PFS, why
+        elif info is None:
             answer, outcome = PFS, "pfs:not_in_snapshot"
         elif self.config.staging.validate == "open" and key not in self._validated:
             return None
@@ -243,7 +382,9 @@ class NodeDaemon:
         ``done(answer, outcome)`` is called once, on this thread if the answer is known,
         else on a staging thread. The caller counts the outcome (``count``) when it uses it."""
         info = self.snapshot.get(key)
-        if info is None:
+        if (why := self._no_snapshot()) is not None:
+            done(PFS, why)
+        elif info is None:
             done(PFS, "pfs:not_in_snapshot")
         elif self.config.staging.validate == "open" and key not in self._validated:
             if self._checks is None:
@@ -333,44 +474,65 @@ class NodeDaemon:
 
     def invalidate(self, key: str) -> None:
         """The job writes to ``key`` (file or directory): its copies on this node go now. The
-        shim has already turned the metadata of its root off (EXTRA_META_OFF): say so once."""
+        shim has already turned the metadata of its root off (EXTRA_META_OFF): say so once.
+        During the walk nothing is served yet: the key is dropped when the stager is made,
+        before any copy of it could be served (see ``_prepare``)."""
         root = key.partition("/")[0]
         with self._lock:
             first = root not in self._meta_off_logged
             self._meta_off_logged.add(root)
         if first:
             log.info("root %s: stat and listings go to the PFS from now on (the job changed %s)", root, key)
-        self.stager.invalidate(key)
-        for link in self._links_into(key):  # their copies hold the target's old bytes
-            self.stager.invalidate(link)
+        with self._settle_lock:
+            early = self._early_invalidations is not None
+            if early:
+                self._early_invalidations.append(key)
+            stager, snap = self.stager, self.snapshot
+        if not early:
+            self._drop_copies(stager, snap, key)
         self.count("invalidated")
 
-    def _links_into(self, key: str) -> list[str]:
+    def _drop_copies(self, stager: Stager, snap: Snapshot, key: str) -> None:
+        """``key``'s copies go, and those of the links into it (they hold its old bytes)."""
+        stager.invalidate(key)
+        for link in self._links_into(snap, key):
+            stager.invalidate(link)
+
+    def _links_into(self, snap: Snapshot, key: str) -> list[str]:
         """The keys of symlinked files whose target is ``key`` or lies under it (a link is
         staged under its own name with its target's bytes). The targets are resolved once,
         at the job's first write under a root."""
         if self._link_targets is None:
             targets: dict[str, list[str]] = {}
-            for k, info in self.snapshot.files.items():
+            for k, info in snap.files.items():
                 if info.link:
-                    targets.setdefault(os.path.realpath(self.snapshot.source_path(k)), []).append(k)
+                    targets.setdefault(os.path.realpath(snap.source_path(k)), []).append(k)
             self._link_targets = targets
         if not self._link_targets:
             return []
-        path = os.path.realpath(self.snapshot.source_path(key))
+        path = os.path.realpath(snap.source_path(key))
         return [k for target, keys in self._link_targets.items()
                 if target == path or target.startswith(path + "/") for k in keys]
 
     def hint(self, body: bytes) -> None:
-        """An order hint from ``monarch.hints`` (protocol.py, HINT); ProtocolError if malformed."""
-        op, stream, keys = protocol.decode_hint(body)
+        """An order hint from ``monarch.hints`` (protocol.py, HINT); ProtocolError if malformed.
+        During the walk it is kept, and applied in order once the snapshot is ready."""
+        hint = protocol.decode_hint(body)
+        with self._settle_lock:
+            early = self._early_hints is not None
+            if early:
+                self._early_hints.append(hint)
+        if not early:
+            self._apply_hint(*hint)
+        self.count("hints")
+
+    def _apply_hint(self, op: int, stream: int, keys) -> None:
         if op == protocol.HINT_ORDER or op == protocol.HINT_MORE:
             self.stager.hint_order(stream, [k for k in keys if self.owns(k)], begin=op == protocol.HINT_ORDER)
         elif op == protocol.HINT_PROGRESS:
             self.stager.hint_progress(stream, keys)
         else:
             self.stager.hint_end(stream)
-        self.count("hints")
 
     def provide(self, key: str):
         """A peer asks for a key this node owns: the local path once staged; for a compressed
@@ -434,6 +596,11 @@ class NodeDaemon:
             "uptime_seconds": round(time.time() - self.started, 3),
             "snapshot_seconds": round(self.snapshot_seconds, 3),
             "snapshot": self.snapshot_how,
+            # when the snapshot was ready (or failed), in seconds after the daemon started and
+            # as a time stamp: the application may have started long before (docs/design.md)
+            "snapshot_ready_seconds": (round(self.snapshot_ready_at - self.started, 3)
+                                       if self.snapshot_ready_at is not None else None),
+            "snapshot_ready_at": round(self.snapshot_ready_at, 3) if self.snapshot_ready_at is not None else None,
             "metadata": {"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
                          "off_roots": [k for k in range(len(self.config.dataset.roots))
                                        if off & (1 << min(k, 63))]},
@@ -470,7 +637,10 @@ class NodeDaemon:
 
     def close(self) -> None:
         """Stop staging and remove what the run asked not to keep. The run directory keeps
-        the daemon's log and the report; the index (as large as the dataset's names) goes."""
+        the daemon's log and the report; the index (as large as the dataset's names) goes.
+        A walk still under way is left to end on its own; nothing it finds is used."""
+        with self._settle_lock:
+            self._closing = True
         self._sampler.stop()
         self.stager.shutdown()
         if self._checks is not None:

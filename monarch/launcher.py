@@ -28,7 +28,9 @@ from monarch.shim import shim_library
 
 log = logging.getLogger(__name__)
 
-DAEMON_START_TIMEOUT = 600.0  # the snapshot of a large dataset takes a while
+# a daemon answers ATTACH before its snapshot walk (which runs while the command starts);
+# starting is an interpreter, its imports and the tiers, but a loaded node can be slow
+DAEMON_START_TIMEOUT = 600.0
 
 
 ATTACH_TIMEOUT = 10.0          # a daemon answers ATTACH at once (its event loop never waits)
@@ -251,7 +253,7 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     try:
         session, daemon = attach_or_start(config, config_file, run)
         if session.run.get("run") != run:  # the job's standing daemon: report this run's share
-            baseline = session.stats()
+            baseline = session.stats(brief=True)  # the counters: answered at once, even during its walk
         env = app_env(session.env)
     except Exception as e:  # fail open: the job runs unaccelerated
         log.error("Monarch is not active for this run (%s); reading the PFS directly", e)

@@ -138,8 +138,11 @@ def line(stats: dict, rate: float | None) -> str:
     st, ds = stats.get("staging", {}), stats.get("dataset", {})
     files, total_files = st.get("files", 0), ds.get("files", 0)
     pct = f" {100 * st.get('bytes', 0) / ds['bytes']:.0f}%" if ds.get("bytes") else ""
-    parts = [f"monarch: staged {files}/{total_files} files, {human(st.get('bytes', 0))}/"
-             f"{human(ds.get('bytes', 0))}{pct}"]
+    if stats.get("snapshot") == "walking":  # the daemon's walk overlaps the command's start
+        parts = [f"monarch: walking the dataset ({stats.get('uptime_seconds', 0):.0f} s)"]
+    else:
+        parts = [f"monarch: staged {files}/{total_files} files, {human(st.get('bytes', 0))}/"
+                 f"{human(ds.get('bytes', 0))}{pct}"]
     if rate is not None:
         parts.append(f"{human(rate)}/s")
     sources = stats.get("sources", {})

@@ -24,6 +24,9 @@ exports these keys only, never anything else a daemon says):
   MONARCH_SHIM_DEBUG=1..3  debug lines on stderr.
   MONARCH_SHIM_TIMEOUT_MS  the longest the shim waits for one answer (default below); a
                     daemon that sends nothing for HEARTBEAT_TIMEOUT_MS is given up sooner.
+  MONARCH_SHIM_INDEX_WAIT_MS  the longest a process waits for the snapshot index when it
+                    started before the daemon's walk ended (INDEX, below; default
+                    SHIM_INDEX_WAIT_MS_DEFAULT: as long as a launcher waits for its daemon).
 
 Socket protocol: frames, little-endian, one request per connection for the shim.
   request  = u8 verb, u8 flags (0), u16 reserved (0), u32 length, then ``length`` bytes
@@ -48,7 +51,17 @@ Socket protocol: frames, little-endian, one request per connection for the shim.
   ATTACH          -> status 0, body JSON {"env": {...}, "run": {...}}; the connection is
                      the launcher's session: REPORT frames on it are answered, and the
                      daemon counts it until it closes.
-  REPORT          -> status 0, body JSON statistics.
+  REPORT          -> status 0, body JSON statistics. While the daemon's snapshot walk runs,
+                     a full REPORT (empty body or REPORT_FINAL) is held until the snapshot
+                     is ready or has failed (heartbeats meanwhile); a brief one is answered
+                     at once with what is known (``"snapshot": "walking"``).
+  INDEX           -> the snapshot index: status INDEX_READY (0) once the index file
+                     (MONARCH_INDEX) is written and every tier copy the shim may probe has
+                     been checked against the snapshot; INDEX_NONE (1) if the snapshot
+                     failed (there will be no index this job: read the PFS). While the walk
+                     runs the daemon holds the request and sends STATUS_PENDING heartbeats
+                     (as for OPEN). The shim asks it once per process, at its first call
+                     under a root, when the index was not there at its start.
   STOP            -> status 0, then the daemon shuts down.
   HINT body       -> status 0: an order hint from ``monarch.hints`` (the shim never sends
                      it). body = u8 op, u64 stream (the reader's id, any number it chose),
@@ -60,6 +73,11 @@ Socket protocol: frames, little-endian, one request per connection for the shim.
                        HINT_END (4)      nothing: the reader has gone
                      A connection may send several HINT frames, each answered; it is
                      closed after REQUEST idle seconds without one (the client reconnects).
+  Before the snapshot is ready: OPEN and INDEX are held (heartbeats), and answered when it
+  is ready (OPEN: at most staging.resolve_timeout after it arrived, then PFS); INVALIDATE
+  and HINT are answered at once and applied in order when the snapshot is ready (no copy
+  is served before then, so nothing stale can be read in between). ATTACH, STOP and a
+  brief REPORT never wait for the snapshot.
   Any malformed or oversized request is answered STATUS_ERROR (body: a reason) and closed.
   Both sides check the peer's uid (SO_PEERCRED): only the daemon's own user is served,
   and the shim and launcher talk only to a daemon of their own uid.
@@ -73,7 +91,9 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   then EXTRA_WORDS of named counters (EXTRA_*).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
-Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 3):
+Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 3).
+It appears only when the snapshot is ready (walked, kept copies checked): a process that
+finds it at start maps it at once; one that does not asks INDEX at its first need.
   header  INDEX_HEADER: u64 magic, u32 version, u32 entries, u32 buckets (a power of 2),
           u32 reserved, u64 offset of the buckets, u64 offset of the entries,
           u64 offset of the key bytes, u64 size of the key bytes, u64 offset of the
@@ -128,6 +148,7 @@ FIRST_TIER_SLOT = 2
 MAX_TIERS = MAX_SLOTS - FIRST_TIER_SLOT
 
 SHIM_TIMEOUT_MS_DEFAULT = 60_000
+SHIM_INDEX_WAIT_MS_DEFAULT = 600_000  # launcher.DAEMON_START_TIMEOUT: never longer than a launcher waited
 HEARTBEAT_MS = 250
 HEARTBEAT_TIMEOUT_MS = 1500
 
@@ -138,6 +159,7 @@ ENV_COUNTERS = "MONARCH_COUNTERS"
 ENV_INDEX = "MONARCH_INDEX"
 ENV_ASK_FIRST = "MONARCH_ASK_FIRST"
 ENV_DISABLE = "MONARCH_DISABLE"
+ENV_INDEX_WAIT = "MONARCH_SHIM_INDEX_WAIT_MS"
 # what a launcher takes from a daemon's ATTACH answer; anything else is refused
 CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX, ENV_ASK_FIRST)
 
@@ -148,8 +170,12 @@ VERB_ATTACH = 3
 VERB_REPORT = 4
 VERB_STOP = 5
 VERB_HINT = 6
+VERB_INDEX = 7
 VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH",
-         VERB_REPORT: "REPORT", VERB_STOP: "STOP", VERB_HINT: "HINT"}
+         VERB_REPORT: "REPORT", VERB_STOP: "STOP", VERB_HINT: "HINT", VERB_INDEX: "INDEX"}
+
+INDEX_READY = 0             # INDEX answers: the index is written, map it
+INDEX_NONE = 1              # the snapshot failed: no index this job (read the PFS)
 
 HINT_ORDER = 1
 HINT_MORE = 2

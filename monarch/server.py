@@ -6,12 +6,15 @@ request whose answer is already known (a staged file, a report) is answered in t
 an OPEN that waits for a copy or a peer is answered by the copy's own end (a callback on
 the staging thread hands the answer to the loop: no thread waits per request), an
 INVALIDATE runs on a pool of request threads, and the loop sends the client a heartbeat
-frame every HEARTBEAT_MS meanwhile, so the shim can tell a slow
-copy from a stalled daemon. Every connection's peer uid is checked (SO_PEERCRED): only
-the daemon's own user is served. A malformed, oversized or slow request is answered with
-an error, counted, and closed. Launcher sessions (ATTACH) stay open for a run; when the
-last one closes an embedded daemon stops by itself, so a killed launcher never leaves a
-daemon behind.
+frame every HEARTBEAT_MS meanwhile, so the shim can tell a slow copy from a stalled daemon.
+The socket answers before the daemon's snapshot exists (the walk runs on a thread of its
+own, daemon.py): a request that needs it (OPEN, INDEX, a full REPORT) is held, with
+heartbeats, and handled as if it had just arrived once the snapshot is ready or has
+failed; nothing on the loop ever waits for the walk. Every connection's peer uid is
+checked (SO_PEERCRED): only the daemon's own user is served. A malformed, oversized or
+slow request is answered with an error, counted, and closed. Launcher sessions (ATTACH)
+stay open for a run; when the last one closes an embedded daemon stops by itself, so a
+killed launcher never leaves a daemon behind.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from monarch import protocol
-from monarch.daemon import NodeDaemon
+from monarch.daemon import NodeDaemon, SnapshotState
 from monarch.errors import DaemonError
 from monarch.protocol import ProtocolError
 
@@ -45,7 +48,7 @@ EMBEDDED_FIRST_ATTACH_SECONDS = 120.0
 
 class _Conn:
     __slots__ = ("sock", "inbuf", "outbuf", "deadline", "session", "pending", "next_beat", "close_after",
-                 "answer_by", "outfd", "fd_at", "done")
+                 "answer_by", "outfd", "fd_at", "done", "held")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -60,6 +63,7 @@ class _Conn:
         self.outfd: int | None = None  # a descriptor to pass with the answer frame (SCM_RIGHTS), then close
         self.fd_at = 0             # where in outbuf that frame starts
         self.done = False          # a session that asked its final REPORT: it is closing
+        self.held: tuple[int, bytes] | None = None  # (verb, body) of a request waiting for the snapshot
 
 
 class NodeServer:
@@ -70,6 +74,7 @@ class NodeServer:
         self.embedded = embedded
         self.path = daemon.socket_path
         self.errors: collections.Counter[str] = collections.Counter()  # refused requests, by reason
+        self.held: collections.Counter[str] = collections.Counter()  # requests that waited for the snapshot, by verb
         self._conns: dict[int, _Conn] = {}
         self._sessions = 0
         self._ever_attached = False
@@ -78,6 +83,9 @@ class NodeServer:
         self._stop = threading.Event()
         self._done: collections.deque[tuple[_Conn, bytes, str | None, int | None]] = collections.deque()
         self._woken = False  # a wake byte is on its way: later finishers need not send one
+        self._held: list[_Conn] = []  # requests waiting for the snapshot, in arrival order
+        self._settled = False  # the loop has seen the snapshot ready or failed (loop thread only)
+        self._settled_flag = threading.Event()  # set by the walk's thread, read by the loop
         _claim_socket(self.path)
         old_umask = os.umask(0o177)  # the socket file is 0600 from the start
         try:
@@ -94,6 +102,7 @@ class NodeServer:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        daemon.when_settled(self._snapshot_settled)
 
     # -- the loop -----------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -102,6 +111,7 @@ class NodeServer:
 
     def serve(self) -> None:
         log.debug("phase serving")
+        self._release_held()  # the snapshot may be there already (a daemon made in the foreground)
         try:
             while not self._stop.is_set():
                 for key, events in self._sel.select(timeout=protocol.HEARTBEAT_MS / 1000):
@@ -112,6 +122,7 @@ class NodeServer:
                     else:
                         self._on_event(key.data, events)
                 self._deliver_done()
+                self._release_held()
                 self._tick()
                 if self.embedded and self._unused():
                     log.info("last session closed: stopping")
@@ -201,6 +212,9 @@ class NodeServer:
             if key is None:
                 self._refuse(conn, "bad_key", "a key is '<root index>/<relative path>' without NUL, '.' or '..'")
                 return
+            if verb == protocol.VERB_OPEN and not self._settled:
+                self._hold(conn, verb, body, answer_by=self.daemon.config.staging.resolve_timeout)
+                return
             if verb == protocol.VERB_OPEN:
                 known = self.daemon.resolve_now(key)
                 if known is not None:
@@ -236,17 +250,59 @@ class NodeServer:
             log.debug("phase attach %d", self._sessions)
             body = {"env": self.daemon.client_env(), "run": self.daemon.describe()}
             self._answer(conn, protocol.encode_answer(0, json.dumps(body).encode()))
+        elif verb == protocol.VERB_INDEX:
+            if not self._settled:
+                self._hold(conn, verb, body)
+                return
+            ready = self.daemon.state is SnapshotState.READY
+            self._answer(conn, protocol.encode_answer(protocol.INDEX_READY if ready else protocol.INDEX_NONE),
+                         close=True)
         elif verb == protocol.VERB_REPORT:
             # a body of b"brief" (progress polls): the counters without the timeline
             brief = body == protocol.REPORT_BRIEF
+            if not brief and not self._settled:  # the report's snapshot figures: when they exist
+                self._hold(conn, verb, body)
+                return
             conn.done = conn.done or body == protocol.REPORT_FINAL
-            stats = self.daemon.stats(brief=brief) | {"requests_refused": dict(self.errors)}
+            stats = self.daemon.stats(brief=brief) | {"requests_refused": dict(self.errors),
+                                                      "requests_held_for_snapshot": dict(self.held)}
             self._answer(conn, protocol.encode_answer(0, json.dumps(stats).encode()), close=not conn.session)
             if not brief:
                 log.debug("phase report.answered")
         elif verb == protocol.VERB_STOP:
             self._answer(conn, protocol.encode_answer(0), close=True)
             self.request_stop()
+
+    # -- requests that wait for the snapshot ------------------------------------------------
+    def _hold(self, conn: _Conn, verb: int, body: bytes, answer_by: float = 0.0) -> None:
+        """Keep a request until the snapshot is ready or failed (heartbeats meanwhile; an OPEN
+        is answered PFS after ``answer_by`` seconds, as if its copy were slow)."""
+        now = time.monotonic()
+        conn.pending = True
+        conn.held = (verb, body)
+        conn.next_beat = now + protocol.HEARTBEAT_MS / 1000
+        conn.answer_by = now + answer_by if answer_by else 0.0
+        self._held.append(conn)
+        self.held[protocol.VERBS[verb]] += 1
+
+    def _snapshot_settled(self) -> None:
+        """On the walk's thread (or here, if it had ended): wake the loop to release the held."""
+        self._settled_flag.set()
+        self._wake()
+
+    def _release_held(self) -> None:
+        """Once the snapshot is ready or failed: every held request, in order, as if new."""
+        if self._settled or not self._settled_flag.is_set():
+            return
+        self._settled = True
+        held, self._held = self._held, []
+        for conn in held:
+            if not conn.pending or conn.held is None or self._conns.get(conn.sock.fileno()) is not conn:
+                continue  # answered meanwhile (an OPEN given up on) or gone
+            verb, body = conn.held
+            conn.pending, conn.held, conn.answer_by = False, None, 0.0
+            self._request(conn, verb, body)
+            self._parse(conn)  # a session's later frames, kept in its buffer meanwhile
 
     def _finished(self, conn: _Conn, future) -> None:
         """On a pool thread: hand the answer to the loop."""
@@ -287,7 +343,8 @@ class NodeServer:
         for conn in list(self._conns.values()):
             if conn.pending and conn.answer_by and now >= conn.answer_by:
                 conn.pending = False  # the copy goes on; this open reads the PFS
-                self.daemon.count("pfs:timeout")
+                self.daemon.count("pfs:snapshot_not_ready" if conn.held else "pfs:timeout")
+                conn.held = None
                 self._answer(conn, *_open_answer((protocol.SLOT_PFS, "")), close=True)
             elif conn.pending and now >= conn.next_beat:
                 conn.next_beat = now + protocol.HEARTBEAT_MS / 1000

@@ -29,7 +29,7 @@
  *
  * Environment (see protocol.py): MONARCH_ROOTS, MONARCH_PROBE, MONARCH_SOCKET,
  * MONARCH_COUNTERS, MONARCH_INDEX, MONARCH_DISABLE, MONARCH_SHIM_DEBUG,
- * MONARCH_SHIM_TIMEOUT_MS. Missing or invalid settings degrade to
+ * MONARCH_SHIM_TIMEOUT_MS, MONARCH_SHIM_INDEX_WAIT_MS. Missing or invalid settings degrade to
  * pass-through; nothing here may make the application fail: on any
  * Monarch-side failure the original is opened by the application's own call,
  * so the errors it sees are the original's.
@@ -40,6 +40,10 @@
  * it applies "..": root/lnk/../x is not root/x when lnk points elsewhere.
  * O_NOFOLLOW opens are served only for snapshot files whose name is not a symlink
  * (the index says so); the rest are the kernel's.
+ *
+ * The snapshot index may appear after this process started (the daemon's walk overlaps
+ * the application's start-up): the first call that needs it waits for it, once per
+ * process (see "waiting for the snapshot index"); no tier is probed before it is there.
  *
  * The daemon: one connection per request; the daemon's uid (SO_PEERCRED) must
  * be ours. OPEN answers may be preceded by STATUS_PENDING heartbeats; silence
@@ -80,6 +84,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -174,6 +179,7 @@ struct statx {
 #define MONARCH_SLOT_PEER 1
 #define MONARCH_FIRST_TIER_SLOT 2
 #define MONARCH_SHIM_TIMEOUT_MS_DEFAULT 60000
+#define MONARCH_SHIM_INDEX_WAIT_MS_DEFAULT 600000
 #define MONARCH_HEARTBEAT_MS 250
 #define MONARCH_HEARTBEAT_TIMEOUT_MS 1500
 #define MONARCH_VERB_OPEN 1
@@ -181,6 +187,9 @@ struct statx {
 #define MONARCH_VERB_ATTACH 3
 #define MONARCH_VERB_REPORT 4
 #define MONARCH_VERB_STOP 5
+#define MONARCH_VERB_INDEX 7
+#define MONARCH_INDEX_READY 0
+#define MONARCH_INDEX_NONE 1
 #define MONARCH_STATUS_PENDING (-2)
 #define MONARCH_STATUS_ERROR (-1)
 /* OPEN answer flag: the copy is the descriptor passed with the frame, sealed with
@@ -212,6 +221,7 @@ struct statx {
 #define MONARCH_ENV_DISABLE "MONARCH_DISABLE"
 #define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
 #define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"
+#define MONARCH_ENV_INDEX_WAIT "MONARCH_SHIM_INDEX_WAIT_MS"
 #define MONARCH_SLOT_WORDS 3
 #define MONARCH_EXTRA_WORDS 8
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
@@ -277,8 +287,25 @@ static struct sockaddr_un monarch_sockaddr;
 static int monarch_have_socket;
 static int monarch_timeout_ms = MONARCH_SHIM_TIMEOUT_MS_DEFAULT;
 static uint64_t *monarch_counters; /* MAP_SHARED; NULL => counting off */
-static const unsigned char *monarch_index; /* read-only mapping, validated; NULL => no fstat rewrite */
+/*
+ * The snapshot index: a read-only mapping, validated, published once (release) after its
+ * header copy is written; NULL => no index (no fstat rewrite, metadata from the PFS).
+ * The daemon writes it when its snapshot is ready, which may be after this process
+ * started (the walk overlaps the application's start-up): then the first call that needs
+ * it waits for it (monarch_index_ready), asking the daemon (INDEX) once per process.
+ */
+static const unsigned char *monarch_index;
 static struct monarch_index_header monarch_index_hdr;
+enum monarch_index_state {
+    MONARCH_IX_UNKNOWN,    /* not there at start: ask the daemon at the first need */
+    MONARCH_IX_INSTALLING, /* one thread maps it (a few microseconds); the others yield */
+    MONARCH_IX_MAPPED,     /* mapped: metadata and fstat from it, tier probes allowed */
+    MONARCH_IX_NONE,       /* none, or unusable, though the daemon is ready: as without an index */
+    MONARCH_IX_OFF         /* the snapshot failed, or the daemon was lost before it: the PFS */
+};
+static int monarch_index_state = MONARCH_IX_NONE;
+static char monarch_index_path[PATH_MAX];
+static int monarch_index_wait_ms = MONARCH_SHIM_INDEX_WAIT_MS_DEFAULT;
 static uint32_t monarch_crc_table[256];
 static int monarch_enabled;
 static int monarch_debug;
@@ -622,31 +649,50 @@ static uint32_t monarch_crc32(const char *p, size_t n)
     return c ^ 0xFFFFFFFFu;
 }
 
+/* The index mapping, or NULL: acquire, so that its header copy is seen with it. */
+static inline const unsigned char *monarch_idx(void)
+{
+    return __atomic_load_n(&monarch_index, __ATOMIC_ACQUIRE);
+}
+
+static int monarch_index_settle(void);
+
+/* The index's state for a call that needs it (under a root), waiting for it first if it
+ * was not there when this process started: once settled, a single acquire load (a plain
+ * load on x86-64). Call it with monarch_guard set (the wait makes calls of its own). */
+static inline int monarch_index_ready(void)
+{
+    int s = __atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE);
+    return MONARCH_UNLIKELY(s < MONARCH_IX_MAPPED) ? monarch_index_settle() : s;
+}
+
 /* Entry number n (from 1) into *e, if it is inside the mapping. */
 static int monarch_index_entry(uint32_t n, struct monarch_index_entry *e)
 {
+    const unsigned char *m = monarch_idx();
     const struct monarch_index_header *h = &monarch_index_hdr;
-    if (!monarch_index || n == 0 || n > h->entries)
+    if (!m || n == 0 || n > h->entries)
         return -1;
-    memcpy(e, monarch_index + h->entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE, sizeof *e);
+    memcpy(e, m + h->entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE, sizeof *e);
     return 0;
 }
 
 /* Entry number + 1 of key, or 0: protocol.index_lookup, bounded by the table size. */
 static uint32_t monarch_index_lookup(const char *key, size_t kl)
 {
+    const unsigned char *m = monarch_idx();
     const struct monarch_index_header *h = &monarch_index_hdr;
-    if (!monarch_index)
+    if (!m)
         return 0;
     uint32_t hash = monarch_crc32(key, kl), mask = h->buckets - 1;
     for (uint32_t i = 0, b = hash & mask; i < h->buckets; i++, b = (b + 1) & mask) {
         uint32_t n;
-        memcpy(&n, monarch_index + h->buckets_off + 4 * (uint64_t)b, sizeof n);
+        memcpy(&n, m + h->buckets_off + 4 * (uint64_t)b, sizeof n);
         struct monarch_index_entry e;
         if (n == 0 || monarch_index_entry(n, &e) != 0)
             return 0;
         if (e.hash == hash && e.key_len == kl && e.key_off <= h->keys_size && kl <= h->keys_size - e.key_off
-            && memcmp(monarch_index + h->keys_off + e.key_off, key, kl) == 0)
+            && memcmp(m + h->keys_off + e.key_off, key, kl) == 0)
             return n;
     }
     return 0;
@@ -777,6 +823,7 @@ static int monarch_on_fd(const char *path, int flags)
 enum monarch_meta { MONARCH_META_NOT_OURS, MONARCH_META_PASS, MONARCH_META_FOUND, MONARCH_META_ABSENT };
 
 static inline int monarch_start(void);
+static int monarch_map_index(const char *path, int *missing);
 
 static inline uint64_t *monarch_extra(uint64_t *c, unsigned which)
 {
@@ -793,7 +840,7 @@ static inline uint64_t monarch_root_bit(unsigned k)
 static inline int monarch_meta_on(unsigned k)
 {
     uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
-    return c && monarch_index
+    return c && monarch_idx()
            && !(__atomic_load_n(monarch_extra(c, MONARCH_EXTRA_META_OFF), __ATOMIC_ACQUIRE) & monarch_root_bit(k));
 }
 
@@ -810,13 +857,14 @@ static inline void monarch_meta_count(int how)
 /* Child record i into *c and its name, if both are inside the mapping. */
 static int monarch_index_child(uint64_t i, struct monarch_index_child *c, const char **name)
 {
+    const unsigned char *m = monarch_idx();
     const struct monarch_index_header *h = &monarch_index_hdr;
-    if (!monarch_index || i >= h->children_count)
+    if (!m || i >= h->children_count)
         return -1;
-    memcpy(c, monarch_index + h->children_off + i * MONARCH_INDEX_CHILD_SIZE, sizeof *c);
+    memcpy(c, m + h->children_off + i * MONARCH_INDEX_CHILD_SIZE, sizeof *c);
     if (c->name_off > h->keys_size || c->name_len > h->keys_size - c->name_off)
         return -1;
-    *name = (const char *)monarch_index + h->keys_off + c->name_off;
+    *name = (const char *)m + h->keys_off + c->name_off;
     return 0;
 }
 
@@ -894,8 +942,10 @@ static int monarch_meta_find(int dirfd, const char *path, int nofollow, struct m
     unsigned k;
     int saved = errno, r = MONARCH_META_NOT_OURS;
     monarch_guard = 1;
-    if (monarch_key_abs(dirfd, path, 1, key, &kl, &k, abs ? abs : buf) == 0)
+    if (monarch_key_abs(dirfd, path, 1, key, &kl, &k, abs ? abs : buf) == 0) {
+        monarch_index_ready(); /* started before the daemon's walk ended: the index, once there */
         r = monarch_meta_answer(key, kl, k, nofollow, monarch_wants_dir(path), e);
+    }
     monarch_guard = 0;
     errno = saved;
     return r;
@@ -1158,10 +1208,11 @@ static uint32_t monarch_le32(const unsigned char *p)
  * Returns the answer's status, with its body in body[bodymax] (NUL-terminated;
  * NULL: the body is not wanted and not read) and a descriptor the daemon passed
  * in *fdp (-1 if none; fdp NULL: any is closed), or INT_MIN when the daemon cannot
- * be asked, is not of our uid, goes silent, times out or breaks the frame rules
- * (an oversized body, a NUL in it, a heartbeat with a body).
+ * be asked, is not of our uid, goes silent, takes more than total_ms in all or breaks
+ * the frame rules (an oversized body, a NUL in it, a heartbeat with a body).
  */
-static int monarch_request(unsigned verb, const char *key, size_t kl, char *body, size_t bodymax, int *fdp)
+static int monarch_request(unsigned verb, const char *key, size_t kl, char *body, size_t bodymax, int *fdp,
+                           int total_ms)
 {
     unsigned char req[MONARCH_REQUEST_HEADER_SIZE + MONARCH_KEY_MAX];
     if (!monarch_have_socket || kl > MONARCH_MAX_REQUEST || kl > MONARCH_KEY_MAX)
@@ -1170,8 +1221,8 @@ static int monarch_request(unsigned verb, const char *key, size_t kl, char *body
     if (s < 0)
         return INT_MIN;
     int status = INT_MIN;
-    long start = monarch_now_ms(), deadline = start + monarch_timeout_ms;
-    int tmo = monarch_timeout_ms < MONARCH_HEARTBEAT_TIMEOUT_MS ? monarch_timeout_ms : MONARCH_HEARTBEAT_TIMEOUT_MS;
+    long start = monarch_now_ms(), deadline = start + total_ms;
+    int tmo = total_ms < MONARCH_HEARTBEAT_TIMEOUT_MS ? total_ms : MONARCH_HEARTBEAT_TIMEOUT_MS;
     struct timeval tv = {tmo / 1000, (tmo % 1000) * 1000};
     setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds connect and send */
     if (connect(s, (const struct sockaddr *)&monarch_sockaddr, sizeof monarch_sockaddr) != 0) {
@@ -1206,7 +1257,7 @@ static int monarch_request(unsigned verb, const char *key, size_t kl, char *body
         long alive = monarch_now_ms() + MONARCH_HEARTBEAT_TIMEOUT_MS;
         if (monarch_recv_exact(s, hdr, sizeof hdr, alive < deadline ? alive : deadline, fdp) != 0) {
             MONARCH_DEBUG(1, "daemon: no answer (silent for %d ms, or %d ms in all)", MONARCH_HEARTBEAT_TIMEOUT_MS,
-                          monarch_timeout_ms);
+                          total_ms);
             goto out;
         }
         int32_t st = (int32_t)monarch_le32(hdr);
@@ -1256,6 +1307,53 @@ static int monarch_answer_allowed(const char *path)
             return 1;
     }
     return 0;
+}
+
+/* ---- waiting for the snapshot index ----
+ * A process started before the daemon's walk ended finds no index at start. Its first
+ * call that needs one (a metadata call or a read-only open under a root) asks the daemon
+ * INDEX, which holds the request until the index is written (heartbeats meanwhile) or
+ * says the snapshot failed. The wait is bounded: MONARCH_SHIM_INDEX_WAIT_MS in all, and
+ * HEARTBEAT_TIMEOUT_MS of silence. Then, once for the process:
+ *   ready        map it (MAPPED), or NONE if it cannot be mapped (as without an index);
+ *   failed, lost, silent, too long: OFF -- every call under a root goes to the PFS, and
+ *                no tier is probed (kept copies are checked against the snapshot before
+ *                the index appears: without it, nobody vouches for them).
+ * Each waiting thread asks on its own connection (nothing shared is held while waiting:
+ * a fork or a signal meanwhile cannot deadlock); the first answer installs the verdict,
+ * one thread at a time (INSTALLING, a few microseconds), the later ones take it.
+ * fstat of a staged descriptor never waits: a descriptor is a staged copy only through an
+ * open that waited (the fd tables do not survive exec).
+ */
+static int monarch_index_settle(void)
+{
+    int s = __atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE);
+    while (s < MONARCH_IX_MAPPED) {
+        if (s == MONARCH_IX_INSTALLING) {
+            sched_yield();
+            s = __atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE);
+            continue;
+        }
+        long t0 = monarch_now_ms();
+        MONARCH_DEBUG(1, "index %s: not there yet; waiting for the daemon's snapshot", monarch_index_path);
+        int answer = monarch_request(MONARCH_VERB_INDEX, "", 0, NULL, 0, NULL, monarch_index_wait_ms);
+        int expected = MONARCH_IX_UNKNOWN;
+        if (!__atomic_compare_exchange_n(&monarch_index_state, &expected, MONARCH_IX_INSTALLING, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            s = expected; /* another thread settled it meanwhile */
+            continue;
+        }
+        int missing = 0;
+        if (answer == INT_MIN || answer == MONARCH_INDEX_NONE)
+            s = MONARCH_IX_OFF;
+        else /* ready; or a daemon that does not know INDEX (it wrote its index before serving) */
+            s = monarch_map_index(monarch_index_path, &missing) == 0 ? MONARCH_IX_MAPPED : MONARCH_IX_NONE;
+        MONARCH_DEBUG(1, "index %s: %s after %ld ms (daemon %d)", monarch_index_path,
+                      s == MONARCH_IX_MAPPED ? "mapped" : s == MONARCH_IX_NONE ? "unusable" : "none: the PFS",
+                      monarch_now_ms() - t0, answer);
+        __atomic_store_n(&monarch_index_state, s, __ATOMIC_RELEASE);
+    }
+    return s;
 }
 
 /* ---- the open decision ---- */
@@ -1315,12 +1413,19 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
     size_t kl;
     if (monarch_key(dirfd, path, key, &kl) != 0)
         return -1;
-    if ((flags & O_NOFOLLOW) && !monarch_is_plain_file(key, kl))
-        return -1; /* the kernel's answer (ELOOP for a symlink) is the app's */
 
     /* Managed: from here on, the slow path. */
     int saved = errno;
     monarch_guard = 1;
+    /* No tier copy before the snapshot is ready: kept copies are checked against it first. */
+    int ix = monarch_index_ready();
+    if (ix == MONARCH_IX_OFF || ((flags & O_NOFOLLOW) && !monarch_is_plain_file(key, kl))) {
+        /* OFF: the PFS original, counted. O_NOFOLLOW of a name the index cannot vouch for:
+         * the kernel's answer (ELOOP for a symlink) is the app's, uncounted. */
+        monarch_guard = 0;
+        errno = saved;
+        return ix == MONARCH_IX_OFF ? MONARCH_SLOT_PFS : -1;
+    }
     char staged[PATH_MAX];
     int slot = MONARCH_SLOT_PFS, fd = -1;
     int pflags = flags & ~(O_DIRECT | O_NOATIME); /* a tmpfs copy may refuse them */
@@ -1333,7 +1438,7 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
         }
     }
     int passed = -1;
-    int answer = monarch_request(MONARCH_VERB_OPEN, key, kl, staged, sizeof staged, &passed);
+    int answer = monarch_request(MONARCH_VERB_OPEN, key, kl, staged, sizeof staged, &passed, monarch_timeout_ms);
     if (answer > 0 && (answer & MONARCH_ANSWER_FD) && passed >= 0) {
         int s = answer & ~MONARCH_ANSWER_FD;
         if (s > MONARCH_SLOT_PFS && s < MONARCH_MAX_SLOTS && monarch_passed_ok(passed, key, kl, flags)) {
@@ -1396,7 +1501,7 @@ static void monarch_invalidate_key(const char *key, size_t kl, unsigned k, const
         MONARCH_DEBUG(1, "metadata of root %u: from the PFS from now on (the job changes %s)", k, path);
     if (key[kl - 1] == '/') /* the root itself: no file key to invalidate */
         return;
-    int status = monarch_request(MONARCH_VERB_INVALIDATE, key, kl, NULL, 0, NULL);
+    int status = monarch_request(MONARCH_VERB_INVALIDATE, key, kl, NULL, 0, NULL, monarch_timeout_ms);
     if (status != 0 && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED)) {
         __atomic_store_n(&monarch_probing, 0, __ATOMIC_RELAXED);
         MONARCH_DEBUG(1, "invalidate %s: daemon did not confirm (%d); no more tier probes in this process", path,
@@ -2141,13 +2246,19 @@ static uint64_t *monarch_map_counters(const char *path)
 }
 
 /* Map and check the snapshot index: every offset and count inside the file, so a
- * lookup never reads outside it. A bad index only turns the fstat rewrite off. */
-static void monarch_map_index(const char *path)
+ * lookup never reads outside it, then publish it; 0 when done. A bad index only turns the
+ * fstat rewrite and the metadata answers off; *missing says the file is not there (yet).
+ * One caller at a time: the constructor, or the thread that won INSTALLING. */
+static int monarch_map_index(const char *path, int *missing)
 {
     size_t size = 0;
+    errno = 0;
     const unsigned char *m = monarch_map_file(path, 0, MONARCH_INDEX_HEADER_SIZE, &size);
     struct monarch_index_header h;
     const char *why = "missing, too small or not mappable";
+    *missing = !m && errno == ENOENT;
+    if (*missing)
+        return -1; /* the daemon's snapshot is not ready: the caller says what happens */
     if (!m)
         goto bad;
     memcpy(&h, m, sizeof h);
@@ -2162,11 +2273,12 @@ static void monarch_map_index(const char *path)
         goto bad;
     }
     monarch_index_hdr = h;
-    monarch_index = m;
+    __atomic_store_n(&monarch_index, m, __ATOMIC_RELEASE);
     MONARCH_DEBUG(1, "index %s: %u entries", path, h.entries);
-    return;
+    return 0;
 bad:
     MONARCH_DEBUG(1, "%s=%s: %s; fstat of staged copies shows the copy", MONARCH_ENV_INDEX, path, why);
+    return -1;
 }
 
 static void monarch_atfork_child(void)
@@ -2178,6 +2290,10 @@ static void monarch_atfork_child(void)
      * connection per request: nothing else to reset. */
     monarch_pid = getpid();
     monarch_guard = 0;
+    /* a thread of the parent was installing the index: it is not here to finish */
+    if (__atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE) == MONARCH_IX_INSTALLING)
+        __atomic_store_n(&monarch_index_state, monarch_idx() ? MONARCH_IX_MAPPED : MONARCH_IX_UNKNOWN,
+                         __ATOMIC_RELEASE);
     if (!__atomic_load_n(&monarch_ready, __ATOMIC_ACQUIRE)) {
         /* fork raced with start-up in another thread, which does not exist here */
         pthread_once_t fresh = PTHREAD_ONCE_INIT;
@@ -2185,8 +2301,23 @@ static void monarch_atfork_child(void)
     }
 }
 
+/* A positive number of ms from the environment into *ms (kept when unset or invalid). */
+static void monarch_env_ms(const char *name, int *ms)
+{
+    const char *v = getenv(name);
+    if (!v || !v[0])
+        return;
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end == '\0' && n > 0 && n <= 24L * 3600 * 1000)
+        *ms = (int)n;
+    else
+        MONARCH_DEBUG(1, "%s=%s: not a positive number of ms; using %d", name, v, *ms);
+}
+
 static void monarch_init(void)
 {
+    int saved = errno; /* init may run inside the application's first call */
     monarch_guard = 1;
     monarch_pid = getpid();
     const char *dbg = getenv(MONARCH_ENV_DEBUG);
@@ -2223,16 +2354,8 @@ static void monarch_init(void)
         MONARCH_DEBUG(1, "%s: path longer than %zu bytes; not asking the daemon", MONARCH_ENV_SOCKET,
                       sizeof monarch_sockaddr.sun_path - 1);
     }
-    const char *tmo = getenv(MONARCH_ENV_TIMEOUT);
-    if (tmo && tmo[0]) {
-        char *end;
-        long v = strtol(tmo, &end, 10);
-        if (*end == '\0' && v > 0 && v <= 24L * 3600 * 1000)
-            monarch_timeout_ms = (int)v;
-        else
-            MONARCH_DEBUG(1, "%s=%s: not a positive number of ms; using %d", MONARCH_ENV_TIMEOUT, tmo,
-                          monarch_timeout_ms);
-    }
+    monarch_env_ms(MONARCH_ENV_TIMEOUT, &monarch_timeout_ms);
+    monarch_env_ms(MONARCH_ENV_INDEX_WAIT, &monarch_index_wait_ms);
     const char *counters = getenv(MONARCH_ENV_COUNTERS);
     if (counters && counters[0])
         __atomic_store_n(&monarch_counters, monarch_map_counters(counters), __ATOMIC_RELEASE);
@@ -2243,14 +2366,22 @@ static void monarch_init(void)
         monarch_crc_table[i] = c;
     }
     const char *index = getenv(MONARCH_ENV_INDEX);
-    if (index && index[0])
-        monarch_map_index(index);
+    if (index && index[0] && strlen(index) < sizeof monarch_index_path) {
+        int missing = 0;
+        strcpy(monarch_index_path, index);
+        if (monarch_map_index(monarch_index_path, &missing) == 0)
+            monarch_index_state = MONARCH_IX_MAPPED;
+        else if (missing && monarch_have_socket) /* the daemon's walk is under way: wait at the first need */
+            monarch_index_state = MONARCH_IX_UNKNOWN;
+    }
     monarch_enabled = 1;
     MONARCH_DEBUG(1, "enabled: %u roots, %u probe dirs, daemon %s, timeout %d ms, counters %s, index %s",
                   monarch_nroots, monarch_nprobes, monarch_have_socket ? monarch_sockaddr.sun_path : "(none)",
-                  monarch_timeout_ms, monarch_counters ? "on" : "off", monarch_index ? "on" : "off");
+                  monarch_timeout_ms, monarch_counters ? "on" : "off",
+                  monarch_index ? "on" : monarch_index_state == MONARCH_IX_UNKNOWN ? "pending" : "off");
 done:
     monarch_guard = 0;
+    errno = saved;
     __atomic_store_n(&monarch_ready, 1, __ATOMIC_RELEASE);
 }
 

@@ -15,7 +15,10 @@ OPEN, by mode:
 INVALIDATE removes the stub's copies of the key (a file or a tree) and answers 0; when
 ``confirm_invalidate`` is false it keeps them and answers STATUS_ERROR. It records the keys of every OPEN
 (``requests``) and INVALIDATE (``invalidated``), as ``str`` (os.fsdecode), and counts
-connections.
+connections. INDEX (a process that found no index at start) is answered INDEX_READY at
+once, or as ``index`` says: a callable run first (it may write the index, send heartbeats
+on the connection it is given, or sleep) that returns the status to answer, or None to
+close without an answer; ``index_asked`` counts the INDEX requests.
 """
 
 from __future__ import annotations
@@ -57,10 +60,13 @@ class StubDaemon:
     MODES = ("stage", "heartbeat", "pfs", "hang", "garbage", "oversized", "nul", "evil", "bogus")
 
     def __init__(self, sock_path: str, roots: list[Path], tier: Path, slot: int, mode: str = "stage", *,
-                 beats: float = 0.0, evil_path: Path | None = None, confirm_invalidate: bool = True):
+                 beats: float = 0.0, evil_path: Path | None = None, confirm_invalidate: bool = True,
+                 index=None):
         assert mode in self.MODES
         self.sock_path, self.roots, self.tier, self.slot, self.mode = sock_path, roots, tier, slot, mode
         self.beats, self.evil_path, self.confirm_invalidate = beats, evil_path, confirm_invalidate
+        self.index = index
+        self.index_asked = 0
         self.requests: list[str] = []
         self.invalidated: list[str] = []
         self.connections = 0
@@ -92,6 +98,13 @@ class StubDaemon:
             except (protocol.ProtocolError, OSError):
                 return  # a client that went away (or was refused) before asking
             key = protocol.key_str(raw)
+            if verb == protocol.VERB_INDEX:
+                with self._lock:
+                    self.index_asked += 1
+                status = self.index(conn) if self.index is not None else protocol.INDEX_READY
+                if status is not None:
+                    self._send(conn, protocol.encode_answer(status))
+                return
             if verb == protocol.VERB_INVALIDATE:
                 with self._lock:
                     self.invalidated.append(key)

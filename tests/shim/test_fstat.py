@@ -62,8 +62,11 @@ def test_c_fstat_fstatat_statx_of_a_staged_fd(shim_env, statfd_bin):
         got[call] = [int(fields[0]), int(fields[1], 8), *map(int, fields[2:])]
     assert got == {"fstat": want, "fstatat": want, "statx": want}
     assert data == src.read_bytes()
-    # without the index (or outside it) the copy's own stat shows: the rewrite is what made it equal
-    plain = shim_env.run([statfd_bin, "stat", str(src)], MONARCH_INDEX="/nonexistent")
+    # without a usable index (or outside it) the copy's own stat shows: the rewrite is what made it
+    # equal (an index that is missing, with no daemon to say it is coming, means no tier copy at all)
+    unusable = shim_env.base / "unusable-index"
+    unusable.write_bytes(b"")
+    plain = shim_env.run([statfd_bin, "stat", str(src)], MONARCH_INDEX=str(unusable))
     fields = plain.stdout.split(b"--\n")[0].decode().splitlines()[0].split()
     assert int(fields[4]) == copy.stat().st_ino
 

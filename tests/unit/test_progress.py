@@ -21,6 +21,11 @@ def test_a_line_says_staged_rate_opens_and_pfs_bytes():
                     "PFS read 41.0 MiB")
 
 
+def test_during_the_walk_a_line_says_so():
+    walking = stats(0, 0) | {"snapshot": "walking", "uptime_seconds": 3.2, "dataset": {"files": 0, "bytes": 0}}
+    assert line(walking, rate=None) == "monarch: walking the dataset (3 s) | opens pfs 2 ram 0 | PFS read 0 B"
+
+
 def test_rate_comes_from_successive_polls():
     out = io.StringIO()
     p = Progress(lambda: None, out, tty=False, every=1)
