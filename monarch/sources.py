@@ -118,8 +118,8 @@ def _write_at(out: int, view: memoryview, offset: int | None) -> None:
 def _copy_stream(src: int, out, size: int, tally: Tally) -> int:
     """Read ``src`` to its end into ``out`` (a descriptor, or a buffer the stager compresses
     from); ``size`` is what the snapshot saw (a file found longer is read on, and refused
-    by the caller). Read, then write: every byte read is counted, even when the write fails (a full
-    tier); sendfile would hide what it read before failing."""
+    by the caller). Read, then write: every byte read is counted, even when the write fails
+    (a full tier); sendfile would hide what it read before failing."""
     buf = bytearray(min(CHUNK, size + 1))
     view = memoryview(buf)
     n = 0
@@ -178,7 +178,7 @@ def _copy_ranges(src: int, out: int, size: int, tally: Tally) -> int:
             _range_readers.release()
 
     threads = []
-    for i in range(min(RANGES_AT_ONCE, -(-size // RANGE)) - 1):
+    for _ in range(min(RANGES_AT_ONCE, -(-size // RANGE)) - 1):
         if not _range_readers.acquire(blocking=False):
             break
         t = threading.Thread(target=helper, name="monarch-range", daemon=True)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -97,13 +98,17 @@ tiers:
 
 
 class CountingTally:
-    """A source's ``Tally`` (monarch/sources.py) that counts files opened and bytes read."""
+    """A source's ``Tally`` (monarch/sources.py) that counts files opened and bytes read
+    (thread-safe: a large file's ranges are read by several threads)."""
 
     def __init__(self):
         self.files = self.bytes = 0
+        self._lock = threading.Lock()
 
     def opened(self):
-        self.files += 1
+        with self._lock:
+            self.files += 1
 
     def read(self, n):
-        self.bytes += n
+        with self._lock:
+            self.bytes += n
