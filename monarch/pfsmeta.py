@@ -46,11 +46,20 @@ class OpenedStat(NamedTuple):
     st_mode: int
 
 
+def _load_libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    except OSError:
+        return None
+
+
+_libc = _load_libc()
+
+
 def _statx_call():
     """libc's statx, else the raw system call, else None."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    except OSError:
+    libc = _libc
+    if libc is None:
         return None
     fn = getattr(libc, "statx", None)
     if fn is not None:
@@ -91,10 +100,8 @@ _STATFS_SIZEOF = 120
 
 
 def _fstatfs_call():
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        fn = libc.fstatfs
-    except (OSError, AttributeError):
+    fn = getattr(_libc, "fstatfs", None)
+    if fn is None:
         return None
     fn.argtypes = (ctypes.c_int, ctypes.c_void_p)
     return fn
