@@ -159,13 +159,21 @@ class NodeDaemon:
         is answered from the snapshot before it is settled (server.py holds OPEN and INDEX).
         Any failure ends in FAILED: no index, every open reads the PFS (fail open)."""
         log.debug("phase snapshot.start")
-        stager = None
+        stager = growing = None
         try:
-            snap = self._take_snapshot()
+            if self._streams_read_ahead():  # copies begin with the walk's first directories
+                growing = Snapshot(tuple(self.config.dataset.roots), {})
+                stager = self._make_stager(growing)
+            snap = self._take_snapshot(growing, stager.read_ahead_more if stager is not None else None)
             log.debug("phase snapshot.done")
             if self._closing:  # stopped during the walk: leave the kept copies as they are
+                if stager is not None:
+                    stager.shutdown()
                 return
-            stager = self._make_stager(snap)
+            if stager is None or snap.files is not growing.files:  # not streamed, or a kept snapshot reused
+                if stager is not None:
+                    stager.shutdown()
+                stager = self._make_stager(snap)
             for tier in self.tiers:
                 if tier.keep:
                     for key in tier.adopt_existing(snap.files):
@@ -293,13 +301,22 @@ class NodeDaemon:
             log.warning("the snapshot is not kept for the next job: %s", e)
             return None
 
-    def _take_snapshot(self) -> Snapshot:
+    def _streams_read_ahead(self) -> bool:
+        """May the read-ahead start on the walk's files as it finds them? Alone on the node
+        (a cluster's walk is node 0's), without a kept tier (its copies are adopted only
+        once the walk is whole) and with the read-ahead on. The copies made meanwhile are
+        not served before the index exists (the shim waits for it)."""
+        return (self.cluster is None and not any(t.keep for t in self.tiers)
+                and self.config.staging.policy in ("read-ahead", "prestage"))
+
+    def _take_snapshot(self, into: Snapshot | None = None, on_directory=None) -> Snapshot:
         """One walk per job (node 0's, in a cluster), or the last job's snapshot when no
-        directory changed since (snapshot.load_or_walk); ``staging.validate: open`` walks."""
+        directory changed since (snapshot.load_or_walk); ``staging.validate: open`` walks.
+        A walk fills ``into`` (if given) and tells ``on_directory`` each directory's files."""
         t0 = time.perf_counter()
         roots = self.config.dataset.roots
         fresh = self.config.staging.validate == "open"
-        take = lambda: load_or_walk(roots, self._snapshot_cache(), fresh)  # noqa: E731
+        take = lambda: load_or_walk(roots, self._snapshot_cache(), fresh, into, on_directory)  # noqa: E731
         snap, self.snapshot_how = take() if self.cluster is None else self.cluster.share(take)
         if self.cluster is not None:
             snap = snap.with_local_devices()

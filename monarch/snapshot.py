@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from monarch import protocol
 from monarch.pfsmeta import opened_stat
@@ -171,7 +171,8 @@ def _list(root_fd: int, rel: str, ino: int):
     return None
 
 
-def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS) -> Snapshot:
+def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS, into: Snapshot | None = None,
+                  on_directory: Callable[[list[str]], None] | None = None) -> Snapshot:
     """Walk every root once (os.scandir: one stat per file and directory, relative to the
     directory's descriptor: no lookups of the path above it).
 
@@ -184,10 +185,15 @@ def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS) -> Snapsh
     open): on a PFS each stat is a metadata round trip, and several in flight hide its
     latency. The snapshot is the same as one thread's walk: each directory's listing is
     sorted, and a directory whose listing or any entry failed is kept unlisted.
+
+    ``into``: an empty snapshot of ``roots`` whose dictionaries the walk fills (and returns),
+    so that a stager over it may copy files before the walk ends; ``on_directory(keys)`` is
+    called with the files of each directory once the directory is described whole (its
+    entry in ``dirs`` made), on the walking thread.
     """
-    files: dict[str, FileInfo] = {}
-    dirs: dict[str, DirInfo] = {}
-    links: dict[str, FileInfo] = {}
+    files: dict[str, FileInfo] = into.files if into is not None else {}
+    dirs: dict[str, DirInfo] = into.dirs if into is not None else {}
+    links: dict[str, FileInfo] = into.links if into is not None else {}
     root_fds: dict[int, int] = {}
     pending = collections.deque()  # (root index, path under the root, key, its stat, its parent's ino)
     for index, root in enumerate(roots):
@@ -204,7 +210,7 @@ def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS) -> Snapsh
             parent_ino = 0
         pending.append((index, "", f"{index}/", rst, parent_ino))
 
-    # per directory being described: [its stat, its parent's ino, slices left, children, failed, fd]
+    # per directory being described: [its stat, its parent's ino, slices left, children, failed, fd, file keys]
     state: dict[str, list] = {}
 
     def listed(d, got) -> list:
@@ -215,22 +221,25 @@ def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS) -> Snapsh
             return []
         fd, entries = got
         slices = [entries[i:i + WALK_CHUNK] for i in range(0, len(entries), WALK_CHUNK)] or [[]]
-        state[dkey] = [dst, pino, len(slices), [], False, fd]
+        state[dkey] = [dst, pino, len(slices), [], False, fd, []]
         return [(part, dkey, rel, dst.st_ino) for part in slices]
 
     def add(result, dkey: str) -> None:
         """Merge one slice's result; the subdirectories it found are listed next."""
         got_files, got_links, subdirs, children, failed = result
-        files.update(got_files)
         links.update(got_links)
+        files.update(got_files)
         st = state[dkey]
         st[2] -= 1
         st[3].extend(children)
         st[4] = st[4] or failed
+        st[6].extend(key for key, _ in got_files)
         if st[2] == 0:
             del state[dkey]
             os.close(st[5])
             dirs[dkey] = DirInfo(FileInfo.from_stat(st[0]), None if st[4] else tuple(sorted(st[3])), st[1])
+            if on_directory is not None and st[6]:
+                on_directory(st[6])
         index = int(dkey.partition("/")[0])
         pending.extend((index, rel, key, sst, pino) for rel, key, sst, pino in subdirs)
 
@@ -322,10 +331,12 @@ def unchanged(snap: Snapshot) -> bool:
             os.close(fd)
 
 
-def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False) -> tuple[Snapshot, str]:
+def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False, into: Snapshot | None = None,
+                 on_directory: Callable[[list[str]], None] | None = None) -> tuple[Snapshot, str]:
     """The snapshot of ``roots``: the kept one at ``cache`` if nothing changed (see the module
     doc), else a fresh walk, kept at ``cache`` for the next job. Returns it and how it was
-    obtained (``"reused"``, ``"walked"``, or ``"walked: <why not reused>"``)."""
+    obtained (``"reused"``, ``"walked"``, or ``"walked: <why not reused>"``). ``into`` and
+    ``on_directory`` are take_snapshot's, for a walk (a reused snapshot is returned whole)."""
     why = "fresh walk asked" if fresh else "no kept snapshot"
     if cache and not fresh:
         try:
@@ -338,7 +349,7 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False)
             pass
         except (OSError, ValueError, IndexError, Exception) as e:  # a damaged or foreign file: walk
             why = f"kept snapshot unreadable ({type(e).__name__})"
-    snap = take_snapshot(roots)
+    snap = take_snapshot(roots, into=into, on_directory=on_directory)
     if cache:
         try:
             write_file_atomically(cache, snap.index_bytes())

@@ -122,6 +122,7 @@ class Stager:
         self._hinted_pos: dict[str, tuple[int, int]] = {}  # key -> (stream, position) in its order
         self._ahead: Iterator[str] | None = None
         self._ahead_held: str | None = None  # the read-ahead's next key, waiting for a peer slot
+        self._feed: collections.deque[str] = collections.deque()  # read_ahead_more's keys
         self._peer_ahead = 0  # read-ahead copies from peers running
         self._workers: list[threading.Thread] = []
         self._idle = 0
@@ -204,6 +205,13 @@ class Stager:
             self._wake_locked()
 
     prestage = read_ahead  # the older name
+
+    def read_ahead_more(self, keys: Iterable[str]) -> None:
+        """Stage ``keys`` in the background as well, before the read-ahead's own order: the
+        files of a walk still under way, as it finds them (what fits; nothing evicted)."""
+        with self._lock:
+            self._feed.extend(keys)
+            self._wake_locked()
 
     # -- order hints -------------------------------------------------------------------------
     def hint_order(self, stream: int, keys: list[str], begin: bool) -> None:
@@ -313,7 +321,7 @@ class Stager:
                     self.demand_copies += 1
                 else:
                     self.background_copies += 1
-                if self._demand or self._orders or self._ahead is not None:
+                if self._demand or self._orders or self._ahead is not None or self._feed:
                     self._wake_locked()  # more work: another worker (maybe a new one) looks
                 self._lock.release()
                 try:
@@ -350,6 +358,12 @@ class Stager:
         for stream, order in list(self._orders.items()):
             key = self._next_hinted_locked(order)
             if key is not None:
+                return key, False
+        while self._feed:
+            key = self._feed.popleft()
+            if (self._wanted_locked(key) and not (self.peers is not None and self.peers.owns_elsewhere(key))
+                    and self._fits(self.snapshot.files[key].size)):
+                self._flights[key] = _Flight()
                 return key, False
         if self._ahead is not None:
             for _ in range(SCAN_STEP):
@@ -577,6 +591,7 @@ class Stager:
             flights = [f for f in self._flights.values() if not f.running]
             self._flights = {k: f for k, f in self._flights.items() if f.running}
             self._demand.clear()
+            self._feed.clear()
             self._ahead = None
             self._cv.notify_all()
         for f in flights:
