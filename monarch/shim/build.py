@@ -1,4 +1,4 @@
-"""Compile ``monarch_shim.c`` into ``libmonarch_shim.so``.
+"""Compile ``monarch_shim.c`` (which includes the ``shim_*.c`` parts) into ``libmonarch_shim.so``.
 
 One function serves both the install-time build hook (``setup.py``) and a source
 checkout, where the library is built on first use into a cache keyed by the
@@ -41,12 +41,20 @@ def build_shim(out: Path, source: Path = SOURCE) -> Path:
     return out
 
 
+def source_digest(source: Path = SOURCE) -> str:
+    """A hash of the shim's source: the main file and every part it includes."""
+    h = hashlib.sha256()
+    for path in [source, *sorted(source.parent.glob("shim_*.c"))]:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def shim_library() -> Path:
     """The shim to preload: the installed one, else one built from this checkout."""
     installed = Path(__file__).with_name(LIBRARY_NAME)
     if installed.exists() and not SOURCE.exists():
         return installed
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = source_digest()
     if installed.exists() and _stamp(installed) == digest:
         return installed
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "monarch"
@@ -62,4 +70,4 @@ def _stamp(library: Path) -> str | None:
 
 
 def write_stamp(library: Path, source: Path = SOURCE) -> None:
-    library.with_suffix(".sha256").write_text(hashlib.sha256(source.read_bytes()).hexdigest()[:16])
+    library.with_suffix(".sha256").write_text(source_digest(source))

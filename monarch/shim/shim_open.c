@@ -1,0 +1,254 @@
+/* Part of monarch_shim.c, one translation unit: included there, in order, after the
+ * declarations it uses. Here: the open decision (probe, ask, or the PFS) and the invalidation before a write. */
+
+/* ---- the open decision ---- */
+
+static int monarch_open_staged(const char *path, int flags)
+{
+    int fd = MONARCH_RESOLVE(openat)(AT_FDCWD, path, flags);
+    if (fd >= 0 && !monarch_is_regular(fd)) {
+        real_close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* A descriptor the daemon passed for key (a decompressed copy): a regular file, sealed
+ * against any change (MONARCH_MEMFD_SEALS), of the snapshot's size; close-on-exec only
+ * if the application asked for it (it arrived with FD_CLOEXEC set). */
+static int monarch_passed_ok(int fd, const char *key, size_t kl, int flags)
+{
+    struct stat st;
+    struct monarch_index_entry e;
+    uint32_t n = monarch_index_lookup(key, kl);
+    if (monarch_sys_fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    long seals = syscall(SYS_fcntl, fd, F_GET_SEALS);
+    if (seals < 0 || (seals & MONARCH_MEMFD_SEALS) != MONARCH_MEMFD_SEALS)
+        return 0;
+    if (n && monarch_index_entry(n, &e) == 0 && (uint64_t)st.st_size != e.size)
+        return 0;
+    if (!(flags & O_CLOEXEC) && syscall(SYS_fcntl, fd, F_SETFD, 0) != 0)
+        return 0;
+    return 1;
+}
+
+static inline int monarch_start(void)
+{
+    if (MONARCH_UNLIKELY(!__atomic_load_n(&monarch_ready, __ATOMIC_ACQUIRE)))
+        monarch_ensure_init();
+    return monarch_enabled;
+}
+
+/*
+ * Before the application's open: -1 = not managed (pass through); 0 = managed,
+ * open the PFS original with the application's own call (monarch_after counts
+ * it); > 0 = a staged copy is open in *fdp, counted under the returned slot,
+ * its source's index entry + 1 in *entryp.
+ */
+static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint32_t *entryp)
+{
+    if (monarch_guard || !path || !path[0])
+        return -1;
+    if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC | O_DIRECTORY | O_PATH)))
+        return -1;
+    if (!monarch_start() || monarch_wants_dir(path))
+        return -1;
+    char key[MONARCH_KEY_MAX];
+    size_t kl;
+    if (monarch_key(dirfd, path, key, &kl) != 0)
+        return -1;
+
+    /* Managed: from here on, the slow path. */
+    int saved = errno;
+    monarch_guard = 1;
+    /* No tier copy before the snapshot is ready: kept copies are checked against it first. */
+    int ix = monarch_index_ready();
+    if (ix == MONARCH_IX_OFF || ((flags & O_NOFOLLOW) && !monarch_is_plain_file(key, kl))) {
+        /* OFF: the PFS original, counted. O_NOFOLLOW of a name the index cannot vouch for:
+         * the kernel's answer (ELOOP for a symlink) is the app's, uncounted. */
+        monarch_guard = 0;
+        errno = saved;
+        return ix == MONARCH_IX_OFF ? MONARCH_SLOT_PFS : -1;
+    }
+    char staged[PATH_MAX];
+    int slot = MONARCH_SLOT_PFS, fd = -1;
+    int pflags = flags & ~(O_DIRECT | O_NOATIME); /* a tmpfs copy may refuse them */
+    for (unsigned i = 0; i < monarch_nprobes && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED); i++) {
+        const struct monarch_probe *pr = &monarch_probes[i];
+        if (monarch_probe_path(pr, key, kl, staged) == 0 && (fd = monarch_open_staged(staged, pflags)) >= 0) {
+            MONARCH_DEBUG(1, "open %s: hit slot %u %s (fd %d)", path, pr->slot, staged, fd);
+            slot = (int)pr->slot;
+            goto out;
+        }
+    }
+    int passed = -1;
+    int answer = monarch_request(MONARCH_VERB_OPEN, key, kl, staged, sizeof staged, &passed, monarch_timeout_ms);
+    if (answer > 0 && (answer & MONARCH_ANSWER_FD) && passed >= 0) {
+        int s = answer & ~MONARCH_ANSWER_FD;
+        if (s > MONARCH_SLOT_PFS && s < MONARCH_MAX_SLOTS && monarch_passed_ok(passed, key, kl, flags)) {
+            MONARCH_DEBUG(1, "open %s: daemon slot %d, a decompressed copy (fd %d)", path, s, passed);
+            fd = passed;
+            slot = s;
+            goto out;
+        }
+        MONARCH_DEBUG(1, "open %s: daemon passed fd %d, which is not a sealed copy of the file: refused", path,
+                      passed);
+    }
+    if (passed >= 0)
+        real_close(passed);
+    if (answer > MONARCH_SLOT_PFS && answer < MONARCH_MAX_SLOTS) {
+        if (!monarch_answer_allowed(staged))
+            MONARCH_DEBUG(1, "open %s: daemon named %.200s, outside the probe dirs: refused", path, staged);
+        else if ((fd = monarch_open_staged(staged, pflags)) >= 0) {
+            MONARCH_DEBUG(1, "open %s: daemon slot %d %s (fd %d)", path, answer, staged, fd);
+            slot = answer;
+            goto out;
+        } else
+            MONARCH_DEBUG(1, "open %s: daemon named %s, which does not open: %s", path, staged, strerror(errno));
+    }
+    MONARCH_DEBUG(1, "open %s: PFS (daemon %d)", path, answer);
+out:
+    if (slot > MONARCH_SLOT_PFS) {
+        *fdp = fd;
+        *entryp = monarch_index_lookup(key, kl);
+    }
+    monarch_guard = 0;
+    errno = saved;
+    return slot;
+}
+
+/* After the application's own open call (pass-through or PFS original). */
+static inline void monarch_after(int fd, int how)
+{
+    struct stat st;
+    if (how == MONARCH_SLOT_PFS && fd >= 0 && monarch_sys_fstat(fd, &st) == 0 && !S_ISREG(st.st_mode))
+        monarch_forget(fd); /* a directory (tar, opendir without O_DIRECTORY): not a file open */
+    else if (how == MONARCH_SLOT_PFS)
+        monarch_track(fd, MONARCH_SLOT_PFS, 0);
+    else if (fd >= 0)
+        monarch_forget(fd); /* a stale entry from a close we did not see */
+}
+
+/*
+ * Before a call that changes (dirfd, path) -- a write-open, creat, rename,
+ * unlink, rmdir, truncate -- when it lies under a root: the daemon drops its
+ * copies of the key (INVALIDATE) and we remove <probe dir>/<key> ourselves.
+ * Without the daemon's confirmation this process stops probing tiers for good:
+ * a copy we could not remove (a directory's files, another slot) is never read.
+ */
+static void monarch_invalidate_key(const char *key, size_t kl, unsigned k, const char *path)
+{
+    /* First, for every process of the job on this node: root k's metadata is the PFS's now. */
+    uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
+    if (c && !(__atomic_fetch_or(monarch_extra(c, MONARCH_EXTRA_META_OFF), monarch_root_bit(k), __ATOMIC_ACQ_REL)
+               & monarch_root_bit(k)))
+        MONARCH_DEBUG(1, "metadata of root %u: from the PFS from now on (the job changes %s)", k, path);
+    if (key[kl - 1] == '/') /* the root itself: no file key to invalidate */
+        return;
+    int status = monarch_request(MONARCH_VERB_INVALIDATE, key, kl, NULL, 0, NULL, monarch_timeout_ms);
+    if (status != 0 && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&monarch_probing, 0, __ATOMIC_RELAXED);
+        MONARCH_DEBUG(1, "invalidate %s: daemon did not confirm (%d); no more tier probes in this process", path,
+                      status);
+    }
+    char staged[PATH_MAX];
+    for (unsigned i = 0; i < monarch_nprobes; i++)
+        if (monarch_probe_path(&monarch_probes[i], key, kl, staged) == 0 && MONARCH_RESOLVE(unlink)(staged) == 0)
+            MONARCH_DEBUG(1, "invalidate %s: removed %s", path, staged);
+    /* a compressed copy (<probe dir>/.z/<key>) too, so no copy of the old bytes outlives the write */
+    char zkey[MONARCH_KEY_MAX + 3];
+    if (kl + 3 < sizeof zkey) {
+        memcpy(zkey, ".z/", 3);
+        memcpy(zkey + 3, key, kl + 1);
+        for (unsigned i = 0; i < monarch_nprobes; i++)
+            if (monarch_probe_path(&monarch_probes[i], zkey, kl + 3, staged) == 0
+                && MONARCH_RESOLVE(unlink)(staged) == 0)
+                MONARCH_DEBUG(1, "invalidate %s: removed %s", path, staged);
+    }
+    MONARCH_DEBUG(1, "invalidate %s: key %s, daemon %d", path, key, status);
+}
+
+/* abs with its symlinks resolved, as the kernel will follow them, into out[PATH_MAX]: the
+ * whole path, or (a name not there yet) its directory and then the name; -1 if neither. */
+static int monarch_resolved(const char *abs, char *out)
+{
+    if (realpath(abs, out))
+        return 0;
+    const char *slash = strrchr(abs, '/');
+    if (!slash || !slash[1])
+        return -1;
+    char dir[PATH_MAX];
+    size_t dl = (size_t)(slash - abs);
+    memcpy(dir, abs, dl);
+    dir[dl] = '\0';
+    if (!realpath(dl ? dir : "/", out))
+        return -1;
+    size_t ol = strlen(out), nl = strlen(slash + 1);
+    if (ol + 1 + nl >= PATH_MAX)
+        return -1;
+    if (ol > 1)
+        out[ol++] = '/';
+    memcpy(out + ol, slash + 1, nl + 1);
+    return 0;
+}
+
+static void monarch_invalidate(int dirfd, const char *path)
+{
+    if (monarch_guard || !path || !path[0] || !monarch_start())
+        return;
+    char key[MONARCH_KEY_MAX], abs[PATH_MAX];
+    size_t kl = 0;
+    unsigned k;
+    int saved = errno;
+    monarch_guard = 1;
+    int named = monarch_key_abs(dirfd, path, 1, key, &kl, &k, abs) == 0;
+    if (named)
+        monarch_invalidate_key(key, kl, k, path);
+    /* A write through a symlink under a root changes its target: the target's key goes too
+     * (a rename or unlink of the link itself then drops a copy it did not have to:
+     * harmless). Only for names under a root: resolving costs lookups, and every write
+     * elsewhere (checkpoints, logs) would pay them. */
+    char resolved[PATH_MAX], rkey[MONARCH_KEY_MAX];
+    size_t rkl;
+    unsigned rk;
+    if (named && monarch_resolved(abs, resolved) == 0 && strcmp(resolved, abs) != 0
+        && monarch_key_abs(AT_FDCWD, resolved, 1, rkey, &rkl, &rk, abs) == 0
+        && !(rkl == kl && memcmp(rkey, key, kl) == 0))
+        monarch_invalidate_key(rkey, rkl, rk, path);
+    monarch_guard = 0;
+    errno = saved;
+}
+
+/* A change through a descriptor (fchmod, fchown, futimens): its path, as /proc names it. */
+static void monarch_invalidate_fd(int fd)
+{
+    if (fd >= 0 && !monarch_guard && monarch_start())
+        monarch_invalidate(fd, ".");
+}
+
+/* Both paths of a rename (or one: p2 NULL). */
+static void monarch_invalidate2(int d1, const char *p1, int d2, const char *p2)
+{
+    monarch_invalidate(d1, p1);
+    if (p2)
+        monarch_invalidate(d2, p2);
+}
+
+/* fopen mode -> open flags when the mode is read-only, else -1. */
+static int monarch_fopen_flags(const char *mode)
+{
+    if (!mode || mode[0] != 'r')
+        return -1;
+    int flags = O_RDONLY;
+    for (const char *m = mode + 1; *m && *m != ','; m++) {
+        if (*m == '+')
+            return -1;
+        if (*m == 'e')
+            flags |= O_CLOEXEC;
+    }
+    return flags;
+}
+
+/* open flags that may change the file: the ones a staged copy would miss. */
+#define MONARCH_WRITES(flags) (((flags) & O_ACCMODE) != O_RDONLY || ((flags) & (O_CREAT | O_TRUNC)))

@@ -1,0 +1,184 @@
+/* Part of monarch_shim.c, one translation unit: included there, in order, after the
+ * declarations it uses. Here: paths: the absolute form and the key of a path, as the kernel resolves it. */
+
+/* ---- paths ---- */
+
+/* Lexically normalize an absolute path in place ('.', '..', '//'); returns its length. */
+static size_t monarch_normalize(char *p)
+{
+    size_t r = 0, w = 0;
+    while (p[r]) {
+        while (p[r] == '/')
+            r++;
+        if (!p[r])
+            break;
+        size_t s = r;
+        while (p[r] && p[r] != '/')
+            r++;
+        size_t len = r - s;
+        if (len == 1 && p[s] == '.')
+            continue;
+        if (len == 2 && p[s] == '.' && p[s + 1] == '.') {
+            while (w > 0 && p[w - 1] != '/')
+                w--;
+            if (w > 0)
+                w--;
+            continue;
+        }
+        p[w++] = '/';
+        memmove(p + w, p + s, len);
+        w += len;
+    }
+    if (w == 0)
+        p[w++] = '/';
+    p[w] = '\0';
+    return w;
+}
+
+/* Does the path have a ".." component? */
+static int monarch_has_dotdot(const char *p)
+{
+    for (const char *c = strstr(p, ".."); c; c = strstr(c + 1, ".."))
+        if ((c == p || c[-1] == '/') && (c[2] == '\0' || c[2] == '/'))
+            return 1;
+    return 0;
+}
+
+/*
+ * The absolute form of (dirfd, path) into out[PATH_MAX], as the kernel will
+ * look it up; -1 if unknown. Without "..": lexical. With "..": the directory
+ * part through realpath() (symlinks followed, as the kernel does before it
+ * applies ".."), then the last component unresolved (open follows it, unlink
+ * and rename do not; either way the key names what the call names).
+ */
+static int monarch_abspath(int dirfd, const char *path, char *out, size_t *lenp)
+{
+    size_t n = 0;
+    if (path[0] != '/') {
+        if (dirfd == AT_FDCWD) {
+            if (!getcwd(out, PATH_MAX))
+                return -1;
+            n = strlen(out);
+        } else {
+            char link[32] = "/proc/self/fd/";
+            char digits[12];
+            size_t d = 0, l = strlen(link);
+            unsigned v = (unsigned)dirfd;
+            if (dirfd < 0)
+                return -1;
+            do {
+                digits[d++] = (char)('0' + v % 10);
+                v /= 10;
+            } while (v);
+            while (d)
+                link[l++] = digits[--d];
+            link[l] = '\0';
+            ssize_t k = readlink(link, out, PATH_MAX - 1);
+            if (k <= 0 || out[0] != '/')
+                return -1;
+            n = (size_t)k;
+        }
+        out[n++] = '/';
+    }
+    size_t plen = strlen(path);
+    if (n + plen >= PATH_MAX)
+        return -1;
+    memcpy(out + n, path, plen + 1);
+    if (MONARCH_UNLIKELY(monarch_has_dotdot(out))) {
+        char dir[PATH_MAX];
+        size_t e = n + plen;
+        while (e > 1 && out[e - 1] == '/') /* "d/" names d */
+            e--;
+        size_t s = e;
+        while (s > 0 && out[s - 1] != '/')
+            s--;
+        const char *last = out + s;
+        size_t llen = e - s;
+        int whole = (llen == 2 && last[0] == '.' && last[1] == '.') || (llen == 1 && last[0] == '.');
+        memcpy(dir, out, whole ? e : s);
+        dir[whole ? e : s] = '\0';
+        char resolved[PATH_MAX];
+        if (!realpath(dir[0] ? dir : "/", resolved))
+            return -1;
+        size_t rl = strlen(resolved);
+        if (!whole) {
+            if (rl + 1 + llen >= PATH_MAX)
+                return -1;
+            resolved[rl++] = '/';
+            memcpy(resolved + rl, last, llen);
+            rl += llen;
+            resolved[rl] = '\0';
+        }
+        memcpy(out, resolved, rl + 1);
+    }
+    *lenp = monarch_normalize(out);
+    return 0;
+}
+
+/* A trailing "/", "/." or "/.." asks for a directory: leave such paths to the kernel. */
+static int monarch_wants_dir(const char *path)
+{
+    size_t n = strlen(path);
+    if (path[n - 1] == '/')
+        return 1;
+    if (path[n - 1] != '.')
+        return 0;
+    if (n == 1 || path[n - 2] == '/')
+        return 1;
+    return path[n - 2] == '.' && (n == 2 || path[n - 3] == '/');
+}
+
+/* The key "<k>/<rel>" of (dirfd, path) into key[MONARCH_KEY_MAX] when it lies under a
+ * root (with allow_root, root k itself too: the key "<k>/"); 0, its length in *klp and k
+ * in *kp, or -1 when not managed. The absolute path is left in abs[PATH_MAX]. */
+static int monarch_key_abs(int dirfd, const char *path, int allow_root, char *key, size_t *klp, unsigned *kp,
+                           char *abs)
+{
+    size_t len;
+    if (monarch_abspath(dirfd, path, abs, &len) != 0)
+        return -1;
+    for (unsigned i = 0; i < monarch_nroots; i++) {
+        const struct monarch_root *r = &monarch_roots[i];
+        const char *rel;
+        if (len < r->len || memcmp(abs, r->path, r->len) != 0)
+            continue;
+        if (len > r->len + 1 && abs[r->len] == '/')
+            rel = abs + r->len + 1;
+        else if (allow_root && (len == r->len || (r->len == 0 && len == 1)))
+            rel = "";
+        else
+            continue;
+        int kl = snprintf(key, MONARCH_KEY_MAX, "%u/%s", r->index, rel);
+        if (kl <= 0 || kl >= MONARCH_KEY_MAX || kl > MONARCH_MAX_REQUEST)
+            return -1;
+        *klp = (size_t)kl;
+        *kp = r->index;
+        return 0;
+    }
+    return -1;
+}
+
+/* The key of a path strictly under a root (what opens and INVALIDATE name). */
+static int monarch_key(int dirfd, const char *path, char *key, size_t *klp)
+{
+    char abs[PATH_MAX];
+    unsigned k;
+    return monarch_key_abs(dirfd, path, 0, key, klp, &k, abs);
+}
+
+/* <probe dir>/<key> into out[PATH_MAX]; -1 if too long. */
+static int monarch_probe_path(const struct monarch_probe *pr, const char *key, size_t kl, char *out)
+{
+    if (pr->len + 1 + kl >= PATH_MAX)
+        return -1;
+    memcpy(out, pr->dir, pr->len);
+    out[pr->len] = '/';
+    memcpy(out + pr->len + 1, key, kl + 1);
+    return 0;
+}
+
+static int monarch_is_regular(int fd)
+{
+    struct stat st;
+    return monarch_sys_fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+}

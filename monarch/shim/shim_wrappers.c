@@ -1,0 +1,505 @@
+/* Part of monarch_shim.c, one translation unit: included there, in order, after the
+ * declarations it uses. Here: the exported wrappers: families by macro, emulated DIRs, descriptor lifecycle. */
+
+/* ---- wrapper families: one macro shape per family ---- */
+#define MONARCH_VA_MODE(flags)                                      \
+    mode_t mode = 0;                                                \
+    if (__OPEN_NEEDS_MODE(flags)) {                                 \
+        va_list ap;                                                 \
+        va_start(ap, flags);                                        \
+        mode = (mode_t)va_arg(ap, int);                             \
+        va_end(ap);                                                 \
+    }
+
+#define MONARCH_OPEN_BODY(name, dirfd, args)                         \
+    MONARCH_REAL(name, -1)                                           \
+    int fd_ = -1;                                                    \
+    uint32_t entry_ = 0;                                             \
+    if (MONARCH_WRITES(flags))                                       \
+        monarch_invalidate(dirfd, path);                             \
+    int how_ = monarch_before(dirfd, path, flags, &fd_, &entry_);    \
+    if (how_ > MONARCH_SLOT_PFS) {                                   \
+        monarch_track(fd_, (unsigned)how_, entry_);                  \
+        return fd_;                                                  \
+    }                                                                \
+    fd_ = real_ args;                                                \
+    monarch_after(fd_, how_);                                        \
+    return fd_;
+
+/* int open(const char *path, int flags, ...) */
+#define MONARCH_WRAP_OPEN(name)                                                   \
+    static int (*real_##name)(const char *, int, ...);                           \
+    MONARCH_EXPORT int name(const char *path, int flags, ...)                     \
+    {                                                                             \
+        MONARCH_VA_MODE(flags)                                                    \
+        MONARCH_OPEN_BODY(name, AT_FDCWD, (path, flags, mode))                    \
+    }
+
+/* int __open_2(const char *path, int flags)  (fortified, no mode) */
+#define MONARCH_WRAP_OPEN_2(name)                                                 \
+    static int (*real_##name)(const char *, int);                                \
+    MONARCH_EXPORT int name(const char *path, int flags)                          \
+    {                                                                             \
+        MONARCH_OPEN_BODY(name, AT_FDCWD, (path, flags))                          \
+    }
+
+/* int openat(int dirfd, const char *path, int flags, ...) */
+#define MONARCH_WRAP_OPENAT(name)                                                 \
+    static int (*real_##name)(int, const char *, int, ...);                      \
+    MONARCH_EXPORT int name(int dirfd, const char *path, int flags, ...)          \
+    {                                                                             \
+        MONARCH_VA_MODE(flags)                                                    \
+        MONARCH_OPEN_BODY(name, dirfd, (dirfd, path, flags, mode))                \
+    }
+
+/* int __openat_2(int dirfd, const char *path, int flags)  (fortified) */
+#define MONARCH_WRAP_OPENAT_2(name)                                               \
+    static int (*real_##name)(int, const char *, int);                           \
+    MONARCH_EXPORT int name(int dirfd, const char *path, int flags)               \
+    {                                                                             \
+        MONARCH_OPEN_BODY(name, dirfd, (dirfd, path, flags))                      \
+    }
+
+/* FILE *fopen(const char *path, const char *mode); modes w, a and + write. */
+#define MONARCH_WRAP_FOPEN(name)                                                  \
+    static FILE *(*real_##name)(const char *, const char *);                     \
+    MONARCH_EXPORT FILE *name(const char *path, const char *mode)                 \
+    {                                                                             \
+        MONARCH_REAL(name, NULL)                                                  \
+        int fd_ = -1, flags = monarch_fopen_flags(mode);                          \
+        uint32_t entry_ = 0;                                                      \
+        if (flags < 0 && mode)                                                    \
+            monarch_invalidate(AT_FDCWD, path);                                   \
+        int how_ = flags < 0 ? -1 : monarch_before(AT_FDCWD, path, flags, &fd_, &entry_); \
+        if (how_ > MONARCH_SLOT_PFS) {                                            \
+            int saved_ = errno;                                                   \
+            FILE *fp_ = fdopen(fd_, mode);                                        \
+            if (fp_) {                                                            \
+                monarch_track(fd_, (unsigned)how_, entry_);                       \
+                monarch_mark_uncounted(fd_); /* stdio reads with its own __read */ \
+                return fp_;                                                       \
+            }                                                                     \
+            real_close(fd_);                                                      \
+            errno = saved_;                                                       \
+            how_ = MONARCH_SLOT_PFS;                                              \
+        }                                                                         \
+        FILE *fp_ = real_(path, mode);                                            \
+        monarch_after(fp_ ? fileno(fp_) : -1, how_);                              \
+        if (fp_ && how_ == MONARCH_SLOT_PFS)                                      \
+            monarch_mark_uncounted(fileno(fp_));                                  \
+        return fp_;                                                               \
+    }
+
+/* Byte-counting I/O: the result (> 0) is added to the slot of descriptor fd. */
+#define MONARCH_WRAP_IO(name, ret, fd, params, args)                              \
+    static ret(*real_##name) params;                                              \
+    MONARCH_EXPORT ret name params                                                \
+    {                                                                             \
+        MONARCH_REAL(name, -1)                                                    \
+        ret n_ = real_ args;                                                      \
+        if (n_ > 0)                                                               \
+            monarch_count_bytes(fd, (uint64_t)n_);                                \
+        return n_;                                                                \
+    }
+
+/* Calls that change what a path names (creat, rename, unlink, rmdir, truncate):
+ * invalidate (d1, p1) and (d2, p2) (p2 NULL: one path), then the real call. */
+#define MONARCH_WRAP_CHANGE(name, params, args, d1, p1, d2, p2)                   \
+    static int (*real_##name) params;                                             \
+    MONARCH_EXPORT int name params                                                \
+    {                                                                             \
+        MONARCH_REAL(name, -1)                                                    \
+        monarch_invalidate2(d1, p1, d2, p2);                                      \
+        return real_ args;                                                        \
+    }
+
+/* stat of a descriptor: the real call, then the source's stat if fd is a staged
+ * copy and the call is about fd itself (on_fd); `type` picks the fill. */
+#define MONARCH_WRAP_STAT(name, type, fd, on_fd, params, args)                    \
+    static int (*real_##name) params;                                             \
+    MONARCH_EXPORT int name params                                                \
+    {                                                                             \
+        MONARCH_REAL(name, -1)                                                    \
+        int r_ = real_ args;                                                      \
+        if (r_ == 0 && (on_fd))                                                   \
+            monarch_fill_##type(fd, buf);                                         \
+        return r_;                                                                \
+    }
+
+/* Calls that change a file through its descriptor (fchmod, fchown, futimens). */
+#define MONARCH_WRAP_FDCHANGE(name, fd, params, args)                             \
+    static int (*real_##name) params;                                             \
+    MONARCH_EXPORT int name params                                                \
+    {                                                                             \
+        MONARCH_REAL(name, -1)                                                    \
+        monarch_invalidate_fd(fd);                                                \
+        return real_ args;                                                        \
+    }
+
+/* stat of a path, in every ABI form (stat, __xstat, fstatat, statx ...): from the index
+ * when it answers (monarch_meta_<type>); with AT_EMPTY_PATH and "" the stat of dirfd
+ * itself, the source's for a staged copy. `ver` is __xstat's version (statx: its mask). */
+#define MONARCH_WRAP_PSTAT(name, type, dirfd, path, flags, ver, params, args)      \
+    static int (*real_##name) params;                                             \
+    MONARCH_EXPORT int name params                                                \
+    {                                                                             \
+        int r_;                                                                   \
+        if (monarch_on_fd(path, flags)) {                                         \
+            MONARCH_REAL(name, -1)                                                \
+            r_ = real_ args;                                                      \
+            if (r_ == 0)                                                          \
+                monarch_fill_##type(dirfd, buf);                                  \
+            return r_;                                                            \
+        }                                                                         \
+        if (monarch_meta_##type(dirfd, path, flags, ver, buf, &r_))               \
+            return r_;                                                            \
+        MONARCH_REAL(name, -1)                                                    \
+        return real_ args;                                                        \
+    }
+
+/* access(2) and its relatives: existence (and the owner's bits) from the index. */
+#define MONARCH_WRAP_ACCESS(name, dirfd, path, mode, flags, params, args)          \
+    static int (*real_##name) params;                                             \
+    MONARCH_EXPORT int name params                                                \
+    {                                                                             \
+        int r_;                                                                   \
+        if (monarch_meta_access(dirfd, path, mode, flags, &r_))                   \
+            return r_;                                                            \
+        MONARCH_REAL(name, -1)                                                    \
+        return real_ args;                                                        \
+    }
+
+/* opendir/fdopendir: a listed directory under a root is listed from the index. */
+#define MONARCH_WRAP_OPENDIR(name, dirfd, path, fd, params, args)                 \
+    static DIR *(*real_##name) params;                                            \
+    MONARCH_EXPORT DIR *name params                                               \
+    {                                                                             \
+        DIR *d_;                                                                  \
+        if (monarch_meta_opendir(dirfd, path, fd, &d_))                           \
+            return d_;                                                            \
+        MONARCH_REAL(name, NULL)                                                  \
+        return real_ args;                                                        \
+    }
+
+/* readdir/readdir64 (`member` picks the dirent of the emulated DIR). */
+#define MONARCH_WRAP_READDIR(name, type, member)                                  \
+    static struct type *(*real_##name)(DIR *);                                    \
+    MONARCH_EXPORT struct type *name(DIR *dirp)                                   \
+    {                                                                             \
+        struct monarch_dir *m_ = monarch_dir_of(dirp);                            \
+        if (m_) {                                                                 \
+            int ok_;                                                              \
+            MONARCH_FILL_DIRENT(m_, m_->ent.member, ok_);                         \
+            return ok_ ? &m_->ent.member : NULL; /* end: errno untouched */       \
+        }                                                                         \
+        MONARCH_REAL(name, NULL)                                                  \
+        return real_(dirp);                                                       \
+    }
+
+/* readdir_r/readdir64_r (deprecated, still called). */
+#define MONARCH_WRAP_READDIR_R(name, type)                                        \
+    static int (*real_##name)(DIR *, struct type *, struct type **);              \
+    MONARCH_EXPORT int name(DIR *dirp, struct type *entry, struct type **result)  \
+    {                                                                             \
+        struct monarch_dir *m_ = monarch_dir_of(dirp);                            \
+        if (m_) {                                                                 \
+            int ok_;                                                              \
+            MONARCH_FILL_DIRENT(m_, *entry, ok_);                                 \
+            *result = ok_ ? entry : NULL;                                         \
+            return 0;                                                             \
+        }                                                                         \
+        MONARCH_REAL(name, ENOSYS)                                                \
+        return real_(dirp, entry, result);                                        \
+    }
+
+/* Every wrapped symbol, one line each. Instantiated twice: to define the
+ * wrappers, and (MONARCH_RESOLVE_ALL) to resolve every real_* at start-up. */
+#define MONARCH_WRAPPERS(OPEN, OPEN_2, OPENAT, OPENAT_2, FOPEN, IO, CHANGE, STAT, FDCHANGE, PSTAT, ACCESS,  \
+                         OPENDIR, READDIR, READDIR_R)                                                   \
+    OPEN(open)                                                                                          \
+    OPEN(open64)                                                                                        \
+    OPEN_2(__open_2)                                                                                    \
+    OPEN_2(__open64_2)                                                                                  \
+    OPENAT(openat)                                                                                      \
+    OPENAT(openat64)                                                                                    \
+    OPENAT_2(__openat_2)                                                                                \
+    OPENAT_2(__openat64_2)                                                                              \
+    FOPEN(fopen)                                                                                        \
+    FOPEN(fopen64)                                                                                      \
+    IO(read, ssize_t, fd, (int fd, void *b, size_t n), (fd, b, n))                                      \
+    IO(pread, ssize_t, fd, (int fd, void *b, size_t n, off_t o), (fd, b, n, o))                         \
+    IO(pread64, ssize_t, fd, (int fd, void *b, size_t n, off64_t o), (fd, b, n, o))                     \
+    IO(readv, ssize_t, fd, (int fd, const struct iovec *v, int c), (fd, v, c))                          \
+    IO(preadv, ssize_t, fd, (int fd, const struct iovec *v, int c, off_t o), (fd, v, c, o))             \
+    IO(preadv64, ssize_t, fd, (int fd, const struct iovec *v, int c, off64_t o), (fd, v, c, o))         \
+    IO(preadv2, ssize_t, fd, (int fd, const struct iovec *v, int c, off_t o, int f), (fd, v, c, o, f))  \
+    IO(preadv64v2, ssize_t, fd, (int fd, const struct iovec *v, int c, off64_t o, int f),               \
+       (fd, v, c, o, f))                                                                                \
+    IO(__read_chk, ssize_t, fd, (int fd, void *b, size_t n, size_t bl), (fd, b, n, bl))                 \
+    IO(__pread_chk, ssize_t, fd, (int fd, void *b, size_t n, off_t o, size_t bl), (fd, b, n, o, bl))    \
+    IO(__pread64_chk, ssize_t, fd, (int fd, void *b, size_t n, off64_t o, size_t bl),                   \
+       (fd, b, n, o, bl))                                                                               \
+    IO(sendfile, ssize_t, in, (int out, int in, off_t *o, size_t n), (out, in, o, n))                   \
+    IO(sendfile64, ssize_t, in, (int out, int in, off64_t *o, size_t n), (out, in, o, n))               \
+    IO(copy_file_range, ssize_t, in,                                                                    \
+       (int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f), (in, io, out, oo, n, f))  \
+    CHANGE(creat, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                       \
+    CHANGE(creat64, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                     \
+    CHANGE(rename, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n)                    \
+    CHANGE(renameat, (int od, const char *o, int nd, const char *n), (od, o, nd, n), od, o, nd, n)      \
+    CHANGE(renameat2, (int od, const char *o, int nd, const char *n, unsigned int f),                   \
+           (od, o, nd, n, f), od, o, nd, n)                                                             \
+    CHANGE(unlink, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL)                                   \
+    CHANGE(unlinkat, (int d, const char *p, int f), (d, p, f), d, p, AT_FDCWD, NULL)                    \
+    CHANGE(remove, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL)                                   \
+    CHANGE(rmdir, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL)                                    \
+    CHANGE(truncate, (const char *p, off_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL)                     \
+    CHANGE(truncate64, (const char *p, off64_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL)                 \
+    CHANGE(mkdir, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                       \
+    CHANGE(mkdirat, (int d, const char *p, mode_t m), (d, p, m), d, p, AT_FDCWD, NULL)                  \
+    CHANGE(mknod, (const char *p, mode_t m, dev_t v), (p, m, v), AT_FDCWD, p, AT_FDCWD, NULL)           \
+    CHANGE(mknodat, (int d, const char *p, mode_t m, dev_t v), (d, p, m, v), d, p, AT_FDCWD, NULL)      \
+    CHANGE(symlink, (const char *t, const char *p), (t, p), AT_FDCWD, p, AT_FDCWD, NULL)                \
+    CHANGE(symlinkat, (const char *t, int d, const char *p), (t, d, p), d, p, AT_FDCWD, NULL)           \
+    CHANGE(link, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n)                      \
+    CHANGE(linkat, (int od, const char *o, int nd, const char *n, int f), (od, o, nd, n, f), od, o, nd, n) \
+    CHANGE(chmod, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                       \
+    CHANGE(fchmodat, (int d, const char *p, mode_t m, int f), (d, p, m, f), d, p, AT_FDCWD, NULL)       \
+    CHANGE(chown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL)            \
+    CHANGE(lchown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL)           \
+    CHANGE(fchownat, (int d, const char *p, uid_t u, gid_t g, int f), (d, p, u, g, f), d, p, AT_FDCWD, NULL) \
+    CHANGE(utime, (const char *p, const struct utimbuf *t), (p, t), AT_FDCWD, p, AT_FDCWD, NULL)        \
+    CHANGE(utimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL)     \
+    CHANGE(lutimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL)    \
+    CHANGE(futimesat, (int d, const char *p, const struct timeval t[2]), (d, p, t), d, p, AT_FDCWD, NULL) \
+    CHANGE(utimensat, (int d, const char *p, const struct timespec t[2], int f), (d, p, t, f), d, p,      \
+           AT_FDCWD, NULL)                                                                              \
+    FDCHANGE(fchmod, fd, (int fd, mode_t m), (fd, m))                                                   \
+    FDCHANGE(fchown, fd, (int fd, uid_t u, gid_t g), (fd, u, g))                                        \
+    FDCHANGE(futimens, fd, (int fd, const struct timespec t[2]), (fd, t))                               \
+    STAT(fstat, stat, fd, 1, (int fd, struct stat *buf), (fd, buf))                                     \
+    STAT(fstat64, stat64, fd, 1, (int fd, struct stat64 *buf), (fd, buf))                               \
+    STAT(__fxstat, stat, fd, 1, (int v, int fd, struct stat *buf), (v, fd, buf))                        \
+    STAT(__fxstat64, stat64, fd, 1, (int v, int fd, struct stat64 *buf), (v, fd, buf))                  \
+    PSTAT(stat, stat, AT_FDCWD, p, 0, MONARCH_STAT_VER, (const char *p, struct stat *buf), (p, buf))        \
+    PSTAT(stat64, stat64, AT_FDCWD, p, 0, MONARCH_STAT_VER, (const char *p, struct stat64 *buf), (p, buf))  \
+    PSTAT(lstat, stat, AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, MONARCH_STAT_VER, (const char *p, struct stat *buf), \
+          (p, buf))                                                                                     \
+    PSTAT(lstat64, stat64, AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, MONARCH_STAT_VER,                          \
+          (const char *p, struct stat64 *buf), (p, buf))                                                \
+    PSTAT(__xstat, stat, AT_FDCWD, p, 0, v, (int v, const char *p, struct stat *buf), (v, p, buf))       \
+    PSTAT(__xstat64, stat64, AT_FDCWD, p, 0, v, (int v, const char *p, struct stat64 *buf), (v, p, buf)) \
+    PSTAT(__lxstat, stat, AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, v, (int v, const char *p, struct stat *buf), \
+          (v, p, buf))                                                                                  \
+    PSTAT(__lxstat64, stat64, AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, v,                                      \
+          (int v, const char *p, struct stat64 *buf), (v, p, buf))                                      \
+    PSTAT(fstatat, stat, fd, p, f, MONARCH_STAT_VER, (int fd, const char *p, struct stat *buf, int f),   \
+          (fd, p, buf, f))                                                                              \
+    PSTAT(fstatat64, stat64, fd, p, f, MONARCH_STAT_VER, (int fd, const char *p, struct stat64 *buf, int f), \
+          (fd, p, buf, f))                                                                              \
+    PSTAT(newfstatat, stat, fd, p, f, MONARCH_STAT_VER, (int fd, const char *p, struct stat *buf, int f), \
+          (fd, p, buf, f))                                                                              \
+    PSTAT(__fxstatat, stat, fd, p, f, v, (int v, int fd, const char *p, struct stat *buf, int f),        \
+          (v, fd, p, buf, f))                                                                           \
+    PSTAT(__fxstatat64, stat64, fd, p, f, v, (int v, int fd, const char *p, struct stat64 *buf, int f),  \
+          (v, fd, p, buf, f))                                                                           \
+    PSTAT(statx, statx, fd, p, f, m, (int fd, const char *p, int f, unsigned int m, struct statx *buf),  \
+          (fd, p, f, m, buf))                                                                           \
+    ACCESS(access, AT_FDCWD, p, m, 0, (const char *p, int m), (p, m))                                   \
+    ACCESS(euidaccess, AT_FDCWD, p, m, AT_EACCESS, (const char *p, int m), (p, m))                      \
+    ACCESS(eaccess, AT_FDCWD, p, m, AT_EACCESS, (const char *p, int m), (p, m))                         \
+    ACCESS(faccessat, d, p, m, f, (int d, const char *p, int m, int f), (d, p, m, f))                   \
+    OPENDIR(opendir, AT_FDCWD, p, -1, (const char *p), (p))                                             \
+    OPENDIR(fdopendir, fd, ".", fd, (int fd), (fd))                                                     \
+    READDIR(readdir, dirent, d)                                                                         \
+    READDIR(readdir64, dirent64, d64)                                                                   \
+    READDIR_R(readdir_r, dirent)                                                                        \
+    READDIR_R(readdir64_r, dirent64)
+
+/* What glibc declares only under _FORTIFY_SOURCE, or no longer (the __fxstat
+ * family left the headers in 2.33), or not yet (2.17 headers). */
+ssize_t __read_chk(int fd, void *b, size_t n, size_t bl);
+ssize_t __pread_chk(int fd, void *b, size_t n, off_t o, size_t bl);
+ssize_t __pread64_chk(int fd, void *b, size_t n, off64_t o, size_t bl);
+int __open_2(const char *path, int flags);
+int __open64_2(const char *path, int flags);
+int __openat_2(int dirfd, const char *path, int flags);
+int __openat64_2(int dirfd, const char *path, int flags);
+int __fxstat(int v, int fd, struct stat *buf);
+int __fxstat64(int v, int fd, struct stat64 *buf);
+int __xstat(int v, const char *p, struct stat *buf);
+int __xstat64(int v, const char *p, struct stat64 *buf);
+int __lxstat(int v, const char *p, struct stat *buf);
+int __lxstat64(int v, const char *p, struct stat64 *buf);
+int euidaccess(const char *p, int m);
+int eaccess(const char *p, int m);
+int mknod(const char *p, mode_t m, dev_t v);
+int mknodat(int d, const char *p, mode_t m, dev_t v);
+int futimesat(int d, const char *p, const struct timeval t[2]);
+int lutimes(const char *p, const struct timeval t[2]);
+int __fxstatat(int v, int fd, const char *p, struct stat *buf, int f);
+int __fxstatat64(int v, int fd, const char *p, struct stat64 *buf, int f);
+int newfstatat(int fd, const char *p, struct stat *buf, int f);
+int statx(int fd, const char *p, int f, unsigned int m, struct statx *buf);
+int renameat2(int od, const char *o, int nd, const char *n, unsigned int f);
+ssize_t copy_file_range(int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f);
+ssize_t preadv2(int fd, const struct iovec *v, int c, off_t o, int f);
+ssize_t preadv64v2(int fd, const struct iovec *v, int c, off64_t o, int f);
+int close_range(unsigned int first, unsigned int last, int flags);
+
+MONARCH_WRAPPERS(MONARCH_WRAP_OPEN, MONARCH_WRAP_OPEN_2, MONARCH_WRAP_OPENAT, MONARCH_WRAP_OPENAT_2,
+                 MONARCH_WRAP_FOPEN, MONARCH_WRAP_IO, MONARCH_WRAP_CHANGE, MONARCH_WRAP_STAT, MONARCH_WRAP_FDCHANGE,
+                 MONARCH_WRAP_PSTAT, MONARCH_WRAP_ACCESS, MONARCH_WRAP_OPENDIR, MONARCH_WRAP_READDIR,
+                 MONARCH_WRAP_READDIR_R)
+
+/* freopen opens its path inside glibc (no open() of ours runs): a writing mode changes
+ * the file, so its copies go first, as for fopen. A reading mode reads the PFS. */
+static FILE *(*real_freopen)(const char *, const char *, FILE *);
+static FILE *(*real_freopen64)(const char *, const char *, FILE *);
+#define MONARCH_WRAP_FREOPEN(name)                                                \
+    MONARCH_EXPORT FILE *name(const char *path, const char *mode, FILE *fp)       \
+    {                                                                             \
+        MONARCH_REAL(name, NULL)                                                  \
+        if (path && mode && monarch_fopen_flags(mode) < 0)                        \
+            monarch_invalidate(AT_FDCWD, path);                                   \
+        return real_(path, mode, fp);                                             \
+    }
+MONARCH_WRAP_FREOPEN(freopen)
+MONARCH_WRAP_FREOPEN(freopen64)
+
+/* ---- emulated DIRs: the calls that take a DIR * ---- */
+static int (*real_closedir)(DIR *);
+static int (*real_dirfd)(DIR *);
+static void (*real_rewinddir)(DIR *);
+static long (*real_telldir)(DIR *);
+static void (*real_seekdir)(DIR *, long);
+
+MONARCH_EXPORT int closedir(DIR *dirp)
+{
+    struct monarch_dir *m = monarch_dir_of(dirp);
+    if (m) {
+        int fd = m->fd;
+        m->magic = 0;
+        free(m);
+        return fd >= 0 ? MONARCH_RESOLVE(close)(fd) : 0;
+    }
+    MONARCH_REAL(closedir, -1)
+    return real_(dirp);
+}
+
+/* The descriptor of an emulated DIR: fdopendir's, or the directory opened now (on the PFS). */
+MONARCH_EXPORT int dirfd(DIR *dirp)
+{
+    struct monarch_dir *m = monarch_dir_of(dirp);
+    if (m) {
+        if (m->fd < 0) {
+            m->fd = MONARCH_RESOLVE(openat)(AT_FDCWD, m->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            monarch_meta_count(MONARCH_META_PASS);
+        }
+        return m->fd;
+    }
+    MONARCH_REAL(dirfd, -1)
+    return real_(dirp);
+}
+
+MONARCH_EXPORT void rewinddir(DIR *dirp)
+{
+    struct monarch_dir *m = monarch_dir_of(dirp);
+    if (m) {
+        m->pos = 0;
+        return;
+    }
+    __typeof__(real_rewinddir) real_ = MONARCH_RESOLVE(rewinddir);
+    if (real_)
+        real_(dirp);
+}
+
+MONARCH_EXPORT long telldir(DIR *dirp)
+{
+    struct monarch_dir *m = monarch_dir_of(dirp);
+    if (m)
+        return m->pos;
+    MONARCH_REAL(telldir, -1)
+    return real_(dirp);
+}
+
+MONARCH_EXPORT void seekdir(DIR *dirp, long loc)
+{
+    struct monarch_dir *m = monarch_dir_of(dirp);
+    if (m) {
+        m->pos = loc;
+        return;
+    }
+    __typeof__(real_seekdir) real_ = MONARCH_RESOLVE(seekdir);
+    if (real_)
+        real_(dirp, loc);
+}
+
+/* ---- descriptor lifecycle: close, fclose, dup* keep the fd tables true ---- */
+/* mmap: page faults are not calls, so a mapped open's bytes are unknown (counted once). */
+#define MONARCH_WRAP_MMAP(name, off_type)                                          \
+    MONARCH_EXPORT void *name(void *addr, size_t len, int prot, int flags, int fd, off_type off) \
+    {                                                                              \
+        MONARCH_REAL(name, MAP_FAILED)                                             \
+        void *p_ = real_(addr, len, prot, flags, fd, off);                         \
+        if (p_ != MAP_FAILED && fd >= 0)                                           \
+            monarch_mark_uncounted(fd);                                            \
+        return p_;                                                                 \
+    }
+MONARCH_WRAP_MMAP(mmap, off_t)
+MONARCH_WRAP_MMAP(mmap64, off64_t)
+
+MONARCH_EXPORT int close(int fd)
+{
+    MONARCH_REAL(close, -1)
+    monarch_forget(fd); /* before: once closed, another thread may reuse the number */
+    return real_(fd);
+}
+
+MONARCH_EXPORT int fclose(FILE *fp)
+{
+    MONARCH_REAL(fclose, EOF)
+    FILE *f = fp; /* glibc declares fp nonnull; callers still pass NULL */
+    if (f)
+        monarch_forget(fileno(f)); /* glibc closes the fd internally */
+    return real_(fp);
+}
+
+MONARCH_EXPORT int dup(int oldfd)
+{
+    MONARCH_REAL(dup, -1)
+    int fd = real_(oldfd);
+    if (fd >= 0)
+        monarch_copy_slot(oldfd, fd);
+    return fd;
+}
+
+MONARCH_EXPORT int dup2(int oldfd, int newfd)
+{
+    MONARCH_REAL(dup2, -1)
+    int fd = real_(oldfd, newfd);
+    if (fd >= 0 && oldfd != newfd)
+        monarch_copy_slot(oldfd, fd);
+    return fd;
+}
+
+MONARCH_EXPORT int dup3(int oldfd, int newfd, int flags)
+{
+    MONARCH_REAL(dup3, -1)
+    int fd = real_(oldfd, newfd, flags);
+    if (fd >= 0)
+        monarch_copy_slot(oldfd, fd);
+    return fd;
+}
+
+MONARCH_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
+{
+    MONARCH_REAL(close_range, -1)
+    int r = real_(first, last, flags);
+    if (r == 0 && !(flags & CLOSE_RANGE_CLOEXEC) && getpid() == monarch_pid)
+        for (unsigned long fd = first; fd <= last && fd < MONARCH_MAX_FDS; fd++) {
+            __atomic_store_n(&monarch_fd_entry[fd], 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&monarch_fd_slot[fd], 0, __ATOMIC_RELAXED);
+        }
+    return r;
+}
