@@ -76,21 +76,24 @@ def _marker_owner_alive(directory: str) -> bool | None:
     return started is None or abs(now - float(started)) < 1.0  # else the pid was reused
 
 
-def remove_leftovers(parent: str, keep: str | None = None) -> list[str]:
-    """Remove directories in ``parent`` whose marker names a process that is gone."""
-    removed = []
+def _finished(parent: str, skip: str | None = None) -> list[str]:
+    """The directories in ``parent`` (not ``skip``, no symlink) whose marker names a process
+    that is gone."""
     try:
         names = os.listdir(parent)
     except OSError:
-        return removed
-    for name in names:
-        path = os.path.join(parent, name)
-        if path == keep or not os.path.isdir(path) or os.path.islink(path):
-            continue
-        if _marker_owner_alive(path) is False:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-            log.info("removed %s: left by a run that is gone", path)
+        return []
+    paths = (os.path.join(parent, name) for name in names)
+    return [p for p in paths if p != skip and not os.path.islink(p) and os.path.isdir(p)
+            and _marker_owner_alive(p) is False]
+
+
+def remove_leftovers(parent: str, keep: str | None = None) -> list[str]:
+    """Remove directories in ``parent`` whose marker names a process that is gone."""
+    removed = _finished(parent, keep)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed %s: left by a run that is gone", path)
     return removed
 
 
@@ -101,19 +104,11 @@ def prune_finished_runs(parent: str, keep: int = KEEP_FINISHED_RUNS, spare: str 
     """Remove all but the ``keep`` newest finished run directories in ``parent`` (marked, their
     daemon gone; newest by marker time), never ``spare``; the removed paths."""
     finished = []
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return []
-    for name in names:
-        path = os.path.join(parent, name)
-        if path == spare or os.path.islink(path) or not os.path.isdir(path):
+    for path in _finished(parent, spare):
+        try:
+            finished.append((os.stat(os.path.join(path, MARKER)).st_mtime, path))
+        except OSError:
             continue
-        if _marker_owner_alive(path) is False:
-            try:
-                finished.append((os.stat(os.path.join(path, MARKER)).st_mtime, path))
-            except OSError:
-                continue
     finished.sort(reverse=True)
     removed = [path for _, path in finished[keep:]]
     for path in removed:

@@ -4,6 +4,7 @@ run as a real process from this checkout."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -112,3 +113,11 @@ class CountingTally:
     def read(self, n):
         with self._lock:
             self.bytes += n
+
+
+def unix_connect(path: str, timeout: float = 10.0):
+    """A client socket connected to the Unix socket at ``path`` (a daemon's)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(path)
+    return s

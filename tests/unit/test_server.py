@@ -16,6 +16,7 @@ from monarch import protocol
 from monarch.config import load_config
 from monarch.daemon import NodeDaemon
 from monarch.server import NodeServer
+from monarch.testing.harness import unix_connect as connect
 
 
 @pytest.fixture
@@ -41,13 +42,6 @@ staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
     server.request_stop()
     thread.join(10)
     daemon.close()
-
-
-def connect(path: str) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(path)
-    return s
 
 
 def ask(path: str, verb: int, body: bytes = b"") -> tuple[int, bytes]:

@@ -18,6 +18,7 @@ from monarch import protocol
 from monarch.config import load_config
 from monarch.daemon import NodeDaemon, SnapshotState
 from monarch.server import NodeServer
+from monarch.testing.harness import unix_connect as connect
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,13 +67,6 @@ staging: {{policy: on-access, threads: 2, resolve_timeout: 20}}
         server.request_stop()
         thread.join(10)
         d.close()
-
-
-def connect(path: str) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(path)
-    return s
 
 
 def send(path: str, verb: int, body: bytes = b"") -> socket.socket:
