@@ -26,11 +26,12 @@ from typing import Callable
 
 import zstandard
 
-from monarch import layout, protocol
+from monarch import frontdoor, layout, protocol
 from monarch.cluster.transfer import Compressed
 from monarch.codecs import sealed_memfd
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
+from monarch.frontdoor import FrontDoor
 from monarch.report import size_classes
 from monarch.resources import margin_bytes
 from monarch.secure import UnsafePathError, private_dir, user_dir, write_file_atomically
@@ -115,6 +116,7 @@ class NodeDaemon:
         self._closing = False
         self._meta_off_logged: set[str] = set()
         self._link_targets: dict[str, list[str]] | None = None  # see _links_into
+        self._door: FrontDoor | None = None  # the server's C front door (make_front_door)
         self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
         layout.write_marker(self.run_dir, run_id)
         layout.prune_finished_runs(os.path.dirname(self.run_dir), spare=self.run_dir)
@@ -149,6 +151,46 @@ class NodeDaemon:
     def _make_stager(self, snapshot: Snapshot) -> Stager:
         return Stager(snapshot, self.tiers, self.config.staging.threads, peers=self._peers,
                       peer_area=self.peer_area, on_fallback=self.count)
+
+    # -- the C front door (monarch.frontdoor), if the server has one ---------------------------
+    def make_front_door(self, listen_fd: int) -> FrontDoor | None:
+        """A front door on the socket's listener, attached to this daemon's stager (None
+        without tiers, with ``staging.validate: open`` (every open is checked, in Python),
+        or when it cannot start: the Python server answers everything)."""
+        if (not self.tiers or self.config.staging.validate == "open" or not frontdoor.wanted()
+                or frontdoor.library() is None):
+            return None
+        dirs = {t.slot: t.path for t in self.tiers}
+        if self.peer_area is not None:
+            dirs[protocol.SLOT_PEER] = self.peer_area.path
+        try:
+            door = FrontDoor(listen_fd, list(self.config.dataset.roots), dirs, self.tiers[0].slot)
+        except OSError as e:
+            log.warning("the daemon's C front door did not start (%s); the Python server answers every request", e)
+            return None
+        with self._settle_lock:  # the stager swapped in when the walk ends is attached there
+            self._door = door
+            self.stager.use_front_door(door, self._door_may_copy())
+        self.open_front_door()  # a snapshot ready already (made in the foreground)
+        return door
+
+    def _door_may_copy(self) -> bool:
+        staging = self.config.staging
+        return self.cluster is None and staging.policy != "off"
+
+    def open_front_door(self) -> None:
+        """The snapshot is ready: the door answers from now on (never before the index is)."""
+        if self._door is not None and self.state is SnapshotState.READY and not self._door.open(self.index_path):
+            log.warning("the front door could not map the index %s; the Python server answers every request",
+                        self.index_path)
+
+    def absorb_front_door(self) -> None:
+        """What the door copied, into the stager's books and the outcomes."""
+        if self._door is not None:
+            staged = self.stager.absorb_front_door()
+            if staged:
+                with self._lock:
+                    self.outcomes["staged"] += staged
 
     def _prepare(self) -> None:
         """Walk (or reuse) the snapshot, make the stager, adopt kept copies, apply the
@@ -187,6 +229,8 @@ class NodeDaemon:
                     self._drop_copies(stager, snap, key)
                 self._early_invalidations = None
                 old, self.snapshot, self.stager = self.stager, snap, stager
+                if self._door is not None and stager.door is None:
+                    stager.use_front_door(self._door, self._door_may_copy())
                 self.dataset_bytes = snap.total_bytes  # a sum over every file: once, not per REPORT
             old.shutdown()
             write_file_atomically(self.index_path, index)
@@ -595,8 +639,16 @@ class NodeDaemon:
         launcher's progress polls) leaves out the timeline and the size classes, whose cost
         grows with the job's length and the dataset's size."""
         sources = protocol.read_sources(self.counters_path, self._source_names())
+        door = None
+        if self._door is not None:
+            self.absorb_front_door()
+            self.stager.reclaim_front_door_lease()
+            door = self._door.counts()
         with self._lock:
-            outcomes = dict(self.outcomes)
+            outcomes = collections.Counter(self.outcomes)
+        for slot, n in (door or {}).get("hits_by_slot", {}).items():  # opens the door answered itself
+            outcomes["already_fetched" if slot == protocol.SLOT_PEER else "already_staged"] += n
+        outcomes = dict(outcomes)
         try:
             counters = protocol.read_extra_counters(self.counters_path)
         except (OSError, ValueError):
@@ -629,6 +681,7 @@ class NodeDaemon:
             "peer": self.cluster.counters() if self.cluster is not None else {},
             "dataset": {"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
             "inflated_bytes": self.inflated_bytes,
+            "front_door": door,
         }
 
     def client_env(self) -> dict[str, str]:

@@ -100,7 +100,13 @@ class NodeServer:
         self._wake_w.setblocking(False)
         self._pool = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="monarch-request")
         self._sel = selectors.DefaultSelector()
-        self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+        # the C front door (monarch.frontdoor) accepts and answers what it can on a thread of
+        # its own, and hands the rest over here; without it this loop accepts everything
+        self.door = daemon.make_front_door(self._listener.fileno())
+        if self.door is not None:
+            self._sel.register(self.door.wake_fd, selectors.EVENT_READ, "door")
+        else:
+            self._sel.register(self._listener, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         daemon.when_settled(self._snapshot_settled)
 
@@ -117,6 +123,8 @@ class NodeServer:
                 for key, events in self._sel.select(timeout=protocol.HEARTBEAT_MS / 1000):
                     if key.data == "accept":
                         self._accept()
+                    elif key.data == "door":
+                        self._from_door()
                     elif key.data == "wake":
                         self._drain_wake()
                     else:
@@ -130,6 +138,9 @@ class NodeServer:
                     break
         finally:
             self._stop.set()
+            if self.door is not None:
+                self.door.stop()
+                self.daemon.absorb_front_door()
             self._pool.shutdown(wait=False, cancel_futures=True)
             for conn in list(self._conns.values()):
                 self._close(conn)
@@ -151,23 +162,36 @@ class NodeServer:
             except OSError as e:
                 log.warning("accept: %s", e)
                 return
-            if len(self._conns) >= MAX_CONNECTIONS:
-                self.errors["too_many_connections"] += 1
-                sock.close()
-                continue
-            try:
-                uid = protocol.peer_uid(sock)
-            except OSError:
-                uid = -1
-            if uid != os.getuid():
-                self.errors["other_user"] += 1
-                log.warning("refused a connection from uid %d (this daemon serves uid %d only)", uid, os.getuid())
-                sock.close()
-                continue
-            sock.setblocking(False)
-            conn = _Conn(sock)
-            self._conns[sock.fileno()] = conn
-            self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._adopt(sock)
+
+    def _from_door(self) -> None:
+        """The front door's news: what it copied (into the books), then the connections it
+        handed over, each with the bytes it read of the request."""
+        self.daemon.absorb_front_door()
+        for fd, _, data in self.door.take():
+            self._adopt(socket.socket(fileno=fd), data)
+
+    def _adopt(self, sock: socket.socket, data: bytes = b"") -> None:
+        if len(self._conns) >= MAX_CONNECTIONS:
+            self.errors["too_many_connections"] += 1
+            sock.close()
+            return
+        try:
+            uid = protocol.peer_uid(sock)
+        except OSError:
+            uid = -1
+        if uid != os.getuid():
+            self.errors["other_user"] += 1
+            log.warning("refused a connection from uid %d (this daemon serves uid %d only)", uid, os.getuid())
+            sock.close()
+            return
+        sock.setblocking(False)
+        conn = _Conn(sock)
+        self._conns[sock.fileno()] = conn
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+        if data:
+            conn.inbuf += data
+            self._parse(conn)
 
     def _on_event(self, conn: _Conn, events: int) -> None:
         if events & selectors.EVENT_WRITE:
@@ -295,6 +319,7 @@ class NodeServer:
         if self._settled or not self._settled_flag.is_set():
             return
         self._settled = True
+        self.daemon.open_front_door()
         held, self._held = self._held, []
         for conn in held:
             if not conn.pending or conn.held is None or self._conns.get(conn.sock.fileno()) is not conn:

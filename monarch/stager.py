@@ -39,6 +39,7 @@ from typing import Callable, Iterable, Iterator
 
 from monarch.concurrency import Concurrency
 from monarch.errors import PeerError
+from monarch.frontdoor import EV_FAILED, EV_STAGED
 from monarch.secure import owner_only
 from monarch.snapshot import Snapshot
 from monarch.sources import PeerSource, PFSSource, Source, SourceChanged
@@ -52,6 +53,8 @@ SCAN_STEP = 512        # read-ahead keys examined per turn under the lock
 PEER_AHEAD = 8         # read-ahead copies from peers at once: an owner answers each within its timeout
 INLINE_SECONDS = 0.0005   # a PFS this fast (recent mean per copy) is copied by the asker itself ...
 INLINE_BYTES = 256 << 10  # ... for files this small: no thread hand-off (see ensure)
+DOOR_LEASE_MAX = 16 << 20  # tier room lent to the front door at a time, at most ...
+DOOR_LEASE_SHARE = 32      # ... and at most this share of the tier's capacity
 
 
 def background_slots(limit: int) -> int:
@@ -140,6 +143,8 @@ class Stager:
         self.files_dropped = 0
         self.demand_copies = 0
         self.background_copies = 0
+        self.door = None  # the daemon's C front door (monarch.frontdoor), once attached
+        self._door_may_copy = False
 
     # -- compatibility names for the report --------------------------------------------
     @property
@@ -153,6 +158,8 @@ class Stager:
     def adopt(self, key: str, tier: Tier) -> None:
         with self._lock:
             self.staged[key] = tier
+            if self.door is not None:
+                self._tell_door_locked(key, tier)
 
     def where(self, key: str) -> Tier | None:
         return self.staged.get(key)
@@ -262,6 +269,9 @@ class Stager:
         copies now and never stage it again this run. Returns how many copies went."""
         prefix = key.rstrip("/") + "/"
         self.pfs.forget(key)
+        if self.door is not None:  # no copy of the door's after this one; those made are dropped below
+            self.door.disable()
+            self.absorb_front_door()
         with self._lock:
             self._dirty.add(key.rstrip("/"))
             gone = [k for k in self.staged if k == key or k.startswith(prefix)] if len(self.staged) else []
@@ -270,6 +280,8 @@ class Stager:
         return len(gone)
 
     def _drop_locked(self, key: str) -> None:
+        if self.door is not None:
+            self.door.forget(key)  # before the file goes: the door no longer names it
         tier = self.staged.pop(key)
         path = tier.copy_path(key)
         try:
@@ -411,7 +423,7 @@ class Stager:
         return None
 
     def _fits(self, size: int) -> bool:
-        return any(t.fits(size) for t in self.tiers)
+        return any(t.fits(size) for t in self.tiers) or (self.reclaim_front_door_lease() and self.tiers[0].fits(size))
 
     def _make_room_locked(self, size: int) -> bool:
         """Room for ``size`` bytes in some tier, dropping copies hinted readers have
@@ -455,6 +467,10 @@ class Stager:
         info = self.snapshot.get(key)
         if info is None:
             return self._give_up(key, "not_in_snapshot")
+        if self.door is not None and self.door.claim(key):  # the door copied it first
+            self.absorb_front_door()
+            if (tier := self.staged.get(key)) is not None:
+                return tier
         if self.peers is not None and self.peers.owns_elsewhere(key):
             tier, why = self._from_peer(key, info)
             if tier is not None:
@@ -531,7 +547,8 @@ class Stager:
                     continue  # the bytes are held: the next tier takes them without a second read
             else:
                 stored = info.size
-                if not tier.reserve(stored):
+                if not tier.reserve(stored) and not (tier is self.tiers[0] and self.reclaim_front_door_lease()
+                                                     and tier.reserve(stored)):
                     continue
             data = frame if frame is not None else held
             fill = stream if data is None else (lambda fd, data=data: write_all(fd, data))
@@ -572,6 +589,76 @@ class Stager:
             os.replace(tmp, dest)
             tier.committed(self.snapshot.files[key].size, os.stat(dest).st_size, key, compressed)
             self.staged[key] = tier
+            if self.door is not None:
+                self._tell_door_locked(key, tier)
+
+    # -- the front door (monarch.frontdoor) -------------------------------------------------------
+    def use_front_door(self, door, may_copy: bool) -> None:
+        """Keep ``door`` told of every copy made or dropped here, and claim every key before
+        copying it (a file is never copied twice). With ``may_copy`` the door copies small
+        files itself while the PFS is fast, into the first tier, within room lent to it."""
+        with self._lock:
+            self.door = door
+            self._door_may_copy = (may_copy and self.peers is None and bool(self.tiers)
+                                   and self.tiers[0].codec is None and door.copy_slot == self.tiers[0].slot)
+            for key, tier in self.staged.items():
+                self._tell_door_locked(key, tier)
+            for key in self._flights:  # copies under way are this stager's
+                door.claim(key)
+            if self._dirty:
+                door.disable()
+            self._tend_door_locked()
+
+    def _tell_door_locked(self, key: str, tier: Tier) -> None:
+        if tier.is_compressed(key):
+            self.door.forget(key)  # a compressed copy is answered by Python (decoded or a memfd)
+        else:
+            self.door.staged(key, tier.slot)
+
+    def absorb_front_door(self) -> int:
+        """Enter what the door copied into the books, lend it room. Returns how many files
+        it staged."""
+        door = self.door
+        if door is None:
+            return 0
+        events = door.events()
+        staged = 0
+        with self._lock:
+            for ev in events:
+                if ev.kind not in (EV_STAGED, EV_FAILED):
+                    continue
+                self.files_read["pfs"] += ev.kind == EV_STAGED or ev.bytes_read > 0
+                self.bytes_read["pfs"] += ev.bytes_read
+                if ev.kind == EV_STAGED:
+                    tier = next(t for t in self.tiers if t.slot == ev.slot)
+                    tier.committed(ev.size, ev.size, ev.key)
+                    self.staged[ev.key] = tier
+                    self.bytes_staged += ev.size
+                    self.files_staged += 1
+                    self.demand_copies += 1
+                    staged += 1
+            self._tend_door_locked()
+        return staged
+
+    def _tend_door_locked(self) -> None:
+        allowed = self._door_may_copy and not self._dirty and not self._closed
+        self.door.copying(allowed)  # whether the PFS is fast enough for it, the door finds out itself
+        if allowed:
+            tier = self.tiers[0]
+            chunk = max(INLINE_BYTES, min(DOOR_LEASE_MAX, tier.capacity // DOOR_LEASE_SHARE))
+            if self.door.lease() < chunk // 2 and tier.reserve(chunk, counted=False):
+                self.door.grant(chunk)
+
+    def reclaim_front_door_lease(self) -> bool:
+        """Give the door's unused room back to its tier: for a true report, and whenever
+        the stager finds no room (the next ``absorb_front_door`` lends again what is free).
+        True if there was some."""
+        if self.door is None or not self._door_may_copy:
+            return False
+        left = self.door.reclaim()
+        if left:
+            self.tiers[0].release(left)
+        return left > 0
 
     # -- state ---------------------------------------------------------------------------------
     def in_flight(self) -> int:

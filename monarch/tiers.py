@@ -113,7 +113,9 @@ class Tier:
         need = self.codec.estimate(size) if self.codec is not None and self.codec.wants(size) else size
         return self.full_reason is None and self._used + need <= self.capacity
 
-    def reserve(self, size: int) -> bool:
+    def reserve(self, size: int, counted: bool = True) -> bool:
+        """Room for ``size`` stored bytes, taken now (False: none; a refusal is counted and
+        said once per reason, unless ``counted`` is False: room lent ahead, not a file)."""
         with self._lock:
             if self.full_reason is not None:
                 reason = REFUSED_FILESYSTEM_FULL
@@ -126,6 +128,8 @@ class Tier:
                 if self.decoded is not None:  # the room a "room" budget gives decoded copies shrank
                     self.decoded.trim()
                 return True
+            if not counted:
+                return False
             self.refused[reason] += 1
             if reason == REFUSED_MEMORY_MARGIN and self.last_refusal != reason:
                 log.warning("tier %s: stops taking files at %d bytes: the node's available memory would drop "

@@ -185,6 +185,25 @@ def measure(path: str, keys: list[bytes], clients: int, procs: int) -> dict:
             "p99_ms": pct(0.99), "errors": errors, "pfs_answers": pfs}
 
 
+def daemon_books(path: str) -> dict:
+    """The daemon's own figures after a row: files it read from the PFS (each once, if the
+    misses were answered right) and what its C front door did (None without one)."""
+    import socket as _socket
+    sys.path.insert(0, str(REPO))
+    from monarch import protocol
+    with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(path)
+        s.sendall(protocol.encode_request(protocol.VERB_REPORT, protocol.REPORT_BRIEF))
+        status, body = protocol.recv_answer(s)
+    stats = json.loads(body)
+    door = stats.get("front_door")
+    return {"pfs_files_read": stats["staging"]["pfs_files_read"],
+            "door": None if door is None else {"copies": door["copies"], "handed_over": door["handed_over"],
+                                               "hits": sum(door["hits_by_slot"].values()),
+                                               "because": door["handed_over_because"]}}
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -239,15 +258,18 @@ def main(argv=None) -> int:
                 else:
                     miss = measure(path, keys, clients, args.procs)
                     hit = measure(path, keys, clients, args.procs)
+                books = daemon_books(path)
             finally:
                 stop.set()
                 daemon.join(30)
                 if daemon.is_alive():
                     daemon.kill()
-            rows.append({"clients": clients, "miss": miss, "hit": hit})
+            rows.append({"clients": clients, "miss": miss, "hit": hit, "daemon": books})
             print(f"  {clients:3d} clients: {miss['per_s']:9.0f} misses/s, p50 {miss['p50_ms']:.2f} ms, "
                   f"p99 {miss['p99_ms']:.2f} ms; {hit['per_s']:9.0f} hits/s; "
-                  f"errors {miss['errors'] + hit['errors']}, PFS answers {miss['pfs_answers']}", flush=True)
+                  f"errors {miss['errors'] + hit['errors']}, PFS answers {miss['pfs_answers']}; "
+                  f"files read from the PFS {books['pfs_files_read']} of {len(keys)}; "
+                  f"front door: {books['door']}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)

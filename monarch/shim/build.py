@@ -25,18 +25,19 @@ class ShimBuildError(RuntimeError):
     """The shim could not be compiled (kept free of package imports: setup.py loads this file by path)."""
 
 
-def build_shim(out: Path, source: Path = SOURCE) -> Path:
-    """Compile the shim to ``out`` (atomically: a half-written .so is never preloaded)."""
+def build_shim(out: Path, source: Path = SOURCE, what: str = "the Monarch shim") -> Path:
+    """Compile the shim (or another of Monarch's C libraries: ``what``) to ``out``
+    (atomically: a half-written .so is never preloaded)."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        raise ShimBuildError("cannot build the Monarch shim: no C compiler found; "
+        raise ShimBuildError(f"cannot build {what}: no C compiler found; "
                            "install gcc (apt-get install gcc) or set CC")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
     cmd = [cc, *CFLAGS, "-o", str(tmp), str(source), *LIBS]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise ShimBuildError(f"building the Monarch shim failed: {' '.join(cmd)}\n{proc.stderr}")
+        raise ShimBuildError(f"building {what} failed: {' '.join(cmd)}\n{proc.stderr}")
     os.replace(tmp, out)
     return out
 
@@ -57,10 +58,15 @@ def shim_library() -> Path:
     digest = source_digest()
     if installed.exists() and _stamp(installed) == digest:
         return installed
+    return cached_build(SOURCE, LIBRARY_NAME, digest, "the Monarch shim")
+
+
+def cached_build(source: Path, library_name: str, digest: str, what: str) -> Path:
+    """``source`` built once per content (``digest``) into the user's cache, and reused."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "monarch"
-    built = cache / f"{digest}-{LIBRARY_NAME}"
+    built = cache / f"{digest}-{library_name}"
     if not built.exists():
-        build_shim(built)
+        build_shim(built, source, what)
     return built
 
 

@@ -19,8 +19,12 @@ from monarch.server import NodeServer
 from monarch.testing.harness import unix_connect as connect
 
 
-@pytest.fixture
-def served(short_tmp):
+@pytest.fixture(params=["front-door", "python-only"])
+def served(short_tmp, request, monkeypatch):
+    """A daemon on its socket, with the C front door (which hands over what it does not
+    answer) and without it (MONARCH_FRONT_DOOR=0): every test here holds for both."""
+    if request.param == "python-only":
+        monkeypatch.setenv("MONARCH_FRONT_DOOR", "0")
     root = os.path.join(short_tmp, "pfs")
     os.makedirs(os.path.join(root, "d"))
     names = ["a.bin", "new\nline.bin", "\udcff\udcfe-latin1.bin", "n" * 255]
@@ -122,7 +126,10 @@ def test_idle_clients_do_not_starve_the_daemon_and_are_closed(served, monkeypatc
 
 
 def test_a_waiting_client_gets_heartbeats_until_its_answer(served, monkeypatch):
-    daemon, *_ = served
+    daemon, server, *_ = served
+    if server.door is not None:  # it would copy the file in C, past the slow reader below
+        monkeypatch.setattr(daemon.stager, "_door_may_copy", False)
+        daemon.stager.door.copying(False)
     real = daemon.stager._read_pfs
 
     def slow(key, out):

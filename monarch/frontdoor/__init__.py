@@ -1,0 +1,200 @@
+"""The daemon's front door: its socket's hot path in C (``front_door.c``), driven from here.
+
+The door is a thread of its own, outside the interpreter's lock: it accepts every
+connection, checks its peer and answers OPENs of staged files, and of small files from a
+fast source, which it copies itself. Whatever it does not answer it hands over to the
+Python server (``NodeServer``), and what it copied it reports to the stager's books
+(``Stager.absorb_front_door``). The policy stays in Python; see the C file's header for
+the states a key goes through.
+
+Without a C compiler, or with ``MONARCH_FRONT_DOOR=0``, there is no door: the Python
+server accepts and answers everything itself, as fast as the interpreter allows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+from monarch import protocol
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("front_door.c")
+LIBRARY_NAME = "libmonarch_front_door.so"
+ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
+
+EV_STAGED, EV_FAILED, EV_SLOW = 1, 2, 3
+_KEY_CAP = protocol.MAX_REQUEST
+# why a connection was handed over (front_door.c: R_*)
+HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
+                       "no_room_lent", "copy_failed")
+_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE)
+
+_lib: ctypes.CDLL | None = None
+_lib_error: str | None = None
+
+
+class DoorEvent(NamedTuple):
+    kind: int        # EV_STAGED, EV_FAILED or EV_SLOW
+    slot: int        # where it was staged (EV_STAGED)
+    size: int        # the file's size
+    bytes_read: int  # bytes the door read from the PFS for it
+    seconds: float   # how long the copy took
+    key: str
+
+
+def library() -> ctypes.CDLL | None:
+    """The door's library, built from this checkout on first use (None, once logged, if it
+    cannot be: the Python server then does everything)."""
+    global _lib, _lib_error
+    if _lib is not None or _lib_error is not None:
+        return _lib
+    try:
+        from monarch.shim.build import cached_build
+        digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+        lib = ctypes.CDLL(str(cached_build(SOURCE, LIBRARY_NAME, digest, "the daemon's front door")), use_errno=True)
+    except Exception as e:  # no compiler, no source: slower, never wrong
+        _lib_error = str(e)
+        log.warning("the daemon's C front door is not available (%s); the Python server answers every request",
+                    _lib_error.splitlines()[0] if _lib_error else type(e).__name__)
+        return None
+    vp, i, cp, u64p, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64
+    sig = {
+        "front_door_start": (vp, [i, cp, i, cp, i, i]),
+        "front_door_wake_fd": (i, [vp]),
+        "front_door_take": (i, [vp, ctypes.POINTER(i), ctypes.POINTER(i), ctypes.c_char_p, i]),
+        "front_door_event": (i, [vp, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32), u64p, u64p,
+                                 ctypes.POINTER(i64), ctypes.c_char_p, i]),
+        "front_door_open": (i, [vp, cp]),
+        "front_door_claim": (i, [vp, cp, i]),
+        "front_door_staged": (None, [vp, cp, i, i]),
+        "front_door_forget": (None, [vp, cp, i]),
+        "front_door_copying": (None, [vp, i]),
+        "front_door_disable": (None, [vp]),
+        "front_door_grant": (None, [vp, i64]),
+        "front_door_reclaim": (i64, [vp]),
+        "front_door_lease": (i64, [vp]),
+        "front_door_counts": (None, [vp, u64p]),
+        "front_door_stop": (None, [vp]),
+        "front_door_free": (None, [vp]),
+    }
+    for name, (restype, argtypes) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    _lib = lib
+    return _lib
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV_FRONT_DOOR, "1") not in ("0", "no", "off", "false")
+
+
+class FrontDoor:
+    """One daemon socket's door: started on the listening socket, stopped with the server."""
+
+    def __init__(self, listen_fd: int, roots: list[str], tier_dirs: dict[int, str], copy_slot: int):
+        lib = library()
+        if lib is None:
+            raise OSError("the front door library is not available")
+        self._lib = lib
+        nslots = max([copy_slot, *tier_dirs]) + 1
+        tiers = b"".join(os.fsencode(tier_dirs.get(s, "")) + b"\0" for s in range(nslots))
+        blob = b"".join(os.fsencode(r) + b"\0" for r in roots)
+        self._door = lib.front_door_start(listen_fd, blob, len(roots), tiers, nslots, copy_slot)
+        self._stopped = False
+        if not self._door:
+            err = ctypes.get_errno() or 22
+            raise OSError(err, f"starting the front door: {os.strerror(err)}")
+        self.wake_fd = lib.front_door_wake_fd(self._door)
+        self.copy_slot = copy_slot
+        self._buf = ctypes.create_string_buffer(protocol.REQUEST_HEADER.size + protocol.MAX_REQUEST)
+        self._key = ctypes.create_string_buffer(_KEY_CAP)
+
+    # -- the server's side -------------------------------------------------------------
+    def take(self) -> list[tuple[int, bool, bytes]]:
+        """Connections handed over: (descriptor, now the caller's; peer is this uid; bytes read)."""
+        out = []
+        fd, ok = ctypes.c_int(), ctypes.c_int()
+        while not self._stopped:
+            n = self._lib.front_door_take(self._door, ctypes.byref(fd), ctypes.byref(ok), self._buf, len(self._buf))
+            if n == -2:  # more than a request's worth: never, but never lose it either
+                self._buf = ctypes.create_string_buffer(fd.value)
+                continue
+            if n < 0:
+                break
+            out.append((fd.value, bool(ok.value), self._buf.raw[:n]))
+        return out
+
+    def events(self) -> list[DoorEvent]:
+        """What the door did since the last call (and re-arms its wake-up)."""
+        out = []
+        kind, slot = ctypes.c_uint32(), ctypes.c_uint32()
+        size, nread, ns = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_int64()
+        while True:
+            n = self._lib.front_door_event(self._door, ctypes.byref(kind), ctypes.byref(slot), ctypes.byref(size),
+                                           ctypes.byref(nread), ctypes.byref(ns), self._key, len(self._key))
+            if n < 0:
+                break
+            out.append(DoorEvent(kind.value, slot.value, size.value, nread.value, ns.value / 1e9,
+                                 protocol.key_str(self._key.raw[:n])))
+        return out
+
+    def open(self, index_path: str) -> bool:
+        """The snapshot is ready (its index written): answer from now on."""
+        return self._lib.front_door_open(self._door, os.fsencode(index_path)) == 0
+
+    def counts(self) -> dict:
+        arr = (ctypes.c_uint64 * _NCOUNTS)()
+        self._lib.front_door_counts(self._door, arr)
+        n = protocol.MAX_SLOTS
+        return {"hits_by_slot": {s: arr[s] for s in range(n) if arr[s]}, "copies": arr[n], "handed_over": arr[n + 1],
+                "failed_copies": arr[n + 2], "pfs_bytes_read": arr[n + 3],
+                "handed_over_because": {why: arr[n + 4 + i] for i, why in enumerate(HANDED_OVER_BECAUSE) if arr[n + 4 + i]}}
+
+    def stop(self) -> None:
+        """Stop answering (connections not answered yet are closed: their shims read the
+        PFS). What it copied can still be drained (``events``)."""
+        if not self._stopped:
+            self._stopped = True
+            self._lib.front_door_stop(self._door)
+
+    def __del__(self):
+        if getattr(self, "_door", None):
+            if not self._stopped:
+                self._lib.front_door_stop(self._door)
+            self._lib.front_door_free(self._door)
+            self._door = None
+
+    # -- the stager's side -------------------------------------------------------------
+    def claim(self, key: str) -> bool:
+        """The stager copies ``key`` itself from now on; True if the door already has."""
+        raw = protocol.key_bytes(key)
+        return bool(self._lib.front_door_claim(self._door, raw, len(raw)))
+
+    def staged(self, key: str, slot: int) -> None:
+        raw = protocol.key_bytes(key)
+        self._lib.front_door_staged(self._door, raw, len(raw), slot)
+
+    def forget(self, key: str) -> None:
+        raw = protocol.key_bytes(key)
+        self._lib.front_door_forget(self._door, raw, len(raw))
+
+    def copying(self, on: bool) -> None:
+        self._lib.front_door_copying(self._door, int(on))
+
+    def disable(self) -> None:
+        self._lib.front_door_disable(self._door)
+
+    def grant(self, nbytes: int) -> None:
+        self._lib.front_door_grant(self._door, nbytes)
+
+    def reclaim(self) -> int:
+        return self._lib.front_door_reclaim(self._door)
+
+    def lease(self) -> int:
+        return self._lib.front_door_lease(self._door)

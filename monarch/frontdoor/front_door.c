@@ -1,0 +1,1001 @@
+/* The node daemon's front door: the hot path of its socket, in C, on a thread of its own.
+ *
+ * Every connection is accepted here, its peer checked (SO_PEERCRED) and its request read.
+ * The door answers the two requests that dominate a cold epoch without the Python
+ * interpreter: an OPEN of a file already staged (its path), and an OPEN of a small file
+ * not staged yet from a fast source, which it copies from the PFS into the first tier
+ * itself (the Python stager's publish: a temporary name in the copy's directory, the
+ * source's mtime and owner-only mode, a rename) before answering. Everything else (other
+ * verbs, odd or partial frames, another uid, a key the Python stager owns, a failed copy)
+ * is handed over to the Python server as the connection with the bytes already read:
+ * the door never refuses and never decides policy.
+ *
+ * Python keeps the policy and the books. It tells the door which keys are staged where
+ * (front_door_staged / front_door_forget), which keys it copies itself
+ * (front_door_claim), how many tier bytes the door may fill (front_door_grant), and
+ * whether it may copy at all (front_door_copying); it drains what the door copied
+ * (front_door_event) into its own accounting. Whether the source is fast enough to copy
+ * inline the door finds out itself: copies that are slow without being preempted mean a
+ * high-latency source, whose misses go to Python's many threads, which hide latency. A key is in one state:
+ * absent (never asked: the door may copy it), BUSY (the door copies it now), STAGED
+ * (answerable), or PYTHON (anything else: handed over).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define VERB_OPEN 1
+#define MAX_REQUEST 8192               /* protocol.MAX_REQUEST */
+#define HEADER 8                       /* protocol.REQUEST_HEADER: <BBHI */
+#define MAX_SLOTS 16                   /* protocol.MAX_SLOTS */
+#define MAX_ROOTS 64
+#define INLINE_MAX (256 << 10)         /* stager.INLINE_BYTES: larger files go to Python's threads */
+#define SLOW_NS 500000                 /* SLOW_RUN copies in a row this slow, not preempted: a slow */
+#define SLOW_RUN 3                     /* source, whose latency Python's threads hide, not this loop */
+#define BACKOFF_NS 1000000000LL        /* then one copy is tried again after this, doubling ... */
+#define BACKOFF_MAX_NS 60000000000LL   /* ... up to this */
+#define PENDING_MAX 1024               /* connections waiting here for their request at once */
+#define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
+#define TMP_PREFIX ".monarch-tmp-"     /* tiers.TMP_PREFIX: swept as leftovers like Python's */
+
+enum { K_FREE = 0, K_PYTHON = 1, K_BUSY = 2, K_STAGED = 3 };
+enum { EV_STAGED = 1, EV_FAILED = 2, EV_SLOW = 3 };
+enum { T_LISTEN = 1, T_STOP = 2 };
+/* why a connection was handed over (front_door_counts) */
+enum { R_OTHER, R_CLOSED_GATE, R_PYTHON_KEY, R_NOT_COPYING, R_NOT_SMALL_FILE, R_NO_ROOM, R_COPY_FAILED, R_REASONS };
+
+struct entry {                         /* one key the door has heard of */
+    char *key;
+    uint32_t len, hash;
+    uint8_t state, slot;
+};
+
+struct conn {                          /* a connection whose request has not all arrived */
+    int fd;
+    uint32_t got;
+    int64_t since;
+    struct conn *prev, *next;
+    char buf[HEADER + MAX_REQUEST];
+};
+
+struct handed {                        /* a connection for Python, with what was read */
+    struct handed *next;
+    int fd, uid_ok;
+    uint32_t len;
+    char data[];
+};
+
+struct event {                         /* something the door did, for Python's books */
+    struct event *next;
+    uint32_t kind, slot;
+    uint64_t size, bytes_read;
+    int64_t ns;
+    uint32_t len;
+    char key[];
+};
+
+struct door {
+    int listen_fd, ep, stop_fd, wake_fd;
+    uid_t uid;
+    pthread_t thread;
+    pthread_mutex_t mu;                /* everything below */
+    pthread_cond_t cv;                 /* a BUSY key is done */
+    struct entry *tab;
+    size_t cap, used;
+    char *roots[MAX_ROOTS];
+    int nroots;
+    char *tiers[MAX_SLOTS];            /* slot -> tier directory (NULL: none) */
+    int copy_slot;
+    const unsigned char *idx;
+    size_t idx_len;
+    int gate_open, allowed, never_copy;  /* copying: Python allows it, no write by the job seen */
+    int stopped;
+    int64_t lease;
+    int slow_run;                      /* consecutive copies slower than SLOW_NS */
+    int64_t slow_until, backoff;       /* copying rests until then (a slow source) */
+    struct handed *hq, **hq_tail;
+    struct event *evq, **evq_tail;
+    int woken;
+    uint64_t hits[MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS];
+    /* the door thread's own */
+    struct conn *pending;
+    int npending;
+    uint64_t tmp_seq;
+    char *copy_buf;
+};
+
+/* -- small things -------------------------------------------------------------------- */
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static uint32_t crc_table[256];
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+static uint32_t crc32_of(const char *p, size_t n)   /* protocol.key_hash: zlib's crc32 */
+{
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++)
+        c = crc_table[(c ^ (unsigned char)p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+static int write_full(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* -- the key table (open addressing; entries change state, never go) ------------------- */
+static struct entry *find(struct door *d, const char *key, uint32_t len, uint32_t hash)
+{
+    if (!d->cap)
+        return NULL;
+    for (size_t i = hash & (d->cap - 1);; i = (i + 1) & (d->cap - 1)) {
+        struct entry *e = &d->tab[i];
+        if (!e->key)
+            return NULL;
+        if (e->hash == hash && e->len == len && !memcmp(e->key, key, len))
+            return e;
+    }
+}
+
+static struct entry *insert(struct door *d, const char *key, uint32_t len, uint32_t hash)
+{
+    if (2 * (d->used + 1) > d->cap) {
+        size_t cap = d->cap ? 2 * d->cap : 1024;
+        struct entry *tab = calloc(cap, sizeof *tab);
+        if (!tab)
+            return NULL;
+        for (size_t j = 0; j < d->cap; j++) {
+            if (!d->tab[j].key)
+                continue;
+            size_t i = d->tab[j].hash & (cap - 1);
+            while (tab[i].key)
+                i = (i + 1) & (cap - 1);
+            tab[i] = d->tab[j];
+        }
+        free(d->tab);
+        d->tab = tab;
+        d->cap = cap;
+    }
+    size_t i = hash & (d->cap - 1);
+    while (d->tab[i].key)
+        i = (i + 1) & (d->cap - 1);
+    char *copy = malloc(len ? len : 1);
+    if (!copy)
+        return NULL;
+    memcpy(copy, key, len);
+    d->tab[i] = (struct entry){.key = copy, .len = len, .hash = hash, .state = K_FREE};
+    d->used++;
+    return &d->tab[i];
+}
+
+static struct entry *find_or_insert(struct door *d, const char *key, uint32_t len)
+{
+    uint32_t hash = crc32_of(key, len);
+    struct entry *e = find(d, key, len, hash);
+    return e ? e : insert(d, key, len, hash);
+}
+
+/* -- the snapshot's index (the file the shim maps: protocol.build_index) --------------- */
+struct idx_file {                      /* what the door needs of an INDEX_ENTRY */
+    uint64_t size;
+    int64_t mtime;
+    uint32_t mode, flags;
+};
+
+static uint64_t rd64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+#define INDEX_MAGIC 0x58444E4948434E4DULL
+#define INDEX_VERSION 3
+#define INDEX_HEADER_SIZE 72
+#define INDEX_ENTRY_SIZE 112
+
+static int index_file(const struct door *d, const char *key, uint32_t len, struct idx_file *out)
+{
+    const unsigned char *x = d->idx;
+    uint32_t entries = rd32(x + 12), buckets = rd32(x + 16);
+    uint64_t boff = rd64(x + 24), eoff = rd64(x + 32), koff = rd64(x + 40), ksize = rd64(x + 48);
+    uint32_t hash = crc32_of(key, len);
+    for (uint32_t b = hash & (buckets - 1), probes = 0; probes < buckets; b = (b + 1) & (buckets - 1), probes++) {
+        uint32_t n = rd32(x + boff + 4ull * b);
+        if (!n || n > entries)
+            return 0;
+        const unsigned char *e = x + eoff + (uint64_t)INDEX_ENTRY_SIZE * (n - 1);
+        uint32_t kl = rd32(e + 4);
+        uint64_t ko = rd64(e + 8);
+        if (rd32(e) != hash || kl != len || ko > ksize || kl > ksize - ko || memcmp(x + koff + ko, key, len))
+            continue;
+        out->size = rd64(e + 16);
+        memcpy(&out->mtime, e + 24, 8);
+        out->mode = rd32(e + 64);
+        out->flags = rd32(e + 80);
+        return 1;
+    }
+    return 0;
+}
+
+static int index_valid(const unsigned char *x, size_t n)
+{
+    if (n < INDEX_HEADER_SIZE || rd64(x) != INDEX_MAGIC || rd32(x + 8) != INDEX_VERSION)
+        return 0;
+    uint64_t entries = rd32(x + 12), buckets = rd32(x + 16);
+    uint64_t boff = rd64(x + 24), eoff = rd64(x + 32), koff = rd64(x + 40), ksize = rd64(x + 48);
+    if (!buckets || (buckets & (buckets - 1)))
+        return 0;
+    return boff <= n && 4 * buckets <= n - boff && eoff <= n && INDEX_ENTRY_SIZE * entries <= n - eoff &&
+           koff <= n && ksize <= n - koff;
+}
+
+/* -- handing over to Python ------------------------------------------------------------ */
+static void wake_python_locked(struct door *d)
+{
+    if (d->woken)
+        return;
+    d->woken = 1;
+    uint64_t one = 1;
+    if (write(d->wake_fd, &one, sizeof one) < 0) {
+        /* the counter cannot overflow at one write per drain; nothing to do */
+    }
+}
+
+static void hand_over(struct door *d, int fd, int uid_ok, const char *data, uint32_t len, int why)
+{
+    struct handed *h = malloc(sizeof *h + len);
+    if (!h) {
+        close(fd);                     /* the client's shim reads the PFS */
+        return;
+    }
+    h->next = NULL;
+    h->fd = fd;
+    h->uid_ok = uid_ok;
+    h->len = len;
+    if (len)
+        memcpy(h->data, data, len);
+    pthread_mutex_lock(&d->mu);
+    *d->hq_tail = h;
+    d->hq_tail = &h->next;
+    d->handed++;
+    d->why[why]++;
+    wake_python_locked(d);
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void post_event_locked(struct door *d, uint32_t kind, uint32_t slot, const char *key, uint32_t len,
+                              uint64_t size, uint64_t bytes_read, int64_t ns)
+{
+    struct event *ev = malloc(sizeof *ev + len);
+    if (!ev)
+        return;                        /* the books lose one line; the bytes are right */
+    *ev = (struct event){.kind = kind, .slot = slot, .size = size, .bytes_read = bytes_read, .ns = ns, .len = len};
+    memcpy(ev->key, key, len);
+    *d->evq_tail = ev;
+    d->evq_tail = &ev->next;
+    wake_python_locked(d);
+}
+
+/* -- a request ------------------------------------------------------------------------- */
+static int valid_key(const char *k, uint32_t n)    /* server._valid_key */
+{
+    uint32_t i = 0;
+    while (i < n && k[i] >= '0' && k[i] <= '9')
+        i++;
+    if (i == 0 || i >= n || k[i] != '/' || i + 1 >= n)
+        return 0;
+    if (memchr(k, 0, n))
+        return 0;
+    for (uint32_t s = i + 1; s <= n;) {             /* every component: not "", ".", ".." */
+        const char *slash = memchr(k + s, '/', n - s);
+        uint32_t e = slash ? (uint32_t)(slash - k) : n;
+        uint32_t cl = e - s;
+        if (cl == 0 || (cl == 1 && k[s] == '.') || (cl == 2 && k[s] == '.' && k[s + 1] == '.'))
+            return 0;
+        s = e + 1;
+    }
+    return 1;
+}
+
+static int send_answer(int fd, int32_t status, const char *body, uint32_t len)
+{
+    char frame[8 + PATH_MAX + 256];
+    if (len > sizeof frame - 8)
+        return -1;
+    memcpy(frame, &status, 4);
+    memcpy(frame + 4, &len, 4);
+    memcpy(frame + 8, body, len);
+    ssize_t w = send(fd, frame, 8 + len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return w == (ssize_t)(8 + len) ? 0 : -1;        /* a fresh socket's buffer takes it whole */
+}
+
+static int mkdirs_below(char *path, size_t from)    /* os.makedirs(dir, 0o700) under a tier */
+{
+    for (size_t i = from + 1; path[i]; i++) {
+        if (path[i] != '/')
+            continue;
+        path[i] = 0;
+        int r = mkdir(path, 0700);
+        path[i] = '/';
+        if (r < 0 && errno != EEXIST)
+            return -1;
+    }
+    if (mkdir(path, 0700) < 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+/* Copy ``key`` (``f``: the snapshot's view of it) into the copy tier under a temporary
+ * name; 0 and that name in ``tmp`` if the copy is whole and the source still the file the
+ * snapshot saw. ``*bytes_read`` counts what was read from the PFS, whatever the outcome. */
+static int copy_in(struct door *d, const char *key, uint32_t len, const struct idx_file *f,
+                   char *dest, char *tmp, uint64_t *bytes_read)
+{
+    char src[PATH_MAX];
+    const char *slash = memchr(key, '/', len);
+    long root = strtol(key, NULL, 10);
+    if (root < 0 || root >= d->nroots)
+        return -1;
+    const char *rel = slash + 1;
+    int rl = (int)(len - (uint32_t)(rel - key));
+    if (snprintf(src, sizeof src, "%s/%.*s", d->roots[root], rl, rel) >= (int)sizeof src)
+        return -1;
+    const char *tier = d->tiers[d->copy_slot];
+    size_t tl = strlen(tier);
+    if (snprintf(dest, PATH_MAX, "%s/%.*s", tier, (int)len, key) >= PATH_MAX)
+        return -1;
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        return -1;
+    struct stat st;
+    if (fstat(in, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
+        (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != f->mtime) {
+        close(in);
+        return -2;                     /* changed since the snapshot: Python finds it and says so */
+    }
+    uint64_t n = 0, cap = f->size + 1;  /* one byte more: a file that grew is seen */
+    for (;;) {
+        ssize_t r = read(in, d->copy_buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        n += (uint64_t)r;
+        *bytes_read += (uint64_t)r;
+        if (n == f->size || n == cap)
+            break;                     /* a short read at the expected size is the end */
+    }
+    close(in);
+    if (n != f->size)
+        return -2;
+    char *base = strrchr(dest, '/');
+    int dl = (int)(base - dest);
+    if (snprintf(tmp, PATH_MAX, "%.*s/%s%016llx", dl, dest, TMP_PREFIX,
+                 (unsigned long long)(d->tmp_seq++ * 0x9E3779B97F4A7C15ULL)) >= PATH_MAX)
+        return -1;
+    mode_t mode = (f->mode & 0700) | 0600;          /* secure.owner_only */
+    int out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (out < 0 && errno == ENOENT) {
+        dest[dl] = 0;
+        int made = mkdirs_below(dest, tl);
+        dest[dl] = '/';
+        if (made == 0)
+            out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    }
+    if (out < 0)
+        return -1;
+    struct timespec times[2] = {{f->mtime / 1000000000LL, f->mtime % 1000000000LL},
+                                {f->mtime / 1000000000LL, f->mtime % 1000000000LL}};
+    if (write_full(out, d->copy_buf, n) < 0 || futimens(out, times) < 0) {
+        close(out);
+        unlink(tmp);
+        return -1;
+    }
+    if (close(out) < 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* An OPEN of a valid key: answered here (-1), or why it is to be handed over (R_*). */
+static int try_open(struct door *d, int fd, const char *key, uint32_t len)
+{
+    char dest[PATH_MAX], tmp[PATH_MAX];
+    pthread_mutex_lock(&d->mu);
+    if (!d->gate_open) {
+        pthread_mutex_unlock(&d->mu);
+        return R_CLOSED_GATE;
+    }
+    uint32_t hash = crc32_of(key, len);
+    struct entry *e = find(d, key, len, hash);
+    if (e && e->state == K_STAGED) {
+        int slot = e->slot;
+        const char *tier = d->tiers[slot];
+        pthread_mutex_unlock(&d->mu);
+        int pl = snprintf(dest, sizeof dest, "%s/%.*s", tier, (int)len, key);
+        if (pl >= (int)sizeof dest)
+            return R_OTHER;
+        if (send_answer(fd, slot, dest, (uint32_t)pl) == 0) {
+            __atomic_add_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);
+        }
+        close(fd);
+        return -1;
+    }
+    struct idx_file f;
+    int64_t t0 = now_ns();
+    int why = e ? R_PYTHON_KEY : !d->allowed || d->never_copy || t0 < d->slow_until ? R_NOT_COPYING
+            : !index_file(d, key, len, &f) || !S_ISREG(f.mode) || f.size > INLINE_MAX ? R_NOT_SMALL_FILE
+            : (int64_t)f.size > d->lease ? R_NO_ROOM : !(e = insert(d, key, len, hash)) ? R_OTHER : -1;
+    if (why >= 0) {
+        pthread_mutex_unlock(&d->mu);
+        return why;
+    }
+    e->state = K_BUSY;
+    d->lease -= (int64_t)f.size;
+    pthread_mutex_unlock(&d->mu);
+
+    uint64_t bytes_read = 0;
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_THREAD, &ru0);
+    int r = copy_in(d, key, len, &f, dest, tmp, &bytes_read);
+    int64_t ns = now_ns() - t0;
+    getrusage(RUSAGE_THREAD, &ru1);
+    int preempted = ru1.ru_nivcsw != ru0.ru_nivcsw;  /* its time says nothing of the source */
+
+    pthread_mutex_lock(&d->mu);
+    int published = 0;
+    if (r == 0 && !d->never_copy && rename(tmp, dest) == 0) {
+        /* under the lock: front_door_disable (a write by the job) either came before, and
+         * nothing is renamed, or comes after and finds this copy in Python's books */
+        e->state = K_STAGED;
+        e->slot = (uint8_t)d->copy_slot;
+        d->copies++;
+        d->bytes_read += bytes_read;
+        post_event_locked(d, EV_STAGED, (uint32_t)d->copy_slot, key, len, f.size, bytes_read, ns);
+        published = 1;
+    } else {
+        if (r == 0)
+            unlink(tmp);
+        e->state = K_PYTHON;           /* Python copies it, or finds why not, and says so */
+        d->lease += (int64_t)f.size;
+        d->failures++;
+        d->bytes_read += bytes_read;
+        post_event_locked(d, EV_FAILED, 0, key, len, f.size, bytes_read, ns);
+    }
+    if (!preempted && ns <= SLOW_NS) {
+        d->slow_run = 0;
+        d->backoff = 0;
+    } else if (!preempted && ++d->slow_run >= SLOW_RUN) {
+        d->backoff = d->backoff ? (2 * d->backoff < BACKOFF_MAX_NS ? 2 * d->backoff : BACKOFF_MAX_NS) : BACKOFF_NS;
+        d->slow_until = t0 + ns + d->backoff;
+        d->slow_run = SLOW_RUN - 1;    /* the one copy tried after the rest decides again */
+        post_event_locked(d, EV_SLOW, 0, key, len, 0, 0, ns);
+    }
+    pthread_cond_broadcast(&d->cv);
+    int slot = d->copy_slot;
+    pthread_mutex_unlock(&d->mu);
+    if (!published)
+        return R_COPY_FAILED;
+    send_answer(fd, slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
+    close(fd);
+    return -1;
+}
+
+enum { F_MORE, F_OPEN, F_ODD };
+
+/* What ``got`` bytes of a request are: not all there yet, a whole OPEN, or anything else. */
+static int frame_state(const char *buf, uint32_t got)
+{
+    if (got < HEADER)
+        return F_MORE;
+    uint32_t length;
+    memcpy(&length, buf + 4, 4);
+    if ((unsigned char)buf[0] != VERB_OPEN || buf[1] || buf[2] || buf[3] || length == 0 || length > MAX_REQUEST ||
+        got > HEADER + length)
+        return F_ODD;
+    return got < HEADER + length ? F_MORE : F_OPEN;
+}
+
+/* A whole request (or an odd one): answered here, or the connection handed over. */
+static void serve(struct door *d, int fd, const char *buf, uint32_t got, int state)
+{
+    int why = state == F_OPEN && valid_key(buf + HEADER, got - HEADER) ? try_open(d, fd, buf + HEADER, got - HEADER)
+                                                                        : R_OTHER;
+    if (why >= 0)
+        hand_over(d, fd, 1, buf, got, why);
+}
+
+static void drop_pending(struct door *d, struct conn *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        d->pending = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    d->npending--;
+    epoll_ctl(d->ep, EPOLL_CTL_DEL, c->fd, NULL);
+}
+
+static void on_readable(struct door *d, struct conn *c)
+{
+    for (;;) {
+        ssize_t r = recv(c->fd, c->buf + c->got, sizeof c->buf - c->got, MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        int state = r > 0 ? (c->got += (uint32_t)r, frame_state(c->buf, c->got)) : F_ODD;
+        if (state == F_MORE)
+            continue;
+        drop_pending(d, c);
+        if (r > 0 || c->got)
+            serve(d, c->fd, c->buf, c->got, state);  /* a request cut short: Python says so */
+        else
+            close(c->fd);                            /* gone before asking */
+        free(c);
+        return;
+    }
+}
+
+static void on_accept(struct door *d)
+{
+    for (;;) {
+        int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            return;                    /* EAGAIN; or EMFILE and friends: the next turn retries */
+        }
+        struct ucred cred;
+        socklen_t cl = sizeof cred;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.uid != d->uid) {
+            hand_over(d, fd, 0, NULL, 0, R_OTHER);    /* Python refuses it, counts it and says why */
+            continue;
+        }
+        struct conn *c = malloc(sizeof *c);
+        if (!c) {
+            hand_over(d, fd, 1, NULL, 0, R_OTHER);
+            continue;
+        }
+        c->fd = fd;
+        c->got = 0;
+        c->since = now_ns();
+        ssize_t r = recv(fd, c->buf, sizeof c->buf, MSG_DONTWAIT);
+        int state = r > 0 ? frame_state(c->buf, c->got = (uint32_t)r) : F_MORE;
+        if (state != F_MORE) {
+            serve(d, fd, c->buf, c->got, state);
+            free(c);
+            continue;
+        } else if (r == 0) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        if (d->npending >= PENDING_MAX) {
+            hand_over(d, fd, 1, c->buf, c->got, R_OTHER);
+            free(c);
+            continue;
+        }
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        if (epoll_ctl(d->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            hand_over(d, fd, 1, c->buf, c->got, R_OTHER);
+            free(c);
+            continue;
+        }
+        c->prev = NULL;
+        c->next = d->pending;
+        if (d->pending)
+            d->pending->prev = c;
+        d->pending = c;
+        d->npending++;
+    }
+}
+
+static void sweep_slow(struct door *d)
+{
+    int64_t now = now_ns();
+    for (struct conn *c = d->pending, *next; c; c = next) {
+        next = c->next;
+        if (now - c->since < PENDING_NS)
+            continue;
+        drop_pending(d, c);
+        hand_over(d, c->fd, 1, c->buf, c->got, R_OTHER);
+        free(c);
+    }
+}
+
+static void *door_main(void *arg)
+{
+    struct door *d = arg;
+    struct epoll_event evs[64];
+    for (;;) {
+        int n = epoll_wait(d->ep, evs, 64, d->npending ? 100 : -1);
+        if (n < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == (void *)(uintptr_t)T_STOP)
+                return NULL;
+            if (p == (void *)(uintptr_t)T_LISTEN)
+                on_accept(d);
+            else
+                on_readable(d, p);
+        }
+        if (d->npending)
+            sweep_slow(d);
+    }
+    return NULL;
+}
+
+/* -- Python's side (ctypes; every call but start/stop may come from any thread) ---------- */
+
+/* Start serving ``listen_fd`` (the door takes its own duplicate). ``roots`` and ``tiers``
+ * are NUL-separated lists: the dataset roots by index; the tier directories by slot ("" for
+ * none). Returns the door, or NULL (errno set). */
+EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroots, const char *tiers, int ntiers,
+                                     int copy_slot)
+{
+    if (nroots < 0 || nroots > MAX_ROOTS || ntiers < 0 || ntiers > MAX_SLOTS || copy_slot < 0 || copy_slot >= ntiers) {
+        errno = EINVAL;
+        return NULL;
+    }
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, crc_init);
+    struct door *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->uid = getuid();
+    d->hq_tail = &d->hq;
+    d->evq_tail = &d->evq;
+    d->copy_slot = copy_slot;
+    d->listen_fd = d->ep = d->stop_fd = d->wake_fd = -1;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++)
+        d->roots[d->nroots++] = strdup(roots);
+    for (int i = 0; i < ntiers; tiers += strlen(tiers) + 1, i++)
+        d->tiers[i] = *tiers ? strdup(tiers) : NULL;
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, 0) != sizeof seed)
+        seed = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32;
+    d->tmp_seq = seed;
+    d->copy_buf = malloc(INLINE_MAX + 1);
+    d->listen_fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 3);
+    d->ep = epoll_create1(EPOLL_CLOEXEC);
+    d->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    d->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    struct epoll_event lev = {.events = EPOLLIN, .data.ptr = (void *)(uintptr_t)T_LISTEN};
+    struct epoll_event sev = {.events = EPOLLIN, .data.ptr = (void *)(uintptr_t)T_STOP};
+    if (!d->copy_buf || !d->tiers[copy_slot] || d->listen_fd < 0 || d->ep < 0 || d->stop_fd < 0 || d->wake_fd < 0 ||
+        fcntl(d->listen_fd, F_SETFL, O_NONBLOCK) < 0 ||
+        epoll_ctl(d->ep, EPOLL_CTL_ADD, d->listen_fd, &lev) < 0 ||
+        epoll_ctl(d->ep, EPOLL_CTL_ADD, d->stop_fd, &sev) < 0 ||
+        pthread_create(&d->thread, NULL, door_main, d) != 0) {
+        int saved = errno ? errno : EINVAL;
+        for (int i = 0; i < 4; i++) {
+            int fd = (&d->listen_fd)[i];
+            if (fd >= 0)
+                close(fd);
+        }
+        free(d->copy_buf);
+        free(d);
+        errno = saved;
+        return NULL;
+    }
+    return d;
+}
+
+/* The descriptor Python watches: readable when connections or events wait. */
+EXPORT int front_door_wake_fd(struct door *d) { return d->wake_fd; }
+
+/* The next connection for Python: its descriptor (now Python's), whether its peer is this
+ * uid, and the bytes read so far into ``buf`` (returns their number; -1 when none waits;
+ * -2 with ``*fd`` set if they do not fit ``cap``: call again with room for that many). */
+EXPORT int front_door_take(struct door *d, int *fd, int *uid_ok, char *buf, int cap)
+{
+    pthread_mutex_lock(&d->mu);
+    struct handed *h = d->hq;
+    if (!h) {
+        pthread_mutex_unlock(&d->mu);
+        return -1;
+    }
+    if ((int)h->len > cap) {
+        *fd = (int)h->len;
+        pthread_mutex_unlock(&d->mu);
+        return -2;
+    }
+    d->hq = h->next;
+    if (!d->hq)
+        d->hq_tail = &d->hq;
+    pthread_mutex_unlock(&d->mu);
+    *fd = h->fd;
+    *uid_ok = h->uid_ok;
+    int n = (int)h->len;
+    memcpy(buf, h->data, h->len);
+    free(h);
+    return n;
+}
+
+/* The next event: kind (1 staged, 2 failed, 3 copying handed back as slow), slot, size,
+ * bytes read from the PFS, nanoseconds, and the key into ``key`` (returns its length; -1
+ * when none waits). When nothing waits either way, the next arrival wakes Python again. */
+EXPORT int front_door_event(struct door *d, uint32_t *kind, uint32_t *slot, uint64_t *size, uint64_t *bytes_read,
+                            int64_t *ns, char *key, int cap)
+{
+    pthread_mutex_lock(&d->mu);
+    struct event *ev = d->evq;
+    if (!ev || (int)ev->len > cap) {
+        if (!ev && !d->hq) {
+            uint64_t v;
+            if (read(d->wake_fd, &v, sizeof v) < 0) {
+                /* nothing was pending: fine */
+            }
+            d->woken = 0;
+        }
+        pthread_mutex_unlock(&d->mu);
+        return -1;
+    }
+    d->evq = ev->next;
+    if (!d->evq)
+        d->evq_tail = &d->evq;
+    pthread_mutex_unlock(&d->mu);
+    *kind = ev->kind;
+    *slot = ev->slot;
+    *size = ev->size;
+    *bytes_read = ev->bytes_read;
+    *ns = ev->ns;
+    int n = (int)ev->len;
+    memcpy(key, ev->key, ev->len);
+    free(ev);
+    return n;
+}
+
+/* The snapshot is ready: answer from now on, with ``index_path`` (the shim's index) for
+ * the files' sizes and mtimes. 0, or -1 if the index cannot be mapped or is not one. */
+EXPORT int front_door_open(struct door *d, const char *index_path)
+{
+    pthread_mutex_lock(&d->mu);
+    int open_already = d->gate_open;
+    pthread_mutex_unlock(&d->mu);
+    if (open_already)
+        return 0;
+    int fd = open(index_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size > 0)
+        p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return -1;
+    if (!index_valid(p, (size_t)st.st_size)) {
+        munmap(p, (size_t)st.st_size);
+        errno = EINVAL;
+        return -1;
+    }
+    pthread_mutex_lock(&d->mu);
+    if (d->gate_open || d->stopped) {  /* opened meanwhile, or stopped */
+        pthread_mutex_unlock(&d->mu);
+        munmap(p, (size_t)st.st_size);
+        return 0;
+    }
+    d->idx = p;
+    d->idx_len = (size_t)st.st_size;
+    d->gate_open = 1;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+/* Python copies ``key`` itself from now on: 0; or 1 if the door has staged it (its event
+ * tells Python where). Waits while the door is copying it. */
+EXPORT int front_door_claim(struct door *d, const char *key, int len)
+{
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find_or_insert(d, key, (uint32_t)len);
+    while (e && e->state == K_BUSY) {
+        pthread_cond_wait(&d->cv, &d->mu);
+        e = find_or_insert(d, key, (uint32_t)len);   /* the table may have grown */
+    }
+    int staged = e && e->state == K_STAGED;
+    if (e && !staged)
+        e->state = K_PYTHON;
+    pthread_mutex_unlock(&d->mu);
+    return e ? staged : 0;
+}
+
+/* ``key`` has a raw copy in ``slot``: the door answers its opens with that path. */
+EXPORT void front_door_staged(struct door *d, const char *key, int len, int slot)
+{
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find_or_insert(d, key, (uint32_t)len);
+    if (e && slot >= 0 && slot < MAX_SLOTS && d->tiers[slot]) {
+        e->state = K_STAGED;
+        e->slot = (uint8_t)slot;
+    } else if (e) {
+        e->state = K_PYTHON;
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* ``key``'s copy is going (or was never the door's to answer): hand its opens over.
+ * Returns once no answer of the door can name it any more... except one already on its way,
+ * which the shim treats like any copy that vanished: it reads the PFS. */
+EXPORT void front_door_forget(struct door *d, const char *key, int len)
+{
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find_or_insert(d, key, (uint32_t)len);
+    while (e && e->state == K_BUSY) {
+        pthread_cond_wait(&d->cv, &d->mu);
+        e = find_or_insert(d, key, (uint32_t)len);
+    }
+    if (e)
+        e->state = K_PYTHON;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Python allows (1) the door to copy misses itself, or not (0). The door still hands them
+ * over while its own copies say the source is slow. */
+EXPORT void front_door_copying(struct door *d, int on)
+{
+    pthread_mutex_lock(&d->mu);
+    d->allowed = on;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* The job wrote into its dataset: the door copies nothing more, and returns once no copy
+ * of its own is running (so Python's books, drained next, hold every copy it made). */
+EXPORT void front_door_disable(struct door *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->never_copy = 1;
+    for (;;) {
+        int busy = 0;
+        for (size_t i = 0; i < d->cap && !busy; i++)
+            busy = d->tab[i].key && d->tab[i].state == K_BUSY;
+        if (!busy)
+            break;
+        pthread_cond_wait(&d->cv, &d->mu);
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Tier bytes the door may fill (Python reserved them in the copy tier). */
+EXPORT void front_door_grant(struct door *d, int64_t bytes)
+{
+    pthread_mutex_lock(&d->mu);
+    d->lease += bytes;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* What is left of the grants (now 0: Python releases it in the tier). */
+EXPORT int64_t front_door_reclaim(struct door *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int64_t left = d->lease;
+    d->lease = 0;
+    pthread_mutex_unlock(&d->mu);
+    return left;
+}
+
+EXPORT int64_t front_door_lease(struct door *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int64_t left = d->lease;
+    pthread_mutex_unlock(&d->mu);
+    return left;
+}
+
+/* Counters: out[0..MAX_SLOTS) opens answered with a staged copy, by slot; then copies
+ * made, connections handed over, copies failed, bytes read from the PFS; then the
+ * connections handed over by reason (R_*). */
+EXPORT void front_door_counts(struct door *d, uint64_t *out)
+{
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < MAX_SLOTS; i++)
+        out[i] = __atomic_load_n(&d->hits[i], __ATOMIC_RELAXED);
+    out[MAX_SLOTS] = d->copies;
+    out[MAX_SLOTS + 1] = d->handed;
+    out[MAX_SLOTS + 2] = d->failures;
+    out[MAX_SLOTS + 3] = d->bytes_read;
+    for (int i = 0; i < R_REASONS; i++)
+        out[MAX_SLOTS + 4 + i] = d->why[i];
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Stop the thread; connections still here or not taken by Python are closed (their
+ * shims read the PFS). Events stay for Python to drain; every call stays harmless until
+ * front_door_free. */
+EXPORT void front_door_stop(struct door *d)
+{
+    uint64_t one = 1;
+    if (write(d->stop_fd, &one, sizeof one) < 0) {
+        /* an eventfd write of 1 cannot fail here */
+    }
+    pthread_join(d->thread, NULL);
+    for (struct conn *c = d->pending, *next; c; c = next) {
+        next = c->next;
+        close(c->fd);
+        free(c);
+    }
+    d->pending = NULL;
+    pthread_mutex_lock(&d->mu);
+    d->gate_open = 0;
+    d->never_copy = 1;
+    d->stopped = 1;
+    for (struct handed *h = d->hq, *next; h; h = next) {
+        next = h->next;
+        close(h->fd);
+        free(h);
+    }
+    d->hq = NULL;
+    d->hq_tail = &d->hq;
+    pthread_mutex_unlock(&d->mu);
+    close(d->listen_fd);
+    close(d->ep);
+    close(d->stop_fd);
+    d->listen_fd = d->ep = d->stop_fd = -1;
+}
+
+/* Free a stopped door (nothing may call it any more). */
+EXPORT void front_door_free(struct door *d)
+{
+    for (size_t i = 0; i < d->cap; i++)
+        free(d->tab[i].key);
+    free(d->tab);
+    for (int i = 0; i < d->nroots; i++)
+        free(d->roots[i]);
+    for (int i = 0; i < MAX_SLOTS; i++)
+        free(d->tiers[i]);
+    for (struct event *ev = d->evq, *next; ev; ev = next) {
+        next = ev->next;
+        free(ev);
+    }
+    if (d->idx)
+        munmap((void *)d->idx, d->idx_len);
+    close(d->wake_fd);
+    free(d->copy_buf);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+    free(d);
+}

@@ -1,0 +1,231 @@
+"""The daemon's C front door (monarch/frontdoor): misses copied and hits answered outside the
+interpreter, with the Python stager's books, claims and policy intact.
+
+Every test checks the bytes a client is pointed at against the source, and the PFS reads
+with the emulated PFS's own counters where one is mounted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import threading
+import time
+
+import pytest
+
+from monarch import frontdoor, protocol
+from monarch.config import load_config
+from monarch.daemon import NodeDaemon
+from monarch.server import NodeServer
+from monarch.testing.harness import unix_connect as connect
+
+pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
+
+
+def make_files(root: str, n: int, size: int = 4096) -> dict[str, str]:
+    """n files under root/dNN/; their keys -> md5 of their bytes."""
+    sums = {}
+    for i in range(n):
+        d = os.path.join(root, f"d{i % 7}")
+        os.makedirs(d, exist_ok=True)
+        data = os.urandom(size + i % 13)
+        with open(os.path.join(d, f"f{i:05d}.bin"), "wb") as f:
+            f.write(data)
+        sums[f"0/d{i % 7}/f{i:05d}.bin"] = hashlib.md5(data).hexdigest()
+    return sums
+
+
+@pytest.fixture
+def daemon_on(short_tmp):
+    """``start(root, policy=..., capacity=..., **staging)`` -> (daemon, server): served until teardown."""
+    running = []
+
+    def start(root: str, policy: str = "on-access", capacity: str = "64MiB", threads: int = 2, extra: str = ""):
+        cfg = os.path.join(short_tmp, f"c{len(running)}.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"""dataset: {{roots: ["{root}"]}}
+run_dir: "{short_tmp}/run{len(running)}"
+tiers: [{{name: ram, path: "{short_tmp}/ram{len(running)}", capacity: {capacity}}}{extra}]
+staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20}}
+""")
+        daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), f"r{len(running)}")
+        server = NodeServer(daemon, embedded=False)
+        thread = threading.Thread(target=server.serve, daemon=True)
+        thread.start()
+        running.append((daemon, server, thread))
+        assert server.door is not None
+        return daemon, server
+
+    yield start
+    for daemon, server, thread in running:
+        server.request_stop()
+        thread.join(10)
+        daemon.close()
+
+
+def ask_open(path: str, key: str) -> tuple[int, bytes]:
+    with connect(path) as s:
+        s.sendall(protocol.encode_request(protocol.VERB_OPEN, key.encode()))
+        while True:
+            status, body = protocol.recv_answer(s)
+            if status != protocol.STATUS_PENDING:
+                return status, body
+
+
+def md5_of(path: bytes) -> str:
+    with open(path, "rb") as f:
+        return hashlib.md5(f.read()).hexdigest()
+
+
+def wait_idle(daemon: NodeDaemon, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not daemon.stager.idle() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_misses_are_copied_by_the_door_with_the_sources_bytes_mtime_and_private_mode(short_tmp, daemon_on):
+    root = os.path.join(short_tmp, "pfs")
+    sums = make_files(root, 60)
+    daemon, _ = daemon_on(root)
+    for key, digest in sums.items():
+        status, path = ask_open(daemon.socket_path, key)
+        assert status == daemon.tiers[0].slot, key
+        assert path == os.fsencode(os.path.join(daemon.tiers[0].path, key))
+        assert md5_of(path) == digest
+        src = os.stat(os.path.join(root, key[2:]))
+        st = os.stat(path)
+        assert st.st_mtime_ns == src.st_mtime_ns and stat.S_IMODE(st.st_mode) & 0o077 == 0
+    stats = daemon.stats()
+    total = sum(os.path.getsize(os.path.join(root, k[2:])) for k in sums)
+    assert stats["front_door"]["copies"] == len(sums)  # not one went through Python...
+    assert stats["staging"]["pfs_files_read"] == len(sums)  # ...and the books have every one
+    assert stats["staging"]["pfs_bytes_read"] == total
+    assert stats["staging"]["files"] == len(sums) and stats["resolves"]["staged"] == len(sums)
+    assert daemon.tiers[0].used == total  # what was lent and not used went back to the tier
+    # asked again: the door answers from its table, and the report counts those hits
+    for key, digest in list(sums.items())[:10]:
+        status, path = ask_open(daemon.socket_path, key)
+        assert status == daemon.tiers[0].slot and md5_of(path) == digest
+    assert daemon.stats()["resolves"]["already_staged"] == 10
+
+
+def test_demands_racing_the_read_ahead_read_each_file_once(short_tmp, daemon_on, slow_pfs):
+    src = os.path.join(short_tmp, "src")
+    sums = make_files(src, 300)
+    pfs = slow_pfs(src)  # no added latency: the door and the read-ahead both copy
+    daemon, _ = daemon_on(pfs.mountpoint, policy="read-ahead", threads=4)
+    keys = sorted(sums)
+    errors = []
+
+    def reader(order):
+        for key in order:
+            status, path = ask_open(daemon.socket_path, key)
+            if status < protocol.FIRST_TIER_SLOT or md5_of(path) != sums[key]:
+                errors.append((key, status))
+
+    threads = [threading.Thread(target=reader, args=(keys[i::3] + keys[:i:3],)) for i in range(3)]
+    threads += [threading.Thread(target=reader, args=(list(reversed(keys)),))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    wait_idle(daemon)
+    assert not errors
+    assert daemon.stats()["staging"]["pfs_files_read"] == len(keys)
+    counted = pfs.counters()  # the emulated PFS's own count: every file opened and read once
+    assert {path: per["opens"] for path, per in counted["files"].items()} == {k[2:]: 1 for k in keys}
+    assert counted["bytes"] == sum(os.path.getsize(os.path.join(src, k[2:])) for k in keys)
+
+
+def test_a_write_by_the_job_is_never_answered_from_a_door_copy(short_tmp, daemon_on):
+    root = os.path.join(short_tmp, "pfs")
+    sums = make_files(root, 10)
+    daemon, _ = daemon_on(root)
+    keys = sorted(sums)
+    assert ask_open(daemon.socket_path, keys[0])[0] == daemon.tiers[0].slot  # the door copied it
+    with open(os.path.join(root, keys[0][2:]), "r+b") as f:  # the job writes it (its shim says so)
+        f.write(b"CHANGED!")
+    with connect(daemon.socket_path) as s:
+        s.sendall(protocol.encode_request(protocol.VERB_INVALIDATE, keys[0].encode()))
+        assert protocol.recv_answer(s)[0] == 0
+    assert ask_open(daemon.socket_path, keys[0]) == (protocol.SLOT_PFS, b"")
+    assert not os.path.exists(os.path.join(daemon.tiers[0].path, keys[0]))
+    # from then on the door copies nothing (Python does, with its dirty-key checks)
+    copies = daemon.stats()["front_door"]["copies"]
+    status, path = ask_open(daemon.socket_path, keys[1])
+    assert status == daemon.tiers[0].slot and md5_of(path) == sums[keys[1]]
+    assert daemon.stats()["front_door"]["copies"] == copies
+
+
+def test_a_file_changed_since_the_snapshot_is_not_copied(short_tmp, daemon_on):
+    root = os.path.join(short_tmp, "pfs")
+    sums = make_files(root, 5)
+    daemon, _ = daemon_on(root)
+    key = sorted(sums)[0]
+    with open(os.path.join(root, key[2:]), "ab") as f:  # someone else, outside the job
+        f.write(b"longer now")
+    assert ask_open(daemon.socket_path, key) == (protocol.SLOT_PFS, b"")
+    stats = daemon.stats()
+    assert stats["front_door"]["handed_over_because"].get("copy_failed") == 1
+    assert stats["staging"]["failures"] == {"changed_since_snapshot": 1}
+    assert not os.path.exists(os.path.join(daemon.tiers[0].path, key))
+
+
+def test_a_slow_source_goes_to_pythons_threads(short_tmp, daemon_on, slow_pfs):
+    src = os.path.join(short_tmp, "src")
+    sums = make_files(src, 24)
+    pfs = slow_pfs(src, open_latency_ms=5)
+    daemon, _ = daemon_on(pfs.mountpoint, threads=8)
+    keys = sorted(sums)
+    for key in keys:
+        status, path = ask_open(daemon.socket_path, key)
+        assert status == daemon.tiers[0].slot and md5_of(path) == sums[key]
+    door = daemon.stats()["front_door"]
+    assert door["copies"] <= 4  # three slow copies in a row, and it rests (backing off)
+    assert door["handed_over_because"]["not_copying"] >= len(keys) - 4
+    assert pfs.counters()["opens"] == len(keys)
+
+
+def test_room_lent_to_the_door_comes_back_when_the_stager_needs_it(short_tmp, daemon_on):
+    root = os.path.join(short_tmp, "pfs")
+    sums = make_files(root, 4, size=4096)
+    big = os.path.join(root, "big.bin")
+    with open(big, "wb") as f:
+        f.write(os.urandom(700 << 10))  # too big for the door: Python copies it
+    daemon, _ = daemon_on(root, capacity="1MiB")
+    for key in sorted(sums):
+        assert ask_open(daemon.socket_path, key)[0] == daemon.tiers[0].slot
+    assert daemon.stager.door.lease() > 0  # the door holds room it has not used
+    status, path = ask_open(daemon.socket_path, "0/big.bin")
+    assert status == daemon.tiers[0].slot and md5_of(path) == md5_of(os.fsencode(big))
+    assert daemon.tiers[0].used <= daemon.tiers[0].capacity
+
+
+@pytest.mark.parametrize("wanted", ["0"])
+def test_without_the_door_the_python_server_answers_alone(short_tmp, monkeypatch, wanted):
+    monkeypatch.setenv(frontdoor.ENV_FRONT_DOOR, wanted)
+    root = os.path.join(short_tmp, "pfs")
+    sums = make_files(root, 5)
+    cfg = os.path.join(short_tmp, "c.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"""dataset: {{roots: ["{root}"]}}
+run_dir: "{short_tmp}/run"
+tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
+staging: {{policy: on-access, threads: 2}}
+""")
+    daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r")
+    server = NodeServer(daemon, embedded=False)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        assert server.door is None
+        for key, digest in sums.items():
+            status, path = ask_open(daemon.socket_path, key)
+            assert status == daemon.tiers[0].slot and md5_of(path) == digest
+        assert daemon.stats()["front_door"] is None
+    finally:
+        server.request_stop()
+        thread.join(10)
+        daemon.close()
