@@ -44,6 +44,7 @@ EMBEDDED_IDLE_SECONDS = 0.5     # grace after the last session, for launchers st
 # ... unless the last session said it was done (its final REPORT): then an embedded daemon
 # stops at once, and the launcher waiting for it to exit (its tiers removed) is not kept waiting
 EMBEDDED_FIRST_ATTACH_SECONDS = 120.0
+DOOR_BOOKS_SECONDS = 0.1      # the front door's copies reach the stager's books at least this often
 
 
 class _Conn:
@@ -103,6 +104,7 @@ class NodeServer:
         # the C front door (monarch.frontdoor) accepts and answers what it can on a thread of
         # its own, and hands the rest over here; without it this loop accepts everything
         self.door = daemon.make_front_door(self._listener.fileno())
+        self._next_absorb = 0.0
         if self.door is not None:
             self._sel.register(self.door.wake_fd, selectors.EVENT_READ, "door")
         else:
@@ -363,8 +365,12 @@ class NodeServer:
             self._answer(conn, answer, fd, close=True)
 
     def _tick(self) -> None:
-        """Heartbeats to waiting clients; close clients too slow to send their request."""
+        """Heartbeats to waiting clients; close clients too slow to send their request; the
+        front door's copies into the books (it wakes the loop only for a batch of them)."""
         now = time.monotonic()
+        if self.door is not None and now >= self._next_absorb:
+            self._next_absorb = now + DOOR_BOOKS_SECONDS
+            self.daemon.absorb_front_door()
         for conn in list(self._conns.values()):
             if conn.pending and conn.answer_by and now >= conn.answer_by:
                 conn.pending = False  # the copy goes on; this open reads the PFS

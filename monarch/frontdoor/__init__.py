@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import struct
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,7 +30,7 @@ LIBRARY_NAME = "libmonarch_front_door.so"
 ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
 
 EV_STAGED, EV_FAILED, EV_SLOW = 1, 2, 3
-_KEY_CAP = protocol.MAX_REQUEST
+_EVENT = struct.Struct("<IIQQqI")  # front_door_events' record head; the key follows
 # why a connection was handed over (front_door.c: R_*)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
                        "no_room_lent", "copy_failed")
@@ -68,8 +69,7 @@ def library() -> ctypes.CDLL | None:
         "front_door_start": (vp, [i, cp, i, cp, i, i]),
         "front_door_wake_fd": (i, [vp]),
         "front_door_take": (i, [vp, ctypes.POINTER(i), ctypes.POINTER(i), ctypes.c_char_p, i]),
-        "front_door_event": (i, [vp, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32), u64p, u64p,
-                                 ctypes.POINTER(i64), ctypes.c_char_p, i]),
+        "front_door_events": (i, [vp, ctypes.c_char_p, i]),
         "front_door_open": (i, [vp, cp]),
         "front_door_claim": (i, [vp, cp, i]),
         "front_door_staged": (None, [vp, cp, i, i]),
@@ -113,7 +113,7 @@ class FrontDoor:
         self.wake_fd = lib.front_door_wake_fd(self._door)
         self.copy_slot = copy_slot
         self._buf = ctypes.create_string_buffer(protocol.REQUEST_HEADER.size + protocol.MAX_REQUEST)
-        self._key = ctypes.create_string_buffer(_KEY_CAP)
+        self._events = ctypes.create_string_buffer(1 << 20)
 
     # -- the server's side -------------------------------------------------------------
     def take(self) -> list[tuple[int, bool, bytes]]:
@@ -133,15 +133,14 @@ class FrontDoor:
     def events(self) -> list[DoorEvent]:
         """What the door did since the last call (and re-arms its wake-up)."""
         out = []
-        kind, slot = ctypes.c_uint32(), ctypes.c_uint32()
-        size, nread, ns = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_int64()
-        while True:
-            n = self._lib.front_door_event(self._door, ctypes.byref(kind), ctypes.byref(slot), ctypes.byref(size),
-                                           ctypes.byref(nread), ctypes.byref(ns), self._key, len(self._key))
-            if n < 0:
-                break
-            out.append(DoorEvent(kind.value, slot.value, size.value, nread.value, ns.value / 1e9,
-                                 protocol.key_str(self._key.raw[:n])))
+        while n := self._lib.front_door_events(self._door, self._events, len(self._events)):
+            raw = self._events.raw[:n]
+            at = 0
+            while at < n:
+                kind, slot, size, nread, ns, klen = _EVENT.unpack_from(raw, at)
+                at += _EVENT.size
+                out.append(DoorEvent(kind, slot, size, nread, ns / 1e9, protocol.key_str(raw[at:at + klen])))
+                at += klen
         return out
 
     def open(self, index_path: str) -> bool:

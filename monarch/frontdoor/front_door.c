@@ -1,4 +1,5 @@
-/* The node daemon's front door: the hot path of its socket, in C, on a thread of its own.
+/* The node daemon's front door: the hot path of its socket, in C, on threads of its own
+ * (one per core, up to MAX_WORKERS, each with its own epoll on the listening socket).
  *
  * Every connection is accepted here, its peer checked (SO_PEERCRED) and its request read.
  * The door answers the two requests that dominate a cold epoch without the Python
@@ -14,7 +15,7 @@
  * (front_door_staged / front_door_forget), which keys it copies itself
  * (front_door_claim), how many tier bytes the door may fill (front_door_grant), and
  * whether it may copy at all (front_door_copying); it drains what the door copied
- * (front_door_event) into its own accounting. Whether the source is fast enough to copy
+ * (front_door_events) into its own accounting. Whether the source is fast enough to copy
  * inline the door finds out itself: copies that are slow without being preempted mean a
  * high-latency source, whose misses go to Python's many threads, which hide latency. A key is in one state:
  * absent (never asked: the door may copy it), BUSY (the door copies it now), STAGED
@@ -32,7 +33,6 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -41,6 +41,9 @@
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
+#ifndef EPOLLEXCLUSIVE
+#define EPOLLEXCLUSIVE (1u << 28)          /* Linux 4.5; older headers lack the name */
+#endif
 
 #define VERB_OPEN 1
 #define MAX_REQUEST 8192               /* protocol.MAX_REQUEST */
@@ -48,13 +51,15 @@
 #define MAX_SLOTS 16                   /* protocol.MAX_SLOTS */
 #define MAX_ROOTS 64
 #define INLINE_MAX (256 << 10)         /* stager.INLINE_BYTES: larger files go to Python's threads */
-#define SLOW_NS 500000                 /* SLOW_RUN copies in a row this slow, not preempted: a slow */
+#define SLOW_NS 1000000                /* SLOW_RUN copies in a row this slow, not preempted: a slow */
 #define SLOW_RUN 3                     /* source, whose latency Python's threads hide, not this loop */
 #define BACKOFF_NS 1000000000LL        /* then one copy is tried again after this, doubling ... */
 #define BACKOFF_MAX_NS 60000000000LL   /* ... up to this */
 #define PENDING_MAX 1024               /* connections waiting here for their request at once */
 #define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
 #define TMP_PREFIX ".monarch-tmp-"     /* tiers.TMP_PREFIX: swept as leftovers like Python's */
+#define MAX_WORKERS 4                  /* threads, one per core up to this: the copies are kernel time */
+#define EVENT_BATCH 256                /* copies reported per wake-up of Python, at most */
 
 enum { K_FREE = 0, K_PYTHON = 1, K_BUSY = 2, K_STAGED = 3 };
 enum { EV_STAGED = 1, EV_FAILED = 2, EV_SLOW = 3 };
@@ -92,10 +97,23 @@ struct event {                         /* something the door did, for Python's b
     char key[];
 };
 
-struct door {
-    int listen_fd, ep, stop_fd, wake_fd;
-    uid_t uid;
+struct door;
+
+struct worker {                        /* one thread of the door: its own epoll and buffers */
+    struct door *d;
     pthread_t thread;
+    int ep;
+    struct conn *pending;
+    int npending;
+    uint64_t tmp_seq;
+    char *copy_buf;
+};
+
+struct door {
+    int listen_fd, stop_fd, wake_fd;
+    uid_t uid;
+    struct worker workers[MAX_WORKERS];
+    int nworkers;
     pthread_mutex_t mu;                /* everything below */
     pthread_cond_t cv;                 /* a BUSY key is done */
     struct entry *tab;
@@ -108,18 +126,14 @@ struct door {
     size_t idx_len;
     int gate_open, allowed, never_copy;  /* copying: Python allows it, no write by the job seen */
     int stopped;
-    int64_t lease;
+    int64_t lease, low_water;          /* room lent; wake Python below this */
+    int nevents;
     int slow_run;                      /* consecutive copies slower than SLOW_NS */
     int64_t slow_until, backoff;       /* copying rests until then (a slow source) */
     struct handed *hq, **hq_tail;
     struct event *evq, **evq_tail;
     int woken;
     uint64_t hits[MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS];
-    /* the door thread's own */
-    struct conn *pending;
-    int npending;
-    uint64_t tmp_seq;
-    char *copy_buf;
 };
 
 /* -- small things -------------------------------------------------------------------- */
@@ -311,7 +325,10 @@ static void post_event_locked(struct door *d, uint32_t kind, uint32_t slot, cons
     memcpy(ev->key, key, len);
     *d->evq_tail = ev;
     d->evq_tail = &ev->next;
-    wake_python_locked(d);
+    /* the books can wait (Python drains them on its own tick, and before any report) for a
+     * batch, or for the room lent to run low: one wake-up per batch, not per copy */
+    if (++d->nevents >= EVENT_BATCH || kind != EV_STAGED || d->lease < d->low_water)
+        wake_python_locked(d);
 }
 
 /* -- a request ------------------------------------------------------------------------- */
@@ -366,9 +383,10 @@ static int mkdirs_below(char *path, size_t from)    /* os.makedirs(dir, 0o700) u
 /* Copy ``key`` (``f``: the snapshot's view of it) into the copy tier under a temporary
  * name; 0 and that name in ``tmp`` if the copy is whole and the source still the file the
  * snapshot saw. ``*bytes_read`` counts what was read from the PFS, whatever the outcome. */
-static int copy_in(struct door *d, const char *key, uint32_t len, const struct idx_file *f,
-                   char *dest, char *tmp, uint64_t *bytes_read)
+static int copy_in(struct worker *w, const char *key, uint32_t len, const struct idx_file *f,
+                   char *dest, char *tmp, uint64_t *bytes_read, int64_t *source_ns, int *preempted)
 {
+    struct door *d = w->d;
     char src[PATH_MAX];
     const char *slash = memchr(key, '/', len);
     long root = strtol(key, NULL, 10);
@@ -382,6 +400,10 @@ static int copy_in(struct door *d, const char *key, uint32_t len, const struct i
     size_t tl = strlen(tier);
     if (snprintf(dest, PATH_MAX, "%s/%.*s", tier, (int)len, key) >= PATH_MAX)
         return -1;
+    /* the source's part alone is timed: whether the source is slow is the question */
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_THREAD, &ru0);
+    int64_t t0 = now_ns();
     int in = open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0)
         return -1;
@@ -393,7 +415,7 @@ static int copy_in(struct door *d, const char *key, uint32_t len, const struct i
     }
     uint64_t n = 0, cap = f->size + 1;  /* one byte more: a file that grew is seen */
     for (;;) {
-        ssize_t r = read(in, d->copy_buf + n, cap - n);
+        ssize_t r = read(in, w->copy_buf + n, cap - n);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
@@ -404,12 +426,15 @@ static int copy_in(struct door *d, const char *key, uint32_t len, const struct i
             break;                     /* a short read at the expected size is the end */
     }
     close(in);
+    *source_ns = now_ns() - t0;
+    getrusage(RUSAGE_THREAD, &ru1);
+    *preempted = ru1.ru_nivcsw != ru0.ru_nivcsw;  /* then its time says nothing of the source */
     if (n != f->size)
         return -2;
     char *base = strrchr(dest, '/');
     int dl = (int)(base - dest);
     if (snprintf(tmp, PATH_MAX, "%.*s/%s%016llx", dl, dest, TMP_PREFIX,
-                 (unsigned long long)(d->tmp_seq++ * 0x9E3779B97F4A7C15ULL)) >= PATH_MAX)
+                 (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL)) >= PATH_MAX)
         return -1;
     mode_t mode = (f->mode & 0700) | 0600;          /* secure.owner_only */
     int out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
@@ -424,7 +449,7 @@ static int copy_in(struct door *d, const char *key, uint32_t len, const struct i
         return -1;
     struct timespec times[2] = {{f->mtime / 1000000000LL, f->mtime % 1000000000LL},
                                 {f->mtime / 1000000000LL, f->mtime % 1000000000LL}};
-    if (write_full(out, d->copy_buf, n) < 0 || futimens(out, times) < 0) {
+    if (write_full(out, w->copy_buf, n) < 0 || futimens(out, times) < 0) {
         close(out);
         unlink(tmp);
         return -1;
@@ -437,8 +462,9 @@ static int copy_in(struct door *d, const char *key, uint32_t len, const struct i
 }
 
 /* An OPEN of a valid key: answered here (-1), or why it is to be handed over (R_*). */
-static int try_open(struct door *d, int fd, const char *key, uint32_t len)
+static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
 {
+    struct door *d = w->d;
     char dest[PATH_MAX], tmp[PATH_MAX];
     pthread_mutex_lock(&d->mu);
     if (!d->gate_open) {
@@ -446,7 +472,9 @@ static int try_open(struct door *d, int fd, const char *key, uint32_t len)
         return R_CLOSED_GATE;
     }
     uint32_t hash = crc32_of(key, len);
-    struct entry *e = find(d, key, len, hash);
+    struct entry *e;
+    while ((e = find(d, key, len, hash)) && e->state == K_BUSY)
+        pthread_cond_wait(&d->cv, &d->mu);  /* another worker copies it: its answer is ours */
     if (e && e->state == K_STAGED) {
         int slot = e->slot;
         const char *tier = d->tiers[slot];
@@ -454,9 +482,9 @@ static int try_open(struct door *d, int fd, const char *key, uint32_t len)
         int pl = snprintf(dest, sizeof dest, "%s/%.*s", tier, (int)len, key);
         if (pl >= (int)sizeof dest)
             return R_OTHER;
-        if (send_answer(fd, slot, dest, (uint32_t)pl) == 0) {
-            __atomic_add_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);
-        }
+        __atomic_add_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);  /* before: the client may ask for the report next */
+        if (send_answer(fd, slot, dest, (uint32_t)pl) != 0)
+            __atomic_sub_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);
         close(fd);
         return -1;
     }
@@ -474,14 +502,13 @@ static int try_open(struct door *d, int fd, const char *key, uint32_t len)
     pthread_mutex_unlock(&d->mu);
 
     uint64_t bytes_read = 0;
-    struct rusage ru0, ru1;
-    getrusage(RUSAGE_THREAD, &ru0);
-    int r = copy_in(d, key, len, &f, dest, tmp, &bytes_read);
+    int64_t source_ns = 0;
+    int preempted = 1;                 /* a copy that never read the source says nothing of it */
+    int r = copy_in(w, key, len, &f, dest, tmp, &bytes_read, &source_ns, &preempted);
     int64_t ns = now_ns() - t0;
-    getrusage(RUSAGE_THREAD, &ru1);
-    int preempted = ru1.ru_nivcsw != ru0.ru_nivcsw;  /* its time says nothing of the source */
 
     pthread_mutex_lock(&d->mu);
+    e = find(d, key, len, hash);       /* the table may have grown meanwhile: ``e`` moved */
     int published = 0;
     if (r == 0 && !d->never_copy && rename(tmp, dest) == 0) {
         /* under the lock: front_door_disable (a write by the job) either came before, and
@@ -501,7 +528,7 @@ static int try_open(struct door *d, int fd, const char *key, uint32_t len)
         d->bytes_read += bytes_read;
         post_event_locked(d, EV_FAILED, 0, key, len, f.size, bytes_read, ns);
     }
-    if (!preempted && ns <= SLOW_NS) {
+    if (!preempted && source_ns <= SLOW_NS) {
         d->slow_run = 0;
         d->backoff = 0;
     } else if (!preempted && ++d->slow_run >= SLOW_RUN) {
@@ -536,27 +563,27 @@ static int frame_state(const char *buf, uint32_t got)
 }
 
 /* A whole request (or an odd one): answered here, or the connection handed over. */
-static void serve(struct door *d, int fd, const char *buf, uint32_t got, int state)
+static void serve(struct worker *w, int fd, const char *buf, uint32_t got, int state)
 {
-    int why = state == F_OPEN && valid_key(buf + HEADER, got - HEADER) ? try_open(d, fd, buf + HEADER, got - HEADER)
+    int why = state == F_OPEN && valid_key(buf + HEADER, got - HEADER) ? try_open(w, fd, buf + HEADER, got - HEADER)
                                                                         : R_OTHER;
     if (why >= 0)
-        hand_over(d, fd, 1, buf, got, why);
+        hand_over(w->d, fd, 1, buf, got, why);
 }
 
-static void drop_pending(struct door *d, struct conn *c)
+static void drop_pending(struct worker *w, struct conn *c)
 {
     if (c->prev)
         c->prev->next = c->next;
     else
-        d->pending = c->next;
+        w->pending = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    d->npending--;
-    epoll_ctl(d->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    w->npending--;
+    epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
 }
 
-static void on_readable(struct door *d, struct conn *c)
+static void on_readable(struct worker *w, struct conn *c)
 {
     for (;;) {
         ssize_t r = recv(c->fd, c->buf + c->got, sizeof c->buf - c->got, MSG_DONTWAIT);
@@ -567,9 +594,9 @@ static void on_readable(struct door *d, struct conn *c)
         int state = r > 0 ? (c->got += (uint32_t)r, frame_state(c->buf, c->got)) : F_ODD;
         if (state == F_MORE)
             continue;
-        drop_pending(d, c);
+        drop_pending(w, c);
         if (r > 0 || c->got)
-            serve(d, c->fd, c->buf, c->got, state);  /* a request cut short: Python says so */
+            serve(w, c->fd, c->buf, c->got, state);  /* a request cut short: Python says so */
         else
             close(c->fd);                            /* gone before asking */
         free(c);
@@ -577,8 +604,9 @@ static void on_readable(struct door *d, struct conn *c)
     }
 }
 
-static void on_accept(struct door *d)
+static void on_accept(struct worker *w)
 {
+    struct door *d = w->d;
     for (;;) {
         int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
@@ -603,7 +631,7 @@ static void on_accept(struct door *d)
         ssize_t r = recv(fd, c->buf, sizeof c->buf, MSG_DONTWAIT);
         int state = r > 0 ? frame_state(c->buf, c->got = (uint32_t)r) : F_MORE;
         if (state != F_MORE) {
-            serve(d, fd, c->buf, c->got, state);
+            serve(w, fd, c->buf, c->got, state);
             free(c);
             continue;
         } else if (r == 0) {
@@ -611,45 +639,45 @@ static void on_accept(struct door *d)
             free(c);
             continue;
         }
-        if (d->npending >= PENDING_MAX) {
+        if (w->npending >= PENDING_MAX) {
             hand_over(d, fd, 1, c->buf, c->got, R_OTHER);
             free(c);
             continue;
         }
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-        if (epoll_ctl(d->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        if (epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
             hand_over(d, fd, 1, c->buf, c->got, R_OTHER);
             free(c);
             continue;
         }
         c->prev = NULL;
-        c->next = d->pending;
-        if (d->pending)
-            d->pending->prev = c;
-        d->pending = c;
-        d->npending++;
+        c->next = w->pending;
+        if (w->pending)
+            w->pending->prev = c;
+        w->pending = c;
+        w->npending++;
     }
 }
 
-static void sweep_slow(struct door *d)
+static void sweep_slow(struct worker *w)
 {
     int64_t now = now_ns();
-    for (struct conn *c = d->pending, *next; c; c = next) {
+    for (struct conn *c = w->pending, *next; c; c = next) {
         next = c->next;
         if (now - c->since < PENDING_NS)
             continue;
-        drop_pending(d, c);
-        hand_over(d, c->fd, 1, c->buf, c->got, R_OTHER);
+        drop_pending(w, c);
+        hand_over(w->d, c->fd, 1, c->buf, c->got, R_OTHER);
         free(c);
     }
 }
 
 static void *door_main(void *arg)
 {
-    struct door *d = arg;
+    struct worker *w = arg;
     struct epoll_event evs[64];
     for (;;) {
-        int n = epoll_wait(d->ep, evs, 64, d->npending ? 100 : -1);
+        int n = epoll_wait(w->ep, evs, 64, w->npending ? 100 : -1);
         if (n < 0 && errno != EINTR)
             break;
         for (int i = 0; i < n; i++) {
@@ -657,17 +685,19 @@ static void *door_main(void *arg)
             if (p == (void *)(uintptr_t)T_STOP)
                 return NULL;
             if (p == (void *)(uintptr_t)T_LISTEN)
-                on_accept(d);
+                on_accept(w);
             else
-                on_readable(d, p);
+                on_readable(w, p);
         }
-        if (d->npending)
-            sweep_slow(d);
+        if (w->npending)
+            sweep_slow(w);
     }
     return NULL;
 }
 
 /* -- Python's side (ctypes; every call but start/stop may come from any thread) ---------- */
+EXPORT void front_door_stop(struct door *d);
+EXPORT void front_door_free(struct door *d);
 
 /* Start serving ``listen_fd`` (the door takes its own duplicate). ``roots`` and ``tiers``
  * are NUL-separated lists: the dataset roots by index; the tier directories by slot ("" for
@@ -688,37 +718,47 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     d->hq_tail = &d->hq;
     d->evq_tail = &d->evq;
     d->copy_slot = copy_slot;
-    d->listen_fd = d->ep = d->stop_fd = d->wake_fd = -1;
+    d->listen_fd = d->stop_fd = d->wake_fd = -1;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);
     for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++)
         d->roots[d->nroots++] = strdup(roots);
     for (int i = 0; i < ntiers; tiers += strlen(tiers) + 1, i++)
         d->tiers[i] = *tiers ? strdup(tiers) : NULL;
-    uint64_t seed = 0;
-    if (getrandom(&seed, sizeof seed, 0) != sizeof seed)
-        seed = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32;
-    d->tmp_seq = seed;
-    d->copy_buf = malloc(INLINE_MAX + 1);
     d->listen_fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 3);
-    d->ep = epoll_create1(EPOLL_CLOEXEC);
     d->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     d->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    struct epoll_event lev = {.events = EPOLLIN, .data.ptr = (void *)(uintptr_t)T_LISTEN};
-    struct epoll_event sev = {.events = EPOLLIN, .data.ptr = (void *)(uintptr_t)T_STOP};
-    if (!d->copy_buf || !d->tiers[copy_slot] || d->listen_fd < 0 || d->ep < 0 || d->stop_fd < 0 || d->wake_fd < 0 ||
-        fcntl(d->listen_fd, F_SETFL, O_NONBLOCK) < 0 ||
-        epoll_ctl(d->ep, EPOLL_CTL_ADD, d->listen_fd, &lev) < 0 ||
-        epoll_ctl(d->ep, EPOLL_CTL_ADD, d->stop_fd, &sev) < 0 ||
-        pthread_create(&d->thread, NULL, door_main, d) != 0) {
-        int saved = errno ? errno : EINVAL;
-        for (int i = 0; i < 4; i++) {
-            int fd = (&d->listen_fd)[i];
-            if (fd >= 0)
-                close(fd);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = cores < 1 ? 1 : cores > MAX_WORKERS ? MAX_WORKERS : (int)cores;
+    int ok = d->tiers[copy_slot] && d->listen_fd >= 0 && d->stop_fd >= 0 && d->wake_fd >= 0 &&
+             fcntl(d->listen_fd, F_SETFL, O_NONBLOCK) == 0;
+    for (int i = 0; ok && i < want; i++) {
+        struct worker *w = &d->workers[i];
+        w->d = d;
+        /* temporary names need only differ (O_EXCL refuses a clash): no getrandom, which
+         * glibc has only since 2.25 (the door builds wherever the shim does, back to 2.17) */
+        w->tmp_seq = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)i << 56;
+        w->copy_buf = malloc(INLINE_MAX + 1);
+        w->ep = epoll_create1(EPOLL_CLOEXEC);
+        /* EPOLLEXCLUSIVE: one worker woken per connection, not all of them */
+        struct epoll_event lev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = (void *)(uintptr_t)T_LISTEN};
+        struct epoll_event sev = {.events = EPOLLIN, .data.ptr = (void *)(uintptr_t)T_STOP};
+        ok = w->copy_buf && w->ep >= 0 && epoll_ctl(w->ep, EPOLL_CTL_ADD, d->listen_fd, &lev) == 0 &&
+             epoll_ctl(w->ep, EPOLL_CTL_ADD, d->stop_fd, &sev) == 0 &&
+             pthread_create(&w->thread, NULL, door_main, w) == 0;
+        if (!ok) {
+            if (w->ep >= 0)
+                close(w->ep);
+            free(w->copy_buf);
+            w->copy_buf = NULL;
+            break;
         }
-        free(d->copy_buf);
-        free(d);
+        d->nworkers++;
+    }
+    if (!ok) {
+        int saved = errno ? errno : EINVAL;
+        front_door_stop(d);
+        front_door_free(d);
         errno = saved;
         return NULL;
     }
@@ -756,38 +796,41 @@ EXPORT int front_door_take(struct door *d, int *fd, int *uid_ok, char *buf, int 
     return n;
 }
 
-/* The next event: kind (1 staged, 2 failed, 3 copying handed back as slow), slot, size,
- * bytes read from the PFS, nanoseconds, and the key into ``key`` (returns its length; -1
- * when none waits). When nothing waits either way, the next arrival wakes Python again. */
-EXPORT int front_door_event(struct door *d, uint32_t *kind, uint32_t *slot, uint64_t *size, uint64_t *bytes_read,
-                            int64_t *ns, char *key, int cap)
+/* Events, packed into ``buf`` as many as fit: per event ``<IIQQqI`` (kind: 1 staged,
+ * 2 failed, 3 copying resting for a slow source; slot; size; bytes read from the PFS;
+ * nanoseconds; key length) then the key. Returns the bytes used (0: none waits). When
+ * nothing waits either way, the next arrival wakes Python again. */
+#define EVENT_HEAD 36
+EXPORT int front_door_events(struct door *d, char *buf, int cap)
 {
+    int used = 0;
     pthread_mutex_lock(&d->mu);
-    struct event *ev = d->evq;
-    if (!ev || (int)ev->len > cap) {
-        if (!ev && !d->hq) {
-            uint64_t v;
-            if (read(d->wake_fd, &v, sizeof v) < 0) {
-                /* nothing was pending: fine */
-            }
-            d->woken = 0;
-        }
-        pthread_mutex_unlock(&d->mu);
-        return -1;
+    struct event *ev;
+    while ((ev = d->evq) && used + EVENT_HEAD + (int)ev->len <= cap) {
+        d->evq = ev->next;
+        d->nevents--;
+        char *p = buf + used;
+        memcpy(p, &ev->kind, 4);
+        memcpy(p + 4, &ev->slot, 4);
+        memcpy(p + 8, &ev->size, 8);
+        memcpy(p + 16, &ev->bytes_read, 8);
+        memcpy(p + 24, &ev->ns, 8);
+        memcpy(p + 32, &ev->len, 4);
+        memcpy(p + EVENT_HEAD, ev->key, ev->len);
+        used += EVENT_HEAD + (int)ev->len;
+        free(ev);
     }
-    d->evq = ev->next;
     if (!d->evq)
         d->evq_tail = &d->evq;
+    if (!d->evq && !d->hq) {
+        uint64_t v;
+        if (read(d->wake_fd, &v, sizeof v) < 0) {
+            /* nothing was pending: fine */
+        }
+        d->woken = 0;
+    }
     pthread_mutex_unlock(&d->mu);
-    *kind = ev->kind;
-    *slot = ev->slot;
-    *size = ev->size;
-    *bytes_read = ev->bytes_read;
-    *ns = ev->ns;
-    int n = (int)ev->len;
-    memcpy(key, ev->key, ev->len);
-    free(ev);
-    return n;
+    return used;
 }
 
 /* The snapshot is ready: answer from now on, with ``index_path`` (the shim's index) for
@@ -905,6 +948,7 @@ EXPORT void front_door_grant(struct door *d, int64_t bytes)
 {
     pthread_mutex_lock(&d->mu);
     d->lease += bytes;
+    d->low_water = d->lease / 2;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -949,16 +993,22 @@ EXPORT void front_door_counts(struct door *d, uint64_t *out)
 EXPORT void front_door_stop(struct door *d)
 {
     uint64_t one = 1;
-    if (write(d->stop_fd, &one, sizeof one) < 0) {
+    if (d->stop_fd >= 0 && write(d->stop_fd, &one, sizeof one) < 0) {
         /* an eventfd write of 1 cannot fail here */
     }
-    pthread_join(d->thread, NULL);
-    for (struct conn *c = d->pending, *next; c; c = next) {
-        next = c->next;
-        close(c->fd);
-        free(c);
+    for (int i = 0; i < d->nworkers; i++) {  /* the stop stays readable: every worker sees it */
+        struct worker *w = &d->workers[i];
+        pthread_join(w->thread, NULL);
+        for (struct conn *c = w->pending, *next; c; c = next) {
+            next = c->next;
+            close(c->fd);
+            free(c);
+        }
+        w->pending = NULL;
+        close(w->ep);
+        w->ep = -1;
     }
-    d->pending = NULL;
+    d->nworkers = 0;
     pthread_mutex_lock(&d->mu);
     d->gate_open = 0;
     d->never_copy = 1;
@@ -971,10 +1021,11 @@ EXPORT void front_door_stop(struct door *d)
     d->hq = NULL;
     d->hq_tail = &d->hq;
     pthread_mutex_unlock(&d->mu);
-    close(d->listen_fd);
-    close(d->ep);
-    close(d->stop_fd);
-    d->listen_fd = d->ep = d->stop_fd = -1;
+    if (d->listen_fd >= 0)
+        close(d->listen_fd);
+    if (d->stop_fd >= 0)
+        close(d->stop_fd);
+    d->listen_fd = d->stop_fd = -1;
 }
 
 /* Free a stopped door (nothing may call it any more). */
@@ -993,8 +1044,10 @@ EXPORT void front_door_free(struct door *d)
     }
     if (d->idx)
         munmap((void *)d->idx, d->idx_len);
-    close(d->wake_fd);
-    free(d->copy_buf);
+    if (d->wake_fd >= 0)
+        close(d->wake_fd);
+    for (int i = 0; i < MAX_WORKERS; i++)
+        free(d->workers[i].copy_buf);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
     free(d);
