@@ -644,6 +644,7 @@ class NodeDaemon:
             self.absorb_front_door()
             self.stager.reclaim_front_door_lease()
             door = self._door.counts()
+            door["answered_staged"] = sum(door["hits_by_slot"].values())
         with self._lock:
             outcomes = collections.Counter(self.outcomes)
         for slot, n in (door or {}).get("hits_by_slot", {}).items():  # opens the door answered itself

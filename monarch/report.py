@@ -84,6 +84,10 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
     for n in alive:
         metadata.update({k: v for k, v in n.get("metadata", {}).items() if k in ("local", "pfs")})
     timelines = [n["timeline"] for n in alive if n.get("timeline")]
+    doors = [n["front_door"] for n in alive if n.get("front_door")]
+    door = collections.Counter()
+    for d in doors:
+        door.update({k: d.get(k, 0) for k in ("copies", "answered_staged", "handed_over")})
     return {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -96,6 +100,9 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
         "metadata": {"local": metadata["local"], "pfs": metadata["pfs"]},
         "peer": dict(peer),
+        # the daemons' C front doors (None: no node had one): misses they copied, opens of
+        # staged copies they answered, requests they handed to the Python server
+        "front_door": dict(door) if doors else None,
         "tiers": _tiers_over_nodes(alive),
         "size_classes": _classes_over_nodes(alive),
         "timeline": combine_timelines(timelines) if timelines else None,
@@ -244,6 +251,8 @@ def session_delta(end: dict, start: dict) -> dict:
                                                   start.get("staging", {}).get("failures", {})).items() if v}
     out["staging"] = staging
     out["resolves"] = {k: v for k, v in minus(end.get("resolves", {}), start.get("resolves", {})).items() if v}
+    if end.get("front_door"):
+        out["front_door"] = minus(end["front_door"], start.get("front_door") or {})
     out["session_only"] = True
     return out
 
@@ -336,6 +345,10 @@ def print_report(report: dict, out: TextIO) -> None:
             if t.get("decoded_files"):
                 w(f"{'':<11}  {t['decoded_files']} decoded files ({human(t['decoded_bytes'])}) held at the job's "
                   "end for re-opens at native speed (counted as opens of the tier)\n")
+    door = report.get("front_door")
+    if door and (door["copies"] or door["answered_staged"]):
+        w(f"daemon    : {door['copies']} misses copied and {door['answered_staged']} opens of staged copies "
+          f"answered in C (the front door); {door['handed_over']} requests handed to the Python server\n")
     if report["peer"]:
         p = report["peer"]
         wire = p.get("wire_bytes_received", p.get("bytes_received", 0))

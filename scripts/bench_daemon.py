@@ -11,11 +11,17 @@ per request as the shim does: threads of scripts/daemon_client.c (C, like the sh
 with ``--client python``, Python threads (which spend more of the 2 cores than the daemon). For
 reference the same keys are then asked again (hits, answered in the event loop).
 
-    python scripts/bench_daemon.py                       # 1, 16, 64 clients, 20000 misses each
+    python scripts/bench_daemon.py                       # 1, 16, 64 clients, 20000 misses each, door and python
     python scripts/bench_daemon.py --clients 16 --misses 40000
     python scripts/bench_daemon.py --src /tmp/old-checkout   # the same against another checkout
 
-Prints a table: clients, misses/s, miss latency p50/p99, hits/s; and writes JSON with --json.
+Each client count is measured with the daemon's C front door (monarch/frontdoor) and with
+the Python server alone, side by side. After each row the daemon's own books are asked: the
+files it read from the PFS (each exactly once when every miss was answered right) and what
+the door copied, answered and handed over.
+
+Prints a table: clients, server, misses/s, miss latency p50/p99, hits/s, misses/s against
+the Python server; and writes JSON with --json.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ def parse_args(argv=None):
     p.add_argument("--client", choices=("c", "python"), default="c",
                    help="c: scripts/daemon_client.c, threads asking as the C shim does (default); "
                         "python: the frame protocol from Python threads, which spend more CPU than the daemon")
+    p.add_argument("--modes", default="door,python",
+                   help="door: the daemon with its C front door (monarch/frontdoor); python: the Python server "
+                        "alone (MONARCH_FRONT_DOOR=0); both by default, side by side")
     p.add_argument("--threads", default="auto", help="staging.threads of the daemon")
     p.add_argument("--policy", default="on-access", help="staging.policy of the daemon")
     p.add_argument("--src", default=str(REPO), help="the checkout whose monarch package is measured")
@@ -55,8 +64,10 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- the daemon
 
 
-def serve(src: str, config: str, ready, stop) -> None:
-    """In the daemon's process: a NodeDaemon on its socket until told to stop."""
+def serve(src: str, config: str, ready, stop, door: bool = True) -> None:
+    """In the daemon's process: a NodeDaemon on its socket until told to stop (``door``:
+    with the C front door, else the Python server alone)."""
+    os.environ["MONARCH_FRONT_DOOR"] = "1" if door else "0"
     sys.path.insert(0, src)
     from monarch.config import load_config
     from monarch.daemon import NodeDaemon
@@ -230,6 +241,9 @@ def write_config(path: Path, root: Path, work: Path, shm: Path, args) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     counts = [int(c) for c in args.clients.split(",") if c.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"door", "python"}:
+        raise SystemExit(f"--modes: a comma-separated list of door and python, got {args.modes!r}")
     work = Path(tempfile.mkdtemp(prefix="mbd-", dir="/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="mbd-", dir="/dev/shm"))
     rows = []
@@ -244,11 +258,11 @@ def main(argv=None) -> int:
         keyfile = work / "keys.txt"
         keyfile.write_bytes(b"".join(k + b"\n" for k in keys))
         ctx = multiprocessing.get_context("fork")
-        for clients in counts:
+        for clients, mode in [(c, m) for c in counts for m in modes]:
             config = work / f"c{clients}.json"
             write_config(config, root, work, shm, args)
             ready, stop = ctx.Queue(), ctx.Event()
-            daemon = ctx.Process(target=serve, args=(args.src, str(config), ready, stop))
+            daemon = ctx.Process(target=serve, args=(args.src, str(config), ready, stop, mode == "door"))
             daemon.start()
             path = ready.get(timeout=120)
             try:
@@ -264,8 +278,8 @@ def main(argv=None) -> int:
                 daemon.join(30)
                 if daemon.is_alive():
                     daemon.kill()
-            rows.append({"clients": clients, "miss": miss, "hit": hit, "daemon": books})
-            print(f"  {clients:3d} clients: {miss['per_s']:9.0f} misses/s, p50 {miss['p50_ms']:.2f} ms, "
+            rows.append({"clients": clients, "mode": mode, "miss": miss, "hit": hit, "daemon": books})
+            print(f"  {clients:3d} clients, {mode:6}: {miss['per_s']:9.0f} misses/s, p50 {miss['p50_ms']:.2f} ms, "
                   f"p99 {miss['p99_ms']:.2f} ms; {hit['per_s']:9.0f} hits/s; "
                   f"errors {miss['errors'] + hit['errors']}, PFS answers {miss['pfs_answers']}; "
                   f"files read from the PFS {books['pfs_files_read']} of {len(keys)}; "
@@ -277,10 +291,14 @@ def main(argv=None) -> int:
     print()
     print(f"daemon: policy {args.policy}, threads {args.threads}; {args.misses} misses of {args.size} B "
           f"per row, from local disk; {args.client} clients; {os.cpu_count()} cores")
-    print(f"{'clients':>7} {'misses/s':>10} {'miss p50 ms':>12} {'miss p99 ms':>12} {'hits/s':>10}")
+    print(f"{'clients':>7} {'server':>7} {'misses/s':>10} {'miss p50 ms':>12} {'miss p99 ms':>12} {'hits/s':>10}"
+          f" {'x python':>9}")
     for r in rows:
         m, h = r["miss"], r["hit"]
-        print(f"{r['clients']:>7} {m['per_s']:>10.0f} {m['p50_ms']:>12.2f} {m['p99_ms']:>12.2f} {h['per_s']:>10.0f}")
+        base = next((b["miss"]["per_s"] for b in rows if b["clients"] == r["clients"] and b["mode"] == "python"), None)
+        ratio = f"{m['per_s'] / base:.2f}x" if base else "-"
+        print(f"{r['clients']:>7} {r['mode']:>7} {m['per_s']:>10.0f} {m['p50_ms']:>12.2f} {m['p99_ms']:>12.2f}"
+              f" {h['per_s']:>10.0f} {ratio:>9}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     bad = any(r["miss"]["errors"] or r["miss"]["pfs_answers"] for r in rows)
