@@ -621,10 +621,9 @@ class Stager:
         door = self.door
         if door is None:
             return 0
-        events = door.events()
         staged = 0
-        with self._lock:
-            for ev in events:
+        with self._lock:  # drained under the lock: a claim that finds a copy of the door's finds it here
+            for ev in door.events():
                 if ev.kind not in (EV_STAGED, EV_FAILED):
                     continue
                 self.files_read["pfs"] += ev.kind == EV_STAGED or ev.bytes_read > 0

@@ -229,3 +229,30 @@ staging: {{policy: on-access, threads: 2}}
         server.request_stop()
         thread.join(10)
         daemon.close()
+
+
+def test_a_copy_of_the_doors_drained_by_one_thread_is_never_copied_again_by_another(short_tmp, daemon_on):
+    """The server's tick drains the door's copies while a stager thread claims the same
+    key: the claim must find the copy in the books, not copy it a second time."""
+    root = os.path.join(short_tmp, "pfs")
+    sums = make_files(root, 3)
+    daemon, server = daemon_on(root)
+    key = sorted(sums)[0]
+    door = daemon.stager.door
+    drained, real = threading.Event(), door.events
+
+    def slow_events():  # the server thread, between taking the door's events and booking them
+        got = real()
+        if got and threading.current_thread() is not threading.main_thread() and not drained.is_set():
+            drained.set()
+            time.sleep(0.5)
+        return got
+
+    door.events = slow_events
+    assert ask_open(daemon.socket_path, key)[0] == daemon.tiers[0].slot  # the door copied it
+    assert drained.wait(5)  # the tick took its event and is not done with it
+    tier = daemon.stager.ensure(key).result(10)  # a stager thread: claim, then the books
+    assert tier is daemon.tiers[0]
+    time.sleep(0.7)  # the tick has booked what it took
+    stats = daemon.stats()["staging"]
+    assert stats["pfs_files_read"] == 1 and stats["files"] == 1
