@@ -640,9 +640,12 @@ class Stager:
         return staged
 
     def _tend_door_locked(self) -> None:
-        allowed = self._door_may_copy and not self._dirty and not self._closed
+        allowed = (self._door_may_copy and not self._dirty and not self._closed
+                   and self.tiers[0].full_reason is None)  # a full filesystem: the stager finds out
         self.door.copying(allowed)  # whether the PFS is fast enough for it, the door finds out itself
-        if allowed:
+        if not allowed:
+            self.reclaim_front_door_lease()
+        else:
             tier = self.tiers[0]
             chunk = max(INLINE_BYTES, min(DOOR_LEASE_MAX, tier.capacity // DOOR_LEASE_SHARE))
             if self.door.lease() < chunk // 2 and tier.reserve(chunk, counted=False):

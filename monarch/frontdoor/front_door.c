@@ -382,7 +382,8 @@ static int mkdirs_below(char *path, size_t from)    /* os.makedirs(dir, 0o700) u
 
 /* Copy ``key`` (``f``: the snapshot's view of it) into the copy tier under a temporary
  * name; 0 and that name in ``tmp`` if the copy is whole and the source still the file the
- * snapshot saw. ``*bytes_read`` counts what was read from the PFS, whatever the outcome. */
+ * snapshot saw; -2 if the source is not, -3 if the tier would not take it, -1 otherwise.
+ * ``*bytes_read`` counts what was read from the PFS, whatever the outcome. */
 static int copy_in(struct worker *w, const char *key, uint32_t len, const struct idx_file *f,
                    char *dest, char *tmp, uint64_t *bytes_read, int64_t *source_ns, int *preempted)
 {
@@ -446,17 +447,17 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
             out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     }
     if (out < 0)
-        return -1;
+        return -3;
     struct timespec times[2] = {{f->mtime / 1000000000LL, f->mtime % 1000000000LL},
                                 {f->mtime / 1000000000LL, f->mtime % 1000000000LL}};
     if (write_full(out, w->copy_buf, n) < 0 || futimens(out, times) < 0) {
         close(out);
         unlink(tmp);
-        return -1;
+        return -3;
     }
     if (close(out) < 0) {
         unlink(tmp);
-        return -1;
+        return -3;
     }
     return 0;
 }
@@ -510,7 +511,11 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     pthread_mutex_lock(&d->mu);
     e = find(d, key, len, hash);       /* the table may have grown meanwhile: ``e`` moved */
     int published = 0;
-    if (r == 0 && !d->never_copy && rename(tmp, dest) == 0) {
+    if (r == 0 && !d->never_copy && rename(tmp, dest) < 0) {
+        unlink(tmp);
+        r = -3;
+    }
+    if (r == 0 && !d->never_copy) {
         /* under the lock: front_door_disable (a write by the job) either came before, and
          * nothing is renamed, or comes after and finds this copy in Python's books */
         e->state = K_STAGED;
@@ -523,6 +528,8 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
         if (r == 0)
             unlink(tmp);
         e->state = K_PYTHON;           /* Python copies it, or finds why not, and says so */
+        if (r == -3)
+            d->allowed = 0;            /* the tier failed (full?): Python finds out, and allows again or not */
         d->lease += (int64_t)f.size;
         d->failures++;
         d->bytes_read += bytes_read;

@@ -42,12 +42,13 @@ def daemon_on(short_tmp):
     """``start(root, policy=..., capacity=..., **staging)`` -> (daemon, server): served until teardown."""
     running = []
 
-    def start(root: str, policy: str = "on-access", capacity: str = "64MiB", threads: int = 2, extra: str = ""):
+    def start(root: str, policy: str = "on-access", capacity: str = "64MiB", threads: int = 2, extra: str = "",
+              tier_path: str | None = None):
         cfg = os.path.join(short_tmp, f"c{len(running)}.yaml")
         with open(cfg, "w") as f:
             f.write(f"""dataset: {{roots: ["{root}"]}}
 run_dir: "{short_tmp}/run{len(running)}"
-tiers: [{{name: ram, path: "{short_tmp}/ram{len(running)}", capacity: {capacity}}}{extra}]
+tiers: [{{name: ram, path: "{tier_path or f'{short_tmp}/ram{len(running)}'}", capacity: {capacity}}}{extra}]
 staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20}}
 """)
         daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), f"r{len(running)}")
@@ -58,6 +59,7 @@ staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20}}
         assert server.door is not None
         return daemon, server
 
+    start.running = running
     yield start
     for daemon, server, thread in running:
         server.request_stop()
@@ -256,3 +258,36 @@ def test_a_copy_of_the_doors_drained_by_one_thread_is_never_copied_again_by_anot
     time.sleep(0.7)  # the tick has booked what it took
     stats = daemon.stats()["staging"]
     assert stats["pfs_files_read"] == 1 and stats["files"] == 1
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_tier_whose_filesystem_fills_stops_the_doors_copies(short_tmp, daemon_on):
+    import subprocess
+    root = os.path.join(short_tmp, "pfs")
+    sums = make_files(root, 120, size=4096)
+    small = os.path.join(short_tmp, "small")
+    os.makedirs(small)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", small], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        # the configuration says 64 MiB; the filesystem holds about 40 of the files
+        daemon, _ = daemon_on(root, tier_path=small, extra=f', {{name: ssd, path: "{short_tmp}/ssd", capacity: 64MiB}}')
+        for key, digest in sums.items():
+            status, path = ask_open(daemon.socket_path, key)
+            assert status >= protocol.FIRST_TIER_SLOT and md5_of(path) == digest, key
+        stats = daemon.stats()
+        ram, ssd = stats["tiers"][0], stats["tiers"][1]
+        assert ram["stopped"] == "filesystem_full" and ram["files"] + ssd["files"] == len(sums)
+        door = stats["front_door"]
+        assert door["copies"] < len(sums)  # it stopped when the tier did: at once, in each of its threads
+        assert door["failed_copies"] <= 4
+        # each copy the door could not write was read again by the stager, and so was the one
+        # the stager could not write (into the next tier)
+        assert len(sums) <= stats["staging"]["pfs_files_read"] <= len(sums) + door["failed_copies"] + 1
+    finally:
+        for d, server, thread in list(daemon_on.running):
+            server.request_stop()
+            thread.join(10)
+            d.close()
+        daemon_on.running.clear()
+        subprocess.run(["umount", "-l", small], capture_output=True)
