@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -735,6 +736,11 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     d->listen_fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 3);
     d->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     d->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    /* the workers take no signals: they stay with the interpreter's threads, whose handlers
+     * (SIGTERM: stop) must run, and no system call of the door is cut short by one */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int want = cores < 1 ? 1 : cores > MAX_WORKERS ? MAX_WORKERS : (int)cores;
     int ok = d->tiers[copy_slot] && d->listen_fd >= 0 && d->stop_fd >= 0 && d->wake_fd >= 0 &&
@@ -762,6 +768,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
         }
         d->nworkers++;
     }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!ok) {
         int saved = errno ? errno : EINVAL;
         front_door_stop(d);

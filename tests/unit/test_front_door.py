@@ -291,3 +291,33 @@ def test_a_tier_whose_filesystem_fills_stops_the_doors_copies(short_tmp, daemon_
             d.close()
         daemon_on.running.clear()
         subprocess.run(["umount", "-l", small], capture_output=True)
+
+
+def test_a_flood_of_silent_connections_does_not_stop_the_door(short_tmp, daemon_on):
+    """More connections than the door keeps waiting for their request (PENDING_MAX): the
+    rest, and those that stay silent, go to the Python server, which times them out; the
+    door answers a real request meanwhile."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2 * 1500 + 500  # both ends live in this process (the daemon is in-process)
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip(f"needs {want} descriptors, the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # left raised: the descriptors close lazily
+    root = os.path.join(short_tmp, "pfs")
+    sums = make_files(root, 3)
+    daemon, server = daemon_on(root)
+    silent = []
+    try:
+        for _ in range(1500):
+            silent.append(connect(daemon.socket_path))
+        key = sorted(sums)[0]
+        status, path = ask_open(daemon.socket_path, key)
+        assert status == daemon.tiers[0].slot and md5_of(path) == sums[key]
+        deadline = time.monotonic() + 10
+        while daemon.stats()["front_door"]["handed_over"] < 1500 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert daemon.stats()["front_door"]["handed_over"] >= 1500  # past the limit at once, the rest after 0.5 s
+    finally:
+        for s in silent:
+            s.close()
