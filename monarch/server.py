@@ -171,7 +171,13 @@ class NodeServer:
         handed over, each with the bytes it read of the request."""
         self.daemon.absorb_front_door()
         for fd, _, data in self.door.take():
-            self._adopt(socket.socket(fileno=fd), data)
+            try:
+                sock = socket.socket(fileno=fd)
+            except OSError as e:  # never: the door hands over sockets it accepted; but never fatal either
+                log.warning("a connection from the front door is not a socket (%s): closed", e)
+                os.close(fd)
+                continue
+            self._adopt(sock, data)
 
     def _adopt(self, sock: socket.socket, data: bytes = b"") -> None:
         if len(self._conns) >= MAX_CONNECTIONS:

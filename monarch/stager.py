@@ -547,8 +547,9 @@ class Stager:
                     continue  # the bytes are held: the next tier takes them without a second read
             else:
                 stored = info.size
-                if not tier.reserve(stored) and not (tier is self.tiers[0] and self.reclaim_front_door_lease()
-                                                     and tier.reserve(stored)):
+                if tier is self.tiers[0] and not tier.fits(stored):
+                    self.reclaim_front_door_lease()  # the room lent to the door comes back first
+                if not tier.reserve(stored):
                     continue
             data = frame if frame is not None else held
             fill = stream if data is None else (lambda fd, data=data: write_all(fd, data))
