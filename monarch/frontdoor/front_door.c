@@ -16,8 +16,9 @@
  * (front_door_claim), how many tier bytes the door may fill (front_door_grant), and
  * whether it may copy at all (front_door_copying); it drains what the door copied
  * (front_door_events) into its own accounting. Whether the source is fast enough to copy
- * inline the door finds out itself: copies that are slow without being preempted mean a
- * high-latency source, whose misses go to Python's many threads, which hide latency. A key is in one state:
+ * inline the door finds out itself: copies whose source part is slow, not counting the time
+ * the thread waited for a core (schedstat's run_delay), mean a high-latency source, whose
+ * misses go to Python's many threads, which hide latency. A key is in one state:
  * absent (never asked: the door may copy it), BUSY (the door copies it now), STAGED
  * (answerable), or PYTHON (anything else: handed over).
  */
@@ -52,8 +53,9 @@
 #define MAX_SLOTS 16                   /* protocol.MAX_SLOTS */
 #define MAX_ROOTS 64
 #define INLINE_MAX (256 << 10)         /* stager.INLINE_BYTES: larger files go to Python's threads */
-#define SLOW_NS 1000000                /* SLOW_RUN copies in a row this slow, not preempted: a slow */
-#define SLOW_RUN 3                     /* source, whose latency Python's threads hide, not this loop */
+#define SLOW_NS 1000000                /* SLOW_RUN copies in a row whose source part took this long, */
+#define SLOW_RUN 3                     /* less the time spent waiting for a core: a slow source, whose
+                                          latency Python's threads hide, not this loop */
 #define BACKOFF_NS 1000000000LL        /* then one copy is tried again after this, doubling ... */
 #define BACKOFF_MAX_NS 60000000000LL   /* ... up to this */
 #define PENDING_MAX 1024               /* connections waiting here for their request at once */
@@ -108,6 +110,7 @@ struct worker {                        /* one thread of the door: its own epoll 
     int npending;
     uint64_t tmp_seq;
     char *copy_buf;
+    int sched_fd;                      /* /proc/thread-self/schedstat, or -1 */
 };
 
 struct door {
@@ -385,6 +388,20 @@ static int mkdirs_below(char *path, size_t from)    /* os.makedirs(dir, 0o700) u
  * name; 0 and that name in ``tmp`` if the copy is whole and the source still the file the
  * snapshot saw; -2 if the source is not, -3 if the tier would not take it, -1 otherwise.
  * ``*bytes_read`` counts what was read from the PFS, whatever the outcome. */
+/* How long this thread has waited for a core, in all (schedstat's run_delay), or -1. */
+static int64_t run_delay_ns(struct worker *w)
+{
+    char buf[96];
+    if (w->sched_fd < 0)
+        return -1;
+    ssize_t n = pread(w->sched_fd, buf, sizeof buf - 1, 0);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    unsigned long long on_cpu, waited;
+    return sscanf(buf, "%llu %llu", &on_cpu, &waited) == 2 ? (int64_t)waited : -1;
+}
+
 static int copy_in(struct worker *w, const char *key, uint32_t len, const struct idx_file *f,
                    char *dest, char *tmp, uint64_t *bytes_read, int64_t *source_ns, int *preempted)
 {
@@ -402,9 +419,12 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     size_t tl = strlen(tier);
     if (snprintf(dest, PATH_MAX, "%s/%.*s", tier, (int)len, key) >= PATH_MAX)
         return -1;
-    /* the source's part alone is timed: whether the source is slow is the question */
+    /* the source's part alone is timed, less the time this thread waited for a core: whether
+     * the source is slow is the question, not whether the node is busy */
     struct rusage ru0, ru1;
-    getrusage(RUSAGE_THREAD, &ru0);
+    int64_t q0 = run_delay_ns(w), q1 = -1;
+    if (q0 < 0)
+        getrusage(RUSAGE_THREAD, &ru0);
     int64_t t0 = now_ns();
     int in = open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0)
@@ -429,8 +449,15 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     }
     close(in);
     *source_ns = now_ns() - t0;
-    getrusage(RUSAGE_THREAD, &ru1);
-    *preempted = ru1.ru_nivcsw != ru0.ru_nivcsw;  /* then its time says nothing of the source */
+    if (q0 >= 0 && *source_ns > SLOW_NS && (q1 = run_delay_ns(w)) >= 0) {
+        *source_ns -= q1 - q0;
+        *preempted = 0;
+    } else if (q0 >= 0) {
+        *preempted = 0;                /* fast, whatever it waited for */
+    } else {                           /* no schedstat: a preempted copy says nothing of the source */
+        getrusage(RUSAGE_THREAD, &ru1);
+        *preempted = ru1.ru_nivcsw != ru0.ru_nivcsw;
+    }
     if (n != f->size)
         return -2;
     char *base = strrchr(dest, '/');
@@ -684,6 +711,7 @@ static void *door_main(void *arg)
 {
     struct worker *w = arg;
     struct epoll_event evs[64];
+    w->sched_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);  /* this thread's */
     for (;;) {
         int n = epoll_wait(w->ep, evs, 64, w->npending ? 100 : -1);
         if (n < 0 && errno != EINTR)
@@ -1021,6 +1049,9 @@ EXPORT void front_door_stop(struct door *d)
         w->pending = NULL;
         close(w->ep);
         w->ep = -1;
+        if (w->sched_fd >= 0)
+            close(w->sched_fd);
+        w->sched_fd = -1;
     }
     d->nworkers = 0;
     pthread_mutex_lock(&d->mu);

@@ -37,6 +37,15 @@ def make_files(root: str, n: int, size: int = 4096) -> dict[str, str]:
     return sums
 
 
+def fast_root(short_tmp: str) -> str:
+    """A dataset root on tmpfs (removed with short_tmp) when there is one: no journal there
+    to stall a read now and then, which three times in a row would rightly make the door
+    take the source for a slow one and hand its misses to Python."""
+    if os.path.isdir("/dev/shm"):
+        return f"/dev/shm{short_tmp}/pfs"
+    return os.path.join(short_tmp, "pfs")
+
+
 @pytest.fixture
 def daemon_on(short_tmp):
     """``start(root, policy=..., capacity=..., **staging)`` -> (daemon, server): served until teardown."""
@@ -88,7 +97,7 @@ def wait_idle(daemon: NodeDaemon, timeout: float = 20) -> None:
 
 
 def test_misses_are_copied_by_the_door_with_the_sources_bytes_mtime_and_private_mode(short_tmp, daemon_on):
-    root = os.path.join(short_tmp, "pfs")
+    root = fast_root(short_tmp)
     sums = make_files(root, 60)
     daemon, _ = daemon_on(root)
     for key, digest in sums.items():
@@ -142,7 +151,7 @@ def test_demands_racing_the_read_ahead_read_each_file_once(short_tmp, daemon_on,
 
 
 def test_a_write_by_the_job_is_never_answered_from_a_door_copy(short_tmp, daemon_on):
-    root = os.path.join(short_tmp, "pfs")
+    root = fast_root(short_tmp)
     sums = make_files(root, 10)
     daemon, _ = daemon_on(root)
     keys = sorted(sums)
@@ -162,7 +171,7 @@ def test_a_write_by_the_job_is_never_answered_from_a_door_copy(short_tmp, daemon
 
 
 def test_a_file_changed_since_the_snapshot_is_not_copied(short_tmp, daemon_on):
-    root = os.path.join(short_tmp, "pfs")
+    root = fast_root(short_tmp)
     sums = make_files(root, 5)
     daemon, _ = daemon_on(root)
     key = sorted(sums)[0]
@@ -185,13 +194,14 @@ def test_a_slow_source_goes_to_pythons_threads(short_tmp, daemon_on, slow_pfs):
         status, path = ask_open(daemon.socket_path, key)
         assert status == daemon.tiers[0].slot and md5_of(path) == sums[key]
     door = daemon.stats()["front_door"]
-    assert door["copies"] <= 4  # three slow copies in a row, and it rests (backing off)
-    assert door["handed_over_because"]["not_copying"] >= len(keys) - 4
+    # three slow copies in a row (a copy preempted meanwhile does not count), and it rests
+    assert door["copies"] <= 8
+    assert door["handed_over_because"]["not_copying"] >= len(keys) - 8
     assert pfs.counters()["opens"] == len(keys)
 
 
 def test_room_lent_to_the_door_comes_back_when_the_stager_needs_it(short_tmp, daemon_on):
-    root = os.path.join(short_tmp, "pfs")
+    root = fast_root(short_tmp)
     sums = make_files(root, 4, size=4096)
     big = os.path.join(root, "big.bin")
     with open(big, "wb") as f:
@@ -208,7 +218,7 @@ def test_room_lent_to_the_door_comes_back_when_the_stager_needs_it(short_tmp, da
 @pytest.mark.parametrize("wanted", ["0"])
 def test_without_the_door_the_python_server_answers_alone(short_tmp, monkeypatch, wanted):
     monkeypatch.setenv(frontdoor.ENV_FRONT_DOOR, wanted)
-    root = os.path.join(short_tmp, "pfs")
+    root = fast_root(short_tmp)
     sums = make_files(root, 5)
     cfg = os.path.join(short_tmp, "c.yaml")
     with open(cfg, "w") as f:
@@ -236,7 +246,7 @@ staging: {{policy: on-access, threads: 2}}
 def test_a_copy_of_the_doors_drained_by_one_thread_is_never_copied_again_by_another(short_tmp, daemon_on):
     """The server's tick drains the door's copies while a stager thread claims the same
     key: the claim must find the copy in the books, not copy it a second time."""
-    root = os.path.join(short_tmp, "pfs")
+    root = fast_root(short_tmp)
     sums = make_files(root, 3)
     daemon, server = daemon_on(root)
     key = sorted(sums)[0]
@@ -263,7 +273,7 @@ def test_a_copy_of_the_doors_drained_by_one_thread_is_never_copied_again_by_anot
 @pytest.mark.skipif(os.getuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_tier_whose_filesystem_fills_stops_the_doors_copies(short_tmp, daemon_on):
     import subprocess
-    root = os.path.join(short_tmp, "pfs")
+    root = fast_root(short_tmp)
     sums = make_files(root, 120, size=4096)
     small = os.path.join(short_tmp, "small")
     os.makedirs(small)
@@ -304,7 +314,7 @@ def test_a_flood_of_silent_connections_does_not_stop_the_door(short_tmp, daemon_
         if hard != resource.RLIM_INFINITY and hard < want:
             pytest.skip(f"needs {want} descriptors, the hard limit is {hard}")
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # left raised: the descriptors close lazily
-    root = os.path.join(short_tmp, "pfs")
+    root = fast_root(short_tmp)
     sums = make_files(root, 3)
     daemon, server = daemon_on(root)
     silent = []
