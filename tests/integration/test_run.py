@@ -30,6 +30,7 @@ def test_three_shuffled_epochs_read_the_pfs_once(dataset, short_tmp):
     assert rep["sources"]["ram"] == {"opens": 3 * 2000, "bytes": 3 * ds.total, "opens_uncounted": 0}
     assert rep["pfs"]["without_monarch_bytes"] == 3 * ds.total
     assert rep["staging"] == {"files": 2000, "bytes": ds.total, "failures": {}}
+    assert rep["front_door"]["copies"] > 0  # the misses went through the daemon's C front door
     assert "Monarch access report" in r.stderr and "1.00x the dataset" in r.stderr
     # nothing left behind: the run's RAM tier directory removed, socket gone
     assert not any(files for _, _, files in os.walk(f"/dev/shm{short_tmp}"))
@@ -213,6 +214,8 @@ def test_demo_runs_the_main_job_on_the_embedded_default(short_tmp):
     (report,) = glob.glob(os.path.join(short_tmp, f"monarch-{os.getuid()}", "demo-*-node0", "report.json"))
     rep = load(report)
     assert rep["sources"]["ram"]["opens"] == 400 and rep["pfs"]["app_bytes"] == 0
+    # each file copied once, whether the read-ahead, the front door or a demand got to it first
+    assert rep["staging"]["files"] == 200 and rep["pfs"]["staging_bytes"] == rep["dataset"]["bytes"]
 
 
 def test_standing_daemon_serves_several_runs_and_reports_at_stop(dataset, short_tmp):
