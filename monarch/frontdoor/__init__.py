@@ -34,7 +34,7 @@ _EVENT = struct.Struct("<IIQQqI")  # front_door_events' record head; the key fol
 # why a connection was handed over (front_door.c: R_*)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
                        "no_room_lent", "copy_failed")
-_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE)
+_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 1
 
 _lib: ctypes.CDLL | None = None
 _lib_error: str | None = None
@@ -153,7 +153,9 @@ class FrontDoor:
         n = protocol.MAX_SLOTS
         return {"hits_by_slot": {s: arr[s] for s in range(n) if arr[s]}, "copies": arr[n], "handed_over": arr[n + 1],
                 "failed_copies": arr[n + 2], "pfs_bytes_read": arr[n + 3],
-                "handed_over_because": {why: arr[n + 4 + i] for i, why in enumerate(HANDED_OVER_BECAUSE) if arr[n + 4 + i]}}
+                "handed_over_because": {why: arr[n + 4 + i] for i, why in enumerate(HANDED_OVER_BECAUSE) if arr[n + 4 + i]},
+                # closed at once while the Python server had HANDED_MAX waiting (a flood)
+                "closed_too_many": arr[n + 4 + len(HANDED_OVER_BECAUSE)]}
 
     def stop(self) -> None:
         """Stop answering (connections not answered yet are closed: their shims read the

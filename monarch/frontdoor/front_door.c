@@ -59,6 +59,8 @@
 #define BACKOFF_NS 1000000000LL        /* then one copy is tried again after this, doubling ... */
 #define BACKOFF_MAX_NS 60000000000LL   /* ... up to this */
 #define PENDING_MAX 1024               /* connections waiting here for their request at once */
+#define HANDED_MAX 4096                /* connections waiting for Python to take them (server.py's
+                                          MAX_CONNECTIONS); beyond, closed at once: the shim reads the PFS */
 #define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
 #define TMP_PREFIX ".monarch-tmp-"     /* tiers.TMP_PREFIX: swept as leftovers like Python's */
 #define MAX_WORKERS 4                  /* threads, one per core up to this: the copies are kernel time */
@@ -137,7 +139,8 @@ struct door {
     struct handed *hq, **hq_tail;
     struct event *evq, **evq_tail;
     int woken;
-    uint64_t hits[MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS];
+    uint64_t hits[MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS], closed_too_many;
+    int nhanded;                       /* connections in hq */
 };
 
 /* -- small things -------------------------------------------------------------------- */
@@ -299,7 +302,12 @@ static void wake_python_locked(struct door *d)
 
 static void hand_over(struct door *d, int fd, int uid_ok, const char *data, uint32_t len, int why)
 {
-    struct handed *h = malloc(sizeof *h + len);
+    pthread_mutex_lock(&d->mu);
+    int full = d->nhanded >= HANDED_MAX;   /* Python is not taking them: a flood, or it is stuck */
+    if (full)
+        d->closed_too_many++;
+    pthread_mutex_unlock(&d->mu);
+    struct handed *h = full ? NULL : malloc(sizeof *h + len);
     if (!h) {
         close(fd);                     /* the client's shim reads the PFS */
         return;
@@ -313,6 +321,7 @@ static void hand_over(struct door *d, int fd, int uid_ok, const char *data, uint
     pthread_mutex_lock(&d->mu);
     *d->hq_tail = h;
     d->hq_tail = &h->next;
+    d->nhanded++;
     d->handed++;
     d->why[why]++;
     wake_python_locked(d);
@@ -827,6 +836,7 @@ EXPORT int front_door_take(struct door *d, int *fd, int *uid_ok, char *buf, int 
         return -2;
     }
     d->hq = h->next;
+    d->nhanded--;
     if (!d->hq)
         d->hq_tail = &d->hq;
     pthread_mutex_unlock(&d->mu);
@@ -1014,7 +1024,7 @@ EXPORT int64_t front_door_lease(struct door *d)
 
 /* Counters: out[0..MAX_SLOTS) opens answered with a staged copy, by slot; then copies
  * made, connections handed over, copies failed, bytes read from the PFS; then the
- * connections handed over by reason (R_*). */
+ * connections handed over by reason (R_*); then those closed with HANDED_MAX waiting. */
 EXPORT void front_door_counts(struct door *d, uint64_t *out)
 {
     pthread_mutex_lock(&d->mu);
@@ -1026,6 +1036,7 @@ EXPORT void front_door_counts(struct door *d, uint64_t *out)
     out[MAX_SLOTS + 3] = d->bytes_read;
     for (int i = 0; i < R_REASONS; i++)
         out[MAX_SLOTS + 4 + i] = d->why[i];
+    out[MAX_SLOTS + 4 + R_REASONS] = d->closed_too_many;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -1065,6 +1076,7 @@ EXPORT void front_door_stop(struct door *d)
     }
     d->hq = NULL;
     d->hq_tail = &d->hq;
+    d->nhanded = 0;
     pthread_mutex_unlock(&d->mu);
     if (d->listen_fd >= 0)
         close(d->listen_fd);

@@ -331,3 +331,60 @@ def test_a_flood_of_silent_connections_does_not_stop_the_door(short_tmp, daemon_
     finally:
         for s in silent:
             s.close()
+
+
+def test_connections_python_does_not_take_are_bounded(short_tmp):
+    """With the Python loop not taking what the door hands over (stuck, or a flood), the
+    door keeps at most HANDED_MAX waiting and closes the rest at once (their shims read
+    the PFS); once the loop runs, it answers those that waited."""
+    import resource
+    limit = 4096  # front_door.c HANDED_MAX
+    extra = 50
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2 * (limit + extra) + 500
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip(f"needs {want} descriptors, the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # left raised: the descriptors close lazily
+    root = fast_root(short_tmp)
+    make_files(root, 1)
+    cfg = os.path.join(short_tmp, "c.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"""dataset: {{roots: ["{root}"]}}
+run_dir: "{short_tmp}/run"
+tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
+staging: {{policy: on-access, threads: 2}}
+""")
+    daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r")
+    server = NodeServer(daemon, embedded=False)  # its loop not running yet
+    clients = []
+    try:
+        request = protocol.encode_request(protocol.VERB_OPEN, b"0/not-in-the-dataset")
+        for _ in range(limit + extra):
+            s = connect(daemon.socket_path)
+            s.sendall(request)
+            clients.append(s)
+        deadline = time.monotonic() + 20
+        while server.door.counts()["closed_too_many"] < extra and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.door.counts()["closed_too_many"] == extra
+        assert server.door.counts()["handed_over"] == limit
+        thread = threading.Thread(target=server.serve, daemon=True)
+        thread.start()
+        answered = closed = 0
+        for s in clients:
+            s.settimeout(20)
+            head = s.recv(8)
+            if not head:
+                closed += 1
+                continue
+            assert protocol.ANSWER_HEADER.unpack(head)[0] == protocol.SLOT_PFS  # not in the snapshot
+            answered += 1
+        assert (answered, closed) == (limit, extra)
+    finally:
+        for s in clients:
+            s.close()
+        server.request_stop()
+        if "thread" in locals():
+            thread.join(10)
+        daemon.close()
