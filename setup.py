@@ -1,4 +1,5 @@
-"""Build hook: compile the C shim into the package as part of ``pip install .``."""
+"""Build hook: compile the C shim and the daemon's front door into the package as part of
+``pip install .``."""
 
 import importlib.util
 from pathlib import Path
@@ -24,6 +25,9 @@ class BuildPyWithShim(build_py):
         out = Path(self.build_lib) / "monarch" / "shim" / builder.LIBRARY_NAME
         builder.build_shim(out, HERE / "monarch/shim/monarch_shim.c")
         builder.write_stamp(out, HERE / "monarch/shim/monarch_shim.c")
+        door = Path(self.build_lib) / "monarch" / "frontdoor" / "libmonarch_front_door.so"
+        builder.build_shim(door, HERE / "monarch/frontdoor/front_door.c", "the daemon's front door")
+        builder.write_stamp(door, HERE / "monarch/frontdoor/front_door.c")
 
 
 setup(cmdclass={"build_py": BuildPyWithShim})

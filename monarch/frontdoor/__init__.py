@@ -14,7 +14,6 @@ server accepts and answers everything itself, as fast as the interpreter allows.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 import struct
@@ -50,15 +49,15 @@ class DoorEvent(NamedTuple):
 
 
 def library() -> ctypes.CDLL | None:
-    """The door's library, built from this checkout on first use (None, once logged, if it
-    cannot be: the Python server then does everything)."""
+    """The door's library: built by ``pip install``, or from this checkout on first use
+    (None, once logged, if it cannot be: the Python server then does everything)."""
     global _lib, _lib_error
     if _lib is not None or _lib_error is not None:
         return _lib
     try:
-        from monarch.shim.build import cached_build
-        digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-        lib = ctypes.CDLL(str(cached_build(SOURCE, LIBRARY_NAME, digest, "the daemon's front door")), use_errno=True)
+        from monarch.shim.build import built_library
+        path = built_library(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the daemon's front door")
+        lib = ctypes.CDLL(str(path), use_errno=True)
     except Exception as e:  # no compiler, no source: slower, never wrong
         _lib_error = str(e)
         log.warning("the daemon's C front door is not available (%s); the Python server answers every request",

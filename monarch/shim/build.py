@@ -43,7 +43,8 @@ def build_shim(out: Path, source: Path = SOURCE, what: str = "the Monarch shim")
 
 
 def source_digest(source: Path = SOURCE) -> str:
-    """A hash of the shim's source: the main file and every part it includes."""
+    """A hash of a library's source: the main file and every ``shim_*.c`` part beside it
+    (the shim's; the front door has none)."""
     h = hashlib.sha256()
     for path in [source, *sorted(source.parent.glob("shim_*.c"))]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -52,13 +53,19 @@ def source_digest(source: Path = SOURCE) -> str:
 
 def shim_library() -> Path:
     """The shim to preload: the installed one, else one built from this checkout."""
-    installed = Path(__file__).with_name(LIBRARY_NAME)
-    if installed.exists() and not SOURCE.exists():
+    return built_library(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the Monarch shim")
+
+
+def built_library(source: Path, installed: Path, what: str) -> Path:
+    """The library of ``source``: ``installed`` (built by ``pip install``) when it was built
+    from this very source or no source is left, else one built from the source into the
+    user's cache, so a stale library is never loaded."""
+    if installed.exists() and not source.exists():
         return installed
-    digest = source_digest()
+    digest = source_digest(source)
     if installed.exists() and _stamp(installed) == digest:
         return installed
-    return cached_build(SOURCE, LIBRARY_NAME, digest, "the Monarch shim")
+    return cached_build(source, installed.name, digest, what)
 
 
 def cached_build(source: Path, library_name: str, digest: str, what: str) -> Path:
