@@ -388,3 +388,61 @@ staging: {{policy: on-access, threads: 2}}
         if "thread" in locals():
             thread.join(10)
         daemon.close()
+
+
+def test_random_frames_never_take_the_door_down(short_tmp, daemon_on):
+    """Fuzz: frames of random bytes, random lengths, cut short, sent in pieces or closed at
+    once, from several threads. Each gets an answer or a close; the daemon goes on answering
+    real requests with the right bytes."""
+    import random
+    import socket
+    root = fast_root(short_tmp)
+    sums = make_files(root, 20)
+    daemon, server = daemon_on(root)
+    keys = sorted(sums)
+    rng = random.Random(1234)
+    cases = []
+    for _ in range(int(os.environ.get("MONARCH_FUZZ_CASES", "600"))):
+        key = rng.choice(keys).encode()
+        body = rng.choice([key, key[:rng.randrange(len(key))], os.urandom(rng.randrange(0, 64)),
+                           b"0/" + os.urandom(rng.randrange(1, 40)), key + b"\0x", b"0/../" + key[2:]])
+        verb = rng.choice([protocol.VERB_OPEN] * 4 + [rng.randrange(256)])
+        if verb == protocol.VERB_STOP:  # a well-formed STOP would stop the daemon, as it should
+            verb = protocol.VERB_OPEN
+        head = protocol.REQUEST_HEADER.pack(verb, rng.choice([0, 0, 0, rng.randrange(256)]), 0,
+                                            rng.choice([len(body)] * 3 + [rng.randrange(1 << 16)]))
+        frame = head + body
+        cut = rng.choice([len(frame)] * 3 + [rng.randrange(len(frame) + 1)])
+        cases.append((frame[:cut], rng.random() < 0.3, rng.random() < 0.2))
+
+    def run(chunk):
+        for data, in_pieces, close_early in chunk:
+            with connect(daemon.socket_path) as s:
+                s.settimeout(10)
+                try:
+                    if in_pieces:
+                        for i in range(0, len(data), 3):
+                            s.sendall(data[i:i + 3])
+                    else:
+                        s.sendall(data)
+                    if close_early:
+                        continue
+                    s.shutdown(socket.SHUT_WR)  # a request cut short is all the daemon gets
+                    while s.recv(4096):
+                        pass
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # refused and closed on us mid-send: an answer too
+
+    threads = [threading.Thread(target=run, args=(cases[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    for key in keys:
+        status, path = ask_open(daemon.socket_path, key)
+        if daemon.stager._is_dirty(key):  # a random INVALIDATE of it got through: the PFS from now on
+            assert status == protocol.SLOT_PFS
+        else:
+            assert status == daemon.tiers[0].slot and md5_of(path) == sums[key]
+    assert daemon.stats()["front_door"]["handed_over"] > 0 and server.errors  # odd ones went to Python, refused
