@@ -170,7 +170,7 @@ class NodeServer:
         """The front door's news: what it copied (into the books), then the connections it
         handed over, each with the bytes it read of the request."""
         self.daemon.absorb_front_door()
-        for fd, _, data in self.door.take():
+        for fd, data in self.door.take():
             try:
                 sock = socket.socket(fileno=fd)
             except OSError as e:  # never: the door hands over sockets it accepted; but never fatal either

@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Iterator
 
 from monarch.concurrency import Concurrency
 from monarch.errors import PeerError
-from monarch.frontdoor import EV_FAILED, EV_STAGED
+from monarch.frontdoor import EV_SLOW, EV_STAGED
 from monarch.secure import owner_only
 from monarch.snapshot import Snapshot
 from monarch.sources import PeerSource, PFSSource, Source, SourceChanged
@@ -625,7 +625,9 @@ class Stager:
         staged = 0
         with self._lock:  # drained under the lock: a claim that finds a copy of the door's finds it here
             for ev in door.events():
-                if ev.kind not in (EV_STAGED, EV_FAILED):
+                if ev.kind == EV_SLOW:
+                    log.info("the PFS is slow for the front door (a copy's read took %.1f ms): its misses go "
+                             "to the staging threads for a while", ev.seconds * 1e3)
                     continue
                 self.files_read["pfs"] += ev.kind == EV_STAGED or ev.bytes_read > 0
                 self.bytes_read["pfs"] += ev.bytes_read

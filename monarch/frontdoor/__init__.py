@@ -67,7 +67,7 @@ def library() -> ctypes.CDLL | None:
     sig = {
         "front_door_start": (vp, [i, cp, i, cp, i, i]),
         "front_door_wake_fd": (i, [vp]),
-        "front_door_take": (i, [vp, ctypes.POINTER(i), ctypes.POINTER(i), ctypes.c_char_p, i]),
+        "front_door_take": (i, [vp, ctypes.POINTER(i), ctypes.c_char_p, i]),
         "front_door_events": (i, [vp, ctypes.c_char_p, i]),
         "front_door_open": (i, [vp, cp]),
         "front_door_claim": (i, [vp, cp, i]),
@@ -115,18 +115,18 @@ class FrontDoor:
         self._events = ctypes.create_string_buffer(1 << 20)
 
     # -- the server's side -------------------------------------------------------------
-    def take(self) -> list[tuple[int, bool, bytes]]:
-        """Connections handed over: (descriptor, now the caller's; peer is this uid; bytes read)."""
+    def take(self) -> list[tuple[int, bytes]]:
+        """Connections handed over: (descriptor, now the caller's; the bytes read of its request)."""
         out = []
-        fd, ok = ctypes.c_int(), ctypes.c_int()
+        fd = ctypes.c_int()
         while not self._stopped:
-            n = self._lib.front_door_take(self._door, ctypes.byref(fd), ctypes.byref(ok), self._buf, len(self._buf))
+            n = self._lib.front_door_take(self._door, ctypes.byref(fd), self._buf, len(self._buf))
             if n == -2:  # more than a request's worth: never, but never lose it either
                 self._buf = ctypes.create_string_buffer(fd.value)
                 continue
             if n < 0:
                 break
-            out.append((fd.value, bool(ok.value), self._buf.raw[:n]))
+            out.append((fd.value, self._buf.raw[:n]))
         return out
 
     def events(self) -> list[DoorEvent]:

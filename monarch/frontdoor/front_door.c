@@ -88,7 +88,7 @@ struct conn {                          /* a connection whose request has not all
 
 struct handed {                        /* a connection for Python, with what was read */
     struct handed *next;
-    int fd, uid_ok;
+    int fd;
     uint32_t len;
     char data[];
 };
@@ -300,7 +300,7 @@ static void wake_python_locked(struct door *d)
     }
 }
 
-static void hand_over(struct door *d, int fd, int uid_ok, const char *data, uint32_t len, int why)
+static void hand_over(struct door *d, int fd, const char *data, uint32_t len, int why)
 {
     pthread_mutex_lock(&d->mu);
     int full = d->nhanded >= HANDED_MAX;   /* Python is not taking them: a flood, or it is stuck */
@@ -314,7 +314,6 @@ static void hand_over(struct door *d, int fd, int uid_ok, const char *data, uint
     }
     h->next = NULL;
     h->fd = fd;
-    h->uid_ok = uid_ok;
     h->len = len;
     if (len)
         memcpy(h->data, data, len);
@@ -579,7 +578,7 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
         d->backoff = d->backoff ? (2 * d->backoff < BACKOFF_MAX_NS ? 2 * d->backoff : BACKOFF_MAX_NS) : BACKOFF_NS;
         d->slow_until = t0 + ns + d->backoff;
         d->slow_run = SLOW_RUN - 1;    /* the one copy tried after the rest decides again */
-        post_event_locked(d, EV_SLOW, 0, key, len, 0, 0, ns);
+        post_event_locked(d, EV_SLOW, 0, key, len, 0, 0, source_ns);
     }
     pthread_cond_broadcast(&d->cv);
     int slot = d->copy_slot;
@@ -612,7 +611,7 @@ static void serve(struct worker *w, int fd, const char *buf, uint32_t got, int s
     int why = state == F_OPEN && valid_key(buf + HEADER, got - HEADER) ? try_open(w, fd, buf + HEADER, got - HEADER)
                                                                         : R_OTHER;
     if (why >= 0)
-        hand_over(w->d, fd, 1, buf, got, why);
+        hand_over(w->d, fd, buf, got, why);
 }
 
 static void drop_pending(struct worker *w, struct conn *c)
@@ -661,12 +660,12 @@ static void on_accept(struct worker *w)
         struct ucred cred;
         socklen_t cl = sizeof cred;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.uid != d->uid) {
-            hand_over(d, fd, 0, NULL, 0, R_OTHER);    /* Python refuses it, counts it and says why */
+            hand_over(d, fd, NULL, 0, R_OTHER);    /* Python refuses it, counts it and says why */
             continue;
         }
         struct conn *c = malloc(sizeof *c);
         if (!c) {
-            hand_over(d, fd, 1, NULL, 0, R_OTHER);
+            hand_over(d, fd, NULL, 0, R_OTHER);
             continue;
         }
         c->fd = fd;
@@ -684,13 +683,13 @@ static void on_accept(struct worker *w)
             continue;
         }
         if (w->npending >= PENDING_MAX) {
-            hand_over(d, fd, 1, c->buf, c->got, R_OTHER);
+            hand_over(d, fd, c->buf, c->got, R_OTHER);
             free(c);
             continue;
         }
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
-            hand_over(d, fd, 1, c->buf, c->got, R_OTHER);
+            hand_over(d, fd, c->buf, c->got, R_OTHER);
             free(c);
             continue;
         }
@@ -711,7 +710,7 @@ static void sweep_slow(struct worker *w)
         if (now - c->since < PENDING_NS)
             continue;
         drop_pending(w, c);
-        hand_over(w->d, c->fd, 1, c->buf, c->got, R_OTHER);
+        hand_over(w->d, c->fd, c->buf, c->got, R_OTHER);
         free(c);
     }
 }
@@ -819,10 +818,10 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
 /* The descriptor Python watches: readable when connections or events wait. */
 EXPORT int front_door_wake_fd(struct door *d) { return d->wake_fd; }
 
-/* The next connection for Python: its descriptor (now Python's), whether its peer is this
- * uid, and the bytes read so far into ``buf`` (returns their number; -1 when none waits;
- * -2 with ``*fd`` set if they do not fit ``cap``: call again with room for that many). */
-EXPORT int front_door_take(struct door *d, int *fd, int *uid_ok, char *buf, int cap)
+/* The next connection for Python: its descriptor (now Python's, which checks its peer again)
+ * and the bytes read so far into ``buf`` (returns their number; -1 when none waits; -2 with
+ * ``*fd`` set if they do not fit ``cap``: call again with room for that many). */
+EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap)
 {
     pthread_mutex_lock(&d->mu);
     struct handed *h = d->hq;
@@ -841,7 +840,6 @@ EXPORT int front_door_take(struct door *d, int *fd, int *uid_ok, char *buf, int 
         d->hq_tail = &d->hq;
     pthread_mutex_unlock(&d->mu);
     *fd = h->fd;
-    *uid_ok = h->uid_ok;
     int n = (int)h->len;
     memcpy(buf, h->data, h->len);
     free(h);
