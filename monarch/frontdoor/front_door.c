@@ -9,7 +9,8 @@
  * source's mtime and owner-only mode, a rename) before answering. Everything else (other
  * verbs, odd or partial frames, another uid, a key the Python stager owns, a failed copy)
  * is handed over to the Python server as the connection with the bytes already read:
- * the door never refuses and never decides policy.
+ * the door never refuses a request and never decides policy (only a flood beyond
+ * HANDED_MAX connections waiting for Python is closed unread).
  *
  * Python keeps the policy and the books. It tells the door which keys are staged where
  * (front_door_staged / front_door_forget), which keys it copies itself
@@ -58,10 +59,10 @@
                                           latency Python's threads hide, not this loop */
 #define BACKOFF_NS 1000000000LL        /* then one copy is tried again after this, doubling ... */
 #define BACKOFF_MAX_NS 60000000000LL   /* ... up to this */
-#define PENDING_MAX 1024               /* connections waiting here for their request at once */
+#define PENDING_MAX 1024               /* connections waiting here for their request at once ... */
+#define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
 #define HANDED_MAX 4096                /* connections waiting for Python to take them (server.py's
                                           MAX_CONNECTIONS); beyond, closed at once: the shim reads the PFS */
-#define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
 #define TMP_PREFIX ".monarch-tmp-"     /* tiers.TMP_PREFIX: swept as leftovers like Python's */
 #define MAX_WORKERS 4                  /* threads, one per core up to this: the copies are kernel time */
 #define EVENT_BATCH 256                /* copies reported per wake-up of Python, at most */
@@ -141,6 +142,7 @@ struct door {
     int woken;
     uint64_t hits[MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS], closed_too_many;
     int nhanded;                       /* connections in hq */
+    int busy;                          /* keys BUSY now */
 };
 
 /* -- small things -------------------------------------------------------------------- */
@@ -535,6 +537,7 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
         return why;
     }
     e->state = K_BUSY;
+    d->busy++;
     d->lease -= (int64_t)f.size;
     pthread_mutex_unlock(&d->mu);
 
@@ -580,6 +583,7 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
         d->slow_run = SLOW_RUN - 1;    /* the one copy tried after the rest decides again */
         post_event_locked(d, EV_SLOW, 0, key, len, 0, 0, source_ns);
     }
+    d->busy--;
     pthread_cond_broadcast(&d->cv);
     int slot = d->copy_slot;
     pthread_mutex_unlock(&d->mu);
@@ -982,14 +986,8 @@ EXPORT void front_door_disable(struct door *d)
 {
     pthread_mutex_lock(&d->mu);
     d->never_copy = 1;
-    for (;;) {
-        int busy = 0;
-        for (size_t i = 0; i < d->cap && !busy; i++)
-            busy = d->tab[i].key && d->tab[i].state == K_BUSY;
-        if (!busy)
-            break;
+    while (d->busy)
         pthread_cond_wait(&d->cv, &d->mu);
-    }
     pthread_mutex_unlock(&d->mu);
 }
 
