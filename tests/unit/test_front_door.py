@@ -52,7 +52,7 @@ def daemon_on(short_tmp):
     running = []
 
     def start(root: str, policy: str = "on-access", capacity: str = "64MiB", threads: int = 2, extra: str = "",
-              tier_path: str | None = None):
+              tier_path: str | None = None, serve: bool = True):
         cfg = os.path.join(short_tmp, f"c{len(running)}.yaml")
         with open(cfg, "w") as f:
             f.write(f"""dataset: {{roots: ["{root}"]}}
@@ -63,17 +63,36 @@ staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20}}
         daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), f"r{len(running)}")
         server = NodeServer(daemon, embedded=False)
         thread = threading.Thread(target=server.serve, daemon=True)
-        thread.start()
+        if serve:  # else the caller starts it: start.serve(server)
+            thread.start()
         running.append((daemon, server, thread))
-        assert server.door is not None
         return daemon, server
 
+    def serve_later(server) -> None:
+        next(t for _, s, t in running if s is server).start()
+
     start.running = running
+    start.serve = serve_later
     yield start
     for daemon, server, thread in running:
         server.request_stop()
-        thread.join(10)
+        if thread.is_alive():
+            thread.join(10)
+        elif server.door is not None:  # never served: its door was never stopped by serve()
+            server.door.stop()
         daemon.close()
+
+
+def raise_fd_limit(want: int) -> None:
+    """At least ``want`` descriptors for this process (skip if the hard limit is lower); left
+    raised: the daemon's side of a test's connections closes lazily."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= want:
+        return
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"needs {want} descriptors, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 def ask_open(path: str, key: str) -> tuple[int, bytes]:
@@ -215,32 +234,16 @@ def test_room_lent_to_the_door_comes_back_when_the_stager_needs_it(short_tmp, da
     assert daemon.tiers[0].used <= daemon.tiers[0].capacity
 
 
-@pytest.mark.parametrize("wanted", ["0"])
-def test_without_the_door_the_python_server_answers_alone(short_tmp, monkeypatch, wanted):
-    monkeypatch.setenv(frontdoor.ENV_FRONT_DOOR, wanted)
+def test_without_the_door_the_python_server_answers_alone(short_tmp, monkeypatch, daemon_on):
+    monkeypatch.setenv(frontdoor.ENV_FRONT_DOOR, "0")
     root = fast_root(short_tmp)
     sums = make_files(root, 5)
-    cfg = os.path.join(short_tmp, "c.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{short_tmp}/run"
-tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
-staging: {{policy: on-access, threads: 2}}
-""")
-    daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r")
-    server = NodeServer(daemon, embedded=False)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    try:
-        assert server.door is None
-        for key, digest in sums.items():
-            status, path = ask_open(daemon.socket_path, key)
-            assert status == daemon.tiers[0].slot and md5_of(path) == digest
-        assert daemon.stats()["front_door"] is None
-    finally:
-        server.request_stop()
-        thread.join(10)
-        daemon.close()
+    daemon, server = daemon_on(root)
+    assert server.door is None
+    for key, digest in sums.items():
+        status, path = ask_open(daemon.socket_path, key)
+        assert status == daemon.tiers[0].slot and md5_of(path) == digest
+    assert daemon.stats()["front_door"] is None
 
 
 def test_a_copy_of_the_doors_drained_by_one_thread_is_never_copied_again_by_another(short_tmp, daemon_on):
@@ -307,13 +310,7 @@ def test_a_flood_of_silent_connections_does_not_stop_the_door(short_tmp, daemon_
     """More connections than the door keeps waiting for their request (PENDING_MAX): the
     rest, and those that stay silent, go to the Python server, which times them out; the
     door answers a real request meanwhile."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 2 * 1500 + 500  # both ends live in this process (the daemon is in-process)
-    if soft < want:
-        if hard != resource.RLIM_INFINITY and hard < want:
-            pytest.skip(f"needs {want} descriptors, the hard limit is {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # left raised: the descriptors close lazily
+    raise_fd_limit(2 * 1500 + 500)  # both ends live in this process (the daemon is in-process)
     root = fast_root(short_tmp)
     sums = make_files(root, 3)
     daemon, server = daemon_on(root)
@@ -333,30 +330,16 @@ def test_a_flood_of_silent_connections_does_not_stop_the_door(short_tmp, daemon_
             s.close()
 
 
-def test_connections_python_does_not_take_are_bounded(short_tmp):
+def test_connections_python_does_not_take_are_bounded(short_tmp, daemon_on):
     """With the Python loop not taking what the door hands over (stuck, or a flood), the
     door keeps at most HANDED_MAX waiting and closes the rest at once (their shims read
     the PFS); once the loop runs, it answers those that waited."""
-    import resource
     limit = 4096  # front_door.c HANDED_MAX
     extra = 50
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 2 * (limit + extra) + 500
-    if soft < want:
-        if hard != resource.RLIM_INFINITY and hard < want:
-            pytest.skip(f"needs {want} descriptors, the hard limit is {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # left raised: the descriptors close lazily
+    raise_fd_limit(2 * (limit + extra) + 500)
     root = fast_root(short_tmp)
     make_files(root, 1)
-    cfg = os.path.join(short_tmp, "c.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{short_tmp}/run"
-tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
-staging: {{policy: on-access, threads: 2}}
-""")
-    daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r")
-    server = NodeServer(daemon, embedded=False)  # its loop not running yet
+    daemon, server = daemon_on(root, serve=False)  # its loop not running yet
     clients = []
     try:
         request = protocol.encode_request(protocol.VERB_OPEN, b"0/not-in-the-dataset")
@@ -369,8 +352,7 @@ staging: {{policy: on-access, threads: 2}}
             time.sleep(0.05)
         assert server.door.counts()["closed_too_many"] == extra
         assert server.door.counts()["handed_over"] == limit
-        thread = threading.Thread(target=server.serve, daemon=True)
-        thread.start()
+        daemon_on.serve(server)
         answered = closed = 0
         for s in clients:
             s.settimeout(20)
@@ -384,10 +366,6 @@ staging: {{policy: on-access, threads: 2}}
     finally:
         for s in clients:
             s.close()
-        server.request_stop()
-        if "thread" in locals():
-            thread.join(10)
-        daemon.close()
 
 
 def test_random_frames_never_take_the_door_down(short_tmp, daemon_on):
