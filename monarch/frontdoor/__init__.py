@@ -1,14 +1,15 @@
 """The daemon's front door: its socket's hot path in C (``front_door.c``), driven from here.
 
-The door is a thread of its own, outside the interpreter's lock: it accepts every
-connection, checks its peer and answers OPENs of staged files, and of small files from a
-fast source, which it copies itself. Whatever it does not answer it hands over to the
+The door is a few threads of its own (one per core), outside the interpreter's lock: they
+accept every connection, check its peer and answer OPENs of staged files, and of small
+files from a fast source, which they copy themselves. Whatever it does not answer it hands over to the
 Python server (``NodeServer``), and what it copied it reports to the stager's books
 (``Stager.absorb_front_door``). The policy stays in Python; see the C file's header for
 the states a key goes through.
 
-Without a C compiler, or with ``MONARCH_FRONT_DOOR=0``, there is no door: the Python
-server accepts and answers everything itself, as fast as the interpreter allows.
+Without a C compiler, with ``staging.validate: open`` (every open checked in Python) or with
+``MONARCH_FRONT_DOOR=0``, there is no door: the Python server accepts and answers
+everything itself, as fast as the interpreter allows.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class DoorEvent(NamedTuple):
     slot: int        # where it was staged (EV_STAGED)
     size: int        # the file's size
     bytes_read: int  # bytes the door read from the PFS for it
-    seconds: float   # how long the copy took
+    seconds: float   # how long the copy took (EV_SLOW: its read of the source)
     key: str
 
 
