@@ -106,11 +106,11 @@ def find_command(name: str, path: str | None = None) -> tuple[int, str] | None:
 
 
 def cmd_run(args) -> int:
-    from monarch.launcher import run
+    from monarch.launch.run import run
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         raise MonarchError("monarch run: no command given; usage: monarch run [-c CONFIG] -- CMD ARGS...")
-    from monarch import topology
+    from monarch.launch import topology
     # the outermost run of an unnamed job names it; its configuration sees the name
     run_name = topology.run_id() or topology.new_run_id()
     config = _load(args.config, roots=args.dataset, env=dict(os.environ, **{topology.ENV_RUN_ID: run_name}))
@@ -119,17 +119,17 @@ def cmd_run(args) -> int:
         code, reason = problem
         print(f"monarch: {cmd[0]}: {reason}", file=sys.stderr)
         return code
-    from monarch.progress import wanted
+    from monarch.launch.progress import wanted
     log.debug("phase launcher.ready")
     return run(config, args.config, cmd, args.report, run_name, progress=wanted(args.no_progress),
                html_path=args.report_html)
 
 
 def cmd_serve(args) -> int:
-    from monarch.daemon import NodeDaemon
+    from monarch.node.daemon import NodeDaemon
     from monarch.secure import write_file_atomically
-    from monarch.server import NodeServer
-    from monarch.topology import job_id, run_id
+    from monarch.node.server import NodeServer
+    from monarch.launch.topology import job_id, run_id
     log.debug("phase daemon.imported")
     cluster = None
     # the peer layer is imported only by a standing daemon under MPI (not on the launch path)
@@ -186,7 +186,7 @@ def _remove(path: str) -> None:
 def cmd_stop(args) -> int:
     import socket
     from monarch import layout, protocol, secure
-    from monarch.topology import job_id, node_index
+    from monarch.launch.topology import job_id, node_index
     config = _load(args.config, check_roots=False)  # stopping needs no dataset (it may be gone already)
     path = os.path.join(layout.user_dir(config.run_dir), f"{job_id()}-node{node_index()}", "daemon.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
-        from monarch.topology import node_index
+        from monarch.launch.topology import node_index
         _setup_logging(args.verbose, str(node_index()))
     try:
         return args.func(args)

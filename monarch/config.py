@@ -39,7 +39,7 @@ class TierConfig:
     capacity: int  # bytes (0 when capacity_share is set)
     keep: bool = False  # keep staged files after the job (reused by the next job)
     capacity_share: float | None = None  # "50%": a share of the node's available memory (tmpfs) or free space
-    compression: str = "off"  # off | zstd | auto: store copies compressed (monarch/codecs.py)
+    compression: str = "off"  # off | zstd | auto: store copies compressed (monarch/node/codecs.py)
     decoded_cache: int = -1  # bytes of decoded files kept for native re-opens; -1 ("room"): the tier's free room
 
 
@@ -149,7 +149,7 @@ def _closing_brace(text: str, pos: int) -> int:
 
 def builtin_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for expansion, with the variables Monarch itself provides."""
-    from monarch.topology import node_index, run_id, user_name
+    from monarch.launch.topology import node_index, run_id, user_name
     out = dict(os.environ if env is None else env)
     out.setdefault("MONARCH_NODE", str(node_index(out)))
     out.setdefault("MONARCH_JOB_ID", run_id(out) or "local")  # `monarch run` names an unnamed run

@@ -21,7 +21,7 @@ or by hand::
 
 Outside ``monarch run`` (no MONARCH_SOCKET) or when the daemon does not answer, every call
 does nothing: hints never fail a job (fail open). ``MONARCH_DISABLE=1`` turns off the shim,
-not the hints: a reader that opens through another path (monarch.testing.pyshim) still
+not the hints: a reader that opens through another path (support.pyshim) still
 steers the daemon.
 """
 
@@ -33,7 +33,7 @@ import secrets
 import socket
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from monarch import protocol
+from monarch import protocol, secure
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Hints:
                     self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                     self._sock.settimeout(TIMEOUT)
                     self._sock.connect(self._socket_path)
-                    if protocol.peer_uid(self._sock) != os.getuid():
+                    if not secure.peer_is_me(self._sock):
                         raise OSError("the daemon's socket belongs to another user")
                 self._sock.sendall(frame)
                 status, body = protocol.recv_answer(self._sock)

@@ -304,12 +304,6 @@ def recv_answer(sock: socket.socket, limit: int = MAX_ANSWER) -> tuple[int, byte
             return status, body
 
 
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
-
-
 def tier_slot(index: int) -> int:
     return FIRST_TIER_SLOT + index
 

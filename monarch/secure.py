@@ -13,6 +13,7 @@ import os
 import secrets
 import socket
 import stat
+import struct
 
 from monarch.errors import MonarchError
 
@@ -130,9 +131,22 @@ def owner_only(mode: int) -> int:
     return stat.S_IMODE(mode) & 0o700 | 0o600
 
 
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def peer_is_me(sock: socket.socket) -> bool:
+    """Is the Unix-socket peer of this uid? (False when the kernel cannot say.)"""
+    try:
+        return peer_uid(sock) == os.getuid()
+    except OSError:
+        return False
+
+
 def check_peer_is_me(sock: socket.socket) -> None:
     """Refuse a Unix-socket peer of another uid (SO_PEERCRED)."""
-    from monarch.protocol import peer_uid
     uid = peer_uid(sock)
     if uid != os.getuid():
         raise UnsafePathError(f"the process at the other end of the socket runs as uid {uid}, not {os.getuid()}")

@@ -31,7 +31,7 @@ from pathlib import Path
 import xxhash
 
 MANIFEST_SUFFIX = ".manifest.json"
-READERS = ("python", "os", "mmap", "pyshim")
+READERS = ("python", "os", "mmap")  # or MODULE:FUNCTION, a plug-in reader (_plugin_reader)
 CHUNK_FILES = 16           # files per task handed to a worker (a "batch")
 OS_READ_CHUNK = 1 << 20    # bytes per os.pread of the "os" reader
 
@@ -199,24 +199,32 @@ def _read_mmap(path: str) -> bytes:
         os.close(fd)
 
 
-_pyshim = None  # the worker's PyShim (reader "pyshim")
-_served: dict[str, int] = {}
+_served: dict[str, int] = {}  # how the opens of a plug-in reader were served, per chunk
 
 
-def _read_pyshim(path: str) -> bytes:
-    """Open as the C shim would (monarch.testing.pyshim: tiers, then the daemon, then the
-    PFS) and read the whole file; counts how each open was served."""
-    global _pyshim
-    if _pyshim is None:
-        from monarch.testing.pyshim import PyShim
-        _pyshim = PyShim()
-    fd, how = _pyshim.open(path)
-    _served[how] = _served.get(how, 0) + 1
-    with open(fd, "rb") as f:
-        return f.read()
+def _plugin_reader(spec: str):
+    """A reader given as ``MODULE:FUNCTION``: ``FUNCTION(path) -> (bytes, how)``, where ``how``
+    says how the open was served (benchmarks plug in the shim's open path in Python this way,
+    from the checkout's test support, which the installed package does not carry)."""
+    import importlib
+    module, _, name = spec.partition(":")
+    try:
+        func = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise WorkloadError(f"--reader {spec}: cannot load it ({e}); give MODULE:FUNCTION importable here") from None
+
+    def read(path: str) -> bytes:
+        data, how = func(path)
+        _served[how] = _served.get(how, 0) + 1
+        return data
+    return read
 
 
-_READ_FUNCS = {"python": _read_python, "os": _read_os, "mmap": _read_mmap, "pyshim": _read_pyshim}
+_READ_FUNCS = {"python": _read_python, "os": _read_os, "mmap": _read_mmap}
+
+
+def _reader(name: str):
+    return _READ_FUNCS[name] if name in _READ_FUNCS else _plugin_reader(name)
 
 
 @dataclass(frozen=True)
@@ -239,7 +247,7 @@ def _read_chunk(rels: list[str]) -> tuple[int, int, list[str], dict[str, int]]:
     """Worker task: read whole files; return (samples, bytes, mismatch messages, served)."""
     spec = _spec
     _served.clear()
-    read = _READ_FUNCS[spec.reader]
+    read = _reader(spec.reader)
     nbytes, bad = 0, []
     for rel in rels:
         data = read(os.path.join(spec.root, rel))
@@ -267,8 +275,10 @@ def read_dataset(directory: str | os.PathLike, epochs: int = 3, workers: int = 4
     """Read every file once per epoch with ``workers`` forked processes; stop after an epoch
     that saw a digest mismatch. ``log(line)`` is called with a summary of each epoch.
     ``hints``: tell Monarch's daemon each epoch's order and progress (monarch.hints)."""
+    if reader not in READERS and ":" not in reader:
+        raise WorkloadError(f"--reader must be one of {', '.join(READERS)} or MODULE:FUNCTION, got {reader!r}")
     if reader not in READERS:
-        raise WorkloadError(f"--reader must be one of {', '.join(READERS)}, got {reader!r}")
+        _plugin_reader(reader)  # fails here, once, rather than in every worker
     if workers < 1:
         raise WorkloadError(f"--workers must be at least 1, got {workers}")
     root = os.fspath(directory)
@@ -292,7 +302,7 @@ def read_dataset(directory: str | os.PathLike, epochs: int = 3, workers: int = 4
     if hints:
         from monarch.hints import Hints
         hinter = Hints()
-    counted = os.environ.get("MONARCH_COUNTERS") if reader != "pyshim" else None
+    counted = os.environ.get("MONARCH_COUNTERS") if reader in READERS else None  # a plug-in counts its own
     for epoch in range(epochs):
         before = _opens_by_source(counted)
         order = epoch_order(files, seed, epoch)
@@ -360,9 +370,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=4)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--compute-ms", type=float, default=0.0, help="sleep per sample (default 0)")
-    r.add_argument("--reader", choices=READERS, default="python",
+    r.add_argument("--reader", default="python",
                    help="python: open().read(); os: os.open+os.pread; mmap: a private map; "
-                        "pyshim: open as the shim would, in Python (monarch.testing.pyshim)")
+                        "MODULE:FUNCTION: FUNCTION(path) -> (bytes, how it was served), e.g. the benchmarks' "
+                        "support.pyshim:read_file")
     r.add_argument("--manifest", default=None, help="check every file's digest against this manifest")
     r.add_argument("--json", default=None, help="write per-epoch results here")
     r.add_argument("--hints", action="store_true", help="tell Monarch each epoch's order (monarch.hints)")

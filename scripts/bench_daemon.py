@@ -70,8 +70,8 @@ def serve(src: str, config: str, ready, stop, door: bool = True) -> None:
     os.environ["MONARCH_FRONT_DOOR"] = "1" if door else "0"
     sys.path.insert(0, src)
     from monarch.config import load_config
-    from monarch.daemon import NodeDaemon
-    from monarch.server import NodeServer
+    from monarch.node.daemon import NodeDaemon
+    from monarch.node.server import NodeServer
 
     daemon = NodeDaemon(load_config(config, env={"USER": "bench"}), f"bench{os.getpid()}")
     server = NodeServer(daemon, embedded=False)

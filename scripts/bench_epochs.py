@@ -17,14 +17,14 @@ writes the figures as JSON and a plot as PNG.
     python scripts/bench_epochs.py --variant large      # 64 files of 16 MiB
     python scripts/bench_epochs.py --variant high-latency   # 1000 files, 20, 50 and 100 ms per open
     python scripts/bench_epochs.py --capacity 0.5x --hints  # RAM tier of half the dataset, order hints
-    python scripts/bench_epochs.py --client python      # monarch mode through monarch.testing.pyshim
+    python scripts/bench_epochs.py --client python      # monarch mode through support.pyshim
     python scripts/bench_epochs.py --quick              # a small smoke run
     python scripts/bench_epochs.py --variant compressible   # RAM tier of half the dataset, compression off vs zstd
     python scripts/bench_epochs.py --variant incompressible # the same with random bytes (stored raw)
 
 ``--client python`` runs the monarch mode with the C shim off (MONARCH_DISABLE=1) and the
 workload opening files as the shim would, in Python, over the frame protocol
-(monarch/testing/pyshim.py); it then also reports how each epoch's opens were served
+(tests/support/pyshim.py); it then also reports how each epoch's opens were served
 (tier probe hit, staged by the daemon on a miss, PFS).
 """
 
@@ -41,9 +41,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
-from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
 MODES = ("direct", "monarch", "zstd", "zstd-nocache", "ceiling")
@@ -88,7 +88,7 @@ def parse_args(argv=None):
                                       "(default: room for the dataset)")
     p.add_argument("--hints", action="store_true", help="the workload tells Monarch each epoch's order (monarch.hints)")
     p.add_argument("--client", choices=("shim", "python"), default="shim",
-                   help="monarch mode through the C shim (default) or monarch.testing.pyshim")
+                   help="monarch mode through the C shim (default) or support.pyshim")
     p.add_argument("--workdir", help="where the dataset and scratch go (default: a new temporary directory)")
     p.add_argument("--out", default="bench_epochs", help="prefix of the JSON and PNG written (default bench_epochs)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds allowed to each mode's run")
@@ -131,7 +131,8 @@ def workload_cmd(data_dir: str, manifest: Path, out_json: Path, args, reader: st
 
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    paths = [str(REPO), str(REPO / "tests")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)  # monarch from this checkout; support.pyshim for --client python
     env.pop("LD_PRELOAD", None)
     return env
 
@@ -458,7 +459,7 @@ def run_monarch(pfs: SlowPFS, manifest: Path, work: Path, shm: Path, dataset_byt
     python_client = args.client == "python"
     cmd = [sys.executable, "-m", "monarch", "run", "-c", str(config), "--report", str(report_path), "--",
            *workload_cmd(pfs.mountpoint, manifest, work / f"{name}.json", args,
-                         reader="pyshim" if python_client else None, hints=args.hints)]
+                         reader="support.pyshim:read_file" if python_client else None, hints=args.hints)]
     result = run_workload(cmd, work / f"{name}.json", work / f"{name}.log", args.timeout,
                           extra_env={"MONARCH_DISABLE": "1"} if python_client else None)
     result["pfs"] = _pfs_totals(pfs.counters())

@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
-from monarch import sources  # noqa: E402
-from monarch.snapshot import take_snapshot  # noqa: E402
-from monarch.testing.harness import CountingTally  # noqa: E402
-from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.node import sources  # noqa: E402
+from monarch.node.snapshot import take_snapshot  # noqa: E402
+from support.harness import CountingTally  # noqa: E402
+from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -31,10 +31,10 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
 from monarch import protocol  # noqa: E402
-from monarch.snapshot import take_snapshot  # noqa: E402
+from monarch.node.snapshot import take_snapshot  # noqa: E402
 from monarch.workload import parse_size  # noqa: E402
 
 TIER_SLOT = protocol.tier_slot(0)

@@ -47,11 +47,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_epochs import child_env, monarch_config  # noqa: E402
-from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset  # noqa: E402
 
 PHASE = re.compile(r"^\[monarch node \d+\] (\d+\.\d+) DEBUG phase (\S+)")

@@ -8,7 +8,7 @@ import tempfile
 import time
 
 from monarch.config import load_config
-from monarch.daemon import NodeDaemon
+from monarch.node.daemon import NodeDaemon
 from monarch.workload import make_dataset
 
 

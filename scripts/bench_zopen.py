@@ -30,13 +30,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
 import zstandard  # noqa: E402
 
-from monarch import codecs, protocol  # noqa: E402
-from monarch.snapshot import FileInfo  # noqa: E402
-from monarch.tiers import DecodedFiles  # noqa: E402
+from monarch import protocol  # noqa: E402
+from monarch.node import codecs  # noqa: E402
+from monarch.node.snapshot import FileInfo  # noqa: E402
+from monarch.node.tiers import DecodedFiles  # noqa: E402
 from monarch.workload import parse_size  # noqa: E402
 
 
@@ -127,11 +128,11 @@ def main() -> int:
 
 
 def round_trips(size: int, n: int) -> dict:
-    """A real daemon (monarch.daemon + server, on-access, compressed RAM tier)."""
+    """A real daemon (monarch.node.daemon + server, on-access, compressed RAM tier)."""
     import threading
     from monarch.config import load_config
-    from monarch.daemon import NodeDaemon
-    from monarch.server import NodeServer
+    from monarch.node.daemon import NodeDaemon
+    from monarch.node.server import NodeServer
     out = {}
     base = tempfile.mkdtemp(prefix="zopen-", dir="/tmp")
     root = Path(base, "pfs")

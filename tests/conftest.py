@@ -6,7 +6,7 @@ import pytest
 
 from monarch.workload import make_dataset
 
-pytest_plugins = ["monarch.testing.fixtures"]
+pytest_plugins = ["support.fixtures"]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

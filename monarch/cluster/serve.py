@@ -14,6 +14,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ..node.codecs import Compressed
 from . import transfer
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class Server:
             return self._refuse(out, "cancelled by the requester", "cancelled")
         if path is None:
             return self._refuse(out, reason, "refused")
-        compressed = isinstance(path, transfer.Compressed)
+        compressed = isinstance(path, Compressed)
         try:  # a file object: a copy decompressed for the wire
             f = path if hasattr(path, "read") else open(path.path if compressed else path, "rb")
         except OSError as exc:

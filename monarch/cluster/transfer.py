@@ -19,19 +19,12 @@ scratch buffers ("drain"), so no message is left unmatched and the tag can be re
 
 import queue
 import struct
-from typing import NamedTuple
 
 HEADER = struct.Struct("<q")
 OK = struct.Struct("<qqB")  # bytes on the wire, bytes of the file, encoding
 HEADER_MAX = 4096
 FIRST_REPLY_TAG = 16
 RAW, ZSTD = 0, 1
-
-
-class Compressed(NamedTuple):
-    """What ``provide`` returns for a copy sent as stored: its zstd frame's path and the file's size."""
-    path: str
-    size: int
 
 
 def encode_ok(size, file_size=None, encoding=RAW):

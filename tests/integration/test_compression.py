@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from monarch.testing.harness import load, monarch
+from support.harness import load, monarch
 
 np = pytest.importorskip("numpy")
 

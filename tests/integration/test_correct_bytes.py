@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from monarch.testing.harness import load, monarch, monarch_env, reader, write_config, write_tier_config
+from support.harness import load, monarch, monarch_env, reader, write_config, write_tier_config
 from monarch.workload import make_dataset
 
 pytestmark = pytest.mark.integration

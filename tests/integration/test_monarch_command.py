@@ -5,7 +5,7 @@ import os
 import pytest
 
 from monarch import __version__
-from monarch.testing.harness import load, monarch, monarch_env, write_config
+from support.harness import load, monarch, monarch_env, write_config
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from monarch.testing.harness import load, monarch, monarch_env, reader, write_config
+from support.harness import load, monarch, monarch_env, reader, write_config
 
 pytestmark = pytest.mark.integration
 

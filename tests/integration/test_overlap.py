@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from monarch.testing.harness import load, monarch, monarch_env, run_dirs, write_config
+from support.harness import load, monarch, monarch_env, run_dirs, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, pytest.mark.timeout(300)]
 

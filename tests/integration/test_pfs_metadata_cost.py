@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from monarch.pfsmeta import DirFds, attrs_fresh_after_open, opened_stat
-from monarch.snapshot import take_snapshot, unchanged
-from monarch.sources import PFSSource, SourceChanged
-from monarch.testing.harness import CountingTally
+from monarch.node.pfsmeta import DirFds, attrs_fresh_after_open, opened_stat
+from monarch.node.snapshot import take_snapshot, unchanged
+from monarch.node.sources import PFSSource, SourceChanged
+from support.harness import CountingTally
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from monarch.testing.harness import load, monarch, monarch_env, reader, run_dirs, write_config
+from support.harness import load, monarch, monarch_env, reader, run_dirs, write_config
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch.testing.harness import load, monarch, monarch_env, reader, write_config
+from support.harness import load, monarch, monarch_env, reader, write_config
 from monarch.workload import make_dataset
 
 pytestmark = pytest.mark.mpi

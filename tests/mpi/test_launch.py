@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch.testing.harness import finish_group, load, monarch_env, reader, run_group, start_group, write_config
+from support.harness import finish_group, load, monarch_env, reader, run_group, start_group, write_config
 
 pytestmark = pytest.mark.mpi
 

@@ -168,8 +168,8 @@ def test_calls_outside_the_roots_never_wait(shim_env):
 
 
 def test_the_python_client_waits_too(shim_env):
-    """monarch.testing.pyshim (benchmarks): no tier probe before the snapshot is ready."""
-    from monarch.testing.pyshim import PFS, PyShim
+    """support.pyshim (benchmarks): no tier probe before the snapshot is ready."""
+    from support.pyshim import PFS, PyShim
     src = shim_env.write("k/d.bin", SIZE)
     stale = shim_env.stage("k/d.bin", tier=0, data=b"S" * SIZE)
     ready = threading.Event()

@@ -86,9 +86,9 @@ def test_serve_takes_dataset_too():
 
 
 def test_run_passes_the_dataset_roots_to_the_launcher(tmp_path, monkeypatch):
-    import monarch.launcher
+    import monarch.launch.run
     seen = {}
-    monkeypatch.setattr(monarch.launcher, "run",
+    monkeypatch.setattr(monarch.launch.run, "run",
                         lambda config, *a, **kw: seen.setdefault("roots", config.dataset.roots) and 0)
     cfg = tmp_path / "job.yaml"
     (tmp_path / "file_roots").mkdir()
@@ -98,9 +98,9 @@ def test_run_passes_the_dataset_roots_to_the_launcher(tmp_path, monkeypatch):
 
 
 def test_run_progress_and_html_options_reach_the_launcher(tmp_path, monkeypatch):
-    import monarch.launcher
+    import monarch.launch.run
     seen = []
-    monkeypatch.setattr(monarch.launcher, "run", lambda config, *a, **kw: seen.append(kw) or 0)
+    monkeypatch.setattr(monarch.launch.run, "run", lambda config, *a, **kw: seen.append(kw) or 0)
     monkeypatch.delenv("MONARCH_PROGRESS", raising=False)
     assert main(["run", "--dataset", str(tmp_path), "--no-progress", "--report-html", "r.html", "--", "true"]) == 0
     assert main(["run", "--dataset", str(tmp_path), "--", "true"]) == 0
@@ -119,8 +119,8 @@ def test_run_missing_dataset_stops_before_the_command(tmp_path, capsys):
 
 def test_run_command_not_found_is_127_with_one_line_and_no_daemon(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MONARCH_DATASET", str(tmp_path))
-    import monarch.launcher
-    monkeypatch.setattr(monarch.launcher, "run", lambda *a: pytest.fail("the launcher must not start"))
+    import monarch.launch.run
+    monkeypatch.setattr(monarch.launch.run, "run", lambda *a: pytest.fail("the launcher must not start"))
     assert main(["run", "--", "no-such-command-anywhere", "arg"]) == 127
     assert capsys.readouterr().err == "monarch: no-such-command-anywhere: command not found\n"
 

@@ -8,12 +8,12 @@ import random
 import pytest
 import zstandard
 
-from monarch import codecs
-from monarch.codecs import Codec, select
+from monarch.node import codecs
+from monarch.node.codecs import Codec, select
 from monarch.config import TierConfig
-from monarch.snapshot import take_snapshot
-from monarch.stager import Stager
-from monarch.tiers import Tier
+from monarch.node.snapshot import take_snapshot
+from monarch.node.stager import Stager
+from monarch.node.tiers import Tier
 
 
 def compressible(n: int, seed: int = 0) -> bytes:

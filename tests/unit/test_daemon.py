@@ -9,9 +9,9 @@ import pytest
 
 from monarch import protocol
 from monarch.config import load_config
-from monarch.daemon import PFS, NodeDaemon
+from monarch.node.daemon import PFS, NodeDaemon
 from monarch.errors import PeerError
-from monarch.snapshot import take_snapshot
+from monarch.node.snapshot import take_snapshot
 
 
 class FakeCluster:

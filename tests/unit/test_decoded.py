@@ -1,4 +1,4 @@
-"""The decoded working set of a compressing tier (``monarch.tiers.DecodedFiles``): an open
+"""The decoded working set of a compressing tier (``monarch.node.tiers.DecodedFiles``): an open
 of a compressed copy keeps its decoded bytes at ``<tier>/<key>``, where the shim's probe
 finds them; everything that removes or invalidates the copy removes that file too, a
 decode racing an invalidation never publishes old bytes, and the budget holds."""
@@ -12,10 +12,10 @@ import pytest
 
 from monarch import protocol
 from monarch.config import load_config
-from monarch.daemon import NodeDaemon
-from monarch.snapshot import FileInfo, take_snapshot
-from monarch.stager import Stager
-from monarch.tiers import DecodedFiles, Tier
+from monarch.node.daemon import NodeDaemon
+from monarch.node.snapshot import FileInfo, take_snapshot
+from monarch.node.stager import Stager
+from monarch.node.tiers import DecodedFiles, Tier
 
 from test_codecs import compressible, tier  # noqa: E402 (tests/unit is on sys.path: pytest's prepend mode)
 

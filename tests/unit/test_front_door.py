@@ -17,9 +17,9 @@ import pytest
 
 from monarch import frontdoor, protocol
 from monarch.config import load_config
-from monarch.daemon import NodeDaemon
-from monarch.server import NodeServer
-from monarch.testing.harness import unix_connect as connect
+from monarch.node.daemon import NodeDaemon
+from monarch.node.server import NodeServer
+from support.harness import unix_connect as connect
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
 

@@ -11,9 +11,9 @@ import pytest
 
 from monarch import protocol
 from monarch.config import load_config
-from monarch.daemon import NodeDaemon
+from monarch.node.daemon import NodeDaemon
 from monarch.hints import Hints, HintedSampler
-from monarch.server import NodeServer
+from monarch.node.server import NodeServer
 
 
 @pytest.fixture

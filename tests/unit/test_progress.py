@@ -4,7 +4,7 @@ import io
 import threading
 import time
 
-from monarch.progress import Progress, interval, line, wanted
+from monarch.launch.progress import Progress, interval, line, wanted
 
 MiB = 2**20
 

@@ -139,7 +139,7 @@ def test_metadata_counts_are_summed_and_printed():
 def test_size_classes_say_where_each_class_is():
     from types import SimpleNamespace as NS
 
-    from monarch.report import size_classes
+    from monarch.node.stats import size_classes
     files = {"0/a": NS(size=1000), "0/b": NS(size=200_000), "0/c": NS(size=5 << 20), "0/d": NS(size=40 << 20),
              "0/e": NS(size=64 << 10)}
     ram, ssd = NS(name="ram"), NS(name="ssd")

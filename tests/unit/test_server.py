@@ -14,9 +14,9 @@ import pytest
 
 from monarch import protocol
 from monarch.config import load_config
-from monarch.daemon import NodeDaemon
-from monarch.server import NodeServer
-from monarch.testing.harness import unix_connect as connect
+from monarch.node.daemon import NodeDaemon
+from monarch.node.server import NodeServer
+from support.harness import unix_connect as connect
 
 
 @pytest.fixture(params=["front-door", "python-only"])

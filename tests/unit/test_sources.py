@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from monarch import sources
-from monarch.snapshot import take_snapshot
-from monarch.sources import PFSSource, SourceChanged
-from monarch.testing.harness import CountingTally
+from monarch.node import sources
+from monarch.node.snapshot import take_snapshot
+from monarch.node.sources import PFSSource, SourceChanged
+from support.harness import CountingTally
 
 KiB = 1024
 

@@ -7,9 +7,9 @@ import pytest
 
 from monarch.config import TierConfig
 from monarch.layout import MARKER
-from monarch.snapshot import take_snapshot
-from monarch.stager import Stager
-from monarch.tiers import TMP_PREFIX, Tier
+from monarch.node.snapshot import take_snapshot
+from monarch.node.stager import Stager
+from monarch.node.tiers import TMP_PREFIX, Tier
 
 
 def make_files(root, sizes):
@@ -254,7 +254,7 @@ def test_a_physically_full_tier_is_marked_full_and_the_next_tier_is_used(tmp_pat
 import collections  # noqa: E402
 import time  # noqa: E402
 
-from monarch.concurrency import Concurrency  # noqa: E402
+from monarch.node.concurrency import Concurrency  # noqa: E402
 
 
 def recording(stager, delay=0.0, gate=None):

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from monarch import daemon as daemon_module
+from monarch.node import daemon as daemon_module
 from monarch.config import load_config
-from monarch.daemon import NodeDaemon, SnapshotState
-from monarch.snapshot import take_snapshot
+from monarch.node.daemon import NodeDaemon, SnapshotState
+from monarch.node.snapshot import take_snapshot
 
 pytestmark = pytest.mark.timeout(60)
 

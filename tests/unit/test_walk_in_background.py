@@ -13,12 +13,12 @@ import time
 
 import pytest
 
-from monarch import daemon as daemon_module
+from monarch.node import daemon as daemon_module
 from monarch import protocol
 from monarch.config import load_config
-from monarch.daemon import NodeDaemon, SnapshotState
-from monarch.server import NodeServer
-from monarch.testing.harness import unix_connect as connect
+from monarch.node.daemon import NodeDaemon, SnapshotState
+from monarch.node.server import NodeServer
+from support.harness import unix_connect as connect
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,6 @@
 """The stager: copies dataset files from their sources into the fastest tier with room.
 
-One place for everything a copy needs, whatever the source (``monarch/sources.py``: the
+One place for everything a copy needs, whatever the source (``monarch/node/sources.py``: the
 PFS, a peer node): priorities, bounded concurrency, one flight per file (concurrent
 requests share one copy), space reserved before the copy, the atomic publish, and the
 count of every byte read from each source — the PFS bytes are the number Monarch exists
@@ -37,13 +37,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from monarch.concurrency import Concurrency
+from monarch.node.concurrency import Concurrency
 from monarch.errors import PeerError
 from monarch.frontdoor import EV_SLOW, EV_STAGED
 from monarch.secure import owner_only
-from monarch.snapshot import Snapshot
-from monarch.sources import PeerSource, PFSSource, Source, SourceChanged
-from monarch.tiers import NO_SPACE, Tier, write_all, write_atomically
+from monarch.node.snapshot import Snapshot
+from monarch.node.sources import PeerSource, PFSSource, Source, SourceChanged
+from monarch.node.tiers import NO_SPACE, Tier, write_all, write_atomically
 
 log = logging.getLogger(__name__)
 

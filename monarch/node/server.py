@@ -29,8 +29,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from monarch import protocol
-from monarch.daemon import NodeDaemon, SnapshotState
+from monarch import protocol, secure
+from monarch.node.daemon import NodeDaemon, SnapshotState
 from monarch.errors import DaemonError
 from monarch.protocol import ProtocolError
 
@@ -184,13 +184,9 @@ class NodeServer:
             self.errors["too_many_connections"] += 1
             sock.close()
             return
-        try:
-            uid = protocol.peer_uid(sock)
-        except OSError:
-            uid = -1
-        if uid != os.getuid():
+        if not secure.peer_is_me(sock):
             self.errors["other_user"] += 1
-            log.warning("refused a connection from uid %d (this daemon serves uid %d only)", uid, os.getuid())
+            log.warning("refused a connection from another uid (this daemon serves uid %d only)", os.getuid())
             sock.close()
             return
         sock.setblocking(False)

@@ -6,7 +6,7 @@ background from the start, what the application waits for first) or stages on ac
 in a cluster it stages what this node owns and fetches the rest from the owning peer
 into a bounded local peer area; when a peer cannot help (dead, slow, full) the file is
 staged here from the PFS instead. Every copy, from the PFS or a peer, goes through the
-stager (``monarch/stager.py``, ``monarch/sources.py``).
+stager (``monarch/node/stager.py``, ``monarch/node/sources.py``).
 Every way it cannot help ends in the same answer: read the PFS (fail open), counted by why.
 """
 
@@ -27,18 +27,17 @@ from typing import Callable
 import zstandard
 
 from monarch import frontdoor, layout, protocol
-from monarch.cluster.transfer import Compressed
-from monarch.codecs import sealed_memfd
+from monarch.node.codecs import Compressed, sealed_memfd
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
 from monarch.frontdoor import FrontDoor
-from monarch.report import size_classes
-from monarch.resources import margin_bytes
+from monarch.node.resources import margin_bytes
 from monarch.secure import UnsafePathError, private_dir, user_dir, write_file_atomically
-from monarch.snapshot import Snapshot, load_or_walk
-from monarch.sources import PeerSource
-from monarch.stager import Stager
-from monarch.tiers import Tier
+from monarch.node.snapshot import Snapshot, load_or_walk
+from monarch.node.sources import PeerSource
+from monarch.node.stager import Stager
+from monarch.node.stats import size_classes
+from monarch.node.tiers import Tier
 from monarch.timeline import Sampler, Timeline
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
 """pytest plugin: ``slow_pfs``, a factory that mounts directories through the emulated PFS.
 
-Use it by declaring ``pytest_plugins = ["monarch.testing.fixtures"]`` in a conftest, or
+Use it by declaring ``pytest_plugins = ["support.fixtures"]`` in a conftest, or
 by importing the fixture into a test module::
 
-    from monarch.testing.fixtures import slow_pfs  # noqa: F401
+    from support.fixtures import slow_pfs  # noqa: F401
 
     def test_x(slow_pfs, tmp_path):
         pfs = slow_pfs(src_dir, open_latency_ms=2)
@@ -20,7 +20,7 @@ import os
 
 import pytest
 
-from monarch.testing.slowpfs import SlowPFS, fuse_unavailable_reason
+from support.slowpfs import SlowPFS, fuse_unavailable_reason
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ import threading
 import time
 from contextlib import contextmanager
 
-from monarch import layout, protocol, secure, topology
+from monarch import layout, protocol, secure
+from monarch.launch import topology
 from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
 from monarch.report import build_report, print_report, session_delta, write_report
@@ -243,7 +244,7 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
         run: str | None = None, out=sys.stderr, progress: bool = True, html_path: str | None = None) -> int:
     """The whole of ``monarch run``. Monarch trouble never stops the command: it runs on the PFS.
 
-    ``progress``: show live progress on ``out`` while the command runs (monarch/progress.py);
+    ``progress``: show live progress on ``out`` while the command runs (monarch/launch/progress.py);
     ``html_path``: also write the report as HTML (else the configuration's ``report_html``).
     """
     t0 = time.time()
@@ -261,7 +262,7 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     env[topology.ENV_RUN_ID] = run  # nested `monarch run` and the command's children share the run
     shown = None
     if session is not None and progress:
-        from monarch.progress import Progress
+        from monarch.launch.progress import Progress
         shown = Progress(lambda: session.stats(brief=True), out).start()
     log.debug("phase command.start")
     try:
@@ -321,7 +322,7 @@ def _reap(daemon: subprocess.Popen, config: Config) -> None:
     If it is still running, other launchers of the run are attached: leave it to them.
     If it died, remove the copies it left (its tier directories name a process that is gone).
     """
-    from monarch.server import EMBEDDED_IDLE_SECONDS  # the daemon's modules stay off the launch path
+    from monarch.node.server import EMBEDDED_IDLE_SECONDS  # the daemon's modules stay off the launch path
     try:
         daemon.wait(timeout=EMBEDDED_IDLE_SECONDS + 10)
     except subprocess.TimeoutExpired:

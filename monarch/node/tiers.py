@@ -19,12 +19,12 @@ import secrets
 import threading
 from typing import Callable
 
-from monarch.codecs import Codec, make_codec
+from monarch.node.codecs import Codec, make_codec
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
-from monarch.resources import MemoryGuard, is_memory_backed, share_of_node
+from monarch.node.resources import MemoryGuard, is_memory_backed, share_of_node
 from monarch.secure import create_exclusive, owner_only
-from monarch.snapshot import FileInfo
+from monarch.node.snapshot import FileInfo
 
 log = logging.getLogger(__name__)
 

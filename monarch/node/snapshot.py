@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from monarch import protocol
-from monarch.pfsmeta import opened_stat
+from monarch.node.pfsmeta import opened_stat
 from monarch.secure import write_file_atomically
 
 log = logging.getLogger(__name__)

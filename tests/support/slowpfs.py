@@ -10,7 +10,7 @@ of a job independently of what Monarch believes it did.
 
 Run it as a process::
 
-    python -m monarch.testing.slowpfs SRC MOUNTPOINT --counters FILE \\
+    python -m support.slowpfs SRC MOUNTPOINT --counters FILE \\
         [--open-latency-ms 2] [--read-latency-ms 0] [--bandwidth MBps]
 
 or from Python with the :class:`SlowPFS` context manager, which starts that process,
@@ -375,7 +375,7 @@ class SlowPFS:
 
     def command(self) -> list[str]:
         o = self.options
-        return [sys.executable, "-m", "monarch.testing.slowpfs", self.src, self.mountpoint,
+        return [sys.executable, "-m", "support.slowpfs", self.src, self.mountpoint,
                 "--counters", self.counters_path,
                 "--open-latency-ms", str(o["open_latency_ms"]),
                 "--read-latency-ms", str(o["read_latency_ms"]),
@@ -391,8 +391,9 @@ class SlowPFS:
             raise SlowPFSError(f"slowpfs: {self.mountpoint} is already a mount point")
         self._stderr = tempfile.TemporaryFile()
         env = dict(os.environ)
-        src_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = src_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        here = Path(__file__).resolve()  # tests/support/slowpfs.py: `support` lives in tests/, monarch in the checkout
+        paths = [str(here.parents[1]), str(here.parents[2])] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        env["PYTHONPATH"] = os.pathsep.join(paths)
         env.pop("LD_PRELOAD", None)  # never serve the PFS through a preloaded shim
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._stderr,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -475,7 +476,7 @@ class SlowPFS:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m monarch.testing.slowpfs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m support.slowpfs", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="directory to serve (read-only)")
     p.add_argument("mountpoint")
     p.add_argument("--counters", required=True, help="JSON file the counters are written to")

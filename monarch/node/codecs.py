@@ -1,6 +1,6 @@
 """Compressed tiers: the zstd codec of a tier, its choice of level (and dictionary), and the
 sealed in-memory copy an open of a compressed key is served from (the decoded files kept
-for re-opens are the tier's: ``monarch.tiers.DecodedFiles``).
+for re-opens are the tier's: ``monarch.node.tiers.DecodedFiles``).
 
 A tier with ``compression: zstd`` or ``auto`` stores a file compressed when that pays: the
 stager hands the codec the bytes it read from the PFS (one read, as for a raw copy) and the
@@ -33,7 +33,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import zstandard
 
@@ -69,6 +69,12 @@ class Choice:
     bound_mbps: float = 0.0            # the decompression throughput the level had to reach
     candidates: list[dict] = field(default_factory=list)
 
+
+
+class Compressed(NamedTuple):
+    """A copy sent to a peer as stored (``provide``'s answer): its zstd frame's path and the file's size."""
+    path: str
+    size: int
 
 def _measure(samples: list[bytes], level: int, dict_data: zstandard.ZstdCompressionDict | None = None) -> dict:
     """Ratio and throughputs of ``level`` on ``samples``, in this thread's CPU time: what the
