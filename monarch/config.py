@@ -8,6 +8,7 @@ Every error names the file, the key and the fix.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import re
 from dataclasses import dataclass, fields
@@ -19,8 +20,11 @@ import yaml
 from monarch.errors import ConfigError
 from monarch.protocol import MAX_TIERS
 
+log = logging.getLogger(__name__)
+
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
-POLICIES = ("read-ahead", "on-access", "prestage", "off")
+POLICIES = ("read-ahead", "on-access", "off")
+RENAMED_POLICIES = {"prestage": "read-ahead"}  # older names still accepted, with a warning
 VALIDATE_MODES = ("none", "open")
 COMPRESSION_MODES = ("off", "zstd", "auto")
 PRIVATE_PREFIX = "monarch-"  # Monarch's own directory in a base directory: monarch-<uid>
@@ -449,12 +453,21 @@ def _threads(r: _Reader, value: Any) -> int:
     return r.number(value, "staging.threads", int, 1)
 
 
+def _policy(r: _Reader, value: Any) -> str:
+    """``staging.policy``; an older name is taken as its new one, with a warning that says so."""
+    if isinstance(value, str) and value in RENAMED_POLICIES:
+        new = RENAMED_POLICIES[value]
+        log.warning("config %s: staging.policy: %r is the older name of %r; write %s", r.source, value, new, new)
+        return new
+    return r.choice(value, "staging.policy", POLICIES)
+
+
 def _staging(r: _Reader, raw: dict) -> StagingConfig | None:
     staging = r.get(r.mapping, raw.get("staging"), "staging")
     if staging is None:
         return None
     values = {
-        "policy": r.get(r.choice, staging.get("policy"), "staging.policy", POLICIES),
+        "policy": r.get(_policy, r, staging.get("policy")),
         "threads": r.get(_threads, r, staging.get("threads")),
         "resolve_timeout": r.get(r.number, staging.get("resolve_timeout"), "staging.resolve_timeout", float, 0.1),
         "validate": r.get(r.choice, staging.get("validate"), "staging.validate", VALIDATE_MODES),

@@ -255,7 +255,7 @@ class NodeDaemon:
         try:
             if self.cluster is not None:
                 self.cluster.start(self.provide)
-            if self.config.staging.policy in ("read-ahead", "prestage"):
+            if self.config.staging.policy == "read-ahead":
                 # this node's own files from the PFS first, then the others' from their owners
                 keys = sorted(self.snapshot.files)
                 self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)),
@@ -350,7 +350,7 @@ class NodeDaemon:
         once the walk is whole) and with the read-ahead on. The copies made meanwhile are
         not served before the index exists (the shim waits for it)."""
         return (self.cluster is None and not any(t.keep for t in self.tiers)
-                and self.config.staging.policy in ("read-ahead", "prestage"))
+                and self.config.staging.policy == "read-ahead")
 
     def _take_snapshot(self, into: Snapshot | None = None, on_directory=None) -> Snapshot:
         """One walk per job (node 0's, in a cluster), or the last job's snapshot when no

@@ -146,15 +146,6 @@ class Stager:
         self.door = None  # the daemon's C front door (monarch.frontdoor), once attached
         self._door_may_copy = False
 
-    # -- compatibility names for the report --------------------------------------------
-    @property
-    def pfs_bytes(self) -> int:
-        return self.bytes_read["pfs"]
-
-    @property
-    def pfs_files(self) -> int:
-        return self.files_read["pfs"]
-
     def adopt(self, key: str, tier: Tier) -> None:
         with self._lock:
             self.staged[key] = tier
@@ -210,8 +201,6 @@ class Stager:
             self._ahead = iter(keys)
             self._ahead_held = None
             self._wake_locked()
-
-    prestage = read_ahead  # the older name
 
     def read_ahead_more(self, keys: Iterable[str]) -> None:
         """Stage ``keys`` in the background as well, before the read-ahead's own order: the

@@ -315,11 +315,11 @@ def test_a_tier_that_cannot_be_created_is_skipped_and_the_other_used(dataset, sh
 def test_a_file_changed_during_the_job_is_not_served_stale_with_validate_open(dataset, short_tmp):
     ds = dataset(files=20, size="4KiB")
     paths = sorted(glob.glob(os.path.join(ds.root, "*", "*.bin")))
-    cfg = write_config(short_tmp, ds.root, policy="prestage")
-    text = open(cfg).read().replace("staging: {policy: prestage, threads: 2}",
-                                    "staging: {policy: prestage, threads: 2, validate: open}")
+    cfg = write_config(short_tmp, ds.root, policy="read-ahead")
+    text = open(cfg).read().replace("staging: {policy: read-ahead, threads: 2}",
+                                    "staging: {policy: read-ahead, threads: 2, validate: open}")
     open(cfg, "w").write(text)
-    # someone else (not through this job's shim) changes a file after it was prestaged
+    # someone else (not through this job's shim) changes a file after it was read ahead
     change = f"f = open({paths[0]!r}, 'r+b'); f.write(b'CHANGED!'); f.close()"
     script = (f"import subprocess, sys, time\ntime.sleep(1.5)\n"
               f"subprocess.run(['env', '-u', 'LD_PRELOAD', sys.executable, '-c', {change!r}], check=True)\n"

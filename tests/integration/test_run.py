@@ -107,10 +107,10 @@ def test_full_tiers_pin_what_they_hold_and_the_rest_stays_on_the_pfs(dataset, sh
     assert rep["pfs"]["staging_bytes"] == rep["staging"]["bytes"] <= 2 * cap
 
 
-def test_prestage_stages_everything_in_the_background(dataset, short_tmp):
+def test_read_ahead_stages_everything_in_the_background(dataset, short_tmp):
     ds = dataset(files=300, size="4KiB")
     report = os.path.join(short_tmp, "report.json")
-    cfg = write_config(short_tmp, ds.root, policy="prestage")
+    cfg = write_config(short_tmp, ds.root, policy="read-ahead")
     script = "import time; time.sleep(2)"
     r = monarch("run", "-c", cfg, "--report", report, "--", sys.executable, "-c", script)
     assert r.returncode == 0, r.stderr

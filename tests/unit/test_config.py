@@ -82,7 +82,7 @@ def write(tmp_path, text):
 @pytest.mark.parametrize("text,message", [
     ("tiers:\n  - {name: ram, path: /dev/shm/x, capacity: 64 G}\n",
      'tiers[0].capacity: expected a size like "64GiB"'),
-    ("staging: {policy: lru}\n", "staging.policy: expected one of read-ahead, on-access, prestage, off, got 'lru'"),
+    ("staging: {policy: lru}\n", "staging.policy: expected one of read-ahead, on-access, off, got 'lru'"),
     ("staging: {threads: 0}\n", "staging.threads: must be at least 1"),
     ("staging: {threads: many}\n", 'staging.threads: expected "auto" or a whole number'),
     ("stagin: {threads: 2}\n", "stagin: unknown key; known keys here: dataset, memory_margin, peer, report, report_html, run_dir, "
@@ -127,7 +127,7 @@ def test_user_values_override_defaults(tmp_path, env):
                            "tiers:\n  - {name: fast, path: /dev/shm/t, capacity: 1MiB, keep: true}\n")
     c = load_config(path, env=env)
     assert c.dataset.roots == (f"{tmp_path}/a", f"{tmp_path}/b")
-    assert c.staging.policy == "prestage" and c.staging.threads == 2
+    assert c.staging.policy == "read-ahead" and c.staging.threads == 2  # prestage: read-ahead's older name
     assert c.staging.resolve_timeout == 30.0  # default kept
     assert len(c.tiers) == 1 and c.tiers[0].keep is True and c.tiers[0].capacity == 2**20
 
@@ -279,3 +279,12 @@ def test_capacity_as_a_share_and_the_memory_margin(tmp_path, env):
     d = load_config(None, env=env)  # the default: 10% of the node's memory stays free
     assert (d.memory_margin, d.memory_margin_share) == (0, 0.10)
     assert d.tiers[0].capacity_share is None and d.report_html is None
+
+
+def test_the_older_policy_name_is_read_as_the_new_one_with_a_warning(tmp_path, env, caplog):
+    (tmp_path / "a").mkdir()
+    path = write(tmp_path, f"dataset: {{roots: [{tmp_path}/a]}}\nstaging: {{policy: prestage}}\n")
+    with caplog.at_level("WARNING", logger="monarch.config"):
+        c = load_config(path, env=env)
+    assert c.staging.policy == "read-ahead"
+    assert "staging.policy: 'prestage' is the older name of 'read-ahead'; write read-ahead" in caplog.text
