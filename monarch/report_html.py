@@ -62,10 +62,11 @@ def render_html(report: dict) -> str:
     e = html.escape
     job, ds, pfs = report.get("job", {}), report.get("dataset", {}), report.get("pfs", {})
     out = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-           f"<title>Monarch report {e(str(job.get('job_id', '')))}</title><style>{CSS}</style></head><body>",
+           f"<title>Monarch report {e(str(job.get('run_id') or job.get('job_id', '')))}</title><style>{CSS}</style></head><body>",
            "<h1>Monarch access report</h1>",
            f"<p class=\"meta\">schema {e(report.get('schema', '?'))} &middot; created {e(report.get('created', '?'))}"
-           f" &middot; job {e(str(job.get('job_id', '?')))}</p>"]
+           f" &middot; job {e(str(job.get('job_id', '?')))}"
+           + (f" &middot; run {e(str(job['run_id']))}" if job.get("run_id") else "") + "</p>"]
     out += _summary(report, job, ds, pfs)
     out += _sources(report)
     timeline = report.get("timeline")

@@ -295,7 +295,7 @@ def _print_and_write(config: Config, session: Session, cmd: list[str], code: int
         log.warning("the node daemon was lost during the run; the report holds the shim's counts only")
     elif baseline is not None:
         stats = session_delta(stats, baseline)
-    report = build_report([stats], {"job_id": run,
+    report = build_report([stats], {"run_id": run, "job_id": topology.job_id(),
                                     "config": config.source, "command": cmd, "exit_code": code,
                                     "wall_seconds": round(wall, 3)})
     path = report_path or config.report or os.path.join(session.run_dir, "report.json")

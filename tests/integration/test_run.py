@@ -264,3 +264,17 @@ def test_the_command_inherits_every_descriptor_monarch_run_got(dataset, short_tm
         assert os.read(read_end, 100) == b"through monarch run"
     finally:
         os.close(read_end)
+
+
+def test_the_report_keeps_the_run_and_its_job_apart(dataset, short_tmp):
+    """A job step's run is ``job.step``; the report names both, not the run as the job."""
+    ds = dataset(files=20, size="4KiB")
+    report = os.path.join(short_tmp, "report.json")
+    env = monarch_env(SLURM_JOB_ID="4242", SLURM_STEP_ID="3")
+    for key in ("MONARCH_JOB_ID", "MONARCH_RUN_ID"):
+        env.pop(key, None)
+    r = monarch("run", "-c", write_config(short_tmp, ds.root), "--report", report, "--",
+                *reader(ds, epochs=1, workers=1), env=env)
+    assert r.returncode == 0, r.stderr
+    job = load(report)["job"]
+    assert (job["run_id"], job["job_id"]) == ("4242.3", "4242")
