@@ -19,6 +19,7 @@ import yaml
 
 from monarch.errors import ConfigError
 from monarch.protocol import MAX_TIERS
+from monarch.sizes import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,6 @@ COMPRESSION_MODES = ("off", "zstd", "auto")
 PRIVATE_PREFIX = "monarch-"  # Monarch's own directory in a base directory: monarch-<uid>
 
 _SHARE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
-_UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
-          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -86,18 +84,6 @@ class Config:
     report_html: str | None = None  # HTML report path (monarch run); None: none
     memory_margin: int = 0  # bytes of available memory memory-backed tiers leave to the node...
     memory_margin_share: float | None = 0.10  # ...or this share of its total memory
-
-
-def parse_size(text: Any) -> int:
-    """``"64GiB"`` -> bytes; raises ValueError with the accepted forms."""
-    if isinstance(text, bool):
-        raise ValueError
-    if isinstance(text, int) and text >= 0:
-        return text
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise ValueError
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
 def expand_vars(text: str, env: Mapping[str, str]) -> str:

@@ -22,7 +22,6 @@ import mmap
 import multiprocessing
 import os
 import random
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,13 +29,12 @@ from pathlib import Path
 
 import xxhash
 
+from monarch import sizes
+
 MANIFEST_SUFFIX = ".manifest.json"
 READERS = ("python", "os", "mmap")  # or MODULE:FUNCTION, a plug-in reader (_plugin_reader)
 CHUNK_FILES = 16           # files per task handed to a worker (a "batch")
 OS_READ_CHUNK = 1 << 20    # bytes per os.pread of the "os" reader
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6,
-          "mib": 1024**2, "g": 10**9, "gb": 10**9, "gib": 1024**3}
 
 
 class WorkloadError(Exception):
@@ -44,13 +42,11 @@ class WorkloadError(Exception):
 
 
 def parse_size(text: str | int) -> int:
-    """``"100KiB"`` -> 102400; plain integers are bytes."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise WorkloadError(f"expected a size like 100KiB or 16MiB, got {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    """``"100KiB"`` -> 102400 (monarch.sizes' forms); WorkloadError for anything else."""
+    try:
+        return sizes.parse_size(text)
+    except ValueError as e:
+        raise WorkloadError(str(e)) from None
 
 
 def default_manifest(directory: str | os.PathLike) -> Path:

@@ -25,9 +25,9 @@ def dataset(tmp_path):
 def test_parse_size():
     assert parse_size("100KiB") == 102400
     assert parse_size("16MiB") == 16 * 2**20
-    assert parse_size("1.5kb") == 1500
+    assert parse_size("1.5KB") == 1500  # one parser for every size (monarch.sizes)
     assert parse_size("7") == 7
-    with pytest.raises(WorkloadError, match="100KiB"):
+    with pytest.raises(WorkloadError, match="a size like 64GiB"):
         parse_size("64 Gigs")
 
 

@@ -1,0 +1,23 @@
+"""Sizes as people write them: one parser for the configuration, the CLI and the benchmarks."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+         "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+FORMS = "units B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (of 1000)"
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
+
+
+def parse_size(text: Any) -> int:
+    """``"64GiB"`` -> bytes (a plain number is bytes); raises ValueError naming the forms."""
+    if isinstance(text, bool):
+        raise ValueError(f"expected a size like 64GiB ({FORMS}), got {text!r}")
+    if isinstance(text, int) and text >= 0:
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"expected a size like 64GiB ({FORMS}), got {text!r}")
+    return int(float(m.group(1)) * UNITS[m.group(2)])
