@@ -43,17 +43,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../wire/monarch_wire.h" /* frames, index layout, limits: one definition (tests/unit/test_wire.py) */
+
 #define EXPORT __attribute__((visibility("default")))
 #ifndef EPOLLEXCLUSIVE
 #define EPOLLEXCLUSIVE (1u << 28)          /* Linux 4.5; older headers lack the name */
 #endif
 
-#define VERB_OPEN 1
-#define MAX_REQUEST 8192               /* protocol.MAX_REQUEST */
-#define HEADER 8                       /* protocol.REQUEST_HEADER: <BBHI */
-#define MAX_SLOTS 16                   /* protocol.MAX_SLOTS */
 #define MAX_ROOTS 64
-#define INLINE_MAX (256 << 10)         /* stager.INLINE_BYTES: larger files go to Python's threads */
 #define SLOW_NS 1000000                /* SLOW_RUN copies in a row whose source part took this long, */
 #define SLOW_RUN 3                     /* less the time spent waiting for a core: a slow source, whose
                                           latency Python's threads hide, not this loop */
@@ -63,7 +60,6 @@
 #define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
 #define HANDED_MAX 4096                /* connections waiting for Python to take them (server.py's
                                           MAX_CONNECTIONS); beyond, closed at once: the shim reads the PFS */
-#define TMP_PREFIX ".monarch-tmp-"     /* tiers.TMP_PREFIX: swept as leftovers like Python's */
 #define MAX_WORKERS 4                  /* threads, one per core up to this: the copies are kernel time */
 #define EVENT_BATCH 256                /* copies reported per wake-up of Python, at most */
 
@@ -84,7 +80,7 @@ struct conn {                          /* a connection whose request has not all
     uint32_t got;
     int64_t since;
     struct conn *prev, *next;
-    char buf[HEADER + MAX_REQUEST];
+    char buf[MONARCH_REQUEST_HEADER_SIZE + MONARCH_MAX_REQUEST];
 };
 
 struct handed {                        /* a connection for Python, with what was read */
@@ -127,7 +123,7 @@ struct door {
     size_t cap, used;
     char *roots[MAX_ROOTS];
     int nroots;
-    char *tiers[MAX_SLOTS];            /* slot -> tier directory (NULL: none) */
+    char *tiers[MONARCH_MAX_SLOTS];            /* slot -> tier directory (NULL: none) */
     int copy_slot;
     const unsigned char *idx;
     size_t idx_len;
@@ -140,7 +136,7 @@ struct door {
     struct handed *hq, **hq_tail;
     struct event *evq, **evq_tail;
     int woken;
-    uint64_t hits[MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS], closed_too_many;
+    uint64_t hits[MONARCH_MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS], closed_too_many;
     int nhanded;                       /* connections in hq */
     int busy;                          /* keys BUSY now */
 };
@@ -246,33 +242,34 @@ struct idx_file {                      /* what the door needs of an INDEX_ENTRY 
     uint32_t mode, flags;
 };
 
-static uint64_t rd64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-static uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-
-#define INDEX_MAGIC 0x58444E4948434E4DULL
-#define INDEX_VERSION 3
-#define INDEX_HEADER_SIZE 72
-#define INDEX_ENTRY_SIZE 112
+/* The index's header, and entry n (from 1) if it lies inside the mapping (index_valid
+ * checked the tables' bounds when it was mapped). */
+static struct monarch_index_header index_header(const unsigned char *x)
+{
+    struct monarch_index_header h;
+    memcpy(&h, x, sizeof h);
+    return h;
+}
 
 static int index_file(const struct door *d, const char *key, uint32_t len, struct idx_file *out)
 {
     const unsigned char *x = d->idx;
-    uint32_t entries = rd32(x + 12), buckets = rd32(x + 16);
-    uint64_t boff = rd64(x + 24), eoff = rd64(x + 32), koff = rd64(x + 40), ksize = rd64(x + 48);
+    struct monarch_index_header h = index_header(x);
     uint32_t hash = crc32_of(key, len);
-    for (uint32_t b = hash & (buckets - 1), probes = 0; probes < buckets; b = (b + 1) & (buckets - 1), probes++) {
-        uint32_t n = rd32(x + boff + 4ull * b);
-        if (!n || n > entries)
+    for (uint32_t b = hash & (h.buckets - 1), probes = 0; probes < h.buckets; b = (b + 1) & (h.buckets - 1), probes++) {
+        uint32_t n;
+        memcpy(&n, x + h.buckets_off + 4ull * b, sizeof n);
+        if (!n || n > h.entries)
             return 0;
-        const unsigned char *e = x + eoff + (uint64_t)INDEX_ENTRY_SIZE * (n - 1);
-        uint32_t kl = rd32(e + 4);
-        uint64_t ko = rd64(e + 8);
-        if (rd32(e) != hash || kl != len || ko > ksize || kl > ksize - ko || memcmp(x + koff + ko, key, len))
+        struct monarch_index_entry e;
+        memcpy(&e, x + h.entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
+        if (e.hash != hash || e.key_len != len || e.key_off > h.keys_size || e.key_len > h.keys_size - e.key_off ||
+            memcmp(x + h.keys_off + e.key_off, key, len))
             continue;
-        out->size = rd64(e + 16);
-        memcpy(&out->mtime, e + 24, 8);
-        out->mode = rd32(e + 64);
-        out->flags = rd32(e + 80);
+        out->size = e.size;
+        out->mtime = e.mtime_ns;
+        out->mode = e.mode;
+        out->flags = e.flags;
         return 1;
     }
     return 0;
@@ -280,14 +277,15 @@ static int index_file(const struct door *d, const char *key, uint32_t len, struc
 
 static int index_valid(const unsigned char *x, size_t n)
 {
-    if (n < INDEX_HEADER_SIZE || rd64(x) != INDEX_MAGIC || rd32(x + 8) != INDEX_VERSION)
+    if (n < sizeof(struct monarch_index_header))
         return 0;
-    uint64_t entries = rd32(x + 12), buckets = rd32(x + 16);
-    uint64_t boff = rd64(x + 24), eoff = rd64(x + 32), koff = rd64(x + 40), ksize = rd64(x + 48);
-    if (!buckets || (buckets & (buckets - 1)))
+    struct monarch_index_header h = index_header(x);
+    if (h.magic != MONARCH_INDEX_MAGIC || h.version != MONARCH_INDEX_VERSION || !h.buckets ||
+        (h.buckets & (h.buckets - 1)))
         return 0;
-    return boff <= n && 4 * buckets <= n - boff && eoff <= n && INDEX_ENTRY_SIZE * entries <= n - eoff &&
-           koff <= n && ksize <= n - koff;
+    return h.buckets_off <= n && 4ull * h.buckets <= n - h.buckets_off && h.entries_off <= n &&
+           (uint64_t)sizeof(struct monarch_index_entry) * h.entries <= n - h.entries_off && h.keys_off <= n &&
+           h.keys_size <= n - h.keys_off;
 }
 
 /* -- handing over to Python ------------------------------------------------------------ */
@@ -472,7 +470,7 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
         return -2;
     char *base = strrchr(dest, '/');
     int dl = (int)(base - dest);
-    if (snprintf(tmp, PATH_MAX, "%.*s/%s%016llx", dl, dest, TMP_PREFIX,
+    if (snprintf(tmp, PATH_MAX, "%.*s/%s%016llx", dl, dest, MONARCH_TMP_PREFIX,
                  (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL)) >= PATH_MAX)
         return -1;
     mode_t mode = (f->mode & 0700) | 0600;          /* secure.owner_only */
@@ -530,7 +528,7 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     struct idx_file f;
     int64_t t0 = now_ns();
     int why = e ? R_PYTHON_KEY : !d->allowed || d->never_copy || t0 < d->slow_until ? R_NOT_COPYING
-            : !index_file(d, key, len, &f) || !S_ISREG(f.mode) || f.size > INLINE_MAX ? R_NOT_SMALL_FILE
+            : !index_file(d, key, len, &f) || !S_ISREG(f.mode) || f.size > MONARCH_INLINE_MAX ? R_NOT_SMALL_FILE
             : (int64_t)f.size > d->lease ? R_NO_ROOM : !(e = insert(d, key, len, hash)) ? R_OTHER : -1;
     if (why >= 0) {
         pthread_mutex_unlock(&d->mu);
@@ -599,21 +597,22 @@ enum { F_MORE, F_OPEN, F_ODD };
 /* What ``got`` bytes of a request are: not all there yet, a whole OPEN, or anything else. */
 static int frame_state(const char *buf, uint32_t got)
 {
-    if (got < HEADER)
+    if (got < MONARCH_REQUEST_HEADER_SIZE)
         return F_MORE;
     uint32_t length;
     memcpy(&length, buf + 4, 4);
-    if ((unsigned char)buf[0] != VERB_OPEN || buf[1] || buf[2] || buf[3] || length == 0 || length > MAX_REQUEST ||
-        got > HEADER + length)
+    if ((unsigned char)buf[0] != MONARCH_VERB_OPEN || buf[1] || buf[2] || buf[3] || length == 0 ||
+        length > MONARCH_MAX_REQUEST || got > MONARCH_REQUEST_HEADER_SIZE + length)
         return F_ODD;
-    return got < HEADER + length ? F_MORE : F_OPEN;
+    return got < MONARCH_REQUEST_HEADER_SIZE + length ? F_MORE : F_OPEN;
 }
 
 /* A whole request (or an odd one): answered here, or the connection handed over. */
 static void serve(struct worker *w, int fd, const char *buf, uint32_t got, int state)
 {
-    int why = state == F_OPEN && valid_key(buf + HEADER, got - HEADER) ? try_open(w, fd, buf + HEADER, got - HEADER)
-                                                                        : R_OTHER;
+    const char *key = buf + MONARCH_REQUEST_HEADER_SIZE;
+    size_t klen = got - MONARCH_REQUEST_HEADER_SIZE;
+    int why = state == F_OPEN && valid_key(key, klen) ? try_open(w, fd, key, klen) : R_OTHER;
     if (why >= 0)
         hand_over(w->d, fd, buf, got, why);
 }
@@ -753,7 +752,7 @@ EXPORT void front_door_free(struct door *d);
 EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroots, const char *tiers, int ntiers,
                                      int copy_slot)
 {
-    if (nroots < 0 || nroots > MAX_ROOTS || ntiers < 0 || ntiers > MAX_SLOTS || copy_slot < 0 || copy_slot >= ntiers) {
+    if (nroots < 0 || nroots > MAX_ROOTS || ntiers < 0 || ntiers > MONARCH_MAX_SLOTS || copy_slot < 0 || copy_slot >= ntiers) {
         errno = EINVAL;
         return NULL;
     }
@@ -791,7 +790,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
         /* temporary names need only differ (O_EXCL refuses a clash): no getrandom, which
          * glibc has only since 2.25 (the door builds wherever the shim does, back to 2.17) */
         w->tmp_seq = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)i << 56;
-        w->copy_buf = malloc(INLINE_MAX + 1);
+        w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
         w->ep = epoll_create1(EPOLL_CLOEXEC);
         /* EPOLLEXCLUSIVE: one worker woken per connection, not all of them */
         struct epoll_event lev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = (void *)(uintptr_t)T_LISTEN};
@@ -946,7 +945,7 @@ EXPORT void front_door_staged(struct door *d, const char *key, int len, int slot
 {
     pthread_mutex_lock(&d->mu);
     struct entry *e = find_or_insert(d, key, (uint32_t)len);
-    if (e && slot >= 0 && slot < MAX_SLOTS && d->tiers[slot]) {
+    if (e && slot >= 0 && slot < MONARCH_MAX_SLOTS && d->tiers[slot]) {
         e->state = K_STAGED;
         e->slot = (uint8_t)slot;
     } else if (e) {
@@ -1018,21 +1017,21 @@ EXPORT int64_t front_door_lease(struct door *d)
     return left;
 }
 
-/* Counters: out[0..MAX_SLOTS) opens answered with a staged copy, by slot; then copies
+/* Counters: out[0..MONARCH_MAX_SLOTS) opens answered with a staged copy, by slot; then copies
  * made, connections handed over, copies failed, bytes read from the PFS; then the
  * connections handed over by reason (R_*); then those closed with HANDED_MAX waiting. */
 EXPORT void front_door_counts(struct door *d, uint64_t *out)
 {
     pthread_mutex_lock(&d->mu);
-    for (int i = 0; i < MAX_SLOTS; i++)
+    for (int i = 0; i < MONARCH_MAX_SLOTS; i++)
         out[i] = __atomic_load_n(&d->hits[i], __ATOMIC_RELAXED);
-    out[MAX_SLOTS] = d->copies;
-    out[MAX_SLOTS + 1] = d->handed;
-    out[MAX_SLOTS + 2] = d->failures;
-    out[MAX_SLOTS + 3] = d->bytes_read;
+    out[MONARCH_MAX_SLOTS] = d->copies;
+    out[MONARCH_MAX_SLOTS + 1] = d->handed;
+    out[MONARCH_MAX_SLOTS + 2] = d->failures;
+    out[MONARCH_MAX_SLOTS + 3] = d->bytes_read;
     for (int i = 0; i < R_REASONS; i++)
-        out[MAX_SLOTS + 4 + i] = d->why[i];
-    out[MAX_SLOTS + 4 + R_REASONS] = d->closed_too_many;
+        out[MONARCH_MAX_SLOTS + 4 + i] = d->why[i];
+    out[MONARCH_MAX_SLOTS + 4 + R_REASONS] = d->closed_too_many;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -1089,7 +1088,7 @@ EXPORT void front_door_free(struct door *d)
     free(d->tab);
     for (int i = 0; i < d->nroots; i++)
         free(d->roots[i]);
-    for (int i = 0; i < MAX_SLOTS; i++)
+    for (int i = 0; i < MONARCH_MAX_SLOTS; i++)
         free(d->tiers[i]);
     for (struct event *ev = d->evq, *next; ev; ev = next) {
         next = ev->next;

@@ -15,6 +15,7 @@ from pathlib import Path
 
 
 SOURCE = Path(__file__).with_name("monarch_shim.c")
+WIRE_HEADER = Path(__file__).parent.parent / "wire" / "monarch_wire.h"  # included by the shim and the front door
 LIBRARY_NAME = "libmonarch_shim.so"
 CFLAGS = ["-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-std=gnu11",
           "-Wall", "-Wextra", "-Werror"]
@@ -43,10 +44,10 @@ def build_shim(out: Path, source: Path = SOURCE, what: str = "the Monarch shim")
 
 
 def source_digest(source: Path = SOURCE) -> str:
-    """A hash of a library's source: the main file and every ``shim_*.c`` part beside it
-    (the shim's; the front door has none)."""
+    """A hash of a library's source: the main file, every ``shim_*.c`` part beside it (the
+    shim's; the front door has none) and the wire header both include."""
     h = hashlib.sha256()
-    for path in [source, *sorted(source.parent.glob("shim_*.c"))]:
+    for path in [source, *sorted(source.parent.glob("shim_*.c")), WIRE_HEADER]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 

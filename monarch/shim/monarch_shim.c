@@ -5,9 +5,10 @@
  * (node-local tier or peer area), makes fstat of such a descriptor report the
  * source's stat, tells the daemon before the job changes a file under a root,
  * and counts opens and bytes per source. The contract with the node daemon
- * lives in monarch/protocol.py (framed socket messages, key format, counters
- * and snapshot index layouts); the constants below mirror it and
- * tests/unit/test_protocol.py checks they agree.
+ * is documented in monarch/protocol.py (framed socket messages, key format,
+ * counters and snapshot index layouts) and defined for C once, in
+ * monarch/wire/monarch_wire.h, which the front door includes too;
+ * tests/unit/test_wire.py checks the header against Python.
  *
  * Shape (after Darshan / libfaketime / GOTCHA):
  *   - every wrapped symbol is one line of MONARCH_WRAPPERS; the line names the
@@ -170,89 +171,12 @@ struct statx {
 /* gettid() is glibc 2.30; the shim only needs the number for its debug lines */
 #define monarch_gettid() ((int)syscall(SYS_gettid))
 
-/* ---- protocol mirror (monarch/protocol.py; checked by tests/unit/test_protocol.py) ---- */
-#define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 2
-#define MONARCH_MAX_SLOTS 16
-#define MONARCH_HEADER_WORDS 3
-#define MONARCH_SLOT_PFS 0
-#define MONARCH_SLOT_PEER 1
-#define MONARCH_FIRST_TIER_SLOT 2
-#define MONARCH_SHIM_TIMEOUT_MS_DEFAULT 60000
-#define MONARCH_SHIM_INDEX_WAIT_MS_DEFAULT 600000
-#define MONARCH_HEARTBEAT_MS 250
-#define MONARCH_HEARTBEAT_TIMEOUT_MS 1500
-#define MONARCH_VERB_OPEN 1
-#define MONARCH_VERB_INVALIDATE 2
-#define MONARCH_VERB_ATTACH 3
-#define MONARCH_VERB_REPORT 4
-#define MONARCH_VERB_STOP 5
-#define MONARCH_VERB_INDEX 7
-#define MONARCH_INDEX_READY 0
-#define MONARCH_INDEX_NONE 1
-#define MONARCH_STATUS_PENDING (-2)
-#define MONARCH_STATUS_ERROR (-1)
-/* OPEN answer flag: the copy is the descriptor passed with the frame, sealed with
- * F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE; room for MAX_PASSED_FDS
- * descriptors in one recvmsg (the extras are closed) */
-#define MONARCH_ANSWER_FD 0x100
-#define MONARCH_MEMFD_SEALS 0xf
+/* ---- the wire: frames, counters, index, environment (one definition for C, checked against
+ * Python by tests/unit/test_wire.py) ---- */
+#include "../wire/monarch_wire.h"
+/* room for MAX_PASSED_FDS descriptors in one recvmsg (the extras are closed) */
 #define MONARCH_MAX_PASSED_FDS 4
-#define MONARCH_MAX_REQUEST 8192
-#define MONARCH_MAX_ANSWER 1048576
-#define MONARCH_REQUEST_HEADER_SIZE 8
-#define MONARCH_ANSWER_HEADER_SIZE 8
-#define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL
-#define MONARCH_INDEX_VERSION 3
-#define MONARCH_INDEX_HEADER_SIZE 72
-#define MONARCH_INDEX_ENTRY_SIZE 112
-#define MONARCH_INDEX_CHILD_SIZE 24
-#define MONARCH_INDEX_FLAG_SYMLINK 1
-#define MONARCH_INDEX_FLAG_LISTED 2
-#define MONARCH_EXTRA_META_LOCAL 0
-#define MONARCH_EXTRA_META_PFS 1
-#define MONARCH_EXTRA_META_OFF 2
-#define MONARCH_ENV_ROOTS "MONARCH_ROOTS"
-#define MONARCH_ENV_PROBE "MONARCH_PROBE"
-#define MONARCH_ENV_SOCKET "MONARCH_SOCKET"
-#define MONARCH_ENV_COUNTERS "MONARCH_COUNTERS"
-#define MONARCH_ENV_INDEX "MONARCH_INDEX"
-#define MONARCH_ENV_ASK_FIRST "MONARCH_ASK_FIRST"
-#define MONARCH_ENV_DISABLE "MONARCH_DISABLE"
-#define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
-#define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"
-#define MONARCH_ENV_INDEX_WAIT "MONARCH_SHIM_INDEX_WAIT_MS"
-#define MONARCH_SLOT_WORDS 3
-#define MONARCH_EXTRA_WORDS 8
-#define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
 #define MONARCH_FD_UNCOUNTED 0x80 /* in monarch_fd_slot: this open's bytes were declared unknown */
-
-/* The snapshot index (protocol.py, "Snapshot index"), little-endian like the host. */
-struct monarch_index_header {
-    uint64_t magic;
-    uint32_t version, entries, buckets, reserved;
-    uint64_t buckets_off, entries_off, keys_off, keys_size, children_off, children_count;
-};
-struct monarch_index_entry {
-    uint32_t hash, key_len;
-    uint64_t key_off, size;
-    int64_t mtime_ns, atime_ns, ctime_ns;
-    uint64_t ino, dev;
-    uint32_t mode, uid, gid, nlink;
-    uint32_t flags, link; /* link: entry + 1 of a symlink's own lstat record */
-    uint64_t blocks;
-    uint32_t blksize, nchildren; /* a listed directory's child records: "." "..", then sorted names */
-    uint64_t children;
-};
-struct monarch_index_child {
-    uint64_t d_ino, name_off;
-    uint32_t entry; /* + 1; 0: a name the index does not describe */
-    uint16_t name_len;
-    uint8_t d_type, reserved;
-};
-_Static_assert(sizeof(struct monarch_index_header) == MONARCH_INDEX_HEADER_SIZE, "index header layout");
-_Static_assert(sizeof(struct monarch_index_entry) == MONARCH_INDEX_ENTRY_SIZE, "index entry layout");
-_Static_assert(sizeof(struct monarch_index_child) == MONARCH_INDEX_CHILD_SIZE, "index child layout");
 
 /* ---- fixed tables ---- */
 #define MONARCH_MAX_ROOTS 32 /* a root may appear twice: canonical and configured spelling */

@@ -1,0 +1,121 @@
+/*
+ * monarch_wire.h -- the one C definition of Monarch's wire: what the shim
+ * (libmonarch_shim.so), the daemon's front door (libmonarch_front_door.so) and
+ * the Python side (monarch/protocol.py) must agree on: socket frames, the
+ * counters file, the snapshot index, the environment, and the limits the
+ * stager and the front door share.
+ *
+ * Included by monarch/shim/monarch_shim.c and monarch/frontdoor/front_door.c.
+ * tests/unit/test_wire.py reads every "#define MONARCH_" line here and checks it
+ * against monarch/protocol.py (after Darshan's log-format headers: one
+ * definition, every reader checked against it); the _Static_asserts below hold
+ * the structs to the sizes and offsets Python's struct formats give.
+ */
+#ifndef MONARCH_WIRE_H
+#define MONARCH_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- counters file: little-endian uint64 words, added to atomically ---- */
+#define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
+#define MONARCH_COUNTERS_VERSION 2
+#define MONARCH_MAX_SLOTS 16
+#define MONARCH_HEADER_WORDS 3
+#define MONARCH_SLOT_WORDS 3 /* opens, bytes, opens_uncounted */
+#define MONARCH_EXTRA_WORDS 8
+#define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
+#define MONARCH_SLOT_PFS 0
+#define MONARCH_SLOT_PEER 1
+#define MONARCH_FIRST_TIER_SLOT 2
+#define MONARCH_EXTRA_META_LOCAL 0
+#define MONARCH_EXTRA_META_PFS 1
+#define MONARCH_EXTRA_META_OFF 2
+
+/* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
+#define MONARCH_VERB_OPEN 1
+#define MONARCH_VERB_INVALIDATE 2
+#define MONARCH_VERB_ATTACH 3
+#define MONARCH_VERB_REPORT 4
+#define MONARCH_VERB_STOP 5
+#define MONARCH_VERB_HINT 6
+#define MONARCH_VERB_INDEX 7
+#define MONARCH_INDEX_READY 0
+#define MONARCH_INDEX_NONE 1
+#define MONARCH_STATUS_PENDING (-2)
+#define MONARCH_STATUS_ERROR (-1)
+/* OPEN answer flag: the copy is the descriptor passed with the frame, sealed with
+ * F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE */
+#define MONARCH_ANSWER_FD 0x100
+#define MONARCH_MEMFD_SEALS 0xf
+#define MONARCH_MAX_REQUEST 8192
+#define MONARCH_MAX_ANSWER 1048576
+#define MONARCH_REQUEST_HEADER_SIZE 8
+#define MONARCH_ANSWER_HEADER_SIZE 8
+#define MONARCH_HEARTBEAT_MS 250
+#define MONARCH_HEARTBEAT_TIMEOUT_MS 1500
+#define MONARCH_SHIM_TIMEOUT_MS_DEFAULT 60000
+#define MONARCH_SHIM_INDEX_WAIT_MS_DEFAULT 600000
+
+/* ---- environment the launcher gives the application ---- */
+#define MONARCH_ENV_ROOTS "MONARCH_ROOTS"
+#define MONARCH_ENV_PROBE "MONARCH_PROBE"
+#define MONARCH_ENV_SOCKET "MONARCH_SOCKET"
+#define MONARCH_ENV_COUNTERS "MONARCH_COUNTERS"
+#define MONARCH_ENV_INDEX "MONARCH_INDEX"
+#define MONARCH_ENV_ASK_FIRST "MONARCH_ASK_FIRST"
+#define MONARCH_ENV_DISABLE "MONARCH_DISABLE"
+#define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
+#define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"
+#define MONARCH_ENV_INDEX_WAIT "MONARCH_SHIM_INDEX_WAIT_MS"
+
+/* ---- staging, shared by the stager and the front door ---- */
+#define MONARCH_INLINE_MAX (256 << 10)      /* files this small are copied inline (no thread hand-off) */
+#define MONARCH_TMP_PREFIX ".monarch-tmp-" /* a copy being written: never served, swept as a leftover */
+
+/* ---- snapshot index: written once by the daemon, mapped read-only ---- */
+#define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL /* "MNCHINDX" */
+#define MONARCH_INDEX_VERSION 3
+#define MONARCH_INDEX_HEADER_SIZE 72
+#define MONARCH_INDEX_ENTRY_SIZE 112
+#define MONARCH_INDEX_CHILD_SIZE 24
+#define MONARCH_INDEX_FLAG_SYMLINK 1
+#define MONARCH_INDEX_FLAG_LISTED 2
+
+struct monarch_index_header {
+    uint64_t magic;
+    uint32_t version, entries, buckets, reserved;
+    uint64_t buckets_off, entries_off, keys_off, keys_size, children_off, children_count;
+};
+
+/* the source's stat as the snapshot saw it, and where the key and its listing are */
+struct monarch_index_entry {
+    uint32_t hash, key_len;
+    uint64_t key_off, size;
+    int64_t mtime_ns, atime_ns, ctime_ns;
+    uint64_t ino, dev;
+    uint32_t mode, uid, gid, nlink;
+    uint32_t flags, link; /* link: entry + 1 of a symlink's own lstat record */
+    uint64_t blocks;
+    uint32_t blksize, nchildren; /* a listed directory's child records: "." "..", then sorted names */
+    uint64_t children;           /* its first child record */
+};
+
+struct monarch_index_child {
+    uint64_t d_ino, name_off;
+    uint32_t entry;
+    uint16_t name_len;
+    uint8_t d_type, reserved;
+};
+
+_Static_assert(sizeof(struct monarch_index_header) == MONARCH_INDEX_HEADER_SIZE, "index header layout");
+_Static_assert(sizeof(struct monarch_index_entry) == MONARCH_INDEX_ENTRY_SIZE, "index entry layout");
+_Static_assert(sizeof(struct monarch_index_child) == MONARCH_INDEX_CHILD_SIZE, "index child layout");
+_Static_assert(offsetof(struct monarch_index_entry, size) == 16, "index entry: size");
+_Static_assert(offsetof(struct monarch_index_entry, mtime_ns) == 24, "index entry: mtime_ns");
+_Static_assert(offsetof(struct monarch_index_entry, mode) == 64, "index entry: mode");
+_Static_assert(offsetof(struct monarch_index_entry, flags) == 80, "index entry: flags");
+_Static_assert(offsetof(struct monarch_index_entry, children) == 104, "index entry: children");
+_Static_assert(offsetof(struct monarch_index_header, children_count) == 64, "index header: children_count");
+
+#endif

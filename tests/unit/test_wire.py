@@ -1,0 +1,78 @@
+"""monarch/wire/monarch_wire.h is the C definition of the wire; protocol.py is Python's.
+Every constant of the header must equal Python's, and both C libraries must include it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from monarch import protocol
+from monarch.node import stager, tiers
+
+WIRE = Path(protocol.__file__).parent / "wire" / "monarch_wire.h"
+DEFINE = re.compile(r"^#define MONARCH_(\w+)[ \t]+(.+?)\s*(?:/\*.*)?$", re.M)
+
+# header name -> the Python value it must equal (every plain constant of the header is listed)
+PYTHON = {name: getattr(protocol, name) for name in (
+    "COUNTERS_MAGIC", "COUNTERS_VERSION", "MAX_SLOTS", "HEADER_WORDS", "SLOT_WORDS", "EXTRA_WORDS", "SLOT_PFS",
+    "SLOT_PEER", "FIRST_TIER_SLOT", "EXTRA_META_LOCAL", "EXTRA_META_PFS", "EXTRA_META_OFF", "VERB_OPEN",
+    "VERB_INVALIDATE", "VERB_ATTACH", "VERB_REPORT", "VERB_STOP", "VERB_HINT", "VERB_INDEX", "INDEX_READY",
+    "INDEX_NONE", "STATUS_PENDING", "STATUS_ERROR", "ANSWER_FD", "MEMFD_SEALS", "MAX_REQUEST", "MAX_ANSWER",
+    "HEARTBEAT_MS", "HEARTBEAT_TIMEOUT_MS", "SHIM_TIMEOUT_MS_DEFAULT", "SHIM_INDEX_WAIT_MS_DEFAULT", "ENV_ROOTS",
+    "ENV_PROBE", "ENV_SOCKET", "ENV_COUNTERS", "ENV_INDEX", "ENV_ASK_FIRST", "ENV_DISABLE", "ENV_INDEX_WAIT",
+    "INDEX_MAGIC", "INDEX_VERSION", "INDEX_FLAG_SYMLINK", "INDEX_FLAG_LISTED")}
+PYTHON |= {
+    "COUNTERS_WORDS": protocol.COUNTERS_SIZE // 8,
+    "REQUEST_HEADER_SIZE": protocol.REQUEST_HEADER.size,
+    "ANSWER_HEADER_SIZE": protocol.ANSWER_HEADER.size,
+    "INDEX_HEADER_SIZE": protocol.INDEX_HEADER.size,
+    "INDEX_ENTRY_SIZE": protocol.INDEX_ENTRY.size,
+    "INDEX_CHILD_SIZE": protocol.INDEX_CHILD.size,
+    "INLINE_MAX": stager.INLINE_BYTES,
+    "TMP_PREFIX": tiers.TMP_PREFIX,
+    "ENV_DEBUG": "MONARCH_SHIM_DEBUG",      # read by the shim alone
+    "ENV_TIMEOUT": "MONARCH_SHIM_TIMEOUT_MS",
+}
+
+
+def c_value(text: str, known: dict):
+    if text.startswith('"'):
+        return text.strip('"')
+    expr = re.sub(r"(?<=[0-9A-Fa-f])[uUlL]+\b", "", text)
+    expr = re.sub(r"MONARCH_(\w+)", lambda m: str(known[m.group(1)]), expr)
+    return eval(expr, {"__builtins__": {}})  # the header's own arithmetic: numbers, + * << ( )
+
+
+@pytest.fixture(scope="module")
+def header() -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, value in DEFINE.findall(WIRE.read_text()):
+        if name != "WIRE_H":
+            out[name] = c_value(value, out)
+    return out
+
+
+def test_every_constant_of_the_header_equals_pythons(header):
+    assert set(header) == set(PYTHON), "a constant in one language only: add it to both (and to PYTHON here)"
+    for name, value in header.items():
+        assert value == PYTHON[name], f"MONARCH_{name} = {value!r} in monarch_wire.h, {PYTHON[name]!r} in Python"
+
+
+@pytest.mark.parametrize("source", ["shim/monarch_shim.c", "frontdoor/front_door.c"])
+def test_both_c_libraries_include_the_one_header_and_define_no_wire_constant_themselves(source, header):
+    text = (Path(protocol.__file__).parent / source).read_text()
+    assert '#include "../wire/monarch_wire.h"' in text
+    mine = set(re.findall(r"^#define (?:MONARCH_)?(\w+)", text, re.M))
+    assert not mine & set(header), f"{source} redefines {sorted(mine & set(header))}"
+
+
+def test_the_structs_hold_pythons_layout(tmp_path):
+    """The header's _Static_asserts compile: sizes and offsets are what protocol.py packs."""
+    src = tmp_path / "w.c"
+    src.write_text(f'#include "{WIRE}"\nint main(void) {{ return 0; }}\n')
+    r = subprocess.run(["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-c", str(src), "-o", str(tmp_path / "w.o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
