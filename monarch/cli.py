@@ -171,8 +171,7 @@ def cmd_serve(args) -> int:
 
 def _write_job_report(nodes: list, config, path: str, rid: str) -> None:
     from monarch.report import build_report, write_report
-    ids = {"run_id": rid, "job_id": job_id()} if args.embedded else {"job_id": rid}
-    report = build_report(nodes, {**ids, "config": config.source, "nodes": len(nodes)})
+    report = build_report(nodes, {"job_id": rid, "config": config.source, "nodes": len(nodes)})  # a standing daemon's
     write_report(report, config.report or path)
     log.warning("report written to %s", config.report or path)
 
