@@ -270,7 +270,7 @@ def _pct(part: float, whole: float) -> str:
     if not whole:
         return "0%"
     f = 100 * part / whole
-    return f"{f:.0f}%" if f >= 10 or f == 0 else f"{f:.3g}%"
+    return f"{f:.3g}%"
 
 
 def _duration(seconds: float) -> str:
