@@ -142,8 +142,9 @@ class Placement:
         firsts.append(jhi)
         return _Cut(starts, list(nodes), firsts)
 
-    def _second_cut(self, arc: int) -> _Cut:
-        """Arc ``arc`` of the ring cut among the other live nodes, in ring order after its node."""
+    def _second_cut(self, arc: int, keep: bool = True) -> _Cut:
+        """Arc ``arc`` of the ring cut among the other live nodes, in ring order after its node
+        (kept for the next look-up unless ``keep`` is false: all arcs' cuts are ~nodes^2 ints)."""
         cut = self._second.get(arc)
         if cut is None:
             ring, me = self._ring, self._ring.nodes[arc]
@@ -152,7 +153,8 @@ class Placement:
             hi = ring.starts[arc + 1] if arc + 1 < len(ring.starts) else RING_END
             cut = self._split(ring.starts[arc], hi, ring.firsts[arc], ring.firsts[arc + 1], others) \
                 if others else _Cut([ring.starts[arc]], [], [ring.firsts[arc], ring.firsts[arc + 1]])
-            self._second[arc] = cut
+            if keep:
+                self._second[arc] = cut
         return cut
 
     # -- answers -----------------------------------------------------------------------
@@ -211,7 +213,7 @@ class Placement:
         the others' losses, each node's share spread over all the others)."""
         out = [0] * self.nodes
         for arc in range(len(self._ring.nodes)):
-            cut = self._second_cut(arc)
+            cut = self._second_cut(arc, keep=False)
             for i, node in enumerate(cut.nodes):
                 out[node] += self._bytes(cut.firsts[i], cut.firsts[i + 1])
         return out
