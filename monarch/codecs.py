@@ -46,7 +46,8 @@ DEFAULT_LEVEL = 3
 # negative levels ("fast"): ratio ~2 where level 1 gives ~4, but decompression at 11-45 GB/s
 # instead of 2-3 GB/s (docs/compression.md); they are taken only where their ratio is enough
 LEVELS = (-5, -1, 1, 3, 6, 9, 12)
-FIT_MARGIN = 1.05            # a level "fits" if its sample ratio is this much above the ratio needed
+FIT_MARGIN = 1.25            # a level "fits" if its sample ratio is this much above the ratio needed (the
+                             # sample is a few MiB: the dataset's ratio at a level may be 10-15 % lower)
 DICT_DIR = ".dict"           # <tier>/.z/.dict/<id>: the dictionaries frames name, for the shim
 SAMPLE_FILES = 32
 SAMPLE_BYTES = 16 << 20
