@@ -172,7 +172,7 @@ struct statx {
 
 /* ---- protocol mirror (monarch/protocol.py; checked by tests/unit/test_protocol.py) ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 2
+#define MONARCH_COUNTERS_VERSION 3
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 #define MONARCH_SLOT_PFS 0
@@ -212,6 +212,11 @@ struct statx {
 #define MONARCH_EXTRA_META_LOCAL 0
 #define MONARCH_EXTRA_META_PFS 1
 #define MONARCH_EXTRA_META_OFF 2
+/* shim_zstd.c: opens decoded in the application's process, their ns and bytes; frames left to the daemon */
+#define MONARCH_EXTRA_ZSTD_OPENS 3
+#define MONARCH_EXTRA_ZSTD_NS 4
+#define MONARCH_EXTRA_ZSTD_BYTES 5
+#define MONARCH_EXTRA_ZSTD_FALLBACKS 6
 #define MONARCH_ENV_ROOTS "MONARCH_ROOTS"
 #define MONARCH_ENV_PROBE "MONARCH_PROBE"
 #define MONARCH_ENV_SOCKET "MONARCH_SOCKET"
@@ -222,6 +227,7 @@ struct statx {
 #define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
 #define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"
 #define MONARCH_ENV_INDEX_WAIT "MONARCH_SHIM_INDEX_WAIT_MS"
+#define MONARCH_ENV_SHIM_ZSTD "MONARCH_SHIM_ZSTD"
 #define MONARCH_SLOT_WORDS 3
 #define MONARCH_EXTRA_WORDS 8
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
@@ -463,6 +469,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 #include "shim_paths.c"
 #include "shim_index.c"
 #include "shim_daemon.c"
+#include "shim_zstd.c"
 #include "shim_open.c"
 #include "shim_wrappers.c"
 
@@ -729,6 +736,8 @@ static void monarch_init(void)
         else if (missing && monarch_have_socket) /* the daemon's walk is under way: wait at the first need */
             monarch_index_state = MONARCH_IX_UNKNOWN;
     }
+    if (monarch_nprobes)
+        monarch_zstd_init();
     monarch_enabled = 1;
     MONARCH_DEBUG(1, "enabled: %u roots, %u probe dirs, daemon %s, timeout %d ms, counters %s, index %s",
                   monarch_nroots, monarch_nprobes, monarch_have_socket ? monarch_sockaddr.sun_path : "(none)",
