@@ -219,6 +219,44 @@ def cmd_check_config(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from monarch import plan
+    from monarch.config import parse_size
+    if (args.files is None) != (args.file_size is None):
+        raise MonarchError("monarch plan: give --files N and --file-size SIZE together (a synthetic dataset), "
+                           "or --dataset PATH, or neither (the configuration's dataset.roots)")
+    synthetic = args.files is not None
+    if synthetic and args.dataset:
+        raise MonarchError("monarch plan: give either --dataset PATH or --files N --file-size SIZE, not both")
+    # a synthetic dataset needs no roots: any path stands in for them, unchecked
+    config = _load(args.config, roots=[os.sep + "monarch-plan-synthetic"] if synthetic else args.dataset,
+                   check_roots=not synthetic)
+    if synthetic:
+        try:
+            size = parse_size(args.file_size)
+        except ValueError:
+            raise MonarchError(f'monarch plan: --file-size: expected a size like "110KiB", got {args.file_size!r}') \
+                from None
+        if args.files < 0:
+            raise MonarchError(f"monarch plan: --files must be at least 0, got {args.files}")
+        items = plan.synthetic(args.files, size)
+    else:
+        from monarch.snapshot import take_snapshot
+        snap = take_snapshot(config.dataset.roots)
+        items = ((key, info.size) for key, info in snap.files.items())
+    nodes = args.nodes if args.nodes is not None else int(os.environ.get("SLURM_JOB_NUM_NODES")
+                                                            or os.environ.get("SLURM_NNODES") or 1)
+    result = plan.make_plan(items, nodes, plan.node_storage(config),
+                            replicas=args.replicas if args.replicas is not None else config.peer.replicas,
+                            pfs_rate=plan.parse_rate(args.pfs_rate) if args.pfs_rate else None, shard=args.shard)
+    if args.json:
+        json.dump(result, sys.stdout, indent=1)
+        print()
+    else:
+        print(plan.format_plan(result))
+    return 0
+
+
 def cmd_report(args) -> int:
     from monarch.report import load_report, print_report
     report = load_report(args.file)
@@ -280,6 +318,22 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check-config", help="validate a configuration file")
     c.add_argument("file")
     c.set_defaults(func=cmd_check_config)
+
+    pl = sub.add_parser("plan", help="what each node of a cluster will hold of the dataset, and the traffic",
+                        description="Plan a cluster: per node and tier what it holds of the dataset, what stays "
+                                    "on the PFS, the traffic of an epoch of sharded reads, the staging time and "
+                                    "the placement's balance (docs/cluster.md, 'Capacity model and placement').")
+    pl.add_argument("-c", "--config", help="YAML configuration: each node's tiers and peer area (default: the shipped one)")
+    pl.add_argument("--nodes", type=int, metavar="N", help="nodes (default: SLURM_JOB_NUM_NODES, else 1)")
+    pl.add_argument("--dataset", action="append", metavar="PATH",
+                    help="walk this dataset root (repeat for several; default: the configuration's roots)")
+    pl.add_argument("--files", type=int, metavar="N", help="a synthetic dataset of N files...")
+    pl.add_argument("--file-size", metavar="SIZE", help="...of SIZE each (110KiB)")
+    pl.add_argument("--pfs-rate", metavar="RATE", help="the PFS's aggregate read rate (10GiB/s), for the staging time")
+    pl.add_argument("--replicas", type=int, choices=(1, 2), help="copies of each file (default: peer.replicas)")
+    pl.add_argument("--shard", action="store_true", help="shard even when every node could hold the whole dataset")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.set_defaults(func=cmd_plan)
 
     rep = sub.add_parser("report", help="print a JSON report again")
     rep.add_argument("file")

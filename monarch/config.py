@@ -70,6 +70,7 @@ class PeerConfig:
     path: str  # a base directory, like TierConfig.path
     capacity: int
     timeout: float = 10.0
+    replicas: int = 1  # 2: a second copy of each owned file on the node that takes it over on a loss
 
 
 @dataclass(frozen=True)
@@ -470,7 +471,16 @@ def _peer(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> PeerConfig | 
         _check_outside_roots(r, "peer.path", path, roots)
     capacity = r.get(r.size, peer.get("capacity"), "peer.capacity")
     timeout = r.get(r.number, peer.get("timeout"), "peer.timeout", float, 0.1)
-    return None if None in (path, capacity, timeout) else PeerConfig(path=path, capacity=capacity, timeout=timeout)
+    replicas = r.get(_replicas, r, peer.get("replicas"))
+    return None if None in (path, capacity, timeout, replicas) else \
+        PeerConfig(path=path, capacity=capacity, timeout=timeout, replicas=replicas)
+
+
+def _replicas(r: _Reader, value: Any) -> int:
+    if isinstance(value, bool) or value not in (1, 2):
+        raise r.fail("peer.replicas", "expected 1 (each file kept by its owner only) or 2 (a second copy on the "
+                                      f"node that takes the file over when its owner is lost), got {value!r}")
+    return int(value)
 
 
 def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str], *,

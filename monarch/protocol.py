@@ -21,6 +21,9 @@ exports these keys only, never anything else a daemon says):
   MONARCH_ASK_FIRST=1  every managed open asks the daemon before it probes a tier
                     (``staging.validate: open``: the daemon checks the PFS at a file's first open).
   MONARCH_DISABLE=1 the shim passes everything through.
+  MONARCH_SHIM_ZSTD  unset: the shim decodes compressed copies (<probe dir>/.z/<key>) itself
+                    with the system's libzstd.so.1 when it is there; 0: it leaves them to the
+                    daemon (OPEN, ANSWER_FD); another value: the library to load instead.
   MONARCH_SHIM_DEBUG=1..3  debug lines on stderr.
   MONARCH_SHIM_TIMEOUT_MS  the longest the shim waits for one answer (default below); a
                     daemon that sends nothing for HEARTBEAT_TIMEOUT_MS is given up sooner.
@@ -88,7 +91,7 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   then per slot SLOT_WORDS: opens, bytes (bytes read through read/pread/readv/preadv),
   opens_uncounted (opens whose bytes the shim cannot see: a FILE opened with fopen, read
   by stdio's internal reads, or a descriptor mapped with mmap; counted once per open),
-  then EXTRA_WORDS of named counters (EXTRA_*).
+  then EXTRA_WORDS of named counters (EXTRA_*; version 3 added EXTRA_ZSTD_*).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
 Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 3).
@@ -131,7 +134,7 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 2
+COUNTERS_VERSION = 3  # 3: EXTRA_ZSTD_* (opens decoded in the application's process)
 MAX_SLOTS = 16
 HEADER_WORDS = 3
 SLOT_WORDS = 3
@@ -140,6 +143,10 @@ EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
 EXTRA_META_OFF = 2    # bit k (k < 63; bit 63: every root k >= 63): the job changed root k, its
                       # metadata is the PFS's from then on (set by the shim before the change)
+EXTRA_ZSTD_OPENS = 3      # opens of compressed copies decoded by the shim in the application's process
+EXTRA_ZSTD_NS = 4         # ns those opens took (frame open to sealed memfd): what compression costs a read
+EXTRA_ZSTD_BYTES = 5      # bytes they decoded
+EXTRA_ZSTD_FALLBACKS = 6  # compressed copies the shim found but left to the daemon (no dictionary, a bad frame)
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
 SLOT_PFS = 0
@@ -160,6 +167,7 @@ ENV_INDEX = "MONARCH_INDEX"
 ENV_ASK_FIRST = "MONARCH_ASK_FIRST"
 ENV_DISABLE = "MONARCH_DISABLE"
 ENV_INDEX_WAIT = "MONARCH_SHIM_INDEX_WAIT_MS"
+ENV_SHIM_ZSTD = "MONARCH_SHIM_ZSTD"
 # what a launcher takes from a daemon's ATTACH answer; anything else is refused
 CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX, ENV_ASK_FIRST)
 

@@ -44,6 +44,9 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
     metadata = collections.Counter()
     for n in alive:
         metadata.update({k: v for k, v in n.get("metadata", {}).items() if k in ("local", "pfs")})
+    decompression = collections.Counter()
+    for n in alive:
+        decompression.update(n.get("decompression", {}))
     timelines = [n["timeline"] for n in alive if n.get("timeline")]
     doors = [n["front_door"] for n in alive if n.get("front_door")]
     door = collections.Counter()
@@ -60,6 +63,10 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         "pfs": _pfs_traffic(sources, staging["pfs_bytes_read"], dataset_bytes),
         "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
         "metadata": {"local": metadata["local"], "pfs": metadata["pfs"]},
+        # opens of compressed copies decoded by the shim in the application's process: how
+        # many, the ns they took (frame open to sealed memfd), the bytes decoded, and the
+        # frames it found but left to the daemon (no libzstd, a missing dictionary, a bad frame)
+        "decompression": {k: decompression[k] for k in ("opens", "ns", "bytes", "left_to_daemon")},
         "peer": dict(peer),
         # the daemons' C front doors (None: no node had one): misses they copied, opens of
         # staged copies they answered, requests they handed to the Python server
@@ -303,6 +310,11 @@ def print_report(report: dict, out: TextIO) -> None:
             w(f"tier {t['name']:<5}: {human(t['logical_bytes'])} in {human(t['stored_bytes'])} = {t['ratio']:.2f}x; "
               f"{t['compressed_files']} of {t['files']} files compressed (zstd level {c.get('level')}"
               f"{', dictionary' if c.get('dictionary') else ''}; {c.get('selection', {}).get('reason', '')})\n")
+            z = report.get("decompression") or {}
+            if z.get("opens"):
+                w(f"{'':<11}  {z['opens']} opens decoded in the application's process: {human(z['bytes'])} in "
+                  f"{z['ns'] / 1e9:.3f} s ({z['ns'] / z['opens'] / 1e3:.0f} us per open, "
+                  f"{z['bytes'] / max(z['ns'], 1):.2f} GB/s); {z['left_to_daemon']} left to the daemon\n")
             if t.get("decoded_files"):
                 w(f"{'':<11}  {t['decoded_files']} decoded files ({human(t['decoded_bytes'])}) held at the job's "
                   "end for re-opens at native speed (counted as opens of the tier)\n")

@@ -39,6 +39,7 @@ class Cluster:
         self.node = comm.Get_rank()
         self.nodes = comm.Get_size()
         self.peer_timeout = 10.0
+        self.placement = None    # a placement.Placement, once set: owner() asks it instead of rendezvous hashing
         self._engine = Engine(MPI, comm, self._on_ctrl)
         self._server = None
         self._lock = threading.Lock()
@@ -70,6 +71,8 @@ class Cluster:
     # -- placement ---------------------------------------------------------------------
     def owner(self, key):
         """The node that owns ``key``: the same answer on every node, nothing negotiated."""
+        if self.placement is not None:
+            return self.placement.owner(key)
         return placement.owner(key, self.nodes)
 
     # -- snapshot ----------------------------------------------------------------------

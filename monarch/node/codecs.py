@@ -43,7 +43,12 @@ MODES = ("off", "zstd", "auto")
 MIN_RATIO = 1.1              # a file is stored compressed only if it shrinks at least this much
 MAX_FILE_BYTES = 256 << 20   # larger files are copied raw (compression holds a file in memory)
 DEFAULT_LEVEL = 3
-LEVELS = (1, 3, 6, 9, 12)
+# negative levels ("fast"): ratio ~2 where level 1 gives ~4, but decompression at 11-45 GB/s
+# instead of 2-3 GB/s (docs/compression.md); they are taken only where their ratio is enough
+LEVELS = (-5, -1, 1, 3, 6, 9, 12)
+FIT_MARGIN = 1.25            # a level "fits" if its sample ratio is this much above the ratio needed (the
+                             # sample is a few MiB: the dataset's ratio at a level may be 10-15 % lower)
+DICT_DIR = ".dict"           # <tier>/.z/.dict/<id>: the dictionaries frames name, for the shim
 SAMPLE_FILES = 32
 SAMPLE_BYTES = 16 << 20
 TRIAL_BYTES = 2 << 20        # at most this much of the sample is compressed at every level
@@ -94,8 +99,10 @@ def _measure(samples: list[bytes], level: int, dict_data: zstandard.ZstdCompress
 
 
 def select(samples: list[bytes], mode: str = "zstd", decompress_floor: float = DECOMPRESS_FLOOR,
-           pfs_rate: float | None = None) -> tuple[Choice, zstandard.ZstdCompressionDict | None]:
-    """The level (and dictionary) for data like ``samples``: see the module doc."""
+           pfs_rate: float | None = None, needed_ratio: float | None = None
+           ) -> tuple[Choice, zstandard.ZstdCompressionDict | None]:
+    """The level (and dictionary) for data like ``samples``: see the module doc.
+    ``needed_ratio``: the ratio at which the dataset fits the tier (None: not known)."""
     trial, size = [], 0
     for s in samples:
         if size >= TRIAL_BYTES:
@@ -117,6 +124,10 @@ def select(samples: list[bytes], mode: str = "zstd", decompress_floor: float = D
     if not ok:  # nothing meets the bound: the fastest to decompress
         best = max(cands, key=lambda c: c["decompress_mbps"])
         choice.reason = f"no level decompresses at {bound / 1e6:.0f} MB/s; the fastest"
+    elif needed_ratio and (fit := [c for c in ok if c["ratio"] >= max(MIN_RATIO, needed_ratio) * FIT_MARGIN]):
+        best = fit[0]  # the lowest level that fits: the fastest to decompress (every read pays it)
+        choice.reason = f"the fastest level whose ratio fits the dataset in the tier (needs " \
+                        f"{max(MIN_RATIO, needed_ratio):.2f}x + {FIT_MARGIN - 1:.0%})"
     else:
         best = ok[0]
         for c in ok[1:]:
@@ -152,11 +163,14 @@ class Codec:
 
     def __init__(self, mode: str, pfs_rate: Callable[[], float | None] = lambda: None,
                  decompress_floor: float = DECOMPRESS_FLOOR, sample_files: int = SAMPLE_FILES,
-                 sample_bytes: int = SAMPLE_BYTES):
+                 sample_bytes: int = SAMPLE_BYTES, needed_ratio: Callable[[], float | None] = lambda: None,
+                 dict_dir: str | None = None):
         if mode not in ("zstd", "auto"):
             raise ValueError(f"compression {mode!r}: expected one of zstd, auto")
         self.mode = mode
         self._pfs_rate = pfs_rate
+        self._needed_ratio = needed_ratio
+        self._dict_dir = dict_dir  # where the shim finds a dictionary (None: frames with one are the daemon's)
         self._floor = decompress_floor
         self._want_files, self._want_bytes = sample_files, sample_bytes
         self._lock = threading.Lock()
@@ -232,7 +246,9 @@ class Codec:
             self._choose(samples)
 
     def _choose(self, samples: list[bytes]) -> None:
-        choice, dict_data = select(samples, self.mode, self._floor, self._pfs_rate())
+        choice, dict_data = select(samples, self.mode, self._floor, self._pfs_rate(), self._needed_ratio())
+        if dict_data is not None:
+            self._publish_dictionary(dict_data)  # before any frame names it
         with self._lock:
             if dict_data is not None:
                 self._dicts[dict_data.dict_id()] = dict_data
@@ -243,6 +259,19 @@ class Codec:
                  "compression %.0f MB/s (%s)", choice.level, " with a dictionary" if choice.dictionary else "",
                  choice.sample_files, choice.sample_bytes, choice.ratio, choice.decompress_mbps,
                  choice.compress_mbps, choice.reason)
+
+    def _publish_dictionary(self, dict_data: zstandard.ZstdCompressionDict) -> None:
+        """``<dict_dir>/<id>`` (owner-only, atomically): the shim decodes frames that name it
+        in the application's process; without it they are decoded by the daemon."""
+        if self._dict_dir is None:
+            return
+        from monarch.secure import write_file_atomically
+        try:
+            os.makedirs(self._dict_dir, mode=0o700, exist_ok=True)
+            write_file_atomically(os.path.join(self._dict_dir, str(dict_data.dict_id())), dict_data.as_bytes())
+        except OSError as e:
+            log.warning("compression: the dictionary is not written for the shim (%s); the daemon decodes the "
+                        "frames that use it", e)
 
     # -- serving -------------------------------------------------------------------------
     def decode(self, path: str, size: int) -> bytes:
@@ -303,5 +332,6 @@ def sealed_memfd(data, name: str = "monarch") -> int:
     return mfd
 
 
-def make_codec(mode: str, pfs_rate: Callable[[], float | None] = lambda: None) -> Codec | None:
-    return None if mode == "off" else Codec(mode, pfs_rate)
+def make_codec(mode: str, pfs_rate: Callable[[], float | None] = lambda: None,
+               needed_ratio: Callable[[], float | None] = lambda: None, dict_dir: str | None = None) -> Codec | None:
+    return None if mode == "off" else Codec(mode, pfs_rate, needed_ratio=needed_ratio, dict_dir=dict_dir)

@@ -327,7 +327,8 @@ class NodeDaemon:
         """A tier that cannot be made is skipped with one line saying why; the others serve."""
         try:
             return Tier.from_config(cfg, slot, self.run_id, self.node, self.config.dataset.roots,
-                                    memory_margin=self.memory_margin, pfs_rate=self._pfs_rate)
+                                    memory_margin=self.memory_margin, pfs_rate=self._pfs_rate,
+                                    dataset_bytes=lambda: self.dataset_bytes)
         except (MonarchError, OSError) as e:
             reason = str(e) if isinstance(e, MonarchError) else f"{cfg.path}: {e.strerror}"
             self.tier_errors[cfg.name] = reason
@@ -674,6 +675,10 @@ class NodeDaemon:
                          "off_roots": [k for k in range(len(self.config.dataset.roots))
                                        if off & (1 << min(k, 63))]},
             "sources": sources,
+            # compressed copies the shim decoded in the application's processes (shim_zstd.c)
+            "decompression": {"opens": counters[protocol.EXTRA_ZSTD_OPENS], "ns": counters[protocol.EXTRA_ZSTD_NS],
+                              "bytes": counters[protocol.EXTRA_ZSTD_BYTES],
+                              "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS]},
             "staging": self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()},
             "tiers": [t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.peer_area else []),
             "tier_errors": dict(self.tier_errors),

@@ -19,7 +19,7 @@ import secrets
 import threading
 from typing import Callable
 
-from monarch.node.codecs import Codec, make_codec
+from monarch.node.codecs import DICT_DIR, Codec, make_codec
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
 from monarch.node.resources import MemoryGuard, is_memory_backed, share_of_node
@@ -60,7 +60,7 @@ class Tier:
 
     @classmethod
     def from_config(cls, cfg: TierConfig, slot: int, run_id: str, node: int, roots: tuple[str, ...],
-                    memory_margin: int | None = None, pfs_rate=lambda: None) -> "Tier":
+                    memory_margin: int | None = None, pfs_rate=lambda: None, dataset_bytes=lambda: 0) -> "Tier":
         """The tier of ``cfg``; in memory (tmpfs, ramfs) it keeps ``memory_margin`` bytes free."""
         storage = StorageDir.create(cfg.path, run_id, node, keep_name=cfg.name if cfg.keep else None, roots=roots)
         in_memory = is_memory_backed(storage.path)
@@ -70,7 +70,10 @@ class Tier:
             note = f"{cfg.capacity_share:.0%} of {whole}"
             log.info("tier %s: capacity %d bytes (%s)", cfg.name, capacity, note)
         guard = MemoryGuard(memory_margin) if in_memory and memory_margin is not None else None
-        tier = cls(cfg.name, storage, capacity, slot, memory=guard, codec=make_codec(cfg.compression, pfs_rate))
+        # the codec's level: the fastest whose ratio fits the dataset (dataset_bytes, once known) in the tier
+        needed = lambda: dataset_bytes() / capacity if capacity > 0 and dataset_bytes() else None  # noqa: E731
+        codec = make_codec(cfg.compression, pfs_rate, needed, os.path.join(storage.path, COMPRESSED_DIR, DICT_DIR))
+        tier = cls(cfg.name, storage, capacity, slot, memory=guard, codec=codec)
         tier.capacity_note = note
         if tier.codec is not None and cfg.decoded_cache != 0:
             tier.set_decoded_cache(cfg.decoded_cache)

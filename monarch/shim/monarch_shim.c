@@ -387,6 +387,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 #include "shim_paths.c"
 #include "shim_index.c"
 #include "shim_daemon.c"
+#include "shim_zstd.c"
 #include "shim_open.c"
 #include "shim_wrappers.c"
 
@@ -653,6 +654,8 @@ static void monarch_init(void)
         else if (missing && monarch_have_socket) /* the daemon's walk is under way: wait at the first need */
             monarch_index_state = MONARCH_IX_UNKNOWN;
     }
+    if (monarch_nprobes)
+        monarch_zstd_init();
     monarch_enabled = 1;
     MONARCH_DEBUG(1, "enabled: %u roots, %u probe dirs, daemon %s, timeout %d ms, counters %s, index %s",
                   monarch_nroots, monarch_nprobes, monarch_have_socket ? monarch_sockaddr.sun_path : "(none)",

@@ -19,7 +19,7 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 2
+#define MONARCH_COUNTERS_VERSION 3
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 #define MONARCH_SLOT_WORDS 3 /* opens, bytes, opens_uncounted */
@@ -31,6 +31,11 @@
 #define MONARCH_EXTRA_META_LOCAL 0
 #define MONARCH_EXTRA_META_PFS 1
 #define MONARCH_EXTRA_META_OFF 2
+/* shim_zstd.c: opens decoded in the application's process, their ns and bytes; frames left to the daemon */
+#define MONARCH_EXTRA_ZSTD_OPENS 3
+#define MONARCH_EXTRA_ZSTD_NS 4
+#define MONARCH_EXTRA_ZSTD_BYTES 5
+#define MONARCH_EXTRA_ZSTD_FALLBACKS 6
 
 /* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
 #define MONARCH_VERB_OPEN 1
@@ -68,6 +73,7 @@
 #define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
 #define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"
 #define MONARCH_ENV_INDEX_WAIT "MONARCH_SHIM_INDEX_WAIT_MS"
+#define MONARCH_ENV_SHIM_ZSTD "MONARCH_SHIM_ZSTD"
 
 /* ---- staging, shared by the stager and the front door ---- */
 #define MONARCH_INLINE_MAX (256 << 10)      /* files this small are copied inline (no thread hand-off) */

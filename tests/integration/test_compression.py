@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from support.harness import load, monarch
+from support.harness import load, monarch, monarch_env
 
 np = pytest.importorskip("numpy")
 
@@ -144,21 +144,15 @@ def test_compressed_and_raw_copies_serve_the_sources_bytes_to_every_reader(short
     assert tier["stored_bytes"] < total and tier["ratio"] > 1.3
     assert rep["nodes"][0]["tiers"][0]["used"] == tier["stored_bytes"]  # capacity is accounted in stored bytes
     # opens of compressed copies were served from the tier (as memfds), none from the PFS
-    assert rep["sources"]["ram"]["opens"] >= 2 * len(digests)
+    assert rep["sources"]["ram"]["opens"] >= 150  # the script's opens (2 epochs, 3 workers, md5sum, cat)
     assert rep["sources"]["pfs"]["opens"] == 0, rep["sources"]
     arrays = sum(os.path.getsize(p) for p in digests if p.endswith(".npy"))
-    # each array decoded at its first open (a memfd) and kept as a decoded file at <tier>/<key>;
-    # every later open, in any process, was the shim's native tier hit: the daemon answered
-    # only first opens (and a second one that came while the file was being published: decoded
-    # again, or told the path of the file published meanwhile)
+    # the shim decoded the frames in the readers' processes (shim_zstd.c): the daemon answered at
+    # most the opens that came before a file's frame was written (staged on the miss, decoded there)
+    z = rep["decompression"]
     resolves = rep["nodes"][0]["resolves"]
-    assert set(resolves) <= {"already_staged:inflated", "already_staged:decoded"}, resolves
-    assert resolves["already_staged:inflated"] >= 6 and sum(resolves.values()) <= 12, resolves
-    assert arrays <= rep["nodes"][0]["inflated_bytes"] <= 2 * arrays
-    assert rep["sources"]["ram"]["opens"] >= 150  # the script's opens (2 epochs, 3 workers, md5sum, cat)
-    cache = rep["nodes"][0]["tiers"][0]["decoded_cache"]
-    assert cache["files"] == cache["kept"] == 6 and cache["bytes"] == arrays and cache["refused"] == 0, cache
-    assert tier["decoded_bytes"] == arrays and tier["decoded_files"] == 6
+    assert z["opens"] >= 60 and z["left_to_daemon"] == 0 and z["bytes"] >= 10 * arrays and z["ns"] > 0, z
+    assert sum(resolves.values()) <= 12, resolves
 
 
 def test_compressed_copies_live_where_the_probe_does_not_look(short_tmp):
@@ -178,7 +172,8 @@ def test_compressed_copies_live_where_the_probe_does_not_look(short_tmp):
               "assert raw == ['0/arr/a0.npy', '0/arr/a1.npy', '0/img/i0.jpg', '0/img/i1.jpg'], raw\n"
               "assert z == ['.z/0/arr/a0.npy', '.z/0/arr/a1.npy'], z\n"
               "assert all(os.stat(os.path.join(d, p)).st_mode & 0o077 == 0 for p in raw + z)\n")
-    r = monarch("run", "-c", config(short_tmp, root), "--", sys.executable, "-c", script, timeout=120)
+    r = monarch("run", "-c", config(short_tmp, root), "--", sys.executable, "-c", script, timeout=120,
+                env=monarch_env(MONARCH_SHIM_ZSTD="0"))  # the daemon decodes (and keeps decoded files)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -284,7 +279,7 @@ assert md5(subprocess.run(['cat', p], capture_output=True).stdout) == want, 'cat
 """
     report = os.path.join(short_tmp, "report.json")
     r = monarch("run", "-c", config(short_tmp, root), "--report", report, "--", sys.executable, "-c", script,
-                timeout=120)
+                timeout=120, env=monarch_env(MONARCH_SHIM_ZSTD="0"))  # the daemon decodes, keeps decoded files
     assert r.returncode == 0, r.stderr[-3000:]
     rep = load(report)
     node = rep["nodes"][0]

@@ -57,6 +57,16 @@ def test_selection_measures_every_level_and_keeps_the_bound():
     assert choice.level == fastest["level"]
 
 
+def test_a_fast_level_is_taken_only_where_its_ratio_fits_the_dataset_in_the_tier():
+    samples = [compressible(50_000, i) for i in range(8)]
+    roomy, _ = select(samples, decompress_floor=1.0, needed_ratio=1.0)  # the dataset fits raw
+    assert roomy.level == min(codecs.LEVELS) < 1 and "fits the dataset" in roomy.reason, roomy
+    tight, _ = select(samples, decompress_floor=1.0, needed_ratio=roomy.ratio * 1.5)
+    assert tight.level > roomy.level and tight.ratio > roomy.ratio
+    unknown, _ = select(samples, decompress_floor=1.0)  # the walk has not ended: the best ratio, as before
+    assert "best ratio" in unknown.reason and unknown.ratio >= tight.ratio * 0.98
+
+
 def test_the_pfs_rate_raises_the_bound():
     choice, _ = select([compressible(10_000)], decompress_floor=1.0, pfs_rate=3e9)
     assert choice.bound_mbps == 6000.0

@@ -49,3 +49,132 @@ def test_single_node_and_bad_count():
     assert {owner(k, 1) for k in KEYS[:100]} == {0}
     with pytest.raises(ValueError):
         owner("x", 0)
+
+
+# -- Placement: bounded capacity-weighted shares ------------------------------------------
+
+import os  # noqa: E402
+import random  # noqa: E402
+
+from monarch.cluster.placement import Placement  # noqa: E402
+
+
+def uneven_items(n=20_000, seed=7):
+    """Sizes from 10 B to ~4 MiB, heavy-tailed like image and shard datasets."""
+    rng = random.Random(seed)
+    return [(f"0/train/n{i % 997:04d}/img_{i:06d}.jpg", int(10 * 2 ** rng.uniform(0, 18))) for i in range(n)]
+
+
+ITEMS = uneven_items()
+BIGGEST = max(s for _, s in ITEMS)
+SIZE = dict(ITEMS)
+
+
+@pytest.mark.parametrize("weights", [[1] * 8, [1, 2, 3, 4, 5], [5, 0, 1, 1, 3, 0, 8]])
+def test_shares_are_within_one_file_of_the_capacity_weighted_share(weights):
+    p = Placement.build(ITEMS, weights)
+    shares = p.shares()
+    total = sum(SIZE.values())
+    assert sum(shares) == total == p.total_bytes and len(p) == len(ITEMS)
+    for node, w in enumerate(weights):
+        target = total * w / sum(weights)
+        # one file either way, plus the 1-byte-per-file cost of cutting (see build)
+        assert abs(shares[node] - target) <= BIGGEST + len(ITEMS) / len(weights), (node, shares, target)
+    counted = [0] * len(weights)
+    for key, size in ITEMS:
+        counted[p.owner(key)] += size
+    assert counted == shares
+    assert all(shares[n] == 0 for n, w in enumerate(weights) if w == 0)
+
+
+def test_owner_of_a_key_outside_the_snapshot_and_of_an_empty_dataset():
+    p = Placement.build(ITEMS[:100], [1, 0, 1])
+    assert {p.owner(f"new/{i}") for i in range(300)} == {0, 2}
+    empty = Placement.build([], [1, 3])
+    owners = [empty.owner(f"k{i}") for i in range(4000)]
+    assert set(owners) == {0, 1} and 800 < owners.count(0) < 1200  # the hash range cut 1:3
+    assert empty.shares() == [0, 0]
+
+
+def test_bad_weights():
+    for weights in ([], [0, 0], [1, -1], [1.5, 2]):
+        with pytest.raises(ValueError):
+            Placement.build(ITEMS[:10], weights)
+
+
+PROBE = ("import sys, json; from monarch.cluster.placement import Placement; "
+         "from tests.unit.test_placement import ITEMS; "
+         "p = Placement.build(ITEMS, [3, 1, 2, 2, 5]); keys = [k for k, _ in ITEMS[:3000]]; "
+         "print(json.dumps([[p.owner(k), p.owner(k, {0, 3}), p.owners(k, 3)] for k in keys]))")
+
+
+def test_placement_is_the_same_in_every_process():
+    outs = []
+    for seed in ("1", "2", "random"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        outs.append(subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,
+                                   env=env, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                                       os.path.abspath(__file__))))).stdout)
+    assert outs[0] == outs[1] == outs[2]
+    assert outs[0].count("[") > 3000
+
+
+@pytest.mark.parametrize("lost", [0, 3])
+def test_a_loss_moves_exactly_the_lost_nodes_files_spread_over_the_survivors(lost):
+    weights = [1, 2, 3, 4, 5]
+    p = Placement.build(ITEMS, weights)
+    before = {k: p.owner(k) for k, _ in ITEMS}
+    after = {k: p.owner(k, {lost}) for k, _ in ITEMS}
+    moved = [k for k in before if before[k] != after[k]]
+    assert set(moved) == {k for k, o in before.items() if o == lost}
+    assert sum(SIZE[k] for k in moved) == p.shares()[lost]
+    assert lost not in after.values()
+    gained = [0] * len(weights)
+    for k in moved:
+        gained[after[k]] += SIZE[k]
+    rest = sum(w for n, w in enumerate(weights) if n != lost)
+    for node, w in enumerate(weights):
+        if node != lost:  # the lost share is cut among the survivors by weight, within one file
+            assert abs(gained[node] - p.shares()[lost] * w / rest) <= BIGGEST + len(ITEMS), gained
+
+
+def test_a_second_loss_moves_only_what_the_second_node_holds():
+    p = Placement.build(ITEMS, [1] * 6)
+    one = {k: p.owner(k, {1}) for k, _ in ITEMS}
+    two = {k: p.owner(k, {1, 4}) for k, _ in ITEMS}
+    assert {k for k in one if one[k] != two[k]} == {k for k, o in one.items() if o == 4}
+    assert two == {k: p.owner(k, {4, 1}) for k, _ in ITEMS}  # the order of the losses does not matter
+    with pytest.raises(LookupError):
+        p.owner(ITEMS[0][0], set(range(6)))
+
+
+def test_replicas_are_distinct_and_the_second_takes_over_on_a_loss():
+    weights = [2, 1, 0, 1, 3]
+    p = Placement.build(ITEMS, weights)
+    second = [0] * len(weights)
+    for key, size in ITEMS[:5000]:
+        three = p.owners(key, 3)
+        assert len(set(three)) == 3 and 2 not in three and three[0] == p.owner(key)
+        assert three[1] == p.owner(key, {three[0]})
+        assert three[2] == p.owner(key, {three[0], three[1]})
+        assert p.owners(key, 2, lost={three[0]}) == three[1:]
+        assert p.owners(key, 9) == list(p.preference(key)) and len(p.owners(key, 9)) == 4
+    for key, size in ITEMS:
+        second[p.owners(key, 2)[1]] += size
+    assert second == p.second_shares()
+    assert sum(second) == p.total_bytes and second[2] == 0
+
+
+def test_single_live_node_has_no_second_copy():
+    p = Placement.build(ITEMS[:50], [0, 7])
+    assert all(p.owners(k, 2) == [1] for k, _ in ITEMS[:50])
+    assert p.second_shares() == [0, 0]
+
+
+def test_cluster_owner_asks_the_placement_once_set():
+    from monarch.cluster import Cluster
+    c = Cluster.__new__(Cluster)  # no MPI: only owner() is exercised
+    c.nodes, c.placement = 5, None
+    assert [c.owner(k) for k, _ in ITEMS[:200]] == [owner(k, 5) for k, _ in ITEMS[:200]]
+    c.placement = Placement.build(ITEMS, [1] * 5)
+    assert [c.owner(k) for k, _ in ITEMS[:200]] == [c.placement.owner(k) for k, _ in ITEMS[:200]]

@@ -1,0 +1,135 @@
+"""``monarch plan``: the capacity model by hand on small cases, and the placement's targets at 1,024 nodes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from monarch.cli import main
+from monarch.config import load_config
+from monarch.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KiB = 1024
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    """A node of 400 KiB: ram 100 KiB, ssd 200 KiB, peer area 100 KiB."""
+    for d in ("ram", "ssd", "peer"):
+        (tmp_path / d).mkdir()
+    path = tmp_path / "job.yaml"
+    path.write_text(f"""
+tiers:
+  - {{name: ram, path: {tmp_path}/ram, capacity: 100KiB}}
+  - {{name: ssd, path: {tmp_path}/ssd, capacity: 200KiB}}
+peer: {{path: {tmp_path}/peer, capacity: 100KiB}}
+""")
+    return str(path)
+
+
+def plan(capsys, *args):
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_three_times_a_node_over_four_nodes_is_sharded_and_all_held(cfg, capsys):
+    p = plan(capsys, "-c", cfg, "--nodes", "4", "--files", "1200", "--file-size", "1KiB", "--pfs-rate", "100KiB/s")
+    assert p["mode"] == "shard" and p["dataset"] == {"files": 1200, "bytes": 1200 * KiB}
+    for node in p["per_node"]:  # 1/4 each: 300 KiB, ram first, then ssd
+        assert node["owns"] == node["holds"] == 300 * KiB
+        assert node["tiers"] == {"ram": 100 * KiB, "ssd": 200 * KiB, "peer": 0}
+        assert node["owned_on_pfs"] == 0
+    assert p["pfs_remainder"] == 0
+    e = p["epoch"]  # a node reads 300 KiB: 1/4 its own, 3/4 from peers
+    assert e["read_per_node"] == 300 * KiB
+    assert e["mean_per_node"]["local"] == 75 * KiB and e["mean_per_node"]["peer"] == 225 * KiB
+    assert e["mean_per_node"]["pfs"] == 0 and e["pfs_total"] == 0 and e["peer_total"] == 900 * KiB
+    assert p["staging"]["pfs_bytes"] == 1200 * KiB and p["staging"]["seconds"] == 12.0
+    r = p["replicas_cost"]  # a second copy: 300 KiB more per node, 100 KiB of room each
+    assert r["second_copy_per_node"] == 300 * KiB and r["room_after_owned"] == 400 * KiB
+    assert r["second_copy_fits"] is False
+    assert p["placement"]["max_share_over_mean"] == 1.0 and p["placement"]["moved_on_loss"] == 0.25
+    assert p["placement"]["restaged_on_loss"] == 0.25
+
+
+def test_with_two_replicas_the_second_copies_take_the_room_left(cfg, capsys):
+    p = plan(capsys, "-c", cfg, "--nodes", "4", "--files", "1200", "--file-size", "1KiB", "--replicas", "2")
+    for node in p["per_node"]:
+        assert node["replicas"] == {"wanted": 300 * KiB, "kept": 100 * KiB}
+        assert node["holds"] == 400 * KiB and node["tiers"] == {"ram": 100 * KiB, "ssd": 200 * KiB, "peer": 100 * KiB}
+    assert p["replicas_cost"]["kept_fraction"] == pytest.approx(1 / 3)
+    assert p["staging"]["peer_bytes"] == 400 * KiB  # second copies come from the owners, not the PFS
+    assert p["placement"]["restaged_on_loss"] == pytest.approx(0.25 * 2 / 3)
+
+
+def test_six_times_a_node_leaves_a_third_on_the_pfs(cfg, capsys):
+    p = plan(capsys, "-c", cfg, "--nodes", "4", "--files", "2400", "--file-size", "1KiB", "--replicas", "2")
+    assert p["mode"] == "shard"
+    for node in p["per_node"]:  # owns 600 KiB, holds its 400 KiB, no room for second copies
+        assert node["owns"] == 600 * KiB and node["holds"] == 400 * KiB and node["owned_on_pfs"] == 200 * KiB
+        assert node["tiers"] == {"ram": 100 * KiB, "ssd": 200 * KiB, "peer": 100 * KiB}
+        assert node["replicas"]["kept"] == 0
+    assert p["pfs_remainder"] == 800 * KiB
+    m = p["epoch"]["mean_per_node"]  # reads 600 KiB: 400/2400 local, 800/2400 PFS, the rest peers
+    assert (m["local"], m["pfs"], m["peer"]) == (100 * KiB, 200 * KiB, 300 * KiB)
+    assert p["epoch"]["pfs_total"] == 800 * KiB and p["staging"]["pfs_bytes"] == 1600 * KiB
+
+
+def test_a_dataset_that_fits_on_every_node_is_replicated(cfg, capsys):
+    p = plan(capsys, "-c", cfg, "--nodes", "4", "--files", "300", "--file-size", "1KiB")
+    assert p["mode"] == "replicate" and "every node can hold" in p["why"]
+    for node in p["per_node"]:
+        assert node["holds"] == 300 * KiB and node["tiers"] == {"ram": 100 * KiB, "ssd": 200 * KiB, "peer": 0}
+    assert p["epoch"]["mean_per_node"]["local"] == 75 * KiB and p["epoch"]["peer_total"] == 0
+    assert p["staging"]["pfs_bytes"] == 300 * KiB and p["staging"]["peer_bytes"] == 900 * KiB
+    assert p["placement"]["restaged_on_loss"] == 0
+    s = plan(capsys, "-c", cfg, "--nodes", "4", "--files", "300", "--file-size", "1KiB", "--shard")
+    assert s["mode"] == "shard" and all(n["holds"] == 75 * KiB for n in s["per_node"])
+
+
+def test_plan_walks_a_real_dataset_and_prints_text(cfg, tmp_path, capsys):
+    ds = tmp_path / "ds"
+    (ds / "a").mkdir(parents=True)
+    for i in range(10):
+        (ds / "a" / f"{i}.bin").write_bytes(b"x" * (1000 * (i + 1)))
+    p = plan(capsys, "-c", cfg, "--nodes", "2", "--dataset", str(ds))
+    assert p["dataset"] == {"files": 10, "bytes": 55_000}
+    assert sum(n["owns"] for n in p["per_node"]) == 55_000
+    assert main(["plan", "-c", cfg, "--nodes", "3", "--files", "5000", "--file-size", "1KiB"]) == 0
+    out = capsys.readouterr().out
+    assert "layout  : shard" in out and "node 2  :" in out and "re-owns" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--files", "10"], "together"),
+    (["--files", "10", "--file-size", "ten"], "--file-size"),
+    (["--files", "10", "--file-size", "1KiB", "--pfs-rate", "fast"], "--pfs-rate"),
+    (["--files", "10", "--file-size", "1KiB", "--nodes", "0"], "--nodes"),
+])
+def test_plan_usage_errors(cfg, capsys, args, message):
+    assert main(["plan", "-c", cfg, *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_peer_replicas_is_validated(cfg, tmp_path):
+    assert load_config(cfg, check_roots=False, roots=["/x"]).peer.replicas == 1
+    for value, ok in (("2", True), ("3", False), ("true", False), ("two", False)):
+        path = tmp_path / f"r{value}.yaml"
+        path.write_text(open(cfg).read().replace("peer: {", f"peer: {{replicas: {value}, "))
+        if ok:
+            assert load_config(str(path), check_roots=False, roots=["/x"]).peer.replicas == 2
+        else:
+            with pytest.raises(ConfigError, match=r"peer\.replicas: expected 1 .* or 2"):
+                load_config(str(path), check_roots=False, roots=["/x"])
+
+
+def test_1024_nodes_and_a_million_files_meet_the_targets():
+    out = subprocess.run([sys.executable, "-m", "monarch", "plan", "--nodes", "1024", "--files", "1000000",
+                          "--file-size", "110KiB", "--json"], capture_output=True, text=True, timeout=240,
+                         cwd=REPO, check=True).stdout
+    p = json.loads(out)["placement"]
+    assert p["max_share_over_mean"] <= 1.05
+    assert p["moved_on_loss"] <= 2 / 1024
