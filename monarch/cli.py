@@ -241,7 +241,7 @@ def cmd_plan(args) -> int:
             raise MonarchError(f"monarch plan: --files must be at least 0, got {args.files}")
         items = plan.synthetic(args.files, size)
     else:
-        from monarch.snapshot import take_snapshot
+        from monarch.node.snapshot import take_snapshot
         snap = take_snapshot(config.dataset.roots)
         items = ((key, info.size) for key, info in snap.files.items())
     nodes = args.nodes if args.nodes is not None else int(os.environ.get("SLURM_JOB_NUM_NODES")

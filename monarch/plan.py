@@ -37,7 +37,7 @@ class Store:
 def node_storage(config) -> list[Store]:
     """The chain of one node: the configuration's tiers (a share like ``50%`` read on this
     machine) and its peer area."""
-    from monarch.resources import share_of_node
+    from monarch.node.resources import share_of_node
     stores = []
     for i, t in enumerate(config.tiers):
         capacity = t.capacity
