@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from monarch.testing.harness import load, monarch
+from monarch.testing.harness import load, monarch, make_bases
 
 np = pytest.importorskip("numpy")
 
@@ -51,6 +51,7 @@ tiers:
      decoded_cache: {decoded_cache}}}
 staging: {{policy: {policy}, threads: 2}}
 """)
+    make_bases(path)
     return path
 
 
