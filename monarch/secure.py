@@ -74,9 +74,9 @@ MAX_LINKS = 40  # as the kernel's limit on symlinks followed in one lookup
 def _controlled_by_others(st: os.stat_result) -> str | None:
     """Why another user could change what a component of a base leads to, or None."""
     if st.st_uid not in (0, os.getuid()):
-        return f"is owned by uid {st.st_uid}, another user"
+        return f"owned by uid {st.st_uid}, another user"
     if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return f"is writable by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
+        return f"writable by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
 
@@ -97,21 +97,22 @@ def _walk(base: str, path: str) -> tuple[str, int | None]:
     try:
         why = _controlled_by_others(os.fstat(fd))
         if why:
-            raise UnsafeBaseError(f"{base}: / {why}; Monarch cannot use a base on this node")
+            raise UnsafeBaseError(f"{base}: / is {why}; Monarch cannot use a base on this node")
         parts = [p for p in path.split("/") if p]
         for i, name in enumerate(parts):
             here = os.path.join(done, name)
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
-                missing = base if here == os.path.abspath(base) else f"{base} ({here})"
+                on_the_way = (os.path.abspath(base) + "/").startswith(here + "/")  # else: in a link's target
+                missing = base if on_the_way else f"{base} ({here})"
                 raise UnsafeBaseError(f"{missing} does not exist; create it or fix the path") from None
             except OSError as e:
                 raise UnsafeBaseError(f"{_where(base, here)}: cannot check it: {e.strerror}") from None
             why = _controlled_by_others(st)
             if why:
-                what = "a symlink that " if stat.S_ISLNK(st.st_mode) else ""
-                raise UnsafeBaseError(f"{_where(base, here)} {what}{why}: they could redirect Monarch's files; "
+                what = "a symlink " if stat.S_ISLNK(st.st_mode) else ""
+                raise UnsafeBaseError(f"{_where(base, here)} is {what}{why}: they could redirect Monarch's files; "
                                       "configure a base whose every directory and symlink is yours or root's "
                                       "(such as /tmp, /dev/shm)")
             if stat.S_ISLNK(st.st_mode):
