@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 
@@ -204,7 +205,15 @@ def cmd_stop(args) -> int:
 
 
 def cmd_check_config(args) -> int:
+    from monarch.config import base_problems
     config = _load(args.file)
+    problems = base_problems(config)  # a base that would not be used: the file is not OK here
+    for problem in problems:
+        print(f"monarch: error: {problem}", file=sys.stderr)
+    if problems:
+        print(f"monarch: base directories are checked on this node ({socket.gethostname()}); "
+              "a node-local one must exist on every node of the job", file=sys.stderr)
+        return 1
     print(f"{args.file}: OK")
     print(f"  roots   : {', '.join(config.dataset.roots)}")
     for t in config.tiers:

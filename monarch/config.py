@@ -86,6 +86,35 @@ class Config:
     memory_margin: int = 0  # bytes of available memory memory-backed tiers leave to the node...
     memory_margin_share: float | None = 0.10  # ...or this share of its total memory
 
+    def bases(self) -> list[tuple[str, str]]:
+        """(key, path) of every base directory configured: Monarch works in monarch-<uid> inside."""
+        return ([("run_dir", self.run_dir)] + [(f"tiers[{i}].path", t.path) for i, t in enumerate(self.tiers)]
+                + [("peer.path", self.peer.path)])
+
+
+def base_problem(source: str, key: str, base: str) -> str | None:
+    """Why the base ``key`` cannot be used on this node (missing, or open to another user:
+    monarch/secure.py ``open_base``), as a configuration error's line; None if it can."""
+    from monarch.secure import UnsafeBaseError, resolve_base
+    try:
+        resolve_base(base)
+    except UnsafeBaseError as e:
+        return f"config {source}: {key}: {e}"
+    return None
+
+
+def base_problems(config: Config) -> list[str]:
+    """``base_problem`` of every configured base (one base named by two keys: once)."""
+    seen: set[str] = set()
+    out = []
+    for key, base in config.bases():
+        if base not in seen:
+            seen.add(base)
+            problem = base_problem(config.source, key, base)
+            if problem:
+                out.append(problem)
+    return out
+
 
 def expand_vars(text: str, env: Mapping[str, str]) -> str:
     """``${VAR}`` and ``${VAR:-default}``, defaults nested (``${A:-${B:-c}}``) and expanded only when used.

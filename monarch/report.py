@@ -72,6 +72,7 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         # staged copies they answered, requests they handed to the Python server
         "front_door": dict(door) if doors else None,
         "tiers": _tiers_over_nodes(alive),
+        "tier_errors": _tier_errors_over_nodes(nodes),
         "size_classes": _classes_over_nodes(alive),
         "timeline": combine_timelines(timelines) if timelines else None,
         "nodes": nodes,
@@ -105,6 +106,15 @@ def _tiers_over_nodes(alive: list[dict]) -> list[dict]:
         row["stopped"] = tier_state(row)
         row["ratio"] = round(row["logical_bytes"] / row["stored_bytes"], 3) if row["stored_bytes"] else 1.0
     return list(out.values())
+
+
+def _tier_errors_over_nodes(nodes: list[dict | None]) -> dict[str, dict]:
+    """Each tier some node could not use: the first node's reason and the nodes that said so."""
+    out: dict[str, dict] = {}
+    for i, n in enumerate(nodes):
+        for name, reason in ((n or {}).get("tier_errors") or {}).items():
+            out.setdefault(name, {"reason": reason, "nodes": []})["nodes"].append(i)
+    return out
 
 
 def tier_state(tier: dict) -> str | None:
@@ -298,6 +308,9 @@ def print_report(report: dict, out: TextIO) -> None:
     w(f"; not staged: {', '.join(f'{k} x{v}' for k, v in sorted(st['failures'].items()))}\n" if st["failures"] else "\n")
     if report.get("tiers"):
         _print_tiers(report["tiers"], w)
+    for name, e in (report.get("tier_errors") or {}).items():
+        where = f" (nodes {', '.join(map(str, e['nodes']))})" if len(report["nodes"]) > 1 else ""
+        w(f"tier {name} not used{where}: {e['reason']}\n")
     if report.get("size_classes"):
         _print_size_classes(report["size_classes"], w)
     meta = report.get("metadata")

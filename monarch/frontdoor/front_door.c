@@ -376,20 +376,31 @@ static int send_answer(int fd, int32_t status, const char *body, uint32_t len)
     return w == (ssize_t)(8 + len) ? 0 : -1;        /* a fresh socket's buffer takes it whole */
 }
 
-static int mkdirs_below(char *path, size_t from)    /* os.makedirs(dir, 0o700) under a tier */
+/* The directory of ``key`` ("0/d/x.bin": "<tier>/0/d") opened from the tier, one component at a
+ * time with O_NOFOLLOW, each made 0700 if missing (os.makedirs under a tier): a symlink planted
+ * inside the tier cannot send a copy elsewhere. Its descriptor (the copy's name is after the
+ * last '/' of ``key``), or -1. */
+static int open_key_dir(const char *tier, const char *key, uint32_t len)
 {
-    for (size_t i = from + 1; path[i]; i++) {
-        if (path[i] != '/')
-            continue;
-        path[i] = 0;
-        int r = mkdir(path, 0700);
-        path[i] = '/';
-        if (r < 0 && errno != EEXIST)
-            return -1;
+    const int flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+    char part[NAME_MAX + 1];
+    int dfd = open(tier, flags);
+    const char *p = key, *end = key + len, *slash;
+    while (dfd >= 0 && (slash = memchr(p, '/', (size_t)(end - p))) != NULL) {
+        size_t n = (size_t)(slash - p);
+        int next = -1;
+        if (n > 0 && n <= NAME_MAX) {  /* valid_key: no "." or ".." parts */
+            memcpy(part, p, n);
+            part[n] = 0;
+            next = openat(dfd, part, flags);
+            if (next < 0 && errno == ENOENT && (mkdirat(dfd, part, 0700) == 0 || errno == EEXIST))
+                next = openat(dfd, part, flags);
+        }
+        close(dfd);
+        dfd = next;
+        p = slash + 1;
     }
-    if (mkdir(path, 0700) < 0 && errno != EEXIST)
-        return -1;
-    return 0;
+    return dfd;
 }
 
 /* Copy ``key`` (``f``: the snapshot's view of it) into the copy tier under a temporary
@@ -411,7 +422,7 @@ static int64_t run_delay_ns(struct worker *w)
 }
 
 static int copy_in(struct worker *w, const char *key, uint32_t len, const struct idx_file *f,
-                   char *dest, char *tmp, uint64_t *bytes_read, int64_t *source_ns, int *preempted)
+                   char *dest, char *tmp, int *dir_fd, uint64_t *bytes_read, int64_t *source_ns, int *preempted)
 {
     struct door *d = w->d;
     char src[PATH_MAX];
@@ -424,7 +435,6 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     if (snprintf(src, sizeof src, "%s/%.*s", d->roots[root], rl, rel) >= (int)sizeof src)
         return -1;
     const char *tier = d->tiers[d->copy_slot];
-    size_t tl = strlen(tier);
     if (snprintf(dest, PATH_MAX, "%s/%.*s", tier, (int)len, key) >= PATH_MAX)
         return -1;
     /* the source's part alone is timed, less the time this thread waited for a core: whether
@@ -468,33 +478,24 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     }
     if (n != f->size)
         return -2;
-    char *base = strrchr(dest, '/');
-    int dl = (int)(base - dest);
-    if (snprintf(tmp, PATH_MAX, "%.*s/%s%016llx", dl, dest, MONARCH_TMP_PREFIX,
-                 (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL)) >= PATH_MAX)
-        return -1;
+    /* the temporary name (``tmp``: a name in the key's directory, ``*dir_fd``) */
+    snprintf(tmp, PATH_MAX, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
     mode_t mode = (f->mode & 0700) | 0600;          /* secure.owner_only */
-    int out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-    if (out < 0 && errno == ENOENT) {
-        dest[dl] = 0;
-        int made = mkdirs_below(dest, tl);
-        dest[dl] = '/';
-        if (made == 0)
-            out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-    }
-    if (out < 0)
-        return -3;
+    int dfd = open_key_dir(tier, key, len);
+    int out = dfd < 0 ? -1 : openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     struct timespec times[2] = {{f->mtime / 1000000000LL, f->mtime % 1000000000LL},
                                 {f->mtime / 1000000000LL, f->mtime % 1000000000LL}};
-    if (write_full(out, w->copy_buf, n) < 0 || futimens(out, times) < 0) {
-        close(out);
-        unlink(tmp);
+    int ok = out >= 0 && write_full(out, w->copy_buf, n) == 0 && futimens(out, times) == 0;
+    if (out >= 0 && close(out) < 0)
+        ok = 0;
+    if (!ok) {
+        if (out >= 0)
+            unlinkat(dfd, tmp, 0);
+        if (dfd >= 0)
+            close(dfd);
         return -3;
     }
-    if (close(out) < 0) {
-        unlink(tmp);
-        return -3;
-    }
+    *dir_fd = dfd;
     return 0;
 }
 
@@ -542,14 +543,16 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     uint64_t bytes_read = 0;
     int64_t source_ns = 0;
     int preempted = 1;                 /* a copy that never read the source says nothing of it */
-    int r = copy_in(w, key, len, &f, dest, tmp, &bytes_read, &source_ns, &preempted);
+    int kdir = -1;                     /* the key's directory in the tier (copy_in) */
+    int r = copy_in(w, key, len, &f, dest, tmp, &kdir, &bytes_read, &source_ns, &preempted);
+    const char *name = strrchr(dest, '/') + 1;
     int64_t ns = now_ns() - t0;
 
     pthread_mutex_lock(&d->mu);
     e = find(d, key, len, hash);       /* the table may have grown meanwhile: ``e`` moved */
     int published = 0;
-    if (r == 0 && !d->never_copy && rename(tmp, dest) < 0) {
-        unlink(tmp);
+    if (r == 0 && !d->never_copy && renameat(kdir, tmp, kdir, name) < 0) {
+        unlinkat(kdir, tmp, 0);
         r = -3;
     }
     if (r == 0 && !d->never_copy) {
@@ -563,7 +566,7 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
         published = 1;
     } else {
         if (r == 0)
-            unlink(tmp);
+            unlinkat(kdir, tmp, 0);
         e->state = K_PYTHON;           /* Python copies it, or finds why not, and says so */
         if (r == -3)
             d->allowed = 0;            /* the tier failed (full?): Python finds out, and allows again or not */
@@ -585,6 +588,8 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     pthread_cond_broadcast(&d->cv);
     int slot = d->copy_slot;
     pthread_mutex_unlock(&d->mu);
+    if (kdir >= 0)
+        close(kdir);
     if (!published)
         return R_COPY_FAILED;
     send_answer(fd, slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */

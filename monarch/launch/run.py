@@ -138,9 +138,13 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
     """Attach to the daemon of this run (or of this job: a standing ``monarch serve``) on this
     node, if it serves this dataset; else start an embedded one for the run."""
     node = topology.node_index()
+    try:
+        runs = layout.user_dir(config.run_dir)
+    except secure.UnsafeBaseError as e:
+        raise MonarchError(f"config {config.source}: run_dir: {e}") from None
     candidates = [run] + [j for j in [topology.job_id()] if j != run]
     for rid in candidates[1:]:
-        session = attach(os.path.join(layout.user_dir(config.run_dir), f"{rid}-node{node}", "daemon.sock"))
+        session = attach(os.path.join(runs, f"{rid}-node{node}", "daemon.sock"))
         if session is not None:
             if _serves(session, config):
                 return session, None
@@ -256,6 +260,7 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
         if session.run.get("run") != run:  # the job's standing daemon: report this run's share
             baseline = session.stats(brief=True)  # the counters: answered at once, even during its walk
         env = app_env(session.env)
+        _say_unused_tiers(session)
     except Exception as e:  # fail open: the job runs unaccelerated
         log.error("Monarch is not active for this run (%s); reading the PFS directly", e)
         env = dict(os.environ)
@@ -285,6 +290,13 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
             _reap(daemon, config)
             log.debug("phase daemon.reaped")
     return code
+
+
+def _say_unused_tiers(session: Session) -> None:
+    """One line per tier the daemon could not use, at the start: its own log is a file."""
+    errors = session.run.get("tier_errors")
+    for name, reason in (errors.items() if isinstance(errors, dict) else ()):
+        log.warning("tier %s is not used (the run goes on without it): %s", name, reason)
 
 
 def _print_and_write(config: Config, session: Session, cmd: list[str], code: int, run: str, wall: float,

@@ -31,12 +31,12 @@ from monarch.node.codecs import Compressed, sealed_memfd
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
 from monarch.frontdoor import FrontDoor
+from monarch.node.stats import size_classes
 from monarch.node.resources import margin_bytes
-from monarch.secure import UnsafePathError, private_dir, user_dir, write_file_atomically
+from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.node.snapshot import Snapshot, load_or_walk
 from monarch.node.sources import PeerSource
 from monarch.node.stager import Stager
-from monarch.node.stats import size_classes
 from monarch.node.tiers import Tier
 from monarch.timeline import Sampler, Timeline
 
@@ -122,14 +122,14 @@ class NodeDaemon:
         protocol.create_counters(self.counters_path)
         self.tier_errors: dict[str, str] = {}
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
-        self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i)) for i, cfg in enumerate(config.tiers))
-                      if t is not None]
+        self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")
+                                  for i, cfg in enumerate(config.tiers)) if t is not None]
         log.debug("phase tiers.ready")
         self.peer_area = None
         self._peers = None
         if cluster is not None:
             self.peer_area = self._make_tier(TierConfig("peer", config.peer.path, config.peer.capacity),
-                                             protocol.SLOT_PEER)
+                                             protocol.SLOT_PEER, "peer.path")
             cluster.peer_timeout = config.peer.timeout
             self._peers = PeerSource(cluster, config.peer.timeout)
         self.snapshot = Snapshot(tuple(config.dataset.roots), {})  # nothing until the walk ends
@@ -323,14 +323,19 @@ class NodeDaemon:
     def index_path(self) -> str:
         return os.path.join(self.run_dir, "index")
 
-    def _make_tier(self, cfg: TierConfig, slot: int) -> Tier | None:
-        """A tier that cannot be made is skipped with one line saying why; the others serve."""
+    def _make_tier(self, cfg: TierConfig, slot: int, key: str) -> Tier | None:
+        """A tier that cannot be made is skipped with one line saying why (``tier_errors``,
+        which the launcher prints and the report shows); the others serve. ``key``: the
+        configuration's key of its base, named when the base itself cannot be used."""
         try:
             return Tier.from_config(cfg, slot, self.run_id, self.node, self.config.dataset.roots,
                                     memory_margin=self.memory_margin, pfs_rate=self._pfs_rate,
                                     dataset_bytes=lambda: self.dataset_bytes)
         except (MonarchError, OSError) as e:
-            reason = str(e) if isinstance(e, MonarchError) else f"{cfg.path}: {e.strerror}"
+            if isinstance(e, UnsafeBaseError):
+                reason = f"config {self.config.source}: {key}: {e}"
+            else:
+                reason = str(e) if isinstance(e, MonarchError) else f"{cfg.path}: {e.strerror}"
             self.tier_errors[cfg.name] = reason
             log.warning("tier %s is not used: %s", cfg.name, reason)
             return None
@@ -708,7 +713,7 @@ class NodeDaemon:
     def describe(self) -> dict:
         """Who this daemon is, for a launcher deciding whether to attach."""
         return {"run": self.run_id, "node": self.node, "roots": list(self.config.dataset.roots),
-                "config": self.config.source, "pid": os.getpid()}
+                "config": self.config.source, "pid": os.getpid(), "tier_errors": dict(self.tier_errors)}
 
     def close(self) -> None:
         """Stop staging and remove what the run asked not to keep. The run directory keeps

@@ -73,7 +73,8 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
     }
     char staged[PATH_MAX];
     int slot = MONARCH_SLOT_PFS, fd = -1;
-    int pflags = flags & ~(O_DIRECT | O_NOATIME); /* a tmpfs copy may refuse them */
+    /* a tmpfs copy may refuse O_DIRECT, O_NOATIME; a copy is a file, never a symlink */
+    int pflags = (flags & ~(O_DIRECT | O_NOATIME)) | O_NOFOLLOW;
     for (unsigned i = 0; i < monarch_nprobes && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED); i++) {
         const struct monarch_probe *pr = &monarch_probes[i];
         if (monarch_probe_path(pr, key, kl, staged) == 0 && (fd = monarch_open_staged(staged, pflags)) >= 0) {
@@ -148,6 +149,35 @@ static inline void monarch_after(int fd, int how)
  * Without the daemon's confirmation this process stops probing tiers for good:
  * a copy we could not remove (a directory's files, another slot) is never read.
  */
+/* Unlink <probe dir>/<key> without following a symlink at any step below the probe dir
+ * (whose real path the daemon resolved and checked): each directory of the key is opened
+ * O_NOFOLLOW from the one before, and the name is unlinked there (unlinkat). A symlink
+ * planted inside the tier cannot send the unlink elsewhere. 0, or -1 with errno. */
+static int monarch_unlink_below(const struct monarch_probe *pr, const char *key, size_t kl)
+{
+    char name[MONARCH_KEY_MAX + 3];
+    if (kl >= sizeof name)
+        return -1;
+    memcpy(name, key, kl + 1);
+    const int dflags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+    int dfd = MONARCH_RESOLVE(openat)(AT_FDCWD, pr->dir, dflags);
+    char *part = name, *slash;
+    while (dfd >= 0 && (slash = strchr(part, '/')) != NULL) {
+        *slash = '\0';
+        int next = strcmp(part, ".") && strcmp(part, "..") ? MONARCH_RESOLVE(openat)(dfd, part, dflags) : -1;
+        MONARCH_RESOLVE(close)(dfd);
+        dfd = next;
+        part = slash + 1;
+    }
+    if (dfd < 0)
+        return -1;
+    int r = (int)syscall(SYS_unlinkat, dfd, part, 0); /* the real one: unlinkat is wrapped */
+    int saved = errno;
+    MONARCH_RESOLVE(close)(dfd);
+    errno = saved;
+    return r;
+}
+
 static void monarch_invalidate_key(const char *key, size_t kl, unsigned k, const char *path)
 {
     /* First, for every process of the job on this node: root k's metadata is the PFS's now. */
@@ -165,7 +195,8 @@ static void monarch_invalidate_key(const char *key, size_t kl, unsigned k, const
     }
     char staged[PATH_MAX];
     for (unsigned i = 0; i < monarch_nprobes; i++)
-        if (monarch_probe_path(&monarch_probes[i], key, kl, staged) == 0 && MONARCH_RESOLVE(unlink)(staged) == 0)
+        if (monarch_probe_path(&monarch_probes[i], key, kl, staged) == 0
+            && monarch_unlink_below(&monarch_probes[i], key, kl) == 0)
             MONARCH_DEBUG(1, "invalidate %s: removed %s", path, staged);
     /* a compressed copy (<probe dir>/.z/<key>) too, so no copy of the old bytes outlives the write */
     char zkey[MONARCH_KEY_MAX + 3];
@@ -174,7 +205,7 @@ static void monarch_invalidate_key(const char *key, size_t kl, unsigned k, const
         memcpy(zkey + 3, key, kl + 1);
         for (unsigned i = 0; i < monarch_nprobes; i++)
             if (monarch_probe_path(&monarch_probes[i], zkey, kl + 3, staged) == 0
-                && MONARCH_RESOLVE(unlink)(staged) == 0)
+                && monarch_unlink_below(&monarch_probes[i], zkey, kl + 3) == 0)
                 MONARCH_DEBUG(1, "invalidate %s: removed %s", path, staged);
     }
     MONARCH_DEBUG(1, "invalidate %s: key %s, daemon %d", path, key, status);

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from support.harness import load, monarch, monarch_env
+from support.harness import load, make_bases, monarch, monarch_env
 
 np = pytest.importorskip("numpy")
 
@@ -51,6 +51,7 @@ tiers:
      decoded_cache: {decoded_cache}}}
 staging: {{policy: {policy}, threads: 2}}
 """)
+    make_bases(path)
     return path
 
 

@@ -173,3 +173,44 @@ def test_a_hundred_idle_connections_do_not_stall_the_job(dataset, short_tmp):
     (node,) = rep["nodes"]
     assert rep["sources"]["ram"]["opens"] == 600 and rep["sources"]["pfs"]["opens"] == 0
     assert not any(k.startswith("pfs:timeout") for k in node["resolves"])
+
+
+def one_tier_config(short_tmp, root, tier_base, policy="on-access") -> str:
+    """A configuration whose only tier is ``tier_base`` (run base made here; the tier base is
+    the test's to make or plant)."""
+    run_base = os.path.join(short_tmp, "run")
+    os.makedirs(run_base, exist_ok=True)
+    path = os.path.join(short_tmp, "one-tier.yaml")
+    with open(path, "w") as f:
+        f.write(f'dataset: {{roots: ["{root}"]}}\nrun_dir: "{run_base}"\n'
+                f'tiers: [{{name: ssd, path: "{tier_base}", capacity: 1GiB}}]\n'
+                f'staging: {{policy: {policy}, threads: 2}}\n')
+    return path
+
+
+@pytest.mark.parametrize("swapped", [False, True], ids=["planted", "swapped-after-the-check"])
+def test_a_tier_base_planted_as_a_symlink_by_another_user_is_refused(dataset, short_tmp, as_other_user, swapped):
+    """Another user plants the (missing) base as a symlink to a root-owned sticky directory,
+    which a check that follows links passes; then (swapped) points it at a tree of their own
+    while the job runs. The base is refused at the start: nothing is made in either target."""
+    ds = dataset(files=30, size="4KiB")
+    shared = shared_base(os.path.join(short_tmp, "shared-tmp"))
+    open_path_to(shared)
+    sticky = shared_base(os.path.join(short_tmp, "root-sticky"))  # root's, 1777, like /dev/shm
+    with open(os.path.join(sticky, "precious"), "w") as f:
+        f.write("root's")
+    link = os.path.join(shared, "ssd")
+    theirs = os.path.join(shared, "theirs")
+    r = as_other_user(["-c", f"import os; os.mkdir({theirs!r}, 0o755); os.symlink({sticky!r}, {link!r})"])
+    assert r.returncode == 0, r.stderr
+    cfg = one_tier_config(short_tmp, ds.root, link)
+    swap = f"runuser -u nobody -- ln -sfn {theirs} {link} && " if swapped else ""
+    report = os.path.join(short_tmp, "r.json")
+    r = monarch("run", "-c", cfg, "--report", report, "--", "sh", "-c", swap + " ".join(reader(ds, epochs=2)))
+    assert r.returncode == 0, r.stderr  # the reader checked every digest: the PFS's bytes
+    said = [line for line in r.stderr.splitlines() if "tier ssd is not used" in line]
+    assert len(said) == 1 and link in said[0] and f"owned by uid {NOBODY}" in said[0], r.stderr
+    rep = load(report)
+    assert rep["sources"]["pfs"]["opens"] == 60 and "ssd" not in rep["sources"]
+    assert os.listdir(sticky) == ["precious"] and open(os.path.join(sticky, "precious")).read() == "root's"
+    assert os.listdir(theirs) == []  # nothing of the job's went into the other user's tree

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support.harness import load, monarch, monarch_env, reader, write_config
+from support.harness import load, monarch, monarch_env, reader, write_config, make_bases
 from monarch.workload import make_dataset
 
 pytestmark = pytest.mark.mpi
@@ -144,6 +144,7 @@ tiers:
 peer: {{path: "{short_tmp}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}
 staging: {{policy: on-access, threads: 2}}
 """)
+    make_bases(cfg, nodes=4)
     cluster = Cluster(nodes, cfg, short_tmp)
     try:
         finish(cluster.readers(ds, range(nodes), epochs=2, workers=2))

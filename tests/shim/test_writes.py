@@ -124,3 +124,26 @@ def test_a_write_through_a_symlink_drops_the_targets_copy(staged_env):
     assert {"0/w/l.bin", "0/w/t.bin"} <= set(staged_env.daemon.invalidated)
     assert not (staged_env.tiers[0] / "0/w/t.bin").exists()          # the target's copy went
     assert staged_env.python(READ, str(src)).stdout == NEW           # and reads of the target see it
+
+
+def test_a_symlink_planted_inside_a_tier_never_redirects_the_shims_unlink(shim_env):
+    """A write's invalidation unlinks <tier>/<key> through directory descriptors opened
+    O_NOFOLLOW: a directory of the key replaced by a symlink does not send it elsewhere."""
+    shim_env.start_daemon("stage")
+    src = shim_env.write("w/f.bin", SIZE)
+    outside = shim_env.write("w/f.bin", data=b"precious", under=shim_env.other)
+    (shim_env.tiers[1] / "0").mkdir()
+    (shim_env.tiers[1] / "0" / "w").symlink_to(outside.parent)
+    shim_env.python("import sys; open(sys.argv[1], 'wb').write(b'new')", str(src))
+    assert "0/w/f.bin" in shim_env.daemon.invalidated
+    assert outside.read_bytes() == b"precious"
+
+
+def test_a_symlink_planted_as_a_tier_copy_is_never_read(shim_env):
+    """The tier probe opens a copy O_NOFOLLOW: a symlink in its place is not followed (the
+    open goes on, to the PFS here: no daemon answers)."""
+    src = shim_env.write("w/g.bin", SIZE)
+    outside = shim_env.write("w/g.bin", data=b"not the dataset's bytes", under=shim_env.other)
+    (shim_env.tiers[0] / "0" / "w").mkdir(parents=True)
+    (shim_env.tiers[0] / "0" / "w" / "g.bin").symlink_to(outside)
+    assert shim_env.python(READ, str(src)).stdout == src.read_bytes()

@@ -28,7 +28,23 @@ peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}
         f.write(f"""dataset: {{roots: [{roots_yaml}]}}
 {places if dirs else ""}staging: {{policy: {policy}, threads: 2}}
 {extra}""")
+    if dirs:
+        make_bases(path, nodes=TEST_NODES)
     return path
+
+
+TEST_NODES = 4  # the most nodes a test's configuration serves (its bases are made for each)
+
+
+def make_bases(config_file, nodes: int = 1) -> None:
+    """Make the base directories a configuration names, as its user would (Monarch makes
+    only its own monarch-<uid> inside an existing base), for nodes 0..nodes-1."""
+    from monarch.config import load_config
+    for node in range(nodes):
+        config = load_config(str(config_file), env=dict(os.environ, MONARCH_NODE=str(node)), check_roots=False)
+        for _, base in config.bases():
+            if not os.path.lexists(base):  # a file or symlink there is the test's own doing
+                os.makedirs(base)
 
 
 def monarch_env(**extra):
@@ -85,8 +101,9 @@ def run_dirs(base, node=0):
     return sorted(glob.glob(os.path.join(base, f"run{node}", f"monarch-{os.getuid()}", f"*-node{node}")))
 
 
-def write_tier_config(base, root, run_base, ram_base, ssd_base, name="c.yaml"):
-    """A configuration with explicit run and tier base directories (write_config derives them)."""
+def write_tier_config(base, root, run_base, ram_base, ssd_base, name="c.yaml", make=True):
+    """A configuration with explicit run and tier base directories (write_config derives them);
+    ``make``: make the bases that are missing."""
     path = os.path.join(base, name)
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: ["{root}"]}}
@@ -95,6 +112,8 @@ tiers:
   - {{name: ram, path: "{ram_base}", capacity: 1GiB}}
   - {{name: ssd, path: "{ssd_base}", capacity: 1GiB}}
 """)
+    if make:
+        make_bases(path)
     return path
 
 

@@ -26,6 +26,7 @@ def compressible(n: int, seed: int = 0) -> bytes:
 
 
 def tier(tmp_path, capacity, compression="zstd", name="ram", slot=2):
+    (tmp_path / name).mkdir(exist_ok=True)
     return Tier.from_config(TierConfig(name, str(tmp_path / name), capacity, False, compression=compression), slot, "r1", 0, ())
 
 

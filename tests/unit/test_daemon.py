@@ -12,6 +12,7 @@ from monarch.config import load_config
 from monarch.node.daemon import PFS, NodeDaemon
 from monarch.errors import PeerError
 from monarch.node.snapshot import take_snapshot
+from support.harness import make_bases
 
 
 class FakeCluster:
@@ -58,6 +59,7 @@ tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
 peer: {{path: "{tmp_path}/peer", capacity: 2500, timeout: 0.2}}
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
 """)
+    make_bases(cfg)
 
     def make(cluster):
         config = load_config(str(cfg), env={"USER": "u"})

@@ -18,6 +18,7 @@ from monarch.node.stager import Stager
 from monarch.node.tiers import DecodedFiles, Tier
 
 from test_codecs import compressible, tier  # noqa: E402 (tests/unit is on sys.path: pytest's prepend mode)
+from support.harness import make_bases
 
 SIZE = 50_000
 INFO = FileInfo(0, 0, 0o100644)  # a source's stat, for DecodedFiles.put
@@ -39,6 +40,7 @@ tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: {capacity}, compression: 
          keep: {str(keep).lower()}}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
 """)
+    make_bases(cfg)
     return NodeDaemon(load_config(str(cfg), env={"USER": "u"}), "r1"), root
 
 

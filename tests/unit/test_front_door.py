@@ -19,7 +19,7 @@ from monarch import frontdoor, protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.server import NodeServer
-from support.harness import unix_connect as connect
+from support.harness import unix_connect as connect, make_bases
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
 
@@ -60,6 +60,7 @@ run_dir: "{short_tmp}/run{len(running)}"
 tiers: [{{name: ram, path: "{tier_path or f'{short_tmp}/ram{len(running)}'}", capacity: {capacity}}}{extra}]
 staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20}}
 """)
+        make_bases(cfg)
         daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), f"r{len(running)}")
         server = NodeServer(daemon, embedded=False)
         thread = threading.Thread(target=server.serve, daemon=True)

@@ -14,6 +14,7 @@ from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.hints import Hints, HintedSampler
 from monarch.node.server import NodeServer
+from support.harness import make_bases
 
 
 @pytest.fixture
@@ -30,6 +31,7 @@ run_dir: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 20000}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
 """)
+    make_bases(cfg)
     daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r1")
     server = NodeServer(daemon, embedded=False)
     thread = threading.Thread(target=server.serve, daemon=True)

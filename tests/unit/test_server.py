@@ -16,7 +16,7 @@ from monarch import protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.server import NodeServer
-from support.harness import unix_connect as connect
+from support.harness import unix_connect as connect, make_bases
 
 
 @pytest.fixture(params=["front-door", "python-only"])
@@ -38,6 +38,7 @@ run_dir: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
 """)
+    make_bases(cfg)
     daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r1")
     server = NodeServer(daemon, embedded=False)
     thread = threading.Thread(target=server.serve, daemon=True)

@@ -31,6 +31,8 @@ def dataset(tmp_path):
 
 
 def tiers(tmp_path, *capacities, keep=False, roots=()):
+    for i in range(len(capacities)):
+        (tmp_path / f"tier{i}").mkdir(exist_ok=True)  # a base exists; Monarch makes monarch-<uid> in it
     return [Tier.from_config(TierConfig(f"t{i}", str(tmp_path / f"tier{i}"), cap, keep), 2 + i, "r1", 0, roots)
             for i, cap in enumerate(capacities)]
 

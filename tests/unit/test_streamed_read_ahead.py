@@ -14,6 +14,7 @@ from monarch.node import daemon as daemon_module
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon, SnapshotState
 from monarch.node.snapshot import take_snapshot
+from support.harness import make_bases
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,6 +68,7 @@ run_dir: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB, keep: {str(keep).lower()}}}]
 staging: {{policy: read-ahead, threads: 2}}
 """)
+        make_bases(cfg)
         d = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r1", background=True)
         made.append(d)
         assert first.wait(30)

@@ -18,7 +18,7 @@ from monarch import protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon, SnapshotState
 from monarch.node.server import NodeServer
-from support.harness import unix_connect as connect
+from support.harness import unix_connect as connect, make_bases
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,6 +40,7 @@ run_dir: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 20}}
 """)
+    make_bases(cfg)
     gate = threading.Event()
     state = {"fail": None}
     real = daemon_module.load_or_walk
