@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -82,9 +83,21 @@ def _client_env(env, socket_path: str) -> dict[str, str]:
     for key, value in env.items():
         if not isinstance(value, str) or "\0" in value or len(value) > MAX_ENV_VALUE:
             raise DaemonError(f"the daemon at {socket_path} sent a malformed {key}")
-    if env.get(protocol.ENV_SOCKET) != socket_path:
+    if not _same_socket(env.get(protocol.ENV_SOCKET), socket_path):
         raise DaemonError(f"the daemon at {socket_path} names another socket")
     return dict(env)
+
+
+def _same_socket(named, socket_path: str) -> bool:
+    """Is ``named`` (the daemon instance's own socket, for the shim) the socket we asked,
+    under its instance's name: in the same directory, the same inode (monarch/instance.py)?"""
+    if not isinstance(named, str) or os.path.dirname(named) != os.path.dirname(socket_path):
+        return False
+    try:
+        a, b = os.stat(named), os.stat(socket_path)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def attach(socket_path: str) -> Session | None:
