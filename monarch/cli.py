@@ -55,7 +55,8 @@ exit status:
   it runs and reads the PFS directly.
 
 signals:
-  SIGINT and SIGTERM are passed on to CMD; a second Ctrl-C kills it."""
+  SIGINT and SIGTERM are passed on to CMD; a second Ctrl-C kills it. One after CMD ended
+  skips the report (exit 128+N, or 137 if CMD was killed); the node daemon still stops."""
 
 
 

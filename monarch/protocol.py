@@ -15,9 +15,13 @@ exports these keys only, never anything else a daemon says):
   MONARCH_PROBE     staged-copy directories the shim probes, fastest first, as
                     ``<slot>=<dir>`` pairs separated by ':'. A key is staged at ``<dir>/<key>``.
                     An OPEN answer must name a path inside one of these directories.
-  MONARCH_SOCKET    the node daemon's Unix socket.
-  MONARCH_COUNTERS  the job's shared counters file (see below).
-  MONARCH_INDEX     the snapshot index (see below): what ``fstat`` of a staged copy reports.
+  MONARCH_SOCKET    the node daemon instance's Unix socket (``sock-<id>``; ``daemon.sock``,
+                    where launchers find it, is a second name of it: monarch/node/instance.py).
+  MONARCH_COUNTERS  the job's shared counters file (see below), ``counters-<id>``.
+  MONARCH_INDEX     the snapshot index (see below): what ``fstat`` of a staged copy reports,
+                    ``index-<id>``. The shim maps the counters and the index only if they
+                    are regular files of its uid that no one else may write (opened
+                    O_NOFOLLOW | O_NONBLOCK), and the index only if its tables lie inside it.
   MONARCH_ASK_FIRST=1  every managed open asks the daemon before it probes a tier
                     (``staging.validate: open``: the daemon checks the PFS at a file's first open).
   MONARCH_DISABLE=1 the shim passes everything through.

@@ -8,12 +8,14 @@ some launcher of the job is attached to it.
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import json
 import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -83,9 +85,21 @@ def _client_env(env, socket_path: str) -> dict[str, str]:
     for key, value in env.items():
         if not isinstance(value, str) or "\0" in value or len(value) > MAX_ENV_VALUE:
             raise DaemonError(f"the daemon at {socket_path} sent a malformed {key}")
-    if env.get(protocol.ENV_SOCKET) != socket_path:
+    if not _same_socket(env.get(protocol.ENV_SOCKET), socket_path):
         raise DaemonError(f"the daemon at {socket_path} names another socket")
     return dict(env)
+
+
+def _same_socket(named, socket_path: str) -> bool:
+    """Is ``named`` (the daemon instance's own socket, for the shim) the socket we asked,
+    under its instance's name: in the same directory, the same inode (monarch/node/instance.py)?"""
+    if not isinstance(named, str) or os.path.dirname(named) != os.path.dirname(socket_path):
+        return False
+    try:
+        a, b = os.stat(named), os.stat(socket_path)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def attach(socket_path: str) -> Session | None:
@@ -217,30 +231,82 @@ def app_env(session_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def run_command(cmd: list[str], env: dict[str, str]) -> int:
-    """Run ``cmd``, forwarding SIGINT/SIGTERM; return its exit code (128+N for a signal).
+class _Interrupted(BaseException):
+    """A Ctrl-C (or SIGTERM) during the tear-down: cut it short (a BaseException, as
+    KeyboardInterrupt: no ``except Exception`` on the way swallows it)."""
+
+
+class _Signals:
+    """SIGINT and SIGTERM for ``monarch run``, from the command's start to the launcher's end.
+
+    While the command runs they are passed on to it; a second Ctrl-C means "now": it is
+    killed. After it ended (the tear-down: the report, the embedded daemon's exit), the
+    first one cuts the tear-down short (``_Interrupted``: the report is skipped, the daemon
+    still stops and removes its tiers) and later ones are only noted: an impatient Ctrl-C
+    never leaves a traceback or a half-stopped daemon. ``_Interrupted`` is raised from the
+    handler only inside ``waiting()`` (a report the daemon holds, the daemon's exit), else
+    at the next ``waiting()`` or ``check()``: never in the middle of a log line or a file.
+    """
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None  # the command, while it runs
+        self.forwarded: collections.Counter[int] = collections.Counter()
+        self.killed = False  # the command was killed by a second Ctrl-C
+        self.cut: int | None = None  # the signal that cut the tear-down short
+        self._waiting = False
+        self._old: dict = {}
+
+    def __enter__(self) -> "_Signals":
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, _frame) -> None:
+        proc = self.proc
+        if proc is not None:
+            self.forwarded[signum] += 1
+            if signum == signal.SIGINT and self.forwarded[signum] > 1:
+                self.killed = True
+                proc.kill()
+            else:
+                proc.send_signal(signum)
+        elif self.cut is None:
+            self.cut = signum
+            if self._waiting:
+                raise _Interrupted
+        # later ones: the tear-down is already as short as it gets
+
+    def check(self) -> None:
+        if self.cut is not None:
+            raise _Interrupted
+
+    @contextmanager
+    def waiting(self):
+        """A wait the first signal breaks."""
+        self.check()
+        self._waiting = True
+        try:
+            yield
+        finally:
+            self._waiting = False
+
+
+def run_command(cmd: list[str], env: dict[str, str], signals: _Signals) -> int:
+    """Run ``cmd``, its signals passed on by ``signals``; return its exit code (128+N for a signal).
 
     The command inherits every descriptor ``monarch run`` inherited (close_fds=False): an MPI
     launcher's PMI_FD, a scheduler's or torchrun's sockets. Monarch's own descriptors are
     close-on-exec (PEP 446) and stay behind.
     """
     proc = subprocess.Popen(cmd, env=env, close_fds=False)
-    forwarded = {}
-
-    def forward(signum, _frame):
-        forwarded[signum] = forwarded.get(signum, 0) + 1
-        # first signal: pass it on; a second Ctrl-C means "now": kill
-        if signum == signal.SIGINT and forwarded[signum] > 1:
-            proc.kill()
-        else:
-            proc.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals.proc = proc
     try:
         code = proc.wait()
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        signals.proc = None
     return 128 - code if code < 0 else code
 
 
@@ -270,25 +336,53 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
         from monarch.launch.progress import Progress
         shown = Progress(lambda: session.stats(brief=True), out).start()
     log.debug("phase command.start")
-    try:
-        code = run_command(cmd, env)
-    finally:
-        if shown is not None:
-            shown.stop()
-    log.debug("phase command.end")
-    wall = time.time() - t0
-    stats = session.stats(final=True) if session is not None else None
+    code = 128 + signal.SIGINT  # if a signal comes before the command even starts
+    with _Signals() as signals:
+        try:
+            try:
+                code = run_command(cmd, env, signals)
+            finally:
+                if shown is not None:
+                    shown.stop()
+            log.debug("phase command.end")
+            _tear_down(config, session, daemon, signals, cmd, code, run, time.time() - t0, baseline, report_path,
+                       html_path, out)
+        except _Interrupted:
+            code = _cut_short(config, session, daemon, shown, code if signals.killed else 128 + signals.cut, out)
+    return code
+
+
+def _tear_down(config: Config, session: Session | None, daemon: subprocess.Popen | None, signals: _Signals,
+               cmd: list[str], code: int, run: str, wall: float, baseline: dict | None, report_path: str | None,
+               html_path: str | None, out) -> None:
+    """The command has ended: the report, then the embedded daemon's exit (its tiers removed)."""
+    with signals.waiting():  # the daemon holds the final report until its snapshot is ready
+        stats = session.stats(final=True) if session is not None else None
     log.debug("phase report.fetched")
-    if session is not None:
-        session.close()
     if session is None:
-        return code
+        return
+    session.close()
     try:  # the report first: the daemon's exit (its tiers removed) is waited for after it
+        signals.check()
         _print_and_write(config, session, cmd, code, run, wall, stats, baseline, report_path, html_path, out)
     finally:
         if daemon is not None:
-            _reap(daemon, config)
+            with signals.waiting():
+                _reap(daemon, config)
             log.debug("phase daemon.reaped")
+
+
+def _cut_short(config: Config, session: Session | None, daemon: subprocess.Popen | None, shown, code: int,
+               out) -> int:
+    """A signal during the tear-down: no report, but the daemon's exit still waited for (the
+    signals meanwhile are only noted), so that nothing is left behind."""
+    out.write("monarch: interrupted: the report is skipped; the node daemon stops\n")
+    if shown is not None:
+        shown.stop()
+    if session is not None:
+        session.close()  # the run's last session: the embedded daemon stops and removes its tiers
+    if daemon is not None:
+        _reap(daemon, config)
     return code
 
 

@@ -31,6 +31,7 @@ from monarch.node.codecs import Compressed, sealed_memfd
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
 from monarch.frontdoor import FrontDoor
+from monarch.node.instance import Instance
 from monarch.node.stats import size_classes
 from monarch.node.resources import margin_bytes
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
@@ -117,6 +118,9 @@ class NodeDaemon:
         self._link_targets: dict[str, list[str]] | None = None  # see _links_into
         self._door: FrontDoor | None = None  # the server's C front door (make_front_door)
         self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
+        # the run directory is this instance's from here (a live one refused); a dead one's
+        # index, counters and socket are gone before anything of this one is published
+        self.instance = Instance(self.run_dir)
         layout.write_marker(self.run_dir, run_id)
         layout.prune_finished_runs(os.path.dirname(self.run_dir), spare=self.run_dir)
         protocol.create_counters(self.counters_path)
@@ -311,17 +315,20 @@ class NodeDaemon:
         callback()
 
     # -- where things are --------------------------------------------------------------
+    # the files of this instance (monarch/node/instance.py): the socket launchers find by its
+    # run's name; the instance's own socket name, counters and index, which the shim knows
+    # only from the ATTACH answer's environment
     @property
     def socket_path(self) -> str:
-        return os.path.join(self.run_dir, "daemon.sock")
+        return self.instance.public_socket_path
 
     @property
     def counters_path(self) -> str:
-        return os.path.join(self.run_dir, "counters")
+        return self.instance.counters_path
 
     @property
     def index_path(self) -> str:
-        return os.path.join(self.run_dir, "index")
+        return self.instance.index_path
 
     def _make_tier(self, cfg: TierConfig, slot: int, key: str) -> Tier | None:
         """A tier that cannot be made is skipped with one line saying why (``tier_errors``,
@@ -702,7 +709,7 @@ class NodeDaemon:
         env = {
             protocol.ENV_ROOTS: protocol.format_roots(self.config.dataset.spellings()),
             protocol.ENV_PROBE: protocol.format_probe(probe),
-            protocol.ENV_SOCKET: self.socket_path,
+            protocol.ENV_SOCKET: self.instance.socket_path,
             protocol.ENV_COUNTERS: self.counters_path,
             protocol.ENV_INDEX: self.index_path,
         }
@@ -735,3 +742,4 @@ class NodeDaemon:
             tier.remove()
         if self.peer_area is not None:
             self.peer_area.remove()
+        self.instance.release()  # the counters stay, with the log and the report, until the next instance

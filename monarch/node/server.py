@@ -87,14 +87,22 @@ class NodeServer:
         self._held: list[_Conn] = []  # requests waiting for the snapshot, in arrival order
         self._settled = False  # the loop has seen the snapshot ready or failed (loop thread only)
         self._settled_flag = threading.Event()  # set by the walk's thread, read by the loop
-        _claim_socket(self.path)
+        # the instance's own socket; daemon.sock, which launchers look for, names it once it listens
+        instance = daemon.instance
+        _claim_socket(instance.socket_path)
         old_umask = os.umask(0o177)  # the socket file is 0600 from the start
         try:
             self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._listener.bind(self.path)
+            self._listener.bind(instance.socket_path)
         finally:
             os.umask(old_umask)
         self._listener.listen(1024)
+        try:
+            instance.publish_socket()
+        except OSError as e:
+            self._listener.close()
+            instance.unpublish_socket()
+            raise DaemonError(f"cannot name the daemon's socket {self.path}: {e.strerror}") from None
         self._listener.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -150,10 +158,7 @@ class NodeServer:
             self._listener.close()
             self._wake_r.close()
             self._wake_w.close()
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            self.daemon.instance.unpublish_socket()
 
     def _accept(self) -> None:
         while True:
@@ -484,7 +489,8 @@ def _valid_key(body: bytes) -> str | None:
 
 
 def _claim_socket(path: str) -> None:
-    """Refuse to start over a live daemon; remove a socket file a dead one left."""
+    """Refuse to start over a live daemon; remove a socket file a dead one left (the run
+    directory's lock already refuses a second live daemon of this version: see instance.py)."""
     if len(path.encode()) >= 108:
         raise DaemonError(f"socket path {path} is too long for a Unix socket (max 107 bytes); "
                           "choose a shorter run_dir in the configuration")

@@ -491,20 +491,38 @@ static void monarch_parse_probe(const char *env)
     }
 }
 
-/* Map a whole file; its size in *sizep. */
+/*
+ * Map a whole file the daemon made (the index, the counters); its size in *sizep. NULL with
+ * errno ENOENT when it is not there (yet), EPERM when something else is: it is opened
+ * without following a symlink and without blocking (a FIFO planted there must not hang
+ * every process in its constructor) and used only if it is a regular file of ours
+ * (st_uid == getuid()) that no one else may write, of at least minsize bytes.
+ * Why a mapping never shrinks under a reader (SIGBUS): the daemon writes the index and the
+ * counters once, under a fresh temporary name renamed into place, and never truncates or
+ * rewrites either in place (a later index is another file, another inode: this mapping
+ * keeps the old one's pages); and no other user can truncate it: once the checks above
+ * hold it is ours, not writable by group or others, in the run directory the daemon made
+ * 0700 and checked (monarch/secure.py) -- only our own uid or root could.
+ */
 static void *monarch_map_file(const char *path, int writable, size_t minsize, size_t *sizep)
 {
-    int fd = MONARCH_RESOLVE(openat)(AT_FDCWD, path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    int fd = MONARCH_RESOLVE(openat)(AT_FDCWD, path,
+                                     (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return NULL;
     struct stat st;
     void *m = MAP_FAILED;
-    if (monarch_sys_fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 0
-        && (uint64_t)st.st_size >= minsize && (uint64_t)st.st_size <= SIZE_MAX) {
+    int ok = monarch_sys_fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid()
+             && !(st.st_mode & (S_IWGRP | S_IWOTH));
+    if (ok && st.st_size >= 0 && (uint64_t)st.st_size >= minsize && (uint64_t)st.st_size <= SIZE_MAX) {
         *sizep = writable ? minsize : (size_t)st.st_size;
         m = mmap(NULL, *sizep, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
     }
     real_close(fd);
+    if (!ok) {
+        MONARCH_DEBUG(1, "%s: not a regular file of uid %d that only it may write; not used", path, (int)getuid());
+        errno = EPERM;
+    }
     return m == MAP_FAILED ? NULL : m;
 }
 
@@ -513,7 +531,8 @@ static uint64_t *monarch_map_counters(const char *path)
     size_t size = 8 * MONARCH_COUNTERS_WORDS;
     uint64_t *w = monarch_map_file(path, 1, size, &size);
     if (!w) {
-        MONARCH_DEBUG(1, "%s=%s: missing, too small or not mappable; not counting", MONARCH_ENV_COUNTERS, path);
+        MONARCH_DEBUG(1, "%s=%s: missing, foreign, too small or not mappable; not counting", MONARCH_ENV_COUNTERS,
+                      path);
         return NULL;
     }
     if (w[0] != MONARCH_COUNTERS_MAGIC || w[1] != MONARCH_COUNTERS_VERSION || w[2] != MONARCH_MAX_SLOTS) {
@@ -535,7 +554,7 @@ static int monarch_map_index(const char *path, int *missing)
     errno = 0;
     const unsigned char *m = monarch_map_file(path, 0, MONARCH_INDEX_HEADER_SIZE, &size);
     struct monarch_index_header h;
-    const char *why = "missing, too small or not mappable";
+    const char *why = "missing, foreign, not a regular file, too small or not mappable";
     *missing = !m && errno == ENOENT;
     if (*missing)
         return -1; /* the daemon's snapshot is not ready: the caller says what happens */

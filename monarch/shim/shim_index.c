@@ -229,12 +229,19 @@ static int monarch_index_child(uint64_t i, struct monarch_index_child *c, const 
     return 0;
 }
 
+/* Are listed directory d's child records inside the index's child table ("." and ".."
+ * at least)? A directory whose count says otherwise is not answered from the index. */
+static int monarch_children_bounded(const struct monarch_index_entry *d)
+{
+    return d->nchildren >= 2 && d->children <= monarch_index_hdr.children_count
+           && d->nchildren <= monarch_index_hdr.children_count - d->children;
+}
+
 /* Does listed directory d name `name`? 1 yes (or cannot tell), 0 no: a binary search of
  * its sorted names (after "." and ".."). */
 static int monarch_child_named(const struct monarch_index_entry *d, const char *name, size_t nl)
 {
-    if (d->nchildren < 2 || d->children > monarch_index_hdr.children_count
-        || d->nchildren > monarch_index_hdr.children_count - d->children)
+    if (!monarch_children_bounded(d))
         return 1;
     uint64_t lo = d->children + 2, hi = d->children + d->nchildren;
     while (lo < hi) {
@@ -440,8 +447,9 @@ static int monarch_meta_opendir(int dirfd, const char *path, int fd, DIR **out)
             return 0;
     }
     int how = monarch_meta_find(dirfd, path, 0, &e, abs);
-    if (how == MONARCH_META_FOUND && (!S_ISDIR(e.mode) || !(e.flags & MONARCH_INDEX_FLAG_LISTED)))
-        how = MONARCH_META_PASS;
+    if (how == MONARCH_META_FOUND
+        && (!S_ISDIR(e.mode) || !(e.flags & MONARCH_INDEX_FLAG_LISTED) || !monarch_children_bounded(&e)))
+        how = MONARCH_META_PASS; /* a count beyond the child table: the kernel lists it (never 2^32 records) */
     if (how == MONARCH_META_ABSENT && fd >= 0)
         how = MONARCH_META_PASS; /* an open descriptor exists: the index is out of date */
     struct monarch_dir *m = NULL;

@@ -154,13 +154,12 @@ def test_the_pfs_sees_one_walk_not_two(slow_dataset, short_tmp):
 def test_a_walk_that_fails_leaves_the_command_on_the_pfs(slow_dataset, short_tmp):
     pfs, fast = slow_dataset
     want, _ = direct(fast, short_tmp, "read")
-    run = "ovfail"
-    run_dir = os.path.join(short_tmp, "run0", f"monarch-{os.getuid()}", f"{run}-node0")
-    os.makedirs(os.path.join(run_dir, "index", "blocked"), mode=0o700)  # the index cannot be written
-    for d in (os.path.dirname(run_dir), run_dir):
-        os.chmod(d, 0o700)
     out = os.path.join(short_tmp, "monarch-fail.json")
-    proc, report_path, _ = monarch_run(pfs, short_tmp, app_cmd(out, pfs.mountpoint, "read"), run)
+    # the command, started during the walk, makes the index impossible to write (a directory
+    # where the daemon instance will rename it: its name is known only from the environment)
+    block = [sys.executable, "-c", "import os, sys\nos.makedirs(os.path.join(os.environ['MONARCH_INDEX'], 'b'))\n"
+             f"sys.argv = ['app', *sys.argv[1:]]\nexec(compile({APP!r}, 'app', 'exec'))", out, pfs.mountpoint, "read"]
+    proc, report_path, _ = monarch_run(pfs, short_tmp, block, "ovfail")
     assert proc.returncode == 0, proc.stderr
     got, node = load(out), load(report_path)["nodes"][0]
     same_answers(got, want)
@@ -190,7 +189,7 @@ def test_a_daemon_killed_during_the_walk_leaves_the_command_on_the_pfs(slow_pfs,
             assert time.monotonic() < deadline and launcher.poll() is None
             time.sleep(0.02)
         (run_dir,) = run_dirs(short_tmp)
-        assert not os.path.exists(os.path.join(run_dir, "index")), "the walk ended too soon to test this"
+        assert not glob.glob(os.path.join(run_dir, "index-*")), "the walk ended too soon to test this"
         pid = int(open(os.path.join(run_dir, "daemon.pid")).read())
         os.kill(pid, signal.SIGKILL)
         open(gate, "w").close()

@@ -4,6 +4,7 @@ not, and a forged, corrupt or foreign answer never changes the bytes the app rea
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -85,7 +86,8 @@ def test_daemon_of_another_uid_is_refused(shim_lib):
         env = ShimEnv(base / "t", str(lib), str(base))
         for d in (base / "t", *(p for p in (base / "t").rglob("*") if p.is_dir())):
             os.chmod(d, 0o755)
-        os.chmod(env.counters, 0o666)
+        nobody = pwd.getpwnam("nobody")
+        os.chown(env.counters, nobody.pw_uid, nobody.pw_gid)  # the shim maps only its own user's counters
         src = env.write("u.bin", SIZE)
         os.chmod(src, 0o644)
         forged = env.tiers[0] / "forged.bin"

@@ -41,7 +41,8 @@ def make_bases(config_file, nodes: int = 1) -> None:
     only its own monarch-<uid> inside an existing base), for nodes 0..nodes-1."""
     from monarch.config import load_config
     for node in range(nodes):
-        config = load_config(str(config_file), env=dict(os.environ, MONARCH_NODE=str(node)), check_roots=False)
+        env = {"MONARCH_DATASET": "/", **os.environ, "MONARCH_NODE": str(node)}  # roots unchecked: any will do
+        config = load_config(str(config_file), env=env, check_roots=False)
         for _, base in config.bases():
             if not os.path.lexists(base):  # a file or symlink there is the test's own doing
                 os.makedirs(base)
