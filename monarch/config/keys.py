@@ -37,6 +37,7 @@ class Key:
     check: Check
     shipped: tuple = ()  # tiers[] keys: the value of each shipped tier (else ``default`` for each)
     fields: tuple[str, ...] = field(default=())  # dataclass fields the value fills (default: the key's name)
+    show: Callable[[Any], str] | None = None  # a checked value as people write it (default: by kind, docs.py)
 
     def __post_init__(self) -> None:
         if not self.fields:
@@ -140,7 +141,7 @@ KEYS: tuple[Key, ...] = (
     Key("tiers[].decoded_cache", "size, room or off", "room",
         "compressing tiers: decoded bytes kept for re-opens at native speed: `room` (the tier's free room), "
         "a size beyond the capacity, or `off`",
-        _decoded_cache),
+        _decoded_cache, show=lambda v: {-1: "room", 0: "off"}.get(v) or f"{v} bytes"),
     Key("staging.policy", "one of " + ", ".join(POLICIES), "read-ahead",
         "`read-ahead` (the dataset in the background from the start, what fits, pinned; demanded files "
         "first; its older name `prestage` is still read, with a warning), `on-access` (a file is staged at "
@@ -149,7 +150,7 @@ KEYS: tuple[Key, ...] = (
     Key("staging.threads", "auto or a whole number", "auto",
         "copies in flight toward the PFS: `auto` adapts between 4 and 256 to what the PFS gives (deep for "
         "a high-latency PFS), or a fixed number",
-        _threads),
+        _threads, show=lambda v: "auto" if v == 0 else str(v)),
     Key("staging.resolve_timeout", "seconds", 30,
         "seconds an open waits for its file to be staged before reading the PFS",
         lambda r, v, k: r.number(v, k, float, 0.1)),
