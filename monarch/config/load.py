@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from monarch.config.keys import KEYS, REQUIRED, TIER_KEYS, Key, default_tree, section_keys
+from monarch.config.keys import REQUIRED, TIER_KEYS, Key, default_tree, section_keys
 from monarch.config.model import Config, DatasetConfig, PeerConfig, StagingConfig, TierConfig
 from monarch.errors import ConfigError
 from monarch.protocol import MAX_TIERS
