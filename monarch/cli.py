@@ -226,7 +226,19 @@ def cmd_check_config(args) -> int:
     print(f"  staging : {config.staging.policy}, {config.staging.threads or 'auto'} copies in flight, "
           f"validate {config.staging.validate}")
     print(f"  run_dir : {config.run_dir}")
+    _print_keys(config, args.file)
     return 0
+
+
+def _print_keys(config, path: str) -> None:
+    """Every declared key with its value and where it came from (the file, or the default)."""
+    from monarch.config import read_user
+    from monarch.config.docs import listing
+    rows = listing(config, read_user(path), path)
+    print("every key (value, from):")
+    width = max(len(key) for key, _, _ in rows)
+    for key, value, origin in rows:
+        print(f"  {key:<{width}}  {value}  ({origin})")
 
 
 def cmd_plan(args) -> int:

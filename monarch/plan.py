@@ -37,20 +37,24 @@ class Store:
 def node_storage(config) -> list[Store]:
     """The chain of one node: the configuration's tiers (a share like ``50%`` read on this
     machine) and its peer area."""
-    from monarch.node.resources import share_of_node
-    stores = []
-    for i, t in enumerate(config.tiers):
-        capacity = t.capacity
-        if t.capacity_share is not None:
-            try:
-                capacity, _ = share_of_node(t.path, t.capacity_share)
-            except OSError as e:
-                raise MonarchError(f"config {config.source}: tiers[{i}].capacity is {t.capacity_share:.0%} of the node, "
-                                   f"which cannot be read here ({t.path}: {e.strerror}); run monarch plan on a compute "
-                                   "node, or give the capacity as a size") from None
-        stores.append(Store(t.name, capacity))
-    stores.append(Store("peer", config.peer.capacity))
+    stores = [Store(t.name, _capacity(config, f"tiers[{i}].capacity", t.path, t.capacity, t.capacity_share))
+              for i, t in enumerate(config.tiers)]
+    peer = config.peer
+    stores.append(Store("peer", _capacity(config, "peer.capacity", peer.path, peer.capacity, peer.capacity_share)))
     return stores
+
+
+def _capacity(config, key: str, path: str, capacity: int, share: float | None) -> int:
+    """Bytes of a tier or the peer area: its size, or its share of the node read on this machine."""
+    from monarch.node.resources import share_of_node
+    if share is None:
+        return capacity
+    try:
+        return share_of_node(path, share)[0]
+    except OSError as e:
+        raise MonarchError(f"config {config.source}: {key} is {share:.0%} of the node, "
+                           f"which cannot be read here ({path}: {e.strerror}); run monarch plan on a compute "
+                           "node, or give the capacity as a size") from None
 
 
 def synthetic(files: int, size: int) -> Iterable[tuple[str, int]]:

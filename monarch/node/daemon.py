@@ -132,7 +132,8 @@ class NodeDaemon:
         self.peer_area = None
         self._peers = None
         if cluster is not None:
-            self.peer_area = self._make_tier(TierConfig("peer", config.peer.path, config.peer.capacity),
+            self.peer_area = self._make_tier(TierConfig("peer", config.peer.path, config.peer.capacity,
+                                                        capacity_share=config.peer.capacity_share),
                                              protocol.SLOT_PEER, "peer.path")
             cluster.peer_timeout = config.peer.timeout
             self._peers = PeerSource(cluster, config.peer.timeout)

@@ -131,3 +131,26 @@ def test_unknown_files_and_policy_off_read_the_pfs(setup, tmp_path):
     d.close()
     assert not os.path.exists(ram) and not os.path.exists(peer)
     assert os.path.isdir(tmp_path / "ram")  # the configured base itself stays
+
+
+def test_a_peer_area_given_as_a_share_of_the_node_gets_that_share(tmp_path, monkeypatch):
+    """peer.capacity: 50% is read when the daemon starts, as a tier's share is (here a node of 10,000 bytes)."""
+    import monarch.node.tiers
+    monkeypatch.setattr(monarch.node.tiers, "share_of_node", lambda path, share: (int(10_000 * share), "x"))
+    root = tmp_path / "pfs"
+    root.mkdir()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""dataset: {{roots: ["{root}"]}}
+run_dir: "{tmp_path}/run"
+tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
+peer: {{path: "{tmp_path}/peer", capacity: 50%}}
+staging: {{policy: on-access}}
+""")
+    config = load_config(str(cfg), env={"USER": "u"})
+    cluster = FakeCluster(node=0)
+    cluster.snapshot_source = take_snapshot(config.dataset.roots).source_path
+    d = NodeDaemon(config, "r1", cluster=cluster)
+    try:
+        assert d.peer_area.capacity == 5_000
+    finally:
+        d.close()

@@ -133,3 +133,17 @@ def test_1024_nodes_and_a_million_files_meet_the_targets():
     p = json.loads(out)["placement"]
     assert p["max_share_over_mean"] <= 1.05
     assert p["moved_on_loss"] <= 2 / 1024
+
+
+def test_a_peer_capacity_given_as_a_share_is_read_on_this_machine(tmp_path, monkeypatch):
+    """peer.capacity: 50% is a share of the node, as for a tier (here of a node of 1,000 KiB)."""
+    import monarch.node.resources
+    from monarch.plan import node_storage
+    monkeypatch.setattr(monarch.node.resources, "share_of_node", lambda path, share: (int(1000 * KiB * share), "x"))
+    (tmp_path / "ds").mkdir()
+    job = tmp_path / "job.yaml"
+    job.write_text(f"dataset: {{roots: [{tmp_path}/ds]}}\n"
+                   f"tiers:\n  - {{name: ram, path: {tmp_path}, capacity: 100KiB}}\n"
+                   f"peer: {{path: {tmp_path}, capacity: 50%}}\n")
+    stores = node_storage(load_config(str(job), env={"USER": "u"}))
+    assert [(s.name, s.capacity) for s in stores] == [("ram", 100 * KiB), ("peer", 500 * KiB)]

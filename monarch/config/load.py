@@ -1,8 +1,9 @@
-"""YAML configuration: load, expand ``${VAR}``, validate up front, freeze.
+"""Load a configuration: read YAML, expand ``${VAR}``, merge it over the defaults, check every key, freeze.
 
-The shipped defaults (``monarch/defaults.yaml``) and the dataclasses below are the schema;
-``tests/unit/test_config.py`` keeps them and ``configs/local.yaml`` in sync.
-Every error names the file, the key and the fix.
+The keys, their defaults and checks are declared once in ``keys.py``; this module runs them
+over the raw mapping and builds the dataclasses of ``model.py``. The shipped ``defaults.yaml``
+holds the same defaults (``tests/unit/test_config.py`` keeps them, and ``configs/local.yaml``,
+in sync). Every error names the file, the key and the fix.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import copy
 import logging
 import os
 import re
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from monarch.config.keys import REQUIRED, TIER_KEYS, Key, default_tree, section_keys
+from monarch.config.model import Config, DatasetConfig, PeerConfig, StagingConfig, TierConfig
 from monarch.errors import ConfigError
 from monarch.protocol import MAX_TIERS
 from monarch.sizes import parse_size
@@ -24,67 +26,12 @@ from monarch.sizes import parse_size
 log = logging.getLogger(__name__)
 
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
-POLICIES = ("read-ahead", "on-access", "off")
-RENAMED_POLICIES = {"prestage": "read-ahead"}  # older names still accepted, with a warning
-VALIDATE_MODES = ("none", "open")
-COMPRESSION_MODES = ("off", "zstd", "auto")
 PRIVATE_PREFIX = "monarch-"  # Monarch's own directory in a base directory: monarch-<uid>
 
 _SHARE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass(frozen=True)
-class TierConfig:
-    name: str
-    path: str  # a base directory: Monarch keeps its copies in its own monarch-<uid>/... inside
-    capacity: int  # bytes (0 when capacity_share is set)
-    keep: bool = False  # keep staged files after the job (reused by the next job)
-    capacity_share: float | None = None  # "50%": a share of the node's available memory (tmpfs) or free space
-    compression: str = "off"  # off | zstd | auto: store copies compressed (monarch/node/codecs.py)
-    decoded_cache: int = -1  # bytes of decoded files kept for native re-opens; -1 ("room"): the tier's free room
-
-
-@dataclass(frozen=True)
-class DatasetConfig:
-    roots: tuple[str, ...]  # canonical: symlinks resolved
-    given: tuple[str, ...] = ()  # as configured (absolute), e.g. /scratch/ds when /scratch -> /lustre/scratch
-
-    def spellings(self) -> list[tuple[int, str]]:
-        """(root index, path) for every spelling of every root that the shim should match."""
-        out = [(k, root) for k, root in enumerate(self.roots)]
-        out += [(k, given) for k, given in enumerate(self.given) if given != self.roots[k]]
-        return out
-
-
-@dataclass(frozen=True)
-class StagingConfig:
-    policy: str = "read-ahead"
-    threads: int = 0  # copies in flight toward the sources; 0 ("auto"): adapted to what they give
-    resolve_timeout: float = 30.0  # seconds a shim request waits for staging before "read the PFS"
-    validate: str = "none"  # "open": compare size and mtime with the PFS at a file's first open in a job
-
-
-@dataclass(frozen=True)
-class PeerConfig:
-    path: str  # a base directory, like TierConfig.path
-    capacity: int
-    timeout: float = 10.0
-    replicas: int = 1  # 2: a second copy of each owned file on the node that takes it over on a loss
-
-
-@dataclass(frozen=True)
-class Config:
-    source: str  # where it came from, for messages
-    dataset: DatasetConfig
-    run_dir: str  # a base directory: the run's socket, counters and log go in monarch-<uid>/... inside
-    tiers: tuple[TierConfig, ...]
-    staging: StagingConfig
-    peer: PeerConfig
-    report: str | None = None  # JSON report path; default: the run's directory (monarch/layout.py)
-    report_html: str | None = None  # HTML report path (monarch run); None: none
-    memory_margin: int = 0  # bytes of available memory memory-backed tiers leave to the node...
-    memory_margin_share: float | None = 0.10  # ...or this share of its total memory
+# YAML 1.1 reads these unquoted as booleans; a string key given one gets this hint
+_YAML_BOOLS = "YAML reads an unquoted off, on, no, yes as false or true: quote it, e.g. \"off\""
 
     def bases(self) -> list[tuple[str, str]]:
         """(key, path) of every base directory configured: Monarch works in monarch-<uid> inside."""
@@ -186,18 +133,23 @@ def load_config(path: str | os.PathLike | None, env: Mapping[str, str] | None = 
     ConfigError, one line each.
     """
     env = builtin_env(env)
-    raw = _read_yaml(DEFAULTS_FILE, str(DEFAULTS_FILE))
+    raw = default_tree()  # the declared defaults, which defaults.yaml holds too (tested)
     source = str(DEFAULTS_FILE)
     errors: list[str] = []
     if path is not None:
         source = str(path)
-        user = _read_yaml(Path(path), source)
+        user = read_user(path)
         _check_keys(user, raw, source, "", errors)
         raw = _merge(raw, user)
     if roots is not None:
         raw = _merge(raw, {"dataset": {"roots": list(roots)}})
     return _validate(raw, source, env, errors, check_roots=check_roots,
                      roots_origin=None if roots is None else "--dataset")
+
+
+def read_user(path: str | os.PathLike) -> dict:
+    """The keys a configuration file sets, as written (no defaults, nothing checked but the YAML)."""
+    return _read_yaml(Path(path), str(path))
 
 
 def _read_yaml(path: Path, source: str) -> dict:
@@ -249,11 +201,21 @@ def combine_errors(source: str, errors: list[str]) -> str:
     return f"config {source}: {len(errors)} errors:\n" + "\n".join(f"  {e}" for e in errors)
 
 
+class _Recorded(ConfigError):
+    """A check whose problems are already recorded, one per line (the dataset roots)."""
+
+
 class _Reader:
     """Typed access to the raw mapping. Each check raises a ConfigError; ``get`` records it and goes on."""
 
-    def __init__(self, source: str, env: Mapping[str, str], errors: list[str]):
+    def __init__(self, source: str, env: Mapping[str, str], errors: list[str], *,
+                 check_roots: bool = True, roots_origin: str | None = None):
         self.source, self.env, self.errors = source, env, errors
+        self.check_roots, self.roots_origin = check_roots, roots_origin
+        self.dataset_roots: tuple[str, ...] | None = None  # canonical, once read: base directories stay outside
+
+    def warn(self, key: str, problem: str) -> None:
+        log.warning("config %s: %s: %s", self.source, key, problem)
 
     def fail(self, key: str, problem: str) -> ConfigError:
         return ConfigError(f"config {self.source}: {key}: {problem}")
@@ -265,12 +227,16 @@ class _Reader:
         """``check(*args)``, or None with its problem recorded."""
         try:
             return check(*args)
+        except _Recorded:
+            return None
         except ConfigError as e:
             self.errors.append(str(e))
             return None
 
     def string(self, value: Any, key: str) -> str:
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        if isinstance(value, bool):
+            raise self.fail(key, f"expected a string, got {value!r} ({_YAML_BOOLS})")
+        if not isinstance(value, (str, int, float)):
             raise self.fail(key, f"expected a string, got {value!r}")
         try:
             return expand_vars(str(value), self.env)
@@ -282,6 +248,21 @@ class _Reader:
 
     def path(self, value: Any, key: str) -> str:
         return os.path.abspath(self._path_text(value, key))
+
+    def base(self, value: Any, key: str) -> str:
+        """A base directory for Monarch's copies: its monarch-<uid> inside must stay out of the dataset."""
+        path = self.path(value, key)
+        if self.dataset_roots:
+            _check_outside_roots(self, key, path, self.dataset_roots)
+        return path
+
+    def roots(self, value: Any, key: str) -> tuple[str, ...]:
+        """``dataset.roots``, absolute as configured (``_roots``); raises when any is wrong."""
+        given = _roots(self, value, self.check_roots, self.roots_origin)
+        if given is None:
+            raise _Recorded()
+        self.dataset_roots = tuple(os.path.realpath(g) for g in given)
+        return given
 
     def _path_text(self, value: Any, key: str) -> str:
         text = os.path.expanduser(self.string(value, key))
@@ -342,6 +323,8 @@ class _Reader:
         return value
 
     def choice(self, value: Any, key: str, choices: tuple[str, ...]) -> str:
+        if value is False and "off" in choices:  # YAML reads a bare `off` as false
+            return "off"
         text = self.string(value, key)
         if text not in choices:
             raise self.fail(key, f"expected one of {', '.join(choices)}, got {text!r}")
@@ -357,12 +340,8 @@ _NO_ROOTS = ("no dataset roots: list the directories Monarch manages, or set MON
              "for the default configuration (or give monarch run --dataset PATH)")
 
 
-def _roots(r: _Reader, raw: dict, check: bool, origin: str | None) -> tuple[str, ...] | None:
-    """The dataset roots, canonical; None when they are wrong (the problems are recorded)."""
-    dataset = r.get(r.mapping, raw.get("dataset"), "dataset")
-    if dataset is None:
-        return None
-    roots = dataset.get("roots")
+def _roots(r: _Reader, roots: Any, check: bool, origin: str | None) -> tuple[str, ...] | None:
+    """The dataset roots, absolute as configured; None when they are wrong (the problems are recorded)."""
     if isinstance(roots, str):
         roots = [roots]
     if roots is not None and not isinstance(roots, list):
@@ -404,7 +383,28 @@ def _check_outside_roots(r: _Reader, key: str, base: str, roots: tuple[str, ...]
             return
 
 
-def _tiers(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> list[TierConfig] | None:
+
+def _read_key(r: _Reader, key: Key, value: Any, where: str) -> dict[str, Any] | None:
+    """The dataclass fields of one key's value, or None with its problem recorded."""
+    before = len(r.errors)
+    checked = r.get(key.check, r, value, where)
+    return None if len(r.errors) > before else key.spread(checked)
+
+
+def _section(r: _Reader, raw: dict, section: str) -> dict[str, Any] | None:
+    """The checked fields of a mapping's keys (``""``: the top level); None when any is wrong."""
+    where = f"{section}." if section else ""
+    mapping = r.get(r.mapping, raw.get(section), section) if section else raw
+    if mapping is None:
+        return None
+    out: dict[str, Any] | None = {}
+    for key in section_keys(section):
+        fields = _read_key(r, key, mapping.get(key.name), where + key.name)
+        out = None if out is None or fields is None else {**out, **fields}
+    return out
+
+
+def _tiers(r: _Reader, raw: dict) -> list[TierConfig] | None:
     tiers_raw = raw.get("tiers")
     if not isinstance(tiers_raw, list) or not tiers_raw:
         r.error("tiers", "expected a list of tiers, fastest first (name, path, capacity)")
@@ -412,7 +412,8 @@ def _tiers(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> list[TierCon
     if len(tiers_raw) > MAX_TIERS:
         r.error("tiers", f"at most {MAX_TIERS} tiers, got {len(tiers_raw)}")
         return None
-    known = [f.name for f in fields(TierConfig) if f.name != "capacity_share"]  # a share is written as capacity
+    known = [k.name for k in TIER_KEYS]
+    required = [k.name for k in TIER_KEYS if k.default == REQUIRED]
     tiers: list[TierConfig | None] = []
     names: list[str] = []
     for i, t in enumerate(tiers_raw):
@@ -423,111 +424,32 @@ def _tiers(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> list[TierCon
             continue
         for unknown in sorted(set(t) - set(known)):
             r.error(f"{key}.{unknown}", f"unknown key; known keys here: {', '.join(sorted(known))}")
-        missing = [k for k in ("name", "path", "capacity") if k not in t]
-        for k in missing:
-            r.error(f"{key}.{k}", "missing; every tier needs name, path and capacity")
-        name = r.get(r.string, t["name"], f"{key}.name") if "name" in t else None
-        if name is not None and (name in ("pfs", "peer") or not re.fullmatch(r"[A-Za-z0-9_-]+", name)):
-            r.error(f"{key}.name", f"{name!r} is not allowed: use letters, digits, '-' or '_', "
-                                   "and not 'pfs' or 'peer' (report sources)")
-            name = None
-        elif name is not None and name in names:
-            r.error(f"{key}.name", f"{name!r} is used by another tier; tier names must differ")
-        if name is not None:
-            names.append(name)
-        path = r.get(r.path, t["path"], f"{key}.path") if "path" in t else None
-        if path is not None and roots:
-            _check_outside_roots(r, f"{key}.path", path, roots)
-        amount = r.get(r.amount, t["capacity"], f"{key}.capacity",
-                       "the node (of available memory for a tier on tmpfs/ramfs, else of free space)") \
-            if "capacity" in t else None
-        keep = r.get(r.boolean, t.get("keep", False), f"{key}.keep")
-        compression = t.get("compression", "off")
-        if compression is False:  # YAML reads a bare `off` as false
-            compression = "off"
-        compression = r.get(r.choice, compression, f"{key}.compression", COMPRESSION_MODES)
-        decoded = t.get("decoded_cache", "room")
-        if decoded is False or decoded == "off":
-            decoded = 0
-        elif decoded == "room":
-            decoded = -1
-        else:
-            decoded = r.get(r.size, decoded, f"{key}.decoded_cache")
-        ok = None not in (name, path, amount, keep, compression, decoded) and not missing
-        tiers.append(TierConfig(name=name, path=path, capacity=amount[0], keep=keep, capacity_share=amount[1],
-                                compression=compression, decoded_cache=decoded)
-                     if ok else None)
+        values: dict[str, Any] | None = {}
+        for k in TIER_KEYS:
+            if k.name not in t and k.default == REQUIRED:
+                r.error(f"{key}.{k.name}", f"missing; every tier needs {', '.join(required[:-1])} and {required[-1]}")
+                values = None
+                continue
+            fields = _read_key(r, k, t.get(k.name, k.default), f"{key}.{k.name}")
+            values = None if values is None or fields is None else {**values, **fields}
+            if k.name == "name" and fields is not None:
+                if fields["name"] in names:
+                    r.error(f"{key}.name", f"{fields['name']!r} is used by another tier; tier names must differ")
+                names.append(fields["name"])
+        tiers.append(None if values is None else TierConfig(**values))
     return None if None in tiers else tiers
-
-
-def _threads(r: _Reader, value: Any) -> int:
-    """``auto`` (0: adapted to what the sources give) or a whole number of copies in flight."""
-    if value == "auto":
-        return 0
-    if isinstance(value, str):
-        raise r.fail("staging.threads", f'expected "auto" or a whole number of copies in flight, got {value!r}')
-    return r.number(value, "staging.threads", int, 1)
-
-
-def _policy(r: _Reader, value: Any) -> str:
-    """``staging.policy``; an older name is taken as its new one, with a warning that says so."""
-    if isinstance(value, str) and value in RENAMED_POLICIES:
-        new = RENAMED_POLICIES[value]
-        log.warning("config %s: staging.policy: %r is the older name of %r; write %s", r.source, value, new, new)
-        return new
-    return r.choice(value, "staging.policy", POLICIES)
-
-
-def _staging(r: _Reader, raw: dict) -> StagingConfig | None:
-    staging = r.get(r.mapping, raw.get("staging"), "staging")
-    if staging is None:
-        return None
-    values = {
-        "policy": r.get(_policy, r, staging.get("policy")),
-        "threads": r.get(_threads, r, staging.get("threads")),
-        "resolve_timeout": r.get(r.number, staging.get("resolve_timeout"), "staging.resolve_timeout", float, 0.1),
-        "validate": r.get(r.choice, staging.get("validate"), "staging.validate", VALIDATE_MODES),
-    }
-    return None if None in values.values() else StagingConfig(**values)
-
-
-def _peer(r: _Reader, raw: dict, roots: tuple[str, ...] | None) -> PeerConfig | None:
-    peer = r.get(r.mapping, raw.get("peer"), "peer")
-    if peer is None:
-        return None
-    path = r.get(r.path, peer.get("path"), "peer.path")
-    if path is not None and roots:
-        _check_outside_roots(r, "peer.path", path, roots)
-    capacity = r.get(r.size, peer.get("capacity"), "peer.capacity")
-    timeout = r.get(r.number, peer.get("timeout"), "peer.timeout", float, 0.1)
-    replicas = r.get(_replicas, r, peer.get("replicas"))
-    return None if None in (path, capacity, timeout, replicas) else \
-        PeerConfig(path=path, capacity=capacity, timeout=timeout, replicas=replicas)
-
-
-def _replicas(r: _Reader, value: Any) -> int:
-    if isinstance(value, bool) or value not in (1, 2):
-        raise r.fail("peer.replicas", "expected 1 (each file kept by its owner only) or 2 (a second copy on the "
-                                      f"node that takes the file over when its owner is lost), got {value!r}")
-    return int(value)
 
 
 def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str], *,
               check_roots: bool = True, roots_origin: str | None = None) -> Config:
-    r = _Reader(source, env, errors)
-    given = _roots(r, raw, check_roots, roots_origin)  # absolute, as configured
-    roots = None if given is None else tuple(os.path.realpath(g) for g in given)
-    tiers = _tiers(r, raw, roots)
-    staging = _staging(r, raw)
-    peer = _peer(r, raw, roots)
-    run_dir = r.get(r.path, raw.get("run_dir"), "run_dir")
-    report = raw.get("report")
-    report_path = None if report is None else r.get(r.path, report, "report")
-    report_html = raw.get("report_html")
-    report_html_path = None if report_html is None else r.get(r.path, report_html, "report_html")
-    margin = r.get(r.amount, raw.get("memory_margin"), "memory_margin", "the node's total memory")
+    r = _Reader(source, env, errors, check_roots=check_roots, roots_origin=roots_origin)
+    dataset = _section(r, raw, "dataset")  # first: the base directories are checked against the roots
+    top = _section(r, raw, "")
+    tiers = _tiers(r, raw)
+    staging = _section(r, raw, "staging")
+    peer = _section(r, raw, "peer")
     if errors:
         raise ConfigError(combine_errors(source, errors))
-    return Config(source=source, dataset=DatasetConfig(roots=roots, given=given), run_dir=run_dir, tiers=tuple(tiers),
-                  staging=staging, peer=peer, report=report_path, report_html=report_html_path,
-                  memory_margin=margin[0], memory_margin_share=margin[1])
+    given = dataset["roots"]
+    return Config(source=source, dataset=DatasetConfig(roots=r.dataset_roots, given=given), tiers=tuple(tiers),
+                  staging=StagingConfig(**staging), peer=PeerConfig(**peer), **top)

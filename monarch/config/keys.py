@@ -1,0 +1,213 @@
+"""Every configuration key, declared once: its kind, default, one-line doc and check.
+
+One ``Key`` per setting, like UnifyFS's ``UNIFYFS_CFG(section, key, type, default, doc, check)``.
+From this list come the defaults (``default_tree``, which ``defaults.yaml`` and
+``configs/local.yaml`` are tested against), validation (``load.py`` runs each key's check),
+``monarch check-config``'s listing and the README's table (``docs.py``). A new key is one
+line here plus its dataclass field (``model.py``, tested) and its line in the YAML files.
+
+A check is ``check(reader, raw_value, where) -> value``: it raises ConfigError saying what is
+wrong and how to fix it; the reader (``load._Reader``) does the typed reading and expansion.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+POLICIES = ("read-ahead", "on-access", "off")
+RENAMED_POLICIES = {"prestage": "read-ahead"}  # older names still accepted, with a warning
+VALIDATE_MODES = ("none", "open")
+COMPRESSION_MODES = ("off", "zstd", "auto")
+REQUIRED = "(required)"  # the default of a tier key every tier must give
+TIER_SHARE = "the node (of available memory for a tier on tmpfs/ramfs, else of free space)"
+PEER_SHARE = "the node (of available memory for a peer area on tmpfs/ramfs, else of free space)"
+
+Check = Callable[[Any, Any, str], Any]
+
+
+@dataclass(frozen=True)
+class Key:
+    path: str  # "staging.policy"; "tiers[].name" for a key of each tier
+    kind: str  # what a value looks like, for people: "size", "path", "one of ..."
+    default: Any  # as written in defaults.yaml; tiers[]: a tier's value when it leaves the key out
+    doc: str  # one line (Markdown) for the README table
+    check: Check
+    shipped: tuple = ()  # tiers[] keys: the value of each shipped tier (else ``default`` for each)
+    fields: tuple[str, ...] = field(default=())  # dataclass fields the value fills (default: the key's name)
+    show: Callable[[Any], str] | None = None  # a checked value as people write it (default: by kind, docs.py)
+
+    def __post_init__(self) -> None:
+        if not self.fields:
+            object.__setattr__(self, "fields", (self.name,))
+
+    @property
+    def section(self) -> str:
+        """"" for a top-level key, else the mapping (or ``tiers``) it sits in."""
+        return self.path.rsplit(".", 1)[0].removesuffix("[]") if "." in self.path else ""
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+    @property
+    def per_tier(self) -> bool:
+        return self.section == "tiers"
+
+    def spread(self, value: Any) -> dict[str, Any]:
+        """The dataclass fields of a checked value (an amount fills two: bytes and share)."""
+        return dict(zip(self.fields, value)) if len(self.fields) > 1 else {self.fields[0]: value}
+
+
+# -- checks that are more than one reader call ------------------------------------------------
+
+def _policy(r: Any, value: Any, where: str) -> str:
+    """An older name is taken as its new one, with a warning that says so."""
+    if isinstance(value, str) and value in RENAMED_POLICIES:
+        new = RENAMED_POLICIES[value]
+        r.warn(where, f"{value!r} is the older name of {new!r}; write {new}")
+        return new
+    return r.choice(value, where, POLICIES)
+
+
+def _threads(r: Any, value: Any, where: str) -> int:
+    """``auto`` (0: adapted to what the sources give) or a whole number of copies in flight."""
+    if value == "auto":
+        return 0
+    if isinstance(value, str):
+        raise r.fail(where, f'expected "auto" or a whole number of copies in flight, got {value!r}')
+    return r.number(value, where, int, 1)
+
+
+def _replicas(r: Any, value: Any, where: str) -> int:
+    if isinstance(value, bool) or value not in (1, 2):
+        raise r.fail(where, "expected 1 (each file kept by its owner only) or 2 (a second copy on the "
+                            f"node that takes the file over when its owner is lost), got {value!r}")
+    return int(value)
+
+
+def _tier_name(r: Any, value: Any, where: str) -> str:
+    name = r.string(value, where)
+    if name in ("pfs", "peer") or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise r.fail(where, f"{name!r} is not allowed: use letters, digits, '-' or '_', "
+                            "and not 'pfs' or 'peer' (report sources)")
+    return name
+
+
+def _decoded_cache(r: Any, value: Any, where: str) -> int:
+    """Bytes of decoded files; ``room`` (-1): the tier's free room; ``off`` (or false, 0): none."""
+    if value is False or value == "off":
+        return 0
+    if value == "room":
+        return -1
+    return r.size(value, where)
+
+
+def _optional_path(r: Any, value: Any, where: str) -> str | None:
+    return None if value is None else r.path(value, where)
+
+
+# -- the declarations, in the order of defaults.yaml ------------------------------------------
+
+KEYS: tuple[Key, ...] = (
+    Key("dataset.roots", "list of directories", ["${MONARCH_DATASET:-}"],
+        "directories whose files Monarch manages; each must exist and be readable "
+        "(`monarch run --dataset` replaces them)",
+        lambda r, v, k: r.roots(v, k)),
+    Key("run_dir", "path (base directory)", "${TMPDIR:-/tmp}",
+        "base directory of the run's own files on this node: socket, counters, daemon log, report "
+        "(the 20 newest finished runs are kept)",
+        lambda r, v, k: r.path(v, k)),
+    Key("tiers[].name", "name", REQUIRED, "the tier's name in the report (not `pfs` or `peer`)",
+        _tier_name, shipped=("ram", "ssd")),
+    Key("tiers[].path", "path (base directory)", REQUIRED,
+        "base directory of its copies; Monarch's directory inside must not overlap a root",
+        lambda r, v, k: r.base(v, k), shipped=("/dev/shm", "${MONARCH_SSD:-${TMPDIR:-/tmp}}")),
+    Key("tiers[].capacity", "size or share", REQUIRED,
+        "bytes Monarch may put there (`B`, `KiB`…`TiB`, `KB`…`TB`), or a share of the node read when the "
+        "daemon starts: `50%` of the available memory for a tier on tmpfs/ramfs (`/dev/shm`), of the free "
+        "space of its filesystem for a disk tier",
+        lambda r, v, k: r.amount(v, k, TIER_SHARE), shipped=("4GiB", "32GiB"),
+        fields=("capacity", "capacity_share")),
+    Key("tiers[].keep", "true or false", False,
+        "keep the copies after the job; the next job adopts the ones still matching the dataset",
+        lambda r, v, k: r.boolean(v, k)),
+    Key("tiers[].compression", "one of " + ", ".join(COMPRESSION_MODES), "off",
+        "`off`, `zstd` (files that shrink by 1.1× or more are stored compressed) or `auto` (as `zstd`, "
+        "off when the sample does not shrink); see docs/compression.md",
+        lambda r, v, k: r.choice(v, k, COMPRESSION_MODES)),
+    Key("tiers[].decoded_cache", "size, room or off", "room",
+        "compressing tiers: decoded bytes kept for re-opens at native speed: `room` (the tier's free room), "
+        "a size beyond the capacity, or `off`",
+        _decoded_cache, show=lambda v: {-1: "room", 0: "off"}.get(v) or f"{v} bytes"),
+    Key("staging.policy", "one of " + ", ".join(POLICIES), "read-ahead",
+        "`read-ahead` (the dataset in the background from the start, what fits, pinned; demanded files "
+        "first; its older name `prestage` is still read, with a warning), `on-access` (a file is staged at "
+        "its first open) or `off`",
+        _policy),
+    Key("staging.threads", "auto or a whole number", "auto",
+        "copies in flight toward the PFS: `auto` adapts between 4 and 256 to what the PFS gives (deep for "
+        "a high-latency PFS), or a fixed number",
+        _threads, show=lambda v: "auto" if v == 0 else str(v)),
+    Key("staging.resolve_timeout", "seconds", 30,
+        "seconds an open waits for its file to be staged before reading the PFS",
+        lambda r, v, k: r.number(v, k, float, 0.1)),
+    Key("staging.validate", "one of " + ", ".join(VALIDATE_MODES), "none",
+        "`none` (the dataset is assumed unchanged during the job) or `open` (at a file's first open in a "
+        "job, compare size and mtime with the PFS; serve the copy only if they match)",
+        lambda r, v, k: r.choice(v, k, VALIDATE_MODES)),
+    Key("memory_margin", "size or share", "10%",
+        "a tier on tmpfs/ramfs never takes a file that would leave the node less available memory than "
+        "this (a size, or a share of total memory); the file goes to the next tier, and the report counts "
+        "it as the tier's `refused.memory_margin`",
+        lambda r, v, k: r.amount(v, k, "the node's total memory"),
+        fields=("memory_margin", "memory_margin_share")),
+    Key("peer.path", "path (base directory)", "${MONARCH_SSD:-${TMPDIR:-/tmp}}",
+        "cluster only: the base directory for files fetched from peers",
+        lambda r, v, k: r.base(v, k)),
+    Key("peer.capacity", "size or share", "32GiB",
+        "cluster only: bytes of files fetched from peers kept there, or a share of the node as for a tier",
+        lambda r, v, k: r.amount(v, k, PEER_SHARE), fields=("capacity", "capacity_share")),
+    Key("peer.timeout", "seconds", 10, "cluster only: how long to wait for a peer",
+        lambda r, v, k: r.number(v, k, float, 0.1)),
+    Key("peer.replicas", "1 or 2", 1,
+        "cluster only: `2` keeps a second copy of each owned file on the node that takes it over when its "
+        "owner is lost (planned by `monarch plan`; the daemon does not keep second copies yet)",
+        _replicas),
+    Key("report", "path or null", None,
+        "JSON report path (`null`: the run's directory, `<run_dir>/monarch-<uid>/<run>-node<N>/report.json`)",
+        _optional_path),
+    Key("report_html", "path or null", None,
+        "also write the report as an HTML page there (`monarch run --report-html` overrides)",
+        _optional_path),
+)
+
+TIER_KEYS = tuple(k for k in KEYS if k.per_tier)
+SHIPPED_TIERS = max(len(k.shipped) for k in TIER_KEYS)
+
+
+def section_keys(section: str) -> tuple[Key, ...]:
+    return tuple(k for k in KEYS if k.section == section)
+
+
+def shipped_tiers() -> list[dict[str, Any]]:
+    """The shipped tiers as written in defaults.yaml."""
+    return [{k.name: copy.deepcopy(k.shipped[i] if k.shipped else k.default) for k in TIER_KEYS}
+            for i in range(SHIPPED_TIERS)]
+
+
+def default_tree() -> dict[str, Any]:
+    """The defaults as the YAML mapping that ``defaults.yaml`` holds (a fresh copy)."""
+    tree: dict[str, Any] = {}
+    for key in KEYS:
+        if key.per_tier:
+            tree.setdefault("tiers", shipped_tiers())
+            continue
+        *parents, name = key.path.split(".")
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[name] = copy.deepcopy(key.default)
+    return tree

@@ -1,0 +1,62 @@
+"""The validated configuration as frozen dataclasses: what the daemon, the launcher and the plan read.
+
+Field names are the keys' names (``keys.py``; ``tests/unit/test_config.py`` holds the two together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    name: str
+    path: str  # a base directory: Monarch keeps its copies in its own monarch-<uid>/... inside
+    capacity: int  # bytes (0 when capacity_share is set)
+    keep: bool = False  # keep staged files after the job (reused by the next job)
+    capacity_share: float | None = None  # "50%": a share of the node's available memory (tmpfs) or free space
+    compression: str = "off"  # off | zstd | auto: store copies compressed (monarch/node/codecs.py)
+    decoded_cache: int = -1  # bytes of decoded files kept for native re-opens; -1 ("room"): the tier's free room
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    roots: tuple[str, ...]  # canonical: symlinks resolved
+    given: tuple[str, ...] = ()  # as configured (absolute), e.g. /scratch/ds when /scratch -> /lustre/scratch
+
+    def spellings(self) -> list[tuple[int, str]]:
+        """(root index, path) for every spelling of every root that the shim should match."""
+        out = [(k, root) for k, root in enumerate(self.roots)]
+        out += [(k, given) for k, given in enumerate(self.given) if given != self.roots[k]]
+        return out
+
+
+@dataclass(frozen=True)
+class StagingConfig:
+    policy: str = "read-ahead"
+    threads: int = 0  # copies in flight toward the sources; 0 ("auto"): adapted to what they give
+    resolve_timeout: float = 30.0  # seconds a shim request waits for staging before "read the PFS"
+    validate: str = "none"  # "open": compare size and mtime with the PFS at a file's first open in a job
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    path: str  # a base directory, like TierConfig.path
+    capacity: int  # bytes (0 when capacity_share is set)
+    timeout: float = 10.0
+    replicas: int = 1  # 2: a second copy of each owned file on the node that takes it over on a loss
+    capacity_share: float | None = None  # "50%": a share of the node, as for a tier
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str  # where it came from, for messages
+    dataset: DatasetConfig
+    run_dir: str  # a base directory: the run's socket, counters and log go in monarch-<uid>/... inside
+    tiers: tuple[TierConfig, ...]
+    staging: StagingConfig
+    peer: PeerConfig
+    report: str | None = None  # JSON report path; default: the run's directory (monarch/layout.py)
+    report_html: str | None = None  # HTML report path (monarch run); None: none
+    memory_margin: int = 0  # bytes of available memory memory-backed tiers leave to the node...
+    memory_margin_share: float | None = 0.10  # ...or this share of its total memory
