@@ -33,11 +33,6 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # YAML 1.1 reads these unquoted as booleans; a string key given one gets this hint
 _YAML_BOOLS = "YAML reads an unquoted off, on, no, yes as false or true: quote it, e.g. \"off\""
 
-    def bases(self) -> list[tuple[str, str]]:
-        """(key, path) of every base directory configured: Monarch works in monarch-<uid> inside."""
-        return ([("run_dir", self.run_dir)] + [(f"tiers[{i}].path", t.path) for i, t in enumerate(self.tiers)]
-                + [("peer.path", self.peer.path)])
-
 
 def base_problem(source: str, key: str, base: str) -> str | None:
     """Why the base ``key`` cannot be used on this node (missing, or open to another user:

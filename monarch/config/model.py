@@ -60,3 +60,8 @@ class Config:
     report_html: str | None = None  # HTML report path (monarch run); None: none
     memory_margin: int = 0  # bytes of available memory memory-backed tiers leave to the node...
     memory_margin_share: float | None = 0.10  # ...or this share of its total memory
+
+    def bases(self) -> list[tuple[str, str]]:
+        """(key, path) of every base directory configured: Monarch works in monarch-<uid> inside."""
+        return ([("run_dir", self.run_dir)] + [(f"tiers[{i}].path", t.path) for i, t in enumerate(self.tiers)]
+                + [("peer.path", self.peer.path)])

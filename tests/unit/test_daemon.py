@@ -146,6 +146,7 @@ tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
 peer: {{path: "{tmp_path}/peer", capacity: 50%}}
 staging: {{policy: on-access}}
 """)
+    make_bases(cfg)
     config = load_config(str(cfg), env={"USER": "u"})
     cluster = FakeCluster(node=0)
     cluster.snapshot_source = take_snapshot(config.dataset.roots).source_path
