@@ -156,7 +156,7 @@ def cmd_serve(args) -> int:
     try:
         server.serve()
         if cluster is not None:  # the walk's thread may be in a collective (share): MPI is one thread's at a time
-            daemon.wait_settled()
+            daemon.gate.wait_settled()
         if not args.embedded:  # a standing daemon writes the job's report; embedded ones leave it to `monarch run`
             # finish() keeps serving peers until every node is done, so tiers stay until then
             nodes = cluster.finish(daemon.stats) if cluster is not None else [daemon.stats()]

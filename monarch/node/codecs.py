@@ -335,3 +335,12 @@ def sealed_memfd(data, name: str = "monarch") -> int:
 def make_codec(mode: str, pfs_rate: Callable[[], float | None] = lambda: None,
                needed_ratio: Callable[[], float | None] = lambda: None, dict_dir: str | None = None) -> Codec | None:
     return None if mode == "off" else Codec(mode, pfs_rate, needed_ratio=needed_ratio, dict_dir=dict_dir)
+
+
+def needs_dictionary(path: str) -> bool:
+    """Does the zstd frame at ``path`` name a dictionary (or cannot be read)?"""
+    try:
+        with open(path, "rb") as f:
+            return zstandard.get_frame_parameters(f.read(18)).dict_id != 0
+    except (OSError, zstandard.ZstdError):
+        return True

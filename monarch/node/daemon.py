@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import enum
 import itertools
 import logging
 import os
@@ -22,65 +21,24 @@ import socket
 import threading
 import time
 
-from typing import Callable
-
-import zstandard
-
 from monarch import frontdoor, layout, protocol
-from monarch.node.codecs import Compressed, sealed_memfd
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
 from monarch.frontdoor import FrontDoor
+from monarch.node.codecs import Compressed, needs_dictionary
+from monarch.node.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
-from monarch.node.stats import size_classes
+from monarch.node.resolver import Resolver
 from monarch.node.resources import margin_bytes
-from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.node.snapshot import Snapshot, load_or_walk
 from monarch.node.sources import PeerSource
 from monarch.node.stager import Stager
+from monarch.node.stats import size_classes
 from monarch.node.tiers import Tier
+from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.timeline import Sampler, Timeline
 
 log = logging.getLogger(__name__)
-
-PFS = (protocol.SLOT_PFS, "")
-
-
-def _already(tier: Tier) -> str:
-    return "already_fetched" if tier.slot == protocol.SLOT_PEER else "already_staged"
-
-
-def _tier_of(key: str, future: concurrent.futures.Future) -> tuple[Tier | None, str]:
-    """The tier and outcome of a finished staging future (None: read the PFS)."""
-    if future.cancelled():
-        return None, "pfs:shutting_down"
-    try:
-        tier = future.result()
-    except Exception:  # a bug must not fail the app: it reads the PFS
-        log.exception("staging %s", key)
-        return None, "pfs:error"
-    if tier is None:
-        return None, "pfs:not_staged"
-    return tier, "fetched" if tier.slot == protocol.SLOT_PEER else "staged"
-
-
-def _needs_dictionary(path: str) -> bool:
-    """Does the zstd frame at ``path`` name a dictionary (or cannot be read)?"""
-    try:
-        with open(path, "rb") as f:
-            return zstandard.get_frame_parameters(f.read(18)).dict_id != 0
-    except (OSError, zstandard.ZstdError):
-        return True
-
-
-INFLATE_THREADS = 4  # opens of compressed copies decompressed at once (zstd releases the GIL)
-
-
-class SnapshotState(enum.Enum):
-    """Where the daemon's snapshot is: being walked, ready (index written), or failed."""
-    WALKING = "walking"
-    READY = "ready"
-    FAILED = "failed"
 
 
 class NodeDaemon:
@@ -100,20 +58,10 @@ class NodeDaemon:
         self.started = time.time()
         self.outcomes: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
-        self._validated: set[str] = set()  # staging.validate: open — keys checked against the PFS
         self.snapshot_seconds = 0.0
         self.snapshot_how = SnapshotState.WALKING.value
         self.snapshot_ready_at: float | None = None  # time.time() when the snapshot was ready (or failed)
-        self.state = SnapshotState.WALKING
-        self._settled = threading.Event()
-        self._on_settled: list[Callable[[], None]] = []
-        # INVALIDATE and HINT that arrive during the walk, applied in order when it ends (None
-        # once applied: later ones go to the stager directly); guarded by _settle_lock, which
-        # is only ever held for a moment (hint() takes it on the event loop)
-        self._settle_lock = threading.Lock()
-        self._early_invalidations: list[str] | None = []
-        self._early_hints: list[tuple] | None = []
-        self._closing = False
+        self.gate = SnapshotGate()
         self._meta_off_logged: set[str] = set()
         self._link_targets: dict[str, list[str]] | None = None  # see _links_into
         self._door: FrontDoor | None = None  # the server's C front door (make_front_door)
@@ -140,9 +88,7 @@ class NodeDaemon:
         self.snapshot = Snapshot(tuple(config.dataset.roots), {})  # nothing until the walk ends
         self.stager = self._make_stager(self.snapshot)
         self.dataset_bytes = 0
-        self._checks = None  # staging.validate: open — a few threads stat the PFS off the event loop
-        self._inflater = None  # threads that decompress compressed copies into memfds
-        self.inflated_bytes = 0
+        self.resolver = Resolver(self)
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
         if background:
@@ -172,7 +118,7 @@ class NodeDaemon:
         except OSError as e:
             log.warning("the daemon's C front door did not start (%s); the Python server answers every request", e)
             return None
-        with self._settle_lock:  # the stager swapped in when the walk ends is attached there
+        with self.gate.lock:  # the stager swapped in when the walk ends is attached there
             self._door = door
             self.stager.use_front_door(door, self._door_may_copy())
         self.open_front_door()  # a snapshot ready already (made in the foreground)
@@ -184,7 +130,7 @@ class NodeDaemon:
 
     def open_front_door(self) -> None:
         """The snapshot is ready: the door answers from now on (never before the index is)."""
-        if self._door is not None and self.state is SnapshotState.READY and not self._door.open(self.index_path):
+        if self._door is not None and self.gate.state is SnapshotState.READY and not self._door.open(self.index_path):
             log.warning("the front door could not map the index %s; the Python server answers every request",
                         self.index_path)
 
@@ -212,7 +158,7 @@ class NodeDaemon:
                 stager = self._make_stager(growing)
             snap = self._take_snapshot(growing, stager.read_ahead_more if stager is not None else None)
             log.debug("phase snapshot.done")
-            if self._closing:  # stopped during the walk: leave the kept copies as they are
+            if self.gate.closing:  # stopped during the walk: leave the kept copies as they are
                 if stager is not None:
                     stager.shutdown()
                 return
@@ -225,13 +171,12 @@ class NodeDaemon:
                     for key in tier.adopt_existing(snap.files):
                         stager.adopt(key, tier)
             index = snap.index_bytes()
-            with self._settle_lock:
-                if self._closing:
+            with self.gate.lock:
+                if self.gate.closing:
                     stager.shutdown()
                     return
-                for key in self._early_invalidations:  # written to before the index exists: never served
+                for key in self.gate.release_writes_locked():  # written to before the index exists: never served
                     self._drop_copies(stager, snap, key)
-                self._early_invalidations = None
                 old, self.snapshot, self.stager = self.stager, snap, stager
                 if self._door is not None and stager.door is None:
                     stager.use_front_door(self._door, self._door_may_copy())
@@ -239,18 +184,14 @@ class NodeDaemon:
             old.shutdown()
             write_file_atomically(self.index_path, index)
             log.debug("phase index.written")
-            self.state = SnapshotState.READY
+            self.gate.state = SnapshotState.READY
             self._start_staging()
         except Exception as e:  # fail open: the job runs, on the PFS
             self._fail(e, stager)
         finally:
             self.snapshot_ready_at = time.time()
-            self._settled.set()
             log.debug("phase snapshot.ready")
-            with self._settle_lock:
-                callbacks, self._on_settled = self._on_settled, []
-            for callback in callbacks:
-                callback()
+            self.gate.settle()
 
     def _start_staging(self) -> None:
         """The snapshot is ready: serve peers, read ahead, then the hints that came during
@@ -267,12 +208,7 @@ class NodeDaemon:
                                                        (k for k in keys if not self.owns(k))))
         except Exception:
             log.exception("starting the read-ahead failed; files are staged as they are opened")
-        while True:
-            with self._settle_lock:
-                batch = self._early_hints
-                self._early_hints = [] if batch else None  # None: hint() applies them itself from now on
-            if not batch:
-                return
+        while batch := self.gate.next_hints():  # then hint() applies them itself
             for hint in batch:
                 try:
                     self._apply_hint(*hint)
@@ -283,11 +219,10 @@ class NodeDaemon:
         why = str(error) if isinstance(error, MonarchError) else f"{type(error).__name__}: {error}"
         log.error("the dataset snapshot failed (%s); the application reads the PFS for this job", why,
                   exc_info=not isinstance(error, (MonarchError, OSError)))
-        with self._settle_lock:
+        with self.gate.lock:
             if stager is not None and stager is not self.stager:
                 stager.shutdown()
-            self._early_invalidations = self._early_hints = None  # nothing will be staged
-            self.state = SnapshotState.FAILED
+            self.gate.fail_locked()  # nothing will be staged
             self.snapshot_how = f"failed: {why}"
             self.snapshot = Snapshot(tuple(self.config.dataset.roots), {})
             self.stager.shutdown()
@@ -297,23 +232,6 @@ class NodeDaemon:
             os.unlink(self.index_path)  # none, or one written before a later step failed
         except OSError:
             pass
-
-    @property
-    def settled(self) -> bool:
-        """Is the snapshot ready or failed (nothing to wait for any more)?"""
-        return self._settled.is_set()
-
-    def wait_settled(self, timeout: float | None = None) -> bool:
-        return self._settled.wait(timeout)
-
-    def when_settled(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once the snapshot is ready or failed: now (on this thread) if it
-        is, else on the walk's thread."""
-        with self._settle_lock:
-            if not self._settled.is_set():
-                self._on_settled.append(callback)
-                return
-        callback()
 
     # -- where things are --------------------------------------------------------------
     # the files of this instance (monarch/node/instance.py): the socket launchers find by its
@@ -397,155 +315,6 @@ class NodeDaemon:
         with self._lock:
             self.outcomes[outcome] += 1
 
-    def _no_snapshot(self) -> str | None:
-        """Why no copy can be served for lack of a snapshot (the server holds OPENs during the
-        walk, so WALKING is seen here only by a caller that did not wait), or None when ready."""
-        if self.state is SnapshotState.READY:
-            return None
-        return "pfs:no_snapshot" if self.state is SnapshotState.FAILED else "pfs:snapshot_not_ready"
-
-    def resolve_now(self, key: str) -> tuple[int, str] | None:
-        """The answer when it needs no waiting (the event loop answers these itself), else None."""
-        info = self.snapshot.get(key)
-        if (why := self._no_snapshot()) is not None:
-            answer, outcome = PFS, why
-        elif info is None:
-            answer, outcome = PFS, "pfs:not_in_snapshot"
-        elif self.config.staging.validate == "open" and key not in self._validated:
-            return None
-        elif (tier := self.stager.where(key)) is None:
-            return None
-        elif not tier.is_compressed(key):
-            answer, outcome = (tier.slot, tier.path_for(key)), _already(tier)
-        elif tier.decoded is not None and (path := tier.decoded.answer(key)) is not None:
-            # decoded before and kept as <tier>/<key>: the shim opens it (it asked without probing)
-            answer, outcome = (tier.slot, path), _already(tier) + ":decoded"
-        else:
-            return None
-        self.count(outcome)
-        return answer
-
-    def resolve(self, key: str) -> tuple[int, str]:
-        """Where the shim should open ``key``: ``(slot, path)``, ``(ANSWER_FD | slot, fd)``
-        for a compressed copy (the caller owns the fd), or ``PFS`` (waits; counted)."""
-        done: concurrent.futures.Future = concurrent.futures.Future()
-        gate = threading.Lock()
-
-        def finish(answer, outcome):
-            with gate:
-                if done.cancelled():  # given up on: a descriptor nobody will take is closed
-                    if answer[0] & protocol.ANSWER_FD:
-                        os.close(answer[1])
-                    return
-                done.set_result((answer, outcome))
-
-        self.resolve_async(key, finish)
-        try:
-            answer, outcome = done.result(timeout=self.config.staging.resolve_timeout)
-        except concurrent.futures.TimeoutError:
-            with gate:
-                if done.cancel():
-                    answer, outcome = PFS, "pfs:timeout"
-                else:
-                    answer, outcome = done.result()
-        self.count(outcome)
-        return answer
-
-    def resolve_async(self, key: str, done: Callable[[tuple[int, str], str], None]) -> None:
-        """Find where the shim should open ``key`` without blocking the caller:
-        ``done(answer, outcome)`` is called once, on this thread if the answer is known,
-        else on a staging thread. The caller counts the outcome (``count``) when it uses it."""
-        info = self.snapshot.get(key)
-        if (why := self._no_snapshot()) is not None:
-            done(PFS, why)
-        elif info is None:
-            done(PFS, "pfs:not_in_snapshot")
-        elif self.config.staging.validate == "open" and key not in self._validated:
-            if self._checks is None:
-                with self._lock:
-                    if self._checks is None:
-                        self._checks = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="monarch-check")
-            self._checks.submit(self._checked_then_resolve, key, info, done)
-        else:
-            self._resolve_staged(key, done)
-
-    def _checked_then_resolve(self, key: str, info, done) -> None:
-        if self._still_same(key, info):
-            self._resolve_staged(key, done)
-        else:
-            done(PFS, "pfs:changed_since_snapshot")
-
-    def _resolve_staged(self, key: str, done) -> None:
-        tier = self.stager.where(key)
-        if tier is not None:
-            self._serve(key, tier, _already(tier), done)
-        elif self.config.staging.policy == "off":
-            done(PFS, "pfs:policy_off")
-        else:
-            self.stager.ensure(key, inline=True).add_done_callback(lambda f: self._serve(key, *_tier_of(key, f), done))
-
-    def _serve(self, key: str, tier: Tier | None, outcome: str, done) -> None:
-        """Answer with ``tier``'s copy: its path; for a compressed copy the path of its kept
-        decoded file, else a sealed memfd (decompressed on the inflate threads, never on
-        the event loop); PFS if none."""
-        if tier is None:
-            done(PFS, outcome)
-        elif not tier.is_compressed(key):
-            done((tier.slot, tier.path_for(key)), outcome)
-        elif tier.decoded is not None and (path := tier.decoded.answer(key)) is not None:
-            done((tier.slot, path), outcome + ":decoded")
-        else:
-            if self._inflater is None:
-                with self._lock:
-                    if self._inflater is None:
-                        self._inflater = concurrent.futures.ThreadPoolExecutor(
-                            INFLATE_THREADS, thread_name_prefix="monarch-inflate")
-            try:
-                self._inflater.submit(self._inflate, key, tier, outcome, done)
-            except RuntimeError:  # shutting down
-                done(PFS, "pfs:shutting_down")
-
-    def _inflate(self, key: str, tier: Tier, outcome: str, done) -> None:
-        """Decode ``key``'s compressed copy, answer with a sealed memfd of it, then keep the
-        decoded bytes as ``<tier>/<key>`` (``Tier.decoded``, within its budget) so that the
-        next open of the key, in any process, is the shim's native tier hit."""
-        kept = tier.decoded
-        if kept is not None and (path := kept.answer(key)) is not None:  # decoded meanwhile
-            done((tier.slot, path), outcome + ":decoded")
-            return
-        token = kept.token() if kept is not None else 0  # before the frame is read: see DecodedFiles.drop
-        if self.stager.where(key) is not tier:  # dropped before the token was taken (never decode old bytes)
-            done(PFS, "pfs:dropped")
-            return
-        info = self.snapshot.files[key]
-        try:
-            data = tier.codec.decode(tier.compressed_path_for(key), info.size)
-            fd = sealed_memfd(data, os.path.basename(key))
-        except Exception as e:  # a lost or corrupt copy must not fail the app: it reads the PFS
-            log.warning("decompressing the copy of %s in tier %s failed: %s; the application reads the PFS",
-                        key, tier.name, e)
-            done(PFS, "pfs:inflate_error")
-            return
-        with self._lock:
-            self.inflated_bytes += info.size
-        done((tier.slot | protocol.ANSWER_FD, fd), outcome + ":inflated")
-        if kept is not None:
-            kept.put(key, data, info, token)
-
-    def _still_same(self, key: str, info) -> bool:
-        """staging.validate: open — the first open of a file in the job compares the PFS's
-        size and mtime with the snapshot; a changed file is never served from a copy."""
-        try:
-            same = info.same_content_as(os.stat(self.snapshot.source_path(key)))
-        except OSError:
-            same = False
-        if same:
-            with self._lock:
-                self._validated.add(key)
-        else:
-            self.stager.mark_changed(key)
-        return same
-
     def invalidate(self, key: str) -> None:
         """The job writes to ``key`` (file or directory): its copies on this node go now. The
         shim has already turned the metadata of its root off (EXTRA_META_OFF): say so once.
@@ -557,12 +326,9 @@ class NodeDaemon:
             self._meta_off_logged.add(root)
         if first:
             log.info("root %s: stat and listings go to the PFS from now on (the job changed %s)", root, key)
-        with self._settle_lock:
-            early = self._early_invalidations is not None
-            if early:
-                self._early_invalidations.append(key)
-            stager, snap = self.stager, self.snapshot
-        if not early:
+        if not self.gate.hold_write(key):
+            with self.gate.lock:
+                stager, snap = self.stager, self.snapshot
             self._drop_copies(stager, snap, key)
         self.count("invalidated")
 
@@ -592,11 +358,7 @@ class NodeDaemon:
         """An order hint from ``monarch.hints`` (protocol.py, HINT); ProtocolError if malformed.
         During the walk it is kept, and applied in order once the snapshot is ready."""
         hint = protocol.decode_hint(body)
-        with self._settle_lock:
-            early = self._early_hints is not None
-            if early:
-                self._early_hints.append(hint)
-        if not early:
+        if not self.gate.hold_hint(hint):
             self._apply_hint(*hint)
         self.count("hints")
 
@@ -622,7 +384,7 @@ class NodeDaemon:
             return None
         if tier.is_compressed(key):
             path, size = tier.compressed_path_for(key), self.snapshot.files[key].size
-            if not _needs_dictionary(path):  # crosses the network as stored (cluster/transfer.py)
+            if not needs_dictionary(path):  # crosses the network as stored (cluster/transfer.py)
                 return Compressed(path, size)
             return os.fdopen(tier.codec.inflate(path, size, os.path.basename(key)), "rb")
         return tier.path_for(key)
@@ -698,7 +460,7 @@ class NodeDaemon:
             "resolves": outcomes,
             "peer": self.cluster.counters() if self.cluster is not None else {},
             "dataset": {"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
-            "inflated_bytes": self.inflated_bytes,
+            "inflated_bytes": self.resolver.inflated_bytes,
             "front_door": door,
         }
 
@@ -727,14 +489,11 @@ class NodeDaemon:
         """Stop staging and remove what the run asked not to keep. The run directory keeps
         the daemon's log and the report; the index (as large as the dataset's names) goes.
         A walk still under way is left to end on its own; nothing it finds is used."""
-        with self._settle_lock:
-            self._closing = True
+        with self.gate.lock:
+            self.gate.closing = True
         self._sampler.stop()
         self.stager.shutdown()
-        if self._checks is not None:
-            self._checks.shutdown(wait=False, cancel_futures=True)
-        if self._inflater is not None:
-            self._inflater.shutdown(wait=True, cancel_futures=True)
+        self.resolver.close()
         try:
             os.unlink(self.index_path)
         except OSError:

@@ -30,7 +30,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from monarch import protocol, secure
-from monarch.node.daemon import NodeDaemon, SnapshotState
+from monarch.node.daemon import NodeDaemon
+from monarch.node.gate import SnapshotState
 from monarch.errors import DaemonError
 from monarch.protocol import ProtocolError
 
@@ -118,7 +119,7 @@ class NodeServer:
         else:
             self._sel.register(self._listener, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        daemon.when_settled(self._snapshot_settled)
+        daemon.gate.when_settled(self._snapshot_settled)
 
     # -- the loop -----------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -249,7 +250,7 @@ class NodeServer:
                 self._hold(conn, verb, body, answer_by=self.daemon.config.staging.resolve_timeout)
                 return
             if verb == protocol.VERB_OPEN:
-                known = self.daemon.resolve_now(key)
+                known = self.daemon.resolver.resolve_now(key)
                 if known is not None:
                     self._answer(conn, *_open_answer(known), close=True)
                     return
@@ -258,7 +259,7 @@ class NodeServer:
             conn.next_beat = now + protocol.HEARTBEAT_MS / 1000
             if verb == protocol.VERB_OPEN:  # no thread waits for the copy: its end answers
                 conn.answer_by = now + self.daemon.config.staging.resolve_timeout
-                self.daemon.resolve_async(key, lambda answer, outcome, c=conn: self._resolved(c, answer, outcome))
+                self.daemon.resolver.resolve_async(key, lambda answer, outcome, c=conn: self._resolved(c, answer, outcome))
                 return
             work = lambda: (self.daemon.invalidate(key), protocol.encode_answer(0))[1]  # noqa: E731
             future = self._pool.submit(work)
@@ -287,7 +288,7 @@ class NodeServer:
             if not self._settled:
                 self._hold(conn, verb, body)
                 return
-            ready = self.daemon.state is SnapshotState.READY
+            ready = self.daemon.gate.state is SnapshotState.READY
             self._answer(conn, protocol.encode_answer(protocol.INDEX_READY if ready else protocol.INDEX_NONE),
                          close=True)
         elif verb == protocol.VERB_REPORT:

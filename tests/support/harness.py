@@ -141,3 +141,35 @@ def unix_connect(path: str, timeout: float = 10.0):
     s.settimeout(timeout)
     s.connect(path)
     return s
+
+
+def resolve(daemon, key: str) -> tuple[int, str]:
+    """Where the shim would open ``key`` (the resolver's asynchronous answer, waited for as the
+    server does, within ``staging.resolve_timeout``): ``(slot, path)``, ``(ANSWER_FD | slot, fd)``
+    for an inflated copy (the caller owns the fd), or PFS; counted like the server's."""
+    import concurrent.futures
+    import threading
+    from monarch import protocol
+    from monarch.node.resolver import PFS
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    gate = threading.Lock()
+
+    def finish(answer, outcome):
+        with gate:
+            if done.cancelled():  # given up on: a descriptor nobody will take is closed
+                if answer[0] & protocol.ANSWER_FD:
+                    os.close(answer[1])
+                return
+            done.set_result((answer, outcome))
+
+    daemon.resolver.resolve_async(key, finish)
+    try:
+        answer, outcome = done.result(timeout=daemon.config.staging.resolve_timeout)
+    except concurrent.futures.TimeoutError:
+        with gate:
+            if done.cancel():
+                answer, outcome = PFS, "pfs:timeout"
+            else:
+                answer, outcome = done.result()
+    daemon.count(outcome)
+    return answer

@@ -9,10 +9,11 @@ import pytest
 
 from monarch import protocol
 from monarch.config import load_config
-from monarch.node.daemon import PFS, NodeDaemon
+from monarch.node.daemon import NodeDaemon
+from monarch.node.resolver import PFS
 from monarch.errors import PeerError
 from monarch.node.snapshot import take_snapshot
-from support.harness import make_bases
+from support.harness import make_bases, resolve
 
 
 class FakeCluster:
@@ -77,11 +78,11 @@ def test_owned_files_are_staged_and_others_fetched_from_the_owner_once(setup):
     make, root = setup
     cluster = FakeCluster(node=0)
     d = make(cluster)
-    slot, path = d.resolve("0/f0.bin")
+    slot, path = resolve(d, "0/f0.bin")
     assert slot == protocol.tier_slot(0) and same_bytes(path, root / "f0.bin")
-    slot, path = d.resolve("0/f1.bin")
+    slot, path = resolve(d, "0/f1.bin")
     assert slot == protocol.SLOT_PEER and same_bytes(path, root / "f1.bin")
-    assert d.resolve("0/f1.bin") == (protocol.SLOT_PEER, path)
+    assert resolve(d, "0/f1.bin") == (protocol.SLOT_PEER, path)
     assert cluster.fetches == {"0/f1.bin": 1}
     assert d.stager.stats()["pfs_bytes_read"] == 1000  # only the owned file came from the PFS
     assert cluster.provide("0/f2.bin") == d.tiers[0].path_for("0/f2.bin")
@@ -91,10 +92,10 @@ def test_a_dead_peer_is_waited_for_once_then_its_files_are_staged_here(setup):
     make, root = setup
     cluster = FakeCluster(node=0, mode="dead", delay=0.25)
     d = make(cluster)
-    slot, path = d.resolve("0/f1.bin")
+    slot, path = resolve(d, "0/f1.bin")
     assert slot == protocol.tier_slot(0) and same_bytes(path, root / "f1.bin")
     t0 = time.monotonic()
-    slot, path = d.resolve("0/f3.bin")
+    slot, path = resolve(d, "0/f3.bin")
     assert time.monotonic() - t0 < 0.2  # not waited for again
     assert slot == protocol.tier_slot(0) and same_bytes(path, root / "f3.bin")
     assert cluster.fetches == {"0/f1.bin": 1}
@@ -105,8 +106,8 @@ def test_a_refusing_peer_is_asked_again_for_other_files(setup):
     make, _ = setup
     cluster = FakeCluster(node=0, mode="refused")
     d = make(cluster)
-    assert d.resolve("0/f1.bin")[0] == protocol.tier_slot(0)
-    assert d.resolve("0/f3.bin")[0] == protocol.tier_slot(0)
+    assert resolve(d, "0/f1.bin")[0] == protocol.tier_slot(0)
+    assert resolve(d, "0/f3.bin")[0] == protocol.tier_slot(0)
     assert cluster.fetches == {"0/f1.bin": 1, "0/f3.bin": 1}
 
 
@@ -114,7 +115,7 @@ def test_full_peer_area_stages_locally(setup):
     make, _ = setup
     cluster = FakeCluster(node=0)
     d = make(cluster)
-    answers = [d.resolve(f"0/f{i}.bin")[0] for i in (1, 3, 5)]
+    answers = [resolve(d, f"0/f{i}.bin")[0] for i in (1, 3, 5)]
     assert answers == [protocol.SLOT_PEER, protocol.SLOT_PEER, protocol.tier_slot(0)]
     assert d.stats()["resolves"]["peer_area_full"] == 1
 
@@ -122,7 +123,7 @@ def test_full_peer_area_stages_locally(setup):
 def test_unknown_files_and_policy_off_read_the_pfs(setup, tmp_path):
     make, root = setup
     d = make(FakeCluster(node=0))
-    assert d.resolve("0/nope.bin") == PFS
+    assert resolve(d, "0/nope.bin") == PFS
     env = d.client_env()
     assert env[protocol.ENV_ROOTS] == f"0={root}"
     assert env[protocol.ENV_PROBE].endswith(f"{protocol.SLOT_PEER}={d.peer_area.path}")

@@ -18,7 +18,7 @@ from monarch.node.stager import Stager
 from monarch.node.tiers import DecodedFiles, Tier
 
 from test_codecs import compressible, tier  # noqa: E402 (tests/unit is on sys.path: pytest's prepend mode)
-from support.harness import make_bases
+from support.harness import make_bases, resolve
 
 SIZE = 50_000
 INFO = FileInfo(0, 0, 0o100644)  # a source's stat, for DecodedFiles.put
@@ -46,7 +46,7 @@ staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
 
 def answer_of(d, key):
     """What the shim gets for an OPEN (resolve_now first, as the event loop does)."""
-    return d.resolve_now(key) or d.resolve(key)
+    return d.resolver.resolve_now(key) or resolve(d, key)
 
 
 def read_answer(answer) -> bytes:
@@ -87,9 +87,9 @@ def test_an_open_keeps_the_decoded_bytes_where_the_probe_looks(tmp_path):
         assert t.describe()["decoded_cache"] | {"budget": 0} == {
             "bytes": SIZE, "files": 1, "budget": 0, "kept": 1, "evicted": 0, "refused": 0, "answered": 0}
         # a shim that asks anyway (staging.validate: open) is told that path, on the event loop
-        assert d.resolve_now(key) == (t.slot, path)
+        assert d.resolver.resolve_now(key) == (t.slot, path)
         assert d.outcomes["already_staged:decoded"] == 1 and t.decoded.answered == 1
-        assert d.inflated_bytes == SIZE  # decoded once
+        assert d.resolver.inflated_bytes == SIZE  # decoded once
         assert not [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".monarch-tmp")]
     finally:
         d.close()
@@ -104,7 +104,7 @@ def test_decoded_cache_off_keeps_no_file_and_decodes_every_open(tmp_path):
         for _ in range(2):
             answer = answer_of(d, "0/2.txt")
             assert answer[0] & protocol.ANSWER_FD and read_answer(answer) == (root / "2.txt").read_bytes()
-        assert d.inflated_bytes == 2 * SIZE and not os.path.exists(t.path_for("0/2.txt"))
+        assert d.resolver.inflated_bytes == 2 * SIZE and not os.path.exists(t.path_for("0/2.txt"))
     finally:
         d.close()
 
@@ -126,7 +126,7 @@ def test_invalidate_removes_the_decoded_file_of_a_file_and_of_a_directory(tmp_pa
         assert not any(os.path.exists(t.path_for(k)) for k in keys)
         assert t.decoded.bytes == 0 and t.decoded.describe()["files"] == 0 and t.used == 0
         # the next open of an invalidated key is not served from a copy at all
-        assert d.resolve("0/1.txt")[0] == protocol.SLOT_PFS and d.resolve("0/sub/x.txt")[0] == protocol.SLOT_PFS
+        assert resolve(d, "0/1.txt")[0] == protocol.SLOT_PFS and resolve(d, "0/sub/x.txt")[0] == protocol.SLOT_PFS
     finally:
         d.close()
 
@@ -151,7 +151,7 @@ def test_a_decode_racing_an_invalidation_never_publishes_the_old_bytes(tmp_path)
     d, root = compressed_daemon(tmp_path)
     try:
         t, key = d.tiers[0], "0/3.txt"
-        d.resolve(key)  # staged and decoded: forget the kept file, keep the compressed copy
+        resolve(d, key)  # staged and decoded: forget the kept file, keep the compressed copy
         wait_kept(t, key)
         t.decoded.drop(key)
         decode = t.codec.decode
@@ -162,12 +162,12 @@ def test_a_decode_racing_an_invalidation_never_publishes_the_old_bytes(tmp_path)
             return data
 
         t.codec.decode = decode_then_the_job_writes
-        answer = d.resolve(key)  # this open began before the write: either bytes are right for it
+        answer = resolve(d, key)  # this open began before the write: either bytes are right for it
         if answer[0] & protocol.ANSWER_FD:
             os.close(answer[1])
         time.sleep(0.2)
         assert not os.path.exists(t.path_for(key)) and not t.decoded.holds(key)
-        assert d.resolve(key)[0] == protocol.SLOT_PFS
+        assert resolve(d, key)[0] == protocol.SLOT_PFS
     finally:
         d.close()
 
@@ -179,7 +179,7 @@ def test_a_decode_that_starts_after_the_copy_was_dropped_reads_the_pfs(tmp_path)
         d.stager.ensure(key).result(timeout=10)
         served = []
         d.stager.invalidate(key)  # between the stager's answer and the inflate thread's start
-        d._inflate(key, t, "already_staged", lambda answer, outcome: served.append((answer, outcome)))
+        d.resolver._inflate(key, t, "already_staged", lambda answer, outcome: served.append((answer, outcome)))
         assert served == [((protocol.SLOT_PFS, ""), "pfs:dropped")]
         assert not os.path.exists(t.path_for(key))
     finally:
@@ -255,7 +255,7 @@ def test_a_kept_tier_does_not_carry_decoded_files_over_and_adopts_a_leftover_as_
         t3 = d3.tiers[0]
         assert d3.stager.where("0/1.txt") is t3 and not t3.is_compressed("0/1.txt")
         assert t3.used == t3.stored == t3.logical == SIZE and t3.decoded.bytes == 0
-        assert d3.resolve("0/1.txt") == (t3.slot, t3.path_for("0/1.txt"))
+        assert resolve(d3, "0/1.txt") == (t3.slot, t3.path_for("0/1.txt"))
     finally:
         d3.close()
 

@@ -11,8 +11,10 @@ import time
 import pytest
 
 from monarch.node import daemon as daemon_module
+from monarch.node import resolver as resolver_module
 from monarch.config import load_config
-from monarch.node.daemon import NodeDaemon, SnapshotState
+from monarch.node.daemon import NodeDaemon
+from monarch.node.gate import SnapshotState
 from monarch.node.snapshot import take_snapshot
 from support.harness import make_bases
 
@@ -76,7 +78,7 @@ staging: {{policy: read-ahead, threads: 2}}
     yield start, go
     go.set()
     for d in made:
-        d.wait_settled(30)
+        d.gate.wait_settled(30)
         d.close()
 
 
@@ -96,10 +98,10 @@ def test_copies_begin_while_the_walk_goes_on_and_none_is_served_before_the_index
     start, go = paused_walk
     d = start()
     _wait_for(lambda: len(_copies(d)) >= 3)  # the first directory's files, copied mid-walk
-    assert d.state is SnapshotState.WALKING and not os.path.exists(d.index_path)
-    assert d.resolve_now("0/a/f0.bin") in (None, daemon_module.PFS)  # no copy answered before the index
+    assert d.gate.state is SnapshotState.WALKING and not os.path.exists(d.index_path)
+    assert d.resolver.resolve_now("0/a/f0.bin") in (None, resolver_module.PFS)  # no copy answered before the index
     go.set()
-    assert d.wait_settled(30) and d.state is SnapshotState.READY and os.path.exists(d.index_path)
+    assert d.gate.wait_settled(30) and d.gate.state is SnapshotState.READY and os.path.exists(d.index_path)
     _wait_for(lambda: len(_copies(d)) == len(FILES))
     for key in _copies(d):
         with open(d.tiers[0].path_for(key), "rb") as f:
@@ -114,7 +116,7 @@ def test_a_write_during_the_walk_drops_its_early_copy(paused_walk):
     early = sorted(_copies(d))[0]
     d.invalidate(early)  # the job writes to it before the index exists
     go.set()
-    assert d.wait_settled(30)
+    assert d.gate.wait_settled(30)
     _wait_for(lambda: len(_copies(d)) == len(FILES) - 1)
     assert early not in _copies(d) and d.stager.where(early) is None
 
@@ -125,5 +127,5 @@ def test_a_kept_tier_is_not_streamed(paused_walk):
     time.sleep(0.5)
     assert _copies(d) == set()  # its copies wait for the adoption, after the walk
     go.set()
-    assert d.wait_settled(30)
+    assert d.gate.wait_settled(30)
     _wait_for(lambda: len(_copies(d)) == len(FILES))

@@ -16,7 +16,8 @@ import pytest
 from monarch.node import daemon as daemon_module
 from monarch import protocol
 from monarch.config import load_config
-from monarch.node.daemon import NodeDaemon, SnapshotState
+from monarch.node.daemon import NodeDaemon
+from monarch.node.gate import SnapshotState
 from monarch.node.server import NodeServer
 from support.harness import unix_connect as connect, make_bases
 
@@ -95,7 +96,7 @@ def ask(path: str, verb: int, body: bytes = b"") -> tuple[int, bytes]:
 def test_attach_and_progress_are_answered_during_the_walk_the_rest_when_it_is_ready(gated):
     start, gate, root = gated
     d, server = start()
-    assert d.state is SnapshotState.WALKING
+    assert d.gate.state is SnapshotState.WALKING
     t0, wall0 = time.monotonic(), time.time()
     with connect(d.socket_path) as session:
         session.sendall(protocol.encode_request(protocol.VERB_ATTACH))
@@ -119,7 +120,7 @@ def test_attach_and_progress_are_answered_during_the_walk_the_rest_when_it_is_re
             assert protocol.recv_answer(h) == (0, b"")
         session.sendall(protocol.encode_request(protocol.VERB_REPORT, protocol.REPORT_FINAL))
         time.sleep(0.8)  # held: heartbeats meanwhile
-        assert d.state is SnapshotState.WALKING
+        assert d.gate.state is SnapshotState.WALKING
         gate.set()
 
         status, _, beats = answer(index)
@@ -152,7 +153,7 @@ def test_a_failed_walk_answers_everything_with_the_pfs(gated):
     assert answer(opening)[:2] == (protocol.SLOT_PFS, b"")
     assert ask(d.socket_path, protocol.VERB_OPEN, b"0/d/f2.bin") == (protocol.SLOT_PFS, b"")
     assert ask(d.socket_path, protocol.VERB_INVALIDATE, b"0/d/f2.bin") == (0, b"")
-    assert d.state is SnapshotState.FAILED and not os.path.exists(d.index_path)
+    assert d.gate.state is SnapshotState.FAILED and not os.path.exists(d.index_path)
     status, body = ask(d.socket_path, protocol.VERB_REPORT)
     report = json.loads(body)
     assert report["snapshot"].startswith("failed") and "Input/output error" in report["snapshot"]
@@ -166,8 +167,8 @@ def test_a_failed_index_write_is_a_failed_snapshot(gated):
     with open(os.path.join(d.index_path, "x"), "w"):
         pass
     gate.set()
-    assert d.wait_settled(20)
-    assert d.state is SnapshotState.FAILED
+    assert d.gate.wait_settled(20)
+    assert d.gate.state is SnapshotState.FAILED
     assert ask(d.socket_path, protocol.VERB_INDEX) == (protocol.INDEX_NONE, b"")
     assert ask(d.socket_path, protocol.VERB_OPEN, b"0/d/f1.bin") == (protocol.SLOT_PFS, b"")
 
@@ -190,5 +191,5 @@ def test_stopping_during_the_walk_does_not_wait_for_it(gated):
     assert ask(d.socket_path, protocol.VERB_STOP) == (0, b"")
     d.close()
     gate.set()  # the walk ends after close: nothing of it is used
-    assert d.wait_settled(20)
+    assert d.gate.wait_settled(20)
     assert time.monotonic() - t0 < 20 and not os.path.exists(d.index_path)

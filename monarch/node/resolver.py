@@ -1,0 +1,185 @@
+"""The shim's question, answered: where to open a key (a tier's copy, a decoded or inflated
+copy, or the PFS), staging it first when it must, never blocking the event loop."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING, Callable
+
+from monarch import protocol
+from monarch.node.codecs import sealed_memfd
+from monarch.node.gate import SnapshotState
+from monarch.node.tiers import Tier
+
+if TYPE_CHECKING:
+    from monarch.node.daemon import NodeDaemon
+
+log = logging.getLogger(__name__)
+
+PFS = (protocol.SLOT_PFS, "")
+
+
+def _already(tier: Tier) -> str:
+    return "already_fetched" if tier.slot == protocol.SLOT_PEER else "already_staged"
+
+
+def _tier_of(key: str, future: concurrent.futures.Future) -> tuple[Tier | None, str]:
+    """The tier and outcome of a finished staging future (None: read the PFS)."""
+    if future.cancelled():
+        return None, "pfs:shutting_down"
+    try:
+        tier = future.result()
+    except Exception:  # a bug must not fail the app: it reads the PFS
+        log.exception("staging %s", key)
+        return None, "pfs:error"
+    if tier is None:
+        return None, "pfs:not_staged"
+    return tier, "fetched" if tier.slot == protocol.SLOT_PEER else "staged"
+
+
+INFLATE_THREADS = 4  # opens of compressed copies decompressed at once (zstd releases the GIL)
+
+
+class Resolver:
+    """Answers OPEN for one daemon (``node``): from its current snapshot and stager, which
+    the daemon swaps when the walk ends, so they are read through it at every call."""
+
+    def __init__(self, node: "NodeDaemon"):
+        self.node = node
+        self._lock = threading.Lock()
+        self._validated: set[str] = set()  # staging.validate: open — keys checked against the PFS
+        self._checks = None  # staging.validate: open — a few threads stat the PFS off the event loop
+        self._inflater = None  # threads that decompress compressed copies into memfds
+        self.inflated_bytes = 0
+
+    def _no_snapshot(self) -> str | None:
+        """Why no copy can be served for lack of a snapshot (the server holds OPENs during the
+        walk, so WALKING is seen here only by a caller that did not wait), or None when ready."""
+        if self.node.gate.state is SnapshotState.READY:
+            return None
+        return "pfs:no_snapshot" if self.node.gate.state is SnapshotState.FAILED else "pfs:snapshot_not_ready"
+
+    def resolve_now(self, key: str) -> tuple[int, str] | None:
+        """The answer when it needs no waiting (the event loop answers these itself), else None."""
+        info = self.node.snapshot.get(key)
+        if (why := self._no_snapshot()) is not None:
+            answer, outcome = PFS, why
+        elif info is None:
+            answer, outcome = PFS, "pfs:not_in_snapshot"
+        elif self.node.config.staging.validate == "open" and key not in self._validated:
+            return None
+        elif (tier := self.node.stager.where(key)) is None:
+            return None
+        elif not tier.is_compressed(key):
+            answer, outcome = (tier.slot, tier.path_for(key)), _already(tier)
+        elif tier.decoded is not None and (path := tier.decoded.answer(key)) is not None:
+            # decoded before and kept as <tier>/<key>: the shim opens it (it asked without probing)
+            answer, outcome = (tier.slot, path), _already(tier) + ":decoded"
+        else:
+            return None
+        self.node.count(outcome)
+        return answer
+
+    def resolve_async(self, key: str, done: Callable[[tuple[int, str], str], None]) -> None:
+        """Find where the shim should open ``key`` without blocking the caller:
+        ``done(answer, outcome)`` is called once, on this thread if the answer is known,
+        else on a staging thread. The caller counts the outcome (``count``) when it uses it."""
+        info = self.node.snapshot.get(key)
+        if (why := self._no_snapshot()) is not None:
+            done(PFS, why)
+        elif info is None:
+            done(PFS, "pfs:not_in_snapshot")
+        elif self.node.config.staging.validate == "open" and key not in self._validated:
+            if self._checks is None:
+                with self._lock:
+                    if self._checks is None:
+                        self._checks = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="monarch-check")
+            self._checks.submit(self._checked_then_resolve, key, info, done)
+        else:
+            self._resolve_staged(key, done)
+
+    def _checked_then_resolve(self, key: str, info, done) -> None:
+        if self._still_same(key, info):
+            self._resolve_staged(key, done)
+        else:
+            done(PFS, "pfs:changed_since_snapshot")
+
+    def _resolve_staged(self, key: str, done) -> None:
+        tier = self.node.stager.where(key)
+        if tier is not None:
+            self._serve(key, tier, _already(tier), done)
+        elif self.node.config.staging.policy == "off":
+            done(PFS, "pfs:policy_off")
+        else:
+            self.node.stager.ensure(key, inline=True).add_done_callback(lambda f: self._serve(key, *_tier_of(key, f), done))
+
+    def _serve(self, key: str, tier: Tier | None, outcome: str, done) -> None:
+        """Answer with ``tier``'s copy: its path; for a compressed copy the path of its kept
+        decoded file, else a sealed memfd (decompressed on the inflate threads, never on
+        the event loop); PFS if none."""
+        if tier is None:
+            done(PFS, outcome)
+        elif not tier.is_compressed(key):
+            done((tier.slot, tier.path_for(key)), outcome)
+        elif tier.decoded is not None and (path := tier.decoded.answer(key)) is not None:
+            done((tier.slot, path), outcome + ":decoded")
+        else:
+            if self._inflater is None:
+                with self._lock:
+                    if self._inflater is None:
+                        self._inflater = concurrent.futures.ThreadPoolExecutor(
+                            INFLATE_THREADS, thread_name_prefix="monarch-inflate")
+            try:
+                self._inflater.submit(self._inflate, key, tier, outcome, done)
+            except RuntimeError:  # shutting down
+                done(PFS, "pfs:shutting_down")
+
+    def _inflate(self, key: str, tier: Tier, outcome: str, done) -> None:
+        """Decode ``key``'s compressed copy, answer with a sealed memfd of it, then keep the
+        decoded bytes as ``<tier>/<key>`` (``Tier.decoded``, within its budget) so that the
+        next open of the key, in any process, is the shim's native tier hit."""
+        kept = tier.decoded
+        if kept is not None and (path := kept.answer(key)) is not None:  # decoded meanwhile
+            done((tier.slot, path), outcome + ":decoded")
+            return
+        token = kept.token() if kept is not None else 0  # before the frame is read: see DecodedFiles.drop
+        if self.node.stager.where(key) is not tier:  # dropped before the token was taken (never decode old bytes)
+            done(PFS, "pfs:dropped")
+            return
+        info = self.node.snapshot.files[key]
+        try:
+            data = tier.codec.decode(tier.compressed_path_for(key), info.size)
+            fd = sealed_memfd(data, os.path.basename(key))
+        except Exception as e:  # a lost or corrupt copy must not fail the app: it reads the PFS
+            log.warning("decompressing the copy of %s in tier %s failed: %s; the application reads the PFS",
+                        key, tier.name, e)
+            done(PFS, "pfs:inflate_error")
+            return
+        with self._lock:
+            self.inflated_bytes += info.size
+        done((tier.slot | protocol.ANSWER_FD, fd), outcome + ":inflated")
+        if kept is not None:
+            kept.put(key, data, info, token)
+
+    def _still_same(self, key: str, info) -> bool:
+        """staging.validate: open — the first open of a file in the job compares the PFS's
+        size and mtime with the snapshot; a changed file is never served from a copy."""
+        try:
+            same = info.same_content_as(os.stat(self.node.snapshot.source_path(key)))
+        except OSError:
+            same = False
+        if same:
+            with self._lock:
+                self._validated.add(key)
+        else:
+            self.node.stager.mark_changed(key)
+        return same
+
+    def close(self) -> None:
+        if self._checks is not None:
+            self._checks.shutdown(wait=False, cancel_futures=True)
+        if self._inflater is not None:
+            self._inflater.shutdown(wait=True, cancel_futures=True)
