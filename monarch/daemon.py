@@ -118,7 +118,7 @@ class NodeDaemon:
         self._link_targets: dict[str, list[str]] | None = None  # see _links_into
         self._door: FrontDoor | None = None  # the server's C front door (make_front_door)
         self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
-        layout.write_marker(self.run_dir, run_id)
+        layout.write_marker(self.run_dir, run_id, layout.KIND_RUN)
         layout.prune_finished_runs(os.path.dirname(self.run_dir), spare=self.run_dir)
         protocol.create_counters(self.counters_path)
         self.tier_errors: dict[str, str] = {}
