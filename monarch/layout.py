@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 MARKER = ".monarch-run"
 KEEP_LOCK = ".monarch-keep.lock"
+REMOVE_TRIES = 5  # a private directory still written into while removed (ENOTEMPTY) is removed again
 
 
 def _process_start(pid: int) -> float | None:
@@ -213,9 +214,17 @@ class StorageDir:
         check_private_dir(self.path)
 
     def remove(self) -> None:
-        """Delete a private directory (the run's own); a kept one is only unlocked."""
+        """Delete a private directory (the run's own); a kept one is only unlocked. Called
+        once every copy into it has stopped (``NodeDaemon.close``); should one still be
+        writing (a PFS read that never returned), the removal is tried again: once the
+        directory is gone, nothing re-creates it (``tiers.make_dirs_below``)."""
         if not self.kept:
-            shutil.rmtree(self.path, ignore_errors=True)
+            for _ in range(REMOVE_TRIES):
+                shutil.rmtree(self.path, ignore_errors=True)
+                if not os.path.lexists(self.path):
+                    break
+            else:
+                log.warning("%s could not be removed; the next run on this node removes it", self.path)
         self.release()
 
     def release(self) -> None:

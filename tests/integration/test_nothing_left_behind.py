@@ -55,3 +55,37 @@ def test_a_runs_report_outlives_the_next_run_in_a_shared_base(dataset, short_tmp
     r = monarch("report", first)
     assert r.returncode == 0 and "Monarch access report" in r.stdout, r.stderr
     assert left_in(base) == []
+
+
+def everything_in(top):
+    return sorted(os.path.join(d, n) for d, dirs, files in os.walk(top) for n in dirs + files)
+
+
+FAST_EXITS = 6  # most runs left copies behind before the fix: six of them leave some, as a rule
+
+
+@pytest.mark.parametrize("app", ["exit-at-once", "exit-at-once-slow-pfs", "read-some-then-exit"])
+def test_fast_exiting_runs_leave_no_copies(dataset, short_tmp, slow_pfs, app):
+    root = None
+    if app.startswith("exit-at-once"):  # a script crashing at import: the read-ahead of large files is under way
+        ds = dataset(files=40, size="2MiB")
+        code = "raise SystemExit(3)"
+        if app.endswith("slow-pfs"):  # the walk and the copies under way when the daemon closes
+            root = slow_pfs(ds.root, open_latency_ms=2, read_latency_ms=5, lookup_latency_ms=2).mountpoint
+    else:  # misses answered by the front door's and the stager's copies, then the exit
+        ds = dataset(files=300, size="64KiB")
+        code = ("import glob, sys\n"
+                f"for p in sorted(glob.glob({ds.root!r} + '/*/*.bin'))[::7]: open(p, 'rb').read()\n"
+                "raise SystemExit(3)")
+    cfg, base, ram = shared_base_config(short_tmp, root or ds.root)
+    for i in range(FAST_EXITS):
+        r = monarch("run", "-c", cfg, "--", sys.executable, "-c", code, timeout=120)
+        assert r.returncode == 3, r.stderr
+        # the launcher has waited for the daemon's exit: what is there now stays for ever
+        assert left_in(ram) == left_in(base) == [], f"run {i} left copies behind"
+    assert everything_in(ram) == [os.path.join(ram, f"monarch-{UID}")]
+    runs = [n for n in os.listdir(os.path.join(base, f"monarch-{UID}")) if n != "snapshots"]
+    assert len(runs) == FAST_EXITS  # their reports stay (the 20 newest)
+    for run in runs:
+        assert sorted(os.listdir(os.path.join(base, f"monarch-{UID}", run))) == \
+            [".monarch-run", "counters", "daemon.log", "report.json", "start.lock"]
