@@ -2,13 +2,14 @@
 holds a FIFO leave nothing in the tier bases but what ``keep: true`` and the finished
 runs' reports keep; and a run's report outlives the next run in a shared base."""
 
+import json
 import os
 import re
 import sys
 
 import pytest
 
-from monarch.testing.harness import load, monarch
+from monarch.testing.harness import load, monarch, monarch_env
 
 pytestmark = pytest.mark.integration
 
@@ -89,3 +90,74 @@ def test_fast_exiting_runs_leave_no_copies(dataset, short_tmp, slow_pfs, app):
     for run in runs:
         assert sorted(os.listdir(os.path.join(base, f"monarch-{UID}", run))) == \
             [".monarch-run", "counters", "daemon.log", "report.json", "start.lock"]
+
+
+# After the snapshot, a file of the dataset becomes a FIFO: another process, not under the
+# shim (another user who may write the directory), swaps it. The application opens it through
+# the shim as a FIFO allows without a writer (O_NONBLOCK: the PFS behaviour), which asks the
+# daemon for it first, then reads the other files and checks their bytes.
+SWAP_FOR_FIFO = """
+import json, os, subprocess, sys, time
+from monarch.workload import digest
+root, manifest, victim = sys.argv[1:4]
+deadline = time.monotonic() + 60
+while not os.path.exists(os.environ["MONARCH_INDEX"]):  # the snapshot is taken (the file in it)
+    assert time.monotonic() < deadline, "no snapshot"
+    time.sleep(0.01)
+path = os.path.join(root, victim)
+swap = f"import os; os.unlink({path!r}); os.mkfifo({path!r}, 0o600)"
+subprocess.run([sys.executable, "-c", swap], env=dict(os.environ, LD_PRELOAD="", MONARCH_DISABLE="1"), check=True)
+print("daemon", open(os.path.join(os.path.dirname(os.environ["MONARCH_SOCKET"]), "daemon.pid")).read().strip())
+sys.stdout.flush()
+fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+os.close(fd)
+files = json.load(open(manifest))["files"]
+for rel, entry in files.items():
+    if rel != victim:
+        with open(os.path.join(root, rel), "rb") as f:
+            assert digest(f.read()) == entry["xxh64"], rel
+print("read", len(files) - 1)
+"""
+
+
+def exited(pid, timeout=60.0):
+    """Wait (bounded) for the daemon ``pid`` to exit; kill it if it does not (this test's
+    run started it), and say whether it exited by itself."""
+    import signal
+    import time
+
+    def alive():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0] != "Z"
+        except OSError:
+            return False
+    deadline = time.monotonic() + timeout
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not alive():
+        return True
+    os.kill(pid, signal.SIGKILL)
+    return False
+
+
+@pytest.mark.parametrize("door", ["front-door", "python-stager"])
+def test_a_fifo_swapped_into_the_dataset_neither_blocks_the_daemon_nor_its_exit(dataset, short_tmp, door):
+    ds = dataset(files=30, size="8KiB")
+    victim = sorted(ds.files)[3]
+    cfg, base, ram = shared_base_config(short_tmp, ds.root, policy="on-access")
+    env = monarch_env(MONARCH_FRONT_DOOR="1" if door == "front-door" else "0")
+    report = os.path.join(short_tmp, "r.json")
+    r = monarch("run", "-c", cfg, "--report", report, "--", sys.executable, "-c", SWAP_FOR_FIFO,
+                ds.root, ds.manifest, victim, env=env, timeout=180)
+    daemon = re.search(r"^daemon (\d+)$", r.stdout, re.M)
+    assert daemon is not None, r.stderr
+    assert exited(int(daemon.group(1))), "the daemon did not exit (blocked opening the FIFO)"
+    assert r.returncode == 0, r.stderr
+    assert "read 29" in r.stdout
+    rep = load(report)
+    # the FIFO was refused as a source (counted), never copied; the others were staged
+    assert rep["staging"]["failures"] == {"changed_since_snapshot": 1}, json.dumps(rep, indent=1)
+    assert rep["staging"]["files"] == 29
+    assert (rep["front_door"] is not None) == (door == "front-door")
+    assert left_in(ram) == left_in(base) == []
