@@ -15,9 +15,18 @@ inside it.
   only by a run of the same dataset, and only after its size and mtime match the snapshot.
   One run uses a kept directory at a time (a lock); a second one stages privately.
 
-Each directory made for a run holds a marker (its pid, process start time and host). A
-directory whose marker names a process that is gone is a crashed run's left-over: the
-next run that finds it removes it. Nothing without a marker is ever removed.
+Each directory made for a run holds a marker (its pid, process start time, host and kind:
+``run`` or ``tier``). The two kinds may share a base (the shipped defaults put ``run_dir``
+and the SSD tier in ``${TMPDIR:-/tmp}``) and are cleaned up differently:
+
+- a tier directory whose marker names a process that is gone is a crashed run's left-over:
+  the next run that makes a tier there removes it (``remove_leftovers``);
+- a finished run directory is the run's record (daemon log, report): only the
+  ``KEEP_FINISHED_RUNS`` newest are kept (``prune_finished_runs``).
+
+A marker written before markers had a kind is told by the directory's name
+(``<run>-node<N>``: a run; ``<run>-node<N>-<hex>``: a tier). Nothing without a marker is
+ever removed.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import time
@@ -39,6 +49,7 @@ log = logging.getLogger(__name__)
 
 MARKER = ".monarch-run"
 KEEP_LOCK = ".monarch-keep.lock"
+REMOVE_TRIES = 5  # a private directory still written into while removed (ENOTEMPTY) is removed again
 
 
 def _process_start(pid: int) -> float | None:
@@ -53,20 +64,44 @@ def _process_start(pid: int) -> float | None:
         return None
 
 
-def write_marker(directory: str, run_id: str) -> None:
+KIND_RUN = "run"    # a run directory: socket, counters, daemon log, report
+KIND_TIER = "tier"  # a tier's (or the peer area's) private directory of copies
+_RUN_NAME = re.compile(r".+-node\d+")              # <run id>-node<N>
+_TIER_NAME = re.compile(r".+-node\d+-[0-9a-f]+")   # <run id>-node<N>-<random>
+
+
+def write_marker(directory: str, run_id: str, kind: str) -> None:
     me = os.getpid()
     write_file_atomically(os.path.join(directory, MARKER), json.dumps(
         {"pid": me, "started": _process_start(me), "host": socket.gethostname(), "run": run_id,
-         "created": time.time()}).encode())
+         "kind": kind, "created": time.time()}).encode())
 
 
-def _marker_owner_alive(directory: str) -> bool | None:
-    """True/False for a marked directory (is its maker still running?); None: no valid marker."""
+def _read_marker(directory: str) -> dict | None:
     try:
         with open(os.path.join(directory, MARKER), "rb") as f:
             marker = json.loads(f.read(4096))
+        return marker if isinstance(marker, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _kind(directory: str, marker: dict) -> str | None:
+    """What a marked directory is: its marker says; an older marker, its name (None: neither)."""
+    kind = marker.get("kind")
+    if kind in (KIND_RUN, KIND_TIER):
+        return kind
+    name = os.path.basename(directory)
+    if _TIER_NAME.fullmatch(name):  # before the run pattern: a tier's name matches both
+        return KIND_TIER
+    return KIND_RUN if _RUN_NAME.fullmatch(name) else None
+
+
+def _owner_alive(marker: dict) -> bool | None:
+    """Is the maker of a marked directory still running? None: the marker is not valid."""
+    try:
         pid, started, host = int(marker["pid"]), marker.get("started"), str(marker["host"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
         return None
     if host != socket.gethostname():
         return True  # another host's directory on a shared base: not ours to judge
@@ -76,21 +111,27 @@ def _marker_owner_alive(directory: str) -> bool | None:
     return started is None or abs(now - float(started)) < 1.0  # else the pid was reused
 
 
-def _finished(parent: str, skip: str | None = None) -> list[str]:
-    """The directories in ``parent`` (not ``skip``, no symlink) whose marker names a process
-    that is gone."""
+def _finished(parent: str, kind: str, skip: str | None = None) -> list[str]:
+    """The directories of ``kind`` in ``parent`` (not ``skip``, no symlink) whose marker names
+    a process that is gone."""
     try:
         names = os.listdir(parent)
     except OSError:
         return []
-    paths = (os.path.join(parent, name) for name in names)
-    return [p for p in paths if p != skip and not os.path.islink(p) and os.path.isdir(p)
-            and _marker_owner_alive(p) is False]
+    found = []
+    for path in (os.path.join(parent, name) for name in names):
+        if path == skip or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        marker = _read_marker(path)
+        if marker is not None and _kind(path, marker) == kind and _owner_alive(marker) is False:
+            found.append(path)
+    return found
 
 
 def remove_leftovers(parent: str, keep: str | None = None) -> list[str]:
-    """Remove directories in ``parent`` whose marker names a process that is gone."""
-    removed = _finished(parent, keep)
+    """Remove the tier directories in ``parent`` whose marker names a process that is gone
+    (never a run directory: a finished run's report stays, see ``prune_finished_runs``)."""
+    removed = _finished(parent, KIND_TIER, keep)
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
         log.info("removed %s: left by a run that is gone", path)
@@ -104,7 +145,7 @@ def prune_finished_runs(parent: str, keep: int = KEEP_FINISHED_RUNS, spare: str 
     """Remove all but the ``keep`` newest finished run directories in ``parent`` (marked, their
     daemon gone; newest by marker time), never ``spare``; the removed paths."""
     finished = []
-    for path in _finished(parent, spare):
+    for path in _finished(parent, KIND_RUN, spare):
         try:
             finished.append((os.stat(os.path.join(path, MARKER)).st_mtime, path))
         except OSError:
@@ -150,7 +191,11 @@ class StorageDir:
             if kept is not None:
                 return kept
         path = new_private_dir(parent, f"{run_id}-node{node}-")
-        write_marker(path, run_id)
+        try:
+            write_marker(path, run_id, KIND_TIER)
+        except BaseException:  # ENOSPC, say: an unmarked directory would never be cleaned up
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         return cls(path, kept=False)
 
     @classmethod
@@ -169,9 +214,17 @@ class StorageDir:
         check_private_dir(self.path)
 
     def remove(self) -> None:
-        """Delete a private directory (the run's own); a kept one is only unlocked."""
+        """Delete a private directory (the run's own); a kept one is only unlocked. Called
+        once every copy into it has stopped (``NodeDaemon.close``); should one still be
+        writing (a PFS read that never returned), the removal is tried again: once the
+        directory is gone, nothing re-creates it (``tiers.make_dirs_below``)."""
         if not self.kept:
-            shutil.rmtree(self.path, ignore_errors=True)
+            for _ in range(REMOVE_TRIES):
+                shutil.rmtree(self.path, ignore_errors=True)
+                if not os.path.lexists(self.path):
+                    break
+            else:
+                log.warning("%s could not be removed; the next run on this node removes it", self.path)
         self.release()
 
     def release(self) -> None:

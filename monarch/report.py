@@ -236,10 +236,11 @@ def session_delta(end: dict, start: dict) -> dict:
 
 
 def write_report(report: dict, path: str) -> None:
-    """Write the report through a fresh temporary name (never through a planted symlink)."""
+    """Write the report through a fresh temporary name (never through a planted symlink),
+    readable by its owner only, like everything else of the run (its paths, its command)."""
     from monarch.secure import write_file_atomically
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    write_file_atomically(path, (json.dumps(report, indent=2) + "\n").encode(), mode=0o644)
+    write_file_atomically(path, (json.dumps(report, indent=2) + "\n").encode(), mode=0o600)
 
 
 def load_report(path: str) -> dict:

@@ -38,12 +38,13 @@ img.plot { width: 100%; max-width: 60em; display: block; margin: 0.5em 0; }
 
 
 def write_html(report: dict, path: str) -> None:
-    """Write the page through a fresh temporary name (never through a planted symlink)."""
+    """Write the page through a fresh temporary name (never through a planted symlink),
+    readable by its owner only (as the JSON report)."""
     from monarch.secure import write_file_atomically
     page = render_html(report).encode()
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        write_file_atomically(path, page, mode=0o644)
+        write_file_atomically(path, page, mode=0o600)
     except OSError as e:
         raise MonarchError(f"html report {path}: cannot write it: {e.strerror}; choose another path") from None
 

@@ -444,7 +444,9 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     if (q0 < 0)
         getrusage(RUSAGE_THREAD, &ru0);
     int64_t t0 = now_ns();
-    int in = open(src, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO swapped in for the file (by anyone who may write its directory)
+     * opens at once instead of blocking this thread, and the daemon's exit, for ever */
+    int in = open(src, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (in < 0)
         return -1;
     struct stat st;
@@ -452,6 +454,11 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
         (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != f->mtime) {
         close(in);
         return -2;                     /* changed since the snapshot: Python finds it and says so */
+    }
+    int fl = fcntl(in, F_GETFL);       /* a regular file: read as any reader would */
+    if (fl < 0 || fcntl(in, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        close(in);
+        return -1;
     }
     uint64_t n = 0, cap = f->size + 1;  /* one byte more: a file that grew is seen */
     for (;;) {

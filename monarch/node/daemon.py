@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 
 from monarch import frontdoor, layout, protocol
 from monarch.config import Config, TierConfig
@@ -39,6 +40,11 @@ from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_d
 from monarch.timeline import Sampler, Timeline
 
 log = logging.getLogger(__name__)
+
+# at close, copies under way stop at their next read (a chunk, a range: well under this);
+# one that does not (a PFS read that never returns) is not waited for beyond it
+CLOSE_DRAIN_SECONDS = 30.0
+
 
 
 class NodeDaemon:
@@ -65,11 +71,12 @@ class NodeDaemon:
         self._meta_off_logged: set[str] = set()
         self._link_targets: dict[str, list[str]] | None = None  # see _links_into
         self._door: FrontDoor | None = None  # the server's C front door (make_front_door)
+        self._stagers: "weakref.WeakSet[Stager]" = weakref.WeakSet()  # every stager made: close() drains them
         self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
         # the run directory is this instance's from here (a live one refused); a dead one's
         # index, counters and socket are gone before anything of this one is published
         self.instance = Instance(self.run_dir)
-        layout.write_marker(self.run_dir, run_id)
+        layout.write_marker(self.run_dir, run_id, layout.KIND_RUN)
         layout.prune_finished_runs(os.path.dirname(self.run_dir), spare=self.run_dir)
         protocol.create_counters(self.counters_path)
         self.tier_errors: dict[str, str] = {}
@@ -99,8 +106,16 @@ class NodeDaemon:
 
     # -- the snapshot, and everything that needs it --------------------------------------
     def _make_stager(self, snapshot: Snapshot) -> Stager:
-        return Stager(snapshot, self.tiers, self.config.staging.threads, peers=self._peers,
-                      peer_area=self.peer_area, on_fallback=self.count)
+        """A stager on ``snapshot``, known to ``close`` (which stops and drains every one,
+        the walk's streaming one included, before the tiers go)."""
+        stager = Stager(snapshot, self.tiers, self.config.staging.threads, peers=self._peers,
+                        peer_area=self.peer_area, on_fallback=self.count)
+        with self._lock:
+            self._stagers.add(stager)
+            closing = self.gate.closing
+        if closing:  # made after close() took its list: it never copies
+            stager.shutdown()
+        return stager
 
     # -- the C front door (monarch.frontdoor), if the server has one ---------------------------
     def make_front_door(self, listen_fd: int) -> FrontDoor | None:
@@ -488,12 +503,26 @@ class NodeDaemon:
     def close(self) -> None:
         """Stop staging and remove what the run asked not to keep. The run directory keeps
         the daemon's log and the report; the index (as large as the dataset's names) goes.
-        A walk still under way is left to end on its own; nothing it finds is used."""
-        with self.gate.lock:
+        A walk still under way is left to end on its own; nothing it finds is used.
+
+        Every copy into the tiers stops before they are removed: the front door's (its
+        threads joined), the stagers' (the walk's streaming one included: their threads,
+        the askers copying inline, the ranges of large files; see ``Stager.drain``), the
+        decodes. Nothing re-creates a tier's directory after it went."""
+        with self.gate.lock, self._lock:
             self.gate.closing = True
+            stagers = list(self._stagers)
         self._sampler.stop()
-        self.stager.shutdown()
-        self.resolver.close()
+        if self._door is not None:
+            self._door.stop()  # no-op after the server's; joins the door's threads, copies and all
+        for stager in stagers:
+            stager.shutdown()
+        deadline = time.monotonic() + CLOSE_DRAIN_SECONDS
+        for stager in stagers:
+            if not stager.drain(max(0.0, deadline - time.monotonic())):
+                log.warning("a copy from the PFS did not stop within %.0f s of the daemon's close; "
+                            "the tiers are removed without it", CLOSE_DRAIN_SECONDS)
+        self.resolver.close()  # its decodes finish before the tiers go
         try:
             os.unlink(self.index_path)
         except OSError:

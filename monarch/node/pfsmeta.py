@@ -155,7 +155,8 @@ class DirFds:
         if d is None:
             return None
         try:
-            fd = os.open(self.snapshot.source_path(dkey), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            # O_NONBLOCK as for files (sources.PFSSource._open): whatever is swapped in, never a wait
+            fd = os.open(self.snapshot.source_path(dkey), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             return None
         try:

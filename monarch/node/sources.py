@@ -20,6 +20,7 @@ import abc
 import errno
 import logging
 import os
+import stat
 import threading
 import time
 from typing import Protocol
@@ -31,6 +32,7 @@ from monarch.node.snapshot import FileInfo, Snapshot
 log = logging.getLogger(__name__)
 
 CHUNK = 4 << 20  # bytes per read
+OPEN_SOURCE = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY  # see PFSSource._open
 
 # A large file is copied in ranges read at once, so that one file is not bound by the
 # latency of one read after another (a PFS serves a single stream far below its bandwidth).
@@ -78,11 +80,15 @@ class PFSSource(Source):
         self.dirs = DirFds(snapshot)
 
     def _open(self, key: str) -> tuple[int, bool]:
-        """The source's descriptor, and whether its attributes are fresh from the open."""
+        """The source's descriptor, and whether its attributes are fresh from the open.
+
+        Opened O_NONBLOCK: a FIFO (or a device) swapped in for the file opens at once
+        instead of blocking the copy, and the daemon's exit, for ever; ``copy`` refuses
+        anything but a regular file, and reads a regular one as any reader would."""
         with self.dirs.parent_of(key) as (dir_fd, name, fresh):
             if dir_fd is None:
-                return os.open(self.snapshot.source_path(key), os.O_RDONLY | os.O_CLOEXEC), False
-            return os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd), fresh
+                return os.open(self.snapshot.source_path(key), OPEN_SOURCE), False
+            return os.open(name, OPEN_SOURCE, dir_fd=dir_fd), fresh
 
     def forget(self, key: str) -> None:
         """The job changed ``key``: directory descriptors under it are opened afresh."""
@@ -94,8 +100,13 @@ class PFSSource(Source):
     def copy(self, key: str, info: FileInfo, out: int, tally: Tally) -> int:
         src, fresh = self._open(key)
         try:
-            if not info.same_content_as(checked_stat(src, fresh)):
+            st = checked_stat(src, fresh)
+            if not stat.S_ISREG(st.st_mode):
+                raise SourceChanged(errno.ESTALE, "no longer a regular file (a FIFO, a device?) since the dataset "
+                                                  "snapshot; it is read from the PFS")
+            if not info.same_content_as(st):
                 raise SourceChanged(errno.ESTALE, "the file changed since the dataset snapshot; it is read from the PFS")
+            os.set_blocking(src, True)
             tally.opened()
             if isinstance(out, int) and info.size >= LARGE:
                 n = _copy_ranges(src, out, info.size, tally)

@@ -47,7 +47,7 @@ from monarch.node.tiers import NO_SPACE, Tier, write_all, write_atomically
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Stager", "SourceChanged", "Invalidated"]
+__all__ = ["Stager", "SourceChanged", "Invalidated", "Closed"]
 
 SCAN_STEP = 512        # read-ahead keys examined per turn under the lock
 PEER_AHEAD = 8         # read-ahead copies from peers at once: an owner answers each within its timeout
@@ -65,6 +65,10 @@ def background_slots(limit: int) -> int:
 
 class Invalidated(Exception):
     """The job wrote to the key while it was being copied: the copy is dropped."""
+
+
+class Closed(Exception):
+    """The stager is shutting down: a copy under way stops at its next read, unpublished."""
 
 
 # -- order hints ---------------------------------------------------------------------------
@@ -98,8 +102,12 @@ class _SourceTally:
             self.stager.files_read[self.name] += 1
 
     def read(self, nbytes: int) -> None:
+        """Counted; then a copy under way stops here if the stager is shutting down (every
+        source reads through this, the ranges of a large file included)."""
         with self.stager._lock:
             self.stager.bytes_read[self.name] += nbytes
+            if self.stager._closed:
+                raise Closed()
 
 
 class Stager:
@@ -166,6 +174,10 @@ class Stager:
         mean past that at once, and the copies go back to the threads."""
         with self._lock:
             tier = self.staged.get(key)
+            if self._closed:  # shutting down: no new copy (what is staged may still be answered)
+                done: Future = Future()
+                done.set_result(tier)
+                return done
             flight = self._flights.get(key)
             if flight is not None:
                 if not flight.running:
@@ -175,7 +187,7 @@ class Stager:
             if tier is not None or key in self._unstageable or key in self._no_room or self._is_dirty(key):
                 if key in self._no_room and tier is None:
                     pass  # counted when it first did not fit
-                done: Future = Future()
+                done = Future()
                 done.set_result(tier)
                 return done
             flight = self._flights[key] = _Flight()
@@ -341,6 +353,8 @@ class Stager:
                 self._peer_ahead -= flight.peer_only
                 self._flights.pop(key, None)
                 self.concurrency.completed(time.monotonic() - t0)
+                if self._closed and not self._running:
+                    self._cv.notify_all()  # drain() waits for this
         flight.future.set_result(tier)  # callbacks run here, outside the lock
 
     def _next_locked(self) -> tuple[str | None, bool]:
@@ -438,6 +452,8 @@ class Stager:
     def _stage(self, key: str, peer_only: bool = False) -> Tier | None:
         try:
             return self._copy(key, peer_only)
+        except Closed:  # stopped by shutdown(): not a failure of the file
+            return None
         except Invalidated:
             with self._lock:
                 self.failures["written_by_job"] += 1
@@ -545,7 +561,8 @@ class Stager:
             dest = tier.compressed_path_for(key) if frame is not None else tier.path_for(key)
             try:
                 n = write_atomically(dest, fill, info.mtime_ns, owner_only(info.mode),
-                                     publish=lambda tmp, d, t=tier, z=frame is not None: self._publish(key, t, tmp, d, z))
+                                     publish=lambda tmp, d, t=tier, z=frame is not None: self._publish(key, t, tmp, d, z),
+                                     root=tier.path)
             except OSError as e:
                 tier.release(stored)
                 if e.errno in NO_SPACE:
@@ -574,6 +591,8 @@ class Stager:
 
     def _publish(self, key: str, tier: Tier, tmp: str, dest: str, compressed: bool = False) -> None:
         with self._lock:  # invalidate() holds it too: a copy never appears after a write
+            if self._closed:  # nor after shutdown(): the tier's directory is about to go
+                raise Closed()
             if self._is_dirty(key):
                 raise Invalidated(key)
             os.replace(tmp, dest)
@@ -667,6 +686,8 @@ class Stager:
                 o.cursor >= len(o.keys) or o.blocked for o in self._orders.values())
 
     def shutdown(self) -> None:
+        """Stop: nothing new starts, queued copies are cancelled, copies under way stop at
+        their next read and publish nothing. Returns at once: ``drain`` waits for them."""
         with self._lock:
             self._closed = True
             flights = [f for f in self._flights.values() if not f.running]
@@ -678,6 +699,20 @@ class Stager:
         for f in flights:
             f.future.cancel()
         self.pfs.close()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """After ``shutdown``: wait until no copy is under way (on a staging thread, inline
+        in an asker, or the ranges of a large file), so that the tiers' directories can be
+        removed with nothing writing into them. False if some were still running at
+        ``timeout`` (a PFS read that does not return)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._running:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(left)
+            return True
 
     def stats(self) -> dict:
         with self._lock:

@@ -63,6 +63,14 @@ class Tier:
                     memory_margin: int | None = None, pfs_rate=lambda: None, dataset_bytes=lambda: 0) -> "Tier":
         """The tier of ``cfg``; in memory (tmpfs, ramfs) it keeps ``memory_margin`` bytes free."""
         storage = StorageDir.create(cfg.path, run_id, node, keep_name=cfg.name if cfg.keep else None, roots=roots)
+        try:
+            return cls._on(storage, cfg, slot, memory_margin, pfs_rate)
+        except BaseException:  # the tier is not used: its directory does not stay
+            storage.remove()
+            raise
+
+    @classmethod
+    def _on(cls, storage: StorageDir, cfg: TierConfig, slot: int, memory_margin: int | None, pfs_rate) -> "Tier":
         in_memory = is_memory_backed(storage.path)
         capacity, note = cfg.capacity, ""
         if cfg.capacity_share is not None:
@@ -297,7 +305,7 @@ class DecodedFiles:
                 return False
         try:
             write_atomically(self.path_for(key), lambda fd: write_all(fd, data), info.mtime_ns, owner_only(info.mode),
-                             publish=lambda tmp, dest: self._publish(key, size, token, tmp, dest))
+                             publish=lambda tmp, dest: self._publish(key, size, token, tmp, dest), root=self.root)
         except _NotKept:
             return False
         except OSError as e:  # a full filesystem, say: the file is served from a memfd
@@ -365,22 +373,39 @@ def write_all(fd: int, data) -> int:
     return done
 
 
+def make_dirs_below(root: str, directory: str) -> None:
+    """Create ``directory`` and its missing parents (0700), but never ``root`` (a tier's
+    directory) or anything above it: after a tier is torn down, a copy still under way
+    finds no ``root`` (FileNotFoundError) and re-creates nothing."""
+    rel = os.path.relpath(directory, root)
+    if rel == "." or rel.startswith(".." + os.sep) or rel == ".." or os.path.isabs(rel):
+        raise FileNotFoundError(errno.ENOENT, "not below the tier's directory", directory)
+    path = root
+    for part in rel.split(os.sep):
+        path = os.path.join(path, part)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+
+
 def write_atomically(dest: str, fill: Callable[[int], int], mtime_ns: int, mode: int = 0o600,
-                     publish: Callable[[str, str], None] = os.replace) -> int:
+                     publish: Callable[[str, str], None] = os.replace, *, root: str) -> int:
     """Create ``dest`` through a fresh temporary name in its directory, then rename it in place.
 
     ``fill(fd)`` writes the temporary file and returns the bytes written. The copy gets
     the source's mtime (a kept tier is checked against the next snapshot by it) and
     ``mode``. A reader sees the whole file or none of it; the temporary name is short, so a
     255-byte name still fits NAME_MAX. ``publish(tmp, dest)`` renames it into place (the
-    stager's checks that the key is still wanted go there).
+    stager's checks that the key is still wanted go there). Missing directories are made
+    below ``root``, the tier's directory, never ``root`` itself (``make_dirs_below``).
     """
     directory = os.path.dirname(dest)
     tmp = os.path.join(directory, f"{TMP_PREFIX}{secrets.token_hex(8)}")
     try:
         fd = create_exclusive(tmp, mode)
     except FileNotFoundError:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        make_dirs_below(root, directory)
         fd = create_exclusive(tmp, mode)
     try:
         try:

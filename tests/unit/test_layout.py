@@ -48,3 +48,46 @@ def test_the_current_run_is_spared(tmp_path):
     _marked(tmp_path, "newer-node0", dead, 2)
     assert layout.prune_finished_runs(str(tmp_path), keep=0, spare=str(mine)) == [str(tmp_path / "newer-node0")]
     assert mine.exists()
+
+
+def _made(parent, name, kind, when):
+    """A directory of ``kind`` marked by a process that is gone."""
+    path = _marked(parent, name, _dead_pid(), when)
+    marker = json.loads((path / layout.MARKER).read_text())
+    (path / layout.MARKER).write_text(json.dumps(marker | {"kind": kind}))
+    os.utime(path / layout.MARKER, (when, when))
+    return path
+
+
+def test_tier_clean_up_leaves_finished_runs_in_a_shared_base(tmp_path):
+    # the shipped defaults: run_dir and the SSD tier share ${TMPDIR:-/tmp}
+    run = _made(tmp_path, "run-a-node0", "run", 1_000_000)
+    tier = _made(tmp_path, "run-a-node0-0123abcd", "tier", 1_000_000)
+    old_run = _marked(tmp_path, "run-b-node0", _dead_pid(), 1_000_001)         # a marker without a kind:
+    old_tier = _marked(tmp_path, "run-b-node0-89abcdef", _dead_pid(), 1_000_001)  # told by the name
+    assert sorted(layout.remove_leftovers(str(tmp_path))) == sorted([str(tier), str(old_tier)])
+    assert run.exists() and old_run.exists() and (run / "report.json").exists()
+    assert layout.prune_finished_runs(str(tmp_path), keep=20) == []  # only runs are pruned, to 20
+    assert run.exists() and old_run.exists()
+
+
+def test_more_than_twenty_finished_runs_prune_to_the_twenty_newest_and_no_tier_counts(tmp_path):
+    runs = [_made(tmp_path, f"r{i:02d}-node0", "run", 1_000_000 + i) for i in range(23)]
+    tier = _made(tmp_path, "r99-node0-00ff00ff", "tier", 2_000_000)  # newest, but not a run
+    removed = layout.prune_finished_runs(str(tmp_path))
+    assert sorted(removed) == sorted(str(p) for p in runs[:3])
+    assert sum(p.exists() for p in runs) == layout.KEEP_FINISHED_RUNS == 20
+    assert tier.exists()  # a tier's left-over goes with remove_leftovers, not here
+
+
+def test_a_tier_directory_whose_marker_cannot_be_written_is_removed(tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    def no_space(*args, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(layout, "write_marker", no_space)
+    with pytest.raises(OSError):
+        layout.StorageDir.create(str(tmp_path), "run-x", 0)
+    assert os.listdir(tmp_path / f"monarch-{os.getuid()}") == []  # no unmarked <run>-node0-<rand> left

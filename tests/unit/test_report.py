@@ -1,6 +1,8 @@
 """The report from hand-made node statistics: honest figures when some bytes were not counted."""
 
 import io
+import os
+import stat
 import json
 
 import pytest
@@ -193,3 +195,15 @@ def test_peer_bytes_on_the_wire_are_summed_and_printed():
     raw = build_report([node({"pfs": {"opens": 1, "bytes": 1, "opens_uncounted": 0}}) | {"peer": dict(
         peer, wire_bytes_received=30 * MiB)}], JOB)
     assert "on the wire" not in text(raw)
+
+
+def test_the_report_is_readable_by_its_owner_only(tmp_path):
+    from monarch.report import write_report
+    old = os.umask(0o022)  # a usual umask: the mode must not depend on it
+    try:
+        path = tmp_path / "out" / "report.json"
+        write_report(build_report([node({"pfs": {"opens": 1, "bytes": 1, "opens_uncounted": 0}})], JOB), str(path))
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert load_report(str(path))["schema"] == SCHEMA
+    finally:
+        os.umask(old)

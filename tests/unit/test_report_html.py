@@ -106,3 +106,14 @@ def test_a_browser_renders_it(tmp_path):
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1000,1800",
                     f"--screenshot={shot}", out.as_uri()], capture_output=True, timeout=100, cwd=tmp_path)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_the_page_is_readable_by_its_owner_only(tmp_path):
+    import os
+    import stat
+    old = os.umask(0o022)
+    try:
+        _, out = render(tmp_path, build_report([node_stats(0)], {"job_id": "j", "config": "c"}))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600

@@ -117,3 +117,31 @@ def test_a_small_file_is_one_stream_into_a_buffer(tmp_path):
     assert source.copy("0/f", snap.files["0/f"], buf, CountingTally()) == len(data)
     assert buf.getvalue() == data
     source.close()
+
+
+def test_a_fifo_swapped_in_for_a_file_is_refused_without_blocking(tmp_path):
+    import threading
+    root = tmp_path / "ds"
+    root.mkdir()
+    (root / "a.bin").write_bytes(b"x" * 100)
+    snap = take_snapshot((str(root),))
+    os.unlink(root / "a.bin")
+    os.mkfifo(root / "a.bin", 0o600)  # no writer: a blocking open of it never returns
+    source = PFSSource(snap)
+    tally, outcome = CountingTally(), []
+
+    def copy():
+        try:
+            source.copy("0/a.bin", snap.files["0/a.bin"], io.BytesIO(), tally)
+        except SourceChanged as e:
+            outcome.append(e)
+    t = threading.Thread(target=copy, daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():  # blocked in open(): let it go before failing
+        os.close(os.open(root / "a.bin", os.O_WRONLY | os.O_NONBLOCK))
+        t.join(5)
+        pytest.fail("the copy blocked opening a FIFO")
+    source.close()
+    assert len(outcome) == 1 and "regular file" in str(outcome[0])
+    assert (tally.files, tally.bytes) == (0, 0)

@@ -488,3 +488,37 @@ def test_small_files_from_a_fast_pfs_are_copied_by_the_asker(tmp_path, dataset):
     stager._read_pfs = lambda key, out: (who.append(threading.current_thread()), real(key, out))[1]
     stager.ensure(keys[7], inline=True).result(timeout=10)
     assert who[-1] is not me  # ... and the next copy goes to a thread
+
+
+def test_a_copy_never_recreates_a_torn_down_tier(tmp_path, dataset):
+    (t,) = tiers(tmp_path, 10**6)
+    stager = Stager(dataset, [t], threads=1)
+    t.remove()  # torn down while a copy was about to start (before the fix: os.makedirs made it again)
+    assert stager.ensure("0/d0/f0.bin").result(timeout=10) is None
+    assert not os.path.exists(t.path)  # neither the tier's directory nor anything below it
+
+
+def test_shutdown_stops_ranged_copies_and_drain_waits_for_them(tmp_path, monkeypatch):
+    from monarch import sources
+    root = tmp_path / "pfs"
+    make_files(root, [4 << 20] * 3)
+    snap = take_snapshot((str(root),))
+    monkeypatch.setattr(sources, "LARGE", 1 << 20)  # copied in ranges, by several threads
+    monkeypatch.setattr(sources, "RANGE", 128 << 10)
+    write_at = sources._write_at
+    monkeypatch.setattr(sources, "_write_at", lambda *a: (time.sleep(0.02), write_at(*a)))  # a slow tier
+    (t,) = tiers(tmp_path, 10**9)
+    stager = Stager(snap, [t], threads=3)
+    stager.read_ahead(sorted(snap.files))
+    deadline = time.monotonic() + 30
+    while not any(n.startswith(TMP_PREFIX) for _, _, names in os.walk(t.path) for n in names):
+        assert time.monotonic() < deadline, "no copy started"
+        time.sleep(0.005)
+    stager.shutdown()
+    assert stager.drain(30)  # every copy stopped at its next read: none is under way
+    assert stager.in_flight() == 0 and stager.stats()["files"] == 0  # nothing published after shutdown
+    assert sources._range_readers._value == 16  # every range reader returned
+    t.remove()
+    time.sleep(0.2)
+    assert not os.path.exists(t.path)
+    assert stager.ensure(sorted(snap.files)[0]).result(timeout=1) is None  # nothing new starts
