@@ -118,7 +118,9 @@ KEYS: tuple[Key, ...] = (
         lambda r, v, k: r.roots(v, k)),
     Key("run_dir", "path (base directory)", "${TMPDIR:-/tmp}",
         "base directory of the run's own files on this node: socket, counters, daemon log, report "
-        "(the 20 newest finished runs are kept)",
+        "(the 20 newest finished runs are kept, even in a base shared with a tier); a run and a fast-exiting "
+        "run leave nothing else in it, in `/dev/shm` or in the tier bases, but what `keep: true` keeps; "
+        "a killed run's copies go when its launcher sees the daemon die, or with the next run",
         lambda r, v, k: r.path(v, k)),
     Key("tiers[].name", "name", REQUIRED, "the tier's name in the report (not `pfs` or `peer`)",
         _tier_name, shipped=("ram", "ssd")),

@@ -499,7 +499,7 @@ def test_a_copy_never_recreates_a_torn_down_tier(tmp_path, dataset):
 
 
 def test_shutdown_stops_ranged_copies_and_drain_waits_for_them(tmp_path, monkeypatch):
-    from monarch import sources
+    from monarch.node import sources
     root = tmp_path / "pfs"
     make_files(root, [4 << 20] * 3)
     snap = take_snapshot((str(root),))
