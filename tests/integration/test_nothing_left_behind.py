@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from support.harness import load, monarch, monarch_env
+from support.harness import load, make_bases, monarch, monarch_env
 
 pytestmark = pytest.mark.integration
 
@@ -30,6 +30,7 @@ tiers:
 peer: {{path: "{base}", capacity: 1GiB}}
 staging: {{policy: {policy}, threads: {threads}}}
 """)
+    make_bases(path)  # as its user would: Monarch makes only its own monarch-<uid> inside a base
     return path, base, ram
 
 
@@ -87,9 +88,10 @@ def test_fast_exiting_runs_leave_no_copies(dataset, short_tmp, slow_pfs, app):
     assert everything_in(ram) == [os.path.join(ram, f"monarch-{UID}")]
     runs = [n for n in os.listdir(os.path.join(base, f"monarch-{UID}")) if n != "snapshots"]
     assert len(runs) == FAST_EXITS  # their reports stay (the 20 newest)
-    for run in runs:
-        assert sorted(os.listdir(os.path.join(base, f"monarch-{UID}", run))) == \
-            [".monarch-run", "counters", "daemon.log", "report.json", "start.lock"]
+    for run in runs:  # what a finished run keeps: its log, report and counters (the instance's: counters-<id>)
+        kept = sorted(os.listdir(os.path.join(base, f"monarch-{UID}", run)))
+        assert [re.sub(r"^counters-\w+$", "counters-<id>", n) for n in kept] == \
+            [".monarch-run", "counters-<id>", "daemon.lock", "daemon.log", "report.json", "start.lock"]
 
 
 # After the snapshot, a file of the dataset becomes a FIFO: another process, not under the
