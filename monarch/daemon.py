@@ -128,6 +128,8 @@ class NodeDaemon:
         log.debug("phase tiers.ready")
         self.peer_area = None
         self._peers = None
+        self.layout = None  # a cluster's layout (monarch/cluster/capacity.py), once the snapshot is shared
+        self.peer_cache = None  # sharded: other nodes' files (monarch/peer_cache.py)
         if cluster is not None:
             self.peer_area = self._make_tier(TierConfig("peer", config.peer.path, config.peer.capacity),
                                              protocol.SLOT_PEER)
@@ -149,8 +151,37 @@ class NodeDaemon:
 
     # -- the snapshot, and everything that needs it --------------------------------------
     def _make_stager(self, snapshot: Snapshot) -> Stager:
+        if self._sharded():  # the stager keeps this node's share; others' files go through the peer cache
+            return Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self.count)
         return Stager(snapshot, self.tiers, self.config.staging.threads, peers=self._peers,
                       peer_area=self.peer_area, on_fallback=self.count)
+
+    # -- a cluster's layout (issue 20; see monarch/cluster/capacity.py) -----------------------
+    def _sharded(self) -> bool:
+        return self.layout is not None and self.layout.mode == "shard"
+
+    def _plan_cluster(self, snap: Snapshot) -> None:
+        """Collective, once the snapshot is shared: exchange capacities, decide replicate or
+        shard, set the placement; sharded, the peer area becomes an evicting cache."""
+        from monarch.cluster import capacity
+        from monarch.peer_cache import PeerCache
+        tiers = sum(t.capacity for t in self.tiers)
+        peer = self.peer_area.capacity if self.peer_area is not None else 0
+        self.layout = capacity.plan(self.cluster, snap.files, tiers, peer)
+        if self.layout.mode == "shard":
+            self.cluster.serve_threads = max(self.cluster.serve_threads, 32)  # every other node asks this one
+            self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
+
+    def _cluster_stats(self) -> dict:
+        if self.layout is None:
+            return {}
+        staged = self.stager.staged.copy()
+        mine = [k for k in staged if self.owns(k)]
+        return {"mode": self.layout.mode, "why": self.layout.why, "owned_files": self.layout.owned["files"],
+                "owned_bytes": self.layout.owned["bytes"], "owned_staged_files": len(mine),
+                "owned_staged_bytes": sum(self.snapshot.files[k].size for k in mine if k in self.snapshot.files),
+                "capacities": self.layout.capacities,
+                "peer_cache": self.peer_cache.stats() if self.peer_cache is not None else None}
 
     # -- the C front door (monarch.frontdoor), if the server has one ---------------------------
     def make_front_door(self, listen_fd: int) -> FrontDoor | None:
@@ -257,10 +288,10 @@ class NodeDaemon:
             if self.cluster is not None:
                 self.cluster.start(self.provide)
             if self.config.staging.policy in ("read-ahead", "prestage"):
-                # this node's own files from the PFS first, then the others' from their owners
+                # this node's own files from the PFS first, then (replicated) the others' from their owners
                 keys = sorted(self.snapshot.files)
-                self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)),
-                                                       (k for k in keys if not self.owns(k))))
+                others = () if self._sharded() else (k for k in keys if not self.owns(k))
+                self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)), others))
         except Exception:
             log.exception("starting the read-ahead failed; files are staged as they are opened")
         while True:
@@ -364,6 +395,7 @@ class NodeDaemon:
         snap, self.snapshot_how = take() if self.cluster is None else self.cluster.share(take)
         if self.cluster is not None:
             snap = snap.with_local_devices()
+            self._plan_cluster(snap)
         self.snapshot_seconds = time.perf_counter() - t0
         log.info("snapshot (%s): %d files, %d directories, %d bytes in %.2fs", self.snapshot_how, len(snap.files),
                  len(snap.dirs), snap.total_bytes, self.snapshot_seconds)
@@ -463,6 +495,9 @@ class NodeDaemon:
             done(PFS, "pfs:changed_since_snapshot")
 
     def _resolve_staged(self, key: str, done) -> None:
+        if self.peer_cache is not None and not self.owns(key):  # sharded: from its owner, never the PFS here
+            self.peer_cache.resolve(key, done)
+            return
         tier = self.stager.where(key)
         if tier is not None:
             self._serve(key, tier, _already(tier), done)
@@ -599,7 +634,7 @@ class NodeDaemon:
         """A peer asks for a key this node owns: the local path once staged; for a compressed
         copy its frame as stored (``Compressed``), or its bytes decompressed (a binary file)
         when the frame needs this tier's dictionary, which the peer does not hold; or None."""
-        if self.snapshot.get(key) is None:
+        if self.snapshot.get(key) is None or (self._sharded() and not self.owns(key)):
             return None
         try:
             tier = self.stager.ensure(key).result(timeout=self.config.staging.resolve_timeout)
@@ -683,6 +718,7 @@ class NodeDaemon:
             "dataset": {"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
             "inflated_bytes": self.inflated_bytes,
             "front_door": door,
+            "cluster": self._cluster_stats(),
         }
 
     def client_env(self) -> dict[str, str]:
@@ -718,6 +754,8 @@ class NodeDaemon:
             self._checks.shutdown(wait=False, cancel_futures=True)
         if self._inflater is not None:
             self._inflater.shutdown(wait=True, cancel_futures=True)
+        if self.peer_cache is not None:
+            self.peer_cache.close()
         try:
             os.unlink(self.index_path)
         except OSError:
