@@ -5,6 +5,7 @@ digests checked by the reader, the PFS counted by the emulated PFS itself."""
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -68,3 +69,27 @@ def test_sharded_dataset_over_the_nodes_storage_reads_the_pfs_once(dataset, shor
         assert cache["fetched"] + cache["transient"] > 0 and not cache["failures"]
     assert owned == files  # one owner per file
     assert rep["sources"]["pfs"]["opens"] == 0
+
+
+def test_readers_started_with_the_daemons_wait_for_them_and_read_the_pfs_once(dataset, short_tmp, slow_pfs):
+    """The readers' `monarch run` come first: each waits for its node's standing daemon (a
+    cluster job: its config has a peer section and MONARCH_NODE is set) and never starts a
+    single-node daemon that would read the whole dataset behind the cluster's back."""
+    nodes, files = 4, 160
+    ds = dataset(files=files, size="16KiB")
+    pfs = slow_pfs(ds.root, open_latency_ms=1)
+    mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
+    cfg = shard_config(short_tmp, mounted.root, ds.total // 3)
+    holder = type("H", (), {"cfg": cfg})
+    procs = shard_readers(holder, mounted, nodes, epochs=2)  # before mpiexec even starts
+    time.sleep(2)  # the launchers are up and looking before any daemon is
+    cluster = Cluster(nodes, cfg, short_tmp)
+    try:
+        outs = finish(procs)
+    finally:
+        assert cluster.stop(range(nodes)) == 0
+    assert not any("Monarch is not active" in out for out in outs), outs
+    assert ds.total <= pfs.counters()["bytes"] <= 1.05 * ds.total
+    rep = load(os.path.join(cluster.run_dir(0), "report.json"))
+    assert rep["sources"]["pfs"]["opens"] == 0
+    assert sum(c["opens"] for c in rep["sources"].values()) == 2 * files
