@@ -73,6 +73,7 @@ def _needs_dictionary(path: str) -> bool:
         return True
 
 
+SHARD_START_DEPTH = 32  # a sharded node's first copies in flight toward the PFS (adapted from there)
 INFLATE_THREADS = 4  # opens of compressed copies decompressed at once (zstd releases the GIL)
 
 
@@ -152,7 +153,10 @@ class NodeDaemon:
     # -- the snapshot, and everything that needs it --------------------------------------
     def _make_stager(self, snapshot: Snapshot) -> Stager:
         if self._sharded():  # the stager keeps this node's share; others' files go through the peer cache
-            return Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self.count)
+            stager = Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self.count)
+            if not self.config.staging.threads:  # every node waits on this one's share: start deep toward the PFS
+                stager.concurrency.limit = max(stager.concurrency.limit, SHARD_START_DEPTH)
+            return stager
         return Stager(snapshot, self.tiers, self.config.staging.threads, peers=self._peers,
                       peer_area=self.peer_area, on_fallback=self.count)
 

@@ -93,3 +93,23 @@ def test_readers_started_with_the_daemons_wait_for_them_and_read_the_pfs_once(da
     rep = load(os.path.join(cluster.run_dir(0), "report.json"))
     assert rep["sources"]["pfs"]["opens"] == 0
     assert sum(c["opens"] for c in rep["sources"].values()) == 2 * files
+
+
+def test_every_node_can_hold_the_dataset_each_keeps_a_full_copy_from_one_pfs_read(dataset, short_tmp, slow_pfs):
+    """Each node's ram+ssd+peer is twice the dataset but its peer area alone is not enough for
+    the other nodes' files: replicated, the rest of them go to its tiers, not to the PFS."""
+    nodes, files = 4, 160
+    ds = dataset(files=files, size="16KiB")
+    pfs = slow_pfs(ds.root, open_latency_ms=1)
+    mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
+    cfg = shard_config(short_tmp, mounted.root, 2 * ds.total)
+    cluster = Cluster(nodes, cfg, short_tmp)
+    try:
+        finish(shard_readers(cluster, mounted, nodes, epochs=2))
+    finally:
+        assert cluster.stop(range(nodes)) == 0
+    assert ds.total <= pfs.counters()["bytes"] <= 1.05 * ds.total
+    rep = load(os.path.join(cluster.run_dir(0), "report.json"))
+    for node in rep["nodes"]:
+        assert node["cluster"]["mode"] == "replicate"
+        assert node["staging"]["files"] == files  # a full copy on every node
