@@ -68,6 +68,9 @@ def test_sharded_dataset_over_the_nodes_storage_reads_the_pfs_once(dataset, shor
         cache = cl["peer_cache"]
         assert cache["fetched"] + cache["transient"] > 0 and not cache["failures"]
     assert owned == files  # one owner per file
+    summary = rep["cluster"]  # the report module combines the nodes' numbers
+    assert summary["mode"] == "shard" and sum(r["owned_files"] for r in summary["per_node"]) == files
+    assert sum(r["transient"] + r["cache_fetched"] for r in summary["per_node"]) > 0
     assert rep["sources"]["pfs"]["opens"] == 0
 
 
