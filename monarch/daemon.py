@@ -30,7 +30,7 @@ from monarch import frontdoor, layout, protocol
 from monarch.cluster.transfer import Compressed
 from monarch.codecs import sealed_memfd
 from monarch.config import Config, TierConfig
-from monarch.errors import MonarchError
+from monarch.errors import MonarchError, PeerError
 from monarch.frontdoor import FrontDoor
 from monarch.report import size_classes
 from monarch.resources import margin_bytes
@@ -169,9 +169,15 @@ class NodeDaemon:
         shard, set the placement; sharded, the peer area becomes an evicting cache."""
         from monarch.cluster import capacity
         from monarch.peer_cache import PeerCache
+        if not hasattr(self.cluster, "allgather_ints"):  # a stand-in peer layer (tests): rendezvous ownership
+            return
         tiers = sum(t.capacity for t in self.tiers)
         peer = self.peer_area.capacity if self.peer_area is not None else 0
-        self.layout = capacity.plan(self.cluster, snap.files, tiers, peer)
+        try:
+            self.layout = capacity.plan(self.cluster, snap.files, tiers, peer)
+        except PeerError as e:  # fail open: rendezvous ownership, the peer area a store, the PFS when full
+            log.warning("the nodes' capacities were not exchanged (%s): files are owned by rendezvous hashing", e)
+            return
         if self.layout.mode == "shard":
             self.cluster.serve_threads = max(self.cluster.serve_threads, 32)  # every other node asks this one
             self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
