@@ -127,7 +127,7 @@ class PeerCache:
         dest = area.path_for(key)
         try:
             n = write_atomically(dest, lambda fd: self.cluster.fetch(owner, key, fd), info.mtime_ns,
-                                 owner_only(info.mode))
+                                 owner_only(info.mode), root=area.path)
         except BaseException:
             area.release(info.size)
             raise

@@ -46,6 +46,7 @@ def test_waiting_for_a_cluster_daemon_is_bounded_and_says_so(tmp_path, monkeypat
     monkeypatch.setenv("MONARCH_JOB_ID", "nojob")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_dir: {tmp_path}/run\n")
+    (tmp_path / "run").mkdir()  # a base must exist
     out = io.StringIO()
     try:
         wait_for_cluster_daemon(load_config(str(cfg)), 3, timeout=0.5, out=out)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from monarch.testing.harness import load, monarch_env
+from monarch.testing.harness import TEST_NODES, load, make_bases, monarch_env
 from test_cluster_e2e import Cluster, finish
 
 pytestmark = pytest.mark.mpi
@@ -27,6 +27,7 @@ tiers:
 peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: {peer}, timeout: 10}}
 staging: {{policy: read-ahead}}
 """)
+    make_bases(path, nodes=TEST_NODES)
     return path
 
 
