@@ -147,7 +147,9 @@ def cmd_serve(args) -> int:
     if not rid:
         raise MonarchError("monarch serve --embedded is started by monarch run, with MONARCH_RUN_ID set")
     # the snapshot walk runs in the background: the socket answers and the command starts meanwhile
-    daemon = NodeDaemon(config, rid, cluster=cluster, background=True)
+    # embedded: the node its launcher named (MONARCH_NODE / SLURM_NODEID), where the launcher looks for its socket
+    from monarch.launch.topology import node_index
+    daemon = NodeDaemon(config, rid, cluster=cluster, node=node_index() if cluster is None else 0, background=True)
     server = NodeServer(daemon, embedded=args.embedded)
     pid_file = os.path.join(daemon.run_dir, "daemon.pid")
     write_file_atomically(pid_file, f"{os.getpid()}\n".encode())

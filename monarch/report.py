@@ -75,8 +75,32 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         "tier_errors": _tier_errors_over_nodes(nodes),
         "size_classes": _classes_over_nodes(alive),
         "timeline": combine_timelines(timelines) if timelines else None,
+        "cluster": cluster_summary(nodes),
         "nodes": nodes,
     }
+
+
+def cluster_summary(nodes: list[dict | None]) -> dict | None:
+    """A cluster's layout and, per node, its owned share (files, bytes, staged), the bytes it
+    sent to and received from peers, and its peer cache (hits, evictions, transient serves).
+    None when no node reports a layout (single node)."""
+    rows = []
+    for k, n in enumerate(nodes):
+        cl = (n or {}).get("cluster") or {}
+        if not cl:
+            continue
+        peer, cache = n.get("peer") or {}, cl.get("peer_cache") or {}
+        rows.append({"node": n.get("node", k), "owned_files": cl.get("owned_files", 0),
+                     "owned_bytes": cl.get("owned_bytes", 0), "owned_staged_files": cl.get("owned_staged_files", 0),
+                     "owned_staged_bytes": cl.get("owned_staged_bytes", 0),
+                     "peer_bytes_sent": peer.get("bytes_sent", 0), "peer_bytes_received": peer.get("bytes_received", 0),
+                     "cache_hits": cache.get("hits", 0), "cache_fetched": cache.get("fetched", 0),
+                     "evictions": cache.get("evictions", 0), "transient": cache.get("transient", 0),
+                     "peer_failures": sum(cache.get("failures", {}).values())})
+    if not rows:
+        return None
+    first = next(n["cluster"] for n in nodes if n and n.get("cluster"))
+    return {"mode": first.get("mode"), "why": first.get("why"), "per_node": rows}
 
 
 def _tiers_over_nodes(alive: list[dict]) -> list[dict]:
@@ -336,6 +360,14 @@ def print_report(report: dict, out: TextIO) -> None:
     if door and (door["copies"] or door["answered_staged"]):
         w(f"daemon    : {door['copies']} misses copied and {door['answered_staged']} opens of staged copies "
           f"answered in C (the front door); {door['handed_over']} requests handed to the Python server\n")
+    if report.get("cluster"):
+        cl = report["cluster"]
+        w(f"cluster   : {cl['mode']} ({cl['why']})\n")
+        for r in cl["per_node"]:
+            w(f"  node {r['node']}: owns {r['owned_files']} files ({human(r['owned_bytes'])}), staged "
+              f"{r['owned_staged_files']}; peers sent {human(r['peer_bytes_sent'])}, received "
+              f"{human(r['peer_bytes_received'])}; cache hits {r['cache_hits']}, evictions {r['evictions']}, "
+              f"transient {r['transient']}\n")
     if report["peer"]:
         p = report["peer"]
         wire = p.get("wire_bytes_received", p.get("bytes_received", 0))

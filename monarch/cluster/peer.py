@@ -106,6 +106,24 @@ class Cluster:
             raise PeerError(f"node 0 could not take the dataset snapshot: {value}")
         return value
 
+    def allgather_ints(self, values, timeout=None):
+        """Collective: every node's ``values`` (the same count of 64-bit integers on each), indexed
+        by node. Polled like ``share`` (no spinning core); PeerError after ``timeout``."""
+        import array
+        mine = array.array("q", values)
+        out = array.array("q", bytes(8 * len(mine) * self.nodes))
+        MPI, comm = self.MPI, self.comm
+        req = self._engine.run(lambda: comm.Iallgather([mine, MPI.INT64_T], [out, MPI.INT64_T]))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 1e-4
+        while not self._engine.run(req.Test):
+            if deadline is not None and time.monotonic() > deadline:
+                raise PeerError("allgather_ints(): not every node answered in time")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        n = len(mine)
+        return [list(out[k * n:(k + 1) * n]) for k in range(self.nodes)]
+
     def _bcast(self, buf, deadline):
         MPI, comm = self.MPI, self.comm
         req = self._engine.run(lambda: comm.Ibcast([buf, MPI.BYTE], root=0))

@@ -163,6 +163,8 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
             if _serves(session, config):
                 return session, None
             session.close()
+    if is_cluster_run(config_file):  # never a single-node daemon behind the cluster's back
+        return wait_for_cluster_daemon(config, node), None
     run_dir = layout.run_dir(config.run_dir, run, node)
     socket_path = os.path.join(run_dir, "daemon.sock")
     with _start_lock(run_dir):  # several launchers of the run on a node start one daemon
@@ -203,6 +205,63 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
             time.sleep(0.02)
         proc.kill()
         raise DaemonError(f"the node daemon did not answer within {DAEMON_START_TIMEOUT:.0f} s; see {log_path}")
+
+
+# -- a cluster job's launcher waits for its node's standing daemon (issue 20) -----------------
+ENV_CLUSTER = "MONARCH_CLUSTER"  # "1": this run belongs to a cluster of `monarch serve`; "0": it does not
+CLUSTER_WAIT_TIMEOUT = 300.0     # seconds a cluster job's launcher waits for its node's daemon
+CLUSTER_WAIT_NOTE = 5.0          # a progress line on stderr this often while it waits
+
+
+def is_cluster_run(config_file: str | None, env=None) -> bool:
+    """Is this ``monarch run`` part of a cluster job (its node's daemon is a standing ``monarch
+    serve`` of the job, never one it starts)? ``MONARCH_CLUSTER=1|0`` says so explicitly;
+    otherwise yes when the node index is given (MONARCH_NODE or SLURM_NODEID) and the
+    configuration file itself has a ``peer`` section (the shipped defaults' does not count)."""
+    env = os.environ if env is None else env
+    forced = env.get(ENV_CLUSTER, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if not config_file or not any(env.get(v, "").isdigit() for v in topology._NODE_VARS):
+        return False
+    try:
+        import yaml
+        with open(config_file) as f:
+            raw = yaml.safe_load(f)
+    except (OSError, ValueError, ImportError) as e:
+        log.debug("cannot tell whether %s configures a cluster: %s", config_file, e)
+        return False
+    return isinstance(raw, dict) and raw.get("peer") is not None
+
+
+def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = None, out=None) -> Session:
+    """Attach to node ``node``'s standing daemon of this job, waiting for it to come up (the
+    readers may start before or with the daemons), with a line on stderr every few seconds.
+    DaemonError after ``timeout`` (then the command runs on the PFS: fail open)."""
+    timeout = float(os.environ.get("MONARCH_CLUSTER_WAIT", CLUSTER_WAIT_TIMEOUT)) if timeout is None else timeout
+    out = sys.stderr if out is None else out
+    job = topology.job_id()
+    path = os.path.join(layout.user_dir(config.run_dir), f"{job}-node{node}", "daemon.sock")
+    t0 = time.monotonic()
+    note = t0 + CLUSTER_WAIT_NOTE
+    while True:
+        session = attach(path)
+        if session is not None:
+            if _serves(session, config):
+                return session
+            session.close()
+            raise DaemonError(f"node {node}'s daemon of job {job} at {path} serves another dataset")
+        now = time.monotonic()
+        if now - t0 > timeout:
+            raise DaemonError(f"node {node}'s daemon of job {job} did not come up within {timeout:.0f} s at {path} "
+                              "(start `monarch serve -c CONFIG` on every node under mpiexec or srun, with the same "
+                              f"job id; or set {ENV_CLUSTER}=0 to run single-node)")
+        if now >= note:
+            out.write(f"monarch: waiting for node {node}'s daemon of job {job} ({now - t0:.0f} s; "
+                      f"up to {timeout:.0f} s): {path}\n")
+            out.flush()
+            note = now + CLUSTER_WAIT_NOTE
+        time.sleep(0.05)
 
 
 def _without_shim(env) -> dict[str, str]:

@@ -24,7 +24,7 @@ import weakref
 
 from monarch import frontdoor, layout, protocol
 from monarch.config import Config, TierConfig
-from monarch.errors import MonarchError
+from monarch.errors import MonarchError, PeerError
 from monarch.frontdoor import FrontDoor
 from monarch.node.codecs import Compressed, needs_dictionary
 from monarch.node.gate import SnapshotGate, SnapshotState
@@ -41,6 +41,7 @@ from monarch.timeline import Sampler, Timeline
 
 log = logging.getLogger(__name__)
 
+SHARD_START_DEPTH = 32  # a sharded node's first copies in flight toward the PFS (adapted from there)
 # at close, copies under way stop at their next read (a chunk, a range: well under this);
 # one that does not (a PFS read that never returns) is not waited for beyond it
 CLOSE_DRAIN_SECONDS = 30.0
@@ -86,6 +87,8 @@ class NodeDaemon:
         log.debug("phase tiers.ready")
         self.peer_area = None
         self._peers = None
+        self.layout = None  # a cluster's layout (monarch/cluster/capacity.py), once the snapshot is shared
+        self.peer_cache = None  # sharded: other nodes' files (monarch/node/peer_cache.py)
         if cluster is not None:
             self.peer_area = self._make_tier(TierConfig("peer", config.peer.path, config.peer.capacity,
                                                         capacity_share=config.peer.capacity_share),
@@ -107,15 +110,54 @@ class NodeDaemon:
     # -- the snapshot, and everything that needs it --------------------------------------
     def _make_stager(self, snapshot: Snapshot) -> Stager:
         """A stager on ``snapshot``, known to ``close`` (which stops and drains every one,
-        the walk's streaming one included, before the tiers go)."""
-        stager = Stager(snapshot, self.tiers, self.config.staging.threads, peers=self._peers,
-                        peer_area=self.peer_area, on_fallback=self.count)
+        the walk's streaming one included, before the tiers go). Sharded, it keeps this
+        node's share; others' files go through the peer cache."""
+        if self._sharded():
+            stager = Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self.count)
+            if not self.config.staging.threads:  # every node waits on this one's share: start deep toward the PFS
+                stager.concurrency.limit = max(stager.concurrency.limit, SHARD_START_DEPTH)
+        else:
+            stager = Stager(snapshot, self.tiers, self.config.staging.threads, peers=self._peers,
+                            peer_area=self.peer_area, on_fallback=self.count)
         with self._lock:
             self._stagers.add(stager)
             closing = self.gate.closing
         if closing:  # made after close() took its list: it never copies
             stager.shutdown()
         return stager
+
+    # -- a cluster's layout (issue 20; see monarch/cluster/capacity.py) -----------------------
+    def _sharded(self) -> bool:
+        return self.layout is not None and self.layout.mode == "shard"
+
+    def _plan_cluster(self, snap: Snapshot) -> None:
+        """Collective, once the snapshot is shared: exchange capacities, decide replicate or
+        shard, set the placement; sharded, the peer area becomes an evicting cache."""
+        from monarch.cluster import capacity
+        from monarch.node.peer_cache import PeerCache
+        if not hasattr(self.cluster, "allgather_ints"):  # a stand-in peer layer (tests): rendezvous ownership
+            return
+        tiers = sum(t.capacity for t in self.tiers)
+        peer = self.peer_area.capacity if self.peer_area is not None else 0
+        try:
+            self.layout = capacity.plan(self.cluster, snap.files, tiers, peer)
+        except PeerError as e:  # fail open: rendezvous ownership, the peer area a store, the PFS when full
+            log.warning("the nodes' capacities were not exchanged (%s): files are owned by rendezvous hashing", e)
+            return
+        if self.layout.mode == "shard":
+            self.cluster.serve_threads = max(self.cluster.serve_threads, 32)  # every other node asks this one
+            self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
+
+    def _cluster_stats(self) -> dict:
+        if self.layout is None:
+            return {}
+        staged = self.stager.staged.copy()
+        mine = [k for k in staged if self.owns(k)]
+        return {"mode": self.layout.mode, "why": self.layout.why, "owned_files": self.layout.owned["files"],
+                "owned_bytes": self.layout.owned["bytes"], "owned_staged_files": len(mine),
+                "owned_staged_bytes": sum(self.snapshot.files[k].size for k in mine if k in self.snapshot.files),
+                "capacities": self.layout.capacities,
+                "peer_cache": self.peer_cache.stats() if self.peer_cache is not None else None}
 
     # -- the C front door (monarch.frontdoor), if the server has one ---------------------------
     def make_front_door(self, listen_fd: int) -> FrontDoor | None:
@@ -217,10 +259,10 @@ class NodeDaemon:
             if self.cluster is not None:
                 self.cluster.start(self.provide)
             if self.config.staging.policy == "read-ahead":
-                # this node's own files from the PFS first, then the others' from their owners
+                # this node's own files from the PFS first, then (replicated) the others' from their owners
                 keys = sorted(self.snapshot.files)
-                self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)),
-                                                       (k for k in keys if not self.owns(k))))
+                others = () if self._sharded() else (k for k in keys if not self.owns(k))
+                self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)), others))
         except Exception:
             log.exception("starting the read-ahead failed; files are staged as they are opened")
         while batch := self.gate.next_hints():  # then hint() applies them itself
@@ -310,6 +352,7 @@ class NodeDaemon:
         snap, self.snapshot_how = take() if self.cluster is None else self.cluster.share(take)
         if self.cluster is not None:
             snap = snap.with_local_devices()
+            self._plan_cluster(snap)
         self.snapshot_seconds = time.perf_counter() - t0
         log.info("snapshot (%s): %d files, %d directories, %d bytes in %.2fs", self.snapshot_how, len(snap.files),
                  len(snap.dirs), snap.total_bytes, self.snapshot_seconds)
@@ -389,7 +432,7 @@ class NodeDaemon:
         """A peer asks for a key this node owns: the local path once staged; for a compressed
         copy its frame as stored (``Compressed``), or its bytes decompressed (a binary file)
         when the frame needs this tier's dictionary, which the peer does not hold; or None."""
-        if self.snapshot.get(key) is None:
+        if self.snapshot.get(key) is None or (self._sharded() and not self.owns(key)):
             return None
         try:
             tier = self.stager.ensure(key).result(timeout=self.config.staging.resolve_timeout)
@@ -477,6 +520,7 @@ class NodeDaemon:
             "dataset": {"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
             "inflated_bytes": self.resolver.inflated_bytes,
             "front_door": door,
+            "cluster": self._cluster_stats(),
         }
 
     def client_env(self) -> dict[str, str]:
@@ -523,6 +567,8 @@ class NodeDaemon:
                 log.warning("a copy from the PFS did not stop within %.0f s of the daemon's close; "
                             "the tiers are removed without it", CLOSE_DRAIN_SECONDS)
         self.resolver.close()  # its decodes finish before the tiers go
+        if self.peer_cache is not None:
+            self.peer_cache.close()
         try:
             os.unlink(self.index_path)
         except OSError:

@@ -108,6 +108,10 @@ class Resolver:
             done(PFS, "pfs:changed_since_snapshot")
 
     def _resolve_staged(self, key: str, done) -> None:
+        node = self.node
+        if node.peer_cache is not None and not node.owns(key):  # sharded: from its owner, never the PFS here
+            node.peer_cache.resolve(key, done)
+            return
         tier = self.node.stager.where(key)
         if tier is not None:
             self._serve(key, tier, _already(tier), done)

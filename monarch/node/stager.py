@@ -390,7 +390,7 @@ class Stager:
                     continue
                 size = self.snapshot.files[key].size
                 if self.peers is not None and self.peers.owns_elsewhere(key):
-                    if self.peer_area is None or not self.peer_area.fits(size) or self.peers.available(key):
+                    if self.peer_area is None or not self._peer_fits(size) or self.peers.available(key):
                         continue
                     if self._peer_ahead >= PEER_AHEAD:  # its turn comes when one of those ends
                         self._ahead_held = key
@@ -505,13 +505,21 @@ class Stager:
         if why is not None:
             return None, why
         try:
-            tier = self._copy_into(self.peers, key, info, [self.peer_area])
+            tier = self._copy_into(self.peers, key, info, self._peer_places())
         except PeerError:
             return None, "peer_failed"
         except (OSError, SourceChanged) as e:
             log.warning("writing %s into the peer area failed: %s", key, e)
             return None, "peer_area_error"
         return (tier, "fetched") if tier is not None else (None, "peer_area_full")
+
+    def _peer_places(self) -> list[Tier]:
+        """Where a copy from a peer may go (a replicated cluster, issue 20): the peer area, then
+        the tiers (room this node's own share left: every node holds the whole dataset)."""
+        return [self.peer_area, *self.tiers]
+
+    def _peer_fits(self, size: int) -> bool:
+        return any(t.fits(size) for t in self._peer_places())
 
     def _copy_into(self, source: Source, key: str, info, tiers: list[Tier]) -> Tier | None:
         """Copy ``key`` from ``source`` into the first of ``tiers`` with room (None: none had).

@@ -50,7 +50,8 @@ def make_bases(config_file, nodes: int = 1) -> None:
 
 def monarch_env(**extra):
     env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    # monarch from this checkout, and the test support (support.shard_reader and kin) beside it
+    env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "tests"), env.get("PYTHONPATH", "")])
     env.pop("MONARCH_DISABLE", None)
     env.update({k: str(v) for k, v in extra.items()})
     return env

@@ -111,13 +111,17 @@ def test_a_refusing_peer_is_asked_again_for_other_files(setup):
     assert cluster.fetches == {"0/f1.bin": 1, "0/f3.bin": 1}
 
 
-def test_full_peer_area_stages_locally(setup):
+def test_full_peer_area_keeps_the_peers_copy_in_a_tier(setup):
+    """The peer area full, a file from its owner goes to the tiers (issue 20: a replicated
+    cluster holds the whole dataset from one PFS read), not to the PFS."""
     make, _ = setup
     cluster = FakeCluster(node=0)
     d = make(cluster)
     answers = [resolve(d, f"0/f{i}.bin")[0] for i in (1, 3, 5)]
     assert answers == [protocol.SLOT_PEER, protocol.SLOT_PEER, protocol.tier_slot(0)]
-    assert d.stats()["resolves"]["peer_area_full"] == 1
+    stats = d.stats()
+    assert "peer_area_full" not in stats["resolves"]
+    assert stats["staging"]["peer_files_read"] == 3 and stats["staging"]["pfs_files_read"] == 0
 
 
 def test_unknown_files_and_policy_off_read_the_pfs(setup, tmp_path):

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Cluster benchmark: N simulated nodes on this machine, the sharded pattern, direct against Monarch.
+
+One emulated PFS (FUSE with a per-open latency, ``support.slowpfs``) counts every
+byte read from it. Each epoch one global shuffle is split into N disjoint shards; node k
+reads shard k (``support.shard_reader``, digests checked against the manifest).
+
+  direct   N readers straight from the PFS mount
+  monarch  ``mpiexec -disable-auto-cleanup -n N python -m monarch serve -c CFG`` (per-node bases
+           via ${MONARCH_NODE}), one reader per node under ``monarch run`` with MONARCH_NODE=k
+
+Each node's storage (ram + ssd + peer area, split 16:8:4 as in the users' setup) is
+``--capacity-share`` of the dataset. ``--start`` says when the readers start: ``before``
+(default: once the daemons answer), ``with`` (together with mpiexec) or ``after`` (once the
+daemons have finished staging). Several values, comma-separated, run one after the other.
+
+Prints per case: PFS bytes / dataset (from the emulator), each epoch's time (max over
+nodes), launch to the end of epoch 1 (the job's launch: mpiexec for Monarch, the readers
+for direct), whether every digest was right, and Monarch's per-node numbers.
+
+    python scripts/bench_cluster.py                                  # 600 x 64 KiB, 4 nodes, 2 ms
+    python scripts/bench_cluster.py --open-latency-ms 20 --start before,with
+    python scripts/bench_cluster.py --capacity-share 2               # every node holds the whole dataset
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
+
+from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.workload import make_dataset, parse_size  # noqa: E402
+
+JOB = "benchcluster"
+SPLIT = (16, 8, 4)  # ram : ssd : peer of each node's storage, as measured by the users
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--files", type=int, default=600)
+    p.add_argument("--file-size", default="64KiB")
+    p.add_argument("--open-latency-ms", type=float, default=2.0)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=4, help="reader threads per node")
+    p.add_argument("--capacity-share", type=float, default=1 / 3,
+                   help="each node's ram+ssd+peer as a share of the dataset (default 1/3; >= 1: every node can hold it)")
+    p.add_argument("--start", default="before", help="before|with|after the daemons, or several comma-separated")
+    p.add_argument("--modes", default="direct,monarch")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per case before it is killed")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--json", default=None, help="write the results here")
+    return p.parse_args(argv)
+
+
+def mpiexec() -> str:
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if not found:
+        sys.exit("bench_cluster: mpiexec not found (pip install mpich mpi4py)")
+    return found
+
+
+def env(**extra) -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), e.get("PYTHONPATH", "")])
+    e.pop("MONARCH_DISABLE", None)
+    e["MONARCH_JOB_ID"] = JOB
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def write_config(base: str, root: str, node_bytes: int) -> str:
+    unit = node_bytes // sum(SPLIT)
+    ram, ssd, peer = (max(1 << 20, unit * s) for s in SPLIT)
+    path = os.path.join(base, "cluster.yaml")
+    with open(path, "w") as f:
+        f.write(f"""dataset: {{roots: ["{root}"]}}
+run_dir: "{base}/run${{MONARCH_NODE}}"
+tiers:
+  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
+  - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}}}
+peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: {peer}, timeout: 10}}
+staging: {{policy: read-ahead}}
+""")
+    return path
+
+
+def reader_cmd(root: str, manifest: str, k: int, args, out: str) -> list[str]:
+    return [sys.executable, "-m", "support.shard_reader", root, manifest, "--node", str(k),
+            "--nodes", str(args.nodes), "--epochs", str(args.epochs), "--workers", str(args.workers), "--json", out]
+
+
+def run_readers(cmds: list[list[str]], envs: list[dict], timeout: float) -> list[subprocess.CompletedProcess]:
+    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) for c, e in zip(cmds, envs)]
+    return procs
+
+
+def wait_all(procs, deadline: float) -> list[tuple[int, str, str]]:
+    out = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            o, e = p.communicate()
+            e += "\n[killed: the case's timeout]"
+        out.append((p.returncode, o, e))
+    return out
+
+
+def summarise(name: str, launched: float, results: list[dict | None], pfs_bytes: int, total: int,
+              codes: list[int], extra: dict | None = None) -> dict:
+    ok = all(r is not None and r["ok"] for r in results) and all(c == 0 for c in codes)
+    epochs = []
+    if all(r is not None for r in results):
+        for e in range(len(results[0]["epochs"])):
+            epochs.append(round(max(r["epochs"][e]["seconds"] for r in results), 3))
+        first_end = max(r["epochs"][0]["end"] for r in results) - launched
+    else:
+        first_end = None
+    return {"case": name, "pfs_over_dataset": round(pfs_bytes / total, 3), "pfs_bytes": pfs_bytes,
+            "epoch_seconds": epochs, "launch_to_epoch1_end": round(first_end, 3) if first_end else None,
+            "digests_ok": ok, "exit_codes": codes} | (extra or {})
+
+
+def load_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def run_direct(args, base, pfs, root, manifest, total) -> dict:
+    pfs.reset_counters()
+    outs = [os.path.join(base, f"direct{k}.json") for k in range(args.nodes)]
+    launched = time.time()
+    procs = run_readers([reader_cmd(root, manifest, k, args, outs[k]) for k in range(args.nodes)],
+                        [env(MONARCH_DISABLE=1)] * args.nodes, args.timeout)
+    done = wait_all(procs, time.monotonic() + args.timeout)
+    return summarise("direct", launched, [load_json(o) for o in outs], pfs.counters()["bytes"], total,
+                     [c for c, _, _ in done])
+
+
+def sockets(base: str, nodes: int) -> list[str]:
+    return [os.path.join(base, f"run{k}", f"monarch-{os.getuid()}", f"{JOB}-node{k}", "daemon.sock")
+            for k in range(nodes)]
+
+
+def wait_quiet(pfs, seconds: float = 1.5, limit: float = 120.0) -> None:
+    """Until the PFS has read nothing for ``seconds`` (the daemons' staging is done)."""
+    last, since, t0 = -1, time.monotonic(), time.monotonic()
+    while time.monotonic() - t0 < limit:
+        now = pfs.raw_counters(settle=0)["bytes"]
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= seconds:
+            return
+        time.sleep(0.25)
+
+
+def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
+    case = os.path.join(base, f"monarch-{start}")
+    os.makedirs(case)
+    cfg = write_config(case, root, int(args.capacity_share * total))
+    pfs.reset_counters()
+    deadline = time.monotonic() + args.timeout
+    launched = time.time()
+    serve = subprocess.Popen([mpiexec(), "-disable-auto-cleanup", "-n", str(args.nodes), sys.executable, "-m",
+                              "monarch", "serve", "-c", cfg], env=env(), start_new_session=True,
+                             stdout=open(os.path.join(case, "serve.log"), "w"), stderr=subprocess.STDOUT)
+    socks = sockets(case, args.nodes)
+    try:
+        if start in ("before", "after"):
+            while not all(os.path.exists(s) for s in socks):
+                if serve.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the daemons did not come up; see {case}/serve.log")
+                time.sleep(0.05)
+        if start == "after":
+            wait_quiet(pfs)
+            launched = time.time()  # the readers' launch: the staging is not counted here
+        outs = [os.path.join(case, f"reader{k}.json") for k in range(args.nodes)]
+        cmds = [[sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", os.path.join(case, f"run{k}.json"),
+                 "--", *reader_cmd(root, manifest, k, args, outs[k])] for k in range(args.nodes)]
+        procs = run_readers(cmds, [env(MONARCH_NODE=k) for k in range(args.nodes)], args.timeout)
+        done = wait_all(procs, deadline)
+        for k, (code, _, err) in enumerate(done):
+            if code != 0:
+                print(f"  node {k} exited {code}:\n{err[-1500:]}", file=sys.stderr)
+        stalled = [k for k, (_, _, err) in enumerate(done) if "Monarch is not active" in err]
+    finally:
+        for k in range(args.nodes):
+            subprocess.run([sys.executable, "-m", "monarch", "stop", "-c", cfg], env=env(MONARCH_NODE=k),
+                           capture_output=True, timeout=60)
+        try:
+            serve.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
+    report = load_json(os.path.join(os.path.dirname(socks[0]), "report.json")) or {}
+    return summarise(f"monarch/{start}", launched, [load_json(o) for o in outs], pfs.counters()["bytes"], total,
+                     [c for c, _, _ in done], {"nodes_without_monarch": stalled, "per_node": per_node(report)})
+
+
+def per_node(report: dict) -> list[dict]:
+    """What each node owned, staged, sent and received (from the job's report, node 0's)."""
+    out = []
+    for n in report.get("nodes", []):
+        peer = n.get("peer") or {}
+        cl = n.get("cluster") or {}
+        out.append({"node": n.get("node"), "mode": cl.get("mode"), "owned_files": cl.get("owned_files"),
+                    "owned_bytes": cl.get("owned_bytes"), "staged_bytes": (n.get("staging") or {}).get("bytes"),
+                    "pfs_bytes": (n.get("staging") or {}).get("pfs_bytes_read"),
+                    "peer_sent": peer.get("bytes_sent"), "peer_received": peer.get("bytes_received"),
+                    "cache": cl.get("peer_cache")})
+    return out
+
+
+def print_case(r: dict) -> None:
+    print(f"{r['case']:<16} PFS/dataset {r['pfs_over_dataset']:6.3f}  epochs {r['epoch_seconds']}  "
+          f"launch->end of epoch 1 {r['launch_to_epoch1_end']} s  digests {'OK' if r['digests_ok'] else 'BAD'}"
+          + (f"  nodes without Monarch {r['nodes_without_monarch']}" if r.get("nodes_without_monarch") else ""),
+          flush=True)
+    for n in r.get("per_node", []):
+        print(f"   node {n['node']}: {n}", flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    why = fuse_unavailable_reason()
+    if why:
+        sys.exit(f"bench_cluster: FUSE unusable: {why}")
+    base = tempfile.mkdtemp(prefix="mbc-", dir="/tmp")  # short: Unix socket paths are bounded
+    results = []
+    try:
+        src = os.path.join(base, "src")
+        manifest = os.path.join(base, "src.manifest.json")
+        make_dataset(src, files=args.files, size=parse_size(args.file_size), spread=0.0, manifest=manifest)
+        total = args.files * parse_size(args.file_size)
+        print(f"{args.nodes} nodes, {args.files} files x {args.file_size} = {total / 2**20:.1f} MiB, "
+              f"{args.open_latency_ms:g} ms per open, {args.epochs} epochs, each node's storage "
+              f"{args.capacity_share:.2f} x the dataset", flush=True)
+        with SlowPFS(src, os.path.join(base, "pfs"), open_latency_ms=args.open_latency_ms) as pfs:
+            root = pfs.mountpoint
+            modes = args.modes.split(",")
+            if "direct" in modes:
+                results.append(run_direct(args, base, pfs, root, manifest, total))
+                print_case(results[-1])
+            if "monarch" in modes:
+                for start in args.start.split(","):
+                    results.append(run_monarch(args, base, pfs, root, manifest, total, start))
+                    print_case(results[-1])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "results": results}, f, indent=1)
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+            shutil.rmtree(f"/dev/shm{base}", ignore_errors=True)
+        else:
+            print(f"kept {base}")
+    return 0 if all(r["digests_ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

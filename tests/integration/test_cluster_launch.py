@@ -1,0 +1,57 @@
+"""`monarch run` of a cluster job waits for its node's standing daemon; a single-node run
+honours the node index and starts its own daemon at once (issue 20)."""
+
+import io
+import os
+import sys
+
+from support.harness import load, monarch_env, run_group, write_tier_config
+
+
+def test_single_node_run_with_a_node_index_starts_its_daemon_and_uses_it(dataset, short_tmp):
+    ds = dataset(files=40, size="8KiB")
+    cfg = write_tier_config(short_tmp, ds.root, f"{short_tmp}/run", f"/dev/shm{short_tmp}/ram", f"{short_tmp}/ssd")
+    report = os.path.join(short_tmp, "r.json")
+    res = run_group([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", report, "--", sys.executable, "-m",
+                     "monarch.workload", "read", ds.root, "--epochs", "2", "--workers", "2", "--manifest", ds.manifest],
+                    env=monarch_env(MONARCH_NODE=1, MONARCH_JOB_ID="single"), timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "Monarch is not active" not in res.stderr
+    rep = load(report)
+    assert rep["nodes"][0]["node"] == 1
+    assert rep["sources"]["pfs"]["opens"] == 0  # the second epoch at least came from the node's tier
+    assert sum(c["opens"] for c in rep["sources"].values()) == 80
+
+
+def test_a_cluster_run_is_told_by_the_peer_section_and_the_node_index(tmp_path):
+    from monarch.launch.run import is_cluster_run
+    single = tmp_path / "single.yaml"
+    single.write_text("dataset: {roots: [/x]}\n")
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("dataset: {roots: [/x]}\npeer: {path: /tmp, capacity: 1GiB}\n")
+    assert is_cluster_run(str(cluster), {"MONARCH_NODE": "2"})
+    assert is_cluster_run(str(cluster), {"SLURM_NODEID": "0"})
+    assert not is_cluster_run(str(cluster), {})  # no node index: a single-node run
+    assert not is_cluster_run(str(single), {"MONARCH_NODE": "2"})
+    assert not is_cluster_run(None, {"MONARCH_NODE": "2"})
+    assert is_cluster_run(str(single), {"MONARCH_CLUSTER": "1"})
+    assert not is_cluster_run(str(cluster), {"MONARCH_NODE": "2", "MONARCH_CLUSTER": "0"})
+
+
+def test_waiting_for_a_cluster_daemon_is_bounded_and_says_so(tmp_path, monkeypatch):
+    from monarch.config import load_config
+    from monarch.errors import DaemonError
+    from monarch.launch.run import wait_for_cluster_daemon
+    monkeypatch.setattr("monarch.launch.run.CLUSTER_WAIT_NOTE", 0.1)
+    monkeypatch.setenv("MONARCH_JOB_ID", "nojob")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_dir: {tmp_path}/run\n")
+    (tmp_path / "run").mkdir()  # a base must exist
+    out = io.StringIO()
+    try:
+        wait_for_cluster_daemon(load_config(str(cfg)), 3, timeout=0.5, out=out)
+    except DaemonError as e:
+        assert "node 3" in str(e) and "MONARCH_CLUSTER=0" in str(e)
+    else:
+        raise AssertionError("no daemon, yet it attached")
+    assert "waiting for node 3's daemon of job nojob" in out.getvalue()

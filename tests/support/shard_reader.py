@@ -1,0 +1,81 @@
+"""The sharded reader of the cluster benchmark and tests: one per node, as DistributedSampler does.
+
+Each epoch one global shuffle of the manifest's files (the same on every node: seeded by
+the epoch), split into ``nodes`` disjoint shards; node ``node`` reads shard ``node``
+(``order[node::nodes]``) with ``workers`` threads and checks every file's digest.
+
+    python -m support.shard_reader ROOT MANIFEST --node K --nodes N [--epochs E] [--json OUT]
+
+Writes (``--json``) and prints one JSON object: the process's start time, each epoch's
+seconds and end time (``time.time()``), files, bytes and mismatches. Exits 1 on any
+mismatch, so a launcher's exit code says whether the bytes were right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from monarch.workload import digest, epoch_order, load_manifest
+
+
+def shard(names: list[str], seed: int, epoch: int, node: int, nodes: int) -> list[str]:
+    """Node ``node``'s files of epoch ``epoch``: its slice of the global shuffle."""
+    return epoch_order(sorted(names), seed, epoch)[node::nodes]
+
+
+def _check(root: str, manifest: dict, rel: str) -> tuple[int, str | None]:
+    with open(os.path.join(root, rel), "rb") as f:
+        data = f.read()
+    want = manifest[rel]
+    if len(data) != want["size"] or digest(data) != want["xxh64"]:
+        return len(data), f"{rel}: {len(data)} bytes xxh64 {digest(data)}, expected {want['size']} {want['xxh64']}"
+    return len(data), None
+
+
+def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: int = 3, workers: int = 4,
+                seed: int = 0) -> dict:
+    started = time.time()
+    manifest = load_manifest(manifest_path)
+    names = list(manifest)
+    out = {"node": node, "nodes": nodes, "started": started, "epochs": []}
+    with ThreadPoolExecutor(workers) as pool:
+        for epoch in range(epochs):
+            mine = shard(names, seed, epoch, node, nodes)
+            t0 = time.perf_counter()
+            results = list(pool.map(lambda rel: _check(root, manifest, rel), mine))
+            seconds = time.perf_counter() - t0
+            bad = [why for _, why in results if why]
+            out["epochs"].append({"epoch": epoch, "seconds": round(seconds, 4), "end": time.time(),
+                                  "files": len(mine), "bytes": sum(n for n, _ in results),
+                                  "mismatches": len(bad), "first_mismatches": bad[:3]})
+    out["ok"] = all(e["mismatches"] == 0 for e in out["epochs"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("root")
+    p.add_argument("manifest")
+    p.add_argument("--node", type=int, default=int(os.environ.get("MONARCH_NODE", "0")))
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed)
+    text = json.dumps(result)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text)
+    print(f"shard_reader {text}", flush=True)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
