@@ -60,7 +60,7 @@ def test_mpiexec_runs_monarch_run_per_rank_sharing_one_daemon(mpiexec, dataset, 
     reports = [load(os.path.join(short_tmp, f"report-{k}.json")) for k in range(ranks)]
     # one run: every rank's launcher named it alike, exported it, and attached to one daemon,
     # which staged the dataset once for all ranks (each read files another rank read first)
-    run_ids = {rep["job"]["job_id"] for rep in reports} | {s["run"] for s in seen}
+    run_ids = {rep["job"]["run_id"] for rep in reports} | {s["run"] for s in seen}
     assert len(run_ids) == 1 and run_ids.pop().startswith(named)
     for rep in reports:
         assert rep["job"]["exit_code"] == 0
@@ -79,7 +79,7 @@ def test_monarch_run_wraps_mpiexec(mpiexec, dataset, short_tmp, ranks):
     assert sorted(int(s["rank"]) for s in seen) == list(range(ranks)) and all(s["bad"] == "0" for s in seen)
     rep = load(report)
     # the outermost run named the run and every rank inherited the name
-    assert rep["job"]["job_id"].startswith("run-") and {s["run"] for s in seen} == {rep["job"]["job_id"]}
+    assert rep["job"]["run_id"].startswith("run-") and {s["run"] for s in seen} == {rep["job"]["run_id"]}
     assert_read_once(rep, ds, opens=2 * len(ds.files))
 
 
@@ -92,7 +92,7 @@ def test_nested_monarch_run_joins_the_outer_run(dataset, short_tmp):
     assert r.returncode == 0, r.stderr
     outer, inner = load(outer), load(inner)
     # the inner launcher inherited the outer's name and attached to its daemon: one staging
-    assert inner["job"]["job_id"] == outer["job"]["job_id"] and outer["job"]["job_id"].startswith("run-")
+    assert inner["job"]["run_id"] == outer["job"]["run_id"] and outer["job"]["run_id"].startswith("run-")
     assert_read_once(inner, ds, opens=2 * len(ds.files))
     assert_read_once(outer, ds, opens=2 * len(ds.files))
 
@@ -110,7 +110,7 @@ def test_torchrun_style_spawned_workers_read_through_the_shim(dataset, short_tmp
     assert len(seen) == 3 and all(s["bad"] == "0" for s in seen)
     assert sum(int(s["files"]) for s in seen) == 2 * len(ds.files)
     rep = load(report)
-    run_id = rep["job"]["job_id"]
+    run_id = rep["job"]["run_id"]
     assert run_id == torchelastic_run_id if torchelastic_run_id else run_id.startswith("run-")
     assert {s["run"] for s in seen} == {run_id}
     assert_read_once(rep, ds, opens=2 * len(ds.files))
@@ -138,5 +138,5 @@ def test_two_unscheduled_runs_side_by_side_each_read_their_own_dataset(dataset, 
         r = results[me]
         assert r.returncode == 0, r.stdout + r.stderr  # the reader checked every byte against its own manifest
         assert_read_once(load(os.path.join(short_tmp, f"report-{me}.json")), ds, opens=2 * len(ds.files))
-    ids = {load(os.path.join(short_tmp, f"report-{me}.json"))["job"]["job_id"] for me in "ab"}
+    ids = {load(os.path.join(short_tmp, f"report-{me}.json"))["job"]["run_id"] for me in "ab"}
     assert len(ids) == 2 and all(i.startswith("run-") for i in ids)
