@@ -115,22 +115,22 @@ class Cluster:
         MPI, comm = self.MPI, self.comm
         req = self._engine.run(lambda: comm.Iallgather([mine, MPI.INT64_T], [out, MPI.INT64_T]))
         deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 1e-4
-        while not self._engine.run(req.Test):
-            if deadline is not None and time.monotonic() > deadline:
-                raise PeerError("allgather_ints(): not every node answered in time")
-            time.sleep(pause)
-            pause = min(pause * 2, 0.01)
+        self._poll(req, deadline, "allgather_ints(): not every node answered in time")
         n = len(mine)
         return [list(out[k * n:(k + 1) * n]) for k in range(self.nodes)]
 
     def _bcast(self, buf, deadline):
         MPI, comm = self.MPI, self.comm
         req = self._engine.run(lambda: comm.Ibcast([buf, MPI.BYTE], root=0))
+        self._poll(req, deadline, "share(): node 0 did not send the dataset snapshot in time")
+
+    def _poll(self, req, deadline, late: str) -> None:
+        """Wait for a nonblocking collective by polling (MPICH's blocking ones spin a core);
+        PeerError(``late``) past ``deadline``."""
         pause = 1e-4
         while not self._engine.run(req.Test):
             if deadline is not None and time.monotonic() > deadline:
-                raise PeerError("share(): node 0 did not send the dataset snapshot in time")
+                raise PeerError(late)
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
 
