@@ -10,6 +10,9 @@ command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v objdump >/dev/null 2>&1 || need+=(binutils)  # the glibc 2.17 import check reads the shim with it
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 [ -e /usr/lib/x86_64-linux-gnu/libfuse3.so.3 ] || ls /usr/lib/*/libfuse3.so.3 >/dev/null 2>&1 || need+=(libfuse3-3)
+# the shim decodes compressed copies with the system's libzstd (dlopen; without it the daemon
+# decodes them): the tests of that path need it
+ls /usr/lib/*/libzstd.so.1 /lib/*/libzstd.so.1 >/dev/null 2>&1 || need+=(libzstd1)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
