@@ -38,9 +38,7 @@ class DoorLink(StagerListener):
         self.may_copy = (may_copy and stager.peers is None and bool(tiers)
                          and tiers[0].codec is None and door.copy_slot == tiers[0].slot)
         with stager.lock:  # the books so far, then every event: nothing is missed in between
-            stager.listeners.append(self)
-            for key, tier in stager.staged.items():
-                self.published(key, tier)
+            stager.subscribe_locked(self)
             for key in stager.flights:  # copies under way are the stager's
                 door.claim(key)
             if stager.dirty:

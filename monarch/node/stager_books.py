@@ -71,7 +71,7 @@ class StagerBooks:
         self.concurrency = concurrency
         self.lock = threading.Lock()
         self.cv = threading.Condition(self.lock)
-        self.listeners: list[StagerListener] = []  # subscribed under the lock, with the books so far
+        self.listeners: list[StagerListener] = []  # see subscribe
         self.flights: dict[str, Flight] = {}
         self.running = 0  # copies under way (on a staging thread or inline in an asker)
         self.closed = False
@@ -87,6 +87,17 @@ class StagerBooks:
         self.files_dropped = 0
         self.demand_copies = 0
         self.background_copies = 0
+
+    def subscribe(self, listener: StagerListener) -> None:
+        """Tell ``listener`` of this stager's events: the copies so far first (``published``),
+        then every event, none missed in between."""
+        with self.lock:
+            self.subscribe_locked(listener)
+
+    def subscribe_locked(self, listener: StagerListener) -> None:
+        for key, tier in self.staged.items():
+            listener.published(key, tier)
+        self.listeners.append(listener)
 
     def is_dirty(self, key: str) -> bool:
         """The job wrote to ``key`` or to a directory above it."""
