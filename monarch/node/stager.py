@@ -42,6 +42,9 @@ INLINE_BYTES = 256 << 10  # ... for files this small: no thread hand-off (see en
 
 
 class Stager(StagerBooks):
+    """One snapshot's stager: its books (inherited), a ``schedule`` and a ``copier`` working
+    on them, and the staging threads that take the schedule's next key to the copier."""
+
     def __init__(self, snapshot: Snapshot, tiers: list[Tier], threads: int = 0, *,
                  peers: PeerSource | None = None, peer_area: Tier | None = None,
                  on_fallback: Callable[[str], None] | None = None, max_threads: int = 256):
