@@ -3,9 +3,10 @@
 The door is a few threads of its own (one per core), outside the interpreter's lock: they
 accept every connection, check its peer and answer OPENs of staged files, and of small
 files from a fast source, which they copy themselves. Whatever it does not answer it hands over to the
-Python server (``NodeServer``), and what it copied it reports to the stager's books
-(``Stager.absorb_front_door``). The policy stays in Python; see the C file's header for
-the states a key goes through.
+Python server (``NodeServer``), and what it copied it reports as events (``events``), which
+the daemon's ``DoorLink`` (``monarch/node/door_link.py``) books in the stager's. This module
+knows no stager. The policy stays in Python; see the C file's header for the states a key
+goes through.
 
 Without a C compiler, with ``staging.validate: open`` (every open checked in Python) or with
 ``MONARCH_FRONT_DOOR=0``, there is no door: the Python server accepts and answers

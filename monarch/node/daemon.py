@@ -6,7 +6,7 @@ background from the start, what the application waits for first) or stages on ac
 in a cluster it stages what this node owns and fetches the rest from the owning peer
 into a bounded local peer area; when a peer cannot help (dead, slow, full) the file is
 staged here from the PFS instead. Every copy, from the PFS or a peer, goes through the
-stager (``monarch/node/stager.py``, ``monarch/node/sources.py``).
+stager (``monarch/node/stager*.py``, ``monarch/node/sources.py``).
 Every way it cannot help ends in the same answer: read the PFS (fail open), counted by why.
 """
 
@@ -27,6 +27,7 @@ from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError, PeerError
 from monarch.frontdoor import FrontDoor
 from monarch.node.codecs import Compressed, needs_dictionary
+from monarch.node.door_link import DoorLink
 from monarch.node.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
 from monarch.node.resolver import Resolver
@@ -72,6 +73,7 @@ class NodeDaemon:
         self._meta_off_logged: set[str] = set()
         self._link_targets: dict[str, list[str]] | None = None  # see _links_into
         self._door: FrontDoor | None = None  # the server's C front door (make_front_door)
+        self.door_link: DoorLink | None = None  # the door's books kept with the current stager's
         self._stagers: "weakref.WeakSet[Stager]" = weakref.WeakSet()  # every stager made: close() drains them
         self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
         # the run directory is this instance's from here (a live one refused); a dead one's
@@ -175,15 +177,17 @@ class NodeDaemon:
         except OSError as e:
             log.warning("the daemon's C front door did not start (%s); the Python server answers every request", e)
             return None
-        with self.gate.lock:  # the stager swapped in when the walk ends is attached there
+        with self.gate.lock:  # the stager swapped in when the walk ends is linked there
             self._door = door
-            self.stager.use_front_door(door, self._door_may_copy())
+            self._link_door_locked()
         self.open_front_door()  # a snapshot ready already (made in the foreground)
         return door
 
-    def _door_may_copy(self) -> bool:
-        staging = self.config.staging
-        return self.cluster is None and staging.policy != "off"
+    def _link_door_locked(self) -> None:
+        """The door kept told of the current stager's copies, and its copies booked there
+        (under the gate's lock, where the stager is swapped)."""
+        may_copy = self.cluster is None and self.config.staging.policy != "off"
+        self.door_link = DoorLink(self._door, self.stager, may_copy)
 
     def open_front_door(self) -> None:
         """The snapshot is ready: the door answers from now on (never before the index is)."""
@@ -193,8 +197,8 @@ class NodeDaemon:
 
     def absorb_front_door(self) -> None:
         """What the door copied, into the stager's books and the outcomes."""
-        if self._door is not None:
-            staged = self.stager.absorb_front_door()
+        if self.door_link is not None:
+            staged = self.door_link.absorb()
             if staged:
                 with self._lock:
                     self.outcomes["staged"] += staged
@@ -235,8 +239,8 @@ class NodeDaemon:
                 for key in self.gate.release_writes_locked():  # written to before the index exists: never served
                     self._drop_copies(stager, snap, key)
                 old, self.snapshot, self.stager = self.stager, snap, stager
-                if self._door is not None and stager.door is None:
-                    stager.use_front_door(self._door, self._door_may_copy())
+                if self._door is not None:
+                    self._link_door_locked()
                 self.dataset_bytes = snap.total_bytes  # a sum over every file: once, not per REPORT
             old.shutdown()
             write_file_atomically(self.index_path, index)
@@ -284,6 +288,7 @@ class NodeDaemon:
             self.snapshot = Snapshot(tuple(self.config.dataset.roots), {})
             self.stager.shutdown()
             self.stager = self._make_stager(self.snapshot)
+            self.door_link = None  # the door never opens: nothing of it to book
             self.dataset_bytes = 0
         try:
             os.unlink(self.index_path)  # none, or one written before a later step failed
@@ -475,7 +480,8 @@ class NodeDaemon:
         door = None
         if self._door is not None:
             self.absorb_front_door()
-            self.stager.reclaim_front_door_lease()
+            if self.door_link is not None:
+                self.door_link.reclaim_lease()
             door = self._door.counts()
             door["answered_staged"] = sum(door["hits_by_slot"].values())
         with self._lock:

@@ -140,8 +140,8 @@ def test_mark_changed_and_a_dropped_copy_remove_the_decoded_file(tmp_path):
             wait_kept(t, key)
         d.stager.mark_changed("0/0.txt")  # staging.validate: open found the source changed
         assert not os.path.exists(t.path_for("0/0.txt"))
-        with d.stager._lock:  # dropped to make room (a hinted reader consumed it): not stale, but gone
-            d.stager._drop_locked("0/1.txt")
+        with d.stager.lock:  # dropped to make room (a hinted reader consumed it): not stale, but gone
+            d.stager.drop_locked("0/1.txt")
         assert not os.path.exists(t.path_for("0/1.txt")) and t.decoded.bytes == 0
     finally:
         d.close()

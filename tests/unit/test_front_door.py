@@ -229,7 +229,7 @@ def test_room_lent_to_the_door_comes_back_when_the_stager_needs_it(short_tmp, da
     daemon, _ = daemon_on(root, capacity="1MiB")
     for key in sorted(sums):
         assert ask_open(daemon.socket_path, key)[0] == daemon.tiers[0].slot
-    assert daemon.stager.door.lease() > 0  # the door holds room it has not used
+    assert daemon.door_link.door.lease() > 0  # the door holds room it has not used
     status, path = ask_open(daemon.socket_path, "0/big.bin")
     assert status == daemon.tiers[0].slot and md5_of(path) == md5_of(os.fsencode(big))
     assert daemon.tiers[0].used <= daemon.tiers[0].capacity
@@ -254,7 +254,7 @@ def test_a_copy_of_the_doors_drained_by_one_thread_is_never_copied_again_by_anot
     sums = make_files(root, 3)
     daemon, server = daemon_on(root)
     key = sorted(sums)[0]
-    door = daemon.stager.door
+    door = daemon.door_link.door
     drained, real = threading.Event(), door.events
 
     def slow_events():  # the server thread, between taking the door's events and booking them
@@ -420,7 +420,7 @@ def test_random_frames_never_take_the_door_down(short_tmp, daemon_on):
     assert not any(t.is_alive() for t in threads)
     for key in keys:
         status, path = ask_open(daemon.socket_path, key)
-        if daemon.stager._is_dirty(key):  # a random INVALIDATE of it got through: the PFS from now on
+        if daemon.stager.is_dirty(key):  # a random INVALIDATE of it got through: the PFS from now on
             assert status == protocol.SLOT_PFS
         else:
             assert status == daemon.tiers[0].slot and md5_of(path) == sums[key]

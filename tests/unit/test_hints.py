@@ -133,7 +133,7 @@ def test_hinted_sampler_sends_each_epoch_order_and_yields_the_same_indices(serve
             assert staged(daemon, paths, root) == sorted(paths[j] for j in first[:20])
     assert got == first and len(sampler) == 40
     wait_idle(daemon.stager)
-    assert daemon.stager._orders[9].consumed == 40
+    assert daemon.stager.schedule.orders[9].consumed == 40
 
 
 def test_without_a_daemon_hints_do_nothing(short_tmp):

@@ -129,15 +129,15 @@ def test_idle_clients_do_not_starve_the_daemon_and_are_closed(served, monkeypatc
 def test_a_waiting_client_gets_heartbeats_until_its_answer(served, monkeypatch):
     daemon, server, *_ = served
     if server.door is not None:  # it would copy the file in C, past the slow reader below
-        monkeypatch.setattr(daemon.stager, "_door_may_copy", False)
-        daemon.stager.door.copying(False)
-    real = daemon.stager._read_pfs
+        monkeypatch.setattr(daemon.door_link, "may_copy", False)
+        daemon.door_link.door.copying(False)
+    real = daemon.stager.copier.read_pfs
 
     def slow(key, out):
         time.sleep(1.0)
         return real(key, out)
 
-    monkeypatch.setattr(daemon.stager, "_read_pfs", slow)
+    monkeypatch.setattr(daemon.stager.copier, "read_pfs", slow)
     with connect(daemon.socket_path) as s:
         s.sendall(protocol.encode_request(protocol.VERB_OPEN, b"0/d/a.bin"))
         frames = []

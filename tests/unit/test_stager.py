@@ -213,14 +213,14 @@ def test_invalidate_drops_the_copy_and_a_copy_in_flight_is_never_published(tmp_p
     assert stager.invalidate(a) == 1 and not os.path.exists(t.path_for(a)) and stager.where(a) is None
     assert stager.ensure(a).result(timeout=10) is None  # never again this run
     # a write while b is being copied: the copy is dropped at publication
-    real = stager._read_pfs
+    real = stager.copier.read_pfs
 
     def slow(key, out):
         n = real(key, out)
         stager.invalidate(os.path.dirname(key))  # the job renames the directory
         return n
 
-    stager._read_pfs = slow
+    stager.copier.read_pfs = slow
     assert stager.ensure(b).result(timeout=10) is None
     assert not os.path.exists(t.path_for(b)) and stager.stats()["failures"] == {"written_by_job": 1}
     assert t.used == 0
@@ -262,7 +262,7 @@ from monarch.node.concurrency import Concurrency  # noqa: E402
 def recording(stager, delay=0.0, gate=None):
     """Wrap the stager's PFS reads: record the order of copies (and per key counts)."""
     seen = []
-    real = stager._read_pfs
+    real = stager.copier.read_pfs
 
     def read(key, out):
         seen.append(key)
@@ -272,7 +272,7 @@ def recording(stager, delay=0.0, gate=None):
             time.sleep(delay)
         return real(key, out)
 
-    stager._read_pfs = read
+    stager.copier.read_pfs = read
     return seen
 
 
@@ -336,7 +336,7 @@ def test_many_slow_copies_are_in_flight_at_once(tmp_path, many):
     stager = Stager(many, tiers(tmp_path, 10**6), threads=32)
     running, peak = [0], [0]
     lock = threading.Lock()
-    real = stager._read_pfs
+    real = stager.copier.read_pfs
 
     def read(key, out):
         with lock:
@@ -347,7 +347,7 @@ def test_many_slow_copies_are_in_flight_at_once(tmp_path, many):
             running[0] -= 1
         return real(key, out)
 
-    stager._read_pfs = read
+    stager.copier.read_pfs = read
     stager.read_ahead(sorted(many.files))
     wait_idle(stager)
     assert stager.stats()["files"] == 60
@@ -393,13 +393,13 @@ def test_a_starved_window_does_not_move_the_limit():
 
 def per_key_reads(stager):
     counts = collections.Counter()
-    real = stager._read_pfs
+    real = stager.copier.read_pfs
 
     def read(key, out):
         counts[key] += 1
         return real(key, out)
 
-    stager._read_pfs = read
+    stager.copier.read_pfs = read
     return counts
 
 
@@ -479,13 +479,13 @@ def test_small_files_from_a_fast_pfs_are_copied_by_the_asker(tmp_path, dataset):
         stager.ensure(k).result(timeout=10)  # through the threads: the PFS is measured
     me = threading.current_thread()
     who = []
-    real = stager._read_pfs
-    stager._read_pfs = lambda key, out: (who.append(threading.current_thread()), real(key, out))[1]
+    real = stager.copier.read_pfs
+    stager.copier.read_pfs = lambda key, out: (who.append(threading.current_thread()), real(key, out))[1]
     future = stager.ensure(keys[5], inline=True)
     assert future.done() and future.result() is not None and who == [me]
-    stager._read_pfs = lambda key, out: (time.sleep(0.2), real(key, out))[1]
+    stager.copier.read_pfs = lambda key, out: (time.sleep(0.2), real(key, out))[1]
     stager.ensure(keys[6], inline=True).result(timeout=10)  # slow: the mean goes up ...
-    stager._read_pfs = lambda key, out: (who.append(threading.current_thread()), real(key, out))[1]
+    stager.copier.read_pfs = lambda key, out: (who.append(threading.current_thread()), real(key, out))[1]
     stager.ensure(keys[7], inline=True).result(timeout=10)
     assert who[-1] is not me  # ... and the next copy goes to a thread
 
