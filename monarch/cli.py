@@ -70,8 +70,9 @@ def _setup_logging(verbose: int, node: str) -> None:
     # debug: each line carries its wall-clock time, so that the launcher's and the daemon's
     # phases can be put side by side (scripts/bench_startup.py reads them)
     stamp = "%(created).6f " if level == logging.DEBUG else ""
+    # force: a standing daemon learns its node (its MPI rank) after main() set up the logging
     logging.basicConfig(level=level, format=f"[monarch node {node}] {stamp}%(levelname)s %(message)s",
-                        stream=sys.stderr)
+                        stream=sys.stderr, force=True)
 
 
 def _load(path: str | None, **kw):

@@ -60,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="direct,monarch")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case before it is killed")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--trace", action="store_true",
+                   help="debug logs with time stamps (serve.log, run<k>.log) and each phase's time after launch")
     p.add_argument("--json", default=None, help="write the results here")
     return p.parse_args(argv)
 
@@ -81,7 +83,12 @@ def env(**extra) -> dict:
     return e
 
 
-def write_config(base: str, root: str, node_bytes: int) -> str:
+def write_config(base: str, root: str, node_bytes: int, nodes: int) -> str:
+    """One config for every node; each node's bases (made here: Monarch never creates a base)
+    are told apart by ${MONARCH_NODE}."""
+    for k in range(nodes):
+        for d in (f"/dev/shm{base}/ram{k}", f"{base}/ssd{k}", f"{base}/peer{k}", f"{base}/run{k}"):
+            os.makedirs(d, exist_ok=True)
     unit = node_bytes // sum(SPLIT)
     ram, ssd, peer = (max(1 << 20, unit * s) for s in SPLIT)
     path = os.path.join(base, "cluster.yaml")
@@ -136,6 +143,20 @@ def summarise(name: str, launched: float, results: list[dict | None], pfs_bytes:
             "digests_ok": ok, "exit_codes": codes} | (extra or {})
 
 
+def cpu_children() -> float:
+    """CPU seconds (user + system) of every child process reaped so far, their descendants included."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def pfs_cpu(pfs) -> float:
+    """CPU seconds the emulated PFS's process has used so far."""
+    import psutil
+    t = psutil.Process(pfs.proc.pid).cpu_times()
+    return t.user + t.system
+
+
 def load_json(path: str) -> dict | None:
     try:
         with open(path) as f:
@@ -147,12 +168,14 @@ def load_json(path: str) -> dict | None:
 def run_direct(args, base, pfs, root, manifest, total) -> dict:
     pfs.reset_counters()
     outs = [os.path.join(base, f"direct{k}.json") for k in range(args.nodes)]
+    cpu0, fuse0 = cpu_children(), pfs_cpu(pfs)
     launched = time.time()
     procs = run_readers([reader_cmd(root, manifest, k, args, outs[k]) for k in range(args.nodes)],
                         [env(MONARCH_DISABLE=1)] * args.nodes, args.timeout)
     done = wait_all(procs, time.monotonic() + args.timeout)
+    cpu = {"readers": round(cpu_children() - cpu0, 2), "pfs": round(pfs_cpu(pfs) - fuse0, 2)}
     return summarise("direct", launched, [load_json(o) for o in outs], pfs.counters()["bytes"], total,
-                     [c for c, _, _ in done])
+                     [c for c, _, _ in done], {"cpu_seconds": cpu})
 
 
 def sockets(base: str, nodes: int) -> list[str]:
@@ -175,12 +198,14 @@ def wait_quiet(pfs, seconds: float = 1.5, limit: float = 120.0) -> None:
 def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
     case = os.path.join(base, f"monarch-{start}")
     os.makedirs(case)
-    cfg = write_config(case, root, int(args.capacity_share * total))
+    cfg = write_config(case, root, int(args.capacity_share * total), args.nodes)
     pfs.reset_counters()
     deadline = time.monotonic() + args.timeout
+    cpu0, fuse0 = cpu_children(), pfs_cpu(pfs)
     launched = time.time()
+    trace = ["-vv"] if args.trace else []
     serve = subprocess.Popen([mpiexec(), "-disable-auto-cleanup", "-n", str(args.nodes), sys.executable, "-m",
-                              "monarch", "serve", "-c", cfg], env=env(), start_new_session=True,
+                              "monarch", *trace, "serve", "-c", cfg], env=env(), start_new_session=True,
                              stdout=open(os.path.join(case, "serve.log"), "w"), stderr=subprocess.STDOUT)
     socks = sockets(case, args.nodes)
     try:
@@ -193,14 +218,18 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
             wait_quiet(pfs)
             launched = time.time()  # the readers' launch: the staging is not counted here
         outs = [os.path.join(case, f"reader{k}.json") for k in range(args.nodes)]
-        cmds = [[sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", os.path.join(case, f"run{k}.json"),
+        cmds = [[sys.executable, "-m", "monarch", *trace, "run", "-c", cfg, "--report", os.path.join(case, f"run{k}.json"),
                  "--", *reader_cmd(root, manifest, k, args, outs[k])] for k in range(args.nodes)]
         procs = run_readers(cmds, [env(MONARCH_NODE=k) for k in range(args.nodes)], args.timeout)
         done = wait_all(procs, deadline)
+        cpu1 = cpu_children()
         for k, (code, _, err) in enumerate(done):
             if code != 0:
                 print(f"  node {k} exited {code}:\n{err[-1500:]}", file=sys.stderr)
         stalled = [k for k, (_, _, err) in enumerate(done) if "Monarch is not active" in err]
+        if args.trace:
+            for k, (_, _, err) in enumerate(done):
+                Path(case, f"run{k}.log").write_text(err)
     finally:
         for k in range(args.nodes):
             subprocess.run([sys.executable, "-m", "monarch", "stop", "-c", cfg], env=env(MONARCH_NODE=k),
@@ -210,9 +239,33 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
         except subprocess.TimeoutExpired:
             os.killpg(serve.pid, signal.SIGKILL)
             serve.wait()
+    cpu = {"readers": round(cpu1 - cpu0, 2), "daemons": round(cpu_children() - cpu1, 2),
+           "pfs": round(pfs_cpu(pfs) - fuse0, 2)}
     report = load_json(os.path.join(os.path.dirname(socks[0]), "report.json")) or {}
+    if args.trace:
+        print_phases(case, launched, args.nodes)
     return summarise(f"monarch/{start}", launched, [load_json(o) for o in outs], pfs.counters()["bytes"], total,
-                     [c for c, _, _ in done], {"nodes_without_monarch": stalled, "per_node": per_node(report)})
+                     [c for c, _, _ in done], {"nodes_without_monarch": stalled, "per_node": per_node(report),
+                                                "cpu_seconds": cpu})
+
+
+def print_phases(case: str, launched: float, nodes: int) -> None:
+    """Each logged phase's first time after launch, per node (the daemons' and the readers')."""
+    import re
+    stamp = re.compile(r"^\[monarch node (\d+)\] (\d+\.\d+) DEBUG phase (\S+)")
+    first: dict[tuple[str, str], float] = {}
+    for name in ["serve.log"] + [f"run{k}.log" for k in range(nodes)]:
+        try:
+            lines = Path(case, name).read_text().splitlines()
+        except OSError:
+            continue
+        who = "daemon" if name == "serve.log" else "reader"
+        for line in lines:
+            m = stamp.match(line)
+            if m:
+                first.setdefault((f"{who} {m.group(1)}", m.group(3)), float(m.group(2)) - launched)
+    for (who, phase), t in sorted(first.items(), key=lambda kv: kv[1]):
+        print(f"   {t:7.3f} s  {who:<9} {phase}")
 
 
 def per_node(report: dict) -> list[dict]:
@@ -232,7 +285,8 @@ def per_node(report: dict) -> list[dict]:
 def print_case(r: dict) -> None:
     print(f"{r['case']:<16} PFS/dataset {r['pfs_over_dataset']:6.3f}  epochs {r['epoch_seconds']}  "
           f"launch->end of epoch 1 {r['launch_to_epoch1_end']} s  digests {'OK' if r['digests_ok'] else 'BAD'}"
-          + (f"  nodes without Monarch {r['nodes_without_monarch']}" if r.get("nodes_without_monarch") else ""),
+          + (f"  nodes without Monarch {r['nodes_without_monarch']}" if r.get("nodes_without_monarch") else "")
+          + (f"  CPU s {r['cpu_seconds']}" if r.get("cpu_seconds") else ""),
           flush=True)
     for n in r.get("per_node", []):
         print(f"   node {n['node']}: {n}", flush=True)

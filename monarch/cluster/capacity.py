@@ -55,10 +55,15 @@ def weights(capacities: list[tuple[int, int]], mode: str) -> list[int]:
     return ws if any(ws) else [1] * len(capacities)
 
 
-def plan(cluster, files: dict, tiers_bytes: int, peer_bytes: int, timeout: float | None = 120.0) -> Layout:
-    """Collective: exchange capacities, decide, build the placement and hand it to ``cluster``."""
+def exchange(cluster, tiers_bytes: int, peer_bytes: int, timeout: float | None = 120.0) -> list[tuple[int, int]]:
+    """Collective: every node's (tiers' bytes, peer area's bytes), indexed by node. Known
+    before the walk (a node stages what it surely owns as the walk goes: see early.py)."""
     gathered = cluster.allgather_ints([tiers_bytes, peer_bytes], timeout)
-    capacities = [(int(t), int(p)) for t, p in gathered]
+    return [(int(t), int(p)) for t, p in gathered]
+
+
+def plan(cluster, files: dict, capacities: list[tuple[int, int]]) -> Layout:
+    """Decide, build the placement (the same on every node) and hand it to ``cluster``."""
     total = sum(info.size for info in files.values())
     mode, why = decide(capacities, total)
     placement = Placement.build(((k, info.size) for k, info in files.items()), weights(capacities, mode))

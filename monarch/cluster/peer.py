@@ -18,6 +18,7 @@ from . import placement, transfer, world
 from .engine import TAG_CTRL, Engine
 from .serve import Server
 from .transfer import FIRST_REPLY_TAG, Incoming
+from .streamed import StreamedShare
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +77,23 @@ class Cluster:
         return placement.owner(key, self.nodes)
 
     # -- snapshot ----------------------------------------------------------------------
-    def share(self, take, timeout=None):
+    def share(self, take, timeout=None, on_files=None):
         """Collective: node 0 returns and broadcasts ``take()``; every node returns it.
 
         Waiting nodes poll (MPICH's blocking broadcast would spin a core for as long as
         node 0 walks the PFS). If ``take`` raises on node 0 it re-raises there and every
         other node raises PeerError. ``timeout`` (None: wait forever) bounds the wait.
+
+        Streamed (``on_files`` given): node 0 calls ``take(publish)``, where ``publish(files)``
+        (a dict key -> info, from the walking thread) sends the files walked so far to every
+        node, at most every STREAM_EVERY seconds; each node's ``on_files(files)`` sees every
+        file once, in walk order, before ``share`` returns, so staging starts with the walk.
         """
+        if on_files is None:
+            return self._share_whole(take, timeout)
+        return StreamedShare(self, on_files, timeout).run(take)
+
+    def _share_whole(self, take, timeout):
         error = None
         if self.node == 0:
             try:
@@ -90,21 +101,29 @@ class Cluster:
             except Exception as exc:
                 error = exc
                 payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
-            payload = bytearray(payload)
-            head = bytearray(len(payload).to_bytes(8, "little"))
         else:
-            head = bytearray(8)
+            payload = None
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._bcast(head, deadline)
-        if self.node != 0:
-            payload = bytearray(int.from_bytes(head, "little"))
-        self._bcast(payload, deadline)
+        payload = self.bcast_bytes(payload, deadline)
         if error is not None:
             raise error
         status, value = pickle.loads(payload)
         if status != "ok":
             raise PeerError(f"node 0 could not take the dataset snapshot: {value}")
         return value
+
+    def bcast_bytes(self, payload, deadline):
+        """Collective: node 0's ``payload`` (bytes) on every node (a length, then the bytes)."""
+        if self.node == 0:
+            payload = bytearray(payload)
+            head = bytearray(len(payload).to_bytes(8, "little"))
+        else:
+            head = bytearray(8)
+        self._bcast(head, deadline)
+        if self.node != 0:
+            payload = bytearray(int.from_bytes(head, "little"))
+        self._bcast(payload, deadline)
+        return payload
 
     def allgather_ints(self, values, timeout=None):
         """Collective: every node's ``values`` (the same count of 64-bit integers on each), indexed

@@ -114,7 +114,7 @@ class NodeDaemon:
         """A stager on ``snapshot``, known to ``close`` (which stops and drains every one,
         the walk's streaming one included, before the tiers go). Sharded, it keeps this
         node's share; others' files go through the peer cache."""
-        if self._sharded():
+        if self._sharded() or self._walking_cluster():  # its own share, from the PFS
             stager = Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self.count)
             if not self.config.staging.threads:  # every node waits on this one's share: start deep toward the PFS
                 stager.concurrency.limit = max(stager.concurrency.limit, SHARD_START_DEPTH)
@@ -132,21 +132,33 @@ class NodeDaemon:
     def _sharded(self) -> bool:
         return self.layout is not None and self.layout.mode == "shard"
 
-    def _plan_cluster(self, snap: Snapshot) -> None:
-        """Collective, once the snapshot is shared: exchange capacities, decide replicate or
-        shard, set the placement; sharded, the peer area becomes an evicting cache."""
+    def _walking_cluster(self) -> bool:
+        """A real cluster (not a test's stand-in) whose layout is not decided yet."""
+        return hasattr(self.cluster, "allgather_ints") and self.layout is None
+
+    def _exchange_capacities(self) -> list[tuple[int, int]] | None:
+        """Collective, before the walk: every node's (tiers' bytes, peer area's bytes); None
+        when they could not be exchanged (files are then owned by rendezvous hashing)."""
         from monarch.cluster import capacity
-        from monarch.node.peer_cache import PeerCache
-        if not hasattr(self.cluster, "allgather_ints"):  # a stand-in peer layer (tests): rendezvous ownership
-            return
+        if not hasattr(self.cluster, "allgather_ints"):  # a stand-in peer layer (tests)
+            return None
         tiers = sum(t.capacity for t in self.tiers)
         peer = self.peer_area.capacity if self.peer_area is not None else 0
         try:
-            self.layout = capacity.plan(self.cluster, snap.files, tiers, peer)
+            return capacity.exchange(self.cluster, tiers, peer)
         except PeerError as e:  # fail open: rendezvous ownership, the peer area a store, the PFS when full
             log.warning("the nodes' capacities were not exchanged (%s): files are owned by rendezvous hashing", e)
-            return
-        if self.layout.mode == "shard":
+            return None
+
+    def _plan_cluster(self, snap: Snapshot, capacities: list[tuple[int, int]] | None) -> None:
+        """Once the snapshot is shared: decide replicate or shard, set the placement (the same
+        on every node); sharded, the peer area becomes an evicting cache; replicating, the
+        stager fetches other nodes' files from them."""
+        from monarch.cluster import capacity
+        from monarch.node.peer_cache import PeerCache
+        if capacities is not None:
+            self.layout = capacity.plan(self.cluster, snap.files, capacities)
+        if self.layout is not None and self.layout.mode == "shard":
             self.cluster.serve_threads = max(self.cluster.serve_threads, 32)  # every other node asks this one
             self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
 
@@ -217,12 +229,14 @@ class NodeDaemon:
             if self._streams_read_ahead():  # copies begin with the walk's first directories
                 growing = Snapshot(tuple(self.config.dataset.roots), {})
                 stager = self._make_stager(growing)
-            snap = self._take_snapshot(growing, stager.read_ahead_more if stager is not None else None)
+            snap = self._take_snapshot(growing, stager)
             log.debug("phase snapshot.done")
             if self.gate.closing:  # stopped during the walk: leave the kept copies as they are
                 if stager is not None:
                     stager.shutdown()
                 return
+            if stager is not None and self.layout is not None and not self._sharded():  # replicating
+                stager.peers, stager.peer_area = self._peers, self.peer_area
             if stager is None or snap.files is not growing.files:  # not streamed, or a kept snapshot reused
                 if stager is not None:
                     stager.shutdown()
@@ -339,29 +353,73 @@ class NodeDaemon:
             return None
 
     def _streams_read_ahead(self) -> bool:
-        """May the read-ahead start on the walk's files as it finds them? Alone on the node
-        (a cluster's walk is node 0's), without a kept tier (its copies are adopted only
-        once the walk is whole) and with the read-ahead on. The copies made meanwhile are
+        """May the read-ahead start on the walk's files as it finds them? Without a kept tier
+        (its copies are adopted only once the walk is whole), with the read-ahead on, alone
+        on the node or in a real cluster (node 0's walk streamed to every node, each staging
+        what it will surely own: monarch/cluster/early.py). The copies made meanwhile are
         not served before the index exists (the shim waits for it)."""
-        return (self.cluster is None and not any(t.keep for t in self.tiers)
-                and self.config.staging.policy == "read-ahead")
+        return ((self.cluster is None or hasattr(self.cluster, "allgather_ints"))
+                and not any(t.keep for t in self.tiers) and self.config.staging.policy == "read-ahead")
 
-    def _take_snapshot(self, into: Snapshot | None = None, on_directory=None) -> Snapshot:
+    def _take_snapshot(self, into: Snapshot | None = None, stager: Stager | None = None) -> Snapshot:
         """One walk per job (node 0's, in a cluster), or the last job's snapshot when no
         directory changed since (snapshot.load_or_walk); ``staging.validate: open`` walks.
-        A walk fills ``into`` (if given) and tells ``on_directory`` each directory's files."""
+        A walk fills ``into`` (if given) and ``stager`` (if given) copies its files as the
+        walk finds them (in a cluster, those this node will surely own)."""
         t0 = time.perf_counter()
-        roots = self.config.dataset.roots
-        fresh = self.config.staging.validate == "open"
-        take = lambda: load_or_walk(roots, self._snapshot_cache(), fresh, into, on_directory)  # noqa: E731
-        snap, self.snapshot_how = take() if self.cluster is None else self.cluster.share(take)
-        if self.cluster is not None:
-            snap = snap.with_local_devices()
-            self._plan_cluster(snap)
+        if self.cluster is None:
+            on_directory = stager.read_ahead_more if stager is not None else None
+            snap, self.snapshot_how = self._walk(into, on_directory)
+        else:
+            capacities = self._exchange_capacities()
+            if into is not None and stager is not None:
+                snap, self.snapshot_how = self._share_streamed(into, stager, capacities)
+            else:
+                snap, self.snapshot_how = self.cluster.share(self._walk)
+                snap = snap.with_local_devices()
+            self._plan_cluster(snap, capacities)
         self.snapshot_seconds = time.perf_counter() - t0
         log.info("snapshot (%s): %d files, %d directories, %d bytes in %.2fs", self.snapshot_how, len(snap.files),
                  len(snap.dirs), snap.total_bytes, self.snapshot_seconds)
         return snap
+
+    def _walk(self, into: Snapshot | None = None, on_directory=None) -> tuple[Snapshot, str]:
+        roots = self.config.dataset.roots
+        return load_or_walk(roots, self._snapshot_cache(), self.config.staging.validate == "open", into, on_directory)
+
+    def _share_streamed(self, growing: Snapshot, stager: Stager, capacities) -> tuple[Snapshot, str]:
+        """Collective: node 0 walks into ``growing`` and streams the files it finds; every node
+        keeps them in its ``growing`` and stages at once those it will surely own. Returns
+        ``growing``, whole (the stager over it goes on after the walk)."""
+        from monarch.cluster.early import EarlyShare
+        early = EarlyShare(capacities, self.node) if capacities is not None else None
+
+        def on_files(files: dict) -> None:  # every node, every file once, in walk order
+            if self.node != 0:
+                growing.files.update(files)
+            if early is not None:
+                stager.read_ahead_more(early.add([(key, info.size) for key, info in files.items()]))
+
+        def take(publish) -> tuple[Snapshot, str]:  # node 0
+            sent: set[str] = set()
+
+            def on_directory(keys: list[str]) -> None:
+                sent.update(keys)
+                publish({key: growing.files[key] for key in keys})
+            snap, how = self._walk(growing, on_directory)
+            if snap.files is not growing.files:  # the last job's snapshot, reused whole
+                growing.files.update(snap.files)
+                growing.dirs.update(snap.dirs)
+                growing.links.update(snap.links)
+            publish({key: info for key, info in growing.files.items() if key not in sent})
+            return Snapshot(growing.roots, {}, growing.dirs, growing.links), how  # the files went ahead
+
+        rest, how = self.cluster.share(take, on_files=on_files)
+        if self.node != 0:
+            growing.dirs.update(rest.dirs)
+            growing.links.update(rest.links)
+        growing.localize_devices()
+        return growing, how
 
     def _pfs_rate(self) -> float | None:
         """Bytes per second read from the PFS so far (a compressed tier's level must

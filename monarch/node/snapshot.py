@@ -98,6 +98,28 @@ class Snapshot:
     def with_local_devices(self) -> "Snapshot":
         """The snapshot with each root's st_dev as this node sees it (a snapshot received from
         another node carries that node's device numbers, which need not be ours)."""
+        remap = self._device_remap()
+        if not remap:
+            return self
+        fix = lambda i: i._replace(dev=remap.get(i.dev, i.dev))  # noqa: E731
+        return Snapshot(self.roots, {k: fix(i) for k, i in self.files.items()},
+                        {k: d._replace(info=fix(d.info)) for k, d in self.dirs.items()},
+                        {k: fix(i) for k, i in self.links.items()})
+
+    def localize_devices(self) -> None:
+        """``with_local_devices`` in place: a stager copying from this snapshot keeps it."""
+        remap = self._device_remap()
+        if not remap:
+            return
+        fix = lambda i: i._replace(dev=remap.get(i.dev, i.dev))  # noqa: E731
+        for table in (self.files, self.links):
+            for k, i in list(table.items()):
+                table[k] = fix(i)
+        for k, d in list(self.dirs.items()):
+            self.dirs[k] = d._replace(info=fix(d.info))
+
+    def _device_remap(self) -> dict[int, int]:
+        """Node 0's device number of each root -> this node's."""
         remap = {}
         for k, root in enumerate(self.roots):
             d = self.dirs.get(f"{k}/")
@@ -107,12 +129,7 @@ class Snapshot:
                 continue
             if d is not None and d.info.dev != here:
                 remap[d.info.dev] = here
-        if not remap:
-            return self
-        fix = lambda i: i._replace(dev=remap.get(i.dev, i.dev))  # noqa: E731
-        return Snapshot(self.roots, {k: fix(i) for k, i in self.files.items()},
-                        {k: d._replace(info=fix(d.info)) for k, d in self.dirs.items()},
-                        {k: fix(i) for k, i in self.links.items()})
+        return remap
 
 
 def _child_key(dkey: str, name: str) -> str:

@@ -3,6 +3,7 @@ socket), a reader attached to every node with `monarch run`, the PFS counted by 
 PFS itself."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,10 +31,10 @@ def mpiexec():
 class Cluster:
     """`mpiexec -disable-auto-cleanup -n N monarch serve` for one test, always torn down."""
 
-    def __init__(self, nodes, cfg, base):
+    def __init__(self, nodes, cfg, base, verbose=()):
         self.nodes, self.cfg, self.base = nodes, cfg, base
         self.proc = subprocess.Popen([mpiexec(), "-disable-auto-cleanup", "-n", str(nodes), sys.executable, "-m",
-                                      "monarch", "serve", "-c", cfg], env=monarch_env(), start_new_session=True,
+                                      "monarch", *verbose, "serve", "-c", cfg], env=monarch_env(), start_new_session=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 60
         while not all(os.path.exists(self.socket(k)) for k in range(nodes)):
@@ -79,6 +80,18 @@ def finish(procs, timeout=240):
         outs.append(out)
         assert p.returncode == 0, out  # the reader checked every file's digest
     return outs
+
+
+def test_each_daemon_logs_as_its_own_node(dataset, short_tmp):
+    """A standing daemon learns its node from MPI after the logging is set up: every rank
+    once logged as node 0."""
+    ds = dataset(files=20, size="4KiB")
+    cfg = write_config(short_tmp, ds.root)
+    cluster = Cluster(3, cfg, short_tmp, verbose=["-v"])
+    assert cluster.stop(range(3)) == 0
+    out = cluster.proc.stdout.read()
+    for k in range(3):
+        assert len(re.findall(rf"^\[monarch node {k}\] INFO snapshot \(", out, re.M)) == 1, out
 
 
 @pytest.mark.parametrize("nodes", [2, 4])
