@@ -174,7 +174,8 @@ def cmd_serve(args) -> int:
 
 
 def _write_job_report(nodes: list, config, path: str, rid: str) -> None:
-    from monarch.report import build_report, write_report
+    from monarch.report.build import build_report
+    from monarch.report.store import write_report
     report = build_report(nodes, {"job_id": rid, "config": config.source, "nodes": len(nodes)})  # a standing daemon's
     write_report(report, config.report or path)
     log.warning("report written to %s", config.report or path)
@@ -282,10 +283,11 @@ def cmd_plan(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from monarch.report import load_report, print_report
+    from monarch.report.store import load_report
+    from monarch.report.text import print_report
     report = load_report(args.file)
     if args.html:
-        from monarch.report_html import write_html
+        from monarch.report.html import write_html
         write_html(report, args.html)
         print(f"{args.html}: written (open it in a browser; it needs no network)")
         return 0

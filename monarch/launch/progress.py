@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, Mapping, TextIO
 
-from monarch.report import human
+from monarch.sizes import human
 
 ENV_PROGRESS = "MONARCH_PROGRESS"
 ENV_INTERVAL = "MONARCH_PROGRESS_INTERVAL"

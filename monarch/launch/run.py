@@ -26,7 +26,9 @@ from monarch import layout, protocol, secure
 from monarch.launch import topology
 from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
-from monarch.report import build_report, print_report, session_delta, write_report
+from monarch.report.build import build_report, session_delta
+from monarch.report.store import write_report
+from monarch.report.text import print_report
 from monarch.shim import shim_library
 
 log = logging.getLogger(__name__)
@@ -474,7 +476,7 @@ def _print_and_write(config: Config, session: Session, cmd: list[str], code: int
     html_path = html_path or config.report_html
     if html_path:
         try:
-            from monarch.report_html import write_html
+            from monarch.report.html import write_html
             write_html(report, html_path)
             out.write(f"html      : {html_path}\n")
         except (OSError, MonarchError) as e:

@@ -37,7 +37,7 @@ from monarch.node.stager import Stager
 from monarch.node.stats import size_classes
 from monarch.node.tiers import Tier
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
-from monarch.timeline import Sampler, Timeline
+from monarch.report.timeline import Sampler, Timeline
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from monarch.errors import MonarchError
-from monarch.report import SCHEMA, build_report, load_report, print_report
+from monarch.report.build import SCHEMA, build_report
+from monarch.report.store import load_report
+from monarch.report.text import print_report
 
 MiB = 2**20
 
@@ -198,7 +200,7 @@ def test_peer_bytes_on_the_wire_are_summed_and_printed():
 
 
 def test_the_report_is_readable_by_its_owner_only(tmp_path):
-    from monarch.report import write_report
+    from monarch.report.store import write_report
     old = os.umask(0o022)  # a usual umask: the mode must not depend on it
     try:
         path = tmp_path / "out" / "report.json"

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from monarch.cli import main
-from monarch.report import build_report
+from monarch.report.build import build_report
 
 pytest.importorskip("matplotlib")
 MiB = 2**20

@@ -16,7 +16,7 @@ import shlex
 from typing import Any
 
 from monarch.errors import MonarchError
-from monarch.report import human
+from monarch.sizes import human
 
 MiB = 1 << 20
 STATES = {None: "taking files", "full": "full (capacity)", "memory_margin": "stopped: memory margin",
