@@ -193,7 +193,7 @@ def cmd_stop(args) -> int:
     from monarch import layout, protocol, secure
     from monarch.launch.topology import job_id, node_index
     config = _load(args.config, check_roots=False)  # stopping needs no dataset (it may be gone already)
-    path = os.path.join(layout.user_dir(config.run_dir), f"{job_id()}-node{node_index()}", "daemon.sock")
+    path = os.path.join(layout.user_dir(config.run_base), f"{job_id()}-node{node_index()}", "daemon.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(30)
@@ -228,7 +228,7 @@ def cmd_check_config(args) -> int:
     print(f"  memory  : RAM tiers leave {margin} available")
     print(f"  staging : {config.staging.policy}, {config.staging.threads or 'auto'} copies in flight, "
           f"validate {config.staging.validate}")
-    print(f"  run_dir : {config.run_dir}")
+    print(f"  run_base: {config.run_base}")
     _print_keys(config, args.file)
     return 0
 
@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-c", "--config")
     s.add_argument("--dataset", action="append", metavar="PATH",
                    help="a dataset root (repeat for several); replaces dataset.roots of the configuration")
-    s.add_argument("--report", help="where the job report goes at stop (default: <run_dir>/report.json)")
+    s.add_argument("--report", help="where the job report goes at stop (default: the run directory's report.json)")
     s.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_serve)
 

@@ -1,6 +1,6 @@
 """Where one run keeps its things on this node: private, per run, cleaned up after a crash.
 
-Every configured path (``run_dir``, ``tiers[].path``, ``peer.path``) is a *base*: Monarch
+Every configured path (``run_base``, ``tiers[].path``, ``peer.path``) is a *base*: Monarch
 makes ``<base>/monarch-<uid>/`` (0700, checked, see monarch/secure.py) and works only
 inside it.
 
@@ -16,7 +16,7 @@ inside it.
   One run uses a kept directory at a time (a lock); a second one stages privately.
 
 Each directory made for a run holds a marker (its pid, process start time, host and kind:
-``run`` or ``tier``). The two kinds may share a base (the shipped defaults put ``run_dir``
+``run`` or ``tier``). The two kinds may share a base (the shipped defaults put ``run_base``
 and the SSD tier in ``${TMPDIR:-/tmp}``) and are cleaned up differently:
 
 - a tier directory whose marker names a process that is gone is a crashed run's left-over:

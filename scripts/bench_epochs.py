@@ -168,7 +168,7 @@ def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int,
         staging["threads"] = args.threads if args.threads == "auto" else int(args.threads)
     config = {
         "dataset": {"roots": [mount]},
-        "run_dir": str(work / "run"),
+        "run_base": str(work / "run"),
         "tiers": [{"name": "ram", "path": str(shm / "tier-ram"), "capacity": f"{capacity}B", "keep": False,
                    "compression": compression}],
         "report": str(work / "monarch-report.json"),

@@ -155,9 +155,9 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
     node, if it serves this dataset; else start an embedded one for the run."""
     node = topology.node_index()
     try:
-        runs = layout.user_dir(config.run_dir)
+        runs = layout.user_dir(config.run_base)
     except secure.UnsafeBaseError as e:
-        raise MonarchError(f"config {config.source}: run_dir: {e}") from None
+        raise MonarchError(f"config {config.source}: run_base: {e}") from None
     candidates = [run] + [j for j in [topology.job_id()] if j != run]
     for rid in candidates[1:]:
         session = attach(os.path.join(runs, f"{rid}-node{node}", "daemon.sock"))
@@ -167,7 +167,7 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
             session.close()
     if is_cluster_run(config_file):  # never a single-node daemon behind the cluster's back
         return wait_for_cluster_daemon(config, node), None
-    run_dir = layout.run_dir(config.run_dir, run, node)
+    run_dir = layout.run_dir(config.run_base, run, node)
     socket_path = os.path.join(run_dir, "daemon.sock")
     with _start_lock(run_dir):  # several launchers of the run on a node start one daemon
         session = attach(socket_path)
@@ -243,7 +243,7 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
     timeout = float(os.environ.get("MONARCH_CLUSTER_WAIT", CLUSTER_WAIT_TIMEOUT)) if timeout is None else timeout
     out = sys.stderr if out is None else out
     job = topology.job_id()
-    path = os.path.join(layout.user_dir(config.run_dir), f"{job}-node{node}", "daemon.sock")
+    path = os.path.join(layout.user_dir(config.run_base), f"{job}-node{node}", "daemon.sock")
     t0 = time.monotonic()
     note = t0 + CLUSTER_WAIT_NOTE
     while True:

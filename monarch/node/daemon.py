@@ -73,7 +73,7 @@ class NodeDaemon:
         self._link_targets: dict[str, list[str]] | None = None  # see _links_into
         self._door: FrontDoor | None = None  # the server's C front door (make_front_door)
         self._stagers: "weakref.WeakSet[Stager]" = weakref.WeakSet()  # every stager made: close() drains them
-        self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
+        self.run_dir = layout.run_dir(config.run_base, run_id, self.node)
         # the run directory is this instance's from here (a live one refused); a dead one's
         # index, counters and socket are gone before anything of this one is published
         self.instance = Instance(self.run_dir)
@@ -327,7 +327,7 @@ class NodeDaemon:
         """Where the last walk of this dataset is kept for the next job (the user's private
         ``snapshots`` directory under the run base, keyed by the dataset id), or None."""
         try:
-            directory = private_dir(os.path.join(user_dir(self.config.run_dir), "snapshots"))
+            directory = private_dir(os.path.join(user_dir(self.config.run_base), "snapshots"))
             return os.path.join(directory, f"{layout.dataset_id(self.config.dataset.roots)}.index")
         except (UnsafePathError, OSError) as e:
             log.warning("the snapshot is not kept for the next job: %s", e)

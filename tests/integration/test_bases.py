@@ -17,7 +17,7 @@ def two_tiers(short_tmp, root, ram_base, ssd_base) -> str:
     os.makedirs(run_base, exist_ok=True)
     path = os.path.join(short_tmp, "c.yaml")
     with open(path, "w") as f:
-        f.write(f'dataset: {{roots: ["{root}"]}}\nrun_dir: "{run_base}"\n'
+        f.write(f'dataset: {{roots: ["{root}"]}}\nrun_base: "{run_base}"\n'
                 f'tiers:\n  - {{name: ram, path: "{ram_base}", capacity: 1GiB}}\n'
                 f'  - {{name: ssd, path: "{ssd_base}", capacity: 1GiB}}\n'
                 'staging: {policy: on-access, threads: 2}\n')
@@ -85,5 +85,5 @@ def test_a_missing_run_base_is_named_and_the_command_reads_the_pfs(dataset, shor
     r = monarch("run", "-c", cfg, "--", *reader(ds, epochs=1))
     assert r.returncode == 0, r.stderr
     run_base = os.path.join(short_tmp, "run")
-    assert len(lines_with(r.stderr, "not active for this run", f"run_dir: {run_base} does not exist")) == 1, r.stderr
+    assert len(lines_with(r.stderr, "not active for this run", f"run_base: {run_base} does not exist")) == 1, r.stderr
     assert not os.path.exists(run_base)

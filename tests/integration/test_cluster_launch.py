@@ -45,7 +45,7 @@ def test_waiting_for_a_cluster_daemon_is_bounded_and_says_so(tmp_path, monkeypat
     monkeypatch.setattr("monarch.launch.run.CLUSTER_WAIT_NOTE", 0.1)
     monkeypatch.setenv("MONARCH_JOB_ID", "nojob")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_dir: {tmp_path}/run\n")
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_base: {tmp_path}/run\n")
     (tmp_path / "run").mkdir()  # a base must exist
     out = io.StringIO()
     try:

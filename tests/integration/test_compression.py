@@ -45,7 +45,7 @@ def config(base: str, root: str, compression: str = "zstd", capacity: str = "1Gi
     path = os.path.join(base, "monarch.yaml")
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: [{json.dumps(root)}]}}
-run_dir: "{base}/run"
+run_base: "{base}/run"
 tiers:
   - {{name: ram, path: "/dev/shm{base}/ram", capacity: {capacity}, compression: {compression},
      decoded_cache: {decoded_cache}}}

@@ -182,7 +182,7 @@ def one_tier_config(short_tmp, root, tier_base, policy="on-access") -> str:
     os.makedirs(run_base, exist_ok=True)
     path = os.path.join(short_tmp, "one-tier.yaml")
     with open(path, "w") as f:
-        f.write(f'dataset: {{roots: ["{root}"]}}\nrun_dir: "{run_base}"\n'
+        f.write(f'dataset: {{roots: ["{root}"]}}\nrun_base: "{run_base}"\n'
                 f'tiers: [{{name: ssd, path: "{tier_base}", capacity: 1GiB}}]\n'
                 f'staging: {{policy: {policy}, threads: 2}}\n')
     return path

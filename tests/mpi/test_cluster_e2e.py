@@ -138,7 +138,7 @@ def test_compressed_copies_cross_the_network_as_stored(short_tmp):
     cfg = os.path.join(short_tmp, "monarch.yaml")
     with open(cfg, "w") as f:  # one compressed RAM tier per node
         f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{short_tmp}/run${{MONARCH_NODE}}"
+run_base: "{short_tmp}/run${{MONARCH_NODE}}"
 tiers:
   - {{name: ram, path: "/dev/shm{short_tmp}/ram${{MONARCH_NODE}}", capacity: 1GiB, compression: zstd}}
 peer: {{path: "{short_tmp}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}

@@ -60,7 +60,7 @@ def _made(parent, name, kind, when):
 
 
 def test_tier_clean_up_leaves_finished_runs_in_a_shared_base(tmp_path):
-    # the shipped defaults: run_dir and the SSD tier share ${TMPDIR:-/tmp}
+    # the shipped defaults: run_base and the SSD tier share ${TMPDIR:-/tmp}
     run = _made(tmp_path, "run-a-node0", "run", 1_000_000)
     tier = _made(tmp_path, "run-a-node0-0123abcd", "tier", 1_000_000)
     old_run = _marked(tmp_path, "run-b-node0", _dead_pid(), 1_000_001)         # a marker without a kind:
