@@ -466,7 +466,7 @@ def run_monarch(pfs: SlowPFS, manifest: Path, work: Path, shm: Path, dataset_byt
     result["config"] = json.loads(config.read_text().split("\n", 1)[1])
     if report_path.exists():
         report = json.loads(report_path.read_text())
-        result["report"] = {k: report.get(k) for k in ("sources", "pfs", "staging", "dataset", "tiers", "nodes")}
+        result["report"] = {k: report.get(k) for k in ("opened_from", "pfs", "staging", "dataset", "tiers", "nodes")}
     return result
 
 

@@ -2,7 +2,7 @@
 
 The launcher polls its session with a brief REPORT (the daemon's counters: a counters-file
 read and a few locked copies, no timeline) at most once a second and says how far staging
-is: files and bytes staged of the dataset, the staging rate, opens served per source and
+is: files and bytes staged of the dataset, the staging rate, opens per place served from and
 the PFS bytes so far. On a terminal it is the terminal's bottom row, kept out of the
 scrolling region (as apt does: DECSTBM), so the command's output scrolls above it and
 never shares a line with it; otherwise a whole line every few seconds, written with one
@@ -145,8 +145,8 @@ def line(stats: dict, rate: float | None) -> str:
                  f"{human(ds.get('bytes', 0))}{pct}"]
     if rate is not None:
         parts.append(f"{human(rate)}/s")
-    sources = stats.get("sources", {})
-    parts.append("opens " + " ".join(f"{name} {c.get('opens', 0)}" for name, c in sources.items()))
-    pfs = sources.get("pfs", {}).get("bytes", 0) + st.get("pfs_bytes_read", 0)
+    opened_from = stats.get("opened_from", {})
+    parts.append("opens " + " ".join(f"{name} {c.get('opens', 0)}" for name, c in opened_from.items()))
+    pfs = opened_from.get("pfs", {}).get("bytes", 0) + st.get("pfs_bytes_read", 0)
     parts.append(f"PFS read {human(pfs)}")
     return " | ".join(parts)

@@ -506,7 +506,7 @@ def _stats_without_daemon(config: Config, session: Session) -> dict:
     """The shim's counters survive the daemon: report what the application read."""
     names = protocol.slot_names([t.name for t in config.tiers], with_peer=False)
     return {"node": 0, "host": socket.gethostname(),
-            "sources": protocol.read_sources(session.env[protocol.ENV_COUNTERS], names),
+            "opened_from": protocol.read_opened_from(session.env[protocol.ENV_COUNTERS], names),
             "staging": {"files": 0, "bytes": 0, "pfs_files_read": 0, "pfs_bytes_read": 0,
                         "failures": {"daemon_lost": 1}},
             "dataset": {"files": 0, "bytes": 0}, "peer": {}, "resolves": {}, "tiers": []}

@@ -448,7 +448,7 @@ class NodeDaemon:
         return tier.path_for(key)
 
     # -- statistics and shutdown ---------------------------------------------------------
-    def _source_names(self) -> dict[int, str]:
+    def _slot_names(self) -> dict[int, str]:
         names = {protocol.SLOT_PFS: "pfs"} | {t.slot: t.name for t in self.tiers}  # a skipped tier keeps its slot
         if self.cluster is not None:
             names[protocol.SLOT_PEER] = "peer"
@@ -457,7 +457,7 @@ class NodeDaemon:
     def _counters_now(self) -> tuple[dict[str, int], dict[str, int]]:
         """The timeline's sample: cumulative counters and the tiers' levels."""
         counters = {}
-        for name, c in protocol.read_sources(self.counters_path, self._source_names()).items():
+        for name, c in protocol.read_opened_from(self.counters_path, self._slot_names()).items():
             counters[f"opens.{name}"] = c["opens"]
             counters[f"bytes.{name}"] = c["bytes"]
         s = self.stager.stats()
@@ -471,7 +471,7 @@ class NodeDaemon:
         """This node's numbers (the report module turns them into the report). ``brief`` (the
         launcher's progress polls) leaves out the timeline and the size classes, whose cost
         grows with the job's length and the dataset's size."""
-        sources = protocol.read_sources(self.counters_path, self._source_names())
+        opened_from = protocol.read_opened_from(self.counters_path, self._slot_names())
         door = None
         if self._door is not None:
             self.absorb_front_door()
@@ -507,7 +507,7 @@ class NodeDaemon:
             "metadata": {"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
                          "off_roots": [k for k in range(len(self.config.dataset.roots))
                                        if off & (1 << min(k, 63))]},
-            "sources": sources,
+            "opened_from": opened_from,  # per slot an open was served from (the shim's counters)
             # compressed copies the shim decoded in the application's processes (shim_zstd.c)
             "decompression": {"opens": counters[protocol.EXTRA_ZSTD_OPENS], "ns": counters[protocol.EXTRA_ZSTD_NS],
                               "bytes": counters[protocol.EXTRA_ZSTD_BYTES],

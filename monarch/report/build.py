@@ -1,7 +1,7 @@
 """The access report's JSON document: the nodes' statistics combined into one, versioned.
 
-Schema ``monarch.report/3`` is documented in README.md ("Report reference"); ``/1`` and
-``/2`` reports are still read and printed (``monarch.report.store``).
+Schema ``monarch.report/4`` is documented in README.md ("Report reference"); ``/1`` to
+``/3`` reports are still read and printed (``monarch.report.store``).
 """
 
 from __future__ import annotations
@@ -12,22 +12,23 @@ from typing import Any, Iterable
 
 from monarch.report.timeline import combine_timelines
 
-SCHEMA = "monarch.report/3"
+SCHEMA = "monarch.report/4"  # /4: "sources" (where opens were served from) became "opened_from"
 
 def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
     """Combine per-node statistics (``NodeDaemon.stats()``; None or ``{"missing": True}`` for a lost node).
 
-    Per source the statistics give ``opens`` and ``bytes``, and may give ``opens_uncounted``:
+    Per slot an open was served from (``opened_from``: a tier, ``peer``, ``pfs``) the statistics
+    give ``opens`` and ``bytes``, and may give ``opens_uncounted``:
     opens whose bytes the shim cannot see (read through mmap or stdio). Byte figures that
     include such opens are lower bounds (listed in ``pfs.lower_bounds``); a figure none of
     whose bytes were counted is None (unknown).
     """
     nodes = [None if not n or n.get("missing") else n for n in nodes]
     alive = [n for n in nodes if n]
-    sources: dict[str, collections.Counter] = {}
+    opened_from: dict[str, collections.Counter] = {}
     for n in alive:
-        for name, counts in n["sources"].items():
-            sources.setdefault(name, collections.Counter()).update(counts)
+        for name, counts in n["opened_from"].items():
+            opened_from.setdefault(name, collections.Counter()).update(counts)
     staging = collections.Counter()
     failures = collections.Counter()
     peer = collections.Counter()
@@ -55,8 +56,8 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         "dataset": alive[0]["dataset"] if alive else {"files": 0, "bytes": 0},
         "nodes_reporting": len(alive),
         "nodes_lost": [i for i, n in enumerate(nodes) if not n],
-        "sources": {name: dict(c) for name, c in sources.items()},
-        "pfs": _pfs_traffic(sources, staging["pfs_bytes_read"], dataset_bytes),
+        "opened_from": {name: dict(c) for name, c in opened_from.items()},
+        "pfs": _pfs_traffic(opened_from, staging["pfs_bytes_read"], dataset_bytes),
         "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
         "metadata": {"local": metadata["local"], "pfs": metadata["pfs"]},
         # opens of compressed copies decoded by the shim in the application's process: how
@@ -164,15 +165,15 @@ def _classes_over_nodes(alive: list[dict]) -> list[dict] | None:
                                    "bytes": max(0, first["bytes"] - held[1])}})
     return out
 
-def _pfs_traffic(sources: dict[str, collections.Counter], staging_bytes: int, dataset_bytes: int) -> dict:
+def _pfs_traffic(opened_from: dict[str, collections.Counter], staging_bytes: int, dataset_bytes: int) -> dict:
     """The PFS figures, each exact, a lower bound (named in ``lower_bounds``) or None (unknown)."""
-    pfs = sources.get("pfs", collections.Counter())
-    opens = sum(c["opens"] for c in sources.values())
-    uncounted = sum(c["opens_uncounted"] for c in sources.values())
+    pfs = opened_from.get("pfs", collections.Counter())
+    opens = sum(c["opens"] for c in opened_from.values())
+    uncounted = sum(c["opens_uncounted"] for c in opened_from.values())
     pfs_uncounted = pfs["opens_uncounted"]
     nothing_counted = opens > 0 and uncounted >= opens  # every managed open was read through mmap/stdio
     app_pfs = pfs["bytes"]
-    app_total = sum(c["bytes"] for c in sources.values())
+    app_total = sum(c["bytes"] for c in opened_from.values())
     pfs_total = app_pfs + staging_bytes
     lower = set()
     if pfs_uncounted:
@@ -193,7 +194,7 @@ def _pfs_traffic(sources: dict[str, collections.Counter], staging_bytes: int, da
         # a ratio of two lower bounds bounds nothing
         "saved_fraction": round(1 - pfs_total / app_total, 4) if app_total and not uncounted else None,
         # None: the shim did not tell mmap/stdio opens apart (their bytes are missing, unmarked)
-        "opens_uncounted": uncounted if any("opens_uncounted" in c for c in sources.values()) else None,
+        "opens_uncounted": uncounted if any("opens_uncounted" in c for c in opened_from.values()) else None,
         "lower_bounds": sorted(lower - ({"app_bytes"} if unknown else set())),
     }
 
@@ -205,7 +206,7 @@ def session_delta(end: dict, start: dict) -> dict:
         return {k: (v - b.get(k, 0) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
                 for k, v in a.items()}
     out = dict(end)
-    out["sources"] = {name: minus(c, start.get("sources", {}).get(name, {})) for name, c in end["sources"].items()}
+    out["opened_from"] = {name: minus(c, start.get("opened_from", {}).get(name, {})) for name, c in end["opened_from"].items()}
     staging = minus(end["staging"], start.get("staging", {}))
     staging["failures"] = {k: v for k, v in minus(end["staging"].get("failures", {}),
                                                   start.get("staging", {}).get("failures", {})).items() if v}

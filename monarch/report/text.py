@@ -19,8 +19,9 @@ def _amount(n: float | None, lower: bool) -> str:
     return f"≥ {human(n)}" if lower else human(n)
 
 
-def _source_amount(counts: dict) -> str:
-    """One source's bytes: exact, ``≥`` when some opens were uncounted, ``unknown`` when all were."""
+def _amount_opened_from(counts: dict) -> str:
+    """The bytes of one place opens were served from: exact, ``≥`` when some opens were uncounted,
+    ``unknown`` when all were."""
     opens, uncounted = counts.get("opens", 0), counts.get("opens_uncounted", 0)
     return _amount(None if opens and uncounted >= opens else counts.get("bytes", 0), uncounted > 0)
 
@@ -36,11 +37,11 @@ def print_report(report: dict, out: TextIO) -> None:
     w(f"dataset   : {ds['files']} files, {human(ds['bytes'])}\n")
     if report["nodes_lost"]:
         w(f"nodes lost: {report['nodes_lost']} (their numbers are missing)\n")
-    w(f"\n{'source':<10}{'opens':>12}{'bytes read':>16}{'share of bytes read':>22}\n")
-    total = sum(c["bytes"] for c in report["sources"].values()) or 1
-    for name, c in report["sources"].items():
+    w(f"\n{'opened from':<12}{'opens':>10}{'bytes read':>16}{'share of bytes read':>22}\n")
+    total = sum(c["bytes"] for c in report["opened_from"].values()) or 1
+    for name, c in report["opened_from"].items():
         share = f"{100 * c['bytes'] / total:.1f}%"
-        w(f"{name:<10}{c['opens']:>12}{_source_amount(c):>16}{share:>22}\n")
+        w(f"{name:<10}{c['opens']:>12}{_amount_opened_from(c):>16}{share:>22}\n")
     w("\nPFS traffic\n")
     w(f"  read by the application : {_amount(pfs['app_bytes'], 'app_bytes' in lower)}\n")
     w(f"  read by Monarch to stage: {human(pfs['staging_bytes'])}\n")
@@ -100,13 +101,13 @@ def print_report(report: dict, out: TextIO) -> None:
         w(f"peers     : sent {human(p.get('bytes_sent', 0))}, received {human(p.get('bytes_received', 0))}"
           f"{on_wire}\n")
     if len(report["nodes"]) > 1:
-        w(f"\n{'node':<6}" + "".join(f"{name:>12}" for name in report["sources"]) + f"{'staged':>12}{'pfs total':>12}\n")
+        w(f"\n{'node':<6}" + "".join(f"{name:>12}" for name in report["opened_from"]) + f"{'staged':>12}{'pfs total':>12}\n")
         for i, n in enumerate(report["nodes"]):
             if not n:
                 w(f"{i:<6}lost\n")
                 continue
-            cells = "".join(f"{_source_amount(n['sources'].get(name, {})):>12}" for name in report["sources"])
-            node_pfs = n["sources"].get("pfs", {})
+            cells = "".join(f"{_amount_opened_from(n['opened_from'].get(name, {})):>12}" for name in report["opened_from"])
+            node_pfs = n["opened_from"].get("pfs", {})
             pfs_cell = _amount(node_pfs.get("bytes", 0) + n["staging"]["pfs_bytes_read"],
                                node_pfs.get("opens_uncounted", 0) > 0)
             w(f"{i:<6}{cells}{human(n['staging']['bytes']):>12}{pfs_cell:>12}\n")

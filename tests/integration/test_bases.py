@@ -57,7 +57,7 @@ def test_a_tier_on_a_read_only_filesystem_is_named_at_the_start_and_in_the_repor
     assert len(lines_with(r.stderr, "tier ram not used:", "Read-only file system")) == 1, r.stderr  # the report
     rep = load(report)
     assert "Read-only file system" in rep["tier_errors"]["ram"]["reason"]
-    assert rep["sources"]["ssd"]["opens"] == 80 and "ram" not in rep["sources"]  # the other tier serves
+    assert rep["opened_from"]["ssd"]["opens"] == 80 and "ram" not in rep["opened_from"]  # the other tier serves
 
 
 def test_a_missing_tier_base_is_named_by_check_config_and_the_run_and_never_made(dataset, short_tmp):
@@ -73,7 +73,7 @@ def test_a_missing_tier_base_is_named_by_check_config_and_the_run_and_never_made
     r = monarch("run", "-c", cfg, "--report", report, "--", *reader(ds, epochs=2))
     assert r.returncode == 0, r.stderr
     assert len(lines_with(r.stderr, "tier ram is not used", line)) == 1, r.stderr
-    assert load(report)["sources"]["ssd"]["opens"] == 80
+    assert load(report)["opened_from"]["ssd"]["opens"] == 80
     assert not os.path.exists(os.path.dirname(missing))
 
 

@@ -19,8 +19,8 @@ def test_single_node_run_with_a_node_index_starts_its_daemon_and_uses_it(dataset
     assert "Monarch is not active" not in res.stderr
     rep = load(report)
     assert rep["nodes"][0]["node"] == 1
-    assert rep["sources"]["pfs"]["opens"] == 0  # the second epoch at least came from the node's tier
-    assert sum(c["opens"] for c in rep["sources"].values()) == 80
+    assert rep["opened_from"]["pfs"]["opens"] == 0  # the second epoch at least came from the node's tier
+    assert sum(c["opens"] for c in rep["opened_from"].values()) == 80
 
 
 def test_a_cluster_run_is_told_by_the_peer_section_and_the_node_index(tmp_path):

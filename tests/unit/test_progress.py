@@ -12,7 +12,7 @@ MiB = 2**20
 def stats(files, nbytes, ram_opens=0, pfs_bytes=0):
     return {"staging": {"files": files, "bytes": nbytes, "pfs_bytes_read": nbytes},
             "dataset": {"files": 100, "bytes": 100 * MiB},
-            "sources": {"pfs": {"opens": 2, "bytes": pfs_bytes}, "ram": {"opens": ram_opens, "bytes": 0}}}
+            "opened_from": {"pfs": {"opens": 2, "bytes": pfs_bytes}, "ram": {"opens": ram_opens, "bytes": 0}}}
 
 
 def test_a_line_says_staged_rate_opens_and_pfs_bytes():

@@ -15,8 +15,8 @@ from monarch.report.text import print_report
 MiB = 2**20
 
 
-def node(sources, staged=10 * MiB, files=10, node_index=0):
-    return {"node": node_index, "host": f"h{node_index}", "sources": sources,
+def node(opened_from, staged=10 * MiB, files=10, node_index=0):
+    return {"node": node_index, "host": f"h{node_index}", "opened_from": opened_from,
             "staging": {"files": files, "bytes": staged, "pfs_files_read": files, "pfs_bytes_read": staged,
                         "failures": {}},
             "dataset": {"files": files, "bytes": 10 * MiB}, "peer": {}, "resolves": {}, "tiers": []}
@@ -35,7 +35,7 @@ JOB = {"job_id": "j", "config": "c.yaml", "command": ["python", "train.py", "--n
 def test_all_bytes_counted_is_exact():
     r = build_report([node({"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0},
                             "ram": {"opens": 30, "bytes": 30 * MiB, "opens_uncounted": 0}})], JOB)
-    assert r["schema"] == SCHEMA == "monarch.report/3"
+    assert r["schema"] == SCHEMA == "monarch.report/4"
     p = r["pfs"]
     assert (p["app_bytes"], p["total_bytes"], p["without_monarch_bytes"], p["saved_bytes"]) == \
         (0, 10 * MiB, 30 * MiB, 20 * MiB)
@@ -92,7 +92,7 @@ def test_opens_uncounted_sums_over_nodes_and_marks_node_cells():
              node({"pfs": {"opens": 0, "bytes": 0}, "ram": {"opens": 5, "bytes": 2 * MiB, "opens_uncounted": 2}},
                   node_index=1)]
     r = build_report(nodes, {"job_id": "j", "config": "c", "nodes": 2})
-    assert r["sources"]["ram"] == {"opens": 10, "bytes": 7 * MiB, "opens_uncounted": 2}
+    assert r["opened_from"]["ram"] == {"opens": 10, "bytes": 7 * MiB, "opens_uncounted": 2}
     lines = text(r).splitlines()
     node_rows = [line for line in lines if line[:1] in "01" and "MiB" in line]
     assert "≥" not in node_rows[0] and "≥ 2.0 MiB" in node_rows[1]
@@ -108,7 +108,7 @@ def test_share_column_and_shell_quoted_command():
 
 def test_a_shim_without_uncounted_opens_keeps_the_caveat():
     r = build_report([node({"pfs": {"opens": 1, "bytes": 1 * MiB}, "ram": {"opens": 3, "bytes": 3 * MiB}})], JOB)
-    assert "opens_uncounted" not in r["sources"]["ram"]  # sources carry what the shim counted, as it counted it
+    assert "opens_uncounted" not in r["opened_from"]["ram"]  # opened_from carries what the shim counted, as it counted it
     assert "mmap and stdio reads count opens only" in text(r)
 
 
@@ -177,13 +177,35 @@ def test_tiers_and_size_classes_in_the_report_and_its_text():
     assert "<64KiB          10    10.0 MiB  ram 3 (3.0 MiB), not staged 7 (7.0 MiB)" in t
 
 
+def as_written_before_4(report, schema):
+    """``report`` as a schema before /4 wrote it: ``sources`` for ``opened_from``, in the nodes too."""
+    def old(d):
+        return {("sources" if k == "opened_from" else k): v for k, v in d.items()}
+    return old(report) | {"schema": schema, "nodes": [old(n) if n else n for n in report["nodes"]]}
+
+
 def test_version_2_reports_still_print(tmp_path):
     r = build_report([node({"pfs": {"opens": 1, "bytes": 1}})], JOB)
-    old = {k: v for k, v in r.items() if k not in ("tiers", "size_classes", "timeline")} | {"schema": "monarch.report/2"}
+    old = as_written_before_4({k: v for k, v in r.items() if k not in ("tiers", "size_classes", "timeline")},
+                              "monarch.report/2")
     path = tmp_path / "v2.json"
     path.write_text(json.dumps(old))
     t = text(load_report(str(path)))
     assert "Monarch access report" in t and "file size" not in t
+
+
+def test_a_version_3_report_reads_and_prints_as_today_s(tmp_path):
+    """/3 named the opens' slots ``sources``; /4 ``opened_from`` (``sources`` is where copies come from)."""
+    a = node({"pfs": {"opens": 4, "bytes": 3 * MiB, "opens_uncounted": 1}, "ram": {"opens": 9, "bytes": 5 * MiB,
+                                                                                  "opens_uncounted": 0}})
+    r = build_report([a, None, node({"ram": {"opens": 1, "bytes": MiB, "opens_uncounted": 0}}, node_index=2)], JOB)
+    path = tmp_path / "v3.json"
+    path.write_text(json.dumps(as_written_before_4(r, "monarch.report/3")))
+    loaded = load_report(str(path))
+    assert "sources" not in loaded and loaded["opened_from"]["ram"] == {"opens": 10, "bytes": 6 * MiB,
+                                                                       "opens_uncounted": 0}
+    assert [n and n["opened_from"]["ram"]["opens"] for n in loaded["nodes"]] == [9, None, 1]
+    assert text(loaded) == text(r)
 
 
 def test_peer_bytes_on_the_wire_are_summed_and_printed():
