@@ -193,7 +193,7 @@ def cmd_stop(args) -> int:
     from monarch import layout, protocol, secure
     from monarch.launch.topology import job_id, node_index
     config = _load(args.config, check_roots=False)  # stopping needs no dataset (it may be gone already)
-    path = os.path.join(layout.user_dir(config.run_base), f"{job_id()}-node{node_index()}", "daemon.sock")
+    path = layout.socket_path(config.run_base, job_id(), node_index())
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(30)

@@ -156,8 +156,9 @@ def run_direct(args, base, pfs, root, manifest, total) -> dict:
 
 
 def sockets(base: str, nodes: int) -> list[str]:
-    return [os.path.join(base, f"run{k}", f"monarch-{os.getuid()}", f"{JOB}-node{k}", "daemon.sock")
-            for k in range(nodes)]
+    """The daemons' sockets, named before their bases exist (layout.socket_path checks the base)."""
+    from monarch.layout import SOCKET, run_name
+    return [os.path.join(base, f"run{k}", f"monarch-{os.getuid()}", run_name(JOB, k), SOCKET) for k in range(nodes)]
 
 
 def wait_quiet(pfs, seconds: float = 1.5, limit: float = 120.0) -> None:

@@ -155,12 +155,12 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
     node, if it serves this dataset; else start an embedded one for the run."""
     node = topology.node_index()
     try:
-        runs = layout.user_dir(config.run_base)
+        layout.user_dir(config.run_base)  # checked once here, so an unsafe base names its key
     except secure.UnsafeBaseError as e:
         raise MonarchError(f"config {config.source}: run_base: {e}") from None
     candidates = [run] + [j for j in [topology.job_id()] if j != run]
     for rid in candidates[1:]:
-        session = attach(os.path.join(runs, f"{rid}-node{node}", "daemon.sock"))
+        session = attach(layout.socket_path(config.run_base, rid, node))
         if session is not None:
             if _serves(session, config):
                 return session, None
@@ -168,7 +168,7 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
     if is_cluster_run(config_file):  # never a single-node daemon behind the cluster's back
         return wait_for_cluster_daemon(config, node), None
     run_dir = layout.run_dir(config.run_base, run, node)
-    socket_path = os.path.join(run_dir, "daemon.sock")
+    socket_path = layout.socket_path(config.run_base, run, node)
     with _start_lock(run_dir):  # several launchers of the run on a node start one daemon
         session = attach(socket_path)
         if session is not None:
@@ -243,7 +243,7 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
     timeout = float(os.environ.get("MONARCH_CLUSTER_WAIT", CLUSTER_WAIT_TIMEOUT)) if timeout is None else timeout
     out = sys.stderr if out is None else out
     job = topology.job_id()
-    path = os.path.join(layout.user_dir(config.run_base), f"{job}-node{node}", "daemon.sock")
+    path = layout.socket_path(config.run_base, job, node)
     t0 = time.monotonic()
     note = t0 + CLUSTER_WAIT_NOTE
     while True:

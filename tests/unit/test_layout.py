@@ -91,3 +91,17 @@ def test_a_tier_directory_whose_marker_cannot_be_written_is_removed(tmp_path, mo
     with pytest.raises(OSError):
         layout.StorageDir.create(str(tmp_path), "run-x", 0)
     assert os.listdir(tmp_path / f"monarch-{os.getuid()}") == []  # no unmarked <run>-node0-<rand> left
+
+
+def test_launchers_and_the_daemon_name_one_socket(tmp_path):
+    """`monarch stop`, attaching launchers and the daemon's instance agree on one path."""
+    from monarch.node.instance import Instance
+    base = tmp_path / "base"
+    base.mkdir()
+    expected = os.path.join(os.path.realpath(base), f"monarch-{os.getuid()}", "job.3-node2", "daemon.sock")
+    assert layout.socket_path(str(base), "job.3", 2) == expected
+    instance = Instance(layout.run_dir(str(base), "job.3", 2))
+    try:
+        assert instance.public_socket_path == expected
+    finally:
+        instance.release()
