@@ -26,6 +26,7 @@ from monarch import layout, protocol, secure
 from monarch.launch import topology
 from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
+from monarch.node.stats import NodeStats
 from monarch.report.build import build_report, session_delta
 from monarch.report.store import write_report
 from monarch.report.text import print_report
@@ -457,12 +458,13 @@ def _say_unused_tiers(session: Session) -> None:
 def _print_and_write(config: Config, session: Session, cmd: list[str], code: int, run: str, wall: float,
                      stats: dict | None, baseline: dict | None, report_path: str | None, html_path: str | None,
                      out) -> None:
-    if stats is None:
-        stats = _stats_without_daemon(config, session)
+    node = NodeStats.from_wire(stats)
+    if node is None:
+        node = _stats_without_daemon(config, session)
         log.warning("the node daemon was lost during the run; the report holds the shim's counts only")
     elif baseline is not None:
-        stats = session_delta(stats, baseline)
-    report = build_report([stats], {"run_id": run, "job_id": topology.job_id(),
+        node = session_delta(node, NodeStats.from_dict(baseline))
+    report = build_report([node], {"run_id": run, "job_id": topology.job_id(),
                                     "config": config.source, "command": cmd, "exit_code": code,
                                     "wall_seconds": round(wall, 3)})
     path = report_path or config.report or os.path.join(session.run_dir, "report.json")
@@ -502,11 +504,10 @@ def _reap(daemon: subprocess.Popen, config: Config) -> None:
                 pass
 
 
-def _stats_without_daemon(config: Config, session: Session) -> dict:
+def _stats_without_daemon(config: Config, session: Session) -> NodeStats:
     """The shim's counters survive the daemon: report what the application read."""
     names = protocol.slot_names([t.name for t in config.tiers], with_peer=False)
-    return {"node": 0, "host": socket.gethostname(),
-            "opened_from": protocol.read_opened_from(session.env[protocol.ENV_COUNTERS], names),
-            "staging": {"files": 0, "bytes": 0, "pfs_files_read": 0, "pfs_bytes_read": 0,
-                        "failures": {"daemon_lost": 1}},
-            "dataset": {"files": 0, "bytes": 0}, "peer": {}, "resolves": {}, "tiers": []}
+    return NodeStats(node=0, host=socket.gethostname(),
+                     opened_from=protocol.read_opened_from(session.env[protocol.ENV_COUNTERS], names),
+                     staging={"files": 0, "bytes": 0, "pfs_files_read": 0, "pfs_bytes_read": 0,
+                              "failures": {"daemon_lost": 1}})

@@ -34,7 +34,7 @@ from monarch.node.resources import margin_bytes
 from monarch.node.snapshot import Snapshot, load_or_walk
 from monarch.node.sources import PeerSource
 from monarch.node.stager import Stager
-from monarch.node.stats import size_classes
+from monarch.node.stats import NodeStats, size_classes
 from monarch.node.tiers import Tier
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.report.timeline import Sampler, Timeline
@@ -468,6 +468,10 @@ class NodeDaemon:
         return counters, {t.name: t.used for t in tiers}
 
     def stats(self, brief: bool = False) -> dict:
+        """``node_stats`` as they cross the socket and MPI (``NodeStats.to_dict``)."""
+        return self.node_stats(brief).to_dict()
+
+    def node_stats(self, brief: bool = False) -> NodeStats:
         """This node's numbers (the report module turns them into the report). ``brief`` (the
         launcher's progress polls) leaves out the timeline and the size classes, whose cost
         grows with the job's length and the dataset's size."""
@@ -488,40 +492,42 @@ class NodeDaemon:
         except (OSError, ValueError):
             counters = (0,) * protocol.EXTRA_WORDS
         off = counters[protocol.EXTRA_META_OFF]
-        extra = {}
+        timeline = classes = None
         if not brief:
             self._sampler.sample()  # the last, partial interval
             # the peer area is a tier of the stager's: its files count as staged "peer"
-            extra = {"timeline": self.timeline.to_dict(),
-                     "size_classes": size_classes(self.snapshot.files, self.stager.staged.copy(), set())}
-        return extra | {
-            "node": self.node, "host": socket.gethostname(),
-            "uptime_seconds": round(time.time() - self.started, 3),
-            "snapshot_seconds": round(self.snapshot_seconds, 3),
-            "snapshot": self.snapshot_how,
+            timeline = self.timeline.to_dict()
+            classes = size_classes(self.snapshot.files, self.stager.staged.copy(), set())
+        return NodeStats(
+            node=self.node, host=socket.gethostname(),
+            uptime_seconds=round(time.time() - self.started, 3),
+            snapshot_seconds=round(self.snapshot_seconds, 3),
+            snapshot=self.snapshot_how,
             # when the snapshot was ready (or failed), in seconds after the daemon started and
             # as a time stamp: the application may have started long before (docs/design.md)
-            "snapshot_ready_seconds": (round(self.snapshot_ready_at - self.started, 3)
-                                       if self.snapshot_ready_at is not None else None),
-            "snapshot_ready_at": round(self.snapshot_ready_at, 3) if self.snapshot_ready_at is not None else None,
-            "metadata": {"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
-                         "off_roots": [k for k in range(len(self.config.dataset.roots))
-                                       if off & (1 << min(k, 63))]},
-            "opened_from": opened_from,  # per slot an open was served from (the shim's counters)
+            snapshot_ready_seconds=(round(self.snapshot_ready_at - self.started, 3)
+                                    if self.snapshot_ready_at is not None else None),
+            snapshot_ready_at=round(self.snapshot_ready_at, 3) if self.snapshot_ready_at is not None else None,
+            metadata={"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
+                      "off_roots": [k for k in range(len(self.config.dataset.roots))
+                                    if off & (1 << min(k, 63))]},
+            opened_from=opened_from,  # per slot an open was served from (the shim's counters)
             # compressed copies the shim decoded in the application's processes (shim_zstd.c)
-            "decompression": {"opens": counters[protocol.EXTRA_ZSTD_OPENS], "ns": counters[protocol.EXTRA_ZSTD_NS],
-                              "bytes": counters[protocol.EXTRA_ZSTD_BYTES],
-                              "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS]},
-            "staging": self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()},
-            "tiers": [t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.peer_area else []),
-            "tier_errors": dict(self.tier_errors),
-            "resolves": outcomes,
-            "peer": self.cluster.counters() if self.cluster is not None else {},
-            "dataset": {"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
-            "inflated_bytes": self.resolver.inflated_bytes,
-            "front_door": door,
-            "cluster": self._cluster_stats(),
-        }
+            decompression={"opens": counters[protocol.EXTRA_ZSTD_OPENS], "ns": counters[protocol.EXTRA_ZSTD_NS],
+                           "bytes": counters[protocol.EXTRA_ZSTD_BYTES],
+                           "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS]},
+            staging=self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()},
+            tiers=[t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.peer_area else []),
+            tier_errors=dict(self.tier_errors),
+            resolves=outcomes,
+            peer=self.cluster.counters() if self.cluster is not None else {},
+            dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
+            inflated_bytes=self.resolver.inflated_bytes,
+            front_door=door,
+            cluster=self._cluster_stats(),
+            timeline=timeline,
+            size_classes=classes,
+        )
 
     def client_env(self) -> dict[str, str]:
         """What the shim in the application needs (the launcher exports exactly these keys)."""

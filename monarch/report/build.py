@@ -7,15 +7,18 @@ Schema ``monarch.report/4`` is documented in README.md ("Report reference"); ``/
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 from typing import Any, Iterable
 
+from monarch.node.stats import NodeStats
 from monarch.report.timeline import combine_timelines
 
 SCHEMA = "monarch.report/4"  # /4: "sources" (where opens were served from) became "opened_from"
 
-def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
-    """Combine per-node statistics (``NodeDaemon.stats()``; None or ``{"missing": True}`` for a lost node).
+def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) -> dict:
+    """Combine per-node statistics (``NodeStats``, or as received: ``NodeDaemon.stats()``; None or
+    ``{"missing": True}`` for a lost node).
 
     Per slot an open was served from (``opened_from``: a tier, ``peer``, ``pfs``) the statistics
     give ``opens`` and ``bytes``, and may give ``opens_uncounted``:
@@ -23,29 +26,29 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
     include such opens are lower bounds (listed in ``pfs.lower_bounds``); a figure none of
     whose bytes were counted is None (unknown).
     """
-    nodes = [None if not n or n.get("missing") else n for n in nodes]
+    nodes = [n if isinstance(n, NodeStats) else NodeStats.from_wire(n) for n in nodes]
     alive = [n for n in nodes if n]
     opened_from: dict[str, collections.Counter] = {}
     for n in alive:
-        for name, counts in n["opened_from"].items():
+        for name, counts in n.opened_from.items():
             opened_from.setdefault(name, collections.Counter()).update(counts)
     staging = collections.Counter()
     failures = collections.Counter()
     peer = collections.Counter()
     for n in alive:
-        s = n["staging"]
+        s = n.staging
         staging.update({k: s[k] for k in ("files", "bytes", "pfs_files_read", "pfs_bytes_read")})
         failures.update(s["failures"])
-        peer.update({k: v for k, v in n.get("peer", {}).items() if isinstance(v, (int, float))})
-    dataset_bytes = alive[0]["dataset"]["bytes"] if alive else 0
+        peer.update({k: v for k, v in n.peer.items() if isinstance(v, (int, float))})
+    dataset_bytes = alive[0].dataset["bytes"] if alive else 0
     metadata = collections.Counter()
     for n in alive:
-        metadata.update({k: v for k, v in n.get("metadata", {}).items() if k in ("local", "pfs")})
+        metadata.update({k: v for k, v in n.metadata.items() if k in ("local", "pfs")})
     decompression = collections.Counter()
     for n in alive:
-        decompression.update(n.get("decompression", {}))
-    timelines = [n["timeline"] for n in alive if n.get("timeline")]
-    doors = [n["front_door"] for n in alive if n.get("front_door")]
+        decompression.update(n.decompression)
+    timelines = [n.timeline for n in alive if n.timeline]
+    doors = [n.front_door for n in alive if n.front_door]
     door = collections.Counter()
     for d in doors:
         door.update({k: d.get(k, 0) for k in ("copies", "answered_staged", "handed_over")})
@@ -53,7 +56,7 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "job": job,
-        "dataset": alive[0]["dataset"] if alive else {"files": 0, "bytes": 0},
+        "dataset": alive[0].dataset if alive else {"files": 0, "bytes": 0},
         "nodes_reporting": len(alive),
         "nodes_lost": [i for i, n in enumerate(nodes) if not n],
         "opened_from": {name: dict(c) for name, c in opened_from.items()},
@@ -73,21 +76,21 @@ def build_report(nodes: Iterable[dict | None], job: dict[str, Any]) -> dict:
         "size_classes": _classes_over_nodes(alive),
         "timeline": combine_timelines(timelines) if timelines else None,
         "cluster": cluster_summary(nodes),
-        "nodes": nodes,
+        "nodes": [n.to_dict() if n else None for n in nodes],
     }
 
 
-def cluster_summary(nodes: list[dict | None]) -> dict | None:
+def cluster_summary(nodes: list[NodeStats | None]) -> dict | None:
     """A cluster's layout and, per node, its owned share (files, bytes, staged), the bytes it
     sent to and received from peers, and its peer cache (hits, evictions, transient serves).
     None when no node reports a layout (single node)."""
     rows = []
     for k, n in enumerate(nodes):
-        cl = (n or {}).get("cluster") or {}
+        cl = (n.cluster if n else None) or {}
         if not cl:
             continue
-        peer, cache = n.get("peer") or {}, cl.get("peer_cache") or {}
-        rows.append({"node": n.get("node", k), "owned_files": cl.get("owned_files", 0),
+        peer, cache = n.peer or {}, cl.get("peer_cache") or {}
+        rows.append({"node": n.node, "owned_files": cl.get("owned_files", 0),
                      "owned_bytes": cl.get("owned_bytes", 0), "owned_staged_files": cl.get("owned_staged_files", 0),
                      "owned_staged_bytes": cl.get("owned_staged_bytes", 0),
                      "peer_bytes_sent": peer.get("bytes_sent", 0), "peer_bytes_received": peer.get("bytes_received", 0),
@@ -96,17 +99,17 @@ def cluster_summary(nodes: list[dict | None]) -> dict | None:
                      "peer_failures": sum(cache.get("failures", {}).values())})
     if not rows:
         return None
-    first = next(n["cluster"] for n in nodes if n and n.get("cluster"))
+    first = next(n.cluster for n in nodes if n and n.cluster)
     return {"mode": first.get("mode"), "why": first.get("why"), "per_node": rows}
 
 
-def _tiers_over_nodes(alive: list[dict]) -> list[dict]:
+def _tiers_over_nodes(alive: list[NodeStats]) -> list[dict]:
     """Each tier (and the peer area) by name, summed over nodes: capacity, used (stored bytes),
     files, refused by reason, logical and stored bytes and their ratio, each node's compression,
     and the decoded files a compressing tier holds for re-opens (bytes, files)."""
     out: dict[str, dict] = {}
     for n in alive:
-        for t in n.get("tiers", []):
+        for t in n.tiers:
             row = out.setdefault(t["name"], {"name": t["name"], "capacity": 0, "used": 0, "files": 0,
                                              "refused": collections.Counter(), "full_on_nodes": 0,
                                              "logical_bytes": 0, "stored_bytes": 0, "compressed_files": 0,
@@ -129,11 +132,11 @@ def _tiers_over_nodes(alive: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def _tier_errors_over_nodes(nodes: list[dict | None]) -> dict[str, dict]:
+def _tier_errors_over_nodes(nodes: list[NodeStats | None]) -> dict[str, dict]:
     """Each tier some node could not use: the first node's reason and the nodes that said so."""
     out: dict[str, dict] = {}
     for i, n in enumerate(nodes):
-        for name, reason in ((n or {}).get("tier_errors") or {}).items():
+        for name, reason in ((n.tier_errors if n else None) or {}).items():
             out.setdefault(name, {"reason": reason, "nodes": []})["nodes"].append(i)
     return out
 
@@ -146,10 +149,10 @@ def tier_state(tier: dict) -> str | None:
     return tier.get("last_stopped") or tier.get("stopped")
 
 
-def _classes_over_nodes(alive: list[dict]) -> list[dict] | None:
+def _classes_over_nodes(alive: list[NodeStats]) -> list[dict] | None:
     """Per size class over the cluster: the dataset (node 0's snapshot: every node has the
     same), copies in each tier summed over nodes, and what no node's tier holds."""
-    per_node = [n["size_classes"] for n in alive if n.get("size_classes")]
+    per_node = [n.size_classes for n in alive if n.size_classes]
     if not per_node:
         return None
     out = []
@@ -199,20 +202,17 @@ def _pfs_traffic(opened_from: dict[str, collections.Counter], staging_bytes: int
     }
 
 
-def session_delta(end: dict, start: dict) -> dict:
-    """A node's numbers between two of its ``stats()``: what one ``monarch run`` attached to
-    a standing daemon did (the daemon's own report at stop keeps the totals)."""
+def session_delta(end: NodeStats, start: NodeStats) -> NodeStats:
+    """A node's numbers between two of its stats: what one ``monarch run`` attached to a
+    standing daemon did (the daemon's own report at stop keeps the totals)."""
     def minus(a: dict, b: dict) -> dict:
         return {k: (v - b.get(k, 0) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
                 for k, v in a.items()}
-    out = dict(end)
-    out["opened_from"] = {name: minus(c, start.get("opened_from", {}).get(name, {})) for name, c in end["opened_from"].items()}
-    staging = minus(end["staging"], start.get("staging", {}))
-    staging["failures"] = {k: v for k, v in minus(end["staging"].get("failures", {}),
-                                                  start.get("staging", {}).get("failures", {})).items() if v}
-    out["staging"] = staging
-    out["resolves"] = {k: v for k, v in minus(end.get("resolves", {}), start.get("resolves", {})).items() if v}
-    if end.get("front_door"):
-        out["front_door"] = minus(end["front_door"], start.get("front_door") or {})
-    out["session_only"] = True
-    return out
+    staging = minus(end.staging, start.staging)
+    staging["failures"] = {k: v for k, v in minus(end.staging.get("failures", {}),
+                                                  start.staging.get("failures", {})).items() if v}
+    return dataclasses.replace(
+        end, opened_from={name: minus(c, start.opened_from.get(name, {})) for name, c in end.opened_from.items()},
+        staging=staging, resolves={k: v for k, v in minus(end.resolves, start.resolves).items() if v},
+        front_door=minus(end.front_door, start.front_door or {}) if end.front_door else end.front_door,
+        extra=end.extra | {"session_only": True})

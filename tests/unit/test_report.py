@@ -8,7 +8,8 @@ import json
 import pytest
 
 from monarch.errors import MonarchError
-from monarch.report.build import SCHEMA, build_report
+from monarch.node.stats import NodeStats
+from monarch.report.build import SCHEMA, build_report, session_delta
 from monarch.report.store import load_report
 from monarch.report.text import print_report
 
@@ -231,3 +232,30 @@ def test_the_report_is_readable_by_its_owner_only(tmp_path):
         assert load_report(str(path))["schema"] == SCHEMA
     finally:
         os.umask(old)
+
+
+def test_a_node_s_stats_cross_the_wire_and_back_unchanged():
+    """The daemon fills a NodeStats; the socket and MPI carry its dict; readers get it back."""
+    built = NodeStats(node=1, host="h1", opened_from={"ram": {"opens": 3, "bytes": 30, "opens_uncounted": 0}},
+                      staging={"files": 1, "bytes": 30, "pfs_files_read": 1, "pfs_bytes_read": 30, "failures": {}},
+                      front_door=None, snapshot="reused")
+    wire = built.to_dict() | {"requests_refused": {"bad_frame": 2}}  # the server adds its own counts
+    assert "timeline" not in wire and "size_classes" not in wire and wire["front_door"] is None  # a brief REPORT
+    back = NodeStats.from_dict(json.loads(json.dumps(wire)))
+    assert back.extra == {"requests_refused": {"bad_frame": 2}} and back.opened_from["ram"]["opens"] == 3
+    assert back.to_dict() == wire
+    assert build_report([wire], JOB)["nodes"] == [wire] == build_report([back], JOB)["nodes"]
+    assert NodeStats.from_wire({"missing": True}) is None and NodeStats.from_wire(None) is None
+
+
+def test_a_session_s_report_holds_what_the_session_did():
+    start = NodeStats.from_dict(node({"ram": {"opens": 10, "bytes": 100, "opens_uncounted": 0}}, files=4)
+                                | {"resolves": {"staged": 3}})
+    end = NodeStats.from_dict(node({"ram": {"opens": 25, "bytes": 400, "opens_uncounted": 1}}, files=9)
+                              | {"resolves": {"staged": 5, "hints": 2}, "front_door": {"copies": 7}})
+    delta = session_delta(end, NodeStats.from_dict(start.to_dict() | {"front_door": {"copies": 4}}))
+    assert delta.opened_from["ram"] == {"opens": 15, "bytes": 300, "opens_uncounted": 1}
+    assert delta.resolves == {"staged": 2, "hints": 2} and delta.staging["files"] == 5
+    assert delta.front_door == {"copies": 3} and end.opened_from["ram"]["opens"] == 25  # the end is left as it was
+    r = build_report([delta], JOB)
+    assert r["nodes"][0]["session_only"] is True and r["opened_from"]["ram"]["opens"] == 15
