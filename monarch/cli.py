@@ -175,7 +175,8 @@ def cmd_serve(args) -> int:
 
 
 def _write_job_report(nodes: list, config, path: str, rid: str) -> None:
-    from monarch.report import build_report, write_report
+    from monarch.report.build import build_report
+    from monarch.report.store import write_report
     report = build_report(nodes, {"job_id": rid, "config": config.source, "nodes": len(nodes)})  # a standing daemon's
     write_report(report, config.report or path)
     log.warning("report written to %s", config.report or path)
@@ -193,7 +194,7 @@ def cmd_stop(args) -> int:
     from monarch import layout, protocol, secure
     from monarch.launch.topology import job_id, node_index
     config = _load(args.config, check_roots=False)  # stopping needs no dataset (it may be gone already)
-    path = os.path.join(layout.user_dir(config.run_dir), f"{job_id()}-node{node_index()}", "daemon.sock")
+    path = layout.socket_path(config.run_base, job_id(), node_index())
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(30)
@@ -228,7 +229,7 @@ def cmd_check_config(args) -> int:
     print(f"  memory  : RAM tiers leave {margin} available")
     print(f"  staging : {config.staging.policy}, {config.staging.threads or 'auto'} copies in flight, "
           f"validate {config.staging.validate}")
-    print(f"  run_dir : {config.run_dir}")
+    print(f"  run_base: {config.run_base}")
     _print_keys(config, args.file)
     return 0
 
@@ -283,10 +284,11 @@ def cmd_plan(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from monarch.report import load_report, print_report
+    from monarch.report.store import load_report
+    from monarch.report.text import print_report
     report = load_report(args.file)
     if args.html:
-        from monarch.report_html import write_html
+        from monarch.report.html import write_html
         write_html(report, args.html)
         print(f"{args.html}: written (open it in a browser; it needs no network)")
         return 0
@@ -332,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-c", "--config")
     s.add_argument("--dataset", action="append", metavar="PATH",
                    help="a dataset root (repeat for several); replaces dataset.roots of the configuration")
-    s.add_argument("--report", help="where the job report goes at stop (default: <run_dir>/report.json)")
+    s.add_argument("--report", help="where the job report goes at stop (default: the run directory's report.json)")
     s.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_serve)
 

@@ -25,7 +25,7 @@ def demo(directory: str | None, files: int, epochs: int, workers: int) -> int:
             subprocess.run([py, "-m", "monarch.workload", "make", data, "--files", str(files),
                             "--manifest", manifest], check=True)
         env = dict(os.environ, MONARCH_DATASET=data, MONARCH_JOB_ID=f"demo-{os.getpid()}")
-        # the report goes to the job's run_dir (the default), so it outlives the demo dataset
+        # the report goes to the run directory (the default), so it outlives the demo dataset
         cmd = [py, "-m", "monarch", "run", "--",
                py, "-m", "monarch.workload", "read", data, "--epochs", str(epochs),
                "--workers", str(workers), "--manifest", manifest]

@@ -1,6 +1,6 @@
 """Where one run keeps its things on this node: private, per run, cleaned up after a crash.
 
-Every configured path (``run_dir``, ``tiers[].path``, ``peer.path``) is a *base*: Monarch
+Every configured path (``run_base``, ``tiers[].path``, ``peer.path``) is a *base*: Monarch
 makes ``<base>/monarch-<uid>/`` (0700, checked, see monarch/secure.py) and works only
 inside it.
 
@@ -16,7 +16,7 @@ inside it.
   One run uses a kept directory at a time (a lock); a second one stages privately.
 
 Each directory made for a run holds a marker (its pid, process start time, host and kind:
-``run`` or ``tier``). The two kinds may share a base (the shipped defaults put ``run_dir``
+``run`` or ``tier``). The two kinds may share a base (the shipped defaults put ``run_base``
 and the SSD tier in ``${TMPDIR:-/tmp}``) and are cleaned up differently:
 
 - a tier directory whose marker names a process that is gone is a crashed run's left-over:
@@ -48,6 +48,7 @@ from monarch.secure import (check_private_dir, new_private_dir, open_private_fil
 log = logging.getLogger(__name__)
 
 MARKER = ".monarch-run"
+SOCKET = "daemon.sock"  # where launchers find a run's daemon: a second name of the live instance's socket
 KEEP_LOCK = ".monarch-keep.lock"
 REMOVE_TRIES = 5  # a private directory still written into while removed (ENOTEMPTY) is removed again
 
@@ -159,9 +160,20 @@ def prune_finished_runs(parent: str, keep: int = KEEP_FINISHED_RUNS, spare: str 
     return removed
 
 
+def run_name(run_id: str, node: int) -> str:
+    """A run directory's name on node ``node``: ``<run id>-node<N>``."""
+    return f"{run_id}-node{node}"
+
+
 def run_dir(base: str, run_id: str, node: int) -> str:
     """The run's meeting point on this node (made private if missing)."""
-    return private_dir(os.path.join(user_dir(base), f"{run_id}-node{node}"))
+    return private_dir(os.path.join(user_dir(base), run_name(run_id, node)))
+
+
+def socket_path(base: str, run_id: str, node: int) -> str:
+    """Where launchers find the daemon of run ``run_id`` on node ``node``:
+    ``<base>/monarch-<uid>/<run id>-node<N>/daemon.sock`` (only ``monarch-<uid>`` is made, checked)."""
+    return os.path.join(user_dir(base), run_name(run_id, node), SOCKET)
 
 
 def dataset_id(roots: tuple[str, ...]) -> str:
@@ -190,7 +202,7 @@ class StorageDir:
             kept = cls._kept(parent, keep_name, roots)
             if kept is not None:
                 return kept
-        path = new_private_dir(parent, f"{run_id}-node{node}-")
+        path = new_private_dir(parent, f"{run_name(run_id, node)}-")
         try:
             write_marker(path, run_id, KIND_TIER)
         except BaseException:  # ENOSPC, say: an unmarked directory would never be cleaned up

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 
 from monarch.cluster.placement import Placement
 from monarch.errors import MonarchError
-from monarch.report import human
+from monarch.sizes import human
 
 
 @dataclass(frozen=True)

@@ -365,9 +365,9 @@ def slot_names(tier_names, with_peer: bool) -> dict[int, str]:
     return names
 
 
-def read_sources(path: str, names: dict[int, str]) -> dict[str, dict[str, int]]:
-    """Opens, bytes and opens whose bytes are unknown, per named source; zeros when the
-    counters file is gone or foreign."""
+def read_opened_from(path: str, names: dict[int, str]) -> dict[str, dict[str, int]]:
+    """Opens, bytes and opens whose bytes are unknown, per named slot opens were served from
+    (the report's ``opened_from``); zeros when the counters file is gone or foreign."""
     try:
         counters = read_counters(path)
     except (OSError, ValueError):

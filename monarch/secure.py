@@ -6,7 +6,7 @@ symlink, owned by the user, writable by no one else); an existing one that fails
 is refused with an error that says what is wrong and how to fix it. Files are created with
 ``O_EXCL | O_NOFOLLOW``, so a planted file or symlink is never written through.
 
-A configured base (``run_dir``, ``tiers[].path``, ``peer.path``) is resolved once, each
+A configured base (``run_base``, ``tiers[].path``, ``peer.path``) is resolved once, each
 component checked (``open_base``), and used by its real path from then on: no other user
 can redirect it, before the check or after. A base must exist.
 """
@@ -45,7 +45,7 @@ def _check_private(path: str, st: os.stat_result) -> os.stat_result:
         raise UnsafePathError(f"{path} exists and is not a directory; remove it or configure another path")
     if st.st_uid != os.getuid():
         raise UnsafePathError(f"{path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()}); "
-                              "another user made it first: configure another path (run_dir, tiers[].path)")
+                              "another user made it first: configure another path (run_base, tiers[].path)")
     if st.st_mode & 0o077:
         raise UnsafePathError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}; Monarch's directories must be "
                               f"private (0700): chmod 700 {path}, or remove it")
@@ -65,7 +65,7 @@ def private_dir(path: str) -> str:
 
 
 class UnsafeBaseError(UnsafePathError):
-    """A configured base directory (``run_dir``, ``tiers[].path``, ``peer.path``) that cannot be used."""
+    """A configured base directory (``run_base``, ``tiers[].path``, ``peer.path``) that cannot be used."""
 
 
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

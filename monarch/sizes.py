@@ -1,4 +1,4 @@
-"""Sizes as people write them: one parser for the configuration, the CLI and the benchmarks."""
+"""Sizes as people write and read them: one parser (configuration, CLI, benchmarks), one printer."""
 
 from __future__ import annotations
 
@@ -21,3 +21,12 @@ def parse_size(text: Any) -> int:
     if not m:
         raise ValueError(f"expected a size like 64GiB ({FORMS}), got {text!r}")
     return int(float(m.group(1)) * UNITS[m.group(2)])
+
+
+def human(n: float) -> str:
+    """Bytes for people: ``1536`` -> ``"1.5 KiB"`` (powers of 1024)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

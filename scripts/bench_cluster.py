@@ -94,7 +94,7 @@ def write_config(base: str, root: str, node_bytes: int, nodes: int) -> str:
     path = os.path.join(base, "cluster.yaml")
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{base}/run${{MONARCH_NODE}}"
+run_base: "{base}/run${{MONARCH_NODE}}"
 tiers:
   - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
   - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}}}
@@ -179,8 +179,9 @@ def run_direct(args, base, pfs, root, manifest, total) -> dict:
 
 
 def sockets(base: str, nodes: int) -> list[str]:
-    return [os.path.join(base, f"run{k}", f"monarch-{os.getuid()}", f"{JOB}-node{k}", "daemon.sock")
-            for k in range(nodes)]
+    """The daemons' sockets, named before their bases exist (layout.socket_path checks the base)."""
+    from monarch.layout import SOCKET, run_name
+    return [os.path.join(base, f"run{k}", f"monarch-{os.getuid()}", run_name(JOB, k), SOCKET) for k in range(nodes)]
 
 
 def wait_quiet(pfs, seconds: float = 1.5, limit: float = 120.0) -> None:

@@ -232,7 +232,7 @@ def make_files(root: Path, n: int, size: int) -> list[bytes]:
 
 def write_config(path: Path, root: Path, work: Path, shm: Path, args) -> None:
     threads = args.threads if args.threads == "auto" else int(args.threads)
-    config = {"dataset": {"roots": [str(root)]}, "run_dir": str(work / "run"),
+    config = {"dataset": {"roots": [str(root)]}, "run_base": str(work / "run"),
               "tiers": [{"name": "ram", "path": str(shm), "capacity": "64GiB"}],
               "staging": {"policy": args.policy, "threads": threads, "resolve_timeout": 60}}
     path.write_text(json.dumps(config))

@@ -168,7 +168,7 @@ def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int,
         staging["threads"] = args.threads if args.threads == "auto" else int(args.threads)
     config = {
         "dataset": {"roots": [mount]},
-        "run_dir": str(work / "run"),
+        "run_base": str(work / "run"),
         "tiers": [{"name": "ram", "path": str(shm / "tier-ram"), "capacity": f"{capacity}B", "keep": False,
                    "compression": compression}],
         "report": str(work / "monarch-report.json"),
@@ -466,7 +466,7 @@ def run_monarch(pfs: SlowPFS, manifest: Path, work: Path, shm: Path, dataset_byt
     result["config"] = json.loads(config.read_text().split("\n", 1)[1])
     if report_path.exists():
         report = json.loads(report_path.read_text())
-        result["report"] = {k: report.get(k) for k in ("sources", "pfs", "staging", "dataset", "tiers", "nodes")}
+        result["report"] = {k: report.get(k) for k in ("opened_from", "pfs", "staging", "dataset", "tiers", "nodes")}
     return result
 
 

@@ -92,7 +92,7 @@ def main(argv=None) -> int:
                 dest.unlink()
                 results[f"stager, {ranges} range(s) at once"] = seconds
             config = work / "monarch.yaml"
-            config.write_text(json.dumps({"dataset": {"roots": [root]}, "run_dir": str(work / "run"),
+            config.write_text(json.dumps({"dataset": {"roots": [root]}, "run_base": str(work / "run"),
                                           "tiers": [{"name": "ram", "path": f"{shm}/ram", "capacity": "4GiB"}]}))
             path = os.path.join(root, "big.bin")
             pfs.reset_counters()

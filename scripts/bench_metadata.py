@@ -146,7 +146,7 @@ def main(argv=None) -> int:
             walk = {"seconds": time.perf_counter() - t0, "ops": ops(pfs) - before}
             config = work / "monarch.yaml"
             config.write_text(json.dumps({
-                "dataset": {"roots": [root]}, "run_dir": str(work / "run"),
+                "dataset": {"roots": [root]}, "run_base": str(work / "run"),
                 "tiers": [{"name": "ram", "path": f"/dev/shm{work}/ram", "capacity": "4GiB"}],
                 "staging": {"policy": "on-access"}}))
             app = [sys.executable, str(script), root, pfs.counters_path, str(args.epochs)]

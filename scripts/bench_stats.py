@@ -21,7 +21,7 @@ def main() -> None:
     try:
         make_dataset(f"{base}/ds", files=args.files, size="1KiB", manifest=f"{base}/m.json", seed=0)
         with open(f"{base}/c.yaml", "w") as f:
-            f.write(f'dataset: {{roots: ["{base}/ds"]}}\nrun_dir: "{base}/run"\n'
+            f.write(f'dataset: {{roots: ["{base}/ds"]}}\nrun_base: "{base}/run"\n'
                     f'tiers:\n  - {{name: ram, path: "/dev/shm{base}", capacity: 1GiB}}\n')
         os.makedirs(f"/dev/shm{base}")
         daemon = NodeDaemon(load_config(f"{base}/c.yaml"), "bench-stats")

@@ -143,7 +143,7 @@ def round_trips(size: int, n: int) -> dict:
     for cache in ("off", "room"):
         cfg = Path(base, f"{cache}.yaml")
         cfg.write_text(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{base}/run-{cache}"
+run_base: "{base}/run-{cache}"
 tiers: [{{name: ram, path: "/dev/shm{base}/ram-{cache}", capacity: 1GiB, compression: zstd, decoded_cache: {cache}}}]
 staging: {{policy: read-ahead, threads: 2}}
 """)

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 POLICIES = ("read-ahead", "on-access", "off")
 RENAMED_POLICIES = {"prestage": "read-ahead"}  # older names still accepted, with a warning
+RENAMED_KEYS = {"run_dir": "run_base"}  # older top-level key names still accepted, with a warning
 VALIDATE_MODES = ("none", "open")
 COMPRESSION_MODES = ("off", "zstd", "auto")
 REQUIRED = "(required)"  # the default of a tier key every tier must give
@@ -116,11 +117,12 @@ KEYS: tuple[Key, ...] = (
         "directories whose files Monarch manages; each must exist and be readable "
         "(`monarch run --dataset` replaces them)",
         lambda r, v, k: r.roots(v, k)),
-    Key("run_dir", "path (base directory)", "${TMPDIR:-/tmp}",
+    Key("run_base", "path (base directory)", "${TMPDIR:-/tmp}",
         "base directory of the run's own files on this node: socket, counters, daemon log, report "
         "(the 20 newest finished runs are kept, even in a base shared with a tier); a run and a fast-exiting "
         "run leave nothing else in it, in `/dev/shm` or in the tier bases, but what `keep: true` keeps; "
-        "a killed run's copies go when its launcher sees the daemon die, or with the next run",
+        "a killed run's copies go when its launcher sees the daemon die, or with the next run "
+        "(its older name `run_dir` is still read, with a warning)",
         lambda r, v, k: r.path(v, k)),
     Key("tiers[].name", "name", REQUIRED, "the tier's name in the report (not `pfs` or `peer`)",
         _tier_name, shipped=("ram", "ssd")),
@@ -179,7 +181,7 @@ KEYS: tuple[Key, ...] = (
         "owner is lost (planned by `monarch plan`; the daemon does not keep second copies yet)",
         _replicas),
     Key("report", "path or null", None,
-        "JSON report path (`null`: the run's directory, `<run_dir>/monarch-<uid>/<run>-node<N>/report.json`)",
+        "JSON report path (`null`: the run's directory, `<run_base>/monarch-<uid>/<run>-node<N>/report.json`)",
         _optional_path),
     Key("report_html", "path or null", None,
         "also write the report as an HTML page there (`monarch run --report-html` overrides)",

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from monarch.config.keys import REQUIRED, TIER_KEYS, Key, default_tree, section_keys
+from monarch.config.keys import RENAMED_KEYS, REQUIRED, TIER_KEYS, Key, default_tree, section_keys
 from monarch.config.model import Config, DatasetConfig, PeerConfig, StagingConfig, TierConfig
 from monarch.errors import ConfigError
 from monarch.protocol import MAX_TIERS
@@ -133,7 +133,7 @@ def load_config(path: str | os.PathLike | None, env: Mapping[str, str] | None = 
     errors: list[str] = []
     if path is not None:
         source = str(path)
-        user = read_user(path)
+        user = _renamed_keys(_read_yaml(Path(path), source), source, errors, warn=True)
         _check_keys(user, raw, source, "", errors)
         raw = _merge(raw, user)
     if roots is not None:
@@ -143,8 +143,27 @@ def load_config(path: str | os.PathLike | None, env: Mapping[str, str] | None = 
 
 
 def read_user(path: str | os.PathLike) -> dict:
-    """The keys a configuration file sets, as written (no defaults, nothing checked but the YAML)."""
-    return _read_yaml(Path(path), str(path))
+    """The keys a configuration file sets, as written (no defaults, nothing checked but the YAML),
+    an older key name under its new one (``load_config`` warns of it)."""
+    return _renamed_keys(_read_yaml(Path(path), str(path)), str(path), [], warn=False)
+
+
+def _renamed_keys(user: dict, source: str, errors: list[str], *, warn: bool) -> dict:
+    """``user`` with each older key name (``RENAMED_KEYS``) under its new one, and a warning that
+    names the new one; both names given is an error (which one was meant?)."""
+    out = dict(user)
+    for old, new in RENAMED_KEYS.items():
+        if old not in out:
+            continue
+        if new in out:
+            errors.append(f"config {source}: {old}: the older name of {new}, which is given too; "
+                          f"remove {old}")
+            del out[old]
+            continue
+        if warn:
+            log.warning("config %s: %s: the older name of %s; write %s", source, old, new, new)
+        out = {new if k == old else k: v for k, v in out.items()}  # in its place, for check-config's listing
+    return out
 
 
 def _read_yaml(path: Path, source: str) -> dict:
@@ -365,7 +384,7 @@ def _roots(r: _Reader, roots: Any, check: bool, origin: str | None) -> tuple[str
 
 
 def _private_dir(base: str) -> str:
-    """The directory Monarch owns inside a base directory (tiers[].path, peer.path, run_dir)."""
+    """The directory Monarch owns inside a base directory (tiers[].path, peer.path, run_base)."""
     return os.path.join(os.path.realpath(base), f"{PRIVATE_PREFIX}{os.getuid()}")
 
 

@@ -52,7 +52,7 @@ class PeerConfig:
 class Config:
     source: str  # where it came from, for messages
     dataset: DatasetConfig
-    run_dir: str  # a base directory: the run's socket, counters and log go in monarch-<uid>/... inside
+    run_base: str  # a base directory: the run's socket, counters and log go in monarch-<uid>/... inside
     tiers: tuple[TierConfig, ...]
     staging: StagingConfig
     peer: PeerConfig
@@ -63,5 +63,5 @@ class Config:
 
     def bases(self) -> list[tuple[str, str]]:
         """(key, path) of every base directory configured: Monarch works in monarch-<uid> inside."""
-        return ([("run_dir", self.run_dir)] + [(f"tiers[{i}].path", t.path) for i, t in enumerate(self.tiers)]
+        return ([("run_base", self.run_base)] + [(f"tiers[{i}].path", t.path) for i, t in enumerate(self.tiers)]
                 + [("peer.path", self.peer.path)])

@@ -2,7 +2,7 @@
 
 The launcher polls its session with a brief REPORT (the daemon's counters: a counters-file
 read and a few locked copies, no timeline) at most once a second and says how far staging
-is: files and bytes staged of the dataset, the staging rate, opens served per source and
+is: files and bytes staged of the dataset, the staging rate, opens per place served from and
 the PFS bytes so far. On a terminal it is the terminal's bottom row, kept out of the
 scrolling region (as apt does: DECSTBM), so the command's output scrolls above it and
 never shares a line with it; otherwise a whole line every few seconds, written with one
@@ -24,7 +24,8 @@ import threading
 import time
 from typing import Callable, Mapping, TextIO
 
-from monarch.report import human
+from monarch.node.stats import NodeStats
+from monarch.sizes import human
 
 ENV_PROGRESS = "MONARCH_PROGRESS"
 ENV_INTERVAL = "MONARCH_PROGRESS_INTERVAL"
@@ -102,7 +103,9 @@ class Progress:
             self.show(stats, time.monotonic())
 
     def show(self, stats: dict, now: float) -> None:
-        text = line(stats, self._rate(stats, now))
+        """One poll's answer (the brief statistics as received) on ``out``."""
+        node = NodeStats.from_dict(stats)
+        text = line(node, self._rate(node, now))
         if not self.tty:
             self._write(text + "\n")
             return
@@ -118,8 +121,8 @@ class Progress:
         self._write(f"{prefix}\x1b7\x1b[{rows};1H\x1b[K{text}\x1b8")
         self._shown = True
 
-    def _rate(self, stats: dict, now: float) -> float | None:
-        staged = stats.get("staging", {}).get("bytes", 0)
+    def _rate(self, stats: NodeStats, now: float) -> float | None:
+        staged = stats.staging.get("bytes", 0)
         prev, self._prev = self._prev, (now, staged)
         if prev is None or now <= prev[0]:
             return None
@@ -133,20 +136,20 @@ class Progress:
             self._stop.set()
 
 
-def line(stats: dict, rate: float | None) -> str:
-    """One progress line from a node's statistics (``NodeDaemon.stats(brief=True)``)."""
-    st, ds = stats.get("staging", {}), stats.get("dataset", {})
+def line(stats: NodeStats, rate: float | None) -> str:
+    """One progress line from a node's statistics (``NodeDaemon.node_stats(brief=True)``)."""
+    st, ds = stats.staging, stats.dataset
     files, total_files = st.get("files", 0), ds.get("files", 0)
     pct = f" {100 * st.get('bytes', 0) / ds['bytes']:.0f}%" if ds.get("bytes") else ""
-    if stats.get("snapshot") == "walking":  # the daemon's walk overlaps the command's start
-        parts = [f"monarch: walking the dataset ({stats.get('uptime_seconds', 0):.0f} s)"]
+    if stats.snapshot == "walking":  # the daemon's walk overlaps the command's start
+        parts = [f"monarch: walking the dataset ({stats.uptime_seconds:.0f} s)"]
     else:
         parts = [f"monarch: staged {files}/{total_files} files, {human(st.get('bytes', 0))}/"
                  f"{human(ds.get('bytes', 0))}{pct}"]
     if rate is not None:
         parts.append(f"{human(rate)}/s")
-    sources = stats.get("sources", {})
-    parts.append("opens " + " ".join(f"{name} {c.get('opens', 0)}" for name, c in sources.items()))
-    pfs = sources.get("pfs", {}).get("bytes", 0) + st.get("pfs_bytes_read", 0)
+    opened_from = stats.opened_from
+    parts.append("opens " + " ".join(f"{name} {c.get('opens', 0)}" for name, c in opened_from.items()))
+    pfs = opened_from.get("pfs", {}).get("bytes", 0) + st.get("pfs_bytes_read", 0)
     parts.append(f"PFS read {human(pfs)}")
     return " | ".join(parts)

@@ -26,7 +26,10 @@ from monarch import layout, protocol, secure
 from monarch.launch import topology
 from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
-from monarch.report import build_report, print_report, session_delta, write_report
+from monarch.node.stats import NodeStats
+from monarch.report.build import build_report, session_delta
+from monarch.report.store import write_report
+from monarch.report.text import print_report
 from monarch.shim import shim_library
 
 log = logging.getLogger(__name__)
@@ -153,20 +156,20 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
     node, if it serves this dataset; else start an embedded one for the run."""
     node = topology.node_index()
     try:
-        runs = layout.user_dir(config.run_dir)
+        layout.user_dir(config.run_base)  # checked once here, so an unsafe base names its key
     except secure.UnsafeBaseError as e:
-        raise MonarchError(f"config {config.source}: run_dir: {e}") from None
+        raise MonarchError(f"config {config.source}: run_base: {e}") from None
     candidates = [run] + [j for j in [topology.job_id()] if j != run]
     for rid in candidates[1:]:
-        session = attach(os.path.join(runs, f"{rid}-node{node}", "daemon.sock"))
+        session = attach(layout.socket_path(config.run_base, rid, node))
         if session is not None:
             if _serves(session, config):
                 return session, None
             session.close()
     if is_cluster_run(config_file):  # never a single-node daemon behind the cluster's back
         return wait_for_cluster_daemon(config, node), None
-    run_dir = layout.run_dir(config.run_dir, run, node)
-    socket_path = os.path.join(run_dir, "daemon.sock")
+    run_dir = layout.run_dir(config.run_base, run, node)
+    socket_path = layout.socket_path(config.run_base, run, node)
     with _start_lock(run_dir):  # several launchers of the run on a node start one daemon
         session = attach(socket_path)
         if session is not None:
@@ -241,7 +244,7 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
     timeout = float(os.environ.get("MONARCH_CLUSTER_WAIT", CLUSTER_WAIT_TIMEOUT)) if timeout is None else timeout
     out = sys.stderr if out is None else out
     job = topology.job_id()
-    path = os.path.join(layout.user_dir(config.run_dir), f"{job}-node{node}", "daemon.sock")
+    path = layout.socket_path(config.run_base, job, node)
     t0 = time.monotonic()
     note = t0 + CLUSTER_WAIT_NOTE
     while True:
@@ -455,12 +458,13 @@ def _say_unused_tiers(session: Session) -> None:
 def _print_and_write(config: Config, session: Session, cmd: list[str], code: int, run: str, wall: float,
                      stats: dict | None, baseline: dict | None, report_path: str | None, html_path: str | None,
                      out) -> None:
-    if stats is None:
-        stats = _stats_without_daemon(config, session)
+    node = NodeStats.from_wire(stats)
+    if node is None:
+        node = _stats_without_daemon(config, session)
         log.warning("the node daemon was lost during the run; the report holds the shim's counts only")
     elif baseline is not None:
-        stats = session_delta(stats, baseline)
-    report = build_report([stats], {"run_id": run, "job_id": topology.job_id(),
+        node = session_delta(node, NodeStats.from_dict(baseline))
+    report = build_report([node], {"run_id": run, "job_id": topology.job_id(),
                                     "config": config.source, "command": cmd, "exit_code": code,
                                     "wall_seconds": round(wall, 3)})
     path = report_path or config.report or os.path.join(session.run_dir, "report.json")
@@ -474,7 +478,7 @@ def _print_and_write(config: Config, session: Session, cmd: list[str], code: int
     html_path = html_path or config.report_html
     if html_path:
         try:
-            from monarch.report_html import write_html
+            from monarch.report.html import write_html
             write_html(report, html_path)
             out.write(f"html      : {html_path}\n")
         except (OSError, MonarchError) as e:
@@ -500,11 +504,10 @@ def _reap(daemon: subprocess.Popen, config: Config) -> None:
                 pass
 
 
-def _stats_without_daemon(config: Config, session: Session) -> dict:
+def _stats_without_daemon(config: Config, session: Session) -> NodeStats:
     """The shim's counters survive the daemon: report what the application read."""
     names = protocol.slot_names([t.name for t in config.tiers], with_peer=False)
-    return {"node": 0, "host": socket.gethostname(),
-            "sources": protocol.read_sources(session.env[protocol.ENV_COUNTERS], names),
-            "staging": {"files": 0, "bytes": 0, "pfs_files_read": 0, "pfs_bytes_read": 0,
-                        "failures": {"daemon_lost": 1}},
-            "dataset": {"files": 0, "bytes": 0}, "peer": {}, "resolves": {}, "tiers": []}
+    return NodeStats(node=0, host=socket.gethostname(),
+                     opened_from=protocol.read_opened_from(session.env[protocol.ENV_COUNTERS], names),
+                     staging={"files": 0, "bytes": 0, "pfs_files_read": 0, "pfs_bytes_read": 0,
+                              "failures": {"daemon_lost": 1}})

@@ -35,10 +35,10 @@ from monarch.node.resources import margin_bytes
 from monarch.node.snapshot import Snapshot, load_or_walk
 from monarch.node.sources import PeerSource
 from monarch.node.stager import Stager
-from monarch.node.stats import size_classes
+from monarch.node.stats import NodeStats, size_classes
 from monarch.node.tiers import Tier
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
-from monarch.timeline import Sampler, Timeline
+from monarch.report.timeline import Sampler, Timeline
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class NodeDaemon:
         self._door: FrontDoor | None = None  # the server's C front door (make_front_door)
         self.door_link: DoorLink | None = None  # the door's books kept with the current stager's
         self._stagers: "weakref.WeakSet[Stager]" = weakref.WeakSet()  # every stager made: close() drains them
-        self.run_dir = layout.run_dir(config.run_dir, run_id, self.node)
+        self.run_dir = layout.run_dir(config.run_base, run_id, self.node)
         # the run directory is this instance's from here (a live one refused); a dead one's
         # index, counters and socket are gone before anything of this one is published
         self.instance = Instance(self.run_dir)
@@ -346,7 +346,7 @@ class NodeDaemon:
         """Where the last walk of this dataset is kept for the next job (the user's private
         ``snapshots`` directory under the run base, keyed by the dataset id), or None."""
         try:
-            directory = private_dir(os.path.join(user_dir(self.config.run_dir), "snapshots"))
+            directory = private_dir(os.path.join(user_dir(self.config.run_base), "snapshots"))
             return os.path.join(directory, f"{layout.dataset_id(self.config.dataset.roots)}.index")
         except (UnsafePathError, OSError) as e:
             log.warning("the snapshot is not kept for the next job: %s", e)
@@ -511,7 +511,7 @@ class NodeDaemon:
         return tier.path_for(key)
 
     # -- statistics and shutdown ---------------------------------------------------------
-    def _source_names(self) -> dict[int, str]:
+    def _slot_names(self) -> dict[int, str]:
         names = {protocol.SLOT_PFS: "pfs"} | {t.slot: t.name for t in self.tiers}  # a skipped tier keeps its slot
         if self.cluster is not None:
             names[protocol.SLOT_PEER] = "peer"
@@ -520,7 +520,7 @@ class NodeDaemon:
     def _counters_now(self) -> tuple[dict[str, int], dict[str, int]]:
         """The timeline's sample: cumulative counters and the tiers' levels."""
         counters = {}
-        for name, c in protocol.read_sources(self.counters_path, self._source_names()).items():
+        for name, c in protocol.read_opened_from(self.counters_path, self._slot_names()).items():
             counters[f"opens.{name}"] = c["opens"]
             counters[f"bytes.{name}"] = c["bytes"]
         s = self.stager.stats()
@@ -531,10 +531,14 @@ class NodeDaemon:
         return counters, {t.name: t.used for t in tiers}
 
     def stats(self, brief: bool = False) -> dict:
+        """``node_stats`` as they cross the socket and MPI (``NodeStats.to_dict``)."""
+        return self.node_stats(brief).to_dict()
+
+    def node_stats(self, brief: bool = False) -> NodeStats:
         """This node's numbers (the report module turns them into the report). ``brief`` (the
         launcher's progress polls) leaves out the timeline and the size classes, whose cost
         grows with the job's length and the dataset's size."""
-        sources = protocol.read_sources(self.counters_path, self._source_names())
+        opened_from = protocol.read_opened_from(self.counters_path, self._slot_names())
         door = None
         if self._door is not None:
             self.absorb_front_door()
@@ -552,40 +556,42 @@ class NodeDaemon:
         except (OSError, ValueError):
             counters = (0,) * protocol.EXTRA_WORDS
         off = counters[protocol.EXTRA_META_OFF]
-        extra = {}
+        timeline = classes = None
         if not brief:
             self._sampler.sample()  # the last, partial interval
             # the peer area is a tier of the stager's: its files count as staged "peer"
-            extra = {"timeline": self.timeline.to_dict(),
-                     "size_classes": size_classes(self.snapshot.files, self.stager.staged.copy(), set())}
-        return extra | {
-            "node": self.node, "host": socket.gethostname(),
-            "uptime_seconds": round(time.time() - self.started, 3),
-            "snapshot_seconds": round(self.snapshot_seconds, 3),
-            "snapshot": self.snapshot_how,
+            timeline = self.timeline.to_dict()
+            classes = size_classes(self.snapshot.files, self.stager.staged.copy(), set())
+        return NodeStats(
+            node=self.node, host=socket.gethostname(),
+            uptime_seconds=round(time.time() - self.started, 3),
+            snapshot_seconds=round(self.snapshot_seconds, 3),
+            snapshot=self.snapshot_how,
             # when the snapshot was ready (or failed), in seconds after the daemon started and
             # as a time stamp: the application may have started long before (docs/design.md)
-            "snapshot_ready_seconds": (round(self.snapshot_ready_at - self.started, 3)
-                                       if self.snapshot_ready_at is not None else None),
-            "snapshot_ready_at": round(self.snapshot_ready_at, 3) if self.snapshot_ready_at is not None else None,
-            "metadata": {"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
-                         "off_roots": [k for k in range(len(self.config.dataset.roots))
-                                       if off & (1 << min(k, 63))]},
-            "sources": sources,
+            snapshot_ready_seconds=(round(self.snapshot_ready_at - self.started, 3)
+                                    if self.snapshot_ready_at is not None else None),
+            snapshot_ready_at=round(self.snapshot_ready_at, 3) if self.snapshot_ready_at is not None else None,
+            metadata={"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
+                      "off_roots": [k for k in range(len(self.config.dataset.roots))
+                                    if off & (1 << min(k, 63))]},
+            opened_from=opened_from,  # per slot an open was served from (the shim's counters)
             # compressed copies the shim decoded in the application's processes (shim_zstd.c)
-            "decompression": {"opens": counters[protocol.EXTRA_ZSTD_OPENS], "ns": counters[protocol.EXTRA_ZSTD_NS],
-                              "bytes": counters[protocol.EXTRA_ZSTD_BYTES],
-                              "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS]},
-            "staging": self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()},
-            "tiers": [t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.peer_area else []),
-            "tier_errors": dict(self.tier_errors),
-            "resolves": outcomes,
-            "peer": self.cluster.counters() if self.cluster is not None else {},
-            "dataset": {"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
-            "inflated_bytes": self.resolver.inflated_bytes,
-            "front_door": door,
-            "cluster": self._cluster_stats(),
-        }
+            decompression={"opens": counters[protocol.EXTRA_ZSTD_OPENS], "ns": counters[protocol.EXTRA_ZSTD_NS],
+                           "bytes": counters[protocol.EXTRA_ZSTD_BYTES],
+                           "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS]},
+            staging=self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()},
+            tiers=[t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.peer_area else []),
+            tier_errors=dict(self.tier_errors),
+            resolves=outcomes,
+            peer=self.cluster.counters() if self.cluster is not None else {},
+            dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
+            inflated_bytes=self.resolver.inflated_bytes,
+            front_door=door,
+            cluster=self._cluster_stats(),
+            timeline=timeline,
+            size_classes=classes,
+        )
 
     def client_env(self) -> dict[str, str]:
         """What the shim in the application needs (the launcher exports exactly these keys)."""

@@ -32,12 +32,12 @@ import secrets
 import stat
 
 from monarch.errors import DaemonError
+from monarch.layout import SOCKET
 from monarch.secure import open_private_file
 
 log = logging.getLogger(__name__)
 
 LOCK = "daemon.lock"
-SOCKET = "daemon.sock"  # what launchers connect to (the live instance's socket, linked)
 # what an instance leaves in the run directory: removed when a new instance takes over
 # (the plain "index" and "counters" are the names of daemons from before instances)
 _STATE = re.compile(r"(index|counters|sock)(-[0-9a-f]+)?(\.tmp-[0-9a-f]+)?|daemon\.(sock|pid)(\.tmp-[0-9a-f]+)?")

@@ -494,7 +494,7 @@ def _claim_socket(path: str) -> None:
     directory's lock already refuses a second live daemon of this version: see instance.py)."""
     if len(path.encode()) >= 108:
         raise DaemonError(f"socket path {path} is too long for a Unix socket (max 107 bytes); "
-                          "choose a shorter run_dir in the configuration")
+                          "choose a shorter run_base in the configuration")
     if not os.path.lexists(path):
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -505,4 +505,4 @@ def _claim_socket(path: str) -> None:
         return
     finally:
         probe.close()
-    raise DaemonError(f"a Monarch daemon already serves {path}; stop it (monarch stop) or use another run_dir")
+    raise DaemonError(f"a Monarch daemon already serves {path}; stop it (monarch stop) or use another run_base")

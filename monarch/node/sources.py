@@ -1,5 +1,8 @@
 """Where staged bytes come from: one small interface, and the PFS and a peer node behind it.
 
+"Source" means only this: where a copy is copied from. Where an application's open was
+served from (a tier, a peer's copy, the PFS) is ``opened_from`` (the shim's counters, the report).
+
 A source copies one key's bytes into a descriptor the stager opened (a temporary file that
 ``tiers.write_atomically`` publishes) and returns the number of bytes it wrote. Everything
 else — priorities, concurrency, single flight, reservations, the atomic publish, the checks

@@ -17,7 +17,7 @@ def two_tiers(short_tmp, root, ram_base, ssd_base) -> str:
     os.makedirs(run_base, exist_ok=True)
     path = os.path.join(short_tmp, "c.yaml")
     with open(path, "w") as f:
-        f.write(f'dataset: {{roots: ["{root}"]}}\nrun_dir: "{run_base}"\n'
+        f.write(f'dataset: {{roots: ["{root}"]}}\nrun_base: "{run_base}"\n'
                 f'tiers:\n  - {{name: ram, path: "{ram_base}", capacity: 1GiB}}\n'
                 f'  - {{name: ssd, path: "{ssd_base}", capacity: 1GiB}}\n'
                 'staging: {policy: on-access, threads: 2}\n')
@@ -57,7 +57,7 @@ def test_a_tier_on_a_read_only_filesystem_is_named_at_the_start_and_in_the_repor
     assert len(lines_with(r.stderr, "tier ram not used:", "Read-only file system")) == 1, r.stderr  # the report
     rep = load(report)
     assert "Read-only file system" in rep["tier_errors"]["ram"]["reason"]
-    assert rep["sources"]["ssd"]["opens"] == 80 and "ram" not in rep["sources"]  # the other tier serves
+    assert rep["opened_from"]["ssd"]["opens"] == 80 and "ram" not in rep["opened_from"]  # the other tier serves
 
 
 def test_a_missing_tier_base_is_named_by_check_config_and_the_run_and_never_made(dataset, short_tmp):
@@ -73,7 +73,7 @@ def test_a_missing_tier_base_is_named_by_check_config_and_the_run_and_never_made
     r = monarch("run", "-c", cfg, "--report", report, "--", *reader(ds, epochs=2))
     assert r.returncode == 0, r.stderr
     assert len(lines_with(r.stderr, "tier ram is not used", line)) == 1, r.stderr
-    assert load(report)["sources"]["ssd"]["opens"] == 80
+    assert load(report)["opened_from"]["ssd"]["opens"] == 80
     assert not os.path.exists(os.path.dirname(missing))
 
 
@@ -85,5 +85,5 @@ def test_a_missing_run_base_is_named_and_the_command_reads_the_pfs(dataset, shor
     r = monarch("run", "-c", cfg, "--", *reader(ds, epochs=1))
     assert r.returncode == 0, r.stderr
     run_base = os.path.join(short_tmp, "run")
-    assert len(lines_with(r.stderr, "not active for this run", f"run_dir: {run_base} does not exist")) == 1, r.stderr
+    assert len(lines_with(r.stderr, "not active for this run", f"run_base: {run_base} does not exist")) == 1, r.stderr
     assert not os.path.exists(run_base)

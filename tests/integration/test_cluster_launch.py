@@ -19,8 +19,8 @@ def test_single_node_run_with_a_node_index_starts_its_daemon_and_uses_it(dataset
     assert "Monarch is not active" not in res.stderr
     rep = load(report)
     assert rep["nodes"][0]["node"] == 1
-    assert rep["sources"]["pfs"]["opens"] == 0  # the second epoch at least came from the node's tier
-    assert sum(c["opens"] for c in rep["sources"].values()) == 80
+    assert rep["opened_from"]["pfs"]["opens"] == 0  # the second epoch at least came from the node's tier
+    assert sum(c["opens"] for c in rep["opened_from"].values()) == 80
 
 
 def test_a_cluster_run_is_told_by_the_peer_section_and_the_node_index(tmp_path):
@@ -45,7 +45,7 @@ def test_waiting_for_a_cluster_daemon_is_bounded_and_says_so(tmp_path, monkeypat
     monkeypatch.setattr("monarch.launch.run.CLUSTER_WAIT_NOTE", 0.1)
     monkeypatch.setenv("MONARCH_JOB_ID", "nojob")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_dir: {tmp_path}/run\n")
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_base: {tmp_path}/run\n")
     (tmp_path / "run").mkdir()  # a base must exist
     out = io.StringIO()
     try:

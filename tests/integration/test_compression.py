@@ -45,7 +45,7 @@ def config(base: str, root: str, compression: str = "zstd", capacity: str = "1Gi
     path = os.path.join(base, "monarch.yaml")
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: [{json.dumps(root)}]}}
-run_dir: "{base}/run"
+run_base: "{base}/run"
 tiers:
   - {{name: ram, path: "/dev/shm{base}/ram", capacity: {capacity}, compression: {compression},
      decoded_cache: {decoded_cache}}}
@@ -145,8 +145,8 @@ def test_compressed_and_raw_copies_serve_the_sources_bytes_to_every_reader(short
     assert tier["stored_bytes"] < total and tier["ratio"] > 1.3
     assert rep["nodes"][0]["tiers"][0]["used"] == tier["stored_bytes"]  # capacity is accounted in stored bytes
     # opens of compressed copies were served from the tier (as memfds), none from the PFS
-    assert rep["sources"]["ram"]["opens"] >= 150  # the script's opens (2 epochs, 3 workers, md5sum, cat)
-    assert rep["sources"]["pfs"]["opens"] == 0, rep["sources"]
+    assert rep["opened_from"]["ram"]["opens"] >= 150  # the script's opens (2 epochs, 3 workers, md5sum, cat)
+    assert rep["opened_from"]["pfs"]["opens"] == 0, rep["opened_from"]
     arrays = sum(os.path.getsize(p) for p in digests if p.endswith(".npy"))
     # the shim decoded the frames in the readers' processes (shim_zstd.c): the daemon answered at
     # most the opens that came before a file's frame was written (staged on the miss, decoded there)
@@ -287,7 +287,7 @@ assert md5(subprocess.run(['cat', p], capture_output=True).stdout) == want, 'cat
     # the daemon answered the first open only; the shim counted all of them as opens of the tier
     assert node["resolves"] == {"already_staged:inflated": 1}, node["resolves"]
     assert node["inflated_bytes"] == st.st_size
-    assert rep["sources"]["ram"]["opens"] >= 9 and rep["sources"]["pfs"]["opens"] == 0, rep["sources"]
+    assert rep["opened_from"]["ram"]["opens"] >= 9 and rep["opened_from"]["pfs"]["opens"] == 0, rep["opened_from"]
     assert node["tiers"][0]["decoded_cache"]["files"] == 1 and rep["tiers"][0]["decoded_bytes"] == st.st_size
     assert "1 decoded files" in r.stdout + r.stderr
 
@@ -375,6 +375,6 @@ check(paths[0], os.pread(held.fileno(), 1 << 20, 0), 'descriptor held across evi
     rep = load(report)
     tier = rep["nodes"][0]["tiers"][0]
     decoded = tier["decoded_cache"]
-    assert tier["compressed_files"] == 24 and rep["sources"]["pfs"]["opens"] == 0, (tier, rep["sources"])
+    assert tier["compressed_files"] == 24 and rep["opened_from"]["pfs"]["opens"] == 0, (tier, rep["opened_from"])
     assert decoded["evicted"] > 0 and decoded["refused"] > 0, decoded
     assert decoded["bytes"] + tier["used"] <= tier["capacity"], decoded  # the tier never holds more

@@ -121,7 +121,7 @@ def test_names_with_newlines_non_utf8_bytes_and_255_bytes_are_staged_and_served(
     r = monarch("run", "-c", write_config(short_tmp, root), "--report", report, "--", *checker(short_tmp, paths))
     assert r.returncode == 0, r.stderr
     rep = load(report)
-    assert rep["staging"]["files"] == len(names) and rep["sources"]["ram"]["opens"] == 2 * len(names)
+    assert rep["staging"]["files"] == len(names) and rep["opened_from"]["ram"]["opens"] == 2 * len(names)
 
 
 WRITES = """
@@ -231,7 +231,7 @@ def test_fstat_shows_the_source_and_tar_archives_are_identical(dataset, short_tm
     r = monarch("run", "-c", write_config(short_tmp, ds.root), "--report", report, "--", sys.executable, "-c", script)
     assert r.returncode == 0, r.stderr
     assert "file changed as we read it" not in r.stderr
-    assert load(report)["sources"]["ram"]["opens"] >= 40
+    assert load(report)["opened_from"]["ram"]["opens"] >= 40
     assert open(direct, "rb").read() == open(through, "rb").read()
     with tarfile.open(through) as t:
         modes = {m.name: m.mode for m in t.getmembers() if m.isfile()}
@@ -252,7 +252,7 @@ def test_fstat_from_python_and_c_on_a_staged_file(dataset, short_tmp):
     assert r.returncode == 0, r.stderr
     want = f"{st.st_size} {oct(st.st_mode)} {st.st_mtime_ns} {st.st_ino} {st.st_dev} {st.st_nlink}"
     assert r.stdout.splitlines() == [want, want]
-    assert load(report)["sources"]["ram"]["opens"] == 2  # both opens served from the copy
+    assert load(report)["opened_from"]["ram"]["opens"] == 2  # both opens served from the copy
 
 
 def test_a_root_reached_through_a_symlink_is_managed(dataset, short_tmp):
@@ -266,7 +266,7 @@ def test_a_root_reached_through_a_symlink_is_managed(dataset, short_tmp):
     assert r.returncode == 0, r.stderr
     rep = load(report)
     assert rep["pfs"]["total_bytes"] == ds.total and rep["pfs"]["reads_of_dataset"] == 1.0
-    assert rep["sources"]["ram"]["opens"] == 300
+    assert rep["opened_from"]["ram"]["opens"] == 300
 
 
 @pytest.fixture
@@ -292,7 +292,7 @@ def test_a_physically_full_tier_spills_to_the_next_and_the_pfs_is_counted_right(
     rep, counted = load(report), pfs.counters()
     assert counted["bytes"] <= 1.05 * ds.total  # 4.98x before: every failed copy was retried on every open
     assert rep["pfs"]["total_bytes"] == counted["bytes"]  # the report agrees with what the PFS served
-    assert rep["sources"]["ram"]["opens"] > 0 and rep["sources"]["ssd"]["opens"] > 0
+    assert rep["opened_from"]["ram"]["opens"] > 0 and rep["opened_from"]["ssd"]["opens"] > 0
     (node,) = rep["nodes"]
     assert node["tiers"][0]["full"]
 
@@ -306,7 +306,7 @@ def test_a_tier_that_cannot_be_created_is_skipped_and_the_other_used(dataset, sh
     r = monarch("run", "-c", cfg, "--report", report, "--", *reader(ds, epochs=2, workers=2))
     assert r.returncode == 0, r.stderr
     rep = load(report)
-    assert rep["sources"]["ssd"]["opens"] == 100 and rep["pfs"]["total_bytes"] == ds.total
+    assert rep["opened_from"]["ssd"]["opens"] == 100 and rep["pfs"]["total_bytes"] == ds.total
     (node,) = rep["nodes"]
     assert not_a_dir in node["tier_errors"]["ram"]
     assert "Traceback" not in open(glob.glob(f"{short_tmp}/run/monarch-*/*/daemon.log")[0]).read()
@@ -330,7 +330,7 @@ def test_a_file_changed_during_the_job_is_not_served_stale_with_validate_open(da
     assert r.returncode == 0, r.stderr
     rep = load(report)
     assert rep["staging"]["failures"] == {"changed_since_snapshot": 1}
-    assert rep["sources"]["ram"]["opens"] == 19 and rep["sources"]["pfs"]["opens"] == 1
+    assert rep["opened_from"]["ram"]["opens"] == 19 and rep["opened_from"]["pfs"]["opens"] == 1
 
 
 # -- the same cases through every kind of reader --------------------------------------------

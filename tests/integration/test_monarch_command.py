@@ -62,4 +62,4 @@ def test_dataset_flag_overrides_the_roots_of_the_configuration(dataset, short_tm
     assert r.returncode == 0, r.stderr
     rep = load(report)
     assert rep["dataset"] == {"files": 20, "bytes": ds.total}
-    assert rep["sources"]["ram"]["opens"] == 1  # the read was managed: the root was the --dataset one
+    assert rep["opened_from"]["ram"]["opens"] == 1  # the read was managed: the root was the --dataset one

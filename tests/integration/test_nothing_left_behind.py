@@ -17,13 +17,13 @@ UID = os.getuid()
 
 
 def shared_base_config(short_tmp, root, policy="read-ahead", threads="auto"):
-    """The shipped defaults' shape in the test's own directories: run_dir and the SSD tier
+    """The shipped defaults' shape in the test's own directories: run_base and the SSD tier
     share one base (``${TMPDIR:-/tmp}``), the RAM tier has its own (``/dev/shm``)."""
     base, ram = os.path.join(short_tmp, "tmp"), f"/dev/shm{short_tmp}/shm"
     path = os.path.join(short_tmp, "monarch.yaml")
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{base}"
+run_base: "{base}"
 tiers:
   - {{name: ram, path: "{ram}", capacity: 1GiB}}
   - {{name: ssd, path: "{base}", capacity: 1GiB}}

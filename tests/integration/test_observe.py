@@ -40,11 +40,11 @@ def test_progress_lines_while_the_command_runs_and_its_output_intact(dataset, sh
     assert "app stderr line" in lines
 
     rep = load(report)
-    assert rep["schema"] == "monarch.report/3"
+    assert rep["schema"] == "monarch.report/4"
     tl = rep["timeline"]
     assert len(tl["t"]) >= 3 and tl["interval"] == 1.0
     # the per-interval counts add up to the totals
-    assert sum(tl["series"]["bytes.ram"]) == rep["sources"]["ram"]["bytes"] == ds.total
+    assert sum(tl["series"]["bytes.ram"]) == rep["opened_from"]["ram"]["bytes"] == ds.total
     assert sum(tl["series"]["opens.ram"]) == 100
     assert sum(tl["series"]["staged_bytes"]) == rep["staging"]["bytes"] == ds.total
     assert tl["series"]["used.ram"][-1] == ds.total
@@ -71,7 +71,7 @@ def test_a_ram_tier_past_the_memory_margin_stages_to_the_next_tier_and_says_why(
     assert ram["used"] == 0 and ram["files"] == 0
     assert ram["stopped"] == "memory_margin" and ram["refused"] == {"memory_margin": 60}
     assert ssd["files"] == 60 and ssd["used"] == ds.total and ssd["stopped"] is None
-    assert rep["sources"]["ssd"]["opens"] == 120 and rep["sources"]["ram"]["opens"] == 0
+    assert rep["opened_from"]["ssd"]["opens"] == 120 and rep["opened_from"]["ram"]["opens"] == 0
     node_ram = rep["nodes"][0]["tiers"][0]
     assert node_ram["in_memory"] and node_ram["capacity_from"] == "100% of available memory"
     assert "stopped at the node's memory margin (memory_margin); refused memory_margin x60" in r.stderr
@@ -85,7 +85,7 @@ def test_a_ram_tier_past_the_memory_margin_stages_to_the_next_tier_and_says_why(
                 self.found.append(dict(attrs)["id"])
     parser = Sections()
     parser.feed(open(page).read())
-    assert parser.found == ["summary", "sources", "traffic", "staging", "tiers", "size-classes"]
+    assert parser.found == ["summary", "opened-from", "traffic", "staging", "tiers", "size-classes"]
 
 
 def _daemon_log(base):

@@ -133,7 +133,7 @@ def test_the_command_starts_during_the_walk_and_sees_what_it_would_see_directly(
     assert node["snapshot"].startswith("walked") and node["snapshot_seconds"] > 0.3
     assert node["requests_held_for_snapshot"].get("INDEX", 0) >= 1
     assert node["metadata"]["local"] >= DIRS * PER_DIR  # from the index, though it started before it existed
-    assert node["sources"]["ram"]["opens"] == DIRS * PER_DIR  # every byte through the tier copies
+    assert node["opened_from"]["ram"]["opens"] == DIRS * PER_DIR  # every byte through the tier copies
 
 
 def test_the_pfs_sees_one_walk_not_two(slow_dataset, short_tmp):
@@ -164,7 +164,7 @@ def test_a_walk_that_fails_leaves_the_command_on_the_pfs(slow_dataset, short_tmp
     got, node = load(out), load(report_path)["nodes"][0]
     same_answers(got, want)
     assert node["snapshot"].startswith("failed"), node["snapshot"]
-    assert node["sources"]["pfs"]["opens"] == DIRS * PER_DIR and node["staging"]["files"] == 0
+    assert node["opened_from"]["pfs"]["opens"] == DIRS * PER_DIR and node["staging"]["files"] == 0
     assert node["metadata"]["local"] == 0
 
 

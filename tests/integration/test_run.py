@@ -24,10 +24,10 @@ def test_three_shuffled_epochs_read_the_pfs_once(dataset, short_tmp):
     assert rep["dataset"] == {"files": 2000, "bytes": ds.total}
     # every byte from the PFS exactly once, by the stager; none by the application
     assert rep["pfs"]["staging_bytes"] == ds.total
-    assert rep["pfs"]["app_bytes"] == 0 and rep["sources"]["pfs"]["opens"] == 0
+    assert rep["pfs"]["app_bytes"] == 0 and rep["opened_from"]["pfs"]["opens"] == 0
     assert rep["pfs"]["total_bytes"] == ds.total
     # all three epochs read from the RAM tier, with correct bytes (the reader checks digests)
-    assert rep["sources"]["ram"] == {"opens": 3 * 2000, "bytes": 3 * ds.total, "opens_uncounted": 0}
+    assert rep["opened_from"]["ram"] == {"opens": 3 * 2000, "bytes": 3 * ds.total, "opens_uncounted": 0}
     assert rep["pfs"]["without_monarch_bytes"] == 3 * ds.total
     assert rep["staging"] == {"files": 2000, "bytes": ds.total, "failures": {}}
     assert rep["front_door"]["copies"] > 0  # the misses went through the daemon's C front door
@@ -59,7 +59,7 @@ def test_other_readers_get_the_same_bytes(dataset, short_tmp, kind):
                 *reader(ds, epochs=2, workers=2, reader_kind=kind))
     assert r.returncode == 0, r.stderr
     rep = load(report)
-    assert rep["sources"]["ram"]["opens"] == 400 and rep["sources"]["pfs"]["opens"] == 0
+    assert rep["opened_from"]["ram"]["opens"] == 400 and rep["opened_from"]["pfs"]["opens"] == 0
     assert rep["pfs"]["staging_bytes"] == ds.total
 
 
@@ -82,11 +82,11 @@ def test_c_programs_and_numpy_through_monarch_run(dataset, short_tmp):
     assert r.returncode == 0, r.stderr
     rep = load(report)
     # numpy once, md5sum and cat twice each over 20 files: all opens served, the PFS read once
-    assert rep["sources"]["ram"]["opens"] + rep["sources"]["pfs"]["opens"] == 1 + 4 * 20
-    assert rep["sources"]["pfs"]["opens"] == 0
+    assert rep["opened_from"]["ram"]["opens"] + rep["opened_from"]["pfs"]["opens"] == 1 + 4 * 20
+    assert rep["opened_from"]["pfs"]["opens"] == 0
     assert rep["pfs"]["staging_bytes"] == ds.total + os.path.getsize(os.path.join(ds.root, "array.npy"))
     # md5sum reads through stdio: the report says those bytes are unknown instead of showing 0 B
-    assert rep["sources"]["ram"]["opens_uncounted"] == 2 * 20
+    assert rep["opened_from"]["ram"]["opens_uncounted"] == 2 * 20
     assert "≥" in r.stderr
 
 
@@ -101,9 +101,9 @@ def test_full_tiers_pin_what_they_hold_and_the_rest_stays_on_the_pfs(dataset, sh
     staged = rep["staging"]["files"]
     assert 0 < staged < 100 and rep["staging"]["failures"] == {"no_room": 100 - staged}
     # the staged set is read from the tiers every epoch (never evicted), the rest from the PFS
-    tier_opens = rep["sources"]["ram"]["opens"] + rep["sources"]["ssd"]["opens"]
+    tier_opens = rep["opened_from"]["ram"]["opens"] + rep["opened_from"]["ssd"]["opens"]
     assert tier_opens == 3 * staged
-    assert rep["sources"]["pfs"]["opens"] == 3 * (100 - staged)
+    assert rep["opened_from"]["pfs"]["opens"] == 3 * (100 - staged)
     assert rep["pfs"]["staging_bytes"] == rep["staging"]["bytes"] <= 2 * cap
 
 
@@ -167,8 +167,8 @@ def test_daemon_killed_mid_run_the_app_completes_with_correct_bytes(dataset, sho
     assert "daemon was lost" in r.stderr
     rep = load(report)
     # staged files kept being read from the tier; bytes verified by the reader's digests
-    assert rep["sources"]["ram"]["opens"] >= 200
-    assert rep["sources"]["ram"]["opens"] + rep["sources"]["pfs"]["opens"] == 600
+    assert rep["opened_from"]["ram"]["opens"] >= 200
+    assert rep["opened_from"]["ram"]["opens"] + rep["opened_from"]["pfs"]["opens"] == 600
 
 
 def test_two_launchers_of_one_job_share_one_daemon(dataset, short_tmp):
@@ -182,10 +182,10 @@ def test_two_launchers_of_one_job_share_one_daemon(dataset, short_tmp):
     for p in procs:
         _, err = p.communicate(timeout=180)
         assert p.returncode == 0, err
-    last = max((load(rp) for rp in reports), key=lambda rep: rep["sources"]["ram"]["opens"])
+    last = max((load(rp) for rp in reports), key=lambda rep: rep["opened_from"]["ram"]["opens"])
     # one daemon: the dataset was staged once for both launchers
     assert last["pfs"]["staging_bytes"] == ds.total
-    assert last["sources"]["ram"]["opens"] + last["sources"]["pfs"]["opens"] == 2 * 2 * 300
+    assert last["opened_from"]["ram"]["opens"] + last["opened_from"]["pfs"]["opens"] == 2 * 2 * 300
     (run_dir,) = run_dirs(short_tmp)
     assert os.path.basename(run_dir) == "shared-job-node0"
     deadline = time.time() + 10
@@ -213,7 +213,7 @@ def test_demo_runs_the_main_job_on_the_embedded_default(short_tmp):
     assert "= 1.00x the dataset" in r.stderr
     (report,) = glob.glob(os.path.join(short_tmp, f"monarch-{os.getuid()}", "demo-*-node0", "report.json"))
     rep = load(report)
-    assert rep["sources"]["ram"]["opens"] == 400 and rep["pfs"]["app_bytes"] == 0
+    assert rep["opened_from"]["ram"]["opens"] == 400 and rep["pfs"]["app_bytes"] == 0
     # each file copied once, whether the read-ahead, the front door or a demand got to it first
     assert rep["staging"]["files"] == 200 and rep["pfs"]["staging_bytes"] == rep["dataset"]["bytes"]
 
@@ -236,7 +236,7 @@ def test_standing_daemon_serves_several_runs_and_reports_at_stop(dataset, short_
             assert r.returncode == 0, r.stderr
             runs.append(load(report))
         # each run reports its own session: the first staged everything, the second read it all from RAM
-        assert [rp["sources"]["ram"]["opens"] for rp in runs] == [200, 200]
+        assert [rp["opened_from"]["ram"]["opens"] for rp in runs] == [200, 200]
         assert [rp["pfs"]["staging_bytes"] for rp in runs] == [ds.total, 0]
         assert serve.poll() is None  # runs attach; they never stop a daemon they did not start
         assert monarch("stop", "-c", cfg, env=env).returncode == 0
@@ -244,7 +244,7 @@ def test_standing_daemon_serves_several_runs_and_reports_at_stop(dataset, short_
     finally:
         serve.kill()
     rep = load(os.path.join(os.path.dirname(sock), "report.json"))
-    assert rep["sources"]["ram"]["opens"] == 400 and rep["pfs"]["total_bytes"] == ds.total
+    assert rep["opened_from"]["ram"]["opens"] == 400 and rep["pfs"]["total_bytes"] == ds.total
     r = monarch("stop", "-c", cfg, env=env)
     assert r.returncode == 2 and "no Monarch daemon answers" in r.stderr
 

@@ -76,7 +76,7 @@ def test_planted_tier_files_are_never_served(dataset, short_tmp, as_other_user):
     rep = load(report)
     (node,) = rep["nodes"]
     assert f"owned by uid {NOBODY}" in node["tier_errors"]["ram"]
-    assert rep["sources"]["ssd"]["opens"] == 200 and "ram" not in rep["sources"]  # skipped, said why
+    assert rep["opened_from"]["ssd"]["opens"] == 200 and "ram" not in rep["opened_from"]  # skipped, said why
 
 
 def test_a_symlink_planted_as_the_users_directory_is_refused_and_its_target_untouched(dataset, short_tmp,
@@ -146,7 +146,7 @@ def test_a_tier_base_holding_the_users_files_keeps_them(dataset, short_tmp):
     report = os.path.join(short_tmp, "r.json")
     r = monarch("run", "-c", cfg, "--report", report, "--", *reader(ds, epochs=2))
     assert r.returncode == 0, r.stderr
-    assert load(report)["sources"]["ram"]["opens"] == 100
+    assert load(report)["opened_from"]["ram"]["opens"] == 100
     assert sorted(os.listdir(scratch)) == ["monarch-%d" % os.getuid(), "results"]
     assert open(os.path.join(scratch, "results", "model.pt")).read() == "weights"
     assert os.listdir(os.path.join(scratch, f"monarch-{os.getuid()}")) == []  # the run's copies are gone
@@ -171,7 +171,7 @@ def test_a_hundred_idle_connections_do_not_stall_the_job(dataset, short_tmp):
     assert r.returncode == 0, r.stderr
     rep = load(report)
     (node,) = rep["nodes"]
-    assert rep["sources"]["ram"]["opens"] == 600 and rep["sources"]["pfs"]["opens"] == 0
+    assert rep["opened_from"]["ram"]["opens"] == 600 and rep["opened_from"]["pfs"]["opens"] == 0
     assert not any(k.startswith("pfs:timeout") for k in node["resolves"])
 
 
@@ -182,7 +182,7 @@ def one_tier_config(short_tmp, root, tier_base, policy="on-access") -> str:
     os.makedirs(run_base, exist_ok=True)
     path = os.path.join(short_tmp, "one-tier.yaml")
     with open(path, "w") as f:
-        f.write(f'dataset: {{roots: ["{root}"]}}\nrun_dir: "{run_base}"\n'
+        f.write(f'dataset: {{roots: ["{root}"]}}\nrun_base: "{run_base}"\n'
                 f'tiers: [{{name: ssd, path: "{tier_base}", capacity: 1GiB}}]\n'
                 f'staging: {{policy: {policy}, threads: 2}}\n')
     return path
@@ -211,6 +211,6 @@ def test_a_tier_base_planted_as_a_symlink_by_another_user_is_refused(dataset, sh
     said = [line for line in r.stderr.splitlines() if "tier ssd is not used" in line]
     assert len(said) == 1 and link in said[0] and f"owned by uid {NOBODY}" in said[0], r.stderr
     rep = load(report)
-    assert rep["sources"]["pfs"]["opens"] == 60 and "ssd" not in rep["sources"]
+    assert rep["opened_from"]["pfs"]["opens"] == 60 and "ssd" not in rep["opened_from"]
     assert os.listdir(sticky) == ["precious"] and open(os.path.join(sticky, "precious")).read() == "root's"
     assert os.listdir(theirs) == []  # nothing of the job's went into the other user's tree

@@ -111,12 +111,12 @@ def test_every_node_reads_everything_and_the_cluster_reads_the_pfs_once(nodes, d
     rep = load(os.path.join(cluster.run_dir(0), "report.json"))
     assert rep["nodes_reporting"] == nodes and rep["nodes_lost"] == []
     assert rep["pfs"]["total_bytes"] == counted["bytes"]  # Monarch's count agrees with the filesystem's
-    sources = rep["sources"]
-    assert sum(c["opens"] for c in sources.values()) == nodes * 3 * 300
-    assert sum(c["bytes"] for c in sources.values()) == nodes * 3 * ds.total
-    assert sources["pfs"]["opens"] == 0
+    opened_from = rep["opened_from"]
+    assert sum(c["opens"] for c in opened_from.values()) == nodes * 3 * 300
+    assert sum(c["bytes"] for c in opened_from.values()) == nodes * 3 * ds.total
+    assert opened_from["pfs"]["opens"] == 0
     # every node staged only its share and got the rest from its peers
-    assert sources["peer"]["bytes"] == pytest.approx(3 * (nodes - 1) * ds.total, rel=0.01)
+    assert opened_from["peer"]["bytes"] == pytest.approx(3 * (nodes - 1) * ds.total, rel=0.01)
     assert rep["peer"]["bytes_sent"] == rep["peer"]["bytes_received"] > 0
     for node in rep["nodes"]:
         assert node["staging"]["pfs_files_read"] < 300 * 0.8  # a share from the PFS, the rest from peers
@@ -151,7 +151,7 @@ def test_compressed_copies_cross_the_network_as_stored(short_tmp):
     cfg = os.path.join(short_tmp, "monarch.yaml")
     with open(cfg, "w") as f:  # one compressed RAM tier per node
         f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{short_tmp}/run${{MONARCH_NODE}}"
+run_base: "{short_tmp}/run${{MONARCH_NODE}}"
 tiers:
   - {{name: ram, path: "/dev/shm{short_tmp}/ram${{MONARCH_NODE}}", capacity: 1GiB, compression: zstd}}
 peer: {{path: "{short_tmp}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}
@@ -192,7 +192,7 @@ def test_read_ahead_fetches_the_other_nodes_files_before_they_are_asked_for(data
         assert cluster.stop(range(nodes)) == 0
     assert ds.total <= pfs.counters()["bytes"] <= 1.05 * ds.total  # read once for the cluster
     rep = load(os.path.join(cluster.run_dir(0), "report.json"))
-    assert rep["sources"]["pfs"]["opens"] == 0
+    assert rep["opened_from"]["pfs"]["opens"] == 0
     for node in rep["nodes"]:
         resolves = node["resolves"]
         assert resolves.get("fetched", 0) == 0 and resolves.get("staged", 0) == 0, resolves  # nothing waited for

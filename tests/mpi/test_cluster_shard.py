@@ -20,7 +20,7 @@ def shard_config(base, root, node_bytes):
     path = os.path.join(base, "shard.yaml")
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{base}/run${{MONARCH_NODE}}"
+run_base: "{base}/run${{MONARCH_NODE}}"
 tiers:
   - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
   - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}}}
@@ -72,7 +72,7 @@ def test_sharded_dataset_over_the_nodes_storage_reads_the_pfs_once(dataset, shor
     summary = rep["cluster"]  # the report module combines the nodes' numbers
     assert summary["mode"] == "shard" and sum(r["owned_files"] for r in summary["per_node"]) == files
     assert sum(r["transient"] + r["cache_fetched"] for r in summary["per_node"]) > 0
-    assert rep["sources"]["pfs"]["opens"] == 0
+    assert rep["opened_from"]["pfs"]["opens"] == 0
 
 
 def test_readers_started_with_the_daemons_wait_for_them_and_read_the_pfs_once(dataset, short_tmp, slow_pfs):
@@ -95,8 +95,8 @@ def test_readers_started_with_the_daemons_wait_for_them_and_read_the_pfs_once(da
     assert not any("Monarch is not active" in out for out in outs), outs
     assert ds.total <= pfs.counters()["bytes"] <= 1.05 * ds.total
     rep = load(os.path.join(cluster.run_dir(0), "report.json"))
-    assert rep["sources"]["pfs"]["opens"] == 0
-    assert sum(c["opens"] for c in rep["sources"].values()) == 2 * files
+    assert rep["opened_from"]["pfs"]["opens"] == 0
+    assert sum(c["opens"] for c in rep["opened_from"].values()) == 2 * files
 
 
 def test_every_node_can_hold_the_dataset_each_keeps_a_full_copy_from_one_pfs_read(dataset, short_tmp, slow_pfs):

@@ -2,7 +2,7 @@
 torchrun-style spawn of workers, and two unscheduled runs side by side on one node.
 
 The tests assert on what could be wrong whatever the tier layout: exit codes, the digests
-the programs check, and the report's dataset, sources and PFS bytes.
+the programs check, and the report's dataset, opened_from and PFS bytes.
 """
 
 import os
@@ -42,8 +42,8 @@ def assert_read_once(rep, ds, opens):
     """The report of a run that read ``opens`` files of ``ds``, all from the tiers: the PFS read once."""
     assert rep["dataset"] == {"files": len(ds.files), "bytes": ds.total}
     assert rep["pfs"]["staging_bytes"] == ds.total
-    assert rep["pfs"]["app_bytes"] == 0 and rep["sources"]["pfs"]["opens"] == 0
-    assert sum(s["opens"] for s in rep["sources"].values()) == opens
+    assert rep["pfs"]["app_bytes"] == 0 and rep["opened_from"]["pfs"]["opens"] == 0
+    assert sum(s["opens"] for s in rep["opened_from"].values()) == opens
 
 
 @pytest.mark.parametrize("ranks, flags, named", [(2, [], "mpich-"), (4, [], "mpich-"), (2, ["-pmi-port"], "hydra-")])

@@ -18,7 +18,7 @@ def write_config(base, roots, ram="1GiB", ssd="1GiB", policy="on-access", keep=F
     shipped defaults, which separate runs by their identity (set TMPDIR and MONARCH_SSD)."""
     path = os.path.join(base, "monarch.yaml")
     roots_yaml = ", ".join(json.dumps(r) for r in ([roots] if isinstance(roots, str) else roots))
-    places = f"""run_dir: "{base}/run${{MONARCH_NODE}}"
+    places = f"""run_base: "{base}/run${{MONARCH_NODE}}"
 tiers:
   - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}, keep: {str(keep).lower()}}}
   - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}, keep: {str(keep).lower()}}}
@@ -109,7 +109,7 @@ def write_tier_config(base, root, run_base, ram_base, ssd_base, name="c.yaml", m
     path = os.path.join(base, name)
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{run_base}"
+run_base: "{run_base}"
 tiers:
   - {{name: ram, path: "{ram_base}", capacity: 1GiB}}
   - {{name: ssd, path: "{ssd_base}", capacity: 1GiB}}

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monarch.config import DEFAULTS_FILE, expand_vars, load_config, parse_size
+from monarch.config import DEFAULTS_FILE, expand_vars, load_config, parse_size, read_user
 from monarch.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,8 +43,8 @@ def test_shipped_local_config_documents_every_default_key():
 def test_defaults_load_with_builtin_variables(env, ds):
     c = load_config(None, env=env)
     assert c.dataset.roots == (os.path.realpath(ds),)
-    # run_dir and tier paths are base directories: Monarch makes its monarch-<uid>/... inside
-    assert c.run_dir == "/tmp"
+    # run_base and tier paths are base directories: Monarch makes its monarch-<uid>/... inside
+    assert c.run_base == "/tmp"
     assert [t.name for t in c.tiers] == ["ram", "ssd"]
     assert [t.path for t in c.tiers] == ["/dev/shm", "/tmp"]
     assert c.peer.path == "/tmp"
@@ -52,14 +52,14 @@ def test_defaults_load_with_builtin_variables(env, ds):
     assert c.staging.policy == "read-ahead" and c.staging.threads == 0  # threads: auto
 
 
-@pytest.mark.parametrize("extra,ssd,run_dir", [
+@pytest.mark.parametrize("extra,ssd,run_base", [
     ({}, "/tmp", "/tmp"),
     ({"TMPDIR": "/scratch/job7"}, "/scratch/job7", "/scratch/job7"),
     ({"TMPDIR": "/scratch/job7", "MONARCH_SSD": "/nvme"}, "/nvme", "/scratch/job7"),
 ])
-def test_default_base_directories_follow_tmpdir_and_monarch_ssd(env, extra, ssd, run_dir):
+def test_default_base_directories_follow_tmpdir_and_monarch_ssd(env, extra, ssd, run_base):
     c = load_config(None, env=dict(env, **extra))
-    assert (c.tiers[1].path, c.peer.path, c.run_dir, c.tiers[0].path) == (ssd, ssd, run_dir, "/dev/shm")
+    assert (c.tiers[1].path, c.peer.path, c.run_base, c.tiers[0].path) == (ssd, ssd, run_base, "/dev/shm")
 
 
 @pytest.mark.parametrize("text,value", [("64GiB", 64 * 2**30), ("1.5KiB", 1536), ("10 MB", 10**7), (42, 42), ("7", 7)])
@@ -85,7 +85,7 @@ def write(tmp_path, text):
     ("staging: {policy: lru}\n", "staging.policy: expected one of read-ahead, on-access, off, got 'lru'"),
     ("staging: {threads: 0}\n", "staging.threads: must be at least 1"),
     ("staging: {threads: many}\n", 'staging.threads: expected "auto" or a whole number'),
-    ("stagin: {threads: 2}\n", "stagin: unknown key; known keys here: dataset, memory_margin, peer, report, report_html, run_dir, "
+    ("stagin: {threads: 2}\n", "stagin: unknown key; known keys here: dataset, memory_margin, peer, report, report_html, run_base, "
      "staging, tiers"),
     ("tiers:\n  - {name: ram, path: /dev/shm/x, capacity: 150%}\n",
      "tiers[0].capacity: a share of the node (of available memory for a tier on tmpfs/ramfs, else of free space) "
@@ -99,7 +99,7 @@ def write(tmp_path, text):
     ("tiers:\n  - {name: ram, path: /dev/shm/x}\n", "tiers[0].capacity: missing"),
     ("tiers:\n  - {name: pfs, path: /dev/shm/x, capacity: 1GiB}\n", "tiers[0].name: 'pfs' is not allowed"),
     ("tiers:\n  - {name: a, path: /data/ds/cache, capacity: 1GiB}\n", "overlaps the dataset root /data/ds"),
-    ("run_dir: ${NOT_SET_ANYWHERE}\n", "run_dir: ${NOT_SET_ANYWHERE} is not set"),
+    ("run_base: ${NOT_SET_ANYWHERE}\n", "run_base: ${NOT_SET_ANYWHERE} is not set"),
     ("dataset: {roots: []}\n", "dataset.roots: no dataset roots"),
     ("dataset: {roots: [\"${EMPTY:-}\"]}\n", "dataset.roots: no dataset roots"),
     ("tiers: [\n", "not valid YAML"),
@@ -145,7 +145,7 @@ def test_check_config_cli(tmp_path, ds, capsys):
 @pytest.mark.parametrize("name", ["local.yaml", "cluster.yaml"])
 def test_shipped_configs_validate(name, env):
     c = load_config(str(REPO / "configs" / name), env=env)
-    assert c.run_dir == "/tmp" and [t.path for t in c.tiers] == ["/dev/shm", "/tmp"] and c.peer.path == "/tmp"
+    assert c.run_base == "/tmp" and [t.path for t in c.tiers] == ["/dev/shm", "/tmp"] and c.peer.path == "/tmp"
 
 
 def test_expand_vars_nested_defaults_are_expanded_only_when_used():
@@ -160,8 +160,8 @@ def test_expand_vars_nested_defaults_are_expanded_only_when_used():
 
 
 def test_malformed_variable_is_a_config_error(tmp_path, env):
-    path = write(tmp_path, "run_dir: ${TMPDIR-/tmp}\n")
-    with pytest.raises(ConfigError, match=r"run_dir: .*only \$\{TMPDIR\} and \$\{TMPDIR:-default\}"):
+    path = write(tmp_path, "run_base: ${TMPDIR-/tmp}\n")
+    with pytest.raises(ConfigError, match=r"run_base: .*only \$\{TMPDIR\} and \$\{TMPDIR:-default\}"):
         load_config(path, env=env)
 
 
@@ -288,3 +288,20 @@ def test_the_older_policy_name_is_read_as_the_new_one_with_a_warning(tmp_path, e
         c = load_config(path, env=env)
     assert c.staging.policy == "read-ahead"
     assert "staging.policy: 'prestage' is the older name of 'read-ahead'; write read-ahead" in caplog.text
+
+
+def test_the_older_run_dir_key_is_read_as_run_base_with_a_warning(tmp_path, env, caplog):
+    (tmp_path / "a").mkdir()
+    path = write(tmp_path, f"dataset: {{roots: [{tmp_path}/a]}}\nrun_dir: {tmp_path}/runs\n")
+    with caplog.at_level("WARNING", logger="monarch.config"):
+        c = load_config(path, env=env)
+    assert c.run_base == f"{tmp_path}/runs" and not hasattr(c, "run_dir")
+    assert f"config {path}: run_dir: the older name of run_base; write run_base" in caplog.text
+    assert read_user(path) == {"dataset": {"roots": [f"{tmp_path}/a"]}, "run_base": f"{tmp_path}/runs"}
+
+
+def test_run_base_and_its_older_name_together_are_refused(tmp_path, env):
+    (tmp_path / "a").mkdir()
+    path = write(tmp_path, f"dataset: {{roots: [{tmp_path}/a]}}\nrun_base: /tmp\nrun_dir: /var/tmp\n")
+    with pytest.raises(ConfigError, match="run_dir: the older name of run_base, which is given too; remove run_dir"):
+        load_config(path, env=env)

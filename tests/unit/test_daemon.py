@@ -55,7 +55,7 @@ def setup(tmp_path):
         (root / f"f{i}.bin").write_bytes(os.urandom(1000 + i))
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{tmp_path}/run"
+run_base: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
 peer: {{path: "{tmp_path}/peer", capacity: 2500, timeout: 0.2}}
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
@@ -146,7 +146,7 @@ def test_a_peer_area_given_as_a_share_of_the_node_gets_that_share(tmp_path, monk
     root.mkdir()
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{tmp_path}/run"
+run_base: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
 peer: {{path: "{tmp_path}/peer", capacity: 50%}}
 staging: {{policy: on-access}}

@@ -35,7 +35,7 @@ def compressed_daemon(tmp_path, decoded_cache="room", capacity="1MiB", keep=Fals
         (root / "sub" / "y.txt").write_bytes(compressible(SIZE, 10))
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{tmp_path}/run"
+run_base: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: {capacity}, compression: zstd, decoded_cache: {decoded_cache},
          keep: {str(keep).lower()}}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}

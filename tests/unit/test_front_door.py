@@ -56,7 +56,7 @@ def daemon_on(short_tmp):
         cfg = os.path.join(short_tmp, f"c{len(running)}.yaml")
         with open(cfg, "w") as f:
             f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{short_tmp}/run{len(running)}"
+run_base: "{short_tmp}/run{len(running)}"
 tiers: [{{name: ram, path: "{tier_path or f'{short_tmp}/ram{len(running)}'}", capacity: {capacity}}}{extra}]
 staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20}}
 """)

@@ -27,7 +27,7 @@ def served(short_tmp):
     cfg = os.path.join(short_tmp, "c.yaml")
     with open(cfg, "w") as f:  # room for 20 of the 40 files; no read-ahead of its own
         f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{short_tmp}/run"
+run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 20000}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
 """)

@@ -60,7 +60,7 @@ def _made(parent, name, kind, when):
 
 
 def test_tier_clean_up_leaves_finished_runs_in_a_shared_base(tmp_path):
-    # the shipped defaults: run_dir and the SSD tier share ${TMPDIR:-/tmp}
+    # the shipped defaults: run_base and the SSD tier share ${TMPDIR:-/tmp}
     run = _made(tmp_path, "run-a-node0", "run", 1_000_000)
     tier = _made(tmp_path, "run-a-node0-0123abcd", "tier", 1_000_000)
     old_run = _marked(tmp_path, "run-b-node0", _dead_pid(), 1_000_001)         # a marker without a kind:
@@ -91,3 +91,17 @@ def test_a_tier_directory_whose_marker_cannot_be_written_is_removed(tmp_path, mo
     with pytest.raises(OSError):
         layout.StorageDir.create(str(tmp_path), "run-x", 0)
     assert os.listdir(tmp_path / f"monarch-{os.getuid()}") == []  # no unmarked <run>-node0-<rand> left
+
+
+def test_launchers_and_the_daemon_name_one_socket(tmp_path):
+    """`monarch stop`, attaching launchers and the daemon's instance agree on one path."""
+    from monarch.node.instance import Instance
+    base = tmp_path / "base"
+    base.mkdir()
+    expected = os.path.join(os.path.realpath(base), f"monarch-{os.getuid()}", "job.3-node2", "daemon.sock")
+    assert layout.socket_path(str(base), "job.3", 2) == expected
+    instance = Instance(layout.run_dir(str(base), "job.3", 2))
+    try:
+        assert instance.public_socket_path == expected
+    finally:
+        instance.release()

@@ -5,6 +5,7 @@ import threading
 import time
 
 from monarch.launch.progress import Progress, interval, line, wanted
+from monarch.node.stats import NodeStats
 
 MiB = 2**20
 
@@ -12,18 +13,18 @@ MiB = 2**20
 def stats(files, nbytes, ram_opens=0, pfs_bytes=0):
     return {"staging": {"files": files, "bytes": nbytes, "pfs_bytes_read": nbytes},
             "dataset": {"files": 100, "bytes": 100 * MiB},
-            "sources": {"pfs": {"opens": 2, "bytes": pfs_bytes}, "ram": {"opens": ram_opens, "bytes": 0}}}
+            "opened_from": {"pfs": {"opens": 2, "bytes": pfs_bytes}, "ram": {"opens": ram_opens, "bytes": 0}}}
 
 
 def test_a_line_says_staged_rate_opens_and_pfs_bytes():
-    text = line(stats(40, 40 * MiB, ram_opens=120, pfs_bytes=MiB), rate=8 * MiB)
+    text = line(NodeStats.from_dict(stats(40, 40 * MiB, ram_opens=120, pfs_bytes=MiB)), rate=8 * MiB)
     assert text == ("monarch: staged 40/100 files, 40.0 MiB/100.0 MiB 40% | 8.0 MiB/s | opens pfs 2 ram 120 | "
                     "PFS read 41.0 MiB")
 
 
 def test_during_the_walk_a_line_says_so():
     walking = stats(0, 0) | {"snapshot": "walking", "uptime_seconds": 3.2, "dataset": {"files": 0, "bytes": 0}}
-    assert line(walking, rate=None) == "monarch: walking the dataset (3 s) | opens pfs 2 ram 0 | PFS read 0 B"
+    assert line(NodeStats.from_dict(walking), rate=None) == "monarch: walking the dataset (3 s) | opens pfs 2 ram 0 | PFS read 0 B"
 
 
 def test_rate_comes_from_successive_polls():

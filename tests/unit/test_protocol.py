@@ -37,7 +37,7 @@ def test_counters_roundtrip(tmp_path):
     assert counts[1] == (0, 0, 0)
     assert protocol.read_extra_counters(path)[protocol.EXTRA_META_PFS] == 5
     names = {0: "pfs", 2: "ram"}
-    assert protocol.read_sources(path, names) == {"pfs": {"opens": 3, "bytes": 1000, "opens_uncounted": 1},
+    assert protocol.read_opened_from(path, names) == {"pfs": {"opens": 3, "bytes": 1000, "opens_uncounted": 1},
                                                   "ram": {"opens": 1, "bytes": 7, "opens_uncounted": 0}}
 
 

@@ -8,13 +8,16 @@ import json
 import pytest
 
 from monarch.errors import MonarchError
-from monarch.report import SCHEMA, build_report, load_report, print_report
+from monarch.node.stats import NodeStats
+from monarch.report.build import SCHEMA, build_report, session_delta
+from monarch.report.store import load_report
+from monarch.report.text import print_report
 
 MiB = 2**20
 
 
-def node(sources, staged=10 * MiB, files=10, node_index=0):
-    return {"node": node_index, "host": f"h{node_index}", "sources": sources,
+def node(opened_from, staged=10 * MiB, files=10, node_index=0):
+    return {"node": node_index, "host": f"h{node_index}", "opened_from": opened_from,
             "staging": {"files": files, "bytes": staged, "pfs_files_read": files, "pfs_bytes_read": staged,
                         "failures": {}},
             "dataset": {"files": files, "bytes": 10 * MiB}, "peer": {}, "resolves": {}, "tiers": []}
@@ -33,7 +36,7 @@ JOB = {"job_id": "j", "config": "c.yaml", "command": ["python", "train.py", "--n
 def test_all_bytes_counted_is_exact():
     r = build_report([node({"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0},
                             "ram": {"opens": 30, "bytes": 30 * MiB, "opens_uncounted": 0}})], JOB)
-    assert r["schema"] == SCHEMA == "monarch.report/3"
+    assert r["schema"] == SCHEMA == "monarch.report/4"
     p = r["pfs"]
     assert (p["app_bytes"], p["total_bytes"], p["without_monarch_bytes"], p["saved_bytes"]) == \
         (0, 10 * MiB, 30 * MiB, 20 * MiB)
@@ -90,7 +93,7 @@ def test_opens_uncounted_sums_over_nodes_and_marks_node_cells():
              node({"pfs": {"opens": 0, "bytes": 0}, "ram": {"opens": 5, "bytes": 2 * MiB, "opens_uncounted": 2}},
                   node_index=1)]
     r = build_report(nodes, {"job_id": "j", "config": "c", "nodes": 2})
-    assert r["sources"]["ram"] == {"opens": 10, "bytes": 7 * MiB, "opens_uncounted": 2}
+    assert r["opened_from"]["ram"] == {"opens": 10, "bytes": 7 * MiB, "opens_uncounted": 2}
     lines = text(r).splitlines()
     node_rows = [line for line in lines if line[:1] in "01" and "MiB" in line]
     assert "≥" not in node_rows[0] and "≥ 2.0 MiB" in node_rows[1]
@@ -106,7 +109,7 @@ def test_share_column_and_shell_quoted_command():
 
 def test_a_shim_without_uncounted_opens_keeps_the_caveat():
     r = build_report([node({"pfs": {"opens": 1, "bytes": 1 * MiB}, "ram": {"opens": 3, "bytes": 3 * MiB}})], JOB)
-    assert "opens_uncounted" not in r["sources"]["ram"]  # sources carry what the shim counted, as it counted it
+    assert "opens_uncounted" not in r["opened_from"]["ram"]  # opened_from carries what the shim counted, as it counted it
     assert "mmap and stdio reads count opens only" in text(r)
 
 
@@ -175,13 +178,35 @@ def test_tiers_and_size_classes_in_the_report_and_its_text():
     assert "<64KiB          10    10.0 MiB  ram 3 (3.0 MiB), not staged 7 (7.0 MiB)" in t
 
 
+def as_written_before_4(report, schema):
+    """``report`` as a schema before /4 wrote it: ``sources`` for ``opened_from``, in the nodes too."""
+    def old(d):
+        return {("sources" if k == "opened_from" else k): v for k, v in d.items()}
+    return old(report) | {"schema": schema, "nodes": [old(n) if n else n for n in report["nodes"]]}
+
+
 def test_version_2_reports_still_print(tmp_path):
     r = build_report([node({"pfs": {"opens": 1, "bytes": 1}})], JOB)
-    old = {k: v for k, v in r.items() if k not in ("tiers", "size_classes", "timeline")} | {"schema": "monarch.report/2"}
+    old = as_written_before_4({k: v for k, v in r.items() if k not in ("tiers", "size_classes", "timeline")},
+                              "monarch.report/2")
     path = tmp_path / "v2.json"
     path.write_text(json.dumps(old))
     t = text(load_report(str(path)))
     assert "Monarch access report" in t and "file size" not in t
+
+
+def test_a_version_3_report_reads_and_prints_as_today_s(tmp_path):
+    """/3 named the opens' slots ``sources``; /4 ``opened_from`` (``sources`` is where copies come from)."""
+    a = node({"pfs": {"opens": 4, "bytes": 3 * MiB, "opens_uncounted": 1}, "ram": {"opens": 9, "bytes": 5 * MiB,
+                                                                                  "opens_uncounted": 0}})
+    r = build_report([a, None, node({"ram": {"opens": 1, "bytes": MiB, "opens_uncounted": 0}}, node_index=2)], JOB)
+    path = tmp_path / "v3.json"
+    path.write_text(json.dumps(as_written_before_4(r, "monarch.report/3")))
+    loaded = load_report(str(path))
+    assert "sources" not in loaded and loaded["opened_from"]["ram"] == {"opens": 10, "bytes": 6 * MiB,
+                                                                       "opens_uncounted": 0}
+    assert [n and n["opened_from"]["ram"]["opens"] for n in loaded["nodes"]] == [9, None, 1]
+    assert text(loaded) == text(r)
 
 
 def test_peer_bytes_on_the_wire_are_summed_and_printed():
@@ -198,7 +223,7 @@ def test_peer_bytes_on_the_wire_are_summed_and_printed():
 
 
 def test_the_report_is_readable_by_its_owner_only(tmp_path):
-    from monarch.report import write_report
+    from monarch.report.store import write_report
     old = os.umask(0o022)  # a usual umask: the mode must not depend on it
     try:
         path = tmp_path / "out" / "report.json"
@@ -207,3 +232,30 @@ def test_the_report_is_readable_by_its_owner_only(tmp_path):
         assert load_report(str(path))["schema"] == SCHEMA
     finally:
         os.umask(old)
+
+
+def test_a_node_s_stats_cross_the_wire_and_back_unchanged():
+    """The daemon fills a NodeStats; the socket and MPI carry its dict; readers get it back."""
+    built = NodeStats(node=1, host="h1", opened_from={"ram": {"opens": 3, "bytes": 30, "opens_uncounted": 0}},
+                      staging={"files": 1, "bytes": 30, "pfs_files_read": 1, "pfs_bytes_read": 30, "failures": {}},
+                      front_door=None, snapshot="reused")
+    wire = built.to_dict() | {"requests_refused": {"bad_frame": 2}}  # the server adds its own counts
+    assert "timeline" not in wire and "size_classes" not in wire and wire["front_door"] is None  # a brief REPORT
+    back = NodeStats.from_dict(json.loads(json.dumps(wire)))
+    assert back.extra == {"requests_refused": {"bad_frame": 2}} and back.opened_from["ram"]["opens"] == 3
+    assert back.to_dict() == wire
+    assert build_report([wire], JOB)["nodes"] == [wire] == build_report([back], JOB)["nodes"]
+    assert NodeStats.from_wire({"missing": True}) is None and NodeStats.from_wire(None) is None
+
+
+def test_a_session_s_report_holds_what_the_session_did():
+    start = NodeStats.from_dict(node({"ram": {"opens": 10, "bytes": 100, "opens_uncounted": 0}}, files=4)
+                                | {"resolves": {"staged": 3}})
+    end = NodeStats.from_dict(node({"ram": {"opens": 25, "bytes": 400, "opens_uncounted": 1}}, files=9)
+                              | {"resolves": {"staged": 5, "hints": 2}, "front_door": {"copies": 7}})
+    delta = session_delta(end, NodeStats.from_dict(start.to_dict() | {"front_door": {"copies": 4}}))
+    assert delta.opened_from["ram"] == {"opens": 15, "bytes": 300, "opens_uncounted": 1}
+    assert delta.resolves == {"staged": 2, "hints": 2} and delta.staging["files"] == 5
+    assert delta.front_door == {"copies": 3} and end.opened_from["ram"]["opens"] == 25  # the end is left as it was
+    r = build_report([delta], JOB)
+    assert r["nodes"][0]["session_only"] is True and r["opened_from"]["ram"]["opens"] == 15

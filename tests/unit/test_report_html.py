@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from monarch.cli import main
-from monarch.report import build_report
+from monarch.report.build import build_report
 
 pytest.importorskip("matplotlib")
 MiB = 2**20
@@ -38,8 +38,8 @@ class Page(html.parser.HTMLParser):
 
 def node_stats(i, sent=0, received=0):
     return {"node": i, "host": f"h{i}",
-            "sources": {"pfs": {"opens": 2, "bytes": 2 * MiB, "opens_uncounted": 0},
-                        "ram": {"opens": 30, "bytes": 30 * MiB, "opens_uncounted": 0}},
+            "opened_from": {"pfs": {"opens": 2, "bytes": 2 * MiB, "opens_uncounted": 0},
+                            "ram": {"opens": 30, "bytes": 30 * MiB, "opens_uncounted": 0}},
             "staging": {"files": 8, "bytes": 8 * MiB, "pfs_files_read": 8, "pfs_bytes_read": 8 * MiB,
                         "failures": {"no_room": 2}},
             "dataset": {"files": 10, "bytes": 10 * MiB},
@@ -69,7 +69,7 @@ def render(tmp_path, report):
 def test_one_node_page_has_every_section_and_inline_plots(tmp_path):
     page, _ = render(tmp_path, build_report([node_stats(0)], {"job_id": "j", "config": "c", "command": ["x"],
                                                               "exit_code": 0, "wall_seconds": 3.0}))
-    assert page.sections == ["summary", "sources", "traffic", "staging", "tiers", "size-classes"]
+    assert page.sections == ["summary", "opened-from", "traffic", "staging", "tiers", "size-classes"]
     assert len(page.images) == 4  # traffic, staging, tier occupancy, size classes
     for img in page.images:
         assert img["src"].startswith("data:image/svg+xml;base64,") and img["alt"]
@@ -91,9 +91,12 @@ def test_a_cluster_page_shows_bytes_sent_and_received_per_node(tmp_path):
 
 def test_an_old_report_still_renders(tmp_path):
     r = build_report([node_stats(0)], {"job_id": "j", "config": "c"})
-    old = {k: v for k, v in r.items() if k not in ("tiers", "size_classes", "timeline")} | {"schema": "monarch.report/2"}
+    old = {("sources" if k == "opened_from" else k): v for k, v in r.items()
+           if k not in ("tiers", "size_classes", "timeline")} | {"schema": "monarch.report/2"}
+    old["nodes"] = [{("sources" if k == "opened_from" else k): v for k, v in n.items()} for n in old["nodes"]]
     page, _ = render(tmp_path, old)
     assert "traffic" in page.sections and "no time series" in " ".join(page.text)
+    assert page.sections[1] == "opened-from" and "30.0 MiB" in page.text  # the /2 report's "sources"
 
 
 @pytest.mark.timeout(120)

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from monarch import secure
-from monarch.report import write_report
+from monarch.report.store import write_report
 
 
 def test_private_dir_is_made_0700_whatever_the_umask(tmp_path):

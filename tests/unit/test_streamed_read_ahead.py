@@ -66,7 +66,7 @@ def paused_walk(short_tmp, monkeypatch):
         cfg = os.path.join(short_tmp, "c.yaml")
         with open(cfg, "w") as f:
             f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{short_tmp}/run"
+run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB, keep: {str(keep).lower()}}}]
 staging: {{policy: read-ahead, threads: 2}}
 """)

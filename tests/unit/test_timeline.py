@@ -2,8 +2,7 @@
 
 import pytest
 
-from monarch.report import combine_timelines
-from monarch.timeline import Timeline
+from monarch.report.timeline import Timeline, combine_timelines
 
 
 def test_counts_per_interval_and_gauges_as_levels():

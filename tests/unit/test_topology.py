@@ -93,10 +93,10 @@ def test_new_run_ids_are_unique_and_safe():
 
 def test_the_configuration_sees_the_run_id_as_monarch_job_id(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text('dataset: {roots: [/d]}\nrun_dir: "/r/${MONARCH_JOB_ID}"\n')
+    cfg.write_text('dataset: {roots: [/d]}\nrun_base: "/r/${MONARCH_JOB_ID}"\n')
     env = {"USER": "u", "MONARCH_NODE": "0"}
     load = lambda extra: load_config(cfg, env={**env, **extra}, check_roots=False)  # noqa: E731
-    assert load(SLURM).run_dir == "/r/4242.3"
-    assert load({"MONARCH_RUN_ID": "run-x"}).run_dir == "/r/run-x"
-    assert load(HYDRA_PORT).run_dir == "/r/hydra-node7_41234"
-    assert load({}).run_dir == "/r/local"  # `monarch run` names such a run itself
+    assert load(SLURM).run_base == "/r/4242.3"
+    assert load({"MONARCH_RUN_ID": "run-x"}).run_base == "/r/run-x"
+    assert load(HYDRA_PORT).run_base == "/r/hydra-node7_41234"
+    assert load({}).run_base == "/r/local"  # `monarch run` names such a run itself

@@ -37,7 +37,7 @@ def gated(short_tmp, monkeypatch):
     cfg = os.path.join(short_tmp, "c.yaml")
     with open(cfg, "w") as f:
         f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{short_tmp}/run"
+run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 20}}
 """)

@@ -16,7 +16,7 @@ import shlex
 from typing import Any
 
 from monarch.errors import MonarchError
-from monarch.report import human
+from monarch.sizes import human
 
 MiB = 1 << 20
 STATES = {None: "taking files", "full": "full (capacity)", "memory_margin": "stopped: memory margin",
@@ -69,7 +69,7 @@ def render_html(report: dict) -> str:
            f" &middot; job {e(str(job.get('job_id', '?')))}"
            + (f" &middot; run {e(str(job['run_id']))}" if job.get("run_id") else "") + "</p>"]
     out += _summary(report, job, ds, pfs)
-    out += _sources(report)
+    out += _opened_from(report)
     timeline = report.get("timeline")
     out.append('<section id="traffic"><h2>Bytes read over time, by source</h2>')
     if timeline and timeline.get("t"):
@@ -134,12 +134,12 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
     return out
 
 
-def _sources(report: dict) -> list[str]:
-    sources = report.get("sources", {})
-    total = sum(c.get("bytes", 0) for c in sources.values()) or 1
+def _opened_from(report: dict) -> list[str]:
+    opened_from = report.get("opened_from", {})
+    total = sum(c.get("bytes", 0) for c in opened_from.values()) or 1
     rows = [[name, c.get("opens", 0), _bytes(c.get("bytes", 0), c.get("opens_uncounted", 0) > 0),
-             f"{100 * c.get('bytes', 0) / total:.1f}%"] for name, c in sources.items()]
-    return ['<section id="sources"><h2>Where the application read from</h2>',
+             f"{100 * c.get('bytes', 0) / total:.1f}%"] for name, c in opened_from.items()]
+    return ['<section id="opened-from"><h2>Where the application read from</h2>',
             _table(["source", "opens", "bytes read", "share of bytes read"], rows), "</section>"]
 
 
@@ -208,7 +208,7 @@ def _cluster(report: dict, Figure) -> list[str]:
         p = n.get("peer", {})
         rows.append([i, n.get("host", ""), human(p.get("bytes_sent", 0)), human(p.get("bytes_received", 0)),
                      human(n.get("staging", {}).get("bytes", 0)),
-                     human(n.get("sources", {}).get("pfs", {}).get("bytes", 0)
+                     human(n.get("opened_from", {}).get("pfs", {}).get("bytes", 0)
                            + n.get("staging", {}).get("pfs_bytes_read", 0))])
     return ['<section id="cluster"><h2>Nodes</h2>',
             _table(["node", "host", "sent to peers", "received from peers", "staged", "PFS read"], rows),

@@ -1,4 +1,4 @@
-"""The job over time: the daemon's counters sampled on a timer, in bounded memory.
+"""The job over time: the daemon's counters sampled on a timer in bounded memory; nodes' series on one grid.
 
 Each point is one interval: how many opens and bytes each source served in it, how many
 files and bytes were staged, how many bytes the stager read from the PFS (counts per
@@ -114,3 +114,34 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def combine_timelines(timelines: list[dict]) -> dict:
+    """The nodes' timelines on one grid of the coarsest interval, from the earliest start:
+    counts summed, gauges (``used.*``) summed over nodes at each point's end."""
+    if len(timelines) == 1:
+        return timelines[0]
+    step = max(tl["interval"] for tl in timelines)
+    origin = min(tl["start"] for tl in timelines)
+    end = max((tl["start"] + tl["t"][-1] for tl in timelines if tl["t"]), default=origin)
+    n = max(1, int((end - origin) // step) + (1 if (end - origin) % step else 0))
+    series: dict[str, list[int]] = {}
+    for tl in timelines:
+        levels: dict[str, list[int | None]] = {}
+        for name, column in tl["series"].items():
+            out = series.setdefault(name, [0] * n)
+            level = levels.setdefault(name, [None] * n)
+            for t, value in zip(tl["t"], column):
+                slot = min(n - 1, max(0, int((tl["start"] + t - origin - 1e-9) // step)))
+                if is_gauge(name):
+                    level[slot] = value  # the node's last level in the slot
+                else:
+                    out[slot] += value
+        for name, level in levels.items():
+            if is_gauge(name):
+                last = 0
+                for i, value in enumerate(level):
+                    last = value if value is not None else last
+                    series[name][i] += last
+    return {"start": round(origin, 3), "interval": step,
+            "t": [round((i + 1) * step, 3) for i in range(n)], "series": series}

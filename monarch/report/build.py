@@ -1,0 +1,218 @@
+"""The access report's JSON document: the nodes' statistics combined into one, versioned.
+
+Schema ``monarch.report/4`` is documented in README.md ("Report reference"); ``/1`` to
+``/3`` reports are still read and printed (``monarch.report.store``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+from typing import Any, Iterable
+
+from monarch.node.stats import NodeStats
+from monarch.report.timeline import combine_timelines
+
+SCHEMA = "monarch.report/4"  # /4: "sources" (where opens were served from) became "opened_from"
+
+def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) -> dict:
+    """Combine per-node statistics (``NodeStats``, or as received: ``NodeDaemon.stats()``; None or
+    ``{"missing": True}`` for a lost node).
+
+    Per slot an open was served from (``opened_from``: a tier, ``peer``, ``pfs``) the statistics
+    give ``opens`` and ``bytes``, and may give ``opens_uncounted``:
+    opens whose bytes the shim cannot see (read through mmap or stdio). Byte figures that
+    include such opens are lower bounds (listed in ``pfs.lower_bounds``); a figure none of
+    whose bytes were counted is None (unknown).
+    """
+    nodes = [n if isinstance(n, NodeStats) else NodeStats.from_wire(n) for n in nodes]
+    alive = [n for n in nodes if n]
+    opened_from: dict[str, collections.Counter] = {}
+    for n in alive:
+        for name, counts in n.opened_from.items():
+            opened_from.setdefault(name, collections.Counter()).update(counts)
+    staging = collections.Counter()
+    failures = collections.Counter()
+    peer = collections.Counter()
+    for n in alive:
+        s = n.staging
+        staging.update({k: s[k] for k in ("files", "bytes", "pfs_files_read", "pfs_bytes_read")})
+        failures.update(s["failures"])
+        peer.update({k: v for k, v in n.peer.items() if isinstance(v, (int, float))})
+    dataset_bytes = alive[0].dataset["bytes"] if alive else 0
+    metadata = collections.Counter()
+    for n in alive:
+        metadata.update({k: v for k, v in n.metadata.items() if k in ("local", "pfs")})
+    decompression = collections.Counter()
+    for n in alive:
+        decompression.update(n.decompression)
+    timelines = [n.timeline for n in alive if n.timeline]
+    doors = [n.front_door for n in alive if n.front_door]
+    door = collections.Counter()
+    for d in doors:
+        door.update({k: d.get(k, 0) for k in ("copies", "answered_staged", "handed_over")})
+    return {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "job": job,
+        "dataset": alive[0].dataset if alive else {"files": 0, "bytes": 0},
+        "nodes_reporting": len(alive),
+        "nodes_lost": [i for i, n in enumerate(nodes) if not n],
+        "opened_from": {name: dict(c) for name, c in opened_from.items()},
+        "pfs": _pfs_traffic(opened_from, staging["pfs_bytes_read"], dataset_bytes),
+        "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
+        "metadata": {"local": metadata["local"], "pfs": metadata["pfs"]},
+        # opens of compressed copies decoded by the shim in the application's process: how
+        # many, the ns they took (frame open to sealed memfd), the bytes decoded, and the
+        # frames it found but left to the daemon (no libzstd, a missing dictionary, a bad frame)
+        "decompression": {k: decompression[k] for k in ("opens", "ns", "bytes", "left_to_daemon")},
+        "peer": dict(peer),
+        # the daemons' C front doors (None: no node had one): misses they copied, opens of
+        # staged copies they answered, requests they handed to the Python server
+        "front_door": dict(door) if doors else None,
+        "tiers": _tiers_over_nodes(alive),
+        "tier_errors": _tier_errors_over_nodes(nodes),
+        "size_classes": _classes_over_nodes(alive),
+        "timeline": combine_timelines(timelines) if timelines else None,
+        "cluster": cluster_summary(nodes),
+        "nodes": [n.to_dict() if n else None for n in nodes],
+    }
+
+
+def cluster_summary(nodes: list[NodeStats | None]) -> dict | None:
+    """A cluster's layout and, per node, its owned share (files, bytes, staged), the bytes it
+    sent to and received from peers, and its peer cache (hits, evictions, transient serves).
+    None when no node reports a layout (single node)."""
+    rows = []
+    for k, n in enumerate(nodes):
+        cl = (n.cluster if n else None) or {}
+        if not cl:
+            continue
+        peer, cache = n.peer or {}, cl.get("peer_cache") or {}
+        rows.append({"node": n.node, "owned_files": cl.get("owned_files", 0),
+                     "owned_bytes": cl.get("owned_bytes", 0), "owned_staged_files": cl.get("owned_staged_files", 0),
+                     "owned_staged_bytes": cl.get("owned_staged_bytes", 0),
+                     "peer_bytes_sent": peer.get("bytes_sent", 0), "peer_bytes_received": peer.get("bytes_received", 0),
+                     "cache_hits": cache.get("hits", 0), "cache_fetched": cache.get("fetched", 0),
+                     "evictions": cache.get("evictions", 0), "transient": cache.get("transient", 0),
+                     "peer_failures": sum(cache.get("failures", {}).values())})
+    if not rows:
+        return None
+    first = next(n.cluster for n in nodes if n and n.cluster)
+    return {"mode": first.get("mode"), "why": first.get("why"), "per_node": rows}
+
+
+def _tiers_over_nodes(alive: list[NodeStats]) -> list[dict]:
+    """Each tier (and the peer area) by name, summed over nodes: capacity, used (stored bytes),
+    files, refused by reason, logical and stored bytes and their ratio, each node's compression,
+    and the decoded files a compressing tier holds for re-opens (bytes, files)."""
+    out: dict[str, dict] = {}
+    for n in alive:
+        for t in n.tiers:
+            row = out.setdefault(t["name"], {"name": t["name"], "capacity": 0, "used": 0, "files": 0,
+                                             "refused": collections.Counter(), "full_on_nodes": 0,
+                                             "logical_bytes": 0, "stored_bytes": 0, "compressed_files": 0,
+                                             "decoded_bytes": 0, "decoded_files": 0, "compression": []})
+            for k in ("capacity", "used", "files", "logical_bytes", "stored_bytes", "compressed_files"):
+                row[k] += t.get(k, 0)
+            decoded = t.get("decoded_cache") or {}  # decoded files kept for native re-opens (not in "used")
+            row["decoded_bytes"] += decoded.get("bytes", 0)
+            row["decoded_files"] += decoded.get("files", 0)
+            row["compression"].append(t.get("compression", {"mode": "off"}))
+            row["refused"].update(t.get("refused", {}))
+            if t.get("full"):
+                row["full_on_nodes"] += 1
+            if t.get("stopped"):
+                row["last_stopped"] = t["stopped"]
+    for row in out.values():
+        row["refused"] = dict(row["refused"])
+        row["stopped"] = tier_state(row)
+        row["ratio"] = round(row["logical_bytes"] / row["stored_bytes"], 3) if row["stored_bytes"] else 1.0
+    return list(out.values())
+
+
+def _tier_errors_over_nodes(nodes: list[NodeStats | None]) -> dict[str, dict]:
+    """Each tier some node could not use: the first node's reason and the nodes that said so."""
+    out: dict[str, dict] = {}
+    for i, n in enumerate(nodes):
+        for name, reason in ((n.tier_errors if n else None) or {}).items():
+            out.setdefault(name, {"reason": reason, "nodes": []})["nodes"].append(i)
+    return out
+
+
+def tier_state(tier: dict) -> str | None:
+    """Why a tier stopped taking files, if it did (None: it took every file offered): its
+    filesystem said it was full, else the reason of its latest refusal."""
+    if tier.get("full_on_nodes") or tier.get("full"):
+        return "filesystem_full"
+    return tier.get("last_stopped") or tier.get("stopped")
+
+
+def _classes_over_nodes(alive: list[NodeStats]) -> list[dict] | None:
+    """Per size class over the cluster: the dataset (node 0's snapshot: every node has the
+    same), copies in each tier summed over nodes, and what no node's tier holds."""
+    per_node = [n.size_classes for n in alive if n.size_classes]
+    if not per_node:
+        return None
+    out = []
+    for i, first in enumerate(per_node[0]):
+        staged: dict[str, collections.Counter] = {}
+        for classes in per_node:
+            for tier, c in classes[i]["staged"].items():
+                staged.setdefault(tier, collections.Counter()).update(c)
+        held = sum(c["files"] for c in staged.values()), sum(c["bytes"] for c in staged.values())
+        out.append({"class": first["class"], "max_bytes": first["max_bytes"], "files": first["files"],
+                    "bytes": first["bytes"], "staged": {t: dict(c) for t, c in staged.items()},
+                    "not_staged": {"files": max(0, first["files"] - held[0]),
+                                   "bytes": max(0, first["bytes"] - held[1])}})
+    return out
+
+def _pfs_traffic(opened_from: dict[str, collections.Counter], staging_bytes: int, dataset_bytes: int) -> dict:
+    """The PFS figures, each exact, a lower bound (named in ``lower_bounds``) or None (unknown)."""
+    pfs = opened_from.get("pfs", collections.Counter())
+    opens = sum(c["opens"] for c in opened_from.values())
+    uncounted = sum(c["opens_uncounted"] for c in opened_from.values())
+    pfs_uncounted = pfs["opens_uncounted"]
+    nothing_counted = opens > 0 and uncounted >= opens  # every managed open was read through mmap/stdio
+    app_pfs = pfs["bytes"]
+    app_total = sum(c["bytes"] for c in opened_from.values())
+    pfs_total = app_pfs + staging_bytes
+    lower = set()
+    if pfs_uncounted:
+        lower |= {"app_bytes", "total_bytes", "reads_of_dataset"}
+    if uncounted:
+        lower.add("without_monarch_bytes")
+    if uncounted - pfs_uncounted:  # saved = bytes read from tiers and peers - bytes read to stage them
+        lower.add("saved_bytes")
+    unknown = pfs["opens"] > 0 and pfs_uncounted >= pfs["opens"]
+    return {
+        "app_bytes": None if unknown else app_pfs,
+        "staging_bytes": staging_bytes,
+        "total_bytes": pfs_total,
+        "dataset_bytes": dataset_bytes,
+        "reads_of_dataset": round(pfs_total / dataset_bytes, 4) if dataset_bytes else None,
+        "without_monarch_bytes": None if nothing_counted else app_total,
+        "saved_bytes": None if nothing_counted else app_total - pfs_total,
+        # a ratio of two lower bounds bounds nothing
+        "saved_fraction": round(1 - pfs_total / app_total, 4) if app_total and not uncounted else None,
+        # None: the shim did not tell mmap/stdio opens apart (their bytes are missing, unmarked)
+        "opens_uncounted": uncounted if any("opens_uncounted" in c for c in opened_from.values()) else None,
+        "lower_bounds": sorted(lower - ({"app_bytes"} if unknown else set())),
+    }
+
+
+def session_delta(end: NodeStats, start: NodeStats) -> NodeStats:
+    """A node's numbers between two of its stats: what one ``monarch run`` attached to a
+    standing daemon did (the daemon's own report at stop keeps the totals)."""
+    def minus(a: dict, b: dict) -> dict:
+        return {k: (v - b.get(k, 0) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                for k, v in a.items()}
+    staging = minus(end.staging, start.staging)
+    staging["failures"] = {k: v for k, v in minus(end.staging.get("failures", {}),
+                                                  start.staging.get("failures", {})).items() if v}
+    return dataclasses.replace(
+        end, opened_from={name: minus(c, start.opened_from.get(name, {})) for name, c in end.opened_from.items()},
+        staging=staging, resolves={k: v for k, v in minus(end.resolves, start.resolves).items() if v},
+        front_door=minus(end.front_door, start.front_door or {}) if end.front_door else end.front_door,
+        extra=end.extra | {"session_only": True})

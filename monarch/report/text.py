@@ -1,0 +1,145 @@
+"""The report as the text table ``monarch run`` and ``monarch report`` print."""
+
+from __future__ import annotations
+
+import shlex
+from typing import TextIO
+
+from monarch.sizes import human
+
+STATE_WORDS = {None: "took every file offered", "full": "full (its capacity is reached)",
+               "memory_margin": "stopped at the node's memory margin (memory_margin)",
+               "filesystem_full": "its filesystem is full"}
+
+
+def _amount(n: float | None, lower: bool) -> str:
+    """Bytes for the table: ``≥`` for a lower bound, ``unknown`` for None."""
+    if n is None:
+        return "unknown"
+    return f"≥ {human(n)}" if lower else human(n)
+
+
+def _amount_opened_from(counts: dict) -> str:
+    """The bytes of one place opens were served from: exact, ``≥`` when some opens were uncounted,
+    ``unknown`` when all were."""
+    opens, uncounted = counts.get("opens", 0), counts.get("opens_uncounted", 0)
+    return _amount(None if opens and uncounted >= opens else counts.get("bytes", 0), uncounted > 0)
+
+
+def print_report(report: dict, out: TextIO) -> None:
+    job, pfs, ds = report["job"], report["pfs"], report["dataset"]
+    lower = set(pfs.get("lower_bounds", ()))
+    w = out.write
+    w("\n== Monarch access report ==\n")
+    if job.get("command"):
+        w(f"command   : {shlex.join(job['command'])}  (exit {job.get('exit_code')}, "
+          f"{job.get('wall_seconds', 0):.2f} s)\n")
+    w(f"dataset   : {ds['files']} files, {human(ds['bytes'])}\n")
+    if report["nodes_lost"]:
+        w(f"nodes lost: {report['nodes_lost']} (their numbers are missing)\n")
+    w(f"\n{'opened from':<12}{'opens':>10}{'bytes read':>16}{'share of bytes read':>22}\n")
+    total = sum(c["bytes"] for c in report["opened_from"].values()) or 1
+    for name, c in report["opened_from"].items():
+        share = f"{100 * c['bytes'] / total:.1f}%"
+        w(f"{name:<10}{c['opens']:>12}{_amount_opened_from(c):>16}{share:>22}\n")
+    w("\nPFS traffic\n")
+    w(f"  read by the application : {_amount(pfs['app_bytes'], 'app_bytes' in lower)}\n")
+    w(f"  read by Monarch to stage: {human(pfs['staging_bytes'])}\n")
+    ratio = pfs["reads_of_dataset"]
+    at_least = "at least " if "reads_of_dataset" in lower else ""
+    w(f"  total                   : {_amount(pfs['total_bytes'], 'total_bytes' in lower)}"
+      f"{f' = {at_least}{ratio:.2f}x the dataset' if ratio is not None else ''}\n")
+    w(f"  without Monarch         : {_amount(pfs['without_monarch_bytes'], 'without_monarch_bytes' in lower)}\n")
+    if pfs["saved_bytes"] is not None and (pfs["saved_fraction"] is not None or pfs.get("opens_uncounted")):
+        fraction = f" ({100 * pfs['saved_fraction']:.1f}%)" if pfs["saved_fraction"] is not None else ""
+        w(f"  saved                   : {_amount(pfs['saved_bytes'], 'saved_bytes' in lower)}{fraction}\n")
+    st = report["staging"]
+    w(f"\nstaged    : {st['files']} files, {human(st['bytes'])}")
+    w(f"; not staged: {', '.join(f'{k} x{v}' for k, v in sorted(st['failures'].items()))}\n" if st["failures"] else "\n")
+    if report.get("tiers"):
+        _print_tiers(report["tiers"], w)
+    for name, e in (report.get("tier_errors") or {}).items():
+        where = f" (nodes {', '.join(map(str, e['nodes']))})" if len(report["nodes"]) > 1 else ""
+        w(f"tier {name} not used{where}: {e['reason']}\n")
+    if report.get("size_classes"):
+        _print_size_classes(report["size_classes"], w)
+    meta = report.get("metadata")
+    if meta and (meta["local"] or meta["pfs"]):
+        w(f"metadata  : {meta['local']} calls answered from the snapshot, {meta['pfs']} sent to the PFS "
+          "(stat, access, directory listings under the roots)\n")
+    for t in report.get("tiers", []):
+        if t.get("compressed_files"):
+            c = t["compression"][0]
+            w(f"tier {t['name']:<5}: {human(t['logical_bytes'])} in {human(t['stored_bytes'])} = {t['ratio']:.2f}x; "
+              f"{t['compressed_files']} of {t['files']} files compressed (zstd level {c.get('level')}"
+              f"{', dictionary' if c.get('dictionary') else ''}; {c.get('selection', {}).get('reason', '')})\n")
+            z = report.get("decompression") or {}
+            if z.get("opens"):
+                w(f"{'':<11}  {z['opens']} opens decoded in the application's process: {human(z['bytes'])} in "
+                  f"{z['ns'] / 1e9:.3f} s ({z['ns'] / z['opens'] / 1e3:.0f} us per open, "
+                  f"{z['bytes'] / max(z['ns'], 1):.2f} GB/s); {z['left_to_daemon']} left to the daemon\n")
+            if t.get("decoded_files"):
+                w(f"{'':<11}  {t['decoded_files']} decoded files ({human(t['decoded_bytes'])}) held at the job's "
+                  "end for re-opens at native speed (counted as opens of the tier)\n")
+    door = report.get("front_door")
+    if door and (door["copies"] or door["answered_staged"]):
+        w(f"daemon    : {door['copies']} misses copied and {door['answered_staged']} opens of staged copies "
+          f"answered in C (the front door); {door['handed_over']} requests handed to the Python server\n")
+    if report.get("cluster"):
+        cl = report["cluster"]
+        w(f"cluster   : {cl['mode']} ({cl['why']})\n")
+        for r in cl["per_node"]:
+            w(f"  node {r['node']}: owns {r['owned_files']} files ({human(r['owned_bytes'])}), staged "
+              f"{r['owned_staged_files']}; peers sent {human(r['peer_bytes_sent'])}, received "
+              f"{human(r['peer_bytes_received'])}; cache hits {r['cache_hits']}, evictions {r['evictions']}, "
+              f"transient {r['transient']}\n")
+    if report["peer"]:
+        p = report["peer"]
+        wire = p.get("wire_bytes_received", p.get("bytes_received", 0))
+        on_wire = (f" ({human(wire)} on the wire: compressed copies cross as stored)"
+                   if wire < p.get("bytes_received", 0) else "")
+        w(f"peers     : sent {human(p.get('bytes_sent', 0))}, received {human(p.get('bytes_received', 0))}"
+          f"{on_wire}\n")
+    if len(report["nodes"]) > 1:
+        w(f"\n{'node':<6}" + "".join(f"{name:>12}" for name in report["opened_from"]) + f"{'staged':>12}{'pfs total':>12}\n")
+        for i, n in enumerate(report["nodes"]):
+            if not n:
+                w(f"{i:<6}lost\n")
+                continue
+            cells = "".join(f"{_amount_opened_from(n['opened_from'].get(name, {})):>12}" for name in report["opened_from"])
+            node_pfs = n["opened_from"].get("pfs", {})
+            pfs_cell = _amount(node_pfs.get("bytes", 0) + n["staging"]["pfs_bytes_read"],
+                               node_pfs.get("opens_uncounted", 0) > 0)
+            w(f"{i:<6}{cells}{human(n['staging']['bytes']):>12}{pfs_cell:>12}\n")
+    uncounted = pfs.get("opens_uncounted")
+    if uncounted:
+        w(f"\n≥: {uncounted} opens were read through mmap or stdio (fread); their bytes are unknown, so the "
+          "figures marked ≥ are lower bounds and the shares are of the bytes counted\n")
+    elif uncounted is None:  # a report from a shim that does not tell such opens apart
+        w("\nbytes are those read with read/pread/readv; mmap and stdio reads count opens only\n")
+
+
+def _print_tiers(tiers: list[dict], w) -> None:
+    w(f"\n{'tier':<10}{'used':>12} / {'capacity':<18}{'files':>8}  state\n")
+    for t in tiers:
+        cap = t.get("capacity") or 0
+        pct = f" ({100 * t['used'] / cap:.0f}%)" if cap else ""
+        refused = {k: v for k, v in (t.get("refused") or {}).items() if v}
+        why = f"; refused {', '.join(f'{k} x{v}' for k, v in sorted(refused.items()))}" if refused else ""
+        state = t.get("stopped")
+        w(f"{t['name']:<10}{human(t['used']):>12} / {human(cap) + pct:<18}{t.get('files', 0):>8}  "
+          f"{STATE_WORDS.get(state, state)}{why}\n")
+
+
+def _print_size_classes(classes: list[dict], w) -> None:
+    w(f"\n{'file size':<10}{'files':>8}{'bytes':>12}  where (files, bytes)\n")
+    for c in classes:
+        if not c["files"]:
+            continue
+        places = [f"{tier} {v['files']} ({human(v['bytes'])})" for tier, v in sorted(c["staged"].items())]
+        if c.get("peer", {}).get("files"):
+            places.append(f"peer {c['peer']['files']} ({human(c['peer']['bytes'])})")
+        ns = c["not_staged"]
+        if ns["files"]:
+            places.append(f"not staged {ns['files']} ({human(ns['bytes'])})")
+        w(f"{c['class']:<10}{c['files']:>8}{human(c['bytes']):>12}  {', '.join(places)}\n")
