@@ -114,13 +114,13 @@ class Resolver:
             return
         tier = self.node.stager.where(key)
         if tier is not None:
-            self._serve(key, tier, _already(tier), done)
+            self._answer_from(key, tier, _already(tier), done)
         elif self.node.config.staging.policy == "off":
             done(PFS, "pfs:policy_off")
         else:
-            self.node.stager.ensure(key, inline=True).add_done_callback(lambda f: self._serve(key, *_tier_of(key, f), done))
+            self.node.stager.ensure(key, inline=True).add_done_callback(lambda f: self._answer_from(key, *_tier_of(key, f), done))
 
-    def _serve(self, key: str, tier: Tier | None, outcome: str, done) -> None:
+    def _answer_from(self, key: str, tier: Tier | None, outcome: str, done) -> None:
         """Answer with ``tier``'s copy: its path; for a compressed copy the path of its kept
         decoded file, else a sealed memfd (decompressed on the inflate threads, never on
         the event loop); PFS if none."""
