@@ -79,6 +79,18 @@ def alive(pid):
         return False
 
 
+def pid_of(cluster, k, timeout=30):
+    """Daemon ``k``'s pid (its pid file is written just after its socket appears)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return cluster.pid(k)
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def mounted_dataset(dataset, slow_pfs, files, size, latency_ms=20):
     ds = dataset(files=files, size=size)
     pfs = slow_pfs(ds.root, open_latency_ms=latency_ms)
@@ -95,7 +107,7 @@ def run_with_a_kill(cluster, ds, base, victim, when):
     """Start the readers, SIGKILL daemon ``victim`` at ``when`` ("epoch1": once its reader has
     finished epoch 0; a float: that many seconds after the readers start), let every reader
     end, check the survivors were still up, stop them. Returns the readers' results."""
-    pids = [cluster.pid(k) for k in range(NODES)]
+    pids = [pid_of(cluster, k) for k in range(NODES)]
     procs = readers(cluster, ds, base)
     try:
         if when == "epoch1":
