@@ -25,6 +25,7 @@ FAILURE_REASONS = ("refused", "timeout", "peer_down", "peer_lost", "no_heartbeat
                    "not_running")
 HEARTBEAT = 0.25          # seconds of silence from an owner we wait on before pinging it
 HEARTBEAT_TIMEOUT = 1.0   # seconds of silence (no pong either) after which it is down, not slow
+REOWNED_WAIT = 1.5        # seconds a re-owned key's new owner may take to stage it before the PFS is read here
 # why a node is lost, in the report: MPI told us (ULFM), it stopped answering, or it left finish()
 PROC_FAILED, NO_HEARTBEAT, NO_FINISH = "proc failed", "no heartbeat", "did not finish"
 
@@ -207,6 +208,8 @@ class Cluster:
         if owner in self._down:
             raise self._failure("peer_down", f"fetch {key!r}: node {owner} is not answering")
         timeout = self.peer_timeout
+        if self._lost and self._reowned(key):  # its new owner stages it now, behind its own share: do not wait long
+            timeout = min(timeout, REOWNED_WAIT)
         xfer = Incoming(self._engine, owner, key, None, self.chunk_size, self.window,
                         self._release_tag, self._on_heard)
         asked = time.monotonic()
@@ -273,7 +276,8 @@ class Cluster:
             now = time.monotonic()
             left = deadline - now
             if left <= 0:
-                self._suspect(owner)
+                if now - self._heard.get(owner, 0.0) > self.heartbeat_timeout:
+                    self._suspect(owner)  # silent too: down; one that answers pings is only slow
                 raise self._failure("timeout", f"fetch {xfer.key!r}: node {owner} did not send "
                                     f"{what} within {timeout:g}s")
             silent = now - max(self._heard.get(owner, 0.0), started)
@@ -326,6 +330,11 @@ class Cluster:
         out["peers_down"] = sorted(self._down)
         out["lost"] = self.lost()
         return out
+
+    def _reowned(self, key):
+        """Was ``key``'s owner lost (so that a survivor owns it now)?"""
+        first = self.placement.owner(key) if self.placement is not None else placement.owner(key, self.nodes)
+        return first in self._lost
 
     def lost(self):
         """The nodes lost so far, each ``{"node", "at" (time.time()), "why"}``, by node."""
