@@ -178,6 +178,9 @@ def _write_job_report(nodes: list, config, path: str, rid: str) -> None:
     from monarch.report.build import build_report
     from monarch.report.store import write_report
     report = build_report(nodes, {"job_id": rid, "config": config.source, "nodes": len(nodes)})  # a standing daemon's
+    if len(nodes) > 1:  # a cluster: who was lost, when and why (monarch/cluster/lost.py)
+        from monarch.cluster.lost import add_to_report
+        add_to_report(report, nodes)
     write_report(report, config.report or path)
     log.warning("report written to %s", config.report or path)
 

@@ -20,6 +20,15 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 python3 -m pip install -q --disable-pip-version-check ".[mpi,test,bench]"
+# The daemons' MPI: Open MPI's wheel, whose ULFM keeps the surviving daemons serving when one
+# dies (docs/cluster.md, "A node dies"). Installed apart, in <prefix>/openmpi, where
+# monarch.cluster.world.daemon_launch looks (or MONARCH_OPENMPI): its bin/mpiexec and
+# lib/libmpi.so would overwrite the mpich wheel's, which applications keep.
+ompi="$(python3 -c 'import sys; print(sys.prefix)')/openmpi"
+if [ ! -x "$ompi/bin/mpiexec" ]; then
+  python3 -m pip install -q --disable-pip-version-check --no-deps --no-warn-script-location \
+    --prefix "$ompi" "openmpi>=5.0.11,<5.1"
+fi
 # under pyenv, new console scripts (monarch, mpiexec) need their shims made
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
 echo "install: Monarch $(python3 -c 'import monarch; print(monarch.__version__)') and its dependencies are installed"

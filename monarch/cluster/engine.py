@@ -26,12 +26,19 @@ ACTIVE_WINDOW = 0.05  # "recent activity" keeps the short sleep this long
 
 
 class Engine:
-    """Owns ``comm`` once started; dispatches control messages to ``on_ctrl(source, obj)``."""
+    """Owns ``comm`` once started; dispatches control messages to ``on_ctrl(source, obj)``.
 
-    def __init__(self, MPI, comm, on_ctrl):
+    An MPI error (with Open MPI's ULFM: MPI_ERR_PROC_FAILED when a peer died) never stops
+    the engine: the request that failed is dropped and ``on_mpi_error(exc)`` is called on the
+    engine thread, which finds out who failed (``Cluster._check_failed``) and fails the
+    transfers that involved them.
+    """
+
+    def __init__(self, MPI, comm, on_ctrl, on_mpi_error=None):
         self.MPI = MPI
         self.comm = comm
         self._on_ctrl = on_ctrl
+        self._on_mpi_error = on_mpi_error
         self._calls = collections.deque()
         self._wake = threading.Event()
         self._reqs = []
@@ -121,7 +128,11 @@ class Engine:
                 self._safe(self._calls.popleft())
                 busy = True
             for _ in range(64):
-                msg = comm.improbe(MPI.ANY_SOURCE, TAG_CTRL, status)
+                try:
+                    msg = comm.improbe(MPI.ANY_SOURCE, TAG_CTRL, status)
+                except MPI.Exception as exc:  # ULFM: a peer died; acknowledged there, then probing works again
+                    self._mpi_error(exc)
+                    break
                 if msg is None:
                     break
                 self._safe(self._on_ctrl, status.Get_source(), msg.recv())
@@ -145,7 +156,10 @@ class Engine:
     def _test(self):
         MPI = self.MPI
         statuses = [MPI.Status() for _ in self._reqs]
-        done = MPI.Request.Testsome(self._reqs, statuses)
+        try:
+            done = MPI.Request.Testsome(self._reqs, statuses)
+        except MPI.Exception as exc:
+            return self._test_each(exc)
         if not done:
             return False
         finished = [(self._cbs[i], statuses[k]) for k, i in enumerate(done)]  # statuses in `done` order
@@ -157,9 +171,41 @@ class Engine:
                 self._safe(cb, st)
         return True
 
+    def _test_each(self, exc):
+        """Testsome failed (a request with a dead peer): test one by one, drop the failed ones."""
+        MPI = self.MPI
+        keep_reqs, keep_cbs, finished = [], [], []
+        for req, cb in zip(self._reqs, self._cbs):
+            status = MPI.Status()
+            try:
+                if req.Test(status):
+                    finished.append((cb, status))
+                    continue
+            except MPI.Exception:
+                continue  # completed in error: freed by MPI; the transfer is failed by on_mpi_error
+            keep_reqs.append(req)
+            keep_cbs.append(cb)
+        self._reqs, self._cbs = keep_reqs, keep_cbs
+        self._mpi_error(exc)
+        for cb, status in finished:
+            if cb is not None:
+                self._safe(cb, status)
+        return True
+
+    def _mpi_error(self, exc):
+        log.debug("MPI error on the engine thread: %s", exc)
+        if self._on_mpi_error is not None:
+            try:
+                self._on_mpi_error(exc)
+            except Exception:
+                log.exception("MPI engine: handling %s failed", exc)
+
     def _safe(self, fn, *args):
-        # One transfer's bug must not stop the engine for every other transfer.
+        # One transfer's bug must not stop the engine for every other transfer; an MPI error
+        # (a send to a dead peer) is a failure to look into, not a bug.
         try:
             fn(*args)
+        except self.MPI.Exception as exc:
+            self._mpi_error(exc)
         except Exception:
             log.exception("MPI engine: callback %r failed", fn)

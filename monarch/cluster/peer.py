@@ -22,7 +22,13 @@ from .streamed import StreamedShare
 
 log = logging.getLogger(__name__)
 
-FAILURE_REASONS = ("refused", "timeout", "peer_down", "aborted", "local_io", "not_running")
+FAILURE_REASONS = ("refused", "timeout", "peer_down", "peer_lost", "no_heartbeat", "aborted", "local_io",
+                   "not_running")
+HEARTBEAT = 0.25          # seconds of silence from an owner we wait on before pinging it
+HEARTBEAT_TIMEOUT = 1.0   # seconds of silence (no pong either) after which it is down, not slow
+REOWNED_WAIT = 1.5        # seconds a re-owned key's new owner may take to stage it before the PFS is read here
+# why a node is lost, in the report: MPI told us (ULFM), it stopped answering, or it left finish()
+PROC_FAILED, NO_HEARTBEAT, NO_FINISH = "proc failed", "no heartbeat", "did not finish"
 
 
 class Cluster:
@@ -40,13 +46,18 @@ class Cluster:
         self.node = comm.Get_rank()
         self.nodes = comm.Get_size()
         self.peer_timeout = 10.0
+        self.heartbeat_timeout = HEARTBEAT_TIMEOUT  # a silent owner is down after this (slow ones answer pings)
+        self.on_lost = None      # called (engine thread) with (node, why) when a node is lost, e.g. by the daemon
         self.placement = None    # a placement.Placement, once set: owner() asks it instead of rendezvous hashing
-        self._engine = Engine(MPI, comm, self._on_ctrl)
+        self._engine = Engine(MPI, comm, self._on_ctrl, self._on_mpi_error)
         self._server = None
         self._lock = threading.Lock()
         # bytes_*: the files' bytes; wire_bytes_*: what crossed the network (compressed copies as stored)
         self._counters = {"bytes_sent": 0, "bytes_received": 0, "wire_bytes_sent": 0, "wire_bytes_received": 0,
-                          "files_sent": 0, "files_received": 0, "fetch_failures": {}, "serve_failures": {}}
+                          "files_sent": 0, "files_received": 0, "fetch_failures": {}, "serve_failures": {},
+                          "slow_fetches": 0,  # the owner answered pings but took over heartbeat_timeout: slow, not dead
+                          "after_loss": {"files_sent": 0, "bytes_sent": 0, "files_received": 0, "bytes_received": 0}}
+        self._lost = {}          # node -> {"node", "at" (time.time()), "why"}: dead for the rest of the job
         # engine-thread state (read from other threads only as atomic dict look-ups)
         self._tags = {}
         self._next_tag = FIRST_REPLY_TAG
@@ -59,6 +70,7 @@ class Cluster:
         self._released = threading.Event()
         self._bye = threading.Event()
         self._finished = None    # finish(): the nodes given up on
+        self._coord = 0          # finish(): the node that gathered the stats
         self._closed = False
 
     @classmethod
@@ -71,10 +83,16 @@ class Cluster:
 
     # -- placement ---------------------------------------------------------------------
     def owner(self, key):
-        """The node that owns ``key``: the same answer on every node, nothing negotiated."""
+        """The node that owns ``key``: the same answer on every node, nothing negotiated. Once
+        nodes are lost, the next live node of the key's preference list (only the lost
+        nodes' keys move)."""
+        lost = getattr(self, "_lost", None)  # (a bare instance in the placement's tests has none)
         if self.placement is not None:
-            return self.placement.owner(key)
-        return placement.owner(key, self.nodes)
+            return self.placement.owner(key, lost) if lost else self.placement.owner(key)
+        if not lost:
+            return placement.owner(key, self.nodes)
+        live = [n for n in range(self.nodes) if n not in lost] or [self.node]
+        return max(live, key=lambda n: (placement.weight(key, n), -n))
 
     # -- snapshot ----------------------------------------------------------------------
     def share(self, take, timeout=None, on_files=None):
@@ -145,10 +163,25 @@ class Cluster:
 
     def _poll(self, req, deadline, late: str) -> None:
         """Wait for a nonblocking collective by polling (MPICH's blocking ones spin a core);
-        PeerError(``late``) past ``deadline``."""
+        PeerError(``late``) past ``deadline``, or at once when a node is lost (ULFM: the
+        collective can then never complete; the caller fails open)."""
         pause = 1e-4
-        while not self._engine.run(req.Test):
-            if deadline is not None and time.monotonic() > deadline:
+        check_at = time.monotonic() + 0.25
+        what = late.partition(":")[0]
+        while True:
+            try:
+                if self._engine.run(req.Test):
+                    return
+            except self.MPI.Exception as exc:
+                self._engine.run(self._check_failed)
+                raise PeerError(f"{what}: a node failed ({exc}); lost: {sorted(self._lost)}") from exc
+            now = time.monotonic()
+            if now >= check_at:
+                self._engine.run(self._check_failed)
+                check_at = now + 0.25
+                if self._lost:
+                    raise PeerError(f"{what}: nodes {sorted(self._lost)} lost before every node took part")
+            if deadline is not None and now > deadline:
                 raise PeerError(late)
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
@@ -164,10 +197,18 @@ class Cluster:
         self._engine.call(self._tick)
 
     def _tick(self):
-        # Engine thread, periodic: re-ping peers that stopped answering.
-        for node in list(self._down):
-            self._ping(node)
-        self._engine.after(max(0.25, self.peer_timeout / 2), self._tick)
+        # Engine thread, periodic: re-ping peers that stopped answering; with MPICH (no failure
+        # notice) a node silent for peer_timeout after hydra signalled a death is lost.
+        self._check_failed()
+        now = time.monotonic()
+        for node, since in list(self._down.items()):
+            if node in self._lost:
+                continue
+            if world.failure_seen() and now - max(since, self._heard.get(node, 0.0)) > self.peer_timeout:
+                self._lose(node, NO_HEARTBEAT)
+            else:
+                self._ping(node)
+        self._engine.after(max(0.25, min(1.0, self.peer_timeout / 2)), self._tick)
 
     # -- fetching ----------------------------------------------------------------------
     def fetch(self, owner, key, dest):
@@ -181,14 +222,22 @@ class Cluster:
             raise PeerError(f"fetch {key!r}: node {owner} is not a peer of node {self.node} of {self.nodes}")
         if not self._engine.running or self._closed:
             raise self._failure("not_running", f"fetch {key!r}: the peer layer is not running")
+        if owner in self._lost:
+            raise self._failure("peer_lost", f"fetch {key!r}: node {owner} is lost ({self._lost[owner]['why']})")
         if owner in self._down:
             raise self._failure("peer_down", f"fetch {key!r}: node {owner} is not answering")
         timeout = self.peer_timeout
+        if self._lost and self._reowned(key):  # its new owner stages it now, behind its own share: do not wait long
+            timeout = min(timeout, REOWNED_WAIT)
         xfer = Incoming(self._engine, owner, key, None, self.chunk_size, self.window,
                         self._release_tag, self._on_heard)
+        asked = time.monotonic()
         self._engine.call(lambda: self._begin(xfer))
         try:
             kind, *rest = self._next_event(xfer, timeout, "the file header")
+            if time.monotonic() - asked > self.heartbeat_timeout:
+                with self._lock:
+                    self._counters["slow_fetches"] += 1
             if kind == "refused":
                 raise self._failure("refused", f"fetch {key!r}: node {owner} refused: {rest[0]}")
             size, file_size, encoding = rest
@@ -200,6 +249,9 @@ class Cluster:
             self._counters["bytes_received"] += written
             self._counters["wire_bytes_received"] += size
             self._counters["files_received"] += 1
+            if self._lost:
+                self._counters["after_loss"]["bytes_received"] += written
+                self._counters["after_loss"]["files_received"] += 1
         return written
 
     def _receive(self, xfer, size, dest, timeout, file_size, encoding):
@@ -234,18 +286,38 @@ class Cluster:
         return written
 
     def _next_event(self, xfer, timeout, what):
-        deadline = time.monotonic() + timeout
+        """The transfer's next event. Waits at most ``timeout`` for a slow owner (one that
+        answers pings), ``heartbeat_timeout`` for a silent one, not at all for a lost one."""
+        started = time.monotonic()
+        deadline = started + timeout
+        owner = xfer.owner
         while True:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
-                self._suspect(xfer.owner)
-                raise self._failure("timeout", f"fetch {xfer.key!r}: node {xfer.owner} did not send "
+                if now - self._heard.get(owner, 0.0) > self.heartbeat_timeout:
+                    self._suspect(owner)  # silent too: down; one that answers pings is only slow
+                raise self._failure("timeout", f"fetch {xfer.key!r}: node {owner} did not send "
                                     f"{what} within {timeout:g}s")
+            silent = now - max(self._heard.get(owner, 0.0), started)
+            if silent > self.heartbeat_timeout:
+                self._suspect(owner)
+                raise self._failure("no_heartbeat", f"fetch {xfer.key!r}: node {owner} answered nothing, not even "
+                                    f"a ping, for {silent:.1f}s (waiting for {what})")
+            if silent > HEARTBEAT:
+                self._engine.call(lambda: self._ping(owner))
             try:
-                return xfer.events.get(timeout=min(left, 0.5))
+                event = xfer.events.get(timeout=min(left, HEARTBEAT / 2))
             except queue.Empty:
+                if owner in self._lost:
+                    raise self._failure("peer_lost", f"fetch {xfer.key!r}: node {owner} is lost "
+                                        f"({self._lost[owner]['why']})") from None
                 if not self._engine.running:
                     raise self._failure("not_running", f"fetch {xfer.key!r}: the MPI engine stopped")
+                continue
+            if event[0] == "lost":
+                raise self._failure("peer_lost", f"fetch {xfer.key!r}: node {owner} is lost ({event[1]})")
+            return event
 
     def _failure(self, reason, message):
         with self._lock:
@@ -263,6 +335,9 @@ class Cluster:
             self._counters["bytes_sent"] += size
             self._counters["wire_bytes_sent"] += size if wire_size is None else wire_size
             self._counters["files_sent"] += 1
+            if self._lost:
+                self._counters["after_loss"]["bytes_sent"] += size
+                self._counters["after_loss"]["files_sent"] += 1
 
     def counters(self):
         """A copy of the transfer counters (failures by reason)."""
@@ -270,8 +345,19 @@ class Cluster:
             out = dict(self._counters)
             out["fetch_failures"] = dict(out["fetch_failures"])
             out["serve_failures"] = dict(out["serve_failures"])
+            out["after_loss"] = dict(out["after_loss"])
         out["peers_down"] = sorted(self._down)
+        out["lost"] = self.lost()
         return out
+
+    def _reowned(self, key):
+        """Was ``key``'s owner lost (so that a survivor owns it now)?"""
+        first = self.placement.owner(key) if self.placement is not None else placement.owner(key, self.nodes)
+        return first in self._lost
+
+    def lost(self):
+        """The nodes lost so far, each ``{"node", "at" (time.time()), "why"}``, by node."""
+        return [dict(v) for _, v in sorted(self._lost.items())]
 
     # -- engine thread: tags, control messages, liveness --------------------------------
     def _begin(self, xfer):
@@ -311,19 +397,63 @@ class Cluster:
 
     def _on_heard(self, node):
         self._heard[node] = time.monotonic()
-        if self._down.pop(node, None) is not None:
+        if node not in self._lost and self._down.pop(node, None) is not None:
             log.info("node %d answers again", node)
+
+    # -- engine thread: lost nodes (issue 21; docs/cluster.md, "A node dies") --------------
+    def _on_mpi_error(self, exc):
+        """An MPI call failed: with ULFM a peer died (MPI_ERR_PROC_FAILED). Acknowledge the
+        failures (wildcard receives work again) and lose the nodes MPI names."""
+        MPI = self.MPI
+        cls = exc.Get_error_class() if hasattr(exc, "Get_error_class") else None
+        ft = {getattr(MPI, n, None) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")} - {None}
+        if cls not in ft:
+            log.warning("MPI error on the peer layer: %s", exc)
+        self._check_failed()
+
+    def _check_failed(self):
+        """Lose every node MPI knows has failed (ULFM's Get_failed; nothing with MPICH)."""
+        comm, MPI = self.comm, self.MPI
+        try:
+            comm.Ack_failed()
+            group = comm.Get_failed()
+            try:
+                ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), comm.Get_group())
+            finally:
+                group.Free()
+        except (MPI.Exception, NotImplementedError, AttributeError):  # no ULFM: heartbeats tell
+            return
+        for node in ranks:
+            if node not in (None, MPI.UNDEFINED, self.node):
+                self._lose(node, PROC_FAILED)
+
+    def _lose(self, node, why):
+        """``node`` is gone for the rest of the job: fail what waits on it, re-own its keys."""
+        if node in self._lost or node == self.node:
+            return
+        self._lost[node] = {"node": node, "at": round(time.time(), 3), "why": why}
+        self._down.setdefault(node, time.monotonic())
+        log.warning("node %d is lost (%s): its files are owned by the survivors from now on", node, why)
+        world.note_failure(f"node {node} lost: {why}")
+        for xfer in [x for x in self._tags.values() if x.owner == node]:
+            xfer.lost(why)
+        if self._server is not None:
+            self._server.on_lost(node)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(node, why)
+            except Exception:
+                log.exception("on_lost(%d) failed", node)
 
     def _suspect(self, node):
         # Any thread: later fetches from ``node`` fail at once until it answers a ping.
         if node not in self._down:
-            log.warning("node %d did not answer within %gs: using the PFS instead until it does",
-                        node, self.peer_timeout)
+            log.warning("node %d did not answer in time: using the PFS instead until it does", node)
             self._down[node] = time.monotonic()
         self._engine.call(lambda: self._ping(node))
 
     def _ping(self, node):
-        if node in self._pinging:      # the last ping has not even left: do not pile up
+        if node in self._pinging or node in self._lost:  # the last ping has not even left: do not pile up
             return
         self._pinging.add(node)
         req = self.comm.isend(("ping",), node, TAG_CTRL)
@@ -333,54 +463,82 @@ class Cluster:
     def finish(self, local_stats, timeout=None):
         """Collective at shutdown: see docs/cluster.md.
 
-        1. Every node tells node 0 it is done and keeps serving; node 0 waits for all of them,
-           giving up on a node that answers no ping for ``peer_timeout`` (dead) or when
-           ``timeout`` (default ``finish_timeout``) runs out, then releases the others.
+        The coordinator is node 0, or the lowest node not lost (it writes the report).
+        1. Every node tells the coordinator it is done and keeps serving; the coordinator waits
+           for all of them -- a lost node is not waited for; one that answers no ping for
+           ``peer_timeout`` or that ``timeout`` (default ``finish_timeout``) runs out on is
+           given up on -- then releases the others. A node whose coordinator is lost meanwhile
+           tells the next one (which may be itself).
         2. Released, a node stops taking requests, lets the transfers under way end, and
            sends its stats: ``local_stats``, or ``local_stats()`` if it is callable (so
            the files it served while waiting are counted).
-        Returns on node 0 the stats of every node indexed by node, with
-        ``{"node": k, "missing": True, "reason": ...}`` for a node that never reported;
-        None on the other nodes.
+        Returns on the coordinator the stats of every node indexed by node, with
+        ``{"node": k, "missing": True, "reason": ..., "lost": {...} or None}`` for a node that
+        never reported; None on the other nodes.
         """
         if not self._engine.running:
             self.start(None)
         limit = self.finish_timeout if timeout is None else timeout
         started = time.monotonic()
-        if self.node == 0:
-            self._done[0] = True
-            missing = self._await(started, limit, lambda: [k for k in range(self.nodes) if k not in self._done])
-            alive = [k for k in range(1, self.nodes) if k not in missing]
-            self._send_wait([(("release",), k) for k in alive])
-        else:
-            self._send_wait([(("done",), 0)])
-            missing = self._await(started, limit, lambda: [] if self._released.is_set() else [0])
+        while True:
+            coord = self._coordinator()
+            if coord == self.node:
+                self._done[self.node] = True
+                missing = self._await(started, limit, lambda: [k for k in self._live() if k not in self._done])
+                alive = [k for k in self._live() if k != self.node and k not in missing]
+                self._send_wait([(("release",), k) for k in alive])
+                break
+            self._send_wait([(("done",), coord)])
+            missing = self._await(started, limit, lambda c=coord: [] if self._released.is_set()
+                                  or self._coordinator() != c else [c])
+            if self._released.is_set() or self._coordinator() == coord:
+                break
+            log.warning("finish(): coordinator node %d is lost; telling node %d", coord, self._coordinator())
         self._server.stop_accepting()
         if not self._server.wait_idle(self.peer_timeout):
             log.warning("finish(): transfers to peers still running after %gs", self.peer_timeout)
         stats = local_stats() if callable(local_stats) else local_stats
         result = None
-        if self.node == 0:
-            self._stats[0] = stats
+        if coord == self.node:
+            self._stats[self.node] = stats
             missing.update(self._await(time.monotonic(), limit,
-                                       lambda: [k for k in alive if k not in self._stats]))
+                                       lambda: [k for k in alive if k not in self._stats and k not in self._lost]))
             result = [self._stats.get(k) for k in range(self.nodes)]
+            missing.update({k: self._lost[k]["why"] for k in self._lost if result[k] is None})
             for k, reason in missing.items():
-                result[k] = {"node": k, "missing": True, "reason": reason}
+                result[k] = {"node": k, "missing": True, "reason": reason, "lost": self._lost.get(k)}
         elif not missing:
-            self._send_wait([(("stats", stats), 0)])
+            self._send_wait([(("stats", stats), coord)])
         if missing:
             world.note_failure(f"finish(): nodes {sorted(missing)} did not finish")
         self._finished = missing
+        self._coord = coord
         return result
+
+    def _coordinator(self):
+        """The node that gathers the stats and writes the report: the lowest node not lost."""
+        return min(k for k in range(self.nodes) if k not in self._lost or k == self.node)
+
+    def _live(self):
+        return [k for k in range(self.nodes) if k not in self._lost]
 
     def _send_wait(self, messages):
         """Send control messages and wait (at most peer_timeout) until they have left."""
-        left = threading.Semaphore(0)
+        sent = []
         for obj, dest in messages:
-            self._engine.call(lambda obj=obj, dest=dest: self._engine.send_obj(obj, dest, on_sent=left.release))
+            if dest in self._lost:
+                continue
+            done = threading.Event()
+            sent.append((dest, done))
+            self._engine.call(lambda obj=obj, dest=dest, done=done: self._engine.send_obj(obj, dest, on_sent=done.set))
         deadline = time.monotonic() + self.peer_timeout
-        return all(left.acquire(timeout=max(0.0, deadline - time.monotonic())) for _ in messages)
+        ok = True
+        for dest, done in sent:
+            while not done.wait(0.1):
+                if dest in self._lost or time.monotonic() > deadline:  # a send to a lost node may never complete
+                    ok = False
+                    break
+        return ok
 
     def _await(self, started, limit, waiting_for):
         """Wait until ``waiting_for()`` is empty; return {node: reason} for nodes given up on."""
@@ -408,12 +566,19 @@ class Cluster:
             return
         self._closed = True
         if self._finished is not None and self._engine.running:
-            # After a peer failure hydra kills every survivor as soon as one exits: node 0
-            # (which writes the report between finish() and close()) says when to go.
-            if self.node == 0:
-                self._send_wait([(("bye",), k) for k in range(1, self.nodes) if k not in self._finished])
-            elif 0 not in self._finished and not self._bye.wait(self.close_timeout):
-                log.warning("close(): node 0 did not say goodbye within %gs", self.close_timeout)
+            # After a peer failure hydra kills every survivor as soon as one exits: the
+            # coordinator (which writes the report between finish() and close()) says when to go.
+            coord = self._coord
+            if coord == self.node:
+                self._send_wait([(("bye",), k) for k in range(self.nodes) if k != self.node
+                                 and k not in self._finished and k not in self._lost])
+            elif coord not in self._finished:
+                deadline = time.monotonic() + self.close_timeout
+                while not self._bye.wait(0.1):
+                    if coord in self._lost or time.monotonic() > deadline:
+                        log.warning("close(): node %d did not say goodbye (%s)", coord,
+                                    "lost" if coord in self._lost else f"{self.close_timeout:g}s")
+                        break
         if self._down:
             world.note_failure(f"nodes {sorted(self._down)} were not answering")
         if self._server is not None:

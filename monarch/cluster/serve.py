@@ -21,11 +21,12 @@ log = logging.getLogger(__name__)
 
 
 class Outgoing:
-    __slots__ = ("src", "tag", "key", "cancelled")
+    __slots__ = ("src", "tag", "key", "cancelled", "lost")
 
     def __init__(self, src, tag, key):
         self.src, self.tag, self.key = src, tag, key
         self.cancelled = False
+        self.lost = False   # the requester is lost: stop sending at once
 
 
 class Server:
@@ -47,6 +48,14 @@ class Server:
         with self._lock:
             self._active[(src, tag)] = out
         self._pool.submit(self._serve, out)
+
+    def on_lost(self, src):
+        """Node ``src`` is lost: its transfers stop at their next chunk, without a timeout."""
+        with self._lock:
+            for out in self._active.values():
+                if out.src == src:
+                    out.lost = True
+                    out.cancelled = True
 
     def on_cancel(self, src, tag):
         out = self._active.get((src, tag))
@@ -98,6 +107,8 @@ class Server:
             path, reason = None, f"provide failed: {type(exc).__name__}: {exc}"
         else:
             reason = "owner could not stage the file"
+        if out.lost:
+            return self.cluster._count_serve_failure("lost")
         if out.cancelled:
             return self._refuse(out, "cancelled by the requester", "cancelled")
         if path is None:
@@ -121,9 +132,9 @@ class Server:
         slots = threading.Semaphore(window)
         sent = 0
         for idx in range(transfer.chunk_count(size, chunk)):
-            if not slots.acquire(timeout=self.cluster.peer_timeout):
+            if not self._slot(slots, out):
                 log.warning("node %d stopped receiving %r: giving up", out.src, out.key)
-                self.cluster._count_serve_failure("stalled")
+                self.cluster._count_serve_failure("lost" if out.lost else "stalled")
                 return -1
             n = transfer.chunk_len(idx, size, chunk)
             try:
@@ -138,7 +149,16 @@ class Server:
             self._send(out, data, slots.release)
             sent += n
         for _ in range(window):         # wait until the last chunks are out
-            if not slots.acquire(timeout=self.cluster.peer_timeout):
-                self.cluster._count_serve_failure("stalled")
+            if not self._slot(slots, out):
+                self.cluster._count_serve_failure("lost" if out.lost else "stalled")
                 return -1
         return sent
+
+    def _slot(self, slots, out):
+        """A window slot, or False when the requester is lost or has taken nothing for peer_timeout."""
+        waited = 0.0
+        while not slots.acquire(timeout=0.25):
+            waited += 0.25
+            if out.lost or waited >= self.cluster.peer_timeout:
+                return False
+        return True

@@ -102,6 +102,16 @@ class Incoming:
             while len(self.in_flight) < self.window and self._post_next():
                 pass
 
+    def lost(self, why):
+        """The owner is lost: the fetcher stops waiting at once; nothing more will come, so the
+        tag is free (receives still posted to the dead owner complete in error or never)."""
+        if self.done:
+            return
+        self.aborted = True
+        self.events.put(("lost", why))
+        self.in_flight.clear()
+        self._finish()
+
     def _finish(self):
         if not self.done:
             self.done = True

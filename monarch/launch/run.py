@@ -247,6 +247,7 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
     path = layout.socket_path(config.run_base, job, node)
     t0 = time.monotonic()
     note = t0 + CLUSTER_WAIT_NOTE
+    dead_since = None
     while True:
         session = attach(path)
         if session is not None:
@@ -255,6 +256,11 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
             session.close()
             raise DaemonError(f"node {node}'s daemon of job {job} at {path} serves another dataset")
         now = time.monotonic()
+        if dead_since is None and _daemon_died(os.path.dirname(path)):
+            dead_since = now
+        if dead_since is not None and now - dead_since > CLUSTER_DEAD_WAIT:
+            raise DaemonError(f"node {node}'s daemon of job {job} died (its socket {path} is left and nothing holds "
+                              f"its lock) and no new one came within {CLUSTER_DEAD_WAIT:.0f} s")
         if now - t0 > timeout:
             raise DaemonError(f"node {node}'s daemon of job {job} did not come up within {timeout:.0f} s at {path} "
                               "(start `monarch serve -c CONFIG` on every node under mpiexec or srun, with the same "
@@ -265,6 +271,27 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
             out.flush()
             note = now + CLUSTER_WAIT_NOTE
         time.sleep(0.05)
+
+
+CLUSTER_DEAD_WAIT = 10.0  # seconds a launcher waits for a dead daemon (killed) to be replaced
+
+
+def _daemon_died(run_dir: str) -> bool:
+    """Did this node's daemon die here (its published socket is left, its lock is free)? A
+    daemon restarted after a crash replaces both: the caller waits a little for that."""
+    if not os.path.exists(os.path.join(run_dir, "daemon.sock")):
+        return False
+    try:
+        fd = os.open(os.path.join(run_dir, "daemon.lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: a live daemon (starting up)
+    finally:
+        os.close(fd)  # closing drops our shared lock
+    return True
 
 
 def _without_shim(env) -> dict[str, str]:

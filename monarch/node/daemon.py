@@ -96,6 +96,7 @@ class NodeDaemon:
                                                         capacity_share=config.peer.capacity_share),
                                              protocol.SLOT_PEER, "peer.path")
             cluster.peer_timeout = config.peer.timeout
+            cluster.on_lost = self._note_loss
             self._peers = PeerSource(cluster, config.peer.timeout)
         self.snapshot = Snapshot(tuple(config.dataset.roots), {})  # nothing until the walk ends
         self.stager = self._make_stager(self.snapshot)
@@ -584,7 +585,7 @@ class NodeDaemon:
             tiers=[t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.peer_area else []),
             tier_errors=dict(self.tier_errors),
             resolves=outcomes,
-            peer=self.cluster.counters() if self.cluster is not None else {},
+            peer=self._peer_stats(),
             dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
             inflated_bytes=self.resolver.inflated_bytes,
             front_door=door,
@@ -592,6 +593,20 @@ class NodeDaemon:
             timeline=timeline,
             size_classes=classes,
         )
+
+    # -- a lost peer (issue 21) ------------------------------------------------------------
+    _opened_from_at_loss: dict | None = None
+
+    def _note_loss(self, node: int, why: str) -> None:
+        """A peer is lost (the cluster's engine thread): keep this node's open counters as they
+        are now, so the report can say what this survivor served after the loss."""
+        if self._opened_from_at_loss is None:
+            self._opened_from_at_loss = protocol.read_opened_from(self.counters_path, self._slot_names())
+
+    def _peer_stats(self) -> dict:
+        if self.cluster is None:
+            return {}
+        return self.cluster.counters() | {"opened_from_at_loss": self._opened_from_at_loss}
 
     def client_env(self) -> dict[str, str]:
         """What the shim in the application needs (the launcher exports exactly these keys)."""

@@ -55,3 +55,36 @@ def test_waiting_for_a_cluster_daemon_is_bounded_and_says_so(tmp_path, monkeypat
     else:
         raise AssertionError("no daemon, yet it attached")
     assert "waiting for node 3's daemon of job nojob" in out.getvalue()
+
+
+def test_a_launcher_whose_daemon_died_runs_on_the_pfs_soon(tmp_path, monkeypatch):
+    """Its node's daemon was SIGKILLed (issue 21): the socket is left, nothing holds the lock.
+    The launcher waits CLUSTER_DEAD_WAIT for a new one, not MONARCH_CLUSTER_WAIT; a lock
+    that is held (a daemon starting) keeps it waiting."""
+    import fcntl
+    from monarch import layout
+    from monarch.config import load_config
+    from monarch.errors import DaemonError
+    from monarch.launch import run
+    monkeypatch.setattr("monarch.launch.run.CLUSTER_DEAD_WAIT", 0.2)
+    monkeypatch.setenv("MONARCH_JOB_ID", "deadjob")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_dir: {tmp_path}/run\n")
+    (tmp_path / "run").mkdir()
+    config = load_config(str(cfg))
+    run_dir = os.path.join(layout.user_dir(config.run_dir), "deadjob-node1")
+    os.makedirs(run_dir)
+    open(os.path.join(run_dir, "daemon.sock"), "w").close()  # what a killed daemon leaves (no listener)
+    lock = os.open(os.path.join(run_dir, "daemon.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    assert run._daemon_died(run_dir)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a live daemon holds it
+    assert not run._daemon_died(run_dir)
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    try:
+        run.wait_for_cluster_daemon(config, 1, timeout=60, out=io.StringIO())
+    except DaemonError as e:
+        assert "died" in str(e)
+    else:
+        raise AssertionError("no daemon, yet it attached")
+    finally:
+        os.close(lock)

@@ -29,12 +29,16 @@ def mpiexec():
 
 
 class Cluster:
-    """`mpiexec -disable-auto-cleanup -n N monarch serve` for one test, always torn down."""
+    """`mpiexec ... -n N monarch serve` for one test, always torn down: Open MPI with ULFM when
+    installed, else MPICH's `-disable-auto-cleanup` (monarch.cluster.world.daemon_launch)."""
 
     def __init__(self, nodes, cfg, base, verbose=()):
+        from monarch.cluster.world import daemon_launch
+        mpiexec()  # skip without MPI
         self.nodes, self.cfg, self.base = nodes, cfg, base
-        self.proc = subprocess.Popen([mpiexec(), "-disable-auto-cleanup", "-n", str(nodes), sys.executable, "-m",
-                                      "monarch", *verbose, "serve", "-c", cfg], env=monarch_env(), start_new_session=True,
+        self.launch = daemon_launch(nodes, one_host=True)
+        self.proc = subprocess.Popen([*self.launch.argv, sys.executable, "-m", "monarch", *verbose, "serve", "-c", cfg],
+                                     env=monarch_env(**self.launch.env), start_new_session=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 60
         while not all(os.path.exists(self.socket(k)) for k in range(nodes)):

@@ -28,17 +28,20 @@ def shard(names: list[str], seed: int, epoch: int, node: int, nodes: int) -> lis
     return epoch_order(sorted(names), seed, epoch)[node::nodes]
 
 
-def _check(root: str, manifest: dict, rel: str) -> tuple[int, str | None]:
+def _check(root: str, manifest: dict, rel: str) -> tuple[int, str | None, float]:
+    """Bytes read, a mismatch (or None), and the seconds the open took."""
+    t0 = time.perf_counter()
     with open(os.path.join(root, rel), "rb") as f:
+        opened = time.perf_counter() - t0
         data = f.read()
     want = manifest[rel]
     if len(data) != want["size"] or digest(data) != want["xxh64"]:
-        return len(data), f"{rel}: {len(data)} bytes xxh64 {digest(data)}, expected {want['size']} {want['xxh64']}"
-    return len(data), None
+        return len(data), f"{rel}: {len(data)} bytes xxh64 {digest(data)}, expected {want['size']} {want['xxh64']}", opened
+    return len(data), None, opened
 
 
 def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: int = 3, workers: int = 4,
-                seed: int = 0) -> dict:
+                seed: int = 0, progress: str | None = None) -> dict:
     started = time.time()
     manifest = load_manifest(manifest_path)
     names = list(manifest)
@@ -49,10 +52,14 @@ def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: in
             t0 = time.perf_counter()
             results = list(pool.map(lambda rel: _check(root, manifest, rel), mine))
             seconds = time.perf_counter() - t0
-            bad = [why for _, why in results if why]
+            bad = [why for _, why, _ in results if why]
             out["epochs"].append({"epoch": epoch, "seconds": round(seconds, 4), "end": time.time(),
-                                  "files": len(mine), "bytes": sum(n for n, _ in results),
+                                  "files": len(mine), "bytes": sum(n for n, _, _ in results),
+                                  "slowest_open": round(max((t for _, _, t in results), default=0.0), 4),
                                   "mismatches": len(bad), "first_mismatches": bad[:3]})
+            if progress:  # one line per epoch as it ends, for a test that acts mid-job
+                with open(progress, "a") as f:
+                    f.write(f"{epoch}\n")
     out["ok"] = all(e["mismatches"] == 0 for e in out["epochs"])
     return out
 
@@ -67,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
+    p.add_argument("--progress", default=None, help="append each finished epoch's number to this file")
     a = p.parse_args(argv)
-    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed)
+    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed, a.progress)
     text = json.dumps(result)
     if a.json:
         with open(a.json, "w") as f:

@@ -178,3 +178,18 @@ def test_cluster_owner_asks_the_placement_once_set():
     assert [c.owner(k) for k, _ in ITEMS[:200]] == [owner(k, 5) for k, _ in ITEMS[:200]]
     c.placement = Placement.build(ITEMS, [1] * 5)
     assert [c.owner(k) for k, _ in ITEMS[:200]] == [c.placement.owner(k) for k, _ in ITEMS[:200]]
+
+
+def test_cluster_owner_after_a_loss_moves_only_the_lost_nodes_keys():
+    """Issue 21: a lost node's keys go to the next node of their preference list; no other key moves."""
+    from monarch.cluster import Cluster
+    c = Cluster.__new__(Cluster)  # no MPI: only owner() is exercised
+    c.nodes, c.node, c._lost = 4, 0, {}
+    for c.placement in (Placement.build(ITEMS, [3, 1, 2, 2]), None):  # capacity arcs, then rendezvous
+        before = {k: c.owner(k) for k, _ in ITEMS[:2000]}
+        c._lost = {2: {"node": 2, "at": 0.0, "why": "proc failed"}}
+        after = {k: c.owner(k) for k, _ in ITEMS[:2000]}
+        c._lost = {}
+        moved = [k for k in before if before[k] != after[k]]
+        assert moved and all(before[k] == 2 for k in moved)
+        assert sum(1 for k in before if before[k] == 2) == len(moved) and 2 not in after.values()

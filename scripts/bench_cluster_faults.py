@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""A lost daemon (issue 21): N simulated nodes, the sharded pattern, one `monarch serve` SIGKILLed.
+
+One emulated PFS (FUSE, ``--open-latency-ms`` per open) counts every byte read from it.
+Each epoch one global shuffle is split into N shards; node k reads shard k
+(``support.shard_reader``: digests checked, the slowest open of each epoch timed).
+
+  direct      N readers straight from the PFS mount
+  monarch     the daemons launched by ``monarch.cluster.world.daemon_launch`` (Open MPI with
+              ULFM when installed, else MPICH -disable-auto-cleanup), one reader per node
+              under ``monarch run``; no fault
+  kill        the same, daemon ``--victim`` SIGKILLed once its reader finished epoch
+              ``--kill-after`` (default 1: mid-job)
+
+``--layout spread`` (default): each node's ram+ssd+peer is 1/3 of the dataset (16:8:4), so
+each file has one owner and readers fetch most of their shard from peers; ``--layout
+replicate``: every node can hold the dataset (copies come from the owners through the peers).
+
+Prints per case: PFS bytes / dataset, the slowest open on a surviving node, each epoch's
+time (max over nodes), `monarch stop` seconds, whether the other daemons were up at the end,
+the lost nodes the report names (when and why) and whether every digest was right.
+
+    python scripts/bench_cluster_faults.py                      # 480 x 16 KiB, 4 nodes, 20 ms per open
+    python scripts/bench_cluster_faults.py --layout replicate --victim 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
+
+from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.cluster.world import daemon_launch  # noqa: E402
+from monarch.workload import make_dataset  # noqa: E402
+
+JOB = "benchfaults"
+SPLIT = (16, 8, 4)  # ram : ssd : peer of each node's storage
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--files", type=int, default=480)
+    p.add_argument("--file-size", default="16KiB")
+    p.add_argument("--open-latency-ms", type=float, default=20.0)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--layout", choices=("spread", "replicate"), default="spread")
+    p.add_argument("--victim", type=int, default=2)
+    p.add_argument("--kill-after", type=int, default=1, help="kill once the victim's reader finished this many epochs")
+    p.add_argument("--modes", default="direct,monarch,kill")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def env(**extra) -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), e.get("PYTHONPATH", "")])
+    e.pop("MONARCH_DISABLE", None)
+    e["MONARCH_JOB_ID"] = JOB
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def write_config(base: str, root: str, node_bytes: int) -> str:
+    ram, ssd, peer = (max(1 << 20, node_bytes * s // sum(SPLIT)) for s in SPLIT)
+    path = os.path.join(base, "cluster.yaml")
+    with open(path, "w") as f:
+        f.write(f"""dataset: {{roots: ["{root}"]}}
+run_dir: "{base}/run${{MONARCH_NODE}}"
+tiers:
+  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
+  - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}}}
+peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: {peer}, timeout: 10}}
+staging: {{policy: read-ahead}}
+""")
+    for k in range(8):
+        for d in (f"/dev/shm{base}/ram{k}", f"{base}/ssd{k}", f"{base}/peer{k}", f"{base}/run{k}"):
+            os.makedirs(d, exist_ok=True)
+    return path
+
+
+def readers(args, root, manifest, base, wrap=None):
+    procs = []
+    for k in range(args.nodes):
+        cmd = [sys.executable, "-m", "support.shard_reader", root, manifest, "--node", str(k), "--nodes",
+               str(args.nodes), "--epochs", str(args.epochs), "--workers", str(args.workers),
+               "--progress", os.path.join(base, f"progress{k}")]
+        procs.append(subprocess.Popen((wrap or []) + cmd, env=env(MONARCH_NODE=k), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+    return procs
+
+
+def wait_readers(procs, deadline):
+    out = []
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            text, _ = p.communicate()
+        line = next((ln for ln in text.splitlines() if ln.startswith("shard_reader ")), None)
+        out.append((p.returncode, json.loads(line[13:]) if line else None))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def run_dir(base, k):
+    return os.path.join(base, f"run{k}", f"monarch-{os.getuid()}", f"{JOB}-node{k}")
+
+
+def case(name, args, ds_root, manifest, total, base):
+    """One case on a fresh emulated PFS; returns its row."""
+    work = tempfile.mkdtemp(prefix="bf-", dir="/tmp")
+    pfs = SlowPFS(ds_root, os.path.join(work, "mnt"), os.path.join(work, "counters.json"),
+                  open_latency_ms=args.open_latency_ms)
+    pfs.start()
+    row = {"case": name}
+    cluster = None
+    try:
+        mount = str(pfs.mountpoint)
+        deadline = time.monotonic() + args.timeout
+        if name == "direct":
+            results = wait_readers(readers(args, mount, manifest, work), deadline)
+            victim = None
+        else:
+            share = 2.0 if args.layout == "replicate" else 1 / 3
+            cfg = write_config(work, mount, int(total * share))
+            launch = daemon_launch(args.nodes, one_host=True)
+            row["engine"] = launch.engine
+            cluster = subprocess.Popen([*launch.argv, sys.executable, "-m", "monarch", "serve", "-c", cfg],
+                                       env=env(**launch.env), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+            pid_files = [os.path.join(run_dir(work, k), "daemon.pid") for k in range(args.nodes)]
+            while not all(os.path.exists(p) and open(p).read().strip() for p in pid_files):
+                if time.monotonic() > deadline or cluster.poll() is not None:
+                    raise RuntimeError("the daemons did not come up")
+                time.sleep(0.05)
+            pids = [int(open(p).read()) for p in pid_files]
+            procs = readers(args, mount, manifest, work, [sys.executable, "-m", "monarch", "run", "-c", cfg, "--"])
+            victim = args.victim if name == "kill" else None
+            if victim is not None:
+                progress = os.path.join(work, f"progress{victim}")
+                while not (os.path.exists(progress) and len(open(progress).read().split()) >= args.kill_after):
+                    if time.monotonic() > deadline or all(p.poll() is not None for p in procs):
+                        break
+                    time.sleep(0.02)
+                os.kill(pids[victim], signal.SIGKILL)
+                row["killed_at"] = time.time()
+            results = wait_readers(procs, deadline)
+            survivors = [k for k in range(args.nodes) if k != victim]
+            row["daemons_up_at_end"] = all(alive(pids[k]) for k in survivors)
+            t0 = time.monotonic()
+            for k in survivors:
+                subprocess.run([sys.executable, "-m", "monarch", "stop", "-c", cfg], env=env(MONARCH_NODE=k),
+                               capture_output=True, timeout=120)
+            try:
+                cluster.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                row["stop_hung"] = True
+            row["stop_seconds"] = round(time.monotonic() - t0, 2)
+            writer = min(survivors)
+            try:
+                with open(os.path.join(run_dir(work, writer), "report.json")) as f:
+                    rep = json.load(f)
+                row["report_lost"] = (rep.get("lost") or {}).get("nodes")
+                row["report_pfs_lower_bound"] = rep["pfs"].get("lower_bound")
+                row["served_after_loss"] = (rep.get("lost") or {}).get("after_loss")
+            except (OSError, ValueError, KeyError) as e:
+                row["report_lost"] = f"no report: {e}"
+        row["ok"] = all(code == 0 and r is not None and r["ok"] for code, r in results)
+        row["pfs_x"] = round(pfs.counters()["bytes"] / total, 3)
+        row["slowest_open_survivors"] = max((e["slowest_open"] for k, (_, r) in enumerate(results)
+                                             if r and k != victim for e in r["epochs"]), default=None)
+        row["epoch_seconds"] = [round(max(r["epochs"][e]["seconds"] for _, r in results if r), 3)
+                                for e in range(args.epochs)] if all(r for _, r in results) else None
+    finally:
+        if cluster is not None and cluster.poll() is None:
+            os.killpg(cluster.pid, signal.SIGKILL)
+            cluster.wait()
+        pfs.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(f"/dev/shm{work}", ignore_errors=True)
+    return row
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    reason = fuse_unavailable_reason(probe=True)
+    if reason:
+        sys.exit(f"bench_cluster_faults: the emulated PFS needs FUSE: {reason}")
+    base = tempfile.mkdtemp(prefix="bfd-", dir="/tmp")
+    try:
+        root, manifest = os.path.join(base, "pfs"), os.path.join(base, "pfs.manifest.json")
+        entries = make_dataset(root, files=args.files, size=args.file_size, manifest=manifest)
+        total = sum(e["size"] for e in entries.values())
+        rows = [case(m, args, root, manifest, total, base) for m in args.modes.split(",")]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"{args.nodes} nodes, {args.files} x {args.file_size}, {args.open_latency_ms:g} ms per open, "
+          f"{args.epochs} epochs, layout {args.layout}, victim {args.victim} after epoch {args.kill_after}")
+    keys = ["ok", "pfs_x", "slowest_open_survivors", "epoch_seconds", "stop_seconds", "daemons_up_at_end",
+            "report_lost", "report_pfs_lower_bound", "engine"]
+    for k in keys:
+        print(f"  {k:24s}" + "".join(f" | {r['case']}: {r.get(k, '-')}" for r in rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
