@@ -92,10 +92,12 @@ Socket protocol: frames, little-endian, one request per connection for the shim.
 Counters file: little-endian uint64 words, written by the shim with atomic adds,
 so counts survive forked workers that leave with ``_exit`` and processes that are killed.
   word 0: COUNTERS_MAGIC, word 1: COUNTERS_VERSION, word 2: MAX_SLOTS,
-  then per slot SLOT_WORDS: opens, bytes (bytes read through read/pread/readv/preadv),
-  opens_uncounted (opens whose bytes the shim cannot see: a FILE opened with fopen, read
-  by stdio's internal reads, or a descriptor mapped with mmap; counted once per open),
-  then EXTRA_WORDS of named counters (EXTRA_*; version 3 added EXTRA_ZSTD_*).
+  then per slot SLOT_WORDS: opens, bytes (bytes read through read/pread/readv/preadv, and
+  delivered by fread, on the descriptor or any duplicate: dup*, fcntl F_DUPFD*, fork),
+  opens_uncounted (opens whose bytes the shim cannot all see: a FILE made with fopen or
+  fdopen, which stdio may also read with its own internal reads, or a descriptor mapped with
+  mmap; counted once per descriptor),
+  then EXTRA_WORDS of named counters (EXTRA_*; version 3 added EXTRA_ZSTD_*, 4 EXTRA_PROCESSES).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
 Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 3).
@@ -138,7 +140,7 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 3  # 3: EXTRA_ZSTD_* (opens decoded in the application's process)
+COUNTERS_VERSION = 4  # 3: EXTRA_ZSTD_* (opens decoded in the application's process); 4: EXTRA_PROCESSES
 MAX_SLOTS = 16
 HEADER_WORDS = 3
 SLOT_WORDS = 3
@@ -151,6 +153,8 @@ EXTRA_ZSTD_OPENS = 3      # opens of compressed copies decoded by the shim in th
 EXTRA_ZSTD_NS = 4         # ns those opens took (frame open to sealed memfd): what compression costs a read
 EXTRA_ZSTD_BYTES = 5      # bytes they decoded
 EXTRA_ZSTD_FALLBACKS = 6  # compressed copies the shim found but left to the daemon (no dictionary, a bad frame)
+EXTRA_PROCESSES = 7       # processes in which the shim was active: +1 at its start and in a fork child, -1 at
+                          # an exec (the new program counts itself if it loads the shim); 0: it never ran
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
 SLOT_PFS = 0

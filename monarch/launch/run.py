@@ -28,6 +28,7 @@ from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
 from monarch.node.stats import NodeStats
 from monarch.report.build import build_report, session_delta
+from monarch.report.bypass import bypass_warning
 from monarch.report.store import write_report
 from monarch.report.text import print_report
 from monarch.shim import shim_library
@@ -501,6 +502,7 @@ def _print_and_write(config: Config, session: Session, cmd: list[str], code: int
         log.warning("cannot write the report to %s: %s", path, e)
     print_report(report, out)
     out.write(f"report    : {path}\n")
+    _warn_if_bypassed(report, out)
     log.debug("phase report.printed")
     html_path = html_path or config.report_html
     if html_path:
@@ -510,6 +512,13 @@ def _print_and_write(config: Config, session: Session, cmd: list[str], code: int
             out.write(f"html      : {html_path}\n")
         except (OSError, MonarchError) as e:
             log.warning("cannot write the HTML report to %s: %s", html_path, e)
+
+
+def _warn_if_bypassed(report: dict, out) -> None:
+    """One line when the command's readers did not go through the shim (monarch/report/bypass.py)."""
+    warning = bypass_warning(report)
+    if warning:
+        out.write(f"monarch: warning: {warning}\n")
 
 
 def _reap(daemon: subprocess.Popen, config: Config) -> None:
@@ -534,7 +543,13 @@ def _reap(daemon: subprocess.Popen, config: Config) -> None:
 def _stats_without_daemon(config: Config, session: Session) -> NodeStats:
     """The shim's counters survive the daemon: report what the application read."""
     names = protocol.slot_names([t.name for t in config.tiers], with_peer=False)
+    counters = session.env[protocol.ENV_COUNTERS]
+    try:
+        processes = protocol.read_extra_counters(counters)[protocol.EXTRA_PROCESSES]
+    except (OSError, ValueError):
+        processes = None
     return NodeStats(node=0, host=socket.gethostname(),
-                     opened_from=protocol.read_opened_from(session.env[protocol.ENV_COUNTERS], names),
+                     opened_from=protocol.read_opened_from(counters, names),
                      staging={"files": 0, "bytes": 0, "pfs_files_read": 0, "pfs_bytes_read": 0,
-                              "failures": {"daemon_lost": 1}})
+                              "failures": {"daemon_lost": 1}},
+                     processes_with_shim=processes)

@@ -32,6 +32,8 @@ class NodeStats:
     snapshot_ready_at: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     decompression: dict[str, int] = field(default_factory=dict)
+    # processes in which the shim was active (the counters' EXTRA_PROCESSES); None: not told
+    processes_with_shim: int | None = None
     inflated_bytes: int = 0
     front_door: dict[str, Any] | None = None
     cluster: dict[str, Any] = field(default_factory=dict)

@@ -63,6 +63,7 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         "pfs": _pfs_traffic(opened_from, staging["pfs_bytes_read"], dataset_bytes),
         "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
         "metadata": {"local": metadata["local"], "pfs": metadata["pfs"]},
+        "processes_with_shim": _processes_with_shim(alive),
         # opens of compressed copies decoded by the shim in the application's process: how
         # many, the ns they took (frame open to sealed memfd), the bytes decoded, and the
         # frames it found but left to the daemon (no libzstd, a missing dictionary, a bad frame)
@@ -78,6 +79,13 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         "cluster": cluster_summary(nodes),
         "nodes": [n.to_dict() if n else None for n in nodes],
     }
+
+
+def _processes_with_shim(alive: list[NodeStats]) -> int | None:
+    """Processes in which the shim was active, summed over nodes (they exec'd away or ran
+    to their end); None when no node's shim counted them (an older shim or daemon)."""
+    counts = [n.processes_with_shim for n in alive if n.processes_with_shim is not None]
+    return sum(counts) if counts else None
 
 
 def cluster_summary(nodes: list[NodeStats | None]) -> dict | None:
@@ -174,9 +182,10 @@ def _pfs_traffic(opened_from: dict[str, collections.Counter], staging_bytes: int
     opens = sum(c["opens"] for c in opened_from.values())
     uncounted = sum(c["opens_uncounted"] for c in opened_from.values())
     pfs_uncounted = pfs["opens_uncounted"]
-    nothing_counted = opens > 0 and uncounted >= opens  # every managed open was read through mmap/stdio
     app_pfs = pfs["bytes"]
     app_total = sum(c["bytes"] for c in opened_from.values())
+    # every managed open was read through mmap/stdio, and not a byte of them through fread
+    nothing_counted = opens > 0 and uncounted >= opens and not app_total
     pfs_total = app_pfs + staging_bytes
     lower = set()
     if pfs_uncounted:
@@ -184,8 +193,10 @@ def _pfs_traffic(opened_from: dict[str, collections.Counter], staging_bytes: int
     if uncounted:
         lower.add("without_monarch_bytes")
     if uncounted - pfs_uncounted:  # saved = bytes read from tiers and peers - bytes read to stage them
-        lower.add("saved_bytes")
-    unknown = pfs["opens"] > 0 and pfs_uncounted >= pfs["opens"]
+        lower |= {"saved_bytes", "saved_fraction"}
+    unknown = pfs["opens"] > 0 and pfs_uncounted >= pfs["opens"] and not app_pfs
+    saved, fraction = _saving(app_total, pfs_total, nothing_counted, bound="saved_bytes" in lower,
+                              pfs_exact=not pfs_uncounted)
     return {
         "app_bytes": None if unknown else app_pfs,
         "staging_bytes": staging_bytes,
@@ -193,13 +204,27 @@ def _pfs_traffic(opened_from: dict[str, collections.Counter], staging_bytes: int
         "dataset_bytes": dataset_bytes,
         "reads_of_dataset": round(pfs_total / dataset_bytes, 4) if dataset_bytes else None,
         "without_monarch_bytes": None if nothing_counted else app_total,
-        "saved_bytes": None if nothing_counted else app_total - pfs_total,
-        # a ratio of two lower bounds bounds nothing
-        "saved_fraction": round(1 - pfs_total / app_total, 4) if app_total and not uncounted else None,
+        "saved_bytes": saved,
+        "saved_fraction": fraction,
         # None: the shim did not tell mmap/stdio opens apart (their bytes are missing, unmarked)
         "opens_uncounted": uncounted if any("opens_uncounted" in c for c in opened_from.values()) else None,
-        "lower_bounds": sorted(lower - ({"app_bytes"} if unknown else set())),
+        "lower_bounds": sorted(lower - ({"app_bytes"} if unknown else set())
+                               - ({"saved_fraction"} if fraction is None else set())),
     }
+
+
+def _saving(app_total: int, pfs_total: int, nothing_counted: bool, bound: bool,
+            pfs_exact: bool) -> tuple[int | None, float | None]:
+    """The saving in bytes and as a fraction, each exact, a lower bound (``bound``: some opens of
+    the tiers or peers read bytes the shim did not see) or None. A lower bound that is not
+    positive says nothing about a saving (a negative one must never read as a loss), and a
+    fraction bounds something only when its denominator alone is a bound (``pfs_exact``)."""
+    saved = app_total - pfs_total
+    if nothing_counted or (bound and saved <= 0):
+        return None, None
+    if not app_total or not pfs_exact:  # a ratio of two lower bounds bounds nothing
+        return saved, None
+    return saved, round(1 - pfs_total / app_total, 4)
 
 
 def session_delta(end: NodeStats, start: NodeStats) -> NodeStats:
@@ -215,4 +240,11 @@ def session_delta(end: NodeStats, start: NodeStats) -> NodeStats:
         end, opened_from={name: minus(c, start.opened_from.get(name, {})) for name, c in end.opened_from.items()},
         staging=staging, resolves={k: v for k, v in minus(end.resolves, start.resolves).items() if v},
         front_door=minus(end.front_door, start.front_door or {}) if end.front_door else end.front_door,
+        processes_with_shim=_minus_processes(end.processes_with_shim, start.processes_with_shim),
         extra=end.extra | {"session_only": True})
+
+
+def _minus_processes(end: int | None, start: int | None) -> int | None:
+    """The processes with the shim one run added to a standing daemon's counter (those still
+    running from another run stay in both; None: a side did not tell)."""
+    return None if end is None or start is None else max(0, end - start)

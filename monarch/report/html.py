@@ -113,6 +113,8 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
         rows.append(["command", shlex.join(job["command"])])
         rows.append(["exit code, wall time", f"{job.get('exit_code')}, {job.get('wall_seconds', 0):.2f} s"])
     rows.append(["dataset", f"{ds.get('files', 0)} files, {human(ds.get('bytes', 0))}"])
+    if report.get("processes_with_shim") is not None:
+        rows.append(["processes with the shim", f"{report['processes_with_shim']}"])
     rows.append(["nodes reporting", f"{report.get('nodes_reporting', 1)}"
                  + (f" (lost: {report['nodes_lost']})" if report.get("nodes_lost") else "")])
     ratio = pfs.get("reads_of_dataset")
@@ -122,14 +124,16 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
                  + (f" = {ratio:.2f}× the dataset" if ratio is not None else "")])
     rows.append(["PFS without Monarch", _bytes(pfs.get("without_monarch_bytes"), "without_monarch_bytes" in lower)])
     if pfs.get("saved_bytes") is not None:
-        frac = f" ({100 * pfs['saved_fraction']:.1f}%)" if pfs.get("saved_fraction") is not None else ""
+        at_least = "≥ " if "saved_fraction" in lower else ""
+        frac = f" ({at_least}{100 * pfs['saved_fraction']:.1f}%)" if pfs.get("saved_fraction") is not None else ""
         rows.append(["PFS saved", _bytes(pfs["saved_bytes"], "saved_bytes" in lower) + frac])
     st = report.get("staging", {})
     rows.append(["staged", f"{st.get('files', 0)} files, {human(st.get('bytes', 0))}"])
     out = ['<section id="summary"><h2>Summary</h2>', _table(None, rows, css="kv")]
     if pfs.get("opens_uncounted"):
         out.append(f"<p class=\"note\">≥: {pfs['opens_uncounted']} opens were read through mmap or stdio; their "
-                   "bytes are unknown, so figures marked ≥ are lower bounds.</p>")
+                   "bytes are not all known (what fread delivered is counted), so figures marked ≥ are lower "
+                   "bounds.</p>")
     out.append("</section>")
     return out
 

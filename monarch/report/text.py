@@ -35,6 +35,7 @@ def print_report(report: dict, out: TextIO) -> None:
         w(f"command   : {shlex.join(job['command'])}  (exit {job.get('exit_code')}, "
           f"{job.get('wall_seconds', 0):.2f} s)\n")
     w(f"dataset   : {ds['files']} files, {human(ds['bytes'])}\n")
+    _print_shim_presence(report, w)
     if report["nodes_lost"]:
         w(f"nodes lost: {report['nodes_lost']} (their numbers are missing)\n")
     w(f"\n{'opened from':<12}{'opens':>10}{'bytes read':>16}{'share of bytes read':>22}\n")
@@ -51,7 +52,8 @@ def print_report(report: dict, out: TextIO) -> None:
       f"{f' = {at_least}{ratio:.2f}x the dataset' if ratio is not None else ''}\n")
     w(f"  without Monarch         : {_amount(pfs['without_monarch_bytes'], 'without_monarch_bytes' in lower)}\n")
     if pfs["saved_bytes"] is not None and (pfs["saved_fraction"] is not None or pfs.get("opens_uncounted")):
-        fraction = f" ({100 * pfs['saved_fraction']:.1f}%)" if pfs["saved_fraction"] is not None else ""
+        at_least = "≥ " if "saved_fraction" in lower else ""
+        fraction = f" ({at_least}{100 * pfs['saved_fraction']:.1f}%)" if pfs["saved_fraction"] is not None else ""
         w(f"  saved                   : {_amount(pfs['saved_bytes'], 'saved_bytes' in lower)}{fraction}\n")
     st = report["staging"]
     w(f"\nstaged    : {st['files']} files, {human(st['bytes'])}")
@@ -113,10 +115,18 @@ def print_report(report: dict, out: TextIO) -> None:
             w(f"{i:<6}{cells}{human(n['staging']['bytes']):>12}{pfs_cell:>12}\n")
     uncounted = pfs.get("opens_uncounted")
     if uncounted:
-        w(f"\n≥: {uncounted} opens were read through mmap or stdio (fread); their bytes are unknown, so the "
-          "figures marked ≥ are lower bounds and the shares are of the bytes counted\n")
+        w(f"\n≥: {uncounted} opens were read through mmap or stdio; their bytes are not all known (what fread "
+          "delivered is counted), so the figures marked ≥ are lower bounds and the shares are of the bytes "
+          "counted\n")
     elif uncounted is None:  # a report from a shim that does not tell such opens apart
         w("\nbytes are those read with read/pread/readv; mmap and stdio reads count opens only\n")
+
+
+def _print_shim_presence(report: dict, w) -> None:
+    """How many processes ran with the shim: 0 means it was never loaded (see monarch/report/bypass.py)."""
+    procs = report.get("processes_with_shim")
+    if procs is not None:
+        w(f"shim      : active in {procs} process{'' if procs == 1 else 'es'} (processes with the shim)\n")
 
 
 def _print_tiers(tiers: list[dict], w) -> None:

@@ -64,17 +64,26 @@
  *     2.. = tiers);
  *   - bytes returned by read, pread(64), readv, preadv(64), preadv(64)v2,
  *     the fortified __read_chk / __pread(64)_chk, and the read side of
- *     sendfile(64) / copy_file_range, on descriptors the shim opened (and
- *     their dup/dup2/dup3 copies).
- * What is NOT counted (only the open is):
- *   - bytes read through stdio (fread, fgets, getc ...): glibc reads a FILE
- *     with its internal __read, which no preload can interpose;
- *   - bytes read through mmap (page faults are not calls);
- *   - descriptors duplicated with fcntl(F_DUPFD[_CLOEXEC]) (Python's os.dup
- *     uses it) or reopened through /proc/self/fd; freopen.
- * The same descriptors (dup'd by fcntl, reopened) also report the staged
- * copy's own stat, not the source's. The fd tables cover descriptors below
- * MONARCH_MAX_FDS; higher ones are read correctly but not counted.
+ *     sendfile(64) / copy_file_range, on descriptors the shim opened and
+ *     every duplicate of them: dup/dup2/dup3, fcntl(64) F_DUPFD[_CLOEXEC]
+ *     (Python's os.dup, numpy's np.load), and a fork child's inherited copy;
+ *   - bytes delivered by fread / fread_unlocked / __fread(_unlocked)_chk from a
+ *     FILE on such a descriptor (numpy's fromfile);
+ *   - processes in which the shim is active (EXTRA_PROCESSES), so the launcher
+ *     can tell "never loaded" (LD_PRELOAD dropped, a static binary) from "loaded,
+ *     served nothing".
+ * What is NOT counted, so the open is also counted as opens_uncounted (its bytes
+ * then make a lower bound), once per descriptor:
+ *   - a FILE made by fopen or fdopen on a managed descriptor: stdio may read it
+ *     with glibc's internal __read (fgets, getc, fscanf ...), which no preload
+ *     can interpose; its fread bytes are counted all the same;
+ *   - a descriptor mapped with mmap (page faults are not calls).
+ * Not seen at all: descriptors reopened through /proc/self/fd, freopen, and a
+ * managed descriptor a program inherits across exec (a new image starts with
+ * empty tables): read correctly, their bytes are missing unmarked. The same
+ * descriptors also report the staged copy's own stat, not the source's. The fd
+ * tables cover descriptors below MONARCH_MAX_FDS; higher ones are read
+ * correctly but not counted.
  */
 #undef _FORTIFY_SOURCE /* we define open, read ... ourselves */
 #define _GNU_SOURCE
@@ -303,6 +312,14 @@ static int (*real_dup3)(int, int, int);
 static int (*real_close_range)(unsigned int, unsigned int, int);
 static void *(*real_mmap)(void *, size_t, int, int, int, off_t);
 static void *(*real_mmap64)(void *, size_t, int, int, int, off64_t);
+static int (*real_fcntl)(int, int, ...);
+static int (*real_fcntl64)(int, int, ...);
+static FILE *(*real_fdopen)(int, const char *);
+static int (*real_execve)(const char *, char *const[], char *const[]);
+static int (*real_execv)(const char *, char *const[]);
+static int (*real_execvp)(const char *, char *const[]);
+static int (*real_execvpe)(const char *, char *const[], char *const[]);
+static int (*real_fexecve)(int, char *const[], char *const[]);
 
 /* The kernel's fstat, for the shim's own checks: never our wrapper, and no
  * fstat@GLIBC_2.33 import (64-bit Linux: struct stat is the kernel's). */
@@ -342,6 +359,28 @@ static inline void monarch_count_bytes(int fd, uint64_t n)
         if (s)
             MONARCH_DEBUG(3, "fd %d: %llu bytes (slot %u)", fd, (unsigned long long)n, s - 1);
     }
+}
+
+/* Bytes a stdio call delivered from fp (fread): counted when fp reads a managed descriptor.
+ * fileno takes no lock; a FILE without one (fmemopen, fopencookie) sets errno: restored. */
+static inline void monarch_count_file(FILE *fp, uint64_t n)
+{
+    int saved = errno;
+    int fd = fp ? fileno(fp) : -1;
+    errno = saved;
+    if (fd >= 0)
+        monarch_count_bytes(fd, n);
+}
+
+/* The processes counter (EXTRA_PROCESSES): +1 when the shim starts counting in a process
+ * (start-up, a fork child), -1 when that process replaces itself by exec, +1 again if the
+ * exec failed. A vfork child (another pid in our memory) was never counted: untouched. */
+static inline void monarch_count_process(int delta)
+{
+    uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
+    if (c && monarch_enabled && getpid() == monarch_pid)
+        __atomic_fetch_add(&c[MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_PROCESSES],
+                           (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
 }
 
 /* Remember a managed fd (its slot, and its source's index entry + 1 or 0) and count its open. */
@@ -399,7 +438,7 @@ static void monarch_resolve_all(void)
     MONARCH_WRAPPERS(MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE,
                      MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE,
                      MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE,
-                     MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE)
+                     MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE)
     MONARCH_RESOLVE_ONE(closedir)
     MONARCH_RESOLVE_ONE(dirfd)
     MONARCH_RESOLVE_ONE(rewinddir)
@@ -413,6 +452,14 @@ static void monarch_resolve_all(void)
     MONARCH_RESOLVE_ONE(close_range)
     MONARCH_RESOLVE_ONE(mmap)
     MONARCH_RESOLVE_ONE(mmap64)
+    MONARCH_RESOLVE_ONE(fcntl)
+    MONARCH_RESOLVE_ONE(fcntl64)
+    MONARCH_RESOLVE_ONE(fdopen)
+    MONARCH_RESOLVE_ONE(execve)
+    MONARCH_RESOLVE_ONE(execv)
+    MONARCH_RESOLVE_ONE(execvp)
+    MONARCH_RESOLVE_ONE(execvpe)
+    MONARCH_RESOLVE_ONE(fexecve)
 }
 
 /* Copy the next ':'-separated field of *s into out[PATH_MAX]; -1 at the end, 1 if too long. */
@@ -589,6 +636,7 @@ static void monarch_atfork_child(void)
      * connection per request: nothing else to reset. */
     monarch_pid = getpid();
     monarch_guard = 0;
+    monarch_count_process(1); /* a DataLoader worker is a process with the shim too */
     /* a thread of the parent was installing the index: it is not here to finish */
     if (__atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE) == MONARCH_IX_INSTALLING)
         __atomic_store_n(&monarch_index_state, monarch_idx() ? MONARCH_IX_MAPPED : MONARCH_IX_UNKNOWN,
@@ -676,6 +724,7 @@ static void monarch_init(void)
     if (monarch_nprobes)
         monarch_zstd_init();
     monarch_enabled = 1;
+    monarch_count_process(1);
     MONARCH_DEBUG(1, "enabled: %u roots, %u probe dirs, daemon %s, timeout %d ms, counters %s, index %s",
                   monarch_nroots, monarch_nprobes, monarch_have_socket ? monarch_sockaddr.sun_path : "(none)",
                   monarch_timeout_ms, monarch_counters ? "on" : "off",
@@ -689,6 +738,16 @@ done:
 static void monarch_ensure_init(void)
 {
     pthread_once(&monarch_once, monarch_init);
+}
+
+/* The marker (as Hermes' adapters expose is_intercepted): a program, or a test through
+ * dlsym(RTLD_DEFAULT, "monarch_shim_loaded"), asks whether the shim is loaded (the symbol
+ * exists) and active: 1 when it intercepts opens under the roots, 0 when it passes
+ * everything through (MONARCH_DISABLE, no MONARCH_ROOTS, libc symbols not found). */
+MONARCH_EXPORT int monarch_shim_loaded(void)
+{
+    monarch_ensure_init();
+    return __atomic_load_n(&monarch_enabled, __ATOMIC_ACQUIRE);
 }
 
 __attribute__((constructor)) static void monarch_constructor(void)

@@ -73,7 +73,7 @@
         int how_ = flags < 0 ? -1 : monarch_before(AT_FDCWD, path, flags, &fd_, &entry_); \
         if (how_ > MONARCH_SLOT_PFS) {                                            \
             int saved_ = errno;                                                   \
-            FILE *fp_ = fdopen(fd_, mode);                                        \
+            FILE *fp_ = MONARCH_RESOLVE(fdopen)(fd_, mode); /* not tracked yet */ \
             if (fp_) {                                                            \
                 monarch_track(fd_, (unsigned)how_, entry_);                       \
                 monarch_mark_uncounted(fd_); /* stdio reads with its own __read */ \
@@ -99,6 +99,19 @@
         ret n_ = real_ args;                                                      \
         if (n_ > 0)                                                               \
             monarch_count_bytes(fd, (uint64_t)n_);                                \
+        return n_;                                                                \
+    }
+
+/* stdio reads that deliver a count of items: size * items returned are added to the slot
+ * of the FILE's descriptor (the open is already uncounted: stdio may read it otherwise). */
+#define MONARCH_WRAP_FREAD(name, size, fp, params, args)                          \
+    static size_t(*real_##name) params;                                           \
+    MONARCH_EXPORT size_t name params                                             \
+    {                                                                             \
+        MONARCH_REAL(name, 0)                                                     \
+        size_t n_ = real_ args;                                                   \
+        if (n_ > 0)                                                               \
+            monarch_count_file(fp, (uint64_t)n_ * (size));                        \
         return n_;                                                                \
     }
 
@@ -215,7 +228,7 @@
 /* Every wrapped symbol, one line each. Instantiated twice: to define the
  * wrappers, and (MONARCH_RESOLVE_ALL) to resolve every real_* at start-up. */
 #define MONARCH_WRAPPERS(OPEN, OPEN_2, OPENAT, OPENAT_2, FOPEN, IO, CHANGE, STAT, FDCHANGE, PSTAT, ACCESS,  \
-                         OPENDIR, READDIR, READDIR_R)                                                   \
+                         OPENDIR, READDIR, READDIR_R, FREAD)                                            \
     OPEN(open)                                                                                          \
     OPEN(open64)                                                                                        \
     OPEN_2(__open_2)                                                                                    \
@@ -243,6 +256,11 @@
     IO(sendfile64, ssize_t, in, (int out, int in, off64_t *o, size_t n), (out, in, o, n))               \
     IO(copy_file_range, ssize_t, in,                                                                    \
        (int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f), (in, io, out, oo, n, f))  \
+    FREAD(fread, s, fp, (void *b, size_t s, size_t n, FILE *fp), (b, s, n, fp))                        \
+    FREAD(fread_unlocked, s, fp, (void *b, size_t s, size_t n, FILE *fp), (b, s, n, fp))               \
+    FREAD(__fread_chk, s, fp, (void *b, size_t bl, size_t s, size_t n, FILE *fp), (b, bl, s, n, fp))   \
+    FREAD(__fread_unlocked_chk, s, fp, (void *b, size_t bl, size_t s, size_t n, FILE *fp),             \
+          (b, bl, s, n, fp))                                                                            \
     CHANGE(creat, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                       \
     CHANGE(creat64, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                     \
     CHANGE(rename, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n)                    \
@@ -346,11 +364,16 @@ ssize_t copy_file_range(int in, off64_t *io, int out, off64_t *oo, size_t n, uns
 ssize_t preadv2(int fd, const struct iovec *v, int c, off_t o, int f);
 ssize_t preadv64v2(int fd, const struct iovec *v, int c, off64_t o, int f);
 int close_range(unsigned int first, unsigned int last, int flags);
+#undef fread_unlocked /* a macro of bits/stdio.h when optimizing */
+size_t __fread_chk(void *b, size_t bl, size_t s, size_t n, FILE *fp);
+size_t __fread_unlocked_chk(void *b, size_t bl, size_t s, size_t n, FILE *fp);
+int fcntl64(int fd, int cmd, ...);
+int execvpe(const char *file, char *const argv[], char *const envp[]);
 
 MONARCH_WRAPPERS(MONARCH_WRAP_OPEN, MONARCH_WRAP_OPEN_2, MONARCH_WRAP_OPENAT, MONARCH_WRAP_OPENAT_2,
                  MONARCH_WRAP_FOPEN, MONARCH_WRAP_IO, MONARCH_WRAP_CHANGE, MONARCH_WRAP_STAT, MONARCH_WRAP_FDCHANGE,
                  MONARCH_WRAP_PSTAT, MONARCH_WRAP_ACCESS, MONARCH_WRAP_OPENDIR, MONARCH_WRAP_READDIR,
-                 MONARCH_WRAP_READDIR_R)
+                 MONARCH_WRAP_READDIR_R, MONARCH_WRAP_FREAD)
 
 /* freopen opens its path inside glibc (no open() of ours runs): a writing mode changes
  * the file, so its copies go first, as for fopen. A reading mode reads the PFS. */
@@ -490,6 +513,109 @@ MONARCH_EXPORT int dup3(int oldfd, int newfd, int flags)
     if (fd >= 0)
         monarch_copy_slot(oldfd, fd);
     return fd;
+}
+
+/* fcntl's duplication (F_DUPFD, F_DUPFD_CLOEXEC: Python's os.dup, hence numpy's np.load) is a
+ * dup like the others. fcntl is variadic: its third argument, when there is one, is an int
+ * or a pointer, passed on as a pointer-sized word as glibc itself reads it. Programs built
+ * with _FILE_OFFSET_BITS=64 on glibc >= 2.28 call fcntl64 (resolved by dlsym: never imported). */
+#define MONARCH_WRAP_FCNTL(name)                                                   \
+    MONARCH_EXPORT int name(int fd, int cmd, ...)                                  \
+    {                                                                              \
+        va_list ap;                                                                \
+        va_start(ap, cmd);                                                         \
+        void *arg = va_arg(ap, void *);                                            \
+        va_end(ap);                                                                \
+        MONARCH_REAL(name, -1)                                                     \
+        int r_ = real_(fd, cmd, arg);                                              \
+        if (r_ >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC))                 \
+            monarch_copy_slot(fd, r_);                                             \
+        return r_;                                                                 \
+    }
+MONARCH_WRAP_FCNTL(fcntl)
+MONARCH_WRAP_FCNTL(fcntl64)
+
+/* A FILE on a managed descriptor (numpy's fromfile: os.dup, then fdopen and fread): fread
+ * is counted, but stdio may read it with its internal __read too: its bytes are a bound. */
+MONARCH_EXPORT FILE *fdopen(int fd, const char *mode)
+{
+    MONARCH_REAL(fdopen, NULL)
+    FILE *fp = real_(fd, mode);
+    if (fp)
+        monarch_mark_uncounted(fd);
+    return fp;
+}
+
+/* ---- exec: this process stops being one with the shim (EXTRA_PROCESSES); the new program
+ * counts itself if it loads the shim (a wrapper such as `env -u LD_PRELOAD` does not) ---- */
+#define MONARCH_EXEC_BODY(name, args)                                              \
+    MONARCH_REAL(name, -1)                                                         \
+    monarch_count_process(-1);                                                     \
+    int r_ = real_ args;                                                           \
+    int saved_ = errno;                                                            \
+    monarch_count_process(1); /* still here: the exec failed */                    \
+    errno = saved_;                                                                \
+    return r_;
+
+MONARCH_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+    MONARCH_EXEC_BODY(execve, (path, argv, envp))
+}
+
+MONARCH_EXPORT int execv(const char *path, char *const argv[])
+{
+    MONARCH_EXEC_BODY(execv, (path, argv))
+}
+
+MONARCH_EXPORT int execvp(const char *file, char *const argv[])
+{
+    MONARCH_EXEC_BODY(execvp, (file, argv))
+}
+
+MONARCH_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+    MONARCH_EXEC_BODY(execvpe, (file, argv, envp))
+}
+
+MONARCH_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+    MONARCH_EXEC_BODY(fexecve, (fd, argv, envp))
+}
+
+/* execl, execlp, execle: glibc turns them into execve internally (no wrapper of ours runs),
+ * so they are rebuilt here as their v forms, the argument list on the stack as glibc does. */
+#define MONARCH_ARGV_FROM_VA(arg0, argv, envp_out)                                  \
+    va_list ap;                                                                    \
+    size_t n_ = 1;                                                                 \
+    va_start(ap, arg0);                                                            \
+    while (va_arg(ap, const char *))                                               \
+        n_++;                                                                      \
+    va_end(ap);                                                                    \
+    char *argv[n_ + 1];                                                            \
+    argv[0] = (char *)arg0;                                                        \
+    va_start(ap, arg0);                                                            \
+    for (size_t i_ = 1; i_ <= n_; i_++)                                            \
+        argv[i_] = va_arg(ap, char *); /* argv[n_]: the terminating NULL */        \
+    envp_out;                                                                      \
+    va_end(ap);
+
+MONARCH_EXPORT int execl(const char *path, const char *arg, ...)
+{
+    MONARCH_ARGV_FROM_VA(arg, argv, (void)0)
+    return execv(path, argv);
+}
+
+MONARCH_EXPORT int execlp(const char *file, const char *arg, ...)
+{
+    MONARCH_ARGV_FROM_VA(arg, argv, (void)0)
+    return execvp(file, argv);
+}
+
+MONARCH_EXPORT int execle(const char *path, const char *arg, ...)
+{
+    char *const *envp;
+    MONARCH_ARGV_FROM_VA(arg, argv, envp = va_arg(ap, char *const *))
+    return execve(path, argv, envp);
 }
 
 MONARCH_EXPORT int close_range(unsigned int first, unsigned int last, int flags)

@@ -19,7 +19,7 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 3
+#define MONARCH_COUNTERS_VERSION 4 /* 4: EXTRA_PROCESSES */
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 #define MONARCH_SLOT_WORDS 3 /* opens, bytes, opens_uncounted */
@@ -36,6 +36,9 @@
 #define MONARCH_EXTRA_ZSTD_NS 4
 #define MONARCH_EXTRA_ZSTD_BYTES 5
 #define MONARCH_EXTRA_ZSTD_FALLBACKS 6
+/* processes in which the shim was active (counting on): +1 at start-up and in a fork child,
+ * -1 when one replaces itself by exec (the new program counts itself if it loads the shim) */
+#define MONARCH_EXTRA_PROCESSES 7
 
 /* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
 #define MONARCH_VERB_OPEN 1

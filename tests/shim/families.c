@@ -3,7 +3,7 @@
  *
  * Opens PATH with one glibc open family, reads it to the end with one read
  * family and writes the bytes to stdout (the test compares checksums and the
- * shim's counters). AFTER: "dup" / "dup2" read through a duplicate after
+ * shim's counters). AFTER: "dup" / "dup2" / "fcntl" (F_DUPFD_CLOEXEC) read through a duplicate after
  * closing the original; "reuse=OTHER" closes PATH (close or fclose), opens
  * OTHER by raw syscall on the same number and reads it (must not be counted).
  * On an open failure it prints "errno=N" on stderr and exits 3.
@@ -121,7 +121,7 @@ static void drain(const char *family, int fd, int to_stdout)
 int main(int argc, char **argv)
 {
     if (argc < 4) {
-        fprintf(stderr, "usage: families OPEN READ PATH [dup|dup2|reuse=OTHER]\n");
+        fprintf(stderr, "usage: families OPEN READ PATH [dup|dup2|fcntl|reuse=OTHER]\n");
         return 2;
     }
     const char *after = argc > 4 ? argv[4] : "";
@@ -130,8 +130,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "errno=%d\n", errno);
         return 3;
     }
-    if (!strcmp(after, "dup") || !strcmp(after, "dup2")) {
-        int copy = !strcmp(after, "dup") ? dup(fd) : dup2(fd, 100);
+    if (!strcmp(after, "dup") || !strcmp(after, "dup2") || !strcmp(after, "fcntl")) {
+        int copy = !strcmp(after, "dup") ? dup(fd) : !strcmp(after, "dup2") ? dup2(fd, 100)
+                                                                             : fcntl(fd, F_DUPFD_CLOEXEC, 50);
         close(fd);
         fd = copy;
     }

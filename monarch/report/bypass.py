@@ -1,0 +1,46 @@
+"""Was the dataset read through Monarch at all? The one warning ``monarch run`` prints when not.
+
+Interposition fails silently: a wrapper that drops ``LD_PRELOAD`` (``env -u LD_PRELOAD``, a
+container runtime, a setuid helper) or a statically linked reader leaves a report that looks
+fine but shows no opens. The shim counts the processes it was active in (the counters'
+``EXTRA_PROCESSES``, the report's ``processes_with_shim``), so the launcher can tell "the
+shim was never loaded" from "it was loaded and served nothing".
+"""
+
+from __future__ import annotations
+
+# "far fewer than the dataset while the command ran long": a job that ran this long and opened
+# under this share of the dataset's files through the shim most likely read it some other way
+LONG_RUN_SECONDS = 300.0
+FEW_OPENS_SHARE = 0.01
+MIN_DATASET_FILES = 1000
+
+NOT_LOADED = ("no process of the command ran with the Monarch shim: LD_PRELOAD was dropped on the way "
+              "(a wrapper such as `env -u LD_PRELOAD`, a container runtime, a setuid helper) or the "
+              "reader is statically linked")
+LOADED_IDLE = ("{procs} process(es) ran with the shim but none opened a file under the dataset roots "
+               "through it: the readers ran without it (started outside this command, or by a wrapper "
+               "that drops LD_PRELOAD), read other paths than the roots, or read nothing")
+FEW = ("only {opens} open(s) of the dataset's {files} files went through the shim in {wall:.0f} s: "
+       "most readers likely ran without it (a wrapper that drops LD_PRELOAD, a container, a static "
+       "binary) or read other paths than the roots")
+
+
+def bypass_warning(report: dict) -> str | None:
+    """One line saying the dataset was not read through Monarch, and the likely causes; None
+    when it was (or when there is nothing to read: an empty dataset)."""
+    files = (report.get("dataset") or {}).get("files", 0)
+    if not files:
+        return None
+    procs = report.get("processes_with_shim")  # None: an older shim, which did not count them
+    opens = sum(c.get("opens", 0) for c in (report.get("opened_from") or {}).values())
+    wall = (report.get("job") or {}).get("wall_seconds") or 0.0
+    if procs == 0:
+        why = NOT_LOADED
+    elif opens == 0:
+        why = LOADED_IDLE.format(procs=procs if procs is not None else "some")
+    elif files >= MIN_DATASET_FILES and wall >= LONG_RUN_SECONDS and opens < FEW_OPENS_SHARE * files:
+        why = FEW.format(opens=opens, files=files, wall=wall)
+    else:
+        return None
+    return f"the dataset was not read through Monarch: {why}"
