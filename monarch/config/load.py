@@ -365,6 +365,8 @@ def _roots(r: _Reader, roots: Any, check: bool, origin: str | None) -> tuple[str
     if None in texts:
         return None
     if not any(texts):
+        if not check:  # stopping a daemon, planning a synthetic dataset: no dataset is needed
+            return ()
         r.error("dataset.roots", _NO_ROOTS)
         return None
     out = []

@@ -139,3 +139,14 @@ def test_check_config_shows_validate(tmp_path, capsys):
     good.write_text(f"dataset: {{roots: [{tmp_path}]}}\nstaging: {{validate: open}}\n")
     assert main(["check-config", str(good)]) == 0
     assert "validate open" in capsys.readouterr().out
+
+
+def test_stop_without_a_configuration_needs_no_dataset_roots(tmp_path, capsys, monkeypatch):
+    """`monarch stop` alone (no -c, no MONARCH_DATASET) looks for the daemon, not for a dataset."""
+    monkeypatch.delenv("MONARCH_DATASET", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the default run_base: no daemon there
+    monkeypatch.setenv("MONARCH_JOB_ID", "stop-test")
+    assert main(["stop"]) == 2
+    err = capsys.readouterr().err
+    assert "dataset.roots" not in err
+    assert "no Monarch daemon answers at" in err and str(tmp_path) in err
