@@ -133,3 +133,22 @@ def test_unknown_key_still_names_the_known_ones(tmp_path, env):
     with pytest.raises(ConfigError) as e:
         load_config(path, env=env)
     assert str(e.value) == f"config {path}: peer.capacty: unknown key; known keys here: capacity, path, replicas, timeout"
+
+
+def _comment_above(lines: list[str], i: int) -> str:
+    """The comment lines directly above line ``i`` of a YAML file, joined."""
+    out = []
+    while i > 0 and lines[i - 1].startswith("#"):
+        i -= 1
+        out.insert(0, lines[i])
+    return " ".join(out).lower()
+
+
+def test_local_yaml_says_cluster_only_above_the_cluster_only_keys():
+    """configs/local.yaml: the cluster-only comment sits above the section whose keys are cluster
+    only (peer), never above one that applies on a single node (memory_margin)."""
+    lines = (REPO / "configs" / "local.yaml").read_text().splitlines()
+    top = {line.split(":", 1)[0]: i for i, line in enumerate(lines) if line[:1].isalpha() and ":" in line}
+    for name, i in top.items():
+        cluster_only = all(k.doc.startswith("cluster only") for k in KEYS if k.path.split(".")[0].split("[")[0] == name)
+        assert ("cluster only" in _comment_above(lines, i)) == cluster_only, name
