@@ -18,9 +18,10 @@ log = logging.getLogger("monarch")
 
 RUN_DESCRIPTION = """\
 Run CMD with its reads of the dataset staged by Monarch: the node's daemon (started here
-if none runs for this job on this node) copies each file under the dataset roots into the
-node-local tiers on first open, and later opens read the copy. When CMD ends, the access
-report is printed on stderr and written as JSON.
+if none runs for this run on this node) copies the files under the dataset roots into the
+node-local tiers, from the start and in the background (staging.policy read-ahead, the
+default: what fits, pinned; a file CMD waits for first), and CMD's opens read the copies.
+When CMD ends, the access report is printed on stderr and written as JSON.
 
 The dataset roots come from, in order: --dataset (given once or more, it replaces
 dataset.roots of the configuration, -c or the default); else dataset.roots of -c CONFIG;
@@ -40,13 +41,18 @@ examples:
 
 environment:
   MONARCH_DATASET          the dataset root of the default configuration (no -c, no --dataset)
-  MONARCH_JOB_ID           separates jobs on one node (default: SLURM_JOB_ID, PBS_JOBID,
-                           LSB_JOBID, FLUX_JOB_ID; else "local"); set it to run two jobs side by side
+  MONARCH_JOB_ID           the run's identity, which keeps runs on a node apart (default: the
+                           scheduler's job and step, SLURM_JOB_ID.SLURM_STEP_ID, PBS_JOBID,
+                           LSB_JOBID, FLUX_JOB_ID, COBALT_JOBID; else the MPI launcher's job;
+                           else a new one per outermost monarch run: two runs side by side
+                           never share a daemon, the ranks of one mpiexec on a node do)
+  MONARCH_RUN_ID           set by monarch run for CMD: a nested monarch run joins this run
   MONARCH_DISABLE=1        the shim passes every open through: CMD reads the PFS directly
   MONARCH_SHIM_DEBUG=1..3  the shim says what it does, on stderr
   MONARCH_SHIM_TIMEOUT_MS  how long an open waits for the daemon before reading the PFS (default 60000)
   MONARCH_PROGRESS=0       no live progress (as --no-progress); =1: on every local rank, not only the first
   MONARCH_PROGRESS_INTERVAL  seconds between progress lines (default 1 on a terminal, else 5; at least 1)
+  MONARCH_FRONT_DOOR=0     the daemon answers its socket from Python alone (no C front door)
 
 exit status:
   CMD's exit code; 128+N if CMD was killed by signal N; 126 if CMD is not executable

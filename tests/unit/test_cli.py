@@ -150,3 +150,35 @@ def test_stop_without_a_configuration_needs_no_dataset_roots(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert "dataset.roots" not in err
     assert "no Monarch daemon answers at" in err and str(tmp_path) in err
+
+
+def _run_help(capsys) -> str:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    return capsys.readouterr().out
+
+
+def test_run_help_and_the_readme_agree_on_what_they_both_state(capsys):
+    """`monarch run --help` and README's "Use": the same options, the same MONARCH_* variables, the
+    same sources of a run's identity, and no stale claim (a "local" default, copies on first open)."""
+    import re
+    from pathlib import Path
+    from monarch.config import KEYS
+    from monarch.launch import topology
+    help_text = _run_help(capsys)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    use = readme.split("\n## Use\n", 1)[1].split("\n## ", 1)[0]
+    environment = help_text.split("\nenvironment:\n", 1)[1].split("\n\n", 1)[0]
+    variables = lambda text: set(re.findall(r"\bMONARCH_[A-Z_]+\b", text))  # noqa: E731
+    assert variables(environment) == variables(use)
+    options = lambda text: set(re.findall(r"\[(--?[a-z-]+)", text))  # noqa: E731
+    readme_usage = next(line for line in use.splitlines() if line.startswith("monarch run ["))
+    assert options(help_text.splitlines()[0]) - {"-h"} == options(readme_usage)
+    job_id = environment.split("MONARCH_JOB_ID", 1)[1].split("\n  MONARCH_", 1)[0]
+    for var in ("SLURM_JOB_ID", "SLURM_STEP_ID", *topology._SCHEDULER_VARS):
+        assert var in job_id and var in use, var
+    assert '"local"' not in help_text and "on first open" not in help_text
+    policy = next(k for k in KEYS if k.path == "staging.policy").default
+    assert f"staging.policy {policy}" in " ".join(help_text.split())
+    for rule in ("128+N", "126", "127", "2 for"):
+        assert rule in help_text and rule in use
