@@ -123,6 +123,7 @@ def cmd_run(args) -> int:
     # the outermost run of an unnamed job names it; its configuration sees the name
     run_name = topology.run_id() or topology.new_run_id()
     config = _load(args.config, roots=args.dataset, env=dict(os.environ, **{topology.ENV_RUN_ID: run_name}))
+    _check_html_report(args.report_html, config)
     problem = find_command(cmd[0])
     if problem is not None:  # as a shell or srun would say it, before any daemon starts
         code, reason = problem
@@ -132,6 +133,14 @@ def cmd_run(args) -> int:
     log.debug("phase launcher.ready")
     return run(config, args.config, cmd, args.report, run_name, progress=wanted(args.no_progress),
                html_path=args.report_html)
+
+
+def _check_html_report(option: str | None, config) -> None:
+    """An HTML report asked for (--report-html, or report_html) needs matplotlib: say so before
+    the command runs, not after the job ended."""
+    if option or config.report_html:
+        from monarch.report.html import require_matplotlib
+        require_matplotlib("--report-html" if option else f"config {config.source}: report_html")
 
 
 def cmd_serve(args) -> int:

@@ -49,17 +49,19 @@ def write_html(report: dict, path: str) -> None:
         raise MonarchError(f"html report {path}: cannot write it: {e.strerror}; choose another path") from None
 
 
-def _figure_module():
+def require_matplotlib(asked_by: str = "the HTML report") -> Any:
+    """matplotlib's Figure, or MonarchError naming who asked for it and how to install it
+    (``monarch run`` asks before the command starts, not after the job ended)."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise MonarchError("the HTML report needs matplotlib, which is not installed; "
+        raise MonarchError(f"{asked_by} needs matplotlib, which is not installed; "
                            "pip install 'monarch-staging[html]' (or: pip install matplotlib)") from None
     return Figure
 
 
 def render_html(report: dict) -> str:
-    Figure = _figure_module()
+    Figure = require_matplotlib()
     e = html.escape
     job, ds, pfs = report.get("job", {}), report.get("dataset", {}), report.get("pfs", {})
     out = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

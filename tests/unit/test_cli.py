@@ -182,3 +182,26 @@ def test_run_help_and_the_readme_agree_on_what_they_both_state(capsys):
     assert f"staging.policy {policy}" in " ".join(help_text.split())
     for rule in ("128+N", "126", "127", "2 for"):
         assert rule in help_text and rule in use
+
+
+@pytest.mark.parametrize("how", ["option", "config"])
+def test_report_html_without_matplotlib_stops_before_the_command(tmp_path, capsys, monkeypatch, how):
+    """--report-html (or report_html) without matplotlib: exit 2 at the start, the command never runs."""
+    import sys
+    import monarch.launch.run
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setattr(monarch.launch.run, "run", lambda *a, **kw: pytest.fail("the command must not run"))
+    marker = tmp_path / "ran"
+    args = ["run", "--dataset", str(tmp_path)]
+    if how == "option":
+        args += ["--report-html", str(tmp_path / "r.html")]
+    else:
+        cfg = tmp_path / "job.yaml"
+        cfg.write_text(f"report_html: {tmp_path}/r.html\n")
+        args += ["-c", str(cfg)]
+    assert main([*args, "--", "touch", str(marker)]) == 2
+    err = capsys.readouterr().err
+    assert "needs matplotlib, which is not installed" in err
+    assert ("--report-html" if how == "option" else "report_html") in err
+    assert not marker.exists() and not (tmp_path / "r.html").exists()
