@@ -73,18 +73,23 @@ def render_html(report: dict) -> str:
     out += _summary(report, job, ds, pfs)
     out += _opened_from(report)
     timeline = report.get("timeline")
+    over_time = _plottable(timeline)
     out.append('<section id="traffic"><h2>Bytes read over time, by source</h2>')
-    if timeline and timeline.get("t"):
+    if over_time:
         out.append(_img(_plot_traffic(Figure, timeline), "bytes read per second by source"))
         out.append(f"<p class=\"note\">One point per {timeline['interval']:g} s (the daemon's samples; long "
                    "jobs are merged into coarser points). PFS (staging) is what Monarch read to stage; "
                    "the other lines are what the application read from each source.</p>")
+    elif timeline and timeline.get("t"):
+        out.append(_too_short(timeline))
     else:
         out.append("<p class=\"note\">This report has no time series (reports before monarch.report/3).</p>")
     out.append("</section>")
     out.append('<section id="staging"><h2>Staging progress</h2>')
-    if timeline and timeline.get("t"):
+    if over_time:
         out.append(_img(_plot_staging(Figure, timeline, ds), "staging progress over time"))
+    elif timeline and timeline.get("t"):
+        out.append(_img(_plot_staged_bars(Figure, report.get("staging", {}), ds), "share of the dataset staged"))
     out += _staging_table(report)
     out.append("</section>")
     out += _tiers(report, timeline, Figure)
@@ -173,7 +178,7 @@ def _tiers(report: dict, timeline: dict | None, Figure) -> list[str]:
                      STATES.get(state, state),
                      ", ".join(f"{k} ×{v}" for k, v in sorted(refused.items())) or "-"])
     out.append(_table(["tier", "used", "capacity", "full", "files", "state", "files refused, by reason"], rows))
-    if timeline and timeline.get("t") and any(k.startswith("used.") for k in timeline.get("series", {})):
+    if _plottable(timeline) and any(k.startswith("used.") for k in timeline.get("series", {})):
         out.append(_img(_plot_tiers(Figure, timeline, tiers), "tier occupancy over time"))
     out.append("</section>")
     return out
@@ -222,6 +227,17 @@ def _cluster(report: dict, Figure) -> list[str]:
 
 
 # -- plots -------------------------------------------------------------------------------------
+def _plottable(timeline: dict | None) -> bool:
+    """Lines over time need two samples: a run shorter than the daemon's sampling interval has
+    one, which would draw flat one-point plots."""
+    return bool(timeline) and len(timeline.get("t") or ()) >= 2
+
+
+def _too_short(timeline: dict) -> str:
+    return (f"<p class=\"note\">Too short to plot over time: the run took less than two of the daemon's "
+            f"sampling intervals ({timeline.get('interval', 1):g} s each). The tables give its totals.</p>")
+
+
 def _img(svg: bytes, alt: str) -> str:
     return (f'<img class="plot" alt="{html.escape(alt)}" '
             f'src="data:image/svg+xml;base64,{base64.b64encode(svg).decode()}">')
@@ -281,17 +297,34 @@ def _cumulative(values: list[int]) -> list[int]:
     return out
 
 
+# files first, wide and pale; bytes on top, dashed: equal shares (files of one size) show both
+STAGED_LINES = (("staged_files", "files", "files staged", "#2ca02c", {"linewidth": 4.0, "alpha": 0.45}),
+                ("staged_bytes", "bytes", "bytes staged", "#1f77b4", {"linewidth": 1.8, "linestyle": "--"}))
+
+
 def _plot_staging(Figure, timeline: dict, ds: dict) -> bytes:
     fig, ax = _new(Figure)
     series, t = timeline["series"], _times(timeline)
-    for key, whole, label, color in (("staged_bytes", ds.get("bytes"), "bytes staged", "#1f77b4"),
-                                     ("staged_files", ds.get("files"), "files staged", "#2ca02c")):
+    for key, of, label, color, style in STAGED_LINES:
+        whole = ds.get(of)
         if key in series and whole:
-            ax.plot(t, [100 * v / whole for v in _cumulative(series[key])], label=label, color=color, linewidth=1.8)
+            ax.plot(t, [100 * v / whole for v in _cumulative(series[key])], label=label, color=color,
+                    gid=key.replace("_", "-"), **style)
     ax.set_xlabel("seconds since the daemon started")
     ax.set_ylabel("% of the dataset")
     ax.set_ylim(0, 105)
     _legend_above(ax)
+    return _svg(fig)
+
+
+def _plot_staged_bars(Figure, staging: dict, ds: dict) -> bytes:
+    """A run too short to plot over time: the share of the dataset staged at its end, in bars."""
+    fig, ax = _new(Figure, height=1.6)
+    rows = [(label, 100 * staging.get(of, 0) / ds[of] if ds.get(of) else 0.0, color)
+            for _, of, label, color, _ in STAGED_LINES]
+    ax.barh([r[0] for r in rows], [r[1] for r in rows], color=[r[2] for r in rows], gid="staged-bars")
+    ax.set_xlim(0, 105)
+    ax.set_xlabel("% of the dataset staged at the end of the run")
     return _svg(fig)
 
 

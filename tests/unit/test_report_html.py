@@ -120,3 +120,30 @@ def test_the_page_is_readable_by_its_owner_only(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
+def _svg_of(img) -> str:
+    return base64.b64decode(img["src"].split(",", 1)[1]).decode()
+
+
+def test_a_run_shorter_than_its_sampling_interval_says_so_and_draws_bars(tmp_path):
+    """One sample: no flat one-point line plots; "too short to plot", the staged share as bars."""
+    stats = node_stats(0)
+    stats["timeline"] = {"start": 1000.0, "interval": 1.0, "t": [1.0],
+                         "series": {"bytes.ram": [30 * MiB], "bytes.pfs": [2 * MiB], "staged_bytes": [8 * MiB],
+                                    "staged_files": [8], "pfs_staging_bytes": [8 * MiB], "used.ram": [8 * MiB]}}
+    page, _ = render(tmp_path, build_report([stats], {"job_id": "j", "config": "c"}))
+    assert "Too short to plot over time" in " ".join(page.text)
+    assert [img["alt"] for img in page.images] == ["share of the dataset staged", "dataset bytes by file size and place"]
+    bars = _svg_of(page.images[0])
+    assert 'id="staged-bars"' in bars and bars.count("<g id=\"patch_") >= 3  # background + two bars
+
+
+def test_bytes_staged_is_drawn_over_files_staged_and_told_apart(tmp_path):
+    """Files of one size: the two staging lines coincide; bytes (dashed) is drawn last, on top."""
+    page, _ = render(tmp_path, build_report([node_stats(0)], {"job_id": "j", "config": "c"}))
+    (staging,) = [img for img in page.images if img["alt"] == "staging progress over time"]
+    svg = _svg_of(staging)
+    files, data = svg.index('id="staged-files"'), svg.index('id="staged-bytes"')
+    assert files < data
+    assert "stroke-dasharray" in svg[data:svg.index("</g>", data)]
