@@ -79,7 +79,7 @@ def write_config(base: str, root: str, node_bytes: int) -> str:
     path = os.path.join(base, "cluster.yaml")
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: ["{root}"]}}
-run_dir: "{base}/run${{MONARCH_NODE}}"
+run_base: "{base}/run${{MONARCH_NODE}}"
 tiers:
   - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
   - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}}}

@@ -69,10 +69,10 @@ def test_a_launcher_whose_daemon_died_runs_on_the_pfs_soon(tmp_path, monkeypatch
     monkeypatch.setattr("monarch.launch.run.CLUSTER_DEAD_WAIT", 0.2)
     monkeypatch.setenv("MONARCH_JOB_ID", "deadjob")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_dir: {tmp_path}/run\n")
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_base: {tmp_path}/run\n")
     (tmp_path / "run").mkdir()
     config = load_config(str(cfg))
-    run_dir = os.path.join(layout.user_dir(config.run_dir), "deadjob-node1")
+    run_dir = os.path.join(layout.user_dir(config.run_base), "deadjob-node1")
     os.makedirs(run_dir)
     open(os.path.join(run_dir, "daemon.sock"), "w").close()  # what a killed daemon leaves (no listener)
     lock = os.open(os.path.join(run_dir, "daemon.lock"), os.O_RDWR | os.O_CREAT, 0o600)
