@@ -39,11 +39,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
+from support.harness import sharded_config  # noqa: E402
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
 JOB = "benchcluster"
-SPLIT = (16, 8, 4)  # ram : ssd : peer of each node's storage, as measured by the users
 
 
 def parse_args(argv=None):
@@ -84,24 +84,7 @@ def env(**extra) -> dict:
 
 
 def write_config(base: str, root: str, node_bytes: int, nodes: int) -> str:
-    """One config for every node; each node's bases (made here: Monarch never creates a base)
-    are told apart by ${MONARCH_NODE}."""
-    for k in range(nodes):
-        for d in (f"/dev/shm{base}/ram{k}", f"{base}/ssd{k}", f"{base}/peer{k}", f"{base}/run{k}"):
-            os.makedirs(d, exist_ok=True)
-    unit = node_bytes // sum(SPLIT)
-    ram, ssd, peer = (max(1 << 20, unit * s) for s in SPLIT)
-    path = os.path.join(base, "cluster.yaml")
-    with open(path, "w") as f:
-        f.write(f"""dataset: {{roots: ["{root}"]}}
-run_base: "{base}/run${{MONARCH_NODE}}"
-tiers:
-  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
-  - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}}}
-peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: {peer}, timeout: 10}}
-staging: {{policy: read-ahead}}
-""")
-    return path
+    return sharded_config(base, root, node_bytes, nodes, floor=1 << 20)
 
 
 def reader_cmd(root: str, manifest: str, k: int, args, out: str) -> list[str]:

@@ -40,12 +40,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
+from support.harness import sharded_config  # noqa: E402
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.cluster.world import daemon_launch  # noqa: E402
 from monarch.workload import make_dataset  # noqa: E402
 
 JOB = "benchfaults"
-SPLIT = (16, 8, 4)  # ram : ssd : peer of each node's storage
 
 
 def parse_args(argv=None):
@@ -75,21 +75,7 @@ def env(**extra) -> dict:
 
 
 def write_config(base: str, root: str, node_bytes: int) -> str:
-    ram, ssd, peer = (max(1 << 20, node_bytes * s // sum(SPLIT)) for s in SPLIT)
-    path = os.path.join(base, "cluster.yaml")
-    with open(path, "w") as f:
-        f.write(f"""dataset: {{roots: ["{root}"]}}
-run_base: "{base}/run${{MONARCH_NODE}}"
-tiers:
-  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
-  - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}}}
-peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: {peer}, timeout: 10}}
-staging: {{policy: read-ahead}}
-""")
-    for k in range(8):
-        for d in (f"/dev/shm{base}/ram{k}", f"{base}/ssd{k}", f"{base}/peer{k}", f"{base}/run{k}"):
-            os.makedirs(d, exist_ok=True)
-    return path
+    return sharded_config(base, root, node_bytes, 8, floor=1 << 20)
 
 
 def readers(args, root, manifest, base, wrap=None):

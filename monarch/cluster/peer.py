@@ -411,8 +411,14 @@ class Cluster:
             log.warning("MPI error on the peer layer: %s", exc)
         self._check_failed()
 
+    _failure_notices = True  # does this MPI name failed ranks (MPI_Comm_get_failed)?
+
     def _check_failed(self):
-        """Lose every node MPI knows has failed (ULFM's Get_failed; nothing with MPICH)."""
+        """Lose every node MPI knows has failed (ULFM's Get_failed; MPICH 5 answers an empty
+        group). An MPI or mpi4py without these calls is asked once: the heartbeats then
+        detect a lost node alone."""
+        if not self._failure_notices:
+            return
         comm, MPI = self.comm, self.MPI
         try:
             comm.Ack_failed()
@@ -421,7 +427,14 @@ class Cluster:
                 ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), comm.Get_group())
             finally:
                 group.Free()
-        except (MPI.Exception, NotImplementedError, AttributeError):  # no ULFM: heartbeats tell
+        except (NotImplementedError, AttributeError) as exc:  # mpi4py < 4, or an MPI without them
+            self._failure_notices = False
+            log.info("this MPI does not name failed ranks (%s): lost nodes are found by heartbeats", exc)
+            return
+        except MPI.Exception as exc:  # e.g. MPI_ERR_UNSUPPORTED_OPERATION: the same, once said
+            if exc.Get_error_class() == getattr(MPI, "ERR_UNSUPPORTED_OPERATION", None):
+                self._failure_notices = False
+                log.info("this MPI does not name failed ranks (%s): lost nodes are found by heartbeats", exc)
             return
         for node in ranks:
             if node not in (None, MPI.UNDEFINED, self.node):

@@ -146,12 +146,10 @@ def check_lost(rep, victim):
     assert rep["pfs"]["lower_bound"] is True  # the lost node's own PFS reads are unknown
 
 
-@pytest.mark.parametrize("victim", [2, 0])
-def test_a_daemon_killed_mid_job_costs_its_share(victim, dataset, short_tmp, slow_pfs):
-    """Dataset spread over the nodes (~1/3 each), readers fetching most of their shard from
-    owners; the victim is killed once its reader finished epoch 0."""
-    ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
-    cfg = shard_config(short_tmp, ds.root, ds.total // 3)
+def kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim):
+    """The cluster on ``cfg``, one sharded reader per node, ``victim``'s daemon SIGKILLed once its
+    reader finished epoch 0; every reader's bytes checked. Returns the cluster, which daemons
+    were up until stop."""
     cluster = Cluster(NODES, cfg, short_tmp)
     try:
         results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, "epoch1")
@@ -160,6 +158,16 @@ def test_a_daemon_killed_mid_job_costs_its_share(victim, dataset, short_tmp, slo
     check_readers(results)
     print(f"engine {cluster.launch.engine}: slowest open on a survivor {slowest_open(results, victim):.3f}s, "
           f"stop {stop_seconds:.1f}s, PFS {pfs.counters()['bytes'] / ds.total:.2f}x")
+    return cluster, up
+
+
+@pytest.mark.parametrize("victim", [2, 0])
+def test_a_daemon_killed_mid_job_costs_its_share(victim, dataset, short_tmp, slow_pfs):
+    """Dataset spread over the nodes (~1/3 each), readers fetching most of their shard from
+    owners; the victim is killed once its reader finished epoch 0."""
+    ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
+    cfg = shard_config(short_tmp, ds.root, ds.total // 3)
+    cluster, up = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
     if cluster.launch.engine != "ulfm":
         return  # MPICH: hydra takes the survivors down; the readers still read right bytes (fail open)
     assert up == [k for k in range(NODES) if k != victim]  # the other daemons stayed up until stop
@@ -178,14 +186,7 @@ def test_a_daemon_killed_with_peers_in_use_costs_its_share(dataset, short_tmp, s
     victim = 1
     ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
     cfg = write_config(short_tmp, ds.root, policy="read-ahead")
-    cluster = Cluster(NODES, cfg, short_tmp)
-    try:
-        results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, "epoch1")
-    finally:
-        cluster.kill()
-    check_readers(results)
-    print(f"engine {cluster.launch.engine}: slowest open on a survivor {slowest_open(results, victim):.3f}s, "
-          f"stop {stop_seconds:.1f}s, PFS {pfs.counters()['bytes'] / ds.total:.2f}x")
+    cluster, up = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
     if cluster.launch.engine != "ulfm":
         return
     assert up == [k for k in range(NODES) if k != victim]

@@ -9,26 +9,14 @@ import time
 
 import pytest
 
-from support.harness import TEST_NODES, load, make_bases, monarch_env
+from support.harness import TEST_NODES, load, monarch_env, sharded_config
 from test_cluster_e2e import Cluster, finish
 
 pytestmark = pytest.mark.mpi
 
 
 def shard_config(base, root, node_bytes):
-    ram, ssd, peer = (node_bytes * s // 28 for s in (16, 8, 4))
-    path = os.path.join(base, "shard.yaml")
-    with open(path, "w") as f:
-        f.write(f"""dataset: {{roots: ["{root}"]}}
-run_base: "{base}/run${{MONARCH_NODE}}"
-tiers:
-  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
-  - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}}}
-peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: {peer}, timeout: 10}}
-staging: {{policy: read-ahead}}
-""")
-    make_bases(path, nodes=TEST_NODES)
-    return path
+    return sharded_config(base, root, node_bytes, TEST_NODES, name="shard.yaml")
 
 
 def shard_readers(cluster, ds, nodes, epochs):
