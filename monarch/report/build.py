@@ -176,8 +176,15 @@ def _classes_over_nodes(alive: list[NodeStats]) -> list[dict] | None:
                                    "bytes": max(0, first["bytes"] - held[1])}})
     return out
 
+# Figures that model a run without Monarch rather than count this one: every byte the command
+# read is taken as read from the PFS, whereas a page cache would have absorbed its re-reads
+# (h5py's chunks, a header read per sample) and the kernel's read-ahead added some.
+ESTIMATED = ["saved_bytes", "saved_fraction", "without_monarch_bytes"]
+
+
 def _pfs_traffic(opened_from: dict[str, collections.Counter], staging_bytes: int, dataset_bytes: int) -> dict:
-    """The PFS figures, each exact, a lower bound (named in ``lower_bounds``) or None (unknown)."""
+    """The PFS figures, each exact, estimated (named in ``estimated``), a lower bound (named in
+    ``lower_bounds``) or None (unknown)."""
     pfs = opened_from.get("pfs", collections.Counter())
     opens = sum(c["opens"] for c in opened_from.values())
     uncounted = sum(c["opens_uncounted"] for c in opened_from.values())
@@ -210,6 +217,7 @@ def _pfs_traffic(opened_from: dict[str, collections.Counter], staging_bytes: int
         "opens_uncounted": uncounted if any("opens_uncounted" in c for c in opened_from.values()) else None,
         "lower_bounds": sorted(lower - ({"app_bytes"} if unknown else set())
                                - ({"saved_fraction"} if fraction is None else set())),
+        "estimated": [] if nothing_counted else ESTIMATED,
     }
 
 
@@ -218,11 +226,13 @@ def _saving(app_total: int, pfs_total: int, nothing_counted: bool, bound: bool,
     """The saving in bytes and as a fraction, each exact, a lower bound (``bound``: some opens of
     the tiers or peers read bytes the shim did not see) or None. A lower bound that is not
     positive says nothing about a saving (a negative one must never read as a loss), and a
-    fraction bounds something only when its denominator alone is a bound (``pfs_exact``)."""
+    fraction bounds something only when its denominator alone is a bound (``pfs_exact``). A
+    negative saving (Monarch staged more than the command read: read-ahead copies what fits of
+    the dataset, whatever the command reads) is a multiple of a small figure, not a share."""
     saved = app_total - pfs_total
     if nothing_counted or (bound and saved <= 0):
         return None, None
-    if not app_total or not pfs_exact:  # a ratio of two lower bounds bounds nothing
+    if not app_total or not pfs_exact or saved < 0:  # a ratio of two lower bounds bounds nothing
         return saved, None
     return saved, round(1 - pfs_total / app_total, 4)
 

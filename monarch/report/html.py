@@ -16,6 +16,7 @@ import shlex
 from typing import Any
 
 from monarch.errors import MonarchError
+from monarch.report.text import ESTIMATE_NOTE
 from monarch.sizes import human
 
 MiB = 1 << 20
@@ -129,14 +130,19 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
     rows.append(["PFS read by Monarch to stage", _bytes(pfs.get("staging_bytes", 0))])
     rows.append(["PFS total", _bytes(pfs.get("total_bytes"), "total_bytes" in lower)
                  + (f" = {ratio:.2f}× the dataset" if ratio is not None else "")])
-    rows.append(["PFS without Monarch", _bytes(pfs.get("without_monarch_bytes"), "without_monarch_bytes" in lower)])
+    est = set(pfs.get("estimated", ()))
+    rows.append(["PFS without Monarch" + (" (estimate)" if "without_monarch_bytes" in est else ""),
+                 _bytes(pfs.get("without_monarch_bytes"), "without_monarch_bytes" in lower)])
     if pfs.get("saved_bytes") is not None:
         at_least = "≥ " if "saved_fraction" in lower else ""
         frac = f" ({at_least}{100 * pfs['saved_fraction']:.1f}%)" if pfs.get("saved_fraction") is not None else ""
-        rows.append(["PFS saved", _bytes(pfs["saved_bytes"], "saved_bytes" in lower) + frac])
+        rows.append(["PFS saved" + (" (estimate)" if "saved_bytes" in est else ""),
+                     _bytes(pfs["saved_bytes"], "saved_bytes" in lower) + frac])
     st = report.get("staging", {})
     rows.append(["staged", f"{st.get('files', 0)} files, {human(st.get('bytes', 0))}"])
     out = ['<section id="summary"><h2>Summary</h2>', _table(None, rows, css="kv")]
+    if est and pfs.get("without_monarch_bytes") is not None:
+        out.append(f"<p class=\"note\">{html.escape(ESTIMATE_NOTE.removeprefix('est.: ').strip())}.</p>")
     if pfs.get("opens_uncounted"):
         out.append(f"<p class=\"note\">≥: {pfs['opens_uncounted']} opens were read through mmap or stdio; their "
                    "bytes are not all known (what fread delivered is counted), so figures marked ≥ are lower "

@@ -50,11 +50,7 @@ def print_report(report: dict, out: TextIO) -> None:
     at_least = "at least " if "reads_of_dataset" in lower else ""
     w(f"  total                   : {_amount(pfs['total_bytes'], 'total_bytes' in lower)}"
       f"{f' = {at_least}{ratio:.2f}x the dataset' if ratio is not None else ''}\n")
-    w(f"  without Monarch         : {_amount(pfs['without_monarch_bytes'], 'without_monarch_bytes' in lower)}\n")
-    if pfs["saved_bytes"] is not None and (pfs["saved_fraction"] is not None or pfs.get("opens_uncounted")):
-        at_least = "≥ " if "saved_fraction" in lower else ""
-        fraction = f" ({at_least}{100 * pfs['saved_fraction']:.1f}%)" if pfs["saved_fraction"] is not None else ""
-        w(f"  saved                   : {_amount(pfs['saved_bytes'], 'saved_bytes' in lower)}{fraction}\n")
+    _print_without_monarch(pfs, lower, w)
     st = report["staging"]
     w(f"\nstaged    : {st['files']} files, {human(st['bytes'])}")
     w(f"; not staged: {', '.join(f'{k} x{v}' for k, v in sorted(st['failures'].items()))}\n" if st["failures"] else "\n")
@@ -127,6 +123,32 @@ def _print_shim_presence(report: dict, w) -> None:
     procs = report.get("processes_with_shim")
     if procs is not None:
         w(f"shim      : active in {procs} process{'' if procs == 1 else 'es'} (processes with the shim)\n")
+
+
+ESTIMATE_NOTE = ("est.: as if every byte the command read had been read from the PFS; a page cache absorbs "
+                 "re-reads of a file's bytes (h5py chunks, headers read per sample), so without Monarch the "
+                 "PFS may have served less\n")
+
+
+def _print_without_monarch(pfs: dict, lower: set[str], w) -> None:
+    """The figures that model a run without Monarch: marked as estimates (``est.``) when the report
+    says so, the saving as a share only when that share means something (``saved_fraction``)."""
+    est = set(pfs.get("estimated", ()))
+    label = lambda name, key: f"{name} (est.)" if key in est else name  # noqa: E731
+    w(f"  {label('without Monarch', 'without_monarch_bytes'):<24}: "
+      f"{_amount(pfs['without_monarch_bytes'], 'without_monarch_bytes' in lower)}\n")
+    saved, fraction = pfs["saved_bytes"], pfs["saved_fraction"]
+    if saved is None or (fraction is None and not pfs.get("opens_uncounted") and saved >= 0):
+        return
+    why = ""
+    if fraction is not None:
+        why = f" ({'≥ ' if 'saved_fraction' in lower else ''}{100 * fraction:.1f}%)"
+    elif saved < 0:
+        why = (": Monarch read more from the PFS than the command read (read-ahead stages what fits "
+               "of the dataset, whatever the command reads)")
+    w(f"  {label('saved', 'saved_bytes'):<24}: {_amount(saved, 'saved_bytes' in lower)}{why}\n")
+    if est and pfs["without_monarch_bytes"] is not None:
+        w(f"  {ESTIMATE_NOTE}")
 
 
 def _print_tiers(tiers: list[dict], w) -> None:

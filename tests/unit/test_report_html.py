@@ -147,3 +147,10 @@ def test_bytes_staged_is_drawn_over_files_staged_and_told_apart(tmp_path):
     files, data = svg.index('id="staged-files"'), svg.index('id="staged-bytes"')
     assert files < data
     assert "stroke-dasharray" in svg[data:svg.index("</g>", data)]
+
+
+def test_the_summary_marks_without_monarch_and_saved_as_estimates(tmp_path):
+    page, _ = render(tmp_path, build_report([node_stats(0)], {"job_id": "j", "config": "c"}))
+    text = " ".join(page.text)
+    assert "PFS without Monarch (estimate)" in text and "PFS saved (estimate)" in text
+    assert "a page cache absorbs re-reads" in text
