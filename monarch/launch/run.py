@@ -24,6 +24,7 @@ from contextlib import contextmanager
 
 from monarch import layout, protocol, secure
 from monarch.launch import topology
+from monarch.launch.launchers import RunLaunchers
 from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
 from monarch.node.stats import NodeStats
@@ -411,8 +412,10 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     session = daemon = None
     run = run or topology.run_id() or topology.new_run_id()
     baseline = None
+    launchers = RunLaunchers(None, run)
     try:
         session, daemon = attach_or_start(config, config_file, run)
+        launchers = RunLaunchers(session.run_dir, run)
         if session.run.get("run") != run:  # the job's standing daemon: report this run's share
             baseline = session.stats(brief=True)  # the counters: answered at once, even during its walk
         env = app_env(session.env)
@@ -436,16 +439,18 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
                     shown.stop()
             log.debug("phase command.end")
             _tear_down(config, session, daemon, signals, cmd, code, run, time.time() - t0, baseline, report_path,
-                       html_path, out)
+                       html_path, out, launchers.last_to_leave())
         except _Interrupted:
+            launchers.last_to_leave()  # no report; the last removes the group's file all the same
             code = _cut_short(config, session, daemon, shown, code if signals.killed else 128 + signals.cut, out)
     return code
 
 
 def _tear_down(config: Config, session: Session | None, daemon: subprocess.Popen | None, signals: _Signals,
                cmd: list[str], code: int, run: str, wall: float, baseline: dict | None, report_path: str | None,
-               html_path: str | None, out) -> None:
-    """The command has ended: the report, then the embedded daemon's exit (its tiers removed)."""
+               html_path: str | None, out, last: bool = True) -> None:
+    """The command has ended: the report (printed in full by the run's ``last`` launcher on the
+    node), then the embedded daemon's exit (its tiers removed)."""
     with signals.waiting():  # the daemon holds the final report until its snapshot is ready
         stats = session.stats(final=True) if session is not None else None
     log.debug("phase report.fetched")
@@ -454,7 +459,7 @@ def _tear_down(config: Config, session: Session | None, daemon: subprocess.Popen
     session.close()
     try:  # the report first: the daemon's exit (its tiers removed) is waited for after it
         signals.check()
-        _print_and_write(config, session, cmd, code, run, wall, stats, baseline, report_path, html_path, out)
+        _print_and_write(config, session, cmd, code, run, wall, stats, baseline, report_path, html_path, out, last)
     finally:
         if daemon is not None:
             with signals.waiting():
@@ -485,7 +490,7 @@ def _say_unused_tiers(session: Session) -> None:
 
 def _print_and_write(config: Config, session: Session, cmd: list[str], code: int, run: str, wall: float,
                      stats: dict | None, baseline: dict | None, report_path: str | None, html_path: str | None,
-                     out) -> None:
+                     out, last: bool = True) -> None:
     node = NodeStats.from_wire(stats)
     if node is None:
         node = _stats_without_daemon(config, session)
@@ -500,9 +505,12 @@ def _print_and_write(config: Config, session: Session, cmd: list[str], code: int
         write_report(report, path)
     except OSError as e:
         log.warning("cannot write the report to %s: %s", path, e)
-    print_report(report, out)
-    out.write(f"report    : {path}\n")
-    _warn_if_bypassed(report, out)
+    if last:
+        print_report(report, out)
+        out.write(f"report    : {path}\n")
+        _warn_if_bypassed(report, out)
+    else:
+        _point_to_the_report(path, out)
     log.debug("phase report.printed")
     html_path = html_path or config.report_html
     if html_path:
@@ -519,6 +527,12 @@ def _warn_if_bypassed(report: dict, out) -> None:
     warning = bypass_warning(report)
     if warning:
         out.write(f"monarch: warning: {warning}\n")
+
+
+def _point_to_the_report(path: str, out) -> None:
+    """A launcher that is not the last of its run on the node: one line, not the whole report."""
+    out.write(f"monarch: report of node {topology.node_index()}: printed by this run's last launcher on the node "
+              f"to leave; JSON: {path}\n")
 
 
 def _reap(daemon: subprocess.Popen, config: Config) -> None:

@@ -67,6 +67,25 @@ def test_mpiexec_runs_monarch_run_per_rank_sharing_one_daemon(mpiexec, dataset, 
         assert_read_once(rep, ds, opens=2 * len(ds.files))
 
 
+def test_mpiexec_ranks_print_the_node_report_once(mpiexec, dataset, short_tmp):
+    """One launcher per rank: the node's report is printed once, by the last launcher to leave
+    (its totals hold every rank's reads); each other rank prints one line pointing to the JSON."""
+    import glob
+    ranks = 3
+    ds = dataset(files=60, size="8KiB")
+    cfg = write_config(short_tmp, ds.root, dirs=False)
+    r = run_group([mpiexec, "-n", str(ranks), *MONARCH_RUN, "-c", cfg, "--no-progress", "--", sys.executable,
+                   MPI_READER, ds.root, ds.manifest, "--epochs", "2"], env=unscheduled_env(short_tmp), timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr.count("== Monarch access report ==") == 1, r.stderr
+    pointers = re.findall(r"monarch: report of node 0: printed by this run's last launcher on the node to leave; "
+                          r"JSON: (\S+)", r.stderr)
+    (printed,) = re.findall(r"\nreport    : (\S+)", r.stderr)
+    assert len(pointers) == ranks - 1 and set(pointers) == {printed}, r.stderr
+    assert_read_once(load(printed), ds, opens=2 * len(ds.files))  # the printed totals: every rank's reads
+    assert not glob.glob(os.path.join(short_tmp, "**", "launchers-*.lock"), recursive=True)
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_monarch_run_wraps_mpiexec(mpiexec, dataset, short_tmp, ranks):
     ds = dataset(files=96, size="8KiB")
@@ -95,6 +114,8 @@ def test_nested_monarch_run_joins_the_outer_run(dataset, short_tmp):
     assert inner["job"]["run_id"] == outer["job"]["run_id"] and outer["job"]["run_id"].startswith("run-")
     assert_read_once(inner, ds, opens=2 * len(ds.files))
     assert_read_once(outer, ds, opens=2 * len(ds.files))
+    # one report printed, by the outer launcher (the last of the run to leave)
+    assert r.stderr.count("== Monarch access report ==") == 1 and "printed by this run's last launcher" in r.stderr
 
 
 @pytest.mark.parametrize("torchelastic_run_id", [None, "te-7"])
