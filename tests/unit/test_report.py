@@ -320,3 +320,23 @@ def test_a_run_that_staged_the_dataset_but_read_little_prints_no_absurd_percenta
     nothing = build_report([node({"ram": {"opens": 0, "bytes": 0, "opens_uncounted": 0}})], JOB)
     assert nothing["pfs"]["saved_fraction"] is None
     assert "%" not in "".join(line for line in text(nothing).splitlines() if line.startswith("  saved"))
+
+
+def test_readme_report_reference_says_which_figures_are_exact_estimated_or_bounds():
+    """Every `pfs` figure has its row in README's report reference, and the "How exact" table puts
+    each in its kind: the estimated ones (``pfs.estimated``) there and nowhere else."""
+    from pathlib import Path
+    from monarch.report.build import ESTIMATED
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    reference = readme.split("\n## Report reference\n", 1)[1].split("\n## ", 1)[0]
+    pfs = build_report([node({"ram": {"opens": 3, "bytes": 30 * MiB, "opens_uncounted": 0}})], JOB)["pfs"]
+    for key in pfs:
+        assert f"`pfs.{key}`" in reference, key
+    kinds = {row.split(" | ")[0].lstrip("| "): row for row in reference.split("How exact each figure is:", 1)[1]
+             .split("\n\n", 2)[1].splitlines()[2:]}
+    assert set(kinds) == {"exact (counted)", "lower bound (`≥`)", "estimated (`est.`)", "sampled"}
+    figures = set(pfs) - {"opens_uncounted", "lower_bounds", "estimated", "dataset_bytes"}
+    for key in figures:
+        kind = "estimated (`est.`)" if key in ESTIMATED else "exact (counted)"
+        assert f"`pfs.{key}`" in kinds[kind], key
+        assert all(f"`pfs.{key}`" not in row for k, row in kinds.items() if k != kind), key
