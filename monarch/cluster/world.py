@@ -59,6 +59,7 @@ def load_mpi():
       failed (after a failure MPICH's MPI_Finalize makes hydra kill every survivor).
     - ``rc.thread_level = "serialized"``: one thread at a time calls MPI (the engine thread
       once started, the caller's thread before).
+    - ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` unless set: MPICH's waits in MPI_Init sleep, not spin.
     - SIGUSR1 is caught: hydra run with ``-disable-auto-cleanup`` signals every survivor when
       a rank dies, and the default action of SIGUSR1 is to terminate.
     """
@@ -66,6 +67,12 @@ def load_mpi():
         return _state.mpi
     if "mpi4py.MPI" not in sys.modules:
         import mpi4py
+
+        # MPICH spins in MPI_Init until every rank has reached it: with more daemons than
+        # cores (simulated nodes, a busy node) the early ranks burn the CPU the late ones
+        # need. Heavy yield sleeps instead (measured: 0.15 CPU-s instead of 0.45 for a rank
+        # that waits 0.5 s); the engine only makes nonblocking calls, which never wait.
+        os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 
         mpi4py.rc.finalize = False
         mpi4py.rc.thread_level = "serialized"
