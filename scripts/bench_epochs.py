@@ -178,6 +178,8 @@ def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int,
     if staging:
         config["staging"] = staging
     path.write_text("# written by scripts/bench_epochs.py\n" + json.dumps(config, indent=2) + "\n")
+    for base in (work / "run", shm / "tier-ram"):  # Monarch uses bases that exist, never makes them
+        base.mkdir(parents=True, exist_ok=True)
 
 
 def check_config(path: Path) -> str | None:
