@@ -64,13 +64,14 @@ class Tier:
         """The tier of ``cfg``; in memory (tmpfs, ramfs) it keeps ``memory_margin`` bytes free."""
         storage = StorageDir.create(cfg.path, run_id, node, keep_name=cfg.name if cfg.keep else None, roots=roots)
         try:
-            return cls._on(storage, cfg, slot, memory_margin, pfs_rate)
+            return cls._on(storage, cfg, slot, memory_margin, pfs_rate, dataset_bytes)
         except BaseException:  # the tier is not used: its directory does not stay
             storage.remove()
             raise
 
     @classmethod
-    def _on(cls, storage: StorageDir, cfg: TierConfig, slot: int, memory_margin: int | None, pfs_rate) -> "Tier":
+    def _on(cls, storage: StorageDir, cfg: TierConfig, slot: int, memory_margin: int | None, pfs_rate,
+            dataset_bytes) -> "Tier":
         in_memory = is_memory_backed(storage.path)
         capacity, note = cfg.capacity, ""
         if cfg.capacity_share is not None:

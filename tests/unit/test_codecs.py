@@ -58,7 +58,9 @@ def test_selection_measures_every_level_and_keeps_the_bound():
     assert choice.level == fastest["level"]
 
 
-def test_a_fast_level_is_taken_only_where_its_ratio_fits_the_dataset_in_the_tier():
+def test_a_fast_level_is_taken_only_where_its_ratio_fits_the_dataset_in_the_tier(monkeypatch):
+    # every level measured, however slowly a loaded machine compresses: this is about the fit
+    monkeypatch.setattr(codecs, "COMPRESS_FLOOR", 0)
     samples = [compressible(50_000, i) for i in range(8)]
     roomy, _ = select(samples, decompress_floor=1.0, needed_ratio=1.0)  # the dataset fits raw
     assert roomy.level == min(codecs.LEVELS) < 1 and "fits the dataset" in roomy.reason, roomy
@@ -91,6 +93,20 @@ def test_small_files_with_shared_structure_get_a_dictionary():
     assert codec.choice.dictionary
     frame = codec.encode(header + b"id=999999;" + os.urandom(64))
     assert zstandard.get_frame_parameters(frame).dict_id == d.dict_id()
+
+
+def test_a_tier_made_from_its_config_chooses_its_level_once_the_sample_is_in(tmp_path):
+    """The daemon's tiers come from Tier.from_config, with the dataset's size: the 32nd file
+    staged ends the sample and the level is chosen for the ratio the dataset needs (a
+    NameError there once failed that file's copy and left every tier at the sampling level)."""
+    (tmp_path / "ram").mkdir()
+    cfg = TierConfig("ram", str(tmp_path / "ram"), 2_000_000, False, compression="zstd")
+    t = Tier.from_config(cfg, 2, "r1", 0, (), dataset_bytes=lambda: 4_000_000)
+    for i in range(codecs.SAMPLE_FILES):
+        assert t.codec.encode(compressible(20_000, i)) is not None
+    choice = t.codec.choice
+    assert choice.sample_files == codecs.SAMPLE_FILES and choice.reason != "sampling"
+    assert "fits the dataset in the tier (needs 2.00x" in choice.reason
 
 
 def test_codec_keeps_incompressible_files_raw_and_counts_both():
