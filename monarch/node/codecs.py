@@ -98,6 +98,15 @@ def _measure(samples: list[bytes], level: int, dict_data: zstandard.ZstdCompress
             "decompress_mbps": raw / max(t2 - t1, 1e-9) / 1e6}
 
 
+def _best_ratio(cands: list[dict]) -> dict:
+    """The best ratio, the lower level when ratios are within 2 % (it decodes faster)."""
+    best = cands[0]
+    for c in cands[1:]:
+        if c["ratio"] > best["ratio"] * 1.02:
+            best = c
+    return best
+
+
 def select(samples: list[bytes], mode: str = "zstd", decompress_floor: float = DECOMPRESS_FLOOR,
            pfs_rate: float | None = None, needed_ratio: float | None = None
            ) -> tuple[Choice, zstandard.ZstdCompressionDict | None]:
@@ -121,18 +130,30 @@ def select(samples: list[bytes], mode: str = "zstd", decompress_floor: float = D
             break
     choice.candidates = [{k: round(v, 3) if isinstance(v, float) else v for k, v in c.items()} for c in cands]
     ok = [c for c in cands if c["decompress_mbps"] * 1e6 >= bound and c["compress_mbps"] * 1e6 >= COMPRESS_FLOOR]
-    if not ok:  # nothing meets the bound: the fastest to decompress
-        best = max(cands, key=lambda c: c["decompress_mbps"])
-        choice.reason = f"no level decompresses at {bound / 1e6:.0f} MB/s; the fastest"
-    elif needed_ratio and (fit := [c for c in ok if c["ratio"] >= max(MIN_RATIO, needed_ratio) * FIT_MARGIN]):
+    need = max(MIN_RATIO, needed_ratio) * FIT_MARGIN if needed_ratio else None
+    # The dataset does not fit the tier raw: every file the ratio adds to the tier is a PFS
+    # read saved each epoch, worth more than a decode that is still faster than the PFS.
+    tight = needed_ratio is not None and needed_ratio > 1
+    beats_pfs = [c for c in cands if c["decompress_mbps"] * 1e6 >= 2 * (pfs_rate or 0.0)
+                 and c["compress_mbps"] * 1e6 >= COMPRESS_FLOOR]
+    if need and (fit := [c for c in ok if c["ratio"] >= need]):
         best = fit[0]  # the lowest level that fits: the fastest to decompress (every read pays it)
         choice.reason = f"the fastest level whose ratio fits the dataset in the tier (needs " \
                         f"{max(MIN_RATIO, needed_ratio):.2f}x + {FIT_MARGIN - 1:.0%})"
+    elif tight and (fit := [c for c in beats_pfs if c["ratio"] >= need]):
+        best = fit[0]
+        choice.reason = f"the fastest level whose ratio fits the dataset in the tier (needs " \
+                        f"{max(MIN_RATIO, needed_ratio):.2f}x + {FIT_MARGIN - 1:.0%}), below {bound / 1e6:.0f} " \
+                        f"MB/s: a file kept in the tier is a PFS read saved each epoch"
+    elif tight and beats_pfs:
+        best = _best_ratio(beats_pfs)
+        choice.reason = f"no level fits the dataset in the tier (needs {max(MIN_RATIO, needed_ratio):.2f}x + " \
+                        f"{FIT_MARGIN - 1:.0%}): the best ratio decompressing faster than the PFS"
+    elif not ok:  # nothing meets the bound: the fastest to decompress
+        best = max(cands, key=lambda c: c["decompress_mbps"])
+        choice.reason = f"no level decompresses at {bound / 1e6:.0f} MB/s; the fastest"
     else:
-        best = ok[0]
-        for c in ok[1:]:
-            if c["ratio"] > best["ratio"] * 1.02:
-                best = c
+        best = _best_ratio(ok)
         choice.reason = f"best ratio decompressing at >= {bound / 1e6:.0f} MB/s and compressing at >= " \
                         f"{COMPRESS_FLOOR / 1e6:.0f} MB/s"
     choice.level, choice.ratio = best["level"], best["ratio"]

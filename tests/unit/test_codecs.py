@@ -70,6 +70,24 @@ def test_a_fast_level_is_taken_only_where_its_ratio_fits_the_dataset_in_the_tier
     assert "best ratio" in unknown.reason and unknown.ratio >= tight.ratio * 0.98
 
 
+def test_a_dataset_that_does_not_fit_raw_takes_the_ratio_over_the_floor(monkeypatch):
+    """No level decodes at the floor (here an impossible one), but the dataset needs 1.2x to
+    fit the tier: the lowest level that fits is taken, as every file it keeps is a PFS read
+    saved; when nothing fits, the best ratio (never the fastest, ratio-poor level)."""
+    monkeypatch.setattr(codecs, "COMPRESS_FLOOR", 0)
+    samples = [compressible(50_000, i) for i in range(8)]
+    every, _ = select(samples, decompress_floor=1.0)
+    ratios = {c["level"]: c["ratio"] for c in every.candidates if "dictionary" not in c}
+    need = 1.2
+    fits, _ = select(samples, decompress_floor=1e15, needed_ratio=need)
+    assert fits.level == min(lv for lv, r in ratios.items() if r >= need * codecs.FIT_MARGIN)
+    assert "saved each epoch" in fits.reason, fits.reason
+    beyond, _ = select(samples, decompress_floor=1e15, needed_ratio=100.0)
+    assert "no level fits" in beyond.reason and beyond.ratio >= max(ratios.values()) / 1.02 - 0.05
+    fitting_raw, _ = select(samples, decompress_floor=1e15, needed_ratio=0.5)  # fits raw: decode speed first
+    assert "no level decompresses" in fitting_raw.reason
+
+
 def test_the_pfs_rate_raises_the_bound():
     choice, _ = select([compressible(10_000)], decompress_floor=1.0, pfs_rate=3e9)
     assert choice.bound_mbps == 6000.0
