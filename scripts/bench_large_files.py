@@ -57,10 +57,16 @@ def stage_once(snap, key: str, dest: Path, ranges: int) -> float:
         sources.RANGES_AT_ONCE, sources.LARGE = saved
 
 
-def md5_run(cmd: list[str], env: dict) -> tuple[float, str]:
+def md5_run(cmd: list[str], env: dict, report: Path | None = None) -> tuple[float, str]:
+    """Seconds and stdout of ``cmd``; with ``report`` (under ``monarch run``), fails unless
+    Monarch was active: it fails open, so a refused config would time the PFS direct."""
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=1800).stdout
-    return time.perf_counter() - t0, out
+    proc = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=1800)
+    seconds = time.perf_counter() - t0
+    if report is not None and not report.exists():
+        raise SystemExit(f"monarch run wrote no report at {report}: Monarch was not active, the figure would be "
+                         f"the PFS's; its stderr:\n{proc.stderr.strip()}")
+    return seconds, proc.stdout
 
 
 def main(argv=None) -> int:
@@ -94,6 +100,8 @@ def main(argv=None) -> int:
             config = work / "monarch.yaml"
             config.write_text(json.dumps({"dataset": {"roots": [root]}, "run_base": str(work / "run"),
                                           "tiers": [{"name": "ram", "path": f"{shm}/ram", "capacity": "4GiB"}]}))
+            for base in (work / "run", Path(shm, "ram")):  # Monarch uses bases that exist, never makes them
+                base.mkdir()
             path = os.path.join(root, "big.bin")
             pfs.reset_counters()
             seconds, out = md5_run(["md5sum", path], env)
@@ -101,8 +109,9 @@ def main(argv=None) -> int:
             results["md5sum direct"] = seconds
             direct_bytes = pfs.counters()["bytes"]
             pfs.reset_counters()
+            report = work / "report.json"
             seconds, out = md5_run([sys.executable, "-m", "monarch", "run", "-c", str(config), "--no-progress",
-                                    "--", "md5sum", path], env)
+                                    "--report", str(report), "--", "md5sum", path], env, report)
             assert out.split()[0] == want
             results["md5sum under monarch run (staged first)"] = seconds
             monarch_bytes = pfs.counters()["bytes"]
