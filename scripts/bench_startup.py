@@ -122,6 +122,7 @@ def run_monarch(pfs, manifest, work, args, i) -> dict:
         monarch_config(config, pfs.mountpoint, work, shm, 1 << 30, argparse.Namespace(policy=None, threads=None))
         out = work / "monarch.json"
         env = child_env() | {"MONARCH_JOB_ID": f"startup{os.getpid()}x{i}"}
+        (work / "report.json").unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "monarch", "-vv", "run", "-c", str(config), "--no-progress",
                "--report", str(work / "report.json"), "--",
                *workload(pfs.mountpoint, manifest, out, args.workers, args.app_startup_s)]
@@ -133,6 +134,8 @@ def run_monarch(pfs, manifest, work, args, i) -> dict:
         t1 = time.time()
         if proc.returncode != 0:
             raise SystemExit(f"monarch failed: {proc.stderr[-3000:]}")
+        if not (work / "report.json").exists():  # Monarch fails open: the phases would be the PFS's
+            raise SystemExit(f"monarch run wrote no report: Monarch was not active; its stderr:\n{proc.stderr[-3000:]}")
         logs = glob.glob(str(work / "run" / "monarch-*" / f"startup{os.getpid()}x{i}*" / "daemon.log"))
         daemon_text = Path(logs[0]).read_text() if logs else ""
         # a daemon that outlives the launcher (it stops by itself) has written its last lines by now
