@@ -114,14 +114,18 @@ def main(argv=None) -> int:
             assert out.split()[0] == want
             results["md5sum under monarch run (staged first)"] = seconds
             monarch_bytes = pfs.counters()["bytes"]
+            opened_from = json.loads(report.read_text())["opened_from"]
     print(f"\none file of {args.size_mib} MiB, {args.read_latency_ms:g} ms per PFS read call; seconds, MB/s")
     for name, seconds in results.items():
         print(f"  {name:<42}{seconds:>8.2f} s {size / seconds / 1e6:>8.0f} MB/s")
     one, many = results["stager, 1 range(s) at once"], results[f"stager, {sources.RANGES_AT_ONCE} range(s) at once"]
     print(f"ranges: {one / many:.1f}x faster than one stream; PFS bytes read: direct {direct_bytes / size:.2f}x, "
           f"under monarch {monarch_bytes / size:.2f}x the file")
+    print("md5sum under monarch run, opened from (the report): "
+          + ", ".join(f"{name} {c['opens']} ({c['bytes'] / size:.2f}x the file)" for name, c in opened_from.items()))
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "args": vars(args)}, indent=2))
+        Path(args.json).write_text(json.dumps({"results": results, "opened_from": opened_from, "args": vars(args)},
+                                              indent=2))
     return 0
 
 
