@@ -40,6 +40,8 @@ import threading
 import time
 from pathlib import Path
 
+from benchopts import parse_with_quick  # scripts/, beside this file
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -59,7 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--policy", default="on-access", help="staging.policy of the daemon")
     p.add_argument("--src", default=str(REPO), help="the checkout whose monarch package is measured")
     p.add_argument("--json", help="write the figures here")
-    return p.parse_args(argv)
+    return parse_with_quick(p, argv, {"clients": "1,2", "misses": 100})
 
 
 # --------------------------------------------------------------------------- the daemon

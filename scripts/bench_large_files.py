@@ -25,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
+from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
 from monarch.node import sources  # noqa: E402
 from monarch.node.snapshot import take_snapshot  # noqa: E402
 from support.harness import CountingTally  # noqa: E402
@@ -36,7 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--size-mib", type=int, default=256, help="size of the file (default 256)")
     p.add_argument("--read-latency-ms", type=float, default=2.0, help="per read call of the PFS (default 2)")
     p.add_argument("--json", help="write the figures here")
-    return p.parse_args(argv)
+    return parse_with_quick(p, argv, {"size_mib": 4, "read_latency_ms": 0.5})
 
 
 def stage_once(snap, key: str, dest: Path, ranges: int) -> float:

@@ -12,6 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # monarch from this checkout, not an installed copy
 
+from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
 from monarch.config import load_config  # noqa: E402
 from monarch.node.daemon import NodeDaemon  # noqa: E402
 from monarch.workload import make_dataset  # noqa: E402
@@ -21,7 +22,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--files", type=int, default=20000)
     ap.add_argument("--staged", type=int, default=5000)
-    args = ap.parse_args()
+    args = parse_with_quick(ap, None, {"files": 200, "staged": 50})
     base = tempfile.mkdtemp(prefix="mb-", dir="/tmp")
     try:
         make_dataset(f"{base}/ds", files=args.files, size="1KiB", manifest=f"{base}/m.json", seed=0)

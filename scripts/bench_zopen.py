@@ -35,6 +35,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; t
 
 import zstandard  # noqa: E402
 
+from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
 from monarch import protocol  # noqa: E402
 from monarch.node import codecs  # noqa: E402
 from monarch.node.snapshot import FileInfo  # noqa: E402
@@ -93,7 +94,7 @@ def main() -> int:
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--level", type=int, default=6)
     p.add_argument("--disk-dir", default="/tmp", help="a directory on disk for the keep and native-hit rows")
-    args = p.parse_args()
+    args = parse_with_quick(p, None, {"size": "16KiB", "n": 20})
     size, n = parse_size(args.size), args.n
     datas = [content(size, i) for i in range(min(n, 64))]
     cctx = zstandard.ZstdCompressor(level=args.level, write_content_size=True)
