@@ -30,6 +30,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import shutil
 import socket
 import subprocess
@@ -38,6 +39,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from benchopts import parse_with_quick  # scripts/, beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,7 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--policy", default="on-access", help="staging.policy of the daemon")
     p.add_argument("--src", default=str(REPO), help="the checkout whose monarch package is measured")
     p.add_argument("--json", help="write the figures here")
-    return p.parse_args(argv)
+    return parse_with_quick(p, argv, {"clients": "1,2", "misses": 100})
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -236,6 +239,21 @@ def write_config(path: Path, root: Path, work: Path, shm: Path, args) -> None:
               "tiers": [{"name": "ram", "path": str(shm), "capacity": "64GiB"}],
               "staging": {"policy": args.policy, "threads": threads, "resolve_timeout": 60}}
     path.write_text(json.dumps(config))
+    (work / "run").mkdir(exist_ok=True)  # Monarch uses bases that exist, never makes them
+
+
+def wait_ready(daemon, ready, timeout: float = 120) -> str:
+    """The daemon's socket path once it serves; fails at once (not after ``timeout``) when the
+    daemon's process died first, e.g. on a config it refused (its traceback is above)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return ready.get(timeout=0.5)
+        except queue.Empty:
+            if not daemon.is_alive():
+                raise SystemExit(f"the daemon (pid {daemon.pid}) exited with {daemon.exitcode} before it served; "
+                                 "see its error above") from None
+    raise SystemExit(f"the daemon (pid {daemon.pid}) did not serve within {timeout:.0f} s")
 
 
 def main(argv=None) -> int:
@@ -264,8 +282,8 @@ def main(argv=None) -> int:
             ready, stop = ctx.Queue(), ctx.Event()
             daemon = ctx.Process(target=serve, args=(args.src, str(config), ready, stop, mode == "door"))
             daemon.start()
-            path = ready.get(timeout=120)
             try:
+                path = wait_ready(daemon, ready)
                 if args.client == "c":
                     miss = measure_c(client, path, keyfile, clients)
                     hit = measure_c(client, path, keyfile, clients)

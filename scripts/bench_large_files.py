@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import os
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
+from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
 from monarch.node import sources  # noqa: E402
 from monarch.node.snapshot import take_snapshot  # noqa: E402
 from support.harness import CountingTally  # noqa: E402
@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--size-mib", type=int, default=256, help="size of the file (default 256)")
     p.add_argument("--read-latency-ms", type=float, default=2.0, help="per read call of the PFS (default 2)")
     p.add_argument("--json", help="write the figures here")
-    return p.parse_args(argv)
+    return parse_with_quick(p, argv, {"size_mib": 4, "read_latency_ms": 0.5})
 
 
 def stage_once(snap, key: str, dest: Path, ranges: int) -> float:
@@ -57,10 +57,16 @@ def stage_once(snap, key: str, dest: Path, ranges: int) -> float:
         sources.RANGES_AT_ONCE, sources.LARGE = saved
 
 
-def md5_run(cmd: list[str], env: dict) -> tuple[float, str]:
+def md5_run(cmd: list[str], env: dict, report: Path | None = None) -> tuple[float, str]:
+    """Seconds and stdout of ``cmd``; with ``report`` (under ``monarch run``), fails unless
+    Monarch was active: it fails open, so a refused config would time the PFS direct."""
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=1800).stdout
-    return time.perf_counter() - t0, out
+    proc = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=1800)
+    seconds = time.perf_counter() - t0
+    if report is not None and not report.exists():
+        raise SystemExit(f"monarch run wrote no report at {report}: Monarch was not active, the figure would be "
+                         f"the PFS's; its stderr:\n{proc.stderr.strip()}")
+    return seconds, proc.stdout
 
 
 def main(argv=None) -> int:
@@ -94,6 +100,8 @@ def main(argv=None) -> int:
             config = work / "monarch.yaml"
             config.write_text(json.dumps({"dataset": {"roots": [root]}, "run_base": str(work / "run"),
                                           "tiers": [{"name": "ram", "path": f"{shm}/ram", "capacity": "4GiB"}]}))
+            for base in (work / "run", Path(shm, "ram")):  # Monarch uses bases that exist, never makes them
+                base.mkdir()
             path = os.path.join(root, "big.bin")
             pfs.reset_counters()
             seconds, out = md5_run(["md5sum", path], env)
@@ -101,19 +109,24 @@ def main(argv=None) -> int:
             results["md5sum direct"] = seconds
             direct_bytes = pfs.counters()["bytes"]
             pfs.reset_counters()
+            report = work / "report.json"
             seconds, out = md5_run([sys.executable, "-m", "monarch", "run", "-c", str(config), "--no-progress",
-                                    "--", "md5sum", path], env)
+                                    "--report", str(report), "--", "md5sum", path], env, report)
             assert out.split()[0] == want
             results["md5sum under monarch run (staged first)"] = seconds
             monarch_bytes = pfs.counters()["bytes"]
+            opened_from = json.loads(report.read_text())["opened_from"]
     print(f"\none file of {args.size_mib} MiB, {args.read_latency_ms:g} ms per PFS read call; seconds, MB/s")
     for name, seconds in results.items():
         print(f"  {name:<42}{seconds:>8.2f} s {size / seconds / 1e6:>8.0f} MB/s")
     one, many = results["stager, 1 range(s) at once"], results[f"stager, {sources.RANGES_AT_ONCE} range(s) at once"]
     print(f"ranges: {one / many:.1f}x faster than one stream; PFS bytes read: direct {direct_bytes / size:.2f}x, "
           f"under monarch {monarch_bytes / size:.2f}x the file")
+    print("md5sum under monarch run, opened from (the report): "
+          + ", ".join(f"{name} {c['opens']} ({c['bytes'] / size:.2f}x the file)" for name, c in opened_from.items()))
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "args": vars(args)}, indent=2))
+        Path(args.json).write_text(json.dumps({"results": results, "opened_from": opened_from, "args": vars(args)},
+                                              indent=2))
     return 0
 
 

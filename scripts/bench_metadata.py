@@ -105,13 +105,20 @@ def env() -> dict[str, str]:
     return e
 
 
-def run(cmd: list[str], pfs: SlowPFS) -> dict:
+def run(cmd: list[str], pfs: SlowPFS, report: Path | None = None) -> dict:
+    """One job's figures; with ``report`` (under ``monarch run``), fails unless Monarch was
+    active: it fails open, so a refused config would measure the PFS direct as Monarch."""
+    if report is not None:
+        report.unlink(missing_ok=True)
     before = ops(pfs)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=1800)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    if report is not None and not report.exists():
+        raise SystemExit(f"{cmd} wrote no report at {report}: Monarch was not active; its stderr:\n"
+                         f"{proc.stderr[-3000:]}")
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line[len("RESULT "):])
     out["before_app_ops"] = out.pop("ops_at_start") - before  # the daemon's walk (or its check of a kept one)
@@ -128,7 +135,8 @@ def main(argv=None) -> int:
     if reason:
         print(f"bench_metadata: the emulated PFS cannot run here: {reason}", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="bench-meta-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-meta-") as tmp, \
+            tempfile.TemporaryDirectory(prefix="bench-meta-", dir="/dev/shm") as shm:
         work = Path(tmp)
         src = work / "src"
         make_tree(src, args)
@@ -147,12 +155,15 @@ def main(argv=None) -> int:
             config = work / "monarch.yaml"
             config.write_text(json.dumps({
                 "dataset": {"roots": [root]}, "run_base": str(work / "run"),
-                "tiers": [{"name": "ram", "path": f"/dev/shm{work}/ram", "capacity": "4GiB"}],
+                "tiers": [{"name": "ram", "path": f"{shm}/ram", "capacity": "4GiB"}],
                 "staging": {"policy": "on-access"}}))
+            for base in (work / "run", Path(shm, "ram")):  # Monarch uses bases that exist, never makes them
+                base.mkdir()
             app = [sys.executable, str(script), root, pfs.counters_path, str(args.epochs)]
-            monarch = [sys.executable, "-m", "monarch", "run", "-c", str(config), "--"]
-            results = {"direct": run(app, pfs), "monarch": run(monarch + app, pfs),
-                       "monarch-again": run(monarch + app, pfs)}
+            report = work / "report.json"
+            monarch = [sys.executable, "-m", "monarch", "run", "-c", str(config), "--report", str(report), "--"]
+            results = {"direct": run(app, pfs), "monarch": run(monarch + app, pfs, report),
+                       "monarch-again": run(monarch + app, pfs, report)}
     print_table(results, walk, nfiles, args)
     if args.json:
         Path(args.json).write_text(json.dumps({"walk": walk, "results": results, "args": vars(args)}, indent=2))

@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
+from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
 from monarch import protocol  # noqa: E402
 from monarch.node.snapshot import take_snapshot  # noqa: E402
 from monarch.workload import parse_size  # noqa: E402
@@ -146,7 +147,7 @@ def parse_args(argv=None):
     p.add_argument("--runs", type=int, default=9, help="interleaved runs per measurement; the median is shown")
     p.add_argument("--json", default="bench_shim.json", help="where to write the figures")
     p.add_argument("--workdir", help="scratch directory (default: a new one in /dev/shm)")
-    return p.parse_args(argv)
+    return parse_with_quick(p, argv, {"files": 50, "passes": 1, "reads": 1000, "runs": 1})
 
 
 def make_files(root: Path, rels: list[str], size: int) -> None:

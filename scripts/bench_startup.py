@@ -51,6 +51,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; t
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_epochs import child_env, monarch_config  # noqa: E402
+from benchopts import parse_with_quick  # noqa: E402
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset  # noqa: E402
 
@@ -122,6 +123,7 @@ def run_monarch(pfs, manifest, work, args, i) -> dict:
         monarch_config(config, pfs.mountpoint, work, shm, 1 << 30, argparse.Namespace(policy=None, threads=None))
         out = work / "monarch.json"
         env = child_env() | {"MONARCH_JOB_ID": f"startup{os.getpid()}x{i}"}
+        (work / "report.json").unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "monarch", "-vv", "run", "-c", str(config), "--no-progress",
                "--report", str(work / "report.json"), "--",
                *workload(pfs.mountpoint, manifest, out, args.workers, args.app_startup_s)]
@@ -133,6 +135,8 @@ def run_monarch(pfs, manifest, work, args, i) -> dict:
         t1 = time.time()
         if proc.returncode != 0:
             raise SystemExit(f"monarch failed: {proc.stderr[-3000:]}")
+        if not (work / "report.json").exists():  # Monarch fails open: the phases would be the PFS's
+            raise SystemExit(f"monarch run wrote no report: Monarch was not active; its stderr:\n{proc.stderr[-3000:]}")
         logs = glob.glob(str(work / "run" / "monarch-*" / f"startup{os.getpid()}x{i}*" / "daemon.log"))
         daemon_text = Path(logs[0]).read_text() if logs else ""
         # a daemon that outlives the launcher (it stops by itself) has written its last lines by now
@@ -166,7 +170,7 @@ def main(argv=None) -> int:
                    help="let later runs reuse the snapshot kept by the first (default: every run walks)")
     p.add_argument("--json", help="write the raw figures here")
     p.add_argument("-v", "--verbose", action="store_true", help="print the logs of each monarch run")
-    args = p.parse_args(argv)
+    args = parse_with_quick(p, argv, {"files": 40, "size": "8KiB", "workers": 2, "repeat": 1})
     reason = fuse_unavailable_reason()
     if reason:
         print(f"bench_startup: the emulated PFS needs FUSE: {reason}", file=sys.stderr)

@@ -4,26 +4,33 @@
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-from monarch.config import load_config
-from monarch.node.daemon import NodeDaemon
-from monarch.workload import make_dataset
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # monarch from this checkout, not an installed copy
+
+from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
+from monarch.config import load_config  # noqa: E402
+from monarch.node.daemon import NodeDaemon  # noqa: E402
+from monarch.workload import make_dataset  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--files", type=int, default=20000)
     ap.add_argument("--staged", type=int, default=5000)
-    args = ap.parse_args()
+    args = parse_with_quick(ap, None, {"files": 200, "staged": 50})
     base = tempfile.mkdtemp(prefix="mb-", dir="/tmp")
     try:
         make_dataset(f"{base}/ds", files=args.files, size="1KiB", manifest=f"{base}/m.json", seed=0)
         with open(f"{base}/c.yaml", "w") as f:
             f.write(f'dataset: {{roots: ["{base}/ds"]}}\nrun_base: "{base}/run"\n'
                     f'tiers:\n  - {{name: ram, path: "/dev/shm{base}", capacity: 1GiB}}\n')
-        os.makedirs(f"/dev/shm{base}")
+        for path in (f"{base}/run", f"/dev/shm{base}"):  # Monarch uses bases that exist, never makes them
+            os.makedirs(path)
         daemon = NodeDaemon(load_config(f"{base}/c.yaml"), "bench-stats")
         try:
             for key in sorted(daemon.snapshot.files)[:args.staged]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -34,6 +35,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; t
 
 import zstandard  # noqa: E402
 
+from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
 from monarch import protocol  # noqa: E402
 from monarch.node import codecs  # noqa: E402
 from monarch.node.snapshot import FileInfo  # noqa: E402
@@ -92,7 +94,7 @@ def main() -> int:
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--level", type=int, default=6)
     p.add_argument("--disk-dir", default="/tmp", help="a directory on disk for the keep and native-hit rows")
-    args = p.parse_args()
+    args = parse_with_quick(p, None, {"size": "16KiB", "n": 20})
     size, n = parse_size(args.size), args.n
     datas = [content(size, i) for i in range(min(n, 64))]
     cctx = zstandard.ZstdCompressor(level=args.level, write_content_size=True)
@@ -128,29 +130,44 @@ def main() -> int:
 
 
 def round_trips(size: int, n: int) -> dict:
-    """A real daemon (monarch.node.daemon + server, on-access, compressed RAM tier)."""
+    """A real daemon (monarch.node.daemon + server, read-ahead, compressed RAM tier), decoded
+    files not kept and kept."""
+    out = {}
+    base = tempfile.mkdtemp(prefix="zopen-", dir="/tmp")
+    try:
+        root = Path(base, "pfs")
+        root.mkdir()
+        files = min(n, 200)
+        for i in range(files):
+            (root / f"{i}.bin").write_bytes(content(size, i))
+        for cache in ("off", "room"):
+            out |= round_trip(base, root, cache, files, size)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(f"/dev/shm{base}", ignore_errors=True)
+    return out
+
+
+def round_trip(base: str, root: Path, cache: str, files: int, size: int) -> dict:
+    """The OPEN round trips of one daemon whose RAM tier keeps decoded files as ``cache`` says."""
     import threading
     from monarch.config import load_config
     from monarch.node.daemon import NodeDaemon
     from monarch.node.server import NodeServer
     out = {}
-    base = tempfile.mkdtemp(prefix="zopen-", dir="/tmp")
-    root = Path(base, "pfs")
-    root.mkdir()
-    files = min(n, 200)
-    for i in range(files):
-        (root / f"{i}.bin").write_bytes(content(size, i))
-    for cache in ("off", "room"):
-        cfg = Path(base, f"{cache}.yaml")
-        cfg.write_text(f"""dataset: {{roots: ["{root}"]}}
+    cfg = Path(base, f"{cache}.yaml")
+    cfg.write_text(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{base}/run-{cache}"
 tiers: [{{name: ram, path: "/dev/shm{base}/ram-{cache}", capacity: 1GiB, compression: zstd, decoded_cache: {cache}}}]
 staging: {{policy: read-ahead, threads: 2}}
 """)
-        d = NodeDaemon(load_config(str(cfg), env={"USER": os.environ.get("USER", "u")}), f"zopen{cache}")
-        server = NodeServer(d, embedded=False)
-        t = threading.Thread(target=server.serve, daemon=True)
-        t.start()
+    for path in (f"{base}/run-{cache}", f"/dev/shm{base}/ram-{cache}"):  # Monarch uses bases that exist, never makes them
+        os.makedirs(path)
+    d = NodeDaemon(load_config(str(cfg), env={"USER": os.environ.get("USER", "u")}), f"zopen{cache}")
+    server = NodeServer(d, embedded=False)
+    t = threading.Thread(target=server.serve, daemon=True)
+    t.start()
+    try:
         keys = [f"0/{i}.bin" for i in range(files)]
         while d.stager.stats()["files"] < files:
             time.sleep(0.05)
@@ -164,6 +181,7 @@ staging: {{policy: read-ahead, threads: 2}}
         else:
             out["OPEN round trip + read, miss (memfd; file kept after)"] = first
             out["OPEN round trip + read, answered the kept file's path"] = again
+    finally:
         server.request_stop()
         t.join()
         d.close()

@@ -2,10 +2,12 @@
 
 Run after adding or changing a key: ``python3 scripts/config_table.py``. A test
 (tests/unit/test_config_keys.py) fails while the README's table differs from the declarations.
+``--check`` writes nothing: exit 1 when the table is out of date.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -15,13 +17,21 @@ sys.path.insert(0, str(REPO))
 from monarch.config.docs import readme_with_table  # noqa: E402
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 when the table is out of date")
+    args = p.parse_args(argv)
     readme = REPO / "README.md"
     old = readme.read_text()
     new = readme_with_table(old)
-    if new != old:
-        readme.write_text(new)
-    print(f"{readme}: {'table rewritten' if new != old else 'table up to date'}")
+    if new == old:
+        print(f"{readme}: table up to date")
+        return 0
+    if args.check:
+        print(f"{readme}: table out of date; run python3 scripts/config_table.py to rewrite it")
+        return 1
+    readme.write_text(new)
+    print(f"{readme}: table rewritten")
     return 0
 
 

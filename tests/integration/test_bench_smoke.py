@@ -1,0 +1,124 @@
+"""Every benchmark script under scripts/ runs, in its quickest mode, and prints its figures.
+
+The scripts are run as a user runs them (``python scripts/X.py``, no PYTHONPATH: a script finds
+this checkout by itself) from a scratch directory, each with a timeout. Each case asserts the
+exit code and one figure line the script must print -- a count or a ratio that says Monarch was
+really in the measurement (Monarch fails open, so a config it refused would still "run" and
+time the PFS) -- never a timing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from support.slowpfs import fuse_unavailable_reason
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts"
+TIMEOUT = 120  # per script; the quick modes take seconds
+
+
+@dataclass
+class Bench:
+    script: str
+    args: list[str]
+    figure: str  # a regular expression one line of stdout must match
+    needs: set[str] = field(default_factory=set)  # "fuse", "mpi", "cc"
+    name: str = ""  # the test's id when a script has several cases
+
+    @property
+    def id(self) -> str:
+        return self.name or self.script.removesuffix(".py")
+
+
+# {tmp}: the test's scratch directory (outputs the scripts write go there, never the checkout)
+BENCHES = [
+    Bench("config_table.py", ["--check"], r"README\.md: table up to date$"),
+    Bench("bench_stats.py", ["--quick", "--staged", "20"],  # --quick's 200 files; an option given wins
+          r"^stats\(full\): [\d.]+ ms \(200 files, 20 staged\)$"),
+    Bench("bench_zopen.py", ["--quick", "--disk-dir", "{tmp}"],
+          r"^  OPEN round trip \+ read, answered the kept file's path\s+[\d.]+ us$"),
+    Bench("bench_daemon.py", ["--quick", "--json", "{tmp}/daemon.json"],
+          r"^\s+2 clients, door  : .*errors 0, PFS answers 0; files read from the PFS 100 of 100;", {"cc"}),
+    Bench("bench_shim.py", ["--quick", "--json", "{tmp}/shim.json", "--workdir", "{tmp}/shim"],
+          r"^shim counters: tier slot \d+: 100 opens, 409600 bytes; PFS slot: 0 opens$", {"cc"}),
+    Bench("bench_large_files.py", ["--quick", "--json", "{tmp}/large.json"],
+          r"^md5sum under monarch run, opened from \(the report\): (?=.*\bpfs 0 \()(?=.*\bram 1 \(1\.00x the file\))",
+          {"fuse"}),
+    Bench("bench_metadata.py", ["--quick", "--epochs", "1", "--lookup-latency-ms", "0.2", "--open-latency-ms", "0.2",
+                                "--json", "{tmp}/meta.json"],  # its --quick keeps 2 ms per operation: 15 s
+          r"^monarch report: metadata\s*: \d+ calls answered from the snapshot, 0 sent to the PFS", {"fuse"}),
+    Bench("bench_startup.py", ["--quick"],
+          r"^  daemon: config \+ tiers\s+-?\d+\.\d+", {"fuse"}),
+    Bench("bench_epochs.py", ["--quick", "--out", "{tmp}/epochs"],
+          r"^ monarch: steady .*PFS\s+[\d.]+ MB =  1\.00 x dataset", {"fuse"}, "bench_epochs-quick"),
+    Bench("bench_epochs.py", ["--variant", "compressible", "--files", "100", "--size", "32KiB", "--epochs", "2",
+                              "--out", "{tmp}/compressible"],
+          r"^zstd: RAM tier logical / stored bytes: (?!1\.00|0\.)\d+\.\d+$",  # > 1: compressed
+          {"fuse"}, "bench_epochs-compressible"),
+    Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--json", "{tmp}/cluster.json"],
+          r"^monarch/before\s+PFS/dataset\s+[\d.]+\s+epochs .* digests OK(?!.*nodes without Monarch)", {"fuse", "mpi"}),
+    Bench("bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
+                                      "--open-latency-ms", "2", "--timeout", "60", "--json", "{tmp}/faults.json"],
+          r"^  ok\s+\| direct: True \| monarch: True \| kill: True$", {"fuse", "mpi"}),
+]
+
+
+def missing(needs: set[str]) -> str | None:
+    """Why this machine cannot run a script that needs ``needs`` (a skip reason), or None."""
+    if "fuse" in needs:
+        reason = fuse_unavailable_reason(probe=True)
+        if reason:
+            return f"the emulated PFS needs FUSE: {reason}"
+    if "mpi" in needs:
+        local = Path(sys.executable).parent / "mpiexec"
+        try:
+            import mpi4py  # noqa: F401
+        except ImportError:
+            return "needs mpi4py (pip install mpich mpi4py)"
+        if not local.exists() and not shutil.which("mpiexec"):
+            return "needs mpiexec (pip install mpich mpi4py)"
+    if "cc" in needs and not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        return "needs a C compiler (cc)"
+    return None
+
+
+def user_env() -> dict[str, str]:
+    """The environment of a user at a shell: no PYTHONPATH (the script must find this checkout
+    itself, not an installed monarch), no Monarch variables, no shim preloaded."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("MONARCH_") and k not in ("PYTHONPATH", "LD_PRELOAD")}
+
+
+MARKS = {"fuse": pytest.mark.fuse, "mpi": pytest.mark.mpi}
+
+
+@pytest.mark.parametrize("bench", [pytest.param(b, id=b.id, marks=[MARKS[n] for n in sorted(b.needs) if n in MARKS])
+                                   for b in BENCHES])
+def test_bench_script_runs_and_prints_its_figures(bench: Bench, tmp_path: Path) -> None:
+    why = missing(bench.needs)
+    if why:
+        pytest.skip(f"{bench.script}: {why}")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in bench.args]
+    cmd = [sys.executable, str(SCRIPTS / bench.script), *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # the script, its daemons and mounts' helpers
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} hung for {TIMEOUT} s\n{out[-3000:]}\n{err[-3000:]}")
+    said = f"{' '.join(cmd)}\n--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}"
+    assert proc.returncode == 0, said
+    assert any(re.search(bench.figure, line) for line in out.splitlines()), f"no line matches {bench.figure!r}\n{said}"
