@@ -171,7 +171,7 @@ class NodeDaemon:
         return {"mode": self.layout.mode, "why": self.layout.why, "owned_files": self.layout.owned["files"],
                 "owned_bytes": self.layout.owned["bytes"], "owned_staged_files": len(mine),
                 "owned_staged_bytes": sum(self.snapshot.files[k].size for k in mine if k in self.snapshot.files),
-                "capacities": self.layout.capacities,
+                "capacities": self.layout.capacities, "reowned_files": self.reowned_files,
                 "peer_cache": self.peer_cache.stats() if self.peer_cache is not None else None}
 
     # -- the C front door (monarch.frontdoor), if the server has one ---------------------------
@@ -499,7 +499,9 @@ class NodeDaemon:
         if self.snapshot.get(key) is None or (self._sharded() and not self.owns(key)):
             return None
         try:
-            tier = self.stager.ensure(key).result(timeout=self.config.staging.resolve_timeout)
+            # copied on this (serving) thread at once: never queued behind the read-ahead or
+            # behind copies that wait on other nodes (issue 21: 5 s waits, then the PFS twice)
+            tier = self.stager.ensure(key, now=True).result(timeout=self.config.staging.resolve_timeout)
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             return None
         if tier is None:
@@ -597,12 +599,32 @@ class NodeDaemon:
 
     # -- a lost peer (issue 21) ------------------------------------------------------------
     _opened_from_at_loss: dict | None = None
+    reowned_files = 0  # files of lost nodes this node took over
 
     def _note_loss(self, node: int, why: str) -> None:
         """A peer is lost (the cluster's engine thread): keep this node's open counters as they
         are now, so the report can say what this survivor served after the loss."""
         if self._opened_from_at_loss is None:
             self._opened_from_at_loss = protocol.read_opened_from(self.counters_path, self._slot_names())
+        # off the engine thread: a pass over the snapshot
+        threading.Thread(target=self._stage_reowned, args=(node,), name="monarch-reowned", daemon=True).start()
+
+    def _stage_reowned(self, lost: int) -> None:
+        """The files of ``lost`` this node owns now go ahead of the rest of its read-ahead:
+        the other survivors ask for them at once, and wait for them ~1 s at most before they
+        read the PFS themselves (a second PFS read of the file). Before the snapshot is ready
+        the read-ahead, still to start, takes them as this node's own."""
+        with self.gate.lock:
+            if self.gate.state is not SnapshotState.READY or self.gate.closing:
+                return
+            stager, snap = self.stager, self.snapshot
+        if self.config.staging.policy != "read-ahead":  # staged as they are asked for, at once (provide)
+            return
+        keys = [k for k in sorted(snap.files) if self.cluster.first_owner(k) == lost and self.owns(k)]
+        stager.read_ahead_more(keys)
+        with self._lock:
+            self.reowned_files += len(keys)
+        log.info("node %d lost: %d of its files are this node's now, staged ahead of the rest", lost, len(keys))
 
     def _peer_stats(self) -> dict:
         if self.cluster is None:

@@ -68,28 +68,36 @@ class Stager(StagerBooks):
         return self.staged.get(key)
 
     # -- asking ------------------------------------------------------------------------
-    def ensure(self, key: str, inline: bool = False) -> Future:
+    def ensure(self, key: str, inline: bool = False, now: bool = False) -> Future:
         """A future of the tier that holds ``key`` (None: it stays on the PFS). The key
         goes ahead of every background copy.
 
         ``inline``: the caller may copy it itself, before returning, when that is cheaper
         than handing it to a thread — a small file from a PFS whose recent copies took
         under INLINE_SECONDS (local disk, a warm cache). One slow copy raises the moving
-        mean past that at once, and the copies go back to the threads."""
+        mean past that at once, and the copies go back to the threads.
+
+        ``now``: the caller copies it itself whatever the slots (a peer waits for it: its
+        copy must not queue behind this node's read-ahead, nor behind copies that wait on
+        other nodes in turn, which could wait on this one); a copy already running is waited for."""
         with self.lock:
             tier = self.staged.get(key)
             if self.closed:  # shutting down: no new copy (what is staged may still be answered)
                 return _done(tier)
             flight = self.flights.get(key)
             if flight is not None:
-                if not flight.running:
+                if flight.running:
+                    return flight.future
+                if not now:
                     self.schedule.demand.append(key)  # queued in the background: promote it
                     self._wake_locked()
-                return flight.future
-            if tier is not None or key in self.unstageable or key in self.no_room or self.is_dirty(key):
+                    return flight.future
+                # queued: taken over here (a worker skips a flight already running)
+            elif tier is not None or key in self.unstageable or key in self.no_room or self.is_dirty(key):
                 return _done(tier)  # no_room: counted when it first did not fit
-            flight = self.flights[key] = Flight()
-            if not self._copy_inline_locked(key, inline):
+            else:
+                flight = self.flights[key] = Flight()
+            if not now and not self._copy_inline_locked(key, inline):
                 self.schedule.demand.append(key)
                 self._wake_locked()
                 return flight.future

@@ -522,3 +522,38 @@ def test_shutdown_stops_ranged_copies_and_drain_waits_for_them(tmp_path, monkeyp
     time.sleep(0.2)
     assert not os.path.exists(t.path)
     assert stager.ensure(sorted(snap.files)[0]).result(timeout=1) is None  # nothing new starts
+
+
+def test_a_copy_asked_now_is_made_at_once_even_with_every_slot_taken(tmp_path, dataset):
+    """A peer's request (the daemon's ``provide``) is copied on the asking thread at once, not
+    queued behind copies that hold every slot (in a cluster those may wait on other nodes,
+    which wait on this one: issue 21). A queued request for the same key is taken over."""
+    stager = Stager(dataset, tiers(tmp_path, 10**6), threads=1)
+    keys = sorted(dataset.files)
+    blocker, wanted = keys[0], keys[5]
+    release = threading.Event()
+    real = stager.copier.read_pfs
+
+    def read_pfs(key, out):
+        if key == blocker:
+            release.wait(30)
+        return real(key, out)
+
+    stager.copier.read_pfs = read_pfs
+    try:
+        first = stager.ensure(blocker)  # takes the only slot, and holds it
+        for _ in range(3000):
+            if stager.running:
+                break
+            threading.Event().wait(0.01)
+        queued = stager.ensure(wanted)  # behind it
+        asked = stager.ensure(wanted, now=True)
+        assert asked.done() and not first.done()  # copied here, while the slot is still held
+        tier = asked.result()
+        assert tier is not None and digest(tier.path_for(wanted)) == digest(dataset.source_path(wanted))
+        assert queued.result(timeout=0) is tier  # the queued request was taken over: one copy
+        assert stager.stats()["pfs_files_read"] == 1
+    finally:
+        release.set()
+    assert first.result(timeout=30) is not None
+    assert stager.stats()["pfs_files_read"] == 2
