@@ -121,6 +121,16 @@ class Stager(StagerBooks):
             self.schedule.read_ahead_locked(keys)
             self._wake_locked()
 
+    def keep_replicas(self, keys: Iterable[str], source: PeerSource) -> None:
+        """Keep second copies of ``keys`` (other nodes' files, ``peer.replicas: 2``), copied from
+        their owners through ``source`` into the tiers, never from the PFS: in the background,
+        after this node's own share (once nothing else is copying), in the room it leaves;
+        pinned like it. A key this node owns by then (its owner lost) is its own share."""
+        with self.lock:
+            self.replica_source = source
+            self.schedule.replicas_locked(keys)
+            self._wake_locked()
+
     def read_ahead_more(self, keys: Iterable[str]) -> None:
         """Stage ``keys`` in the background as well, before the read-ahead's own order: the
         files of a walk still under way, as it finds them (what fits; nothing evicted)."""
@@ -208,12 +218,16 @@ class Stager(StagerBooks):
     def _run(self, key: str, flight: Flight) -> None:
         """Copy ``key`` (its flight already counted as running), then resolve its future."""
         t0 = time.monotonic()
+        tier = None
         try:
-            tier = self.copier.stage(key, flight.peer_only)
+            tier = self.copier.stage(key, flight.peer_only, flight.replica)
         finally:
             with self.lock:
                 self.running -= 1
-                self.schedule.ended_locked(flight)
+                if flight.replica and tier is not None and self.staged.get(key) is tier:
+                    self.replicas.add(key)
+                if self.schedule.ended_locked(flight) or self.schedule.replicas is not None:
+                    self.cv.notify()  # a peer slot is free, or second copies wait for quiet: they may go
                 self.flights.pop(key, None)
                 self.concurrency.completed(time.monotonic() - t0)
                 if self.closed and not self.running:
@@ -257,6 +271,15 @@ class Stager(StagerBooks):
                     return False
                 self.cv.wait(left)
             return True
+
+    def replica_stats(self) -> dict:
+        """The second copies kept (``keep_replicas``): files, bytes, and those not kept, by why."""
+        with self.lock:
+            files = self.snapshot.files
+            return {"kept_files": len(self.replicas),
+                    "kept_bytes": sum(files[k].size for k in self.replicas if k in files),
+                    "no_room": self.schedule.replicas_no_room,
+                    "failed": {k.partition(":")[2]: n for k, n in self.failures.items() if k.startswith("replica:")}}
 
     def stats(self) -> dict:
         with self.lock:

@@ -203,6 +203,34 @@ def test_a_daemon_killed_with_peers_in_use_costs_its_share(dataset, short_tmp, s
     assert slowest_open(results, victim, 1) < 2.0
 
 
+def test_with_two_replicas_a_lost_daemon_s_share_is_served_from_second_copies(dataset, short_tmp, slow_pfs):
+    """peer.replicas: 2, each node's tiers with room for its share and its second copies (0.7 of
+    the dataset per node: still sharded). The survivors took the lost share over from second
+    copies fetched from the owners: the PFS is not read for it again."""
+    victim = 2
+    ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
+    cfg = shard_config(short_tmp, ds.root, ds.total * 7 // 10, replicas=2)
+    cluster, up, results = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
+    if cluster.launch.engine != "ulfm":
+        return
+    assert up == [k for k in range(NODES) if k != victim]
+    rep = report_of(cluster, victim)
+    check_lost(rep, victim)
+    survivors = [n["cluster"] for n in rep["nodes"] if n]
+    assert len(survivors) == NODES - 1
+    kept = [c["replicas"]["kept_files"] for c in survivors]
+    held = sum(c["replicas"]["reowned_held"] for c in survivors)
+    taken = sum(c["reowned_files"] for c in survivors)
+    served = sum(c["replicas"]["served_after_loss"]["files"] for c in survivors)
+    print(f"second copies kept {kept}; of the {taken} files taken over {held} were held; "
+          f"{served} sent to peers from them after the loss")
+    assert all(k > 0 for k in kept) and held == taken > 0 and served > 0
+    # staged once (1.0x), the lost node's reader on the PFS for its last 2 epochs but for what its
+    # dead tiers still hold (~0.25x), the lost share: nothing
+    assert pfs.counters()["bytes"] <= 1.3 * ds.total
+    assert slowest_open(results, victim, 1) < 2.0
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_daemon_killed_at_a_random_point_never_hangs(seed, dataset, short_tmp, slow_pfs):
     """Killed while staging, with transfers in flight, or as the job ends: every reader

@@ -557,3 +557,61 @@ def test_a_copy_asked_now_is_made_at_once_even_with_every_slot_taken(tmp_path, d
         release.set()
     assert first.result(timeout=30) is not None
     assert stager.stats()["pfs_files_read"] == 2
+
+
+class FakeOwner:
+    """A ``PeerSource`` stand-in: the owning node of every key but ``mine``; ``fail`` refuses."""
+    name = "peer"
+
+    def __init__(self, snapshot, mine=(), fail=False):
+        self.snapshot, self.mine, self.fail = snapshot, set(mine), fail
+
+    def owns_elsewhere(self, key):
+        return key not in self.mine
+
+    def available(self, key):
+        return None
+
+    def copy(self, key, info, out, tally):
+        from monarch.errors import PeerError
+        if self.fail:
+            raise PeerError(f"fetch {key!r}: node 1 refused")
+        data = open(self.snapshot.source_path(key), "rb").read()
+        os.write(out, data)
+        tally.opened()
+        tally.read(len(data))
+        return len(data)
+
+
+def wait_idle(stager):
+    for _ in range(3000):
+        if stager.idle():
+            return
+        threading.Event().wait(0.01)
+    pytest.fail("the stager did not settle in 30 s")
+
+
+def test_second_copies_come_from_their_owner_after_the_own_share_in_the_room_it_leaves(tmp_path, dataset):
+    """peer.replicas: 2: this node's share first (from the PFS), then second copies of others'
+    files from their owner into the tiers' room left, never from the PFS; pinned, counted."""
+    keys = sorted(dataset.files)
+    own, others = keys[:5], keys[5:]
+    stager = Stager(dataset, tiers(tmp_path, 7000), threads=2)
+    stager.read_ahead(own)
+    stager.keep_replicas(others, FakeOwner(dataset, mine=own))
+    wait_idle(stager)
+    s, r = stager.stats(), stager.replica_stats()
+    assert s["pfs_files_read"] == 5 and all(k in stager.staged for k in own)  # the share first, whole
+    assert s["peer_files_read"] == 2 and r["kept_files"] == 2 and r["kept_bytes"] == 2000 and r["no_room"] == 3
+    for k in stager.replicas:
+        assert k in others and digest(stager.staged[k].path_for(k)) == digest(dataset.source_path(k))
+
+
+def test_a_second_copy_its_owner_refuses_is_not_read_from_the_pfs_nor_given_up(tmp_path, dataset):
+    keys = sorted(dataset.files)
+    stager = Stager(dataset, tiers(tmp_path, 10**6), threads=2)
+    stager.keep_replicas(keys[5:], FakeOwner(dataset, mine=keys[:5], fail=True))
+    wait_idle(stager)
+    assert stager.stats()["pfs_files_read"] == 0 and stager.replica_stats()["failed"] == {"peer_failed": 5}
+    assert stager.ensure(keys[6]).result(timeout=30) is not None  # its owner lost, say: staged here after all
+    assert stager.stats()["pfs_files_read"] == 1 and not stager.replicas
