@@ -226,8 +226,11 @@ class Stager(StagerBooks):
                 self.running -= 1
                 if flight.replica and tier is not None and self.staged.get(key) is tier:
                     self.replicas.add(key)
-                if self.schedule.ended_locked(flight) or self.schedule.replicas is not None:
-                    self.cv.notify()  # a peer slot is free, or second copies wait for quiet: they may go
+                self.schedule.ended_locked(flight)
+                if self.schedule.has_work_locked():
+                    # a slot is free (this copy may have run on an asker's thread, which no worker
+                    # waits for), a peer slot too, or second copies wait for quiet: a worker looks
+                    self.cv.notify()
                 self.flights.pop(key, None)
                 self.concurrency.completed(time.monotonic() - t0)
                 if self.closed and not self.running:
