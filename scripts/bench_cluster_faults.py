@@ -11,10 +11,14 @@ Each epoch one global shuffle is split into N shards; node k reads shard k
               under ``monarch run``; no fault
   kill        the same, daemon ``--victim`` SIGKILLed once its reader finished epoch
               ``--kill-after`` (default 1: mid-job)
+  replicas    the kill case with ``peer.replicas: 2`` (sharded: each node keeps second copies
+              of the files it takes over on a loss, in the room its share leaves in its tiers)
 
 ``--layout spread`` (default): each node's ram+ssd+peer is 1/3 of the dataset (16:8:4), so
 each file has one owner and readers fetch most of their shard from peers; ``--layout
 replicate``: every node can hold the dataset (copies come from the owners through the peers).
+``--share F`` sets each node's storage to F of the dataset instead (e.g. 0.7: sharded, with
+room in the tiers for a node's share and its second copies).
 
 Prints per case: PFS bytes / dataset, the slowest open on a surviving node, each epoch's
 time (max over nodes), `monarch stop` seconds, whether the other daemons were up at the end,
@@ -22,6 +26,7 @@ the lost nodes the report names (when and why) and whether every digest was righ
 
     python scripts/bench_cluster_faults.py                      # 480 x 16 KiB, 4 nodes, 20 ms per open
     python scripts/bench_cluster_faults.py --layout replicate --victim 0
+    python scripts/bench_cluster_faults.py --share 0.7 --modes monarch,kill,replicas
 """
 
 from __future__ import annotations
@@ -57,9 +62,11 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--layout", choices=("spread", "replicate"), default="spread")
+    p.add_argument("--share", type=float, default=None,
+                   help="each node's storage as a fraction of the dataset (default: 1/3 spread, 2 replicate)")
     p.add_argument("--victim", type=int, default=2)
     p.add_argument("--kill-after", type=int, default=1, help="kill once the victim's reader finished this many epochs")
-    p.add_argument("--modes", default="direct,monarch,kill")
+    p.add_argument("--modes", default="direct,monarch,kill,replicas")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
@@ -74,8 +81,8 @@ def env(**extra) -> dict:
     return e
 
 
-def write_config(base: str, root: str, node_bytes: int) -> str:
-    return sharded_config(base, root, node_bytes, 8, floor=1 << 20)
+def write_config(base: str, root: str, node_bytes: int, replicas: int = 1) -> str:
+    return sharded_config(base, root, node_bytes, 8, floor=1 << 20, replicas=replicas)
 
 
 def readers(args, root, manifest, base, wrap=None):
@@ -129,8 +136,8 @@ def case(name, args, ds_root, manifest, total, base):
             results = wait_readers(readers(args, mount, manifest, work), deadline)
             victim = None
         else:
-            share = 2.0 if args.layout == "replicate" else 1 / 3
-            cfg = write_config(work, mount, int(total * share))
+            share = args.share or (2.0 if args.layout == "replicate" else 1 / 3)
+            cfg = write_config(work, mount, int(total * share), 2 if name == "replicas" else 1)
             launch = daemon_launch(args.nodes, one_host=True)
             row["engine"] = launch.engine
             cluster = subprocess.Popen([*launch.argv, sys.executable, "-m", "monarch", "serve", "-c", cfg],
@@ -143,7 +150,7 @@ def case(name, args, ds_root, manifest, total, base):
                 time.sleep(0.05)
             pids = [int(open(p).read()) for p in pid_files]
             procs = readers(args, mount, manifest, work, [sys.executable, "-m", "monarch", "run", "-c", cfg, "--"])
-            victim = args.victim if name == "kill" else None
+            victim = args.victim if name in ("kill", "replicas") else None
             if victim is not None:
                 progress = os.path.join(work, f"progress{victim}")
                 while not (os.path.exists(progress) and len(open(progress).read().split()) >= args.kill_after):
@@ -171,6 +178,13 @@ def case(name, args, ds_root, manifest, total, base):
                 row["report_lost"] = (rep.get("lost") or {}).get("nodes")
                 row["report_pfs_lower_bound"] = rep["pfs"].get("lower_bound")
                 row["served_after_loss"] = (rep.get("lost") or {}).get("after_loss")
+                clusters = [n.get("cluster") or {} for n in rep.get("nodes", []) if n and not n.get("missing")]
+                row["reowned_files"] = sum(c.get("reowned_files", 0) for c in clusters)
+                kept = [c["replicas"] for c in clusters if c.get("replicas")]
+                if kept:
+                    row["replicas_kept"] = [r["kept_files"] for r in kept]  # per surviving node
+                    row["reowned_held"] = sum(r["reowned_held"] for r in kept)
+                    row["replica_served_after_loss"] = sum(r["served_after_loss"]["files"] for r in kept)
             except (OSError, ValueError, KeyError) as e:
                 row["report_lost"] = f"no report: {e}"
         row["ok"] = all(code == 0 and r is not None and r["ok"] for code, r in results)
@@ -203,9 +217,11 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(f"{args.nodes} nodes, {args.files} x {args.file_size}, {args.open_latency_ms:g} ms per open, "
-          f"{args.epochs} epochs, layout {args.layout}, victim {args.victim} after epoch {args.kill_after}")
+          f"{args.epochs} epochs, layout {args.layout}" + (f" (share {args.share:g})" if args.share else "")
+          + f", victim {args.victim} after epoch {args.kill_after}")
     keys = ["ok", "pfs_x", "slowest_open_survivors", "epoch_seconds", "stop_seconds", "daemons_up_at_end",
-            "report_lost", "report_pfs_lower_bound", "engine"]
+            "report_lost", "report_pfs_lower_bound", "reowned_files", "replicas_kept", "reowned_held",
+            "replica_served_after_loss", "engine"]
     for k in keys:
         print(f"  {k:24s}" + "".join(f" | {r['case']}: {r.get(k, '-')}" for r in rows))
     if args.json:

@@ -355,10 +355,13 @@ class Cluster:
         out["lost"] = self.lost()
         return out
 
+    def first_owner(self, key):
+        """The node that owns ``key`` while no node is lost."""
+        return self.placement.owner(key) if self.placement is not None else placement.owner(key, self.nodes)
+
     def _reowned(self, key):
         """Was ``key``'s owner lost (so that a survivor owns it now)?"""
-        first = self.placement.owner(key) if self.placement is not None else placement.owner(key, self.nodes)
-        return first in self._lost
+        return self.first_owner(key) in self._lost
 
     def lost(self):
         """The nodes lost so far, each ``{"node", "at" (time.time()), "why"}``, by node."""

@@ -177,8 +177,8 @@ KEYS: tuple[Key, ...] = (
     Key("peer.timeout", "seconds", 10, "cluster only: how long to wait for a peer",
         lambda r, v, k: r.number(v, k, float, 0.1)),
     Key("peer.replicas", "1 or 2", 1,
-        "cluster only: `2` keeps a second copy of each owned file on the node that takes it over when its "
-        "owner is lost (planned by `monarch plan`; the daemon does not keep second copies yet)",
+        "cluster only, sharded: `2` keeps a second copy of each owned file, in the tiers' room its own share "
+        "leaves, on the node that takes it over when its owner is lost (`monarch plan` shows the cost)",
         _replicas),
     Key("report", "path or null", None,
         "JSON report path (`null`: the run's directory, `<run_base>/monarch-<uid>/<run>-node<N>/report.json`)",

@@ -83,6 +83,7 @@ class NodeDaemon:
         layout.prune_finished_runs(os.path.dirname(self.run_dir), spare=self.run_dir)
         protocol.create_counters(self.counters_path)
         self.tier_errors: dict[str, str] = {}
+        self.replica_served = {"files": 0, "bytes": 0}  # sent to peers from second copies after a loss
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")
                                   for i, cfg in enumerate(config.tiers)) if t is not None]
@@ -163,6 +164,24 @@ class NodeDaemon:
             self.cluster.serve_threads = max(self.cluster.serve_threads, 32)  # every other node asks this one
             self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
 
+    # -- peer.replicas: 2 (issue 21) ---------------------------------------------------------
+    def _keeps_replicas(self) -> bool:
+        """Sharded with ``peer.replicas: 2`` and more than one node: each node keeps, in its
+        tiers, a second copy of the files it would take over if their owner were lost."""
+        return (self._sharded() and self.config.peer.replicas >= 2 and self.cluster.nodes > 1
+                and self._peers is not None and bool(self.tiers))
+
+    def _second_here(self, key: str) -> bool:
+        """Is this node second in ``key``'s preference list (where its second copy lives)?"""
+        return self.layout.placement.owners(key, 2)[1:] == [self.node]
+
+    def _replica_stats(self) -> dict | None:
+        if not self._keeps_replicas():
+            return None
+        with self._lock:
+            served = dict(self.replica_served)
+        return self.stager.replica_stats() | {"reowned_held": self.reowned_held, "served_after_loss": served}
+
     def _cluster_stats(self) -> dict:
         if self.layout is None:
             return {}
@@ -171,7 +190,8 @@ class NodeDaemon:
         return {"mode": self.layout.mode, "why": self.layout.why, "owned_files": self.layout.owned["files"],
                 "owned_bytes": self.layout.owned["bytes"], "owned_staged_files": len(mine),
                 "owned_staged_bytes": sum(self.snapshot.files[k].size for k in mine if k in self.snapshot.files),
-                "capacities": self.layout.capacities,
+                "capacities": self.layout.capacities, "reowned_files": self.reowned_files,
+                "replicas": self._replica_stats(),
                 "peer_cache": self.peer_cache.stats() if self.peer_cache is not None else None}
 
     # -- the C front door (monarch.frontdoor), if the server has one ---------------------------
@@ -282,6 +302,8 @@ class NodeDaemon:
                 keys = sorted(self.snapshot.files)
                 others = () if self._sharded() else (k for k in keys if not self.owns(k))
                 self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)), others))
+                if self._keeps_replicas():  # then second copies of the files this node takes over on a loss
+                    self.stager.keep_replicas((k for k in keys if self._second_here(k)), self._peers)
         except Exception:
             log.exception("starting the read-ahead failed; files are staged as they are opened")
         while batch := self.gate.next_hints():  # then hint() applies them itself
@@ -499,11 +521,17 @@ class NodeDaemon:
         if self.snapshot.get(key) is None or (self._sharded() and not self.owns(key)):
             return None
         try:
-            tier = self.stager.ensure(key).result(timeout=self.config.staging.resolve_timeout)
+            # copied on this (serving) thread at once: never queued behind the read-ahead or
+            # behind copies that wait on other nodes (issue 21: 5 s waits, then the PFS twice)
+            tier = self.stager.ensure(key, now=True).result(timeout=self.config.staging.resolve_timeout)
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             return None
         if tier is None:
             return None
+        if self._opened_from_at_loss is not None and key in self.stager.replicas:  # a lost node's file, from its second copy
+            with self._lock:
+                self.replica_served["files"] += 1
+                self.replica_served["bytes"] += self.snapshot.files[key].size
         if tier.is_compressed(key):
             path, size = tier.compressed_path_for(key), self.snapshot.files[key].size
             if not needs_dictionary(path):  # crosses the network as stored (cluster/transfer.py)
@@ -597,12 +625,36 @@ class NodeDaemon:
 
     # -- a lost peer (issue 21) ------------------------------------------------------------
     _opened_from_at_loss: dict | None = None
+    reowned_files = 0  # files of lost nodes this node took over
+    reowned_held = 0   # ... of which it held a second copy already (peer.replicas: 2)
 
     def _note_loss(self, node: int, why: str) -> None:
         """A peer is lost (the cluster's engine thread): keep this node's open counters as they
         are now, so the report can say what this survivor served after the loss."""
         if self._opened_from_at_loss is None:
             self._opened_from_at_loss = protocol.read_opened_from(self.counters_path, self._slot_names())
+        # off the engine thread: a pass over the snapshot
+        threading.Thread(target=self._stage_reowned, args=(node,), name="monarch-reowned", daemon=True).start()
+
+    def _stage_reowned(self, lost: int) -> None:
+        """The files of ``lost`` this node owns now go ahead of the rest of its read-ahead:
+        the other survivors ask for them at once, and wait for them ~1 s at most before they
+        read the PFS themselves (a second PFS read of the file). Before the snapshot is ready
+        the read-ahead, still to start, takes them as this node's own."""
+        with self.gate.lock:
+            if self.gate.state is not SnapshotState.READY or self.gate.closing:
+                return
+            stager, snap = self.stager, self.snapshot
+        if self.config.staging.policy != "read-ahead":  # staged as they are asked for, at once (provide)
+            return
+        keys = [k for k in sorted(snap.files) if self.cluster.first_owner(k) == lost and self.owns(k)]
+        held = sum(1 for k in keys if k in stager.replicas)  # second copies: nothing to read
+        stager.read_ahead_more(keys)
+        with self._lock:
+            self.reowned_files += len(keys)
+            self.reowned_held += held
+        log.info("node %d lost: %d of its files are this node's now (%d held as second copies already), "
+                 "the rest staged ahead of the read-ahead", lost, len(keys), held)
 
     def _peer_stats(self) -> dict:
         if self.cluster is None:

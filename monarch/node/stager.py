@@ -68,28 +68,36 @@ class Stager(StagerBooks):
         return self.staged.get(key)
 
     # -- asking ------------------------------------------------------------------------
-    def ensure(self, key: str, inline: bool = False) -> Future:
+    def ensure(self, key: str, inline: bool = False, now: bool = False) -> Future:
         """A future of the tier that holds ``key`` (None: it stays on the PFS). The key
         goes ahead of every background copy.
 
         ``inline``: the caller may copy it itself, before returning, when that is cheaper
         than handing it to a thread — a small file from a PFS whose recent copies took
         under INLINE_SECONDS (local disk, a warm cache). One slow copy raises the moving
-        mean past that at once, and the copies go back to the threads."""
+        mean past that at once, and the copies go back to the threads.
+
+        ``now``: the caller copies it itself whatever the slots (a peer waits for it: its
+        copy must not queue behind this node's read-ahead, nor behind copies that wait on
+        other nodes in turn, which could wait on this one); a copy already running is waited for."""
         with self.lock:
             tier = self.staged.get(key)
             if self.closed:  # shutting down: no new copy (what is staged may still be answered)
                 return _done(tier)
             flight = self.flights.get(key)
             if flight is not None:
-                if not flight.running:
+                if flight.running:
+                    return flight.future
+                if not now:
                     self.schedule.demand.append(key)  # queued in the background: promote it
                     self._wake_locked()
-                return flight.future
-            if tier is not None or key in self.unstageable or key in self.no_room or self.is_dirty(key):
+                    return flight.future
+                # queued: taken over here (a worker skips a flight already running)
+            elif tier is not None or key in self.unstageable or key in self.no_room or self.is_dirty(key):
                 return _done(tier)  # no_room: counted when it first did not fit
-            flight = self.flights[key] = Flight()
-            if not self._copy_inline_locked(key, inline):
+            else:
+                flight = self.flights[key] = Flight()
+            if not now and not self._copy_inline_locked(key, inline):
                 self.schedule.demand.append(key)
                 self._wake_locked()
                 return flight.future
@@ -111,6 +119,16 @@ class Stager(StagerBooks):
         they fit (nothing is evicted for them)."""
         with self.lock:
             self.schedule.read_ahead_locked(keys)
+            self._wake_locked()
+
+    def keep_replicas(self, keys: Iterable[str], source: PeerSource) -> None:
+        """Keep second copies of ``keys`` (other nodes' files, ``peer.replicas: 2``), copied from
+        their owners through ``source`` into the tiers, never from the PFS: in the background,
+        after this node's own share (once nothing else is copying), in the room it leaves;
+        pinned like it. A key this node owns by then (its owner lost) is its own share."""
+        with self.lock:
+            self.replica_source = source
+            self.schedule.replicas_locked(keys)
             self._wake_locked()
 
     def read_ahead_more(self, keys: Iterable[str]) -> None:
@@ -200,12 +218,19 @@ class Stager(StagerBooks):
     def _run(self, key: str, flight: Flight) -> None:
         """Copy ``key`` (its flight already counted as running), then resolve its future."""
         t0 = time.monotonic()
+        tier = None
         try:
-            tier = self.copier.stage(key, flight.peer_only)
+            tier = self.copier.stage(key, flight.peer_only, flight.replica)
         finally:
             with self.lock:
                 self.running -= 1
+                if flight.replica and tier is not None and self.staged.get(key) is tier:
+                    self.replicas.add(key)
                 self.schedule.ended_locked(flight)
+                if self.schedule.has_work_locked():
+                    # a slot is free (this copy may have run on an asker's thread, which no worker
+                    # waits for), a peer slot too, or second copies wait for quiet: a worker looks
+                    self.cv.notify()
                 self.flights.pop(key, None)
                 self.concurrency.completed(time.monotonic() - t0)
                 if self.closed and not self.running:
@@ -249,6 +274,15 @@ class Stager(StagerBooks):
                     return False
                 self.cv.wait(left)
             return True
+
+    def replica_stats(self) -> dict:
+        """The second copies kept (``keep_replicas``): files, bytes, and those not kept, by why."""
+        with self.lock:
+            files = self.snapshot.files
+            return {"kept_files": len(self.replicas),
+                    "kept_bytes": sum(files[k].size for k in self.replicas if k in files),
+                    "no_room": self.schedule.replicas_no_room,
+                    "failed": {k.partition(":")[2]: n for k, n in self.failures.items() if k.startswith("replica:")}}
 
     def stats(self) -> dict:
         with self.lock:

@@ -51,12 +51,13 @@ class StagerListener:
 
 class Flight:
     """One key's copy: asked for or scheduled, then running; its future is the tier."""
-    __slots__ = ("future", "running", "peer_only")
+    __slots__ = ("future", "running", "peer_only", "replica")
 
-    def __init__(self, peer_only: bool = False):
+    def __init__(self, peer_only: bool = False, replica: bool = False):
         self.future: Future = Future()
         self.running = False
         self.peer_only = peer_only  # read ahead from the owning peer: never from the PFS here
+        self.replica = replica      # a second copy of a peer's file, from it into the tiers: never from the PFS
 
 
 class StagerBooks:
@@ -87,6 +88,9 @@ class StagerBooks:
         self.files_dropped = 0
         self.demand_copies = 0
         self.background_copies = 0
+        # peer.replicas: 2 (a sharded cluster): where second copies come from, and those kept
+        self.replica_source: PeerSource | None = None
+        self.replicas: set[str] = set()
 
     def subscribe(self, listener: StagerListener) -> None:
         """Tell ``listener`` of this stager's events: the copies so far first (``published``),
@@ -140,6 +144,7 @@ class StagerBooks:
         for listener in self.listeners:
             listener.dropped(key)  # before the file goes: nobody names it any more
         tier = self.staged.pop(key)
+        self.replicas.discard(key)
         path = tier.copy_path(key)
         try:
             size = os.stat(path).st_size

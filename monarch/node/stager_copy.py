@@ -67,10 +67,11 @@ class Copier:
         self._room_for_hinted = room_for_hinted
         self._on_fallback = on_fallback
 
-    def stage(self, key: str, peer_only: bool = False) -> Tier | None:
-        """Copy ``key``: the tier that holds it, or None (it stays on the PFS, counted why)."""
+    def stage(self, key: str, peer_only: bool = False, replica: bool = False) -> Tier | None:
+        """Copy ``key``: the tier that holds it, or None (it stays on the PFS, counted why).
+        ``replica``: a second copy, from its owner into the tiers or not at all."""
         try:
-            return self._copy(key, peer_only)
+            return self._replica(key) if replica else self._copy(key, peer_only)
         except Closed:  # stopped by shutdown(): not a failure of the file
             return None
         except Invalidated:
@@ -116,6 +117,27 @@ class Copier:
             books.failures["no_room"] += 1
             books.no_room.add(key)
         return None
+
+    def _replica(self, key: str) -> Tier | None:
+        """A second copy of another node's file from its owner, into the tiers; never the PFS
+        (the PFS stays read once). A failure is counted, and leaves the key to whoever owns it
+        later (it is not marked unstageable)."""
+        books = self.books
+        try:
+            tier = self._copy_into(books.replica_source, key, books.snapshot.files[key], books.tiers)
+        except PeerError:
+            why = "peer_failed"
+            tier = None
+        except (OSError, SourceChanged) as e:
+            log.warning("keeping a second copy of %s failed: %s", key, e)
+            why = "io_error"
+            tier = None
+        else:
+            why = "no_room"
+        if tier is None:
+            with books.lock:
+                books.failures[f"replica:{why}"] += 1
+        return tier
 
     def _from_peer(self, key: str, info) -> tuple[Tier | None, str]:
         if self.books.peer_area is None:

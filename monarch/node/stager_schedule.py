@@ -8,7 +8,9 @@ In this order (the cold path counts):
      has not (clairvoyant: a file is read from the PFS at most once per epoch);
   3. read-ahead (``staging.policy: read-ahead``): the files of a walk still under way as it
      finds them, then the rest of the dataset, in the background while it fits, pinned
-     (nothing is evicted for it); another node's files only from that node.
+     (nothing is evicted for it); another node's files only from that node;
+  4. second copies (``peer.replicas: 2``, sharded): other nodes' files from their owners,
+     once the read-ahead is done and nothing else copies, in the room it left, pinned.
 Every method ending in ``_locked`` is called under the books' lock.
 """
 
@@ -24,6 +26,7 @@ __all__ = ["Schedule", "background_slots"]
 
 SCAN_STEP = 512        # read-ahead keys examined per turn under the lock
 PEER_AHEAD = 8         # read-ahead copies from peers at once: an owner answers each within its timeout
+REPLICAS_AT_ONCE = 4   # second copies fetched at once (background: the owners serve their readers first)
 
 
 def background_slots(limit: int) -> int:
@@ -54,11 +57,17 @@ class Schedule:
         self.ahead_held: str | None = None  # the read-ahead's next key, waiting for a peer slot
         self.feed: collections.deque[str] = collections.deque()  # read_ahead_more's keys
         self.peer_ahead = 0  # read-ahead copies from peers running
+        self.replicas: Iterator[str] | None = None  # second copies still to consider (keep_replicas)
+        self.replicas_running = 0
+        self.replicas_no_room = 0  # second copies the tiers had no room for
 
     # -- what is asked for ---------------------------------------------------------------------
     def read_ahead_locked(self, keys: Iterable[str]) -> None:
         self.ahead = iter(keys)
         self.ahead_held = None
+
+    def replicas_locked(self, keys: Iterable[str]) -> None:
+        self.replicas = iter(keys)
 
     def hint_order_locked(self, stream: int, keys: list[str], begin: bool) -> None:
         order = self.orders.get(stream)
@@ -96,18 +105,22 @@ class Schedule:
         self.demand.clear()
         self.feed.clear()
         self.ahead = None
+        self.replicas = None
 
     # -- state -----------------------------------------------------------------------------------
     def has_work_locked(self) -> bool:
-        return bool(self.demand or self.orders or self.ahead is not None or self.feed)
+        return bool(self.demand or self.orders or self.ahead is not None or self.feed or self.replicas is not None)
 
     def idle_locked(self) -> bool:
         """Nothing left to read ahead, every hinted order done or waiting for its reader."""
-        return self.ahead is None and all(o.cursor >= len(o.keys) or o.blocked for o in self.orders.values())
+        return (self.ahead is None and self.replicas is None
+                and all(o.cursor >= len(o.keys) or o.blocked for o in self.orders.values()))
 
-    def ended_locked(self, flight: Flight) -> None:
-        """``flight`` ended: a read-ahead from a peer frees its slot."""
+    def ended_locked(self, flight: Flight) -> bool:
+        """``flight`` ended: a read-ahead from a peer, or a second copy, frees its slot (True)."""
         self.peer_ahead -= flight.peer_only
+        self.replicas_running -= flight.replica
+        return flight.peer_only or flight.replica
 
     # -- the pick ------------------------------------------------------------------------------
     def next_locked(self) -> tuple[str | None, bool]:
@@ -136,8 +149,32 @@ class Schedule:
                 return key, False
         if self.ahead is not None:
             return self._next_ahead_locked()
+        if self.replicas is not None:
+            return self._next_replica_locked()
         books.concurrency.starved()
         return None, False
+
+    def _next_replica_locked(self) -> tuple[str | None, bool]:
+        """The next second copy to fetch. Only once nothing but second copies is copying: a
+        copy of this node's own share under way has not reserved its room yet."""
+        books = self.books
+        source = books.replica_source
+        if books.running > self.replicas_running or self.replicas_running >= REPLICAS_AT_ONCE or source is None:
+            return None, False  # its turn comes when those end
+        for _ in range(SCAN_STEP):
+            key = next(self.replicas, None)
+            if key is None:
+                self.replicas = None
+                return None, False
+            if not self._wanted_locked(key) or not source.owns_elsewhere(key) or source.available(key):
+                continue  # held already, this node's own now (its owner lost), or its owner is down
+            if not any(t.fits(books.snapshot.files[key].size) for t in books.tiers):
+                self.replicas_no_room += 1
+                continue
+            self.replicas_running += 1
+            books.flights[key] = Flight(replica=True)
+            return key, False
+        return "", False
 
     def _next_ahead_locked(self) -> tuple[str | None, bool]:
         books = self.books

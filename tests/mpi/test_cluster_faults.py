@@ -128,8 +128,10 @@ def run_with_a_kill(cluster, ds, base, victim, when):
     return results, up, code, stop_seconds
 
 
-def slowest_open(results, skip):
-    return max(e["slowest_open"] for k, (_, r, _) in enumerate(results) if k != skip and r for e in r["epochs"])
+def slowest_open(results, skip, first_epoch=0):
+    """The slowest open of the readers but ``skip``'s, over their epochs from ``first_epoch``."""
+    return max(e["slowest_open"] for k, (_, r, _) in enumerate(results) if k != skip and r
+               for e in r["epochs"][first_epoch:])
 
 
 def check_readers(results):
@@ -156,9 +158,10 @@ def kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim):
     finally:
         cluster.kill()
     check_readers(results)
-    print(f"engine {cluster.launch.engine}: slowest open on a survivor {slowest_open(results, victim):.3f}s, "
-          f"stop {stop_seconds:.1f}s, PFS {pfs.counters()['bytes'] / ds.total:.2f}x")
-    return cluster, up
+    print(f"engine {cluster.launch.engine}: slowest open on a survivor {slowest_open(results, victim):.3f}s "
+          f"({slowest_open(results, victim, 1):.3f}s after epoch 0), stop {stop_seconds:.1f}s, "
+          f"PFS {pfs.counters()['bytes'] / ds.total:.2f}x")
+    return cluster, up, results
 
 
 @pytest.mark.parametrize("victim", [2, 0])
@@ -167,7 +170,7 @@ def test_a_daemon_killed_mid_job_costs_its_share(victim, dataset, short_tmp, slo
     owners; the victim is killed once its reader finished epoch 0."""
     ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
     cfg = shard_config(short_tmp, ds.root, ds.total // 3)
-    cluster, up = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
+    cluster, up, _ = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
     if cluster.launch.engine != "ulfm":
         return  # MPICH: hydra takes the survivors down; the readers still read right bytes (fail open)
     assert up == [k for k in range(NODES) if k != victim]  # the other daemons stayed up until stop
@@ -186,14 +189,46 @@ def test_a_daemon_killed_with_peers_in_use_costs_its_share(dataset, short_tmp, s
     victim = 1
     ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
     cfg = write_config(short_tmp, ds.root, policy="read-ahead")
-    cluster, up = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
+    cluster, up, results = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
     if cluster.launch.engine != "ulfm":
         return
     assert up == [k for k in range(NODES) if k != victim]
     check_lost(report_of(cluster, victim), victim)
-    # below direct (3.0x); not the 1.8x target yet: a survivor may wait out peer.timeout for a new
-    # owner busy staging the share it took over, then read the PFS (1.87x and 2.33x seen; issue 21)
-    assert pfs.counters()["bytes"] <= 2.75 * ds.total
+    # Owners copy what a peer asks for at once (never behind their read-ahead, nor behind copies
+    # waiting on other nodes: that wait cycle cost 5 s opens and 2.2-2.3x before, loss or not), and
+    # the survivors stage what they took over first: 1.18-1.50x seen over 12 runs (3.0x direct)
+    assert pfs.counters()["bytes"] <= 1.8 * ds.total
+    # no survivor waits out a peer (5.1 s before), nor a staging thread's 1 s nap (1.0-2.05 s): 0.1-0.2 s seen
+    assert slowest_open(results, victim) < 2.0
+
+
+def test_with_two_replicas_a_lost_daemon_s_share_is_served_from_second_copies(dataset, short_tmp, slow_pfs):
+    """peer.replicas: 2, each node's tiers with room for its share and its second copies (0.7 of
+    the dataset per node: still sharded). The survivors took the lost share over from second
+    copies fetched from the owners: the PFS is not read for it again."""
+    victim = 2
+    ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
+    cfg = shard_config(short_tmp, ds.root, ds.total * 7 // 10, replicas=2)
+    cluster, up, results = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
+    if cluster.launch.engine != "ulfm":
+        return
+    assert up == [k for k in range(NODES) if k != victim]
+    rep = report_of(cluster, victim)
+    check_lost(rep, victim)
+    survivors = [n["cluster"] for n in rep["nodes"] if n]
+    assert len(survivors) == NODES - 1
+    kept = [c["replicas"]["kept_files"] for c in survivors]
+    held = sum(c["replicas"]["reowned_held"] for c in survivors)
+    taken = sum(c["reowned_files"] for c in survivors)
+    served = sum(c["replicas"]["served_after_loss"]["files"] for c in survivors)
+    print(f"second copies kept {kept}; of the {taken} files taken over {held} were held; "
+          f"{served} sent to peers from them after the loss")
+    # every file taken over was held already (how many the others then ask for varies: 0-75 seen)
+    assert all(k > 0 for k in kept) and held == taken > 0
+    # staged once (1.0x), the lost node's reader on the PFS for its last 2 epochs but for what its
+    # dead tiers still hold (~0.25x), the lost share: nothing
+    assert pfs.counters()["bytes"] <= 1.3 * ds.total
+    assert slowest_open(results, victim) < 2.0
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -15,8 +15,8 @@ from test_cluster_e2e import Cluster, finish
 pytestmark = pytest.mark.mpi
 
 
-def shard_config(base, root, node_bytes):
-    return sharded_config(base, root, node_bytes, TEST_NODES, name="shard.yaml")
+def shard_config(base, root, node_bytes, replicas=1):
+    return sharded_config(base, root, node_bytes, TEST_NODES, name="shard.yaml", replicas=replicas)
 
 
 def shard_readers(cluster, ds, nodes, epochs):

@@ -522,3 +522,96 @@ def test_shutdown_stops_ranged_copies_and_drain_waits_for_them(tmp_path, monkeyp
     time.sleep(0.2)
     assert not os.path.exists(t.path)
     assert stager.ensure(sorted(snap.files)[0]).result(timeout=1) is None  # nothing new starts
+
+
+def test_a_copy_asked_now_is_made_at_once_even_with_every_slot_taken(tmp_path, dataset):
+    """A peer's request (the daemon's ``provide``) is copied on the asking thread at once, not
+    queued behind copies that hold every slot (in a cluster those may wait on other nodes,
+    which wait on this one: issue 21). A queued request for the same key is taken over."""
+    stager = Stager(dataset, tiers(tmp_path, 10**6), threads=1)
+    keys = sorted(dataset.files)
+    blocker, wanted = keys[0], keys[5]
+    release = threading.Event()
+    real = stager.copier.read_pfs
+
+    def read_pfs(key, out):
+        if key == blocker:
+            release.wait(30)
+        return real(key, out)
+
+    stager.copier.read_pfs = read_pfs
+    try:
+        first = stager.ensure(blocker)  # takes the only slot, and holds it
+        for _ in range(3000):
+            if stager.running:
+                break
+            threading.Event().wait(0.01)
+        queued = stager.ensure(wanted)  # behind it
+        asked = stager.ensure(wanted, now=True)
+        assert asked.done() and not first.done()  # copied here, while the slot is still held
+        tier = asked.result()
+        assert tier is not None and digest(tier.path_for(wanted)) == digest(dataset.source_path(wanted))
+        assert queued.result(timeout=0) is tier  # the queued request was taken over: one copy
+        assert stager.stats()["pfs_files_read"] == 1
+    finally:
+        release.set()
+    assert first.result(timeout=30) is not None
+    assert stager.stats()["pfs_files_read"] == 2
+
+
+class FakeOwner:
+    """A ``PeerSource`` stand-in: the owning node of every key but ``mine``; ``fail`` refuses."""
+    name = "peer"
+
+    def __init__(self, snapshot, mine=(), fail=False):
+        self.snapshot, self.mine, self.fail = snapshot, set(mine), fail
+
+    def owns_elsewhere(self, key):
+        return key not in self.mine
+
+    def available(self, key):
+        return None
+
+    def copy(self, key, info, out, tally):
+        from monarch.errors import PeerError
+        if self.fail:
+            raise PeerError(f"fetch {key!r}: node 1 refused")
+        data = open(self.snapshot.source_path(key), "rb").read()
+        os.write(out, data)
+        tally.opened()
+        tally.read(len(data))
+        return len(data)
+
+
+def wait_idle(stager):
+    for _ in range(3000):
+        if stager.idle():
+            return
+        threading.Event().wait(0.01)
+    pytest.fail("the stager did not settle in 30 s")
+
+
+def test_second_copies_come_from_their_owner_after_the_own_share_in_the_room_it_leaves(tmp_path, dataset):
+    """peer.replicas: 2: this node's share first (from the PFS), then second copies of others'
+    files from their owner into the tiers' room left, never from the PFS; pinned, counted."""
+    keys = sorted(dataset.files)
+    own, others = keys[:5], keys[5:]
+    stager = Stager(dataset, tiers(tmp_path, 7000), threads=2)
+    stager.read_ahead(own)
+    stager.keep_replicas(others, FakeOwner(dataset, mine=own))
+    wait_idle(stager)
+    s, r = stager.stats(), stager.replica_stats()
+    assert s["pfs_files_read"] == 5 and all(k in stager.staged for k in own)  # the share first, whole
+    assert s["peer_files_read"] == 2 and r["kept_files"] == 2 and r["kept_bytes"] == 2000 and r["no_room"] == 3
+    for k in stager.replicas:
+        assert k in others and digest(stager.staged[k].path_for(k)) == digest(dataset.source_path(k))
+
+
+def test_a_second_copy_its_owner_refuses_is_not_read_from_the_pfs_nor_given_up(tmp_path, dataset):
+    keys = sorted(dataset.files)
+    stager = Stager(dataset, tiers(tmp_path, 10**6), threads=2)
+    stager.keep_replicas(keys[5:], FakeOwner(dataset, mine=keys[:5], fail=True))
+    wait_idle(stager)
+    assert stager.stats()["pfs_files_read"] == 0 and stager.replica_stats()["failed"] == {"peer_failed": 5}
+    assert stager.ensure(keys[6]).result(timeout=30) is not None  # its owner lost, say: staged here after all
+    assert stager.stats()["pfs_files_read"] == 1 and not stager.replicas
