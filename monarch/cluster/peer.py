@@ -54,8 +54,7 @@ class Cluster:
         self._lock = threading.Lock()
         # bytes_*: the files' bytes; wire_bytes_*: what crossed the network (compressed copies as stored)
         self._counters = {"bytes_sent": 0, "bytes_received": 0, "wire_bytes_sent": 0, "wire_bytes_received": 0,
-                          "files_sent": 0, "files_received": 0, "files_received_whole": 0,
-                          "fetch_failures": {}, "serve_failures": {},
+                          "files_sent": 0, "files_received": 0, "fetch_failures": {}, "serve_failures": {},
                           "slow_fetches": 0,  # the owner answered pings but took over heartbeat_timeout: slow, not dead
                           "after_loss": {"files_sent": 0, "bytes_sent": 0, "files_received": 0, "bytes_received": 0}}
         self._lost = {}          # node -> {"node", "at" (time.time()), "why"}: dead for the rest of the job
@@ -212,10 +211,8 @@ class Cluster:
         self._engine.after(max(0.25, min(1.0, self.peer_timeout / 2)), self._tick)
 
     # -- fetching ----------------------------------------------------------------------
-    def fetch(self, owner, key, dest, size=None):
+    def fetch(self, owner, key, dest):
         """Copy ``key`` from node ``owner`` into ``dest`` (a path, or a descriptor open for writing); return its size.
-        ``size``: the file's size if known (the snapshot's): a file of at most one chunk then
-        comes in one message with its header.
 
         Raises PeerError when the owner refuses, does not answer the header within
         ``peer_timeout`` (this includes the owner staging the file), stalls for
@@ -232,9 +229,8 @@ class Cluster:
         timeout = self.peer_timeout
         if self._lost and self._reowned(key):  # its new owner stages it now, behind its own share: do not wait long
             timeout = min(timeout, REOWNED_WAIT)
-        inline = transfer.OK.size + size if size is not None and 0 < size <= self.chunk_size else 0
         xfer = Incoming(self._engine, owner, key, None, self.chunk_size, self.window,
-                        self._release_tag, self._on_heard, inline)
+                        self._release_tag, self._on_heard)
         asked = time.monotonic()
         self._engine.call(lambda: self._begin(xfer))
         try:
@@ -253,7 +249,6 @@ class Cluster:
             self._counters["bytes_received"] += written
             self._counters["wire_bytes_received"] += size
             self._counters["files_received"] += 1
-            self._counters["files_received_whole"] += xfer.whole
             if self._lost:
                 self._counters["after_loss"]["bytes_received"] += written
                 self._counters["after_loss"]["files_received"] += 1
@@ -386,7 +381,7 @@ class Cluster:
         if kind == "req":
             if self._server is None:
                 return
-            self._server.on_request(src, msg[1], msg[2], msg[3] if len(msg) > 3 else 0)
+            self._server.on_request(src, msg[1], msg[2])
         elif kind == "cancel":
             if self._server is not None:
                 self._server.on_cancel(src, msg[1])

@@ -1,10 +1,9 @@
 """The serving side of the peer protocol: answer other nodes' requests for files we own.
 
-The engine thread receives ``("req", tag, key, inline)``; a pool thread calls ``provide(key)``
-(which may stage the file from the PFS first), then reads the staged file (a compressed
-copy as it is stored: see transfer.py) and hands it to the engine to send: with its header
-in one message when both fit the requester's ``inline`` bytes, else chunk by chunk, at most
-``window`` chunks in flight. A
+The engine thread receives ``("req", tag, key)``; a pool thread calls ``provide(key)``
+(which may stage the file from the PFS first), then reads the staged file chunk by chunk
+(a compressed copy as it is stored: see transfer.py)
+and hands each chunk to the engine to send, at most ``window`` chunks in flight. A
 requester that stops receiving (dead, hung) stalls the window: after ``peer_timeout``
 without progress the pool thread gives up, so a dead peer costs one pool thread for one
 timeout, never forever.
@@ -22,10 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class Outgoing:
-    __slots__ = ("src", "tag", "key", "inline", "cancelled", "lost")
+    __slots__ = ("src", "tag", "key", "cancelled", "lost")
 
-    def __init__(self, src, tag, key, inline=0):
-        self.src, self.tag, self.key, self.inline = src, tag, key, inline
+    def __init__(self, src, tag, key):
+        self.src, self.tag, self.key = src, tag, key
         self.cancelled = False
         self.lost = False   # the requester is lost: stop sending at once
 
@@ -41,11 +40,11 @@ class Server:
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="monarch-peer")
 
     # -- engine thread ---------------------------------------------------------------
-    def on_request(self, src, tag, key, inline=0):
+    def on_request(self, src, tag, key):
         if not self.accepting or self.provide is None:
             self._post_header(src, tag, transfer.encode_refusal("node is not serving"))
             return
-        out = Outgoing(src, tag, key, inline)
+        out = Outgoing(src, tag, key)
         with self._lock:
             self._active[(src, tag)] = out
         self._pool.submit(self._serve, out)
@@ -122,33 +121,10 @@ class Server:
         with f:
             size = os.fstat(f.fileno()).st_size
             file_size = path.size if compressed else size
-            ok = transfer.encode_ok(size, file_size, transfer.ZSTD if compressed else transfer.RAW)
-            if size and len(ok) + size <= out.inline:
-                sent = self._send_whole(out, f, ok, size)
-            else:
-                self._send(out, ok)
-                sent = self._stream(out, f, size)
+            self._send(out, transfer.encode_ok(size, file_size, transfer.ZSTD if compressed else transfer.RAW))
+            sent = self._stream(out, f, size)
         if sent == size:
             self.cluster._count_sent(file_size, size)
-
-    def _send_whole(self, out, f, ok, size):
-        """The header and the whole file in one message; bytes sent, or -1."""
-        buf = bytearray(len(ok) + size)
-        buf[:len(ok)] = ok
-        try:
-            n = f.readinto(memoryview(buf)[len(ok):])
-        except OSError as exc:
-            log.warning("reading staged %r failed: %s", out.key, exc)
-            n = -1
-        if n != size:
-            self._refuse(out, "owner could not read its staged copy", "short_read")
-            return -1
-        sent = threading.Semaphore(0)
-        self._send(out, buf, sent.release)
-        if not self._slot(sent, out):
-            self.cluster._count_serve_failure("lost" if out.lost else "stalled")
-            return -1
-        return size
 
     def _stream(self, out, f, size):
         """Send the chunks with a bounded window; return bytes sent, or -1 if abandoned."""

@@ -1,8 +1,7 @@
 """Wire protocol of one file transfer between two daemons, and its receiving side.
 
 A requester picks a reply tag unique among its outstanding requests and sends
-``("req", tag, key, inline)`` on the control tag (``inline``: the bytes of the buffer it
-posted for the answer, or 0). The owner answers on that tag, to that requester:
+``("req", tag, key)`` on the control tag. The owner answers on that tag, to that requester:
 
   header   8-byte little-endian size of what follows on the wire; a negative size is a
            refusal, followed by a UTF-8 reason. An accepted file's header goes on with the
@@ -10,9 +9,6 @@ posted for the answer, or 0). The owner answers on that tag, to that requester:
            holds the file compressed (a plain zstd frame, no dictionary), which crosses the
            network as it is stored and is decompressed by the requester as it arrives.
   chunks   ceil(size / chunk) raw messages of ``chunk`` bytes (the last one shorter)
-  inline   or, when the accepted header and the whole file fit in ``inline`` bytes, one
-           message: the header, then the file's bytes. Most dataset files are small, and
-           each message costs both daemons a round through their engines and threads.
 
 MPI keeps messages with the same (source, tag, communicator) in order, so the chunks need
 no sequence numbers. An owner that fails mid-file sends an empty chunk instead of the next
@@ -68,11 +64,9 @@ class Incoming:
     Events: ("header", size, file size, encoding) | ("refused", reason) | ("chunk", idx, buf, count).
     """
 
-    def __init__(self, engine, owner, key, tag, chunk, window, on_done, on_heard, inline=0):
+    def __init__(self, engine, owner, key, tag, chunk, window, on_done, on_heard):
         self.engine, self.owner, self.key, self.tag = engine, owner, key, tag
         self.chunk, self.window = chunk, window
-        self.inline = inline      # bytes posted for a header with the whole file (0: header only)
-        self.whole = False        # the file came with its header, in one message
         self.events = queue.SimpleQueue()
         self.size = None
         self.nchunks = 0
@@ -87,10 +81,10 @@ class Incoming:
     # -- engine thread ---------------------------------------------------------------
     def begin(self):
         MPI, comm = self.engine.MPI, self.engine.comm
-        buf = bytearray(max(HEADER_MAX, self.inline))
+        buf = bytearray(HEADER_MAX)
         req = comm.Irecv([buf, MPI.BYTE], self.owner, self.tag)
         self.engine.post(req, lambda st: self._on_header(buf, st))
-        self.engine.send_obj(("req", self.tag, self.key, self.inline), self.owner)
+        self.engine.send_obj(("req", self.tag, self.key), self.owner)
 
     def credit(self):
         """The fetcher wrote a chunk: one more receive may be posted."""
@@ -125,22 +119,14 @@ class Incoming:
 
     def _on_header(self, buf, status):
         self._on_heard(self.owner)
-        count = status.Get_count(self.engine.MPI.BYTE)
-        size, reason = decode_header(buf, count)
+        size, reason = decode_header(buf, status.Get_count(self.engine.MPI.BYTE))
         if size is None:
             self.events.put(("refused", reason))
             self._finish()
             return
         self.size = size
-        _, file_size, encoding = decode_ok(buf, count)
-        if size and count == OK.size + size:  # the whole file came with its header
-            self.nchunks = self.next_idx = 1
-            self.whole = True
-            self.events.put(("header", size, file_size, encoding))
-            self.events.put(("chunk", 0, memoryview(buf)[OK.size:count], size))
-            self._finish()
-            return
         self.nchunks = chunk_count(size, self.chunk)
+        _, file_size, encoding = decode_ok(buf, status.Get_count(self.engine.MPI.BYTE))
         self.events.put(("header", size, file_size, encoding))
         if self.nchunks == 0:
             self._finish()

@@ -126,7 +126,7 @@ class PeerCache:
         area = self.area
         dest = area.path_for(key)
         try:
-            n = write_atomically(dest, lambda fd: self.cluster.fetch(owner, key, fd, info.size), info.mtime_ns,
+            n = write_atomically(dest, lambda fd: self.cluster.fetch(owner, key, fd), info.mtime_ns,
                                  owner_only(info.mode), root=area.path)
         except BaseException:
             area.release(info.size)
@@ -146,7 +146,7 @@ class PeerCache:
         """No room: a sealed memfd filled from the owner, one open file description per waiter."""
         mfd = os.memfd_create(os.path.basename(key)[:200], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            n = self.cluster.fetch(owner, key, mfd, info.size)
+            n = self.cluster.fetch(owner, key, mfd)
             if n != info.size:
                 raise PeerError(f"fetch {key!r}: node {owner} sent {n} bytes, the snapshot saw {info.size} (corrupt)")
             fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, SEALS)

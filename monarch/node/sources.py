@@ -235,7 +235,7 @@ class PeerSource(Source):
         owner = self.cluster.owner(key)
         t0 = time.monotonic()
         try:
-            n = self.cluster.fetch(owner, key, out, info.size)
+            n = self.cluster.fetch(owner, key, out)
         except PeerError as e:
             if time.monotonic() - t0 >= self.timeout:
                 with self._lock:

@@ -33,7 +33,7 @@ class FakeCluster:
     def start(self, provide):
         self.provide = provide
 
-    def fetch(self, owner, key, dest, size=None):
+    def fetch(self, owner, key, dest):
         self.fetches[key] += 1
         time.sleep(self.delay)
         if self.mode != "ok":

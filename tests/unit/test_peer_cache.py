@@ -43,7 +43,7 @@ class Owner:
     def owner(self, key):
         return 1
 
-    def fetch(self, owner, key, dest, size=None):
+    def fetch(self, owner, key, dest):
         if key in self.fail:
             raise PeerError(f"fetch {key!r}: node 1 refused: no")
         with open(dest, "wb", closefd=not isinstance(dest, int)) as f:
