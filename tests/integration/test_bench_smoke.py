@@ -70,7 +70,7 @@ BENCHES = [
           r"^monarch/before\s+PFS/dataset\s+[\d.]+\s+epochs .* digests OK(?!.*nodes without Monarch)", {"fuse", "mpi"}),
     Bench("bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
                                       "--open-latency-ms", "2", "--timeout", "60", "--json", "{tmp}/faults.json"],
-          r"^  ok\s+\| direct: True \| monarch: True \| kill: True$", {"fuse", "mpi"}),
+          r"^  ok\s+\| direct: True \| monarch: True \| kill: True \| replicas: True$", {"fuse", "mpi"}),
 ]
 
 
