@@ -39,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
+from clusterbench import bench_env, shard_reader, wait_for  # noqa: E402  (scripts/, beside this file)
 from support.harness import sharded_config  # noqa: E402
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
@@ -75,12 +76,7 @@ def mpiexec() -> str:
 
 
 def env(**extra) -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), e.get("PYTHONPATH", "")])
-    e.pop("MONARCH_DISABLE", None)
-    e["MONARCH_JOB_ID"] = JOB
-    e.update({k: str(v) for k, v in extra.items()})
-    return e
+    return bench_env(JOB, **extra)
 
 
 def write_config(base: str, root: str, node_bytes: int, nodes: int) -> str:
@@ -88,27 +84,13 @@ def write_config(base: str, root: str, node_bytes: int, nodes: int) -> str:
 
 
 def reader_cmd(root: str, manifest: str, k: int, args, out: str) -> list[str]:
-    return [sys.executable, "-m", "support.shard_reader", root, manifest, "--node", str(k),
-            "--nodes", str(args.nodes), "--epochs", str(args.epochs), "--workers", str(args.workers), "--json", out]
+    return shard_reader(root, manifest, k, args, "--json", out)
 
 
 def run_readers(cmds: list[list[str]], envs: list[dict], timeout: float) -> list[subprocess.CompletedProcess]:
     procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True) for c, e in zip(cmds, envs)]
     return procs
-
-
-def wait_all(procs, deadline: float) -> list[tuple[int, str, str]]:
-    out = []
-    for p in procs:
-        try:
-            o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            o, e = p.communicate()
-            e += "\n[killed: the case's timeout]"
-        out.append((p.returncode, o, e))
-    return out
 
 
 def summarise(name: str, launched: float, results: list[dict | None], pfs_bytes: int, total: int,
@@ -155,7 +137,7 @@ def run_direct(args, base, pfs, root, manifest, total) -> dict:
     launched = time.time()
     procs = run_readers([reader_cmd(root, manifest, k, args, outs[k]) for k in range(args.nodes)],
                         [env(MONARCH_DISABLE=1)] * args.nodes, args.timeout)
-    done = wait_all(procs, time.monotonic() + args.timeout)
+    done = wait_for(procs, time.monotonic() + args.timeout)
     cpu = {"readers": round(cpu_children() - cpu0, 2), "pfs": round(pfs_cpu(pfs) - fuse0, 2)}
     return summarise("direct", launched, [load_json(o) for o in outs], pfs.counters()["bytes"], total,
                      [c for c, _, _ in done], {"cpu_seconds": cpu})
@@ -205,7 +187,7 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
         cmds = [[sys.executable, "-m", "monarch", *trace, "run", "-c", cfg, "--report", os.path.join(case, f"run{k}.json"),
                  "--", *reader_cmd(root, manifest, k, args, outs[k])] for k in range(args.nodes)]
         procs = run_readers(cmds, [env(MONARCH_NODE=k) for k in range(args.nodes)], args.timeout)
-        done = wait_all(procs, deadline)
+        done = wait_for(procs, deadline)
         cpu1 = cpu_children()
         for k, (code, _, err) in enumerate(done):
             if code != 0:

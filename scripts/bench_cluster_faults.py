@@ -45,6 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
+from clusterbench import bench_env, shard_reader, wait_for  # noqa: E402  (scripts/, beside this file)
 from support.harness import sharded_config  # noqa: E402
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.cluster.world import daemon_launch  # noqa: E402
@@ -73,12 +74,7 @@ def parse_args(argv=None):
 
 
 def env(**extra) -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), e.get("PYTHONPATH", "")])
-    e.pop("MONARCH_DISABLE", None)
-    e["MONARCH_JOB_ID"] = JOB
-    e.update({k: str(v) for k, v in extra.items()})
-    return e
+    return bench_env(JOB, **extra)
 
 
 def write_config(base: str, root: str, node_bytes: int, replicas: int = 1) -> str:
@@ -88,24 +84,18 @@ def write_config(base: str, root: str, node_bytes: int, replicas: int = 1) -> st
 def readers(args, root, manifest, base, wrap=None):
     procs = []
     for k in range(args.nodes):
-        cmd = [sys.executable, "-m", "support.shard_reader", root, manifest, "--node", str(k), "--nodes",
-               str(args.nodes), "--epochs", str(args.epochs), "--workers", str(args.workers),
-               "--progress", os.path.join(base, f"progress{k}")]
+        cmd = shard_reader(root, manifest, k, args, "--progress", os.path.join(base, f"progress{k}"))
         procs.append(subprocess.Popen((wrap or []) + cmd, env=env(MONARCH_NODE=k), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True))
     return procs
 
 
 def wait_readers(procs, deadline):
+    """Each reader's exit code and result (its ``shard_reader {json}`` line, stderr merged)."""
     out = []
-    for p in procs:
-        try:
-            text, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            text, _ = p.communicate()
+    for code, text, _ in wait_for(procs, deadline):
         line = next((ln for ln in text.splitlines() if ln.startswith("shard_reader ")), None)
-        out.append((p.returncode, json.loads(line[13:]) if line else None))
+        out.append((code, json.loads(line[13:]) if line else None))
     return out
 
 

@@ -1,0 +1,44 @@
+"""What the two cluster benchmarks (bench_cluster.py, bench_cluster_faults.py) share: the
+readers' environment and command line, and waiting for them with a deadline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def bench_env(job: str, **extra) -> dict:
+    """This checkout's monarch and test support, Monarch on, the job named ``job``."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), e.get("PYTHONPATH", "")])
+    e.pop("MONARCH_DISABLE", None)
+    e["MONARCH_JOB_ID"] = job
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def shard_reader(root: str, manifest: str, k: int, args, *more: str) -> list[str]:
+    """Node ``k``'s reader of the sharded pattern (``args``: nodes, epochs, workers)."""
+    return [sys.executable, "-m", "support.shard_reader", root, manifest, "--node", str(k),
+            "--nodes", str(args.nodes), "--epochs", str(args.epochs), "--workers", str(args.workers), *more]
+
+
+def wait_for(procs: list[subprocess.Popen], deadline: float) -> list[tuple[int, str, str]]:
+    """Each process's exit code, stdout and stderr; one still running at ``deadline`` (a
+    monotonic time) is killed with its process group."""
+    out = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            o, e = p.communicate()
+            e = (e or "") + "\n[killed: the case's timeout]"
+        out.append((p.returncode, o or "", e or ""))
+    return out
