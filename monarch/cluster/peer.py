@@ -430,7 +430,7 @@ class Cluster:
                 ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), comm.Get_group())
             finally:
                 group.Free()
-        except (NotImplementedError, AttributeError) as exc:  # an MPI without them (mpi4py 4 raises), mpi4py < 4
+        except (NotImplementedError, AttributeError) as exc:  # an MPI library without them (mpi4py raises), mpi4py < 4
             self._failure_notices = False
             log.info("this MPI does not name failed ranks (%s): lost nodes are found by heartbeats", exc)
             return

@@ -25,7 +25,7 @@ class NoFailureNotices:
         return 32767
 
     def Ack_failed(self):
-        # what mpi4py 4 raises when the MPI library it loaded lacks the ULFM call (MPICH's wheel)
+        # what mpi4py raises for an MPI routine the loaded library lacks (an MPI without ULFM's calls)
         self.asked += 1
         raise NotImplementedError("MPI_Comm_ack_failed")
 
