@@ -90,6 +90,26 @@ def _with_cpu_seconds(record: logging.LogRecord) -> bool:
     return True
 
 
+def _thread_cpu_seconds() -> str:
+    """The live threads' CPU seconds (user + system, from /proc), summed by name without its
+    number (``monarch-stage-12`` counts as ``monarch-stage``), and the rest of the process's
+    (threads that have ended): where a daemon's CPU went."""
+    import re
+    import threading
+    tick = os.sysconf("SC_CLK_TCK")
+    by_name: dict[str, float] = {}
+    for t in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, TypeError):
+            continue  # gone, or not Linux
+        name = re.sub(r"[-_]\d+(_\d+)?$", "", t.name)
+        by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    by_name["ended threads"] = time.process_time() - sum(by_name.values())
+    return ", ".join(f"{n} {s:.2f}" for n, s in sorted(by_name.items(), key=lambda kv: -kv[1]))
+
+
 def _load(path: str | None, **kw):
     from monarch.config import load_config
     return load_config(path, **kw)
@@ -186,6 +206,8 @@ def cmd_serve(args) -> int:
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
     try:
         server.serve()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("CPU seconds by thread: %s", _thread_cpu_seconds())
         if cluster is not None:  # the walk's thread may be in a collective (share): MPI is one thread's at a time
             daemon.gate.wait_settled()
         if not args.embedded:  # a standing daemon writes the job's report; embedded ones leave it to `monarch run`
