@@ -275,7 +275,8 @@ class Cluster:
                                             f"than the {file_size} bytes it announced")
                     f.write(data)
                     written += len(data)
-                    self._engine.call(xfer.credit)
+                    if xfer.next_idx < xfer.nchunks:  # (set on the engine thread; a stale read only credits once too often)
+                        self._engine.call(xfer.credit)  # room for the next receive
         except zstandard.ZstdError as exc:
             raise self._failure("corrupt", f"fetch {xfer.key!r}: node {xfer.owner}'s frame: {exc}") from exc
         except OSError as exc:

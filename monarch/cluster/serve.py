@@ -79,10 +79,16 @@ class Server:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- pool thread -----------------------------------------------------------------
-    def _send(self, out, data, on_sent=None):
+    def _send(self, out, data, on_sent=None, header=None):
+        """Hand ``data`` to the engine to send (``header`` first, in the same hand-over: one
+        wake-up of the engine for a small file's two messages; MPI keeps them in order)."""
         MPI, engine = self.engine.MPI, self.engine
-        engine.call(lambda: engine.post(engine.comm.Isend([data, MPI.BYTE], out.src, out.tag),
-                                        on_sent and (lambda st: on_sent())))
+
+        def post():
+            if header is not None:
+                engine.post(engine.comm.Isend([header, MPI.BYTE], out.src, out.tag))
+            engine.post(engine.comm.Isend([data, MPI.BYTE], out.src, out.tag), on_sent and (lambda st: on_sent()))
+        engine.call(post)
 
     def _serve(self, out):
         try:
@@ -121,13 +127,16 @@ class Server:
         with f:
             size = os.fstat(f.fileno()).st_size
             file_size = path.size if compressed else size
-            self._send(out, transfer.encode_ok(size, file_size, transfer.ZSTD if compressed else transfer.RAW))
-            sent = self._stream(out, f, size)
+            header = transfer.encode_ok(size, file_size, transfer.ZSTD if compressed else transfer.RAW)
+            if size == 0:
+                self._send(out, header)
+            sent = self._stream(out, f, size, header)
         if sent == size:
             self.cluster._count_sent(file_size, size)
 
-    def _stream(self, out, f, size):
-        """Send the chunks with a bounded window; return bytes sent, or -1 if abandoned."""
+    def _stream(self, out, f, size, header):
+        """Send ``header`` with the first chunk, then the rest with a bounded window; return
+        bytes sent, or -1 if abandoned."""
         chunk, window = self.cluster.chunk_size, self.cluster.window
         slots = threading.Semaphore(window)
         sent = 0
@@ -142,11 +151,12 @@ class Server:
             except OSError as exc:
                 log.warning("reading staged %r failed: %s", out.key, exc)
                 data = b""
+            first = header if idx == 0 else None
             if len(data) != n:           # empty chunk = "owner aborted" for the requester
-                self._send(out, b"")
+                self._send(out, b"", header=first)
                 self.cluster._count_serve_failure("short_read")
                 return -1
-            self._send(out, data, slots.release)
+            self._send(out, data, slots.release, header=first)
             sent += n
         for _ in range(window):         # wait until the last chunks are out
             if not self._slot(slots, out):
