@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import gc
 import itertools
 import logging
 import os
@@ -280,6 +281,10 @@ class NodeDaemon:
             old.shutdown()
             write_file_atomically(self.index_path, index)
             log.debug("phase index.written")
+            # the snapshot's objects (millions for a large dataset) live as long as the job: out
+            # of every later collection, which would otherwise walk them all with the GIL held
+            # (0.23 s per full collection at 1M files, a stall of every open being answered)
+            gc.freeze()
             self.gate.state = SnapshotState.READY
             self._start_staging()
         except Exception as e:  # fail open: the job runs, on the PFS
