@@ -9,6 +9,7 @@ time the PFS) -- never a timing.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -33,7 +34,7 @@ class Bench:
     script: str
     args: list[str]
     figure: str  # a regular expression one line of stdout must match
-    needs: set[str] = field(default_factory=set)  # "fuse", "mpi", "cc"
+    needs: set[str] = field(default_factory=set)  # "fuse", "mpi", "cc", "zstd"
     name: str = ""  # the test's id when a script has several cases
 
     @property
@@ -52,6 +53,10 @@ BENCHES = [
           r"^\s+2 clients, door  : .*errors 0, PFS answers 0; files read from the PFS 100 of 100;", {"cc"}),
     Bench("bench_shim.py", ["--quick", "--json", "{tmp}/shim.json", "--workdir", "{tmp}/shim"],
           r"^shim counters: tier slot \d+: 100 opens, 409600 bytes; PFS slot: 0 opens$", {"cc"}),
+    # 2 drivers x (1 timed + 1 digest pass) x 50 files of 4 KiB, every one decoded by the shim itself
+    Bench("bench_shim.py", ["--quick", "--compressed", "--json", "{tmp}/zshim.json", "--workdir", "{tmp}/zshim"],
+          r"^zstd counters: 200 opens decoded in the application's process, 819200 bytes, 0 left to the daemon;",
+          {"cc", "zstd"}, "bench_shim-compressed"),
     Bench("bench_large_files.py", ["--quick", "--json", "{tmp}/large.json"],
           r"^md5sum under monarch run, opened from \(the report\): (?=.*\bpfs 0 \()(?=.*\bram 1 \(1\.00x the file\))",
           {"fuse"}),
@@ -90,6 +95,11 @@ def missing(needs: set[str]) -> str | None:
             return "needs mpiexec (pip install mpich mpi4py)"
     if "cc" in needs and not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
         return "needs a C compiler (cc)"
+    if "zstd" in needs:
+        try:
+            ctypes.CDLL("libzstd.so.1")  # what the shim dlopens to decode in-process
+        except OSError as exc:
+            return f"needs the system's libzstd.so.1: {exc}"
     return None
 
 
