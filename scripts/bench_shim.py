@@ -255,8 +255,8 @@ def parse_args(argv=None):
 
 
 def text(n: int, seed: int) -> bytes:
-    """Words of a small alphabet with two random bytes after each (scripts/bench_zopen.py's
-    content, from a seeded generator): ratio ~2 under zstd."""
+    """Words of a small alphabet with two random bytes after each, from a seeded generator:
+    ratio ~2 under zstd (scripts/bench_zopen.py's content too)."""
     rng = random.Random(seed)
     words = [bytes(rng.choice(b"abcdefghij") for _ in range(rng.randint(3, 9))) for _ in range(200)]
     out = bytearray()

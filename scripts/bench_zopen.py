@@ -36,21 +36,12 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; t
 import zstandard  # noqa: E402
 
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
+from bench_shim import text as content  # noqa: E402  (text-like bytes, ratio ~2 under zstd)
 from monarch import protocol  # noqa: E402
 from monarch.node import codecs  # noqa: E402
 from monarch.node.snapshot import FileInfo  # noqa: E402
 from monarch.node.tiers import DecodedFiles  # noqa: E402
 from monarch.workload import parse_size  # noqa: E402
-
-
-def content(n: int, seed: int) -> bytes:
-    import random
-    rng = random.Random(seed)
-    words = [bytes(rng.choice(b"abcdefghij") for _ in range(rng.randint(3, 9))) for _ in range(200)]
-    out = bytearray()
-    while len(out) < n:
-        out += rng.choice(words) + b" " + os.urandom(2)
-    return bytes(out[:n])
 
 
 def timed(fn, n):
