@@ -427,6 +427,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 #include "shim_index.c"
 #include "shim_daemon.c"
 #include "shim_zstd.c"
+#include "shim_zpool.c"
 #include "shim_open.c"
 #include "shim_wrappers.c"
 
@@ -636,6 +637,7 @@ static void monarch_atfork_child(void)
      * connection per request: nothing else to reset. */
     monarch_pid = getpid();
     monarch_guard = 0;
+    monarch_zpool_atfork_child();
     monarch_count_process(1); /* a DataLoader worker is a process with the shim too */
     /* a thread of the parent was installing the index: it is not here to finish */
     if (__atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE) == MONARCH_IX_INSTALLING)

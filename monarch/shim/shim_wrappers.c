@@ -476,6 +476,7 @@ MONARCH_EXPORT int close(int fd)
 {
     MONARCH_REAL(close, -1)
     monarch_forget(fd); /* before: once closed, another thread may reuse the number */
+    monarch_zpool_release_fd(fd);
     return real_(fd);
 }
 
@@ -483,8 +484,12 @@ MONARCH_EXPORT int fclose(FILE *fp)
 {
     MONARCH_REAL(fclose, EOF)
     FILE *f = fp; /* glibc declares fp nonnull; callers still pass NULL */
-    if (f)
-        monarch_forget(fileno(f)); /* glibc closes the fd internally */
+    if (f) {
+        int saved = errno, fd = fileno(f); /* a FILE without one (fmemopen) sets errno */
+        errno = saved;
+        monarch_forget(fd); /* glibc closes the fd internally */
+        monarch_zpool_release_fd(fd);
+    }
     return real_(fp);
 }
 
@@ -500,6 +505,8 @@ MONARCH_EXPORT int dup(int oldfd)
 MONARCH_EXPORT int dup2(int oldfd, int newfd)
 {
     MONARCH_REAL(dup2, -1)
+    if (oldfd != newfd)
+        monarch_zpool_release_fd(newfd); /* dup2 closes newfd */
     int fd = real_(oldfd, newfd);
     if (fd >= 0 && oldfd != newfd)
         monarch_copy_slot(oldfd, fd);
@@ -509,6 +516,8 @@ MONARCH_EXPORT int dup2(int oldfd, int newfd)
 MONARCH_EXPORT int dup3(int oldfd, int newfd, int flags)
 {
     MONARCH_REAL(dup3, -1)
+    if (oldfd != newfd)
+        monarch_zpool_release_fd(newfd);
     int fd = real_(oldfd, newfd, flags);
     if (fd >= 0)
         monarch_copy_slot(oldfd, fd);
@@ -621,6 +630,8 @@ MONARCH_EXPORT int execle(const char *path, const char *arg, ...)
 MONARCH_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 {
     MONARCH_REAL(close_range, -1)
+    if (!(flags & CLOSE_RANGE_CLOEXEC))
+        monarch_zpool_release_range(first, last);
     int r = real_(first, last, flags);
     if (r == 0 && !(flags & CLOSE_RANGE_CLOEXEC) && getpid() == monarch_pid)
         for (unsigned long fd = first; fd <= last && fd < MONARCH_MAX_FDS; fd++) {

@@ -214,6 +214,9 @@ static int monarch_zstd_memfd(const void *src, size_t fsize, uint64_t size, cons
 #endif
 }
 
+static int monarch_zpool_decode(const void *src, size_t fsize, uint64_t size, const void *ddict, int flags,
+                                int *frame_bad); /* shim_zpool.c */
+
 /*
  * <pr dir>/.z/<key>, decoded here into a sealed memfd (see the top of this file): its
  * descriptor, or -1: no frame (*found 0), or one this process cannot decode (*found 1,
@@ -263,13 +266,17 @@ static int monarch_zstd_open(unsigned probe, const char *key, size_t kl, int fla
         size_t bl = strlen(base) < sizeof name - 1 ? strlen(base) : sizeof name - 1;
         memcpy(name, base, bl);
         name[bl] = '\0';
-        mfd = monarch_zstd_memfd(src, fsize, size, ddict, name);
+        int frame_bad;
+        mfd = monarch_zpool_decode(src, fsize, size, ddict, flags, &frame_bad);
+        if (mfd < 0 && !frame_bad) {
+            mfd = monarch_zstd_memfd(src, fsize, size, ddict, name);
+            if (mfd >= 0 && !(flags & O_CLOEXEC) && syscall(SYS_fcntl, mfd, F_SETFD, 0) != 0) {
+                real_close(mfd);
+                mfd = -1;
+            }
+        }
     }
     munmap((void *)src, fsize);
-    if (mfd >= 0 && !(flags & O_CLOEXEC) && syscall(SYS_fcntl, mfd, F_SETFD, 0) != 0) {
-        real_close(mfd);
-        mfd = -1;
-    }
 out:;
     uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
     if (c && mfd >= 0) {
