@@ -97,7 +97,7 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   opens_uncounted (opens whose bytes the shim cannot all see: a FILE made with fopen or
   fdopen, which stdio may also read with its own internal reads, or a descriptor mapped with
   mmap; counted once per descriptor),
-  then EXTRA_WORDS of named counters (EXTRA_*; version 3 added EXTRA_ZSTD_*, 4 EXTRA_PROCESSES).
+  then EXTRA_WORDS of named counters (EXTRA_*; version 3 added EXTRA_ZSTD_*, 4 EXTRA_PROCESSES, 5 EXTRA_ZSTD_REUSED).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
 Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 3).
@@ -140,11 +140,12 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 4  # 3: EXTRA_ZSTD_* (opens decoded in the application's process); 4: EXTRA_PROCESSES
+COUNTERS_VERSION = 5  # 3: EXTRA_ZSTD_* (opens decoded in the application's process); 4: EXTRA_PROCESSES;
+                      # 5: EXTRA_ZSTD_REUSED
 MAX_SLOTS = 16
 HEADER_WORDS = 3
 SLOT_WORDS = 3
-EXTRA_WORDS = 8
+EXTRA_WORDS = 9
 EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
 EXTRA_META_OFF = 2    # bit k (k < 63; bit 63: every root k >= 63): the job changed root k, its
@@ -155,6 +156,7 @@ EXTRA_ZSTD_BYTES = 5      # bytes they decoded
 EXTRA_ZSTD_FALLBACKS = 6  # compressed copies the shim found but left to the daemon (no dictionary, a bad frame)
 EXTRA_PROCESSES = 7       # processes in which the shim was active: +1 at its start and in a fork child, -1 at
                           # an exec (the new program counts itself if it loads the shim); 0: it never ran
+EXTRA_ZSTD_REUSED = 8     # of EXTRA_ZSTD_OPENS, those decoded into a reused memfd (its pages already there)
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
 SLOT_PFS = 0

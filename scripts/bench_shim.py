@@ -489,9 +489,10 @@ def check_zstd_counters(counters: str, zhit_opens: int, size: int) -> list[str]:
     """Every compressed hit was decoded by the shim itself (EXTRA_ZSTD_*), none left to a daemon."""
     e = protocol.read_extra_counters(counters)
     opens, nbytes = e[protocol.EXTRA_ZSTD_OPENS], e[protocol.EXTRA_ZSTD_BYTES]
-    left, ns = e[protocol.EXTRA_ZSTD_FALLBACKS], e[protocol.EXTRA_ZSTD_NS]
+    left, ns, reused = e[protocol.EXTRA_ZSTD_FALLBACKS], e[protocol.EXTRA_ZSTD_NS], e[protocol.EXTRA_ZSTD_REUSED]
     print(f"zstd counters: {opens} opens decoded in the application's process, {nbytes} bytes, {left} left to "
-          f"the daemon; {ns / max(1, opens) / 1e3:.1f} us per open from frame open to sealed memfd")
+          f"the daemon, {reused} into a reused memfd; {ns / max(1, opens) / 1e3:.1f} us per open from frame open "
+          f"to the application's descriptor")
     if opens != zhit_opens or nbytes != zhit_opens * size or left != 0:
         return [f"expected {zhit_opens} opens ({zhit_opens * size} bytes) decoded by the shim and none left to "
                 f"the daemon, the shim counted {opens} ({nbytes} bytes) and {left} left"]

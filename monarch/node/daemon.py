@@ -613,7 +613,8 @@ class NodeDaemon:
             # compressed copies the shim decoded in the application's processes (shim_zstd.c)
             decompression={"opens": counters[protocol.EXTRA_ZSTD_OPENS], "ns": counters[protocol.EXTRA_ZSTD_NS],
                            "bytes": counters[protocol.EXTRA_ZSTD_BYTES],
-                           "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS]},
+                           "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS],
+                           "reused": counters[protocol.EXTRA_ZSTD_REUSED]},
             processes_with_shim=counters[protocol.EXTRA_PROCESSES],
             staging=self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()},
             tiers=[t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.peer_area else []),

@@ -65,9 +65,10 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         "metadata": {"local": metadata["local"], "pfs": metadata["pfs"]},
         "processes_with_shim": _processes_with_shim(alive),
         # opens of compressed copies decoded by the shim in the application's process: how
-        # many, the ns they took (frame open to sealed memfd), the bytes decoded, and the
-        # frames it found but left to the daemon (no libzstd, a missing dictionary, a bad frame)
-        "decompression": {k: decompression[k] for k in ("opens", "ns", "bytes", "left_to_daemon")},
+        # many, the ns they took (frame open to the application's descriptor), the bytes decoded,
+        # the frames it found but left to the daemon (no libzstd, a missing dictionary, a bad
+        # frame), and the opens decoded into a reused memfd (its pages already there)
+        "decompression": {k: decompression[k] for k in ("opens", "ns", "bytes", "left_to_daemon", "reused")},
         "peer": dict(peer),
         # the daemons' C front doors (None: no node had one): misses they copied, opens of
         # staged copies they answered, requests they handed to the Python server

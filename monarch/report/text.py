@@ -75,7 +75,8 @@ def print_report(report: dict, out: TextIO) -> None:
             if z.get("opens"):
                 w(f"{'':<11}  {z['opens']} opens decoded in the application's process: {human(z['bytes'])} in "
                   f"{z['ns'] / 1e9:.3f} s ({z['ns'] / z['opens'] / 1e3:.0f} us per open, "
-                  f"{z['bytes'] / max(z['ns'], 1):.2f} GB/s); {z['left_to_daemon']} left to the daemon\n")
+                  f"{z['bytes'] / max(z['ns'], 1):.2f} GB/s), {z.get('reused', 0)} of them into a reused memfd; "
+                  f"{z['left_to_daemon']} left to the daemon\n")
             if t.get("decoded_files"):
                 w(f"{'':<11}  {t['decoded_files']} decoded files ({human(t['decoded_bytes'])}) held at the job's "
                   "end for re-opens at native speed (counted as opens of the tier)\n")

@@ -136,9 +136,11 @@ static int monarch_zpool_make(struct monarch_zpool_entry *e)
 #endif
 }
 
-/* An entry of this process's pool, BUSY for the caller, holding no one's bytes; NULL if none. */
-static struct monarch_zpool_entry *monarch_zpool_claim(void)
+/* An entry of this process's pool, BUSY for the caller, holding no one's bytes; NULL if none.
+ * *reused: 1 for a memfd decoded into before (its pages are there), 0 for a new one. */
+static struct monarch_zpool_entry *monarch_zpool_claim(int *reused)
 {
+    *reused = 1;
     for (unsigned i = 0; i < MONARCH_ZPOOL_ENTRIES; i++) {
         struct monarch_zpool_entry *e = &monarch_zpool[i];
         int out = MONARCH_ZP_OUT;
@@ -156,6 +158,7 @@ static struct monarch_zpool_entry *monarch_zpool_claim(void)
         int empty = MONARCH_ZP_EMPTY;
         if (__atomic_compare_exchange_n(&e->state, &empty, MONARCH_ZP_BUSY, 0, __ATOMIC_ACQUIRE,
                                         __ATOMIC_RELAXED)) {
+            *reused = 0;
             if (monarch_zpool_make(e) == 0)
                 return e;
             __atomic_store_n(&e->state, MONARCH_ZP_EMPTY, __ATOMIC_RELEASE);
@@ -190,17 +193,18 @@ fail:
 
 /*
  * The frame src (fsize bytes) decoded into a pooled memfd of size bytes: a new read-only
- * descriptor of it (close-on-exec as flags say), or -1 (*frame_bad 1 when the frame itself
- * does not decode to size bytes; 0: no memfd of the pool could take it, make a fresh one).
+ * descriptor of it (close-on-exec as flags say; *reused as monarch_zpool_claim says), or -1
+ * (*frame_bad 1 when the frame itself does not decode to size bytes; 0: no memfd of the pool
+ * could take it, make a fresh one).
  */
 static int monarch_zpool_decode(const void *src, size_t fsize, uint64_t size, const void *ddict, int flags,
-                                int *frame_bad)
+                                int *frame_bad, int *reused)
 {
-    *frame_bad = 0;
+    *frame_bad = *reused = 0;
     if (size == 0 || size > MONARCH_ZPOOL_MAX_FILE || __atomic_load_n(&monarch_zpool_off, __ATOMIC_RELAXED))
         return -1;
     monarch_zstd_dctx *dctx = monarch_zstd_dctx_here();
-    struct monarch_zpool_entry *e = dctx ? monarch_zpool_claim() : NULL;
+    struct monarch_zpool_entry *e = dctx ? monarch_zpool_claim(reused) : NULL;
     unsigned char *dst = e ? monarch_zpool_fit(e, size) : NULL;
     if (!dst)
         return -1;

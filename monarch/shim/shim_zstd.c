@@ -215,7 +215,7 @@ static int monarch_zstd_memfd(const void *src, size_t fsize, uint64_t size, cons
 }
 
 static int monarch_zpool_decode(const void *src, size_t fsize, uint64_t size, const void *ddict, int flags,
-                                int *frame_bad); /* shim_zpool.c */
+                                int *frame_bad, int *reused); /* shim_zpool.c */
 
 /*
  * <pr dir>/.z/<key>, decoded here into a sealed memfd (see the top of this file): its
@@ -241,7 +241,7 @@ static int monarch_zstd_open(unsigned probe, const char *key, size_t kl, int fla
     struct stat st;
     uint32_t n = monarch_index_lookup(key, kl);
     uint64_t size = n && monarch_index_entry(n, &e) == 0 ? e.size : 0;
-    int mfd = -1;
+    int mfd = -1, reused = 0;
     const void *src = MAP_FAILED;
     if (size > 0 && size <= SIZE_MAX / 2
         && monarch_sys_fstat(zfd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0
@@ -267,7 +267,8 @@ static int monarch_zstd_open(unsigned probe, const char *key, size_t kl, int fla
         memcpy(name, base, bl);
         name[bl] = '\0';
         int frame_bad;
-        mfd = monarch_zpool_decode(src, fsize, size, ddict, flags, &frame_bad);
+        mfd = monarch_zpool_decode(src, fsize, size, ddict, flags, &frame_bad, &reused);
+        reused = reused && mfd >= 0;
         if (mfd < 0 && !frame_bad) {
             mfd = monarch_zstd_memfd(src, fsize, size, ddict, name);
             if (mfd >= 0 && !(flags & O_CLOEXEC) && syscall(SYS_fcntl, mfd, F_SETFD, 0) != 0) {
@@ -283,6 +284,8 @@ out:;
         __atomic_fetch_add(monarch_extra(c, MONARCH_EXTRA_ZSTD_OPENS), 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(monarch_extra(c, MONARCH_EXTRA_ZSTD_NS), monarch_now_ns() - t0, __ATOMIC_RELAXED);
         __atomic_fetch_add(monarch_extra(c, MONARCH_EXTRA_ZSTD_BYTES), size, __ATOMIC_RELAXED);
+        if (reused)
+            __atomic_fetch_add(monarch_extra(c, MONARCH_EXTRA_ZSTD_REUSED), 1, __ATOMIC_RELAXED);
     } else if (c)
         __atomic_fetch_add(monarch_extra(c, MONARCH_EXTRA_ZSTD_FALLBACKS), 1, __ATOMIC_RELAXED);
     return mfd;

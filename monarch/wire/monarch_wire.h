@@ -19,11 +19,11 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 4 /* 4: EXTRA_PROCESSES */
+#define MONARCH_COUNTERS_VERSION 5 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED */
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 #define MONARCH_SLOT_WORDS 3 /* opens, bytes, opens_uncounted */
-#define MONARCH_EXTRA_WORDS 8
+#define MONARCH_EXTRA_WORDS 9
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
 #define MONARCH_SLOT_PFS 0
 #define MONARCH_SLOT_PEER 1
@@ -39,6 +39,8 @@
 /* processes in which the shim was active (counting on): +1 at start-up and in a fork child,
  * -1 when one replaces itself by exec (the new program counts itself if it loads the shim) */
 #define MONARCH_EXTRA_PROCESSES 7
+/* shim_zpool.c: of EXTRA_ZSTD_OPENS, those decoded into a reused memfd (its pages already there) */
+#define MONARCH_EXTRA_ZSTD_REUSED 8
 
 /* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
 #define MONARCH_VERB_OPEN 1

@@ -17,6 +17,10 @@ pytestmark = pytest.mark.shim
 
 POOL = 8  # MONARCH_ZPOOL_ENTRIES
 
+
+def reused(env) -> int:
+    return protocol.read_extra_counters(env.counters)[protocol.EXTRA_ZSTD_REUSED]
+
 # argv: path md5 path md5 ...; prints the memfd inode each open was served from
 SEQUENTIAL = textwrap.dedent("""
     import hashlib, os, sys
@@ -52,6 +56,7 @@ def test_decoded_opens_reuse_a_memfd_once_it_is_closed(shim_env):
     inodes = shim_env.python(SEQUENTIAL, *args).stdout.split()
     assert len(inodes) == 30 and len(set(inodes)) == 1, inodes
     assert extra(shim_env)["opens"] == 30 and shim_env.counts()[protocol.SLOT_PFS] == (0, 0)
+    assert reused(shim_env) == 29  # all but the first, which made the memfd
 
 
 HOLDERS = textwrap.dedent("""
@@ -111,7 +116,7 @@ MANY_OPEN = textwrap.dedent("""
 def test_more_files_held_than_the_pool_has_memfds_get_fresh_ones(shim_env):
     args = dataset(shim_env, POOL + 3)
     assert shim_env.python(MANY_OPEN, *args).stdout.split() == [str(POOL + 3).encode()]
-    assert extra(shim_env)["opens"] == POOL + 3 and extra(shim_env)["left"] == 0
+    assert extra(shim_env)["opens"] == POOL + 3 and extra(shim_env)["left"] == 0 and reused(shim_env) == 0
 
 
 CLOSED_BEHIND = textwrap.dedent("""
