@@ -4,17 +4,21 @@
  * A tier with compression keeps a file's zstd frame at <tier>/.z/<key> (docs/compression.md).
  * When the probe of <tier>/<key> misses in every tier, the shim looks for <tier>/.z/<key>
  * and, if the system's libzstd (libzstd.so.1, loaded with dlopen at start-up: no zstd.h,
- * no link-time dependency) is there, decodes the frame itself into a sealed memfd:
+ * no link-time dependency) is there, decodes the frame itself into a memfd:
  *   open the frame (O_NOFOLLOW), map it, check it (content size = the snapshot index's
- *   size; a dictionary frame: the tier's dictionary, below), memfd_create + ftruncate + mmap MAP_SHARED|MAP_POPULATE,
- *   decompress straight into the mapping with this thread's DCtx, check the decoded size,
- *   unmap, seal (F_SEAL_SEAL | SHRINK | GROW | WRITE, as the daemon's memfds).
+ *   size; a dictionary frame: the tier's dictionary, below), decompress straight into a
+ *   memfd of this process's pool that nobody holds any more (shim_zpool.c: its pages are
+ *   already there) with this thread's DCtx, check the decoded size, hand the application a
+ *   read-only open of it. When the pool cannot take it: a fresh memfd, memfd_create +
+ *   ftruncate + mmap MAP_SHARED|MAP_POPULATE, decoded into, unmapped and sealed
+ *   (F_SEAL_SEAL | SHRINK | GROW | WRITE, as the daemon's memfds).
  * No daemon round trip, no copy through a buffer, no heap allocation but one DCtx per
  * thread (made at the thread's first compressed open, freed when the thread ends).
  * Any failure (no frame, no library, a dictionary that is not there, a corrupt or short frame, a
  * size the index does not vouch for, no memfd) returns -1 and the caller asks the daemon,
  * as it did before: fail open. The opens served here are counted under the tier's slot
- * like the daemon's memfds, and in the EXTRA_ZSTD_* counters (opens, ns, bytes, fallbacks).
+ * like the daemon's memfds, and in the EXTRA_ZSTD_* counters (opens, ns, bytes, fallbacks,
+ * reused memfds).
  *
  * MONARCH_SHIM_ZSTD: unset, the library libzstd.so.1; "0" (or "off"): never decode here
  * (every compressed open asks the daemon); anything else: the library to dlopen instead.
