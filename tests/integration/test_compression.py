@@ -129,7 +129,7 @@ def run_readers(base: str, cfg: str, digests: dict) -> dict:
     report = os.path.join(base, "report.json")
     r = monarch("run", "-c", cfg, "--report", report, "--", sys.executable, script, want, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    return load(report)
+    return load(report) | {"printed": r.stderr}
 
 
 def test_compressed_and_raw_copies_serve_the_sources_bytes_to_every_reader(short_tmp):
@@ -155,6 +155,7 @@ def test_compressed_and_raw_copies_serve_the_sources_bytes_to_every_reader(short
     assert z["opens"] >= 60 and z["left_to_daemon"] == 0 and z["bytes"] >= 10 * arrays and z["ns"] > 0, z
     # each reader decodes file after file into the memfds its process made first (shim_zpool.c)
     assert 0 < z["reused"] < z["opens"], z
+    assert f"{z['reused']} of them into a reused memfd; 0 left to the daemon" in rep["printed"], rep["printed"]
     assert sum(resolves.values()) <= 12, resolves
 
 
