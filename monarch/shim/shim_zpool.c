@@ -23,13 +23,17 @@
  * The application closing the pool's descriptor (close, close_range, dup2 onto it, fclose)
  * retires that memfd first (monarch_zpool_release_fd); a number closed behind the shim's back
  * is caught by the inode check before each use. A fork child starts with an empty pool: the
- * parent's memfds are the parent's to reuse. The caveat: the lease is held for the two
- * fcntl calls; another process opening the memfd through /proc/<pid>/fd in that instant would
- * break it, and the kernel would signal this process (SIGIO).
+ * parent's memfds are the parent's to reuse. The lease is held for the two fcntl calls;
+ * another process opening the memfd through /proc/<pid>/fd in that instant would break it,
+ * and the kernel would signal this process: SIGURG (F_SETSIG), ignored unless the
+ * application handles it, instead of SIGIO, which would end it.
  */
 
 #ifndef F_SETLEASE
 #define F_SETLEASE 1024
+#endif
+#ifndef F_SETSIG
+#define F_SETSIG 10
 #endif
 
 #define MONARCH_ZPOOL_ENTRIES 8
@@ -123,6 +127,8 @@ static int monarch_zpool_make(struct monarch_zpool_entry *e)
         e->fd = -1;
         return -1;
     }
+    /* a lease break (see the top) signals SIGURG, ignored by default, not SIGIO, which ends a process */
+    syscall(SYS_fcntl, e->fd, F_SETSIG, SIGURG);
     e->dev = st.st_dev;
     e->ino = st.st_ino;
     e->map = NULL;
