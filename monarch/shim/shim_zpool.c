@@ -240,13 +240,15 @@ static int monarch_zpool_decode(const void *src, size_t fsize, uint64_t size, co
  * once it is someone else's. Cheap when the pool was never used. */
 static void monarch_zpool_release_fd(int fd)
 {
-    if (!__atomic_load_n(&monarch_zpool_used, __ATOMIC_ACQUIRE) || fd < 0 || getpid() != monarch_pid)
+    if (!__atomic_load_n(&monarch_zpool_used, __ATOMIC_ACQUIRE) || fd < 0)
         return;
     for (unsigned i = 0; i < MONARCH_ZPOOL_ENTRIES; i++) {
         struct monarch_zpool_entry *e = &monarch_zpool[i];
         for (;;) {
             int state = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
-            if (state == MONARCH_ZP_EMPTY || e->fd != fd)
+            /* a vfork child (another pid in our memory) closes its own descriptors, not ours */
+            if (state == MONARCH_ZP_EMPTY || __atomic_load_n(&e->fd, __ATOMIC_RELAXED) != fd
+                || getpid() != monarch_pid)
                 break;
             if (state == MONARCH_ZP_BUSY) { /* another thread is decoding into it: a few us */
                 sched_yield();

@@ -222,7 +222,7 @@ static int monarch_zpool_decode(const void *src, size_t fsize, uint64_t size, co
                                 int *frame_bad, int *reused); /* shim_zpool.c */
 
 /*
- * <pr dir>/.z/<key>, decoded here into a sealed memfd (see the top of this file): its
+ * <pr dir>/.z/<key>, decoded here into a memfd (see the top of this file): its
  * descriptor, or -1: no frame (*found 0), or one this process cannot decode (*found 1,
  * counted as a fallback: the caller asks the daemon). close-on-exec as flags say.
  */
