@@ -8,9 +8,14 @@ codec returns the stored form, or None when the file does not shrink by ``MIN_RA
 npz, random bytes): those are kept raw, where the shim's tier probe opens them at native
 speed, so incompressible data costs one trial compression per file and nothing per read.
 
-The choice (FanStore's "select"): the first files staged into the tier are the sample
-(``SAMPLE_FILES`` files or ``SAMPLE_BYTES``, whichever comes first; they are stored with
-``DEFAULT_LEVEL`` meanwhile, so the sample costs no extra PFS read). On the sample each
+The choice (FanStore's "select"): the sample is ``SAMPLE_FILES`` files (or ``SAMPLE_BYTES``,
+whichever comes first) as they are staged, so it costs no extra PFS read; files staged
+before the choice are stored with ``DEFAULT_LEVEL``. With the read-ahead, the daemon names
+the sample (``sample_from``): files spread over the whole snapshot, staged first, because the
+first files of a walk are one directory's (one class), which may compress unlike the rest;
+until it does (``defer_sample``), the walk's files are staged but not sampled. Otherwise
+(files staged as the application opens them, in its shuffled order) the first ones staged
+are the sample. On the sample each
 level of ``LEVELS`` is measured in CPU time (ratio, compression and decompression
 throughput; the higher levels no more once one compresses below ``COMPRESS_FLOOR``); the
 chosen level is the one with the best ratio among those that decompress at least at
@@ -52,6 +57,8 @@ DICT_DIR = ".dict"           # <tier>/.z/.dict/<id>: the dictionaries frames nam
 SAMPLE_FILES = 32
 SAMPLE_BYTES = 16 << 20
 TRIAL_BYTES = 2 << 20        # at most this much of the sample is compressed at every level
+SAMPLE_PATIENCE = 8          # named sample files missing after this many files per sample file offered
+                             # (staged elsewhere, no room, copied before they were named): choose without them
 DECOMPRESS_FLOOR = 500e6     # bytes/s: the read path must stay well above a PFS stream
 COMPRESS_FLOOR = 40e6        # bytes/s: staging must not become CPU-bound on high levels
 DICT_MEAN_MAX = 64 << 10     # mean file size under which a dictionary is tried
@@ -96,6 +103,13 @@ def _measure(samples: list[bytes], level: int, dict_data: zstandard.ZstdCompress
     stored = sum(len(f) for f in frames)
     return {"level": level, "ratio": raw / max(1, stored), "compress_mbps": raw / max(t1 - t0, 1e-9) / 1e6,
             "decompress_mbps": raw / max(t2 - t1, 1e-9) / 1e6}
+
+
+def spread(keys: list[str], n: int) -> list[str]:
+    """``n`` of ``keys`` evenly spaced over them (all of them when there are no more than ``n``)."""
+    if len(keys) <= n:
+        return list(keys)
+    return [keys[(2 * i + 1) * len(keys) // (2 * n)] for i in range(n)]
 
 
 def _best_ratio(cands: list[dict]) -> dict:
@@ -197,6 +211,9 @@ class Codec:
         self._lock = threading.Lock()
         self._sample: list[bytes] | None = []
         self._sample_size = 0
+        self._sample_keys: set[str] | None = None  # the files the sample is taken from (None: the first staged)
+        self._deferred = False                     # sample nothing until told which files (sample_from)
+        self._offered = 0                          # files offered since sample_from
         self.choice = Choice()
         self._cctx = threading.local()
         self._dctx = threading.local()  # a decompression context per inflate thread (and dictionary)
@@ -219,9 +236,9 @@ class Codec:
             ratio = self.logical_in / self.stored_out if self.stored_out else 1.0
         return int(size / max(1.0, ratio)) + 1
 
-    def encode(self, data) -> bytes | None:
-        """The stored form of ``data`` (a bytes-like object), or None: keep it raw."""
-        self._take_sample(data)
+    def encode(self, data, key: str | None = None) -> bytes | None:
+        """The stored form of ``data`` (a bytes-like object, the file ``key``), or None: keep it raw."""
+        self._take_sample(data, key)
         if not self.choice.enabled:
             return self._account(len(data), None)
         cctx = self._compressor()
@@ -245,16 +262,44 @@ class Codec:
             local.generation = self._generation
         return local.cctx
 
-    def _take_sample(self, data) -> None:
+    @property
+    def sample_files(self) -> int:
+        return self._want_files
+
+    def defer_sample(self) -> None:
+        """Take no file into the sample until ``sample_from`` names them."""
+        with self._lock:
+            self._deferred = True
+
+    def sample_from(self, keys) -> None:
+        """The sample is these files (spread over the dataset), as they are staged; none: choose now."""
+        with self._lock:
+            if self._sample is None:
+                return
+            self._sample_keys, self._offered = set(keys), 0
+            empty = not self._sample_keys
+        if empty:
+            self.finish_sample()
+
+    def _take_sample(self, data, key: str | None) -> None:
         if self._sample is None:
             return
         with self._lock:
             if self._sample is None:
                 return
-            if self._sample_size < self._want_bytes:
+            if self._sample_keys is not None:  # the named files only
+                self._offered += 1
+                named = key in self._sample_keys
+                self._sample_keys.discard(key)
+                waited = not self._sample_keys or self._offered >= SAMPLE_PATIENCE * max(1, self._want_files)
+            elif self._deferred:
+                return
+            else:
+                named, waited = True, False
+            if named and self._sample_size < self._want_bytes:
                 self._sample.append(bytes(data[:1 << 20]))
                 self._sample_size += min(len(data), 1 << 20)
-            if len(self._sample) < self._want_files and self._sample_size < self._want_bytes:
+            if not waited and len(self._sample) < self._want_files and self._sample_size < self._want_bytes:
                 return
             samples, self._sample = self._sample, None
         self._choose(samples)

@@ -27,7 +27,7 @@ from monarch import frontdoor, layout, protocol
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError, PeerError
 from monarch.frontdoor import FrontDoor
-from monarch.node.codecs import Compressed, needs_dictionary
+from monarch.node.codecs import Compressed, needs_dictionary, spread
 from monarch.node.door_link import DoorLink
 from monarch.node.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
@@ -88,6 +88,10 @@ class NodeDaemon:
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")
                                   for i, cfg in enumerate(config.tiers)) if t is not None]
+        if config.staging.policy == "read-ahead":  # the read-ahead names the codecs' sample (_start_staging)
+            for tier in self.tiers:
+                if tier.codec is not None:
+                    tier.codec.defer_sample()
         log.debug("phase tiers.ready")
         self.peer_area = None
         self._peers = None
@@ -305,6 +309,7 @@ class NodeDaemon:
             if self.config.staging.policy == "read-ahead":
                 # this node's own files from the PFS first, then (replicated) the others' from their owners
                 keys = sorted(self.snapshot.files)
+                self._sample_for_codecs(keys)
                 others = () if self._sharded() else (k for k in keys if not self.owns(k))
                 self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)), others))
                 if self._keeps_replicas():  # then second copies of the files this node takes over on a loss
@@ -455,6 +460,21 @@ class NodeDaemon:
         stager = getattr(self, "stager", None)
         elapsed = time.time() - self.started
         return stager.bytes_read["pfs"] / elapsed if stager is not None and elapsed > 0 else None
+
+    def _sample_for_codecs(self, keys: list[str]) -> None:
+        """Compressing tiers choose their level on files spread over this node's share of the
+        dataset, staged ahead of the rest of the read-ahead: the walk's first files are one
+        directory's, which may compress unlike the others (docs/compression.md)."""
+        codecs = [t.codec for t in self.tiers if t.codec is not None]
+        if not codecs:
+            return
+        busy = self.stager.busy_keys()
+        sample = spread(
+            [k for k in keys if self.owns(k) and k not in busy and self.snapshot.files[k].size > 0],
+            codecs[0].sample_files)
+        for codec in codecs:
+            codec.sample_from(sample)
+        self.stager.read_ahead_first(sample)
 
     def owns(self, key: str) -> bool:
         return self.cluster is None or self.cluster.owner(key) == self.node

@@ -131,6 +131,18 @@ class Stager(StagerBooks):
             self.schedule.replicas_locked(keys)
             self._wake_locked()
 
+    def read_ahead_first(self, keys: Iterable[str]) -> None:
+        """Stage ``keys`` in the background before anything else the read-ahead has queued
+        (the compressing tiers' sample)."""
+        with self.lock:
+            self.schedule.feed.extendleft(reversed(list(keys)))
+            self._wake_locked()
+
+    def busy_keys(self) -> set[str]:
+        """The keys staged or being copied now."""
+        with self.lock:
+            return set(self.staged) | set(self.flights)
+
     def read_ahead_more(self, keys: Iterable[str]) -> None:
         """Stage ``keys`` in the background as well, before the read-ahead's own order: the
         files of a walk still under way, as it finds them (what fits; nothing evicted)."""

@@ -181,7 +181,7 @@ class Copier:
                         buf = io.BytesIO()
                         self.read_pfs(key, buf)
                         held = buf.getbuffer()
-                    frame = codec.encode(held)  # None: it does not shrink enough, kept raw
+                    frame = codec.encode(held, key)  # None: it does not shrink enough, kept raw
                 except BaseException:
                     tier.release(expected)
                     raise

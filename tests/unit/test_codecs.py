@@ -127,6 +127,44 @@ def test_a_tier_made_from_its_config_chooses_its_level_once_the_sample_is_in(tmp
     assert "fits the dataset in the tier (needs 2.00x" in choice.reason
 
 
+def test_a_deferred_sample_is_the_named_files_not_the_first_ones_staged():
+    """The walk stages one directory first: a codec told to wait takes none of those into its
+    sample, then exactly the files the read-ahead names (spread over the dataset), so the
+    ratio it chooses on is theirs. Before, the first 32 files staged were the sample."""
+    c = Codec("zstd")
+    c.defer_sample()
+    for i in range(40):  # the first directory: nearly random bytes
+        c.encode(random.Random(i).randbytes(20_000), f"a/{i}")
+    assert c.choice.reason == "sampling"
+    named = [f"b/{i}" for i in range(codecs.SAMPLE_FILES)]
+    c.sample_from(named)
+    for i, key in enumerate(named):
+        c.encode(random.Random(i).randbytes(20_000), f"a/x{i}")  # not named: still not sampled
+        c.encode(compressible(20_000, i), key)
+    assert c.choice.reason != "sampling" and c.choice.sample_files == codecs.SAMPLE_FILES
+    assert c.choice.ratio > 2.5, c.choice  # the named text's ratio, not the random bytes' ~1.0
+
+
+def test_named_sample_files_that_never_come_do_not_hold_the_choice_forever():
+    c = Codec("zstd")
+    c.sample_from([f"gone/{i}" for i in range(codecs.SAMPLE_FILES)])
+    c.encode(compressible(20_000, 0), "gone/0")
+    for i in range(codecs.SAMPLE_PATIENCE * codecs.SAMPLE_FILES - 2):
+        c.encode(compressible(20_000, i), f"other/{i}")
+    assert c.choice.reason == "sampling"
+    c.encode(compressible(20_000, 1), "other/last")
+    assert c.choice.reason != "sampling" and c.choice.sample_files == 1
+
+
+def test_spread_takes_keys_evenly_over_the_dataset():
+    keys = [f"class_{c}/{i:03d}" for c in range(6) for i in range(100)]
+    picked = codecs.spread(keys, 32)
+    assert len(picked) == 32 and len(set(picked)) == 32
+    per_class = [sum(k.startswith(f"class_{c}/") for k in picked) for c in range(6)]
+    assert min(per_class) >= 5 and max(per_class) <= 6, per_class
+    assert codecs.spread(keys[:10], 32) == keys[:10]
+
+
 def test_codec_keeps_incompressible_files_raw_and_counts_both():
     codec = Codec("zstd", sample_files=2)
     assert codec.encode(os.urandom(10_000)) is None
