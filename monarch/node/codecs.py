@@ -214,6 +214,7 @@ class Codec:
         self._sample_keys: set[str] | None = None  # the files the sample is taken from (None: the first staged)
         self._deferred = False                     # sample nothing until told which files (sample_from)
         self._offered = 0                          # files offered since sample_from
+        self._early: list[str] = []                # stored compressed before the choice (DEFAULT_LEVEL)
         self.choice = Choice()
         self._cctx = threading.local()
         self._dctx = threading.local()  # a decompression context per inflate thread (and dictionary)
@@ -241,9 +242,31 @@ class Codec:
         self._take_sample(data, key)
         if not self.choice.enabled:
             return self._account(len(data), None)
+        generation = self._generation
         cctx = self._compressor()
         out = cctx.compress(data)
-        return self._account(len(data), out if len(data) >= MIN_RATIO * len(out) else None)
+        out = self._account(len(data), out if len(data) >= MIN_RATIO * len(out) else None)
+        if out is not None and generation == 0 and key is not None:
+            with self._lock:
+                self._early.append(key)
+        return out
+
+    def take_early(self) -> list[str]:
+        """Once the level is chosen, the files stored compressed before it, once (else [])."""
+        with self._lock:
+            if self._generation == 0 or not self._early:
+                return []
+            early, self._early = self._early, []
+            return early
+
+    def reencode(self, data) -> bytes:
+        """``data`` compressed as the tier's files are now (the chosen level and dictionary)."""
+        return self._compressor().compress(data)
+
+    def recoded(self, saved: int) -> None:
+        """A copy was re-encoded, ``saved`` stored bytes smaller."""
+        with self._lock:
+            self.stored_out -= saved
 
     def _account(self, size: int, out: bytes | None) -> bytes | None:
         with self._lock:

@@ -19,6 +19,7 @@ from typing import Callable
 from monarch.errors import PeerError
 from monarch.node.sources import PFSSource, Source, SourceChanged
 from monarch.node.stager_books import StagerBooks
+from monarch.node.stager_recode import start_recode
 from monarch.node.tiers import NO_SPACE, Tier, write_all, write_atomically
 from monarch.secure import owner_only
 
@@ -182,6 +183,8 @@ class Copier:
                         self.read_pfs(key, buf)
                         held = buf.getbuffer()
                     frame = codec.encode(held, key)  # None: it does not shrink enough, kept raw
+                    if early := codec.take_early():  # the level was just chosen: the earlier frames follow it
+                        start_recode(self.books, tier, early)
                 except BaseException:
                     tier.release(expected)
                     raise

@@ -168,6 +168,12 @@ class Tier:
             if compressed and key is not None:
                 self._compressed.add(key)
 
+    def shrunk(self, saved: int) -> None:
+        """A copy was rewritten ``saved`` stored bytes smaller (re-encoded at the chosen level)."""
+        with self._lock:
+            self._used -= saved
+            self.stored -= saved
+
     def forget(self, key: str, logical: int, stored: int) -> None:
         """The copy of ``key`` was deleted (its stored bytes are released separately)."""
         with self._lock:

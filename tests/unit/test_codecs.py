@@ -4,6 +4,7 @@ the sealed memfd an open is served from (the decoded files kept for re-opens: te
 import fcntl
 import os
 import random
+import time
 
 import pytest
 import zstandard
@@ -217,6 +218,61 @@ def test_stager_stores_compressible_files_compressed_and_the_rest_raw(tmp_path, 
         fd = t.codec.inflate(t.compressed_path_for(k), mixed.files[k].size)
         assert os.pread(fd, 10**6, 0) == open(mixed.source_path(k), "rb").read()
         os.close(fd)
+
+
+def test_files_stored_before_the_choice_are_re_encoded_at_the_chosen_level(tmp_path):
+    """The sample's files (and any staged meanwhile) are stored at DEFAULT_LEVEL; once the
+    level is chosen they are re-encoded from their frames (no PFS read) and the room freed:
+    every frame ends as the chosen level makes it, the accounts equal the files on disk."""
+    root = tmp_path / "pfs"
+    (root / "d").mkdir(parents=True)
+    for i in range(48):
+        (root / "d" / f"{i:02d}.txt").write_bytes(compressible(30_000, i))
+    snap = take_snapshot((str(root),))
+    t = tier(tmp_path, 10**7)
+    stager = Stager(snap, [t], threads=2)
+    for key in sorted(snap.files):
+        assert stager.ensure(key).result(timeout=20) is t
+    level = t.codec.choice.level
+    assert t.codec.choice.reason != "sampling" and level != codecs.DEFAULT_LEVEL, t.codec.choice
+    cctx = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    want = {k: len(cctx.compress(open(snap.source_path(k), "rb").read())) for k in snap.files}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(os.path.getsize(t.copy_path(k)) != n for k, n in want.items()):
+        time.sleep(0.05)
+    assert {k: os.path.getsize(t.copy_path(k)) for k in snap.files} == want
+    assert t.used == t.stored == sum(want.values())
+    assert stager.stats()["pfs_bytes_read"] == snap.total_bytes  # one PFS read per file
+    for k in snap.files:
+        fd = t.codec.inflate(t.compressed_path_for(k), snap.files[k].size)
+        assert os.pread(fd, 10**6, 0) == open(snap.source_path(k), "rb").read()
+        os.close(fd)
+    stager.shutdown()
+
+
+def test_a_copy_written_or_dropped_meanwhile_is_never_re_encoded_back(tmp_path, monkeypatch):
+    """The job writes a file while its frame is being re-encoded: the rename is refused
+    under the stager's lock, so no frame of the old bytes reappears, and the room stays right."""
+    from monarch.node import stager_recode, tiers as tiers_mod
+    root = tmp_path / "pfs"
+    (root / "d").mkdir(parents=True)
+    for i in range(4):
+        (root / "d" / f"{i}.txt").write_bytes(compressible(30_000, i))
+    snap = take_snapshot((str(root),))
+    t = tier(tmp_path, 10**7)
+    stager = Stager(snap, [t], threads=1)
+    keys = sorted(snap.files)
+    for key in keys:
+        stager.ensure(key).result(timeout=20)
+    assert t.codec.choice.reason == "sampling"  # 4 files: no choice, every frame at DEFAULT_LEVEL
+    t.codec.reencode = lambda data: (stager.invalidate(keys[0]),  # the job's write, mid-way
+                                     zstandard.ZstdCompressor(level=19).compress(data))[1]
+    assert stager_recode.recode(stager, t, keys[:1]) == (0, 0)
+    assert not os.path.exists(t.compressed_path_for(keys[0])) and not t.is_compressed(keys[0])
+    assert t.used == t.stored == sum(os.path.getsize(t.copy_path(k)) for k in keys[1:])
+    assert [n for n in os.listdir(os.path.dirname(t.compressed_path_for(keys[0])))
+            if n.startswith(tiers_mod.TMP_PREFIX)] == []  # no temporary file left
+    stager.shutdown()
 
 
 def test_compression_holds_more_than_the_capacity_in_logical_bytes(tmp_path):
