@@ -19,7 +19,6 @@ import time
 
 import zstandard
 
-from monarch.node.stager_books import StagerBooks
 from monarch.node.tiers import Tier, write_all, write_atomically
 from monarch.secure import owner_only
 
@@ -32,15 +31,15 @@ class _Gone(Exception):
     """The copy is not the one booked any more: leave it."""
 
 
-def start_recode(books: StagerBooks, tier: Tier, keys: list[str]) -> threading.Thread:
+def start_recode(books, tier: Tier, keys: list[str]) -> threading.Thread:
     thread = threading.Thread(target=recode, args=(books, tier, keys), name=f"monarch-recode-{tier.name}",
                               daemon=True)
     thread.start()
     return thread
 
 
-def recode(books: StagerBooks, tier: Tier, keys: list[str]) -> tuple[int, int]:
-    """Re-encode ``keys``' frames in ``tier``; (files rewritten, stored bytes saved)."""
+def recode(books, tier: Tier, keys: list[str]) -> tuple[int, int]:
+    """Re-encode ``keys``' frames in ``tier`` (``books``: the Stager); (files rewritten, stored bytes saved)."""
     files = saved = 0
     later = []
     for attempt in range(2):
@@ -61,13 +60,18 @@ def recode(books: StagerBooks, tier: Tier, keys: list[str]) -> tuple[int, int]:
             break
         keys, later = later, []
         time.sleep(RETRY_AFTER)
+    if saved:  # room was freed: the files that did not fit are staged after all (read ahead again)
+        with books.lock:
+            retry, books.no_room = sorted(books.no_room), set()
+        if retry:
+            books.read_ahead_more(retry)
     c = tier.codec.choice
     log.info("compression: tier %s: %d files stored before the choice re-encoded at level %d, %d bytes freed",
              tier.name, files, c.level, saved)
     return files, saved
 
 
-def _recode_one(books: StagerBooks, tier: Tier, key: str) -> int:
+def _recode_one(books, tier: Tier, key: str) -> int:
     """Bytes saved rewriting ``key``'s frame (0: not smaller, or the copy went meanwhile)."""
     path = tier.compressed_path_for(key)
     info = books.snapshot.files.get(key)
