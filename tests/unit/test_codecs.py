@@ -220,19 +220,25 @@ def test_stager_stores_compressible_files_compressed_and_the_rest_raw(tmp_path, 
         os.close(fd)
 
 
-def test_files_stored_before_the_choice_are_re_encoded_at_the_chosen_level(tmp_path):
-    """The sample's files (and any staged meanwhile) are stored at DEFAULT_LEVEL; once the
-    level is chosen they are re-encoded from their frames (no PFS read) and the room freed:
-    every frame ends as the chosen level makes it, the accounts equal the files on disk."""
+def staged_text(tmp_path, n: int):
+    """n compressible files of 30 KB staged into a zstd tier: (snapshot, tier, stager)."""
     root = tmp_path / "pfs"
     (root / "d").mkdir(parents=True)
-    for i in range(48):
+    for i in range(n):
         (root / "d" / f"{i:02d}.txt").write_bytes(compressible(30_000, i))
     snap = take_snapshot((str(root),))
     t = tier(tmp_path, 10**7)
     stager = Stager(snap, [t], threads=2)
     for key in sorted(snap.files):
         assert stager.ensure(key).result(timeout=20) is t
+    return snap, t, stager
+
+
+def test_files_stored_before_the_choice_are_re_encoded_at_the_chosen_level(tmp_path):
+    """The sample's files (and any staged meanwhile) are stored at DEFAULT_LEVEL; once the
+    level is chosen they are re-encoded from their frames (no PFS read) and the room freed:
+    every frame ends as the chosen level makes it, the accounts equal the files on disk."""
+    snap, t, stager = staged_text(tmp_path, 48)
     level = t.codec.choice.level
     assert t.codec.choice.reason != "sampling" and level != codecs.DEFAULT_LEVEL, t.codec.choice
     cctx = zstandard.ZstdCompressor(level=level, write_content_size=True)
@@ -254,16 +260,8 @@ def test_a_copy_written_or_dropped_meanwhile_is_never_re_encoded_back(tmp_path, 
     """The job writes a file while its frame is being re-encoded: the rename is refused
     under the stager's lock, so no frame of the old bytes reappears, and the room stays right."""
     from monarch.node import stager_recode, tiers as tiers_mod
-    root = tmp_path / "pfs"
-    (root / "d").mkdir(parents=True)
-    for i in range(4):
-        (root / "d" / f"{i}.txt").write_bytes(compressible(30_000, i))
-    snap = take_snapshot((str(root),))
-    t = tier(tmp_path, 10**7)
-    stager = Stager(snap, [t], threads=1)
+    snap, t, stager = staged_text(tmp_path, 4)
     keys = sorted(snap.files)
-    for key in keys:
-        stager.ensure(key).result(timeout=20)
     assert t.codec.choice.reason == "sampling"  # 4 files: no choice, every frame at DEFAULT_LEVEL
     t.codec.reencode = lambda data: (stager.invalidate(keys[0]),  # the job's write, mid-way
                                      zstandard.ZstdCompressor(level=19).compress(data))[1]
