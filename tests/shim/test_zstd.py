@@ -1,5 +1,5 @@
 """Compressed copies decoded by the shim in the application's process (shim_zstd.c): a frame
-at <tier>/.z/<key> is opened and decoded into a sealed memfd with no daemon round trip; a
+at <tier>/.z/<key> is opened and decoded into a memfd (pooled: test_zpool.py) with no daemon round trip; a
 frame it cannot decode (corrupt, wrong size, a dictionary that is not there, no libzstd)
 is left to the daemon, as before: fail open, the source's bytes either way."""
 
