@@ -1,21 +1,25 @@
-"""The node daemon: owns this node's tiers, snapshot, stager, peer area and statistics,
-and answers the shim's ``resolve(key)``.
+"""The node daemon: owns this node's tiers, snapshot, stager and statistics, and answers
+the shim's ``resolve(key)``.
 
 Single node it reads the dataset ahead of the application (``read-ahead``: in the
 background from the start, what the application waits for first) or stages on access;
-in a cluster it stages what this node owns and fetches the rest from the owning peer
-into a bounded local peer area; when a peer cannot help (dead, slow, full) the file is
-staged here from the PFS instead. Every copy, from the PFS or a peer, goes through the
-stager (``monarch/node/stager*.py``, ``monarch/node/sources.py``).
-Every way it cannot help ends in the same answer: read the PFS (fail open), counted by why.
+in a cluster its role (``monarch/node/cluster_role.py``) stages what this node owns and
+fetches the rest from the owning peer into a bounded local peer area; when a peer cannot
+help (dead, slow, full) the file is staged here from the PFS instead. Every copy, from the
+PFS or a peer, goes through the stager (``monarch/node/stager*.py``,
+``monarch/node/sources.py``). Every way it cannot help ends in the same answer: read the
+PFS (fail open), counted by why (``monarch/node/outcomes.py``).
+
+The daemon's parts each own one thing and report their own slice of the statistics: the
+resolver (the shim's question), the cluster role, the front door's keeper
+(``door_link.py``), the stager; the daemon makes them, runs the snapshot's life and
+assembles what they report.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import gc
-import itertools
 import logging
 import os
 import socket
@@ -23,31 +27,30 @@ import threading
 import time
 import weakref
 
-from monarch import frontdoor, layout, protocol
+from monarch import layout, protocol
 from monarch.config import Config, TierConfig
-from monarch.errors import MonarchError, PeerError
-from monarch.frontdoor import FrontDoor
-from monarch.node.codecs import Compressed, needs_dictionary, spread
-from monarch.node.door_link import DoorLink
+from monarch.errors import MonarchError
+from monarch.node.cluster_role import ClusterRole, PeerLayer
+from monarch.node.codecs import spread
+from monarch.node.current import Current
+from monarch.node.door_link import DoorKeeper, DoorLink
 from monarch.node.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
+from monarch.node.outcomes import Outcome
 from monarch.node.resolver import Resolver
 from monarch.node.resources import margin_bytes
 from monarch.node.snapshot import Snapshot, load_or_walk
-from monarch.node.sources import PeerSource
 from monarch.node.stager import Stager
-from monarch.node.stats import NodeStats, size_classes
+from monarch.node.stats import NodeStats, shim_counters, size_classes
 from monarch.node.tiers import Tier
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.report.timeline import Sampler, Timeline
 
 log = logging.getLogger(__name__)
 
-SHARD_START_DEPTH = 32  # a sharded node's first copies in flight toward the PFS (adapted from there)
 # at close, copies under way stop at their next read (a chunk, a range: well under this);
 # one that does not (a PFS read that never returns) is not waited for beyond it
 CLOSE_DRAIN_SECONDS = 30.0
-
 
 
 class NodeDaemon:
@@ -59,13 +62,13 @@ class NodeDaemon:
     the server holds the requests that need them (server.py), INVALIDATE and HINT are
     recorded and applied, in order, before anything is served (``invalidate``, ``hint``)."""
 
-    def __init__(self, config: Config, run_id: str, cluster=None, node: int = 0, background: bool = False):
+    def __init__(self, config: Config, run_id: str, cluster: PeerLayer | None = None, node: int = 0,
+                 background: bool = False):
         self.config = config
         self.run_id = run_id
-        self.cluster = cluster
         self.node = cluster.node if cluster is not None else node
         self.started = time.time()
-        self.outcomes: collections.Counter[str] = collections.Counter()
+        self.outcomes: collections.Counter[Outcome] = collections.Counter()
         self._lock = threading.Lock()
         self.snapshot_seconds = 0.0
         self.snapshot_how = SnapshotState.WALKING.value
@@ -73,8 +76,7 @@ class NodeDaemon:
         self.gate = SnapshotGate()
         self._meta_off_logged: set[str] = set()
         self._link_targets: dict[str, list[str]] | None = None  # see _links_into
-        self._door: FrontDoor | None = None  # the server's C front door (make_front_door)
-        self.door_link: DoorLink | None = None  # the door's books kept with the current stager's
+        self._door: DoorKeeper | None = None  # the server's C front door (make_front_door)
         self._stagers: "weakref.WeakSet[Stager]" = weakref.WeakSet()  # every stager made: close() drains them
         self.run_dir = layout.run_dir(config.run_base, run_id, self.node)
         # the run directory is this instance's from here (a live one refused); a dead one's
@@ -84,8 +86,9 @@ class NodeDaemon:
         layout.prune_finished_runs(os.path.dirname(self.run_dir), spare=self.run_dir)
         protocol.create_counters(self.counters_path)
         self.tier_errors: dict[str, str] = {}
-        self.replica_served = {"files": 0, "bytes": 0}  # sent to peers from second copies after a loss
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
+        self.dataset_bytes = 0
+        self.current = Current(self.gate, Snapshot(tuple(config.dataset.roots), {}))  # nothing until the walk ends
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")
                                   for i, cfg in enumerate(config.tiers)) if t is not None]
         if config.staging.policy == "read-ahead":  # the read-ahead names the codecs' sample (_start_staging)
@@ -93,21 +96,17 @@ class NodeDaemon:
                 if tier.codec is not None:
                     tier.codec.defer_sample()
         log.debug("phase tiers.ready")
-        self.peer_area = None
-        self._peers = None
-        self.layout = None  # a cluster's layout (monarch/cluster/capacity.py), once the snapshot is shared
-        self.peer_cache = None  # sharded: other nodes' files (monarch/node/peer_cache.py)
+        self.peer_area: Tier | None = None
+        self.role: ClusterRole | None = None
         if cluster is not None:
             self.peer_area = self._make_tier(TierConfig("peer", config.peer.path, config.peer.capacity,
                                                         capacity_share=config.peer.capacity_share),
                                              protocol.SLOT_PEER, "peer.path")
-            cluster.peer_timeout = config.peer.timeout
-            cluster.on_lost = self._note_loss
-            self._peers = PeerSource(cluster, config.peer.timeout)
-        self.snapshot = Snapshot(tuple(config.dataset.roots), {})  # nothing until the walk ends
-        self.stager = self._make_stager(self.snapshot)
-        self.dataset_bytes = 0
-        self.resolver = Resolver(self)
+            self.role = ClusterRole(cluster, config, self.tiers, self.peer_area, self.current,
+                                    lambda: protocol.read_opened_from(self.counters_path, self._slot_names()))
+        with self.gate.lock:
+            self.current.install_locked(self.current.snapshot, self._make_stager(self.current.snapshot))
+        self.resolver = Resolver(self.current, config.staging, self.count, self.role)
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
         if background:
@@ -116,18 +115,23 @@ class NodeDaemon:
             self._prepare()
         log.debug("phase daemon.ready")
 
+    # what serves now (monarch/node/current.py): read at each call, swapped when the walk ends
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.current.snapshot
+
+    @property
+    def stager(self) -> Stager:
+        return self.current.stager
+
     # -- the snapshot, and everything that needs it --------------------------------------
     def _make_stager(self, snapshot: Snapshot) -> Stager:
         """A stager on ``snapshot``, known to ``close`` (which stops and drains every one,
-        the walk's streaming one included, before the tiers go). Sharded, it keeps this
-        node's share; others' files go through the peer cache."""
-        if self._sharded() or self._walking_cluster():  # its own share, from the PFS
-            stager = Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self.count)
-            if not self.config.staging.threads:  # every node waits on this one's share: start deep toward the PFS
-                stager.concurrency.limit = max(stager.concurrency.limit, SHARD_START_DEPTH)
-        else:
-            stager = Stager(snapshot, self.tiers, self.config.staging.threads, peers=self._peers,
-                            peer_area=self.peer_area, on_fallback=self.count)
+        the walk's streaming one included, before the tiers go); in a cluster, as its role
+        says (its own share, or others' files from their owners first)."""
+        options = self.role.stager_options() if self.role is not None else {}
+        stager = Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self._count_fallback,
+                        **options)
         with self._lock:
             self._stagers.add(stager)
             closing = self.gate.closing
@@ -135,111 +139,39 @@ class NodeDaemon:
             stager.shutdown()
         return stager
 
-    # -- a cluster's layout (issue 20; see monarch/cluster/capacity.py) -----------------------
-    def _sharded(self) -> bool:
-        return self.layout is not None and self.layout.mode == "shard"
-
-    def _walking_cluster(self) -> bool:
-        """A real cluster (not a test's stand-in) whose layout is not decided yet."""
-        return hasattr(self.cluster, "allgather_ints") and self.layout is None
-
-    def _exchange_capacities(self) -> list[tuple[int, int]] | None:
-        """Collective, before the walk: every node's (tiers' bytes, peer area's bytes); None
-        when they could not be exchanged (files are then owned by rendezvous hashing)."""
-        from monarch.cluster import capacity
-        if not hasattr(self.cluster, "allgather_ints"):  # a stand-in peer layer (tests)
-            return None
-        tiers = sum(t.capacity for t in self.tiers)
-        peer = self.peer_area.capacity if self.peer_area is not None else 0
-        try:
-            return capacity.exchange(self.cluster, tiers, peer)
-        except PeerError as e:  # fail open: rendezvous ownership, the peer area a store, the PFS when full
-            log.warning("the nodes' capacities were not exchanged (%s): files are owned by rendezvous hashing", e)
-            return None
-
-    def _plan_cluster(self, snap: Snapshot, capacities: list[tuple[int, int]] | None) -> None:
-        """Once the snapshot is shared: decide replicate or shard, set the placement (the same
-        on every node); sharded, the peer area becomes an evicting cache; replicating, the
-        stager fetches other nodes' files from them."""
-        from monarch.cluster import capacity
-        from monarch.node.peer_cache import PeerCache
-        if capacities is not None:
-            self.layout = capacity.plan(self.cluster, snap.files, capacities)
-        if self.layout is not None and self.layout.mode == "shard":
-            self.cluster.serve_threads = max(self.cluster.serve_threads, 32)  # every other node asks this one
-            self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
-
-    # -- peer.replicas: 2 (issue 21) ---------------------------------------------------------
-    def _keeps_replicas(self) -> bool:
-        """Sharded with ``peer.replicas: 2`` and more than one node: each node keeps, in its
-        tiers, a second copy of the files it would take over if their owner were lost."""
-        return (self._sharded() and self.config.peer.replicas >= 2 and self.cluster.nodes > 1
-                and self._peers is not None and bool(self.tiers))
-
-    def _second_here(self, key: str) -> bool:
-        """Is this node second in ``key``'s preference list (where its second copy lives)?"""
-        return self.layout.placement.owners(key, 2)[1:] == [self.node]
-
-    def _replica_stats(self) -> dict | None:
-        if not self._keeps_replicas():
-            return None
-        with self._lock:
-            served = dict(self.replica_served)
-        return self.stager.replica_stats() | {"reowned_held": self.reowned_held, "served_after_loss": served}
-
-    def _cluster_stats(self) -> dict:
-        if self.layout is None:
-            return {}
-        staged = self.stager.staged.copy()
-        mine = [k for k in staged if self.owns(k)]
-        return {"mode": self.layout.mode, "why": self.layout.why, "owned_files": self.layout.owned["files"],
-                "owned_bytes": self.layout.owned["bytes"], "owned_staged_files": len(mine),
-                "owned_staged_bytes": sum(self.snapshot.files[k].size for k in mine if k in self.snapshot.files),
-                "capacities": self.layout.capacities, "reowned_files": self.reowned_files,
-                "replicas": self._replica_stats(),
-                "peer_cache": self.peer_cache.stats() if self.peer_cache is not None else None}
-
     # -- the C front door (monarch.frontdoor), if the server has one ---------------------------
-    def make_front_door(self, listen_fd: int) -> FrontDoor | None:
-        """A front door on the socket's listener, attached to this daemon's stager (None
-        without tiers, with ``staging.validate: open`` (every open is checked, in Python),
-        or when it cannot start: the Python server answers everything)."""
-        if (not self.tiers or self.config.staging.validate == "open" or not frontdoor.wanted()
-                or frontdoor.library() is None):
+    def make_front_door(self, listen_fd: int):
+        """A front door on the socket's listener, kept linked to the current stager (None
+        with ``staging.validate: open`` (every open is checked, in Python), or when it cannot
+        start: the Python server answers everything)."""
+        if self.config.staging.validate == "open":
             return None
-        dirs = {t.slot: t.path for t in self.tiers}
-        if self.peer_area is not None:
-            dirs[protocol.SLOT_PEER] = self.peer_area.path
-        try:
-            door = FrontDoor(listen_fd, list(self.config.dataset.roots), dirs, self.tiers[0].slot)
-        except OSError as e:
-            log.warning("the daemon's C front door did not start (%s); the Python server answers every request", e)
+        may_copy = self.role is None and self.config.staging.policy != "off"
+        door = DoorKeeper.start(listen_fd, list(self.config.dataset.roots), self.tiers, self.peer_area,
+                                self.current, may_copy)
+        if door is None:
             return None
         with self.gate.lock:  # the stager swapped in when the walk ends is linked there
             self._door = door
-            self._link_door_locked()
+            door.relink_locked()
         self.open_front_door()  # a snapshot ready already (made in the foreground)
-        return door
+        return door.door
 
-    def _link_door_locked(self) -> None:
-        """The door kept told of the current stager's copies, and its copies booked there
-        (under the gate's lock, where the stager is swapped)."""
-        may_copy = self.cluster is None and self.config.staging.policy != "off"
-        self.door_link = DoorLink(self._door, self.stager, may_copy)
+    @property
+    def door_link(self) -> DoorLink | None:
+        """The door's books kept with the current stager's (None without a door)."""
+        return self._door.link if self._door is not None else None
 
     def open_front_door(self) -> None:
         """The snapshot is ready: the door answers from now on (never before the index is)."""
-        if self._door is not None and self.gate.state is SnapshotState.READY and not self._door.open(self.index_path):
-            log.warning("the front door could not map the index %s; the Python server answers every request",
-                        self.index_path)
+        if self._door is not None:
+            self._door.open(self.index_path)
 
     def absorb_front_door(self) -> None:
         """What the door copied, into the stager's books and the outcomes."""
-        if self.door_link is not None:
-            staged = self.door_link.absorb()
-            if staged:
-                with self._lock:
-                    self.outcomes["staged"] += staged
+        if self._door is not None and (staged := self._door.absorb()):
+            with self._lock:
+                self.outcomes[Outcome.STAGED] += staged
 
     def _prepare(self) -> None:
         """Walk (or reuse) the snapshot, make the stager, adopt kept copies, apply the
@@ -261,8 +193,6 @@ class NodeDaemon:
                 if stager is not None:
                     stager.shutdown()
                 return
-            if stager is not None and self.layout is not None and not self._sharded():  # replicating
-                stager.peers, stager.peer_area = self._peers, self.peer_area
             if stager is None or snap.files is not growing.files:  # not streamed, or a kept snapshot reused
                 if stager is not None:
                     stager.shutdown()
@@ -278,9 +208,9 @@ class NodeDaemon:
                     return
                 for key in self.gate.release_writes_locked():  # written to before the index exists: never served
                     self._drop_copies(stager, snap, key)
-                old, self.snapshot, self.stager = self.stager, snap, stager
+                old = self.current.install_locked(snap, stager)
                 if self._door is not None:
-                    self._link_door_locked()
+                    self._door.relink_locked()
                 self.dataset_bytes = snap.total_bytes  # a sum over every file: once, not per REPORT
             old.shutdown()
             write_file_atomically(self.index_path, index)
@@ -304,16 +234,16 @@ class NodeDaemon:
         those that come meanwhile after them. Nothing here can make the snapshot fail: a
         failure only costs the read-ahead."""
         try:
-            if self.cluster is not None:
-                self.cluster.start(self.provide)
+            if self.role is not None:
+                self.role.start()
             if self.config.staging.policy == "read-ahead":
-                # this node's own files from the PFS first, then (replicated) the others' from their owners
                 keys = sorted(self.snapshot.files)
                 self._sample_for_codecs(keys)
-                others = () if self._sharded() else (k for k in keys if not self.owns(k))
-                self.stager.read_ahead(itertools.chain((k for k in keys if self.owns(k)), others))
-                if self._keeps_replicas():  # then second copies of the files this node takes over on a loss
-                    self.stager.keep_replicas((k for k in keys if self._second_here(k)), self._peers)
+                if self.role is None:
+                    self.stager.read_ahead(keys)
+                else:
+                    self.stager.read_ahead(self.role.read_ahead_order(keys))
+                    self.role.keep_replicas(self.stager, keys)  # then second copies (peer.replicas: 2)
         except Exception:
             log.exception("starting the read-ahead failed; files are staged as they are opened")
         while batch := self.gate.next_hints():  # then hint() applies them itself
@@ -332,10 +262,10 @@ class NodeDaemon:
                 stager.shutdown()
             self.gate.fail_locked()  # nothing will be staged
             self.snapshot_how = f"failed: {why}"
-            self.snapshot = Snapshot(tuple(self.config.dataset.roots), {})
-            self.stager.shutdown()
-            self.stager = self._make_stager(self.snapshot)
-            self.door_link = None  # the door never opens: nothing of it to book
+            empty = Snapshot(tuple(self.config.dataset.roots), {})
+            self.current.install_locked(empty, self._make_stager(empty)).shutdown()
+            if self._door is not None:
+                self._door.unlink_locked()
             self.dataset_bytes = 0
         try:
             os.unlink(self.index_path)  # none, or one written before a later step failed
@@ -388,10 +318,10 @@ class NodeDaemon:
     def _streams_read_ahead(self) -> bool:
         """May the read-ahead start on the walk's files as it finds them? Without a kept tier
         (its copies are adopted only once the walk is whole), with the read-ahead on, alone
-        on the node or in a real cluster (node 0's walk streamed to every node, each staging
-        what it will surely own: monarch/cluster/early.py). The copies made meanwhile are
-        not served before the index exists (the shim waits for it)."""
-        return ((self.cluster is None or hasattr(self.cluster, "allgather_ints"))
+        on the node or in a collective cluster (node 0's walk streamed to every node, each
+        staging what it will surely own: monarch/cluster/early.py). The copies made
+        meanwhile are not served before the index exists (the shim waits for it)."""
+        return ((self.role is None or self.role.cluster.collective)
                 and not any(t.keep for t in self.tiers) and self.config.staging.policy == "read-ahead")
 
     def _take_snapshot(self, into: Snapshot | None = None, stager: Stager | None = None) -> Snapshot:
@@ -400,17 +330,11 @@ class NodeDaemon:
         A walk fills ``into`` (if given) and ``stager`` (if given) copies its files as the
         walk finds them (in a cluster, those this node will surely own)."""
         t0 = time.perf_counter()
-        if self.cluster is None:
+        if self.role is None:
             on_directory = stager.read_ahead_more if stager is not None else None
             snap, self.snapshot_how = self._walk(into, on_directory)
         else:
-            capacities = self._exchange_capacities()
-            if into is not None and stager is not None:
-                snap, self.snapshot_how = self._share_streamed(into, stager, capacities)
-            else:
-                snap, self.snapshot_how = self.cluster.share(self._walk)
-                snap = snap.with_local_devices()
-            self._plan_cluster(snap, capacities)
+            snap, self.snapshot_how = self.role.take_snapshot(self._walk, into, stager)
         self.snapshot_seconds = time.perf_counter() - t0
         log.info("snapshot (%s): %d files, %d directories, %d bytes in %.2fs", self.snapshot_how, len(snap.files),
                  len(snap.dirs), snap.total_bytes, self.snapshot_seconds)
@@ -420,44 +344,10 @@ class NodeDaemon:
         roots = self.config.dataset.roots
         return load_or_walk(roots, self._snapshot_cache(), self.config.staging.validate == "open", into, on_directory)
 
-    def _share_streamed(self, growing: Snapshot, stager: Stager, capacities) -> tuple[Snapshot, str]:
-        """Collective: node 0 walks into ``growing`` and streams the files it finds; every node
-        keeps them in its ``growing`` and stages at once those it will surely own. Returns
-        ``growing``, whole (the stager over it goes on after the walk)."""
-        from monarch.cluster.early import EarlyShare
-        early = EarlyShare(capacities, self.node) if capacities is not None else None
-
-        def on_files(files: dict) -> None:  # every node, every file once, in walk order
-            if self.node != 0:
-                growing.files.update(files)
-            if early is not None:
-                stager.read_ahead_more(early.add([(key, info.size) for key, info in files.items()]))
-
-        def take(publish) -> tuple[Snapshot, str]:  # node 0
-            sent: set[str] = set()
-
-            def on_directory(keys: list[str]) -> None:
-                sent.update(keys)
-                publish({key: growing.files[key] for key in keys})
-            snap, how = self._walk(growing, on_directory)
-            if snap.files is not growing.files:  # the last job's snapshot, reused whole
-                growing.files.update(snap.files)
-                growing.dirs.update(snap.dirs)
-                growing.links.update(snap.links)
-            publish({key: info for key, info in growing.files.items() if key not in sent})
-            return Snapshot(growing.roots, {}, growing.dirs, growing.links), how  # the files went ahead
-
-        rest, how = self.cluster.share(take, on_files=on_files)
-        if self.node != 0:
-            growing.dirs.update(rest.dirs)
-            growing.links.update(rest.links)
-        growing.localize_devices()
-        return growing, how
-
     def _pfs_rate(self) -> float | None:
         """Bytes per second read from the PFS so far (a compressed tier's level must
         decompress well above it)."""
-        stager = getattr(self, "stager", None)
+        stager = self.current.stager  # None until the first is installed
         elapsed = time.time() - self.started
         return stager.bytes_read["pfs"] / elapsed if stager is not None and elapsed > 0 else None
 
@@ -477,12 +367,20 @@ class NodeDaemon:
         self.stager.read_ahead_first(sample)
 
     def owns(self, key: str) -> bool:
-        return self.cluster is None or self.cluster.owner(key) == self.node
+        return self.role is None or self.role.owns(key)
 
-    # -- the shim's question -------------------------------------------------------
-    def count(self, outcome: str) -> None:
+    # -- the shim's question, the job's writes and hints -------------------------------------
+    def count(self, outcome: Outcome) -> None:
         with self._lock:
             self.outcomes[outcome] += 1
+
+    def _count_fallback(self, why: str) -> None:
+        """The stager's word that a peer could not help and the PFS was used (replicating)."""
+        self.count(Outcome(why))
+
+    def provide(self, key: str):
+        """A peer's request for ``key`` (the cluster role answers it; None alone on a node)."""
+        return self.role.provide(key) if self.role is not None else None
 
     def invalidate(self, key: str) -> None:
         """The job writes to ``key`` (file or directory): its copies on this node go now. The
@@ -499,7 +397,7 @@ class NodeDaemon:
             with self.gate.lock:
                 stager, snap = self.stager, self.snapshot
             self._drop_copies(stager, snap, key)
-        self.count("invalidated")
+        self.count(Outcome.INVALIDATED)
 
     def _drop_copies(self, stager: Stager, snap: Snapshot, key: str) -> None:
         """``key``'s copies go, and those of the links into it (they hold its old bytes)."""
@@ -529,7 +427,7 @@ class NodeDaemon:
         hint = protocol.decode_hint(body)
         if not self.gate.hold_hint(hint):
             self._apply_hint(*hint)
-        self.count("hints")
+        self.count(Outcome.HINTS)
 
     def _apply_hint(self, op: int, stream: int, keys) -> None:
         if op == protocol.HINT_ORDER or op == protocol.HINT_MORE:
@@ -539,37 +437,15 @@ class NodeDaemon:
         else:
             self.stager.hint_end(stream)
 
-    def provide(self, key: str):
-        """A peer asks for a key this node owns: the local path once staged; for a compressed
-        copy its frame as stored (``Compressed``), or its bytes decompressed (a binary file)
-        when the frame needs this tier's dictionary, which the peer does not hold; or None."""
-        if self.snapshot.get(key) is None or (self._sharded() and not self.owns(key)):
-            return None
-        try:
-            # copied on this (serving) thread at once: never queued behind the read-ahead or
-            # behind copies that wait on other nodes (issue 21: 5 s waits, then the PFS twice)
-            tier = self.stager.ensure(key, now=True).result(timeout=self.config.staging.resolve_timeout)
-        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-            return None
-        if tier is None:
-            return None
-        if self._opened_from_at_loss is not None and key in self.stager.replicas:  # a lost node's file, from its second copy
-            with self._lock:
-                self.replica_served["files"] += 1
-                self.replica_served["bytes"] += self.snapshot.files[key].size
-        if tier.is_compressed(key):
-            path, size = tier.compressed_path_for(key), self.snapshot.files[key].size
-            if not needs_dictionary(path):  # crosses the network as stored (cluster/transfer.py)
-                return Compressed(path, size)
-            return os.fdopen(tier.codec.inflate(path, size, os.path.basename(key)), "rb")
-        return tier.path_for(key)
-
-    # -- statistics and shutdown ---------------------------------------------------------
+    # -- statistics ---------------------------------------------------------------------
     def _slot_names(self) -> dict[int, str]:
         names = {protocol.SLOT_PFS: "pfs"} | {t.slot: t.name for t in self.tiers}  # a skipped tier keeps its slot
-        if self.cluster is not None:
+        if self.role is not None:
             names[protocol.SLOT_PEER] = "peer"
         return names
+
+    def _all_tiers(self) -> list[Tier]:
+        return self.tiers + ([self.peer_area] if self.peer_area is not None else [])
 
     def _counters_now(self) -> tuple[dict[str, int], dict[str, int]]:
         """The timeline's sample: cumulative counters and the tiers' levels."""
@@ -579,43 +455,33 @@ class NodeDaemon:
             counters[f"bytes.{name}"] = c["bytes"]
         s = self.stager.stats()
         counters |= {"staged_files": s["files"], "staged_bytes": s["bytes"], "pfs_staging_bytes": s["pfs_bytes_read"]}
-        if self.cluster is not None:
+        if self.role is not None:
             counters["peer_bytes_received"] = s["peer_bytes_read"]
-        tiers = self.tiers + ([self.peer_area] if self.peer_area is not None else [])
-        return counters, {t.name: t.used for t in tiers}
+        return counters, {t.name: t.used for t in self._all_tiers()}
 
     def stats(self, brief: bool = False) -> dict:
         """``node_stats`` as they cross the socket and MPI (``NodeStats.to_dict``)."""
         return self.node_stats(brief).to_dict()
 
     def node_stats(self, brief: bool = False) -> NodeStats:
-        """This node's numbers (the report module turns them into the report). ``brief`` (the
-        launcher's progress polls) leaves out the timeline and the size classes, whose cost
-        grows with the job's length and the dataset's size."""
-        opened_from = protocol.read_opened_from(self.counters_path, self._slot_names())
+        """This node's numbers, assembled from its parts' slices (the report module turns them
+        into the report). ``brief`` (the launcher's progress polls) leaves out the timeline
+        and the size classes, whose cost grows with the job's length and the dataset's size."""
         door = None
         if self._door is not None:
             self.absorb_front_door()
-            if self.door_link is not None:
-                self.door_link.reclaim_lease()
-            door = self._door.counts()
-            door["answered_staged"] = sum(door["hits_by_slot"].values())
+            door = self._door.stats()
         with self._lock:
             outcomes = collections.Counter(self.outcomes)
         for slot, n in (door or {}).get("hits_by_slot", {}).items():  # opens the door answered itself
-            outcomes["already_fetched" if slot == protocol.SLOT_PEER else "already_staged"] += n
-        outcomes = dict(outcomes)
-        try:
-            counters = protocol.read_extra_counters(self.counters_path)
-        except (OSError, ValueError):
-            counters = (0,) * protocol.EXTRA_WORDS
-        off = counters[protocol.EXTRA_META_OFF]
+            outcomes[Outcome.ALREADY_FETCHED if slot == protocol.SLOT_PEER else Outcome.ALREADY_STAGED] += n
         timeline = classes = None
         if not brief:
             self._sampler.sample()  # the last, partial interval
             # the peer area is a tier of the stager's: its files count as staged "peer"
             timeline = self.timeline.to_dict()
             classes = size_classes(self.snapshot.files, self.stager.staged.copy(), set())
+        ready_at = self.snapshot_ready_at
         return NodeStats(
             node=self.node, host=socket.gethostname(),
             uptime_seconds=round(time.time() - self.started, 3),
@@ -623,70 +489,23 @@ class NodeDaemon:
             snapshot=self.snapshot_how,
             # when the snapshot was ready (or failed), in seconds after the daemon started and
             # as a time stamp: the application may have started long before (docs/design.md)
-            snapshot_ready_seconds=(round(self.snapshot_ready_at - self.started, 3)
-                                    if self.snapshot_ready_at is not None else None),
-            snapshot_ready_at=round(self.snapshot_ready_at, 3) if self.snapshot_ready_at is not None else None,
-            metadata={"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
-                      "off_roots": [k for k in range(len(self.config.dataset.roots))
-                                    if off & (1 << min(k, 63))]},
-            opened_from=opened_from,  # per slot an open was served from (the shim's counters)
-            # compressed copies the shim decoded in the application's processes (shim_zstd.c)
-            decompression={"opens": counters[protocol.EXTRA_ZSTD_OPENS], "ns": counters[protocol.EXTRA_ZSTD_NS],
-                           "bytes": counters[protocol.EXTRA_ZSTD_BYTES],
-                           "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS],
-                           "reused": counters[protocol.EXTRA_ZSTD_REUSED]},
-            processes_with_shim=counters[protocol.EXTRA_PROCESSES],
+            snapshot_ready_seconds=round(ready_at - self.started, 3) if ready_at is not None else None,
+            snapshot_ready_at=round(ready_at, 3) if ready_at is not None else None,
+            **shim_counters(self.counters_path, self._slot_names(), len(self.config.dataset.roots)),
             staging=self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()},
-            tiers=[t.describe() for t in self.tiers] + ([self.peer_area.describe()] if self.peer_area else []),
+            tiers=[t.describe() for t in self._all_tiers()],
             tier_errors=dict(self.tier_errors),
-            resolves=outcomes,
-            peer=self._peer_stats(),
+            resolves={str(k): v for k, v in outcomes.items()},
+            peer=self.role.peer_stats() if self.role is not None else {},
             dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
             inflated_bytes=self.resolver.inflated_bytes,
             front_door=door,
-            cluster=self._cluster_stats(),
+            cluster=self.role.stats() if self.role is not None else {},
             timeline=timeline,
             size_classes=classes,
         )
 
-    # -- a lost peer (issue 21) ------------------------------------------------------------
-    _opened_from_at_loss: dict | None = None
-    reowned_files = 0  # files of lost nodes this node took over
-    reowned_held = 0   # ... of which it held a second copy already (peer.replicas: 2)
-
-    def _note_loss(self, node: int, why: str) -> None:
-        """A peer is lost (the cluster's engine thread): keep this node's open counters as they
-        are now, so the report can say what this survivor served after the loss."""
-        if self._opened_from_at_loss is None:
-            self._opened_from_at_loss = protocol.read_opened_from(self.counters_path, self._slot_names())
-        # off the engine thread: a pass over the snapshot
-        threading.Thread(target=self._stage_reowned, args=(node,), name="monarch-reowned", daemon=True).start()
-
-    def _stage_reowned(self, lost: int) -> None:
-        """The files of ``lost`` this node owns now go ahead of the rest of its read-ahead:
-        the other survivors ask for them at once, and wait for them ~1 s at most before they
-        read the PFS themselves (a second PFS read of the file). Before the snapshot is ready
-        the read-ahead, still to start, takes them as this node's own."""
-        with self.gate.lock:
-            if self.gate.state is not SnapshotState.READY or self.gate.closing:
-                return
-            stager, snap = self.stager, self.snapshot
-        if self.config.staging.policy != "read-ahead":  # staged as they are asked for, at once (provide)
-            return
-        keys = [k for k in sorted(snap.files) if self.cluster.first_owner(k) == lost and self.owns(k)]
-        held = sum(1 for k in keys if k in stager.replicas)  # second copies: nothing to read
-        stager.read_ahead_more(keys)
-        with self._lock:
-            self.reowned_files += len(keys)
-            self.reowned_held += held
-        log.info("node %d lost: %d of its files are this node's now (%d held as second copies already), "
-                 "the rest staged ahead of the read-ahead", lost, len(keys), held)
-
-    def _peer_stats(self) -> dict:
-        if self.cluster is None:
-            return {}
-        return self.cluster.counters() | {"opened_from_at_loss": self._opened_from_at_loss}
-
+    # -- what others ask of it, and its end -----------------------------------------------
     def client_env(self) -> dict[str, str]:
         """What the shim in the application needs (the launcher exports exactly these keys)."""
         probe = [(t.slot, t.path) for t in self.tiers]
@@ -722,7 +541,7 @@ class NodeDaemon:
             stagers = list(self._stagers)
         self._sampler.stop()
         if self._door is not None:
-            self._door.stop()  # no-op after the server's; joins the door's threads, copies and all
+            self._door.stop()
         for stager in stagers:
             stager.shutdown()
         deadline = time.monotonic() + CLOSE_DRAIN_SECONDS
@@ -731,14 +550,12 @@ class NodeDaemon:
                 log.warning("a copy from the PFS did not stop within %.0f s of the daemon's close; "
                             "the tiers are removed without it", CLOSE_DRAIN_SECONDS)
         self.resolver.close()  # its decodes finish before the tiers go
-        if self.peer_cache is not None:
-            self.peer_cache.close()
+        if self.role is not None:
+            self.role.close()
         try:
             os.unlink(self.index_path)
         except OSError:
             pass
-        for tier in self.tiers:
+        for tier in self._all_tiers():
             tier.remove()
-        if self.peer_area is not None:
-            self.peer_area.remove()
         self.instance.release()  # the counters stay, with the log and the report, until the next instance

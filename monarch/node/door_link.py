@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import logging
 
+from monarch import frontdoor, protocol
 from monarch.frontdoor import EV_SLOW, EV_STAGED, FrontDoor
+from monarch.node.current import Current
 from monarch.node.stager import INLINE_BYTES, Stager
 from monarch.node.stager_books import StagerListener
 from monarch.node.tiers import Tier
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DoorLink"]
+__all__ = ["DoorLink", "DoorKeeper"]
 
 LEASE_MAX = 16 << 20  # tier room lent to the front door at a time, at most ...
 LEASE_SHARE = 32      # ... and at most this share of the tier's capacity
@@ -111,3 +113,65 @@ class DoorLink(StagerListener):
         if left:
             self.stager.tiers[0].release(left)
         return left > 0
+
+
+class DoorKeeper:
+    """The daemon's front door over its life: started on the socket's listener, linked to
+    whichever stager serves now (``relink_locked`` at each swap), opened once the index is
+    written, its copies absorbed into the books, its counts reported, stopped at close."""
+
+    def __init__(self, door: FrontDoor, current: Current, may_copy: bool):
+        self.door = door
+        self._current = current
+        self._may_copy = may_copy
+        self.link: DoorLink | None = None  # linked by its holder, under the gate's lock (relink_locked)
+
+    @classmethod
+    def start(cls, listen_fd: int, roots: list[str], tiers: list[Tier], peer_area: Tier | None,
+              current: Current, may_copy: bool) -> "DoorKeeper | None":
+        """A door on ``listen_fd`` answering from ``tiers`` (and the peer area), or None when
+        it cannot start (the Python server then answers everything)."""
+        if not tiers or not frontdoor.wanted() or frontdoor.library() is None:
+            return None
+        dirs = {t.slot: t.path for t in tiers}
+        if peer_area is not None:
+            dirs[protocol.SLOT_PEER] = peer_area.path
+        try:
+            door = FrontDoor(listen_fd, roots, dirs, tiers[0].slot)
+        except OSError as e:
+            log.warning("the daemon's C front door did not start (%s); the Python server answers every request", e)
+            return None
+        return cls(door, current, may_copy)
+
+    def relink_locked(self) -> None:
+        """The door kept told of the current stager's copies, its copies booked there (under
+        the gate's lock, where the stager is swapped)."""
+        self.link = DoorLink(self.door, self._current.stager, self._may_copy)
+
+    def unlink_locked(self) -> None:
+        """The snapshot failed: the door never opens, nothing of it to book."""
+        self.link = None
+
+    def open(self, index_path: str) -> None:
+        """The snapshot is ready: the door answers from now on (never before the index is)."""
+        if self._current.ready and not self.door.open(index_path):
+            log.warning("the front door could not map the index %s; the Python server answers every request",
+                        index_path)
+
+    def absorb(self) -> int:
+        """What the door copied, into the stager's books: how many files it staged."""
+        link = self.link
+        return link.absorb() if link is not None else 0
+
+    def stats(self) -> dict:
+        """The report's ``front_door`` entry (its unused lent room given back first, for a
+        true tier occupancy)."""
+        link = self.link
+        if link is not None:
+            link.reclaim_lease()
+        counts = self.door.counts()
+        counts["answered_staged"] = sum(counts["hits_by_slot"].values())
+        return counts
+
+    def stop(self) -> None:
+        self.door.stop()  # no-op after the server's; joins the door's threads, copies and all

@@ -3,7 +3,74 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
+
+from monarch import protocol
+
+
+# -- the slices, as each part reports them (README, "Report reference") ------------------------
+class Opened(TypedDict):
+    """Opens served from one slot (a tier, the peer area, the PFS): the shim's counters."""
+    opens: int
+    bytes: int
+    opens_uncounted: int  # opens whose bytes are unknown (a process that ended without counting)
+
+
+class Metadata(TypedDict):
+    local: int            # stat and listings answered from the index
+    pfs: int              # ... passed to the PFS
+    off_roots: list[int]  # roots whose metadata the job turned off by writing under them
+
+
+class Decompression(TypedDict):
+    opens: int            # compressed copies the shim decoded in the application's process
+    ns: int
+    bytes: int
+    left_to_daemon: int
+    reused: int           # decoded into a reused memfd of the shim's pool
+
+
+class Dataset(TypedDict):
+    files: int
+    bytes: int
+
+
+class Staging(TypedDict, total=False):
+    """The stager's figures (``Stager.stats``) and the policy it runs."""
+    files: int
+    bytes: int
+    pfs_files_read: int
+    pfs_bytes_read: int
+    peer_files_read: int
+    peer_bytes_read: int
+    demand_copies: int
+    background_copies: int
+    dropped: int
+    concurrency: int
+    failures: dict[str, int]
+    policy: str
+    in_flight: int
+
+
+class ClusterSlice(TypedDict, total=False):
+    """The cluster role's slice (``ClusterRole.stats``); empty alone on a node."""
+    mode: str             # shard or replicate
+    why: str
+    owned_files: int
+    owned_bytes: int
+    owned_staged_files: int
+    owned_staged_bytes: int
+    capacities: list[tuple[int, int]]
+    reowned_files: int
+    replicas: dict[str, Any] | None
+    peer_cache: dict[str, Any] | None
+
+
+class ShimCounters(TypedDict):
+    opened_from: dict[str, Opened]
+    metadata: Metadata
+    decompression: Decompression
+    processes_with_shim: int
 
 # left out of the wire form when None: a brief REPORT (progress polls) and a lost daemon's stats have none
 _OMITTED_WHEN_NONE = ("timeline", "size_classes")
@@ -18,11 +85,11 @@ class NodeStats:
 
     node: int = 0
     host: str = ""
-    opened_from: dict[str, dict[str, int]] = field(default_factory=dict)  # per slot: opens, bytes, opens_uncounted
-    staging: dict[str, Any] = field(default_factory=dict)  # the stager's files, bytes, pfs_*_read, failures...
-    dataset: dict[str, int] = field(default_factory=lambda: {"files": 0, "bytes": 0})
-    peer: dict[str, Any] = field(default_factory=dict)
-    resolves: dict[str, int] = field(default_factory=dict)  # the daemon's answers by outcome
+    opened_from: dict[str, Opened] = field(default_factory=dict)  # per slot name
+    staging: Staging = field(default_factory=dict)
+    dataset: Dataset = field(default_factory=lambda: {"files": 0, "bytes": 0})
+    peer: dict[str, Any] = field(default_factory=dict)  # the peer layer's counters (Cluster.counters)
+    resolves: dict[str, int] = field(default_factory=dict)  # the daemon's answers by outcome (outcomes.py)
     tiers: list[dict[str, Any]] = field(default_factory=list)
     tier_errors: dict[str, str] = field(default_factory=dict)
     uptime_seconds: float = 0.0
@@ -30,13 +97,13 @@ class NodeStats:
     snapshot: str | None = None  # reused, walked: <why>, failed: <why>, walking
     snapshot_ready_seconds: float | None = None
     snapshot_ready_at: float | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-    decompression: dict[str, int] = field(default_factory=dict)
+    metadata: Metadata | dict = field(default_factory=dict)
+    decompression: Decompression | dict = field(default_factory=dict)
     # processes in which the shim was active (the counters' EXTRA_PROCESSES); None: not told
     processes_with_shim: int | None = None
     inflated_bytes: int = 0
     front_door: dict[str, Any] | None = None
-    cluster: dict[str, Any] = field(default_factory=dict)
+    cluster: ClusterSlice = field(default_factory=dict)
     timeline: dict[str, Any] | None = None
     size_classes: list[dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys added on the way (the server's request counts)
@@ -58,6 +125,30 @@ class NodeStats:
             if out[name] is None:
                 del out[name]
         return out | self.extra
+
+def shim_counters(counters_path: str, slot_names: dict[int, str], roots: int) -> ShimCounters:
+    """The shim's slice of a node's statistics, read from the counters the application's
+    processes share: ``opened_from`` (per slot an open was served from), ``metadata`` (stat
+    and listings answered here or by the PFS, the roots whose metadata the job turned off),
+    ``decompression`` (compressed copies the shim decoded itself: shim_zstd.c) and
+    ``processes_with_shim``."""
+    opened_from = protocol.read_opened_from(counters_path, slot_names)
+    try:
+        counters = protocol.read_extra_counters(counters_path)
+    except (OSError, ValueError):
+        counters = (0,) * protocol.EXTRA_WORDS
+    off = counters[protocol.EXTRA_META_OFF]
+    return {
+        "opened_from": opened_from,
+        "metadata": {"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
+                     "off_roots": [k for k in range(roots) if off & (1 << min(k, 63))]},
+        "decompression": {"opens": counters[protocol.EXTRA_ZSTD_OPENS], "ns": counters[protocol.EXTRA_ZSTD_NS],
+                          "bytes": counters[protocol.EXTRA_ZSTD_BYTES],
+                          "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS],
+                          "reused": counters[protocol.EXTRA_ZSTD_REUSED]},
+        "processes_with_shim": counters[protocol.EXTRA_PROCESSES],
+    }
+
 
 # file-size classes of the report: (name, upper bound in bytes, exclusive; None: no bound)
 SIZE_CLASSES: tuple[tuple[str, int | None], ...] = (

@@ -19,10 +19,12 @@ from support.harness import make_bases, resolve
 class FakeCluster:
     """Two nodes; keys are owned by the parity of their file number. ``mode`` makes the peer fail."""
 
+    collective = False  # no collectives: no capacities exchanged, the walk not streamed
+
     def __init__(self, node=0, mode="ok", delay=0.0):
         self.node, self.nodes, self.mode, self.delay = node, 2, mode, delay
         self.fetches = collections.Counter()
-        self.peer_timeout = None
+        self.loss_listeners = []
 
     def share(self, take):
         return take()
@@ -30,8 +32,11 @@ class FakeCluster:
     def owner(self, key):
         return int(key.rsplit("f", 1)[1].split(".")[0]) % 2
 
-    def start(self, provide):
+    def start(self, provide, serve_threads=8):
         self.provide = provide
+
+    def on_loss(self, listener):
+        self.loss_listeners.append(listener)
 
     def fetch(self, owner, key, dest):
         self.fetches[key] += 1

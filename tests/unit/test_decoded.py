@@ -13,6 +13,7 @@ import pytest
 from monarch import protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
+from monarch.node.outcomes import Outcome
 from monarch.node.snapshot import FileInfo, take_snapshot
 from monarch.node.stager import Stager
 from monarch.node.tiers import DecodedFiles, Tier
@@ -179,7 +180,7 @@ def test_a_decode_that_starts_after_the_copy_was_dropped_reads_the_pfs(tmp_path)
         d.stager.ensure(key).result(timeout=10)
         served = []
         d.stager.invalidate(key)  # between the stager's answer and the inflate thread's start
-        d.resolver._inflate(key, t, "already_staged", lambda answer, outcome: served.append((answer, outcome)))
+        d.resolver._inflate(key, t, Outcome.ALREADY_STAGED, lambda answer, outcome: served.append((answer, outcome)))
         assert served == [((protocol.SLOT_PFS, ""), "pfs:dropped")]
         assert not os.path.exists(t.path_for(key))
     finally:
