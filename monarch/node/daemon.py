@@ -36,6 +36,7 @@ from monarch.node.current import Current
 from monarch.node.door_link import DoorKeeper, DoorLink
 from monarch.node.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
+from monarch.node.notices import JobNotices
 from monarch.node.outcomes import Outcome
 from monarch.node.resolver import Resolver
 from monarch.node.resources import margin_bytes
@@ -74,8 +75,6 @@ class NodeDaemon:
         self.snapshot_how = SnapshotState.WALKING.value
         self.snapshot_ready_at: float | None = None  # time.time() when the snapshot was ready (or failed)
         self.gate = SnapshotGate()
-        self._meta_off_logged: set[str] = set()
-        self._link_targets: dict[str, list[str]] | None = None  # see _links_into
         self._door: DoorKeeper | None = None  # the server's C front door (make_front_door)
         self._stagers: "weakref.WeakSet[Stager]" = weakref.WeakSet()  # every stager made: close() drains them
         self.run_dir = layout.run_dir(config.run_base, run_id, self.node)
@@ -107,6 +106,7 @@ class NodeDaemon:
         with self.gate.lock:
             self.current.install_locked(self.current.snapshot, self._make_stager(self.current.snapshot))
         self.resolver = Resolver(self.current, config.staging, self.count, self.role)
+        self.notices = JobNotices(self.current, self.owns, self.count)
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
         if background:
@@ -207,7 +207,7 @@ class NodeDaemon:
                     stager.shutdown()
                     return
                 for key in self.gate.release_writes_locked():  # written to before the index exists: never served
-                    self._drop_copies(stager, snap, key)
+                    self.notices.drop_copies(stager, snap, key)
                 old = self.current.install_locked(snap, stager)
                 if self._door is not None:
                     self._door.relink_locked()
@@ -249,7 +249,7 @@ class NodeDaemon:
         while batch := self.gate.next_hints():  # then hint() applies them itself
             for hint in batch:
                 try:
-                    self._apply_hint(*hint)
+                    self.notices.apply_hint(*hint)
                 except Exception:
                     log.exception("applying an order hint failed")
 
@@ -383,59 +383,12 @@ class NodeDaemon:
         return self.role.provide(key) if self.role is not None else None
 
     def invalidate(self, key: str) -> None:
-        """The job writes to ``key`` (file or directory): its copies on this node go now. The
-        shim has already turned the metadata of its root off (EXTRA_META_OFF): say so once.
-        During the walk nothing is served yet: the key is dropped when the stager is made,
-        before any copy of it could be served (see ``_prepare``)."""
-        root = key.partition("/")[0]
-        with self._lock:
-            first = root not in self._meta_off_logged
-            self._meta_off_logged.add(root)
-        if first:
-            log.info("root %s: stat and listings go to the PFS from now on (the job changed %s)", root, key)
-        if not self.gate.hold_write(key):
-            with self.gate.lock:
-                stager, snap = self.stager, self.snapshot
-            self._drop_copies(stager, snap, key)
-        self.count(Outcome.INVALIDATED)
-
-    def _drop_copies(self, stager: Stager, snap: Snapshot, key: str) -> None:
-        """``key``'s copies go, and those of the links into it (they hold its old bytes)."""
-        stager.invalidate(key)
-        for link in self._links_into(snap, key):
-            stager.invalidate(link)
-
-    def _links_into(self, snap: Snapshot, key: str) -> list[str]:
-        """The keys of symlinked files whose target is ``key`` or lies under it (a link is
-        staged under its own name with its target's bytes). The targets are resolved once,
-        at the job's first write under a root."""
-        if self._link_targets is None:
-            targets: dict[str, list[str]] = {}
-            for k, info in snap.files.items():
-                if info.link:
-                    targets.setdefault(os.path.realpath(snap.source_path(k)), []).append(k)
-            self._link_targets = targets
-        if not self._link_targets:
-            return []
-        path = os.path.realpath(snap.source_path(key))
-        return [k for target, keys in self._link_targets.items()
-                if target == path or target.startswith(path + "/") for k in keys]
+        """The job writes to ``key``: its copies here go (``JobNotices.invalidate``)."""
+        self.notices.invalidate(key)
 
     def hint(self, body: bytes) -> None:
-        """An order hint from ``monarch.hints`` (protocol.py, HINT); ProtocolError if malformed.
-        During the walk it is kept, and applied in order once the snapshot is ready."""
-        hint = protocol.decode_hint(body)
-        if not self.gate.hold_hint(hint):
-            self._apply_hint(*hint)
-        self.count(Outcome.HINTS)
-
-    def _apply_hint(self, op: int, stream: int, keys) -> None:
-        if op == protocol.HINT_ORDER or op == protocol.HINT_MORE:
-            self.stager.hint_order(stream, [k for k in keys if self.owns(k)], begin=op == protocol.HINT_ORDER)
-        elif op == protocol.HINT_PROGRESS:
-            self.stager.hint_progress(stream, keys)
-        else:
-            self.stager.hint_end(stream)
+        """An order hint from ``monarch.hints`` (``JobNotices.hint``)."""
+        self.notices.hint(body)
 
     # -- statistics ---------------------------------------------------------------------
     def _slot_names(self) -> dict[int, str]:

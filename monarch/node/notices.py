@@ -1,0 +1,89 @@
+"""What the job tells its node's daemon besides OPEN: its writes (INVALIDATE) and its read order (HINT).
+
+Both may come while the snapshot is still being walked: the gate keeps them, and the daemon
+hands them back, in order, once the snapshot and stager are ready (``drop_copies`` for the
+writes, ``apply_hint`` for the hints); later ones act at once, on what serves now.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable, Iterable
+
+from monarch import protocol
+from monarch.node.current import Current
+from monarch.node.outcomes import Outcome
+from monarch.node.snapshot import Snapshot
+from monarch.node.stager import Stager
+
+log = logging.getLogger(__name__)
+
+
+class JobNotices:
+    """``owns(key)``: is the key this node's (hints name only this node's files to its
+    stager); ``count(outcome)``: each notice is counted beside the answers."""
+
+    def __init__(self, current: Current, owns: Callable[[str], bool], count: Callable[[Outcome], None]):
+        self._current = current
+        self._owns = owns
+        self._count = count
+        self._lock = threading.Lock()
+        self._meta_off_logged: set[str] = set()
+        self._link_targets: dict[str, list[str]] | None = None  # see _links_into
+
+    def invalidate(self, key: str) -> None:
+        """The job writes to ``key`` (file or directory): its copies on this node go now. The
+        shim has already turned the metadata of its root off (EXTRA_META_OFF): say so once.
+        During the walk nothing is served yet: the key is dropped when the stager is made,
+        before any copy of it could be served (the daemon's ``_prepare``)."""
+        root = key.partition("/")[0]
+        with self._lock:
+            first = root not in self._meta_off_logged
+            self._meta_off_logged.add(root)
+        if first:
+            log.info("root %s: stat and listings go to the PFS from now on (the job changed %s)", root, key)
+        if not self._current.gate.hold_write(key):
+            with self._current.gate.lock:
+                stager, snap = self._current.stager, self._current.snapshot
+            self.drop_copies(stager, snap, key)
+        self._count(Outcome.INVALIDATED)
+
+    def drop_copies(self, stager: Stager, snap: Snapshot, key: str) -> None:
+        """``key``'s copies go, and those of the links into it (they hold its old bytes)."""
+        stager.invalidate(key)
+        for link in self._links_into(snap, key):
+            stager.invalidate(link)
+
+    def _links_into(self, snap: Snapshot, key: str) -> list[str]:
+        """The keys of symlinked files whose target is ``key`` or lies under it (a link is
+        staged under its own name with its target's bytes). The targets are resolved once,
+        at the job's first write under a root."""
+        if self._link_targets is None:
+            targets: dict[str, list[str]] = {}
+            for k, info in snap.files.items():
+                if info.link:
+                    targets.setdefault(os.path.realpath(snap.source_path(k)), []).append(k)
+            self._link_targets = targets
+        if not self._link_targets:
+            return []
+        path = os.path.realpath(snap.source_path(key))
+        return [k for target, keys in self._link_targets.items()
+                if target == path or target.startswith(path + "/") for k in keys]
+
+    def hint(self, body: bytes) -> None:
+        """An order hint from ``monarch.hints`` (protocol.py, HINT); ProtocolError if malformed.
+        During the walk it is kept, and applied in order once the snapshot is ready."""
+        hint = protocol.decode_hint(body)
+        if not self._current.gate.hold_hint(hint):
+            self.apply_hint(*hint)
+        self._count(Outcome.HINTS)
+
+    def apply_hint(self, op: int, stream: int, keys: Iterable[str] | int) -> None:
+        if op == protocol.HINT_ORDER or op == protocol.HINT_MORE:
+            self._current.stager.hint_order(stream, [k for k in keys if self._owns(k)], begin=op == protocol.HINT_ORDER)
+        elif op == protocol.HINT_PROGRESS:
+            self._current.stager.hint_progress(stream, keys)
+        else:
+            self._current.stager.hint_end(stream)
