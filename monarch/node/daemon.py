@@ -219,7 +219,7 @@ class NodeDaemon:
             # of every later collection, which would otherwise walk them all with the GIL held
             # (0.23 s per full collection at 1M files, a stall of every open being answered)
             gc.freeze()
-            self.gate.state = SnapshotState.READY
+            self.gate.ready()
             self._start_staging()
         except Exception as e:  # fail open: the job runs, on the PFS
             self._fail(e, stager)
@@ -490,7 +490,7 @@ class NodeDaemon:
         the askers copying inline, the ranges of large files; see ``Stager.drain``), the
         decodes. Nothing re-creates a tier's directory after it went."""
         with self.gate.lock, self._lock:
-            self.gate.closing = True
+            self.gate.close_locked()
             stagers = list(self._stagers)
         self._sampler.stop()
         if self._door is not None:

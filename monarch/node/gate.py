@@ -90,6 +90,14 @@ class SnapshotGate:
             self._hints = [] if batch else None
         return batch or []
 
+    def ready(self) -> None:
+        """The index is written: copies may be served from now on."""
+        self.state = SnapshotState.READY
+
+    def close_locked(self) -> None:
+        """The daemon is closing: nothing made from now on copies (call with ``lock`` held)."""
+        self.closing = True
+
     def fail_locked(self) -> None:
         """The snapshot failed: nothing is held any more (call with ``lock`` held)."""
         self._writes = self._hints = None
