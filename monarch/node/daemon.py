@@ -582,7 +582,7 @@ class NodeDaemon:
         if self.cluster is not None:
             counters["peer_bytes_received"] = s["peer_bytes_read"]
         tiers = self.tiers + ([self.peer_area] if self.peer_area is not None else [])
-        return counters, {t.name: t.used for t in tiers}
+        return counters, {t.name: t.stored for t in tiers}
 
     def stats(self, brief: bool = False) -> dict:
         """``node_stats`` as they cross the socket and MPI (``NodeStats.to_dict``)."""
