@@ -432,6 +432,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``monarch ...``: a usage or configuration error exits 2 (``MonarchError``, argparse);
+    a reader of standard output that went away (``| head``) ends it quietly."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # here, not at exit (--help's SystemExit too): a reader gone is found while it can be handled
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        return _quiet_stdout()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     if not (sys.argv[1:] if argv is None else argv):  # `monarch` alone: the help, as a usage error
         parser.print_help(sys.stderr)
@@ -445,3 +459,25 @@ def main(argv: list[str] | None = None) -> int:
     except MonarchError as e:
         print(f"monarch: error: {e}", file=sys.stderr)
         return 2
+
+
+def _stdout_reader_gone() -> bool:
+    """Is standard output a pipe whose reader has closed it (``monarch report | head``)?"""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _quiet_stdout() -> int:
+    """The reader of standard output went away (``| head -1``): it had what it wanted, so
+    say nothing and exit 0 (as ripgrep does; under ``set -o pipefail`` the pipeline stays
+    true). What is left in Python's buffer goes to /dev/null, so the interpreter's flush at
+    exit prints no traceback (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0

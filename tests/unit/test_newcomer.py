@@ -7,6 +7,9 @@ files, its exit codes and its sizes; messages that name only files the user gave
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -16,6 +19,8 @@ from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.server import NodeServer
 from support.harness import unix_connect as connect, make_bases
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # -- 1. the timeline's used.<tier> is bytes in the tier, not room lent to the front door -----------
@@ -72,3 +77,46 @@ staging: {{policy: on-access, threads: 2, resolve_timeout: 20}}
         server.request_stop()
         thread.join(10)
         daemon.close()
+
+
+# -- 3. every command behaves in a pipe: `monarch report ... | head -1` -------------------------------
+
+def _a_long_report(path: str) -> None:
+    """A report whose text and JSON are each far more than a pipe holds (64 KiB)."""
+    from monarch.report.build import build_report
+    from monarch.report.store import write_report
+    nodes = []
+    for i in range(300):
+        n = {"node": i, "host": f"h{i}", "opened_from": {"pfs": {"opens": 5, "bytes": 5 << 20},
+                                                       "ram": {"opens": 30, "bytes": 30 << 20}},
+             "staging": {"files": 10, "bytes": 10 << 20, "pfs_files_read": 10, "pfs_bytes_read": 10 << 20,
+                         "failures": {}},
+             "dataset": {"files": 10, "bytes": 10 << 20}, "peer": {}, "resolves": {"staged": 10}, "tiers": [],
+             "timeline": {"start": 0.0, "interval": 1.0, "t": [float(t) for t in range(1, 101)],
+                          "series": {"bytes.ram": [1 << 20] * 100, "used.ram": [t << 20 for t in range(100)]}}}
+        nodes.append(n)
+    write_report(build_report(nodes, {"job_id": "j", "config": "c.yaml", "command": ["python", "train.py"],
+                                      "exit_code": 0, "wall_seconds": 100.0}), path)
+
+
+@pytest.mark.parametrize("form", [[], ["--json"]], ids=["text", "json"])
+def test_monarch_report_into_head_says_nothing_and_exits_0(tmp_path, form):
+    report = str(tmp_path / "r.json")
+    _a_long_report(report)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "monarch", "report", *form, report])
+    for _ in range(20):  # the reader may close before, during or after the output: every time
+        p = subprocess.run(["bash", "-o", "pipefail", "-c", f"{args} | head -1"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert (p.returncode, p.stderr) == (0, ""), p.stderr
+        assert p.stdout.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", [["run", "--help"]], ids=["help"])
+def test_other_commands_into_a_reader_that_stops_say_nothing(command):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "monarch", *command])
+    for _ in range(5):
+        p = subprocess.run(["bash", "-o", "pipefail", "-c", f"{args} | true"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert (p.returncode, p.stderr) == (0, ""), p.stderr
