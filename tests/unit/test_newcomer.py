@@ -120,3 +120,111 @@ def test_other_commands_into_a_reader_that_stops_say_nothing(command):
         p = subprocess.run(["bash", "-o", "pipefail", "-c", f"{args} | true"], env=env, capture_output=True,
                            text=True, timeout=60)
         assert (p.returncode, p.stderr) == (0, ""), p.stderr
+
+
+# -- 2. check-config passes the shipped files, takes --dataset, documents itself, prints sizes --------
+
+SHIPPED = sorted(os.path.join(REPO, "configs", n) for n in os.listdir(os.path.join(REPO, "configs"))
+                 if n.endswith((".yaml", ".yml")))
+
+
+@pytest.fixture
+def no_dataset_variable(monkeypatch):
+    monkeypatch.delenv("MONARCH_DATASET", raising=False)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+def test_check_config_passes_every_shipped_file(path, no_dataset_variable, capsys):
+    from monarch.cli import main
+    assert main(["check-config", path]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.startswith(f"{path}: OK\n")
+    assert " bytes" not in out.split("every key")[0]  # capacities as written: "capacity 4GiB"
+    assert "  tier    : ram /dev/shm capacity " in out and "MONARCH_DATASET" in out.splitlines()[1]
+
+
+def test_check_config_takes_the_dataset_as_monarch_run_does(tmp_path, no_dataset_variable, capsys):
+    from monarch.cli import main
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    local = os.path.join(REPO, "configs", "local.yaml")
+    assert main(["check-config", local, "--dataset", str(ds)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1] == f"  roots   : {ds}"
+    assert "  tier    : ram /dev/shm capacity 4GiB" in out and "  tier    : ssd " in out
+    assert main(["check-config", "--dataset", str(ds)]) == 0  # no file: the shipped defaults, said so
+    assert "(the shipped defaults): OK" in capsys.readouterr().out.splitlines()[0]
+    assert main(["check-config", local, "--dataset", str(tmp_path / "gone")]) == 2
+    assert f"{tmp_path}/gone does not exist" in capsys.readouterr().err
+
+
+def test_check_config_help_says_what_it_checks_and_its_exit_status(capsys):
+    from monarch.cli import main
+    with pytest.raises(SystemExit):
+        main(["check-config", "--help"])
+    out = capsys.readouterr().out
+    assert "--dataset PATH" in out and "CONFIG" in out and "exit status" in out and "MONARCH_DATASET" in out
+
+
+def test_sizes_for_people():
+    from monarch.config.check import size_for_people
+    assert [size_for_people(n) for n in (4 << 30, 1000, 1_000_000)] == ["4GiB", "1000 B", "976.6 KiB (1000000 bytes)"]
+
+
+# -- 4. every configuration error exits 2 ---------------------------------------------------------
+
+CONFIG_ERRORS = {
+    "typo": "tierz: []\n",
+    "missing tier base": "tiers: [{name: ram, path: /nonexistent-nc35/shm, capacity: 1GiB}]\n",
+    "bad size": "tiers: [{name: ram, path: /dev/shm, capacity: 64 G}]\n",
+    "bad choice": "staging: {policy: lru}\n",
+    "not YAML": "tiers: [\n",
+    "missing root": "dataset: {roots: [/nonexistent-nc35/imagenet]}\n",
+}
+
+
+@pytest.mark.parametrize("problem", sorted(CONFIG_ERRORS))
+def test_every_configuration_error_of_check_config_exits_2(tmp_path, problem, capsys):
+    from monarch.cli import main
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    text = CONFIG_ERRORS[problem]
+    if "dataset:" not in text:
+        text = f"dataset: {{roots: [{ds}]}}\n" + text
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(text)
+    assert main(["check-config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"monarch: error: config {cfg}") and "OK" not in err
+
+
+@pytest.mark.parametrize("args", [["check-config", "/nonexistent-nc35.yaml"], ["run", "-c", "/nonexistent-nc35.yaml",
+                                  "--", "true"], ["run", "--dataset", "/nonexistent-nc35", "--", "true"],
+                                  ["check-config", "--dataset", "/nonexistent-nc35"]], ids=" ".join)
+def test_configuration_errors_of_the_command_line_exit_2(args, monkeypatch, capsys):
+    from monarch.cli import main
+    import monarch.launch.run
+    monkeypatch.setattr(monarch.launch.run, "run", lambda *a, **kw: pytest.fail("the command ran"))
+    assert main(args) == 2
+    assert capsys.readouterr().err.startswith("monarch: error: ")
+
+
+# -- 5. a message names only a file the user gave, or says it is the shipped default ------------
+
+@pytest.mark.parametrize("args", [["run", "--dataset", "/nonexistent-nc35", "--", "true"], ["run", "--", "true"],
+                                  ["check-config", "--dataset", "/nonexistent-nc35"],
+                                  ["plan", "--dataset", "/nonexistent-nc35"]], ids=" ".join)
+def test_errors_name_no_file_the_user_did_not_give(args, no_dataset_variable, monkeypatch, capsys):
+    from monarch.cli import main
+    from monarch.config import DEFAULTS_FILE
+    import monarch.launch.run
+    monkeypatch.setattr(monarch.launch.run, "run", lambda *a, **kw: pytest.fail("the command ran"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("monarch: error: ")
+    for line in err.splitlines():
+        if DEFAULTS_FILE.name in line or "site-packages" in line:
+            assert f"{DEFAULTS_FILE} (the shipped defaults)" in line, line
+    if "--dataset" in args:
+        assert "dataset.roots[0] (from --dataset): /nonexistent-nc35 does not exist" in err
+        assert DEFAULTS_FILE.name not in err
