@@ -228,3 +228,102 @@ def test_errors_name_no_file_the_user_did_not_give(args, no_dataset_variable, mo
     if "--dataset" in args:
         assert "dataset.roots[0] (from --dataset): /nonexistent-nc35 does not exist" in err
         assert DEFAULTS_FILE.name not in err
+
+
+# -- 6. the words a newcomer reads ----------------------------------------------------------------
+
+MiB = 1 << 20
+
+
+def _report(**extra):
+    from monarch.report.build import build_report
+    command = extra.pop("command", ["true"])
+    n = {"node": 0, "host": "h0", "opened_from": {"pfs": {"opens": 1, "bytes": MiB}, "ram": {"opens": 3, "bytes": 3 * MiB}},
+         "staging": {"files": 1, "bytes": MiB, "pfs_files_read": 1, "pfs_bytes_read": MiB, "failures": {}},
+         "dataset": {"files": 1, "bytes": MiB}, "peer": {}, "resolves": {}, "tiers": []} | extra
+    return build_report([n], {"job_id": "j", "config": "c.yaml", "command": command,
+                              "exit_code": 0, "wall_seconds": 1.0})
+
+
+def _text(report) -> str:
+    import io
+    from monarch.report.text import print_report
+    out = io.StringIO()
+    print_report(report, out)
+    return out.getvalue()
+
+
+def test_one_is_singular():
+    t = _text(_report(metadata={"local": 1, "pfs": 0}))
+    assert "metadata  : 1 call answered from the snapshot" in t
+    assert "dataset   : 1 file, 1.0 MiB" in t and "staged    : 1 file, 1.0 MiB" in t
+
+
+TIERS = [{"name": "ram", "capacity": 4 * MiB, "used": MiB, "files": 1, "full": None, "refused": {}, "stopped": None},
+         {"name": "ssd", "capacity": 8 * MiB, "used": 0, "files": 0, "full": None, "refused": {}, "stopped": None},
+         {"name": "nvme", "capacity": MiB, "used": MiB, "files": 1, "full": None, "refused": {"full": 2},
+          "stopped": "full"}]
+
+
+def test_a_tier_offered_no_file_says_so_in_the_text_and_the_html_alike():
+    from monarch.report import html
+    from monarch.report.text import OFFERED_NONE
+    r = _report(tiers=TIERS)
+    rows = {line.split()[0]: line for line in _text(r).splitlines() if line.split()[:1] in (["ram"], ["ssd"], ["nvme"])}
+    assert rows["ssd"].endswith(OFFERED_NONE) and "took every file" not in rows["ssd"]
+    assert rows["ram"].endswith("took every file offered")
+    page = "".join(html._tiers(r, None, None))
+    for name, words in (("ram", "took every file offered"), ("ssd", OFFERED_NONE)):  # the same words in both
+        assert words in rows[name] and html.html.escape(words) in page, (name, page)
+    assert "full (its capacity is reached)" in rows["nvme"] and "full (capacity)" in page
+    assert "taking files" not in page
+
+
+def test_the_html_summary_labels_its_estimate_note_as_it_labels_the_figures():
+    from monarch.report import html
+    r = _report(opened_from={"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0},
+                             "ram": {"opens": 40, "bytes": 17 * MiB, "opens_uncounted": 0}})
+    page = "".join(html._summary(r, r["job"], r["dataset"], r["pfs"]))
+    assert f"PFS without Monarch ({html.ESTIMATE})" in page
+    assert f'<p class="note">{html.ESTIMATE}: as if every byte the command read had been read from the PFS' in page
+
+
+def test_a_script_in_the_command_reads_as_written_and_as_a_shell_takes_it():
+    script = "for f in *; do\n  echo \"it's $f\"\ndone"
+    command = ["sh", "-c", script]
+    t = _text(_report(command=command))
+    assert "'\"'\"'" not in t
+    assert 'command   : sh -c "for f in *; do\n              echo \\"it\'s \\$f\\"\n            done"  (exit 0' in t
+    from monarch.report.text import command_text
+    said = subprocess.run(["bash", "-c", "printf '%s\\0' " + command_text(command)], capture_output=True,
+                          text=True, timeout=30).stdout
+    assert said.split("\0")[:-1] == command
+    from monarch.report import html
+    r = _report(command=command)
+    assert html.html.escape(command_text(command)) in "".join(html._summary(r, r["job"], r["dataset"], r["pfs"]))
+
+
+def test_plan_says_a_replicated_loss_moves_nothing_and_what_its_seconds_are():
+    from monarch import plan
+    stores = [plan.Store("ram", 100 * MiB)]
+    replicated = plan.format_plan(plan.make_plan(plan.synthetic(100, 100_000), 4, stores))
+    assert "layout  : replicate" in replicated
+    place = next(line for line in replicated.splitlines() if line.startswith("place"))
+    assert "re-owns" not in place and "losing a node moves nothing" in place
+    assert "s to place" not in place and "computing this placement took" in place
+    sharded = plan.format_plan(plan.make_plan(plan.synthetic(100, 100_000), 4, stores, shard=True))
+    place = next(line for line in sharded.splitlines() if line.startswith("place"))
+    assert "(the largest share) is lost" in place and "s to place" not in place
+
+
+def test_the_demo_numbers_epochs_as_its_workload_prints_them():
+    from monarch.demo import summary
+    runs = [{"epoch": e, "seconds": 1.0 + e, "samples": 10, "bytes": 100, "mismatches": []} for e in range(3)]
+    table = summary(runs, runs, 10).split("epoch       direct   monarch\n")[1].splitlines()
+    assert [line.split()[0] for line in table[:3]] == ["0", "1", "2"]
+
+
+def test_the_glibc_skip_says_why_the_front_door_is_not_checked():
+    text = open(os.path.join(REPO, "tests", "shim", "test_glibc_compat.py")).read()
+    assert "the front door imports what it calls)" not in text
+    assert "applies to the shim only: the front door is not an interposer" in text
