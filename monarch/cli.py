@@ -66,6 +66,25 @@ signals:
   skips the report (exit 128+N, or 137 if CMD was killed); the node daemon still stops."""
 
 
+CHECK_CONFIG_DESCRIPTION = """\
+Check CONFIG (every key, every error at once) and the base directories it names on this
+node, as monarch run would take it; then show it, sizes as written, and every key with its
+value and where the value came from (the file, or the default).
+
+Dataset roots are checked too, unless they come from a variable not set here (the shipped
+${MONARCH_DATASET:-}): a job sets it where it runs; they are then shown, not checked.
+--dataset PATH replaces them, as with monarch run, and checks them here."""
+
+CHECK_CONFIG_EPILOG = """\
+examples:
+  monarch check-config configs/local.yaml --dataset /pfs/datasets/imagenet
+  MONARCH_DATASET=/pfs/datasets/imagenet monarch check-config configs/cluster.yaml
+  monarch check-config                     (the shipped defaults)
+
+exit status:
+  0 if the configuration is fine here; 2 for any configuration error (a wrong key or value,
+  a base directory this node cannot use, a dataset root that is not there), as monarch run."""
+
 
 def _mpi_world_rank():
     from monarch.cluster.world import mpi_world_rank
@@ -263,39 +282,10 @@ def cmd_stop(args) -> int:
 
 
 def cmd_check_config(args) -> int:
-    from monarch.config import base_problems
-    config = _load(args.file)
-    problems = base_problems(config)  # a base that would not be used: the file is not OK here
-    for problem in problems:
-        print(f"monarch: error: {problem}", file=sys.stderr)
-    if problems:
-        print(f"monarch: base directories are checked on this node ({socket.gethostname()}); "
-              "a node-local one must exist on every node of the job", file=sys.stderr)
-        return 1
-    print(f"{args.file}: OK")
-    print(f"  roots   : {', '.join(config.dataset.roots)}")
-    for t in config.tiers:
-        capacity = f"{t.capacity_share:.0%} of the node" if t.capacity_share is not None else f"{t.capacity} bytes"
-        print(f"  tier    : {t.name} {t.path} capacity {capacity}{' (kept)' if t.keep else ''}")
-    margin = (f"{config.memory_margin_share:.0%} of the node's memory" if config.memory_margin_share is not None
-              else f"{config.memory_margin} bytes")
-    print(f"  memory  : RAM tiers leave {margin} available")
-    print(f"  staging : {config.staging.policy}, {config.staging.threads or 'auto'} copies in flight, "
-          f"validate {config.staging.validate}")
-    print(f"  run_base: {config.run_base}")
-    _print_keys(config, args.file)
+    from monarch.config.check import check_config
+    for line in check_config(args.file, args.dataset):
+        print(line)
     return 0
-
-
-def _print_keys(config, path: str) -> None:
-    """Every declared key with its value and where it came from (the file, or the default)."""
-    from monarch.config import read_user
-    from monarch.config.docs import listing
-    rows = listing(config, read_user(path), path)
-    print("every key (value, from):")
-    width = max(len(key) for key, _, _ in rows)
-    for key, value, origin in rows:
-        print(f"  {key:<{width}}  {value}  ({origin})")
 
 
 def cmd_plan(args) -> int:
@@ -395,8 +385,15 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("-c", "--config")
     st.set_defaults(func=cmd_stop)
 
-    c = sub.add_parser("check-config", help="validate a configuration file")
-    c.add_argument("file")
+    c = sub.add_parser("check-config", help="validate a configuration, on this node, as monarch run would take it",
+                       usage="monarch check-config [-h] [CONFIG] [--dataset PATH]",
+                       description=CHECK_CONFIG_DESCRIPTION, epilog=CHECK_CONFIG_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("file", nargs="?", metavar="CONFIG",
+                   help="YAML configuration (default: the shipped defaults, as in configs/local.yaml)")
+    c.add_argument("--dataset", action="append", metavar="PATH",
+                   help="a dataset root (repeat for several); replaces dataset.roots, as with monarch run, "
+                        "and is checked here")
     c.set_defaults(func=cmd_check_config)
 
     pl = sub.add_parser("plan", help="what each node of a cluster will hold of the dataset, and the traffic",
@@ -432,6 +429,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``monarch ...``: a usage or configuration error exits 2 (``MonarchError``, argparse);
+    a reader of standard output that went away (``| head``) ends it quietly."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # here, not at exit (--help's SystemExit too): a reader gone is found while it can be handled
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        return _quiet_stdout()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     if not (sys.argv[1:] if argv is None else argv):  # `monarch` alone: the help, as a usage error
         parser.print_help(sys.stderr)
@@ -445,3 +456,25 @@ def main(argv: list[str] | None = None) -> int:
     except MonarchError as e:
         print(f"monarch: error: {e}", file=sys.stderr)
         return 2
+
+
+def _stdout_reader_gone() -> bool:
+    """Is standard output a pipe whose reader has closed it (``monarch report | head``)?"""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _quiet_stdout() -> int:
+    """The reader of standard output went away (``| head -1``): it had what it wanted, so
+    say nothing and exit 0 (as ripgrep does; under ``set -o pipefail`` the pipeline stays
+    true). What is left in Python's buffer goes to /dev/null, so the interpreter's flush at
+    exit prints no traceback (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0

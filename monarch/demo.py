@@ -77,7 +77,9 @@ def summary(direct: list[dict], monarch: list[dict], files: int) -> str:
     lines.append(f"{'epoch':<8}{'direct':>10}{'monarch':>10}")
     for i in range(max(len(direct), len(monarch))):
         cells = [f"{runs[i]['seconds']:.2f} s" if i < len(runs) else "-" for runs in (direct, monarch)]
-        lines.append(f"{i + 1:<8}{cells[0]:>10}{cells[1]:>10}")
+        number = next(runs[i]["epoch"] for runs in (direct, monarch) if i < len(runs))  # as the workload printed it
+        lines.append(f"{number:<8}{cells[0]:>10}{cells[1]:>10}")
+    lines.append("(epoch 0 is the cold first one, as the workload numbers them above)")
     lines.append("(the demo dataset is on this machine's disk, in its page cache: direct reads are already "
                  "fast here; on a PFS each direct open pays its latency, and Monarch's later epochs do not)")
     return "\n".join(lines)

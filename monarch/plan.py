@@ -263,10 +263,15 @@ def format_plan(plan: dict) -> str:
                      f"({human(r['second_copy_bytes'])} in all): it {fits} in the room the owned shares leave "
                      f"({human(r['room_after_owned'])})")
     pl = plan["placement"]
-    lines.append(f"place   : fullest node {pl['max_share_over_mean']:.4f}x the mean share; losing node "
-                 f"{pl['moved_on_loss_node']} re-owns {_pct(pl['moved_on_loss'], 1)} of the dataset (its share; "
-                 f"nothing else moves), {_pct(pl['restaged_on_loss'], 1)} restaged from the PFS "
-                 f"({pl['seconds']:.1f} s to place)")
+    took = f"(computing this placement took {pl['seconds']:.1f} s here)"
+    if plan["mode"] == "replicate":  # every node holds everything: a loss moves and restages nothing
+        lines.append("place   : every node holds the whole dataset: losing a node moves nothing and nothing is "
+                     f"restaged from the PFS {took}")
+    else:
+        lines.append(f"place   : fullest node {pl['max_share_over_mean']:.4f}x the mean share; if node "
+                     f"{pl['moved_on_loss_node']} (the largest share) is lost, its {_pct(pl['moved_on_loss'], 1)} of "
+                     "the dataset is spread over the others (each re-owns a part; nothing else moves), "
+                     f"{_pct(pl['restaged_on_loss'], 1)} of the dataset restaged from the PFS {took}")
     return "\n".join(lines)
 
 

@@ -26,6 +26,8 @@ from monarch.sizes import parse_size
 log = logging.getLogger(__name__)
 
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
+# how a message names the defaults: a file the user never wrote is said to be the shipped one
+DEFAULTS_SOURCE = f"{DEFAULTS_FILE} (the shipped defaults)"
 PRIVATE_PREFIX = "monarch-"  # Monarch's own directory in a base directory: monarch-<uid>
 
 _SHARE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
@@ -129,7 +131,7 @@ def load_config(path: str | os.PathLike | None, env: Mapping[str, str] | None = 
     """
     env = builtin_env(env)
     raw = default_tree()  # the declared defaults, which defaults.yaml holds too (tested)
-    source = str(DEFAULTS_FILE)
+    source = DEFAULTS_SOURCE
     errors: list[str] = []
     if path is not None:
         source = str(path)
@@ -232,6 +234,8 @@ class _Reader:
         log.warning("config %s: %s: %s", self.source, key, problem)
 
     def fail(self, key: str, problem: str) -> ConfigError:
+        if self.roots_origin and key.endswith(f"(from {self.roots_origin})"):
+            return ConfigError(f"{key}: {problem}")  # given on the command line, not by the file
         return ConfigError(f"config {self.source}: {key}: {problem}")
 
     def error(self, key: str, problem: str) -> None:

@@ -410,7 +410,7 @@ class NodeDaemon:
         counters |= {"staged_files": s["files"], "staged_bytes": s["bytes"], "pfs_staging_bytes": s["pfs_bytes_read"]}
         if self.role is not None:
             counters["peer_bytes_received"] = s["peer_bytes_read"]
-        return counters, {t.name: t.used for t in self._all_tiers()}
+        return counters, {t.name: t.stored for t in self._all_tiers()}  # bytes of copies, not room lent
 
     def stats(self, brief: bool = False) -> dict:
         """``node_stats`` as they cross the socket and MPI (``NodeStats.to_dict``)."""

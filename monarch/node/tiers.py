@@ -38,7 +38,13 @@ REFUSED_FILESYSTEM_FULL = "filesystem_full"  # its filesystem said ENOSPC/EDQUOT
 
 class Tier:
     """Capacity is accounted in stored bytes (what the copies take); ``logical`` counts the
-    bytes they hold for the application (a compressed copy stores fewer)."""
+    bytes they hold for the application (a compressed copy stores fewer).
+
+    Two levels, apart while copies are under way: ``used`` is the room taken out of the
+    capacity (the copies, room reserved for copies being written, and room lent ahead to the
+    front door, ``reserve(counted=False)``), which decides whether a copy fits; ``stored`` is
+    the bytes of the copies the tier holds, what the report and its timeline call the tier's
+    ``used`` (bytes in the tier: README, "The report")."""
 
     def __init__(self, name: str, storage: StorageDir, capacity: int, slot: int,
                  memory: MemoryGuard | None = None, codec: Codec | None = None):
@@ -103,7 +109,13 @@ class Tier:
 
     @property
     def used(self) -> int:
+        """Room taken: ``stored`` and the room reserved or lent that holds no copy yet."""
         return self._used
+
+    @property
+    def reserved(self) -> int:
+        """Room taken that holds no copy (yet): copies being written, room lent to the front door."""
+        return self._used - self.stored
 
     def path_for(self, key: str) -> str:
         """Where a raw copy of ``key`` is (the path the shim probes)."""
@@ -214,12 +226,15 @@ class Tier:
         self.storage.remove()
 
     def describe(self) -> dict:
-        """For the report: ``refused`` counts the copies it did not take, by reason; ``stopped``
+        """For the report: ``used`` is the bytes of the copies held (``stored``, as the timeline
+        samples it; ``reserved``: room taken beyond them, for copies under way or lent to the
+        front door); ``refused`` counts the copies it did not take, by reason; ``stopped``
         is the reason of the latest refusal (None: it took every file offered); bytes held
         (logical) and taken (stored: fewer when compressed)."""
         with self._lock:
             out = {"name": self.name, "path": self.path, "capacity": self.capacity, "kept": self.keep,
-                   "used": self._used, "files": self.files, "full": self.full_reason,
+                   "used": self.stored, "reserved": self._used - self.stored, "files": self.files,
+                   "full": self.full_reason,
                    "refused": dict(self.refused), "stopped": self.last_refusal,
                    "in_memory": self.memory is not None,
                    "logical_bytes": self.logical, "stored_bytes": self.stored,

@@ -12,16 +12,16 @@ import base64
 import html
 import io
 import os
-import shlex
 from typing import Any
 
 from monarch.errors import MonarchError
-from monarch.report.text import ESTIMATE_NOTE
+from monarch.report.text import ESTIMATE_WHY, command_text, plural, tier_state_words
 from monarch.sizes import human
 
 MiB = 1 << 20
-STATES = {None: "taking files", "full": "full (capacity)", "memory_margin": "stopped: memory margin",
-          "filesystem_full": "filesystem full"}
+# a tier's state in the table's column; a tier that stopped for none of these is described as the text does
+STATES = {"full": "full (capacity)", "memory_margin": "stopped: memory margin", "filesystem_full": "filesystem full"}
+ESTIMATE = "estimate"  # the summary's label of a modelled figure, and of the note that says what it models
 COLORS = {"pfs": "#d62728", "peer": "#9467bd", "staging": "#ff7f0e", "not staged": "#bbbbbb"}
 TIER_COLORS = ["#2ca02c", "#1f77b4", "#17becf", "#8c564b", "#e377c2", "#7f7f7f"]
 
@@ -33,7 +33,7 @@ table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.92em; }
 th, td { padding: 0.25em 0.8em; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; } th { background: #f5f5f5; }
 .meta { color: #666; font-size: 0.9em; } .note { color: #666; font-size: 0.88em; }
-table.kv td:last-child { text-align: left; white-space: normal; }
+table.kv td:last-child { text-align: left; white-space: pre-wrap; }  /* a command of several lines keeps them */
 img.plot { width: 100%; max-width: 60em; display: block; margin: 0.5em 0; }
 """
 
@@ -118,9 +118,9 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
     lower = set(pfs.get("lower_bounds", ()))
     rows = []
     if job.get("command"):
-        rows.append(["command", shlex.join(job["command"])])
+        rows.append(["command", command_text(job["command"])])
         rows.append(["exit code, wall time", f"{job.get('exit_code')}, {job.get('wall_seconds', 0):.2f} s"])
-    rows.append(["dataset", f"{ds.get('files', 0)} files, {human(ds.get('bytes', 0))}"])
+    rows.append(["dataset", f"{plural(ds.get('files', 0), 'file')}, {human(ds.get('bytes', 0))}"])
     if report.get("processes_with_shim") is not None:
         rows.append(["processes with the shim", f"{report['processes_with_shim']}"])
     rows.append(["nodes reporting", f"{report.get('nodes_reporting', 1)}"
@@ -131,20 +131,21 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
     rows.append(["PFS total", _bytes(pfs.get("total_bytes"), "total_bytes" in lower)
                  + (f" = {ratio:.2f}× the dataset" if ratio is not None else "")])
     est = set(pfs.get("estimated", ()))
-    rows.append(["PFS without Monarch" + (" (estimate)" if "without_monarch_bytes" in est else ""),
+    rows.append(["PFS without Monarch" + (f" ({ESTIMATE})" if "without_monarch_bytes" in est else ""),
                  _bytes(pfs.get("without_monarch_bytes"), "without_monarch_bytes" in lower)])
     if pfs.get("saved_bytes") is not None:
         at_least = "≥ " if "saved_fraction" in lower else ""
         frac = f" ({at_least}{100 * pfs['saved_fraction']:.1f}%)" if pfs.get("saved_fraction") is not None else ""
-        rows.append(["PFS saved" + (" (estimate)" if "saved_bytes" in est else ""),
+        rows.append(["PFS saved" + (f" ({ESTIMATE})" if "saved_bytes" in est else ""),
                      _bytes(pfs["saved_bytes"], "saved_bytes" in lower) + frac])
     st = report.get("staging", {})
-    rows.append(["staged", f"{st.get('files', 0)} files, {human(st.get('bytes', 0))}"])
+    rows.append(["staged", f"{plural(st.get('files', 0), 'file')}, {human(st.get('bytes', 0))}"])
     out = ['<section id="summary"><h2>Summary</h2>', _table(None, rows, css="kv")]
     if est and pfs.get("without_monarch_bytes") is not None:
-        out.append(f"<p class=\"note\">{html.escape(ESTIMATE_NOTE.removeprefix('est.: ').strip())}.</p>")
+        out.append(f"<p class=\"note\">{ESTIMATE}: {html.escape(ESTIMATE_WHY)}.</p>")
     if pfs.get("opens_uncounted"):
-        out.append(f"<p class=\"note\">≥: {pfs['opens_uncounted']} opens were read through mmap or stdio; their "
+        n = pfs["opens_uncounted"]
+        out.append(f"<p class=\"note\">≥: {plural(n, 'open')} {'was' if n == 1 else 'were'} read through mmap or stdio; their "
                    "bytes are not all known (what fread delivered is counted), so figures marked ≥ are lower "
                    "bounds.</p>")
     out.append("</section>")
@@ -181,7 +182,7 @@ def _tiers(report: dict, timeline: dict | None, Figure) -> list[str]:
         state = t.get("stopped") or ("filesystem_full" if t.get("full") else None)
         rows.append([t["name"], human(t.get("used", 0)), human(cap),
                      f"{100 * t.get('used', 0) / cap:.1f}%" if cap else "-", t.get("files", 0),
-                     STATES.get(state, state),
+                     tier_state_words({**t, "stopped": state}, STATES),
                      ", ".join(f"{k} ×{v}" for k, v in sorted(refused.items())) or "-"])
     out.append(_table(["tier", "used", "capacity", "full", "files", "state", "files refused, by reason"], rows))
     if _plottable(timeline) and any(k.startswith("used.") for k in timeline.get("series", {})):

@@ -2,14 +2,49 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import TextIO
 
 from monarch.sizes import human
 
+# a tier's state (``stopped``), in the text and the HTML report alike
 STATE_WORDS = {None: "took every file offered", "full": "full (its capacity is reached)",
                "memory_margin": "stopped at the node's memory margin (memory_margin)",
                "filesystem_full": "its filesystem is full"}
+OFFERED_NONE = "offered no file (the tiers before it took them)"
+
+
+def tier_state_words(tier: dict, words: dict | None = None) -> str:
+    """Why a tier stopped taking files (``stopped``, in ``words``: the HTML's are shorter), or
+    that it took every file offered, or that it was offered none (no file, no refusal: the
+    tiers before it took every file), in the same words for both."""
+    state = tier.get("stopped")
+    if state is None:
+        return OFFERED_NONE if not tier.get("files") and not any((tier.get("refused") or {}).values()) \
+            else STATE_WORDS[None]
+    return (words or STATE_WORDS).get(state, state)
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 call``, ``2 calls``."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
+
+
+_DOUBLE_QUOTED_SPECIAL = re.compile(r'([$`"\\])')
+
+
+def command_text(command: list[str]) -> str:
+    """The command as a shell would take it, readable: a word holding a single quote (a
+    script given to ``sh -c``, say) is double-quoted with ``$ ` " \\`` escaped, instead of
+    shlex's ``'"'"'``; a word that spans lines keeps its lines."""
+    words = []
+    for word in command:
+        if "'" in word:
+            words.append('"' + _DOUBLE_QUOTED_SPECIAL.sub(r"\\\1", word) + '"')
+        else:
+            words.append(shlex.quote(word))
+    return " ".join(words)
 
 
 def _amount(n: float | None, lower: bool) -> str:
@@ -32,9 +67,9 @@ def print_report(report: dict, out: TextIO) -> None:
     w = out.write
     w("\n== Monarch access report ==\n")
     if job.get("command"):
-        w(f"command   : {shlex.join(job['command'])}  (exit {job.get('exit_code')}, "
-          f"{job.get('wall_seconds', 0):.2f} s)\n")
-    w(f"dataset   : {ds['files']} files, {human(ds['bytes'])}\n")
+        shown = command_text(job["command"]).replace("\n", "\n" + " " * len("command   : "))  # its lines aligned
+        w(f"command   : {shown}  (exit {job.get('exit_code')}, {job.get('wall_seconds', 0):.2f} s)\n")
+    w(f"dataset   : {plural(ds['files'], 'file')}, {human(ds['bytes'])}\n")
     _print_shim_presence(report, w)
     if report["nodes_lost"]:
         w(f"nodes lost: {report['nodes_lost']} (their numbers are missing)\n")
@@ -52,7 +87,7 @@ def print_report(report: dict, out: TextIO) -> None:
       f"{f' = {at_least}{ratio:.2f}x the dataset' if ratio is not None else ''}\n")
     _print_without_monarch(pfs, lower, w)
     st = report["staging"]
-    w(f"\nstaged    : {st['files']} files, {human(st['bytes'])}")
+    w(f"\nstaged    : {plural(st['files'], 'file')}, {human(st['bytes'])}")
     w(f"; not staged: {', '.join(f'{k} x{v}' for k, v in sorted(st['failures'].items()))}\n" if st["failures"] else "\n")
     if report.get("tiers"):
         _print_tiers(report["tiers"], w)
@@ -63,7 +98,7 @@ def print_report(report: dict, out: TextIO) -> None:
         _print_size_classes(report["size_classes"], w)
     meta = report.get("metadata")
     if meta and (meta["local"] or meta["pfs"]):
-        w(f"metadata  : {meta['local']} calls answered from the snapshot, {meta['pfs']} sent to the PFS "
+        w(f"metadata  : {plural(meta['local'], 'call')} answered from the snapshot, {meta['pfs']} sent to the PFS "
           "(stat, access, directory listings under the roots)\n")
     for t in report.get("tiers", []):
         if t.get("compressed_files"):
@@ -126,9 +161,10 @@ def _print_shim_presence(report: dict, w) -> None:
         w(f"shim      : active in {procs} process{'' if procs == 1 else 'es'} (processes with the shim)\n")
 
 
-ESTIMATE_NOTE = ("est.: as if every byte the command read had been read from the PFS; a page cache absorbs "
-                 "re-reads of a file's bytes (h5py chunks, headers read per sample), so without Monarch the "
-                 "PFS may have served less\n")
+ESTIMATE_WHY = ("as if every byte the command read had been read from the PFS; a page cache absorbs "
+                "re-reads of a file's bytes (h5py chunks, headers read per sample), so without Monarch the "
+                "PFS may have served less")
+ESTIMATE_NOTE = f"est.: {ESTIMATE_WHY}\n"  # "est." as the figures it explains are marked
 
 
 def _print_without_monarch(pfs: dict, lower: set[str], w) -> None:
@@ -159,9 +195,8 @@ def _print_tiers(tiers: list[dict], w) -> None:
         pct = f" ({100 * t['used'] / cap:.0f}%)" if cap else ""
         refused = {k: v for k, v in (t.get("refused") or {}).items() if v}
         why = f"; refused {', '.join(f'{k} x{v}' for k, v in sorted(refused.items()))}" if refused else ""
-        state = t.get("stopped")
         w(f"{t['name']:<10}{human(t['used']):>12} / {human(cap) + pct:<18}{t.get('files', 0):>8}  "
-          f"{STATE_WORDS.get(state, state)}{why}\n")
+          f"{tier_state_words(t)}{why}\n")
 
 
 def _print_size_classes(classes: list[dict], w) -> None:

@@ -68,7 +68,7 @@ def test_a_missing_tier_base_is_named_by_check_config_and_the_run_and_never_made
     cfg = two_tiers(short_tmp, ds.root, missing, ssd)
     line = f"config {cfg}: tiers[0].path: {missing} does not exist; create it or fix the path"
     r = monarch("check-config", cfg)
-    assert r.returncode == 1 and line in r.stderr and "OK" not in r.stdout, (r.stdout, r.stderr)
+    assert r.returncode == 2 and line in r.stderr and "OK" not in r.stdout, (r.stdout, r.stderr)  # a configuration error
     report = os.path.join(short_tmp, "r.json")
     r = monarch("run", "-c", cfg, "--report", report, "--", *reader(ds, epochs=2))
     assert r.returncode == 0, r.stderr
