@@ -47,17 +47,27 @@ class Stager(StagerBooks):
 
     def __init__(self, snapshot: Snapshot, tiers: list[Tier], threads: int = 0, *,
                  peers: PeerSource | None = None, peer_area: Tier | None = None,
-                 on_fallback: Callable[[str], None] | None = None, max_threads: int = 256):
-        """``threads``: copies in flight at most (0: adaptive, up to ``max_threads``).
-        ``peers``: keys another node owns are fetched from it into ``peer_area`` first;
-        ``on_fallback(reason)`` is told each time that did not work and the PFS was used."""
-        super().__init__(snapshot, tiers, Concurrency(fixed=threads or None, high=max_threads),
+                 on_fallback: Callable[[str], None] | None = None, max_threads: int = 256,
+                 start_depth: int | None = None):
+        """``threads``: copies in flight at most (0: adaptive, up to ``max_threads``, from
+        ``start_depth`` copies at first if given: a sharded node, whose share every node waits
+        on, starts deep toward the PFS). ``peers``: keys another node owns are fetched from it
+        into ``peer_area`` first (or from ``fetch_from_peers`` on); ``on_fallback(reason)`` is
+        told each time that did not work and the PFS was used."""
+        super().__init__(snapshot, tiers, Concurrency(fixed=threads or None, start=start_depth or Concurrency.START,
+                                                      high=max_threads),
                          peers=peers, peer_area=peer_area)
         self.inline_seconds = INLINE_SECONDS
         self.schedule = Schedule(self)
         self.copier = Copier(self, self.schedule.room_for_hinted_locked, on_fallback)
         self._workers: list[threading.Thread] = []
         self._idle = 0
+
+    def fetch_from_peers(self, peers: PeerSource, peer_area: Tier | None) -> None:
+        """From now on, keys another node owns are fetched from it (``peers``) into
+        ``peer_area`` first (a replicating cluster, decided once the walk is done)."""
+        with self.lock:
+            self.peers, self.peer_area = peers, peer_area
 
     def adopt(self, key: str, tier: Tier) -> None:
         """A kept copy of ``key`` (validated) in ``tier``: staged, as if copied."""

@@ -8,30 +8,15 @@ import types
 from monarch import protocol
 from monarch.node import peer_cache
 from monarch.cluster.capacity import REPLICATE, SHARD, decide
+from monarch.config import TierConfig
 from monarch.errors import PeerError
+from monarch.node.tiers import Tier
 
 
-class Area:
-    def __init__(self, path, capacity):
-        self.path, self.capacity, self.used = path, capacity, 0
-
-    def reserve(self, n, counted=True):
-        if self.used + n > self.capacity:
-            return False
-        self.used += n
-        return True
-
-    def release(self, n):
-        self.used -= n
-
-    def committed(self, *a):
-        pass
-
-    def forget(self, *a):
-        pass
-
-    def path_for(self, key):
-        return os.path.join(self.path, key)
+def area(tmp_path, capacity):
+    """A real peer-area tier (the cache reserves, publishes and evicts through the stager's books)."""
+    (tmp_path / "peer").mkdir(exist_ok=True)
+    return Tier.from_config(TierConfig("peer", str(tmp_path / "peer"), capacity), protocol.SLOT_PEER, "r1", 0, ())
 
 
 class Owner:
@@ -62,11 +47,12 @@ def test_cache_evicts_then_serves_transient_then_pfs_on_failure(tmp_path, monkey
     monkeypatch.setattr(peer_cache, "GRACE", 0.0)
     data = {f"k{i}": bytes([i]) * 1000 for i in range(4)}
     snap = types.SimpleNamespace(files={k: types.SimpleNamespace(size=1000, mtime_ns=0, mode=0o644) for k in data})
-    cache = peer_cache.PeerCache(Owner(data, fail={"k3"}), Area(str(tmp_path), 2500), snap, threads=2)
+    cache = peer_cache.PeerCache(Owner(data, fail={"k3"}), area(tmp_path, 2500), snap, threads=2)
     for key in ("k0", "k1", "k2"):  # room for two: the third evicts the least recently used
         answer, outcome = ask(cache, key)
         assert outcome == "fetched" and open(answer[1], "rb").read() == data[key]
-    assert not os.path.exists(tmp_path / "k0") and cache.stats()["evictions"] == 1
+    assert not os.path.exists(cache.area.path_for("k0")) and cache.stats()["evictions"] == 1
+    assert cache.area.used == 2000 and cache.area.files == 2
     monkeypatch.setattr(peer_cache, "GRACE", 3600.0)  # nothing may be evicted now: a transient copy
     answer, outcome = ask(cache, "k0")
     assert outcome == "fetched:transient" and answer[0] == protocol.SLOT_PEER | protocol.ANSWER_FD
