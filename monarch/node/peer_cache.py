@@ -60,7 +60,7 @@ class LeastRecentlyUsed(StagerListener, Eviction):
     def __init__(self, snapshot: Snapshot, counts: collections.Counter[str]):
         self.snapshot = snapshot
         self.counts = counts
-        self.order: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()  # key -> (size, published)
+        self.order: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()  # key: size, published
 
     def published(self, key: str, tier: Tier) -> None:
         self.order[key] = (self.snapshot.files[key].size, time.monotonic())
@@ -142,7 +142,8 @@ class PeerCache:
         owner = self.cluster.owner(key)
         mfd = None
         try:
-            if self.area is not None and self.copier.copy_into(self.source, key, info, [self.area]) is not None:
+            places = self.books.peer_places() if self.area is not None else []
+            if self.copier.copy_into(self.source, key, info, places) is not None:  # room reserved or made
                 with self.books.lock:
                     self.counts["fetched"] += 1
                     self.counts["fetched_bytes"] += info.size
