@@ -23,11 +23,12 @@ class Concurrency:
     100 ms source is judged on whole generations of copies.
     """
 
+    START = 8
     PERIOD = 0.25
     GAIN = 1.15
     REPROBE = 16
 
-    def __init__(self, fixed: int | None = None, start: int = 8, low: int = 4, high: int = 256,
+    def __init__(self, fixed: int | None = None, start: int = START, low: int = 4, high: int = 256,
                  clock: Callable[[], float] = time.monotonic):
         self.fixed = fixed
         self.low, self.high = low, max(low, high)

@@ -13,6 +13,13 @@ owner, NEVER from the PFS while the owner has it:
 Only when the owner cannot help (down, refuses, fails) is the open answered "read the PFS"
 (fail open), counted by reason. One fetch per key at a time: concurrent opens of a key wait
 for the same one.
+
+The mechanisms are the stager's, on books of the cache's own (``StagerBooks`` with the peer
+area as its one place): one flight per key in the books' table, room reserved through the
+books (which drop what the ``LeastRecentlyUsed`` policy names when the area is full), the
+copy written under a temporary name and published by the ``Copier``'s rename under the
+books' lock, every byte counted by source (``SourceTally``). What is the cache's own: the
+eviction policy, the transient copy, and the answers.
 """
 
 from __future__ import annotations
@@ -22,23 +29,56 @@ import concurrent.futures
 import fcntl
 import logging
 import os
-import threading
 import time
 from typing import Callable
 
 from monarch import protocol
-from monarch.node.codecs import SEALS
 from monarch.errors import PeerError
-from monarch.secure import owner_only
+from monarch.node.codecs import SEALS
+from monarch.node.concurrency import Concurrency
 from monarch.node.snapshot import Snapshot
-from monarch.node.tiers import Tier, write_atomically
+from monarch.node.sources import PeerSource, SourceChanged
+from monarch.node.stager_books import Eviction, Flight, StagerBooks, StagerListener
+from monarch.node.stager_copy import Closed, Copier, SourceTally
+from monarch.node.tiers import Tier
 
 log = logging.getLogger(__name__)
 
 GRACE = 0.5        # seconds a fresh copy is safe from eviction (the application it was answered to opens it first)
 FETCH_THREADS = 32  # fetches from owners at once (each waits on the owner's staging at worst)
 
-Done = Callable[[tuple[int, object], str], None]
+Answer = tuple[int, object]
+Done = Callable[[Answer, str], None]
+PFS: Answer = (protocol.SLOT_PFS, "")
+
+
+class LeastRecentlyUsed(StagerListener, Eviction):
+    """The peer area's eviction policy: the least recently used copy goes first, never one
+    published less than ``GRACE`` seconds ago. It keeps its order from the books' events
+    (``published``, ``dropped``) and the cache's hits (``used_locked``), all under the books' lock."""
+
+    def __init__(self, snapshot: Snapshot, counts: collections.Counter[str]):
+        self.snapshot = snapshot
+        self.counts = counts
+        self.order: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()  # key: size, published
+
+    def published(self, key: str, tier: Tier) -> None:
+        self.order[key] = (self.snapshot.files[key].size, time.monotonic())
+
+    def dropped(self, key: str) -> None:
+        self.order.pop(key, None)
+
+    def used_locked(self, key: str) -> None:
+        self.order.move_to_end(key)
+
+    def victim_locked(self, tier: Tier, size: int) -> str | None:
+        victim = next(iter(self.order.items()), None)
+        if victim is None or time.monotonic() - victim[1][1] < GRACE or size > tier.capacity:
+            return None
+        key, (vsize, _) = victim
+        self.counts["evictions"] += 1
+        self.counts["evicted_bytes"] += vsize
+        return key  # the books drop it: an application that has it open keeps reading it
 
 
 class PeerCache:
@@ -46,141 +86,142 @@ class PeerCache:
         self.cluster = cluster
         self.area = area
         self.snapshot = snapshot
-        self._lock = threading.Lock()
-        self._lru: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()  # key -> (size, published)
-        self._waiting: dict[str, list[Done]] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="monarch-peer-fetch")
+        self.books = StagerBooks(snapshot, [], Concurrency(fixed=threads), peer_area=area)
+        self.source = PeerSource(cluster, None)  # a lost owner is the cluster's: its keys get a new one
+        self.copier = Copier(self.books)
         self.counts: collections.Counter[str] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()
-        self._closed = False
+        self.lru = LeastRecentlyUsed(snapshot, self.counts)
+        self.books.subscribe(self.lru)
+        self.books.eviction = self.lru
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="monarch-peer-fetch")
 
     # -- asking --------------------------------------------------------------------------
     def where(self, key: str) -> str | None:
         """The path of ``key``'s cached copy (marked as used), or None."""
-        with self._lock:
-            if key not in self._lru:
-                return None
-            self._lru.move_to_end(key)
-            self.counts["hits"] += 1
+        with self.books.lock:
+            return self._where_locked(key)
+
+    def _where_locked(self, key: str) -> str | None:
+        if key not in self.books.staged:
+            return None
+        self.lru.used_locked(key)
+        self.counts["hits"] += 1
         return self.area.path_for(key)
 
     def resolve(self, key: str, done: Done) -> None:
         """Answer ``done(answer, outcome)`` with the owner's copy: cached, transient, or PFS."""
-        path = self.where(key)
+        books = self.books
+        with books.lock:
+            path = self._where_locked(key)
+            closed, new = books.closed, False
+            if path is None and not closed:
+                flight = books.flights.get(key)
+                if flight is None:
+                    new = True
+                    flight = books.flights[key] = Flight(peer_only=True)
+                # in the table, so not yet resolved: the callback runs when it is, with every other waiter's
+                flight.future.add_done_callback(lambda f: _answer(key, done, *f.result()))
         if path is not None:
             done((protocol.SLOT_PEER, path), "already_fetched")
-            return
-        with self._lock:
-            waiters = self._waiting.get(key)
-            if waiters is not None:
-                waiters.append(done)
-                return
-            self._waiting[key] = [done]
-        try:
-            self._pool.submit(self._fetch, key)
-        except RuntimeError:  # closed
-            self._answer(key, lambda: (protocol.SLOT_PFS, ""), "pfs:shutting_down")
+        elif closed:
+            done(PFS, "pfs:shutting_down")
+        elif new:
+            try:
+                self._pool.submit(self._fetch, key, flight)
+            except RuntimeError:  # closed
+                self._land(key, flight, lambda: PFS, "pfs:shutting_down")
 
     # -- fetching ------------------------------------------------------------------------
-    def _fetch(self, key: str) -> None:
+    def _fetch(self, key: str, flight: Flight) -> None:
+        with self.books.lock:
+            if self.books.closed or self.books.flights.get(key) is not flight:  # close() answers it
+                return
+            flight.running = True
         info = self.snapshot.files[key]
         owner = self.cluster.owner(key)
+        mfd = None
         try:
-            if self.area is not None and self._make_room(info.size):
-                self._into_area(key, info, owner)
-            else:
-                self._transient(key, info, owner)
-        except PeerError as e:
-            reason = _reason(e)
-            with self._lock:
+            places = self.books.peer_places() if self.area is not None else []
+            if self.copier.copy_into(self.source, key, info, places) is not None:  # room reserved or made
+                with self.books.lock:
+                    self.counts["fetched"] += 1
+                    self.counts["fetched_bytes"] += info.size
+                dest = self.area.path_for(key)
+                make, outcome = (lambda: (protocol.SLOT_PEER, dest)), "fetched"
+            else:  # no room could be made
+                mfd = self._transient(key, info)
+                make, outcome = (lambda: (protocol.SLOT_PEER | protocol.ANSWER_FD, _reopen(mfd))), "fetched:transient"
+        except Closed:
+            make, outcome = (lambda: PFS), "pfs:shutting_down"
+        except (PeerError, SourceChanged) as e:  # SourceChanged: the owner sent another size than the snapshot's
+            reason = _reason(e) if isinstance(e, PeerError) else "corrupt"
+            with self.books.lock:
                 self.failures[reason] += 1
             log.info("fetching %s from node %d failed (%s): the application reads the PFS", key, owner, e)
-            self._answer(key, lambda: (protocol.SLOT_PFS, ""), f"pfs:peer_{reason}")
+            make, outcome = (lambda: PFS), f"pfs:peer_{reason}"
         except Exception as e:  # never fail the application: it reads the PFS
-            with self._lock:
+            with self.books.lock:
                 self.failures["error"] += 1
             log.warning("fetching %s from node %d: %s: the application reads the PFS", key, owner, e)
-            self._answer(key, lambda: (protocol.SLOT_PFS, ""), "pfs:peer_error")
-
-    def _make_room(self, size: int) -> bool:
-        """Reserve ``size`` bytes in the area, evicting least recently used copies older than GRACE."""
-        area = self.area
-        while not area.reserve(size, counted=False):
-            with self._lock:
-                victim = next(iter(self._lru.items()), None)
-                if victim is None or time.monotonic() - victim[1][1] < GRACE or size > area.capacity:
-                    return False
-                key, (vsize, _) = victim
-                del self._lru[key]
-                self.counts["evictions"] += 1
-                self.counts["evicted_bytes"] += vsize
-            try:
-                os.unlink(area.path_for(key))  # an application that has it open keeps reading it
-            except OSError:
-                pass
-            area.release(vsize)
-            area.forget(key, vsize, vsize)
-        return True
-
-    def _into_area(self, key: str, info, owner: int) -> None:
-        area = self.area
-        dest = area.path_for(key)
+            make, outcome = (lambda: PFS), "pfs:peer_error"
         try:
-            n = write_atomically(dest, lambda fd: self.cluster.fetch(owner, key, fd), info.mtime_ns,
-                                 owner_only(info.mode), root=area.path)
-        except BaseException:
-            area.release(info.size)
-            raise
-        if n != info.size:
-            os.unlink(dest)
-            area.release(info.size)
-            raise PeerError(f"fetch {key!r}: node {owner} sent {n} bytes, the snapshot saw {info.size} (corrupt)")
-        area.committed(info.size, info.size, key)
-        with self._lock:
-            self._lru[key] = (info.size, time.monotonic())
-            self.counts["fetched"] += 1
-            self.counts["fetched_bytes"] += n
-        self._answer(key, lambda: (protocol.SLOT_PEER, dest), "fetched")
+            self._land(key, flight, make, outcome)
+        finally:
+            if mfd is not None:
+                os.close(mfd)
 
-    def _transient(self, key: str, info, owner: int) -> None:
-        """No room: a sealed memfd filled from the owner, one open file description per waiter."""
+    def _transient(self, key: str, info) -> int:
+        """No room: a sealed memfd filled from the owner (each waiter gets its own open file description)."""
         mfd = os.memfd_create(os.path.basename(key)[:200], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            n = self.cluster.fetch(owner, key, mfd)
-            if n != info.size:
-                raise PeerError(f"fetch {key!r}: node {owner} sent {n} bytes, the snapshot saw {info.size} (corrupt)")
+            n = self.source.copy(key, info, mfd, SourceTally(self.books, self.source.name))
             fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, SEALS)
             os.lseek(mfd, 0, os.SEEK_SET)
-            with self._lock:
-                self.counts["transient"] += 1
-                self.counts["transient_bytes"] += n
-            self._answer(key, lambda: (protocol.SLOT_PEER | protocol.ANSWER_FD, _reopen(mfd)), "fetched:transient")
-        finally:
+        except BaseException:
             os.close(mfd)
+            raise
+        with self.books.lock:
+            self.counts["transient"] += 1
+            self.counts["transient_bytes"] += n
+        return mfd
 
-    def _answer(self, key: str, make: Callable[[], tuple[int, object]], outcome: str) -> None:
-        with self._lock:
-            waiters = self._waiting.pop(key, [])
-        for done in waiters:
-            try:
-                answer = make()
-            except OSError as e:
-                log.warning("answering %s: %s: the application reads the PFS", key, e)
-                answer, outcome = (protocol.SLOT_PFS, ""), "pfs:peer_error"
-            try:
-                done(answer, outcome)
-            except Exception:
-                log.exception("answering %s", key)
+    def _land(self, key: str, flight: Flight, make: Callable[[], Answer], outcome: str) -> None:
+        """``flight`` ends: out of the table, then every waiter answered (``make()`` each);
+        once (close() may have answered it)."""
+        with self.books.lock:
+            if self.books.flights.get(key) is not flight:
+                return
+            del self.books.flights[key]
+        flight.future.set_result((make, outcome))
 
     # -- numbers and the end ---------------------------------------------------------------
     def stats(self) -> dict:
-        with self._lock:
-            return dict(self.counts) | {"cached_files": len(self._lru), "failures": dict(self.failures),
+        with self.books.lock:
+            return dict(self.counts) | {"cached_files": len(self.lru.order), "failures": dict(self.failures),
                                         "capacity": self.area.capacity if self.area is not None else 0}
 
     def close(self) -> None:
-        self._closed = True
+        """Stop: no new fetch; a fetch under way stops at its next read and publishes nothing;
+        whoever waits for one not started yet reads the PFS."""
+        with self.books.lock:
+            self.books.closed = True
+            queued = [(k, f) for k, f in self.books.flights.items() if not f.running]
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for key, flight in queued:
+            self._land(key, flight, lambda: PFS, "pfs:shutting_down")
+
+
+def _answer(key: str, done: Done, make: Callable[[], Answer], outcome: str) -> None:
+    try:
+        answer = make()
+    except OSError as e:
+        log.warning("answering %s: %s: the application reads the PFS", key, e)
+        answer, outcome = PFS, "pfs:peer_error"
+    try:
+        done(answer, outcome)
+    except Exception:
+        log.exception("answering %s", key)
 
 
 def _reopen(mfd: int) -> int:

@@ -214,11 +214,13 @@ class PeerSource(Source):
 
     A peer that timed out once is not asked again this job (its keys come from the PFS
     here instead); a peer that refused or failed quickly is asked again for other keys.
+    ``timeout`` None (a sharded cluster's peer cache): no peer is given up here, nor its
+    failure logged (a lost owner's keys get a new owner from the cluster; the caller says why).
     """
 
     name = "peer"
 
-    def __init__(self, cluster, timeout: float):
+    def __init__(self, cluster, timeout: float | None):
         self.cluster = cluster
         self.timeout = timeout
         self._down: set[int] = set()
@@ -237,6 +239,8 @@ class PeerSource(Source):
         try:
             n = self.cluster.fetch(owner, key, out)
         except PeerError as e:
+            if self.timeout is None:
+                raise
             if time.monotonic() - t0 >= self.timeout:
                 with self._lock:
                     self._down.add(owner)

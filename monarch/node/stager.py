@@ -49,11 +49,13 @@ class Stager(StagerBooks):
                  peers: PeerSource | None = None, peer_area: Tier | None = None,
                  on_fallback: Callable[[str], None] | None = None, max_threads: int = 256,
                  start_depth: int | None = None):
-        """``threads``: copies in flight at most (0: adaptive, up to ``max_threads``).
-        ``peers``: keys another node owns are fetched from it into ``peer_area`` first;
-        ``on_fallback(reason)`` is told each time that did not work and the PFS was used."""
-        concurrency = Concurrency(fixed=threads or None, high=max_threads, **({"start": start_depth} if start_depth else {}))
-        super().__init__(snapshot, tiers, concurrency,
+        """``threads``: copies in flight at most (0: adaptive, up to ``max_threads``, from
+        ``start_depth`` copies at first if given: a sharded node, whose share every node waits
+        on, starts deep toward the PFS). ``peers``: keys another node owns are fetched from it
+        into ``peer_area`` first (or from ``fetch_from_peers`` on); ``on_fallback(reason)`` is
+        told each time that did not work and the PFS was used."""
+        super().__init__(snapshot, tiers, Concurrency(fixed=threads or None, start=start_depth or Concurrency.START,
+                                                      high=max_threads),
                          peers=peers, peer_area=peer_area)
         self.inline_seconds = INLINE_SECONDS
         self.schedule = Schedule(self)
@@ -62,7 +64,8 @@ class Stager(StagerBooks):
         self._idle = 0
 
     def fetch_from_peers(self, peers: PeerSource, peer_area: Tier | None) -> None:
-        """From now on, keys another node owns are fetched from it into ``peer_area`` first."""
+        """From now on, keys another node owns are fetched from it (``peers``) into
+        ``peer_area`` first (a replicating cluster, decided once the walk is done)."""
         with self.lock:
             self.peers, self.peer_area = peers, peer_area
 

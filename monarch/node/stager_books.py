@@ -18,7 +18,7 @@ from monarch.node.snapshot import Snapshot
 from monarch.node.sources import PeerSource
 from monarch.node.tiers import Tier
 
-__all__ = ["Flight", "StagerBooks", "StagerListener"]
+__all__ = ["Eviction", "Flight", "StagerBooks", "StagerListener"]
 
 
 class StagerListener:
@@ -49,8 +49,21 @@ class StagerListener:
         return False
 
 
+class Eviction:
+    """Which copy goes when a tier is full. The stager's books have none (pin, don't thrash:
+    a full tier takes no more); an evicting cache's books do (the sharded cluster's peer
+    area, ``peer_cache.py``). Called under the books' lock, which then drops the copy named."""
+
+    def victim_locked(self, tier: Tier, size: int) -> str | None:
+        """The key whose copy in ``tier`` is to go so that ``size`` bytes may fit, or None."""
+        return None
+
+
 class Flight:
-    """One key's copy: asked for or scheduled, then running; its future is the tier."""
+    """One key's copy: asked for or scheduled, then running; its future is the tier (the
+    peer cache's: its answer). One flight per key (``StagerBooks.flights``): entered and
+    removed under the books' lock, its future resolved only after it was removed, outside
+    the lock; whoever finds it in the table under the lock may still wait on its future."""
     __slots__ = ("future", "running", "peer_only", "replica")
 
     def __init__(self, peer_only: bool = False, replica: bool = False):
@@ -73,6 +86,7 @@ class StagerBooks:
         self.lock = threading.Lock()
         self.cv = threading.Condition(self.lock)
         self.listeners: list[StagerListener] = []  # see subscribe
+        self.eviction: Eviction | None = None  # see reserve
         self.flights: dict[str, Flight] = {}
         self.running = 0  # copies under way (on a staging thread or inline in an asker)
         self.closed = False
@@ -118,6 +132,25 @@ class StagerBooks:
     def ask_room_back(self, tier: Tier) -> bool:
         """Room lent out of ``tier`` comes back (``StagerListener.room_wanted``); True if some did."""
         return any([listener.room_wanted(tier) for listener in self.listeners])
+
+    def reserve(self, tier: Tier, size: int) -> bool:
+        """Room for ``size`` stored bytes in ``tier``, taken (False: none could be had). Room
+        lent out of it comes back first; then, with an ``eviction`` policy, the copies it
+        names are dropped until the room is there (none while one of them is too young: its
+        policy says). Not under the lock."""
+        if not tier.fits(size):
+            self.ask_room_back(tier)
+        if self.eviction is None:
+            return tier.reserve(size)
+        while not tier.reserve(size, counted=False):  # an evicting cache's refusals are not the tier's
+            with self.lock:
+                if self.closed or tier.full_reason is not None:  # its filesystem is full: evicting would not help
+                    return False
+                victim = self.eviction.victim_locked(tier, size)
+                if victim is None or self.staged.get(victim) is not tier:
+                    return False
+                self.drop_locked(victim)
+        return True
 
     # -- entries -------------------------------------------------------------------------------
     def staged_locked(self, key: str, tier: Tier) -> None:

@@ -57,11 +57,12 @@ class SourceTally:
 
 
 class Copier:
-    """Copies keys into one stager's tiers (``books``). ``room_for_hinted(key, size)``
+    """Copies keys into the tiers of one set of books (a stager's; the sharded peer cache's
+    area, ``peer_cache.py``). ``room_for_hinted(key, size)``
     (under the lock) makes room for a hinted key that found none; ``on_fallback(reason)``
     is told each time a peer could not help and the PFS was used."""
 
-    def __init__(self, books: StagerBooks, room_for_hinted: Callable[[str, int], bool],
+    def __init__(self, books: StagerBooks, room_for_hinted: Callable[[str, int], bool] = lambda key, size: False,
                  on_fallback: Callable[[str], None] | None = None):
         self.books = books
         self.pfs = PFSSource(books.snapshot)
@@ -108,7 +109,7 @@ class Copier:
             if self._on_fallback is not None:
                 self._on_fallback(why)
         for attempt in (0, 1):
-            tier = self._copy_into(self.pfs, key, info, books.tiers)
+            tier = self.copy_into(self.pfs, key, info, books.tiers)
             if tier is not None:
                 return tier
             with books.lock:  # no tier had room: hinted readers may have consumed copies to drop
@@ -125,7 +126,7 @@ class Copier:
         later (it is not marked unstageable)."""
         books = self.books
         try:
-            tier = self._copy_into(books.replica_source, key, books.snapshot.files[key], books.tiers)
+            tier = self.copy_into(books.replica_source, key, books.snapshot.files[key], books.tiers)
         except PeerError:
             why = "peer_failed"
             tier = None
@@ -147,7 +148,7 @@ class Copier:
         if why is not None:
             return None, why
         try:
-            tier = self._copy_into(self.books.peers, key, info, self.books.peer_places())
+            tier = self.copy_into(self.books.peers, key, info, self.books.peer_places())
         except PeerError:
             return None, "peer_failed"
         except (OSError, SourceChanged) as e:
@@ -155,12 +156,14 @@ class Copier:
             return None, "peer_area_error"
         return (tier, "fetched") if tier is not None else (None, "peer_area_full")
 
-    def _copy_into(self, source: Source, key: str, info, tiers: list[Tier]) -> Tier | None:
+    def copy_into(self, source: Source, key: str, info, tiers: list[Tier]) -> Tier | None:
         """Copy ``key`` from ``source`` into the first of ``tiers`` with room (None: none had).
 
         A tier that compresses (``tier.codec``) needs the file's bytes in memory: they are
         read from the source once, into a buffer, and every later tier tried is written from
-        that buffer (never a second read). What a copy takes in the tier is its stored size."""
+        that buffer (never a second read). What a copy takes in the tier is its stored size,
+        reserved before the copy (``StagerBooks.reserve``: room lent out comes back, or is
+        evicted, first)."""
         tally = SourceTally(self.books, source.name)
         if source is self.pfs:
             stream = lambda fd: self.read_pfs(key, fd)  # noqa: E731
@@ -196,9 +199,7 @@ class Copier:
                     continue  # the bytes are held: the next tier takes them without a second read
             else:
                 stored = info.size
-                if not tier.fits(stored):
-                    self.books.ask_room_back(tier)  # room lent out of it comes back first
-                if not tier.reserve(stored):
+                if not self.books.reserve(tier, stored):  # room lent out of it comes back, or is evicted, first
                     continue
             data = frame if frame is not None else held
             fill = stream if data is None else (lambda fd, data=data: write_all(fd, data))

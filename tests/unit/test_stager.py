@@ -615,3 +615,25 @@ def test_a_second_copy_its_owner_refuses_is_not_read_from_the_pfs_nor_given_up(t
     assert stager.stats()["pfs_files_read"] == 0 and stager.replica_stats()["failed"] == {"peer_failed": 5}
     assert stager.ensure(keys[6]).result(timeout=30) is not None  # its owner lost, say: staged here after all
     assert stager.stats()["pfs_files_read"] == 1 and not stager.replicas
+
+
+def test_an_adaptive_stager_starts_at_the_depth_asked_a_fixed_one_keeps_its_threads(tmp_path, dataset):
+    assert Stager(dataset, tiers(tmp_path, 10**6), start_depth=32).concurrency.limit == 32
+    assert Stager(dataset, tiers(tmp_path, 10**6)).concurrency.limit == 8
+    assert Stager(dataset, tiers(tmp_path, 10**6), threads=3, start_depth=32).concurrency.limit == 3
+
+
+def test_fetch_from_peers_sends_other_nodes_files_to_their_owner_from_then_on(tmp_path, dataset):
+    """A replicating cluster, decided after the walk: the stager made for the walk fetches
+    other nodes' files from them into the peer area from then on, never from the PFS."""
+    keys = sorted(dataset.files)
+    own = keys[:5]
+    (tier, area) = tiers(tmp_path, 10**6, 10**6)
+    stager = Stager(dataset, [tier], threads=2)
+    assert stager.ensure(keys[0]).result(timeout=30) is tier  # before: from the PFS
+    stager.fetch_from_peers(FakeOwner(dataset, mine=own), area)
+    assert stager.ensure(keys[5]).result(timeout=30) is area
+    assert stager.ensure(keys[1]).result(timeout=30) is tier
+    s = stager.stats()
+    assert (s["pfs_files_read"], s["peer_files_read"]) == (2, 1)
+    assert digest(area.path_for(keys[5])) == digest(dataset.source_path(keys[5]))
