@@ -61,7 +61,7 @@ class Fetcher:
         timeout = self._tuning.peer_timeout
         if live.lost and self._reowned(key):  # its new owner stages it now, behind its own share: do not wait long
             timeout = min(timeout, REOWNED_WAIT)
-        xfer = Incoming(self._engine, owner, key, None, self._tuning.chunk_size, self._tuning.window,
+        xfer = Incoming(self._engine, owner, key, self._tuning.chunk_size, self._tuning.window,
                         self._release_tag, live.heard)
         asked = time.monotonic()
         self._engine.call(lambda: self._begin(xfer))
@@ -158,8 +158,7 @@ class Fetcher:
             tag = tag + 1 if tag < self._tag_ub else FIRST_REPLY_TAG
         self._next_tag = tag + 1 if tag < self._tag_ub else FIRST_REPLY_TAG
         self._tags[tag] = xfer
-        xfer.tag = tag
-        xfer.begin()
+        xfer.begin(tag)
 
     def _release_tag(self, xfer: Incoming) -> None:
         self._tags.pop(xfer.tag, None)

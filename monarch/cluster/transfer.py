@@ -72,9 +72,10 @@ class Incoming:
     Events: ("header", size, file size, encoding) | ("refused", reason) | ("chunk", idx, buf, count).
     """
 
-    def __init__(self, engine: Engine, owner: int, key: str, tag: int | None, chunk: int, window: int,
+    def __init__(self, engine: Engine, owner: int, key: str, chunk: int, window: int,
                  on_done: Callable[[Incoming], None], on_heard: Callable[[int], None]):
-        self.engine, self.owner, self.key, self.tag = engine, owner, key, tag
+        self.engine, self.owner, self.key = engine, owner, key
+        self.tag: int | None = None  # the reply tag, from begin()
         self.chunk, self.window = chunk, window
         self.events = queue.SimpleQueue()
         self.size: int | None = None
@@ -88,7 +89,9 @@ class Incoming:
         self._on_heard = on_heard  # engine thread: the owner is alive
 
     # -- engine thread ---------------------------------------------------------------
-    def begin(self) -> None:
+    def begin(self, tag: int) -> None:
+        """Ask the owner for the file, its answer on reply tag ``tag``."""
+        self.tag = tag
         MPI, comm = self.engine.MPI, self.engine.comm
         buf = bytearray(HEADER_MAX)
         req = comm.Irecv([buf, MPI.BYTE], self.owner, self.tag)
