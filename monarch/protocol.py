@@ -1,7 +1,12 @@
-"""The contract between the C shim, the node daemon and the launcher.
+"""The contract between the C shim, the daemon's C front door, the node daemon and the launcher.
 
-Everything both sides must agree on lives here (and is mirrored by hand in
-``monarch/shim/monarch_shim.c``; ``tests/unit/test_protocol.py`` checks the two agree).
+This is Python's definition of it. The C definition is one header,
+``monarch/wire/monarch_wire.h``, which both C libraries include (the shim and the daemon's
+front door); ``tests/unit/test_wire.py`` holds every constant of that header equal to this
+module's (the frames' and the index's sizes among them: this module's struct formats) and
+compiles the header, whose ``_Static_assert``s hold its structs to those sizes. What no C
+code reads (the HINT frames' layout, REPORT's bodies, ...) is defined here alone;
+``tests/unit/test_protocol.py`` checks this side.
 
 Keys: a managed file's key is ``b"<k>/<path relative to root k>"`` as raw bytes (any byte
 but NUL; newlines and non-UTF-8 bytes included). Python holds keys as ``str`` decoded with

@@ -4,8 +4,9 @@ MPI lives only in the daemons (``monarch serve`` under mpiexec/srun). Importing 
 package does not import mpi4py; ``Cluster.from_world()`` does.
 """
 
+from ..errors import FailureReason
 from .peer import Cluster
 from .placement import owner
 from .world import abort_on_unhandled_exception, mpi_world_rank
 
-__all__ = ["Cluster", "owner", "mpi_world_rank", "abort_on_unhandled_exception"]
+__all__ = ["Cluster", "FailureReason", "owner", "mpi_world_rank", "abort_on_unhandled_exception"]

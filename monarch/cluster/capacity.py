@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .placement import Placement
+
+if TYPE_CHECKING:
+    from .peer import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +59,19 @@ def weights(capacities: list[tuple[int, int]], mode: str) -> list[int]:
     return ws if any(ws) else [1] * len(capacities)
 
 
-def exchange(cluster, tiers_bytes: int, peer_bytes: int, timeout: float | None = 120.0) -> list[tuple[int, int]]:
+def exchange(cluster: Cluster, tiers_bytes: int, peer_bytes: int, timeout: float | None = 120.0) -> list[tuple[int, int]]:
     """Collective: every node's (tiers' bytes, peer area's bytes), indexed by node. Known
     before the walk (a node stages what it surely owns as the walk goes: see early.py)."""
     gathered = cluster.allgather_ints([tiers_bytes, peer_bytes], timeout)
     return [(int(t), int(p)) for t, p in gathered]
 
 
-def plan(cluster, files: dict, capacities: list[tuple[int, int]]) -> Layout:
+def plan(cluster: Cluster, files: dict, capacities: list[tuple[int, int]]) -> Layout:
     """Decide, build the placement (the same on every node) and hand it to ``cluster``."""
     total = sum(info.size for info in files.values())
     mode, why = decide(capacities, total)
     placement = Placement.build(((k, info.size) for k, info in files.items()), weights(capacities, mode))
-    cluster.placement = placement
+    cluster.use_placement(placement)
     owned_files = owned_bytes = 0
     for key, info in files.items():
         if placement.owner(key) == cluster.node:

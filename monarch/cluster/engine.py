@@ -9,16 +9,19 @@ between rounds: 50 us doubling up to 1 ms while transfers are moving, 5 ms when 
 (~200 wake-ups/s, well under 1% of a core), and wakes at once when a thread hands it work.
 """
 
+from __future__ import annotations
+
 import collections
 import heapq
 import itertools
 import logging
 import threading
 import time
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-TAG_CTRL = 1          # pickled control messages: requests, cancels, pings, finish
+TAG_CTRL = 1          # pickled control messages (control.py): requests, cancels, pings, finish
 IDLE_MIN = 50e-6
 IDLE_MAX_ACTIVE = 1e-3
 IDLE_MAX = 5e-3
@@ -30,53 +33,54 @@ class Engine:
 
     An MPI error (with Open MPI's ULFM: MPI_ERR_PROC_FAILED when a peer died) never stops
     the engine: the request that failed is dropped and ``on_mpi_error(exc)`` is called on the
-    engine thread, which finds out who failed (``Cluster._check_failed``) and fails the
+    engine thread, which finds out who failed (``Liveness.check_failed``) and fails the
     transfers that involved them.
     """
 
-    def __init__(self, MPI, comm, on_ctrl, on_mpi_error=None):
+    def __init__(self, MPI: Any, comm: Any, on_ctrl: Callable[[int, Any], None],
+                 on_mpi_error: Callable[[Exception], None] | None = None):
         self.MPI = MPI
         self.comm = comm
         self._on_ctrl = on_ctrl
         self._on_mpi_error = on_mpi_error
-        self._calls = collections.deque()
+        self._calls: collections.deque[Callable[[], Any]] = collections.deque()
         self._wake = threading.Event()
-        self._reqs = []
-        self._cbs = []
-        self._timers = []
+        self._reqs: list[Any] = []
+        self._cbs: list[Callable[[Any], Any] | None] = []
+        self._timers: list[tuple[float, int, Callable[[], Any]]] = []
         self._seq = itertools.count()
         self._stop = False
         self._thread = None
-        self.error = None       # the exception that stopped the engine, if any
+        self.error: BaseException | None = None  # the exception that stopped the engine, if any
 
     # -- any thread ---------------------------------------------------------------
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self):
+    def start(self) -> None:
         self._thread = threading.Thread(target=self._main, name="monarch-mpi", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout=5.0):
+    def stop(self, timeout: float = 5.0) -> None:
         self._stop = True
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    def call(self, fn):
+    def call(self, fn: Callable[[], Any]) -> None:
         """Run ``fn()`` on the engine thread, soon, in submission order."""
         self._calls.append(fn)
         self._wake.set()
 
-    def run(self, fn, timeout=None):
+    def run(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """Run ``fn()`` on the engine thread (inline if it is not running) and return its result."""
         if not self.running:
             return fn()
         done = threading.Event()
         box = {}
 
-        def wrapper():
+        def wrapper() -> None:
             try:
                 box["value"] = fn()
             except BaseException as exc:  # handed back to the caller
@@ -96,19 +100,19 @@ class Engine:
         return box["value"]
 
     # -- engine thread only ----------------------------------------------------------
-    def post(self, req, callback=None):
+    def post(self, req: Any, callback: Callable[[Any], Any] | None = None) -> None:
         """Watch ``req``; call ``callback(status)`` on the engine thread when it completes."""
         self._reqs.append(req)
         self._cbs.append(callback)
         self._active = time.monotonic()
 
-    def send_obj(self, obj, dest, tag=TAG_CTRL, on_sent=None):
+    def send_obj(self, obj: Any, dest: int, tag: int = TAG_CTRL, on_sent: Callable[[], Any] | None = None) -> None:
         self.post(self.comm.isend(obj, dest, tag), on_sent and (lambda st: on_sent()))
 
-    def after(self, delay, fn):
+    def after(self, delay: float, fn: Callable[[], Any]) -> None:
         heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), fn))
 
-    def _main(self):
+    def _main(self) -> None:
         try:
             self._loop()
             while self._calls:          # what was handed over before stop() still happens
@@ -117,7 +121,7 @@ class Engine:
             self.error = exc
             log.exception("MPI engine stopped; peers are unavailable from now on")
 
-    def _loop(self):
+    def _loop(self) -> None:
         MPI, comm = self.MPI, self.comm
         status = MPI.Status()
         sleep = IDLE_MIN
@@ -153,7 +157,7 @@ class Engine:
             self._wake.clear()
             sleep = min(sleep * 2, IDLE_MAX)
 
-    def _test(self):
+    def _test(self) -> bool:
         MPI = self.MPI
         statuses = [MPI.Status() for _ in self._reqs]
         try:
@@ -171,7 +175,7 @@ class Engine:
                 self._safe(cb, st)
         return True
 
-    def _test_each(self, exc):
+    def _test_each(self, exc: Exception) -> bool:
         """Testsome failed (a request with a dead peer): test one by one, drop the failed ones."""
         MPI = self.MPI
         keep_reqs, keep_cbs, finished = [], [], []
@@ -192,7 +196,7 @@ class Engine:
                 self._safe(cb, status)
         return True
 
-    def _mpi_error(self, exc):
+    def _mpi_error(self, exc: Exception) -> None:
         log.debug("MPI error on the engine thread: %s", exc)
         if self._on_mpi_error is not None:
             try:
@@ -200,7 +204,7 @@ class Engine:
             except Exception:
                 log.exception("MPI engine: handling %s failed", exc)
 
-    def _safe(self, fn, *args):
+    def _safe(self, fn: Callable[..., Any], *args: Any) -> None:
         # One transfer's bug must not stop the engine for every other transfer; an MPI error
         # (a send to a dead peer) is a failure to look into, not a bug.
         try:

@@ -7,40 +7,86 @@ and hands each chunk to the engine to send, at most ``window`` chunks in flight.
 requester that stops receiving (dead, hung) stalls the window: after ``peer_timeout``
 without progress the pool thread gives up, so a dead peer costs one pool thread for one
 timeout, never forever.
+
+Why a request was not served is counted in ``serve_failures`` (``ServeFailure``).
 """
 
+from __future__ import annotations
+
+import enum
 import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Callable, Mapping, Union
 
 from ..node.codecs import Compressed
 from . import transfer
+from .control import Handler, Verb
+from .counters import PeerCounters
+from .engine import Engine
+from .tuning import Tuning
 
 log = logging.getLogger(__name__)
+
+# what ``provide(key)`` answers: a staged file's path, a compressed copy, a file object, or None (cannot)
+Provided = Union[str, Compressed, IO[bytes], None]
+Provide = Callable[[str], Provided]
+
+
+class ServeFailure(str, enum.Enum):
+    """Why a peer's request was not served (the keys of ``serve_failures``, by value)."""
+
+    ERROR = "error"            # a bug while serving (logged)
+    LOST = "lost"              # the requester is lost
+    CANCELLED = "cancelled"    # the requester gave up first
+    REFUSED = "refused"        # provide() could not stage the file
+    OPEN = "open"              # the staged copy could not be opened
+    STALLED = "stalled"        # the requester took nothing for peer_timeout
+    SHORT_READ = "short_read"  # the staged copy was shorter than it said
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class Outgoing:
     __slots__ = ("src", "tag", "key", "cancelled", "lost")
 
-    def __init__(self, src, tag, key):
+    def __init__(self, src: int, tag: int, key: str):
         self.src, self.tag, self.key = src, tag, key
         self.cancelled = False
         self.lost = False   # the requester is lost: stop sending at once
 
 
 class Server:
-    def __init__(self, engine, provide, cluster, threads):
+    """Answers peers' requests once started (a request that comes before is dropped: the
+    requester's timeout answers it)."""
+
+    def __init__(self, engine: Engine, counters: PeerCounters, tuning: Tuning):
         self.engine = engine
-        self.provide = provide
-        self.cluster = cluster          # peer_timeout, chunk_size, window, counters
+        self.counters = counters
+        self.tuning = tuning            # peer_timeout, chunk_size, window
+        self.provide: Provide | None = None
         self.accepting = True
-        self._active = {}
+        self._started = False
+        self._active: dict[tuple[int, int], Outgoing] = {}
         self._lock = threading.Condition()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, provide: Provide | None, threads: int) -> None:
+        """Serve with ``provide`` on ``threads`` pool threads (before the engine starts)."""
+        self.provide = provide
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="monarch-peer")
+        self._started = True
+
+    def handlers(self) -> Mapping[Verb, Handler]:
+        """The control verbs this part serves (engine thread)."""
+        return {Verb.REQ: self.on_request, Verb.CANCEL: self.on_cancel}
 
     # -- engine thread ---------------------------------------------------------------
-    def on_request(self, src, tag, key):
+    def on_request(self, src: int, tag: int, key: str) -> None:
+        if not self._started:
+            return  # not serving yet: the requester's timeout answers it
         if not self.accepting or self.provide is None:
             self._post_header(src, tag, transfer.encode_refusal("node is not serving"))
             return
@@ -49,7 +95,7 @@ class Server:
             self._active[(src, tag)] = out
         self._pool.submit(self._serve, out)
 
-    def on_lost(self, src):
+    def on_lost(self, src: int, why: str = "") -> None:
         """Node ``src`` is lost: its transfers stop at their next chunk, without a timeout."""
         with self._lock:
             for out in self._active.values():
@@ -57,55 +103,57 @@ class Server:
                     out.lost = True
                     out.cancelled = True
 
-    def on_cancel(self, src, tag):
+    def on_cancel(self, src: int, tag: int) -> None:
         out = self._active.get((src, tag))
         if out is not None:
             out.cancelled = True
 
-    def _post_header(self, src, tag, data):
+    def _post_header(self, src: int, tag: int, data: bytes) -> None:
         MPI = self.engine.MPI
         self.engine.post(self.engine.comm.Isend([data, MPI.BYTE], src, tag))
 
     # -- any thread --------------------------------------------------------------------
-    def stop_accepting(self):
+    def stop_accepting(self) -> None:
         self.accepting = False
 
-    def wait_idle(self, timeout):
+    def wait_idle(self, timeout: float) -> bool:
         with self._lock:
             return self._lock.wait_for(lambda: not self._active, timeout)
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         self.accepting = False
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- pool thread -----------------------------------------------------------------
-    def _send(self, out, data, on_sent=None, header=None):
+    def _send(self, out: Outgoing, data: bytes, on_sent: Callable[[], object] | None = None,
+              header: bytes | None = None) -> None:
         """Hand ``data`` to the engine to send (``header`` first, in the same hand-over: one
         wake-up of the engine for a small file's two messages; MPI keeps them in order)."""
         MPI, engine = self.engine.MPI, self.engine
 
-        def post():
+        def post() -> None:
             if header is not None:
                 engine.post(engine.comm.Isend([header, MPI.BYTE], out.src, out.tag))
             engine.post(engine.comm.Isend([data, MPI.BYTE], out.src, out.tag), on_sent and (lambda st: on_sent()))
         engine.call(post)
 
-    def _serve(self, out):
+    def _serve(self, out: Outgoing) -> None:
         try:
             self._serve_one(out)
         except Exception:
             log.exception("serving %r to node %d failed", out.key, out.src)
-            self.cluster._count_serve_failure("error")
+            self.counters.serve_failed(ServeFailure.ERROR)
         finally:
             with self._lock:
                 self._active.pop((out.src, out.tag), None)
                 self._lock.notify_all()
 
-    def _refuse(self, out, reason, why):
-        self.cluster._count_serve_failure(why)
+    def _refuse(self, out: Outgoing, reason: str, why: ServeFailure) -> None:
+        self.counters.serve_failed(why)
         self._send(out, transfer.encode_refusal(reason))
 
-    def _serve_one(self, out):
+    def _serve_one(self, out: Outgoing) -> None:
         try:
             path = self.provide(out.key)
         except Exception as exc:
@@ -114,16 +162,16 @@ class Server:
         else:
             reason = "owner could not stage the file"
         if out.lost:
-            return self.cluster._count_serve_failure("lost")
+            return self.counters.serve_failed(ServeFailure.LOST)
         if out.cancelled:
-            return self._refuse(out, "cancelled by the requester", "cancelled")
+            return self._refuse(out, "cancelled by the requester", ServeFailure.CANCELLED)
         if path is None:
-            return self._refuse(out, reason, "refused")
+            return self._refuse(out, reason, ServeFailure.REFUSED)
         compressed = isinstance(path, Compressed)
         try:  # a file object: a copy decompressed for the wire
             f = path if hasattr(path, "read") else open(path.path if compressed else path, "rb")
         except OSError as exc:
-            return self._refuse(out, f"owner cannot open its staged copy: {exc}", "open")
+            return self._refuse(out, f"owner cannot open its staged copy: {exc}", ServeFailure.OPEN)
         with f:
             size = os.fstat(f.fileno()).st_size
             file_size = path.size if compressed else size
@@ -132,18 +180,18 @@ class Server:
                 self._send(out, header)
             sent = self._stream(out, f, size, header)
         if sent == size:
-            self.cluster._count_sent(file_size, size)
+            self.counters.sent(file_size, size)
 
-    def _stream(self, out, f, size, header):
+    def _stream(self, out: Outgoing, f: IO[bytes], size: int, header: bytes) -> int:
         """Send ``header`` with the first chunk, then the rest with a bounded window; return
         bytes sent, or -1 if abandoned."""
-        chunk, window = self.cluster.chunk_size, self.cluster.window
+        chunk, window = self.tuning.chunk_size, self.tuning.window
         slots = threading.Semaphore(window)
         sent = 0
         for idx in range(transfer.chunk_count(size, chunk)):
             if not self._slot(slots, out):
                 log.warning("node %d stopped receiving %r: giving up", out.src, out.key)
-                self.cluster._count_serve_failure("lost" if out.lost else "stalled")
+                self.counters.serve_failed(ServeFailure.LOST if out.lost else ServeFailure.STALLED)
                 return -1
             n = transfer.chunk_len(idx, size, chunk)
             try:
@@ -154,21 +202,21 @@ class Server:
             first = header if idx == 0 else None
             if len(data) != n:           # empty chunk = "owner aborted" for the requester
                 self._send(out, b"", header=first)
-                self.cluster._count_serve_failure("short_read")
+                self.counters.serve_failed(ServeFailure.SHORT_READ)
                 return -1
             self._send(out, data, slots.release, header=first)
             sent += n
         for _ in range(window):         # wait until the last chunks are out
             if not self._slot(slots, out):
-                self.cluster._count_serve_failure("lost" if out.lost else "stalled")
+                self.counters.serve_failed(ServeFailure.LOST if out.lost else ServeFailure.STALLED)
                 return -1
         return sent
 
-    def _slot(self, slots, out):
+    def _slot(self, slots: threading.Semaphore, out: Outgoing) -> bool:
         """A window slot, or False when the requester is lost or has taken nothing for peer_timeout."""
         waited = 0.0
         while not slots.acquire(timeout=0.25):
             waited += 0.25
-            if out.lost or waited >= self.cluster.peer_timeout:
+            if out.lost or waited >= self.tuning.peer_timeout:
                 return False
         return True

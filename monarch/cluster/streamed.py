@@ -13,8 +13,12 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import PeerError
+from ..errors import FailureReason, PeerError
+
+if TYPE_CHECKING:
+    from .collective import Collectives
 
 log = logging.getLogger(__name__)
 
@@ -25,18 +29,18 @@ PART_FILES = 20_000   # or sooner when this many files are waiting
 class StreamedShare:
     """One streamed ``share`` (see ``Cluster.share``)."""
 
-    def __init__(self, cluster, on_files, timeout):
+    def __init__(self, cluster: Collectives, on_files: Callable[[dict], None], timeout: float | None):
         self.cluster = cluster
         self.on_files = on_files
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self._pending: dict = {}
         self._last = 0.0  # the walk's first files go at once
 
-    def run(self, take):
+    def run(self, take: Callable[[Callable[[dict], None]], Any]) -> Any:
         return self._lead(take) if self.cluster.node == 0 else self._follow()
 
     # -- node 0 ---------------------------------------------------------------------------
-    def _lead(self, take):
+    def _lead(self, take: Callable[[Callable[[dict], None]], Any]) -> Any:
         try:
             value = take(self._publish)
         except Exception as exc:
@@ -63,7 +67,7 @@ class StreamedShare:
             self._send(("files", part))
         self._last = time.monotonic()
 
-    def _send(self, message) -> None:
+    def _send(self, message: tuple) -> None:
         self.cluster.bcast_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), self.deadline)
 
     def _tell(self, files: dict) -> None:
@@ -74,7 +78,7 @@ class StreamedShare:
             log.exception("staging the files of node 0's walk as they come failed; they are staged after the walk")
 
     # -- the other nodes ------------------------------------------------------------------
-    def _follow(self):
+    def _follow(self) -> Any:
         while True:
             kind, value = pickle.loads(self.cluster.bcast_bytes(None, self.deadline))
             if kind == "files":
@@ -82,4 +86,4 @@ class StreamedShare:
             elif kind == "ok":
                 return value
             else:
-                raise PeerError(f"node 0 could not take the dataset snapshot: {value}")
+                raise PeerError(f"node 0 could not take the dataset snapshot: {value}", FailureReason.FAILED)

@@ -17,8 +17,16 @@ local error) sends ``("cancel", tag)`` and keeps receiving what is already under
 scratch buffers ("drain"), so no message is left unmatched and the tag can be reused.
 """
 
+from __future__ import annotations
+
 import queue
 import struct
+from typing import TYPE_CHECKING, Any, Callable
+
+from .control import Verb, message
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 HEADER = struct.Struct("<q")
 OK = struct.Struct("<qqB")  # bytes on the wire, bytes of the file, encoding
@@ -27,11 +35,11 @@ FIRST_REPLY_TAG = 16
 RAW, ZSTD = 0, 1
 
 
-def encode_ok(size, file_size=None, encoding=RAW):
+def encode_ok(size: int, file_size: int | None = None, encoding: int = RAW) -> bytes:
     return OK.pack(size, size if file_size is None else file_size, encoding)
 
 
-def decode_ok(buf, count):
+def decode_ok(buf: bytes | bytearray, count: int) -> tuple[int, int, int]:
     """``(wire size, file size, encoding)`` of an accepted file's header."""
     if count < OK.size:
         (size,) = HEADER.unpack_from(buf)
@@ -39,22 +47,22 @@ def decode_ok(buf, count):
     return OK.unpack_from(buf)
 
 
-def encode_refusal(reason):
+def encode_refusal(reason: str) -> bytes:
     return HEADER.pack(-1) + reason.encode("utf-8", "replace")[: HEADER_MAX - HEADER.size]
 
 
-def decode_header(buf, count):
+def decode_header(buf: bytes | bytearray, count: int) -> tuple[int | None, str | None]:
     (size,) = HEADER.unpack_from(buf)
     if size >= 0:
         return size, None
     return None, bytes(buf[HEADER.size:count]).decode("utf-8", "replace")
 
 
-def chunk_count(size, chunk):
+def chunk_count(size: int, chunk: int) -> int:
     return (size + chunk - 1) // chunk
 
 
-def chunk_len(idx, size, chunk):
+def chunk_len(idx: int, size: int, chunk: int) -> int:
     return min(chunk, size - idx * chunk)
 
 
@@ -64,14 +72,16 @@ class Incoming:
     Events: ("header", size, file size, encoding) | ("refused", reason) | ("chunk", idx, buf, count).
     """
 
-    def __init__(self, engine, owner, key, tag, chunk, window, on_done, on_heard):
-        self.engine, self.owner, self.key, self.tag = engine, owner, key, tag
+    def __init__(self, engine: Engine, owner: int, key: str, chunk: int, window: int,
+                 on_done: Callable[[Incoming], None], on_heard: Callable[[int], None]):
+        self.engine, self.owner, self.key = engine, owner, key
+        self.tag: int | None = None  # the reply tag, from begin()
         self.chunk, self.window = chunk, window
         self.events = queue.SimpleQueue()
-        self.size = None
+        self.size: int | None = None
         self.nchunks = 0
         self.next_idx = 0
-        self.in_flight = {}       # idx -> request of a posted chunk receive
+        self.in_flight: dict[int, Any] = {}  # idx -> request of a posted chunk receive
         self.abandoned = False
         self.aborted = False
         self.done = False
@@ -79,30 +89,32 @@ class Incoming:
         self._on_heard = on_heard  # engine thread: the owner is alive
 
     # -- engine thread ---------------------------------------------------------------
-    def begin(self):
+    def begin(self, tag: int) -> None:
+        """Ask the owner for the file, its answer on reply tag ``tag``."""
+        self.tag = tag
         MPI, comm = self.engine.MPI, self.engine.comm
         buf = bytearray(HEADER_MAX)
         req = comm.Irecv([buf, MPI.BYTE], self.owner, self.tag)
         self.engine.post(req, lambda st: self._on_header(buf, st))
-        self.engine.send_obj(("req", self.tag, self.key), self.owner)
+        self.engine.send_obj(message(Verb.REQ, self.tag, self.key), self.owner)
 
-    def credit(self):
+    def credit(self) -> None:
         """The fetcher wrote a chunk: one more receive may be posted."""
         self._post_next()
 
-    def abandon(self):
+    def abandon(self) -> None:
         """The fetcher gave up: tell the owner, swallow whatever still arrives."""
         if self.abandoned:
             return
         self.abandoned = True
         if self.done:
             return
-        self.engine.send_obj(("cancel", self.tag), self.owner)
+        self.engine.send_obj(message(Verb.CANCEL, self.tag), self.owner)
         if self.size is not None:
             while len(self.in_flight) < self.window and self._post_next():
                 pass
 
-    def lost(self, why):
+    def lost(self, why: str) -> None:
         """The owner is lost: the fetcher stops waiting at once; nothing more will come, so the
         tag is free (receives still posted to the dead owner complete in error or never)."""
         if self.done:
@@ -112,12 +124,12 @@ class Incoming:
         self.in_flight.clear()
         self._finish()
 
-    def _finish(self):
+    def _finish(self) -> None:
         if not self.done:
             self.done = True
             self._on_done(self)
 
-    def _on_header(self, buf, status):
+    def _on_header(self, buf: bytearray, status: Any) -> None:
         self._on_heard(self.owner)
         size, reason = decode_header(buf, status.Get_count(self.engine.MPI.BYTE))
         if size is None:
@@ -134,7 +146,7 @@ class Incoming:
         while len(self.in_flight) < self.window and self._post_next():
             pass
 
-    def _post_next(self):
+    def _post_next(self) -> bool:
         if self.done or self.aborted or self.size is None or self.next_idx >= self.nchunks:
             return False
         idx = self.next_idx
@@ -146,7 +158,7 @@ class Incoming:
         self.engine.post(req, lambda st: self._on_chunk(idx, buf, st))
         return True
 
-    def _on_chunk(self, idx, buf, status):
+    def _on_chunk(self, idx: int, buf: bytearray, status: Any) -> None:
         self.in_flight.pop(idx, None)
         if not status.Is_cancelled():
             self._on_heard(self.owner)

@@ -3,6 +3,8 @@
 Nothing here reads the environment or imports mpi4py at import time.
 """
 
+from __future__ import annotations
+
 import atexit
 import logging
 import os
@@ -12,6 +14,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from types import FrameType, TracebackType
+from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,7 @@ class _State:
 _state = _State()
 
 
-def mpi_world_rank(environ=None):
+def mpi_world_rank(environ: Mapping[str, str] | None = None) -> int | None:
     """This process's rank in MPI_COMM_WORLD, or None when not started by an MPI launcher.
 
     Does not initialise MPI: the launcher's variables are read (hydra, Slurm srun with
@@ -52,7 +56,7 @@ def mpi_world_rank(environ=None):
     return None
 
 
-def load_mpi():
+def load_mpi() -> Any:
     """Import mpi4py.MPI (initialising MPI) with the settings Monarch relies on.
 
     - ``rc.finalize = False``: Monarch finalises MPI itself at exit, and only when no peer
@@ -88,27 +92,27 @@ def load_mpi():
     return MPI
 
 
-def note_failure(why):
+def note_failure(why: str) -> None:
     """Record that a peer failed: MPI must not be finalised at exit."""
     if not _state.failure_seen:
         log.warning("peer failure (%s): MPI_Finalize will be skipped at exit", why)
     _state.failure_seen = True
 
 
-def track_engine(engine):
+def track_engine(engine: Any) -> None:
     _state.engines.append(engine)
 
 
-def failure_seen():
+def failure_seen() -> bool:
     return _state.failure_seen
 
 
-def _on_sigusr1(signum, frame):
+def _on_sigusr1(signum: int, frame: FrameType | None) -> None:
     # hydra (-disable-auto-cleanup) tells survivors that a rank died. Just remember it.
     _state.failure_seen = True
 
 
-def _install_sigusr1():
+def _install_sigusr1() -> None:
     if threading.current_thread() is not threading.main_thread():
         log.warning("MPI loaded outside the main thread: SIGUSR1 from hydra not handled")
         return
@@ -116,7 +120,7 @@ def _install_sigusr1():
         signal.signal(signal.SIGUSR1, _on_sigusr1)
 
 
-def _finalize_at_exit():
+def _finalize_at_exit() -> None:
     mpi = _state.mpi
     if threading.current_thread() is threading.main_thread():
         try:  # Python restores SIG_DFL for its own handlers at shutdown: ignore from here on
@@ -137,11 +141,11 @@ def _finalize_at_exit():
     mpi.Finalize()
 
 
-def abort_on_unhandled_exception():
+def abort_on_unhandled_exception() -> None:
     """Make an uncaught exception in any thread abort MPI_COMM_WORLD (one rank cannot hang the job)."""
     MPI = load_mpi()
 
-    def _abort(exc_type, exc, tb):
+    def _abort(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         import traceback
 
         # one write, then a moment for the MPI launcher to forward it: Abort kills the job at
@@ -172,7 +176,7 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def openmpi_prefix(environ=None) -> str | None:
+def openmpi_prefix(environ: Mapping[str, str] | None = None) -> str | None:
     """Where Open MPI (with ULFM) is installed for the daemons, or None.
 
     ``MONARCH_OPENMPI`` names the prefix; by default ``<sys.prefix>/openmpi``, where
@@ -193,7 +197,7 @@ def mpich_mpiexec() -> str | None:
     return local if os.access(local, os.X_OK) else shutil.which("mpiexec")
 
 
-def daemon_launch(nodes: int, one_host: bool = False, environ=None) -> Launch:
+def daemon_launch(nodes: int, one_host: bool = False, environ: Mapping[str, str] | None = None) -> Launch:
     """The launch line for ``nodes`` daemons with the engine that survives a lost daemon.
 
     Open MPI with ``--with-ft ulfm`` when installed (survivors keep running; an operation

@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from monarch import protocol, secure
 from monarch.node.daemon import NodeDaemon
@@ -41,10 +42,11 @@ REQUEST_THREADS = 64          # requests waiting for a copy or a peer at once; m
 REQUEST_TIMEOUT = 5.0         # seconds a client has to send its whole request
 MAX_CONNECTIONS = 4096        # open connections at once (beyond: closed at accept)
 MAX_SESSIONS = 1024           # attached launchers at once
-EMBEDDED_IDLE_SECONDS = 0.5     # grace after the last session, for launchers started a moment apart
-# ... unless the last session said it was done (its final REPORT): then an embedded daemon
-# stops at once, and the launcher waiting for it to exit (its tiers removed) is not kept waiting
-EMBEDDED_FIRST_ATTACH_SECONDS = 120.0
+# An embedded daemon stops EMBEDDED_IDLE_SECONDS after its last session closed (a grace for
+# launchers started a moment apart), or at once if that session said it was done (its final
+# REPORT): the launcher waiting for it to exit (its tiers removed) is not kept waiting.
+EMBEDDED_IDLE_SECONDS = 0.5
+EMBEDDED_FIRST_ATTACH_SECONDS = 120.0  # an embedded daemon no launcher ever attached to stops after this
 DOOR_BOOKS_SECONDS = 0.1      # the front door's copies reach the stager's books at least this often
 
 
@@ -114,11 +116,17 @@ class NodeServer:
         # its own, and hands the rest over here; without it this loop accepts everything
         self.door = daemon.make_front_door(self._listener.fileno())
         self._next_absorb = 0.0
+        # a connection's key holds its _Conn; the loop's own sources hold their handler
         if self.door is not None:
-            self._sel.register(self.door.wake_fd, selectors.EVENT_READ, "door")
+            self._sel.register(self.door.wake_fd, selectors.EVENT_READ, self._from_door)
         else:
-            self._sel.register(self._listener, selectors.EVENT_READ, "accept")
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+            self._sel.register(self._listener, selectors.EVENT_READ, self._accept)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, self._drain_wake)
+        # the request verbs (protocol.VERB_*), each to its handler: (conn, body)
+        self._handlers: dict[int, Callable[[_Conn, bytes], None]] = {
+            protocol.VERB_OPEN: self._open, protocol.VERB_INVALIDATE: self._invalidate,
+            protocol.VERB_HINT: self._hint, protocol.VERB_INDEX: self._index,
+            protocol.VERB_ATTACH: self._attach, protocol.VERB_REPORT: self._report, protocol.VERB_STOP: self._stop_asked}
         daemon.gate.when_settled(self._snapshot_settled)
 
     # -- the loop -----------------------------------------------------------------------
@@ -132,14 +140,10 @@ class NodeServer:
         try:
             while not self._stop.is_set():
                 for key, events in self._sel.select(timeout=protocol.HEARTBEAT_MS / 1000):
-                    if key.data == "accept":
-                        self._accept()
-                    elif key.data == "door":
-                        self._from_door()
-                    elif key.data == "wake":
-                        self._drain_wake()
-                    else:
+                    if isinstance(key.data, _Conn):
                         self._on_event(key.data, events)
+                    else:
+                        key.data()  # the listener, the front door or the wake pipe
                 self._deliver_done()
                 self._release_held()
                 self._tick()
@@ -241,71 +245,96 @@ class NodeServer:
         if conn.session and verb != protocol.VERB_REPORT:
             self._refuse(conn, "bad_session_request", "a session only asks for REPORT")
             return
-        if verb in (protocol.VERB_OPEN, protocol.VERB_INVALIDATE):
-            key = _valid_key(body)
-            if key is None:
-                self._refuse(conn, "bad_key", "a key is '<root index>/<relative path>' without NUL, '.' or '..'")
-                return
-            if verb == protocol.VERB_OPEN and not self._settled:
-                self._hold(conn, verb, body, answer_by=self.daemon.config.staging.resolve_timeout)
-                return
-            if verb == protocol.VERB_OPEN:
-                known = self.daemon.resolver.resolve_now(key)
-                if known is not None:
-                    self._answer(conn, *_open_answer(known), close=True)
-                    return
-            conn.pending = True
-            now = time.monotonic()
-            conn.next_beat = now + protocol.HEARTBEAT_MS / 1000
-            if verb == protocol.VERB_OPEN:  # no thread waits for the copy: its end answers
-                conn.answer_by = now + self.daemon.config.staging.resolve_timeout
-                self.daemon.resolver.resolve_async(key, lambda answer, outcome, c=conn: self._resolved(c, answer, outcome))
-                return
-            work = lambda: (self.daemon.invalidate(key), protocol.encode_answer(0))[1]  # noqa: E731
-            future = self._pool.submit(work)
-            future.add_done_callback(lambda f, c=conn: self._finished(c, f))
-        elif verb == protocol.VERB_HINT:
-            try:
-                self.daemon.hint(body)
-            except ProtocolError as e:
-                self._refuse(conn, "bad_hint", str(e))
-                return
-            conn.deadline = time.monotonic() + REQUEST_TIMEOUT  # the hinting reader may send more
-            self._answer(conn, protocol.encode_answer(0))
-        elif verb == protocol.VERB_ATTACH:
-            if self._sessions >= MAX_SESSIONS:
-                self._refuse(conn, "too_many_sessions", f"at most {MAX_SESSIONS} sessions")
-                return
-            conn.session = True
-            self._sessions += 1
-            self._ever_attached = True
-            self._last_was_done = False
-            self._last_change = time.monotonic()
-            log.debug("phase attach %d", self._sessions)
-            body = {"env": self.daemon.client_env(), "run": self.daemon.describe()}
-            self._answer(conn, protocol.encode_answer(0, json.dumps(body).encode()))
-        elif verb == protocol.VERB_INDEX:
-            if not self._settled:
-                self._hold(conn, verb, body)
-                return
-            ready = self.daemon.gate.state is SnapshotState.READY
-            self._answer(conn, protocol.encode_answer(protocol.INDEX_READY if ready else protocol.INDEX_NONE),
-                         close=True)
-        elif verb == protocol.VERB_REPORT:
-            # a body of b"brief" (progress polls): the counters without the timeline
-            brief = body == protocol.REPORT_BRIEF
-            if not brief and not self._settled:  # the report's snapshot figures: when they exist
-                self._hold(conn, verb, body)
-                return
-            conn.done = conn.done or body == protocol.REPORT_FINAL
-            stats = self.daemon.stats(brief=brief) | {"requests_refused": dict(self.errors),
-                                                      "requests_held_for_snapshot": dict(self.held)}
-            self._answer(conn, protocol.encode_answer(0, json.dumps(stats).encode()), close=not conn.session)
-            if not brief:
-                log.debug("phase report.answered")
-        elif verb == protocol.VERB_STOP:
-            self._answer(conn, protocol.encode_answer(0), close=True)
-            self.request_stop()
+        self._handlers[verb](conn, body)  # decode_request_header let known verbs through only
+
+    # -- the shim's requests ------------------------------------------------------------------
+    def _open(self, conn: _Conn, body: bytes) -> None:
+        key = self._key(conn, body)
+        if key is None:
+            return
+        resolve_timeout = self.daemon.config.staging.resolve_timeout
+        if not self._settled:
+            self._hold(conn, protocol.VERB_OPEN, body, answer_by=resolve_timeout)
+            return
+        known = self.daemon.resolver.resolve_now(key)
+        if known is not None:
+            self._answer(conn, *_open_answer(known), close=True)
+            return
+        now = self._begin_waiting(conn)
+        conn.answer_by = now + resolve_timeout
+        # no thread waits for the copy: its end answers
+        self.daemon.resolver.resolve_async(key, lambda answer, outcome, c=conn: self._resolved(c, answer, outcome))
+
+    def _invalidate(self, conn: _Conn, body: bytes) -> None:
+        key = self._key(conn, body)
+        if key is None:
+            return
+        self._begin_waiting(conn)
+        work = lambda: (self.daemon.invalidate(key), protocol.encode_answer(0))[1]  # noqa: E731
+        future = self._pool.submit(work)
+        future.add_done_callback(lambda f, c=conn: self._finished(c, f))
+
+    def _key(self, conn: _Conn, body: bytes) -> str | None:
+        """The request's key, or None once the request is refused for it."""
+        key = _valid_key(body)
+        if key is None:
+            self._refuse(conn, "bad_key", "a key is '<root index>/<relative path>' without NUL, '.' or '..'")
+        return key
+
+    def _begin_waiting(self, conn: _Conn) -> float:
+        """The request's answer comes later (heartbeats meanwhile); now, by the monotonic clock."""
+        conn.pending = True
+        now = time.monotonic()
+        conn.next_beat = now + protocol.HEARTBEAT_MS / 1000
+        return now
+
+    def _hint(self, conn: _Conn, body: bytes) -> None:
+        try:
+            self.daemon.hint(body)
+        except ProtocolError as e:
+            self._refuse(conn, "bad_hint", str(e))
+            return
+        conn.deadline = time.monotonic() + REQUEST_TIMEOUT  # the hinting reader may send more
+        self._answer(conn, protocol.encode_answer(0))
+
+    def _index(self, conn: _Conn, body: bytes) -> None:
+        if not self._settled:
+            self._hold(conn, protocol.VERB_INDEX, body)
+            return
+        ready = self.daemon.gate.state is SnapshotState.READY
+        self._answer(conn, protocol.encode_answer(protocol.INDEX_READY if ready else protocol.INDEX_NONE),
+                     close=True)
+
+    # -- the launchers' sessions --------------------------------------------------------------
+    def _attach(self, conn: _Conn, body: bytes) -> None:
+        if self._sessions >= MAX_SESSIONS:
+            self._refuse(conn, "too_many_sessions", f"at most {MAX_SESSIONS} sessions")
+            return
+        conn.session = True
+        self._sessions += 1
+        self._ever_attached = True
+        self._last_was_done = False
+        self._last_change = time.monotonic()
+        log.debug("phase attach %d", self._sessions)
+        answer = {"env": self.daemon.client_env(), "run": self.daemon.describe()}
+        self._answer(conn, protocol.encode_answer(0, json.dumps(answer).encode()))
+
+    def _report(self, conn: _Conn, body: bytes) -> None:
+        # a body of b"brief" (progress polls): the counters without the timeline
+        brief = body == protocol.REPORT_BRIEF
+        if not brief and not self._settled:  # the report's snapshot figures: when they exist
+            self._hold(conn, protocol.VERB_REPORT, body)
+            return
+        conn.done = conn.done or body == protocol.REPORT_FINAL
+        stats = self.daemon.stats(brief=brief) | {"requests_refused": dict(self.errors),
+                                                  "requests_held_for_snapshot": dict(self.held)}
+        self._answer(conn, protocol.encode_answer(0, json.dumps(stats).encode()), close=not conn.session)
+        if not brief:
+            log.debug("phase report.answered")
+
+    def _stop_asked(self, conn: _Conn, body: bytes) -> None:
+        self._answer(conn, protocol.encode_answer(0), close=True)
+        self.request_stop()
 
     # -- requests that wait for the snapshot ------------------------------------------------
     def _hold(self, conn: _Conn, verb: int, body: bytes, answer_by: float = 0.0) -> None:

@@ -36,3 +36,65 @@ def test_an_mpi_without_failure_notices_is_asked_once():
     for _ in range(5):
         cluster._check_failed()
     assert comm.asked == 1 and not cluster._lost
+
+
+class FailureNotices(NoFailureNotices):
+    """An MPI that names no failed rank (MPICH 5 answers an empty group)."""
+
+    def Ack_failed(self):
+        self.asked += 1
+        raise FakeMPI.Exception("no failure notices here")
+
+
+def test_fetch_before_start_fails_with_its_reason_and_counts_it():
+    from monarch.errors import FailureReason, PeerError
+    cluster = Cluster(FakeMPI, NoFailureNotices(), peer_timeout=2.5)
+    assert cluster.peer_timeout == 2.5
+    try:
+        cluster.fetch(1, "0/a", "/nonexistent")
+    except PeerError as e:
+        assert e.reason is FailureReason.NOT_RUNNING and "not running" in str(e)
+    else:
+        raise AssertionError("fetch() without a running peer layer must raise")
+    try:
+        cluster.fetch(0, "0/a", "/nonexistent")  # this node itself: not a peer (not counted)
+    except PeerError as e:
+        assert e.reason is FailureReason.FAILED
+    assert cluster.counters()["fetch_failures"] == {"not_running": 1}
+
+
+def test_every_loss_listener_hears_of_a_lost_node_once(monkeypatch):
+    from monarch.cluster import world
+    monkeypatch.setattr(world._state, "failure_seen", False)  # a loss marks the process: undone after the test
+    cluster = Cluster(FakeMPI, FailureNotices())
+    heard = []
+    cluster.on_loss(lambda node, why: heard.append(("first", node, why)))
+    cluster.on_loss(lambda node, why: 1 / 0)  # a listener that fails does not stop the others
+    cluster.on_loss(lambda node, why: heard.append(("second", node, why)))
+    cluster._liveness.lose(1, "no heartbeat")
+    cluster._liveness.lose(1, "no heartbeat")
+    assert heard == [("first", 1, "no heartbeat"), ("second", 1, "no heartbeat")]
+    assert [n["node"] for n in cluster.lost()] == [1] and cluster.owner("0/any") == 0
+
+
+def test_control_messages_keep_their_wire_form():
+    import pickle
+
+    from monarch.cluster.control import ControlTable, Verb, message
+    assert message(Verb.REQ, 16, "0/a") == ("req", 16, "0/a")
+    assert pickle.dumps(message(Verb.PING)) == pickle.dumps(("ping",))  # plain strings on the wire
+    assert {v.value for v in Verb} == {"req", "cancel", "ping", "pong", "done", "stats", "release", "bye"}
+    got, heard = [], []
+    table = ControlTable(heard.append, {Verb.REQ: lambda src, tag, key: got.append((src, tag, key))})
+    table.dispatch(3, ("req", 17, "0/b"))
+    table.dispatch(2, ("unknown",))
+    assert got == [(3, 17, "0/b")] and heard == [3, 2]
+
+
+def test_peer_errors_keep_their_reason_through_pickle():
+    import pickle
+
+    from monarch.errors import FailureReason, PeerError
+    e = pickle.loads(pickle.dumps(PeerError("fetch '0/a': node 1 refused: no", FailureReason.REFUSED)))
+    assert e.reason is FailureReason.REFUSED and str(e) == "fetch '0/a': node 1 refused: no"
+    assert PeerError("x").reason is FailureReason.FAILED and f"{FailureReason.PEER_LOST}" == "peer_lost"
