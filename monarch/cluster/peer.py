@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 class Cluster:
     """One node of the job. ``node`` is this node's rank, ``nodes`` the node count."""
 
+    collective = True        # its nodes run collectives: capacities exchanged, node 0's walk streamed
     chunk_size = 4 << 20     # bytes per MPI message of a file
     window = 4               # chunk messages in flight per transfer, each direction
     finish_timeout = 600.0   # cap on finish() waiting for live but slow nodes
@@ -91,7 +92,7 @@ class Cluster:
         """The node that owns ``key``: the same answer on every node, nothing negotiated. Once
         nodes are lost, the next live node of the key's preference list (only the lost
         nodes' keys move)."""
-        lost = getattr(self, "_lost", None)  # (a bare instance in the placement's tests has none)
+        lost = self._lost
         if self.placement is not None:
             return self.placement.owner(key, lost) if lost else self.placement.owner(key)
         if not lost:
@@ -138,7 +139,7 @@ class Cluster:
         ``provide(key) -> local path | None`` (see serve.py)."""
         if self._engine.running or self._closed:
             raise PeerError("Cluster.start(): already started or closed", FailureReason.FAILED)
-        self._server.start(provide, max(serve_threads, self._serve_threads))
+        self._server.start(provide, serve_threads)
         world.track_engine(self._engine)
         self._engine.start()
         self._liveness.start()
@@ -213,24 +214,3 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- until daemon.py uses on_loss() and start(provide, serve_threads) (issue 30) -------------
-    # The daemon still assigns ``on_lost`` and ``serve_threads``: both reach the new interface.
-    # Delete this block once it does not.
-    _serve_threads = 8
-
-    @property
-    def serve_threads(self) -> int:
-        return self._serve_threads
-
-    @serve_threads.setter
-    def serve_threads(self, threads: int) -> None:
-        self._serve_threads = threads
-
-    @property
-    def on_lost(self) -> LossListener | None:
-        return None
-
-    @on_lost.setter
-    def on_lost(self, callback: LossListener) -> None:
-        self.on_loss(callback)

@@ -13,12 +13,9 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..errors import FailureReason, PeerError
-
-if TYPE_CHECKING:
-    from .collective import Collectives
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +23,17 @@ STREAM_EVERY = 0.05   # seconds between parts (a broadcast of a part costs a few
 PART_FILES = 20_000   # or sooner when this many files are waiting
 
 
+class Broadcaster(Protocol):
+    """What a streamed share needs of the collectives (``collective.Collectives``)."""
+    node: int
+
+    def bcast_bytes(self, payload: bytes | None, deadline: float | None) -> bytes: ...
+
+
 class StreamedShare:
     """One streamed ``share`` (see ``Cluster.share``)."""
 
-    def __init__(self, cluster: Collectives, on_files: Callable[[dict], None], timeout: float | None):
+    def __init__(self, cluster: Broadcaster, on_files: Callable[[dict], None], timeout: float | None):
         self.cluster = cluster
         self.on_files = on_files
         self.deadline = None if timeout is None else time.monotonic() + timeout

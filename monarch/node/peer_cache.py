@@ -33,9 +33,10 @@ import time
 from typing import Callable
 
 from monarch import protocol
-from monarch.errors import PeerError
+from monarch.errors import FailureReason, PeerError
 from monarch.node.codecs import SEALS
 from monarch.node.concurrency import Concurrency
+from monarch.node.outcomes import Outcome
 from monarch.node.snapshot import Snapshot
 from monarch.node.sources import PeerSource, SourceChanged
 from monarch.node.stager_books import Eviction, Flight, StagerBooks, StagerListener
@@ -48,7 +49,7 @@ GRACE = 0.5        # seconds a fresh copy is safe from eviction (the application
 FETCH_THREADS = 32  # fetches from owners at once (each waits on the owner's staging at worst)
 
 Answer = tuple[int, object]
-Done = Callable[[Answer, str], None]
+Done = Callable[[Answer, Outcome], None]
 PFS: Answer = (protocol.SLOT_PFS, "")
 
 
@@ -123,14 +124,14 @@ class PeerCache:
                 # in the table, so not yet resolved: the callback runs when it is, with every other waiter's
                 flight.future.add_done_callback(lambda f: _answer(key, done, *f.result()))
         if path is not None:
-            done((protocol.SLOT_PEER, path), "already_fetched")
+            done((protocol.SLOT_PEER, path), Outcome.ALREADY_FETCHED)
         elif closed:
-            done(PFS, "pfs:shutting_down")
+            done(PFS, Outcome.PFS_SHUTTING_DOWN)
         elif new:
             try:
                 self._pool.submit(self._fetch, key, flight)
             except RuntimeError:  # closed
-                self._land(key, flight, lambda: PFS, "pfs:shutting_down")
+                self._land(key, flight, lambda: PFS, Outcome.PFS_SHUTTING_DOWN)
 
     # -- fetching ------------------------------------------------------------------------
     def _fetch(self, key: str, flight: Flight) -> None:
@@ -148,23 +149,24 @@ class PeerCache:
                     self.counts["fetched"] += 1
                     self.counts["fetched_bytes"] += info.size
                 dest = self.area.path_for(key)
-                make, outcome = (lambda: (protocol.SLOT_PEER, dest)), "fetched"
+                make, outcome = (lambda: (protocol.SLOT_PEER, dest)), Outcome.FETCHED
             else:  # no room could be made
                 mfd = self._transient(key, info)
-                make, outcome = (lambda: (protocol.SLOT_PEER | protocol.ANSWER_FD, _reopen(mfd))), "fetched:transient"
+                make, outcome = ((lambda: (protocol.SLOT_PEER | protocol.ANSWER_FD, _reopen(mfd))),
+                                 Outcome.FETCHED_TRANSIENT)
         except Closed:
-            make, outcome = (lambda: PFS), "pfs:shutting_down"
+            make, outcome = (lambda: PFS), Outcome.PFS_SHUTTING_DOWN
         except (PeerError, SourceChanged) as e:  # SourceChanged: the owner sent another size than the snapshot's
-            reason = _reason(e) if isinstance(e, PeerError) else "corrupt"
+            reason = e.reason if isinstance(e, PeerError) else FailureReason.CORRUPT
             with self.books.lock:
-                self.failures[reason] += 1
+                self.failures[str(reason)] += 1
             log.info("fetching %s from node %d failed (%s): the application reads the PFS", key, owner, e)
-            make, outcome = (lambda: PFS), f"pfs:peer_{reason}"
+            make, outcome = (lambda: PFS), Outcome.peer_failed(reason)
         except Exception as e:  # never fail the application: it reads the PFS
             with self.books.lock:
                 self.failures["error"] += 1
             log.warning("fetching %s from node %d: %s: the application reads the PFS", key, owner, e)
-            make, outcome = (lambda: PFS), "pfs:peer_error"
+            make, outcome = (lambda: PFS), Outcome.PFS_PEER_ERROR
         try:
             self._land(key, flight, make, outcome)
         finally:
@@ -186,7 +188,7 @@ class PeerCache:
             self.counts["transient_bytes"] += n
         return mfd
 
-    def _land(self, key: str, flight: Flight, make: Callable[[], Answer], outcome: str) -> None:
+    def _land(self, key: str, flight: Flight, make: Callable[[], Answer], outcome: Outcome) -> None:
         """``flight`` ends: out of the table, then every waiter answered (``make()`` each);
         once (close() may have answered it)."""
         with self.books.lock:
@@ -209,15 +211,15 @@ class PeerCache:
             queued = [(k, f) for k, f in self.books.flights.items() if not f.running]
         self._pool.shutdown(wait=False, cancel_futures=True)
         for key, flight in queued:
-            self._land(key, flight, lambda: PFS, "pfs:shutting_down")
+            self._land(key, flight, lambda: PFS, Outcome.PFS_SHUTTING_DOWN)
 
 
-def _answer(key: str, done: Done, make: Callable[[], Answer], outcome: str) -> None:
+def _answer(key: str, done: Done, make: Callable[[], Answer], outcome: Outcome) -> None:
     try:
         answer = make()
     except OSError as e:
         log.warning("answering %s: %s: the application reads the PFS", key, e)
-        answer, outcome = PFS, "pfs:peer_error"
+        answer, outcome = PFS, Outcome.PFS_PEER_ERROR
     try:
         done(answer, outcome)
     except Exception:
@@ -228,10 +230,3 @@ def _reopen(mfd: int) -> int:
     """A new open file description of the memfd (its own offset), read-only."""
     return os.open(f"/proc/self/fd/{mfd}", os.O_RDONLY | os.O_CLOEXEC)
 
-
-def _reason(error: PeerError) -> str:
-    text = str(error)
-    for reason in ("refused", "not answering", "did not send", "corrupt", "not running", "aborted"):
-        if reason in text:
-            return reason.replace(" ", "_")
-    return "failed"

@@ -33,6 +33,7 @@ from typing import Callable
 from monarch import protocol, secure
 from monarch.node.daemon import NodeDaemon
 from monarch.node.gate import SnapshotState
+from monarch.node.outcomes import Outcome
 from monarch.errors import DaemonError
 from monarch.protocol import ProtocolError
 
@@ -377,12 +378,12 @@ class NodeServer:
             answer = protocol.encode_answer(protocol.SLOT_PFS)
         self._hand_over(conn, answer, None, None)
 
-    def _resolved(self, conn: _Conn, answer: tuple[int, str], outcome: str) -> None:
+    def _resolved(self, conn: _Conn, answer: tuple[int, str], outcome: Outcome) -> None:
         """On any thread (a staging thread, or the loop itself): an OPEN's answer is known."""
         frame, fd = _open_answer(answer)
         self._hand_over(conn, frame, outcome, fd)
 
-    def _hand_over(self, conn: _Conn, frame: bytes, outcome: str | None, fd: int | None) -> None:
+    def _hand_over(self, conn: _Conn, frame: bytes, outcome: Outcome | None, fd: int | None) -> None:
         self._done.append((conn, frame, outcome, fd))
         if not self._woken:  # one wake byte per batch of answers, not one per answer
             self._woken = True
@@ -411,7 +412,7 @@ class NodeServer:
         for conn in list(self._conns.values()):
             if conn.pending and conn.answer_by and now >= conn.answer_by:
                 conn.pending = False  # the copy goes on; this open reads the PFS
-                self.daemon.count("pfs:snapshot_not_ready" if conn.held else "pfs:timeout")
+                self.daemon.count(Outcome.PFS_SNAPSHOT_NOT_READY if conn.held else Outcome.PFS_TIMEOUT)
                 conn.held = None
                 self._answer(conn, *_open_answer((protocol.SLOT_PFS, "")), close=True)
             elif conn.pending and now >= conn.next_beat:

@@ -174,7 +174,7 @@ def test_single_live_node_has_no_second_copy():
 def test_cluster_owner_asks_the_placement_once_set():
     from monarch.cluster import Cluster
     c = Cluster.__new__(Cluster)  # no MPI: only owner() is exercised
-    c.nodes, c.placement = 5, None
+    c.nodes, c.placement, c._lost = 5, None, {}
     assert [c.owner(k) for k, _ in ITEMS[:200]] == [owner(k, 5) for k, _ in ITEMS[:200]]
     c.placement = Placement.build(ITEMS, [1] * 5)
     assert [c.owner(k) for k, _ in ITEMS[:200]] == [c.placement.owner(k) for k, _ in ITEMS[:200]]
