@@ -1,5 +1,8 @@
 """``monarch run``: attach to (or start) this node's daemon, run the command under the shim,
-and print the report.
+and print the report. The daemon's life from outside (finding, starting, attaching, waiting
+for its exit, writing the report) is monarch/launch/service.py's; here is the launcher's part:
+which daemon a run uses (a cluster job's waits for its node's standing one), the command,
+its signals, and the report printed at its end.
 
 No MPI here: in a cluster the daemons are started by ``monarch serve`` under mpiexec and
 the launcher only attaches; alone it starts an embedded daemon that lives as long as
