@@ -6,13 +6,12 @@ import argparse
 import json
 import logging
 import os
-import signal
 import socket
 import stat
 import sys
 import time
 
-from monarch import __version__
+from monarch import __version__, environment
 from monarch.errors import MonarchError
 
 log = logging.getLogger("monarch")
@@ -40,20 +39,7 @@ examples:
   around a launcher that starts the ranks itself:
     monarch run -c cfg.yaml -- torchrun --nproc-per-node 4 train.py
 
-environment:
-  MONARCH_DATASET          the dataset root of the default configuration (no -c, no --dataset)
-  MONARCH_JOB_ID           the run's identity, which keeps runs on a node apart (default: the
-                           scheduler's job and step, SLURM_JOB_ID.SLURM_STEP_ID, PBS_JOBID,
-                           LSB_JOBID, FLUX_JOB_ID, COBALT_JOBID; else the MPI launcher's job;
-                           else a new one per outermost monarch run: two runs side by side
-                           never share a daemon, the ranks of one mpiexec on a node do)
-  MONARCH_RUN_ID           set by monarch run for CMD: a nested monarch run joins this run
-  MONARCH_DISABLE=1        the shim passes every open through: CMD reads the PFS directly
-  MONARCH_SHIM_DEBUG=1..3  the shim says what it does, on stderr
-  MONARCH_SHIM_TIMEOUT_MS  how long an open waits for the daemon before reading the PFS (default 60000)
-  MONARCH_PROGRESS=0       no live progress (as --no-progress); =1: on every local rank, not only the first
-  MONARCH_PROGRESS_INTERVAL  seconds between progress lines (default 1 on a terminal, else 5; at least 1)
-  MONARCH_FRONT_DOOR=0     the daemon answers its socket from Python alone (no C front door)
+{environment}
 
 exit status:
   CMD's exit code; 128+N if CMD was killed by signal N; 126 if CMD is not executable
@@ -64,6 +50,7 @@ exit status:
 signals:
   SIGINT and SIGTERM are passed on to CMD; a second Ctrl-C kills it. One after CMD ended
   skips the report (exit 128+N, or 137 if CMD was killed); the node daemon still stops."""
+RUN_EPILOG = RUN_EPILOG.format(environment=environment.help_text())  # monarch/environment.py: declared once
 
 
 CHECK_CONFIG_DESCRIPTION = """\
@@ -107,26 +94,6 @@ def _with_cpu_seconds(record: logging.LogRecord) -> bool:
     if isinstance(record.msg, str) and record.msg.startswith("phase ") and not record.args:
         record.msg = f"{record.msg} cpu={time.process_time():.3f}"
     return True
-
-
-def _thread_cpu_seconds() -> str:
-    """The live threads' CPU seconds (user + system, from /proc), summed by name without its
-    number (``monarch-stage-12`` counts as ``monarch-stage``), and the rest of the process's
-    (threads that have ended): where a daemon's CPU went."""
-    import re
-    import threading
-    tick = os.sysconf("SC_CLK_TCK")
-    by_name: dict[str, float] = {}
-    for t in threading.enumerate():
-        try:
-            with open(f"/proc/self/task/{t.native_id}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError, TypeError):
-            continue  # gone, or not Linux
-        name = re.sub(r"[-_]\d+(_\d+)?$", "", t.name)
-        by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    by_name["ended threads"] = time.process_time() - sum(by_name.values())
-    return ", ".join(f"{n} {s:.2f}" for n, s in sorted(by_name.items(), key=lambda kv: -kv[1]))
 
 
 def _load(path: str | None, **kw):
@@ -201,11 +168,9 @@ def cmd_serve(args) -> int:
         abort_on_unhandled_exception()  # initialises MPI; one failing rank must not hang the others
         from monarch.cluster import Cluster
         cluster = Cluster.from_world()
-    from monarch.node.daemon import NodeDaemon
-    from monarch.secure import write_file_atomically
-    from monarch.node.server import NodeServer
+    from monarch.launch import service
     from monarch.launch.topology import job_id, run_id
-    log.debug("phase daemon.imported")
+    service.import_daemon()
     if cluster is not None:
         os.environ["MONARCH_NODE"] = str(cluster.node)  # each node expands ${MONARCH_NODE} to its own dirs
         _setup_logging(args.verbose, str(cluster.node))
@@ -214,70 +179,13 @@ def cmd_serve(args) -> int:
     rid = run_id() if args.embedded else job_id()
     if not rid:
         raise MonarchError("monarch serve --embedded is started by monarch run, with MONARCH_RUN_ID set")
-    # the snapshot walk runs in the background: the socket answers and the command starts meanwhile
-    # embedded: the node its launcher named (MONARCH_NODE / SLURM_NODEID), where the launcher looks for its socket
-    from monarch.launch.topology import node_index
-    daemon = NodeDaemon(config, rid, cluster=cluster, node=node_index() if cluster is None else 0, background=True)
-    server = NodeServer(daemon, embedded=args.embedded)
-    pid_file = os.path.join(daemon.run_dir, "daemon.pid")
-    write_file_atomically(pid_file, f"{os.getpid()}\n".encode())
-    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
-    signal.signal(signal.SIGINT, lambda *_: server.request_stop())
-    try:
-        server.serve()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("CPU seconds by thread: %s", _thread_cpu_seconds())
-        if cluster is not None:  # the walk's thread may be in a collective (share): MPI is one thread's at a time
-            daemon.gate.wait_settled()
-        if not args.embedded:  # a standing daemon writes the job's report; embedded ones leave it to `monarch run`
-            # finish() keeps serving peers until every node is done, so tiers stay until then
-            nodes = cluster.finish(daemon.stats) if cluster is not None else [daemon.stats()]
-            if nodes is not None:
-                _write_job_report(nodes, config, args.report or os.path.join(daemon.run_dir, "report.json"), rid)
-    finally:
-        daemon.close()
-        _remove(pid_file)
-        log.debug("phase daemon.closed")
-        if cluster is not None:
-            cluster.close()
-    return 0
-
-
-def _write_job_report(nodes: list, config, path: str, rid: str) -> None:
-    from monarch.report.build import build_report
-    from monarch.report.store import write_report
-    report = build_report(nodes, {"job_id": rid, "config": config.source, "nodes": len(nodes)})  # a standing daemon's
-    if len(nodes) > 1:  # a cluster: who was lost, when and why (monarch/cluster/lost.py)
-        from monarch.cluster.lost import add_to_report
-        add_to_report(report, nodes)
-    write_report(report, config.report or path)
-    log.warning("report written to %s", config.report or path)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    return service.serve(config, rid, cluster, args.embedded, args.report)
 
 
 def cmd_stop(args) -> int:
-    import socket
-    from monarch import layout, protocol, secure
-    from monarch.launch.topology import job_id, node_index
+    from monarch.launch import service
     config = _load(args.config, check_roots=False)  # stopping needs no dataset (it may be gone already)
-    path = layout.socket_path(config.run_base, job_id(), node_index())
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(30)
-        sock.connect(path)
-        secure.check_peer_is_me(sock)
-        sock.sendall(protocol.encode_request(protocol.VERB_STOP))
-        protocol.recv_answer(sock)
-    except (OSError, ValueError) as e:
-        raise MonarchError(f"no Monarch daemon answers at {path} ({getattr(e, 'strerror', None) or e})") from None
-    finally:
-        sock.close()
+    service.stop(config)
     return 0
 
 
@@ -373,7 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...", help="the command to run")
     r.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("serve", help="run the node daemon (one per node; under mpiexec, a cluster)")
+    s = sub.add_parser("serve", help="run the node daemon (one per node; under mpiexec, a cluster)",
+                       epilog=environment.help_text(readers=(environment.DAEMON, environment.CONFIG)),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("-c", "--config")
     s.add_argument("--dataset", action="append", metavar="PATH",
                    help="a dataset root (repeat for several); replaces dataset.roots of the configuration")

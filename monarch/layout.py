@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 
 MARKER = ".monarch-run"
 SOCKET = "daemon.sock"  # where launchers find a run's daemon: a second name of the live instance's socket
+# the run directory's other files that launchers and `monarch serve` name (the daemon instance's
+# own ones, its lock and the ``-<id>`` files, are named by monarch/node/instance.py)
+PID_FILE = "daemon.pid"   # a standing or embedded daemon's pid, while it serves
+DAEMON_LOG = "daemon.log"  # an embedded daemon's stdout and stderr
+START_LOCK = "start.lock"  # held by the launcher that starts the run's embedded daemon
+REPORT = "report.json"     # the report when neither the command line nor the configuration names one
 KEEP_LOCK = ".monarch-keep.lock"
 REMOVE_TRIES = 5  # a private directory still written into while removed (ENOTEMPTY) is removed again
 

@@ -43,6 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
+from benchopts import ready_to_write, result_path  # noqa: E402  (scripts/, beside this file)
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
@@ -90,7 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--client", choices=("shim", "python"), default="shim",
                    help="monarch mode through the C shim (default) or support.pyshim")
     p.add_argument("--workdir", help="where the dataset and scratch go (default: a new temporary directory)")
-    p.add_argument("--out", default="bench_epochs", help="prefix of the JSON and PNG written (default bench_epochs)")
+    p.add_argument("--out", default=result_path("bench_epochs"),
+                   help="prefix of the JSON and PNG written (default: results/bench_epochs of this checkout)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds allowed to each mode's run")
     p.add_argument("--keep", action="store_true", help="keep the working directory")
     p.add_argument("--quick", action="store_true", help="smoke run: 300 files of 32 KiB, 2 epochs")
@@ -316,7 +318,7 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     shm = Path(tempfile.mkdtemp(prefix="mbench-", dir="/dev/shm"))
     src, manifest = work / "dataset", work / "dataset.manifest.json"
-    out_json, out_png = Path(f"{args.out}.json").resolve(), Path(f"{args.out}.png").resolve()
+    out_json, out_png = ready_to_write(f"{args.out}.json"), ready_to_write(f"{args.out}.png")
     runs: dict[float, dict] = {}
     try:
         t0 = time.perf_counter()

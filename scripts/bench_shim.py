@@ -44,7 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
-from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
+from benchopts import parse_with_quick, ready_to_write, result_path  # noqa: E402  (scripts/, beside this file)
 from monarch import protocol  # noqa: E402
 from monarch.node.snapshot import take_snapshot  # noqa: E402
 from monarch.node.codecs import DEFAULT_LEVEL  # noqa: E402
@@ -246,7 +246,8 @@ def parse_args(argv=None):
     p.add_argument("--content", choices=CONTENTS,
                    help="the files' bytes: random (incompressible), compressible (monarch.workload's images and "
                         "feature maps), text (words); default random, compressible with --compressed")
-    p.add_argument("--json", default="bench_shim.json", help="where to write the figures")
+    p.add_argument("--json", default=result_path("bench_shim.json"),
+                   help="where to write the figures (default: results/bench_shim.json of this checkout)")
     p.add_argument("--workdir", help="scratch directory (default: a new one in /dev/shm)")
     args = parse_with_quick(p, argv, {"files": 50, "passes": 1, "reads": 1000, "runs": 1})
     if args.content is None:
@@ -458,7 +459,7 @@ def _bench(args, shim: str, size: int, work: Path) -> int:
         problems += check_zstd_counters(str(counters), zhit_opens, size)
     for p in problems:
         print(f"PROBLEM: {p}")
-    Path(args.json).write_text(json.dumps({"config": vars(args), "shim": shim, "figures": figures,
+    ready_to_write(args.json).write_text(json.dumps({"config": vars(args), "shim": shim, "figures": figures,
                                            "counters": {"tier": slots[TIER_SLOT], "pfs": slots[0], "zstd": zstd},
                                            "problems": problems}, indent=1))
     print(f"wrote {args.json}")

@@ -3,6 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+# where a script's figures go unless an option names a place: outside the tracked tree
+# (.gitignore covers it), so that a benchmark run leaves the checkout as it was
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def result_path(name: str) -> str:
+    """The default path of an output ``name`` (``bench_shim.json``): under ``results/`` of this checkout."""
+    return str(RESULTS / name)
+
+
+def ready_to_write(path: str | Path) -> Path:
+    """``path``, its directory made if missing (``results/`` on a first run)."""
+    path = Path(path).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def parse_with_quick(p: argparse.ArgumentParser, argv: list[str] | None, quick: dict) -> argparse.Namespace:

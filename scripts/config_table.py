@@ -1,8 +1,9 @@
-"""Rewrite README.md's configuration table from the declared keys (monarch/config/keys.py).
+"""Rewrite README.md's configuration table from the declared keys (monarch/config/keys.py) and its
+environment table from the declared variables (monarch/environment.py).
 
-Run after adding or changing a key: ``python3 scripts/config_table.py``. A test
-(tests/unit/test_config_keys.py) fails while the README's table differs from the declarations.
-``--check`` writes nothing: exit 1 when the table is out of date.
+Run after adding or changing a key or a variable: ``python3 scripts/config_table.py``. Tests
+(tests/unit/test_config_keys.py, tests/unit/test_environment.py) fail while a README table differs
+from the declarations. ``--check`` writes nothing: exit 1 when a table is out of date.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from monarch import environment  # noqa: E402
 from monarch.config.docs import readme_with_table  # noqa: E402
 
 
@@ -23,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     readme = REPO / "README.md"
     old = readme.read_text()
-    new = readme_with_table(old)
+    new = environment.readme_with_table(readme_with_table(old))
     if new == old:
         print(f"{readme}: table up to date")
         return 0

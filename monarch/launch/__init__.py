@@ -1,2 +1,3 @@
-"""The launcher side, ``monarch run``: who this process is (topology), attaching to or
-starting the node daemon and running the command under the shim (run), live progress."""
+"""The launcher side, ``monarch run``: who this process is (topology), a node daemon's life seen
+from outside (service: find or start, attach, stop, serve, the report), running the command
+under the shim (run), live progress."""

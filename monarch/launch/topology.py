@@ -13,7 +13,8 @@ import socket
 import string
 from typing import Mapping
 
-_NODE_VARS = ("MONARCH_NODE", "SLURM_NODEID", "OMPI_COMM_WORLD_NODE_RANK", "PMIX_NODEID")
+# where the node index comes from, first found wins (monarch/environment.py declares MONARCH_NODE)
+NODE_VARS = ("MONARCH_NODE", "SLURM_NODEID", "OMPI_COMM_WORLD_NODE_RANK", "PMIX_NODEID")
 
 ENV_JOB_ID = "MONARCH_JOB_ID"  # explicit: the user's name for the run, wins over everything
 ENV_RUN_ID = "MONARCH_RUN_ID"  # exported by `monarch run` to its command (nested runs share it)
@@ -32,12 +33,19 @@ _PMI_SERVERS = frozenset({"hydra_pmi_proxy", "mpiexec.gforker"})
 
 
 def node_index(env: Mapping[str, str] | None = None) -> int:
+    """This node's index: the first of ``NODE_VARS`` set to a number, else 0."""
     env = os.environ if env is None else env
-    for var in _NODE_VARS:
+    for var in NODE_VARS:
         value = env.get(var, "")
         if value.isdigit():
             return int(value)
     return 0
+
+
+def node_index_given(env: Mapping[str, str] | None = None) -> bool:
+    """Does the environment name this node's index (rather than ``node_index`` defaulting to 0)?"""
+    env = os.environ if env is None else env
+    return any(env.get(var, "").isdigit() for var in NODE_VARS)
 
 
 def run_id(env: Mapping[str, str] | None = None) -> str | None:

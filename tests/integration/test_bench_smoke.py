@@ -132,3 +132,21 @@ def test_bench_script_runs_and_prints_its_figures(bench: Bench, tmp_path: Path) 
     said = f"{' '.join(cmd)}\n--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}"
     assert proc.returncode == 0, said
     assert any(re.search(bench.figure, line) for line in out.splitlines()), f"no line matches {bench.figure!r}\n{said}"
+
+
+def test_default_outputs_go_to_the_ignored_results_folder() -> None:
+    """A benchmark run with its default options leaves the checkout as it was: what it writes goes
+    to results/, which .gitignore covers (the figures were once tracked files rewritten by each run)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from benchopts import RESULTS, result_path
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    assert Path(result_path("bench_shim.json")).parent == RESULTS == REPO / "results"
+    for script, option in (("bench_shim.py", "--json"), ("bench_epochs.py", "--out")):
+        shown = subprocess.run([sys.executable, str(SCRIPTS / script), "--help"], env=user_env(), text=True,
+                               capture_output=True, timeout=60)
+        assert shown.returncode == 0 and "results/" in shown.stdout.split(f"\n  {option} ", 1)[1].split("\n  -", 1)[0], shown
+    if shutil.which("git") and (REPO / ".git").exists():
+        ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "results/bench_shim.json"])
+        assert ignored.returncode == 0, "results/ is not ignored by git"

@@ -100,3 +100,17 @@ def test_the_configuration_sees_the_run_id_as_monarch_job_id(tmp_path):
     assert load({"MONARCH_RUN_ID": "run-x"}).run_base == "/r/run-x"
     assert load(HYDRA_PORT).run_base == "/r/hydra-node7_41234"
     assert load({}).run_base == "/r/local"  # `monarch run` names such a run itself
+
+
+@pytest.mark.parametrize("env, index, given", [
+    ({}, 0, False),
+    ({"MONARCH_NODE": "3", "SLURM_NODEID": "1"}, 3, True),  # Monarch's own first
+    ({"SLURM_NODEID": "2"}, 2, True),
+    ({"OMPI_COMM_WORLD_NODE_RANK": "0"}, 0, True),  # node 0, given: not the default
+    ({"MONARCH_NODE": "x", "PMIX_NODEID": "5"}, 5, True),  # not a number: the next source
+    ({"MONARCH_NODE": ""}, 0, False),
+])
+def test_node_index_and_whether_it_is_given(env, index, given):
+    assert topology.node_index(env) == index
+    assert topology.node_index_given(env) is given
+    assert topology.NODE_VARS[0] == "MONARCH_NODE"

@@ -1,0 +1,160 @@
+"""Every ``MONARCH_*`` environment variable, declared once: name, kind, default, one line of
+doc, who reads it, and who sets it (the user, or Monarch for its own children).
+
+``monarch run --help`` and ``monarch serve --help`` print their environment section from this
+table (:func:`help_text`), the README's environment table is generated from it (:func:`table`,
+``python3 scripts/config_table.py``) and ``tests/unit/test_environment.py`` fails on any read
+of a ``MONARCH_*`` name in monarch/ (Python or C) that is not declared here.
+
+This module imports nothing from monarch, so that every floor (launcher, daemon, shim build,
+scripts) can use it; the modules that read a variable keep their own constant for its name
+(``protocol.ENV_SOCKET``, ``progress.ENV_PROGRESS``; ``MONARCH_ENV_*`` in monarch/wire/monarch_wire.h)
+and the test holds those to this table. Nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+# who reads a variable
+LAUNCHER = "launcher"          # monarch run (monarch/launch/)
+DAEMON = "daemon"              # monarch serve, the node daemon (monarch/node/, monarch/cluster/)
+CONFIG = "configuration"       # expanded in a configuration file (${VAR}; the shipped defaults use it)
+SHIM = "shim (C)"              # libmonarch_shim.so, in the application's processes
+FRONT_DOOR = "front door (C)"  # the daemon's C front door (monarch/frontdoor/)
+HINTS = "monarch.hints"        # the hints API, in the application's processes
+WORKLOAD = "monarch.workload"  # the demo's and benchmarks' reader
+DEMO = "demo"                  # monarch demo
+TESTS = "tests and benchmarks"  # tests/, scripts/ (and the helpers in monarch they use)
+
+# who sets it
+USER = "user"                  # users set it (a default applies when it is unset)
+MONARCH = "monarch"            # Monarch sets it for its own children; never set it by hand
+BOTH = "user or monarch"       # users may set it; Monarch sets it for its children too
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    kind: str                  # bool, int, float, ms, path, paths, str
+    default: str | None        # as it would be written; None: unset means "not given"
+    doc: str                   # one line
+    readers: tuple[str, ...]
+    set_by: str = USER
+    form: str = ""             # how the help shows it: "=1", "=1..3" (after the name)
+    in_help: bool | None = None  # None: shown when users set it (and not only for tests)
+
+    @property
+    def user_facing(self) -> bool:
+        """Does ``monarch run --help`` show it?"""
+        if self.in_help is not None:
+            return self.in_help
+        return self.set_by in (USER, BOTH) and set(self.readers) != {TESTS}
+
+
+VARIABLES: tuple[Variable, ...] = (
+    # -- what users set ---------------------------------------------------------------------
+    Variable("MONARCH_DATASET", "path", "", "the dataset root of the default configuration (no -c, no --dataset)",
+             (CONFIG,), BOTH),
+    Variable("MONARCH_SSD", "path", "${TMPDIR:-/tmp}",
+             "the base of the default configuration's SSD tier and peer area", (CONFIG,)),
+    Variable("MONARCH_JOB_ID", "str", None,
+             "the run's identity, which keeps runs on a node apart (default: the scheduler's job and step, "
+             "SLURM_JOB_ID.SLURM_STEP_ID, PBS_JOBID, LSB_JOBID, FLUX_JOB_ID, COBALT_JOBID; else the MPI "
+             "launcher's job; else a new one per outermost monarch run: two runs side by side never share "
+             "a daemon, the ranks of one mpiexec on a node do)",
+             (LAUNCHER, DAEMON, CONFIG), BOTH),
+    Variable("MONARCH_NODE", "int", None,
+             "this node's index (else SLURM_NODEID, OMPI_COMM_WORLD_NODE_RANK, PMIX_NODEID; else 0); "
+             "a standing daemon sets it to its MPI rank",
+             (LAUNCHER, DAEMON, CONFIG), BOTH),
+    Variable("MONARCH_RUN_ID", "str", None, "set by monarch run for CMD: a nested monarch run joins this run",
+             (LAUNCHER, DAEMON), MONARCH, in_help=True),
+    Variable("MONARCH_CLUSTER", "bool", None,
+             "=1: this run attaches to its node's standing monarch serve (waits for it); =0: it runs "
+             "single-node (default: a cluster when the node index is given and -c has a peer section)",
+             (LAUNCHER,), form="=0|1"),
+    Variable("MONARCH_CLUSTER_WAIT", "float", "300",
+             "seconds a cluster run waits for its node's daemon before CMD reads the PFS directly", (LAUNCHER,)),
+    Variable("MONARCH_DISABLE", "bool", None, "the shim passes every open through: CMD reads the PFS directly",
+             (SHIM,), BOTH, form="=1"),
+    Variable("MONARCH_SHIM_DEBUG", "int", "0", "the shim says what it does, on stderr", (SHIM,), form="=1..3"),
+    Variable("MONARCH_SHIM_TIMEOUT_MS", "ms", "60000",
+             "how long an open waits for the daemon before reading the PFS", (SHIM,)),
+    Variable("MONARCH_SHIM_INDEX_WAIT_MS", "ms", "600000",
+             "how long a process started during the daemon's walk waits for its snapshot index", (SHIM,)),
+    Variable("MONARCH_SHIM_ZSTD", "str", None,
+             "=0: the shim leaves compressed copies to the daemon; a path: the libzstd to load "
+             "(default: the system's libzstd.so.1)", (SHIM,)),
+    Variable("MONARCH_PROGRESS", "bool", None,
+             "=0: no live progress (as --no-progress); =1: on every local rank, not only the first",
+             (LAUNCHER,), form="=0|1"),
+    Variable("MONARCH_PROGRESS_INTERVAL", "float", None,
+             "seconds between progress lines (default 1 on a terminal, else 5; at least 1)", (LAUNCHER,)),
+    Variable("MONARCH_FRONT_DOOR", "bool", "1", "the daemon answers its socket from Python alone (no C front door)",
+             (DAEMON,), form="=0"),
+    # -- what Monarch sets for the application's processes (the ATTACH answer, protocol.py) --
+    Variable("MONARCH_ROOTS", "str", None, "the dataset roots, as <k>=<dir> entries separated by ':'",
+             (SHIM, HINTS), MONARCH),
+    Variable("MONARCH_PROBE", "str", None, "the staged-copy directories the shim probes, as <slot>=<dir> pairs",
+             (SHIM,), MONARCH),
+    Variable("MONARCH_SOCKET", "path", None, "the daemon instance's socket, for the shim and the hints API",
+             (SHIM, HINTS, LAUNCHER), MONARCH),
+    Variable("MONARCH_COUNTERS", "path", None, "the run's shared counters file", (SHIM, LAUNCHER, WORKLOAD), MONARCH),
+    Variable("MONARCH_INDEX", "path", None, "the snapshot index the shim's fstat answers from", (SHIM,), MONARCH),
+    Variable("MONARCH_ASK_FIRST", "bool", None, "=1: every managed open asks the daemon first (validate: open)",
+             (SHIM,), MONARCH),
+    # -- for Monarch's tests and benchmarks ---------------------------------------------------
+    Variable("MONARCH_OPENMPI", "path", "<sys.prefix>/openmpi",
+             "the Open MPI (ULFM) prefix the tests' and benchmarks' daemon launch uses", (TESTS,)),
+    Variable("MONARCH_MPI_ENGINE", "str", None,
+             "mpich|ulfm: force the MPI of the tests' and benchmarks' daemon launch", (TESTS,)),
+    Variable("MONARCH_FUZZ_CASES", "int", "600", "cases of the front door's fuzz test", (TESTS,)),
+)
+
+BY_NAME: dict[str, Variable] = {v.name: v for v in VARIABLES}
+
+TABLE_BEGIN = "<!-- environment: generated from monarch/environment.py by scripts/config_table.py; a test checks it -->"
+TABLE_END = "<!-- end environment -->"
+HELP_NAME_WIDTH = 25
+
+
+def variable(name: str) -> Variable:
+    """The declaration of ``name`` (KeyError: not declared)."""
+    return BY_NAME[name]
+
+
+def help_text(width: int = 100, readers: tuple[str, ...] | None = None) -> str:
+    """The ``environment:`` section of ``monarch run --help`` (every user-facing variable) or of
+    another command's (those among them that one of ``readers`` reads): one paragraph (no blank
+    line), the doc wrapped under its column."""
+    lines = ["environment:"]
+    indent = " " * (2 + HELP_NAME_WIDTH)
+    for var in VARIABLES:
+        if not var.user_facing or (readers is not None and not set(readers) & set(var.readers)):
+            continue
+        label = f"  {var.name}{var.form}"
+        label = label.ljust(2 + HELP_NAME_WIDTH) if len(label) < 2 + HELP_NAME_WIDTH else label + " "
+        doc = var.doc + (f" (default {var.default})" if var.default and var.kind in ("ms", "float", "int")
+                         and "default" not in var.doc else "")
+        wrapped = textwrap.wrap(doc, width - len(indent), break_long_words=False, break_on_hyphens=False) or [""]
+        lines.append(label + wrapped[0])
+        lines += [indent + rest for rest in wrapped[1:]]
+    return "\n".join(lines)
+
+
+def table() -> str:
+    """The README's environment table: one row per declared variable."""
+    lines = ["| variable | kind | default | read by | set by | meaning |", "| --- | --- | --- | --- | --- | --- |"]
+    for var in VARIABLES:
+        default = f"`{var.default}`" if var.default else "unset"
+        lines.append(f"| `{var.name}` | {var.kind} | {default} | {', '.join(var.readers)} | {var.set_by} "
+                     f"| {var.doc.replace('|', '&#124;')} |")
+    return "\n".join(lines)
+
+
+def readme_with_table(readme: str) -> str:
+    """``readme`` with the text between the table's markers replaced by ``table()``."""
+    begin, end = readme.index(TABLE_BEGIN) + len(TABLE_BEGIN), readme.index(TABLE_END)
+    return readme[:begin] + "\n" + table() + "\n" + readme[end:]

@@ -1,0 +1,385 @@
+"""A node daemon's life seen from outside: find it or start it, attach to it, stop it, wait
+for its tear-down, serve as one, and write its report.
+
+``monarch run`` (monarch/launch/run.py) finds its run's daemon (or its job's standing one) and
+otherwise starts an embedded one (``start``), attaches (``Session``) and, when the command has
+ended, waits for the embedded daemon's exit (``wait_stopped``); ``monarch serve`` runs a daemon
+(``serve``) and ``monarch stop`` stops one (``stop``), both from monarch/cli.py. The report is
+built and written here for both (``report_path``, ``build``, ``save``). The run directory's
+files are named by monarch/layout.py and monarch/node/instance.py, never here.
+
+No MPI and none of the daemon's modules on the launch path: ``serve`` imports them when called.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from threading import Lock
+
+from monarch import layout, protocol, secure
+from monarch.config import Config
+from monarch.errors import DaemonError, MonarchError
+from monarch.launch import topology
+
+log = logging.getLogger(__name__)
+
+# a daemon answers ATTACH before its snapshot walk (which runs while the command starts);
+# starting is an interpreter, its imports and the tiers, but a loaded node can be slow
+DAEMON_START_TIMEOUT = 600.0
+ATTACH_TIMEOUT = 10.0          # a daemon answers ATTACH at once (its event loop never waits)
+REPORT_TIMEOUT = 30.0
+STOP_TIMEOUT = 30.0            # `monarch stop`: the daemon answers STOP once it has stopped serving
+MAX_ENV_VALUE = 1 << 16
+
+
+class Session:
+    """One launcher's attachment to a daemon (an open connection), checked before it is trusted."""
+
+    def __init__(self, sock: socket.socket, socket_path: str):
+        self.sock = sock
+        self.socket_path = socket_path
+        sock.settimeout(ATTACH_TIMEOUT)
+        secure.check_peer_is_me(sock)
+        sock.sendall(protocol.encode_request(protocol.VERB_ATTACH))
+        status, body = protocol.recv_answer(sock)
+        if status != 0:
+            raise DaemonError(f"the daemon at {socket_path} refused to attach: {body[:200]!r}")
+        answer = json.loads(body)
+        self.env = _client_env(answer.get("env"), socket_path)
+        self.run = answer.get("run") if isinstance(answer.get("run"), dict) else {}
+        self.run_dir = os.path.dirname(socket_path)
+        self._lock = Lock()  # the progress thread polls on the same connection
+
+    def stats(self, brief: bool = False, final: bool = False) -> dict | None:
+        """The daemon's statistics; ``brief``: counters only (for progress), cheap to answer;
+        ``final``: the session's last request (it closes next: an embedded daemon with no
+        other session then stops at once, without its grace for launchers yet to attach)."""
+        body = protocol.REPORT_BRIEF if brief else protocol.REPORT_FINAL if final else b""
+        try:
+            with self._lock:
+                self.sock.settimeout(REPORT_TIMEOUT)
+                self.sock.sendall(protocol.encode_request(protocol.VERB_REPORT, body))
+                status, body = protocol.recv_answer(self.sock)
+            stats = json.loads(body) if status == 0 else None
+            return stats if isinstance(stats, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def serves(self, config: Config) -> bool:
+        """Does the daemon serve this configuration's dataset? (one job, one namespace)"""
+        roots = self.run.get("roots")
+        if roots == list(config.dataset.roots):
+            return True
+        log.warning("the daemon at %s serves the dataset %s, not %s: this run does not use it",
+                    self.socket_path, roots, list(config.dataset.roots))
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _client_env(env, socket_path: str) -> dict[str, str]:
+    """Only Monarch's own keys, as strings of bounded length, naming the socket we asked."""
+    if not isinstance(env, dict) or set(env) - set(protocol.CLIENT_ENV_KEYS):
+        raise DaemonError(f"the daemon at {socket_path} sent an environment with unexpected keys")
+    for key, value in env.items():
+        if not isinstance(value, str) or "\0" in value or len(value) > MAX_ENV_VALUE:
+            raise DaemonError(f"the daemon at {socket_path} sent a malformed {key}")
+    if not _same_socket(env.get(protocol.ENV_SOCKET), socket_path):
+        raise DaemonError(f"the daemon at {socket_path} names another socket")
+    return dict(env)
+
+
+def _same_socket(named, socket_path: str) -> bool:
+    """Is ``named`` (the daemon instance's own socket, for the shim) the socket we asked,
+    under its instance's name: in the same directory, the same inode (monarch/node/instance.py)?"""
+    if not isinstance(named, str) or os.path.dirname(named) != os.path.dirname(socket_path):
+        return False
+    try:
+        a, b = os.stat(named), os.stat(socket_path)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def attach(socket_path: str) -> Session | None:
+    """A session with the daemon at ``socket_path``, or None if none answers there."""
+    if not os.path.exists(socket_path):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(ATTACH_TIMEOUT)
+        sock.connect(socket_path)
+        return Session(sock, socket_path)
+    except (OSError, ValueError) as e:
+        log.debug("no daemon at %s: %s", socket_path, e)
+        sock.close()
+        return None
+    except BaseException:
+        sock.close()
+        raise
+
+
+# -- find or start (monarch run) ------------------------------------------------------------
+
+def find(config: Config, run: str) -> Session | None:
+    """A session with the daemon of this job on this node (a standing ``monarch serve``) when one
+    is up and serves this dataset; None: the run's own daemon is to be found or started (``start``)."""
+    try:
+        layout.user_dir(config.run_base)  # checked once here, so an unsafe base names its key
+    except secure.UnsafeBaseError as e:
+        raise MonarchError(f"config {config.source}: run_base: {e}") from None
+    node = topology.node_index()
+    for rid in [j for j in [topology.job_id()] if j != run]:
+        session = attach(layout.socket_path(config.run_base, rid, node))
+        if session is not None:
+            if session.serves(config):
+                return session
+            session.close()
+    return None
+
+
+@contextmanager
+def _start_lock(run_dir: str):
+    path = os.path.join(run_dir, layout.START_LOCK)
+    fd = secure.open_private_file(path)
+    try:
+        deadline = time.monotonic() + DAEMON_START_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DaemonError(f"another launcher holds {path} for too long") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def start(config: Config, config_file: str | None, run: str) -> tuple[Session, subprocess.Popen | None]:
+    """Attach to the run's daemon on this node, starting an embedded one if none runs yet (the
+    process is returned only when this launcher started it: ``wait_stopped`` waits for it)."""
+    node = topology.node_index()
+    run_dir = layout.run_dir(config.run_base, run, node)
+    socket_path = layout.socket_path(config.run_base, run, node)
+    with _start_lock(run_dir):  # several launchers of the run on a node start one daemon
+        session = attach(socket_path)
+        if session is not None:
+            if session.serves(config):
+                return session, None
+            session.close()
+            raise DaemonError(f"the run's daemon at {socket_path} serves another dataset; "
+                              "give this job its own MONARCH_JOB_ID")
+        cmd = [sys.executable, "-m", "monarch", *(["-vv"] if log.isEnabledFor(logging.DEBUG) else []),
+               "serve", "--embedded"]
+        if config_file:
+            cmd += ["-c", config_file]
+        cmd += [a for root in config.dataset.given for a in ("--dataset", root)]  # what this launcher validated
+        # the daemon expands the configuration with the launcher's run id, whatever its parents
+        env = _without_shim(os.environ) | {topology.ENV_RUN_ID: run}
+        env.setdefault(topology.ENV_JOB_ID, run)
+        log_path = os.path.join(run_dir, layout.DAEMON_LOG)
+        log_fd = secure.open_private_file(log_path, os.O_WRONLY | os.O_APPEND)
+        try:
+            # close_fds: the daemon outlives the command and must not hold what the launcher
+            # inherited (an MPI launcher's PMI socket, its stdout and stderr pipes)
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        finally:
+            os.close(log_fd)
+        log.debug("phase daemon.spawned")
+        deadline = time.monotonic() + DAEMON_START_TIMEOUT
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise DaemonError(f"the node daemon exited with code {proc.returncode} while starting; "
+                                  f"see {log_path}:\n{_tail(log_path)}")
+            session = attach(socket_path)
+            if session is not None:
+                log.debug("phase daemon.attached")
+                return session, proc
+            time.sleep(0.02)
+        proc.kill()
+        raise DaemonError(f"the node daemon did not answer within {DAEMON_START_TIMEOUT:.0f} s; see {log_path}")
+
+
+def _without_shim(env) -> dict[str, str]:
+    """The daemon reads the PFS itself: it must never run under the shim."""
+    env = dict(env)
+    preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and "libmonarch_shim" not in p]
+    env["LD_PRELOAD"] = ":".join(preload)
+    env[protocol.ENV_DISABLE] = "1"
+    return env
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def daemon_died(run_dir: str) -> bool:
+    """Did this node's daemon die here (its published socket is left, its lock is free)? A
+    daemon restarted after a crash replaces both: the caller waits a little for that."""
+    from monarch.node.instance import LOCK  # the instance's own name (a light module: no daemon imports)
+    if not os.path.exists(os.path.join(run_dir, layout.SOCKET)):
+        return False
+    try:
+        fd = os.open(os.path.join(run_dir, LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: a live daemon (starting up)
+    finally:
+        os.close(fd)  # closing drops our shared lock
+    return True
+
+
+def wait_stopped(daemon: subprocess.Popen, config: Config) -> None:
+    """Wait for the embedded daemon's tear-down: it stops by itself when the run's last session closes.
+
+    If it is still running, other launchers of the run are attached: leave it to them.
+    If it died, remove the copies it left (its tier directories name a process that is gone).
+    """
+    from monarch.node.server import EMBEDDED_IDLE_SECONDS  # the daemon's modules stay off the launch path
+    try:
+        daemon.wait(timeout=EMBEDDED_IDLE_SECONDS + 10)
+    except subprocess.TimeoutExpired:
+        return
+    if daemon.returncode != 0:
+        for base in {t.path for t in config.tiers} | {config.peer.path}:
+            try:
+                layout.remove_leftovers(layout.user_dir(base))
+            except MonarchError:
+                pass
+
+
+# -- stop (monarch stop) --------------------------------------------------------------------
+
+def stop(config: Config) -> None:
+    """Ask this node's standing daemon of the job to stop; MonarchError if none answers."""
+    path = layout.socket_path(config.run_base, topology.job_id(), topology.node_index())
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(STOP_TIMEOUT)
+        sock.connect(path)
+        secure.check_peer_is_me(sock)
+        sock.sendall(protocol.encode_request(protocol.VERB_STOP))
+        protocol.recv_answer(sock)
+    except (OSError, ValueError) as e:
+        raise MonarchError(f"no Monarch daemon answers at {path} ({getattr(e, 'strerror', None) or e})") from None
+    finally:
+        sock.close()
+
+
+# -- serve (monarch serve) ------------------------------------------------------------------
+
+def import_daemon() -> None:
+    """Import the daemon's modules (a phase of its own in a debug log: scripts/bench_startup.py)."""
+    import monarch.node.daemon  # noqa: F401
+    import monarch.node.server  # noqa: F401
+    log.debug("phase daemon.imported")
+
+
+def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None) -> int:
+    """Run this node's daemon until it is stopped (``monarch stop``, a signal, or, embedded, its
+    run's last launcher leaving); a standing one then writes the job's report (``report``: the
+    ``--report`` option). ``cluster``: the peers under MPI (None: a node alone)."""
+    from monarch.node.daemon import NodeDaemon
+    from monarch.node.server import NodeServer
+    from monarch.launch.topology import node_index
+    # the snapshot walk runs in the background: the socket answers and the command starts meanwhile
+    # embedded: the node its launcher named (MONARCH_NODE / SLURM_NODEID), where the launcher looks for its socket
+    daemon = NodeDaemon(config, rid, cluster=cluster, node=node_index() if cluster is None else 0, background=True)
+    server = NodeServer(daemon, embedded=embedded)
+    pid_file = os.path.join(daemon.run_dir, layout.PID_FILE)
+    secure.write_file_atomically(pid_file, f"{os.getpid()}\n".encode())
+    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: server.request_stop())
+    try:
+        server.serve()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("CPU seconds by thread: %s", thread_cpu_seconds())
+        if cluster is not None:  # the walk's thread may be in a collective (share): MPI is one thread's at a time
+            daemon.gate.wait_settled()
+        if not embedded:  # a standing daemon writes the job's report; embedded ones leave it to `monarch run`
+            # finish() keeps serving peers until every node is done, so tiers stay until then
+            nodes = cluster.finish(daemon.stats) if cluster is not None else [daemon.stats()]
+            if nodes is not None:
+                # a standing daemon's: the configuration's report wins over --report
+                path = report_path(daemon.run_dir, config.report, report)
+                save(build(nodes, {"job_id": rid, "config": config.source, "nodes": len(nodes)}), path)
+                log.warning("report written to %s", path)
+    finally:
+        daemon.close()
+        _remove(pid_file)
+        log.debug("phase daemon.closed")
+        if cluster is not None:
+            cluster.close()
+    return 0
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def thread_cpu_seconds() -> str:
+    """The live threads' CPU seconds (user + system, from /proc), summed by name without its
+    number (``monarch-stage-12`` counts as ``monarch-stage``), and the rest of the process's
+    (threads that have ended): where a daemon's CPU went."""
+    import re
+    import threading
+    tick = os.sysconf("SC_CLK_TCK")
+    by_name: dict[str, float] = {}
+    for t in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, TypeError):
+            continue  # gone, or not Linux
+        name = re.sub(r"[-_]\d+(_\d+)?$", "", t.name)
+        by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    by_name["ended threads"] = time.process_time() - sum(by_name.values())
+    return ", ".join(f"{n} {s:.2f}" for n, s in sorted(by_name.items(), key=lambda kv: -kv[1]))
+
+
+# -- the report (monarch run and a standing monarch serve) ---------------------------------
+
+def report_path(run_dir: str, *chosen: str | None) -> str:
+    """Where the report goes: the first of ``chosen`` given (each caller's order of the command
+    line and the configuration), else ``report.json`` in the run directory."""
+    return next((path for path in chosen if path), os.path.join(run_dir, layout.REPORT))
+
+
+def build(nodes: list, meta: dict) -> dict:
+    """The report of ``nodes`` (NodeStats); of a cluster, also who was lost, when and why."""
+    from monarch.report.build import build_report
+    report = build_report(nodes, meta)
+    if len(nodes) > 1:  # a cluster: who was lost, when and why (monarch/cluster/lost.py)
+        from monarch.cluster.lost import add_to_report
+        add_to_report(report, nodes)
+    return report
+
+
+def save(report: dict, path: str) -> None:
+    """Write ``report`` as JSON at ``path`` (OSError: it could not be written)."""
+    from monarch.report.store import write_report
+    write_report(report, path)
