@@ -163,18 +163,20 @@ def cmd_serve(args) -> int:
     # the peer layer is imported only by a standing daemon under MPI (not on the launch path).
     # MPI_Init first, before the daemon's imports: it spins a core until every rank has
     # reached it, so ranks that arrive early would burn the CPU the late ones need to get there
-    if not args.embedded and _mpi_world_rank() is not None:
+    in_mpi = not args.embedded and _mpi_world_rank() is not None
+    if in_mpi:
         from monarch.cluster.world import abort_on_unhandled_exception
         abort_on_unhandled_exception()  # initialises MPI; one failing rank must not hang the others
-        from monarch.cluster import Cluster
-        cluster = Cluster.from_world()
+        rank = _mpi_world_rank()  # MPI's own answer now
+        os.environ["MONARCH_NODE"] = str(rank)  # each node expands ${MONARCH_NODE} to its own dirs
+        _setup_logging(args.verbose, str(rank))
     from monarch.launch import service
     from monarch.launch.topology import job_id, run_id
     service.import_daemon()
-    if cluster is not None:
-        os.environ["MONARCH_NODE"] = str(cluster.node)  # each node expands ${MONARCH_NODE} to its own dirs
-        _setup_logging(args.verbose, str(cluster.node))
     config = _load(args.config, roots=args.dataset)
+    if in_mpi:
+        from monarch.cluster import Cluster
+        cluster = Cluster.from_world(peer_timeout=config.peer.timeout)
     # embedded: the run its launcher named; standing: the job, which the job's launchers look for
     rid = run_id() if args.embedded else job_id()
     if not rid:

@@ -141,10 +141,9 @@ SCENARIOS = {"fetch": (scenario_fetch, 1), "concurrent": (scenario_fetch, 8),
 def main():
     scenario, pfs, base = sys.argv[1:4]
     abort_on_unhandled_exception()
-    cluster = Cluster.from_world()
+    cluster = Cluster.from_world(peer_timeout=1.0 if scenario == "slow" else 10.0)
     if len(sys.argv) > 4:
         cluster.chunk_size = int(sys.argv[4])
-    cluster.peer_timeout = 1.0 if scenario == "slow" else 10.0
     me = cluster.node
     tier = os.path.join(base, f"node{me}", "tier")
     work = os.path.join(base, f"node{me}", "work")

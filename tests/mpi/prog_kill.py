@@ -42,8 +42,7 @@ def note(base, line):
 
 def run(which, pfs, base):
     abort_on_unhandled_exception()
-    cluster = Cluster.from_world()
-    cluster.peer_timeout = PEER_TIMEOUT
+    cluster = Cluster.from_world(peer_timeout=PEER_TIMEOUT)
     me, nodes = cluster.node, cluster.nodes
     _node[0] = me
     victim = 0 if which == "first" else nodes - 1
