@@ -34,6 +34,7 @@ from monarch.node.cluster_role import ClusterRole, PeerLayer
 from monarch.node.codecs import spread
 from monarch.node.current import Current
 from monarch.node.door_link import DoorKeeper, DoorLink
+from monarch.node.filetable import FileTable
 from monarch.node.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
 from monarch.node.notices import JobNotices
@@ -87,7 +88,7 @@ class NodeDaemon:
         self.tier_errors: dict[str, str] = {}
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         self.dataset_bytes = 0
-        self.current = Current(self.gate, Snapshot(tuple(config.dataset.roots), {}))  # nothing until the walk ends
+        self.current = Current(self.gate, Snapshot(tuple(config.dataset.roots), FileTable()))  # nothing until the walk ends
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")
                                   for i, cfg in enumerate(config.tiers)) if t is not None]
         if config.staging.policy == "read-ahead":  # the read-ahead names the codecs' sample (_start_staging)
@@ -185,7 +186,7 @@ class NodeDaemon:
         stager = growing = None
         try:
             if self._streams_read_ahead():  # copies begin with the walk's first directories
-                growing = Snapshot(tuple(self.config.dataset.roots), {})
+                growing = Snapshot(tuple(self.config.dataset.roots), FileTable())
                 stager = self._make_stager(growing)
             snap = self._take_snapshot(growing, stager)
             log.debug("phase snapshot.done")
@@ -262,7 +263,7 @@ class NodeDaemon:
                 stager.shutdown()
             self.gate.fail_locked()  # nothing will be staged
             self.snapshot_how = f"failed: {why}"
-            empty = Snapshot(tuple(self.config.dataset.roots), {})
+            empty = Snapshot(tuple(self.config.dataset.roots), FileTable())
             self.current.install_locked(empty, self._make_stager(empty)).shutdown()
             if self._door is not None:
                 self._door.unlink_locked()

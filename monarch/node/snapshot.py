@@ -27,36 +27,12 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from monarch import protocol
+from monarch.node import index_writer
+from monarch.node.filetable import FileInfo, FileTable
 from monarch.node.pfsmeta import opened_stat
 from monarch.secure import write_file_atomically
 
 log = logging.getLogger(__name__)
-
-
-class FileInfo(NamedTuple):
-    """The source's stat as the snapshot saw it (the fields the index carries)."""
-    size: int
-    mtime_ns: int
-    mode: int = 0o100644
-    atime_ns: int = 0
-    ctime_ns: int = 0
-    ino: int = 0
-    dev: int = 0
-    uid: int = 0
-    gid: int = 0
-    nlink: int = 1
-    link: bool = False  # the name is a symlink (to a file): an O_NOFOLLOW open of it fails
-    blocks: int = 0
-    blksize: int = 4096
-
-    @classmethod
-    def from_stat(cls, st: os.stat_result, link: bool = False) -> "FileInfo":
-        return cls(st.st_size, st.st_mtime_ns, st.st_mode, st.st_atime_ns, st.st_ctime_ns, st.st_ino,
-                   st.st_dev, st.st_uid, st.st_gid, st.st_nlink, link, st.st_blocks, st.st_blksize)
-
-    def same_content_as(self, st: os.stat_result) -> bool:
-        """Does ``st`` describe the file this snapshot entry saw (size and mtime)?"""
-        return st.st_size == self.size and st.st_mtime_ns == self.mtime_ns
 
 
 class DirInfo(NamedTuple):
@@ -70,12 +46,14 @@ class DirInfo(NamedTuple):
 @dataclass(frozen=True)
 class Snapshot:
     roots: tuple[str, ...]
-    files: dict[str, FileInfo]
+    files: "FileTable | dict[str, FileInfo]"  # a FileTable (compact) wherever a walk or an index made it
     dirs: dict[str, DirInfo] = field(default_factory=dict)   # "<k>/" is root k itself
     links: dict[str, FileInfo] = field(default_factory=dict)  # a symlinked file's own lstat
 
     @property
     def total_bytes(self) -> int:
+        if isinstance(self.files, FileTable):
+            return self.files.total_size()
         return sum(f.size for f in self.files.values())
 
     def source_path(self, key: str) -> str:
@@ -86,10 +64,7 @@ class Snapshot:
         return self.files.get(key)
 
     def index_bytes(self) -> bytes:
-        kb = protocol.key_bytes
-        return protocol.build_index(((kb(key), info) for key, info in self.files.items()),
-                                    ((kb(key), d.info, d.children, d.parent_ino) for key, d in self.dirs.items()),
-                                    {kb(key): info for key, info in self.links.items()})
+        return index_writer.index_bytes(self)
 
     def write_index(self, path: str) -> None:
         """The index the shim maps (protocol.py, "Snapshot index"), written atomically."""
@@ -102,7 +77,7 @@ class Snapshot:
         if not remap:
             return self
         fix = lambda i: i._replace(dev=remap.get(i.dev, i.dev))  # noqa: E731
-        return Snapshot(self.roots, {k: fix(i) for k, i in self.files.items()},
+        return Snapshot(self.roots, FileTable((k, fix(i)) for k, i in self.files.items()),
                         {k: d._replace(info=fix(d.info)) for k, d in self.dirs.items()},
                         {k: fix(i) for k, i in self.links.items()})
 
@@ -208,7 +183,7 @@ def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS, into: Sna
     called with the files of each directory once the directory is described whole (its
     entry in ``dirs`` made), on the walking thread.
     """
-    files: dict[str, FileInfo] = into.files if into is not None else {}
+    files = into.files if into is not None else FileTable()
     dirs: dict[str, DirInfo] = into.dirs if into is not None else {}
     links: dict[str, FileInfo] = into.links if into is not None else {}
     root_fds: dict[int, int] = {}
@@ -300,7 +275,7 @@ def _info_of(fields: tuple, link: bool = False) -> FileInfo:
 def read_index(data: bytes, roots: tuple[str, ...]) -> Snapshot:
     """The snapshot an index file was written from (``Snapshot.write_index``'s inverse)."""
     idx = protocol.Index(data)
-    files, dirs, links = {}, {}, {}
+    files, dirs, links = FileTable(), {}, {}
     for n in idx.keyed():
         e = idx.entry(n)
         key = protocol.key_str(idx.key(n))
