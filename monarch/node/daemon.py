@@ -202,7 +202,7 @@ class NodeDaemon:
                 if tier.keep:
                     for key in tier.adopt_existing(snap.files):
                         stager.adopt(key, tier)
-            index = snap.index_bytes()
+            index = snap.index_parts()
             with self.gate.lock:
                 if self.gate.closing:
                     stager.shutdown()

@@ -1,4 +1,5 @@
-"""A file as the snapshot saw it (``FileInfo``), and the snapshot's files kept compact (``FileTable``).
+"""A file as the snapshot saw it (``FileInfo``), and the snapshot's files and listings kept
+compact (``FileTable``, ``Listing``).
 
 A million-file dataset kept as a dict of ``FileInfo`` tuples holds ~400 bytes of Python
 objects per file beside its key (the tuple and one int object per field); here a file is
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from typing import Iterable, Iterator, Mapping, MutableMapping, NamedTuple
+from typing import Iterable, Iterator, Mapping, MutableMapping, NamedTuple, Sequence
 
 _FIELDS = 13  # FileInfo's fields, in order; ``link`` kept as 0/1
 _SIZE = 0
@@ -139,3 +140,46 @@ def _rebuild(keys: list[str], rows: bytes) -> FileTable:
     table._rows.frombytes(rows)
     table._where = {key: row for row, key in enumerate(keys)}
     return table
+
+
+class Listing(Sequence[tuple[bytes, int, int]]):
+    """One directory's listing, sorted: (name, d_type, d_ino) per entry, as a tuple of those
+    would give them, kept as three packed buffers (a name cannot hold a NUL byte)."""
+    __slots__ = ("_names", "_types", "_inos")
+
+    def __init__(self, entries: Iterable[tuple[bytes, int, int]] = ()):
+        names, types, inos = [], bytearray(), array("Q")
+        for name, d_type, d_ino in entries:
+            names.append(name)
+            types.append(d_type)
+            inos.append(d_ino)
+        self._names = b"\0".join(names) if names else None
+        self._types = bytes(types)
+        self._inos = inos
+
+    def __len__(self) -> int:
+        return len(self._types)
+
+    def __iter__(self) -> Iterator[tuple[bytes, int, int]]:
+        if self._names is None:
+            return iter(())
+        return zip(self._names.split(b"\0"), self._types, self._inos)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        return tuple(self)[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Listing, tuple, list)):
+            return len(self) == len(other) and all(a == tuple(b) for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Listing({len(self)} entries)"
+
+    def __reduce__(self):
+        return (Listing, (tuple(self),))

@@ -40,6 +40,12 @@ def _positions(files) -> Callable[[str], int | None]:
 
 def index_bytes(snap) -> bytes:
     """The index of ``snap`` (a ``snapshot.Snapshot``: its ``files``, ``dirs`` and ``links``)."""
+    return b"".join(index_parts(snap))
+
+
+def index_parts(snap) -> list:
+    """The index of ``snap`` as the buffers that make it, in order (written one after the
+    other, with no joined copy)."""
     files, dirs, links = snap.files, snap.dirs, snap.links
     kb = protocol.key_bytes
     nfiles = len(files)
@@ -145,4 +151,4 @@ def index_bytes(snap) -> bytes:
     children_off += -children_off % 8
     header = protocol.INDEX_HEADER.pack(protocol.INDEX_MAGIC, protocol.INDEX_VERSION, total, nbuckets, 0, buckets_off,
                                         entries_off, keys_off, len(keys), children_off, nchildren)
-    return b"".join([header, buckets.tobytes(), entries, keys, b"\0" * (children_off - keys_off - len(keys)), children])
+    return [header, buckets.tobytes(), entries, keys, b"\0" * (children_off - keys_off - len(keys)), children]

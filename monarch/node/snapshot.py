@@ -28,7 +28,7 @@ from typing import Callable, NamedTuple
 
 from monarch import protocol
 from monarch.node import index_writer
-from monarch.node.filetable import FileInfo, FileTable
+from monarch.node.filetable import FileInfo, FileTable, Listing
 from monarch.node.pfsmeta import opened_stat
 from monarch.secure import write_file_atomically
 
@@ -39,7 +39,7 @@ class DirInfo(NamedTuple):
     """A directory as the walk saw it: its own stat, its listing (names as bytes, with d_type
     and d_ino; None when it could not be listed whole) and the st_ino of its parent."""
     info: FileInfo
-    children: tuple[tuple[bytes, int, int], ...] | None
+    children: Listing | tuple[tuple[bytes, int, int], ...] | None
     parent_ino: int = 0
 
 
@@ -66,9 +66,13 @@ class Snapshot:
     def index_bytes(self) -> bytes:
         return index_writer.index_bytes(self)
 
+    def index_parts(self) -> list:
+        """The index as the buffers that make it (``write_file_atomically`` writes them in turn)."""
+        return index_writer.index_parts(self)
+
     def write_index(self, path: str) -> None:
         """The index the shim maps (protocol.py, "Snapshot index"), written atomically."""
-        write_file_atomically(path, self.index_bytes())
+        write_file_atomically(path, self.index_parts())
 
     def with_local_devices(self) -> "Snapshot":
         """The snapshot with each root's st_dev as this node sees it (a snapshot received from
@@ -229,7 +233,7 @@ def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS, into: Sna
         if st[2] == 0:
             del state[dkey]
             os.close(st[5])
-            dirs[dkey] = DirInfo(FileInfo.from_stat(st[0]), None if st[4] else tuple(sorted(st[3])), st[1])
+            dirs[dkey] = DirInfo(FileInfo.from_stat(st[0]), None if st[4] else Listing(sorted(st[3])), st[1])
             if on_directory is not None and st[6]:
                 on_directory(st[6])
         index = int(dkey.partition("/")[0])
@@ -284,7 +288,7 @@ def read_index(data: bytes, roots: tuple[str, ...]) -> Snapshot:
             children = None
             if flags & protocol.INDEX_FLAG_LISTED:
                 recs = idx.children(n)
-                children = tuple((name, d_type, d_ino) for name, d_type, d_ino, _ in recs[2:])
+                children = Listing((name, d_type, d_ino) for name, d_type, d_ino, _ in recs[2:])
                 parent_ino = recs[1][2]
             else:
                 parent_ino = 0
@@ -344,7 +348,7 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False,
     snap = take_snapshot(roots, into=into, on_directory=on_directory)
     if cache:
         try:
-            write_file_atomically(cache, snap.index_bytes())
+            write_file_atomically(cache, snap.index_parts())
         except OSError as e:
             log.warning("cannot keep the snapshot at %s for the next job: %s", cache, e.strerror)
     return snap, f"walked: {why}"

@@ -5,7 +5,7 @@ import os
 import pickle
 
 from monarch import protocol
-from monarch.node.filetable import FileTable
+from monarch.node.filetable import FileTable, Listing
 from monarch.node.index_writer import index_bytes
 from monarch.node.snapshot import FileInfo, Snapshot, take_snapshot
 
@@ -57,3 +57,37 @@ def test_the_file_table_is_a_mapping_of_file_infos_that_survives_pickling():
     assert table["0/a"].size == 6 and list(table) == ["0/a", "0/b"] and table.total_size() == 15
     again = pickle.loads(pickle.dumps(table))
     assert again == table and list(again.items()) == list(table.items())
+
+
+def test_a_listing_reads_as_the_tuple_of_its_entries():
+    entries = ((b"a", protocol.DT_REG, 7), (b"b\xff", protocol.DT_DIR, (1 << 64) - 1), (b"c", protocol.DT_LNK, 0))
+    listing = Listing(entries)
+    assert len(listing) == 3 and tuple(listing) == entries and listing == entries and listing[1] == entries[1]
+    assert pickle.loads(pickle.dumps(listing)) == entries and Listing(()) == () and list(Listing(())) == []
+
+
+def test_the_snapshot_holds_a_file_in_a_few_hundred_bytes(tmp_path):
+    """Issue 32: 1.9 KiB per file in the daemon at a million files; the snapshot and the index
+    built from it are what grows with the files (counted by tracemalloc, not timed)."""
+    import gc
+    import tracemalloc
+    root = tmp_path / "ds"
+    for d in range(20):
+        (root / f"class{d:03d}").mkdir(parents=True)
+        for i in range(500):
+            (root / f"class{d:03d}" / f"img_{i:06d}.JPEG").write_bytes(b"")
+    tracemalloc.start()
+    try:
+        snap = take_snapshot((str(root),))
+        gc.collect()
+        live = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        parts = snap.index_parts()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    n = len(snap.files)
+    assert n == 10_000
+    assert live / n < 350, f"{live / n:.0f} B per file live"  # a dict of FileInfo tuples: ~690
+    index = sum(len(p) for p in parts)
+    assert (peak - index) / n < 450, f"{(peak - index) / n:.0f} B per file beside the index while building it"
