@@ -92,6 +92,17 @@ class FileTable(MutableMapping[str, FileInfo]):
         else:
             self._rows[row * _FIELDS:(row + 1) * _FIELDS] = array("q", _row(info))
 
+    def add_stat(self, key: str, st: os.stat_result, link: bool = False) -> None:
+        """``self[key] = FileInfo.from_stat(st, link)``, without the record (the walk's path)."""
+        if key in self._where:
+            self[key] = FileInfo.from_stat(st, link)
+            return
+        ino, dev = st.st_ino, st.st_dev
+        self._where[key] = len(self._rows) // _FIELDS
+        self._rows.extend((st.st_size, st.st_mtime_ns, st.st_mode, st.st_atime_ns, st.st_ctime_ns,
+                           ino - _WRAP if ino >= 1 << 63 else ino, dev - _WRAP if dev >= 1 << 63 else dev,
+                           st.st_uid, st.st_gid, st.st_nlink, link, st.st_blocks, st.st_blksize))
+
     def __delitem__(self, key: str) -> None:
         raise TypeError("a snapshot's files are never removed")
 

@@ -135,7 +135,7 @@ def _describe(entries, dkey: str, rel: str, dir_ino: int):
                 d_type = protocol.DT_DIR
             elif entry.is_file():
                 link = entry.is_symlink()
-                files.append((key, FileInfo.from_stat(entry.stat(), link)))
+                files.append((key, entry.stat(), link))  # the table takes the stat's fields (FileTable.add_stat)
                 if link:
                     links.append((key, FileInfo.from_stat(entry.stat(follow_symlinks=False))))
                 d_type = protocol.DT_LNK if link else protocol.DT_REG
@@ -224,12 +224,15 @@ def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS, into: Sna
         """Merge one slice's result; the subdirectories it found are listed next."""
         got_files, got_links, subdirs, children, failed = result
         links.update(got_links)
-        files.update(got_files)
+        add = files.add_stat if isinstance(files, FileTable) else (
+            lambda key, st, link: files.__setitem__(key, FileInfo.from_stat(st, link)))
+        for key, st, link in got_files:
+            add(key, st, link)
         st = state[dkey]
         st[2] -= 1
         st[3].extend(children)
         st[4] = st[4] or failed
-        st[6].extend(key for key, _ in got_files)
+        st[6].extend(key for key, *_ in got_files)
         if st[2] == 0:
             del state[dkey]
             os.close(st[5])
