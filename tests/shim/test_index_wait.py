@@ -1,7 +1,10 @@
 """A process started before the daemon's snapshot exists (the walk overlaps the
 application's start-up): its first call under a root waits for the index (INDEX, with
-heartbeats), then answers from it; a snapshot that fails, a daemon that is lost, silent or
-too slow leave it on the PFS -- with no tier copy read, since nobody vouched for them."""
+heartbeats) at most MONARCH_SHIM_INDEX_WAIT_MS, then answers from it; a snapshot that
+fails, a daemon that is lost, silent or too slow leave it on the PFS -- with no tier copy
+read, since nobody vouched for them. Past the wait the calls go to the PFS, counted, and
+the index is used from the first call after it is written (the default wait is a few
+hundred ms: the tests of a longer wait set it, as a user may)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from .test_metadata import PY_PROGRAM, make_tree, meta_counts, plain_env
 pytestmark = pytest.mark.shim
 
 SIZE = 50_000
+LONG_WAIT = {protocol.ENV_INDEX_WAIT: "60000"}  # the old default's behaviour: wait for the whole walk
 
 
 def index_later(env, beats: float, status: int | None = protocol.INDEX_READY, write: bool = True):
@@ -59,7 +63,7 @@ def test_metadata_waits_for_a_late_index_then_answers_from_it(shim_env):
     at_start = meta_counts(shim_env)
     assert shim_env.daemon.index_asked == 0
     t0 = time.monotonic()
-    got = shim_env.run(argv, env=without_index(shim_env), cwd=shim_env.root).stdout
+    got = shim_env.run(argv, env=without_index(shim_env, **LONG_WAIT), cwd=shim_env.root).stdout
     assert time.monotonic() - t0 >= 0.8  # it waited for the index
     assert got == want
     late = [b - a for a, b in zip(at_start, meta_counts(shim_env))]
@@ -82,7 +86,7 @@ def test_an_open_under_a_root_waits_before_it_probes_a_tier(shim_env):
 
     shim_env.start_daemon("pfs", index=answer)
     code = "import hashlib, sys; print(hashlib.md5(open(sys.argv[1], 'rb').read()).hexdigest())"
-    out = shim_env.run([sys.executable, "-c", code, str(src)], env=without_index(shim_env)).stdout
+    out = shim_env.run([sys.executable, "-c", code, str(src)], env=without_index(shim_env, **LONG_WAIT)).stdout
     assert out.decode().split() == [md5(src.read_bytes())]
     assert shim_env.counts() == shim_env.expected(tier0=(1, SIZE))  # the copy, after the wait
 
@@ -149,7 +153,7 @@ def test_threads_and_forked_children_all_get_the_index(shim_env):
     """)
     argv = [sys.executable, "-c", code, str(shim_env.root)]
     want = sorted(shim_env.run(argv, env=plain_env(shim_env)).stdout.splitlines())
-    got = sorted(shim_env.run(argv, env=without_index(shim_env)).stdout.splitlines())
+    got = sorted(shim_env.run(argv, env=without_index(shim_env, **LONG_WAIT)).stdout.splitlines())
     assert got == want and len(got) == 2
     local, pfs, _ = meta_counts(shim_env)
     assert local == 2 * 8 * 2 and pfs == 0
@@ -181,7 +185,7 @@ def test_the_python_client_waits_too(shim_env):
         return protocol.INDEX_READY
 
     shim_env.start_daemon("pfs", index=answer)
-    env = without_index(shim_env)
+    env = without_index(shim_env, **LONG_WAIT)
     fd, how = PyShim(env).open(str(src))
     try:
         assert ready.is_set() and os.read(fd, SIZE + 1) == src.read_bytes() and how != PFS
