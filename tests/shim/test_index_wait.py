@@ -195,3 +195,74 @@ def test_the_python_client_waits_too(shim_env):
     fd, how = PyShim(env).open(str(src))
     os.close(fd)
     assert how == PFS
+
+
+def early_lost(env) -> tuple[int, int, int, int]:
+    c = protocol.read_extra_counters(env.counters)
+    return (c[protocol.EXTRA_EARLY_OPENS], c[protocol.EXTRA_EARLY_META], c[protocol.EXTRA_LOST_OPENS],
+            c[protocol.EXTRA_LOST_META])
+
+
+STAT_LOOP = textwrap.dedent("""
+    import os, sys, time
+    path, until = sys.argv[1], float(sys.argv[2])
+    t0 = time.monotonic()
+    os.stat(path)
+    first = time.monotonic() - t0
+    longest = 0.0
+    while not os.path.exists(sys.argv[3]) and time.monotonic() - t0 < until:
+        t = time.monotonic(); os.stat(path); longest = max(longest, time.monotonic() - t)
+        time.sleep(0.01)
+    time.sleep(0.05)
+    t = time.monotonic(); os.stat(path); longest = max(longest, time.monotonic() - t)
+    print(first, longest, len(open(path, 'rb').read()))
+""")
+
+
+def test_a_walk_longer_than_the_wait_is_not_waited_for_and_its_index_is_used_once_written(shim_env):
+    """The first stat is answered within the wait (from the PFS, counted as before the
+    index); once the 'daemon' writes the index, the next calls are answered from it: the
+    process did not give up on Monarch."""
+    src = shim_env.write("k/e.bin", SIZE)
+    shim_env.start_daemon("stage", index=index_later(shim_env, beats=TIMEOUT, write=False))
+    env = without_index(shim_env)
+
+    def write_later():
+        time.sleep(1.5)
+        shim_env.write_index()
+    writer = threading.Thread(target=write_later)
+    writer.start()
+    try:
+        out = shim_env.run([sys.executable, "-c", STAT_LOOP, str(src), "20", shim_env.index], env=env).stdout
+    finally:
+        writer.join()
+    first, longest, size = out.split()
+    assert float(first) < 1.0 and float(longest) < 1.0 and int(size) == SIZE
+    local, pfs, _ = meta_counts(shim_env)
+    early_opens, early_meta, lost_opens, lost_meta = early_lost(shim_env)
+    assert pfs >= 1 and early_meta == pfs and (lost_opens, lost_meta) == (0, 0)  # each PFS stat said why
+    assert local >= 1  # the index, once written: used
+    assert early_opens == 0 and shim_env.counts() == shim_env.expected(tier0=(1, SIZE))  # the open: a tier copy
+
+
+def test_the_pfs_because_the_daemon_is_lost_is_counted_apart(shim_env):
+    src = shim_env.write("k/f.bin", SIZE)
+    shim_env.start_daemon("stage", index=lambda conn: None)  # closes every INDEX unanswered
+    code = "import os, sys; print(os.stat(sys.argv[1]).st_size, len(open(sys.argv[1], 'rb').read()))"
+    t0 = time.monotonic()
+    out = shim_env.run([sys.executable, "-c", code, str(src)], env=without_index(shim_env)).stdout
+    assert time.monotonic() - t0 < 5
+    assert out.split() == [str(SIZE).encode()] * 2
+    assert shim_env.counts() == shim_env.expected(pfs=(1, SIZE))
+    assert early_lost(shim_env) == (0, 0, 1, 1)
+    assert shim_env.daemon.requests == []
+
+
+def test_a_busy_daemon_is_not_lost(shim_env):
+    """INDEX held past the wait, with heartbeats: the daemon is walking, not lost."""
+    src = shim_env.write("k/g.bin", SIZE)
+    shim_env.start_daemon("stage", index=index_later(shim_env, beats=TIMEOUT, write=False))
+    code = "import os, sys; print(os.stat(sys.argv[1]).st_size, len(open(sys.argv[1], 'rb').read()))"
+    out = shim_env.run([sys.executable, "-c", code, str(src)], env=without_index(shim_env)).stdout
+    assert out.split() == [str(SIZE).encode()] * 2
+    assert early_lost(shim_env) == (1, 1, 0, 0)
