@@ -82,8 +82,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MONARCH_SHIM_DEBUG", "int", "0", "the shim says what it does, on stderr", (SHIM,), form="=1..3"),
     Variable("MONARCH_SHIM_TIMEOUT_MS", "ms", "60000",
              "how long an open waits for the daemon before reading the PFS", (SHIM,)),
-    Variable("MONARCH_SHIM_INDEX_WAIT_MS", "ms", "600000",
-             "how long a process started during the daemon's walk waits for its snapshot index", (SHIM,)),
+    Variable("MONARCH_SHIM_INDEX_WAIT_MS", "ms", "300",
+             "how long one call under a root waits for the snapshot index while the daemon walks; then "
+             "that call reads the PFS (counted) and the index is used as soon as it is written", (SHIM,)),
     Variable("MONARCH_SHIM_ZSTD", "str", None,
              "=0: the shim leaves compressed copies to the daemon; a path: the libzstd to load "
              "(default: the system's libzstd.so.1)", (SHIM,)),

@@ -36,9 +36,12 @@ exports these keys only, never anything else a daemon says):
   MONARCH_SHIM_DEBUG=1..3  debug lines on stderr.
   MONARCH_SHIM_TIMEOUT_MS  the longest the shim waits for one answer (default below); a
                     daemon that sends nothing for HEARTBEAT_TIMEOUT_MS is given up sooner.
-  MONARCH_SHIM_INDEX_WAIT_MS  the longest a process waits for the snapshot index when it
-                    started before the daemon's walk ended (INDEX, below; default
-                    SHIM_INDEX_WAIT_MS_DEFAULT: as long as a launcher waits for its daemon).
+  MONARCH_SHIM_INDEX_WAIT_MS  the longest one call waits for the snapshot index when the
+                    process started before the daemon's walk ended (INDEX, below; default
+                    SHIM_INDEX_WAIT_MS_DEFAULT, a few hundred ms). Past it the call goes to the
+                    PFS, counted (EXTRA_EARLY_*), and the process looks again, rate-limited
+                    (the index file, and an INDEX poll now and then): it uses the index as
+                    soon as it is written, never waiting longer than this per call.
 
 Socket protocol: frames, little-endian, one request per connection for the shim.
   request  = u8 verb, u8 flags (0), u16 reserved (0), u32 length, then ``length`` bytes
@@ -74,6 +77,11 @@ Socket protocol: frames, little-endian, one request per connection for the shim.
                      runs the daemon holds the request and sends STATUS_PENDING heartbeats
                      (as for OPEN). The shim asks it once per process, at its first call
                      under a root, when the index was not there at its start.
+                     With body INDEX_POLL the request is never held: INDEX_READY, INDEX_NONE,
+                     or INDEX_WALKING (2: the walk goes on) at once; the front door answers
+                     it on its own threads while the walk runs (no interpreter, no GIL),
+                     so a busy daemon is told from a lost one. The shim polls so, at most
+                     every few hundred ms, while it serves calls from the PFS.
   STOP            -> status 0, then the daemon shuts down.
   HINT body       -> status 0: an order hint from ``monarch.hints`` (the shim never sends
                      it). body = u8 op, u64 stream (the reader's id, any number it chose),
@@ -85,7 +93,7 @@ Socket protocol: frames, little-endian, one request per connection for the shim.
                        HINT_END (4)      nothing: the reader has gone
                      A connection may send several HINT frames, each answered; it is
                      closed after REQUEST idle seconds without one (the client reconnects).
-  Before the snapshot is ready: OPEN and INDEX are held (heartbeats), and answered when it
+  Before the snapshot is ready: OPEN and INDEX (not an INDEX_POLL) are held (heartbeats), and answered when it
   is ready (OPEN: at most staging.resolve_timeout after it arrived, then PFS); INVALIDATE
   and HINT are answered at once and applied in order when the snapshot is ready (no copy
   is served before then, so nothing stale can be read in between). ATTACH, STOP and a
@@ -102,7 +110,8 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   opens_uncounted (opens whose bytes the shim cannot all see: a FILE made with fopen or
   fdopen, which stdio may also read with its own internal reads, or a descriptor mapped with
   mmap; counted once per descriptor),
-  then EXTRA_WORDS of named counters (EXTRA_*; version 3 added EXTRA_ZSTD_*, 4 EXTRA_PROCESSES, 5 EXTRA_ZSTD_REUSED).
+  then EXTRA_WORDS of named counters (EXTRA_*; version 3 added EXTRA_ZSTD_*, 4 EXTRA_PROCESSES, 5 EXTRA_ZSTD_REUSED,
+  6 EXTRA_EARLY_* and EXTRA_LOST_*).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
 Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 3).
@@ -145,12 +154,12 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 5  # 3: EXTRA_ZSTD_* (opens decoded in the application's process); 4: EXTRA_PROCESSES;
-                      # 5: EXTRA_ZSTD_REUSED
+COUNTERS_VERSION = 6  # 3: EXTRA_ZSTD_* (opens decoded in the application's process); 4: EXTRA_PROCESSES;
+                      # 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*
 MAX_SLOTS = 16
 HEADER_WORDS = 3
 SLOT_WORDS = 3
-EXTRA_WORDS = 9
+EXTRA_WORDS = 13
 EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
 EXTRA_META_OFF = 2    # bit k (k < 63; bit 63: every root k >= 63): the job changed root k, its
@@ -162,6 +171,11 @@ EXTRA_ZSTD_FALLBACKS = 6  # compressed copies the shim found but left to the dae
 EXTRA_PROCESSES = 7       # processes in which the shim was active: +1 at its start and in a fork child, -1 at
                           # an exec (the new program counts itself if it loads the shim); 0: it never ran
 EXTRA_ZSTD_REUSED = 8     # of EXTRA_ZSTD_OPENS, those decoded into a reused memfd (its pages already there)
+# calls under a root sent to the PFS (also counted in slot PFS's opens, or EXTRA_META_PFS) because ...
+EXTRA_EARLY_OPENS = 9     # ... the snapshot index was not ready yet (the daemon walks; the shim looks again)
+EXTRA_EARLY_META = 10
+EXTRA_LOST_OPENS = 11     # ... the daemon could not be reached or went silent (INDEX or OPEN unanswered)
+EXTRA_LOST_META = 12
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
 SLOT_PFS = 0
@@ -170,7 +184,7 @@ FIRST_TIER_SLOT = 2
 MAX_TIERS = MAX_SLOTS - FIRST_TIER_SLOT
 
 SHIM_TIMEOUT_MS_DEFAULT = 60_000
-SHIM_INDEX_WAIT_MS_DEFAULT = 600_000  # launcher.DAEMON_START_TIMEOUT: never longer than a launcher waited
+SHIM_INDEX_WAIT_MS_DEFAULT = 300  # per call: a first stat is answered (from the PFS) within it, walk or not
 HEARTBEAT_MS = 250
 HEARTBEAT_TIMEOUT_MS = 1500
 
@@ -199,6 +213,8 @@ VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH"
 
 INDEX_READY = 0             # INDEX answers: the index is written, map it
 INDEX_NONE = 1              # the snapshot failed: no index this job (read the PFS)
+INDEX_WALKING = 2           # a poll's answer: not ready yet (the walk goes on)
+INDEX_POLL = "now"          # INDEX body: answer at once (READY, NONE or WALKING), never hold
 
 HINT_ORDER = 1
 HINT_MORE = 2

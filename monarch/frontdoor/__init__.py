@@ -72,6 +72,7 @@ def library() -> ctypes.CDLL | None:
         "front_door_take": (i, [vp, ctypes.POINTER(i), ctypes.c_char_p, i]),
         "front_door_events": (i, [vp, ctypes.c_char_p, i]),
         "front_door_open": (i, [vp, cp]),
+        "front_door_settle": (None, [vp]),
         "front_door_claim": (i, [vp, cp, i]),
         "front_door_staged": (None, [vp, cp, i, i]),
         "front_door_forget": (None, [vp, cp, i]),
@@ -147,6 +148,11 @@ class FrontDoor:
     def open(self, index_path: str) -> bool:
         """The snapshot is ready (its index written): answer from now on."""
         return self._lib.front_door_open(self._door, os.fsencode(index_path)) == 0
+
+    def settle(self) -> None:
+        """The snapshot is ready or failed: INDEX polls go to the Python server from now on
+        (until then the door answers them INDEX_WALKING itself, whatever Python is doing)."""
+        self._lib.front_door_settle(self._door)
 
     def counts(self) -> dict:
         arr = (ctypes.c_uint64 * _NCOUNTS)()

@@ -9,6 +9,10 @@
  * source's mtime and owner-only mode, a rename) before answering. Everything else (other
  * verbs, odd or partial frames, another uid, a key the Python stager owns, a failed copy)
  * is handed over to the Python server as the connection with the bytes already read:
+ * And while the snapshot walk runs, an INDEX poll (body INDEX_POLL) is answered here,
+ * INDEX_WALKING, so a shim tells a daemon busy walking (its interpreter perhaps held for a
+ * while by the walk's own work) from a lost one; once Python says the snapshot settled
+ * (front_door_settle) polls are Python's, which knows whether it is ready or failed.
  * the door never refuses a request and never decides policy (only a flood beyond
  * HANDED_MAX connections waiting for Python is closed unread).
  *
@@ -127,6 +131,7 @@ struct door {
     int copy_slot;
     const unsigned char *idx;
     size_t idx_len;
+    int settled;                       /* the snapshot is ready or failed: INDEX polls are Python's */
     int gate_open, allowed, never_copy;  /* copying: Python allows it, no write by the job seen */
     int stopped;
     int64_t lease, low_water;          /* room lent; wake Python below this */
@@ -604,7 +609,7 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     return -1;
 }
 
-enum { F_MORE, F_OPEN, F_ODD };
+enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL };
 
 /* What ``got`` bytes of a request are: not all there yet, a whole OPEN, or anything else. */
 static int frame_state(const char *buf, uint32_t got)
@@ -613,6 +618,11 @@ static int frame_state(const char *buf, uint32_t got)
         return F_MORE;
     uint32_t length;
     memcpy(&length, buf + 4, 4);
+    static const char poll_body[] = MONARCH_INDEX_POLL;
+    if ((unsigned char)buf[0] == MONARCH_VERB_INDEX && !buf[1] && !buf[2] && !buf[3] && length == sizeof poll_body - 1)
+        return got < MONARCH_REQUEST_HEADER_SIZE + length ? F_MORE
+               : got == MONARCH_REQUEST_HEADER_SIZE + length
+                 && !memcmp(buf + MONARCH_REQUEST_HEADER_SIZE, poll_body, length) ? F_INDEX_POLL : F_ODD;
     if ((unsigned char)buf[0] != MONARCH_VERB_OPEN || buf[1] || buf[2] || buf[3] || length == 0 ||
         length > MONARCH_MAX_REQUEST || got > MONARCH_REQUEST_HEADER_SIZE + length)
         return F_ODD;
@@ -624,6 +634,11 @@ static void serve(struct worker *w, int fd, const char *buf, uint32_t got, int s
 {
     const char *key = buf + MONARCH_REQUEST_HEADER_SIZE;
     size_t klen = got - MONARCH_REQUEST_HEADER_SIZE;
+    if (state == F_INDEX_POLL && !__atomic_load_n(&w->d->settled, __ATOMIC_ACQUIRE)) {
+        send_answer(fd, MONARCH_INDEX_WALKING, "", 0);  /* unsent: the shim asks again later */
+        close(fd);
+        return;
+    }
     int why = state == F_OPEN && valid_key(key, klen) ? try_open(w, fd, key, klen) : R_OTHER;
     if (why >= 0)
         hand_over(w->d, fd, buf, got, why);
@@ -933,6 +948,12 @@ EXPORT int front_door_open(struct door *d, const char *index_path)
     d->gate_open = 1;
     pthread_mutex_unlock(&d->mu);
     return 0;
+}
+
+/* The snapshot is ready or failed: INDEX polls are handed over to Python from now on. */
+EXPORT void front_door_settle(struct door *d)
+{
+    __atomic_store_n(&d->settled, 1, __ATOMIC_RELEASE);
 }
 
 /* Python copies ``key`` itself from now on: 0; or 1 if the door has staged it (its event

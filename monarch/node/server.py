@@ -299,12 +299,17 @@ class NodeServer:
         self._answer(conn, protocol.encode_answer(0))
 
     def _index(self, conn: _Conn, body: bytes) -> None:
-        if not self._settled:
+        if body:  # a poll (INDEX_POLL): never held; the front door answers it itself while the walk runs
+            status = protocol.INDEX_WALKING if not self._settled else None
+        elif not self._settled:
             self._hold(conn, protocol.VERB_INDEX, body)
             return
-        ready = self.daemon.gate.state is SnapshotState.READY
-        self._answer(conn, protocol.encode_answer(protocol.INDEX_READY if ready else protocol.INDEX_NONE),
-                     close=True)
+        else:
+            status = None
+        if status is None:
+            ready = self.daemon.gate.state is SnapshotState.READY
+            status = protocol.INDEX_READY if ready else protocol.INDEX_NONE
+        self._answer(conn, protocol.encode_answer(status), close=True)
 
     # -- the launchers' sessions --------------------------------------------------------------
     def _attach(self, conn: _Conn, body: bytes) -> None:
@@ -360,6 +365,8 @@ class NodeServer:
             return
         self._settled = True
         self.daemon.open_front_door()
+        if self.door is not None:
+            self.door.settle()  # INDEX polls: Python's to answer from now on (ready or failed)
         held, self._held = self._held, []
         for conn in held:
             if not conn.pending or conn.held is None or self._conns.get(conn.sock.fileno()) is not conn:

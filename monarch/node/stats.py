@@ -16,10 +16,22 @@ class Opened(TypedDict):
     opens_uncounted: int  # opens whose bytes are unknown (a process that ended without counting)
 
 
+class PfsCalls(TypedDict):
+    """Calls under a root the shim sent to the PFS for one reason (counted in the PFS's
+    opens, or in ``Metadata.pfs``, too)."""
+    opens: int
+    metadata: int         # stat, access, listings
+
+
 class Metadata(TypedDict):
     local: int            # stat and listings answered from the index
     pfs: int              # ... passed to the PFS
     off_roots: list[int]  # roots whose metadata the job turned off by writing under them
+    # opens and metadata calls sent to the PFS because the snapshot index was not written yet
+    # (the daemon was walking: EXTRA_EARLY_*), or because the daemon could not be reached or
+    # went silent (EXTRA_LOST_*): the index is what vouches for the tiers and answers metadata
+    before_index: PfsCalls
+    daemon_lost: PfsCalls
 
 
 class Decompression(TypedDict):
@@ -129,7 +141,9 @@ class NodeStats:
 def shim_counters(counters_path: str, slot_names: dict[int, str], roots: int) -> ShimCounters:
     """The shim's slice of a node's statistics, read from the counters the application's
     processes share: ``opened_from`` (per slot an open was served from), ``metadata`` (stat
-    and listings answered here or by the PFS, the roots whose metadata the job turned off),
+    and listings answered here or by the PFS, the roots whose metadata the job turned off,
+    the opens and metadata calls sent to the PFS before the index was written or because
+    the daemon was lost),
     ``decompression`` (compressed copies the shim decoded itself: shim_zstd.c) and
     ``processes_with_shim``."""
     opened_from = protocol.read_opened_from(counters_path, slot_names)
@@ -141,7 +155,11 @@ def shim_counters(counters_path: str, slot_names: dict[int, str], roots: int) ->
     return {
         "opened_from": opened_from,
         "metadata": {"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
-                     "off_roots": [k for k in range(roots) if off & (1 << min(k, 63))]},
+                     "off_roots": [k for k in range(roots) if off & (1 << min(k, 63))],
+                     "before_index": {"opens": counters[protocol.EXTRA_EARLY_OPENS],
+                                      "metadata": counters[protocol.EXTRA_EARLY_META]},
+                     "daemon_lost": {"opens": counters[protocol.EXTRA_LOST_OPENS],
+                                     "metadata": counters[protocol.EXTRA_LOST_META]}},
         "decompression": {"opens": counters[protocol.EXTRA_ZSTD_OPENS], "ns": counters[protocol.EXTRA_ZSTD_NS],
                           "bytes": counters[protocol.EXTRA_ZSTD_BYTES],
                           "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS],

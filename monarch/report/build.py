@@ -42,8 +42,12 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         peer.update({k: v for k, v in n.peer.items() if isinstance(v, (int, float))})
     dataset_bytes = alive[0].dataset["bytes"] if alive else 0
     metadata = collections.Counter()
+    early, lost = collections.Counter(), collections.Counter()
     for n in alive:
         metadata.update({k: v for k, v in n.metadata.items() if k in ("local", "pfs")})
+        early.update(n.metadata.get("before_index") or {})
+        lost.update(n.metadata.get("daemon_lost") or {})
+    ready = [n.snapshot_ready_seconds for n in alive if n.snapshot_ready_seconds is not None]
     decompression = collections.Counter()
     for n in alive:
         decompression.update(n.decompression)
@@ -63,6 +67,12 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         "pfs": _pfs_traffic(opened_from, staging["pfs_bytes_read"], dataset_bytes),
         "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
         "metadata": {"local": metadata["local"], "pfs": metadata["pfs"]},
+        # calls under the roots the shim sent to the PFS (counted there too) because the snapshot
+        # index was not written yet (the walk: "walk_seconds", the slowest node's, from its daemon's
+        # start), or because it could not reach its daemon or the daemon went silent
+        "pfs_before_index": {"opens": early["opens"], "metadata": early["metadata"],
+                             "walk_seconds": max(ready) if ready else None},
+        "pfs_daemon_lost": {"opens": lost["opens"], "metadata": lost["metadata"]},
         "processes_with_shim": _processes_with_shim(alive),
         # opens of compressed copies decoded by the shim in the application's process: how
         # many, the ns they took (frame open to the application's descriptor), the bytes decoded,

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from monarch.errors import MonarchError
-from monarch.report.text import ESTIMATE_WHY, command_text, plural, tier_state_words
+from monarch.report.text import ESTIMATE_WHY, command_text, pfs_fallback_lines, plural, tier_state_words
 from monarch.sizes import human
 
 MiB = 1 << 20
@@ -123,6 +123,9 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
     rows.append(["dataset", f"{plural(ds.get('files', 0), 'file')}, {human(ds.get('bytes', 0))}"])
     if report.get("processes_with_shim") is not None:
         rows.append(["processes with the shim", f"{report['processes_with_shim']}"])
+    for line in pfs_fallback_lines(report):  # "start : ...", "warning : ...": the PFS when Monarch was not ready
+        label, _, text = line.partition(":")
+        rows.append([label.strip(), text.strip()])
     rows.append(["nodes reporting", f"{report.get('nodes_reporting', 1)}"
                  + (f" (lost: {report['nodes_lost']})" if report.get("nodes_lost") else "")])
     ratio = pfs.get("reads_of_dataset")

@@ -6,6 +6,7 @@ import re
 import shlex
 from typing import TextIO
 
+from monarch.protocol import HEARTBEAT_TIMEOUT_MS
 from monarch.sizes import human
 
 # a tier's state (``stopped``), in the text and the HTML report alike
@@ -45,6 +46,24 @@ def command_text(command: list[str]) -> str:
         else:
             words.append(shlex.quote(word))
     return " ".join(words)
+
+
+def pfs_fallback_lines(report: dict) -> list[str]:
+    """Why calls under the roots went to the PFS when Monarch was not ready or not there (the
+    shim's EXTRA_EARLY_* and EXTRA_LOST_* counters): one line per reason that happened."""
+    out = []
+    early = report.get("pfs_before_index") or {}
+    if early.get("opens") or early.get("metadata"):
+        walk = early.get("walk_seconds")
+        out.append(f"start     : {plural(early['opens'], 'open')} and {plural(early['metadata'], 'stat')} went to the "
+                   f"PFS before the index was ready"
+                   + (f" (the walk took {walk:.1f} s)" if walk is not None else " (the walk had not ended)"))
+    lost = report.get("pfs_daemon_lost") or {}
+    if lost.get("opens") or lost.get("metadata"):
+        out.append(f"warning   : the shim lost its daemon (unreachable, or silent for "
+                   f"{HEARTBEAT_TIMEOUT_MS / 1000:.1f} s): {plural(lost['opens'], 'open')} and "
+                   f"{plural(lost['metadata'], 'stat')} went to the PFS")
+    return out
 
 
 def _amount(n: float | None, lower: bool) -> str:
@@ -100,6 +119,8 @@ def print_report(report: dict, out: TextIO) -> None:
     if meta and (meta["local"] or meta["pfs"]):
         w(f"metadata  : {plural(meta['local'], 'call')} answered from the snapshot, {meta['pfs']} sent to the PFS "
           "(stat, access, directory listings under the roots)\n")
+    for line in pfs_fallback_lines(report):
+        w(f"{line}\n")
     for t in report.get("tiers", []):
         if t.get("compressed_files"):
             c = t["compression"][0]

@@ -43,8 +43,10 @@
  * (the index says so); the rest are the kernel's.
  *
  * The snapshot index may appear after this process started (the daemon's walk overlaps
- * the application's start-up): the first call that needs it waits for it, once per
- * process (see "waiting for the snapshot index"); no tier is probed before it is there.
+ * the application's start-up): the first call that needs it waits for it, at most
+ * MONARCH_SHIM_INDEX_WAIT_MS (a few hundred ms); until it is there calls under a root go
+ * to the PFS, counted, and the process looks again, rate-limited, using the index as soon
+ * as it is written (see "waiting for the snapshot index"); no tier is probed before then.
  *
  * The daemon: one connection per request; the daemon's uid (SO_PEERCRED) must
  * be ours. OPEN answers may be preceded by STATUS_PENDING heartbeats; silence
@@ -226,13 +228,16 @@ static uint64_t *monarch_counters; /* MAP_SHARED; NULL => counting off */
  * header copy is written; NULL => no index (no fstat rewrite, metadata from the PFS).
  * The daemon writes it when its snapshot is ready, which may be after this process
  * started (the walk overlaps the application's start-up): then the first call that needs
- * it waits for it (monarch_index_ready), asking the daemon (INDEX) once per process.
+ * it waits for it a moment (monarch_index_ready), asking the daemon (INDEX), and later
+ * calls look again now and then until it is there.
  */
 static const unsigned char *monarch_index;
 static struct monarch_index_header monarch_index_hdr;
 enum monarch_index_state {
     MONARCH_IX_UNKNOWN,    /* not there at start: ask the daemon at the first need */
     MONARCH_IX_INSTALLING, /* one thread maps it (a few microseconds); the others yield */
+    MONARCH_IX_EARLY,      /* not ready within the wait, the daemon alive: the PFS, counted; look again */
+    MONARCH_IX_LOST,       /* the daemon unreachable or silent: the PFS, counted; look again */
     MONARCH_IX_MAPPED,     /* mapped: metadata and fstat from it, tier probes allowed */
     MONARCH_IX_NONE,       /* none, or unusable, though the daemon is ready: as without an index */
     MONARCH_IX_OFF         /* the snapshot failed, or the daemon was lost before it: the PFS */
@@ -251,6 +256,9 @@ static pthread_once_t monarch_once = PTHREAD_ONCE_INIT;
 static uint8_t monarch_fd_slot[MONARCH_MAX_FDS];
 static uint32_t monarch_fd_entry[MONARCH_MAX_FDS];
 static __thread int monarch_guard __attribute__((tls_model("initial-exec")));
+/* Why monarch_before sent this thread's open to the PFS, for monarch_after to count: an
+ * EXTRA_* index (EXTRA_EARLY_OPENS, EXTRA_LOST_OPENS), or -1 (no reason counted apart). */
+static __thread int monarch_pfs_why __attribute__((tls_model("initial-exec"))) = -1;
 
 static void monarch_ensure_init(void);
 
@@ -640,10 +648,12 @@ static void monarch_atfork_child(void)
     monarch_guard = 0;
     monarch_zpool_atfork_child();
     monarch_count_process(1); /* a DataLoader worker is a process with the shim too */
-    /* a thread of the parent was installing the index: it is not here to finish */
+    /* a thread of the parent was installing the index, or looking for it: it is not here to finish */
     if (__atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE) == MONARCH_IX_INSTALLING)
         __atomic_store_n(&monarch_index_state, monarch_idx() ? MONARCH_IX_MAPPED : MONARCH_IX_UNKNOWN,
                          __ATOMIC_RELEASE);
+    monarch_index_next_look = 0;
+    monarch_pfs_why = -1;
     if (!__atomic_load_n(&monarch_ready, __ATOMIC_ACQUIRE)) {
         /* fork raced with start-up in another thread, which does not exist here */
         pthread_once_t fresh = PTHREAD_ONCE_INIT;

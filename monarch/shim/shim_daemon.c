@@ -73,6 +73,11 @@ static uint32_t monarch_le32(const unsigned char *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* Why a request got no answer (monarch_request_why): the daemon was asked and is alive but
+ * took all of total_ms (BUSY: a walk, a slow copy), or it could not be asked, closed, broke
+ * the frame rules or went silent for HEARTBEAT_TIMEOUT_MS (LOST). */
+enum monarch_unanswered { MONARCH_ANSWERED, MONARCH_BUSY, MONARCH_LOST };
+
 /*
  * One request to the daemon (verb, key) over a fresh connection. Heartbeats
  * (STATUS_PENDING, empty) are skipped, each one restarting the "alive" timer.
@@ -80,12 +85,17 @@ static uint32_t monarch_le32(const unsigned char *p)
  * NULL: the body is not wanted and not read) and a descriptor the daemon passed
  * in *fdp (-1 if none; fdp NULL: any is closed), or INT_MIN when the daemon cannot
  * be asked, is not of our uid, goes silent, takes more than total_ms in all or breaks
- * the frame rules (an oversized body, a NUL in it, a heartbeat with a body).
+ * the frame rules (an oversized body, a NUL in it, a heartbeat with a body); then
+ * *why (if not NULL) says BUSY (total_ms ran out on a daemon that kept the connection
+ * and was not silent for HEARTBEAT_TIMEOUT_MS) or LOST (anything else).
  */
-static int monarch_request(unsigned verb, const char *key, size_t kl, char *body, size_t bodymax, int *fdp,
-                           int total_ms)
+static int monarch_request_why(unsigned verb, const char *key, size_t kl, char *body, size_t bodymax, int *fdp,
+                               int total_ms, int *why)
 {
     unsigned char req[MONARCH_REQUEST_HEADER_SIZE + MONARCH_KEY_MAX];
+    int busy = 0;
+    if (why)
+        *why = MONARCH_LOST;
     if (!monarch_have_socket || kl > MONARCH_MAX_REQUEST || kl > MONARCH_KEY_MAX)
         return INT_MIN;
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -127,8 +137,8 @@ static int monarch_request(unsigned verb, const char *key, size_t kl, char *body
         unsigned char hdr[MONARCH_ANSWER_HEADER_SIZE];
         long alive = monarch_now_ms() + MONARCH_HEARTBEAT_TIMEOUT_MS;
         if (monarch_recv_exact(s, hdr, sizeof hdr, alive < deadline ? alive : deadline, fdp) != 0) {
-            MONARCH_DEBUG(1, "daemon: no answer (silent for %d ms, or %d ms in all)", MONARCH_HEARTBEAT_TIMEOUT_MS,
-                          total_ms);
+            busy = deadline <= alive && monarch_now_ms() >= deadline; /* not silence, not EOF: time */
+            MONARCH_DEBUG(1, "daemon: no answer (%s)", busy ? "busy for all the time given" : "silent, closed or gone");
             goto out;
         }
         int32_t st = (int32_t)monarch_le32(hdr);
@@ -160,11 +170,19 @@ static int monarch_request(unsigned verb, const char *key, size_t kl, char *body
     }
 out:
     real_close(s);
+    if (why)
+        *why = status != INT_MIN ? MONARCH_ANSWERED : busy ? MONARCH_BUSY : MONARCH_LOST;
     if (status == INT_MIN && fdp && *fdp >= 0) {
         real_close(*fdp);
         *fdp = -1;
     }
     return status;
+}
+
+static int monarch_request(unsigned verb, const char *key, size_t kl, char *body, size_t bodymax, int *fdp,
+                           int total_ms)
+{
+    return monarch_request_why(verb, key, kl, body, bodymax, fdp, total_ms, NULL);
 }
 
 /* Is an OPEN answer's path one we may open: absolute, inside a probe dir, no "..". */
@@ -184,18 +202,101 @@ static int monarch_answer_allowed(const char *path)
  * A process started before the daemon's walk ended finds no index at start. Its first
  * call that needs one (a metadata call or a read-only open under a root) asks the daemon
  * INDEX, which holds the request until the index is written (heartbeats meanwhile) or
- * says the snapshot failed. The wait is bounded: MONARCH_SHIM_INDEX_WAIT_MS in all, and
- * HEARTBEAT_TIMEOUT_MS of silence. Then, once for the process:
+ * says the snapshot failed. That wait is bounded by MONARCH_SHIM_INDEX_WAIT_MS (a few
+ * hundred ms by default) and HEARTBEAT_TIMEOUT_MS of silence: a walk of millions of files
+ * takes a minute, and the application's first stat must not wait for all of it. Then:
  *   ready        map it (MAPPED), or NONE if it cannot be mapped (as without an index);
- *   failed, lost, silent, too long: OFF -- every call under a root goes to the PFS, and
- *                no tier is probed (kept copies are checked against the snapshot before
- *                the index appears: without it, nobody vouches for them).
+ *   failed       OFF, for good: every call under a root goes to the PFS;
+ *   not yet      EARLY: the daemon is alive (it kept the connection, or answered WALKING);
+ *   lost, silent LOST: it could not be reached, closed, or said nothing for 1.5 s.
+ * EARLY and LOST are not final: the calls go to the PFS, counted (EXTRA_EARLY_* or
+ * EXTRA_LOST_*), and no tier is probed (kept copies are checked against the snapshot
+ * before the index appears: until then nobody vouches for them); one thread at a time, at
+ * most every INDEX_LOOK_MS, looks for the index file (one openat: the daemon writes it
+ * under a fresh name renamed into place once the copies are checked, the same file the
+ * constructor maps when it is there at start), and at most every INDEX_ASK_MS polls the
+ * daemon (INDEX_POLL: answered at once, by the front door's threads while the walk runs,
+ * so a daemon busy walking is never taken for a lost one), bounded by the same wait.
+ * The process uses the index from the first call after it is written.
  * Each waiting thread asks on its own connection (nothing shared is held while waiting:
  * a fork or a signal meanwhile cannot deadlock); the first answer installs the verdict,
  * one thread at a time (INSTALLING, a few microseconds), the later ones take it.
  * fstat of a staged descriptor never waits: a descriptor is a staged copy only through an
- * open that waited (the fd tables do not survive exec).
+ * open that found the index mapped (the fd tables do not survive exec).
  */
+#define MONARCH_INDEX_LOOK_MS 10  /* EARLY, LOST: look for the index file at most this often */
+#define MONARCH_INDEX_ASK_MS 500  /* ... and poll the daemon at most this often */
+static long monarch_index_next_look, monarch_index_next_ask; /* monotonic ms; 0: at once */
+
+/* Install a verdict on the index from state `from` (UNKNOWN, EARLY, LOST): one thread
+ * does (0), the others see the state another thread installed meanwhile (-1, *sp). */
+static int monarch_index_install(int from, int answer, int unanswered, long t0, int *sp)
+{
+    int expected = from;
+    if (!__atomic_compare_exchange_n(&monarch_index_state, &expected, MONARCH_IX_INSTALLING, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        *sp = expected; /* another thread settled it meanwhile */
+        return -1;
+    }
+    int missing = 0, s;
+    if (answer == MONARCH_INDEX_NONE)
+        s = MONARCH_IX_OFF;
+    else if (monarch_map_index(monarch_index_path, &missing) == 0)
+        s = MONARCH_IX_MAPPED; /* written (whatever the daemon said, or before it was asked) */
+    else if (missing && (answer == INT_MIN || answer == MONARCH_INDEX_WALKING))
+        s = answer == INT_MIN && unanswered == MONARCH_LOST ? MONARCH_IX_LOST : MONARCH_IX_EARLY;
+    else if (missing && from != MONARCH_IX_UNKNOWN && answer == INT_MAX)
+        s = from; /* only looked for the file: not there yet */
+    else /* ready, yet unusable; or a daemon that does not know INDEX (it wrote its index before serving) */
+        s = MONARCH_IX_NONE;
+    long now = monarch_now_ms();
+    __atomic_store_n(&monarch_index_next_look, now + MONARCH_INDEX_LOOK_MS, __ATOMIC_RELAXED);
+    if (answer != INT_MAX)
+        __atomic_store_n(&monarch_index_next_ask, now + MONARCH_INDEX_ASK_MS, __ATOMIC_RELAXED);
+    if (s != from || answer != INT_MAX)
+        MONARCH_DEBUG(1, "index %s: %s after %ld ms (daemon %d)", monarch_index_path,
+                      s == MONARCH_IX_MAPPED ? "mapped" : s == MONARCH_IX_NONE ? "unusable"
+                      : s == MONARCH_IX_EARLY ? "not ready yet: the PFS meanwhile"
+                      : s == MONARCH_IX_LOST ? "daemon lost: the PFS meanwhile" : "none: the PFS",
+                      now - t0, answer);
+    __atomic_store_n(&monarch_index_state, s, __ATOMIC_RELEASE);
+    *sp = s;
+    return 0;
+}
+
+/* EARLY or LOST: look again if it is time and no other thread does (never longer than the
+ * wait); the state to act on now. */
+static int monarch_index_look_again(int s)
+{
+    long now = monarch_now_ms();
+    long next = __atomic_load_n(&monarch_index_next_look, __ATOMIC_RELAXED);
+    if (now < next || !__atomic_compare_exchange_n(&monarch_index_next_look, &next, now + 3600L * 1000, 0,
+                                                   __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        return s; /* looked a moment ago, or another thread looks now: the PFS for this call */
+    int answer = INT_MAX, unanswered = MONARCH_ANSWERED; /* INT_MAX: the daemon not asked */
+    int missing = 0;
+    struct stat st;
+    /* the file first: it is there as soon as it is written, whatever the daemon is doing */
+    if (syscall(SYS_newfstatat, AT_FDCWD, monarch_index_path, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        missing = errno == ENOENT;
+        if (missing && now >= __atomic_load_n(&monarch_index_next_ask, __ATOMIC_RELAXED)) {
+            static const char poll_body[] = MONARCH_INDEX_POLL;
+            answer = monarch_request_why(MONARCH_VERB_INDEX, poll_body, sizeof poll_body - 1, NULL, 0, NULL,
+                                         monarch_index_wait_ms, &unanswered);
+            if (answer == INT_MIN || answer == MONARCH_INDEX_WALKING || answer == MONARCH_INDEX_READY
+                || answer == MONARCH_INDEX_NONE)
+                ; /* known answers */
+            else
+                answer = MONARCH_INDEX_WALKING; /* an error frame: alive, not ready */
+        } else if (missing) {
+            __atomic_store_n(&monarch_index_next_look, now + MONARCH_INDEX_LOOK_MS, __ATOMIC_RELAXED);
+            return s;
+        }
+    }
+    monarch_index_install(s, answer, unanswered, now, &s);
+    return s;
+}
+
 static int monarch_index_settle(void)
 {
     int s = __atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE);
@@ -205,24 +306,23 @@ static int monarch_index_settle(void)
             s = __atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE);
             continue;
         }
+        if (s == MONARCH_IX_EARLY || s == MONARCH_IX_LOST)
+            return monarch_index_look_again(s);
         long t0 = monarch_now_ms();
-        MONARCH_DEBUG(1, "index %s: not there yet; waiting for the daemon's snapshot", monarch_index_path);
-        int answer = monarch_request(MONARCH_VERB_INDEX, "", 0, NULL, 0, NULL, monarch_index_wait_ms);
-        int expected = MONARCH_IX_UNKNOWN;
-        if (!__atomic_compare_exchange_n(&monarch_index_state, &expected, MONARCH_IX_INSTALLING, 0,
-                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            s = expected; /* another thread settled it meanwhile */
-            continue;
-        }
-        int missing = 0;
-        if (answer == INT_MIN || answer == MONARCH_INDEX_NONE)
-            s = MONARCH_IX_OFF;
-        else /* ready; or a daemon that does not know INDEX (it wrote its index before serving) */
-            s = monarch_map_index(monarch_index_path, &missing) == 0 ? MONARCH_IX_MAPPED : MONARCH_IX_NONE;
-        MONARCH_DEBUG(1, "index %s: %s after %ld ms (daemon %d)", monarch_index_path,
-                      s == MONARCH_IX_MAPPED ? "mapped" : s == MONARCH_IX_NONE ? "unusable" : "none: the PFS",
-                      monarch_now_ms() - t0, answer);
-        __atomic_store_n(&monarch_index_state, s, __ATOMIC_RELEASE);
+        int unanswered;
+        MONARCH_DEBUG(1, "index %s: not there yet; waiting for the daemon's snapshot (%d ms at most)",
+                      monarch_index_path, monarch_index_wait_ms);
+        int answer = monarch_request_why(MONARCH_VERB_INDEX, "", 0, NULL, 0, NULL, monarch_index_wait_ms,
+                                         &unanswered);
+        if (monarch_index_install(MONARCH_IX_UNKNOWN, answer, unanswered, t0, &s) == 0)
+            break;
     }
     return s;
+}
+
+/* Is the index state one in which calls under a root go to the PFS for now (EARLY, LOST)?
+ * The counter to add them to (EXTRA_EARLY_* or EXTRA_LOST_*, opens; meta is +1), or -1. */
+static inline int monarch_index_pending_extra(int s)
+{
+    return s == MONARCH_IX_EARLY ? MONARCH_EXTRA_EARLY_OPENS : s == MONARCH_IX_LOST ? MONARCH_EXTRA_LOST_OPENS : -1;
 }

@@ -205,7 +205,9 @@ static inline int monarch_meta_on(unsigned k)
            && !(__atomic_load_n(monarch_extra(c, MONARCH_EXTRA_META_OFF), __ATOMIC_ACQUIRE) & monarch_root_bit(k));
 }
 
-/* Count one managed metadata call: answered here (local) or sent to the PFS. */
+/* Count one managed metadata call: answered here (local) or sent to the PFS, and then why,
+ * when it is because the index is not there yet (EXTRA_EARLY_META) or the daemon was lost
+ * (EXTRA_LOST_META). */
 static inline void monarch_meta_count(int how)
 {
     uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
@@ -213,6 +215,13 @@ static inline void monarch_meta_count(int how)
         __atomic_fetch_add(monarch_extra(c, how == MONARCH_META_PASS ? MONARCH_EXTRA_META_PFS
                                                                      : MONARCH_EXTRA_META_LOCAL),
                            1, __ATOMIC_RELAXED);
+    if (c && how == MONARCH_META_PASS) {
+        int s = __atomic_load_n(&monarch_index_state, __ATOMIC_RELAXED);
+        if (s == MONARCH_IX_EARLY || s == MONARCH_IX_LOST)
+            __atomic_fetch_add(monarch_extra(c, s == MONARCH_IX_EARLY ? MONARCH_EXTRA_EARLY_META
+                                                                      : MONARCH_EXTRA_LOST_META),
+                               1, __ATOMIC_RELAXED);
+    }
 }
 
 /* Child record i into *c and its name, if both are inside the mapping. */

@@ -64,12 +64,15 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
     monarch_guard = 1;
     /* No tier copy before the snapshot is ready: kept copies are checked against it first. */
     int ix = monarch_index_ready();
-    if (ix == MONARCH_IX_OFF || ((flags & O_NOFOLLOW) && !monarch_is_plain_file(key, kl))) {
-        /* OFF: the PFS original, counted. O_NOFOLLOW of a name the index cannot vouch for:
-         * the kernel's answer (ELOOP for a symlink) is the app's, uncounted. */
+    int early = monarch_index_pending_extra(ix);
+    monarch_pfs_why = early;
+    if (ix == MONARCH_IX_OFF || early >= 0 || ((flags & O_NOFOLLOW) && !monarch_is_plain_file(key, kl))) {
+        /* OFF, or not ready yet (EARLY, LOST): the PFS original, counted. O_NOFOLLOW of a name
+         * the index cannot vouch for: the kernel's answer (ELOOP for a symlink) is the app's,
+         * uncounted. */
         monarch_guard = 0;
         errno = saved;
-        return ix == MONARCH_IX_OFF ? MONARCH_SLOT_PFS : -1;
+        return ix == MONARCH_IX_OFF || early >= 0 ? MONARCH_SLOT_PFS : -1;
     }
     char staged[PATH_MAX];
     int slot = MONARCH_SLOT_PFS, fd = -1;
@@ -94,8 +97,11 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
         if (found)
             break; /* a frame this process cannot decode: the daemon can, or says PFS */
     }
-    int passed = -1;
-    int answer = monarch_request(MONARCH_VERB_OPEN, key, kl, staged, sizeof staged, &passed, monarch_timeout_ms);
+    int passed = -1, unanswered;
+    int answer = monarch_request_why(MONARCH_VERB_OPEN, key, kl, staged, sizeof staged, &passed, monarch_timeout_ms,
+                                     &unanswered);
+    if (answer == INT_MIN && monarch_have_socket && unanswered == MONARCH_LOST)
+        monarch_pfs_why = MONARCH_EXTRA_LOST_OPENS; /* the daemon gone or silent: the report says so */
     if (answer > 0 && (answer & MONARCH_ANSWER_FD) && passed >= 0) {
         int s = answer & ~MONARCH_ANSWER_FD;
         if (s > MONARCH_SLOT_PFS && s < MONARCH_MAX_SLOTS && monarch_passed_ok(passed, key, kl, flags)) {
@@ -136,8 +142,14 @@ static inline void monarch_after(int fd, int how)
     struct stat st;
     if (how == MONARCH_SLOT_PFS && fd >= 0 && monarch_sys_fstat(fd, &st) == 0 && !S_ISREG(st.st_mode))
         monarch_forget(fd); /* a directory (tar, opendir without O_DIRECTORY): not a file open */
-    else if (how == MONARCH_SLOT_PFS)
+    else if (how == MONARCH_SLOT_PFS) {
         monarch_track(fd, MONARCH_SLOT_PFS, 0);
+        uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
+        if (fd >= 0 && c && monarch_pfs_why >= 0) /* why it is the PFS's: not ready yet, or no daemon */
+            __atomic_fetch_add(monarch_extra(c, (unsigned)monarch_pfs_why), 1, __ATOMIC_RELAXED);
+    }
+    if (how == MONARCH_SLOT_PFS)
+        monarch_pfs_why = -1;
     else if (fd >= 0)
         monarch_forget(fd); /* a stale entry from a close we did not see */
 }

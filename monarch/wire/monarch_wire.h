@@ -19,11 +19,11 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 5 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED */
+#define MONARCH_COUNTERS_VERSION 6 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_* */
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 #define MONARCH_SLOT_WORDS 3 /* opens, bytes, opens_uncounted */
-#define MONARCH_EXTRA_WORDS 9
+#define MONARCH_EXTRA_WORDS 13
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
 #define MONARCH_SLOT_PFS 0
 #define MONARCH_SLOT_PEER 1
@@ -41,6 +41,13 @@
 #define MONARCH_EXTRA_PROCESSES 7
 /* shim_zpool.c: of EXTRA_ZSTD_OPENS, those decoded into a reused memfd (its pages already there) */
 #define MONARCH_EXTRA_ZSTD_REUSED 8
+/* calls under a root sent to the PFS (also counted in slot PFS's opens or EXTRA_META_PFS) because
+ * the snapshot index was not ready yet (EARLY: the daemon is walking; the shim looks again) or
+ * because the daemon could not be reached or went silent (LOST: an INDEX or OPEN unanswered) */
+#define MONARCH_EXTRA_EARLY_OPENS 9
+#define MONARCH_EXTRA_EARLY_META 10
+#define MONARCH_EXTRA_LOST_OPENS 11
+#define MONARCH_EXTRA_LOST_META 12
 
 /* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
 #define MONARCH_VERB_OPEN 1
@@ -52,6 +59,8 @@
 #define MONARCH_VERB_INDEX 7
 #define MONARCH_INDEX_READY 0
 #define MONARCH_INDEX_NONE 1
+#define MONARCH_INDEX_WALKING 2 /* answer to a poll (INDEX with body INDEX_POLL): not ready yet */
+#define MONARCH_INDEX_POLL "now" /* INDEX body: answer at once, never hold the request */
 #define MONARCH_STATUS_PENDING (-2)
 #define MONARCH_STATUS_ERROR (-1)
 /* OPEN answer flag: the copy is the descriptor passed with the frame, sealed with
@@ -65,7 +74,7 @@
 #define MONARCH_HEARTBEAT_MS 250
 #define MONARCH_HEARTBEAT_TIMEOUT_MS 1500
 #define MONARCH_SHIM_TIMEOUT_MS_DEFAULT 60000
-#define MONARCH_SHIM_INDEX_WAIT_MS_DEFAULT 600000
+#define MONARCH_SHIM_INDEX_WAIT_MS_DEFAULT 300
 
 /* ---- environment the launcher gives the application ---- */
 #define MONARCH_ENV_ROOTS "MONARCH_ROOTS"

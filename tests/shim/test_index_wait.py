@@ -1,7 +1,10 @@
 """A process started before the daemon's snapshot exists (the walk overlaps the
 application's start-up): its first call under a root waits for the index (INDEX, with
-heartbeats), then answers from it; a snapshot that fails, a daemon that is lost, silent or
-too slow leave it on the PFS -- with no tier copy read, since nobody vouched for them."""
+heartbeats) at most MONARCH_SHIM_INDEX_WAIT_MS, then answers from it; a snapshot that
+fails, a daemon that is lost, silent or too slow leave it on the PFS -- with no tier copy
+read, since nobody vouched for them. Past the wait the calls go to the PFS, counted, and
+the index is used from the first call after it is written (the default wait is a few
+hundred ms: the tests of a longer wait set it, as a user may)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from .test_metadata import PY_PROGRAM, make_tree, meta_counts, plain_env
 pytestmark = pytest.mark.shim
 
 SIZE = 50_000
+LONG_WAIT = {protocol.ENV_INDEX_WAIT: "60000"}  # the old default's behaviour: wait for the whole walk
 
 
 def index_later(env, beats: float, status: int | None = protocol.INDEX_READY, write: bool = True):
@@ -59,7 +63,7 @@ def test_metadata_waits_for_a_late_index_then_answers_from_it(shim_env):
     at_start = meta_counts(shim_env)
     assert shim_env.daemon.index_asked == 0
     t0 = time.monotonic()
-    got = shim_env.run(argv, env=without_index(shim_env), cwd=shim_env.root).stdout
+    got = shim_env.run(argv, env=without_index(shim_env, **LONG_WAIT), cwd=shim_env.root).stdout
     assert time.monotonic() - t0 >= 0.8  # it waited for the index
     assert got == want
     late = [b - a for a, b in zip(at_start, meta_counts(shim_env))]
@@ -82,7 +86,7 @@ def test_an_open_under_a_root_waits_before_it_probes_a_tier(shim_env):
 
     shim_env.start_daemon("pfs", index=answer)
     code = "import hashlib, sys; print(hashlib.md5(open(sys.argv[1], 'rb').read()).hexdigest())"
-    out = shim_env.run([sys.executable, "-c", code, str(src)], env=without_index(shim_env)).stdout
+    out = shim_env.run([sys.executable, "-c", code, str(src)], env=without_index(shim_env, **LONG_WAIT)).stdout
     assert out.decode().split() == [md5(src.read_bytes())]
     assert shim_env.counts() == shim_env.expected(tier0=(1, SIZE))  # the copy, after the wait
 
@@ -149,7 +153,7 @@ def test_threads_and_forked_children_all_get_the_index(shim_env):
     """)
     argv = [sys.executable, "-c", code, str(shim_env.root)]
     want = sorted(shim_env.run(argv, env=plain_env(shim_env)).stdout.splitlines())
-    got = sorted(shim_env.run(argv, env=without_index(shim_env)).stdout.splitlines())
+    got = sorted(shim_env.run(argv, env=without_index(shim_env, **LONG_WAIT)).stdout.splitlines())
     assert got == want and len(got) == 2
     local, pfs, _ = meta_counts(shim_env)
     assert local == 2 * 8 * 2 and pfs == 0
@@ -181,7 +185,7 @@ def test_the_python_client_waits_too(shim_env):
         return protocol.INDEX_READY
 
     shim_env.start_daemon("pfs", index=answer)
-    env = without_index(shim_env)
+    env = without_index(shim_env, **LONG_WAIT)
     fd, how = PyShim(env).open(str(src))
     try:
         assert ready.is_set() and os.read(fd, SIZE + 1) == src.read_bytes() and how != PFS
@@ -191,3 +195,74 @@ def test_the_python_client_waits_too(shim_env):
     fd, how = PyShim(env).open(str(src))
     os.close(fd)
     assert how == PFS
+
+
+def early_lost(env) -> tuple[int, int, int, int]:
+    c = protocol.read_extra_counters(env.counters)
+    return (c[protocol.EXTRA_EARLY_OPENS], c[protocol.EXTRA_EARLY_META], c[protocol.EXTRA_LOST_OPENS],
+            c[protocol.EXTRA_LOST_META])
+
+
+STAT_LOOP = textwrap.dedent("""
+    import os, sys, time
+    path, until = sys.argv[1], float(sys.argv[2])
+    t0 = time.monotonic()
+    os.stat(path)
+    first = time.monotonic() - t0
+    longest = 0.0
+    while not os.path.exists(sys.argv[3]) and time.monotonic() - t0 < until:
+        t = time.monotonic(); os.stat(path); longest = max(longest, time.monotonic() - t)
+        time.sleep(0.01)
+    time.sleep(0.05)
+    t = time.monotonic(); os.stat(path); longest = max(longest, time.monotonic() - t)
+    print(first, longest, len(open(path, 'rb').read()))
+""")
+
+
+def test_a_walk_longer_than_the_wait_is_not_waited_for_and_its_index_is_used_once_written(shim_env):
+    """The first stat is answered within the wait (from the PFS, counted as before the
+    index); once the 'daemon' writes the index, the next calls are answered from it: the
+    process did not give up on Monarch."""
+    src = shim_env.write("k/e.bin", SIZE)
+    shim_env.start_daemon("stage", index=index_later(shim_env, beats=TIMEOUT, write=False))
+    env = without_index(shim_env)
+
+    def write_later():
+        time.sleep(1.5)
+        shim_env.write_index()
+    writer = threading.Thread(target=write_later)
+    writer.start()
+    try:
+        out = shim_env.run([sys.executable, "-c", STAT_LOOP, str(src), "20", shim_env.index], env=env).stdout
+    finally:
+        writer.join()
+    first, longest, size = out.split()
+    assert float(first) < 1.0 and float(longest) < 1.0 and int(size) == SIZE
+    local, pfs, _ = meta_counts(shim_env)
+    early_opens, early_meta, lost_opens, lost_meta = early_lost(shim_env)
+    assert pfs >= 1 and early_meta == pfs and (lost_opens, lost_meta) == (0, 0)  # each PFS stat said why
+    assert local >= 1  # the index, once written: used
+    assert early_opens == 0 and shim_env.counts() == shim_env.expected(tier0=(1, SIZE))  # the open: a tier copy
+
+
+def test_the_pfs_because_the_daemon_is_lost_is_counted_apart(shim_env):
+    src = shim_env.write("k/f.bin", SIZE)
+    shim_env.start_daemon("stage", index=lambda conn: None)  # closes every INDEX unanswered
+    code = "import os, sys; print(os.stat(sys.argv[1]).st_size, len(open(sys.argv[1], 'rb').read()))"
+    t0 = time.monotonic()
+    out = shim_env.run([sys.executable, "-c", code, str(src)], env=without_index(shim_env)).stdout
+    assert time.monotonic() - t0 < 5
+    assert out.split() == [str(SIZE).encode()] * 2
+    assert shim_env.counts() == shim_env.expected(pfs=(1, SIZE))
+    assert early_lost(shim_env) == (0, 0, 1, 1)
+    assert shim_env.daemon.requests == []
+
+
+def test_a_busy_daemon_is_not_lost(shim_env):
+    """INDEX held past the wait, with heartbeats: the daemon is walking, not lost."""
+    src = shim_env.write("k/g.bin", SIZE)
+    shim_env.start_daemon("stage", index=index_later(shim_env, beats=TIMEOUT, write=False))
+    code = "import os, sys; print(os.stat(sys.argv[1]).st_size, len(open(sys.argv[1], 'rb').read()))"
+    out = shim_env.run([sys.executable, "-c", code, str(src)], env=without_index(shim_env)).stdout
+    assert out.split() == [str(SIZE).encode()] * 2
+    assert early_lost(shim_env) == (1, 1, 0, 0)
