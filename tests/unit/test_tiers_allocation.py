@@ -147,3 +147,26 @@ def test_a_copy_the_front_door_made_pays_its_allocation_or_goes(tmp_path):
     assert books.staged.keys() == {"a"} and books.failures == {"no_room": 1}
     assert tier.allocated_bytes == tier.room == 4096 <= tier.capacity and tier.files == 1
     tier.remove()
+
+
+def test_the_reports_show_the_allocation_beside_the_bytes_and_how_full_by_it():
+    from monarch.report import html, text
+    row = {"name": "ram", "capacity": 4 * MiB, "used": MiB, "files": 1024, "full": None,
+           "refused": {"full": 976}, "stopped": "full"}
+    ssd = {"name": "ssd", "capacity": 8 * MiB, "used": 4 * MiB, "files": 4, "full": None, "refused": {}, "stopped": None}
+    report = {"tiers": [row, ssd],  # summed over nodes; each node's tiers say what is allocated
+              "nodes": [{"tiers": [dict(row, allocated_bytes=4 * MiB), dict(ssd, allocated_bytes=4 * MiB)]}, None]}
+    out = []
+    text._print_tiers(report, out.append)
+    lines = "".join(out).splitlines()
+    ram = next(i for i, line in enumerate(lines) if line.startswith("ram"))
+    assert "1.0 MiB / 4.0 MiB (100%)" in lines[ram]  # how full: by the pages, what the capacity counts
+    assert "allocated 4.0 MiB = 4.00x the bytes" in lines[ram + 1]
+    assert not any("allocated" in line for line in lines[ram + 2:])  # ssd: allocation is its bytes, no line
+    page = "".join(html._tiers(report, None, None))
+    assert "1.0 MiB (allocated 4.0 MiB = 4.00x the bytes)" in page and "100.0%" in page
+    # a report from before tiers counted their allocation reads as before
+    old = {"tiers": [row], "nodes": [{"tiers": [row]}]}
+    out = []
+    text._print_tiers(old, out.append)
+    assert "1.0 MiB / 4.0 MiB (25%)" in out[1] and "allocated" not in "".join(out)
