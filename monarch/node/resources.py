@@ -10,6 +10,7 @@ application and its framework need that memory more than a cache does.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
 import time
@@ -55,6 +56,30 @@ def free_space(path: str) -> int:
     """Bytes an unprivileged user may still write on the filesystem of ``path``."""
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def allocation_unit(path: str) -> int:
+    """The bytes a file on the filesystem of ``path`` is allocated in: its fundamental block
+    size (``statvfs`` ``f_frsize``: 4 KiB on ext4 and XFS as made by default; the page size on
+    tmpfs), or the page size when the filesystem does not say."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return mmap.PAGESIZE
+    return st.f_frsize or st.f_bsize or mmap.PAGESIZE
+
+
+def allocated_size(size: int, unit: int) -> int:
+    """What a file of ``size`` bytes takes on a filesystem allocating ``unit`` bytes at a
+    time: ``size`` rounded up to the unit (0 bytes take nothing).
+
+    Left out, on purpose: inodes and directory entries (tmpfs keeps them in kernel memory
+    that its ``df`` does not count as used; ext4's inode tables are made with the
+    filesystem; a directory's own blocks are few), ext4 extent-tree blocks of a very
+    fragmented large file, and tmpfs mounted ``huge=`` (2 MiB pages for large files). A
+    filesystem that stores small files inline (ext4 ``inline_data``, off by default; btrfs)
+    or compresses takes less than this: the account errs on the safe side."""
+    return -(-size // unit) * unit
 
 
 def share_of_node(path: str, share: float) -> tuple[int, str]:

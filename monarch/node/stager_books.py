@@ -134,11 +134,11 @@ class StagerBooks:
         return any([listener.room_wanted(tier) for listener in self.listeners])
 
     def reserve(self, tier: Tier, size: int) -> bool:
-        """Room for ``size`` stored bytes in ``tier``, taken (False: none could be had). Room
+        """Room for ``size`` bytes of allocation in ``tier`` (``Tier.allocated``), taken (False: none could be had). Room
         lent out of it comes back first; then, with an ``eviction`` policy, the copies it
         names are dropped until the room is there (none while one of them is too young: its
         policy says). Not under the lock."""
-        if not tier.fits(size):
+        if not tier.has_room(size):
             self.ask_room_back(tier)
         if self.eviction is None:
             return tier.reserve(size)
@@ -163,14 +163,35 @@ class StagerBooks:
         self.files_read[source] += files
         self.bytes_read[source] += nbytes
 
-    def enter_copy_locked(self, key: str, tier: Tier, size: int) -> None:
+    def enter_copy_locked(self, key: str, tier: Tier, size: int) -> bool:
         """A raw copy of ``key`` someone else made in ``tier`` for an asker (the front door's):
-        booked as this stager's own. The listeners are not told: its maker knows."""
+        booked as this stager's own. The listeners are not told: its maker knows.
+
+        Its maker paid ``size`` bytes out of room lent to it (the front door's lease counts
+        the files' bytes); what the filesystem allocates beyond them is taken here, after
+        room still lent comes back if need be. When even that leaves too little, the copy is
+        removed (the listeners are told), counted ``no_room``, and False is returned: the
+        tier's capacity holds against its allocation, whoever copied into it."""
+        extra = tier.allocated(size) - size
+        if extra and not tier.reserve(extra, counted=False):
+            self.ask_room_back(tier)
+            if not tier.reserve(extra, counted=False):
+                for listener in self.listeners:
+                    listener.dropped(key)
+                try:
+                    os.unlink(tier.path_for(key))
+                except OSError:
+                    pass
+                tier.release(size)
+                self.failures["no_room"] += 1
+                self.no_room.add(key)
+                return False
         tier.committed(size, size, key)
         self.staged[key] = tier
         self.bytes_staged += size
         self.files_staged += 1
         self.demand_copies += 1
+        return True
 
     def drop_locked(self, key: str) -> None:
         """Remove ``key``'s copy from its tier and the books (the listeners are told first)."""
@@ -182,7 +203,7 @@ class StagerBooks:
         try:
             size = os.stat(path).st_size
             os.unlink(path)
-            tier.release(size)
+            tier.release(tier.allocated(size))
             info = self.snapshot.files.get(key)
             tier.forget(key, info.size if info is not None else size, size)
         except OSError:

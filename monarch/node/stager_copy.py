@@ -161,7 +161,8 @@ class Copier:
 
         A tier that compresses (``tier.codec``) needs the file's bytes in memory: they are
         read from the source once, into a buffer, and every later tier tried is written from
-        that buffer (never a second read). What a copy takes in the tier is its stored size,
+        that buffer (never a second read). What a copy takes in the tier is what its
+        filesystem allocates for its stored size (``Tier.allocated``: blocks, tmpfs pages),
         reserved before the copy (``StagerBooks.reserve``: room lent out comes back, or is
         evicted, first)."""
         tally = SourceTally(self.books, source.name)
@@ -177,7 +178,7 @@ class Copier:
                 # room for the expected stored size before the read, so that a file read for
                 # a trial compression is not, as a rule, left without a tier (the application
                 # would then read it a second time); the reservation is trued up after encoding
-                expected = tier.codec.estimate(info.size)
+                expected = tier.allocated(tier.codec.estimate(info.size))
                 if not tier.reserve(expected):
                     continue
                 try:
@@ -192,14 +193,15 @@ class Copier:
                     tier.release(expected)
                     raise
                 stored = len(frame) if frame is not None else info.size
-                if stored <= expected:
-                    tier.release(expected - stored)
-                elif not tier.reserve(stored - expected):
+                room = tier.allocated(stored)
+                if room <= expected:
+                    tier.release(expected - room)
+                elif not tier.reserve(room - expected):
                     tier.release(expected)
                     continue  # the bytes are held: the next tier takes them without a second read
             else:
-                stored = info.size
-                if not self.books.reserve(tier, stored):  # room lent out of it comes back, or is evicted, first
+                room = tier.allocated(info.size)
+                if not self.books.reserve(tier, room):  # room lent out of it comes back, or is evicted, first
                     continue
             data = frame if frame is not None else held
             fill = stream if data is None else (lambda fd, data=data: write_all(fd, data))
@@ -209,14 +211,14 @@ class Copier:
                                      publish=lambda tmp, d, t=tier, z=frame is not None: self._publish(key, t, tmp, d, z),
                                      root=tier.path)
             except OSError as e:
-                tier.release(stored)
+                tier.release(room)
                 if e.errno in NO_SPACE:
                     tier.mark_full(f"{errno.errorcode.get(e.errno, e.errno)} after {tier.used} bytes")
                     log.warning("tier %s is full (%s); staging goes to the next tier", tier.name, e.strerror)
                     continue
                 raise
             except BaseException:
-                tier.release(stored)
+                tier.release(room)
                 raise
             with self.books.lock:
                 self.books.bytes_staged += info.size if frame is not None else n

@@ -22,7 +22,7 @@ from typing import Callable
 from monarch.node.codecs import DICT_DIR, Codec, make_codec
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
-from monarch.node.resources import MemoryGuard, is_memory_backed, share_of_node
+from monarch.node.resources import MemoryGuard, allocated_size, allocation_unit, is_memory_backed, share_of_node
 from monarch.secure import create_exclusive, owner_only
 from monarch.node.snapshot import FileInfo
 
@@ -37,28 +37,38 @@ REFUSED_FILESYSTEM_FULL = "filesystem_full"  # its filesystem said ENOSPC/EDQUOT
 
 
 class Tier:
-    """Capacity is accounted in stored bytes (what the copies take); ``logical`` counts the
-    bytes they hold for the application (a compressed copy stores fewer).
+    """Capacity is accounted in what the filesystem allocates for the copies: each copy's
+    stored size rounded up to the tier's allocation ``unit`` (``allocated``: blocks on a
+    disk, pages on tmpfs, where a 1 KiB file takes 4 KiB of the node's memory), so that a
+    tier in RAM never takes more of the node than its capacity. ``stored`` counts the bytes
+    of the copies, ``logical`` the bytes they hold for the application (a compressed copy
+    stores fewer), ``allocated_bytes`` what the copies take.
 
-    Two levels, apart while copies are under way: ``used`` is the room taken out of the
-    capacity (the copies, room reserved for copies being written, and room lent ahead to the
-    front door, ``reserve(counted=False)``), which decides whether a copy fits; ``stored`` is
-    the bytes of the copies the tier holds, what the report and its timeline call the tier's
-    ``used`` (bytes in the tier: README, "The report")."""
+    ``room`` is what is taken out of the capacity, and decides whether a copy fits: the
+    copies' allocation and ``reserved``, room taken that holds no copy yet (reserved for
+    copies being written, lent ahead to the front door: ``reserve(counted=False)``).
+    ``stored`` is the bytes of the copies the tier holds, what the report and its timeline
+    call the tier's ``used`` (bytes in the tier: README, "The report"); ``used`` adds the
+    room reserved. ``reserve`` and ``release`` take room (callers round a file's size with
+    ``allocated``); ``committed``, ``forget`` and ``shrunk`` take the copies' bytes and
+    round them here."""
 
     def __init__(self, name: str, storage: StorageDir, capacity: int, slot: int,
-                 memory: MemoryGuard | None = None, codec: Codec | None = None):
+                 memory: MemoryGuard | None = None, codec: Codec | None = None, unit: int | None = None):
         self.name, self.storage, self.capacity, self.slot = name, storage, capacity, slot
         self.path = storage.path
+        # learnt once: what the filesystem allocates at a time (resources.allocated_size says what is left out)
+        self.unit = unit if unit is not None else allocation_unit(self.path)
         self.memory = memory  # set for a tier in RAM: it keeps the node's memory margin
         self.capacity_note = ""  # how a capacity given as a share was resolved
         self.codec = codec
         self.decoded: DecodedFiles | None = None  # decoded copies of compressed ones (set_decoded_cache)
-        self._used = 0
+        self._room = 0
         self._lock = threading.Lock()
         self.files = 0
         self.logical = 0
         self.stored = 0
+        self.allocated_bytes = 0  # what the copies take on the filesystem: each stored size rounded up to ``unit``
         self._compressed: set[str] = set()  # keys whose copy is a zstd frame under COMPRESSED_DIR
         self.full_reason: str | None = None  # set once the filesystem refused a copy
         self.refused: collections.Counter[str] = collections.Counter()
@@ -97,25 +107,34 @@ class Tier:
     def set_decoded_cache(self, budget: int) -> None:
         """Keep decoded copies of this tier's compressed copies for re-opens (``DecodedFiles``):
         ``budget`` bytes (beyond the capacity), or -1: the tier's free room (capacity less the
-        stored bytes; the decoded set shrinks as copies fill the tier). A tier in RAM also
+        room taken; the decoded set shrinks as copies fill the tier). A tier in RAM also
         keeps the node's memory margin."""
-        room = (lambda: max(0, self.capacity - self._used)) if budget < 0 else (lambda: budget)
+        room = (lambda: max(0, self.capacity - self._room)) if budget < 0 else (lambda: budget)
         allow = self.memory.allows if self.memory is not None else (lambda size: True)
-        self.decoded = DecodedFiles(self.path, room, allow)
+        self.decoded = DecodedFiles(self.path, room, allow, self.allocated)
 
     @property
     def keep(self) -> bool:
         return self.storage.kept
 
     @property
+    def room(self) -> int:
+        """Room taken out of the capacity: ``allocated_bytes`` and ``reserved``."""
+        return self._room
+
+    @property
     def used(self) -> int:
-        """Room taken: ``stored`` and the room reserved or lent that holds no copy yet."""
-        return self._used
+        """The bytes of the copies (``stored``) and the room reserved or lent that holds no copy yet."""
+        return self.stored + self.reserved
 
     @property
     def reserved(self) -> int:
         """Room taken that holds no copy (yet): copies being written, room lent to the front door."""
-        return self._used - self.stored
+        return self._room - self.allocated_bytes
+
+    def allocated(self, size: int) -> int:
+        """The room a copy of ``size`` stored bytes takes in this tier (its allocation)."""
+        return allocated_size(size, self.unit)
 
     def path_for(self, key: str) -> str:
         """Where a raw copy of ``key`` is (the path the shim probes)."""
@@ -135,20 +154,25 @@ class Tier:
         """Could a file of ``size`` logical bytes fit now (compressed tiers: as expected from
         the ratio so far)?"""
         need = self.codec.estimate(size) if self.codec is not None and self.codec.wants(size) else size
-        return self.full_reason is None and self._used + need <= self.capacity
+        return self.has_room(self.allocated(need))
+
+    def has_room(self, room: int) -> bool:
+        """Could ``room`` (an allocation: ``allocated``) be reserved now?"""
+        return self.full_reason is None and self._room + room <= self.capacity
 
     def reserve(self, size: int, counted: bool = True) -> bool:
-        """Room for ``size`` stored bytes, taken now (False: none; a refusal is counted and
-        said once per reason, unless ``counted`` is False: room lent ahead, not a file)."""
+        """Room for ``size`` bytes of allocation (a copy's: ``allocated(stored size)``), taken
+        now (False: none; a refusal is counted and said once per reason, unless ``counted``
+        is False: room lent ahead, not a file)."""
         with self._lock:
             if self.full_reason is not None:
                 reason = REFUSED_FILESYSTEM_FULL
-            elif self._used + size > self.capacity:
+            elif self._room + size > self.capacity:
                 reason = REFUSED_FULL
             elif self.memory is not None and not self.memory.allows(size):
                 reason = REFUSED_MEMORY_MARGIN
             else:
-                self._used += size
+                self._room += size
                 if self.decoded is not None:  # the room a "room" budget gives decoded copies shrank
                     self.decoded.trim()
                 return True
@@ -158,40 +182,50 @@ class Tier:
             if reason == REFUSED_MEMORY_MARGIN and self.last_refusal != reason:
                 log.warning("tier %s: stops taking files at %d bytes: the node's available memory would drop "
                             "below the margin of %d bytes (memory_margin in the configuration)",
-                            self.name, self._used, self.memory.margin)
+                            self.name, self._room, self.memory.margin)
             self.last_refusal = reason
             return False
 
     def release(self, size: int) -> None:
         with self._lock:
-            self._used -= size
+            self._room -= size
 
     def mark_full(self, reason: str) -> None:
         with self._lock:
             self.full_reason = reason
 
     def committed(self, logical: int = 0, stored: int = 0, key: str | None = None, compressed: bool = False) -> None:
-        """A copy of ``logical`` bytes, taking ``stored`` bytes, was published (under the
-        stager's lock when ``key`` is given: ``is_compressed`` must agree with the file)."""
+        """A copy of ``logical`` bytes, taking ``stored`` bytes (``allocated(stored)`` of the
+        room reserved for it), was published (under the stager's lock when ``key`` is given:
+        ``is_compressed`` must agree with the file)."""
         with self._lock:
             self.files += 1
             self.logical += logical
             self.stored += stored
+            self.allocated_bytes += self.allocated(stored)
             if compressed and key is not None:
                 self._compressed.add(key)
 
-    def shrunk(self, saved: int) -> None:
-        """A copy was rewritten ``saved`` stored bytes smaller (re-encoded at the chosen level)."""
+    def shrunk(self, saved: int, old: int | None = None) -> None:
+        """A copy of ``old`` stored bytes was rewritten ``saved`` bytes smaller (re-encoded at
+        the chosen level); the room its allocation no longer takes is released. ``old``
+        unknown: ``saved`` rounded down to the unit, never more than was freed (a copy
+        ``k`` units smaller takes at least ``k`` units less), so the account never falls
+        below what the filesystem holds."""
+        freed = (self.allocated(old) - self.allocated(old - saved) if old is not None
+                 else saved // self.unit * self.unit)
         with self._lock:
-            self._used -= saved
+            self._room -= freed
+            self.allocated_bytes -= freed
             self.stored -= saved
 
     def forget(self, key: str, logical: int, stored: int) -> None:
-        """The copy of ``key`` was deleted (its stored bytes are released separately)."""
+        """The copy of ``key`` was deleted (its room, ``allocated(stored)``, is released separately)."""
         with self._lock:
             self.files -= 1
             self.logical -= logical
             self.stored -= stored
+            self.allocated_bytes -= self.allocated(stored)
             self._compressed.discard(key)
 
     def adopt_existing(self, files: dict[str, FileInfo]) -> list[str]:
@@ -209,7 +243,7 @@ class Tier:
                     st = os.lstat(full)
                     fresh = (info is not None and not name.startswith(TMP_PREFIX) and os.path.isfile(full)
                              and not os.path.islink(full) and info.same_content_as(st))
-                    if fresh and self.reserve(info.size):
+                    if fresh and self.reserve(self.allocated(info.size)):
                         self.committed(info.size, info.size)
                         adopted.append(key)
                     else:
@@ -227,13 +261,16 @@ class Tier:
 
     def describe(self) -> dict:
         """For the report: ``used`` is the bytes of the copies held (``stored``, as the timeline
-        samples it; ``reserved``: room taken beyond them, for copies under way or lent to the
-        front door); ``refused`` counts the copies it did not take, by reason; ``stopped``
-        is the reason of the latest refusal (None: it took every file offered); bytes held
+        samples it); ``allocated_bytes`` what the filesystem allocates for them (blocks,
+        tmpfs pages of ``allocation_unit`` bytes: what the capacity is counted in);
+        ``reserved``: room taken beyond that, for copies under way or lent to the front
+        door; ``refused`` counts the copies it did not take, by reason; ``stopped`` is the
+        reason of the latest refusal (None: it took every file offered); bytes held
         (logical) and taken (stored: fewer when compressed)."""
         with self._lock:
             out = {"name": self.name, "path": self.path, "capacity": self.capacity, "kept": self.keep,
-                   "used": self.stored, "reserved": self._used - self.stored, "files": self.files,
+                   "used": self.stored, "allocated_bytes": self.allocated_bytes, "allocation_unit": self.unit,
+                   "reserved": self._room - self.allocated_bytes, "files": self.files,
                    "full": self.full_reason,
                    "refused": dict(self.refused), "stopped": self.last_refusal,
                    "in_memory": self.memory is not None,
@@ -260,8 +297,10 @@ class DecodedFiles:
     file at ``<tier>/<key>``, where the shim's tier probe finds it, so that the next open of
     that key, in any process, is native (no daemon round trip, no decompression).
 
-    Bounded in bytes by ``budget()`` (which may shrink as the tier fills: ``trim`` unlinks
-    the least recently decoded files down to it) and by ``allow(size)`` (the node's memory
+    Bounded by ``budget()``, counted in what the files take on the tier's filesystem
+    (``allocated(size)``, as the tier counts its copies; the budget may shrink as the tier
+    fills: ``trim`` unlinks the least recently decoded files down to it) and by
+    ``allow(allocation)`` (the node's memory
     margin, for a tier in RAM), asked once per file kept. A file that does not fit is not
     kept (served from a memfd, as with no budget); nothing is evicted to make room for it:
     epochs read in shuffled order, where evicting for every new file keeps a few percent of
@@ -276,13 +315,15 @@ class DecodedFiles:
     begun before it (``token``), so a decode racing an invalidation never publishes stale
     bytes. An open descriptor of an unlinked file keeps reading (the inode lives on)."""
 
-    def __init__(self, root: str, budget: Callable[[], int], allow: Callable[[int], bool] = lambda size: True):
+    def __init__(self, root: str, budget: Callable[[], int], allow: Callable[[int], bool] = lambda size: True,
+                 allocated: Callable[[int], int] = lambda size: size):
         self.root = root
-        self._budget, self._allow = budget, allow
+        self._budget, self._allow, self._allocated = budget, allow, allocated
         self._lock = threading.Lock()
         self._files: "collections.OrderedDict[str, int]" = collections.OrderedDict()  # key -> size, oldest first
         self._gen = 0
         self.bytes = 0
+        self.allocated_bytes = 0  # what the files take on the filesystem (what the budget counts)
         self.kept = 0       # files decoded and kept
         self.evicted = 0    # unlinked because the budget shrank
         self.refused = 0    # decoded but not kept: no room in the budget (or the memory margin)
@@ -309,7 +350,7 @@ class DecodedFiles:
         """No drop since ``token``, not kept already (another open's decode), and room."""
         if token != self._gen or key in self._files:
             return False
-        if self.bytes + size > self._budget():
+        if self.allocated_bytes + self._allocated(size) > self._budget():
             self.refused += 1
             return False
         return True
@@ -322,7 +363,7 @@ class DecodedFiles:
         with self._lock:
             if not self._admits_locked(key, size, token):
                 return False
-            if not self._allow(size):
+            if not self._allow(self._allocated(size)):
                 self.refused += 1
                 return False
         try:
@@ -344,6 +385,7 @@ class DecodedFiles:
             os.replace(tmp, dest)
             self._files[key] = size
             self.bytes += size
+            self.allocated_bytes += self._allocated(size)
             self.kept += 1
 
     def drop(self, key: str) -> None:
@@ -359,12 +401,14 @@ class DecodedFiles:
         """The budget may have shrunk: unlink the least recently decoded files down to it."""
         with self._lock:
             limit = self._budget()
-            while self._files and self.bytes > limit:
+            while self._files and self.allocated_bytes > limit:
                 self._unlink_locked(next(iter(self._files)))
                 self.evicted += 1
 
     def _unlink_locked(self, key: str) -> None:
-        self.bytes -= self._files.pop(key)
+        size = self._files.pop(key)
+        self.bytes -= size
+        self.allocated_bytes -= self._allocated(size)
         try:
             os.unlink(self.path_for(key))
         except FileNotFoundError:  # the shim's own invalidation removed it first

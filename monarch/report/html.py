@@ -15,7 +15,8 @@ import os
 from typing import Any
 
 from monarch.errors import MonarchError
-from monarch.report.text import ESTIMATE_WHY, command_text, pfs_fallback_lines, plural, tier_state_words
+from monarch.report.text import (ESTIMATE_WHY, allocation_words, command_text, pfs_fallback_lines, plural,
+                                  tier_allocation, tier_state_words)
 from monarch.sizes import human
 
 MiB = 1 << 20
@@ -183,8 +184,11 @@ def _tiers(report: dict, timeline: dict | None, Figure) -> list[str]:
         cap = t.get("capacity") or 0
         refused = {k: v for k, v in (t.get("refused") or {}).items() if v}
         state = t.get("stopped") or ("filesystem_full" if t.get("full") else None)
-        rows.append([t["name"], human(t.get("used", 0)), human(cap),
-                     f"{100 * t.get('used', 0) / cap:.1f}%" if cap else "-", t.get("files", 0),
+        allocated = tier_allocation(report, t)
+        words = allocation_words(t.get("used", 0), allocated)  # small files in whole blocks or pages
+        taken = t.get("used", 0) if allocated is None else allocated  # what the capacity counts
+        rows.append([t["name"], human(t.get("used", 0)) + (f" ({words})" if words else ""), human(cap),
+                     f"{100 * taken / cap:.1f}%" if cap else "-", t.get("files", 0),
                      tier_state_words({**t, "stopped": state}, STATES),
                      ", ".join(f"{k} ×{v}" for k, v in sorted(refused.items())) or "-"])
     out.append(_table(["tier", "used", "capacity", "full", "files", "state", "files refused, by reason"], rows))

@@ -109,7 +109,7 @@ def print_report(report: dict, out: TextIO) -> None:
     w(f"\nstaged    : {plural(st['files'], 'file')}, {human(st['bytes'])}")
     w(f"; not staged: {', '.join(f'{k} x{v}' for k, v in sorted(st['failures'].items()))}\n" if st["failures"] else "\n")
     if report.get("tiers"):
-        _print_tiers(report["tiers"], w)
+        _print_tiers(report, w)
     for name, e in (report.get("tier_errors") or {}).items():
         where = f" (nodes {', '.join(map(str, e['nodes']))})" if len(report["nodes"]) > 1 else ""
         w(f"tier {name} not used{where}: {e['reason']}\n")
@@ -209,15 +209,40 @@ def _print_without_monarch(pfs: dict, lower: set[str], w) -> None:
         w(f"  {ESTIMATE_NOTE}")
 
 
-def _print_tiers(tiers: list[dict], w) -> None:
+def tier_allocation(report: dict, tier: dict) -> int | None:
+    """What the filesystems allocate for a tier's copies (blocks, tmpfs pages: what its
+    capacity counts), summed over the nodes reporting; None in a report from before tiers
+    counted it."""
+    if "allocated_bytes" in tier:
+        return tier["allocated_bytes"]
+    found = [t["allocated_bytes"] for n in report.get("nodes") or [] if n
+             for t in n.get("tiers") or [] if t.get("name") == tier["name"] and "allocated_bytes" in t]
+    return sum(found) if found else None
+
+
+def allocation_words(used: int, allocated: int | None) -> str | None:
+    """``allocated 4.0 MiB = 4.00x the bytes`` when the allocation is 5% or more above the
+    files' bytes (small files in whole blocks or pages), else None: nothing worth a line."""
+    if allocated is None or allocated <= used * 1.05:
+        return None
+    return f"allocated {human(allocated)}" + (f" = {allocated / used:.2f}x the bytes" if used else "")
+
+
+def _print_tiers(report: dict, w) -> None:
+    """One row per tier: its files' bytes against its capacity, how full (by what its filesystem
+    allocates, what the capacity counts), and under it the allocation when it is well above
+    the bytes."""
     w(f"\n{'tier':<10}{'used':>12} / {'capacity':<18}{'files':>8}  state\n")
-    for t in tiers:
+    for t in report["tiers"]:
         cap = t.get("capacity") or 0
-        pct = f" ({100 * t['used'] / cap:.0f}%)" if cap else ""
+        allocated = tier_allocation(report, t)
+        pct = f" ({100 * (t['used'] if allocated is None else allocated) / cap:.0f}%)" if cap else ""
         refused = {k: v for k, v in (t.get("refused") or {}).items() if v}
         why = f"; refused {', '.join(f'{k} x{v}' for k, v in sorted(refused.items()))}" if refused else ""
         w(f"{t['name']:<10}{human(t['used']):>12} / {human(cap) + pct:<18}{t.get('files', 0):>8}  "
           f"{tier_state_words(t)}{why}\n")
+        if words := allocation_words(t["used"], allocated):
+            w(f"{'':<10}{'':>12}   {words} (whole blocks or pages: what the capacity counts)\n")
 
 
 def _print_size_classes(classes: list[dict], w) -> None:

@@ -12,6 +12,7 @@ import zstandard
 from monarch.node import codecs
 from monarch.node.codecs import Codec, select
 from monarch.config import TierConfig
+from monarch.node.resources import allocated_size, allocation_unit
 from monarch.node.snapshot import take_snapshot
 from monarch.node.stager import Stager
 from monarch.node.tiers import Tier
@@ -287,7 +288,8 @@ def test_compression_holds_more_than_the_capacity_in_logical_bytes(tmp_path):
     for i in range(20):
         (root / f"{i}.txt").write_bytes(compressible(20_000, i))
     snap = take_snapshot((str(root),))
-    plain, packed = tier(tmp_path, 200_000, "off", "plain"), tier(tmp_path, 200_000, "zstd", "packed")
+    cap = 10 * allocated_size(20_000, allocation_unit(str(tmp_path)))  # room for 10 of the files, raw
+    plain, packed = tier(tmp_path, cap, "off", "plain"), tier(tmp_path, cap, "zstd", "packed")
     for t in (plain, packed):
         stager = Stager(snap, [t], threads=2)
         for key in sorted(snap.files):

@@ -10,7 +10,13 @@ from monarch.node import peer_cache
 from monarch.cluster.capacity import REPLICATE, SHARD, decide
 from monarch.config import TierConfig
 from monarch.errors import PeerError
+from monarch.node.resources import allocated_size, allocation_unit
 from monarch.node.tiers import Tier
+
+
+def room_for(tmp_path, files):
+    """Room for ``files`` files of 1000 bytes: what they take on the filesystem of ``tmp_path``."""
+    return int(files * allocated_size(1000, allocation_unit(str(tmp_path))))
 
 
 def area(tmp_path, capacity):
@@ -47,7 +53,7 @@ def test_cache_evicts_then_serves_transient_then_pfs_on_failure(tmp_path, monkey
     monkeypatch.setattr(peer_cache, "GRACE", 0.0)
     data = {f"k{i}": bytes([i]) * 1000 for i in range(4)}
     snap = types.SimpleNamespace(files={k: types.SimpleNamespace(size=1000, mtime_ns=0, mode=0o644) for k in data})
-    cache = peer_cache.PeerCache(Owner(data, fail={"k3"}), area(tmp_path, 2500), snap, threads=2)
+    cache = peer_cache.PeerCache(Owner(data, fail={"k3"}), area(tmp_path, room_for(tmp_path, 2.5)), snap, threads=2)
     for key in ("k0", "k1", "k2"):  # room for two: the third evicts the least recently used
         answer, outcome = ask(cache, key)
         assert outcome == "fetched" and open(answer[1], "rb").read() == data[key]
@@ -146,7 +152,7 @@ def test_a_young_copy_is_not_evicted_and_a_wrong_size_is_corrupt(tmp_path, monke
     data = {"a": b"a" * 1000, "b": b"b" * 1000}
     owner = Gated(data, sizes={"b": 999})
     owner.gate.set()
-    cache = peer_cache.PeerCache(owner, area(tmp_path, 1500), snapshot_of(data), threads=2)
+    cache = peer_cache.PeerCache(owner, area(tmp_path, room_for(tmp_path, 1.5)), snapshot_of(data), threads=2)
     assert ask(cache, "a")[1] == "fetched"
     data["c"] = b"c" * 1000
     cache.snapshot.files["c"] = types.SimpleNamespace(size=1000, mtime_ns=0, mode=0o644)

@@ -7,6 +7,7 @@ import pytest
 
 from monarch.config import TierConfig
 from monarch.layout import MARKER
+from monarch.node.resources import allocated_size, allocation_unit
 from monarch.node.snapshot import take_snapshot
 from monarch.node.stager import Stager
 from monarch.node.tiers import TMP_PREFIX, Tier
@@ -35,6 +36,12 @@ def tiers(tmp_path, *capacities, keep=False, roots=()):
         (tmp_path / f"tier{i}").mkdir(exist_ok=True)  # a base exists; Monarch makes monarch-<uid> in it
     return [Tier.from_config(TierConfig(f"t{i}", str(tmp_path / f"tier{i}"), cap, keep), 2 + i, "r1", 0, roots)
             for i, cap in enumerate(capacities)]
+
+
+def room_for(tmp_path, files, size=1000):
+    """A capacity with room for ``files`` files of ``size`` bytes in a tier under ``tmp_path``:
+    a tier counts what its filesystem allocates for a copy (blocks), not its bytes."""
+    return int(files * allocated_size(size, allocation_unit(str(tmp_path))))
 
 
 def test_snapshot_keys_sizes(dataset):
@@ -66,7 +73,7 @@ def test_concurrent_requests_for_one_file_stage_it_once(tmp_path, dataset):
 
 
 def test_fastest_tier_first_then_next_then_pfs_and_nothing_evicted(tmp_path, dataset):
-    fast, slow = tiers(tmp_path, 3000, 2500)
+    fast, slow = tiers(tmp_path, room_for(tmp_path, 3), room_for(tmp_path, 2.5))
     stager = Stager(dataset, [fast, slow], threads=2)
     placed = [stager.ensure(k).result(timeout=10) for k in sorted(dataset.files)]
     assert [t.name if t else None for t in placed] == ["t0"] * 3 + ["t1"] * 2 + [None] * 5
@@ -321,7 +328,7 @@ def test_a_demanded_file_being_read_ahead_is_waited_for_not_read_twice(tmp_path,
 
 
 def test_read_ahead_stages_what_fits_pinned_and_counts_no_failure(tmp_path, dataset):
-    (t,) = tiers(tmp_path, 4500)
+    (t,) = tiers(tmp_path, room_for(tmp_path, 4.5))
     stager = Stager(dataset, [t], threads=2)
     stager.read_ahead(sorted(dataset.files))
     wait_idle(stager)
@@ -417,7 +424,7 @@ def run_epoch(stager, order, stream=1):
 
 def test_order_hints_with_half_the_dataset_in_the_tier_read_each_file_at_most_once_per_epoch(tmp_path, many):
     import random
-    (t,) = tiers(tmp_path, 30_000)  # half of 60 files of 1000 bytes
+    (t,) = tiers(tmp_path, room_for(tmp_path, 30))  # half of 60 files of 1000 bytes
     stager = Stager(many, [t], threads=4)
     counts = per_key_reads(stager)
     keys = sorted(many.files)
@@ -438,7 +445,7 @@ def test_order_hints_with_half_the_dataset_in_the_tier_read_each_file_at_most_on
 
 
 def test_without_hints_nothing_is_dropped(tmp_path, many):
-    (t,) = tiers(tmp_path, 30_000)
+    (t,) = tiers(tmp_path, room_for(tmp_path, 30))
     stager = Stager(many, [t], threads=4)
     keys = sorted(many.files)
     for key in keys:
@@ -448,7 +455,7 @@ def test_without_hints_nothing_is_dropped(tmp_path, many):
 
 
 def test_hints_stage_ahead_of_the_reader_in_its_order(tmp_path, many):
-    (t,) = tiers(tmp_path, 20_000)
+    (t,) = tiers(tmp_path, room_for(tmp_path, 20))
     stager = Stager(many, [t], threads=2)
     order = sorted(many.files, reverse=True)
     stager.hint_order(7, order, begin=True)
@@ -596,7 +603,7 @@ def test_second_copies_come_from_their_owner_after_the_own_share_in_the_room_it_
     files from their owner into the tiers' room left, never from the PFS; pinned, counted."""
     keys = sorted(dataset.files)
     own, others = keys[:5], keys[5:]
-    stager = Stager(dataset, tiers(tmp_path, 7000), threads=2)
+    stager = Stager(dataset, tiers(tmp_path, room_for(tmp_path, 7)), threads=2)
     stager.read_ahead(own)
     stager.keep_replicas(others, FakeOwner(dataset, mine=own))
     wait_idle(stager)

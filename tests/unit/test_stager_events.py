@@ -12,6 +12,7 @@ from pathlib import Path
 
 import monarch
 from monarch.config import TierConfig
+from monarch.node.resources import allocated_size, allocation_unit
 from monarch.node.snapshot import take_snapshot
 from monarch.node.stager import Stager, StagerListener
 from monarch.node.tiers import Tier, write_all, write_atomically
@@ -95,9 +96,10 @@ class Lender(StagerListener):
 
 def test_room_lent_out_of_a_tier_comes_back_when_a_copy_wants_it(tmp_path):
     snap = make_dataset(tmp_path, n=3)
-    tier = a_tier(tmp_path, 3000)
+    room = allocated_size(1000, allocation_unit(str(tmp_path)))  # what a file of 1000 bytes takes
+    tier = a_tier(tmp_path, 3 * room)
     stager = Stager(snap, [tier], threads=1)
-    lender = Lender(tier, 2500)  # only 500 bytes left: no file of 1000 fits
+    lender = Lender(tier, 3 * room - room // 2)  # only half a file's room left: no file of 1000 fits
     stager.subscribe(lender)
     for key in sorted(snap.files):
         assert stager.ensure(key).result(timeout=30) is tier
