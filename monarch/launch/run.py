@@ -254,7 +254,8 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     shown = None
     if end.session is not None and progress:
         from monarch.launch.progress import Progress
-        shown = Progress(lambda: end.heard(end.session.stats(brief=True)), out).start()
+        shown = Progress(lambda: end.heard(end.session.stats(brief=True)), out,
+                         saved_index=service.saved_index(config) is not None).start()
     log.debug("phase command.start")
     code = 128 + signal.SIGINT  # if a signal comes before the command even starts
     with _Signals() as signals:

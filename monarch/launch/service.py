@@ -130,6 +130,25 @@ def attach(socket_path: str) -> Session | None:
         raise
 
 
+# -- the dataset's saved index ---------------------------------------------------------------
+
+SAVED_INDEXES = "snapshots"  # NodeDaemon._snapshot_cache's directory (tests/unit/test_snapshot_kept.py holds them together)
+
+
+def saved_index(config: Config) -> str | None:
+    """The dataset's saved index this job's daemon starts from (it loads it unless a directory
+    changed since), or None: it walks. Kept only with a ``keep: true`` tier (issue 32), never
+    read with ``staging.validate: open``."""
+    if config.staging.validate == "open" or not any(t.keep for t in config.tiers):
+        return None
+    try:
+        path = os.path.join(layout.user_dir(config.run_base), SAVED_INDEXES,
+                            f"{layout.dataset_id(config.dataset.roots)}.index")
+    except (MonarchError, OSError):
+        return None
+    return path if os.path.isfile(path) else None
+
+
 # -- find or start (monarch run) ------------------------------------------------------------
 
 def find(config: Config, run: str) -> Session | None:

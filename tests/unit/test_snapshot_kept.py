@@ -10,6 +10,7 @@ import os
 import pytest
 
 from monarch.config import load_config
+from monarch.launch import service
 from monarch.node.daemon import NodeDaemon
 from support.harness import make_bases
 
@@ -31,8 +32,11 @@ tiers: [{{name: ram, path: "{short_tmp}/ram-{keep}", capacity: 1MiB, keep: {str(
 staging: {{policy: on-access, threads: 2}}
 """)
     make_bases(cfg)
-    d = NodeDaemon(load_config(cfg, env={"USER": "u"}), run)
+    config = load_config(cfg, env={"USER": "u"})
+    d = NodeDaemon(config, run)
     try:
+        # the launcher's progress line names the same file (monarch/launch/service.py)
+        assert service.saved_index(config) == (saved(short_tmp)[0] if keep and saved(short_tmp) else None)
         return d.snapshot_how
     finally:
         d.close()
