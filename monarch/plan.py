@@ -14,6 +14,12 @@ The capacity model (docs/cluster.md, "Capacity model and placement"):
 * The sharded read pattern: each epoch one global shuffle split into N disjoint shards,
   node k reads shard k (1/N of the dataset). A file read is local when the reader holds
   it, from a peer when another node does, from the PFS when nobody does.
+* Staging time (issue 32): the slower of two bounds, as for any pipeline of concurrent
+  copies: the PFS's bytes at ``--pfs-rate``, and the busiest node's files at a node
+  stager's files per second (``FILES_PER_SECOND``, measured; per-file work: open, create,
+  write, rename, the books), whatever their size.
+* Allocation: a RAM tier (tmpfs) allocates whole 4 KiB pages, so a file takes its size
+  rounded up to ``PAGE`` there; the plan fills a memory-backed tier by pages.
 """
 
 from __future__ import annotations
@@ -27,17 +33,30 @@ from monarch.errors import MonarchError
 from monarch.sizes import human
 
 
+# A node's stager copies at most this many files per second, whatever their size (issue 32).
+# Measured: 1M x 1 KiB on the issue's system S: 3,000 files/s (threads auto) to 4,100
+# (threads: 4); on a 2-core test VM shared with other work, 20,000 x 1 KiB from a local
+# directory into /dev/shm (Stager alone, the issue's report): 2,500 to 4,600 files/s.
+FILES_PER_SECOND = 3000.0
+FILES_PER_SECOND_FROM = ("the default, measured: 1M x 1 KiB files staged at 3,000-4,100 files/s on one "
+                         "node, issue 32; a node's report says its own: staging.files over the staging time")
+PAGE = 4096  # a memory-backed tier (tmpfs) allocates whole pages
+
+
 @dataclass(frozen=True)
 class Store:
-    """One place of a node's storage chain: a tier or the peer area, with its capacity in bytes."""
+    """One place of a node's storage chain: a tier or the peer area, with its capacity in bytes;
+    ``in_memory``: memory-backed (tmpfs), where a file takes whole ``PAGE``s."""
     name: str
     capacity: int
+    in_memory: bool = False
 
 
 def node_storage(config) -> list[Store]:
     """The chain of one node: the configuration's tiers (a share like ``50%`` read on this
     machine) and its peer area."""
-    stores = [Store(t.name, _capacity(config, f"tiers[{i}].capacity", t.path, t.capacity, t.capacity_share))
+    stores = [Store(t.name, _capacity(config, f"tiers[{i}].capacity", t.path, t.capacity, t.capacity_share),
+                    _in_memory(t.path))
               for i, t in enumerate(config.tiers)]
     peer = config.peer
     stores.append(Store("peer", _capacity(config, "peer.capacity", peer.path, peer.capacity, peer.capacity_share)))
@@ -57,14 +76,24 @@ def _capacity(config, key: str, path: str, capacity: int, share: float | None) -
                            "node, or give the capacity as a size") from None
 
 
+def _in_memory(path: str) -> bool:
+    """Is a tier's base memory-backed (read on this machine; a base missing here: by its path)?"""
+    from monarch.node.resources import is_memory_backed
+    try:
+        return is_memory_backed(path)
+    except OSError:
+        return path.startswith("/dev/shm")
+
+
 def synthetic(files: int, size: int) -> Iterable[tuple[str, int]]:
     """``files`` keys of ``size`` bytes, named as the snapshot would name them (root 0)."""
     return ((f"0/train/{i:07d}.jpg", size) for i in range(files))
 
 
-def _fill(stores: Sequence[Store], amounts: Sequence[int]) -> list[list[int]]:
-    """Put each amount in turn into the chain, fastest place first: bytes per (amount, place)."""
-    room = [s.capacity for s in stores]
+def _fill(stores: Sequence[Store], amounts: Sequence[int], overhead: float = 1.0) -> list[list[int]]:
+    """Put each amount in turn into the chain, fastest place first: bytes per (amount, place).
+    A memory-backed place takes ``overhead`` times the bytes (whole pages)."""
+    room = [_room(s, overhead) for s in stores]
     out = []
     for amount in amounts:
         row = []
@@ -77,9 +106,27 @@ def _fill(stores: Sequence[Store], amounts: Sequence[int]) -> list[list[int]]:
     return out
 
 
+def _room(store: Store, overhead: float) -> int:
+    """The dataset's bytes a place holds: its capacity, or in memory its pages' worth."""
+    return int(store.capacity / overhead) if store.in_memory and overhead > 1 else store.capacity
+
+
+class _Allocated:
+    """The items as they go by, counting the bytes they take in whole pages."""
+
+    def __init__(self, items: Iterable[tuple[str, int]]):
+        self.items, self.pages = items, 0
+
+    def __iter__(self):
+        for key, size in self.items:
+            self.pages += -(-size // PAGE)
+            yield key, size
+
+
 def make_plan(items: Iterable[tuple[str, int]], nodes: int, stores: Sequence[Store], *, replicas: int = 1,
-              pfs_rate: float | None = None, shard: bool = False) -> dict:
-    """The plan as a JSON-able dict (every amount in bytes; fractions of the dataset's bytes)."""
+              pfs_rate: float | None = None, shard: bool = False, file_rate: float | None = None) -> dict:
+    """The plan as a JSON-able dict (every amount in bytes; fractions of the dataset's bytes).
+    ``file_rate``: files per second a node's stager copies (default ``FILES_PER_SECOND``)."""
     if nodes < 1:
         raise MonarchError(f"monarch plan: --nodes must be at least 1, got {nodes}")
     capacity = sum(s.capacity for s in stores)
@@ -87,9 +134,13 @@ def make_plan(items: Iterable[tuple[str, int]], nodes: int, stores: Sequence[Sto
         raise MonarchError("monarch plan: the configuration gives a node no storage (every tier and the peer "
                            "area have capacity 0); give a tier a capacity")
     started = time.monotonic()
-    placement = Placement.build(items, [capacity] * nodes)
+    counted = _Allocated(items)
+    placement = Placement.build(counted, [capacity] * nodes)
     shares = placement.shares()
     size, files = placement.total_bytes, len(placement)
+    allocated = counted.pages * PAGE
+    overhead = allocated / size if size and any(s.in_memory for s in stores) else 1.0
+    capacity = sum(_room(s, overhead) for s in stores)  # the dataset's bytes a node holds
     replicate = not shard and nodes > 1 and capacity >= size
     second = placement.second_shares() if replicas >= 2 and nodes > 1 and not replicate else [0] * nodes
     build_seconds = time.monotonic() - started
@@ -101,8 +152,10 @@ def make_plan(items: Iterable[tuple[str, int]], nodes: int, stores: Sequence[Sto
         else:
             primary = min(shares[node], capacity)
             kept = min(second[node], capacity - primary)
-        rows = _fill(stores, [primary, kept])
-        per_node.append({"node": node, "owns": shares[node], "holds": primary + kept,
+        rows = _fill(stores, [primary, kept], overhead)
+        # "owns" (bytes, as "owns_bytes") is kept for readers of the earlier JSON
+        per_node.append({"node": node, "owns": shares[node], "owns_bytes": shares[node],
+                         "owns_files": round(shares[node] * files / size) if size else 0, "holds": primary + kept,
                          "tiers": {s.name: rows[0][k] + rows[1][k] for k, s in enumerate(stores)},
                          "replicas": {"wanted": second[node], "kept": kept},
                          "owned_on_pfs": shares[node] - min(shares[node], capacity)})
@@ -119,7 +172,9 @@ def make_plan(items: Iterable[tuple[str, int]], nodes: int, stores: Sequence[Sto
         "tiers": _tier_summary(per_node, stores),
         "pfs_remainder": size - held,
         "epoch": _epoch(per_node, nodes, size, held, replicate),
-        "staging": _staging(per_node, nodes, size, held, replicate, pfs_rate),
+        "staging": _staging(per_node, nodes, size, files, held, replicate, pfs_rate, file_rate),
+        "allocation": {"page": PAGE, "allocated_bytes": allocated, "overhead": overhead,
+                       "in_memory": [s.name for s in stores if s.in_memory]},
         "replicas_cost": _replicas_cost(per_node, nodes, capacity, size, replicas, replicate),
         "placement": _placement(placement, shares, size, capacity, per_node, replicas, replicate, build_seconds),
     }
@@ -161,12 +216,22 @@ def _epoch(per_node: list[dict], nodes: int, size: int, held: int, replicate: bo
             "peer_total": sum(r["peer"] for r in rows), "pfs_total": sum(r["pfs"] for r in rows)}
 
 
-def _staging(per_node: list[dict], nodes: int, size: int, held: int, replicate: bool,
-             pfs_rate: float | None) -> dict:
+def _staging(per_node: list[dict], nodes: int, size: int, files: int, held: int, replicate: bool,
+             pfs_rate: float | None, file_rate: float | None) -> dict:
+    """The staging time: the slower of the PFS's bytes at ``pfs_rate`` and the busiest node's
+    files at ``file_rate`` (a node's files: the bytes it holds, at the dataset's mean file size)."""
     pfs = size if replicate else held
     peer = size * (nodes - 1) if replicate else sum(p["replicas"]["kept"] for p in per_node)
+    rate = file_rate or FILES_PER_SECOND
+    node_files = max((round(p["holds"] * files / size) if size else 0 for p in per_node), default=0)
+    bytes_seconds = pfs / pfs_rate if pfs_rate else None
+    files_seconds = node_files / rate
     return {"pfs_bytes": pfs, "peer_bytes": peer, "pfs_rate": pfs_rate,
-            "seconds": pfs / pfs_rate if pfs_rate else None}
+            "seconds": max(bytes_seconds, files_seconds) if bytes_seconds is not None else None,
+            "bytes_seconds": bytes_seconds, "files_per_node": node_files, "file_rate": rate,
+            "file_rate_from": "given" if file_rate else FILES_PER_SECOND_FROM,
+            "files_seconds": files_seconds,
+            "bound": None if bytes_seconds is None else "files" if files_seconds > bytes_seconds else "bytes"}
 
 
 def _replicas_cost(per_node: list[dict], nodes: int, capacity: int, size: int, replicas: int,
@@ -233,7 +298,8 @@ def format_plan(plan: dict) -> str:
     nodes = plan["per_node"]
     if n <= 8:
         for p in nodes:
-            lines.append(f"node {p['node']:<3}: owns {human(p['owns'])}, holds {human(p['holds'])} ("
+            lines.append(f"node {p['node']:<3}: owns {human(p['owns_bytes'])} ({p['owns_files']:,} files), "
+                         f"holds {human(p['holds'])} ("
                          + ", ".join(f"{k} {human(v)}" for k, v in p["tiers"].items())
                          + (f"; {human(p['replicas']['kept'])} of it second copies" if p["replicas"]["kept"] else "")
                          + (f"); {human(p['owned_on_pfs'])} of its share stays on the PFS" if p["owned_on_pfs"] else ")"))
@@ -248,9 +314,21 @@ def format_plan(plan: dict) -> str:
                  f"local, {_pct(m['peer'], e['read_per_node'])} from peers, {_pct(m['pfs'], e['read_per_node'])} "
                  f"from the PFS; {human(e['peer_total'])} between nodes, {human(e['pfs_total'])} from the PFS in all")
     s = plan["staging"]
-    when = f" = {_duration(s['seconds'])} at {human(s['pfs_rate'])}/s" if s["seconds"] is not None \
-        else " (give --pfs-rate for the time)"
+    files_part = (f"{s['files_per_node']:,} files on the busiest node at {s['file_rate']:,.0f} files/s: "
+                  f"{_duration(s['files_seconds'])}")
+    if s["seconds"] is not None:
+        when = (f" = {_duration(s['seconds'])}, the slower of {_duration(s['bytes_seconds'])} for the bytes at "
+                f"{human(s['pfs_rate'])}/s and {files_part}")
+    else:
+        when = f" = at least {_duration(s['files_seconds'])} ({files_part}; give --pfs-rate for the bytes)"
     lines.append(f"staging : {human(s['pfs_bytes'])} from the PFS{when}; {human(s['peer_bytes'])} between nodes")
+    lines.append(f"assumed : a node stages {s['file_rate']:,.0f} files/s ({s['file_rate_from']})"
+                 + (f"; {human(s['pfs_rate'])}/s from the PFS in all (--pfs-rate)" if s["pfs_rate"] else ""))
+    a = plan.get("allocation") or {}
+    if a.get("in_memory") and d["bytes"]:
+        lines.append(f"alloc   : {', '.join(a['in_memory'])} in memory: a file takes whole {a['page'] // 1024} KiB "
+                     f"pages there, the dataset {human(a['allocated_bytes'])} for {human(d['bytes'])} of data "
+                     f"(x{a['overhead']:.2f}); the plan fills {'it' if len(a['in_memory']) == 1 else 'them'} by pages")
     r = plan["replicas_cost"]
     if plan["mode"] == "replicate":
         lines.append(f"replicas: every node holds a full copy ({n} copies)")

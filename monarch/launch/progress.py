@@ -70,8 +70,9 @@ class Progress:
     """Polls ``poll()`` (brief node statistics, or None) on a thread and writes to ``out``."""
 
     def __init__(self, poll: Callable[[], dict | None], out: TextIO, tty: bool | None = None,
-                 every: float | None = None):
+                 every: float | None = None, saved_index: bool = False):
         self._poll = poll
+        self.saved_index = saved_index  # the daemon starts by loading the dataset's saved index, not walking
         self.out = out
         self.tty = _isatty(out) if tty is None else tty
         self.every = interval(self.tty) if every is None else max(MIN_POLL_SECONDS, every)
@@ -105,7 +106,7 @@ class Progress:
     def show(self, stats: dict, now: float) -> None:
         """One poll's answer (the brief statistics as received) on ``out``."""
         node = NodeStats.from_dict(stats)
-        text = line(node, self._rate(node, now))
+        text = line(node, self._rate(node, now), self.saved_index)
         if not self.tty:
             self._write(text + "\n")
             return
@@ -136,12 +137,17 @@ class Progress:
             self._stop.set()
 
 
-def line(stats: NodeStats, rate: float | None) -> str:
-    """One progress line from a node's statistics (``NodeDaemon.node_stats(brief=True)``)."""
+def line(stats: NodeStats, rate: float | None, saved_index: bool = False) -> str:
+    """One progress line from a node's statistics (``NodeDaemon.node_stats(brief=True)``);
+    ``saved_index``: the daemon's snapshot starts from the dataset's saved index (a job with
+    ``keep: true``, ``service.saved_index``), loaded unless a directory changed since."""
     st, ds = stats.staging, stats.dataset
     files, total_files = st.get("files", 0), ds.get("files", 0)
     pct = f" {100 * st.get('bytes', 0) / ds['bytes']:.0f}%" if ds.get("bytes") else ""
-    if stats.snapshot == "walking":  # the daemon's walk overlaps the command's start
+    if stats.snapshot == "walking" and saved_index:  # "walking": the daemon's state until its snapshot is ready
+        parts = [f"monarch: loading the dataset's saved index ({stats.uptime_seconds:.0f} s; "
+                 "walked again if a directory changed)"]
+    elif stats.snapshot == "walking":  # the daemon's walk overlaps the command's start
         parts = [f"monarch: walking the dataset ({stats.uptime_seconds:.0f} s)"]
     else:
         parts = [f"monarch: staged {files}/{total_files} files, {human(st.get('bytes', 0))}/"

@@ -218,6 +218,15 @@ class _Ending:
     daemon: subprocess.Popen | None = None  # the embedded daemon this launcher started
     baseline: dict | None = None            # a standing daemon's counters at the start (this run's share)
     wall: float = 0.0                       # seconds from the start to the command's end
+    staged_files: int = 0                   # the last REPORT's staging.files: the copies the daemon removes
+
+    def heard(self, stats: dict | None) -> dict | None:
+        """Note what a REPORT from the daemon says it staged (the tear-down's wait grows with it)."""
+        staging = stats.get("staging") if isinstance(stats, dict) else None
+        files = staging.get("files") if isinstance(staging, dict) else None
+        if isinstance(files, int):
+            self.staged_files = files
+        return stats
 
 
 def run(config: Config, config_file: str | None, cmd: list[str], report_path: str | None,
@@ -245,7 +254,8 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
     shown = None
     if end.session is not None and progress:
         from monarch.launch.progress import Progress
-        shown = Progress(lambda: end.session.stats(brief=True), out).start()
+        shown = Progress(lambda: end.heard(end.session.stats(brief=True)), out,
+                         saved_index=service.saved_index(config) is not None).start()
     log.debug("phase command.start")
     code = 128 + signal.SIGINT  # if a signal comes before the command even starts
     with _Signals() as signals:
@@ -259,8 +269,8 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
             end.wall = time.time() - end.t0
             _tear_down(end, signals, code, launchers.last_to_leave())
         except _Interrupted:
-            launchers.last_to_leave()  # no report; the last removes the group's file all the same
-            code = _cut_short(end, shown, code if signals.killed else 128 + signals.cut)
+            last = launchers.last_to_leave()  # no report; the last removes the group's file all the same
+            code = _cut_short(end, shown, code if signals.killed else 128 + signals.cut, last)
     return code
 
 
@@ -269,7 +279,7 @@ def _tear_down(end: _Ending, signals: _Signals, code: int, last: bool = True) ->
     launcher on the node), then the embedded daemon's exit (its tiers removed)."""
     session = end.session
     with signals.waiting():  # the daemon holds the final report until its snapshot is ready
-        stats = session.stats(final=True) if session is not None else None
+        stats = end.heard(session.stats(final=True)) if session is not None else None
     log.debug("phase report.fetched")
     if session is None:
         return
@@ -280,11 +290,11 @@ def _tear_down(end: _Ending, signals: _Signals, code: int, last: bool = True) ->
     finally:
         if end.daemon is not None:
             with signals.waiting():
-                service.wait_stopped(end.daemon, end.config)
+                service.wait_stopped(end.daemon, end.config, end.staged_files, last, end.run, end.out)
             log.debug("phase daemon.reaped")
 
 
-def _cut_short(end: _Ending, shown, code: int) -> int:
+def _cut_short(end: _Ending, shown, code: int, last: bool = True) -> int:
     """A signal during the tear-down: no report, but the daemon's exit still waited for (the
     signals meanwhile are only noted), so that nothing is left behind."""
     end.out.write("monarch: interrupted: the report is skipped; the node daemon stops\n")
@@ -293,7 +303,7 @@ def _cut_short(end: _Ending, shown, code: int) -> int:
     if end.session is not None:
         end.session.close()  # the run's last session: the embedded daemon stops and removes its tiers
     if end.daemon is not None:
-        service.wait_stopped(end.daemon, end.config)
+        service.wait_stopped(end.daemon, end.config, end.staged_files, last, end.run, end.out)
     return code
 
 

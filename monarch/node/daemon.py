@@ -308,7 +308,12 @@ class NodeDaemon:
 
     def _snapshot_cache(self) -> str | None:
         """Where the last walk of this dataset is kept for the next job (the user's private
-        ``snapshots`` directory under the run base, keyed by the dataset id), or None."""
+        ``snapshots`` directory under the run base, keyed by the dataset id), or None: only
+        when a tier has ``keep: true`` (its copies outlive the job, and so may the index that
+        adopts them); else nothing of the job stays behind, nor is an earlier one's read
+        (a file left there by a job that kept its tiers stays theirs: issue 32)."""
+        if not any(t.keep for t in self.config.tiers):
+            return None
         try:
             directory = private_dir(os.path.join(user_dir(self.config.run_base), "snapshots"))
             return os.path.join(directory, f"{layout.dataset_id(self.config.dataset.roots)}.index")

@@ -21,22 +21,30 @@ NOT_LOADED = ("no process of the command ran with the Monarch shim: LD_PRELOAD w
 LOADED_IDLE = ("{procs} process(es) ran with the shim but none opened a file under the dataset roots "
                "through it: the readers ran without it (started outside this command, or by a wrapper "
                "that drops LD_PRELOAD), read other paths than the roots, or read nothing")
+ONLY_METADATA = ("no file of the dataset was opened through Monarch, though {local} stat or listing call(s) "
+                 "under the roots were answered from its index: a command that only looks at the dataset "
+                 "needs nothing more; if it read files, its readers ran without the shim (started outside "
+                 "this command, or by a wrapper that drops LD_PRELOAD) or read other paths than the roots")
 FEW = ("only {opens} open(s) of the dataset's {files} files went through the shim in {wall:.0f} s: "
        "most readers likely ran without it (a wrapper that drops LD_PRELOAD, a container, a static "
        "binary) or read other paths than the roots")
 
 
 def bypass_warning(report: dict) -> str | None:
-    """One line saying the dataset was not read through Monarch, and the likely causes; None
-    when it was (or when there is nothing to read: an empty dataset)."""
+    """One line saying the dataset was not read through Monarch, and the likely causes (or,
+    when only its metadata went through the shim, that and what it means); None when it was
+    read through Monarch (or when there is nothing to read: an empty dataset)."""
     files = (report.get("dataset") or {}).get("files", 0)
     if not files:
         return None
     procs = report.get("processes_with_shim")  # None: an older shim, which did not count them
     opens = sum(c.get("opens", 0) for c in (report.get("opened_from") or {}).values())
     wall = (report.get("job") or {}).get("wall_seconds") or 0.0
+    local = (report.get("metadata") or {}).get("local", 0)  # stats and listings answered from the index
     if procs == 0:
         why = NOT_LOADED
+    elif opens == 0 and local:  # the shim served the command, from the index: not "not read through Monarch"
+        return ONLY_METADATA.format(local=local)
     elif opens == 0:
         why = LOADED_IDLE.format(procs=procs if procs is not None else "some")
     elif files >= MIN_DATASET_FILES and wall >= LONG_RUN_SECONDS and opens < FEW_OPENS_SHARE * files:

@@ -163,3 +163,41 @@ def test_a_fifo_swapped_into_the_dataset_neither_blocks_the_daemon_nor_its_exit(
     assert rep["staging"]["files"] == 29
     assert (rep["front_door"] is not None) == (door == "front-door")
     assert left_in(ram) == left_in(base) == []
+
+
+SLOW_CLOSE = """
+import os, time
+from monarch.launch import service
+service.TEARDOWN_SECONDS_PER_FILE = float(os.environ["TEST_TEARDOWN_PER_FILE"])
+_serve = service.serve
+def serve(*a, **kw):
+    try:
+        return _serve(*a, **kw)
+    finally:  # after daemon.close(): a tear-down slower than the launcher's old fixed 10.5 s
+        time.sleep(float(os.environ["TEST_SLOW_CLOSE"]))
+        with open(os.environ["TEST_CLOSED_FLAG"], "w") as f:
+            f.write("closed")
+service.serve = serve
+"""
+
+
+def test_monarch_run_waits_for_a_slow_teardown_that_grows_with_the_staged_files(dataset, short_tmp):
+    """Issue 32: `monarch run` left while its daemon still removed 1M copies (it waited 10.5 s
+    whatever was staged). Here the daemon's close takes 12 s, and the launcher's per-file
+    allowance is scaled up so that the 200 staged files stand for a large dataset."""
+    ds = dataset(files=200, size="1KiB")
+    cfg, base, ram = shared_base_config(short_tmp, ds.root)
+    hooks = os.path.join(short_tmp, "hooks")
+    os.makedirs(hooks)
+    with open(os.path.join(hooks, "sitecustomize.py"), "w") as f:
+        f.write(SLOW_CLOSE)
+    flag = os.path.join(short_tmp, "closed")
+    env = monarch_env(TEST_TEARDOWN_PER_FILE=0.05, TEST_SLOW_CLOSE=12, TEST_CLOSED_FLAG=flag)
+    env["PYTHONPATH"] = os.pathsep.join([hooks, env["PYTHONPATH"]])
+    r = monarch("run", "-c", cfg, "--", sys.executable, "-m", "monarch.workload", "read", ds.root, "--epochs", "1",
+                "--workers", "1", "--manifest", ds.manifest, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(flag), "monarch run exited before its daemon had finished its tear-down"
+    assert "still tearing down" not in r.stderr
+    assert left_in(ram) == left_in(base) == []
+    assert everything_in(ram) == [os.path.join(ram, f"monarch-{UID}")]

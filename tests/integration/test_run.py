@@ -284,3 +284,18 @@ def test_the_report_keeps_the_run_and_its_job_apart(dataset, short_tmp):
     assert r.returncode == 0, r.stderr
     job = load(report)["job"]
     assert (job["run_id"], job["job_id"]) == ("4242.3", "4242")
+
+
+def test_a_stat_only_command_is_not_told_the_dataset_bypassed_monarch(dataset, short_tmp):
+    """Issue 32: a command that only stats the dataset had its stats answered from the index
+    (metadata.local) and still got "the dataset was not read through Monarch"."""
+    ds = dataset(files=20, size="1KiB")
+    report = os.path.join(short_tmp, "report.json")
+    code = f"import glob, os\nfor p in sorted(glob.glob({ds.root!r} + '/*/*.bin')): os.stat(p)\n"
+    r = monarch("run", "-c", write_config(short_tmp, ds.root), "--report", report, "--", sys.executable, "-c", code)
+    assert r.returncode == 0, r.stderr
+    rep = load(report)
+    assert rep["metadata"]["local"] >= 20 and sum(c["opens"] for c in rep["opened_from"].values()) == 0
+    assert "not read through Monarch" not in r.stderr
+    assert f"monarch: warning: no file of the dataset was opened through Monarch, though {rep['metadata']['local']} " \
+           "stat or listing call(s)" in r.stderr

@@ -30,3 +30,16 @@ def test_a_run_through_the_shim_and_an_empty_dataset_are_quiet():
     assert bypass_warning(report(processes=1, opens=100)) is None
     assert bypass_warning(report(processes=0, opens=0, files=0)) is None
     assert bypass_warning(report(processes=None, opens=5)) is None  # an older shim: not counted, not blamed
+
+
+def test_a_stat_only_command_answered_from_the_index_is_not_said_to_bypass_monarch():
+    # issue 32: `monarch run -- stat ...` got "the dataset was not read through Monarch" although
+    # its stats were answered from the index (the report's metadata.local)
+    r = report(processes=1, opens=0) | {"metadata": {"local": 7, "pfs": 0}}
+    w = bypass_warning(r)
+    assert "not read through Monarch" not in w
+    assert w.startswith("no file of the dataset was opened through Monarch, though 7 stat or listing call(s) "
+                        "under the roots were answered from its index")
+    assert "\n" not in w
+    # no metadata answered either: the shim served nothing, as before
+    assert "none opened a file" in bypass_warning(report(processes=1, opens=0) | {"metadata": {"local": 0, "pfs": 3}})

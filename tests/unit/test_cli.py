@@ -205,3 +205,60 @@ def test_report_html_without_matplotlib_stops_before_the_command(tmp_path, capsy
     assert "needs matplotlib, which is not installed" in err
     assert ("--report-html" if how == "option" else "report_html") in err
     assert not marker.exists() and not (tmp_path / "r.html").exists()
+
+
+# -- monarch run waits for its embedded daemon's tear-down (issue 32) --------------------------
+
+class _ClosingDaemon:
+    """An embedded daemon's process as the launcher sees it: it exits ``close_seconds`` after
+    the launcher starts waiting (simulated: ``wait`` never sleeps)."""
+
+    def __init__(self, close_seconds: float):
+        self.close_seconds, self.pid, self.returncode, self.waited = close_seconds, 4242, None, []
+
+    def wait(self, timeout=None):
+        import subprocess
+        self.waited.append(timeout)
+        if timeout is not None and timeout < self.close_seconds:
+            raise subprocess.TimeoutExpired("monarch serve", timeout)
+        self.returncode = 0
+        return 0
+
+
+def _tiers_config(tmp_path):
+    from types import SimpleNamespace
+    return SimpleNamespace(tiers=[SimpleNamespace(path=str(tmp_path / "shm")), SimpleNamespace(path=str(tmp_path))],
+                           peer=SimpleNamespace(path=str(tmp_path)))
+
+
+def test_the_launcher_waits_for_a_teardown_that_grows_with_the_staged_files(tmp_path):
+    import io
+    from monarch.launch import service
+    out = io.StringIO()
+    # issue 32: 1M copies removed in 10-12 s; the launcher waited 10.5 s whatever was staged
+    daemon = _ClosingDaemon(close_seconds=12.0)
+    assert service.wait_stopped(daemon, _tiers_config(tmp_path), 1_000_000, out=out) is True
+    assert daemon.returncode == 0 and out.getvalue() == ""
+    assert daemon.waited[0] >= 12.0 + 1_000_000 * 100e-6  # room for a disk tier's slower removal
+    # few files: the bound is the base one, as before
+    assert service.teardown_bound(0) < service.teardown_bound(1_000_000) < 600
+
+
+def test_a_launcher_that_gives_up_says_once_what_is_left_and_where(tmp_path):
+    import io
+    from monarch import layout
+    from monarch.launch import service
+    config = _tiers_config(tmp_path)
+    (tmp_path / "shm").mkdir()
+    left = os.path.join(layout.user_dir(str(tmp_path / "shm")), layout.run_name("r1", 0) + "-abc123")
+    os.makedirs(left)
+    out = io.StringIO()
+    daemon = _ClosingDaemon(close_seconds=10_000.0)  # stuck
+    assert service.wait_stopped(daemon, config, 100, run="r1", out=out) is False
+    said = out.getvalue()
+    assert said.count("\n") == 1 and said.startswith("monarch: the node daemon (pid 4242) is still tearing down")
+    assert "staged 100 files" in said and left in said
+    # not the run's last launcher: the daemon serves the others, nothing to say
+    quiet = io.StringIO()
+    assert service.wait_stopped(_ClosingDaemon(10_000.0), config, 100, alone=False, run="r1", out=quiet) is False
+    assert quiet.getvalue() == ""

@@ -147,3 +147,55 @@ def test_a_peer_capacity_given_as_a_share_is_read_on_this_machine(tmp_path, monk
                    f"peer: {{path: {tmp_path}, capacity: 50%}}\n")
     stores = node_storage(load_config(str(job), env={"USER": "u"}))
     assert [(s.name, s.capacity) for s in stores] == [("ram", 100 * KiB), ("peer", 500 * KiB)]
+
+
+# -- per-file costs and allocation (issue 32) -----------------------------------------------
+
+def test_staging_time_counts_files_not_only_bytes():
+    """1 KiB files at 1 GiB/s used to be planned at the bytes' time; a node stages ~3,000 files/s."""
+    from monarch.plan import FILES_PER_SECOND, Store, format_plan, make_plan, synthetic
+    p = make_plan(synthetic(30000, KiB), 1, [Store("ssd", 2**30)], pfs_rate=2**30)
+    s = p["staging"]
+    assert s["bytes_seconds"] == 30000 * KiB / 2**30
+    assert s["files_per_node"] == 30000 and s["file_rate"] == FILES_PER_SECOND == 3000
+    assert s["seconds"] == s["files_seconds"] == 10.0 and s["bound"] == "files"
+    assert "issue 32" in s["file_rate_from"]
+    text = format_plan(p)
+    assert "= 10.0 s, the slower of 0.0 s for the bytes at 1.0 GiB/s and 30,000 files on the busiest node " \
+           "at 3,000 files/s: 10.0 s" in text
+    assert "assumed : a node stages 3,000 files/s (the default, measured:" in text
+
+
+def test_files_count_where_they_are_held_large_files_are_bound_by_bytes(cfg, capsys):
+    from monarch.plan import Store, format_plan, make_plan, synthetic
+    p = plan(capsys, "-c", cfg, "--files", "4", "--file-size", "100KiB", "--pfs-rate", "100KiB/s")
+    assert p["staging"]["seconds"] == 4.0 and p["staging"]["bound"] == "bytes"
+    p = plan(capsys, "-c", cfg, "--nodes", "2", "--files", "6000", "--file-size", "1KiB")
+    assert p["staging"]["files_per_node"] == 400  # a node holds 400 KiB: the rest stays on the PFS, not staged
+    p = make_plan(synthetic(6000, KiB), 2, [Store("ssd", 2**30)], shard=True)
+    assert "= at least 1.0 s (3,000 files on the busiest node at 3,000 files/s: 1.0 s; give --pfs-rate for the " \
+           "bytes)" in format_plan(p)
+
+
+def test_owns_reads_as_bytes_and_says_its_files(cfg, capsys):
+    p = plan(capsys, "-c", cfg, "--nodes", "4", "--files", "1200", "--file-size", "1KiB")
+    for node in p["per_node"]:
+        assert node["owns_bytes"] == node["owns"] == 300 * KiB and node["owns_files"] == 300
+    main(["plan", "-c", cfg, "--nodes", "4", "--files", "1200", "--file-size", "1KiB"])
+    assert "node 0  : owns 300.0 KiB (300 files), holds 300.0 KiB" in capsys.readouterr().out
+
+
+def test_a_memory_tier_is_filled_by_4_KiB_pages():
+    from monarch.plan import Store, format_plan, make_plan, synthetic
+    stores = [Store("ram", 100 * KiB, in_memory=True), Store("ssd", 1000 * KiB), Store("peer", 0)]
+    p = make_plan(synthetic(200, 1 * KiB), 1, stores, file_rate=100.0)
+    (node,) = p["per_node"]
+    assert node["tiers"] == {"ram": 25 * KiB, "ssd": 175 * KiB, "peer": 0}  # 25 files of 1 KiB take 100 KiB of pages
+    assert p["allocation"] == {"page": 4096, "allocated_bytes": 200 * 4096, "overhead": 4.0, "in_memory": ["ram"]}
+    assert p["staging"]["files_seconds"] == 2.0 and p["staging"]["file_rate_from"] == "given"
+    text = format_plan(p)
+    assert "alloc   : ram in memory: a file takes whole 4 KiB pages there, the dataset 800.0 KiB for 200.0 KiB " \
+           "of data (x4.00); the plan fills it by pages" in text
+    # files of whole pages: no overhead; a disk tier: none either
+    assert make_plan(synthetic(10, 8 * KiB), 1, stores)["allocation"]["overhead"] == 1.0
+    assert make_plan(synthetic(10, KiB), 1, [Store("ssd", 100 * KiB)])["allocation"]["overhead"] == 1.0

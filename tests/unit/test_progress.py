@@ -78,3 +78,14 @@ def test_on_off_and_intervals():
     assert interval(True, {}) == 1.0 and interval(False, {}) == 5.0
     assert interval(False, {"MONARCH_PROGRESS_INTERVAL": "0.1"}) == 1.0  # never polls faster than 1 s
     assert interval(False, {"MONARCH_PROGRESS_INTERVAL": "2"}) == 2.0
+
+
+def test_while_a_saved_index_is_loaded_a_line_says_so_not_walking():
+    # issue 32: a job with keep: true loads the dataset's saved index; the line said "walking"
+    loading = stats(0, 0) | {"snapshot": "walking", "uptime_seconds": 2.0, "dataset": {"files": 0, "bytes": 0}}
+    text = line(NodeStats.from_dict(loading), rate=None, saved_index=True)
+    assert text.startswith("monarch: loading the dataset's saved index (2 s; walked again if a directory changed) |")
+    assert "walking" not in text
+    out = io.StringIO()
+    Progress(lambda: None, out, tty=False, every=1, saved_index=True).show(loading, now=1.0)
+    assert out.getvalue().startswith("monarch: loading the dataset's saved index")
