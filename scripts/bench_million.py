@@ -39,7 +39,7 @@ the daemon's and the command's stamps compare):
                        there, walk included (as a ``cp -r`` includes its walk). "Done" is when
                        the daemon's brief REPORT, polled by the command every 0.1 s, shows
                        the snapshot ready, nothing in flight and every file staged (or no
-                       change for 3 s). Baseline: 4 ``cp -r`` processes, each a quarter of
+                       change for 10 s). Baseline: 4 ``cp -r`` processes, each a quarter of
                        the class directories, into /dev/shm (files / wall of the slowest).
   per-open             a sample of ``--sample`` files, open+read+close from Python, a first
                        pass then a timed second pass; staged: in the read-ahead job's command
@@ -132,8 +132,8 @@ elif mode == "stage":
             if ready and files and staged >= files and idle:
                 out["why_done"] = "every file staged"
                 break
-            if ready and now - since > 3.0:
-                out["why_done"] = "no change for 3 s (%d of %d staged, %s in flight)" % (
+            if ready and now - since > 10.0:
+                out["why_done"] = "no change for 10 s (%d of %d staged, %s in flight)" % (
                     staged, files, (s.get("staging") or {}).get("in_flight"))
                 break
             time.sleep(0.1)
