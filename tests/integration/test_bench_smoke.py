@@ -10,6 +10,7 @@ time the PFS) -- never a timing.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -150,3 +151,34 @@ def test_default_outputs_go_to_the_ignored_results_folder() -> None:
     if shutil.which("git") and (REPO / ".git").exists():
         ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "results/bench_shim.json"])
         assert ignored.returncode == 0, "results/ is not ignored by git"
+
+
+MILLION_ROWS = ("find DIR -type f", "start-up to first stat: read-ahead, first job", "start-up to first stat: policy on-access",
+                "start-up to first stat: saved index reused", "to the whole index (snapshot ready), first job",
+                "walk per file", "daemon peak memory (VmHWM) per file", "index size per file",
+                "staging rate (read-ahead, walk included)", "per open, 2nd pass", "tear-down (daemon stopping -> gone)",
+                "whole read-ahead job, launch -> exit")
+
+
+def test_bench_million_prints_every_row_and_writes_its_json(tmp_path: Path) -> None:
+    """bench_million.py --quick (2,000 files): every row of issue 32's table printed once, with a
+    figure (a value or "n/a (why)"), the reused run reusing the snapshot, the staged pass served by
+    the RAM tier, and the JSON holding the same rows; never a timing."""
+    out_json = tmp_path / "million.json"
+    cmd = [sys.executable, str(SCRIPTS / "bench_million.py"), "--quick", "--out", str(out_json)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    said = f"{' '.join(cmd)}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, said
+    lines = proc.stdout.splitlines()
+    for name in MILLION_ROWS:
+        hits = [x for x in lines if x.startswith(name)]
+        assert len(hits) == 1, f"row {name!r} printed {len(hits)} times\n{said}"
+        assert re.search(r"\d|n/a \(", hits[0][len(name):]), f"row {name!r} has no figure\n{said}"
+    assert "warning" not in proc.stdout, said  # no leftovers, no fallback, every file staged
+    data = json.loads(out_json.read_text())
+    for name in MILLION_ROWS:
+        assert any(r["row"].startswith(name) and r["figure"] for r in data["table"]), f"{name!r} not in the JSON"
+    run = data["runs"][0]
+    assert run["stage"]["dataset_files"] == 2000 and run["stage"]["result"]["staged"] == 2000
+    assert run["reuse"]["snapshot"].startswith("reused"), run["reuse"]["snapshot"]
+    assert run["stage"]["opened_from"]["ram"]["opens"] >= 2 * 500 and run["stage"]["opened_from"]["pfs"]["opens"] == 0
