@@ -12,7 +12,7 @@ import sys
 import time
 
 from monarch import __version__, environment
-from monarch.errors import MonarchError
+from monarch.errors import ConfigError, MonarchError
 
 log = logging.getLogger("monarch")
 
@@ -198,6 +198,18 @@ def cmd_check_config(args) -> int:
     return 0
 
 
+def _files_per_second(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        rate = float(text.removesuffix("/s"))
+    except ValueError:
+        rate = 0.0
+    if rate <= 0:
+        raise ConfigError(f"monarch plan: --file-rate: expected files per second like 3000, got {text!r}")
+    return rate
+
+
 def cmd_plan(args) -> int:
     from monarch import plan
     from monarch.config import parse_size
@@ -227,7 +239,8 @@ def cmd_plan(args) -> int:
                                                             or os.environ.get("SLURM_NNODES") or 1)
     result = plan.make_plan(items, nodes, plan.node_storage(config),
                             replicas=args.replicas if args.replicas is not None else config.peer.replicas,
-                            pfs_rate=plan.parse_rate(args.pfs_rate) if args.pfs_rate else None, shard=args.shard)
+                            pfs_rate=plan.parse_rate(args.pfs_rate) if args.pfs_rate else None, shard=args.shard,
+                            file_rate=_files_per_second(args.file_rate))
     if args.json:
         json.dump(result, sys.stdout, indent=1)
         print()
@@ -319,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--files", type=int, metavar="N", help="a synthetic dataset of N files...")
     pl.add_argument("--file-size", metavar="SIZE", help="...of SIZE each (110KiB)")
     pl.add_argument("--pfs-rate", metavar="RATE", help="the PFS's aggregate read rate (10GiB/s), for the staging time")
+    pl.add_argument("--file-rate", metavar="FILES/S", help="files per second one node's stager copies (default "
+                    "3000, measured on small files; the report's staging figures give yours)")
     pl.add_argument("--replicas", type=int, choices=(1, 2), help="copies of each file (default: peer.replicas)")
     pl.add_argument("--shard", action="store_true", help="shard even when every node could hold the whole dataset")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")

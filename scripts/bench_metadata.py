@@ -9,7 +9,7 @@ cost ``--lookup-latency-ms``).
   epochs    shuffled; per sample os.path.getsize, then open and read it
 
 Modes: ``direct`` (plain Python on the mount), ``monarch`` (first job: the daemon walks the
-tree once), ``monarch-again`` (a second job of the same dataset: the kept snapshot is reused
+tree once), ``monarch-again`` (a second job of the same dataset, its tier kept: the kept snapshot is reused
 after one stat per directory). Two references: the application's own tree walk (the
 ``direct`` start-up: what the issue calls one tree walk) and Monarch's leaner walk
 (monarch.node.snapshot's, measured on its own: one stat per entry relative to its directory).
@@ -155,7 +155,9 @@ def main(argv=None) -> int:
             config = work / "monarch.yaml"
             config.write_text(json.dumps({
                 "dataset": {"roots": [root]}, "run_base": str(work / "run"),
-                "tiers": [{"name": "ram", "path": f"{shm}/ram", "capacity": "4GiB"}],
+                # keep: the snapshot is saved for the next job only beside kept copies (issue 32),
+                # and "monarch-again" measures that second job (the temporary base goes at the end)
+                "tiers": [{"name": "ram", "path": f"{shm}/ram", "capacity": "4GiB", "keep": True}],
                 "staging": {"policy": "on-access"}}))
             for base in (work / "run", Path(shm, "ram")):  # Monarch uses bases that exist, never makes them
                 base.mkdir()

@@ -89,7 +89,7 @@ def _recode_one(books, tier: Tier, key: str) -> int:
                     or os.stat(dest).st_size != old):
                 raise _Gone(key)
             os.replace(tmp, dest)
-            tier.shrunk(old - len(frame))
+            tier.shrunk(old - len(frame), old=old)
             tier.codec.recoded(old - len(frame))
 
     try:

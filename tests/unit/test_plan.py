@@ -199,3 +199,20 @@ def test_a_memory_tier_is_filled_by_4_KiB_pages():
     # files of whole pages: no overhead; a disk tier: none either
     assert make_plan(synthetic(10, 8 * KiB), 1, stores)["allocation"]["overhead"] == 1.0
     assert make_plan(synthetic(10, KiB), 1, [Store("ssd", 100 * KiB)])["allocation"]["overhead"] == 1.0
+
+
+def test_the_plan_takes_the_node_file_rate_from_the_command_line(tmp_path):
+    """monarch plan --file-rate: the per-file staging rate the plan assumes (issue 32)."""
+    import subprocess
+    import sys
+    tree = tmp_path / "ds"
+    tree.mkdir()
+    for i in range(50):
+        (tree / f"f{i}").write_bytes(b"x" * 10)
+    run = lambda *extra: subprocess.run([sys.executable, "-m", "monarch", "plan", "--dataset", str(tree),  # noqa: E731
+                                         "--nodes", "2", "--json", *extra], capture_output=True, text=True, timeout=60)
+    slow, fast = run("--file-rate", "1"), run("--file-rate", "1000")
+    assert slow.returncode == 0 and fast.returncode == 0, slow.stderr + fast.stderr
+    assert slow.stdout != fast.stdout
+    bad = run("--file-rate", "lots")
+    assert bad.returncode == 2 and "--file-rate" in bad.stderr and "Traceback" not in bad.stderr
