@@ -129,14 +129,14 @@ def _tiers_over_nodes(alive: list[NodeStats]) -> list[dict]:
     out: dict[str, dict] = {}
     for n in alive:
         for t in n.tiers:
-            row = out.setdefault(t["name"], {"name": t["name"], "capacity": 0, "used": 0, "allocated_bytes": 0,
-                                             "files": 0,
+            row = out.setdefault(t["name"], {"name": t["name"], "capacity": 0, "used": 0, "files": 0,
                                              "refused": collections.Counter(), "full_on_nodes": 0,
                                              "logical_bytes": 0, "stored_bytes": 0, "compressed_files": 0,
                                              "decoded_bytes": 0, "decoded_files": 0, "compression": []})
-            for k in ("capacity", "used", "allocated_bytes", "files", "logical_bytes", "stored_bytes",
-                      "compressed_files"):
+            for k in ("capacity", "used", "files", "logical_bytes", "stored_bytes", "compressed_files"):
                 row[k] += t.get(k, 0)
+            if "allocated_bytes" in t:  # a node of this version: what the filesystem holds for the copies
+                row["allocated_bytes"] = row.get("allocated_bytes", 0) + t["allocated_bytes"]
             decoded = t.get("decoded_cache") or {}  # decoded files kept for native re-opens (not in "used")
             row["decoded_bytes"] += decoded.get("bytes", 0)
             row["decoded_files"] += decoded.get("files", 0)

@@ -59,10 +59,11 @@ def setup(tmp_path):
     for i in range(8):
         (root / f"f{i}.bin").write_bytes(os.urandom(1000 + i))
     cfg = tmp_path / "c.yaml"
+    unit = os.statvfs(tmp_path).f_frsize  # a copy takes whole blocks of the peer area's filesystem
     cfg.write_text(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
-peer: {{path: "{tmp_path}/peer", capacity: 2500, timeout: 0.2}}
+peer: {{path: "{tmp_path}/peer", capacity: {2 * unit + unit // 2}, timeout: 0.2}}  # room for two files
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
 """)
     make_bases(cfg)

@@ -25,10 +25,11 @@ def served(short_tmp):
         with open(os.path.join(root, "d", f"f{i:02d}.bin"), "wb") as f:
             f.write(os.urandom(1000))
     cfg = os.path.join(short_tmp, "c.yaml")
+    unit = os.statvfs(short_tmp).f_frsize  # each copy takes whole blocks of the tier's filesystem
     with open(cfg, "w") as f:  # room for 20 of the 40 files; no read-ahead of its own
         f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{short_tmp}/run"
-tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 20000}}]
+tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: {20 * unit}}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
 """)
     make_bases(cfg)
