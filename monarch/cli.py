@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import os
-import socket
 import stat
 import sys
 import time

@@ -30,3 +30,16 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def allocated_size(size: int, unit: int) -> int:
+    """What a file of ``size`` bytes takes on a filesystem allocating ``unit`` bytes at a
+    time: ``size`` rounded up to the unit (0 bytes take nothing).
+
+    Left out, on purpose: inodes and directory entries (tmpfs keeps them in kernel memory
+    that its ``df`` does not count as used; ext4's inode tables are made with the
+    filesystem; a directory's own blocks are few), ext4 extent-tree blocks of a very
+    fragmented large file, and tmpfs mounted ``huge=`` (2 MiB pages for large files). A
+    filesystem that stores small files inline (ext4 ``inline_data``, off by default; btrfs)
+    or compresses takes less than this: the account errs on the safe side."""
+    return -(-size // unit) * unit

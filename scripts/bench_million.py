@@ -23,8 +23,9 @@ the daemon's and the command's stamps compare):
                        right after it): interpreters, the daemon's start, and the wait for
                        the index that the shim's first call under the root makes. Three jobs:
                        read-ahead (shipped, first job: the kept snapshot removed before),
-                       ``staging.policy: on-access`` (first job), and the shipped
-                       configuration again with the snapshot the previous job kept (reused).
+                       ``staging.policy: on-access`` with the tiers kept (first job), and that
+                       configuration again with the snapshot the previous job kept (reused:
+                       a snapshot is saved for the next job only beside kept copies).
   to the whole index   launch -> the daemon's ``phase snapshot.ready`` (its -vv log): the
                        index the shim maps is written and the held requests are answered.
   walk per file        the daemon's ``snapshot.start -> snapshot.done`` / files (on-access job:
@@ -406,12 +407,15 @@ def run_direct(work: Path, root: Path, args) -> dict:
 
 
 def on_access_config(work: Path) -> Path:
-    """The shipped defaults with ``staging.policy: on-access`` (nothing else changed)."""
+    """The shipped defaults with ``staging.policy: on-access`` and the tiers kept (``keep:
+    true``): a job saves its snapshot for the next only beside kept copies, and the on-access
+    job (a stat, nothing staged) leaves the index the reused job starts from."""
     text = (REPO / "monarch" / "config" / "defaults.yaml").read_text()
-    if "policy: read-ahead" not in text:
-        raise SystemExit("bench_million: monarch/config/defaults.yaml no longer says 'policy: read-ahead'")
+    for line in ("policy: read-ahead", "keep: false"):
+        if line not in text:
+            raise SystemExit(f"bench_million: monarch/config/defaults.yaml no longer says {line!r}")
     path = work / "on-access.yaml"
-    path.write_text(text.replace("policy: read-ahead", "policy: on-access"))
+    path.write_text(text.replace("policy: read-ahead", "policy: on-access").replace("keep: false", "keep: true"))
     return path
 
 
@@ -551,7 +555,7 @@ def main(argv=None) -> int:
             r["direct"] = run_direct(work, root, args)
             r["copy"] = run_copy(root, shm, args)
             r["onaccess"] = run_monarch(root, work, args, f"r{i}onaccess", "stat", onaccess)
-            r["reuse"] = run_monarch(root, work, args, f"r{i}reuse", "stat", cold=False)
+            r["reuse"] = run_monarch(root, work, args, f"r{i}reuse", "stat", onaccess, cold=False)
             runs.append(r)
             s = r["stage"]
             print(f"repeat {i + 1}/{args.repeats}: find {r['find']['wall']:.2f} s; read-ahead job: first stat "

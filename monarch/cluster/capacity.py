@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..sizes import allocated_size
 from .placement import Placement
 
 if TYPE_CHECKING:
@@ -59,18 +60,24 @@ def weights(capacities: list[tuple[int, int]], mode: str) -> list[int]:
     return ws if any(ws) else [1] * len(capacities)
 
 
-def exchange(cluster: Cluster, tiers_bytes: int, peer_bytes: int, timeout: float | None = 120.0) -> list[tuple[int, int]]:
-    """Collective: every node's (tiers' bytes, peer area's bytes), indexed by node. Known
-    before the walk (a node stages what it surely owns as the walk goes: see early.py)."""
-    gathered = cluster.allgather_ints([tiers_bytes, peer_bytes], timeout)
-    return [(int(t), int(p)) for t, p in gathered]
+def exchange(cluster: Cluster, tiers_bytes: int, peer_bytes: int, unit: int = 1,
+             timeout: float | None = 120.0) -> tuple[list[tuple[int, int]], int]:
+    """Collective: every node's (tiers' bytes, peer area's bytes), indexed by node, and the
+    largest allocation unit of their tiers (what a file's copy takes is its size rounded up
+    to it: the placement weighs files by that, so that each owner's share fits its tiers as
+    they count it). Known before the walk (a node stages what it surely owns as the walk
+    goes: see early.py)."""
+    gathered = cluster.allgather_ints([tiers_bytes, peer_bytes, unit], timeout)
+    return [(int(t), int(p)) for t, p, _ in gathered], max(1, max(int(u) for _, _, u in gathered))
 
 
-def plan(cluster: Cluster, files: dict, capacities: list[tuple[int, int]]) -> Layout:
-    """Decide, build the placement (the same on every node) and hand it to ``cluster``."""
-    total = sum(info.size for info in files.values())
+def plan(cluster: Cluster, files: dict, capacities: list[tuple[int, int]], unit: int = 1) -> Layout:
+    """Decide, build the placement (the same on every node) and hand it to ``cluster``; each
+    file weighs what its copy takes, its size rounded up to ``unit``."""
+    total = sum(allocated_size(info.size, unit) for info in files.values())
     mode, why = decide(capacities, total)
-    placement = Placement.build(((k, info.size) for k, info in files.items()), weights(capacities, mode))
+    placement = Placement.build(((k, allocated_size(info.size, unit)) for k, info in files.items()),
+                                weights(capacities, mode))
     cluster.use_placement(placement)
     owned_files = owned_bytes = 0
     for key, info in files.items():

@@ -36,6 +36,7 @@ from monarch.node.sources import PeerSource
 from monarch.node.stager import Stager
 from monarch.node.stats import ClusterSlice
 from monarch.node.tiers import Tier
+from monarch.sizes import allocated_size
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class ClusterRole:
         self._current = current
         self._opened_from = opened_from
         self._lock = threading.Lock()
+        self._unit = max((t.unit for t in tiers), default=1)  # a copy takes its size rounded up to it
         self.replica_served = {"files": 0, "bytes": 0}  # sent to peers from second copies after a loss
         self.opened_from_at_loss: dict | None = None
         self.reowned_files = 0  # files of lost nodes this node took over
@@ -130,7 +132,8 @@ class ClusterRole:
         tiers = sum(t.capacity for t in self._tiers)
         peer = self.peer_area.capacity if self.peer_area is not None else 0
         try:
-            return capacity.exchange(self.cluster, tiers, peer)
+            capacities, self._unit = capacity.exchange(self.cluster, tiers, peer, self._unit)
+            return capacities
         except PeerError as e:  # fail open: rendezvous ownership, the peer area a store, the PFS when full
             log.warning("the nodes' capacities were not exchanged (%s): files are owned by rendezvous hashing", e)
             return None
@@ -140,7 +143,7 @@ class ClusterRole:
         the peer area becomes an evicting cache."""
         from monarch.cluster import capacity
         if capacities is not None:
-            self.layout = capacity.plan(self.cluster, snap.files, capacities)
+            self.layout = capacity.plan(self.cluster, snap.files, capacities, self._unit)
         if self.sharded():
             self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
 
@@ -156,7 +159,8 @@ class ClusterRole:
             if self.node != 0:
                 growing.files.update(files)
             if early is not None:
-                stager.read_ahead_more(early.add([(key, info.size) for key, info in files.items()]))
+                stager.read_ahead_more(early.add([(key, allocated_size(info.size, self._unit))
+                                                  for key, info in files.items()]))
 
         def take(publish: Callable[[dict], None]) -> tuple[Snapshot, str]:  # node 0
             sent: set[str] = set()

@@ -18,6 +18,8 @@ from typing import Callable
 
 import psutil
 
+from monarch.sizes import allocated_size  # noqa: F401 (the tiers' and tests' name for it here)
+
 log = logging.getLogger(__name__)
 
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
@@ -67,19 +69,6 @@ def allocation_unit(path: str) -> int:
     except OSError:
         return mmap.PAGESIZE
     return st.f_frsize or st.f_bsize or mmap.PAGESIZE
-
-
-def allocated_size(size: int, unit: int) -> int:
-    """What a file of ``size`` bytes takes on a filesystem allocating ``unit`` bytes at a
-    time: ``size`` rounded up to the unit (0 bytes take nothing).
-
-    Left out, on purpose: inodes and directory entries (tmpfs keeps them in kernel memory
-    that its ``df`` does not count as used; ext4's inode tables are made with the
-    filesystem; a directory's own blocks are few), ext4 extent-tree blocks of a very
-    fragmented large file, and tmpfs mounted ``huge=`` (2 MiB pages for large files). A
-    filesystem that stores small files inline (ext4 ``inline_data``, off by default; btrfs)
-    or compresses takes less than this: the account errs on the safe side."""
-    return -(-size // unit) * unit
 
 
 def share_of_node(path: str, share: float) -> tuple[int, str]:

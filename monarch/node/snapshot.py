@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 

@@ -169,7 +169,7 @@ def test_a_daemon_killed_mid_job_costs_its_share(victim, dataset, short_tmp, slo
     """Dataset spread over the nodes (~1/3 each), readers fetching most of their shard from
     owners; the victim is killed once its reader finished epoch 0."""
     ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
-    cfg = shard_config(short_tmp, ds.root, ds.total // 3)
+    cfg = shard_config(short_tmp, ds.root, ds.allocated // 3)
     cluster, up, _ = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
     if cluster.launch.engine != "ulfm":
         return  # MPICH: hydra takes the survivors down; the readers still read right bytes (fail open)
@@ -208,7 +208,7 @@ def test_with_two_replicas_a_lost_daemon_s_share_is_served_from_second_copies(da
     copies fetched from the owners: the PFS is not read for it again."""
     victim = 2
     ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
-    cfg = shard_config(short_tmp, ds.root, ds.total * 7 // 10, replicas=2)
+    cfg = shard_config(short_tmp, ds.root, ds.allocated * 7 // 10, replicas=2)
     cluster, up, results = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
     if cluster.launch.engine != "ulfm":
         return
@@ -238,7 +238,7 @@ def test_a_daemon_killed_at_a_random_point_never_hangs(seed, dataset, short_tmp,
     rng = random.Random(seed)
     victim = rng.randrange(NODES)
     ds, pfs = mounted_dataset(dataset, slow_pfs, files=160, size="16KiB")
-    cfg = shard_config(short_tmp, ds.root, ds.total // 3)
+    cfg = shard_config(short_tmp, ds.root, ds.allocated // 3)
     cluster = Cluster(NODES, cfg, short_tmp)
     try:
         results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, rng.uniform(0.0, 4.0))

@@ -33,7 +33,7 @@ def test_sharded_dataset_over_the_nodes_storage_reads_the_pfs_once(dataset, shor
     ds = dataset(files=files, size="16KiB")
     pfs = slow_pfs(ds.root, open_latency_ms=1)
     mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
-    cfg = shard_config(short_tmp, mounted.root, ds.total // 3)
+    cfg = shard_config(short_tmp, mounted.root, ds.allocated // 3)
     cluster = Cluster(nodes, cfg, short_tmp)
     try:
         outs = finish(shard_readers(cluster, mounted, nodes, epochs=3))  # exit 0: every digest right
@@ -71,7 +71,7 @@ def test_readers_started_with_the_daemons_wait_for_them_and_read_the_pfs_once(da
     ds = dataset(files=files, size="16KiB")
     pfs = slow_pfs(ds.root, open_latency_ms=1)
     mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
-    cfg = shard_config(short_tmp, mounted.root, ds.total // 3)
+    cfg = shard_config(short_tmp, mounted.root, ds.allocated // 3)
     holder = type("H", (), {"cfg": cfg})
     procs = shard_readers(holder, mounted, nodes, epochs=2)  # before mpiexec even starts
     time.sleep(2)  # the launchers are up and looking before any daemon is

@@ -66,7 +66,7 @@ def test_it_climbs_while_more_copies_pay_and_comes_back_when_they_stop_paying():
     assert c.limit in (4, 8)
 
 
-def test_fixed_and_starved_windows_do_not_move_it():
+def test_fixed_limits_and_starved_windows_do_not_move_it():
     assert Concurrency(fixed=5).limit == 5
     now = [0.0]
     c = Concurrency(clock=lambda: now[0])

@@ -193,3 +193,21 @@ def test_cluster_owner_after_a_loss_moves_only_the_lost_nodes_keys():
         moved = [k for k in before if before[k] != after[k]]
         assert moved and all(before[k] == 2 for k in moved)
         assert sum(1 for k in before if before[k] == 2) == len(moved) and 2 not in after.values()
+
+
+def test_the_layout_weighs_each_file_by_what_its_copy_takes():
+    """Issue 32: a tier counts a copy in whole blocks, so the layout does too: 100 one-byte
+    files take 400 KiB of 4 KiB blocks, more than a node's 300 KiB, though their bytes fit."""
+    from monarch.cluster import capacity
+    from monarch.node.snapshot import FileInfo
+
+    class Nodes:
+        node, placement = 0, None
+
+        def use_placement(self, placement):
+            self.placement = placement
+
+    files = {f"0/f{i}": FileInfo(1, 0) for i in range(100)}
+    nodes = [(300 << 10, 0), (300 << 10, 0)]
+    assert capacity.plan(Nodes(), files, nodes, unit=1).mode == capacity.REPLICATE
+    assert capacity.plan(Nodes(), files, nodes, unit=4096).mode == capacity.SHARD

@@ -388,15 +388,6 @@ def test_adaptive_concurrency_climbs_while_it_pays_and_stops_at_the_plateau():
     assert Concurrency(fixed=5).limit == 5
 
 
-def test_a_starved_window_does_not_move_the_limit():
-    now = [0.0]
-    c = Concurrency(clock=lambda: now[0])
-    for _ in range(50):
-        now[0] += 0.01
-        c.starved()
-        c.completed(0.01)
-    assert c.limit == 8 and c.history == []
-
 
 def per_key_reads(stager):
     counts = collections.Counter()
