@@ -57,8 +57,10 @@ the daemon's and the command's stamps compare):
                        daemon and the command (each waited for by its parent); the daemon's
                        own from its -vv ``phase daemon.closed cpu=`` line (added to the job's
                        when the launcher left before reaping it).
-  first stat           flagged n/a when it returned before the snapshot was ready: the shim
-                       stopped waiting for the index and the process ran on the PFS.
+  first stat           a stat made before the index is written waits for it at most
+                       MONARCH_SHIM_INDEX_WAIT_MS, then is answered by the PFS and counted
+                       (the report's pfs_before_index): the row says how many were; flagged
+                       n/a only when it went to the PFS uncounted (the shim lost its daemon).
 
 A figure that cannot be measured cleanly is printed as n/a with the reason. After each
 Monarch job the benchmark checks that the job's tier directories are gone from /dev/shm
@@ -344,10 +346,15 @@ def run_monarch(root: Path, work: Path, args, tag: str, mode: str, config: Path 
                              f"finished its tear-down (the daemon's CPU is added to the job's from its log)")
         r["cpu"] += r["daemon_cpu"] or 0.0
     if "snapshot.ready" in ph and res["stat_at"] < ph["snapshot.ready"]:
-        r["stat_before_index"] = True
-        r["warnings"].append(f"the command's stat returned {ph['snapshot.ready'] - res['stat_at']:.1f} s before the "
-                             f"snapshot was ready: the shim stopped waiting for the index and sent the process to "
-                             f"the PFS (report metadata: {rep.get('metadata')})")
+        early = rep.get("pfs_before_index") or {}
+        if early.get("metadata") or early.get("opens"):  # the shim's bounded wait, then the PFS, counted
+            r["stat_from_pfs_before_index"] = True
+        else:  # not counted as such: the shim lost its daemon
+            r["stat_before_index"] = True
+            r["warnings"].append(f"the command's stat returned {ph['snapshot.ready'] - res['stat_at']:.1f} s before "
+                                 f"the snapshot was ready and was not counted as a call before the index: the shim "
+                                 f"lost its daemon (report: {rep.get('pfs_daemon_lost')}, metadata "
+                                 f"{rep.get('metadata')})")
     if "command.end" in ph:
         r["tail"] = t1 - ph["command.end"]
     if rep["dataset"]["files"] != args.files:
@@ -464,18 +471,22 @@ def rows(runs: list[dict], args) -> list[dict]:
                 "baseline": "-", "ratio": None, "target": "", "met": None})
     def gave_up(kind: str) -> str | None:
         if any(r[kind].get("stat_before_index") for r in runs):
-            return "the shim gave up waiting for the index: the stat went to the PFS; see the warnings"
+            return "the shim lost its daemon: the stat went to the PFS uncounted as early; see the warnings"
         return None
 
-    row("start-up to first stat: read-ahead, first job", col("stage", "first_stat"), "s", "find", find, "s",
-        "<= 2x find", "<=", 2, why=gave_up("stage"))
-    row("start-up to first stat: policy on-access", col("onaccess", "first_stat"), "s", "find", find, "s",
-        "<= 2x find", "<=", 2, why=gave_up("onaccess"))
+    def early(kind: str) -> str:
+        n = sum(1 for r in runs if r[kind].get("stat_from_pfs_before_index"))
+        return f" ({n} of {len(runs)} answered by the PFS before the index, counted)" if n else ""
+
+    row("start-up to first stat: read-ahead, first job" + early("stage"), col("stage", "first_stat"), "s", "find",
+        find, "s", "<= 2x find", "<=", 2, why=gave_up("stage"))
+    row("start-up to first stat: policy on-access" + early("onaccess"), col("onaccess", "first_stat"), "s", "find",
+        find, "s", "<= 2x find", "<=", 2, why=gave_up("onaccess"))
     reused = [r["reuse"] for r in runs]
     why = gave_up("reuse") or (None if all(str(r.get("snapshot", "")).startswith("reused") for r in reused) else
                                f"the snapshot was not reused: {reused[0].get('snapshot')}")
-    row("start-up to first stat: saved index reused", col("reuse", "first_stat"), "s", "find", find, "s",
-        "<= 2x find", "<=", 2, why=why)
+    row("start-up to first stat: saved index reused" + early("reuse"), col("reuse", "first_stat"), "s", "find", find,
+        "s", "<= 2x find", "<=", 2, why=why)
     row("to the whole index (snapshot ready), first job", col("stage", "whole_index"), "s", "find", find, "s",
         "<= 5x find", "<=", 5)
     row("  same, policy on-access", col("onaccess", "whole_index"), "s", "find", find, "s", "<= 5x find", "<=", 5)
