@@ -382,7 +382,12 @@ class NodeDaemon:
 
     def _count_fallback(self, why: str) -> None:
         """The stager's word that a peer could not help and the PFS was used (replicating)."""
-        self.count(Outcome(why))
+        try:
+            outcome = Outcome(why)
+        except ValueError:  # a reason not declared in outcomes.py: still counted, never the copy's failure
+            log.warning("a fallback for an undeclared reason %r, counted as %s", why, Outcome.FALLBACK_PEER_FAILED)
+            outcome = Outcome.FALLBACK_PEER_FAILED
+        self.count(outcome)
 
     def provide(self, key: str):
         """A peer's request for ``key`` (the cluster role answers it; None alone on a node)."""

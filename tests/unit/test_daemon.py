@@ -185,3 +185,14 @@ def test_the_snapshot_is_kept_out_of_the_garbage_collectors_walks(setup):
             d.close()
     finally:
         gc.unfreeze()
+
+
+def test_a_fallback_for_an_undeclared_reason_is_counted_not_raised(setup):
+    """The stager tells the daemon why a peer could not help (replicating); a reason that
+    outcomes.py does not declare must still be counted, never fail the copy it came from."""
+    make, _ = setup
+    d = make(FakeCluster(node=0))
+    d._count_fallback("peer_down")
+    d._count_fallback("a_reason_from_the_future")
+    assert d.stats()["resolves"] == {"peer_down": 1, "peer_failed": 1}
+    d.close()
