@@ -85,8 +85,8 @@ class DoorLink(StagerListener):
                 books.count_read_locked("pfs", int(ev.kind == EV_STAGED or ev.bytes_read > 0), ev.bytes_read)
                 if ev.kind == EV_STAGED:
                     tier = next(t for t in books.tiers if t.slot == ev.slot)
-                    books.enter_copy_locked(ev.key, tier, ev.size)
-                    staged += 1
+                    if books.enter_copy_locked(ev.key, tier, ev.size):  # False: no room for its blocks, removed
+                        staged += 1
             self._tend_locked()
         return staged
 

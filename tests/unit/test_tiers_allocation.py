@@ -170,3 +170,59 @@ def test_the_reports_show_the_allocation_beside_the_bytes_and_how_full_by_it():
     out = []
     text._print_tiers(old, out.append)
     assert "1.0 MiB / 4.0 MiB (25%)" in out[1] and "allocated" not in "".join(out)
+
+
+class FakeDoor:
+    """The front door as DoorLink drives it (its events, claims and lease), without its threads."""
+
+    def __init__(self, slot, events):
+        self.copy_slot, self._events, self.forgotten = slot, events, []
+
+    def events(self):
+        out, self._events = self._events, []
+        return out
+
+    def claim(self, key):
+        return True
+
+    def staged(self, key, slot):
+        pass
+
+    def forget(self, key):
+        self.forgotten.append(key)
+
+    def copying(self, on):
+        pass
+
+    def disable(self):
+        pass
+
+    def lease(self):
+        return 0
+
+    def grant(self, nbytes):
+        pass
+
+    def reclaim(self):
+        return 0
+
+
+def test_a_door_copy_removed_for_its_blocks_is_not_counted_as_staged(tmp_path):
+    """The daemon counts what the door staged from ``DoorLink.absorb``: a copy removed because
+    its blocks did not fit is no staged file."""
+    from monarch.frontdoor import EV_STAGED, DoorEvent
+    from monarch.node.door_link import DoorLink
+    (tmp_path / "t").mkdir()
+    tier = Tier.from_config(TierConfig("t", str(tmp_path / "t"), 4096 + 2000, False), 2, "r1", 0, ())
+    tier.unit = 4096
+    stager = Stager(take_snapshot(()), [tier], threads=1)
+    for key in ("a", "b"):
+        with open(tier.path_for(key), "wb") as f:
+            f.write(b"x" * 1000)
+    assert tier.reserve(2000, counted=False)  # the door paid the files' bytes out of its lease
+    door = FakeDoor(tier.slot, [DoorEvent(EV_STAGED, tier.slot, 1000, 1000, 0.001, key) for key in ("a", "b")])
+    link = DoorLink(door, stager, may_copy=False)
+    assert link.absorb() == 1  # a staged; b removed: a's page and b's bytes leave no room for b's page
+    assert stager.where("a") is tier and stager.where("b") is None and door.forgotten == ["b"]
+    stager.shutdown()
+    tier.remove()
