@@ -80,10 +80,6 @@ class FileTable(MutableMapping[str, FileInfo]):
         """``key``'s position in the table's order (its insertion), or None."""
         return self._where.get(key)
 
-    def size_of(self, key: str) -> int:
-        """``self[key].size`` without building the record."""
-        return self._rows[self._where[key] * _FIELDS + _SIZE]
-
     def __setitem__(self, key: str, info: FileInfo) -> None:
         row = self._where.get(key)
         if row is None:
@@ -176,9 +172,7 @@ class Listing(Sequence[tuple[bytes, int, int]]):
             return iter(())
         return zip(self._names.split(b"\0"), self._types, self._inos)
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return tuple(self)[i]
+    def __getitem__(self, i):  # an entry or a slice, as of the tuple (rare: listings are iterated)
         return tuple(self)[i]
 
     def __eq__(self, other: object) -> bool:

@@ -75,10 +75,9 @@ class Resolver:
 
     def resolve_now(self, key: str) -> tuple[int, str] | None:
         """The answer when it needs no waiting (the event loop answers these itself), else None."""
-        info = self._current.snapshot.get(key)
         if (why := self._no_snapshot()) is not None:
             answer, outcome = PFS, why
-        elif info is None:
+        elif key not in self._current.snapshot.files:  # a membership test: no record built
             answer, outcome = PFS, Outcome.PFS_NOT_IN_SNAPSHOT
         elif self._staging.validate == "open" and key not in self._validated:
             return None

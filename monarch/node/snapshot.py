@@ -66,12 +66,9 @@ class Snapshot:
         return index_writer.index_bytes(self)
 
     def index_parts(self) -> list:
-        """The index as the buffers that make it (``write_file_atomically`` writes them in turn)."""
+        """The index the shim maps (protocol.py, "Snapshot index") as the buffers that make it
+        (``write_file_atomically`` writes them in turn)."""
         return index_writer.index_parts(self)
-
-    def write_index(self, path: str) -> None:
-        """The index the shim maps (protocol.py, "Snapshot index"), written atomically."""
-        write_file_atomically(path, self.index_parts())
 
     def with_local_devices(self) -> "Snapshot":
         """The snapshot with each root's st_dev as this node sees it (a snapshot received from
@@ -279,7 +276,7 @@ def _info_of(fields: tuple, link: bool = False) -> FileInfo:
 
 
 def read_index(data: bytes, roots: tuple[str, ...]) -> Snapshot:
-    """The snapshot an index file was written from (``Snapshot.write_index``'s inverse)."""
+    """The snapshot an index file was written from (``Snapshot.index_parts``' inverse)."""
     idx = protocol.Index(data)
     files, dirs, links = FileTable(), {}, {}
     for n in idx.keyed():

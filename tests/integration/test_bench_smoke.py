@@ -181,4 +181,4 @@ def test_bench_million_prints_every_row_and_writes_its_json(tmp_path: Path) -> N
     run = data["runs"][0]
     assert run["stage"]["dataset_files"] == 2000 and run["stage"]["result"]["staged"] == 2000
     assert run["reuse"]["snapshot"].startswith("reused"), run["reuse"]["snapshot"]
-    assert run["stage"]["opened_from"]["ram"]["opens"] >= 2 * 500 and run["stage"]["opened_from"]["pfs"]["opens"] == 0
+    assert run["stage"]["opened_from"]["ram"]["opens"] == 2 * 500 and run["stage"]["opened_from"]["pfs"]["opens"] == 0
