@@ -70,6 +70,10 @@ class Snapshot:
         (``write_file_atomically`` writes them in turn)."""
         return index_writer.index_parts(self)
 
+    def write_index(self, path: str) -> None:
+        """The index written atomically at ``path`` (scripts/bench_shim.py maps one)."""
+        write_file_atomically(path, self.index_parts())
+
     def with_local_devices(self) -> "Snapshot":
         """The snapshot with each root's st_dev as this node sees it (a snapshot received from
         another node carries that node's device numbers, which need not be ours)."""
@@ -276,7 +280,7 @@ def _info_of(fields: tuple, link: bool = False) -> FileInfo:
 
 
 def read_index(data: bytes, roots: tuple[str, ...]) -> Snapshot:
-    """The snapshot an index file was written from (``Snapshot.index_parts``' inverse)."""
+    """The snapshot an index file was written from (``Snapshot.write_index``'s inverse)."""
     idx = protocol.Index(data)
     files, dirs, links = FileTable(), {}, {}
     for n in idx.keyed():
