@@ -161,7 +161,8 @@ class FrontDoor:
         return {"hits_by_slot": {s: arr[s] for s in range(n) if arr[s]}, "copies": arr[n], "handed_over": arr[n + 1],
                 "failed_copies": arr[n + 2], "pfs_bytes_read": arr[n + 3],
                 "handed_over_because": {why: arr[n + 4 + i] for i, why in enumerate(HANDED_OVER_BECAUSE) if arr[n + 4 + i]},
-                # closed at once while the Python server had HANDED_MAX waiting (a flood)
+                # closed at once while the Python server had HANDED_MAX waiting (a flood), or
+                # with no descriptor left to accept them
                 "closed_too_many": arr[n + 4 + len(HANDED_OVER_BECAUSE)]}
 
     def stop(self) -> None:

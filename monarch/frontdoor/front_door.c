@@ -14,7 +14,8 @@
  * while by the walk's own work) from a lost one; once Python says the snapshot settled
  * (front_door_settle) polls are Python's, which knows whether it is ready or failed.
  * the door never refuses a request and never decides policy (only a flood beyond
- * HANDED_MAX connections waiting for Python is closed unread).
+ * HANDED_MAX connections waiting for Python, or one arriving with no descriptor left, is
+ * closed unread).
  *
  * Python keeps the policy and the books. It tells the door which keys are staged where
  * (front_door_staged / front_door_forget), which keys it copies itself
@@ -114,6 +115,8 @@ struct worker {                        /* one thread of the door: its own epoll 
     uint64_t tmp_seq;
     char *copy_buf;
     int sched_fd;                      /* /proc/thread-self/schedstat, or -1 */
+    int spare_fd;                      /* /dev/null held back: given up to refuse a connection when
+                                          the process is out of descriptors, or -1 */
 };
 
 struct door {
@@ -677,6 +680,25 @@ static void on_readable(struct worker *w, struct conn *c)
     }
 }
 
+/* Out of descriptors: the connection would wait in the backlog, its listening socket
+ * readable, this loop spinning on it. The spare is given up to accept it and close it at
+ * once (its shim reads the PFS), then taken back. */
+static int refuse_one(struct worker *w)
+{
+    if (w->spare_fd < 0)
+        return 0;
+    close(w->spare_fd);
+    int fd = accept4(w->d->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd >= 0) {
+        close(fd);
+        pthread_mutex_lock(&w->d->mu);
+        w->d->closed_too_many++;
+        pthread_mutex_unlock(&w->d->mu);
+    }
+    w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return fd >= 0;
+}
+
 static void on_accept(struct worker *w)
 {
     struct door *d = w->d;
@@ -685,7 +707,9 @@ static void on_accept(struct worker *w)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            return;                    /* EAGAIN; or EMFILE and friends: the next turn retries */
+            if ((errno == EMFILE || errno == ENFILE) && refuse_one(w))
+                continue;
+            return;                    /* EAGAIN; or no spare left: the next turn retries */
         }
         struct ucred cred;
         socklen_t cl = sizeof cred;
@@ -750,6 +774,7 @@ static void *door_main(void *arg)
     struct worker *w = arg;
     struct epoll_event evs[64];
     w->sched_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);  /* this thread's */
+    w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     for (;;) {
         int n = epoll_wait(w->ep, evs, 64, w->npending ? 100 : -1);
         if (n < 0 && errno != EINTR)
@@ -1091,6 +1116,9 @@ EXPORT void front_door_stop(struct door *d)
         if (w->sched_fd >= 0)
             close(w->sched_fd);
         w->sched_fd = -1;
+        if (w->spare_fd >= 0)
+            close(w->spare_fd);
+        w->spare_fd = -1;
     }
     d->nworkers = 0;
     pthread_mutex_lock(&d->mu);

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import stat
 import threading
 import time
@@ -85,9 +86,11 @@ staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20}}
 
 
 def raise_fd_limit(want: int) -> None:
-    """At least ``want`` descriptors for this process (skip if the hard limit is lower); left
-    raised: the daemon's side of a test's connections closes lazily."""
+    """At least ``want`` descriptors more than this process has open now (skip if the hard
+    limit is lower); left raised: the daemon's side of a test's connections closes lazily,
+    so earlier tests may still hold hundreds."""
     import resource
+    want += len(os.listdir("/proc/self/fd"))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft >= want:
         return
@@ -425,3 +428,45 @@ def test_random_frames_never_take_the_door_down(short_tmp, daemon_on):
         else:
             assert status == daemon.tiers[0].slot and md5_of(path) == sums[key]
     assert daemon.stats()["front_door"]["handed_over"] > 0 and server.errors  # odd ones went to Python, refused
+
+
+def test_out_of_descriptors_closes_at_once_and_does_not_spin(short_tmp):
+    """With the process out of descriptors, a connection the door cannot accept is closed at
+    once (its shim reads the PFS) with the spare descriptor the door holds back, and counted:
+    not left in the backlog, the listening socket readable and the door's loop spinning
+    (the old door spun until a descriptor came free, its client waiting all that time).
+    A bare door, no daemon: no other thread here opens or closes descriptors meanwhile."""
+    import resource
+    path = os.path.join(short_tmp, "door.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    os.makedirs(os.path.join(short_tmp, "ram"))
+    door = frontdoor.FrontDoor(listener.fileno(), [short_tmp], {0: os.path.join(short_tmp, "ram")}, 0)
+    clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(5)]  # made while fds are free
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers, got = [], []
+    before = time.process_time()
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 1, hard))
+        while True:  # the holes below the limit filled too: no descriptor left to take
+            try:
+                fillers.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                break
+        for s in clients:
+            s.settimeout(5)
+            s.connect(path)
+            got.append(s.recv(8))
+        spent = time.process_time() - before
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for s in clients:
+            s.close()
+        door.stop()
+        listener.close()
+    assert got == [b""] * len(clients)  # closed: the shim reads the PFS
+    assert door.counts()["closed_too_many"] == len(clients)
+    assert spent < 0.5  # no thread of this process spun on the listening socket
