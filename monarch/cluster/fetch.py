@@ -9,6 +9,7 @@ failure is a ``PeerError`` with its ``FailureReason``, counted in ``fetch_failur
 
 from __future__ import annotations
 
+import os
 import queue
 import time
 from typing import Callable
@@ -16,6 +17,7 @@ from typing import Callable
 import zstandard
 
 from ..errors import FailureReason, PeerError
+from . import datapath as dp
 from . import transfer
 from .counters import PeerCounters
 from .engine import Engine
@@ -35,6 +37,7 @@ class Fetcher:
         self._counters = counters
         self._tuning = tuning
         self._reowned = reowned      # was the key's first owner lost (a survivor stages it now)?
+        self.datapath: dp.DataPath | None = None  # Cluster.use_datapath
         self._closed = False
         # engine thread
         self._tags: dict[int, Incoming] = {}
@@ -46,7 +49,7 @@ class Fetcher:
         self._closed = True
 
     # -- fetching thread ---------------------------------------------------------------
-    def fetch(self, owner: int, key: str, dest: str | int) -> int:
+    def fetch(self, owner: int, key: str, dest: str | int, size: int | None = None) -> int:
         """See ``Cluster.fetch``."""
         node, nodes, live = self._tuning.node, self._tuning.nodes, self._liveness
         if not (0 <= owner < nodes) or owner == node:
@@ -59,6 +62,10 @@ class Fetcher:
         if live.is_down(owner):
             raise self._failure(FailureReason.PEER_DOWN, f"fetch {key!r}: node {owner} is not answering")
         timeout = self._tuning.peer_timeout
+        if self.datapath is not None and size is not None and size <= dp.ONE_MESSAGE_MAX:
+            written = self._fetch_direct(owner, key, dest, size)
+            if written is not None:
+                return written
         if live.lost and self._reowned(key):  # its new owner stages it now, behind its own share: do not wait long
             timeout = min(timeout, REOWNED_WAIT)
         xfer = Incoming(self._engine, owner, key, self._tuning.chunk_size, self._tuning.window,
@@ -78,6 +85,29 @@ class Fetcher:
             raise
         self._counters.received(written, size)
         return written
+
+    def _fetch_direct(self, owner: int, key: str, dest: str | int, size: int) -> int | None:
+        """Through the C data path: the bytes written, or None when the owner or the path
+        hands the file back (not staged there yet, compressed, an MPI error, no answer within a
+        heartbeat timeout): Python's protocol then does it all, with its liveness checks."""
+        fd = dest if isinstance(dest, int) else os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        try:
+            n = self.datapath.fetch(owner, key, size, fd, min(self._tuning.peer_timeout, self._tuning.heartbeat_timeout))
+        finally:
+            if fd is not dest:
+                os.close(fd)
+        if n >= 0:  # counted by the data path (Cluster.counters), with what the front door fetched through it
+            return n
+        if n == dp.LOST:
+            raise self._failure(FailureReason.PEER_LOST, f"fetch {key!r}: node {owner} is lost")
+        if n == dp.CORRUPT:
+            raise self._failure(FailureReason.CORRUPT, f"fetch {key!r}: node {owner} sent another size than "
+                                f"the {size} bytes of the snapshot")
+        if n == dp.LOCAL_IO:
+            raise self._failure(FailureReason.LOCAL_IO, f"fetch {key!r}: writing fd {dest} failed")
+        if n == dp.STOPPED:
+            raise self._failure(FailureReason.NOT_RUNNING, f"fetch {key!r}: the peer layer is not running")
+        return None  # HANDED_BACK, TIMEOUT, MPI_ERROR
 
     def _receive(self, xfer: Incoming, size: int, dest: str | int, timeout: float, file_size: int,
                  encoding: int) -> int:

@@ -26,6 +26,7 @@ from . import world
 from .collective import Collectives
 from .control import ControlTable
 from .counters import PeerCounters
+from .datapath import DataPath
 from .engine import Engine
 from .fetch import Fetcher
 from .liveness import LossListener, Liveness
@@ -60,6 +61,8 @@ class Cluster:
         self._lost = self._liveness.lost            # node -> {"node", "at", "why"} (the liveness part's own map)
         self._counters = PeerCounters(self._lost)
         self._collectives = Collectives(MPI, comm, self._engine, self._liveness)
+        self.datapath: DataPath | None = None      # the C data path (from_world), when every node has it
+        self._datapath_at_loss: dict[str, int] | None = None
         self._fetcher = Fetcher(self._engine, comm.Get_attr(MPI.TAG_UB) or 32767, self._liveness, self._counters,
                                 self, self._reowned)
         self._server = Server(self._engine, self._counters, self)
@@ -76,7 +79,21 @@ class Cluster:
         MPI = world.load_mpi()
         comm = MPI.COMM_WORLD.Dup()      # our own tag space
         comm.Set_errhandler(MPI.ERRORS_RETURN)
-        return cls(MPI, comm, peer_timeout)
+        cluster = cls(MPI, comm, peer_timeout)
+        cluster.use_datapath(DataPath.start(MPI, comm))
+        return cluster
+
+    def use_datapath(self, datapath: DataPath | None) -> None:
+        """Small staged files cross through ``datapath`` (C) first; a lost node ends its fetches there too."""
+        self.datapath = datapath
+        self._fetcher.datapath = datapath
+        if datapath is not None:
+            self._liveness.on_loss(self._datapath_lost, "the data path")
+
+    def _datapath_lost(self, node: int, why: str) -> None:
+        self.datapath.lost(node)
+        if self._datapath_at_loss is None:  # what it moved after the first loss counts there too
+            self._datapath_at_loss = self.datapath.counts()
 
     def on_loss(self, callback: LossListener) -> None:
         """Call ``callback(node, why)`` on the engine thread when a node is lost (for the rest
@@ -145,18 +162,30 @@ class Cluster:
         self._liveness.start()
 
     # -- fetching ----------------------------------------------------------------------
-    def fetch(self, owner: int, key: str, dest: str | int) -> int:
+    def fetch(self, owner: int, key: str, dest: str | int, size: int | None = None) -> int:
         """Copy ``key`` from node ``owner`` into ``dest`` (a path, or a descriptor open for writing); return its size.
+        ``size`` (the snapshot's) lets a small file take the C data path, when there is one.
 
         Raises PeerError (its ``reason`` a FailureReason) when the owner refuses, does not
         answer the header within ``peer_timeout`` (this includes the owner staging the
         file), stalls for ``peer_timeout`` between chunks, or is known to be down (then at once).
         """
-        return self._fetcher.fetch(owner, key, dest)
+        return self._fetcher.fetch(owner, key, dest, size)
 
     def counters(self) -> dict[str, Any]:
         """A copy of the transfer counters (failures by reason)."""
         out = self._counters.snapshot()
+        if self.datapath is not None:  # what crossed through the C data path, each way
+            dp = out["datapath"] = self.datapath.counts()
+            at_loss = self._datapath_at_loss
+            for way, files, nbytes in (("sent", "served_files", "served_bytes"),
+                                       ("received", "fetched_files", "fetched_bytes")):
+                out[f"files_{way}"] += dp[files]
+                out[f"bytes_{way}"] += dp[nbytes]
+                out[f"wire_bytes_{way}"] += dp[nbytes]
+                if at_loss is not None:
+                    out["after_loss"][f"files_{way}"] += dp[files] - at_loss[files]
+                    out["after_loss"][f"bytes_{way}"] += dp[nbytes] - at_loss[nbytes]
         out["peers_down"] = sorted(self._liveness.down)
         out["lost"] = self.lost()
         return out
@@ -207,6 +236,8 @@ class Cluster:
         if self._liveness.down:
             world.note_failure(f"nodes {sorted(self._liveness.down)} were not answering")
         self._server.shutdown()
+        if self.datapath is not None:
+            self.datapath.stop()
         self._engine.stop()
 
     def __enter__(self) -> Cluster:

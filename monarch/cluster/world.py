@@ -61,8 +61,8 @@ def load_mpi() -> Any:
 
     - ``rc.finalize = False``: Monarch finalises MPI itself at exit, and only when no peer
       failed (after a failure MPICH's MPI_Finalize makes hydra kill every survivor).
-    - ``rc.thread_level = "serialized"``: one thread at a time calls MPI (the engine thread
-      once started, the caller's thread before).
+    - ``rc.thread_level = "multiple"``: the engine thread calls MPI on the cluster's
+      communicator while the C data path's thread calls it on its own (datapath.py).
     - ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` unless set: MPICH's waits in MPI_Init sleep, not spin.
     - SIGUSR1 is caught: hydra run with ``-disable-auto-cleanup`` signals every survivor when
       a rank dies, and the default action of SIGUSR1 is to terminate.
@@ -79,7 +79,7 @@ def load_mpi() -> Any:
         os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 
         mpi4py.rc.finalize = False
-        mpi4py.rc.thread_level = "serialized"
+        mpi4py.rc.thread_level = "multiple"
     else:
         log.debug("mpi4py.MPI was imported before Monarch: keeping its settings")
     from mpi4py import MPI

@@ -30,6 +30,7 @@ from monarch.config import Config
 from monarch.errors import PeerError
 from monarch.node.codecs import Compressed, needs_dictionary
 from monarch.node.current import Current
+from monarch.node.offers import Offers
 from monarch.node.peer_cache import PeerCache
 from monarch.node.snapshot import Snapshot
 from monarch.node.sources import PeerSource
@@ -53,10 +54,11 @@ class PeerLayer(Protocol):
     node: int
     nodes: int
     collective: bool
+    datapath: Any  # the C data path (cluster/datapath.DataPath: offered this node's raw staged copies), or None
 
     def owner(self, key: str) -> int: ...
     def first_owner(self, key: str) -> int: ...
-    def fetch(self, owner: int, key: str, dest: int) -> int: ...
+    def fetch(self, owner: int, key: str, dest: int, size: int | None = None) -> int: ...
     def share(self, take: Callable, timeout: float | None = None, on_files: Callable | None = None) -> Any: ...
     def start(self, provide: Callable[[str], Any], serve_threads: int = SERVE_THREADS) -> None: ...
     def on_loss(self, listener: Callable[[int, str], None]) -> None: ...
@@ -83,6 +85,7 @@ class ClusterRole:
         self.opened_from_at_loss: dict | None = None
         self.reowned_files = 0  # files of lost nodes this node took over
         self.reowned_held = 0   # ... of which it held a second copy already (peer.replicas: 2)
+        self.offers: Offers | None = None  # what the C data path answers peers by itself
         cluster.on_loss(self._note_loss)
 
     # -- who owns what ------------------------------------------------------------------
@@ -185,7 +188,9 @@ class ClusterRole:
 
     # -- staging, once the snapshot is ready ----------------------------------------------------
     def start(self) -> None:
-        """Serve peers from now on."""
+        """Serve peers from now on (the C data path what it can, Python's protocol the rest)."""
+        if self.cluster.datapath is not None:
+            self.offers = Offers(self.cluster.datapath, self.owns, self._current.stager, self._tiers)
         self.cluster.start(self.provide, SHARDED_SERVE_THREADS if self.sharded() else SERVE_THREADS)
 
     def read_ahead_order(self, keys: list[str]) -> Iterator[str]:

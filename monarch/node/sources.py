@@ -237,7 +237,7 @@ class PeerSource(Source):
         owner = self.cluster.owner(key)
         t0 = time.monotonic()
         try:
-            n = self.cluster.fetch(owner, key, out)
+            n = self.cluster.fetch(owner, key, out, info.size)
         except PeerError as e:
             if self.timeout is None:
                 raise

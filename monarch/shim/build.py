@@ -26,16 +26,16 @@ class ShimBuildError(RuntimeError):
     """The shim could not be compiled (kept free of package imports: setup.py loads this file by path)."""
 
 
-def build_shim(out: Path, source: Path = SOURCE, what: str = "the Monarch shim") -> Path:
-    """Compile the shim (or another of Monarch's C libraries: ``what``) to ``out``
-    (atomically: a half-written .so is never preloaded)."""
+def build_shim(out: Path, source: Path = SOURCE, what: str = "the Monarch shim", extra: list[str] = ()) -> Path:
+    """Compile the shim (or another of Monarch's C libraries: ``what``, with ``extra``
+    arguments) to ``out`` (atomically: a half-written .so is never preloaded)."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise ShimBuildError(f"cannot build {what}: no C compiler found; "
                            "install gcc (apt-get install gcc) or set CC")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
-    cmd = [cc, *CFLAGS, "-o", str(tmp), str(source), *LIBS]
+    cmd = [cc, *CFLAGS, "-o", str(tmp), str(source), *extra, *LIBS]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise ShimBuildError(f"building {what} failed: {' '.join(cmd)}\n{proc.stderr}")

@@ -44,8 +44,14 @@ def _have_mpi():
 
 def run_mpi(n, script, *args, flags=(), timeout=90):
     """Run ``mpiexec [flags] -n N python script args``; kill the whole process group on timeout."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
-    cmd = [_mpiexec(), *flags, "-n", str(n), sys.executable, str(HERE / script), *map(str, args)]
+    return run_mpi_with(_mpiexec(), n, script, *args, flags=flags, timeout=timeout)
+
+
+def run_mpi_with(mpiexec, n, script, *args, flags=(), timeout=90, env=None):
+    """``run_mpi`` with another ``mpiexec`` (Open MPI's) and ``env`` added to the environment."""
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    cmd = [mpiexec, *flags, "-n", str(n), sys.executable, str(HERE / script), *map(str, args)]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)

@@ -20,6 +20,7 @@ class FakeCluster:
     """Two nodes; keys are owned by the parity of their file number. ``mode`` makes the peer fail."""
 
     collective = False  # no collectives: no capacities exchanged, the walk not streamed
+    datapath = None  # no C data path
 
     def __init__(self, node=0, mode="ok", delay=0.0):
         self.node, self.nodes, self.mode, self.delay = node, 2, mode, delay
@@ -38,7 +39,7 @@ class FakeCluster:
     def on_loss(self, listener):
         self.loss_listeners.append(listener)
 
-    def fetch(self, owner, key, dest):
+    def fetch(self, owner, key, dest, size=None):
         self.fetches[key] += 1
         time.sleep(self.delay)
         if self.mode != "ok":

@@ -34,7 +34,7 @@ class Owner:
     def owner(self, key):
         return 1
 
-    def fetch(self, owner, key, dest):
+    def fetch(self, owner, key, dest, size=None):
         if key in self.fail:
             raise PeerError(f"fetch {key!r}: node 1 refused: no")
         with open(dest, "wb", closefd=not isinstance(dest, int)) as f:
@@ -88,7 +88,7 @@ class Gated(Owner):
         self.fetches = {}
         self.sizes = sizes or {}
 
-    def fetch(self, owner, key, dest):
+    def fetch(self, owner, key, dest, size=None):
         self.fetches[key] = self.fetches.get(key, 0) + 1
         assert self.gate.wait(10)
         n = super().fetch(owner, key, dest)

@@ -1,0 +1,153 @@
+"""The peer data path in C (``datapath.c``): staged files between daemons with no Python on the way.
+
+Built on first use against the MPI library this process loaded (its ``mpi.h`` beside it:
+the mpich wheel's, or the Open MPI prefix's), cached by the source's and the library's
+hash. It needs MPI_THREAD_MULTIPLE (``world.load_mpi`` asks for it): the Python engine keeps
+the control plane on the cluster's communicator while this path's thread owns a Dup of it.
+Whatever this path cannot do it hands back (``HANDED_BACK``): the caller then takes Python's
+protocol, which does everything (staging on demand, chunks, compressed copies, refusals).
+Without a compiler or ``mpi.h``, or with ``MONARCH_PEER_DATAPATH=0``, Python's protocol is
+the only one, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from monarch import protocol
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("datapath.c")
+
+# dp_fetch's answers below 0 (datapath.c DP_*)
+HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST = -1, -2, -3, -4, -5, -6, -7
+ONE_MESSAGE_MAX = 4 << 20  # datapath.c: larger files take Python's chunked path
+_NCOUNTS = 7
+ENV_DATAPATH = "MONARCH_PEER_DATAPATH"
+
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV_DATAPATH, "1") not in ("0", "no", "off", "false")
+
+
+def loaded_libmpi() -> Path | None:
+    """The MPI library this process has mapped (mpi4py's), from /proc/self/maps."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rsplit(None, 1)[-1]
+                name = os.path.basename(path)
+                if name.startswith("libmpi.so") or name.startswith("libmpi_abi.so"):
+                    return Path(path)
+    except OSError:
+        pass
+    return None
+
+
+def library() -> ctypes.CDLL | None:
+    """The data path's library, built for the loaded MPI; None (said once) when it cannot be."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    try:
+        _lib = _load()
+    except Exception as e:  # no compiler, no mpi.h: Python's protocol, never wrong
+        log.info("the C peer data path is not available (%s); files cross through Python's protocol",
+                 str(e).splitlines()[0] if str(e) else type(e).__name__)
+    return _lib
+
+
+def _load() -> ctypes.CDLL:
+    from monarch.shim.build import build_shim
+    libmpi = loaded_libmpi()
+    if libmpi is None:
+        raise OSError("no MPI library is loaded in this process")
+    include = libmpi.resolve().parent.parent / "include"
+    if not (include / "mpi.h").exists():
+        raise OSError(f"no mpi.h beside {libmpi} (looked in {include})")
+    h = hashlib.sha256(SOURCE.read_bytes() + str(libmpi.resolve()).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "monarch"
+    built = cache / f"{h}-libmonarch_datapath.so"
+    if not built.exists():
+        build_shim(built, SOURCE, "the C peer data path", extra=[f"-I{include}", str(libmpi)])
+    lib = ctypes.CDLL(str(built))
+    vp, i, cp, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64
+    sig = {"dp_start": (vp, [ctypes.c_ssize_t, i]), "dp_tier": (None, [vp, i, cp]),
+           "dp_staged": (None, [vp, cp, i, i]), "dp_forget": (None, [vp, cp, i]), "dp_lost": (None, [vp, i]),
+           "dp_fetch": (ctypes.c_int64, [vp, i, cp, i, u64, i, i]),
+           "dp_counts": (None, [vp, ctypes.POINTER(u64)]), "dp_stop": (None, [vp])}
+    for name, (restype, argtypes) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+class DataPath:
+    """One daemon's end of the data path, on ``comm`` (a communicator of its own)."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: int, comm: Any):
+        self._lib = lib
+        self._dp = handle
+        self._comm = comm  # kept: the C side uses its handle
+        self._stopped = False
+
+    @classmethod
+    def start(cls, MPI: Any, comm: Any) -> DataPath | None:
+        """Collective over ``comm``: a Dup of it for the data path on every node, used only
+        when every node could start its end (else Python's protocol everywhere)."""
+        lib = library() if wanted() else None
+        ok = lib is not None and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        dup = comm.Dup()
+        dup.Set_errhandler(MPI.ERRORS_RETURN)
+        handle = lib.dp_start(MPI._handleof(dup), dup.Get_attr(MPI.TAG_UB) or 32767) if ok else None
+        if not comm.allreduce(int(bool(handle)), op=MPI.MIN):
+            if handle:
+                lib.dp_stop(handle)
+            why = "off on some node" if ok else ("not at MPI_THREAD_MULTIPLE" if lib is not None else "not built")
+            log.info("the C peer data path is not used (%s): files cross through Python's protocol", why)
+            return None
+        return cls(lib, handle, dup)
+
+    # -- the owner's side: what it may answer itself --------------------------------------
+    def tier(self, slot: int, path: str) -> None:
+        self._lib.dp_tier(self._dp, slot, os.fsencode(path))
+
+    def offer(self, key: str, slot: int) -> None:
+        """``key`` is staged raw in tier ``slot``: answered from C from now on."""
+        raw = protocol.key_bytes(key)
+        self._lib.dp_staged(self._dp, raw, len(raw), slot)
+
+    def withdraw(self, key: str) -> None:
+        raw = protocol.key_bytes(key)
+        self._lib.dp_forget(self._dp, raw, len(raw))
+
+    # -- the requester's side ------------------------------------------------------------------
+    def fetch(self, owner: int, key: str, size: int, fd: int, timeout: float) -> int:
+        """``key``'s ``size`` bytes from ``owner`` written into ``fd``: the bytes written, or
+        one of HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST."""
+        raw = protocol.key_bytes(key)
+        return self._lib.dp_fetch(self._dp, owner, raw, len(raw), size, fd, max(1, int(timeout * 1000)))
+
+    def lost(self, node: int) -> None:
+        self._lib.dp_lost(self._dp, node)
+
+    def counts(self) -> dict[str, int]:
+        arr = (ctypes.c_uint64 * _NCOUNTS)()
+        self._lib.dp_counts(self._dp, arr)
+        return dict(zip(("served_files", "served_bytes", "handed_back", "fetched_files", "fetched_bytes",
+                         "mpi_errors", "offered"), arr))
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._lib.dp_stop(self._dp)

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Remote opens per second: one node reading files another node holds staged (issue 31).
+
+Two simulated nodes on this machine (``mpiexec -n 2 monarch serve``), each owning half of a
+dataset of small files in a local directory (no emulated PFS: what is measured is the peer
+path, not the source). Once both have staged their halves, node 0 reads every file once
+with ``--threads`` reader threads under ``monarch run``: its own half is answered from its
+index (native speed), the other half is fetched from node 1 into node 0's peer area, which
+holds 90% of it (so each remote open is one fetch; the last tenth evicts the first).
+
+Prints per repeat: the reading pass's wall time, the remote opens (node 0's report), remote
+opens per second, and the CPU-seconds of each daemon and of the reader during the pass (the
+daemons' idle CPU over the same time subtracted), with the CPU per remote open. Each byte
+read is checked against the source's digest.
+
+    python scripts/bench_peer.py                      # 20,000 x 16 KiB, 8 threads, 3 repeats
+    python scripts/bench_peer.py --files 4000 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from clusterbench import bench_env  # noqa: E402
+from support.harness import make_bases  # noqa: E402
+from monarch.workload import make_dataset, parse_size  # noqa: E402
+
+JOB = "benchpeer"
+NODES = 2
+
+READER = r"""
+import json, os, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from monarch.workload import digest, load_manifest
+root, manifest_path, threads, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+manifest = load_manifest(manifest_path)
+names = sorted(manifest)
+def check(rel):
+    with open(os.path.join(root, rel), "rb") as f:
+        data = f.read()
+    return len(data) == manifest[rel]["size"] and digest(data) == manifest[rel]["xxh64"]
+t0, c0 = time.perf_counter(), time.process_time()
+with ThreadPoolExecutor(threads) as pool:
+    ok = all(pool.map(check, names, chunksize=64))
+json.dump({"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0, "files": len(names), "ok": ok},
+          open(out, "w"))
+sys.exit(0 if ok else 1)
+"""
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--files", type=int, default=20000)
+    p.add_argument("--file-size", default="16KiB")
+    p.add_argument("--threads", type=int, default=8, help="reader threads on node 0")
+    p.add_argument("--repeats", type=int, default=3, help="daemons started anew for each")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per repeat before it is killed")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    return p.parse_args(argv)
+
+
+def mpiexec() -> str:
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if not found:
+        sys.exit("bench_peer: mpiexec not found (pip install mpich mpi4py)")
+    return found
+
+
+def write_config(base: str, root: str, total: int) -> str:
+    """Each node: a RAM tier for its half (and some), a peer area for most of the other
+    half: less than the dataset in all, so the nodes shard it rather than each hold it."""
+    tier, area = int(total * 0.53), int(total * 0.45)
+    path = os.path.join(base, "peer.yaml")
+    with open(path, "w") as f:
+        f.write(f"""dataset: {{roots: ["{root}"]}}
+run_base: "{base}/run${{MONARCH_NODE}}"
+tiers:
+  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {tier}}}
+peer: {{path: "/dev/shm{base}/peer${{MONARCH_NODE}}", capacity: {area}, timeout: 10}}
+staging: {{policy: read-ahead}}
+""")
+    make_bases(path, nodes=NODES)
+    return path
+
+
+def daemons(serve: subprocess.Popen) -> list:
+    """The daemon processes under mpiexec (node order unknown; both are summed per side below)."""
+    import psutil
+    kids = psutil.Process(serve.pid).children(recursive=True)
+    return [p for p in kids if "serve" in " ".join(p.cmdline()) and "python" in p.name()]
+
+
+def cpu_of(procs: list) -> list[float]:
+    out = []
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            out.append(t.user + t.system)
+        except Exception:
+            out.append(float("nan"))
+    return out
+
+
+def staged_files(base: str) -> int:
+    return sum(len(fs) for k in range(NODES) for _, _, fs in os.walk(f"/dev/shm{base}/ram{k}"))
+
+
+def wait_staged(base: str, want: int, serve: subprocess.Popen, deadline: float) -> None:
+    """Until both nodes' RAM tiers hold ``want`` files between them (each its half)."""
+    while staged_files(base) < want:
+        if serve.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"staging did not finish ({staged_files(base)} of {want}); see {base}/serve.log")
+        time.sleep(0.2)
+
+
+def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int, r: int) -> dict:
+    base = os.path.join(work, f"r{r}")
+    os.makedirs(base)
+    cfg = write_config(base, root, total)
+    env = bench_env(JOB)
+    deadline = time.monotonic() + args.timeout
+    serve = subprocess.Popen([mpiexec(), "-disable-auto-cleanup", "-n", str(NODES), sys.executable, "-m", "monarch",
+                              "serve", "-c", cfg], env=env, start_new_session=True,
+                             stdout=open(os.path.join(base, "serve.log"), "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_staged(base, files, serve, deadline)
+        procs = daemons(serve)
+        idle0 = cpu_of(procs)
+        time.sleep(1.0)
+        idle = [b - a for a, b in zip(idle0, cpu_of(procs))]  # per second
+        out = os.path.join(base, "reader.json")
+        report = os.path.join(base, "run0.json")
+        before = cpu_of(procs)
+        t0 = time.monotonic()
+        reader = subprocess.run([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", report, "--",
+                                 sys.executable, "-c", READER, root, manifest, str(args.threads), out],
+                                env=bench_env(JOB, MONARCH_NODE=0), capture_output=True, text=True,
+                                timeout=max(10.0, deadline - time.monotonic()))
+        elapsed = time.monotonic() - t0
+        after = cpu_of(procs)
+        if reader.returncode != 0:
+            raise RuntimeError(f"the reader exited {reader.returncode}:\n{reader.stderr[-2000:]}")
+        result = json.load(open(out))
+        rep = json.load(open(report))
+    finally:
+        for k in range(NODES):
+            subprocess.run([sys.executable, "-m", "monarch", "stop", "-c", cfg], env=bench_env(JOB, MONARCH_NODE=k),
+                           capture_output=True, timeout=60)
+        try:
+            serve.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
+    remote = remote_opens(rep)
+    daemon_cpu = [b - a - i * result["seconds"] for a, b, i in zip(before, after, idle)]
+    return {"pass_seconds": round(result["seconds"], 3), "launcher_seconds": round(elapsed, 3),
+            "files": result["files"], "remote_opens": remote, "digests_ok": result["ok"],
+            "remote_opens_per_s": round(remote / result["seconds"]) if result["seconds"] else None,
+            "reader_cpu": round(result["cpu"], 3), "daemon_cpu": [round(c, 3) for c in daemon_cpu],
+            "daemon_cpu_per_remote_open_us": round(1e6 * sum(daemon_cpu) / remote, 1) if remote else None}
+
+
+def remote_opens(report: dict) -> int:
+    """Opens node 0 answered with a copy fetched from node 1 (the run report's peer figures)."""
+    return int(((report.get("opened_from") or {}).get("peer") or {}).get("opens", 0))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    size = parse_size(args.file_size)
+    work = tempfile.mkdtemp(prefix="benchpeer-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        root = os.path.join(work, "data")
+        manifest = os.path.join(work, "manifest.json")
+        make_dataset(root, args.files, size, spread=0.0, manifest=manifest)
+        total = args.files * size
+        print(f"bench_peer: {args.files} x {args.file_size}, {NODES} nodes, node 0 reads all with "
+              f"{args.threads} threads (its half local, the other half from node 1)")
+        results = []
+        for r in range(args.repeats):
+            res = one_repeat(args, work, root, manifest, total, args.files, r)
+            results.append(res)
+            print(f"  repeat {r + 1}: {res['pass_seconds']:.3f} s for {res['files']} files, "
+                  f"{res['remote_opens']} remote -> {res['remote_opens_per_s']} remote opens/s; "
+                  f"CPU s: reader {res['reader_cpu']}, daemons {res['daemon_cpu']} "
+                  f"= {res['daemon_cpu_per_remote_open_us']} us per remote open; digests "
+                  f"{'ok' if res['digests_ok'] else 'WRONG'}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "results": results}, f, indent=1)
+        return 0 if all(r["digests_ok"] for r in results) else 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The C peer data path between two real MPI ranks (test_datapath.py): node 1 offers staged
+files, node 0 fetches them; every answer of dp_fetch is reached for real."""
+
+import json
+import os
+import sys
+import time
+
+from monarch.cluster import datapath as dp
+from monarch.cluster import world
+
+work = sys.argv[1]
+MPI = world.load_mpi()
+comm = MPI.COMM_WORLD
+path = dp.DataPath.start(MPI, comm)
+out = {"node": comm.rank, "started": path is not None, "thread_multiple": MPI.Query_thread() == MPI.THREAD_MULTIPLE}
+if path is not None:
+    tier = os.path.join(work, f"tier{comm.rank}")
+    files = {"0/a/small.bin": os.urandom(100), "0/a/mid.bin": os.urandom(200_000), "0/empty.bin": b"",
+             "0/big.bin": os.urandom(dp.ONE_MESSAGE_MAX + 1), "0/not-offered.bin": os.urandom(10)}
+    files = comm.bcast(files if comm.rank == 1 else None, root=1)
+    if comm.rank == 1:
+        for key, data in files.items():
+            os.makedirs(os.path.dirname(os.path.join(tier, key)), exist_ok=True)
+            with open(os.path.join(tier, key), "wb") as f:
+                f.write(data)
+        path.tier(3, tier)
+        for key in files:
+            if key != "0/not-offered.bin":
+                path.offer(key, 3)
+        path.offer("0/withdrawn.bin", 3)
+        path.withdraw("0/withdrawn.bin")
+    comm.Barrier()
+    if comm.rank == 0:
+        got = {}
+
+        def fetch(key, size, timeout=2.0):
+            fd = os.open(os.path.join(work, "got"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                n = path.fetch(1, key, size, fd, timeout)
+                os.lseek(fd, 0, os.SEEK_SET)
+                return n, os.read(fd, size + 1) if n >= 0 else b""
+            finally:
+                os.close(fd)
+
+        for key in ("0/a/small.bin", "0/a/mid.bin", "0/empty.bin"):
+            n, data = fetch(key, len(files[key]))
+            got[key] = [n, data == files[key]]
+        got["big"] = fetch("0/big.bin", len(files["0/big.bin"]))[0]          # larger than one message
+        got["not_offered"] = fetch("0/not-offered.bin", 10)[0]
+        got["withdrawn"] = fetch("0/withdrawn.bin", 10)[0]
+        got["other_size"] = fetch("0/a/small.bin", 99)[0]                   # the snapshot says another size
+        got["self"] = path.fetch(0, "0/a/small.bin", 100, 1, 1.0)          # never asks itself
+        out["fetched"] = got
+    comm.Barrier()
+    out["counts"] = path.counts()
+    if comm.rank == 1:
+        path.stop()                    # its thread gone: a request to it is never answered
+    comm.Barrier()
+    if comm.rank == 0:
+        t0 = time.monotonic()
+        out["silent_owner"] = [fetch("0/a/small.bin", 100, timeout=0.3)[0], time.monotonic() - t0]
+        t0 = time.monotonic()
+        path.lost(1)
+        out["lost_owner"] = [fetch("0/a/small.bin", 100)[0], time.monotonic() - t0]
+        path.stop()
+        out["stopped"] = fetch("0/a/small.bin", 100)[0]
+print("RESULT " + json.dumps(out), flush=True)

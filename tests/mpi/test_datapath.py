@@ -1,0 +1,54 @@
+"""The C peer data path (monarch/cluster/datapath.c) between two real MPI ranks, under each
+MPI the daemons run with: MPICH (mpi4py's wheel) and Open MPI with ULFM (scripts/install.sh)."""
+
+import json
+import os
+
+import pytest
+
+from monarch.cluster import datapath as dp
+from monarch.cluster.world import openmpi_prefix
+
+pytestmark = pytest.mark.mpi
+
+
+def results(proc) -> dict:
+    decode = json.JSONDecoder().raw_decode
+    return {r["node"]: r for r in (decode(part)[0] for part in proc.out.split("RESULT ")[1:])}
+
+
+def check(proc) -> None:
+    assert proc.returncode == 0, proc.out + proc.err
+    r = results(proc)
+    assert r[0]["started"] and r[1]["started"], r
+    got = r[0]["fetched"]
+    for key in ("0/a/small.bin", "0/a/mid.bin", "0/empty.bin"):  # every byte as the owner holds it
+        assert got[key][1] is True and got[key][0] >= 0, (key, got[key])
+    # what the owner cannot answer from C goes back to Python's protocol, never half done
+    for case in ("big", "not_offered", "withdrawn", "other_size", "self"):
+        assert got[case] == dp.HANDED_BACK, (case, got)
+    assert r[1]["counts"]["served_files"] == 3 and r[1]["counts"]["served_bytes"] == 100 + 200_000
+    assert r[1]["counts"]["handed_back"] == 3  # not offered, withdrawn, other size ("big" and "self" never sent)
+    assert r[0]["counts"]["fetched_files"] == 3
+    code, seconds = r[0]["silent_owner"]
+    assert code == dp.TIMEOUT and 0.25 < seconds < 5
+    code, seconds = r[0]["lost_owner"]
+    assert code == dp.LOST and seconds < 1
+    assert r[0]["stopped"] == dp.STOPPED
+
+
+@pytest.mark.timeout(120)
+def test_staged_files_cross_in_c_under_mpich(mpi, tmp_path):
+    check(mpi(2, "prog_datapath.py", tmp_path))
+
+
+@pytest.mark.timeout(120)
+def test_staged_files_cross_in_c_under_open_mpi_ulfm(tmp_path):
+    prefix = openmpi_prefix()
+    if prefix is None:
+        pytest.skip("no Open MPI installed (scripts/install.sh installs it)")
+    from conftest import run_mpi_with
+    env = {"PATH": os.path.join(prefix, "bin") + os.pathsep + os.environ.get("PATH", ""), "OPAL_PREFIX": prefix,
+           "MPI4PY_LIBMPI": os.path.join(prefix, "lib", "libmpi.so.40")}
+    flags = ["--with-ft", "ulfm", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    check(run_mpi_with(os.path.join(prefix, "bin", "mpiexec"), 2, "prog_datapath.py", tmp_path, flags=flags, env=env))
