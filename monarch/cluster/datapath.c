@@ -1,25 +1,29 @@
 /* The peer data path in C: a file another node holds staged crosses without Python on either
- * side (issue 31). One thread owns a communicator of its own (a Dup of the cluster's, so its
- * tags never meet the Python engine's) and makes every MPI call on it; MPI runs at
- * MPI_THREAD_MULTIPLE, since the Python engine keeps the control plane on the other
- * communicator (heartbeats, the snapshot, losses, shutdown, and every file this path hands back).
+ * side (issue 31). It has a communicator of its own (a Dup of the cluster's, so its tags never
+ * meet the Python engine's, which keeps the control plane: heartbeats, the snapshot, losses,
+ * shutdown, and every file this path hands back); MPI runs at MPI_THREAD_MULTIPLE.
  *
- * Owner: a request names a key and the size the requester's snapshot gives it. A key Python
- * listed as staged here, raw, of that size and at most ONE_MESSAGE_MAX, is read and sent back
- * in one message (a header, then the bytes) from this thread. Anything else (not staged yet,
- * compressed, larger, another size, a read error) is answered DP_PYTHON: the requester asks
- * again through Python's protocol, which stages, streams in chunks, decodes and refuses.
+ * Owner: one thread answers requests. A request names a key and the size the requester's
+ * snapshot gives it. A key Python listed as staged here, raw, of that size and at most
+ * ONE_MESSAGE_MAX, is read and sent back in one message (a header, then the bytes). Anything
+ * else (not staged yet, compressed, larger, another size, a read error) is answered DP_PYTHON:
+ * the requester asks again through Python's protocol, which stages, streams in chunks, decodes
+ * and refuses.
  *
- * Requester: ``dp_fetch`` (called from a Python fetching thread, which ctypes lets go of the
- * GIL) posts the receive and the request through this thread and sleeps on a condition until
- * the answer, a loss (``dp_lost``), the stop or its deadline; then writes the bytes into the
- * destination itself. A fetch that gave up leaves its receive posted (and its buffer owned
- * here) until the answer comes, so a late answer never lands in another fetch's buffer.
+ * Requester: ``dp_fetch``'s caller (the front door's worker, or a Python fetching thread that
+ * ctypes lets go of the GIL) posts its receive and its request itself and polls them, no
+ * hand-off to another thread, until the answer, a loss (``dp_lost``), the stop or its
+ * deadline; then writes the bytes into the destination. A fetch given up with its receive
+ * still posted is left to the owner's thread (an orphan) until the answer comes, so a late
+ * answer never lands in another fetch's buffer and its tag is not reused before.
  *
- * MPI offers nothing to sleep on: the thread polls, without sleeping for SPIN_NS after any
- * progress while something is under way, then with the shortest sleep while busy in the last
- * ACTIVE_NS, then sleeping longer and longer up to IDLE_MAX_NS (an idle owner's answer waits
- * that at most).
+ * MPI offers nothing to sleep on, so both poll: a requester with sleeps from POLL_MIN_NS
+ * doubling up to POLL_MAX_NS, the owner's
+ * thread with IDLE_MIN_NS sleeps after any work, doubling up to IDLE_MAX_NS (what an idle
+ * owner's answer waits at most). A sleep is the dear part (measured with perf on this VM:
+ * three quarters of an idle owner's CPU is the kernel's nanosleep), so no thread spins and
+ * the owner's sleeps grow as soon as a look finds nothing. Timer slack is 1 us on these
+ * threads: the default 50 us would set the pace of every remote open.
  */
 #define _GNU_SOURCE
 #include <mpi.h>
@@ -28,7 +32,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,10 +48,10 @@
 #define ONE_MESSAGE_MAX (4 << 20)     /* larger files take Python's chunked path */
 #define KEY_MAX 4096
 #define MAX_SLOTS 16
-#define SPIN_NS 50000LL               /* after progress, look again at once this long ... */
-#define IDLE_MIN_NS 10000LL           /* ... then sleep this long (timer slack 1 us: dp_main) ... */
-#define ACTIVE_NS 50000000LL          /* ... while busy this recently, else doubling up to: */
-#define IDLE_MAX_NS 500000LL          /* an idle owner answers within this */
+#define POLL_MIN_NS 20000L            /* a requester sleeps this long between looks at its answer, */
+#define POLL_MAX_NS 500000L           /* doubling up to this (an answer comes in one owner's sleep) */
+#define IDLE_MIN_NS 50000LL           /* the owner's thread sleeps this long after any work, ... */
+#define IDLE_MAX_NS 1000000LL         /* ... doubling up to this (what an idle owner's answer waits at most) */
 #define MAX_PEERS 65536
 
 /* dp_fetch's answers (>= 0: the file's bytes written) */
@@ -61,16 +64,15 @@ struct request_header { uint32_t tag; uint32_t pad; uint64_t size; };       /* t
 
 struct staged { struct staged *next; uint32_t hash, len; uint8_t slot; char key[]; };
 
-struct fetch {                          /* one requester's wait; owned by the engine once posted */
-    struct fetch *next;                 /* the submission queue, then the in-flight list */
-    int owner, tag, done, result, abandoned;
+struct fetch {                          /* one request of this node's, posted */
+    struct fetch *next;                 /* dp.active */
+    int owner, tag;
+    int sent;                           /* the request's send has completed (or failed) */
+    int orphan;                         /* given up on: the owner's thread tests and frees it */
     uint64_t size;
-    MPI_Request recv;
+    MPI_Request recv, send;
     char *buf;                          /* reply header + bytes */
-    struct request_header *req;         /* header + key, sent */
-    MPI_Request send;
-    int sent;
-    pthread_cond_t cv;
+    struct request_header *req;         /* header + key */
 };
 
 struct sending { struct sending *next; MPI_Request req; char *buf; };
@@ -81,7 +83,7 @@ struct dp {
     pthread_t thread;
     pthread_mutex_t mu;
     int stop, running;
-    struct fetch *submitted, *inflight;
+    struct fetch *active;               /* posted fetches: their tags are taken */
     struct sending *sends;
     int next_tag;
     struct staged **buckets;
@@ -238,122 +240,7 @@ static int reap_sends(struct dp *d)
     return n;
 }
 
-/* -- the requester's side ----------------------------------------------------------------- */
-static void finish_locked(struct fetch *f, int result)
-{
-    f->done = 1;
-    f->result = result;
-    pthread_cond_signal(&f->cv);
-}
-
-static void free_fetch(struct fetch *f)
-{
-    pthread_cond_destroy(&f->cv);
-    free(f->buf);
-    free(f->req);
-    free(f);
-}
-
-static int tag_in_use(struct dp *d, int tag)
-{
-    for (struct fetch *f = d->inflight; f; f = f->next)
-        if (f->tag == tag)
-            return 1;
-    return 0;
-}
-
-static void post_locked(struct dp *d, struct fetch *f)
-{
-    int tag = d->next_tag;
-    while (tag_in_use(d, tag))
-        tag = tag < d->tag_ub ? tag + 1 : FIRST_TAG;
-    d->next_tag = tag < d->tag_ub ? tag + 1 : FIRST_TAG;
-    f->tag = tag;
-    f->req->tag = (uint32_t)tag;
-    int len = (int)(sizeof(struct reply_header) + f->size);
-    if (MPI_Irecv(f->buf, len, MPI_BYTE, f->owner, tag, d->comm, &f->recv) != MPI_SUCCESS) {
-        d->mpi_errors++;
-        if (f->abandoned)
-            free_fetch(f);
-        else
-            finish_locked(f, DP_MPI_ERROR);
-        return;
-    }
-    f->next = d->inflight;
-    d->inflight = f;
-    if (MPI_Isend(f->req, (int)(sizeof *f->req + f->req->pad), MPI_BYTE, f->owner, TAG_REQUEST, d->comm,
-                  &f->send) != MPI_SUCCESS) {
-        d->mpi_errors++;
-        f->sent = 1;                    /* nothing to wait for; the receive stays posted (a late answer lands here) */
-        finish_locked(f, DP_MPI_ERROR);
-    }
-}
-
-static int progress_fetches(struct dp *d)
-{
-    int n = 0;
-    pthread_mutex_lock(&d->mu);
-    for (struct fetch *f = d->submitted, *next; f; f = next) {
-        next = f->next;
-        post_locked(d, f);
-        n++;
-    }
-    d->submitted = NULL;
-    for (struct fetch **p = &d->inflight; *p;) {
-        struct fetch *f = *p;
-        if (!f->sent) {
-            int flag = 0;
-            if (MPI_Test(&f->send, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-                f->sent = 1;
-                d->mpi_errors++;
-            } else if (flag) {
-                f->sent = 1;
-            }
-        }
-        int flag = 0;
-        MPI_Status st;
-        int rc = MPI_Test(&f->recv, &flag, &st);
-        if (rc == MPI_SUCCESS && !flag) {
-            p = &f->next;
-            continue;
-        }
-        if (!f->sent && rc == MPI_SUCCESS) {   /* answered before MPI let go of the request */
-            MPI_Wait(&f->send, MPI_STATUS_IGNORE);
-        } else if (!f->sent) {          /* a dead owner: never wait on it; its buffer goes with it */
-            MPI_Request_free(&f->send);
-            f->req = NULL;
-        }
-        *p = f->next;
-        n++;
-        int result = DP_MPI_ERROR;
-        if (rc != MPI_SUCCESS) {
-            d->mpi_errors++;
-        } else {
-            int count = 0;
-            MPI_Get_count(&st, MPI_BYTE, &count);
-            struct reply_header h;
-            if (count >= (int)sizeof h) {
-                memcpy(&h, f->buf, sizeof h);
-                if (h.status == ST_PYTHON)
-                    result = DP_PYTHON;
-                else if (h.status != ST_OK || h.size != f->size || (uint64_t)count != sizeof h + f->size)
-                    result = DP_CORRUPT;
-                else
-                    result = 0;
-            } else {
-                result = DP_CORRUPT;
-            }
-        }
-        if (f->abandoned)
-            free_fetch(f);
-        else if (!f->done)
-            finish_locked(f, result);
-        /* else ended already (lost, stopped): its waiter, about to wake, frees it */
-    }
-    pthread_mutex_unlock(&d->mu);
-    return n;
-}
-
+/* -- the requester's side: the calling thread makes its own MPI calls ----------------- */
 static int64_t now_ns(void)
 {
     struct timespec ts;
@@ -361,29 +248,124 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+static void free_fetch(struct fetch *f)
+{
+    free(f->buf);
+    free(f->req);
+    free(f);
+}
+
+static int tag_in_use_locked(struct dp *d, int tag)
+{
+    for (struct fetch *f = d->active; f; f = f->next)
+        if (f->tag == tag)
+            return 1;
+    return 0;
+}
+
+static void unlist_locked(struct dp *d, struct fetch *f)
+{
+    for (struct fetch **p = &d->active; *p; p = &(*p)->next)
+        if (*p == f) {
+            *p = f->next;
+            return;
+        }
+}
+
+static int reap_orphans(struct dp *d)
+{
+    int n = 0;
+    pthread_mutex_lock(&d->mu);
+    for (struct fetch **p = &d->active; *p;) {
+        struct fetch *f = *p;
+        int flag = 0;
+        if (!f->orphan || (MPI_Test(&f->recv, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag)) {
+            p = &f->next;
+            continue;
+        }
+        *p = f->next;                   /* answered late, or failed: its buffers can go */
+        flag = 0;
+        if (!f->sent && MPI_Test(&f->send, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag) {
+            MPI_Request_free(&f->send);
+            f->req = NULL;              /* MPI may still read it: left to MPI */
+        }
+        free_fetch(f);
+        n++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
+static int lost_node(struct dp *d, int node)
+{
+    return __atomic_load_n(&d->lost[node / 8], __ATOMIC_RELAXED) & (1u << (node % 8));
+}
+
+/* 0 once the answer is in f->buf, or a DP_* answer; *posted: the receive is still posted. */
+static int64_t wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int *posted)
+{
+    long poll = POLL_MIN_NS;
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Test(&f->recv, &flag, &st) != MPI_SUCCESS) {
+            *posted = 0;                /* completed in error (ULFM: a dead owner), freed by MPI */
+            return DP_MPI_ERROR;
+        }
+        if (flag) {
+            *posted = 0;
+            int count = 0;
+            MPI_Get_count(&st, MPI_BYTE, &count);
+            struct reply_header h;
+            if (count < (int)sizeof h)
+                return DP_CORRUPT;
+            memcpy(&h, f->buf, sizeof h);
+            if (h.status == ST_PYTHON)
+                return DP_PYTHON;
+            if (h.status != ST_OK || h.size != f->size || (uint64_t)count != sizeof h + f->size)
+                return DP_CORRUPT;
+            return 0;
+        }
+        if (!f->sent && (MPI_Test(&f->send, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag))
+            f->sent = 1;
+        if (__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE))
+            return DP_STOPPED;
+        if (lost_node(d, f->owner))
+            return DP_LOST;
+        int64_t now = now_ns();
+        if (now >= deadline)
+            return DP_TIMEOUT;
+        struct timespec ts = {0, poll};
+        nanosleep(&ts, NULL);
+        poll = poll * 2 > POLL_MAX_NS ? POLL_MAX_NS : poll * 2;
+    }
+}
+
+static int write_all(int fd, const char *p, uint64_t n)
+{
+    uint64_t put = 0;
+    while (put < n) {
+        ssize_t w = write(fd, p + put, n - put);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        put += (uint64_t)w;
+    }
+    return 0;
+}
+
 static void *dp_main(void *arg)
 {
     struct dp *d = arg;
-    prctl(PR_SET_TIMERSLACK, 1000UL);   /* the default 50 us would set the pace of every remote open */
+    prctl(PR_SET_TIMERSLACK, 1000UL);
     prctl(PR_SET_NAME, "monarch-data");
-    int64_t idle = IDLE_MIN_NS, last_busy = now_ns();
+    int64_t idle = IDLE_MIN_NS;
     while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
-        int busy = take_requests(d) + reap_sends(d) + progress_fetches(d);
-        int64_t now = now_ns();
-        if (busy) {
-            last_busy = now;
+        if (take_requests(d) + reap_sends(d) + reap_orphans(d)) {
             idle = IDLE_MIN_NS;
             continue;
         }
-        pthread_mutex_lock(&d->mu);
-        int under_way = d->inflight || d->submitted || d->sends;
-        pthread_mutex_unlock(&d->mu);
-        if (under_way && now - last_busy < SPIN_NS) {
-            sched_yield();              /* an answer is due within microseconds: a sleep would cost ~60 us here */
-            continue;
-        }
-        if (under_way || now - last_busy < ACTIVE_NS)
-            idle = IDLE_MIN_NS;         /* recently busy: the next request is likely near */
         struct timespec ts = {0, idle};
         nanosleep(&ts, NULL);
         idle = idle * 2 > IDLE_MAX_NS ? IDLE_MAX_NS : idle * 2;
@@ -478,88 +460,74 @@ EXPORT void dp_forget(struct dp *d, const char *key, int len)
 /* Node ``node`` is lost (Python's liveness said so): its fetches end at once, DP_LOST. */
 EXPORT void dp_lost(struct dp *d, int node)
 {
-    if (node < 0 || node >= MAX_PEERS)
-        return;
-    pthread_mutex_lock(&d->mu);
-    d->lost[node / 8] |= (unsigned char)(1u << (node % 8));
-    for (struct fetch *f = d->inflight; f; f = f->next)
-        if (f->owner == node && !f->done)
-            finish_locked(f, DP_LOST);
-    pthread_mutex_unlock(&d->mu);
+    if (node >= 0 && node < MAX_PEERS)
+        __atomic_fetch_or(&d->lost[node / 8], (unsigned char)(1u << (node % 8)), __ATOMIC_RELAXED);
 }
 
 /* Fetch ``key`` (``size`` bytes in the requester's snapshot) from node ``owner`` into ``fd``
  * (written from its current offset): the bytes written, or a DP_* answer. Waits at most
- * ``timeout_ms``. Any thread; the caller's GIL is let go by ctypes. */
+ * ``timeout_ms``. Any thread, several at once. */
 EXPORT int64_t dp_fetch(struct dp *d, int owner, const char *key, int len, uint64_t size, int fd, int timeout_ms)
 {
-    if (owner < 0 || owner >= d->size || owner == d->rank || len <= 0 || len > KEY_MAX)
+    static __thread int slack_set;
+    if (owner < 0 || owner >= d->size || owner == d->rank || len <= 0 || len > KEY_MAX || size > ONE_MESSAGE_MAX)
         return DP_PYTHON;
-    if (size > ONE_MESSAGE_MAX)
-        return DP_PYTHON;
+    if (!slack_set) {
+        prctl(PR_SET_TIMERSLACK, 1000UL);  /* this thread's short sleeps while it polls */
+        slack_set = 1;
+    }
     struct fetch *f = calloc(1, sizeof *f);
-    if (!f)
+    if (!f || !(f->buf = malloc(sizeof(struct reply_header) + size)) || !(f->req = malloc(sizeof *f->req + (size_t)len))) {
+        if (f)
+            free_fetch(f);
         return DP_LOCAL_IO;
+    }
     f->owner = owner;
     f->size = size;
-    f->buf = malloc(sizeof(struct reply_header) + size);
-    f->req = malloc(sizeof *f->req + (size_t)len);
-    if (!f->buf || !f->req) {
-        free(f->buf);
-        free(f->req);
-        free(f);
-        return DP_LOCAL_IO;
-    }
     f->req->size = size;
-    f->req->pad = (uint32_t)len;     /* the key's length, for the send (not read by the owner) */
     memcpy(f->req + 1, key, (size_t)len);
-    pthread_cond_init(&f->cv, NULL);
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += timeout_ms / 1000;
-    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
     pthread_mutex_lock(&d->mu);
-    if (d->stop || !d->running || (d->lost[owner / 8] & (1u << (owner % 8)))) {
-        int why = d->stop || !d->running ? DP_STOPPED : DP_LOST;
+    int why = !d->running || __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE) ? DP_STOPPED : lost_node(d, owner) ? DP_LOST : 0;
+    if (why) {
         pthread_mutex_unlock(&d->mu);
         free_fetch(f);
         return why;
     }
-    f->next = d->submitted;
-    d->submitted = f;
-    while (!f->done && !d->stop)
-        if (pthread_cond_timedwait(&f->cv, &d->mu, &deadline) == ETIMEDOUT)
-            break;
-    int64_t result = f->done ? f->result : d->stop ? DP_STOPPED : DP_TIMEOUT;
-    int engine_owns = 0;
-    for (struct fetch **p = &d->submitted; *p; p = &(*p)->next)
-        if (*p == f) {                  /* never posted: nothing can land in it */
-            *p = f->next;
-            break;
-        }
-    for (struct fetch *g = d->inflight; g; g = g->next)
-        engine_owns |= g == f;
-    if (engine_owns)
-        f->abandoned = 1;               /* its receive stays posted: the engine frees it with the answer */
+    int tag = d->next_tag;
+    while (tag_in_use_locked(d, tag))
+        tag = tag < d->tag_ub ? tag + 1 : FIRST_TAG;
+    d->next_tag = tag < d->tag_ub ? tag + 1 : FIRST_TAG;
+    f->tag = tag;
+    f->req->tag = (uint32_t)tag;
+    f->next = d->active;
+    d->active = f;
     pthread_mutex_unlock(&d->mu);
-    if (engine_owns)
-        return result >= 0 ? DP_TIMEOUT : result;
+
+    int posted = MPI_Irecv(f->buf, (int)(sizeof(struct reply_header) + size), MPI_BYTE, owner, tag, d->comm,
+                           &f->recv) == MPI_SUCCESS;
+    int64_t result = DP_MPI_ERROR;
+    if (!posted) {
+        f->sent = 1;
+    } else if (MPI_Isend(f->req, (int)(sizeof *f->req + (size_t)len), MPI_BYTE, owner, TAG_REQUEST, d->comm,
+                         &f->send) != MPI_SUCCESS) {
+        f->sent = 1;                    /* nothing was sent: no answer will come; the receive stays posted */
+    } else {
+        result = wait_answer(d, f, now_ns() + (int64_t)timeout_ms * 1000000LL, &posted);
+    }
+    pthread_mutex_lock(&d->mu);
+    if (result == DP_MPI_ERROR)
+        d->mpi_errors++;
+    if (posted) {                       /* still waiting for an answer: the owner's thread's now */
+        f->orphan = 1;
+        pthread_mutex_unlock(&d->mu);
+        return result;
+    }
+    unlist_locked(d, f);
+    pthread_mutex_unlock(&d->mu);
+    if (!f->sent)
+        MPI_Wait(&f->send, MPI_STATUS_IGNORE);  /* answered, so the request arrived: done at once */
     if (result == 0) {
-        const char *at = f->buf + sizeof(struct reply_header);
-        uint64_t put = 0;
-        while (put < size) {
-            ssize_t w = write(fd, at + put, size - put);
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0)
-                break;
-            put += (uint64_t)w;
-        }
-        result = put == size ? (int64_t)size : DP_LOCAL_IO;
+        result = write_all(fd, f->buf + sizeof(struct reply_header), size) == 0 ? (int64_t)size : DP_LOCAL_IO;
         if (result >= 0) {
             pthread_mutex_lock(&d->mu);
             d->fetched_files++;
@@ -586,7 +554,7 @@ EXPORT void dp_counts(struct dp *d, uint64_t *out)
     pthread_mutex_unlock(&d->mu);
 }
 
-/* Stop the thread; waiting fetches end DP_STOPPED. Requests still posted are left to MPI
+/* Stop the thread; fetches under way end DP_STOPPED. Requests still posted are left to MPI
  * (a peer may be dead: waiting for them could hang); their buffers are not freed. */
 EXPORT void dp_stop(struct dp *d)
 {
@@ -596,11 +564,5 @@ EXPORT void dp_stop(struct dp *d)
     pthread_join(d->thread, NULL);
     pthread_mutex_lock(&d->mu);
     d->running = 0;
-    for (struct fetch *f = d->inflight; f; f = f->next)
-        if (!f->done)
-            finish_locked(f, DP_STOPPED);
-    for (struct fetch *f = d->submitted; f; f = f->next)
-        if (!f->done)
-            finish_locked(f, DP_STOPPED);
     pthread_mutex_unlock(&d->mu);
 }

@@ -35,7 +35,7 @@ _EVENT = struct.Struct("<IIQQqI")  # front_door_events' record head; the key fol
 # why a connection was handed over (front_door.c: R_*)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
                        "no_room_lent", "copy_failed")
-_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 1
+_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 3
 
 _lib: ctypes.CDLL | None = None
 _lib_error: str | None = None
@@ -67,7 +67,7 @@ def library() -> ctypes.CDLL | None:
         return None
     vp, i, cp, u64p, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64
     sig = {
-        "front_door_start": (vp, [i, cp, i, cp, i, i]),
+        "front_door_start": (vp, [i, cp, i, cp, i, i, i]),
         "front_door_wake_fd": (i, [vp]),
         "front_door_take": (i, [vp, ctypes.POINTER(i), ctypes.c_char_p, i]),
         "front_door_events": (i, [vp, ctypes.c_char_p, i]),
@@ -82,6 +82,8 @@ def library() -> ctypes.CDLL | None:
         "front_door_reclaim": (i64, [vp]),
         "front_door_lease": (i64, [vp]),
         "front_door_counts": (None, [vp, u64p]),
+        "front_door_peers": (i, [vp, vp, vp, vp, ctypes.c_uint32, i, i, i]),
+        "front_door_peer_copying": (None, [vp, i]),
         "front_door_stop": (None, [vp]),
         "front_door_free": (None, [vp]),
     }
@@ -99,7 +101,7 @@ def wanted() -> bool:
 class FrontDoor:
     """One daemon socket's door: started on the listening socket, stopped with the server."""
 
-    def __init__(self, listen_fd: int, roots: list[str], tier_dirs: dict[int, str], copy_slot: int):
+    def __init__(self, listen_fd: int, roots: list[str], tier_dirs: dict[int, str], copy_slot: int, workers: int = 0):
         lib = library()
         if lib is None:
             raise OSError("the front door library is not available")
@@ -107,8 +109,9 @@ class FrontDoor:
         nslots = max([copy_slot, *tier_dirs]) + 1
         tiers = b"".join(os.fsencode(tier_dirs.get(s, "")) + b"\0" for s in range(nslots))
         blob = b"".join(os.fsencode(r) + b"\0" for r in roots)
-        self._door = lib.front_door_start(listen_fd, blob, len(roots), tiers, nslots, copy_slot)
+        self._door = lib.front_door_start(listen_fd, blob, len(roots), tiers, nslots, copy_slot, workers)
         self._stopped = False
+        self.fetches_from_peers = False  # the peer lane is on: its events are the peer cache's (peers())
         if not self._door:
             err = ctypes.get_errno() or 22
             raise OSError(err, f"starting the front door: {os.strerror(err)}")
@@ -163,7 +166,10 @@ class FrontDoor:
                 "handed_over_because": {why: arr[n + 4 + i] for i, why in enumerate(HANDED_OVER_BECAUSE) if arr[n + 4 + i]},
                 # closed at once while the Python server had HANDED_MAX waiting (a flood), or
                 # with no descriptor left to accept them
-                "closed_too_many": arr[n + 4 + len(HANDED_OVER_BECAUSE)]}
+                "closed_too_many": arr[n + 4 + len(HANDED_OVER_BECAUSE)],
+                # the peer lane: other nodes' files fetched through the C data path, and failed
+                "peer_fetches": arr[n + 5 + len(HANDED_OVER_BECAUSE)],
+                "peer_fetch_failures": arr[n + 6 + len(HANDED_OVER_BECAUSE)]}
 
     def stop(self) -> None:
         """Stop answering (connections not answered yet are closed: their shims read the
@@ -192,6 +198,25 @@ class FrontDoor:
     def forget(self, key: str) -> None:
         raw = protocol.key_bytes(key)
         self._lib.front_door_forget(self._door, raw, len(raw))
+
+    def peers(self, fetch: int | None, datapath: int | None, owners, self_node: int, peer_slot: int,
+              timeout: float) -> bool:
+        """The peer lane: misses of the files ``owners`` (an ``array('h')`` by index entry, -1:
+        none) gives to another node fetched with the C function ``fetch`` (datapath.c's dp_fetch,
+        on ``datapath``) into the tier of ``peer_slot``; ``fetch`` None turns it off. False if
+        the door has no such tier."""
+        if fetch is None:
+            return self._lib.front_door_peers(self._door, None, None, None, 0, self_node, peer_slot, 0) == 0
+        self.fetches_from_peers = True  # before the lane opens: no event of it is booked as the stager's
+        address, n = owners.buffer_info()
+        ok = self._lib.front_door_peers(self._door, fetch, datapath, address, n, self_node, peer_slot,
+                                        max(1, int(timeout * 1000))) == 0
+        if ok:
+            self._owners = owners  # the door reads it: kept alive with the door
+        return ok
+
+    def peer_copying(self, on: bool) -> None:
+        self._lib.front_door_peer_copying(self._door, int(on))
 
     def copying(self, on: bool) -> None:
         self._lib.front_door_copying(self._door, int(on))

@@ -1,5 +1,7 @@
 /* The node daemon's front door: the hot path of its socket, in C, on threads of its own
- * (one per core, up to MAX_WORKERS, each with its own epoll on the listening socket).
+ * (one per core, up to 4, or as many as asked up to MAX_WORKERS: a cluster's daemon asks for
+ * more, since a worker waits on the network while it fetches another node's file; each with
+ * its own epoll on the listening socket).
  *
  * Every connection is accepted here, its peer checked (SO_PEERCRED) and its request read.
  * The door answers the two requests that dominate a cold epoch without the Python
@@ -41,6 +43,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -65,7 +68,8 @@
 #define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
 #define HANDED_MAX 4096                /* connections waiting for Python to take them (server.py's
                                           MAX_CONNECTIONS); beyond, closed at once: the shim reads the PFS */
-#define MAX_WORKERS 4                  /* threads, one per core up to this: the copies are kernel time */
+#define CORE_WORKERS 4                 /* threads, one per core up to this: the copies are kernel time */
+#define MAX_WORKERS 16                 /* threads when asked for (front_door_start's ``workers``) */
 #define EVENT_BATCH 256                /* copies reported per wake-up of Python, at most */
 
 enum { K_FREE = 0, K_PYTHON = 1, K_BUSY = 2, K_STAGED = 3 };
@@ -105,6 +109,8 @@ struct event {                         /* something the door did, for Python's b
 };
 
 struct door;
+/* datapath.c's dp_fetch: the bytes written into fd, or < 0 */
+typedef int64_t (*peer_fetch_fn)(void *dp, int owner, const char *key, int len, uint64_t size, int fd, int timeout_ms);
 
 struct worker {                        /* one thread of the door: its own epoll and buffers */
     struct door *d;
@@ -145,6 +151,14 @@ struct door {
     struct event *evq, **evq_tail;
     int woken;
     uint64_t hits[MONARCH_MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS], closed_too_many;
+    /* the peer lane (a sharded cluster): a miss of another node's file fetched through the C
+     * peer data path (monarch/cluster/datapath.c) into the peer area, within the same lease */
+    peer_fetch_fn peer_fetch;
+    void *peer_dp;
+    const int16_t *owners;             /* by index entry - 1: the owning node, -1 none (Python's array) */
+    uint32_t nowners;
+    int self_node, peer_slot, peer_timeout_ms, peer_allowed;
+    uint64_t peer_fetches, peer_failures;
     int nhanded;                       /* connections in hq */
     int busy;                          /* keys BUSY now */
 };
@@ -248,6 +262,7 @@ struct idx_file {                      /* what the door needs of an INDEX_ENTRY 
     uint64_t size;
     int64_t mtime;
     uint32_t mode, flags;
+    uint32_t entry;                    /* its number, from 1 (files first, in the snapshot's order) */
 };
 
 /* The index's header, and entry n (from 1) if it lies inside the mapping (index_valid
@@ -278,6 +293,7 @@ static int index_file(const struct door *d, const char *key, uint32_t len, struc
         out->mtime = e.mtime_ns;
         out->mode = e.mode;
         out->flags = e.flags;
+        out->entry = n;
         return 1;
     }
     return 0;
@@ -514,6 +530,67 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     return 0;
 }
 
+/* The owner of the file ``f`` if the peer lane fetches it (another node's, small, room lent),
+ * else -1. Under the lock. */
+static int peer_owner_locked(const struct door *d, const struct idx_file *f)
+{
+    if (!d->peer_fetch || !d->peer_allowed || d->never_copy || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX ||
+        f->entry == 0 || f->entry > d->nowners || (int64_t)f->size > d->lease)
+        return -1;
+    int owner = d->owners[f->entry - 1];
+    return owner >= 0 && owner != d->self_node ? owner : -1;
+}
+
+/* Fetch ``key`` (entry ``e``, BUSY, its size taken from the lease) from node ``owner`` into the
+ * peer area, published as the stager's copies are, and answer: -1, or R_COPY_FAILED (handed
+ * over: Python's protocol fetches it, or says why not). */
+static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t len, uint32_t hash,
+                           const struct idx_file *f, int owner)
+{
+    struct door *d = w->d;
+    char dest[PATH_MAX], tmp[64];
+    const char *area = d->tiers[d->peer_slot];
+    int64_t t0 = now_ns();
+    int ok = snprintf(dest, sizeof dest, "%s/%.*s", area, (int)len, key) < (int)sizeof dest;
+    snprintf(tmp, sizeof tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
+    int kdir = ok ? open_key_dir(area, key, len) : -1;
+    int out = kdir < 0 ? -1 : openat(kdir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                                     (f->mode & 0700) | 0600);
+    struct timespec times[2] = {{f->mtime / 1000000000LL, f->mtime % 1000000000LL},
+                                {f->mtime / 1000000000LL, f->mtime % 1000000000LL}};
+    ok = out >= 0 && d->peer_fetch(d->peer_dp, owner, key, (int)len, f->size, out, d->peer_timeout_ms) == (int64_t)f->size
+         && futimens(out, times) == 0;
+    if (out >= 0 && close(out) < 0)
+        ok = 0;
+    const char *name = strrchr(dest, '/') + 1;
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find(d, key, len, hash);   /* the table may have grown meanwhile */
+    if (ok && !d->never_copy && renameat(kdir, tmp, kdir, name) == 0) {
+        e->state = K_STAGED;
+        e->slot = (uint8_t)d->peer_slot;
+        d->peer_fetches++;
+        post_event_locked(d, EV_STAGED, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
+    } else {
+        if (out >= 0)
+            unlinkat(kdir, tmp, 0);
+        ok = 0;
+        e->state = K_PYTHON;           /* Python's protocol fetches it (staging it there first), or says why not */
+        d->lease += (int64_t)f->size;
+        d->peer_failures++;
+        post_event_locked(d, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
+    }
+    d->busy--;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    if (kdir >= 0)
+        close(kdir);
+    if (!ok)
+        return R_COPY_FAILED;
+    send_answer(fd, d->peer_slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
+    close(fd);
+    return -1;
+}
+
 /* An OPEN of a valid key: answered here (-1), or why it is to be handed over (R_*). */
 static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
 {
@@ -542,6 +619,15 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
         return -1;
     }
     struct idx_file f;
+    int owner;
+    if (!e && d->peer_fetch && index_file(d, key, len, &f) && (owner = peer_owner_locked(d, &f)) >= 0 &&
+        (e = insert(d, key, len, hash))) {
+        e->state = K_BUSY;
+        d->busy++;
+        d->lease -= (int64_t)f.size;
+        pthread_mutex_unlock(&d->mu);
+        return fetch_from_peer(w, fd, key, len, hash, &f, owner);
+    }
     int64_t t0 = now_ns();
     int why = e ? R_PYTHON_KEY : !d->allowed || d->never_copy || t0 < d->slow_until ? R_NOT_COPYING
             : !index_file(d, key, len, &f) || !S_ISREG(f.mode) || f.size > MONARCH_INLINE_MAX ? R_NOT_SMALL_FILE
@@ -682,9 +768,13 @@ static void on_readable(struct worker *w, struct conn *c)
 
 /* Out of descriptors: the connection would wait in the backlog, its listening socket
  * readable, this loop spinning on it. The spare is given up to accept it and close it at
- * once (its shim reads the PFS), then taken back. */
+ * once (its shim reads the PFS), then taken back. Another worker may take the descriptor
+ * first: its accept is then a real one, served as any, and this spare is taken back at the
+ * next refusal a descriptor is free for. */
 static int refuse_one(struct worker *w)
 {
+    if (w->spare_fd < 0)               /* lost to another worker's accept last time: take it back if one is free */
+        w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (w->spare_fd < 0)
         return 0;
     close(w->spare_fd);
@@ -774,6 +864,7 @@ static void *door_main(void *arg)
     struct worker *w = arg;
     struct epoll_event evs[64];
     w->sched_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);  /* this thread's */
+    prctl(PR_SET_NAME, "monarch-door");
     w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     for (;;) {
         int n = epoll_wait(w->ep, evs, 64, w->npending ? 100 : -1);
@@ -800,9 +891,10 @@ EXPORT void front_door_free(struct door *d);
 
 /* Start serving ``listen_fd`` (the door takes its own duplicate). ``roots`` and ``tiers``
  * are NUL-separated lists: the dataset roots by index; the tier directories by slot ("" for
- * none). Returns the door, or NULL (errno set). */
+ * none). ``workers``: its threads (0: one per core, up to CORE_WORKERS). Returns the door, or
+ * NULL (errno set). */
 EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroots, const char *tiers, int ntiers,
-                                     int copy_slot)
+                                     int copy_slot, int workers)
 {
     if (nroots < 0 || nroots > MAX_ROOTS || ntiers < 0 || ntiers > MONARCH_MAX_SLOTS || copy_slot < 0 || copy_slot >= ntiers) {
         errno = EINVAL;
@@ -833,7 +925,8 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int want = cores < 1 ? 1 : cores > MAX_WORKERS ? MAX_WORKERS : (int)cores;
+    int want = workers > 0 ? (workers > MAX_WORKERS ? MAX_WORKERS : workers)
+               : cores < 1 ? 1 : cores > CORE_WORKERS ? CORE_WORKERS : (int)cores;
     int ok = d->tiers[copy_slot] && d->listen_fd >= 0 && d->stop_fd >= 0 && d->wake_fd >= 0 &&
              fcntl(d->listen_fd, F_SETFL, O_NONBLOCK) == 0;
     for (int i = 0; ok && i < want; i++) {
@@ -998,6 +1091,35 @@ EXPORT int front_door_claim(struct door *d, const char *key, int len)
     return e ? staged : 0;
 }
 
+/* The peer lane: misses of files ``owners`` (by index entry - 1; -1: none) gives to another
+ * node than ``self_node`` are fetched with ``fetch(dp, ...)`` into the tier of ``peer_slot``
+ * (the peer area), within the lease; ``fetch`` NULL turns the lane off. ``owners`` stays the
+ * caller's, and is not read once this returns after another call. */
+EXPORT int front_door_peers(struct door *d, void *fetch, void *dp, const int16_t *owners, uint32_t nowners,
+                            int self_node, int peer_slot, int timeout_ms)
+{
+    if (fetch && (peer_slot < 0 || peer_slot >= MONARCH_MAX_SLOTS || !d->tiers[peer_slot]))
+        return -1;
+    pthread_mutex_lock(&d->mu);
+    d->peer_fetch = (peer_fetch_fn)fetch;
+    d->peer_dp = dp;
+    d->owners = fetch ? owners : NULL;
+    d->nowners = fetch ? nowners : 0;
+    d->self_node = self_node;
+    d->peer_slot = peer_slot;
+    d->peer_timeout_ms = timeout_ms;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+/* Whether the peer lane may fetch now (Python: the area is usable, the job wrote nothing). */
+EXPORT void front_door_peer_copying(struct door *d, int on)
+{
+    pthread_mutex_lock(&d->mu);
+    d->peer_allowed = on;
+    pthread_mutex_unlock(&d->mu);
+}
+
 /* ``key`` has a raw copy in ``slot``: the door answers its opens with that path. */
 EXPORT void front_door_staged(struct door *d, const char *key, int len, int slot)
 {
@@ -1077,7 +1199,8 @@ EXPORT int64_t front_door_lease(struct door *d)
 
 /* Counters: out[0..MONARCH_MAX_SLOTS) opens answered with a staged copy, by slot; then copies
  * made, connections handed over, copies failed, bytes read from the PFS; then the
- * connections handed over by reason (R_*); then those closed with HANDED_MAX waiting. */
+ * connections handed over by reason (R_*); then those closed with HANDED_MAX waiting; then
+ * the peer lane's fetches and its failures. */
 EXPORT void front_door_counts(struct door *d, uint64_t *out)
 {
     pthread_mutex_lock(&d->mu);
@@ -1090,6 +1213,8 @@ EXPORT void front_door_counts(struct door *d, uint64_t *out)
     for (int i = 0; i < R_REASONS; i++)
         out[MONARCH_MAX_SLOTS + 4 + i] = d->why[i];
     out[MONARCH_MAX_SLOTS + 4 + R_REASONS] = d->closed_too_many;
+    out[MONARCH_MAX_SLOTS + 5 + R_REASONS] = d->peer_fetches;
+    out[MONARCH_MAX_SLOTS + 6 + R_REASONS] = d->peer_failures;
     pthread_mutex_unlock(&d->mu);
 }
 

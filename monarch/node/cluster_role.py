@@ -54,6 +54,7 @@ class PeerLayer(Protocol):
     node: int
     nodes: int
     collective: bool
+    heartbeat_timeout: float  # a silent owner is down after this
     datapath: Any  # the C data path (cluster/datapath.DataPath: offered this node's raw staged copies), or None
 
     def owner(self, key: str) -> int: ...

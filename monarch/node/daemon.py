@@ -33,12 +33,13 @@ from monarch.errors import MonarchError
 from monarch.node.cluster_role import ClusterRole, PeerLayer
 from monarch.node.codecs import spread
 from monarch.node.current import Current
-from monarch.node.door_link import DoorKeeper, DoorLink
+from monarch.node.door_link import PEER_WORKERS, DoorKeeper, DoorLink
 from monarch.node.filetable import FileTable
 from monarch.node.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
 from monarch.node.notices import JobNotices
 from monarch.node.outcomes import Outcome
+from monarch.node.peer_door_link import PeerDoorLink, owners_by_entry
 from monarch.node.resolver import Resolver
 from monarch.node.resources import margin_bytes
 from monarch.node.snapshot import Snapshot, load_or_walk
@@ -149,7 +150,7 @@ class NodeDaemon:
             return None
         may_copy = self.role is None and self.config.staging.policy != "off"
         door = DoorKeeper.start(listen_fd, list(self.config.dataset.roots), self.tiers, self.peer_area,
-                                self.current, may_copy)
+                                self.current, may_copy, PEER_WORKERS if self.role is not None else 0)
         if door is None:
             return None
         with self.gate.lock:  # the stager swapped in when the walk ends is linked there
@@ -170,9 +171,9 @@ class NodeDaemon:
 
     def absorb_front_door(self) -> None:
         """What the door copied, into the stager's books and the outcomes."""
-        if self._door is not None and (staged := self._door.absorb()):
+        if self._door is not None and any((answered := self._door.absorb()).values()):
             with self._lock:
-                self.outcomes[Outcome.STAGED] += staged
+                self.outcomes.update(answered)
 
     def _prepare(self) -> None:
         """Walk (or reuse) the snapshot, make the stager, adopt kept copies, apply the
@@ -229,6 +230,22 @@ class NodeDaemon:
             log.debug("phase snapshot.ready")
             self.gate.settle()
 
+    def _open_peer_lane(self) -> None:
+        """Sharded with the C data path: the front door fetches other nodes' files itself,
+        once it knows who owns each (a pass over the snapshot, off this thread)."""
+        role, keeper, snap = self.role, self._door, self.snapshot
+        if keeper is None or role.peer_cache is None or role.peer_area is None or role.cluster.datapath is None:
+            return
+
+        def link() -> None:
+            try:
+                owners = owners_by_entry(snap.files, role.cluster.owner, role.node)
+                keeper.use_peer_link(PeerDoorLink(keeper.door, role.peer_cache, role.cluster.datapath.fetch_function(),
+                                                  owners, role.node, role.cluster.heartbeat_timeout))
+            except Exception:
+                log.exception("the front door's peer lane did not start: other nodes' files come through Python")
+        threading.Thread(target=link, name="monarch-peer-lane", daemon=True).start()
+
     def _start_staging(self) -> None:
         """The snapshot is ready: serve peers, read ahead, then the hints that came during
         the walk, in order (as if they had come after the read-ahead started, as before),
@@ -237,6 +254,7 @@ class NodeDaemon:
         try:
             if self.role is not None:
                 self.role.start()
+                self._open_peer_lane()
             if self.config.staging.policy == "read-ahead":
                 keys = sorted(self.snapshot.files)
                 self._sample_for_codecs(keys)

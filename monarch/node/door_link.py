@@ -16,6 +16,7 @@ import logging
 from monarch import frontdoor, protocol
 from monarch.frontdoor import EV_SLOW, EV_STAGED, FrontDoor
 from monarch.node.current import Current
+from monarch.node.outcomes import Outcome
 from monarch.node.stager import INLINE_BYTES, Stager
 from monarch.node.stager_books import StagerListener
 from monarch.node.tiers import Tier
@@ -26,6 +27,7 @@ __all__ = ["DoorLink", "DoorKeeper"]
 
 LEASE_MAX = 16 << 20  # tier room lent to the front door at a time, at most ...
 LEASE_SHARE = 32      # ... and at most this share of the tier's capacity
+PEER_WORKERS = 8      # a cluster daemon's door threads: each waits on the network while it fetches a peer's file
 
 
 class DoorLink(StagerListener):
@@ -74,6 +76,8 @@ class DoorLink(StagerListener):
     def absorb(self) -> int:
         """Enter what the door copied into the stager's books, lend it room. Returns how
         many files it staged."""
+        if self.door.fetches_from_peers:
+            return 0  # its events are the peer lane's (PeerDoorLink's): this stager's books have none
         books = self.stager
         staged = 0
         with books.lock:  # drained under the lock: a claim that finds a copy of the door's finds it here
@@ -125,10 +129,11 @@ class DoorKeeper:
         self._current = current
         self._may_copy = may_copy
         self.link: DoorLink | None = None  # linked by its holder, under the gate's lock (relink_locked)
+        self.peer_link = None  # the peer lane's (PeerDoorLink), sharded with the C data path (link_peers)
 
     @classmethod
     def start(cls, listen_fd: int, roots: list[str], tiers: list[Tier], peer_area: Tier | None,
-              current: Current, may_copy: bool) -> "DoorKeeper | None":
+              current: Current, may_copy: bool, workers: int = 0) -> "DoorKeeper | None":
         """A door on ``listen_fd`` answering from ``tiers`` (and the peer area), or None when
         it cannot start (the Python server then answers everything)."""
         if not tiers or not frontdoor.wanted() or frontdoor.library() is None:
@@ -137,7 +142,7 @@ class DoorKeeper:
         if peer_area is not None:
             dirs[protocol.SLOT_PEER] = peer_area.path
         try:
-            door = FrontDoor(listen_fd, roots, dirs, tiers[0].slot)
+            door = FrontDoor(listen_fd, roots, dirs, tiers[0].slot, workers)
         except OSError as e:
             log.warning("the daemon's C front door did not start (%s); the Python server answers every request", e)
             return None
@@ -158,20 +163,28 @@ class DoorKeeper:
             log.warning("the front door could not map the index %s; the Python server answers every request",
                         index_path)
 
-    def absorb(self) -> int:
-        """What the door copied, into the stager's books: how many files it staged."""
+    def use_peer_link(self, link) -> None:
+        """From now on the door also fetches other nodes' files itself (a ``PeerDoorLink``)."""
+        self.peer_link = link
+
+    def absorb(self) -> dict[Outcome, int]:
+        """What the door copied or fetched, into the books: how many opens it answered so."""
+        if self.peer_link is not None:
+            return {Outcome.FETCHED: self.peer_link.absorb()}
         link = self.link
-        return link.absorb() if link is not None else 0
+        return {Outcome.STAGED: link.absorb() if link is not None else 0}
 
     def stats(self) -> dict:
         """The report's ``front_door`` entry (its unused lent room given back first, for a
         true tier occupancy)."""
-        link = self.link
-        if link is not None:
-            link.reclaim_lease()
+        for link in (self.link, self.peer_link):
+            if link is not None:
+                link.reclaim_lease()
         counts = self.door.counts()
         counts["answered_staged"] = sum(counts["hits_by_slot"].values())
         return counts
 
     def stop(self) -> None:
+        if self.peer_link is not None:
+            self.peer_link.stop()
         self.door.stop()  # no-op after the server's; joins the door's threads, copies and all

@@ -30,7 +30,7 @@ def _fields(st) -> tuple:
     return (st.size, st.mtime_ns, st.atime_ns, st.ctime_ns, st.ino, st.dev, st.mode, st.uid, st.gid, st.nlink)
 
 
-def _positions(files) -> Callable[[str], int | None]:
+def positions(files) -> Callable[[str], int | None]:
     """key -> its position among the files (their order in the index), or None."""
     if isinstance(files, FileTable):
         return files.row_of
@@ -51,7 +51,7 @@ def index_parts(snap) -> list:
     nfiles = len(files)
     dir_keys = list(dirs)
     dir_position = {key: nfiles + j for j, key in enumerate(dir_keys)}
-    file_position = _positions(files)
+    file_position = positions(files)
 
     def position(key: str) -> int | None:
         n = file_position(key)

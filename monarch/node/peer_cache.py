@@ -139,6 +139,12 @@ class PeerCache:
             if self.books.closed or self.books.flights.get(key) is not flight:  # close() answers it
                 return
             flight.running = True
+        if any([listener.claiming(key) for listener in self.books.listeners]):  # the front door fetched it first
+            with self.books.lock:
+                fetched = self.area is not None and self.books.staged.get(key) is self.area
+            if fetched:
+                dest = self.area.path_for(key)
+                return self._land(key, flight, lambda: (protocol.SLOT_PEER, dest), Outcome.ALREADY_FETCHED)
         info = self.snapshot.files[key]
         owner = self.cluster.owner(key)
         mfd = None

@@ -61,6 +61,12 @@ def test_sharded_dataset_over_the_nodes_storage_reads_the_pfs_once(dataset, shor
     assert summary["mode"] == "shard" and sum(r["owned_files"] for r in summary["per_node"]) == files
     assert sum(r["transient"] + r["cache_fetched"] for r in summary["per_node"]) > 0
     assert rep["opened_from"]["pfs"]["opens"] == 0
+    # other nodes' files crossed through the C data path: fetched by the front doors themselves
+    # (no Python on the requesting side), answered from C on the owning side
+    nodes_report = {node["node"]: node for node in rep["nodes"]}
+    lanes = {k: (n["front_door"]["peer_fetches"], n["peer"].get("datapath")) for k, n in nodes_report.items()}
+    assert sum(fetched for fetched, _ in lanes.values()) > 0, lanes
+    assert sum(dp["served_files"] for _, dp in lanes.values()) > 0, lanes
 
 
 def test_readers_started_with_the_daemons_wait_for_them_and_read_the_pfs_once(dataset, short_tmp, slow_pfs):

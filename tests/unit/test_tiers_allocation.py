@@ -175,6 +175,8 @@ def test_the_reports_show_the_allocation_beside_the_bytes_and_how_full_by_it():
 class FakeDoor:
     """The front door as DoorLink drives it (its events, claims and lease), without its threads."""
 
+    fetches_from_peers = False
+
     def __init__(self, slot, events):
         self.copy_slot, self._events, self.forgotten = slot, events, []
 
