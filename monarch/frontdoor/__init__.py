@@ -82,8 +82,9 @@ def library() -> ctypes.CDLL | None:
         "front_door_reclaim": (i64, [vp]),
         "front_door_lease": (i64, [vp]),
         "front_door_counts": (None, [vp, u64p]),
-        "front_door_peers": (i, [vp, vp, vp, vp, ctypes.c_uint32, i, i, i]),
+        "front_door_peers": (i, [vp, vp, vp, vp, ctypes.c_uint32, i, i, i, i64]),
         "front_door_peer_copying": (None, [vp, i]),
+        "front_door_evict": (i, [vp, cp, i, i64]),
         "front_door_stop": (None, [vp]),
         "front_door_free": (None, [vp]),
     }
@@ -200,23 +201,30 @@ class FrontDoor:
         self._lib.front_door_forget(self._door, raw, len(raw))
 
     def peers(self, fetch: int | None, datapath: int | None, owners, self_node: int, peer_slot: int,
-              timeout: float) -> bool:
+              timeout: float, unit: int = 1) -> bool:
         """The peer lane: misses of the files ``owners`` (an ``array('h')`` by index entry, -1:
         none) gives to another node fetched with the C function ``fetch`` (datapath.c's dp_fetch,
-        on ``datapath``) into the tier of ``peer_slot``; ``fetch`` None turns it off. False if
+        on ``datapath``) into the tier of ``peer_slot``, each paying its size rounded up to
+        ``unit`` (the tier's allocation) out of the lease; ``fetch`` None turns it off. False if
         the door has no such tier."""
         if fetch is None:
-            return self._lib.front_door_peers(self._door, None, None, None, 0, self_node, peer_slot, 0) == 0
+            return self._lib.front_door_peers(self._door, None, None, None, 0, self_node, peer_slot, 0, 1) == 0
         self.fetches_from_peers = True  # before the lane opens: no event of it is booked as the stager's
         address, n = owners.buffer_info()
         ok = self._lib.front_door_peers(self._door, fetch, datapath, address, n, self_node, peer_slot,
-                                        max(1, int(timeout * 1000))) == 0
+                                        max(1, int(timeout * 1000)), unit) == 0
         if ok:
             self._owners = owners  # the door reads it: kept alive with the door
         return ok
 
     def peer_copying(self, on: bool) -> None:
         self._lib.front_door_peer_copying(self._door, int(on))
+
+    def evict(self, key: str, grace: float) -> bool:
+        """An evicting cache would drop ``key``'s copy: True and handed over from now on, or
+        False (kept) if the door answered it less than ``grace`` seconds ago."""
+        raw = protocol.key_bytes(key)
+        return bool(self._lib.front_door_evict(self._door, raw, len(raw), int(grace * 1e9)))
 
     def copying(self, on: bool) -> None:
         self._lib.front_door_copying(self._door, int(on))

@@ -82,6 +82,7 @@ struct entry {                         /* one key the door has heard of */
     char *key;
     uint32_t len, hash;
     uint8_t state, slot;
+    int64_t answered;                  /* when the door last answered it (front_door_evict) */
 };
 
 struct conn {                          /* a connection whose request has not all arrived */
@@ -158,6 +159,7 @@ struct door {
     const int16_t *owners;             /* by index entry - 1: the owning node, -1 none (Python's array) */
     uint32_t nowners;
     int self_node, peer_slot, peer_timeout_ms, peer_allowed;
+    int64_t peer_unit;                 /* the area's allocation unit: a fetch pays its size rounded up to it */
     uint64_t peer_fetches, peer_failures;
     int nhanded;                       /* connections in hq */
     int busy;                          /* keys BUSY now */
@@ -532,10 +534,15 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
 
 /* The owner of the file ``f`` if the peer lane fetches it (another node's, small, room lent),
  * else -1. Under the lock. */
+static int64_t peer_room(const struct door *d, uint64_t size)   /* sizes.allocated_size */
+{
+    return ((int64_t)size + d->peer_unit - 1) / d->peer_unit * d->peer_unit;
+}
+
 static int peer_owner_locked(const struct door *d, const struct idx_file *f)
 {
     if (!d->peer_fetch || !d->peer_allowed || d->never_copy || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX ||
-        f->entry == 0 || f->entry > d->nowners || (int64_t)f->size > d->lease)
+        f->entry == 0 || f->entry > d->nowners || peer_room(d, f->size) > d->lease)
         return -1;
     int owner = d->owners[f->entry - 1];
     return owner >= 0 && owner != d->self_node ? owner : -1;
@@ -568,6 +575,7 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
     if (ok && !d->never_copy && renameat(kdir, tmp, kdir, name) == 0) {
         e->state = K_STAGED;
         e->slot = (uint8_t)d->peer_slot;
+        e->answered = now_ns();
         d->peer_fetches++;
         post_event_locked(d, EV_STAGED, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
     } else {
@@ -575,7 +583,7 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
             unlinkat(kdir, tmp, 0);
         ok = 0;
         e->state = K_PYTHON;           /* Python's protocol fetches it (staging it there first), or says why not */
-        d->lease += (int64_t)f->size;
+        d->lease += peer_room(d, f->size);
         d->peer_failures++;
         post_event_locked(d, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
     }
@@ -608,6 +616,7 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     if (e && e->state == K_STAGED) {
         int slot = e->slot;
         const char *tier = d->tiers[slot];
+        e->answered = now_ns();
         pthread_mutex_unlock(&d->mu);
         int pl = snprintf(dest, sizeof dest, "%s/%.*s", tier, (int)len, key);
         if (pl >= (int)sizeof dest)
@@ -624,7 +633,7 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
         (e = insert(d, key, len, hash))) {
         e->state = K_BUSY;
         d->busy++;
-        d->lease -= (int64_t)f.size;
+        d->lease -= peer_room(d, f.size);  /* its blocks, not its bytes: never removed for want of room */
         pthread_mutex_unlock(&d->mu);
         return fetch_from_peer(w, fd, key, len, hash, &f, owner);
     }
@@ -1093,12 +1102,13 @@ EXPORT int front_door_claim(struct door *d, const char *key, int len)
 
 /* The peer lane: misses of files ``owners`` (by index entry - 1; -1: none) gives to another
  * node than ``self_node`` are fetched with ``fetch(dp, ...)`` into the tier of ``peer_slot``
- * (the peer area), within the lease; ``fetch`` NULL turns the lane off. ``owners`` stays the
+ * (the peer area), each paying its size rounded up to ``unit`` out of the lease; ``fetch``
+ * NULL turns the lane off. ``owners`` stays the
  * caller's, and is not read once this returns after another call. */
 EXPORT int front_door_peers(struct door *d, void *fetch, void *dp, const int16_t *owners, uint32_t nowners,
-                            int self_node, int peer_slot, int timeout_ms)
+                            int self_node, int peer_slot, int timeout_ms, int64_t unit)
 {
-    if (fetch && (peer_slot < 0 || peer_slot >= MONARCH_MAX_SLOTS || !d->tiers[peer_slot]))
+    if (fetch && (peer_slot < 0 || peer_slot >= MONARCH_MAX_SLOTS || !d->tiers[peer_slot] || unit <= 0))
         return -1;
     pthread_mutex_lock(&d->mu);
     d->peer_fetch = (peer_fetch_fn)fetch;
@@ -1108,6 +1118,7 @@ EXPORT int front_door_peers(struct door *d, void *fetch, void *dp, const int16_t
     d->self_node = self_node;
     d->peer_slot = peer_slot;
     d->peer_timeout_ms = timeout_ms;
+    d->peer_unit = unit > 0 ? unit : 1;
     pthread_mutex_unlock(&d->mu);
     return 0;
 }
@@ -1148,6 +1159,24 @@ EXPORT void front_door_forget(struct door *d, const char *key, int len)
     if (e)
         e->state = K_PYTHON;
     pthread_mutex_unlock(&d->mu);
+}
+
+/* An evicting cache would drop ``key``'s copy: 1 and its opens handed over from now on, or 0
+ * (nothing changed) if the door answered it less than ``grace_ns`` ago, so that an
+ * application it was answered to can still open it. The check and the hand-over are one
+ * step under the lock: no answer of the door can name a copy evicted after it. */
+EXPORT int front_door_evict(struct door *d, const char *key, int len, int64_t grace_ns)
+{
+    pthread_mutex_lock(&d->mu);
+    uint32_t hash = crc32_of(key, (uint32_t)len);
+    struct entry *e;
+    while ((e = find(d, key, (uint32_t)len, hash)) && e->state == K_BUSY)
+        pthread_cond_wait(&d->cv, &d->mu);
+    int evict = !(e && e->state == K_STAGED && now_ns() - e->answered < grace_ns);
+    if (e && evict)
+        e->state = K_PYTHON;
+    pthread_mutex_unlock(&d->mu);
+    return evict;
 }
 
 /* Python allows (1) the door to copy misses itself, or not (0). The door still hands them

@@ -46,6 +46,7 @@ from monarch.node.tiers import Tier
 log = logging.getLogger(__name__)
 
 GRACE = 0.5        # seconds a fresh copy is safe from eviction (the application it was answered to opens it first)
+EVICT_TRIES = 16   # copies looked at for one eviction, the least recently used first
 FETCH_THREADS = 32  # fetches from owners at once (each waits on the owner's staging at worst)
 
 Answer = tuple[int, object]
@@ -62,6 +63,9 @@ class LeastRecentlyUsed(StagerListener, Eviction):
         self.snapshot = snapshot
         self.counts = counts
         self.order: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()  # key: size, published
+        # may the copy go (False: someone else answered it within GRACE, e.g. the front door,
+        # whose hits this order never sees: it counts as used)? None: yes
+        self.may_evict: Callable[[str], bool] | None = None
 
     def published(self, key: str, tier: Tier) -> None:
         self.order[key] = (self.snapshot.files[key].size, time.monotonic())
@@ -73,8 +77,14 @@ class LeastRecentlyUsed(StagerListener, Eviction):
         self.order.move_to_end(key)
 
     def victim_locked(self, tier: Tier, size: int) -> str | None:
-        victim = next(iter(self.order.items()), None)
-        if victim is None or time.monotonic() - victim[1][1] < GRACE or size > tier.capacity:
+        for _ in range(EVICT_TRIES):
+            victim = next(iter(self.order.items()), None)
+            if victim is None or time.monotonic() - victim[1][1] < GRACE or size > tier.capacity:
+                return None
+            if self.may_evict is None or self.may_evict(victim[0]):
+                break
+            self.order.move_to_end(victim[0])  # answered just now: the least recently used is the next one
+        else:
             return None
         key, (vsize, _) = victim
         self.counts["evictions"] += 1

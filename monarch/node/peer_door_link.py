@@ -11,7 +11,10 @@ the door's table and the peer cache's books one, as ``DoorLink`` does for the st
   order, counted as fetched;
 * the room it fetches into is lent out of the peer area a chunk at a time, made by evicting
   the least recently used copies as the cache's own fetches do, and given back whenever the
-  cache wants it.
+  cache wants it;
+* the door's answers count as uses: a copy it answered less than GRACE ago is not evicted
+  (checked and handed over in one step, ``FrontDoor.evict``), so an application it was
+  answered to never finds it gone.
 
 The door knows who owns a file from an array by index entry (the snapshot's order of files),
 computed once here. After a node is lost its files have new owners the array does not know:
@@ -28,7 +31,7 @@ from typing import Callable
 from monarch.frontdoor import EV_STAGED, FrontDoor
 from monarch.node.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.index_writer import positions
-from monarch.node.peer_cache import PeerCache
+from monarch.node.peer_cache import GRACE, PeerCache
 from monarch.node.stager_books import StagerListener
 from monarch.node.tiers import Tier
 
@@ -64,8 +67,9 @@ class PeerDoorLink(StagerListener):
             books.subscribe_locked(self)
             for key in books.flights:  # fetches under way are the cache's
                 door.claim(key)
-        if not door.peers(*fetch, owners, node, self.area.slot, timeout):
+        if not door.peers(*fetch, owners, node, self.area.slot, timeout, self.area.unit):
             raise OSError("the front door has no peer area to fetch into")
+        cache.lru.may_evict = lambda key: door.evict(key, GRACE)  # the door's answers count as uses
         self.tend()
 
     # -- the cache's events (StagerListener) -----------------------------------------------
@@ -94,7 +98,7 @@ class PeerDoorLink(StagerListener):
             for ev in self.door.events():
                 if ev.kind != EV_STAGED:
                     continue  # a failed fetch: handed over, Python's protocol fetches it
-                if books.enter_copy_locked(ev.key, self.area, ev.size):  # False: no room for its blocks
+                if books.enter_copy_locked(ev.key, self.area, ev.size, paid=self.area.allocated(ev.size)):
                     lru.published(ev.key, self.area)
                     counts["fetched"] += 1
                     counts["fetched_bytes"] += ev.size
@@ -124,6 +128,7 @@ class PeerDoorLink(StagerListener):
 
     def stop(self) -> None:
         """The lane off (its fetches under way end first), its room given back."""
+        self.cache.lru.may_evict = None
         self.door.peers(None, None, None, 0, self.area.slot, 0)
         self.door.peer_copying(False)
         self.reclaim_lease()

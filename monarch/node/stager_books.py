@@ -163,16 +163,17 @@ class StagerBooks:
         self.files_read[source] += files
         self.bytes_read[source] += nbytes
 
-    def enter_copy_locked(self, key: str, tier: Tier, size: int) -> bool:
+    def enter_copy_locked(self, key: str, tier: Tier, size: int, paid: int | None = None) -> bool:
         """A raw copy of ``key`` someone else made in ``tier`` for an asker (the front door's):
         booked as this stager's own. The listeners are not told: its maker knows.
 
-        Its maker paid ``size`` bytes out of room lent to it (the front door's lease counts
-        the files' bytes); what the filesystem allocates beyond them is taken here, after
+        Its maker paid ``paid`` bytes out of room lent to it (default ``size``: the front
+        door's copy lane counts the files' bytes; its peer lane pays their allocation); what
+        the filesystem allocates beyond them is taken here, after
         room still lent comes back if need be. When even that leaves too little, the copy is
         removed (the listeners are told), counted ``no_room``, and False is returned: the
         tier's capacity holds against its allocation, whoever copied into it."""
-        extra = tier.allocated(size) - size
+        extra = tier.allocated(size) - (size if paid is None else paid)
         if extra and not tier.reserve(extra, counted=False):
             self.ask_room_back(tier)
             if not tier.reserve(extra, counted=False):
