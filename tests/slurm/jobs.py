@@ -1,0 +1,136 @@
+"""What the tests/slurm tests share: the batch script of docs/cluster.md (as is), a job's
+directory (job.yaml, train.py, the dataset behind the emulated PFS), running it by sbatch or
+salloc, and what a finished job must have left: its readers' digests, its report, nothing in
+its bases."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from support.harness import REPO, finish_group, load, sharded_config
+
+JOB_TIMEOUT = 240.0   # a job of a few hundred small files: ~10-30 s here, bounded generously
+MARKER = "<!-- slurm batch script:"
+
+
+def batch_script() -> str:
+    """The batch script of docs/cluster.md, the fenced block after its marker, as is."""
+    with open(os.path.join(REPO, "docs", "cluster.md")) as f:
+        text = f.read()
+    start = text.index("```sh\n", text.index(MARKER)) + len("```sh\n")
+    return text[start:text.index("\n```", start)] + "\n"
+
+
+TRAIN = """import os, sys
+from support.shard_reader import main
+# one shard per task of the step: SLURM_PROCID of SLURM_NTASKS, digests checked (exit 1 on a mismatch)
+sys.exit(main([{root!r}, {manifest!r}, "--node", os.environ["SLURM_PROCID"], "--nodes",
+               os.environ["SLURM_NTASKS"], "--epochs", "2", "--workers", "2"]))
+"""
+
+
+@dataclass
+class Job:
+    dir: str
+    base: str
+    nodes: int
+    files: int
+    total: int
+    pfs: object
+
+    def out(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "job.out"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def readers(self) -> list[dict]:
+        return [json.loads(line.split(" ", 1)[1]) for line in self.out().splitlines()
+                if line.startswith("shard_reader ")]
+
+    def report(self, job_id: str) -> dict:
+        return load(self.report_path(job_id))
+
+    def report_path(self, job_id: str) -> str:
+        return os.path.join(self.base, "run0", f"monarch-{os.getuid()}", f"{job_id}-node0", "report.json")
+
+
+def make_job(short_tmp: str, dataset, slow_pfs, nodes: int, files: int = 120) -> Job:
+    """A job's directory: the dataset behind the emulated PFS (it counts the bytes read), a
+    job.yaml whose nodes hold ~2/3 of it each (the peers in use), a train.py that reads its shard."""
+    ds = dataset(files=files, size="16KiB")
+    pfs = slow_pfs(ds.root, open_latency_ms=1)
+    cfg = sharded_config(short_tmp, str(pfs.mountpoint), ds.allocated * 2 // 3, nodes, name="job.yaml")
+    with open(os.path.join(short_tmp, "train.py"), "w") as f:
+        f.write(TRAIN.format(root=str(pfs.mountpoint), manifest=ds.manifest))
+    with open(os.path.join(short_tmp, "job.sh"), "w") as f:
+        f.write(batch_script())
+    assert os.path.dirname(cfg) == short_tmp
+    return Job(short_tmp, short_tmp, nodes, files, ds.total, pfs)
+
+
+def job_env(slurm, **extra) -> dict:
+    """The submitting shell's environment: this checkout's monarch and the test support first
+    (the job's steps inherit it: srun --export=ALL)."""
+    env = dict(slurm.env)
+    env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "tests"), env.get("PYTHONPATH", "")])
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.pop("MONARCH_DISABLE", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def sbatch(slurm, job: Job, ntasks_per_node: int, env: dict) -> str:
+    res = slurm.run(["sbatch", "--parsable", f"--nodes={job.nodes}", f"--ntasks-per-node={ntasks_per_node}",
+                     "-t", "5", "-o", os.path.join(job.dir, "job.out"), "-D", job.dir, "job.sh"],
+                    env=env, cwd=job.dir)
+    return res.stdout.strip().split(";")[0]
+
+
+def salloc(slurm, job: Job, ntasks_per_node: int, env: dict) -> tuple[str, subprocess.CompletedProcess]:
+    """``salloc -N.. --ntasks-per-node=.. bash job.sh`` (the script runs here, in the allocation);
+    the job id and what it printed (also written to job.out, as sbatch would)."""
+    proc = subprocess.Popen(["salloc", f"--nodes={job.nodes}", f"--ntasks-per-node={ntasks_per_node}", "-t", "5",
+                             "bash", "job.sh"], env=env, cwd=job.dir, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    res = finish_group(proc, timeout=JOB_TIMEOUT)
+    with open(os.path.join(job.dir, "job.out"), "w") as f:
+        f.write(res.stdout)
+    granted = [line for line in res.stdout.splitlines() if "Granted job allocation" in line]
+    assert granted, res.stdout
+    return granted[0].split()[-1], res
+
+
+def check_finished(job: Job, job_id: str, ntasks: int) -> dict:
+    """Every reader's digests right, the PFS read once, the cluster report by node 0 with every
+    node, nothing left in the bases (no copies, no socket). The report."""
+    out = job.out()
+    readers = job.readers()
+    assert len(readers) == ntasks, out
+    assert all(r["ok"] for r in readers), out
+    assert sum(e["files"] for r in readers for e in r["epochs"]) == 2 * job.files, out
+    counted = job.pfs.counters()
+    assert job.total <= counted["bytes"] <= 1.05 * job.total, (counted, out)  # each byte once, for the cluster
+    rep = job.report(job_id)
+    assert (rep["nodes_reporting"], rep["nodes_lost"]) == (job.nodes, []), out
+    assert rep["pfs"]["reads_of_dataset"] <= 1.05, rep["pfs"]
+    check_nothing_left(job)
+    return rep
+
+
+def check_nothing_left(job: Job) -> None:
+    """No tier or peer-area directory of copies, no daemon socket: only the run directories
+    (their logs and the report) stay."""
+    uid = os.getuid()
+    for node in range(job.nodes):
+        for tier in (f"/dev/shm{job.base}/ram{node}", f"{job.base}/ssd{node}", f"{job.base}/peer{node}"):
+            left = [p for p in glob.glob(os.path.join(tier, f"monarch-{uid}", "*")) if os.path.isdir(p)]
+            assert left == [], f"copies left: {left}"
+        socks = glob.glob(os.path.join(job.base, f"run{node}", f"monarch-{uid}", "*", "daemon.sock"))
+        assert socks == [], f"sockets left: {socks}"
