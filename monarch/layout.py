@@ -167,6 +167,12 @@ def prune_finished_runs(parent: str, keep: int = KEEP_FINISHED_RUNS, spare: str 
     return removed
 
 
+def session_report(run_id: str) -> str:
+    """The report of one run attached to a job's standing daemon, in the daemon's run directory
+    (whose ``REPORT`` is the daemon's own, written at its stop)."""
+    return f"report-{run_id}.json"
+
+
 def run_name(run_id: str, node: int) -> str:
     """A run directory's name on node ``node``: ``<run id>-node<N>``."""
     return f"{run_id}-node{node}"

@@ -329,12 +329,18 @@ def _print_and_write(end: _Ending, code: int, stats: dict | None, last: bool = T
     if node is None:
         node = _stats_without_daemon(config, session)
         log.warning("the node daemon was lost during the run; the report holds the shim's counts only")
-    elif end.baseline is not None:
-        node = session_delta(node, NodeStats.from_dict(end.baseline))
-    report = service.build([node], {"run_id": end.run, "job_id": topology.job_id(),
-                                    "config": config.source, "command": end.cmd, "exit_code": code,
-                                    "wall_seconds": round(end.wall, 3)})
-    path = service.report_path(session.run_dir, end.report_path, config.report)  # the command line wins
+    meta = {"run_id": end.run, "job_id": topology.job_id(), "config": config.source, "command": end.cmd,
+            "exit_code": code, "wall_seconds": round(end.wall, 3)}
+    if end.baseline is not None and stats is not None:
+        before = NodeStats.from_dict(end.baseline)
+        node = session_delta(node, before)
+        meta["scope"] = _session_scope(session, config, before)
+    # the command line wins; a standing daemon's run directory keeps report.json for the node's
+    # whole report (the daemon writes it at stop): this run's part goes beside it
+    path = service.report_path(session.run_dir, end.report_path,
+                               os.path.join(session.run_dir, layout.session_report(end.run)) if "scope" in meta
+                               else config.report)
+    report = service.build([node], meta)
     try:
         service.save(report, path)
     except OSError as e:
@@ -354,6 +360,15 @@ def _print_and_write(end: _Ending, code: int, stats: dict | None, last: bool = T
             out.write(f"html      : {html_path}\n")
         except (OSError, MonarchError) as e:
             log.warning("cannot write the HTML report to %s: %s", html_path, e)
+
+
+def _session_scope(session: Session, config: Config, before: NodeStats) -> dict:
+    """What a report of one run on a standing daemon covers: this run's part only; what the
+    daemon had staged before it attached; where the node's whole report goes at the daemon's
+    stop (issue 33: "0.00x the dataset" while 150 files had been staged, said nowhere)."""
+    return {"part": "this run", "staged_before": {"files": before.staging.get("files", 0),
+                                                  "bytes": before.staging.get("bytes", 0)},
+            "node_report": service.report_path(session.run_dir, config.report)}
 
 
 def _warn_if_bypassed(report: dict, out) -> None:
