@@ -56,6 +56,7 @@ DAEMON_LOG = "daemon.log"  # an embedded daemon's stdout and stderr
 START_LOCK = "start.lock"  # held by the launcher that starts the run's embedded daemon
 REPORT = "report.json"     # the report when neither the command line nor the configuration names one
 REFUSED = "refused"        # a daemon's one-line reason it will not start (a wrong srun line), for its launchers
+MPI_SHM = "mpi-shm"        # the MPI library's shared-memory files a standing daemon maps (monarch/launch/mpi_shm.py)
 KEEP_LOCK = ".monarch-keep.lock"
 REMOVE_TRIES = 5  # a private directory still written into while removed (ENOTEMPTY) is removed again
 

@@ -374,7 +374,12 @@ def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None)
     from monarch.launch.topology import node_index
     # the snapshot walk runs in the background: the socket answers and the command starts meanwhile
     # embedded: the node its launcher named (MONARCH_NODE / SLURM_NODEID), where the launcher looks for its socket
+    from monarch.launch import mpi_shm
+    if not embedded:  # what killed daemons of the node left in memory (their MPI's shared-memory files)
+        mpi_shm.remove_dead(layout.user_dir(config.run_base), rid)
     daemon = NodeDaemon(config, rid, cluster=cluster, node=node_index() if cluster is None else 0, background=True)
+    if cluster is not None:
+        mpi_shm.record(daemon.run_dir)  # for the next daemon of the node, should this one be killed
     server = NodeServer(daemon, embedded=embedded)
     pid_file = os.path.join(daemon.run_dir, layout.PID_FILE)
     secure.write_file_atomically(pid_file, f"{os.getpid()}\n".encode())
