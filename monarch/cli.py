@@ -162,17 +162,18 @@ def cmd_serve(args) -> int:
     in_mpi = not args.embedded and _mpi_world_rank() is not None
     if not args.embedded and (args.slurm or (not in_mpi and _slurm_allocation())):
         return _serve_slurm(args)  # the batch script or salloc's shell: the daemons' step is built here
-    if in_mpi:
-        from monarch.launch import slurm
-        if slurm.launched_by_srun():  # a wrong srun line is said at once, before MPI_Init hangs or aborts on it
-            slurm.refuse_wrong_launch(lambda: _load(args.config, roots=args.dataset, check_roots=False))
     # the peer layer is imported only by a standing daemon under MPI (not on the launch path).
     # MPI_Init first, before the daemon's imports: it spins a core until every rank has
     # reached it, so ranks that arrive early would burn the CPU the late ones need to get there
     if in_mpi:
+        from monarch.launch import slurm
+        by_srun = slurm.launched_by_srun()
+        if by_srun:  # a wrong srun line is said at once, before MPI_Init hangs or aborts on it
+            slurm.refuse_wrong_launch(lambda: _load(args.config, roots=args.dataset, check_roots=False))
         from monarch.cluster.world import abort_on_unhandled_exception
         abort_on_unhandled_exception()  # initialises MPI; one failing rank must not hang the others
-        slurm.refuse_world_of_one()
+        if by_srun:
+            slurm.refuse_world_of_one()
         rank = _mpi_world_rank()  # MPI's own answer now
         os.environ["MONARCH_NODE"] = str(rank)  # each node expands ${MONARCH_NODE} to its own dirs
         _setup_logging(args.verbose, str(rank))
@@ -182,7 +183,6 @@ def cmd_serve(args) -> int:
     config = _load(args.config, roots=args.dataset)
     if in_mpi:
         slurm.clear_refusal(config)  # a wrong start's note for the launchers, from before this one
-    if in_mpi:
         from monarch.cluster import Cluster
         cluster = Cluster.from_world(peer_timeout=config.peer.timeout)
     # embedded: the run its launcher named; standing: the job, which the job's launchers look for

@@ -152,25 +152,24 @@ def serve_step(step: Step, out=None) -> int:
         # a session of its own: a Ctrl-C or a kill of the batch script's process group must not
         # reach srun, which would SIGKILL the daemons
         proc = subprocess.Popen(step.argv, env={**os.environ, **step.env}, start_new_session=True)
-        asked = 0
-        stop_deadline = None
+        job = os.environ.get("SLURM_JOB_ID", "")
+        handled = 0              # signals acted upon
+        deadline = None          # srun must have ended by then, once the step was signalled
         while True:
             try:
                 return proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 pass
-            if len(signalled) > asked:
-                asked = len(signalled)
-                now_ = asked > 1
-                if _signal_step(os.environ.get("SLURM_JOB_ID", ""), None if now_ else "TERM", out):
-                    stop_deadline = time.monotonic() + (30.0 if now_ else STOP_GRACE)
+            if len(signalled) > handled:
+                at_once = handled > 0  # a second signal: cancel the step now
+                if _signal_step(job, None if at_once else "TERM", out):
+                    handled = len(signalled)
+                    deadline = time.monotonic() + (SLURM_TIMEOUT if at_once else STOP_GRACE)
                 else:
-                    signalled.pop()  # the step is not there yet (srun still starting): try again
-                    asked -= 1
-                    time.sleep(0.5)
-            if stop_deadline is not None and time.monotonic() > stop_deadline:
-                out.write(f"monarch: the daemons' step did not end within {STOP_GRACE:.0f} s of the stop: "
-                          "ending srun\n")
+                    time.sleep(0.5)  # the step is not there yet (srun still starting): try again
+            if deadline is not None and time.monotonic() > deadline:
+                out.write("monarch: the daemons' step did not end after the stop: cancelling it\n")
+                _signal_step(job, None, out)
                 proc.kill()
                 return proc.wait(timeout=SLURM_TIMEOUT)
     finally:

@@ -19,6 +19,7 @@ slurmstepd of ours, a task it left): nothing of it outlives the session.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -121,6 +122,9 @@ class PrivateSlurm:
             "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none", "MailProg=/bin/true", "DebugFlags=NO_CONF_HASH",
             "KillWait=30", "InactiveLimit=0", "MinJobAge=2",
+            # job ids of their own per session: names MPI derives from them (Open MPI's
+            # /dev/shm/sm_segment.<node>.<uid>.<job hash>.<rank>) never meet an earlier session's
+            f"FirstJobId={random.randrange(10_000, 5_000_000)}",
             "TmpFS=@TMPFS@",
         ]
         for node, port in zip(self.nodes, node_ports):
