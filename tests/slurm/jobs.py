@@ -134,6 +134,11 @@ def left_in_bases(job: Job) -> list[str]:
         for tier in (f"/dev/shm{job.base}/ram{node}", f"{job.base}/ssd{node}", f"{job.base}/peer{node}"):
             left += [p for p in glob.glob(os.path.join(tier, f"monarch-{uid}", "*")) if os.path.isdir(p)]
         left += glob.glob(os.path.join(job.base, f"run{node}", f"monarch-{uid}", "*", "daemon.sock"))
+        # the MPI library's shared-memory files each daemon noted it mapped (monarch/launch/mpi_shm.py)
+        for note in glob.glob(os.path.join(job.base, f"run{node}", f"monarch-{uid}", "*", "mpi-shm")):
+            with open(note) as f:
+                noted = f.read().split()
+            left += [path for path in noted if os.path.exists(path)]
     return left
 
 
