@@ -48,3 +48,15 @@ def test_the_end_of_the_batch_script_gives_the_report_and_leaves_nothing(slurm, 
     while not os.path.exists(job.report_path(job_id)) and time.monotonic() < deadline:
         time.sleep(0.3)
     check_finished(job, job_id, 2)
+
+
+def test_monarch_stop_on_every_node_gives_the_report_and_leaves_nothing(slurm, short_tmp, dataset, slow_pfs):
+    """The other documented stop: `monarch stop` once per node, in a step that overlaps."""
+    job = make_job(short_tmp, dataset, slow_pfs, nodes=2)
+    with open(os.path.join(job.dir, "job.sh"), "w") as f:
+        f.write(NO_STOP.format(end="srun -n $SLURM_NNODES --ntasks-per-node=1 --overlap monarch stop -c job.yaml\n"
+                                   "echo \"stopped $?\"\nwait"))
+    job_id = sbatch(slurm, job, 2, job_env(slurm))
+    assert slurm.wait_job(job_id, timeout=180) in ("COMPLETED", "GONE"), job.out()
+    assert "stopped 0" in job.out(), job.out()
+    check_finished(job, job_id, 4)
