@@ -159,6 +159,9 @@ def _check_html_report(option: str | None, config) -> None:
 
 def cmd_serve(args) -> int:
     cluster = None
+    if not args.embedded:  # a stop asked while it starts is kept for when it serves (not its death)
+        from monarch.launch.service import catch_stop_signals
+        catch_stop_signals()
     in_mpi = not args.embedded and _mpi_world_rank() is not None
     if not args.embedded and (args.slurm or (not in_mpi and _slurm_allocation())):
         return _serve_slurm(args)  # the batch script or salloc's shell: the daemons' step is built here
@@ -206,7 +209,8 @@ def _serve_slurm(args) -> int:
     step = slurm.daemon_step(serve_args, verbose=args.verbose)
     print(f"monarch: the daemons' step ({step.engine} under --mpi={step.mpi}): {' '.join(step.argv)}",
           file=sys.stderr, flush=True)
-    return slurm.serve_step(step)
+    from monarch.launch.service import catch_stop_signals
+    return slurm.serve_step(step, catch_stop_signals())  # the same list: a signal since the start counts
 
 
 def cmd_stop(args) -> int:

@@ -365,6 +365,22 @@ def import_daemon() -> None:
     log.debug("phase daemon.imported")
 
 
+class _EarlyStop:
+    """A SIGTERM or SIGINT that comes before the daemon serves (during MPI_Init, its imports,
+    its tiers: `kill %1` of `monarch serve --slurm` at once, a job cancelled as it starts) is
+    kept and acted on once it serves, instead of killing it before it can stop cleanly (its
+    peers waiting for it, no report)."""
+    signals: list[int] = []
+
+
+def catch_stop_signals() -> list[int]:
+    """From a standing daemon's very start: keep SIGTERM and SIGINT for ``serve`` (or for
+    ``monarch serve --slurm``'s step, monarch/launch/slurm.py); the list they are kept in."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: _EarlyStop.signals.append(signum))
+    return _EarlyStop.signals
+
+
 def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None) -> int:
     """Run this node's daemon until it is stopped (``monarch stop``, a signal, or, embedded, its
     run's last launcher leaving); a standing one then writes the job's report (``report``: the
@@ -385,6 +401,9 @@ def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None)
     secure.write_file_atomically(pid_file, f"{os.getpid()}\n".encode())
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
+    if _EarlyStop.signals:  # asked to stop while it was starting (catch_stop_signals)
+        log.warning("stopping: signal %d came while starting", _EarlyStop.signals[0])
+        server.request_stop()
     try:
         server.serve()
         if log.isEnabledFor(logging.DEBUG):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -41,6 +40,11 @@ STEP_NAME = "monarch-serve"
 FIX = "start them with `monarch serve --slurm -c CONFIG` (docs/cluster.md)"
 SLURM_TIMEOUT = 30.0      # srun --mpi=list, squeue, scancel: answered by slurmctld in well under a second
 STOP_GRACE = 300.0        # the daemons' clean stop (finish(), the report, their tiers removed) once signalled
+# A SIGTERM that reaches a daemon before its interpreter has run monarch serve's first lines
+# kills it (no report, its peers left waiting); after that it is kept until the daemon serves
+# (service.catch_stop_signals). So a stop asked right at the start waits until the step has
+# existed this long: its interpreters start in well under a second here, a loaded node is slower.
+STEP_SETTLE = 5.0
 
 
 def _int(env: Mapping[str, str], *names: str) -> int | None:
@@ -140,65 +144,77 @@ def daemon_step(serve_args: list[str], env: Mapping[str, str] | None = None,
     return Step(argv, mpi, engine, extra)
 
 
-def serve_step(step: Step, out=None) -> int:
-    """Run the daemons' step until it ends; the first SIGTERM or SIGINT stops it cleanly
-    (``scancel --signal=TERM`` of the step: every daemon stops, node 0 writes the report), a
-    second one ends it at once. srun's exit code."""
+def serve_step(step: Step, signalled: list[int], out=None) -> int:
+    """Run the daemons' step until it ends; the first SIGTERM or SIGINT (appended to
+    ``signalled`` by the caller's handlers, taken from its start: service.catch_stop_signals)
+    stops it cleanly (``scancel --signal=TERM`` of the step: every daemon stops, node 0 writes
+    the report), a second one ends it at once. srun's exit code."""
     out = sys.stderr if out is None else out
-    signalled: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, _f: signalled.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        log.info("the daemons' step: %s", " ".join(step.argv))
-        # a session of its own: a Ctrl-C or a kill of the batch script's process group must not
-        # reach srun, which would SIGKILL the daemons
-        proc = subprocess.Popen(step.argv, env={**os.environ, **step.env}, start_new_session=True)
-        job = os.environ.get("SLURM_JOB_ID", "")
-        handled = 0              # signals acted upon
-        deadline = None          # srun must have ended by then, once the step was signalled
-        while True:
-            try:
-                return proc.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                pass
-            if len(signalled) > handled:
-                at_once = handled > 0  # a second signal: cancel the step now
-                if _signal_step(job, None if at_once else "TERM", out):
-                    handled = len(signalled)
-                    deadline = time.monotonic() + (SLURM_TIMEOUT if at_once else STOP_GRACE)
-                else:
-                    time.sleep(0.5)  # the step is not there yet (srun still starting): try again
-            if deadline is not None and time.monotonic() > deadline:
-                out.write("monarch: the daemons' step did not end after the stop: cancelling it\n")
-                _signal_step(job, None, out)
-                proc.kill()
-                return proc.wait(timeout=SLURM_TIMEOUT)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    log.info("the daemons' step: %s", " ".join(step.argv))
+    # a session of its own: a Ctrl-C or a kill of the batch script's process group must not
+    # reach srun, which would SIGKILL the daemons
+    proc = subprocess.Popen(step.argv, env={**os.environ, **step.env}, start_new_session=True)
+    job = os.environ.get("SLURM_JOB_ID", "")
+    handled = 0              # signals acted upon
+    deadline = None          # srun must have ended by then, once the step was signalled
+    while True:
+        try:
+            return proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+        if len(signalled) > handled:
+            at_once = handled > 0  # a second signal: cancel the step now
+            steps, running = _daemon_steps(job, out)
+            if steps and (at_once or running >= STEP_SETTLE):
+                _signal_steps(steps, None if at_once else "TERM", out)
+                handled = len(signalled)
+                deadline = time.monotonic() + (SLURM_TIMEOUT if at_once else STOP_GRACE)
+            else:
+                time.sleep(0.5)  # the step is not there yet, or just started: try again
+        if deadline is not None and time.monotonic() > deadline:
+            out.write("monarch: the daemons' step did not end after the stop: cancelling it\n")
+            _signal_steps(_daemon_steps(job, out)[0], None, out)
+            proc.kill()
+            return proc.wait(timeout=SLURM_TIMEOUT)
 
 
-def _signal_step(job: str, sig: str | None, out) -> bool:
-    """``scancel --signal=SIG JOB.STEP`` (``sig`` None: cancel it) for the daemons' step of
-    this job, found by its name; False if it is not there (yet)."""
+def _daemon_steps(job: str, out) -> tuple[list[str], float]:
+    """The daemons' step of this job (JOB.STEP), found by its name ([] if not there yet), and
+    the seconds it has been running (squeue's %M: [D-][H:]M:SS)."""
     try:
-        res = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], capture_output=True, text=True,
+        res = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j %M"], capture_output=True, text=True,
                              timeout=SLURM_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired) as e:
         out.write(f"monarch: squeue failed ({e}): cannot find the daemons' step to stop it\n")
-        return False
-    steps = [line.split()[0] for line in res.stdout.splitlines() if line.split()[1:] == [STEP_NAME]]
-    if not steps:
-        return False
+        return [], 0.0
+    steps, running = [], 0.0
+    for fields in (line.split() for line in res.stdout.splitlines()):
+        if len(fields) == 3 and fields[1] == STEP_NAME:
+            steps.append(fields[0])
+            running = max(running, _elapsed(fields[2]))
+    return steps, running
+
+
+def _elapsed(text: str) -> float:
+    days, _, clock = text.rpartition("-")
+    seconds = 0.0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + (float(part) if part.isdigit() else 0.0)
+    return seconds + (int(days) * 86400 if days.isdigit() else 0)
+
+
+def _signal_steps(steps: list[str], sig: str | None, out) -> None:
+    """``scancel --signal=SIG JOB.STEP`` (``sig`` None: cancel them)."""
     for step in steps:
         cmd = ["scancel", *([f"--signal={sig}"] if sig else []), step]
         try:
             subprocess.run(cmd, capture_output=True, timeout=SLURM_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as e:
             out.write(f"monarch: {' '.join(cmd)} failed ({e})\n")
-    out.write(f"monarch: {'stopping' if sig else 'cancelling'} the daemons' step {', '.join(steps)}"
-              f"{' (node 0 writes the report)' if sig else ''}\n")
-    out.flush()
-    return True
+    if steps:
+        out.write(f"monarch: {'stopping' if sig else 'cancelling'} the daemons' step {', '.join(steps)}"
+                  f"{' (node 0 writes the report)' if sig else ''}\n")
+        out.flush()
 
 
 # -- wrong launches, caught at start (each daemon of a step srun started) ----------------------

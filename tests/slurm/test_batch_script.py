@@ -5,7 +5,7 @@ every node, nothing left in the bases."""
 
 import pytest
 
-from jobs import check_finished, job_env, make_job, salloc, sbatch
+from jobs import check_finished, job_env, make_job, salloc, sbatch, wait_job
 
 pytestmark = pytest.mark.slurm
 
@@ -16,7 +16,7 @@ ENGINES = {"pmi2": {"MONARCH_MPI_ENGINE": "mpich"}, "pmix": {}}
 def test_the_documented_batch_script_by_sbatch(slurm, short_tmp, dataset, slow_pfs, nodes, per_node, pmi):
     job = make_job(short_tmp, dataset, slow_pfs, nodes)
     job_id = sbatch(slurm, job, per_node, job_env(slurm, **ENGINES[pmi]))
-    state = slurm.wait_job(job_id, timeout=240)
+    state = wait_job(slurm, job, job_id, timeout=240)
     assert state in ("COMPLETED", "GONE"), (state, job.out())
     assert f"--mpi={pmi}" in job.out(), job.out()
     check_finished(job, job_id, nodes * per_node)

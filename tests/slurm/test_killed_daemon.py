@@ -4,11 +4,10 @@ copies and the MPI library's shared-memory files it had mapped."""
 
 import os
 import signal
-import time
 
 import pytest
 
-from jobs import batch_script, check_nothing_left, job_env, make_job, sbatch
+from jobs import batch_script, check_nothing_left, job_env, make_job, sbatch, wait_for, wait_job
 
 pytestmark = pytest.mark.slurm
 
@@ -22,12 +21,6 @@ wait
 """
 
 
-def _wait_for(job, text, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while text not in job.out():
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout:.0f} s:\n{job.out()}"
-        time.sleep(0.3)
-
 
 def test_what_a_killed_daemon_left_is_removed_by_the_next_start_on_its_node(slurm, short_tmp, dataset, slow_pfs):
     job = make_job(short_tmp, dataset, slow_pfs, nodes=2)
@@ -35,7 +28,7 @@ def test_what_a_killed_daemon_left_is_removed_by_the_next_start_on_its_node(slur
         f.write(KILLED)
     env = job_env(slurm, MONARCH_MPI_ENGINE="mpich")
     first = sbatch(slurm, job, 1, env)
-    _wait_for(job, "trained 0")
+    wait_for(job, "trained 0")
     run_dir = os.path.join(job.base, "run1", f"monarch-{os.getuid()}", f"{first}-node1")
     with open(os.path.join(run_dir, "daemon.pid")) as f:
         pid = int(f.read())
@@ -44,7 +37,7 @@ def test_what_a_killed_daemon_left_is_removed_by_the_next_start_on_its_node(slur
     assert all(p.startswith("/dev/shm/mpich_shm_") for p in noted), noted
     os.kill(pid, signal.SIGKILL)
     open(os.path.join(job.dir, "killed"), "w").close()
-    assert slurm.wait_job(first, timeout=180) in ("COMPLETED", "GONE"), job.out()
+    assert wait_job(slurm, job, first, timeout=180) in ("COMPLETED", "GONE"), job.out()
     rep = job.report(first)  # the survivor's: node 1 lost
     assert [n["node"] for n in rep["lost"]["nodes"]] == [1], rep["lost"]
     assert os.path.exists(os.path.join(run_dir, "daemon.sock"))  # its socket, left
@@ -56,7 +49,7 @@ def test_what_a_killed_daemon_left_is_removed_by_the_next_start_on_its_node(slur
         f.write(batch_script())
     os.unlink(os.path.join(job.dir, "job.out"))
     second = sbatch(slurm, job, 1, env)
-    assert slurm.wait_job(second, timeout=180) in ("COMPLETED", "GONE"), job.out()
+    assert wait_job(slurm, job, second, timeout=180) in ("COMPLETED", "GONE"), job.out()
     assert all(r["ok"] for r in job.readers()) and len(job.readers()) == 2, job.out()
     assert job.report(second)["nodes_reporting"] == 2
     assert [p for p in noted if os.path.exists(p)] == [], job.out()

@@ -33,6 +33,28 @@ STOP_TIMEOUT = 30.0
 CPUS = 2               # per simulated node: --ntasks-per-node 2 fits; the host's cores are shared by all
 
 
+# Failures of Slurm itself, told by what its daemons print, that no Monarch code can avoid: a
+# test that meets one stops waiting at once and is skipped with the reason (never a hang).
+KNOWN_BUGS = {
+    # Slurm 22.05's PMI-1 server (mpi/pmi2 plugin) takes a request line in one read(): under
+    # load MPICH's ~1 KiB "put" of a business-card segment arrives in two pieces, both are
+    # refused, and every rank's MPI_Init waits for ever (seen about once in 40 daemon starts
+    # here, only while other test suites loaded the machine). MPICH's PMI-2 wire protocol,
+    # which Slurm reads by length, fails MPI_Init outright with this MPICH; PMIx is not built in.
+    "mpi/pmi2: value not properly terminated in client request":
+        "Slurm 22.05's PMI-1 server read an MPICH request in two pieces (its single-read race under load): "
+        "MPI_Init of the daemons cannot complete",
+}
+
+
+class KnownSlurmBug(RuntimeError):
+    """A failure of Slurm itself (``KNOWN_BUGS``), not of what the test checks."""
+
+
+def known_bug(text: str) -> str | None:
+    return next((why for sign, why in KNOWN_BUGS.items() if sign in text), None)
+
+
 def unavailable() -> str | None:
     """Why a private Slurm cannot run here (the tests' one-line skip), or None."""
     missing = [b for b in BINARIES if shutil.which(b) is None and not os.access(f"/usr/sbin/{b}", os.X_OK)]
@@ -185,14 +207,19 @@ class PrivateSlurm:
                 return field.split("=", 1)[1]
         return "GONE"  # purged (MinJobAge): it ended
 
-    def wait_job(self, job: str, timeout: float) -> str:
+    def wait_job(self, job: str, timeout: float, output=None) -> str:
         """Wait for job ``job`` to end; its final state (COMPLETED, FAILED, ...). A job still
-        running after ``timeout`` is cancelled and RuntimeError raised."""
+        running after ``timeout`` is cancelled and RuntimeError raised; one whose ``output()``
+        shows a known bug of Slurm (``KNOWN_BUGS``) is cancelled at once and KnownSlurmBug raised."""
         deadline = time.monotonic() + timeout
         while True:
             state = self.job_state(job)
             if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
                 return state
+            why = known_bug(output()) if output is not None else None
+            if why is not None:
+                self.run(["scancel", job], check=False)
+                raise KnownSlurmBug(why)
             if time.monotonic() > deadline:
                 self.run(["scancel", job], check=False)
                 raise RuntimeError(f"private Slurm: job {job} still {state} after {timeout:.0f} s (cancelled)")
