@@ -196,8 +196,8 @@ def cmd_serve(args) -> int:
 
 
 def _slurm_allocation() -> bool:
-    from monarch.launch.slurm import in_allocation
-    return in_allocation()
+    from monarch.launch.slurm import wants_step
+    return wants_step()
 
 
 def _serve_slurm(args) -> int:
@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a dataset root (repeat for several); replaces dataset.roots of the configuration")
     s.add_argument("--report", help="where the job report goes at stop (default: the run directory's report.json)")
     s.add_argument("--slurm", action="store_true",
-                   help="in a Slurm allocation (the default there outside a step): start one daemon per node in "
+                   help="in a Slurm allocation (the default in one of several nodes, outside a step): start one daemon per node in "
                         "a step of their own (srun --overlap, the PMI of the daemons' MPI); SIGTERM stops them "
                         "cleanly and node 0 writes the report")
     s.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)

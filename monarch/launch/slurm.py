@@ -62,6 +62,14 @@ def in_allocation(env: Mapping[str, str] | None = None) -> bool:
         and env.get("SLURM_STEPID", "") in ("", "batch", "extern")
 
 
+def wants_step(env: Mapping[str, str] | None = None) -> bool:
+    """Should a plain ``monarch serve`` build the daemons' step itself? In an allocation of
+    several nodes, outside a step: one daemon on the batch host alone would serve one node of
+    them, never what was meant. (One node: a local daemon, as outside Slurm.)"""
+    env = os.environ if env is None else env
+    return in_allocation(env) and (_int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES") or 1) > 1
+
+
 def launched_by_srun(proc: str = "/proc") -> bool:
     """Is this process a task srun started (its nearest launcher ancestor is slurmstepd, not
     hydra's or Open MPI's: those ranks sit in a Slurm step too, but their PMI is not Slurm's)?"""

@@ -29,3 +29,19 @@ def test_the_documented_batch_script_in_salloc(slurm, short_tmp, dataset, slow_p
     assert res.returncode == 0, res.stdout
     assert f"--mpi={pmi}" in res.stdout, res.stdout
     check_finished(job, job_id, nodes * per_node)
+
+
+def test_a_plain_monarch_serve_in_an_allocation_of_several_nodes_builds_the_step(slurm, short_tmp, dataset,
+                                                                                  slow_pfs):
+    """The batch script without --slurm: the step is built all the same (one daemon per node),
+    never one daemon on the batch host for the whole job."""
+    from jobs import batch_script
+    job = make_job(short_tmp, dataset, slow_pfs, 2)
+    script = batch_script()
+    assert "monarch serve --slurm" in script
+    with open(f"{job.dir}/job.sh", "w") as f:
+        f.write(script.replace("monarch serve --slurm", "monarch serve"))
+    job_id = sbatch(slurm, job, 2, job_env(slurm, **ENGINES["pmix"]))
+    assert wait_job(slurm, job, job_id, timeout=240) in ("COMPLETED", "GONE"), job.out()
+    assert "monarch: the daemons' step" in job.out(), job.out()
+    check_finished(job, job_id, 4)

@@ -24,6 +24,10 @@ def test_in_an_allocation_outside_a_step():
     assert slurm.in_allocation(BATCH)
     assert not slurm.in_allocation({**BATCH, "SLURM_STEP_ID": "3"})
     assert not slurm.in_allocation({})
+    # a plain monarch serve builds the step itself in an allocation of several nodes only
+    assert slurm.wants_step(BATCH)
+    assert not slurm.wants_step({**BATCH, "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1"})
+    assert not slurm.wants_step({**BATCH, "SLURM_STEP_ID": "0"})
 
 
 def test_the_step_is_one_daemon_per_node_overlapping_with_the_pmi_of_the_mpi(tmp_path):
