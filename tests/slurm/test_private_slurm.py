@@ -1,4 +1,4 @@
-"""The private Slurm itself: jobs run on its nodes, under PMI2 and PMIx (issue 33)."""
+"""The private Slurm itself (tests/support/slurm.py): a step runs one task on each of its nodes."""
 
 import pytest
 
