@@ -16,10 +16,18 @@ def slurm():
     why = unavailable()
     if why:
         pytest.skip(why)
-    base = tempfile.mkdtemp(prefix="mslurm-", dir="/tmp")
-    cluster = PrivateSlurm(base, nodes=NODES)
+    for attempt in (1, 2):  # a port chosen free may be taken before slurmd binds it: once more, new ports
+        base = tempfile.mkdtemp(prefix="mslurm-", dir="/tmp")
+        cluster = PrivateSlurm(base, nodes=NODES)
+        try:
+            cluster.start()
+            break
+        except RuntimeError:
+            cluster.stop()
+            shutil.rmtree(base, ignore_errors=True)
+            if attempt == 2:
+                raise
     try:
-        cluster.start()
         yield cluster
     finally:
         left = cluster.stop()
