@@ -171,12 +171,13 @@ def cmd_serve(args) -> int:
     if in_mpi:
         from monarch.launch import slurm
         by_srun = slurm.launched_by_srun()
+        config_for_note = lambda: _load(args.config, roots=args.dataset, check_roots=False)  # noqa: E731
         if by_srun:  # a wrong srun line is said at once, before MPI_Init hangs or aborts on it
-            slurm.refuse_wrong_launch(lambda: _load(args.config, roots=args.dataset, check_roots=False))
+            slurm.refuse_wrong_launch(config_for_note)
         from monarch.cluster.world import abort_on_unhandled_exception
         abort_on_unhandled_exception()  # initialises MPI; one failing rank must not hang the others
         if by_srun:
-            slurm.refuse_world_of_one()
+            slurm.refuse_world_of_one(config_for_note)
         rank = _mpi_world_rank()  # MPI's own answer now
         os.environ["MONARCH_NODE"] = str(rank)  # each node expands ${MONARCH_NODE} to its own dirs
         _setup_logging(args.verbose, str(rank))

@@ -272,7 +272,17 @@ def refuse_wrong_launch(load_config, env: Mapping[str, str] | None = None) -> No
     node's launchers look (they give up waiting at once and say it) and end: task 0 says it
     (MonarchError: exit 2), the others exit 2 quietly, so the step prints it once."""
     env = os.environ if env is None else env
-    why = wrong_launch(env)
+    _refuse(wrong_launch(env), load_config, env)
+
+
+def refuse_world_of_one(load_config) -> None:
+    """After MPI_Init: a world of 1 in a step of several daemons ends every one of them, said
+    once and left for the launchers (as ``refuse_wrong_launch``)."""
+    from monarch.cluster.world import load_mpi
+    _refuse(world_of_one(load_mpi().COMM_WORLD.Get_size()), load_config, os.environ)
+
+
+def _refuse(why: str | None, load_config, env: Mapping[str, str]) -> None:
     if why is None:
         return
     node = env.get("SLURM_NODEID", "0")
@@ -284,16 +294,6 @@ def refuse_wrong_launch(load_config, env: Mapping[str, str] | None = None) -> No
     if env.get("SLURM_PROCID", "0") != "0":
         raise SystemExit(2)
     raise MonarchError(f"monarch serve (Slurm step, node {node}): {why}")
-
-
-def refuse_world_of_one() -> None:
-    """After MPI_Init: a world of 1 in a step of several daemons ends every one of them, once said."""
-    from monarch.cluster.world import load_mpi
-    why = world_of_one(load_mpi().COMM_WORLD.Get_size())
-    if why is not None:
-        if os.environ.get("SLURM_PROCID", "0") != "0":
-            raise SystemExit(2)
-        raise MonarchError(f"monarch serve (Slurm step): {why}")
 
 
 def _refusal_path(config) -> str:
