@@ -5,7 +5,7 @@ every node, nothing left in the bases."""
 
 import pytest
 
-from jobs import check_finished, job_env, make_job, salloc, sbatch, wait_job
+from jobs import check_finished, job_env, make_job, salloc, submit
 
 pytestmark = pytest.mark.slurm
 
@@ -15,8 +15,7 @@ ENGINES = {"pmi2": {"MONARCH_MPI_ENGINE": "mpich"}, "pmix": {}}
 @pytest.mark.parametrize("nodes,per_node,pmi", [(2, 1, "pmi2"), (2, 2, "pmix"), (4, 1, "pmix"), (4, 2, "pmi2")])
 def test_the_documented_batch_script_by_sbatch(slurm, short_tmp, dataset, slow_pfs, nodes, per_node, pmi):
     job = make_job(short_tmp, dataset, slow_pfs, nodes)
-    job_id = sbatch(slurm, job, per_node, job_env(slurm, **ENGINES[pmi]))
-    state = wait_job(slurm, job, job_id, timeout=240)
+    job_id, state = submit(slurm, job, per_node, job_env(slurm, **ENGINES[pmi]))
     assert state in ("COMPLETED", "GONE"), (state, job.out())
     assert f"--mpi={pmi}" in job.out(), job.out()
     check_finished(job, job_id, nodes * per_node)
@@ -41,7 +40,7 @@ def test_a_plain_monarch_serve_in_an_allocation_of_several_nodes_builds_the_step
     assert "monarch serve --slurm" in script
     with open(f"{job.dir}/job.sh", "w") as f:
         f.write(script.replace("monarch serve --slurm", "monarch serve"))
-    job_id = sbatch(slurm, job, 2, job_env(slurm, **ENGINES["pmix"]))
-    assert wait_job(slurm, job, job_id, timeout=240) in ("COMPLETED", "GONE"), job.out()
+    job_id, state = submit(slurm, job, 2, job_env(slurm, **ENGINES["pmix"]))
+    assert state in ("COMPLETED", "GONE"), job.out()
     assert "monarch: the daemons' step" in job.out(), job.out()
     check_finished(job, job_id, 4)

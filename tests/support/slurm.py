@@ -34,7 +34,8 @@ CPUS = 2               # per simulated node: --ntasks-per-node 2 fits; the host'
 
 
 # Failures of Slurm itself, told by what its daemons print, that no Monarch code can avoid: a
-# test that meets one stops waiting at once and is skipped with the reason (never a hang).
+# test that meets one stops waiting at once (never a hang); tests/slurm/jobs.py runs the job
+# once more or skips the test with the reason.
 KNOWN_BUGS = {
     # Slurm 22.05's PMI-1 server (mpi/pmi2 plugin) takes a request line in one read(): under
     # load MPICH's ~1 KiB "put" of a business-card segment arrives in two pieces, both are
