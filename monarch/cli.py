@@ -159,13 +159,25 @@ def _check_html_report(option: str | None, config) -> None:
 
 def cmd_serve(args) -> int:
     cluster = None
+    if not args.embedded:  # a stop asked while it starts is kept for when it serves (not its death)
+        from monarch.launch.service import catch_stop_signals
+        catch_stop_signals()
+    in_mpi = not args.embedded and _mpi_world_rank() is not None
+    if not args.embedded and (args.slurm or (not in_mpi and _slurm_allocation())):
+        return _serve_slurm(args)  # the batch script or salloc's shell: the daemons' step is built here
     # the peer layer is imported only by a standing daemon under MPI (not on the launch path).
     # MPI_Init first, before the daemon's imports: it spins a core until every rank has
     # reached it, so ranks that arrive early would burn the CPU the late ones need to get there
-    in_mpi = not args.embedded and _mpi_world_rank() is not None
     if in_mpi:
+        from monarch.launch import slurm
+        by_srun = slurm.launched_by_srun()
+        config_for_note = lambda: _load(args.config, roots=args.dataset, check_roots=False)  # noqa: E731
+        if by_srun:  # a wrong srun line is said at once, before MPI_Init hangs or aborts on it
+            slurm.refuse_wrong_launch(config_for_note)
         from monarch.cluster.world import abort_on_unhandled_exception
         abort_on_unhandled_exception()  # initialises MPI; one failing rank must not hang the others
+        if by_srun:
+            slurm.refuse_world_of_one(config_for_note)
         rank = _mpi_world_rank()  # MPI's own answer now
         os.environ["MONARCH_NODE"] = str(rank)  # each node expands ${MONARCH_NODE} to its own dirs
         _setup_logging(args.verbose, str(rank))
@@ -174,6 +186,7 @@ def cmd_serve(args) -> int:
     service.import_daemon()
     config = _load(args.config, roots=args.dataset)
     if in_mpi:
+        slurm.clear_refusal(config)  # a wrong start's note for the launchers, from before this one
         from monarch.cluster import Cluster
         cluster = Cluster.from_world(peer_timeout=config.peer.timeout)
     # embedded: the run its launcher named; standing: the job, which the job's launchers look for
@@ -181,6 +194,24 @@ def cmd_serve(args) -> int:
     if not rid:
         raise MonarchError("monarch serve --embedded is started by monarch run, with MONARCH_RUN_ID set")
     return service.serve(config, rid, cluster, args.embedded, args.report)
+
+
+def _slurm_allocation() -> bool:
+    from monarch.launch.slurm import wants_step
+    return wants_step()
+
+
+def _serve_slurm(args) -> int:
+    """``monarch serve`` in a Slurm allocation: one daemon per node in a step of their own
+    (monarch/launch/slurm.py), stopped cleanly by a SIGTERM."""
+    from monarch.launch import slurm
+    serve_args = (["-c", args.config] if args.config else []) + \
+        [a for root in args.dataset or [] for a in ("--dataset", root)] + (["--report", args.report] if args.report else [])
+    step = slurm.daemon_step(serve_args, verbose=args.verbose)
+    print(f"monarch: the daemons' step ({step.engine} under --mpi={step.mpi}): {' '.join(step.argv)}",
+          file=sys.stderr, flush=True)
+    from monarch.launch.service import catch_stop_signals
+    return slurm.serve_step(step, catch_stop_signals())  # the same list: a signal since the start counts
 
 
 def cmd_stop(args) -> int:
@@ -302,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dataset", action="append", metavar="PATH",
                    help="a dataset root (repeat for several); replaces dataset.roots of the configuration")
     s.add_argument("--report", help="where the job report goes at stop (default: the run directory's report.json)")
+    s.add_argument("--slurm", action="store_true",
+                   help="in a Slurm allocation (the default in one of several nodes, outside a step): start one daemon per node in "
+                        "a step of their own (srun --overlap, the PMI of the daemons' MPI); SIGTERM stops them "
+                        "cleanly and node 0 writes the report")
     s.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_serve)
 

@@ -111,9 +111,11 @@ VARIABLES: tuple[Variable, ...] = (
              (SHIM,), MONARCH),
     # -- for Monarch's tests and benchmarks ---------------------------------------------------
     Variable("MONARCH_OPENMPI", "path", "<sys.prefix>/openmpi",
-             "the Open MPI (ULFM) prefix the tests' and benchmarks' daemon launch uses", (TESTS,)),
+             "the Open MPI (ULFM) prefix of the daemons' MPI: monarch serve --slurm (under PMIx) and the tests' "
+             "and benchmarks' daemon launch", (TESTS,)),
     Variable("MONARCH_MPI_ENGINE", "str", None,
-             "mpich|ulfm: force the MPI of the tests' and benchmarks' daemon launch", (TESTS,)),
+             "mpich|ulfm: force the daemons' MPI (monarch serve --slurm: mpich under PMI2; the tests' and "
+             "benchmarks' daemon launch)", (TESTS,)),
     Variable("MONARCH_FUZZ_CASES", "int", "600", "cases of the front door's fuzz test", (TESTS,)),
 )
 

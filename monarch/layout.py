@@ -55,6 +55,8 @@ PID_FILE = "daemon.pid"   # a standing or embedded daemon's pid, while it serves
 DAEMON_LOG = "daemon.log"  # an embedded daemon's stdout and stderr
 START_LOCK = "start.lock"  # held by the launcher that starts the run's embedded daemon
 REPORT = "report.json"     # the report when neither the command line nor the configuration names one
+REFUSED = "refused"        # a daemon's one-line reason it will not start (a wrong srun line), for its launchers
+MPI_SHM = "mpi-shm"        # the MPI library's shared-memory files a standing daemon maps (monarch/launch/mpi_shm.py)
 KEEP_LOCK = ".monarch-keep.lock"
 REMOVE_TRIES = 5  # a private directory still written into while removed (ENOTEMPTY) is removed again
 
@@ -164,6 +166,12 @@ def prune_finished_runs(parent: str, keep: int = KEEP_FINISHED_RUNS, spare: str 
     if removed:
         log.info("removed %d finished run directories of %s (the %d newest are kept)", len(removed), parent, keep)
     return removed
+
+
+def session_report(run_id: str) -> str:
+    """The report of one run attached to a job's standing daemon, in the daemon's run directory
+    (whose ``REPORT`` is the daemon's own, written at its stop)."""
+    return f"report-{run_id}.json"
 
 
 def run_name(run_id: str, node: int) -> str:

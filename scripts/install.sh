@@ -14,6 +14,11 @@ command -v mount >/dev/null 2>&1 || need+=(mount)  # the tier accounting test mo
 # the shim decodes compressed copies with the system's libzstd (dlopen; without it the daemon
 # decodes them): the tests of that path need it
 ls /usr/lib/*/libzstd.so.1 /lib/*/libzstd.so.1 >/dev/null 2>&1 || need+=(libzstd1)
+# the tests/slurm suite runs a private Slurm (issue 33): slurmctld, slurmd, srun from slurm-wlm
+# (its PMI2 and PMIx plugins), munged; libpmix-dev gives the PMIx plugin the libpmix.so it dlopens
+command -v slurmd >/dev/null 2>&1 || command -v /usr/sbin/slurmd >/dev/null 2>&1 || need+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || command -v /usr/sbin/munged >/dev/null 2>&1 || need+=(munge)
+[ -n "$(ls /usr/lib/*/libpmix.so /usr/lib/*/pmix2/lib/libpmix.so 2>/dev/null)" ] || need+=(libpmix-dev)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

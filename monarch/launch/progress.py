@@ -44,6 +44,12 @@ def wanted(no_progress_flag: bool, env: Mapping[str, str] | None = None) -> bool
         return False
     if setting:
         return True
+    return first_local_rank(env)
+
+
+def first_local_rank(env: Mapping[str, str] | None = None) -> bool:
+    """Is this the first rank of its node (or no launcher says)? Who speaks for the node."""
+    env = os.environ if env is None else env
     for name in _LOCAL_RANK_VARS:
         if env.get(name, "").strip().isdigit():
             return int(env[name]) == 0

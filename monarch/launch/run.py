@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from monarch import environment, layout, protocol
-from monarch.launch import service, topology
+from monarch.launch import service, slurm, topology
+from monarch.launch.progress import first_local_rank
 from monarch.launch.launchers import RunLaunchers
 from monarch.launch.service import Session, attach
 from monarch.config import Config, ConfigError, read_user
@@ -53,7 +54,7 @@ def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[
 ENV_CLUSTER = "MONARCH_CLUSTER"  # "1": this run belongs to a cluster of `monarch serve`; "0": it does not
 ENV_CLUSTER_WAIT = "MONARCH_CLUSTER_WAIT"  # seconds to wait, instead of CLUSTER_WAIT_TIMEOUT
 CLUSTER_WAIT_TIMEOUT = float(environment.variable(ENV_CLUSTER_WAIT).default)  # seconds a cluster job's launcher waits
-CLUSTER_WAIT_NOTE = 5.0          # a progress line on stderr this often while it waits
+CLUSTER_WAIT_NOTE = 30.0         # said once, then a line this often at most, by a node's first rank only
 
 
 def is_cluster_run(config_file: str | None, env=None) -> bool:
@@ -84,7 +85,9 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
     job = topology.job_id()
     path = layout.socket_path(config.run_base, job, node)
     t0 = time.monotonic()
-    note = t0 + CLUSTER_WAIT_NOTE
+    # said at once, then every CLUSTER_WAIT_NOTE, by the first rank of the node: not a line
+    # per rank every few seconds (120 lines for one wait, issue 33)
+    note = t0 if first_local_rank() else float("inf")
     dead_since = None
     while True:
         session = attach(path)
@@ -93,6 +96,9 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
                 return session
             session.close()
             raise DaemonError(f"node {node}'s daemon of job {job} at {path} serves another dataset")
+        refused = slurm.refusal(os.path.dirname(path))
+        if refused is not None:  # its srun line cannot work: it will never come
+            raise DaemonError(f"node {node}'s daemon of job {job} will not come: {refused}")
         now = time.monotonic()
         if dead_since is None and _daemon_died(os.path.dirname(path)):
             dead_since = now
@@ -100,12 +106,15 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
             raise DaemonError(f"node {node}'s daemon of job {job} died (its socket {path} is left and nothing holds "
                               f"its lock) and no new one came within {CLUSTER_DEAD_WAIT:.0f} s")
         if now - t0 > timeout:
+            how = ("`monarch serve --slurm -c CONFIG` in the batch script or salloc's shell (one daemon per node, "
+                   "in a step that overlaps the training's: a step without --overlap waits for its CPUs)"
+                   if os.environ.get("SLURM_JOB_ID") else
+                   "`monarch serve -c CONFIG` on every node under mpiexec or srun, with the same job id")
             raise DaemonError(f"node {node}'s daemon of job {job} did not come up within {timeout:.0f} s at {path} "
-                              "(start `monarch serve -c CONFIG` on every node under mpiexec or srun, with the same "
-                              f"job id; or set {ENV_CLUSTER}=0 to run single-node)")
+                              f"(start {how}; or set {ENV_CLUSTER}=0 to run single-node)")
         if now >= note:
             out.write(f"monarch: waiting for node {node}'s daemon of job {job} ({now - t0:.0f} s; "
-                      f"up to {timeout:.0f} s): {path}\n")
+                      f"up to {timeout:.0f} s; said every {CLUSTER_WAIT_NOTE:.0f} s by this node's first rank): {path}\n")
             out.flush()
             note = now + CLUSTER_WAIT_NOTE
         time.sleep(0.05)
@@ -320,12 +329,18 @@ def _print_and_write(end: _Ending, code: int, stats: dict | None, last: bool = T
     if node is None:
         node = _stats_without_daemon(config, session)
         log.warning("the node daemon was lost during the run; the report holds the shim's counts only")
-    elif end.baseline is not None:
-        node = session_delta(node, NodeStats.from_dict(end.baseline))
-    report = service.build([node], {"run_id": end.run, "job_id": topology.job_id(),
-                                    "config": config.source, "command": end.cmd, "exit_code": code,
-                                    "wall_seconds": round(end.wall, 3)})
-    path = service.report_path(session.run_dir, end.report_path, config.report)  # the command line wins
+    meta = {"run_id": end.run, "job_id": topology.job_id(), "config": config.source, "command": end.cmd,
+            "exit_code": code, "wall_seconds": round(end.wall, 3)}
+    if end.baseline is not None and stats is not None:
+        before = NodeStats.from_dict(end.baseline)
+        node = session_delta(node, before)
+        meta["scope"] = _session_scope(session, config, before)
+    # the command line wins; a standing daemon's run directory keeps report.json for the node's
+    # whole report (the daemon writes it at stop): this run's part goes beside it
+    path = service.report_path(session.run_dir, end.report_path,
+                               os.path.join(session.run_dir, layout.session_report(end.run)) if "scope" in meta
+                               else config.report)
+    report = service.build([node], meta)
     try:
         service.save(report, path)
     except OSError as e:
@@ -345,6 +360,15 @@ def _print_and_write(end: _Ending, code: int, stats: dict | None, last: bool = T
             out.write(f"html      : {html_path}\n")
         except (OSError, MonarchError) as e:
             log.warning("cannot write the HTML report to %s: %s", html_path, e)
+
+
+def _session_scope(session: Session, config: Config, before: NodeStats) -> dict:
+    """What a report of one run on a standing daemon covers: this run's part only; what the
+    daemon had staged before it attached; where the node's whole report goes at the daemon's
+    stop (issue 33: "0.00x the dataset" while 150 files had been staged, said nowhere)."""
+    return {"part": "this run", "staged_before": {"files": before.staging.get("files", 0),
+                                                  "bytes": before.staging.get("bytes", 0)},
+            "node_report": service.report_path(session.run_dir, config.report)}
 
 
 def _warn_if_bypassed(report: dict, out) -> None:

@@ -365,6 +365,22 @@ def import_daemon() -> None:
     log.debug("phase daemon.imported")
 
 
+class _EarlyStop:
+    """A SIGTERM or SIGINT that comes before the daemon serves (during MPI_Init, its imports,
+    its tiers: `kill %1` of `monarch serve --slurm` at once, a job cancelled as it starts) is
+    kept and acted on once it serves, instead of killing it before it can stop cleanly (its
+    peers waiting for it, no report)."""
+    signals: list[int] = []
+
+
+def catch_stop_signals() -> list[int]:
+    """From a standing daemon's very start: keep SIGTERM and SIGINT for ``serve`` (or for
+    ``monarch serve --slurm``'s step, monarch/launch/slurm.py); the list they are kept in."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: _EarlyStop.signals.append(signum))
+    return _EarlyStop.signals
+
+
 def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None) -> int:
     """Run this node's daemon until it is stopped (``monarch stop``, a signal, or, embedded, its
     run's last launcher leaving); a standing one then writes the job's report (``report``: the
@@ -374,12 +390,20 @@ def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None)
     from monarch.launch.topology import node_index
     # the snapshot walk runs in the background: the socket answers and the command starts meanwhile
     # embedded: the node its launcher named (MONARCH_NODE / SLURM_NODEID), where the launcher looks for its socket
+    from monarch.launch import mpi_shm
+    if not embedded:  # what killed daemons of the node left in memory (their MPI's shared-memory files)
+        mpi_shm.remove_dead(layout.user_dir(config.run_base), rid)
     daemon = NodeDaemon(config, rid, cluster=cluster, node=node_index() if cluster is None else 0, background=True)
+    if cluster is not None:
+        mpi_shm.record(daemon.run_dir)  # for the next daemon of the node, should this one be killed
     server = NodeServer(daemon, embedded=embedded)
     pid_file = os.path.join(daemon.run_dir, layout.PID_FILE)
     secure.write_file_atomically(pid_file, f"{os.getpid()}\n".encode())
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
+    if _EarlyStop.signals:  # asked to stop while it was starting (catch_stop_signals)
+        log.warning("stopping: signal %d came while starting", _EarlyStop.signals[0])
+        server.request_stop()
     try:
         server.serve()
         if log.isEnabledFor(logging.DEBUG):

@@ -89,6 +89,12 @@ def print_report(report: dict, out: TextIO) -> None:
         shown = command_text(job["command"]).replace("\n", "\n" + " " * len("command   : "))  # its lines aligned
         w(f"command   : {shown}  (exit {job.get('exit_code')}, {job.get('wall_seconds', 0):.2f} s)\n")
     w(f"dataset   : {plural(ds['files'], 'file')}, {human(ds['bytes'])}\n")
+    scope = job.get("scope")
+    if scope:  # one run on a job's standing daemon: its part, not the node's whole story
+        before = scope["staged_before"]
+        w(f"scope     : this run's part only, while it was attached to the job's standing daemon (which had "
+          f"staged {plural(before['files'], 'file')}, {human(before['bytes'])} before); the node's whole "
+          f"report: {scope['node_report']} at the daemon's stop (node 0's has every node)\n")
     _print_shim_presence(report, w)
     if report["nodes_lost"]:
         w(f"nodes lost: {report['nodes_lost']} (their numbers are missing)\n")
@@ -102,8 +108,11 @@ def print_report(report: dict, out: TextIO) -> None:
     w(f"  read by Monarch to stage: {human(pfs['staging_bytes'])}\n")
     ratio = pfs["reads_of_dataset"]
     at_least = "at least " if "reads_of_dataset" in lower else ""
+    during = " during this run" if scope else ""
     w(f"  total                   : {_amount(pfs['total_bytes'], 'total_bytes' in lower)}"
-      f"{f' = {at_least}{ratio:.2f}x the dataset' if ratio is not None else ''}\n")
+      f"{f' = {at_least}{ratio:.2f}x the dataset{during}' if ratio is not None else ''}\n")
+    if scope and scope["staged_before"]["bytes"]:
+        w(f"  staged before this run  : {human(scope['staged_before']['bytes'])} (in the node's whole report)\n")
     _print_without_monarch(pfs, lower, w)
     st = report["staging"]
     w(f"\nstaged    : {plural(st['files'], 'file')}, {human(st['bytes'])}")

@@ -88,3 +88,26 @@ def test_a_launcher_whose_daemon_died_runs_on_the_pfs_soon(tmp_path, monkeypatch
         raise AssertionError("no daemon, yet it attached")
     finally:
         os.close(lock)
+
+
+def test_waiting_is_said_once_by_the_first_rank_of_a_node_only(tmp_path, monkeypatch):
+    """Issue 33: 120 lines for one wait (every rank, every 5 s). Now: the first local rank says
+    it at once, then every CLUSTER_WAIT_NOTE (30 s); the others say nothing."""
+    from monarch.config import load_config
+    from monarch.errors import DaemonError
+    from monarch.launch.run import CLUSTER_WAIT_NOTE, wait_for_cluster_daemon
+    assert CLUSTER_WAIT_NOTE >= 30
+    monkeypatch.setenv("MONARCH_JOB_ID", "quiet")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_base: {tmp_path}/run\n")
+    (tmp_path / "run").mkdir()
+    said = {}
+    for local in ("0", "1"):
+        monkeypatch.setenv("SLURM_LOCALID", local)
+        out = io.StringIO()
+        try:
+            wait_for_cluster_daemon(load_config(str(cfg)), 0, timeout=1.0, out=out)
+        except DaemonError:
+            pass
+        said[local] = out.getvalue().count("waiting for node 0's daemon")
+    assert said == {"0": 1, "1": 0}
