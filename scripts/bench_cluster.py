@@ -39,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
-from clusterbench import bench_env, shard_reader, wait_for  # noqa: E402  (scripts/, beside this file)
+from clusterbench import bench_env, mpiexec, shard_reader, wait_for  # noqa: E402  (scripts/, beside this file)
 from support.harness import sharded_config  # noqa: E402
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
@@ -65,14 +65,6 @@ def parse_args(argv=None):
                    help="debug logs with time stamps (serve.log, run<k>.log) and each phase's time after launch")
     p.add_argument("--json", default=None, help="write the results here")
     return p.parse_args(argv)
-
-
-def mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
-    if not found:
-        sys.exit("bench_cluster: mpiexec not found (pip install mpich mpi4py)")
-    return found
 
 
 def env(**extra) -> dict:
@@ -170,7 +162,7 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
     cpu0, fuse0 = cpu_children(), pfs_cpu(pfs)
     launched = time.time()
     trace = ["-vv"] if args.trace else []
-    serve = subprocess.Popen([mpiexec(), "-disable-auto-cleanup", "-n", str(args.nodes), sys.executable, "-m",
+    serve = subprocess.Popen([mpiexec("bench_cluster"), "-disable-auto-cleanup", "-n", str(args.nodes), sys.executable, "-m",
                               "monarch", *trace, "serve", "-c", cfg], env=env(), start_new_session=True,
                              stdout=open(os.path.join(case, "serve.log"), "w"), stderr=subprocess.STDOUT)
     socks = sockets(case, args.nodes)
@@ -208,6 +200,10 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
     cpu = {"readers": round(cpu1 - cpu0, 2), "daemons": round(cpu_children() - cpu1, 2),
            "pfs": round(pfs_cpu(pfs) - fuse0, 2)}
     report = load_json(os.path.join(os.path.dirname(socks[0]), "report.json")) or {}
+    # remote opens: what the readers' launchers counted answered from another node's copy
+    remote = sum(((load_json(os.path.join(case, f"run{k}.json")) or {}).get("opened_from", {})
+                  .get("peer", {}).get("opens", 0)) for k in range(args.nodes))
+    cpu["remote_opens"] = remote
     if args.trace:
         print_phases(case, launched, args.nodes)
     return summarise(f"monarch/{start}", launched, [load_json(o) for o in outs], pfs.counters()["bytes"], total,
@@ -249,11 +245,27 @@ def per_node(report: dict) -> list[dict]:
     return out
 
 
-def print_case(r: dict) -> None:
+def cpu_line(r: dict, direct: dict | None) -> str:
+    """The whole job's CPU-seconds (every process: readers, launchers, daemons, the emulated
+    PFS), against direct's; and the daemons' CPU per remote open (start-up and staging in)."""
+    cpu = dict(r.get("cpu_seconds") or {})
+    if not cpu:
+        return ""
+    remote = cpu.pop("remote_opens", None)
+    whole = sum(cpu.values())
+    line = f"  CPU s {cpu} = {whole:.2f} whole job"
+    if direct is not None and r is not direct and direct.get("cpu_seconds"):
+        line += f" ({whole / sum(direct['cpu_seconds'].values()):.2f}x direct's)"
+    if remote:
+        line += f"; daemons {1e3 * cpu['daemons'] / remote:.2f} ms per remote open ({remote} remote opens)"
+    return line
+
+
+def print_case(r: dict, direct: dict | None = None) -> None:
     print(f"{r['case']:<16} PFS/dataset {r['pfs_over_dataset']:6.3f}  epochs {r['epoch_seconds']}  "
           f"launch->end of epoch 1 {r['launch_to_epoch1_end']} s  digests {'OK' if r['digests_ok'] else 'BAD'}"
           + (f"  nodes without Monarch {r['nodes_without_monarch']}" if r.get("nodes_without_monarch") else "")
-          + (f"  CPU s {r['cpu_seconds']}" if r.get("cpu_seconds") else ""),
+          + cpu_line(r, direct),
           flush=True)
     for n in r.get("per_node", []):
         print(f"   node {n['node']}: {n}", flush=True)
@@ -281,9 +293,10 @@ def main(argv=None) -> int:
                 results.append(run_direct(args, base, pfs, root, manifest, total))
                 print_case(results[-1])
             if "monarch" in modes:
+                direct = results[0] if "direct" in modes else None
                 for start in args.start.split(","):
                     results.append(run_monarch(args, base, pfs, root, manifest, total, start))
-                    print_case(results[-1])
+                    print_case(results[-1], direct)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"args": vars(args), "results": results}, f, indent=1)

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from clusterbench import bench_env  # noqa: E402
+from clusterbench import bench_env, mpiexec  # noqa: E402
 from support.harness import make_bases  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
@@ -70,14 +70,6 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     return p.parse_args(argv)
-
-
-def mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
-    if not found:
-        sys.exit("bench_peer: mpiexec not found (pip install mpich mpi4py)")
-    return found
 
 
 def write_config(base: str, root: str, total: int) -> str:
@@ -133,7 +125,7 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
     cfg = write_config(base, root, total)
     env = bench_env(JOB)
     deadline = time.monotonic() + args.timeout
-    serve = subprocess.Popen([mpiexec(), "-disable-auto-cleanup", "-n", str(NODES), sys.executable, "-m", "monarch",
+    serve = subprocess.Popen([mpiexec("bench_peer"), "-disable-auto-cleanup", "-n", str(NODES), sys.executable, "-m", "monarch",
                               "serve", "-c", cfg], env=env, start_new_session=True,
                              stdout=open(os.path.join(base, "serve.log"), "w"), stderr=subprocess.STDOUT)
     try:

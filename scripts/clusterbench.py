@@ -4,6 +4,7 @@ readers' environment and command line, and waiting for them with a deadline."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def mpiexec(who: str) -> str:
+    """MPICH's mpiexec beside this interpreter (the mpich wheel's), else the PATH's."""
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if not found:
+        sys.exit(f"{who}: mpiexec not found (pip install mpich mpi4py)")
+    return found
 
 
 def bench_env(job: str, **extra) -> dict:

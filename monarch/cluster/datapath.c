@@ -176,7 +176,7 @@ static void answer(struct dp *d, int src, const char *msg, int count)
     memcpy(buf, &h, sizeof h);
     struct sending *s = malloc(sizeof *s);
     if (!s || MPI_Isend(buf, (int)(sizeof h + h.size), MPI_BYTE, src, (int)rh.tag, d->comm, &s->req) != MPI_SUCCESS) {
-        d->mpi_errors++;
+        __atomic_add_fetch(&d->mpi_errors, 1, __ATOMIC_RELAXED);
         free(s);
         free(buf);
         return;
@@ -202,8 +202,8 @@ static int take_requests(struct dp *d)
         MPI_Message m;
         MPI_Status st;
         if (MPI_Improbe(MPI_ANY_SOURCE, TAG_REQUEST, d->comm, &flag, &m, &st) != MPI_SUCCESS) {
-            d->mpi_errors++;
-            break;                      /* ULFM: a peer died; Python's engine finds out who */
+            __atomic_add_fetch(&d->mpi_errors, 1, __ATOMIC_RELAXED);
+            break;                      /* ULFM: a peer died; Python finds out who and acknowledges it here too */
         }
         if (!flag)
             break;
@@ -211,7 +211,7 @@ static int take_requests(struct dp *d)
         MPI_Get_count(&st, MPI_BYTE, &count);
         char *msg = malloc(count > 0 ? (size_t)count : 1);
         if (!msg || MPI_Mrecv(msg, count, MPI_BYTE, &m, &st) != MPI_SUCCESS) {
-            d->mpi_errors++;
+            __atomic_add_fetch(&d->mpi_errors, 1, __ATOMIC_RELAXED);
             free(msg);
             continue;
         }
@@ -516,7 +516,7 @@ EXPORT int64_t dp_fetch(struct dp *d, int owner, const char *key, int len, uint6
     }
     pthread_mutex_lock(&d->mu);
     if (result == DP_MPI_ERROR)
-        d->mpi_errors++;
+        __atomic_add_fetch(&d->mpi_errors, 1, __ATOMIC_RELAXED);
     if (posted) {                       /* still waiting for an answer: the owner's thread's now */
         f->orphan = 1;
         pthread_mutex_unlock(&d->mu);
@@ -549,7 +549,7 @@ EXPORT void dp_counts(struct dp *d, uint64_t *out)
     out[2] = d->handed_back;
     out[3] = d->fetched_files;
     out[4] = d->fetched_bytes;
-    out[5] = d->mpi_errors;
+    out[5] = __atomic_load_n(&d->mpi_errors, __ATOMIC_RELAXED);
     out[6] = d->nstaged;
     pthread_mutex_unlock(&d->mu);
 }

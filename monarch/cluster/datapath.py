@@ -143,7 +143,13 @@ class DataPath:
         return ctypes.cast(self._lib.dp_fetch, ctypes.c_void_p).value, self._dp
 
     def lost(self, node: int) -> None:
+        """``node`` is lost: its fetches end at once; with ULFM its failure is acknowledged on
+        this path's communicator too, so that the owner's wildcard probe works again."""
         self._lib.dp_lost(self._dp, node)
+        try:
+            self._comm.Ack_failed()
+        except Exception:  # MPICH, or an mpi4py without it: nothing to acknowledge
+            pass
 
     def counts(self) -> dict[str, int]:
         arr = (ctypes.c_uint64 * _NCOUNTS)()

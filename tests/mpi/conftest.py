@@ -74,6 +74,14 @@ def mpi():
 
 
 @pytest.fixture
+def mpi_with():
+    """``run_mpi_with``: another mpiexec (Open MPI's), extra environment."""
+    if not _have_mpi():
+        pytest.skip("mpi4py or mpiexec not available")
+    return run_mpi_with
+
+
+@pytest.fixture
 def mpiexec():
     """The path of mpiexec, for tests that place it themselves in a command line."""
     if not _have_mpi():

@@ -43,12 +43,11 @@ def test_staged_files_cross_in_c_under_mpich(mpi, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_staged_files_cross_in_c_under_open_mpi_ulfm(tmp_path):
+def test_staged_files_cross_in_c_under_open_mpi_ulfm(mpi_with, tmp_path):
     prefix = openmpi_prefix()
     if prefix is None:
         pytest.skip("no Open MPI installed (scripts/install.sh installs it)")
-    from conftest import run_mpi_with
     env = {"PATH": os.path.join(prefix, "bin") + os.pathsep + os.environ.get("PATH", ""), "OPAL_PREFIX": prefix,
            "MPI4PY_LIBMPI": os.path.join(prefix, "lib", "libmpi.so.40")}
     flags = ["--with-ft", "ulfm", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    check(run_mpi_with(os.path.join(prefix, "bin", "mpiexec"), 2, "prog_datapath.py", tmp_path, flags=flags, env=env))
+    check(mpi_with(os.path.join(prefix, "bin", "mpiexec"), 2, "prog_datapath.py", tmp_path, flags=flags, env=env))
