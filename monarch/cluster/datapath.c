@@ -317,8 +317,8 @@ static int64_t wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int 
             int count = 0;
             MPI_Get_count(&st, MPI_BYTE, &count);
             struct reply_header h;
-            if (count < (int)sizeof h)
-                return DP_CORRUPT;
+            if (count < (int)sizeof h)  /* no owner of ours sends that: a receive ended by a failure (ULFM) */
+                return DP_MPI_ERROR;
             memcpy(&h, f->buf, sizeof h);
             if (h.status == ST_PYTHON)
                 return DP_PYTHON;
