@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
-from clusterbench import bench_env, mpiexec, shard_reader, wait_for  # noqa: E402  (scripts/, beside this file)
+from clusterbench import bench_env, mpiexec, shard_reader, stop_daemons, wait_for  # noqa: E402  (scripts/, beside this file)
 from support.harness import sharded_config  # noqa: E402
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
@@ -189,14 +188,7 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
             for k, (_, _, err) in enumerate(done):
                 Path(case, f"run{k}.log").write_text(err)
     finally:
-        for k in range(args.nodes):
-            subprocess.run([sys.executable, "-m", "monarch", "stop", "-c", cfg], env=env(MONARCH_NODE=k),
-                           capture_output=True, timeout=60)
-        try:
-            serve.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(serve.pid, signal.SIGKILL)
-            serve.wait()
+        stop_daemons(serve, cfg, JOB, args.nodes)
     cpu = {"readers": round(cpu1 - cpu0, 2), "daemons": round(cpu_children() - cpu1, 2),
            "pfs": round(pfs_cpu(pfs) - fuse0, 2)}
     report = load_json(os.path.join(os.path.dirname(socks[0]), "report.json")) or {}

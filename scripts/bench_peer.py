@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from clusterbench import bench_env, mpiexec  # noqa: E402
+from clusterbench import bench_env, mpiexec, stop_daemons  # noqa: E402
 from support.harness import make_bases  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
@@ -149,14 +148,7 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
         result = json.load(open(out))
         rep = json.load(open(report))
     finally:
-        for k in range(NODES):
-            subprocess.run([sys.executable, "-m", "monarch", "stop", "-c", cfg], env=bench_env(JOB, MONARCH_NODE=k),
-                           capture_output=True, timeout=60)
-        try:
-            serve.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(serve.pid, signal.SIGKILL)
-            serve.wait()
+        stop_daemons(serve, cfg, JOB, NODES)
     remote = remote_opens(rep)
     daemon_cpu = [b - a - i * result["seconds"] for a, b, i in zip(before, after, idle)]
     return {"pass_seconds": round(result["seconds"], 3), "launcher_seconds": round(elapsed, 3),

@@ -23,6 +23,18 @@ def mpiexec(who: str) -> str:
     return found
 
 
+def stop_daemons(serve: subprocess.Popen, cfg: str, job: str, nodes: int) -> None:
+    """``monarch stop`` on each node, then mpiexec's end (killed with its group after 90 s)."""
+    for k in range(nodes):
+        subprocess.run([sys.executable, "-m", "monarch", "stop", "-c", cfg], env=bench_env(job, MONARCH_NODE=k),
+                       capture_output=True, timeout=60)
+    try:
+        serve.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(serve.pid, signal.SIGKILL)
+        serve.wait()
+
+
 def bench_env(job: str, **extra) -> dict:
     """This checkout's monarch and test support, Monarch on, the job named ``job``."""
     e = dict(os.environ)
