@@ -789,10 +789,10 @@ static int refuse_one(struct worker *w)
     close(w->spare_fd);
     int fd = accept4(w->d->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd >= 0) {
-        close(fd);
         pthread_mutex_lock(&w->d->mu);
-        w->d->closed_too_many++;
+        w->d->closed_too_many++;       /* before the close: its client may ask for the counts next */
         pthread_mutex_unlock(&w->d->mu);
+        close(fd);
     }
     w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     return fd >= 0;
@@ -806,9 +806,13 @@ static void on_accept(struct worker *w)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            if ((errno == EMFILE || errno == ENFILE) && refuse_one(w))
-                continue;
-            return;                    /* EAGAIN; or no spare left: the next turn retries */
+            if (errno == EMFILE || errno == ENFILE) {
+                if (refuse_one(w))
+                    continue;
+                struct timespec ts = {0, 1000000};  /* no spare either: look again in 1 ms, not at once */
+                nanosleep(&ts, NULL);
+            }
+            return;                    /* EAGAIN; or out of descriptors: the next turn retries */
         }
         struct ucred cred;
         socklen_t cl = sizeof cred;
@@ -874,7 +878,6 @@ static void *door_main(void *arg)
     struct epoll_event evs[64];
     w->sched_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);  /* this thread's */
     prctl(PR_SET_NAME, "monarch-door");
-    w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     for (;;) {
         int n = epoll_wait(w->ep, evs, 64, w->npending ? 100 : -1);
         if (n < 0 && errno != EINTR)
@@ -945,6 +948,8 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
          * glibc has only since 2.25 (the door builds wherever the shim does, back to 2.17) */
         w->tmp_seq = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)i << 56;
         w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
+        /* here, not on the thread: it must be held before anything can use the descriptors up */
+        w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         w->ep = epoll_create1(EPOLL_CLOEXEC);
         /* EPOLLEXCLUSIVE: one worker woken per connection, not all of them */
         struct epoll_event lev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = (void *)(uintptr_t)T_LISTEN};
@@ -953,6 +958,8 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
              epoll_ctl(w->ep, EPOLL_CTL_ADD, d->stop_fd, &sev) == 0 &&
              pthread_create(&w->thread, NULL, door_main, w) == 0;
         if (!ok) {
+            if (w->spare_fd >= 0)
+                close(w->spare_fd);
             if (w->ep >= 0)
                 close(w->ep);
             free(w->copy_buf);
