@@ -1,5 +1,5 @@
-"""Build hook: compile the C shim and the daemon's front door into the package as part of
-``pip install .``."""
+"""Build hook: compile the C shim, the daemon's front door and its dataset walker into the
+package as part of ``pip install .``."""
 
 import importlib.util
 from pathlib import Path
@@ -28,6 +28,9 @@ class BuildPyWithShim(build_py):
         door = Path(self.build_lib) / "monarch" / "frontdoor" / "libmonarch_front_door.so"
         builder.build_shim(door, HERE / "monarch/frontdoor/front_door.c", "the daemon's front door")
         builder.write_stamp(door, HERE / "monarch/frontdoor/front_door.c")
+        walker = Path(self.build_lib) / "monarch" / "node" / "libmonarch_walker.so"
+        builder.build_shim(walker, HERE / "monarch/node/walker.c", "the dataset walker")
+        builder.write_stamp(walker, HERE / "monarch/node/walker.c")
 
 
 setup(cmdclass={"build_py": BuildPyWithShim})

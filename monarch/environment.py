@@ -95,6 +95,8 @@ VARIABLES: tuple[Variable, ...] = (
              "seconds between progress lines (default 1 on a terminal, else 5; at least 1)", (LAUNCHER,)),
     Variable("MONARCH_FRONT_DOOR", "bool", "1", "the daemon answers its socket from Python alone (no C front door)",
              (DAEMON,), form="=0"),
+    Variable("MONARCH_C_WALK", "bool", "1", "the daemon walks the dataset in Python (no C walker; slower per file)",
+             (DAEMON,), form="=0"),
     Variable("MONARCH_PEER_DATAPATH", "bool", "1",
              "staged files cross between daemons through Python's protocol alone (no C data path)",
              (DAEMON,), form="=0"),

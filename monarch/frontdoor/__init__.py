@@ -30,7 +30,9 @@ SOURCE = Path(__file__).with_name("front_door.c")
 LIBRARY_NAME = "libmonarch_front_door.so"
 ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
 
-EV_STAGED, EV_FAILED, EV_SLOW = 1, 2, 3
+EV_STAGED, EV_FAILED, EV_SLOW, EV_AHEAD = 1, 2, 3, 4  # EV_AHEAD: staged by the read-ahead lane
+# why the read-ahead lane ended before its list did (front_door.c: A_*)
+AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped")
 _EVENT = struct.Struct("<IIQQqI")  # front_door_events' record head; the key follows
 # why a connection was handed over (front_door.c: R_*)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
@@ -85,6 +87,8 @@ def library() -> ctypes.CDLL | None:
         "front_door_peers": (i, [vp, vp, vp, vp, ctypes.c_uint32, i, i, i, i64]),
         "front_door_peer_copying": (None, [vp, i]),
         "front_door_evict": (i, [vp, cp, i, i64]),
+        "front_door_read_ahead": (i, [vp, vp, ctypes.c_uint32, i]),
+        "front_door_read_ahead_state": (None, [vp, u64p]),
         "front_door_stop": (None, [vp]),
         "front_door_free": (None, [vp]),
     }
@@ -185,6 +189,22 @@ class FrontDoor:
                 self._lib.front_door_stop(self._door)
             self._lib.front_door_free(self._door)
             self._door = None
+
+    # -- the read-ahead lane -----------------------------------------------------------
+    def read_ahead(self, entries, threads: int) -> bool:
+        """Copy the small files of index ``entries`` (an ``array("I")`` of entry numbers from
+        1, in order) ahead of the reader on ``threads`` threads of the door's own, as misses
+        would be copied (events EV_AHEAD). False if it could not start."""
+        buf = (ctypes.c_uint32 * len(entries)).from_buffer(entries) if len(entries) else None
+        return self._lib.front_door_read_ahead(self._door, buf, len(entries), threads) == 0
+
+    def read_ahead_state(self) -> dict:
+        """The lane: ``running`` threads, ``through`` entries gone through, ``copies`` made,
+        ``ended_because`` ("" unless it stopped before its list ended)."""
+        arr = (ctypes.c_uint64 * 4)()
+        self._lib.front_door_read_ahead_state(self._door, arr)
+        return {"running": arr[0], "through": arr[1], "copies": arr[2],
+                "ended_because": AHEAD_ENDED_BECAUSE[arr[3]] if arr[3] < len(AHEAD_ENDED_BECAUSE) else str(arr[3])}
 
     # -- the stager's side -------------------------------------------------------------
     def claim(self, key: str) -> bool:

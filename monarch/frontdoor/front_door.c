@@ -71,9 +71,14 @@
 #define CORE_WORKERS 4                 /* threads, one per core up to this: the copies are kernel time */
 #define MAX_WORKERS 16                 /* threads when asked for (front_door_start's ``workers``) */
 #define EVENT_BATCH 256                /* copies reported per wake-up of Python, at most */
+#define AHEAD_MAX 16                   /* read-ahead lane threads, at most */
+#define AHEAD_WAIT_NS 50000000LL       /* the lane, out of room lent, waits this long for more ... */
+#define AHEAD_WAITS 100                /* ... this many times in a row before it ends (a full tier) */
 
 enum { K_FREE = 0, K_PYTHON = 1, K_BUSY = 2, K_STAGED = 3 };
-enum { EV_STAGED = 1, EV_FAILED = 2, EV_SLOW = 3 };
+enum { EV_STAGED = 1, EV_FAILED = 2, EV_SLOW = 3, EV_AHEAD = 4 };  /* EV_AHEAD: staged by the read-ahead lane */
+/* why the read-ahead lane ended before its list did (front_door_read_ahead_state) */
+enum { A_WHOLE, A_NOT_COPYING, A_NO_ROOM, A_STOPPED };
 enum { T_LISTEN = 1, T_STOP = 2 };
 /* why a connection was handed over (front_door_counts) */
 enum { R_OTHER, R_CLOSED_GATE, R_PYTHON_KEY, R_NOT_COPYING, R_NOT_SMALL_FILE, R_NO_ROOM, R_COPY_FAILED, R_REASONS };
@@ -163,6 +168,11 @@ struct door {
     uint64_t peer_fetches, peer_failures;
     int nhanded;                       /* connections in hq */
     int busy;                          /* keys BUSY now */
+    /* the read-ahead lane (front_door_read_ahead): small files copied ahead of the reader */
+    struct worker ahead[AHEAD_MAX];
+    int nahead, ahead_running, ahead_stop, ahead_end;
+    uint32_t *ahead_entries, ahead_n, ahead_next;  /* index entries (from 1), in order; the next one */
+    uint64_t ahead_copies;
 };
 
 /* -- small things -------------------------------------------------------------------- */
@@ -365,7 +375,7 @@ static void post_event_locked(struct door *d, uint32_t kind, uint32_t slot, cons
     d->evq_tail = &ev->next;
     /* the books can wait (Python drains them on its own tick, and before any report) for a
      * batch, or for the room lent to run low: one wake-up per batch, not per copy */
-    if (++d->nevents >= EVENT_BATCH || kind != EV_STAGED || d->lease < d->low_water)
+    if (++d->nevents >= EVENT_BATCH || (kind != EV_STAGED && kind != EV_AHEAD) || d->lease < d->low_water)
         wake_python_locked(d);
 }
 
@@ -600,10 +610,74 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
 }
 
 /* An OPEN of a valid key: answered here (-1), or why it is to be handed over (R_*). */
+/* Copy ``key`` (BUSY, its size taken from the lease, by the caller) from the PFS into the
+ * copy tier and publish it (STAGED, event ``kind``), or give it to Python (PYTHON, EV_FAILED);
+ * the source's speed is judged on the way. 1 if published (``dest``: the copy's path). */
+static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uint32_t hash, const struct idx_file *f,
+                            int64_t t0, uint32_t kind, char *dest)
+{
+    struct door *d = w->d;
+    char tmp[PATH_MAX];
+    struct entry *e;
+    uint64_t bytes_read = 0;
+    int64_t source_ns = 0;
+    int preempted = 1;                 /* a copy that never read the source says nothing of it */
+    int kdir = -1;                     /* the key's directory in the tier (copy_in) */
+    int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read, &source_ns, &preempted);
+    const char *name = strrchr(dest, '/') + 1;
+    int64_t ns = now_ns() - t0;
+
+    pthread_mutex_lock(&d->mu);
+    e = find(d, key, len, hash);       /* the table may have grown meanwhile: ``e`` moved */
+    int published = 0;
+    if (r == 0 && !d->never_copy && renameat(kdir, tmp, kdir, name) < 0) {
+        unlinkat(kdir, tmp, 0);
+        r = -3;
+    }
+    if (r == 0 && !d->never_copy) {
+        /* under the lock: front_door_disable (a write by the job) either came before, and
+         * nothing is renamed, or comes after and finds this copy in Python's books */
+        e->state = K_STAGED;
+        e->slot = (uint8_t)d->copy_slot;
+        if (kind == EV_AHEAD)
+            d->ahead_copies++;
+        else
+            d->copies++;
+        d->bytes_read += bytes_read;
+        post_event_locked(d, kind, (uint32_t)d->copy_slot, key, len, f->size, bytes_read, ns);
+        published = 1;
+    } else {
+        if (r == 0)
+            unlinkat(kdir, tmp, 0);
+        e->state = K_PYTHON;           /* Python copies it, or finds why not, and says so */
+        if (r == -3)
+            d->allowed = 0;            /* the tier failed (full?): Python finds out, and allows again or not */
+        d->lease += (int64_t)f->size;
+        d->failures++;
+        d->bytes_read += bytes_read;
+        post_event_locked(d, EV_FAILED, 0, key, len, f->size, bytes_read, ns);
+    }
+    if (!preempted && source_ns <= SLOW_NS) {
+        d->slow_run = 0;
+        d->backoff = 0;
+    } else if (!preempted && ++d->slow_run >= SLOW_RUN) {
+        d->backoff = d->backoff ? (2 * d->backoff < BACKOFF_MAX_NS ? 2 * d->backoff : BACKOFF_MAX_NS) : BACKOFF_NS;
+        d->slow_until = t0 + ns + d->backoff;
+        d->slow_run = SLOW_RUN - 1;    /* the one copy tried after the rest decides again */
+        post_event_locked(d, EV_SLOW, 0, key, len, 0, 0, source_ns);
+    }
+    d->busy--;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    if (kdir >= 0)
+        close(kdir);
+    return published;
+}
+
 static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
 {
     struct door *d = w->d;
-    char dest[PATH_MAX], tmp[PATH_MAX];
+    char dest[PATH_MAX];
     pthread_mutex_lock(&d->mu);
     if (!d->gate_open) {
         pthread_mutex_unlock(&d->mu);
@@ -650,61 +724,183 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     d->lease -= (int64_t)f.size;
     pthread_mutex_unlock(&d->mu);
 
-    uint64_t bytes_read = 0;
-    int64_t source_ns = 0;
-    int preempted = 1;                 /* a copy that never read the source says nothing of it */
-    int kdir = -1;                     /* the key's directory in the tier (copy_in) */
-    int r = copy_in(w, key, len, &f, dest, tmp, &kdir, &bytes_read, &source_ns, &preempted);
-    const char *name = strrchr(dest, '/') + 1;
-    int64_t ns = now_ns() - t0;
-
-    pthread_mutex_lock(&d->mu);
-    e = find(d, key, len, hash);       /* the table may have grown meanwhile: ``e`` moved */
-    int published = 0;
-    if (r == 0 && !d->never_copy && renameat(kdir, tmp, kdir, name) < 0) {
-        unlinkat(kdir, tmp, 0);
-        r = -3;
-    }
-    if (r == 0 && !d->never_copy) {
-        /* under the lock: front_door_disable (a write by the job) either came before, and
-         * nothing is renamed, or comes after and finds this copy in Python's books */
-        e->state = K_STAGED;
-        e->slot = (uint8_t)d->copy_slot;
-        d->copies++;
-        d->bytes_read += bytes_read;
-        post_event_locked(d, EV_STAGED, (uint32_t)d->copy_slot, key, len, f.size, bytes_read, ns);
-        published = 1;
-    } else {
-        if (r == 0)
-            unlinkat(kdir, tmp, 0);
-        e->state = K_PYTHON;           /* Python copies it, or finds why not, and says so */
-        if (r == -3)
-            d->allowed = 0;            /* the tier failed (full?): Python finds out, and allows again or not */
-        d->lease += (int64_t)f.size;
-        d->failures++;
-        d->bytes_read += bytes_read;
-        post_event_locked(d, EV_FAILED, 0, key, len, f.size, bytes_read, ns);
-    }
-    if (!preempted && source_ns <= SLOW_NS) {
-        d->slow_run = 0;
-        d->backoff = 0;
-    } else if (!preempted && ++d->slow_run >= SLOW_RUN) {
-        d->backoff = d->backoff ? (2 * d->backoff < BACKOFF_MAX_NS ? 2 * d->backoff : BACKOFF_MAX_NS) : BACKOFF_NS;
-        d->slow_until = t0 + ns + d->backoff;
-        d->slow_run = SLOW_RUN - 1;    /* the one copy tried after the rest decides again */
-        post_event_locked(d, EV_SLOW, 0, key, len, 0, 0, source_ns);
-    }
-    d->busy--;
-    pthread_cond_broadcast(&d->cv);
-    int slot = d->copy_slot;
-    pthread_mutex_unlock(&d->mu);
-    if (kdir >= 0)
-        close(kdir);
+    int published = copy_and_publish(w, key, len, hash, &f, t0, EV_STAGED, dest);
     if (!published)
         return R_COPY_FAILED;
-    send_answer(fd, slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
+    send_answer(fd, d->copy_slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
     close(fd);
     return -1;
+}
+
+/* -- the read-ahead lane ------------------------------------------------------------------- */
+/* Entry n (from 1) of the index: the file's fields and its key (in the mapping), if it is a
+ * well-formed entry. Under the lock (the mapping stays until front_door_free). */
+static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, const char **key, uint32_t *len)
+{
+    const unsigned char *x = d->idx;
+    struct monarch_index_header h = index_header(x);
+    if (!n || n > h.entries)
+        return 0;
+    struct monarch_index_entry e;
+    memcpy(&e, x + h.entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
+    if (e.key_off > h.keys_size || e.key_len > h.keys_size - e.key_off || !e.key_len)
+        return 0;
+    *key = (const char *)x + h.keys_off + e.key_off;
+    *len = e.key_len;
+    out->size = e.size;
+    out->mtime = e.mtime_ns;
+    out->mode = e.mode;
+    out->flags = e.flags;
+    out->entry = n;
+    return 1;
+}
+
+/* One thread of the lane: the list's next small file the door has never heard of, copied
+ * as a miss would be (copy_and_publish), until the list ends, copying is not allowed (a
+ * write by the job, a slow source, a failed tier: Python's stager takes the rest) or no
+ * room is lent for AHEAD_WAITS waits in a row. Demand goes first on its own: the door's
+ * workers copy a miss at once, and a key the lane copies is waited for, not copied twice. */
+static void *ahead_main(void *arg)
+{
+    struct worker *w = arg;
+    struct door *d = w->d;
+    char dest[PATH_MAX];
+    int waits = 0, end = A_WHOLE;
+    w->sched_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    prctl(PR_SET_NAME, "monarch-ahead");
+    pthread_mutex_lock(&d->mu);
+    while (d->ahead_next < d->ahead_n) {
+        if (d->ahead_stop || d->stopped) {
+            end = A_STOPPED;
+            break;
+        }
+        if (!d->gate_open || !d->allowed || d->never_copy || now_ns() < d->slow_until) {
+            end = A_NOT_COPYING;
+            break;
+        }
+        struct idx_file f;
+        const char *key;
+        uint32_t len;
+        if (!index_entry(d, d->ahead_entries[d->ahead_next], &f, &key, &len) || !S_ISREG(f.mode) ||
+            f.size > MONARCH_INLINE_MAX) {
+            d->ahead_next++;           /* not a small file: Python's stager copies it */
+            continue;
+        }
+        uint32_t hash = crc32_of(key, len);
+        if (find(d, key, len, hash)) {
+            d->ahead_next++;           /* staged, being copied, or Python's */
+            continue;
+        }
+        if ((int64_t)f.size > d->lease) {
+            if (++waits > AHEAD_WAITS) {
+                end = A_NO_ROOM;
+                break;
+            }
+            wake_python_locked(d);     /* its books lend more when it drains them */
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += AHEAD_WAIT_NS;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&d->cv, &d->mu, &until);
+            continue;
+        }
+        waits = 0;
+        d->ahead_next++;
+        struct entry *e = insert(d, key, len, hash);
+        if (!e)
+            continue;
+        e->state = K_BUSY;
+        d->busy++;
+        d->lease -= (int64_t)f.size;
+        pthread_mutex_unlock(&d->mu);
+        copy_and_publish(w, key, len, hash, &f, now_ns(), EV_AHEAD, dest);
+        pthread_mutex_lock(&d->mu);
+    }
+    if (end != A_WHOLE && d->ahead_end == A_WHOLE)
+        d->ahead_end = end;
+    if (--d->ahead_running == 0)
+        wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* Copy the small files of index entries ``entries`` (from 1, in this order) ahead of the
+ * reader, on ``threads`` threads of the lane's own, within the room lent. 0, or -1 if a lane
+ * runs already or nothing could start (errno). The list is copied. */
+EXPORT int front_door_read_ahead(struct door *d, const uint32_t *entries, uint32_t n, int threads)
+{
+    pthread_mutex_lock(&d->mu);
+    int busy = d->nahead > 0 || d->stopped || !d->gate_open;
+    pthread_mutex_unlock(&d->mu);
+    if (busy) {
+        errno = EBUSY;
+        return -1;
+    }
+    uint32_t *list = malloc((n ? n : 1) * sizeof *list);
+    if (!list)
+        return -1;
+    memcpy(list, entries, n * sizeof *list);
+    threads = threads < 1 ? 1 : threads > AHEAD_MAX ? AHEAD_MAX : threads;
+    pthread_mutex_lock(&d->mu);
+    d->ahead_entries = list;
+    d->ahead_n = n;
+    d->ahead_next = 0;
+    d->ahead_end = A_WHOLE;
+    d->ahead_running = threads;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);  /* the interpreter's threads take the signals */
+    int started = 0;
+    for (int i = 0; i < threads; i++) {
+        struct worker *w = &d->ahead[i];
+        w->d = d;
+        w->sched_fd = w->spare_fd = w->ep = -1;
+        w->tmp_seq = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + i) << 56;
+        w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
+        if (!w->copy_buf || pthread_create(&w->thread, NULL, ahead_main, w) != 0) {
+            free(w->copy_buf);
+            w->copy_buf = NULL;
+            break;
+        }
+        started++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    d->nahead = started;
+    d->ahead_running = started;
+    pthread_mutex_unlock(&d->mu);
+    return started ? 0 : -1;
+}
+
+/* The lane: out[0] threads still running, out[1] entries gone through, out[2] files it
+ * copied, out[3] why it ended early (A_*; A_WHOLE: it did not). */
+EXPORT void front_door_read_ahead_state(struct door *d, uint64_t *out)
+{
+    pthread_mutex_lock(&d->mu);
+    out[0] = (uint64_t)d->ahead_running;
+    out[1] = d->ahead_next;
+    out[2] = d->ahead_copies;
+    out[3] = (uint64_t)d->ahead_end;
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void stop_ahead(struct door *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->ahead_stop = 1;
+    pthread_cond_broadcast(&d->cv);
+    int n = d->nahead;
+    pthread_mutex_unlock(&d->mu);
+    for (int i = 0; i < n; i++) {
+        struct worker *w = &d->ahead[i];
+        pthread_join(w->thread, NULL);
+        if (w->sched_fd >= 0)
+            close(w->sched_fd);
+        w->sched_fd = -1;
+    }
+    pthread_mutex_lock(&d->mu);
+    d->nahead = 0;
+    pthread_mutex_unlock(&d->mu);
 }
 
 enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL };
@@ -1212,6 +1408,7 @@ EXPORT void front_door_grant(struct door *d, int64_t bytes)
     pthread_mutex_lock(&d->mu);
     d->lease += bytes;
     d->low_water = d->lease / 2;
+    pthread_cond_broadcast(&d->cv);    /* the read-ahead lane may wait for room */
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -1259,6 +1456,7 @@ EXPORT void front_door_counts(struct door *d, uint64_t *out)
  * front_door_free. */
 EXPORT void front_door_stop(struct door *d)
 {
+    stop_ahead(d);
     uint64_t one = 1;
     if (d->stop_fd >= 0 && write(d->stop_fd, &one, sizeof one) < 0) {
         /* an eventfd write of 1 cannot fail here */
@@ -1322,6 +1520,9 @@ EXPORT void front_door_free(struct door *d)
         close(d->wake_fd);
     for (int i = 0; i < MAX_WORKERS; i++)
         free(d->workers[i].copy_buf);
+    for (int i = 0; i < AHEAD_MAX; i++)
+        free(d->ahead[i].copy_buf);
+    free(d->ahead_entries);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
     free(d);

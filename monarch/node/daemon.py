@@ -35,6 +35,7 @@ from monarch.node.codecs import spread
 from monarch.node.current import Current
 from monarch.node.door_link import PEER_WORKERS, DoorKeeper, DoorLink
 from monarch.node.filetable import FileTable
+from monarch.node.indextable import larger_than
 from monarch.node.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
 from monarch.node.notices import JobNotices
@@ -43,7 +44,7 @@ from monarch.node.peer_door_link import PeerDoorLink, owners_by_entry
 from monarch.node.resolver import Resolver
 from monarch.node.resources import margin_bytes
 from monarch.node.snapshot import Snapshot, load_or_walk
-from monarch.node.stager import Stager
+from monarch.node.stager import INLINE_BYTES, Stager
 from monarch.node.stats import NodeStats, shim_counters, size_classes
 from monarch.node.tiers import Tier
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 # at close, copies under way stop at their next read (a chunk, a range: well under this);
 # one that does not (a PFS read that never returns) is not waited for beyond it
 CLOSE_DRAIN_SECONDS = 30.0
+AHEAD_POLL_SECONDS = 0.05  # how often the stager looks whether the door's read-ahead lane is through
 
 
 class NodeDaemon:
@@ -78,6 +80,7 @@ class NodeDaemon:
         self.snapshot_ready_at: float | None = None  # time.time() when the snapshot was ready (or failed)
         self.gate = SnapshotGate()
         self._door: DoorKeeper | None = None  # the server's C front door (make_front_door)
+        self._lane_asked = False  # the door's read-ahead lane was asked for (_read_ahead_in_door)
         self._stagers: "weakref.WeakSet[Stager]" = weakref.WeakSet()  # every stager made: close() drains them
         self.run_dir = layout.run_dir(config.run_base, run_id, self.node)
         # the run directory is this instance's from here (a live one refused); a dead one's
@@ -157,6 +160,9 @@ class NodeDaemon:
             self._door = door
             door.relink_locked()
         self.open_front_door()  # a snapshot ready already (made in the foreground)
+        if self.current.ready and self.config.staging.policy == "read-ahead" and self.role is None:
+            if self._read_ahead_in_door():  # the small files the stager has not taken yet: the door's lane
+                self._after_the_door()
         return door.door
 
     @property
@@ -255,7 +261,9 @@ class NodeDaemon:
             if self.role is not None:
                 self.role.start()
                 self._open_peer_lane()
-            if self.config.staging.policy == "read-ahead":
+            if self.config.staging.policy == "read-ahead" and self.role is None and self._read_ahead_in_door():
+                self._after_the_door()  # the keys are sorted there, while the snapshot settles
+            elif self.config.staging.policy == "read-ahead":
                 keys = sorted(self.snapshot.files)
                 self._sample_for_codecs(keys)
                 if self.role is None:
@@ -271,6 +279,38 @@ class NodeDaemon:
                     self.notices.apply_hint(*hint)
                 except Exception:
                     log.exception("applying an order hint failed")
+
+    def _read_ahead_in_door(self) -> bool:
+        """Single node, a raw first tier: the front door's C lane copies the small files, in
+        the index's order, many at once, no interpreter per file; the stager copies the large
+        ones meanwhile (``_after_the_door``: the rest once the lane is through)."""
+        with self._lock:  # once: the walk's thread and a door attached after the walk may both try
+            if self._door is None:
+                return False
+            if self._lane_asked:  # the other one's lane (or, had it not started, its stager's read-ahead)
+                return True
+            self._lane_asked = True
+        self.open_front_door()  # the index is written and the gate ready (the server opens it too, a moment later)
+        if not self._door.read_ahead(len(self.snapshot.files)):
+            return False
+        self.stager.read_ahead(larger_than(self.snapshot.files, INLINE_BYTES))
+        return True
+
+    def _after_the_door(self) -> None:
+        """Beside the door's lane: the compressing tiers' sample; then, once the lane is through
+        (or ended early: a write by the job, a slow PFS, no room), the stager's read-ahead
+        over every key (those staged are skipped)."""
+        stager, door, files = self.stager, self._door, self.snapshot.files
+
+        def rest() -> None:
+            keys = sorted(files)
+            self._sample_for_codecs(keys)
+            while door.read_ahead_running() and not self.gate.closing:
+                time.sleep(AHEAD_POLL_SECONDS)
+            if not self.gate.closing:
+                self.absorb_front_door()  # the lane's last copies in the books first
+                stager.read_ahead(keys)
+        threading.Thread(target=rest, name="monarch-ahead-rest", daemon=True).start()
 
     def _fail(self, error: Exception, stager: Stager | None) -> None:
         why = str(error) if isinstance(error, MonarchError) else f"{type(error).__name__}: {error}"

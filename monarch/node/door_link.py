@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from monarch import frontdoor, protocol
-from monarch.frontdoor import EV_SLOW, EV_STAGED, FrontDoor
+from monarch.frontdoor import EV_AHEAD, EV_SLOW, EV_STAGED, FrontDoor
 from monarch.node.current import Current
 from monarch.node.outcomes import Outcome
 from monarch.node.stager import INLINE_BYTES, Stager
@@ -28,6 +28,7 @@ __all__ = ["DoorLink", "DoorKeeper"]
 LEASE_MAX = 16 << 20  # tier room lent to the front door at a time, at most ...
 LEASE_SHARE = 32      # ... and at most this share of the tier's capacity
 PEER_WORKERS = 8      # a cluster daemon's door threads: each waits on the network while it fetches a peer's file
+AHEAD_THREADS = 4     # the door's read-ahead lane: copies in flight (a PFS's latency hidden, a local disk's cores used)
 
 
 class DoorLink(StagerListener):
@@ -80,17 +81,20 @@ class DoorLink(StagerListener):
             return 0  # its events are the peer lane's (PeerDoorLink's): this stager's books have none
         books = self.stager
         staged = 0
+        tiers = {t.slot: t for t in books.tiers}
         with books.lock:  # drained under the lock: a claim that finds a copy of the door's finds it here
             for ev in self.door.events():
                 if ev.kind == EV_SLOW:
                     log.info("the PFS is slow for the front door (a copy's read took %.1f ms): its misses go "
                              "to the staging threads for a while", ev.seconds * 1e3)
                     continue
-                books.count_read_locked("pfs", int(ev.kind == EV_STAGED or ev.bytes_read > 0), ev.bytes_read)
-                if ev.kind == EV_STAGED:
-                    tier = next(t for t in books.tiers if t.slot == ev.slot)
-                    if books.enter_copy_locked(ev.key, tier, ev.size):  # False: no room for its blocks, removed
-                        staged += 1
+                copied = ev.kind in (EV_STAGED, EV_AHEAD)
+                books.count_read_locked("pfs", int(copied or ev.bytes_read > 0), ev.bytes_read)
+                if copied:
+                    tier = tiers[ev.slot]
+                    # False: no room for its blocks, removed
+                    if books.enter_copy_locked(ev.key, tier, ev.size, demanded=ev.kind == EV_STAGED):
+                        staged += ev.kind == EV_STAGED  # an open answered
             self._tend_locked()
         return staged
 
@@ -163,6 +167,20 @@ class DoorKeeper:
             log.warning("the front door could not map the index %s; the Python server answers every request",
                         index_path)
 
+    def read_ahead(self, nfiles: int, threads: int = AHEAD_THREADS) -> bool:
+        """The door copies the snapshot's small files (its first ``nfiles`` index entries, in
+        their order) ahead of the reader, in C: True if it started (only where it may copy
+        misses itself: one raw first tier, no cluster). The stager takes the rest once
+        ``read_ahead_running`` is False."""
+        link = self.link
+        if link is None or not link.may_copy:
+            return False
+        from array import array
+        return self.door.read_ahead(array("I", range(1, nfiles + 1)), threads)
+
+    def read_ahead_running(self) -> bool:
+        return self.door.read_ahead_state()["running"] > 0
+
     def use_peer_link(self, link) -> None:
         """From now on the door also fetches other nodes' files itself (a ``PeerDoorLink``)."""
         self.peer_link = link
@@ -182,6 +200,7 @@ class DoorKeeper:
                 link.reclaim_lease()
         counts = self.door.counts()
         counts["answered_staged"] = sum(counts["hits_by_slot"].values())
+        counts["read_ahead"] = self.door.read_ahead_state()
         return counts
 
     def stop(self) -> None:

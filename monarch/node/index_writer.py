@@ -20,6 +20,7 @@ from typing import Callable
 
 from monarch import protocol
 from monarch.node.filetable import FileTable
+from monarch.node.indextable import IndexTable
 
 _ENTRY = protocol.INDEX_ENTRY
 _CHILD = protocol.INDEX_CHILD
@@ -32,7 +33,7 @@ def _fields(st) -> tuple:
 
 def positions(files) -> Callable[[str], int | None]:
     """key -> its position among the files (their order in the index), or None."""
-    if isinstance(files, FileTable):
+    if isinstance(files, (FileTable, IndexTable)):
         return files.row_of
     where = {key: n for n, key in enumerate(files)}
     return where.get
@@ -45,8 +46,10 @@ def index_bytes(snap) -> bytes:
 
 def index_parts(snap) -> list:
     """The index of ``snap`` as the buffers that make it, in order (written one after the
-    other, with no joined copy)."""
+    other, with no joined copy). A snapshot read from its index is written as that index."""
     files, dirs, links = snap.files, snap.dirs, snap.links
+    if isinstance(files, IndexTable):
+        return [files.data]
     kb = protocol.key_bytes
     nfiles = len(files)
     dir_keys = list(dirs)

@@ -27,7 +27,9 @@ from typing import Callable, NamedTuple
 
 from monarch import protocol
 from monarch.node import index_writer
+from monarch.node import walker
 from monarch.node.filetable import FileInfo, FileTable, Listing
+from monarch.node.indextable import IndexListing, IndexTable, files_in
 from monarch.node.pfsmeta import opened_stat
 from monarch.secure import write_file_atomically
 
@@ -45,13 +47,34 @@ class DirInfo(NamedTuple):
 @dataclass(frozen=True)
 class Snapshot:
     roots: tuple[str, ...]
-    files: "FileTable | dict[str, FileInfo]"  # a FileTable (compact) wherever a walk or an index made it
+    # an IndexTable where the C walk or a kept index made it (the index is the table), a
+    # FileTable (compact) where the Python walk did
+    files: "IndexTable | FileTable | dict[str, FileInfo]"
     dirs: dict[str, DirInfo] = field(default_factory=dict)   # "<k>/" is root k itself
     links: dict[str, FileInfo] = field(default_factory=dict)  # a symlinked file's own lstat
 
+    @classmethod
+    def from_index(cls, roots: tuple[str, ...], data: bytearray, nfiles: int) -> "Snapshot":
+        """The snapshot whose index is ``data`` (its first ``nfiles`` entries are the files):
+        the files read from the index itself, the directories and links as objects (few)."""
+        table = IndexTable(data, nfiles)
+        dirs, links = {}, {}
+        for n in range(nfiles, table.total):
+            e = table.entry(n)
+            if not table.is_dir(n):  # a link's own record: its file's key
+                links[table.key(n)] = _info_of(e)
+                continue
+            children, parent_ino = None, 0
+            if e[13] & protocol.INDEX_FLAG_LISTED:
+                first, count = e[18], e[17]
+                children = IndexListing(data, first + 2, first + count)
+                parent_ino = protocol.INDEX_CHILD.unpack_from(data, _child_at(data, first + 1))[0]
+            dirs[table.key(n)] = DirInfo(_info_of(e), children, parent_ino)
+        return cls(tuple(roots), table, dirs, links)
+
     @property
     def total_bytes(self) -> int:
-        if isinstance(self.files, FileTable):
+        if isinstance(self.files, (FileTable, IndexTable)):
             return self.files.total_size()
         return sum(f.size for f in self.files.values())
 
@@ -80,6 +103,10 @@ class Snapshot:
         remap = self._device_remap()
         if not remap:
             return self
+        if isinstance(self.files, IndexTable):
+            snap = Snapshot.from_index(self.roots, bytearray(self.files.data), self.files.nfiles)
+            snap.localize_devices()
+            return snap
         fix = lambda i: i._replace(dev=remap.get(i.dev, i.dev))  # noqa: E731
         return Snapshot(self.roots, FileTable((k, fix(i)) for k, i in self.files.items()),
                         {k: d._replace(info=fix(d.info)) for k, d in self.dirs.items()},
@@ -91,7 +118,12 @@ class Snapshot:
         if not remap:
             return
         fix = lambda i: i._replace(dev=remap.get(i.dev, i.dev))  # noqa: E731
-        for table in (self.files, self.links):
+        if isinstance(self.files, IndexTable):  # every entry of the index, files, directories and links alike
+            self.files.remap_devices(remap)
+            tables = (self.links,)
+        else:
+            tables = (self.files, self.links)
+        for table in tables:
             for k, i in list(table.items()):
                 table[k] = fix(i)
         for k, d in list(self.dirs.items()):
@@ -279,8 +311,17 @@ def _info_of(fields: tuple, link: bool = False) -> FileInfo:
     return FileInfo(size, mtime, mode, atime, ctime, ino, dev, uid, gid, nlink, link, blocks, blksize)
 
 
-def read_index(data: bytes, roots: tuple[str, ...]) -> Snapshot:
-    """The snapshot an index file was written from (``Snapshot.write_index``'s inverse)."""
+def _child_at(data, i: int) -> int:
+    return protocol.INDEX_HEADER.unpack_from(data)[9] + protocol.INDEX_CHILD.size * i
+
+
+def read_index(data: bytes | bytearray, roots: tuple[str, ...]) -> Snapshot:
+    """The snapshot an index file was written from (``Snapshot.write_index``'s inverse): read
+    in place (``Snapshot.from_index``) when its layout is the writers' (files first, then
+    directories, then the links' records), else entry by entry."""
+    nfiles = files_in(data)
+    if nfiles is not None:
+        return Snapshot.from_index(roots, data if isinstance(data, bytearray) else bytearray(data), nfiles)
     idx = protocol.Index(data)
     files, dirs, links = FileTable(), {}, {}
     for n in idx.keyed():
@@ -340,7 +381,10 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False,
     if cache and not fresh:
         try:
             with open(cache, "rb") as f:
-                snap = read_index(f.read(), roots)
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                if f.readinto(data) != len(data):
+                    raise ValueError("the kept snapshot changed while it was read")
+                snap = read_index(data, roots)
             if unchanged(snap):
                 return snap, "reused"
             why = "a directory changed since the kept snapshot"
@@ -348,7 +392,11 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False,
             pass
         except (OSError, ValueError, IndexError, Exception) as e:  # a damaged or foreign file: walk
             why = f"kept snapshot unreadable ({type(e).__name__})"
-    snap = take_snapshot(roots, into=into, on_directory=on_directory)
+    walked = walker.walk_index(tuple(roots))
+    if walked is not None:  # the C walk: its index is the snapshot (the copies begin once it is whole)
+        snap = Snapshot.from_index(roots, *walked)
+    else:
+        snap = take_snapshot(roots, into=into, on_directory=on_directory)
     if cache:
         try:
             write_file_atomically(cache, snap.index_parts())

@@ -163,7 +163,8 @@ class StagerBooks:
         self.files_read[source] += files
         self.bytes_read[source] += nbytes
 
-    def enter_copy_locked(self, key: str, tier: Tier, size: int, paid: int | None = None) -> bool:
+    def enter_copy_locked(self, key: str, tier: Tier, size: int, paid: int | None = None,
+                          demanded: bool = True) -> bool:
         """A raw copy of ``key`` someone else made in ``tier`` for an asker (the front door's):
         booked as this stager's own. The listeners are not told: its maker knows.
 
@@ -172,7 +173,8 @@ class StagerBooks:
         the filesystem allocates beyond them is taken here, after
         room still lent comes back if need be. When even that leaves too little, the copy is
         removed (the listeners are told), counted ``no_room``, and False is returned: the
-        tier's capacity holds against its allocation, whoever copied into it."""
+        tier's capacity holds against its allocation, whoever copied into it. ``demanded``:
+        copied for an asker (else ahead of the reader: a background copy)."""
         extra = tier.allocated(size) - (size if paid is None else paid)
         if extra and not tier.reserve(extra, counted=False):
             self.ask_room_back(tier)
@@ -191,7 +193,12 @@ class StagerBooks:
         self.staged[key] = tier
         self.bytes_staged += size
         self.files_staged += 1
-        self.demand_copies += 1
+        if key in self.flights:
+            pass  # a flight of the stager's found it (a claim): it counted itself
+        elif demanded:
+            self.demand_copies += 1
+        else:
+            self.background_copies += 1
         return True
 
     def drop_locked(self, key: str) -> None:

@@ -1,6 +1,8 @@
-"""The read-ahead starts with the walk's first directories: copies are made while the walk
-goes on, none is served before the index exists, a write during the walk drops its early
-copy, and a kept tier (adopted only once the walk is whole) is not streamed."""
+"""The read-ahead starts with the Python walk's first directories: copies are made while the
+walk goes on, none is served before the index exists, a write during the walk drops its
+early copy, and a kept tier (adopted only once the walk is whole) is not streamed. (The C
+walk, monarch/node/walker.c, is not streamed: it is whole before a Python walk would have
+told its first directories; these tests switch it off.)"""
 
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ def test_the_walk_tells_each_directorys_files_once_it_is_whole(short_tmp):
 
 @pytest.fixture
 def paused_walk(short_tmp, monkeypatch):
-    """A daemon whose walk stops after its first directory until ``go`` is set."""
+    """A daemon whose (Python) walk stops after its first directory until ``go`` is set."""
+    monkeypatch.setenv("MONARCH_C_WALK", "0")
     root = _tree(short_tmp)
     first, go = threading.Event(), threading.Event()
     real = daemon_module.load_or_walk

@@ -1,0 +1,95 @@
+"""The dataset walk in C (``walker.c``): the roots' trees listed and stat'ed by a few threads
+outside the interpreter, and the snapshot index built from them, with no Python object
+per file. ``snapshot.load_or_walk`` takes it when the library is there; the Python walk
+(``snapshot.take_snapshot``) is the fallback and the reference the C walk is tested against.
+
+Without a C compiler, or with ``MONARCH_C_WALK=0``, the Python walk does it all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("walker.c")
+LIBRARY_NAME = "libmonarch_walker.so"
+ENV_C_WALK = "MONARCH_C_WALK"
+THREADS = 8  # directories listed and entries stat'ed at once: hides the PFS's metadata latency
+
+_lib: ctypes.CDLL | None = None
+_lib_error: str | None = None
+
+
+def library() -> ctypes.CDLL | None:
+    """The walker's library: built by ``pip install``, or from this checkout on first use
+    (None, once logged, if it cannot be: the Python walk is used)."""
+    global _lib, _lib_error
+    if _lib is not None or _lib_error is not None:
+        return _lib
+    try:
+        from monarch.shim.build import built_library
+        path = built_library(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the dataset walker")
+        lib = ctypes.CDLL(str(path), use_errno=True)
+    except Exception as e:  # no compiler, no source: slower, never wrong
+        _lib_error = str(e)
+        log.warning("the C dataset walker is not available (%s); the dataset is walked in Python",
+                    _lib_error.splitlines()[0] if _lib_error else type(e).__name__)
+        return None
+    vp, i, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
+    lib.walk_run.restype, lib.walk_run.argtypes = vp, [ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(u64), i, i]
+    lib.walk_index_size.restype, lib.walk_index_size.argtypes = u64, [vp]
+    lib.walk_counts.restype, lib.walk_counts.argtypes = None, [vp, ctypes.POINTER(u64)]
+    lib.walk_build.restype, lib.walk_build.argtypes = i, [vp, ctypes.c_void_p, u64]
+    lib.walk_free.restype, lib.walk_free.argtypes = None, [vp]
+    _lib = lib
+    return _lib
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV_C_WALK, "1") not in ("0", "no", "off", "false")
+
+
+def walk_index(roots: tuple[str, ...], threads: int = THREADS) -> tuple[bytearray, int] | None:
+    """The index of a fresh walk of ``roots`` and its number of files (the first entries), or
+    None when the C walker cannot be used. A root that cannot be opened is left out, as
+    the Python walk leaves it (its files are read from the PFS)."""
+    lib = library() if wanted() else None
+    if lib is None:
+        return None
+    fds, indexes, parents = [], [], []
+    try:
+        for index, root in enumerate(roots):
+            try:
+                fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            fds.append(fd)
+            indexes.append(index)
+            try:
+                parents.append(os.stat(os.path.dirname(root.rstrip("/")) or "/").st_ino)
+            except OSError:
+                parents.append(0)
+        n = len(fds)
+        walk = lib.walk_run((ctypes.c_int * n)(*fds), (ctypes.c_int * n)(*indexes), (ctypes.c_uint64 * n)(*parents),
+                            n, threads)
+        if not walk:
+            err = ctypes.get_errno()
+            raise OSError(err, f"the C walk of the dataset failed: {os.strerror(err)}")
+        try:
+            counts = (ctypes.c_uint64 * 3)()
+            lib.walk_counts(walk, counts)
+            index = bytearray(lib.walk_index_size(walk))
+            buf = (ctypes.c_char * len(index)).from_buffer(index)
+            if lib.walk_build(walk, ctypes.addressof(buf), len(index)) != 0:
+                raise OSError("the C walk's index did not come out at its own size")
+            del buf  # the bytearray may be resized or freed again
+        finally:
+            lib.walk_free(walk)
+        return index, int(counts[0])
+    finally:
+        for fd in fds:
+            os.close(fd)
