@@ -32,7 +32,7 @@ ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
 
 EV_STAGED, EV_FAILED, EV_SLOW, EV_AHEAD = 1, 2, 3, 4  # EV_AHEAD: staged by the read-ahead lane
 # why the read-ahead lane ended before its list did (front_door.c: A_*)
-AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped")
+AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped", "slow_source")
 _EVENT = struct.Struct("<IIQQqI")  # front_door_events' record head; the key follows
 # why a connection was handed over (front_door.c: R_*)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
@@ -74,6 +74,7 @@ def library() -> ctypes.CDLL | None:
         "front_door_take": (i, [vp, ctypes.POINTER(i), ctypes.c_char_p, i]),
         "front_door_events": (i, [vp, ctypes.c_char_p, i]),
         "front_door_open": (i, [vp, cp]),
+        "front_door_open_memory": (i, [vp, vp, ctypes.c_uint64]),
         "front_door_settle": (None, [vp]),
         "front_door_claim": (i, [vp, cp, i]),
         "front_door_staged": (None, [vp, cp, i, i]),
@@ -153,9 +154,14 @@ class FrontDoor:
                 at += klen
         return out
 
-    def open(self, index_path: str) -> bool:
-        """The snapshot is ready (its index written): answer from now on."""
-        return self._lib.front_door_open(self._door, os.fsencode(index_path)) == 0
+    def open(self, index_path: str, index: bytearray | None = None) -> bool:
+        """The snapshot is ready (its index written): answer from now on. ``index``: the index's
+        bytes the daemon holds (the door reads them in place, and keeps them alive), else the
+        door maps the file."""
+        if index is None:
+            return self._lib.front_door_open(self._door, os.fsencode(index_path)) == 0
+        self._index = (ctypes.c_char * len(index)).from_buffer(index)  # held: the bytes stay where they are
+        return self._lib.front_door_open_memory(self._door, ctypes.addressof(self._index), len(index)) == 0
 
     def settle(self) -> None:
         """The snapshot is ready or failed: INDEX polls go to the Python server from now on

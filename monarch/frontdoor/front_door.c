@@ -74,19 +74,21 @@
 #define AHEAD_MAX 16                   /* read-ahead lane threads, at most */
 #define AHEAD_WAIT_NS 50000000LL       /* the lane, out of room lent, waits this long for more ... */
 #define AHEAD_WAITS 100                /* ... this many times in a row before it ends (a full tier) */
+#define AHEAD_SLOW_NS 3000000000LL     /* the lane copies on through a slow spell this long (a busy node, a
+                                          cold directory), then leaves the rest to Python's many threads */
 
 enum { K_FREE = 0, K_PYTHON = 1, K_BUSY = 2, K_STAGED = 3 };
 enum { EV_STAGED = 1, EV_FAILED = 2, EV_SLOW = 3, EV_AHEAD = 4 };  /* EV_AHEAD: staged by the read-ahead lane */
 /* why the read-ahead lane ended before its list did (front_door_read_ahead_state) */
-enum { A_WHOLE, A_NOT_COPYING, A_NO_ROOM, A_STOPPED };
+enum { A_WHOLE, A_NOT_COPYING, A_NO_ROOM, A_STOPPED, A_SLOW_SOURCE };
 enum { T_LISTEN = 1, T_STOP = 2 };
 /* why a connection was handed over (front_door_counts) */
 enum { R_OTHER, R_CLOSED_GATE, R_PYTHON_KEY, R_NOT_COPYING, R_NOT_SMALL_FILE, R_NO_ROOM, R_COPY_FAILED, R_REASONS };
 
 struct entry {                         /* one key the door has heard of */
-    char *key;
+    const char *key;                   /* its own copy, or the index's bytes (borrowed) */
     uint32_t len, hash;
-    uint8_t state, slot;
+    uint8_t state, slot, borrowed;
     int64_t answered;                  /* when the door last answered it (front_door_evict) */
 };
 
@@ -146,6 +148,7 @@ struct door {
     int copy_slot;
     const unsigned char *idx;
     size_t idx_len;
+    int idx_borrowed;                  /* the daemon's own copy (front_door_open_memory): not unmapped here */
     int settled;                       /* the snapshot is ready or failed: INDEX polls are Python's */
     int gate_open, allowed, never_copy;  /* copying: Python allows it, no write by the job seen */
     int stopped;
@@ -217,6 +220,8 @@ static int write_full(int fd, const char *p, size_t n)
     return 0;
 }
 
+static const char *index_key(const struct door *d, const char *key, uint32_t len, uint32_t hash);
+
 /* -- the key table (open addressing; entries change state, never go) ------------------- */
 static struct entry *find(struct door *d, const char *key, uint32_t len, uint32_t hash)
 {
@@ -253,11 +258,18 @@ static struct entry *insert(struct door *d, const char *key, uint32_t len, uint3
     size_t i = hash & (d->cap - 1);
     while (d->tab[i].key)
         i = (i + 1) & (d->cap - 1);
-    char *copy = malloc(len ? len : 1);
-    if (!copy)
-        return NULL;
-    memcpy(copy, key, len);
-    d->tab[i] = (struct entry){.key = copy, .len = len, .hash = hash, .state = K_FREE};
+    /* a key of the index points at the index's own bytes (mapped until front_door_free): a
+     * million staged files cost the table no copy of their keys */
+    const char *in_index = d->idx ? index_key(d, key, len, hash) : NULL;
+    char *copy = NULL;
+    if (!in_index) {
+        copy = malloc(len ? len : 1);
+        if (!copy)
+            return NULL;
+        memcpy(copy, key, len);
+    }
+    d->tab[i] = (struct entry){.key = in_index ? in_index : copy, .len = len, .hash = hash, .state = K_FREE,
+                               .borrowed = in_index != NULL};
     d->used++;
     return &d->tab[i];
 }
@@ -309,6 +321,25 @@ static int index_file(const struct door *d, const char *key, uint32_t len, struc
         return 1;
     }
     return 0;
+}
+
+/* ``key``'s own bytes in the index (its entry's), or NULL if it is no key of the index. */
+static const char *index_key(const struct door *d, const char *key, uint32_t len, uint32_t hash)
+{
+    const unsigned char *x = d->idx;
+    struct monarch_index_header h = index_header(x);
+    for (uint32_t b = hash & (h.buckets - 1), probes = 0; probes < h.buckets; b = (b + 1) & (h.buckets - 1), probes++) {
+        uint32_t n;
+        memcpy(&n, x + h.buckets_off + 4ull * b, sizeof n);
+        if (!n || n > h.entries)
+            return NULL;
+        struct monarch_index_entry e;
+        memcpy(&e, x + h.entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
+        if (e.hash == hash && e.key_len == len && e.key_off <= h.keys_size && e.key_len <= h.keys_size - e.key_off &&
+            !memcmp(x + h.keys_off + e.key_off, key, len))
+            return (const char *)x + h.keys_off + e.key_off;
+    }
+    return NULL;
 }
 
 static int index_valid(const unsigned char *x, size_t n)
@@ -660,6 +691,7 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
     if (!preempted && source_ns <= SLOW_NS) {
         d->slow_run = 0;
         d->backoff = 0;
+        d->slow_until = 0;             /* a fast copy (the lane's, during a rest) says the source is fast again */
     } else if (!preempted && ++d->slow_run >= SLOW_RUN) {
         d->backoff = d->backoff ? (2 * d->backoff < BACKOFF_MAX_NS ? 2 * d->backoff : BACKOFF_MAX_NS) : BACKOFF_NS;
         d->slow_until = t0 + ns + d->backoff;
@@ -766,6 +798,7 @@ static void *ahead_main(void *arg)
     struct door *d = w->d;
     char dest[PATH_MAX];
     int waits = 0, end = A_WHOLE;
+    int64_t slow_since = 0;            /* when the door last began to find the source slow */
     w->sched_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
     prctl(PR_SET_NAME, "monarch-ahead");
     pthread_mutex_lock(&d->mu);
@@ -774,8 +807,17 @@ static void *ahead_main(void *arg)
             end = A_STOPPED;
             break;
         }
-        if (!d->gate_open || !d->allowed || d->never_copy || now_ns() < d->slow_until) {
+        if (!d->gate_open || !d->allowed || d->never_copy) {
             end = A_NOT_COPYING;
+            break;
+        }
+        int64_t now = now_ns();
+        if (now >= d->slow_until) {
+            slow_since = 0;
+        } else if (!slow_since) {
+            slow_since = now;
+        } else if (now - slow_since > AHEAD_SLOW_NS) {
+            end = A_SLOW_SOURCE;       /* a high-latency source: Python's threads hide it better */
             break;
         }
         struct idx_file f;
@@ -1280,6 +1322,25 @@ EXPORT int front_door_open(struct door *d, const char *index_path)
     return 0;
 }
 
+/* front_door_open with the index the daemon holds (``n`` bytes at ``p``, kept by the caller
+ * until front_door_free): one copy of a large index in the process, not two. */
+EXPORT int front_door_open_memory(struct door *d, const unsigned char *p, uint64_t n)
+{
+    if (!index_valid(p, (size_t)n)) {
+        errno = EINVAL;
+        return -1;
+    }
+    pthread_mutex_lock(&d->mu);
+    if (!d->gate_open && !d->stopped) {
+        d->idx = p;
+        d->idx_len = (size_t)n;
+        d->idx_borrowed = 1;
+        d->gate_open = 1;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
 /* The snapshot is ready or failed: INDEX polls are handed over to Python from now on. */
 EXPORT void front_door_settle(struct door *d)
 {
@@ -1504,7 +1565,8 @@ EXPORT void front_door_stop(struct door *d)
 EXPORT void front_door_free(struct door *d)
 {
     for (size_t i = 0; i < d->cap; i++)
-        free(d->tab[i].key);
+        if (!d->tab[i].borrowed)
+            free((char *)d->tab[i].key);
     free(d->tab);
     for (int i = 0; i < d->nroots; i++)
         free(d->roots[i]);
@@ -1514,7 +1576,7 @@ EXPORT void front_door_free(struct door *d)
         next = ev->next;
         free(ev);
     }
-    if (d->idx)
+    if (d->idx && !d->idx_borrowed)
         munmap((void *)d->idx, d->idx_len);
     if (d->wake_fd >= 0)
         close(d->wake_fd);

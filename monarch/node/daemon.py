@@ -297,19 +297,26 @@ class NodeDaemon:
         return True
 
     def _after_the_door(self) -> None:
-        """Beside the door's lane: the compressing tiers' sample; then, once the lane is through
-        (or ended early: a write by the job, a slow PFS, no room), the stager's read-ahead
-        over every key (those staged are skipped)."""
+        """Beside the door's lane: the compressing tiers' sample; then, if the lane ended early (a
+        write by the job, a slow PFS, no room), the stager's read-ahead over every key."""
         stager, door, files = self.stager, self._door, self.snapshot.files
 
         def rest() -> None:
-            keys = sorted(files)
-            self._sample_for_codecs(keys)
+            keys = None
+            if any(t.codec is not None for t in self.tiers):
+                keys = sorted(files)
+                self._sample_for_codecs(keys)
             while door.read_ahead_running() and not self.gate.closing:
                 time.sleep(AHEAD_POLL_SECONDS)
-            if not self.gate.closing:
-                self.absorb_front_door()  # the lane's last copies in the books first
-                stager.read_ahead(keys)
+            if self.gate.closing:
+                return
+            self.absorb_front_door()  # the lane's last copies in the books first
+            ended = door.read_ahead_ended_because()
+            if ended:  # before its list's end: the stager goes over every key (those staged are skipped)
+                log.info("the front door's read-ahead ended early (%s); the staging threads take the rest", ended)
+                stager.read_ahead(keys if keys is not None else iter(files))  # no list of a million keys
+            # else every small file was copied, is being copied, or is the stager's (a claim, a
+            # failed copy left to its asker): the large ones are the stager's already
         threading.Thread(target=rest, name="monarch-ahead-rest", daemon=True).start()
 
     def _fail(self, error: Exception, stager: Stager | None) -> None:

@@ -16,6 +16,7 @@ import logging
 from monarch import frontdoor, protocol
 from monarch.frontdoor import EV_AHEAD, EV_SLOW, EV_STAGED, FrontDoor
 from monarch.node.current import Current
+from monarch.node.indextable import IndexTable
 from monarch.node.outcomes import Outcome
 from monarch.node.stager import INLINE_BYTES, Stager
 from monarch.node.stager_books import StagerListener
@@ -28,7 +29,7 @@ __all__ = ["DoorLink", "DoorKeeper"]
 LEASE_MAX = 16 << 20  # tier room lent to the front door at a time, at most ...
 LEASE_SHARE = 32      # ... and at most this share of the tier's capacity
 PEER_WORKERS = 8      # a cluster daemon's door threads: each waits on the network while it fetches a peer's file
-AHEAD_THREADS = 4     # the door's read-ahead lane: copies in flight (a PFS's latency hidden, a local disk's cores used)
+AHEAD_THREADS = 8     # the door's read-ahead lane: copies in flight (a PFS's latency hidden, a local disk's cores used)
 
 
 class DoorLink(StagerListener):
@@ -163,7 +164,9 @@ class DoorKeeper:
 
     def open(self, index_path: str) -> None:
         """The snapshot is ready: the door answers from now on (never before the index is)."""
-        if self._current.ready and not self.door.open(index_path):
+        files = self._current.snapshot.files
+        index = files.data if isinstance(files, IndexTable) and isinstance(files.data, bytearray) else None
+        if self._current.ready and not self.door.open(index_path, index):
             log.warning("the front door could not map the index %s; the Python server answers every request",
                         index_path)
 
@@ -180,6 +183,10 @@ class DoorKeeper:
 
     def read_ahead_running(self) -> bool:
         return self.door.read_ahead_state()["running"] > 0
+
+    def read_ahead_ended_because(self) -> str:
+        """Why the lane stopped before its list's end ("" if it did not)."""
+        return self.door.read_ahead_state()["ended_because"]
 
     def use_peer_link(self, link) -> None:
         """From now on the door also fetches other nodes' files itself (a ``PeerDoorLink``)."""
