@@ -98,8 +98,13 @@ static int monarch_abspath(int dirfd, const char *path, char *out, size_t *lenp)
         memcpy(dir, out, whole ? e : s);
         dir[whole ? e : s] = '\0';
         char resolved[PATH_MAX];
-        if (!realpath(dir[0] ? dir : "/", resolved))
-            return -1;
+        if (!realpath(dir[0] ? dir : "/", resolved)) {
+            if (!monarch_store_roots)
+                return -1;
+            /* a store's root has no directories on disk to resolve: its paths are lexical */
+            *lenp = monarch_normalize(out);
+            return 0;
+        }
         size_t rl = strlen(resolved);
         if (!whole) {
             if (rl + 1 + llen >= PATH_MAX)

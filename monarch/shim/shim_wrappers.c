@@ -22,6 +22,10 @@
         monarch_track(fd_, (unsigned)how_, entry_);                  \
         return fd_;                                                  \
     }                                                                \
+    if (how_ == MONARCH_HOW_EIO) {                                   \
+        errno = EIO;                                                 \
+        return -1;                                                   \
+    }                                                                \
     fd_ = real_ args;                                                \
     monarch_after(fd_, how_);                                        \
     return fd_;
@@ -71,6 +75,10 @@
         if (flags < 0 && mode)                                                    \
             monarch_invalidate(AT_FDCWD, path);                                   \
         int how_ = flags < 0 ? -1 : monarch_before(AT_FDCWD, path, flags, &fd_, &entry_); \
+        if (how_ == MONARCH_HOW_EIO) {                                            \
+            errno = EIO;                                                          \
+            return NULL;                                                          \
+        }                                                                         \
         if (how_ > MONARCH_SLOT_PFS) {                                            \
             int saved_ = errno;                                                   \
             FILE *fp_ = MONARCH_RESOLVE(fdopen)(fd_, mode); /* not tracked yet */ \
