@@ -46,16 +46,18 @@ def is_connection_error(e: BaseException) -> bool:
         e, redis.AuthenticationError)
 
 
-def explain(url: StoreURL, e: BaseException) -> str:
-    """One line saying what went wrong with the store at ``url``, and what to do."""
+def explain(url: StoreURL, e: BaseException, password_given: bool | None = None) -> str:
+    """One line saying what went wrong with the store at ``url``, and what to do
+    (``password_given``: whether a password was sent, when known)."""
     redis = _redis()
     text = str(e).strip().rstrip(".") or type(e).__name__
+    if ("NOAUTH" in text or "Authentication required" in text
+            or (password_given is False and isinstance(e, redis.AuthenticationError))):
+        return (f"the store at {url} needs a password: set MONARCH_STORE_PASSWORD or name a file readable "
+                "by you alone with ?password_file=PATH")
     if isinstance(e, redis.AuthenticationError) or "WRONGPASS" in text or "invalid password" in text.lower():
         return (f"the store at {url} refused the password (WRONGPASS): check MONARCH_STORE_PASSWORD "
                 "or the password file")
-    if "NOAUTH" in text or "Authentication required" in text:
-        return (f"the store at {url} needs a password: set MONARCH_STORE_PASSWORD or name a file readable "
-                "by you alone with ?password_file=PATH")
     if isinstance(e, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return f"the store at {url} is unreachable ({text}); check the URL and that its server runs"
     if isinstance(e, StoreError):
@@ -70,5 +72,6 @@ def ping(url: StoreURL, env=None) -> Any:
         client.ping()
     except Exception as e:
         client.close()
-        raise StoreError(explain(url, e)) from None
+        raise StoreError(explain(url, e, client.connection_pool.connection_kwargs.get("password") is not None)) \
+            from None
     return client
