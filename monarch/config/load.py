@@ -408,12 +408,17 @@ def _check_outside_roots(r: _Reader, key: str, base: str, roots: tuple[str, ...]
 
 
 
-def _check_stores(r: _Reader, stores: tuple, given: tuple, staging: dict) -> None:
-    """Every store's root is a dataset root; a store's files cannot be validated at open."""
+def _check_stores(r: _Reader, stores: tuple, given: tuple, staging: dict, tiers: list) -> None:
+    """Every store's root is a dataset root; a store's files cannot be validated at open, nor
+    kept copies adopted across jobs (the manifest's version does not key them yet)."""
     for root, _ in stores:
         if root not in given:
             r.error(f"dataset.stores[{root!r}]", f"{root} is not one of dataset.roots ({', '.join(given)}); "
                                                  "a store is mounted at one of the roots")
+    for i, tier in enumerate(tiers):
+        if stores and tier.keep:
+            r.error(f"tiers[{i}].keep", "true is not supported with dataset.stores yet (kept copies are not checked "
+                                        "against the store's manifest version); use false")
     if stores and staging["validate"] == "open":
         r.error("staging.validate", "open compares each file with the PFS, and a store's root has none; "
                                     "use none with dataset.stores (a store's values are checked against "
@@ -494,7 +499,7 @@ def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str],
     if errors:
         raise ConfigError(combine_errors(source, errors))
     given = dataset["roots"]
-    _check_stores(r, dataset["stores"], given, staging)
+    _check_stores(r, dataset["stores"], given, staging, tiers)
     if errors:
         raise ConfigError(combine_errors(source, errors))
     return Config(source=source, dataset=DatasetConfig(roots=r.dataset_roots, given=given, stores=dataset["stores"]),

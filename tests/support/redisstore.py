@@ -76,3 +76,20 @@ staging: {{policy: {policy}}}
     for d in (f"{base}/run", f"/dev/shm{base}/ram", f"{base}/ssd"):
         os.makedirs(d, exist_ok=True)
     return path
+
+
+# -- the benchmark's naive loader: one GET per file, when the reader needs it --------------------
+_client = None
+
+
+def naive_get(path: str):
+    """A ``monarch.workload`` plug-in reader (``support.redisstore:naive_get``) that GETs each file
+    from the store when it is read: the key is the path under ``BENCH_STORE_ROOT`` behind
+    ``BENCH_STORE_PREFIX``, the store at ``BENCH_STORE_HOST``:``BENCH_STORE_PORT``. One client per
+    (forked) worker process."""
+    global _client
+    if _client is None or _client[0] != os.getpid():
+        r = _redis().Redis(host=os.environ["BENCH_STORE_HOST"], port=int(os.environ["BENCH_STORE_PORT"]))
+        _client = (os.getpid(), r)
+    rel = os.path.relpath(path, os.environ["BENCH_STORE_ROOT"])
+    return _client[1].get(os.environ.get("BENCH_STORE_PREFIX", "") + rel), "store"
