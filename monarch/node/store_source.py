@@ -39,6 +39,10 @@ from monarch.store.url import StoreError, StoreURL
 log = logging.getLogger(__name__)
 
 START_DEPTH = 64  # copies in flight from the start toward a store (each a request; the stager adapts from there)
+PREFETCH_BYTES = 64 << 20   # read-ahead: values fetched ahead of the stager, at most (in flight or waiting)
+PREFETCH_BATCH = 32         # GETs per pipeline (one round trip)
+PREFETCH_BATCH_BYTES = 4 << 20
+PREFETCH_CONNECTIONS = 8    # pipelines in flight at once
 RETRY_DOWN = 1.0  # seconds between tries of a store found down for longer than its timeout
 NAMED = 50        # refused files named in the report at most (all are counted)
 
@@ -61,10 +65,111 @@ class Mount:
         self.version = ""
         self.down_since: float | None = None
         self.last_try = 0.0
+        self.prefetch: Prefetch | None = None
 
     def connect(self) -> None:
         if self.client is None:
             self.client = store_client.ping(self.url)
+
+
+class Prefetch:
+    """Out-of-order, pipelined read-ahead of one store's values, in the stager's read-ahead order.
+
+    PREFETCH_CONNECTIONS pipelines of up to PREFETCH_BATCH GETs each are in flight at once
+    (at most PREFETCH_BYTES of values fetched and not yet taken); each pipeline's values are
+    handed to the stager's copies as soon as it returns, whatever the order, and a slow
+    pipeline holds up none of the others. Each value is read once: a copy of a key the
+    read-ahead has not asked for yet (a demanded file) claims it and GETs it itself; one
+    already asked for waits for that answer. A failed pipeline stops the read-ahead here:
+    its keys and the rest are fetched by the copies themselves (with the bounded wait).
+    Values fetched and never taken (the tiers filled up) are counted as read."""
+
+    INFLIGHT, READY, TAKEN = 1, 2, 3
+
+    def __init__(self, mount: Mount, order: list[tuple[str, int]]):
+        self.mount, self.order = mount, order  # (rel, size) in read-ahead order
+        self.cv = threading.Condition()
+        self.state: dict[str, int] = {}
+        self.ready: dict[str, bytes | None] = {}
+        self.pos = 0
+        self.outstanding = 0  # bytes asked for or waiting, not yet taken
+        self.closed = False
+        self.fetched_bytes = 0
+        self.threads = [threading.Thread(target=self._run, name=f"monarch-store-prefetch-{i}", daemon=True)
+                        for i in range(PREFETCH_CONNECTIONS)]
+        for t in self.threads:
+            t.start()
+
+    def _batch(self) -> list[tuple[str, int]] | None:
+        with self.cv:
+            while True:
+                if self.closed or self.pos >= len(self.order):
+                    return None
+                if self.outstanding < PREFETCH_BYTES:
+                    break
+                self.cv.wait()
+            batch, nbytes = [], 0
+            while (self.pos < len(self.order) and len(batch) < PREFETCH_BATCH and nbytes < PREFETCH_BATCH_BYTES
+                   and self.outstanding < PREFETCH_BYTES):
+                rel, size = self.order[self.pos]
+                self.pos += 1
+                if rel in self.state:
+                    continue  # claimed by a copy already
+                self.state[rel] = self.INFLIGHT
+                self.outstanding += size
+                nbytes += size
+                batch.append((rel, size))
+            return batch
+
+    def _run(self) -> None:
+        while (batch := self._batch()) is not None:
+            if not batch:
+                continue
+            try:
+                pipe = self.mount.client.pipeline(transaction=False)
+                for rel, _ in batch:
+                    pipe.get(self.mount.url.key(rel))
+                values = pipe.execute()
+            except Exception as e:  # the copies fetch these (and the rest) themselves
+                log.warning("store: the read-ahead from %s stopped: %s", self.mount.url,
+                            store_client.explain(self.mount.url, e))
+                with self.cv:
+                    self.closed = True
+                    for rel, size in batch:
+                        del self.state[rel]
+                        self.outstanding -= size
+                    self.cv.notify_all()
+                return
+            with self.cv:
+                for (rel, _), value in zip(batch, values):
+                    self.state[rel] = self.READY
+                    self.ready[rel] = value
+                    self.fetched_bytes += len(value) if value is not None else 0
+                self.cv.notify_all()
+
+    def take(self, rel: str, size: int) -> tuple[bool, bytes | None]:
+        """(True, value) if the read-ahead has it (waiting for it if asked for already);
+        else (False, None), the key claimed: the caller GETs it."""
+        with self.cv:
+            while self.state.get(rel) == self.INFLIGHT:
+                self.cv.wait()
+            if self.state.get(rel) == self.READY:
+                self.state[rel] = self.TAKEN
+                self.outstanding -= size
+                self.cv.notify_all()
+                return True, self.ready.pop(rel)
+            self.state[rel] = self.TAKEN
+            return False, None
+
+    def unused_bytes(self) -> int:
+        with self.cv:
+            return sum(len(v) for v in self.ready.values() if v is not None)
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.ready.clear()
+            self.cv.notify_all()
 
 
 class StoreSet:
@@ -72,6 +177,7 @@ class StoreSet:
 
     def __init__(self, config: Config):
         roots = config.dataset.roots
+        self.read_ahead = config.staging.policy == "read-ahead"
         self.mounts: dict[int, Mount] = {k: Mount(k, roots[k], StoreURL.parse(url))
                                          for k, url in config.dataset.store_urls().items()}
         self._lock = threading.Lock()
@@ -103,6 +209,8 @@ class StoreSet:
             mount.digests = {e.path: e.digest for e in manifest.files}
             mount.version = manifest.version
             keys = add_to_snapshot(k, manifest, roots[k], files, dirs)
+            if self.read_ahead and keys:  # in the stager's read-ahead order (sorted keys)
+                mount.prefetch = Prefetch(mount, sorted((e.path, e.size) for e in manifest.files))
             described.append(f"{len(keys)} files from {mount.url} (manifest {manifest.version[:12]})")
             if on_directory is not None and keys:
                 on_directory(keys)
@@ -124,7 +232,9 @@ class StoreSet:
 
     def copy(self, mount: Mount, key: str, info, out, tally) -> int:
         rel = key.partition("/")[2]
-        data = self._get(mount, rel)
+        found, data = mount.prefetch.take(rel, info.size) if mount.prefetch is not None else (False, None)
+        if not found:
+            data = self._get(mount, rel)
         tally.opened()
         if data is None:
             raise self._refuse(mount, rel, "missing from the store")
@@ -197,11 +307,15 @@ class StoreSet:
                      "versions": {m.path: m.version for m in self.mounts.values()},
                      "refused": dict(self.refused), "refused_count": self.refused_count,
                      "lost_copies": self.lost_copies, "lost_at": self.lost_at}
-        return {"store_files_read": stager.files_read["store"], "store_bytes_read": stager.bytes_read["store"],
+        unused = sum(m.prefetch.unused_bytes() for m in self.mounts.values() if m.prefetch is not None)
+        store["read_ahead_unused_bytes"] = unused  # fetched ahead, never staged (counted as read)
+        return {"store_files_read": stager.files_read["store"], "store_bytes_read": stager.bytes_read["store"] + unused,
                 "store": store}
 
     def close(self) -> None:
         for mount in self.mounts.values():
+            if mount.prefetch is not None:
+                mount.prefetch.close()
             if mount.client is not None:
                 try:
                     mount.client.close()
