@@ -98,7 +98,7 @@ def test_every_reader_gets_the_stores_bytes_and_the_store_is_read_once(redis_ser
     got = os.path.join(short_tmp, "got.md5")
     hits = redis_server.client().info("stats")["keyspace_hits"]
     shell = (f"{sys.executable} {script} {src} {mnt} {listing} && xargs -d '\\n' md5sum < {listing} > {got} "
-             f"&& cat {mnt}/class_1/sample_001.bin > {short_tmp}/cat.out")
+             f"&& cat {mnt}/class_1/sample_001.bin > {short_tmp}/cat.out && ls -lR {mnt} > {short_tmp}/ls.out")
     r = monarch("run", "--no-progress", "--report", report, "-c", cfg, "--", "bash", "-c", shell, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"READ {len(data)}" in r.stdout
@@ -108,6 +108,9 @@ def test_every_reader_gets_the_stores_bytes_and_the_store_is_read_once(redis_ser
     for rel, b in data.items():
         assert sums[os.path.join(mnt, rel)] == hashlib.md5(b).hexdigest(), rel
     assert open(f"{short_tmp}/cat.out", "rb").read() == data["class_1/sample_001.bin"]
+    listed = open(f"{short_tmp}/ls.out").read()  # ls -l: stat, listings and (no) xattrs from the index
+    assert f"{len(data['class_1/sample_001.bin'])} " in listed and "sample_001.bin" in listed and "a2.npy" in listed
+    assert "No such file or directory" not in r.stderr
     # the server's own count: each value read once (read-ahead, demand and every reader together),
     # and the manifest twice (the launcher's check, the daemon's snapshot)
     assert redis_server.client().info("stats")["keyspace_hits"] - hits == len(data) + 2
