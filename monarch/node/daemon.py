@@ -90,7 +90,7 @@ class NodeDaemon:
         self.tier_errors: dict[str, str] = {}
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         self.dataset_bytes = 0
-        self.stores = StoreSet.of(config)  # roots served from a key-value store (None: none)
+        self.stores = StoreSet.of(config, cluster is not None)  # roots served from a key-value store (None: none)
         self.current = Current(self.gate, Snapshot(tuple(config.dataset.roots), FileTable()))  # nothing until the walk ends
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")
                                   for i, cfg in enumerate(config.tiers)) if t is not None]

@@ -66,10 +66,13 @@ class Mount:
         self.down_since: float | None = None
         self.last_try = 0.0
         self.prefetch: Prefetch | None = None
+        self.lock = threading.RLock()
 
     def connect(self) -> None:
         if self.client is None:
-            self.client = store_client.ping(self.url)
+            with self.lock:
+                if self.client is None:
+                    self.client = store_client.ping(self.url)
 
 
 class Prefetch:
@@ -187,8 +190,15 @@ class StoreSet:
         self.lost_at: float | None = None
 
     @classmethod
-    def of(cls, config: Config) -> "StoreSet | None":
-        return cls(config) if config.dataset.stores else None
+    def of(cls, config: Config, cluster: bool = False) -> "StoreSet | None":
+        """The daemon's stores (None: no root is a store). In a cluster each node reads from the
+        store only the keys it owns (the stager's schedule): no read-ahead here, which would
+        read every key."""
+        if not config.dataset.stores:
+            return None
+        stores = cls(config)
+        stores.read_ahead = stores.read_ahead and not cluster
+        return stores
 
     # -- the snapshot ------------------------------------------------------------------------
     def load_snapshot(self, roots: tuple[str, ...], into: Snapshot | None = None,
@@ -230,8 +240,26 @@ class StoreSet:
         k, _, _ = key.partition("/")
         return self.mounts.get(int(k)) if k.isdigit() else None
 
+    def _digests(self, mount: Mount) -> dict[str, str]:
+        """The manifest's digests: read with the snapshot on the node that made it, else (a
+        cluster's other nodes, which received the snapshot) once, at the first copy."""
+        if not mount.digests:
+            with mount.lock:
+                if not mount.digests:
+                    try:
+                        mount.connect()
+                        manifest = fetch_manifest(mount.client, mount.url)
+                    except StoreError as e:
+                        with self._lock:
+                            self.lost_copies += 1
+                        raise StoreLost(str(e)) from None
+                    mount.version = manifest.version
+                    mount.digests = {e.path: e.digest for e in manifest.files}
+        return mount.digests
+
     def copy(self, mount: Mount, key: str, info, out, tally) -> int:
         rel = key.partition("/")[2]
+        digests = self._digests(mount)
         found, data = mount.prefetch.take(rel, info.size) if mount.prefetch is not None else (False, None)
         if not found:
             data = self._get(mount, rel)
@@ -241,7 +269,7 @@ class StoreSet:
         tally.read(len(data))
         if len(data) != info.size:
             raise self._refuse(mount, rel, f"size {len(data)} in the store, {info.size} in the manifest")
-        if digest(data) != mount.digests.get(rel):
+        if digest(data) != digests.get(rel):
             raise self._refuse(mount, rel, "digest differs from the manifest's")
         if isinstance(out, int):
             view = memoryview(data)
