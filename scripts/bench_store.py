@@ -20,7 +20,7 @@ It prints each mode's epochs, epoch 1 against naive-get, later epochs against mo
 and the bytes read from the store against the dataset's, with the issue's targets.
 
     python scripts/bench_store.py                   # 2,000 x 64 KiB, 3 epochs, 50 ms round trips
-    python scripts/bench_store.py --files 400 --rtt-ms 20   # a quick run
+    python scripts/bench_store.py --quick           # 200 files, 2 epochs, 20 ms round trips
 """
 
 from __future__ import annotations
@@ -197,10 +197,13 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--rtt-ms", type=float, default=50.0, help="round trip the proxy adds (default 50)")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 200 files, 2 epochs, 20 ms round trips")
     p.add_argument("--modes", default="naive-get,monarch-store,monarch-dir", help="which modes to run (default all)")
     p.add_argument("--keep-report", default=None, metavar="PATH", help="copy monarch-store's JSON report here")
     p.add_argument("--proxy", nargs=4, metavar=("LISTEN", "UPSTREAM", "RTT_MS", "READY"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.quick:
+        args.files, args.epochs, args.rtt_ms = min(args.files, 200), min(args.epochs, 2), min(args.rtt_ms, 20.0)
     if args.proxy:
         run_proxy(int(args.proxy[0]), int(args.proxy[1]), float(args.proxy[2]), args.proxy[3])
         return 0
