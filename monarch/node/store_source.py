@@ -308,7 +308,9 @@ class StoreSet:
                 value = mount.client.get(mount.url.key(rel))
             except Exception as e:
                 if not isinstance(e, StoreError) and not store_client.is_connection_error(e):
-                    raise StoreLost(store_client.explain(mount.url, e)) from None
+                    # the store answered, with an error (WRONGTYPE: the key holds no string): not the value
+                    raise self._refuse(mount, rel, f"the store answered {str(e).strip() or type(e).__name__}") \
+                        from None
                 now = time.monotonic()
                 with self._lock:
                     if mount.down_since is None:
@@ -363,6 +365,7 @@ class RoutedSource(Source):
         mount = self.stores.mount_of(key)
         if mount is None:
             return self.pfs.copy(key, info, out, tally)
+        # counted under "store", not "pfs": the stager's tally for this copy, renamed (SourceTally)
         return self.stores.copy(mount, key, info, out, type(tally)(tally.books, "store"))
 
     def forget(self, key: str) -> None:

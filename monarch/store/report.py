@@ -21,6 +21,7 @@ def store_traffic(alive: Iterable, dataset_bytes: int) -> dict | None:
         refused.update(st.get("refused", {}))
         urls.update(st.get("urls", {}))
     lost = [st["lost_at"] for _, st in sections if st.get("lost_at")]
+    failed = sorted({n.snapshot for n in alive if str(n.snapshot).startswith("failed")})
     return {
         "urls": urls,
         "files_read": sum(s.get("store_files_read", 0) for s, _ in sections),
@@ -31,6 +32,7 @@ def store_traffic(alive: Iterable, dataset_bytes: int) -> dict | None:
         "refused": refused,
         "lost_copies": sum(st.get("lost_copies", 0) for _, st in sections),
         "lost_at": min(lost) if lost else None,
+        "snapshot_failed": failed[0].partition(": ")[2] if failed else None,
     }
 
 
@@ -46,6 +48,9 @@ def store_lines(store: dict | None) -> list[str]:
         lines.append(f"  refused (not served, opens fail with EIO): {store['refused_count']} values whose size or "
                      "digest is not the manifest's, or missing\n")
         lines += [f"    {path}: {why}\n" for path, why in sorted(store["refused"].items())]
+    if store.get("snapshot_failed"):
+        lines.append(f"  the snapshot failed ({store['snapshot_failed']}): every open under the store's root "
+                     "failed with EIO\n")
     if store["lost_copies"]:
         lines.append(f"  store lost: {store['lost_copies']} copies failed because the store did not answer "
                      "(their opens failed with EIO; what was staged went on being served)\n")

@@ -258,3 +258,29 @@ def test_a_store_lost_mid_epoch_fails_unstaged_opens_after_a_bounded_wait_and_ke
     store = load(report)["store"]
     assert store["lost_copies"] >= 10 and store["lost_at"] is not None
     assert "store lost: " in r.stderr and "copies failed because the store did not answer" in r.stderr
+
+
+def test_a_key_of_another_type_is_refused_and_a_failed_snapshot_is_reported(redis_server, short_tmp):
+    """A value replaced by a hash (WRONGTYPE) is refused like a corrupted one; a manifest that is
+    not one makes the snapshot fail, said in the report's store section (every open EIO)."""
+    src, data, url = loaded(redis_server, short_tmp, "types/", files=8)
+    client = redis_server.client()
+    odd = "class_1/sample_001.bin"
+    client.delete(f"types/{odd}".encode())
+    client.hset(f"types/{odd}".encode(), "x", "y")
+    mnt = os.path.join(short_tmp, "mnt", "data")
+    cfg = store_config(short_tmp, mnt, url)
+    report = os.path.join(short_tmp, "report.json")
+    r = monarch("run", "--no-progress", "--report", report, "-c", cfg, "--", sys.executable, "-c", CHECK_ALL,
+                src, mnt, timeout=120)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout.splitlines()[-1])
+    assert {rel for rel, why in result.items() if why != "ok"} == {odd} and result[odd] == "EIO"
+    assert "WRONGTYPE" in load(report)["store"]["refused"][os.path.join(mnt, odd)]
+    # a manifest that is not one: the launcher's check and the snapshot both say so
+    client.set(b"types/.monarch/manifest", b"not a manifest")
+    r = monarch("run", "--no-progress", "--fail-open", "--report", report, "-c", cfg, "--", "cat",
+                f"{mnt}/{odd}", timeout=60)
+    assert r.returncode == 1 and "Input/output error" in r.stderr
+    assert "not a Monarch manifest" in r.stderr and "going on (--fail-open)" in r.stderr
+    assert "the snapshot failed (" in r.stderr and load(report)["store"]["snapshot_failed"]
