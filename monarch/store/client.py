@@ -35,6 +35,8 @@ def connect(url: StoreURL, env=None) -> Any:
         pool = redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection, path=url.path, **common)
     else:
         kind = redis.SSLConnection if url.scheme == "rediss" else redis.Connection
+        if url.scheme == "rediss":  # the server's certificate checked, against ca_file or the system's CAs
+            common |= {"ssl_cert_reqs": "required", "ssl_ca_certs": url.ca_file}
         pool = redis.ConnectionPool(connection_class=kind, host=url.host, port=url.port, **common)
     return redis.Redis(connection_pool=pool)
 

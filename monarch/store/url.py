@@ -1,5 +1,6 @@
 """A store's address: ``redis://[user@]host[:port][/db][?prefix=P&password_file=F&timeout=S]``,
-``rediss://`` (TLS), or ``unix:///path/to/redis.sock[?db=N&prefix=P...]``.
+``rediss://`` (TLS; ``&ca_file=PEM`` trusts a private certificate authority), or
+``unix:///path/to/redis.sock[?db=N&prefix=P...]``.
 
 Credentials come only from the environment (``MONARCH_STORE_PASSWORD``) or a file readable
 by the user alone (``?password_file=PATH`` or ``MONARCH_STORE_PASSWORD_FILE``); a password
@@ -37,6 +38,7 @@ class StoreURL:
     prefix: str = ""
     password_file: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    ca_file: str | None = None  # rediss://: the certificate authority to trust (default: the system's)
     text: str = field(default="", compare=False)  # as given (no password: refused)
 
     @classmethod
@@ -50,7 +52,7 @@ class StoreURL:
                              "name a file readable by you alone with ?password_file=PATH or "
                              f"{ENV_PASSWORD_FILE}")
         query = urllib.parse.parse_qs(u.query, keep_blank_values=True)
-        known = {"prefix", "db", "password_file", "timeout"}
+        known = {"prefix", "db", "password_file", "timeout", "ca_file"}
         unknown = sorted(set(query) - known)
         if unknown:
             raise StoreError(f"{text}: unknown parameter {unknown[0]!r}; known: {', '.join(sorted(known))}")
@@ -72,8 +74,10 @@ class StoreURL:
                              "unix:///path.sock?db=N") from None
         if timeout <= 0:
             raise StoreError(f"{text}: timeout must be more than 0 seconds")
+        if "ca_file" in q and u.scheme != "rediss":
+            raise StoreError(f"{text}: ca_file is for TLS: write rediss://")
         return cls(u.scheme, host, port, path, db, urllib.parse.unquote(u.username) if u.username else None,
-                   q.get("prefix", ""), q.get("password_file"), timeout, text)
+                   q.get("prefix", ""), q.get("password_file"), timeout, q.get("ca_file"), text)
 
     def __str__(self) -> str:
         return redact(self.text) if self.text else self.where()

@@ -10,8 +10,9 @@ import time
 class RedisServer:
     """``redis-server`` on ``<dir>/redis.sock`` (0700 directory), no TCP, no persistence."""
 
-    def __init__(self, directory: str, password: str | None = None):
-        self.dir, self.password = directory, password
+    def __init__(self, directory: str, password: str | None = None, tls: tuple | None = None):
+        """``tls``: (port, certificate, key, CA) for a TLS listener on loopback instead of the socket."""
+        self.dir, self.password, self.tls = directory, password, tls
         self.sock = os.path.join(directory, "redis.sock")
         self.proc = None
         self.start()
@@ -21,6 +22,10 @@ class RedisServer:
                 "--save", "", "--appendonly", "no", "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")]
         if self.password:
             args += ["--requirepass", self.password]
+        if self.tls:
+            port, cert, key, ca = self.tls
+            args += ["--tls-port", str(port), "--bind", "127.0.0.1", "--tls-cert-file", cert, "--tls-key-file", key,
+                     "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
@@ -35,6 +40,9 @@ class RedisServer:
                 time.sleep(0.02)
 
     def client(self):
+        if self.tls:
+            return _redis().Redis(host="127.0.0.1", port=self.tls[0], ssl=True, ssl_ca_certs=self.tls[3],
+                                  password=self.password)
         return _redis().Redis(unix_socket_path=self.sock, password=self.password)
 
     def url(self, prefix: str = "ds/", **params) -> str:
