@@ -18,12 +18,11 @@ from test_cluster_e2e import Cluster, finish
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("policy", ["on-access", "read-ahead"])
-def test_a_cluster_reads_the_store_once(policy, short_tmp):
+@pytest.mark.parametrize("policy,nodes", [("on-access", 2), ("read-ahead", 4)])
+def test_a_cluster_reads_the_store_once(policy, nodes, short_tmp):
     pytest.importorskip("redis")
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (scripts/install.sh installs it)")
-    nodes = 3
     src, manifest = os.path.join(short_tmp, "src"), os.path.join(short_tmp, "src.manifest.json")
     entries = make_dataset(src, files=150, size="8KiB", manifest=manifest)
     total = sum(e["size"] for e in entries.values())

@@ -39,6 +39,7 @@ def test_put_then_ls_lists_every_file_with_its_size_and_digest(redis_server, tmp
     r = monarch("store", "put", str(tmp_path / "ds"), url)
     assert r.returncode == 0, r.stderr
     assert f"store put: {len(data)} files, {sum(map(len, data.values()))} bytes" in r.stdout
+    assert f"put: [{'#' * 30}] {len(data)}/{len(data)} files" in r.stderr  # the progress bar's last state
     assert f"({len(data)} loaded now, 0 by an earlier put)" in r.stdout
     r = monarch("store", "ls", "-l", url)
     assert r.returncode == 0, r.stderr
