@@ -376,18 +376,21 @@ class RoutedSource(Source):
         self.pfs.close()
 
 
-def check_stores(config: Config) -> list[str]:
+def check_stores(config: Config, found: list | None = None) -> list[str]:
     """Each store of the configuration answers and holds a manifest: the problems, one line
-    each, naming the URL (``monarch run`` checks this before anything starts)."""
+    each, naming the URL (``monarch run`` and ``monarch check-config`` check this before
+    anything starts). ``found`` gets (root, URL, manifest) of each store that is fine."""
     problems = []
     for k, url_text in config.dataset.store_urls().items():
         try:
             url = StoreURL.parse(url_text)
             client = store_client.ping(url)
             try:
-                fetch_manifest(client, url)
+                manifest = fetch_manifest(client, url)
             finally:
                 client.close()
+            if found is not None:
+                found.append((config.dataset.roots[k], url, manifest))
         except StoreError as e:
             problems.append(f"{config.dataset.roots[k]}: {e}")
     return problems

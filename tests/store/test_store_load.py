@@ -178,3 +178,20 @@ def test_tls_with_a_private_certificate_authority(tmp_path):
         assert r.returncode == 0 and r.stdout.splitlines()[-1].startswith(f"{len(data)} files")
     finally:
         server.stop()
+
+
+def test_check_config_checks_the_store_here(redis_server, tmp_path):
+    """monarch check-config of a configuration with a store: the store answers and holds a
+    manifest (its files and version shown), else exit 2 naming the URL."""
+    data = tree(tmp_path / "ds", files=7)
+    url = redis_server.url("cc/")
+    put(str(tmp_path / "ds"), StoreURL.parse(url), out=None)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f'dataset: {{roots: ["/no/such/mount"], stores: {{"/no/such/mount": "{url}"}}}}\n')
+    r = monarch("check-config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert f"  store   : /no/such/mount <- {url}: {len(data)} files, " in r.stdout
+    cfg.write_text(f'dataset: {{roots: ["/no/such/mount"], stores: {{"/no/such/mount": "{url}x"}}}}\n')
+    r = monarch("check-config", str(cfg))
+    assert r.returncode == 2 and f"dataset.stores: /no/such/mount: the store at {url}x holds no Monarch dataset" \
+        in r.stderr
