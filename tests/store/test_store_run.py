@@ -33,6 +33,8 @@ def walk(top):
 assert walk(src) == walk(mnt), "os.walk, stat, lstat differ"
 assert sorted(os.listdir(mnt)) == sorted(os.listdir(src))
 assert os.path.isdir(mnt) and os.path.isdir(mnt + "/empty") and not os.path.exists(mnt + "/not-there")
+assert os.stat(os.path.join(mnt, "class_0", "..")).st_ino == os.stat(mnt).st_ino  # ".." with no directory on disk
+assert not os.path.exists(os.path.join(mnt, "class_0", "..", "not-there"))
 try:
     open(mnt + "/not-there", "rb")
     sys.exit("a name the manifest lacks opened")
