@@ -419,6 +419,9 @@ def _check_stores(r: _Reader, stores: tuple, given: tuple, staging: dict, tiers:
         if stores and tier.keep:
             r.error(f"tiers[{i}].keep", "true is not supported with dataset.stores yet (kept copies are not checked "
                                         "against the store's manifest version); use false")
+    if stores and staging["policy"] == "off":
+        r.error("staging.policy", "off serves only kept copies, and a store's root has no PFS to read either: every "
+                                  "open would fail; use read-ahead or on-access with dataset.stores")
     if stores and staging["validate"] == "open":
         r.error("staging.validate", "open compares each file with the PFS, and a store's root has none; "
                                     "use none with dataset.stores (a store's values are checked against "

@@ -329,3 +329,7 @@ def test_a_store_root_needs_no_directory_and_its_url_is_checked(tmp_path):
         load_config(str(path))
     assert "staging.validate: open compares each file with the PFS" in str(e.value)
     assert "tiers[0].keep: true is not supported with dataset.stores" in str(e.value)
+    path.write_text(f'dataset: {{roots: ["{mount}"], stores: {{"{mount}": "redis://kv"}}}}\nstaging: {{policy: off}}\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert "staging.policy: off serves only kept copies" in str(e.value)
