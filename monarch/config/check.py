@@ -62,6 +62,15 @@ def check_config(path: str | None, roots: Sequence[str] | None = None,
                           "a node-local one must exist on every node of the job)")
     lines = [f"{path if path is not None else DEFAULTS_SOURCE}: OK"]
     lines.append(f"  roots   : {_roots_text(config, waiting)}")
+    if config.dataset.stores:  # a store's root: its store answers and holds a manifest, here and now
+        from monarch.node.store_source import check_stores
+        found: list = []
+        problems = check_stores(config, found)
+        if problems:
+            raise ConfigError(combine_errors(config.source, [f"dataset.stores: {p}" for p in problems]))
+        for root, url, manifest in found:
+            lines.append(f"  store   : {root} <- {url}: {len(manifest.files)} files, "
+                         f"{size_for_people(manifest.total_bytes)}, manifest {manifest.version[:12]}")
     for t in config.tiers:
         capacity = f"{t.capacity_share:.0%} of the node" if t.capacity_share is not None else size_for_people(t.capacity)
         lines.append(f"  tier    : {t.name} {t.path} capacity {capacity}{' (kept)' if t.keep else ''}")

@@ -106,6 +106,23 @@ def _decoded_cache(r: Any, value: Any, where: str) -> int:
     return r.size(value, where)
 
 
+def _stores(r: Any, value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """``{root: store URL}``: roots served from a key-value store (monarch/node/store_source.py)."""
+    if value is None or value == {}:
+        return ()
+    from monarch.store.url import StoreError, StoreURL
+    out = []
+    for root, url in r.mapping(value, where).items():
+        path = r.path(root, f"{where}[{root!r}]")
+        text = r.string(url, f"{where}[{root!r}]")
+        try:
+            StoreURL.parse(text)
+        except StoreError as e:
+            raise r.fail(f"{where}[{root!r}]", str(e)) from None
+        out.append((path, text))
+    return tuple(out)
+
+
 def _optional_path(r: Any, value: Any, where: str) -> str | None:
     return None if value is None else r.path(value, where)
 
@@ -117,6 +134,11 @@ KEYS: tuple[Key, ...] = (
         "directories whose files Monarch manages; each must exist and be readable "
         "(`monarch run --dataset` replaces them)",
         lambda r, v, k: r.roots(v, k)),
+    Key("dataset.stores", "mapping of root to store URL", {},
+        "roots served from a key-value store, `{root: redis://host:port/db?prefix=P}` (also `rediss://`, "
+        "`unix:///path.sock?db=N`): such a root needs no directory; its files come from the store's manifest "
+        "(`monarch store put`); see docs/store.md",
+        _stores, show=lambda v: ", ".join(f"{root}: {url}" for root, url in v) or "{}"),
     Key("run_base", "path (base directory)", "${TMPDIR:-/tmp}",
         "base directory of the run's own files on this node: socket, counters, daemon log, report "
         "(the 20 newest finished runs are kept, even in a base shared with a tier); a run and a fast-exiting "

@@ -197,7 +197,8 @@ def _check_keys(user: Any, defaults: Any, source: str, where: str, errors: list[
             known = ", ".join(sorted(defaults))
             errors.append(f"config {source}: {here}: unknown key; known keys here: {known}")
             continue
-        _check_keys(value, defaults[key], source, here, errors)
+        if defaults[key] != {}:  # an empty mapping by default (dataset.stores) takes any keys: its check reads them
+            _check_keys(value, defaults[key], source, here, errors)
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -229,6 +230,7 @@ class _Reader:
         self.source, self.env, self.errors = source, env, errors
         self.check_roots, self.roots_origin = check_roots, roots_origin
         self.dataset_roots: tuple[str, ...] | None = None  # canonical, once read: base directories stay outside
+        self.store_roots: set[str] = set()  # roots served from a store (dataset.stores): no directory needed
 
     def warn(self, key: str, problem: str) -> None:
         log.warning("config %s: %s: %s", self.source, key, problem)
@@ -294,6 +296,8 @@ class _Reader:
         """A dataset root: an existing directory this user can list and read."""
         text = self._path_text(value, key)
         path = os.path.abspath(text)
+        if path in self.store_roots:  # served from a key-value store: no directory on disk
+            return path
         if not os.path.exists(path):
             shown = path if os.path.isabs(text) else \
                 f"{text} (relative, so taken from the current directory as {path})"
@@ -404,6 +408,26 @@ def _check_outside_roots(r: _Reader, key: str, base: str, roots: tuple[str, ...]
 
 
 
+def _check_stores(r: _Reader, stores: tuple, given: tuple, staging: dict, tiers: list) -> None:
+    """Every store's root is a dataset root; a store's files cannot be validated at open, nor
+    kept copies adopted across jobs (the manifest's version does not key them yet)."""
+    for root, _ in stores:
+        if root not in given:
+            r.error(f"dataset.stores[{root!r}]", f"{root} is not one of dataset.roots ({', '.join(given)}); "
+                                                 "a store is mounted at one of the roots")
+    for i, tier in enumerate(tiers):
+        if stores and tier.keep:
+            r.error(f"tiers[{i}].keep", "true is not supported with dataset.stores yet (kept copies are not checked "
+                                        "against the store's manifest version); use false")
+    if stores and staging["policy"] == "off":
+        r.error("staging.policy", "off serves only kept copies, and a store's root has no PFS to read either: every "
+                                  "open would fail; use read-ahead or on-access with dataset.stores")
+    if stores and staging["validate"] == "open":
+        r.error("staging.validate", "open compares each file with the PFS, and a store's root has none; "
+                                    "use none with dataset.stores (a store's values are checked against "
+                                    "the manifest's digests)")
+
+
 def _read_key(r: _Reader, key: Key, value: Any, where: str) -> dict[str, Any] | None:
     """The dataclass fields of one key's value, or None with its problem recorded."""
     before = len(r.errors)
@@ -463,6 +487,13 @@ def _tiers(r: _Reader, raw: dict) -> list[TierConfig] | None:
 def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str], *,
               check_roots: bool = True, roots_origin: str | None = None) -> Config:
     r = _Reader(source, env, errors, check_roots=check_roots, roots_origin=roots_origin)
+    stores = raw.get("dataset", {}).get("stores") if isinstance(raw.get("dataset"), dict) else None
+    if isinstance(stores, dict):  # a store's root needs no directory (dataset.stores is checked below)
+        for k in stores:
+            try:
+                r.store_roots.add(os.path.abspath(os.path.expanduser(expand_vars(str(k), env))))
+            except (KeyError, ValueError):
+                pass  # reported where dataset.stores is read
     dataset = _section(r, raw, "dataset")  # first: the base directories are checked against the roots
     top = _section(r, raw, "")
     tiers = _tiers(r, raw)
@@ -471,5 +502,9 @@ def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str],
     if errors:
         raise ConfigError(combine_errors(source, errors))
     given = dataset["roots"]
-    return Config(source=source, dataset=DatasetConfig(roots=r.dataset_roots, given=given), tiers=tuple(tiers),
+    _check_stores(r, dataset["stores"], given, staging, tiers)
+    if errors:
+        raise ConfigError(combine_errors(source, errors))
+    return Config(source=source, dataset=DatasetConfig(roots=r.dataset_roots, given=given, stores=dataset["stores"]),
+                  tiers=tuple(tiers),
                   staging=StagingConfig(**staging), peer=PeerConfig(**peer), **top)

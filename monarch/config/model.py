@@ -23,6 +23,18 @@ class TierConfig:
 class DatasetConfig:
     roots: tuple[str, ...]  # canonical: symlinks resolved
     given: tuple[str, ...] = ()  # as configured (absolute), e.g. /scratch/ds when /scratch -> /lustre/scratch
+    stores: tuple[tuple[str, str], ...] = ()  # (root as configured, store URL): roots served from a store
+
+    def store_urls(self) -> dict[int, str]:
+        """root index -> its store's URL, for the roots served from a store."""
+        urls = dict(self.stores)
+        out = {}
+        for k, root in enumerate(self.roots):
+            given = self.given[k] if k < len(self.given) else root
+            url = urls.get(given) or urls.get(root)
+            if url is not None:
+                out[k] = url
+        return out
 
     def spellings(self) -> list[tuple[int, str]]:
         """(root index, path) for every spelling of every root that the shim should match."""

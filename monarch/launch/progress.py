@@ -164,4 +164,6 @@ def line(stats: NodeStats, rate: float | None, saved_index: bool = False) -> str
     parts.append("opens " + " ".join(f"{name} {c.get('opens', 0)}" for name, c in opened_from.items()))
     pfs = opened_from.get("pfs", {}).get("bytes", 0) + st.get("pfs_bytes_read", 0)
     parts.append(f"PFS read {human(pfs)}")
+    if st.get("store"):  # a root served from a key-value store: its bytes beside the PFS's
+        parts.append(f"store read {human(st.get('store_bytes_read', 0))}")
     return " | ".join(parts)

@@ -393,7 +393,10 @@ def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None)
     from monarch.launch import mpi_shm
     if not embedded:  # what killed daemons of the node left in memory (their MPI's shared-memory files)
         mpi_shm.remove_dead(layout.user_dir(config.run_base), rid)
-    daemon = NodeDaemon(config, rid, cluster=cluster, node=node_index() if cluster is None else 0, background=True)
+    # (a store's snapshot is one GET of its manifest, made before the socket answers: there is no
+    # PFS under a store's root for the command's first calls to fall back to)
+    daemon = NodeDaemon(config, rid, cluster=cluster, node=node_index() if cluster is None else 0,
+                        background=not config.dataset.stores)
     if cluster is not None:
         mpi_shm.record(daemon.run_dir)  # for the next daemon of the node, should this one be killed
     server = NodeServer(daemon, embedded=embedded)

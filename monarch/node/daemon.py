@@ -46,6 +46,7 @@ from monarch.node.resources import margin_bytes
 from monarch.node.snapshot import Snapshot, load_or_walk
 from monarch.node.stager import INLINE_BYTES, Stager
 from monarch.node.stats import NodeStats, shim_counters, size_classes
+from monarch.node.store_source import StoreSet
 from monarch.node.tiers import Tier
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.report.timeline import Sampler, Timeline
@@ -92,6 +93,7 @@ class NodeDaemon:
         self.tier_errors: dict[str, str] = {}
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         self.dataset_bytes = 0
+        self.stores = StoreSet.of(config, cluster is not None)  # roots served from a key-value store (None: none)
         self.current = Current(self.gate, Snapshot(tuple(config.dataset.roots), FileTable()))  # nothing until the walk ends
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")
                                   for i, cfg in enumerate(config.tiers)) if t is not None]
@@ -135,8 +137,12 @@ class NodeDaemon:
         the walk's streaming one included, before the tiers go); in a cluster, as its role
         says (its own share, or others' files from their owners first)."""
         options = self.role.stager_options() if self.role is not None else {}
+        if self.stores is not None:
+            options = self.stores.stager_options() | options
         stager = Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self._count_fallback,
                         **options)
+        if self.stores is not None:
+            self.stores.attach(stager)
         with self._lock:
             self._stagers.add(stager)
             closing = self.gate.closing
@@ -151,7 +157,8 @@ class NodeDaemon:
         start: the Python server answers everything)."""
         if self.config.staging.validate == "open":
             return None
-        may_copy = self.role is None and self.config.staging.policy != "off"
+        # a store's files have no PFS path for the door to copy from: they go to the stager
+        may_copy = self.role is None and self.config.staging.policy != "off" and self.stores is None
         door = DoorKeeper.start(listen_fd, list(self.config.dataset.roots), self.tiers, self.peer_area,
                                 self.current, may_copy, PEER_WORKERS if self.role is not None else 0)
         if door is None:
@@ -413,6 +420,8 @@ class NodeDaemon:
 
     def _walk(self, into: Snapshot | None = None, on_directory=None) -> tuple[Snapshot, str]:
         roots = self.config.dataset.roots
+        if self.stores is not None:  # a store's root from its manifest (and the others walked)
+            return self.stores.load_snapshot(tuple(roots), into, on_directory)
         return load_or_walk(roots, self._snapshot_cache(), self.config.staging.validate == "open", into, on_directory)
 
     def _pfs_rate(self) -> float | None:
@@ -521,7 +530,8 @@ class NodeDaemon:
             snapshot_ready_seconds=round(ready_at - self.started, 3) if ready_at is not None else None,
             snapshot_ready_at=round(ready_at, 3) if ready_at is not None else None,
             **shim_counters(self.counters_path, self._slot_names(), len(self.config.dataset.roots)),
-            staging=self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()},
+            staging=self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()}
+            | (self.stores.stats(self.stager) if self.stores is not None else {}),
             tiers=[t.describe() for t in self._all_tiers()],
             tier_errors=dict(self.tier_errors),
             resolves={str(k): v for k, v in outcomes.items()},
@@ -547,6 +557,8 @@ class NodeDaemon:
             protocol.ENV_COUNTERS: self.counters_path,
             protocol.ENV_INDEX: self.index_path,
         }
+        if self.stores is not None:  # no PFS behind these roots: what the daemon cannot serve fails (EIO)
+            env[protocol.ENV_STORE_ROOTS] = ",".join(str(k) for k in sorted(self.stores.mounts))
         if self.config.staging.validate == "open":
             env[protocol.ENV_ASK_FIRST] = "1"  # every open asks the daemon, which checks the PFS once per file
         return env
@@ -587,4 +599,6 @@ class NodeDaemon:
             pass
         for tier in self._all_tiers():
             tier.remove()
+        if self.stores is not None:
+            self.stores.close()
         self.instance.release()  # the counters stay, with the log and the report, until the next instance

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from monarch.node.stats import NodeStats
 from monarch.report.timeline import combine_timelines
+from monarch.store.report import store_traffic
 
 SCHEMA = "monarch.report/4"  # /4: "sources" (where opens were served from) became "opened_from"
 
@@ -65,6 +66,7 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         "nodes_lost": [i for i, n in enumerate(nodes) if not n],
         "opened_from": {name: dict(c) for name, c in opened_from.items()},
         "pfs": _pfs_traffic(opened_from, staging["pfs_bytes_read"], dataset_bytes),
+        "store": store_traffic(alive, dataset_bytes),  # a dataset root in a key-value store (None: none)
         "staging": {"files": staging["files"], "bytes": staging["bytes"], "failures": dict(failures)},
         "metadata": {"local": metadata["local"], "pfs": metadata["pfs"]},
         # calls under the roots the shim sent to the PFS (counted there too) because the snapshot

@@ -8,6 +8,7 @@ from typing import TextIO
 
 from monarch.protocol import HEARTBEAT_TIMEOUT_MS
 from monarch.sizes import human
+from monarch.store.report import store_lines
 
 # a tier's state (``stopped``), in the text and the HTML report alike
 STATE_WORDS = {None: "took every file offered", "full": "full (its capacity is reached)",
@@ -114,6 +115,8 @@ def print_report(report: dict, out: TextIO) -> None:
     if scope and scope["staged_before"]["bytes"]:
         w(f"  staged before this run  : {human(scope['staged_before']['bytes'])} (in the node's whole report)\n")
     _print_without_monarch(pfs, lower, w)
+    for line in store_lines(report.get("store")):
+        w(line)
     st = report["staging"]
     w(f"\nstaged    : {plural(st['files'], 'file')}, {human(st['bytes'])}")
     w(f"; not staged: {', '.join(f'{k} x{v}' for k, v in sorted(st['failures'].items()))}\n" if st["failures"] else "\n")

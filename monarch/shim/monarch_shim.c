@@ -216,6 +216,19 @@ struct monarch_probe {
 
 static struct monarch_root monarch_roots[MONARCH_MAX_ROOTS];
 static unsigned monarch_nroots;
+/* Bit k: root k is served from a key-value store (MONARCH_STORE_ROOTS): no file on disk
+ * behind it, so an open there the daemon cannot serve fails with EIO (MONARCH_HOW_EIO). */
+static uint64_t monarch_store_roots;
+#define MONARCH_HOW_EIO (-2) /* monarch_before: fail the open with EIO */
+
+/* Is the key ("<k>/...") under a root served from a key-value store? */
+static int monarch_store_key(const char *key)
+{
+    if (!monarch_store_roots)
+        return 0;
+    unsigned long k = strtoul(key, NULL, 10);
+    return k < 64 && ((monarch_store_roots >> k) & 1);
+}
 static struct monarch_probe monarch_probes[MONARCH_MAX_SLOTS];
 static unsigned monarch_nprobes;
 static int monarch_probing;  /* 0 for good once an INVALIDATE went unconfirmed */
@@ -703,6 +716,16 @@ static void monarch_init(void)
     const char *probe = getenv(MONARCH_ENV_PROBE);
     if (probe && probe[0])
         monarch_parse_probe(probe);
+    const char *stores = getenv(MONARCH_ENV_STORE_ROOTS);
+    for (const char *c = stores; c && *c;) {
+        char *end;
+        unsigned long k = strtoul(c, &end, 10);
+        if (end == c)
+            break;
+        if (k < 64)
+            monarch_store_roots |= 1ULL << k;
+        c = *end == ',' ? end + 1 : end;
+    }
     const char *ask_first = getenv(MONARCH_ENV_ASK_FIRST);
     monarch_probing = !(ask_first && ask_first[0] && strcmp(ask_first, "0") != 0); /* validate: open */
     const char *sock = getenv(MONARCH_ENV_SOCKET);

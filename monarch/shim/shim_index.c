@@ -285,8 +285,8 @@ static int monarch_meta_answer(const char *key, size_t kl, unsigned k, int nofol
         if (e->flags & MONARCH_INDEX_FLAG_SYMLINK) {
             if (wants_dir || (nofollow && (!e->link || monarch_index_entry(e->link, e) != 0)))
                 return MONARCH_META_PASS; /* "link/" is ENOTDIR; no link record: the kernel's */
-        } else if (nofollow && key[kl - 1] == '/') {
-            return MONARCH_META_PASS; /* the root's own spelling may be a symlink */
+        } else if (nofollow && key[kl - 1] == '/' && !monarch_store_key(key)) {
+            return MONARCH_META_PASS; /* the root's own spelling may be a symlink (a store's root is none) */
         } else if (wants_dir && !S_ISDIR(e->mode)) {
             return MONARCH_META_PASS;
         }

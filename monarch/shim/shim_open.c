@@ -44,7 +44,8 @@ static inline int monarch_start(void)
  * Before the application's open: -1 = not managed (pass through); 0 = managed,
  * open the PFS original with the application's own call (monarch_after counts
  * it); > 0 = a staged copy is open in *fdp, counted under the returned slot,
- * its source's index entry + 1 in *entryp.
+ * its source's index entry + 1 in *entryp; MONARCH_HOW_EIO = a store's file that
+ * could not be served: the open fails with EIO (there is no original to open).
  */
 static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint32_t *entryp)
 {
@@ -66,6 +67,20 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
     int ix = monarch_index_ready();
     int early = monarch_index_pending_extra(ix);
     monarch_pfs_why = early;
+    int store = monarch_store_key(key);
+    if (store && ix != MONARCH_IX_OFF && early < 0 && !monarch_is_plain_file(key, kl)) {
+        /* not a file of the store's manifest: the kernel's answer (ENOENT: no such path on disk) */
+        monarch_guard = 0;
+        errno = saved;
+        return -1;
+    }
+    if (store && (ix == MONARCH_IX_OFF || early >= 0)) {
+        MONARCH_DEBUG(1, "open %s: a store's file and no snapshot index: EIO", path);
+        monarch_pfs_why = -1;
+        monarch_guard = 0;
+        errno = saved;
+        return MONARCH_HOW_EIO;
+    }
     if (ix == MONARCH_IX_OFF || early >= 0 || ((flags & O_NOFOLLOW) && !monarch_is_plain_file(key, kl))) {
         /* OFF, or not ready yet (EARLY, LOST): the PFS original, counted. O_NOFOLLOW of a name
          * the index cannot vouch for: the kernel's answer (ELOOP for a symlink) is the app's,
@@ -124,6 +139,12 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
             goto out;
         } else
             MONARCH_DEBUG(1, "open %s: daemon named %s, which does not open: %s", path, staged, strerror(errno));
+    }
+    if (store) {
+        MONARCH_DEBUG(1, "open %s: a store's file the daemon did not serve (%d): EIO", path, answer);
+        monarch_pfs_why = -1;
+        slot = MONARCH_HOW_EIO;
+        goto out;
     }
     MONARCH_DEBUG(1, "open %s: PFS (daemon %d)", path, answer);
 out:

@@ -98,8 +98,19 @@ static int monarch_abspath(int dirfd, const char *path, char *out, size_t *lenp)
         memcpy(dir, out, whole ? e : s);
         dir[whole ? e : s] = '\0';
         char resolved[PATH_MAX];
-        if (!realpath(dir[0] ? dir : "/", resolved))
+        if (!realpath(dir[0] ? dir : "/", resolved)) {
+            /* a store's root has no directories on disk to resolve: paths under it are lexical */
+            size_t n = monarch_store_roots ? monarch_normalize(out) : 0;
+            for (unsigned i = 0; i < n && i < monarch_nroots; i++) {
+                const struct monarch_root *r = &monarch_roots[i];
+                if (r->index < 64 && ((monarch_store_roots >> r->index) & 1) && n >= r->len
+                    && memcmp(out, r->path, r->len) == 0 && (out[r->len] == '/' || out[r->len] == '\0')) {
+                    *lenp = n;
+                    return 0;
+                }
+            }
             return -1;
+        }
         size_t rl = strlen(resolved);
         if (!whole) {
             if (rl + 1 + llen >= PATH_MAX)

@@ -22,6 +22,10 @@
         monarch_track(fd_, (unsigned)how_, entry_);                  \
         return fd_;                                                  \
     }                                                                \
+    if (how_ == MONARCH_HOW_EIO) {                                   \
+        errno = EIO;                                                 \
+        return -1;                                                   \
+    }                                                                \
     fd_ = real_ args;                                                \
     monarch_after(fd_, how_);                                        \
     return fd_;
@@ -71,6 +75,10 @@
         if (flags < 0 && mode)                                                    \
             monarch_invalidate(AT_FDCWD, path);                                   \
         int how_ = flags < 0 ? -1 : monarch_before(AT_FDCWD, path, flags, &fd_, &entry_); \
+        if (how_ == MONARCH_HOW_EIO) {                                            \
+            errno = EIO;                                                          \
+            return NULL;                                                          \
+        }                                                                         \
         if (how_ > MONARCH_SLOT_PFS) {                                            \
             int saved_ = errno;                                                   \
             FILE *fp_ = MONARCH_RESOLVE(fdopen)(fd_, mode); /* not tracked yet */ \
@@ -389,6 +397,60 @@ static FILE *(*real_freopen64)(const char *, const char *, FILE *);
     }
 MONARCH_WRAP_FREOPEN(freopen)
 MONARCH_WRAP_FREOPEN(freopen64)
+
+/* Extended attributes under a root served from a key-value store (MONARCH_STORE_ROOTS): a
+ * name the index describes has none (getxattr ENODATA, listxattr an empty list); an absent
+ * one is ENOENT. There is nothing on disk to ask (`ls -l` asks every name). Elsewhere: the
+ * kernel's. */
+static int monarch_store_xattr(const char *path, int nofollow)
+{
+    if (!monarch_store_roots || monarch_guard || !path || !path[0] || !monarch_start())
+        return MONARCH_META_NOT_OURS;
+    char key[MONARCH_KEY_MAX], abs[PATH_MAX];
+    size_t kl;
+    unsigned k;
+    int saved = errno, r = MONARCH_META_NOT_OURS;
+    monarch_guard = 1;
+    if (monarch_key_abs(AT_FDCWD, path, 1, key, &kl, &k, abs) == 0 && monarch_store_key(key)) {
+        struct monarch_index_entry e;
+        monarch_index_ready();
+        r = monarch_meta_answer(key, kl, k, nofollow, monarch_wants_dir(path), &e);
+    }
+    monarch_guard = 0;
+    errno = saved;
+    return r;
+}
+
+#define MONARCH_WRAP_GETXATTR(name, nofollow)                                     \
+    static ssize_t (*real_##name)(const char *, const char *, void *, size_t);   \
+    MONARCH_EXPORT ssize_t name(const char *path, const char *attr, void *value, size_t size) \
+    {                                                                             \
+        int how_ = monarch_store_xattr(path, nofollow);                           \
+        if (how_ == MONARCH_META_FOUND || how_ == MONARCH_META_ABSENT) {          \
+            errno = how_ == MONARCH_META_FOUND ? ENODATA : ENOENT;                \
+            return -1;                                                            \
+        }                                                                         \
+        MONARCH_REAL(name, -1)                                                    \
+        return real_(path, attr, value, size);                                    \
+    }
+#define MONARCH_WRAP_LISTXATTR(name, nofollow)                                    \
+    static ssize_t (*real_##name)(const char *, char *, size_t);                 \
+    MONARCH_EXPORT ssize_t name(const char *path, char *list, size_t size)        \
+    {                                                                             \
+        int how_ = monarch_store_xattr(path, nofollow);                           \
+        if (how_ == MONARCH_META_FOUND)                                           \
+            return 0;                                                             \
+        if (how_ == MONARCH_META_ABSENT) {                                        \
+            errno = ENOENT;                                                       \
+            return -1;                                                            \
+        }                                                                         \
+        MONARCH_REAL(name, -1)                                                    \
+        return real_(path, list, size);                                           \
+    }
+MONARCH_WRAP_GETXATTR(getxattr, 0)
+MONARCH_WRAP_GETXATTR(lgetxattr, 1)
+MONARCH_WRAP_LISTXATTR(listxattr, 0)
+MONARCH_WRAP_LISTXATTR(llistxattr, 1)
 
 /* ---- emulated DIRs: the calls that take a DIR * ---- */
 static int (*real_closedir)(DIR *);

@@ -35,7 +35,7 @@ class Bench:
     script: str
     args: list[str]
     figure: str  # a regular expression one line of stdout must match
-    needs: set[str] = field(default_factory=set)  # "fuse", "mpi", "cc", "zstd"
+    needs: set[str] = field(default_factory=set)  # "fuse", "mpi", "cc", "zstd", "redis"
     name: str = ""  # the test's id when a script has several cases
 
     @property
@@ -72,6 +72,7 @@ BENCHES = [
                               "--out", "{tmp}/compressible"],
           r"^zstd: RAM tier logical / stored bytes: (?!1\.00|0\.)\d+\.\d+$",  # > 1: compressed
           {"fuse"}, "bench_epochs-compressible"),
+    Bench("bench_store.py", ["--quick"], r"^store read: 1\.00x the dataset", {"redis"}),
     Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--json", "{tmp}/cluster.json"],
           r"^monarch/before\s+PFS/dataset\s+[\d.]+\s+epochs .* digests OK(?!.*nodes without Monarch)", {"fuse", "mpi"}),
     Bench("bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
@@ -94,6 +95,13 @@ def missing(needs: set[str]) -> str | None:
             return "needs mpi4py (pip install mpich mpi4py)"
         if not local.exists() and not shutil.which("mpiexec"):
             return "needs mpiexec (pip install mpich mpi4py)"
+    if "redis" in needs:
+        try:
+            import redis  # noqa: F401
+        except ImportError:
+            return "needs redis-py (pip install redis; scripts/install.sh installs it)"
+        if not shutil.which("redis-server"):
+            return "needs redis-server (apt-get install redis-server; scripts/install.sh installs it)"
     if "cc" in needs and not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
         return "needs a C compiler (cc)"
     if "zstd" in needs:

@@ -305,3 +305,31 @@ def test_run_base_and_its_older_name_together_are_refused(tmp_path, env):
     path = write(tmp_path, f"dataset: {{roots: [{tmp_path}/a]}}\nrun_base: /tmp\nrun_dir: /var/tmp\n")
     with pytest.raises(ConfigError, match="run_dir: the older name of run_base, which is given too; remove run_dir"):
         load_config(path, env=env)
+
+
+def test_a_store_root_needs_no_directory_and_its_url_is_checked(tmp_path):
+    """dataset.stores: a root served from a key-value store need not exist; its URL is parsed (no
+    password in it), it must be one of the roots, and validate: open and keep: true are refused."""
+    mount = tmp_path / "not" / "there"
+    path = tmp_path / "s.yaml"
+    path.write_text(f'dataset: {{roots: ["{mount}"], stores: {{"{mount}": "redis://kv:6379/2?prefix=ds/"}}}}\n')
+    c = load_config(str(path))
+    assert c.dataset.roots == (str(mount),) and c.dataset.store_urls() == {0: "redis://kv:6379/2?prefix=ds/"}
+    path.write_text(f'dataset: {{roots: ["{mount}"], stores: {{"{mount}": "redis://u:pw@kv/0"}}}}\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert "may not hold a password" in str(e.value) and "pw@" not in str(e.value) and "u:***@kv" in str(e.value)
+    path.write_text(f'dataset: {{roots: ["{tmp_path}"], stores: {{"/elsewhere": "redis://kv"}}}}\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert "/elsewhere is not one of dataset.roots" in str(e.value)
+    path.write_text(f'dataset: {{roots: ["{mount}"], stores: {{"{mount}": "redis://kv"}}}}\n'
+                    'staging: {validate: open}\ntiers: [{name: ram, path: /dev/shm, capacity: 1GiB, keep: true}]\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert "staging.validate: open compares each file with the PFS" in str(e.value)
+    assert "tiers[0].keep: true is not supported with dataset.stores" in str(e.value)
+    path.write_text(f'dataset: {{roots: ["{mount}"], stores: {{"{mount}": "redis://kv"}}}}\nstaging: {{policy: off}}\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert "staging.policy: off serves only kept copies" in str(e.value)

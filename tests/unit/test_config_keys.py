@@ -22,7 +22,7 @@ def flat(tree, prefix=""):
     """{"staging.policy": value, "tiers[].name": [each tier's value], ...} of a YAML tree."""
     out = {}
     for k, v in tree.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and v:  # an empty mapping is a key's value (dataset.stores: {})
             out.update(flat(v, f"{prefix}{k}."))
         elif k == "tiers":
             for t in v:

@@ -22,6 +22,13 @@ def test_a_line_says_staged_rate_opens_and_pfs_bytes():
                     "PFS read 41.0 MiB")
 
 
+def test_a_line_says_the_store_bytes_beside_the_pfs_bytes():
+    """A root served from a key-value store (dataset.stores): its bytes read so far, beside the PFS's."""
+    st = stats(40, 40 * MiB, ram_opens=120)
+    st["staging"] |= {"pfs_bytes_read": 0, "store_bytes_read": 40 * MiB, "store": {"refused_count": 0}}
+    assert line(NodeStats.from_dict(st), rate=None).endswith("| PFS read 0 B | store read 40.0 MiB")
+
+
 def test_during_the_walk_a_line_says_so():
     walking = stats(0, 0) | {"snapshot": "walking", "uptime_seconds": 3.2, "dataset": {"files": 0, "bytes": 0}}
     assert line(NodeStats.from_dict(walking), rate=None) == "monarch: walking the dataset (3 s) | opens pfs 2 ram 0 | PFS read 0 B"
