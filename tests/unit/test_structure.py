@@ -1,91 +1,23 @@
 """The house's shape, held: no import circle in monarch/ (any import, in a function or under
-TYPE_CHECKING included: each is an arrow a reader follows), no Python module over 600 lines."""
+TYPE_CHECKING included: each is an arrow a reader follows; and none through a package's
+``__init__``), no module of monarch/node/ imports one that imports it, no Python module over
+600 lines. ``python3 tests/support/import_graph.py [DIR]`` prints a tree's figures."""
 
-import ast
-from pathlib import Path
+from support.import_graph import PACKAGE, circles, import_graph, imported_back, layers, modules
 
-PACKAGE = Path(__file__).resolve().parents[2] / "monarch"
 MAX_LINES = 600
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-
-
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The monarch modules ``name`` imports, anywhere in the file."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[:len(anchor) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
-            # ``from pkg import mod`` imports the module pkg.mod when there is one
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in known:  # a name inside a module: the module
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                out.add(target)
-    return out
-
-
-def import_graph() -> dict[str, set[str]]:
-    modules = _modules()
-    known = set(modules)
-    return {name: _imports(name, path, known) for name, path in modules.items()}
-
-
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
 
 
 def test_the_import_graph_finds_a_circle_when_there_is_one():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [["a", "b", "c"]]
+    assert layers(graph) == {"a": 1, "b": 1, "c": 1, "d": 2}
+
+
+def test_a_module_imported_back_is_found_directly_and_through_others():
+    graph = {"p.a": {"p.b"}, "p.b": {"q.c"}, "q.c": {"p.a"}, "p.d": {"p.a"}, "q.e": {"q.c"}, "q.f": {"q.e"}}
+    assert imported_back(graph, "p") == [("p.a", "p.b")]  # q.c is outside p: its arrow is not p's
+    assert imported_back({"p.a": {"p.b"}, "p.b": {"p.a"}}, "p") == [("p.a", "p.b"), ("p.b", "p.a")]
 
 
 def test_the_import_graph_of_monarch_has_no_circle():
@@ -94,7 +26,19 @@ def test_the_import_graph_of_monarch_has_no_circle():
     assert circles(graph) == []
 
 
+def test_no_circle_runs_through_a_package_init():
+    """Importing ``monarch.cluster.placement`` runs ``monarch/cluster/__init__.py`` first."""
+    graph = import_graph(packages=True)
+    assert "monarch.cluster" in graph["monarch.node.cluster_role"]
+    assert circles(graph) == []
+
+
+def test_no_module_of_node_imports_one_that_imports_it():
+    graph = import_graph(packages=True)
+    assert imported_back(graph, "monarch.node") == []
+
+
 def test_no_python_module_is_over_600_lines():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+    assert len(modules()) > 50 and PACKAGE.name == "monarch"
