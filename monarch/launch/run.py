@@ -186,6 +186,15 @@ class _Signals:
             raise _Interrupted
 
     @contextmanager
+    def passing_to(self, proc: subprocess.Popen):
+        """While ``proc`` runs, signals go to it."""
+        self.proc = proc
+        try:
+            yield
+        finally:
+            self.proc = None
+
+    @contextmanager
     def waiting(self):
         """A wait the first signal breaks."""
         self.check()
@@ -204,11 +213,8 @@ def run_command(cmd: list[str], env: dict[str, str], signals: _Signals) -> int:
     close-on-exec (PEP 446) and stay behind.
     """
     proc = subprocess.Popen(cmd, env=env, close_fds=False)
-    signals.proc = proc
-    try:
+    with signals.passing_to(proc):
         code = proc.wait()
-    finally:
-        signals.proc = None
     return 128 - code if code < 0 else code
 
 
