@@ -226,6 +226,20 @@ def test_configuration_errors_of_the_command_line_exit_2(args, monkeypatch, caps
     assert capsys.readouterr().err.startswith("monarch: error: ")
 
 
+@pytest.mark.parametrize("command", [["run", "-c", "{cfg}", "--", "true"], ["check-config", "{cfg}"],
+                                     ["plan", "-c", "{cfg}"], ["serve", "-c", "{cfg}"], ["stop", "-c", "{cfg}"]],
+                         ids=lambda c: c[0])
+def test_a_configuration_error_exits_2_from_every_command_that_reads_one(tmp_path, command, monkeypatch, capsys):
+    from monarch.cli import main
+    import monarch.launch.run
+    monkeypatch.setattr(monarch.launch.run, "run", lambda *a, **kw: pytest.fail("the command ran"))
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\ntierz: []\n")
+    assert main([a.format(cfg=cfg) for a in command]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"monarch: error: config {cfg}") and "tierz: unknown key" in err
+
+
 # -- 5. a message names only a file the user gave, or says it is the shipped default ------------
 
 @pytest.mark.parametrize("args", [["run", "--dataset", "/nonexistent-nc35", "--", "true"], ["run", "--", "true"],
