@@ -158,6 +158,14 @@ def help_text(width: int = 100, readers: tuple[str, ...] | None = None) -> str:
         wrapped = textwrap.wrap(doc, width - len(indent), break_long_words=False, break_on_hyphens=False) or [""]
         lines.append(label + wrapped[0])
         lines += [indent + rest for rest in wrapped[1:]]
+    if readers is None:  # the rest by name: every declared variable is on the page
+        by_monarch = [v.name for v in VARIABLES if not v.user_facing and v.set_by == MONARCH]
+        others = [v.name for v in VARIABLES if not v.user_facing and v.set_by != MONARCH]
+        rest = (f"set by Monarch for CMD's processes, never by hand: {', '.join(by_monarch)}; "
+                f"for tests and benchmarks: {', '.join(others)} (README: Environment reference)")
+        wrapped = textwrap.wrap(rest, width - len(indent), break_long_words=False, break_on_hyphens=False)
+        lines.append("  (others)".ljust(2 + HELP_NAME_WIDTH) + wrapped[0])
+        lines += [indent + more for more in wrapped[1:]]
     return "\n".join(lines)
 
 

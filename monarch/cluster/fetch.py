@@ -31,13 +31,13 @@ class Fetcher:
     """This node's fetches: reply tags (engine thread) and the fetching threads' waits."""
 
     def __init__(self, engine: Engine, tag_ub: int, liveness: Liveness, counters: PeerCounters, tuning: Tuning,
-                 reowned: Callable[[str], bool]):
+                 reowned: Callable[[str], bool], datapath: dp.DataPath | None = None):
         self._engine = engine
         self._liveness = liveness
         self._counters = counters
         self._tuning = tuning
         self._reowned = reowned      # was the key's first owner lost (a survivor stages it now)?
-        self.datapath: dp.DataPath | None = None  # Cluster.use_datapath
+        self.datapath = datapath     # the C data path: small staged files are fetched through it first
         self._closed = False
         # engine thread
         self._tags: dict[int, Incoming] = {}

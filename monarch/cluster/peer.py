@@ -47,7 +47,7 @@ class Cluster:
     finish_timeout = 600.0   # cap on finish() waiting for live but slow nodes
     close_timeout = 30.0     # close() after finish(): wait this long for node 0's goodbye
 
-    def __init__(self, MPI: Any, comm: Any, peer_timeout: float = 10.0):
+    def __init__(self, MPI: Any, comm: Any, peer_timeout: float = 10.0, datapath: DataPath | None = None):
         self.MPI = MPI
         self.comm = comm
         self.node: int = comm.Get_rank()
@@ -61,10 +61,10 @@ class Cluster:
         self._lost = self._liveness.lost            # node -> {"node", "at", "why"} (the liveness part's own map)
         self._counters = PeerCounters(self._lost)
         self._collectives = Collectives(MPI, comm, self._engine, self._liveness)
-        self.datapath: DataPath | None = None      # the C data path (from_world), when every node has it
+        self.datapath = datapath                   # the C data path (from_world), when every node has it
         self._datapath_at_loss: dict[str, int] | None = None
         self._fetcher = Fetcher(self._engine, comm.Get_attr(MPI.TAG_UB) or 32767, self._liveness, self._counters,
-                                self, self._reowned)
+                                self, self._reowned, datapath)
         self._server = Server(self._engine, self._counters, self)
         self._shutdown = Shutdown(self._engine, self._liveness, self._server, self)
         self._control = ControlTable(self._liveness.heard, self._server.handlers(), self._liveness.handlers(),
@@ -72,6 +72,8 @@ class Cluster:
         # a lost node: the fetches waiting on it fail, the transfers to it stop, then the others hear of it
         self._liveness.on_loss(self._fetcher.on_lost, "fetches")
         self._liveness.on_loss(self._server.on_lost, "serving")
+        if datapath is not None:  # a lost node ends its fetches on the data path too
+            self._liveness.on_loss(self._datapath_lost, "the data path")
 
     @classmethod
     def from_world(cls, peer_timeout: float = 10.0) -> Cluster:
@@ -79,16 +81,8 @@ class Cluster:
         MPI = world.load_mpi()
         comm = MPI.COMM_WORLD.Dup()      # our own tag space
         comm.Set_errhandler(MPI.ERRORS_RETURN)
-        cluster = cls(MPI, comm, peer_timeout)
-        cluster.use_datapath(DataPath.start(MPI, comm))
-        return cluster
-
-    def use_datapath(self, datapath: DataPath | None) -> None:
-        """Small staged files cross through ``datapath`` (C) first; a lost node ends its fetches there too."""
-        self.datapath = datapath
-        self._fetcher.datapath = datapath
-        if datapath is not None:
-            self._liveness.on_loss(self._datapath_lost, "the data path")
+        # small staged files cross through the C data path first (collective: before any thread of ours runs)
+        return cls(MPI, comm, peer_timeout, DataPath.start(MPI, comm))
 
     def _datapath_lost(self, node: int, why: str) -> None:
         self.datapath.lost(node)

@@ -88,6 +88,9 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
     # said at once, then every CLUSTER_WAIT_NOTE, by the first rank of the node: not a line
     # per rank every few seconds (120 lines for one wait, issue 33)
     note = t0 if first_local_rank() else float("inf")
+    # under Slurm the node's first rank asks whether the daemons' step is stuck (pending) and
+    # leaves the answer for the node's other ranks, as a daemon that refused to start does
+    stuck = slurm.PendingDaemons() if first_local_rank() and os.environ.get("SLURM_JOB_ID") else None
     dead_since = None
     while True:
         session = attach(path)
@@ -100,6 +103,13 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
         if refused is not None:  # its srun line cannot work: it will never come
             raise DaemonError(f"node {node}'s daemon of job {job} will not come: {refused}")
         now = time.monotonic()
+        why = stuck.check(now - t0) if stuck is not None else None
+        if why is not None:
+            try:
+                slurm.note(config, why, os.path.join(layout.run_dir(config.run_base, job, node), layout.REFUSED))
+            except (MonarchError, OSError) as e:
+                log.debug("no note for the node's other launchers: %s", e)
+            raise DaemonError(f"node {node}'s daemon of job {job} will not come: {why}")
         if dead_since is None and _daemon_died(os.path.dirname(path)):
             dead_since = now
         if dead_since is not None and now - dead_since > CLUSTER_DEAD_WAIT:
@@ -186,6 +196,15 @@ class _Signals:
             raise _Interrupted
 
     @contextmanager
+    def passing_to(self, proc: subprocess.Popen):
+        """While ``proc`` runs, signals go to it."""
+        self.proc = proc
+        try:
+            yield
+        finally:
+            self.proc = None
+
+    @contextmanager
     def waiting(self):
         """A wait the first signal breaks."""
         self.check()
@@ -204,11 +223,8 @@ def run_command(cmd: list[str], env: dict[str, str], signals: _Signals) -> int:
     close-on-exec (PEP 446) and stay behind.
     """
     proc = subprocess.Popen(cmd, env=env, close_fds=False)
-    signals.proc = proc
-    try:
+    with signals.passing_to(proc):
         code = proc.wait()
-    finally:
-        signals.proc = None
     return 128 - code if code < 0 else code
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -302,9 +304,11 @@ def _refusal_path(config) -> str:
     return os.path.join(layout.run_dir(config.run_base, topology.job_id(), topology.node_index()), layout.REFUSED)
 
 
-def note(config, why: str) -> None:
+def note(config, why: str, path: str | None = None) -> None:
+    """Leave ``why`` where this node's launchers look (``refusal``): at ``path``, else in the
+    node's run directory of this job."""
     from monarch import secure
-    secure.write_file_atomically(_refusal_path(config), why.encode() + b"\n")
+    secure.write_file_atomically(path or _refusal_path(config), why.encode() + b"\n")
 
 
 def clear_refusal(config) -> None:
@@ -322,3 +326,126 @@ def refusal(run_dir: str) -> str | None:
             return f.read(4096).strip() or None
     except OSError:
         return None
+
+
+# -- a daemons' step that cannot start, seen by a launcher that waits for it -------------------
+# srun's step without --overlap while the training's step holds the node's CPUs: srun says
+# "step creation temporarily disabled ... Requested nodes are busy" and waits, and Slurm lists
+# the step as JOB.TDB, State=PENDING (scontrol show step), until the training's step ends.
+PENDING_FIRST = 5.0    # a launcher that has waited this long for its node's daemon asks Slurm about the job's steps
+PENDING_EVERY = 5.0    # then this often (the node's first rank only: one request to slurmctld per node)
+PENDING_FOR = 10.0     # a step pending this long on this node while its daemon is absent: it waits for CPUs
+
+
+@dataclass
+class JobStep:
+    step: str     # JOB.STEP (JOB.TDB while pending)
+    state: str    # RUNNING, PENDING, ...
+    nodes: str    # its NodeList, a hostlist expression
+    srun: str     # its srun's host:pid
+
+
+def job_steps(job: str) -> list[JobStep] | None:
+    """The steps of ``job``, pending ones included (``scontrol -o show step JOB``); None: Slurm
+    did not answer."""
+    try:
+        res = subprocess.run(["scontrol", "-o", "show", "step", job], capture_output=True, text=True,
+                             timeout=SLURM_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.debug("scontrol show step %s: %s", job, e)
+        return None
+    if res.returncode != 0:
+        log.debug("scontrol show step %s: exit %d: %s", job, res.returncode, res.stderr.strip())
+        return None
+    steps = []
+    for line in res.stdout.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "StepId" in fields:
+            steps.append(JobStep(fields["StepId"], fields.get("State", ""), fields.get("NodeList", ""),
+                                 fields.get("SrunHost:Pid", "")))
+    return steps
+
+
+def expand_hostlist(text: str) -> list[str] | None:
+    """``n[1-3,5],m2`` -> n1 n2 n3 n5 m2 (Slurm's hostlist: one bracket per name, ranges keep
+    their zero padding); None if ``text`` is not of that form."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
+        m = re.fullmatch(r"([^\[\]]*)(?:\[([^\]]*)\])?([^\[\]]*)", part)
+        if m is None:
+            return None
+        head, ranges, tail = m.groups()
+        if ranges is None:
+            names.append(part)
+            continue
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                return None
+            names += [f"{head}{k:0{len(lo)}d}{tail}" for k in range(int(lo), int(hi or lo) + 1)]
+    return names
+
+
+def srun_command(srun: str, proc: str = "/proc") -> list[str] | None:
+    """The command line of the srun at ``host:pid`` when it runs on this host (else None)."""
+    host, _, pid = srun.rpartition(":")
+    if not pid.isdigit() or host.split(".")[0] != socket.gethostname().split(".")[0]:
+        return None
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as f:
+            argv = [os.fsdecode(a) for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+    return argv if argv and os.path.basename(argv[0]) == "srun" else None
+
+
+def _runs_monarch_serve(argv: list[str]) -> bool:
+    names = [os.path.basename(a) for a in argv]
+    return "serve" in argv and ("monarch" in names or "monarch" in argv)
+
+
+class PendingDaemons:
+    """Under Slurm, for a launcher waiting for its node's daemon: is the daemons' step pending
+    (its srun waits for CPUs the training's step holds, and will until that step ends)? Asks
+    Slurm after PENDING_FIRST, then every PENDING_EVERY; a step of the job pending on this node
+    for PENDING_FOR is the daemons' when its srun runs ``monarch serve`` (seen when its srun
+    runs on this host), or when no other step of the job runs that could hold them."""
+
+    def __init__(self, env: Mapping[str, str] | None = None):
+        env = os.environ if env is None else env
+        # MONARCH_JOB_ID set by hand: the daemons may be another allocation's
+        self.job = env.get("SLURM_JOB_ID") if not env.get("MONARCH_JOB_ID") else None
+        step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
+        self.own = {f"{self.job}.{s}" for s in ("batch", "extern", step) if s}
+        self.node = env.get("SLURMD_NODENAME") or ""
+        self._next = PENDING_FIRST
+        self._since: dict[str, float] = {}   # srun host:pid -> seconds waited when first seen pending
+
+    def check(self, waited: float) -> str | None:
+        """``waited``: seconds this launcher has waited. Why the daemons will not come, or None."""
+        if not self.job or waited < self._next:
+            return None
+        self._next = waited + PENDING_EVERY
+        steps = job_steps(self.job)
+        if steps is None:
+            return None
+        pending = [s for s in steps if s.state == "PENDING" and self._here(s)]
+        self._since = {s.srun: self._since.get(s.srun, waited) for s in pending}
+        others_run = any(s.state == "RUNNING" and s.step not in self.own for s in steps)
+        for s in pending:
+            if waited - self._since[s.srun] < PENDING_FOR:
+                continue
+            argv = srun_command(s.srun)
+            if argv is not None and not _runs_monarch_serve(argv):
+                continue  # some other step of the job waits: not the daemons'
+            if argv is None and others_run:
+                continue  # another running step may be the daemons' (still starting)
+            what = f"`{' '.join(argv)}`" if argv is not None else f"step {s.step} (srun {s.srun})"
+            return (f"the daemons' step cannot start: {what} has been pending for {waited - self._since[s.srun]:.0f} s "
+                    f"(\"Requested nodes are busy\": a step without --overlap waits for the CPUs the training's "
+                    f"step holds until it ends); {FIX}, or give their srun --overlap")
+        return None
+
+    def _here(self, step: JobStep) -> bool:
+        names = expand_hostlist(step.nodes) if step.nodes else None
+        return not self.node or names is None or self.node in names

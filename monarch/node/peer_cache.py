@@ -63,9 +63,13 @@ class LeastRecentlyUsed(StagerListener, Eviction):
         self.snapshot = snapshot
         self.counts = counts
         self.order: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()  # key: size, published
-        # may the copy go (False: someone else answered it within GRACE, e.g. the front door,
-        # whose hits this order never sees: it counts as used)? None: yes
-        self.may_evict: Callable[[str], bool] | None = None
+        self._may_evict: Callable[[str], bool] | None = None  # see ask_before_evicting
+
+    def ask_before_evicting(self, may_evict: Callable[[str], bool] | None) -> None:
+        """From now on a copy goes only if ``may_evict(key)`` (False: someone else answered it
+        within GRACE, e.g. the front door, whose hits this order never sees: it counts as used);
+        None: ask no one."""
+        self._may_evict = may_evict
 
     def published(self, key: str, tier: Tier) -> None:
         self.order[key] = (self.snapshot.files[key].size, time.monotonic())
@@ -81,7 +85,7 @@ class LeastRecentlyUsed(StagerListener, Eviction):
             victim = next(iter(self.order.items()), None)
             if victim is None or time.monotonic() - victim[1][1] < GRACE or size > tier.capacity:
                 return None
-            if self.may_evict is None or self.may_evict(victim[0]):
+            if self._may_evict is None or self._may_evict(victim[0]):
                 break
             self.order.move_to_end(victim[0])  # answered just now: the least recently used is the next one
         else:
@@ -106,6 +110,10 @@ class PeerCache:
         self.books.subscribe(self.lru)
         self.books.eviction = self.lru
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="monarch-peer-fetch")
+
+    def ask_before_evicting(self, may_evict: Callable[[str], bool] | None) -> None:
+        """See ``LeastRecentlyUsed.ask_before_evicting``."""
+        self.lru.ask_before_evicting(may_evict)
 
     # -- asking --------------------------------------------------------------------------
     def where(self, key: str) -> str | None:

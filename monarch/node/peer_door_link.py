@@ -69,7 +69,7 @@ class PeerDoorLink(StagerListener):
                 door.claim(key)
         if not door.peers(*fetch, owners, node, self.area.slot, timeout, self.area.unit):
             raise OSError("the front door has no peer area to fetch into")
-        cache.lru.may_evict = lambda key: door.evict(key, GRACE)  # the door's answers count as uses
+        cache.ask_before_evicting(lambda key: door.evict(key, GRACE))  # the door's answers count as uses
         self.tend()
 
     # -- the cache's events (StagerListener) -----------------------------------------------
@@ -128,7 +128,7 @@ class PeerDoorLink(StagerListener):
 
     def stop(self) -> None:
         """The lane off (its fetches under way end first), its room given back."""
-        self.cache.lru.may_evict = None
+        self.cache.ask_before_evicting(None)
         self.door.peers(None, None, None, 0, self.area.slot, 0)
         self.door.peer_copying(False)
         self.reclaim_lease()

@@ -159,6 +159,10 @@ def test_default_outputs_go_to_the_ignored_results_folder() -> None:
     if shutil.which("git") and (REPO / ".git").exists():
         ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "results/bench_shim.json"])
         assert ignored.returncode == 0, "results/ is not ignored by git"
+        tracked = subprocess.run(["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True, check=True)
+        figures = [f for f in tracked.stdout.splitlines()
+                   if re.fullmatch(r"(results/.*|[^/]*\.(json|png|csv|svg|html)|.*bench_\w+\.(json|png))", f)]
+        assert figures == [], "benchmark output is tracked"  # afcb5ea: bench_epochs.json, .png, bench_shim.json
 
 
 MILLION_ROWS = ("find DIR -type f", "start-up to first stat: read-ahead, first job", "start-up to first stat: policy on-access",

@@ -111,3 +111,42 @@ def test_waiting_is_said_once_by_the_first_rank_of_a_node_only(tmp_path, monkeyp
             pass
         said[local] = out.getvalue().count("waiting for node 0's daemon")
     assert said == {"0": 1, "1": 0}
+
+
+def test_a_daemons_step_stuck_pending_is_said_soon_and_once_for_the_node(tmp_path, monkeypatch):
+    """Issue 33: a hand-written daemons' step without --overlap waits for the training's CPUs
+    ("Requested nodes are busy") and never comes; the launchers waited MONARCH_CLUSTER_WAIT
+    (300 s). Now the node's first rank sees the step pending in Slurm and gives up with the
+    cause and the fix, and leaves it for the node's other ranks, which give up at once."""
+    import time
+    from monarch.config import load_config
+    from monarch.errors import DaemonError
+    from monarch.launch import slurm
+    from monarch.launch.run import wait_for_cluster_daemon
+    monkeypatch.delenv("MONARCH_JOB_ID", raising=False)
+    for var, value in {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "n1", "SLURM_NODEID": "0"}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(slurm, "PENDING_FIRST", 0.2)
+    monkeypatch.setattr(slurm, "PENDING_EVERY", 0.2)
+    monkeypatch.setattr(slurm, "PENDING_FOR", 0.4)
+    monkeypatch.setattr(slurm, "job_steps", lambda job: [slurm.JobStep("77.0", "RUNNING", "n[1-2]", "h:1"),
+                                                         slurm.JobStep("77.TDB", "PENDING", "n[1-2]", "h:2")])
+    monkeypatch.setattr(slurm, "srun_command", lambda srun: ["srun", "-n", "2", "monarch", "serve", "-c", "job.yaml"])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nrun_base: {tmp_path}/run\n")
+    (tmp_path / "run").mkdir()
+    said = {}
+    for local in ("0", "1"):  # the node's first rank, then another
+        monkeypatch.setenv("SLURM_LOCALID", local)
+        t0 = time.monotonic()
+        try:
+            wait_for_cluster_daemon(load_config(str(cfg)), 0, timeout=60, out=io.StringIO())
+        except DaemonError as e:
+            said[local] = (str(e), time.monotonic() - t0)
+        else:
+            raise AssertionError("no daemon, yet it attached")
+    for local, (why, seconds) in said.items():
+        assert "node 0's daemon of job 77 will not come: the daemons' step cannot start:" in why, why
+        assert "`srun -n 2 monarch serve -c job.yaml` has been pending" in why and "--overlap" in why, why
+        assert seconds < 10, (local, seconds)  # not MONARCH_CLUSTER_WAIT (60 here, 300 by default)
+    assert said["1"][1] < 1.0  # the first rank's note: no asking Slurm again

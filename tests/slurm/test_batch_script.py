@@ -1,5 +1,5 @@
 """The batch script of docs/cluster.md, copied as is, under a private Slurm (issue 33): by
-sbatch and by salloc, with PMI2 (MPICH) and PMIx (Open MPI), 1 and 2 tasks per node. Each
+sbatch and by salloc, with PMI2 (MPICH) and PMIx (Open MPI), 2 and 4 nodes, 1 and 2 tasks per node. Each
 run: every reader's digests right, the emulated PFS read once, node 0's cluster report with
 every node, nothing left in the bases."""
 
@@ -21,7 +21,7 @@ def test_the_documented_batch_script_by_sbatch(slurm, short_tmp, dataset, slow_p
     check_finished(job, job_id, nodes * per_node)
 
 
-@pytest.mark.parametrize("nodes,per_node,pmi", [(2, 2, "pmi2"), (2, 1, "pmix")])
+@pytest.mark.parametrize("nodes,per_node,pmi", [(2, 2, "pmi2"), (2, 1, "pmix"), (4, 1, "pmix")])
 def test_the_documented_batch_script_in_salloc(slurm, short_tmp, dataset, slow_pfs, nodes, per_node, pmi):
     job = make_job(short_tmp, dataset, slow_pfs, nodes)
     job_id, res = salloc(slurm, job, per_node, job_env(slurm, **ENGINES[pmi]))

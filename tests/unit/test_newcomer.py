@@ -166,6 +166,23 @@ def test_check_config_help_says_what_it_checks_and_its_exit_status(capsys):
     assert "--dataset PATH" in out and "CONFIG" in out and "exit status" in out and "MONARCH_DATASET" in out
 
 
+def test_the_readme_use_shows_check_config_with_the_dataset_as_its_help_does(capsys):
+    """README's Use: the usage line is the command's own, and the example checks the shipped file
+    with a dataset (afcb5ea: `monarch check-config CONFIG`, no --dataset)."""
+    import re
+    from monarch.cli import main
+    readme = open(os.path.join(REPO, "README.md")).read()
+    use = readme.split("\n## Use\n", 1)[1].split("\n## ", 1)[0]
+    usage = next(line for line in use.splitlines() if line.startswith("monarch check-config "))
+    with pytest.raises(SystemExit):
+        main(["check-config", "--help"])
+    shown = capsys.readouterr().out.split("\n", 1)[0]
+    words = lambda text: re.findall(r"\[?(--?[a-z-]+|[A-Z]+)", text)  # noqa: E731
+    assert [w for w in words(shown.split("check-config", 1)[1]) if w != "-h"] == words(usage.split("#")[0].split("check-config", 1)[1])
+    assert "--dataset PATH" in usage
+    assert "monarch check-config configs/local.yaml --dataset /" in " ".join(use.split())
+
+
 def test_sizes_for_people():
     from monarch.config.check import size_for_people
     assert [size_for_people(n) for n in (4 << 30, 1000, 1_000_000)] == ["4GiB", "1000 B", "976.6 KiB (1000000 bytes)"]
@@ -207,6 +224,20 @@ def test_configuration_errors_of_the_command_line_exit_2(args, monkeypatch, caps
     monkeypatch.setattr(monarch.launch.run, "run", lambda *a, **kw: pytest.fail("the command ran"))
     assert main(args) == 2
     assert capsys.readouterr().err.startswith("monarch: error: ")
+
+
+@pytest.mark.parametrize("command", [["run", "-c", "{cfg}", "--", "true"], ["check-config", "{cfg}"],
+                                     ["plan", "-c", "{cfg}"], ["serve", "-c", "{cfg}"], ["stop", "-c", "{cfg}"]],
+                         ids=lambda c: c[0])
+def test_a_configuration_error_exits_2_from_every_command_that_reads_one(tmp_path, command, monkeypatch, capsys):
+    from monarch.cli import main
+    import monarch.launch.run
+    monkeypatch.setattr(monarch.launch.run, "run", lambda *a, **kw: pytest.fail("the command ran"))
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\ntierz: []\n")
+    assert main([a.format(cfg=cfg) for a in command]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"monarch: error: config {cfg}") and "tierz: unknown key" in err
 
 
 # -- 5. a message names only a file the user gave, or says it is the shipped default ------------

@@ -97,3 +97,80 @@ def test_a_world_of_one_among_several_daemons_names_the_pmi():
 def test_the_daemons_mpi_is_told_by_mpi4pys_library():
     assert slurm.daemon_mpi({"MPI4PY_LIBMPI": "/x/openmpi/lib/libmpi.so.40"}) == "openmpi"
     assert slurm.daemon_mpi({}) == "mpich"
+
+
+# -- a daemons' step that cannot start (pending), seen by a waiting launcher --------------------
+
+RUNNING_TRAINING = slurm.JobStep("7.0", "RUNNING", "n[1-2]", "vm:100")
+PENDING = slurm.JobStep("7.TDB", "PENDING", "n[1-2]", "elsewhere:200")
+STEP_ENV = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "n2"}
+
+
+def _watch(monkeypatch, steps, argv=None, env=STEP_ENV):
+    monkeypatch.setattr(slurm, "job_steps", lambda job: list(steps) if steps is not None else None)
+    monkeypatch.setattr(slurm, "srun_command", lambda srun: argv)
+    return slurm.PendingDaemons(env)
+
+
+def test_a_pending_step_while_the_daemon_is_absent_is_said_with_its_fix(monkeypatch):
+    watch = _watch(monkeypatch, [RUNNING_TRAINING, PENDING])
+    said = [(t, watch.check(t)) for t in (1.0, 5.0, 10.0, 15.0)]
+    assert [why is None for _, why in said] == [True, True, True, False]  # seen at 5 s, pending 10 s at 15 s
+    why = said[-1][1]
+    assert "step 7.TDB (srun elsewhere:200) has been pending for 10 s" in why
+    assert "--overlap" in why and "monarch serve --slurm" in why and "\n" not in why
+
+
+def test_a_pending_srun_of_monarch_serve_on_this_host_is_named(monkeypatch):
+    argv = ["srun", "-n", "2", "--ntasks-per-node=1", "monarch", "serve", "-c", "job.yaml"]
+    other = slurm.JobStep("7.3", "RUNNING", "n1", "vm:300")  # a running step does not hide it: its srun is seen
+    watch = _watch(monkeypatch, [RUNNING_TRAINING, other, PENDING], argv)
+    assert watch.check(5.0) is None
+    assert "`srun -n 2 --ntasks-per-node=1 monarch serve -c job.yaml` has been pending for 10 s" in watch.check(15.0)
+
+
+@pytest.mark.parametrize("case", ["not monarch serve", "another step runs", "not this node", "no longer pending",
+                                  "no answer", "MONARCH_JOB_ID by hand", "not under Slurm"])
+def test_what_is_not_a_stuck_daemons_step_is_not_said(monkeypatch, case):
+    steps, argv, env = [RUNNING_TRAINING, PENDING], None, dict(STEP_ENV)
+    if case == "not monarch serve":
+        argv = ["srun", "-n", "2", "python", "eval.py"]
+    elif case == "another step runs":  # maybe the daemons', still starting
+        steps.append(slurm.JobStep("7.1", "RUNNING", "n[1-2]", "elsewhere:201"))
+    elif case == "not this node":
+        steps[1] = slurm.JobStep("7.TDB", "PENDING", "n1", "elsewhere:200")
+    elif case == "no answer":
+        steps = None
+    elif case == "MONARCH_JOB_ID by hand":  # the daemons may be another allocation's
+        env["MONARCH_JOB_ID"] = "shared"
+    elif case == "not under Slurm":
+        env = {}
+    watch = _watch(monkeypatch, steps, argv, env)
+    for t in (5.0, 10.0):
+        assert watch.check(t) is None
+    if case == "no longer pending":
+        steps[1] = slurm.JobStep("7.1", "RUNNING", "n[1-2]", "elsewhere:200")
+    assert [watch.check(t) for t in (15.0, 20.0, 60.0)] == [None] * 3
+
+
+def test_the_steps_of_a_job_as_scontrol_prints_them(monkeypatch):
+    import subprocess
+    text = ("StepId=7.0 UserId=0 StartTime=2026-11-23T12:19:25 TimeLimit=UNLIMITED State=RUNNING Partition=debug "
+            "NodeList=n[1-2] Nodes=2 CPUs=4 Tasks=4 Name=sleep Network=(null) SrunHost:Pid=vm:7714\n"
+            "StepId=7.TDB UserId=0 StartTime=Unknown TimeLimit=UNLIMITED State=PENDING Partition=debug "
+            "NodeList=n[1-2] Nodes=2 CPUs=2 Tasks=2 Name=(null) Network=(null) TRES=(null) SrunHost:Pid=vm:7845\n")
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, text, ""))
+    assert slurm.job_steps("7") == [slurm.JobStep("7.0", "RUNNING", "n[1-2]", "vm:7714"),
+                                    slurm.JobStep("7.TDB", "PENDING", "n[1-2]", "vm:7845")]
+    assert [slurm.expand_hostlist(t) for t in ("n[1-3,5],m2", "gpu[01-02]-ib", "n1", "n[1-2]x[3]")] == [
+        ["n1", "n2", "n3", "n5", "m2"], ["gpu01-ib", "gpu02-ib"], ["n1"], None]
+
+
+def test_the_srun_of_a_pending_step_is_read_only_on_this_host(tmp_path):
+    import socket
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cmdline").write_bytes(b"/usr/bin/srun\0-n\0002\0monarch\0serve\0")
+    here = socket.gethostname().split(".")[0]
+    assert slurm.srun_command(f"{here}:42", str(tmp_path)) == ["/usr/bin/srun", "-n", "2", "monarch", "serve"]
+    assert slurm.srun_command(f"not-{here}:42", str(tmp_path)) is None
+    assert slurm.srun_command(f"{here}:43", str(tmp_path)) is None

@@ -1,91 +1,25 @@
 """The house's shape, held: no import circle in monarch/ (any import, in a function or under
-TYPE_CHECKING included: each is an arrow a reader follows), no Python module over 600 lines."""
+TYPE_CHECKING included: each is an arrow a reader follows; and none through a package's
+``__init__``), no module of monarch/node/ imports one that imports it, no Python module over
+600 lines. ``python3 tests/support/import_graph.py [DIR]`` prints a tree's figures."""
 
 import ast
-from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "monarch"
+from support.import_graph import PACKAGE, circles, import_graph, imported_back, layers, modules
+
 MAX_LINES = 600
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-
-
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The monarch modules ``name`` imports, anywhere in the file."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[:len(anchor) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
-            # ``from pkg import mod`` imports the module pkg.mod when there is one
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in known:  # a name inside a module: the module
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                out.add(target)
-    return out
-
-
-def import_graph() -> dict[str, set[str]]:
-    modules = _modules()
-    known = set(modules)
-    return {name: _imports(name, path, known) for name, path in modules.items()}
-
-
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
 
 
 def test_the_import_graph_finds_a_circle_when_there_is_one():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [["a", "b", "c"]]
+    assert layers(graph) == {"a": 1, "b": 1, "c": 1, "d": 2}
+
+
+def test_a_module_imported_back_is_found_directly_and_through_others():
+    graph = {"p.a": {"p.b"}, "p.b": {"q.c"}, "q.c": {"p.a"}, "p.d": {"p.a"}, "q.e": {"q.c"}, "q.f": {"q.e"}}
+    assert imported_back(graph, "p") == [("p.a", "p.b")]  # q.c is outside p: its arrow is not p's
+    assert imported_back({"p.a": {"p.b"}, "p.b": {"p.a"}}, "p") == [("p.a", "p.b"), ("p.b", "p.a")]
 
 
 def test_the_import_graph_of_monarch_has_no_circle():
@@ -94,7 +28,94 @@ def test_the_import_graph_of_monarch_has_no_circle():
     assert circles(graph) == []
 
 
+def test_no_circle_runs_through_a_package_init():
+    """Importing ``monarch.cluster.placement`` runs ``monarch/cluster/__init__.py`` first."""
+    graph = import_graph(packages=True)
+    assert "monarch.cluster" in graph["monarch.node.cluster_role"]
+    assert circles(graph) == []
+
+
+def test_no_module_of_node_imports_one_that_imports_it():
+    graph = import_graph(packages=True)
+    assert imported_back(graph, "monarch.node") == []
+
+
 def test_no_python_module_is_over_600_lines():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+    assert len(modules()) > 50 and PACKAGE.name == "monarch"
+
+
+def _assigned_attributes(path) -> list[tuple[str, str]]:
+    """(object, field) of each ``object.field = ...`` in a file whose object is not ``self``/``cls``
+    itself: a field set from outside the object's own methods."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(t, ast.Attribute) and not (isinstance(t.value, ast.Name) and t.value.id in ("self", "cls")):
+                    out.append((ast.unparse(t.value), t.attr))
+    return out
+
+
+# Objects whose fields are set from outside their class, each reviewed: records a function or a
+# class fills or updates as its own state (not a collaborator's wiring), library settings.
+RECORDS = {
+    "cli.py": {"record": "a logging record, rewritten by the CLI's formatter"},
+    "cluster/datapath.py": {"fn": "ctypes function prototypes"},
+    "frontdoor/__init__.py": {"fn": "ctypes function prototypes"},
+    "node/pfsmeta.py": {"fn": "ctypes function prototypes", "_buffers": "a threading.local of its own"},
+    "cluster/serve.py": {"out": "the server's record of one outgoing transfer"},
+    "cluster/world.py": {"_state": "the module's own state", "mpi4py.rc": "mpi4py's settings before MPI_Init",
+                         "sys": "the excepthook that aborts the communicator", "threading": "the same, for threads"},
+    "launch/run.py": {"end": "run()'s own record of how the run ends (_Ending)"},
+    "node/codecs.py": {"choice": "the Choice record the selection fills", "local": "a threading.local of its own"},
+    "node/filetable.py": {"table": "the unpickled table, rebuilt in its own module"},
+    "node/server.py": {"conn": "the server's record of one connection"},
+    "node/stager.py": {"flight": "a Flight record of the stager's books"},
+    "node/peer_cache.py": {"flight": "a Flight record of the cache's books",
+                           # StagerBooks: "the shared state of one stager", its parts' ledger, updated under its
+                           # lock; ``eviction`` would rather be a constructor keyword of StagerBooks
+                           "self.books": "the cache's own StagerBooks: closed, and its eviction policy"},
+    "node/stager_copy.py": {"self.books": "the stager's ledger: bytes and files staged"},
+    "node/stager_recode.py": {"books": "the stager's ledger: files that did not fit"},
+    "node/stager_schedule.py": {"order": "the schedule's record of one hinted order",
+                                "books": "the stager's ledger: files dropped"},
+    "node/tiers.py": {"tier": "set in Tier's own factory (a classmethod)"},
+}
+
+
+def test_no_collaborator_field_is_set_from_outside_its_class():
+    """``cluster.on_lost = ...``, ``stager.concurrency.limit = ...``: a part wired from outside
+    after construction (afcb5ea had nine). A collaborator is given what it needs when it is
+    built, or told through a method of its own."""
+    found = {}
+    for name, path in modules().items():
+        rel = str(path.relative_to(PACKAGE))
+        allowed = RECORDS.get(rel, {})
+        for obj, field in _assigned_attributes(path):
+            if obj not in allowed:
+                found.setdefault(rel, []).append(f"{obj}.{field}")
+    assert found == {}
+
+
+# hasattr in monarch/, each reviewed: a check of a value's kind, never of a collaborator being a test double
+HASATTR = {
+    ("protocol.py", "st", "st_size"): "an os.stat_result or a snapshot FileInfo",
+    ("cluster/liveness.py", "exc", "Get_error_class"): "an MPI exception or another one",
+    ("cluster/serve.py", "path", "read"): "provide's answer: a path or a decompressed file object",
+    ("hints.py", "self.sampler", "set_epoch"): "the user's sampler (torch's DistributedSampler has set_epoch)",
+}
+
+
+def test_no_module_checks_for_test_doubles():
+    """afcb5ea had ``hasattr(self.cluster, "allgather_ints")`` three times in the daemon."""
+    found = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr":
+                what = node.args[1].value if isinstance(node.args[1], ast.Constant) else ast.unparse(node.args[1])
+                found.add((str(path.relative_to(PACKAGE)), ast.unparse(node.args[0]), what))
+    assert found == set(HASATTR)
