@@ -35,7 +35,6 @@ from monarch.node.codecs import spread
 from monarch.node.current import Current
 from monarch.node.door_link import PEER_WORKERS, DoorKeeper, DoorLink
 from monarch.node.filetable import FileTable
-from monarch.node.indextable import larger_than
 from monarch.node.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
 from monarch.node.notices import JobNotices
@@ -44,7 +43,7 @@ from monarch.node.peer_door_link import PeerDoorLink, owners_by_entry
 from monarch.node.resolver import Resolver
 from monarch.node.resources import margin_bytes
 from monarch.node.snapshot import Snapshot, load_or_walk
-from monarch.node.stager import INLINE_BYTES, Stager
+from monarch.node.stager import Stager
 from monarch.node.stats import NodeStats, shim_counters, size_classes
 from monarch.node.store_source import StoreSet
 from monarch.node.tiers import Tier
@@ -56,7 +55,6 @@ log = logging.getLogger(__name__)
 # at close, copies under way stop at their next read (a chunk, a range: well under this);
 # one that does not (a PFS read that never returns) is not waited for beyond it
 CLOSE_DRAIN_SECONDS = 30.0
-AHEAD_POLL_SECONDS = 0.05  # how often the stager looks whether the door's read-ahead lane is through
 
 
 class NodeDaemon:
@@ -81,7 +79,6 @@ class NodeDaemon:
         self.snapshot_ready_at: float | None = None  # time.time() when the snapshot was ready (or failed)
         self.gate = SnapshotGate()
         self._door: DoorKeeper | None = None  # the server's C front door (make_front_door)
-        self._lane_asked = False  # the door's read-ahead lane was asked for (_read_ahead_in_door)
         self._stagers: "weakref.WeakSet[Stager]" = weakref.WeakSet()  # every stager made: close() drains them
         self.run_dir = layout.run_dir(config.run_base, run_id, self.node)
         # the run directory is this instance's from here (a live one refused); a dead one's
@@ -141,8 +138,6 @@ class NodeDaemon:
             options = self.stores.stager_options() | options
         stager = Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self._count_fallback,
                         **options)
-        if self.stores is not None:
-            self.stores.attach(stager)
         with self._lock:
             self._stagers.add(stager)
             closing = self.gate.closing
@@ -168,8 +163,7 @@ class NodeDaemon:
             door.relink_locked()
         self.open_front_door()  # a snapshot ready already (made in the foreground)
         if self.current.ready and self.config.staging.policy == "read-ahead" and self.role is None:
-            if self._read_ahead_in_door():  # the small files the stager has not taken yet: the door's lane
-                self._after_the_door()
+            self._read_ahead_in_door()  # the small files the stager has not taken yet: the door's lane
         return door.door
 
     @property
@@ -269,7 +263,7 @@ class NodeDaemon:
                 self.role.start()
                 self._open_peer_lane()
             if self.config.staging.policy == "read-ahead" and self.role is None and self._read_ahead_in_door():
-                self._after_the_door()  # the keys are sorted there, while the snapshot settles
+                pass  # the door's lane and the stager read ahead (the keys are sorted there, if need be)
             elif self.config.staging.policy == "read-ahead":
                 keys = sorted(self.snapshot.files)
                 self._sample_for_codecs(keys)
@@ -288,43 +282,14 @@ class NodeDaemon:
                     log.exception("applying an order hint failed")
 
     def _read_ahead_in_door(self) -> bool:
-        """Single node, a raw first tier: the front door's C lane copies the small files, in
-        the index's order, many at once, no interpreter per file; the stager copies the large
-        ones meanwhile (``_after_the_door``: the rest once the lane is through)."""
-        with self._lock:  # once: the walk's thread and a door attached after the walk may both try
-            if self._door is None:
-                return False
-            if self._lane_asked:  # the other one's lane (or, had it not started, its stager's read-ahead)
-                return True
-            self._lane_asked = True
-        self.open_front_door()  # the index is written and the gate ready (the server opens it too, a moment later)
-        if not self._door.read_ahead(len(self.snapshot.files)):
+        """Single node, a raw first tier: the front door's C lane copies the small files, the
+        stager the large ones (DoorKeeper.read_ahead). False if the stager reads ahead alone."""
+        if self._door is None:
             return False
-        self.stager.read_ahead(larger_than(self.snapshot.files, INLINE_BYTES))
-        return True
-
-    def _after_the_door(self) -> None:
-        """Beside the door's lane: the compressing tiers' sample; then, if the lane ended early (a
-        write by the job, a slow PFS, no room), the stager's read-ahead over every key."""
-        stager, door, files = self.stager, self._door, self.snapshot.files
-
-        def rest() -> None:
-            keys = None
-            if any(t.codec is not None for t in self.tiers):
-                keys = sorted(files)
-                self._sample_for_codecs(keys)
-            while door.read_ahead_running() and not self.gate.closing:
-                time.sleep(AHEAD_POLL_SECONDS)
-            if self.gate.closing:
-                return
-            self.absorb_front_door()  # the lane's last copies in the books first
-            ended = door.read_ahead_ended_because()
-            if ended:  # before its list's end: the stager goes over every key (those staged are skipped)
-                log.info("the front door's read-ahead ended early (%s); the staging threads take the rest", ended)
-                stager.read_ahead(keys if keys is not None else iter(files))  # no list of a million keys
-            # else every small file was copied, is being copied, or is the stager's (a claim, a
-            # failed copy left to its asker): the large ones are the stager's already
-        threading.Thread(target=rest, name="monarch-ahead-rest", daemon=True).start()
+        self.open_front_door()  # the index is written and the gate ready (the server opens it too, a moment later)
+        sample = self._sample_for_codecs if any(t.codec is not None for t in self.tiers) else None
+        return self._door.read_ahead(self.snapshot.files, self.stager, sample, lambda: self.gate.closing,
+                                     self.absorb_front_door)
 
     def _fail(self, error: Exception, stager: Stager | None) -> None:
         why = str(error) if isinstance(error, MonarchError) else f"{type(error).__name__}: {error}"

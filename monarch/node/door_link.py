@@ -12,11 +12,15 @@ back whenever the stager wants it. Neither the stager nor the door knows the oth
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from array import array
+from typing import Callable
 
 from monarch import frontdoor, protocol
 from monarch.frontdoor import EV_AHEAD, EV_SLOW, EV_STAGED, FrontDoor
 from monarch.node.current import Current
-from monarch.node.indextable import IndexTable
+from monarch.node.indextable import IndexTable, larger_than
 from monarch.node.outcomes import Outcome
 from monarch.node.stager import INLINE_BYTES, Stager
 from monarch.node.stager_books import StagerListener
@@ -30,6 +34,7 @@ LEASE_MAX = 16 << 20  # tier room lent to the front door at a time, at most ...
 LEASE_SHARE = 32      # ... and at most this share of the tier's capacity
 PEER_WORKERS = 8      # a cluster daemon's door threads: each waits on the network while it fetches a peer's file
 AHEAD_THREADS = 8     # the door's read-ahead lane: copies in flight (a PFS's latency hidden, a local disk's cores used)
+AHEAD_POLL_SECONDS = 0.05  # how often the stager looks whether the lane is through
 
 
 class DoorLink(StagerListener):
@@ -135,6 +140,8 @@ class DoorKeeper:
         self._may_copy = may_copy
         self.link: DoorLink | None = None  # linked by its holder, under the gate's lock (relink_locked)
         self.peer_link = None  # the peer lane's (PeerDoorLink), sharded with the C data path (link_peers)
+        self._lane_lock = threading.Lock()
+        self._lane_asked = False  # the read-ahead lane was asked for (read_ahead)
 
     @classmethod
     def start(cls, listen_fd: int, roots: list[str], tiers: list[Tier], peer_area: Tier | None,
@@ -170,23 +177,45 @@ class DoorKeeper:
             log.warning("the front door could not map the index %s; the Python server answers every request",
                         index_path)
 
-    def read_ahead(self, nfiles: int, threads: int = AHEAD_THREADS) -> bool:
-        """The door copies the snapshot's small files (its first ``nfiles`` index entries, in
-        their order) ahead of the reader, in C: True if it started (only where it may copy
-        misses itself: one raw first tier, no cluster). The stager takes the rest once
-        ``read_ahead_running`` is False."""
+    def read_ahead(self, files, stager: Stager, sample: Callable[[list[str]], None] | None,
+                   closing: Callable[[], bool], absorb: Callable[[], None]) -> bool:
+        """The door's C lane copies the small files of ``files`` (the snapshot's, in their index
+        order) ahead of the reader, many at once, no interpreter per file, where the door may
+        copy misses itself (a raw first tier, no cluster); ``stager`` copies the large ones
+        meanwhile and, if the lane ends before its list does (a write by the job, a slow PFS,
+        no room), every key left. ``sample`` (given the sorted keys) stages the compressing
+        tiers' sample first. Once per door (the walk's thread and a door attached after the
+        walk may both ask): True if the lane started now or was asked for before; False if
+        the stager reads ahead alone."""
+        with self._lane_lock:
+            if self._lane_asked:
+                return True
+            self._lane_asked = True
         link = self.link
-        if link is None or not link.may_copy:
+        if link is None or not link.may_copy or not self.door.read_ahead(array("I", range(1, len(files) + 1)),
+                                                                         AHEAD_THREADS):
             return False
-        from array import array
-        return self.door.read_ahead(array("I", range(1, nfiles + 1)), threads)
+        stager.read_ahead(larger_than(files, INLINE_BYTES))
+        threading.Thread(target=self._after_the_lane, args=(files, stager, sample, closing, absorb),
+                         name="monarch-ahead-rest", daemon=True).start()
+        return True
 
-    def read_ahead_running(self) -> bool:
-        return self.door.read_ahead_state()["running"] > 0
-
-    def read_ahead_ended_because(self) -> str:
-        """Why the lane stopped before its list's end ("" if it did not)."""
-        return self.door.read_ahead_state()["ended_because"]
+    def _after_the_lane(self, files, stager: Stager, sample, closing, absorb) -> None:
+        keys = None
+        if sample is not None:
+            keys = sorted(files)
+            sample(keys)
+        while self.door.read_ahead_state()["running"] and not closing():
+            time.sleep(AHEAD_POLL_SECONDS)
+        if closing():
+            return
+        absorb()  # the lane's last copies in the books first
+        ended = self.door.read_ahead_state()["ended_because"]
+        if ended:  # before its list's end: the stager goes over every key (those staged are skipped)
+            log.info("the front door's read-ahead ended early (%s); the staging threads take the rest", ended)
+            stager.read_ahead(keys if keys is not None else iter(files))  # no list of a million keys
+        # else every small file was copied, is being copied, or is the stager's (a claim, a
+        # failed copy left to its asker): the large ones are the stager's already
 
     def use_peer_link(self, link) -> None:
         """From now on the door also fetches other nodes' files itself (a ``PeerDoorLink``)."""

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 from monarch.node.concurrency import Concurrency
 from monarch.node.snapshot import Snapshot
-from monarch.node.sources import PeerSource, SourceChanged
+from monarch.node.sources import PeerSource, Source, SourceChanged
 from monarch.node.stager_books import Flight, StagerBooks, StagerListener
 from monarch.node.stager_copy import Closed, Copier, Invalidated
 from monarch.node.stager_schedule import Schedule
@@ -48,18 +48,19 @@ class Stager(StagerBooks):
     def __init__(self, snapshot: Snapshot, tiers: list[Tier], threads: int = 0, *,
                  peers: PeerSource | None = None, peer_area: Tier | None = None,
                  on_fallback: Callable[[str], None] | None = None, max_threads: int = 256,
-                 start_depth: int | None = None):
+                 start_depth: int | None = None, pfs_source: Callable[[Source], Source] | None = None):
         """``threads``: copies in flight at most (0: adaptive, up to ``max_threads``, from
         ``start_depth`` copies at first if given: a sharded node, whose share every node waits
         on, starts deep toward the PFS). ``peers``: keys another node owns are fetched from it
         into ``peer_area`` first (or from ``fetch_from_peers`` on); ``on_fallback(reason)`` is
-        told each time that did not work and the PFS was used."""
+        told each time that did not work and the PFS was used. ``pfs_source`` wraps the PFS
+        source the copies read (a key-value store's roots: ``store_source.StoreSet``)."""
         super().__init__(snapshot, tiers, Concurrency(fixed=threads or None, start=start_depth or Concurrency.START,
                                                       high=max_threads),
                          peers=peers, peer_area=peer_area)
         self.inline_seconds = INLINE_SECONDS
         self.schedule = Schedule(self)
-        self.copier = Copier(self, self.schedule.room_for_hinted_locked, on_fallback)
+        self.copier = Copier(self, self.schedule.room_for_hinted_locked, on_fallback, pfs_source)
         self._workers: list[threading.Thread] = []
         self._idle = 0
 

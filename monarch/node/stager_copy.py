@@ -63,9 +63,11 @@ class Copier:
     is told each time a peer could not help and the PFS was used."""
 
     def __init__(self, books: StagerBooks, room_for_hinted: Callable[[str, int], bool] = lambda key, size: False,
-                 on_fallback: Callable[[str], None] | None = None):
+                 on_fallback: Callable[[str], None] | None = None,
+                 pfs_source: Callable[[Source], Source] | None = None):
         self.books = books
-        self.pfs = PFSSource(books.snapshot)
+        pfs = PFSSource(books.snapshot)
+        self.pfs = pfs_source(pfs) if pfs_source is not None else pfs
         self._room_for_hinted = room_for_hinted
         self._on_fallback = on_fallback
 

@@ -178,9 +178,9 @@ class Prefetch:
 class StoreSet:
     """Every store-backed root of the daemon's dataset, and what happened to their values."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, cluster: bool = False):
         roots = config.dataset.roots
-        self.read_ahead = config.staging.policy == "read-ahead"
+        self.read_ahead = config.staging.policy == "read-ahead" and not cluster
         self.mounts: dict[int, Mount] = {k: Mount(k, roots[k], StoreURL.parse(url))
                                          for k, url in config.dataset.store_urls().items()}
         self._lock = threading.Lock()
@@ -196,9 +196,7 @@ class StoreSet:
         read every key."""
         if not config.dataset.stores:
             return None
-        stores = cls(config)
-        stores.read_ahead = stores.read_ahead and not cluster
-        return stores
+        return cls(config, cluster)
 
     # -- the snapshot ------------------------------------------------------------------------
     def load_snapshot(self, roots: tuple[str, ...], into: Snapshot | None = None,
@@ -228,13 +226,9 @@ class StoreSet:
 
     # -- the stager's side -----------------------------------------------------------------
     def stager_options(self) -> dict:
-        return {"start_depth": START_DEPTH}
-
-    def attach(self, stager) -> None:
-        """Copies of this stager's store keys come from the store (its PFS source wrapped)."""
-        copier = stager.copier
-        if not isinstance(copier.pfs, RoutedSource):
-            copier.pfs = RoutedSource(copier.pfs, self)
+        """A stager's start depth, and its copies of store keys read from the store (its PFS
+        source wrapped)."""
+        return {"start_depth": START_DEPTH, "pfs_source": lambda pfs: RoutedSource(pfs, self)}
 
     def mount_of(self, key: str) -> Mount | None:
         k, _, _ = key.partition("/")

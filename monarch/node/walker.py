@@ -40,11 +40,16 @@ def library() -> ctypes.CDLL | None:
                     _lib_error.splitlines()[0] if _lib_error else type(e).__name__)
         return None
     vp, i, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
-    lib.walk_run.restype, lib.walk_run.argtypes = vp, [ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(u64), i, i]
-    lib.walk_index_size.restype, lib.walk_index_size.argtypes = u64, [vp]
-    lib.walk_counts.restype, lib.walk_counts.argtypes = None, [vp, ctypes.POINTER(u64)]
-    lib.walk_build.restype, lib.walk_build.argtypes = i, [vp, ctypes.c_void_p, u64]
-    lib.walk_free.restype, lib.walk_free.argtypes = None, [vp]
+    sig = {
+        "walk_run": (vp, [ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(u64), i, i]),
+        "walk_index_size": (u64, [vp]),
+        "walk_counts": (None, [vp, ctypes.POINTER(u64)]),
+        "walk_build": (i, [vp, vp, u64]),
+        "walk_free": (None, [vp]),
+    }
+    for name, (restype, argtypes) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
     _lib = lib
     return _lib
 

@@ -84,6 +84,8 @@ RECORDS = {
     "node/stager_schedule.py": {"order": "the schedule's record of one hinted order",
                                 "books": "the stager's ledger: files dropped"},
     "node/tiers.py": {"tier": "set in Tier's own factory (a classmethod)"},
+    "node/store_source.py": {"mount": "the store set's own record of one root (Mount)"},
+    "node/walker.py": {"fn": "ctypes function prototypes"},
 }
 
 
