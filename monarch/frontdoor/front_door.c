@@ -131,6 +131,10 @@ struct worker {                        /* one thread of the door: its own epoll 
     int sched_fd;                      /* /proc/thread-self/schedstat, or -1 */
     int spare_fd;                      /* /dev/null held back: given up to refuse a connection when
                                           the process is out of descriptors, or -1 */
+    /* the directories of the last copy (copy_in): the next file is most often a neighbour */
+    int src_dir, key_dir;              /* its source directory, its directory in the copy tier, or -1 */
+    uint32_t src_dir_len, key_dir_len; /* the key's directory part they were opened for */
+    char src_dir_key[PATH_MAX], key_dir_key[PATH_MAX];
 };
 
 struct door {
@@ -488,22 +492,84 @@ static int64_t run_delay_ns(struct worker *w)
     return sscanf(buf, "%llu %llu", &on_cpu, &waited) == 2 ? (int64_t)waited : -1;
 }
 
+/* The worker's descriptor of the directory of ``key`` (its first ``dlen`` bytes name it) as
+ * ``open_dir`` opens it, kept for the next key of the same directory (the read-ahead's order
+ * and an epoch's neighbours): no path walk and no open per file. Owned by the worker. */
+static int cached_dir(int *fd, char *for_key, uint32_t *for_len, const char *key, uint32_t dlen,
+                      int (*open_dir)(struct worker *, const char *, uint32_t), struct worker *w)
+{
+    if (*fd >= 0 && *for_len == dlen && !memcmp(for_key, key, dlen))
+        return *fd;
+    if (*fd >= 0)
+        close(*fd);
+    *fd = dlen < PATH_MAX ? open_dir(w, key, dlen) : -1;
+    if (*fd >= 0) {
+        memcpy(for_key, key, dlen);
+        *for_len = dlen;
+    }
+    return *fd;
+}
+
+static int open_source_dir(struct worker *w, const char *key, uint32_t dlen)  /* dlen: "<k>/<dir>" */
+{
+    char path[PATH_MAX];
+    const char *slash = memchr(key, '/', dlen);
+    long root = strtol(key, NULL, 10);
+    if (root < 0 || root >= w->d->nroots)
+        return -1;
+    int rl = slash ? (int)(dlen - (uint32_t)(slash + 1 - key)) : 0;
+    if (snprintf(path, sizeof path, "%s/%.*s", w->d->roots[root], rl, slash ? slash + 1 : "") >= (int)sizeof path)
+        return -1;
+    return open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+}
+
+static int open_copy_dir(struct worker *w, const char *key, uint32_t dlen)
+{
+    return open_key_dir(w->d->tiers[w->d->copy_slot], key, dlen + 1);  /* up to its last '/' */
+}
+
+static void close_cached_dirs(struct worker *w)
+{
+    if (w->src_dir >= 0)
+        close(w->src_dir);
+    if (w->key_dir >= 0)
+        close(w->key_dir);
+    w->src_dir = w->key_dir = -1;
+}
+
 static int copy_in(struct worker *w, const char *key, uint32_t len, const struct idx_file *f,
                    char *dest, char *tmp, int *dir_fd, uint64_t *bytes_read, int64_t *source_ns, int *preempted)
 {
     struct door *d = w->d;
-    char src[PATH_MAX];
-    const char *slash = memchr(key, '/', len);
-    long root = strtol(key, NULL, 10);
-    if (root < 0 || root >= d->nroots)
+    const char *base = memrchr(key, '/', len);     /* valid_key: "<k>/...", so there is one */
+    if (!base)
         return -1;
-    const char *rel = slash + 1;
-    int rl = (int)(len - (uint32_t)(rel - key));
-    if (snprintf(src, sizeof src, "%s/%.*s", d->roots[root], rl, rel) >= (int)sizeof src)
+    uint32_t dlen = (uint32_t)(base - key), nlen = len - dlen - 1;
+    char name[NAME_MAX + 1];           /* the key is not NUL-terminated */
+    if (!nlen || nlen > NAME_MAX)
+        return -1;
+    memcpy(name, base + 1, nlen);
+    name[nlen] = 0;
+    int sdir = cached_dir(&w->src_dir, w->src_dir_key, &w->src_dir_len, key, dlen, open_source_dir, w);
+    if (sdir < 0)
         return -1;
     const char *tier = d->tiers[d->copy_slot];
     if (snprintf(dest, PATH_MAX, "%s/%.*s", tier, (int)len, key) >= PATH_MAX)
         return -1;
+    /* room first, then the source: the copy's temporary file (``tmp``, a name in the key's
+     * directory ``*dir_fd``) is made and given its blocks before a byte of the PFS is read, so
+     * that a tier whose filesystem is full (whatever its capacity says) costs the PFS nothing */
+    snprintf(tmp, PATH_MAX, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
+    mode_t mode = (f->mode & 0700) | 0600;          /* secure.owner_only */
+    int dfd = cached_dir(&w->key_dir, w->key_dir_key, &w->key_dir_len, key, dlen, open_copy_dir, w);
+    int out = dfd < 0 ? -1 : openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (out < 0)
+        return -3;
+    if (f->size && fallocate(out, 0, 0, (off_t)f->size) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
+        close(out);
+        unlinkat(dfd, tmp, 0);
+        return -3;                     /* no room on the tier's filesystem: nothing read */
+    }
     /* the source's part alone is timed, less the time this thread waited for a core: whether
      * the source is slow is the question, not whether the node is busy */
     struct rusage ru0, ru1;
@@ -513,33 +579,31 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     int64_t t0 = now_ns();
     /* O_NONBLOCK: a FIFO swapped in for the file (by anyone who may write its directory)
      * opens at once instead of blocking this thread, and the daemon's exit, for ever */
-    int in = open(src, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (in < 0)
-        return -1;
+    int in = openat(sdir, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int r = 0;
     struct stat st;
-    if (fstat(in, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
-        (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != f->mtime) {
-        close(in);
-        return -2;                     /* changed since the snapshot: Python finds it and says so */
-    }
-    int fl = fcntl(in, F_GETFL);       /* a regular file: read as any reader would */
-    if (fl < 0 || fcntl(in, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-        close(in);
-        return -1;
-    }
+    int fl;
+    if (in < 0)
+        r = -1;
+    else if (fstat(in, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
+             (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != f->mtime)
+        r = -2;                        /* changed since the snapshot: Python finds it and says so */
+    else if ((fl = fcntl(in, F_GETFL)) < 0 || fcntl(in, F_SETFL, fl & ~O_NONBLOCK) < 0)
+        r = -1;                        /* a regular file: read as any reader would */
     uint64_t n = 0, cap = f->size + 1;  /* one byte more: a file that grew is seen */
-    for (;;) {
-        ssize_t r = read(in, w->copy_buf + n, cap - n);
-        if (r < 0 && errno == EINTR)
+    for (; r == 0;) {
+        ssize_t got = read(in, w->copy_buf + n, cap - n);
+        if (got < 0 && errno == EINTR)
             continue;
-        if (r <= 0)
+        if (got <= 0)
             break;
-        n += (uint64_t)r;
-        *bytes_read += (uint64_t)r;
+        n += (uint64_t)got;
+        *bytes_read += (uint64_t)got;
         if (n == f->size || n == cap)
             break;                     /* a short read at the expected size is the end */
     }
-    close(in);
+    if (in >= 0)
+        close(in);
     *source_ns = now_ns() - t0;
     if (q0 >= 0 && *source_ns > SLOW_NS && (q1 = run_delay_ns(w)) >= 0) {
         *source_ns -= q1 - q0;
@@ -550,26 +614,23 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
         getrusage(RUSAGE_THREAD, &ru1);
         *preempted = ru1.ru_nivcsw != ru0.ru_nivcsw;
     }
-    if (n != f->size)
-        return -2;
-    /* the temporary name (``tmp``: a name in the key's directory, ``*dir_fd``) */
-    snprintf(tmp, PATH_MAX, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
-    mode_t mode = (f->mode & 0700) | 0600;          /* secure.owner_only */
-    int dfd = open_key_dir(tier, key, len);
-    int out = dfd < 0 ? -1 : openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (r == 0 && n != f->size)
+        r = -2;
+    if (r != 0) {
+        close(out);
+        unlinkat(dfd, tmp, 0);
+        return r;
+    }
     struct timespec times[2] = {{f->mtime / 1000000000LL, f->mtime % 1000000000LL},
                                 {f->mtime / 1000000000LL, f->mtime % 1000000000LL}};
-    int ok = out >= 0 && write_full(out, w->copy_buf, n) == 0 && futimens(out, times) == 0;
-    if (out >= 0 && close(out) < 0)
+    int ok = write_full(out, w->copy_buf, n) == 0 && futimens(out, times) == 0;
+    if (close(out) < 0)
         ok = 0;
     if (!ok) {
-        if (out >= 0)
-            unlinkat(dfd, tmp, 0);
-        if (dfd >= 0)
-            close(dfd);
+        unlinkat(dfd, tmp, 0);
         return -3;
     }
-    *dir_fd = dfd;
+    *dir_fd = dfd;                     /* the worker's (cached_dir): not closed by the caller */
     return 0;
 }
 
@@ -701,8 +762,6 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
     d->busy--;
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
-    if (kdir >= 0)
-        close(kdir);
     return published;
 }
 
@@ -897,7 +956,7 @@ EXPORT int front_door_read_ahead(struct door *d, const uint32_t *entries, uint32
     for (int i = 0; i < threads; i++) {
         struct worker *w = &d->ahead[i];
         w->d = d;
-        w->sched_fd = w->spare_fd = w->ep = -1;
+        w->sched_fd = w->spare_fd = w->ep = w->src_dir = w->key_dir = -1;
         w->tmp_seq = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + i) << 56;
         w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
         if (!w->copy_buf || pthread_create(&w->thread, NULL, ahead_main, w) != 0) {
@@ -939,6 +998,7 @@ static void stop_ahead(struct door *d)
         if (w->sched_fd >= 0)
             close(w->sched_fd);
         w->sched_fd = -1;
+        close_cached_dirs(w);
     }
     pthread_mutex_lock(&d->mu);
     d->nahead = 0;
@@ -1188,6 +1248,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
         w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
         /* here, not on the thread: it must be held before anything can use the descriptors up */
         w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        w->src_dir = w->key_dir = -1;
         w->ep = epoll_create1(EPOLL_CLOEXEC);
         /* EPOLLEXCLUSIVE: one worker woken per connection, not all of them */
         struct epoll_event lev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = (void *)(uintptr_t)T_LISTEN};
@@ -1539,6 +1600,7 @@ EXPORT void front_door_stop(struct door *d)
         if (w->spare_fd >= 0)
             close(w->spare_fd);
         w->spare_fd = -1;
+        close_cached_dirs(w);
     }
     d->nworkers = 0;
     pthread_mutex_lock(&d->mu);

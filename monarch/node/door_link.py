@@ -89,18 +89,23 @@ class DoorLink(StagerListener):
         staged = 0
         tiers = {t.slot: t for t in books.tiers}
         with books.lock:  # drained under the lock: a claim that finds a copy of the door's finds it here
+            ahead: dict[int, list[tuple[str, int]]] = {}  # the read-ahead lane's copies, booked per tier at once
+            files = nbytes = 0
             for ev in self.door.events():
                 if ev.kind == EV_SLOW:
                     log.info("the PFS is slow for the front door (a copy's read took %.1f ms): its misses go "
                              "to the staging threads for a while", ev.seconds * 1e3)
                     continue
                 copied = ev.kind in (EV_STAGED, EV_AHEAD)
-                books.count_read_locked("pfs", int(copied or ev.bytes_read > 0), ev.bytes_read)
-                if copied:
-                    tier = tiers[ev.slot]
-                    # False: no room for its blocks, removed
-                    if books.enter_copy_locked(ev.key, tier, ev.size, demanded=ev.kind == EV_STAGED):
-                        staged += ev.kind == EV_STAGED  # an open answered
+                files += copied or ev.bytes_read > 0
+                nbytes += ev.bytes_read
+                if ev.kind == EV_AHEAD:
+                    ahead.setdefault(ev.slot, []).append((ev.key, ev.size))
+                elif copied and books.enter_copy_locked(ev.key, tiers[ev.slot], ev.size):  # False: no room, removed
+                    staged += 1  # an open answered
+            books.count_read_locked("pfs", files, nbytes)
+            for slot, copies in ahead.items():
+                books.enter_copies_locked(tiers[slot], copies)
             self._tend_locked()
         return staged
 

@@ -206,6 +206,15 @@ class Tier:
             if compressed and key is not None:
                 self._compressed.add(key)
 
+    def committed_many(self, files: int, nbytes: int, allocated: int) -> None:
+        """``committed(size, size)`` for ``files`` raw copies of ``nbytes`` in all, taking
+        ``allocated`` (the sum of each one's ``allocated(size)``)."""
+        with self._lock:
+            self.files += files
+            self.logical += nbytes
+            self.stored += nbytes
+            self.allocated_bytes += allocated
+
     def shrunk(self, saved: int, old: int | None = None) -> None:
         """A copy of ``old`` stored bytes was rewritten ``saved`` bytes smaller (re-encoded at
         the chosen level); the room its allocation no longer takes is released. ``old``
