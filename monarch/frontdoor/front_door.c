@@ -302,11 +302,13 @@ static struct monarch_index_header index_header(const unsigned char *x)
     return h;
 }
 
-static int index_file(const struct door *d, const char *key, uint32_t len, struct idx_file *out)
+
+
+/* The entry number (from 1) of ``key`` in the index, or 0: the shim's look-up. */
+static uint32_t index_number(const struct door *d, const char *key, uint32_t len, uint32_t hash)
 {
     const unsigned char *x = d->idx;
     struct monarch_index_header h = index_header(x);
-    uint32_t hash = crc32_of(key, len);
     for (uint32_t b = hash & (h.buckets - 1), probes = 0; probes < h.buckets; b = (b + 1) & (h.buckets - 1), probes++) {
         uint32_t n;
         memcpy(&n, x + h.buckets_off + 4ull * b, sizeof n);
@@ -314,36 +316,50 @@ static int index_file(const struct door *d, const char *key, uint32_t len, struc
             return 0;
         struct monarch_index_entry e;
         memcpy(&e, x + h.entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
-        if (e.hash != hash || e.key_len != len || e.key_off > h.keys_size || e.key_len > h.keys_size - e.key_off ||
-            memcmp(x + h.keys_off + e.key_off, key, len))
-            continue;
-        out->size = e.size;
-        out->mtime = e.mtime_ns;
-        out->mode = e.mode;
-        out->flags = e.flags;
-        out->entry = n;
-        return 1;
+        if (e.hash == hash && e.key_len == len && e.key_off <= h.keys_size && e.key_len <= h.keys_size - e.key_off &&
+            !memcmp(x + h.keys_off + e.key_off, key, len))
+            return n;
     }
     return 0;
+}
+
+/* Entry n (from 1) of the index: the file's fields and its key (in the mapping), if it is a
+ * well-formed entry. The mapping stays until front_door_free. */
+static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, const char **key, uint32_t *len)
+{
+    const unsigned char *x = d->idx;
+    struct monarch_index_header h = index_header(x);
+    if (!n || n > h.entries)
+        return 0;
+    struct monarch_index_entry e;
+    memcpy(&e, x + h.entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
+    if (e.key_off > h.keys_size || e.key_len > h.keys_size - e.key_off || !e.key_len)
+        return 0;
+    *key = (const char *)x + h.keys_off + e.key_off;
+    *len = e.key_len;
+    out->size = e.size;
+    out->mtime = e.mtime_ns;
+    out->mode = e.mode;
+    out->flags = e.flags;
+    out->entry = n;
+    return 1;
+}
+
+static int index_file(const struct door *d, const char *key, uint32_t len, struct idx_file *out)
+{
+    const char *k;
+    uint32_t l;
+    uint32_t n = index_number(d, key, len, crc32_of(key, len));
+    return n && index_entry(d, n, out, &k, &l);
 }
 
 /* ``key``'s own bytes in the index (its entry's), or NULL if it is no key of the index. */
 static const char *index_key(const struct door *d, const char *key, uint32_t len, uint32_t hash)
 {
-    const unsigned char *x = d->idx;
-    struct monarch_index_header h = index_header(x);
-    for (uint32_t b = hash & (h.buckets - 1), probes = 0; probes < h.buckets; b = (b + 1) & (h.buckets - 1), probes++) {
-        uint32_t n;
-        memcpy(&n, x + h.buckets_off + 4ull * b, sizeof n);
-        if (!n || n > h.entries)
-            return NULL;
-        struct monarch_index_entry e;
-        memcpy(&e, x + h.entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
-        if (e.hash == hash && e.key_len == len && e.key_off <= h.keys_size && e.key_len <= h.keys_size - e.key_off &&
-            !memcmp(x + h.keys_off + e.key_off, key, len))
-            return (const char *)x + h.keys_off + e.key_off;
-    }
-    return NULL;
+    struct idx_file f;
+    const char *k;
+    uint32_t l, n = index_number(d, key, len, hash);
+    return n && index_entry(d, n, &f, &k, &l) ? k : NULL;
 }
 
 static int index_valid(const unsigned char *x, size_t n)
@@ -824,27 +840,6 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
 }
 
 /* -- the read-ahead lane ------------------------------------------------------------------- */
-/* Entry n (from 1) of the index: the file's fields and its key (in the mapping), if it is a
- * well-formed entry. Under the lock (the mapping stays until front_door_free). */
-static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, const char **key, uint32_t *len)
-{
-    const unsigned char *x = d->idx;
-    struct monarch_index_header h = index_header(x);
-    if (!n || n > h.entries)
-        return 0;
-    struct monarch_index_entry e;
-    memcpy(&e, x + h.entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
-    if (e.key_off > h.keys_size || e.key_len > h.keys_size - e.key_off || !e.key_len)
-        return 0;
-    *key = (const char *)x + h.keys_off + e.key_off;
-    *len = e.key_len;
-    out->size = e.size;
-    out->mtime = e.mtime_ns;
-    out->mode = e.mode;
-    out->flags = e.flags;
-    out->entry = n;
-    return 1;
-}
 
 /* One thread of the lane: the list's next small file the door has never heard of, copied
  * as a miss would be (copy_and_publish), until the list ends, copying is not allowed (a

@@ -53,11 +53,19 @@ def test_make_is_deterministic_and_equal_sizes_without_spread(tmp_path):
 
 @pytest.mark.parametrize("reader", workload.READERS)
 def test_read_every_file_once_per_epoch(dataset, tmp_path, reader):
+    """In a process of its own: the reader forks its workers, as a loader does, and a fork of
+    this test process (threads of earlier tests' in-process daemons alive) can hand a child a
+    lock held at the fork (seen: a worker that never ended)."""
     root, entries = dataset
-    results = read_dataset(root, epochs=2, workers=2, manifest=tmp_path / "ds.manifest.json", reader=reader)
+    code = ("import json, sys; from monarch.workload import read_dataset; "
+            "rs = read_dataset(sys.argv[1], epochs=2, workers=2, manifest=sys.argv[2], reader=sys.argv[3]); "
+            "print(json.dumps([(r.epoch, r.samples, r.bytes, r.mismatches) for r in rs]))")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", code, str(root), str(tmp_path / "ds.manifest.json"), reader],
+                         capture_output=True, text=True, timeout=100, check=True, cwd=repo,
+                         env=dict(os.environ, PYTHONPATH=repo)).stdout
     total = sum(e["size"] for e in entries.values())
-    assert [(r.epoch, r.samples, r.bytes, r.mismatches) for r in results] == [
-        (0, 40, total, []), (1, 40, total, [])]
+    assert json.loads(out) == [[0, 40, total, []], [1, 40, total, []]]
 
 
 def test_epochs_have_different_seeded_orders():
