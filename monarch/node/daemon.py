@@ -262,9 +262,9 @@ class NodeDaemon:
             if self.role is not None:
                 self.role.start()
                 self._open_peer_lane()
-            if self.config.staging.policy == "read-ahead" and self.role is None and self._read_ahead_in_door():
-                pass  # the door's lane and the stager read ahead (the keys are sorted there, if need be)
-            elif self.config.staging.policy == "read-ahead":
+            # alone on a node the door's lane may copy the small files (the stager the rest)
+            in_door = self.role is None and self.config.staging.policy == "read-ahead" and self._read_ahead_in_door()
+            if self.config.staging.policy == "read-ahead" and not in_door:
                 keys = sorted(self.snapshot.files)
                 self._sample_for_codecs(keys)
                 if self.role is None:
