@@ -263,28 +263,28 @@ def main() -> int:
         # 2. monarch over the store (the mount has no directory on disk)
         mount = os.path.join(base, "mnt", "imagenet")
         cfg = write_config(base, mount, url)
-        if "monarch-store" in modes:
-            out, report = os.path.join(base, "store.json"), os.path.join(base, "store-report.json")
+        def under_monarch(mode: str, root: str, cfg: str, what: str) -> dict:
+            """The reader over ``root`` under ``monarch run -c cfg``: its epochs, and the report."""
+            out, report = os.path.join(base, f"{mode}.json"), os.path.join(base, f"{mode}-report.json")
             t0 = time.perf_counter()
             run([sys.executable, "-m", "monarch", "run", "--no-progress", "--report", report, "-c", cfg, "--",
-                 *reader_cmd(mount, manifest, out, args.epochs, args.workers)], env_here(), "monarch over the store")
-            rep = json.load(open(report))
+                 *reader_cmd(root, manifest, out, args.epochs, args.workers)], env_here(), what)
+            print(f"  {mode:13s} done in {time.perf_counter() - t0:.1f} s", flush=True)
+            return {"epochs": epochs_of(out), "report": report, "rep": json.load(open(report))}
+
+        if "monarch-store" in modes:
+            got = under_monarch("monarch-store", mount, cfg, "monarch over the store")
             if args.keep_report:
-                shutil.copy(report, args.keep_report)
-            results["monarch-store"] = {"epochs": epochs_of(out), "store_bytes": rep["store"]["bytes_read"],
-                                        "pfs_bytes": rep["pfs"]["total_bytes"]}
-            print(f"  monarch-store done in {time.perf_counter() - t0:.1f} s", flush=True)
+                shutil.copy(got["report"], args.keep_report)
+            results["monarch-store"] = {"epochs": got["epochs"], "store_bytes": got["rep"]["store"]["bytes_read"],
+                                        "pfs_bytes": got["rep"]["pfs"]["total_bytes"]}
 
         # 3. monarch over the same dataset in a directory
         cfg = write_config(base, src, None)
         if "monarch-dir" in modes:
-            out, report = os.path.join(base, "dir.json"), os.path.join(base, "dir-report.json")
-            t0 = time.perf_counter()
-            run([sys.executable, "-m", "monarch", "run", "--no-progress", "--report", report, "-c", cfg, "--",
-                 *reader_cmd(src, manifest, out, args.epochs, args.workers)], env_here(), "monarch over a directory")
-            rep = json.load(open(report))
-            results["monarch-dir"] = {"epochs": epochs_of(out), "store_bytes": None, "pfs_bytes": rep["pfs"]["total_bytes"]}
-            print(f"  monarch-dir   done in {time.perf_counter() - t0:.1f} s", flush=True)
+            got = under_monarch("monarch-dir", src, cfg, "monarch over a directory")
+            results["monarch-dir"] = {"epochs": got["epochs"], "store_bytes": None,
+                                      "pfs_bytes": got["rep"]["pfs"]["total_bytes"]}
     finally:
         for proc in reversed(procs):
             proc.terminate()

@@ -21,6 +21,7 @@ command -v munged >/dev/null 2>&1 || command -v /usr/sbin/munged >/dev/null 2>&1
 [ -n "$(ls /usr/lib/*/libpmix.so /usr/lib/*/pmix2/lib/libpmix.so 2>/dev/null)" ] || need+=(libpmix-dev)
 # the tests and benchmark of a dataset in a key-value store (issue 34) run their own redis-server
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the store's TLS test makes its own CA (else skipped)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

@@ -142,6 +142,19 @@ for d, _, fs in os.walk(src):
 print(json.dumps(result))
 """
 
+def check_all(short_tmp, src, url):
+    """Every file of ``src`` read under the store's mount by CHECK_ALL under ``monarch run``:
+    (the mount, the configuration, the report's path, rel -> "ok" or why not, what monarch run
+    printed on stderr)."""
+    mnt = os.path.join(short_tmp, "mnt", "data")
+    cfg = store_config(short_tmp, mnt, url)
+    report = os.path.join(short_tmp, "report.json")
+    r = monarch("run", "--no-progress", "--report", report, "-c", cfg, "--", sys.executable, "-c", CHECK_ALL,
+                src, mnt, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return mnt, cfg, report, json.loads(r.stdout.splitlines()[-1]), r.stderr
+
+
 
 def test_a_corrupted_truncated_or_missing_value_is_never_served(redis_server, short_tmp):
     src, data, url = loaded(redis_server, short_tmp, "bad/")
@@ -152,13 +165,7 @@ def test_a_corrupted_truncated_or_missing_value_is_never_served(redis_server, sh
     client.set(f"bad/{corrupted}".encode(), bytes(value))  # same size, other bytes
     client.set(f"bad/{truncated}".encode(), data[truncated][:-10])
     client.delete(f"bad/{missing}".encode())
-    mnt = os.path.join(short_tmp, "mnt", "data")
-    cfg = store_config(short_tmp, mnt, url)
-    report = os.path.join(short_tmp, "report.json")
-    r = monarch("run", "--no-progress", "--report", report, "-c", cfg, "--", sys.executable, "-c", CHECK_ALL,
-                src, mnt, timeout=120)
-    assert r.returncode == 0, r.stderr
-    result = json.loads(r.stdout.splitlines()[-1])
+    mnt, cfg, report, result, stderr = check_all(short_tmp, src, url)
     assert {rel: why for rel, why in result.items() if why != "ok"} == {corrupted: "EIO", truncated: "EIO",
                                                                           missing: "EIO"}
     store = load(report)["store"]
@@ -168,7 +175,7 @@ def test_a_corrupted_truncated_or_missing_value_is_never_served(redis_server, sh
                                                               f"{len(data[truncated])} in the manifest",
                                 os.path.join(mnt, missing): "missing from the store"}
     for rel in (corrupted, truncated, missing):
-        assert f"    {os.path.join(mnt, rel)}: " in r.stderr  # named in the printed report
+        assert f"    {os.path.join(mnt, rel)}: " in stderr  # named in the printed report
 
 
 def test_an_unreachable_store_stops_the_run_in_one_line_unless_fail_open(short_tmp):
@@ -270,13 +277,7 @@ def test_a_key_of_another_type_is_refused_and_a_failed_snapshot_is_reported(redi
     odd = "class_1/sample_001.bin"
     client.delete(f"types/{odd}".encode())
     client.hset(f"types/{odd}".encode(), "x", "y")
-    mnt = os.path.join(short_tmp, "mnt", "data")
-    cfg = store_config(short_tmp, mnt, url)
-    report = os.path.join(short_tmp, "report.json")
-    r = monarch("run", "--no-progress", "--report", report, "-c", cfg, "--", sys.executable, "-c", CHECK_ALL,
-                src, mnt, timeout=120)
-    assert r.returncode == 0, r.stderr
-    result = json.loads(r.stdout.splitlines()[-1])
+    mnt, cfg, report, result, stderr = check_all(short_tmp, src, url)
     assert {rel for rel, why in result.items() if why != "ok"} == {odd} and result[odd] == "EIO"
     assert "WRONGTYPE" in load(report)["store"]["refused"][os.path.join(mnt, odd)]
     # a manifest that is not one: the launcher's check and the snapshot both say so
