@@ -184,13 +184,12 @@ class Stager(StagerBooks):
     def invalidate(self, key: str) -> int:
         """The job writes to ``key`` (a file, or a directory and all under it): drop its
         copies now and never stage it again this run. Returns how many copies went."""
-        prefix = key.rstrip("/") + "/"
         self.copier.pfs.forget(key)
         for listener in list(self.listeners):  # nothing more copied elsewhere; what was is dropped below
             listener.written(key)
         with self.lock:
             self.dirty.add(key.rstrip("/"))
-            gone = [k for k in self.staged if k == key or k.startswith(prefix)] if len(self.staged) else []
+            gone = self.staged.keys_under(key)
             for k in gone:
                 self.drop_locked(k)
         return len(gone)

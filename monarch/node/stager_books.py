@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from monarch.node.concurrency import Concurrency
 from monarch.node.snapshot import Snapshot
 from monarch.node.sources import PeerSource
+from monarch.node.staged_table import StagedTable
 from monarch.node.tiers import Tier
 
 __all__ = ["Eviction", "Flight", "StagerBooks", "StagerListener"]
@@ -90,7 +91,7 @@ class StagerBooks:
         self.flights: dict[str, Flight] = {}
         self.running = 0  # copies under way (on a staging thread or inline in an asker)
         self.closed = False
-        self.staged: dict[str, Tier] = {}  # key -> tier holding its complete copy
+        self.staged: StagedTable[Tier] = StagedTable(snapshot.files)  # key -> tier holding its complete copy
         self.failures: collections.Counter[str] = collections.Counter()
         self.unstageable: set[str] = set()  # answered "PFS" at once from now on, counted once
         self.no_room: set[str] = set()  # did not fit; tried again only once room was freed
