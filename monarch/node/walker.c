@@ -15,7 +15,8 @@
  * Memory: a described file costs its future index entry (112 bytes), its name and a
  * 32-byte listing record while the walk runs; walk_build writes the index into the
  * caller's buffer one directory at a time and frees each directory as it goes, so the
- * peak is about one index's size, not two.
+ * peak is about one index's size, not two (the buffer comes unwritten: its pages are
+ * touched only as the index fills them).
  *
  * Use (monarch/node/walker.py): walk_run (blocking; the threads are its own), then
  * walk_index_size, a buffer of that size, walk_build into it, walk_free. */
@@ -641,8 +642,10 @@ static void place(uint32_t *buckets, uint64_t mask, uint32_t hash, uint32_t numb
     buckets[b] = number + 1;
 }
 
-/* Write the index into ``out`` (walk_index_size bytes, zeroed), freeing each directory's
- * records once written (the walk can only be freed after). */
+/* Write the index into ``out`` (walk_index_size bytes, any content: every byte is written,
+ * the scattered parts zeroed first, the rest in the order it fills, so that its pages are
+ * touched only as the walk's records are freed), freeing each directory's records once
+ * written (the walk can only be freed after). */
 EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
 {
     if (size != w->size)
@@ -656,6 +659,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
     children_off += (8 - children_off % 8) % 8;
     struct monarch_index_child *child = (struct monarch_index_child *)(out + children_off);
     uint64_t file_keys = 0, dir_keys = 0, spare_base = 0, linked = 0, nchild = 0;
+    memset(out, 0, MONARCH_INDEX_HEADER_SIZE + 4 * w->nbuckets);  /* the header, the buckets (placed at random) */
     for (size_t j = 0; j < w->ndirs; j++) {
         struct dir *d = w->dirs[j];
         for (uint32_t i = 0; i < d->n; i++)
@@ -665,6 +669,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
     spare_base = dir_keys;  /* dir keys start after every file key; spare names after every key */
     for (size_t j = 0; j < w->ndirs; j++)
         spare_base += w->dirs[j]->key_len;
+    memset(keys + spare_base, 0, (size_t)(children_off - (uint64_t)(keys + spare_base - (char *)out)));  /* spare names, padding */
 
     for (size_t j = 0; j < w->ndirs; j++) {
         struct dir *d = w->dirs[j];
@@ -716,7 +721,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
             for (uint32_t i = 0; i < d->n; i++) {
                 struct ent *e = &d->ents[i];
                 struct monarch_index_child *c = &child[nchild++];
-                c->d_ino = e->d_ino, c->name_len = e->name_len, c->d_type = e->d_type;
+                *c = (struct monarch_index_child){.d_ino = e->d_ino, .name_len = e->name_len, .d_type = e->d_type};
                 if (e->kind == K_FILE || e->kind == K_LINKED_FILE) {
                     c->name_off = entries[e->number].key_off + prefix;
                     c->entry = e->number + 1;
@@ -736,8 +741,9 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
             free(d->links[i]);
             d->links[i] = NULL;
         }
-        free(d->recs), free(d->links);
-        d->recs = NULL, d->links = NULL;
+        free(d->recs), free(d->links), free(d->ents), free(d->names);  /* (a parent needs only its subdirectory's number) */
+        d->recs = NULL, d->links = NULL, d->ents = NULL, d->names = NULL;
+        d->n = 0;
         if ((j & 255) == 255)
             malloc_trim(0);
     }

@@ -54,6 +54,18 @@ def library() -> ctypes.CDLL | None:
     return _lib
 
 
+def unwritten_bytearray(size: int) -> bytearray:
+    """A bytearray of ``size`` bytes whose content is whatever its memory held: ``bytearray(size)``
+    zeroes every page at once, which, beside the walk's own records, would double the peak."""
+    out = bytearray()
+    if size and _resize(ctypes.py_object(out), size) != 0:
+        raise MemoryError(size)
+    return out
+
+
+_resize = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_ssize_t)(("PyByteArray_Resize", ctypes.pythonapi))
+
+
 def wanted() -> bool:
     return os.environ.get(ENV_C_WALK, "1") not in ("0", "no", "off", "false")
 
@@ -87,7 +99,7 @@ def walk_index(roots: tuple[str, ...], threads: int = THREADS) -> tuple[bytearra
         try:
             counts = (ctypes.c_uint64 * 3)()
             lib.walk_counts(walk, counts)
-            index = bytearray(lib.walk_index_size(walk))
+            index = unwritten_bytearray(lib.walk_index_size(walk))
             buf = (ctypes.c_char * len(index)).from_buffer(index)
             if lib.walk_build(walk, ctypes.addressof(buf), len(index)) != 0:
                 raise OSError("the C walk's index did not come out at its own size")

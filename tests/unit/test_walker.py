@@ -48,8 +48,11 @@ def without_atimes(snap: Snapshot):
             {k: fix(i) for k, i in snap.links.items()})
 
 
-def test_the_c_walk_sees_what_the_python_walk_sees_and_writes_its_index(tmp_path):
+@pytest.mark.parametrize("poisoned", [False, True])
+def test_the_c_walk_sees_what_the_python_walk_sees_and_writes_its_index(tmp_path, monkeypatch, poisoned):
     root = tree(tmp_path)
+    if poisoned:  # the buffer the index is built in is not zeroed first: every byte of it is written
+        monkeypatch.setattr(walker, "unwritten_bytearray", lambda size: bytearray(b"\xa5" * size))
     roots = (str(root), str(tmp_path / "missing"), str(root / "a"))  # a root that is not there; one inside another
     walked = walker.walk_index(roots)
     assert walked is not None
