@@ -85,11 +85,19 @@ enum { T_LISTEN = 1, T_STOP = 2 };
 /* why a connection was handed over (front_door_counts) */
 enum { R_OTHER, R_CLOSED_GATE, R_PYTHON_KEY, R_NOT_COPYING, R_NOT_SMALL_FILE, R_NO_ROOM, R_COPY_FAILED, R_REASONS };
 
-struct entry {                         /* one key the door has heard of */
-    const char *key;                   /* its own copy, or the index's bytes (borrowed) */
-    uint32_t len, hash;
-    uint8_t state, slot, borrowed;
-    int64_t answered;                  /* when the door last answered it (front_door_evict) */
+struct entry {                         /* one key the door has heard of: 16 bytes (a million keys, two million slots) */
+    uint32_t hash;
+    uint32_t ref;                      /* 0: a free slot; its key: the index's entry ``ref`` (from 1) when
+                                          borrowed (a million staged files cost no copy of their keys),
+                                          else the door's own copy, own[ref - 1] */
+    uint8_t state, slot, borrowed, unused;
+    uint32_t answered;                 /* when the door last answered it: door_ms (front_door_evict), 0 never */
+};
+_Static_assert(sizeof(struct entry) == 16, "the key table's slot");
+
+struct own_key {                       /* a key not in the index (asked before the index was open) */
+    char *key;
+    uint32_t len;
 };
 
 struct conn {                          /* a connection whose request has not all arrived */
@@ -146,6 +154,9 @@ struct door {
     pthread_cond_t cv;                 /* a BUSY key is done */
     struct entry *tab;
     size_t cap, used;
+    struct own_key *own;               /* the keys the table does not borrow from the index */
+    size_t nown, cap_own;
+    int64_t started_ns;                /* door_ms counts from here */
     char *roots[MAX_ROOTS];
     int nroots;
     char *tiers[MONARCH_MAX_SLOTS];            /* slot -> tier directory (NULL: none) */
@@ -224,18 +235,36 @@ static int write_full(int fd, const char *p, size_t n)
     return 0;
 }
 
-static const char *index_key(const struct door *d, const char *key, uint32_t len, uint32_t hash);
+static uint32_t index_number(const struct door *d, const char *key, uint32_t len, uint32_t hash);
+static const char *index_entry_key(const struct door *d, uint32_t n, uint32_t *len);
+
+/* Milliseconds since the door started, from 1 (0: never), wrapping after 49 days: when a key
+ * was answered, in 4 bytes of its slot. */
+static uint32_t door_ms(const struct door *d)
+{
+    return (uint32_t)((now_ns() - d->started_ns) / 1000000) + 1;
+}
 
 /* -- the key table (open addressing; entries change state, never go) ------------------- */
+static const char *entry_key(const struct door *d, const struct entry *e, uint32_t *len)
+{
+    if (e->borrowed)
+        return index_entry_key(d, e->ref, len);  /* checked when it was inserted */
+    *len = d->own[e->ref - 1].len;
+    return d->own[e->ref - 1].key;
+}
+
 static struct entry *find(struct door *d, const char *key, uint32_t len, uint32_t hash)
 {
     if (!d->cap)
         return NULL;
     for (size_t i = hash & (d->cap - 1);; i = (i + 1) & (d->cap - 1)) {
         struct entry *e = &d->tab[i];
-        if (!e->key)
+        if (!e->ref)
             return NULL;
-        if (e->hash == hash && e->len == len && !memcmp(e->key, key, len))
+        uint32_t elen;
+        const char *ekey;
+        if (e->hash == hash && (ekey = entry_key(d, e, &elen)) && elen == len && !memcmp(ekey, key, len))
             return e;
     }
 }
@@ -248,10 +277,10 @@ static struct entry *insert(struct door *d, const char *key, uint32_t len, uint3
         if (!tab)
             return NULL;
         for (size_t j = 0; j < d->cap; j++) {
-            if (!d->tab[j].key)
+            if (!d->tab[j].ref)
                 continue;
             size_t i = d->tab[j].hash & (cap - 1);
-            while (tab[i].key)
+            while (tab[i].ref)
                 i = (i + 1) & (cap - 1);
             tab[i] = d->tab[j];
         }
@@ -260,20 +289,28 @@ static struct entry *insert(struct door *d, const char *key, uint32_t len, uint3
         d->cap = cap;
     }
     size_t i = hash & (d->cap - 1);
-    while (d->tab[i].key)
+    while (d->tab[i].ref)
         i = (i + 1) & (d->cap - 1);
-    /* a key of the index points at the index's own bytes (mapped until front_door_free): a
-     * million staged files cost the table no copy of their keys */
-    const char *in_index = d->idx ? index_key(d, key, len, hash) : NULL;
-    char *copy = NULL;
-    if (!in_index) {
-        copy = malloc(len ? len : 1);
+    /* a key of the index is its entry's number (the index is mapped until front_door_free) */
+    uint32_t elen, n = d->idx ? index_number(d, key, len, hash) : 0;
+    if (n && !index_entry_key(d, n, &elen))
+        n = 0;
+    if (!n) {
+        if (d->nown == d->cap_own) {
+            size_t cap = d->cap_own ? 2 * d->cap_own : 64;
+            struct own_key *own = realloc(d->own, cap * sizeof *own);
+            if (!own)
+                return NULL;
+            d->own = own;
+            d->cap_own = cap;
+        }
+        char *copy = malloc(len ? len : 1);
         if (!copy)
             return NULL;
         memcpy(copy, key, len);
+        d->own[d->nown++] = (struct own_key){copy, len};
     }
-    d->tab[i] = (struct entry){.key = in_index ? in_index : copy, .len = len, .hash = hash, .state = K_FREE,
-                               .borrowed = in_index != NULL};
+    d->tab[i] = (struct entry){.hash = hash, .ref = n ? n : (uint32_t)d->nown, .state = K_FREE, .borrowed = n != 0};
     d->used++;
     return &d->tab[i];
 }
@@ -353,13 +390,12 @@ static int index_file(const struct door *d, const char *key, uint32_t len, struc
     return n && index_entry(d, n, out, &k, &l);
 }
 
-/* ``key``'s own bytes in the index (its entry's), or NULL if it is no key of the index. */
-static const char *index_key(const struct door *d, const char *key, uint32_t len, uint32_t hash)
+/* Entry n's (from 1) key in the index, or NULL if it is no well-formed entry. */
+static const char *index_entry_key(const struct door *d, uint32_t n, uint32_t *len)
 {
     struct idx_file f;
     const char *k;
-    uint32_t l, n = index_number(d, key, len, hash);
-    return n && index_entry(d, n, &f, &k, &l) ? k : NULL;
+    return index_entry(d, n, &f, &k, len) ? k : NULL;
 }
 
 static int index_valid(const unsigned char *x, size_t n)
@@ -693,7 +729,7 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
     if (ok && !d->never_copy && renameat(kdir, tmp, kdir, name) == 0) {
         e->state = K_STAGED;
         e->slot = (uint8_t)d->peer_slot;
-        e->answered = now_ns();
+        e->answered = door_ms(d);
         d->peer_fetches++;
         post_event_locked(d, EV_STAGED, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
     } else {
@@ -797,7 +833,7 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     if (e && e->state == K_STAGED) {
         int slot = e->slot;
         const char *tier = d->tiers[slot];
-        e->answered = now_ns();
+        e->answered = door_ms(d);
         pthread_mutex_unlock(&d->mu);
         int pl = snprintf(dest, sizeof dest, "%s/%.*s", tier, (int)len, key);
         if (pl >= (int)sizeof dest)
@@ -1211,6 +1247,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     if (!d)
         return NULL;
     d->uid = getuid();
+    d->started_ns = now_ns();
     d->hq_tail = &d->hq;
     d->evq_tail = &d->evq;
     d->copy_slot = copy_slot;
@@ -1492,7 +1529,8 @@ EXPORT int front_door_evict(struct door *d, const char *key, int len, int64_t gr
     struct entry *e;
     while ((e = find(d, key, (uint32_t)len, hash)) && e->state == K_BUSY)
         pthread_cond_wait(&d->cv, &d->mu);
-    int evict = !(e && e->state == K_STAGED && now_ns() - e->answered < grace_ns);
+    int evict = !(e && e->state == K_STAGED && e->answered &&
+                  (int64_t)(uint32_t)(door_ms(d) - e->answered) * 1000000 < grace_ns);
     if (e && evict)
         e->state = K_PYTHON;
     pthread_mutex_unlock(&d->mu);
@@ -1621,9 +1659,9 @@ EXPORT void front_door_stop(struct door *d)
 /* Free a stopped door (nothing may call it any more). */
 EXPORT void front_door_free(struct door *d)
 {
-    for (size_t i = 0; i < d->cap; i++)
-        if (!d->tab[i].borrowed)
-            free((char *)d->tab[i].key);
+    for (size_t i = 0; i < d->nown; i++)
+        free(d->own[i].key);
+    free(d->own);
     free(d->tab);
     for (int i = 0; i < d->nroots; i++)
         free(d->roots[i]);
