@@ -88,7 +88,7 @@ def library() -> ctypes.CDLL | None:
         "front_door_peers": (i, [vp, vp, vp, vp, ctypes.c_uint32, i, i, i, i64]),
         "front_door_peer_copying": (None, [vp, i]),
         "front_door_evict": (i, [vp, cp, i, i64]),
-        "front_door_read_ahead": (i, [vp, vp, ctypes.c_uint32, i]),
+        "front_door_read_ahead": (i, [vp, ctypes.c_uint32, i]),
         "front_door_read_ahead_state": (None, [vp, u64p]),
         "front_door_stop": (None, [vp]),
         "front_door_free": (None, [vp]),
@@ -197,12 +197,11 @@ class FrontDoor:
             self._door = None
 
     # -- the read-ahead lane -----------------------------------------------------------
-    def read_ahead(self, entries, threads: int) -> bool:
-        """Copy the small files of index ``entries`` (an ``array("I")`` of entry numbers from
-        1, in order) ahead of the reader on ``threads`` threads of the door's own, as misses
-        would be copied (events EV_AHEAD). False if it could not start."""
-        buf = (ctypes.c_uint32 * len(entries)).from_buffer(entries) if len(entries) else None
-        return self._lib.front_door_read_ahead(self._door, buf, len(entries), threads) == 0
+    def read_ahead(self, files: int, threads: int) -> bool:
+        """Copy the small files among the index's first ``files`` entries (the snapshot's
+        files, in its order) ahead of the reader on ``threads`` threads of the door's own, as
+        misses would be copied (events EV_AHEAD). False if it could not start."""
+        return self._lib.front_door_read_ahead(self._door, files, threads) == 0
 
     def read_ahead_state(self) -> dict:
         """The lane: ``running`` threads, ``through`` entries gone through, ``copies`` made,

@@ -189,7 +189,7 @@ struct door {
     /* the read-ahead lane (front_door_read_ahead): small files copied ahead of the reader */
     struct worker ahead[AHEAD_MAX];
     int nahead, ahead_running, ahead_stop, ahead_end;
-    uint32_t *ahead_entries, ahead_n, ahead_next;  /* index entries (from 1), in order; the next one */
+    uint32_t ahead_n, ahead_next;      /* the lane goes through index entries 1 to ahead_n; the next one, from 0 */
     uint64_t ahead_copies;
 };
 
@@ -269,13 +269,16 @@ static struct entry *find(struct door *d, const char *key, uint32_t len, uint32_
     }
 }
 
-static struct entry *insert(struct door *d, const char *key, uint32_t len, uint32_t hash)
+/* Room for ``keys`` keys at most half the slots full; 0, or -1 if it could not be made. */
+static int reserve_keys(struct door *d, size_t keys)
 {
-    if (2 * (d->used + 1) > d->cap) {
-        size_t cap = d->cap ? 2 * d->cap : 1024;
+    if (2 * keys > d->cap) {
+        size_t cap = d->cap ? d->cap : 1024;
+        while (2 * keys > cap)
+            cap *= 2;
         struct entry *tab = calloc(cap, sizeof *tab);
         if (!tab)
-            return NULL;
+            return -1;
         for (size_t j = 0; j < d->cap; j++) {
             if (!d->tab[j].ref)
                 continue;
@@ -288,6 +291,13 @@ static struct entry *insert(struct door *d, const char *key, uint32_t len, uint3
         d->tab = tab;
         d->cap = cap;
     }
+    return 0;
+}
+
+static struct entry *insert(struct door *d, const char *key, uint32_t len, uint32_t hash)
+{
+    if (reserve_keys(d, d->used + 1) != 0)
+        return NULL;
     size_t i = hash & (d->cap - 1);
     while (d->tab[i].ref)
         i = (i + 1) & (d->cap - 1);
@@ -913,7 +923,7 @@ static void *ahead_main(void *arg)
         struct idx_file f;
         const char *key;
         uint32_t len;
-        if (!index_entry(d, d->ahead_entries[d->ahead_next], &f, &key, &len) || !S_ISREG(f.mode) ||
+        if (!index_entry(d, d->ahead_next + 1, &f, &key, &len) || !S_ISREG(f.mode) ||
             f.size > MONARCH_INLINE_MAX) {
             d->ahead_next++;           /* not a small file: Python's stager copies it */
             continue;
@@ -957,10 +967,10 @@ static void *ahead_main(void *arg)
     return NULL;
 }
 
-/* Copy the small files of index entries ``entries`` (from 1, in this order) ahead of the
- * reader, on ``threads`` threads of the lane's own, within the room lent. 0, or -1 if a lane
- * runs already or nothing could start (errno). The list is copied. */
-EXPORT int front_door_read_ahead(struct door *d, const uint32_t *entries, uint32_t n, int threads)
+/* Copy the small files of index entries 1 to ``n`` (the snapshot's files, in its order) ahead
+ * of the reader, on ``threads`` threads of the lane's own, within the room lent. 0, or -1 if
+ * a lane runs already or nothing could start (errno). */
+EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int threads)
 {
     pthread_mutex_lock(&d->mu);
     int busy = d->nahead > 0 || d->stopped || !d->gate_open;
@@ -969,13 +979,15 @@ EXPORT int front_door_read_ahead(struct door *d, const uint32_t *entries, uint32
         errno = EBUSY;
         return -1;
     }
-    uint32_t *list = malloc((n ? n : 1) * sizeof *list);
-    if (!list)
-        return -1;
-    memcpy(list, entries, n * sizeof *list);
     threads = threads < 1 ? 1 : threads > AHEAD_MAX ? AHEAD_MAX : threads;
     pthread_mutex_lock(&d->mu);
-    d->ahead_entries = list;
+    /* room in the table for every key of the list now, while it is small: doubled as the lane
+     * fills it, its old slots would stand beside the new ones at the daemon's peak */
+    if (reserve_keys(d, d->used + n) != 0) {
+        pthread_mutex_unlock(&d->mu);
+        errno = ENOMEM;
+        return -1;
+    }
     d->ahead_n = n;
     d->ahead_next = 0;
     d->ahead_end = A_WHOLE;
@@ -1679,7 +1691,6 @@ EXPORT void front_door_free(struct door *d)
         free(d->workers[i].copy_buf);
     for (int i = 0; i < AHEAD_MAX; i++)
         free(d->ahead[i].copy_buf);
-    free(d->ahead_entries);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
     free(d);

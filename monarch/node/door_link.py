@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from array import array
 from typing import Callable
 
 from monarch import frontdoor, protocol
@@ -197,8 +196,7 @@ class DoorKeeper:
                 return True
             self._lane_asked = True
         link = self.link
-        if link is None or not link.may_copy or not self.door.read_ahead(array("I", range(1, len(files) + 1)),
-                                                                         AHEAD_THREADS):
+        if link is None or not link.may_copy or not self.door.read_ahead(len(files), AHEAD_THREADS):
             return False
         stager.read_ahead(larger_than(files, INLINE_BYTES))
         threading.Thread(target=self._after_the_lane, args=(files, stager, sample, closing, absorb),
