@@ -33,7 +33,7 @@ ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
 EV_STAGED, EV_FAILED, EV_SLOW, EV_AHEAD = 1, 2, 3, 4  # EV_AHEAD: staged by the read-ahead lane
 # why the read-ahead lane ended before its list did (front_door.c: A_*)
 AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped", "slow_source")
-_EVENT = struct.Struct("<IIQQqI")  # front_door_events' record head; the key follows
+_EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head; the key follows
 # why a connection was handed over (front_door.c: R_*)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
                        "no_room_lent", "copy_failed")
@@ -50,6 +50,7 @@ class DoorEvent(NamedTuple):
     bytes_read: int  # bytes the door read from the PFS for it
     seconds: float   # how long the copy took (EV_SLOW: its read of the source)
     key: str
+    entry: int = 0   # the key's entry in the door's index, from 1 (0: none): its books need no look-up
 
 
 def library() -> ctypes.CDLL | None:
@@ -123,6 +124,7 @@ class FrontDoor:
             raise OSError(err, f"starting the front door: {os.strerror(err)}")
         self.wake_fd = lib.front_door_wake_fd(self._door)
         self.copy_slot = copy_slot
+        self.index: bytearray | None = None  # the daemon's index bytes the door reads in place (open)
         self._buf = ctypes.create_string_buffer(protocol.REQUEST_HEADER.size + protocol.MAX_REQUEST)
         self._events = ctypes.create_string_buffer(1 << 20)
 
@@ -148,9 +150,9 @@ class FrontDoor:
             raw = self._events.raw[:n]
             at = 0
             while at < n:
-                kind, slot, size, nread, ns, klen = _EVENT.unpack_from(raw, at)
+                kind, slot, size, nread, ns, klen, entry = _EVENT.unpack_from(raw, at)
                 at += _EVENT.size
-                out.append(DoorEvent(kind, slot, size, nread, ns / 1e9, protocol.key_str(raw[at:at + klen])))
+                out.append(DoorEvent(kind, slot, size, nread, ns / 1e9, protocol.key_str(raw[at:at + klen]), entry))
                 at += klen
         return out
 
@@ -161,7 +163,10 @@ class FrontDoor:
         if index is None:
             return self._lib.front_door_open(self._door, os.fsencode(index_path)) == 0
         self._index = (ctypes.c_char * len(index)).from_buffer(index)  # held: the bytes stay where they are
-        return self._lib.front_door_open_memory(self._door, ctypes.addressof(self._index), len(index)) == 0
+        if self._lib.front_door_open_memory(self._door, ctypes.addressof(self._index), len(index)) != 0:
+            return False
+        self.index = index
+        return True
 
     def settle(self) -> None:
         """The snapshot is ready or failed: INDEX polls go to the Python server from now on

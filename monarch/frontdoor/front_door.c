@@ -121,6 +121,7 @@ struct event {                         /* something the door did, for Python's b
     uint64_t size, bytes_read;
     int64_t ns;
     uint32_t len;
+    uint32_t entry;                    /* the key's index entry (from 1), 0 if none */
     char key[];
 };
 
@@ -461,12 +462,13 @@ static void hand_over(struct door *d, int fd, const char *data, uint32_t len, in
 }
 
 static void post_event_locked(struct door *d, uint32_t kind, uint32_t slot, const char *key, uint32_t len,
-                              uint64_t size, uint64_t bytes_read, int64_t ns)
+                              uint32_t entry, uint64_t size, uint64_t bytes_read, int64_t ns)
 {
     struct event *ev = malloc(sizeof *ev + len);
     if (!ev)
         return;                        /* the books lose one line; the bytes are right */
-    *ev = (struct event){.kind = kind, .slot = slot, .size = size, .bytes_read = bytes_read, .ns = ns, .len = len};
+    *ev = (struct event){.kind = kind, .slot = slot, .size = size, .bytes_read = bytes_read, .ns = ns, .len = len,
+                         .entry = entry};
     memcpy(ev->key, key, len);
     *d->evq_tail = ev;
     d->evq_tail = &ev->next;
@@ -741,7 +743,7 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
         e->slot = (uint8_t)d->peer_slot;
         e->answered = door_ms(d);
         d->peer_fetches++;
-        post_event_locked(d, EV_STAGED, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
+        post_event_locked(d, EV_STAGED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
     } else {
         if (out >= 0)
             unlinkat(kdir, tmp, 0);
@@ -749,7 +751,7 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
         e->state = K_PYTHON;           /* Python's protocol fetches it (staging it there first), or says why not */
         d->lease += peer_room(d, f->size);
         d->peer_failures++;
-        post_event_locked(d, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
+        post_event_locked(d, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
     }
     d->busy--;
     pthread_cond_broadcast(&d->cv);
@@ -798,7 +800,7 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
         else
             d->copies++;
         d->bytes_read += bytes_read;
-        post_event_locked(d, kind, (uint32_t)d->copy_slot, key, len, f->size, bytes_read, ns);
+        post_event_locked(d, kind, (uint32_t)d->copy_slot, key, len, f->entry, f->size, bytes_read, ns);
         published = 1;
     } else {
         if (r == 0)
@@ -809,7 +811,7 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
         d->lease += (int64_t)f->size;
         d->failures++;
         d->bytes_read += bytes_read;
-        post_event_locked(d, EV_FAILED, 0, key, len, f->size, bytes_read, ns);
+        post_event_locked(d, EV_FAILED, 0, key, len, f->entry, f->size, bytes_read, ns);
     }
     if (!preempted && source_ns <= SLOW_NS) {
         d->slow_run = 0;
@@ -819,7 +821,7 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
         d->backoff = d->backoff ? (2 * d->backoff < BACKOFF_MAX_NS ? 2 * d->backoff : BACKOFF_MAX_NS) : BACKOFF_NS;
         d->slow_until = t0 + ns + d->backoff;
         d->slow_run = SLOW_RUN - 1;    /* the one copy tried after the rest decides again */
-        post_event_locked(d, EV_SLOW, 0, key, len, 0, 0, source_ns);
+        post_event_locked(d, EV_SLOW, 0, key, len, 0, 0, 0, source_ns);
     }
     d->busy--;
     pthread_cond_broadcast(&d->cv);
@@ -1353,11 +1355,12 @@ EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap)
     return n;
 }
 
-/* Events, packed into ``buf`` as many as fit: per event ``<IIQQqI`` (kind: 1 staged,
- * 2 failed, 3 copying resting for a slow source; slot; size; bytes read from the PFS;
- * nanoseconds; key length) then the key. Returns the bytes used (0: none waits). When
+/* Events, packed into ``buf`` as many as fit: per event ``<IIQQqII`` (kind: 1 staged,
+ * 2 failed, 3 copying resting for a slow source, 4 staged by the read-ahead lane; slot;
+ * size; bytes read from the PFS; nanoseconds; key length; the key's index entry, from 1, 0
+ * none) then the key. Returns the bytes used (0: none waits). When
  * nothing waits either way, the next arrival wakes Python again. */
-#define EVENT_HEAD 36
+#define EVENT_HEAD 40
 EXPORT int front_door_events(struct door *d, char *buf, int cap)
 {
     int used = 0;
@@ -1373,6 +1376,7 @@ EXPORT int front_door_events(struct door *d, char *buf, int cap)
         memcpy(p + 16, &ev->bytes_read, 8);
         memcpy(p + 24, &ev->ns, 8);
         memcpy(p + 32, &ev->len, 4);
+        memcpy(p + 36, &ev->entry, 4);
         memcpy(p + EVENT_HEAD, ev->key, ev->len);
         used += EVENT_HEAD + (int)ev->len;
         free(ev);

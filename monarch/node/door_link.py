@@ -87,8 +87,10 @@ class DoorLink(StagerListener):
         books = self.stager
         staged = 0
         tiers = {t.slot: t for t in books.tiers}
+        files = books.snapshot.files
+        by_entry = isinstance(files, IndexTable) and files.data is self.door.index  # its entries are the books' rows
         with books.lock:  # drained under the lock: a claim that finds a copy of the door's finds it here
-            ahead: dict[int, list[tuple[str, int]]] = {}  # the read-ahead lane's copies, booked per tier at once
+            ahead: dict[int, list[tuple[str, int, int]]] = {}  # the read-ahead lane's copies, booked per tier at once
             files = nbytes = 0
             for ev in self.door.events():
                 if ev.kind == EV_SLOW:
@@ -99,7 +101,7 @@ class DoorLink(StagerListener):
                 files += copied or ev.bytes_read > 0
                 nbytes += ev.bytes_read
                 if ev.kind == EV_AHEAD:
-                    ahead.setdefault(ev.slot, []).append((ev.key, ev.size))
+                    ahead.setdefault(ev.slot, []).append((ev.key, ev.size, ev.entry - 1 if by_entry else -1))
                 elif copied and books.enter_copy_locked(ev.key, tiers[ev.slot], ev.size):  # False: no room, removed
                     staged += 1  # an open answered
             books.count_read_locked("pfs", files, nbytes)

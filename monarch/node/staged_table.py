@@ -82,7 +82,7 @@ class StagedTable(MutableMapping[str, T]):
     def set_row(self, n: int, tier: T) -> bool:
         """Entry ``n``'s file (an index row, as the front door names it) is in ``tier``: booked
         with no look-up of its key. False if this table keeps no rows or has no code left."""
-        code = self._code(tier) if n < len(self._codes) else 0
+        code = self._code(tier) if 0 <= n < len(self._codes) else 0
         if not code:
             return False
         self._count += not self._codes[n]

@@ -164,22 +164,24 @@ class StagerBooks:
         self.files_read[source] += files
         self.bytes_read[source] += nbytes
 
-    def enter_copies_locked(self, tier: Tier, copies: list[tuple[str, int]]) -> None:
-        """``enter_copy_locked(key, tier, size, demanded=False)`` for each (key, size) of the
+    def enter_copies_locked(self, tier: Tier, copies: list[tuple[str, int, int]]) -> None:
+        """``enter_copy_locked(key, tier, size, demanded=False)`` for each (key, size, row) of the
         front door's read-ahead lane: their room beyond their bytes taken at once, the tier's
-        account updated once (a million small files: no per-file lock and call chain)."""
-        extra = sum(tier.allocated(size) - size for _, size in copies)
+        account updated once (a million small files: no per-file lock and call chain). ``row``:
+        the key's entry in the snapshot's index, booked with no look-up (-1: not known)."""
+        extra = sum(tier.allocated(size) - size for _, size, _ in copies)
         if extra and not tier.reserve(extra, counted=False):  # not all fit: one by one, as room allows
-            for key, size in copies:
+            for key, size, _ in copies:
                 self.enter_copy_locked(key, tier, size, demanded=False)
             return
-        total = sum(size for _, size in copies)
+        total = sum(size for _, size, _ in copies)
         tier.committed_many(len(copies), total, extra + total)
         staged, flights = self.staged, self.flights
-        for key, _ in copies:
+        for key, _, row in copies:
             if key not in flights:  # (a flight that found it counts itself)
                 self.background_copies += 1
-            staged[key] = tier
+            if row < 0 or not staged.set_row(row, tier):
+                staged[key] = tier
         self.bytes_staged += total
         self.files_staged += len(copies)
 

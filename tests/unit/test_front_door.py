@@ -516,6 +516,8 @@ def test_the_read_ahead_copies_small_files_in_the_doors_own_lane(short_tmp, daem
     assert stats["staging"]["pfs_bytes_read"] == sum(os.path.getsize(os.path.join(root, k[2:])) for k in sums)
     for key, digest in sums.items():
         assert md5_of(os.fsencode(os.path.join(daemon.tiers[0].path, key))) == digest
+    # in the books, each under its own key (the lane's copies booked by their index entries)
+    assert len(daemon.stager.staged) == len(sums) and all(daemon.stager.where(k) is daemon.tiers[0] for k in sums)
     # asked for now: answered from the copies the lane made
     for key in list(sums)[:5]:
         status, path = ask_open(daemon.socket_path, key)
