@@ -221,12 +221,18 @@ def files_in(data: bytearray | bytes) -> int | None:
     return lo
 
 
+def file_sizes(files) -> Sequence[int] | Iterator[int]:
+    """The files' sizes, in the table's order (an IndexTable's read in place: no record per file)."""
+    if not isinstance(files, IndexTable):
+        return (info.size for info in files.values())
+    if not files.nfiles:
+        return ()
+    return memoryview(files.data)[files._entries:files._entries + _SIZE * files.nfiles].cast("Q")[2::_SIZE // 8]
+
+
 def larger_than(files, size: int) -> list[str]:
     """The keys of the files larger than ``size``, in the table's order (an IndexTable's read
     from its sizes alone: no record built per file)."""
     if not isinstance(files, IndexTable):
         return [key for key, info in files.items() if info.size > size]
-    if not files.nfiles:
-        return []
-    sizes = memoryview(files.data)[files._entries:files._entries + _SIZE * files.nfiles].cast("Q")[2::_SIZE // 8]
-    return [files.key(n) for n, s in enumerate(sizes) if s > size]
+    return [files.key(n) for n, s in enumerate(file_sizes(files)) if s > size]

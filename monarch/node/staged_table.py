@@ -123,6 +123,16 @@ class StagedTable(MutableMapping[str, T]):
             yield key(n), tiers[code]
         yield from list(self._others.items())
 
+    def tiers_of(self, files) -> Iterator[T | None]:
+        """The tier of each of ``files``' keys, in their order (None: no copy); read by rows
+        when ``files`` is this table's index."""
+        if files is not self._index or self._index is None:
+            yield from (self.get(key) for key in files)
+            return
+        tiers, others, key = self._tiers, self._others, self._index.key
+        for n, code in enumerate(self._codes):
+            yield tiers[code] if code else others.get(key(n)) if others else None
+
     def keys_under(self, key: str) -> list[str]:
         """``key`` if it has a copy, and every key below it (``key`` a directory's)."""
         prefix = key.rstrip("/") + "/"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, fields
-from typing import Any, TypedDict
+from typing import Any, Mapping, TypedDict
 
 from monarch import protocol
+from monarch.node.indextable import file_sizes
+from monarch.node.staged_table import StagedTable
 
 
 # -- the slices, as each part reports them (README, "Report reference") ------------------------
@@ -180,22 +183,23 @@ def _size_class(size: int) -> int:
     return len(SIZE_CLASSES) - 1
 
 
-def size_classes(files: dict, staged: dict, fetched: set) -> list[dict]:
+def size_classes(files: Mapping, staged: Mapping, fetched: set) -> list[dict]:
     """Per file-size class, where the dataset's files are on this node: ``files``/``bytes`` of
     the dataset, ``staged`` per tier, ``peer`` (fetched from the owning node) and
     ``not_staged`` (the application reads them from the PFS).
 
-    ``files``: key -> FileInfo (the snapshot); ``staged``: key -> Tier; ``fetched``: keys in
-    the peer area.
+    ``files``: key -> FileInfo (the snapshot); ``staged``: key -> Tier (a StagedTable over an
+    index is read by rows: no key looked up or decoded); ``fetched``: keys in the peer area.
     """
     out = [{"class": name, "max_bytes": bound, "files": 0, "bytes": 0, "staged": {},
             "peer": {"files": 0, "bytes": 0}, "not_staged": {"files": 0, "bytes": 0}}
            for name, bound in SIZE_CLASSES]
-    for key, info in files.items():
-        row = out[_size_class(info.size)]
+    tiers = staged.tiers_of(files) if isinstance(staged, StagedTable) else (staged.get(key) for key in files)
+    keys = iter(files) if fetched else itertools.repeat(None)
+    for size, tier, key in zip(file_sizes(files), tiers, keys):
+        row = out[_size_class(size)]
         row["files"] += 1
-        row["bytes"] += info.size
-        tier = staged.get(key)
+        row["bytes"] += size
         if tier is not None:
             where = row["staged"].setdefault(tier.name, {"files": 0, "bytes": 0})
         elif key in fetched:
@@ -203,5 +207,5 @@ def size_classes(files: dict, staged: dict, fetched: set) -> list[dict]:
         else:
             where = row["not_staged"]
         where["files"] += 1
-        where["bytes"] += info.size
+        where["bytes"] += size
     return out

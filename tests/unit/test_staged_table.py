@@ -63,6 +63,8 @@ def test_an_index_snapshots_files_take_a_byte_each_and_answer_as_a_dict(index_sn
     keys = list(files)
     check_like_a_dict(table, keys, ["0/a", "0/not-a-file", "9/elsewhere"])  # "0/a": a directory of the index
     assert len(table._codes) == len(files) and table._count == len(keys) - 2
+    assert list(table.tiers_of(files)) == [table.get(k) for k in keys]
+    assert list(table.copy().tiers_of(files)) == [table.get(k) for k in keys]  # by rows, as by keys
     assert set(table._others) == {"0/not-a-file", "9/elsewhere"}  # the rest in the bytes ("0/a" popped)
 
 
@@ -71,6 +73,7 @@ def test_any_other_snapshot_keeps_a_dict(tmp_path, index_snapshot):
     table = StagedTable(files)
     check_like_a_dict(table, list(files), ["0/a", "9/elsewhere"])
     assert not table._codes and len(table._others) == len(table)
+    assert list(table.tiers_of(files)) == [table.get(k) for k in files]
 
 
 def test_entry_numbers_and_keys_book_the_same_copy(index_snapshot):
@@ -99,4 +102,4 @@ def test_past_255_tiers_the_dict_takes_the_rest(index_snapshot):
         table[keys[i % len(keys)]] = tier
     for i in range(len(tiers) - len(keys), len(tiers)):  # each key's last tier
         assert table[keys[i % len(keys)]] is tiers[i]
-    assert len(table) == len(keys)
+    assert len(table) == len(keys) and list(table.tiers_of(files)) == [table.get(k) for k in keys]
