@@ -137,6 +137,9 @@ class StagedTable(MutableMapping[str, T]):
         """``key`` if it has a copy, and every key below it (``key`` a directory's)."""
         prefix = key.rstrip("/") + "/"
         out = [k for k in self._others if k == key or k.startswith(prefix)]
+        n = self._row(key)
+        if n is not None:  # a file of the index: none of its rows lies below it
+            return out + [key] if self._codes[n] else out
         if self._count:
             index, raw = self._index, os.fsencode(key)
             raw_prefix = os.fsencode(prefix)
