@@ -40,6 +40,7 @@
 #define EXPORT __attribute__((visibility("default")))
 #define SLICE 256           /* entries of one directory described per task (a flat directory is split) */
 #define DENTS_BUFFER 65536  /* bytes per getdents64 call */
+#define TRIM_BYTES (8u << 20) /* the freed records given back to the system every this many bytes of the index built */
 
 enum kind { K_FAILED, K_FILE, K_LINKED_FILE, K_DIR, K_OTHER };
 
@@ -659,6 +660,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
     children_off += (8 - children_off % 8) % 8;
     struct monarch_index_child *child = (struct monarch_index_child *)(out + children_off);
     uint64_t file_keys = 0, dir_keys = 0, spare_base = 0, linked = 0, nchild = 0;
+    uint64_t freed = 0;                /* bytes of records freed since the last trim */
     memset(out, 0, MONARCH_INDEX_HEADER_SIZE + 4 * w->nbuckets);  /* the header, the buckets (placed at random) */
     for (size_t j = 0; j < w->ndirs; j++) {
         struct dir *d = w->dirs[j];
@@ -743,9 +745,12 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
         }
         free(d->recs), free(d->links), free(d->ents), free(d->names);  /* (a parent needs only its subdirectory's number) */
         d->recs = NULL, d->links = NULL, d->ents = NULL, d->names = NULL;
+        freed += (uint64_t)d->n * (sizeof *d->recs + sizeof *d->links + sizeof *d->ents);
         d->n = 0;
-        if ((j & 255) == 255)
+        if (freed >= TRIM_BYTES) {     /* given back as the index takes its place: the peak stays the index */
             malloc_trim(0);
+            freed = 0;
+        }
     }
     /* the directories' buckets, after every file's (the Python builder's order), and their
      * children's name offsets (a subdirectory's key is written when its own turn comes) */
