@@ -7,6 +7,7 @@ files, its exit codes and its sizes; messages that name only files the user gave
 from __future__ import annotations
 
 import os
+import signal
 import shlex
 import subprocess
 import sys
@@ -226,10 +227,22 @@ def test_configuration_errors_of_the_command_line_exit_2(args, monkeypatch, caps
     assert capsys.readouterr().err.startswith("monarch: error: ")
 
 
+@pytest.fixture
+def stop_signals_kept():
+    """``main(["serve", ...])`` takes SIGTERM and SIGINT for the daemon (catch_stop_signals) in
+    pytest's own process: given back after, or a later test's multiprocessing pool cannot stop
+    its workers with SIGTERM (test_workload's hung at its pool's end)."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in kept.items():
+        signal.signal(sig, handler)
+
+
 @pytest.mark.parametrize("command", [["run", "-c", "{cfg}", "--", "true"], ["check-config", "{cfg}"],
                                      ["plan", "-c", "{cfg}"], ["serve", "-c", "{cfg}"], ["stop", "-c", "{cfg}"]],
                          ids=lambda c: c[0])
-def test_a_configuration_error_exits_2_from_every_command_that_reads_one(tmp_path, command, monkeypatch, capsys):
+def test_a_configuration_error_exits_2_from_every_command_that_reads_one(tmp_path, command, monkeypatch, capsys,
+                                                                         stop_signals_kept):
     from monarch.cli import main
     import monarch.launch.run
     monkeypatch.setattr(monarch.launch.run, "run", lambda *a, **kw: pytest.fail("the command ran"))
