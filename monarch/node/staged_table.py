@@ -80,8 +80,9 @@ class StagedTable(MutableMapping[str, T]):
             self._others.pop(key, None)  # (a key of the dict's while codes ran out)
 
     def set_row(self, n: int, tier: T) -> bool:
-        """Entry ``n``'s file (an index row, as the front door names it) is in ``tier``: booked
-        with no look-up of its key. False if this table keeps no rows or has no code left."""
+        """The file of index row ``n`` (from 0: the front door's entry number less one) is in
+        ``tier``: booked with no look-up of its key. False if this table has no such row or no
+        code left (the caller books it by key)."""
         code = self._code(tier) if 0 <= n < len(self._codes) else 0
         if not code:
             return False
