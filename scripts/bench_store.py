@@ -51,6 +51,7 @@ from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from benchopts import fresh_bytecode  # noqa: E402
 
 
 # -- the latency-injecting proxy (run as its own process) -------------------------------------------
@@ -346,6 +347,7 @@ def main() -> int:
                    help="copy monarch-store's JSON report here (PATH.VARIANT with both variants)")
     p.add_argument("--proxy", nargs=4, metavar=("LISTEN", "UPSTREAM", "RTT_MS", "READY"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    fresh_bytecode()
     if args.quick:
         args.files, args.epochs, args.rtt_ms = min(args.files, 200), min(args.epochs, 2), min(args.rtt_ms, 20.0)
     if args.proxy:
