@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
 from clusterbench import bench_env, mpiexec, shard_reader, stop_daemons, wait_for  # noqa: E402  (scripts/, beside this file)
+from benchopts import fresh_bytecode  # noqa: E402
 from support.harness import sharded_config  # noqa: E402
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
@@ -265,6 +266,7 @@ def print_case(r: dict, direct: dict | None = None) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    fresh_bytecode()
     why = fuse_unavailable_reason()
     if why:
         sys.exit(f"bench_cluster: FUSE unusable: {why}")

@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
 from clusterbench import bench_env, shard_reader, wait_for  # noqa: E402  (scripts/, beside this file)
+from benchopts import fresh_bytecode  # noqa: E402
 from support.harness import sharded_config  # noqa: E402
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.cluster.world import daemon_launch  # noqa: E402
@@ -195,6 +196,7 @@ def case(name, args, ds_root, manifest, total, base):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    fresh_bytecode()
     reason = fuse_unavailable_reason(probe=True)
     if reason:
         sys.exit(f"bench_cluster_faults: the emulated PFS needs FUSE: {reason}")

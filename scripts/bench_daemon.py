@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchopts import parse_with_quick  # scripts/, beside this file
+from benchopts import fresh_bytecode, parse_with_quick  # scripts/, beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -258,6 +258,7 @@ def wait_ready(daemon, ready, timeout: float = 120) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    fresh_bytecode()
     counts = [int(c) for c in args.clients.split(",") if c.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - {"door", "python"}:

@@ -43,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
-from benchopts import ready_to_write, result_path  # noqa: E402  (scripts/, beside this file)
+from benchopts import fresh_bytecode, ready_to_write, result_path  # noqa: E402  (scripts/, beside this file)
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
@@ -310,6 +310,7 @@ def plot(runs: dict, dataset_bytes: int, args, png: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    fresh_bytecode()
     reason = fuse_unavailable_reason()
     if reason and {"direct", "monarch", "zstd", "zstd-nocache"} & set(args.modes):
         print(f"bench_epochs: the emulated PFS needs FUSE: {reason}", file=sys.stderr)

@@ -93,7 +93,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_epochs import child_env  # noqa: E402
 from bench_startup import phases  # noqa: E402
-from benchopts import parse_with_quick, ready_to_write, result_path  # noqa: E402
+from benchopts import fresh_bytecode, parse_with_quick, ready_to_write, result_path  # noqa: E402
 from monarch import layout  # noqa: E402
 from monarch.workload import parse_size  # noqa: E402
 
@@ -546,6 +546,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=result_path("bench_million.json"),
                    help="the JSON written (default: results/bench_million.json of this checkout)")
     args = parse_with_quick(p, argv, {"files": 2000, "dirs": 20, "repeats": 1, "sample": 500})
+    fresh_bytecode()
     args.size_bytes = parse_size(args.size)
     args.sample_n = min(args.sample, args.files)
     if args.files < 1 or args.dirs < 1 or args.repeats < 1:

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from clusterbench import bench_env, mpiexec, stop_daemons  # noqa: E402
+from benchopts import fresh_bytecode  # noqa: E402
 from support.harness import make_bases  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
@@ -165,6 +166,7 @@ def remote_opens(report: dict) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    fresh_bytecode()
     size = parse_size(args.file_size)
     work = tempfile.mkdtemp(prefix="benchpeer-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:

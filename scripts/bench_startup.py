@@ -51,7 +51,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; t
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_epochs import child_env, monarch_config  # noqa: E402
-from benchopts import parse_with_quick  # noqa: E402
+from benchopts import fresh_bytecode, parse_with_quick  # noqa: E402
 from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset  # noqa: E402
 
@@ -171,6 +171,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the raw figures here")
     p.add_argument("-v", "--verbose", action="store_true", help="print the logs of each monarch run")
     args = parse_with_quick(p, argv, {"files": 40, "size": "8KiB", "workers": 2, "repeat": 1})
+    fresh_bytecode()
     reason = fuse_unavailable_reason()
     if reason:
         print(f"bench_startup: the emulated PFS needs FUSE: {reason}", file=sys.stderr)

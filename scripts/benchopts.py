@@ -32,3 +32,15 @@ def parse_with_quick(p: argparse.ArgumentParser, argv: list[str] | None, quick: 
         p.set_defaults(**quick)
         args = p.parse_args(argv)
     return args
+
+
+def fresh_bytecode() -> None:
+    """This checkout's bytecode brought up to date before anything is measured. Where
+    PYTHONDONTWRITEBYTECODE is set (install.sh compiles the checkout once), a module changed
+    since is compiled again by every process that imports it, at every start: measured with
+    bench_cluster on 40 files, the daemons' CPU 4.5-4.8 s and the launchers' 2.4-2.5 s with
+    stale bytecode, 3.2 s and 1.9 s with fresh. Quick when nothing changed."""
+    import compileall
+    repo = Path(__file__).resolve().parents[1]
+    for tree in (repo / "monarch", repo / "tests" / "support"):
+        compileall.compile_dir(str(tree), quiet=1)

@@ -30,21 +30,22 @@ SOURCE = Path(__file__).with_name("front_door.c")
 LIBRARY_NAME = "libmonarch_front_door.so"
 ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
 
-EV_STAGED, EV_FAILED, EV_SLOW, EV_AHEAD = 1, 2, 3, 4  # EV_AHEAD: staged by the read-ahead lane
+EV_STAGED, EV_FAILED, EV_SLOW, EV_AHEAD, EV_TRANSIENT = 1, 2, 3, 4, 5
+# EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd
 # why the read-ahead lane ended before its list did (front_door.c: A_*)
 AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped", "slow_source")
 _EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head; the key follows
 # why a connection was handed over (front_door.c: R_*)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
                        "no_room_lent", "copy_failed")
-_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 3
+_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 4
 
 _lib: ctypes.CDLL | None = None
 _lib_error: str | None = None
 
 
 class DoorEvent(NamedTuple):
-    kind: int        # EV_STAGED, EV_FAILED or EV_SLOW
+    kind: int        # EV_STAGED, EV_FAILED, EV_SLOW, EV_AHEAD or EV_TRANSIENT
     slot: int        # where it was staged (EV_STAGED)
     size: int        # the file's size
     bytes_read: int  # bytes the door read from the PFS for it
@@ -183,9 +184,11 @@ class FrontDoor:
                 # closed at once while the Python server had HANDED_MAX waiting (a flood), or
                 # with no descriptor left to accept them
                 "closed_too_many": arr[n + 4 + len(HANDED_OVER_BECAUSE)],
-                # the peer lane: other nodes' files fetched through the C data path, and failed
+                # the peer lane: other nodes' files fetched through the C data path into the
+                # peer area, those that failed, and those answered as a memfd (no room lent)
                 "peer_fetches": arr[n + 5 + len(HANDED_OVER_BECAUSE)],
-                "peer_fetch_failures": arr[n + 6 + len(HANDED_OVER_BECAUSE)]}
+                "peer_fetch_failures": arr[n + 6 + len(HANDED_OVER_BECAUSE)],
+                "peer_transient": arr[n + 7 + len(HANDED_OVER_BECAUSE)]}
 
     def stop(self) -> None:
         """Stop answering (connections not answered yet are closed: their shims read the

@@ -47,11 +47,20 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../wire/monarch_wire.h" /* frames, index layout, limits: one definition (tests/unit/test_wire.py) */
+
+#ifndef F_ADD_SEALS                    /* an older glibc's headers predate memfd (the kernel has it) */
+#define F_ADD_SEALS 1033
+#endif
+#ifndef MFD_CLOEXEC
+#define MFD_CLOEXEC 0x1U
+#define MFD_ALLOW_SEALING 0x2U
+#endif
 
 #define EXPORT __attribute__((visibility("default")))
 #ifndef EPOLLEXCLUSIVE
@@ -78,7 +87,8 @@
                                           cold directory), then leaves the rest to Python's many threads */
 
 enum { K_FREE = 0, K_PYTHON = 1, K_BUSY = 2, K_STAGED = 3 };
-enum { EV_STAGED = 1, EV_FAILED = 2, EV_SLOW = 3, EV_AHEAD = 4 };  /* EV_AHEAD: staged by the read-ahead lane */
+enum { EV_STAGED = 1, EV_FAILED = 2, EV_SLOW = 3, EV_AHEAD = 4, EV_TRANSIENT = 5 };
+/* EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd */
 /* why the read-ahead lane ended before its list did (front_door_read_ahead_state) */
 enum { A_WHOLE, A_NOT_COPYING, A_NO_ROOM, A_STOPPED, A_SLOW_SOURCE };
 enum { T_LISTEN = 1, T_STOP = 2 };
@@ -184,7 +194,7 @@ struct door {
     uint32_t nowners;
     int self_node, peer_slot, peer_timeout_ms, peer_allowed;
     int64_t peer_unit;                 /* the area's allocation unit: a fetch pays its size rounded up to it */
-    uint64_t peer_fetches, peer_failures;
+    uint64_t peer_fetches, peer_failures, peer_transient;
     int nhanded;                       /* connections in hq */
     int busy;                          /* keys BUSY now */
     /* the read-ahead lane (front_door_read_ahead): small files copied ahead of the reader */
@@ -474,7 +484,8 @@ static void post_event_locked(struct door *d, uint32_t kind, uint32_t slot, cons
     d->evq_tail = &ev->next;
     /* the books can wait (Python drains them on its own tick, and before any report) for a
      * batch, or for the room lent to run low: one wake-up per batch, not per copy */
-    if (++d->nevents >= EVENT_BATCH || (kind != EV_STAGED && kind != EV_AHEAD) || d->lease < d->low_water)
+    if (++d->nevents >= EVENT_BATCH || (kind != EV_STAGED && kind != EV_AHEAD && kind != EV_TRANSIENT) ||
+        d->lease < d->low_water)
         wake_python_locked(d);
 }
 
@@ -698,8 +709,8 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     return 0;
 }
 
-/* The owner of the file ``f`` if the peer lane fetches it (another node's, small, room lent),
- * else -1. Under the lock. */
+/* The owner of the file ``f`` if the peer lane fetches it (another node's, small), else -1.
+ * Under the lock. */
 static int64_t peer_room(const struct door *d, uint64_t size)   /* sizes.allocated_size */
 {
     return ((int64_t)size + d->peer_unit - 1) / d->peer_unit * d->peer_unit;
@@ -708,7 +719,7 @@ static int64_t peer_room(const struct door *d, uint64_t size)   /* sizes.allocat
 static int peer_owner_locked(const struct door *d, const struct idx_file *f)
 {
     if (!d->peer_fetch || !d->peer_allowed || d->never_copy || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX ||
-        f->entry == 0 || f->entry > d->nowners || peer_room(d, f->size) > d->lease)
+        f->entry == 0 || f->entry > d->nowners)
         return -1;
     int owner = d->owners[f->entry - 1];
     return owner >= 0 && owner != d->self_node ? owner : -1;
@@ -761,6 +772,58 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
     if (!ok)
         return R_COPY_FAILED;
     send_answer(fd, d->peer_slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
+    close(fd);
+    return -1;
+}
+
+/* An OPEN answered with a descriptor (ANSWER_FD): the frame and ``passed`` in one message. */
+static int send_answer_fd(int fd, int32_t status, int passed)
+{
+    char frame[8] = {0};
+    memcpy(frame, &status, 4);
+    struct iovec iov = {frame, sizeof frame};
+    union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &passed, sizeof(int));
+    return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof frame ? 0 : -1;
+}
+
+/* Another node's file with no room lent in the peer area (it is full of copies answered
+ * within GRACE, or Python has not lent again yet): fetched into a sealed memfd passed with
+ * the answer, the peer cache's transient copy, gone when the application closes it. Under
+ * a global shuffle a copy kept in the area is read again on this node with the same odds
+ * whichever it is, so nothing is evicted for it. The caller counted it BUSY (``fetch`` and
+ * ``dp`` read under the lock: the lane may be turned off meanwhile). -1, or R_COPY_FAILED. */
+static int fetch_transient(struct worker *w, int fd, const char *key, uint32_t len, const struct idx_file *f,
+                           int owner, peer_fetch_fn fetch, void *dp, int timeout_ms)
+{
+    struct door *d = w->d;
+    int64_t t0 = now_ns();
+    int m = (int)syscall(SYS_memfd_create, "monarch-peer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int ok = m >= 0 && fetch(dp, owner, key, (int)len, f->size, m, timeout_ms) == (int64_t)f->size &&
+             fcntl(m, F_ADD_SEALS, MONARCH_MEMFD_SEALS) == 0 && lseek(m, 0, SEEK_SET) == 0;
+    pthread_mutex_lock(&d->mu);
+    if (ok) {
+        d->peer_transient++;
+        post_event_locked(d, EV_TRANSIENT, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
+    } else {
+        d->peer_failures++;            /* handed over: Python's protocol fetches it, or says why not */
+        post_event_locked(d, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
+    }
+    d->busy--;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    if (ok && send_answer_fd(fd, d->peer_slot | MONARCH_ANSWER_FD, m) == 0)
+        __atomic_add_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
+    if (m >= 0)
+        close(m);                      /* the application's descriptor is the one passed */
+    if (!ok)
+        return R_COPY_FAILED;
     close(fd);
     return -1;
 }
@@ -858,13 +921,20 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     }
     struct idx_file f;
     int owner;
-    if (!e && d->peer_fetch && index_file(d, key, len, &f) && (owner = peer_owner_locked(d, &f)) >= 0 &&
-        (e = insert(d, key, len, hash))) {
-        e->state = K_BUSY;
+    if (!e && d->peer_fetch && index_file(d, key, len, &f) && (owner = peer_owner_locked(d, &f)) >= 0) {
+        if (peer_room(d, f.size) <= d->lease && (e = insert(d, key, len, hash))) {
+            e->state = K_BUSY;
+            d->busy++;
+            d->lease -= peer_room(d, f.size);  /* its blocks, not its bytes: never removed for want of room */
+            pthread_mutex_unlock(&d->mu);
+            return fetch_from_peer(w, fd, key, len, hash, &f, owner);
+        }
+        peer_fetch_fn fetch = d->peer_fetch;
+        void *dp = d->peer_dp;
+        int timeout_ms = d->peer_timeout_ms;
         d->busy++;
-        d->lease -= peer_room(d, f.size);  /* its blocks, not its bytes: never removed for want of room */
         pthread_mutex_unlock(&d->mu);
-        return fetch_from_peer(w, fd, key, len, hash, &f, owner);
+        return fetch_transient(w, fd, key, len, &f, owner, fetch, dp, timeout_ms);
     }
     int64_t t0 = now_ns();
     int why = e ? R_PYTHON_KEY : !d->allowed || d->never_copy || t0 < d->slow_until ? R_NOT_COPYING
@@ -1604,7 +1674,7 @@ EXPORT int64_t front_door_lease(struct door *d)
 /* Counters: out[0..MONARCH_MAX_SLOTS) opens answered with a staged copy, by slot; then copies
  * made, connections handed over, copies failed, bytes read from the PFS; then the
  * connections handed over by reason (R_*); then those closed with HANDED_MAX waiting; then
- * the peer lane's fetches and its failures. */
+ * the peer lane's fetches, its failures, and its transient answers (memfds). */
 EXPORT void front_door_counts(struct door *d, uint64_t *out)
 {
     pthread_mutex_lock(&d->mu);
@@ -1619,6 +1689,7 @@ EXPORT void front_door_counts(struct door *d, uint64_t *out)
     out[MONARCH_MAX_SLOTS + 4 + R_REASONS] = d->closed_too_many;
     out[MONARCH_MAX_SLOTS + 5 + R_REASONS] = d->peer_fetches;
     out[MONARCH_MAX_SLOTS + 6 + R_REASONS] = d->peer_failures;
+    out[MONARCH_MAX_SLOTS + 7 + R_REASONS] = d->peer_transient;
     pthread_mutex_unlock(&d->mu);
 }
 

@@ -439,19 +439,26 @@ def _remove(path: str) -> None:
 
 def thread_cpu_seconds() -> str:
     """The live threads' CPU seconds (user + system, from /proc), summed by name without its
-    number (``monarch-stage-12`` counts as ``monarch-stage``), and the rest of the process's
-    (threads that have ended): where a daemon's CPU went."""
+    number (``monarch-stage-12`` counts as ``monarch-stage``; a thread of C, such as the front
+    door's or the peer data path's, by the name it gave itself), and the rest of the
+    process's (threads that have ended): where a daemon's CPU went."""
     import re
     import threading
     tick = os.sysconf("SC_CLK_TCK")
+    python_names = {t.native_id: t.name for t in threading.enumerate()}
     by_name: dict[str, float] = {}
-    for t in threading.enumerate():
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:  # not Linux
+        tids = []
+    for tid in tids:
         try:
-            with open(f"/proc/self/task/{t.native_id}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError, TypeError):
-            continue  # gone, or not Linux
-        name = re.sub(r"[-_]\d+(_\d+)?$", "", t.name)
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                comm, fields = f.read().split("(", 1)[1].rsplit(")", 1)
+            fields = fields.split()
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        name = re.sub(r"[-_]\d+(_\d+)?$", "", python_names.get(int(tid), comm))
         by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     by_name["ended threads"] = time.process_time() - sum(by_name.values())
     return ", ".join(f"{n} {s:.2f}" for n, s in sorted(by_name.items(), key=lambda kv: -kv[1]))

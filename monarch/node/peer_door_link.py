@@ -11,7 +11,8 @@ the door's table and the peer cache's books one, as ``DoorLink`` does for the st
   order, counted as fetched;
 * the room it fetches into is lent out of the peer area a chunk at a time, made by evicting
   the least recently used copies as the cache's own fetches do, and given back whenever the
-  cache wants it;
+  cache wants it; with none left the door answers a transient copy itself (a sealed memfd,
+  the cache's own answer when it cannot make room), counted in the cache's ``transient``;
 * the door's answers count as uses: a copy it answered less than GRACE ago is not evicted
   (checked and handed over in one step, ``FrontDoor.evict``), so an application it was
   answered to never finds it gone.
@@ -28,7 +29,7 @@ import logging
 from array import array
 from typing import Callable
 
-from monarch.frontdoor import EV_STAGED, FrontDoor
+from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, FrontDoor
 from monarch.node.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.index_writer import positions
 from monarch.node.peer_cache import GRACE, PeerCache
@@ -96,6 +97,9 @@ class PeerDoorLink(StagerListener):
         fetched = 0
         with books.lock:  # drained under the lock: a claim that finds a fetch of the door's finds it here
             for ev in self.door.events():
+                if ev.kind == EV_TRANSIENT:  # answered as a memfd: nothing to book
+                    counts["transient"] += 1
+                    counts["transient_bytes"] += ev.size
                 if ev.kind != EV_STAGED:
                     continue  # a failed fetch: handed over, Python's protocol fetches it
                 if books.enter_copy_locked(ev.key, self.area, ev.size, paid=self.area.allocated(ev.size)):

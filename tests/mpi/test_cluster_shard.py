@@ -67,6 +67,12 @@ def test_sharded_dataset_over_the_nodes_storage_reads_the_pfs_once(dataset, shor
     lanes = {k: (n["front_door"]["peer_fetches"], n["peer"].get("datapath")) for k, n in nodes_report.items()}
     assert sum(fetched for fetched, _ in lanes.values()) > 0, lanes
     assert sum(dp["served_files"] for _, dp in lanes.values()) > 0, lanes
+    # a peer area full of young copies: the door answers a memfd itself (no Python on either side),
+    # counted as the cache's transient copies
+    transient = {k: (n["front_door"]["peer_transient"], n["cluster"]["peer_cache"]["transient"])
+                 for k, n in nodes_report.items()}
+    assert sum(door for door, _ in transient.values()) > 0, transient
+    assert all(door <= cache for door, cache in transient.values()), transient
 
 
 def test_readers_started_with_the_daemons_wait_for_them_and_read_the_pfs_once(dataset, short_tmp, slow_pfs):
