@@ -810,10 +810,10 @@ static int fetch_transient(struct worker *w, int fd, const char *key, uint32_t l
     pthread_mutex_lock(&d->mu);
     if (ok) {
         d->peer_transient++;
-        post_event_locked(d, EV_TRANSIENT, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
+        post_event_locked(d, EV_TRANSIENT, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
     } else {
         d->peer_failures++;            /* handed over: Python's protocol fetches it, or says why not */
-        post_event_locked(d, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->size, 0, now_ns() - t0);
+        post_event_locked(d, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
     }
     d->busy--;
     pthread_cond_broadcast(&d->cv);
@@ -1426,7 +1426,7 @@ EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap)
 }
 
 /* Events, packed into ``buf`` as many as fit: per event ``<IIQQqII`` (kind: 1 staged,
- * 2 failed, 3 copying resting for a slow source, 4 staged by the read-ahead lane; slot;
+ * 2 failed, 3 copying resting for a slow source, 4 staged by the read-ahead lane, 5 answered as a memfd; slot;
  * size; bytes read from the PFS; nanoseconds; key length; the key's index entry, from 1, 0
  * none) then the key. Returns the bytes used (0: none waits). When
  * nothing waits either way, the next arrival wakes Python again. */
