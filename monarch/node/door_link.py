@@ -87,8 +87,8 @@ class DoorLink(StagerListener):
         books = self.stager
         staged = 0
         tiers = {t.slot: t for t in books.tiers}
-        files = books.snapshot.files
-        by_entry = isinstance(files, IndexTable) and files.data is self.door.index  # its entries are the books' rows
+        index = books.snapshot.files
+        by_entry = isinstance(index, IndexTable) and index.data is self.door.index  # its entries are the books' rows
         with books.lock:  # drained under the lock: a claim that finds a copy of the door's finds it here
             ahead: dict[int, list[tuple[str, int, int]]] = {}  # the read-ahead lane's copies, booked per tier at once
             files = nbytes = 0
