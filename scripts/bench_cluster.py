@@ -189,7 +189,7 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
             for k, (_, _, err) in enumerate(done):
                 Path(case, f"run{k}.log").write_text(err)
     finally:
-        stop_daemons(serve, cfg, JOB, args.nodes)
+        stop_daemons(serve)
     cpu = {"readers": round(cpu1 - cpu0, 2), "daemons": round(cpu_children() - cpu1, 2),
            "pfs": round(pfs_cpu(pfs) - fuse0, 2)}
     report = load_json(os.path.join(os.path.dirname(socks[0]), "report.json")) or {}

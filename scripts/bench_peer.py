@@ -149,7 +149,7 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
         result = json.load(open(out))
         rep = json.load(open(report))
     finally:
-        stop_daemons(serve, cfg, JOB, NODES)
+        stop_daemons(serve)
     remote = remote_opens(rep)
     daemon_cpu = [b - a - i * result["seconds"] for a, b, i in zip(before, after, idle)]
     return {"pass_seconds": round(result["seconds"], 3), "launcher_seconds": round(elapsed, 3),

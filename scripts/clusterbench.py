@@ -23,11 +23,13 @@ def mpiexec(who: str) -> str:
     return found
 
 
-def stop_daemons(serve: subprocess.Popen, cfg: str, job: str, nodes: int) -> None:
-    """``monarch stop`` on each node, then mpiexec's end (killed with its group after 90 s)."""
-    for k in range(nodes):
-        subprocess.run([sys.executable, "-m", "monarch", "stop", "-c", cfg], env=bench_env(job, MONARCH_NODE=k),
-                       capture_output=True, timeout=60)
+def stop_daemons(serve: subprocess.Popen) -> None:
+    """Stop the job's daemons as a batch script ends: one SIGTERM to ``mpiexec``, which passes
+    it to every daemon (hydra and Open MPI's mpiexec both do), then its end (killed with its
+    group after 90 s). Each daemon finishes as under ``monarch stop``, node 0 writes the
+    report; no interpreter per node is started to say so (docs/cluster.md, step 4)."""
+    if serve.poll() is None:
+        serve.send_signal(signal.SIGTERM)
     try:
         serve.wait(timeout=90)
     except subprocess.TimeoutExpired:

@@ -138,9 +138,11 @@ class DataPath:
         raw = protocol.key_bytes(key)
         return self._lib.dp_fetch(self._dp, owner, raw, len(raw), size, fd, max(1, int(timeout * 1000)))
 
-    def fetch_function(self) -> tuple[int, int]:
-        """(address of dp_fetch, this path's handle): for the front door to call it itself."""
-        return ctypes.cast(self._lib.dp_fetch, ctypes.c_void_p).value, self._dp
+    def fetch_function(self) -> tuple[int, int, int]:
+        """(address of dp_fetch, of dp_staged, this path's handle): for the front door to fetch
+        other nodes' files, and offer its own copies, itself."""
+        return (ctypes.cast(self._lib.dp_fetch, ctypes.c_void_p).value,
+                ctypes.cast(self._lib.dp_staged, ctypes.c_void_p).value, self._dp)
 
     def lost(self, node: int) -> None:
         """``node`` is lost: its fetches end at once; with ULFM its failure is acknowledged on

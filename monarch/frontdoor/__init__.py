@@ -31,6 +31,8 @@ LIBRARY_NAME = "libmonarch_front_door.so"
 ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
 
 EV_STAGED, EV_FAILED, EV_SLOW, EV_AHEAD, EV_TRANSIENT = 1, 2, 3, 4, 5
+# whose books an event or lent room is (front_door.c: Q_*): the stager's copies, the peer cache's fetches
+BOOKS, PEER_BOOKS = 0, 1
 # EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd
 # why the read-ahead lane ended before its list did (front_door.c: A_*)
 AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped", "slow_source")
@@ -74,7 +76,7 @@ def library() -> ctypes.CDLL | None:
         "front_door_start": (vp, [i, cp, i, cp, i, i, i]),
         "front_door_wake_fd": (i, [vp]),
         "front_door_take": (i, [vp, ctypes.POINTER(i), ctypes.c_char_p, i]),
-        "front_door_events": (i, [vp, ctypes.c_char_p, i]),
+        "front_door_events": (i, [vp, i, ctypes.c_char_p, i]),
         "front_door_open": (i, [vp, cp]),
         "front_door_open_memory": (i, [vp, vp, ctypes.c_uint64]),
         "front_door_settle": (None, [vp]),
@@ -83,11 +85,12 @@ def library() -> ctypes.CDLL | None:
         "front_door_forget": (None, [vp, cp, i]),
         "front_door_copying": (None, [vp, i]),
         "front_door_disable": (None, [vp]),
-        "front_door_grant": (None, [vp, i64]),
-        "front_door_reclaim": (i64, [vp]),
-        "front_door_lease": (i64, [vp]),
+        "front_door_grant": (None, [vp, i, i64]),
+        "front_door_reclaim": (i64, [vp, i]),
+        "front_door_lease": (i64, [vp, i]),
         "front_door_counts": (None, [vp, u64p]),
-        "front_door_peers": (i, [vp, vp, vp, vp, ctypes.c_uint32, i, i, i, i64]),
+        "front_door_peers": (i, [vp, vp, vp, vp, vp, ctypes.c_uint32, i, i, i, i64]),
+        "front_door_own_only": (None, [vp, i]),
         "front_door_peer_copying": (None, [vp, i]),
         "front_door_evict": (i, [vp, cp, i, i64]),
         "front_door_read_ahead": (i, [vp, ctypes.c_uint32, i]),
@@ -119,7 +122,6 @@ class FrontDoor:
         blob = b"".join(os.fsencode(r) + b"\0" for r in roots)
         self._door = lib.front_door_start(listen_fd, blob, len(roots), tiers, nslots, copy_slot, workers)
         self._stopped = False
-        self.fetches_from_peers = False  # the peer lane is on: its events are the peer cache's (peers())
         if not self._door:
             err = ctypes.get_errno() or 22
             raise OSError(err, f"starting the front door: {os.strerror(err)}")
@@ -144,10 +146,11 @@ class FrontDoor:
             out.append((fd.value, self._buf.raw[:n]))
         return out
 
-    def events(self) -> list[DoorEvent]:
-        """What the door did since the last call (and re-arms its wake-up)."""
+    def events(self, books: int = BOOKS) -> list[DoorEvent]:
+        """What the door did for ``books`` (BOOKS: copies, PEER_BOOKS: the peer lane's fetches)
+        since the last call (and re-arms its wake-up once both are drained)."""
         out = []
-        while n := self._lib.front_door_events(self._door, self._events, len(self._events)):
+        while n := self._lib.front_door_events(self._door, books, self._events, len(self._events)):
             raw = self._events.raw[:n]
             at = 0
             while at < n:
@@ -233,22 +236,27 @@ class FrontDoor:
         raw = protocol.key_bytes(key)
         self._lib.front_door_forget(self._door, raw, len(raw))
 
-    def peers(self, fetch: int | None, datapath: int | None, owners, self_node: int, peer_slot: int,
-              timeout: float, unit: int = 1) -> bool:
+    def peers(self, fetch: int | None, offer: int | None, datapath: int | None, owners, self_node: int,
+              peer_slot: int, timeout: float, unit: int = 1) -> bool:
         """The peer lane: misses of the files ``owners`` (an ``array('h')`` by index entry, -1:
         none) gives to another node fetched with the C function ``fetch`` (datapath.c's dp_fetch,
         on ``datapath``) into the tier of ``peer_slot``, each paying its size rounded up to
-        ``unit`` (the tier's allocation) out of the lease; ``fetch`` None turns it off. False if
-        the door has no such tier."""
+        ``unit`` (the tier's allocation) out of the peer area's lease; the door's own copies
+        offered with ``offer`` (dp_staged); ``fetch`` None turns it off. False if the door has
+        no such tier."""
         if fetch is None:
-            return self._lib.front_door_peers(self._door, None, None, None, 0, self_node, peer_slot, 0, 1) == 0
-        self.fetches_from_peers = True  # before the lane opens: no event of it is booked as the stager's
+            return self._lib.front_door_peers(self._door, None, None, None, None, 0, self_node, peer_slot, 0, 1) == 0
         address, n = owners.buffer_info()
-        ok = self._lib.front_door_peers(self._door, fetch, datapath, address, n, self_node, peer_slot,
+        ok = self._lib.front_door_peers(self._door, fetch, offer, datapath, address, n, self_node, peer_slot,
                                         max(1, int(timeout * 1000)), unit) == 0
         if ok:
             self._owners = owners  # the door reads it: kept alive with the door
         return ok
+
+    def own_only(self, on: bool) -> None:
+        """A sharded node's door: it copies this node's own files only (none before ``peers``
+        says who owns which)."""
+        self._lib.front_door_own_only(self._door, int(on))
 
     def peer_copying(self, on: bool) -> None:
         self._lib.front_door_peer_copying(self._door, int(on))
@@ -265,11 +273,13 @@ class FrontDoor:
     def disable(self) -> None:
         self._lib.front_door_disable(self._door)
 
-    def grant(self, nbytes: int) -> None:
-        self._lib.front_door_grant(self._door, nbytes)
+    def grant(self, nbytes: int, books: int = BOOKS) -> None:
+        """Room the door may fill for ``books`` (reserved by the caller in that tier)."""
+        self._lib.front_door_grant(self._door, books, nbytes)
 
-    def reclaim(self) -> int:
-        return self._lib.front_door_reclaim(self._door)
+    def reclaim(self, books: int = BOOKS) -> int:
+        """What is left of ``books``' grants (the caller releases it)."""
+        return self._lib.front_door_reclaim(self._door, books)
 
-    def lease(self) -> int:
-        return self._lib.front_door_lease(self._door)
+    def lease(self, books: int = BOOKS) -> int:
+        return self._lib.front_door_lease(self._door, books)

@@ -26,7 +26,12 @@
  * (front_door_events) into its own accounting. Whether the source is fast enough to copy
  * inline the door finds out itself: copies whose source part is slow, not counting the time
  * the thread waited for a core (schedstat's run_delay), mean a high-latency source, whose
- * misses go to Python's many threads, which hide latency. A key is in one state:
+ * misses go to Python's many threads, which hide latency. In a sharded cluster the door
+ * copies only this node's own files (front_door_own_only: those ``owners`` gives to no other
+ * node), and offers each copy to the C peer data path at once, so other nodes fetch it
+ * without Python too. Two sets of books: the stager's (copies, lent room in the first tier)
+ * and the peer cache's (fetches, lent room in the peer area), each with its own lease and
+ * events (Q_BOOKS, Q_PEER). A key is in one state:
  * absent (never asked: the door may copy it), BUSY (the door copies it now), STAGED
  * (answerable), or PYTHON (anything else: handed over).
  */
@@ -88,6 +93,9 @@
 
 enum { K_FREE = 0, K_PYTHON = 1, K_BUSY = 2, K_STAGED = 3 };
 enum { EV_STAGED = 1, EV_FAILED = 2, EV_SLOW = 3, EV_AHEAD = 4, EV_TRANSIENT = 5 };
+/* whose books an event or a lease is: the stager's (copies from the PFS into the copy tier)
+ * or the peer cache's (fetches from other nodes into the peer area) */
+enum { Q_BOOKS = 0, Q_PEER = 1, NQUEUES = 2 };
 /* EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd */
 /* why the read-ahead lane ended before its list did (front_door_read_ahead_state) */
 enum { A_WHOLE, A_NOT_COPYING, A_NO_ROOM, A_STOPPED, A_SLOW_SOURCE };
@@ -138,6 +146,13 @@ struct event {                         /* something the door did, for Python's b
 struct door;
 /* datapath.c's dp_fetch: the bytes written into fd, or < 0 */
 typedef int64_t (*peer_fetch_fn)(void *dp, int owner, const char *key, int len, uint64_t size, int fd, int timeout_ms);
+/* datapath.c's dp_staged: the data path answers other nodes' requests for ``key`` from ``slot`` */
+typedef void (*peer_offer_fn)(void *dp, const char *key, int len, int slot);
+
+struct evqueue {                       /* one set of books' events, oldest first */
+    struct event *head, **tail;
+    int n;
+};
 
 struct worker {                        /* one thread of the door: its own epoll and buffers */
     struct door *d;
@@ -178,18 +193,19 @@ struct door {
     int settled;                       /* the snapshot is ready or failed: INDEX polls are Python's */
     int gate_open, allowed, never_copy;  /* copying: Python allows it, no write by the job seen */
     int stopped;
-    int64_t lease, low_water;          /* room lent; wake Python below this */
-    int nevents;
+    int64_t lease[NQUEUES], low_water[NQUEUES];  /* room lent, by books (Q_*); wake Python below this */
     int slow_run;                      /* consecutive copies slower than SLOW_NS */
     int64_t slow_until, backoff;       /* copying rests until then (a slow source) */
     struct handed *hq, **hq_tail;
-    struct event *evq, **evq_tail;
+    struct evqueue evq[NQUEUES];
     int woken;
     uint64_t hits[MONARCH_MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS], closed_too_many;
     /* the peer lane (a sharded cluster): a miss of another node's file fetched through the C
      * peer data path (monarch/cluster/datapath.c) into the peer area, within the same lease */
     peer_fetch_fn peer_fetch;
+    peer_offer_fn peer_offer;          /* the door's own copies offered to other nodes (own_only) */
     void *peer_dp;
+    int own_only;                      /* a sharded node: copy only the files ``owners`` gives to no other */
     const int16_t *owners;             /* by index entry - 1: the owning node, -1 none (Python's array) */
     uint32_t nowners;
     int self_node, peer_slot, peer_timeout_ms, peer_allowed;
@@ -471,7 +487,7 @@ static void hand_over(struct door *d, int fd, const char *data, uint32_t len, in
     pthread_mutex_unlock(&d->mu);
 }
 
-static void post_event_locked(struct door *d, uint32_t kind, uint32_t slot, const char *key, uint32_t len,
+static void post_event_locked(struct door *d, int q, uint32_t kind, uint32_t slot, const char *key, uint32_t len,
                               uint32_t entry, uint64_t size, uint64_t bytes_read, int64_t ns)
 {
     struct event *ev = malloc(sizeof *ev + len);
@@ -480,12 +496,13 @@ static void post_event_locked(struct door *d, uint32_t kind, uint32_t slot, cons
     *ev = (struct event){.kind = kind, .slot = slot, .size = size, .bytes_read = bytes_read, .ns = ns, .len = len,
                          .entry = entry};
     memcpy(ev->key, key, len);
-    *d->evq_tail = ev;
-    d->evq_tail = &ev->next;
+    struct evqueue *queue = &d->evq[q];
+    *queue->tail = ev;
+    queue->tail = &ev->next;
     /* the books can wait (Python drains them on its own tick, and before any report) for a
      * batch, or for the room lent to run low: one wake-up per batch, not per copy */
-    if (++d->nevents >= EVENT_BATCH || (kind != EV_STAGED && kind != EV_AHEAD && kind != EV_TRANSIENT) ||
-        d->lease < d->low_water)
+    if (++queue->n >= EVENT_BATCH || (kind != EV_STAGED && kind != EV_AHEAD && kind != EV_TRANSIENT) ||
+        d->lease[q] < d->low_water[q])
         wake_python_locked(d);
 }
 
@@ -716,6 +733,13 @@ static int64_t peer_room(const struct door *d, uint64_t size)   /* sizes.allocat
     return ((int64_t)size + d->peer_unit - 1) / d->peer_unit * d->peer_unit;
 }
 
+/* May the door copy index entry ``entry`` from the PFS? Alone on a node, any; on a sharded
+ * node only its own (``owners``: -1), and none before the owners are known. Under the lock. */
+static int own_file_locked(const struct door *d, uint32_t entry)
+{
+    return !d->own_only || (d->owners && entry > 0 && entry <= d->nowners && d->owners[entry - 1] < 0);
+}
+
 static int peer_owner_locked(const struct door *d, const struct idx_file *f)
 {
     if (!d->peer_fetch || !d->peer_allowed || d->never_copy || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX ||
@@ -754,15 +778,15 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
         e->slot = (uint8_t)d->peer_slot;
         e->answered = door_ms(d);
         d->peer_fetches++;
-        post_event_locked(d, EV_STAGED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
+        post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
     } else {
         if (out >= 0)
             unlinkat(kdir, tmp, 0);
         ok = 0;
         e->state = K_PYTHON;           /* Python's protocol fetches it (staging it there first), or says why not */
-        d->lease += peer_room(d, f->size);
+        d->lease[Q_PEER] += peer_room(d, f->size);
         d->peer_failures++;
-        post_event_locked(d, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
+        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
     }
     d->busy--;
     pthread_cond_broadcast(&d->cv);
@@ -810,10 +834,10 @@ static int fetch_transient(struct worker *w, int fd, const char *key, uint32_t l
     pthread_mutex_lock(&d->mu);
     if (ok) {
         d->peer_transient++;
-        post_event_locked(d, EV_TRANSIENT, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
+        post_event_locked(d, Q_PEER, EV_TRANSIENT, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
     } else {
         d->peer_failures++;            /* handed over: Python's protocol fetches it, or says why not */
-        post_event_locked(d, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
+        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
     }
     d->busy--;
     pthread_cond_broadcast(&d->cv);
@@ -842,6 +866,8 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
     int64_t source_ns = 0;
     int preempted = 1;                 /* a copy that never read the source says nothing of it */
     int kdir = -1;                     /* the key's directory in the tier (copy_in) */
+    peer_offer_fn offer = NULL;
+    void *offer_dp = NULL;
     int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read, &source_ns, &preempted);
     const char *name = strrchr(dest, '/') + 1;
     int64_t ns = now_ns() - t0;
@@ -863,18 +889,22 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
         else
             d->copies++;
         d->bytes_read += bytes_read;
-        post_event_locked(d, kind, (uint32_t)d->copy_slot, key, len, f->entry, f->size, bytes_read, ns);
+        post_event_locked(d, Q_BOOKS, kind, (uint32_t)d->copy_slot, key, len, f->entry, f->size, bytes_read, ns);
         published = 1;
+        if (d->own_only && d->peer_offer) {
+            offer = d->peer_offer;     /* read under the lock: the lane may be turned off meanwhile */
+            offer_dp = d->peer_dp;
+        }
     } else {
         if (r == 0)
             unlinkat(kdir, tmp, 0);
         e->state = K_PYTHON;           /* Python copies it, or finds why not, and says so */
         if (r == -3)
             d->allowed = 0;            /* the tier failed (full?): Python finds out, and allows again or not */
-        d->lease += (int64_t)f->size;
+        d->lease[Q_BOOKS] += (int64_t)f->size;
         d->failures++;
         d->bytes_read += bytes_read;
-        post_event_locked(d, EV_FAILED, 0, key, len, f->entry, f->size, bytes_read, ns);
+        post_event_locked(d, Q_BOOKS, EV_FAILED, 0, key, len, f->entry, f->size, bytes_read, ns);
     }
     if (!preempted && source_ns <= SLOW_NS) {
         d->slow_run = 0;
@@ -884,11 +914,13 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
         d->backoff = d->backoff ? (2 * d->backoff < BACKOFF_MAX_NS ? 2 * d->backoff : BACKOFF_MAX_NS) : BACKOFF_NS;
         d->slow_until = t0 + ns + d->backoff;
         d->slow_run = SLOW_RUN - 1;    /* the one copy tried after the rest decides again */
-        post_event_locked(d, EV_SLOW, 0, key, len, 0, 0, 0, source_ns);
+        post_event_locked(d, Q_BOOKS, EV_SLOW, 0, key, len, 0, 0, 0, source_ns);
     }
     d->busy--;
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
+    if (offer)                         /* other nodes fetch it through the data path from now on */
+        offer(offer_dp, key, (int)len, d->copy_slot);
     return published;
 }
 
@@ -922,10 +954,10 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     struct idx_file f;
     int owner;
     if (!e && d->peer_fetch && index_file(d, key, len, &f) && (owner = peer_owner_locked(d, &f)) >= 0) {
-        if (peer_room(d, f.size) <= d->lease && (e = insert(d, key, len, hash))) {
+        if (peer_room(d, f.size) <= d->lease[Q_PEER] && (e = insert(d, key, len, hash))) {
             e->state = K_BUSY;
             d->busy++;
-            d->lease -= peer_room(d, f.size);  /* its blocks, not its bytes: never removed for want of room */
+            d->lease[Q_PEER] -= peer_room(d, f.size);  /* its blocks, not its bytes: never removed for want of room */
             pthread_mutex_unlock(&d->mu);
             return fetch_from_peer(w, fd, key, len, hash, &f, owner);
         }
@@ -939,14 +971,15 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     int64_t t0 = now_ns();
     int why = e ? R_PYTHON_KEY : !d->allowed || d->never_copy || t0 < d->slow_until ? R_NOT_COPYING
             : !index_file(d, key, len, &f) || !S_ISREG(f.mode) || f.size > MONARCH_INLINE_MAX ? R_NOT_SMALL_FILE
-            : (int64_t)f.size > d->lease ? R_NO_ROOM : !(e = insert(d, key, len, hash)) ? R_OTHER : -1;
+            : !own_file_locked(d, f.entry) ? R_NOT_COPYING
+            : (int64_t)f.size > d->lease[Q_BOOKS] ? R_NO_ROOM : !(e = insert(d, key, len, hash)) ? R_OTHER : -1;
     if (why >= 0) {
         pthread_mutex_unlock(&d->mu);
         return why;
     }
     e->state = K_BUSY;
     d->busy++;
-    d->lease -= (int64_t)f.size;
+    d->lease[Q_BOOKS] -= (int64_t)f.size;
     pthread_mutex_unlock(&d->mu);
 
     int published = copy_and_publish(w, key, len, hash, &f, t0, EV_STAGED, dest);
@@ -995,6 +1028,10 @@ static void *ahead_main(void *arg)
         struct idx_file f;
         const char *key;
         uint32_t len;
+        if (!own_file_locked(d, d->ahead_next + 1)) {
+            d->ahead_next++;           /* another node's: its owner stages it */
+            continue;
+        }
         if (!index_entry(d, d->ahead_next + 1, &f, &key, &len) || !S_ISREG(f.mode) ||
             f.size > MONARCH_INLINE_MAX) {
             d->ahead_next++;           /* not a small file: Python's stager copies it */
@@ -1005,7 +1042,7 @@ static void *ahead_main(void *arg)
             d->ahead_next++;           /* staged, being copied, or Python's */
             continue;
         }
-        if ((int64_t)f.size > d->lease) {
+        if ((int64_t)f.size > d->lease[Q_BOOKS]) {
             if (++waits > AHEAD_WAITS) {
                 end = A_NO_ROOM;
                 break;
@@ -1026,7 +1063,7 @@ static void *ahead_main(void *arg)
             continue;
         e->state = K_BUSY;
         d->busy++;
-        d->lease -= (int64_t)f.size;
+        d->lease[Q_BOOKS] -= (int64_t)f.size;
         pthread_mutex_unlock(&d->mu);
         copy_and_publish(w, key, len, hash, &f, now_ns(), EV_AHEAD, dest);
         pthread_mutex_lock(&d->mu);
@@ -1333,7 +1370,8 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     d->uid = getuid();
     d->started_ns = now_ns();
     d->hq_tail = &d->hq;
-    d->evq_tail = &d->evq;
+    for (int q = 0; q < NQUEUES; q++)
+        d->evq[q].tail = &d->evq[q].head;
     d->copy_slot = copy_slot;
     d->listen_fd = d->stop_fd = d->wake_fd = -1;
     pthread_mutex_init(&d->mu, NULL);
@@ -1431,14 +1469,17 @@ EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap)
  * none) then the key. Returns the bytes used (0: none waits). When
  * nothing waits either way, the next arrival wakes Python again. */
 #define EVENT_HEAD 40
-EXPORT int front_door_events(struct door *d, char *buf, int cap)
+EXPORT int front_door_events(struct door *d, int q, char *buf, int cap)
 {
     int used = 0;
+    if (q < 0 || q >= NQUEUES)
+        return 0;
     pthread_mutex_lock(&d->mu);
+    struct evqueue *queue = &d->evq[q];
     struct event *ev;
-    while ((ev = d->evq) && used + EVENT_HEAD + (int)ev->len <= cap) {
-        d->evq = ev->next;
-        d->nevents--;
+    while ((ev = queue->head) && used + EVENT_HEAD + (int)ev->len <= cap) {
+        queue->head = ev->next;
+        queue->n--;
         char *p = buf + used;
         memcpy(p, &ev->kind, 4);
         memcpy(p + 4, &ev->slot, 4);
@@ -1451,9 +1492,9 @@ EXPORT int front_door_events(struct door *d, char *buf, int cap)
         used += EVENT_HEAD + (int)ev->len;
         free(ev);
     }
-    if (!d->evq)
-        d->evq_tail = &d->evq;
-    if (!d->evq && !d->hq) {
+    if (!queue->head)
+        queue->tail = &queue->head;
+    if (!d->evq[Q_BOOKS].head && !d->evq[Q_PEER].head && !d->hq) {
         uint64_t v;
         if (read(d->wake_fd, &v, sizeof v) < 0) {
             /* nothing was pending: fine */
@@ -1545,16 +1586,18 @@ EXPORT int front_door_claim(struct door *d, const char *key, int len)
 
 /* The peer lane: misses of files ``owners`` (by index entry - 1; -1: none) gives to another
  * node than ``self_node`` are fetched with ``fetch(dp, ...)`` into the tier of ``peer_slot``
- * (the peer area), each paying its size rounded up to ``unit`` out of the lease; ``fetch``
- * NULL turns the lane off. ``owners`` stays the
- * caller's, and is not read once this returns after another call. */
-EXPORT int front_door_peers(struct door *d, void *fetch, void *dp, const int16_t *owners, uint32_t nowners,
-                            int self_node, int peer_slot, int timeout_ms, int64_t unit)
+ * (the peer area), each paying its size rounded up to ``unit`` out of the peer lease;
+ * ``fetch`` NULL turns the lane off. The door's own copies are offered with ``offer(dp,
+ * ...)`` (may be NULL). ``owners`` stays the caller's, and is not read once this returns
+ * after another call. */
+EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
+                            uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit)
 {
     if (fetch && (peer_slot < 0 || peer_slot >= MONARCH_MAX_SLOTS || !d->tiers[peer_slot] || unit <= 0))
         return -1;
     pthread_mutex_lock(&d->mu);
     d->peer_fetch = (peer_fetch_fn)fetch;
+    d->peer_offer = fetch ? (peer_offer_fn)offer : NULL;
     d->peer_dp = dp;
     d->owners = fetch ? owners : NULL;
     d->nowners = fetch ? nowners : 0;
@@ -1564,6 +1607,15 @@ EXPORT int front_door_peers(struct door *d, void *fetch, void *dp, const int16_t
     d->peer_unit = unit > 0 ? unit : 1;
     pthread_mutex_unlock(&d->mu);
     return 0;
+}
+
+/* A sharded node's door (``on``): it copies only this node's own files, none before the peer
+ * lane tells it who owns which (front_door_peers). */
+EXPORT void front_door_own_only(struct door *d, int on)
+{
+    pthread_mutex_lock(&d->mu);
+    d->own_only = on;
+    pthread_mutex_unlock(&d->mu);
 }
 
 /* Whether the peer lane may fetch now (Python: the area is usable, the job wrote nothing). */
@@ -1643,30 +1695,37 @@ EXPORT void front_door_disable(struct door *d)
     pthread_mutex_unlock(&d->mu);
 }
 
-/* Tier bytes the door may fill (Python reserved them in the copy tier). */
-EXPORT void front_door_grant(struct door *d, int64_t bytes)
+/* Tier bytes the door may fill, for books ``q`` (Q_BOOKS: the copy tier's, Q_PEER: the peer
+ * area's; Python reserved them there). */
+EXPORT void front_door_grant(struct door *d, int q, int64_t bytes)
 {
+    if (q < 0 || q >= NQUEUES)
+        return;
     pthread_mutex_lock(&d->mu);
-    d->lease += bytes;
-    d->low_water = d->lease / 2;
+    d->lease[q] += bytes;
+    d->low_water[q] = d->lease[q] / 2;
     pthread_cond_broadcast(&d->cv);    /* the read-ahead lane may wait for room */
     pthread_mutex_unlock(&d->mu);
 }
 
 /* What is left of the grants (now 0: Python releases it in the tier). */
-EXPORT int64_t front_door_reclaim(struct door *d)
+EXPORT int64_t front_door_reclaim(struct door *d, int q)
 {
+    if (q < 0 || q >= NQUEUES)
+        return 0;
     pthread_mutex_lock(&d->mu);
-    int64_t left = d->lease;
-    d->lease = 0;
+    int64_t left = d->lease[q];
+    d->lease[q] = 0;
     pthread_mutex_unlock(&d->mu);
     return left;
 }
 
-EXPORT int64_t front_door_lease(struct door *d)
+EXPORT int64_t front_door_lease(struct door *d, int q)
 {
+    if (q < 0 || q >= NQUEUES)
+        return 0;
     pthread_mutex_lock(&d->mu);
-    int64_t left = d->lease;
+    int64_t left = d->lease[q];
     pthread_mutex_unlock(&d->mu);
     return left;
 }
@@ -1754,10 +1813,11 @@ EXPORT void front_door_free(struct door *d)
         free(d->roots[i]);
     for (int i = 0; i < MONARCH_MAX_SLOTS; i++)
         free(d->tiers[i]);
-    for (struct event *ev = d->evq, *next; ev; ev = next) {
-        next = ev->next;
-        free(ev);
-    }
+    for (int q = 0; q < NQUEUES; q++)
+        for (struct event *ev = d->evq[q].head, *next; ev; ev = next) {
+            next = ev->next;
+            free(ev);
+        }
     if (d->idx && !d->idx_borrowed)
         munmap((void *)d->idx, d->idx_len);
     if (d->wake_fd >= 0)

@@ -152,10 +152,9 @@ class NodeDaemon:
         start: the Python server answers everything)."""
         if self.config.staging.validate == "open":
             return None
-        # a store's files have no PFS path for the door to copy from: they go to the stager
-        may_copy = self.role is None and self.config.staging.policy != "off" and self.stores is None
         door = DoorKeeper.start(listen_fd, list(self.config.dataset.roots), self.tiers, self.peer_area,
-                                self.current, may_copy, PEER_WORKERS if self.role is not None else 0)
+                                self.current, self._door_may_copy, PEER_WORKERS if self.role is not None else 0,
+                                own_only=self.role is not None)
         if door is None:
             return None
         with self.gate.lock:  # the stager swapped in when the walk ends is linked there
@@ -165,6 +164,14 @@ class NodeDaemon:
         if self.current.ready and self.config.staging.policy == "read-ahead" and self.role is None:
             self._read_ahead_in_door()  # the small files the stager has not taken yet: the door's lane
         return door.door
+
+    def _door_may_copy(self) -> bool:
+        """May the door copy files from the PFS? Alone on a node; in a cluster only sharded with
+        the C data path (the door copies the node's own files, and learns which they are with
+        the peer lane); never a store's (no PFS path to copy from: they go to the stager)."""
+        role = self.role
+        copies = role is None or (role.sharded() and role.cluster.datapath is not None)
+        return copies and self.config.staging.policy != "off" and self.stores is None
 
     @property
     def door_link(self) -> DoorLink | None:
@@ -237,21 +244,31 @@ class NodeDaemon:
             log.debug("phase snapshot.ready")
             self.gate.settle()
 
-    def _open_peer_lane(self) -> None:
-        """Sharded with the C data path: the front door fetches other nodes' files itself,
-        once it knows who owns each (a pass over the snapshot, off this thread)."""
+    def _open_peer_lane(self, read_ahead: bool) -> bool:
+        """Sharded with the C data path: the front door fetches other nodes' files itself, and
+        copies this node's own, once it knows who owns each (a pass over the snapshot, off this
+        thread); then, with ``read_ahead``, the read-ahead starts (the door's lane copies the
+        own small files). False if there is no such lane (the caller starts the read-ahead)."""
         role, keeper, snap = self.role, self._door, self.snapshot
         if keeper is None or role.peer_cache is None or role.peer_area is None or role.cluster.datapath is None:
-            return
+            return False
 
         def link() -> None:
             try:
                 owners = owners_by_entry(snap.files, role.cluster.owner, role.node)
                 keeper.use_peer_link(PeerDoorLink(keeper.door, role.peer_cache, role.cluster.datapath.fetch_function(),
                                                   owners, role.node, role.cluster.heartbeat_timeout))
+                linked = True
             except Exception:
                 log.exception("the front door's peer lane did not start: other nodes' files come through Python")
+                linked = False
+            try:
+                if read_ahead and not (linked and self._read_ahead_in_door()):
+                    self._read_ahead_in_stager()
+            except Exception:
+                log.exception("starting the read-ahead failed; files are staged as they are opened")
         threading.Thread(target=link, name="monarch-peer-lane", daemon=True).start()
+        return True
 
     def _start_staging(self) -> None:
         """The snapshot is ready: serve peers, read ahead, then the hints that came during
@@ -259,19 +276,14 @@ class NodeDaemon:
         those that come meanwhile after them. Nothing here can make the snapshot fail: a
         failure only costs the read-ahead."""
         try:
+            read_ahead = self.config.staging.policy == "read-ahead"
             if self.role is not None:
                 self.role.start()
-                self._open_peer_lane()
+                if self._open_peer_lane(read_ahead):
+                    read_ahead = False  # started by the lane's thread, once the door knows the owners
             # alone on a node the door's lane may copy the small files (the stager the rest)
-            in_door = self.role is None and self.config.staging.policy == "read-ahead" and self._read_ahead_in_door()
-            if self.config.staging.policy == "read-ahead" and not in_door:
-                keys = sorted(self.snapshot.files)
-                self._sample_for_codecs(keys)
-                if self.role is None:
-                    self.stager.read_ahead(keys)
-                else:
-                    self.stager.read_ahead(self.role.read_ahead_order(keys))
-                    self.role.keep_replicas(self.stager, keys)  # then second copies (peer.replicas: 2)
+            if read_ahead and not (self.role is None and self._read_ahead_in_door()):
+                self._read_ahead_in_stager()
         except Exception:
             log.exception("starting the read-ahead failed; files are staged as they are opened")
         while batch := self.gate.next_hints():  # then hint() applies them itself
@@ -282,14 +294,31 @@ class NodeDaemon:
                     log.exception("applying an order hint failed")
 
     def _read_ahead_in_door(self) -> bool:
-        """Single node, a raw first tier: the front door's C lane copies the small files, the
-        stager the large ones (DoorKeeper.read_ahead). False if the stager reads ahead alone."""
+        """A raw first tier the door copies into: the front door's C lane copies the small files
+        (a sharded node's own), the stager the large ones (DoorKeeper.read_ahead), then the
+        second copies (peer.replicas: 2). False if the stager reads ahead alone."""
         if self._door is None:
             return False
         self.open_front_door()  # the index is written and the gate ready (the server opens it too, a moment later)
         sample = self._sample_for_codecs if any(t.codec is not None for t in self.tiers) else None
-        return self._door.read_ahead(self.snapshot.files, self.stager, sample, lambda: self.gate.closing,
-                                     self.absorb_front_door)
+        order = iter if self.role is None else self.role.read_ahead_order
+        if not self._door.read_ahead(self.snapshot.files, self.stager, sample, lambda: self.gate.closing,
+                                     self.absorb_front_door, order):
+            return False
+        if self.role is not None:
+            self.role.keep_replicas(self.stager, sorted(self.snapshot.files))
+        return True
+
+    def _read_ahead_in_stager(self) -> None:
+        """The stager reads ahead alone: every file (a cluster node's own first, or only), then
+        the second copies (peer.replicas: 2)."""
+        keys = sorted(self.snapshot.files)
+        self._sample_for_codecs(keys)
+        if self.role is None:
+            self.stager.read_ahead(keys)
+        else:
+            self.stager.read_ahead(self.role.read_ahead_order(keys))
+            self.role.keep_replicas(self.stager, keys)
 
     def _fail(self, error: Exception, stager: Stager | None) -> None:
         why = str(error) if isinstance(error, MonarchError) else f"{type(error).__name__}: {error}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from monarch import frontdoor, protocol
 from monarch.frontdoor import EV_AHEAD, EV_SLOW, EV_STAGED, FrontDoor
@@ -39,14 +39,15 @@ AHEAD_POLL_SECONDS = 0.05  # how often the stager looks whether the lane is thro
 class DoorLink(StagerListener):
     """``door`` kept told of ``stager``'s copies. With ``may_copy`` the door copies small files
     itself while the PFS is fast, into the first tier, within room lent to it (only when
-    that tier is raw, the node not in a cluster, and it is the tier the door copies to)."""
+    that tier is raw and the tier the door copies to; a sharded node's door copies its own
+    files only, ``FrontDoor.own_only``)."""
 
     def __init__(self, door: FrontDoor, stager: Stager, may_copy: bool):
         self.door = door
         self.stager = stager
         tiers = stager.tiers
-        self.may_copy = (may_copy and stager.peers is None and bool(tiers)
-                         and tiers[0].codec is None and door.copy_slot == tiers[0].slot)
+        self.may_copy = (may_copy and bool(tiers) and tiers[0].codec is None
+                         and door.copy_slot == tiers[0].slot)
         with stager.lock:  # the books so far, then every event: nothing is missed in between
             stager.subscribe_locked(self)
             for key in stager.flights:  # copies under way are the stager's
@@ -82,8 +83,6 @@ class DoorLink(StagerListener):
     def absorb(self) -> int:
         """Enter what the door copied into the stager's books, lend it room. Returns how
         many files it staged."""
-        if self.door.fetches_from_peers:
-            return 0  # its events are the peer lane's (PeerDoorLink's): this stager's books have none
         books = self.stager
         staged = 0
         tiers = {t.slot: t for t in books.tiers}
@@ -114,14 +113,26 @@ class DoorLink(StagerListener):
         books = self.stager
         allowed = (self.may_copy and not books.dirty and not books.closed
                    and books.tiers[0].full_reason is None)  # a full filesystem: the stager finds out
+        if allowed:
+            tier = books.tiers[0]
+            chunk = max(INLINE_BYTES, min(LEASE_MAX, tier.capacity // LEASE_SHARE))
+            if self.door.lease() < chunk // 2 and not self._lend(tier, chunk) and self.door.lease() < INLINE_BYTES:
+                # the tier is full (pin, don't thrash: nothing is evicted for the door): its misses
+                # and the read-ahead lane's list go to the stager, which spills to the next tier,
+                # now rather than once the lane has waited for room that will not come
+                allowed = False
         self.door.copying(allowed)  # whether the PFS is fast enough for it, the door finds out itself
         if not allowed:
             self.reclaim_lease()
-        else:
-            tier = books.tiers[0]
-            chunk = max(INLINE_BYTES, min(LEASE_MAX, tier.capacity // LEASE_SHARE))
-            if self.door.lease() < chunk // 2 and tier.reserve(chunk, counted=False):
-                self.door.grant(chunk)
+
+    def _lend(self, tier: Tier, chunk: int) -> bool:
+        """Lend the door ``chunk`` of ``tier``, or what is left of it if less (at least one
+        small file's worth). True if some was lent."""
+        left = min(chunk, tier.capacity - tier.room)
+        if left >= INLINE_BYTES and tier.reserve(left, counted=False):
+            self.door.grant(left)
+            return True
+        return False
 
     def reclaim_lease(self) -> bool:
         """Give the door's unused room back to its tier: for a true report, and whenever
@@ -140,10 +151,10 @@ class DoorKeeper:
     whichever stager serves now (``relink_locked`` at each swap), opened once the index is
     written, its copies absorbed into the books, its counts reported, stopped at close."""
 
-    def __init__(self, door: FrontDoor, current: Current, may_copy: bool):
+    def __init__(self, door: FrontDoor, current: Current, may_copy: Callable[[], bool]):
         self.door = door
         self._current = current
-        self._may_copy = may_copy
+        self._may_copy = may_copy  # asked at each link: a cluster's layout is known once the walk ends
         self.link: DoorLink | None = None  # linked by its holder, under the gate's lock (relink_locked)
         self.peer_link = None  # the peer lane's (PeerDoorLink), sharded with the C data path (link_peers)
         self._lane_lock = threading.Lock()
@@ -151,9 +162,12 @@ class DoorKeeper:
 
     @classmethod
     def start(cls, listen_fd: int, roots: list[str], tiers: list[Tier], peer_area: Tier | None,
-              current: Current, may_copy: bool, workers: int = 0) -> "DoorKeeper | None":
+              current: Current, may_copy: Callable[[], bool], workers: int = 0,
+              own_only: bool = False) -> "DoorKeeper | None":
         """A door on ``listen_fd`` answering from ``tiers`` (and the peer area), or None when
-        it cannot start (the Python server then answers everything)."""
+        it cannot start (the Python server then answers everything). ``may_copy``: whether
+        the door may copy files from the PFS (asked whenever it is linked to a stager);
+        ``own_only``: a cluster's node, whose door copies only files the node owns."""
         if not tiers or not frontdoor.wanted() or frontdoor.library() is None:
             return None
         dirs = {t.slot: t.path for t in tiers}
@@ -164,12 +178,13 @@ class DoorKeeper:
         except OSError as e:
             log.warning("the daemon's C front door did not start (%s); the Python server answers every request", e)
             return None
+        door.own_only(own_only)
         return cls(door, current, may_copy)
 
     def relink_locked(self) -> None:
         """The door kept told of the current stager's copies, its copies booked there (under
         the gate's lock, where the stager is swapped)."""
-        self.link = DoorLink(self.door, self._current.stager, self._may_copy)
+        self.link = DoorLink(self.door, self._current.stager, self._may_copy())
 
     def unlink_locked(self) -> None:
         """The snapshot failed: the door never opens, nothing of it to book."""
@@ -184,15 +199,17 @@ class DoorKeeper:
                         index_path)
 
     def read_ahead(self, files, stager: Stager, sample: Callable[[list[str]], None] | None,
-                   closing: Callable[[], bool], absorb: Callable[[], None]) -> bool:
+                   closing: Callable[[], bool], absorb: Callable[[], None],
+                   order: Callable[[Iterable[str]], Iterable[str]] = iter) -> bool:
         """The door's C lane copies the small files of ``files`` (the snapshot's, in their index
-        order) ahead of the reader, many at once, no interpreter per file, where the door may
-        copy misses itself (a raw first tier, no cluster); ``stager`` copies the large ones
-        meanwhile and, if the lane ends before its list does (a write by the job, a slow PFS,
-        no room), every key left. ``sample`` (given the sorted keys) stages the compressing
-        tiers' sample first. Once per door (the walk's thread and a door attached after the
-        walk may both ask): True if the lane started now or was asked for before; False if
-        the stager reads ahead alone."""
+        order; a sharded node's own only) ahead of the reader, many at once, no interpreter per
+        file, where the door may copy misses itself (a raw first tier); ``stager`` copies the
+        large ones meanwhile and, if the lane ends before its list does (a write by the job, a
+        slow PFS, no room), every key left, each time in ``order`` (a cluster node's: its own
+        files). ``sample`` (given the sorted keys) stages the compressing tiers' sample first.
+        Once per door (the walk's thread and a door attached after the walk may both ask):
+        True if the lane started now or was asked for before; False if the stager reads ahead
+        alone."""
         with self._lane_lock:
             if self._lane_asked:
                 return True
@@ -200,12 +217,12 @@ class DoorKeeper:
         link = self.link
         if link is None or not link.may_copy or not self.door.read_ahead(len(files), AHEAD_THREADS):
             return False
-        stager.read_ahead(larger_than(files, INLINE_BYTES))
-        threading.Thread(target=self._after_the_lane, args=(files, stager, sample, closing, absorb),
+        stager.read_ahead(order(larger_than(files, INLINE_BYTES)))
+        threading.Thread(target=self._after_the_lane, args=(files, stager, sample, closing, absorb, order),
                          name="monarch-ahead-rest", daemon=True).start()
         return True
 
-    def _after_the_lane(self, files, stager: Stager, sample, closing, absorb) -> None:
+    def _after_the_lane(self, files, stager: Stager, sample, closing, absorb, order) -> None:
         keys = None
         if sample is not None:
             keys = sorted(files)
@@ -218,7 +235,7 @@ class DoorKeeper:
         ended = self.door.read_ahead_state()["ended_because"]
         if ended:  # before its list's end: the stager goes over every key (those staged are skipped)
             log.info("the front door's read-ahead ended early (%s); the staging threads take the rest", ended)
-            stager.read_ahead(keys if keys is not None else iter(files))  # no list of a million keys
+            stager.read_ahead(order(keys if keys is not None else iter(files)))  # no list of a million keys
         # else every small file was copied, is being copied, or is the stager's (a claim, a
         # failed copy left to its asker): the large ones are the stager's already
 
@@ -228,10 +245,9 @@ class DoorKeeper:
 
     def absorb(self) -> dict[Outcome, int]:
         """What the door copied or fetched, into the books: how many opens it answered so."""
-        if self.peer_link is not None:
-            return {Outcome.FETCHED: self.peer_link.absorb()}
-        link = self.link
-        return {Outcome.STAGED: link.absorb() if link is not None else 0}
+        link = self.link  # a sharded node's door copies its own files and fetches the others'
+        return {Outcome.STAGED: link.absorb() if link is not None else 0,
+                Outcome.FETCHED: self.peer_link.absorb() if self.peer_link is not None else 0}
 
     def stats(self) -> dict:
         """The report's ``front_door`` entry (its unused lent room given back first, for a

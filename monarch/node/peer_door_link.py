@@ -29,7 +29,7 @@ import logging
 from array import array
 from typing import Callable
 
-from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, FrontDoor
+from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
 from monarch.node.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.index_writer import positions
 from monarch.node.peer_cache import GRACE, PeerCache
@@ -55,10 +55,10 @@ def owners_by_entry(files, owner: Callable[[str], int], node: int) -> array:
 
 
 class PeerDoorLink(StagerListener):
-    """``door``'s peer lane kept with ``cache``'s books; ``fetch`` is (dp_fetch's address, the
-    data path's handle)."""
+    """``door``'s peer lane kept with ``cache``'s books; ``fetch`` is (dp_fetch's address,
+    dp_staged's, the data path's handle)."""
 
-    def __init__(self, door: FrontDoor, cache: PeerCache, fetch: tuple[int, int], owners: array, node: int,
+    def __init__(self, door: FrontDoor, cache: PeerCache, fetch: tuple[int, int, int], owners: array, node: int,
                  timeout: float):
         self.door = door
         self.cache = cache
@@ -96,7 +96,7 @@ class PeerDoorLink(StagerListener):
         books, lru, counts = self.cache.books, self.cache.lru, self.cache.counts
         fetched = 0
         with books.lock:  # drained under the lock: a claim that finds a fetch of the door's finds it here
-            for ev in self.door.events():
+            for ev in self.door.events(PEER_BOOKS):
                 if ev.kind == EV_TRANSIENT:  # answered as a memfd: nothing to book
                     counts["transient"] += 1
                     counts["transient_bytes"] += ev.size
@@ -120,12 +120,12 @@ class PeerDoorLink(StagerListener):
             return
         # a share of the area, but never more than half of a small one: its LRU makes the room
         chunk = min(LEASE_MAX, max(LEASE_MIN, self.area.capacity // LEASE_SHARE), self.area.capacity // 2)
-        if self.door.lease() < chunk // 2 and books.reserve(self.area, chunk):
-            self.door.grant(chunk)
+        if self.door.lease(PEER_BOOKS) < chunk // 2 and books.reserve(self.area, chunk):
+            self.door.grant(chunk, PEER_BOOKS)
 
     def reclaim_lease(self) -> bool:
         """Give the door's unused room back to the area. True if there was some."""
-        left = self.door.reclaim()
+        left = self.door.reclaim(PEER_BOOKS)
         if left:
             self.area.release(left)
         return left > 0
@@ -133,6 +133,6 @@ class PeerDoorLink(StagerListener):
     def stop(self) -> None:
         """The lane off (its fetches under way end first), its room given back."""
         self.cache.ask_before_evicting(None)
-        self.door.peers(None, None, None, 0, self.area.slot, 0)
+        self.door.peers(None, None, None, None, 0, self.area.slot, 0)
         self.door.peer_copying(False)
         self.reclaim_lease()

@@ -73,6 +73,11 @@ def test_sharded_dataset_over_the_nodes_storage_reads_the_pfs_once(dataset, shor
                  for k, n in nodes_report.items()}
     assert sum(door for door, _ in transient.values()) > 0, transient
     assert all(door <= cache for door, cache in transient.values()), transient
+    # each node's own files past the walk copied by its door's lane (no Python per file), and
+    # only its own: the PFS read once above
+    lane = {k: n["front_door"]["read_ahead"] for k, n in nodes_report.items()}
+    assert sum(r["copies"] for r in lane.values()) > 0, lane
+    assert all(r["copies"] <= nodes_report[k]["cluster"]["owned_files"] for k, r in lane.items()), lane
 
 
 def test_readers_started_with_the_daemons_wait_for_them_and_read_the_pfs_once(dataset, short_tmp, slow_pfs):

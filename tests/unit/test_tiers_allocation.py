@@ -175,12 +175,10 @@ def test_the_reports_show_the_allocation_beside_the_bytes_and_how_full_by_it():
 class FakeDoor:
     """The front door as DoorLink drives it (its events, claims and lease), without its threads."""
 
-    fetches_from_peers = False
-
     def __init__(self, slot, events):
         self.copy_slot, self._events, self.forgotten = slot, events, []
 
-    def events(self):
+    def events(self, books=0):
         out, self._events = self._events, []
         return out
 
@@ -199,13 +197,13 @@ class FakeDoor:
     def disable(self):
         pass
 
-    def lease(self):
+    def lease(self, books=0):
         return 0
 
-    def grant(self, nbytes):
+    def grant(self, nbytes, books=0):
         pass
 
-    def reclaim(self):
+    def reclaim(self, books=0):
         return 0
 
 
