@@ -91,6 +91,7 @@ def library() -> ctypes.CDLL | None:
         "front_door_counts": (None, [vp, u64p]),
         "front_door_peers": (i, [vp, vp, vp, vp, vp, ctypes.c_uint32, i, i, i, i64]),
         "front_door_own_only": (None, [vp, i]),
+        "front_door_copy_to": (i64, [vp, i, i64]),
         "front_door_peer_copying": (None, [vp, i]),
         "front_door_evict": (i, [vp, cp, i, i64]),
         "front_door_read_ahead": (i, [vp, ctypes.c_uint32, i]),
@@ -272,6 +273,14 @@ class FrontDoor:
 
     def disable(self) -> None:
         self._lib.front_door_disable(self._door)
+
+    def copy_to(self, slot: int, nbytes: int) -> int:
+        """Copy into the tier of ``slot`` from now on, ``nbytes`` lent there (once the copies
+        under way have ended). Returns what was left of the old lease (-1: no such tier)."""
+        left = self._lib.front_door_copy_to(self._door, slot, nbytes)
+        if left >= 0:
+            self.copy_slot = slot
+        return left
 
     def grant(self, nbytes: int, books: int = BOOKS) -> None:
         """Room the door may fill for ``books`` (reserved by the caller in that tier)."""

@@ -167,6 +167,7 @@ struct worker {                        /* one thread of the door: its own epoll 
                                           the process is out of descriptors, or -1 */
     /* the directories of the last copy (copy_in): the next file is most often a neighbour */
     int src_dir, key_dir;              /* its source directory, its directory in the copy tier, or -1 */
+    int key_dir_slot;                  /* the copy tier ``key_dir`` is in */
     uint32_t src_dir_len, key_dir_len; /* the key's directory part they were opened for */
     char src_dir_key[PATH_MAX], key_dir_key[PATH_MAX];
 };
@@ -213,6 +214,7 @@ struct door {
     uint64_t peer_fetches, peer_failures, peer_transient;
     int nhanded;                       /* connections in hq */
     int busy;                          /* keys BUSY now */
+    int copies_busy;                   /* of which copies from the PFS (front_door_copy_to waits for none) */
     /* the read-ahead lane (front_door_read_ahead): small files copied ahead of the reader */
     struct worker ahead[AHEAD_MAX];
     int nahead, ahead_running, ahead_stop, ahead_end;
@@ -653,6 +655,11 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
      * that a tier whose filesystem is full (whatever its capacity says) costs the PFS nothing */
     snprintf(tmp, PATH_MAX, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
     mode_t mode = (f->mode & 0700) | 0600;          /* secure.owner_only */
+    if (w->key_dir >= 0 && w->key_dir_slot != d->copy_slot) {
+        close(w->key_dir);             /* the door copies into another tier now (front_door_copy_to) */
+        w->key_dir = -1;
+    }
+    w->key_dir_slot = d->copy_slot;    /* steady while this copy runs: a change waits for it */
     int dfd = cached_dir(&w->key_dir, w->key_dir_key, &w->key_dir_len, key, dlen, open_copy_dir, w);
     int out = dfd < 0 ? -1 : openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (out < 0)
@@ -855,7 +862,8 @@ static int fetch_transient(struct worker *w, int fd, const char *key, uint32_t l
 /* An OPEN of a valid key: answered here (-1), or why it is to be handed over (R_*). */
 /* Copy ``key`` (BUSY, its size taken from the lease, by the caller) from the PFS into the
  * copy tier and publish it (STAGED, event ``kind``), or give it to Python (PYTHON, EV_FAILED);
- * the source's speed is judged on the way. 1 if published (``dest``: the copy's path). */
+ * the source's speed is judged on the way. The slot of the tier it was published in (``dest``:
+ * the copy's path), or -1. */
 static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uint32_t hash, const struct idx_file *f,
                             int64_t t0, uint32_t kind, char *dest)
 {
@@ -874,7 +882,7 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
 
     pthread_mutex_lock(&d->mu);
     e = find(d, key, len, hash);       /* the table may have grown meanwhile: ``e`` moved */
-    int published = 0;
+    int published = -1;
     if (r == 0 && !d->never_copy && renameat(kdir, tmp, kdir, name) < 0) {
         unlinkat(kdir, tmp, 0);
         r = -3;
@@ -890,7 +898,7 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
             d->copies++;
         d->bytes_read += bytes_read;
         post_event_locked(d, Q_BOOKS, kind, (uint32_t)d->copy_slot, key, len, f->entry, f->size, bytes_read, ns);
-        published = 1;
+        published = d->copy_slot;
         if (d->own_only && d->peer_offer) {
             offer = d->peer_offer;     /* read under the lock: the lane may be turned off meanwhile */
             offer_dp = d->peer_dp;
@@ -917,10 +925,11 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
         post_event_locked(d, Q_BOOKS, EV_SLOW, 0, key, len, 0, 0, 0, source_ns);
     }
     d->busy--;
+    d->copies_busy--;
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
     if (offer)                         /* other nodes fetch it through the data path from now on */
-        offer(offer_dp, key, (int)len, d->copy_slot);
+        offer(offer_dp, key, (int)len, published);
     return published;
 }
 
@@ -979,13 +988,14 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     }
     e->state = K_BUSY;
     d->busy++;
+    d->copies_busy++;
     d->lease[Q_BOOKS] -= (int64_t)f.size;
     pthread_mutex_unlock(&d->mu);
 
     int published = copy_and_publish(w, key, len, hash, &f, t0, EV_STAGED, dest);
-    if (!published)
+    if (published < 0)
         return R_COPY_FAILED;
-    send_answer(fd, d->copy_slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
+    send_answer(fd, published, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
     close(fd);
     return -1;
 }
@@ -1063,6 +1073,7 @@ static void *ahead_main(void *arg)
             continue;
         e->state = K_BUSY;
         d->busy++;
+        d->copies_busy++;
         d->lease[Q_BOOKS] -= (int64_t)f.size;
         pthread_mutex_unlock(&d->mu);
         copy_and_publish(w, key, len, hash, &f, now_ns(), EV_AHEAD, dest);
@@ -1693,6 +1704,26 @@ EXPORT void front_door_disable(struct door *d)
     while (d->busy)
         pthread_cond_wait(&d->cv, &d->mu);
     pthread_mutex_unlock(&d->mu);
+}
+
+/* Copy into the tier of ``slot`` from now on (the first tier is full: the stager's next), with
+ * ``bytes`` lent there, once no copy from the PFS is under way (each ends in the tier whose
+ * room it took). Returns what was left of the old lease (the caller releases it in the old
+ * tier), or -1 if ``slot`` has no tier (nothing changed). */
+EXPORT int64_t front_door_copy_to(struct door *d, int slot, int64_t bytes)
+{
+    if (slot < 0 || slot >= MONARCH_MAX_SLOTS || !d->tiers[slot])
+        return -1;
+    pthread_mutex_lock(&d->mu);
+    while (d->copies_busy)
+        pthread_cond_wait(&d->cv, &d->mu);
+    int64_t left = d->lease[Q_BOOKS];
+    d->copy_slot = slot;
+    d->lease[Q_BOOKS] = bytes;
+    d->low_water[Q_BOOKS] = bytes / 2;
+    pthread_cond_broadcast(&d->cv);    /* the read-ahead lane may wait for room */
+    pthread_mutex_unlock(&d->mu);
+    return left;
 }
 
 /* Tier bytes the door may fill, for books ``q`` (Q_BOOKS: the copy tier's, Q_PEER: the peer

@@ -24,6 +24,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from monarch.config import Config
@@ -34,7 +35,7 @@ from monarch.node.offers import Offers
 from monarch.node.peer_cache import PeerCache
 from monarch.node.snapshot import Snapshot
 from monarch.node.sources import PeerSource
-from monarch.node.stager import Stager
+from monarch.node.stager import INLINE_BYTES, Stager
 from monarch.node.stats import ClusterSlice
 from monarch.node.tiers import Tier
 from monarch.sizes import allocated_size
@@ -42,6 +43,10 @@ from monarch.sizes import allocated_size
 log = logging.getLogger(__name__)
 
 SHARD_START_DEPTH = 32    # a sharded node's first copies in flight toward the PFS (adapted from there)
+# the small files node 0's walk finds in its first seconds wait for the front door's lane, which
+# copies them once the index is written for a fifth of the stager's CPU per file; a longer walk
+# (a large dataset) has the stager copy them as they are found
+DOOR_WALK_GRACE = 2.0
 SERVE_THREADS = 8         # peers' requests answered at once ...
 SHARDED_SERVE_THREADS = 32  # ... when sharded, where every other node asks this one for its share
 
@@ -113,12 +118,14 @@ class ClusterRole:
         return {"peers": self.peers, "peer_area": self.peer_area}
 
     # -- the snapshot, shared ----------------------------------------------------------------
-    def take_snapshot(self, walk: Walk, growing: Snapshot | None, stager: Stager | None) -> tuple[Snapshot, str]:
+    def take_snapshot(self, walk: Walk, growing: Snapshot | None, stager: Stager | None,
+                      door_copies: bool = False) -> tuple[Snapshot, str]:
         """Collective: node 0's walk, on every node (streamed into ``growing`` while ``stager``
-        copies what this node will surely own, when both are given), then the layout."""
+        copies what this node will surely own, when both are given; with ``door_copies``, the
+        front door's lane copies the small ones of the walk's first seconds), then the layout."""
         capacities = self._exchange_capacities()
         if growing is not None and stager is not None:
-            snap, how = self._share_streamed(walk, growing, stager, capacities)
+            snap, how = self._share_streamed(walk, growing, stager, capacities, door_copies)
         else:
             snap, how = self.cluster.share(walk)
             snap = snap.with_local_devices()
@@ -152,19 +159,22 @@ class ClusterRole:
             self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
 
     def _share_streamed(self, walk: Walk, growing: Snapshot, stager: Stager,
-                        capacities: list[tuple[int, int]] | None) -> tuple[Snapshot, str]:
+                        capacities: list[tuple[int, int]] | None, door_copies: bool) -> tuple[Snapshot, str]:
         """Collective: node 0 walks into ``growing`` and streams the files it finds; every node
         keeps them in its ``growing`` and stages at once those it will surely own. Returns
         ``growing``, whole (the stager over it goes on after the walk)."""
         from monarch.cluster.early import EarlyShare
         early = EarlyShare(capacities, self.node) if capacities is not None else None
+        started = time.monotonic()
 
         def on_files(files: dict) -> None:  # every node, every file once, in walk order
             if self.node != 0:
                 growing.files.update(files)
             if early is not None:
-                stager.read_ahead_more(early.add([(key, allocated_size(info.size, self._unit))
-                                                  for key, info in files.items()]))
+                keys = early.add([(key, allocated_size(info.size, self._unit)) for key, info in files.items()])
+                if door_copies and time.monotonic() - started < DOOR_WALK_GRACE:
+                    keys = [key for key in keys if files[key].size > INLINE_BYTES]  # the small ones: the lane's
+                stager.read_ahead_more(keys)
 
         def take(publish: Callable[[dict], None]) -> tuple[Snapshot, str]:  # node 0
             sent: set[str] = set()

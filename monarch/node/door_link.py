@@ -38,9 +38,9 @@ AHEAD_POLL_SECONDS = 0.05  # how often the stager looks whether the lane is thro
 
 class DoorLink(StagerListener):
     """``door`` kept told of ``stager``'s copies. With ``may_copy`` the door copies small files
-    itself while the PFS is fast, into the first tier, within room lent to it (only when
-    that tier is raw and the tier the door copies to; a sharded node's door copies its own
-    files only, ``FrontDoor.own_only``)."""
+    itself while the PFS is fast, into the first tier, then, once it is full, the next raw
+    one, within room lent to it (only when the first tier is raw and the tier the door
+    copies to; a sharded node's door copies its own files only, ``FrontDoor.own_only``)."""
 
     def __init__(self, door: FrontDoor, stager: Stager, may_copy: bool):
         self.door = door
@@ -48,6 +48,7 @@ class DoorLink(StagerListener):
         tiers = stager.tiers
         self.may_copy = (may_copy and bool(tiers) and tiers[0].codec is None
                          and door.copy_slot == tiers[0].slot)
+        self.tier = tiers[0] if tiers else None  # the tier the door copies into, its room lent there
         with stager.lock:  # the books so far, then every event: nothing is missed in between
             stager.subscribe_locked(self)
             for key in stager.flights:  # copies under way are the stager's
@@ -77,7 +78,7 @@ class DoorLink(StagerListener):
         return True
 
     def room_wanted(self, tier: Tier) -> bool:
-        return self.may_copy and tier is self.stager.tiers[0] and self.reclaim_lease()
+        return self.may_copy and tier is self.tier and self.reclaim_lease()
 
     # -- the door's copies -------------------------------------------------------------------
     def absorb(self) -> int:
@@ -110,28 +111,55 @@ class DoorLink(StagerListener):
         return staged
 
     def _tend_locked(self) -> None:
-        books = self.stager
-        allowed = (self.may_copy and not books.dirty and not books.closed
-                   and books.tiers[0].full_reason is None)  # a full filesystem: the stager finds out
-        if allowed:
-            tier = books.tiers[0]
-            chunk = max(INLINE_BYTES, min(LEASE_MAX, tier.capacity // LEASE_SHARE))
-            if self.door.lease() < chunk // 2 and not self._lend(tier, chunk) and self.door.lease() < INLINE_BYTES:
-                # the tier is full (pin, don't thrash: nothing is evicted for the door): its misses
-                # and the read-ahead lane's list go to the stager, which spills to the next tier,
-                # now rather than once the lane has waited for room that will not come
-                allowed = False
+        books, tier = self.stager, self.tier
+        allowed = self.may_copy and not books.dirty and not books.closed
+        if allowed and (tier.full_reason is not None  # its filesystem is full: the stager found out
+                        or self.door.lease() < self._chunk(tier) // 2 and not self._lend(tier)
+                        and self.door.lease() < INLINE_BYTES):
+            # the tier is full (pin, don't thrash: nothing is evicted for the door): the next raw
+            # tier with room, as the stager spills; with none the door's misses and the lane's
+            # list go to the stager now, rather than once the lane has waited for room
+            allowed = self._move_on()
         self.door.copying(allowed)  # whether the PFS is fast enough for it, the door finds out itself
         if not allowed:
             self.reclaim_lease()
 
-    def _lend(self, tier: Tier, chunk: int) -> bool:
-        """Lend the door ``chunk`` of ``tier``, or what is left of it if less (at least one
-        small file's worth). True if some was lent."""
-        left = min(chunk, tier.capacity - tier.room)
-        if left >= INLINE_BYTES and tier.reserve(left, counted=False):
-            self.door.grant(left)
-            return True
+    @staticmethod
+    def _chunk(tier: Tier) -> int:
+        return max(INLINE_BYTES, min(LEASE_MAX, tier.capacity // LEASE_SHARE))
+
+    def _room(self, tier: Tier) -> int:
+        """Reserve in ``tier`` room to lend: a chunk, or less (at least one small file's worth)
+        where the tier has less than two left: its last chunk is never lent, so that a copy
+        of the stager's (a large file, a miss, the books' room for allocations) finds room
+        without waiting for the door's to come back. 0 if there is not that much."""
+        chunk = self._chunk(tier)
+        left = min(chunk, tier.capacity - tier.room - chunk)
+        return left if tier.full_reason is None and left >= INLINE_BYTES and tier.reserve(left, counted=False) else 0
+
+    def _lend(self, tier: Tier) -> bool:
+        """Lend the door room in ``tier`` (its copy tier). True if some was lent."""
+        room = self._room(tier)
+        if room:
+            self.door.grant(room)
+        return room > 0
+
+    def _move_on(self) -> bool:
+        """The door's tier is full: it copies into the next raw tier with room from now on, its
+        room left in the full one given back. False if there is none."""
+        tiers = self.stager.tiers
+        for tier in tiers[tiers.index(self.tier) + 1:]:
+            if tier.codec is not None:
+                return False  # a compressing tier's copies are the stager's (and so are all below it)
+            room = self._room(tier)
+            if room:
+                left = self.door.copy_to(tier.slot, room)
+                if left < 0:
+                    tier.release(room)
+                    return False
+                self.tier.release(left)
+                self.tier = tier
+                return True
         return False
 
     def reclaim_lease(self) -> bool:
@@ -142,7 +170,7 @@ class DoorLink(StagerListener):
             return False
         left = self.door.reclaim()
         if left:
-            self.stager.tiers[0].release(left)
+            self.tier.release(left)
         return left > 0
 
 

@@ -522,3 +522,29 @@ def test_the_read_ahead_copies_small_files_in_the_doors_own_lane(short_tmp, daem
     for key in list(sums)[:5]:
         status, path = ask_open(daemon.socket_path, key)
         assert status == daemon.tiers[0].slot and md5_of(path) == sums[key]
+
+
+def test_the_lane_goes_on_into_the_next_tier_when_the_first_is_full(short_tmp, daemon_on):
+    """The first tier holds a third of the small files: the door's lane copies on into the
+    second (as the stager spills), rather than waiting for room and leaving the rest to
+    Python; every file once from the PFS, each tier within its capacity."""
+    root = fast_root(short_tmp)
+    sums = make_files(root, 300, size=3000)
+    ssd = os.path.join(short_tmp, "ssd0")
+    daemon, _ = daemon_on(root, policy="read-ahead", capacity="512KiB",
+                          extra=f', {{name: ssd, path: "{ssd}", capacity: 64MiB}}')
+    deadline = time.monotonic() + 60
+    while daemon.stats()["staging"]["files"] < len(sums) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    wait_idle(daemon)
+    stats = daemon.stats()
+    lane = stats["front_door"]["read_ahead"]
+    assert lane["running"] == 0 and lane["ended_because"] == "", lane
+    assert stats["staging"]["files"] == len(sums) and stats["staging"]["pfs_files_read"] == len(sums)
+    ram, second = daemon.tiers
+    held = {k: daemon.stager.where(k) for k in sums}
+    assert {t.name for t in held.values()} == {"ram", "ssd"}, stats["front_door"]
+    assert lane["copies"] >= len(sums) - 20  # the walk's thread may have staged a few first
+    assert ram.room <= ram.capacity and second.room <= second.capacity
+    for key, tier in held.items():
+        assert md5_of(os.fsencode(os.path.join(tier.path, key))) == sums[key]
