@@ -119,10 +119,10 @@ class ClusterRole:
 
     # -- the snapshot, shared ----------------------------------------------------------------
     def take_snapshot(self, walk: Walk, growing: Snapshot | None, stager: Stager | None,
-                      door_copies: bool = False) -> tuple[Snapshot, str]:
+                      door_copies: Callable[[], bool] = lambda: False) -> tuple[Snapshot, str]:
         """Collective: node 0's walk, on every node (streamed into ``growing`` while ``stager``
-        copies what this node will surely own, when both are given; with ``door_copies``, the
-        front door's lane copies the small ones of the walk's first seconds), then the layout."""
+        copies what this node will surely own, when both are given; while ``door_copies()``,
+        the front door's lane copies the small ones of the walk's first seconds), then the layout."""
         capacities = self._exchange_capacities()
         if growing is not None and stager is not None:
             snap, how = self._share_streamed(walk, growing, stager, capacities, door_copies)
@@ -159,7 +159,8 @@ class ClusterRole:
             self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
 
     def _share_streamed(self, walk: Walk, growing: Snapshot, stager: Stager,
-                        capacities: list[tuple[int, int]] | None, door_copies: bool) -> tuple[Snapshot, str]:
+                        capacities: list[tuple[int, int]] | None,
+                        door_copies: Callable[[], bool]) -> tuple[Snapshot, str]:
         """Collective: node 0 walks into ``growing`` and streams the files it finds; every node
         keeps them in its ``growing`` and stages at once those it will surely own. Returns
         ``growing``, whole (the stager over it goes on after the walk)."""
@@ -172,7 +173,7 @@ class ClusterRole:
                 growing.files.update(files)
             if early is not None:
                 keys = early.add([(key, allocated_size(info.size, self._unit)) for key, info in files.items()])
-                if door_copies and time.monotonic() - started < DOOR_WALK_GRACE:
+                if time.monotonic() - started < DOOR_WALK_GRACE and door_copies():
                     keys = [key for key in keys if files[key].size > INLINE_BYTES]  # the small ones: the lane's
                 stager.read_ahead_more(keys)
 

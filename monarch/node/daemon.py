@@ -406,8 +406,8 @@ class NodeDaemon:
             on_directory = stager.read_ahead_more if stager is not None else None
             snap, self.snapshot_how = self._walk(into, on_directory)
         else:
-            door_copies = (self._door is not None and self.role.cluster.datapath is not None
-                           and self.config.staging.policy == "read-ahead" and self.stores is None)
+            door_copies = lambda: (self._door is not None and self.role.cluster.datapath is not None  # noqa: E731
+                                   and self.config.staging.policy == "read-ahead" and self.stores is None)
             snap, self.snapshot_how = self.role.take_snapshot(self._walk, into, stager, door_copies)
         self.snapshot_seconds = time.perf_counter() - t0
         log.info("snapshot (%s): %d files, %d directories, %d bytes in %.2fs", self.snapshot_how, len(snap.files),
