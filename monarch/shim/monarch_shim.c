@@ -197,6 +197,7 @@ struct statx {
 
 #define MONARCH_EXPORT __attribute__((visibility("default")))
 #define MONARCH_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define MONARCH_LIKELY(x) __builtin_expect(!!(x), 1)
 
 #ifndef __FILE_NAME__
 #define __FILE_NAME__ __FILE__
@@ -206,6 +207,8 @@ struct monarch_root {
     char path[PATH_MAX]; /* normalized, no trailing '/'; "" for "/" */
     size_t len;
     unsigned index; /* k in the key "<k>/<rel>", as MONARCH_ROOTS names it */
+    char kprefix[12]; /* "<k>/" */
+    size_t kprefix_len;
 };
 
 struct monarch_probe {
@@ -535,6 +538,7 @@ static void monarch_parse_roots(const char *env)
         memcpy(root->path, dir, root->len);
         root->path[root->len] = '\0';
         root->index = (unsigned)k;
+        root->kprefix_len = (size_t)snprintf(root->kprefix, sizeof root->kprefix, "%u/", root->index);
         MONARCH_DEBUG(1, "root %u: %s", root->index, root->len ? root->path : "/");
     }
 }
