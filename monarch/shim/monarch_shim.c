@@ -215,6 +215,9 @@ struct monarch_probe {
     char dir[PATH_MAX];
     size_t len;
     unsigned slot;
+    int fd;         /* the dir, opened once (shim_paths.c: probe directories); MONARCH_PROBE_* below 0 */
+    dev_t dev;      /* and its identity, written before fd is published */
+    ino_t ino;
 };
 
 static struct monarch_root monarch_roots[MONARCH_MAX_ROOTS];
@@ -561,6 +564,7 @@ static void monarch_parse_probe(const char *env)
         memcpy(p->dir, dir, p->len);
         p->dir[p->len] = '\0';
         p->slot = (unsigned)slot;
+        p->fd = MONARCH_PROBE_UNOPENED;
         MONARCH_DEBUG(1, "probe slot %u: %s", p->slot, p->len ? p->dir : "/");
     }
 }

@@ -209,8 +209,79 @@ static int monarch_probe_path(const struct monarch_probe *pr, const char *key, s
     return 0;
 }
 
-static int monarch_is_regular(int fd)
+/* ---- probe directories, each opened once per process ----
+ * A hit opened <probe dir>/<key> by its full path: the kernel looked up every component of
+ * the probe dir again (on the shipped layout 3-4 more than the PFS path has). Each probe dir
+ * is opened once (O_PATH, close-on-exec) at its first probe and copies are opened relative to
+ * it. The number is in the application's table too:
+ *   - the application's close of it (close, close_range, dup2/dup3 onto it) forgets it first
+ *     (monarch_probe_dir_closing; not in a vfork child, whose table is its own), and the next
+ *     probe opens the dir again;
+ *   - a number closed behind the shim's back (a raw syscall, glibc's closefrom) and reused is
+ *     caught before its copy is used: a copy through it must be on the dir's device and of the
+ *     snapshot's size and mtime (the daemon's copies carry the source's); if not, or when the
+ *     open fails with EBADF or ENOTDIR, the descriptor is checked against the dir's identity
+ *     (one fstat, off the hit's path) and, if it is no longer the dir, forgotten (not closed:
+ *     not ours any more) and the copy opened by path as before; a probe that missed what the
+ *     daemon then names checks it too (monarch_probe_dirs_check), so misses do not persist.
+ * A fork child shares the descriptor; exec closes it. A dir that does not open: by path. */
+#define MONARCH_PROBE_UNOPENED (-1)
+#define MONARCH_PROBE_OPENING (-2) /* one thread opens it; the others go by path meanwhile */
+#define MONARCH_PROBE_BY_PATH (-3)
+
+/* The probe dir's descriptor, opened at the first call; < 0: open by path. */
+static int monarch_probe_fd(struct monarch_probe *pr)
+{
+    int fd = __atomic_load_n(&pr->fd, __ATOMIC_ACQUIRE), want = MONARCH_PROBE_UNOPENED;
+    if (MONARCH_LIKELY(fd >= 0) || fd != MONARCH_PROBE_UNOPENED
+        || !__atomic_compare_exchange_n(&pr->fd, &want, MONARCH_PROBE_OPENING, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+        return fd;
+    struct stat st;
+    fd = MONARCH_RESOLVE(openat)(AT_FDCWD, pr->len ? pr->dir : "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0 && monarch_sys_fstat(fd, &st) != 0) {
+        real_close(fd);
+        fd = -1;
+    }
+    if (fd >= 0) {
+        pr->dev = st.st_dev;
+        pr->ino = st.st_ino;
+    }
+    MONARCH_DEBUG(2, "probe slot %u: %s opened as fd %d", pr->slot, pr->dir, fd);
+    __atomic_store_n(&pr->fd, fd >= 0 ? fd : MONARCH_PROBE_BY_PATH, __ATOMIC_RELEASE);
+    return fd;
+}
+
+/* Is fd (pr's descriptor when it was read) still the probe dir? If not, forget it (only
+ * if no other thread has yet): 0. */
+static int monarch_probe_fd_valid(struct monarch_probe *pr, int fd)
 {
     struct stat st;
-    return monarch_sys_fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    if (monarch_sys_fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_dev == pr->dev && st.st_ino == pr->ino)
+        return 1;
+    MONARCH_DEBUG(1, "probe slot %u: fd %d is no longer %s; forgotten", pr->slot, fd, pr->dir);
+    __atomic_compare_exchange_n(&pr->fd, &fd, MONARCH_PROBE_UNOPENED, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* After a probe missed what the daemon then named: every opened probe dir checked. */
+static void monarch_probe_dirs_check(void)
+{
+    for (unsigned i = 0; i < monarch_nprobes; i++) {
+        int fd = __atomic_load_n(&monarch_probes[i].fd, __ATOMIC_ACQUIRE);
+        if (fd >= 0)
+            monarch_probe_fd_valid(&monarch_probes[i], fd);
+    }
+}
+
+/* The application closes the descriptors [first, last] (or makes them others): a probe dir's
+ * among them is forgotten first, so that the shim never opens relative to a reused number. */
+static void monarch_probe_dir_closing(unsigned first, unsigned last)
+{
+    for (unsigned i = 0; i < monarch_nprobes; i++) {
+        int fd = __atomic_load_n(&monarch_probes[i].fd, __ATOMIC_ACQUIRE);
+        if (MONARCH_UNLIKELY(fd >= 0 && (unsigned)fd >= first && (unsigned)fd <= last) && getpid() == monarch_pid)
+            __atomic_compare_exchange_n(&monarch_probes[i].fd, &fd, MONARCH_PROBE_UNOPENED, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED);
+    }
 }
