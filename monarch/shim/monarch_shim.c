@@ -675,6 +675,9 @@ static void monarch_atfork_child(void)
                          __ATOMIC_RELEASE);
     monarch_index_next_look = 0;
     monarch_pfs_why = -1;
+    for (unsigned i = 0; i < monarch_nprobes; i++) /* a parent's thread was opening a probe dir: again here */
+        if (monarch_probes[i].fd == MONARCH_PROBE_OPENING)
+            monarch_probes[i].fd = MONARCH_PROBE_UNOPENED;
     if (!__atomic_load_n(&monarch_ready, __ATOMIC_ACQUIRE)) {
         /* fork raced with start-up in another thread, which does not exist here */
         pthread_once_t fresh = PTHREAD_ONCE_INIT;
