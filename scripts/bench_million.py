@@ -540,7 +540,7 @@ def main(argv=None) -> int:
     p.add_argument("--dirs", type=int, default=1000, help="class directories (default 1,000)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--sample", type=int, default=20000, help="files opened by each per-open pass (default 20,000)")
-    p.add_argument("--per-open-rounds", type=int, default=5, help="staged and direct per-open passes, each (default 5)")
+    p.add_argument("--per-open-rounds", type=int, default=9, help="staged and direct per-open passes, each (default 9)")
     p.add_argument("--keep-tree", metavar="DIR", help="make the tree in DIR and keep it; reuse it if DIR holds it")
     p.add_argument("--workdir", help="scratch directory (default: a new one under /tmp)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds allowed to each job")
