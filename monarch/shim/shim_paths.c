@@ -211,7 +211,7 @@ static int monarch_probe_path(const struct monarch_probe *pr, const char *key, s
 
 /* ---- probe directories, each opened once per process ----
  * A hit opened <probe dir>/<key> by its full path: the kernel looked up every component of
- * the probe dir again (on the shipped layout 3-4 more than the PFS path has). Each probe dir
+ * the probe dir again (3 on the shipped layout: /dev/shm/monarch-<uid>/<run dir>). Each probe dir
  * is opened once (O_PATH, close-on-exec) at its first probe and copies are opened relative to
  * it. The number is in the application's table too:
  *   - the application's close of it (close, close_range, dup2/dup3 onto it) forgets it first
