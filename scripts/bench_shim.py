@@ -25,6 +25,7 @@ driver (what a Python data loader sees: open(), read(), close()).
 
     python scripts/bench_shim.py [--files 2000] [--size 4KiB] [--runs 7]
     python scripts/bench_shim.py --compressed --files 500 --size 64KiB --content compressible [--level 3]
+    python scripts/bench_shim.py --compare OLD.so   # another build's staged hit in the same runs
 """
 
 from __future__ import annotations
@@ -246,6 +247,9 @@ def parse_args(argv=None):
     p.add_argument("--content", choices=CONTENTS,
                    help="the files' bytes: random (incompressible), compressible (monarch.workload's images and "
                         "feature maps), text (words); default random, compressible with --compressed")
+    p.add_argument("--compare", metavar="LIB",
+                   help="another shim library (an earlier build) whose staged hit is measured in the same "
+                        "interleaved runs: before and after side by side")
     p.add_argument("--json", default=result_path("bench_shim.json"),
                    help="where to write the figures (default: results/bench_shim.json of this checkout)")
     p.add_argument("--workdir", help="scratch directory (default: a new one in /dev/shm)")
@@ -395,6 +399,8 @@ def _bench(args, shim: str, size: int, work: Path) -> int:
         "pass-read.shim": (["reads", str(big), *reads], shim_env),
         "pass-read.direct": (["reads", str(big), *reads], base_env),
     }
+    if args.compare:
+        cases["hit.compare"] = (["files", str(lists["pfs"]), passes], dict(shim_env, LD_PRELOAD=args.compare))
     if args.compressed:
         cases["zhit.shim"] = (["files", str(lists["zpfs"]), passes], shim_env)
         cases["codec"] = (["zcodec", str(lists["frames"]), passes], base_env)
@@ -421,7 +427,7 @@ def _bench(args, shim: str, size: int, work: Path) -> int:
         problems += verify_compressed(drivers, lists, outputs, base_env, shim_env)
         zhit_opens = len(drivers) * (args.runs * args.passes + 1) * args.files  # + 1: the verification pass
     slots = protocol.read_counters(str(counters))
-    hit_opens = len(drivers) * args.runs * args.passes * args.files
+    hit_opens = len(drivers) * args.runs * args.passes * args.files * (2 if args.compare else 1)
     tier_opens = hit_opens + zhit_opens  # the decoded opens are counted under the tier's slot too
     if slots[TIER_SLOT][0] != tier_opens or slots[protocol.SLOT_PFS][0] != 0:
         problems.append(f"expected {tier_opens} tier hits and no PFS opens, the shim counted "
@@ -451,6 +457,8 @@ def _bench(args, shim: str, size: int, work: Path) -> int:
                                       "samples_ns": {"direct": samples[f"{d}:{pair}.direct"],
                                                      "shim": samples[f"{d}:{pair}.shim"]}}
             print(f"{d:>6} {label:<34} {direct:>10.3f} {shimmed:>10.3f} {added:>9.3f} {100 * added / direct:>8.1f}%")
+    if args.compare:
+        problems += report_compare(args.compare, drivers, samples, outputs, figures)
     print(f"\nshim counters: tier slot {TIER_SLOT}: {slots[TIER_SLOT][0]} opens, {slots[TIER_SLOT][1]} bytes; "
           f"PFS slot: {slots[0][0]} opens")
     zstd = {}
@@ -464,6 +472,26 @@ def _bench(args, shim: str, size: int, work: Path) -> int:
                                            "problems": problems}, indent=1))
     print(f"wrote {args.json}")
     return 1 if problems else 0
+
+
+def report_compare(lib: str, drivers, samples, outputs, figures) -> list[str]:
+    """The staged hit of another build beside this one's: each against direct, and this one less
+    the other, per run paired (the three were measured back to back in every run)."""
+    print(f"\nstaged hit, this shim against --compare {lib}")
+    print(f"{'driver':>6} {'other us':>10} {'added us':>9} {'this us':>10} {'added us':>9} {'this - other us':>16}")
+    problems = []
+    for d in drivers:
+        direct, this, other = (samples[f"{d}:hit.{c}"] for c in ("direct", "shim", "compare"))
+        paired = lambda a, b: statistics.median(y - x for x, y in zip(a, b)) / 1e3  # noqa: E731
+        row = {"other_us": statistics.median(other) / 1e3, "other_added_us": paired(direct, other),
+               "this_us": statistics.median(this) / 1e3, "this_added_us": paired(direct, this),
+               "this_minus_other_us": paired(other, this), "samples_ns": other}
+        figures[f"{d}:hit.compare"] = row
+        print(f"{d:>6} {row['other_us']:>10.3f} {row['other_added_us']:>9.3f} {row['this_us']:>10.3f} "
+              f"{row['this_added_us']:>9.3f} {row['this_minus_other_us']:>16.3f}")
+        if outputs[f"{d}:hit.compare"] != outputs[f"{d}:hit.direct"]:
+            problems.append(f"{d} hit: the --compare library read other bytes than the copies")
+    return problems
 
 
 def verify_compressed(drivers, lists, outputs, base_env, shim_env) -> list[str]:

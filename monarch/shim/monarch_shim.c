@@ -197,6 +197,7 @@ struct statx {
 
 #define MONARCH_EXPORT __attribute__((visibility("default")))
 #define MONARCH_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define MONARCH_LIKELY(x) __builtin_expect(!!(x), 1)
 
 #ifndef __FILE_NAME__
 #define __FILE_NAME__ __FILE__
@@ -206,12 +207,17 @@ struct monarch_root {
     char path[PATH_MAX]; /* normalized, no trailing '/'; "" for "/" */
     size_t len;
     unsigned index; /* k in the key "<k>/<rel>", as MONARCH_ROOTS names it */
+    char kprefix[12]; /* "<k>/" */
+    size_t kprefix_len;
 };
 
 struct monarch_probe {
     char dir[PATH_MAX];
     size_t len;
     unsigned slot;
+    int fd;         /* the dir, opened once (shim_paths.c: probe directories); MONARCH_PROBE_* below 0 */
+    dev_t dev;      /* and its identity, written before fd is published */
+    ino_t ino;
 };
 
 static struct monarch_root monarch_roots[MONARCH_MAX_ROOTS];
@@ -535,6 +541,7 @@ static void monarch_parse_roots(const char *env)
         memcpy(root->path, dir, root->len);
         root->path[root->len] = '\0';
         root->index = (unsigned)k;
+        root->kprefix_len = (size_t)snprintf(root->kprefix, sizeof root->kprefix, "%u/", root->index);
         MONARCH_DEBUG(1, "root %u: %s", root->index, root->len ? root->path : "/");
     }
 }
@@ -557,6 +564,7 @@ static void monarch_parse_probe(const char *env)
         memcpy(p->dir, dir, p->len);
         p->dir[p->len] = '\0';
         p->slot = (unsigned)slot;
+        p->fd = MONARCH_PROBE_UNOPENED;
         MONARCH_DEBUG(1, "probe slot %u: %s", p->slot, p->len ? p->dir : "/");
     }
 }
@@ -667,6 +675,9 @@ static void monarch_atfork_child(void)
                          __ATOMIC_RELEASE);
     monarch_index_next_look = 0;
     monarch_pfs_why = -1;
+    for (unsigned i = 0; i < monarch_nprobes; i++) /* a parent's thread was opening a probe dir: again here */
+        if (monarch_probes[i].fd == MONARCH_PROBE_OPENING)
+            monarch_probes[i].fd = MONARCH_PROBE_UNOPENED;
     if (!__atomic_load_n(&monarch_ready, __ATOMIC_ACQUIRE)) {
         /* fork raced with start-up in another thread, which does not exist here */
         pthread_once_t fresh = PTHREAD_ONCE_INIT;

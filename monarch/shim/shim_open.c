@@ -3,14 +3,49 @@
 
 /* ---- the open decision ---- */
 
-static int monarch_open_staged(const char *path, int flags)
+/* A copy the application may get: a regular file (a directory in a kept tier where the
+ * dataset now has a file, a FIFO or socket planted there: never), its stat in *st. */
+static int monarch_open_regular(int dirfd, const char *path, int flags, struct stat *st)
 {
-    int fd = MONARCH_RESOLVE(openat)(AT_FDCWD, path, flags);
-    if (fd >= 0 && !monarch_is_regular(fd)) {
+    int fd = MONARCH_RESOLVE(openat)(dirfd, path, flags);
+    if (fd >= 0 && (monarch_sys_fstat(fd, st) != 0 || !S_ISREG(st->st_mode))) {
         real_close(fd);
+        errno = EISDIR; /* any error but EBADF and ENOTDIR: the caller's "not a copy" */
         fd = -1;
     }
     return fd;
+}
+
+static int monarch_open_staged(const char *path, int flags)
+{
+    struct stat st;
+    return monarch_open_regular(AT_FDCWD, path, flags, &st);
+}
+
+/* The copy of key in probe dir pr, relative to the dir's descriptor (see "probe
+ * directories" in shim_paths.c), else by path into staged[PATH_MAX]; -1 if none. A copy
+ * through the descriptor is used at once when it is on the dir's device and of the size and
+ * mtime of the key's index entry n + 1 (0: none); otherwise, or when the open fails with
+ * EBADF or ENOTDIR, only if the descriptor is still the dir (else by path). */
+static int monarch_probe_open(struct monarch_probe *pr, const char *key, size_t kl, int flags, uint32_t n,
+                              char *staged)
+{
+    int dfd = monarch_probe_fd(pr);
+    if (MONARCH_LIKELY(dfd >= 0)) {
+        struct stat st;
+        struct monarch_index_entry e;
+        int fd = monarch_open_regular(dfd, key, flags, &st);
+        if (fd >= 0) {
+            if ((st.st_dev == pr->dev && monarch_index_entry(n, &e) == 0 && (uint64_t)st.st_size == e.size
+                 && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == e.mtime_ns)
+                || monarch_probe_fd_valid(pr, dfd))
+                return fd;
+            real_close(fd);
+        } else if ((errno != EBADF && errno != ENOTDIR) || monarch_probe_fd_valid(pr, dfd))
+            return -1;
+        /* the number is no longer the dir's: by path, as before */
+    }
+    return monarch_probe_path(pr, key, kl, staged) == 0 ? monarch_open_staged(staged, flags) : -1;
 }
 
 /* A descriptor the daemon passed for key (a decompressed copy): a regular file, sealed
@@ -91,12 +126,13 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
     }
     char staged[PATH_MAX];
     int slot = MONARCH_SLOT_PFS, fd = -1;
+    uint32_t entry = monarch_index_lookup(key, kl); /* once: the probe checks a copy against it, out: keeps it */
     /* a tmpfs copy may refuse O_DIRECT, O_NOATIME; a copy is a file, never a symlink */
     int pflags = (flags & ~(O_DIRECT | O_NOATIME)) | O_NOFOLLOW;
     for (unsigned i = 0; i < monarch_nprobes && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED); i++) {
-        const struct monarch_probe *pr = &monarch_probes[i];
-        if (monarch_probe_path(pr, key, kl, staged) == 0 && (fd = monarch_open_staged(staged, pflags)) >= 0) {
-            MONARCH_DEBUG(1, "open %s: hit slot %u %s (fd %d)", path, pr->slot, staged, fd);
+        struct monarch_probe *pr = &monarch_probes[i];
+        if ((fd = monarch_probe_open(pr, key, kl, pflags, entry, staged)) >= 0) {
+            MONARCH_DEBUG(1, "open %s: hit slot %u %s/%s (fd %d)", path, pr->slot, pr->dir, key, fd);
             slot = (int)pr->slot;
             goto out;
         }
@@ -133,7 +169,7 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
     if (answer > MONARCH_SLOT_PFS && answer < MONARCH_MAX_SLOTS) {
         if (!monarch_answer_allowed(staged))
             MONARCH_DEBUG(1, "open %s: daemon named %.200s, outside the probe dirs: refused", path, staged);
-        else if ((fd = monarch_open_staged(staged, pflags)) >= 0) {
+        else if (monarch_probe_dirs_check(), (fd = monarch_open_staged(staged, pflags)) >= 0) {
             MONARCH_DEBUG(1, "open %s: daemon slot %d %s (fd %d)", path, answer, staged, fd);
             slot = answer;
             goto out;
@@ -150,7 +186,7 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
 out:
     if (slot > MONARCH_SLOT_PFS) {
         *fdp = fd;
-        *entryp = monarch_index_lookup(key, kl);
+        *entryp = entry;
     }
     monarch_guard = 0;
     errno = saved;

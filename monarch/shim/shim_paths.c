@@ -44,6 +44,19 @@ static int monarch_has_dotdot(const char *p)
     return 0;
 }
 
+/* Is the absolute path p its own normal form (no empty, "." or ".." component, no trailing
+ * '/')? One pass, so that most opens skip monarch_has_dotdot and monarch_normalize. */
+static int monarch_is_clean(const char *p)
+{
+    for (const char *c = p; (c = strchr(c, '/')) != NULL; c++) {
+        if (c[1] == '/' || (c[1] == '\0' && c != p))
+            return 0;
+        if (c[1] == '.' && (c[2] == '/' || c[2] == '\0' || (c[2] == '.' && (c[3] == '/' || c[3] == '\0'))))
+            return 0;
+    }
+    return 1;
+}
+
 /*
  * The absolute form of (dirfd, path) into out[PATH_MAX], as the kernel will
  * look it up; -1 if unknown. Without "..": lexical. With "..": the directory
@@ -84,6 +97,10 @@ static int monarch_abspath(int dirfd, const char *path, char *out, size_t *lenp)
     if (n + plen >= PATH_MAX)
         return -1;
     memcpy(out + n, path, plen + 1);
+    if (MONARCH_LIKELY(monarch_is_clean(out))) { /* most paths: already the normal form */
+        *lenp = n + plen;
+        return 0;
+    }
     if (MONARCH_UNLIKELY(monarch_has_dotdot(out))) {
         char dir[PATH_MAX];
         size_t e = n + plen;
@@ -150,19 +167,23 @@ static int monarch_key_abs(int dirfd, const char *path, int allow_root, char *ke
         return -1;
     for (unsigned i = 0; i < monarch_nroots; i++) {
         const struct monarch_root *r = &monarch_roots[i];
-        const char *rel;
+        size_t rl; /* the length of rel, at abs + r->len + 1 */
         if (len < r->len || memcmp(abs, r->path, r->len) != 0)
             continue;
         if (len > r->len + 1 && abs[r->len] == '/')
-            rel = abs + r->len + 1;
+            rl = len - r->len - 1;
         else if (allow_root && (len == r->len || (r->len == 0 && len == 1)))
-            rel = "";
+            rl = 0;
         else
             continue;
-        int kl = snprintf(key, MONARCH_KEY_MAX, "%u/%s", r->index, rel);
-        if (kl <= 0 || kl >= MONARCH_KEY_MAX || kl > MONARCH_MAX_REQUEST)
+        /* "<k>/<rel>": the root's prefix made at start-up (an snprintf here cost ~0.1 us an open) */
+        size_t kl = r->kprefix_len + rl;
+        if (kl >= MONARCH_KEY_MAX || kl > MONARCH_MAX_REQUEST)
             return -1;
-        *klp = (size_t)kl;
+        memcpy(key, r->kprefix, r->kprefix_len);
+        memcpy(key + r->kprefix_len, abs + r->len + 1, rl);
+        key[kl] = '\0';
+        *klp = kl;
         *kp = r->index;
         return 0;
     }
@@ -188,8 +209,79 @@ static int monarch_probe_path(const struct monarch_probe *pr, const char *key, s
     return 0;
 }
 
-static int monarch_is_regular(int fd)
+/* ---- probe directories, each opened once per process ----
+ * A hit opened <probe dir>/<key> by its full path: the kernel looked up every component of
+ * the probe dir again (3 on the shipped layout: /dev/shm/monarch-<uid>/<run dir>). Each probe dir
+ * is opened once (O_PATH, close-on-exec) at its first probe and copies are opened relative to
+ * it. The number is in the application's table too:
+ *   - the application's close of it (close, close_range, dup2/dup3 onto it) forgets it first
+ *     (monarch_probe_dir_closing; not in a vfork child, whose table is its own), and the next
+ *     probe opens the dir again;
+ *   - a number closed behind the shim's back (a raw syscall, glibc's closefrom) and reused is
+ *     caught before its copy is used: a copy through it must be on the dir's device and of the
+ *     snapshot's size and mtime (the daemon's copies carry the source's); if not, or when the
+ *     open fails with EBADF or ENOTDIR, the descriptor is checked against the dir's identity
+ *     (one fstat, off the hit's path) and, if it is no longer the dir, forgotten (not closed:
+ *     not ours any more) and the copy opened by path as before; a probe that missed what the
+ *     daemon then names checks it too (monarch_probe_dirs_check), so misses do not persist.
+ * A fork child shares the descriptor; exec closes it. A dir that does not open: by path. */
+#define MONARCH_PROBE_UNOPENED (-1)
+#define MONARCH_PROBE_OPENING (-2) /* one thread opens it; the others go by path meanwhile */
+#define MONARCH_PROBE_BY_PATH (-3)
+
+/* The probe dir's descriptor, opened at the first call; < 0: open by path. */
+static int monarch_probe_fd(struct monarch_probe *pr)
+{
+    int fd = __atomic_load_n(&pr->fd, __ATOMIC_ACQUIRE), want = MONARCH_PROBE_UNOPENED;
+    if (MONARCH_LIKELY(fd >= 0) || fd != MONARCH_PROBE_UNOPENED
+        || !__atomic_compare_exchange_n(&pr->fd, &want, MONARCH_PROBE_OPENING, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+        return fd;
+    struct stat st;
+    fd = MONARCH_RESOLVE(openat)(AT_FDCWD, pr->len ? pr->dir : "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0 && monarch_sys_fstat(fd, &st) != 0) {
+        real_close(fd);
+        fd = -1;
+    }
+    if (fd >= 0) {
+        pr->dev = st.st_dev;
+        pr->ino = st.st_ino;
+    }
+    MONARCH_DEBUG(2, "probe slot %u: %s opened as fd %d", pr->slot, pr->dir, fd);
+    __atomic_store_n(&pr->fd, fd >= 0 ? fd : MONARCH_PROBE_BY_PATH, __ATOMIC_RELEASE);
+    return fd;
+}
+
+/* Is fd (pr's descriptor when it was read) still the probe dir? If not, forget it (only
+ * if no other thread has yet): 0. */
+static int monarch_probe_fd_valid(struct monarch_probe *pr, int fd)
 {
     struct stat st;
-    return monarch_sys_fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    if (monarch_sys_fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_dev == pr->dev && st.st_ino == pr->ino)
+        return 1;
+    MONARCH_DEBUG(1, "probe slot %u: fd %d is no longer %s; forgotten", pr->slot, fd, pr->dir);
+    __atomic_compare_exchange_n(&pr->fd, &fd, MONARCH_PROBE_UNOPENED, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* After a probe missed what the daemon then named: every opened probe dir checked. */
+static void monarch_probe_dirs_check(void)
+{
+    for (unsigned i = 0; i < monarch_nprobes; i++) {
+        int fd = __atomic_load_n(&monarch_probes[i].fd, __ATOMIC_ACQUIRE);
+        if (fd >= 0)
+            monarch_probe_fd_valid(&monarch_probes[i], fd);
+    }
+}
+
+/* The application closes the descriptors [first, last] (or makes them others): a probe dir's
+ * among them is forgotten first, so that the shim never opens relative to a reused number. */
+static void monarch_probe_dir_closing(unsigned first, unsigned last)
+{
+    for (unsigned i = 0; i < monarch_nprobes; i++) {
+        int fd = __atomic_load_n(&monarch_probes[i].fd, __ATOMIC_ACQUIRE);
+        if (MONARCH_UNLIKELY(fd >= 0 && (unsigned)fd >= first && (unsigned)fd <= last) && getpid() == monarch_pid)
+            __atomic_compare_exchange_n(&monarch_probes[i].fd, &fd, MONARCH_PROBE_UNOPENED, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED);
+    }
 }

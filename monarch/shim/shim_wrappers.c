@@ -539,6 +539,7 @@ MONARCH_EXPORT int close(int fd)
     MONARCH_REAL(close, -1)
     monarch_forget(fd); /* before: once closed, another thread may reuse the number */
     monarch_zpool_release_fd(fd);
+    monarch_probe_dir_closing((unsigned)fd, (unsigned)fd);
     return real_(fd);
 }
 
@@ -567,8 +568,10 @@ MONARCH_EXPORT int dup(int oldfd)
 MONARCH_EXPORT int dup2(int oldfd, int newfd)
 {
     MONARCH_REAL(dup2, -1)
-    if (oldfd != newfd)
-        monarch_zpool_release_fd(newfd); /* dup2 closes newfd */
+    if (oldfd != newfd) { /* dup2 closes newfd */
+        monarch_zpool_release_fd(newfd);
+        monarch_probe_dir_closing((unsigned)newfd, (unsigned)newfd);
+    }
     int fd = real_(oldfd, newfd);
     if (fd >= 0 && oldfd != newfd)
         monarch_copy_slot(oldfd, fd);
@@ -578,8 +581,10 @@ MONARCH_EXPORT int dup2(int oldfd, int newfd)
 MONARCH_EXPORT int dup3(int oldfd, int newfd, int flags)
 {
     MONARCH_REAL(dup3, -1)
-    if (oldfd != newfd)
+    if (oldfd != newfd) {
         monarch_zpool_release_fd(newfd);
+        monarch_probe_dir_closing((unsigned)newfd, (unsigned)newfd);
+    }
     int fd = real_(oldfd, newfd, flags);
     if (fd >= 0)
         monarch_copy_slot(oldfd, fd);
@@ -692,8 +697,10 @@ MONARCH_EXPORT int execle(const char *path, const char *arg, ...)
 MONARCH_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 {
     MONARCH_REAL(close_range, -1)
-    if (!(flags & CLOSE_RANGE_CLOEXEC))
+    if (!(flags & CLOSE_RANGE_CLOEXEC)) {
         monarch_zpool_release_range(first, last);
+        monarch_probe_dir_closing(first, last);
+    }
     int r = real_(first, last, flags);
     if (r == 0 && !(flags & CLOSE_RANGE_CLOEXEC) && getpid() == monarch_pid)
         for (unsigned long fd = first; fd <= last && fd < MONARCH_MAX_FDS; fd++) {
