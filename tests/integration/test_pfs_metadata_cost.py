@@ -145,3 +145,42 @@ def test_opened_stat_is_the_files_stat(tree):
         os.close(fd)
     assert (got.st_size, got.st_mtime_ns, got.st_ino, got.st_mode) == (st.st_size, st.st_mtime_ns,
                                                                         st.st_ino, st.st_mode)
+
+
+def test_the_front_doors_copies_cost_one_operation_per_file(slow_pfs, tree, short_tmp):
+    """The door's read-ahead lane copies as the stager does: one lookup per file (the open),
+    its attributes checked as that open left them (no getattr round trip), a directory's path
+    once per run of its files."""
+    import socket
+    import time
+    from monarch import frontdoor, protocol
+    if frontdoor.library() is None:
+        pytest.skip("the front door cannot be built here")
+    pfs = slow_pfs(tree.parent, open_latency_ms=0)
+    root = os.path.join(pfs.mountpoint, "data")
+    snap = take_snapshot((root,))
+    files = CLASSES * PER_CLASS
+    tier = os.path.join(short_tmp, "tier")
+    os.mkdir(tier)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.path.join(short_tmp, "door.sock"))
+    listener.listen(8)
+    slot = protocol.tier_slot(0)
+    door = frontdoor.FrontDoor(listener.fileno(), [root], {slot: tier}, slot, 1)
+    try:
+        assert door.open("unused", bytearray(snap.index_bytes()))
+        door.grant(64 << 20)
+        door.copying(True)
+        pfs.reset_counters()
+        assert door.read_ahead(files, 1)  # one thread: the keys in index order, a directory at a time
+        deadline = time.monotonic() + 60
+        while door.read_ahead_state()["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert door.read_ahead_state()["copies"] == files
+        copies = _meta_ops(pfs)
+        assert copies <= files + 3 * (CLASSES + 1), copies  # an fstat after each open made it two per file
+    finally:
+        door.stop()
+        listener.close()
+    for key in snap.files:
+        assert (tree / key.partition("/")[2]).read_bytes() == open(os.path.join(tier, key), "rb").read()
