@@ -93,7 +93,7 @@
 #define CORE_WORKERS 4                 /* threads, one per core up to this: the copies are kernel time */
 #define MAX_WORKERS 16                 /* threads when asked for (front_door_start's ``workers``) */
 #define EVENT_BATCH 256                /* copies reported per wake-up of Python, at most */
-#define AHEAD_MAX 16                   /* read-ahead lane threads, at most */
+#define AHEAD_MAX 64                   /* read-ahead lane threads, at most */
 #define AHEAD_WAIT_NS 50000000LL       /* the lane, out of room lent, waits this long for more ... */
 #define AHEAD_WAITS 100                /* ... this many times in a row before it ends (a full tier) */
 #define AHEAD_SLOW_NS 3000000000LL     /* the lane copies on through a slow spell this long (a busy node, a

@@ -33,6 +33,10 @@ LEASE_MAX = 16 << 20  # tier room lent to the front door at a time, at most ...
 LEASE_SHARE = 32      # ... and at most this share of the tier's capacity
 PEER_WORKERS = 8      # a cluster daemon's door threads: each waits on the network while it fetches a peer's file
 AHEAD_THREADS = 8     # the door's read-ahead lane: copies in flight (a PFS's latency hidden, a local disk's cores used)
+# ... on a sharded node, whose share every other node waits for: as deep as its stager starts
+# (cluster_role.SHARD_START_DEPTH). bench_cluster at 20 ms per open: epoch 1 0.47-0.85 s with 32,
+# 1.6-2.7 s with 8 (interleaved runs)
+AHEAD_THREADS_SHARDED = 32
 AHEAD_POLL_SECONDS = 0.05  # how often the stager looks whether the lane is through
 
 
@@ -179,9 +183,10 @@ class DoorKeeper:
     whichever stager serves now (``relink_locked`` at each swap), opened once the index is
     written, its copies absorbed into the books, its counts reported, stopped at close."""
 
-    def __init__(self, door: FrontDoor, current: Current, may_copy: Callable[[], bool]):
+    def __init__(self, door: FrontDoor, current: Current, may_copy: Callable[[], bool], own_only: bool = False):
         self.door = door
         self._current = current
+        self._lane_threads = AHEAD_THREADS_SHARDED if own_only else AHEAD_THREADS
         self._may_copy = may_copy  # asked at each link: a cluster's layout is known once the walk ends
         self.link: DoorLink | None = None  # linked by its holder, under the gate's lock (relink_locked)
         self.peer_link = None  # the peer lane's (PeerDoorLink), sharded with the C data path (link_peers)
@@ -207,7 +212,7 @@ class DoorKeeper:
             log.warning("the daemon's C front door did not start (%s); the Python server answers every request", e)
             return None
         door.own_only(own_only)
-        return cls(door, current, may_copy)
+        return cls(door, current, may_copy, own_only)
 
     def relink_locked(self) -> None:
         """The door kept told of the current stager's copies, its copies booked there (under
@@ -243,7 +248,7 @@ class DoorKeeper:
                 return True
             self._lane_asked = True
         link = self.link
-        if link is None or not link.may_copy or not self.door.read_ahead(len(files), AHEAD_THREADS):
+        if link is None or not link.may_copy or not self.door.read_ahead(len(files), self._lane_threads):
             return False
         stager.read_ahead(order(larger_than(files, INLINE_BYTES)))
         threading.Thread(target=self._after_the_lane, args=(files, stager, sample, closing, absorb, order),
