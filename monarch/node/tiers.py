@@ -193,6 +193,7 @@ class Tier:
     def mark_full(self, reason: str) -> None:
         with self._lock:
             self.full_reason = reason
+            self.last_refusal = REFUSED_FILESYSTEM_FULL  # it takes no more: said even if no copy is offered after
 
     def committed(self, logical: int = 0, stored: int = 0, key: str | None = None, compressed: bool = False) -> None:
         """A copy of ``logical`` bytes, taking ``stored`` bytes (``allocated(stored)`` of the
