@@ -33,10 +33,11 @@ LEASE_MAX = 16 << 20  # tier room lent to the front door at a time, at most ...
 LEASE_SHARE = 32      # ... and at most this share of the tier's capacity
 PEER_WORKERS = 8      # a cluster daemon's door threads: each waits on the network while it fetches a peer's file
 AHEAD_THREADS = 8     # the door's read-ahead lane: copies in flight (a PFS's latency hidden, a local disk's cores used)
-# ... on a sharded node, whose share every other node waits for: as deep as its stager starts
-# (cluster_role.SHARD_START_DEPTH). bench_cluster at 20 ms per open: epoch 1 0.47-0.85 s with 32,
-# 1.6-2.7 s with 8 (interleaved runs)
-AHEAD_THREADS_SHARDED = 32
+# ... on a sharded node, whose share every other node waits for. bench_cluster (emulated PFS,
+# one Python FUSE process on the same 2 cores), epoch 1 / whole-job CPU-s: 2 ms per open, 8:
+# 0.7-1.2 s / 8.8-10.4, 16: 0.7-2.5 / 9.3-10.4, 32: 2.7-3.1 / 11.4-11.7; 20 ms per open, 8:
+# 1.6-2.7 s, 16: 0.5-0.7 s, 32: 0.5-0.9 s. Latency wants depth, the emulator's CPU less of it.
+AHEAD_THREADS_SHARDED = 16
 AHEAD_POLL_SECONDS = 0.05  # how often the stager looks whether the lane is through
 
 
