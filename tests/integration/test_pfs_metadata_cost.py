@@ -7,13 +7,14 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from pathlib import Path
 
 import pytest
 
 from monarch.node.pfsmeta import DirFds, attrs_fresh_after_open, opened_stat
 from monarch.node.snapshot import take_snapshot, unchanged
 from monarch.node.sources import PFSSource, SourceChanged
-from support.harness import CountingTally
+from support.harness import CountingTally, door_on_socket
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -151,7 +152,6 @@ def test_the_front_doors_copies_cost_one_operation_per_file(slow_pfs, tree, shor
     """The door's read-ahead lane copies as the stager does: one lookup per file (the open),
     its attributes checked as that open left them (no getattr round trip), a directory's path
     once per run of its files."""
-    import socket
     import time
     from monarch import frontdoor, protocol
     if frontdoor.library() is None:
@@ -162,12 +162,8 @@ def test_the_front_doors_copies_cost_one_operation_per_file(slow_pfs, tree, shor
     files = CLASSES * PER_CLASS
     tier = os.path.join(short_tmp, "tier")
     os.mkdir(tier)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(os.path.join(short_tmp, "door.sock"))
-    listener.listen(8)
     slot = protocol.tier_slot(0)
-    door = frontdoor.FrontDoor(listener.fileno(), [root], {slot: tier}, slot, 1)
-    try:
+    with door_on_socket(os.path.join(short_tmp, "door.sock"), [root], {slot: tier}, slot) as door:
         assert door.open("unused", bytearray(snap.index_bytes()))
         door.grant(64 << 20)
         door.copying(True)
@@ -179,8 +175,5 @@ def test_the_front_doors_copies_cost_one_operation_per_file(slow_pfs, tree, shor
         assert door.read_ahead_state()["copies"] == files
         copies = _meta_ops(pfs)
         assert copies <= files + 3 * (CLASSES + 1), copies  # an fstat after each open made it two per file
-    finally:
-        door.stop()
-        listener.close()
     for key in snap.files:
-        assert (tree / key.partition("/")[2]).read_bytes() == open(os.path.join(tier, key), "rb").read()
+        assert (tree / key.partition("/")[2]).read_bytes() == (Path(tier) / key).read_bytes()

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -165,6 +166,22 @@ def unix_connect(path: str, timeout: float = 10.0):
     s.settimeout(timeout)
     s.connect(path)
     return s
+
+
+@contextmanager
+def door_on_socket(path: str, roots: list[str], tier_dirs: dict[int, str], copy_slot: int, workers: int = 1):
+    """A front door alone on a Unix socket at ``path`` (no daemon: the test holds its tables,
+    leases and lane itself); stopped, and its listener closed, on leaving."""
+    from monarch import frontdoor
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    door = frontdoor.FrontDoor(listener.fileno(), roots, tier_dirs, copy_slot, workers)
+    try:
+        yield door
+    finally:
+        door.stop()
+        listener.close()
 
 
 def resolve(daemon, key: str) -> tuple[int, str]:

@@ -119,6 +119,15 @@ def wait_idle(daemon: NodeDaemon, timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
+def staged_all(daemon: NodeDaemon, files: int, timeout: float = 60) -> dict:
+    """The daemon's stats once it has staged ``files`` files (or ``timeout`` passed) and is idle."""
+    deadline = time.monotonic() + timeout
+    while daemon.stats()["staging"]["files"] < files and time.monotonic() < deadline:
+        time.sleep(0.05)
+    wait_idle(daemon)
+    return daemon.stats()
+
+
 def test_misses_are_copied_by_the_door_with_the_sources_bytes_mtime_and_private_mode(short_tmp, daemon_on):
     root = fast_root(short_tmp)
     sums = make_files(root, 60)
@@ -499,11 +508,7 @@ def test_the_read_ahead_copies_small_files_in_the_doors_own_lane(short_tmp, daem
             f.write(data)
         sums[f"0/large{i}.bin"] = hashlib.md5(data).hexdigest()
     daemon, _ = daemon_on(root, policy="read-ahead", threads=2)
-    deadline = time.monotonic() + 60
-    while daemon.stats()["staging"]["files"] < len(sums) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    wait_idle(daemon)
-    stats = daemon.stats()
+    stats = staged_all(daemon, len(sums))
     lane = stats["front_door"]["read_ahead"]
     assert lane["running"] == 0 and lane["through"] == 402
     assert stats["front_door"]["copies"] == 0  # ahead of the reader, not for a miss
@@ -533,11 +538,7 @@ def test_the_lane_goes_on_into_the_next_tier_when_the_first_is_full(short_tmp, d
     ssd = os.path.join(short_tmp, "ssd0")
     daemon, _ = daemon_on(root, policy="read-ahead", capacity="512KiB",
                           extra=f', {{name: ssd, path: "{ssd}", capacity: 64MiB}}')
-    deadline = time.monotonic() + 60
-    while daemon.stats()["staging"]["files"] < len(sums) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    wait_idle(daemon)
-    stats = daemon.stats()
+    stats = staged_all(daemon, len(sums))
     lane = stats["front_door"]["read_ahead"]
     assert lane["running"] == 0 and lane["ended_because"] == "", lane
     assert stats["staging"]["files"] == len(sums) and stats["staging"]["pfs_files_read"] == len(sums)

@@ -5,7 +5,6 @@ when the door last answered them (an evicting cache's grace)."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 from types import SimpleNamespace
 
@@ -13,7 +12,7 @@ import pytest
 
 from monarch import frontdoor, protocol
 from monarch.node.snapshot import take_snapshot
-from support.harness import unix_connect as connect
+from support.harness import door_on_socket, unix_connect as connect
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
 
@@ -35,14 +34,10 @@ def door_on(short_tmp):
     tier = os.path.join(short_tmp, "tier")
     os.mkdir(tier)
     path = os.path.join(short_tmp, "door.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
     slot = protocol.tier_slot(0)
-    d = frontdoor.FrontDoor(listener.fileno(), [root], {slot: tier}, slot, 1)
-    yield SimpleNamespace(door=d, socket=path, tier=tier, slot=slot, index=bytearray(take_snapshot((root,)).index_bytes()))
-    d.stop()
-    listener.close()
+    with door_on_socket(path, [root], {slot: tier}, slot) as d:
+        yield SimpleNamespace(door=d, socket=path, tier=tier, slot=slot,
+                              index=bytearray(take_snapshot((root,)).index_bytes()))
 
 
 def test_keys_staged_before_and_after_the_index_opened_are_answered_through_growth(door_on):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import socket
 import threading
 import time
 from array import array
@@ -23,7 +22,7 @@ from monarch import frontdoor, protocol
 from monarch.frontdoor import BOOKS, EV_AHEAD, EV_STAGED, PEER_BOOKS
 from monarch.node.index_writer import positions
 from monarch.node.snapshot import take_snapshot
-from support.harness import unix_connect as connect
+from support.harness import door_on_socket, unix_connect as connect
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
 
@@ -49,43 +48,37 @@ def sharded_door(short_tmp):
     os.mkdir(tier)
     os.mkdir(area)
     path = os.path.join(short_tmp, "door.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
     slot = protocol.tier_slot(0)
-    door = frontdoor.FrontDoor(listener.fileno(), [root], {slot: tier, protocol.SLOT_PEER: area}, slot, 2)
-    door.own_only(True)
-    snap = take_snapshot((root,))
-    assert door.open("unused", bytearray(snap.index_bytes()))
-    door.grant(1 << 20)
-    door.copying(True)
-    row = positions(snap.files)
-    owners = array("h", [-1]) * len(snap.files)
-    for key in snap.files:
-        if row(key) % 2:
-            owners[row(key)] = 1
-    fetched, offered = [], []
+    with door_on_socket(path, [root], {slot: tier, protocol.SLOT_PEER: area}, slot, 2) as door:
+        door.own_only(True)
+        snap = take_snapshot((root,))
+        assert door.open("unused", bytearray(snap.index_bytes()))
+        door.grant(1 << 20)
+        door.copying(True)
+        row = positions(snap.files)
+        owners = array("h", [-1]) * len(snap.files)
+        for key in snap.files:
+            if row(key) % 2:
+                owners[row(key)] = 1
+        fetched, offered = [], []
 
-    def fetch(dp, owner, key, length, size, fd, timeout_ms):  # the data path says: ask Python
-        fetched.append(key[:length].decode())
-        return -1
+        def fetch(dp, owner, key, length, size, fd, timeout_ms):  # the data path says: ask Python
+            fetched.append(key[:length].decode())
+            return -1
 
-    def offer(dp, key, length, slot_):
-        offered.append((key[:length].decode(), slot_))
+        def offer(dp, key, length, slot_):
+            offered.append((key[:length].decode(), slot_))
 
-    callbacks = FETCH(fetch), OFFER(offer)  # kept alive while the door may call them
-    mine = {k for k in snap.files if owners[row(k)] < 0}
-    yield SimpleNamespace(door=door, socket=path, tier=tier, slot=slot, sums=sums, mine=mine, owners=owners,
-                          callbacks=callbacks, fetched=fetched, offered=offered,
-                          link=lambda: door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None,
-                                                  owners, 0, protocol.SLOT_PEER, 5.0))
-    door.stop()
-    listener.close()
+        callbacks = FETCH(fetch), OFFER(offer)  # kept alive while the door may call them
+        mine = {k for k in snap.files if owners[row(k)] < 0}
+        yield SimpleNamespace(door=door, socket=path, tier=tier, slot=slot, sums=sums, mine=mine, owners=owners,
+                              callbacks=callbacks, fetched=fetched, offered=offered,
+                              link=lambda: door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None,
+                                                      owners, 0, protocol.SLOT_PEER, 5.0))
 
 
 def ask_open(path: str, key: str) -> tuple[int, bytes]:
     with connect(path) as s:
-        s.settimeout(10)
         s.sendall(protocol.encode_request(protocol.VERB_OPEN, key.encode()))
         return protocol.recv_answer(s)
 
