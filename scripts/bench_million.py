@@ -43,6 +43,7 @@ the daemon's and the command's stamps compare):
                        the snapshot ready, nothing in flight and every file staged (or no
                        change for 10 s). Baseline: 4 ``cp -r`` processes, each a quarter of
                        the class directories, into /dev/shm (files / wall of the slowest).
+                       Both start from the same page-cache state (``--cache``, default warm).
   per-open             a sample of ``--sample`` files, open+read+close from Python, after an
                        untimed first pass; staged: in the read-ahead job's command after the
                        read-ahead is done (the report must show those opens from the RAM
@@ -218,6 +219,31 @@ def timed(cmd: list[str], timeout: float, **kw) -> tuple[subprocess.CompletedPro
     wall = time.time() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     return proc, t0, wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+
+
+def settle_cache(root: Path, args, before: str) -> dict:
+    """Bring the tree to the same page-cache state before each timed copy or walk (``--cache``),
+    so that Monarch and its baseline start alike. On this VM a page unused for about a minute
+    is paged out (DAMON), so a job read from whatever the last one left: a cold start staged at
+    12k files/s against a copy that then found every file cached (measured: 4 x cp -r 116 s
+    cold, 31 s warm). ``warm``: every file read once just before (4 processes, untimed), as
+    a node that has read its dataset before; ``cold``: the page cache, dentries and inodes
+    dropped (root), as a PFS client that has not; ``as-is``: nothing done."""
+    if args.cache == "as-is":
+        return {"cache": "as-is"}
+    t0 = time.time()
+    if args.cache == "cold":
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    else:
+        find = subprocess.Popen(["find", str(root), "-type", "f", "-print0"], stdout=subprocess.PIPE)
+        cat = subprocess.run(["xargs", "-0", "-P", "4", "-n", "2000", "cat"], stdin=find.stdout,
+                             stdout=subprocess.DEVNULL, timeout=args.timeout)
+        find.stdout.close()
+        if find.wait() != 0 or cat.returncode != 0:
+            raise SystemExit(f"reading {root} to warm the page cache failed")
+    return {"cache": args.cache, "before": before, "seconds": round(time.time() - t0, 2)}
 
 
 def run_find(root: Path, args) -> dict:
@@ -522,7 +548,8 @@ def rows(runs: list[dict], args) -> list[dict]:
 
 def print_table(table: list[dict], args) -> None:
     print(f"\n{args.files:,} files of {args.size} in {args.dirs:,} directories; the shipped configuration; "
-          f"{args.repeats} repeat(s), median [min-max]")
+          f"{args.repeats} repeat(s), median [min-max]; the tree's page cache {args.cache} before find, "
+          f"the read-ahead job and the copy (--cache)")
     w = max(len(r["row"]) for r in table)
     wf = max(len(r["figure"]) for r in table)
     wb = max(len(r["baseline"]) for r in table)
@@ -544,6 +571,9 @@ def main(argv=None) -> int:
     p.add_argument("--keep-tree", metavar="DIR", help="make the tree in DIR and keep it; reuse it if DIR holds it")
     p.add_argument("--workdir", help="scratch directory (default: a new one under /tmp)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds allowed to each job")
+    p.add_argument("--cache", choices=["warm", "cold", "as-is"], default="warm",
+                   help="the tree's page-cache state before find + the read-ahead job and before the copy "
+                        "(default warm: every file read just before; cold: caches dropped, root only)")
     p.add_argument("--out", default=result_path("bench_million.json"),
                    help="the JSON written (default: results/bench_million.json of this checkout)")
     args = parse_with_quick(p, argv, {"files": 2000, "dirs": 20, "repeats": 1, "sample": 500,
@@ -553,6 +583,8 @@ def main(argv=None) -> int:
     args.sample_n = min(args.sample, args.files)
     if args.files < 1 or args.dirs < 1 or args.repeats < 1:
         p.error("--files, --dirs and --repeats must be at least 1")
+    if args.cache == "cold" and os.geteuid() != 0:
+        p.error("--cache cold drops the page cache (/proc/sys/vm/drop_caches): run as root, or use --cache warm")
     work = Path(tempfile.mkdtemp(prefix="bench-million-", dir=args.workdir or "/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="bench-million-", dir="/dev/shm"))
     try:
@@ -565,10 +597,11 @@ def main(argv=None) -> int:
         onaccess = on_access_config(work)
         runs = []
         for i in range(args.repeats):
-            r = {}
+            r = {"cache": [settle_cache(root, args, "find and the read-ahead job")]}
             r["find"] = run_find(root, args)
             r["stage"] = run_monarch(root, work, args, f"r{i}stage", "stage")
             r["direct"] = run_direct(work, root, args)
+            r["cache"].append(settle_cache(root, args, "4 x cp"))
             r["copy"] = run_copy(root, shm, args)
             r["onaccess"] = run_monarch(root, work, args, f"r{i}onaccess", "stat", onaccess)
             r["reuse"] = run_monarch(root, work, args, f"r{i}reuse", "stat", onaccess, cold=False)
