@@ -8,19 +8,30 @@ with ``--threads`` reader threads under ``monarch run``: its own half is answere
 index (native speed), the other half is fetched from node 1 into node 0's peer area, which
 holds 90% of it (so each remote open is one fetch; the last tenth evicts the first).
 
+Two readers (``--reader``), each with daemons of its own in every repeat: ``python`` (a
+thread pool: open, read, digest, as a Python data loader does) and ``c`` (scripts/peer_reader.c:
+pthreads, open, read, CRC-32: a reader that itself costs little, so what is left is the peer
+path's own cost).
+
 Prints per repeat: the reading pass's wall time, the remote opens (node 0's report), remote
 opens per second, and the CPU-seconds of each daemon and of the reader during the pass (the
 daemons' idle CPU over the same time subtracted), with the CPU per remote open. Each byte
-read is checked against the source's digest.
+read is checked against the source (the manifest's digest, or its CRC-32 for the C reader).
+Then, per reader, the ceiling those costs allow on this machine's cores: remote opens per
+second if every open were remote and the job had every core, cores / (the reader's CPU per
+file + the requesting daemon's + the owner's per remote open), and which of the three
+bounds it.
 
-    python scripts/bench_peer.py                      # 20,000 x 16 KiB, 8 threads, 3 repeats
-    python scripts/bench_peer.py --files 4000 --repeats 1
+    python scripts/bench_peer.py                      # 20,000 x 16 KiB, 8 threads, 3 repeats, both readers
+    python scripts/bench_peer.py --files 4000 --repeats 1 --reader c
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import zlib
 import os
 import shutil
 import subprocess
@@ -66,6 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--file-size", default="16KiB")
     p.add_argument("--threads", type=int, default=8, help="reader threads on node 0")
     p.add_argument("--repeats", type=int, default=3, help="daemons started anew for each")
+    p.add_argument("--reader", default="python,c", help="python, c, or both comma-separated (default)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per repeat before it is killed")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -119,8 +131,42 @@ def wait_staged(base: str, want: int, serve: subprocess.Popen, deadline: float) 
         time.sleep(0.2)
 
 
-def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int, r: int) -> dict:
-    base = os.path.join(work, f"r{r}")
+def build_c_reader(work: str) -> str:
+    exe = os.path.join(work, "peer_reader")
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit("bench_peer: --reader c needs a C compiler (cc or gcc); or use --reader python")
+    subprocess.run([cc, "-O2", "-pthread", "-o", exe, str(REPO / "scripts" / "peer_reader.c")], check=True)
+    return exe
+
+
+def write_crc_list(work: str, root: str, manifest_path: str) -> str:
+    """The C reader's list: "CRC32 SIZE PATH" per file, in the Python reader's order."""
+    from monarch.workload import load_manifest
+    path = os.path.join(work, "crc_list.txt")
+    with open(path, "w") as out:
+        for rel in sorted(load_manifest(manifest_path)):
+            full = os.path.join(root, rel)
+            with open(full, "rb") as f:
+                data = f.read()
+            out.write(f"{zlib.crc32(data)} {len(data)} {full}\n")
+    return path
+
+
+def daemon_nodes(procs: list) -> list:
+    """Each daemon's node (Hydra's PMI_RANK), or None if it cannot be read."""
+    out = []
+    for p in procs:
+        try:
+            out.append(int(p.environ().get("PMI_RANK", "")))
+        except Exception:
+            out.append(None)
+    return out
+
+
+def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int, r: int,
+               reader_kind: str = "python", c_reader: tuple[str, str] | None = None) -> dict:
+    base = os.path.join(work, f"r{r}-{reader_kind}")
     os.makedirs(base)
     cfg = write_config(base, root, total)
     env = bench_env(JOB)
@@ -138,25 +184,52 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
         report = os.path.join(base, "run0.json")
         before = cpu_of(procs)
         t0 = time.monotonic()
-        reader = subprocess.run([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", report, "--",
-                                 sys.executable, "-c", READER, root, manifest, str(args.threads), out],
+        cmd = ([c_reader[0], c_reader[1], str(args.threads)] if reader_kind == "c" else
+               [sys.executable, "-c", READER, root, manifest, str(args.threads), out])
+        reader = subprocess.run([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", report, "--", *cmd],
                                 env=bench_env(JOB, MONARCH_NODE=0), capture_output=True, text=True,
                                 timeout=max(10.0, deadline - time.monotonic()))
         elapsed = time.monotonic() - t0
         after = cpu_of(procs)
+        nodes = daemon_nodes(procs)
         if reader.returncode != 0:
             raise RuntimeError(f"the reader exited {reader.returncode}:\n{reader.stderr[-2000:]}")
-        result = json.load(open(out))
+        result = json.loads(reader.stdout.strip().splitlines()[-1]) if reader_kind == "c" else json.load(open(out))
         rep = json.load(open(report))
     finally:
         stop_daemons(serve)
     remote = remote_opens(rep)
     daemon_cpu = [b - a - i * result["seconds"] for a, b, i in zip(before, after, idle)]
-    return {"pass_seconds": round(result["seconds"], 3), "launcher_seconds": round(elapsed, 3),
+    by_node = dict(zip(nodes, daemon_cpu)) if sorted(n for n in nodes if n is not None) == [0, 1] else {}
+    return {"reader": reader_kind, "pass_seconds": round(result["seconds"], 3), "launcher_seconds": round(elapsed, 3),
+            "requester_cpu": round(by_node[0], 3) if by_node else None,
+            "owner_cpu": round(by_node[1], 3) if by_node else None,
             "files": result["files"], "remote_opens": remote, "digests_ok": result["ok"],
             "remote_opens_per_s": round(remote / result["seconds"]) if result["seconds"] else None,
             "reader_cpu": round(result["cpu"], 3), "daemon_cpu": [round(c, 3) for c in daemon_cpu],
             "daemon_cpu_per_remote_open_us": round(1e6 * sum(daemon_cpu) / remote, 1) if remote else None}
+
+
+def print_ceiling(kind: str, runs: list[dict]) -> None:
+    """The remote opens per second the measured CPU costs allow on this machine's cores, and
+    which cost bounds it (medians over the repeats)."""
+    cores = os.cpu_count() or 1
+    remote = [r for r in runs if r["remote_opens"] and r["requester_cpu"] is not None]
+    if not remote:
+        print(f"{kind} reader: no remote opens measured by node; no ceiling")
+        return
+    costs = {"the reader (per file)": statistics.median(1e6 * r["reader_cpu"] / r["files"] for r in remote),
+             "the requesting daemon (per remote open)": statistics.median(1e6 * r["requester_cpu"] / r["remote_opens"]
+                                                                           for r in remote),
+             "the owner's daemon (per remote open)": statistics.median(1e6 * r["owner_cpu"] / r["remote_opens"]
+                                                                        for r in remote)}
+    ceiling = cores * 1e6 / sum(costs.values())
+    bound = max(costs, key=costs.get)
+    rate = statistics.median(r["remote_opens_per_s"] for r in remote)
+    print(f"{kind} reader: {rate:,.0f} remote opens/s measured; CPU "
+          + ", ".join(f"{who} {us:.0f} us" for who, us in costs.items())
+          + f" -> ceiling {ceiling:,.0f} remote opens/s on {cores} cores if every open were remote; "
+            f"bound by {bound} ({costs[bound] / sum(costs.values()):.0%} of the CPU)")
 
 
 def remote_opens(report: dict) -> int:
@@ -176,15 +249,22 @@ def main(argv=None) -> int:
         total = args.files * size
         print(f"bench_peer: {args.files} x {args.file_size}, {NODES} nodes, node 0 reads all with "
               f"{args.threads} threads (its half local, the other half from node 1)")
+        kinds = [k.strip() for k in args.reader.split(",") if k.strip()]
+        if not kinds or any(k not in ("python", "c") for k in kinds):
+            raise SystemExit(f"bench_peer: --reader {args.reader!r}: python, c, or python,c")
+        c_reader = (build_c_reader(work), write_crc_list(work, root, manifest)) if "c" in kinds else None
         results = []
         for r in range(args.repeats):
-            res = one_repeat(args, work, root, manifest, total, args.files, r)
-            results.append(res)
-            print(f"  repeat {r + 1}: {res['pass_seconds']:.3f} s for {res['files']} files, "
-                  f"{res['remote_opens']} remote -> {res['remote_opens_per_s']} remote opens/s; "
-                  f"CPU s: reader {res['reader_cpu']}, daemons {res['daemon_cpu']} "
-                  f"= {res['daemon_cpu_per_remote_open_us']} us per remote open; digests "
-                  f"{'ok' if res['digests_ok'] else 'WRONG'}")
+            for kind in kinds:
+                res = one_repeat(args, work, root, manifest, total, args.files, r, kind, c_reader)
+                results.append(res)
+                print(f"  repeat {r + 1}, {kind} reader: {res['pass_seconds']:.3f} s for {res['files']} files, "
+                      f"{res['remote_opens']} remote -> {res['remote_opens_per_s']} remote opens/s; "
+                      f"CPU s: reader {res['reader_cpu']}, daemons {res['daemon_cpu']} "
+                      f"= {res['daemon_cpu_per_remote_open_us']} us per remote open; digests "
+                      f"{'ok' if res['digests_ok'] else 'WRONG'}", flush=True)
+        for kind in kinds:
+            print_ceiling(kind, [r for r in results if r["reader"] == kind])
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"args": vars(args), "results": results}, f, indent=1)

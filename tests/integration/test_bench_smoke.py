@@ -75,6 +75,8 @@ BENCHES = [
     Bench("bench_store.py", ["--quick"], r"^store read: 1\.00x the dataset", {"redis"}),
     Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--json", "{tmp}/cluster.json"],
           r"^monarch/before\s+PFS/dataset\s+[\d.]+\s+epochs .* digests OK(?!.*nodes without Monarch)", {"fuse", "mpi"}),
+    Bench("bench_peer.py", ["--files", "400", "--repeats", "1", "--json", "{tmp}/peer.json"],
+          r"^c reader: [\d,]+ remote opens/s measured; .* -> ceiling [\d,]+ remote opens/s on \d+ cores", {"mpi", "cc"}),
     Bench("bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
                                       "--open-latency-ms", "2", "--timeout", "60", "--json", "{tmp}/faults.json"],
           r"^  ok\s+\| direct: True \| monarch: True \| kill: True \| replicas: True$", {"fuse", "mpi"}),
