@@ -141,25 +141,22 @@ struct handed {                        /* a connection for Python, with what was
     char data[];
 };
 
-struct event {                         /* something the door did, for Python's books */
-    struct event *next;
-    uint32_t kind, slot;
-    uint64_t size, bytes_read;
-    int64_t ns;
-    uint32_t len;
-    uint32_t entry;                    /* the key's index entry (from 1), 0 if none */
-    char key[];
-};
-
 struct door;
 /* datapath.c's dp_fetch: the bytes written into fd, or < 0 */
 typedef int64_t (*peer_fetch_fn)(void *dp, int owner, const char *key, int len, uint64_t size, int fd, int timeout_ms);
 /* datapath.c's dp_staged: the data path answers other nodes' requests for ``key`` from ``slot`` */
 typedef void (*peer_offer_fn)(void *dp, const char *key, int len, int slot);
 
-struct evqueue {                       /* one set of books' events, oldest first */
-    struct event *head, **tail;
-    int n;
+/* One set of books' events, oldest first, packed as front_door_events hands them over (no
+ * allocation per event: a copy's publishing holds the door's lock, which the lane's threads
+ * wait for). The door appends to ``buf`` under the lock; a reader takes the whole of it at
+ * once (swapped with its emptied ``out``) and hands it over outside the lock. */
+struct evqueue {
+    char *buf;                         /* under d->mu */
+    size_t len, cap;
+    int n;                             /* events in buf */
+    char *out;                         /* taken, not yet handed over: under d->take_mu */
+    size_t out_len, out_off, out_cap;
 };
 
 struct worker {                        /* one thread of the door: its own epoll and buffers */
@@ -208,6 +205,7 @@ struct door {
     int64_t slow_until, backoff;       /* copying rests until then (a slow source) */
     struct handed *hq, **hq_tail;
     struct evqueue evq[NQUEUES];
+    pthread_mutex_t take_mu;           /* front_door_events' (before d->mu, never after) */
     int woken;
     uint64_t hits[MONARCH_MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS], closed_too_many;
     /* the peer lane (a sharded cluster): a miss of another node's file fetched through the C
@@ -498,18 +496,32 @@ static void hand_over(struct door *d, int fd, const char *data, uint32_t len, in
     pthread_mutex_unlock(&d->mu);
 }
 
+#define EVENT_HEAD 40                  /* front_door_events' header: <IIQQqII */
 static void post_event_locked(struct door *d, int q, uint32_t kind, uint32_t slot, const char *key, uint32_t len,
                               uint32_t entry, uint64_t size, uint64_t bytes_read, int64_t ns)
 {
-    struct event *ev = malloc(sizeof *ev + len);
-    if (!ev)
-        return;                        /* the books lose one line; the bytes are right */
-    *ev = (struct event){.kind = kind, .slot = slot, .size = size, .bytes_read = bytes_read, .ns = ns, .len = len,
-                         .entry = entry};
-    memcpy(ev->key, key, len);
     struct evqueue *queue = &d->evq[q];
-    *queue->tail = ev;
-    queue->tail = &ev->next;
+    size_t need = queue->len + EVENT_HEAD + len;
+    if (need > queue->cap) {           /* doubling: rare, and amortised over the events */
+        size_t cap = queue->cap ? 2 * queue->cap : 64 * 1024;
+        while (cap < need)
+            cap *= 2;
+        char *more = realloc(queue->buf, cap);
+        if (!more)
+            return;                    /* the books lose one line; the bytes are right */
+        queue->buf = more;
+        queue->cap = cap;
+    }
+    char *p = queue->buf + queue->len;
+    memcpy(p, &kind, 4);
+    memcpy(p + 4, &slot, 4);
+    memcpy(p + 8, &size, 8);
+    memcpy(p + 16, &bytes_read, 8);
+    memcpy(p + 24, &ns, 8);
+    memcpy(p + 32, &len, 4);
+    memcpy(p + 36, &entry, 4);
+    memcpy(p + EVENT_HEAD, key, len);
+    queue->len = need;
     /* the books can wait (Python drains them on its own tick, and before any report) for a
      * batch, or for the room lent to run low: one wake-up per batch, not per copy */
     if (++queue->n >= EVENT_BATCH || (kind != EV_STAGED && kind != EV_AHEAD && kind != EV_TRANSIENT) ||
@@ -834,9 +846,11 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
     if (out >= 0 && close(out) < 0)
         ok = 0;
     const char *name = strrchr(dest, '/') + 1;
+    /* renamed outside the door's lock, as copy_and_publish's copies are */
+    ok = ok && !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) && renameat(kdir, tmp, kdir, name) == 0;
     pthread_mutex_lock(&d->mu);
     struct entry *e = find(d, key, len, hash);   /* the table may have grown meanwhile */
-    if (ok && !d->never_copy && renameat(kdir, tmp, kdir, name) == 0) {
+    if (ok) {
         e->state = K_STAGED;
         e->slot = (uint8_t)d->peer_slot;
         e->answered = door_ms(d);
@@ -935,17 +949,23 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
     int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read, &source_ns, &preempted);
     const char *name = strrchr(dest, '/') + 1;
     int64_t ns = now_ns() - t0;
+    /* the rename outside the door's lock: it waits for the directory's, which the lane's other
+     * copies into that directory hold in turn (under the door's lock, the lane was one copy at
+     * a time: 25k files/s on a core). A front_door_disable (a write by the job) either came
+     * before, and nothing is renamed, or waits for this copy (busy) and finds it in Python's
+     * books, published below before busy drops. */
+    if (r == 0 && __atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE)) {
+        unlinkat(kdir, tmp, 0);
+        r = -4;
+    } else if (r == 0 && renameat(kdir, tmp, kdir, name) < 0) {
+        unlinkat(kdir, tmp, 0);
+        r = -3;
+    }
 
     pthread_mutex_lock(&d->mu);
     e = find(d, key, len, hash);       /* the table may have grown meanwhile: ``e`` moved */
     int published = -1;
-    if (r == 0 && !d->never_copy && renameat(kdir, tmp, kdir, name) < 0) {
-        unlinkat(kdir, tmp, 0);
-        r = -3;
-    }
-    if (r == 0 && !d->never_copy) {
-        /* under the lock: front_door_disable (a write by the job) either came before, and
-         * nothing is renamed, or comes after and finds this copy in Python's books */
+    if (r == 0) {
         e->state = K_STAGED;
         e->slot = (uint8_t)d->copy_slot;
         if (kind == EV_AHEAD)
@@ -960,8 +980,6 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
             offer_dp = d->peer_dp;
         }
     } else {
-        if (r == 0)
-            unlinkat(kdir, tmp, 0);
         e->state = K_PYTHON;           /* Python copies it, or finds why not, and says so */
         if (r == -3)
             d->allowed = 0;            /* the tier failed (full?): Python finds out, and allows again or not */
@@ -1437,11 +1455,10 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     d->uid = getuid();
     d->started_ns = now_ns();
     d->hq_tail = &d->hq;
-    for (int q = 0; q < NQUEUES; q++)
-        d->evq[q].tail = &d->evq[q].head;
     d->copy_slot = copy_slot;
     d->listen_fd = d->stop_fd = d->wake_fd = -1;
     pthread_mutex_init(&d->mu, NULL);
+    pthread_mutex_init(&d->take_mu, NULL);
     pthread_cond_init(&d->cv, NULL);
     for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++)
         d->roots[d->nroots++] = strdup(roots);
@@ -1535,40 +1552,49 @@ EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap)
  * size; bytes read from the PFS; nanoseconds; key length; the key's index entry, from 1, 0
  * none) then the key. Returns the bytes used (0: none waits). When
  * nothing waits either way, the next arrival wakes Python again. */
-#define EVENT_HEAD 40
 EXPORT int front_door_events(struct door *d, int q, char *buf, int cap)
 {
-    int used = 0;
     if (q < 0 || q >= NQUEUES)
         return 0;
-    pthread_mutex_lock(&d->mu);
+    pthread_mutex_lock(&d->take_mu);
     struct evqueue *queue = &d->evq[q];
-    struct event *ev;
-    while ((ev = queue->head) && used + EVENT_HEAD + (int)ev->len <= cap) {
-        queue->head = ev->next;
-        queue->n--;
-        char *p = buf + used;
-        memcpy(p, &ev->kind, 4);
-        memcpy(p + 4, &ev->slot, 4);
-        memcpy(p + 8, &ev->size, 8);
-        memcpy(p + 16, &ev->bytes_read, 8);
-        memcpy(p + 24, &ev->ns, 8);
-        memcpy(p + 32, &ev->len, 4);
-        memcpy(p + 36, &ev->entry, 4);
-        memcpy(p + EVENT_HEAD, ev->key, ev->len);
-        used += EVENT_HEAD + (int)ev->len;
-        free(ev);
-    }
-    if (!queue->head)
-        queue->tail = &queue->head;
-    if (!d->evq[Q_BOOKS].head && !d->evq[Q_PEER].head && !d->hq) {
-        uint64_t v;
-        if (read(d->wake_fd, &v, sizeof v) < 0) {
-            /* nothing was pending: fine */
+    if (queue->out_off == queue->out_len) {
+        pthread_mutex_lock(&d->mu);
+        if (queue->len) {              /* take them all at once: the lock is held for a swap */
+            char *spare = queue->out;
+            size_t spare_cap = queue->out_cap;
+            queue->out = queue->buf;
+            queue->out_cap = queue->cap;
+            queue->out_len = queue->len;
+            queue->out_off = 0;
+            queue->buf = spare;
+            queue->cap = spare_cap;
+            queue->len = 0;
+            queue->n = 0;
+        } else {
+            queue->out_off = queue->out_len = 0;
+            int other = q == Q_BOOKS ? Q_PEER : Q_BOOKS;
+            if (!d->evq[other].len && d->evq[other].out_off == d->evq[other].out_len && !d->hq) {
+                uint64_t v;            /* nothing waits either way: the next arrival wakes Python */
+                if (read(d->wake_fd, &v, sizeof v) < 0) {
+                    /* nothing was pending: fine */
+                }
+                d->woken = 0;
+            }
         }
-        d->woken = 0;
+        pthread_mutex_unlock(&d->mu);
     }
-    pthread_mutex_unlock(&d->mu);
+    int used = 0;
+    while (queue->out_off < queue->out_len) {
+        uint32_t len;
+        memcpy(&len, queue->out + queue->out_off + 32, 4);
+        if (used + EVENT_HEAD + (int)len > cap)
+            break;
+        memcpy(buf + used, queue->out + queue->out_off, EVENT_HEAD + len);
+        used += EVENT_HEAD + (int)len;
+        queue->out_off += EVENT_HEAD + len;
+    }
+    pthread_mutex_unlock(&d->take_mu);
     return used;
 }
 
@@ -1756,7 +1782,7 @@ EXPORT void front_door_copying(struct door *d, int on)
 EXPORT void front_door_disable(struct door *d)
 {
     pthread_mutex_lock(&d->mu);
-    d->never_copy = 1;
+    __atomic_store_n(&d->never_copy, 1, __ATOMIC_RELEASE);
     while (d->busy)
         pthread_cond_wait(&d->cv, &d->mu);
     pthread_mutex_unlock(&d->mu);
@@ -1871,7 +1897,7 @@ EXPORT void front_door_stop(struct door *d)
     d->nworkers = 0;
     pthread_mutex_lock(&d->mu);
     d->gate_open = 0;
-    d->never_copy = 1;
+    __atomic_store_n(&d->never_copy, 1, __ATOMIC_RELEASE);
     d->stopped = 1;
     for (struct handed *h = d->hq, *next; h; h = next) {
         next = h->next;
@@ -1900,11 +1926,10 @@ EXPORT void front_door_free(struct door *d)
         free(d->roots[i]);
     for (int i = 0; i < MONARCH_MAX_SLOTS; i++)
         free(d->tiers[i]);
-    for (int q = 0; q < NQUEUES; q++)
-        for (struct event *ev = d->evq[q].head, *next; ev; ev = next) {
-            next = ev->next;
-            free(ev);
-        }
+    for (int q = 0; q < NQUEUES; q++) {
+        free(d->evq[q].buf);
+        free(d->evq[q].out);
+    }
     if (d->idx && !d->idx_borrowed)
         munmap((void *)d->idx, d->idx_len);
     if (d->wake_fd >= 0)
@@ -1914,6 +1939,7 @@ EXPORT void front_door_free(struct door *d)
     for (int i = 0; i < AHEAD_MAX; i++)
         free(d->ahead[i].copy_buf);
     pthread_mutex_destroy(&d->mu);
+    pthread_mutex_destroy(&d->take_mu);
     pthread_cond_destroy(&d->cv);
     free(d);
 }
