@@ -176,6 +176,9 @@ struct worker {                        /* one thread of the door: its own epoll 
     int src_fresh;                     /* an open in ``src_dir`` leaves the file's attributes fresh */
     uint32_t src_dir_len, key_dir_len; /* the key's directory part they were opened for */
     char src_dir_key[PATH_MAX], key_dir_key[PATH_MAX];
+    int peer_dir;                      /* the last fetch's directory in the peer area (fetch_from_peer), or -1 */
+    uint32_t peer_dir_len;
+    char peer_dir_key[PATH_MAX];
 };
 
 struct door {
@@ -690,13 +693,20 @@ static int open_copy_dir(struct worker *w, const char *key, uint32_t dlen)
     return open_key_dir(w->d->tiers[w->d->copy_slot], key, dlen + 1);  /* up to its last '/' */
 }
 
+static int open_peer_dir(struct worker *w, const char *key, uint32_t dlen)
+{
+    return open_key_dir(w->d->tiers[w->d->peer_slot], key, dlen + 1);  /* up to its last '/' */
+}
+
 static void close_cached_dirs(struct worker *w)
 {
     if (w->src_dir >= 0)
         close(w->src_dir);
     if (w->key_dir >= 0)
         close(w->key_dir);
-    w->src_dir = w->key_dir = -1;
+    if (w->peer_dir >= 0)
+        close(w->peer_dir);
+    w->src_dir = w->key_dir = w->peer_dir = -1;
 }
 
 static int copy_in(struct worker *w, const char *key, uint32_t len, const struct idx_file *f,
@@ -833,12 +843,22 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
     struct door *d = w->d;
     char dest[PATH_MAX], tmp[64];
     const char *area = d->tiers[d->peer_slot];
+    const char *base = memrchr(key, '/', len);     /* valid_key: "<k>/...", so there is one */
     int64_t t0 = now_ns();
-    int ok = snprintf(dest, sizeof dest, "%s/%.*s", area, (int)len, key) < (int)sizeof dest;
+    int ok = base && snprintf(dest, sizeof dest, "%s/%.*s", area, (int)len, key) < (int)sizeof dest;
     snprintf(tmp, sizeof tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
-    int kdir = ok ? open_key_dir(area, key, len) : -1;
-    int out = kdir < 0 ? -1 : openat(kdir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                                     (f->mode & 0700) | 0600);
+    /* the worker's directory of the last fetch, kept (an epoch's files share few directories):
+     * no walk of the area's components per fetch; opened afresh if it went meanwhile */
+    uint32_t dlen = base ? (uint32_t)(base - key) : 0;
+    int kdir = ok ? cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, key, dlen, open_peer_dir, w) : -1;
+    const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    int out = kdir < 0 ? -1 : openat(kdir, tmp, create, (f->mode & 0700) | 0600);
+    if (out < 0 && kdir >= 0 && errno == ENOENT) {
+        close(w->peer_dir);
+        w->peer_dir = -1;
+        kdir = cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, key, dlen, open_peer_dir, w);
+        out = kdir < 0 ? -1 : openat(kdir, tmp, create, (f->mode & 0700) | 0600);
+    }
     struct timespec times[2] = {{f->mtime / 1000000000LL, f->mtime % 1000000000LL},
                                 {f->mtime / 1000000000LL, f->mtime % 1000000000LL}};
     ok = out >= 0 && d->peer_fetch(d->peer_dp, owner, key, (int)len, f->size, out, d->peer_timeout_ms) == (int64_t)f->size
@@ -868,8 +888,6 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
     d->busy--;
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
-    if (kdir >= 0)
-        close(kdir);
     if (!ok)
         return R_COPY_FAILED;
     send_answer(fd, d->peer_slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
@@ -1193,7 +1211,7 @@ EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int threads)
     for (int i = 0; i < threads; i++) {
         struct worker *w = &d->ahead[i];
         w->d = d;
-        w->sched_fd = w->spare_fd = w->ep = w->src_dir = w->key_dir = -1;
+        w->sched_fd = w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
         w->tmp_seq = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + i) << 56;
         w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
         if (!w->copy_buf || pthread_create(&w->thread, NULL, ahead_main, w) != 0) {
@@ -1486,7 +1504,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
         w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
         /* here, not on the thread: it must be held before anything can use the descriptors up */
         w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        w->src_dir = w->key_dir = -1;
+        w->src_dir = w->key_dir = w->peer_dir = -1;
         w->ep = epoll_create1(EPOLL_CLOEXEC);
         /* EPOLLEXCLUSIVE: one worker woken per connection, not all of them */
         struct epoll_event lev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = (void *)(uintptr_t)T_LISTEN};

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shutil
 import threading
 import time
 from array import array
@@ -154,3 +155,32 @@ def test_the_leases_are_apart(sharded_door):
     d.grant(300, PEER_BOOKS)
     assert d.lease(BOOKS) == 1 << 20 and d.lease(PEER_BOOKS) == 300
     assert d.reclaim(PEER_BOOKS) == 300 and d.lease(BOOKS) == 1 << 20 and d.reclaim(BOOKS) == 1 << 20
+
+
+def test_another_nodes_file_lands_in_the_peer_area_even_after_its_directory_went(sharded_door, short_tmp):
+    """A fetch is written into the peer area through the worker's directory of the last fetch,
+    kept open; when that directory was removed meanwhile (an area emptied), the next fetch into
+    it opens it afresh instead of failing."""
+    d = sharded_door
+    area = os.path.join(short_tmp, "area")
+    root = os.path.join(short_tmp, "pfs")
+
+    def fetch(dp, owner, key, length, size, fd, timeout_ms):  # the owner's bytes, as the data path writes them
+        with open(os.path.join(root, key[:length].decode().split("/", 1)[1]), "rb") as f:
+            return os.write(fd, f.read())
+
+    callbacks = FETCH(fetch), d.callbacks[1]
+    assert d.door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None, d.owners, 0,
+                        protocol.SLOT_PEER, 5.0)
+    d.door.peer_copying(True)
+    d.door.grant(1 << 20, PEER_BOOKS)
+    others = sorted(k for k in set(d.sums) - d.mine if k.startswith("0/d1/"))
+    assert len(others) >= 3
+    for n, key in enumerate(others[:3]):
+        if n == 2:
+            shutil.rmtree(os.path.join(area, "0"))  # the directory the worker keeps open is gone
+        status, body = ask_open(d.socket, key)
+        assert (status, body) == (protocol.SLOT_PEER, os.fsencode(f"{area}/{key}")), key
+        with open(os.path.join(area, key), "rb") as f:
+            assert hashlib.md5(f.read()).hexdigest() == d.sums[key]
+    assert sum(e.kind == EV_STAGED for e in d.door.events(PEER_BOOKS)) == 3
