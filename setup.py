@@ -1,4 +1,4 @@
-"""Build hook: compile the C shim, the daemon's front door and its dataset walker into the
+"""Build hook: compile the C shim, the daemon's front door, its dataset walker and its tier remover into the
 package as part of ``pip install .``."""
 
 import importlib.util
@@ -31,6 +31,9 @@ class BuildPyWithShim(build_py):
         walker = Path(self.build_lib) / "monarch" / "node" / "libmonarch_walker.so"
         builder.build_shim(walker, HERE / "monarch/node/walker.c", "the dataset walker")
         builder.write_stamp(walker, HERE / "monarch/node/walker.c")
+        remover = Path(self.build_lib) / "monarch" / "node" / "libmonarch_remover.so"
+        builder.build_shim(remover, HERE / "monarch/node/remover.c", "the tier remover")
+        builder.write_stamp(remover, HERE / "monarch/node/remover.c")
 
 
 setup(cmdclass={"build_py": BuildPyWithShim})

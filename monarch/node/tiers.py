@@ -19,6 +19,7 @@ import secrets
 import threading
 from typing import Callable
 
+from monarch.node import remover
 from monarch.node.codecs import DICT_DIR, Codec, make_codec
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
@@ -267,6 +268,8 @@ class Tier:
         decoded copies do not: they are not accounted as copies of the tier)."""
         if self.decoded is not None:
             self.decoded.close()
+        if not self.storage.kept:
+            remover.remove_tree(self.storage.path)  # many at once, in C; whatever is left, below
         self.storage.remove()
 
     def describe(self) -> dict:

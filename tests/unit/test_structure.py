@@ -86,6 +86,7 @@ RECORDS = {
     "node/tiers.py": {"tier": "set in Tier's own factory (a classmethod)"},
     "node/store_source.py": {"mount": "the store set's own record of one root (Mount)"},
     "node/walker.py": {"fn": "ctypes function prototypes"},
+    "node/remover.py": {"fn": "ctypes function prototypes"},
 }
 
 
