@@ -16,15 +16,13 @@ everything itself, as fast as the interpreter allows.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import struct
 from pathlib import Path
 from typing import NamedTuple
 
 from monarch import protocol
-
-log = logging.getLogger(__name__)
+from monarch.shim.build import OptionalLibrary
 
 SOURCE = Path(__file__).with_name("front_door.c")
 LIBRARY_NAME = "libmonarch_front_door.so"
@@ -42,9 +40,6 @@ HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key",
                        "no_room_lent", "copy_failed")
 _NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 4
 
-_lib: ctypes.CDLL | None = None
-_lib_error: str | None = None
-
 
 class DoorEvent(NamedTuple):
     kind: int        # EV_STAGED, EV_FAILED, EV_SLOW, EV_AHEAD or EV_TRANSIENT
@@ -56,54 +51,42 @@ class DoorEvent(NamedTuple):
     entry: int = 0   # the key's entry in the door's index, from 1 (0: none): its books need no look-up
 
 
+_vp, _i, _cp, _u64p, _i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64
+_PROTOTYPES = {
+    "front_door_start": (_vp, [_i, _cp, _i, _cp, _i, _i, _i]),
+    "front_door_wake_fd": (_i, [_vp]),
+    "front_door_take": (_i, [_vp, ctypes.POINTER(_i), ctypes.c_char_p, _i]),
+    "front_door_events": (_i, [_vp, _i, ctypes.c_char_p, _i]),
+    "front_door_open": (_i, [_vp, _cp]),
+    "front_door_open_memory": (_i, [_vp, _vp, ctypes.c_uint64]),
+    "front_door_settle": (None, [_vp]),
+    "front_door_claim": (_i, [_vp, _cp, _i]),
+    "front_door_staged": (None, [_vp, _cp, _i, _i]),
+    "front_door_forget": (None, [_vp, _cp, _i]),
+    "front_door_copying": (None, [_vp, _i]),
+    "front_door_disable": (None, [_vp]),
+    "front_door_grant": (None, [_vp, _i, _i64]),
+    "front_door_reclaim": (_i64, [_vp, _i]),
+    "front_door_lease": (_i64, [_vp, _i]),
+    "front_door_counts": (None, [_vp, _u64p]),
+    "front_door_peers": (_i, [_vp, _vp, _vp, _vp, _vp, ctypes.c_uint32, _i, _i, _i, _i64]),
+    "front_door_own_only": (None, [_vp, _i]),
+    "front_door_copy_to": (_i64, [_vp, _i, _i64]),
+    "front_door_peer_copying": (None, [_vp, _i]),
+    "front_door_evict": (_i, [_vp, _cp, _i, _i64]),
+    "front_door_read_ahead": (_i, [_vp, ctypes.c_uint32, _i]),
+    "front_door_read_ahead_state": (None, [_vp, _u64p]),
+    "front_door_stop": (None, [_vp]),
+    "front_door_free": (None, [_vp]),
+}
+_LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the daemon's C front door",
+                           "the Python server answers every request", _PROTOTYPES)
+
+
 def library() -> ctypes.CDLL | None:
     """The door's library: built by ``pip install``, or from this checkout on first use
     (None, once logged, if it cannot be: the Python server then does everything)."""
-    global _lib, _lib_error
-    if _lib is not None or _lib_error is not None:
-        return _lib
-    try:
-        from monarch.shim.build import built_library
-        path = built_library(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the daemon's front door")
-        lib = ctypes.CDLL(str(path), use_errno=True)
-    except Exception as e:  # no compiler, no source: slower, never wrong
-        _lib_error = str(e)
-        log.warning("the daemon's C front door is not available (%s); the Python server answers every request",
-                    _lib_error.splitlines()[0] if _lib_error else type(e).__name__)
-        return None
-    vp, i, cp, u64p, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64
-    sig = {
-        "front_door_start": (vp, [i, cp, i, cp, i, i, i]),
-        "front_door_wake_fd": (i, [vp]),
-        "front_door_take": (i, [vp, ctypes.POINTER(i), ctypes.c_char_p, i]),
-        "front_door_events": (i, [vp, i, ctypes.c_char_p, i]),
-        "front_door_open": (i, [vp, cp]),
-        "front_door_open_memory": (i, [vp, vp, ctypes.c_uint64]),
-        "front_door_settle": (None, [vp]),
-        "front_door_claim": (i, [vp, cp, i]),
-        "front_door_staged": (None, [vp, cp, i, i]),
-        "front_door_forget": (None, [vp, cp, i]),
-        "front_door_copying": (None, [vp, i]),
-        "front_door_disable": (None, [vp]),
-        "front_door_grant": (None, [vp, i, i64]),
-        "front_door_reclaim": (i64, [vp, i]),
-        "front_door_lease": (i64, [vp, i]),
-        "front_door_counts": (None, [vp, u64p]),
-        "front_door_peers": (i, [vp, vp, vp, vp, vp, ctypes.c_uint32, i, i, i, i64]),
-        "front_door_own_only": (None, [vp, i]),
-        "front_door_copy_to": (i64, [vp, i, i64]),
-        "front_door_peer_copying": (None, [vp, i]),
-        "front_door_evict": (i, [vp, cp, i, i64]),
-        "front_door_read_ahead": (i, [vp, ctypes.c_uint32, i]),
-        "front_door_read_ahead_state": (None, [vp, u64p]),
-        "front_door_stop": (None, [vp]),
-        "front_door_free": (None, [vp]),
-    }
-    for name, (restype, argtypes) in sig.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    _lib = lib
-    return _lib
+    return _LIBRARY.get()
 
 
 def wanted() -> bool:

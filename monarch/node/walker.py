@@ -9,49 +9,31 @@ Without a C compiler, or with ``MONARCH_C_WALK=0``, the Python walk does it all.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from monarch.shim.build import OptionalLibrary
 
 SOURCE = Path(__file__).with_name("walker.c")
 LIBRARY_NAME = "libmonarch_walker.so"
 ENV_C_WALK = "MONARCH_C_WALK"
 THREADS = 8  # directories listed and entries stat'ed at once: hides the PFS's metadata latency
 
-_lib: ctypes.CDLL | None = None
-_lib_error: str | None = None
+_vp, _i, _u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
+_LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the C dataset walker",
+                           "the dataset is walked in Python", {
+                               "walk_run": (_vp, [ctypes.POINTER(_i), ctypes.POINTER(_i), ctypes.POINTER(_u64), _i, _i]),
+                               "walk_index_size": (_u64, [_vp]),
+                               "walk_counts": (None, [_vp, ctypes.POINTER(_u64)]),
+                               "walk_build": (_i, [_vp, _vp, _u64]),
+                               "walk_free": (None, [_vp]),
+                           })
 
 
 def library() -> ctypes.CDLL | None:
     """The walker's library: built by ``pip install``, or from this checkout on first use
     (None, once logged, if it cannot be: the Python walk is used)."""
-    global _lib, _lib_error
-    if _lib is not None or _lib_error is not None:
-        return _lib
-    try:
-        from monarch.shim.build import built_library
-        path = built_library(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the dataset walker")
-        lib = ctypes.CDLL(str(path), use_errno=True)
-    except Exception as e:  # no compiler, no source: slower, never wrong
-        _lib_error = str(e)
-        log.warning("the C dataset walker is not available (%s); the dataset is walked in Python",
-                    _lib_error.splitlines()[0] if _lib_error else type(e).__name__)
-        return None
-    vp, i, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
-    sig = {
-        "walk_run": (vp, [ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(u64), i, i]),
-        "walk_index_size": (u64, [vp]),
-        "walk_counts": (None, [vp, ctypes.POINTER(u64)]),
-        "walk_build": (i, [vp, vp, u64]),
-        "walk_free": (None, [vp]),
-    }
-    for name, (restype, argtypes) in sig.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    _lib = lib
-    return _lib
+    return _LIBRARY.get()
 
 
 def unwritten_bytearray(size: int) -> bytearray:

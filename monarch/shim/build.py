@@ -7,7 +7,9 @@ source's hash, so a stale library is never preloaded.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -85,3 +87,33 @@ def _stamp(library: Path) -> str | None:
 
 def write_stamp(library: Path, source: Path = SOURCE) -> None:
     library.with_suffix(".sha256").write_text(source_digest(source))
+
+
+class OptionalLibrary:
+    """A library of Monarch's C (the front door, the walker, the remover) loaded on first use,
+    its functions' prototypes set; None, said once, when it cannot be built: the caller's
+    Python does the work instead (``without`` says how), slower and never wrong."""
+
+    def __init__(self, source: Path, installed: Path, what: str, without: str,
+                 prototypes: dict[str, tuple[object, list]]):
+        self.source, self.installed, self.what, self.without = source, installed, what, without
+        self.prototypes = prototypes
+        self._lib: ctypes.CDLL | None = None
+        self._error: str | None = None
+
+    def get(self) -> ctypes.CDLL | None:
+        if self._lib is not None or self._error is not None:
+            return self._lib
+        try:
+            lib = ctypes.CDLL(str(built_library(self.source, self.installed, self.what)), use_errno=True)
+        except Exception as e:  # no compiler, no source
+            self._error = str(e)
+            logging.getLogger(__name__).warning("%s is not available (%s); %s", self.what,
+                                                self._error.splitlines()[0] if self._error else type(e).__name__,
+                                                self.without)
+            return None
+        for name, (restype, argtypes) in self.prototypes.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+        self._lib = lib
+        return lib

@@ -65,7 +65,6 @@ def _assigned_attributes(path) -> list[tuple[str, str]]:
 RECORDS = {
     "cli.py": {"record": "a logging record, rewritten by the CLI's formatter"},
     "cluster/datapath.py": {"fn": "ctypes function prototypes"},
-    "frontdoor/__init__.py": {"fn": "ctypes function prototypes"},
     "node/pfsmeta.py": {"fn": "ctypes function prototypes", "_buffers": "a threading.local of its own"},
     "cluster/serve.py": {"out": "the server's record of one outgoing transfer"},
     "cluster/world.py": {"_state": "the module's own state", "mpi4py.rc": "mpi4py's settings before MPI_Init",
@@ -85,8 +84,7 @@ RECORDS = {
                                 "books": "the stager's ledger: files dropped"},
     "node/tiers.py": {"tier": "set in Tier's own factory (a classmethod)"},
     "node/store_source.py": {"mount": "the store set's own record of one root (Mount)"},
-    "node/walker.py": {"fn": "ctypes function prototypes"},
-    "node/remover.py": {"fn": "ctypes function prototypes"},
+    "shim/build.py": {"fn": "ctypes function prototypes (OptionalLibrary)"},
 }
 
 
