@@ -121,6 +121,30 @@ static void monarch_fill_stat64(int fd, struct stat64 *st)
         MONARCH_FILL_STAT(st, e);
 }
 
+/* A staged descriptor's stat from its source's index entry alone, as stat of its path
+ * answers (monarch_meta_stat): the kernel's answer would be overwritten field by field, so
+ * the call is not made (Python makes two per open). Not for another struct version, nor
+ * when the entry lacks the block figures (a store's file: the kernel's are kept): 0. */
+#define MONARCH_STAGED_STAT_FN(type)                                                    \
+    static int monarch_staged_##type(int fd, int ver, struct type *st)                 \
+    {                                                                                  \
+        struct monarch_index_entry e;                                                  \
+        if (ver != MONARCH_STAT_VER || !monarch_fd_source(fd, &e) || !e.blksize)       \
+            return 0;                                                                  \
+        memset(st, 0, sizeof *st);                                                     \
+        MONARCH_FILL_STAT(st, e);                                                      \
+        return 1;                                                                      \
+    }
+MONARCH_STAGED_STAT_FN(stat)
+MONARCH_STAGED_STAT_FN(stat64)
+
+/* statx carries what the index lacks (birth time, mount id, attributes): always asked. */
+static int monarch_staged_statx(int fd, int mask, struct statx *st)
+{
+    (void)fd, (void)mask, (void)st;
+    return 0;
+}
+
 static void monarch_put_statx(const struct monarch_index_entry *ep, struct statx *st)
 {
     struct monarch_index_entry e = *ep;

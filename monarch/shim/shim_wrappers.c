@@ -134,15 +134,18 @@
         return real_ args;                                                        \
     }
 
-/* stat of a descriptor: the real call, then the source's stat if fd is a staged
- * copy and the call is about fd itself (on_fd); `type` picks the fill. */
-#define MONARCH_WRAP_STAT(name, type, fd, on_fd, params, args)                    \
+/* stat of a descriptor: a staged copy's from the index alone (monarch_staged_<type>), else
+ * the real call, then the source's stat if fd is a staged copy; `type` picks the fill, `ver`
+ * is __fxstat's version. */
+#define MONARCH_WRAP_STAT(name, type, fd, ver, params, args)                      \
     static int (*real_##name) params;                                             \
     MONARCH_EXPORT int name params                                                \
     {                                                                             \
+        if (monarch_staged_##type(fd, ver, buf))                                  \
+            return 0;                                                             \
         MONARCH_REAL(name, -1)                                                    \
         int r_ = real_ args;                                                      \
-        if (r_ == 0 && (on_fd))                                                   \
+        if (r_ == 0)                                                              \
             monarch_fill_##type(fd, buf);                                         \
         return r_;                                                                \
     }
@@ -166,6 +169,8 @@
     {                                                                             \
         int r_;                                                                   \
         if (monarch_on_fd(path, flags)) {                                         \
+            if (!(flags & ~MONARCH_STAT_FLAGS) && monarch_staged_##type(dirfd, (int)(ver), buf)) \
+                return 0;                                                         \
             MONARCH_REAL(name, -1)                                                \
             r_ = real_ args;                                                      \
             if (r_ == 0)                                                          \
@@ -303,10 +308,10 @@
     FDCHANGE(fchmod, fd, (int fd, mode_t m), (fd, m))                                                   \
     FDCHANGE(fchown, fd, (int fd, uid_t u, gid_t g), (fd, u, g))                                        \
     FDCHANGE(futimens, fd, (int fd, const struct timespec t[2]), (fd, t))                               \
-    STAT(fstat, stat, fd, 1, (int fd, struct stat *buf), (fd, buf))                                     \
-    STAT(fstat64, stat64, fd, 1, (int fd, struct stat64 *buf), (fd, buf))                               \
-    STAT(__fxstat, stat, fd, 1, (int v, int fd, struct stat *buf), (v, fd, buf))                        \
-    STAT(__fxstat64, stat64, fd, 1, (int v, int fd, struct stat64 *buf), (v, fd, buf))                  \
+    STAT(fstat, stat, fd, MONARCH_STAT_VER, (int fd, struct stat *buf), (fd, buf))                      \
+    STAT(fstat64, stat64, fd, MONARCH_STAT_VER, (int fd, struct stat64 *buf), (fd, buf))                \
+    STAT(__fxstat, stat, fd, v, (int v, int fd, struct stat *buf), (v, fd, buf))                        \
+    STAT(__fxstat64, stat64, fd, v, (int v, int fd, struct stat64 *buf), (v, fd, buf))                  \
     PSTAT(stat, stat, AT_FDCWD, p, 0, MONARCH_STAT_VER, (const char *p, struct stat *buf), (p, buf))        \
     PSTAT(stat64, stat64, AT_FDCWD, p, 0, MONARCH_STAT_VER, (const char *p, struct stat64 *buf), (p, buf))  \
     PSTAT(lstat, stat, AT_FDCWD, p, AT_SYMLINK_NOFOLLOW, MONARCH_STAT_VER, (const char *p, struct stat *buf), \
