@@ -170,7 +170,8 @@ def test_default_outputs_go_to_the_ignored_results_folder() -> None:
 MILLION_ROWS = ("find DIR -type f", "start-up to first stat: read-ahead, first job", "start-up to first stat: policy on-access",
                 "start-up to first stat: saved index reused", "to the whole index (written), first job",
                 "walk per file", "daemon peak memory (VmHWM) per file", "index size per file",
-                "staging rate (read-ahead, walk included)", "per open (", "tear-down (daemon stopping -> gone)",
+                "staging rate (read-ahead, walk included)", "per open (", "  its CPU (the reading thread's), staged",
+                "tear-down (daemon stopping -> gone)",
                 "whole read-ahead job, launch -> exit")
 
 
