@@ -333,6 +333,7 @@ static void monarch_log(const char *file, int line, const char *fmt, ...)
 static int (*real_openat)(int, const char *, int, ...);
 static int (*real_unlink)(const char *);
 static int (*real_close)(int);
+static int (*real_isatty)(int);
 static int (*real_fclose)(FILE *);
 static int (*real_dup)(int);
 static int (*real_dup2)(int, int);
@@ -474,6 +475,7 @@ static void monarch_resolve_all(void)
     MONARCH_RESOLVE_ONE(telldir)
     MONARCH_RESOLVE_ONE(seekdir)
     MONARCH_RESOLVE_ONE(close)
+    MONARCH_RESOLVE_ONE(isatty)
     MONARCH_RESOLVE_ONE(fclose)
     MONARCH_RESOLVE_ONE(dup)
     MONARCH_RESOLVE_ONE(dup2)

@@ -548,6 +548,19 @@ MONARCH_EXPORT int close(int fd)
     return real_(fd);
 }
 
+/* A descriptor the shim tracks is a regular file (a tier copy, or a PFS file found regular
+ * when it opened), never a terminal: the ioctl isatty makes is not needed (Python's open
+ * asks once per file to choose its buffering). */
+MONARCH_EXPORT int isatty(int fd)
+{
+    if ((unsigned)fd < MONARCH_MAX_FDS && __atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED)) {
+        errno = ENOTTY;
+        return 0;
+    }
+    MONARCH_REAL(isatty, 0)
+    return real_(fd);
+}
+
 MONARCH_EXPORT int fclose(FILE *fp)
 {
     MONARCH_REAL(fclose, EOF)

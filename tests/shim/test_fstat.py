@@ -51,16 +51,15 @@ def test_python_os_fstat_of_a_staged_file(shim_env):
     assert shim_env.counts() == shim_env.expected(tier0=(1, SIZE))
 
 
-# argv: a staged file. fstat and newfstatat (x86-64 numbers) are refused by a seccomp
-# filter once the file is open: only an answer that never asks the kernel comes through.
-NO_FSTAT = textwrap.dedent("""
-    import ctypes, os, sys
+# argv: a staged file. Once it is open a seccomp filter (x86-64 numbers) refuses fstat and
+# newfstatat, and kills the process at an ioctl: only answers that never ask the kernel pass.
+NO_SYSCALL = textwrap.dedent("""
+    import ctypes, os, resource, signal, sys
     f = open(sys.argv[1], "rb")
     libc = ctypes.CDLL(None, use_errno=True)
-    insn = lambda code, jt, jf, k: (code, jt, jf, k)
-    LD, JEQ, RET, ALLOW, EPERM = 0x20, 0x15, 0x06, 0x7FFF0000, 0x00050000 | 1
-    prog = [insn(LD, 0, 0, 4), insn(JEQ, 1, 0, 0xC000003E), insn(RET, 0, 0, ALLOW), insn(LD, 0, 0, 0),
-            insn(JEQ, 2, 0, 5), insn(JEQ, 1, 0, 262), insn(RET, 0, 0, ALLOW), insn(RET, 0, 0, EPERM)]
+    LD, JEQ, RET, ALLOW, EPERM, KILL = 0x20, 0x15, 0x06, 0x7FFF0000, 0x00050000 | 1, 0x80000000
+    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, 0xC000003E), (RET, 0, 0, ALLOW), (LD, 0, 0, 0),
+            (JEQ, 4, 0, 5), (JEQ, 3, 0, 262), (JEQ, 1, 0, 16), (RET, 0, 0, ALLOW), (RET, 0, 0, KILL), (RET, 0, 0, EPERM)]
     class Insn(ctypes.Structure):
         _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
     class Prog(ctypes.Structure):
@@ -73,21 +72,31 @@ NO_FSTAT = textwrap.dedent("""
         print("the filter lets fstat through")
     except PermissionError:
         pass
+    pid = os.fork()
+    if pid == 0:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.isatty(sys.stdin.fileno())  # an ioctl: killed
+        os._exit(0)
+    status = os.waitpid(pid, 0)[1]
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSYS):
+        print("the filter lets ioctl through")
     for st in (os.fstat(f.fileno()), os.stat(f.fileno())):
         print(st.st_size, st.st_mode, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_uid, st.st_gid, st.st_nlink)
+    print(os.isatty(f.fileno()), f.isatty())
     print(len(f.read()))  # FileIO.readall sizes its buffer by fstat too
 """)
 
 
-def test_fstat_of_a_staged_file_asks_the_kernel_nothing(shim_env):
-    """The index has the whole answer (every field the kernel gives is overwritten from
-    it), so a staged descriptor's fstat makes no system call: Python makes two per open."""
+def test_fstat_and_isatty_of_a_staged_file_ask_the_kernel_nothing(shim_env):
+    """The index has fstat's whole answer (every field the kernel gives is overwritten from it)
+    and a tier copy is never a terminal, so neither call is made: Python's open makes two
+    fstat and one isatty per file."""
     if os.uname().machine != "x86_64":
         pytest.skip("the seccomp filter names x86-64 system calls")
     src, _ = staged_with_other_stat(shim_env, "st/n.bin")
-    proc = shim_env.python(NO_FSTAT, str(src))
+    proc = shim_env.python(NO_SYSCALL, str(src))
     want = " ".join(map(str, source_fields(src.stat())))
-    assert proc.stdout.decode().splitlines() == [want, want, str(SIZE)]
+    assert proc.stdout.decode().splitlines() == [want, want, "False False", str(SIZE)]
     assert shim_env.counts() == shim_env.expected(tier0=(1, SIZE))
 
 
