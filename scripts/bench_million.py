@@ -442,16 +442,21 @@ def run_direct(work: Path, root: Path, args) -> dict:
     return json.loads(line[len("RESULT "):]) | {"wall": wall, "cpu": cpu}
 
 
-def on_access_config(work: Path) -> Path:
+def on_access_config(work: Path, shm: Path) -> Path:
     """The shipped defaults with ``staging.policy: on-access`` and the tiers kept (``keep:
     true``): a job saves its snapshot for the next only beside kept copies, and the on-access
-    job (a stat, nothing staged) leaves the index the reused job starts from."""
+    job (a stat, nothing staged) leaves the index the reused job starts from. The RAM tier's
+    base is the benchmark's own directory in /dev/shm, removed at its end: a kept tier in the
+    shared /dev/shm would outlive the benchmark, and a kept tier of this dataset left there by
+    anything else would be adopted (a stat per copy) by the "first" job."""
     text = (REPO / "monarch" / "config" / "defaults.yaml").read_text()
-    for line in ("policy: read-ahead", "keep: false"):
+    for line in ("policy: read-ahead", "keep: false", "path: /dev/shm\n"):
         if line not in text:
-            raise SystemExit(f"bench_million: monarch/config/defaults.yaml no longer says {line!r}")
+            raise SystemExit(f"bench_million: monarch/config/defaults.yaml no longer says {line.strip()!r}")
+    (shm / "tiers").mkdir(exist_ok=True)
     path = work / "on-access.yaml"
-    path.write_text(text.replace("policy: read-ahead", "policy: on-access").replace("keep: false", "keep: true"))
+    path.write_text(text.replace("policy: read-ahead", "policy: on-access").replace("keep: false", "keep: true")
+                    .replace("path: /dev/shm\n", f"path: {shm / 'tiers'}\n"))
     return path
 
 
@@ -598,7 +603,7 @@ def main(argv=None) -> int:
         root = make_tree(base, args)
         sample = random.Random(0).sample(range(args.files), args.sample_n)
         (work / "sample.txt").write_text("\n".join(file_path(root, i, args.dirs) for i in sample))
-        onaccess = on_access_config(work)
+        onaccess = on_access_config(work, shm)
         runs = []
         for i in range(args.repeats):
             r = {"cache": [settle_cache(root, args, "find and the read-ahead job")]}
