@@ -148,6 +148,29 @@ def test_kept_tier_adopts_fresh_copies_and_drops_stale_ones(tmp_path, dataset):
     assert not os.path.exists(os.path.join(t.path, "0", f"{TMP_PREFIX}123-crash"))
 
 
+def test_a_kept_tier_keeps_only_regular_files_and_follows_no_symlink(tmp_path, dataset):
+    """A symlink (to a dataset file of the same size and mtime, to a directory outside) and
+    a FIFO in a kept tier are removed, never adopted nor followed; what they point at stays."""
+    (t,) = tiers(tmp_path, 10**6, keep=True, roots=dataset.roots)
+    keys = sorted(dataset.files)
+    Stager(dataset, [t], threads=1).ensure(keys[0]).result(timeout=10)
+    t.remove()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("mine")
+    os.symlink(outside, os.path.join(t.path, "0", "a_dir_link"))
+    link, fifo = t.path_for(keys[1]), t.path_for(keys[2])
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    os.symlink(dataset.source_path(keys[1]), link)
+    os.makedirs(os.path.dirname(fifo), exist_ok=True)
+    os.mkfifo(fifo)
+    (fresh,) = tiers(tmp_path, 10**6, keep=True, roots=dataset.roots)
+    assert fresh.path == t.path
+    assert fresh.adopt_existing(dataset.files) == [keys[0]]
+    assert not any(os.path.lexists(p) for p in (os.path.join(t.path, "0", "a_dir_link"), link, fifo))
+    assert (outside / "precious").read_text() == "mine" and os.path.exists(dataset.source_path(keys[1]))
+
+
 def test_a_kept_tier_in_use_by_another_run_is_not_shared(tmp_path, dataset):
     (a,) = tiers(tmp_path, 10**6, keep=True, roots=dataset.roots)
     (b,) = tiers(tmp_path, 10**6, keep=True, roots=dataset.roots)
