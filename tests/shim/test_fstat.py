@@ -66,7 +66,9 @@ NO_SYSCALL = textwrap.dedent("""
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
     code = (Insn * len(prog))(*[Insn(*i) for i in prog])
     assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
-    assert libc.prctl(22, 2, ctypes.byref(Prog(len(prog), code)), 0, 0) == 0, ctypes.get_errno()  # a filter
+    if libc.prctl(22, 2, ctypes.byref(Prog(len(prog), code)), 0, 0) != 0:  # a filter
+        print("no seccomp filter here: errno", ctypes.get_errno())
+        sys.exit(0)
     try:
         os.fstat(sys.stdin.fileno())
         print("the filter lets fstat through")
@@ -95,6 +97,8 @@ def test_fstat_and_isatty_of_a_staged_file_ask_the_kernel_nothing(shim_env):
         pytest.skip("the seccomp filter names x86-64 system calls")
     src, _ = staged_with_other_stat(shim_env, "st/n.bin")
     proc = shim_env.python(NO_SYSCALL, str(src))
+    if proc.stdout.startswith(b"no seccomp filter here"):
+        pytest.skip(proc.stdout.decode().strip())  # a sandbox that refuses seccomp: nothing to measure with
     want = " ".join(map(str, source_fields(src.stat())))
     assert proc.stdout.decode().splitlines() == [want, want, "False False", str(SIZE)]
     assert shim_env.counts() == shim_env.expected(tier0=(1, SIZE))
