@@ -8,6 +8,13 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent
+# each C library: its source, the library built beside it in the package, what it is
+LIBRARIES = (
+    ("monarch/shim/monarch_shim.c", "libmonarch_shim.so", "the Monarch shim"),
+    ("monarch/frontdoor/front_door.c", "libmonarch_front_door.so", "the daemon's front door"),
+    ("monarch/node/walker.c", "libmonarch_walker.so", "the dataset walker"),
+    ("monarch/node/remover.c", "libmonarch_remover.so", "the tier remover"),
+)
 
 
 def _load_shim_builder():
@@ -22,18 +29,10 @@ class BuildPyWithShim(build_py):
     def run(self):
         super().run()
         builder = _load_shim_builder()
-        out = Path(self.build_lib) / "monarch" / "shim" / builder.LIBRARY_NAME
-        builder.build_shim(out, HERE / "monarch/shim/monarch_shim.c")
-        builder.write_stamp(out, HERE / "monarch/shim/monarch_shim.c")
-        door = Path(self.build_lib) / "monarch" / "frontdoor" / "libmonarch_front_door.so"
-        builder.build_shim(door, HERE / "monarch/frontdoor/front_door.c", "the daemon's front door")
-        builder.write_stamp(door, HERE / "monarch/frontdoor/front_door.c")
-        walker = Path(self.build_lib) / "monarch" / "node" / "libmonarch_walker.so"
-        builder.build_shim(walker, HERE / "monarch/node/walker.c", "the dataset walker")
-        builder.write_stamp(walker, HERE / "monarch/node/walker.c")
-        remover = Path(self.build_lib) / "monarch" / "node" / "libmonarch_remover.so"
-        builder.build_shim(remover, HERE / "monarch/node/remover.c", "the tier remover")
-        builder.write_stamp(remover, HERE / "monarch/node/remover.c")
+        for source, library, what in LIBRARIES:
+            out = Path(self.build_lib) / Path(source).parent / library
+            builder.build_shim(out, HERE / source, what)
+            builder.write_stamp(out, HERE / source)
 
 
 setup(cmdclass={"build_py": BuildPyWithShim})

@@ -61,17 +61,26 @@ static int open_below(int top, const char *rel)
     return fd;
 }
 
-static int push(struct job *j, const char *rel, const char *name)
+/* "rel/name" ("name" below the top, where rel is ""), malloc'ed; NULL if out of memory. */
+static char *join(const char *rel, const char *name)
 {
     size_t rl = strlen(rel), nl = strlen(name);
     char *path = malloc(rl + nl + 2);
     if (!path)
-        return -1;
+        return NULL;
     if (rl) {
         memcpy(path, rel, rl);
         path[rl++] = '/';
     }
     memcpy(path + rl, name, nl + 1);
+    return path;
+}
+
+static int push(struct job *j, const char *rel, const char *name)
+{
+    char *path = join(rel, name);
+    if (!path)
+        return -1;
     if (j->n == j->cap) {
         size_t cap = j->cap ? 2 * j->cap : 256;
         char **more = realloc(j->queue, cap * sizeof *more);
@@ -128,12 +137,8 @@ static void empty(struct job *j, int dfd, const char *rel)
             left++;
             continue;
         }
-        size_t rl = strlen(rel), nl = strlen(e->d_name);
-        char *path = malloc(rl + nl + 2);
+        char *path = join(rel, e->d_name);
         if (path) {
-            memcpy(path, rel, rl);
-            path[rl] = '/';
-            memcpy(path + rl + (rl > 0), e->d_name, nl + 1);
             empty(j, sub, path);
             free(path);
         } else {
