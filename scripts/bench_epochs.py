@@ -16,6 +16,7 @@ writes the figures as JSON and a plot as PNG.
     python scripts/bench_epochs.py                      # ~3000 files of ~100 KiB, 3 epochs, 2 ms/open
     python scripts/bench_epochs.py --variant large      # 64 files of 16 MiB
     python scripts/bench_epochs.py --variant high-latency   # 1000 files, 20, 50 and 100 ms per open
+    python scripts/bench_epochs.py --variant cold-path      # issue 43: 800 x 64 KiB at 2, 20, 50, 200 ms per open
     python scripts/bench_epochs.py --capacity 0.5x --hints  # RAM tier of half the dataset, order hints
     python scripts/bench_epochs.py --client python      # monarch mode through support.pyshim
     python scripts/bench_epochs.py --quick              # a small smoke run
@@ -56,7 +57,11 @@ VARIANTS = {"small": dict(files=3000, size="100KiB", spread=0.5),
             "incompressible": dict(files=400, size="256KiB", spread=0.3, content="random", capacity="0.5x",
                                    modes="monarch,zstd,ceiling"),
             "large": dict(files=64, size="16MiB", spread=0.0),
-            "high-latency": dict(files=1000, size="100KiB", spread=0.5, latencies="20,50,100", epochs=2)}
+            "high-latency": dict(files=1000, size="100KiB", spread=0.5, latencies="20,50,100", epochs=2),
+            # the cold path at any latency (issue 43): the emulated PFS at 400 MB/s, epoch 1 against
+            # direct, the copies in flight Monarch's measure settled on and the PFS's own peak
+            "cold-path": dict(files=800, size="64KiB", spread=0.0, latencies="2,20,50,200", epochs=2,
+                              modes="direct,monarch", bandwidth=400.0)}
 
 
 def parse_args(argv=None):
@@ -108,6 +113,8 @@ def parse_args(argv=None):
     args.content = args.content or base.get("content", "random")
     args.capacity = args.capacity or base.get("capacity")
     args.modes = args.modes or base.get("modes", "direct,monarch,ceiling")
+    if not args.bandwidth:
+        args.bandwidth = base.get("bandwidth", 0.0)
     text = args.open_latency_ms or base.get("latencies", "2")
     try:
         args.latencies = [float(x) for x in str(text).split(",") if x.strip()]
@@ -403,7 +410,8 @@ def print_summary(runs: dict, dataset_bytes: int, args) -> None:
     print("  (ep1 = the first epoch as the workload timed it; 'launch to ep1 end' adds everything before")
     print("   it and the tear-down after the last epoch: interpreter and daemon start-up, snapshot, report)")
     print(f"{'ms/open':>7} {'direct ep1 s':>12} {'monarch ep1 s':>13} {'ep1 speed-up':>12} "
-          f"{'launch to ep1 end d/m s':>23} {'steady speed-up':>15} {'monarch PFS bytes':>17} {'ep1 from a tier':>15}")
+          f"{'launch to ep1 end d/m s':>23} {'steady speed-up':>15} {'monarch PFS bytes':>17} {'ep1 from a tier':>15} "
+          f"{'in flight: settled/peak':>23} {'PFS opens at once':>17}")
     for latency, r in runs.items():
         d = (r.get("direct", {}).get("epochs") or [None])[0]
         m = (r.get("monarch", {}).get("epochs") or [None])[0]
@@ -413,10 +421,22 @@ def print_summary(runs: dict, dataset_bytes: int, args) -> None:
         total = sum(how.values())
         share = f"{100 * (how.get('tier', 0) + how.get('daemon', 0)) / total:.1f}%" if total else "-"
         launch = "/".join(f"{to_first_epoch_end(r.get(mode, {})):.2f}" for mode in ("direct", "monarch"))
+        flight = in_flight(r.get("monarch", {}))
         print(f"{latency:>7g} {d['seconds'] if d else float('nan'):>12.2f} {m['seconds'] if m else float('nan'):>13.2f} "
               f"{rat.get('epoch 1: monarch speed-up over direct (samples/s)', float('nan')):>12.2f} {launch:>23} "
               f"{rat.get('steady: monarch speed-up over direct (samples/s)', float('nan')):>15.2f} "
-              f"{(pfs['bytes'] / dataset_bytes if pfs else float('nan')):>16.2f}x {share:>15}")
+              f"{(pfs['bytes'] / dataset_bytes if pfs else float('nan')):>16.2f}x {share:>15} "
+              f"{(f'{flight[0]}/{flight[1]}' if flight else '-'):>23} {(pfs or {}).get('opening_peak', '-'):>17}")
+
+
+def in_flight(result: dict) -> tuple[int, int] | None:
+    """The copies in flight toward the PFS that the front door's measure settled on and the
+    most it reached (the report's nodes[].front_door.in_flight), or None."""
+    for node in (result.get("report") or {}).get("nodes") or []:
+        flight = (node.get("front_door") or {}).get("in_flight")
+        if flight:
+            return flight["limit"], flight["peak"]
+    return None
 
 
 def to_first_epoch_end(result: dict) -> float:

@@ -2,7 +2,9 @@
 
 The door is a few threads of its own (one per core), outside the interpreter's lock: they
 accept every connection, check its peer and answer OPENs of staged files, and of small
-files from a fast source, which they copy themselves. Whatever it does not answer it hands over to the
+files, which they copy themselves (a slow source's on copier threads of the door's, as many
+in flight as its measured latency wants: ``inflight.c``, the rule Python's stager follows too,
+through ``Flow`` below). Whatever it does not answer it hands over to the
 Python server (``NodeServer``), and what it copied it reports as events (``events``), which
 the daemon's ``DoorLink`` (``monarch/node/door_link.py``) books in the stager's. This module
 knows no stager. The policy stays in Python; see the C file's header for the states a key
@@ -28,12 +30,12 @@ SOURCE = Path(__file__).with_name("front_door.c")
 LIBRARY_NAME = "libmonarch_front_door.so"
 ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
 
-EV_STAGED, EV_FAILED, EV_SLOW, EV_AHEAD, EV_TRANSIENT = 1, 2, 3, 4, 5
+EV_STAGED, EV_FAILED, EV_AHEAD, EV_TRANSIENT = 1, 2, 4, 5  # 3 (a slow source) is no more
 # whose books an event or lent room is (front_door.c: Q_*): the stager's copies, the peer cache's fetches
 BOOKS, PEER_BOOKS = 0, 1
 # EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd
 # why the read-ahead lane ended before its list did (front_door.c: A_*)
-AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped", "slow_source")
+AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped")
 _EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head; the key follows
 # why a connection was handed over (front_door.c: R_*)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
@@ -42,11 +44,11 @@ _NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 4
 
 
 class DoorEvent(NamedTuple):
-    kind: int        # EV_STAGED, EV_FAILED, EV_SLOW, EV_AHEAD or EV_TRANSIENT
+    kind: int        # EV_STAGED, EV_FAILED, EV_AHEAD or EV_TRANSIENT
     slot: int        # where it was staged (EV_STAGED)
     size: int        # the file's size
     bytes_read: int  # bytes the door read from the PFS for it
-    seconds: float   # how long the copy took (EV_SLOW: its read of the source)
+    seconds: float   # how long the copy took
     key: str
     entry: int = 0   # the key's entry in the door's index, from 1 (0: none): its books need no look-up
 
@@ -74,8 +76,15 @@ _PROTOTYPES = {
     "front_door_copy_to": (_i64, [_vp, _i, _i64]),
     "front_door_peer_copying": (None, [_vp, _i]),
     "front_door_evict": (_i, [_vp, _cp, _i, _i64]),
-    "front_door_read_ahead": (_i, [_vp, ctypes.c_uint32, _i]),
+    "front_door_read_ahead": (_i, [_vp, ctypes.c_uint32, _i, _i]),
     "front_door_read_ahead_state": (None, [_vp, _u64p]),
+    "front_door_inflight": (None, [_vp, ctypes.POINTER(ctypes.c_double)]),
+    "inflight_new": (_vp, [_i, _i, _i, _i]),
+    "inflight_free": (None, [_vp]),
+    "inflight_copy_ended": (None, [_vp, ctypes.c_double, ctypes.c_double]),
+    "inflight_nothing_to_copy": (None, [_vp]),
+    "inflight_limit": (_i, [_vp]),
+    "inflight_state": (None, [_vp, ctypes.POINTER(ctypes.c_double)]),
     "front_door_stop": (None, [_vp]),
     "front_door_free": (None, [_vp]),
 }
@@ -192,19 +201,28 @@ class FrontDoor:
             self._door = None
 
     # -- the read-ahead lane -----------------------------------------------------------
-    def read_ahead(self, files: int, threads: int) -> bool:
+    def read_ahead(self, files: int, fixed: int = 0, start: int = 0) -> bool:
         """Copy the small files among the index's first ``files`` entries (the snapshot's
-        files, in its order) ahead of the reader on ``threads`` threads of the door's own, as
-        misses would be copied (events EV_AHEAD). False if it could not start."""
-        return self._lib.front_door_read_ahead(self._door, files, threads) == 0
+        files, in its order) ahead of the reader on the door's copiers, as misses would be
+        copied (events EV_AHEAD): as many at once as the door's measure of its source allows
+        (from ``start``, or ``fixed`` of them: staging.threads). False if it could not start."""
+        return self._lib.front_door_read_ahead(self._door, files, fixed, start) == 0
 
     def read_ahead_state(self) -> dict:
-        """The lane: ``running`` threads, ``through`` entries gone through, ``copies`` made,
-        ``ended_because`` ("" unless it stopped before its list ended)."""
+        """The lane: ``running`` copies in flight (at least 1 until its list is through),
+        ``through`` entries gone through, ``copies`` made, ``ended_because`` ("" unless it
+        stopped before its list ended)."""
         arr = (ctypes.c_uint64 * 4)()
         self._lib.front_door_read_ahead_state(self._door, arr)
         return {"running": arr[0], "through": arr[1], "copies": arr[2],
                 "ended_because": AHEAD_ENDED_BECAUSE[arr[3]] if arr[3] < len(AHEAD_ENDED_BECAUSE) else str(arr[3])}
+
+    def inflight(self) -> dict:
+        """The door's copies in flight toward its source: the limit its measure settled on,
+        the highest it reached, its copier threads, the copies under way now."""
+        arr = (ctypes.c_double * 8)()
+        self._lib.front_door_inflight(self._door, arr)
+        return flow_figures(arr) | {"copiers": int(arr[6]), "in_flight": int(arr[7])}
 
     # -- the stager's side -------------------------------------------------------------
     def claim(self, key: str) -> bool:
@@ -275,3 +293,49 @@ class FrontDoor:
 
     def lease(self, books: int = BOOKS) -> int:
         return self._lib.front_door_lease(self._door, books)
+
+
+# -- how many copies in flight: the rule of inflight.c, for Python's lanes -------------------
+_PHASES = ("slow_start", "measure", "up", "down", "settled")
+
+
+def flow_figures(arr) -> dict:
+    """inflight_state's figures, named."""
+    phase = int(arr[3])
+    return {"limit": int(arr[0]), "peak": int(arr[1]), "windows_judged": int(arr[2]),
+            "phase": _PHASES[phase] if phase < len(_PHASES) else str(phase),
+            "mean_copy_seconds": arr[4] if arr[4] >= 0 else None, "last_rate": arr[5]}
+
+
+class Flow:
+    """One lane's copies in flight toward its source, decided by the door's rule (inflight.c:
+    slow start while the latency stays flat, then rounds that keep a doubling only if it
+    pays). ``fixed``: that many, always. Python's stager and the store's pipelines hold one
+    each; the door's own lane has its own inside the door."""
+
+    def __init__(self, lib: ctypes.CDLL, fixed: int | None, start: int, low: int, high: int):
+        self._lib = lib
+        self._c = lib.inflight_new(fixed or 0, start, low, high)
+        if not self._c:
+            raise MemoryError("inflight_new")
+
+    def completed(self, seconds: float, now: float) -> None:
+        self._lib.inflight_copy_ended(self._c, seconds, now)
+
+    def starved(self) -> None:
+        self._lib.inflight_nothing_to_copy(self._c)
+
+    @property
+    def limit(self) -> int:
+        return self._lib.inflight_limit(self._c)
+
+    def state(self) -> dict:
+        arr = (ctypes.c_double * 6)()
+        self._lib.inflight_state(self._c, arr)
+        return flow_figures(arr)
+
+    def __del__(self):
+        if getattr(self, "_c", None):
+            self._lib.inflight_free(self._c)
+            self._c = None
+

@@ -24,9 +24,11 @@
  * (front_door_claim), how many tier bytes the door may fill (front_door_grant), and
  * whether it may copy at all (front_door_copying); it drains what the door copied
  * (front_door_events) into its own accounting. Whether the source is fast enough to copy
- * inline the door finds out itself: copies whose source part is slow, not counting the time
- * the thread waited for a core (schedstat's run_delay), mean a high-latency source, whose
- * misses go to Python's many threads, which hide latency. In a sharded cluster the door
+ * inline, and how many copies it keeps in flight, the door measures itself (inflight.c: as
+ * many as hide the source's latency at the rate it gives): a miss from a fast source is
+ * copied by the worker that read it, one from a slow source by the door's copiers, a pool of
+ * threads that also run the read-ahead lane; a slow source is a reason for more copies in
+ * flight, never for handing misses to Python. In a sharded cluster the door
  * copies only this node's own files (front_door_own_only: those ``owners`` gives to no other
  * node), and offers each copy to the C peer data path at once, so other nodes fetch it
  * without Python too. Two sets of books: the stager's (copies, lent room in the first tier)
@@ -81,11 +83,8 @@
 #endif
 
 #define MAX_ROOTS 64
-#define SLOW_NS 1000000                /* SLOW_RUN copies in a row whose source part took this long, */
-#define SLOW_RUN 3                     /* less the time spent waiting for a core: a slow source, whose
-                                          latency Python's threads hide, not this loop */
-#define BACKOFF_NS 1000000000LL        /* then one copy is tried again after this, doubling ... */
-#define BACKOFF_MAX_NS 60000000000LL   /* ... up to this */
+#define INLINE_COPY_NS 0.0005          /* copies this fast (their moving mean, s) are made by the worker that
+                                          read the miss; slower, by a copier (stager.INLINE_SECONDS) */
 #define PENDING_MAX 1024               /* connections waiting here for their request at once ... */
 #define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
 #define HANDED_MAX 4096                /* connections waiting for Python to take them (server.py's
@@ -93,20 +92,18 @@
 #define CORE_WORKERS 4                 /* threads, one per core up to this: the copies are kernel time */
 #define MAX_WORKERS 16                 /* threads when asked for (front_door_start's ``workers``) */
 #define EVENT_BATCH 256                /* copies reported per wake-up of Python, at most */
-#define AHEAD_MAX 64                   /* read-ahead lane threads, at most */
+#define COPIERS_MAX 256                /* copier threads at most: copies in flight (inflight.c's ``high``) */
 #define AHEAD_WAIT_NS 50000000LL       /* the lane, out of room lent, waits this long for more ... */
 #define AHEAD_WAITS 100                /* ... this many times in a row before it ends (a full tier) */
-#define AHEAD_SLOW_NS 3000000000LL     /* the lane copies on through a slow spell this long (a busy node, a
-                                          cold directory), then leaves the rest to Python's many threads */
 
 enum { K_FREE = 0, K_PYTHON = 1, K_BUSY = 2, K_STAGED = 3 };
-enum { EV_STAGED = 1, EV_FAILED = 2, EV_SLOW = 3, EV_AHEAD = 4, EV_TRANSIENT = 5 };
+enum { EV_STAGED = 1, EV_FAILED = 2, EV_AHEAD = 4, EV_TRANSIENT = 5 };  /* 3 (a slow source) is no more */
 /* whose books an event or a lease is: the stager's (copies from the PFS into the copy tier)
  * or the peer cache's (fetches from other nodes into the peer area) */
 enum { Q_BOOKS = 0, Q_PEER = 1, NQUEUES = 2 };
 /* EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd */
 /* why the read-ahead lane ended before its list did (front_door_read_ahead_state) */
-enum { A_WHOLE, A_NOT_COPYING, A_NO_ROOM, A_STOPPED, A_SLOW_SOURCE };
+enum { A_WHOLE, A_NOT_COPYING, A_NO_ROOM, A_STOPPED };
 enum { T_LISTEN = 1, T_STOP = 2 };
 /* why a connection was handed over (front_door_counts) */
 enum { R_OTHER, R_CLOSED_GATE, R_PYTHON_KEY, R_NOT_COPYING, R_NOT_SMALL_FILE, R_NO_ROOM, R_COPY_FAILED, R_REASONS };
@@ -141,6 +138,9 @@ struct handed {                        /* a connection for Python, with what was
     char data[];
 };
 
+#include "inflight.c"
+
+struct waiter;
 struct door;
 /* datapath.c's dp_fetch: the bytes written into fd, or < 0 */
 typedef int64_t (*peer_fetch_fn)(void *dp, int owner, const char *key, int len, uint64_t size, int fd, int timeout_ms);
@@ -167,7 +167,6 @@ struct worker {                        /* one thread of the door: its own epoll 
     int npending;
     uint64_t tmp_seq;
     char *copy_buf;
-    int sched_fd;                      /* /proc/thread-self/schedstat, or -1 */
     int spare_fd;                      /* /dev/null held back: given up to refuse a connection when
                                           the process is out of descriptors, or -1 */
     /* the directories of the last copy (copy_in): the next file is most often a neighbour */
@@ -204,8 +203,6 @@ struct door {
     int gate_open, allowed, never_copy;  /* copying: Python allows it, no write by the job seen */
     int stopped;
     int64_t lease[NQUEUES], low_water[NQUEUES];  /* room lent, by books (Q_*); wake Python below this */
-    int slow_run;                      /* consecutive copies slower than SLOW_NS */
-    int64_t slow_until, backoff;       /* copying rests until then (a slow source) */
     struct handed *hq, **hq_tail;
     struct evqueue evq[NQUEUES];
     pthread_mutex_t take_mu;           /* front_door_events' (before d->mu, never after) */
@@ -225,9 +222,16 @@ struct door {
     int nhanded;                       /* connections in hq */
     int busy;                          /* keys BUSY now */
     int copies_busy;                   /* of which copies from the PFS (front_door_copy_to waits for none) */
+    /* the copiers: threads that copy the misses of a slow source (``demand``, first) and the
+     * read-ahead lane's files, as many at once as ``flow`` allows (demand whatever it says) */
+    struct inflight flow;              /* copies in flight toward the PFS: the lane keeps to its limit */
+    struct worker *copiers;            /* COPIERS_MAX of them, started as the work wants them */
+    int ncopiers, copiers_working, copiers_stop;
+    pthread_cond_t work_cv;            /* a copier may have work: a miss queued, a slot free, room lent */
+    struct waiter *demand, **demand_tail, *parked;
+    int ndemand;
     /* the read-ahead lane (front_door_read_ahead): small files copied ahead of the reader */
-    struct worker ahead[AHEAD_MAX];
-    int nahead, ahead_running, ahead_stop, ahead_end;
+    int ahead_asked, ahead_on, ahead_busy, ahead_end, ahead_waits, ahead_room_wait;
     uint32_t ahead_n, ahead_next;      /* the lane goes through index entries 1 to ahead_n; the next one, from 0 */
     uint64_t ahead_copies;
 };
@@ -377,6 +381,16 @@ struct idx_file {                      /* what the door needs of an INDEX_ENTRY 
     int64_t mtime;
     uint32_t mode, flags;
     uint32_t entry;                    /* its number, from 1 (files first, in the snapshot's order) */
+};
+
+/* A request answered later: an OPEN of a key another thread copies now (parked until that
+ * copy ends), or a miss queued for a copier (``f``: its file). */
+struct waiter {
+    struct waiter *next;
+    int fd;
+    uint32_t hash, len, got;           /* the key's hash and length; the request's bytes in ``req`` */
+    struct idx_file f;
+    char req[];                        /* the request as read: the key after its header */
 };
 
 /* The index's header, and entry n (from 1) if it lies inside the mapping (index_valid
@@ -565,6 +579,58 @@ static int send_answer(int fd, int32_t status, const char *body, uint32_t len)
     return w == (ssize_t)(8 + len) ? 0 : -1;        /* a fresh socket's buffer takes it whole */
 }
 
+/* -- answers given later: requests parked on a copy under way, misses queued for a copier -- */
+
+/* A request kept to be answered later (its bytes copied: the caller's buffer goes), or NULL. */
+static struct waiter *new_waiter(int fd, const char *req, uint32_t got, uint32_t hash, uint32_t len)
+{
+    struct waiter *q = malloc(sizeof *q + got);
+    if (!q)
+        return NULL;
+    memset(q, 0, sizeof *q);
+    q->fd = fd;
+    q->hash = hash;
+    q->len = len;
+    q->got = got;
+    memcpy(q->req, req, got);
+    return q;
+}
+
+/* The requests parked on ``key`` (whose copy or fetch just ended), taken off the list. Under the lock. */
+static struct waiter *unpark_locked(struct door *d, const char *key, uint32_t len, uint32_t hash)
+{
+    struct waiter *ready = NULL, **pp = &d->parked;
+    while (*pp) {
+        struct waiter *q = *pp;
+        if (q->hash == hash && q->len == len && !memcmp(q->req + MONARCH_REQUEST_HEADER_SIZE, key, len)) {
+            *pp = q->next;
+            q->next = ready;
+            ready = q;
+        } else {
+            pp = &q->next;
+        }
+    }
+    return ready;
+}
+
+/* Answer the requests parked on a key whose copy ended: with the copy (``slot``, ``path``), or
+ * (slot < 0) handed over to Python, as an OPEN of a key of Python's is. */
+static void answer_parked(struct door *d, struct waiter *ready, int slot, const char *path)
+{
+    for (struct waiter *q = ready, *next; q; q = next) {
+        next = q->next;
+        if (slot >= 0) {
+            __atomic_add_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);  /* before: the client may ask for the report next */
+            if (send_answer(q->fd, slot, path, (uint32_t)strlen(path)) != 0)
+                __atomic_sub_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);
+            close(q->fd);
+        } else {
+            hand_over(d, q->fd, q->req, q->got, R_PYTHON_KEY);
+        }
+        free(q);
+    }
+}
+
 /* The directory of ``key`` ("0/d/x.bin": "<tier>/0/d") opened from the tier, one component at a
  * time with O_NOFOLLOW, each made 0700 if missing (os.makedirs under a tier): a symlink planted
  * inside the tier cannot send a copy elsewhere. Its descriptor (the copy's name is after the
@@ -596,20 +662,6 @@ static int open_key_dir(const char *tier, const char *key, uint32_t len)
  * name; 0 and that name in ``tmp`` if the copy is whole and the source still the file the
  * snapshot saw; -2 if the source is not, -3 if the tier would not take it, -1 otherwise.
  * ``*bytes_read`` counts what was read from the PFS, whatever the outcome. */
-/* How long this thread has waited for a core, in all (schedstat's run_delay), or -1. */
-static int64_t run_delay_ns(struct worker *w)
-{
-    char buf[96];
-    if (w->sched_fd < 0)
-        return -1;
-    ssize_t n = pread(w->sched_fd, buf, sizeof buf - 1, 0);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
-    unsigned long long on_cpu, waited;
-    return sscanf(buf, "%llu %llu", &on_cpu, &waited) == 2 ? (int64_t)waited : -1;
-}
-
 /* The worker's descriptor of the directory of ``key`` (its first ``dlen`` bytes name it) as
  * ``open_dir`` opens it, kept for the next key of the same directory (the read-ahead's order
  * and an epoch's neighbours): no path walk and no open per file. Owned by the worker. */
@@ -710,7 +762,7 @@ static void close_cached_dirs(struct worker *w)
 }
 
 static int copy_in(struct worker *w, const char *key, uint32_t len, const struct idx_file *f,
-                   char *dest, char *tmp, int *dir_fd, uint64_t *bytes_read, int64_t *source_ns, int *preempted)
+                   char *dest, char *tmp, int *dir_fd, uint64_t *bytes_read)
 {
     struct door *d = w->d;
     const char *base = memrchr(key, '/', len);     /* valid_key: "<k>/...", so there is one */
@@ -747,13 +799,6 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
         unlinkat(dfd, tmp, 0);
         return -3;                     /* no room on the tier's filesystem: nothing read */
     }
-    /* the source's part alone is timed, less the time this thread waited for a core: whether
-     * the source is slow is the question, not whether the node is busy */
-    struct rusage ru0, ru1;
-    int64_t q0 = run_delay_ns(w), q1 = -1;
-    if (q0 < 0)
-        getrusage(RUSAGE_THREAD, &ru0);
-    int64_t t0 = now_ns();
     /* O_NONBLOCK: a FIFO swapped in for the file (by anyone who may write its directory)
      * opens at once instead of blocking this thread, and the daemon's exit, for ever */
     int in = openat(sdir, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
@@ -781,16 +826,6 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     }
     if (in >= 0)
         close(in);
-    *source_ns = now_ns() - t0;
-    if (q0 >= 0 && *source_ns > SLOW_NS && (q1 = run_delay_ns(w)) >= 0) {
-        *source_ns -= q1 - q0;
-        *preempted = 0;
-    } else if (q0 >= 0) {
-        *preempted = 0;                /* fast, whatever it waited for */
-    } else {                           /* no schedstat: a preempted copy says nothing of the source */
-        getrusage(RUSAGE_THREAD, &ru1);
-        *preempted = ru1.ru_nivcsw != ru0.ru_nivcsw;
-    }
     if (r == 0 && n != f->size)
         r = -2;
     if (r != 0) {
@@ -885,9 +920,14 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
         d->peer_failures++;
         post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
     }
+    struct waiter *ready = d->parked ? unpark_locked(d, key, len, hash) : NULL;
+    if (ready && ok)
+        e->answered = door_ms(d);
     d->busy--;
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
+    if (ready)
+        answer_parked(d, ready, ok ? d->peer_slot : -1, dest);
     if (!ok)
         return R_COPY_FAILED;
     send_answer(fd, d->peer_slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
@@ -947,26 +987,52 @@ static int fetch_transient(struct worker *w, int fd, const char *key, uint32_t l
     return -1;
 }
 
-/* An OPEN of a valid key: answered here (-1), or why it is to be handed over (R_*). */
+static void *copier_main(void *arg);
+
+/* Start copiers while the work waiting (queued misses, the lane's free slots under its limit)
+ * outnumbers the idle ones, and wake that many. Under the lock. */
+static void staff_locked(struct door *d)
+{
+    int lane = d->ahead_on ? d->flow.limit - d->copies_busy : 0;
+    int want = d->ndemand + (lane > 0 ? lane : 0);
+    while (d->ncopiers - d->copiers_working < want && d->ncopiers < COPIERS_MAX && !d->copiers_stop) {
+        struct worker *w = &d->copiers[d->ncopiers];
+        w->d = d;
+        w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
+        w->tmp_seq = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + d->ncopiers) << 48;
+        w->copy_buf = w->copy_buf ? w->copy_buf : malloc(MONARCH_INLINE_MAX + 1);
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);  /* the interpreter's threads take the signals */
+        int ok = w->copy_buf && pthread_create(&w->thread, NULL, copier_main, w) == 0;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (!ok)
+            break;                     /* the copiers there are do the work, in turn */
+        d->ncopiers++;
+    }
+    for (int i = 0; i < want; i++)
+        pthread_cond_signal(&d->work_cv);
+}
+
 /* Copy ``key`` (BUSY, its size taken from the lease, by the caller) from the PFS into the
  * copy tier and publish it (STAGED, event ``kind``), or give it to Python (PYTHON, EV_FAILED);
- * the source's speed is judged on the way. The slot of the tier it was published in (``dest``:
- * the copy's path), or -1. */
+ * the copy's time goes to the door's measure of the source (``flow``). The requests parked on
+ * it are answered. The slot of the tier it was published in (``dest``: the copy's path), or -1. */
 static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uint32_t hash, const struct idx_file *f,
-                            int64_t t0, uint32_t kind, char *dest)
+                            uint32_t kind, char *dest)
 {
     struct door *d = w->d;
     char tmp[PATH_MAX];
     struct entry *e;
     uint64_t bytes_read = 0;
-    int64_t source_ns = 0;
-    int preempted = 1;                 /* a copy that never read the source says nothing of it */
     int kdir = -1;                     /* the key's directory in the tier (copy_in) */
+    int raised = 0;                    /* the measure allows more copies in flight now */
     peer_offer_fn offer = NULL;
     void *offer_dp = NULL;
-    int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read, &source_ns, &preempted);
+    int64_t t0 = now_ns();
+    int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read);
     const char *name = strrchr(dest, '/') + 1;
-    int64_t ns = now_ns() - t0;
+    int64_t t1 = now_ns();
     /* the rename outside the door's lock: it waits for the directory's, which the lane's other
      * copies into that directory hold in turn (under the door's lock, the lane was one copy at
      * a time: 25k files/s on a core). A front_door_disable (a write by the job) either came
@@ -991,12 +1057,15 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
         else
             d->copies++;
         d->bytes_read += bytes_read;
-        post_event_locked(d, Q_BOOKS, kind, (uint32_t)d->copy_slot, key, len, f->entry, f->size, bytes_read, ns);
+        post_event_locked(d, Q_BOOKS, kind, (uint32_t)d->copy_slot, key, len, f->entry, f->size, bytes_read, t1 - t0);
         published = d->copy_slot;
         if (d->own_only && d->peer_offer) {
             offer = d->peer_offer;     /* read under the lock: the lane may be turned off meanwhile */
             offer_dp = d->peer_dp;
         }
+        int before = d->flow.limit;
+        inflight_completed(&d->flow, (t1 - t0) / 1e9, t1 / 1e9);
+        raised = d->flow.limit > before;
     } else {
         e->state = K_PYTHON;           /* Python copies it, or finds why not, and says so */
         if (r == -3)
@@ -1004,28 +1073,31 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
         d->lease[Q_BOOKS] += (int64_t)f->size;
         d->failures++;
         d->bytes_read += bytes_read;
-        post_event_locked(d, Q_BOOKS, EV_FAILED, 0, key, len, f->entry, f->size, bytes_read, ns);
+        post_event_locked(d, Q_BOOKS, EV_FAILED, 0, key, len, f->entry, f->size, bytes_read, t1 - t0);
     }
-    if (!preempted && source_ns <= SLOW_NS) {
-        d->slow_run = 0;
-        d->backoff = 0;
-        d->slow_until = 0;             /* a fast copy (the lane's, during a rest) says the source is fast again */
-    } else if (!preempted && ++d->slow_run >= SLOW_RUN) {
-        d->backoff = d->backoff ? (2 * d->backoff < BACKOFF_MAX_NS ? 2 * d->backoff : BACKOFF_MAX_NS) : BACKOFF_NS;
-        d->slow_until = t0 + ns + d->backoff;
-        d->slow_run = SLOW_RUN - 1;    /* the one copy tried after the rest decides again */
-        post_event_locked(d, Q_BOOKS, EV_SLOW, 0, key, len, 0, 0, 0, source_ns);
-    }
+    struct waiter *ready = d->parked ? unpark_locked(d, key, len, hash) : NULL;
+    if (ready && published >= 0)
+        e->answered = door_ms(d);
+    if (kind == EV_AHEAD && --d->ahead_busy == 0 && !d->ahead_on)
+        wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
     d->busy--;
     d->copies_busy--;
     pthread_cond_broadcast(&d->cv);
+    if (raised)
+        staff_locked(d);               /* more copiers for the lane, if it runs */
+    else if (!(w >= d->copiers && w < d->copiers + COPIERS_MAX))
+        pthread_cond_signal(&d->work_cv);  /* a worker's copy freed a slot (a copier's goes on itself) */
     pthread_mutex_unlock(&d->mu);
+    if (ready)
+        answer_parked(d, ready, published, dest);
     if (offer)                         /* other nodes fetch it through the data path from now on */
         offer(offer_dp, key, (int)len, published);
     return published;
 }
 
-static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
+/* An OPEN of a valid key (``req``: the request's ``got`` bytes): answered here or later (-1),
+ * or why it is to be handed over (R_*). */
+static int try_open(struct worker *w, int fd, const char *req, uint32_t got, const char *key, uint32_t len)
 {
     struct door *d = w->d;
     char dest[PATH_MAX];
@@ -1035,9 +1107,16 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
         return R_CLOSED_GATE;
     }
     uint32_t hash = crc32_of(key, len);
-    struct entry *e;
-    while ((e = find(d, key, len, hash)) && e->state == K_BUSY)
-        pthread_cond_wait(&d->cv, &d->mu);  /* another worker copies it: its answer is ours */
+    struct entry *e = find(d, key, len, hash);
+    if (e && e->state == K_BUSY) {     /* another thread copies it: its answer is ours, given when it ends */
+        struct waiter *q = new_waiter(fd, req, got, hash, len);
+        if (q) {
+            q->next = d->parked;
+            d->parked = q;
+        }
+        pthread_mutex_unlock(&d->mu);
+        return q ? -1 : R_OTHER;
+    }
     if (e && e->state == K_STAGED) {
         int slot = e->slot;
         const char *tier = d->tiers[slot];
@@ -1069,8 +1148,7 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
         pthread_mutex_unlock(&d->mu);
         return fetch_transient(w, fd, key, len, &f, owner, fetch, dp, timeout_ms);
     }
-    int64_t t0 = now_ns();
-    int why = e ? R_PYTHON_KEY : !d->allowed || d->never_copy || t0 < d->slow_until ? R_NOT_COPYING
+    int why = e ? R_PYTHON_KEY : !d->allowed || d->never_copy ? R_NOT_COPYING
             : !index_file(d, key, len, &f) || !S_ISREG(f.mode) || f.size > MONARCH_INLINE_MAX ? R_NOT_SMALL_FILE
             : !own_file_locked(d, f.entry) ? R_NOT_COPYING
             : (int64_t)f.size > d->lease[Q_BOOKS] ? R_NO_ROOM : !(e = insert(d, key, len, hash)) ? R_OTHER : -1;
@@ -1082,9 +1160,22 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     d->busy++;
     d->copies_busy++;
     d->lease[Q_BOOKS] -= (int64_t)f.size;
+    /* demand first, whatever the lane does: a fast source's miss is copied here, at once (no
+     * hand-off costs more than the copy); a slow one's by a copier, so that this thread goes
+     * on accepting while the source answers, and as many misses are in flight as readers wait */
+    struct waiter *q = d->flow.recent < 0 || d->flow.recent > INLINE_COPY_NS ? new_waiter(fd, req, got, hash, len) : NULL;
+    if (q) {
+        q->f = f;
+        *d->demand_tail = q;
+        d->demand_tail = &q->next;
+        d->ndemand++;
+        staff_locked(d);
+        pthread_mutex_unlock(&d->mu);
+        return -1;
+    }
     pthread_mutex_unlock(&d->mu);
 
-    int published = copy_and_publish(w, key, len, hash, &f, t0, EV_STAGED, dest);
+    int published = copy_and_publish(w, key, len, hash, &f, EV_STAGED, dest);
     if (published < 0)
         return R_COPY_FAILED;
     send_answer(fd, published, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
@@ -1092,107 +1183,158 @@ static int try_open(struct worker *w, int fd, const char *key, uint32_t len)
     return -1;
 }
 
-/* -- the read-ahead lane ------------------------------------------------------------------- */
+/* -- the copiers: queued misses first, then the read-ahead lane ------------------------------ */
 
-/* One thread of the lane: the list's next small file the door has never heard of, copied
- * as a miss would be (copy_and_publish), until the list ends, copying is not allowed (a
- * write by the job, a slow source, a failed tier: Python's stager takes the rest) or no
- * room is lent for AHEAD_WAITS waits in a row. Demand goes first on its own: the door's
- * workers copy a miss at once, and a key the lane copies is waited for, not copied twice. */
-static void *ahead_main(void *arg)
+/* A queued miss (BUSY, its room taken) copied and answered, or handed over to Python. */
+static void copy_queued_miss(struct worker *w, struct waiter *q)
 {
-    struct worker *w = arg;
-    struct door *d = w->d;
     char dest[PATH_MAX];
-    int waits = 0, end = A_WHOLE;
-    int64_t slow_since = 0;            /* when the door last began to find the source slow */
-    w->sched_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
-    prctl(PR_SET_NAME, "monarch-ahead");
-    pthread_mutex_lock(&d->mu);
-    while (d->ahead_next < d->ahead_n) {
-        if (d->ahead_stop || d->stopped) {
-            end = A_STOPPED;
+    int published = copy_and_publish(w, q->req + MONARCH_REQUEST_HEADER_SIZE, q->len, q->hash, &q->f, EV_STAGED, dest);
+    if (published < 0) {
+        hand_over(w->d, q->fd, q->req, q->got, R_COPY_FAILED);
+    } else {
+        send_answer(q->fd, published, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
+        close(q->fd);
+    }
+    free(q);
+}
+
+/* The lane is through, or stopped early (``why``: A_*). Under the lock. */
+static void lane_end_locked(struct door *d, int why)
+{
+    d->ahead_on = 0;
+    if (why != A_WHOLE && d->ahead_end == A_WHOLE)
+        d->ahead_end = why;
+    inflight_starved(&d->flow);        /* no more work for every slot: the window says nothing */
+    if (!d->ahead_busy)
+        wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
+}
+
+enum { L_NONE, L_TAKEN, L_ROOM };
+
+/* The lane's next small file the door has never heard of, made BUSY for a copier (L_TAKEN);
+ * L_NONE: nothing for the lane now (off, through, at its limit, or another copier waits for
+ * room); L_ROOM: the caller waits for room to be lent. The lane ends when its list does, when
+ * copying is not allowed (a write by the job, a failed tier: Python's stager takes the rest)
+ * or when no room is lent for AHEAD_WAITS waits in a row. Under the lock. */
+static int lane_next_locked(struct door *d, struct idx_file *f, const char **key, uint32_t *len, uint32_t *hash)
+{
+    while (d->ahead_on) {
+        if (d->copies_busy >= d->flow.limit)
+            return L_NONE;             /* in flight as many as the source's measure allows */
+        if (d->ahead_next >= d->ahead_n) {
+            lane_end_locked(d, A_WHOLE);
+            break;
+        }
+        if (d->stopped) {
+            lane_end_locked(d, A_STOPPED);
             break;
         }
         if (!d->gate_open || !d->allowed || d->never_copy) {
-            end = A_NOT_COPYING;
+            lane_end_locked(d, A_NOT_COPYING);
             break;
         }
-        int64_t now = now_ns();
-        if (now >= d->slow_until) {
-            slow_since = 0;
-        } else if (!slow_since) {
-            slow_since = now;
-        } else if (now - slow_since > AHEAD_SLOW_NS) {
-            end = A_SLOW_SOURCE;       /* a high-latency source: Python's threads hide it better */
-            break;
-        }
-        struct idx_file f;
-        const char *key;
-        uint32_t len;
         if (!own_file_locked(d, d->ahead_next + 1)) {
             d->ahead_next++;           /* another node's: its owner stages it */
             continue;
         }
-        if (!index_entry(d, d->ahead_next + 1, &f, &key, &len) || !S_ISREG(f.mode) ||
-            f.size > MONARCH_INLINE_MAX) {
+        if (!index_entry(d, d->ahead_next + 1, f, key, len) || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX) {
             d->ahead_next++;           /* not a small file: Python's stager copies it */
             continue;
         }
-        uint32_t hash = crc32_of(key, len);
-        if (find(d, key, len, hash)) {
+        *hash = crc32_of(*key, *len);
+        if (find(d, *key, *len, *hash)) {
             d->ahead_next++;           /* staged, being copied, or Python's */
             continue;
         }
-        if ((int64_t)f.size > d->lease[Q_BOOKS]) {
-            if (++waits > AHEAD_WAITS) {
-                end = A_NO_ROOM;
+        if ((int64_t)f->size > d->lease[Q_BOOKS]) {
+            if (d->ahead_room_wait)
+                return L_NONE;         /* one copier times the wait; a grant wakes them all */
+            if (++d->ahead_waits > AHEAD_WAITS) {
+                lane_end_locked(d, A_NO_ROOM);
                 break;
             }
             wake_python_locked(d);     /* its books lend more when it drains them */
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += AHEAD_WAIT_NS;
-            until.tv_sec += until.tv_nsec / 1000000000L;
-            until.tv_nsec %= 1000000000L;
-            pthread_cond_timedwait(&d->cv, &d->mu, &until);
-            continue;
+            inflight_starved(&d->flow);
+            d->ahead_room_wait = 1;
+            return L_ROOM;
         }
-        waits = 0;
+        d->ahead_waits = 0;
         d->ahead_next++;
-        struct entry *e = insert(d, key, len, hash);
+        struct entry *e = insert(d, *key, *len, *hash);
         if (!e)
             continue;
         e->state = K_BUSY;
         d->busy++;
         d->copies_busy++;
-        d->lease[Q_BOOKS] -= (int64_t)f.size;
-        pthread_mutex_unlock(&d->mu);
-        copy_and_publish(w, key, len, hash, &f, now_ns(), EV_AHEAD, dest);
-        pthread_mutex_lock(&d->mu);
+        d->ahead_busy++;
+        d->lease[Q_BOOKS] -= (int64_t)f->size;
+        return L_TAKEN;
     }
-    if (end != A_WHOLE && d->ahead_end == A_WHOLE)
-        d->ahead_end = end;
-    if (--d->ahead_running == 0)
-        wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
+    return L_NONE;
+}
+
+/* One copier: a queued miss if there is one, else the lane's next file while the lane is
+ * under its limit, else it waits for work. */
+static void *copier_main(void *arg)
+{
+    struct worker *w = arg;
+    struct door *d = w->d;
+    char dest[PATH_MAX];
+    prctl(PR_SET_NAME, "monarch-copy");
+    pthread_mutex_lock(&d->mu);
+    while (!d->copiers_stop) {
+        struct waiter *q = d->demand;
+        struct idx_file f;
+        const char *key;
+        uint32_t len, hash;
+        int lane;
+        if (q) {
+            d->demand = q->next;
+            if (!d->demand)
+                d->demand_tail = &d->demand;
+            d->ndemand--;
+            d->copiers_working++;
+            pthread_mutex_unlock(&d->mu);
+            copy_queued_miss(w, q);
+            pthread_mutex_lock(&d->mu);
+            d->copiers_working--;
+        } else if ((lane = lane_next_locked(d, &f, &key, &len, &hash)) == L_TAKEN) {
+            d->copiers_working++;
+            pthread_mutex_unlock(&d->mu);
+            copy_and_publish(w, key, len, hash, &f, EV_AHEAD, dest);
+            pthread_mutex_lock(&d->mu);
+            d->copiers_working--;
+        } else if (lane == L_ROOM) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += AHEAD_WAIT_NS;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&d->work_cv, &d->mu, &until);
+            d->ahead_room_wait = 0;
+        } else {
+            if (!d->ahead_on)
+                inflight_starved(&d->flow);  /* a copier free and nothing to copy */
+            pthread_cond_wait(&d->work_cv, &d->mu);
+        }
+    }
     pthread_mutex_unlock(&d->mu);
     return NULL;
 }
 
 /* Copy the small files of index entries 1 to ``n`` (the snapshot's files, in its order) ahead
- * of the reader, on ``threads`` threads of the lane's own, within the room lent. 0, or -1 if
- * a lane runs already or nothing could start (errno). */
-EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int threads)
+ * of the reader, as many at once as the source's measure allows (inflight.c; ``fixed`` > 0:
+ * that many, staging.threads; else from ``start``), within the room lent. Once per door: 0,
+ * or -1 (errno) if a lane was asked for before or nothing could start. */
+EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start)
 {
     pthread_mutex_lock(&d->mu);
-    int busy = d->nahead > 0 || d->stopped || !d->gate_open;
-    pthread_mutex_unlock(&d->mu);
-    if (busy) {
+    if (d->ahead_asked || d->stopped || !d->gate_open) {
+        pthread_mutex_unlock(&d->mu);
         errno = EBUSY;
         return -1;
     }
-    threads = threads < 1 ? 1 : threads > AHEAD_MAX ? AHEAD_MAX : threads;
-    pthread_mutex_lock(&d->mu);
     /* room in the table for every key of the list now, while it is small: doubled as the lane
      * fills it, its old slots would stand beside the new ones at the daemon's peak */
     if (reserve_keys(d, d->used + n) != 0) {
@@ -1200,64 +1342,93 @@ EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int threads)
         errno = ENOMEM;
         return -1;
     }
+    double recent = d->flow.recent;    /* what the misses measured so far stays */
+    inflight_init(&d->flow, fixed, start, INFLIGHT_LOW, COPIERS_MAX);
+    d->flow.recent = recent;
+    d->ahead_asked = 1;
     d->ahead_n = n;
     d->ahead_next = 0;
     d->ahead_end = A_WHOLE;
-    d->ahead_running = threads;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);  /* the interpreter's threads take the signals */
-    int started = 0;
-    for (int i = 0; i < threads; i++) {
-        struct worker *w = &d->ahead[i];
-        w->d = d;
-        w->sched_fd = w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
-        w->tmp_seq = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + i) << 56;
-        w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
-        if (!w->copy_buf || pthread_create(&w->thread, NULL, ahead_main, w) != 0) {
-            free(w->copy_buf);
-            w->copy_buf = NULL;
-            break;
-        }
-        started++;
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    d->nahead = started;
-    d->ahead_running = started;
+    d->ahead_on = 1;
+    staff_locked(d);
+    int started = d->ncopiers > 0;
+    if (!started)
+        d->ahead_on = 0;
     pthread_mutex_unlock(&d->mu);
+    if (!started)
+        errno = EAGAIN;
     return started ? 0 : -1;
 }
 
-/* The lane: out[0] threads still running, out[1] entries gone through, out[2] files it
- * copied, out[3] why it ended early (A_*; A_WHOLE: it did not). */
+/* The lane: out[0] copies it has in flight (at least 1 while its list is not through), out[1]
+ * entries gone through, out[2] files it copied, out[3] why it ended early (A_*; A_WHOLE: it
+ * did not). */
 EXPORT void front_door_read_ahead_state(struct door *d, uint64_t *out)
 {
     pthread_mutex_lock(&d->mu);
-    out[0] = (uint64_t)d->ahead_running;
+    out[0] = (uint64_t)(d->ahead_on && !d->ahead_busy ? 1 : d->ahead_busy);
     out[1] = d->ahead_next;
     out[2] = d->ahead_copies;
     out[3] = (uint64_t)d->ahead_end;
     pthread_mutex_unlock(&d->mu);
 }
 
-static void stop_ahead(struct door *d)
+/* The door's measure of its source (inflight_state's figures) and its copiers now. */
+EXPORT void front_door_inflight(struct door *d, double *out)
 {
     pthread_mutex_lock(&d->mu);
-    d->ahead_stop = 1;
-    pthread_cond_broadcast(&d->cv);
-    int n = d->nahead;
+    inflight_state(&d->flow, out);
+    out[6] = d->ncopiers;
+    out[7] = d->copies_busy;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* The copiers stopped and joined (the lane with them); their copies under way end first. */
+static void stop_copiers(struct door *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->copiers_stop = 1;
+    if (d->ahead_on)
+        lane_end_locked(d, A_STOPPED);
+    pthread_cond_broadcast(&d->work_cv);
+    int n = d->ncopiers;
     pthread_mutex_unlock(&d->mu);
     for (int i = 0; i < n; i++) {
-        struct worker *w = &d->ahead[i];
+        struct worker *w = &d->copiers[i];
         pthread_join(w->thread, NULL);
-        if (w->sched_fd >= 0)
-            close(w->sched_fd);
-        w->sched_fd = -1;
         close_cached_dirs(w);
     }
     pthread_mutex_lock(&d->mu);
-    d->nahead = 0;
+    d->ncopiers = 0;                   /* joined: a second stop joins none (copiers_stop starts none) */
     pthread_mutex_unlock(&d->mu);
+}
+
+/* After every thread is joined: the misses still queued and the requests still parked are
+ * closed (their shims read the PFS), their keys Python's. */
+static void close_waiting(struct door *d)
+{
+    pthread_mutex_lock(&d->mu);
+    struct waiter *lists[2] = {d->demand, d->parked};
+    for (struct waiter *q = d->demand; q; q = q->next) {
+        struct entry *e = find(d, q->req + MONARCH_REQUEST_HEADER_SIZE, q->len, q->hash);
+        if (e)
+            e->state = K_PYTHON;
+        d->busy--;
+        d->copies_busy--;
+        d->lease[Q_BOOKS] += (int64_t)q->f.size;
+    }
+    d->demand = d->parked = NULL;
+    d->demand_tail = &d->demand;
+    d->ndemand = 0;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    for (int i = 0; i < 2; i++) {
+        for (struct waiter *q = lists[i], *next; q; q = next) {
+            next = q->next;
+            close(q->fd);
+            free(q);
+        }
+    }
 }
 
 enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL };
@@ -1290,7 +1461,7 @@ static void serve(struct worker *w, int fd, const char *buf, uint32_t got, int s
         close(fd);
         return;
     }
-    int why = state == F_OPEN && valid_key(key, klen) ? try_open(w, fd, key, klen) : R_OTHER;
+    int why = state == F_OPEN && valid_key(key, klen) ? try_open(w, fd, buf, got, key, klen) : R_OTHER;
     if (why >= 0)
         hand_over(w->d, fd, buf, got, why);
 }
@@ -1429,7 +1600,6 @@ static void *door_main(void *arg)
 {
     struct worker *w = arg;
     struct epoll_event evs[64];
-    w->sched_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);  /* this thread's */
     prctl(PR_SET_NAME, "monarch-door");
     for (;;) {
         int n = epoll_wait(w->ep, evs, 64, w->npending ? 100 : -1);
@@ -1478,6 +1648,10 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     pthread_mutex_init(&d->mu, NULL);
     pthread_mutex_init(&d->take_mu, NULL);
     pthread_cond_init(&d->cv, NULL);
+    pthread_cond_init(&d->work_cv, NULL);
+    d->demand_tail = &d->demand;
+    inflight_init(&d->flow, 0, 0, INFLIGHT_LOW, COPIERS_MAX);
+    d->copiers = calloc(COPIERS_MAX, sizeof *d->copiers);  /* zero pages until a copier starts */
     for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++)
         d->roots[d->nroots++] = strdup(roots);
     for (int i = 0; i < ntiers; tiers += strlen(tiers) + 1, i++)
@@ -1493,7 +1667,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int want = workers > 0 ? (workers > MAX_WORKERS ? MAX_WORKERS : workers)
                : cores < 1 ? 1 : cores > CORE_WORKERS ? CORE_WORKERS : (int)cores;
-    int ok = d->tiers[copy_slot] && d->listen_fd >= 0 && d->stop_fd >= 0 && d->wake_fd >= 0 &&
+    int ok = d->copiers && d->tiers[copy_slot] && d->listen_fd >= 0 && d->stop_fd >= 0 && d->wake_fd >= 0 &&
              fcntl(d->listen_fd, F_SETFL, O_NONBLOCK) == 0;
     for (int i = 0; ok && i < want; i++) {
         struct worker *w = &d->workers[i];
@@ -1566,7 +1740,7 @@ EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap)
 }
 
 /* Events, packed into ``buf`` as many as fit: per event ``<IIQQqII`` (kind: 1 staged,
- * 2 failed, 3 copying resting for a slow source, 4 staged by the read-ahead lane, 5 answered as a memfd; slot;
+ * 2 failed, 4 staged by the read-ahead lane, 5 answered as a memfd; slot;
  * size; bytes read from the PFS; nanoseconds; key length; the key's index entry, from 1, 0
  * none) then the key. Returns the bytes used (0: none waits). When
  * nothing waits either way, the next arrival wakes Python again. */
@@ -1786,8 +1960,7 @@ EXPORT int front_door_evict(struct door *d, const char *key, int len, int64_t gr
     return evict;
 }
 
-/* Python allows (1) the door to copy misses itself, or not (0). The door still hands them
- * over while its own copies say the source is slow. */
+/* Python allows (1) the door to copy misses itself, or not (0). */
 EXPORT void front_door_copying(struct door *d, int on)
 {
     pthread_mutex_lock(&d->mu);
@@ -1821,7 +1994,8 @@ EXPORT int64_t front_door_copy_to(struct door *d, int slot, int64_t bytes)
     d->copy_slot = slot;
     d->lease[Q_BOOKS] = bytes;
     d->low_water[Q_BOOKS] = bytes / 2;
-    pthread_cond_broadcast(&d->cv);    /* the read-ahead lane may wait for room */
+    pthread_cond_broadcast(&d->cv);
+    pthread_cond_broadcast(&d->work_cv);  /* the read-ahead lane may wait for room */
     pthread_mutex_unlock(&d->mu);
     return left;
 }
@@ -1835,7 +2009,8 @@ EXPORT void front_door_grant(struct door *d, int q, int64_t bytes)
     pthread_mutex_lock(&d->mu);
     d->lease[q] += bytes;
     d->low_water[q] = d->lease[q] / 2;
-    pthread_cond_broadcast(&d->cv);    /* the read-ahead lane may wait for room */
+    pthread_cond_broadcast(&d->cv);
+    pthread_cond_broadcast(&d->work_cv);  /* the read-ahead lane may wait for room */
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -1888,7 +2063,7 @@ EXPORT void front_door_counts(struct door *d, uint64_t *out)
  * front_door_free. */
 EXPORT void front_door_stop(struct door *d)
 {
-    stop_ahead(d);
+    stop_copiers(d);
     uint64_t one = 1;
     if (d->stop_fd >= 0 && write(d->stop_fd, &one, sizeof one) < 0) {
         /* an eventfd write of 1 cannot fail here */
@@ -1904,15 +2079,13 @@ EXPORT void front_door_stop(struct door *d)
         w->pending = NULL;
         close(w->ep);
         w->ep = -1;
-        if (w->sched_fd >= 0)
-            close(w->sched_fd);
-        w->sched_fd = -1;
         if (w->spare_fd >= 0)
             close(w->spare_fd);
         w->spare_fd = -1;
         close_cached_dirs(w);
     }
     d->nworkers = 0;
+    close_waiting(d);
     pthread_mutex_lock(&d->mu);
     d->gate_open = 0;
     __atomic_store_n(&d->never_copy, 1, __ATOMIC_RELEASE);
@@ -1954,10 +2127,12 @@ EXPORT void front_door_free(struct door *d)
         close(d->wake_fd);
     for (int i = 0; i < MAX_WORKERS; i++)
         free(d->workers[i].copy_buf);
-    for (int i = 0; i < AHEAD_MAX; i++)
-        free(d->ahead[i].copy_buf);
+    for (int i = 0; d->copiers && i < COPIERS_MAX; i++)
+        free(d->copiers[i].copy_buf);
+    free(d->copiers);
     pthread_mutex_destroy(&d->mu);
     pthread_mutex_destroy(&d->take_mu);
     pthread_cond_destroy(&d->cv);
+    pthread_cond_destroy(&d->work_cv);
     free(d);
 }

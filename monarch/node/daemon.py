@@ -154,7 +154,7 @@ class NodeDaemon:
             return None
         door = DoorKeeper.start(listen_fd, list(self.config.dataset.roots), self.tiers, self.peer_area,
                                 self.current, self._door_may_copy, PEER_WORKERS if self.role is not None else 0,
-                                own_only=self.role is not None)
+                                own_only=self.role is not None, fixed_depth=self.config.staging.threads)
         if door is None:
             return None
         with self.gate.lock:  # the stager swapped in when the walk ends is linked there

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Iterable
 
 from monarch import frontdoor, protocol
-from monarch.frontdoor import EV_AHEAD, EV_SLOW, EV_STAGED, FrontDoor
+from monarch.frontdoor import EV_AHEAD, EV_STAGED, FrontDoor
 from monarch.node.current import Current
 from monarch.node.indextable import IndexTable, larger_than
 from monarch.node.outcomes import Outcome
@@ -32,13 +32,13 @@ __all__ = ["DoorLink", "DoorKeeper"]
 LEASE_MAX = 16 << 20  # tier room lent to the front door at a time, at most ...
 LEASE_SHARE = 32      # ... and at most this share of the tier's capacity
 PEER_WORKERS = 8      # a cluster daemon's door threads: each waits on the network while it fetches a peer's file
-AHEAD_THREADS = 8     # the door's read-ahead lane: copies in flight (a PFS's latency hidden, a local disk's cores used)
-# ... on a sharded node, whose share every other node waits for. bench_cluster (emulated PFS,
-# one Python FUSE process on the same 2 cores), epoch 1 / whole-job CPU-s: 2 ms per open, 8:
-# 0.7-1.2 s / 8.8-10.4, 16: 0.7-2.5 / 9.3-10.4, 32: 2.7-3.1 / 11.4-11.7; 20 ms per open, 8:
-# 1.6-2.7 s, 16: 0.5-0.7 s, 32: 0.5-0.9 s. Latency wants depth, the emulator's CPU less of it.
-AHEAD_THREADS_SHARDED = 16
-AHEAD_POLL_SECONDS = 0.05  # how often the stager looks whether the lane is through
+# The door's read-ahead lane starts with this many copies in flight, and its measure of the
+# source (inflight.c) takes it from there, up while the latency stays flat, down where more
+# copies stop paying; a sharded node, whose share every other node waits for, starts deeper.
+AHEAD_START = 8
+AHEAD_START_SHARDED = 16
+AHEAD_POLL_SECONDS = 0.05
+COPY_SIZE_GUESS = 64 << 10  # a door copy's size before any was made (room lent for the copies in flight)  # how often the stager looks whether the lane is through
 
 
 class DoorLink(StagerListener):
@@ -54,6 +54,7 @@ class DoorLink(StagerListener):
         self.may_copy = (may_copy and bool(tiers) and tiers[0].codec is None
                          and door.copy_slot == tiers[0].slot)
         self.tier = tiers[0] if tiers else None  # the tier the door copies into, its room lent there
+        self._copy_size = COPY_SIZE_GUESS  # a door copy's size, as its copies go (moving mean)
         with stager.lock:  # the books so far, then every event: nothing is missed in between
             stager.subscribe_locked(self)
             for key in stager.flights:  # copies under way are the stager's
@@ -98,11 +99,9 @@ class DoorLink(StagerListener):
             ahead: dict[int, list[tuple[str, int, int]]] = {}  # the read-ahead lane's copies, booked per tier at once
             files = nbytes = 0
             for ev in self.door.events():
-                if ev.kind == EV_SLOW:
-                    log.info("the PFS is slow for the front door (a copy's read took %.1f ms): its misses go "
-                             "to the staging threads for a while", ev.seconds * 1e3)
-                    continue
                 copied = ev.kind in (EV_STAGED, EV_AHEAD)
+                if copied:
+                    self._copy_size += (ev.size - self._copy_size) / 64
                 files += copied or ev.bytes_read > 0
                 nbytes += ev.bytes_read
                 if ev.kind == EV_AHEAD:
@@ -130,16 +129,22 @@ class DoorLink(StagerListener):
             self.reclaim_lease()
 
     @staticmethod
-    def _chunk(tier: Tier) -> int:
+    def _kept_back(tier: Tier) -> int:
         return max(INLINE_BYTES, min(LEASE_MAX, tier.capacity // LEASE_SHARE))
+
+    def _chunk(self, tier: Tier) -> int:
+        """Room lent at a time: a share of the tier, and at least twice what the door's copies
+        in flight take (its measure of a slow source keeps a hundred or more in flight: lent
+        less, they would wait on Python to lend again, a few copies at a time)."""
+        in_flight = 2 * self.door.inflight()["limit"] * int(self._copy_size)
+        return max(self._kept_back(tier), min(LEASE_MAX, in_flight))
 
     def _room(self, tier: Tier) -> int:
         """Reserve in ``tier`` room to lend: a chunk, or less (at least one small file's worth)
-        where the tier has less than two left: its last chunk is never lent, so that a copy
-        of the stager's (a large file, a miss, the books' room for allocations) finds room
-        without waiting for the door's to come back. 0 if there is not that much."""
-        chunk = self._chunk(tier)
-        left = min(chunk, tier.capacity - tier.room - chunk)
+        where the tier has little left: its last share is never lent, so that a copy of the
+        stager's (a large file, a miss, the books' room for allocations) finds room without
+        waiting for the door's to come back. 0 if there is not that much."""
+        left = min(self._chunk(tier), tier.capacity - tier.room - self._kept_back(tier))
         return left if tier.full_reason is None and left >= INLINE_BYTES and tier.reserve(left, counted=False) else 0
 
     def _lend(self, tier: Tier) -> bool:
@@ -184,10 +189,12 @@ class DoorKeeper:
     whichever stager serves now (``relink_locked`` at each swap), opened once the index is
     written, its copies absorbed into the books, its counts reported, stopped at close."""
 
-    def __init__(self, door: FrontDoor, current: Current, may_copy: Callable[[], bool], own_only: bool = False):
+    def __init__(self, door: FrontDoor, current: Current, may_copy: Callable[[], bool], own_only: bool = False,
+                 fixed_depth: int = 0):
         self.door = door
         self._current = current
-        self._lane_threads = AHEAD_THREADS_SHARDED if own_only else AHEAD_THREADS
+        self._lane_start = AHEAD_START_SHARDED if own_only else AHEAD_START
+        self._lane_fixed = fixed_depth  # staging.threads: that many copies in flight (0: measured)
         self._may_copy = may_copy  # asked at each link: a cluster's layout is known once the walk ends
         self.link: DoorLink | None = None  # linked by its holder, under the gate's lock (relink_locked)
         self.peer_link = None  # the peer lane's (PeerDoorLink), sharded with the C data path (link_peers)
@@ -197,11 +204,12 @@ class DoorKeeper:
     @classmethod
     def start(cls, listen_fd: int, roots: list[str], tiers: list[Tier], peer_area: Tier | None,
               current: Current, may_copy: Callable[[], bool], workers: int = 0,
-              own_only: bool = False) -> "DoorKeeper | None":
+              own_only: bool = False, fixed_depth: int = 0) -> "DoorKeeper | None":
         """A door on ``listen_fd`` answering from ``tiers`` (and the peer area), or None when
         it cannot start (the Python server then answers everything). ``may_copy``: whether
         the door may copy files from the PFS (asked whenever it is linked to a stager);
-        ``own_only``: a cluster's node, whose door copies only files the node owns."""
+        ``own_only``: a cluster's node, whose door copies only files the node owns;
+        ``fixed_depth``: copies in flight (staging.threads), else measured."""
         if not tiers or not frontdoor.wanted() or frontdoor.library() is None:
             return None
         dirs = {t.slot: t.path for t in tiers}
@@ -213,7 +221,7 @@ class DoorKeeper:
             log.warning("the daemon's C front door did not start (%s); the Python server answers every request", e)
             return None
         door.own_only(own_only)
-        return cls(door, current, may_copy, own_only)
+        return cls(door, current, may_copy, own_only, fixed_depth)
 
     def relink_locked(self) -> None:
         """The door kept told of the current stager's copies, its copies booked there (under
@@ -238,8 +246,8 @@ class DoorKeeper:
         """The door's C lane copies the small files of ``files`` (the snapshot's, in their index
         order; a sharded node's own only) ahead of the reader, many at once, no interpreter per
         file, where the door may copy misses itself (a raw first tier); ``stager`` copies the
-        large ones meanwhile and, if the lane ends before its list does (a write by the job, a
-        slow PFS, no room), every key left, each time in ``order`` (a cluster node's: its own
+        large ones meanwhile and, if the lane ends before its list does (a write by the job, no
+        room), every key left, each time in ``order`` (a cluster node's: its own
         files). ``sample`` (given the sorted keys) stages the compressing tiers' sample first.
         Once per door (the walk's thread and a door attached after the walk may both ask):
         True if the lane started now or was asked for before; False if the stager reads ahead
@@ -249,7 +257,8 @@ class DoorKeeper:
                 return True
             self._lane_asked = True
         link = self.link
-        if link is None or not link.may_copy or not self.door.read_ahead(len(files), self._lane_threads):
+        if link is None or not link.may_copy or not self.door.read_ahead(len(files), self._lane_fixed,
+                                                                          self._lane_start):
             return False
         stager.read_ahead(order(larger_than(files, INLINE_BYTES)))
         threading.Thread(target=self._after_the_lane, args=(files, stager, sample, closing, absorb, order),
@@ -285,13 +294,17 @@ class DoorKeeper:
 
     def stats(self) -> dict:
         """The report's ``front_door`` entry (its unused lent room given back first, for a
-        true tier occupancy)."""
+        true tier occupancy, unless the read-ahead lane runs: taken back at each progress
+        poll, the room left the lane's copies waiting for Python to lend it again, and its
+        measure of the source took those waits for want of work)."""
+        lane = self.door.read_ahead_state()
         for link in (self.link, self.peer_link):
-            if link is not None:
+            if link is not None and not (lane["running"] and link is self.link):
                 link.reclaim_lease()
         counts = self.door.counts()
         counts["answered_staged"] = sum(counts["hits_by_slot"].values())
-        counts["read_ahead"] = self.door.read_ahead_state()
+        counts["read_ahead"] = lane
+        counts["in_flight"] = self.door.inflight()
         return counts
 
     def stop(self) -> None:

@@ -28,6 +28,7 @@ import time
 from typing import Callable
 
 from monarch.config import Config
+from monarch.node.concurrency import Concurrency
 from monarch.node.filetable import FileTable
 from monarch.node.snapshot import Snapshot, take_snapshot
 from monarch.node.sources import Source, SourceChanged
@@ -42,7 +43,8 @@ START_DEPTH = 64  # copies in flight from the start toward a store (each a reque
 PREFETCH_BYTES = 64 << 20   # read-ahead: values fetched ahead of the stager, at most (in flight or waiting)
 PREFETCH_BATCH = 32         # GETs per pipeline (one round trip)
 PREFETCH_BATCH_BYTES = 4 << 20
-PREFETCH_CONNECTIONS = 8    # pipelines in flight at once
+PREFETCH_START = 8          # pipelines in flight at first; then as many as the store's latency wants
+PREFETCH_MAX = 64           # (concurrency.Concurrency: the front door's rule), up to this
 RETRY_DOWN = 1.0  # seconds between tries of a store found down for longer than its timeout
 NAMED = 50        # refused files named in the report at most (all are counted)
 
@@ -78,8 +80,10 @@ class Mount:
 class Prefetch:
     """Out-of-order, pipelined read-ahead of one store's values, in the stager's read-ahead order.
 
-    PREFETCH_CONNECTIONS pipelines of up to PREFETCH_BATCH GETs each are in flight at once
-    (at most PREFETCH_BYTES of values fetched and not yet taken); each pipeline's values are
+    Pipelines of up to PREFETCH_BATCH GETs each are in flight at once, as many as the store's
+    measured latency wants (``Concurrency``, the rule of every lane: from PREFETCH_START, up while
+    a pipeline's round trip stays flat, to PREFETCH_MAX), at most PREFETCH_BYTES of values
+    fetched and not yet taken; each pipeline's values are
     handed to the stager's copies as soon as it returns, whatever the order, and a slow
     pipeline holds up none of the others. Each value is read once: a copy of a key the
     read-ahead has not asked for yet (a demanded file) claims it and GETs it itself; one
@@ -98,18 +102,29 @@ class Prefetch:
         self.outstanding = 0  # bytes asked for or waiting, not yet taken
         self.closed = False
         self.fetched_bytes = 0
-        self.threads = [threading.Thread(target=self._run, name=f"monarch-store-prefetch-{i}", daemon=True)
-                        for i in range(PREFETCH_CONNECTIONS)]
-        for t in self.threads:
+        self.flow = Concurrency(start=PREFETCH_START, low=1, high=PREFETCH_MAX)
+        self.pipelines = 0  # in flight now
+        self.threads: list[threading.Thread] = []
+        with self.cv:
+            self._staff_locked()
+
+    def _staff_locked(self) -> None:
+        """As many pipeline threads as the measure allows (each keeps one pipeline in flight)."""
+        while len(self.threads) < self.flow.limit and not self.closed:
+            t = threading.Thread(target=self._run, name=f"monarch-store-prefetch-{len(self.threads)}", daemon=True)
+            self.threads.append(t)
             t.start()
 
     def _batch(self) -> list[tuple[str, int]] | None:
         with self.cv:
             while True:
                 if self.closed or self.pos >= len(self.order):
+                    self.flow.starved()
                     return None
-                if self.outstanding < PREFETCH_BYTES:
+                if self.outstanding < PREFETCH_BYTES and self.pipelines < self.flow.limit:
                     break
+                if self.outstanding >= PREFETCH_BYTES:
+                    self.flow.starved()  # waiting for the stager to take values: says nothing of the store
                 self.cv.wait()
             batch, nbytes = [], 0
             while (self.pos < len(self.order) and len(batch) < PREFETCH_BATCH and nbytes < PREFETCH_BATCH_BYTES
@@ -122,12 +137,15 @@ class Prefetch:
                 self.outstanding += size
                 nbytes += size
                 batch.append((rel, size))
+            if batch:
+                self.pipelines += 1
             return batch
 
     def _run(self) -> None:
         while (batch := self._batch()) is not None:
             if not batch:
                 continue
+            t0 = time.monotonic()
             try:
                 pipe = self.mount.client.pipeline(transaction=False)
                 for rel, _ in batch:
@@ -138,12 +156,16 @@ class Prefetch:
                             store_client.explain(self.mount.url, e))
                 with self.cv:
                     self.closed = True
+                    self.pipelines -= 1
                     for rel, size in batch:
                         del self.state[rel]
                         self.outstanding -= size
                     self.cv.notify_all()
                 return
             with self.cv:
+                self.pipelines -= 1
+                self.flow.completed(time.monotonic() - t0)
+                self._staff_locked()
                 for (rel, _), value in zip(batch, values):
                     self.state[rel] = self.READY
                     self.ready[rel] = value
@@ -333,6 +355,9 @@ class StoreSet:
                      "lost_copies": self.lost_copies, "lost_at": self.lost_at}
         unused = sum(m.prefetch.unused_bytes() for m in self.mounts.values() if m.prefetch is not None)
         store["read_ahead_unused_bytes"] = unused  # fetched ahead, never staged (counted as read)
+        # the read-ahead's pipelines in flight: the limit its measure of the store settled on, the most
+        store["read_ahead_pipelines"] = {m.path: m.prefetch.flow.state() for m in self.mounts.values()
+                                         if m.prefetch is not None}
         return {"store_files_read": stager.files_read["store"], "store_bytes_read": stager.bytes_read["store"] + unused,
                 "store": store}
 

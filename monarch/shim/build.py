@@ -46,10 +46,11 @@ def build_shim(out: Path, source: Path = SOURCE, what: str = "the Monarch shim",
 
 
 def source_digest(source: Path = SOURCE) -> str:
-    """A hash of a library's source: the main file, every ``shim_*.c`` part beside it (the
-    shim's; the front door has none) and the wire header both include."""
+    """A hash of a library's source: the main file, every other C file beside it (the parts it
+    includes: the shim's ``shim_*.c``, the front door's ``inflight.c``) and the wire header."""
     h = hashlib.sha256()
-    for path in [source, *sorted(source.parent.glob("shim_*.c")), WIRE_HEADER]:
+    parts = sorted(p for p in source.parent.glob("*.c") if p != source)
+    for path in [source, *parts, WIRE_HEADER]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 

@@ -74,6 +74,8 @@ class Counters:
         self._files: dict[str, list[int]] = {}  # rel path -> [opens, reads, bytes]
         self._opening = 0
         self.opening_peak = 0  # the most opens under way at once (how much the emulator serves in parallel)
+        self.opening_first = 0.0  # when the first open began (time.time())
+        self.opening_peaks: list[tuple[float, int]] = []  # (seconds after the first open, the new peak), as it rose
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -95,12 +97,17 @@ class Counters:
     def opening(self, delta: int) -> None:
         with self._lock:
             self._opening += delta
-            self.opening_peak = max(self.opening_peak, self._opening)
+            if not self.opening_first:
+                self.opening_first = time.time()
+            if self._opening > self.opening_peak:
+                self.opening_peak = self._opening
+                self.opening_peaks.append((round(time.time() - self.opening_first, 4), self._opening))
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             data: dict[str, Any] = dict(self._totals)
             data["opening_peak"] = self.opening_peak
+            data["opening_peaks"] = list(self.opening_peaks)
             data["files"] = {p: {"opens": o, "reads": r, "bytes": b} for p, (o, r, b) in self._files.items()}
         data["pid"] = os.getpid()
         data["time"] = time.time()

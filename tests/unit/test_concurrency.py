@@ -74,4 +74,26 @@ def test_fixed_limits_and_starved_windows_do_not_move_it():
         now[0] += 0.01
         c.starved()
         c.completed(0.01)
-    assert c.limit == 8 and c.history == []
+    assert c.limit == 8 and c.state()["windows_judged"] == 0
+
+
+def test_a_high_latency_source_is_hidden_within_a_second():
+    # issue 43: 50 ms per open, a source that serves 256 at once (the emulated PFS): the old
+    # rule climbed a doubling per 0.75 s (8 -> 128 in 3 s, most of an epoch of 800 files);
+    # the slow start doubles per generation of copies while their latency stays flat
+    for latency in (0.05, 0.2):
+        src = Source(saturation=256, per_copy=1 / latency, noise=0.05)
+        c = Concurrency(clock=lambda: src.now)
+        src.run(c, 5 * latency)
+        assert c.limit >= 64, (latency, c.limit, c.state())
+        src.run(c, 30.0)
+        assert c.limit >= 128, (latency, c.limit, c.state())
+
+
+def test_the_slow_start_stops_where_the_source_saturates():
+    src = Source(saturation=32, per_copy=20.0, noise=0.05)  # 50 ms a copy, 32 at once at most
+    c = Concurrency(clock=lambda: src.now)
+    src.run(c, 1.0)
+    assert 32 <= c.state()["peak"] <= 64 and c.limit in (32, 64), c.state()
+    src.run(c, 60.0)
+    assert c.limit in (32, 64), c.state()

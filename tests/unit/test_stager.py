@@ -389,11 +389,11 @@ def test_adaptive_concurrency_climbs_while_it_pays_and_stops_at_the_plateau():
     c = Concurrency(clock=lambda: now[0])
     assert c.limit == 8
 
-    def window(rate_of, c=c):  # 0.3 s of saturated work: copies finish at rate_of(limit) per second
-        end = now[0] + 0.3
+    def window(rate_of, c=c):  # 0.3 s of saturated work: copies finish at rate_of(limit) per second,
+        end = now[0] + 0.3      # each after limit / rate seconds (Little's law: a copy waits its turn)
         while now[0] < end:
             now[0] += 1 / rate_of(c.limit)
-            c.completed(0.02)
+            c.completed(c.limit / rate_of(c.limit))
 
     latency_bound = lambda limit: min(limit, 64) / 0.02  # noqa: E731  20 ms copies, the source serves 64 at once
     for _ in range(10):
