@@ -133,9 +133,11 @@ class DoorLink(StagerListener):
         return max(INLINE_BYTES, min(LEASE_MAX, tier.capacity // LEASE_SHARE))
 
     def _chunk(self, tier: Tier) -> int:
-        """Room lent at a time: a share of the tier, and at least twice what the door's copies
-        in flight take (its measure of a slow source keeps a hundred or more in flight: lent
-        less, they would wait on Python to lend again, a few copies at a time)."""
+        """Room lent at a time: a share of the tier and, while the read-ahead lane runs, at least
+        twice what its copies in flight take (its measure of a slow source keeps a hundred or
+        more in flight: lent less, they would wait on Python to lend again, a few at a time)."""
+        if not self.door.read_ahead_state()["running"]:
+            return self._kept_back(tier)
         in_flight = 2 * self.door.inflight()["limit"] * int(self._copy_size)
         return max(self._kept_back(tier), min(LEASE_MAX, in_flight))
 
@@ -275,6 +277,9 @@ class DoorKeeper:
         if closing():
             return
         absorb()  # the lane's last copies in the books first
+        link = self.link
+        if link is not None and link.reclaim_lease():  # lent for the lane's copies in flight: the misses
+            absorb()  # left want a share of the tier, no more (the rest is room for second copies)
         ended = self.door.read_ahead_state()["ended_because"]
         if ended:  # before its list's end: the stager goes over every key (those staged are skipped)
             log.info("the front door's read-ahead ended early (%s); the staging threads take the rest", ended)
