@@ -28,7 +28,7 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-python3 -m pip install -q --disable-pip-version-check ".[mpi,test,bench,store]"
+python3 -m pip install -q --disable-pip-version-check ".[mpi,test,bench,store,demo]"
 # The daemons' MPI: Open MPI's wheel, whose ULFM keeps the surviving daemons serving when one
 # dies (docs/cluster.md, "A node dies"). Installed apart, in <prefix>/openmpi, where
 # monarch.cluster.world.daemon_launch looks (or MONARCH_OPENMPI): its bin/mpiexec and
