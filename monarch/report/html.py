@@ -15,8 +15,9 @@ import os
 from typing import Any
 
 from monarch.errors import MonarchError
-from monarch.report.text import (ESTIMATE_WHY, allocation_words, command_text, pfs_fallback_lines, plural,
-                                  tier_allocation, tier_state_words)
+from monarch.report.text import (ESTIMATE_WHY, UNCOUNTED_NOTE, allocation_words, command_text, figure,
+                                  opened_from_amount, pfs_fallback_lines, plural, shares, tier_allocation,
+                                  tier_state_words, times_dataset)
 from monarch.sizes import human
 
 MiB = 1 << 20
@@ -129,14 +130,12 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
         rows.append([label.strip(), text.strip()])
     rows.append(["nodes reporting", f"{report.get('nodes_reporting', 1)}"
                  + (f" (lost: {report['nodes_lost']})" if report.get("nodes_lost") else "")])
-    ratio = pfs.get("reads_of_dataset")
-    rows.append(["PFS read by the application", _bytes(pfs.get("app_bytes"), "app_bytes" in lower)])
+    rows.append(["PFS read by the application", figure(pfs, "app_bytes")])
     rows.append(["PFS read by Monarch to stage", _bytes(pfs.get("staging_bytes", 0))])
-    rows.append(["PFS total", _bytes(pfs.get("total_bytes"), "total_bytes" in lower)
-                 + (f" = {ratio:.2f}× the dataset" if ratio is not None else "")])
+    rows.append(["PFS total", figure(pfs, "total_bytes") + times_dataset(pfs, lower, False, x="×")])
     est = set(pfs.get("estimated", ()))
     rows.append(["PFS without Monarch" + (f" ({ESTIMATE})" if "without_monarch_bytes" in est else ""),
-                 _bytes(pfs.get("without_monarch_bytes"), "without_monarch_bytes" in lower)])
+                 figure(pfs, "without_monarch_bytes")])
     if pfs.get("saved_bytes") is not None:
         at_least = "≥ " if "saved_fraction" in lower else ""
         frac = f" ({at_least}{100 * pfs['saved_fraction']:.1f}%)" if pfs.get("saved_fraction") is not None else ""
@@ -149,18 +148,16 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
         out.append(f"<p class=\"note\">{ESTIMATE}: {html.escape(ESTIMATE_WHY)}.</p>")
     if pfs.get("opens_uncounted"):
         n = pfs["opens_uncounted"]
-        out.append(f"<p class=\"note\">≥: {plural(n, 'open')} {'was' if n == 1 else 'were'} read through mmap or stdio; their "
-                   "bytes are not all known (what fread delivered is counted), so figures marked ≥ are lower "
-                   "bounds.</p>")
+        note = UNCOUNTED_NOTE.format(opens=plural(n, "open"), were="was" if n == 1 else "were")
+        out.append(f"<p class=\"note\">{html.escape(note)}.</p>")
     out.append("</section>")
     return out
 
 
 def _opened_from(report: dict) -> list[str]:
     opened_from = report.get("opened_from", {})
-    total = sum(c.get("bytes", 0) for c in opened_from.values()) or 1
-    rows = [[name, c.get("opens", 0), _bytes(c.get("bytes", 0), c.get("opens_uncounted", 0) > 0),
-             f"{100 * c.get('bytes', 0) / total:.1f}%"] for name, c in opened_from.items()]
+    share = shares(opened_from)
+    rows = [[name, c.get("opens", 0), opened_from_amount(c), share[name]] for name, c in opened_from.items()]
     return ['<section id="opened-from"><h2>Where the application read from</h2>',
             _table(["source", "opens", "bytes read", "share of bytes read"], rows), "</section>"]
 
