@@ -36,6 +36,7 @@ th, td { padding: 0.25em 0.8em; border-bottom: 1px solid #eee; text-align: right
 th:first-child, td:first-child { text-align: left; } th { background: #f5f5f5; }
 .meta { color: #666; font-size: 0.9em; } .note { color: #666; font-size: 0.88em; }
 table.kv td:last-child { text-align: left; white-space: pre-wrap; }  /* a command of several lines keeps them */
+th.words, td.words { white-space: normal; min-width: 7em; }  /* words wrap: the table stays within the page */
 img.plot { width: 100%; max-width: 60em; display: block; margin: 0.5em 0; }
 """
 
@@ -103,10 +104,15 @@ def render_html(report: dict) -> str:
 
 
 # -- tables ------------------------------------------------------------------------------------
-def _table(header: list[str] | None, rows: list[list[Any]], css: str = "") -> str:
+def _table(header: list[str] | None, rows: list[list[Any]], css: str = "", wrap: tuple[int, ...] = ()) -> str:
+    """A table; the columns numbered in ``wrap`` hold words that wrap (a state, reasons), so the
+    table stays within the page; the others hold figures, kept on one line."""
     e = html.escape
-    head = "<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr></thead>" if header else ""
-    body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    cls = lambda i: ' class="words"' if i in wrap else ""  # noqa: E731
+    head = ("<thead><tr>" + "".join(f"<th{cls(i)}>{e(h)}</th>" for i, h in enumerate(header)) + "</tr></thead>"
+            if header else "")
+    body = "".join("<tr>" + "".join(f"<td{cls(i)}>{e(str(c))}</td>" for i, c in enumerate(row)) + "</tr>"
+                   for row in rows)
     return f"<table{f' class={css!r}' if css else ''}>{head}<tbody>{body}</tbody></table>"
 
 
@@ -188,7 +194,8 @@ def _tiers(report: dict, timeline: dict | None, Figure) -> list[str]:
                      f"{100 * taken / cap:.1f}%" if cap else "-", t.get("files", 0),
                      tier_state_words({**t, "stopped": state}, STATES),
                      ", ".join(f"{k} ×{v}" for k, v in sorted(refused.items())) or "-"])
-    out.append(_table(["tier", "used", "capacity", "full", "files", "state", "files refused, by reason"], rows))
+    out.append(_table(["tier", "used", "capacity", "full", "files", "state", "files refused, by reason"], rows,
+                      wrap=(1, 5, 6)))
     if _plottable(timeline) and any(k.startswith("used.") for k in timeline.get("series", {})):
         out.append(_img(_plot_tiers(Figure, timeline, tiers), "tier occupancy over time"))
     out.append("</section>")
