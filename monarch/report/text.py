@@ -83,7 +83,7 @@ def _amount(n: float | None, lower: bool, most: float | None = None) -> str:
 
 def figure(pfs: dict, key: str) -> str:
     """A PFS figure of the report as it is known: exact, a range (``at_most``) or a lower bound."""
-    return _amount(pfs[key], key in pfs.get("lower_bounds", ()), (pfs.get("at_most") or {}).get(key))
+    return _amount(pfs.get(key), key in pfs.get("lower_bounds", ()), (pfs.get("at_most") or {}).get(key))
 
 
 def opened_from_amount(counts: dict) -> str:

@@ -28,7 +28,8 @@ def test_three_shuffled_epochs_read_the_pfs_once(dataset, short_tmp):
     assert rep["pfs"]["app_bytes"] == 0 and rep["opened_from"]["pfs"]["opens"] == 0
     assert rep["pfs"]["total_bytes"] == ds.total
     # all three epochs read from the RAM tier, with correct bytes (the reader checks digests)
-    assert rep["opened_from"]["ram"] == {"opens": 3 * 2000, "bytes": 3 * ds.total, "opens_uncounted": 0}
+    assert rep["opened_from"]["ram"] == {"opens": 3 * 2000, "bytes": 3 * ds.total, "opens_uncounted": 0,
+                                         "opens_stdio": 0, "mapped_bytes": 0}
     assert rep["pfs"]["without_monarch_bytes"] == 3 * ds.total
     assert rep["staging"] == {"files": 2000, "bytes": ds.total, "failures": {}}
     assert rep["front_door"]["copies"] > 0  # the misses went through the daemon's C front door
