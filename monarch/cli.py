@@ -318,7 +318,8 @@ def cmd_store(args) -> int:
 
 def cmd_demo(args) -> int:
     from monarch.demo import demo
-    return demo(args.dir, files=args.files, epochs=args.epochs, workers=args.workers)
+    return demo(args.dir, files=args.files, epochs=args.epochs, workers=args.workers,
+                open_latency_ms=args.pfs_open_ms)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -415,11 +416,16 @@ def build_parser() -> argparse.ArgumentParser:
     sl.add_argument("-l", "--long", action="store_true", help="size and digest of each file too")
     sl.set_defaults(func=cmd_store)
 
-    d = sub.add_parser("demo", help="make a demo dataset and read it for several epochs under monarch run")
+    from monarch.demo import OPEN_LATENCY_MS
+    d = sub.add_parser("demo", help="make a demo dataset behind an emulated slow PFS and read it for several "
+                                    "epochs, directly and under monarch run")
     d.add_argument("--dir", default=None, help="where to put the demo dataset (default: a temporary directory)")
     d.add_argument("--files", type=int, default=2000)
     d.add_argument("--epochs", type=int, default=3)
     d.add_argument("--workers", type=int, default=4)
+    d.add_argument("--pfs-open-ms", type=float, default=OPEN_LATENCY_MS, metavar="MS",
+                   help=f"what an open of the emulated slow PFS costs (FUSE; default {OPEN_LATENCY_MS:g}; "
+                        "0: no emulated PFS, the dataset read from the local disk)")
     d.set_defaults(func=cmd_demo)
     return p
 

@@ -111,9 +111,11 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   delivered by fread, on the descriptor or any duplicate: dup*, fcntl F_DUPFD*, fork),
   opens_uncounted (opens whose bytes the shim cannot all see: a FILE made with fopen or
   fdopen, which stdio may also read with its own internal reads, or a descriptor mapped with
-  mmap; counted once per descriptor),
+  mmap; counted once per descriptor), opens_stdio (of those, the ones a FILE reads: their
+  bytes have no upper bound), mapped_bytes (the lengths mmap mapped from the slot's
+  descriptors: page faults read at most that),
   then EXTRA_WORDS of named counters (EXTRA_*; version 3 added EXTRA_ZSTD_*, 4 EXTRA_PROCESSES, 5 EXTRA_ZSTD_REUSED,
-  6 EXTRA_EARLY_* and EXTRA_LOST_*).
+  6 EXTRA_EARLY_* and EXTRA_LOST_*; 7 the slot words opens_stdio and mapped_bytes).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
 Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 3).
@@ -156,11 +158,12 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 6  # 3: EXTRA_ZSTD_* (opens decoded in the application's process); 4: EXTRA_PROCESSES;
-                      # 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*
+COUNTERS_VERSION = 7  # 3: EXTRA_ZSTD_* (opens decoded in the application's process); 4: EXTRA_PROCESSES;
+                      # 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*; 7: opens_stdio, mapped_bytes
+SLOT_FIELDS = ("opens", "bytes", "opens_uncounted", "opens_stdio", "mapped_bytes")  # a slot's words, in order
 MAX_SLOTS = 16
 HEADER_WORDS = 3
-SLOT_WORDS = 3
+SLOT_WORDS = len(SLOT_FIELDS)
 EXTRA_WORDS = 13
 EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
@@ -366,8 +369,9 @@ def create_counters(path: str) -> None:
     write_file_atomically(path, header + b"\0" * (COUNTERS_SIZE - len(header)))
 
 
-def read_counters(path: str) -> list[tuple[int, int, int]]:
-    """(opens, bytes, opens_uncounted) per slot, as the shim has counted them so far."""
+def read_counters(path: str) -> list[tuple[int, ...]]:
+    """A slot's words (SLOT_FIELDS: opens, bytes, opens_uncounted, opens_stdio, mapped_bytes) per
+    slot, as the shim has counted them so far."""
     words = _counter_words(path)
     body = words[HEADER_WORDS:]
     return [tuple(body[SLOT_WORDS * i: SLOT_WORDS * (i + 1)]) for i in range(MAX_SLOTS)]
@@ -396,14 +400,13 @@ def slot_names(tier_names, with_peer: bool) -> dict[int, str]:
 
 
 def read_opened_from(path: str, names: dict[int, str]) -> dict[str, dict[str, int]]:
-    """Opens, bytes and opens whose bytes are unknown, per named slot opens were served from
-    (the report's ``opened_from``); zeros when the counters file is gone or foreign."""
+    """A slot's counts (SLOT_FIELDS) per named slot opens were served from (the report's
+    ``opened_from``); zeros when the counters file is gone or foreign."""
     try:
         counters = read_counters(path)
     except (OSError, ValueError):
-        counters = [(0, 0, 0)] * MAX_SLOTS
-    return {name: {"opens": counters[slot][0], "bytes": counters[slot][1], "opens_uncounted": counters[slot][2]}
-            for slot, name in sorted(names.items())}
+        counters = [(0,) * SLOT_WORDS] * MAX_SLOTS
+    return {name: dict(zip(SLOT_FIELDS, counters[slot])) for slot, name in sorted(names.items())}
 
 
 # -- snapshot index -------------------------------------------------------------------------

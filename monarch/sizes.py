@@ -32,6 +32,16 @@ def human(n: float) -> str:
     return str(n)
 
 
+def human_range(low: float, high: float | None) -> str:
+    """A count of bytes known as a range, for people: ``"1.5 KiB"`` when exact (``high == low``),
+    ``"≥ 1.5 KiB"`` with no upper bound (None), else ``"1.5 KiB to 3.0 KiB"``."""
+    if high == low:
+        return human(low)
+    if high is None:
+        return f"≥ {human(low)}"
+    return f"{human(low)} to {human(high)}"
+
+
 def allocated_size(size: int, unit: int) -> int:
     """What a file of ``size`` bytes takes on a filesystem allocating ``unit`` bytes at a
     time: ``size`` rounded up to the unit (0 bytes take nothing).

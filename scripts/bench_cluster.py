@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cluster benchmark: N simulated nodes on this machine, the sharded pattern, direct against Monarch.
 
-One emulated PFS (FUSE with a per-open latency, ``support.slowpfs``) counts every
+One emulated PFS (FUSE with a per-open latency, ``monarch.slowpfs``) counts every
 byte read from it. Each epoch one global shuffle is split into N disjoint shards; node k
 reads shard k (``support.shard_reader``, digests checked against the manifest).
 
@@ -41,7 +41,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; t
 from clusterbench import bench_env, mpiexec, shard_reader, stop_daemons, wait_for  # noqa: E402  (scripts/, beside this file)
 from benchopts import fresh_bytecode  # noqa: E402
 from support.harness import sharded_config  # noqa: E402
-from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
 JOB = "benchcluster"

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
 from benchopts import fresh_bytecode, ready_to_write, result_path  # noqa: E402  (scripts/, beside this file)
-from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
 MODES = ("direct", "monarch", "zstd", "zstd-nocache", "ceiling")

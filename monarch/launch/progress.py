@@ -24,8 +24,8 @@ import threading
 import time
 from typing import Callable, Mapping, TextIO
 
-from monarch.node.stats import NodeStats
-from monarch.sizes import human
+from monarch.node.stats import NodeStats, bytes_read_range
+from monarch.sizes import human, human_range
 
 ENV_PROGRESS = "MONARCH_PROGRESS"
 ENV_INTERVAL = "MONARCH_PROGRESS_INTERVAL"
@@ -162,8 +162,11 @@ def line(stats: NodeStats, rate: float | None, saved_index: bool = False) -> str
         parts.append(f"{human(rate)}/s")
     opened_from = stats.opened_from
     parts.append("opens " + " ".join(f"{name} {c.get('opens', 0)}" for name, c in opened_from.items()))
-    pfs = opened_from.get("pfs", {}).get("bytes", 0) + st.get("pfs_bytes_read", 0)
-    parts.append(f"PFS read {human(pfs)}")
+    # the application's PFS bytes as the report gives them: counted, up to the lengths mapped
+    # (mmap), or at least what was counted (a stdio FILE's own reads)
+    app_low, app_high = bytes_read_range(opened_from.get("pfs", {}))
+    staged = st.get("pfs_bytes_read", 0)
+    parts.append(f"PFS read {human_range(app_low + staged, None if app_high is None else app_high + staged)}")
     if st.get("store"):  # a root served from a key-value store: its bytes beside the PFS's
         parts.append(f"store read {human(st.get('store_bytes_read', 0))}")
     return " | ".join(parts)

@@ -12,11 +12,26 @@ from monarch.node.staged_table import StagedTable
 
 
 # -- the slices, as each part reports them (README, "Report reference") ------------------------
-class Opened(TypedDict):
+class Opened(TypedDict, total=False):
     """Opens served from one slot (a tier, the peer area, the PFS): the shim's counters."""
     opens: int
-    bytes: int
-    opens_uncounted: int  # opens whose bytes are unknown (a process that ended without counting)
+    bytes: int            # read with read, pread, readv ... and delivered by fread: every one seen
+    opens_uncounted: int  # opens whose bytes the shim did not all see (mapped, or read through a FILE)
+    opens_stdio: int      # of those, opens a FILE read (stdio's own reads: their bytes have no bound)
+    mapped_bytes: int     # the lengths mmap mapped from the slot's descriptors (page faults read at most that)
+
+
+def bytes_read_range(counts: Mapping[str, int]) -> tuple[int, int | None]:
+    """What the opens of one place read, as a range: (the bytes the shim counted, at most that
+    plus the lengths mapped), the two equal when every byte was seen; no upper bound (None) when
+    a FILE read some (stdio's internal reads), or in statistics from before mapped lengths
+    were counted."""
+    counted = counts.get("bytes", 0)
+    if not counts.get("opens_uncounted", 0):
+        return counted, counted
+    if counts.get("opens_stdio", 1) or "mapped_bytes" not in counts:
+        return counted, None
+    return counted, counted + counts["mapped_bytes"]
 
 
 class PfsCalls(TypedDict):

@@ -9,9 +9,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import math
 from typing import Any, Iterable
 
-from monarch.node.stats import NodeStats
+from monarch.node.stats import NodeStats, bytes_read_range
 from monarch.report.timeline import combine_timelines
 from monarch.store.report import store_traffic
 
@@ -22,10 +23,10 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
     ``{"missing": True}`` for a lost node).
 
     Per slot an open was served from (``opened_from``: a tier, ``peer``, ``pfs``) the statistics
-    give ``opens`` and ``bytes``, and may give ``opens_uncounted``:
-    opens whose bytes the shim cannot see (read through mmap or stdio). Byte figures that
-    include such opens are lower bounds (listed in ``pfs.lower_bounds``); a figure none of
-    whose bytes were counted is None (unknown).
+    give ``opens`` and ``bytes``, and may give ``opens_uncounted``: opens whose bytes the shim
+    cannot all see (read through mmap or stdio), ``opens_stdio`` and ``mapped_bytes``. Byte
+    figures that include such opens are lower bounds (listed in ``pfs.lower_bounds``), ranges
+    when mmap alone hid bytes (their upper ends in ``pfs.at_most``: at most the lengths mapped).
     """
     nodes = [n if isinstance(n, NodeStats) else NodeStats.from_wire(n) for n in nodes]
     alive = [n for n in nodes if n]
@@ -198,8 +199,9 @@ ESTIMATED = ["saved_bytes", "saved_fraction", "without_monarch_bytes"]
 
 
 def _pfs_traffic(opened_from: dict[str, collections.Counter], staging_bytes: int, dataset_bytes: int) -> dict:
-    """The PFS figures, each exact, estimated (named in ``estimated``), a lower bound (named in
-    ``lower_bounds``) or None (unknown)."""
+    """The PFS figures, each exact, estimated (named in ``estimated``) or a lower bound (named in
+    ``lower_bounds``); a lower bound that also has an upper one (opens read through mmap: at
+    most the lengths mapped) names it in ``at_most``, so the figure is a range."""
     pfs = opened_from.get("pfs", collections.Counter())
     opens = sum(c["opens"] for c in opened_from.values())
     uncounted = sum(c["opens_uncounted"] for c in opened_from.values())
@@ -216,22 +218,31 @@ def _pfs_traffic(opened_from: dict[str, collections.Counter], staging_bytes: int
         lower.add("without_monarch_bytes")
     if uncounted - pfs_uncounted:  # saved = bytes read from tiers and peers - bytes read to stage them
         lower |= {"saved_bytes", "saved_fraction"}
-    unknown = pfs["opens"] > 0 and pfs_uncounted >= pfs["opens"] and not app_pfs
+    at_most: dict[str, float] = {}
+    app_most = bytes_read_range(pfs)[1]
+    if pfs_uncounted and app_most is not None:
+        at_most.update(app_bytes=app_most, total_bytes=app_most + staging_bytes)
+        if dataset_bytes:  # rounded up, as the lower end is rounded down: the range holds the truth
+            at_most["reads_of_dataset"] = math.ceil(1e4 * (app_most + staging_bytes) / dataset_bytes) / 1e4
+    highs = [bytes_read_range(c)[1] for c in opened_from.values()]
+    if uncounted and None not in highs:
+        at_most["without_monarch_bytes"] = sum(highs)
     saved, fraction = _saving(app_total, pfs_total, nothing_counted, bound="saved_bytes" in lower,
                               pfs_exact=not pfs_uncounted)
     return {
-        "app_bytes": None if unknown else app_pfs,
+        "app_bytes": app_pfs,
         "staging_bytes": staging_bytes,
         "total_bytes": pfs_total,
         "dataset_bytes": dataset_bytes,
-        "reads_of_dataset": round(pfs_total / dataset_bytes, 4) if dataset_bytes else None,
-        "without_monarch_bytes": None if nothing_counted else app_total,
+        "reads_of_dataset": (math.floor if pfs_uncounted else round)(1e4 * pfs_total / dataset_bytes) / 1e4
+                            if dataset_bytes else None,
+        "without_monarch_bytes": None if nothing_counted and "without_monarch_bytes" not in at_most else app_total,
         "saved_bytes": saved,
         "saved_fraction": fraction,
         # None: the shim did not tell mmap/stdio opens apart (their bytes are missing, unmarked)
         "opens_uncounted": uncounted if any("opens_uncounted" in c for c in opened_from.values()) else None,
-        "lower_bounds": sorted(lower - ({"app_bytes"} if unknown else set())
-                               - ({"saved_fraction"} if fraction is None else set())),
+        "lower_bounds": sorted(lower - ({"saved_fraction"} if fraction is None else set())),
+        "at_most": at_most,
         "estimated": [] if nothing_counted else ESTIMATED,
     }
 

@@ -15,8 +15,9 @@ import os
 from typing import Any
 
 from monarch.errors import MonarchError
-from monarch.report.text import (ESTIMATE_WHY, allocation_words, command_text, pfs_fallback_lines, plural,
-                                  tier_allocation, tier_state_words)
+from monarch.report.text import (ESTIMATE_WHY, UNCOUNTED_NOTE, allocation_words, command_text, figure,
+                                  opened_from_amount, pfs_fallback_lines, plural, shares, tier_allocation,
+                                  tier_state_words, times_dataset)
 from monarch.sizes import human
 
 MiB = 1 << 20
@@ -35,6 +36,7 @@ th, td { padding: 0.25em 0.8em; border-bottom: 1px solid #eee; text-align: right
 th:first-child, td:first-child { text-align: left; } th { background: #f5f5f5; }
 .meta { color: #666; font-size: 0.9em; } .note { color: #666; font-size: 0.88em; }
 table.kv td:last-child { text-align: left; white-space: pre-wrap; }  /* a command of several lines keeps them */
+th.words, td.words { white-space: normal; min-width: 7em; }  /* words wrap: the table stays within the page */
 img.plot { width: 100%; max-width: 60em; display: block; margin: 0.5em 0; }
 """
 
@@ -102,10 +104,15 @@ def render_html(report: dict) -> str:
 
 
 # -- tables ------------------------------------------------------------------------------------
-def _table(header: list[str] | None, rows: list[list[Any]], css: str = "") -> str:
+def _table(header: list[str] | None, rows: list[list[Any]], css: str = "", wrap: tuple[int, ...] = ()) -> str:
+    """A table; the columns numbered in ``wrap`` hold words that wrap (a state, reasons), so the
+    table stays within the page; the others hold figures, kept on one line."""
     e = html.escape
-    head = "<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr></thead>" if header else ""
-    body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    cls = lambda i: ' class="words"' if i in wrap else ""  # noqa: E731
+    head = ("<thead><tr>" + "".join(f"<th{cls(i)}>{e(h)}</th>" for i, h in enumerate(header)) + "</tr></thead>"
+            if header else "")
+    body = "".join("<tr>" + "".join(f"<td{cls(i)}>{e(str(c))}</td>" for i, c in enumerate(row)) + "</tr>"
+                   for row in rows)
     return f"<table{f' class={css!r}' if css else ''}>{head}<tbody>{body}</tbody></table>"
 
 
@@ -129,14 +136,12 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
         rows.append([label.strip(), text.strip()])
     rows.append(["nodes reporting", f"{report.get('nodes_reporting', 1)}"
                  + (f" (lost: {report['nodes_lost']})" if report.get("nodes_lost") else "")])
-    ratio = pfs.get("reads_of_dataset")
-    rows.append(["PFS read by the application", _bytes(pfs.get("app_bytes"), "app_bytes" in lower)])
+    rows.append(["PFS read by the application", figure(pfs, "app_bytes")])
     rows.append(["PFS read by Monarch to stage", _bytes(pfs.get("staging_bytes", 0))])
-    rows.append(["PFS total", _bytes(pfs.get("total_bytes"), "total_bytes" in lower)
-                 + (f" = {ratio:.2f}× the dataset" if ratio is not None else "")])
+    rows.append(["PFS total", figure(pfs, "total_bytes") + times_dataset(pfs, lower, False, x="×")])
     est = set(pfs.get("estimated", ()))
     rows.append(["PFS without Monarch" + (f" ({ESTIMATE})" if "without_monarch_bytes" in est else ""),
-                 _bytes(pfs.get("without_monarch_bytes"), "without_monarch_bytes" in lower)])
+                 figure(pfs, "without_monarch_bytes")])
     if pfs.get("saved_bytes") is not None:
         at_least = "≥ " if "saved_fraction" in lower else ""
         frac = f" ({at_least}{100 * pfs['saved_fraction']:.1f}%)" if pfs.get("saved_fraction") is not None else ""
@@ -149,18 +154,16 @@ def _summary(report: dict, job: dict, ds: dict, pfs: dict) -> list[str]:
         out.append(f"<p class=\"note\">{ESTIMATE}: {html.escape(ESTIMATE_WHY)}.</p>")
     if pfs.get("opens_uncounted"):
         n = pfs["opens_uncounted"]
-        out.append(f"<p class=\"note\">≥: {plural(n, 'open')} {'was' if n == 1 else 'were'} read through mmap or stdio; their "
-                   "bytes are not all known (what fread delivered is counted), so figures marked ≥ are lower "
-                   "bounds.</p>")
+        note = UNCOUNTED_NOTE.format(opens=plural(n, "open"), were="was" if n == 1 else "were")
+        out.append(f"<p class=\"note\">{html.escape(note)}.</p>")
     out.append("</section>")
     return out
 
 
 def _opened_from(report: dict) -> list[str]:
     opened_from = report.get("opened_from", {})
-    total = sum(c.get("bytes", 0) for c in opened_from.values()) or 1
-    rows = [[name, c.get("opens", 0), _bytes(c.get("bytes", 0), c.get("opens_uncounted", 0) > 0),
-             f"{100 * c.get('bytes', 0) / total:.1f}%"] for name, c in opened_from.items()]
+    share = shares(opened_from)
+    rows = [[name, c.get("opens", 0), opened_from_amount(c), share[name]] for name, c in opened_from.items()]
     return ['<section id="opened-from"><h2>Where the application read from</h2>',
             _table(["source", "opens", "bytes read", "share of bytes read"], rows), "</section>"]
 
@@ -191,7 +194,8 @@ def _tiers(report: dict, timeline: dict | None, Figure) -> list[str]:
                      f"{100 * taken / cap:.1f}%" if cap else "-", t.get("files", 0),
                      tier_state_words({**t, "stopped": state}, STATES),
                      ", ".join(f"{k} ×{v}" for k, v in sorted(refused.items())) or "-"])
-    out.append(_table(["tier", "used", "capacity", "full", "files", "state", "files refused, by reason"], rows))
+    out.append(_table(["tier", "used", "capacity", "full", "files", "state", "files refused, by reason"], rows,
+                      wrap=(1, 5, 6)))
     if _plottable(timeline) and any(k.startswith("used.") for k in timeline.get("series", {})):
         out.append(_img(_plot_tiers(Figure, timeline, tiers), "tier occupancy over time"))
     out.append("</section>")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from typing import TextIO
 
-from monarch.protocol import HEARTBEAT_TIMEOUT_MS
-from monarch.sizes import human
+from monarch.protocol import ENV_INDEX_WAIT, HEARTBEAT_TIMEOUT_MS, SHIM_INDEX_WAIT_MS_DEFAULT
+from monarch.node.stats import bytes_read_range
+from monarch.sizes import human, human_range
 from monarch.store.report import store_lines
 
 # a tier's state (``stopped``), in the text and the HTML report alike
@@ -56,9 +58,13 @@ def pfs_fallback_lines(report: dict) -> list[str]:
     early = report.get("pfs_before_index") or {}
     if early.get("opens") or early.get("metadata"):
         walk = early.get("walk_seconds")
+        # a wait that covers the walk, in whole seconds: what the shim's calls then wait for at most
+        wait = f"={max(1, math.ceil(walk)) * 1000}" if walk is not None else " above the walk's time (ms)"
         out.append(f"start     : {plural(early['opens'], 'open')} and {plural(early['metadata'], 'stat')} went to the "
                    f"PFS before the index was ready"
-                   + (f" (the walk took {walk:.1f} s)" if walk is not None else " (the walk had not ended)"))
+                   + (f" (the walk took {walk:.1f} s)" if walk is not None else " (the walk had not ended)")
+                   + f"; {ENV_INDEX_WAIT}{wait} makes the shim wait for it (default "
+                   f"{SHIM_INDEX_WAIT_MS_DEFAULT} ms)")
     lost = report.get("pfs_daemon_lost") or {}
     if lost.get("opens") or lost.get("metadata"):
         out.append(f"warning   : the shim lost its daemon (unreachable, or silent for "
@@ -67,18 +73,43 @@ def pfs_fallback_lines(report: dict) -> list[str]:
     return out
 
 
-def _amount(n: float | None, lower: bool) -> str:
-    """Bytes for the table: ``≥`` for a lower bound, ``unknown`` for None."""
+def _amount(n: float | None, lower: bool, most: float | None = None) -> str:
+    """Bytes for the table: ``≥`` for a lower bound, ``A to B`` for a lower bound with an upper one
+    (``most``), ``unknown`` for None."""
     if n is None:
         return "unknown"
-    return f"≥ {human(n)}" if lower else human(n)
+    return human_range(n, most if lower else n)
 
 
-def _amount_opened_from(counts: dict) -> str:
-    """The bytes of one place opens were served from: exact, ``≥`` when some opens were uncounted,
-    ``unknown`` when all were."""
-    opens, uncounted = counts.get("opens", 0), counts.get("opens_uncounted", 0)
-    return _amount(None if opens and uncounted >= opens else counts.get("bytes", 0), uncounted > 0)
+def figure(pfs: dict, key: str) -> str:
+    """A PFS figure of the report as it is known: exact, a range (``at_most``) or a lower bound."""
+    return _amount(pfs.get(key), key in pfs.get("lower_bounds", ()), (pfs.get("at_most") or {}).get(key))
+
+
+def opened_from_amount(counts: dict) -> str:
+    """The bytes of one place opens were served from: exact when the shim saw every byte, else
+    the bytes it counted as a lower bound, up to the lengths mapped when mmap hid the rest."""
+    return human_range(*bytes_read_range(counts))
+
+
+def shares(opened_from: dict) -> dict[str, str]:
+    """Each place's share of the bytes read: exact, or a range when some places' bytes are ranges
+    (the least: its least against the others' most; the most: its most against the others' least;
+    a place with no upper bound may hold almost every byte)."""
+    ranges = {name: bytes_read_range(c) for name, c in opened_from.items()}
+    out = {}
+    for name, (lo, hi) in ranges.items():
+        others = [r for other, r in ranges.items() if other != name]
+        others_lo = sum(low for low, _ in others)
+        others_hi = None if any(high is None for _, high in others) else sum(high for _, high in others)
+        if others_hi == 0:  # the others read nothing: this place read all there was
+            least = most = 0.0 if hi == 0 else 1.0
+        else:
+            least = 0.0 if others_hi is None else lo / (lo + others_hi)
+            most = 1.0 if hi is None else (hi / (hi + others_lo) if hi + others_lo else 0.0)
+        low_text, high_text = f"{100 * least:.1f}", f"{100 * most:.1f}"
+        out[name] = f"{low_text}%" if low_text == high_text else f"{low_text}-{high_text}%"
+    return out
 
 
 def print_report(report: dict, out: TextIO) -> None:
@@ -99,19 +130,16 @@ def print_report(report: dict, out: TextIO) -> None:
     _print_shim_presence(report, w)
     if report["nodes_lost"]:
         w(f"nodes lost: {report['nodes_lost']} (their numbers are missing)\n")
-    w(f"\n{'opened from':<12}{'opens':>10}{'bytes read':>16}{'share of bytes read':>22}\n")
-    total = sum(c["bytes"] for c in report["opened_from"].values()) or 1
+    amounts = {name: opened_from_amount(c) for name, c in report["opened_from"].items()}
+    width = max([16] + [len(a) + 2 for a in amounts.values()])
+    w(f"\n{'opened from':<12}{'opens':>10}{'bytes read':>{width}}{'share of bytes read':>22}\n")
+    share = shares(report["opened_from"])
     for name, c in report["opened_from"].items():
-        share = f"{100 * c['bytes'] / total:.1f}%"
-        w(f"{name:<10}{c['opens']:>12}{_amount_opened_from(c):>16}{share:>22}\n")
+        w(f"{name:<10}{c['opens']:>12}{amounts[name]:>{width}}{share[name]:>22}\n")
     w("\nPFS traffic\n")
-    w(f"  read by the application : {_amount(pfs['app_bytes'], 'app_bytes' in lower)}\n")
+    w(f"  read by the application : {figure(pfs, 'app_bytes')}\n")
     w(f"  read by Monarch to stage: {human(pfs['staging_bytes'])}\n")
-    ratio = pfs["reads_of_dataset"]
-    at_least = "at least " if "reads_of_dataset" in lower else ""
-    during = " during this run" if scope else ""
-    w(f"  total                   : {_amount(pfs['total_bytes'], 'total_bytes' in lower)}"
-      f"{f' = {at_least}{ratio:.2f}x the dataset{during}' if ratio is not None else ''}\n")
+    w(f"  total                   : {figure(pfs, 'total_bytes')}{times_dataset(pfs, lower, bool(scope))}\n")
     if scope and scope["staged_before"]["bytes"]:
         w(f"  staged before this run  : {human(scope['staged_before']['bytes'])} (in the node's whole report)\n")
     _print_without_monarch(pfs, lower, w)
@@ -168,23 +196,46 @@ def print_report(report: dict, out: TextIO) -> None:
         w(f"peers     : sent {human(p.get('bytes_sent', 0))}, received {human(p.get('bytes_received', 0))}"
           f"{on_wire}\n")
     if len(report["nodes"]) > 1:
-        w(f"\n{'node':<6}" + "".join(f"{name:>12}" for name in report["opened_from"]) + f"{'staged':>12}{'pfs total':>12}\n")
-        for i, n in enumerate(report["nodes"]):
-            if not n:
-                w(f"{i:<6}lost\n")
-                continue
-            cells = "".join(f"{_amount_opened_from(n['opened_from'].get(name, {})):>12}" for name in report["opened_from"])
-            node_pfs = n["opened_from"].get("pfs", {})
-            pfs_cell = _amount(node_pfs.get("bytes", 0) + n["staging"]["pfs_bytes_read"],
-                               node_pfs.get("opens_uncounted", 0) > 0)
-            w(f"{i:<6}{cells}{human(n['staging']['bytes']):>12}{pfs_cell:>12}\n")
+        _print_nodes(report, w)
     uncounted = pfs.get("opens_uncounted")
     if uncounted:
-        w(f"\n≥: {uncounted} opens were read through mmap or stdio; their bytes are not all known (what fread "
-          "delivered is counted), so the figures marked ≥ are lower bounds and the shares are of the bytes "
-          "counted\n")
+        w(f"\n{UNCOUNTED_NOTE.format(opens=plural(uncounted, 'open'), were='was' if uncounted == 1 else 'were')}\n")
     elif uncounted is None:  # a report from a shim that does not tell such opens apart
         w("\nbytes are those read with read/pread/readv; mmap and stdio reads count opens only\n")
+
+
+def _print_nodes(report: dict, w) -> None:
+    """One row per node: its bytes per place, staged, and its PFS total (ranges as the totals)."""
+    rows = []
+    for n in report["nodes"]:
+        if not n:
+            rows.append(None)
+            continue
+        app_low, app_high = bytes_read_range(n["opened_from"].get("pfs", {}))
+        staged = n["staging"]["pfs_bytes_read"]
+        rows.append([opened_from_amount(n["opened_from"].get(name, {})) for name in report["opened_from"]]
+                    + [human(n["staging"]["bytes"]),
+                       human_range(app_low + staged, None if app_high is None else app_high + staged)])
+    header = [*report["opened_from"], "staged", "pfs total"]
+    widths = [max([12] + [len(row[k]) + 2 for row in rows if row]) for k in range(len(header))]
+    w(f"\n{'node':<6}" + "".join(f"{name:>{width}}" for name, width in zip(header, widths)) + "\n")
+    for i, row in enumerate(rows):
+        w(f"{i:<6}lost\n" if row is None else f"{i:<6}" + "".join(f"{c:>{wd}}" for c, wd in zip(row, widths)) + "\n")
+
+
+def times_dataset(pfs: dict, lower: set[str], scope: bool, x: str = "x") -> str:
+    """`` = 1.00x the dataset``, `` = at least 0.42x``, or `` = 0.42x to 2.40x`` (a range)."""
+    ratio = pfs.get("reads_of_dataset")
+    if ratio is None:
+        return ""
+    most = (pfs.get("at_most") or {}).get("reads_of_dataset")
+    if "reads_of_dataset" not in lower:
+        times = f"{ratio:.2f}{x}"
+    elif most is not None:
+        times = f"{ratio:.2f}{x} to {most:.2f}{x}"
+    else:
+        times = f"at least {ratio:.2f}{x}"
+    return f" = {times} the dataset" + (" during this run" if scope else "")
 
 
 def _print_shim_presence(report: dict, w) -> None:
@@ -194,6 +245,11 @@ def _print_shim_presence(report: dict, w) -> None:
         w(f"shim      : active in {procs} process{'' if procs == 1 else 'es'} (processes with the shim)\n")
 
 
+# what a range or a lower bound of bytes means, in the text and the HTML report alike
+UNCOUNTED_NOTE = ("{opens} {were} read through mmap or stdio, whose reads the shim does not all see: each byte "
+                  "it saw is counted (read, pread, fread), and a figure that holds such opens is a range: at "
+                  "least what was counted, at most that plus the lengths mmap mapped (\"A to B\"), or a lower "
+                  "bound (\"≥ A\") where a FILE read some (stdio's own reads have no bound)")
 ESTIMATE_WHY = ("as if every byte the command read had been read from the PFS; a page cache absorbs "
                 "re-reads of a file's bytes (h5py chunks, headers read per sample), so without Monarch the "
                 "PFS may have served less")
@@ -205,8 +261,7 @@ def _print_without_monarch(pfs: dict, lower: set[str], w) -> None:
     says so, the saving as a share only when that share means something (``saved_fraction``)."""
     est = set(pfs.get("estimated", ()))
     label = lambda name, key: f"{name} (est.)" if key in est else name  # noqa: E731
-    w(f"  {label('without Monarch', 'without_monarch_bytes'):<24}: "
-      f"{_amount(pfs['without_monarch_bytes'], 'without_monarch_bytes' in lower)}\n")
+    w(f"  {label('without Monarch', 'without_monarch_bytes'):<24}: {figure(pfs, 'without_monarch_bytes')}\n")
     saved, fraction = pfs["saved_bytes"], pfs["saved_fraction"]
     if saved is None or (fraction is None and not pfs.get("opens_uncounted") and saved >= 0):
         return

@@ -78,8 +78,10 @@
  * then make a lower bound), once per descriptor:
  *   - a FILE made by fopen or fdopen on a managed descriptor: stdio may read it
  *     with glibc's internal __read (fgets, getc, fscanf ...), which no preload
- *     can interpose; its fread bytes are counted all the same;
- *   - a descriptor mapped with mmap (page faults are not calls).
+ *     can interpose; its fread bytes are counted all the same; counted as
+ *     opens_stdio too (no upper bound);
+ *   - a descriptor mapped with mmap (page faults are not calls); the lengths
+ *     mapped are added to mapped_bytes (what the faults can read at most).
  * Not seen at all: descriptors reopened through /proc/self/fd, freopen, and a
  * managed descriptor a program inherits across exec (a new image starts with
  * empty tables): read correctly, their bytes are missing unmarked. The same
@@ -188,7 +190,15 @@ struct statx {
 #include "../wire/monarch_wire.h"
 /* room for MAX_PASSED_FDS descriptors in one recvmsg (the extras are closed) */
 #define MONARCH_MAX_PASSED_FDS 4
-#define MONARCH_FD_UNCOUNTED 0x80 /* in monarch_fd_slot: this open's bytes were declared unknown */
+/* in monarch_fd_slot, beside the slot + 1: this open's bytes were declared not all seen (mapped
+ * or read through a FILE), and a FILE reads it (its bytes have no bound) */
+#define MONARCH_FD_UNCOUNTED 0x80
+#define MONARCH_FD_STDIO 0x40
+#define MONARCH_FD_SLOT_MASK 0x3f
+_Static_assert(MONARCH_MAX_SLOTS <= MONARCH_FD_SLOT_MASK, "a slot + 1 fits below the flags");
+/* how an open's bytes escape the byte counts: pages mapped (bounded by the lengths mapped, counted
+ * as mapped_bytes), or a FILE's own reads (glibc's internal __read: no bound) */
+enum monarch_unseen { MONARCH_UNSEEN_MAPPED, MONARCH_UNSEEN_STDIO };
 
 /* ---- fixed tables ---- */
 #define MONARCH_MAX_ROOTS 32 /* a root may appear twice: canonical and configured spelling */
@@ -363,25 +373,47 @@ static inline uint64_t *monarch_counter(unsigned slot, unsigned which)
     return &monarch_counters[MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * slot + which];
 }
 
-/* This open's bytes go where the shim cannot see them (stdio's internal reads, mmap):
- * count it once as an open whose bytes are unknown. */
-static inline void monarch_mark_uncounted(int fd)
+/* This open's bytes go where the shim cannot see them (mmap's page faults, stdio's internal
+ * reads): count it once as an open whose bytes are not all seen, and once more as one read
+ * through a FILE when that is why (its bytes have no upper bound). */
+static inline void monarch_mark_uncounted(int fd, enum monarch_unseen why)
 {
     if ((unsigned)fd >= MONARCH_MAX_FDS)
         return;
     uint8_t s = __atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED);
+    uint8_t flags = why == MONARCH_UNSEEN_STDIO ? (MONARCH_FD_UNCOUNTED | MONARCH_FD_STDIO) : MONARCH_FD_UNCOUNTED;
     uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
-    if (!s || (s & MONARCH_FD_UNCOUNTED) || getpid() != monarch_pid)
+    if (!s || (s & flags) == flags || getpid() != monarch_pid)
         return;
-    __atomic_store_n(&monarch_fd_slot[fd], (uint8_t)(s | MONARCH_FD_UNCOUNTED), __ATOMIC_RELAXED);
+    __atomic_store_n(&monarch_fd_slot[fd], (uint8_t)(s | flags), __ATOMIC_RELAXED);
+    if (!c)
+        return;
+    unsigned slot = (s & MONARCH_FD_SLOT_MASK) - 1u;
+    if (!(s & MONARCH_FD_UNCOUNTED))
+        __atomic_fetch_add(monarch_counter(slot, 2), 1, __ATOMIC_RELAXED);
+    if ((flags & MONARCH_FD_STDIO) && !(s & MONARCH_FD_STDIO))
+        __atomic_fetch_add(monarch_counter(slot, 3), 1, __ATOMIC_RELAXED);
+}
+
+/* A managed descriptor mapped: its open is uncounted, and the length mapped bounds what its page
+ * faults can read (mapped_bytes). */
+static inline void monarch_count_mapped(int fd, size_t len)
+{
+    if ((unsigned)fd >= MONARCH_MAX_FDS)
+        return;
+    unsigned s = __atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED) & MONARCH_FD_SLOT_MASK;
+    uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
+    if (!s || getpid() != monarch_pid)
+        return;
+    monarch_mark_uncounted(fd, MONARCH_UNSEEN_MAPPED);
     if (c)
-        __atomic_fetch_add(monarch_counter(s - 1, 2), 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(monarch_counter(s - 1, 4), (uint64_t)len, __ATOMIC_RELAXED);
 }
 
 static inline void monarch_count_bytes(int fd, uint64_t n)
 {
     if ((unsigned)fd < MONARCH_MAX_FDS) {
-        unsigned s = __atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED) & ~MONARCH_FD_UNCOUNTED;
+        unsigned s = __atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED) & MONARCH_FD_SLOT_MASK;
         uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
         if (s && c)
             __atomic_fetch_add(monarch_counter(s - 1, 1), n, __ATOMIC_RELAXED);

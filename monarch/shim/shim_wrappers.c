@@ -84,7 +84,7 @@
             FILE *fp_ = MONARCH_RESOLVE(fdopen)(fd_, mode); /* not tracked yet */ \
             if (fp_) {                                                            \
                 monarch_track(fd_, (unsigned)how_, entry_);                       \
-                monarch_mark_uncounted(fd_); /* stdio reads with its own __read */ \
+                monarch_mark_uncounted(fd_, MONARCH_UNSEEN_STDIO); /* its own __read */ \
                 return fp_;                                                       \
             }                                                                     \
             real_close(fd_);                                                      \
@@ -94,7 +94,7 @@
         FILE *fp_ = real_(path, mode);                                            \
         monarch_after(fp_ ? fileno(fp_) : -1, how_);                              \
         if (fp_ && how_ == MONARCH_SLOT_PFS)                                      \
-            monarch_mark_uncounted(fileno(fp_));                                  \
+            monarch_mark_uncounted(fileno(fp_), MONARCH_UNSEEN_STDIO);            \
         return fp_;                                                               \
     }
 
@@ -526,14 +526,15 @@ MONARCH_EXPORT void seekdir(DIR *dirp, long loc)
 }
 
 /* ---- descriptor lifecycle: close, fclose, dup* keep the fd tables true ---- */
-/* mmap: page faults are not calls, so a mapped open's bytes are unknown (counted once). */
+/* mmap: page faults are not calls, so a mapped open's bytes are not all seen (counted once);
+ * the length mapped bounds them (mapped_bytes). */
 #define MONARCH_WRAP_MMAP(name, off_type)                                          \
     MONARCH_EXPORT void *name(void *addr, size_t len, int prot, int flags, int fd, off_type off) \
     {                                                                              \
         MONARCH_REAL(name, MAP_FAILED)                                             \
         void *p_ = real_(addr, len, prot, flags, fd, off);                         \
         if (p_ != MAP_FAILED && fd >= 0)                                           \
-            monarch_mark_uncounted(fd);                                            \
+            monarch_count_mapped(fd, len);                                         \
         return p_;                                                                 \
     }
 MONARCH_WRAP_MMAP(mmap, off_t)
@@ -636,7 +637,7 @@ MONARCH_EXPORT FILE *fdopen(int fd, const char *mode)
     MONARCH_REAL(fdopen, NULL)
     FILE *fp = real_(fd, mode);
     if (fp)
-        monarch_mark_uncounted(fd);
+        monarch_mark_uncounted(fd, MONARCH_UNSEEN_STDIO);
     return fp;
 }
 

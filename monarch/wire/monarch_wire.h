@@ -19,10 +19,15 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 6 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_* */
+#define MONARCH_COUNTERS_VERSION 7 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
+                                     7: a slot's opens_stdio and mapped_bytes */
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
-#define MONARCH_SLOT_WORDS 3 /* opens, bytes, opens_uncounted */
+/* per slot: opens; bytes read (read, pread, readv ..., fread); opens_uncounted (once per descriptor
+ * whose bytes the shim cannot all see: mapped, or read through a FILE); of those, opens_stdio
+ * (a FILE: stdio's own reads have no bound); mapped_bytes (the lengths mmap mapped: at most what
+ * page faults read) */
+#define MONARCH_SLOT_WORDS 5
 #define MONARCH_EXTRA_WORDS 13
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
 #define MONARCH_SLOT_PFS 0

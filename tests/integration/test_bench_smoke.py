@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from support.slowpfs import fuse_unavailable_reason
+from monarch.slowpfs import fuse_unavailable_reason
 
 pytestmark = pytest.mark.integration
 

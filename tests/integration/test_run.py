@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from monarch.slowpfs import fuse_unavailable_reason
 from support.harness import load, monarch, monarch_env, reader, run_dirs, write_config
 
 pytestmark = pytest.mark.integration
@@ -27,7 +28,8 @@ def test_three_shuffled_epochs_read_the_pfs_once(dataset, short_tmp):
     assert rep["pfs"]["app_bytes"] == 0 and rep["opened_from"]["pfs"]["opens"] == 0
     assert rep["pfs"]["total_bytes"] == ds.total
     # all three epochs read from the RAM tier, with correct bytes (the reader checks digests)
-    assert rep["opened_from"]["ram"] == {"opens": 3 * 2000, "bytes": 3 * ds.total, "opens_uncounted": 0}
+    assert rep["opened_from"]["ram"] == {"opens": 3 * 2000, "bytes": 3 * ds.total, "opens_uncounted": 0,
+                                         "opens_stdio": 0, "mapped_bytes": 0}
     assert rep["pfs"]["without_monarch_bytes"] == 3 * ds.total
     assert rep["staging"] == {"files": 2000, "bytes": ds.total, "failures": {}}
     assert rep["front_door"]["copies"] > 0  # the misses went through the daemon's C front door
@@ -216,7 +218,15 @@ def test_demo_runs_the_main_job_on_the_embedded_default(short_tmp):
     for how in ("directly", "under Monarch"):
         assert f"read {how}: every byte checked: 400 reads (2 epochs x 200 files," in summary
     rows = [line.split() for line in summary.splitlines() if line[:1].isdigit()]  # numbered as its workload prints them (0-based)
-    assert [row[0] for row in rows] == ["0", "1"] and all(len(row) == 5 and row[2] == row[4] == "s" for row in rows)
+    assert [row[0] for row in rows] == ["0", "1"] and all(len(row) == 6 and row[2] == row[4] == "s" for row in rows)
+    # the dataset sits behind the emulated slow PFS (where FUSE works), whose own counters say
+    # what each read cost it: every epoch directly, the dataset once under Monarch
+    if fuse_unavailable_reason(probe=True) is None:
+        assert "demo: the dataset is behind an emulated slow PFS" in r.stdout
+        (pfs_line,) = [line for line in summary.splitlines() if line.startswith("PFS read, as the emulated PFS")]
+        assert " = 2.00x the dataset; under Monarch " in pfs_line and pfs_line.endswith(" = 1.00x the dataset")
+    else:
+        assert "demo: no emulated slow PFS here" in r.stdout
     (report,) = glob.glob(os.path.join(short_tmp, f"monarch-{os.getuid()}", "demo-*-node0", "report.json"))
     rep = load(report)
     assert rep["opened_from"]["ram"]["opens"] == 400 and rep["pfs"]["app_bytes"] == 0

@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from monarch import protocol
+
 from .conftest import TIER_SLOTS, md5
 
 pytestmark = pytest.mark.shim
@@ -186,6 +188,28 @@ def test_stdio_and_mmap_opens_are_counted_as_bytes_unknown(staged_env):
     tier0 = TIER_SLOTS[0]
     assert staged_env.uncounted()[tier0] == 2
     assert staged_env.counts()[tier0] == (3, 2 * 50_000)
+    # of the two, one is read through a FILE (no upper bound), one mapped: its length bounds its bytes
+    opens_stdio, mapped_bytes = protocol.read_counters(staged_env.counters)[tier0][3:]
+    assert (opens_stdio, mapped_bytes) == (1, 50_000)
+
+
+def test_every_mapping_adds_its_length_and_an_open_is_uncounted_once(staged_env):
+    """Two maps of one descriptor and one of its duplicate: the open is uncounted once, each length
+    is added (what page faults may read at most); a map of an unmanaged file adds nothing."""
+    a = staged_env.write("v/a.bin", 3 * 4096)
+    staged_env.python(textwrap.dedent("""
+        import mmap, os, sys
+        fd = os.open(sys.argv[1], os.O_RDONLY)
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m, mmap.mmap(fd, 4096, access=mmap.ACCESS_READ) as n:
+            m[:]; n[:]
+        dup = os.dup(fd)
+        with mmap.mmap(dup, 8192, access=mmap.ACCESS_READ, offset=4096) as m:
+            m[:]
+        with open(sys.executable, "rb") as f, mmap.mmap(f.fileno(), 4096, access=mmap.ACCESS_READ) as m:
+            m[:]
+    """), str(a))
+    tier0 = TIER_SLOTS[0]
+    assert protocol.read_counters(staged_env.counters)[tier0] == (1, 0, 1, 0, 3 * 4096 + 4096 + 8192)
 
 
 def test_os_dup_is_counted_like_dup(staged_env):

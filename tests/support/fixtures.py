@@ -20,7 +20,7 @@ import os
 
 import pytest
 
-from support.slowpfs import SlowPFS, fuse_unavailable_reason
+from monarch.slowpfs import SlowPFS, fuse_unavailable_reason
 
 
 @pytest.fixture

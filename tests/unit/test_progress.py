@@ -22,6 +22,16 @@ def test_a_line_says_staged_rate_opens_and_pfs_bytes():
                     "PFS read 41.0 MiB")
 
 
+def test_a_line_gives_the_pfs_bytes_of_mmap_and_stdio_readers_as_the_report_does():
+    """PFS opens read through mmap: a range up to the lengths mapped; through a FILE: at least."""
+    mapped = stats(40, 40 * MiB)
+    mapped["opened_from"]["pfs"] = {"opens": 2, "bytes": MiB, "opens_uncounted": 2, "opens_stdio": 0,
+                                    "mapped_bytes": 4 * MiB}
+    assert line(NodeStats.from_dict(mapped), rate=None).endswith("| PFS read 41.0 MiB to 45.0 MiB")
+    mapped["opened_from"]["pfs"]["opens_stdio"] = 1
+    assert line(NodeStats.from_dict(mapped), rate=None).endswith("| PFS read ≥ 41.0 MiB")
+
+
 def test_a_line_says_the_store_bytes_beside_the_pfs_bytes():
     """A root served from a key-value store (dataset.stores): its bytes read so far, beside the PFS's."""
     st = stats(40, 40 * MiB, ram_opens=120)

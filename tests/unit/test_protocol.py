@@ -15,8 +15,8 @@ def test_counters_layout():
     assert protocol.MAX_TIERS == protocol.MAX_SLOTS - protocol.FIRST_TIER_SLOT
     assert protocol.tier_slot(0) == protocol.FIRST_TIER_SLOT
     assert protocol.SLOT_PFS == 0 and protocol.SLOT_PEER == 1
-    # the shim's fd table stores slot + 1 in a uint8_t, with its top bit as the "uncounted" mark
-    assert protocol.MAX_SLOTS < 127
+    # the shim's fd table stores slot + 1 in a uint8_t, below its two flags (uncounted, stdio)
+    assert protocol.MAX_SLOTS < 0x3f
 
 
 def test_counters_roundtrip(tmp_path):
@@ -24,21 +24,23 @@ def test_counters_roundtrip(tmp_path):
     protocol.create_counters(path)
     raw = bytearray(open(path, "rb").read())
     assert len(raw) == protocol.COUNTERS_SIZE
-    assert protocol.read_counters(path) == [(0, 0, 0)] * protocol.MAX_SLOTS
-    # what the shim does: little-endian adds at word HEADER_WORDS + SLOT_WORDS*slot (+1 bytes, +2 uncounted)
-    for slot, values in [(0, (3, 1000, 1)), (2, (1, 7, 0)), (15, (9, 2**40, 4))]:
+    assert protocol.read_counters(path) == [(0,) * 5] * protocol.MAX_SLOTS
+    # what the shim does: little-endian adds at word HEADER_WORDS + SLOT_WORDS*slot (+1 bytes, +2 uncounted,
+    # +3 stdio, +4 mapped bytes)
+    for slot, values in [(0, (3, 1000, 1, 0, 4096)), (2, (1, 7, 0, 0, 0)), (15, (9, 2**40, 4, 4, 0))]:
         for i, v in enumerate(values):
             struct.pack_into("<Q", raw, 8 * (protocol.HEADER_WORDS + protocol.SLOT_WORDS * slot + i), v)
     struct.pack_into("<Q", raw, 8 * (protocol.HEADER_WORDS + protocol.SLOT_WORDS * protocol.MAX_SLOTS
                                      + protocol.EXTRA_META_PFS), 5)
     open(path, "wb").write(raw)
     counts = protocol.read_counters(path)
-    assert counts[0] == (3, 1000, 1) and counts[2] == (1, 7, 0) and counts[15] == (9, 2**40, 4)
-    assert counts[1] == (0, 0, 0)
+    assert counts[0] == (3, 1000, 1, 0, 4096) and counts[2] == (1, 7, 0, 0, 0) and counts[15] == (9, 2**40, 4, 4, 0)
+    assert counts[1] == (0,) * 5
     assert protocol.read_extra_counters(path)[protocol.EXTRA_META_PFS] == 5
     names = {0: "pfs", 2: "ram"}
-    assert protocol.read_opened_from(path, names) == {"pfs": {"opens": 3, "bytes": 1000, "opens_uncounted": 1},
-                                                  "ram": {"opens": 1, "bytes": 7, "opens_uncounted": 0}}
+    assert protocol.read_opened_from(path, names) == {
+        "pfs": {"opens": 3, "bytes": 1000, "opens_uncounted": 1, "opens_stdio": 0, "mapped_bytes": 4096},
+        "ram": {"opens": 1, "bytes": 7, "opens_uncounted": 0, "opens_stdio": 0, "mapped_bytes": 0}}
 
 
 def test_read_counters_rejects_foreign_file(tmp_path):

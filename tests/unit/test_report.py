@@ -47,19 +47,65 @@ def test_all_bytes_counted_is_exact():
     assert "without Monarch (est.)  : 30.0 MiB" in t and "saved (est.)            : 20.0 MiB (66.7%)" in t
 
 
-def test_every_open_uncounted_makes_without_monarch_unknown_not_zero():
-    # an mmap-only reader (lmdb, numpy mmap_mode): the shim saw 30 opens and no bytes
-    r = build_report([node({"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0},
-                            "ram": {"opens": 30, "bytes": 0, "opens_uncounted": 30}})], JOB)
+def test_an_mmap_only_reader_gets_ranges_never_unknown():
+    # an mmap-only reader (lmdb, numpy mmap_mode, DALI, arrow): the shim saw 30 opens, no byte read,
+    # and the lengths they mapped: what their page faults read is at most that
+    r = build_report([node({"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0, "opens_stdio": 0, "mapped_bytes": 0},
+                            "ram": {"opens": 30, "bytes": 0, "opens_uncounted": 30, "opens_stdio": 0,
+                                    "mapped_bytes": 30 * MiB}})], JOB)
     p = r["pfs"]
-    assert p["without_monarch_bytes"] is None and p["saved_bytes"] is None and p["saved_fraction"] is None
+    assert p["saved_bytes"] is None and p["saved_fraction"] is None
+    assert p["without_monarch_bytes"] == 0 and p["at_most"] == {"without_monarch_bytes": 30 * MiB}
     assert p["app_bytes"] == 0  # no open read the PFS: that zero is exact
     assert p["total_bytes"] == 10 * MiB and "total_bytes" not in p["lower_bounds"]
     t = text(r)
-    assert "without Monarch         : unknown" in t  # nothing estimated: nothing counted
-    assert "ram                 30         unknown" in t
-    assert "30 opens were read through mmap or stdio; their bytes are not all known" in t
+    assert "unknown" not in t
+    assert "without Monarch         : 0 B to 30.0 MiB" in t  # nothing estimated: nothing counted
+    assert "ram                 30  0 B to 30.0 MiB                100.0%" in t
+    assert "pfs                  0              0 B                  0.0%" in t
+    assert "30 opens were read through mmap or stdio, whose reads the shim does not all see" in t
     assert "saved" not in t
+
+
+def test_a_stdio_reader_prints_the_bytes_fread_delivered_as_a_lower_bound():
+    # fopen + fread (DALI's dont_use_mmap): fread's bytes counted, stdio's own reads not (no bound)
+    r = build_report([node({"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0, "opens_stdio": 0, "mapped_bytes": 0},
+                            "ram": {"opens": 50, "bytes": 25 * MiB, "opens_uncounted": 50, "opens_stdio": 50,
+                                    "mapped_bytes": 0}})], JOB)
+    t = text(r)
+    assert "unknown" not in t
+    assert "ram                 50      ≥ 25.0 MiB                100.0%" in t
+    assert r["pfs"]["at_most"] == {}
+
+
+def test_a_pfs_read_through_mmap_is_a_range_that_holds_the_truth():
+    # a tier too small under an mmap reader: the PFS opens' bytes are between what read() counted
+    # and that plus the lengths mapped; the total adds what Monarch staged (exact)
+    r = build_report([node({"pfs": {"opens": 20, "bytes": MiB, "opens_uncounted": 20, "opens_stdio": 0,
+                                    "mapped_bytes": 20 * MiB},
+                            "ram": {"opens": 10, "bytes": 0, "opens_uncounted": 10, "opens_stdio": 0,
+                                    "mapped_bytes": 10 * MiB}}, staged=5 * MiB)], JOB)
+    p = r["pfs"]
+    assert p["app_bytes"] == MiB and p["at_most"]["app_bytes"] == 21 * MiB
+    assert p["total_bytes"] == 6 * MiB and p["at_most"]["total_bytes"] == 26 * MiB
+    assert p["reads_of_dataset"] == 0.6 and p["at_most"]["reads_of_dataset"] == 2.6
+    t = text(r)
+    assert "read by the application : 1.0 MiB to 21.0 MiB" in t
+    assert "total                   : 6.0 MiB to 26.0 MiB = 0.60x to 2.60x the dataset" in t
+    # node rows of a cluster say the same
+    two = build_report([node(n["opened_from"], staged=5 * MiB, node_index=i) for i, n in enumerate([r["nodes"][0]] * 2)],
+                       {"job_id": "j", "config": "c", "nodes": 2})
+    rows = [line for line in text(two).splitlines() if line[:2] in ("0 ", "1 ")]
+    assert rows == [f"{i}       1.0 MiB to 21.0 MiB  0 B to 10.0 MiB     5.0 MiB  6.0 MiB to 26.0 MiB" for i in (0, 1)]
+
+
+def test_opens_sent_to_the_pfs_before_the_index_name_the_setting_that_waits_for_it():
+    stats = node({"pfs": {"opens": 3, "bytes": 0}})
+    stats["metadata"] = {"local": 0, "pfs": 2, "before_index": {"opens": 3, "metadata": 2}}
+    stats["snapshot_ready_seconds"] = 2.3
+    t = text(build_report([stats], JOB))
+    assert ("start     : 3 opens and 2 stats went to the PFS before the index was ready (the walk took 2.3 s); "
+            "MONARCH_SHIM_INDEX_WAIT_MS=3000 makes the shim wait for it (default 300 ms)") in t
 
 
 def test_some_opens_uncounted_gives_lower_bounds():
@@ -109,14 +155,14 @@ def test_processes_with_the_shim_are_summed_and_printed():
     assert build_report([node({"ram": {"opens": 1, "bytes": 1}})], JOB)["processes_with_shim"] is None
 
 
-def test_uncounted_only_on_the_pfs_keeps_saved_exact_and_app_bytes_unknown():
+def test_uncounted_only_on_the_pfs_keeps_saved_exact_and_app_bytes_a_lower_bound():
     # saved = bytes read from the tiers - bytes read to stage them: both counted
     r = build_report([node({"pfs": {"opens": 2, "bytes": 0, "opens_uncounted": 2},
                             "ram": {"opens": 28, "bytes": 28 * MiB, "opens_uncounted": 0}})], JOB)
     p = r["pfs"]
-    assert p["app_bytes"] is None and p["saved_bytes"] == 18 * MiB
-    assert "saved_bytes" not in p["lower_bounds"] and "total_bytes" in p["lower_bounds"]
-    assert "read by the application : unknown" in text(r)
+    assert p["app_bytes"] == 0 and p["saved_bytes"] == 18 * MiB
+    assert "saved_bytes" not in p["lower_bounds"] and {"app_bytes", "total_bytes"} <= set(p["lower_bounds"])
+    assert "read by the application : ≥ 0 B" in text(r)  # a shim of before mapped lengths: no upper bound
 
 
 def test_opens_uncounted_sums_over_nodes_and_marks_node_cells():
@@ -334,8 +380,9 @@ def test_readme_report_reference_says_which_figures_are_exact_estimated_or_bound
         assert f"`pfs.{key}`" in reference, key
     kinds = {row.split(" | ")[0].lstrip("| "): row for row in reference.split("How exact each figure is:", 1)[1]
              .split("\n\n", 2)[1].splitlines()[2:]}
-    assert set(kinds) == {"exact (counted)", "lower bound (`≥`)", "estimated (`est.`)", "sampled"}
-    figures = set(pfs) - {"opens_uncounted", "lower_bounds", "estimated", "dataset_bytes"}
+    assert set(kinds) == {"exact (counted)", "range (`A to B`), lower bound (`≥`)", "estimated (`est.`)", "sampled"}
+    assert "`pfs.at_most`" in kinds["range (`A to B`), lower bound (`≥`)"]
+    figures = set(pfs) - {"opens_uncounted", "lower_bounds", "at_most", "estimated", "dataset_bytes"}
     for key in figures:
         kind = "estimated (`est.`)" if key in ESTIMATED else "exact (counted)"
         assert f"`pfs.{key}`" in kinds[kind], key

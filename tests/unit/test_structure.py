@@ -85,6 +85,8 @@ RECORDS = {
     "node/tiers.py": {"tier": "set in Tier's own factory (a classmethod)"},
     "node/store_source.py": {"mount": "the store set's own record of one root (Mount)"},
     "shim/build.py": {"fn": "ctypes function prototypes (OptionalLibrary)"},
+    "slowpfs.py": {"config_3": "libfuse's fuse_config, filled in its init callback",
+                   "fi": "libfuse's fuse_file_info of one open, filled by the open callback"},
 }
 
 

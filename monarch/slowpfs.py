@@ -1,5 +1,10 @@
 """An emulated slow parallel filesystem: a read-only FUSE view of a directory.
 
+``monarch demo`` puts its dataset behind it (the point of Monarch shows only where opens are
+slow); the tests and benchmarks measure a job's PFS traffic with it. It needs FUSE 3 (libfuse3,
+``fusermount3``, /dev/fuse) and mfusepy (``pip install 'monarch-staging[demo]'``), imported only
+where a mount is made: :func:`fuse_unavailable_reason` says why it cannot work here.
+
 It adds a latency to every open (the metadata server round trip that dominates a
 PFS with many small files), optionally to every read call, and caps the aggregate
 bandwidth. The kernel caches nothing: files are opened with ``direct_io`` (no page
@@ -10,7 +15,7 @@ of a job independently of what Monarch believes it did.
 
 Run it as a process::
 
-    python -m support.slowpfs SRC MOUNTPOINT --counters FILE \\
+    python -m monarch.slowpfs SRC MOUNTPOINT --counters FILE \\
         [--open-latency-ms 2] [--read-latency-ms 0] [--bandwidth MBps]
 
 or from Python with the :class:`SlowPFS` context manager, which starts that process,
@@ -303,7 +308,8 @@ def fuse_unavailable_reason(probe: bool = False) -> str | None:
     try:
         import mfusepy  # noqa: F401
     except (ImportError, OSError) as exc:
-        return f"mfusepy or libfuse3 not usable: {exc} (pip install mfusepy; apt-get install fuse3)"
+        return (f"mfusepy or libfuse3 not usable: {exc} (pip install 'monarch-staging[demo]' or mfusepy; "
+                "apt-get install fuse3)")
     return _probe_mount() if probe else None
 
 
@@ -382,7 +388,7 @@ class SlowPFS:
 
     def command(self) -> list[str]:
         o = self.options
-        return [sys.executable, "-m", "support.slowpfs", self.src, self.mountpoint,
+        return [sys.executable, "-m", "monarch.slowpfs", self.src, self.mountpoint,
                 "--counters", self.counters_path,
                 "--open-latency-ms", str(o["open_latency_ms"]),
                 "--read-latency-ms", str(o["read_latency_ms"]),
@@ -398,8 +404,8 @@ class SlowPFS:
             raise SlowPFSError(f"slowpfs: {self.mountpoint} is already a mount point")
         self._stderr = tempfile.TemporaryFile()
         env = dict(os.environ)
-        here = Path(__file__).resolve()  # tests/support/slowpfs.py: `support` lives in tests/, monarch in the checkout
-        paths = [str(here.parents[1]), str(here.parents[2])] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        here = Path(__file__).resolve()  # <dir>/monarch/slowpfs.py: this very monarch, installed or a checkout
+        paths = [str(here.parents[1])] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env.pop("LD_PRELOAD", None)  # never serve the PFS through a preloaded shim
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._stderr,
@@ -483,7 +489,7 @@ class SlowPFS:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m support.slowpfs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m monarch.slowpfs", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="directory to serve (read-only)")
     p.add_argument("mountpoint")
     p.add_argument("--counters", required=True, help="JSON file the counters are written to")
