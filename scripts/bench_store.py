@@ -298,13 +298,24 @@ def run_variant(name: str, base: str, args, direct, port: int, proxy_port: int, 
         report = got.pop("report")
         if args.keep_report:
             shutil.copy(report, args.keep_report if keep_one else f"{args.keep_report}.{name}")
-        got["store_bytes"] = json.load(open(report))["store"]["bytes_read"]
+        doc = json.load(open(report))
+        got["store_bytes"] = doc["store"]["bytes_read"]
+        got["pipelines"] = pipelines_in_flight(doc)
 
     # 3. monarch over the same dataset in a directory
     if "monarch-dir" in modes:
         got = under_monarch("monarch-dir", src, write_config(here, src, None), "monarch over a directory")
         got["pfs_bytes"] = json.load(open(got.pop("report")))["pfs"]["total_bytes"]
     return {"files": len(files), "dataset_bytes": dataset_bytes, "modes": results}
+
+
+def pipelines_in_flight(report: dict) -> tuple[int, int] | None:
+    """The read-ahead's pipelines in flight toward the store (the measure's settled limit, its
+    peak), from the first node's staging figures, or None."""
+    for node in report.get("nodes") or []:
+        for flow in ((node.get("staging") or {}).get("store") or {}).get("read_ahead_pipelines", {}).values():
+            return flow["limit"], flow["peak"]
+    return None
 
 
 def print_variant(name: str, figures: dict, epochs: int) -> None:
@@ -327,6 +338,9 @@ def print_variant(name: str, figures: dict, epochs: int) -> None:
         print(f"store read: {r['store_bytes'] / dataset_bytes:.2f}x the dataset (target 1.00x; Monarch's report), "
               f"the store's own count: {r['gets']} GETs for {files} files (the manifest twice), "
               f"{r['sent'] / dataset_bytes:.3f}x the dataset's bytes sent")
+        if r.get("pipelines"):
+            print(f"read-ahead pipelines in flight: settled on {r['pipelines'][0]}, at most {r['pipelines'][1]} "
+                  f"(each up to 32 GETs)")
     listed = {m: r["listing_s"] for m, r in results.items() if r.get("listing_s") is not None}
     if listed:
         print("listing (find_classes + make_dataset): " + ", ".join(f"{m} {s * 1e3:.1f} ms" for m, s in listed.items()))

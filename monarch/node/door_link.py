@@ -31,6 +31,8 @@ __all__ = ["DoorLink", "DoorKeeper"]
 
 LEASE_MAX = 16 << 20  # tier room lent to the front door at a time, at most ...
 LEASE_SHARE = 32      # ... and at most this share of the tier's capacity
+LEASE_SHARE_IN_FLIGHT = 8  # ... or this share, for the read-ahead lane's copies in flight (the rest of a
+                           # tight tier stays for the stager's copies: a sharded node's second copies)
 PEER_WORKERS = 8      # a cluster daemon's door threads: each waits on the network while it fetches a peer's file
 # The door's read-ahead lane starts with this many copies in flight, and its measure of the
 # source (inflight.c) takes it from there, up while the latency stays flat, down where more
@@ -139,7 +141,7 @@ class DoorLink(StagerListener):
         if not self.door.read_ahead_state()["running"]:
             return self._kept_back(tier)
         in_flight = 2 * self.door.inflight()["limit"] * int(self._copy_size)
-        return max(self._kept_back(tier), min(LEASE_MAX, in_flight))
+        return max(self._kept_back(tier), min(LEASE_MAX, tier.capacity // LEASE_SHARE_IN_FLIGHT, in_flight))
 
     def _room(self, tier: Tier) -> int:
         """Reserve in ``tier`` room to lend: a chunk, or less (at least one small file's worth)

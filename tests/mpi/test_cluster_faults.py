@@ -103,37 +103,15 @@ def report_of(cluster, victim):
     return load(os.path.join(cluster.run_dir(writer), "report.json"))
 
 
-def second_copies_kept(cluster, nodes, timeout=20):
-    """Until the second copies ``nodes`` keep (peer.replicas: 2) stop growing: the copies are
-    made in the background, after each node's own share, and an epoch 0 whose cold path is
-    hidden (issue 43: 0.4-0.5 s here) can end before they are all there."""
-    from monarch.launch.service import Session
-    from support.harness import unix_connect
-    sessions = [Session(unix_connect(cluster.socket(k)), cluster.socket(k)) for k in nodes]
-    try:
-        last, still, deadline = None, 0, time.monotonic() + timeout
-        while time.monotonic() < deadline and still < 4:
-            kept = [(s.stats() or {}).get("cluster", {}).get("replicas", {}).get("kept_files") for s in sessions]
-            still = still + 1 if kept == last else 0
-            last = kept
-            time.sleep(0.1)
-    finally:
-        for s in sessions:
-            s.sock.close()
-
-
-def run_with_a_kill(cluster, ds, base, victim, when, replicas=False):
+def run_with_a_kill(cluster, ds, base, victim, when):
     """Start the readers, SIGKILL daemon ``victim`` at ``when`` ("epoch1": once its reader has
-    finished epoch 0, and, with ``replicas``, the nodes' second copies are made; a float: that
-    many seconds after the readers start), let every reader end, check the survivors were
-    still up, stop them. Returns the readers' results."""
+    finished epoch 0; a float: that many seconds after the readers start), let every reader
+    end, check the survivors were still up, stop them. Returns the readers' results."""
     pids = [pid_of(cluster, k) for k in range(NODES)]
     procs = readers(cluster, ds, base)
     try:
         if when == "epoch1":
             wait_epochs(base, victim, 1, procs)
-            if replicas:
-                second_copies_kept(cluster, range(NODES))
         else:
             time.sleep(when)
         os.kill(pids[victim], signal.SIGKILL)
@@ -170,13 +148,13 @@ def check_lost(rep, victim):
     assert rep["pfs"]["lower_bound"] is True  # the lost node's own PFS reads are unknown
 
 
-def kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim, replicas=False):
+def kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim):
     """The cluster on ``cfg``, one sharded reader per node, ``victim``'s daemon SIGKILLed once its
-    reader finished epoch 0 (and, with ``replicas``, the second copies were made); every
-    reader's bytes checked. Returns the cluster, which daemons were up until stop."""
+    reader finished epoch 0; every reader's bytes checked. Returns the cluster, which daemons
+    were up until stop."""
     cluster = Cluster(NODES, cfg, short_tmp)
     try:
-        results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, "epoch1", replicas)
+        results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, "epoch1")
     finally:
         cluster.kill()
     check_readers(results)
@@ -231,7 +209,7 @@ def test_with_two_replicas_a_lost_daemon_s_share_is_served_from_second_copies(da
     victim = 2
     ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
     cfg = shard_config(short_tmp, ds.root, ds.allocated * 7 // 10, replicas=2)
-    cluster, up, results = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim, replicas=True)
+    cluster, up, results = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
     if cluster.launch.engine != "ulfm":
         return
     assert up == [k for k in range(NODES) if k != victim]
