@@ -83,7 +83,7 @@
 #endif
 
 #define MAX_ROOTS 64
-#define INLINE_COPY_NS 0.0005          /* copies this fast (their moving mean, s) are made by the worker that
+#define INLINE_COPY_SECONDS 0.0005     /* copies this fast (their moving mean) are made by the worker that
                                           read the miss; slower, by a copier (stager.INLINE_SECONDS) */
 #define PENDING_MAX 1024               /* connections waiting here for their request at once ... */
 #define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
@@ -658,10 +658,6 @@ static int open_key_dir(const char *tier, const char *key, uint32_t len)
     return dfd;
 }
 
-/* Copy ``key`` (``f``: the snapshot's view of it) into the copy tier under a temporary
- * name; 0 and that name in ``tmp`` if the copy is whole and the source still the file the
- * snapshot saw; -2 if the source is not, -3 if the tier would not take it, -1 otherwise.
- * ``*bytes_read`` counts what was read from the PFS, whatever the outcome. */
 /* The worker's descriptor of the directory of ``key`` (its first ``dlen`` bytes name it) as
  * ``open_dir`` opens it, kept for the next key of the same directory (the read-ahead's order
  * and an epoch's neighbours): no path walk and no open per file. Owned by the worker. */
@@ -761,6 +757,10 @@ static void close_cached_dirs(struct worker *w)
     w->src_dir = w->key_dir = w->peer_dir = -1;
 }
 
+/* Copy ``key`` (``f``: the snapshot's view of it) into the copy tier under a temporary
+ * name; 0 and that name in ``tmp`` if the copy is whole and the source still the file the
+ * snapshot saw; -2 if the source is not, -3 if the tier would not take it, -1 otherwise.
+ * ``*bytes_read`` counts what was read from the PFS, whatever the outcome. */
 static int copy_in(struct worker *w, const char *key, uint32_t len, const struct idx_file *f,
                    char *dest, char *tmp, int *dir_fd, uint64_t *bytes_read)
 {
@@ -1163,7 +1163,7 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
     /* demand first, whatever the lane does: a fast source's miss is copied here, at once (no
      * hand-off costs more than the copy); a slow one's by a copier, so that this thread goes
      * on accepting while the source answers, and as many misses are in flight as readers wait */
-    struct waiter *q = d->flow.recent < 0 || d->flow.recent > INLINE_COPY_NS ? new_waiter(fd, req, got, hash, len) : NULL;
+    struct waiter *q = d->flow.recent < 0 || d->flow.recent > INLINE_COPY_SECONDS ? new_waiter(fd, req, got, hash, len) : NULL;
     if (q) {
         q->f = f;
         *d->demand_tail = q;
