@@ -12,8 +12,8 @@ HERE = Path(__file__).parent
 LIBRARIES = (
     ("monarch/shim/monarch_shim.c", "libmonarch_shim.so", "the Monarch shim"),
     ("monarch/frontdoor/front_door.c", "libmonarch_front_door.so", "the daemon's front door"),
-    ("monarch/node/walker.c", "libmonarch_walker.so", "the dataset walker"),
-    ("monarch/node/remover.c", "libmonarch_remover.so", "the tier remover"),
+    ("monarch/node/snapshot/walker.c", "libmonarch_walker.so", "the dataset walker"),
+    ("monarch/node/tiers/remover.c", "libmonarch_remover.so", "the tier remover"),
 )
 
 

@@ -47,8 +47,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; t
 
 from benchopts import parse_with_quick, ready_to_write, result_path  # noqa: E402  (scripts/, beside this file)
 from monarch import protocol  # noqa: E402
-from monarch.node.snapshot import take_snapshot  # noqa: E402
-from monarch.node.codecs import DEFAULT_LEVEL  # noqa: E402
+from monarch.node.snapshot.snapshot import take_snapshot  # noqa: E402
+from monarch.node.tiers.codecs import DEFAULT_LEVEL  # noqa: E402
 from monarch.workload import _compressible, parse_size  # noqa: E402
 
 TIER_SLOT = protocol.tier_slot(0)

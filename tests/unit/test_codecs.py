@@ -9,13 +9,13 @@ import time
 import pytest
 import zstandard
 
-from monarch.node import codecs
-from monarch.node.codecs import Codec, select
+from monarch.node.tiers import codecs
+from monarch.node.tiers.codecs import Codec, select
 from monarch.config import TierConfig
-from monarch.node.resources import allocated_size, allocation_unit
-from monarch.node.snapshot import take_snapshot
-from monarch.node.stager import Stager
-from monarch.node.tiers import Tier
+from monarch.node.tiers.resources import allocated_size, allocation_unit
+from monarch.node.snapshot.snapshot import take_snapshot
+from monarch.node.stage.stager import Stager
+from monarch.node.tiers.tiers import Tier
 
 
 def compressible(n: int, seed: int = 0) -> bytes:
@@ -268,7 +268,8 @@ def test_files_stored_before_the_choice_are_re_encoded_at_the_chosen_level(tmp_p
 def test_a_copy_written_or_dropped_meanwhile_is_never_re_encoded_back(tmp_path, monkeypatch):
     """The job writes a file while its frame is being re-encoded: the rename is refused
     under the stager's lock, so no frame of the old bytes reappears, and the room stays right."""
-    from monarch.node import stager_recode, tiers as tiers_mod
+    from monarch.node.stage import stager_recode
+    from monarch.node.tiers import tiers as tiers_mod
     snap, t, stager = staged_text(tmp_path, 4)
     keys = sorted(snap.files)
     assert t.codec.choice.reason == "sampling"  # 4 files: no choice, every frame at DEFAULT_LEVEL

@@ -1,11 +1,11 @@
-"""The stager's adaptive concurrency (monarch/node/concurrency.py) on simulated sources, with
+"""The stager's adaptive concurrency (monarch/node/stage/concurrency.py) on simulated sources, with
 the clock injected: it stops where the rate stops growing and comes back down (issue 32:
 ``staging.threads: auto`` went to 256 threads and staged slower than 4)."""
 
 import collections
 import random
 
-from monarch.node.concurrency import Concurrency
+from monarch.node.stage.concurrency import Concurrency
 
 
 class Source:

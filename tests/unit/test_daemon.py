@@ -12,7 +12,7 @@ from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.resolver import PFS
 from monarch.errors import PeerError
-from monarch.node.snapshot import take_snapshot
+from monarch.node.snapshot.snapshot import take_snapshot
 from support.harness import make_bases, resolve
 
 
@@ -147,8 +147,8 @@ def test_unknown_files_and_policy_off_read_the_pfs(setup, tmp_path):
 
 def test_a_peer_area_given_as_a_share_of_the_node_gets_that_share(tmp_path, monkeypatch):
     """peer.capacity: 50% is read when the daemon starts, as a tier's share is (here a node of 10,000 bytes)."""
-    import monarch.node.tiers
-    monkeypatch.setattr(monarch.node.tiers, "share_of_node", lambda path, share: (int(10_000 * share), "x"))
+    import monarch.node.tiers.tiers
+    monkeypatch.setattr(monarch.node.tiers.tiers, "share_of_node", lambda path, share: (int(10_000 * share), "x"))
     root = tmp_path / "pfs"
     root.mkdir()
     cfg = tmp_path / "c.yaml"

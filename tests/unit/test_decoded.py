@@ -1,4 +1,4 @@
-"""The decoded working set of a compressing tier (``monarch.node.tiers.DecodedFiles``): an open
+"""The decoded working set of a compressing tier (``monarch.node.tiers.tiers.DecodedFiles``): an open
 of a compressed copy keeps its decoded bytes at ``<tier>/<key>``, where the shim's probe
 finds them; everything that removes or invalidates the copy removes that file too, a
 decode racing an invalidation never publishes old bytes, and the budget holds."""
@@ -14,9 +14,9 @@ from monarch import protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.outcomes import Outcome
-from monarch.node.snapshot import FileInfo, take_snapshot
-from monarch.node.stager import Stager
-from monarch.node.tiers import DecodedFiles, Tier
+from monarch.node.snapshot.snapshot import FileInfo, take_snapshot
+from monarch.node.stage.stager import Stager
+from monarch.node.tiers.tiers import DecodedFiles, Tier
 
 from test_codecs import compressible, tier  # noqa: E402 (tests/unit is on sys.path: pytest's prepend mode)
 from support.harness import make_bases, resolve

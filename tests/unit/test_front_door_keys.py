@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from monarch import frontdoor, protocol
-from monarch.node.snapshot import take_snapshot
+from monarch.node.snapshot.snapshot import take_snapshot
 from support.harness import door_on_socket, unix_connect as connect
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")

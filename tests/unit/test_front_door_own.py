@@ -21,8 +21,8 @@ import pytest
 
 from monarch import frontdoor, protocol
 from monarch.frontdoor import BOOKS, EV_AHEAD, EV_STAGED, PEER_BOOKS
-from monarch.node.index_writer import positions
-from monarch.node.snapshot import take_snapshot
+from monarch.node.snapshot.index_writer import positions
+from monarch.node.snapshot.snapshot import take_snapshot
 from support.harness import door_on_socket, unix_connect as connect
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")

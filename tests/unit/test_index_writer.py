@@ -5,9 +5,9 @@ import os
 import pickle
 
 from monarch import protocol
-from monarch.node.filetable import FileTable, Listing
-from monarch.node.index_writer import index_bytes
-from monarch.node.snapshot import FileInfo, Snapshot, take_snapshot
+from monarch.node.snapshot.filetable import FileTable, Listing
+from monarch.node.snapshot.index_writer import index_bytes
+from monarch.node.snapshot.snapshot import FileInfo, Snapshot, take_snapshot
 
 
 def reference(snap: Snapshot) -> bytes:

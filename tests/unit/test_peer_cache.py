@@ -6,12 +6,12 @@ import threading
 import types
 
 from monarch import protocol
-from monarch.node import peer_cache
+from monarch.node.peer import peer_cache
 from monarch.cluster.capacity import REPLICATE, SHARD, decide
 from monarch.config import TierConfig
 from monarch.errors import PeerError
-from monarch.node.resources import allocated_size, allocation_unit
-from monarch.node.tiers import Tier
+from monarch.node.tiers.resources import allocated_size, allocation_unit
+from monarch.node.tiers.tiers import Tier
 
 
 def room_for(tmp_path, files):

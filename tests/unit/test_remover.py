@@ -1,4 +1,4 @@
-"""The tier remover (monarch/node/remover.c): a run's tier removed by a few threads in C,
+"""The tier remover (monarch/node/tiers/remover.c): a run's tier removed by a few threads in C,
 every entry gone, nothing outside it touched through a symlink planted inside."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import os
 
 import pytest
 
-from monarch.node import remover
-
+from monarch.node.tiers import remover
 pytestmark = pytest.mark.skipif(remover.library() is None, reason="the tier remover cannot be built here")
 
 

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from monarch.node import resources
+from monarch.node.tiers import resources
 from monarch.config import TierConfig
-from monarch.node.tiers import Tier
+from monarch.node.tiers.tiers import Tier
 
 GiB = 2**30
 VM = collections.namedtuple("VM", "total available")
@@ -52,7 +52,7 @@ def test_margin_as_share_of_total_memory(node):
 
 
 def _tier(tmp_path, monkeypatch, capacity, share=None, in_memory=True, margin=1 * GiB):
-    monkeypatch.setattr("monarch.node.tiers.is_memory_backed", lambda path: in_memory)
+    monkeypatch.setattr("monarch.node.tiers.tiers.is_memory_backed", lambda path: in_memory)
     monkeypatch.setattr(resources, "is_memory_backed", lambda path: in_memory)
     cfg = TierConfig("ram", str(tmp_path / "base"), capacity, capacity_share=share)
     os.makedirs(cfg.path)

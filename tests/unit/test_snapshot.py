@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from monarch.node.snapshot import load_or_walk, take_snapshot
+from monarch.node.snapshot.snapshot import load_or_walk, take_snapshot
 
 
 def tree(root):
@@ -52,7 +52,7 @@ def test_the_parallel_walk_finds_what_one_thread_finds(tmp_path):
     """Threads list directories and stat slices of a large one at once: the same snapshot,
     index bytes included, as one thread's walk, with links, an unreadable directory and a
     directory larger than one slice."""
-    from monarch.node import snapshot
+    from monarch.node.snapshot import snapshot
     roots = tree(tmp_path / "ds")
     big = tmp_path / "ds" / "big"
     big.mkdir()

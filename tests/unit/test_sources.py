@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from monarch.node import sources
-from monarch.node.snapshot import take_snapshot
-from monarch.node.sources import PFSSource, SourceChanged
+from monarch.node.stage import sources
+from monarch.node.snapshot.snapshot import take_snapshot
+from monarch.node.stage.sources import PFSSource, SourceChanged
 from support.harness import CountingTally
 
 KiB = 1024

@@ -3,9 +3,9 @@ snapshot, a dict for keys the index does not hold and for snapshots that are no 
 
 import pytest
 
-from monarch.node.indextable import IndexTable
-from monarch.node.snapshot import Snapshot, take_snapshot
-from monarch.node.staged_table import StagedTable
+from monarch.node.snapshot.indextable import IndexTable
+from monarch.node.snapshot.snapshot import Snapshot, take_snapshot
+from monarch.node.stage.staged_table import StagedTable
 
 
 class Tier:

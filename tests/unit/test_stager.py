@@ -7,10 +7,10 @@ import pytest
 
 from monarch.config import TierConfig
 from monarch.layout import MARKER
-from monarch.node.resources import allocated_size, allocation_unit
-from monarch.node.snapshot import take_snapshot
-from monarch.node.stager import Stager
-from monarch.node.tiers import TMP_PREFIX, Tier
+from monarch.node.tiers.resources import allocated_size, allocation_unit
+from monarch.node.snapshot.snapshot import take_snapshot
+from monarch.node.stage.stager import Stager
+from monarch.node.tiers.tiers import TMP_PREFIX, Tier
 
 
 def make_files(root, sizes):
@@ -286,7 +286,7 @@ def test_a_physically_full_tier_is_marked_full_and_the_next_tier_is_used(tmp_pat
 import collections  # noqa: E402
 import time  # noqa: E402
 
-from monarch.node.concurrency import Concurrency  # noqa: E402
+from monarch.node.stage.concurrency import Concurrency  # noqa: E402
 
 
 def recording(stager, delay=0.0, gate=None):
@@ -520,7 +520,7 @@ def test_a_copy_never_recreates_a_torn_down_tier(tmp_path, dataset):
 
 
 def test_shutdown_stops_ranged_copies_and_drain_waits_for_them(tmp_path, monkeypatch):
-    from monarch.node import sources
+    from monarch.node.stage import sources
     root = tmp_path / "pfs"
     make_files(root, [4 << 20] * 3)
     snap = take_snapshot((str(root),))

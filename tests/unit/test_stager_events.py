@@ -1,5 +1,5 @@
 """The stager publishes events (StagerListener) and whoever keeps books beside it subscribes:
-the front door's link (monarch/node/door_link.py) and nothing the stager knows by name.
+the front door's link (monarch/node/door/door_link.py) and nothing the stager knows by name.
 The stager's rooms (books, scheduling, copying) and the door do not import each other."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import monarch
 from monarch.config import TierConfig
-from monarch.node.resources import allocated_size, allocation_unit
-from monarch.node.snapshot import take_snapshot
-from monarch.node.stager import Stager, StagerListener
-from monarch.node.tiers import Tier, write_all, write_atomically
+from monarch.node.tiers.resources import allocated_size, allocation_unit
+from monarch.node.snapshot.snapshot import take_snapshot
+from monarch.node.stage.stager import Stager, StagerListener
+from monarch.node.tiers.tiers import Tier, write_all, write_atomically
 
 PACKAGE = Path(monarch.__file__).parent
-STAGER_ROOMS = sorted((PACKAGE / "node").glob("stager*.py"))
+STAGER_ROOMS = sorted((PACKAGE / "node" / "stage").glob("stager*.py"))
 
 
 class Recorder(StagerListener):

@@ -1,7 +1,7 @@
 """The read-ahead starts with the Python walk's first directories: copies are made while the
 walk goes on, none is served before the index exists, a write during the walk drops its
 early copy, and a kept tier (adopted only once the walk is whole) is not streamed. (The C
-walk, monarch/node/walker.c, is not streamed: it is whole before a Python walk would have
+walk, monarch/node/snapshot/walker.c, is not streamed: it is whole before a Python walk would have
 told its first directories; these tests switch it off.)"""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from monarch.node import daemon as daemon_module
 from monarch.node import resolver as resolver_module
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
-from monarch.node.gate import SnapshotState
-from monarch.node.snapshot import take_snapshot
+from monarch.node.snapshot.gate import SnapshotState
+from monarch.node.snapshot.snapshot import take_snapshot
 from support.harness import make_bases
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,12 +9,12 @@ import threading
 import pytest
 
 from monarch.config import TierConfig
-from monarch.node.resources import allocated_size, allocation_unit
-from monarch.node.snapshot import take_snapshot
-from monarch.node.stager import Stager
-from monarch.node.stager_books import StagerBooks, StagerListener
-from monarch.node.concurrency import Concurrency
-from monarch.node.tiers import Tier
+from monarch.node.tiers.resources import allocated_size, allocation_unit
+from monarch.node.snapshot.snapshot import take_snapshot
+from monarch.node.stage.stager import Stager
+from monarch.node.stage.stager_books import StagerBooks, StagerListener
+from monarch.node.stage.concurrency import Concurrency
+from monarch.node.tiers.tiers import Tier
 
 KiB, MiB = 1 << 10, 1 << 20
 FILES = 2000
@@ -211,7 +211,7 @@ def test_a_door_copy_removed_for_its_blocks_is_not_counted_as_staged(tmp_path):
     """The daemon counts what the door staged from ``DoorLink.absorb``: a copy removed because
     its blocks did not fit is no staged file."""
     from monarch.frontdoor import EV_STAGED, DoorEvent
-    from monarch.node.door_link import DoorLink
+    from monarch.node.door.door_link import DoorLink
     (tmp_path / "t").mkdir()
     tier = Tier.from_config(TierConfig("t", str(tmp_path / "t"), 4096 + 2000, False), 2, "r1", 0, ())
     tier.unit = 4096

@@ -17,7 +17,7 @@ from monarch.node import daemon as daemon_module
 from monarch import protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
-from monarch.node.gate import SnapshotState
+from monarch.node.snapshot.gate import SnapshotState
 from monarch.node.server import NodeServer
 from support.harness import unix_connect as connect, make_bases
 

@@ -1,4 +1,4 @@
-"""The C walk (monarch/node/walker.c) sees what the Python walk sees, entry for entry, and
+"""The C walk (monarch/node/snapshot/walker.c) sees what the Python walk sees, entry for entry, and
 writes the index the Python writer would write for it, byte for byte (issue 32)."""
 
 import os
@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from monarch import protocol
-from monarch.node import snapshot, walker
-from monarch.node.filetable import FileTable
-from monarch.node.index_writer import index_parts
-from monarch.node.indextable import IndexTable
-from monarch.node.snapshot import Snapshot, load_or_walk, take_snapshot
+from monarch.node.snapshot import snapshot, walker
+from monarch.node.snapshot.filetable import FileTable
+from monarch.node.snapshot.index_writer import index_parts
+from monarch.node.snapshot.indextable import IndexTable
+from monarch.node.snapshot.snapshot import Snapshot, load_or_walk, take_snapshot
 
 pytestmark = pytest.mark.skipif(walker.library() is None, reason="the C walker could not be built (no C compiler)")
 
@@ -132,7 +132,7 @@ def test_the_walk_holds_about_one_index_of_memory(tmp_path):
         (root / f"class{d:03d}").mkdir(parents=True)
         for i in range(2500):
             (root / f"class{d:03d}" / f"img_{i:06d}.JPEG").write_bytes(b"")
-    code = ("import resource,sys; from monarch.node import walker; walker.library();"
+    code = ("import resource,sys; from monarch.node.snapshot import walker; walker.library();"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
             "index, n = walker.walk_index((sys.argv[1],));"
             "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"

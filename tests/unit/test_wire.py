@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from monarch import protocol
-from monarch.node import stager, tiers
+from monarch.node.stage import stager
+from monarch.node.tiers import tiers
 
 WIRE = Path(protocol.__file__).parent / "wire" / "monarch_wire.h"
 DEFINE = re.compile(r"^#define MONARCH_(\w+)[ \t]+(.+?)\s*(?:/\*.*)?$", re.M)

@@ -25,13 +25,13 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Iterable
 
-from monarch.node.concurrency import Concurrency
-from monarch.node.snapshot import Snapshot
-from monarch.node.sources import PeerSource, Source, SourceChanged
-from monarch.node.stager_books import Flight, StagerBooks, StagerListener
-from monarch.node.stager_copy import Closed, Copier, Invalidated
-from monarch.node.stager_schedule import Schedule
-from monarch.node.tiers import Tier
+from monarch.node.stage.concurrency import Concurrency
+from monarch.node.snapshot.snapshot import Snapshot
+from monarch.node.stage.sources import PeerSource, Source, SourceChanged
+from monarch.node.stage.stager_books import Flight, StagerBooks, StagerListener
+from monarch.node.stage.stager_copy import Closed, Copier, Invalidated
+from monarch.node.stage.stager_schedule import Schedule
+from monarch.node.tiers.tiers import Tier
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@
  * unlinked, never followed. The emptied directories are removed last, bottom up, on one
  * thread (there are few beside the files), then the top itself.
  *
- * Use (monarch/node/remover.py): remove_tree(path, threads, out) -> 0 when the whole tree is
+ * Use (monarch/node/tiers/remover.py): remove_tree(path, threads, out) -> 0 when the whole tree is
  * gone, -1 if anything stayed (out[0] entries removed, out[1] left). */
 
 #define _GNU_SOURCE

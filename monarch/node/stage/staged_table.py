@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Iterator, MutableMapping, TypeVar
 
-from monarch.node.indextable import IndexTable
+from monarch.node.snapshot.indextable import IndexTable
 
 __all__ = ["StagedTable"]
 

@@ -13,7 +13,7 @@ when the copy fails half-way (the PFS bytes are the number Monarch exists to min
 Correct bytes first: the PFS source copies a file only if its open descriptor still has the
 size and mtime the snapshot saw, and reads exactly that size (else ``SourceChanged``). It
 opens each file relative to its directory and, where the filesystem refreshes attributes
-at open, checks those (monarch/node/pfsmeta.py): one metadata operation per file, not one per
+at open, checks those (monarch/node/snapshot/pfsmeta.py): one metadata operation per file, not one per
 path component plus a getattr.
 """
 
@@ -29,8 +29,8 @@ import time
 from typing import Protocol
 
 from monarch.errors import PeerError
-from monarch.node.pfsmeta import DirFds, checked_stat
-from monarch.node.snapshot import FileInfo, Snapshot
+from monarch.node.snapshot.pfsmeta import DirFds, checked_stat
+from monarch.node.snapshot.snapshot import FileInfo, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The stager's copying: one key from its source (the PFS, a peer) into the first tier with room, published atomically.
 
-Whatever the source (``monarch/node/sources.py``): space reserved before the copy, a
+Whatever the source (``monarch/node/stage/sources.py``): space reserved before the copy, a
 compressing tier fed from one read of the PFS, the copy written under a temporary name and
 published by a rename under the books' lock, and every byte read from each source counted
 (the PFS bytes are the number Monarch exists to minimise). A source is copied only if it
@@ -17,10 +17,10 @@ import os
 from typing import Callable
 
 from monarch.errors import PeerError
-from monarch.node.sources import PFSSource, Source, SourceChanged
-from monarch.node.stager_books import StagerBooks
-from monarch.node.stager_recode import start_recode
-from monarch.node.tiers import NO_SPACE, Tier, write_all, write_atomically
+from monarch.node.stage.sources import PFSSource, Source, SourceChanged
+from monarch.node.stage.stager_books import StagerBooks
+from monarch.node.stage.stager_recode import start_recode
+from monarch.node.tiers.tiers import NO_SPACE, Tier, write_all, write_atomically
 from monarch.secure import owner_only
 
 log = logging.getLogger(__name__)

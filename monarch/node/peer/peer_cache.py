@@ -34,14 +34,14 @@ from typing import Callable
 
 from monarch import protocol
 from monarch.errors import FailureReason, PeerError
-from monarch.node.codecs import SEALS
-from monarch.node.concurrency import Concurrency
+from monarch.node.tiers.codecs import SEALS
+from monarch.node.stage.concurrency import Concurrency
 from monarch.node.outcomes import Outcome
-from monarch.node.snapshot import Snapshot
-from monarch.node.sources import PeerSource, SourceChanged
-from monarch.node.stager_books import Eviction, Flight, StagerBooks, StagerListener
-from monarch.node.stager_copy import Closed, Copier, SourceTally
-from monarch.node.tiers import Tier
+from monarch.node.snapshot.snapshot import Snapshot
+from monarch.node.stage.sources import PeerSource, SourceChanged
+from monarch.node.stage.stager_books import Eviction, Flight, StagerBooks, StagerListener
+from monarch.node.stage.stager_copy import Closed, Copier, SourceTally
+from monarch.node.tiers.tiers import Tier
 
 log = logging.getLogger(__name__)
 

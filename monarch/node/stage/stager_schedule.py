@@ -20,7 +20,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-from monarch.node.stager_books import Flight, StagerBooks
+from monarch.node.stage.stager_books import Flight, StagerBooks
 
 __all__ = ["Schedule", "background_slots"]
 

@@ -30,11 +30,11 @@ from array import array
 from typing import Callable
 
 from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
-from monarch.node.door_link import LEASE_MAX, LEASE_SHARE
-from monarch.node.index_writer import positions
-from monarch.node.peer_cache import GRACE, PeerCache
-from monarch.node.stager_books import StagerListener
-from monarch.node.tiers import Tier
+from monarch.node.door.door_link import LEASE_MAX, LEASE_SHARE
+from monarch.node.snapshot.index_writer import positions
+from monarch.node.peer.peer_cache import GRACE, PeerCache
+from monarch.node.stage.stager_books import StagerListener
+from monarch.node.tiers.tiers import Tier
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from monarch import protocol
-from monarch.node import index_writer
-from monarch.node import walker
-from monarch.node.filetable import FileInfo, FileTable, Listing
-from monarch.node.indextable import IndexListing, IndexTable, files_in
-from monarch.node.pfsmeta import opened_stat
+from monarch.node.snapshot import index_writer
+from monarch.node.snapshot import walker
+from monarch.node.snapshot.filetable import FileInfo, FileTable, Listing
+from monarch.node.snapshot.indextable import IndexListing, IndexTable, files_in
+from monarch.node.snapshot.pfsmeta import opened_stat
 from monarch.secure import write_file_atomically
 
 log = logging.getLogger(__name__)

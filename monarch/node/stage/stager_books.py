@@ -13,11 +13,11 @@ import os
 import threading
 from concurrent.futures import Future
 
-from monarch.node.concurrency import Concurrency
-from monarch.node.snapshot import Snapshot
-from monarch.node.sources import PeerSource
-from monarch.node.staged_table import StagedTable
-from monarch.node.tiers import Tier
+from monarch.node.stage.concurrency import Concurrency
+from monarch.node.snapshot.snapshot import Snapshot
+from monarch.node.stage.sources import PeerSource
+from monarch.node.stage.staged_table import StagedTable
+from monarch.node.tiers.tiers import Tier
 
 __all__ = ["Eviction", "Flight", "StagerBooks", "StagerListener"]
 

@@ -18,12 +18,12 @@ from typing import Callable, Iterable
 
 from monarch import frontdoor, protocol
 from monarch.frontdoor import EV_AHEAD, EV_STAGED, FrontDoor
-from monarch.node.current import Current
-from monarch.node.indextable import IndexTable, larger_than
+from monarch.node.stage.current import Current
+from monarch.node.snapshot.indextable import IndexTable, larger_than
 from monarch.node.outcomes import Outcome
-from monarch.node.stager import INLINE_BYTES, Stager
-from monarch.node.stager_books import StagerListener
-from monarch.node.tiers import Tier
+from monarch.node.stage.stager import INLINE_BYTES, Stager
+from monarch.node.stage.stager_books import StagerListener
+from monarch.node.tiers.tiers import Tier
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ import time
 from typing import Callable
 
 from monarch.config import Config
-from monarch.node.concurrency import Concurrency
-from monarch.node.filetable import FileTable
-from monarch.node.snapshot import Snapshot, take_snapshot
-from monarch.node.sources import Source, SourceChanged
+from monarch.node.stage.concurrency import Concurrency
+from monarch.node.snapshot.filetable import FileTable
+from monarch.node.snapshot.snapshot import Snapshot, take_snapshot
+from monarch.node.stage.sources import Source, SourceChanged
 from monarch.store import client as store_client
 from monarch.store.load import fetch_manifest
 from monarch.store.manifest import add_to_snapshot, digest

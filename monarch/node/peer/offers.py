@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from monarch.node.stager import Stager
-from monarch.node.stager_books import StagerListener
-from monarch.node.tiers import Tier
+from monarch.node.stage.stager import Stager
+from monarch.node.stage.stager_books import StagerListener
+from monarch.node.tiers.tiers import Tier
 
 if TYPE_CHECKING:  # the peer layer's floor is above this one
     from monarch.cluster.datapath import DataPath

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from monarch.node.gate import SnapshotGate, SnapshotState
-from monarch.node.snapshot import Snapshot
+from monarch.node.snapshot.gate import SnapshotGate, SnapshotState
+from monarch.node.snapshot.snapshot import Snapshot
 
 if TYPE_CHECKING:
-    from monarch.node.stager import Stager
+    from monarch.node.stage.stager import Stager
 
 
 class Current:

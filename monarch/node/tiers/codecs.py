@@ -1,6 +1,6 @@
 """Compressed tiers: the zstd codec of a tier, its choice of level (and dictionary), and the
 sealed in-memory copy an open of a compressed key is served from (the decoded files kept
-for re-opens are the tier's: ``monarch.node.tiers.DecodedFiles``).
+for re-opens are the tier's: ``monarch.node.tiers.tiers.DecodedFiles``).
 
 A tier with ``compression: zstd`` or ``auto`` stores a file compressed when that pays: the
 stager hands the codec the bytes it read from the PFS (one read, as for a raw copy) and the

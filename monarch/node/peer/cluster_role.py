@@ -8,7 +8,7 @@ node, one MPI job: ``monarch/cluster/``), the role:
   (``monarch/cluster/capacity.py``): *replicate* when every node can hold the whole
   dataset (the stager fetches other nodes' files from their owners into the peer area),
   else *shard* (each file has one owner, the peer area is an evicting cache of the
-  others': ``monarch/node/peer_cache.py``);
+  others': ``monarch/node/peer/peer_cache.py``);
 * answers peers' requests for the files this node owns (``provide``);
 * with ``peer.replicas: 2``, keeps second copies of the files it would take over;
 * when a node is lost, stages the lost node's files it owns now ahead of the rest.
@@ -29,15 +29,15 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from monarch.config import Config
 from monarch.errors import PeerError
-from monarch.node.codecs import Compressed, needs_dictionary
-from monarch.node.current import Current
-from monarch.node.offers import Offers
-from monarch.node.peer_cache import PeerCache
-from monarch.node.snapshot import Snapshot
-from monarch.node.sources import PeerSource
-from monarch.node.stager import INLINE_BYTES, Stager
+from monarch.node.tiers.codecs import Compressed, needs_dictionary
+from monarch.node.stage.current import Current
+from monarch.node.peer.offers import Offers
+from monarch.node.peer.peer_cache import PeerCache
+from monarch.node.snapshot.snapshot import Snapshot
+from monarch.node.stage.sources import PeerSource
+from monarch.node.stage.stager import INLINE_BYTES, Stager
 from monarch.node.stats import ClusterSlice
-from monarch.node.tiers import Tier
+from monarch.node.tiers.tiers import Tier
 from monarch.sizes import allocated_size
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import time
 
 import zstandard
 
-from monarch.node.tiers import Tier, write_all, write_atomically
+from monarch.node.tiers.tiers import Tier, write_all, write_atomically
 from monarch.secure import owner_only
 
 log = logging.getLogger(__name__)

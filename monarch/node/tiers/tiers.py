@@ -19,13 +19,13 @@ import secrets
 import threading
 from typing import Callable
 
-from monarch.node import remover
-from monarch.node.codecs import DICT_DIR, Codec, make_codec
+from monarch.node.tiers import remover
+from monarch.node.tiers.codecs import DICT_DIR, Codec, make_codec
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
-from monarch.node.resources import MemoryGuard, allocated_size, allocation_unit, is_memory_backed, share_of_node
+from monarch.node.tiers.resources import MemoryGuard, allocated_size, allocation_unit, is_memory_backed, share_of_node
 from monarch.secure import create_exclusive, owner_only
-from monarch.node.snapshot import FileInfo
+from monarch.node.snapshot.snapshot import FileInfo
 
 log = logging.getLogger(__name__)
 

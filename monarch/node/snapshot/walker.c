@@ -3,12 +3,12 @@
  * snapshot index (monarch/protocol.py, "Snapshot index") built from what it found, with no
  * object per file and no interpreter on the way (design principle 12).
  *
- * It sees what the Python walk (monarch/node/snapshot.py: take_snapshot) sees, entry for
+ * It sees what the Python walk (monarch/node/snapshot/snapshot.py: take_snapshot) sees, entry for
  * entry: directories are not followed through symlinks, a symlink to a regular file is
  * that file (its own lstat kept as its link record), a broken link or a special file is
  * named in its directory's listing but not described, and a directory whose listing or
  * any entry failed is kept unlisted (its names stay the PFS's). The index it writes is
- * the one monarch/node/index_writer.py writes for that snapshot, byte for byte, with
+ * the one monarch/node/snapshot/index_writer.py writes for that snapshot, byte for byte, with
  * the files in this walk's order: directories sorted by key, each one's files by name
  * (tests/unit/test_walker.py holds the two equal).
  *
@@ -18,7 +18,7 @@
  * peak is about one index's size, not two (the buffer comes unwritten: its pages are
  * touched only as the index fills them).
  *
- * Use (monarch/node/walker.py): walk_run (blocking; the threads are its own), then
+ * Use (monarch/node/snapshot/walker.py): walk_run (blocking; the threads are its own), then
  * walk_index_size, a buffer of that size, walk_build into it, walk_free. */
 
 #define _GNU_SOURCE
@@ -35,7 +35,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "../wire/monarch_wire.h" /* the index layout: one definition */
+#include "../../wire/monarch_wire.h" /* the index layout: one definition */
 
 #define EXPORT __attribute__((visibility("default")))
 #define SLICE 256           /* entries of one directory described per task (a flat directory is split) */
