@@ -330,7 +330,7 @@ def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        from monarch.shim.build import shim_library
+        from monarch.shim import shim_library
         shim = str(shim_library())
     except Exception as exc:  # the C shim may not exist or not build here
         print(f"bench_shim: no shim to preload: {exc}", file=sys.stderr)

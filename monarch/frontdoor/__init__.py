@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from monarch import protocol
-from monarch.shim.build import OptionalLibrary
+from monarch.native.build import OptionalLibrary
 
 SOURCE = Path(__file__).with_name("front_door.c")
 LIBRARY_NAME = "libmonarch_front_door.so"

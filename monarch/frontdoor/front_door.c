@@ -62,6 +62,7 @@
 #include <unistd.h>
 
 #include "../wire/monarch_wire.h" /* frames, index layout, limits: one definition (tests/unit/test_wire.py) */
+#include "../native/monarch_native.h" /* EXPORT, the clock, CRC-32, the index look-up: shared */
 
 #ifndef F_ADD_SEALS                    /* an older glibc's headers predate memfd (the kernel has it) */
 #define F_ADD_SEALS 1033
@@ -77,7 +78,6 @@
 #define MFD_ALLOW_SEALING 0x2U
 #endif
 
-#define EXPORT __attribute__((visibility("default")))
 #ifndef EPOLLEXCLUSIVE
 #define EPOLLEXCLUSIVE (1u << 28)          /* Linux 4.5; older headers lack the name */
 #endif
@@ -237,33 +237,6 @@ struct door {
 };
 
 /* -- small things -------------------------------------------------------------------- */
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static uint32_t crc_table[256];
-
-static void crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[i] = c;
-    }
-}
-
-static uint32_t crc32_of(const char *p, size_t n)   /* protocol.key_hash: zlib's crc32 */
-{
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++)
-        c = crc_table[(c ^ (unsigned char)p[i]) & 0xFF] ^ (c >> 8);
-    return c ^ 0xFFFFFFFFu;
-}
-
 static int write_full(int fd, const char *p, size_t n)
 {
     while (n) {
@@ -285,7 +258,7 @@ static const char *index_entry_key(const struct door *d, uint32_t n, uint32_t *l
  * was answered, in 4 bytes of its slot. */
 static uint32_t door_ms(const struct door *d)
 {
-    return (uint32_t)((now_ns() - d->started_ns) / 1000000) + 1;
+    return (uint32_t)((monarch_now_ns() - d->started_ns) / 1000000) + 1;
 }
 
 /* -- the key table (open addressing; entries change state, never go) ------------------- */
@@ -370,7 +343,7 @@ static struct entry *insert(struct door *d, const char *key, uint32_t len, uint3
 
 static struct entry *find_or_insert(struct door *d, const char *key, uint32_t len)
 {
-    uint32_t hash = crc32_of(key, len);
+    uint32_t hash = monarch_crc32(key, len);
     struct entry *e = find(d, key, len, hash);
     return e ? e : insert(d, key, len, hash);
 }
@@ -407,20 +380,8 @@ static struct monarch_index_header index_header(const unsigned char *x)
 /* The entry number (from 1) of ``key`` in the index, or 0: the shim's look-up. */
 static uint32_t index_number(const struct door *d, const char *key, uint32_t len, uint32_t hash)
 {
-    const unsigned char *x = d->idx;
-    struct monarch_index_header h = index_header(x);
-    for (uint32_t b = hash & (h.buckets - 1), probes = 0; probes < h.buckets; b = (b + 1) & (h.buckets - 1), probes++) {
-        uint32_t n;
-        memcpy(&n, x + h.buckets_off + 4ull * b, sizeof n);
-        if (!n || n > h.entries)
-            return 0;
-        struct monarch_index_entry e;
-        memcpy(&e, x + h.entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
-        if (e.hash == hash && e.key_len == len && e.key_off <= h.keys_size && e.key_len <= h.keys_size - e.key_off &&
-            !memcmp(x + h.keys_off + e.key_off, key, len))
-            return n;
-    }
-    return 0;
+    struct monarch_index_header h = index_header(d->idx);
+    return monarch_index_find(d->idx, &h, key, len, hash);
 }
 
 /* Entry n (from 1) of the index: the file's fields and its key (in the mapping), if it is a
@@ -449,7 +410,7 @@ static int index_file(const struct door *d, const char *key, uint32_t len, struc
 {
     const char *k;
     uint32_t l;
-    uint32_t n = index_number(d, key, len, crc32_of(key, len));
+    uint32_t n = index_number(d, key, len, monarch_crc32(key, len));
     return n && index_entry(d, n, out, &k, &l);
 }
 
@@ -879,7 +840,7 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
     char dest[PATH_MAX], tmp[64];
     const char *area = d->tiers[d->peer_slot];
     const char *base = memrchr(key, '/', len);     /* valid_key: "<k>/...", so there is one */
-    int64_t t0 = now_ns();
+    int64_t t0 = monarch_now_ns();
     int ok = base && snprintf(dest, sizeof dest, "%s/%.*s", area, (int)len, key) < (int)sizeof dest;
     snprintf(tmp, sizeof tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
     /* the worker's directory of the last fetch, kept (an epoch's files share few directories):
@@ -910,7 +871,7 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
         e->slot = (uint8_t)d->peer_slot;
         e->answered = door_ms(d);
         d->peer_fetches++;
-        post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
+        post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, monarch_now_ns() - t0);
     } else {
         if (out >= 0)
             unlinkat(kdir, tmp, 0);
@@ -918,7 +879,7 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
         e->state = K_PYTHON;           /* Python's protocol fetches it (staging it there first), or says why not */
         d->lease[Q_PEER] += peer_room(d, f->size);
         d->peer_failures++;
-        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
+        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, monarch_now_ns() - t0);
     }
     struct waiter *ready = d->parked ? unpark_locked(d, key, len, hash) : NULL;
     if (ready && ok)
@@ -962,17 +923,17 @@ static int fetch_transient(struct worker *w, int fd, const char *key, uint32_t l
                            int owner, peer_fetch_fn fetch, void *dp, int timeout_ms)
 {
     struct door *d = w->d;
-    int64_t t0 = now_ns();
+    int64_t t0 = monarch_now_ns();
     int m = (int)syscall(SYS_memfd_create, "monarch-peer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     int ok = m >= 0 && fetch(dp, owner, key, (int)len, f->size, m, timeout_ms) == (int64_t)f->size &&
              fcntl(m, F_ADD_SEALS, MONARCH_MEMFD_SEALS) == 0 && lseek(m, 0, SEEK_SET) == 0;
     pthread_mutex_lock(&d->mu);
     if (ok) {
         d->peer_transient++;
-        post_event_locked(d, Q_PEER, EV_TRANSIENT, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
+        post_event_locked(d, Q_PEER, EV_TRANSIENT, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, monarch_now_ns() - t0);
     } else {
         d->peer_failures++;            /* handed over: Python's protocol fetches it, or says why not */
-        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, now_ns() - t0);
+        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, monarch_now_ns() - t0);
     }
     d->busy--;
     pthread_cond_broadcast(&d->cv);
@@ -999,7 +960,7 @@ static void staff_locked(struct door *d)
         struct worker *w = &d->copiers[d->ncopiers];
         w->d = d;
         w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
-        w->tmp_seq = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + d->ncopiers) << 48;
+        w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + d->ncopiers) << 48;
         w->copy_buf = w->copy_buf ? w->copy_buf : malloc(MONARCH_INLINE_MAX + 1);
         sigset_t all, old;
         sigfillset(&all);
@@ -1029,10 +990,10 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
     int raised = 0;                    /* the measure allows more copies in flight now */
     peer_offer_fn offer = NULL;
     void *offer_dp = NULL;
-    int64_t t0 = now_ns();
+    int64_t t0 = monarch_now_ns();
     int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read);
     const char *name = strrchr(dest, '/') + 1;
-    int64_t t1 = now_ns();
+    int64_t t1 = monarch_now_ns();
     /* the rename outside the door's lock: it waits for the directory's, which the lane's other
      * copies into that directory hold in turn (under the door's lock, the lane was one copy at
      * a time: 25k files/s on a core). A front_door_disable (a write by the job) either came
@@ -1106,7 +1067,7 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
         pthread_mutex_unlock(&d->mu);
         return R_CLOSED_GATE;
     }
-    uint32_t hash = crc32_of(key, len);
+    uint32_t hash = monarch_crc32(key, len);
     struct entry *e = find(d, key, len, hash);
     if (e && e->state == K_BUSY) {     /* another thread copies it: its answer is ours, given when it ends */
         struct waiter *q = new_waiter(fd, req, got, hash, len);
@@ -1242,7 +1203,7 @@ static int lane_next_locked(struct door *d, struct idx_file *f, const char **key
             d->ahead_next++;           /* not a small file: Python's stager copies it */
             continue;
         }
-        *hash = crc32_of(*key, *len);
+        *hash = monarch_crc32(*key, *len);
         if (find(d, *key, *len, *hash)) {
             d->ahead_next++;           /* staged, being copied, or Python's */
             continue;
@@ -1551,7 +1512,7 @@ static void on_accept(struct worker *w)
         }
         c->fd = fd;
         c->got = 0;
-        c->since = now_ns();
+        c->since = monarch_now_ns();
         ssize_t r = recv(fd, c->buf, sizeof c->buf, MSG_DONTWAIT);
         int state = r > 0 ? frame_state(c->buf, c->got = (uint32_t)r) : F_MORE;
         if (state != F_MORE) {
@@ -1585,7 +1546,7 @@ static void on_accept(struct worker *w)
 
 static void sweep_slow(struct worker *w)
 {
-    int64_t now = now_ns();
+    int64_t now = monarch_now_ns();
     for (struct conn *c = w->pending, *next; c; c = next) {
         next = c->next;
         if (now - c->since < PENDING_NS)
@@ -1635,13 +1596,12 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
         errno = EINVAL;
         return NULL;
     }
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, crc_init);
+    monarch_crc_init();
     struct door *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
     d->uid = getuid();
-    d->started_ns = now_ns();
+    d->started_ns = monarch_now_ns();
     d->hq_tail = &d->hq;
     d->copy_slot = copy_slot;
     d->listen_fd = d->stop_fd = d->wake_fd = -1;
@@ -1674,7 +1634,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
         w->d = d;
         /* temporary names need only differ (O_EXCL refuses a clash): no getrandom, which
          * glibc has only since 2.25 (the door builds wherever the shim does, back to 2.17) */
-        w->tmp_seq = (uint64_t)now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)i << 56;
+        w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)i << 56;
         w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
         /* here, not on the thread: it must be held before anything can use the descriptors up */
         w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -1948,7 +1908,7 @@ EXPORT void front_door_forget(struct door *d, const char *key, int len)
 EXPORT int front_door_evict(struct door *d, const char *key, int len, int64_t grace_ns)
 {
     pthread_mutex_lock(&d->mu);
-    uint32_t hash = crc32_of(key, (uint32_t)len);
+    uint32_t hash = monarch_crc32(key, (uint32_t)len);
     struct entry *e;
     while ((e = find(d, key, (uint32_t)len, hash)) && e->state == K_BUSY)
         pthread_cond_wait(&d->cv, &d->mu);

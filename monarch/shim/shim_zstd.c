@@ -121,13 +121,6 @@ static monarch_zstd_dctx *monarch_zstd_dctx_here(void)
     return d;
 }
 
-static inline uint64_t monarch_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /*
  * Dictionaries: a tier whose small files compress better with one keeps it at
  * <probe dir>/.z/.dict/<id> (monarch/codecs.py; no key starts with '.'), written before any

@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from monarch import protocol
-from monarch.shim.build import shim_library
+from monarch.shim import shim_library
 
 TIMEOUT = 60  # seconds, for every subprocess
 TIER_SLOTS = (protocol.tier_slot(0), protocol.tier_slot(1))

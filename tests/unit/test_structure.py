@@ -125,7 +125,7 @@ RECORDS = {
                                 "books": "the stager's ledger: files dropped"},
     "node/tiers/tiers.py": {"tier": "set in Tier's own factory (a classmethod)"},
     "node/stage/store_source.py": {"mount": "the store set's own record of one root (Mount)"},
-    "shim/build.py": {"fn": "ctypes function prototypes (OptionalLibrary)"},
+    "native/build.py": {"fn": "ctypes function prototypes (OptionalLibrary)"},
     "slowpfs.py": {"config_3": "libfuse's fuse_config, filled in its init callback",
                    "fi": "libfuse's fuse_file_info of one open, filled by the open callback"},
 }
@@ -163,3 +163,21 @@ def test_no_module_checks_for_test_doubles():
                 what = node.args[1].value if isinstance(node.args[1], ast.Constant) else ast.unparse(node.args[1])
                 found.add((str(path.relative_to(PACKAGE)), ast.unparse(node.args[0]), what))
     assert found == set(HASATTR)
+
+
+
+def _c_files() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE)): p.read_text() for p in sorted(PACKAGE.rglob("*.[ch]"))}
+
+
+def test_shared_native_code_is_defined_once():
+    """CRC-32's table, the index's probe and the export marker live in monarch/native/ alone: the
+    shim, the front door, the walker, the remover and the data path include them."""
+    files = _c_files()
+    shared = "native/monarch_native.h"
+    for what, pattern in (("CRC-32", "0xEDB88320"), ("the export marker", 'visibility("default")'),
+                          ("the index look-up's probe", "buckets_off + 4"), ("the clock", "CLOCK_MONOTONIC, &ts")):
+        assert [name for name, text in files.items() if pattern in text] == [shared], what
+    includers = {name for name, text in files.items() if "monarch_native.h\"" in text}
+    assert {"shim/monarch_shim.c", "frontdoor/front_door.c", "node/snapshot/walker.c", "node/tiers/remover.c",
+            "cluster/datapath.c"} <= includers

@@ -35,9 +35,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "../../wire/monarch_wire.h" /* the index layout: one definition */
+#include "../../native/monarch_native.h" /* EXPORT, CRC-32; the index layout (the wire's): one definition */
 
-#define EXPORT __attribute__((visibility("default")))
 #define SLICE 256           /* entries of one directory described per task (a flat directory is split) */
 #define DENTS_BUFFER 65536  /* bytes per getdents64 call */
 #define TRIM_BYTES (8u << 20) /* the freed records given back to the system every this many bytes of the index built */
@@ -101,26 +100,6 @@ struct walk {
     /* the index, once laid out */
     uint64_t nfiles, nlinked, total, nbuckets, keys_size, nchildren, spare_size, size;
 };
-
-static uint32_t crc_table[256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[i] = c;
-    }
-}
-
-static uint32_t crc32_of(uint32_t c, const char *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        c = crc_table[(c ^ (unsigned char)p[i]) & 0xFF] ^ (c >> 8);
-    return c;
-}
 
 static void fill(struct monarch_index_entry *e, const struct stat *st)
 {
@@ -490,7 +469,7 @@ static int spare_offset(struct spares *s, const char *name, uint16_t len, uint64
         }
         for (size_t i = 0; i < s->cap; i++)
             if (s->slots[i]) {
-                size_t b = crc32_of(0, s->names[i], s->lens[i]) & (cap - 1);
+                size_t b = monarch_crc32_update(0, s->names[i], s->lens[i]) & (cap - 1);
                 while (grown.slots[b])
                     b = (b + 1) & (cap - 1);
                 grown.slots[b] = s->slots[i], grown.names[b] = s->names[i], grown.lens[b] = s->lens[i];
@@ -498,7 +477,7 @@ static int spare_offset(struct spares *s, const char *name, uint16_t len, uint64
         free(s->slots), free(s->names), free(s->lens);
         *s = grown;
     }
-    size_t b = crc32_of(0, name, len) & (s->cap - 1);
+    size_t b = monarch_crc32_update(0, name, len) & (s->cap - 1);
     while (s->slots[b]) {
         if (s->lens[b] == len && !memcmp(s->names[b], name, len)) {
             *off = (uint32_t)(s->slots[b] - 1);
@@ -521,7 +500,7 @@ static int spare_offset(struct spares *s, const char *name, uint16_t len, uint64
 EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint64_t *parent_inos, int nroots,
                              int threads)
 {
-    pthread_once(&crc_once, crc_init);
+    monarch_crc_init();
     struct walk *w = calloc(1, sizeof *w);
     if (!w)
         return NULL;
@@ -677,10 +656,10 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
         struct dir *d = w->dirs[j];
         int slash = d->key[d->key_len - 1] != '/';
         uint32_t prefix = d->key_len + (uint32_t)slash;
-        uint32_t dir_hash = crc32_of(0xFFFFFFFFu, d->key, d->key_len) ^ 0xFFFFFFFFu;
-        uint32_t prefix_hash = crc32_of(0xFFFFFFFFu, d->key, d->key_len);
+        uint32_t dir_hash = monarch_crc32_update(0xFFFFFFFFu, d->key, d->key_len) ^ 0xFFFFFFFFu;
+        uint32_t prefix_hash = monarch_crc32_update(0xFFFFFFFFu, d->key, d->key_len);
         if (slash)
-            prefix_hash = crc32_of(prefix_hash, "/", 1);
+            prefix_hash = monarch_crc32_update(prefix_hash, "/", 1);
         /* its files: key, record, bucket */
         for (uint32_t i = 0; i < d->n; i++) {
             struct ent *e = &d->ents[i];
@@ -693,7 +672,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
             memcpy(k + prefix, d->names + e->name_off, e->name_len);
             struct monarch_index_entry *r = &entries[e->number];
             *r = d->recs[i];
-            r->hash = crc32_of(prefix_hash, d->names + e->name_off, e->name_len) ^ 0xFFFFFFFFu;
+            r->hash = monarch_crc32_update(prefix_hash, d->names + e->name_off, e->name_len) ^ 0xFFFFFFFFu;
             r->key_len = prefix + e->name_len;
             r->key_off = file_keys;
             if (e->kind == K_LINKED_FILE) {

@@ -12,7 +12,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from monarch.shim.build import OptionalLibrary
+from monarch.native.build import OptionalLibrary
 
 SOURCE = Path(__file__).with_name("walker.c")
 LIBRARY_NAME = "libmonarch_walker.so"

@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define EXPORT __attribute__((visibility("default")))
+#include "../../native/monarch_native.h" /* EXPORT */
 #define MAX_THREADS 64
 #define QUEUE_ENOUGH 4      /* queued directories per thread beyond which a thread empties its own */
 

@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from monarch.shim.build import OptionalLibrary
+from monarch.native.build import OptionalLibrary
 
 log = logging.getLogger(__name__)
 

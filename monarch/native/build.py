@@ -1,8 +1,11 @@
-"""Compile ``monarch_shim.c`` (which includes the ``shim_*.c`` parts) into ``libmonarch_shim.so``.
+"""The builder of Monarch's C libraries: the shim, the front door, the walker, the remover (and
+the peer data path, against the loaded MPI).
 
-One function serves both the install-time build hook (``setup.py``) and a source
-checkout, where the library is built on first use into a cache keyed by the
-source's hash, so a stale library is never preloaded.
+Each library is one translation unit: its main file includes its parts (the other C files
+beside it) and the shared headers (``monarch/native/*.h``, ``monarch/wire/monarch_wire.h``).
+One function serves both the install-time build hook (``setup.py``, which loads this file by
+path) and a source checkout, where a library is built on first use into a cache keyed by its
+source's digest (every file it includes counted), so a stale library is never loaded.
 """
 
 from __future__ import annotations
@@ -16,48 +19,44 @@ import subprocess
 from pathlib import Path
 
 
-SOURCE = Path(__file__).with_name("monarch_shim.c")
-WIRE_HEADER = Path(__file__).parent.parent / "wire" / "monarch_wire.h"  # included by the shim and the front door
-LIBRARY_NAME = "libmonarch_shim.so"
+NATIVE = Path(__file__).parent                       # the headers every library includes (monarch_native.h)
+WIRE_HEADER = NATIVE.parent / "wire" / "monarch_wire.h"  # the wire, included by the shim, the door, the walker
 CFLAGS = ["-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-std=gnu11",
           "-Wall", "-Wextra", "-Werror"]
 LIBS = ["-ldl", "-lpthread"]
 
 
-class ShimBuildError(RuntimeError):
-    """The shim could not be compiled (kept free of package imports: setup.py loads this file by path)."""
+class BuildError(RuntimeError):
+    """A library could not be compiled (kept free of package imports: setup.py loads this file by path)."""
 
 
-def build_shim(out: Path, source: Path = SOURCE, what: str = "the Monarch shim", extra: list[str] = ()) -> Path:
-    """Compile the shim (or another of Monarch's C libraries: ``what``, with ``extra``
-    arguments) to ``out`` (atomically: a half-written .so is never preloaded)."""
+def build_library(out: Path, source: Path, what: str, extra: list[str] = ()) -> Path:
+    """Compile the library whose main file is ``source`` (``what``, said in errors; ``extra``
+    arguments) to ``out`` (atomically: a half-written .so is never loaded)."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        raise ShimBuildError(f"cannot build {what}: no C compiler found; "
+        raise BuildError(f"cannot build {what}: no C compiler found; "
                            "install gcc (apt-get install gcc) or set CC")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
     cmd = [cc, *CFLAGS, "-o", str(tmp), str(source), *extra, *LIBS]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise ShimBuildError(f"building {what} failed: {' '.join(cmd)}\n{proc.stderr}")
+        raise BuildError(f"building {what} failed: {' '.join(cmd)}\n{proc.stderr}")
     os.replace(tmp, out)
     return out
 
 
-def source_digest(source: Path = SOURCE) -> str:
-    """A hash of a library's source: the main file, every other C file beside it (the parts it
-    includes: the shim's ``shim_*.c``, the front door's ``inflight.c``) and the wire header."""
+def source_digest(source: Path) -> str:
+    """A hash of a library's source: the main file, every other C or header file beside it (the
+    parts it includes: the shim's ``shim_*.c``, the front door's ``door_*.c`` and header), the
+    shared headers (``monarch/native/``) and the wire header."""
     h = hashlib.sha256()
-    parts = sorted(p for p in source.parent.glob("*.c") if p != source)
-    for path in [source, *parts, WIRE_HEADER]:
+    beside = sorted(p for p in source.parent.iterdir() if p.suffix in (".c", ".h") and p != source)
+    shared = sorted(p for p in NATIVE.iterdir() if p.suffix in (".c", ".h"))
+    for path in [source, *beside, *shared, WIRE_HEADER]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
-
-
-def shim_library() -> Path:
-    """The shim to preload: the installed one, else one built from this checkout."""
-    return built_library(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the Monarch shim")
 
 
 def built_library(source: Path, installed: Path, what: str) -> Path:
@@ -77,7 +76,7 @@ def cached_build(source: Path, library_name: str, digest: str, what: str) -> Pat
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "monarch"
     built = cache / f"{digest}-{library_name}"
     if not built.exists():
-        build_shim(built, source, what)
+        build_library(built, source, what)
     return built
 
 
@@ -86,7 +85,7 @@ def _stamp(library: Path) -> str | None:
     return stamp.read_text().strip() if stamp.exists() else None
 
 
-def write_stamp(library: Path, source: Path = SOURCE) -> None:
+def write_stamp(library: Path, source: Path) -> None:
     library.with_suffix(".sha256").write_text(source_digest(source))
 
 
