@@ -385,7 +385,7 @@ def test_connections_python_does_not_take_are_bounded(short_tmp, daemon_on):
     """With the Python loop not taking what the door hands over (stuck, or a flood), the
     door keeps at most HANDED_MAX waiting and closes the rest at once (their shims read
     the PFS); once the loop runs, it answers those that waited."""
-    limit = 4096  # front_door.c HANDED_MAX
+    limit = 4096  # front_door.c: HANDED_MAX
     extra = 50
     raise_fd_limit(2 * (limit + extra) + 500)
     root = fast_root(short_tmp)

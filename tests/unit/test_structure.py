@@ -166,8 +166,17 @@ def test_no_module_checks_for_test_doubles():
 
 
 
+MAX_C_LINES = 850
+
+
 def _c_files() -> dict[str, str]:
     return {str(p.relative_to(PACKAGE)): p.read_text() for p in sorted(PACKAGE.rglob("*.[ch]"))}
+
+
+def test_no_c_file_is_over_850_lines():
+    long = {name: n for name, text in _c_files().items() if (n := len(text.splitlines())) > MAX_C_LINES}
+    assert long == {}
+    assert "frontdoor/front_door.c" in _c_files()
 
 
 def test_shared_native_code_is_defined_once():
