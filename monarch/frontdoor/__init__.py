@@ -14,7 +14,7 @@ goes through.
 The contract with the C side is ``front_door.h``: the functions called here (``_PROTOTYPES``),
 the events (``EV_*``), whose books (``BOOKS``), why a connection was handed over
 (``HANDED_OVER_BECAUSE``, R_* in order), why the lane ended (``AHEAD_ENDED_BECAUSE``, A_*) and
-the event record (``_EVENT``); ``tests/unit/test_front_door_header.py`` holds this module to it.
+the event record (``_EVENT``); ``tests/unit/frontdoor/test_front_door_header.py`` holds this module to it.
 
 Without a C compiler, with ``staging.validate: open`` (every open checked in Python) or with
 ``MONARCH_FRONT_DOOR=0``, there is no door: the Python server accepts and answers

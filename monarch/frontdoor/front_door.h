@@ -5,7 +5,7 @@
  * event record, and every function Python calls.
  *
  * Each list is declared once, as an X-macro (after Darshan's log-format headers), expanded
- * here into the C enum; tests/unit/test_front_door_header.py reads this file and holds the
+ * here into the C enum; tests/unit/frontdoor/test_front_door_header.py reads this file and holds the
  * Python side (EV_*, BOOKS, HANDED_OVER_BECAUSE, AHEAD_ENDED_BECAUSE, _EVENT, _PROTOTYPES)
  * against it, as tests/unit/test_wire.py holds monarch/wire/monarch_wire.h. Change a list
  * here and in Python together: a reason's place is its number in front_door_counts.

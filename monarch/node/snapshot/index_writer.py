@@ -6,7 +6,7 @@ at its peak, the daemon's largest memory at a million files. Here the same bytes
 a ``Snapshot`` in a few passes over its files, each record packed into one preallocated
 buffer as it is read (the files' entry numbers and key offsets are arrays, the snapshot's
 own table finds a child's entry): a few dozen bytes per file beside the index itself.
-``tests/unit/test_index_writer.py`` holds the two builders to the same bytes.
+``tests/unit/node/snapshot/test_index_writer.py`` holds the two builders to the same bytes.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
  * any entry failed is kept unlisted (its names stay the PFS's). The index it writes is
  * the one monarch/node/snapshot/index_writer.py writes for that snapshot, byte for byte, with
  * the files in this walk's order: directories sorted by key, each one's files by name
- * (tests/unit/test_walker.py holds the two equal).
+ * (tests/unit/node/snapshot/test_walker.py holds the two equal).
  *
  * Memory: a described file costs its future index entry (112 bytes), its name and a
  * 32-byte listing record while the walk runs; walk_build writes the index into the

@@ -523,7 +523,7 @@ def test_out_of_descriptors_closes_at_once_and_does_not_spin(short_tmp):
     import json
     import subprocess
     import sys
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[3]),
                                                        os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", OUT_OF_DESCRIPTORS, short_tmp], capture_output=True, text=True,
                           timeout=120, env=env)
