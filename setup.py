@@ -12,14 +12,14 @@ HERE = Path(__file__).parent
 LIBRARIES = (
     ("monarch/shim/monarch_shim.c", "libmonarch_shim.so", "the Monarch shim"),
     ("monarch/frontdoor/front_door.c", "libmonarch_front_door.so", "the daemon's front door"),
-    ("monarch/node/walker.c", "libmonarch_walker.so", "the dataset walker"),
-    ("monarch/node/remover.c", "libmonarch_remover.so", "the tier remover"),
+    ("monarch/node/snapshot/walker.c", "libmonarch_walker.so", "the dataset walker"),
+    ("monarch/node/tiers/remover.c", "libmonarch_remover.so", "the tier remover"),
 )
 
 
-def _load_shim_builder():
-    # Load monarch/shim/build.py by path: the package itself is not importable at build time.
-    spec = importlib.util.spec_from_file_location("_monarch_shim_build", HERE / "monarch/shim/build.py")
+def _load_builder():
+    # Load monarch/native/build.py by path: the package itself is not importable at build time.
+    spec = importlib.util.spec_from_file_location("_monarch_native_build", HERE / "monarch/native/build.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -28,10 +28,10 @@ def _load_shim_builder():
 class BuildPyWithShim(build_py):
     def run(self):
         super().run()
-        builder = _load_shim_builder()
+        builder = _load_builder()
         for source, library, what in LIBRARIES:
             out = Path(self.build_lib) / Path(source).parent / library
-            builder.build_shim(out, HERE / source, what)
+            builder.build_library(out, HERE / source, what)
             builder.write_stamp(out, HERE / source)
 
 

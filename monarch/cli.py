@@ -139,7 +139,7 @@ def cmd_run(args) -> int:
     config = _load(args.config, roots=args.dataset, env=dict(os.environ, **{topology.ENV_RUN_ID: run_name}))
     _check_html_report(args.report_html, config)
     if config.dataset.stores:  # no PFS behind a store's root: an unreachable store stops the job here
-        from monarch.node.store_source import check_stores
+        from monarch.node.stage.store_source import check_stores
         for line in check_stores(config):
             print(f"monarch: store: {line}" + ("; going on (--fail-open)" if args.fail_open else
                                                 "; exit 2 (--fail-open runs the command anyway)"), file=sys.stderr)
@@ -269,7 +269,7 @@ def cmd_plan(args) -> int:
             raise MonarchError(f"monarch plan: --files must be at least 0, got {args.files}")
         items = plan.synthetic(args.files, size)
     else:
-        from monarch.node.snapshot import take_snapshot
+        from monarch.node.snapshot.snapshot import take_snapshot
         snap = take_snapshot(config.dataset.roots)
         items = ((key, info.size) for key, info in snap.files.items())
     nodes = args.nodes if args.nodes is not None else int(os.environ.get("SLURM_JOB_NUM_NODES")

@@ -65,7 +65,7 @@ def node_storage(config) -> list[Store]:
 
 def _capacity(config, key: str, path: str, capacity: int, share: float | None) -> int:
     """Bytes of a tier or the peer area: its size, or its share of the node read on this machine."""
-    from monarch.node.resources import share_of_node
+    from monarch.node.tiers.resources import share_of_node
     if share is None:
         return capacity
     try:
@@ -78,7 +78,7 @@ def _capacity(config, key: str, path: str, capacity: int, share: float | None) -
 
 def _in_memory(path: str) -> bool:
     """Is a tier's base memory-backed (read on this machine; a base missing here: by its path)?"""
-    from monarch.node.resources import is_memory_backed
+    from monarch.node.tiers.resources import is_memory_backed
     try:
         return is_memory_backed(path)
     except OSError:

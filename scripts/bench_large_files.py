@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
-from monarch.node import sources  # noqa: E402
-from monarch.node.snapshot import take_snapshot  # noqa: E402
+from monarch.node.stage import sources  # noqa: E402
+from monarch.node.snapshot.snapshot import take_snapshot  # noqa: E402
 from support.harness import CountingTally  # noqa: E402
 from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 

@@ -12,7 +12,7 @@ Modes: ``direct`` (plain Python on the mount), ``monarch`` (first job: the daemo
 tree once), ``monarch-again`` (a second job of the same dataset, its tier kept: the kept snapshot is reused
 after one stat per directory). Two references: the application's own tree walk (the
 ``direct`` start-up: what the issue calls one tree walk) and Monarch's leaner walk
-(monarch.node.snapshot's, measured on its own: one stat per entry relative to its directory).
+(monarch.node.snapshot.snapshot's, measured on its own: one stat per entry relative to its directory).
 
     python scripts/bench_metadata.py                  # 20 classes x 100 files, 3 epochs
     python scripts/bench_metadata.py --quick
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
             script.write_text(WORKLOAD)
             before = ops(pfs)
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "import sys; from monarch.node.snapshot import take_snapshot; "
+            subprocess.run([sys.executable, "-c", "import sys; from monarch.node.snapshot.snapshot import take_snapshot; "
                             "print(len(take_snapshot((sys.argv[1],)).files))", root], env=env(), check=True,
                            capture_output=True, timeout=1800)
             walk = {"seconds": time.perf_counter() - t0, "ops": ops(pfs) - before}
@@ -176,7 +176,7 @@ def print_table(results: dict, walk: dict, nfiles: int, args) -> None:
     print(f"\n{args.classes} classes x {args.per_class} files of {args.size} B; {args.lookup_latency_ms:g} ms per "
           f"metadata operation, {args.open_latency_ms:g} ms per open; {args.epochs} epochs")
     print(f"one tree walk: the application's (direct start-up) {results['direct']['startup_ops']}, "
-          f"monarch.node.snapshot's {walk['ops']} PFS metadata operations ({walk['seconds']:.2f} s)\n")
+          f"monarch.node.snapshot.snapshot's {walk['ops']} PFS metadata operations ({walk['seconds']:.2f} s)\n")
     head = f"{'mode':<14}{'start-up s':>11}" + "".join(f"{f'epoch {i + 1} s':>10}" for i in range(args.epochs))
     head += f"{'PFS meta ops: before app':>26}{'start-up':>10}{'epochs':>9}{'total':>8}{'x app walk':>11}"
     head += f"{'x monarch walk':>15}"

@@ -47,8 +47,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; t
 
 from benchopts import parse_with_quick, ready_to_write, result_path  # noqa: E402  (scripts/, beside this file)
 from monarch import protocol  # noqa: E402
-from monarch.node.snapshot import take_snapshot  # noqa: E402
-from monarch.node.codecs import DEFAULT_LEVEL  # noqa: E402
+from monarch.node.snapshot.snapshot import take_snapshot  # noqa: E402
+from monarch.node.tiers.codecs import DEFAULT_LEVEL  # noqa: E402
 from monarch.workload import _compressible, parse_size  # noqa: E402
 
 TIER_SLOT = protocol.tier_slot(0)
@@ -330,7 +330,7 @@ def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        from monarch.shim.build import shim_library
+        from monarch.shim import shim_library
         shim = str(shim_library())
     except Exception as exc:  # the C shim may not exist or not build here
         print(f"bench_shim: no shim to preload: {exc}", file=sys.stderr)

@@ -38,9 +38,9 @@ import zstandard  # noqa: E402
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
 from bench_shim import text as content  # noqa: E402  (text-like bytes, ratio ~2 under zstd)
 from monarch import protocol  # noqa: E402
-from monarch.node import codecs  # noqa: E402
-from monarch.node.snapshot import FileInfo  # noqa: E402
-from monarch.node.tiers import DecodedFiles  # noqa: E402
+from monarch.node.tiers import codecs  # noqa: E402
+from monarch.node.snapshot.snapshot import FileInfo  # noqa: E402
+from monarch.node.tiers.tiers import DecodedFiles  # noqa: E402
 from monarch.workload import parse_size  # noqa: E402
 
 

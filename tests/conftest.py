@@ -38,7 +38,7 @@ class Dataset:
     def allocated(self) -> int:
         """The dataset's bytes as the tiers count them: each file in whole blocks of the
         filesystems tests put tiers on (/dev/shm and /tmp; issue 32)."""
-        from monarch.node.resources import allocation_unit
+        from monarch.node.tiers.resources import allocation_unit
         from monarch.sizes import allocated_size
         unit = max(allocation_unit("/dev/shm"), allocation_unit("/tmp"))
         return sum(allocated_size(entry["size"], unit) for entry in self.files.values())

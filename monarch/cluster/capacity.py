@@ -9,7 +9,7 @@ those capacities: nothing else is negotiated.
   the owners, pinned (the peer area is a store); the PFS is read once for the cluster.
 * **shard** otherwise: each file has one owner, weighted by its *tiers'* capacity (the
   place an owned file is kept, pinned, from the job's start; the peer area is then an
-  evicting cache of other nodes' files, see ``monarch/node/peer_cache.py``).
+  evicting cache of other nodes' files, see ``monarch/node/peer/peer_cache.py``).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EXPORT __attribute__((visibility("default")))
+#include "../native/monarch_native.h" /* EXPORT, the clock */
 
 #define TAG_REQUEST 1
 #define FIRST_TAG 16
@@ -249,13 +249,6 @@ static int reap_sends(struct dp *d)
 }
 
 /* -- the requester's side: the calling thread makes its own MPI calls ----------------- */
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 static void free_fetch(struct fetch *f)
 {
     free(f->buf);
@@ -312,7 +305,7 @@ static int lost_node(struct dp *d, int node)
 /* 0 once the answer is in f->buf, or a DP_* answer; *posted: the receive is still posted. */
 static int64_t wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int *posted)
 {
-    int64_t t0 = now_ns();
+    int64_t t0 = monarch_now_ns();
     int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
     long poll = rtt * 3 / 4 > POLL_MIN_NS ? (long)(rtt * 3 / 4 < POLL_MAX_NS ? rtt * 3 / 4 : POLL_MAX_NS) : POLL_MIN_NS;
     int first = 1;
@@ -325,7 +318,7 @@ static int64_t wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int 
         }
         if (flag) {
             *posted = 0;
-            int64_t took = now_ns() - t0;  /* as seen through this poll's steps: what the next waits first */
+            int64_t took = monarch_now_ns() - t0;  /* as seen through this poll's steps: what the next waits first */
             __atomic_store_n(&d->rtt_ns, rtt ? rtt + (took - rtt) / 8 : took, __ATOMIC_RELAXED);
             int count = 0;
             MPI_Get_count(&st, MPI_BYTE, &count);
@@ -345,7 +338,7 @@ static int64_t wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int 
             return DP_STOPPED;
         if (lost_node(d, f->owner))
             return DP_LOST;
-        int64_t now = now_ns();
+        int64_t now = monarch_now_ns();
         if (now >= deadline)
             return DP_TIMEOUT;
         struct timespec ts = {0, poll};
@@ -382,12 +375,12 @@ static void *dp_main(void *arg)
     while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
         if (take_requests(d) + reap_sends(d) + reap_orphans(d)) {
             idle = IDLE_MIN_NS;
-            worked = now_ns();
+            worked = monarch_now_ns();
             continue;
         }
         struct timespec ts = {0, idle};
         nanosleep(&ts, NULL);
-        int64_t cap = now_ns() - worked < HOT_NS ? HOT_IDLE_MAX_NS : IDLE_MAX_NS;
+        int64_t cap = monarch_now_ns() - worked < HOT_NS ? HOT_IDLE_MAX_NS : IDLE_MAX_NS;
         idle = idle * 2 > cap ? cap : idle * 2;
     }
     return NULL;
@@ -532,7 +525,7 @@ EXPORT int64_t dp_fetch(struct dp *d, int owner, const char *key, int len, uint6
                          &f->send) != MPI_SUCCESS) {
         f->sent = 1;                    /* nothing was sent: no answer will come; the receive stays posted */
     } else {
-        result = wait_answer(d, f, now_ns() + (int64_t)timeout_ms * 1000000LL, &posted);
+        result = wait_answer(d, f, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &posted);
     }
     pthread_mutex_lock(&d->mu);
     if (result == DP_MPI_ERROR)

@@ -68,18 +68,18 @@ def library() -> ctypes.CDLL | None:
 
 
 def _load() -> ctypes.CDLL:
-    from monarch.shim.build import build_shim
+    from monarch.native.build import build_library, source_digest
     libmpi = loaded_libmpi()
     if libmpi is None:
         raise OSError("no MPI library is loaded in this process")
     include = libmpi.resolve().parent.parent / "include"
     if not (include / "mpi.h").exists():
         raise OSError(f"no mpi.h beside {libmpi} (looked in {include})")
-    h = hashlib.sha256(SOURCE.read_bytes() + str(libmpi.resolve()).encode()).hexdigest()[:16]
+    h = hashlib.sha256(source_digest(SOURCE).encode() + str(libmpi.resolve()).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "monarch"
     built = cache / f"{h}-libmonarch_datapath.so"
     if not built.exists():
-        build_shim(built, SOURCE, "the C peer data path", extra=[f"-I{include}", str(libmpi)])
+        build_library(built, SOURCE, "the C peer data path", extra=[f"-I{include}", str(libmpi)])
     lib = ctypes.CDLL(str(built))
     vp, i, cp, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64
     sig = {"dp_start": (vp, [ctypes.c_ssize_t, i]), "dp_tier": (None, [vp, i, cp]),

@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Callable, Mapping, Union
 
-from ..node.codecs import Compressed
+from ..node.tiers.codecs import Compressed
 from . import transfer
 from .control import Handler, Verb
 from .counters import PeerCounters

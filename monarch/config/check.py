@@ -63,7 +63,7 @@ def check_config(path: str | None, roots: Sequence[str] | None = None,
     lines = [f"{path if path is not None else DEFAULTS_SOURCE}: OK"]
     lines.append(f"  roots   : {_roots_text(config, waiting)}")
     if config.dataset.stores:  # a store's root: its store answers and holds a manifest, here and now
-        from monarch.node.store_source import check_stores
+        from monarch.node.stage.store_source import check_stores
         found: list = []
         problems = check_stores(config, found)
         if problems:

@@ -107,7 +107,7 @@ def _decoded_cache(r: Any, value: Any, where: str) -> int:
 
 
 def _stores(r: Any, value: Any, where: str) -> tuple[tuple[str, str], ...]:
-    """``{root: store URL}``: roots served from a key-value store (monarch/node/store_source.py)."""
+    """``{root: store URL}``: roots served from a key-value store (monarch/node/stage/store_source.py)."""
     if value is None or value == {}:
         return ()
     from monarch.store.url import StoreError, StoreURL

@@ -15,7 +15,7 @@ class TierConfig:
     capacity: int  # bytes (0 when capacity_share is set)
     keep: bool = False  # keep staged files after the job (reused by the next job)
     capacity_share: float | None = None  # "50%": a share of the node's available memory (tmpfs) or free space
-    compression: str = "off"  # off | zstd | auto: store copies compressed (monarch/node/codecs.py)
+    compression: str = "off"  # off | zstd | auto: store copies compressed (monarch/node/tiers/codecs.py)
     decoded_cache: int = -1  # bytes of decoded files kept for native re-opens; -1 ("room"): the tier's free room
 
 

@@ -1,4 +1,5 @@
-"""The daemon's front door: its socket's hot path in C (``front_door.c``), driven from here.
+"""The daemon's front door: its socket's hot path in C (``front_door.c`` and its ``door_*.c``
+parts, one translation unit), driven from here.
 
 The door is a few threads of its own (one per core), outside the interpreter's lock: they
 accept every connection, check its peer and answer OPENs of staged files, and of small
@@ -6,9 +7,14 @@ files, which they copy themselves (a slow source's on copier threads of the door
 in flight as its measured latency wants: ``inflight.c``, the rule Python's stager follows too,
 through ``Flow`` below). Whatever it does not answer it hands over to the
 Python server (``NodeServer``), and what it copied it reports as events (``events``), which
-the daemon's ``DoorLink`` (``monarch/node/door_link.py``) books in the stager's. This module
+the daemon's ``DoorLink`` (``monarch/node/door/door_link.py``) books in the stager's. This module
 knows no stager. The policy stays in Python; see the C file's header for the states a key
 goes through.
+
+The contract with the C side is ``front_door.h``: the functions called here (``_PROTOTYPES``),
+the events (``EV_*``), whose books (``BOOKS``), why a connection was handed over
+(``HANDED_OVER_BECAUSE``, R_* in order), why the lane ended (``AHEAD_ENDED_BECAUSE``, A_*) and
+the event record (``_EVENT``); ``tests/unit/frontdoor/test_front_door_header.py`` holds this module to it.
 
 Without a C compiler, with ``staging.validate: open`` (every open checked in Python) or with
 ``MONARCH_FRONT_DOOR=0``, there is no door: the Python server accepts and answers
@@ -24,20 +30,21 @@ from pathlib import Path
 from typing import NamedTuple
 
 from monarch import protocol
-from monarch.shim.build import OptionalLibrary
+from monarch.native.build import OptionalLibrary
 
 SOURCE = Path(__file__).with_name("front_door.c")
 LIBRARY_NAME = "libmonarch_front_door.so"
 ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
 
+# front_door.h is the one definition of each list below (FRONT_DOOR_EVENTS, _BOOKS, _HANDED_OVER, _AHEAD_ENDED)
 EV_STAGED, EV_FAILED, EV_AHEAD, EV_TRANSIENT = 1, 2, 4, 5  # 3 (a slow source) is no more
-# whose books an event or lent room is (front_door.c: Q_*): the stager's copies, the peer cache's fetches
+# whose books an event or lent room is (front_door.h: FRONT_DOOR_BOOKS): the stager's copies, the peer cache's fetches
 BOOKS, PEER_BOOKS = 0, 1
 # EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd
-# why the read-ahead lane ended before its list did (front_door.c: A_*)
+# why the read-ahead lane ended before its list did (front_door.h: FRONT_DOOR_AHEAD_ENDED)
 AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped")
-_EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head; the key follows
-# why a connection was handed over (front_door.c: R_*)
+_EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head (FRONT_DOOR_EVENT_FORMAT); the key follows
+# why a connection was handed over (front_door.h: FRONT_DOOR_HANDED_OVER)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
                        "no_room_lent", "copy_failed")
 _NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 4

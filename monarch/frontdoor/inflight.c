@@ -1,6 +1,6 @@
 /* How many copies are in flight toward one source: the one rule every lane obeys (design
  * principle 14). Included by front_door.c, whose read-ahead lane and misses it steers, and
- * called through ctypes by Python's stager (monarch/node/concurrency.py), so the C lane and
+ * called through ctypes by Python's stager (monarch/node/stage/concurrency.py), so the C lane and
  * the Python threads follow the same measurement.
  *
  * Little's law: copies in flight = rate x latency. A source whose latency stays flat as more

@@ -132,7 +132,7 @@ def attach(socket_path: str) -> Session | None:
 
 # -- the dataset's saved index ---------------------------------------------------------------
 
-SAVED_INDEXES = "snapshots"  # NodeDaemon._snapshot_cache's directory (tests/unit/test_snapshot_kept.py holds them together)
+SAVED_INDEXES = "snapshots"  # NodeDaemon._snapshot_cache's directory (tests/unit/node/snapshot/test_snapshot_kept.py holds them together)
 
 
 def saved_index(config: Config) -> str | None:

@@ -1,4 +1,27 @@
-"""The node daemon's rooms: the server on the socket (server), the daemon that holds them
-together (daemon), the snapshot of the dataset (snapshot, pfsmeta), the stager that copies
-files from their sources (stager, sources, concurrency) into the tiers (tiers, codecs,
-resources)."""
+"""The node daemon, in rooms by subsystem; each room's ``__init__`` is its map.
+
+Read from the bottom up: each room imports only itself and the rooms below it
+(``tests/unit/test_structure.py`` holds the order).
+
+=================  =========================================================================
+``snapshot/``      the dataset as the job found it: the walk (Python and C), its files and
+                   listings, the index the shim maps, PFS metadata paid once, the snapshot's
+                   state and what waits for it (``gate``)
+``tiers/``         node-local storage: the tiers and their accounts, compressed tiers,
+                   what the node has (memory, disk), a run's tier removed in C
+``stage/``         copying into the tiers: the stager, its books, schedule and copies,
+                   where bytes come from (the PFS, a peer, a store), how many copies are in
+                   flight, which tier holds each copy, what serves now (``current``)
+``outcomes.py``    every answer to an OPEN, declared once
+``stats.py``       what the node tells the report (``NodeStats``) and its size classes
+``peer/``          this node's part in a cluster: the layout and ownership, other nodes'
+                   files (the peer cache), what the C data path may answer peers by itself
+``door/``          the front door (C, ``monarch/frontdoor/``) beside the stager and the
+                   peer cache: its books kept with theirs
+``instance.py``    one live daemon instance per run directory
+``resolver.py``    where an OPEN goes (a copy, a decoded or inflated copy, the PFS)
+``notices.py``     the job's writes (INVALIDATE) and read order (HINT)
+``daemon.py``      the daemon's life cycle: makes the rooms above, assembles their statistics
+``server.py``      the socket's event loop, a verb -> handler table
+=================  =========================================================================
+"""

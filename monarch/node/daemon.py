@@ -3,11 +3,11 @@ the shim's ``resolve(key)``.
 
 Single node it reads the dataset ahead of the application (``read-ahead``: in the
 background from the start, what the application waits for first) or stages on access;
-in a cluster its role (``monarch/node/cluster_role.py``) stages what this node owns and
+in a cluster its role (``monarch/node/peer/cluster_role.py``) stages what this node owns and
 fetches the rest from the owning peer into a bounded local peer area; when a peer cannot
 help (dead, slow, full) the file is staged here from the PFS instead. Every copy, from the
 PFS or a peer, goes through the stager (``monarch/node/stager*.py``,
-``monarch/node/sources.py``). Every way it cannot help ends in the same answer: read the
+``monarch/node/stage/sources.py``). Every way it cannot help ends in the same answer: read the
 PFS (fail open), counted by why (``monarch/node/outcomes.py``).
 
 The daemon's parts each own one thing and report their own slice of the statistics: the
@@ -30,23 +30,23 @@ import weakref
 from monarch import layout, protocol
 from monarch.config import Config, TierConfig
 from monarch.errors import MonarchError
-from monarch.node.cluster_role import ClusterRole, PeerLayer
-from monarch.node.codecs import spread
-from monarch.node.current import Current
-from monarch.node.door_link import PEER_WORKERS, DoorKeeper, DoorLink
-from monarch.node.filetable import FileTable
-from monarch.node.gate import SnapshotGate, SnapshotState
+from monarch.node.peer.cluster_role import ClusterRole, PeerLayer
+from monarch.node.tiers.codecs import spread
+from monarch.node.stage.current import Current
+from monarch.node.door.door_link import PEER_WORKERS, DoorKeeper, DoorLink
+from monarch.node.snapshot.filetable import FileTable
+from monarch.node.snapshot.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
 from monarch.node.notices import JobNotices
 from monarch.node.outcomes import Outcome
-from monarch.node.peer_door_link import PeerDoorLink, owners_by_entry
+from monarch.node.door.peer_door_link import PeerDoorLink, owners_by_entry
 from monarch.node.resolver import Resolver
-from monarch.node.resources import margin_bytes
-from monarch.node.snapshot import Snapshot, load_or_walk
-from monarch.node.stager import Stager
+from monarch.node.tiers.resources import margin_bytes
+from monarch.node.snapshot.snapshot import Snapshot, load_or_walk
+from monarch.node.stage.stager import Stager
 from monarch.node.stats import NodeStats, shim_counters, size_classes
-from monarch.node.store_source import StoreSet
-from monarch.node.tiers import Tier
+from monarch.node.stage.store_source import StoreSet
+from monarch.node.tiers.tiers import Tier
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.report.timeline import Sampler, Timeline
 
@@ -119,7 +119,7 @@ class NodeDaemon:
             self._prepare()
         log.debug("phase daemon.ready")
 
-    # what serves now (monarch/node/current.py): read at each call, swapped when the walk ends
+    # what serves now (monarch/node/stage/current.py): read at each call, swapped when the walk ends
     @property
     def snapshot(self) -> Snapshot:
         return self.current.snapshot

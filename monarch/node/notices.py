@@ -13,10 +13,10 @@ import threading
 from typing import Callable, Iterable
 
 from monarch import protocol
-from monarch.node.current import Current
+from monarch.node.stage.current import Current
 from monarch.node.outcomes import Outcome
-from monarch.node.snapshot import Snapshot
-from monarch.node.stager import Stager
+from monarch.node.snapshot.snapshot import Snapshot
+from monarch.node.stage.stager import Stager
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Callable
 
 from monarch import protocol
 from monarch.config.model import StagingConfig
-from monarch.node.codecs import sealed_memfd
-from monarch.node.current import Current
-from monarch.node.gate import SnapshotState
+from monarch.node.tiers.codecs import sealed_memfd
+from monarch.node.stage.current import Current
+from monarch.node.snapshot.gate import SnapshotState
 from monarch.node.outcomes import Outcome, already, copied
-from monarch.node.tiers import Tier
+from monarch.node.tiers.tiers import Tier
 
 if TYPE_CHECKING:
-    from monarch.node.cluster_role import ClusterRole
+    from monarch.node.peer.cluster_role import ClusterRole
 
 log = logging.getLogger(__name__)
 

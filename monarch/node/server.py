@@ -32,7 +32,7 @@ from typing import Callable
 
 from monarch import protocol, secure
 from monarch.node.daemon import NodeDaemon
-from monarch.node.gate import SnapshotState
+from monarch.node.snapshot.gate import SnapshotState
 from monarch.node.outcomes import Outcome
 from monarch.errors import DaemonError
 from monarch.protocol import ProtocolError

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, TypedDict
 
 from monarch import protocol
-from monarch.node.indextable import file_sizes
-from monarch.node.staged_table import StagedTable
+from monarch.node.snapshot.indextable import file_sizes
+from monarch.node.stage.staged_table import StagedTable
 
 
 # -- the slices, as each part reports them (README, "Report reference") ------------------------

@@ -188,6 +188,8 @@ struct statx {
 /* ---- the wire: frames, counters, index, environment (one definition for C, checked against
  * Python by tests/unit/test_wire.py) ---- */
 #include "../wire/monarch_wire.h"
+/* the export marker, the clock, CRC-32 and the index look-up, shared with the other libraries */
+#include "../native/monarch_native.h"
 /* room for MAX_PASSED_FDS descriptors in one recvmsg (the extras are closed) */
 #define MONARCH_MAX_PASSED_FDS 4
 /* in monarch_fd_slot, beside the slot + 1: this open's bytes were declared not all seen (mapped
@@ -205,7 +207,7 @@ enum monarch_unseen { MONARCH_UNSEEN_MAPPED, MONARCH_UNSEEN_STDIO };
 #define MONARCH_MAX_FDS 65536
 #define MONARCH_KEY_MAX (PATH_MAX + 16) /* "<k>/" + a path below PATH_MAX */
 
-#define MONARCH_EXPORT __attribute__((visibility("default")))
+#define MONARCH_EXPORT EXPORT /* monarch_native.h */
 #define MONARCH_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define MONARCH_LIKELY(x) __builtin_expect(!!(x), 1)
 
@@ -274,7 +276,6 @@ enum monarch_index_state {
 static int monarch_index_state = MONARCH_IX_NONE;
 static char monarch_index_path[PATH_MAX];
 static int monarch_index_wait_ms = MONARCH_SHIM_INDEX_WAIT_MS_DEFAULT;
-static uint32_t monarch_crc_table[256];
 static int monarch_enabled;
 static int monarch_debug;
 static int monarch_ready;  /* set (release) when init is complete */
@@ -338,27 +339,40 @@ static void monarch_log(const char *file, int line, const char *fmt, ...)
         return fail;                                                                \
     }
 
-/* Functions the shim calls itself (tentative definitions: the family macros
- * below define their wrappers) or wraps by hand. */
+/* Functions the shim calls itself before their family's wrapper is defined (tentative
+ * definitions: the family macros of shim_wrappers.c define them again). */
 static int (*real_openat)(int, const char *, int, ...);
 static int (*real_unlink)(const char *);
-static int (*real_close)(int);
-static int (*real_isatty)(int);
-static int (*real_fclose)(FILE *);
-static int (*real_dup)(int);
-static int (*real_dup2)(int, int);
-static int (*real_dup3)(int, int, int);
-static int (*real_close_range)(unsigned int, unsigned int, int);
-static void *(*real_mmap)(void *, size_t, int, int, int, off_t);
-static void *(*real_mmap64)(void *, size_t, int, int, int, off64_t);
-static int (*real_fcntl)(int, int, ...);
-static int (*real_fcntl64)(int, int, ...);
-static FILE *(*real_fdopen)(int, const char *);
-static int (*real_execve)(const char *, char *const[], char *const[]);
-static int (*real_execv)(const char *, char *const[]);
-static int (*real_execvp)(const char *, char *const[]);
-static int (*real_execvpe)(const char *, char *const[], char *const[]);
-static int (*real_fexecve)(int, char *const[], char *const[]);
+
+/* Every symbol wrapped by hand (its wrapper in shim_wrappers.c: no family fits it), one line
+ * each, beside MONARCH_WRAPPERS' families: expanded into its real_* pointer here and into
+ * monarch_resolve_all, so that no pointer is declared and left unresolved. */
+#define MONARCH_BY_HAND(X)                                                          \
+    X(int, closedir, (DIR *))                                                       \
+    X(int, dirfd, (DIR *))                                                          \
+    X(void, rewinddir, (DIR *))                                                     \
+    X(long, telldir, (DIR *))                                                       \
+    X(void, seekdir, (DIR *, long))                                                 \
+    X(int, close, (int))                                                            \
+    X(int, isatty, (int))                                                           \
+    X(int, fclose, (FILE *))                                                        \
+    X(int, dup, (int))                                                              \
+    X(int, dup2, (int, int))                                                        \
+    X(int, dup3, (int, int, int))                                                   \
+    X(int, close_range, (unsigned int, unsigned int, int))                          \
+    X(void *, mmap, (void *, size_t, int, int, int, off_t))                         \
+    X(void *, mmap64, (void *, size_t, int, int, int, off64_t))                     \
+    X(int, fcntl, (int, int, ...))                                                  \
+    X(int, fcntl64, (int, int, ...))                                                \
+    X(FILE *, fdopen, (int, const char *))                                          \
+    X(int, execve, (const char *, char *const[], char *const[]))                    \
+    X(int, execv, (const char *, char *const[]))                                    \
+    X(int, execvp, (const char *, char *const[]))                                   \
+    X(int, execvpe, (const char *, char *const[], char *const[]))                   \
+    X(int, fexecve, (int, char *const[], char *const[]))
+
+#define MONARCH_DECLARE_REAL(ret, name, params) static ret (*real_##name) params;
+MONARCH_BY_HAND(MONARCH_DECLARE_REAL)
 
 /* The kernel's fstat, for the shim's own checks: never our wrapper, and no
  * fstat@GLIBC_2.33 import (64-bit Linux: struct stat is the kernel's). */
@@ -494,6 +508,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 
 /* ---- start-up ---- */
 #define MONARCH_RESOLVE_ONE(name, ...) (void)MONARCH_RESOLVE(name);
+#define MONARCH_RESOLVE_BY_HAND(ret, name, params) (void)MONARCH_RESOLVE(name);
 
 static void monarch_resolve_all(void)
 {
@@ -501,28 +516,7 @@ static void monarch_resolve_all(void)
                      MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE,
                      MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE,
                      MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE, MONARCH_RESOLVE_ONE)
-    MONARCH_RESOLVE_ONE(closedir)
-    MONARCH_RESOLVE_ONE(dirfd)
-    MONARCH_RESOLVE_ONE(rewinddir)
-    MONARCH_RESOLVE_ONE(telldir)
-    MONARCH_RESOLVE_ONE(seekdir)
-    MONARCH_RESOLVE_ONE(close)
-    MONARCH_RESOLVE_ONE(isatty)
-    MONARCH_RESOLVE_ONE(fclose)
-    MONARCH_RESOLVE_ONE(dup)
-    MONARCH_RESOLVE_ONE(dup2)
-    MONARCH_RESOLVE_ONE(dup3)
-    MONARCH_RESOLVE_ONE(close_range)
-    MONARCH_RESOLVE_ONE(mmap)
-    MONARCH_RESOLVE_ONE(mmap64)
-    MONARCH_RESOLVE_ONE(fcntl)
-    MONARCH_RESOLVE_ONE(fcntl64)
-    MONARCH_RESOLVE_ONE(fdopen)
-    MONARCH_RESOLVE_ONE(execve)
-    MONARCH_RESOLVE_ONE(execv)
-    MONARCH_RESOLVE_ONE(execvp)
-    MONARCH_RESOLVE_ONE(execvpe)
-    MONARCH_RESOLVE_ONE(fexecve)
+    MONARCH_BY_HAND(MONARCH_RESOLVE_BY_HAND)
 }
 
 /* Copy the next ':'-separated field of *s into out[PATH_MAX]; -1 at the end, 1 if too long. */
@@ -787,12 +781,7 @@ static void monarch_init(void)
     const char *counters = getenv(MONARCH_ENV_COUNTERS);
     if (counters && counters[0])
         __atomic_store_n(&monarch_counters, monarch_map_counters(counters), __ATOMIC_RELEASE);
-    for (uint32_t i = 0; i < 256; i++) { /* CRC-32 (zlib's, reflected 0xEDB88320) */
-        uint32_t c = i;
-        for (int b = 0; b < 8; b++)
-            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        monarch_crc_table[i] = c;
-    }
+    monarch_crc_init(); /* CRC-32's table (monarch_native.h) */
     const char *index = getenv(MONARCH_ENV_INDEX);
     if (index && index[0] && strlen(index) < sizeof monarch_index_path) {
         int missing = 0;

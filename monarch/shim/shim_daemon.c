@@ -2,11 +2,9 @@
  * declarations it uses. Here: the daemon: one framed request per connection, and the wait for the snapshot index. */
 
 /* ---- the daemon ---- */
-static long monarch_now_ms(void)
+static long monarch_now_ms(void) /* the shared clock (monarch_native.h), in ms */
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (long)(monarch_now_ns() / 1000000);
 }
 
 /* Keep the first descriptor a daemon passed (in *fdp, if wanted and still free) and close

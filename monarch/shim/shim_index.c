@@ -2,14 +2,6 @@
  * declarations it uses. Here: the snapshot index: fstat of staged copies, metadata and listings answered from it. */
 
 /* ---- the snapshot index: the source's stat of a key (slow path only) ---- */
-static uint32_t monarch_crc32(const char *p, size_t n)
-{
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++)
-        c = monarch_crc_table[(c ^ (unsigned char)p[i]) & 0xFF] ^ (c >> 8);
-    return c ^ 0xFFFFFFFFu;
-}
-
 /* The index mapping, or NULL: acquire, so that its header copy is seen with it. */
 static inline const unsigned char *monarch_idx(void)
 {
@@ -42,21 +34,7 @@ static int monarch_index_entry(uint32_t n, struct monarch_index_entry *e)
 static uint32_t monarch_index_lookup(const char *key, size_t kl)
 {
     const unsigned char *m = monarch_idx();
-    const struct monarch_index_header *h = &monarch_index_hdr;
-    if (!m)
-        return 0;
-    uint32_t hash = monarch_crc32(key, kl), mask = h->buckets - 1;
-    for (uint32_t i = 0, b = hash & mask; i < h->buckets; i++, b = (b + 1) & mask) {
-        uint32_t n;
-        memcpy(&n, m + h->buckets_off + 4 * (uint64_t)b, sizeof n);
-        struct monarch_index_entry e;
-        if (n == 0 || monarch_index_entry(n, &e) != 0)
-            return 0;
-        if (e.hash == hash && e.key_len == kl && e.key_off <= h->keys_size && kl <= h->keys_size - e.key_off
-            && memcmp(m + h->keys_off + e.key_off, key, kl) == 0)
-            return n;
-    }
-    return 0;
+    return m ? monarch_index_find(m, &monarch_index_hdr, key, kl, monarch_crc32(key, kl)) : 0;
 }
 
 /* Is key a file of the snapshot whose name is not a symlink? (O_NOFOLLOW opens: only

@@ -457,12 +457,7 @@ MONARCH_WRAP_GETXATTR(lgetxattr, 1)
 MONARCH_WRAP_LISTXATTR(listxattr, 0)
 MONARCH_WRAP_LISTXATTR(llistxattr, 1)
 
-/* ---- emulated DIRs: the calls that take a DIR * ---- */
-static int (*real_closedir)(DIR *);
-static int (*real_dirfd)(DIR *);
-static void (*real_rewinddir)(DIR *);
-static long (*real_telldir)(DIR *);
-static void (*real_seekdir)(DIR *, long);
+/* ---- emulated DIRs: the calls that take a DIR * (their real_* pointers: MONARCH_BY_HAND) ---- */
 
 MONARCH_EXPORT int closedir(DIR *dirp)
 {

@@ -121,16 +121,9 @@ static monarch_zstd_dctx *monarch_zstd_dctx_here(void)
     return d;
 }
 
-static inline uint64_t monarch_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /*
  * Dictionaries: a tier whose small files compress better with one keeps it at
- * <probe dir>/.z/.dict/<id> (monarch/codecs.py; no key starts with '.'), written before any
+ * <probe dir>/.z/.dict/<id> (monarch/node/tiers/codecs.py; no key starts with '.'), written before any
  * frame that uses it. A process loads each at its first frame that names it (ZSTD_createDDict,
  * the one allocation) into a table published without a lock (claim a free entry, fill it,
  * mark it ready); a DDict is read-only, shared by every thread. A full table, or a missing

@@ -4,5 +4,5 @@
 files the store holds, from which the snapshot is built without listing the store),
 ``load.py`` (``monarch store put`` and ``monarch store ls``), ``report.py`` (the report's
 ``store`` figures). The daemon's side, the source the stager copies from, is
-``monarch/node/store_source.py``. docs/store.md says how to use it.
+``monarch/node/stage/store_source.py``. docs/store.md says how to use it.
 """

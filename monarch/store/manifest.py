@@ -21,8 +21,8 @@ import zlib
 from dataclasses import dataclass
 
 from monarch import protocol
-from monarch.node.filetable import FileInfo, FileTable, Listing
-from monarch.node.snapshot import DirInfo
+from monarch.node.snapshot.filetable import FileInfo, FileTable, Listing
+from monarch.node.snapshot.snapshot import DirInfo
 
 FORMAT = "monarch.store-manifest/1"
 DIGEST = "blake2b-128"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from monarch.node.pfsmeta import DirFds, attrs_fresh_after_open, opened_stat
-from monarch.node.snapshot import take_snapshot, unchanged
-from monarch.node.sources import PFSSource, SourceChanged
+from monarch.node.snapshot.pfsmeta import DirFds, attrs_fresh_after_open, opened_stat
+from monarch.node.snapshot.snapshot import take_snapshot, unchanged
+from monarch.node.stage.sources import PFSSource, SourceChanged
 from support.harness import CountingTally, door_on_socket
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]

@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from monarch import protocol
-from monarch.shim.build import shim_library
+from monarch.shim import shim_library
 
 TIMEOUT = 60  # seconds, for every subprocess
 TIER_SLOTS = (protocol.tier_slot(0), protocol.tier_slot(1))
@@ -212,9 +212,9 @@ class ShimEnv:
         return self.daemon
 
     def write_index(self) -> None:
-        """The daemon's index of the root as it is now: monarch.node.snapshot's walk, files,
+        """The daemon's index of the root as it is now: monarch.node.snapshot.snapshot's walk, files,
         directories and listings (as Snapshot.write_index writes it)."""
-        from monarch.node.snapshot import take_snapshot
+        from monarch.node.snapshot.snapshot import take_snapshot
         tmp = self.index + ".tmp"
         with open(tmp, "wb") as f:
             f.write(take_snapshot((str(self.root),)).index_bytes())

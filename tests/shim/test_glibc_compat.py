@@ -2,7 +2,7 @@
 (DESIGN: runs where jobs run).
 
 Cross-compiles monarch_shim.c and front_door.c with zig for x86_64-linux-gnu.2.17, with the
-flags of monarch/shim/build.py, and reads the dynamic symbol imports with objdump -T.
+flags of monarch/native/build.py, and reads the dynamic symbol imports with objdump -T.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from monarch import frontdoor
-from monarch.shim.build import CFLAGS, LIBS, SOURCE
+from monarch.native.build import CFLAGS, LIBS
+from monarch.shim import SOURCE
 
 pytestmark = pytest.mark.shim
 

@@ -144,7 +144,7 @@ tiers:
 
 
 class CountingTally:
-    """A source's ``Tally`` (monarch/node/sources.py) that counts files opened and bytes read
+    """A source's ``Tally`` (monarch/node/stage/sources.py) that counts files opened and bytes read
     (thread-safe: a large file's ranges are read by several threads)."""
 
     def __init__(self):

@@ -199,7 +199,7 @@ def test_the_layout_weighs_each_file_by_what_its_copy_takes():
     """Issue 32: a tier counts a copy in whole blocks, so the layout does too: 100 one-byte
     files take 400 KiB of 4 KiB blocks, more than a node's 300 KiB, though their bytes fit."""
     from monarch.cluster import capacity
-    from monarch.node.snapshot import FileInfo
+    from monarch.node.snapshot.snapshot import FileInfo
 
     class Nodes:
         node, placement = 0, None

@@ -137,9 +137,9 @@ def test_1024_nodes_and_a_million_files_meet_the_targets():
 
 def test_a_peer_capacity_given_as_a_share_is_read_on_this_machine(tmp_path, monkeypatch):
     """peer.capacity: 50% is a share of the node, as for a tier (here of a node of 1,000 KiB)."""
-    import monarch.node.resources
+    import monarch.node.tiers.resources
     from monarch.plan import node_storage
-    monkeypatch.setattr(monarch.node.resources, "share_of_node", lambda path, share: (int(1000 * KiB * share), "x"))
+    monkeypatch.setattr(monarch.node.tiers.resources, "share_of_node", lambda path, share: (int(1000 * KiB * share), "x"))
     (tmp_path / "ds").mkdir()
     job = tmp_path / "job.yaml"
     job.write_text(f"dataset: {{roots: [{tmp_path}/ds]}}\n"

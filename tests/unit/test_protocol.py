@@ -133,7 +133,7 @@ def test_index_build_and_lookup(tmp_path):
 def test_index_directories_links_and_listings(tmp_path):
     """Directories carry their whole listing ("." and ".." first, then sorted names, d_type and
     d_ino), a symlinked file its own lstat, and the index reads back into the snapshot."""
-    from monarch.node.snapshot import read_index, take_snapshot
+    from monarch.node.snapshot.snapshot import read_index, take_snapshot
     root = tmp_path / "ds"
     (root / "sub" / "deep").mkdir(parents=True)
     (root / "sub" / "b.bin").write_bytes(b"b" * 10)

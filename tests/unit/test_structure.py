@@ -1,7 +1,7 @@
 """The house's shape, held: no import circle in monarch/ (any import, in a function or under
 TYPE_CHECKING included: each is an arrow a reader follows; and none through a package's
-``__init__``), no module of monarch/node/ imports one that imports it, no Python module over
-600 lines. ``python3 tests/support/import_graph.py [DIR]`` prints a tree's figures."""
+``__init__``), no module of monarch/node/ imports one that imports it, node/'s rooms in their
+order (each imports only itself and the rooms below it), no Python module over 600 lines. ``python3 tests/support/import_graph.py [DIR]`` prints a tree's figures."""
 
 import ast
 
@@ -24,20 +24,61 @@ def test_a_module_imported_back_is_found_directly_and_through_others():
 
 def test_the_import_graph_of_monarch_has_no_circle():
     graph = import_graph()
-    assert "monarch.node.resolver" in graph and "monarch.node.snapshot" in graph["monarch.node.daemon"]
+    assert "monarch.node.resolver" in graph and "monarch.node.snapshot.snapshot" in graph["monarch.node.daemon"]
     assert circles(graph) == []
 
 
 def test_no_circle_runs_through_a_package_init():
     """Importing ``monarch.cluster.placement`` runs ``monarch/cluster/__init__.py`` first."""
     graph = import_graph(packages=True)
-    assert "monarch.cluster" in graph["monarch.node.cluster_role"]
+    assert "monarch.cluster" in graph["monarch.node.peer.cluster_role"]
     assert circles(graph) == []
 
 
 def test_no_module_of_node_imports_one_that_imports_it():
     graph = import_graph(packages=True)
     assert imported_back(graph, "monarch.node") == []
+
+
+# monarch/node/'s floors, from the bottom: a room (a subpackage) or a module at node/'s top. A module
+# of a floor imports modules of node/ only from its own floor and those below it.
+NODE_FLOORS = (
+    ("snapshot",),                       # the dataset as walked: files, index, PFS metadata, its gate
+    ("tiers",),                          # where copies are kept, and their room
+    ("stage",),                          # copying into the tiers, from the PFS, a peer or a store
+    ("outcomes", "stats"),               # records every room above may use: OPEN's answers, statistics
+    ("peer",),                           # this node's part in a cluster
+    ("door",),                           # the front door beside the stager's and the peer cache's books
+    ("instance", "resolver", "notices", "daemon", "server"),  # the daemon, assembled, and its socket
+)
+NODE_TOP_MAX = 12  # modules directly in monarch/node/ (its __init__ included)
+
+
+def _floor(module: str) -> int | None:
+    room = module.removeprefix("monarch.node.").split(".")[0]
+    return next((i for i, floor in enumerate(NODE_FLOORS) if room in floor), None)
+
+
+def test_node_rooms_import_only_themselves_and_the_rooms_below():
+    graph = import_graph(packages=True)
+    node = sorted(m for m in graph if m.startswith("monarch.node."))
+    assert [m for m in node if _floor(m) is None] == []  # every room and module of node/ has its floor
+    upward = [(a, b) for a in node for b in sorted(graph[a])
+              if b.startswith("monarch.node.") and _floor(b) > _floor(a)]
+    assert upward == []
+    # the test can fail: the stager asking the daemon would be an arrow up
+    assert _floor("monarch.node.daemon") > _floor("monarch.node.stage.stager")
+
+
+def test_node_holds_at_most_12_modules_directly_and_rooms_are_mapped():
+    top = sorted(p.name for p in (PACKAGE / "node").glob("*.py"))
+    assert "daemon.py" in top and len(top) <= NODE_TOP_MAX, top
+    for init in (PACKAGE / "node").glob("*/__init__.py"):  # each room's __init__ is its map
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        named = {p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py"}
+        assert {m for m in named if f"``{m}``" not in doc} == set(), init
+        # and only a map: importing a room runs nothing (no circle through an __init__)
+        assert [n for n in ast.parse(init.read_text()).body if not isinstance(n, ast.Expr)] == [], init
 
 
 def test_no_python_module_is_over_600_lines():
@@ -65,26 +106,26 @@ def _assigned_attributes(path) -> list[tuple[str, str]]:
 RECORDS = {
     "cli.py": {"record": "a logging record, rewritten by the CLI's formatter"},
     "cluster/datapath.py": {"fn": "ctypes function prototypes"},
-    "node/pfsmeta.py": {"fn": "ctypes function prototypes", "_buffers": "a threading.local of its own"},
+    "node/snapshot/pfsmeta.py": {"fn": "ctypes function prototypes", "_buffers": "a threading.local of its own"},
     "cluster/serve.py": {"out": "the server's record of one outgoing transfer"},
     "cluster/world.py": {"_state": "the module's own state", "mpi4py.rc": "mpi4py's settings before MPI_Init",
                          "sys": "the excepthook that aborts the communicator", "threading": "the same, for threads"},
     "launch/run.py": {"end": "run()'s own record of how the run ends (_Ending)"},
-    "node/codecs.py": {"choice": "the Choice record the selection fills", "local": "a threading.local of its own"},
-    "node/filetable.py": {"table": "the unpickled table, rebuilt in its own module"},
+    "node/tiers/codecs.py": {"choice": "the Choice record the selection fills", "local": "a threading.local of its own"},
+    "node/snapshot/filetable.py": {"table": "the unpickled table, rebuilt in its own module"},
     "node/server.py": {"conn": "the server's record of one connection"},
-    "node/stager.py": {"flight": "a Flight record of the stager's books"},
-    "node/peer_cache.py": {"flight": "a Flight record of the cache's books",
+    "node/stage/stager.py": {"flight": "a Flight record of the stager's books"},
+    "node/peer/peer_cache.py": {"flight": "a Flight record of the cache's books",
                            # StagerBooks: "the shared state of one stager", its parts' ledger, updated under its
                            # lock; ``eviction`` would rather be a constructor keyword of StagerBooks
                            "self.books": "the cache's own StagerBooks: closed, and its eviction policy"},
-    "node/stager_copy.py": {"self.books": "the stager's ledger: bytes and files staged"},
-    "node/stager_recode.py": {"books": "the stager's ledger: files that did not fit"},
-    "node/stager_schedule.py": {"order": "the schedule's record of one hinted order",
+    "node/stage/stager_copy.py": {"self.books": "the stager's ledger: bytes and files staged"},
+    "node/stage/stager_recode.py": {"books": "the stager's ledger: files that did not fit"},
+    "node/stage/stager_schedule.py": {"order": "the schedule's record of one hinted order",
                                 "books": "the stager's ledger: files dropped"},
-    "node/tiers.py": {"tier": "set in Tier's own factory (a classmethod)"},
-    "node/store_source.py": {"mount": "the store set's own record of one root (Mount)"},
-    "shim/build.py": {"fn": "ctypes function prototypes (OptionalLibrary)"},
+    "node/tiers/tiers.py": {"tier": "set in Tier's own factory (a classmethod)"},
+    "node/stage/store_source.py": {"mount": "the store set's own record of one root (Mount)"},
+    "native/build.py": {"fn": "ctypes function prototypes (OptionalLibrary)"},
     "slowpfs.py": {"config_3": "libfuse's fuse_config, filled in its init callback",
                    "fi": "libfuse's fuse_file_info of one open, filled by the open callback"},
 }
@@ -122,3 +163,30 @@ def test_no_module_checks_for_test_doubles():
                 what = node.args[1].value if isinstance(node.args[1], ast.Constant) else ast.unparse(node.args[1])
                 found.add((str(path.relative_to(PACKAGE)), ast.unparse(node.args[0]), what))
     assert found == set(HASATTR)
+
+
+
+MAX_C_LINES = 850
+
+
+def _c_files() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE)): p.read_text() for p in sorted(PACKAGE.rglob("*.[ch]"))}
+
+
+def test_no_c_file_is_over_850_lines():
+    long = {name: n for name, text in _c_files().items() if (n := len(text.splitlines())) > MAX_C_LINES}
+    assert long == {}
+    assert "frontdoor/front_door.c" in _c_files()
+
+
+def test_shared_native_code_is_defined_once():
+    """CRC-32's table, the index's probe and the export marker live in monarch/native/ alone: the
+    shim, the front door, the walker, the remover and the data path include them."""
+    files = _c_files()
+    shared = "native/monarch_native.h"
+    for what, pattern in (("CRC-32", "0xEDB88320"), ("the export marker", 'visibility("default")'),
+                          ("the index look-up's probe", "buckets_off + 4"), ("the clock", "CLOCK_MONOTONIC, &ts")):
+        assert [name for name, text in files.items() if pattern in text] == [shared], what
+    includers = {name for name, text in files.items() if "monarch_native.h\"" in text}
+    assert {"shim/monarch_shim.c", "frontdoor/front_door.c", "node/snapshot/walker.c", "node/tiers/remover.c",
+            "cluster/datapath.c"} <= includers

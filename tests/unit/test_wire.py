@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from monarch import protocol
-from monarch.node import stager, tiers
+from monarch.node.stage import stager
+from monarch.node.tiers import tiers
 
 WIRE = Path(protocol.__file__).parent / "wire" / "monarch_wire.h"
 DEFINE = re.compile(r"^#define MONARCH_(\w+)[ \t]+(.+?)\s*(?:/\*.*)?$", re.M)
@@ -65,8 +66,10 @@ def test_every_constant_of_the_header_equals_pythons(header):
 
 @pytest.mark.parametrize("source", ["shim/monarch_shim.c", "frontdoor/front_door.c"])
 def test_both_c_libraries_include_the_one_header_and_define_no_wire_constant_themselves(source, header):
-    text = (Path(protocol.__file__).parent / source).read_text()
+    main = Path(protocol.__file__).parent / source
+    text = main.read_text()
     assert '#include "../wire/monarch_wire.h"' in text
+    text += "".join(p.read_text() for p in main.parent.glob("*.c") if p != main)  # its parts, one translation unit
     mine = set(re.findall(r"^#define (?:MONARCH_)?(\w+)", text, re.M))
     assert not mine & set(header), f"{source} redefines {sorted(mine & set(header))}"
 

@@ -1,0 +1,577 @@
+/* Part of front_door.c, one translation unit: included there, in order, after the types and the
+ * parts before it. Here: the functions Python calls (ctypes), declared in front_door.h. */
+
+/* -- Python's side (ctypes; every call but start/stop may come from any thread) ---------- */
+
+/* Start serving ``listen_fd`` (the door takes its own duplicate). ``roots`` and ``tiers``
+ * are NUL-separated lists: the dataset roots by index; the tier directories by slot ("" for
+ * none). ``workers``: its threads (0: one per core, up to CORE_WORKERS). Returns the door, or
+ * NULL (errno set). */
+EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroots, const char *tiers, int ntiers,
+                                     int copy_slot, int workers)
+{
+    if (nroots < 0 || nroots > MAX_ROOTS || ntiers < 0 || ntiers > MONARCH_MAX_SLOTS || copy_slot < 0 || copy_slot >= ntiers) {
+        errno = EINVAL;
+        return NULL;
+    }
+    monarch_crc_init();
+    struct door *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->uid = getuid();
+    d->started_ns = monarch_now_ns();
+    d->hq_tail = &d->hq;
+    d->copy_slot = copy_slot;
+    d->listen_fd = d->stop_fd = d->wake_fd = -1;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_mutex_init(&d->take_mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    pthread_cond_init(&d->work_cv, NULL);
+    d->demand_tail = &d->demand;
+    inflight_init(&d->flow, 0, 0, INFLIGHT_LOW, COPIERS_MAX);
+    d->copiers = calloc(COPIERS_MAX, sizeof *d->copiers);  /* zero pages until a copier starts */
+    for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++)
+        d->roots[d->nroots++] = strdup(roots);
+    for (int i = 0; i < ntiers; tiers += strlen(tiers) + 1, i++)
+        d->tiers[i] = *tiers ? strdup(tiers) : NULL;
+    d->listen_fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 3);
+    d->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    d->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    /* the workers take no signals: they stay with the interpreter's threads, whose handlers
+     * (SIGTERM: stop) must run, and no system call of the door is cut short by one */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = workers > 0 ? (workers > MAX_WORKERS ? MAX_WORKERS : workers)
+               : cores < 1 ? 1 : cores > CORE_WORKERS ? CORE_WORKERS : (int)cores;
+    int ok = d->copiers && d->tiers[copy_slot] && d->listen_fd >= 0 && d->stop_fd >= 0 && d->wake_fd >= 0 &&
+             fcntl(d->listen_fd, F_SETFL, O_NONBLOCK) == 0;
+    for (int i = 0; ok && i < want; i++) {
+        struct worker *w = &d->workers[i];
+        w->d = d;
+        /* temporary names need only differ (O_EXCL refuses a clash): no getrandom, which
+         * glibc has only since 2.25 (the door builds wherever the shim does, back to 2.17) */
+        w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)i << 56;
+        w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
+        /* here, not on the thread: it must be held before anything can use the descriptors up */
+        w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        w->src_dir = w->key_dir = w->peer_dir = -1;
+        w->ep = epoll_create1(EPOLL_CLOEXEC);
+        /* EPOLLEXCLUSIVE: one worker woken per connection, not all of them */
+        struct epoll_event lev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = (void *)(uintptr_t)T_LISTEN};
+        struct epoll_event sev = {.events = EPOLLIN, .data.ptr = (void *)(uintptr_t)T_STOP};
+        ok = w->copy_buf && w->ep >= 0 && epoll_ctl(w->ep, EPOLL_CTL_ADD, d->listen_fd, &lev) == 0 &&
+             epoll_ctl(w->ep, EPOLL_CTL_ADD, d->stop_fd, &sev) == 0 &&
+             pthread_create(&w->thread, NULL, door_main, w) == 0;
+        if (!ok) {
+            if (w->spare_fd >= 0)
+                close(w->spare_fd);
+            if (w->ep >= 0)
+                close(w->ep);
+            free(w->copy_buf);
+            w->copy_buf = NULL;
+            break;
+        }
+        d->nworkers++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!ok) {
+        int saved = errno ? errno : EINVAL;
+        front_door_stop(d);
+        front_door_free(d);
+        errno = saved;
+        return NULL;
+    }
+    return d;
+}
+
+/* The descriptor Python watches: readable when connections or events wait. */
+EXPORT int front_door_wake_fd(struct door *d) { return d->wake_fd; }
+
+/* The next connection for Python: its descriptor (now Python's, which checks its peer again)
+ * and the bytes read so far into ``buf`` (returns their number; -1 when none waits; -2 with
+ * ``*fd`` set if they do not fit ``cap``: call again with room for that many). */
+EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap)
+{
+    pthread_mutex_lock(&d->mu);
+    struct handed *h = d->hq;
+    if (!h) {
+        pthread_mutex_unlock(&d->mu);
+        return -1;
+    }
+    if ((int)h->len > cap) {
+        *fd = (int)h->len;
+        pthread_mutex_unlock(&d->mu);
+        return -2;
+    }
+    d->hq = h->next;
+    d->nhanded--;
+    if (!d->hq)
+        d->hq_tail = &d->hq;
+    pthread_mutex_unlock(&d->mu);
+    *fd = h->fd;
+    int n = (int)h->len;
+    memcpy(buf, h->data, h->len);
+    free(h);
+    return n;
+}
+
+/* Events, packed into ``buf`` as many as fit: per event ``<IIQQqII`` (kind: 1 staged,
+ * 2 failed, 4 staged by the read-ahead lane, 5 answered as a memfd; slot;
+ * size; bytes read from the PFS; nanoseconds; key length; the key's index entry, from 1, 0
+ * none) then the key. Returns the bytes used (0: none waits). When
+ * nothing waits either way, the next arrival wakes Python again. */
+EXPORT int front_door_events(struct door *d, int q, char *buf, int cap)
+{
+    if (q < 0 || q >= NQUEUES)
+        return 0;
+    pthread_mutex_lock(&d->take_mu);
+    struct evqueue *queue = &d->evq[q];
+    if (queue->out_off == queue->out_len) {
+        pthread_mutex_lock(&d->mu);
+        if (queue->len) {              /* take them all at once: the lock is held for a swap */
+            char *spare = queue->out;
+            size_t spare_cap = queue->out_cap;
+            queue->out = queue->buf;
+            queue->out_cap = queue->cap;
+            queue->out_len = queue->len;
+            queue->out_off = 0;
+            queue->buf = spare;
+            queue->cap = spare_cap;
+            queue->len = 0;
+            queue->n = 0;
+        } else {
+            queue->out_off = queue->out_len = 0;
+            int other = q == Q_BOOKS ? Q_PEER : Q_BOOKS;
+            if (!d->evq[other].len && d->evq[other].out_off == d->evq[other].out_len && !d->hq) {
+                uint64_t v;            /* nothing waits either way: the next arrival wakes Python */
+                if (read(d->wake_fd, &v, sizeof v) < 0) {
+                    /* nothing was pending: fine */
+                }
+                d->woken = 0;
+            }
+        }
+        pthread_mutex_unlock(&d->mu);
+    }
+    int used = 0;
+    while (queue->out_off < queue->out_len) {
+        uint32_t len;
+        memcpy(&len, queue->out + queue->out_off + 32, 4);
+        if (used + EVENT_HEAD + (int)len > cap)
+            break;
+        memcpy(buf + used, queue->out + queue->out_off, EVENT_HEAD + len);
+        used += EVENT_HEAD + (int)len;
+        queue->out_off += EVENT_HEAD + len;
+    }
+    pthread_mutex_unlock(&d->take_mu);
+    return used;
+}
+
+/* The snapshot is ready: answer from now on, with ``index_path`` (the shim's index) for
+ * the files' sizes and mtimes. 0, or -1 if the index cannot be mapped or is not one. */
+EXPORT int front_door_open(struct door *d, const char *index_path)
+{
+    pthread_mutex_lock(&d->mu);
+    int open_already = d->gate_open;
+    pthread_mutex_unlock(&d->mu);
+    if (open_already)
+        return 0;
+    int fd = open(index_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size > 0)
+        p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return -1;
+    if (!index_valid(p, (size_t)st.st_size)) {
+        munmap(p, (size_t)st.st_size);
+        errno = EINVAL;
+        return -1;
+    }
+    pthread_mutex_lock(&d->mu);
+    if (d->gate_open || d->stopped) {  /* opened meanwhile, or stopped */
+        pthread_mutex_unlock(&d->mu);
+        munmap(p, (size_t)st.st_size);
+        return 0;
+    }
+    d->idx = p;
+    d->idx_len = (size_t)st.st_size;
+    d->gate_open = 1;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+/* front_door_open with the index the daemon holds (``n`` bytes at ``p``, kept by the caller
+ * until front_door_free): one copy of a large index in the process, not two. */
+EXPORT int front_door_open_memory(struct door *d, const unsigned char *p, uint64_t n)
+{
+    if (!index_valid(p, (size_t)n)) {
+        errno = EINVAL;
+        return -1;
+    }
+    pthread_mutex_lock(&d->mu);
+    if (!d->gate_open && !d->stopped) {
+        d->idx = p;
+        d->idx_len = (size_t)n;
+        d->idx_borrowed = 1;
+        d->gate_open = 1;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+/* The snapshot is ready or failed: INDEX polls are handed over to Python from now on. */
+EXPORT void front_door_settle(struct door *d)
+{
+    __atomic_store_n(&d->settled, 1, __ATOMIC_RELEASE);
+}
+
+/* Python copies ``key`` itself from now on: 0; or 1 if the door has staged it (its event
+ * tells Python where). Waits while the door is copying it. */
+EXPORT int front_door_claim(struct door *d, const char *key, int len)
+{
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find_or_insert(d, key, (uint32_t)len);
+    while (e && e->state == K_BUSY) {
+        pthread_cond_wait(&d->cv, &d->mu);
+        e = find_or_insert(d, key, (uint32_t)len);   /* the table may have grown */
+    }
+    int staged = e && e->state == K_STAGED;
+    if (e && !staged)
+        e->state = K_PYTHON;
+    pthread_mutex_unlock(&d->mu);
+    return e ? staged : 0;
+}
+
+/* The peer lane: misses of files ``owners`` (by index entry - 1; -1: none) gives to another
+ * node than ``self_node`` are fetched with ``fetch(dp, ...)`` into the tier of ``peer_slot``
+ * (the peer area), each paying its size rounded up to ``unit`` out of the peer lease;
+ * ``fetch`` NULL turns the lane off. The door's own copies are offered with ``offer(dp,
+ * ...)`` (may be NULL). ``owners`` stays the caller's, and is not read once this returns
+ * after another call. */
+EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
+                            uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit)
+{
+    if (fetch && (peer_slot < 0 || peer_slot >= MONARCH_MAX_SLOTS || !d->tiers[peer_slot] || unit <= 0))
+        return -1;
+    pthread_mutex_lock(&d->mu);
+    d->peer_fetch = (peer_fetch_fn)fetch;
+    d->peer_offer = fetch ? (peer_offer_fn)offer : NULL;
+    d->peer_dp = dp;
+    d->owners = fetch ? owners : NULL;
+    d->nowners = fetch ? nowners : 0;
+    d->self_node = self_node;
+    d->peer_slot = peer_slot;
+    d->peer_timeout_ms = timeout_ms;
+    d->peer_unit = unit > 0 ? unit : 1;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+/* A sharded node's door (``on``): it copies only this node's own files, none before the peer
+ * lane tells it who owns which (front_door_peers). */
+EXPORT void front_door_own_only(struct door *d, int on)
+{
+    pthread_mutex_lock(&d->mu);
+    d->own_only = on;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Whether the peer lane may fetch now (Python: the area is usable, the job wrote nothing). */
+EXPORT void front_door_peer_copying(struct door *d, int on)
+{
+    pthread_mutex_lock(&d->mu);
+    d->peer_allowed = on;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* ``key`` has a raw copy in ``slot``: the door answers its opens with that path. */
+EXPORT void front_door_staged(struct door *d, const char *key, int len, int slot)
+{
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find_or_insert(d, key, (uint32_t)len);
+    if (e && slot >= 0 && slot < MONARCH_MAX_SLOTS && d->tiers[slot]) {
+        e->state = K_STAGED;
+        e->slot = (uint8_t)slot;
+    } else if (e) {
+        e->state = K_PYTHON;
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* ``key``'s copy is going (or was never the door's to answer): hand its opens over.
+ * Returns once no answer of the door can name it any more... except one already on its way,
+ * which the shim treats like any copy that vanished: it reads the PFS. */
+EXPORT void front_door_forget(struct door *d, const char *key, int len)
+{
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find_or_insert(d, key, (uint32_t)len);
+    while (e && e->state == K_BUSY) {
+        pthread_cond_wait(&d->cv, &d->mu);
+        e = find_or_insert(d, key, (uint32_t)len);
+    }
+    if (e)
+        e->state = K_PYTHON;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* An evicting cache would drop ``key``'s copy: 1 and its opens handed over from now on, or 0
+ * (nothing changed) if the door answered it less than ``grace_ns`` ago, so that an
+ * application it was answered to can still open it. The check and the hand-over are one
+ * step under the lock: no answer of the door can name a copy evicted after it. */
+EXPORT int front_door_evict(struct door *d, const char *key, int len, int64_t grace_ns)
+{
+    pthread_mutex_lock(&d->mu);
+    uint32_t hash = monarch_crc32(key, (uint32_t)len);
+    struct entry *e;
+    while ((e = find(d, key, (uint32_t)len, hash)) && e->state == K_BUSY)
+        pthread_cond_wait(&d->cv, &d->mu);
+    int evict = !(e && e->state == K_STAGED && e->answered &&
+                  (int64_t)(uint32_t)(door_ms(d) - e->answered) * 1000000 < grace_ns);
+    if (e && evict)
+        e->state = K_PYTHON;
+    pthread_mutex_unlock(&d->mu);
+    return evict;
+}
+
+/* Python allows (1) the door to copy misses itself, or not (0). */
+EXPORT void front_door_copying(struct door *d, int on)
+{
+    pthread_mutex_lock(&d->mu);
+    d->allowed = on;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* The job wrote into its dataset: the door copies nothing more, and returns once no copy
+ * of its own is running (so Python's books, drained next, hold every copy it made). */
+EXPORT void front_door_disable(struct door *d)
+{
+    pthread_mutex_lock(&d->mu);
+    __atomic_store_n(&d->never_copy, 1, __ATOMIC_RELEASE);
+    while (d->busy)
+        pthread_cond_wait(&d->cv, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Copy into the tier of ``slot`` from now on (the first tier is full: the stager's next), with
+ * ``bytes`` lent there, once no copy from the PFS is under way (each ends in the tier whose
+ * room it took). Returns what was left of the old lease (the caller releases it in the old
+ * tier), or -1 if ``slot`` has no tier (nothing changed). */
+EXPORT int64_t front_door_copy_to(struct door *d, int slot, int64_t bytes)
+{
+    if (slot < 0 || slot >= MONARCH_MAX_SLOTS || !d->tiers[slot])
+        return -1;
+    pthread_mutex_lock(&d->mu);
+    while (d->copies_busy)
+        pthread_cond_wait(&d->cv, &d->mu);
+    int64_t left = d->lease[Q_BOOKS];
+    d->copy_slot = slot;
+    d->lease[Q_BOOKS] = bytes;
+    d->low_water[Q_BOOKS] = bytes / 2;
+    pthread_cond_broadcast(&d->cv);
+    pthread_cond_broadcast(&d->work_cv);  /* the read-ahead lane may wait for room */
+    pthread_mutex_unlock(&d->mu);
+    return left;
+}
+
+/* Tier bytes the door may fill, for books ``q`` (Q_BOOKS: the copy tier's, Q_PEER: the peer
+ * area's; Python reserved them there). */
+EXPORT void front_door_grant(struct door *d, int q, int64_t bytes)
+{
+    if (q < 0 || q >= NQUEUES)
+        return;
+    pthread_mutex_lock(&d->mu);
+    d->lease[q] += bytes;
+    d->low_water[q] = d->lease[q] / 2;
+    pthread_cond_broadcast(&d->cv);
+    pthread_cond_broadcast(&d->work_cv);  /* the read-ahead lane may wait for room */
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* What is left of the grants (now 0: Python releases it in the tier). */
+EXPORT int64_t front_door_reclaim(struct door *d, int q)
+{
+    if (q < 0 || q >= NQUEUES)
+        return 0;
+    pthread_mutex_lock(&d->mu);
+    int64_t left = d->lease[q];
+    d->lease[q] = 0;
+    pthread_mutex_unlock(&d->mu);
+    return left;
+}
+
+EXPORT int64_t front_door_lease(struct door *d, int q)
+{
+    if (q < 0 || q >= NQUEUES)
+        return 0;
+    pthread_mutex_lock(&d->mu);
+    int64_t left = d->lease[q];
+    pthread_mutex_unlock(&d->mu);
+    return left;
+}
+
+/* Counters: out[0..MONARCH_MAX_SLOTS) opens answered with a staged copy, by slot; then copies
+ * made, connections handed over, copies failed, bytes read from the PFS; then the
+ * connections handed over by reason (R_*); then those closed with HANDED_MAX waiting; then
+ * the peer lane's fetches, its failures, and its transient answers (memfds). */
+EXPORT void front_door_counts(struct door *d, uint64_t *out)
+{
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < MONARCH_MAX_SLOTS; i++)
+        out[i] = __atomic_load_n(&d->hits[i], __ATOMIC_RELAXED);
+    out[MONARCH_MAX_SLOTS] = d->copies;
+    out[MONARCH_MAX_SLOTS + 1] = d->handed;
+    out[MONARCH_MAX_SLOTS + 2] = d->failures;
+    out[MONARCH_MAX_SLOTS + 3] = d->bytes_read;
+    for (int i = 0; i < R_REASONS; i++)
+        out[MONARCH_MAX_SLOTS + 4 + i] = d->why[i];
+    out[MONARCH_MAX_SLOTS + 4 + R_REASONS] = d->closed_too_many;
+    out[MONARCH_MAX_SLOTS + 5 + R_REASONS] = d->peer_fetches;
+    out[MONARCH_MAX_SLOTS + 6 + R_REASONS] = d->peer_failures;
+    out[MONARCH_MAX_SLOTS + 7 + R_REASONS] = d->peer_transient;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Stop the thread; connections still here or not taken by Python are closed (their
+ * shims read the PFS). Events stay for Python to drain; every call stays harmless until
+ * front_door_free. */
+EXPORT void front_door_stop(struct door *d)
+{
+    stop_copiers(d);
+    uint64_t one = 1;
+    if (d->stop_fd >= 0 && write(d->stop_fd, &one, sizeof one) < 0) {
+        /* an eventfd write of 1 cannot fail here */
+    }
+    for (int i = 0; i < d->nworkers; i++) {  /* the stop stays readable: every worker sees it */
+        struct worker *w = &d->workers[i];
+        pthread_join(w->thread, NULL);
+        for (struct conn *c = w->pending, *next; c; c = next) {
+            next = c->next;
+            close(c->fd);
+            free(c);
+        }
+        w->pending = NULL;
+        close(w->ep);
+        w->ep = -1;
+        if (w->spare_fd >= 0)
+            close(w->spare_fd);
+        w->spare_fd = -1;
+        close_cached_dirs(w);
+    }
+    d->nworkers = 0;
+    close_waiting(d);
+    pthread_mutex_lock(&d->mu);
+    d->gate_open = 0;
+    __atomic_store_n(&d->never_copy, 1, __ATOMIC_RELEASE);
+    d->stopped = 1;
+    for (struct handed *h = d->hq, *next; h; h = next) {
+        next = h->next;
+        close(h->fd);
+        free(h);
+    }
+    d->hq = NULL;
+    d->hq_tail = &d->hq;
+    d->nhanded = 0;
+    pthread_mutex_unlock(&d->mu);
+    if (d->listen_fd >= 0)
+        close(d->listen_fd);
+    if (d->stop_fd >= 0)
+        close(d->stop_fd);
+    d->listen_fd = d->stop_fd = -1;
+}
+
+/* Free a stopped door (nothing may call it any more). */
+EXPORT void front_door_free(struct door *d)
+{
+    for (size_t i = 0; i < d->nown; i++)
+        free(d->own[i].key);
+    free(d->own);
+    free(d->tab);
+    for (int i = 0; i < d->nroots; i++)
+        free(d->roots[i]);
+    for (int i = 0; i < MONARCH_MAX_SLOTS; i++)
+        free(d->tiers[i]);
+    for (int q = 0; q < NQUEUES; q++) {
+        free(d->evq[q].buf);
+        free(d->evq[q].out);
+    }
+    if (d->idx && !d->idx_borrowed)
+        munmap((void *)d->idx, d->idx_len);
+    if (d->wake_fd >= 0)
+        close(d->wake_fd);
+    for (int i = 0; i < MAX_WORKERS; i++)
+        free(d->workers[i].copy_buf);
+    for (int i = 0; d->copiers && i < COPIERS_MAX; i++)
+        free(d->copiers[i].copy_buf);
+    free(d->copiers);
+    pthread_mutex_destroy(&d->mu);
+    pthread_mutex_destroy(&d->take_mu);
+    pthread_cond_destroy(&d->cv);
+    pthread_cond_destroy(&d->work_cv);
+    free(d);
+}
+
+/* -- the read-ahead lane and the copies in flight ------------------------------------- */
+/* Copy the small files of index entries 1 to ``n`` (the snapshot's files, in its order) ahead
+ * of the reader, as many at once as the source's measure allows (inflight.c; ``fixed`` > 0:
+ * that many, staging.threads; else from ``start``), within the room lent. Once per door: 0,
+ * or -1 (errno) if a lane was asked for before or nothing could start. */
+EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start)
+{
+    pthread_mutex_lock(&d->mu);
+    if (d->ahead_asked || d->stopped || !d->gate_open) {
+        pthread_mutex_unlock(&d->mu);
+        errno = EBUSY;
+        return -1;
+    }
+    /* room in the table for every key of the list now, while it is small: doubled as the lane
+     * fills it, its old slots would stand beside the new ones at the daemon's peak */
+    if (reserve_keys(d, d->used + n) != 0) {
+        pthread_mutex_unlock(&d->mu);
+        errno = ENOMEM;
+        return -1;
+    }
+    double recent = d->flow.recent;    /* what the misses measured so far stays */
+    inflight_init(&d->flow, fixed, start, INFLIGHT_LOW, COPIERS_MAX);
+    d->flow.recent = recent;
+    d->ahead_asked = 1;
+    d->ahead_n = n;
+    d->ahead_next = 0;
+    d->ahead_end = A_WHOLE;
+    d->ahead_on = 1;
+    staff_locked(d);
+    int started = d->ncopiers > 0;
+    if (!started)
+        d->ahead_on = 0;
+    pthread_mutex_unlock(&d->mu);
+    if (!started)
+        errno = EAGAIN;
+    return started ? 0 : -1;
+}
+
+/* The lane: out[0] copies it has in flight (at least 1 while its list is not through), out[1]
+ * entries gone through, out[2] files it copied, out[3] why it ended early (A_*; A_WHOLE: it
+ * did not). */
+EXPORT void front_door_read_ahead_state(struct door *d, uint64_t *out)
+{
+    pthread_mutex_lock(&d->mu);
+    out[0] = (uint64_t)(d->ahead_on && !d->ahead_busy ? 1 : d->ahead_busy);
+    out[1] = d->ahead_next;
+    out[2] = d->ahead_copies;
+    out[3] = (uint64_t)d->ahead_end;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* The door's measure of its source (inflight_state's figures) and its copiers now. */
+EXPORT void front_door_inflight(struct door *d, double *out)
+{
+    pthread_mutex_lock(&d->mu);
+    inflight_state(&d->flow, out);
+    out[6] = d->ncopiers;
+    out[7] = d->copies_busy;
+    pthread_mutex_unlock(&d->mu);
+}

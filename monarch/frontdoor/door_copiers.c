@@ -1,0 +1,220 @@
+/* Part of front_door.c, one translation unit: included there, in order, after the types and the
+ * parts before it. Here: the copiers (a slow source's misses, first) and the read-ahead lane;
+ * the copiers stopped. */
+
+static void *copier_main(void *arg);
+
+/* Start copiers while the work waiting (queued misses, the lane's free slots under its limit)
+ * outnumbers the idle ones, and wake that many. Under the lock. */
+static void staff_locked(struct door *d)
+{
+    int lane = d->ahead_on ? d->flow.limit - d->copies_busy : 0;
+    int want = d->ndemand + (lane > 0 ? lane : 0);
+    while (d->ncopiers - d->copiers_working < want && d->ncopiers < COPIERS_MAX && !d->copiers_stop) {
+        struct worker *w = &d->copiers[d->ncopiers];
+        w->d = d;
+        w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
+        w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + d->ncopiers) << 48;
+        w->copy_buf = w->copy_buf ? w->copy_buf : malloc(MONARCH_INLINE_MAX + 1);
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);  /* the interpreter's threads take the signals */
+        int ok = w->copy_buf && pthread_create(&w->thread, NULL, copier_main, w) == 0;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (!ok)
+            break;                     /* the copiers there are do the work, in turn */
+        d->ncopiers++;
+    }
+    for (int i = 0; i < want; i++)
+        pthread_cond_signal(&d->work_cv);
+}
+
+/* -- the copiers: queued misses first, then the read-ahead lane ------------------------------ */
+
+/* A queued miss (BUSY, its room taken) copied and answered, or handed over to Python. */
+static void copy_queued_miss(struct worker *w, struct waiter *q)
+{
+    char dest[PATH_MAX];
+    int published = copy_and_publish(w, q->req + MONARCH_REQUEST_HEADER_SIZE, q->len, q->hash, &q->f, EV_STAGED, dest);
+    if (published < 0) {
+        hand_over(w->d, q->fd, q->req, q->got, R_COPY_FAILED);
+    } else {
+        send_answer(q->fd, published, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
+        close(q->fd);
+    }
+    free(q);
+}
+
+/* The lane is through, or stopped early (``why``: A_*). Under the lock. */
+static void lane_end_locked(struct door *d, int why)
+{
+    d->ahead_on = 0;
+    if (why != A_WHOLE && d->ahead_end == A_WHOLE)
+        d->ahead_end = why;
+    inflight_starved(&d->flow);        /* no more work for every slot: the window says nothing */
+    if (!d->ahead_busy)
+        wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
+}
+
+enum { L_NONE, L_TAKEN, L_ROOM };
+
+/* The lane's next small file the door has never heard of, made BUSY for a copier (L_TAKEN);
+ * L_NONE: nothing for the lane now (off, through, at its limit, or another copier waits for
+ * room); L_ROOM: the caller waits for room to be lent. The lane ends when its list does, when
+ * copying is not allowed (a write by the job, a failed tier: Python's stager takes the rest)
+ * or when no room is lent for AHEAD_WAITS waits in a row. Under the lock. */
+static int lane_next_locked(struct door *d, struct idx_file *f, const char **key, uint32_t *len, uint32_t *hash)
+{
+    while (d->ahead_on) {
+        if (d->copies_busy >= d->flow.limit)
+            return L_NONE;             /* in flight as many as the source's measure allows */
+        if (d->ahead_next >= d->ahead_n) {
+            lane_end_locked(d, A_WHOLE);
+            break;
+        }
+        if (d->stopped) {
+            lane_end_locked(d, A_STOPPED);
+            break;
+        }
+        if (!d->gate_open || !d->allowed || d->never_copy) {
+            lane_end_locked(d, A_NOT_COPYING);
+            break;
+        }
+        if (!own_file_locked(d, d->ahead_next + 1)) {
+            d->ahead_next++;           /* another node's: its owner stages it */
+            continue;
+        }
+        if (!index_entry(d, d->ahead_next + 1, f, key, len) || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX) {
+            d->ahead_next++;           /* not a small file: Python's stager copies it */
+            continue;
+        }
+        *hash = monarch_crc32(*key, *len);
+        if (find(d, *key, *len, *hash)) {
+            d->ahead_next++;           /* staged, being copied, or Python's */
+            continue;
+        }
+        if ((int64_t)f->size > d->lease[Q_BOOKS]) {
+            if (d->ahead_room_wait)
+                return L_NONE;         /* one copier times the wait; a grant wakes them all */
+            if (++d->ahead_waits > AHEAD_WAITS) {
+                lane_end_locked(d, A_NO_ROOM);
+                break;
+            }
+            wake_python_locked(d);     /* its books lend more when it drains them */
+            inflight_starved(&d->flow);
+            d->ahead_room_wait = 1;
+            return L_ROOM;
+        }
+        d->ahead_waits = 0;
+        d->ahead_next++;
+        struct entry *e = insert(d, *key, *len, *hash);
+        if (!e)
+            continue;
+        e->state = K_BUSY;
+        d->busy++;
+        d->copies_busy++;
+        d->ahead_busy++;
+        d->lease[Q_BOOKS] -= (int64_t)f->size;
+        return L_TAKEN;
+    }
+    return L_NONE;
+}
+
+/* One copier: a queued miss if there is one, else the lane's next file while the lane is
+ * under its limit, else it waits for work. */
+static void *copier_main(void *arg)
+{
+    struct worker *w = arg;
+    struct door *d = w->d;
+    char dest[PATH_MAX];
+    prctl(PR_SET_NAME, "monarch-copy");
+    pthread_mutex_lock(&d->mu);
+    while (!d->copiers_stop) {
+        struct waiter *q = d->demand;
+        struct idx_file f;
+        const char *key;
+        uint32_t len, hash;
+        int lane;
+        if (q) {
+            d->demand = q->next;
+            if (!d->demand)
+                d->demand_tail = &d->demand;
+            d->ndemand--;
+            d->copiers_working++;
+            pthread_mutex_unlock(&d->mu);
+            copy_queued_miss(w, q);
+            pthread_mutex_lock(&d->mu);
+            d->copiers_working--;
+        } else if ((lane = lane_next_locked(d, &f, &key, &len, &hash)) == L_TAKEN) {
+            d->copiers_working++;
+            pthread_mutex_unlock(&d->mu);
+            copy_and_publish(w, key, len, hash, &f, EV_AHEAD, dest);
+            pthread_mutex_lock(&d->mu);
+            d->copiers_working--;
+        } else if (lane == L_ROOM) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += AHEAD_WAIT_NS;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&d->work_cv, &d->mu, &until);
+            d->ahead_room_wait = 0;
+        } else {
+            if (!d->ahead_on)
+                inflight_starved(&d->flow);  /* a copier free and nothing to copy */
+            pthread_cond_wait(&d->work_cv, &d->mu);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* The copiers stopped and joined (the lane with them); their copies under way end first. */
+static void stop_copiers(struct door *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->copiers_stop = 1;
+    if (d->ahead_on)
+        lane_end_locked(d, A_STOPPED);
+    pthread_cond_broadcast(&d->work_cv);
+    int n = d->ncopiers;
+    pthread_mutex_unlock(&d->mu);
+    for (int i = 0; i < n; i++) {
+        struct worker *w = &d->copiers[i];
+        pthread_join(w->thread, NULL);
+        close_cached_dirs(w);
+    }
+    pthread_mutex_lock(&d->mu);
+    d->ncopiers = 0;                   /* joined: a second stop joins none (copiers_stop starts none) */
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* After every thread is joined: the misses still queued and the requests still parked are
+ * closed (their shims read the PFS), their keys Python's. */
+static void close_waiting(struct door *d)
+{
+    pthread_mutex_lock(&d->mu);
+    struct waiter *lists[2] = {d->demand, d->parked};
+    for (struct waiter *q = d->demand; q; q = q->next) {
+        struct entry *e = find(d, q->req + MONARCH_REQUEST_HEADER_SIZE, q->len, q->hash);
+        if (e)
+            e->state = K_PYTHON;
+        d->busy--;
+        d->copies_busy--;
+        d->lease[Q_BOOKS] += (int64_t)q->f.size;
+    }
+    d->demand = d->parked = NULL;
+    d->demand_tail = &d->demand;
+    d->ndemand = 0;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    for (int i = 0; i < 2; i++) {
+        for (struct waiter *q = lists[i], *next; q; q = next) {
+            next = q->next;
+            close(q->fd);
+            free(q);
+        }
+    }
+}
+
+enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL };

@@ -1,0 +1,299 @@
+/* Part of front_door.c, one translation unit: included there, in order, after the types and the
+ * parts before it. Here: one copy from the PFS into the copy tier, published atomically (the
+ * directories it keeps open, the copy, the publish). */
+
+/* The directory of ``key`` ("0/d/x.bin": "<tier>/0/d") opened from the tier, one component at a
+ * time with O_NOFOLLOW, each made 0700 if missing (os.makedirs under a tier): a symlink planted
+ * inside the tier cannot send a copy elsewhere. Its descriptor (the copy's name is after the
+ * last '/' of ``key``), or -1. */
+static int open_key_dir(const char *tier, const char *key, uint32_t len)
+{
+    const int flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+    char part[NAME_MAX + 1];
+    int dfd = open(tier, flags);
+    const char *p = key, *end = key + len, *slash;
+    while (dfd >= 0 && (slash = memchr(p, '/', (size_t)(end - p))) != NULL) {
+        size_t n = (size_t)(slash - p);
+        int next = -1;
+        if (n > 0 && n <= NAME_MAX) {  /* valid_key: no "." or ".." parts */
+            memcpy(part, p, n);
+            part[n] = 0;
+            next = openat(dfd, part, flags);
+            if (next < 0 && errno == ENOENT && (mkdirat(dfd, part, 0700) == 0 || errno == EEXIST))
+                next = openat(dfd, part, flags);
+        }
+        close(dfd);
+        dfd = next;
+        p = slash + 1;
+    }
+    return dfd;
+}
+
+/* The worker's descriptor of the directory of ``key`` (its first ``dlen`` bytes name it) as
+ * ``open_dir`` opens it, kept for the next key of the same directory (the read-ahead's order
+ * and an epoch's neighbours): no path walk and no open per file. Owned by the worker. */
+static int cached_dir(int *fd, char *for_key, uint32_t *for_len, const char *key, uint32_t dlen,
+                      int (*open_dir)(struct worker *, const char *, uint32_t), struct worker *w)
+{
+    if (*fd >= 0 && *for_len == dlen && !memcmp(for_key, key, dlen))
+        return *fd;
+    if (*fd >= 0)
+        close(*fd);
+    *fd = dlen < PATH_MAX ? open_dir(w, key, dlen) : -1;
+    if (*fd >= 0) {
+        memcpy(for_key, key, dlen);
+        *for_len = dlen;
+    }
+    return *fd;
+}
+
+/* Does an open on ``fd``'s filesystem leave the file's attributes fresh in the client's cache
+ * (NFS, FUSE, GPFS: pfsmeta.FRESH_AFTER_OPEN)? Asked once per source directory. */
+static int fresh_after_open(int fd)
+{
+    struct statfs sf;
+    if (fstatfs(fd, &sf) != 0)
+        return 0;
+    unsigned long type = (unsigned long)sf.f_type & 0xFFFFFFFFUL;
+    return type == 0x6969UL || type == 0x65735546UL || type == 0x47504653UL;
+}
+
+struct statx_ts { int64_t sec; uint32_t nsec; int32_t reserved; };
+struct statx_buf {                     /* the kernel's struct statx (the fields read here) */
+    uint32_t mask, blksize;
+    uint64_t attributes;
+    uint32_t nlink, uid, gid;
+    uint16_t mode, spare0;
+    uint64_t ino, size, blocks, attributes_mask;
+    struct statx_ts atime, btime, ctime, mtime;
+    uint64_t spare[16];
+};
+_Static_assert(offsetof(struct statx_buf, mode) == 28 && offsetof(struct statx_buf, mtime) == 112, "struct statx");
+#define STATX_WANTED 0x343u            /* TYPE | MODE | MTIME | INO | SIZE */
+#define STATX_DONT_SYNC 0x4000         /* AT_STATX_DONT_SYNC */
+
+/* The just-opened source's attributes. Where its open refreshed them (``fresh``), as that
+ * open left them in the client's cache (statx, AT_STATX_DONT_SYNC): no second round trip to
+ * the PFS's metadata server per copy, as the stager (pfsmeta.opened_stat); else fstat. */
+static int source_attrs(int fd, int fresh, struct stat *st)
+{
+#ifdef SYS_statx
+    struct statx_buf sx;
+    if (fresh && syscall(SYS_statx, fd, "", AT_EMPTY_PATH | STATX_DONT_SYNC, STATX_WANTED, &sx) == 0 &&
+        (sx.mask & STATX_WANTED) == STATX_WANTED) {
+        memset(st, 0, sizeof *st);
+        st->st_mode = sx.mode;
+        st->st_size = (off_t)sx.size;
+        st->st_mtim.tv_sec = sx.mtime.sec;
+        st->st_mtim.tv_nsec = sx.mtime.nsec;
+        return 0;
+    }
+#endif
+    return fstat(fd, st);
+}
+
+static int open_source_dir(struct worker *w, const char *key, uint32_t dlen)  /* dlen: "<k>/<dir>" */
+{
+    char path[PATH_MAX];
+    const char *slash = memchr(key, '/', dlen);
+    long root = strtol(key, NULL, 10);
+    if (root < 0 || root >= w->d->nroots)
+        return -1;
+    int rl = slash ? (int)(dlen - (uint32_t)(slash + 1 - key)) : 0;
+    if (snprintf(path, sizeof path, "%s/%.*s", w->d->roots[root], rl, slash ? slash + 1 : "") >= (int)sizeof path)
+        return -1;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    w->src_fresh = fd >= 0 && fresh_after_open(fd);
+    return fd;
+}
+
+static int open_copy_dir(struct worker *w, const char *key, uint32_t dlen)
+{
+    return open_key_dir(w->d->tiers[w->d->copy_slot], key, dlen + 1);  /* up to its last '/' */
+}
+
+static int open_peer_dir(struct worker *w, const char *key, uint32_t dlen)
+{
+    return open_key_dir(w->d->tiers[w->d->peer_slot], key, dlen + 1);  /* up to its last '/' */
+}
+
+static void close_cached_dirs(struct worker *w)
+{
+    if (w->src_dir >= 0)
+        close(w->src_dir);
+    if (w->key_dir >= 0)
+        close(w->key_dir);
+    if (w->peer_dir >= 0)
+        close(w->peer_dir);
+    w->src_dir = w->key_dir = w->peer_dir = -1;
+}
+
+/* Copy ``key`` (``f``: the snapshot's view of it) into the copy tier under a temporary
+ * name; 0 and that name in ``tmp`` if the copy is whole and the source still the file the
+ * snapshot saw; -2 if the source is not, -3 if the tier would not take it, -1 otherwise.
+ * ``*bytes_read`` counts what was read from the PFS, whatever the outcome. */
+static int copy_in(struct worker *w, const char *key, uint32_t len, const struct idx_file *f,
+                   char *dest, char *tmp, int *dir_fd, uint64_t *bytes_read)
+{
+    struct door *d = w->d;
+    const char *base = memrchr(key, '/', len);     /* valid_key: "<k>/...", so there is one */
+    if (!base)
+        return -1;
+    uint32_t dlen = (uint32_t)(base - key), nlen = len - dlen - 1;
+    char name[NAME_MAX + 1];           /* the key is not NUL-terminated */
+    if (!nlen || nlen > NAME_MAX)
+        return -1;
+    memcpy(name, base + 1, nlen);
+    name[nlen] = 0;
+    int sdir = cached_dir(&w->src_dir, w->src_dir_key, &w->src_dir_len, key, dlen, open_source_dir, w);
+    if (sdir < 0)
+        return -1;
+    const char *tier = d->tiers[d->copy_slot];
+    if (snprintf(dest, PATH_MAX, "%s/%.*s", tier, (int)len, key) >= PATH_MAX)
+        return -1;
+    /* room first, then the source: the copy's temporary file (``tmp``, a name in the key's
+     * directory ``*dir_fd``) is made and given its blocks before a byte of the PFS is read, so
+     * that a tier whose filesystem is full (whatever its capacity says) costs the PFS nothing */
+    snprintf(tmp, PATH_MAX, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
+    mode_t mode = (f->mode & 0700) | 0600;          /* secure.owner_only */
+    if (w->key_dir >= 0 && w->key_dir_slot != d->copy_slot) {
+        close(w->key_dir);             /* the door copies into another tier now (front_door_copy_to) */
+        w->key_dir = -1;
+    }
+    w->key_dir_slot = d->copy_slot;    /* steady while this copy runs: a change waits for it */
+    int dfd = cached_dir(&w->key_dir, w->key_dir_key, &w->key_dir_len, key, dlen, open_copy_dir, w);
+    int out = dfd < 0 ? -1 : openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (out < 0)
+        return -3;
+    if (f->size && fallocate(out, 0, 0, (off_t)f->size) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
+        close(out);
+        unlinkat(dfd, tmp, 0);
+        return -3;                     /* no room on the tier's filesystem: nothing read */
+    }
+    /* O_NONBLOCK: a FIFO swapped in for the file (by anyone who may write its directory)
+     * opens at once instead of blocking this thread, and the daemon's exit, for ever */
+    int in = openat(sdir, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int r = 0;
+    struct stat st;
+    int fl;
+    if (in < 0)
+        r = -1;
+    else if (source_attrs(in, w->src_fresh, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
+             (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != f->mtime)
+        r = -2;                        /* changed since the snapshot: Python finds it and says so */
+    else if ((fl = fcntl(in, F_GETFL)) < 0 || fcntl(in, F_SETFL, fl & ~O_NONBLOCK) < 0)
+        r = -1;                        /* a regular file: read as any reader would */
+    uint64_t n = 0, cap = f->size + 1;  /* one byte more: a file that grew is seen */
+    for (; r == 0;) {
+        ssize_t got = read(in, w->copy_buf + n, cap - n);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        n += (uint64_t)got;
+        *bytes_read += (uint64_t)got;
+        if (n == f->size || n == cap)
+            break;                     /* a short read at the expected size is the end */
+    }
+    if (in >= 0)
+        close(in);
+    if (r == 0 && n != f->size)
+        r = -2;
+    if (r != 0) {
+        close(out);
+        unlinkat(dfd, tmp, 0);
+        return r;
+    }
+    struct timespec times[2] = {{f->mtime / 1000000000LL, f->mtime % 1000000000LL},
+                                {f->mtime / 1000000000LL, f->mtime % 1000000000LL}};
+    int ok = write_full(out, w->copy_buf, n) == 0 && futimens(out, times) == 0;
+    if (close(out) < 0)
+        ok = 0;
+    if (!ok) {
+        unlinkat(dfd, tmp, 0);
+        return -3;
+    }
+    *dir_fd = dfd;                     /* the worker's (cached_dir): not closed by the caller */
+    return 0;
+}
+
+/* Copy ``key`` (BUSY, its size taken from the lease, by the caller) from the PFS into the
+ * copy tier and publish it (STAGED, event ``kind``), or give it to Python (PYTHON, EV_FAILED);
+ * the copy's time goes to the door's measure of the source (``flow``). The requests parked on
+ * it are answered. The slot of the tier it was published in (``dest``: the copy's path), or -1. */
+static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uint32_t hash, const struct idx_file *f,
+                            uint32_t kind, char *dest)
+{
+    struct door *d = w->d;
+    char tmp[PATH_MAX];
+    struct entry *e;
+    uint64_t bytes_read = 0;
+    int kdir = -1;                     /* the key's directory in the tier (copy_in) */
+    int raised = 0;                    /* the measure allows more copies in flight now */
+    peer_offer_fn offer = NULL;
+    void *offer_dp = NULL;
+    int64_t t0 = monarch_now_ns();
+    int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read);
+    const char *name = strrchr(dest, '/') + 1;
+    int64_t t1 = monarch_now_ns();
+    /* the rename outside the door's lock: it waits for the directory's, which the lane's other
+     * copies into that directory hold in turn (under the door's lock, the lane was one copy at
+     * a time: 25k files/s on a core). A front_door_disable (a write by the job) either came
+     * before, and nothing is renamed, or waits for this copy (busy) and finds it in Python's
+     * books, published below before busy drops. */
+    if (r == 0 && __atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE)) {
+        unlinkat(kdir, tmp, 0);
+        r = -4;
+    } else if (r == 0 && renameat(kdir, tmp, kdir, name) < 0) {
+        unlinkat(kdir, tmp, 0);
+        r = -3;
+    }
+
+    pthread_mutex_lock(&d->mu);
+    e = find(d, key, len, hash);       /* the table may have grown meanwhile: ``e`` moved */
+    int published = -1;
+    if (r == 0) {
+        e->state = K_STAGED;
+        e->slot = (uint8_t)d->copy_slot;
+        if (kind == EV_AHEAD)
+            d->ahead_copies++;
+        else
+            d->copies++;
+        d->bytes_read += bytes_read;
+        post_event_locked(d, Q_BOOKS, kind, (uint32_t)d->copy_slot, key, len, f->entry, f->size, bytes_read, t1 - t0);
+        published = d->copy_slot;
+        if (d->own_only && d->peer_offer) {
+            offer = d->peer_offer;     /* read under the lock: the lane may be turned off meanwhile */
+            offer_dp = d->peer_dp;
+        }
+        int before = d->flow.limit;
+        inflight_completed(&d->flow, (t1 - t0) / 1e9, t1 / 1e9);
+        raised = d->flow.limit > before;
+    } else {
+        e->state = K_PYTHON;           /* Python copies it, or finds why not, and says so */
+        if (r == -3)
+            d->allowed = 0;            /* the tier failed (full?): Python finds out, and allows again or not */
+        d->lease[Q_BOOKS] += (int64_t)f->size;
+        d->failures++;
+        d->bytes_read += bytes_read;
+        post_event_locked(d, Q_BOOKS, EV_FAILED, 0, key, len, f->entry, f->size, bytes_read, t1 - t0);
+    }
+    struct waiter *ready = d->parked ? unpark_locked(d, key, len, hash) : NULL;
+    if (ready && published >= 0)
+        e->answered = door_ms(d);
+    if (kind == EV_AHEAD && --d->ahead_busy == 0 && !d->ahead_on)
+        wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
+    d->busy--;
+    d->copies_busy--;
+    pthread_cond_broadcast(&d->cv);
+    if (raised)
+        staff_locked(d);               /* more copiers for the lane, if it runs */
+    else if (!(w >= d->copiers && w < d->copiers + COPIERS_MAX))
+        pthread_cond_signal(&d->work_cv);  /* a worker's copy freed a slot (a copier's goes on itself) */
+    pthread_mutex_unlock(&d->mu);
+    if (ready)
+        answer_parked(d, ready, published, dest);
+    if (offer)                         /* other nodes fetch it through the data path from now on */
+        offer(offer_dp, key, (int)len, published);
+    return published;
+}

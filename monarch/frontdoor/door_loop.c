@@ -1,0 +1,296 @@
+/* Part of front_door.c, one translation unit: included there, in order, after the types and the
+ * parts before it. Here: the hot path: the OPEN decision (try_open), a request's frame, each
+ * worker's event loop (accept, read, serve). */
+
+/* Why the door may not copy a miss of ``key`` itself (an R_*: the connection goes to Python),
+ * or -1: it may, ``*f`` is its file and ``*e`` its new entry. ``*e``: the key's entry, if the
+ * table has one (neither BUSY nor STAGED: the caller answered those). Under the lock. */
+static int why_not_copy_locked(struct door *d, struct entry **e, const char *key, uint32_t len, uint32_t hash,
+                               struct idx_file *f)
+{
+    if (*e)
+        return R_PYTHON_KEY;           /* claimed by Python, or handed over before */
+    if (!d->allowed || d->never_copy)
+        return R_NOT_COPYING;          /* Python said no, or the job wrote under a root */
+    if (!index_file(d, key, len, f) || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX)
+        return R_NOT_SMALL_FILE;       /* not in the index, not a regular file, or large: the stager's */
+    if (!own_file_locked(d, f->entry))
+        return R_NOT_COPYING;          /* a sharded node's: another node owns it */
+    if ((int64_t)f->size > d->lease[Q_BOOKS])
+        return R_NO_ROOM;              /* more than the room lent */
+    if (!(*e = insert(d, key, len, hash)))
+        return R_OTHER;                /* no memory for the key */
+    return -1;
+}
+
+/* An OPEN of a valid key (``req``: the request's ``got`` bytes): answered here or later (-1),
+ * or why it is to be handed over (R_*). */
+static int try_open(struct worker *w, int fd, const char *req, uint32_t got, const char *key, uint32_t len)
+{
+    struct door *d = w->d;
+    char dest[PATH_MAX];
+    pthread_mutex_lock(&d->mu);
+    if (!d->gate_open) {
+        pthread_mutex_unlock(&d->mu);
+        return R_CLOSED_GATE;
+    }
+    uint32_t hash = monarch_crc32(key, len);
+    struct entry *e = find(d, key, len, hash);
+    if (e && e->state == K_BUSY) {     /* another thread copies it: its answer is ours, given when it ends */
+        struct waiter *q = new_waiter(fd, req, got, hash, len);
+        if (q) {
+            q->next = d->parked;
+            d->parked = q;
+        }
+        pthread_mutex_unlock(&d->mu);
+        return q ? -1 : R_OTHER;
+    }
+    if (e && e->state == K_STAGED) {
+        int slot = e->slot;
+        const char *tier = d->tiers[slot];
+        e->answered = door_ms(d);
+        pthread_mutex_unlock(&d->mu);
+        int pl = snprintf(dest, sizeof dest, "%s/%.*s", tier, (int)len, key);
+        if (pl >= (int)sizeof dest)
+            return R_OTHER;
+        __atomic_add_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);  /* before: the client may ask for the report next */
+        if (send_answer(fd, slot, dest, (uint32_t)pl) != 0)
+            __atomic_sub_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);
+        close(fd);
+        return -1;
+    }
+    struct idx_file f;
+    int owner;
+    if (!e && d->peer_fetch && index_file(d, key, len, &f) && (owner = peer_owner_locked(d, &f)) >= 0) {
+        if (peer_room(d, f.size) <= d->lease[Q_PEER] && (e = insert(d, key, len, hash))) {
+            e->state = K_BUSY;
+            d->busy++;
+            d->lease[Q_PEER] -= peer_room(d, f.size);  /* its blocks, not its bytes: never removed for want of room */
+            pthread_mutex_unlock(&d->mu);
+            return fetch_from_peer(w, fd, key, len, hash, &f, owner);
+        }
+        peer_fetch_fn fetch = d->peer_fetch;
+        void *dp = d->peer_dp;
+        int timeout_ms = d->peer_timeout_ms;
+        d->busy++;
+        pthread_mutex_unlock(&d->mu);
+        return fetch_transient(w, fd, key, len, &f, owner, fetch, dp, timeout_ms);
+    }
+    int why = why_not_copy_locked(d, &e, key, len, hash, &f);
+    if (why >= 0) {
+        pthread_mutex_unlock(&d->mu);
+        return why;
+    }
+    e->state = K_BUSY;
+    d->busy++;
+    d->copies_busy++;
+    d->lease[Q_BOOKS] -= (int64_t)f.size;
+    /* demand first, whatever the lane does: a fast source's miss is copied here, at once (no
+     * hand-off costs more than the copy); a slow one's by a copier, so that this thread goes
+     * on accepting while the source answers, and as many misses are in flight as readers wait */
+    struct waiter *q = d->flow.recent < 0 || d->flow.recent > INLINE_COPY_SECONDS ? new_waiter(fd, req, got, hash, len) : NULL;
+    if (q) {
+        q->f = f;
+        *d->demand_tail = q;
+        d->demand_tail = &q->next;
+        d->ndemand++;
+        staff_locked(d);
+        pthread_mutex_unlock(&d->mu);
+        return -1;
+    }
+    pthread_mutex_unlock(&d->mu);
+
+    int published = copy_and_publish(w, key, len, hash, &f, EV_STAGED, dest);
+    if (published < 0)
+        return R_COPY_FAILED;
+    send_answer(fd, published, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
+    close(fd);
+    return -1;
+}
+
+/* What ``got`` bytes of a request are: not all there yet, a whole OPEN, or anything else. */
+static int frame_state(const char *buf, uint32_t got)
+{
+    if (got < MONARCH_REQUEST_HEADER_SIZE)
+        return F_MORE;
+    uint32_t length;
+    memcpy(&length, buf + 4, 4);
+    static const char poll_body[] = MONARCH_INDEX_POLL;
+    if ((unsigned char)buf[0] == MONARCH_VERB_INDEX && !buf[1] && !buf[2] && !buf[3] && length == sizeof poll_body - 1)
+        return got < MONARCH_REQUEST_HEADER_SIZE + length ? F_MORE
+               : got == MONARCH_REQUEST_HEADER_SIZE + length
+                 && !memcmp(buf + MONARCH_REQUEST_HEADER_SIZE, poll_body, length) ? F_INDEX_POLL : F_ODD;
+    if ((unsigned char)buf[0] != MONARCH_VERB_OPEN || buf[1] || buf[2] || buf[3] || length == 0 ||
+        length > MONARCH_MAX_REQUEST || got > MONARCH_REQUEST_HEADER_SIZE + length)
+        return F_ODD;
+    return got < MONARCH_REQUEST_HEADER_SIZE + length ? F_MORE : F_OPEN;
+}
+
+/* A whole request (or an odd one): answered here, or the connection handed over. */
+static void serve(struct worker *w, int fd, const char *buf, uint32_t got, int state)
+{
+    const char *key = buf + MONARCH_REQUEST_HEADER_SIZE;
+    size_t klen = got - MONARCH_REQUEST_HEADER_SIZE;
+    if (state == F_INDEX_POLL && !__atomic_load_n(&w->d->settled, __ATOMIC_ACQUIRE)) {
+        send_answer(fd, MONARCH_INDEX_WALKING, "", 0);  /* unsent: the shim asks again later */
+        close(fd);
+        return;
+    }
+    int why = state == F_OPEN && valid_key(key, klen) ? try_open(w, fd, buf, got, key, klen) : R_OTHER;
+    if (why >= 0)
+        hand_over(w->d, fd, buf, got, why);
+}
+
+static void drop_pending(struct worker *w, struct conn *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        w->pending = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    w->npending--;
+    epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
+}
+
+static void on_readable(struct worker *w, struct conn *c)
+{
+    for (;;) {
+        ssize_t r = recv(c->fd, c->buf + c->got, sizeof c->buf - c->got, MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        int state = r > 0 ? (c->got += (uint32_t)r, frame_state(c->buf, c->got)) : F_ODD;
+        if (state == F_MORE)
+            continue;
+        drop_pending(w, c);
+        if (r > 0 || c->got)
+            serve(w, c->fd, c->buf, c->got, state);  /* a request cut short: Python says so */
+        else
+            close(c->fd);                            /* gone before asking */
+        free(c);
+        return;
+    }
+}
+
+/* Out of descriptors: the connection would wait in the backlog, its listening socket
+ * readable, this loop spinning on it. The spare is given up to accept it and close it at
+ * once (its shim reads the PFS), then taken back. Another worker may take the descriptor
+ * first: its accept is then a real one, served as any, and this spare is taken back at the
+ * next refusal a descriptor is free for. */
+static int refuse_one(struct worker *w)
+{
+    if (w->spare_fd < 0)               /* lost to another worker's accept last time: take it back if one is free */
+        w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (w->spare_fd < 0)
+        return 0;
+    close(w->spare_fd);
+    int fd = accept4(w->d->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd >= 0) {
+        pthread_mutex_lock(&w->d->mu);
+        w->d->closed_too_many++;       /* before the close: its client may ask for the counts next */
+        pthread_mutex_unlock(&w->d->mu);
+        close(fd);
+    }
+    w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return fd >= 0;
+}
+
+static void on_accept(struct worker *w)
+{
+    struct door *d = w->d;
+    for (;;) {
+        int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EMFILE || errno == ENFILE) {
+                if (refuse_one(w))
+                    continue;
+                struct timespec ts = {0, 1000000};  /* no spare either: look again in 1 ms, not at once */
+                nanosleep(&ts, NULL);
+            }
+            return;                    /* EAGAIN; or out of descriptors: the next turn retries */
+        }
+        struct ucred cred;
+        socklen_t cl = sizeof cred;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.uid != d->uid) {
+            hand_over(d, fd, NULL, 0, R_OTHER);    /* Python refuses it, counts it and says why */
+            continue;
+        }
+        struct conn *c = malloc(sizeof *c);
+        if (!c) {
+            hand_over(d, fd, NULL, 0, R_OTHER);
+            continue;
+        }
+        c->fd = fd;
+        c->got = 0;
+        c->since = monarch_now_ns();
+        ssize_t r = recv(fd, c->buf, sizeof c->buf, MSG_DONTWAIT);
+        int state = r > 0 ? frame_state(c->buf, c->got = (uint32_t)r) : F_MORE;
+        if (state != F_MORE) {
+            serve(w, fd, c->buf, c->got, state);
+            free(c);
+            continue;
+        } else if (r == 0) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        if (w->npending >= PENDING_MAX) {
+            hand_over(d, fd, c->buf, c->got, R_OTHER);
+            free(c);
+            continue;
+        }
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        if (epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            hand_over(d, fd, c->buf, c->got, R_OTHER);
+            free(c);
+            continue;
+        }
+        c->prev = NULL;
+        c->next = w->pending;
+        if (w->pending)
+            w->pending->prev = c;
+        w->pending = c;
+        w->npending++;
+    }
+}
+
+static void sweep_slow(struct worker *w)
+{
+    int64_t now = monarch_now_ns();
+    for (struct conn *c = w->pending, *next; c; c = next) {
+        next = c->next;
+        if (now - c->since < PENDING_NS)
+            continue;
+        drop_pending(w, c);
+        hand_over(w->d, c->fd, c->buf, c->got, R_OTHER);
+        free(c);
+    }
+}
+
+static void *door_main(void *arg)
+{
+    struct worker *w = arg;
+    struct epoll_event evs[64];
+    prctl(PR_SET_NAME, "monarch-door");
+    for (;;) {
+        int n = epoll_wait(w->ep, evs, 64, w->npending ? 100 : -1);
+        if (n < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == (void *)(uintptr_t)T_STOP)
+                return NULL;
+            if (p == (void *)(uintptr_t)T_LISTEN)
+                on_accept(w);
+            else
+                on_readable(w, p);
+        }
+        if (w->npending)
+            sweep_slow(w);
+    }
+    return NULL;
+}

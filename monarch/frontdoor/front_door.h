@@ -1,0 +1,113 @@
+/*
+ * front_door.h -- the contract between the front door (front_door.c, one translation unit
+ * with its door_*.c parts and inflight.c) and Python (monarch/frontdoor/__init__.py):
+ * the events it reports, why it hands a connection over, why its read-ahead lane ended, the
+ * event record, and every function Python calls.
+ *
+ * Each list is declared once, as an X-macro (after Darshan's log-format headers), expanded
+ * here into the C enum; tests/unit/frontdoor/test_front_door_header.py reads this file and holds the
+ * Python side (EV_*, BOOKS, HANDED_OVER_BECAUSE, AHEAD_ENDED_BECAUSE, _EVENT, _PROTOTYPES)
+ * against it, as tests/unit/test_wire.py holds monarch/wire/monarch_wire.h. Change a list
+ * here and in Python together: a reason's place is its number in front_door_counts.
+ */
+#ifndef MONARCH_FRONT_DOOR_H
+#define MONARCH_FRONT_DOOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* -- what the door reports (front_door_events: kind), with its number ---------------------- */
+#define FRONT_DOOR_EVENTS(X)                                                          \
+    X(EV_STAGED, 1)     /* copied into the copy tier (or fetched into the peer area) */ \
+    X(EV_FAILED, 2)     /* a copy or fetch failed: the key is Python's now */        \
+    X(EV_AHEAD, 4)      /* copied by the read-ahead lane (3, a slow source, is no more) */ \
+    X(EV_TRANSIENT, 5)  /* another node's file answered as a memfd */
+
+/* -- whose books an event or room lent is ------------------------------------------------- */
+#define FRONT_DOOR_BOOKS(X)                                                           \
+    X(Q_BOOKS, 0)       /* the stager's: copies from the PFS into the copy tier */   \
+    X(Q_PEER, 1)        /* the peer cache's: fetches from other nodes into the peer area */
+
+/* -- why a connection was handed over to Python (front_door_counts), in order ------------- */
+#define FRONT_DOOR_HANDED_OVER(X)                                                     \
+    X(R_OTHER, "other_request")                                                       \
+    X(R_CLOSED_GATE, "snapshot_not_ready")                                            \
+    X(R_PYTHON_KEY, "python_owns_key")                                                \
+    X(R_NOT_COPYING, "not_copying")                                                   \
+    X(R_NOT_SMALL_FILE, "not_small_file")                                             \
+    X(R_NO_ROOM, "no_room_lent")                                                      \
+    X(R_COPY_FAILED, "copy_failed")
+
+/* -- why the read-ahead lane ended before its list did (front_door_read_ahead_state) ------ */
+#define FRONT_DOOR_AHEAD_ENDED(X)                                                     \
+    X(A_WHOLE, "")                                                                    \
+    X(A_NOT_COPYING, "not_copying")                                                   \
+    X(A_NO_ROOM, "no_room")                                                           \
+    X(A_STOPPED, "stopped")
+
+#define FRONT_DOOR_ENUM_VALUE(name, value) name = value,
+#define FRONT_DOOR_ENUM_NAME(name, text) name,
+enum front_door_event { FRONT_DOOR_EVENTS(FRONT_DOOR_ENUM_VALUE) };
+enum front_door_books { FRONT_DOOR_BOOKS(FRONT_DOOR_ENUM_VALUE) NQUEUES };
+enum front_door_handed_over { FRONT_DOOR_HANDED_OVER(FRONT_DOOR_ENUM_NAME) R_REASONS };
+enum front_door_ahead_ended { FRONT_DOOR_AHEAD_ENDED(FRONT_DOOR_ENUM_NAME) };
+
+/* -- the event record: front_door_events hands these over, each followed by its key ------- */
+#define FRONT_DOOR_EVENT_FORMAT "<IIQQqII"  /* Python's struct format of the head */
+struct front_door_event_head {
+    uint32_t kind, slot;               /* FRONT_DOOR_EVENTS; the slot it was published in */
+    uint64_t size, bytes_read;         /* the file's size; bytes read from its source */
+    int64_t ns;                        /* how long the copy took */
+    uint32_t len, entry;               /* the key's length (the key follows); its index entry, from 1 (0: none) */
+};
+_Static_assert(sizeof(struct front_door_event_head) == 40, "the event record's head: no padding");
+_Static_assert(offsetof(struct front_door_event_head, ns) == 24, "the event record: ns");
+_Static_assert(offsetof(struct front_door_event_head, entry) == 36, "the event record: entry");
+
+/* -- what Python calls (ctypes): monarch/frontdoor/__init__.py's _PROTOTYPES --------------- */
+struct door;
+struct inflight;
+/* the door's life */
+EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroots, const char *tiers, int ntiers,
+                                     int copy_slot, int workers);
+EXPORT void front_door_stop(struct door *d);
+EXPORT void front_door_free(struct door *d);
+/* the server's side: connections handed over, and the door's books */
+EXPORT int front_door_wake_fd(struct door *d);
+EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap);
+EXPORT int front_door_events(struct door *d, int q, char *buf, int cap);
+EXPORT void front_door_counts(struct door *d, uint64_t *out);
+/* the snapshot's index */
+EXPORT int front_door_open(struct door *d, const char *index_path);
+EXPORT int front_door_open_memory(struct door *d, const unsigned char *p, uint64_t n);
+EXPORT void front_door_settle(struct door *d);
+/* the stager's policy: which keys are whose, whether and where the door may copy */
+EXPORT int front_door_claim(struct door *d, const char *key, int len);
+EXPORT void front_door_staged(struct door *d, const char *key, int len, int slot);
+EXPORT void front_door_forget(struct door *d, const char *key, int len);
+EXPORT int front_door_evict(struct door *d, const char *key, int len, int64_t grace_ns);
+EXPORT void front_door_copying(struct door *d, int on);
+EXPORT void front_door_disable(struct door *d);
+EXPORT int64_t front_door_copy_to(struct door *d, int slot, int64_t bytes);
+/* room lent, by books (FRONT_DOOR_BOOKS) */
+EXPORT void front_door_grant(struct door *d, int q, int64_t bytes);
+EXPORT int64_t front_door_reclaim(struct door *d, int q);
+EXPORT int64_t front_door_lease(struct door *d, int q);
+/* the peer lane (a sharded cluster) */
+EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
+                            uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit);
+EXPORT void front_door_own_only(struct door *d, int on);
+EXPORT void front_door_peer_copying(struct door *d, int on);
+/* the read-ahead lane and the copies in flight */
+EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start);
+EXPORT void front_door_read_ahead_state(struct door *d, uint64_t *out);
+EXPORT void front_door_inflight(struct door *d, double *out);
+/* inflight.c's rule, for Python's lanes (monarch/node/stage/concurrency.py) */
+EXPORT struct inflight *inflight_new(int fixed, int start, int low, int high);
+EXPORT void inflight_free(struct inflight *c);
+EXPORT void inflight_copy_ended(struct inflight *c, double seconds, double now);
+EXPORT void inflight_nothing_to_copy(struct inflight *c);
+EXPORT int inflight_limit(const struct inflight *c);
+EXPORT void inflight_state(const struct inflight *c, double *out);
+
+#endif /* MONARCH_FRONT_DOOR_H */

@@ -1,0 +1,119 @@
+"""The builder of Monarch's C libraries: the shim, the front door, the walker, the remover (and
+the peer data path, against the loaded MPI).
+
+Each library is one translation unit: its main file includes its parts (the other C files
+beside it) and the shared headers (``monarch/native/*.h``, ``monarch/wire/monarch_wire.h``).
+One function serves both the install-time build hook (``setup.py``, which loads this file by
+path) and a source checkout, where a library is built on first use into a cache keyed by its
+source's digest (every file it includes counted), so a stale library is never loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+
+NATIVE = Path(__file__).parent                       # the headers every library includes (monarch_native.h)
+WIRE_HEADER = NATIVE.parent / "wire" / "monarch_wire.h"  # the wire, included by the shim, the door, the walker
+CFLAGS = ["-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-std=gnu11",
+          "-Wall", "-Wextra", "-Werror"]
+LIBS = ["-ldl", "-lpthread"]
+
+
+class BuildError(RuntimeError):
+    """A library could not be compiled (kept free of package imports: setup.py loads this file by path)."""
+
+
+def build_library(out: Path, source: Path, what: str, extra: list[str] = ()) -> Path:
+    """Compile the library whose main file is ``source`` (``what``, said in errors; ``extra``
+    arguments) to ``out`` (atomically: a half-written .so is never loaded)."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise BuildError(f"cannot build {what}: no C compiler found; "
+                           "install gcc (apt-get install gcc) or set CC")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    cmd = [cc, *CFLAGS, "-o", str(tmp), str(source), *extra, *LIBS]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"building {what} failed: {' '.join(cmd)}\n{proc.stderr}")
+    os.replace(tmp, out)
+    return out
+
+
+def source_digest(source: Path) -> str:
+    """A hash of a library's source: the main file, every other C or header file beside it (the
+    parts it includes: the shim's ``shim_*.c``, the front door's ``door_*.c`` and header), the
+    shared headers (``monarch/native/``) and the wire header."""
+    h = hashlib.sha256()
+    beside = sorted(p for p in source.parent.iterdir() if p.suffix in (".c", ".h") and p != source)
+    shared = sorted(p for p in NATIVE.iterdir() if p.suffix in (".c", ".h"))
+    for path in [source, *beside, *shared, WIRE_HEADER]:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def built_library(source: Path, installed: Path, what: str) -> Path:
+    """The library of ``source``: ``installed`` (built by ``pip install``) when it was built
+    from this very source or no source is left, else one built from the source into the
+    user's cache, so a stale library is never loaded."""
+    if installed.exists() and not source.exists():
+        return installed
+    digest = source_digest(source)
+    if installed.exists() and _stamp(installed) == digest:
+        return installed
+    return cached_build(source, installed.name, digest, what)
+
+
+def cached_build(source: Path, library_name: str, digest: str, what: str) -> Path:
+    """``source`` built once per content (``digest``) into the user's cache, and reused."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "monarch"
+    built = cache / f"{digest}-{library_name}"
+    if not built.exists():
+        build_library(built, source, what)
+    return built
+
+
+def _stamp(library: Path) -> str | None:
+    stamp = library.with_suffix(".sha256")
+    return stamp.read_text().strip() if stamp.exists() else None
+
+
+def write_stamp(library: Path, source: Path) -> None:
+    library.with_suffix(".sha256").write_text(source_digest(source))
+
+
+class OptionalLibrary:
+    """A library of Monarch's C (the front door, the walker, the remover) loaded on first use,
+    its functions' prototypes set; None, said once, when it cannot be built: the caller's
+    Python does the work instead (``without`` says how), slower and never wrong."""
+
+    def __init__(self, source: Path, installed: Path, what: str, without: str,
+                 prototypes: dict[str, tuple[object, list]]):
+        self.source, self.installed, self.what, self.without = source, installed, what, without
+        self.prototypes = prototypes
+        self._lib: ctypes.CDLL | None = None
+        self._error: str | None = None
+
+    def get(self) -> ctypes.CDLL | None:
+        if self._lib is not None or self._error is not None:
+            return self._lib
+        try:
+            lib = ctypes.CDLL(str(built_library(self.source, self.installed, self.what)), use_errno=True)
+        except Exception as e:  # no compiler, no source
+            self._error = str(e)
+            logging.getLogger(__name__).warning("%s is not available (%s); %s", self.what,
+                                                self._error.splitlines()[0] if self._error else type(e).__name__,
+                                                self.without)
+            return None
+        for name, (restype, argtypes) in self.prototypes.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+        self._lib = lib
+        return lib

@@ -1,0 +1,91 @@
+/*
+ * monarch_native.h -- what Monarch's C libraries share, defined once: the export marker,
+ * the clock, CRC-32 (protocol.key_hash: zlib's) and the snapshot index's look-up
+ * (protocol.index_lookup). Each library is one translation unit that includes this
+ * header (the shim's monarch_shim.c, the front door's front_door.c, the walker, the
+ * remover, the peer data path); everything here is static, so each keeps its own copy
+ * and exports nothing it did not mark EXPORT.
+ *
+ * The builder (monarch/native/build.py) counts this header in every library's source
+ * digest: a change here rebuilds them all.
+ */
+#ifndef MONARCH_NATIVE_H
+#define MONARCH_NATIVE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "../wire/monarch_wire.h" /* the index layout */
+
+/* -- exports ------------------------------------------------------------------------------ */
+/* Built with -fvisibility=hidden: only what is marked here is seen by ctypes or the app. */
+#define EXPORT __attribute__((visibility("default")))
+
+/* -- the clock ---------------------------------------------------------------------------- */
+static inline int64_t monarch_now_ns(void)  /* CLOCK_MONOTONIC, in ns */
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* -- CRC-32 (zlib's, reflected 0xEDB88320): protocol.key_hash ----------------------------- */
+static uint32_t monarch_crc_table[256] __attribute__((unused));
+static pthread_once_t monarch_crc_once __attribute__((unused)) = PTHREAD_ONCE_INIT;
+
+static inline void monarch_crc_fill(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        monarch_crc_table[i] = c;
+    }
+}
+
+/* The table filled, once per process: call before the first monarch_crc32. */
+static inline void monarch_crc_init(void)
+{
+    pthread_once(&monarch_crc_once, monarch_crc_fill);
+}
+
+/* The running CRC ``c`` (0xFFFFFFFF to start) over ``n`` more bytes; not inverted at the end. */
+static inline uint32_t monarch_crc32_update(uint32_t c, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        c = monarch_crc_table[(c ^ (unsigned char)p[i]) & 0xFF] ^ (c >> 8);
+    return c;
+}
+
+/* zlib's crc32(p[0:n]) */
+static inline uint32_t monarch_crc32(const char *p, size_t n)
+{
+    return monarch_crc32_update(0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
+}
+
+/* -- the snapshot index: protocol.index_lookup -------------------------------------------- */
+/* The entry number (from 1) of ``key`` (``hash``: its monarch_crc32) in the index mapped at
+ * ``x`` whose header is ``h``, or 0. Bounded by the table's size; an entry outside the mapping
+ * or with a key outside the key area ends the search (index_valid checked the tables' bounds). */
+static inline uint32_t monarch_index_find(const unsigned char *x, const struct monarch_index_header *h,
+                                          const char *key, size_t len, uint32_t hash)
+{
+    uint32_t mask = h->buckets - 1;
+    for (uint32_t b = hash & mask, probes = 0; probes < h->buckets; b = (b + 1) & mask, probes++) {
+        uint32_t n;
+        memcpy(&n, x + h->buckets_off + 4ull * b, sizeof n);
+        if (!n || n > h->entries)
+            return 0;
+        struct monarch_index_entry e;
+        memcpy(&e, x + h->entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
+        if (e.hash == hash && e.key_len == len && e.key_off <= h->keys_size && len <= h->keys_size - e.key_off &&
+            !memcmp(x + h->keys_off + e.key_off, key, len))
+            return n;
+    }
+    return 0;
+}
+
+#endif /* MONARCH_NATIVE_H */

@@ -1,0 +1,314 @@
+"""This node's part in a cluster: the layout, who owns what, the peer area, serving peers, replicas, losses.
+
+One node alone has no cluster role (the daemon holds None). In a cluster of daemons (one per
+node, one MPI job: ``monarch/cluster/``), the role:
+
+* shares the snapshot node 0 walks (streamed, so that each node stages what it will surely
+  own while the walk goes on: ``monarch/cluster/early.py``), then decides the layout
+  (``monarch/cluster/capacity.py``): *replicate* when every node can hold the whole
+  dataset (the stager fetches other nodes' files from their owners into the peer area),
+  else *shard* (each file has one owner, the peer area is an evicting cache of the
+  others': ``monarch/node/peer/peer_cache.py``);
+* answers peers' requests for the files this node owns (``provide``);
+* with ``peer.replicas: 2``, keeps second copies of the files it would take over;
+* when a node is lost, stages the lost node's files it owns now ahead of the rest.
+
+It reads what serves now (snapshot, stager) through ``Current`` and reports its own slices
+of the node's statistics (``stats``, ``peer_stats``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+from monarch.config import Config
+from monarch.errors import PeerError
+from monarch.node.tiers.codecs import Compressed, needs_dictionary
+from monarch.node.stage.current import Current
+from monarch.node.peer.offers import Offers
+from monarch.node.peer.peer_cache import PeerCache
+from monarch.node.snapshot.snapshot import Snapshot
+from monarch.node.stage.sources import PeerSource
+from monarch.node.stage.stager import INLINE_BYTES, Stager
+from monarch.node.stats import ClusterSlice
+from monarch.node.tiers.tiers import Tier
+from monarch.sizes import allocated_size
+
+log = logging.getLogger(__name__)
+
+SHARD_START_DEPTH = 32    # a sharded node's first copies in flight toward the PFS (adapted from there)
+# the small files node 0's walk finds in its first seconds wait for the front door's lane, which
+# copies them once the index is written for a fifth of the stager's CPU per file; a longer walk
+# (a large dataset) has the stager copy them as they are found
+DOOR_WALK_GRACE = 2.0
+SERVE_THREADS = 8         # peers' requests answered at once ...
+SHARDED_SERVE_THREADS = 32  # ... when sharded, where every other node asks this one for its share
+
+Walk = Callable[..., tuple[Snapshot, str]]  # (into, on_directory) -> (snapshot, how it was taken)
+
+
+class PeerLayer(Protocol):
+    """What the role asks of the peer layer (``monarch.cluster.Cluster``; tests give stand-ins).
+    ``collective``: its nodes run collectives (exchange capacities, stream node 0's walk)."""
+    node: int
+    nodes: int
+    collective: bool
+    heartbeat_timeout: float  # a silent owner is down after this
+    datapath: Any  # the C data path (cluster/datapath.DataPath: offered this node's raw staged copies), or None
+
+    def owner(self, key: str) -> int: ...
+    def first_owner(self, key: str) -> int: ...
+    def fetch(self, owner: int, key: str, dest: int, size: int | None = None) -> int: ...
+    def share(self, take: Callable, timeout: float | None = None, on_files: Callable | None = None) -> Any: ...
+    def start(self, provide: Callable[[str], Any], serve_threads: int = SERVE_THREADS) -> None: ...
+    def on_loss(self, listener: Callable[[int, str], None]) -> None: ...
+    def counters(self) -> dict[str, Any]: ...
+
+
+class ClusterRole:
+    def __init__(self, cluster: PeerLayer, config: Config, tiers: list[Tier], peer_area: Tier | None,
+                 current: Current, opened_from: Callable[[], dict]):
+        """``opened_from()``: the node's open counters now (kept as they are when a node is lost)."""
+        self.cluster = cluster
+        self.node = cluster.node
+        self.peer_area = peer_area
+        self.peers = PeerSource(cluster, config.peer.timeout)
+        self.layout = None  # monarch/cluster/capacity.Layout, once the snapshot is shared
+        self.peer_cache: PeerCache | None = None  # sharded: other nodes' files
+        self._config = config
+        self._tiers = tiers
+        self._current = current
+        self._opened_from = opened_from
+        self._lock = threading.Lock()
+        self._unit = max((t.unit for t in tiers), default=1)  # a copy takes its size rounded up to it
+        self.replica_served = {"files": 0, "bytes": 0}  # sent to peers from second copies after a loss
+        self.opened_from_at_loss: dict | None = None
+        self.reowned_files = 0  # files of lost nodes this node took over
+        self.reowned_held = 0   # ... of which it held a second copy already (peer.replicas: 2)
+        self.offers: Offers | None = None  # what the C data path answers peers by itself
+        cluster.on_loss(self._note_loss)
+
+    # -- who owns what ------------------------------------------------------------------
+    def owns(self, key: str) -> bool:
+        return self.cluster.owner(key) == self.node
+
+    def sharded(self) -> bool:
+        return self.layout is not None and self.layout.mode == "shard"
+
+    def deciding(self) -> bool:
+        """Is the layout still to be decided (a collective cluster before the walk ended)?"""
+        return self.cluster.collective and self.layout is None
+
+    def remote(self, key: str) -> PeerCache | None:
+        """The peer cache that answers ``key`` when another node owns it (sharded), else None."""
+        return self.peer_cache if self.peer_cache is not None and not self.owns(key) else None
+
+    def stager_options(self) -> dict[str, Any]:
+        """How a stager of this node is made: sharded (or not decided yet) it copies its own
+        share from the PFS, deep from the start (every node waits on it); replicating, it
+        fetches other nodes' files from their owners first."""
+        if self.sharded() or self.deciding():
+            return {"start_depth": None if self._config.staging.threads else SHARD_START_DEPTH}
+        return {"peers": self.peers, "peer_area": self.peer_area}
+
+    # -- the snapshot, shared ----------------------------------------------------------------
+    def take_snapshot(self, walk: Walk, growing: Snapshot | None, stager: Stager | None,
+                      door_copies: Callable[[], bool] = lambda: False) -> tuple[Snapshot, str]:
+        """Collective: node 0's walk, on every node (streamed into ``growing`` while ``stager``
+        copies what this node will surely own, when both are given; while ``door_copies()``,
+        the front door's lane copies the small ones of the walk's first seconds), then the layout."""
+        capacities = self._exchange_capacities()
+        if growing is not None and stager is not None:
+            snap, how = self._share_streamed(walk, growing, stager, capacities, door_copies)
+        else:
+            snap, how = self.cluster.share(walk)
+            snap = snap.with_local_devices()
+        self._plan(snap, capacities)
+        if stager is not None and self.layout is not None and not self.sharded():  # replicating
+            stager.fetch_from_peers(self.peers, self.peer_area)
+        return snap, how
+
+    def _exchange_capacities(self) -> list[tuple[int, int]] | None:
+        """Collective, before the walk: every node's (tiers' bytes, peer area's bytes); None
+        when they could not be exchanged (files are then owned by rendezvous hashing)."""
+        from monarch.cluster import capacity
+        if not self.cluster.collective:
+            return None
+        tiers = sum(t.capacity for t in self._tiers)
+        peer = self.peer_area.capacity if self.peer_area is not None else 0
+        try:
+            capacities, self._unit = capacity.exchange(self.cluster, tiers, peer, self._unit)
+            return capacities
+        except PeerError as e:  # fail open: rendezvous ownership, the peer area a store, the PFS when full
+            log.warning("the nodes' capacities were not exchanged (%s): files are owned by rendezvous hashing", e)
+            return None
+
+    def _plan(self, snap: Snapshot, capacities: list[tuple[int, int]] | None) -> None:
+        """Decide replicate or shard and set the placement (the same on every node); sharded,
+        the peer area becomes an evicting cache."""
+        from monarch.cluster import capacity
+        if capacities is not None:
+            self.layout = capacity.plan(self.cluster, snap.files, capacities, self._unit)
+        if self.sharded():
+            self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
+
+    def _share_streamed(self, walk: Walk, growing: Snapshot, stager: Stager,
+                        capacities: list[tuple[int, int]] | None,
+                        door_copies: Callable[[], bool]) -> tuple[Snapshot, str]:
+        """Collective: node 0 walks into ``growing`` and streams the files it finds; every node
+        keeps them in its ``growing`` and stages at once those it will surely own. Returns
+        ``growing``, whole (the stager over it goes on after the walk)."""
+        from monarch.cluster.early import EarlyShare
+        early = EarlyShare(capacities, self.node) if capacities is not None else None
+        started = time.monotonic()
+
+        def on_files(files: dict) -> None:  # every node, every file once, in walk order
+            if self.node != 0:
+                growing.files.update(files)
+            if early is not None:
+                keys = early.add([(key, allocated_size(info.size, self._unit)) for key, info in files.items()])
+                if time.monotonic() - started < DOOR_WALK_GRACE and door_copies():
+                    keys = [key for key in keys if files[key].size > INLINE_BYTES]  # the small ones: the lane's
+                stager.read_ahead_more(keys)
+
+        def take(publish: Callable[[dict], None]) -> tuple[Snapshot, str]:  # node 0
+            sent: set[str] = set()
+
+            def on_directory(keys: list[str]) -> None:
+                sent.update(keys)
+                publish({key: growing.files[key] for key in keys})
+            snap, how = walk(growing, on_directory)
+            if snap.files is not growing.files:  # the last job's snapshot, reused whole
+                growing.files.update(snap.files)
+                growing.dirs.update(snap.dirs)
+                growing.links.update(snap.links)
+            publish({key: info for key, info in growing.files.items() if key not in sent})
+            return Snapshot(growing.roots, {}, growing.dirs, growing.links), how  # the files went ahead
+
+        rest, how = self.cluster.share(take, on_files=on_files)
+        if self.node != 0:
+            growing.dirs.update(rest.dirs)
+            growing.links.update(rest.links)
+        growing.localize_devices()
+        return growing, how
+
+    # -- staging, once the snapshot is ready ----------------------------------------------------
+    def start(self) -> None:
+        """Serve peers from now on (the C data path what it can, Python's protocol the rest)."""
+        if self.cluster.datapath is not None:
+            self.offers = Offers(self.cluster.datapath, self.owns, self._current.stager, self._tiers)
+        self.cluster.start(self.provide, SHARDED_SERVE_THREADS if self.sharded() else SERVE_THREADS)
+
+    def read_ahead_order(self, keys: list[str]) -> Iterator[str]:
+        """This node's own files (from the PFS) first, then, replicating, the others' (from
+        their owners)."""
+        others = () if self.sharded() else (k for k in keys if not self.owns(k))
+        return itertools.chain((k for k in keys if self.owns(k)), others)
+
+    def keep_replicas(self, stager: Stager, keys: Iterable[str]) -> None:
+        """With ``peer.replicas: 2`` (sharded, more than one node, tiers here): second copies
+        of the files this node would take over if their owner were lost."""
+        if self._keeps_replicas():
+            stager.keep_replicas((k for k in keys if self._second_here(k)), self.peers)
+
+    def _keeps_replicas(self) -> bool:
+        return (self.sharded() and self._config.peer.replicas >= 2 and self.cluster.nodes > 1
+                and bool(self._tiers))
+
+    def _second_here(self, key: str) -> bool:
+        """Is this node second in ``key``'s preference list (where its second copy lives)?"""
+        return self.layout.placement.owners(key, 2)[1:] == [self.node]
+
+    # -- serving peers -----------------------------------------------------------------------
+    def provide(self, key: str) -> str | Compressed | Any | None:
+        """A peer asks for a key this node owns: the local path once staged; for a compressed
+        copy its frame as stored (``Compressed``), or its bytes decompressed (a binary file)
+        when the frame needs this tier's dictionary, which the peer does not hold; or None."""
+        snapshot, stager = self._current.snapshot, self._current.stager
+        if snapshot.get(key) is None or (self.sharded() and not self.owns(key)):
+            return None
+        try:
+            # copied on this (serving) thread at once: never queued behind the read-ahead or
+            # behind copies that wait on other nodes (issue 21: 5 s waits, then the PFS twice)
+            tier = stager.ensure(key, now=True).result(timeout=self._config.staging.resolve_timeout)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            return None
+        if tier is None:
+            return None
+        if self.opened_from_at_loss is not None and key in stager.replicas:  # a lost node's file, from its second copy
+            with self._lock:
+                self.replica_served["files"] += 1
+                self.replica_served["bytes"] += snapshot.files[key].size
+        if tier.is_compressed(key):
+            path, size = tier.compressed_path_for(key), snapshot.files[key].size
+            if not needs_dictionary(path):  # crosses the network as stored (cluster/transfer.py)
+                return Compressed(path, size)
+            return os.fdopen(tier.codec.inflate(path, size, os.path.basename(key)), "rb")
+        return tier.path_for(key)
+
+    # -- a lost peer (issue 21) ------------------------------------------------------------
+    def _note_loss(self, node: int, why: str) -> None:
+        """A peer is lost (the cluster's engine thread): keep this node's open counters as they
+        are now, so the report can say what this survivor served after the loss."""
+        if self.opened_from_at_loss is None:
+            self.opened_from_at_loss = self._opened_from()
+        # off the engine thread: a pass over the snapshot
+        threading.Thread(target=self._stage_reowned, args=(node,), name="monarch-reowned", daemon=True).start()
+
+    def _stage_reowned(self, lost: int) -> None:
+        """The files of ``lost`` this node owns now go ahead of the rest of its read-ahead:
+        the other survivors ask for them at once, and wait for them ~1 s at most before they
+        read the PFS themselves (a second PFS read of the file). Before the snapshot is ready
+        the read-ahead, still to start, takes them as this node's own."""
+        gate = self._current.gate
+        with gate.lock:
+            if not self._current.ready or gate.closing:
+                return
+            stager, snap = self._current.stager, self._current.snapshot
+        if self._config.staging.policy != "read-ahead":  # staged as they are asked for, at once (provide)
+            return
+        keys = [k for k in sorted(snap.files) if self.cluster.first_owner(k) == lost and self.owns(k)]
+        held = sum(1 for k in keys if k in stager.replicas)  # second copies: nothing to read
+        stager.read_ahead_more(keys)
+        with self._lock:
+            self.reowned_files += len(keys)
+            self.reowned_held += held
+        log.info("node %d lost: %d of its files are this node's now (%d held as second copies already), "
+                 "the rest staged ahead of the read-ahead", lost, len(keys), held)
+
+    # -- its slices of the node's statistics ----------------------------------------------------
+    def stats(self) -> ClusterSlice:
+        """The report's ``cluster`` entry of this node: its layout, its share and how much of
+        it is staged, replicas, the peer cache."""
+        if self.layout is None:
+            return {}
+        snapshot, stager = self._current.snapshot, self._current.stager
+        mine = [k for k in stager.staged.copy() if self.owns(k)]
+        return {"mode": self.layout.mode, "why": self.layout.why, "owned_files": self.layout.owned["files"],
+                "owned_bytes": self.layout.owned["bytes"], "owned_staged_files": len(mine),
+                "owned_staged_bytes": sum(snapshot.files[k].size for k in mine if k in snapshot.files),
+                "capacities": self.layout.capacities, "reowned_files": self.reowned_files,
+                "replicas": self._replica_stats(stager),
+                "peer_cache": self.peer_cache.stats() if self.peer_cache is not None else None}
+
+    def _replica_stats(self, stager: Stager) -> dict[str, Any] | None:
+        if not self._keeps_replicas():
+            return None
+        with self._lock:
+            served = dict(self.replica_served)
+        return stager.replica_stats() | {"reowned_held": self.reowned_held, "served_after_loss": served}
+
+    def peer_stats(self) -> dict[str, Any]:
+        """The report's ``peer`` entry: what crossed between the nodes, and the open counters
+        at the first loss."""
+        return self.cluster.counters() | {"opened_from_at_loss": self.opened_from_at_loss}
+
+    def close(self) -> None:
+        if self.peer_cache is not None:
+            self.peer_cache.close()

@@ -1,0 +1,405 @@
+"""The dataset snapshot: every managed file's and directory's key, its source's ``stat`` and
+every directory's listing, from one tree walk.
+
+A key is ``"<root index>/<path relative to that root>"`` (see monarch/protocol.py), decoded
+with ``os.fsdecode`` so that any name the filesystem allows (newlines, non-UTF-8 bytes,
+255-byte names) is a key. The snapshot is the job's view of the dataset: what the
+stager checks a source against before copying it, and what ``fstat`` of a staged copy
+reports (through the index the shim maps), and what the shim answers ``stat``, ``access``
+and directory listings under a root from, without asking the PFS.
+
+Reuse across jobs (``load_or_walk``): the index of the last walk of the same dataset is
+kept in the user's private snapshot directory, keyed by the dataset id. A later job reuses
+it when every directory it lists still has the same inode, mtime and ctime (one ``stat``
+per directory instead of a ``stat`` per file): a name added, removed or renamed changes
+its directory's mtime. A file rewritten in place under the same name does not, so such a
+change is not seen by a reused snapshot (the stager still checks size and mtime before
+it copies); ``staging.validate: open`` always walks afresh.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+from monarch import protocol
+from monarch.node.snapshot import index_writer
+from monarch.node.snapshot import walker
+from monarch.node.snapshot.filetable import FileInfo, FileTable, Listing
+from monarch.node.snapshot.indextable import IndexListing, IndexTable, files_in
+from monarch.node.snapshot.pfsmeta import opened_stat
+from monarch.secure import write_file_atomically
+
+log = logging.getLogger(__name__)
+
+
+class DirInfo(NamedTuple):
+    """A directory as the walk saw it: its own stat, its listing (names as bytes, with d_type
+    and d_ino; None when it could not be listed whole) and the st_ino of its parent."""
+    info: FileInfo
+    children: Listing | tuple[tuple[bytes, int, int], ...] | None
+    parent_ino: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    roots: tuple[str, ...]
+    # an IndexTable where the C walk or a kept index made it (the index is the table), a
+    # FileTable (compact) where the Python walk did
+    files: "IndexTable | FileTable | dict[str, FileInfo]"
+    dirs: dict[str, DirInfo] = field(default_factory=dict)   # "<k>/" is root k itself
+    links: dict[str, FileInfo] = field(default_factory=dict)  # a symlinked file's own lstat
+
+    @classmethod
+    def from_index(cls, roots: tuple[str, ...], data: bytearray, nfiles: int) -> "Snapshot":
+        """The snapshot whose index is ``data`` (its first ``nfiles`` entries are the files):
+        the files read from the index itself, the directories and links as objects (few)."""
+        table = IndexTable(data, nfiles)
+        dirs, links = {}, {}
+        for n in range(nfiles, table.total):
+            e = table.entry(n)
+            if not table.is_dir(n):  # a link's own record: its file's key
+                links[table.key(n)] = _info_of(e)
+                continue
+            children, parent_ino = None, 0
+            if e[13] & protocol.INDEX_FLAG_LISTED:
+                first, count = e[18], e[17]
+                children = IndexListing(data, first + 2, first + count)
+                parent_ino = protocol.INDEX_CHILD.unpack_from(data, _child_at(data, first + 1))[0]
+            dirs[table.key(n)] = DirInfo(_info_of(e), children, parent_ino)
+        return cls(tuple(roots), table, dirs, links)
+
+    @property
+    def total_bytes(self) -> int:
+        if isinstance(self.files, (FileTable, IndexTable)):
+            return self.files.total_size()
+        return sum(f.size for f in self.files.values())
+
+    def source_path(self, key: str) -> str:
+        index, _, rel = key.partition("/")
+        return os.path.join(self.roots[int(index)], rel)
+
+    def get(self, key: str) -> FileInfo | None:
+        return self.files.get(key)
+
+    def index_bytes(self) -> bytes:
+        return index_writer.index_bytes(self)
+
+    def index_parts(self) -> list:
+        """The index the shim maps (protocol.py, "Snapshot index") as the buffers that make it
+        (``write_file_atomically`` writes them in turn)."""
+        return index_writer.index_parts(self)
+
+    def write_index(self, path: str) -> None:
+        """The index written atomically at ``path`` (scripts/bench_shim.py maps one)."""
+        write_file_atomically(path, self.index_parts())
+
+    def with_local_devices(self) -> "Snapshot":
+        """The snapshot with each root's st_dev as this node sees it (a snapshot received from
+        another node carries that node's device numbers, which need not be ours)."""
+        remap = self._device_remap()
+        if not remap:
+            return self
+        if isinstance(self.files, IndexTable):
+            snap = Snapshot.from_index(self.roots, bytearray(self.files.data), self.files.nfiles)
+            snap.localize_devices()
+            return snap
+        fix = lambda i: i._replace(dev=remap.get(i.dev, i.dev))  # noqa: E731
+        return Snapshot(self.roots, FileTable((k, fix(i)) for k, i in self.files.items()),
+                        {k: d._replace(info=fix(d.info)) for k, d in self.dirs.items()},
+                        {k: fix(i) for k, i in self.links.items()})
+
+    def localize_devices(self) -> None:
+        """``with_local_devices`` in place: a stager copying from this snapshot keeps it."""
+        remap = self._device_remap()
+        if not remap:
+            return
+        fix = lambda i: i._replace(dev=remap.get(i.dev, i.dev))  # noqa: E731
+        if isinstance(self.files, IndexTable):  # every entry of the index, files, directories and links alike
+            self.files.remap_devices(remap)
+            tables = (self.links,)
+        else:
+            tables = (self.files, self.links)
+        for table in tables:
+            for k, i in list(table.items()):
+                table[k] = fix(i)
+        for k, d in list(self.dirs.items()):
+            self.dirs[k] = d._replace(info=fix(d.info))
+
+    def _device_remap(self) -> dict[int, int]:
+        """Node 0's device number of each root -> this node's."""
+        remap = {}
+        for k, root in enumerate(self.roots):
+            d = self.dirs.get(f"{k}/")
+            try:
+                here = os.stat(root).st_dev
+            except OSError:
+                continue
+            if d is not None and d.info.dev != here:
+                remap[d.info.dev] = here
+        return remap
+
+
+def _child_key(dkey: str, name: str) -> str:
+    return dkey + name if dkey.endswith("/") else f"{dkey}/{name}"
+
+
+WALK_THREADS = 8       # directories listed and entries stat'ed at once: hides the PFS's metadata latency
+WALK_CHUNK = 128       # entries of one directory stat'ed per task (a large flat directory is split)
+WALK_OPEN_DIRS = 64    # directories open at once (each holds a descriptor until its entries are stat'ed)
+
+
+def _describe(entries, dkey: str, rel: str, dir_ino: int):
+    """Stat a slice of one directory's entries (one stat per entry, relative to the
+    directory's descriptor: scandir's d_type and its cached lstat): the files, links and
+    subdirectories found, each entry's listing record, and whether any entry failed (then
+    the directory's listing is not known whole)."""
+    files, links, subdirs, children, failed = [], [], [], [], False
+    for entry in entries:
+        key = _child_key(dkey, entry.name)
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append((f"{rel}/{entry.name}" if rel else entry.name, key,
+                                entry.stat(follow_symlinks=False), dir_ino))
+                d_type = protocol.DT_DIR
+            elif entry.is_file():
+                link = entry.is_symlink()
+                files.append((key, entry.stat(), link))  # the table takes the stat's fields (FileTable.add_stat)
+                if link:
+                    links.append((key, FileInfo.from_stat(entry.stat(follow_symlinks=False))))
+                d_type = protocol.DT_LNK if link else protocol.DT_REG
+            else:  # a symlink to a directory, a broken link, a special file: named, not described
+                d_type = (protocol.DT_LNK if entry.is_symlink()
+                          else protocol.d_type_of(entry.stat(follow_symlinks=False).st_mode))
+            children.append((os.fsencode(entry.name), d_type, entry.inode()))
+        except OSError:
+            failed = True  # an entry that vanished or failed: the listing is not known whole
+    return files, links, subdirs, children, failed
+
+
+def _list(root_fd: int, rel: str, ino: int):
+    """Open directory ``rel`` of a root (relative to the root's descriptor: one lookup per
+    component below the root) and list it: ``(fd, entries)``, the caller closes ``fd``;
+    None if it cannot be listed or is no longer the directory its parent's entry described."""
+    try:
+        fd = (os.dup(root_fd) if not rel else
+              os.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd))
+    except OSError:
+        return None
+    try:
+        if opened_stat(fd).st_ino == ino:
+            with os.scandir(fd) as it:
+                return fd, list(it)
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def take_snapshot(roots: tuple[str, ...], threads: int = WALK_THREADS, into: Snapshot | None = None,
+                  on_directory: Callable[[list[str]], None] | None = None) -> Snapshot:
+    """Walk every root once (os.scandir: one stat per file and directory, relative to the
+    directory's descriptor: no lookups of the path above it).
+
+    Directories are not followed through symlinks (their files are not the root's); a
+    symlink to a file is the file the kernel would open. Every directory's listing is kept
+    (names, d_type, d_ino), so the shim can list it and say that a name is absent.
+
+    With ``threads`` > 1, directories are listed and their entries stat'ed by a few threads
+    at once (a large directory in slices of WALK_CHUNK, at most WALK_OPEN_DIRS directories
+    open): on a PFS each stat is a metadata round trip, and several in flight hide its
+    latency. The snapshot is the same as one thread's walk: each directory's listing is
+    sorted, and a directory whose listing or any entry failed is kept unlisted.
+
+    ``into``: an empty snapshot of ``roots`` whose dictionaries the walk fills (and returns),
+    so that a stager over it may copy files before the walk ends; ``on_directory(keys)`` is
+    called with the files of each directory once the directory is described whole (its
+    entry in ``dirs`` made), on the walking thread.
+    """
+    files = into.files if into is not None else FileTable()
+    dirs: dict[str, DirInfo] = into.dirs if into is not None else {}
+    links: dict[str, FileInfo] = into.links if into is not None else {}
+    root_fds: dict[int, int] = {}
+    pending = collections.deque()  # (root index, path under the root, key, its stat, its parent's ino)
+    for index, root in enumerate(roots):
+        try:
+            root_fds[index] = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            rst = os.fstat(root_fds[index])
+        except OSError:
+            if index in root_fds:
+                os.close(root_fds.pop(index))
+            continue
+        try:
+            parent_ino = os.stat(os.path.dirname(root.rstrip("/")) or "/").st_ino
+        except OSError:
+            parent_ino = 0
+        pending.append((index, "", f"{index}/", rst, parent_ino))
+
+    # per directory being described: [its stat, its parent's ino, slices left, children, failed, fd, file keys]
+    state: dict[str, list] = {}
+
+    def listed(d, got) -> list:
+        """A directory's listing came back: the slices of entries to stat (none if it failed)."""
+        index, rel, dkey, dst, pino = d
+        if got is None:
+            dirs[dkey] = DirInfo(FileInfo.from_stat(dst), None, pino)  # unreadable: its names stay the PFS's
+            return []
+        fd, entries = got
+        slices = [entries[i:i + WALK_CHUNK] for i in range(0, len(entries), WALK_CHUNK)] or [[]]
+        state[dkey] = [dst, pino, len(slices), [], False, fd, []]
+        return [(part, dkey, rel, dst.st_ino) for part in slices]
+
+    def add(result, dkey: str) -> None:
+        """Merge one slice's result; the subdirectories it found are listed next."""
+        got_files, got_links, subdirs, children, failed = result
+        links.update(got_links)
+        add = files.add_stat if isinstance(files, FileTable) else (
+            lambda key, st, link: files.__setitem__(key, FileInfo.from_stat(st, link)))
+        for key, st, link in got_files:
+            add(key, st, link)
+        st = state[dkey]
+        st[2] -= 1
+        st[3].extend(children)
+        st[4] = st[4] or failed
+        st[6].extend(key for key, *_ in got_files)
+        if st[2] == 0:
+            del state[dkey]
+            os.close(st[5])
+            dirs[dkey] = DirInfo(FileInfo.from_stat(st[0]), None if st[4] else Listing(sorted(st[3])), st[1])
+            if on_directory is not None and st[6]:
+                on_directory(st[6])
+        index = int(dkey.partition("/")[0])
+        pending.extend((index, rel, key, sst, pino) for rel, key, sst, pino in subdirs)
+
+    try:
+        if threads <= 1:
+            while pending:
+                d = pending.pop()
+                for part, dkey, rel, ino in listed(d, _list(root_fds[d[0]], d[1], d[3].st_ino)):
+                    add(_describe(part, dkey, rel, ino), dkey)
+            return Snapshot(roots=tuple(roots), files=files, dirs=dirs, links=links)
+
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+        with ThreadPoolExecutor(threads, thread_name_prefix="monarch-walk") as pool:
+            running = {}
+            while pending or running:
+                while pending and len(state) + sum(w == "list" for w, _ in running.values()) < WALK_OPEN_DIRS:
+                    d = pending.popleft()
+                    running[pool.submit(_list, root_fds[d[0]], d[1], d[3].st_ino)] = ("list", d)
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    what, d = running.pop(future)
+                    if what == "list":
+                        for part, dkey, rel, ino in listed(d, future.result()):
+                            running[pool.submit(_describe, part, dkey, rel, ino)] = ("describe", dkey)
+                    else:
+                        add(future.result(), d)
+        return Snapshot(roots=tuple(roots), files=files, dirs=dirs, links=links)
+    finally:
+        for fd in root_fds.values():
+            os.close(fd)
+        for st in state.values():  # only after an error: every directory is closed when described
+            os.close(st[5])
+
+
+# -- reuse across jobs -------------------------------------------------------------------
+def _info_of(fields: tuple, link: bool = False) -> FileInfo:
+    (size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink, _flags, _link, blocks, blksize) = fields[3:17]
+    return FileInfo(size, mtime, mode, atime, ctime, ino, dev, uid, gid, nlink, link, blocks, blksize)
+
+
+def _child_at(data, i: int) -> int:
+    return protocol.INDEX_HEADER.unpack_from(data)[9] + protocol.INDEX_CHILD.size * i
+
+
+def read_index(data: bytes | bytearray, roots: tuple[str, ...]) -> Snapshot:
+    """The snapshot an index file was written from (``Snapshot.write_index``'s inverse): read
+    in place (``Snapshot.from_index``) when its layout is the writers' (files first, then
+    directories, then the links' records), else entry by entry."""
+    nfiles = files_in(data)
+    if nfiles is not None:
+        return Snapshot.from_index(roots, data if isinstance(data, bytearray) else bytearray(data), nfiles)
+    idx = protocol.Index(data)
+    files, dirs, links = FileTable(), {}, {}
+    for n in idx.keyed():
+        e = idx.entry(n)
+        key = protocol.key_str(idx.key(n))
+        flags = e[13]
+        if (e[9] & 0o170000) == 0o040000:
+            children = None
+            if flags & protocol.INDEX_FLAG_LISTED:
+                recs = idx.children(n)
+                children = Listing((name, d_type, d_ino) for name, d_type, d_ino, _ in recs[2:])
+                parent_ino = recs[1][2]
+            else:
+                parent_ino = 0
+            dirs[key] = DirInfo(_info_of(e), children, parent_ino)
+        else:
+            files[key] = _info_of(e, bool(flags & protocol.INDEX_FLAG_SYMLINK))
+            if e[14]:
+                links[key] = _info_of(idx.entry(e[14]))
+    return Snapshot(tuple(roots), files, dirs, links)
+
+
+def unchanged(snap: Snapshot) -> bool:
+    """Does every directory of the snapshot still have the inode, mtime and ctime it had (and
+    was every one listed whole)? One stat per directory, relative to its root's descriptor."""
+    if not snap.dirs or not all(f"{k}/" in snap.dirs for k in range(len(snap.roots))):
+        return False
+    root_fds: dict[int, int] = {}
+    try:
+        for key, d in snap.dirs.items():
+            if d.children is None:
+                return False
+            index, _, rel = key.partition("/")
+            k = int(index)
+            try:
+                if k not in root_fds:
+                    root_fds[k] = os.open(snap.roots[k], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                st = (os.stat(rel, dir_fd=root_fds[k], follow_symlinks=False) if rel
+                      else os.fstat(root_fds[k]))
+            except OSError:
+                return False
+            if (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (d.info.ino, d.info.mtime_ns, d.info.ctime_ns):
+                return False
+        return True
+    finally:
+        for fd in root_fds.values():
+            os.close(fd)
+
+
+def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False, into: Snapshot | None = None,
+                 on_directory: Callable[[list[str]], None] | None = None) -> tuple[Snapshot, str]:
+    """The snapshot of ``roots``: the kept one at ``cache`` if nothing changed (see the module
+    doc), else a fresh walk, kept at ``cache`` for the next job. Returns it and how it was
+    obtained (``"reused"``, ``"walked"``, or ``"walked: <why not reused>"``). ``into`` and
+    ``on_directory`` are take_snapshot's, for a walk (a reused snapshot is returned whole)."""
+    why = "fresh walk asked" if fresh else "no kept snapshot"
+    if cache and not fresh:
+        try:
+            with open(cache, "rb") as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                if f.readinto(data) != len(data):
+                    raise ValueError("the kept snapshot changed while it was read")
+                snap = read_index(data, roots)
+            if unchanged(snap):
+                return snap, "reused"
+            why = "a directory changed since the kept snapshot"
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, IndexError, Exception) as e:  # a damaged or foreign file: walk
+            why = f"kept snapshot unreadable ({type(e).__name__})"
+    walked = walker.walk_index(tuple(roots))
+    if walked is not None:  # the C walk: its index is the snapshot (the copies begin once it is whole)
+        snap = Snapshot.from_index(roots, *walked)
+    else:
+        snap = take_snapshot(roots, into=into, on_directory=on_directory)
+    if cache:
+        try:
+            write_file_atomically(cache, snap.index_parts())
+        except OSError as e:
+            log.warning("cannot keep the snapshot at %s for the next job: %s", cache, e.strerror)
+    return snap, f"walked: {why}"

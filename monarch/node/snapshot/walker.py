@@ -1,0 +1,94 @@
+"""The dataset walk in C (``walker.c``): the roots' trees listed and stat'ed by a few threads
+outside the interpreter, and the snapshot index built from them, with no Python object
+per file. ``snapshot.load_or_walk`` takes it when the library is there; the Python walk
+(``snapshot.take_snapshot``) is the fallback and the reference the C walk is tested against.
+
+Without a C compiler, or with ``MONARCH_C_WALK=0``, the Python walk does it all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+from monarch.native.build import OptionalLibrary
+
+SOURCE = Path(__file__).with_name("walker.c")
+LIBRARY_NAME = "libmonarch_walker.so"
+ENV_C_WALK = "MONARCH_C_WALK"
+THREADS = 8  # directories listed and entries stat'ed at once: hides the PFS's metadata latency
+
+_vp, _i, _u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
+_LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the C dataset walker",
+                           "the dataset is walked in Python", {
+                               "walk_run": (_vp, [ctypes.POINTER(_i), ctypes.POINTER(_i), ctypes.POINTER(_u64), _i, _i]),
+                               "walk_index_size": (_u64, [_vp]),
+                               "walk_counts": (None, [_vp, ctypes.POINTER(_u64)]),
+                               "walk_build": (_i, [_vp, _vp, _u64]),
+                               "walk_free": (None, [_vp]),
+                           })
+
+
+def library() -> ctypes.CDLL | None:
+    """The walker's library: built by ``pip install``, or from this checkout on first use
+    (None, once logged, if it cannot be: the Python walk is used)."""
+    return _LIBRARY.get()
+
+
+def unwritten_bytearray(size: int) -> bytearray:
+    """A bytearray of ``size`` bytes whose content is whatever its memory held: ``bytearray(size)``
+    zeroes every page at once, which, beside the walk's own records, would double the peak."""
+    out = bytearray()
+    if size and _resize(ctypes.py_object(out), size) != 0:
+        raise MemoryError(size)
+    return out
+
+
+_resize = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_ssize_t)(("PyByteArray_Resize", ctypes.pythonapi))
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV_C_WALK, "1") not in ("0", "no", "off", "false")
+
+
+def walk_index(roots: tuple[str, ...], threads: int = THREADS) -> tuple[bytearray, int] | None:
+    """The index of a fresh walk of ``roots`` and its number of files (the first entries), or
+    None when the C walker cannot be used. A root that cannot be opened is left out, as
+    the Python walk leaves it (its files are read from the PFS)."""
+    lib = library() if wanted() else None
+    if lib is None:
+        return None
+    fds, indexes, parents = [], [], []
+    try:
+        for index, root in enumerate(roots):
+            try:
+                fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            fds.append(fd)
+            indexes.append(index)
+            try:
+                parents.append(os.stat(os.path.dirname(root.rstrip("/")) or "/").st_ino)
+            except OSError:
+                parents.append(0)
+        n = len(fds)
+        walk = lib.walk_run((ctypes.c_int * n)(*fds), (ctypes.c_int * n)(*indexes), (ctypes.c_uint64 * n)(*parents),
+                            n, threads)
+        if not walk:
+            err = ctypes.get_errno()
+            raise OSError(err, f"the C walk of the dataset failed: {os.strerror(err)}")
+        try:
+            counts = (ctypes.c_uint64 * 3)()
+            lib.walk_counts(walk, counts)
+            index = unwritten_bytearray(lib.walk_index_size(walk))
+            buf = (ctypes.c_char * len(index)).from_buffer(index)
+            if lib.walk_build(walk, ctypes.addressof(buf), len(index)) != 0:
+                raise OSError("the C walk's index did not come out at its own size")
+            del buf  # the bytearray may be resized or freed again
+        finally:
+            lib.walk_free(walk)
+        return index, int(counts[0])
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -1,0 +1,13 @@
+"""Staging: copies from their sources into the tiers.
+
+- ``stager``: the stager's face: asking for a key, the job's writes, its threads
+- ``stager_books``: what is staged where, in flight, counted; the events it publishes
+- ``stager_schedule``: what to copy next (demand, hints, read-ahead) and room made for it
+- ``stager_copy``: one copy into the first tier with room, published atomically
+- ``stager_recode``: a compressing tier's early files re-encoded at its chosen level
+- ``staged_table``: which tier holds each staged file (one byte per file)
+- ``sources``: where bytes come from: one interface, the PFS and a peer behind it
+- ``store_source``: roots served from a key-value store: their snapshot, their source
+- ``concurrency``: how many copies a Python lane keeps in flight (the front door's rule)
+- ``current``: the snapshot and the stager that serve now, swapped together
+"""

@@ -1,0 +1,139 @@
+"""monarch/frontdoor/front_door.h is the C side of the front door's contract with Python;
+monarch/frontdoor/__init__.py is Python's. Every function Python calls (its ctypes prototype),
+every event, hand-over reason and lane ending, and the event record must agree, and the built
+library must export exactly what the header declares (as tests/unit/test_wire.py holds the
+wire). A reordered R_* would mislabel the report silently: here it fails."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from monarch import frontdoor
+
+HEADER = Path(frontdoor.__file__).with_name("front_door.h")
+
+# the C types of the header's prototypes, as ctypes declares them
+CTYPES = {
+    "void": None, "int": ctypes.c_int, "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64,
+    "uint32_t": ctypes.c_uint32, "double": ctypes.c_double,
+    "const char *": ctypes.c_char_p, "char *": ctypes.c_char_p,
+    "int *": ctypes.POINTER(ctypes.c_int), "uint64_t *": ctypes.POINTER(ctypes.c_uint64),
+    "double *": ctypes.POINTER(ctypes.c_double),
+    # pointers Python passes as addresses: the door, a measure, its own arrays and callbacks
+    "struct door *": ctypes.c_void_p, "struct inflight *": ctypes.c_void_p,
+    "const struct inflight *": ctypes.c_void_p, "void *": ctypes.c_void_p,
+    "const unsigned char *": ctypes.c_void_p, "const int16_t *": ctypes.c_void_p,
+}
+FORMAT_OF = {"uint32_t": "I", "int32_t": "i", "uint64_t": "Q", "int64_t": "q"}
+
+
+def _ctype(decl: str, where: str, named: bool = True):
+    """The ctypes type of a C declaration (``named``: a parameter, its name last)."""
+    words = decl.replace("*", " * ").split()
+    typ = " ".join(words[:-1] if named else words)
+    assert typ in CTYPES, f"{where}: no ctypes type known for {decl!r}"
+    return CTYPES[typ]
+
+
+def parse(text: str) -> dict:
+    """What the header declares: prototypes, events, books, reasons, lane endings, the record."""
+    body = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    body = body.replace("\\\n", " ")
+    protos = {}
+    for ret, name, args in re.findall(r"EXPORT\s+([\w\s\*]+?)\s*\b(\w+)\s*\(([^)]*)\)\s*;", body):
+        argtypes = [] if args.strip() in ("", "void") else [_ctype(a, name) for a in args.split(",")]
+        protos[name] = (_ctype(ret, name, named=False), argtypes)
+
+    def xmacro(name: str) -> list[tuple[str, str]]:
+        m = re.search(rf"#define {name}\(X\)(.*?)(?=\n#|\Z)", body, re.S)
+        assert m, f"no X-macro {name}"
+        return re.findall(r"X\((\w+),\s*([^)]*)\)", m.group(1))
+
+    head = re.search(r"struct front_door_event_head \{(.*?)\};", body, re.S).group(1)
+    fields = [(typ, n.strip()) for typ, names in re.findall(r"(\w+)\s+([\w\s,]+);", head) for n in names.split(",")]
+    return {
+        "prototypes": protos,
+        "events": {n: int(v) for n, v in xmacro("FRONT_DOOR_EVENTS")},
+        "books": [(n, int(v)) for n, v in xmacro("FRONT_DOOR_BOOKS")],
+        "handed_over": [(n, v.strip().strip('"')) for n, v in xmacro("FRONT_DOOR_HANDED_OVER")],
+        "ahead_ended": [(n, v.strip().strip('"')) for n, v in xmacro("FRONT_DOOR_AHEAD_ENDED")],
+        "event_format": re.search(r'#define FRONT_DOOR_EVENT_FORMAT "([^"]+)"', body).group(1),
+        "event_fields": "<" + "".join(FORMAT_OF[typ] for typ, _ in fields),
+    }
+
+
+def disagreements(c: dict, py=frontdoor) -> list[str]:
+    """Where the header (parsed) and the Python module disagree; [] when they agree."""
+    out = []
+    for name in sorted(set(c["prototypes"]) | set(py._PROTOTYPES)):
+        if c["prototypes"].get(name) != py._PROTOTYPES.get(name):
+            out.append(f"prototype {name}: header {c['prototypes'].get(name)}, Python {py._PROTOTYPES.get(name)}")
+    for name, value in c["events"].items():
+        if getattr(py, name, None) != value:
+            out.append(f"event {name}: header {value}, Python {getattr(py, name, None)}")
+    if [v for _, v in c["books"]] != [py.BOOKS, py.PEER_BOOKS] or [n for n, _ in c["books"]] != ["Q_BOOKS", "Q_PEER"]:
+        out.append(f"books: header {c['books']}, Python BOOKS={py.BOOKS}, PEER_BOOKS={py.PEER_BOOKS}")
+    if tuple(text for _, text in c["handed_over"]) != py.HANDED_OVER_BECAUSE:
+        out.append(f"hand-over reasons: header {c['handed_over']}, Python {py.HANDED_OVER_BECAUSE}")
+    if tuple(text for _, text in c["ahead_ended"]) != py.AHEAD_ENDED_BECAUSE:
+        out.append(f"lane endings: header {c['ahead_ended']}, Python {py.AHEAD_ENDED_BECAUSE}")
+    if not (c["event_format"] == c["event_fields"] == py._EVENT.format):
+        out.append(f"event record: header {c['event_format']} (its struct {c['event_fields']}), Python {py._EVENT.format}")
+    return out
+
+
+def test_python_agrees_with_the_front_door_header():
+    c = parse(HEADER.read_text())
+    assert len(c["prototypes"]) >= 30 and c["events"]["EV_STAGED"] == 1
+    assert [n for n, _ in c["handed_over"]][:2] == ["R_OTHER", "R_CLOSED_GATE"]
+    assert disagreements(c) == []
+    assert struct.calcsize(c["event_format"]) == 40  # the header's _Static_assert says the same of the struct
+
+
+@pytest.mark.parametrize("change", [
+    ("X(R_CLOSED_GATE, \"snapshot_not_ready\")", "X(R_CLOSED_GATE, \"snapshot_not_ready_\")"),  # a name
+    ("X(EV_AHEAD, 4)", "X(EV_AHEAD, 3)"),                                                       # an event's number
+    ("X(A_NO_ROOM, \"no_room\")", "X(A_NO_ROOM, \"full\")"),                                    # a lane ending
+    ("int64_t ns;", "uint64_t ns;"),                                                            # the record
+    ("EXPORT int front_door_claim(struct door *d, const char *key, int len);",
+     "EXPORT int front_door_claim(struct door *d, const char *key, int64_t len);"),            # a prototype
+    ("EXPORT void front_door_settle(struct door *d);", ""),                                     # a function gone
+])
+def test_a_disagreement_is_found(change):
+    text = HEADER.read_text()
+    assert change[0] in text
+    assert disagreements(parse(text.replace(change[0], change[1]))) != []
+
+
+def test_reordered_reasons_are_found():
+    text = HEADER.read_text()
+    a, b = '    X(R_NO_ROOM, "no_room_lent")', '    X(R_COPY_FAILED, "copy_failed")'
+    assert a in text and b in text
+    swapped = text.replace(a, "@@").replace(b, a).replace("@@", b)
+    assert any("hand-over" in d for d in disagreements(parse(swapped)))
+
+
+@pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
+def test_the_library_exports_exactly_what_the_header_declares():
+    nm = shutil.which("nm")
+    if not nm:
+        pytest.skip("nm not installed")
+    lib = frontdoor.library()
+    out = subprocess.run([nm, "-D", "--defined-only", lib._name], capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.split()[1:2] == ["T"]}
+    assert exported == set(parse(HEADER.read_text())["prototypes"])
+
+
+def test_the_door_is_one_translation_unit_of_parts_under_850_lines():
+    here = HEADER.parent
+    text = (here / "front_door.c").read_text()
+    parts = re.findall(r'^#include "((?:door_\w+|inflight)\.c)"', text, re.M)
+    assert sorted(parts) == sorted(p.name for p in here.glob("*.c") if p.name != "front_door.c")
+    assert '#include "front_door.h"' in text

@@ -1,0 +1,186 @@
+"""A sharded node's front door (issue 31): it copies from the PFS only the files its node owns,
+none before it knows which they are, and offers each copy to the C peer data path at once;
+another node's file is fetched (or handed to Python), never read from the PFS here.
+
+The door runs alone on a socket of its own (no daemon): its owners array, its fetch and its
+offer functions are the test's, so what it copied, offered and handed over is seen directly."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import threading
+import time
+from array import array
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from monarch import frontdoor, protocol
+from monarch.frontdoor import BOOKS, EV_AHEAD, EV_STAGED, PEER_BOOKS
+from monarch.node.snapshot.index_writer import positions
+from monarch.node.snapshot.snapshot import take_snapshot
+from support.harness import door_on_socket, unix_connect as connect
+
+pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
+
+FILES = 60
+FETCH = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
+                         ctypes.c_uint64, ctypes.c_int, ctypes.c_int)
+OFFER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
+
+
+@pytest.fixture
+def sharded_door(short_tmp):
+    """A door over FILES small files, its index open, copying allowed with room lent, as a
+    sharded node's (own_only): the odd index entries are node 1's, the even ones this node's."""
+    root = os.path.join(short_tmp, "pfs")
+    sums = {}
+    for i in range(FILES):
+        os.makedirs(os.path.join(root, f"d{i % 3}"), exist_ok=True)
+        data = os.urandom(2048 + i)
+        with open(os.path.join(root, f"d{i % 3}", f"f{i}"), "wb") as f:
+            f.write(data)
+        sums[f"0/d{i % 3}/f{i}"] = hashlib.md5(data).hexdigest()
+    tier, area = os.path.join(short_tmp, "tier"), os.path.join(short_tmp, "area")
+    os.mkdir(tier)
+    os.mkdir(area)
+    path = os.path.join(short_tmp, "door.sock")
+    slot = protocol.tier_slot(0)
+    with door_on_socket(path, [root], {slot: tier, protocol.SLOT_PEER: area}, slot, 2) as door:
+        door.own_only(True)
+        snap = take_snapshot((root,))
+        assert door.open("unused", bytearray(snap.index_bytes()))
+        door.grant(1 << 20)
+        door.copying(True)
+        row = positions(snap.files)
+        owners = array("h", [-1]) * len(snap.files)
+        for key in snap.files:
+            if row(key) % 2:
+                owners[row(key)] = 1
+        fetched, offered = [], []
+
+        def fetch(dp, owner, key, length, size, fd, timeout_ms):  # the data path says: ask Python
+            fetched.append(key[:length].decode())
+            return -1
+
+        def offer(dp, key, length, slot_):
+            offered.append((key[:length].decode(), slot_))
+
+        callbacks = FETCH(fetch), OFFER(offer)  # kept alive while the door may call them
+        mine = {k for k in snap.files if owners[row(k)] < 0}
+        yield SimpleNamespace(door=door, socket=path, tier=tier, slot=slot, sums=sums, mine=mine, owners=owners,
+                              callbacks=callbacks, fetched=fetched, offered=offered,
+                              link=lambda: door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None,
+                                                      owners, 0, protocol.SLOT_PEER, 5.0))
+
+
+def ask_open(path: str, key: str) -> tuple[int, bytes]:
+    with connect(path) as s:
+        s.sendall(protocol.encode_request(protocol.VERB_OPEN, key.encode()))
+        return protocol.recv_answer(s)
+
+
+def handed_over(door, key: str, timeout: float = 10) -> bool:
+    """Ask for ``key`` on a thread and wait until the door hands the connection to Python."""
+    def ask() -> None:
+        try:
+            ask_open(door.socket, key)
+        except (OSError, EOFError, ValueError):
+            pass  # closed unanswered: as the shim sees it, read the PFS
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        taken = door.door.take()
+        for fd, _ in taken:
+            os.close(fd)  # the asker's shim would read the PFS
+        if taken:
+            asker.join(5)
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def wait_lane(door, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while (state := door.read_ahead_state())["running"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return state
+
+
+def test_before_the_owners_are_known_the_door_copies_nothing(sharded_door):
+    d = sharded_door
+    own = sorted(d.mine)[0]
+    assert handed_over(d, own)  # a miss of its own file goes to Python: ownership is not known yet
+    assert d.door.read_ahead(FILES, 2)
+    state = wait_lane(d.door)
+    assert state["copies"] == 0 and state["through"] == FILES
+    assert not os.listdir(d.tier) and d.door.counts()["copies"] == 0
+
+
+def test_the_door_copies_and_offers_its_own_files_only(sharded_door):
+    d = sharded_door
+    assert d.link()
+    d.door.peer_copying(True)
+    own = sorted(d.mine)
+    # a miss of its own file: copied from the PFS and answered, offered to the data path
+    status, body = ask_open(d.socket, own[0])
+    assert (status, body) == (d.slot, os.fsencode(f"{d.tier}/{own[0]}"))
+    # another node's: fetched through the data path (here it hands back), never copied from the PFS
+    other = sorted(set(d.sums) - d.mine)[0]
+    assert handed_over(d, other) and d.fetched == [other]
+    # the lane goes through every entry and copies this node's files only
+    assert d.door.read_ahead(FILES, 2)
+    state = wait_lane(d.door)
+    assert state["through"] == FILES and state["copies"] == len(own) - 1 and state["ended_because"] == ""
+    copied = {str(p.relative_to(d.tier)) for p in Path(d.tier).rglob("f*")}
+    assert copied == d.mine
+    for key in copied:
+        with open(os.path.join(d.tier, key), "rb") as f:
+            assert hashlib.md5(f.read()).hexdigest() == d.sums[key]
+    assert sorted(d.offered) == sorted((key, d.slot) for key in d.mine)
+    # the copies are the stager's books' events, the fetch the peer cache's
+    books = d.door.events(BOOKS)
+    assert sorted(e.key for e in books if e.kind in (EV_STAGED, EV_AHEAD)) == own
+    assert not any(e.kind == EV_STAGED for e in d.door.events(PEER_BOOKS))
+
+
+def test_the_leases_are_apart(sharded_door):
+    """Room lent in the copy tier is not room in the peer area, and back from each apart."""
+    d = sharded_door.door
+    d.grant(300, PEER_BOOKS)
+    assert d.lease(BOOKS) == 1 << 20 and d.lease(PEER_BOOKS) == 300
+    assert d.reclaim(PEER_BOOKS) == 300 and d.lease(BOOKS) == 1 << 20 and d.reclaim(BOOKS) == 1 << 20
+
+
+def test_another_nodes_file_lands_in_the_peer_area_even_after_its_directory_went(sharded_door, short_tmp):
+    """A fetch is written into the peer area through the worker's directory of the last fetch,
+    kept open; when that directory was removed meanwhile (an area emptied), the next fetch into
+    it opens it afresh instead of failing."""
+    d = sharded_door
+    area = os.path.join(short_tmp, "area")
+    root = os.path.join(short_tmp, "pfs")
+
+    def fetch(dp, owner, key, length, size, fd, timeout_ms):  # the owner's bytes, as the data path writes them
+        with open(os.path.join(root, key[:length].decode().split("/", 1)[1]), "rb") as f:
+            return os.write(fd, f.read())
+
+    callbacks = FETCH(fetch), d.callbacks[1]
+    assert d.door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None, d.owners, 0,
+                        protocol.SLOT_PEER, 5.0)
+    d.door.peer_copying(True)
+    d.door.grant(1 << 20, PEER_BOOKS)
+    others = sorted(k for k in set(d.sums) - d.mine if k.startswith("0/d1/"))
+    assert len(others) >= 3
+    for n, key in enumerate(others[:3]):
+        if n == 2:
+            shutil.rmtree(os.path.join(area, "0"))  # the directory the worker keeps open is gone
+        status, body = ask_open(d.socket, key)
+        assert (status, body) == (protocol.SLOT_PEER, os.fsencode(f"{area}/{key}")), key
+        with open(os.path.join(area, key), "rb") as f:
+            assert hashlib.md5(f.read()).hexdigest() == d.sums[key]
+    assert sum(e.kind == EV_STAGED for e in d.door.events(PEER_BOOKS)) == 3

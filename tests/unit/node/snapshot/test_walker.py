@@ -1,0 +1,143 @@
+"""The C walk (monarch/node/snapshot/walker.c) sees what the Python walk sees, entry for entry, and
+writes the index the Python writer would write for it, byte for byte (issue 32)."""
+
+import os
+import pickle
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from monarch import protocol
+from monarch.node.snapshot import snapshot, walker
+from monarch.node.snapshot.filetable import FileTable
+from monarch.node.snapshot.index_writer import index_parts
+from monarch.node.snapshot.indextable import IndexTable
+from monarch.node.snapshot.snapshot import Snapshot, load_or_walk, take_snapshot
+
+pytestmark = pytest.mark.skipif(walker.library() is None, reason="the C walker could not be built (no C compiler)")
+
+
+def tree(base):
+    """Every kind of entry a dataset may hold."""
+    root = base / "ds"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "empty").mkdir()
+    (root / "flat").mkdir()
+    for i in range(700):  # more than one slice of a directory (walker.c: SLICE)
+        (root / "flat" / f"f{i:04d}").write_bytes(os.urandom(i % 7))
+    (root / "a" / "x").write_text("x")
+    (root / "a" / "b" / "deep").write_text("deep")
+    os.symlink("../a/x", root / "a" / "link")           # a link to a file: the file, and its own lstat
+    os.symlink("b", root / "a" / "dirlink")              # a link to a directory: a name only
+    os.symlink("nowhere", root / "a" / "broken")         # a broken link: a name only
+    os.symlink("nowhere", root / "flat" / "broken")      # the same spare name twice: stored once
+    os.mkfifo(root / "a" / "fifo")                       # a special file: a name only
+    for name in (b"new\nline", b"\xff\xfe", b"L" * 255, "é".encode()):
+        with open(os.path.join(os.fsencode(root / "a"), name), "wb") as f:
+            f.write(name)
+    return root
+
+
+def without_atimes(snap: Snapshot):
+    """A walk reads directories and follows links: atimes move between two walks."""
+    fix = lambda i: i._replace(atime_ns=0)  # noqa: E731
+    return ({k: fix(i) for k, i in snap.files.items()},
+            {k: d._replace(info=fix(d.info)) for k, d in snap.dirs.items()},
+            {k: fix(i) for k, i in snap.links.items()})
+
+
+@pytest.mark.parametrize("poisoned", [False, True])
+def test_the_c_walk_sees_what_the_python_walk_sees_and_writes_its_index(tmp_path, monkeypatch, poisoned):
+    root = tree(tmp_path)
+    if poisoned:  # the buffer the index is built in is not zeroed first: every byte of it is written
+        monkeypatch.setattr(walker, "unwritten_bytearray", lambda size: bytearray(b"\xa5" * size))
+    roots = (str(root), str(tmp_path / "missing"), str(root / "a"))  # a root that is not there; one inside another
+    walked = walker.walk_index(roots)
+    assert walked is not None
+    index, nfiles = walked
+    fast = Snapshot.from_index(roots, index, nfiles)
+    slow = take_snapshot(roots)
+    assert isinstance(fast.files, IndexTable) and len(fast.files) == len(slow.files) == 700 + 7 + 7  # root a is walked twice
+    assert without_atimes(fast) == without_atimes(slow)
+    assert fast.links and fast.dirs["0/a"].children is not None and fast.dirs["0/empty"].children == ()
+    # the Python writer, given the same snapshot in the C walk's order, writes the same bytes
+    same = Snapshot(roots, FileTable(fast.files.items()), dict(fast.dirs), dict(fast.links))
+    assert b"".join(index_parts(same)) == bytes(index)
+    assert index_parts(fast) == [index]  # written as it is
+    # the shim's look-ups find every file and directory in it
+    for key, info in slow.files.items():
+        e = protocol.index_lookup(bytes(index), protocol.key_bytes(key))
+        assert e is not None and (e[0], e[1], e[4]) == (info.size, info.mtime_ns, info.ino)
+
+
+def test_the_table_read_from_an_index_is_the_snapshots_mapping(tmp_path):
+    root = tree(tmp_path)
+    snap = Snapshot.from_index((str(root),), *walker.walk_index((str(root),)))
+    files = snap.files
+    key = "0/a/b/deep"
+    assert key in files and files[key].size == 4 and files.get("0/a/nope") is None and "0/a/b" not in files
+    assert files.row_of(key) is not None and files.row_of("0/a") is None  # a directory is no file
+    assert files.total_size() == sum(i.size for i in files.values())
+    assert list(files) == [k for k, _ in files.items()] and len(list(files)) == len(files)
+    assert os.fsdecode(os.path.join(b"0/a", b"\xff\xfe")) in files and "0/a/new\nline" in files
+    again = pickle.loads(pickle.dumps(snap))
+    assert again.files == files and again.dirs == snap.dirs
+    files[key] = files[key]._replace(size=99)  # patched in the index itself
+    assert files[key].size == 99 and protocol.index_lookup(bytes(files.data), b"0/a/b/deep")[0] == 99
+    with pytest.raises(TypeError):
+        files["0/a/new"] = files[key]
+
+
+def test_a_kept_index_is_read_back_in_place_and_reused(tmp_path):
+    root = tree(tmp_path)
+    cache = str(tmp_path / "kept.index")
+    first, how = load_or_walk((str(root),), cache)
+    assert how.startswith("walked") and isinstance(first.files, IndexTable)
+    again, how = load_or_walk((str(root),), cache)
+    assert how == "reused" and isinstance(again.files, IndexTable)
+    assert without_atimes(again) == without_atimes(first)
+    (root / "a" / "new").write_text("n")  # a directory changed: walked again, the new file in it
+    third, how = load_or_walk((str(root),), cache)
+    assert how.startswith("walked") and "0/a/new" in third.files
+
+
+def test_devices_remapped_in_the_index_itself(tmp_path):
+    root = tree(tmp_path)
+    snap = Snapshot.from_index((str(root),), *walker.walk_index((str(root),)))
+    here = snap.dirs["0/"].info.dev
+    foreign = Snapshot.from_index(snap.roots, bytearray(snap.files.data), snap.files.nfiles)
+    foreign.files.remap_devices({here: here + 1})  # as another node's device number would come
+    foreign = Snapshot.from_index(snap.roots, foreign.files.data, foreign.files.nfiles)
+    assert foreign.dirs["0/"].info.dev == here + 1
+    local = foreign.with_local_devices()
+    assert local.dirs["0/"].info.dev == here and local.files["0/a/x"].dev == here
+    assert all(i.dev == here for i in local.links.values())
+    assert protocol.index_lookup(bytes(local.files.data), b"0/a/x")[5] == here
+
+
+def test_switched_off_the_python_walk_takes_over(tmp_path, monkeypatch):
+    root = tree(tmp_path)
+    monkeypatch.setenv(walker.ENV_C_WALK, "0")
+    snap, how = load_or_walk((str(root),), None)
+    assert isinstance(snap.files, FileTable) and len(snap.files) == 707
+
+
+def test_the_walk_holds_about_one_index_of_memory(tmp_path):
+    """A file costs its index entry, not an object: the walk's peak beside the index it
+    returns is a few dozen bytes per file (measured in a fresh process, by its high water)."""
+    root = tmp_path / "many"
+    for d in range(20):
+        (root / f"class{d:03d}").mkdir(parents=True)
+        for i in range(2500):
+            (root / f"class{d:03d}" / f"img_{i:06d}.JPEG").write_bytes(b"")
+    code = ("import resource,sys; from monarch.node.snapshot import walker; walker.library();"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+            "index, n = walker.walk_index((sys.argv[1],));"
+            "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+            "print(n, len(index), (after - before) * 1024)")
+    out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, check=True).stdout
+    n, size, grown = map(int, out.split())
+    assert n == 50_000
+    assert grown / n < size / n + 100, f"{grown / n:.0f} B per file at the peak, the index {size / n:.0f}"
