@@ -110,13 +110,14 @@ def _stores(r: Any, value: Any, where: str) -> tuple[tuple[str, str], ...]:
     """``{root: store URL}``: roots served from a key-value store (monarch/node/store_source.py)."""
     if value is None or value == {}:
         return ()
-    from monarch.store.url import StoreError, StoreURL
+    from monarch.store.client import parse_url
+    from monarch.store.url import StoreError
     out = []
     for root, url in r.mapping(value, where).items():
         path = r.path(root, f"{where}[{root!r}]")
         text = r.string(url, f"{where}[{root!r}]")
         try:
-            StoreURL.parse(text)
+            parse_url(text)
         except StoreError as e:
             raise r.fail(f"{where}[{root!r}]", str(e)) from None
         out.append((path, text))
