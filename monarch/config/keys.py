@@ -137,8 +137,9 @@ KEYS: tuple[Key, ...] = (
         lambda r, v, k: r.roots(v, k)),
     Key("dataset.stores", "mapping of root to store URL", {},
         "roots served from a key-value store, `{root: redis://host:port/db?prefix=P}` (also `rediss://`, "
-        "`unix:///path.sock?db=N`): such a root needs no directory; its files come from the store's manifest "
-        "(`monarch store put`); see docs/store.md",
+        "`unix:///path.sock?db=N`), or from an S3 bucket, `{root: s3://BUCKET/PREFIX}`: such a root needs no "
+        "directory; its files come from the store's manifest (`monarch store put`) or the bucket's listing; "
+        "see docs/store.md",
         _stores, show=lambda v: ", ".join(f"{root}: {url}" for root, url in v) or "{}"),
     Key("run_base", "path (base directory)", "${TMPDIR:-/tmp}",
         "base directory of the run's own files on this node: socket, counters, daemon log, report "

@@ -264,15 +264,18 @@ def _answers(src: socket.socket, dst: socket.socket, counts: Counts) -> None:
 def serve_proxy(listen: int, upstream: int, rtt_ms: float, stats: str) -> None:
     """The proxy's process: on loopback port ``listen`` to ``upstream``, ``rtt_ms`` added to each
     exchange (a new connection waits one round trip too, its handshake); SIGUSR1 writes the
-    counts to ``stats`` (JSON, atomically), as does the start (empty counts)."""
+    counts to ``stats`` (JSON, atomically, numbered), as does the start (empty counts)."""
     delay = rtt_ms / 1000.0
     counts = Counts()
     server = socket.create_server(("127.0.0.1", listen), backlog=1024)
 
+    dumps = [0]
+
     def dump(*_):
+        dumps[0] += 1
         tmp = f"{stats}.tmp"
         with open(tmp, "w") as f:
-            json.dump(counts.snapshot() | {"at": time.time()}, f)
+            json.dump(counts.snapshot() | {"dump": dumps[0]}, f)
         os.rename(tmp, stats)
     signal.signal(signal.SIGUSR1, dump)
     dump()
@@ -315,14 +318,13 @@ class Proxy:
             time.sleep(0.02)
 
     def counts(self) -> dict:
-        before = os.stat(self.stats).st_mtime_ns
-        prior = json.load(open(self.stats))["at"]
+        prior = json.load(open(self.stats))["dump"]
         os.kill(self.proc.pid, signal.SIGUSR1)
         deadline = time.monotonic() + 10
         while True:
             try:
                 got = json.load(open(self.stats))
-                if got["at"] != prior or os.stat(self.stats).st_mtime_ns != before:
+                if got["dump"] > prior:
                     return got
             except (OSError, ValueError):
                 pass
@@ -349,6 +351,27 @@ def gets_by_key(counts: dict, bucket: str) -> dict[str, int]:
     start = f"GET /{bucket}/"
     return {urllib.parse.unquote(name[len(start):]): n for name, n in counts["requests"].items()
             if name.startswith(start)}
+
+
+# -- the benchmark's naive loader: one boto3 GET per sample, when the reader needs it ----------------
+_client: tuple | None = None
+
+
+def naive_s3_get(bucket: str, key: str) -> bytes:
+    """The object's bytes by one GET (boto3; the endpoint and credentials from AWS_*), one client per
+    (forked) worker process."""
+    global _client
+    if _client is None or _client[0] != os.getpid():
+        import boto3
+        _client = (os.getpid(), boto3.client("s3"))
+    return _client[1].get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def naive_get(path: str):
+    """A ``monarch.workload`` plug-in reader (``support.s3server:naive_get``): the object whose key is
+    ``BENCH_S3_PREFIX`` + the path under ``BENCH_S3_ROOT``, in ``BENCH_S3_BUCKET``."""
+    rel = os.path.relpath(path, os.environ["BENCH_S3_ROOT"])
+    return naive_s3_get(os.environ["BENCH_S3_BUCKET"], os.environ.get("BENCH_S3_PREFIX", "") + rel), "s3"
 
 
 if __name__ == "__main__":
