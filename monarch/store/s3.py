@@ -113,6 +113,9 @@ class S3Changed(S3Error):
 
 _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+_CERTIFICATE = re.compile(r"InvalidCertificate\(\s*(\w+)")
+_CAUSE = re.compile(r"kind: (ConnectionRefused|ConnectionReset|TimedOut|HostUnreachable|NetworkUnreachable|"
+                    r"AddrNotAvailable)|(dns error[^\n,\"]*)")
 
 
 def _classify(e: BaseException, what: str) -> S3Error | None:
@@ -122,11 +125,16 @@ def _classify(e: BaseException, what: str) -> S3Error | None:
     text = str(e).split("\n", 1)[0].split(" Debug source:", 1)[0].strip()
     status = int(m.group(1)) if (m := _STATUS.search(text)) else 0
     code = m.group(1) if (m := _CODE.search(str(e))) else ""
+    full = str(e)
+    if m := _CERTIFICATE.search(full):  # TLS: retrying will not help
+        return S3Error(f"{what}: the server's certificate is not trusted ({m.group(1)})", 0, "InvalidCertificate")
     if type(e).__name__ == "PreconditionError" or status == 412:
         return S3Changed("412 PreconditionFailed: the object changed since the job's listing (its ETag is not "
                          "the listed one)", 412, "PreconditionFailed")
     if status == 0 or status >= 500 or status in (408, 429) or code in ("SlowDown", "RequestTimeout"):
         reason = text.rsplit(" - ", 1)[-1] if " - " in text else text
+        if m := _CAUSE.search(full):
+            reason += f": {m.group(1) or m.group(2)}"
         return S3Unreachable(f"{what}: {reason or type(e).__name__}", status, code)
     return S3Error(f"{what}: {status} {code or 'error'}", status, code)
 
@@ -221,7 +229,7 @@ class S3Client:
         try:
             next(iter(obstore.list(self.store, self.url.prefix or None, chunk_size=1)), None)
         except Exception as e:
-            raise _classify(e, f"listing {self.url}") or S3Error(f"listing {self.url}: not found", 404) from None
+            raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
 
     def manifest(self) -> Manifest:
         """The prefix's listing as a manifest (each file's digest: its ETag); a key that is not a
@@ -249,7 +257,7 @@ class S3Client:
                     files[rel] = Entry(rel, int(meta["size"]), mtime, etag)
                     listed[key] = (int(meta["size"]), etag)
         except Exception as e:
-            raise _classify(e, f"listing {self.url}") or S3Error(f"listing {self.url}: not found", 404) from None
+            raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
         parents = {rel[:i] for rel in files for i, c in enumerate(rel) if c == "/"}
         for rel in parents & set(files):  # an object named like a directory that holds others: a directory
             dirs.add(rel)
@@ -405,6 +413,9 @@ def explain(url: S3URL, e: BaseException, settings: Settings | None = None) -> s
         return (f"the store at {url} is unreachable{where} ({e}); check the endpoint (?endpoint=, AWS_ENDPOINT_URL) "
                 "and that the server runs")
     if isinstance(e, S3Error):
+        if e.code == "InvalidCertificate":
+            return (f"the store at {url}: {e}; name the certificate authority that signed it with ?ca_file=PEM "
+                    "or AWS_CA_BUNDLE")
         if e.code == "NoSuchBucket" or (e.status == 404 and not e.code):
             return f"the store at {url}: the bucket {url.bucket!r} does not exist{where}"
         if e.code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken", "ExpiredToken",

@@ -218,3 +218,38 @@ def test_monarch_store_ls_lists_a_bucket_and_put_says_how_to_load_one(s3, short_
     assert sorted(r.stdout.splitlines()[:-1]) == sorted(data) and f"{len(data)} files" in r.stdout
     r = monarch("store", "put", src, url, env=s3_env(s3), timeout=60)
     assert r.returncode != 0 and "aws s3 sync" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_https_with_a_private_certificate_authority(s3, short_tmp):
+    """An https:// endpoint whose certificate a private CA signed: refused in one line without
+    that CA (the system's CAs, or AWS_CA_BUNDLE's), read with ?ca_file= (or AWS_CA_BUNDLE)."""
+    import subprocess
+
+    def ssl(*args):
+        subprocess.run(["openssl", *args], cwd=short_tmp, check=True, capture_output=True, timeout=60)
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=monarch-s3-test-ca",
+        "-keyout", "ca.key", "-out", "ca.pem")
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr")
+    with open(os.path.join(short_tmp, "ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\n")
+    ssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
+        "-extfile", "ext", "-out", "server.pem")
+    src, data, url = loaded(s3, short_tmp, "tls/", files=5)
+    proxy = Proxy(s3.port, short_tmp, tls=(f"{short_tmp}/server.pem", f"{short_tmp}/server.key"))
+    try:
+        env = monarch_env(**s3.env(proxy.endpoint))
+        env.pop("AWS_CA_BUNDLE", None)
+        r = monarch("store", "ls", url, env=env, timeout=60)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "certificate" in r.stderr.lower(), r.stderr
+        r = monarch("store", "ls", f"{url}?ca_file={short_tmp}/ca.pem", env=env, timeout=60)
+        assert r.returncode == 0 and sorted(r.stdout.splitlines()[:-1]) == sorted(data), r.stderr
+        mnt = os.path.join(short_tmp, "mnt", "data")
+        cfg = store_config(short_tmp, mnt, url)
+        check = os.path.join(short_tmp, "check.py")
+        with open(check, "w") as f:
+            f.write(CHECK_ALL)
+        r = monarch("run", "--no-progress", "-c", cfg, "--", sys.executable, check, src, mnt,
+                    env=dict(env, AWS_CA_BUNDLE=f"{short_tmp}/ca.pem"), timeout=60)
+        assert r.returncode == 0 and set(json.loads(r.stdout.splitlines()[-1]).values()) == {"ok"}, r.stderr
+    finally:
+        proxy.stop()

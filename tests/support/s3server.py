@@ -261,13 +261,30 @@ def _answers(src: socket.socket, dst: socket.socket, counts: Counts) -> None:
             pass
 
 
-def serve_proxy(listen: int, upstream: int, rtt_ms: float, stats: str) -> None:
+def _answers_copied(src: socket.socket, dst, counts: Counts) -> None:
+    """Server -> client through TLS (no splice into an encrypted socket): copied, counted."""
+    try:
+        while data := src.recv(1 << 20):
+            with counts.lock:
+                counts.sent += len(data)
+            dst.sendall(data)
+    except OSError:
+        pass
+
+
+def serve_proxy(listen: int, upstream: int, rtt_ms: float, stats: str, tls: tuple[str, str] | None = None) -> None:
     """The proxy's process: on loopback port ``listen`` to ``upstream``, ``rtt_ms`` added to each
     exchange (a new connection waits one round trip too, its handshake); SIGUSR1 writes the
-    counts to ``stats`` (JSON, atomically, numbered), as does the start (empty counts)."""
+    counts to ``stats`` (JSON, atomically, numbered), as does the start (empty counts).
+    ``tls``: (certificate, key): it speaks HTTPS to its clients (plain HTTP to the server)."""
     delay = rtt_ms / 1000.0
     counts = Counts()
     server = socket.create_server(("127.0.0.1", listen), backlog=1024)
+    context = None
+    if tls is not None:
+        import ssl
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
 
     dumps = [0]
 
@@ -284,13 +301,16 @@ def serve_proxy(listen: int, upstream: int, rtt_ms: float, stats: str) -> None:
         if delay:
             time.sleep(delay)
         try:
+            if context is not None:
+                client = context.wrap_socket(client, server_side=True)
             up = socket.create_connection(("127.0.0.1", upstream))
         except OSError:
             client.close()
             return
         for sock in (client, up):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        answers = threading.Thread(target=_answers, args=(up, client, counts), daemon=True)
+        answers = threading.Thread(target=_answers if context is None else _answers_copied,
+                                   args=(up, client, counts), daemon=True)
         answers.start()
         _requests(client, up, delay, counts)
         answers.join()
@@ -305,12 +325,12 @@ def serve_proxy(listen: int, upstream: int, rtt_ms: float, stats: str) -> None:
 class Proxy:
     """``serve_proxy`` in a process of its own; ``counts()`` its counters now."""
 
-    def __init__(self, upstream: int, directory: str, rtt_ms: float = 0.0):
+    def __init__(self, upstream: int, directory: str, rtt_ms: float = 0.0, tls: tuple[str, str] | None = None):
         self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.stats = os.path.join(directory, f"proxy-{self.port}.json")
         self.proc = subprocess.Popen([sys.executable, "-m", "support.s3server", str(self.port), str(upstream),
-                                      str(rtt_ms), self.stats], env=_support_env())
+                                      str(rtt_ms), self.stats, *(tls or ())], env=_support_env())
         deadline = time.monotonic() + 20
         while not os.path.exists(self.stats):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -375,4 +395,5 @@ def naive_get(path: str):
 
 
 if __name__ == "__main__":
-    serve_proxy(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
+    serve_proxy(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4],
+                (sys.argv[5], sys.argv[6]) if len(sys.argv) > 6 else None)
