@@ -34,7 +34,7 @@ from monarch.node.sources import Source, SourceChanged
 from monarch.store import client as store_client
 from monarch.store.load import fetch_manifest
 from monarch.store.manifest import add_to_snapshot, digest
-from monarch.store.s3 import S3URL
+from monarch.store.s3 import Pieces, S3URL
 from monarch.store.url import StoreError, StoreURL
 
 log = logging.getLogger(__name__)
@@ -268,12 +268,13 @@ class StoreSet:
             raise self._refuse(mount, rel, f"size {len(data)} in the store, {info.size} in the manifest")
         if mount.url.has_digests and digest(data) != digests.get(rel):  # S3: each GET checked by its ETag
             raise self._refuse(mount, rel, "digest differs from the manifest's")
-        if isinstance(out, int):
-            view = memoryview(data)
-            while view:
-                view = view[os.write(out, view):]
-        else:
-            out.write(data)
+        for piece in (data.buffers if isinstance(data, Pieces) else (data,)):  # S3: a large object's ranged GETs
+            if isinstance(out, int):
+                view = memoryview(piece)
+                while view:
+                    view = view[os.write(out, view):]
+            else:
+                out.write(piece)
         return len(data)
 
     def _refuse(self, mount: Mount, rel: str, why: str) -> StoreMismatch:

@@ -272,7 +272,8 @@ class S3Client:
 
     # -- the objects ----------------------------------------------------------------------------
     def get(self, key: str):
-        """The object's bytes, if it is still the listed one (None: deleted or never listed)."""
+        """The object's bytes, if it is still the listed one (None: deleted or never listed); a
+        large one's as ``Pieces``."""
         parts = self._parts(key)
         if parts is None:
             return None
@@ -323,14 +324,7 @@ class S3Client:
     def _assemble(key: str, parts: list):
         if any(p is None for p in parts):
             return None
-        if len(parts) == 1:
-            return parts[0]
-        out = bytearray(sum(len(p) for p in parts))
-        view, at = memoryview(out), 0
-        for p in parts:
-            view[at:at + len(p)] = memoryview(p)
-            at += len(p)
-        return out
+        return parts[0] if len(parts) == 1 else Pieces(parts)
 
     def _submit(self, key: str, part: tuple) -> concurrent.futures.Future:
         """One GET on its pool: a whole object on the wide one, a ranged part of a large one on the
@@ -344,6 +338,19 @@ class S3Client:
                 pool = self._pools[ranged] = concurrent.futures.ThreadPoolExecutor(
                     PARTS_IN_FLIGHT if ranged else MAX_IN_FLIGHT, thread_name_prefix="monarch-s3")
             return pool.submit(self._get_part, key, *part)
+
+
+class Pieces:
+    """A large object's bytes as its ranged GETs brought them, in order, never joined (joining
+    1 GiB cost 0.7 s of CPU, half of what fetching it costs); ``len()`` is the object's size."""
+
+    __slots__ = ("buffers", "size")
+
+    def __init__(self, buffers: list):
+        self.buffers, self.size = buffers, sum(len(b) for b in buffers)
+
+    def __len__(self) -> int:
+        return self.size
 
 
 class _Pipeline:
