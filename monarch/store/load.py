@@ -193,5 +193,6 @@ def ls(url: StoreURL, long: bool = False, out: TextIO = sys.stdout, env=None) ->
         out.write(f"{e.size:>12}  {e.digest}  {e.path}\n" if long else f"{e.path}\n")
     created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(manifest.created)) if manifest.created else "?"
     out.write(f"{len(manifest.files)} files, {human(manifest.total_bytes)} ({manifest.total_bytes} bytes) in "
-              f"{url}; manifest {manifest.version[:12]}, written {created}\n")
+              f"{url}; " + (f"listing {manifest.version[:12]}, newest object {created}\n" if url.scheme == s3.SCHEME
+                            else f"manifest {manifest.version[:12]}, written {created}\n"))
     return manifest
