@@ -311,6 +311,7 @@ class StoreSet:
                         from None
                 now = time.monotonic()
                 with self._lock:
+                    mount.last_try = now  # a second from the end of a failed try: a hung store costs one try a second
                     if mount.down_since is None:
                         mount.down_since = now
                         self.lost_at = time.time()

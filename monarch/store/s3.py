@@ -201,7 +201,7 @@ class S3Client:
         from obstore.store import S3Store
         self.url, self.settings = url, settings
         self.listed: dict[str, tuple[int, str]] = {}  # key -> (size, ETag) of the listing
-        client = {"connect_timeout": f"{url.timeout}s", "read_timeout": f"{max(url.timeout, 30)}s",
+        client = {"connect_timeout": f"{url.timeout}s", "read_timeout": f"{url.timeout}s",
                   "allow_http": settings.endpoint.startswith("http://"), "pool_idle_timeout": "60s"}
         if settings.ca_file and settings.endpoint.startswith("https://"):
             try:
