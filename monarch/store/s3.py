@@ -224,12 +224,15 @@ class S3Client:
 
     # -- the listing --------------------------------------------------------------------------
     def ping(self) -> None:
-        """One listing request: the endpoint answers, the bucket exists, the credentials may list it."""
+        """One listing request: the endpoint answers, the bucket exists, the credentials may list
+        it, and it holds objects under the prefix (a whole check: ``monarch run`` needs no more)."""
         import obstore
         try:
-            next(iter(obstore.list(self.store, self.url.prefix or None, chunk_size=1)), None)
+            first = next(iter(obstore.list(self.store, self.url.prefix or None, chunk_size=1)), None)
         except Exception as e:
             raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
+        if not first:
+            raise S3Error("no objects under the prefix", 200, "Empty")
 
     def manifest(self) -> Manifest:
         """The prefix's listing as a manifest (each file's digest: its ETag); a key that is not a
@@ -420,6 +423,8 @@ def explain(url: S3URL, e: BaseException, settings: Settings | None = None) -> s
         return (f"the store at {url} is unreachable{where} ({e}); check the endpoint (?endpoint=, AWS_ENDPOINT_URL) "
                 "and that the server runs")
     if isinstance(e, S3Error):
+        if e.code == "Empty":
+            return f"the store at {url} holds no objects under the prefix {url.prefix!r}; check the URL's path"
         if e.code == "InvalidCertificate":
             return (f"the store at {url}: {e}; name the certificate authority that signed it with ?ca_file=PEM "
                     "or AWS_CA_BUNDLE")
