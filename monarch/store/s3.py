@@ -40,6 +40,9 @@ PART = 8 << 20        # bytes per ranged GET of a large object (S3's own guidanc
 MAX_IN_FLIGHT = 256   # whole-object GETs at once at most: what the store source's read-ahead asks for (8 x 32)
 PARTS_IN_FLIGHT = 16  # ranged GETs at once at most (128 MiB), first asked first served: see S3Client
 LIST_PAGE = 1000      # keys per listing request (S3's largest page)
+LIST_IN_FLIGHT = 16   # listing requests at once, for a prefix of more than a page (see S3Client._list)
+LIST_DEPTH = 3        # directory levels descended to find LIST_IN_FLIGHT directories to list side by side
+LIST_SPLIT = 4096     # more directories than this at one level: listed as one, page after page
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]$")
 
 
@@ -237,30 +240,27 @@ class S3Client:
     def manifest(self) -> Manifest:
         """The prefix's listing as a manifest (each file's digest: its ETag); a key that is not a
         plain relative path (``a//b``, ``..``) is left out, a key ending in '/' is a directory."""
-        import obstore
         files: dict[str, Entry] = {}
         dirs: set[str] = set()
         listed: dict[str, tuple[int, str]] = {}
         newest = 0
         try:
-            for page in obstore.list(self.store, self.url.prefix or None, chunk_size=LIST_PAGE):
-                for meta in page:
-                    key = meta["path"]
-                    rel = key[len(self.url.prefix):] if key.startswith(self.url.prefix) else None
-                    if rel is None:
-                        continue
-                    if rel.endswith("/") and meta["size"] == 0:  # a "folder" made by a console
-                        dirs.add(rel.rstrip("/"))
-                        continue
-                    if not _plain(rel):
-                        continue
-                    mtime = int(meta["last_modified"].timestamp() * 1e9)
-                    newest = max(newest, mtime)
-                    etag = meta.get("e_tag") or ""
-                    files[rel] = Entry(rel, int(meta["size"]), mtime, etag)
-                    listed[key] = (int(meta["size"]), etag)
+            metas, prefixes = self._list()
         except Exception as e:
             raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
+        for meta in metas:
+            key = meta["path"]
+            rel = key[len(self.url.prefix):] if key.startswith(self.url.prefix) else None
+            if rel is None or not _plain(rel):
+                continue
+            if meta["size"] == 0 and key in prefixes:  # a "folder" made by a console (key "dir/")
+                dirs.add(rel)
+                continue
+            mtime = int(meta["last_modified"].timestamp() * 1e9)
+            newest = max(newest, mtime)
+            etag = meta.get("e_tag") or ""
+            files[rel] = Entry(rel, int(meta["size"]), mtime, etag)
+            listed[key] = (int(meta["size"]), etag)
         parents = {rel[:i] for rel in files for i, c in enumerate(rel) if c == "/"}
         for rel in parents & set(files):  # an object named like a directory that holds others: a directory
             dirs.add(rel)
@@ -272,6 +272,41 @@ class S3Client:
         with self._lock:
             self.listed = listed
         return Manifest(entries, tuple(sorted(d for d in dirs if _plain(d))), newest / 1e9, version)
+
+    def _list(self) -> tuple[list[dict], set[str]]:
+        """Every object under the prefix (obstore's metadata), and the directory prefixes seen.
+
+        One listing request answers a prefix of fewer than LIST_PAGE objects. A larger one is
+        listed by directories, in parallel: levels of ``list_with_delimiter`` while they hold
+        fewer than LIST_IN_FLIGHT directories (at most LIST_DEPTH levels), then each directory
+        of the last level listed whole, LIST_IN_FLIGHT at once, so that ImageNet's 1.28M keys
+        in 1,000 class directories take ~2,000 requests 16 at once rather than 1,282 one after
+        the other. More than LIST_SPLIT directories at a level: listed page after page."""
+        import obstore
+        top = self.url.prefix.rstrip("/") or None
+        pages = iter(obstore.list(self.store, top, chunk_size=LIST_PAGE))
+        first = next(pages, [])
+        if len(first) < LIST_PAGE:
+            return list(first), set()
+        metas: dict[str, dict] = {m["path"]: m for m in first}
+        prefixes: set[str] = set()
+        level: list[str | None] = [top]
+        with concurrent.futures.ThreadPoolExecutor(LIST_IN_FLIGHT, thread_name_prefix="monarch-s3-list") as pool:
+            for _ in range(LIST_DEPTH):
+                if not level or len(level) >= LIST_IN_FLIGHT:
+                    break
+                below: list[str] = []
+                for got in pool.map(lambda p: obstore.list_with_delimiter(self.store, p), level):
+                    metas.update((m["path"], m) for m in got["objects"])
+                    below += got["common_prefixes"]
+                prefixes.update(below)
+                level = below
+            if len(level) > LIST_SPLIT:
+                level = [top]  # many small directories: one listing, page after page, is fewer requests
+            for got in pool.map(lambda p: [m for page in obstore.list(self.store, p, chunk_size=LIST_PAGE)
+                                           for m in page], level):
+                metas.update((m["path"], m) for m in got)
+        return list(metas.values()), prefixes
 
     # -- the objects ----------------------------------------------------------------------------
     def get(self, key: str):

@@ -261,3 +261,31 @@ def test_https_with_a_private_certificate_authority(s3, short_tmp):
         assert r.returncode == 0 and set(json.loads(r.stdout.splitlines()[-1]).values()) == {"ok"}, r.stderr
     finally:
         proxy.stop()
+
+
+def test_a_listing_of_more_than_a_page_goes_by_directories_side_by_side(s3, monkeypatch):
+    """More than 1,000 objects under the prefix: listed by directories, 16 requests at once
+    (the proxy counts them), with the same result as one listing page after page; a console's
+    folder marker (a zero-byte key ending in '/') is a directory."""
+    import concurrent.futures
+    from monarch.store.s3 import LIST_PAGE, S3URL, S3Client, resolve
+    keys = ([f"big-list/d{i:02d}/f{j:02d}" for i in range(24) for j in range(50)]
+            + [f"big-list/deep/a/b/f{j}" for j in range(50)] + ["big-list/top.bin"])
+    assert len(keys) > LIST_PAGE
+    c = s3.client()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: c.put_object(Bucket=BUCKET, Key=k, Body=k.encode()), keys))
+    c.put_object(Bucket=BUCKET, Key="big-list/empty-folder/", Body=b"")
+    for name, value in s3.env(s3.proxy.endpoint).items():
+        monkeypatch.setenv(name, value)
+    url = S3URL.parse(f"s3://{BUCKET}/big-list")
+    client = S3Client(url, resolve(url))
+    before = s3.proxy.counts()["requests"].get(f"LIST /{BUCKET}", 0)
+    manifest = client.manifest()
+    lists = s3.proxy.counts()["requests"].get(f"LIST /{BUCKET}", 0) - before
+    client.close()
+    assert sorted(e.path for e in manifest.files) == sorted(k[len("big-list/"):] for k in keys)
+    assert {e.path: e.size for e in manifest.files}["deep/a/b/f7"] == len("big-list/deep/a/b/f7")
+    assert "empty-folder" in manifest.dirs and "deep/a/b" not in [e.path for e in manifest.files]
+    # the first page; the top level by delimiter (26 directories: 16 or more); each directory whole
+    assert lists == 1 + 1 + 26
