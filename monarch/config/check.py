@@ -70,7 +70,8 @@ def check_config(path: str | None, roots: Sequence[str] | None = None,
             raise ConfigError(combine_errors(config.source, [f"dataset.stores: {p}" for p in problems]))
         for root, url, manifest in found:
             lines.append(f"  store   : {root} <- {url}: {len(manifest.files)} files, "
-                         f"{size_for_people(manifest.total_bytes)}, manifest {manifest.version[:12]}")
+                         f"{size_for_people(manifest.total_bytes)}, "
+                         f"{'listing' if url.scheme == 's3' else 'manifest'} {manifest.version[:12]}")
     for t in config.tiers:
         capacity = f"{t.capacity_share:.0%} of the node" if t.capacity_share is not None else size_for_people(t.capacity)
         lines.append(f"  tier    : {t.name} {t.path} capacity {capacity}{' (kept)' if t.keep else ''}")

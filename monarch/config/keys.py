@@ -110,13 +110,14 @@ def _stores(r: Any, value: Any, where: str) -> tuple[tuple[str, str], ...]:
     """``{root: store URL}``: roots served from a key-value store (monarch/node/stage/store_source.py)."""
     if value is None or value == {}:
         return ()
-    from monarch.store.url import StoreError, StoreURL
+    from monarch.store.client import parse_url
+    from monarch.store.url import StoreError
     out = []
     for root, url in r.mapping(value, where).items():
         path = r.path(root, f"{where}[{root!r}]")
         text = r.string(url, f"{where}[{root!r}]")
         try:
-            StoreURL.parse(text)
+            parse_url(text)
         except StoreError as e:
             raise r.fail(f"{where}[{root!r}]", str(e)) from None
         out.append((path, text))
@@ -136,8 +137,9 @@ KEYS: tuple[Key, ...] = (
         lambda r, v, k: r.roots(v, k)),
     Key("dataset.stores", "mapping of root to store URL", {},
         "roots served from a key-value store, `{root: redis://host:port/db?prefix=P}` (also `rediss://`, "
-        "`unix:///path.sock?db=N`): such a root needs no directory; its files come from the store's manifest "
-        "(`monarch store put`); see docs/store.md",
+        "`unix:///path.sock?db=N`), or from an S3 bucket, `{root: s3://BUCKET/PREFIX}`: such a root needs no "
+        "directory; its files come from the store's manifest (`monarch store put`) or the bucket's listing; "
+        "see docs/store.md",
         _stores, show=lambda v: ", ".join(f"{root}: {url}" for root, url in v) or "{}"),
     Key("run_base", "path (base directory)", "${TMPDIR:-/tmp}",
         "base directory of the run's own files on this node: socket, counters, daemon log, report "

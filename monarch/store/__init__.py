@@ -1,8 +1,9 @@
-"""A dataset kept in a key-value store (the Redis protocol), served as files under a mount path.
+"""A dataset kept in a key-value store (the Redis protocol) or an S3 bucket, served as files under a mount path.
 
 ``url.py`` (where the store is, its credentials, never printed), ``manifest.py`` (the list of
 files the store holds, from which the snapshot is built without listing the store),
 ``load.py`` (``monarch store put`` and ``monarch store ls``), ``report.py`` (the report's
-``store`` figures). The daemon's side, the source the stager copies from, is
+``store`` figures), ``s3.py`` (an S3 bucket: its URL, the AWS conventions, the client; its
+listing is the manifest). The daemon's side, the source the stager copies from, is
 ``monarch/node/stage/store_source.py``. docs/store.md says how to use it.
 """

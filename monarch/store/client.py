@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from monarch.store import s3
 from monarch.store.url import StoreError, StoreURL
 
 MAX_CONNECTIONS = 512  # requests in flight at once at most (one per connection)
@@ -25,8 +26,17 @@ def _redis():
     return redis
 
 
+def parse_url(text: str) -> StoreURL | s3.S3URL:
+    """A store URL of any kind: an ``s3://`` bucket (``monarch/store/s3.py``) or a Redis-protocol store."""
+    if text.startswith(s3.SCHEME + "://"):
+        return s3.S3URL.parse(text)
+    return StoreURL.parse(text)
+
+
 def connect(url: StoreURL, env=None) -> Any:
     """A client of the store (no round trip yet: ``ping`` makes one)."""
+    if url.scheme == s3.SCHEME:
+        return s3.connect(url)
     redis = _redis()
     common = dict(db=url.db, username=url.username, password=url.password(env),
                   socket_timeout=url.timeout, socket_connect_timeout=url.timeout,
@@ -43,6 +53,8 @@ def connect(url: StoreURL, env=None) -> Any:
 
 def is_connection_error(e: BaseException) -> bool:
     """The store could not be reached or stopped answering (as opposed to refusing a request)."""
+    if isinstance(e, s3.S3Error):
+        return s3.is_connection_error(e)
     redis = _redis()
     return isinstance(e, (redis.ConnectionError, redis.TimeoutError)) and not isinstance(
         e, redis.AuthenticationError)
@@ -51,6 +63,8 @@ def is_connection_error(e: BaseException) -> bool:
 def explain(url: StoreURL, e: BaseException, password_given: bool | None = None) -> str:
     """One line saying what went wrong with the store at ``url``, and what to do
     (``password_given``: whether a password was sent, when known)."""
+    if url.scheme == s3.SCHEME:
+        return s3.explain(url, e)
     redis = _redis()
     text = str(e).strip().rstrip(".") or type(e).__name__
     if ("NOAUTH" in text or "Authentication required" in text
@@ -69,6 +83,8 @@ def explain(url: StoreURL, e: BaseException, password_given: bool | None = None)
 
 def ping(url: StoreURL, env=None) -> Any:
     """A client that has answered one PING (raises StoreError, one line, otherwise)."""
+    if url.scheme == s3.SCHEME:
+        return s3.ping(url)
     client = connect(url, env)
     try:
         client.ping()

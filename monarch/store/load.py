@@ -19,6 +19,7 @@ import time
 from typing import TextIO
 
 from monarch.sizes import human
+from monarch.store import s3
 from monarch.store.client import explain, ping
 from monarch.store.manifest import MANIFEST, META, PROGRESS, Entry, Manifest, digest
 from monarch.store.url import StoreError, StoreURL
@@ -27,7 +28,10 @@ MAX_VALUE = 512 << 20  # Redis's largest string value
 
 
 def fetch_manifest(client, url: StoreURL) -> Manifest:
-    """The store's manifest (StoreError, one line, when there is none or it is not one)."""
+    """The store's manifest (StoreError, one line, when there is none or it is not one); an S3
+    bucket's is its listing."""
+    if url.scheme == s3.SCHEME:
+        return s3.fetch_manifest(client, url)
     try:
         data = client.get(url.key(MANIFEST))
     except Exception as e:
@@ -105,6 +109,9 @@ def put(directory: str, url: StoreURL, jobs: int = 16, out: TextIO | None = sys.
         env=None) -> tuple[Manifest, int]:
     """Load ``directory`` into the store at ``url``; returns the manifest written and how many
     files this call loaded (the rest were loaded by an earlier, interrupted put)."""
+    if url.scheme == s3.SCHEME:
+        raise StoreError(f"store put: {url} is an S3 bucket, read as it is (its listing is the manifest): load it "
+                         f"with your S3 tools, e.g. aws s3 sync {directory} s3://{url.bucket}/{url.prefix}")
     top = os.path.realpath(directory)
     if not os.path.isdir(top):
         raise StoreError(f"store put: {directory} is not a directory")
@@ -186,5 +193,6 @@ def ls(url: StoreURL, long: bool = False, out: TextIO = sys.stdout, env=None) ->
         out.write(f"{e.size:>12}  {e.digest}  {e.path}\n" if long else f"{e.path}\n")
     created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(manifest.created)) if manifest.created else "?"
     out.write(f"{len(manifest.files)} files, {human(manifest.total_bytes)} ({manifest.total_bytes} bytes) in "
-              f"{url}; manifest {manifest.version[:12]}, written {created}\n")
+              f"{url}; " + (f"listing {manifest.version[:12]}, newest object {created}\n" if url.scheme == s3.SCHEME
+                            else f"manifest {manifest.version[:12]}, written {created}\n"))
     return manifest

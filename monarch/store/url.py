@@ -40,13 +40,14 @@ class StoreURL:
     timeout: float = DEFAULT_TIMEOUT
     ca_file: str | None = None  # rediss://: the certificate authority to trust (default: the system's)
     text: str = field(default="", compare=False)  # as given (no password: refused)
+    has_digests = True  # the manifest holds each value's digest, checked at each copy
 
     @classmethod
     def parse(cls, text: str) -> "StoreURL":
         u = urllib.parse.urlsplit(text)
         if u.scheme not in SCHEMES:
             raise StoreError(f"{text!r} is not a store URL: expected redis://host:port/db?prefix=..., "
-                             "rediss:// (TLS) or unix:///path/to/redis.sock?db=0&prefix=...")
+                             "rediss:// (TLS), unix:///path/to/redis.sock?db=0&prefix=... or s3://BUCKET/PREFIX")
         if u.password is not None:
             raise StoreError(f"a store URL may not hold a password ({redact(text)}): set {ENV_PASSWORD}, or "
                              "name a file readable by you alone with ?password_file=PATH or "

