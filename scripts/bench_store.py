@@ -52,71 +52,11 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 from benchopts import fresh_bytecode  # noqa: E402
+from support.latency_proxy import forward_delayed, splice_answers  # noqa: E402
 
 
-# -- the latency-injecting proxy (run as its own process) -------------------------------------------
-# Each request (client -> server) is held a whole round trip before it is passed on, in order;
-# answers (server -> client, the bulk: the values) are passed on at once, spliced in the kernel
-# (os.splice), so the proxy costs the machine little CPU and every request/answer exchange
-# takes one round trip more, as over a link with that RTT. A new connection waits one round
-# trip too (its handshake). Pipelined requests stay pipelined.
-def _delayed(src: socket.socket, dst: socket.socket, delay: float) -> None:
-    import collections
-    import threading
-    queue: collections.deque = collections.deque()
-    cv = threading.Condition()
-
-    def sender() -> None:
-        while True:
-            with cv:
-                while not queue:
-                    cv.wait()
-                due, data = queue.popleft()
-            wait = due - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            try:
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
-                dst.sendall(data)
-            except OSError:
-                return
-
-    t = threading.Thread(target=sender, daemon=True)
-    t.start()
-    while True:
-        try:
-            data = src.recv(1 << 16)
-        except OSError:
-            data = b""
-        with cv:
-            queue.append((time.monotonic() + delay, data))
-            cv.notify()
-        if not data:
-            return
-
-
-def _spliced(src: socket.socket, dst: socket.socket) -> None:
-    r, w = os.pipe()
-    try:
-        while True:
-            n = os.splice(src.fileno(), w, 1 << 20)
-            if n == 0:
-                break
-            while n:
-                n -= os.splice(r, dst.fileno(), n)
-    except OSError:
-        pass
-    finally:
-        os.close(r)
-        os.close(w)
-        try:
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-
+# -- the latency-injecting proxy (run as its own process: support.latency_proxy's link) ----------
+# A new connection waits one round trip too (its handshake).
 def run_proxy(listen: int, upstream: int, rtt_ms: float, ready: str) -> None:
     import threading
     delay = rtt_ms / 1000.0
@@ -132,9 +72,9 @@ def run_proxy(listen: int, upstream: int, rtt_ms: float, ready: str) -> None:
             return
         for sock in (client, up):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        answers = threading.Thread(target=_spliced, args=(up, client), daemon=True)
+        answers = threading.Thread(target=splice_answers, args=(up, client), daemon=True)
         answers.start()
-        _delayed(client, up, delay)
+        forward_delayed(client, up, delay)
         answers.join()
         client.close()
         up.close()

@@ -24,6 +24,8 @@ import time
 import urllib.error
 import urllib.request
 
+from support.latency_proxy import forward_delayed, splice_answers
+
 ACCESS_KEY = "AKIDMONARCH45TEST"        # the identity that may do everything (loads the buckets)
 SECRET_KEY = "s3cr3t-Monarch-45-Zq7Wx"
 NOBODY_KEY = "AKIDNOBODY45TEST"         # an identity the server knows with no rights: AccessDenied
@@ -184,81 +186,43 @@ class Counts:
             return {"requests": dict(self.requests), "sent": self.sent}
 
 
-def _requests(src: socket.socket, dst: socket.socket, delay: float, counts: Counts) -> None:
-    """Client -> server: each request counted, and held ``delay`` before it is passed on, in order."""
-    import collections
-    queue: collections.deque = collections.deque()
-    cv = threading.Condition()
+class _RequestCounter:
+    """Client -> server bytes parsed as HTTP: each request counted (headers up to a blank line,
+    then Content-Length bytes of body)."""
 
-    def sender() -> None:
-        while True:
-            with cv:
-                while not queue:
-                    cv.wait()
-                due, data = queue.popleft()
-            wait = due - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            try:
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
-                dst.sendall(data)
-            except OSError:
-                return
+    def __init__(self, counts: Counts):
+        self.counts, self.head, self.body_left = counts, b"", 0
 
-    threading.Thread(target=sender, daemon=True).start()
-    head, body_left = b"", 0
-    while True:
-        try:
-            data = src.recv(1 << 16)
-        except OSError:
-            data = b""
-        with cv:
-            queue.append((time.monotonic() + delay, data))
-            cv.notify()
-        if not data:
-            return
+    def __call__(self, data: bytes) -> None:
         view = data
-        while view:  # parse requests: headers up to a blank line, then Content-Length bytes of body
-            if body_left:
-                taken = min(body_left, len(view))
-                body_left -= taken
+        while view:
+            if self.body_left:
+                taken = min(self.body_left, len(view))
+                self.body_left -= taken
                 view = view[taken:]
                 continue
-            head += view
-            end = head.find(b"\r\n\r\n")
+            self.head += view
+            end = self.head.find(b"\r\n\r\n")
             if end < 0:
-                view = b""
-                continue
-            if m := _REQUEST.match(head):
-                counts.request(m.group(1), m.group(2))
-            length = _LENGTH.search(head[:end + 2])
-            body_left = int(length.group(1)) if length else 0
-            view, head = head[end + 4:], b""
+                return
+            if m := _REQUEST.match(self.head):
+                self.counts.request(m.group(1), m.group(2))
+            length = _LENGTH.search(self.head[:end + 2])
+            self.body_left = int(length.group(1)) if length else 0
+            view, self.head = self.head[end + 4:], b""
+
+
+def _requests(src: socket.socket, dst: socket.socket, delay: float, counts: Counts) -> None:
+    """Client -> server: each request counted, and held ``delay`` before it is passed on, in order."""
+    forward_delayed(src, dst, delay, _RequestCounter(counts))
 
 
 def _answers(src: socket.socket, dst: socket.socket, counts: Counts) -> None:
     """Server -> client: spliced in the kernel at once, counted."""
-    r, w = os.pipe()
-    try:
-        while True:
-            n = os.splice(src.fileno(), w, 1 << 20)
-            if n == 0:
-                break
-            with counts.lock:
-                counts.sent += n
-            while n:
-                n -= os.splice(r, dst.fileno(), n)
-    except OSError:
-        pass
-    finally:
-        os.close(r)
-        os.close(w)
-        try:
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+    def sent(n: int) -> None:
+        with counts.lock:
+            counts.sent += n
+    splice_answers(src, dst, sent)
 
 
 def _answers_copied(src: socket.socket, dst, counts: Counts) -> None:
