@@ -28,7 +28,8 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     pthread_cond_init(&d->cv, NULL);
     pthread_cond_init(&d->work_cv, NULL);
     d->demand_tail = &d->demand;
-    inflight_init(&d->flow, 0, 0, INFLIGHT_LOW, COPIERS_MAX);
+    d->copiers_cap = copiers_allowed();
+    inflight_init(&d->flow, 0, 0, INFLIGHT_LOW, d->copiers_cap);
     d->copiers = calloc(COPIERS_MAX, sizeof *d->copiers);  /* zero pages until a copier starts */
     for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++)
         d->roots[d->nroots++] = strdup(roots);
@@ -536,7 +537,7 @@ EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int star
         return -1;
     }
     double recent = d->flow.recent;    /* what the misses measured so far stays */
-    inflight_init(&d->flow, fixed, start, INFLIGHT_LOW, COPIERS_MAX);
+    inflight_init(&d->flow, fixed, start, INFLIGHT_LOW, d->copiers_cap);
     d->flow.recent = recent;
     d->ahead_asked = 1;
     d->ahead_n = n;

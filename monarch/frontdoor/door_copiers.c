@@ -4,13 +4,25 @@
 
 static void *copier_main(void *arg);
 
+/* How many copiers the process's descriptor limit allows: each holds up to four while it
+ * copies (its cached source and tier directories, the source, the copy), and the rest of the
+ * daemon wants some (a node's soft limit is often 1,024; the daemon raises it at start). */
+static int copiers_allowed(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return COPIERS_MAX;
+    long n = ((long)rl.rlim_cur - 256) / 4;
+    return n < INFLIGHT_LOW ? INFLIGHT_LOW : n > COPIERS_MAX ? COPIERS_MAX : (int)n;
+}
+
 /* Start copiers while the work waiting (queued misses, the lane's free slots under its limit)
  * outnumbers the idle ones, and wake that many. Under the lock. */
 static void staff_locked(struct door *d)
 {
     int lane = d->ahead_on ? d->flow.limit - d->copies_busy : 0;
     int want = d->ndemand + (lane > 0 ? lane : 0);
-    while (d->ncopiers - d->copiers_working < want && d->ncopiers < COPIERS_MAX && !d->copiers_stop) {
+    while (d->ncopiers - d->copiers_working < want && d->ncopiers < d->copiers_cap && !d->copiers_stop) {
         struct worker *w = &d->copiers[d->ncopiers];
         w->d = d;
         w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;

@@ -236,7 +236,8 @@ struct door {
     /* the copiers: threads that copy the misses of a slow source (``demand``, first) and the
      * read-ahead lane's files, as many at once as ``flow`` allows (demand whatever it says) */
     struct inflight flow;              /* copies in flight toward the PFS: the lane keeps to its limit */
-    struct worker *copiers;            /* COPIERS_MAX of them, started as the work wants them */
+    struct worker *copiers;            /* COPIERS_MAX of them, started as the work wants them ... */
+    int copiers_cap;                   /* ... up to this many: what the descriptor limit allows (copiers_allowed) */
     int ncopiers, copiers_working, copiers_stop;
     pthread_cond_t work_cv;            /* a copier may have work: a miss queued, a slot free, room lent */
     struct waiter *demand, **demand_tail, *parked;

@@ -381,6 +381,23 @@ def catch_stop_signals() -> list[int]:
     return _EarlyStop.signals
 
 
+OPEN_FILES_WANTED = 1 << 16  # the daemon's descriptors: copies in flight (4 each), connections, tiers
+
+
+def raise_open_files_limit() -> None:
+    """The daemon's soft descriptor limit raised toward its hard one: a slow PFS keeps hundreds
+    of copies in flight, each with a few descriptors, and a node's soft limit is often 1,024
+    (the front door starts only as many copiers as the limit allows either way)."""
+    import resource
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_WANTED)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError) as e:  # the limit stays: fewer copiers in flight, nothing else
+        log.debug("the descriptor limit stays as it is: %s", e)
+
+
 def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None) -> int:
     """Run this node's daemon until it is stopped (``monarch stop``, a signal, or, embedded, its
     run's last launcher leaving); a standing one then writes the job's report (``report``: the
@@ -391,6 +408,7 @@ def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None)
     # the snapshot walk runs in the background: the socket answers and the command starts meanwhile
     # embedded: the node its launcher named (MONARCH_NODE / SLURM_NODEID), where the launcher looks for its socket
     from monarch.launch import mpi_shm
+    raise_open_files_limit()
     if not embedded:  # what killed daemons of the node left in memory (their MPI's shared-memory files)
         mpi_shm.remove_dead(layout.user_dir(config.run_base), rid)
     # (a store's snapshot is one GET of its manifest, made before the socket answers: there is no

@@ -587,3 +587,27 @@ def test_the_lane_goes_on_into_the_next_tier_when_the_first_is_full(short_tmp, d
     assert ram.room <= ram.capacity and second.room <= second.capacity
     for key, tier in held.items():
         assert md5_of(os.fsencode(os.path.join(tier.path, key))) == sums[key]
+
+
+def test_a_low_descriptor_limit_bounds_the_copiers_not_the_copies(short_tmp, daemon_on, slow_pfs):
+    """A node's soft descriptor limit is often 1,024 and a slow source's lane would keep 256
+    copies in flight, each holding up to four descriptors: the door starts only as many copiers
+    as the limit allows, and no copy fails for want of a descriptor (EMFILE)."""
+    import resource
+    src = os.path.join(short_tmp, "src")
+    sums = make_files(src, 300, size=2048)
+    pfs = slow_pfs(src, open_latency_ms=50)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + 300, hard))
+    try:
+        daemon, _ = daemon_on(pfs.mountpoint, policy="read-ahead", threads="auto")
+        stats = staged_all(daemon, len(sums))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    door = stats["front_door"]
+    assert door["failed_copies"] == 0 and door["read_ahead"]["ended_because"] == "", door
+    assert door["in_flight"]["peak"] <= (used + 300 - 256) // 4 + 1, door["in_flight"]
+    assert stats["staging"]["files"] == len(sums) and pfs.counters()["opens"] == len(sums)
+    for key, digest in sums.items():
+        assert md5_of(os.fsencode(os.path.join(daemon.tiers[0].path, key))) == digest
