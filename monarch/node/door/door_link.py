@@ -39,8 +39,8 @@ PEER_WORKERS = 8      # a cluster daemon's door threads: each waits on the netwo
 # copies stop paying; a sharded node, whose share every other node waits for, starts deeper.
 AHEAD_START = 8
 AHEAD_START_SHARDED = 16
-AHEAD_POLL_SECONDS = 0.05
-COPY_SIZE_GUESS = 64 << 10  # a door copy's size before any was made (room lent for the copies in flight)  # how often the stager looks whether the lane is through
+AHEAD_POLL_SECONDS = 0.05  # how often the stager looks whether the lane is through
+COPY_SIZE_GUESS = 64 << 10  # a door copy's size before any was made (room lent for the copies in flight)
 
 
 class DoorLink(StagerListener):
