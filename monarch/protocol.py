@@ -45,8 +45,10 @@ exports these keys only, never anything else a daemon says):
                     (the index file, and an INDEX poll now and then): it uses the index as
                     soon as it is written, never waiting longer than this per call.
 
-Socket protocol: frames, little-endian, one request per connection for the shim.
-  request  = u8 verb, u8 flags (0), u16 reserved (0), u32 length, then ``length`` bytes
+Socket protocol: frames, little-endian, one request per connection for the shim, or
+several OPENs one after another when the front door keeps the connection (REQUEST_KEEP).
+  request  = u8 verb, u8 flags (0, or REQUEST_KEEP on an OPEN), u16 reserved (0), u32 length,
+             then ``length`` bytes
              (length <= MAX_REQUEST; a key for OPEN and INVALIDATE, empty otherwise)
   answer   = i32 status, u32 length, then ``length`` bytes (length <= MAX_ANSWER)
   OPEN key        -> status = slot: SLOT_PFS (0, empty body: read the original) or a
@@ -62,6 +64,11 @@ Socket protocol: frames, little-endian, one request per connection for the shim.
                      it closes any other descriptor that arrives and reads the PFS instead.
                      A shim that does not know ANSWER_FD sees a status beyond the slots and
                      reads the PFS (fail open).
+                     An OPEN with REQUEST_KEEP asks that the connection stay open for the
+                     next OPEN: the C front door answers ANSWER_KEPT | status when it keeps
+                     it (it may close it later, idle: the shim then connects anew); any
+                     answer without ANSWER_KEPT (the Python server's) closes it. A daemon
+                     from before the flag refuses the frame: that OPEN reads the PFS.
   INVALIDATE key  -> status 0 once the node's copies of the key (or of everything under
                      it, for a directory) are gone and will not be served again this job:
                      the shim sends it before a write-open, rename, unlink or truncate.
@@ -234,6 +241,8 @@ REPORT_FINAL = b"final"     # a REPORT body: the whole report, and this session 
 
 STATUS_PENDING = -2
 STATUS_ERROR = -1
+REQUEST_KEEP = 0x1         # OPEN request flag: keep the connection for the next OPEN if you can
+ANSWER_KEPT = 0x200         # OPEN answer flag: kept (only the C front door keeps one; Python closes)
 ANSWER_FD = 0x100           # OPEN answer flag: the copy comes as a descriptor (SCM_RIGHTS)
 MEMFD_SEALS = 0x1 | 0x2 | 0x4 | 0x8  # F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE
 
@@ -256,7 +265,7 @@ def encode_request(verb: int, body: bytes = b"") -> bytes:
 def decode_request_header(header: bytes) -> tuple[int, int]:
     """(verb, body length) of an 8-byte request header; ProtocolError if it is not one."""
     verb, flags, reserved, length = REQUEST_HEADER.unpack(header)
-    if verb not in VERBS or flags or reserved:
+    if verb not in VERBS or flags & ~REQUEST_KEEP or (flags and verb != VERB_OPEN) or reserved:
         raise ProtocolError(f"unknown request (verb {verb}, flags {flags}, reserved {reserved})")
     if length > MAX_REQUEST:
         raise ProtocolError(f"request body of {length} bytes exceeds {MAX_REQUEST}")

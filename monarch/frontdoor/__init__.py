@@ -47,7 +47,7 @@ _EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head (FRONT_DOOR
 # why a connection was handed over (front_door.h: FRONT_DOOR_HANDED_OVER)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
                        "no_room_lent", "copy_failed")
-_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 4
+_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 6
 
 
 class DoorEvent(NamedTuple):
@@ -191,7 +191,11 @@ class FrontDoor:
                 # peer area, those that failed, and those answered as a memfd (no room lent)
                 "peer_fetches": arr[n + 5 + len(HANDED_OVER_BECAUSE)],
                 "peer_fetch_failures": arr[n + 6 + len(HANDED_OVER_BECAUSE)],
-                "peer_transient": arr[n + 7 + len(HANDED_OVER_BECAUSE)]}
+                "peer_transient": arr[n + 7 + len(HANDED_OVER_BECAUSE)],
+                # connections accepted, and OPENs read on a connection kept after an answer
+                # (the shim's REQUEST_KEEP): a shim's thread connects once, not once per open
+                "accepted": arr[n + 8 + len(HANDED_OVER_BECAUSE)],
+                "reused": arr[n + 9 + len(HANDED_OVER_BECAUSE)]}
 
     def stop(self) -> None:
         """Stop answering (connections not answered yet are closed: their shims read the

@@ -102,6 +102,73 @@ static int send_answer(int fd, int32_t status, const char *body, uint32_t len)
     return w == (ssize_t)(8 + len) ? 0 : -1;        /* a fresh socket's buffer takes it whole */
 }
 
+/* -- an answered OPEN's connection: kept for its shim's next OPEN, or closed ------------- */
+/* A shim asks (REQUEST_KEEP) that its connection stay open once its OPEN is answered; the
+ * door keeps it (and says so: ANSWER_KEPT) while it keeps fewer than KEPT_MAX and is not
+ * stopping. Kept, it waits idle in a worker's epoll (one-shot, never swept as slow: it is
+ * not on the worker's pending list), on the door's list (closed by front_door_stop); its next
+ * request is read as a new connection's (take_request), whichever thread answered the last. */
+
+/* Does ``req`` ask to keep its connection (an OPEN's flags byte)? */
+static int asks_keep(const char *req)
+{
+    return ((unsigned char)req[1] & MONARCH_REQUEST_KEEP) != 0;
+}
+
+/* Will the connection of a request that asks it be kept (counted now: finish_open ends it)? Under the lock. */
+static int keep_locked(struct door *d, int asks)
+{
+    int keep = asks && d->keeping && d->nkept < KEPT_MAX;
+    d->nkept += keep;
+    return keep;
+}
+
+/* An OPEN answered (``sent``: its frame went whole, saying ANSWER_KEPT if ``keep``): its
+ * connection kept, idle, in a worker's epoll, or closed (the shim then connects anew). */
+static void finish_open(struct door *d, int fd, int keep, int sent)
+{
+    if (!keep) {
+        close(fd);
+        return;
+    }
+    struct conn *c = sent ? malloc(sizeof *c) : NULL;
+    pthread_mutex_lock(&d->mu);
+    if (c && d->keeping) {             /* added under the lock: the worker it wakes unlinks it under the lock */
+        c->fd = fd;
+        c->kept = 1;
+        c->got = 0;
+        c->since = 0;
+        c->prev = NULL;
+        c->next = d->kept;
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
+        if (epoll_ctl(d->workers[fd % d->nworkers].ep, EPOLL_CTL_ADD, fd, &ev) == 0) {
+            if (d->kept)
+                d->kept->prev = c;
+            d->kept = c;
+            pthread_mutex_unlock(&d->mu);
+            return;
+        }
+    }
+    d->nkept--;
+    pthread_mutex_unlock(&d->mu);
+    free(c);
+    close(fd);
+}
+
+/* Answer an OPEN (``req``: its request) with ``status`` and ``body``, then finish_open. 0: sent. */
+static int answer_open(struct door *d, int fd, const char *req, int32_t status, const char *body, uint32_t len)
+{
+    int keep = 0;
+    if (asks_keep(req)) {
+        pthread_mutex_lock(&d->mu);
+        keep = keep_locked(d, 1);
+        pthread_mutex_unlock(&d->mu);
+    }
+    int sent = send_answer(fd, status | (keep ? MONARCH_ANSWER_KEPT : 0), body, len) == 0;
+    finish_open(d, fd, keep, sent);
+    return sent ? 0 : -1;
+}
+
 /* -- answers given later: requests parked on a copy under way, misses queued for a copier -- */
 
 /* A request kept to be answered later (its bytes copied: the caller's buffer goes), or NULL. */
@@ -144,9 +211,8 @@ static void answer_parked(struct door *d, struct waiter *ready, int slot, const 
         next = q->next;
         if (slot >= 0) {
             __atomic_add_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);  /* before: the client may ask for the report next */
-            if (send_answer(q->fd, slot, path, (uint32_t)strlen(path)) != 0)
+            if (answer_open(d, q->fd, q->req, slot, path, (uint32_t)strlen(path)) != 0)
                 __atomic_sub_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);
-            close(q->fd);
         } else {
             hand_over(d, q->fd, q->req, q->got, R_PYTHON_KEY);
         }

@@ -21,6 +21,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     d->uid = getuid();
     d->started_ns = monarch_now_ns();
     d->hq_tail = &d->hq;
+    d->keeping = 1;
     d->copy_slot = copy_slot;
     d->listen_fd = d->stop_fd = d->wake_fd = -1;
     pthread_mutex_init(&d->mu, NULL);
@@ -434,6 +435,8 @@ EXPORT void front_door_counts(struct door *d, uint64_t *out)
     out[MONARCH_MAX_SLOTS + 5 + R_REASONS] = d->peer_fetches;
     out[MONARCH_MAX_SLOTS + 6 + R_REASONS] = d->peer_failures;
     out[MONARCH_MAX_SLOTS + 7 + R_REASONS] = d->peer_transient;
+    out[MONARCH_MAX_SLOTS + 8 + R_REASONS] = d->accepted;
+    out[MONARCH_MAX_SLOTS + 9 + R_REASONS] = d->reused;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -442,14 +445,24 @@ EXPORT void front_door_counts(struct door *d, uint64_t *out)
  * front_door_free. */
 EXPORT void front_door_stop(struct door *d)
 {
+    pthread_mutex_lock(&d->mu);
+    d->keeping = 0;                    /* no connection kept from now on: those answered now are closed */
+    pthread_mutex_unlock(&d->mu);
     stop_copiers(d);
     uint64_t one = 1;
     if (d->stop_fd >= 0 && write(d->stop_fd, &one, sizeof one) < 0) {
         /* an eventfd write of 1 cannot fail here */
     }
-    for (int i = 0; i < d->nworkers; i++) {  /* the stop stays readable: every worker sees it */
+    for (int i = 0; i < d->nworkers; i++)  /* the stop stays readable: every worker sees it */
+        pthread_join(d->workers[i].thread, NULL);
+    for (struct conn *c = d->kept, *next; c; c = next) {  /* no thread answers any more: none is kept after */
+        next = c->next;
+        close(c->fd);
+        free(c);
+    }
+    d->kept = NULL;
+    for (int i = 0; i < d->nworkers; i++) {  /* every worker joined: no epoll is written to now */
         struct worker *w = &d->workers[i];
-        pthread_join(w->thread, NULL);
         for (struct conn *c = w->pending, *next; c; c = next) {
             next = c->next;
             close(c->fd);

@@ -51,8 +51,7 @@ static void copy_queued_miss(struct worker *w, struct waiter *q)
     if (published < 0) {
         hand_over(w->d, q->fd, q->req, q->got, R_COPY_FAILED);
     } else {
-        send_answer(q->fd, published, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
-        close(q->fd);
+        answer_open(w->d, q->fd, q->req, published, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
     }
     free(q);
 }

@@ -49,14 +49,16 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
         int slot = e->slot;
         const char *tier = d->tiers[slot];
         e->answered = door_ms(d);
-        pthread_mutex_unlock(&d->mu);
         int pl = snprintf(dest, sizeof dest, "%s/%.*s", tier, (int)len, key);
+        int keep = pl < (int)sizeof dest && keep_locked(d, asks_keep(req));
+        pthread_mutex_unlock(&d->mu);
         if (pl >= (int)sizeof dest)
             return R_OTHER;
         __atomic_add_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);  /* before: the client may ask for the report next */
-        if (send_answer(fd, slot, dest, (uint32_t)pl) != 0)
+        int sent = send_answer(fd, slot | (keep ? MONARCH_ANSWER_KEPT : 0), dest, (uint32_t)pl) == 0;
+        if (!sent)
             __atomic_sub_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);
-        close(fd);
+        finish_open(d, fd, keep, sent);
         return -1;
     }
     struct idx_file f;
@@ -67,14 +69,14 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
             d->busy++;
             d->lease[Q_PEER] -= peer_room(d, f.size);  /* its blocks, not its bytes: never removed for want of room */
             pthread_mutex_unlock(&d->mu);
-            return fetch_from_peer(w, fd, key, len, hash, &f, owner);
+            return fetch_from_peer(w, fd, req, key, len, hash, &f, owner);
         }
         peer_fetch_fn fetch = d->peer_fetch;
         void *dp = d->peer_dp;
         int timeout_ms = d->peer_timeout_ms;
         d->busy++;
         pthread_mutex_unlock(&d->mu);
-        return fetch_transient(w, fd, key, len, &f, owner, fetch, dp, timeout_ms);
+        return fetch_transient(w, fd, req, key, len, &f, owner, fetch, dp, timeout_ms);
     }
     int why = why_not_copy_locked(d, &e, key, len, hash, &f);
     if (why >= 0) {
@@ -103,8 +105,7 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
     int published = copy_and_publish(w, key, len, hash, &f, EV_STAGED, dest);
     if (published < 0)
         return R_COPY_FAILED;
-    send_answer(fd, published, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
-    close(fd);
+    answer_open(d, fd, req, published, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
     return -1;
 }
 
@@ -120,7 +121,7 @@ static int frame_state(const char *buf, uint32_t got)
         return got < MONARCH_REQUEST_HEADER_SIZE + length ? F_MORE
                : got == MONARCH_REQUEST_HEADER_SIZE + length
                  && !memcmp(buf + MONARCH_REQUEST_HEADER_SIZE, poll_body, length) ? F_INDEX_POLL : F_ODD;
-    if ((unsigned char)buf[0] != MONARCH_VERB_OPEN || buf[1] || buf[2] || buf[3] || length == 0 ||
+    if ((unsigned char)buf[0] != MONARCH_VERB_OPEN || ((unsigned char)buf[1] & ~MONARCH_REQUEST_KEEP) || buf[2] || buf[3] || length == 0 ||
         length > MONARCH_MAX_REQUEST || got > MONARCH_REQUEST_HEADER_SIZE + length)
         return F_ODD;
     return got < MONARCH_REQUEST_HEADER_SIZE + length ? F_MORE : F_OPEN;
@@ -197,6 +198,48 @@ static int refuse_one(struct worker *w)
     return fd >= 0;
 }
 
+/* A connection (``c``, its fd set: accepted, or kept and readable again) with its request read
+ * as far as it has come: served when whole, else pending in this worker's epoll (swept to
+ * Python after PENDING_NS). ``reused``: a kept one (counted when it brings a request). */
+static void take_request(struct worker *w, struct conn *c, int reused)
+{
+    struct door *d = w->d;
+    int fd = c->fd;
+    c->kept = 0;
+    c->got = 0;
+    c->since = monarch_now_ns();
+    ssize_t r = recv(fd, c->buf, sizeof c->buf, MSG_DONTWAIT);
+    if (r > 0 && reused)
+        __atomic_add_fetch(&d->reused, 1, __ATOMIC_RELAXED);
+    int state = r > 0 ? frame_state(c->buf, c->got = (uint32_t)r) : F_MORE;
+    if (state != F_MORE) {
+        serve(w, fd, c->buf, c->got, state);
+        free(c);
+        return;
+    } else if (r == 0) {
+        close(fd);
+        free(c);
+        return;
+    }
+    if (w->npending >= PENDING_MAX) {
+        hand_over(d, fd, c->buf, c->got, R_OTHER);
+        free(c);
+        return;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    if (epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        hand_over(d, fd, c->buf, c->got, R_OTHER);
+        free(c);
+        return;
+    }
+    c->prev = NULL;
+    c->next = w->pending;
+    if (w->pending)
+        w->pending->prev = c;
+    w->pending = c;
+    w->npending++;
+}
+
 static void on_accept(struct worker *w)
 {
     struct door *d = w->d;
@@ -224,38 +267,27 @@ static void on_accept(struct worker *w)
             hand_over(d, fd, NULL, 0, R_OTHER);
             continue;
         }
+        __atomic_add_fetch(&d->accepted, 1, __ATOMIC_RELAXED);
         c->fd = fd;
-        c->got = 0;
-        c->since = monarch_now_ns();
-        ssize_t r = recv(fd, c->buf, sizeof c->buf, MSG_DONTWAIT);
-        int state = r > 0 ? frame_state(c->buf, c->got = (uint32_t)r) : F_MORE;
-        if (state != F_MORE) {
-            serve(w, fd, c->buf, c->got, state);
-            free(c);
-            continue;
-        } else if (r == 0) {
-            close(fd);
-            free(c);
-            continue;
-        }
-        if (w->npending >= PENDING_MAX) {
-            hand_over(d, fd, c->buf, c->got, R_OTHER);
-            free(c);
-            continue;
-        }
-        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-        if (epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
-            hand_over(d, fd, c->buf, c->got, R_OTHER);
-            free(c);
-            continue;
-        }
-        c->prev = NULL;
-        c->next = w->pending;
-        if (w->pending)
-            w->pending->prev = c;
-        w->pending = c;
-        w->npending++;
+        take_request(w, c, 0);
     }
+}
+
+/* A kept connection (finish_open) is readable: its shim's next request, or its end. */
+static void on_kept(struct worker *w, struct conn *c)
+{
+    struct door *d = w->d;
+    pthread_mutex_lock(&d->mu);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        d->kept = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    d->nkept--;
+    pthread_mutex_unlock(&d->mu);
+    epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);  /* one-shot: fired; taken out, it may be kept again elsewhere */
+    take_request(w, c, 1);
 }
 
 static void sweep_slow(struct worker *w)
@@ -286,6 +318,8 @@ static void *door_main(void *arg)
                 return NULL;
             if (p == (void *)(uintptr_t)T_LISTEN)
                 on_accept(w);
+            else if (((struct conn *)p)->kept)
+                on_kept(w, p);
             else
                 on_readable(w, p);
         }

@@ -28,7 +28,7 @@ static int peer_owner_locked(const struct door *d, const struct idx_file *f)
 /* Fetch ``key`` (entry ``e``, BUSY, its size taken from the lease) from node ``owner`` into the
  * peer area, published as the stager's copies are, and answer: -1, or R_COPY_FAILED (handed
  * over: Python's protocol fetches it, or says why not). */
-static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t len, uint32_t hash,
+static int fetch_from_peer(struct worker *w, int fd, const char *req, const char *key, uint32_t len, uint32_t hash,
                            const struct idx_file *f, int owner)
 {
     struct door *d = w->d;
@@ -86,8 +86,7 @@ static int fetch_from_peer(struct worker *w, int fd, const char *key, uint32_t l
         answer_parked(d, ready, ok ? d->peer_slot : -1, dest);
     if (!ok)
         return R_COPY_FAILED;
-    send_answer(fd, d->peer_slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
-    close(fd);
+    answer_open(d, fd, req, d->peer_slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
     return -1;
 }
 
@@ -114,7 +113,7 @@ static int send_answer_fd(int fd, int32_t status, int passed)
  * a global shuffle a copy kept in the area is read again on this node with the same odds
  * whichever it is, so nothing is evicted for it. The caller counted it BUSY (``fetch`` and
  * ``dp`` read under the lock: the lane may be turned off meanwhile). -1, or R_COPY_FAILED. */
-static int fetch_transient(struct worker *w, int fd, const char *key, uint32_t len, const struct idx_file *f,
+static int fetch_transient(struct worker *w, int fd, const char *req, const char *key, uint32_t len, const struct idx_file *f,
                            int owner, peer_fetch_fn fetch, void *dp, int timeout_ms)
 {
     struct door *d = w->d;
@@ -132,13 +131,15 @@ static int fetch_transient(struct worker *w, int fd, const char *key, uint32_t l
     }
     d->busy--;
     pthread_cond_broadcast(&d->cv);
+    int keep = ok && keep_locked(d, asks_keep(req));
     pthread_mutex_unlock(&d->mu);
-    if (ok && send_answer_fd(fd, d->peer_slot | MONARCH_ANSWER_FD, m) == 0)
+    int sent = ok && send_answer_fd(fd, d->peer_slot | MONARCH_ANSWER_FD | (keep ? MONARCH_ANSWER_KEPT : 0), m) == 0;
+    if (sent)
         __atomic_add_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
     if (m >= 0)
         close(m);                      /* the application's descriptor is the one passed */
     if (!ok)
         return R_COPY_FAILED;
-    close(fd);
+    finish_open(d, fd, keep, sent);
     return -1;
 }

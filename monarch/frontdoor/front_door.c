@@ -17,7 +17,9 @@
  * (front_door_settle) polls are Python's, which knows whether it is ready or failed.
  * the door never refuses a request and never decides policy (only a flood beyond
  * HANDED_MAX connections waiting for Python, or one arriving with no descriptor left, is
- * closed unread).
+ * closed unread). A shim's OPEN that asks to keep its connection (REQUEST_KEEP) is answered
+ * ANSWER_KEPT and its connection kept, idle, for the shim's next OPEN, whichever thread
+ * answered it (door_answers.c: finish_open); one handed over is Python's, which closes it.
  *
  * Python keeps the policy and the books. It tells the door which keys are staged where
  * (front_door_staged / front_door_forget), which keys it copies itself
@@ -108,6 +110,8 @@
 #define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
 #define HANDED_MAX 4096                /* connections waiting for Python to take them (server.py's
                                           MAX_CONNECTIONS); beyond, closed at once: the shim reads the PFS */
+#define KEPT_MAX 4096                  /* idle connections kept for their shim's next OPEN (REQUEST_KEEP):
+                                          one per application thread; beyond, closed once answered */
 #define CORE_WORKERS 4                 /* threads, one per core up to this: the copies are kernel time */
 #define MAX_WORKERS 16                 /* threads when asked for (front_door_start's ``workers``) */
 #define EVENT_BATCH 256                /* copies reported per wake-up of Python, at most */
@@ -134,8 +138,10 @@ struct own_key {                       /* a key not in the index (asked before t
     uint32_t len;
 };
 
-struct conn {                          /* a connection whose request has not all arrived */
+struct conn {                          /* a connection whose request has not all arrived, or kept idle
+                                          (``kept``: on the door's list, in a worker's epoll, not swept) */
     int fd;
+    int kept;
     uint32_t got;
     int64_t since;
     struct conn *prev, *next;
@@ -219,6 +225,9 @@ struct door {
     pthread_mutex_t take_mu;           /* front_door_events' (before d->mu, never after) */
     int woken;
     uint64_t hits[MONARCH_MAX_SLOTS], copies, handed, failures, bytes_read, why[R_REASONS], closed_too_many;
+    uint64_t accepted, reused;         /* connections accepted; requests read on a kept one */
+    struct conn *kept;                 /* idle connections kept for their next OPEN (door_answers.c) */
+    int nkept, keeping;                /* how many (with those being answered with ANSWER_KEPT); 0: stopping */
     /* the peer lane (a sharded cluster): a miss of another node's file fetched through the C
      * peer data path (monarch/cluster/datapath.c) into the peer area, within the same lease */
     peer_fetch_fn peer_fetch;

@@ -48,8 +48,9 @@
  * to the PFS, counted, and the process looks again, rate-limited, using the index as soon
  * as it is written (see "waiting for the snapshot index"); no tier is probed before then.
  *
- * The daemon: one connection per request; the daemon's uid (SO_PEERCRED) must
- * be ours. OPEN answers may be preceded by STATUS_PENDING heartbeats; silence
+ * The daemon: an OPEN on the connection this thread kept from its last OPEN (when
+ * the front door kept it: REQUEST_KEEP, ANSWER_KEPT; see shim_daemon.c), anything
+ * else on a fresh connection; the daemon's uid (SO_PEERCRED) must be ours. OPEN answers may be preceded by STATUS_PENDING heartbeats; silence
  * for HEARTBEAT_TIMEOUT_MS, or MONARCH_SHIM_TIMEOUT_MS in all, means PFS. An
  * OPEN answer is used only if it names a NUL-free path shorter than PATH_MAX
  * inside one of the MONARCH_PROBE directories: a forged or corrupt answer can
@@ -691,10 +692,12 @@ static void monarch_atfork_child(void)
     /* Per-process state: the pid (vfork detection, debug prefix) and the guard of
      * the forking thread. The counters and index mappings are inherited, the fd
      * tables are inherited with the descriptors they describe, a stop of probing
-     * holds for the child too, and the daemon is asked over one fresh
-     * connection per request: nothing else to reset. */
+     * holds for the child too, and the daemon is asked over a fresh
+     * connection (the kept one is the parent's: closed here): nothing else to reset. */
     monarch_pid = getpid();
     monarch_guard = 0;
+    monarch_conn_drop(); /* the forking thread's kept connection is the parent's: this copy closed */
+    monarch_conn_busy = 0;
     monarch_zpool_atfork_child();
     monarch_count_process(1); /* a DataLoader worker is a process with the shim too */
     /* a thread of the parent was installing the index, or looking for it: it is not here to finish */
@@ -735,6 +738,7 @@ static void monarch_init(void)
     const char *dbg = getenv(MONARCH_ENV_DEBUG);
     monarch_debug = dbg ? atoi(dbg) : 0;
     monarch_resolve_all();
+    monarch_conn_init();
     if (!real_close || !MONARCH_RESOLVE(openat)) {
         MONARCH_DEBUG(1, "libc symbols not found; passing through");
         goto done;

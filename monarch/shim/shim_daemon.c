@@ -1,5 +1,5 @@
 /* Part of monarch_shim.c, one translation unit: included there, in order, after the
- * declarations it uses. Here: the daemon: one framed request per connection, and the wait for the snapshot index. */
+ * declarations it uses. Here: the daemon: a framed request, on the connection a thread kept or a fresh one, and the wait for the snapshot index. */
 
 /* ---- the daemon ---- */
 static long monarch_now_ms(void) /* the shared clock (monarch_native.h), in ms */
@@ -76,9 +76,164 @@ static uint32_t monarch_le32(const unsigned char *p)
  * the frame rules or went silent for HEARTBEAT_TIMEOUT_MS (LOST). */
 enum monarch_unanswered { MONARCH_ANSWERED, MONARCH_BUSY, MONARCH_LOST };
 
+/* ---- the connection kept for the next OPEN ----
+ * Each thread keeps the connection of its last OPEN when the front door kept it (asked
+ * with REQUEST_KEEP, answered with ANSWER_KEPT) and sends its next OPEN on it: no connect,
+ * accept or close per open. Per thread, not per process: an OPEN may wait for a copy or
+ * another node's file, and a lock would make every other thread of the process wait with it
+ * (8 reader threads hold 8 descriptors, one each at most). Never shared across a fork: the
+ * atfork child handler closes the forking thread's copy (the parent's stays the parent's),
+ * and a vfork child (same memory, another pid) neither uses nor resets it. Before each use
+ * it is checked to be the socket it was (fstat: a socket, same inode): an application that
+ * closed or dup2'd over that number keeps its descriptor, and the shim connects anew. A
+ * signal handler's open during a request (busy) takes a fresh connection. Any failure on the
+ * kept connection (closed by the door or a restarted daemon, an odd answer) closes it and
+ * sends the request once more on a fresh connection; then the PFS, as ever. A thread's
+ * connection is closed when it exits (a thread-specific key's destructor).
+ */
+static __thread int monarch_conn_fd __attribute__((tls_model("initial-exec"))) = -1;
+static __thread int monarch_conn_busy __attribute__((tls_model("initial-exec")));
+static __thread pid_t monarch_conn_pid __attribute__((tls_model("initial-exec")));
+static __thread ino_t monarch_conn_ino __attribute__((tls_model("initial-exec")));
+static __thread dev_t monarch_conn_dev __attribute__((tls_model("initial-exec")));
+static pthread_key_t monarch_conn_key; /* its destructor closes an exiting thread's connection */
+static int monarch_conn_key_ok;
+
+/* Is this thread's kept descriptor still the socket it kept (no one closed or replaced it)? */
+static int monarch_conn_still_ours(void)
+{
+    struct stat st;
+    return monarch_conn_fd >= 0 &&
+           syscall(SYS_newfstatat, monarch_conn_fd, "", &st, AT_EMPTY_PATH) == 0 && S_ISSOCK(st.st_mode) &&
+           st.st_ino == monarch_conn_ino && st.st_dev == monarch_conn_dev;
+}
+
+/* Forget this thread's kept connection, closing it if the descriptor is still that socket. */
+static void monarch_conn_drop(void)
+{
+    if (monarch_conn_fd >= 0 && monarch_conn_still_ours())
+        real_close(monarch_conn_fd);
+    monarch_conn_fd = -1;
+}
+
+static void monarch_conn_thread_exit(void *unused)
+{
+    (void)unused;
+    if (monarch_conn_fd >= 0 && monarch_conn_pid == getpid())
+        monarch_conn_drop();
+}
+
+/* At start-up (monarch_init): the key whose destructor closes an exiting thread's connection. */
+static void monarch_conn_init(void)
+{
+    monarch_conn_key_ok = pthread_key_create(&monarch_conn_key, monarch_conn_thread_exit) == 0;
+}
+
+/* Keep ``s`` as this thread's connection (the door kept it); closed if it cannot be kept. */
+static void monarch_conn_keep(int s)
+{
+    struct stat st;
+    if (!monarch_conn_key_ok || syscall(SYS_newfstatat, s, "", &st, AT_EMPTY_PATH) != 0 ||
+        pthread_setspecific(monarch_conn_key, (void *)1) != 0) {  /* once a thread: its destructor runs */
+        real_close(s);
+        return;
+    }
+    monarch_conn_fd = s;
+    monarch_conn_pid = getpid();
+    monarch_conn_ino = st.st_ino;
+    monarch_conn_dev = st.st_dev;
+}
+
+/* ---- one request ---- */
+
+/* A fresh connection to the daemon (its uid checked), or -1. */
+static int monarch_connect(int tmo)
+{
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return -1;
+    struct timeval tv = {tmo / 1000, (tmo % 1000) * 1000};
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds connect and send */
+    if (connect(s, (const struct sockaddr *)&monarch_sockaddr, sizeof monarch_sockaddr) != 0) {
+        MONARCH_DEBUG(1, "daemon %s: connect: %s", monarch_sockaddr.sun_path, strerror(errno));
+        real_close(s);
+        return -1;
+    }
+    struct ucred cred;
+    socklen_t clen = sizeof cred;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || clen != sizeof cred || cred.uid != getuid()) {
+        MONARCH_DEBUG(1, "daemon %s: peer uid %d is not ours (%d); not asking it", monarch_sockaddr.sun_path,
+                      clen == sizeof cred ? (int)cred.uid : -1, (int)getuid());
+        real_close(s);
+        return -1;
+    }
+    return s;
+}
+
+/* One request on ``s`` (the frame's flags byte ``flags``) and its answer (see
+ * monarch_request_why), or INT_MIN; *busy: it ran out of time on a live daemon. */
+static int monarch_exchange(int s, unsigned verb, unsigned flags, const char *key, size_t kl, char *body,
+                            size_t bodymax, int *fdp, long start, long deadline, int *busy)
+{
+    unsigned char req[MONARCH_REQUEST_HEADER_SIZE + MONARCH_KEY_MAX];
+    req[0] = (unsigned char)verb;
+    req[1] = (unsigned char)flags;
+    req[2] = req[3] = 0;
+    for (int i = 0; i < 4; i++)
+        req[4 + i] = (unsigned char)(kl >> (8 * i));
+    memcpy(req + MONARCH_REQUEST_HEADER_SIZE, key, kl);
+    size_t len = MONARCH_REQUEST_HEADER_SIZE + kl;
+    *busy = 0;
+    for (size_t off = 0; off < len;) {
+        ssize_t w = send(s, req + off, len - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            MONARCH_DEBUG(1, "daemon: send: %s", strerror(errno));
+            return INT_MIN;
+        }
+        off += (size_t)w;
+    }
+    for (;;) {
+        unsigned char hdr[MONARCH_ANSWER_HEADER_SIZE];
+        long alive = monarch_now_ms() + MONARCH_HEARTBEAT_TIMEOUT_MS;
+        if (monarch_recv_exact(s, hdr, sizeof hdr, alive < deadline ? alive : deadline, fdp) != 0) {
+            *busy = deadline <= alive && monarch_now_ms() >= deadline; /* not silence, not EOF: time */
+            MONARCH_DEBUG(1, "daemon: no answer (%s)", *busy ? "busy for all the time given" : "silent, closed or gone");
+            return INT_MIN;
+        }
+        int32_t st = (int32_t)monarch_le32(hdr);
+        uint32_t blen = monarch_le32(hdr + 4);
+        if (st == MONARCH_STATUS_PENDING) {
+            if (blen) {
+                MONARCH_DEBUG(1, "daemon: heartbeat with a %u-byte body", blen);
+                return INT_MIN;
+            }
+            MONARCH_DEBUG(2, "daemon: pending (%ld ms)", monarch_now_ms() - start);
+            continue;
+        }
+        if (body) {
+            if (blen >= bodymax) {
+                MONARCH_DEBUG(1, "daemon: answer of %u bytes refused (limit %zu)", blen, bodymax - 1);
+                return INT_MIN;
+            }
+            alive = monarch_now_ms() + MONARCH_HEARTBEAT_TIMEOUT_MS;
+            if (monarch_recv_exact(s, body, blen, alive < deadline ? alive : deadline, fdp) != 0)
+                return INT_MIN;
+            if (memchr(body, '\0', blen)) {
+                MONARCH_DEBUG(1, "daemon: answer with a NUL byte refused");
+                return INT_MIN;
+            }
+            body[blen] = '\0';
+        }
+        return st;
+    }
+}
+
 /*
- * One request to the daemon (verb, key) over a fresh connection. Heartbeats
- * (STATUS_PENDING, empty) are skipped, each one restarting the "alive" timer.
+ * One request to the daemon (verb, key): an OPEN on this thread's kept connection if it has
+ * one (then, if that fails, once more on a fresh one), anything else on a fresh connection.
+ * Heartbeats (STATUS_PENDING, empty) are skipped, each one restarting the "alive" timer.
  * Returns the answer's status, with its body in body[bodymax] (NUL-terminated;
  * NULL: the body is not wanted and not read) and a descriptor the daemon passed
  * in *fdp (-1 if none; fdp NULL: any is closed), or INT_MIN when the daemon cannot
@@ -90,90 +245,55 @@ enum monarch_unanswered { MONARCH_ANSWERED, MONARCH_BUSY, MONARCH_LOST };
 static int monarch_request_why(unsigned verb, const char *key, size_t kl, char *body, size_t bodymax, int *fdp,
                                int total_ms, int *why)
 {
-    unsigned char req[MONARCH_REQUEST_HEADER_SIZE + MONARCH_KEY_MAX];
     int busy = 0;
     if (why)
         *why = MONARCH_LOST;
     if (!monarch_have_socket || kl > MONARCH_MAX_REQUEST || kl > MONARCH_KEY_MAX)
         return INT_MIN;
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0)
-        return INT_MIN;
     int status = INT_MIN;
     long start = monarch_now_ms(), deadline = start + total_ms;
     int tmo = total_ms < MONARCH_HEARTBEAT_TIMEOUT_MS ? total_ms : MONARCH_HEARTBEAT_TIMEOUT_MS;
-    struct timeval tv = {tmo / 1000, (tmo % 1000) * 1000};
-    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds connect and send */
-    if (connect(s, (const struct sockaddr *)&monarch_sockaddr, sizeof monarch_sockaddr) != 0) {
-        MONARCH_DEBUG(1, "daemon %s: connect: %s", monarch_sockaddr.sun_path, strerror(errno));
-        goto out;
-    }
-    struct ucred cred;
-    socklen_t clen = sizeof cred;
-    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || clen != sizeof cred || cred.uid != getuid()) {
-        MONARCH_DEBUG(1, "daemon %s: peer uid %d is not ours (%d); not asking it", monarch_sockaddr.sun_path,
-                      clen == sizeof cred ? (int)cred.uid : -1, (int)getuid());
-        goto out;
-    }
-    req[0] = (unsigned char)verb;
-    req[1] = req[2] = req[3] = 0;
-    for (int i = 0; i < 4; i++)
-        req[4 + i] = (unsigned char)(kl >> (8 * i));
-    memcpy(req + MONARCH_REQUEST_HEADER_SIZE, key, kl);
-    size_t len = MONARCH_REQUEST_HEADER_SIZE + kl;
-    for (size_t off = 0; off < len;) {
-        ssize_t w = send(s, req + off, len - off, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            MONARCH_DEBUG(1, "daemon: send: %s", strerror(errno));
-            goto out;
-        }
-        off += (size_t)w;
-    }
-    for (;;) {
-        unsigned char hdr[MONARCH_ANSWER_HEADER_SIZE];
-        long alive = monarch_now_ms() + MONARCH_HEARTBEAT_TIMEOUT_MS;
-        if (monarch_recv_exact(s, hdr, sizeof hdr, alive < deadline ? alive : deadline, fdp) != 0) {
-            busy = deadline <= alive && monarch_now_ms() >= deadline; /* not silence, not EOF: time */
-            MONARCH_DEBUG(1, "daemon: no answer (%s)", busy ? "busy for all the time given" : "silent, closed or gone");
-            goto out;
-        }
-        int32_t st = (int32_t)monarch_le32(hdr);
-        uint32_t blen = monarch_le32(hdr + 4);
-        if (st == MONARCH_STATUS_PENDING) {
-            if (blen) {
-                MONARCH_DEBUG(1, "daemon: heartbeat with a %u-byte body", blen);
-                goto out;
+    /* an OPEN keeps its connection, unless this is a vfork child (the parent's memory) or a
+     * signal handler's open during another request of this thread */
+    int keep = verb == MONARCH_VERB_OPEN && body && !monarch_conn_busy && monarch_conn_key_ok;
+    pid_t pid = keep ? getpid() : 0;
+    if (keep && monarch_conn_fd >= 0 && monarch_conn_pid != pid)
+        keep = 0;
+    if (keep)
+        monarch_conn_busy = 1;
+    for (int attempt = 0; attempt < 2 && status == INT_MIN && !busy; attempt++) {
+        int s = -1, reused = 0;
+        if (keep && monarch_conn_fd >= 0) {
+            if (monarch_conn_still_ours()) {
+                s = monarch_conn_fd;
+                reused = 1;
             }
-            MONARCH_DEBUG(2, "daemon: pending (%ld ms)", monarch_now_ms() - start);
-            continue;
+            monarch_conn_fd = -1;      /* taken (kept again below if the door keeps it) */
         }
-        if (body) {
-            if (blen >= bodymax) {
-                MONARCH_DEBUG(1, "daemon: answer of %u bytes refused (limit %zu)", blen, bodymax - 1);
-                goto out;
-            }
-            alive = monarch_now_ms() + MONARCH_HEARTBEAT_TIMEOUT_MS;
-            if (monarch_recv_exact(s, body, blen, alive < deadline ? alive : deadline, fdp) != 0)
-                goto out;
-            if (memchr(body, '\0', blen)) {
-                MONARCH_DEBUG(1, "daemon: answer with a NUL byte refused");
-                goto out;
-            }
-            body[blen] = '\0';
+        if (s < 0 && (s = monarch_connect(tmo)) < 0)
+            break;
+        status = monarch_exchange(s, verb, keep ? MONARCH_REQUEST_KEEP : 0, key, kl, body, bodymax, fdp, start,
+                                  deadline, &busy);
+        int kept = keep && status >= 0 && (status & MONARCH_ANSWER_KEPT);
+        if (kept)
+            status &= ~MONARCH_ANSWER_KEPT;
+        if (status == INT_MIN && fdp && *fdp >= 0) {
+            real_close(*fdp);
+            *fdp = -1;
         }
-        status = st;
-        break;
+        if (kept)
+            monarch_conn_keep(s);
+        else
+            real_close(s);
+        if (!reused)
+            break;                     /* a fresh connection's failure is the answer */
+        if (status == INT_MIN)
+            MONARCH_DEBUG(1, "daemon: the kept connection failed; once more on a fresh one");
     }
-out:
-    real_close(s);
+    if (keep)
+        monarch_conn_busy = 0;
     if (why)
         *why = status != INT_MIN ? MONARCH_ANSWERED : busy ? MONARCH_BUSY : MONARCH_LOST;
-    if (status == INT_MIN && fdp && *fdp >= 0) {
-        real_close(*fdp);
-        *fdp = -1;
-    }
     return status;
 }
 

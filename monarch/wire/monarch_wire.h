@@ -72,6 +72,11 @@
  * F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE */
 #define MONARCH_ANSWER_FD 0x100
 #define MONARCH_MEMFD_SEALS 0xf
+/* OPEN request flag (its flags byte): keep this connection for the next OPEN if you can; an
+ * answer that keeps it says so (ANSWER_KEPT: the next OPEN may be sent on it), any other
+ * answer closes it (the Python server's, a door that does not know the flag hands it over) */
+#define MONARCH_REQUEST_KEEP 0x1
+#define MONARCH_ANSWER_KEPT 0x200
 #define MONARCH_MAX_REQUEST 8192
 #define MONARCH_MAX_ANSWER 1048576
 #define MONARCH_REQUEST_HEADER_SIZE 8

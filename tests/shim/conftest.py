@@ -57,7 +57,7 @@ def payload(name: str, size: int) -> bytes:
 
 
 class StubDaemon:
-    MODES = ("stage", "heartbeat", "pfs", "hang", "garbage", "oversized", "nul", "evil", "bogus")
+    MODES = ("stage", "heartbeat", "pfs", "hang", "garbage", "oversized", "nul", "evil", "bogus", "kept-closed")
 
     def __init__(self, sock_path: str, roots: list[Path], tier: Path, slot: int, mode: str = "stage", *,
                  beats: float = 0.0, evil_path: Path | None = None, confirm_invalidate: bool = True,
@@ -165,6 +165,8 @@ class StubDaemon:
         body = os.fsencode(dest)
         if self.mode == "nul":
             body += b"\0/../../elsewhere"
+        if self.mode == "kept-closed":  # says it keeps the connection, then closes it (a door stopped, restarted)
+            return protocol.encode_answer(self.slot | protocol.ANSWER_KEPT, body)
         return protocol.encode_answer(self.slot, body)
 
     def stop(self) -> None:

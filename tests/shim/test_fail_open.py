@@ -56,6 +56,17 @@ def test_daemon_that_cannot_help_means_pfs(shim_env, mode):
     assert shim_env.counts() == shim_env.expected(pfs=(1, SIZE))
 
 
+def test_a_kept_connection_closed_by_the_daemon_costs_a_fresh_one(shim_env):
+    """The daemon answers ANSWER_KEPT, then closes the connection (a door stopped or
+    restarted): each next open finds it closed and asks once more on a fresh connection."""
+    shim_env.start_daemon("kept-closed")
+    srcs = [shim_env.write(f"kc/{i}.bin", SIZE) for i in range(4)]
+    assert read_all(shim_env, *srcs) == [md5(s.read_bytes()) for s in srcs]
+    assert shim_env.daemon.requests == [f"0/kc/{i}.bin" for i in range(4)]
+    assert shim_env.daemon.connections == 4
+    assert shim_env.counts() == shim_env.expected(tier0=(4, 4 * SIZE))
+
+
 def test_hanging_daemon_times_out_to_pfs(shim_env):
     shim_env.start_daemon("hang")
     srcs = [shim_env.write(f"hang/{i}.bin", SIZE) for i in range(2)]

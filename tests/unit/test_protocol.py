@@ -74,7 +74,8 @@ def test_request_roundtrip(key):
 
 @pytest.mark.parametrize("header", [
     bytes([9, 0, 0, 0]) + struct.pack("<I", 1),                        # unknown verb
-    bytes([protocol.VERB_OPEN, 1, 0, 0]) + struct.pack("<I", 1),        # flags
+    bytes([protocol.VERB_OPEN, 2, 0, 0]) + struct.pack("<I", 1),        # an unknown flag
+    bytes([protocol.VERB_INDEX, protocol.REQUEST_KEEP, 0, 0]) + struct.pack("<I", 1),  # KEEP on another verb
     bytes([protocol.VERB_OPEN, 0, 0, 1]) + struct.pack("<I", 1),        # reserved
     bytes([protocol.VERB_OPEN, 0, 0, 0]) + struct.pack("<I", protocol.MAX_REQUEST + 1),
 ])
@@ -164,3 +165,10 @@ def test_index_directories_links_and_listings(tmp_path):
 def test_index_lookup_rejects_foreign_data():
     with pytest.raises(ValueError, match="not a Monarch index"):
         protocol.index_lookup(b"\0" * 128, b"0/a")
+
+
+def test_an_open_may_ask_to_keep_its_connection():
+    """REQUEST_KEEP on an OPEN is a known frame (the shim's kept connection): the Python server
+    answers it (and closes: it never answers ANSWER_KEPT)."""
+    header = bytes([protocol.VERB_OPEN, protocol.REQUEST_KEEP, 0, 0]) + struct.pack("<I", 5)
+    assert protocol.decode_request_header(header) == (protocol.VERB_OPEN, 5)

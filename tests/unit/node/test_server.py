@@ -203,3 +203,39 @@ except (ConnectionResetError, BrokenPipeError):
     r = as_other_user(["-c", code])
     assert r.stdout.strip() == "closed", r.stderr
     assert server.errors["other_user"] == 1
+
+
+def ask_kept(s: socket.socket, key: bytes) -> tuple[int, bytes]:
+    s.sendall(protocol.REQUEST_HEADER.pack(protocol.VERB_OPEN, protocol.REQUEST_KEEP, 0, len(key)) + key)
+    return protocol.recv_answer(s)
+
+
+def test_an_open_that_asks_to_keep_its_connection(served):
+    """REQUEST_KEEP: the front door answers ANSWER_KEPT and serves the next OPENs on the same
+    connection, idle longer than its PENDING_NS sweep between them (not handed to Python as
+    slow), whichever request staged a copy; the Python server answers it and closes."""
+    daemon, server, root, names = served
+    slot = protocol.tier_slot(0)
+    door = server.door
+    before = door.counts() if door else None
+    with connect(daemon.socket_path) as s:
+        s.settimeout(10)
+        status, body = ask_kept(s, b"0/d/a.bin")  # a miss: the door copies it
+        if door is None:
+            assert status == slot  # answered, not kept
+            assert read_all(s) == b""
+            return
+        assert status == slot | protocol.ANSWER_KEPT
+        assert open(body, "rb").read() == open(os.path.join(root, "d", "a.bin"), "rb").read()
+        assert ask_kept(s, b"0/d/a.bin") == (slot | protocol.ANSWER_KEPT, body)  # a hit
+        time.sleep(0.7)  # idle beyond PENDING_NS (0.5 s)
+        status, body = ask_kept(s, os.fsencode("0/d/" + names[3]))
+        assert status == slot | protocol.ANSWER_KEPT
+        assert open(body, "rb").read() == open(os.path.join(root, "d", names[3]), "rb").read()
+        status, body = ask_kept(s, b"0/d/nothing-there.bin")  # the door's odd case: Python's answer
+        assert status == protocol.SLOT_PFS and not status & protocol.ANSWER_KEPT
+        assert read_all(s) == b""  # Python closes it
+    after = door.counts()
+    assert after["accepted"] - before["accepted"] == 1
+    assert after["reused"] - before["reused"] == 3
+    assert after["handed_over"] - before["handed_over"] == 1
