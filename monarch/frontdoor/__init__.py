@@ -47,7 +47,7 @@ _EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head (FRONT_DOOR
 # why a connection was handed over (front_door.h: FRONT_DOOR_HANDED_OVER)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
                        "no_room_lent", "copy_failed")
-_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 6
+_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 10
 
 
 class DoorEvent(NamedTuple):
@@ -82,6 +82,7 @@ _PROTOTYPES = {
     "front_door_own_only": (None, [_vp, _i]),
     "front_door_copy_to": (_i64, [_vp, _i, _i64]),
     "front_door_peer_copying": (None, [_vp, _i]),
+    "front_door_peer_reuse": (_i, [_vp, _cp, ctypes.c_uint64]),
     "front_door_evict": (_i, [_vp, _cp, _i, _i64]),
     "front_door_read_ahead": (_i, [_vp, ctypes.c_uint32, _i, _i]),
     "front_door_read_ahead_state": (None, [_vp, _u64p]),
@@ -195,7 +196,14 @@ class FrontDoor:
                 # connections accepted, and OPENs read on a connection kept after an answer
                 # (the shim's REQUEST_KEEP): a shim's thread connects once, not once per open
                 "accepted": arr[n + 8 + len(HANDED_OVER_BECAUSE)],
-                "reused": arr[n + 9 + len(HANDED_OVER_BECAUSE)]}
+                "reused": arr[n + 9 + len(HANDED_OVER_BECAUSE)],
+                # the peer lane's requests to owners and the files in them (a request gathers the
+                # opens of one owner that wait for it), whether it keeps every fetch in the peer
+                # area now (the reuse it measured is above the break-even) and that reuse, per mille
+                "peer_batches": arr[n + 10 + len(HANDED_OVER_BECAUSE)],
+                "peer_batched": arr[n + 11 + len(HANDED_OVER_BECAUSE)],
+                "peer_keep_all": arr[n + 12 + len(HANDED_OVER_BECAUSE)],
+                "peer_reuse_permille": arr[n + 13 + len(HANDED_OVER_BECAUSE)]}
 
     def stop(self) -> None:
         """Stop answering (connections not answered yet are closed: their shims read the
@@ -273,6 +281,15 @@ class FrontDoor:
 
     def peer_copying(self, on: bool) -> None:
         self._lib.front_door_peer_copying(self._door, int(on))
+
+    def peer_reuse(self, counters_path: str | None) -> bool:
+        """Decide which remote files go into the peer area by how often its copies are opened
+        again, read from the shim's counters at ``counters_path`` (the rest are answered as
+        sealed memfds); None: every one into the area while it has room. False if the file
+        cannot be read."""
+        offset = 8 * (protocol.HEADER_WORDS + protocol.SLOT_WORDS * protocol.SLOT_PEER)  # the peer slot's opens
+        path = os.fsencode(counters_path) if counters_path is not None else None
+        return self._lib.front_door_peer_reuse(self._door, path, offset) == 0
 
     def evict(self, key: str, grace: float) -> bool:
         """An evicting cache would drop ``key``'s copy: True and handed over from now on, or

@@ -274,6 +274,45 @@ EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, 
     return 0;
 }
 
+/* -- the peer lane's memfd rule (door_peer.c) ------------------------------------------- */
+/* Measure how often copies in the peer area are opened again from the shim's counters file
+ * at ``path`` (the run's, created by the daemon): its 8-byte word at ``offset`` counts the
+ * opens served from the peer slot. From then on a remote file goes into the area only while
+ * that measure says it pays (1 in PEER_SAMPLE otherwise: a sealed memfd); ``path`` NULL: every
+ * one into the area while there is room, as without a measure. 0, or -1 (errno). */
+EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offset)
+{
+    void *map = NULL;
+    size_t len = (size_t)offset + sizeof(uint64_t);
+    if (path) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat st;
+        if (fd < 0)
+            return -1;
+        if (offset % sizeof(uint64_t) || fstat(fd, &st) != 0 || (uint64_t)st.st_size < offset + sizeof(uint64_t) ||
+            (map = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+            close(fd);
+            errno = errno ? errno : EINVAL;
+            return -1;
+        }
+        close(fd);
+    }
+    pthread_mutex_lock(&d->mu);
+    void *old = d->reuse_map;
+    size_t old_len = d->reuse_map_len;
+    d->reuse_map = map;
+    d->reuse_map_len = len;
+    d->reuse_opens = map ? (const uint64_t *)((const char *)map + offset) : NULL;
+    d->reuse_opens_at = map ? __atomic_load_n(d->reuse_opens, __ATOMIC_RELAXED) : 0;
+    d->reuse_first_at = __atomic_load_n(&d->peer_first, __ATOMIC_RELAXED);
+    d->reuse_copies = 0;
+    d->peer_keep_all = 0;              /* until reuse is seen: a first epoch reads each file once */
+    pthread_mutex_unlock(&d->mu);
+    if (old)
+        munmap(old, old_len);          /* read only under the lock */
+    return 0;
+}
+
 /* A sharded node's door (``on``): it copies only this node's own files, none before the peer
  * lane tells it who owns which (front_door_peers). */
 EXPORT void front_door_own_only(struct door *d, int on)
@@ -437,6 +476,11 @@ EXPORT void front_door_counts(struct door *d, uint64_t *out)
     out[MONARCH_MAX_SLOTS + 7 + R_REASONS] = d->peer_transient;
     out[MONARCH_MAX_SLOTS + 8 + R_REASONS] = d->accepted;
     out[MONARCH_MAX_SLOTS + 9 + R_REASONS] = d->reused;
+    /* the peer lane's batches and its memfd rule (door_peer.c) */
+    out[MONARCH_MAX_SLOTS + 10 + R_REASONS] = d->peer_batches;
+    out[MONARCH_MAX_SLOTS + 11 + R_REASONS] = d->peer_batched;
+    out[MONARCH_MAX_SLOTS + 12 + R_REASONS] = (uint64_t)d->peer_keep_all;
+    out[MONARCH_MAX_SLOTS + 13 + R_REASONS] = d->peer_reuse_permille;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -515,6 +559,9 @@ EXPORT void front_door_free(struct door *d)
     }
     if (d->idx && !d->idx_borrowed)
         munmap((void *)d->idx, d->idx_len);
+    if (d->reuse_map)
+        munmap(d->reuse_map, d->reuse_map_len);
+    free(d->oq);
     if (d->wake_fd >= 0)
         close(d->wake_fd);
     for (int i = 0; i < MAX_WORKERS; i++)

@@ -63,21 +63,8 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
     }
     struct idx_file f;
     int owner;
-    if (!e && d->peer_fetch && index_file(d, key, len, &f) && (owner = peer_owner_locked(d, &f)) >= 0) {
-        if (peer_room(d, f.size) <= d->lease[Q_PEER] && (e = insert(d, key, len, hash))) {
-            e->state = K_BUSY;
-            d->busy++;
-            d->lease[Q_PEER] -= peer_room(d, f.size);  /* its blocks, not its bytes: never removed for want of room */
-            pthread_mutex_unlock(&d->mu);
-            return fetch_from_peer(w, fd, req, key, len, hash, &f, owner);
-        }
-        peer_fetch_fn fetch = d->peer_fetch;
-        void *dp = d->peer_dp;
-        int timeout_ms = d->peer_timeout_ms;
-        d->busy++;
-        pthread_mutex_unlock(&d->mu);
-        return fetch_transient(w, fd, req, key, len, &f, owner, fetch, dp, timeout_ms);
-    }
+    if ((!e || e->state == K_FREE) && d->peer_fetch && index_file(d, key, len, &f) && (owner = peer_owner_locked(d, &f)) >= 0)
+        return remote_open(w, fd, req, got, key, len, hash, e, &f, owner);   /* the lock let go */
     int why = why_not_copy_locked(d, &e, key, len, hash, &f);
     if (why >= 0) {
         pthread_mutex_unlock(&d->mu);

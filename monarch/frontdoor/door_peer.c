@@ -1,9 +1,8 @@
 /* Part of front_door.c, one translation unit: included there, in order, after the types and the
  * parts before it. Here: the peer lane: another node's file fetched through the C data path,
- * into the peer area or a memfd. */
+ * into the peer area or a sealed memfd (the memfd rule), the opens of one owner gathered into
+ * one request (remote_open, run_owner, fetch_batch). */
 
-/* The owner of the file ``f`` if the peer lane fetches it (another node's, small), else -1.
- * Under the lock. */
 static int64_t peer_room(const struct door *d, uint64_t size)   /* sizes.allocated_size */
 {
     return ((int64_t)size + d->peer_unit - 1) / d->peer_unit * d->peer_unit;
@@ -16,6 +15,8 @@ static int own_file_locked(const struct door *d, uint32_t entry)
     return !d->own_only || (d->owners && entry > 0 && entry <= d->nowners && d->owners[entry - 1] < 0);
 }
 
+/* The owner of the file ``f`` if the peer lane fetches it (another node's, small), else -1.
+ * Under the lock. */
 static int peer_owner_locked(const struct door *d, const struct idx_file *f)
 {
     if (!d->peer_fetch || !d->peer_allowed || d->never_copy || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX ||
@@ -23,71 +24,6 @@ static int peer_owner_locked(const struct door *d, const struct idx_file *f)
         return -1;
     int owner = d->owners[f->entry - 1];
     return owner >= 0 && owner != d->self_node ? owner : -1;
-}
-
-/* Fetch ``key`` (entry ``e``, BUSY, its size taken from the lease) from node ``owner`` into the
- * peer area, published as the stager's copies are, and answer: -1, or R_COPY_FAILED (handed
- * over: Python's protocol fetches it, or says why not). */
-static int fetch_from_peer(struct worker *w, int fd, const char *req, const char *key, uint32_t len, uint32_t hash,
-                           const struct idx_file *f, int owner)
-{
-    struct door *d = w->d;
-    char dest[PATH_MAX], tmp[64];
-    const char *area = d->tiers[d->peer_slot];
-    const char *base = memrchr(key, '/', len);     /* valid_key: "<k>/...", so there is one */
-    int64_t t0 = monarch_now_ns();
-    int ok = base && snprintf(dest, sizeof dest, "%s/%.*s", area, (int)len, key) < (int)sizeof dest;
-    snprintf(tmp, sizeof tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
-    /* the worker's directory of the last fetch, kept (an epoch's files share few directories):
-     * no walk of the area's components per fetch; opened afresh if it went meanwhile */
-    uint32_t dlen = base ? (uint32_t)(base - key) : 0;
-    int kdir = ok ? cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, key, dlen, open_peer_dir, w) : -1;
-    const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
-    int out = kdir < 0 ? -1 : openat(kdir, tmp, create, (f->mode & 0700) | 0600);
-    if (out < 0 && kdir >= 0 && errno == ENOENT) {
-        close(w->peer_dir);
-        w->peer_dir = -1;
-        kdir = cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, key, dlen, open_peer_dir, w);
-        out = kdir < 0 ? -1 : openat(kdir, tmp, create, (f->mode & 0700) | 0600);
-    }
-    struct timespec times[2] = {{f->mtime / 1000000000LL, f->mtime % 1000000000LL},
-                                {f->mtime / 1000000000LL, f->mtime % 1000000000LL}};
-    ok = out >= 0 && d->peer_fetch(d->peer_dp, owner, key, (int)len, f->size, out, d->peer_timeout_ms) == (int64_t)f->size
-         && futimens(out, times) == 0;
-    if (out >= 0 && close(out) < 0)
-        ok = 0;
-    const char *name = strrchr(dest, '/') + 1;
-    /* renamed outside the door's lock, as copy_and_publish's copies are */
-    ok = ok && !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) && renameat(kdir, tmp, kdir, name) == 0;
-    pthread_mutex_lock(&d->mu);
-    struct entry *e = find(d, key, len, hash);   /* the table may have grown meanwhile */
-    if (ok) {
-        e->state = K_STAGED;
-        e->slot = (uint8_t)d->peer_slot;
-        e->answered = door_ms(d);
-        d->peer_fetches++;
-        post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, monarch_now_ns() - t0);
-    } else {
-        if (out >= 0)
-            unlinkat(kdir, tmp, 0);
-        ok = 0;
-        e->state = K_PYTHON;           /* Python's protocol fetches it (staging it there first), or says why not */
-        d->lease[Q_PEER] += peer_room(d, f->size);
-        d->peer_failures++;
-        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, monarch_now_ns() - t0);
-    }
-    struct waiter *ready = d->parked ? unpark_locked(d, key, len, hash) : NULL;
-    if (ready && ok)
-        e->answered = door_ms(d);
-    d->busy--;
-    pthread_cond_broadcast(&d->cv);
-    pthread_mutex_unlock(&d->mu);
-    if (ready)
-        answer_parked(d, ready, ok ? d->peer_slot : -1, dest);
-    if (!ok)
-        return R_COPY_FAILED;
-    answer_open(d, fd, req, d->peer_slot, dest, (uint32_t)strlen(dest));  /* unsent: the shim reads the PFS */
-    return -1;
 }
 
 /* An OPEN answered with a descriptor (ANSWER_FD): the frame and ``passed`` in one message. */
@@ -107,39 +43,320 @@ static int send_answer_fd(int fd, int32_t status, int passed)
     return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof frame ? 0 : -1;
 }
 
-/* Another node's file with no room lent in the peer area (it is full of copies answered
- * within GRACE, or Python has not lent again yet): fetched into a sealed memfd passed with
- * the answer, the peer cache's transient copy, gone when the application closes it. Under
- * a global shuffle a copy kept in the area is read again on this node with the same odds
- * whichever it is, so nothing is evicted for it. The caller counted it BUSY (``fetch`` and
- * ``dp`` read under the lock: the lane may be turned off meanwhile). -1, or R_COPY_FAILED. */
-static int fetch_transient(struct worker *w, int fd, const char *req, const char *key, uint32_t len, const struct idx_file *f,
-                           int owner, peer_fetch_fn fetch, void *dp, int timeout_ms)
+
+/* -- which remote files go into the peer area: the memfd rule ---------------------------- */
+/* A copy kept in the area costs P (here: create, write, futimens, close, rename; in Python: its
+ * booking, its place in the LRU, its eviction's unlink) where a memfd costs M (create, write,
+ * seal); each later open of a kept copy is then a probe hit H in the application (the shim
+ * opens it itself), of a memfd's file another fetch F (requester and owner) and memfd. With r
+ * later opens per copy the area pays when F + P + r*H < (1 + r)*(F + M), i.e. r > (P - M) /
+ * (F + M - H). On this VM (perf, bench_peer): P ~ 40 us, M ~ 5 us, H ~ 3 us, F 40 us (the
+ * target) to 120 us: r* from 0.8 to 0.3; REUSE_MIN is its middle, 1/2.
+ * r is measured, not guessed: 1 fetch in PEER_SAMPLE still goes into the area (all of them
+ * while r is above REUSE_MIN), and every REUSE_WINDOW copies made there r is taken again as
+ * the opens the shim counted in the peer slot (front_door_peer_reuse) less those the door
+ * answered with a fresh fetch, per copy made. An epoch that reads each file once measures
+ * r ~ 0 (memfds); one that rereads what the area holds measures r ~ 1 and keeps everything. */
+#define PEER_SAMPLE 8                  /* 1 fetch in this many into the area while r is low */
+#define REUSE_WINDOW 64                /* copies made in the area per measure of r */
+#define REUSE_MIN_NUM 1                /* r's break-even, REUSE_MIN_NUM / REUSE_MIN_DEN (above) */
+#define REUSE_MIN_DEN 2
+
+/* Into the peer area (1, its room taken from the lease) or a memfd (0)? Under the lock. */
+static int to_area_locked(struct door *d, const struct idx_file *f)
 {
-    struct door *d = w->d;
-    int64_t t0 = monarch_now_ns();
-    int m = (int)syscall(SYS_memfd_create, "monarch-peer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    int ok = m >= 0 && fetch(dp, owner, key, (int)len, f->size, m, timeout_ms) == (int64_t)f->size &&
-             fcntl(m, F_ADD_SEALS, MONARCH_MEMFD_SEALS) == 0 && lseek(m, 0, SEEK_SET) == 0;
-    pthread_mutex_lock(&d->mu);
-    if (ok) {
-        d->peer_transient++;
-        post_event_locked(d, Q_PEER, EV_TRANSIENT, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, monarch_now_ns() - t0);
-    } else {
-        d->peer_failures++;            /* handed over: Python's protocol fetches it, or says why not */
-        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, len, f->entry, f->size, 0, monarch_now_ns() - t0);
+    if (peer_room(d, f->size) > d->lease[Q_PEER])
+        return 0;                      /* no room lent: the area is full of young copies */
+    if (d->reuse_opens && !d->peer_keep_all && d->peer_seq++ % PEER_SAMPLE)
+        return 0;
+    d->lease[Q_PEER] -= peer_room(d, f->size);  /* its blocks, not its bytes: never removed for want of room */
+    return 1;
+}
+
+/* A copy was made in the area: every REUSE_WINDOW of them, r measured and the rule set. Under the lock. */
+static void area_copy_locked(struct door *d)
+{
+    if (!d->reuse_opens || ++d->reuse_copies < REUSE_WINDOW)
+        return;
+    uint64_t opens = __atomic_load_n(d->reuse_opens, __ATOMIC_RELAXED);
+    uint64_t first = __atomic_load_n(&d->peer_first, __ATOMIC_RELAXED);
+    int64_t again = (int64_t)(opens - d->reuse_opens_at) - (int64_t)(first - d->reuse_first_at);
+    again = again < 0 ? 0 : again;     /* the shim counts an open after the door's answer */
+    d->peer_reuse_permille = (uint64_t)(1000 * again / d->reuse_copies);
+    d->peer_keep_all = again * REUSE_MIN_DEN >= (int64_t)d->reuse_copies * REUSE_MIN_NUM;
+    d->reuse_opens_at = opens;
+    d->reuse_first_at = first;
+    d->reuse_copies = 0;
+}
+
+/* -- the opens of one owner, gathered ------------------------------------------------- */
+/* A remote open waits in its owner's queue; at most PEER_INFLIGHT workers fetch from one owner
+ * at once, each taking what waits there as one batch (one request, one reply: peer_fetch_many),
+ * so the readers' opens that arrive during a round trip go in the next one together. The worker
+ * that read such an OPEN goes back to its loop if the owner's fetches are all under way. */
+#define PEER_INFLIGHT 2                /* fetches under way per owner (bench_peer: 1 and 2 alike, 4 worse) */
+#define PEER_BATCH_FILES 64            /* datapath.c's DP_BATCH_FILES_MAX */
+#define PEER_BATCH_BYTES (4 << 20)     /* datapath.c's DP_BATCH_BYTES_MAX */
+
+/* Owner ``owner``'s queue (made on first use), or NULL (no memory). Under the lock; the
+ * pointer is good until the lock is let go (the array may move). */
+static struct owner_queue *owner_queue_locked(struct door *d, int owner)
+{
+    if (owner >= d->noq) {
+        int n = owner + 1 > 2 * d->noq ? owner + 1 : 2 * d->noq;
+        struct owner_queue *more = realloc(d->oq, (size_t)n * sizeof *more);
+        if (!more)
+            return NULL;
+        memset(more + d->noq, 0, (size_t)(n - d->noq) * sizeof *more);
+        for (int i = 0; i < n; i++)
+            if (!more[i].head)         /* an empty queue's tail points into the array, which moved */
+                more[i].tail = &more[i].head;
+        d->oq = more;
+        d->noq = n;
     }
+    return &d->oq[owner];
+}
+
+static void fetch_each(peer_fetch_fn fetch, void *dp, int owner, int n, const char *const *keys, const int *lens,
+                       const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms)
+{
+    for (int i = 0; i < n; i++)        /* the data path without peer_fetch_many: one request each */
+        results[i] = fetch(dp, owner, keys[i], lens[i], sizes[i], fds[i], timeout_ms);
+}
+
+/* The requests parked on a key fetched into a memfd: each its own open file description of it
+ * (its own offset), reopened through /proc; a waiter it cannot be given to goes to Python. */
+static void answer_parked_fd(struct door *d, struct waiter *ready, int m)
+{
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", m);
+    for (struct waiter *q = ready, *next; q; q = next) {
+        next = q->next;
+        int own = open(self, O_RDONLY | O_CLOEXEC);
+        if (own < 0) {
+            hand_over(d, q->fd, q->req, q->got, R_PYTHON_KEY);
+        } else {
+            pthread_mutex_lock(&d->mu);
+            int keep = keep_locked(d, asks_keep(q->req));
+            pthread_mutex_unlock(&d->mu);
+            int sent = send_answer_fd(q->fd, d->peer_slot | MONARCH_ANSWER_FD | (keep ? MONARCH_ANSWER_KEPT : 0), own) == 0;
+            if (sent) {
+                __atomic_add_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
+                __atomic_add_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
+            }
+            close(own);
+            finish_open(d, q->fd, keep, sent);
+        }
+        free(q);
+    }
+}
+
+/* One remote open's fetch ended (``ok``: its bytes are in ``out``): the copy published in the
+ * area (``kdir``, ``tmp``) or the memfd sealed; the key's state, the peer cache's event, then the
+ * answers (its own, the parked ones), or the open handed over (Python's protocol fetches it, or
+ * says why not). Frees ``q``. */
+static void remote_done(struct door *d, struct waiter *q, int out, int kdir, const char *tmp, int ok, int64_t t0)
+{
+    const char *key = q->req + MONARCH_REQUEST_HEADER_SIZE;
+    const struct idx_file *f = &q->f;
+    char dest[PATH_MAX];
+    int pl = 0;
+    if (q->to_area) {
+        struct timespec times[2] = {{f->mtime / 1000000000LL, f->mtime % 1000000000LL},
+                                    {f->mtime / 1000000000LL, f->mtime % 1000000000LL}};
+        ok = ok && futimens(out, times) == 0;
+        if (out >= 0 && close(out) < 0)
+            ok = 0;
+        pl = snprintf(dest, sizeof dest, "%s/%.*s", d->tiers[d->peer_slot], (int)q->len, key);
+        /* renamed outside the door's lock, as copy_and_publish's copies are */
+        ok = ok && pl < (int)sizeof dest && !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) &&
+             renameat(kdir, tmp, kdir, strrchr(dest, '/') + 1) == 0;
+        if (!ok && out >= 0)
+            unlinkat(kdir, tmp, 0);
+        if (kdir >= 0)
+            close(kdir);
+        out = -1;
+    } else {
+        ok = ok && fcntl(out, F_ADD_SEALS, MONARCH_MEMFD_SEALS) == 0 && lseek(out, 0, SEEK_SET) == 0;
+    }
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find(d, key, q->len, q->hash);   /* the table may have grown meanwhile */
+    int64_t ns = monarch_now_ns() - t0;
+    if (ok && q->to_area) {
+        e->state = K_STAGED;
+        e->slot = (uint8_t)d->peer_slot;
+        e->answered = door_ms(d);
+        d->peer_fetches++;
+        post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)d->peer_slot, key, q->len, f->entry, f->size, 0, ns);
+        area_copy_locked(d);
+    } else if (ok) {
+        e->state = K_FREE;             /* gone with the application's descriptor: the next open fetches again */
+        d->peer_transient++;
+        post_event_locked(d, Q_PEER, EV_TRANSIENT, (uint32_t)d->peer_slot, key, q->len, f->entry, f->size, 0, ns);
+    } else {
+        e->state = K_PYTHON;           /* Python's protocol fetches it (staging it there first), or says why not */
+        if (q->to_area)
+            d->lease[Q_PEER] += peer_room(d, f->size);
+        d->peer_failures++;
+        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, q->len, f->entry, f->size, 0, ns);
+    }
+    struct waiter *ready = d->parked ? unpark_locked(d, key, q->len, q->hash) : NULL;
     d->busy--;
     pthread_cond_broadcast(&d->cv);
-    int keep = ok && keep_locked(d, asks_keep(req));
+    int keep = ok && !q->to_area && keep_locked(d, asks_keep(q->req));
     pthread_mutex_unlock(&d->mu);
-    int sent = ok && send_answer_fd(fd, d->peer_slot | MONARCH_ANSWER_FD | (keep ? MONARCH_ANSWER_KEPT : 0), m) == 0;
-    if (sent)
-        __atomic_add_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
-    if (m >= 0)
-        close(m);                      /* the application's descriptor is the one passed */
-    if (!ok)
-        return R_COPY_FAILED;
-    finish_open(d, fd, keep, sent);
+    if (!ok) {
+        hand_over(d, q->fd, q->req, q->got, R_COPY_FAILED);
+        if (ready)
+            answer_parked(d, ready, -1, NULL);
+    } else if (q->to_area) {
+        int parked = 0;
+        for (struct waiter *r = ready; r; r = r->next)
+            parked++;
+        if (answer_open(d, q->fd, q->req, d->peer_slot, dest, (uint32_t)pl) == 0)  /* unsent: the shim reads the PFS */
+            __atomic_add_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&d->peer_first, parked, __ATOMIC_RELAXED);
+        if (ready)
+            answer_parked(d, ready, d->peer_slot, dest);
+    } else {
+        int sent = send_answer_fd(q->fd, d->peer_slot | MONARCH_ANSWER_FD | (keep ? MONARCH_ANSWER_KEPT : 0), out) == 0;
+        if (sent) {
+            __atomic_add_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
+        }
+        finish_open(d, q->fd, keep, sent);
+        if (ready)
+            answer_parked_fd(d, ready, out);
+    }
+    if (out >= 0)
+        close(out);                    /* the application's descriptor is the one passed */
+    free(q);
+}
+
+/* Fetch the ``n`` remote opens of ``batch`` (all of node ``owner``) in one request, then
+ * answer each. */
+static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owner)
+{
+    struct door *d = w->d;
+    const char *keys[PEER_BATCH_FILES];
+    int lens[PEER_BATCH_FILES], fds[PEER_BATCH_FILES], outs[PEER_BATCH_FILES], kdirs[PEER_BATCH_FILES];
+    uint64_t sizes[PEER_BATCH_FILES];
+    int64_t results[PEER_BATCH_FILES];
+    char tmps[PEER_BATCH_FILES][48];
+    int64_t t0 = monarch_now_ns();
+    int m = 0;                         /* the files asked for, in order */
+    for (int i = 0; i < n; i++) {
+        struct waiter *q = batch[i];
+        const char *key = q->req + MONARCH_REQUEST_HEADER_SIZE;
+        outs[i] = kdirs[i] = -1;
+        results[i] = -1;
+        if (q->to_area) {
+            /* the worker's directory of the last fetch, kept (an epoch's files share few
+             * directories), duplicated for this file: the next file's may replace it */
+            const char *base = memrchr(key, '/', q->len);
+            uint32_t dlen = base ? (uint32_t)(base - key) : 0;
+            snprintf(tmps[i], sizeof tmps[i], "%s%016llx", MONARCH_TMP_PREFIX,
+                     (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
+            const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+            for (int again = 0; again < 2 && outs[i] < 0; again++) {
+                int kdir = cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, key, dlen, open_peer_dir, w);
+                outs[i] = kdir < 0 ? -1 : openat(kdir, tmps[i], create, (q->f.mode & 0700) | 0600);
+                if (outs[i] >= 0 && (kdirs[i] = fcntl(kdir, F_DUPFD_CLOEXEC, 0)) < 0) {
+                    unlinkat(kdir, tmps[i], 0);
+                    close(outs[i]);
+                    outs[i] = -1;
+                    break;
+                }
+                if (outs[i] < 0 && kdir >= 0 && errno == ENOENT) {  /* the directory went meanwhile: opened afresh */
+                    close(w->peer_dir);
+                    w->peer_dir = -1;
+                } else {
+                    break;
+                }
+            }
+        } else {
+            outs[i] = (int)syscall(SYS_memfd_create, "monarch-peer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        }
+        if (outs[i] >= 0) {
+            keys[m] = key;
+            lens[m] = (int)q->len;
+            sizes[m] = q->f.size;
+            fds[m++] = outs[i];
+        }
+    }
+    pthread_mutex_lock(&d->mu);        /* read under the lock: the lane may be turned off meanwhile */
+    peer_fetch_fn fetch = d->peer_fetch;
+    peer_fetch_many_fn many = d->peer_fetch_many;
+    void *dp = d->peer_dp;
+    int timeout_ms = d->peer_timeout_ms;
+    d->peer_batches += m > 0;
+    d->peer_batched += (uint64_t)m;
+    pthread_mutex_unlock(&d->mu);
+    int64_t got[PEER_BATCH_FILES];
+    for (int i = 0; i < m; i++)
+        got[i] = -1;
+    if (m && many)
+        many(dp, owner, m, keys, lens, sizes, fds, got, timeout_ms);
+    else if (m && fetch)
+        fetch_each(fetch, dp, owner, m, keys, lens, sizes, fds, got, timeout_ms);
+    for (int i = 0, j = 0; i < n; i++)
+        if (outs[i] >= 0)
+            results[i] = got[j++];
+    for (int i = 0; i < n; i++)
+        remote_done(d, batch[i], outs[i], kdirs[i], tmps[i], outs[i] >= 0 && results[i] == (int64_t)batch[i]->f.size, t0);
+}
+
+/* Fetch what waits for owner ``owner``, a batch at a time, until nothing does (the caller
+ * counted itself in the owner's ``inflight``). */
+static void run_owner(struct worker *w, int owner)
+{
+    struct door *d = w->d;
+    struct waiter *batch[PEER_BATCH_FILES];
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        struct owner_queue *oq = &d->oq[owner];
+        int n = 0;
+        uint64_t bytes = 0;
+        while (oq->head && n < PEER_BATCH_FILES && (n == 0 || bytes + oq->head->f.size <= PEER_BATCH_BYTES)) {
+            struct waiter *q = oq->head;
+            if (!(oq->head = q->next))
+                oq->tail = &oq->head;
+            bytes += q->f.size;
+            batch[n++] = q;
+        }
+        if (!n)
+            oq->inflight--;
+        pthread_mutex_unlock(&d->mu);
+        if (!n)
+            return;
+        fetch_batch(w, batch, n, owner);
+    }
+}
+
+/* An OPEN of another node's file (``e``: its entry, NULL or K_FREE; ``owner``: its node), under
+ * the lock, which this lets go: queued for its owner, fetched now if fewer than PEER_INFLIGHT
+ * fetches from that owner are under way, answered when its batch's reply is in. -1, or R_*. */
+static int remote_open(struct worker *w, int fd, const char *req, uint32_t got, const char *key, uint32_t len,
+                       uint32_t hash, struct entry *e, const struct idx_file *f, int owner)
+{
+    struct door *d = w->d;
+    struct waiter *q = new_waiter(fd, req, got, hash, len);
+    struct owner_queue *oq = q ? owner_queue_locked(d, owner) : NULL;
+    if (!oq || (!e && !(e = insert(d, key, len, hash)))) {
+        pthread_mutex_unlock(&d->mu);
+        free(q);
+        return R_OTHER;                /* no memory: Python's */
+    }
+    e->state = K_BUSY;                 /* one fetch per key: other opens of it park on this one */
+    d->busy++;
+    q->f = *f;
+    q->to_area = to_area_locked(d, f);
+    *oq->tail = q;
+    oq->tail = &q->next;
+    int run = oq->inflight < PEER_INFLIGHT;
+    oq->inflight += run;
+    pthread_mutex_unlock(&d->mu);
+    if (run)
+        run_owner(w, owner);
     return -1;
 }

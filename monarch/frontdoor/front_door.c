@@ -161,6 +161,10 @@ struct waiter;
 struct door;
 /* datapath.c's dp_fetch: the bytes written into fd, or < 0 */
 typedef int64_t (*peer_fetch_fn)(void *dp, int owner, const char *key, int len, uint64_t size, int fd, int timeout_ms);
+/* datapath.c's dp_fetch_many: n files of node ``owner`` in one request and one reply, each
+ * written into fds[i] at offset 0; results[i] its bytes or a DP_* answer; 0, or a DP_* for all */
+typedef int (*peer_fetch_many_fn)(void *dp, int owner, int n, const char *const *keys, const int *lens,
+                                  const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms);
 /* datapath.c's dp_staged: the data path answers other nodes' requests for ``key`` from ``slot`` */
 typedef void (*peer_offer_fn)(void *dp, const char *key, int len, int slot);
 
@@ -239,6 +243,17 @@ struct door {
     int self_node, peer_slot, peer_timeout_ms, peer_allowed;
     int64_t peer_unit;                 /* the area's allocation unit: a fetch pays its size rounded up to it */
     uint64_t peer_fetches, peer_failures, peer_transient;
+    /* the peer lane's batches and its memfd rule (door_peer.c) */
+    peer_fetch_many_fn peer_fetch_many;   /* NULL: one peer_fetch per file */
+    struct owner_queue *oq;            /* by owner node */
+    int noq;
+    uint64_t peer_batches, peer_batched;  /* requests sent, files in them */
+    const uint64_t *reuse_opens;       /* the shim's opens in the peer slot (front_door_peer_reuse), or NULL */
+    void *reuse_map;
+    size_t reuse_map_len;
+    uint64_t peer_first;               /* opens answered with a fresh fetch (atomic) */
+    uint64_t reuse_opens_at, reuse_first_at, reuse_copies, peer_reuse_permille, peer_seq;
+    int peer_keep_all;                 /* every fetch into the area (r above the break-even) */
     int nhanded;                       /* connections in hq */
     int busy;                          /* keys BUSY now */
     int copies_busy;                   /* of which copies from the PFS (front_door_copy_to waits for none) */
@@ -271,7 +286,13 @@ struct waiter {
     int fd;
     uint32_t hash, len, got;           /* the key's hash and length; the request's bytes in ``req`` */
     struct idx_file f;
+    int to_area;                       /* a remote open: fetched into the peer area (1) or a memfd (door_peer.c) */
     char req[];                        /* the request as read: the key after its header */
+};
+
+struct owner_queue {                   /* the remote opens waiting for one owner's fetch (door_peer.c) */
+    struct waiter *head, **tail;
+    int inflight;                      /* workers fetching from it now */
 };
 
 /* -- small things -------------------------------------------------------------------- */

@@ -98,6 +98,7 @@ EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, 
                             uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit);
 EXPORT void front_door_own_only(struct door *d, int on);
 EXPORT void front_door_peer_copying(struct door *d, int on);
+EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offset);
 /* the read-ahead lane and the copies in flight */
 EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start);
 EXPORT void front_door_read_ahead_state(struct door *d, uint64_t *out);

@@ -13,6 +13,9 @@ the door's table and the peer cache's books one, as ``DoorLink`` does for the st
   the least recently used copies as the cache's own fetches do, and given back whenever the
   cache wants it; with none left the door answers a transient copy itself (a sealed memfd,
   the cache's own answer when it cannot make room), counted in the cache's ``transient``;
+* a remote file the area would likely not serve again is answered as a sealed memfd: the
+  door measures how often the area's copies are opened again (the shim's opens in the peer
+  slot, ``counters_path``) and keeps every fetch there only while that pays (door_peer.c);
 * the door's answers count as uses: a copy it answered less than GRACE ago is not evicted
   (checked and handed over in one step, ``FrontDoor.evict``), so an application it was
   answered to never finds it gone.
@@ -59,7 +62,7 @@ class PeerDoorLink(StagerListener):
     dp_staged's, the data path's handle)."""
 
     def __init__(self, door: FrontDoor, cache: PeerCache, fetch: tuple[int, int, int], owners: array, node: int,
-                 timeout: float):
+                 timeout: float, counters_path: str | None = None):
         self.door = door
         self.cache = cache
         self.area = cache.area
@@ -70,6 +73,9 @@ class PeerDoorLink(StagerListener):
                 door.claim(key)
         if not door.peers(*fetch, owners, node, self.area.slot, timeout, self.area.unit):
             raise OSError("the front door has no peer area to fetch into")
+        # which fetches the area keeps: measured from the shim's opens there (the rest are memfds)
+        if counters_path is not None and not door.peer_reuse(counters_path):
+            log.warning("the shim's counters %s cannot be read: every remote file goes into the peer area", counters_path)
         cache.ask_before_evicting(lambda key: door.evict(key, GRACE))  # the door's answers count as uses
         self.tend()
 
@@ -133,6 +139,7 @@ class PeerDoorLink(StagerListener):
     def stop(self) -> None:
         """The lane off (its fetches under way end first), its room given back."""
         self.cache.ask_before_evicting(None)
+        self.door.peer_reuse(None)
         self.door.peers(None, None, None, None, 0, self.area.slot, 0)
         self.door.peer_copying(False)
         self.reclaim_lease()
