@@ -198,12 +198,14 @@ class FrontDoor:
                 "accepted": arr[n + 8 + len(HANDED_OVER_BECAUSE)],
                 "reused": arr[n + 9 + len(HANDED_OVER_BECAUSE)],
                 # the peer lane's requests to owners and the files in them (a request gathers the
-                # opens of one owner that wait for it), whether it keeps every fetch in the peer
-                # area now (the reuse it measured is above the break-even) and that reuse, per mille
+                # opens of one owner that wait for it)
                 "peer_batches": arr[n + 10 + len(HANDED_OVER_BECAUSE)],
                 "peer_batched": arr[n + 11 + len(HANDED_OVER_BECAUSE)],
-                "peer_keep_all": arr[n + 12 + len(HANDED_OVER_BECAUSE)],
-                "peer_reuse_permille": arr[n + 13 + len(HANDED_OVER_BECAUSE)]}
+                # its memfd rule now (a state, not a count: a run's report shows it as it is):
+                # whether every fetch goes into the peer area (the measured reuse of the area's
+                # copies, later opens per copy, is above the break-even), else 1 in 8
+                "peer_area_rule": {"keep_all": bool(arr[n + 12 + len(HANDED_OVER_BECAUSE)]),
+                                   "reuse": arr[n + 13 + len(HANDED_OVER_BECAUSE)] / 1000}}
 
     def stop(self) -> None:
         """Stop answering (connections not answered yet are closed: their shims read the

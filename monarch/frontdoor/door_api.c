@@ -306,6 +306,7 @@ EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offs
     d->reuse_opens_at = map ? __atomic_load_n(d->reuse_opens, __ATOMIC_RELAXED) : 0;
     d->reuse_first_at = __atomic_load_n(&d->peer_first, __ATOMIC_RELAXED);
     d->reuse_copies = 0;
+    d->reuse_again_sum = d->reuse_copies_sum = 0;
     d->peer_keep_all = 0;              /* until reuse is seen: a first epoch reads each file once */
     pthread_mutex_unlock(&d->mu);
     if (old)

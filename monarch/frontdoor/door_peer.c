@@ -53,40 +53,51 @@ static int send_answer_fd(int fd, int32_t status, int passed)
  * (F + M - H). On this VM (perf, bench_peer): P ~ 40 us, M ~ 5 us, H ~ 3 us, F 40 us (the
  * target) to 120 us: r* from 0.8 to 0.3; REUSE_MIN is its middle, 1/2.
  * r is measured, not guessed: 1 fetch in PEER_SAMPLE still goes into the area (all of them
- * while r is above REUSE_MIN), and every REUSE_WINDOW copies made there r is taken again as
- * the opens the shim counted in the peer slot (front_door_peer_reuse) less those the door
- * answered with a fresh fetch, per copy made. An epoch that reads each file once measures
+ * while r is above REUSE_MIN), and r is the opens the shim counted in the peer slot
+ * (front_door_peer_reuse) less those the door answered with a fresh fetch, per copy made. An epoch that reads each file once measures
  * r ~ 0 (memfds); one that rereads what the area holds measures r ~ 1 and keeps everything. */
 #define PEER_SAMPLE 8                  /* 1 fetch in this many into the area while r is low */
-#define REUSE_WINDOW 64                /* copies made in the area per measure of r */
+#define REUSE_WINDOW 32                /* copies made plus opens again per measure of r */
 #define REUSE_MIN_NUM 1                /* r's break-even, REUSE_MIN_NUM / REUSE_MIN_DEN (above) */
 #define REUSE_MIN_DEN 2
+
+/* r measured again once the window holds REUSE_WINDOW copies made and opens again (those on
+ * their own when the area serves every open: a rereading epoch closes its windows too), the
+ * windows before it weighing half as much each: the copies made now are opened again later,
+ * not in their own window, whose r a run of files missing from the area would make look low.
+ * The door counts its answers before it sends them: the shim's count of the same opens lags,
+ * never leads, and a lag only makes r look lower. Under the lock. */
+static void measure_reuse_locked(struct door *d)
+{
+    uint64_t opens = __atomic_load_n(d->reuse_opens, __ATOMIC_RELAXED);
+    uint64_t first = __atomic_load_n(&d->peer_first, __ATOMIC_RELAXED);
+    int64_t again = (int64_t)(opens - d->reuse_opens_at) - (int64_t)(first - d->reuse_first_at);
+    if (again < 0)
+        again = 0;
+    if (again + (int64_t)d->reuse_copies < REUSE_WINDOW)
+        return;
+    d->reuse_again_sum = d->reuse_again_sum / 2 + again;
+    d->reuse_copies_sum = d->reuse_copies_sum / 2 + (int64_t)d->reuse_copies;
+    d->peer_keep_all = d->reuse_again_sum * REUSE_MIN_DEN >= d->reuse_copies_sum * REUSE_MIN_NUM;
+    d->peer_reuse_permille = (uint64_t)(1000 * d->reuse_again_sum / (d->reuse_copies_sum ? d->reuse_copies_sum : 1));
+    d->reuse_opens_at = opens;
+    d->reuse_first_at = first;
+    d->reuse_copies = 0;
+}
 
 /* Into the peer area (1, its room taken from the lease) or a memfd (0)? Under the lock. */
 static int to_area_locked(struct door *d, const struct idx_file *f)
 {
     if (peer_room(d, f->size) > d->lease[Q_PEER])
         return 0;                      /* no room lent: the area is full of young copies */
-    if (d->reuse_opens && !d->peer_keep_all && d->peer_seq++ % PEER_SAMPLE)
-        return 0;
+    if (d->reuse_opens) {
+        measure_reuse_locked(d);
+        if (!d->peer_keep_all && d->peer_seq++ % PEER_SAMPLE)
+            return 0;
+        d->reuse_copies++;
+    }
     d->lease[Q_PEER] -= peer_room(d, f->size);  /* its blocks, not its bytes: never removed for want of room */
     return 1;
-}
-
-/* A copy was made in the area: every REUSE_WINDOW of them, r measured and the rule set. Under the lock. */
-static void area_copy_locked(struct door *d)
-{
-    if (!d->reuse_opens || ++d->reuse_copies < REUSE_WINDOW)
-        return;
-    uint64_t opens = __atomic_load_n(d->reuse_opens, __ATOMIC_RELAXED);
-    uint64_t first = __atomic_load_n(&d->peer_first, __ATOMIC_RELAXED);
-    int64_t again = (int64_t)(opens - d->reuse_opens_at) - (int64_t)(first - d->reuse_first_at);
-    again = again < 0 ? 0 : again;     /* the shim counts an open after the door's answer */
-    d->peer_reuse_permille = (uint64_t)(1000 * again / d->reuse_copies);
-    d->peer_keep_all = again * REUSE_MIN_DEN >= (int64_t)d->reuse_copies * REUSE_MIN_NUM;
-    d->reuse_opens_at = opens;
-    d->reuse_first_at = first;
-    d->reuse_copies = 0;
 }
 
 /* -- the opens of one owner, gathered ------------------------------------------------- */
@@ -124,6 +135,18 @@ static void fetch_each(peer_fetch_fn fetch, void *dp, int owner, int n, const ch
         results[i] = fetch(dp, owner, keys[i], lens[i], sizes[i], fds[i], timeout_ms);
 }
 
+/* Answer an OPEN with the memfd ``m`` (ANSWER_FD), counted first (measure_reuse_locked). 1: sent. */
+static int answer_fd(struct door *d, int fd, int keep, int m)
+{
+    __atomic_add_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
+    if (send_answer_fd(fd, d->peer_slot | MONARCH_ANSWER_FD | (keep ? MONARCH_ANSWER_KEPT : 0), m) == 0)
+        return 1;
+    __atomic_sub_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
 /* The requests parked on a key fetched into a memfd: each its own open file description of it
  * (its own offset), reopened through /proc; a waiter it cannot be given to goes to Python. */
 static void answer_parked_fd(struct door *d, struct waiter *ready, int m)
@@ -139,11 +162,7 @@ static void answer_parked_fd(struct door *d, struct waiter *ready, int m)
             pthread_mutex_lock(&d->mu);
             int keep = keep_locked(d, asks_keep(q->req));
             pthread_mutex_unlock(&d->mu);
-            int sent = send_answer_fd(q->fd, d->peer_slot | MONARCH_ANSWER_FD | (keep ? MONARCH_ANSWER_KEPT : 0), own) == 0;
-            if (sent) {
-                __atomic_add_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
-                __atomic_add_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
-            }
+            int sent = answer_fd(d, q->fd, keep, own);
             close(own);
             finish_open(d, q->fd, keep, sent);
         }
@@ -188,7 +207,6 @@ static void remote_done(struct door *d, struct waiter *q, int out, int kdir, con
         e->answered = door_ms(d);
         d->peer_fetches++;
         post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)d->peer_slot, key, q->len, f->entry, f->size, 0, ns);
-        area_copy_locked(d);
     } else if (ok) {
         e->state = K_FREE;             /* gone with the application's descriptor: the next open fetches again */
         d->peer_transient++;
@@ -210,20 +228,16 @@ static void remote_done(struct door *d, struct waiter *q, int out, int kdir, con
         if (ready)
             answer_parked(d, ready, -1, NULL);
     } else if (q->to_area) {
-        int parked = 0;
+        uint64_t first = 1;            /* counted before they are sent (measure_reuse_locked) */
         for (struct waiter *r = ready; r; r = r->next)
-            parked++;
-        if (answer_open(d, q->fd, q->req, d->peer_slot, dest, (uint32_t)pl) == 0)  /* unsent: the shim reads the PFS */
-            __atomic_add_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&d->peer_first, parked, __ATOMIC_RELAXED);
+            first++;
+        __atomic_add_fetch(&d->peer_first, first, __ATOMIC_RELAXED);
+        if (answer_open(d, q->fd, q->req, d->peer_slot, dest, (uint32_t)pl) != 0)  /* unsent: the shim reads the PFS */
+            __atomic_sub_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
         if (ready)
             answer_parked(d, ready, d->peer_slot, dest);
     } else {
-        int sent = send_answer_fd(q->fd, d->peer_slot | MONARCH_ANSWER_FD | (keep ? MONARCH_ANSWER_KEPT : 0), out) == 0;
-        if (sent) {
-            __atomic_add_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
-            __atomic_add_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
-        }
+        int sent = answer_fd(d, q->fd, keep, out);
         finish_open(d, q->fd, keep, sent);
         if (ready)
             answer_parked_fd(d, ready, out);

@@ -253,6 +253,7 @@ struct door {
     size_t reuse_map_len;
     uint64_t peer_first;               /* opens answered with a fresh fetch (atomic) */
     uint64_t reuse_opens_at, reuse_first_at, reuse_copies, peer_reuse_permille, peer_seq;
+    int64_t reuse_again_sum, reuse_copies_sum;   /* the windows so far, each weighing half the next */
     int peer_keep_all;                 /* every fetch into the area (r above the break-even) */
     int nhanded;                       /* connections in hq */
     int busy;                          /* keys BUSY now */
