@@ -29,6 +29,7 @@ import logging
 from array import array
 from typing import Callable
 
+from monarch.cluster.datapath import DataPath
 from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
 from monarch.node.door.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.snapshot.index_writer import positions
@@ -55,10 +56,10 @@ def owners_by_entry(files, owner: Callable[[str], int], node: int) -> array:
 
 
 class PeerDoorLink(StagerListener):
-    """``door``'s peer lane kept with ``cache``'s books; ``fetch`` is (dp_fetch's address,
-    dp_staged's, the data path's handle)."""
+    """``door``'s peer lane kept with ``cache``'s books, fetching through ``datapath`` (the C
+    peer data path: its functions are called by the door)."""
 
-    def __init__(self, door: FrontDoor, cache: PeerCache, fetch: tuple[int, int, int], owners: array, node: int,
+    def __init__(self, door: FrontDoor, cache: PeerCache, datapath: DataPath, owners: array, node: int,
                  timeout: float):
         self.door = door
         self.cache = cache
@@ -68,7 +69,8 @@ class PeerDoorLink(StagerListener):
             books.subscribe_locked(self)
             for key in books.flights:  # fetches under way are the cache's
                 door.claim(key)
-        if not door.peers(*fetch, owners, node, self.area.slot, timeout, self.area.unit):
+        if not door.peers(*datapath.fetch_function(), owners, node, self.area.slot, timeout, self.area.unit,
+                          datapath.fetch_many_function()):
             raise OSError("the front door has no peer area to fetch into")
         cache.ask_before_evicting(lambda key: door.evict(key, GRACE))  # the door's answers count as uses
         self.tend()
