@@ -234,6 +234,7 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
     finally:
         stop_daemons(serve)
     remote = remote_opens(rep)
+    path = datapath_counts(rep)
     daemon_cpu = [b - a - i * result["seconds"] for a, b, i in zip(before, after, idle)]
     by_node = dict(zip(nodes, daemon_cpu)) if sorted(n for n in nodes if n is not None) == [0, 1] else {}
     return {"reader": reader_kind, "pass_seconds": round(result["seconds"], 3), "launcher_seconds": round(elapsed, 3),
@@ -242,7 +243,9 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
             "files": result["files"], "remote_opens": remote, "digests_ok": result["ok"],
             "remote_opens_per_s": round(remote / result["seconds"]) if result["seconds"] else None,
             "reader_cpu": round(result["cpu"], 3), "daemon_cpu": [round(c, 3) for c in daemon_cpu],
-            "daemon_cpu_per_remote_open_us": round(1e6 * sum(daemon_cpu) / remote, 1) if remote else None}
+            "daemon_cpu_per_remote_open_us": round(1e6 * sum(daemon_cpu) / remote, 1) if remote else None,
+            "files_per_request": round(path["fetched_files"] / path["requests"], 2) if path.get("requests") else None,
+            "requester_sleeps_per_request": round(path["waits"] / path["requests"], 2) if path.get("requests") else None}
 
 
 def print_ceiling(kind: str, runs: list[dict]) -> None:
@@ -265,6 +268,14 @@ def print_ceiling(kind: str, runs: list[dict]) -> None:
           + ", ".join(f"{who} {us:.0f} us" for who, us in costs.items())
           + f" -> ceiling {ceiling:,.0f} remote opens/s on {cores} cores if every open were remote; "
             f"bound by {bound} ({costs[bound] / sum(costs.values()):.0%} of the CPU)")
+
+
+def datapath_counts(report: dict) -> dict:
+    """Node 0's C data path counts (its section of the run report)."""
+    for node in report.get("nodes") or []:
+        if node.get("node") == 0:
+            return (node.get("peer") or {}).get("datapath") or {}
+    return {}
 
 
 def remote_opens(report: dict) -> int:
@@ -296,8 +307,9 @@ def main(argv=None) -> int:
                 print(f"  repeat {r + 1}, {kind} reader: {res['pass_seconds']:.3f} s for {res['files']} files, "
                       f"{res['remote_opens']} remote -> {res['remote_opens_per_s']} remote opens/s; "
                       f"CPU s: reader {res['reader_cpu']}, daemons {res['daemon_cpu']} "
-                      f"= {res['daemon_cpu_per_remote_open_us']} us per remote open; digests "
-                      f"{'ok' if res['digests_ok'] else 'WRONG'}", flush=True)
+                      f"= {res['daemon_cpu_per_remote_open_us']} us per remote open; files per request "
+                      f"{res['files_per_request']}, sleeps per request {res['requester_sleeps_per_request']}; "
+                      f"digests {'ok' if res['digests_ok'] else 'WRONG'}", flush=True)
         for kind in kinds:
             print_ceiling(kind, [r for r in results if r["reader"] == kind])
         if args.json:

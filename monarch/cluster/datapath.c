@@ -107,6 +107,7 @@ struct dp {
     unsigned char lost[MAX_PEERS / 8];
     uint64_t served_files, served_bytes, handed_back, fetched_files, fetched_bytes, mpi_errors;
     uint64_t requests, served_requests;  /* messages: sent as a requester, answered as an owner */
+    uint64_t waits, idle_sleeps;         /* sleeps: requesters' while a reply was due; the owner thread's */
     int64_t rtt_ns;                     /* answers' round trip, a moving average (relaxed: a hint) */
 };
 
@@ -374,6 +375,7 @@ static int64_t wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int 
             return DP_TIMEOUT;
         struct timespec ts = {0, poll};
         nanosleep(&ts, NULL);
+        __atomic_add_fetch(&d->waits, 1, __ATOMIC_RELAXED);
         if (first) {                    /* the round trip's bulk is waited: short looks from here */
             first = 0;
             poll = POLL_MIN_NS;
@@ -412,6 +414,7 @@ static void *dp_main(void *arg)
         }
         struct timespec ts = {0, idle};
         nanosleep(&ts, NULL);
+        __atomic_add_fetch(&d->idle_sleeps, 1, __ATOMIC_RELAXED);
         int64_t cap = monarch_now_ns() - worked < HOT_NS ? HOT_IDLE_MAX_NS : IDLE_MAX_NS;
         idle = idle * 2 > cap ? cap : idle * 2;
     }
@@ -672,7 +675,8 @@ EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys
 }
 
 /* out: files and bytes served from here, files handed back to Python, files and bytes
- * fetched, MPI errors seen, keys listed as staged, requests sent, requests answered. */
+ * fetched, MPI errors seen, keys listed as staged, requests sent, requests answered, the
+ * requesters' sleeps while a reply was due, the owner thread's sleeps. */
 EXPORT void dp_counts(struct dp *d, uint64_t *out)
 {
     pthread_mutex_lock(&d->mu);
@@ -685,6 +689,8 @@ EXPORT void dp_counts(struct dp *d, uint64_t *out)
     out[6] = d->nstaged;
     out[7] = d->requests;
     out[8] = d->served_requests;
+    out[9] = __atomic_load_n(&d->waits, __ATOMIC_RELAXED);
+    out[10] = __atomic_load_n(&d->idle_sleeps, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&d->mu);
 }
 

@@ -30,7 +30,7 @@ HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST = -1, -2, -3, 
 ONE_MESSAGE_MAX = 4 << 20  # datapath.c: larger files take Python's chunked path
 BATCH_FILES_MAX = 64  # datapath.c: files in one request (fetch_many), ...
 BATCH_BYTES_MAX = ONE_MESSAGE_MAX  # ... and their bytes together
-_NCOUNTS = 9
+_NCOUNTS = 11
 ENV_DATAPATH = "MONARCH_PEER_DATAPATH"
 
 _lib: ctypes.CDLL | None = None
@@ -179,7 +179,7 @@ class DataPath:
         arr = (ctypes.c_uint64 * _NCOUNTS)()
         self._lib.dp_counts(self._dp, arr)
         return dict(zip(("served_files", "served_bytes", "handed_back", "fetched_files", "fetched_bytes",
-                         "mpi_errors", "offered", "requests", "served_requests"), arr))
+                         "mpi_errors", "offered", "requests", "served_requests", "waits", "idle_sleeps"), arr))
 
     def stop(self) -> None:
         if not self._stopped:
