@@ -256,8 +256,8 @@ class NodeDaemon:
         def link() -> None:
             try:
                 owners = owners_by_entry(snap.files, role.cluster.owner, role.node)
-                keeper.use_peer_link(PeerDoorLink(keeper.door, role.peer_cache, role.cluster.datapath.fetch_function(),
-                                                  owners, role.node, role.cluster.heartbeat_timeout, self.counters_path))
+                keeper.use_peer_link(PeerDoorLink(keeper.door, role.peer_cache, role.cluster.datapath, owners,
+                                                  role.node, role.cluster.heartbeat_timeout, self.counters_path))
                 linked = True
             except Exception:
                 log.exception("the front door's peer lane did not start: other nodes' files come through Python")

@@ -32,6 +32,7 @@ import logging
 from array import array
 from typing import Callable
 
+from monarch.cluster.datapath import DataPath
 from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
 from monarch.node.door.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.snapshot.index_writer import positions
@@ -58,10 +59,10 @@ def owners_by_entry(files, owner: Callable[[str], int], node: int) -> array:
 
 
 class PeerDoorLink(StagerListener):
-    """``door``'s peer lane kept with ``cache``'s books; ``fetch`` is (dp_fetch's address,
-    dp_staged's, the data path's handle)."""
+    """``door``'s peer lane kept with ``cache``'s books, fetching through ``datapath`` (the C
+    peer data path: its functions are called by the door)."""
 
-    def __init__(self, door: FrontDoor, cache: PeerCache, fetch: tuple[int, int, int], owners: array, node: int,
+    def __init__(self, door: FrontDoor, cache: PeerCache, datapath: DataPath, owners: array, node: int,
                  timeout: float, counters_path: str | None = None):
         self.door = door
         self.cache = cache
@@ -71,7 +72,8 @@ class PeerDoorLink(StagerListener):
             books.subscribe_locked(self)
             for key in books.flights:  # fetches under way are the cache's
                 door.claim(key)
-        if not door.peers(*fetch, owners, node, self.area.slot, timeout, self.area.unit):
+        if not door.peers(*datapath.fetch_function(), owners, node, self.area.slot, timeout, self.area.unit,
+                          datapath.fetch_many_function()):
             raise OSError("the front door has no peer area to fetch into")
         # which fetches the area keeps: measured from the shim's opens there (the rest are memfds)
         if counters_path is not None and not door.peer_reuse(counters_path):
