@@ -144,7 +144,7 @@ class FrontDoor:
                 continue
             if n < 0:
                 break
-            out.append((fd.value, self._buf.raw[:n]))
+            out.append((fd.value, ctypes.string_at(self._buf, n)))
         return out
 
     def events(self, books: int = BOOKS) -> list[DoorEvent]:
@@ -152,7 +152,7 @@ class FrontDoor:
         since the last call (and re-arms its wake-up once both are drained)."""
         out = []
         while n := self._lib.front_door_events(self._door, books, self._events, len(self._events)):
-            raw = self._events.raw[:n]
+            raw = ctypes.string_at(self._events, n)  # not .raw: that copies the whole 1 MiB buffer first
             at = 0
             while at < n:
                 kind, slot, size, nread, ns, klen, entry = _EVENT.unpack_from(raw, at)
