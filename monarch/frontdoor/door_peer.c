@@ -101,13 +101,20 @@ static int to_area_locked(struct door *d, const struct idx_file *f)
 }
 
 /* -- the opens of one owner, gathered ------------------------------------------------- */
-/* A remote open waits in its owner's queue; at most PEER_INFLIGHT workers fetch from one owner
- * at once, each taking what waits there as one batch (one request, one reply: peer_fetch_many),
- * so the readers' opens that arrive during a round trip go in the next one together. The worker
- * that read such an OPEN goes back to its loop if the owner's fetches are all under way. */
-#define PEER_INFLIGHT 2                /* fetches under way per owner (bench_peer: 1 and 2 alike, 4 worse) */
+/* A remote open waits in its owner's queue; the workers that fetch from that owner (as many at
+ * once as its measure allows: inflight.c's rule, files a second against requests in flight,
+ * slow start from PEER_INFLIGHT_START) each take what waits there as one batch (one request,
+ * one reply: peer_fetch_many), so the opens that arrive during a round trip go together in
+ * the next. The worker that read such an OPEN goes back to its loop when that owner's fetches
+ * are all under way, or when all but one worker fetch (one is left to answer the local opens). */
+#define PEER_INFLIGHT_START 2          /* requests in flight to an owner at first (bench_peer: 1 was slower, 4 faster) */
 #define PEER_BATCH_FILES 64            /* datapath.c's DP_BATCH_FILES_MAX */
 #define PEER_BATCH_BYTES (4 << 20)     /* datapath.c's DP_BATCH_BYTES_MAX */
+
+static int peer_fetchers_max(const struct door *d)
+{
+    return d->nworkers > 1 ? d->nworkers - 1 : 1;
+}
 
 /* Owner ``owner``'s queue (made on first use), or NULL (no memory). Under the lock; the
  * pointer is good until the lock is let go (the array may move). */
@@ -119,13 +126,37 @@ static struct owner_queue *owner_queue_locked(struct door *d, int owner)
         if (!more)
             return NULL;
         memset(more + d->noq, 0, (size_t)(n - d->noq) * sizeof *more);
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             if (!more[i].head)         /* an empty queue's tail points into the array, which moved */
                 more[i].tail = &more[i].head;
+            if (i >= d->noq)
+                inflight_init(&more[i].flow, 0, PEER_INFLIGHT_START, 1, peer_fetchers_max(d));
+        }
         d->oq = more;
         d->noq = n;
     }
     return &d->oq[owner];
+}
+
+/* The owner a fetcher serves next (counted in its ``inflight``), or -1: first one waiting with
+ * no fetch under way (round the owners from ``after``: none waits for another's stream), then
+ * ``after`` itself, then any with room in its limit. Under the lock. */
+static int next_owner_locked(struct door *d, int after)
+{
+    int pick = -1;
+    for (int k = 1; k <= d->noq && pick < 0; k++) {
+        int o = (after + k) % d->noq;
+        if (d->oq[o].head && !d->oq[o].inflight)
+            pick = o;
+    }
+    for (int k = 0; k < d->noq && pick < 0; k++) {
+        int o = (after + k) % d->noq;
+        if (d->oq[o].head && d->oq[o].inflight < inflight_limit(&d->oq[o].flow))
+            pick = o;
+    }
+    if (pick >= 0)
+        d->oq[pick].inflight++;
+    return pick;
 }
 
 static void fetch_each(peer_fetch_fn fetch, void *dp, int owner, int n, const char *const *keys, const int *lens,
@@ -320,8 +351,8 @@ static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owne
         remote_done(d, batch[i], outs[i], kdirs[i], tmps[i], outs[i] >= 0 && results[i] == (int64_t)batch[i]->f.size, t0);
 }
 
-/* Fetch what waits for owner ``owner``, a batch at a time, until nothing does (the caller
- * counted itself in the owner's ``inflight``). */
+/* Fetch what waits for owner ``owner`` (the caller counted itself in its ``inflight`` and in
+ * the door's fetchers), a batch at a time, then for any owner whose opens wait, until none do. */
 static void run_owner(struct worker *w, int owner)
 {
     struct door *d = w->d;
@@ -339,17 +370,28 @@ static void run_owner(struct worker *w, int owner)
             batch[n++] = q;
         }
         if (!n)
-            oq->inflight--;
+            inflight_starved(&oq->flow);   /* a fetcher free, nothing to fetch: says nothing of the owner */
         pthread_mutex_unlock(&d->mu);
-        if (!n)
+        double t0 = (double)monarch_now_ns() / 1e9;
+        if (n)
+            fetch_batch(w, batch, n, owner);
+        pthread_mutex_lock(&d->mu);
+        double now = (double)monarch_now_ns() / 1e9;
+        for (int i = 0; i < n; i++)    /* files a second: a batch's files are its copies */
+            inflight_completed(&d->oq[owner].flow, now - t0, now);
+        d->oq[owner].inflight--;
+        owner = next_owner_locked(d, owner);
+        if (owner < 0)
+            d->peer_fetchers--;
+        pthread_mutex_unlock(&d->mu);
+        if (owner < 0)
             return;
-        fetch_batch(w, batch, n, owner);
     }
 }
 
 /* An OPEN of another node's file (``e``: its entry, NULL or K_FREE; ``owner``: its node), under
- * the lock, which this lets go: queued for its owner, fetched now if fewer than PEER_INFLIGHT
- * fetches from that owner are under way, answered when its batch's reply is in. -1, or R_*. */
+ * the lock, which this lets go: queued for its owner, fetched now by this worker if the owner's
+ * limit and the door's fetchers allow, answered when its batch's reply is in. -1, or R_*. */
 static int remote_open(struct worker *w, int fd, const char *req, uint32_t got, const char *key, uint32_t len,
                        uint32_t hash, struct entry *e, const struct idx_file *f, int owner)
 {
@@ -367,8 +409,9 @@ static int remote_open(struct worker *w, int fd, const char *req, uint32_t got, 
     q->to_area = to_area_locked(d, f);
     *oq->tail = q;
     oq->tail = &q->next;
-    int run = oq->inflight < PEER_INFLIGHT;
+    int run = oq->inflight < inflight_limit(&oq->flow) && d->peer_fetchers < peer_fetchers_max(d);
     oq->inflight += run;
+    d->peer_fetchers += run;
     pthread_mutex_unlock(&d->mu);
     if (run)
         run_owner(w, owner);

@@ -246,7 +246,7 @@ struct door {
     uint64_t peer_fetches, peer_failures, peer_transient;
     /* the peer lane's batches and its memfd rule (door_peer.c) */
     struct owner_queue *oq;            /* by owner node */
-    int noq;
+    int noq, peer_fetchers;            /* owners' queues; workers fetching now */
     uint64_t peer_batches, peer_batched;  /* requests sent, files in them */
     const uint64_t *reuse_opens;       /* the shim's opens in the peer slot (front_door_peer_reuse), or NULL */
     void *reuse_map;
@@ -294,6 +294,7 @@ struct waiter {
 struct owner_queue {                   /* the remote opens waiting for one owner's fetch (door_peer.c) */
     struct waiter *head, **tail;
     int inflight;                      /* workers fetching from it now */
+    struct inflight flow;              /* how many may: the rule of every lane */
 };
 
 /* -- small things -------------------------------------------------------------------- */
