@@ -11,6 +11,7 @@ import ctypes
 import hashlib
 import os
 import shutil
+import socket
 import threading
 import time
 from array import array
@@ -184,3 +185,70 @@ def test_another_nodes_file_lands_in_the_peer_area_even_after_its_directory_went
         with open(os.path.join(area, key), "rb") as f:
             assert hashlib.md5(f.read()).hexdigest() == d.sums[key]
     assert sum(e.kind == EV_STAGED for e in d.door.events(PEER_BOOKS)) == 3
+
+
+FETCH_MANY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                              ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int),
+                              ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int),
+                              ctypes.POINTER(ctypes.c_int64), ctypes.c_int)
+
+
+def ask_open_fd(path: str, key: str, close_early: bool = False) -> bytes | None:
+    """An OPEN as the shim sends it; the bytes of the memfd passed with the answer (None: closed early)."""
+    with connect(path) as s:
+        s.sendall(protocol.encode_request(protocol.VERB_OPEN, key.encode()))
+        if close_early:
+            return None  # the application went away while its open waited
+        frame, fds, _, _ = socket.recv_fds(s, 8, 1)
+        status = int.from_bytes(frame[:4], "little")
+        assert status == protocol.SLOT_PEER | 0x100 and len(fds) == 1, (status, fds)  # ANSWER_FD
+        with os.fdopen(fds[0], "rb") as f:
+            return f.read()
+
+
+def test_remote_opens_wait_for_their_owner_and_go_as_one_request(sharded_door, short_tmp):
+    """While a fetch from an owner is under way the next opens for it wait in its queue (the
+    worker goes back to its loop) and go as one batch when it ends; concurrent opens of one key
+    share one fetch, each given its own descriptor of the memfd; an asker that went away while
+    it waited breaks nothing. No room lent in the area: every answer is a sealed memfd."""
+    d = sharded_door
+    root = os.path.join(short_tmp, "pfs")
+    batches = []
+
+    def fetch_many(dp, owner, n, keys, lens, sizes, fds, results, timeout_ms):  # one request, one reply
+        names = [keys[i][:lens[i]].decode() for i in range(n)]
+        batches.append(names)
+        time.sleep(0.3)  # the round trip: the other opens arrive meanwhile
+        for i, name in enumerate(names):
+            with open(os.path.join(root, name.split("/", 1)[1]), "rb") as f:
+                results[i] = os.pwrite(fds[i], f.read(), 0)
+        return 0
+
+    callbacks = d.callbacks[0], d.callbacks[1], FETCH_MANY(fetch_many)
+    addresses = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
+    assert d.door.peers(addresses[0], addresses[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, addresses[2])
+    d.door.peer_copying(True)
+    first, *others = sorted(set(d.sums) - d.mine)[:5]
+    got: dict[int, bytes | None] = {}
+    asks = [(first, False)] * 3 + [(k, False) for k in others[:3]] + [(others[3], True)]
+
+    def ask(i: int, key: str, close_early: bool) -> None:
+        got[i] = ask_open_fd(d.socket, key, close_early)
+
+    threads = []
+    for i, (key, early) in enumerate(asks):
+        threads.append(threading.Thread(target=ask, args=(i, key, early), daemon=True))
+        threads[-1].start()
+        time.sleep(0.05 if i == 0 else 0.01)  # the first one's fetch is under way before the rest come
+    for t in threads:
+        t.join(10)
+    for i, (key, early) in enumerate(asks):
+        assert early or hashlib.md5(got[i]).hexdigest() == d.sums[key], key
+    fetched = [k for b in batches for k in b]
+    assert sorted(fetched) == sorted({k for k, _ in asks})  # one fetch per key, however many asked
+    assert max(len(b) for b in batches) > 1, batches  # the ones that waited went together
+    counts = d.door.counts()
+    assert counts["peer_transient"] == len(fetched) and counts["peer_batches"] == len(batches)
+    assert not os.listdir(os.path.join(short_tmp, "area"))
+    # the key whose asker went away: fetched again for the next one (a memfd is not kept)
+    assert hashlib.md5(ask_open_fd(d.socket, others[3])).hexdigest() == d.sums[others[3]]
