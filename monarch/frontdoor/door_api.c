@@ -523,6 +523,7 @@ EXPORT void front_door_stop(struct door *d)
             close(w->spare_fd);
         w->spare_fd = -1;
         close_cached_dirs(w);
+        close_pool(w);                 /* door_peer.c's memfds */
     }
     d->nworkers = 0;
     close_waiting(d);

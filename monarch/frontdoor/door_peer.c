@@ -166,6 +166,75 @@ static void fetch_each(peer_fetch_fn fetch, void *dp, int owner, int n, const ch
         results[i] = fetch(dp, owner, keys[i], lens[i], sizes[i], fds[i], timeout_ms);
 }
 
+/* -- the worker's memfds ---------------------------------------------------------------- */
+/* A fresh memfd pays for its pages (allocated, zeroed, freed: 12.7 us of a 16 KiB file on this
+ * VM, scripts/page_cost.c), rewriting one's pages a tenth of that (the read-only open through
+ * /proc costs some of it back: perf, bench_peer, 24% of the requesting door's CPU -> 17%). So each worker keeps up to
+ * PEER_POOL memfds (as the shim's pool does, docs/compression.md): its own read-write open of
+ * each, the application given a new read-only open, never sealed (the shim takes a read-only
+ * open of a nameless file); one is written again only once the kernel grants a write lease on
+ * it, which it grants only while no other open of it exists anywhere (a descriptor in any
+ * process, one passed and not yet received, a mapping). A lease break signals SIGURG, ignored,
+ * not SIGIO, which would end the daemon. Leases or /proc refused: fresh sealed memfds. */
+#ifndef F_SETLEASE
+#define F_SETLEASE 1024
+#endif
+#ifndef F_SETSIG
+#define F_SETSIG 10
+#endif
+
+/* A new open file description of the file of this process's descriptor ``fd``. */
+static int reopen_fd(int fd, int flags)
+{
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    return open(self, flags);
+}
+
+/* A memfd of the worker's pool no one else holds, not ``taken`` yet in this batch (its bit
+ * set now), ``size`` bytes long: its descriptor (the pool's: not closed by the caller), or -1. */
+static int pool_take(struct worker *w, uint64_t size, uint32_t *taken)
+{
+    for (int k = 0; k < w->npool && !w->pool_off; k++) {
+        int i = (w->pool_next + k) % w->npool;
+        if (*taken & (1u << i))
+            continue;
+        if (fcntl(w->pool[i], F_SETLEASE, F_WRLCK) != 0) {
+            if (errno != EAGAIN && errno != EBUSY)
+                w->pool_off = 1;       /* leases off here: fresh memfds from now on */
+            continue;
+        }
+        fcntl(w->pool[i], F_SETLEASE, F_UNLCK);
+        if (ftruncate(w->pool[i], (off_t)size) != 0)
+            continue;
+        *taken |= 1u << i;
+        w->pool_next = i + 1;
+        return w->pool[i];
+    }
+    if (w->pool_off || w->npool >= PEER_POOL)
+        return -1;
+    int m = (int)syscall(SYS_memfd_create, "monarch-peer", MFD_CLOEXEC);
+    int rw = m < 0 ? -1 : reopen_fd(m, O_RDWR | O_CLOEXEC);  /* memfd_create's own is no writer for a lease */
+    if (m >= 0)
+        close(m);
+    if (rw < 0 || fcntl(rw, F_SETSIG, SIGURG) != 0 || ftruncate(rw, (off_t)size) != 0) {
+        if (rw >= 0)
+            close(rw);
+        w->pool_off = m >= 0;          /* no /proc here: fresh memfds from now on */
+        return -1;
+    }
+    *taken |= 1u << w->npool;
+    w->pool[w->npool++] = rw;
+    return rw;
+}
+
+static void close_pool(struct worker *w)
+{
+    for (int i = 0; i < w->npool; i++)
+        close(w->pool[i]);
+    w->npool = 0;
+}
+
 /* Answer an OPEN with the memfd ``m`` (ANSWER_FD), counted first (measure_reuse_locked). 1: sent. */
 static int answer_fd(struct door *d, int fd, int keep, int m)
 {
@@ -182,11 +251,9 @@ static int answer_fd(struct door *d, int fd, int keep, int m)
  * (its own offset), reopened through /proc; a waiter it cannot be given to goes to Python. */
 static void answer_parked_fd(struct door *d, struct waiter *ready, int m)
 {
-    char self[64];
-    snprintf(self, sizeof self, "/proc/self/fd/%d", m);
     for (struct waiter *q = ready, *next; q; q = next) {
         next = q->next;
-        int own = open(self, O_RDONLY | O_CLOEXEC);
+        int own = reopen_fd(m, O_RDONLY | O_CLOEXEC);
         if (own < 0) {
             hand_over(d, q->fd, q->req, q->got, R_PYTHON_KEY);
         } else {
@@ -205,8 +272,9 @@ static void answer_parked_fd(struct door *d, struct waiter *ready, int m)
  * area (``kdir``, ``tmp``) or the memfd sealed; the key's state, the peer cache's event, then the
  * answers (its own, the parked ones), or the open handed over (Python's protocol fetches it, or
  * says why not). Frees ``q``. */
-static void remote_done(struct door *d, struct waiter *q, int out, int kdir, const char *tmp, int ok, int64_t t0)
+static void remote_done(struct door *d, struct waiter *q, int out, int pooled, int kdir, const char *tmp, int ok, int64_t t0)
 {
+    int passed = -1;                   /* a pooled memfd's read-only open the application is given */
     const char *key = q->req + MONARCH_REQUEST_HEADER_SIZE;
     const struct idx_file *f = &q->f;
     char dest[PATH_MAX];
@@ -226,6 +294,8 @@ static void remote_done(struct door *d, struct waiter *q, int out, int kdir, con
         if (kdir >= 0)
             close(kdir);
         out = -1;
+    } else if (pooled) {               /* its own offset, from 0 */
+        ok = ok && (passed = reopen_fd(out, O_RDONLY | O_CLOEXEC)) >= 0;
     } else {
         ok = ok && fcntl(out, F_ADD_SEALS, MONARCH_MEMFD_SEALS) == 0 && lseek(out, 0, SEEK_SET) == 0;
     }
@@ -268,13 +338,15 @@ static void remote_done(struct door *d, struct waiter *q, int out, int kdir, con
         if (ready)
             answer_parked(d, ready, d->peer_slot, dest);
     } else {
-        int sent = answer_fd(d, q->fd, keep, out);
+        int sent = answer_fd(d, q->fd, keep, pooled ? passed : out);
         finish_open(d, q->fd, keep, sent);
         if (ready)
             answer_parked_fd(d, ready, out);
     }
-    if (out >= 0)
-        close(out);                    /* the application's descriptor is the one passed */
+    if (passed >= 0)
+        close(passed);                 /* the application's descriptor is the one passed */
+    if (out >= 0 && !pooled)
+        close(out);
     free(q);
 }
 
@@ -285,6 +357,8 @@ static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owne
     struct door *d = w->d;
     const char *keys[PEER_BATCH_FILES];
     int lens[PEER_BATCH_FILES], fds[PEER_BATCH_FILES], outs[PEER_BATCH_FILES], kdirs[PEER_BATCH_FILES];
+    int pooled[PEER_BATCH_FILES];
+    uint32_t taken = 0;                /* the pool's memfds this batch writes */
     uint64_t sizes[PEER_BATCH_FILES];
     int64_t results[PEER_BATCH_FILES];
     char tmps[PEER_BATCH_FILES][48];
@@ -294,6 +368,7 @@ static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owne
         struct waiter *q = batch[i];
         const char *key = q->req + MONARCH_REQUEST_HEADER_SIZE;
         outs[i] = kdirs[i] = -1;
+        pooled[i] = 0;
         results[i] = -1;
         if (q->to_area) {
             /* the worker's directory of the last fetch, kept (an epoch's files share few
@@ -319,6 +394,9 @@ static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owne
                     break;
                 }
             }
+        } else if ((outs[i] = pool_take(w, q->f.size, &taken)) >= 0) {
+            pooled[i] = 1;
+            lseek(outs[i], 0, SEEK_SET);   /* a peer_fetch writes from the offset: the last file's end */
         } else {
             outs[i] = (int)syscall(SYS_memfd_create, "monarch-peer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         }
@@ -348,7 +426,8 @@ static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owne
         if (outs[i] >= 0)
             results[i] = got[j++];
     for (int i = 0; i < n; i++)
-        remote_done(d, batch[i], outs[i], kdirs[i], tmps[i], outs[i] >= 0 && results[i] == (int64_t)batch[i]->f.size, t0);
+        remote_done(d, batch[i], outs[i], pooled[i], kdirs[i], tmps[i],
+                    outs[i] >= 0 && results[i] == (int64_t)batch[i]->f.size, t0);
 }
 
 /* Fetch what waits for owner ``owner`` (the caller counted itself in its ``inflight`` and in

@@ -118,6 +118,7 @@
 #define COPIERS_MAX 256                /* copier threads at most: copies in flight (inflight.c's ``high``) */
 #define AHEAD_WAIT_NS 50000000LL       /* the lane, out of room lent, waits this long for more ... */
 #define AHEAD_WAITS 100                /* ... this many times in a row before it ends (a full tier) */
+#define PEER_POOL 16                   /* memfds kept per worker for remote opens (door_peer.c) */
 
 enum { K_FREE = 0, K_PYTHON = 1, K_BUSY = 2, K_STAGED = 3 };
 /* the events (EV_*), books (Q_*), hand-over reasons (R_*) and lane endings (A_*): front_door.h */
@@ -196,9 +197,12 @@ struct worker {                        /* one thread of the door: its own epoll 
     int src_fresh;                     /* an open in ``src_dir`` leaves the file's attributes fresh */
     uint32_t src_dir_len, key_dir_len; /* the key's directory part they were opened for */
     char src_dir_key[PATH_MAX], key_dir_key[PATH_MAX];
-    int peer_dir;                      /* the last fetch's directory in the peer area (fetch_from_peer), or -1 */
+    int peer_dir;                      /* the last fetch's directory in the peer area (fetch_batch), or -1 */
     uint32_t peer_dir_len;
     char peer_dir_key[PATH_MAX];
+    /* the memfds this worker answers remote opens with, kept with their pages (door_peer.c) */
+    int pool[PEER_POOL];               /* read-write opens, the pool's own */
+    int npool, pool_next, pool_off;
 };
 
 struct door {

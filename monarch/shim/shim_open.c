@@ -48,8 +48,9 @@ static int monarch_probe_open(struct monarch_probe *pr, const char *key, size_t 
     return monarch_probe_path(pr, key, kl, staged) == 0 ? monarch_open_staged(staged, flags) : -1;
 }
 
-/* A descriptor the daemon passed for key (a decompressed copy): a regular file, sealed
- * against any change (MONARCH_MEMFD_SEALS), of the snapshot's size; close-on-exec only
+/* A descriptor the daemon passed for key (a decompressed copy, another node's file): a regular
+ * file, sealed against any change (MONARCH_MEMFD_SEALS) or a read-only open of a nameless one
+ * (the door's memfd pool), of the snapshot's size; close-on-exec only
  * if the application asked for it (it arrived with FD_CLOEXEC set). */
 static int monarch_passed_ok(int fd, const char *key, size_t kl, int flags)
 {
@@ -59,8 +60,13 @@ static int monarch_passed_ok(int fd, const char *key, size_t kl, int flags)
     if (monarch_sys_fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         return 0;
     long seals = syscall(SYS_fcntl, fd, F_GET_SEALS);
-    if (seals < 0 || (seals & MONARCH_MEMFD_SEALS) != MONARCH_MEMFD_SEALS)
-        return 0;
+    if (seals < 0 || (seals & MONARCH_MEMFD_SEALS) != MONARCH_MEMFD_SEALS) {
+        /* or a read-only open of a nameless file: a memfd of the front door's pool, which the
+         * door rewrites only once no open of it is left anywhere (a write lease says so) */
+        long fl = syscall(SYS_fcntl, fd, F_GETFL);
+        if (fl < 0 || (fl & O_ACCMODE) != O_RDONLY || st.st_nlink != 0)
+            return 0;
+    }
     if (n && monarch_index_entry(n, &e) == 0 && (uint64_t)st.st_size != e.size)
         return 0;
     if (!(flags & O_CLOEXEC) && syscall(SYS_fcntl, fd, F_SETFD, 0) != 0)

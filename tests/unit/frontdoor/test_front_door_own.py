@@ -252,3 +252,43 @@ def test_remote_opens_wait_for_their_owner_and_go_as_one_request(sharded_door, s
     assert not os.listdir(os.path.join(short_tmp, "area"))
     # the key whose asker went away: fetched again for the next one (a memfd is not kept)
     assert hashlib.md5(ask_open_fd(d.socket, others[3])).hexdigest() == d.sums[others[3]]
+
+
+def test_a_memfd_is_written_again_only_once_no_one_holds_it(sharded_door, short_tmp):
+    """The door keeps the memfds it answers remote opens with (their pages cost more than the
+    bytes): one the application still holds, even unread, is never written again; one it
+    closed is (the same file comes back for another key, with that key's bytes)."""
+    d = sharded_door
+    root = os.path.join(short_tmp, "pfs")
+
+    def fetch_many(dp, owner, n, keys, lens, sizes, fds, results, timeout_ms):
+        for i in range(n):
+            with open(os.path.join(root, keys[i][:lens[i]].decode().split("/", 1)[1]), "rb") as f:
+                results[i] = os.pwrite(fds[i], f.read(), 0)
+        return 0
+
+    callbacks = d.callbacks[0], d.callbacks[1], FETCH_MANY(fetch_many)
+    addresses = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
+    assert d.door.peers(addresses[0], addresses[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, addresses[2])
+    d.door.peer_copying(True)
+    remote = sorted(set(d.sums) - d.mine)
+    held, later = remote[:6], remote[6:18]
+
+    def ask(key: str) -> int:
+        with connect(d.socket) as s:
+            s.sendall(protocol.encode_request(protocol.VERB_OPEN, key.encode()))
+            _, fds, _, _ = socket.recv_fds(s, 8, 1)
+            return fds[0]
+
+    kept = {key: ask(key) for key in held}  # held open, unread
+    inodes = set()
+    for key in later:  # read and closed: their memfds are free again
+        fd = ask(key)
+        inodes.add(os.fstat(fd).st_ino)
+        with os.fdopen(fd, "rb") as f:
+            assert hashlib.md5(f.read()).hexdigest() == d.sums[key]
+    assert len(inodes) < len(later)  # memfds written again once closed
+    for key, fd in kept.items():  # never while held
+        assert os.fstat(fd).st_ino not in inodes
+        with os.fdopen(fd, "rb") as f:
+            assert hashlib.md5(f.read()).hexdigest() == d.sums[key]
