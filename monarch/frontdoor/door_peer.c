@@ -43,7 +43,6 @@ static int send_answer_fd(int fd, int32_t status, int passed)
     return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof frame ? 0 : -1;
 }
 
-
 /* -- which remote files go into the peer area: the memfd rule ---------------------------- */
 /* A copy kept in the area costs P (here: create, write, futimens, close, rename; in Python: its
  * booking, its place in the LRU, its eviction's unlink) where a memfd costs M (create, write,
@@ -54,8 +53,9 @@ static int send_answer_fd(int fd, int32_t status, int passed)
  * target) to 120 us: r* from 0.8 to 0.3; REUSE_MIN is its middle, 1/2.
  * r is measured, not guessed: 1 fetch in PEER_SAMPLE still goes into the area (all of them
  * while r is above REUSE_MIN), and r is the opens the shim counted in the peer slot
- * (front_door_peer_reuse) less those the door answered with a fresh fetch, per copy made. An epoch that reads each file once measures
- * r ~ 0 (memfds); one that rereads what the area holds measures r ~ 1 and keeps everything. */
+ * (front_door_peer_reuse) less those the door answered with a fresh fetch, per copy made. An
+ * epoch that reads each file once measures r ~ 0 (memfds); one that rereads what the area
+ * holds measures r ~ 1 and keeps everything. */
 #define PEER_SAMPLE 8                  /* 1 fetch in this many into the area while r is low */
 #define REUSE_WINDOW 32                /* copies made plus opens again per measure of r */
 #define REUSE_MIN_NUM 1                /* r's break-even, REUSE_MIN_NUM / REUSE_MIN_DEN (above) */
