@@ -105,13 +105,13 @@ def report_of(cluster, victim):
 
 def run_with_a_kill(cluster, ds, base, victim, when):
     """Start the readers, SIGKILL daemon ``victim`` at ``when`` ("epoch1": once its reader has
-    finished epoch 0; a float: that many seconds after the readers start), let every reader
+    finished epoch 0, "epoch2": epoch 1; a float: that many seconds after the readers start), let every reader
     end, check the survivors were still up, stop them. Returns the readers' results."""
     pids = [pid_of(cluster, k) for k in range(NODES)]
     procs = readers(cluster, ds, base)
     try:
-        if when == "epoch1":
-            wait_epochs(base, victim, 1, procs)
+        if isinstance(when, str):  # "epochN": once its reader has finished N epochs
+            wait_epochs(base, victim, int(when[len("epoch"):]), procs)
         else:
             time.sleep(when)
         os.kill(pids[victim], signal.SIGKILL)
@@ -148,13 +148,13 @@ def check_lost(rep, victim):
     assert rep["pfs"]["lower_bound"] is True  # the lost node's own PFS reads are unknown
 
 
-def kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim):
+def kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim, when="epoch1"):
     """The cluster on ``cfg``, one sharded reader per node, ``victim``'s daemon SIGKILLed once its
-    reader finished epoch 0; every reader's bytes checked. Returns the cluster, which daemons
+    reader finished epoch 0 (``when``: run_with_a_kill's); every reader's bytes checked. Returns the cluster, which daemons
     were up until stop."""
     cluster = Cluster(NODES, cfg, short_tmp)
     try:
-        results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, "epoch1")
+        results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, when)
     finally:
         cluster.kill()
     check_readers(results)
@@ -209,7 +209,10 @@ def test_with_two_replicas_a_lost_daemon_s_share_is_served_from_second_copies(da
     victim = 2
     ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
     cfg = shard_config(short_tmp, ds.root, ds.allocated * 7 // 10, replicas=2)
-    cluster, up, results = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim)
+    # killed after epoch 1, not 0: the second copies are copied behind the owners' own shares, and
+    # an epoch 0 of remote opens answered as memfds in batches (issue 44) can end before they are all
+    # there (18 of 59 files taken over were held in one run of six)
+    cluster, up, results = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim, "epoch2")
     if cluster.launch.engine != "ulfm":
         return
     assert up == [k for k in range(NODES) if k != victim]
