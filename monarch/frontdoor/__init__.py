@@ -94,6 +94,11 @@ _PROTOTYPES = {
     "inflight_state": (None, [_vp, ctypes.POINTER(ctypes.c_double)]),
     "front_door_stop": (None, [_vp]),
     "front_door_free": (None, [_vp]),
+    # the peer read-ahead lane (door_peer_ahead.c)
+    "front_door_peer_ahead": (_i, [_vp, _vp, ctypes.c_uint32, ctypes.c_uint32]),
+    "front_door_peer_progress": (None, [_vp, ctypes.c_uint32]),
+    "front_door_peer_many": (None, [_vp, _vp]),
+    "front_door_peer_ahead_state": (None, [_vp, _u64p]),
 }
 _LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the daemon's C front door",
                            "the Python server answers every request", _PROTOTYPES)
@@ -304,6 +309,28 @@ class FrontDoor:
 
     def lease(self, books: int = BOOKS) -> int:
         return self._lib.front_door_lease(self._door, books)
+
+    # -- the peer read-ahead lane (door_peer_ahead.c: a hinted order's other nodes' files) --
+    def peer_ahead(self, entries, window: int) -> bool:
+        """The reader's order as index entries (an ``array('I')``, from 1): the door fetches
+        the other nodes' files among them ahead of the progress (``peer_progress``), at most
+        ``window`` positions ahead, in batches per owner, into the peer area (within its
+        lease). An empty order stops the lane (its batch under way ends first)."""
+        address, n = entries.buffer_info() if len(entries) else (None, 0)  # copied by the door
+        return self._lib.front_door_peer_ahead(self._door, address, n, max(1, window)) == 0
+
+    def peer_progress(self, consumed: int) -> None:
+        self._lib.front_door_peer_progress(self._door, max(0, min(consumed, 0xFFFFFFFF)))
+
+    def peer_many(self, fetch_many: int | None) -> None:
+        """The batch fetch (datapath.c's dp_fetch_many), or None: one dp_fetch per file."""
+        self._lib.front_door_peer_many(self._door, fetch_many)
+
+    def peer_ahead_state(self) -> dict:
+        arr = (ctypes.c_uint64 * 10)()
+        self._lib.front_door_peer_ahead_state(self._door, arr)
+        return dict(zip(("orders", "fetched", "fetched_bytes", "batches", "failed", "skipped", "room_waits",
+                         "order", "next", "consumed"), arr))
 
 
 # -- how many copies in flight: the rule of inflight.c, for Python's lanes -------------------

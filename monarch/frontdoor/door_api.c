@@ -448,6 +448,7 @@ EXPORT void front_door_stop(struct door *d)
     pthread_mutex_lock(&d->mu);
     d->keeping = 0;                    /* no connection kept from now on: those answered now are closed */
     pthread_mutex_unlock(&d->mu);
+    stop_peer_ahead(d);                /* the peer read-ahead lane (door_peer_ahead.c) */
     stop_copiers(d);
     uint64_t one = 1;
     if (d->stop_fd >= 0 && write(d->stop_fd, &one, sizeof one) < 0) {
@@ -522,6 +523,7 @@ EXPORT void front_door_free(struct door *d)
     for (int i = 0; d->copiers && i < COPIERS_MAX; i++)
         free(d->copiers[i].copy_buf);
     free(d->copiers);
+    free_peer_ahead(d);                /* the peer read-ahead lane (door_peer_ahead.c) */
     pthread_mutex_destroy(&d->mu);
     pthread_mutex_destroy(&d->take_mu);
     pthread_cond_destroy(&d->cv);
