@@ -11,6 +11,16 @@ With a PyTorch-like sampler (nothing here imports torch)::
     sampler = HintedSampler(RandomSampler(ds), path_of=lambda i: ds.paths[i])
     loader = DataLoader(ds, sampler=sampler, num_workers=8)
 
+or, one shard per rank as PyTorch's ``DistributedSampler`` gives it (each node's daemon then
+fetches the other nodes' files of its shard ahead of the reader, in batches: their opens are
+local hits)::
+
+    from monarch.hints import DistributedHintedSampler
+    sampler = DistributedHintedSampler(ds, num_replicas=world, rank=rank, path_of=lambda i: ds.paths[i])
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for i in sampler: ...
+
 or by hand::
 
     from monarch.hints import Hints
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import secrets
 import socket
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -166,6 +177,64 @@ class HintedSampler:
             done += len(item) if isinstance(item, (list, tuple)) else 1
             yield item
         self.hints.progress(done)
+
+
+class DistributedHintedSampler(HintedSampler):
+    """PyTorch's ``DistributedSampler``, hinted (nothing imported from torch): each epoch a
+    permutation of ``range(len(dataset))`` seeded by ``seed + epoch`` (``set_epoch``; with
+    ``shuffle=False`` the identity), padded by repeating its head to a multiple of
+    ``num_replicas`` (or, ``drop_last``, cut to one), of which rank ``rank`` takes every
+    ``num_replicas``-th from its own place (``perm[rank::num_replicas]``): the shards are
+    disjoint and together cover the dataset, each ``len(self)`` long, as torch's. The
+    permutation is Python's ``random.Random(seed + epoch).shuffle``, not torch's ``randperm``:
+    the same shape, other numbers. ``dataset``: its length, or anything with ``__len__``.
+    Each epoch's shard order is told to the daemon before its first index is yielded, then the
+    progress (``HintedSampler``: ``lag``, ``every``); ``num_replicas`` and ``rank`` default to
+    ``WORLD_SIZE`` and ``RANK`` (torchrun's), else 1 and 0."""
+
+    def __init__(self, dataset: Any, num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False, *, path_of: Callable[[int], str | bytes | os.PathLike],
+                 lag: int = 256, every: int = 64, hints: Hints | None = None):
+        super().__init__(_Shards(dataset if isinstance(dataset, int) else len(dataset),
+                                 int(os.environ.get("WORLD_SIZE", "1")) if num_replicas is None else num_replicas,
+                                 int(os.environ.get("RANK", "0")) if rank is None else rank, shuffle, seed, drop_last),
+                         path_of, lag, every, hints)
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+
+class _Shards:
+    """The index order of DistributedHintedSampler (torch's DistributedSampler's arithmetic)."""
+
+    def __init__(self, n: int, replicas: int, rank: int, shuffle: bool, seed: int, drop_last: bool):
+        if replicas < 1 or not 0 <= rank < replicas:
+            raise ValueError(f"DistributedHintedSampler: rank {rank} is not in [0, {replicas}) (num_replicas {replicas})")
+        self.n, self.replicas, self.rank, self.shuffle, self.seed, self.drop_last = n, replicas, rank, shuffle, seed, drop_last
+        self.epoch = 0
+        if drop_last and n % replicas:
+            self.num_samples = -(-(n - replicas) // replicas)
+        else:
+            self.num_samples = -(-n // replicas)
+        self.total_size = self.num_samples * replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(range(self.n))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        if self.drop_last:
+            order = order[:self.total_size]
+        elif order:
+            pad = self.total_size - len(order)
+            order += (order * -(-pad // len(order)))[:pad]
+        return iter(order[self.rank:self.total_size:self.replicas])
 
 
 def _parse_roots(text: str) -> list[tuple[int, bytes]]:

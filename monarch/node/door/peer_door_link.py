@@ -17,6 +17,13 @@ the door's table and the peer cache's books one, as ``DoorLink`` does for the st
   (checked and handed over in one step, ``FrontDoor.evict``), so an application it was
   answered to never finds it gone.
 
+When the readers tell their order (``monarch.hints``), the door's peer read-ahead lane
+(``door_peer_ahead.c``) fetches the other nodes' files of that order ahead of the reader, in
+batches per owner, into room lent here as for its other fetches (``hint``): no more ahead than
+half the area holds, so that what the LRU evicts is what the reader has consumed. Each order
+is an epoch of the report's ``ahead`` figures: its other nodes' files, and how many of their
+opens still had to be fetched (by the door, as a transient copy, or by Python).
+
 The door knows who owns a file from an array by index entry (the snapshot's order of files),
 computed once here. After a node is lost its files have new owners the array does not know:
 the door's fetches from the lost node end at once (the data path knows it is lost) and
@@ -26,9 +33,11 @@ those opens are handed over to Python, which asks the new owner.
 from __future__ import annotations
 
 import logging
+import threading
 from array import array
 from typing import Callable
 
+from monarch import protocol
 from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
 from monarch.node.door.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.snapshot.index_writer import positions
@@ -59,8 +68,20 @@ class PeerDoorLink(StagerListener):
     dp_staged's, the data path's handle)."""
 
     def __init__(self, door: FrontDoor, cache: PeerCache, fetch: tuple[int, int, int], owners: array, node: int,
-                 timeout: float):
+                 timeout: float, files=None, fetch_many: int | None = None):
+        """``files``: the snapshot's, for the hinted orders (None: hints steer no fetch);
+        ``fetch_many``: datapath.c's dp_fetch_many (None: one dp_fetch per file)."""
         self.door = door
+        self._owners = owners
+        self._position = positions(files) if files is not None else None
+        self._files = files
+        self._order = array("I")        # the hinted order's index entries (the last stream's)
+        self._stream: int | None = None
+        self._remote = 0                # of which other nodes' files
+        self._remote_bytes = 0          # their bytes, as the area allocates them
+        self._epochs: list[dict] = []   # per order: its other nodes' files, those fetched at their open
+        self._at_open_before = 0
+        self._hint_lock = threading.Lock()
         self.cache = cache
         self.area = cache.area
         books = cache.books
@@ -71,6 +92,8 @@ class PeerDoorLink(StagerListener):
         if not door.peers(*fetch, owners, node, self.area.slot, timeout, self.area.unit):
             raise OSError("the front door has no peer area to fetch into")
         cache.ask_before_evicting(lambda key: door.evict(key, GRACE))  # the door's answers count as uses
+        if files is not None:
+            door.peer_many(fetch_many)
         self.tend()
 
     # -- the cache's events (StagerListener) -----------------------------------------------
@@ -130,8 +153,77 @@ class PeerDoorLink(StagerListener):
             self.area.release(left)
         return left > 0
 
+    # -- the hinted order (door_peer_ahead.c) -------------------------------------------------
+    def hint(self, op: int, stream: int, keys) -> None:
+        """A hint (protocol.HINT_*) of stream ``stream``: an order (``keys``, the whole order,
+        this node's own files too: the progress counts its positions), more of it, the
+        reader's progress, or its end. The last stream to send an order steers the lane."""
+        if self._position is not None:
+            with self._hint_lock:
+                self._hint_locked(op, stream, keys)
+
+    def _hint_locked(self, op: int, stream: int, keys) -> None:
+        if op in (protocol.HINT_ORDER, protocol.HINT_MORE):
+            if op == protocol.HINT_ORDER or stream != self._stream:
+                self._new_epoch()
+                self._order, self._stream, self._remote, self._remote_bytes = array("I"), stream, 0, 0
+            position, owners, files, allocated = self._position, self._owners, self._files, self.area.allocated
+            for key in keys:
+                at = position(key)
+                if at is not None:
+                    self._order.append(at + 1)
+                    if owners[at] >= 0:
+                        self._remote += 1
+                        self._remote_bytes += allocated(files[key].size)
+            self.door.peer_ahead(self._order, self._window())
+        elif stream != self._stream:
+            return
+        elif op == protocol.HINT_PROGRESS:
+            self.door.peer_progress(int(keys))
+        else:
+            self.door.peer_ahead(array("I"), 1)
+            self._new_epoch()
+            self._stream = None
+
+    def _window(self) -> int:
+        """How far ahead the lane fetches, in positions of the order: half the area (the LRU
+        evicts from the other half, the copies consumed), as positions go (this node's own
+        files among them)."""
+        if not self._remote:
+            return 1
+        per_position = self._remote_bytes / max(1, len(self._order))
+        return max(4, int(self.area.capacity // 2 // max(1.0, per_position)))
+
+    def _fetched_at_open(self) -> int:
+        """Other nodes' files fetched when they were opened (by the door, as a transient copy, or
+        by Python): every fetch but the lane's."""
+        self.absorb()
+        counts = self.cache.counts
+        return counts["fetched"] + counts["transient"] - self.door.peer_ahead_state()["fetched"]
+
+    def _new_epoch(self) -> None:
+        now = self._fetched_at_open()
+        if self._stream is not None:
+            self._epochs.append({"remote_opens": self._remote, "fetched_at_open": now - self._at_open_before})
+        self._at_open_before = now
+
+    def ahead_stats(self) -> dict:
+        """The report's ``peer_ahead``: the lane's figures and, per hinted order (an epoch), its
+        other nodes' files and how many of their opens had to fetch (the rest were local hits)."""
+        with self._hint_lock:
+            return self._ahead_stats_locked()
+
+    def _ahead_stats_locked(self) -> dict:
+        epochs = list(self._epochs)
+        if self._stream is not None:
+            epochs.append({"remote_opens": self._remote,
+                           "fetched_at_open": self._fetched_at_open() - self._at_open_before})
+        return {"lane": self.door.peer_ahead_state(), "epochs": epochs}
+
     def stop(self) -> None:
         """The lane off (its fetches under way end first), its room given back."""
+        if self._position is not None:
+            self.door.peer_ahead(array("I"), 1)  # the read-ahead lane's batch under way ends first
         self.cache.ask_before_evicting(None)
         self.door.peers(None, None, None, None, 0, self.area.slot, 0)
         self.door.peer_copying(False)
