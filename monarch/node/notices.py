@@ -102,7 +102,7 @@ class JobNotices:
     def apply_hint(self, op: int, stream: int, keys: Iterable[str] | int) -> None:
         """This node's own files go to its stager; the whole order to ``peer_hint`` (the
         other nodes' files fetched ahead of the reader), if there is one."""
-        if not isinstance(keys, int):
+        if keys is not None and not isinstance(keys, int):
             keys = list(keys)
         with self._lock:
             peer_hint, pending = self.peer_hint, self._peer_pending
