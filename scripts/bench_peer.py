@@ -34,6 +34,7 @@ import statistics
 import zlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--file-size", default="16KiB")
     p.add_argument("--threads", type=int, default=8, help="reader threads on node 0")
     p.add_argument("--repeats", type=int, default=3, help="daemons started anew for each")
+    p.add_argument("--perf", action="store_true", help="record each daemon with perf during the reading pass "
+                   "and print its costliest symbols")
     p.add_argument("--reader", default="python,c", help="python, c, or both comma-separated (default)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per repeat before it is killed")
     p.add_argument("--json", default=None, help="write the results here")
@@ -164,6 +167,36 @@ def daemon_nodes(procs: list) -> list:
     return out
 
 
+def start_perf(wanted: bool, base: str, procs: list, nodes: list) -> list:
+    """``perf record -g`` of each daemon for the reading pass (``--perf``): [(node, data, proc)]."""
+    if not wanted:
+        return []
+    perf = shutil.which("perf")
+    if perf is None:
+        raise SystemExit("bench_peer: --perf needs perf (apt-get install linux-perf)")
+    out = []
+    for p, node in zip(procs, nodes):
+        data = os.path.join(base, f"perf-node{node}.data")
+        rec = subprocess.Popen([perf, "record", "-g", "-F", "4999", "-p", str(p.pid), "-o", data],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out.append((node, data, rec))
+    time.sleep(0.5)  # perf attached before the pass
+    return out
+
+
+def stop_perf(perf: list) -> None:
+    """Stop the recordings and print each daemon's costliest symbols (self time) during the pass."""
+    for node, data, rec in perf:
+        rec.send_signal(signal.SIGINT)
+        rec.wait(timeout=60)
+        top = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "sym", "-g", "none",
+                              "--percent-limit", "1.5", "--stdio"], capture_output=True, text=True).stdout
+        rows = [line.strip() for line in top.splitlines() if "%" in line and not line.startswith("#")]
+        print(f"  perf, node {node}'s daemon during the pass ({data}):")
+        for line in rows[:25]:
+            print(f"    {line}")
+
+
 def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int, r: int,
                reader_kind: str = "python", c_reader: tuple[str, str] | None = None) -> dict:
     base = os.path.join(work, f"r{r}-{reader_kind}")
@@ -182,6 +215,8 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
         idle = [b - a for a, b in zip(idle0, cpu_of(procs))]  # per second
         out = os.path.join(base, "reader.json")
         report = os.path.join(base, "run0.json")
+        nodes = daemon_nodes(procs)
+        perf = start_perf(args.perf, base, procs, nodes)
         before = cpu_of(procs)
         t0 = time.monotonic()
         cmd = ([c_reader[0], c_reader[1], str(args.threads)] if reader_kind == "c" else
@@ -191,7 +226,7 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
                                 timeout=max(10.0, deadline - time.monotonic()))
         elapsed = time.monotonic() - t0
         after = cpu_of(procs)
-        nodes = daemon_nodes(procs)
+        stop_perf(perf)
         if reader.returncode != 0:
             raise RuntimeError(f"the reader exited {reader.returncode}:\n{reader.stderr[-2000:]}")
         result = json.loads(reader.stdout.strip().splitlines()[-1]) if reader_kind == "c" else json.load(open(out))

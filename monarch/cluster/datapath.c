@@ -51,6 +51,8 @@
 #define TAG_REQUEST 1
 #define FIRST_TAG 16
 #define ONE_MESSAGE_MAX (4 << 20)     /* larger files take Python's chunked path */
+#define BATCH_FILES_MAX 64            /* files in one request */
+#define BATCH_BYTES_MAX ONE_MESSAGE_MAX /* their bytes together: one reply */
 #define KEY_MAX 4096
 #define MAX_SLOTS 16
 #define POLL_MIN_NS 20000L            /* a requester sleeps this long between looks at its answer, */
@@ -66,20 +68,26 @@ enum { DP_PYTHON = -1, DP_TIMEOUT = -2, DP_MPI_ERROR = -3, DP_CORRUPT = -4, DP_L
        DP_LOST = -7 };
 enum { ST_OK = 0, ST_PYTHON = 1 };
 
-struct reply_header { int32_t status; uint32_t pad; uint64_t size; };       /* then the bytes */
-struct request_header { uint32_t tag; uint32_t pad; uint64_t size; };       /* then the key */
+/* One request names up to BATCH_FILES_MAX files (their items, then their keys back to back);
+ * its reply has one item per file, then the bytes of those answered ST_OK, back to back: a
+ * batch of files crosses in one message each way. */
+struct request_header { uint32_t tag; uint32_t n; };
+struct request_item { uint64_t size; uint32_t len; uint32_t pad; };
+struct reply_header { uint32_t n; uint32_t pad; };
+struct reply_item { int32_t status; uint32_t pad; uint64_t size; };
 
 struct staged { struct staged *next; uint32_t hash, len; uint8_t slot; char key[]; };
 
 struct fetch {                          /* one request of this node's, posted */
     struct fetch *next;                 /* dp.active */
-    int owner, tag;
+    int owner, tag, n;
     int sent;                           /* the request's send has completed (or failed) */
     int orphan;                         /* given up on: the owner's thread tests and frees it */
-    uint64_t size;
+    uint64_t cap;                       /* the reply's largest size: every file answered */
     MPI_Request recv, send;
-    char *buf;                          /* reply header + bytes */
-    struct request_header *req;         /* header + key */
+    char *buf;                          /* the reply: header, items, bytes */
+    char *req;                          /* the request: header, items, keys */
+    int req_len, got;                   /* the request's length; the reply's */
 };
 
 struct sending { struct sending *next; MPI_Request req; char *buf; };
@@ -98,6 +106,7 @@ struct dp {
     char *tiers[MAX_SLOTS];
     unsigned char lost[MAX_PEERS / 8];
     uint64_t served_files, served_bytes, handed_back, fetched_files, fetched_bytes, mpi_errors;
+    uint64_t requests, served_requests;  /* messages: sent as a requester, answered as an owner */
     int64_t rtt_ns;                     /* answers' round trip, a moving average (relaxed: a hint) */
 };
 
@@ -134,8 +143,10 @@ static void grow_locked(struct dp *d)
     d->nbuckets = n;
 }
 
-/* -- the owner's side: one request, answered from this thread ----------------------------- */
-static char *read_staged(struct dp *d, const char *key, uint32_t len, uint64_t size)
+/* -- the owner's side: one request (a batch of files), answered from this thread ------- */
+/* ``key``'s ``size`` bytes read into ``dst`` if Python listed it as staged here, raw, of that
+ * size: 0, else -1 (the requester asks Python's protocol). */
+static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t size, char *dst)
 {
     char path[PATH_MAX];
     pthread_mutex_lock(&d->mu);
@@ -143,47 +154,76 @@ static char *read_staged(struct dp *d, const char *key, uint32_t len, uint64_t s
     const char *dir = s ? d->tiers[s->slot] : NULL;
     int n = dir ? snprintf(path, sizeof path, "%s/%.*s", dir, (int)len, key) : -1;
     pthread_mutex_unlock(&d->mu);
-    if (n < 0 || n >= (int)sizeof path || size > ONE_MESSAGE_MAX)
-        return NULL;
+    if (n < 0 || n >= (int)sizeof path)
+        return -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
-        return NULL;
+        return -1;
     struct stat st;
-    char *buf = NULL;
-    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size == size && (buf = malloc(sizeof(struct reply_header) + size))) {
-        char *at = buf + sizeof(struct reply_header);
-        uint64_t got = 0;
-        while (got < size) {
-            ssize_t r = pread(fd, at + got, size - got, (off_t)got);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                break;
-            got += (uint64_t)r;
-        }
-        if (got != size) {
-            free(buf);
-            buf = NULL;
-        }
+    uint64_t got = 0;
+    int same = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size;
+    while (same && got < size) {
+        ssize_t r = pread(fd, dst + got, size - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (uint64_t)r;
     }
     close(fd);
-    return buf;
+    return same && got == size ? 0 : -1;
+}
+
+/* A request's items and keys, checked against its length (a peer's bytes are not trusted):
+ * the items, or NULL. */
+static const struct request_item *parse_request(const char *msg, int count, struct request_header *rh,
+                                                uint64_t *total)
+{
+    if (count < (int)sizeof *rh)
+        return NULL;
+    memcpy(rh, msg, sizeof *rh);
+    if (rh->n == 0 || rh->n > BATCH_FILES_MAX || (size_t)count < sizeof *rh + rh->n * sizeof(struct request_item))
+        return NULL;
+    const struct request_item *items = (const struct request_item *)(msg + sizeof *rh);
+    uint64_t keys = 0, bytes = 0;
+    for (uint32_t i = 0; i < rh->n; i++) {
+        if (items[i].len == 0 || items[i].len > KEY_MAX || items[i].size > BATCH_BYTES_MAX)
+            return NULL;
+        keys += items[i].len;
+        bytes += items[i].size;
+    }
+    if (sizeof *rh + rh->n * sizeof(struct request_item) + keys != (uint64_t)count || bytes > BATCH_BYTES_MAX)
+        return NULL;
+    *total = bytes;
+    return items;
 }
 
 static void answer(struct dp *d, int src, const char *msg, int count)
 {
     struct request_header rh;
-    if (count < (int)sizeof rh || count - (int)sizeof rh > KEY_MAX)
+    uint64_t total = 0;
+    const struct request_item *items = parse_request(msg, count, &rh, &total);
+    if (!items)
         return;                         /* not ours to answer: the requester's deadline does */
-    memcpy(&rh, msg, sizeof rh);
-    uint32_t len = (uint32_t)count - sizeof rh;
-    char *buf = read_staged(d, msg + sizeof rh, len, rh.size);
-    struct reply_header h = {.status = buf ? ST_OK : ST_PYTHON, .size = buf ? rh.size : 0};
-    if (!buf && !(buf = malloc(sizeof h)))
+    size_t head = sizeof(struct reply_header) + rh.n * sizeof(struct reply_item);
+    char *buf = malloc(head + total);
+    if (!buf)
         return;
+    struct reply_header h = {.n = rh.n};
     memcpy(buf, &h, sizeof h);
+    struct reply_item *out = (struct reply_item *)(buf + sizeof h);
+    const char *key = (const char *)(items + rh.n);
+    uint64_t at = 0, ok = 0, bytes = 0;
+    for (uint32_t i = 0; i < rh.n; key += items[i].len, i++) {
+        int staged = read_staged(d, key, items[i].len, items[i].size, buf + head + at) == 0;
+        struct reply_item r = {.status = staged ? ST_OK : ST_PYTHON, .size = staged ? items[i].size : 0};
+        memcpy(&out[i], &r, sizeof r);
+        at += r.size;
+        ok += staged;
+        bytes += r.size;
+    }
     struct sending *s = malloc(sizeof *s);
-    if (!s || MPI_Isend(buf, (int)(sizeof h + h.size), MPI_BYTE, src, (int)rh.tag, d->comm, &s->req) != MPI_SUCCESS) {
+    if (!s || MPI_Isend(buf, (int)(head + at), MPI_BYTE, src, (int)rh.tag, d->comm, &s->req) != MPI_SUCCESS) {
         __atomic_add_fetch(&d->mpi_errors, 1, __ATOMIC_RELAXED);
         free(s);
         free(buf);
@@ -193,12 +233,10 @@ static void answer(struct dp *d, int src, const char *msg, int count)
     s->next = d->sends;
     d->sends = s;
     pthread_mutex_lock(&d->mu);
-    if (h.status == ST_OK) {
-        d->served_files++;
-        d->served_bytes += h.size;
-    } else {
-        d->handed_back++;
-    }
+    d->served_requests++;
+    d->served_files += ok;
+    d->served_bytes += bytes;
+    d->handed_back += rh.n - ok;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -302,7 +340,7 @@ static int lost_node(struct dp *d, int node)
     return __atomic_load_n(&d->lost[node / 8], __ATOMIC_RELAXED) & (1u << (node % 8));
 }
 
-/* 0 once the answer is in f->buf, or a DP_* answer; *posted: the receive is still posted. */
+/* 0 once the answer is in f->buf (f->got bytes), or a DP_* answer; *posted: the receive is still posted. */
 static int64_t wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int *posted)
 {
     int64_t t0 = monarch_now_ns();
@@ -320,16 +358,9 @@ static int64_t wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int 
             *posted = 0;
             int64_t took = monarch_now_ns() - t0;  /* as seen through this poll's steps: what the next waits first */
             __atomic_store_n(&d->rtt_ns, rtt ? rtt + (took - rtt) / 8 : took, __ATOMIC_RELAXED);
-            int count = 0;
-            MPI_Get_count(&st, MPI_BYTE, &count);
-            struct reply_header h;
-            if (count < (int)sizeof h)  /* no owner of ours sends that: a receive ended by a failure (ULFM) */
+            MPI_Get_count(&st, MPI_BYTE, &f->got);
+            if (f->got < (int)sizeof(struct reply_header))  /* no owner of ours sends that: a receive ended by a failure (ULFM) */
                 return DP_MPI_ERROR;
-            memcpy(&h, f->buf, sizeof h);
-            if (h.status == ST_PYTHON)
-                return DP_PYTHON;
-            if (h.status != ST_OK || h.size != f->size || (uint64_t)count != sizeof h + f->size)
-                return DP_CORRUPT;
             return 0;
         }
         if (!f->sent && (MPI_Test(&f->send, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag))
@@ -352,11 +383,12 @@ static int64_t wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int 
     }
 }
 
-static int write_all(int fd, const char *p, uint64_t n)
+/* ``at_zero``: written at offset 0 (pwrite), the descriptor's offset left alone */
+static int write_all(int fd, const char *p, uint64_t n, int at_zero)
 {
     uint64_t put = 0;
     while (put < n) {
-        ssize_t w = write(fd, p + put, n - put);
+        ssize_t w = at_zero ? pwrite(fd, p + put, n - put, (off_t)put) : write(fd, p + put, n - put);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
@@ -477,30 +509,94 @@ EXPORT void dp_lost(struct dp *d, int node)
         __atomic_fetch_or(&d->lost[node / 8], (unsigned char)(1u << (node % 8)), __ATOMIC_RELAXED);
 }
 
-/* Fetch ``key`` (``size`` bytes in the requester's snapshot) from node ``owner`` into ``fd``
- * (written from its current offset): the bytes written, or a DP_* answer. Waits at most
- * ``timeout_ms``. Any thread, several at once. */
-EXPORT int64_t dp_fetch(struct dp *d, int owner, const char *key, int len, uint64_t size, int fd, int timeout_ms)
+/* The reply in f->buf checked against the request (an owner's bytes are not trusted) and each
+ * file answered ST_OK written into its descriptor: results[i] its bytes, or a DP_* answer. */
+static void deliver(struct dp *d, struct fetch *f, const uint64_t *sizes, const int *fds, int64_t *results, int at_zero)
 {
-    static __thread int slack_set;
-    if (owner < 0 || owner >= d->size || owner == d->rank || len <= 0 || len > KEY_MAX || size > ONE_MESSAGE_MAX)
-        return DP_PYTHON;
-    if (!slack_set) {
-        prctl(PR_SET_TIMERSLACK, 1000UL);  /* this thread's short sleeps while it polls */
-        slack_set = 1;
+    struct reply_header h;
+    memcpy(&h, f->buf, sizeof h);
+    size_t head = sizeof h + (size_t)f->n * sizeof(struct reply_item);
+    const struct reply_item *items = (const struct reply_item *)(f->buf + sizeof h);
+    uint64_t bytes = 0;
+    int bad = h.n != (uint32_t)f->n || (size_t)f->got < head;
+    for (int i = 0; !bad && i < f->n; i++) {
+        struct reply_item r;
+        memcpy(&r, &items[i], sizeof r);
+        bad = (r.status == ST_OK && r.size != sizes[i]) || (r.status != ST_OK && (r.status != ST_PYTHON || r.size));
+        bytes += r.size;
     }
-    struct fetch *f = calloc(1, sizeof *f);
-    if (!f || !(f->buf = malloc(sizeof(struct reply_header) + size)) || !(f->req = malloc(sizeof *f->req + (size_t)len))) {
+    if (bad || (uint64_t)f->got != head + bytes) {
+        for (int i = 0; i < f->n; i++)
+            results[i] = DP_CORRUPT;
+        return;
+    }
+    const char *at = f->buf + head;
+    uint64_t files = 0, written = 0;
+    for (int i = 0; i < f->n; i++) {
+        struct reply_item r;
+        memcpy(&r, &items[i], sizeof r);
+        if (r.status != ST_OK) {
+            results[i] = DP_PYTHON;
+            continue;
+        }
+        results[i] = write_all(fds[i], at, r.size, at_zero) == 0 ? (int64_t)r.size : DP_LOCAL_IO;
+        files += results[i] >= 0;
+        written += results[i] >= 0 ? r.size : 0;
+        at += r.size;
+    }
+    pthread_mutex_lock(&d->mu);
+    d->fetched_files += files;
+    d->fetched_bytes += written;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* The calling thread's timer slack at 1 us, once: its short sleeps while it polls. */
+static void short_sleeps(void)
+{
+    static __thread int set;
+    if (!set) {
+        prctl(PR_SET_TIMERSLACK, 1000UL);
+        set = 1;
+    }
+}
+
+/* One request of ``n`` files to ``owner``, one reply (see dp_fetch_many); ``at_zero``: written
+ * with pwrite at offset 0, else from each descriptor's offset. 0, or a DP_* for the whole batch. */
+static int fetch_batch(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
+                       const int *fds, int64_t *results, int timeout_ms, int at_zero)
+{
+    uint64_t bytes = 0, keys_len = 0;
+    int why = n <= 0 || n > BATCH_FILES_MAX || owner < 0 || owner >= d->size || owner == d->rank ? DP_PYTHON : 0;
+    for (int i = 0; !why && i < n; i++) {
+        why = lens[i] <= 0 || lens[i] > KEY_MAX || sizes[i] > BATCH_BYTES_MAX ? DP_PYTHON : 0;
+        bytes += sizes[i];
+        keys_len += (uint64_t)(lens[i] > 0 ? lens[i] : 0);
+    }
+    if (!why && bytes > BATCH_BYTES_MAX)
+        why = DP_PYTHON;
+    struct fetch *f = why ? NULL : calloc(1, sizeof *f);
+    size_t head = sizeof(struct request_header) + (size_t)n * sizeof(struct request_item);
+    if (!why && (!f || !(f->buf = malloc(sizeof(struct reply_header) + (size_t)n * sizeof(struct reply_item) + bytes)) ||
+                 !(f->req = malloc(head + keys_len))))
+        why = DP_LOCAL_IO;
+    if (why) {
         if (f)
             free_fetch(f);
-        return DP_LOCAL_IO;
+        return why;
     }
     f->owner = owner;
-    f->size = size;
-    f->req->size = size;
-    memcpy(f->req + 1, key, (size_t)len);
+    f->n = n;
+    f->req_len = (int)(head + keys_len);
+    struct request_item *items = (struct request_item *)(f->req + sizeof(struct request_header));
+    char *k = f->req + head;
+    for (int i = 0; i < n; i++) {
+        struct request_item it = {.size = sizes[i], .len = (uint32_t)lens[i]};
+        memcpy(&items[i], &it, sizeof it);
+        memcpy(k, keys[i], (size_t)lens[i]);
+        k += lens[i];
+    }
     pthread_mutex_lock(&d->mu);
-    int why = !d->running || __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE) ? DP_STOPPED : lost_node(d, owner) ? DP_LOST : 0;
+    why = !d->running || __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE) ? DP_STOPPED : lost_node(d, owner) ? DP_LOST : 0;
     if (why) {
         pthread_mutex_unlock(&d->mu);
         free_fetch(f);
@@ -511,21 +607,22 @@ EXPORT int64_t dp_fetch(struct dp *d, int owner, const char *key, int len, uint6
         tag = tag < d->tag_ub ? tag + 1 : FIRST_TAG;
     d->next_tag = tag < d->tag_ub ? tag + 1 : FIRST_TAG;
     f->tag = tag;
-    f->req->tag = (uint32_t)tag;
+    struct request_header rh = {.tag = (uint32_t)tag, .n = (uint32_t)n};
+    memcpy(f->req, &rh, sizeof rh);
     f->next = d->active;
     d->active = f;
+    d->requests++;
     pthread_mutex_unlock(&d->mu);
 
-    int posted = MPI_Irecv(f->buf, (int)(sizeof(struct reply_header) + size), MPI_BYTE, owner, tag, d->comm,
-                           &f->recv) == MPI_SUCCESS;
-    int64_t result = DP_MPI_ERROR;
+    int cap = (int)(sizeof(struct reply_header) + (size_t)n * sizeof(struct reply_item) + bytes);
+    int posted = MPI_Irecv(f->buf, cap, MPI_BYTE, owner, tag, d->comm, &f->recv) == MPI_SUCCESS;
+    int result = DP_MPI_ERROR;
     if (!posted) {
         f->sent = 1;
-    } else if (MPI_Isend(f->req, (int)(sizeof *f->req + (size_t)len), MPI_BYTE, owner, TAG_REQUEST, d->comm,
-                         &f->send) != MPI_SUCCESS) {
+    } else if (MPI_Isend(f->req, f->req_len, MPI_BYTE, owner, TAG_REQUEST, d->comm, &f->send) != MPI_SUCCESS) {
         f->sent = 1;                    /* nothing was sent: no answer will come; the receive stays posted */
     } else {
-        result = wait_answer(d, f, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &posted);
+        result = (int)wait_answer(d, f, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &posted);
     }
     pthread_mutex_lock(&d->mu);
     if (result == DP_MPI_ERROR)
@@ -539,21 +636,43 @@ EXPORT int64_t dp_fetch(struct dp *d, int owner, const char *key, int len, uint6
     pthread_mutex_unlock(&d->mu);
     if (!f->sent)
         MPI_Wait(&f->send, MPI_STATUS_IGNORE);  /* answered, so the request arrived: done at once */
-    if (result == 0) {
-        result = write_all(fd, f->buf + sizeof(struct reply_header), size) == 0 ? (int64_t)size : DP_LOCAL_IO;
-        if (result >= 0) {
-            pthread_mutex_lock(&d->mu);
-            d->fetched_files++;
-            d->fetched_bytes += size;
-            pthread_mutex_unlock(&d->mu);
-        }
-    }
+    if (result == 0)
+        deliver(d, f, sizes, fds, results, at_zero);
     free_fetch(f);
     return result;
 }
 
-/* out: files and bytes served from here, requests handed back to Python, files and bytes
- * fetched, MPI errors seen, keys listed as staged. */
+/* Fetch ``key`` (``size`` bytes in the requester's snapshot) from node ``owner`` into ``fd``
+ * (written from its current offset): the bytes written, or a DP_* answer. Waits at most
+ * ``timeout_ms``. Any thread, several at once. */
+EXPORT int64_t dp_fetch(struct dp *d, int owner, const char *key, int len, uint64_t size, int fd, int timeout_ms)
+{
+    short_sleeps();
+    int64_t result = DP_PYTHON;
+    int why = fetch_batch(d, owner, 1, &key, &len, &size, &fd, &result, timeout_ms, 0);
+    return why ? why : result;
+}
+
+/* Fetch ``n`` files from node ``owner`` in one request and one reply message: ``keys[i]``
+ * (``lens[i]`` bytes), ``sizes[i]`` as this node's snapshot gives them; each file's bytes are
+ * written into ``fds[i]`` at offset 0 (pwrite: fresh empty files or memfds, their offsets left
+ * alone). ``results[i]``: the bytes written, or a DP_* answer for that file (DP_PYTHON: not
+ * staged there, compressed, another size: Python's protocol fetches it). Returns 0 once the
+ * reply came (each result says), or a DP_* for the whole batch (then every result is that
+ * too). At most BATCH_FILES_MAX files of BATCH_BYTES_MAX bytes together, else DP_PYTHON for
+ * all. Waits at most ``timeout_ms``. Any thread, several at once. */
+EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
+                         const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms)
+{
+    short_sleeps();
+    int why = fetch_batch(d, owner, n, keys, lens, sizes, fds, results, timeout_ms, 1);
+    for (int i = 0; why && i < n; i++)
+        results[i] = why;
+    return why;
+}
+
+/* out: files and bytes served from here, files handed back to Python, files and bytes
+ * fetched, MPI errors seen, keys listed as staged, requests sent, requests answered. */
 EXPORT void dp_counts(struct dp *d, uint64_t *out)
 {
     pthread_mutex_lock(&d->mu);
@@ -564,6 +683,8 @@ EXPORT void dp_counts(struct dp *d, uint64_t *out)
     out[4] = d->fetched_bytes;
     out[5] = __atomic_load_n(&d->mpi_errors, __ATOMIC_RELAXED);
     out[6] = d->nstaged;
+    out[7] = d->requests;
+    out[8] = d->served_requests;
     pthread_mutex_unlock(&d->mu);
 }
 

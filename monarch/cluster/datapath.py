@@ -28,7 +28,9 @@ SOURCE = Path(__file__).with_name("datapath.c")
 # dp_fetch's answers below 0 (datapath.c DP_*)
 HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST = -1, -2, -3, -4, -5, -6, -7
 ONE_MESSAGE_MAX = 4 << 20  # datapath.c: larger files take Python's chunked path
-_NCOUNTS = 7
+BATCH_FILES_MAX = 64  # datapath.c: files in one request (fetch_many), ...
+BATCH_BYTES_MAX = ONE_MESSAGE_MAX  # ... and their bytes together
+_NCOUNTS = 9
 ENV_DATAPATH = "MONARCH_PEER_DATAPATH"
 
 _lib: ctypes.CDLL | None = None
@@ -85,6 +87,8 @@ def _load() -> ctypes.CDLL:
     sig = {"dp_start": (vp, [ctypes.c_ssize_t, i]), "dp_tier": (None, [vp, i, cp]),
            "dp_staged": (None, [vp, cp, i, i]), "dp_forget": (None, [vp, cp, i]), "dp_lost": (None, [vp, i]),
            "dp_fetch": (ctypes.c_int64, [vp, i, cp, i, u64, i, i]),
+           "dp_fetch_many": (i, [vp, i, i, ctypes.POINTER(cp), ctypes.POINTER(i), ctypes.POINTER(u64),
+                                 ctypes.POINTER(i), ctypes.POINTER(ctypes.c_int64), i]),
            "dp_counts": (None, [vp, ctypes.POINTER(u64)]), "dp_stop": (None, [vp])}
     for name, (restype, argtypes) in sig.items():
         fn = getattr(lib, name)
@@ -138,6 +142,24 @@ class DataPath:
         raw = protocol.key_bytes(key)
         return self._lib.dp_fetch(self._dp, owner, raw, len(raw), size, fd, max(1, int(timeout * 1000)))
 
+    def fetch_many(self, owner: int, items: list[tuple[str, int, int]], timeout: float) -> list[int]:
+        """Many files from ``owner`` in one request and one reply: ``items`` (key, size, fd), each
+        file written into its fd at offset 0. Per item: the bytes written, or one of
+        HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST."""
+        n = len(items)
+        raws = [protocol.key_bytes(key) for key, _, _ in items]
+        keys = (ctypes.c_char_p * n)(*raws)
+        lens = (ctypes.c_int * n)(*map(len, raws))
+        sizes = (ctypes.c_uint64 * n)(*(size for _, size, _ in items))
+        fds = (ctypes.c_int * n)(*(fd for _, _, fd in items))
+        results = (ctypes.c_int64 * n)()
+        self._lib.dp_fetch_many(self._dp, owner, n, keys, lens, sizes, fds, results, max(1, int(timeout * 1000)))
+        return list(results)
+
+    def fetch_many_function(self) -> int:
+        """The address of dp_fetch_many (front_door_peers: the door's batched fetches)."""
+        return ctypes.cast(self._lib.dp_fetch_many, ctypes.c_void_p).value
+
     def fetch_function(self) -> tuple[int, int, int]:
         """(address of dp_fetch, of dp_staged, this path's handle): for the front door to fetch
         other nodes' files, and offer its own copies, itself."""
@@ -157,7 +179,7 @@ class DataPath:
         arr = (ctypes.c_uint64 * _NCOUNTS)()
         self._lib.dp_counts(self._dp, arr)
         return dict(zip(("served_files", "served_bytes", "handed_back", "fetched_files", "fetched_bytes",
-                         "mpi_errors", "offered"), arr))
+                         "mpi_errors", "offered", "requests", "served_requests"), arr))
 
     def stop(self) -> None:
         if not self._stopped:

@@ -78,7 +78,7 @@ _PROTOTYPES = {
     "front_door_reclaim": (_i64, [_vp, _i]),
     "front_door_lease": (_i64, [_vp, _i]),
     "front_door_counts": (None, [_vp, _u64p]),
-    "front_door_peers": (_i, [_vp, _vp, _vp, _vp, _vp, ctypes.c_uint32, _i, _i, _i, _i64]),
+    "front_door_peers": (_i, [_vp, _vp, _vp, _vp, _vp, ctypes.c_uint32, _i, _i, _i, _i64, _vp]),
     "front_door_own_only": (None, [_vp, _i]),
     "front_door_copy_to": (_i64, [_vp, _i, _i64]),
     "front_door_peer_copying": (None, [_vp, _i]),
@@ -97,7 +97,6 @@ _PROTOTYPES = {
     # the peer read-ahead lane (door_peer_ahead.c)
     "front_door_peer_ahead": (_i, [_vp, _vp, ctypes.c_uint32, ctypes.c_uint32]),
     "front_door_peer_progress": (None, [_vp, ctypes.c_uint32]),
-    "front_door_peer_many": (None, [_vp, _vp]),
     "front_door_peer_ahead_state": (None, [_vp, _u64p]),
 }
 _LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the daemon's C front door",
@@ -255,18 +254,20 @@ class FrontDoor:
         self._lib.front_door_forget(self._door, raw, len(raw))
 
     def peers(self, fetch: int | None, offer: int | None, datapath: int | None, owners, self_node: int,
-              peer_slot: int, timeout: float, unit: int = 1) -> bool:
+              peer_slot: int, timeout: float, unit: int = 1, fetch_many: int | None = None) -> bool:
         """The peer lane: misses of the files ``owners`` (an ``array('h')`` by index entry, -1:
         none) gives to another node fetched with the C function ``fetch`` (datapath.c's dp_fetch,
         on ``datapath``) into the tier of ``peer_slot``, each paying its size rounded up to
         ``unit`` (the tier's allocation) out of the peer area's lease; the door's own copies
-        offered with ``offer`` (dp_staged); ``fetch`` None turns it off. False if the door has
-        no such tier."""
+        offered with ``offer`` (dp_staged); ``fetch_many`` (dp_fetch_many) fetches many of one
+        owner's files in one request; ``fetch`` None turns it off. False if the door has no such
+        tier."""
         if fetch is None:
-            return self._lib.front_door_peers(self._door, None, None, None, None, 0, self_node, peer_slot, 0, 1) == 0
+            return self._lib.front_door_peers(self._door, None, None, None, None, 0, self_node, peer_slot, 0, 1,
+                                              None) == 0
         address, n = owners.buffer_info()
         ok = self._lib.front_door_peers(self._door, fetch, offer, datapath, address, n, self_node, peer_slot,
-                                        max(1, int(timeout * 1000)), unit) == 0
+                                        max(1, int(timeout * 1000)), unit, fetch_many) == 0
         if ok:
             self._owners = owners  # the door reads it: kept alive with the door
         return ok
@@ -321,10 +322,6 @@ class FrontDoor:
 
     def peer_progress(self, consumed: int) -> None:
         self._lib.front_door_peer_progress(self._door, max(0, min(consumed, 0xFFFFFFFF)))
-
-    def peer_many(self, fetch_many: int | None) -> None:
-        """The batch fetch (datapath.c's dp_fetch_many), or None: one dp_fetch per file."""
-        self._lib.front_door_peer_many(self._door, fetch_many)
 
     def peer_ahead_state(self) -> dict:
         arr = (ctypes.c_uint64 * 10)()

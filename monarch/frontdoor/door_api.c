@@ -252,16 +252,19 @@ EXPORT int front_door_claim(struct door *d, const char *key, int len)
 /* The peer lane: misses of files ``owners`` (by index entry - 1; -1: none) gives to another
  * node than ``self_node`` are fetched with ``fetch(dp, ...)`` into the tier of ``peer_slot``
  * (the peer area), each paying its size rounded up to ``unit`` out of the peer lease;
- * ``fetch`` NULL turns the lane off. The door's own copies are offered with ``offer(dp,
- * ...)`` (may be NULL). ``owners`` stays the caller's, and is not read once this returns
- * after another call. */
+ * ``fetch`` NULL turns the lane off. ``fetch_many`` (dp_fetch_many, may be NULL) fetches many of
+ * one owner's files in one request. The door's own copies are offered with ``offer(dp, ...)``
+ * (may be NULL). ``owners`` stays the caller's, and is not read once this returns after
+ * another call. */
 EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
-                            uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit)
+                            uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
+                            void *fetch_many)
 {
     if (fetch && (peer_slot < 0 || peer_slot >= MONARCH_MAX_SLOTS || !d->tiers[peer_slot] || unit <= 0))
         return -1;
     pthread_mutex_lock(&d->mu);
     d->peer_fetch = (peer_fetch_fn)fetch;
+    d->peer_fetch_many = fetch ? (peer_fetch_many_fn)fetch_many : NULL;
     d->peer_offer = fetch ? (peer_offer_fn)offer : NULL;
     d->peer_dp = dp;
     d->owners = fetch ? owners : NULL;

@@ -23,10 +23,6 @@
 #define PA_OWNERS 16                   /* owners gathered in one pass (a batch each); more wait a pass */
 #define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
 
-/* datapath.c's dp_fetch_many (the lead's contract): n files of ``owner`` in one request and reply */
-typedef int (*peer_fetch_many_fn)(void *dp, int owner, int n, const char *const *keys, const int *lens,
-                                  const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms);
-
 struct pa_file {                       /* one file of a batch under way */
     const char *key;
     uint32_t len, hash;
@@ -41,7 +37,6 @@ struct peer_ahead {
     pthread_cond_t cv;                 /* an order, progress, or the stop */
     uint32_t *order;                   /* index entries, from 1, in the reader's order */
     uint32_t n, next, done, window;    /* the next position looked at; positions consumed; how far ahead */
-    peer_fetch_many_fn many;           /* NULL: one dp_fetch per file, in a loop */
     struct worker w;                   /* its directory kept and its temporary names, as a worker's */
     uint64_t orders, fetched, fetched_bytes, batches, failed, skipped, room_waits;
     struct pa_file files[PA_OWNERS * PA_BATCH];
@@ -251,7 +246,7 @@ static void *peer_ahead_main(void *arg)
             continue;
         }
         peer_fetch_fn one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
-        peer_fetch_many_fn many = pa->many;
+        peer_fetch_many_fn many = d->peer_fetch_many;  /* NULL: one dp_fetch per file */
         void *dp = d->peer_dp;
         int timeout_ms = d->peer_timeout_ms;
         pa->busy = 1;
@@ -365,15 +360,6 @@ EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed)
         d->pa->done = consumed;
         pthread_cond_broadcast(&d->pa->cv);
     }
-    pthread_mutex_unlock(&d->mu);
-}
-
-/* The batch fetch (datapath.c's dp_fetch_many), or NULL: one dp_fetch per file. */
-EXPORT void front_door_peer_many(struct door *d, void *many)
-{
-    pthread_mutex_lock(&d->mu);
-    if (d->pa || (d->pa = peer_ahead_new()))
-        d->pa->many = (peer_fetch_many_fn)many;
     pthread_mutex_unlock(&d->mu);
 }
 

@@ -95,13 +95,13 @@ EXPORT int64_t front_door_reclaim(struct door *d, int q);
 EXPORT int64_t front_door_lease(struct door *d, int q);
 /* the peer lane (a sharded cluster) */
 EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
-                            uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit);
+                            uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
+                            void *fetch_many);
 EXPORT void front_door_own_only(struct door *d, int on);
 EXPORT void front_door_peer_copying(struct door *d, int on);
 /* the peer read-ahead lane (door_peer_ahead.c): a hinted order's other nodes' files fetched ahead */
 EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32_t n, uint32_t window);
 EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed);
-EXPORT void front_door_peer_many(struct door *d, void *many);
 EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out);
 /* the read-ahead lane and the copies in flight */
 EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start);

@@ -256,8 +256,8 @@ class NodeDaemon:
         def link() -> None:
             try:
                 owners = owners_by_entry(snap.files, role.cluster.owner, role.node)
-                keeper.use_peer_link(lane := PeerDoorLink(keeper.door, role.peer_cache, role.cluster.datapath.fetch_function(),
-                                                          owners, role.node, role.cluster.heartbeat_timeout, snap.files))
+                keeper.use_peer_link(lane := PeerDoorLink(keeper.door, role.peer_cache, role.cluster.datapath, owners,
+                                                          role.node, role.cluster.heartbeat_timeout, snap.files))
                 linked = self.notices.attach_peer(lane.hint)  # hinted orders' other nodes' files fetched ahead too
             except Exception:
                 log.exception("the front door's peer lane did not start: other nodes' files come through Python")

@@ -3,6 +3,7 @@ files, node 0 fetches them; every answer of dp_fetch is reached for real."""
 
 import json
 import os
+import struct
 import sys
 import time
 
@@ -52,6 +53,26 @@ if path is not None:
         got["other_size"] = fetch("0/a/small.bin", 99)[0]                   # the snapshot says another size
         got["self"] = path.fetch(0, "0/a/small.bin", 100, 1, 1.0)          # never asks itself
         out["fetched"] = got
+        # hostile requests on the path's own communicator (a peer's bytes are not trusted): each
+        # is dropped unanswered, and the owner goes on answering
+        bad = [b"", b"\x10\x00\x00\x00", struct.pack("<II", 17, 0), struct.pack("<II", 18, 1000),
+               struct.pack("<IIQII", 19, 1, 5, 999, 0) + b"0/a/small.bin",
+               struct.pack("<IIQII", 20, 1, 1 << 40, 13, 0) + b"0/a/small.bin"]
+        for msg in bad:
+            path._comm.Send(msg, dest=1, tag=1)
+        before = path.counts()["requests"]
+        names = ["0/a/small.bin", "0/a/mid.bin", "0/empty.bin", "0/not-offered.bin", "0/a/small.bin"]
+        sizes = [100, 200_000, 0, 10, 99]
+        fds = [os.memfd_create("t") for _ in names]
+        try:
+            res = path.fetch_many(1, list(zip(names, sizes, fds)), 2.0)
+            same = [os.pread(fd, size + 1, 0) == files[name] for fd, name, size in zip(fds, names, sizes)]
+            out["batch"] = {"results": res, "same": same, "offsets": [os.lseek(fd, 0, os.SEEK_CUR) for fd in fds],
+                            "requests": path.counts()["requests"] - before}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        out["too_many"] = path.fetch_many(1, [("0/a/small.bin", 100, 1)] * (dp.BATCH_FILES_MAX + 1), 1.0)[0]
     comm.Barrier()
     out["counts"] = path.counts()
     if comm.rank == 1:

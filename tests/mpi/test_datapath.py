@@ -27,9 +27,17 @@ def check(proc) -> None:
     # what the owner cannot answer from C goes back to Python's protocol, never half done
     for case in ("big", "not_offered", "withdrawn", "other_size", "self"):
         assert got[case] == dp.HANDED_BACK, (case, got)
-    assert r[1]["counts"]["served_files"] == 3 and r[1]["counts"]["served_bytes"] == 100 + 200_000
-    assert r[1]["counts"]["handed_back"] == 3  # not offered, withdrawn, other size ("big" and "self" never sent)
-    assert r[0]["counts"]["fetched_files"] == 3
+    # a batch: one request, one reply; each file answered on its own, written at offset 0
+    batch = r[0]["batch"]
+    assert batch["results"] == [100, 200_000, 0, dp.HANDED_BACK, dp.HANDED_BACK], batch
+    assert batch["same"][:3] == [True, True, True] and batch["offsets"] == [0] * 5 and batch["requests"] == 1
+    assert r[0]["too_many"] == dp.HANDED_BACK
+    # hostile requests dropped unanswered; every answered one counted
+    assert r[1]["counts"]["served_requests"] == r[0]["counts"]["requests"] == 6 + 1
+    assert r[1]["counts"]["served_files"] == 3 + 3 and r[1]["counts"]["served_bytes"] == 2 * (100 + 200_000)
+    # not offered, withdrawn, other size ("big" and "self" never sent), then two in the batch
+    assert r[1]["counts"]["handed_back"] == 3 + 2
+    assert r[0]["counts"]["fetched_files"] == 3 + 3
     code, seconds = r[0]["silent_owner"]
     assert code == dp.TIMEOUT and 0.25 < seconds < 5
     code, seconds = r[0]["lost_owner"]

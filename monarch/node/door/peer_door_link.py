@@ -38,6 +38,7 @@ from array import array
 from typing import Callable
 
 from monarch import protocol
+from monarch.cluster.datapath import DataPath
 from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
 from monarch.node.door.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.snapshot.index_writer import positions
@@ -64,13 +65,12 @@ def owners_by_entry(files, owner: Callable[[str], int], node: int) -> array:
 
 
 class PeerDoorLink(StagerListener):
-    """``door``'s peer lane kept with ``cache``'s books; ``fetch`` is (dp_fetch's address,
-    dp_staged's, the data path's handle)."""
+    """``door``'s peer lane kept with ``cache``'s books, fetching through ``datapath`` (the C
+    peer data path: its functions are called by the door)."""
 
-    def __init__(self, door: FrontDoor, cache: PeerCache, fetch: tuple[int, int, int], owners: array, node: int,
-                 timeout: float, files=None, fetch_many: int | None = None):
-        """``files``: the snapshot's, for the hinted orders (None: hints steer no fetch);
-        ``fetch_many``: datapath.c's dp_fetch_many (None: one dp_fetch per file)."""
+    def __init__(self, door: FrontDoor, cache: PeerCache, datapath: DataPath, owners: array, node: int,
+                 timeout: float, files=None):
+        """``files``: the snapshot's, for the hinted orders (None: hints steer no fetch)."""
         self.door = door
         self._owners = owners
         self._position = positions(files) if files is not None else None
@@ -89,11 +89,10 @@ class PeerDoorLink(StagerListener):
             books.subscribe_locked(self)
             for key in books.flights:  # fetches under way are the cache's
                 door.claim(key)
-        if not door.peers(*fetch, owners, node, self.area.slot, timeout, self.area.unit):
+        if not door.peers(*datapath.fetch_function(), owners, node, self.area.slot, timeout, self.area.unit,
+                          datapath.fetch_many_function()):
             raise OSError("the front door has no peer area to fetch into")
         cache.ask_before_evicting(lambda key: door.evict(key, GRACE))  # the door's answers count as uses
-        if files is not None:
-            door.peer_many(fetch_many)
         self.tend()
 
     # -- the cache's events (StagerListener) -----------------------------------------------
