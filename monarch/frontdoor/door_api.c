@@ -394,6 +394,8 @@ EXPORT void front_door_grant(struct door *d, int q, int64_t bytes)
     d->low_water[q] = d->lease[q] / 2;
     pthread_cond_broadcast(&d->cv);
     pthread_cond_broadcast(&d->work_cv);  /* the read-ahead lane may wait for room */
+    if (d->pa)                         /* so may the peer read-ahead lane (door_peer_ahead.c) */
+        pthread_cond_broadcast(&d->pa->cv);
     pthread_mutex_unlock(&d->mu);
 }
 

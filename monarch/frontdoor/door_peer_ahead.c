@@ -8,10 +8,12 @@
  * progress (front_door_peer_progress). One thread of its own goes through the order: the next
  * entries past the progress, no more than ``window`` ahead and within the room lent in the peer
  * area (Q_PEER's lease), that are other nodes' small files the door has never heard of (a
- * staged, busy or Python's key is skipped); grouped by owner, up to PA_BATCH files and
+ * staged, busy or Python's key is skipped; one evicted
+ * from the area is fetched again: front_door_peer_gone); grouped by owner, up to PA_BATCH files and
  * PA_BATCH_BYTES per call; each file written to a temporary name and published as
- * fetch_from_peer does (K_STAGED, EV_STAGED on Q_PEER: the peer cache's books absorb it). Its
- * copies are not "answered" (answered = 0): consumed, they are the first the area evicts.
+ * fetch_from_peer does (K_STAGED, EV_PEER_AHEAD on Q_PEER: the peer cache's books absorb it).
+ * Its copies were answered to no one (answered = 0, no GRACE in the LRU): they go in the order
+ * fetched, so the ones consumed are the first the area evicts.
  * A file the owner cannot give (not staged there, another size, compressed, a lost owner) is
  * handed to Python (K_PYTHON): its open goes through Python's protocol, which asks the owner,
  * or the new one. An open that comes before the lane fetched its file is the peer lane's
@@ -80,7 +82,8 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
         }
         int owner = peer_owner_locked(d, &f);
         uint32_t hash = owner >= 0 ? monarch_crc32(key, len) : 0;
-        if (owner < 0 || find(d, key, len, hash)) {
+        struct entry *e = owner >= 0 ? find(d, key, len, hash) : NULL;
+        if (owner < 0 || (e && e->state != K_FREE)) {
             pa->next++;                /* this node's, large, or staged, busy or Python's already */
             pa->skipped++;
             continue;
@@ -95,8 +98,7 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
         int g = pa_group(pa, &ngroups, owner);
         if (g < 0 || pa->nfiles_of[g] == PA_BATCH || pa->bytes_of[g] + (int64_t)f.size > PA_BATCH_BYTES)
             break;                     /* that owner's batch is full: the next pass */
-        struct entry *e = insert(d, key, len, hash);
-        if (!e)
+        if (!e && !(e = insert(d, key, len, hash)))
             break;
         e->state = K_BUSY;
         d->busy++;
@@ -204,7 +206,7 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
             e->answered = 0;           /* not answered: once consumed, the first to go */
             pa->fetched++;
             pa->fetched_bytes += p->f.size;
-            post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)slot, p->key, p->len, p->f.entry, p->f.size, 0,
+            post_event_locked(d, Q_PEER, EV_PEER_AHEAD, (uint32_t)slot, p->key, p->len, p->f.entry, p->f.size, 0,
                               monarch_now_ns() - t0);
         } else {
             e->state = K_PYTHON;       /* its open goes to Python's protocol: the owner, or the new one */
@@ -213,9 +215,9 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
             post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)slot, p->key, p->len, p->f.entry, p->f.size, 0,
                               monarch_now_ns() - t0);
         }
+        /* its waiters open it at once, and it is the newest copy of the area's LRU: not marked
+         * answered, so that a reader at the lane's heels does not hold the area's room in GRACE */
         struct waiter *ready = d->parked ? unpark_locked(d, p->key, p->len, p->hash) : NULL;
-        if (ready && ok)
-            e->answered = door_ms(d);
         d->busy--;
         pthread_cond_broadcast(&d->cv);
         pthread_mutex_unlock(&d->mu);
@@ -350,6 +352,17 @@ EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32
         pthread_cond_wait(&pa->cv, &d->mu);
     pthread_mutex_unlock(&d->mu);
     return ok;
+}
+
+/* ``key``'s copy left the peer area (the cache evicted it) and no one fetches it: the lane may
+ * fetch it again (K_FREE; its opens are still handed over, as those of a key Python had). */
+EXPORT void front_door_peer_gone(struct door *d, const char *key, int len)
+{
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find(d, key, (uint32_t)len, monarch_crc32(key, (uint32_t)len));
+    if (e && e->state == K_PYTHON)
+        e->state = K_FREE;
+    pthread_mutex_unlock(&d->mu);
 }
 
 /* The reader is done with the first ``consumed`` positions of the order. */

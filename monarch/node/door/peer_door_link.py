@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from array import array
 from typing import Callable
 
 from monarch import protocol
 from monarch.cluster.datapath import DataPath
-from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
+from monarch.frontdoor import EV_PEER_AHEAD, EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
 from monarch.node.door.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.snapshot.index_writer import positions
 from monarch.node.peer.peer_cache import GRACE, PeerCache
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 
 OWNER_NONE = -1
 LEASE_MIN = 64 << 10  # room lent to the door at a time, at least (a few small files)
+# the GRACE of a copy answered while a hinted order steers: its reader opens it at once, and the
+# read-ahead needs the room back within an epoch (a copy gone first is read from the PFS: fail open)
+HINTED_GRACE = 0.05
 
 
 def owners_by_entry(files, owner: Callable[[str], int], node: int) -> array:
@@ -92,7 +96,7 @@ class PeerDoorLink(StagerListener):
         if not door.peers(*datapath.fetch_function(), owners, node, self.area.slot, timeout, self.area.unit,
                           datapath.fetch_many_function()):
             raise OSError("the front door has no peer area to fetch into")
-        cache.ask_before_evicting(lambda key: door.evict(key, GRACE))  # the door's answers count as uses
+        cache.ask_before_evicting(lambda key: door.evict(key, self._grace()))  # the door's answers count as uses
         self.tend()
 
     # -- the cache's events (StagerListener) -----------------------------------------------
@@ -101,6 +105,8 @@ class PeerDoorLink(StagerListener):
 
     def dropped(self, key: str) -> None:
         self.door.forget(key)
+        if self._position is not None:  # gone from the area: the read-ahead may fetch it again
+            self.door.peer_gone(key)
 
     def claiming(self, key: str) -> bool:
         if not self.door.claim(key):
@@ -114,7 +120,7 @@ class PeerDoorLink(StagerListener):
     # -- the door's fetches ------------------------------------------------------------------
     def absorb(self) -> int:
         """Enter what the door fetched into the cache's books; lend it room again. Returns
-        how many files it fetched."""
+        how many opens it answered with a fetch (not counting the read-ahead's)."""
         books, lru, counts = self.cache.books, self.cache.lru, self.cache.counts
         fetched = 0
         with books.lock:  # drained under the lock: a claim that finds a fetch of the door's finds it here
@@ -122,13 +128,19 @@ class PeerDoorLink(StagerListener):
                 if ev.kind == EV_TRANSIENT:  # answered as a memfd: nothing to book
                     counts["transient"] += 1
                     counts["transient_bytes"] += ev.size
-                if ev.kind != EV_STAGED:
+                if ev.kind != EV_STAGED and ev.kind != EV_PEER_AHEAD:
                     continue  # a failed fetch: handed over, Python's protocol fetches it
                 if books.enter_copy_locked(ev.key, self.area, ev.size, paid=self.area.allocated(ev.size)):
                     lru.published(ev.key, self.area)
                     counts["fetched"] += 1
                     counts["fetched_bytes"] += ev.size
-                    fetched += 1
+                    if ev.kind == EV_PEER_AHEAD:  # answered to no one yet: no GRACE, evicted in the order fetched
+                        lru.order[ev.key] = (ev.size, 0.0)
+                        counts["fetched_ahead"] += 1
+                    else:
+                        fetched += 1  # an open answered so
+                        if self._stream is not None:  # a hinted order: its reader opened it at once
+                            lru.order[ev.key] = (ev.size, time.monotonic() - GRACE + HINTED_GRACE)
         self.tend()
         return fetched
 
@@ -142,6 +154,8 @@ class PeerDoorLink(StagerListener):
             return
         # a share of the area, but never more than half of a small one: its LRU makes the room
         chunk = min(LEASE_MAX, max(LEASE_MIN, self.area.capacity // LEASE_SHARE), self.area.capacity // 2)
+        if self._stream is not None:  # a hinted order: half the read-ahead's window at once
+            chunk = max(chunk, min(LEASE_MAX, self.area.capacity // 4))
         if self.door.lease(PEER_BOOKS) < chunk // 2 and books.reserve(self.area, chunk):
             self.door.grant(chunk, PEER_BOOKS)
 
@@ -184,6 +198,9 @@ class PeerDoorLink(StagerListener):
             self._new_epoch()
             self._stream = None
 
+    def _grace(self) -> float:
+        return HINTED_GRACE if self._stream is not None else GRACE
+
     def _window(self) -> int:
         """How far ahead the lane fetches, in positions of the order: half the area (the LRU
         evicts from the other half, the copies consumed), as positions go (this node's own
@@ -198,7 +215,7 @@ class PeerDoorLink(StagerListener):
         by Python): every fetch but the lane's."""
         self.absorb()
         counts = self.cache.counts
-        return counts["fetched"] + counts["transient"] - self.door.peer_ahead_state()["fetched"]
+        return counts["fetched"] - counts["fetched_ahead"] + counts["transient"]
 
     def _new_epoch(self) -> None:
         now = self._fetched_at_open()
