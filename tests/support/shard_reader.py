@@ -58,7 +58,7 @@ def _bounded(pool, fn, items, ahead: int):
 
 
 def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: int = 3, workers: int = 4,
-                seed: int = 0, progress: str | None = None, hints: bool = False) -> dict:
+                seed: int = 0, progress: str | None = None, hints: bool = False, started_file: str | None = None) -> dict:
     started = time.time()
     manifest = load_manifest(manifest_path)
     names = list(manifest)
@@ -69,6 +69,8 @@ def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: in
         ordered = sorted(names)
         sampler = DistributedHintedSampler(len(ordered), nodes, node, seed=seed, lag=2 * workers, every=4,
                                            path_of=lambda i: os.path.join(root, ordered[i]))
+    if started_file:  # the reading starts (a benchmark samples the processes' CPU here)
+        open(started_file, "w").close()
     with ThreadPoolExecutor(workers) as pool:
         for epoch in range(epochs):
             t0 = time.perf_counter()
@@ -105,9 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     p.add_argument("--progress", default=None, help="append each finished epoch's number to this file")
+    p.add_argument("--started", default=None, help="made once the manifest is read, as the reading starts")
     p.add_argument("--hints", action="store_true", help="tell the daemon each epoch's order (DistributedHintedSampler)")
     a = p.parse_args(argv)
-    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed, a.progress, a.hints)
+    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed, a.progress, a.hints, a.started)
     text = json.dumps(result)
     if a.json:
         with open(a.json, "w") as f:
