@@ -67,7 +67,7 @@ def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: in
     if hints:
         from monarch.hints import DistributedHintedSampler
         ordered = sorted(names)
-        sampler = DistributedHintedSampler(len(ordered), nodes, node, seed=seed, lag=2 * workers, every=4,
+        sampler = DistributedHintedSampler(len(ordered), nodes, node, seed=seed, lag=2 * workers, every=16,
                                            path_of=lambda i: os.path.join(root, ordered[i]))
     if started_file:  # the reading starts (a benchmark samples the processes' CPU here)
         open(started_file, "w").close()
