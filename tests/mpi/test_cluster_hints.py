@@ -40,7 +40,8 @@ def test_hinted_shards_fetch_other_nodes_files_ahead_as_local_hits(dataset, shor
     cfg = sharded_config(short_tmp, mounted.root, ds.allocated // 3, nodes, name="hints.yaml")
     cluster = Cluster(nodes, cfg, short_tmp)
     try:
-        outs = finish(hinted_readers(cluster, mounted, range(nodes), nodes, epochs))  # exit 0: every digest right
+        # a training step per file (0.5 ms, slept) as a job has: the readers are not only opening
+        outs = finish(hinted_readers(cluster, mounted, range(nodes), nodes, epochs, ("--compute-ms", "0.5")))
     finally:
         assert cluster.stop(range(nodes)) == 0
     results = results_of(outs)

@@ -34,8 +34,11 @@ def shard(names: list[str], seed: int, epoch: int, node: int, nodes: int) -> lis
     return epoch_order(sorted(names), seed, epoch)[node::nodes]
 
 
-def _check(root: str, manifest: dict, rel: str) -> tuple[int, str | None, float]:
-    """Bytes read, a mismatch (or None), and the seconds the open took."""
+def _check(root: str, manifest: dict, rel: str, compute: float = 0.0) -> tuple[int, str | None, float]:
+    """Bytes read, a mismatch (or None), and the seconds the open took; then ``compute``
+    seconds of a training step's time (sleeping)."""
+    if compute:
+        time.sleep(compute)
     t0 = time.perf_counter()
     with open(os.path.join(root, rel), "rb") as f:
         opened = time.perf_counter() - t0
@@ -58,7 +61,7 @@ def _bounded(pool, fn, items, ahead: int):
 
 
 def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: int = 3, workers: int = 4,
-                seed: int = 0, progress: str | None = None, hints: bool = False, started_file: str | None = None) -> dict:
+                seed: int = 0, progress: str | None = None, hints: bool = False, started_file: str | None = None, compute_ms: float = 0.0) -> dict:
     started = time.time()
     manifest = load_manifest(manifest_path)
     names = list(manifest)
@@ -67,7 +70,7 @@ def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: in
     if hints:
         from monarch.hints import DistributedHintedSampler
         ordered = sorted(names)
-        sampler = DistributedHintedSampler(len(ordered), nodes, node, seed=seed, lag=2 * workers, every=16,
+        sampler = DistributedHintedSampler(len(ordered), nodes, node, seed=seed, lag=2 * workers, every=8,
                                            path_of=lambda i: os.path.join(root, ordered[i]))
     if started_file:  # the reading starts (a benchmark samples the processes' CPU here)
         open(started_file, "w").close()
@@ -77,10 +80,11 @@ def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: in
             if sampler is not None:
                 sampler.set_epoch(epoch)
                 mine = [ordered[i] for i in sampler.sampler]  # the same order the sampler tells
-                results = list(_bounded(pool, lambda i: _check(root, manifest, ordered[i]), sampler, 2 * workers))
+                results = list(_bounded(pool, lambda i: _check(root, manifest, ordered[i], compute_ms / 1e3), sampler,
+                                        2 * workers))
             else:
                 mine = shard(names, seed, epoch, node, nodes)
-                results = list(pool.map(lambda rel: _check(root, manifest, rel), mine))
+                results = list(pool.map(lambda rel: _check(root, manifest, rel, compute_ms / 1e3), mine))
             seconds = time.perf_counter() - t0
             bad = [why for _, why, _ in results if why]
             out["epochs"].append({"epoch": epoch, "seconds": round(seconds, 4), "end": time.time(),
@@ -108,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--progress", default=None, help="append each finished epoch's number to this file")
     p.add_argument("--started", default=None, help="made once the manifest is read, as the reading starts")
+    p.add_argument("--compute-ms", type=float, default=0.0, help="a training step's time per file (slept)")
     p.add_argument("--hints", action="store_true", help="tell the daemon each epoch's order (DistributedHintedSampler)")
     a = p.parse_args(argv)
-    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed, a.progress, a.hints, a.started)
+    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed, a.progress, a.hints, a.started, a.compute_ms)
     text = json.dumps(result)
     if a.json:
         with open(a.json, "w") as f:

@@ -20,7 +20,7 @@ the door's table and the peer cache's books one, as ``DoorLink`` does for the st
 When the readers tell their order (``monarch.hints``), the door's peer read-ahead lane
 (``door_peer_ahead.c``) fetches the other nodes' files of that order ahead of the reader, in
 batches per owner, into room lent here as for its other fetches (``hint``): no more ahead than
-half the area holds, so that what the LRU evicts is what the reader has consumed. Each order
+WINDOW_SHARE of the area holds, so that what the LRU evicts is what the reader has consumed. Each order
 is an epoch of the report's ``ahead`` figures: its other nodes' files, and how many of their
 opens still had to be fetched (by the door, as a transient copy, or by Python).
 
@@ -54,6 +54,9 @@ LEASE_MIN = 64 << 10  # room lent to the door at a time, at least (a few small f
 # the GRACE of a copy answered while a hinted order steers: its reader opens it at once, and the
 # read-ahead needs the room back within an epoch (a copy gone first is read from the PFS: fail open)
 HINTED_GRACE = 0.05
+# of the peer area, what the read-ahead may hold ahead of the reader's progress (the rest: the
+# copies consumed, evicted first, and the progress told late: the sampler's lag)
+WINDOW_SHARE = 0.5
 
 
 def owners_by_entry(files, owner: Callable[[str], int], node: int) -> array:
@@ -154,9 +157,10 @@ class PeerDoorLink(StagerListener):
             return
         # a share of the area, but never more than half of a small one: its LRU makes the room
         chunk = min(LEASE_MAX, max(LEASE_MIN, self.area.capacity // LEASE_SHARE), self.area.capacity // 2)
-        if self._stream is not None:  # a hinted order: half the read-ahead's window at once
-            chunk = max(chunk, min(LEASE_MAX, self.area.capacity // 4))
-        if self.door.lease(PEER_BOOKS) < chunk // 2 and books.reserve(self.area, chunk):
+        low = chunk // 2
+        if self._stream is not None:  # a hinted order: half the read-ahead's window at once, kept topped up
+            chunk = low = max(chunk, min(LEASE_MAX, self.area.capacity // 4))
+        if self.door.lease(PEER_BOOKS) < low and books.reserve(self.area, chunk):
             self.door.grant(chunk, PEER_BOOKS)
 
     def reclaim_lease(self) -> bool:
@@ -193,6 +197,7 @@ class PeerDoorLink(StagerListener):
             return
         elif op == protocol.HINT_PROGRESS:
             self.door.peer_progress(int(keys))
+            self.absorb()  # the copies consumed make room for the next: lent before the lane waits for it
         else:
             self.door.peer_ahead(array("I"), 1)
             self._new_epoch()
@@ -202,13 +207,13 @@ class PeerDoorLink(StagerListener):
         return HINTED_GRACE if self._stream is not None else GRACE
 
     def _window(self) -> int:
-        """How far ahead the lane fetches, in positions of the order: half the area (the LRU
-        evicts from the other half, the copies consumed), as positions go (this node's own
+        """How far ahead the lane fetches, in positions of the order: WINDOW_SHARE of the area
+        (the LRU evicts from the rest, the copies consumed), as positions go (this node's own
         files among them)."""
         if not self._remote:
             return 1
         per_position = self._remote_bytes / max(1, len(self._order))
-        return max(4, int(self.area.capacity // 2 // max(1.0, per_position)))
+        return max(4, int(self.area.capacity * WINDOW_SHARE // max(1.0, per_position)))
 
     def _fetched_at_open(self) -> int:
         """Other nodes' files fetched when they were opened (by the door, as a transient copy, or
