@@ -155,13 +155,19 @@ class PeerDoorLink(StagerListener):
         if not allowed:
             self.reclaim_lease()
             return
-        # a share of the area, but never more than half of a small one: its LRU makes the room
-        chunk = min(LEASE_MAX, max(LEASE_MIN, self.area.capacity // LEASE_SHARE), self.area.capacity // 2)
-        low = chunk // 2
-        if self._stream is not None:  # a hinted order: half the read-ahead's window at once, kept topped up
-            chunk = low = max(chunk, min(LEASE_MAX, self.area.capacity // 4))
-        if self.door.lease(PEER_BOOKS) < low and books.reserve(self.area, chunk):
+        chunk = self._chunk()
+        if self.door.lease(PEER_BOOKS) < self._low_water() and books.reserve(self.area, chunk):
             self.door.grant(chunk, PEER_BOOKS)
+
+    def _chunk(self) -> int:
+        """Room lent at a time: a share of the area, never more than half of a small one (its LRU
+        makes the room); with a hinted order, half the read-ahead's window."""
+        chunk = min(LEASE_MAX, max(LEASE_MIN, self.area.capacity // LEASE_SHARE), self.area.capacity // 2)
+        return max(chunk, min(LEASE_MAX, self.area.capacity // 4)) if self._stream is not None else chunk
+
+    def _low_water(self) -> int:
+        """Room lent is topped up below this (with a hinted order: kept at a whole chunk)."""
+        return self._chunk() if self._stream is not None else self._chunk() // 2
 
     def reclaim_lease(self) -> bool:
         """Give the door's unused room back to the area. True if there was some."""
@@ -197,7 +203,8 @@ class PeerDoorLink(StagerListener):
             return
         elif op == protocol.HINT_PROGRESS:
             self.door.peer_progress(int(keys))
-            self.absorb()  # the copies consumed make room for the next: lent before the lane waits for it
+            if self.door.lease(PEER_BOOKS) < self._low_water():  # lent before the lane waits for room
+                self.absorb()
         else:
             self.door.peer_ahead(array("I"), 1)
             self._new_epoch()
