@@ -109,7 +109,10 @@ class JobNotices:
             if pending is not None:  # kept for the lane: the last order (its stream's hints) on
                 if op == protocol.HINT_ORDER:
                     pending.clear()
-                pending.append((op, stream, keys))
+                if op == protocol.HINT_PROGRESS and pending and pending[-1][:2] == (op, stream):
+                    pending[-1] = (op, stream, keys)  # the last progress is all that counts
+                else:
+                    pending.append((op, stream, keys))
         if peer_hint is not None:
             try:
                 peer_hint(op, stream, keys)
