@@ -51,6 +51,13 @@ log = logging.getLogger(__name__)
 TIMEOUT = 5.0  # seconds for the daemon to acknowledge one hint frame
 
 
+UNANSWERED_MAX = 64  # progress frames sent before their answers are read
+
+
+class _Refused(Exception):
+    """The daemon answered a hint frame with an error."""
+
+
 class Hints:
     """One reader's hint stream to its node's daemon (one per process that samples)."""
 
@@ -62,6 +69,7 @@ class Hints:
         self.enabled = bool(self._socket_path and self._roots)
         self._sock: socket.socket | None = None
         self._pid = os.getpid()
+        self._unanswered = 0  # frames sent whose answers are not read yet (progress)
 
     # -- what the reader tells ------------------------------------------------------------
     def order(self, paths: Iterable[str | bytes | os.PathLike]) -> int:
@@ -72,10 +80,14 @@ class Hints:
         self._send(protocol.encode_hints(protocol.HINT_ORDER, self.stream, keys))
         return len(keys)
 
-    def progress(self, consumed: int) -> None:
-        """The reader is done with the first ``consumed`` paths of the order."""
+    def progress(self, consumed: int, wait: bool = True) -> None:
+        """The reader is done with the first ``consumed`` paths of the order. ``wait=False``
+        (the samplers' mid-epoch progress): its answer is read before the next frame that is
+        waited for (an order, the end, an epoch's last progress), or once UNANSWERED_MAX are
+        due, so the reader does not wait on the daemon's interpreter mid-epoch."""
         if self.enabled:
-            self._send(protocol.encode_hints(protocol.HINT_PROGRESS, self.stream, consumed=max(0, consumed)))
+            self._send(protocol.encode_hints(protocol.HINT_PROGRESS, self.stream, consumed=max(0, consumed)),
+                       wait=wait)
 
     def close(self) -> None:
         """The reader has gone: its order no longer steers the daemon."""
@@ -101,14 +113,14 @@ class Hints:
         return None
 
     # -- the socket ------------------------------------------------------------------------
-    def _send(self, frames: list[bytes]) -> None:
+    def _send(self, frames: list[bytes], wait: bool = True) -> None:
         for frame in frames:
-            if not self._send_one(frame):
+            if not self._send_one(frame, wait):
                 return
 
-    def _send_one(self, frame: bytes) -> bool:
+    def _send_one(self, frame: bytes, wait: bool = True) -> bool:
         if self._pid != os.getpid():  # a forked child: its parent's connection is not its own
-            self._sock, self._pid = None, os.getpid()
+            self._sock, self._pid, self._unanswered = None, os.getpid(), 0
         for attempt in (0, 1):  # the daemon closes idle hint connections: reconnect once
             try:
                 if self._sock is None:
@@ -117,19 +129,33 @@ class Hints:
                     self._sock.connect(self._socket_path)
                     if not secure.peer_is_me(self._sock):
                         raise OSError("the daemon's socket belongs to another user")
+                    self._unanswered = 0
+                if wait or self._unanswered >= UNANSWERED_MAX:
+                    self._read_answers()
                 self._sock.sendall(frame)
-                status, body = protocol.recv_answer(self._sock)
-                if status != 0:
-                    self._give_up(f"the daemon refused a hint: {body.decode(errors='replace')}")
-                    return False
+                self._unanswered += 1
+                if wait:
+                    self._read_answers()
                 return True
+            except _Refused as e:
+                self._give_up(f"the daemon refused a hint: {e}")
+                return False
             except (OSError, protocol.ProtocolError) as e:
                 if self._sock is not None:
                     self._sock.close()
                     self._sock = None
+                self._unanswered = 0  # a progress lost with its connection: the next one says more
                 if attempt:
                     self._give_up(f"cannot reach the daemon at {self._socket_path}: {e}")
         return False
+
+    def _read_answers(self) -> None:
+        """The answers of the frames sent and not waited for (each must be OK)."""
+        while self._unanswered:
+            status, body = protocol.recv_answer(self._sock)
+            self._unanswered -= 1
+            if status != 0:
+                raise _Refused(body.decode(errors="replace"))
 
     def _give_up(self, why: str) -> None:
         log.warning("monarch hints are off for this reader: %s", why)
@@ -173,10 +199,10 @@ class HintedSampler:
         done = 0
         for n, item in enumerate(order):
             if n and n % self.every == 0:
-                self.hints.progress(done - self.lag)
+                self.hints.progress(done - self.lag, wait=False)
             done += len(item) if isinstance(item, (list, tuple)) else 1
             yield item
-        self.hints.progress(done)
+        self.hints.progress(done)  # the epoch's end: waited for, with the answers before it
 
 
 class DistributedHintedSampler(HintedSampler):

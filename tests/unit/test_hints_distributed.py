@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from monarch import protocol
@@ -52,7 +54,7 @@ def test_the_shard_order_is_told_before_the_first_index_then_the_progress(tmp_pa
     sent = []
 
     class Recorder(Hints):
-        def _send(self, frames):
+        def _send(self, frames, wait=True):
             sent.extend(protocol.decode_hint(f[protocol.REQUEST_HEADER.size:]) for f in frames)
 
     hints = Recorder(env={protocol.ENV_SOCKET: str(tmp_path / "s"), protocol.ENV_ROOTS: f"0={root}"}, stream=5)
@@ -65,3 +67,43 @@ def test_the_shard_order_is_told_before_the_first_index_then_the_progress(tmp_pa
     assert [k for k in keys] == [f"0/f{i:02d}" for i in [first, *rest]]
     progress = [k for op, _, k in sent if op == protocol.HINT_PROGRESS]
     assert progress[-1] == 10 and progress == sorted(progress)
+
+
+def test_progress_is_not_waited_for_and_its_answers_are_read_before_the_next_order(short_tmp):
+    import socket
+    import threading
+
+    path = os.path.join(short_tmp, "d.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    release, got = threading.Event(), []
+
+    def daemon():
+        conn, _ = listener.accept()
+        with conn:
+            while True:
+                head = protocol.recv_exact(conn, protocol.REQUEST_HEADER.size)
+                n = protocol.REQUEST_HEADER.unpack(head)[-1]
+                op, stream, arg = protocol.decode_hint(protocol.recv_exact(conn, n))
+                got.append(op)
+                if op == protocol.HINT_PROGRESS and not release.wait(3):  # answered once the reader went on
+                    got.append("the reader waited for a progress's answer")
+                conn.sendall(protocol.ANSWER_HEADER.pack(0, 0))
+                if op == protocol.HINT_END:
+                    return
+
+    t = threading.Thread(target=daemon, daemon=True)
+    t.start()
+    h = Hints(env={protocol.ENV_SOCKET: path, protocol.ENV_ROOTS: f"0={short_tmp}"}, stream=3)
+    h.order([os.path.join(short_tmp, "a"), os.path.join(short_tmp, "b")])
+    h.progress(1, wait=False)
+    h.progress(2, wait=False)  # returned without their answers: the daemon holds them until released
+    release.set()
+    h.order([os.path.join(short_tmp, "a")])  # reads the two answers first, then its own
+    h.close()
+    t.join(10)
+    listener.close()
+    assert got == [protocol.HINT_ORDER, protocol.HINT_PROGRESS, protocol.HINT_PROGRESS, protocol.HINT_ORDER,
+                   protocol.HINT_END]
+    assert h.enabled
