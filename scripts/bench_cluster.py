@@ -262,14 +262,17 @@ def ahead_figures(report: dict) -> dict:
         pa = (n.get("front_door") or {}).get("peer_ahead") or {}
         for i, e in enumerate(pa.get("epochs", [])):
             while len(epochs) <= i:
-                epochs.append([0, 0])
+                epochs.append([0, 0, 0])
             epochs[i][0] += e["remote_opens"]
             epochs[i][1] += e["fetched_at_open"]
+            epochs[i][2] += e.get("waited_for_ahead", 0)
         for k, v in (pa.get("lane") or {}).items():
             if k in ("fetched", "fetched_bytes", "batches", "failed", "room_waits"):
                 lane[k] = lane.get(k, 0) + v
-    return {"epochs": [{"remote_opens": r, "fetched_at_open": f,
-                        "local_hit_share": round(1 - f / r, 4) if r else None} for r, f in epochs], "lane": lane}
+    # a local hit: neither fetched at its open nor waiting for the read-ahead's fetch of it
+    return {"epochs": [{"remote_opens": r, "fetched_at_open": f, "waited_for_ahead": w,
+                        "local_hit_share": round(1 - (f + w) / r, 4) if r else None} for r, f, w in epochs],
+            "lane": lane}
 
 
 def print_phases(case: str, launched: float, nodes: int) -> None:
@@ -349,10 +352,13 @@ def print_hints(args, direct: dict | None, transparent: dict, hinted: dict, whol
     """The clairvoyant path's figures (--hints), beside direct's and the transparent case's."""
     shares = [e["local_hit_share"] for e in hinted["ahead"]["epochs"]]
     later = hinted["ahead"]["epochs"][1:]
-    r, f = sum(e["remote_opens"] for e in later), sum(e["fetched_at_open"] for e in later)
+    r = sum(e["remote_opens"] for e in later)
+    f = sum(e["fetched_at_open"] + e["waited_for_ahead"] for e in later)
+    w = sum(e["waited_for_ahead"] for e in later)
     print("clairvoyant path (the readers tell their order):")
     print(f"  remote-owned opens answered as local hits, per epoch: {shares}; epoch 2 on: "
-          f"{(1 - f / r) if r else float('nan'):.3f} of {r} (target >= 0.95); lane {hinted['ahead']['lane']}")
+          f"{(1 - f / r) if r else float('nan'):.3f} of {r} (target >= 0.95; {w} waited for the read-ahead's "
+          f"fetch, not counted as hits); lane {hinted['ahead']['lane']}")
     a, b = steady(hinted), steady(whole)
     if a and b:
         print(f"  steady epoch: {a:.3f} s against {b:.3f} s with every node holding the whole dataset: "

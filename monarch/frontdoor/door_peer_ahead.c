@@ -41,6 +41,7 @@ struct peer_ahead {
     uint32_t n, next, done, window;    /* the next position looked at; positions consumed; how far ahead */
     struct worker w;                   /* its directory kept and its temporary names, as a worker's */
     uint64_t orders, fetched, fetched_bytes, batches, failed, skipped, room_waits;
+    uint64_t waited;                   /* opens that came while the lane fetched their file: answered after it */
     struct pa_file files[PA_OWNERS * PA_BATCH];
     int owner_of[PA_OWNERS], nfiles_of[PA_OWNERS];
     int64_t bytes_of[PA_OWNERS];
@@ -218,6 +219,8 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
         /* its waiters open it at once, and it is the newest copy of the area's LRU: not marked
          * answered, so that a reader at the lane's heels does not hold the area's room in GRACE */
         struct waiter *ready = d->parked ? unpark_locked(d, p->key, p->len, p->hash) : NULL;
+        for (struct waiter *q = ready; q; q = q->next)
+            pa->waited++;
         d->busy--;
         pthread_cond_broadcast(&d->cv);
         pthread_mutex_unlock(&d->mu);
@@ -376,16 +379,16 @@ EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed)
     pthread_mutex_unlock(&d->mu);
 }
 
-/* out[10]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
- * the order's length, its next position, positions consumed. */
+/* out[11]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
+ * the order's length, its next position, positions consumed, opens that waited for a fetch. */
 EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out)
 {
-    memset(out, 0, 10 * sizeof *out);
+    memset(out, 0, 11 * sizeof *out);
     pthread_mutex_lock(&d->mu);
     struct peer_ahead *pa = d->pa;
     if (pa) {
-        uint64_t v[10] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
-                          pa->room_waits, pa->n, pa->next, pa->done};
+        uint64_t v[11] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
+                          pa->room_waits, pa->n, pa->next, pa->done, pa->waited};
         memcpy(out, v, sizeof v);
     }
     pthread_mutex_unlock(&d->mu);

@@ -49,16 +49,22 @@ def test_hinted_shards_fetch_other_nodes_files_ahead_as_local_hits(dataset, shor
     assert ds.total <= pfs.counters()["bytes"] <= 1.05 * ds.total  # the PFS read once for the cluster
     rep = load(os.path.join(cluster.run_dir(0), "report.json"))
     assert rep["nodes_reporting"] == nodes
-    remote = fetched_at_open = ahead = batches = 0
+    remote = fetched_at_open = waited = ahead = batches = 0
     for node in rep["nodes"]:
         pa = node["front_door"]["peer_ahead"]
         assert len(pa["epochs"]) == epochs, pa
         for e in pa["epochs"][1:]:  # from epoch 2 on
             remote += e["remote_opens"]
             fetched_at_open += e["fetched_at_open"]
+            waited += e["waited_for_ahead"]  # answered once the read-ahead's fetch ended: not a local hit
         ahead += pa["lane"]["fetched"]
         batches += pa["lane"]["batches"]
-    assert remote > 0 and fetched_at_open <= 0.10 * remote, (fetched_at_open, remote)
+    # at least 90% of other nodes' files come from the read-ahead's fetches, not fetched at their open
+    assert remote > 0 and fetched_at_open <= 0.10 * remote, (fetched_at_open, waited, remote)
+    # and many are local hits (found by the shim's probe, no daemon asked): the readers here
+    # (0.5 ms per file) catch up with the read-ahead for 20-25% of them on an idle 2-core VM, for
+    # up to 60% on a loaded one (the issue's 90% of local hits is not reached: see the README)
+    assert fetched_at_open + waited <= 0.75 * remote, (fetched_at_open, waited, remote)
     assert ahead >= 0.9 * remote and batches < ahead  # many files per request
 
 

@@ -21,8 +21,9 @@ When the readers tell their order (``monarch.hints``), the door's peer read-ahea
 (``door_peer_ahead.c``) fetches the other nodes' files of that order ahead of the reader, in
 batches per owner, into room lent here as for its other fetches (``hint``): no more ahead than
 WINDOW_SHARE of the area holds, so that what the LRU evicts is what the reader has consumed. Each order
-is an epoch of the report's ``ahead`` figures: its other nodes' files, and how many of their
-opens still had to be fetched (by the door, as a transient copy, or by Python).
+is an epoch of the report's ``peer_ahead`` figures: its other nodes' files, how many of their
+opens still had to be fetched (by the door, as a transient copy, or by Python), and how many
+came while the read-ahead fetched their file (answered once it was there: not local hits).
 
 The door knows who owns a file from an array by index entry (the snapshot's order of files),
 computed once here. After a node is lost its files have new owners the array does not know:
@@ -88,6 +89,7 @@ class PeerDoorLink(StagerListener):
         self._remote_bytes = 0          # their bytes, as the area allocates them
         self._epochs: list[dict] = []   # per order: its other nodes' files, those fetched at their open
         self._at_open_before = 0
+        self._waited_before = 0         # opens that waited for the read-ahead's fetch, before this order
         self._hint_lock = threading.Lock()
         self.cache = cache
         self.area = cache.area
@@ -230,10 +232,11 @@ class PeerDoorLink(StagerListener):
         return counts["fetched"] - counts["fetched_ahead"] + counts["transient"]
 
     def _new_epoch(self) -> None:
-        now = self._fetched_at_open()
+        now, waited = self._fetched_at_open(), self.door.peer_ahead_state()["waited"]
         if self._stream is not None:
-            self._epochs.append({"remote_opens": self._remote, "fetched_at_open": now - self._at_open_before})
-        self._at_open_before = now
+            self._epochs.append({"remote_opens": self._remote, "fetched_at_open": now - self._at_open_before,
+                                 "waited_for_ahead": waited - self._waited_before})
+        self._at_open_before, self._waited_before = now, waited
 
     def ahead_stats(self) -> dict:
         """The report's ``peer_ahead``: the lane's figures and, per hinted order (an epoch), its
@@ -245,7 +248,8 @@ class PeerDoorLink(StagerListener):
         epochs = list(self._epochs)
         if self._stream is not None:
             epochs.append({"remote_opens": self._remote,
-                           "fetched_at_open": self._fetched_at_open() - self._at_open_before})
+                           "fetched_at_open": self._fetched_at_open() - self._at_open_before,
+                           "waited_for_ahead": self.door.peer_ahead_state()["waited"] - self._waited_before})
         return {"lane": self.door.peer_ahead_state(), "epochs": epochs}
 
     def stop(self) -> None:
