@@ -110,7 +110,7 @@ class NodeDaemon:
         with self.gate.lock:
             self.current.install_locked(self.current.snapshot, self._make_stager(self.current.snapshot))
         self.resolver = Resolver(self.current, config.staging, self.count, self.role)
-        self.notices = JobNotices(self.current, self.owns, self.count)
+        self.notices = JobNotices(self.current, self.owns, self.count, peer=self.role is not None)
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
         if background:
@@ -256,9 +256,9 @@ class NodeDaemon:
         def link() -> None:
             try:
                 owners = owners_by_entry(snap.files, role.cluster.owner, role.node)
-                keeper.use_peer_link(PeerDoorLink(keeper.door, role.peer_cache, role.cluster.datapath, owners,
-                                                  role.node, role.cluster.heartbeat_timeout))
-                linked = True
+                keeper.use_peer_link(lane := PeerDoorLink(keeper.door, role.peer_cache, role.cluster.datapath, owners,
+                                                          role.node, role.cluster.heartbeat_timeout, snap.files))
+                linked = self.notices.attach_peer(lane.hint)  # hinted orders' other nodes' files fetched ahead too
             except Exception:
                 log.exception("the front door's peer lane did not start: other nodes' files come through Python")
                 linked = False
