@@ -11,6 +11,16 @@ With a PyTorch-like sampler (nothing here imports torch)::
     sampler = HintedSampler(RandomSampler(ds), path_of=lambda i: ds.paths[i])
     loader = DataLoader(ds, sampler=sampler, num_workers=8)
 
+or, one shard per rank as PyTorch's ``DistributedSampler`` gives it (each node's daemon then
+fetches the other nodes' files of its shard ahead of the reader, in batches: their opens are
+local hits)::
+
+    from monarch.hints import DistributedHintedSampler
+    sampler = DistributedHintedSampler(ds, num_replicas=world, rank=rank, path_of=lambda i: ds.paths[i])
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for i in sampler: ...
+
 or by hand::
 
     from monarch.hints import Hints
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import secrets
 import socket
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -38,6 +49,13 @@ from monarch import protocol, secure
 log = logging.getLogger(__name__)
 
 TIMEOUT = 5.0  # seconds for the daemon to acknowledge one hint frame
+
+
+UNANSWERED_MAX = 64  # progress frames sent before their answers are read
+
+
+class _Refused(Exception):
+    """The daemon answered a hint frame with an error."""
 
 
 class Hints:
@@ -51,6 +69,7 @@ class Hints:
         self.enabled = bool(self._socket_path and self._roots)
         self._sock: socket.socket | None = None
         self._pid = os.getpid()
+        self._unanswered = 0  # frames sent whose answers are not read yet (progress)
 
     # -- what the reader tells ------------------------------------------------------------
     def order(self, paths: Iterable[str | bytes | os.PathLike]) -> int:
@@ -61,10 +80,14 @@ class Hints:
         self._send(protocol.encode_hints(protocol.HINT_ORDER, self.stream, keys))
         return len(keys)
 
-    def progress(self, consumed: int) -> None:
-        """The reader is done with the first ``consumed`` paths of the order."""
+    def progress(self, consumed: int, wait: bool = True) -> None:
+        """The reader is done with the first ``consumed`` paths of the order. ``wait=False``
+        (the samplers' mid-epoch progress): its answer is read before the next frame that is
+        waited for (an order, the end, an epoch's last progress), or once UNANSWERED_MAX are
+        due, so the reader does not wait on the daemon's interpreter mid-epoch."""
         if self.enabled:
-            self._send(protocol.encode_hints(protocol.HINT_PROGRESS, self.stream, consumed=max(0, consumed)))
+            self._send(protocol.encode_hints(protocol.HINT_PROGRESS, self.stream, consumed=max(0, consumed)),
+                       wait=wait)
 
     def close(self) -> None:
         """The reader has gone: its order no longer steers the daemon."""
@@ -90,14 +113,14 @@ class Hints:
         return None
 
     # -- the socket ------------------------------------------------------------------------
-    def _send(self, frames: list[bytes]) -> None:
+    def _send(self, frames: list[bytes], wait: bool = True) -> None:
         for frame in frames:
-            if not self._send_one(frame):
+            if not self._send_one(frame, wait):
                 return
 
-    def _send_one(self, frame: bytes) -> bool:
+    def _send_one(self, frame: bytes, wait: bool = True) -> bool:
         if self._pid != os.getpid():  # a forked child: its parent's connection is not its own
-            self._sock, self._pid = None, os.getpid()
+            self._sock, self._pid, self._unanswered = None, os.getpid(), 0
         for attempt in (0, 1):  # the daemon closes idle hint connections: reconnect once
             try:
                 if self._sock is None:
@@ -106,19 +129,33 @@ class Hints:
                     self._sock.connect(self._socket_path)
                     if not secure.peer_is_me(self._sock):
                         raise OSError("the daemon's socket belongs to another user")
+                    self._unanswered = 0
+                if wait or self._unanswered >= UNANSWERED_MAX:
+                    self._read_answers()
                 self._sock.sendall(frame)
-                status, body = protocol.recv_answer(self._sock)
-                if status != 0:
-                    self._give_up(f"the daemon refused a hint: {body.decode(errors='replace')}")
-                    return False
+                self._unanswered += 1
+                if wait:
+                    self._read_answers()
                 return True
+            except _Refused as e:
+                self._give_up(f"the daemon refused a hint: {e}")
+                return False
             except (OSError, protocol.ProtocolError) as e:
                 if self._sock is not None:
                     self._sock.close()
                     self._sock = None
+                self._unanswered = 0  # a progress lost with its connection: the next one says more
                 if attempt:
                     self._give_up(f"cannot reach the daemon at {self._socket_path}: {e}")
         return False
+
+    def _read_answers(self) -> None:
+        """The answers of the frames sent and not waited for (each must be OK)."""
+        while self._unanswered:
+            status, body = protocol.recv_answer(self._sock)
+            self._unanswered -= 1
+            if status != 0:
+                raise _Refused(body.decode(errors="replace"))
 
     def _give_up(self, why: str) -> None:
         log.warning("monarch hints are off for this reader: %s", why)
@@ -162,10 +199,68 @@ class HintedSampler:
         done = 0
         for n, item in enumerate(order):
             if n and n % self.every == 0:
-                self.hints.progress(done - self.lag)
+                self.hints.progress(done - self.lag, wait=False)
             done += len(item) if isinstance(item, (list, tuple)) else 1
             yield item
-        self.hints.progress(done)
+        self.hints.progress(done)  # the epoch's end: waited for, with the answers before it
+
+
+class DistributedHintedSampler(HintedSampler):
+    """PyTorch's ``DistributedSampler``, hinted (nothing imported from torch): each epoch a
+    permutation of ``range(len(dataset))`` seeded by ``seed + epoch`` (``set_epoch``; with
+    ``shuffle=False`` the identity), padded by repeating its head to a multiple of
+    ``num_replicas`` (or, ``drop_last``, cut to one), of which rank ``rank`` takes every
+    ``num_replicas``-th from its own place (``perm[rank::num_replicas]``): the shards are
+    disjoint and together cover the dataset, each ``len(self)`` long, as torch's. The
+    permutation is Python's ``random.Random(seed + epoch).shuffle``, not torch's ``randperm``:
+    the same shape, other numbers. ``dataset``: its length, or anything with ``__len__``.
+    Each epoch's shard order is told to the daemon before its first index is yielded, then the
+    progress (``HintedSampler``: ``lag``, ``every``); ``num_replicas`` and ``rank`` default to
+    ``WORLD_SIZE`` and ``RANK`` (torchrun's), else 1 and 0."""
+
+    def __init__(self, dataset: Any, num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False, *, path_of: Callable[[int], str | bytes | os.PathLike],
+                 lag: int = 256, every: int = 64, hints: Hints | None = None):
+        super().__init__(_Shards(dataset if isinstance(dataset, int) else len(dataset),
+                                 int(os.environ.get("WORLD_SIZE", "1")) if num_replicas is None else num_replicas,
+                                 int(os.environ.get("RANK", "0")) if rank is None else rank, shuffle, seed, drop_last),
+                         path_of, lag, every, hints)
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+
+class _Shards:
+    """The index order of DistributedHintedSampler (torch's DistributedSampler's arithmetic)."""
+
+    def __init__(self, n: int, replicas: int, rank: int, shuffle: bool, seed: int, drop_last: bool):
+        if replicas < 1 or not 0 <= rank < replicas:
+            raise ValueError(f"DistributedHintedSampler: rank {rank} is not in [0, {replicas}) (num_replicas {replicas})")
+        self.n, self.replicas, self.rank, self.shuffle, self.seed, self.drop_last = n, replicas, rank, shuffle, seed, drop_last
+        self.epoch = 0
+        if drop_last and n % replicas:
+            self.num_samples = -(-(n - replicas) // replicas)
+        else:
+            self.num_samples = -(-n // replicas)
+        self.total_size = self.num_samples * replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(range(self.n))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        if self.drop_last:
+            order = order[:self.total_size]
+        elif order:
+            pad = self.total_size - len(order)
+            order += (order * -(-pad // len(order)))[:pad]
+        return iter(order[self.rank:self.total_size:self.replicas])
 
 
 def _parse_roots(text: str) -> list[tuple[int, bytes]]:

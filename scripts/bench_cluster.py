@@ -21,6 +21,17 @@ for direct), whether every digest was right, and Monarch's per-node numbers.
     python scripts/bench_cluster.py                                  # 600 x 64 KiB, 4 nodes, 2 ms
     python scripts/bench_cluster.py --open-latency-ms 20 --start before,with
     python scripts/bench_cluster.py --capacity-share 2               # every node holds the whole dataset
+    python scripts/bench_cluster.py --files 1200 --open-latency-ms 2 --hints   # the clairvoyant path
+
+``--hints`` adds two cases after the transparent one: the readers tell their order
+(``monarch.hints.DistributedHintedSampler``), once with each node's storage as given and once
+with every node holding the whole dataset (``--capacity-share 2``), and prints per epoch the
+share of other nodes' files opened as local hits (fetched ahead by the door's peer read-ahead),
+the steady epoch against the whole-dataset job's, the daemons' CPU per remote file, and the CPU
+of every process the job starts (launchers, mpiexec and its proxies, daemons, readers, the
+emulated PFS: ``scripts/cpuwatch.py``) for the epochs after the first and for the whole job,
+the start-up (launch until every reader reads: interpreters, MPI, the walk) on its own line,
+beside direct's and the transparent case's.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +52,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; t
 
 from clusterbench import bench_env, mpiexec, shard_reader, stop_daemons, wait_for  # noqa: E402  (scripts/, beside this file)
 from benchopts import fresh_bytecode  # noqa: E402
+from cpuwatch import CpuWatch, wait_marks  # noqa: E402
 from support.harness import sharded_config  # noqa: E402
 from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
@@ -64,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--trace", action="store_true",
                    help="debug logs with time stamps (serve.log, run<k>.log) and each phase's time after launch")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--hints", action="store_true",
+                   help="also the readers telling their order (DistributedHintedSampler), and the same at --capacity-share 2")
     return p.parse_args(argv)
 
 
@@ -75,8 +90,25 @@ def write_config(base: str, root: str, node_bytes: int, nodes: int) -> str:
     return sharded_config(base, root, node_bytes, nodes, floor=1 << 20)
 
 
-def reader_cmd(root: str, manifest: str, k: int, args, out: str) -> list[str]:
-    return shard_reader(root, manifest, k, args, "--json", out)
+def reader_cmd(root: str, manifest: str, k: int, args, out: str, hints: bool = False) -> list[str]:
+    """Node ``k``'s reader; it marks its start (``<out>.started``) and its epochs (``<out>.progress``)."""
+    return shard_reader(root, manifest, k, args, "--json", out, "--started", out + ".started", "--progress",
+                        out + ".progress", *(["--hints"] if hints else []))
+
+
+def watched(watch: CpuWatch, outs: list[str], procs) -> tuple[threading.Thread, threading.Event]:
+    """Marks "reading" and "epoch1" on ``watch`` as the readers of ``outs`` get there."""
+    stop = threading.Event()
+    t = threading.Thread(target=wait_marks, args=(watch, [o + ".started" for o in outs],
+                                                  [o + ".progress" for o in outs], procs, stop), daemon=True)
+    t.start()
+    return t, stop
+
+
+def phases(watch: CpuWatch) -> dict:
+    """CPU-seconds of every process by kind: start-up (launch until every reader reads), the
+    epochs after the first (epoch 1's end on every node until the readers end)."""
+    return {"startup": watch.between("launch", "reading"), "after_epoch1": watch.between("epoch1", "end")}
 
 
 def run_readers(cmds: list[list[str]], envs: list[dict], timeout: float) -> list[subprocess.CompletedProcess]:
@@ -127,12 +159,18 @@ def run_direct(args, base, pfs, root, manifest, total) -> dict:
     outs = [os.path.join(base, f"direct{k}.json") for k in range(args.nodes)]
     cpu0, fuse0 = cpu_children(), pfs_cpu(pfs)
     launched = time.time()
-    procs = run_readers([reader_cmd(root, manifest, k, args, outs[k]) for k in range(args.nodes)],
-                        [env(MONARCH_DISABLE=1)] * args.nodes, args.timeout)
-    done = wait_for(procs, time.monotonic() + args.timeout)
+    with CpuWatch(pfs_pid=pfs.proc.pid) as watch:
+        watch.mark("launch")
+        procs = run_readers([reader_cmd(root, manifest, k, args, outs[k]) for k in range(args.nodes)],
+                            [env(MONARCH_DISABLE=1)] * args.nodes, args.timeout)
+        marker, stop = watched(watch, outs, procs)
+        done = wait_for(procs, time.monotonic() + args.timeout)
+        stop.set()
+        marker.join()
+        watch.mark("end")
     cpu = {"readers": round(cpu_children() - cpu0, 2), "pfs": round(pfs_cpu(pfs) - fuse0, 2)}
     return summarise("direct", launched, [load_json(o) for o in outs], pfs.counters()["bytes"], total,
-                     [c for c, _, _ in done], {"cpu_seconds": cpu})
+                     [c for c, _, _ in done], {"cpu_seconds": cpu, "cpu_phases": phases(watch)})
 
 
 def sockets(base: str, nodes: int) -> list[str]:
@@ -153,15 +191,20 @@ def wait_quiet(pfs, seconds: float = 1.5, limit: float = 120.0) -> None:
         time.sleep(0.25)
 
 
-def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
-    case = os.path.join(base, f"monarch-{start}")
+def run_monarch(args, base, pfs, root, manifest, total, start: str, hints: bool = False,
+                share: float | None = None) -> dict:
+    share = args.capacity_share if share is None else share
+    name = f"monarch/{start}" + ("+hints" if hints else "") + (f"@{share:g}" if share != args.capacity_share else "")
+    case = os.path.join(base, name.replace("/", "-").replace("+", "-").replace("@", "-"))
     os.makedirs(case)
-    cfg = write_config(case, root, int(args.capacity_share * total), args.nodes)
+    cfg = write_config(case, root, int(share * total), args.nodes)
     pfs.reset_counters()
     deadline = time.monotonic() + args.timeout
     cpu0, fuse0 = cpu_children(), pfs_cpu(pfs)
     launched = time.time()
     trace = ["-vv"] if args.trace else []
+    watch = CpuWatch(pfs_pid=pfs.proc.pid).__enter__()
+    watch.mark("launch")
     serve = subprocess.Popen([mpiexec("bench_cluster"), "-disable-auto-cleanup", "-n", str(args.nodes), sys.executable, "-m",
                               "monarch", *trace, "serve", "-c", cfg], env=env(), start_new_session=True,
                              stdout=open(os.path.join(case, "serve.log"), "w"), stderr=subprocess.STDOUT)
@@ -177,9 +220,13 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
             launched = time.time()  # the readers' launch: the staging is not counted here
         outs = [os.path.join(case, f"reader{k}.json") for k in range(args.nodes)]
         cmds = [[sys.executable, "-m", "monarch", *trace, "run", "-c", cfg, "--report", os.path.join(case, f"run{k}.json"),
-                 "--", *reader_cmd(root, manifest, k, args, outs[k])] for k in range(args.nodes)]
+                 "--", *reader_cmd(root, manifest, k, args, outs[k], hints)] for k in range(args.nodes)]
         procs = run_readers(cmds, [env(MONARCH_NODE=k) for k in range(args.nodes)], args.timeout)
+        marker, stop = watched(watch, outs, procs)
         done = wait_for(procs, deadline)
+        stop.set()
+        marker.join()
+        watch.mark("end")
         cpu1 = cpu_children()
         for k, (code, _, err) in enumerate(done):
             if code != 0:
@@ -190,6 +237,7 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
                 Path(case, f"run{k}.log").write_text(err)
     finally:
         stop_daemons(serve)
+        watch.__exit__(None, None, None)
     cpu = {"readers": round(cpu1 - cpu0, 2), "daemons": round(cpu_children() - cpu1, 2),
            "pfs": round(pfs_cpu(pfs) - fuse0, 2)}
     report = load_json(os.path.join(os.path.dirname(socks[0]), "report.json")) or {}
@@ -199,9 +247,32 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str) -> dict:
     cpu["remote_opens"] = remote
     if args.trace:
         print_phases(case, launched, args.nodes)
-    return summarise(f"monarch/{start}", launched, [load_json(o) for o in outs], pfs.counters()["bytes"], total,
+    return summarise(name, launched, [load_json(o) for o in outs], pfs.counters()["bytes"], total,
                      [c for c, _, _ in done], {"nodes_without_monarch": stalled, "per_node": per_node(report),
-                                                "cpu_seconds": cpu})
+                                                "cpu_seconds": cpu, "cpu_phases": phases(watch),
+                                                "ahead": ahead_figures(report)})
+
+
+def ahead_figures(report: dict) -> dict:
+    """The peer read-ahead's figures over the nodes (the report's front_door.peer_ahead): per
+    epoch, other nodes' files opened and those fetched at their open (the rest: local hits)."""
+    epochs: list[list[int]] = []
+    lane: dict[str, int] = {}
+    for n in report.get("nodes", []):
+        pa = (n.get("front_door") or {}).get("peer_ahead") or {}
+        for i, e in enumerate(pa.get("epochs", [])):
+            while len(epochs) <= i:
+                epochs.append([0, 0, 0])
+            epochs[i][0] += e["remote_opens"]
+            epochs[i][1] += e["fetched_at_open"]
+            epochs[i][2] += e.get("waited_for_ahead", 0)
+        for k, v in (pa.get("lane") or {}).items():
+            if k in ("fetched", "fetched_bytes", "batches", "failed", "room_waits"):
+                lane[k] = lane.get(k, 0) + v
+    # a local hit: neither fetched at its open nor waiting for the read-ahead's fetch of it
+    return {"epochs": [{"remote_opens": r, "fetched_at_open": f, "waited_for_ahead": w,
+                        "local_hit_share": round(1 - (f + w) / r, 4) if r else None} for r, f, w in epochs],
+            "lane": lane}
 
 
 def print_phases(case: str, launched: float, nodes: int) -> None:
@@ -264,6 +335,60 @@ def print_case(r: dict, direct: dict | None = None) -> None:
         print(f"   node {n['node']}: {n}", flush=True)
 
 
+def steady(r: dict) -> float | None:
+    """The mean of the epochs after the first (each the slowest node's)."""
+    later = r["epoch_seconds"][1:]
+    return sum(later) / len(later) if later else None
+
+
+def remote_after_first(args, r: dict) -> int:
+    """Opens of other nodes' files in the epochs after the first: the read-ahead's count, else
+    the sharded pattern's (a node's shard holds (N-1)/N of other nodes' files)."""
+    counted = sum(e["remote_opens"] for e in (r.get("ahead") or {}).get("epochs", [])[1:])
+    return counted or int(args.files * (args.nodes - 1) / args.nodes * (args.epochs - 1))
+
+
+def print_hints(args, direct: dict | None, transparent: dict, hinted: dict, whole: dict) -> None:
+    """The clairvoyant path's figures (--hints), beside direct's and the transparent case's."""
+    shares = [e["local_hit_share"] for e in hinted["ahead"]["epochs"]]
+    later = hinted["ahead"]["epochs"][1:]
+    r = sum(e["remote_opens"] for e in later)
+    f = sum(e["fetched_at_open"] + e["waited_for_ahead"] for e in later)
+    w = sum(e["waited_for_ahead"] for e in later)
+    print("clairvoyant path (the readers tell their order):")
+    print(f"  remote-owned opens answered as local hits, per epoch: {shares}; epoch 2 on: "
+          f"{(1 - f / r) if r else float('nan'):.3f} of {r} (target >= 0.95; {w} waited for the read-ahead's "
+          f"fetch, not counted as hits); lane {hinted['ahead']['lane']}")
+    a, b = steady(hinted), steady(whole)
+    if a and b:
+        print(f"  steady epoch: {a:.3f} s against {b:.3f} s with every node holding the whole dataset: "
+              f"{a / b:.2f}x (target <= 1.15x)")
+    cases = [("direct", direct), ("transparent", transparent), ("hinted", hinted)]
+    for name, c in cases[1:]:
+        daemons = c["cpu_phases"]["after_epoch1"].get("daemons", 0.0)
+        n = remote_after_first(args, c)
+        print(f"  daemons' CPU per remote file, epochs 2 on ({name}): {1e6 * daemons / max(1, n):.1f} us "
+              f"({daemons:.2f} s / {n} files; target <= 15 us)")
+    base = sum(direct["cpu_phases"]["after_epoch1"].values()) if direct else None
+    for name, c in cases:
+        if c is None:
+            continue
+        after = c["cpu_phases"]["after_epoch1"]
+        ratio = f" = {sum(after.values()) / base:.2f}x direct's" if base else ""
+        print(f"  CPU of every process, epochs 2 on ({name}): {sum(after.values()):.2f} s{ratio} {after}"
+              + (" (target <= 0.5x)" if name == "hinted" else ""))
+    whole_direct = sum(direct["cpu_seconds"].values()) if direct else None
+    for name, c in cases:
+        if c is None:
+            continue
+        cpu = {k: v for k, v in c["cpu_seconds"].items() if k != "remote_opens"}
+        ratio = f" = {sum(cpu.values()) / whole_direct:.2f}x direct's" if whole_direct else ""
+        print(f"  CPU of every process, whole job ({name}): {sum(cpu.values()):.2f} s{ratio}")
+        startup = c["cpu_phases"]["startup"]
+        print(f"    of which start-up (launch until every reader reads: interpreters, MPI, the walk) "
+              f"({name}): {sum(startup.values()):.2f} s {startup}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     fresh_bytecode()
@@ -291,6 +416,14 @@ def main(argv=None) -> int:
                 for start in args.start.split(","):
                     results.append(run_monarch(args, base, pfs, root, manifest, total, start))
                     print_case(results[-1], direct)
+                    if args.hints:
+                        transparent = results[-1]
+                        hinted = run_monarch(args, base, pfs, root, manifest, total, start, hints=True)
+                        print_case(hinted, direct)
+                        whole = run_monarch(args, base, pfs, root, manifest, total, start, hints=True, share=2.0)
+                        print_case(whole, direct)
+                        results += [hinted, whole]
+                        print_hints(args, direct, transparent, hinted, whole)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"args": vars(args), "results": results}, f, indent=1)

@@ -37,10 +37,11 @@ LIBRARY_NAME = "libmonarch_front_door.so"
 ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
 
 # front_door.h is the one definition of each list below (FRONT_DOOR_EVENTS, _BOOKS, _HANDED_OVER, _AHEAD_ENDED)
-EV_STAGED, EV_FAILED, EV_AHEAD, EV_TRANSIENT = 1, 2, 4, 5  # 3 (a slow source) is no more
+EV_STAGED, EV_FAILED, EV_AHEAD, EV_TRANSIENT, EV_PEER_AHEAD = 1, 2, 4, 5, 6  # 3 (a slow source) is no more
 # whose books an event or lent room is (front_door.h: FRONT_DOOR_BOOKS): the stager's copies, the peer cache's fetches
 BOOKS, PEER_BOOKS = 0, 1
-# EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd
+# EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd;
+# EV_PEER_AHEAD: another node's file fetched ahead of a hinted order (door_peer_ahead.c)
 # why the read-ahead lane ended before its list did (front_door.h: FRONT_DOOR_AHEAD_ENDED)
 AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped")
 _EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head (FRONT_DOOR_EVENT_FORMAT); the key follows
@@ -51,7 +52,7 @@ _NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 10
 
 
 class DoorEvent(NamedTuple):
-    kind: int        # EV_STAGED, EV_FAILED, EV_AHEAD or EV_TRANSIENT
+    kind: int        # EV_STAGED, EV_FAILED, EV_AHEAD, EV_TRANSIENT or EV_PEER_AHEAD
     slot: int        # where it was staged (EV_STAGED)
     size: int        # the file's size
     bytes_read: int  # bytes the door read from the PFS for it
@@ -95,6 +96,11 @@ _PROTOTYPES = {
     "inflight_state": (None, [_vp, ctypes.POINTER(ctypes.c_double)]),
     "front_door_stop": (None, [_vp]),
     "front_door_free": (None, [_vp]),
+    # the peer read-ahead lane (door_peer_ahead.c)
+    "front_door_peer_ahead": (_i, [_vp, _vp, ctypes.c_uint32, ctypes.c_uint32]),
+    "front_door_peer_progress": (None, [_vp, ctypes.c_uint32]),
+    "front_door_peer_gone": (None, [_vp, _cp, _i]),
+    "front_door_peer_ahead_state": (None, [_vp, _u64p]),
 }
 _LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the daemon's C front door",
                            "the Python server answers every request", _PROTOTYPES)
@@ -325,6 +331,29 @@ class FrontDoor:
 
     def lease(self, books: int = BOOKS) -> int:
         return self._lib.front_door_lease(self._door, books)
+
+    # -- the peer read-ahead lane (door_peer_ahead.c: a hinted order's other nodes' files) --
+    def peer_ahead(self, entries, window: int) -> bool:
+        """The reader's order as index entries (an ``array('I')``, from 1): the door fetches
+        the other nodes' files among them ahead of the progress (``peer_progress``), at most
+        ``window`` positions ahead, in batches per owner, into the peer area (within its
+        lease). An empty order stops the lane (its batch under way ends first)."""
+        address, n = entries.buffer_info() if len(entries) else (None, 0)  # copied by the door
+        return self._lib.front_door_peer_ahead(self._door, address, n, max(1, window)) == 0
+
+    def peer_progress(self, consumed: int) -> None:
+        self._lib.front_door_peer_progress(self._door, max(0, min(consumed, 0xFFFFFFFF)))
+
+    def peer_gone(self, key: str) -> None:
+        """``key``'s copy left the peer area (evicted): the read-ahead lane may fetch it again."""
+        raw = protocol.key_bytes(key)
+        self._lib.front_door_peer_gone(self._door, raw, len(raw))
+
+    def peer_ahead_state(self) -> dict:
+        arr = (ctypes.c_uint64 * 11)()
+        self._lib.front_door_peer_ahead_state(self._door, arr)
+        return dict(zip(("orders", "fetched", "fetched_bytes", "batches", "failed", "skipped", "room_waits",
+                         "order", "next", "consumed", "waited"), arr))
 
 
 # -- how many copies in flight: the rule of inflight.c, for Python's lanes -------------------

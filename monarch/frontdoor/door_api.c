@@ -434,6 +434,8 @@ EXPORT void front_door_grant(struct door *d, int q, int64_t bytes)
     d->low_water[q] = d->lease[q] / 2;
     pthread_cond_broadcast(&d->cv);
     pthread_cond_broadcast(&d->work_cv);  /* the read-ahead lane may wait for room */
+    if (d->pa)                         /* so may the peer read-ahead lane (door_peer_ahead.c) */
+        pthread_cond_broadcast(&d->pa->cv);
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -496,6 +498,7 @@ EXPORT void front_door_stop(struct door *d)
     pthread_mutex_lock(&d->mu);
     d->keeping = 0;                    /* no connection kept from now on: those answered now are closed */
     pthread_mutex_unlock(&d->mu);
+    stop_peer_ahead(d);                /* the peer read-ahead lane (door_peer_ahead.c) */
     stop_copiers(d);
     uint64_t one = 1;
     if (d->stop_fd >= 0 && write(d->stop_fd, &one, sizeof one) < 0) {
@@ -574,6 +577,7 @@ EXPORT void front_door_free(struct door *d)
     for (int i = 0; d->copiers && i < COPIERS_MAX; i++)
         free(d->copiers[i].copy_buf);
     free(d->copiers);
+    free_peer_ahead(d);                /* the peer read-ahead lane (door_peer_ahead.c) */
     pthread_mutex_destroy(&d->mu);
     pthread_mutex_destroy(&d->take_mu);
     pthread_cond_destroy(&d->cv);

@@ -50,6 +50,8 @@
  *                    answers, requests answered later (parked on a copy, queued for a copier)
  *   door_copies.c    one copy from the PFS into the copy tier, published atomically
  *   door_peer.c      the peer lane: another node's file through the C data path
+ *   door_peer_ahead.c the peer read-ahead lane: a hinted order's other nodes' files fetched
+ *                    ahead, in batches per owner (its exports with it)
  *   door_copiers.c   the copiers and the read-ahead lane
  *   door_loop.c      the hot path: the OPEN decision (try_open) and each worker's event loop
  *   door_api.c       what Python calls (ctypes), last
@@ -275,6 +277,8 @@ struct door {
     int ahead_asked, ahead_on, ahead_busy, ahead_end, ahead_waits, ahead_room_wait;
     uint32_t ahead_n, ahead_next;      /* the lane goes through index entries 1 to ahead_n; the next one, from 0 */
     uint64_t ahead_copies;
+    /* the peer read-ahead lane (door_peer_ahead.c): a hinted order's other nodes' files fetched ahead */
+    struct peer_ahead *pa;             /* made with its first order, or NULL */
 };
 
 struct idx_file {                      /* what the door needs of an INDEX_ENTRY */
@@ -335,6 +339,7 @@ static uint32_t door_ms(const struct door *d)
 #include "door_answers.c"
 #include "door_copies.c"
 #include "door_peer.c"
+#include "door_peer_ahead.c"
 #include "door_copiers.c"
 #include "door_loop.c"
 #include "door_api.c"

@@ -21,7 +21,8 @@
     X(EV_STAGED, 1)     /* copied into the copy tier (or fetched into the peer area) */ \
     X(EV_FAILED, 2)     /* a copy or fetch failed: the key is Python's now */        \
     X(EV_AHEAD, 4)      /* copied by the read-ahead lane (3, a slow source, is no more) */ \
-    X(EV_TRANSIENT, 5)  /* another node's file answered as a memfd */
+    X(EV_TRANSIENT, 5)  /* another node's file answered as a memfd */ \
+    X(EV_PEER_AHEAD, 6) /* another node's file fetched ahead of a hinted order (door_peer_ahead.c) */
 
 /* -- whose books an event or room lent is ------------------------------------------------- */
 #define FRONT_DOOR_BOOKS(X)                                                           \
@@ -100,6 +101,11 @@ EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, 
 EXPORT void front_door_own_only(struct door *d, int on);
 EXPORT void front_door_peer_copying(struct door *d, int on);
 EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offset);
+/* the peer read-ahead lane (door_peer_ahead.c): a hinted order's other nodes' files fetched ahead */
+EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32_t n, uint32_t window);
+EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed);
+EXPORT void front_door_peer_gone(struct door *d, const char *key, int len);
+EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out);
 /* the read-ahead lane and the copies in flight */
 EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start);
 EXPORT void front_door_read_ahead_state(struct door *d, uint64_t *out);

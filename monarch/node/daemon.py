@@ -110,7 +110,7 @@ class NodeDaemon:
         with self.gate.lock:
             self.current.install_locked(self.current.snapshot, self._make_stager(self.current.snapshot))
         self.resolver = Resolver(self.current, config.staging, self.count, self.role)
-        self.notices = JobNotices(self.current, self.owns, self.count)
+        self.notices = JobNotices(self.current, self.owns, self.count, peer=self.role is not None)
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
         if background:
@@ -255,10 +255,11 @@ class NodeDaemon:
 
         def link() -> None:
             try:
-                owners = owners_by_entry(snap.files, role.cluster.owner, role.node)
-                keeper.use_peer_link(PeerDoorLink(keeper.door, role.peer_cache, role.cluster.datapath, owners,
-                                                  role.node, role.cluster.heartbeat_timeout, self.counters_path))
-                linked = True
+                dp, owners = role.cluster.datapath, owners_by_entry(snap.files, role.cluster.owner, role.node)
+                keeper.use_peer_link(lane := PeerDoorLink(keeper.door, role.peer_cache, dp, owners, role.node,
+                                                          role.cluster.heartbeat_timeout, snap.files,
+                                                          self.counters_path))
+                linked = self.notices.attach_peer(lane.hint)  # hinted orders' other nodes' files fetched ahead too
             except Exception:
                 log.exception("the front door's peer lane did not start: other nodes' files come through Python")
                 linked = False
@@ -533,8 +534,7 @@ class NodeDaemon:
             resolves={str(k): v for k, v in outcomes.items()},
             peer=self.role.peer_stats() if self.role is not None else {},
             dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
-            inflated_bytes=self.resolver.inflated_bytes,
-            front_door=door,
+            inflated_bytes=self.resolver.inflated_bytes, front_door=door,
             cluster=self.role.stats() if self.role is not None else {},
             timeline=timeline,
             size_classes=classes,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from monarch import protocol
 from monarch.node.stage.current import Current
@@ -25,13 +25,32 @@ class JobNotices:
     """``owns(key)``: is the key this node's (hints name only this node's files to its
     stager); ``count(outcome)``: each notice is counted beside the answers."""
 
-    def __init__(self, current: Current, owns: Callable[[str], bool], count: Callable[[Outcome], None]):
+    def __init__(self, current: Current, owns: Callable[[str], bool], count: Callable[[Outcome], None],
+                 peer: bool = False):
+        """``peer``: a cluster's node, whose hints also go to ``attach_peer`` once it comes."""
         self._current = current
         self._owns = owns
         self._count = count
         self._lock = threading.Lock()
         self._meta_off_logged: set[str] = set()
         self._link_targets: dict[str, list[str]] | None = None  # see _links_into
+        # a sharded node's peer read-ahead (the daemon's: the whole order, other nodes' files
+        # fetched ahead by the front door's lane), or None: hints steer only the stager
+        self.peer_hint: Callable[[int, int, Any], None] | None = None
+        self._peer_pending: list[tuple] | None = [] if peer else None  # until it comes: the last order on
+
+    def attach_peer(self, hint: Callable[[int, int, Any], None]) -> bool:
+        """From now on the whole order of each hint also goes to ``hint`` (after those so far).
+        Returns True."""
+        with self._lock:
+            pending, self._peer_pending = self._peer_pending or [], None
+            self.peer_hint = hint
+        for op, stream, keys in pending:
+            try:
+                hint(op, stream, keys)
+            except Exception:  # fail open: the opens fetch as they come
+                log.exception("the peer read-ahead did not take a hint")
+        return True
 
     def invalidate(self, key: str) -> None:
         """The job writes to ``key`` (file or directory): its copies on this node go now. The
@@ -81,6 +100,24 @@ class JobNotices:
         self._count(Outcome.HINTS)
 
     def apply_hint(self, op: int, stream: int, keys: Iterable[str] | int) -> None:
+        """This node's own files go to its stager; the whole order to ``peer_hint`` (the
+        other nodes' files fetched ahead of the reader), if there is one."""
+        if keys is not None and not isinstance(keys, int):
+            keys = list(keys)
+        with self._lock:
+            peer_hint, pending = self.peer_hint, self._peer_pending
+            if pending is not None:  # kept for the lane: the last order (its stream's hints) on
+                if op == protocol.HINT_ORDER:
+                    pending.clear()
+                if op == protocol.HINT_PROGRESS and pending and pending[-1][:2] == (op, stream):
+                    pending[-1] = (op, stream, keys)  # the last progress is all that counts
+                else:
+                    pending.append((op, stream, keys))
+        if peer_hint is not None:
+            try:
+                peer_hint(op, stream, keys)
+            except Exception:  # fail open: the opens fetch as they come
+                log.exception("the peer read-ahead did not take a hint")
         if op == protocol.HINT_ORDER or op == protocol.HINT_MORE:
             self._current.stager.hint_order(stream, [k for k in keys if self._owns(k)], begin=op == protocol.HINT_ORDER)
         elif op == protocol.HINT_PROGRESS:

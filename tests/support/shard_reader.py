@@ -4,7 +4,12 @@ Each epoch one global shuffle of the manifest's files (the same on every node: s
 the epoch), split into ``nodes`` disjoint shards; node ``node`` reads shard ``node``
 (``order[node::nodes]``) with ``workers`` threads and checks every file's digest.
 
-    python -m support.shard_reader ROOT MANIFEST --node K --nodes N [--epochs E] [--json OUT]
+    python -m support.shard_reader ROOT MANIFEST --node K --nodes N [--epochs E] [--json OUT] [--hints]
+
+``--hints``: the shards come from ``monarch.hints.DistributedHintedSampler`` (torch's
+DistributedSampler's arithmetic, seeded by seed + epoch), which tells the node's daemon each
+epoch's shard order before its first file and the progress as files are read (a bounded
+number in flight, as a DataLoader's prefetching keeps).
 
 Writes (``--json``) and prints one JSON object: the process's start time, each epoch's
 seconds and end time (``time.time()``), files, bytes and mismatches. Exits 1 on any
@@ -18,6 +23,7 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 from monarch.workload import digest, epoch_order, load_manifest
@@ -28,8 +34,11 @@ def shard(names: list[str], seed: int, epoch: int, node: int, nodes: int) -> lis
     return epoch_order(sorted(names), seed, epoch)[node::nodes]
 
 
-def _check(root: str, manifest: dict, rel: str) -> tuple[int, str | None, float]:
-    """Bytes read, a mismatch (or None), and the seconds the open took."""
+def _check(root: str, manifest: dict, rel: str, compute: float = 0.0) -> tuple[int, str | None, float]:
+    """Bytes read, a mismatch (or None), and the seconds the open took; then ``compute``
+    seconds of a training step's time (sleeping)."""
+    if compute:
+        time.sleep(compute)
     t0 = time.perf_counter()
     with open(os.path.join(root, rel), "rb") as f:
         opened = time.perf_counter() - t0
@@ -40,17 +49,42 @@ def _check(root: str, manifest: dict, rel: str) -> tuple[int, str | None, float]
     return len(data), None, opened
 
 
+def _bounded(pool, fn, items, ahead: int):
+    """``pool.map`` with at most ``ahead`` items in flight: the items are taken as reads end."""
+    flight: deque = deque()
+    for item in items:
+        flight.append(pool.submit(fn, item))
+        if len(flight) >= ahead:
+            yield flight.popleft().result()
+    while flight:
+        yield flight.popleft().result()
+
+
 def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: int = 3, workers: int = 4,
-                seed: int = 0, progress: str | None = None) -> dict:
+                seed: int = 0, progress: str | None = None, hints: bool = False, started_file: str | None = None, compute_ms: float = 0.0) -> dict:
     started = time.time()
     manifest = load_manifest(manifest_path)
     names = list(manifest)
     out = {"node": node, "nodes": nodes, "started": started, "epochs": []}
+    sampler = None
+    if hints:
+        from monarch.hints import DistributedHintedSampler
+        ordered = sorted(names)
+        sampler = DistributedHintedSampler(len(ordered), nodes, node, seed=seed, lag=2 * workers, every=8,
+                                           path_of=lambda i: os.path.join(root, ordered[i]))
+    if started_file:  # the reading starts (a benchmark samples the processes' CPU here)
+        open(started_file, "w").close()
     with ThreadPoolExecutor(workers) as pool:
         for epoch in range(epochs):
-            mine = shard(names, seed, epoch, node, nodes)
             t0 = time.perf_counter()
-            results = list(pool.map(lambda rel: _check(root, manifest, rel), mine))
+            if sampler is not None:
+                sampler.set_epoch(epoch)
+                mine = [ordered[i] for i in sampler.sampler]  # the same order the sampler tells
+                results = list(_bounded(pool, lambda i: _check(root, manifest, ordered[i], compute_ms / 1e3), sampler,
+                                        2 * workers))
+            else:
+                mine = shard(names, seed, epoch, node, nodes)
+                results = list(pool.map(lambda rel: _check(root, manifest, rel, compute_ms / 1e3), mine))
             seconds = time.perf_counter() - t0
             bad = [why for _, why, _ in results if why]
             out["epochs"].append({"epoch": epoch, "seconds": round(seconds, 4), "end": time.time(),
@@ -60,6 +94,8 @@ def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: in
             if progress:  # one line per epoch as it ends, for a test that acts mid-job
                 with open(progress, "a") as f:
                     f.write(f"{epoch}\n")
+    if sampler is not None:
+        sampler.hints.close()
     out["ok"] = all(e["mismatches"] == 0 for e in out["epochs"])
     return out
 
@@ -75,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     p.add_argument("--progress", default=None, help="append each finished epoch's number to this file")
+    p.add_argument("--started", default=None, help="made once the manifest is read, as the reading starts")
+    p.add_argument("--compute-ms", type=float, default=0.0, help="a training step's time per file (slept)")
+    p.add_argument("--hints", action="store_true", help="tell the daemon each epoch's order (DistributedHintedSampler)")
     a = p.parse_args(argv)
-    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed, a.progress)
+    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed, a.progress, a.hints, a.started, a.compute_ms)
     text = json.dumps(result)
     if a.json:
         with open(a.json, "w") as f:

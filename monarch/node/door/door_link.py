@@ -312,6 +312,8 @@ class DoorKeeper:
         counts["answered_staged"] = sum(counts["hits_by_slot"].values())
         counts["read_ahead"] = lane
         counts["in_flight"] = self.door.inflight()
+        if self.peer_link is not None:  # the hinted orders' other nodes' files, fetched ahead
+            counts["peer_ahead"] = self.peer_link.ahead_stats()
         return counts
 
     def stop(self) -> None:

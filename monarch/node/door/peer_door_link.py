@@ -20,6 +20,14 @@ the door's table and the peer cache's books one, as ``DoorLink`` does for the st
   (checked and handed over in one step, ``FrontDoor.evict``), so an application it was
   answered to never finds it gone.
 
+When the readers tell their order (``monarch.hints``), the door's peer read-ahead lane
+(``door_peer_ahead.c``) fetches the other nodes' files of that order ahead of the reader, in
+batches per owner, into room lent here as for its other fetches (``hint``): no more ahead than
+WINDOW_SHARE of the area holds, so that what the LRU evicts is what the reader has consumed. Each order
+is an epoch of the report's ``peer_ahead`` figures: its other nodes' files, how many of their
+opens still had to be fetched (by the door, as a transient copy, or by Python), and how many
+came while the read-ahead fetched their file (answered once it was there: not local hits).
+
 The door knows who owns a file from an array by index entry (the snapshot's order of files),
 computed once here. After a node is lost its files have new owners the array does not know:
 the door's fetches from the lost node end at once (the data path knows it is lost) and
@@ -29,11 +37,14 @@ those opens are handed over to Python, which asks the new owner.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from array import array
 from typing import Callable
 
+from monarch import protocol
 from monarch.cluster.datapath import DataPath
-from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
+from monarch.frontdoor import EV_PEER_AHEAD, EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
 from monarch.node.door.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.snapshot.index_writer import positions
 from monarch.node.peer.peer_cache import GRACE, PeerCache
@@ -44,6 +55,12 @@ log = logging.getLogger(__name__)
 
 OWNER_NONE = -1
 LEASE_MIN = 64 << 10  # room lent to the door at a time, at least (a few small files)
+# the GRACE of a copy answered while a hinted order steers: its reader opens it at once, and the
+# read-ahead needs the room back within an epoch (a copy gone first is read from the PFS: fail open)
+HINTED_GRACE = 0.05
+# of the peer area, what the read-ahead may hold ahead of the reader's progress (the rest: the
+# copies consumed, evicted first, and the progress told late: the sampler's lag)
+WINDOW_SHARE = 0.5
 
 
 def owners_by_entry(files, owner: Callable[[str], int], node: int) -> array:
@@ -63,8 +80,22 @@ class PeerDoorLink(StagerListener):
     peer data path: its functions are called by the door)."""
 
     def __init__(self, door: FrontDoor, cache: PeerCache, datapath: DataPath, owners: array, node: int,
-                 timeout: float, counters_path: str | None = None):
+                 timeout: float, files=None, counters_path: str | None = None):
+        """``files``: the snapshot's, for the hinted orders (None: hints steer no fetch);
+        ``counters_path``: the shim's counters, whose opens in the peer slot measure which
+        fetches the area keeps (None: every one while it has room)."""
         self.door = door
+        self._owners = owners
+        self._position = positions(files) if files is not None else None
+        self._files = files
+        self._order = array("I")        # the hinted order's index entries (the last stream's)
+        self._stream: int | None = None
+        self._remote = 0                # of which other nodes' files
+        self._remote_bytes = 0          # their bytes, as the area allocates them
+        self._epochs: list[dict] = []   # per order: its other nodes' files, those fetched at their open
+        self._at_open_before = 0
+        self._waited_before = 0         # opens that waited for the read-ahead's fetch, before this order
+        self._hint_lock = threading.Lock()
         self.cache = cache
         self.area = cache.area
         books = cache.books
@@ -77,8 +108,9 @@ class PeerDoorLink(StagerListener):
             raise OSError("the front door has no peer area to fetch into")
         # which fetches the area keeps: measured from the shim's opens there (the rest are memfds)
         if counters_path is not None and not door.peer_reuse(counters_path):
-            log.warning("the shim's counters %s cannot be read: every remote file goes into the peer area", counters_path)
-        cache.ask_before_evicting(lambda key: door.evict(key, GRACE))  # the door's answers count as uses
+            log.warning("the shim's counters %s cannot be read: every remote file goes into the peer area",
+                        counters_path)
+        cache.ask_before_evicting(lambda key: door.evict(key, self._grace()))  # the door's answers count as uses
         self.tend()
 
     # -- the cache's events (StagerListener) -----------------------------------------------
@@ -87,6 +119,8 @@ class PeerDoorLink(StagerListener):
 
     def dropped(self, key: str) -> None:
         self.door.forget(key)
+        if self._position is not None:  # gone from the area: the read-ahead may fetch it again
+            self.door.peer_gone(key)
 
     def claiming(self, key: str) -> bool:
         if not self.door.claim(key):
@@ -100,7 +134,7 @@ class PeerDoorLink(StagerListener):
     # -- the door's fetches ------------------------------------------------------------------
     def absorb(self) -> int:
         """Enter what the door fetched into the cache's books; lend it room again. Returns
-        how many files it fetched."""
+        how many opens it answered with a fetch (not counting the read-ahead's)."""
         books, lru, counts = self.cache.books, self.cache.lru, self.cache.counts
         fetched = 0
         with books.lock:  # drained under the lock: a claim that finds a fetch of the door's finds it here
@@ -108,13 +142,19 @@ class PeerDoorLink(StagerListener):
                 if ev.kind == EV_TRANSIENT:  # answered as a memfd: nothing to book
                     counts["transient"] += 1
                     counts["transient_bytes"] += ev.size
-                if ev.kind != EV_STAGED:
+                if ev.kind != EV_STAGED and ev.kind != EV_PEER_AHEAD:
                     continue  # a failed fetch: handed over, Python's protocol fetches it
                 if books.enter_copy_locked(ev.key, self.area, ev.size, paid=self.area.allocated(ev.size)):
                     lru.published(ev.key, self.area)
                     counts["fetched"] += 1
                     counts["fetched_bytes"] += ev.size
-                    fetched += 1
+                    if ev.kind == EV_PEER_AHEAD:  # answered to no one yet: no GRACE, evicted in the order fetched
+                        lru.order[ev.key] = (ev.size, 0.0)
+                        counts["fetched_ahead"] += 1
+                    else:
+                        fetched += 1  # an open answered so
+                        if self._stream is not None:  # a hinted order: its reader opened it at once
+                            lru.order[ev.key] = (ev.size, time.monotonic() - GRACE + HINTED_GRACE)
         self.tend()
         return fetched
 
@@ -126,10 +166,19 @@ class PeerDoorLink(StagerListener):
         if not allowed:
             self.reclaim_lease()
             return
-        # a share of the area, but never more than half of a small one: its LRU makes the room
-        chunk = min(LEASE_MAX, max(LEASE_MIN, self.area.capacity // LEASE_SHARE), self.area.capacity // 2)
-        if self.door.lease(PEER_BOOKS) < chunk // 2 and books.reserve(self.area, chunk):
+        chunk = self._chunk()
+        if self.door.lease(PEER_BOOKS) < self._low_water() and books.reserve(self.area, chunk):
             self.door.grant(chunk, PEER_BOOKS)
+
+    def _chunk(self) -> int:
+        """Room lent at a time: a share of the area, never more than half of a small one (its LRU
+        makes the room); with a hinted order, half the read-ahead's window."""
+        chunk = min(LEASE_MAX, max(LEASE_MIN, self.area.capacity // LEASE_SHARE), self.area.capacity // 2)
+        return max(chunk, min(LEASE_MAX, self.area.capacity // 4)) if self._stream is not None else chunk
+
+    def _low_water(self) -> int:
+        """Room lent is topped up below this (with a hinted order: kept at a whole chunk)."""
+        return self._chunk() if self._stream is not None else self._chunk() // 2
 
     def reclaim_lease(self) -> bool:
         """Give the door's unused room back to the area. True if there was some."""
@@ -138,8 +187,84 @@ class PeerDoorLink(StagerListener):
             self.area.release(left)
         return left > 0
 
+    # -- the hinted order (door_peer_ahead.c) -------------------------------------------------
+    def hint(self, op: int, stream: int, keys) -> None:
+        """A hint (protocol.HINT_*) of stream ``stream``: an order (``keys``, the whole order,
+        this node's own files too: the progress counts its positions), more of it, the
+        reader's progress, or its end. The last stream to send an order steers the lane."""
+        if self._position is not None:
+            with self._hint_lock:
+                self._hint_locked(op, stream, keys)
+
+    def _hint_locked(self, op: int, stream: int, keys) -> None:
+        if op in (protocol.HINT_ORDER, protocol.HINT_MORE):
+            if op == protocol.HINT_ORDER or stream != self._stream:
+                self._new_epoch()
+                self._order, self._stream, self._remote, self._remote_bytes = array("I"), stream, 0, 0
+            position, owners, files, allocated = self._position, self._owners, self._files, self.area.allocated
+            for key in keys:
+                at = position(key)
+                if at is not None:
+                    self._order.append(at + 1)
+                    if owners[at] >= 0:
+                        self._remote += 1
+                        self._remote_bytes += allocated(files[key].size)
+            self.door.peer_ahead(self._order, self._window())
+        elif stream != self._stream:
+            return
+        elif op == protocol.HINT_PROGRESS:
+            self.door.peer_progress(int(keys))
+            if self.door.lease(PEER_BOOKS) < self._low_water():  # lent before the lane waits for room
+                self.absorb()
+        else:
+            self.door.peer_ahead(array("I"), 1)
+            self._new_epoch()
+            self._stream = None
+
+    def _grace(self) -> float:
+        return HINTED_GRACE if self._stream is not None else GRACE
+
+    def _window(self) -> int:
+        """How far ahead the lane fetches, in positions of the order: WINDOW_SHARE of the area
+        (the LRU evicts from the rest, the copies consumed), as positions go (this node's own
+        files among them)."""
+        if not self._remote:
+            return 1
+        per_position = self._remote_bytes / max(1, len(self._order))
+        return max(4, int(self.area.capacity * WINDOW_SHARE // max(1.0, per_position)))
+
+    def _fetched_at_open(self) -> int:
+        """Other nodes' files fetched when they were opened (by the door, as a transient copy, or
+        by Python): every fetch but the lane's."""
+        self.absorb()
+        counts = self.cache.counts
+        return counts["fetched"] - counts["fetched_ahead"] + counts["transient"]
+
+    def _new_epoch(self) -> None:
+        now, waited = self._fetched_at_open(), self.door.peer_ahead_state()["waited"]
+        if self._stream is not None:
+            self._epochs.append({"remote_opens": self._remote, "fetched_at_open": now - self._at_open_before,
+                                 "waited_for_ahead": waited - self._waited_before})
+        self._at_open_before, self._waited_before = now, waited
+
+    def ahead_stats(self) -> dict:
+        """The report's ``peer_ahead``: the lane's figures and, per hinted order (an epoch), its
+        other nodes' files and how many of their opens had to fetch (the rest were local hits)."""
+        with self._hint_lock:
+            return self._ahead_stats_locked()
+
+    def _ahead_stats_locked(self) -> dict:
+        epochs = list(self._epochs)
+        if self._stream is not None:
+            epochs.append({"remote_opens": self._remote,
+                           "fetched_at_open": self._fetched_at_open() - self._at_open_before,
+                           "waited_for_ahead": self.door.peer_ahead_state()["waited"] - self._waited_before})
+        return {"lane": self.door.peer_ahead_state(), "epochs": epochs}
+
     def stop(self) -> None:
         """The lane off (its fetches under way end first), its room given back."""
+        if self._position is not None:
+            self.door.peer_ahead(array("I"), 1)  # the read-ahead lane's batch under way ends first
         self.cache.ask_before_evicting(None)
         self.door.peer_reuse(None)
         self.door.peers(None, None, None, None, 0, self.area.slot, 0)

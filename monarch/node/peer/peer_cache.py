@@ -25,6 +25,7 @@ eviction policy, the transient copy, and the answers.
 from __future__ import annotations
 
 import collections
+import itertools
 import concurrent.futures
 import fcntl
 import logging
@@ -46,7 +47,8 @@ from monarch.node.tiers.tiers import Tier
 log = logging.getLogger(__name__)
 
 GRACE = 0.5        # seconds a fresh copy is safe from eviction (the application it was answered to opens it first)
-EVICT_TRIES = 16   # copies looked at for one eviction, the least recently used first
+EVICT_TRIES = 16   # copies answered just now looked past for one eviction, the least recently used first
+EVICT_SCAN = 512   # copies looked at for one eviction at most (young ones are passed over)
 FETCH_THREADS = 32  # fetches from owners at once (each waits on the owner's staging at worst)
 
 Answer = tuple[int, object]
@@ -81,14 +83,23 @@ class LeastRecentlyUsed(StagerListener, Eviction):
         self.order.move_to_end(key)
 
     def victim_locked(self, tier: Tier, size: int) -> str | None:
-        for _ in range(EVICT_TRIES):
-            victim = next(iter(self.order.items()), None)
-            if victim is None or time.monotonic() - victim[1][1] < GRACE or size > tier.capacity:
-                return None
-            if self._may_evict is None or self._may_evict(victim[0]):
+        """The least recently used copy not published within GRACE (a copy fetched ahead of a
+        hinted order was answered to no one: published at 0, it may go before younger ones)."""
+        if size > tier.capacity:
+            return None
+        now, answered, victim = time.monotonic(), [], None
+        for key, (vsize, published) in itertools.islice(self.order.items(), EVICT_SCAN):
+            if now - published < GRACE:
+                continue
+            if self._may_evict is None or self._may_evict(key):
+                victim = key, (vsize, published)
                 break
-            self.order.move_to_end(victim[0])  # answered just now: the least recently used is the next one
-        else:
+            answered.append(key)
+            if len(answered) == EVICT_TRIES:
+                break
+        for key in answered:  # answered just now: used
+            self.order.move_to_end(key)
+        if victim is None:
             return None
         key, (vsize, _) = victim
         self.counts["evictions"] += 1

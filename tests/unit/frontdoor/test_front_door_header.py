@@ -30,6 +30,7 @@ CTYPES = {
     "struct door *": ctypes.c_void_p, "struct inflight *": ctypes.c_void_p,
     "const struct inflight *": ctypes.c_void_p, "void *": ctypes.c_void_p,
     "const unsigned char *": ctypes.c_void_p, "const int16_t *": ctypes.c_void_p,
+    "const uint32_t *": ctypes.c_void_p,
 }
 FORMAT_OF = {"uint32_t": "I", "int32_t": "i", "uint64_t": "Q", "int64_t": "q"}
 

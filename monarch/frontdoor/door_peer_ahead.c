@@ -1,0 +1,395 @@
+/* Part of front_door.c, one translation unit: included there, in order, after the types and the
+ * parts before it (after door_peer.c). Here: the peer read-ahead lane, the clairvoyant path:
+ * when the readers tell their order (monarch.hints), the other nodes' files of that order are
+ * fetched ahead of the reader into the peer area, many per request and reply to each owner
+ * (peer_fetch_many), so that the reader's opens of them are local hits (the shim's tier probe).
+ *
+ * Python gives the lane the order as index entries (front_door_peer_ahead) and the reader's
+ * progress (front_door_peer_progress). One thread of its own goes through the order: the next
+ * entries past the progress, no more than ``window`` ahead and within the room lent in the peer
+ * area (Q_PEER's lease), that are other nodes' small files the door has never heard of (a
+ * staged, busy or Python's key is skipped; one evicted
+ * from the area is fetched again: front_door_peer_gone); grouped by owner, up to PA_BATCH files and
+ * PA_BATCH_BYTES per call; each file written to a temporary name and published as
+ * fetch_from_peer does (K_STAGED, EV_PEER_AHEAD on Q_PEER: the peer cache's books absorb it).
+ * Its copies were answered to no one (answered = 0, no GRACE in the LRU): they go in the order
+ * fetched, so the ones consumed are the first the area evicts.
+ * A file the owner cannot give (not staged there, another size, compressed, a lost owner) is
+ * handed to Python (K_PYTHON): its open goes through Python's protocol, which asks the owner,
+ * or the new one. An open that comes before the lane fetched its file is the peer lane's
+ * (door_peer.c), or parks on the lane's fetch under way, as on any BUSY key. The exports are
+ * at the end of this part, beside the lane they drive. */
+
+#define PA_BATCH 64                    /* files per request to one owner (dp_fetch_many's limit) */
+#define PA_BATCH_BYTES (4LL << 20)     /* bytes per reply, at most (dp_fetch_many's limit) */
+#define PA_OWNERS 16                   /* owners gathered in one pass (a batch each); more wait a pass */
+#define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
+
+struct pa_file {                       /* one file of a batch under way */
+    const char *key;
+    uint32_t len, hash;
+    struct idx_file f;
+    int dir, fd;                       /* its directory in the peer area, its temporary copy */
+    char tmp[64];
+};
+
+struct peer_ahead {
+    pthread_t thread;
+    int started, stop, busy;           /* busy: a batch is under way (outside the lock) */
+    pthread_cond_t cv;                 /* an order, progress, or the stop */
+    uint32_t *order;                   /* index entries, from 1, in the reader's order */
+    uint32_t n, next, done, window;    /* the next position looked at; positions consumed; how far ahead */
+    struct worker w;                   /* its directory kept and its temporary names, as a worker's */
+    uint64_t orders, fetched, fetched_bytes, batches, failed, skipped, room_waits;
+    uint64_t waited;                   /* opens that came while the lane fetched their file: answered after it */
+    struct pa_file files[PA_OWNERS * PA_BATCH];
+    int owner_of[PA_OWNERS], nfiles_of[PA_OWNERS];
+    int64_t bytes_of[PA_OWNERS];
+};
+
+/* -- gathering a pass: the next files past the progress, by owner ---------------------------- */
+
+/* The owner's batch in ``pa`` (made if there is room for another owner), or -1. */
+static int pa_group(struct peer_ahead *pa, int *ngroups, int owner)
+{
+    for (int g = 0; g < *ngroups; g++)
+        if (pa->owner_of[g] == owner)
+            return g;
+    if (*ngroups == PA_OWNERS)
+        return -1;
+    pa->owner_of[*ngroups] = owner;
+    pa->nfiles_of[*ngroups] = 0;
+    pa->bytes_of[*ngroups] = 0;
+    return (*ngroups)++;
+}
+
+/* The next files to fetch, each made BUSY with its room taken from the lease, grouped by owner
+ * in ``pa->files`` (group g's files at g * PA_BATCH). Returns how many groups; 0 with
+ * ``*room`` set when the lease is short. Under the lock. */
+static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
+{
+    int ngroups = 0;
+    *room = 0;
+    if (!d->peer_fetch || !d->peer_allowed || d->never_copy || d->stopped || !d->gate_open)
+        return 0;
+    while (pa->next < pa->n && pa->next < pa->done + pa->window) {
+        struct idx_file f;
+        const char *key;
+        uint32_t len;
+        uint32_t entry = pa->order[pa->next];
+        if (!index_entry(d, entry, &f, &key, &len)) {
+            pa->next++;
+            continue;
+        }
+        int owner = peer_owner_locked(d, &f);
+        uint32_t hash = owner >= 0 ? monarch_crc32(key, len) : 0;
+        struct entry *e = owner >= 0 ? find(d, key, len, hash) : NULL;
+        if (owner < 0 || (e && e->state != K_FREE)) {
+            pa->next++;                /* this node's, large, or staged, busy or Python's already */
+            pa->skipped++;
+            continue;
+        }
+        int64_t need = peer_room(d, f.size);
+        if (need > d->lease[Q_PEER]) {
+            *room = 1;                 /* Python lends more when it drains the events */
+            pa->room_waits++;
+            wake_python_locked(d);
+            break;
+        }
+        int g = pa_group(pa, &ngroups, owner);
+        if (g < 0 || pa->nfiles_of[g] == PA_BATCH || pa->bytes_of[g] + (int64_t)f.size > PA_BATCH_BYTES)
+            break;                     /* that owner's batch is full: the next pass */
+        if (!e && !(e = insert(d, key, len, hash)))
+            break;
+        e->state = K_BUSY;
+        d->busy++;
+        d->lease[Q_PEER] -= need;
+        struct pa_file *p = &pa->files[g * PA_BATCH + pa->nfiles_of[g]++];
+        pa->bytes_of[g] += (int64_t)f.size;
+        p->key = key;                  /* the index's: mapped while the door lives */
+        p->len = len;
+        p->hash = hash;
+        p->f = f;
+        p->dir = p->fd = -1;
+        pa->next++;
+    }
+    return ngroups;
+}
+
+/* -- one batch: temporary files, the fetch, the publish ---------------------------------------- */
+
+static void pa_open_tmp(struct peer_ahead *pa, struct pa_file *p)
+{
+    struct worker *w = &pa->w;
+    const char *base = memrchr(p->key, '/', p->len);
+    uint32_t dlen = base ? (uint32_t)(base - p->key) : 0;
+    snprintf(p->tmp, sizeof p->tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
+    const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    for (int attempt = 0; base && attempt < 2 && p->fd < 0; attempt++) {
+        int kdir = cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, p->key, dlen, open_peer_dir, w);
+        p->dir = kdir < 0 ? -1 : dup(kdir);   /* kept to its rename: the next file may be elsewhere */
+        p->fd = p->dir < 0 ? -1 : openat(p->dir, p->tmp, create, (p->f.mode & 0700) | 0600);
+        if (p->fd >= 0 || errno != ENOENT || w->peer_dir < 0)
+            break;
+        close(p->dir);                 /* its directory went meanwhile: opened afresh */
+        p->dir = -1;
+        close(w->peer_dir);
+        w->peer_dir = -1;
+    }
+}
+
+/* The files' bytes, each result the bytes written or < 0. */
+static void pa_fetch(peer_fetch_fn one, peer_fetch_many_fn many, void *dp, int owner,
+                     struct pa_file *files, int n, int64_t *results, int timeout_ms)
+{
+    const char *keys[PA_BATCH];
+    int lens[PA_BATCH], fds[PA_BATCH], m = 0, at[PA_BATCH];
+    uint64_t sizes[PA_BATCH];
+    int64_t got[PA_BATCH];
+    for (int i = 0; i < n; i++) {
+        results[i] = -1;
+        if (files[i].fd < 0)
+            continue;
+        keys[m] = files[i].key;
+        lens[m] = (int)files[i].len;
+        sizes[m] = files[i].f.size;
+        fds[m] = files[i].fd;
+        at[m++] = i;
+    }
+    if (!m)
+        return;
+    if (many) {
+        if (many(dp, owner, m, keys, lens, sizes, fds, got, timeout_ms) != 0)
+            for (int j = 0; j < m; j++)
+                got[j] = -1;
+    } else {
+        for (int j = 0; j < m; j++)
+            got[j] = one(dp, owner, keys[j], lens[j], sizes[j], fds[j], timeout_ms);
+    }
+    for (int j = 0; j < m; j++)
+        results[at[j]] = got[j];
+}
+
+/* Each file of a fetched batch published (K_STAGED, EV_STAGED) or handed to Python (K_PYTHON),
+ * its waiters answered. Takes and leaves the lock unlocked. */
+static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *files, int n, const int64_t *results,
+                       int64_t t0)
+{
+    int slot = d->peer_slot;
+    const char *area = d->tiers[slot];
+    for (int i = 0; i < n; i++) {
+        struct pa_file *p = &files[i];
+        struct timespec times[2] = {{p->f.mtime / 1000000000LL, p->f.mtime % 1000000000LL},
+                                    {p->f.mtime / 1000000000LL, p->f.mtime % 1000000000LL}};
+        int ok = p->fd >= 0 && results[i] == (int64_t)p->f.size && futimens(p->fd, times) == 0;
+        if (p->fd >= 0 && close(p->fd) < 0)
+            ok = 0;
+        const char *name = memrchr(p->key, '/', p->len);
+        char base[NAME_MAX + 1];
+        size_t bl = name ? p->len - (size_t)(name + 1 - p->key) : 0;
+        ok = ok && bl > 0 && bl <= NAME_MAX;
+        if (ok) {
+            memcpy(base, name + 1, bl);
+            base[bl] = 0;
+            ok = !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) && renameat(p->dir, p->tmp, p->dir, base) == 0;
+        }
+        if (!ok && p->fd >= 0)
+            unlinkat(p->dir, p->tmp, 0);
+        if (p->dir >= 0)
+            close(p->dir);
+        char dest[PATH_MAX];
+        snprintf(dest, sizeof dest, "%s/%.*s", area, (int)p->len, p->key);
+        pthread_mutex_lock(&d->mu);
+        struct entry *e = find(d, p->key, p->len, p->hash);
+        if (ok) {
+            e->state = K_STAGED;
+            e->slot = (uint8_t)slot;
+            e->answered = 0;           /* not answered: once consumed, the first to go */
+            pa->fetched++;
+            pa->fetched_bytes += p->f.size;
+            post_event_locked(d, Q_PEER, EV_PEER_AHEAD, (uint32_t)slot, p->key, p->len, p->f.entry, p->f.size, 0,
+                              monarch_now_ns() - t0);
+        } else {
+            e->state = K_PYTHON;       /* its open goes to Python's protocol: the owner, or the new one */
+            d->lease[Q_PEER] += peer_room(d, p->f.size);
+            pa->failed++;
+            post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)slot, p->key, p->len, p->f.entry, p->f.size, 0,
+                              monarch_now_ns() - t0);
+        }
+        /* its waiters open it at once, and it is the newest copy of the area's LRU: not marked
+         * answered, so that a reader at the lane's heels does not hold the area's room in GRACE */
+        struct waiter *ready = d->parked ? unpark_locked(d, p->key, p->len, p->hash) : NULL;
+        for (struct waiter *q = ready; q; q = q->next)
+            pa->waited++;
+        d->busy--;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        if (ready)
+            answer_parked(d, ready, ok ? slot : -1, dest);
+    }
+}
+
+/* -- the lane's thread ---------------------------------------------------------------------- */
+
+static void *peer_ahead_main(void *arg)
+{
+    struct door *d = arg;
+    struct peer_ahead *pa = d->pa;
+    int64_t results[PA_BATCH];
+    prctl(PR_SET_NAME, "monarch-peerahd");
+    pthread_mutex_lock(&d->mu);
+    while (!pa->stop) {
+        int room;
+        int ngroups = pa_gather_locked(d, pa, &room);
+        if (!ngroups) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += PA_WAIT_NS;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&pa->cv, &d->mu, &until);
+            continue;
+        }
+        peer_fetch_fn one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
+        peer_fetch_many_fn many = d->peer_fetch_many;  /* NULL: one dp_fetch per file */
+        void *dp = d->peer_dp;
+        int timeout_ms = d->peer_timeout_ms;
+        pa->busy = 1;
+        pthread_mutex_unlock(&d->mu);
+        for (int g = 0; g < ngroups; g++) {
+            struct pa_file *files = &pa->files[g * PA_BATCH];
+            int n = pa->nfiles_of[g];
+            int64_t t0 = monarch_now_ns();
+            for (int i = 0; i < n; i++)
+                pa_open_tmp(pa, &files[i]);
+            pa_fetch(one, many, dp, pa->owner_of[g], files, n, results, timeout_ms);
+            pa_publish(d, pa, files, n, results, t0);
+        }
+        pthread_mutex_lock(&d->mu);
+        pa->busy = 0;
+        pa->batches += (uint64_t)ngroups;
+        pthread_cond_broadcast(&pa->cv);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* The lane's state made (not its thread), or NULL. */
+static struct peer_ahead *peer_ahead_new(void)
+{
+    struct peer_ahead *pa = calloc(1, sizeof *pa);
+    if (!pa)
+        return NULL;
+    pthread_cond_init(&pa->cv, NULL);
+    pa->w.spare_fd = pa->w.ep = pa->w.src_dir = pa->w.key_dir = pa->w.peer_dir = -1;
+    pa->w.tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ 0xA4EADULL << 44;
+    return pa;
+}
+
+/* The lane stopped and its thread joined (its batch under way ends first); harmless twice. */
+static void stop_peer_ahead(struct door *d)
+{
+    struct peer_ahead *pa = d->pa;
+    if (!pa)
+        return;
+    pthread_mutex_lock(&d->mu);
+    pa->stop = 1;
+    pthread_cond_broadcast(&pa->cv);
+    int started = pa->started;
+    pa->started = 0;
+    pthread_mutex_unlock(&d->mu);
+    if (started)
+        pthread_join(pa->thread, NULL);
+    pa->w.d = d;
+    close_cached_dirs(&pa->w);
+}
+
+static void free_peer_ahead(struct door *d)
+{
+    if (!d->pa)
+        return;
+    free(d->pa->order);
+    pthread_cond_destroy(&d->pa->cv);
+    free(d->pa);
+    d->pa = NULL;
+}
+
+/* -- what Python calls (front_door.h: the peer read-ahead lane) --------------------------------- */
+
+/* The reader's order: ``entries`` (index entries, from 1; copied), of which the lane fetches the
+ * other nodes' files ahead of the progress, at most ``window`` positions ahead; the progress
+ * starts at 0. n == 0: the lane has no order (it waits for its batch under way to end). The
+ * lane's thread starts with the first order. 0, or -1 (no memory, no thread: no lane). */
+EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32_t n, uint32_t window)
+{
+    uint32_t *copy = n ? malloc((size_t)n * sizeof *copy) : NULL;
+    if (n && !copy)
+        return -1;
+    if (n)
+        memcpy(copy, entries, (size_t)n * sizeof *copy);
+    pthread_mutex_lock(&d->mu);
+    if (!d->pa && !(d->pa = peer_ahead_new())) {
+        pthread_mutex_unlock(&d->mu);
+        free(copy);
+        return -1;
+    }
+    struct peer_ahead *pa = d->pa;
+    free(pa->order);
+    pa->order = copy;
+    pa->n = n;
+    pa->next = pa->done = 0;
+    pa->window = window ? window : 1;
+    pa->orders += n > 0;
+    int ok = 0;
+    if (n && !pa->started && !pa->stop && !d->stopped) {
+        pa->w.d = d;
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);  /* the interpreter's threads take the signals */
+        pa->started = pthread_create(&pa->thread, NULL, peer_ahead_main, d) == 0;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        ok = pa->started ? 0 : -1;
+    }
+    pthread_cond_broadcast(&pa->cv);
+    while (!n && pa->busy)             /* no order: its batch under way ends first */
+        pthread_cond_wait(&pa->cv, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+    return ok;
+}
+
+/* ``key``'s copy left the peer area (the cache evicted it) and no one fetches it: the lane may
+ * fetch it again (K_FREE; its opens are still handed over, as those of a key Python had). */
+EXPORT void front_door_peer_gone(struct door *d, const char *key, int len)
+{
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find(d, key, (uint32_t)len, monarch_crc32(key, (uint32_t)len));
+    if (e && e->state == K_PYTHON)
+        e->state = K_FREE;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* The reader is done with the first ``consumed`` positions of the order. */
+EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed)
+{
+    pthread_mutex_lock(&d->mu);
+    if (d->pa && consumed > d->pa->done) {
+        d->pa->done = consumed;
+        pthread_cond_broadcast(&d->pa->cv);
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* out[11]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
+ * the order's length, its next position, positions consumed, opens that waited for a fetch. */
+EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out)
+{
+    memset(out, 0, 11 * sizeof *out);
+    pthread_mutex_lock(&d->mu);
+    struct peer_ahead *pa = d->pa;
+    if (pa) {
+        uint64_t v[11] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
+                          pa->room_waits, pa->n, pa->next, pa->done, pa->waited};
+        memcpy(out, v, sizeof v);
+    }
+    pthread_mutex_unlock(&d->mu);
+}
