@@ -23,7 +23,7 @@ for direct), whether every digest was right, and Monarch's per-node numbers.
     python scripts/bench_cluster.py --capacity-share 2               # every node holds the whole dataset
     python scripts/bench_cluster.py --files 1200 --open-latency-ms 2 --hints   # the clairvoyant path
 
-``--hints`` adds two cases after the transparent one: the readers tell their order
+``--hints`` adds two cases after the transparent one (with ``peer.fetch_ahead: true``): the readers tell their order
 (``monarch.hints.DistributedHintedSampler``), once with each node's storage as given and once
 with every node holding the whole dataset (``--capacity-share 2``), and prints per epoch the
 share of other nodes' files opened as local hits (fetched ahead by the door's peer read-ahead),
@@ -86,8 +86,8 @@ def env(**extra) -> dict:
     return bench_env(JOB, **extra)
 
 
-def write_config(base: str, root: str, node_bytes: int, nodes: int) -> str:
-    return sharded_config(base, root, node_bytes, nodes, floor=1 << 20)
+def write_config(base: str, root: str, node_bytes: int, nodes: int, fetch_ahead: bool = False) -> str:
+    return sharded_config(base, root, node_bytes, nodes, floor=1 << 20, fetch_ahead=fetch_ahead)
 
 
 def reader_cmd(root: str, manifest: str, k: int, args, out: str, hints: bool = False) -> list[str]:
@@ -197,7 +197,7 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str, hints: bool 
     name = f"monarch/{start}" + ("+hints" if hints else "") + (f"@{share:g}" if share != args.capacity_share else "")
     case = os.path.join(base, name.replace("/", "-").replace("+", "-").replace("@", "-"))
     os.makedirs(case)
-    cfg = write_config(case, root, int(share * total), args.nodes)
+    cfg = write_config(case, root, int(share * total), args.nodes, fetch_ahead=hints)
     pfs.reset_counters()
     deadline = time.monotonic() + args.timeout
     cpu0, fuse0 = cpu_children(), pfs_cpu(pfs)

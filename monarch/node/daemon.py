@@ -110,7 +110,7 @@ class NodeDaemon:
         with self.gate.lock:
             self.current.install_locked(self.current.snapshot, self._make_stager(self.current.snapshot))
         self.resolver = Resolver(self.current, config.staging, self.count, self.role)
-        self.notices = JobNotices(self.current, self.owns, self.count, peer=self.role is not None)
+        self.notices = JobNotices(self.current, self.owns, self.count, peer=bool(self.role and config.peer.fetch_ahead))
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
         if background:

@@ -27,7 +27,9 @@ class JobNotices:
 
     def __init__(self, current: Current, owns: Callable[[str], bool], count: Callable[[Outcome], None],
                  peer: bool = False):
-        """``peer``: a cluster's node, whose hints also go to ``attach_peer`` once it comes."""
+        """``peer``: a cluster's node that fetches ahead (``peer.fetch_ahead``), whose hints also
+        go to ``attach_peer`` once it comes."""
+        self._peer = peer
         self._current = current
         self._owns = owns
         self._count = count
@@ -40,8 +42,10 @@ class JobNotices:
         self._peer_pending: list[tuple] | None = [] if peer else None  # until it comes: the last order on
 
     def attach_peer(self, hint: Callable[[int, int, Any], None]) -> bool:
-        """From now on the whole order of each hint also goes to ``hint`` (after those so far).
-        Returns True."""
+        """From now on the whole order of each hint also goes to ``hint`` (after those so far), on a
+        node that fetches ahead (else nothing). Returns True."""
+        if not self._peer:
+            return True
         with self._lock:
             pending, self._peer_pending = self._peer_pending or [], None
             self.peer_hint = hint

@@ -37,7 +37,7 @@ def test_hinted_shards_fetch_other_nodes_files_ahead_as_local_hits(dataset, shor
     ds = dataset(files=files, size="8KiB")
     pfs = slow_pfs(ds.root, open_latency_ms=1)
     mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
-    cfg = sharded_config(short_tmp, mounted.root, ds.allocated // 3, nodes, name="hints.yaml")
+    cfg = sharded_config(short_tmp, mounted.root, ds.allocated // 3, nodes, name="hints.yaml", fetch_ahead=True)
     cluster = Cluster(nodes, cfg, short_tmp)
     try:
         # a training step per file (0.5 ms, slept) as a job has: the readers are not only opening
@@ -73,7 +73,7 @@ def test_a_node_lost_during_hinted_fetches_costs_only_its_share(dataset, short_t
     ds = dataset(files=files, size="16KiB")
     pfs = slow_pfs(ds.root, open_latency_ms=1)
     mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
-    cfg = sharded_config(short_tmp, mounted.root, ds.allocated // 3, nodes, name="hints.yaml")
+    cfg = sharded_config(short_tmp, mounted.root, ds.allocated // 3, nodes, name="hints.yaml", fetch_ahead=True)
     cluster = Cluster(nodes, cfg, short_tmp)
     survivors = [k for k in range(nodes) if k != lost]
     progress = os.path.join(short_tmp, "progress0")

@@ -132,7 +132,7 @@ def test_unknown_key_still_names_the_known_ones(tmp_path, env):
     path = write(tmp_path, "peer: {capacty: 1GiB}\n")
     with pytest.raises(ConfigError) as e:
         load_config(path, env=env)
-    assert str(e.value) == f"config {path}: peer.capacty: unknown key; known keys here: capacity, path, replicas, timeout"
+    assert str(e.value) == f"config {path}: peer.capacty: unknown key; known keys here: capacity, fetch_ahead, path, replicas, timeout"
 
 
 def _comment_above(lines: list[str], i: int) -> str:

@@ -61,3 +61,14 @@ def test_a_single_node_keeps_nothing_for_a_lane():
     got = []
     n.attach_peer(lambda *hint: got.append(hint))
     assert got == []
+
+
+def test_a_node_that_does_not_fetch_ahead_gives_the_peer_lane_no_hint():
+    # peer.fetch_ahead off (the default): hints steer this node's stager only
+    n, stager = notices(peer=False)
+    got = []
+    n.apply_hint(protocol.HINT_ORDER, 1, ["0/a-mine", "0/b"])
+    assert n.attach_peer(lambda *hint: got.append(hint)) is True
+    n.apply_hint(protocol.HINT_PROGRESS, 1, 1)
+    assert got == [] and n.peer_hint is None
+    assert stager.calls[0] == ("order", 1, ["0/a-mine"], True)
