@@ -180,12 +180,6 @@ static void fetch_each(peer_fetch_fn fetch, void *dp, int owner, int n, const ch
  * it, which it grants only while no other open of it exists anywhere (a descriptor in any
  * process, one passed and not yet received, a mapping). A lease break signals SIGURG, ignored,
  * not SIGIO, which would end the daemon. Leases or /proc refused: fresh sealed memfds. */
-#ifndef F_SETLEASE
-#define F_SETLEASE 1024
-#endif
-#ifndef F_SETSIG
-#define F_SETSIG 10
-#endif
 
 /* A new open file description of the file of this process's descriptor ``fd``. */
 static int reopen_fd(int fd, int flags)

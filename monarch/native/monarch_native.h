@@ -12,6 +12,7 @@
 #ifndef MONARCH_NATIVE_H
 #define MONARCH_NATIVE_H
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,6 +20,15 @@
 #include <time.h>
 
 #include "../wire/monarch_wire.h" /* the index layout */
+
+/* Linux's lease calls (the memfd pools of the shim and the front door), which an older or
+ * another libc's <fcntl.h> may not name */
+#ifndef F_SETLEASE
+#define F_SETLEASE 1024
+#endif
+#ifndef F_SETSIG
+#define F_SETSIG 10
+#endif
 
 /* -- exports ------------------------------------------------------------------------------ */
 /* Built with -fvisibility=hidden: only what is marked here is seen by ctypes or the app. */

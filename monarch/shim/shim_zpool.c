@@ -29,13 +29,6 @@
  * application handles it, instead of SIGIO, which would end it.
  */
 
-#ifndef F_SETLEASE
-#define F_SETLEASE 1024
-#endif
-#ifndef F_SETSIG
-#define F_SETSIG 10
-#endif
-
 #define MONARCH_ZPOOL_ENTRIES 8
 #define MONARCH_ZPOOL_MAX_FILE (4u << 20) /* larger files: a fresh memfd (pages held per entry stay small) */
 
