@@ -79,6 +79,12 @@ BENCHES = [
           r"^monarch/before\s+PFS/dataset\s+[\d.]+\s+epochs .* digests OK(?!.*nodes without Monarch)", {"fuse", "mpi"}),
     Bench("bench_peer.py", ["--files", "400", "--repeats", "1", "--json", "{tmp}/peer.json"],
           r"^c reader: [\d,]+ remote opens/s measured; .* -> ceiling [\d,]+ remote opens/s on \d+ cores", {"mpi", "cc"}),
+    Bench("bench_datapath.py", ["--files", "300", "--batches", "1,8", "--threads", "2"],
+          r"^\s+8 per request:\s+[\d,]+ files/s; CPU per file: requester\s+[\d.]+ us, owner\s+[\d.]+ us; 38 requests"
+          r".* bytes ok$", {"mpi"}),
+    Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--hints"],
+          r"^  CPU of every process, epochs 2 on \(hinted\): [\d.]+ s = [\d.]+x direct's", {"fuse", "mpi"},
+          "bench_cluster-hints"),
     Bench("bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
                                       "--open-latency-ms", "2", "--timeout", "60", "--json", "{tmp}/faults.json"],
           r"^  ok\s+\| direct: True \| monarch: True \| kill: True \| replicas: True$", {"fuse", "mpi"}),
