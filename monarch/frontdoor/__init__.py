@@ -37,11 +37,10 @@ LIBRARY_NAME = "libmonarch_front_door.so"
 ENV_FRONT_DOOR = "MONARCH_FRONT_DOOR"
 
 # front_door.h is the one definition of each list below (FRONT_DOOR_EVENTS, _BOOKS, _HANDED_OVER, _AHEAD_ENDED)
-EV_STAGED, EV_FAILED, EV_AHEAD, EV_TRANSIENT, EV_PEER_AHEAD = 1, 2, 4, 5, 6  # 3 (a slow source) is no more
+EV_STAGED, EV_FAILED, EV_AHEAD, EV_TRANSIENT = 1, 2, 4, 5  # 3 (a slow source) and 6 (a peer read-ahead copy) are no more
 # whose books an event or lent room is (front_door.h: FRONT_DOOR_BOOKS): the stager's copies, the peer cache's fetches
 BOOKS, PEER_BOOKS = 0, 1
-# EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd;
-# EV_PEER_AHEAD: another node's file fetched ahead of a hinted order (door_peer_ahead.c)
+# EV_AHEAD: staged by the read-ahead lane; EV_TRANSIENT: another node's file answered as a memfd
 # why the read-ahead lane ended before its list did (front_door.h: FRONT_DOOR_AHEAD_ENDED)
 AHEAD_ENDED_BECAUSE = ("", "not_copying", "no_room", "stopped")
 _EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head (FRONT_DOOR_EVENT_FORMAT); the key follows
@@ -52,7 +51,7 @@ _NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 10
 
 
 class DoorEvent(NamedTuple):
-    kind: int        # EV_STAGED, EV_FAILED, EV_AHEAD, EV_TRANSIENT or EV_PEER_AHEAD
+    kind: int        # EV_STAGED, EV_FAILED, EV_AHEAD or EV_TRANSIENT
     slot: int        # where it was staged (EV_STAGED)
     size: int        # the file's size
     bytes_read: int  # bytes the door read from the PFS for it
@@ -350,10 +349,10 @@ class FrontDoor:
         self._lib.front_door_peer_gone(self._door, raw, len(raw))
 
     def peer_ahead_state(self) -> dict:
-        arr = (ctypes.c_uint64 * 11)()
+        arr = (ctypes.c_uint64 * 15)()
         self._lib.front_door_peer_ahead_state(self._door, arr)
         return dict(zip(("orders", "fetched", "fetched_bytes", "batches", "failed", "skipped", "room_waits",
-                         "order", "next", "consumed", "waited"), arr))
+                         "order", "next", "consumed", "waited", "copies", "room", "unlinked", "kept"), arr))
 
 
 # -- how many copies in flight: the rule of inflight.c, for Python's lanes -------------------

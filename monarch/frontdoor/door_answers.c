@@ -64,7 +64,7 @@ static void post_event_locked(struct door *d, int q, uint32_t kind, uint32_t slo
     queue->len = need;
     /* the books can wait (Python drains them on its own tick, and before any report) for a
      * batch, or for the room lent to run low: one wake-up per batch, not per copy */
-    if (++queue->n >= EVENT_BATCH || (kind != EV_STAGED && kind != EV_AHEAD && kind != EV_TRANSIENT && kind != EV_PEER_AHEAD)) {
+    if (++queue->n >= EVENT_BATCH || (kind != EV_STAGED && kind != EV_AHEAD && kind != EV_TRANSIENT)) {
         wake_python_locked(d);
     } else if (d->lease[q] < d->low_water[q]) {
         /* woken for room: again when half of what is left has gone, not at every event (Python may

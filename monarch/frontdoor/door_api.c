@@ -342,6 +342,7 @@ EXPORT void front_door_staged(struct door *d, const char *key, int len, int slot
     if (e && slot >= 0 && slot < MONARCH_MAX_SLOTS && d->tiers[slot]) {
         e->state = K_STAGED;
         e->slot = (uint8_t)slot;
+        e->ring = 0;
     } else if (e) {
         e->state = K_PYTHON;
     }

@@ -255,6 +255,7 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
     if (r == 0) {
         e->state = K_STAGED;
         e->slot = (uint8_t)d->copy_slot;
+        e->ring = 0;
         if (kind == EV_AHEAD)
             d->ahead_copies++;
         else

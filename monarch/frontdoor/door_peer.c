@@ -303,6 +303,7 @@ static void remote_done(struct door *d, struct waiter *q, int out, int pooled, i
     if (ok && q->to_area) {
         e->state = K_STAGED;
         e->slot = (uint8_t)d->peer_slot;
+        e->ring = 0;
         e->answered = door_ms(d);
         d->peer_fetches++;
         post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)d->peer_slot, key, q->len, f->entry, f->size, 0, ns);

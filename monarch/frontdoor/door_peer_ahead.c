@@ -6,14 +6,19 @@
  *
  * Python gives the lane the order as index entries (front_door_peer_ahead) and the reader's
  * progress (front_door_peer_progress). One thread of its own goes through the order: the next
- * entries past the progress, no more than ``window`` ahead and within the room lent in the peer
- * area (Q_PEER's lease), that are other nodes' small files the door has never heard of (a
- * staged, busy or Python's key is skipped; one evicted
- * from the area is fetched again: front_door_peer_gone); grouped by owner, up to PA_BATCH files and
- * PA_BATCH_BYTES per call; each file written to a temporary name and published as
- * fetch_from_peer does (K_STAGED, EV_PEER_AHEAD on Q_PEER: the peer cache's books absorb it).
- * Its copies were answered to no one (answered = 0, no GRACE in the LRU): they go in the order
- * fetched, so the ones consumed are the first the area evicts.
+ * entries past the progress, no more than ``window`` ahead, that are other nodes' small files
+ * the door has never heard of (a staged, busy or Python's key is skipped; one evicted from the
+ * area is fetched again: front_door_peer_gone); grouped by owner, up to PA_BATCH files and
+ * PA_BATCH_BYTES per call; each file written to a temporary name and renamed into place, as
+ * fetch_from_peer does.
+ *
+ * The lane keeps its copies' books itself, in C (the ring): no event per file, nothing for
+ * Python's LRU. Its room is taken out of the peer lease (Q_PEER) as it grows and given back
+ * when the order ends; a copy the reader has consumed (its position below the progress, or of
+ * an earlier order) is the first unlinked when a new one needs room, and one the order asks for
+ * again before that is kept for its new position. An open of a copy being unlinked parks and is
+ * handed to Python, as any open of a key the door gave up. Copies stay STAGED with ``ring`` set;
+ * whatever else makes a key STAGED clears it, so the lane never unlinks a copy not its own.
  * A file the owner cannot give (not staged there, another size, compressed, a lost owner) is
  * handed to Python (K_PYTHON): its open goes through Python's protocol, which asks the owner,
  * or the new one. An open that comes before the lane fetched its file is the peer lane's
@@ -24,28 +29,188 @@
 #define PA_BATCH_BYTES (4LL << 20)     /* bytes per reply, at most (dp_fetch_many's limit) */
 #define PA_OWNERS 16                   /* owners gathered in one pass (a batch each); more wait a pass */
 #define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
+#define PA_STALE UINT32_MAX            /* a copy's position once its order was replaced: consumed */
+#define PA_GRACE_MS 50                 /* a copy the door answered less than this ago is not unlinked */
 
 struct pa_file {                       /* one file of a batch under way */
     const char *key;
-    uint32_t len, hash;
+    uint32_t len, hash, pos, gen;      /* its position in the order, and the order's generation */
     struct idx_file f;
     int dir, fd;                       /* its directory in the peer area, its temporary copy */
     char tmp[64];
 };
 
+struct pa_copy {                       /* one copy of the ring: in the peer area, the lane's */
+    uint32_t entry, pos;               /* its index entry; its position in the order (PA_STALE) */
+    int64_t room;                      /* what it holds of the lane's room */
+};
+
+struct pa_victim {                     /* a copy of the ring to unlink: its key (the index's) */
+    const char *key;
+    uint32_t len, hash;
+};
+
 struct peer_ahead {
     pthread_t thread;
-    int started, stop, busy;           /* busy: a batch is under way (outside the lock) */
+    int started, stop, busy;           /* busy: a batch or an unlinking under way (outside the lock) */
     pthread_cond_t cv;                 /* an order, progress, or the stop */
     uint32_t *order;                   /* index entries, from 1, in the reader's order */
     uint32_t n, next, done, window;    /* the next position looked at; positions consumed; how far ahead */
+    uint32_t gen;                      /* orders given so far: a batch of an earlier one is stale */
     struct worker w;                   /* its directory kept and its temporary names, as a worker's */
     uint64_t orders, fetched, fetched_bytes, batches, failed, skipped, room_waits;
     uint64_t waited;                   /* opens that came while the lane fetched their file: answered after it */
+    uint64_t kept, unlinked;           /* copies asked for again before they went; copies unlinked */
+    struct pa_copy *ring;              /* its copies, in the order fetched */
+    uint32_t nring, ring_cap;
+    int64_t room, used;                /* the room taken out of the lease; what its copies hold of it */
+    struct pa_victim victims[PA_OWNERS * PA_BATCH];  /* copies to unlink before the pass's fetches */
+    uint32_t nvictims;
     struct pa_file files[PA_OWNERS * PA_BATCH];
     int owner_of[PA_OWNERS], nfiles_of[PA_OWNERS];
     int64_t bytes_of[PA_OWNERS];
 };
+
+/* -- the ring: the lane's copies and their room ----------------------------------------------- */
+
+/* ``e`` is a copy of the ring's (a STAGED key no other path has made its own since). */
+static int ring_owns(const struct door *d, const struct entry *e)
+{
+    return e && e->state == K_STAGED && e->ring && e->slot == d->peer_slot;
+}
+
+/* The ring's copy of index entry ``entry`` asked for again, at position ``pos``: kept until the
+ * reader is past it. Under the lock. */
+static void ring_keep_locked(struct peer_ahead *pa, uint32_t entry, uint32_t pos)
+{
+    for (uint32_t i = pa->nring; i-- > 0;)
+        if (pa->ring[i].entry == entry) {
+            pa->kept += pa->ring[i].pos != pos;
+            pa->ring[i].pos = pos;
+            return;
+        }
+}
+
+/* Room for ``need`` more bytes: consumed copies made victims (BUSY: unlinked before the pass's
+ * fetches; their room counted free at once), else room taken from the lease. 1 if there is
+ * room, 0 if not. Under the lock. */
+static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
+{
+    uint32_t now = door_ms(d), kept = 0;
+    for (uint32_t i = 0; i < pa->nring; i++) {
+        struct pa_copy c = pa->ring[i];
+        int short_of_room = pa->used + need > pa->room && pa->nvictims < PA_OWNERS * PA_BATCH;
+        struct idx_file f;
+        const char *key;
+        uint32_t len;
+        if (!short_of_room || (c.pos != PA_STALE && c.pos >= pa->done) || !index_entry(d, c.entry, &f, &key, &len)) {
+            pa->ring[kept++] = c;      /* not needed, or not consumed yet */
+            continue;
+        }
+        uint32_t hash = monarch_crc32(key, len);
+        struct entry *e = find(d, key, len, hash);
+        if (!ring_owns(d, e)) {        /* no longer the ring's (another path took the key): its room only */
+            pa->used -= c.room;
+            continue;
+        }
+        if (e->answered && (uint32_t)(now - e->answered) < PA_GRACE_MS) {
+            pa->ring[kept++] = c;      /* the door just named it to a reader */
+            continue;
+        }
+        e->state = K_BUSY;             /* its opens park until it is gone, then go to Python */
+        d->busy++;
+        pa->victims[pa->nvictims++] = (struct pa_victim){key, len, hash};
+        pa->used -= c.room;
+    }
+    pa->nring = kept;
+    if (pa->used + need <= pa->room)
+        return 1;
+    int64_t take = pa->used + need - pa->room;
+    if (take > d->lease[Q_PEER])
+        return 0;
+    d->lease[Q_PEER] -= take;
+    pa->room += take;
+    return 1;
+}
+
+/* A new copy on the ring. 0, or -1 (no memory: it is unlinked with the pass's victims). Under the lock. */
+static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t pos, int64_t room)
+{
+    if (pa->nring == pa->ring_cap) {
+        uint32_t cap = pa->ring_cap ? 2 * pa->ring_cap : 256;
+        struct pa_copy *grown = realloc(pa->ring, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        pa->ring = grown;
+        pa->ring_cap = cap;
+    }
+    pa->ring[pa->nring++] = (struct pa_copy){entry, pos, room};
+    return 0;
+}
+
+/* The victims unlinked from the peer area (not under the lock: the lane is ``busy``), then their
+ * keys free again, the opens parked on them handed over to Python. Takes and leaves the lock
+ * held. */
+static void ring_unlink_victims(struct door *d, struct peer_ahead *pa)
+{
+    uint32_t n = pa->nvictims;
+    if (!n)
+        return;
+    pthread_mutex_unlock(&d->mu);
+    const char *area = d->tiers[d->peer_slot];
+    for (uint32_t i = 0; i < n; i++) {
+        char path[PATH_MAX];
+        struct pa_victim *v = &pa->victims[i];
+        if (snprintf(path, sizeof path, "%s/%.*s", area, (int)v->len, v->key) < (int)sizeof path)
+            unlink(path);              /* a reader that has it open keeps its bytes */
+    }
+    pthread_mutex_lock(&d->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        struct pa_victim *v = &pa->victims[i];
+        struct entry *e = find(d, v->key, v->len, v->hash);
+        if (e) {
+            e->state = K_FREE;         /* the lane may fetch it again; an open fetches it */
+            e->ring = 0;
+        }
+        d->busy--;
+        pa->unlinked++;
+        struct waiter *ready = d->parked ? unpark_locked(d, v->key, v->len, v->hash) : NULL;
+        if (ready) {
+            pthread_mutex_unlock(&d->mu);
+            answer_parked(d, ready, -1, NULL);
+            pthread_mutex_lock(&d->mu);
+        }
+    }
+    pa->nvictims = 0;
+    pthread_cond_broadcast(&d->cv);
+}
+
+/* Every copy of the ring unlinked and its room given back to the lease: the order ended.
+ * Under the lock, let go while unlinking (the lane is ``busy``: no batch is under way). */
+static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
+{
+    pa->busy = 1;
+    while (pa->nring) {
+        while (pa->nring && pa->nvictims < PA_OWNERS * PA_BATCH) {
+            struct pa_copy c = pa->ring[--pa->nring];
+            struct idx_file f;
+            const char *key;
+            uint32_t len;
+            pa->used -= c.room;
+            struct entry *e = index_entry(d, c.entry, &f, &key, &len) ? find(d, key, len, monarch_crc32(key, len)) : NULL;
+            if (ring_owns(d, e)) {
+                e->state = K_BUSY;
+                d->busy++;
+                pa->victims[pa->nvictims++] = (struct pa_victim){key, len, e->hash};
+            }
+        }
+        ring_unlink_victims(d, pa);
+    }
+    d->lease[Q_PEER] += pa->room;
+    pa->room = pa->used = 0;
+    pa->busy = 0;
+    pthread_cond_broadcast(&pa->cv);
+}
 
 /* -- gathering a pass: the next files past the progress, by owner ---------------------------- */
 
@@ -63,9 +228,10 @@ static int pa_group(struct peer_ahead *pa, int *ngroups, int owner)
     return (*ngroups)++;
 }
 
-/* The next files to fetch, each made BUSY with its room taken from the lease, grouped by owner
- * in ``pa->files`` (group g's files at g * PA_BATCH). Returns how many groups; 0 with
- * ``*room`` set when the lease is short. Under the lock. */
+/* The next files to fetch, each made BUSY with its room taken from the ring's, grouped by owner
+ * in ``pa->files`` (group g's files at g * PA_BATCH); consumed copies to unlink first in
+ * ``pa->victims``. Returns how many groups; 0 with ``*room`` set when the lease is short.
+ * Under the lock. */
 static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
 {
     int ngroups = 0;
@@ -84,31 +250,42 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
         int owner = peer_owner_locked(d, &f);
         uint32_t hash = owner >= 0 ? monarch_crc32(key, len) : 0;
         struct entry *e = owner >= 0 ? find(d, key, len, hash) : NULL;
+        if (ring_owns(d, e)) {
+            ring_keep_locked(pa, entry, pa->next++);  /* fetched already: kept for this position */
+            continue;
+        }
         if (owner < 0 || (e && e->state != K_FREE)) {
             pa->next++;                /* this node's, large, or staged, busy or Python's already */
             pa->skipped++;
             continue;
         }
+        int g = pa_group(pa, &ngroups, owner);
+        if (g < 0 || pa->nfiles_of[g] == PA_BATCH || pa->bytes_of[g] + (int64_t)f.size > PA_BATCH_BYTES)
+            break;                     /* that owner's batch is full: the next pass */
         int64_t need = peer_room(d, f.size);
-        if (need > d->lease[Q_PEER]) {
+        if (!ring_room_locked(d, pa, need)) {
+            if (!pa->nfiles_of[g])
+                ngroups--;             /* the group made for it stays empty */
             *room = 1;                 /* Python lends more when it drains the events */
             pa->room_waits++;
             wake_python_locked(d);
             break;
         }
-        int g = pa_group(pa, &ngroups, owner);
-        if (g < 0 || pa->nfiles_of[g] == PA_BATCH || pa->bytes_of[g] + (int64_t)f.size > PA_BATCH_BYTES)
-            break;                     /* that owner's batch is full: the next pass */
-        if (!e && !(e = insert(d, key, len, hash)))
+        if (!e && !(e = insert(d, key, len, hash))) {
+            if (!pa->nfiles_of[g])
+                ngroups--;
             break;
+        }
         e->state = K_BUSY;
         d->busy++;
-        d->lease[Q_PEER] -= need;
+        pa->used += need;
         struct pa_file *p = &pa->files[g * PA_BATCH + pa->nfiles_of[g]++];
         pa->bytes_of[g] += (int64_t)f.size;
         p->key = key;                  /* the index's: mapped while the door lives */
         p->len = len;
         p->hash = hash;
+        p->pos = pa->next;
+        p->gen = pa->gen;
         p->f = f;
         p->dir = p->fd = -1;
         pa->next++;
@@ -170,7 +347,7 @@ static void pa_fetch(peer_fetch_fn one, peer_fetch_many_fn many, void *dp, int o
         results[at[j]] = got[j];
 }
 
-/* Each file of a fetched batch published (K_STAGED, EV_STAGED) or handed to Python (K_PYTHON),
+/* Each file of a fetched batch published (K_STAGED, on the ring) or handed to Python (K_PYTHON),
  * its waiters answered. Takes and leaves the lock unlocked. */
 static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *files, int n, const int64_t *results,
                        int64_t t0)
@@ -201,23 +378,29 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
         snprintf(dest, sizeof dest, "%s/%.*s", area, (int)p->len, p->key);
         pthread_mutex_lock(&d->mu);
         struct entry *e = find(d, p->key, p->len, p->hash);
+        int64_t need = peer_room(d, p->f.size);
+        if (ok && ring_push_locked(pa, p->f.entry, p->gen == pa->gen ? p->pos : PA_STALE, need) != 0) {
+            pthread_mutex_unlock(&d->mu);
+            unlink(dest);              /* no room in the ring's books: not kept */
+            pthread_mutex_lock(&d->mu);
+            ok = 0;
+        }
         if (ok) {
             e->state = K_STAGED;
             e->slot = (uint8_t)slot;
-            e->answered = 0;           /* not answered: once consumed, the first to go */
+            e->ring = 1;
+            e->answered = 0;           /* not answered: once consumed, it may go at once */
             pa->fetched++;
             pa->fetched_bytes += p->f.size;
-            post_event_locked(d, Q_PEER, EV_PEER_AHEAD, (uint32_t)slot, p->key, p->len, p->f.entry, p->f.size, 0,
-                              monarch_now_ns() - t0);
         } else {
             e->state = K_PYTHON;       /* its open goes to Python's protocol: the owner, or the new one */
-            d->lease[Q_PEER] += peer_room(d, p->f.size);
+            e->ring = 0;
+            pa->used -= need;
             pa->failed++;
             post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)slot, p->key, p->len, p->f.entry, p->f.size, 0,
                               monarch_now_ns() - t0);
         }
-        /* its waiters open it at once, and it is the newest copy of the area's LRU: not marked
-         * answered, so that a reader at the lane's heels does not hold the area's room in GRACE */
+        /* its waiters open it at once */
         struct waiter *ready = d->parked ? unpark_locked(d, p->key, p->len, p->hash) : NULL;
         for (struct waiter *q = ready; q; q = q->next)
             pa->waited++;
@@ -241,6 +424,12 @@ static void *peer_ahead_main(void *arg)
     while (!pa->stop) {
         int room;
         int ngroups = pa_gather_locked(d, pa, &room);
+        if (pa->nvictims) {            /* consumed copies go first: their room is the batch's */
+            pa->busy = 1;
+            ring_unlink_victims(d, pa);
+            pa->busy = 0;
+            pthread_cond_broadcast(&pa->cv);
+        }
         if (!ngroups) {
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
@@ -309,6 +498,7 @@ static void free_peer_ahead(struct door *d)
     if (!d->pa)
         return;
     free(d->pa->order);
+    free(d->pa->ring);
     pthread_cond_destroy(&d->pa->cv);
     free(d->pa);
     d->pa = NULL;
@@ -334,8 +524,15 @@ EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32
         return -1;
     }
     struct peer_ahead *pa = d->pa;
+    while (!n && pa->busy)             /* no order: its batch under way ends first, then its copies go */
+        pthread_cond_wait(&pa->cv, &d->mu);
     free(pa->order);
     pa->order = copy;
+    pa->gen++;
+    for (uint32_t i = 0; i < pa->nring; i++)
+        pa->ring[i].pos = PA_STALE;    /* consumed, unless the new order asks for it again */
+    if (!n)
+        ring_drop_locked(d, pa);
     pa->n = n;
     pa->next = pa->done = 0;
     pa->window = window ? window : 1;
@@ -351,8 +548,6 @@ EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32
         ok = pa->started ? 0 : -1;
     }
     pthread_cond_broadcast(&pa->cv);
-    while (!n && pa->busy)             /* no order: its batch under way ends first */
-        pthread_cond_wait(&pa->cv, &d->mu);
     pthread_mutex_unlock(&d->mu);
     return ok;
 }
@@ -379,16 +574,19 @@ EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed)
     pthread_mutex_unlock(&d->mu);
 }
 
-/* out[11]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
- * the order's length, its next position, positions consumed, opens that waited for a fetch. */
+/* out[15]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
+ * the order's length, its next position, positions consumed, opens that waited for a fetch,
+ * copies on the ring, the room they hold (bytes taken from the lease), copies unlinked, copies
+ * asked for again before they went. */
 EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out)
 {
-    memset(out, 0, 11 * sizeof *out);
+    memset(out, 0, 15 * sizeof *out);
     pthread_mutex_lock(&d->mu);
     struct peer_ahead *pa = d->pa;
     if (pa) {
-        uint64_t v[11] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
-                          pa->room_waits, pa->n, pa->next, pa->done, pa->waited};
+        uint64_t v[15] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
+                          pa->room_waits, pa->n, pa->next, pa->done, pa->waited, pa->nring, (uint64_t)pa->room,
+                          pa->unlinked, pa->kept};
         memcpy(out, v, sizeof v);
     }
     pthread_mutex_unlock(&d->mu);

@@ -21,8 +21,8 @@
     X(EV_STAGED, 1)     /* copied into the copy tier (or fetched into the peer area) */ \
     X(EV_FAILED, 2)     /* a copy or fetch failed: the key is Python's now */        \
     X(EV_AHEAD, 4)      /* copied by the read-ahead lane (3, a slow source, is no more) */ \
-    X(EV_TRANSIENT, 5)  /* another node's file answered as a memfd */ \
-    X(EV_PEER_AHEAD, 6) /* another node's file fetched ahead of a hinted order (door_peer_ahead.c) */
+    X(EV_TRANSIENT, 5)  /* another node's file answered as a memfd (6, the peer read-ahead's copy, is no more: \
+                           door_peer_ahead.c keeps its own books) */
 
 /* -- whose books an event or room lent is ------------------------------------------------- */
 #define FRONT_DOOR_BOOKS(X)                                                           \

@@ -44,7 +44,7 @@ from typing import Callable
 
 from monarch import protocol
 from monarch.cluster.datapath import DataPath
-from monarch.frontdoor import EV_PEER_AHEAD, EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
+from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
 from monarch.node.door.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.snapshot.index_writer import positions
 from monarch.node.peer.peer_cache import GRACE, PeerCache
@@ -133,8 +133,9 @@ class PeerDoorLink(StagerListener):
 
     # -- the door's fetches ------------------------------------------------------------------
     def absorb(self) -> int:
-        """Enter what the door fetched into the cache's books; lend it room again. Returns
-        how many opens it answered with a fetch (not counting the read-ahead's)."""
+        """Enter what the door fetched at an open into the cache's books; lend it room again.
+        Returns how many opens it answered with a fetch. (The read-ahead lane's copies are
+        its own books: door_peer_ahead.c.)"""
         books, lru, counts = self.cache.books, self.cache.lru, self.cache.counts
         fetched = 0
         with books.lock:  # drained under the lock: a claim that finds a fetch of the door's finds it here
@@ -142,19 +143,15 @@ class PeerDoorLink(StagerListener):
                 if ev.kind == EV_TRANSIENT:  # answered as a memfd: nothing to book
                     counts["transient"] += 1
                     counts["transient_bytes"] += ev.size
-                if ev.kind != EV_STAGED and ev.kind != EV_PEER_AHEAD:
+                if ev.kind != EV_STAGED:
                     continue  # a failed fetch: handed over, Python's protocol fetches it
                 if books.enter_copy_locked(ev.key, self.area, ev.size, paid=self.area.allocated(ev.size)):
                     lru.published(ev.key, self.area)
                     counts["fetched"] += 1
                     counts["fetched_bytes"] += ev.size
-                    if ev.kind == EV_PEER_AHEAD:  # answered to no one yet: no GRACE, evicted in the order fetched
-                        lru.order[ev.key] = (ev.size, 0.0)
-                        counts["fetched_ahead"] += 1
-                    else:
-                        fetched += 1  # an open answered so
-                        if self._stream is not None:  # a hinted order: its reader opened it at once
-                            lru.order[ev.key] = (ev.size, time.monotonic() - GRACE + HINTED_GRACE)
+                    fetched += 1  # an open answered so
+                    if self._stream is not None:  # a hinted order: its reader opened it at once
+                        lru.order[ev.key] = (ev.size, time.monotonic() - GRACE + HINTED_GRACE)
         self.tend()
         return fetched
 
@@ -238,7 +235,7 @@ class PeerDoorLink(StagerListener):
         by Python): every fetch but the lane's."""
         self.absorb()
         counts = self.cache.counts
-        return counts["fetched"] - counts["fetched_ahead"] + counts["transient"]
+        return counts["fetched"] + counts["transient"]
 
     def _new_epoch(self) -> None:
         now, waited = self._fetched_at_open(), self.door.peer_ahead_state()["waited"]
