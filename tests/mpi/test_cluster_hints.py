@@ -59,6 +59,7 @@ def test_hinted_shards_fetch_other_nodes_files_ahead_as_local_hits(dataset, shor
             waited += e["waited_for_ahead"]  # answered once the read-ahead's fetch ended: not a local hit
         ahead += pa["lane"]["fetched"]
         batches += pa["lane"]["batches"]
+        assert pa["lane"]["unlinked"] > 0, pa["lane"]  # its room made by unlinking the copies consumed
     # at least 90% of other nodes' files come from the read-ahead's fetches, not fetched at their open
     assert remote > 0 and fetched_at_open <= 0.10 * remote, (fetched_at_open, waited, remote)
     # and many are local hits (found by the shim's probe, no daemon asked): the readers here

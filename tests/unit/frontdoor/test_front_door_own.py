@@ -74,6 +74,7 @@ def sharded_door(short_tmp):
         callbacks = FETCH(fetch), OFFER(offer)  # kept alive while the door may call them
         mine = {k for k in snap.files if owners[row(k)] < 0}
         yield SimpleNamespace(door=door, socket=path, tier=tier, slot=slot, sums=sums, mine=mine, owners=owners,
+                              snap=snap, row=row,
                               callbacks=callbacks, fetched=fetched, offered=offered,
                               link=lambda: door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None,
                                                       owners, 0, protocol.SLOT_PEER, 5.0))
@@ -292,3 +293,76 @@ def test_a_memfd_is_written_again_only_once_no_one_holds_it(sharded_door, short_
         assert os.fstat(fd).st_ino not in inodes
         with os.fdopen(fd, "rb") as f:
             assert hashlib.md5(f.read()).hexdigest() == d.sums[key]
+
+
+def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_when_consumed(sharded_door, short_tmp):
+    """The peer read-ahead lane (door_peer_ahead.c) keeps its own books: it fetches a hinted
+    order's other nodes' files into the peer area within the room lent, unlinks the copies the
+    reader has passed when it needs room for the next ones, never touches a copy it did not
+    make, and at the order's end unlinks the rest and gives its room back. No event per file."""
+    d = sharded_door
+    root, area = os.path.join(short_tmp, "pfs"), os.path.join(short_tmp, "area")
+    snap, row = d.snap, d.row  # the door's index: its entries are positions + 1
+    batches = []
+
+    def fetch_many(dp, owner, n, keys, lens, sizes, fds, results, timeout_ms):
+        batches.append(n)
+        for i in range(n):
+            with open(os.path.join(root, keys[i][:lens[i]].decode().split("/", 1)[1]), "rb") as f:
+                results[i] = os.pwrite(fds[i], f.read(), 0)
+        return 0
+
+    callbacks = d.callbacks[0], d.callbacks[1], FETCH_MANY(fetch_many)
+    addresses = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
+    assert d.door.peers(addresses[0], addresses[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, addresses[2])
+    d.door.peer_copying(True)
+    order = sorted(d.sums, key=row)  # index order: every other file is node 1's
+    remote = [k for k in order if k not in d.mine]
+    # a copy Python's peer cache made of one of them, in the area: never the lane's to unlink
+    python_key = remote[2]
+    os.makedirs(os.path.dirname(os.path.join(area, python_key)), exist_ok=True)
+    shutil.copyfile(os.path.join(root, python_key.split("/", 1)[1]), os.path.join(area, python_key))
+    d.door.staged(python_key, protocol.SLOT_PEER)
+    lane = [k for k in remote if k != python_key]
+    room = 6 * max(snap.files[k].size for k in remote)  # six copies at once, never seven
+    d.door.grant(room, PEER_BOOKS)
+    d.door.peer_ahead(array("I", [row(k) + 1 for k in order]), len(order))
+
+    def in_area() -> set[str]:
+        return {os.path.relpath(os.path.join(dirpath, name), area) for dirpath, _, names in os.walk(area)
+                for name in names}
+
+    def settled(want: int) -> dict:
+        deadline = time.monotonic() + 10
+        while (state := d.door.peer_ahead_state())["fetched"] < want and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # and nothing more comes
+        return d.door.peer_ahead_state()
+
+    state = settled(6)
+    assert state["fetched"] == 6 and state["copies"] == 6 and state["room"] <= room, state
+    assert in_area() == {python_key} | set(lane[:6]), in_area()
+    for k in lane[:6]:
+        with open(os.path.join(area, k), "rb") as f:
+            assert hashlib.md5(f.read()).hexdigest() == d.sums[k], k
+    assert d.door.events(PEER_BOOKS) == []  # its books are its own
+    # the reader is past the first eight positions (four remote files, three of them the lane's):
+    # those copies make the room for the next three
+    d.door.peer_progress(8)
+    state = settled(9)
+    assert state["fetched"] == 9 and state["unlinked"] == 3 and state["copies"] == 6, state
+    assert in_area() == {python_key} | set(lane[3:9]), in_area()
+    # through the whole order: the same room all the way, Python's copy untouched
+    for consumed in range(10, len(order) + 1, 2):
+        d.door.peer_progress(consumed)
+        state = settled(min(len(lane), consumed // 2 - 1 + 6))
+        assert state["room"] <= room and len(in_area() - {python_key}) <= 6, (consumed, state, in_area())
+        assert python_key in in_area()
+    assert state["fetched"] == len(lane) and max(batches) > 1, (state, batches)
+    # the order ends: its copies go, its room comes back; Python's copy stays
+    d.door.peer_ahead(array("I"), 1)
+    state = d.door.peer_ahead_state()
+    assert state["copies"] == 0 and state["room"] == 0 and in_area() == {python_key}, (state, in_area())
+    assert d.door.lease(PEER_BOOKS) == room
+    with open(os.path.join(area, python_key), "rb") as f:
+        assert hashlib.md5(f.read()).hexdigest() == d.sums[python_key]
