@@ -72,6 +72,8 @@ def parse_args(argv=None):
                    help="each node's ram+ssd+peer as a share of the dataset (default 1/3; >= 1: every node can hold it)")
     p.add_argument("--start", default="before", help="before|with|after the daemons, or several comma-separated")
     p.add_argument("--modes", default="direct,monarch")
+    p.add_argument("--peer-in-ram", action="store_true",
+                   help="each node's peer area in /dev/shm (tmpfs) instead of beside its ssd tier (in /tmp)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case before it is killed")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--trace", action="store_true",
@@ -86,8 +88,10 @@ def env(**extra) -> dict:
     return bench_env(JOB, **extra)
 
 
-def write_config(base: str, root: str, node_bytes: int, nodes: int, fetch_ahead: bool = False) -> str:
-    return sharded_config(base, root, node_bytes, nodes, floor=1 << 20, fetch_ahead=fetch_ahead)
+def write_config(base: str, root: str, node_bytes: int, nodes: int, fetch_ahead: bool = False,
+                 peer_in_ram: bool = False) -> str:
+    return sharded_config(base, root, node_bytes, nodes, floor=1 << 20, fetch_ahead=fetch_ahead,
+                          peer_in_ram=peer_in_ram)
 
 
 def reader_cmd(root: str, manifest: str, k: int, args, out: str, hints: bool = False) -> list[str]:
@@ -197,7 +201,7 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str, hints: bool 
     name = f"monarch/{start}" + ("+hints" if hints else "") + (f"@{share:g}" if share != args.capacity_share else "")
     case = os.path.join(base, name.replace("/", "-").replace("+", "-").replace("@", "-"))
     os.makedirs(case)
-    cfg = write_config(case, root, int(share * total), args.nodes, fetch_ahead=hints)
+    cfg = write_config(case, root, int(share * total), args.nodes, fetch_ahead=hints, peer_in_ram=args.peer_in_ram)
     pfs.reset_counters()
     deadline = time.monotonic() + args.timeout
     cpu0, fuse0 = cpu_children(), pfs_cpu(pfs)

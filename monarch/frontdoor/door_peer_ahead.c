@@ -29,6 +29,8 @@
 #define PA_BATCH_BYTES (4LL << 20)     /* bytes per reply, at most (dp_fetch_many's limit) */
 #define PA_OWNERS 16                   /* owners gathered in one pass (a batch each); more wait a pass */
 #define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
+#define PA_FETCHERS 4                  /* threads fetching a pass's batches at once (one owner's each): the
+                                          lane's own and PA_FETCHERS - 1 helpers */
 #define PA_STALE UINT32_MAX            /* a copy's position once its order was replaced: consumed */
 #define PA_GRACE_MS 50                 /* a copy the door answered less than this ago is not unlinked */
 
@@ -57,7 +59,11 @@ struct peer_ahead {
     uint32_t *order;                   /* index entries, from 1, in the reader's order */
     uint32_t n, next, done, window;    /* the next position looked at; positions consumed; how far ahead */
     uint32_t gen;                      /* orders given so far: a batch of an earlier one is stale */
-    struct worker w;                   /* its directory kept and its temporary names, as a worker's */
+    struct worker w[PA_FETCHERS];      /* each fetcher's directory kept and temporary names, as a worker's */
+    pthread_t helpers[PA_FETCHERS - 1];
+    int nhelpers;
+    pthread_cond_t pass_cv;            /* a pass's batches to take, or the stop; a pass's last batch done */
+    int pass_groups, pass_next, pass_done;  /* the pass under way: its batches, the next untaken, those done */
     uint64_t orders, fetched, fetched_bytes, batches, failed, skipped, room_waits;
     uint64_t waited;                   /* opens that came while the lane fetched their file: answered after it */
     uint64_t kept, unlinked;           /* copies asked for again before they went; copies unlinked */
@@ -295,9 +301,8 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
 
 /* -- one batch: temporary files, the fetch, the publish ---------------------------------------- */
 
-static void pa_open_tmp(struct peer_ahead *pa, struct pa_file *p)
+static void pa_open_tmp(struct worker *w, struct pa_file *p)
 {
-    struct worker *w = &pa->w;
     const char *base = memrchr(p->key, '/', p->len);
     uint32_t dlen = base ? (uint32_t)(base - p->key) : 0;
     snprintf(p->tmp, sizeof p->tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
@@ -414,11 +419,51 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
 
 /* -- the lane's thread ---------------------------------------------------------------------- */
 
+/* One batch of the pass under way fetched and published by the calling fetcher (its worker
+ * ``w``), if one is left: 1, else 0. Called and returns under the lock. */
+static int pa_take_batch(struct door *d, struct peer_ahead *pa, struct worker *w)
+{
+    if (pa->pass_next >= pa->pass_groups)
+        return 0;
+    int g = pa->pass_next++;
+    struct pa_file *files = &pa->files[g * PA_BATCH];
+    int n = pa->nfiles_of[g], owner = pa->owner_of[g];
+    peer_fetch_fn one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
+    peer_fetch_many_fn many = d->peer_fetch_many;  /* NULL: one dp_fetch per file */
+    void *dp = d->peer_dp;
+    int timeout_ms = d->peer_timeout_ms;
+    pthread_mutex_unlock(&d->mu);
+    int64_t results[PA_BATCH], t0 = monarch_now_ns();
+    for (int i = 0; i < n; i++)
+        pa_open_tmp(w, &files[i]);
+    pa_fetch(one, many, dp, owner, files, n, results, timeout_ms);
+    pa_publish(d, pa, files, n, results, t0);
+    pthread_mutex_lock(&d->mu);
+    if (++pa->pass_done == pa->pass_groups)
+        pthread_cond_broadcast(&pa->pass_cv);
+    return 1;
+}
+
+/* A helper fetcher: the batches of each pass, beside the lane's own thread. */
+static void *peer_ahead_helper(void *arg)
+{
+    struct worker *w = arg;
+    struct door *d = w->d;
+    struct peer_ahead *pa = d->pa;
+    prctl(PR_SET_NAME, "monarch-peerfet");
+    pthread_mutex_lock(&d->mu);
+    while (!pa->stop) {
+        if (!pa_take_batch(d, pa, w))
+            pthread_cond_wait(&pa->pass_cv, &d->mu);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
 static void *peer_ahead_main(void *arg)
 {
     struct door *d = arg;
     struct peer_ahead *pa = d->pa;
-    int64_t results[PA_BATCH];
     prctl(PR_SET_NAME, "monarch-peerahd");
     pthread_mutex_lock(&d->mu);
     while (!pa->stop) {
@@ -439,22 +484,15 @@ static void *peer_ahead_main(void *arg)
             pthread_cond_timedwait(&pa->cv, &d->mu, &until);
             continue;
         }
-        peer_fetch_fn one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
-        peer_fetch_many_fn many = d->peer_fetch_many;  /* NULL: one dp_fetch per file */
-        void *dp = d->peer_dp;
-        int timeout_ms = d->peer_timeout_ms;
         pa->busy = 1;
-        pthread_mutex_unlock(&d->mu);
-        for (int g = 0; g < ngroups; g++) {
-            struct pa_file *files = &pa->files[g * PA_BATCH];
-            int n = pa->nfiles_of[g];
-            int64_t t0 = monarch_now_ns();
-            for (int i = 0; i < n; i++)
-                pa_open_tmp(pa, &files[i]);
-            pa_fetch(one, many, dp, pa->owner_of[g], files, n, results, timeout_ms);
-            pa_publish(d, pa, files, n, results, t0);
-        }
-        pthread_mutex_lock(&d->mu);
+        pa->pass_groups = ngroups;     /* the owners' batches at once: the helpers take them too */
+        pa->pass_next = pa->pass_done = 0;
+        pthread_cond_broadcast(&pa->pass_cv);
+        while (pa_take_batch(d, pa, &pa->w[0]))
+            ;
+        while (pa->pass_done < pa->pass_groups)
+            pthread_cond_wait(&pa->pass_cv, &d->mu);
+        pa->pass_groups = 0;
         pa->busy = 0;
         pa->batches += (uint64_t)ngroups;
         pthread_cond_broadcast(&pa->cv);
@@ -470,8 +508,12 @@ static struct peer_ahead *peer_ahead_new(void)
     if (!pa)
         return NULL;
     pthread_cond_init(&pa->cv, NULL);
-    pa->w.spare_fd = pa->w.ep = pa->w.src_dir = pa->w.key_dir = pa->w.peer_dir = -1;
-    pa->w.tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ 0xA4EADULL << 44;
+    pthread_cond_init(&pa->pass_cv, NULL);
+    for (int i = 0; i < PA_FETCHERS; i++) {
+        struct worker *w = &pa->w[i];
+        w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
+        w->tmp_seq = ((uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ 0xA4EADULL << 44) + ((uint64_t)i << 40);
+    }
     return pa;
 }
 
@@ -484,13 +526,18 @@ static void stop_peer_ahead(struct door *d)
     pthread_mutex_lock(&d->mu);
     pa->stop = 1;
     pthread_cond_broadcast(&pa->cv);
-    int started = pa->started;
-    pa->started = 0;
+    pthread_cond_broadcast(&pa->pass_cv);
+    int started = pa->started, nhelpers = pa->nhelpers;
+    pa->started = pa->nhelpers = 0;
     pthread_mutex_unlock(&d->mu);
     if (started)
         pthread_join(pa->thread, NULL);
-    pa->w.d = d;
-    close_cached_dirs(&pa->w);
+    for (int i = 0; i < nhelpers; i++)
+        pthread_join(pa->helpers[i], NULL);
+    for (int i = 0; i < PA_FETCHERS; i++) {
+        pa->w[i].d = d;
+        close_cached_dirs(&pa->w[i]);
+    }
 }
 
 static void free_peer_ahead(struct door *d)
@@ -500,6 +547,7 @@ static void free_peer_ahead(struct door *d)
     free(d->pa->order);
     free(d->pa->ring);
     pthread_cond_destroy(&d->pa->cv);
+    pthread_cond_destroy(&d->pa->pass_cv);
     free(d->pa);
     d->pa = NULL;
 }
@@ -539,11 +587,15 @@ EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32
     pa->orders += n > 0;
     int ok = 0;
     if (n && !pa->started && !pa->stop && !d->stopped) {
-        pa->w.d = d;
+        for (int i = 0; i < PA_FETCHERS; i++)
+            pa->w[i].d = d;
         sigset_t all, old;
         sigfillset(&all);
         pthread_sigmask(SIG_BLOCK, &all, &old);  /* the interpreter's threads take the signals */
         pa->started = pthread_create(&pa->thread, NULL, peer_ahead_main, d) == 0;
+        while (pa->started && pa->nhelpers < PA_FETCHERS - 1   /* fewer helpers: fewer batches at once */
+               && pthread_create(&pa->helpers[pa->nhelpers], NULL, peer_ahead_helper, &pa->w[pa->nhelpers + 1]) == 0)
+            pa->nhelpers++;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         ok = pa->started ? 0 : -1;
     }

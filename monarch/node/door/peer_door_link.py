@@ -22,8 +22,10 @@ the door's table and the peer cache's books one, as ``DoorLink`` does for the st
 
 When the readers tell their order (``monarch.hints``), the door's peer read-ahead lane
 (``door_peer_ahead.c``) fetches the other nodes' files of that order ahead of the reader, in
-batches per owner, into room lent here as for its other fetches (``hint``): no more ahead than
-WINDOW_SHARE of the area holds, so that what the LRU evicts is what the reader has consumed. Each order
+batches per owner at once, into room lent here as for its other fetches (``hint``): no more ahead
+than WINDOW_SHARE of the area holds. The lane keeps its copies' books itself: it unlinks those
+the reader has consumed when it needs their room, and gives its room back when the order ends;
+nothing of it enters the cache's LRU. Each order
 is an epoch of the report's ``peer_ahead`` figures: its other nodes' files, how many of their
 opens still had to be fetched (by the door, as a transient copy, or by Python), and how many
 came while the read-ahead fetched their file (answered once it was there: not local hits).
@@ -59,8 +61,9 @@ LEASE_MIN = 64 << 10  # room lent to the door at a time, at least (a few small f
 # read-ahead needs the room back within an epoch (a copy gone first is read from the PFS: fail open)
 HINTED_GRACE = 0.05
 # of the peer area, what the read-ahead may hold ahead of the reader's progress (the rest: the
-# copies consumed, evicted first, and the progress told late: the sampler's lag)
-WINDOW_SHARE = 0.5
+# copies consumed but not yet told so, the sampler's lag). bench_cluster --hints, area in RAM:
+# local hits 0.68 at 0.5, 0.75-0.78 at 0.8; beyond, the lag's copies leave the lane short of room
+WINDOW_SHARE = 0.8
 
 
 def owners_by_entry(files, owner: Callable[[str], int], node: int) -> array:
@@ -222,9 +225,8 @@ class PeerDoorLink(StagerListener):
         return HINTED_GRACE if self._stream is not None else GRACE
 
     def _window(self) -> int:
-        """How far ahead the lane fetches, in positions of the order: WINDOW_SHARE of the area
-        (the LRU evicts from the rest, the copies consumed), as positions go (this node's own
-        files among them)."""
+        """How far ahead the lane fetches, in positions of the order: WINDOW_SHARE of the area,
+        as positions go (this node's own files among them)."""
         if not self._remote:
             return 1
         per_position = self._remote_bytes / max(1, len(self._order))
