@@ -349,10 +349,11 @@ class FrontDoor:
         self._lib.front_door_peer_gone(self._door, raw, len(raw))
 
     def peer_ahead_state(self) -> dict:
-        arr = (ctypes.c_uint64 * 15)()
+        arr = (ctypes.c_uint64 * 16)()
         self._lib.front_door_peer_ahead_state(self._door, arr)
         return dict(zip(("orders", "fetched", "fetched_bytes", "batches", "failed", "skipped", "room_waits",
-                         "order", "next", "consumed", "waited", "copies", "room", "unlinked", "kept"), arr))
+                         "order", "next", "consumed", "waited", "copies", "room", "unlinked", "kept", "reused"),
+                        arr))
 
 
 # -- how many copies in flight: the rule of inflight.c, for Python's lanes -------------------

@@ -33,6 +33,11 @@
                                           lane's own and PA_FETCHERS - 1 helpers */
 #define PA_STALE UINT32_MAX            /* a copy's position once its order was replaced: consumed */
 #define PA_GRACE_MS 50                 /* a copy the door answered less than this ago is not unlinked */
+#define PA_SPARES 64                   /* consumed copies kept (renamed aside, open) for the next fetches to
+                                          write over: a new file where many were just unlinked costs more
+                                          than its bytes (this VM's ext4 without a journal scans every inode
+                                          freed in the last minutes at each create: 600 us a file in
+                                          bench_cluster --hints; tmpfs and ext4 pay new pages, 2x rewriting) */
 
 struct pa_file {                       /* one file of a batch under way */
     const char *key;
@@ -45,6 +50,12 @@ struct pa_file {                       /* one file of a batch under way */
 struct pa_copy {                       /* one copy of the ring: in the peer area, the lane's */
     uint32_t entry, pos;               /* its index entry; its position in the order (PA_STALE) */
     int64_t room;                      /* what it holds of the lane's room */
+};
+
+struct pa_spare {                      /* a consumed copy renamed aside, to be written over */
+    int fd;                            /* read-write, its lease breaks signalled with SIGURG (ignored) */
+    mode_t mode;
+    char name[40];                     /* in the area's top directory: MONARCH_TMP_PREFIX and a number */
 };
 
 struct pa_victim {                     /* a copy of the ring to unlink: its key (the index's) */
@@ -66,7 +77,10 @@ struct peer_ahead {
     int pass_groups, pass_next, pass_done;  /* the pass under way: its batches, the next untaken, those done */
     uint64_t orders, fetched, fetched_bytes, batches, failed, skipped, room_waits;
     uint64_t waited;                   /* opens that came while the lane fetched their file: answered after it */
-    uint64_t kept, unlinked;           /* copies asked for again before they went; copies unlinked */
+    uint64_t kept, unlinked, reused;   /* copies asked for again before they went; unlinked; written over */
+    struct pa_spare spares[PA_SPARES];
+    int nspares, leases_off;           /* leases_off: the area's filesystem grants none: no spares */
+    uint64_t spare_seq;
     struct pa_copy *ring;              /* its copies, in the order fetched */
     uint32_t nring, ring_cap;
     int64_t room, used;                /* the room taken out of the lease; what its copies hold of it */
@@ -154,10 +168,99 @@ static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t pos,
     return 0;
 }
 
-/* The victims unlinked from the peer area (not under the lock: the lane is ``busy``), then their
- * keys free again, the opens parked on them handed over to Python. Takes and leaves the lock
- * held. */
-static void ring_unlink_victims(struct door *d, struct peer_ahead *pa)
+/* The spare ``name``'s path in the area. */
+static void spare_path(const struct door *d, const char *name, char *out)
+{
+    snprintf(out, PATH_MAX, "%s/%s", d->tiers[d->peer_slot], name);
+}
+
+/* ``path``, a consumed copy of the ring's, renamed aside as a spare. 1 if it is gone from its
+ * name (kept, or unlinked when the spares are full), 0 if the caller unlinks it. The lane's
+ * own thread only. Reusing a file is safe against an open that found its old name just before:
+ * the shim takes a peer-area copy only if its name still is that file once open
+ * (shim_open.c: monarch_still_named), and a spare is written over only once a write lease shows
+ * that no open of it is left anywhere (pa_take_spare). */
+static int ring_retire(struct door *d, struct peer_ahead *pa, const char *path)
+{
+    if (__atomic_load_n(&pa->leases_off, __ATOMIC_RELAXED))
+        return 0;
+    struct stat st;
+    struct pa_spare sp = {.fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC)};
+    if (sp.fd < 0)
+        return 0;
+    if (fcntl(sp.fd, F_SETSIG, SIGURG) != 0 || fstat(sp.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(sp.fd);
+        return 0;
+    }
+    sp.mode = st.st_mode & 07777;
+    snprintf(sp.name, sizeof sp.name, "%s%016llx", MONARCH_TMP_PREFIX,
+             (unsigned long long)(++pa->spare_seq * 0x9E3779B97F4A7C15ULL ^ (uint64_t)getpid() << 40));
+    char aside[PATH_MAX];
+    spare_path(d, sp.name, aside);
+    if (rename(path, aside) != 0) {
+        close(sp.fd);
+        return 0;
+    }
+    pthread_mutex_lock(&d->mu);
+    int kept = pa->nspares < PA_SPARES;
+    if (kept)
+        pa->spares[pa->nspares++] = sp;
+    pthread_mutex_unlock(&d->mu);
+    if (!kept) {
+        unlink(aside);
+        close(sp.fd);
+    }
+    return 1;
+}
+
+/* A spare no one holds, made ``size`` bytes of mode ``mode`` and moved to ``dir``/``tmp``: its
+ * descriptor (the caller's now), or -1 (none: the caller creates the file). */
+static int pa_take_spare(struct door *d, struct peer_ahead *pa, uint64_t size, mode_t mode, int dir,
+                         const char *tmp)
+{
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        struct pa_spare sp = pa->nspares ? pa->spares[--pa->nspares] : (struct pa_spare){.fd = -1};
+        pthread_mutex_unlock(&d->mu);
+        if (sp.fd < 0)
+            return -1;
+        char aside[PATH_MAX];
+        spare_path(d, sp.name, aside);
+        if (fcntl(sp.fd, F_SETLEASE, F_WRLCK) == 0) {   /* granted only while no other open of it is left */
+            fcntl(sp.fd, F_SETLEASE, F_UNLCK);
+            if (ftruncate(sp.fd, (off_t)size) == 0 && (sp.mode == mode || fchmod(sp.fd, mode) == 0)
+                && renameat(AT_FDCWD, aside, dir, tmp) == 0) {
+                __atomic_add_fetch(&pa->reused, 1, __ATOMIC_RELAXED);
+                return sp.fd;
+            }
+        } else if (errno != EAGAIN && errno != EBUSY) {
+            __atomic_store_n(&pa->leases_off, 1, __ATOMIC_RELAXED);  /* no leases here: files are made afresh */
+        }
+        unlink(aside);                 /* held by someone, or unusable: its bytes stay theirs */
+        close(sp.fd);
+    }
+}
+
+/* Every spare unlinked. Not under the lock. */
+static void pa_drop_spares(struct door *d, struct peer_ahead *pa)
+{
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        struct pa_spare sp = pa->nspares ? pa->spares[--pa->nspares] : (struct pa_spare){.fd = -1};
+        pthread_mutex_unlock(&d->mu);
+        if (sp.fd < 0)
+            return;
+        char aside[PATH_MAX];
+        spare_path(d, sp.name, aside);
+        unlink(aside);
+        close(sp.fd);
+    }
+}
+
+/* The victims gone from the peer area, kept as spares (``keep_spares``) or unlinked (not under
+ * the lock: the lane is ``busy``), then their keys free again, the opens parked on them handed
+ * over to Python. Takes and leaves the lock held. */
+static void ring_unlink_victims(struct door *d, struct peer_ahead *pa, int keep_spares)
 {
     uint32_t n = pa->nvictims;
     if (!n)
@@ -167,7 +270,8 @@ static void ring_unlink_victims(struct door *d, struct peer_ahead *pa)
     for (uint32_t i = 0; i < n; i++) {
         char path[PATH_MAX];
         struct pa_victim *v = &pa->victims[i];
-        if (snprintf(path, sizeof path, "%s/%.*s", area, (int)v->len, v->key) < (int)sizeof path)
+        if (snprintf(path, sizeof path, "%s/%.*s", area, (int)v->len, v->key) < (int)sizeof path
+            && !(keep_spares && ring_retire(d, pa, path)))
             unlink(path);              /* a reader that has it open keeps its bytes */
     }
     pthread_mutex_lock(&d->mu);
@@ -210,8 +314,11 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
                 pa->victims[pa->nvictims++] = (struct pa_victim){key, len, e->hash};
             }
         }
-        ring_unlink_victims(d, pa);
+        ring_unlink_victims(d, pa, 0);
     }
+    pthread_mutex_unlock(&d->mu);
+    pa_drop_spares(d, pa);
+    pthread_mutex_lock(&d->mu);
     d->lease[Q_PEER] += pa->room;
     pa->room = pa->used = 0;
     pa->busy = 0;
@@ -301,16 +408,20 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
 
 /* -- one batch: temporary files, the fetch, the publish ---------------------------------------- */
 
-static void pa_open_tmp(struct worker *w, struct pa_file *p)
+/* ``p``'s temporary copy in its directory of the peer area: a spare written over, or a new file. */
+static void pa_open_tmp(struct door *d, struct peer_ahead *pa, struct worker *w, struct pa_file *p)
 {
     const char *base = memrchr(p->key, '/', p->len);
     uint32_t dlen = base ? (uint32_t)(base - p->key) : 0;
     snprintf(p->tmp, sizeof p->tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
     const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    mode_t mode = (p->f.mode & 0700) | 0600;
     for (int attempt = 0; base && attempt < 2 && p->fd < 0; attempt++) {
         int kdir = cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, p->key, dlen, open_peer_dir, w);
         p->dir = kdir < 0 ? -1 : dup(kdir);   /* kept to its rename: the next file may be elsewhere */
-        p->fd = p->dir < 0 ? -1 : openat(p->dir, p->tmp, create, (p->f.mode & 0700) | 0600);
+        if (p->dir >= 0 && (p->fd = pa_take_spare(d, pa, p->f.size, mode, p->dir, p->tmp)) >= 0)
+            break;
+        p->fd = p->dir < 0 ? -1 : openat(p->dir, p->tmp, create, mode);
         if (p->fd >= 0 || errno != ENOENT || w->peer_dir < 0)
             break;
         close(p->dir);                 /* its directory went meanwhile: opened afresh */
@@ -435,7 +546,7 @@ static int pa_take_batch(struct door *d, struct peer_ahead *pa, struct worker *w
     pthread_mutex_unlock(&d->mu);
     int64_t results[PA_BATCH], t0 = monarch_now_ns();
     for (int i = 0; i < n; i++)
-        pa_open_tmp(w, &files[i]);
+        pa_open_tmp(d, pa, w, &files[i]);
     pa_fetch(one, many, dp, owner, files, n, results, timeout_ms);
     pa_publish(d, pa, files, n, results, t0);
     pthread_mutex_lock(&d->mu);
@@ -471,7 +582,7 @@ static void *peer_ahead_main(void *arg)
         int ngroups = pa_gather_locked(d, pa, &room);
         if (pa->nvictims) {            /* consumed copies go first: their room is the batch's */
             pa->busy = 1;
-            ring_unlink_victims(d, pa);
+            ring_unlink_victims(d, pa, 1);
             pa->busy = 0;
             pthread_cond_broadcast(&pa->cv);
         }
@@ -534,6 +645,7 @@ static void stop_peer_ahead(struct door *d)
         pthread_join(pa->thread, NULL);
     for (int i = 0; i < nhelpers; i++)
         pthread_join(pa->helpers[i], NULL);
+    pa_drop_spares(d, pa);
     for (int i = 0; i < PA_FETCHERS; i++) {
         pa->w[i].d = d;
         close_cached_dirs(&pa->w[i]);
@@ -626,19 +738,19 @@ EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed)
     pthread_mutex_unlock(&d->mu);
 }
 
-/* out[15]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
+/* out[16]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
  * the order's length, its next position, positions consumed, opens that waited for a fetch,
- * copies on the ring, the room they hold (bytes taken from the lease), copies unlinked, copies
- * asked for again before they went. */
+ * copies on the ring, the room they hold (bytes taken from the lease), copies gone (unlinked or
+ * kept as spares), copies asked for again before they went, fetches written over a spare. */
 EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out)
 {
-    memset(out, 0, 15 * sizeof *out);
+    memset(out, 0, 16 * sizeof *out);
     pthread_mutex_lock(&d->mu);
     struct peer_ahead *pa = d->pa;
     if (pa) {
-        uint64_t v[15] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
+        uint64_t v[16] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
                           pa->room_waits, pa->n, pa->next, pa->done, pa->waited, pa->nring, (uint64_t)pa->room,
-                          pa->unlinked, pa->kept};
+                          pa->unlinked, pa->kept, pa->reused};
         memcpy(out, v, sizeof v);
     }
     pthread_mutex_unlock(&d->mu);

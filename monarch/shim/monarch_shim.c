@@ -382,6 +382,12 @@ static int monarch_sys_fstat(int fd, struct stat *st)
     return (int)syscall(SYS_fstat, fd, st);
 }
 
+/* The same for a name, not followed if a symlink. */
+static int monarch_sys_lstatat(int dirfd, const char *path, struct stat *st)
+{
+    return (int)syscall(SYS_newfstatat, dirfd, path, st, AT_SYMLINK_NOFOLLOW);
+}
+
 /* ---- counting and the fd tables (hot path: no lock, no allocation, no log) ---- */
 static inline uint64_t *monarch_counter(unsigned slot, unsigned which)
 {

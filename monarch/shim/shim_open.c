@@ -16,10 +16,28 @@ static int monarch_open_regular(int dirfd, const char *path, int flags, struct s
     return fd;
 }
 
-static int monarch_open_staged(const char *path, int flags)
+/* A copy in the peer area (slot MONARCH_SLOT_PEER) may be a file of the read-ahead lane's that
+ * it reused for another key once its reader was past it (door_peer_ahead.c): an open that found
+ * the old name just before it went would read the new key's bytes. The name still being this
+ * file once it is open settles it, as the lane never changes a file anyone has open. 1 if the
+ * copy ``fd`` (``st``, opened as ``path`` under ``dirfd``) may be used. */
+static int monarch_still_named(unsigned slot, int dirfd, const char *path, const struct stat *st)
+{
+    struct stat now;
+    return slot != MONARCH_SLOT_PEER
+           || (monarch_sys_lstatat(dirfd, path, &now) == 0 && now.st_ino == st->st_ino && now.st_dev == st->st_dev);
+}
+
+static int monarch_open_staged(const char *path, int flags, unsigned slot)
 {
     struct stat st;
-    return monarch_open_regular(AT_FDCWD, path, flags, &st);
+    int fd = monarch_open_regular(AT_FDCWD, path, flags, &st);
+    if (fd >= 0 && !monarch_still_named(slot, AT_FDCWD, path, &st)) {
+        real_close(fd);
+        errno = ENOENT;
+        fd = -1;
+    }
+    return fd;
 }
 
 /* The copy of key in probe dir pr, relative to the dir's descriptor (see "probe
@@ -36,16 +54,17 @@ static int monarch_probe_open(struct monarch_probe *pr, const char *key, size_t 
         struct monarch_index_entry e;
         int fd = monarch_open_regular(dfd, key, flags, &st);
         if (fd >= 0) {
-            if ((st.st_dev == pr->dev && monarch_index_entry(n, &e) == 0 && (uint64_t)st.st_size == e.size
-                 && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == e.mtime_ns)
-                || monarch_probe_fd_valid(pr, dfd))
+            if (((st.st_dev == pr->dev && monarch_index_entry(n, &e) == 0 && (uint64_t)st.st_size == e.size
+                  && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == e.mtime_ns)
+                 || monarch_probe_fd_valid(pr, dfd))
+                && monarch_still_named(pr->slot, dfd, key, &st))
                 return fd;
             real_close(fd);
         } else if ((errno != EBADF && errno != ENOTDIR) || monarch_probe_fd_valid(pr, dfd))
             return -1;
         /* the number is no longer the dir's: by path, as before */
     }
-    return monarch_probe_path(pr, key, kl, staged) == 0 ? monarch_open_staged(staged, flags) : -1;
+    return monarch_probe_path(pr, key, kl, staged) == 0 ? monarch_open_staged(staged, flags, pr->slot) : -1;
 }
 
 /* A descriptor the daemon passed for key (a decompressed copy, another node's file): a regular
@@ -175,7 +194,7 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
     if (answer > MONARCH_SLOT_PFS && answer < MONARCH_MAX_SLOTS) {
         if (!monarch_answer_allowed(staged))
             MONARCH_DEBUG(1, "open %s: daemon named %.200s, outside the probe dirs: refused", path, staged);
-        else if (monarch_probe_dirs_check(), (fd = monarch_open_staged(staged, pflags)) >= 0) {
+        else if (monarch_probe_dirs_check(), (fd = monarch_open_staged(staged, pflags, (unsigned)answer)) >= 0) {
             MONARCH_DEBUG(1, "open %s: daemon slot %d %s (fd %d)", path, answer, staged, fd);
             slot = answer;
             goto out;

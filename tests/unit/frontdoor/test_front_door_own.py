@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import mmap
 import os
 import shutil
 import socket
@@ -23,6 +24,7 @@ import pytest
 from monarch import frontdoor, protocol
 from monarch.frontdoor import BOOKS, EV_AHEAD, EV_STAGED, PEER_BOOKS
 from monarch.node.snapshot.index_writer import positions
+from monarch.node.tiers.tiers import TMP_PREFIX
 from monarch.node.snapshot.snapshot import take_snapshot
 from support.harness import door_on_socket, unix_connect as connect
 
@@ -297,9 +299,10 @@ def test_a_memfd_is_written_again_only_once_no_one_holds_it(sharded_door, short_
 
 def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_when_consumed(sharded_door, short_tmp):
     """The peer read-ahead lane (door_peer_ahead.c) keeps its own books: it fetches a hinted
-    order's other nodes' files into the peer area within the room lent, unlinks the copies the
-    reader has passed when it needs room for the next ones, never touches a copy it did not
-    make, and at the order's end unlinks the rest and gives its room back. No event per file."""
+    order's other nodes' files into the peer area within the room lent, takes the copies the
+    reader has passed away when it needs room for the next ones (their files written over for
+    them, unless someone still has one open or mapped), never touches a copy it did not make,
+    and at the order's end unlinks the rest and gives its room back. No event per file."""
     d = sharded_door
     root, area = os.path.join(short_tmp, "pfs"), os.path.join(short_tmp, "area")
     snap, row = d.snap, d.row  # the door's index: its entries are positions + 1
@@ -328,9 +331,10 @@ def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_w
     d.door.grant(room, PEER_BOOKS)
     d.door.peer_ahead(array("I", [row(k) + 1 for k in order]), len(order))
 
-    def in_area() -> set[str]:
+    def in_area(spares: bool = False) -> set[str]:
+        """The copies in the area (and the spares, consumed copies kept to be written over)."""
         return {os.path.relpath(os.path.join(dirpath, name), area) for dirpath, _, names in os.walk(area)
-                for name in names}
+                for name in names if spares or not name.startswith(TMP_PREFIX)}
 
     def settled(want: int) -> dict:
         deadline = time.monotonic() + 10
@@ -346,6 +350,11 @@ def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_w
         with open(os.path.join(area, k), "rb") as f:
             assert hashlib.md5(f.read()).hexdigest() == d.sums[k], k
     assert d.door.events(PEER_BOOKS) == []  # its books are its own
+    # a reader still holds the first copy open (and has mapped the second) when it is consumed
+    held = os.open(os.path.join(area, lane[0]), os.O_RDONLY)
+    with open(os.path.join(area, lane[1]), "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    held_inodes = {os.fstat(held).st_ino, os.stat(os.path.join(area, lane[1])).st_ino}
     # the reader is past the first eight positions (four remote files, three of them the lane's):
     # those copies make the room for the next three
     d.door.peer_progress(8)
@@ -359,10 +368,22 @@ def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_w
         assert state["room"] <= room and len(in_area() - {python_key}) <= 6, (consumed, state, in_area())
         assert python_key in in_area()
     assert state["fetched"] == len(lane) and max(batches) > 1, (state, batches)
+    # consumed copies' files were written over for the next ones (their inodes kept: no create),
+    # never one a reader held open or mapped: those still read their own bytes
+    assert state["reused"] > 0, state
+    inodes = {os.stat(os.path.join(area, k)).st_ino for k in in_area()}
+    assert not inodes & held_inodes
+    assert hashlib.md5(os.pread(held, 1 << 20, 0)).hexdigest() == d.sums[lane[0]]
+    assert hashlib.md5(mapped[:]).hexdigest() == d.sums[lane[1]]
+    os.close(held)
+    mapped.close()
+    for k in in_area():
+        with open(os.path.join(area, k), "rb") as f:
+            assert hashlib.md5(f.read()).hexdigest() == d.sums[k], k
     # the order ends: its copies go, its room comes back; Python's copy stays
     d.door.peer_ahead(array("I"), 1)
     state = d.door.peer_ahead_state()
-    assert state["copies"] == 0 and state["room"] == 0 and in_area() == {python_key}, (state, in_area())
+    assert state["copies"] == 0 and state["room"] == 0 and in_area(spares=True) == {python_key}, (state, in_area(True))
     assert d.door.lease(PEER_BOOKS) == room
     with open(os.path.join(area, python_key), "rb") as f:
         assert hashlib.md5(f.read()).hexdigest() == d.sums[python_key]
