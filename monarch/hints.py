@@ -11,9 +11,9 @@ With a PyTorch-like sampler (nothing here imports torch)::
     sampler = HintedSampler(RandomSampler(ds), path_of=lambda i: ds.paths[i])
     loader = DataLoader(ds, sampler=sampler, num_workers=8)
 
-or, one shard per rank as PyTorch's ``DistributedSampler`` gives it (with ``peer.fetch_ahead:
-true`` each node's daemon also fetches the other nodes' files of its shard ahead of the reader,
-in batches, into its peer area; off by default, see the README)::
+or, one shard per rank as PyTorch's ``DistributedSampler`` gives it (each node's daemon also
+fetches the other nodes' files of its shard ahead of the reader, in batches, into its peer area,
+unless ``peer.fetch_ahead: false``; see the README)::
 
     from monarch.hints import DistributedHintedSampler
     sampler = DistributedHintedSampler(ds, num_replicas=world, rank=rank, path_of=lambda i: ds.paths[i])

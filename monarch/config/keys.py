@@ -205,11 +205,11 @@ KEYS: tuple[Key, ...] = (
         "cluster only, sharded: `2` keeps a second copy of each owned file, in the tiers' room its own share "
         "leaves, on the node that takes it over when its owner is lost (`monarch plan` shows the cost)",
         _replicas),
-    Key("peer.fetch_ahead", "true or false", False,
+    Key("peer.fetch_ahead", "true or false", True,
         "cluster only, sharded: with order hints (`monarch.hints`), the front door also fetches the other "
-        "nodes' files of the coming order ahead of the reader into the peer area, many per request; off by "
-        "default: on this project's 2-core test machine it still costs more than it saves (README, "
-        "\"The readers' order\")",
+        "nodes' files of the coming order ahead of the reader into the peer area, many per request, so that "
+        "the reader's opens of them are local hits; `false`: hints steer only this node's own files "
+        "(README, \"The readers' order\")",
         lambda r, v, k: r.boolean(v, k)),
     Key("report", "path or null", None,
         "JSON report path (`null`: the run's directory, `<run_base>/monarch-<uid>/<run>-node<N>/report.json`)",

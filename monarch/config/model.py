@@ -58,7 +58,7 @@ class PeerConfig:
     timeout: float = 10.0
     replicas: int = 1  # 2: a second copy of each owned file on the node that takes it over on a loss
     capacity_share: float | None = None  # "50%": a share of the node, as for a tier
-    fetch_ahead: bool = False  # hinted orders' other nodes' files fetched ahead by the front door
+    fetch_ahead: bool = True  # hinted orders' other nodes' files fetched ahead by the front door
 
 
 @dataclass(frozen=True)

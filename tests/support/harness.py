@@ -53,12 +53,13 @@ SHARD_SPLIT = (16, 8, 4)  # ram : ssd : peer area of each node's storage, as mea
 
 
 def sharded_config(base: str, root: str, node_bytes: int, nodes: int, name: str = "cluster.yaml",
-                   floor: int = 0, replicas: int = 1, fetch_ahead: bool = False, peer_in_ram: bool = False) -> str:
+                   floor: int = 0, replicas: int = 1, fetch_ahead: bool = True, peer_in_ram: bool = False) -> str:
     """One config for every simulated node of a cluster on this host: each node's storage,
     ``node_bytes`` split ram:ssd:peer as SHARD_SPLIT (each at least ``floor``), in bases of its
     own told apart by ${MONARCH_NODE} and made here for nodes 0..nodes-1; ``peer.replicas`` and
     ``peer.fetch_ahead``; the peer area beside the ssd tier, or (``peer_in_ram``) in /dev/shm."""
     ram, ssd, peer = (max(floor, node_bytes * s // sum(SHARD_SPLIT)) for s in SHARD_SPLIT)
+    peer_base = f"/dev/shm{base}" if peer_in_ram else base
     path = os.path.join(base, name)
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: ["{root}"]}}
@@ -66,7 +67,7 @@ run_base: "{base}/run${{MONARCH_NODE}}"
 tiers:
   - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
   - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}}}
-peer: {{path: "{'/dev/shm' if peer_in_ram else ''}{base}/peer${{MONARCH_NODE}}", capacity: {peer}, timeout: 10, replicas: {replicas},
+peer: {{path: "{peer_base}/peer${{MONARCH_NODE}}", capacity: {peer}, timeout: 10, replicas: {replicas},
         fetch_ahead: {'true' if fetch_ahead else 'false'}}}
 staging: {{policy: read-ahead}}
 """)
