@@ -22,6 +22,7 @@ for direct), whether every digest was right, and Monarch's per-node numbers.
     python scripts/bench_cluster.py --open-latency-ms 20 --start before,with
     python scripts/bench_cluster.py --capacity-share 2               # every node holds the whole dataset
     python scripts/bench_cluster.py --files 1200 --open-latency-ms 2 --hints   # the clairvoyant path
+    python scripts/bench_cluster.py --files 1200 --open-latency-ms 2 --hints --peer-in-ram  # areas in /dev/shm
 
 ``--hints`` adds two cases after the transparent one (with ``peer.fetch_ahead: true``): the readers tell their order
 (``monarch.hints.DistributedHintedSampler``), once with each node's storage as given and once
@@ -31,7 +32,9 @@ the steady epoch against the whole-dataset job's, the daemons' CPU per remote fi
 of every process the job starts (launchers, mpiexec and its proxies, daemons, readers, the
 emulated PFS: ``scripts/cpuwatch.py``) for the epochs after the first and for the whole job,
 the start-up (launch until every reader reads: interpreters, MPI, the walk) on its own line,
-beside direct's and the transparent case's.
+beside direct's and the transparent case's. The peer areas are beside the ssd tiers, in /tmp
+(on this project's VM an ext4 without a journal, where a create after many unlinks is dear:
+README, "The readers' order"), or with ``--peer-in-ram`` in /dev/shm.
 """
 
 from __future__ import annotations
