@@ -493,7 +493,6 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
         char dest[PATH_MAX];
         snprintf(dest, sizeof dest, "%s/%.*s", area, (int)p->len, p->key);
         pthread_mutex_lock(&d->mu);
-        struct entry *e = find(d, p->key, p->len, p->hash);
         int64_t need = peer_room(d, p->f.size);
         if (ok && ring_push_locked(pa, p->f.entry, p->gen == pa->gen ? p->pos : PA_STALE, need) != 0) {
             pthread_mutex_unlock(&d->mu);
@@ -501,6 +500,7 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
             pthread_mutex_lock(&d->mu);
             ok = 0;
         }
+        struct entry *e = find(d, p->key, p->len, p->hash);  /* BUSY since gathered: still there */
         if (ok) {
             e->state = K_STAGED;
             e->slot = (uint8_t)slot;
@@ -578,6 +578,10 @@ static void *peer_ahead_main(void *arg)
     prctl(PR_SET_NAME, "monarch-peerahd");
     pthread_mutex_lock(&d->mu);
     while (!pa->stop) {
+        if (pa->busy) {                /* the order ended: its copies are being dropped (ring_drop_locked) */
+            pthread_cond_wait(&pa->cv, &d->mu);
+            continue;
+        }
         int room;
         int ngroups = pa_gather_locked(d, pa, &room);
         if (pa->nvictims) {            /* consumed copies go first: their room is the batch's */
