@@ -15,8 +15,9 @@
  * The lane keeps its copies' books itself, in C (the ring): no event per file, nothing for
  * Python's LRU. Its room is taken out of the peer lease (Q_PEER) as it grows and given back
  * when the order ends; a copy the reader has consumed (its position below the progress, or of
- * an earlier order) is the first unlinked when a new one needs room, and one the order asks for
- * again before that is kept for its new position. An open of a copy being unlinked parks and is
+ * an earlier order) is the first to go when a new one needs room (renamed aside as a spare that
+ * a next fetch writes over: PA_SPARES), and one the order asks for again before that is kept
+ * for its new position. An open of a copy being unlinked parks and is
  * handed to Python, as any open of a key the door gave up. Copies stay STAGED with ``ring`` set;
  * whatever else makes a key STAGED clears it, so the lane never unlinks a copy not its own.
  * A file the owner cannot give (not staged there, another size, compressed, a lost owner) is

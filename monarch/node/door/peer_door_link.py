@@ -23,9 +23,9 @@ the door's table and the peer cache's books one, as ``DoorLink`` does for the st
 When the readers tell their order (``monarch.hints``), the door's peer read-ahead lane
 (``door_peer_ahead.c``) fetches the other nodes' files of that order ahead of the reader, in
 batches per owner at once, into room lent here as for its other fetches (``hint``): no more ahead
-than WINDOW_SHARE of the area holds. The lane keeps its copies' books itself: it unlinks those
-the reader has consumed when it needs their room, and gives its room back when the order ends;
-nothing of it enters the cache's LRU. Each order
+than WINDOW_SHARE of the area holds. The lane keeps its copies' books itself: it takes those the
+reader has consumed away when it needs their room (their files written over for the next ones),
+and gives its room back when the order ends; nothing of it enters the cache's LRU. Each order
 is an epoch of the report's ``peer_ahead`` figures: its other nodes' files, how many of their
 opens still had to be fetched (by the door, as a transient copy, or by Python), and how many
 came while the read-ahead fetched their file (answered once it was there: not local hits).
