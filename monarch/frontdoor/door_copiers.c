@@ -163,12 +163,7 @@ static void *copier_main(void *arg)
             pthread_mutex_lock(&d->mu);
             d->copiers_working--;
         } else if (lane == L_ROOM) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += AHEAD_WAIT_NS;
-            until.tv_sec += until.tv_nsec / 1000000000L;
-            until.tv_nsec %= 1000000000L;
-            pthread_cond_timedwait(&d->work_cv, &d->mu, &until);
+            timed_wait(&d->work_cv, &d->mu, AHEAD_WAIT_NS);
             d->ahead_room_wait = 0;
         } else {
             if (!d->ahead_on)

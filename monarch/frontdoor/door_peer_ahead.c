@@ -592,12 +592,7 @@ static void *peer_ahead_main(void *arg)
             pthread_cond_broadcast(&pa->cv);
         }
         if (!ngroups) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += PA_WAIT_NS;
-            until.tv_sec += until.tv_nsec / 1000000000L;
-            until.tv_nsec %= 1000000000L;
-            pthread_cond_timedwait(&pa->cv, &d->mu, &until);
+            timed_wait(&pa->cv, &d->mu, PA_WAIT_NS);
             continue;
         }
         pa->busy = 1;

@@ -333,6 +333,17 @@ static uint32_t door_ms(const struct door *d)
     return (uint32_t)((monarch_now_ns() - d->started_ns) / 1000000) + 1;
 }
 
+/* Wait on ``cv`` (with ``mu`` held) until it is signalled or ``ns`` have passed. */
+static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long ns)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += ns;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(cv, mu, &until);
+}
+
 /* -- the parts ------------------------------------------------------------------------- */
 #include "door_keys.c"
 #include "door_index.c"

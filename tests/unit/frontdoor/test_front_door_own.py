@@ -209,6 +209,29 @@ def ask_open_fd(path: str, key: str, close_early: bool = False) -> bytes | None:
             return f.read()
 
 
+def link_fetch_many(d, fetch_many):
+    """The door's peer lane linked to ``fetch_many`` (dp_fetch_many's shape), copying allowed.
+    Returns the callbacks, to be kept alive while the door may call them."""
+    callbacks = d.callbacks[0], d.callbacks[1], FETCH_MANY(fetch_many)
+    addresses = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
+    assert d.door.peers(addresses[0], addresses[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, addresses[2])
+    d.door.peer_copying(True)
+    return callbacks
+
+
+def copying_from_pfs(root: str, batches: list | None = None):
+    """A fetch_many that copies each file from the PFS (``root``); each request's number of
+    files appended to ``batches``."""
+    def fetch_many(dp, owner, n, keys, lens, sizes, fds, results, timeout_ms):
+        if batches is not None:
+            batches.append(n)
+        for i in range(n):
+            with open(os.path.join(root, keys[i][:lens[i]].decode().split("/", 1)[1]), "rb") as f:
+                results[i] = os.pwrite(fds[i], f.read(), 0)
+        return 0
+    return fetch_many
+
+
 def test_remote_opens_wait_for_their_owner_and_go_as_one_request(sharded_door, short_tmp):
     """While a fetch from an owner is under way the next opens for it wait in its queue (the
     worker goes back to its loop) and go as one batch when it ends; concurrent opens of one key
@@ -227,10 +250,7 @@ def test_remote_opens_wait_for_their_owner_and_go_as_one_request(sharded_door, s
                 results[i] = os.pwrite(fds[i], f.read(), 0)
         return 0
 
-    callbacks = d.callbacks[0], d.callbacks[1], FETCH_MANY(fetch_many)
-    addresses = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
-    assert d.door.peers(addresses[0], addresses[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, addresses[2])
-    d.door.peer_copying(True)
+    d.linked = link_fetch_many(d, fetch_many)  # kept alive with the door
     first, *others = sorted(set(d.sums) - d.mine)[:5]
     got: dict[int, bytes | None] = {}
     asks = [(first, False)] * 3 + [(k, False) for k in others[:3]] + [(others[3], True)]
@@ -257,31 +277,12 @@ def test_remote_opens_wait_for_their_owner_and_go_as_one_request(sharded_door, s
     assert hashlib.md5(ask_open_fd(d.socket, others[3])).hexdigest() == d.sums[others[3]]
 
 
-def link_copying_from_pfs(d, root: str, batches: list | None = None):
-    """The door's peer lane linked to a fetch_many that copies each file from the PFS (``root``),
-    copying allowed; each request's number of files appended to ``batches``. Returns the
-    callbacks, to be kept alive while the door may call them."""
-    def fetch_many(dp, owner, n, keys, lens, sizes, fds, results, timeout_ms):
-        if batches is not None:
-            batches.append(n)
-        for i in range(n):
-            with open(os.path.join(root, keys[i][:lens[i]].decode().split("/", 1)[1]), "rb") as f:
-                results[i] = os.pwrite(fds[i], f.read(), 0)
-        return 0
-
-    callbacks = d.callbacks[0], d.callbacks[1], FETCH_MANY(fetch_many)
-    addresses = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
-    assert d.door.peers(addresses[0], addresses[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, addresses[2])
-    d.door.peer_copying(True)
-    return callbacks
-
-
 def test_a_memfd_is_written_again_only_once_no_one_holds_it(sharded_door, short_tmp):
     """The door keeps the memfds it answers remote opens with (their pages cost more than the
     bytes): one the application still holds, even unread, is never written again; one it
     closed is (the same file comes back for another key, with that key's bytes)."""
     d = sharded_door
-    d.linked = link_copying_from_pfs(d, os.path.join(short_tmp, "pfs"))  # kept alive with the door
+    d.linked = link_fetch_many(d, copying_from_pfs(os.path.join(short_tmp, "pfs")))  # kept alive with the door
     remote = sorted(set(d.sums) - d.mine)
     held, later = remote[:6], remote[6:18]
 
@@ -315,7 +316,7 @@ def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_w
     root, area = os.path.join(short_tmp, "pfs"), os.path.join(short_tmp, "area")
     snap, row = d.snap, d.row  # the door's index: its entries are positions + 1
     batches: list[int] = []
-    d.linked = link_copying_from_pfs(d, root, batches)  # kept alive with the door
+    d.linked = link_fetch_many(d, copying_from_pfs(root, batches))  # kept alive with the door
     order = sorted(d.sums, key=row)  # index order: every other file is node 1's
     remote = [k for k in order if k not in d.mine]
     # a copy Python's peer cache made of one of them, in the area: never the lane's to unlink
