@@ -46,7 +46,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from clusterbench import bench_env, mpiexec, stop_daemons  # noqa: E402
 from benchopts import fresh_bytecode  # noqa: E402
-from support.harness import make_bases  # noqa: E402
+from support.harness import ram_peer_config  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
 
 JOB = "benchpeer"
@@ -90,18 +90,7 @@ def parse_args(argv=None):
 def write_config(base: str, root: str, total: int) -> str:
     """Each node: a RAM tier for its half (and some), a peer area for most of the other
     half: less than the dataset in all, so the nodes shard it rather than each hold it."""
-    tier, area = int(total * 0.53), int(total * 0.45)
-    path = os.path.join(base, "peer.yaml")
-    with open(path, "w") as f:
-        f.write(f"""dataset: {{roots: ["{root}"]}}
-run_base: "{base}/run${{MONARCH_NODE}}"
-tiers:
-  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {tier}}}
-peer: {{path: "/dev/shm{base}/peer${{MONARCH_NODE}}", capacity: {area}, timeout: 10}}
-staging: {{policy: read-ahead}}
-""")
-    make_bases(path, nodes=NODES)
-    return path
+    return ram_peer_config(base, root, int(total * 0.53), int(total * 0.45), NODES, "peer.yaml")
 
 
 def daemons(serve: subprocess.Popen) -> list:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from support.harness import make_bases, monarch_env
+from support.harness import monarch_env, ram_peer_config
 from test_cluster_e2e import Cluster
 
 pytestmark = pytest.mark.mpi
@@ -42,18 +42,7 @@ sys.exit(0 if ok else 1)
 def config(base, root, total):
     """Each node: a RAM tier for its half and some, a peer area for most of the other half: less
     than the dataset in all, so the nodes shard it (bench_peer's layout)."""
-    tier, area = int(total * 0.54), int(total * 0.44)
-    path = os.path.join(base, "memfd.yaml")
-    with open(path, "w") as f:
-        f.write(f"""dataset: {{roots: ["{root}"]}}
-run_base: "{base}/run${{MONARCH_NODE}}"
-tiers:
-  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {tier}}}
-peer: {{path: "/dev/shm{base}/peer${{MONARCH_NODE}}", capacity: {area}, timeout: 10}}
-staging: {{policy: read-ahead}}
-""")
-    make_bases(path, nodes=NODES)
-    return path
+    return ram_peer_config(base, root, int(total * 0.54), int(total * 0.44), NODES, "memfd.yaml")
 
 
 def files_under(path):

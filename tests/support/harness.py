@@ -75,6 +75,23 @@ staging: {{policy: read-ahead}}
     return path
 
 
+def ram_peer_config(base: str, root: str, tier: int, area: int, nodes: int, name: str) -> str:
+    """One config for every simulated node of a cluster on this host, all in /dev/shm: a RAM
+    tier of ``tier`` bytes and a peer area of ``area`` (bench_peer's layout: less than the
+    dataset in all, so the nodes shard it), made here for nodes 0..nodes-1."""
+    path = os.path.join(base, name)
+    with open(path, "w") as f:
+        f.write(f"""dataset: {{roots: ["{root}"]}}
+run_base: "{base}/run${{MONARCH_NODE}}"
+tiers:
+  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {tier}}}
+peer: {{path: "/dev/shm{base}/peer${{MONARCH_NODE}}", capacity: {area}, timeout: 10}}
+staging: {{policy: read-ahead}}
+""")
+    make_bases(path, nodes=nodes)
+    return path
+
+
 def monarch_env(**extra):
     env = dict(os.environ)
     # monarch from this checkout, and the test support (support.shard_reader and kin) beside it
