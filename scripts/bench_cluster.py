@@ -97,17 +97,25 @@ def write_config(base: str, root: str, node_bytes: int, nodes: int, fetch_ahead:
                           peer_in_ram=peer_in_ram)
 
 
+def hold_file(out: str) -> str:
+    """The file every reader of ``out``'s case waits for after its first epoch (wait_marks makes it)."""
+    return os.path.join(os.path.dirname(out), "epoch1.marked")
+
+
 def reader_cmd(root: str, manifest: str, k: int, args, out: str, hints: bool = False) -> list[str]:
-    """Node ``k``'s reader; it marks its start (``<out>.started``) and its epochs (``<out>.progress``)."""
+    """Node ``k``'s reader; it marks its start (``<out>.started``) and its epochs (``<out>.progress``),
+    and starts its second epoch once every node ended its first (hold_file): the epochs after
+    the first are then one window, whose CPU is theirs alone, as in a data-parallel job."""
     return shard_reader(root, manifest, k, args, "--json", out, "--started", out + ".started", "--progress",
-                        out + ".progress", *(["--hints"] if hints else []))
+                        out + ".progress", "--hold", hold_file(out), *(["--hints"] if hints else []))
 
 
 def watched(watch: CpuWatch, outs: list[str], procs) -> tuple[threading.Thread, threading.Event]:
     """Marks "reading" and "epoch1" on ``watch`` as the readers of ``outs`` get there."""
     stop = threading.Event()
     t = threading.Thread(target=wait_marks, args=(watch, [o + ".started" for o in outs],
-                                                  [o + ".progress" for o in outs], procs, stop), daemon=True)
+                                                  [o + ".progress" for o in outs], procs, stop, hold_file(outs[0])),
+                         daemon=True)
     t.start()
     return t, stop
 

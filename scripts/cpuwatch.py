@@ -7,6 +7,12 @@ last ``period`` at most is missed: the whole job's figure comes from the kernel'
 account of the reaped children, ``children_cpu``). ``mark(name)`` records the total at a
 moment (the readers start, epoch 1 ends, the readers end); ``between(a, b)`` is the CPU of
 every process in between, ``by_kind`` splits it by what the processes are.
+
+The kernel's per-process figures (psutil's) come in clock ticks, 10 ms: in a steady epoch of
+0.05 s, four daemons' CPU would be known to +-40 ms, more than all they use. So a mark also
+reads each thread's own account in nanoseconds (``/proc/PID/task/TID/schedstat``), and
+``between`` counts in nanoseconds a process whose threads all lived through both marks; one
+born or ended in between, or with a thread ended, counts in ticks as before.
 """
 
 from __future__ import annotations
@@ -42,6 +48,22 @@ def kind_of(cmdline: list[str]) -> str:
     return "other"
 
 
+def thread_ns(pid: int) -> dict[str, int]:
+    """Each thread's CPU-nanoseconds so far, by thread id ({} if the process is gone)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[tid] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # ended meanwhile
+    return out
+
+
 class CpuWatch:
     def __init__(self, period: float = 0.05, pfs_pid: int | None = None):
         self.period = period
@@ -49,6 +71,8 @@ class CpuWatch:
         self.pfs_pid = pfs_pid
         self.last: dict[int, tuple[str, float]] = {}  # pid -> (kind, cpu-seconds at its last sample)
         self.marks: dict[str, dict[str, float]] = {}
+        self.ticks: dict[str, dict[int, float]] = {}  # mark -> pid -> its figure in ticks then
+        self.threads: dict[str, dict[int, dict[str, int]]] = {}  # mark -> pid -> tid -> CPU-ns
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -86,30 +110,46 @@ class CpuWatch:
     def mark(self, name: str) -> None:
         """The CPU of every process so far, by kind, as it is now."""
         self.sample()
-        with self._lock:
+        with self._lock:  # the sampling thread waits: ticks and nanoseconds of one moment
             out: dict[str, float] = {}
             for kind, cpu in self.last.values():
                 out[kind] = out.get(kind, 0.0) + cpu
+            self.ticks[name] = {pid: cpu for pid, (_, cpu) in self.last.items()}
+            self.threads[name] = {pid: t for pid in self.last if (t := thread_ns(pid))}
         self.marks[name] = out
 
     def between(self, a: str, b: str) -> dict[str, float]:
         """CPU-seconds by kind between two marks (a process born in between counts from 0)."""
         first, second = self.marks.get(a, {}), self.marks.get(b, {})
-        return {k: round(second.get(k, 0.0) - first.get(k, 0.0), 3) for k in second}
+        out = {k: second.get(k, 0.0) - first.get(k, 0.0) for k in second}
+        threads_a, threads_b = self.threads.get(a, {}), self.threads.get(b, {})
+        for pid, before in threads_a.items():
+            after = threads_b.get(pid)
+            if after is None or not before.keys() <= after.keys():
+                continue  # ended, or a thread of it: in ticks
+            precise = sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
+            out[self.last[pid][0]] += precise - (self.ticks[b][pid] - self.ticks[a][pid])
+        return {k: round(v, 3) for k, v in out.items()}
 
 
-def wait_marks(watch: CpuWatch, started: list[str], progress: list[str], procs, stop: threading.Event) -> None:
+def wait_marks(watch: CpuWatch, started: list[str], progress: list[str], procs, stop: threading.Event,
+               hold: str | None = None) -> None:
     """Mark "reading" once every reader made its ``started`` file and "epoch1" once every one
-    finished its first epoch (a line in its ``progress`` file); ends with ``stop`` or the readers."""
+    finished its first epoch (a line in its ``progress`` file), then make ``hold`` (the readers
+    wait for it before their second epoch); ends with ``stop`` or the readers."""
     def all_have(paths: list[str], line: bool) -> bool:
         try:
             return all(os.path.exists(p) and (not line or open(p).read().strip()) for p in paths)
         except OSError:
             return False
 
-    for name, paths, line in (("reading", started, False), ("epoch1", progress, True)):
-        while not all_have(paths, line):
-            if stop.is_set() or all(p.poll() is not None for p in procs):
-                return
-            time.sleep(0.01)
-        watch.mark(name)
+    try:
+        for name, paths, line in (("reading", started, False), ("epoch1", progress, True)):
+            while not all_have(paths, line):
+                if stop.is_set() or all(p.poll() is not None for p in procs):
+                    return
+                time.sleep(0.01)
+            watch.mark(name)
+    finally:  # made whatever happened: a reader left waiting would wait in vain
+        if hold:
+            open(hold, "w").close()

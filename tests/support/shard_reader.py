@@ -60,8 +60,17 @@ def _bounded(pool, fn, items, ahead: int):
         yield flight.popleft().result()
 
 
+def _held(path: str, limit: float = 600.0) -> None:
+    """Until ``path`` exists (a benchmark made it once every node ended its first epoch), as
+    the nodes of a data-parallel job, kept in step by their gradients' all-reduce, wait."""
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
 def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: int = 3, workers: int = 4,
-                seed: int = 0, progress: str | None = None, hints: bool = False, started_file: str | None = None, compute_ms: float = 0.0) -> dict:
+                seed: int = 0, progress: str | None = None, hints: bool = False, started_file: str | None = None,
+                compute_ms: float = 0.0, hold: str | None = None) -> dict:
     started = time.time()
     manifest = load_manifest(manifest_path)
     names = list(manifest)
@@ -94,6 +103,8 @@ def read_shards(root: str, manifest_path: str, node: int, nodes: int, epochs: in
             if progress:  # one line per epoch as it ends, for a test that acts mid-job
                 with open(progress, "a") as f:
                     f.write(f"{epoch}\n")
+            if hold and epoch == 0:
+                _held(hold)
     if sampler is not None:
         sampler.hints.close()
     out["ok"] = all(e["mismatches"] == 0 for e in out["epochs"])
@@ -114,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--started", default=None, help="made once the manifest is read, as the reading starts")
     p.add_argument("--compute-ms", type=float, default=0.0, help="a training step's time per file (slept)")
     p.add_argument("--hints", action="store_true", help="tell the daemon each epoch's order (DistributedHintedSampler)")
+    p.add_argument("--hold", default=None, help="after the first epoch, wait until this file exists (every node "
+                   "ended it: a benchmark's window of the epochs after the first starts there)")
     a = p.parse_args(argv)
-    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed, a.progress, a.hints, a.started, a.compute_ms)
+    result = read_shards(a.root, a.manifest, a.node, a.nodes, a.epochs, a.workers, a.seed, a.progress, a.hints,
+                         a.started, a.compute_ms, a.hold)
     text = json.dumps(result)
     if a.json:
         with open(a.json, "w") as f:
