@@ -21,14 +21,17 @@
  * answers' recent round trip (rtt_ns, a moving average), then from POLL_MIN_NS doubling up to
  * POLL_MAX_NS (each look that finds nothing is a context switch: measured with perf on this
  * VM, a third of the requesting door's CPU was nanosleep when it began at 20 us), the owner's
- * thread with IDLE_MIN_NS sleeps after any work, doubling up to IDLE_MAX_NS (what an idle
- * owner's answer waits at most), or only up to HOT_IDLE_MAX_NS within HOT_NS of its last
- * request (a node being read from gets its next request soon: bench_peer with one reader
- * thread, a fetch's median was 950 us with 1 ms sleeps, 660 us with these). A sleep is the
- * dear part (measured with perf on this VM: three quarters of an idle owner's CPU is the
- * kernel's nanosleep), so no thread spins and the owner's sleeps grow as soon as a look
- * finds nothing. Timer slack is 1 us on these
- * threads: the default 50 us would set the pace of every remote open.
+ * thread after any work with half the requests' recent gap (gap_ns: a moving average; at
+ * least IDLE_MIN_NS), doubling up to IDLE_MAX_NS (what an idle owner's answer waits at most),
+ * or only up to that gap (at least HOT_IDLE_MAX_NS) within HOT_NS of its last request (a node
+ * being read from gets its next request soon: bench_peer with one reader thread, a fetch's
+ * median was 950 us with 1 ms sleeps, 660 us with these). A sleep is the dear part: each
+ * costs 17-20 us of CPU on this VM whatever its length (scripts/wake_cost.c), three quarters
+ * of an idle owner's CPU (perf), so no thread spins, and an owner whose requests come
+ * seldom (the read-ahead lane's batches, ms apart) looks about twice per request, not every
+ * 200 us (bench_cluster --hints: its thread's CPU 17-20 -> 11-12 ms a node in two epochs;
+ * bench_peer's requests come every ~80 us: its sleeps stay as they were). Timer slack is
+ * 1 us on these threads: the default 50 us would set the pace of every remote open.
  */
 #define _GNU_SOURCE
 #include <mpi.h>
@@ -400,23 +403,34 @@ static int write_all(int fd, const char *p, uint64_t n, int at_zero)
     return 0;
 }
 
+static int64_t clamp_ns(int64_t v, int64_t lo, int64_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
 static void *dp_main(void *arg)
 {
     struct dp *d = arg;
     prctl(PR_SET_TIMERSLACK, 1000UL);
     prctl(PR_SET_NAME, "monarch-data");
-    int64_t idle = IDLE_MIN_NS, worked = 0;
+    int64_t idle = IDLE_MIN_NS, worked = 0, last = 0, gap = 0;  /* gap_ns: between requests, weight 1/8 */
     while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
-        if (take_requests(d) + reap_sends(d) + reap_orphans(d)) {
-            idle = IDLE_MIN_NS;
+        int took = take_requests(d);
+        if (took + reap_sends(d) + reap_orphans(d)) {
             worked = monarch_now_ns();
+            if (took) {                 /* a long pause counts as 4 ms: the next burst is soon fast again */
+                int64_t g = clamp_ns(last ? worked - last : IDLE_MAX_NS, 0, 4 * IDLE_MAX_NS);
+                gap = gap ? gap + (g - gap) / 8 : g;
+                last = worked;
+            }
+            idle = clamp_ns(gap / 2, IDLE_MIN_NS, IDLE_MAX_NS);
             continue;
         }
         struct timespec ts = {0, idle};
         nanosleep(&ts, NULL);
         __atomic_add_fetch(&d->idle_sleeps, 1, __ATOMIC_RELAXED);
-        int64_t cap = monarch_now_ns() - worked < HOT_NS ? HOT_IDLE_MAX_NS : IDLE_MAX_NS;
-        idle = idle * 2 > cap ? cap : idle * 2;
+        int64_t cap = monarch_now_ns() - worked < HOT_NS ? clamp_ns(gap, HOT_IDLE_MAX_NS, IDLE_MAX_NS) : IDLE_MAX_NS;
+        idle = clamp_ns(idle * 2, 0, idle > cap ? idle : cap);
     }
     return NULL;
 }
