@@ -52,6 +52,19 @@ def make_bases(config_file, nodes: int = 1) -> None:
 SHARD_SPLIT = (16, 8, 4)  # ram : ssd : peer area of each node's storage, as measured by the users
 
 
+def write_cluster_config(base: str, root: str, name: str, nodes: int, storage: str) -> str:
+    """``base``/``name``: the dataset ``root``, each node's run base, its ``storage`` (tiers and
+    peer lines), read-ahead staging; the bases made here for nodes 0..nodes-1."""
+    path = os.path.join(base, name)
+    with open(path, "w") as f:
+        f.write(f"""dataset: {{roots: ["{root}"]}}
+run_base: "{base}/run${{MONARCH_NODE}}"
+{storage}staging: {{policy: read-ahead}}
+""")
+    make_bases(path, nodes=nodes)
+    return path
+
+
 def sharded_config(base: str, root: str, node_bytes: int, nodes: int, name: str = "cluster.yaml",
                    floor: int = 0, replicas: int = 1, fetch_ahead: bool = True, peer_in_ram: bool = False) -> str:
     """One config for every simulated node of a cluster on this host: each node's storage,
@@ -60,36 +73,22 @@ def sharded_config(base: str, root: str, node_bytes: int, nodes: int, name: str 
     ``peer.fetch_ahead``; the peer area beside the ssd tier, or (``peer_in_ram``) in /dev/shm."""
     ram, ssd, peer = (max(floor, node_bytes * s // sum(SHARD_SPLIT)) for s in SHARD_SPLIT)
     peer_base = f"/dev/shm{base}" if peer_in_ram else base
-    path = os.path.join(base, name)
-    with open(path, "w") as f:
-        f.write(f"""dataset: {{roots: ["{root}"]}}
-run_base: "{base}/run${{MONARCH_NODE}}"
-tiers:
+    return write_cluster_config(base, root, name, nodes, f"""tiers:
   - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
   - {{name: ssd, path: "{base}/ssd${{MONARCH_NODE}}", capacity: {ssd}}}
 peer: {{path: "{peer_base}/peer${{MONARCH_NODE}}", capacity: {peer}, timeout: 10, replicas: {replicas},
         fetch_ahead: {'true' if fetch_ahead else 'false'}}}
-staging: {{policy: read-ahead}}
 """)
-    make_bases(path, nodes=nodes)
-    return path
 
 
 def ram_peer_config(base: str, root: str, tier: int, area: int, nodes: int, name: str) -> str:
     """One config for every simulated node of a cluster on this host, all in /dev/shm: a RAM
     tier of ``tier`` bytes and a peer area of ``area`` (bench_peer's layout: less than the
     dataset in all, so the nodes shard it), made here for nodes 0..nodes-1."""
-    path = os.path.join(base, name)
-    with open(path, "w") as f:
-        f.write(f"""dataset: {{roots: ["{root}"]}}
-run_base: "{base}/run${{MONARCH_NODE}}"
-tiers:
+    return write_cluster_config(base, root, name, nodes, f"""tiers:
   - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {tier}}}
 peer: {{path: "/dev/shm{base}/peer${{MONARCH_NODE}}", capacity: {area}, timeout: 10}}
-staging: {{policy: read-ahead}}
 """)
-    make_bases(path, nodes=nodes)
-    return path
 
 
 def monarch_env(**extra):
