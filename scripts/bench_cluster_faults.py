@@ -119,7 +119,7 @@ def case(name, args, ds_root, manifest, total, base):
                   open_latency_ms=args.open_latency_ms)
     pfs.start()
     row = {"case": name}
-    cluster = None
+    cluster = launch = None
     try:
         mount = str(pfs.mountpoint)
         deadline = time.monotonic() + args.timeout
@@ -188,6 +188,8 @@ def case(name, args, ds_root, manifest, total, base):
         if cluster is not None and cluster.poll() is None:
             os.killpg(cluster.pid, signal.SIGKILL)
             cluster.wait()
+        if launch is not None:
+            launch.close()
         pfs.stop()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(f"/dev/shm{work}", ignore_errors=True)

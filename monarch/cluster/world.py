@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -170,10 +171,18 @@ OPENMPI_LIB = "libmpi.so.40"
 @dataclass
 class Launch:
     """How to start the daemons: ``argv`` is the launcher up to and including ``-n NODES``
-    (append ``monarch serve -c CONFIG``), ``env`` the variables to add to the environment."""
+    (append ``monarch serve -c CONFIG``), ``env`` the variables to add to the environment.
+    ``scratch``: a directory private to this launch (Open MPI's session directory and
+    shared-memory files); ``close()`` removes it once the launcher has ended."""
     engine: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    scratch: str | None = None
+
+    def close(self) -> None:
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
 
 def openmpi_prefix(environ: Mapping[str, str] | None = None) -> str | None:
@@ -197,6 +206,21 @@ def mpich_mpiexec() -> str | None:
     return local if os.access(local, os.X_OK) else shutil.which("mpiexec")
 
 
+def openmpi_scratch() -> str:
+    """A fresh directory for one Open MPI launch's session directory and shared-memory files.
+
+    By default mpiexec (PRRTE) keeps them in ``$TMPDIR/ompi.<its pid>`` and ``/dev/shm``, and a
+    launcher that was SIGKILLed leaves them behind. Once pids wrap (pid_max is often 32768), a
+    new mpiexec given that pid cannot bind its PMIx rendezvous socket over the stale one and
+    ends with "The PMIx server's listener thread failed to start". A directory of its own per
+    launch cannot hold anything stale. In RAM where it can be: the shared-memory files are the
+    ranks' transport, and a short path keeps the sockets' names within their 108 bytes.
+    """
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+    return tempfile.mkdtemp(prefix="monarch-mpi-", dir=base)
+
+
 def daemon_launch(nodes: int, one_host: bool = False, environ: Mapping[str, str] | None = None) -> Launch:
     """The launch line for ``nodes`` daemons with the engine that survives a lost daemon.
 
@@ -206,7 +230,8 @@ def daemon_launch(nodes: int, one_host: bool = False, environ: Mapping[str, str]
     ``MONARCH_MPI_ENGINE=mpich|ulfm`` forces one. ``one_host``: several simulated nodes on
     this host (Open MPI then needs ``--oversubscribe``); else one daemon per host.
     mpi4py binds to the library ``MPI4PY_LIBMPI`` names, so the daemons' MPI is Open MPI's
-    while applications launched apart keep MPICH's.
+    while applications launched apart keep MPICH's. Call the launch's ``close()`` once the
+    launcher has ended (its private scratch directory, ``openmpi_scratch``).
     """
     env = os.environ if environ is None else environ
     want = env.get("MONARCH_MPI_ENGINE", "")
@@ -220,9 +245,12 @@ def daemon_launch(nodes: int, one_host: bool = False, environ: Mapping[str, str]
             argv.append("--allow-run-as-root")
         argv += ["--oversubscribe"] if one_host else ["--map-by", "ppr:1:node"]
         bindir = os.path.join(prefix, "bin")
+        scratch = openmpi_scratch()
         return Launch(ULFM, argv + ["-n", str(nodes)],
                       {"PATH": bindir + os.pathsep + env.get("PATH", ""), "OPAL_PREFIX": prefix,
-                       "MPI4PY_LIBMPI": os.path.join(prefix, "lib", OPENMPI_LIB)})
+                       "MPI4PY_LIBMPI": os.path.join(prefix, "lib", OPENMPI_LIB),
+                       "PRTE_MCA_prte_tmpdir_base": scratch, "OMPI_MCA_btl_sm_backing_directory": scratch},
+                      scratch)
     mpiexec = mpich_mpiexec()
     if mpiexec is None:
         raise RuntimeError("no mpiexec found: install Monarch's mpi extra (scripts/install.sh)")

@@ -75,6 +75,7 @@ class Cluster:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        self.launch.close()
 
 
 def finish(procs, timeout=240):

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from monarch.cluster import datapath as dp
-from monarch.cluster.world import openmpi_prefix
+from monarch.cluster.world import ULFM, daemon_launch, openmpi_prefix
 
 pytestmark = pytest.mark.mpi
 
@@ -52,10 +52,11 @@ def test_staged_files_cross_in_c_under_mpich(mpi, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_staged_files_cross_in_c_under_open_mpi_ulfm(mpi_with, tmp_path):
-    prefix = openmpi_prefix()
-    if prefix is None:
+    if openmpi_prefix() is None:
         pytest.skip("no Open MPI installed (scripts/install.sh installs it)")
-    env = {"PATH": os.path.join(prefix, "bin") + os.pathsep + os.environ.get("PATH", ""), "OPAL_PREFIX": prefix,
-           "MPI4PY_LIBMPI": os.path.join(prefix, "lib", "libmpi.so.40")}
-    flags = ["--with-ft", "ulfm", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    check(mpi_with(os.path.join(prefix, "bin", "mpiexec"), 2, "prog_datapath.py", tmp_path, flags=flags, env=env))
+    launch = daemon_launch(2, one_host=True, environ={**os.environ, "MONARCH_MPI_ENGINE": ULFM})
+    try:
+        mpiexec, *flags, _, _ = launch.argv  # without its "-n 2"
+        check(mpi_with(mpiexec, 2, "prog_datapath.py", tmp_path, flags=flags, env=launch.env))
+    finally:
+        launch.close()

@@ -1,0 +1,90 @@
+"""The daemons' launch line (monarch.cluster.world.daemon_launch) after an Open MPI job was
+SIGKILLed on the node: the killed mpiexec leaves its session directory, ``$TMPDIR/ompi.<pid>``,
+and once pids wrap a new mpiexec given that pid could not bind its PMIx rendezvous socket
+("The PMIx server's listener thread failed to start": a CI run failed so, 4 nodes that never
+came up). The launch now keeps its session in a directory of its own."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+
+from monarch.cluster.world import ULFM, daemon_launch, openmpi_prefix
+from support.harness import monarch_env
+
+pytestmark = pytest.mark.mpi
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+ALLREDUCE = "from mpi4py import MPI; print('sum', MPI.COMM_WORLD.allreduce(1))"
+
+
+def killed_openmpi_job(prefix, tmp_path) -> int:
+    """Run a plain Open MPI job, as a user would, and SIGKILL its mpiexec and its rank once the
+    rank runs: the pid whose session directory it leaves behind."""
+    started = tmp_path / "started"
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    # not a session leader of its own: a session (or group) keeps its leader's pid taken while
+    # any member lives, zombies included, and that pid is the one to hand on
+    proc = subprocess.Popen([os.path.join(prefix, "bin", "mpiexec"), *root, "-n", "1", "sh", "-c",
+                             f"touch {started}; sleep 60"], env={**os.environ, "OPAL_PREFIX": prefix},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (started.exists() and os.path.isdir(session_dir(proc.pid))):
+            assert proc.poll() is None and time.monotonic() < deadline, "a plain Open MPI job did not start"
+            time.sleep(0.05)
+    finally:
+        # its rank runs in a process group of its own: killed apart, or it would outlive the test
+        for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+            p.kill()
+        proc.wait()
+    return proc.pid
+
+
+def session_dir(pid):
+    """Where Open MPI's mpiexec (PRRTE) keeps its session by default."""
+    return os.path.join(tempfile.gettempdir(), f"ompi.{pid}")
+
+
+def launch_with_pid(pid, argv, env):
+    """Start ``argv`` as process ``pid`` (the kernel's next pid set just before the fork)."""
+    with open(NS_LAST_PID, "w") as f:
+        f.write(str(pid - 1))
+    return subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.timeout(180)
+def test_a_launch_given_a_killed_jobs_pid_still_starts(tmp_path):
+    prefix = openmpi_prefix()
+    if prefix is None:
+        pytest.skip("no Open MPI installed (scripts/install.sh installs it)")
+    if not os.access(NS_LAST_PID, os.W_OK):
+        pytest.skip(f"cannot choose the next pid: {NS_LAST_PID} is not writable (needs root)")
+    for attempt in range(5):
+        pid = killed_openmpi_job(prefix, tmp_path)
+        assert os.path.isdir(session_dir(pid)), "the killed mpiexec left no session directory to collide with"
+        launch = daemon_launch(2, one_host=True, environ={**os.environ, "MONARCH_MPI_ENGINE": ULFM})
+        try:
+            proc = launch_with_pid(pid, [*launch.argv, sys.executable, "-c", ALLREDUCE], monarch_env(**launch.env))
+            try:
+                out, _ = proc.communicate(timeout=90)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        finally:
+            launch.close()
+            shutil.rmtree(session_dir(pid), ignore_errors=True)
+        if proc.pid == pid:
+            break
+    else:
+        pytest.skip("another process took the chosen pid five times")
+    assert proc.returncode == 0 and out.count("sum 2") == 2, out
+    assert launch.scratch is None
