@@ -130,7 +130,8 @@ def test_a_waiting_client_gets_heartbeats_until_its_answer(served, monkeypatch):
     daemon, server, *_ = served
     if server.door is not None:  # it would copy the file in C, past the slow reader below
         monkeypatch.setattr(daemon.door_link, "may_copy", False)
-        daemon.door_link.door.copying(False)
+        with daemon.door_link.stager.lock:  # a drain under way tells the door under this lock what it read before
+            daemon.door_link.door.copying(False)
     real = daemon.stager.copier.read_pfs
 
     def slow(key, out):
