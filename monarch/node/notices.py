@@ -7,9 +7,11 @@ writes, ``apply_hint`` for the hints); later ones act at once, on what serves no
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
+from array import array
 from typing import Any, Callable, Iterable
 
 from monarch import protocol
@@ -40,6 +42,10 @@ class JobNotices:
         # fetched ahead by the front door's lane), or None: hints steer only the stager
         self.peer_hint: Callable[[int, int, Any], None] | None = None
         self._peer_pending: list[tuple] | None = [] if peer else None  # until it comes: the last order on
+        # per stream: its order's length so far, and the positions in it of this node's own keys
+        # (the stager's order holds only those: a reader's progress counts the whole order's)
+        self._order_len: dict[int, int] = {}
+        self._own_at: dict[int, array] = {}
 
     def attach_peer(self, hint: Callable[[int, int, Any], None]) -> bool:
         """From now on the whole order of each hint also goes to ``hint`` (after those so far), on a
@@ -123,8 +129,33 @@ class JobNotices:
             except Exception:  # fail open: the opens fetch as they come
                 log.exception("the peer read-ahead did not take a hint")
         if op == protocol.HINT_ORDER or op == protocol.HINT_MORE:
-            self._current.stager.hint_order(stream, [k for k in keys if self._owns(k)], begin=op == protocol.HINT_ORDER)
+            self._current.stager.hint_order(stream, self._own_keys(op, stream, keys), begin=op == protocol.HINT_ORDER)
         elif op == protocol.HINT_PROGRESS:
-            self._current.stager.hint_progress(stream, keys)
+            self._current.stager.hint_progress(stream, self._own_consumed(stream, keys))
         else:
+            with self._lock:
+                self._order_len.pop(stream, None)
+                self._own_at.pop(stream, None)
             self._current.stager.hint_end(stream)
+
+    def _own_keys(self, op: int, stream: int, keys: list[str]) -> list[str]:
+        """This node's keys of an order (or of more of it), their positions in it kept."""
+        owns = self._owns
+        with self._lock:
+            if op == protocol.HINT_ORDER or stream not in self._own_at:
+                self._order_len[stream], self._own_at[stream] = 0, array("I")
+            base, at = self._order_len[stream], self._own_at[stream]
+            own = []
+            for i, k in enumerate(keys):
+                if owns(k):
+                    own.append(k)
+                    at.append(base + i)
+            self._order_len[stream] = base + len(keys)
+        return own
+
+    def _own_consumed(self, stream: int, consumed: int) -> int:
+        """The reader is done with ``consumed`` positions of its whole order: how many of them
+        are this node's own keys (positions in the stager's order)."""
+        with self._lock:
+            at = self._own_at.get(stream)
+            return consumed if at is None else bisect.bisect_left(at, consumed)

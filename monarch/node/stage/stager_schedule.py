@@ -81,14 +81,15 @@ class Schedule:
             self.hinted_pos[k] = (stream, base + i)
 
     def hint_progress_locked(self, stream: int, consumed: int) -> bool:
-        """True if the order moved (a copy it waited room for may go now)."""
+        """True if the order's copy that waited for room may go now (else no worker need look:
+        a progress frame comes every few files, and each wake-up costs the daemon's interpreter)."""
         order = self.orders.get(stream)
         if order is None or consumed <= order.consumed:
             return False
         order.consumed = min(consumed, len(order.keys))
         order.cursor = max(order.cursor, order.consumed)
-        order.blocked = False
-        return True
+        blocked, order.blocked = order.blocked, False
+        return blocked
 
     def hint_end_locked(self, stream: int) -> None:
         order = self.orders.pop(stream, None)

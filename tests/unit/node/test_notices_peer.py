@@ -52,7 +52,24 @@ def test_a_new_order_replaces_what_was_kept_and_a_failing_lane_fails_open():
 
     n.attach_peer(broken)  # logged, not raised
     n.apply_hint(protocol.HINT_PROGRESS, 2, 1)
-    assert stager.calls[-1] == ("progress", 2, 1)
+    assert stager.calls[-1] == ("progress", 2, 0)  # none of that order's keys is this node's
+
+
+def test_the_stager_hears_the_progress_in_positions_of_its_own_keys():
+    # the stager's order holds this node's keys only; the reader counts the whole order's: told
+    # 5 of "mine, b, c, mine, d, mine" read, it had read 2 of the stager's 3 (it was told 5: its
+    # third own key, not yet read, counted consumed and dropped first when room was short)
+    n, stager = notices()
+    n.apply_hint(protocol.HINT_ORDER, 1, ["0/1-mine", "0/b", "0/c", "0/2-mine"])
+    n.apply_hint(protocol.HINT_MORE, 1, ["0/d", "0/3-mine"])
+    assert [c for c in stager.calls if c[0] == "order"] == [("order", 1, ["0/1-mine", "0/2-mine"], True),
+                                                           ("order", 1, ["0/3-mine"], False)]
+    for done, own in ((0, 0), (1, 1), (3, 1), (4, 2), (5, 2), (6, 3)):
+        n.apply_hint(protocol.HINT_PROGRESS, 1, done)
+        assert stager.calls[-1] == ("progress", 1, own)
+    n.apply_hint(protocol.HINT_ORDER, 1, ["0/e", "0/4-mine"])  # the next epoch counts afresh
+    n.apply_hint(protocol.HINT_PROGRESS, 1, 1)
+    assert stager.calls[-1] == ("progress", 1, 0)
 
 
 def test_a_single_node_keeps_nothing_for_a_lane():

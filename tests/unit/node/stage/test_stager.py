@@ -481,6 +481,32 @@ def test_hints_stage_ahead_of_the_reader_in_its_order(tmp_path, many):
     stager.hint_end(7)
 
 
+def test_progress_wakes_a_worker_only_for_an_order_that_waits_for_room(tmp_path, many):
+    # a reader tells its progress every few files: a worker woken for each, with nothing to
+    # copy, cost the daemon's interpreter a wake-up per frame (bench_cluster --hints)
+    (t,) = tiers(tmp_path, room_for(tmp_path, 20))
+    stager = Stager(many, [t], threads=2)
+    wakes = []
+    real = stager._wake_locked
+    stager._wake_locked = lambda: (wakes.append(1), real())
+    order = sorted(many.files)
+    stager.hint_order(7, order[:10], begin=True)  # fits: staged, nothing waits
+    wait_idle(stager)
+    woken = len(wakes)
+    for done in range(1, 11):
+        stager.hint_progress(7, done)
+    assert len(wakes) == woken
+    stager.hint_order(8, order[10:], begin=True)  # 50 more: its cursor waits for room at the 11th
+    wait_idle(stager)
+    woken = len(wakes)
+    stager.hint_progress(8, 10)
+    assert len(wakes) == woken + 1
+    wait_idle(stager)
+    assert [k for k in order[10:] if stager.where(k) is not None][:1] == [order[20]]
+    stager.hint_end(7)
+    stager.hint_end(8)
+
+
 def test_an_invalidated_key_is_not_staged_by_read_ahead_or_hints(tmp_path, dataset):
     stager = Stager(dataset, tiers(tmp_path, 10**6), threads=2)
     keys = sorted(dataset.files)
