@@ -123,7 +123,8 @@ def watched(watch: CpuWatch, outs: list[str], procs) -> tuple[threading.Thread, 
 def phases(watch: CpuWatch) -> dict:
     """CPU-seconds of every process by kind: start-up (launch until every reader reads), the
     epochs after the first (epoch 1's end on every node until the readers end)."""
-    return {"startup": watch.between("launch", "reading"), "after_epoch1": watch.between("epoch1", "end")}
+    return {"startup": watch.between("launch", "reading"), "after_epoch1": watch.between("epoch1", "end"),
+            "daemon_threads_after_epoch1": watch.by_thread("epoch1", "end", "daemons")}
 
 
 def run_readers(cmds: list[list[str]], envs: list[dict], timeout: float) -> list[subprocess.CompletedProcess]:
@@ -384,6 +385,9 @@ def print_hints(args, direct: dict | None, transparent: dict, hinted: dict, whol
         n = remote_after_first(args, c)
         print(f"  daemons' CPU per remote file, epochs 2 on ({name}): {1e6 * daemons / max(1, n):.1f} us "
               f"({daemons:.2f} s / {n} files; target <= 15 us)")
+        threads = c["cpu_phases"].get("daemon_threads_after_epoch1") or {}
+        print(f"    by thread, us per remote file: "
+              + ", ".join(f"{t} {1e6 * v / max(1, n):.1f}" for t, v in threads.items()))
     base = sum(direct["cpu_phases"]["after_epoch1"].values()) if direct else None
     for name, c in cases:
         if c is None:

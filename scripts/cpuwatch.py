@@ -48,8 +48,9 @@ def kind_of(cmdline: list[str]) -> str:
     return "other"
 
 
-def thread_ns(pid: int) -> dict[str, int]:
-    """Each thread's CPU-nanoseconds so far, by thread id ({} if the process is gone)."""
+def thread_ns(pid: int, names: dict[str, str] | None = None) -> dict[str, int]:
+    """Each thread's CPU-nanoseconds so far, by thread id ({} if the process is gone); each
+    thread's name (its comm: ``monarch-data``, ``monarch-peerahd``, ...) into ``names``."""
     out = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -59,6 +60,9 @@ def thread_ns(pid: int) -> dict[str, int]:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 out[tid] = int(f.read().split()[0])
+            if names is not None and tid not in names:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    names[tid] = f.read().strip()
         except (OSError, ValueError, IndexError):
             pass  # ended meanwhile
     return out
@@ -73,6 +77,7 @@ class CpuWatch:
         self.marks: dict[str, dict[str, float]] = {}
         self.ticks: dict[str, dict[int, float]] = {}  # mark -> pid -> its figure in ticks then
         self.threads: dict[str, dict[int, dict[str, int]]] = {}  # mark -> pid -> tid -> CPU-ns
+        self.names: dict[str, str] = {}  # tid -> the thread's name
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -115,7 +120,7 @@ class CpuWatch:
             for kind, cpu in self.last.values():
                 out[kind] = out.get(kind, 0.0) + cpu
             self.ticks[name] = {pid: cpu for pid, (_, cpu) in self.last.items()}
-            self.threads[name] = {pid: t for pid in self.last if (t := thread_ns(pid))}
+            self.threads[name] = {pid: t for pid in self.last if (t := thread_ns(pid, self.names))}
         self.marks[name] = out
 
     def between(self, a: str, b: str) -> dict[str, float]:
@@ -130,6 +135,20 @@ class CpuWatch:
             precise = sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
             out[self.last[pid][0]] += precise - (self.ticks[b][pid] - self.ticks[a][pid])
         return {k: round(v, 3) for k, v in out.items()}
+
+    def by_thread(self, a: str, b: str, kind: str) -> dict[str, float]:
+        """CPU-seconds between two marks of the processes of ``kind`` that lived through both,
+        by thread name (Python's own threads all carry the interpreter's)."""
+        out: dict[str, float] = {}
+        threads_b = self.threads.get(b, {})
+        for pid, before in self.threads.get(a, {}).items():
+            after = threads_b.get(pid)
+            if after is None or self.last[pid][0] != kind:
+                continue
+            for tid, ns in after.items():
+                name = self.names.get(tid, "?")
+                out[name] = out.get(name, 0.0) + (ns - before.get(tid, 0)) / 1e9
+        return {k: round(v, 4) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
 def wait_marks(watch: CpuWatch, started: list[str], progress: list[str], procs, stop: threading.Event,

@@ -44,3 +44,42 @@ def test_a_process_cpu_between_two_marks_is_counted_in_nanoseconds():
     finally:
         child.kill()
         child.wait()
+
+
+NAMED = f"""
+import sys, threading, time
+named, done = threading.Event(), threading.Event()
+def burn():
+    named.wait()
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < {BURN}:
+        pass
+    print(time.thread_time() - t0, flush=True)
+    done.wait()  # alive at the second mark
+t = threading.Thread(target=burn)
+t.start()
+open(f"/proc/self/task/{{t.native_id}}/comm", "w").write("monarch-burn")
+print("ready", flush=True)
+sys.stdin.readline()
+named.set()
+sys.stdin.readline()
+done.set()
+"""
+
+
+def test_the_cpu_between_two_marks_by_thread_name():
+    # bench_cluster prints where the daemons' CPU goes per thread (monarch-data, monarch-peerahd, ...)
+    child = subprocess.Popen([sys.executable, "-c", NAMED], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        watch = CpuWatch()
+        watch.mark("a")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        burnt = float(child.stdout.readline())
+        watch.mark("b")
+        threads = watch.by_thread("a", "b", "other")
+        assert abs(threads.get("monarch-burn", 0.0) - burnt) < 0.003, (threads, burnt)
+    finally:
+        child.kill()
+        child.wait()
