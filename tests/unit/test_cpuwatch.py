@@ -29,8 +29,10 @@ sys.stdin.readline()
 """
 
 
-def test_a_process_cpu_between_two_marks_is_counted_in_nanoseconds():
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def burnt_between_marks(program: str) -> tuple[CpuWatch, float]:
+    """A child running ``program`` burns CPU between marks "a" and "b": the watch, and the
+    CPU-seconds the child says it burnt."""
+    child = subprocess.Popen([sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         watch = CpuWatch()
@@ -39,11 +41,16 @@ def test_a_process_cpu_between_two_marks_is_counted_in_nanoseconds():
         child.stdin.flush()
         burnt = float(child.stdout.readline())
         watch.mark("b")
-        counted = watch.between("a", "b")["other"]
-        assert abs(counted - burnt) < 0.003, (counted, burnt)
+        return watch, burnt
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_process_cpu_between_two_marks_is_counted_in_nanoseconds():
+    watch, burnt = burnt_between_marks(CHILD)
+    counted = watch.between("a", "b")["other"]
+    assert abs(counted - burnt) < 0.003, (counted, burnt)
 
 
 NAMED = f"""
@@ -69,17 +76,6 @@ done.set()
 
 def test_the_cpu_between_two_marks_by_thread_name():
     # bench_cluster prints where the daemons' CPU goes per thread (monarch-data, monarch-peerahd, ...)
-    child = subprocess.Popen([sys.executable, "-c", NAMED], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        watch = CpuWatch()
-        watch.mark("a")
-        child.stdin.write("\n")
-        child.stdin.flush()
-        burnt = float(child.stdout.readline())
-        watch.mark("b")
-        threads = watch.by_thread("a", "b", "other")
-        assert abs(threads.get("monarch-burn", 0.0) - burnt) < 0.003, (threads, burnt)
-    finally:
-        child.kill()
-        child.wait()
+    watch, burnt = burnt_between_marks(NAMED)
+    threads = watch.by_thread("a", "b", "other")
+    assert abs(threads.get("monarch-burn", 0.0) - burnt) < 0.003, (threads, burnt)
