@@ -60,7 +60,7 @@ def thread_ns(pid: int, names: dict[str, str] | None = None) -> dict[str, int]:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 out[tid] = int(f.read().split()[0])
-            if names is not None and tid not in names:
+            if names is not None:      # read at every mark: thread ids are reused once pids wrap
                 with open(f"/proc/{pid}/task/{tid}/comm") as f:
                     names[tid] = f.read().strip()
         except (OSError, ValueError, IndexError):
