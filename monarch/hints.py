@@ -67,9 +67,11 @@ class Hints:
         self._socket_path = env.get(protocol.ENV_SOCKET, "")
         self._roots = _parse_roots(env.get(protocol.ENV_ROOTS, ""))
         self.enabled = bool(self._socket_path and self._roots)
-        self._sock: socket.socket | None = None
+        # the order (and its end) on one connection, the progress on its own: the daemon's front
+        # door answers a progress of the order its peer lane follows in C, and keeps that
+        # connection, so a frame every few files costs no interpreter there
+        self._orders, self._progress = _Channel(), _Channel()
         self._pid = os.getpid()
-        self._unanswered = 0  # frames sent whose answers are not read yet (progress)
 
     # -- what the reader tells ------------------------------------------------------------
     def order(self, paths: Iterable[str | bytes | os.PathLike]) -> int:
@@ -78,6 +80,7 @@ class Hints:
             return 0
         keys = [k for k in (self.key_of(p) for p in paths) if k is not None]
         self._send(protocol.encode_hints(protocol.HINT_ORDER, self.stream, keys))
+        self._progress.close()  # its progress on a new connection: the door's if its lane follows this order
         return len(keys)
 
     def progress(self, consumed: int, wait: bool = True) -> None:
@@ -87,15 +90,14 @@ class Hints:
         due, so the reader does not wait on the daemon's interpreter mid-epoch."""
         if self.enabled:
             self._send(protocol.encode_hints(protocol.HINT_PROGRESS, self.stream, consumed=max(0, consumed)),
-                       wait=wait)
+                       wait=wait, channel=self._progress)
 
     def close(self) -> None:
         """The reader has gone: its order no longer steers the daemon."""
         if self.enabled and self._pid == os.getpid():
             self._send(protocol.encode_hints(protocol.HINT_END, self.stream))
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        self._orders.close()
+        self._progress.close()
 
     def __enter__(self) -> "Hints":
         return self
@@ -113,49 +115,40 @@ class Hints:
         return None
 
     # -- the socket ------------------------------------------------------------------------
-    def _send(self, frames: list[bytes], wait: bool = True) -> None:
+    def _send(self, frames: list[bytes], wait: bool = True, channel: "_Channel | None" = None) -> None:
+        if self._pid != os.getpid():  # a forked child: its parent's connections are not its own
+            self._orders, self._progress, self._pid = _Channel(), _Channel(), os.getpid()
+        channel = channel or self._orders
+        if channel is self._orders and self._progress.unanswered:
+            if not self._settle(self._progress):  # an order or an end comes after the progress before it
+                return
         for frame in frames:
-            if not self._send_one(frame, wait):
+            if not self._send_one(channel, frame, wait):
                 return
 
-    def _send_one(self, frame: bytes, wait: bool = True) -> bool:
-        if self._pid != os.getpid():  # a forked child: its parent's connection is not its own
-            self._sock, self._pid, self._unanswered = None, os.getpid(), 0
+    def _settle(self, channel: "_Channel") -> bool:
+        try:
+            channel.settle()
+            return True
+        except _Refused as e:
+            self._give_up(f"the daemon refused a hint: {e}")
+        except (OSError, protocol.ProtocolError):
+            channel.close()  # a progress lost with its connection: the next one says more
+        return self.enabled
+
+    def _send_one(self, channel: "_Channel", frame: bytes, wait: bool = True) -> bool:
         for attempt in (0, 1):  # the daemon closes idle hint connections: reconnect once
             try:
-                if self._sock is None:
-                    self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    self._sock.settimeout(TIMEOUT)
-                    self._sock.connect(self._socket_path)
-                    if not secure.peer_is_me(self._sock):
-                        raise OSError("the daemon's socket belongs to another user")
-                    self._unanswered = 0
-                if wait or self._unanswered >= UNANSWERED_MAX:
-                    self._read_answers()
-                self._sock.sendall(frame)
-                self._unanswered += 1
-                if wait:
-                    self._read_answers()
+                channel.send(self._socket_path, frame, wait)
                 return True
             except _Refused as e:
                 self._give_up(f"the daemon refused a hint: {e}")
                 return False
             except (OSError, protocol.ProtocolError) as e:
-                if self._sock is not None:
-                    self._sock.close()
-                    self._sock = None
-                self._unanswered = 0  # a progress lost with its connection: the next one says more
+                channel.close()
                 if attempt:
                     self._give_up(f"cannot reach the daemon at {self._socket_path}: {e}")
         return False
-
-    def _read_answers(self) -> None:
-        """The answers of the frames sent and not waited for (each must be OK)."""
-        while self._unanswered:
-            status, body = protocol.recv_answer(self._sock)
-            self._unanswered -= 1
-            if status != 0:
-                raise _Refused(body.decode(errors="replace"))
 
     def _give_up(self, why: str) -> None:
         log.warning("monarch hints are off for this reader: %s", why)
@@ -261,6 +254,43 @@ class _Shards:
             pad = self.total_size - len(order)
             order += (order * -(-pad // len(order)))[:pad]
         return iter(order[self.rank:self.total_size:self.replicas])
+
+
+class _Channel:
+    """One connection to the daemon and the answers due on it (frames not waited for)."""
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.unanswered = 0
+
+    def send(self, path: str, frame: bytes, wait: bool) -> None:
+        if self.sock is None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(TIMEOUT)
+            self.sock.connect(path)
+            if not secure.peer_is_me(self.sock):
+                raise OSError("the daemon's socket belongs to another user")
+            self.unanswered = 0
+        if wait or self.unanswered >= UNANSWERED_MAX:
+            self.settle()
+        self.sock.sendall(frame)
+        self.unanswered += 1
+        if wait:
+            self.settle()
+
+    def settle(self) -> None:
+        """The answers of the frames sent and not waited for (each must be OK)."""
+        while self.unanswered and self.sock is not None:
+            status, body = protocol.recv_answer(self.sock)
+            self.unanswered -= 1
+            if status != 0:
+                raise _Refused(body.decode(errors="replace"))
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        self.unanswered = 0
 
 
 def _parse_roots(text: str) -> list[tuple[int, bytes]]:

@@ -31,8 +31,9 @@ share of other nodes' files opened as local hits (fetched ahead by the door's pe
 the steady epoch against the whole-dataset job's, the daemons' CPU per remote file, and the CPU
 of every process the job starts (launchers, mpiexec and its proxies, daemons, readers, the
 emulated PFS: ``scripts/cpuwatch.py``) for the epochs after the first and for the whole job,
-the start-up (launch until every reader reads: interpreters, MPI, the walk) on its own line,
-beside direct's and the transparent case's. The peer areas are beside the ssd tiers, in /tmp
+the start-up (launch until every reader reads: interpreters, MPI, the walk) and the tear-down
+(the last epoch's end until the launchers end: the readers' exit, the reports) on lines of their
+own; the epochs after the first end when every node ended its last, beside direct's and the transparent case's. The peer areas are beside the ssd tiers, in /tmp
 (on this project's VM an ext4 without a journal, where a create after many unlinks is dear:
 README, "The readers' order"), or with ``--peer-in-ram`` in /dev/shm.
 """
@@ -110,11 +111,13 @@ def reader_cmd(root: str, manifest: str, k: int, args, out: str, hints: bool = F
                         out + ".progress", "--hold", hold_file(out), *(["--hints"] if hints else []))
 
 
-def watched(watch: CpuWatch, outs: list[str], procs) -> tuple[threading.Thread, threading.Event]:
-    """Marks "reading" and "epoch1" on ``watch`` as the readers of ``outs`` get there."""
+def watched(watch: CpuWatch, outs: list[str], procs, epochs: int) -> tuple[threading.Thread, threading.Event]:
+    """Marks "reading", "epoch1" and "epochs" (the last ended) on ``watch`` as the readers of
+    ``outs`` get there."""
     stop = threading.Event()
     t = threading.Thread(target=wait_marks, args=(watch, [o + ".started" for o in outs],
-                                                  [o + ".progress" for o in outs], procs, stop, hold_file(outs[0])),
+                                                  [o + ".progress" for o in outs], procs, stop, hold_file(outs[0]),
+                                                  epochs),
                          daemon=True)
     t.start()
     return t, stop
@@ -122,9 +125,13 @@ def watched(watch: CpuWatch, outs: list[str], procs) -> tuple[threading.Thread, 
 
 def phases(watch: CpuWatch) -> dict:
     """CPU-seconds of every process by kind: start-up (launch until every reader reads), the
-    epochs after the first (epoch 1's end on every node until the readers end)."""
-    return {"startup": watch.between("launch", "reading"), "after_epoch1": watch.between("epoch1", "end"),
-            "daemon_threads_after_epoch1": watch.by_thread("epoch1", "end", "daemons")}
+    epochs after the first (epoch 1's end on every node until every node ended its last
+    epoch), and the tear-down (from there until the readers and their launchers end: their
+    exit, the launchers' reports)."""
+    last = "epochs" if "epochs" in watch.marks else "end"
+    return {"startup": watch.between("launch", "reading"), "after_epoch1": watch.between("epoch1", last),
+            "teardown": watch.between(last, "end"),
+            "daemon_threads_after_epoch1": watch.by_thread("epoch1", last, "daemons")}
 
 
 def run_readers(cmds: list[list[str]], envs: list[dict], timeout: float) -> list[subprocess.CompletedProcess]:
@@ -179,7 +186,7 @@ def run_direct(args, base, pfs, root, manifest, total) -> dict:
         watch.mark("launch")
         procs = run_readers([reader_cmd(root, manifest, k, args, outs[k]) for k in range(args.nodes)],
                             [env(MONARCH_DISABLE=1)] * args.nodes, args.timeout)
-        marker, stop = watched(watch, outs, procs)
+        marker, stop = watched(watch, outs, procs, args.epochs)
         done = wait_for(procs, time.monotonic() + args.timeout)
         stop.set()
         marker.join()
@@ -238,7 +245,7 @@ def run_monarch(args, base, pfs, root, manifest, total, start: str, hints: bool 
         cmds = [[sys.executable, "-m", "monarch", *trace, "run", "-c", cfg, "--report", os.path.join(case, f"run{k}.json"),
                  "--", *reader_cmd(root, manifest, k, args, outs[k], hints)] for k in range(args.nodes)]
         procs = run_readers(cmds, [env(MONARCH_NODE=k) for k in range(args.nodes)], args.timeout)
-        marker, stop = watched(watch, outs, procs)
+        marker, stop = watched(watch, outs, procs, args.epochs)
         done = wait_for(procs, deadline)
         stop.set()
         marker.join()
@@ -406,6 +413,9 @@ def print_hints(args, direct: dict | None, transparent: dict, hinted: dict, whol
         startup = c["cpu_phases"]["startup"]
         print(f"    of which start-up (launch until every reader reads: interpreters, MPI, the walk) "
               f"({name}): {sum(startup.values()):.2f} s {startup}")
+        teardown = c["cpu_phases"].get("teardown", {})
+        print(f"    of which tear-down (the last epoch's end until the launchers end: the readers' exit, "
+              f"the reports) ({name}): {sum(teardown.values()):.2f} s {teardown}")
 
 
 def main(argv=None) -> int:

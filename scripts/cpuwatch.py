@@ -152,23 +152,30 @@ class CpuWatch:
 
 
 def wait_marks(watch: CpuWatch, started: list[str], progress: list[str], procs, stop: threading.Event,
-               hold: str | None = None) -> None:
+               hold: str | None = None, epochs: int = 0) -> None:
     """Mark "reading" once every reader made its ``started`` file and "epoch1" once every one
     finished its first epoch (a line in its ``progress`` file), then make ``hold`` (the readers
-    wait for it before their second epoch); ends with ``stop`` or the readers."""
-    def all_have(paths: list[str], line: bool) -> bool:
+    wait for it before their second epoch), then mark "epochs" once every one finished its
+    ``epochs``-th (the readers' exit, their launchers' reports after it, are not epochs); ends
+    with ``stop`` or the readers."""
+    def all_have(paths: list[str], lines: int) -> bool:
         try:
-            return all(os.path.exists(p) and (not line or open(p).read().strip()) for p in paths)
+            return all(os.path.exists(p) and len(open(p).read().split()) >= lines for p in paths)
         except OSError:
             return False
 
     try:
-        for name, paths, line in (("reading", started, False), ("epoch1", progress, True)):
-            while not all_have(paths, line):
+        for name, paths, lines in (("reading", started, 0), ("epoch1", progress, 1), ("epochs", progress, epochs)):
+            if name == "epochs" and epochs < 2:
+                return
+            while not all_have(paths, lines):
                 if stop.is_set() or all(p.poll() is not None for p in procs):
                     return
-                time.sleep(0.01)
+                time.sleep(0.002 if name == "epochs" else 0.01)
             watch.mark(name)
+            if name == "epoch1" and hold:
+                open(hold, "w").close()
+                hold = None
     finally:  # made whatever happened: a reader left waiting would wait in vain
         if hold:
             open(hold, "w").close()

@@ -96,8 +96,9 @@ _PROTOTYPES = {
     "front_door_stop": (None, [_vp]),
     "front_door_free": (None, [_vp]),
     # the peer read-ahead lane (door_peer_ahead.c)
-    "front_door_peer_ahead": (_i, [_vp, _vp, ctypes.c_uint32, ctypes.c_uint32]),
+    "front_door_peer_ahead": (_i, [_vp, _vp, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64]),
     "front_door_peer_progress": (None, [_vp, ctypes.c_uint32]),
+    "front_door_peer_told": (_i, [_vp, _u64p]),
     "front_door_peer_gone": (None, [_vp, _cp, _i]),
     "front_door_peer_ahead_state": (None, [_vp, _u64p]),
 }
@@ -332,16 +333,24 @@ class FrontDoor:
         return self._lib.front_door_lease(self._door, books)
 
     # -- the peer read-ahead lane (door_peer_ahead.c: a hinted order's other nodes' files) --
-    def peer_ahead(self, entries, window: int) -> bool:
+    def peer_ahead(self, entries, window: int, stream: int = 0) -> bool:
         """The reader's order as index entries (an ``array('I')``, from 1): the door fetches
-        the other nodes' files among them ahead of the progress (``peer_progress``), at most
-        ``window`` positions ahead, in batches per owner, into the peer area (within its
+        the other nodes' files among them ahead of the progress (``peer_progress``, or the
+        HINT PROGRESS requests of hint stream ``stream``, which the door answers itself), at
+        most ``window`` positions ahead, in batches per owner, into the peer area (within its
         lease). An empty order stops the lane (its batch under way ends first)."""
         address, n = entries.buffer_info() if len(entries) else (None, 0)  # copied by the door
-        return self._lib.front_door_peer_ahead(self._door, address, n, max(1, window)) == 0
+        return self._lib.front_door_peer_ahead(self._door, address, n, max(1, window), stream) == 0
 
     def peer_progress(self, consumed: int) -> None:
         self._lib.front_door_peer_progress(self._door, max(0, min(consumed, 0xFFFFFFFF)))
+
+    def peer_told(self) -> tuple[tuple[int, int] | None, int]:
+        """The last progress the door answered itself and Python has not taken, as (stream,
+        positions consumed), or None; and how many progress requests the door answered so far."""
+        arr = (ctypes.c_uint64 * 3)()
+        fresh = self._lib.front_door_peer_told(self._door, arr)
+        return ((arr[0], arr[1]) if fresh else None), arr[2]
 
     def peer_gone(self, key: str) -> None:
         """``key``'s copy left the peer area (evicted): the read-ahead lane may fetch it again."""
@@ -349,11 +358,11 @@ class FrontDoor:
         self._lib.front_door_peer_gone(self._door, raw, len(raw))
 
     def peer_ahead_state(self) -> dict:
-        arr = (ctypes.c_uint64 * 16)()
+        arr = (ctypes.c_uint64 * 17)()
         self._lib.front_door_peer_ahead_state(self._door, arr)
         return dict(zip(("orders", "fetched", "fetched_bytes", "batches", "failed", "skipped", "room_waits",
-                         "order", "next", "consumed", "waited", "copies", "room", "unlinked", "kept", "reused"),
-                        arr))
+                         "order", "next", "consumed", "waited", "copies", "room", "unlinked", "kept", "reused",
+                         "progress_answered"), arr))
 
 
 # -- how many copies in flight: the rule of inflight.c, for Python's lanes -------------------

@@ -223,4 +223,4 @@ static void close_waiting(struct door *d)
     }
 }
 
-enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL };
+enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL, F_HINT_PROGRESS };

@@ -96,7 +96,27 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
     return -1;
 }
 
-/* What ``got`` bytes of a request are: not all there yet, a whole OPEN, or anything else. */
+/* ``got`` bytes of HINT PROGRESS requests back to back (a reader sends the next before the last
+ * is answered): all whole, the last cut short, or anything else (Python's). */
+static int progress_state(const char *buf, uint32_t got)
+{
+    const uint32_t one = MONARCH_REQUEST_HEADER_SIZE + MONARCH_HINT_PROGRESS_BODY;
+    const unsigned char head[MONARCH_REQUEST_HEADER_SIZE + 1] = {MONARCH_VERB_HINT, 0, 0, 0, MONARCH_HINT_PROGRESS_BODY,
+                                                                 0, 0, 0, MONARCH_HINT_PROGRESS};
+    if (got > PROGRESS_FRAMES_MAX * one)
+        return F_ODD;
+    for (uint32_t at = 0; at < got; at += one) {
+        uint32_t have = got - at;
+        if (memcmp(buf + at, head, have < sizeof head ? have : sizeof head) != 0)
+            return F_ODD;
+        if (have < one)
+            return F_MORE;
+    }
+    return F_HINT_PROGRESS;
+}
+
+/* What ``got`` bytes of a request are: not all there yet, a whole OPEN, an INDEX poll, a HINT
+ * PROGRESS (alone: several at once go to Python), or anything else. */
 static int frame_state(const char *buf, uint32_t got)
 {
     if (got < MONARCH_REQUEST_HEADER_SIZE)
@@ -108,6 +128,8 @@ static int frame_state(const char *buf, uint32_t got)
         return got < MONARCH_REQUEST_HEADER_SIZE + length ? F_MORE
                : got == MONARCH_REQUEST_HEADER_SIZE + length
                  && !memcmp(buf + MONARCH_REQUEST_HEADER_SIZE, poll_body, length) ? F_INDEX_POLL : F_ODD;
+    if ((unsigned char)buf[0] == MONARCH_VERB_HINT && length == MONARCH_HINT_PROGRESS_BODY)
+        return progress_state(buf, got);
     if ((unsigned char)buf[0] != MONARCH_VERB_OPEN || ((unsigned char)buf[1] & ~MONARCH_REQUEST_KEEP) || buf[2] || buf[3] || length == 0 ||
         length > MONARCH_MAX_REQUEST || got > MONARCH_REQUEST_HEADER_SIZE + length)
         return F_ODD;
@@ -124,6 +146,8 @@ static void serve(struct worker *w, int fd, const char *buf, uint32_t got, int s
         close(fd);
         return;
     }
+    if (state == F_HINT_PROGRESS && peer_progress_frames(w->d, fd, buf, got))
+        return;
     int why = state == F_OPEN && valid_key(key, klen) ? try_open(w, fd, buf, got, key, klen) : R_OTHER;
     if (why >= 0)
         hand_over(w->d, fd, buf, got, why);

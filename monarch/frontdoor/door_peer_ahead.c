@@ -5,7 +5,10 @@
  * (peer_fetch_many), so that the reader's opens of them are local hits (the shim's tier probe).
  *
  * Python gives the lane the order as index entries (front_door_peer_ahead) and the reader's
- * progress (front_door_peer_progress). One thread of its own goes through the order: the next
+ * progress (front_door_peer_progress), or the reader tells its progress to the door itself: a
+ * connection whose first request is a HINT PROGRESS of the order's stream is answered and kept
+ * here (peer_progress_frames), no interpreter per frame; Python's stager takes the last of them
+ * when it drains the door (front_door_peer_told), woken for them at most every TOLD_WAKE_NS. One thread of its own goes through the order: the next
  * entries past the progress, no more than ``window`` ahead, that are other nodes' small files
  * the door has never heard of (a staged, busy or Python's key is skipped; one evicted from the
  * area is fetched again: front_door_peer_gone); grouped by owner, up to PA_BATCH files and
@@ -32,6 +35,8 @@
 #define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
 #define PA_FETCHERS 4                  /* threads fetching a pass's batches at once (one owner's each): the
                                           lane's own and PA_FETCHERS - 1 helpers */
+#define PROGRESS_FRAMES_MAX 64        /* HINT PROGRESS requests read at once (monarch.hints: UNANSWERED_MAX) */
+#define TOLD_WAKE_NS 10000000LL      /* a progress answered here wakes Python (its stager's) at most this often */
 #define PA_STALE UINT32_MAX            /* a copy's position once its order was replaced: consumed */
 #define PA_GRACE_MS 50                 /* a copy the door answered less than this ago is not unlinked */
 #define PA_SPARES 64                   /* consumed copies kept (renamed aside, open) for the next fetches to
@@ -71,6 +76,10 @@ struct peer_ahead {
     uint32_t *order;                   /* index entries, from 1, in the reader's order */
     uint32_t n, next, done, window;    /* the next position looked at; positions consumed; how far ahead */
     uint32_t gen;                      /* orders given so far: a batch of an earlier one is stale */
+    uint64_t stream;                   /* the hint stream whose order this is (its PROGRESS frames are answered here) */
+    int told_fresh;                    /* a progress answered here that Python's stager has not taken yet */
+    uint64_t told, told_frames;        /* the last progress answered here; frames answered here so far */
+    int64_t told_woke_ns;              /* when one last woke Python */
     struct worker w[PA_FETCHERS];      /* each fetcher's directory kept and temporary names, as a worker's */
     pthread_t helpers[PA_FETCHERS - 1];
     int nhelpers;
@@ -668,9 +677,10 @@ static void free_peer_ahead(struct door *d)
 
 /* The reader's order: ``entries`` (index entries, from 1; copied), of which the lane fetches the
  * other nodes' files ahead of the progress, at most ``window`` positions ahead; the progress
- * starts at 0. n == 0: the lane has no order (it waits for its batch under way to end). The
+ * starts at 0, told by Python or by the reader of hint stream ``stream`` to the door (the last
+ * order's progress told and not yet taken is dropped: it counted another order's positions). n == 0: the lane has no order (it waits for its batch under way to end). The
  * lane's thread starts with the first order. 0, or -1 (no memory, no thread: no lane). */
-EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32_t n, uint32_t window)
+EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32_t n, uint32_t window, uint64_t stream)
 {
     uint32_t *copy = n ? malloc((size_t)n * sizeof *copy) : NULL;
     if (n && !copy)
@@ -695,6 +705,8 @@ EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32
         ring_drop_locked(d, pa);
     pa->n = n;
     pa->next = pa->done = 0;
+    pa->stream = stream;
+    pa->told_fresh = 0;
     pa->window = window ? window : 1;
     pa->orders += n > 0;
     int ok = 0;
@@ -727,30 +739,97 @@ EXPORT void front_door_peer_gone(struct door *d, const char *key, int len)
     pthread_mutex_unlock(&d->mu);
 }
 
-/* The reader is done with the first ``consumed`` positions of the order. */
+/* The reader is done with the first ``consumed`` positions of the order. Under the lock. */
+static void peer_progress_locked(struct peer_ahead *pa, uint64_t consumed)
+{
+    uint32_t at = consumed > UINT32_MAX ? UINT32_MAX : (uint32_t)consumed;
+    if (at > pa->done) {
+        pa->done = at;
+        pthread_cond_broadcast(&pa->cv);
+    }
+}
+
 EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed)
 {
     pthread_mutex_lock(&d->mu);
-    if (d->pa && consumed > d->pa->done) {
-        d->pa->done = consumed;
-        pthread_cond_broadcast(&d->pa->cv);
-    }
+    if (d->pa)
+        peer_progress_locked(d->pa, consumed);
     pthread_mutex_unlock(&d->mu);
 }
 
-/* out[16]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
+/* HINT PROGRESS requests (``got`` bytes: whole ones back to back, progress_state) on connection
+ * ``fd``: answered here if they are of the stream whose order the lane follows (1: the connection
+ * is the door's, kept for the next ones), else 0 (the caller hands them to Python, which answers
+ * every other hint). Python's stager gets the last such progress when it drains the door. */
+static int peer_progress_frames(struct door *d, int fd, const char *buf, uint32_t got)
+{
+    const uint32_t one = MONARCH_REQUEST_HEADER_SIZE + MONARCH_HINT_PROGRESS_BODY;
+    uint32_t n = got / one;
+    uint64_t stream, consumed = 0;
+    memcpy(&stream, buf + MONARCH_REQUEST_HEADER_SIZE + 1, 8);
+    for (uint32_t i = 0; i < n; i++) {
+        const char *body = buf + i * one + MONARCH_REQUEST_HEADER_SIZE;
+        uint64_t s, c;
+        memcpy(&s, body + 1, 8);
+        memcpy(&c, body + 9, 8);
+        if (s != stream)
+            return 0;
+        consumed = c > consumed ? c : consumed;
+    }
+    pthread_mutex_lock(&d->mu);
+    struct peer_ahead *pa = d->pa;
+    if (!n || !pa || !pa->n || pa->stream != stream || d->stopped) {
+        pthread_mutex_unlock(&d->mu);
+        return 0;
+    }
+    peer_progress_locked(pa, consumed);
+    pa->told = consumed > pa->told || !pa->told_fresh ? consumed : pa->told;
+    pa->told_fresh = 1;
+    pa->told_frames += n;
+    int64_t now = monarch_now_ns();
+    if (now - pa->told_woke_ns >= TOLD_WAKE_NS) {
+        pa->told_woke_ns = now;
+        wake_python_locked(d);
+    }
+    int keep = keep_locked(d, 1);
+    pthread_mutex_unlock(&d->mu);
+    char answers[PROGRESS_FRAMES_MAX * MONARCH_ANSWER_HEADER_SIZE] = {0};  /* each: status 0, no body */
+    ssize_t sent = send(fd, answers, (size_t)n * MONARCH_ANSWER_HEADER_SIZE, MSG_NOSIGNAL | MSG_DONTWAIT);
+    finish_open(d, fd, keep, sent == (ssize_t)n * MONARCH_ANSWER_HEADER_SIZE);
+    return 1;
+}
+
+/* The last progress answered by the door (peer_progress_frame) that Python has not taken:
+ * out[0] its stream, out[1] the positions consumed, out[2] the frames the door answered so far.
+ * 1 if there was one (taken now), else 0. */
+EXPORT int front_door_peer_told(struct door *d, uint64_t *out)
+{
+    pthread_mutex_lock(&d->mu);
+    struct peer_ahead *pa = d->pa;
+    int fresh = pa && pa->told_fresh;
+    out[0] = pa ? pa->stream : 0;
+    out[1] = pa ? pa->told : 0;
+    out[2] = pa ? pa->told_frames : 0;
+    if (pa)
+        pa->told_fresh = 0;
+    pthread_mutex_unlock(&d->mu);
+    return fresh;
+}
+
+/* out[17]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
  * the order's length, its next position, positions consumed, opens that waited for a fetch,
  * copies on the ring, the room they hold (bytes taken from the lease), copies gone (unlinked or
- * kept as spares), copies asked for again before they went, fetches written over a spare. */
+ * kept as spares), copies asked for again before they went, fetches written over a spare,
+ * progress requests the door answered itself. */
 EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out)
 {
-    memset(out, 0, 16 * sizeof *out);
+    memset(out, 0, 17 * sizeof *out);
     pthread_mutex_lock(&d->mu);
     struct peer_ahead *pa = d->pa;
     if (pa) {
-        uint64_t v[16] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
+        uint64_t v[17] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
                           pa->room_waits, pa->n, pa->next, pa->done, pa->waited, pa->nring, (uint64_t)pa->room,
-                          pa->unlinked, pa->kept, pa->reused};
+                          pa->unlinked, pa->kept, pa->reused, pa->told_frames};
         memcpy(out, v, sizeof v);
     }
     pthread_mutex_unlock(&d->mu);

@@ -102,8 +102,9 @@ EXPORT void front_door_own_only(struct door *d, int on);
 EXPORT void front_door_peer_copying(struct door *d, int on);
 EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offset);
 /* the peer read-ahead lane (door_peer_ahead.c): a hinted order's other nodes' files fetched ahead */
-EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32_t n, uint32_t window);
+EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32_t n, uint32_t window, uint64_t stream);
 EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed);
+EXPORT int front_door_peer_told(struct door *d, uint64_t *out);
 EXPORT void front_door_peer_gone(struct door *d, const char *key, int len);
 EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out);
 /* the read-ahead lane and the copies in flight */

@@ -46,6 +46,9 @@ class JobNotices:
         # (the stager's order holds only those: a reader's progress counts the whole order's)
         self._order_len: dict[int, int] = {}
         self._own_at: dict[int, array] = {}
+        # an order and a progress the door answered itself (take_told) reach the stager one at a
+        # time: a progress of the last order taken before a new one is never applied after it
+        self._order_lock = threading.Lock()
 
     def attach_peer(self, hint: Callable[[int, int, Any], None]) -> bool:
         """From now on the whole order of each hint also goes to ``hint`` (after those so far), on a
@@ -114,6 +117,23 @@ class JobNotices:
         other nodes' files fetched ahead of the reader), if there is one."""
         if keys is not None and not isinstance(keys, int):
             keys = list(keys)
+        if op == protocol.HINT_PROGRESS:
+            self._apply_hint(op, stream, keys)
+            return
+        with self._order_lock:
+            self._apply_hint(op, stream, keys)
+
+    def take_told(self, take: Callable[[], tuple[tuple[int, int] | None, int]]) -> int:
+        """The last progress the reader told the front door itself (``take``: the peer link's
+        ``told``; the lane has it already) to the stager. Returns how many the door answered."""
+        with self._order_lock:
+            told, frames = take()
+            if told is not None:
+                stream, consumed = told
+                self._current.stager.hint_progress(stream, self._own_consumed(stream, consumed))
+        return frames
+
+    def _apply_hint(self, op: int, stream: int, keys) -> None:
         with self._lock:
             peer_hint, pending = self.peer_hint, self._peer_pending
             if pending is not None:  # kept for the lane: the last order (its stream's hints) on

@@ -62,6 +62,11 @@
 #define MONARCH_VERB_STOP 5
 #define MONARCH_VERB_HINT 6
 #define MONARCH_VERB_INDEX 7
+/* HINT body: u8 op, u64 stream, then the op's own; PROGRESS's is one u64 (positions consumed).
+ * A connection whose first request is a PROGRESS of the order the front door's peer lane
+ * follows is answered by the door itself, and kept (monarch.hints sends them on their own) */
+#define MONARCH_HINT_PROGRESS 3
+#define MONARCH_HINT_PROGRESS_BODY 17
 #define MONARCH_INDEX_READY 0
 #define MONARCH_INDEX_NONE 1
 #define MONARCH_INDEX_WALKING 2 /* answer to a poll (INDEX with body INDEX_POLL): not ready yet */

@@ -60,6 +60,9 @@ def test_hinted_shards_fetch_other_nodes_files_ahead_as_local_hits(dataset, shor
         ahead += pa["lane"]["fetched"]
         batches += pa["lane"]["batches"]
         assert pa["lane"]["unlinked"] > 0, pa["lane"]  # its room made by unlinking the copies consumed
+        # the readers' progress answered by the door itself (no interpreter per frame), counted as hints
+        assert pa["lane"]["progress_answered"] > 0 and node["resolves"]["hints"] > pa["lane"]["progress_answered"], \
+            (pa["lane"], node["resolves"])
     # at least 90% of other nodes' files come from the read-ahead's fetches, not fetched at their open
     assert remote > 0 and fetched_at_open <= 0.10 * remote, (fetched_at_open, waited, remote)
     # and many are local hits (found by the shim's probe, no daemon asked): the readers here

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from cpuwatch import CpuWatch  # noqa: E402
+from cpuwatch import CpuWatch, wait_marks  # noqa: E402
 
 BURN = 0.0349
 CHILD = f"""
@@ -79,3 +81,45 @@ def test_the_cpu_between_two_marks_by_thread_name():
     watch, burnt = burnt_between_marks(NAMED)
     threads = watch.by_thread("a", "b", "other")
     assert abs(threads.get("monarch-burn", 0.0) - burnt) < 0.003, (threads, burnt)
+
+
+class _Running:
+    def poll(self):
+        return None
+
+
+def test_the_epochs_end_once_every_reader_ended_its_last_not_when_the_launchers_do(tmp_path):
+    """bench_cluster's epochs after the first end at the "epochs" mark, made once every reader
+    wrote its last epoch's line: the readers' exit and their launchers' reports after it are a
+    tear-down of their own. The readers' hold is made at "epoch1", or they would wait for ever."""
+    started = [tmp_path / f"r{k}.started" for k in range(2)]
+    progress = [tmp_path / f"r{k}.progress" for k in range(2)]
+    hold = tmp_path / "epoch1.marked"
+    marked: list[str] = []
+    watch = type("Watch", (), {"mark": lambda self, name: marked.append(name)})()
+    stop = threading.Event()
+    t = threading.Thread(target=wait_marks, args=(watch, [str(p) for p in started], [str(p) for p in progress],
+                                                  [_Running()], stop, str(hold), 3), daemon=True)
+    t.start()
+
+    def settles(want: list[str]) -> bool:
+        deadline = time.monotonic() + 5
+        while marked != want and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)  # and no mark more
+        return marked == want
+
+    for p in started:
+        p.write_text("")
+    assert settles(["reading"])
+    progress[0].write_text("0\n")
+    assert settles(["reading"]) and not hold.exists()
+    progress[1].write_text("0\n")
+    assert settles(["reading", "epoch1"]) and hold.exists()
+    progress[0].write_text("0\n1\n2\n")
+    progress[1].write_text("0\n1\n")
+    assert settles(["reading", "epoch1"])
+    progress[1].write_text("0\n1\n2\n")
+    assert settles(["reading", "epoch1", "epochs"])
+    t.join(5)
+    assert not t.is_alive()

@@ -26,7 +26,8 @@ batches per owner at once, into room lent here as for its other fetches (``hint`
 than WINDOW_SHARE of the area holds. The lane keeps its copies' books itself: it takes those the
 reader has consumed away when it needs their room (their files written over for the next ones),
 and gives its room back when the order ends; nothing of it enters the cache's LRU. Each order
-is an epoch of the report's ``peer_ahead`` figures: its other nodes' files, how many of their
+is an epoch of the report's ``peer_ahead`` figures (its reader's progress requests are answered
+by the door itself, the stager's share of them taken here when Python drains the door: ``told``): its other nodes' files, how many of their
 opens still had to be fetched (by the door, as a transient copy, or by Python), and how many
 came while the read-ahead fetched their file (answered once it was there: not local hits).
 
@@ -209,7 +210,7 @@ class PeerDoorLink(StagerListener):
                     if owners[at] >= 0:
                         self._remote += 1
                         self._remote_bytes += allocated(files[key].size)
-            self.door.peer_ahead(self._order, self._window())
+            self.door.peer_ahead(self._order, self._window(), stream)
         elif stream != self._stream:
             return
         elif op == protocol.HINT_PROGRESS:
@@ -220,6 +221,12 @@ class PeerDoorLink(StagerListener):
             self.door.peer_ahead(array("I"), 1)
             self._new_epoch()
             self._stream = None
+
+    def told(self) -> tuple[tuple[int, int] | None, int]:
+        """The last progress the reader told the door itself (HINT PROGRESS requests on a
+        connection of their own: answered in C, no interpreter per frame), not taken before, as
+        (stream, positions consumed), or None; and how many the door answered so far."""
+        return self.door.peer_told()
 
     def _grace(self) -> float:
         return HINTED_GRACE if self._stream is not None else GRACE

@@ -385,3 +385,54 @@ def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_w
     assert d.door.lease(PEER_BOOKS) == room
     with open(os.path.join(area, python_key), "rb") as f:
         assert hashlib.md5(f.read()).hexdigest() == d.sums[python_key]
+
+
+def test_a_readers_progress_of_the_lanes_order_is_answered_by_the_door_on_a_kept_connection(sharded_door, short_tmp):
+    """monarch.hints sends its progress on a connection of its own: a progress of the stream
+    whose order the peer read-ahead lane follows is answered by the door itself (no hand-over
+    to Python, the connection kept for the next one), moves the lane, and waits for Python's
+    stager (peer_told: the last one, once); any other stream's goes to Python as before."""
+    d = sharded_door
+    root = os.path.join(short_tmp, "pfs")
+    d.linked = link_fetch_many(d, copying_from_pfs(root))  # kept alive with the door
+    d.door.grant(1 << 20, PEER_BOOKS)
+    order = sorted(d.sums, key=d.row)
+    stream = (1 << 63) + 12345  # a u64 stream id, as monarch.hints draws them
+    assert d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4, stream)
+    assert d.door.peer_told() == (None, 0)
+
+    def progress(s: socket.socket, of: int, consumed: int) -> tuple[int, bytes]:
+        for frame in protocol.encode_hints(protocol.HINT_PROGRESS, of, consumed=consumed):
+            s.sendall(frame)
+        return protocol.recv_answer(s)
+
+    with connect(d.socket) as s:
+        for consumed in (6, 10, 14):
+            assert progress(s, stream, consumed) == (0, b"")
+            assert d.door.peer_ahead_state()["consumed"] == consumed
+        # several sent before the first is answered (as the samplers do mid-epoch): each answered
+        s.sendall(b"".join(protocol.encode_hints(protocol.HINT_PROGRESS, stream, consumed=c)[0] for c in (15, 16)))
+        assert [protocol.recv_answer(s) for _ in range(2)] == [(0, b"")] * 2
+    assert d.door.take() == []  # nothing handed to Python: the same connection answered five times
+    assert d.door.counts()["accepted"] == 1
+    assert d.door.peer_ahead_state()["consumed"] == 16
+    assert d.door.peer_told() == ((stream, 16), 5)
+    assert d.door.peer_told() == (None, 5)  # taken once
+    # another stream's progress, and one sent with another request at once, are Python's
+    other = protocol.encode_hints(protocol.HINT_PROGRESS, stream + 1, consumed=20)
+    end = protocol.encode_hints(protocol.HINT_END, stream)
+    for frames in (other, protocol.encode_hints(protocol.HINT_PROGRESS, stream, consumed=20) + end):
+        with connect(d.socket) as s:
+            s.sendall(b"".join(frames))
+            deadline = time.monotonic() + 10
+            while not (taken := d.door.take()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(taken) == 1 and taken[0][1] == b"".join(frames), taken
+            os.close(taken[0][0])
+    assert d.door.peer_ahead_state()["consumed"] == 16
+    # a new order drops the last one's progress not taken yet: it counted that order's positions
+    with connect(d.socket) as s:
+        assert progress(s, stream, 18) == (0, b"")
+    assert d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4, stream)
+    assert d.door.peer_told() == (None, 6)
+    d.door.peer_ahead(array("I"), 1)
