@@ -56,6 +56,7 @@
 #define ONE_MESSAGE_MAX (4 << 20)     /* larger files take Python's chunked path */
 #define BATCH_FILES_MAX 64            /* files in one request */
 #define BATCH_BYTES_MAX ONE_MESSAGE_MAX /* their bytes together: one reply */
+#define BATCHES_MAX 64                /* batches (owners) in one dp_fetch_batches */
 #define KEY_MAX 4096
 #define MAX_SLOTS 16
 #define POLL_MIN_NS 20000L            /* a requester sleeps this long between looks at its answer, */
@@ -344,38 +345,57 @@ static int lost_node(struct dp *d, int node)
     return __atomic_load_n(&d->lost[node / 8], __ATOMIC_RELAXED) & (1u << (node % 8));
 }
 
-/* 0 once the answer is in f->buf (f->got bytes), or a DP_* answer; *posted: the receive is still posted. */
-static int64_t wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int *posted)
+#define WAITING 1                       /* wait_answers: a fetch whose answer has not come */
+
+/* Until each of ``n`` posted fetches is answered (why[i] 0: the answer is in fs[i]->buf, fs[i]->got
+ * bytes) or given up (a DP_* answer): by a loss, the stop or ``deadline``. Only those with
+ * why[i] == WAITING are looked at; posted[i] is cleared once a receive is no longer posted. All
+ * are polled together: one sleep for every answer due, not one per fetch. */
+static void wait_answers(struct dp *d, struct fetch *const *fs, int n, int64_t deadline, int *why, int *posted)
 {
     int64_t t0 = monarch_now_ns();
     int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
     long poll = rtt * 3 / 4 > POLL_MIN_NS ? (long)(rtt * 3 / 4 < POLL_MAX_NS ? rtt * 3 / 4 : POLL_MAX_NS) : POLL_MIN_NS;
     int first = 1;
     for (;;) {
-        int flag = 0;
-        MPI_Status st;
-        if (MPI_Test(&f->recv, &flag, &st) != MPI_SUCCESS) {
-            *posted = 0;                /* completed in error (ULFM: a dead owner), freed by MPI */
-            return DP_MPI_ERROR;
+        int waiting = 0;
+        for (int i = 0; i < n; i++) {
+            struct fetch *f = fs[i];
+            int flag = 0;
+            MPI_Status st;
+            if (why[i] != WAITING)
+                continue;
+            if (MPI_Test(&f->recv, &flag, &st) != MPI_SUCCESS) {
+                posted[i] = 0;          /* completed in error (ULFM: a dead owner), freed by MPI */
+                why[i] = DP_MPI_ERROR;
+                continue;
+            }
+            if (flag) {
+                posted[i] = 0;
+                int64_t took = monarch_now_ns() - t0;  /* as seen through this poll's steps: what the next waits first */
+                rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
+                __atomic_store_n(&d->rtt_ns, rtt ? rtt + (took - rtt) / 8 : took, __ATOMIC_RELAXED);
+                MPI_Get_count(&st, MPI_BYTE, &f->got);
+                /* shorter than a header: no owner of ours sends that: a receive ended by a failure (ULFM) */
+                why[i] = f->got < (int)sizeof(struct reply_header) ? DP_MPI_ERROR : 0;
+                continue;
+            }
+            if (!f->sent && (MPI_Test(&f->send, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag))
+                f->sent = 1;
+            if (lost_node(d, f->owner))
+                why[i] = DP_LOST;
+            else
+                waiting++;
         }
-        if (flag) {
-            *posted = 0;
-            int64_t took = monarch_now_ns() - t0;  /* as seen through this poll's steps: what the next waits first */
-            __atomic_store_n(&d->rtt_ns, rtt ? rtt + (took - rtt) / 8 : took, __ATOMIC_RELAXED);
-            MPI_Get_count(&st, MPI_BYTE, &f->got);
-            if (f->got < (int)sizeof(struct reply_header))  /* no owner of ours sends that: a receive ended by a failure (ULFM) */
-                return DP_MPI_ERROR;
-            return 0;
+        if (!waiting)
+            return;
+        int stopped = __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE);
+        if (stopped || monarch_now_ns() >= deadline) {
+            for (int i = 0; i < n; i++)
+                if (why[i] == WAITING)
+                    why[i] = stopped ? DP_STOPPED : DP_TIMEOUT;
+            return;
         }
-        if (!f->sent && (MPI_Test(&f->send, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag))
-            f->sent = 1;
-        if (__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE))
-            return DP_STOPPED;
-        if (lost_node(d, f->owner))
-            return DP_LOST;
-        int64_t now = monarch_now_ns();
-        if (now >= deadline)
-            return DP_TIMEOUT;
         struct timespec ts = {0, poll};
         nanosleep(&ts, NULL);
         __atomic_add_fetch(&d->waits, 1, __ATOMIC_RELAXED);
@@ -577,12 +597,15 @@ static void short_sleeps(void)
     }
 }
 
-/* One request of ``n`` files to ``owner``, one reply (see dp_fetch_many); ``at_zero``: written
- * with pwrite at offset 0, else from each descriptor's offset. 0, or a DP_* for the whole batch. */
-static int fetch_batch(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
-                       const int *fds, int64_t *results, int timeout_ms, int at_zero)
+/* One request of ``n`` files to ``owner`` posted (its receive, then its send): *out is the fetch
+ * and the answer WAITING, or DP_MPI_ERROR with the fetch to finish (finish_batch); or a DP_*
+ * with *out NULL (nothing posted: a file not for this path, no memory, the stop, a lost owner). */
+static int post_batch(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
+                      struct fetch **out, int *posted)
 {
     uint64_t bytes = 0, keys_len = 0;
+    *out = NULL;
+    *posted = 0;
     int why = n <= 0 || n > BATCH_FILES_MAX || owner < 0 || owner >= d->size || owner == d->rank ? DP_PYTHON : 0;
     for (int i = 0; !why && i < n; i++) {
         why = lens[i] <= 0 || lens[i] > KEY_MAX || sizes[i] > BATCH_BYTES_MAX ? DP_PYTHON : 0;
@@ -631,32 +654,56 @@ static int fetch_batch(struct dp *d, int owner, int n, const char *const *keys, 
     d->requests++;
     pthread_mutex_unlock(&d->mu);
 
+    *out = f;
     int cap = (int)(sizeof(struct reply_header) + (size_t)n * sizeof(struct reply_item) + bytes);
-    int posted = MPI_Irecv(f->buf, cap, MPI_BYTE, owner, tag, d->comm, &f->recv) == MPI_SUCCESS;
-    int result = DP_MPI_ERROR;
-    if (!posted) {
+    *posted = MPI_Irecv(f->buf, cap, MPI_BYTE, owner, tag, d->comm, &f->recv) == MPI_SUCCESS;
+    if (!*posted) {
         f->sent = 1;
-    } else if (MPI_Isend(f->req, f->req_len, MPI_BYTE, owner, TAG_REQUEST, d->comm, &f->send) != MPI_SUCCESS) {
-        f->sent = 1;                    /* nothing was sent: no answer will come; the receive stays posted */
-    } else {
-        result = (int)wait_answer(d, f, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &posted);
+        return DP_MPI_ERROR;
     }
+    if (MPI_Isend(f->req, f->req_len, MPI_BYTE, owner, TAG_REQUEST, d->comm, &f->send) != MPI_SUCCESS) {
+        f->sent = 1;                    /* nothing was sent: no answer will come; the receive stays posted */
+        return DP_MPI_ERROR;
+    }
+    return WAITING;
+}
+
+/* A posted fetch ended with answer ``why`` (wait_answers'): each file answered ST_OK written into
+ * its descriptor (see dp_fetch_many; ``at_zero``: with pwrite at offset 0, else from each
+ * descriptor's offset); one whose receive is still ``posted`` is left to the owner's thread (an
+ * orphan). Returns ``why``. */
+static int finish_batch(struct dp *d, struct fetch *f, int why, int posted, const uint64_t *sizes, const int *fds,
+                        int64_t *results, int at_zero)
+{
     pthread_mutex_lock(&d->mu);
-    if (result == DP_MPI_ERROR)
+    if (why == DP_MPI_ERROR)
         __atomic_add_fetch(&d->mpi_errors, 1, __ATOMIC_RELAXED);
     if (posted) {                       /* still waiting for an answer: the owner's thread's now */
         f->orphan = 1;
         pthread_mutex_unlock(&d->mu);
-        return result;
+        return why;
     }
     unlist_locked(d, f);
     pthread_mutex_unlock(&d->mu);
     if (!f->sent)
         MPI_Wait(&f->send, MPI_STATUS_IGNORE);  /* answered, so the request arrived: done at once */
-    if (result == 0)
+    if (why == 0)
         deliver(d, f, sizes, fds, results, at_zero);
     free_fetch(f);
-    return result;
+    return why;
+}
+
+/* One request of ``n`` files to ``owner``, one reply (see dp_fetch_many): 0, or a DP_* for the whole batch. */
+static int fetch_batch(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
+                       const int *fds, int64_t *results, int timeout_ms, int at_zero)
+{
+    struct fetch *f;
+    int posted, why = post_batch(d, owner, n, keys, lens, sizes, &f, &posted);
+    if (!f)
+        return why;
+    if (why == WAITING)
+        wait_answers(d, &f, 1, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &why, &posted);
+    return finish_batch(d, f, why, posted, sizes, fds, results, at_zero);
 }
 
 /* Fetch ``key`` (``size`` bytes in the requester's snapshot) from node ``owner`` into ``fd``
@@ -686,6 +733,55 @@ EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys
     for (int i = 0; why && i < n; i++)
         results[i] = why;
     return why;
+}
+
+/* Several owners' batches at once, as dp_fetch_many each: batch b is ``counts[b]`` files from node
+ * ``owners[b]``, its files' keys, lengths, sizes, descriptors and results following the earlier
+ * batches' in the arrays. Every request is posted, then their replies are polled together (one
+ * sleep for every reply due, not a thread and a sleep per owner), each written as it is checked.
+ * A batch that fails has that answer in each of its results. At most BATCHES_MAX batches, else
+ * DP_PYTHON for all. Returns 0 (each result says). Any thread, several at once. */
+EXPORT int dp_fetch_batches(struct dp *d, int nb, const int *owners, const int *counts, const char *const *keys,
+                            const int *lens, const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms)
+{
+    struct fetch *fs[BATCHES_MAX];
+    int why[BATCHES_MAX], posted[BATCHES_MAX], at[BATCHES_MAX], total = 0;
+    for (int b = 0; b < nb && b < BATCHES_MAX; b++)
+        total += counts[b] > 0 ? counts[b] : 0;
+    if (nb <= 0 || nb > BATCHES_MAX) {
+        for (int i = 0; i < total; i++)
+            results[i] = DP_PYTHON;
+        return DP_PYTHON;
+    }
+    short_sleeps();
+    for (int b = 0, next = 0; b < nb; b++) {
+        at[b] = next;
+        why[b] = post_batch(d, owners[b], counts[b], keys + next, lens + next, sizes + next, &fs[b], &posted[b]);
+        next += counts[b] > 0 ? counts[b] : 0;
+    }
+    int64_t deadline = monarch_now_ns() + (int64_t)timeout_ms * 1000000LL;
+    struct fetch *waiting[BATCHES_MAX];
+    int wwhy[BATCHES_MAX], wposted[BATCHES_MAX], wat[BATCHES_MAX], nw = 0;
+    for (int b = 0; b < nb; b++)
+        if (fs[b] && why[b] == WAITING) {
+            waiting[nw] = fs[b];
+            wwhy[nw] = WAITING;
+            wposted[nw] = posted[b];
+            wat[nw++] = b;
+        }
+    wait_answers(d, waiting, nw, deadline, wwhy, wposted);
+    for (int j = 0; j < nw; j++) {
+        why[wat[j]] = wwhy[j];
+        posted[wat[j]] = wposted[j];
+    }
+    for (int b = 0; b < nb; b++) {
+        int n = counts[b] > 0 ? counts[b] : 0;
+        if (fs[b])
+            why[b] = finish_batch(d, fs[b], why[b], posted[b], sizes + at[b], fds + at[b], results + at[b], 1);
+        for (int i = 0; why[b] && i < n; i++)
+            results[at[b] + i] = why[b];
+    }
+    return 0;
 }
 
 /* out: files and bytes served from here, files handed back to Python, files and bytes

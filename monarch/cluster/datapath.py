@@ -89,6 +89,9 @@ def _load() -> ctypes.CDLL:
            "dp_fetch": (ctypes.c_int64, [vp, i, cp, i, u64, i, i]),
            "dp_fetch_many": (i, [vp, i, i, ctypes.POINTER(cp), ctypes.POINTER(i), ctypes.POINTER(u64),
                                  ctypes.POINTER(i), ctypes.POINTER(ctypes.c_int64), i]),
+           "dp_fetch_batches": (i, [vp, i, ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(cp),
+                                    ctypes.POINTER(i), ctypes.POINTER(u64), ctypes.POINTER(i),
+                                    ctypes.POINTER(ctypes.c_int64), i]),
            "dp_counts": (None, [vp, ctypes.POINTER(u64)]), "dp_stop": (None, [vp])}
     for name, (restype, argtypes) in sig.items():
         fn = getattr(lib, name)
@@ -159,6 +162,11 @@ class DataPath:
     def fetch_many_function(self) -> int:
         """The address of dp_fetch_many (front_door_peers: the door's batched fetches)."""
         return ctypes.cast(self._lib.dp_fetch_many, ctypes.c_void_p).value
+
+    def fetch_batches_function(self) -> int:
+        """The address of dp_fetch_batches (front_door_peers: the read-ahead lane's passes,
+        several owners' batches at once)."""
+        return ctypes.cast(self._lib.dp_fetch_batches, ctypes.c_void_p).value
 
     def fetch_function(self) -> tuple[int, int, int]:
         """(address of dp_fetch, of dp_staged, this path's handle): for the front door to fetch

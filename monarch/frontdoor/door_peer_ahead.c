@@ -33,8 +33,6 @@
 #define PA_BATCH_BYTES (4LL << 20)     /* bytes per reply, at most (dp_fetch_many's limit) */
 #define PA_OWNERS 16                   /* owners gathered in one pass (a batch each); more wait a pass */
 #define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
-#define PA_FETCHERS 4                  /* threads fetching a pass's batches at once (one owner's each): the
-                                          lane's own and PA_FETCHERS - 1 helpers */
 #define PROGRESS_FRAMES_MAX 64        /* HINT PROGRESS requests read at once (monarch.hints: UNANSWERED_MAX) */
 #define TOLD_WAKE_NS 10000000LL      /* a progress answered here wakes Python (its stager's) at most this often */
 #define PA_STALE UINT32_MAX            /* a copy's position once its order was replaced: consumed */
@@ -80,11 +78,7 @@ struct peer_ahead {
     int told_fresh;                    /* a progress answered here that Python's stager has not taken yet */
     uint64_t told, told_frames;        /* the last progress answered here; frames answered here so far */
     int64_t told_woke_ns;              /* when one last woke Python */
-    struct worker w[PA_FETCHERS];      /* each fetcher's directory kept and temporary names, as a worker's */
-    pthread_t helpers[PA_FETCHERS - 1];
-    int nhelpers;
-    pthread_cond_t pass_cv;            /* a pass's batches to take, or the stop; a pass's last batch done */
-    int pass_groups, pass_next, pass_done;  /* the pass under way: its batches, the next untaken, those done */
+    struct worker w;                   /* the lane's directory kept and temporary names, as a worker's */
     uint64_t orders, fetched, fetched_bytes, batches, failed, skipped, room_waits;
     uint64_t waited;                   /* opens that came while the lane fetched their file: answered after it */
     uint64_t kept, unlinked, reused;   /* copies asked for again before they went; unlinked; written over */
@@ -99,6 +93,13 @@ struct peer_ahead {
     struct pa_file files[PA_OWNERS * PA_BATCH];
     int owner_of[PA_OWNERS], nfiles_of[PA_OWNERS];
     int64_t bytes_of[PA_OWNERS];
+    int64_t results[PA_OWNERS * PA_BATCH];   /* the pass's, by file as in ``files`` */
+    /* the pass's requests as one call (dp_fetch_batches): the files with a temporary copy, by batch */
+    const char *keys[PA_OWNERS * PA_BATCH];
+    int lens[PA_OWNERS * PA_BATCH], fds[PA_OWNERS * PA_BATCH], at[PA_OWNERS * PA_BATCH];
+    uint64_t sizes[PA_OWNERS * PA_BATCH];
+    int64_t got[PA_OWNERS * PA_BATCH];
+    int owners[PA_OWNERS], counts[PA_OWNERS];
 };
 
 /* -- the ring: the lane's copies and their room ----------------------------------------------- */
@@ -540,45 +541,63 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
 
 /* -- the lane's thread ---------------------------------------------------------------------- */
 
-/* One batch of the pass under way fetched and published by the calling fetcher (its worker
- * ``w``), if one is left: 1, else 0. Called and returns under the lock. */
-static int pa_take_batch(struct door *d, struct peer_ahead *pa, struct worker *w)
+/* Every owner's batch of the pass in one call (dp_fetch_batches): their requests posted at once,
+ * their replies polled together. */
+static void pa_fetch_all(peer_fetch_batches_fn batches, void *dp, struct peer_ahead *pa, int ngroups, int timeout_ms)
 {
-    if (pa->pass_next >= pa->pass_groups)
-        return 0;
-    int g = pa->pass_next++;
-    struct pa_file *files = &pa->files[g * PA_BATCH];
-    int n = pa->nfiles_of[g], owner = pa->owner_of[g];
+    int m = 0, nb = 0;
+    for (int g = 0; g < ngroups; g++) {
+        int before = m;
+        for (int i = 0; i < pa->nfiles_of[g]; i++) {
+            struct pa_file *p = &pa->files[g * PA_BATCH + i];
+            pa->results[g * PA_BATCH + i] = -1;
+            if (p->fd < 0)
+                continue;
+            pa->keys[m] = p->key;
+            pa->lens[m] = (int)p->len;
+            pa->sizes[m] = p->f.size;
+            pa->fds[m] = p->fd;
+            pa->at[m++] = g * PA_BATCH + i;
+        }
+        if (m > before) {
+            pa->owners[nb] = pa->owner_of[g];
+            pa->counts[nb++] = m - before;
+        }
+    }
+    if (!nb)
+        return;
+    if (batches(dp, nb, pa->owners, pa->counts, pa->keys, pa->lens, pa->sizes, pa->fds, pa->got, timeout_ms) != 0)
+        for (int j = 0; j < m; j++)
+            pa->got[j] = -1;
+    for (int j = 0; j < m; j++)
+        pa->results[pa->at[j]] = pa->got[j];
+}
+
+/* The pass's batches (``ngroups``, gathered) fetched and published by the lane's thread: every
+ * owner's request at once when the data path can (one thread, one sleep for all the replies due:
+ * on this VM each wake-up costs 17-20 us of CPU, and a thread per owner paid one each, plus the
+ * hand-offs), else one owner's after another. Called and returns under the lock. */
+static void pa_pass(struct door *d, struct peer_ahead *pa, int ngroups)
+{
     peer_fetch_fn one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
     peer_fetch_many_fn many = d->peer_fetch_many;  /* NULL: one dp_fetch per file */
+    peer_fetch_batches_fn batches = d->peer_fetch_batches;  /* NULL: one owner's batch after another */
     void *dp = d->peer_dp;
     int timeout_ms = d->peer_timeout_ms;
     pthread_mutex_unlock(&d->mu);
-    int64_t results[PA_BATCH], t0 = monarch_now_ns();
-    for (int i = 0; i < n; i++)
-        pa_open_tmp(d, pa, w, &files[i]);
-    pa_fetch(one, many, dp, owner, files, n, results, timeout_ms);
-    pa_publish(d, pa, files, n, results, t0);
+    int64_t t0 = monarch_now_ns();
+    for (int g = 0; g < ngroups; g++)
+        for (int i = 0; i < pa->nfiles_of[g]; i++)
+            pa_open_tmp(d, pa, &pa->w, &pa->files[g * PA_BATCH + i]);
+    if (batches && ngroups > 1)
+        pa_fetch_all(batches, dp, pa, ngroups, timeout_ms);
+    else
+        for (int g = 0; g < ngroups; g++)
+            pa_fetch(one, many, dp, pa->owner_of[g], &pa->files[g * PA_BATCH], pa->nfiles_of[g],
+                     &pa->results[g * PA_BATCH], timeout_ms);
+    for (int g = 0; g < ngroups; g++)
+        pa_publish(d, pa, &pa->files[g * PA_BATCH], pa->nfiles_of[g], &pa->results[g * PA_BATCH], t0);
     pthread_mutex_lock(&d->mu);
-    if (++pa->pass_done == pa->pass_groups)
-        pthread_cond_broadcast(&pa->pass_cv);
-    return 1;
-}
-
-/* A helper fetcher: the batches of each pass, beside the lane's own thread. */
-static void *peer_ahead_helper(void *arg)
-{
-    struct worker *w = arg;
-    struct door *d = w->d;
-    struct peer_ahead *pa = d->pa;
-    prctl(PR_SET_NAME, "monarch-peerfet");
-    pthread_mutex_lock(&d->mu);
-    while (!pa->stop) {
-        if (!pa_take_batch(d, pa, w))
-            pthread_cond_wait(&pa->pass_cv, &d->mu);
-    }
-    pthread_mutex_unlock(&d->mu);
-    return NULL;
 }
 
 static void *peer_ahead_main(void *arg)
@@ -605,14 +624,7 @@ static void *peer_ahead_main(void *arg)
             continue;
         }
         pa->busy = 1;
-        pa->pass_groups = ngroups;     /* the owners' batches at once: the helpers take them too */
-        pa->pass_next = pa->pass_done = 0;
-        pthread_cond_broadcast(&pa->pass_cv);
-        while (pa_take_batch(d, pa, &pa->w[0]))
-            ;
-        while (pa->pass_done < pa->pass_groups)
-            pthread_cond_wait(&pa->pass_cv, &d->mu);
-        pa->pass_groups = 0;
+        pa_pass(d, pa, ngroups);
         pa->busy = 0;
         pa->batches += (uint64_t)ngroups;
         pthread_cond_broadcast(&pa->cv);
@@ -628,12 +640,9 @@ static struct peer_ahead *peer_ahead_new(void)
     if (!pa)
         return NULL;
     pthread_cond_init(&pa->cv, NULL);
-    pthread_cond_init(&pa->pass_cv, NULL);
-    for (int i = 0; i < PA_FETCHERS; i++) {
-        struct worker *w = &pa->w[i];
-        w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
-        w->tmp_seq = ((uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ 0xA4EADULL << 44) + ((uint64_t)i << 40);
-    }
+    struct worker *w = &pa->w;
+    w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
+    w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ 0xA4EADULL << 44;
     return pa;
 }
 
@@ -646,19 +655,14 @@ static void stop_peer_ahead(struct door *d)
     pthread_mutex_lock(&d->mu);
     pa->stop = 1;
     pthread_cond_broadcast(&pa->cv);
-    pthread_cond_broadcast(&pa->pass_cv);
-    int started = pa->started, nhelpers = pa->nhelpers;
-    pa->started = pa->nhelpers = 0;
+    int started = pa->started;
+    pa->started = 0;
     pthread_mutex_unlock(&d->mu);
     if (started)
         pthread_join(pa->thread, NULL);
-    for (int i = 0; i < nhelpers; i++)
-        pthread_join(pa->helpers[i], NULL);
     pa_drop_spares(d, pa);
-    for (int i = 0; i < PA_FETCHERS; i++) {
-        pa->w[i].d = d;
-        close_cached_dirs(&pa->w[i]);
-    }
+    pa->w.d = d;
+    close_cached_dirs(&pa->w);
 }
 
 static void free_peer_ahead(struct door *d)
@@ -668,7 +672,6 @@ static void free_peer_ahead(struct door *d)
     free(d->pa->order);
     free(d->pa->ring);
     pthread_cond_destroy(&d->pa->cv);
-    pthread_cond_destroy(&d->pa->pass_cv);
     free(d->pa);
     d->pa = NULL;
 }
@@ -711,15 +714,11 @@ EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32
     pa->orders += n > 0;
     int ok = 0;
     if (n && !pa->started && !pa->stop && !d->stopped) {
-        for (int i = 0; i < PA_FETCHERS; i++)
-            pa->w[i].d = d;
+        pa->w.d = d;
         sigset_t all, old;
         sigfillset(&all);
         pthread_sigmask(SIG_BLOCK, &all, &old);  /* the interpreter's threads take the signals */
         pa->started = pthread_create(&pa->thread, NULL, peer_ahead_main, d) == 0;
-        while (pa->started && pa->nhelpers < PA_FETCHERS - 1   /* fewer helpers: fewer batches at once */
-               && pthread_create(&pa->helpers[pa->nhelpers], NULL, peer_ahead_helper, &pa->w[pa->nhelpers + 1]) == 0)
-            pa->nhelpers++;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         ok = pa->started ? 0 : -1;
     }
