@@ -19,8 +19,9 @@
  * Python's LRU. Its room is taken out of the peer lease (Q_PEER) as it grows and given back
  * when the order ends; a copy the reader has consumed (its position below the progress, or of
  * an earlier order) is the first to go when a new one needs room (renamed aside as a spare that
- * a next fetch writes over: PA_SPARES), and one the order asks for again before that is kept
- * for its new position. An open of a copy being unlinked parks and is
+ * a next fetch writes over, PA_SPARES, then renamed from there into its new place: the
+ * descriptor it was written with kept on the ring, so going costs one rename), and one the
+ * order asks for again before that is kept for its new position. An open of a copy being unlinked parks and is
  * handed to Python, as any open of a key the door gave up. Copies stay STAGED with ``ring`` set;
  * whatever else makes a key STAGED clears it, so the lane never unlinks a copy not its own.
  * A file the owner cannot give (not staged there, another size, compressed, a lost owner) is
@@ -37,6 +38,8 @@
 #define TOLD_WAKE_NS 10000000LL      /* a progress answered here wakes Python (its stager's) at most this often */
 #define PA_STALE UINT32_MAX            /* a copy's position once its order was replaced: consumed */
 #define PA_GRACE_MS 50                 /* a copy the door answered less than this ago is not unlinked */
+#define PA_FDS_MAX 4096               /* ring copies whose descriptor is kept (retired by a rename alone), at
+                                          most an eighth of the descriptor limit (pa_fds_allowed) */
 #define PA_SPARES 64                   /* consumed copies kept (renamed aside, open) for the next fetches to
                                           write over: a new file where many were just unlinked costs more
                                           than its bytes (this VM's ext4 without a journal scans every inode
@@ -48,12 +51,15 @@ struct pa_file {                       /* one file of a batch under way */
     uint32_t len, hash, pos, gen;      /* its position in the order, and the order's generation */
     struct idx_file f;
     int dir, fd;                       /* its directory in the peer area, its temporary copy */
+    int aside;                         /* ``tmp`` is a spare's name in the area's top directory, not in ``dir`` */
     char tmp[64];
 };
 
 struct pa_copy {                       /* one copy of the ring: in the peer area, the lane's */
     uint32_t entry, pos;               /* its index entry; its position in the order (PA_STALE) */
     int64_t room;                      /* what it holds of the lane's room */
+    int fd;                            /* the descriptor it was written with (kept: SIGURG on lease breaks), or -1 */
+    mode_t mode;
 };
 
 struct pa_spare {                      /* a consumed copy renamed aside, to be written over */
@@ -65,6 +71,8 @@ struct pa_spare {                      /* a consumed copy renamed aside, to be w
 struct pa_victim {                     /* a copy of the ring to unlink: its key (the index's) */
     const char *key;
     uint32_t len, hash;
+    int fd;                            /* its kept descriptor, or -1 */
+    mode_t mode;
 };
 
 struct peer_ahead {
@@ -86,7 +94,8 @@ struct peer_ahead {
     int nspares, leases_off;           /* leases_off: the area's filesystem grants none: no spares */
     uint64_t spare_seq;
     struct pa_copy *ring;              /* its copies, in the order fetched */
-    uint32_t nring, ring_cap;
+    uint32_t nring, ring_cap, nfds;    /* nfds: of them, those whose descriptor is kept ... */
+    uint32_t fds_cap;                  /* ... at most this many */
     int64_t room, used;                /* the room taken out of the lease; what its copies hold of it */
     struct pa_victim victims[PA_OWNERS * PA_BATCH];  /* copies to unlink before the pass's fetches */
     uint32_t nvictims;
@@ -122,6 +131,16 @@ static void ring_keep_locked(struct peer_ahead *pa, uint32_t entry, uint32_t pos
         }
 }
 
+/* A ring copy's kept descriptor closed (it leaves the ring otherwise than as a victim). */
+static void ring_close_fd(struct peer_ahead *pa, struct pa_copy *c)
+{
+    if (c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+        pa->nfds--;
+    }
+}
+
 /* Room for ``need`` more bytes: consumed copies made victims (BUSY: unlinked before the pass's
  * fetches; their room counted free at once), else room taken from the lease. 1 if there is
  * room, 0 if not. Under the lock. */
@@ -142,6 +161,7 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
         struct entry *e = find(d, key, len, hash);
         if (!ring_owns(d, e)) {        /* no longer the ring's (another path took the key): its room only */
             pa->used -= c.room;
+            ring_close_fd(pa, &c);
             continue;
         }
         if (e->answered && (uint32_t)(now - e->answered) < PA_GRACE_MS) {
@@ -150,7 +170,8 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
         }
         e->state = K_BUSY;             /* its opens park until it is gone, then go to Python */
         d->busy++;
-        pa->victims[pa->nvictims++] = (struct pa_victim){key, len, hash};
+        pa->victims[pa->nvictims++] = (struct pa_victim){key, len, hash, c.fd, c.mode};
+        pa->nfds -= c.fd >= 0;
         pa->used -= c.room;
     }
     pa->nring = kept;
@@ -164,8 +185,9 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
     return 1;
 }
 
-/* A new copy on the ring. 0, or -1 (no memory: it is unlinked with the pass's victims). Under the lock. */
-static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t pos, int64_t room)
+/* A new copy on the ring, its descriptor ``fd`` kept if fewer than PA_FDS_MAX are (else closed).
+ * 0, or -1 (no memory: the caller unlinks it and closes ``fd``). Under the lock. */
+static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t pos, int64_t room, int fd, mode_t mode)
 {
     if (pa->nring == pa->ring_cap) {
         uint32_t cap = pa->ring_cap ? 2 * pa->ring_cap : 256;
@@ -175,7 +197,12 @@ static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t pos,
         pa->ring = grown;
         pa->ring_cap = cap;
     }
-    pa->ring[pa->nring++] = (struct pa_copy){entry, pos, room};
+    if (fd >= 0 && pa->nfds >= pa->fds_cap) {
+        close(fd);
+        fd = -1;
+    }
+    pa->nfds += fd >= 0;
+    pa->ring[pa->nring++] = (struct pa_copy){entry, pos, room, fd, mode};
     return 0;
 }
 
@@ -185,31 +212,36 @@ static void spare_path(const struct door *d, const char *name, char *out)
     snprintf(out, PATH_MAX, "%s/%s", d->tiers[d->peer_slot], name);
 }
 
-/* ``path``, a consumed copy of the ring's, renamed aside as a spare. 1 if it is gone from its
- * name (kept, or unlinked when the spares are full), 0 if the caller unlinks it. The lane's
- * own thread only. Reusing a file is safe against an open that found its old name just before:
+/* ``path``, a consumed copy of the ring's (``fd``: its kept descriptor, of ``mode``, or -1),
+ * renamed aside as a spare. 1 if it is gone from its name (kept, or unlinked when the spares are
+ * full; ``fd`` is the spare's or closed), 0 if the caller unlinks it (and closes ``fd``). The
+ * lane's own thread only. Reusing a file is safe against an open that found its old name just before:
  * the shim takes a peer-area copy only if its name still is that file once open
  * (shim_open.c: monarch_still_named), and a spare is written over only once a write lease shows
  * that no open of it is left anywhere (pa_take_spare). */
-static int ring_retire(struct door *d, struct peer_ahead *pa, const char *path)
+static int ring_retire(struct door *d, struct peer_ahead *pa, const char *path, int fd, mode_t mode)
 {
     if (__atomic_load_n(&pa->leases_off, __ATOMIC_RELAXED))
         return 0;
     struct stat st;
-    struct pa_spare sp = {.fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC)};
-    if (sp.fd < 0)
-        return 0;
-    if (fcntl(sp.fd, F_SETSIG, SIGURG) != 0 || fstat(sp.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(sp.fd);
-        return 0;
+    struct pa_spare sp = {.fd = fd, .mode = mode};
+    if (sp.fd < 0) {                   /* its descriptor was not kept: opened again */
+        sp.fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+        if (sp.fd < 0)
+            return 0;
+        if (fcntl(sp.fd, F_SETSIG, SIGURG) != 0 || fstat(sp.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            close(sp.fd);
+            return 0;
+        }
+        sp.mode = st.st_mode & 07777;
     }
-    sp.mode = st.st_mode & 07777;
     snprintf(sp.name, sizeof sp.name, "%s%016llx", MONARCH_TMP_PREFIX,
              (unsigned long long)(++pa->spare_seq * 0x9E3779B97F4A7C15ULL ^ (uint64_t)getpid() << 40));
     char aside[PATH_MAX];
     spare_path(d, sp.name, aside);
     if (rename(path, aside) != 0) {
-        close(sp.fd);
+        if (sp.fd != fd)
+            close(sp.fd);
         return 0;
     }
     pthread_mutex_lock(&d->mu);
@@ -224,10 +256,10 @@ static int ring_retire(struct door *d, struct peer_ahead *pa, const char *path)
     return 1;
 }
 
-/* A spare no one holds, made ``size`` bytes of mode ``mode`` and moved to ``dir``/``tmp``: its
- * descriptor (the caller's now), or -1 (none: the caller creates the file). */
-static int pa_take_spare(struct door *d, struct peer_ahead *pa, uint64_t size, mode_t mode, int dir,
-                         const char *tmp)
+/* A spare no one holds, made ``size`` bytes of mode ``mode``, its name (in the area's top
+ * directory, where it stays until it is renamed into place) in ``name``: its descriptor (the
+ * caller's now), or -1 (none: the caller creates the file). */
+static int pa_take_spare(struct door *d, struct peer_ahead *pa, uint64_t size, mode_t mode, char *name, size_t cap)
 {
     for (;;) {
         pthread_mutex_lock(&d->mu);
@@ -239,9 +271,9 @@ static int pa_take_spare(struct door *d, struct peer_ahead *pa, uint64_t size, m
         spare_path(d, sp.name, aside);
         if (fcntl(sp.fd, F_SETLEASE, F_WRLCK) == 0) {   /* granted only while no other open of it is left */
             fcntl(sp.fd, F_SETLEASE, F_UNLCK);
-            if (ftruncate(sp.fd, (off_t)size) == 0 && (sp.mode == mode || fchmod(sp.fd, mode) == 0)
-                && renameat(AT_FDCWD, aside, dir, tmp) == 0) {
+            if (ftruncate(sp.fd, (off_t)size) == 0 && (sp.mode == mode || fchmod(sp.fd, mode) == 0)) {
                 __atomic_add_fetch(&pa->reused, 1, __ATOMIC_RELAXED);
+                snprintf(name, cap, "%s", sp.name);
                 return sp.fd;
             }
         } else if (errno != EAGAIN && errno != EBUSY) {
@@ -281,9 +313,13 @@ static void ring_unlink_victims(struct door *d, struct peer_ahead *pa, int keep_
     for (uint32_t i = 0; i < n; i++) {
         char path[PATH_MAX];
         struct pa_victim *v = &pa->victims[i];
-        if (snprintf(path, sizeof path, "%s/%.*s", area, (int)v->len, v->key) < (int)sizeof path
-            && !(keep_spares && ring_retire(d, pa, path)))
+        int named = snprintf(path, sizeof path, "%s/%.*s", area, (int)v->len, v->key) < (int)sizeof path;
+        if (named && keep_spares && ring_retire(d, pa, path, v->fd, v->mode))
+            continue;
+        if (named)
             unlink(path);              /* a reader that has it open keeps its bytes */
+        if (v->fd >= 0)
+            close(v->fd);
     }
     pthread_mutex_lock(&d->mu);
     for (uint32_t i = 0; i < n; i++) {
@@ -322,7 +358,10 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
             if (ring_owns(d, e)) {
                 e->state = K_BUSY;
                 d->busy++;
-                pa->victims[pa->nvictims++] = (struct pa_victim){key, len, e->hash};
+                pa->victims[pa->nvictims++] = (struct pa_victim){key, len, e->hash, c.fd, c.mode};
+                pa->nfds -= c.fd >= 0;
+            } else {
+                ring_close_fd(pa, &c);
             }
         }
         ring_unlink_victims(d, pa, 0);
@@ -427,12 +466,21 @@ static void pa_open_tmp(struct door *d, struct peer_ahead *pa, struct worker *w,
     snprintf(p->tmp, sizeof p->tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
     const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
     mode_t mode = (p->f.mode & 0700) | 0600;
+    p->aside = 0;
     for (int attempt = 0; base && attempt < 2 && p->fd < 0; attempt++) {
         int kdir = cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, p->key, dlen, open_peer_dir, w);
         p->dir = kdir < 0 ? -1 : dup(kdir);   /* kept to its rename: the next file may be elsewhere */
-        if (p->dir >= 0 && (p->fd = pa_take_spare(d, pa, p->f.size, mode, p->dir, p->tmp)) >= 0)
+        if (p->dir >= 0 && (p->fd = pa_take_spare(d, pa, p->f.size, mode, p->tmp, sizeof p->tmp)) >= 0) {
+            p->aside = 1;
             break;
+        }
         p->fd = p->dir < 0 ? -1 : openat(p->dir, p->tmp, create, mode);
+        if (p->fd >= 0 && fcntl(p->fd, F_SETSIG, SIGURG) != 0) {  /* kept on the ring: its lease breaks ignored */
+            close(p->fd);
+            unlinkat(p->dir, p->tmp, 0);
+            p->fd = -1;
+            break;
+        }
         if (p->fd >= 0 || errno != ENOENT || w->peer_dir < 0)
             break;
         close(p->dir);                 /* its directory went meanwhile: opened afresh */
@@ -486,28 +534,36 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
         struct timespec times[2] = {{p->f.mtime / 1000000000LL, p->f.mtime % 1000000000LL},
                                     {p->f.mtime / 1000000000LL, p->f.mtime % 1000000000LL}};
         int ok = p->fd >= 0 && results[i] == (int64_t)p->f.size && futimens(p->fd, times) == 0;
-        if (p->fd >= 0 && close(p->fd) < 0)
-            ok = 0;
         const char *name = memrchr(p->key, '/', p->len);
-        char base[NAME_MAX + 1];
+        char base[NAME_MAX + 1], tmp[PATH_MAX];
         size_t bl = name ? p->len - (size_t)(name + 1 - p->key) : 0;
         ok = ok && bl > 0 && bl <= NAME_MAX;
+        int from = p->aside ? AT_FDCWD : p->dir;  /* a spare is renamed into place from the area's top */
+        if (p->aside)
+            spare_path(d, p->tmp, tmp);
+        else
+            snprintf(tmp, sizeof tmp, "%s", p->tmp);
         if (ok) {
             memcpy(base, name + 1, bl);
             base[bl] = 0;
-            ok = !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) && renameat(p->dir, p->tmp, p->dir, base) == 0;
+            ok = !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) && renameat(from, tmp, p->dir, base) == 0;
         }
-        if (!ok && p->fd >= 0)
-            unlinkat(p->dir, p->tmp, 0);
+        if (!ok && p->fd >= 0) {
+            unlinkat(from, tmp, 0);
+            close(p->fd);
+            p->fd = -1;
+        }
         if (p->dir >= 0)
             close(p->dir);
         char dest[PATH_MAX];
         snprintf(dest, sizeof dest, "%s/%.*s", area, (int)p->len, p->key);
         pthread_mutex_lock(&d->mu);
         int64_t need = peer_room(d, p->f.size);
-        if (ok && ring_push_locked(pa, p->f.entry, p->gen == pa->gen ? p->pos : PA_STALE, need) != 0) {
+        if (ok && ring_push_locked(pa, p->f.entry, p->gen == pa->gen ? p->pos : PA_STALE, need, p->fd,
+                                   (p->f.mode & 0700) | 0600) != 0) {
             pthread_mutex_unlock(&d->mu);
             unlink(dest);              /* no room in the ring's books: not kept */
+            close(p->fd);
             pthread_mutex_lock(&d->mu);
             ok = 0;
         }
@@ -633,12 +689,22 @@ static void *peer_ahead_main(void *arg)
     return NULL;
 }
 
+/* Ring copies whose descriptors may be kept open: an eighth of the descriptor limit, up to PA_FDS_MAX. */
+static uint32_t pa_fds_allowed(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return PA_FDS_MAX;
+    return rl.rlim_cur / 8 < PA_FDS_MAX ? (uint32_t)(rl.rlim_cur / 8) : PA_FDS_MAX;
+}
+
 /* The lane's state made (not its thread), or NULL. */
 static struct peer_ahead *peer_ahead_new(void)
 {
     struct peer_ahead *pa = calloc(1, sizeof *pa);
     if (!pa)
         return NULL;
+    pa->fds_cap = pa_fds_allowed();
     pthread_cond_init(&pa->cv, NULL);
     struct worker *w = &pa->w;
     w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
@@ -670,6 +736,8 @@ static void free_peer_ahead(struct door *d)
     if (!d->pa)
         return;
     free(d->pa->order);
+    for (uint32_t i = 0; i < d->pa->nring; i++)
+        ring_close_fd(d->pa, &d->pa->ring[i]);
     free(d->pa->ring);
     pthread_cond_destroy(&d->pa->cv);
     free(d->pa);
