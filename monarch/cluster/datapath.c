@@ -348,17 +348,19 @@ static int lost_node(struct dp *d, int node)
 #define WAITING 1                       /* wait_answers: a fetch whose answer has not come */
 
 /* Until each of ``n`` posted fetches is answered (why[i] 0: the answer is in fs[i]->buf, fs[i]->got
- * bytes) or given up (a DP_* answer): by a loss, the stop or ``deadline``. Only those with
- * why[i] == WAITING are looked at; posted[i] is cleared once a receive is no longer posted. All
- * are polled together: one sleep for every answer due, not one per fetch. */
-static void wait_answers(struct dp *d, struct fetch *const *fs, int n, int64_t deadline, int *why, int *posted)
+ * bytes) or given up (a DP_* answer): by a loss, the stop or ``deadline``; with ``any``, until
+ * one of them is. Only those with why[i] == WAITING are looked at; posted[i] is cleared once a
+ * receive is no longer posted. All are polled together: one sleep for every answer due, not one
+ * per fetch. */
+static void wait_answers(struct dp *d, struct fetch *const *fs, int n, int64_t deadline, int *why, int *posted,
+                         int any)
 {
     int64_t t0 = monarch_now_ns();
     int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
     long poll = rtt * 3 / 4 > POLL_MIN_NS ? (long)(rtt * 3 / 4 < POLL_MAX_NS ? rtt * 3 / 4 : POLL_MAX_NS) : POLL_MIN_NS;
     int first = 1;
     for (;;) {
-        int waiting = 0;
+        int waiting = 0, ended = 0;
         for (int i = 0; i < n; i++) {
             struct fetch *f = fs[i];
             int flag = 0;
@@ -368,6 +370,7 @@ static void wait_answers(struct dp *d, struct fetch *const *fs, int n, int64_t d
             if (MPI_Test(&f->recv, &flag, &st) != MPI_SUCCESS) {
                 posted[i] = 0;          /* completed in error (ULFM: a dead owner), freed by MPI */
                 why[i] = DP_MPI_ERROR;
+                ended++;
                 continue;
             }
             if (flag) {
@@ -378,16 +381,19 @@ static void wait_answers(struct dp *d, struct fetch *const *fs, int n, int64_t d
                 MPI_Get_count(&st, MPI_BYTE, &f->got);
                 /* shorter than a header: no owner of ours sends that: a receive ended by a failure (ULFM) */
                 why[i] = f->got < (int)sizeof(struct reply_header) ? DP_MPI_ERROR : 0;
+                ended++;
                 continue;
             }
             if (!f->sent && (MPI_Test(&f->send, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag))
                 f->sent = 1;
-            if (lost_node(d, f->owner))
+            if (lost_node(d, f->owner)) {
                 why[i] = DP_LOST;
-            else
+                ended++;
+            } else {
                 waiting++;
+            }
         }
-        if (!waiting)
+        if (!waiting || (any && ended))
             return;
         int stopped = __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE);
         if (stopped || monarch_now_ns() >= deadline) {
@@ -546,9 +552,10 @@ EXPORT void dp_lost(struct dp *d, int node)
         __atomic_fetch_or(&d->lost[node / 8], (unsigned char)(1u << (node % 8)), __ATOMIC_RELAXED);
 }
 
-/* The reply in f->buf checked against the request (an owner's bytes are not trusted) and each
- * file answered ST_OK written into its descriptor: results[i] its bytes, or a DP_* answer. */
-static void deliver(struct dp *d, struct fetch *f, const uint64_t *sizes, const int *fds, int64_t *results, int at_zero)
+/* The reply in f->buf checked against the request (an owner's bytes are not trusted): each file
+ * answered ST_OK has its bytes at at[i] (in f->buf) and results[i] its size, any other results[i]
+ * DP_PYTHON; or every result DP_CORRUPT. */
+static void reply_files(struct fetch *f, const uint64_t *sizes, const char **at, int64_t *results)
 {
     struct reply_header h;
     memcpy(&h, f->buf, sizeof h);
@@ -562,29 +569,42 @@ static void deliver(struct dp *d, struct fetch *f, const uint64_t *sizes, const 
         bad = (r.status == ST_OK && r.size != sizes[i]) || (r.status != ST_OK && (r.status != ST_PYTHON || r.size));
         bytes += r.size;
     }
-    if (bad || (uint64_t)f->got != head + bytes) {
-        for (int i = 0; i < f->n; i++)
-            results[i] = DP_CORRUPT;
-        return;
-    }
-    const char *at = f->buf + head;
-    uint64_t files = 0, written = 0;
+    bad = bad || (uint64_t)f->got != head + bytes;
+    const char *next = f->buf + head;
     for (int i = 0; i < f->n; i++) {
         struct reply_item r;
         memcpy(&r, &items[i], sizeof r);
-        if (r.status != ST_OK) {
-            results[i] = DP_PYTHON;
-            continue;
-        }
-        results[i] = write_all(fds[i], at, r.size, at_zero) == 0 ? (int64_t)r.size : DP_LOCAL_IO;
-        files += results[i] >= 0;
-        written += results[i] >= 0 ? r.size : 0;
-        at += r.size;
+        at[i] = !bad && r.status == ST_OK ? next : NULL;
+        results[i] = bad ? DP_CORRUPT : r.status == ST_OK ? (int64_t)r.size : DP_PYTHON;
+        next += bad ? 0 : r.size;
     }
+}
+
+/* Files fetched and their bytes, counted. */
+static void count_fetched(struct dp *d, const int64_t *results, int n)
+{
+    uint64_t files = 0, bytes = 0;
+    for (int i = 0; i < n; i++)
+        if (results[i] >= 0) {
+            files++;
+            bytes += (uint64_t)results[i];
+        }
     pthread_mutex_lock(&d->mu);
     d->fetched_files += files;
-    d->fetched_bytes += written;
+    d->fetched_bytes += bytes;
     pthread_mutex_unlock(&d->mu);
+}
+
+/* The reply in f->buf checked (reply_files) and each file answered ST_OK written into its
+ * descriptor: results[i] its bytes, or a DP_* answer. */
+static void deliver(struct dp *d, struct fetch *f, const uint64_t *sizes, const int *fds, int64_t *results, int at_zero)
+{
+    const char *at[BATCH_FILES_MAX];
+    reply_files(f, sizes, at, results);
+    for (int i = 0; i < f->n; i++)
+        if (at[i] && write_all(fds[i], at[i], (uint64_t)results[i], at_zero) != 0)
+            results[i] = DP_LOCAL_IO;
+    count_fetched(d, results, f->n);
 }
 
 /* The calling thread's timer slack at 1 us, once: its short sleeps while it polls. */
@@ -670,10 +690,11 @@ static int post_batch(struct dp *d, int owner, int n, const char *const *keys, c
 
 /* A posted fetch ended with answer ``why`` (wait_answers'): each file answered ST_OK written into
  * its descriptor (see dp_fetch_many; ``at_zero``: with pwrite at offset 0, else from each
- * descriptor's offset); one whose receive is still ``posted`` is left to the owner's thread (an
+ * descriptor's offset), or, with ``kept``, the fetch left whole to the caller (*kept = why) to
+ * read and free; one whose receive is still ``posted`` is left to the owner's thread (an
  * orphan). Returns ``why``. */
 static int finish_batch(struct dp *d, struct fetch *f, int why, int posted, const uint64_t *sizes, const int *fds,
-                        int64_t *results, int at_zero)
+                        int64_t *results, int at_zero, int *kept)
 {
     pthread_mutex_lock(&d->mu);
     if (why == DP_MPI_ERROR)
@@ -687,6 +708,10 @@ static int finish_batch(struct dp *d, struct fetch *f, int why, int posted, cons
     pthread_mutex_unlock(&d->mu);
     if (!f->sent)
         MPI_Wait(&f->send, MPI_STATUS_IGNORE);  /* answered, so the request arrived: done at once */
+    if (kept) {                         /* the caller reads the reply, then frees it */
+        *kept = why;
+        return why;
+    }
     if (why == 0)
         deliver(d, f, sizes, fds, results, at_zero);
     free_fetch(f);
@@ -702,8 +727,8 @@ static int fetch_batch(struct dp *d, int owner, int n, const char *const *keys, 
     if (!f)
         return why;
     if (why == WAITING)
-        wait_answers(d, &f, 1, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &why, &posted);
-    return finish_batch(d, f, why, posted, sizes, fds, results, at_zero);
+        wait_answers(d, &f, 1, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &why, &posted, 0);
+    return finish_batch(d, f, why, posted, sizes, fds, results, at_zero, NULL);
 }
 
 /* Fetch ``key`` (``size`` bytes in the requester's snapshot) from node ``owner`` into ``fd``
@@ -735,17 +760,40 @@ EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys
     return why;
 }
 
-/* Several owners' batches at once, as dp_fetch_many each: batch b is ``counts[b]`` files from node
- * ``owners[b]``, its files' keys, lengths, sizes, descriptors and results following the earlier
- * batches' in the arrays. Every request is posted, then their replies are polled together (one
- * sleep for every reply due, not a thread and a sleep per owner), each written as it is checked.
- * A batch that fails has that answer in each of its results. At most BATCHES_MAX batches, else
- * DP_PYTHON for all. Returns 0 (each result says). Any thread, several at once. */
-EXPORT int dp_fetch_batches(struct dp *d, int nb, const int *owners, const int *counts, const char *const *keys,
-                            const int *lens, const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms)
+/* A batch of dp_fetch_batches ended: its files' bytes (bytes[i], NULL unless results[i] >= 0: then
+ * its size; valid during the call only) or DP_* answers. */
+typedef void (*dp_batch_fn)(void *arg, int batch, const char *const *bytes, const int64_t *results);
+
+/* Batch ``b`` ended with answer ``why`` (fs[b] NULL: never posted): handed to ``got``. */
+static void hand_batch(struct dp *d, struct fetch *f, int why, int posted, int n, const uint64_t *sizes,
+                       int64_t *results, dp_batch_fn got, void *arg, int b)
 {
-    struct fetch *fs[BATCHES_MAX];
-    int why[BATCHES_MAX], posted[BATCHES_MAX], at[BATCHES_MAX], total = 0;
+    const char *at[BATCH_FILES_MAX] = {0};
+    if (f && finish_batch(d, f, why, posted, sizes, NULL, NULL, 0, &why) == 0) {
+        reply_files(f, sizes, at, results);
+        count_fetched(d, results, n);
+    } else {
+        for (int i = 0; i < n; i++)
+            results[i] = why;
+    }
+    got(arg, b, at, results);
+    if (f && !posted)
+        free_fetch(f);
+}
+
+/* Several owners' batches at once, as dp_fetch_many each: batch b is ``counts[b]`` files from node
+ * ``owners[b]``, its files' keys, lengths, sizes and results following the earlier batches' in
+ * the arrays. Every request is posted, then their replies are polled together (one sleep for
+ * every reply due, not a thread and a sleep per owner), and each batch is handed to ``got`` as
+ * its reply comes (its files' bytes, checked, or why not), so that its files go into place while
+ * the other owners' replies are on their way. At most BATCHES_MAX batches (else DP_PYTHON for
+ * all, and ``got`` is not called). Returns 0. Any thread, several at once. */
+EXPORT int dp_fetch_batches(struct dp *d, int nb, const int *owners, const int *counts, const char *const *keys,
+                            const int *lens, const uint64_t *sizes, int64_t *results, int timeout_ms,
+                            dp_batch_fn got, void *arg)
+{
+    struct fetch *fs[BATCHES_MAX], *waiting[BATCHES_MAX];
+    int why[BATCHES_MAX], posted[BATCHES_MAX], at[BATCHES_MAX], n[BATCHES_MAX], wb[BATCHES_MAX], total = 0;
     for (int b = 0; b < nb && b < BATCHES_MAX; b++)
         total += counts[b] > 0 ? counts[b] : 0;
     if (nb <= 0 || nb > BATCHES_MAX) {
@@ -756,30 +804,36 @@ EXPORT int dp_fetch_batches(struct dp *d, int nb, const int *owners, const int *
     short_sleeps();
     for (int b = 0, next = 0; b < nb; b++) {
         at[b] = next;
+        n[b] = counts[b] > 0 ? counts[b] : 0;
         why[b] = post_batch(d, owners[b], counts[b], keys + next, lens + next, sizes + next, &fs[b], &posted[b]);
-        next += counts[b] > 0 ? counts[b] : 0;
+        next += n[b];
     }
     int64_t deadline = monarch_now_ns() + (int64_t)timeout_ms * 1000000LL;
-    struct fetch *waiting[BATCHES_MAX];
-    int wwhy[BATCHES_MAX], wposted[BATCHES_MAX], wat[BATCHES_MAX], nw = 0;
-    for (int b = 0; b < nb; b++)
-        if (fs[b] && why[b] == WAITING) {
-            waiting[nw] = fs[b];
-            wwhy[nw] = WAITING;
-            wposted[nw] = posted[b];
-            wat[nw++] = b;
-        }
-    wait_answers(d, waiting, nw, deadline, wwhy, wposted);
-    for (int j = 0; j < nw; j++) {
-        why[wat[j]] = wwhy[j];
-        posted[wat[j]] = wposted[j];
-    }
+    int nw = 0;
     for (int b = 0; b < nb; b++) {
-        int n = counts[b] > 0 ? counts[b] : 0;
-        if (fs[b])
-            why[b] = finish_batch(d, fs[b], why[b], posted[b], sizes + at[b], fds + at[b], results + at[b], 1);
-        for (int i = 0; why[b] && i < n; i++)
-            results[at[b] + i] = why[b];
+        if (why[b] == WAITING) {
+            wb[nw++] = b;
+            continue;
+        }
+        hand_batch(d, fs[b], why[b], posted[b], n[b], sizes + at[b], results + at[b], got, arg, b);
+    }
+    while (nw) {
+        int wwhy[BATCHES_MAX], wposted[BATCHES_MAX], left = 0;
+        for (int j = 0; j < nw; j++) {
+            waiting[j] = fs[wb[j]];
+            wwhy[j] = WAITING;
+            wposted[j] = posted[wb[j]];
+        }
+        wait_answers(d, waiting, nw, deadline, wwhy, wposted, 1);
+        for (int j = 0; j < nw; j++) {
+            int b = wb[j];
+            posted[b] = wposted[j];
+            if (wwhy[j] == WAITING)
+                wb[left++] = b;
+            else
+                hand_batch(d, fs[b], wwhy[j], posted[b], n[b], sizes + at[b], results + at[b], got, arg, b);
+        }
+        nw = left;
     }
     return 0;
 }

@@ -90,8 +90,8 @@ def _load() -> ctypes.CDLL:
            "dp_fetch_many": (i, [vp, i, i, ctypes.POINTER(cp), ctypes.POINTER(i), ctypes.POINTER(u64),
                                  ctypes.POINTER(i), ctypes.POINTER(ctypes.c_int64), i]),
            "dp_fetch_batches": (i, [vp, i, ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(cp),
-                                    ctypes.POINTER(i), ctypes.POINTER(u64), ctypes.POINTER(i),
-                                    ctypes.POINTER(ctypes.c_int64), i]),
+                                    ctypes.POINTER(i), ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_int64), i,
+                                    vp, vp]),
            "dp_counts": (None, [vp, ctypes.POINTER(u64)]), "dp_stop": (None, [vp])}
     for name, (restype, argtypes) in sig.items():
         fn = getattr(lib, name)

@@ -103,9 +103,9 @@ struct peer_ahead {
     int owner_of[PA_OWNERS], nfiles_of[PA_OWNERS];
     int64_t bytes_of[PA_OWNERS];
     int64_t results[PA_OWNERS * PA_BATCH];   /* the pass's, by file as in ``files`` */
-    /* the pass's requests as one call (dp_fetch_batches): the files with a temporary copy, by batch */
+    /* the pass's requests as one call (dp_fetch_batches): batch b is group b */
     const char *keys[PA_OWNERS * PA_BATCH];
-    int lens[PA_OWNERS * PA_BATCH], fds[PA_OWNERS * PA_BATCH], at[PA_OWNERS * PA_BATCH];
+    int lens[PA_OWNERS * PA_BATCH];
     uint64_t sizes[PA_OWNERS * PA_BATCH];
     int64_t got[PA_OWNERS * PA_BATCH];
     int owners[PA_OWNERS], counts[PA_OWNERS];
@@ -451,6 +451,8 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
         p->gen = pa->gen;
         p->f = f;
         p->dir = p->fd = -1;
+        p->aside = 0;
+        p->tmp[0] = 0;
         pa->next++;
     }
     return ngroups;
@@ -597,42 +599,74 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
 
 /* -- the lane's thread ---------------------------------------------------------------------- */
 
-/* Every owner's batch of the pass in one call (dp_fetch_batches): their requests posted at once,
- * their replies polled together. */
-static void pa_fetch_all(peer_fetch_batches_fn batches, void *dp, struct peer_ahead *pa, int ngroups, int timeout_ms)
+/* ``n`` bytes written at offset 0 of ``fd``: 0, or -1. */
+static int pa_write(int fd, const char *p, uint64_t n)
 {
-    int m = 0, nb = 0;
+    uint64_t put = 0;
+    while (put < n) {
+        ssize_t w = pwrite(fd, p + put, n - put, (off_t)put);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        put += (uint64_t)w;
+    }
+    return 0;
+}
+
+struct pa_pass_ctx { struct door *d; struct peer_ahead *pa; int64_t t0; };
+
+/* An owner's batch of the pass came (dp_fetch_batches' ``got``; batch b is group b): each file
+ * written into its temporary copy and published, while the other owners' replies are on their way. */
+static void pa_batch_got(void *arg, int b, const char *const *bytes, const int64_t *got)
+{
+    struct pa_pass_ctx *c = arg;
+    struct peer_ahead *pa = c->pa;
+    struct pa_file *files = &pa->files[b * PA_BATCH];
+    int64_t *results = &pa->results[b * PA_BATCH];
+    for (int i = 0; i < pa->nfiles_of[b]; i++) {
+        struct pa_file *p = &files[i];
+        results[i] = -1;
+        if (!bytes[i] || got[i] != (int64_t)p->f.size)
+            continue;                  /* the owner cannot give it: Python's protocol asks */
+        pa_open_tmp(c->d, pa, &pa->w, p);
+        if (p->fd >= 0 && pa_write(p->fd, bytes[i], p->f.size) == 0)
+            results[i] = got[i];
+    }
+    pa_publish(c->d, pa, files, pa->nfiles_of[b], results, c->t0);
+}
+
+/* Every owner's batch of the pass in one call (dp_fetch_batches): their requests posted at once,
+ * their replies polled together, each batch written and published as it comes. */
+static void pa_fetch_all(struct door *d, peer_fetch_batches_fn batches, void *dp, struct peer_ahead *pa, int ngroups,
+                         int timeout_ms, int64_t t0)
+{
+    int m = 0;
     for (int g = 0; g < ngroups; g++) {
-        int before = m;
         for (int i = 0; i < pa->nfiles_of[g]; i++) {
             struct pa_file *p = &pa->files[g * PA_BATCH + i];
-            pa->results[g * PA_BATCH + i] = -1;
-            if (p->fd < 0)
-                continue;
             pa->keys[m] = p->key;
             pa->lens[m] = (int)p->len;
-            pa->sizes[m] = p->f.size;
-            pa->fds[m] = p->fd;
-            pa->at[m++] = g * PA_BATCH + i;
+            pa->sizes[m++] = p->f.size;
         }
-        if (m > before) {
-            pa->owners[nb] = pa->owner_of[g];
-            pa->counts[nb++] = m - before;
-        }
+        pa->owners[g] = pa->owner_of[g];
+        pa->counts[g] = pa->nfiles_of[g];
     }
-    if (!nb)
-        return;
-    if (batches(dp, nb, pa->owners, pa->counts, pa->keys, pa->lens, pa->sizes, pa->fds, pa->got, timeout_ms) != 0)
-        for (int j = 0; j < m; j++)
-            pa->got[j] = -1;
-    for (int j = 0; j < m; j++)
-        pa->results[pa->at[j]] = pa->got[j];
+    struct pa_pass_ctx c = {d, pa, t0};
+    if (batches(dp, ngroups, pa->owners, pa->counts, pa->keys, pa->lens, pa->sizes, pa->got, timeout_ms,
+                pa_batch_got, &c) != 0)
+        for (int g = 0; g < ngroups; g++) {  /* none handed over: each file goes to Python's protocol */
+            for (int i = 0; i < pa->nfiles_of[g]; i++)
+                pa->results[g * PA_BATCH + i] = -1;
+            pa_publish(d, pa, &pa->files[g * PA_BATCH], pa->nfiles_of[g], &pa->results[g * PA_BATCH], t0);
+        }
 }
 
 /* The pass's batches (``ngroups``, gathered) fetched and published by the lane's thread: every
  * owner's request at once when the data path can (one thread, one sleep for all the replies due:
  * on this VM each wake-up costs 17-20 us of CPU, and a thread per owner paid one each, plus the
- * hand-offs), else one owner's after another. Called and returns under the lock. */
+ * hand-offs), each batch's files put in place as its reply comes; else one owner's after another.
+ * Called and returns under the lock. */
 static void pa_pass(struct door *d, struct peer_ahead *pa, int ngroups)
 {
     peer_fetch_fn one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
@@ -642,17 +676,17 @@ static void pa_pass(struct door *d, struct peer_ahead *pa, int ngroups)
     int timeout_ms = d->peer_timeout_ms;
     pthread_mutex_unlock(&d->mu);
     int64_t t0 = monarch_now_ns();
-    for (int g = 0; g < ngroups; g++)
-        for (int i = 0; i < pa->nfiles_of[g]; i++)
-            pa_open_tmp(d, pa, &pa->w, &pa->files[g * PA_BATCH + i]);
-    if (batches && ngroups > 1)
-        pa_fetch_all(batches, dp, pa, ngroups, timeout_ms);
-    else
-        for (int g = 0; g < ngroups; g++)
-            pa_fetch(one, many, dp, pa->owner_of[g], &pa->files[g * PA_BATCH], pa->nfiles_of[g],
-                     &pa->results[g * PA_BATCH], timeout_ms);
-    for (int g = 0; g < ngroups; g++)
-        pa_publish(d, pa, &pa->files[g * PA_BATCH], pa->nfiles_of[g], &pa->results[g * PA_BATCH], t0);
+    if (batches) {
+        pa_fetch_all(d, batches, dp, pa, ngroups, timeout_ms, t0);
+    } else {
+        for (int g = 0; g < ngroups; g++) {
+            struct pa_file *files = &pa->files[g * PA_BATCH];
+            for (int i = 0; i < pa->nfiles_of[g]; i++)
+                pa_open_tmp(d, pa, &pa->w, &files[i]);
+            pa_fetch(one, many, dp, pa->owner_of[g], files, pa->nfiles_of[g], &pa->results[g * PA_BATCH], timeout_ms);
+            pa_publish(d, pa, files, pa->nfiles_of[g], &pa->results[g * PA_BATCH], t0);
+        }
+    }
     pthread_mutex_lock(&d->mu);
 }
 

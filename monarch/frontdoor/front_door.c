@@ -168,11 +168,13 @@ typedef int64_t (*peer_fetch_fn)(void *dp, int owner, const char *key, int len, 
  * into fds[i] at offset 0; results[i] its bytes or < 0; 0, or < 0 for the whole batch */
 typedef int (*peer_fetch_many_fn)(void *dp, int owner, int n, const char *const *keys, const int *lens,
                                   const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms);
-/* several owners' batches at once, the files of batch b after those of the batches before it
- * (datapath.c's dp_fetch_batches) */
+/* several owners' batches at once, the files of batch b after those of the batches before it,
+ * each batch handed to ``got`` as its reply comes: its files' bytes (valid during the call) or
+ * why not (datapath.c's dp_fetch_batches) */
+typedef void (*peer_batch_fn)(void *arg, int batch, const char *const *bytes, const int64_t *results);
 typedef int (*peer_fetch_batches_fn)(void *dp, int nb, const int *owners, const int *counts, const char *const *keys,
-                                     const int *lens, const uint64_t *sizes, const int *fds, int64_t *results,
-                                     int timeout_ms);
+                                     const int *lens, const uint64_t *sizes, int64_t *results, int timeout_ms,
+                                     peer_batch_fn got, void *arg);
 /* datapath.c's dp_staged: the data path answers other nodes' requests for ``key`` from ``slot`` */
 typedef void (*peer_offer_fn)(void *dp, const char *key, int len, int slot);
 
