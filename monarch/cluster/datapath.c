@@ -56,7 +56,6 @@
 #define ONE_MESSAGE_MAX (4 << 20)     /* larger files take Python's chunked path */
 #define BATCH_FILES_MAX 64            /* files in one request */
 #define BATCH_BYTES_MAX ONE_MESSAGE_MAX /* their bytes together: one reply */
-#define BATCHES_MAX 64                /* batches (owners) in one dp_fetch_batches */
 #define KEY_MAX 4096
 #define MAX_SLOTS 16
 #define POLL_MIN_NS 20000L            /* a requester sleeps this long between looks at its answer, */
@@ -92,6 +91,8 @@ struct fetch {                          /* one request of this node's, posted */
     char *buf;                          /* the reply: header, items, bytes */
     char *req;                          /* the request: header, items, keys */
     int req_len, got;                   /* the request's length; the reply's */
+    int why, posted;                    /* dp_post's: its answer so far (WAITING), its receive still posted */
+    int64_t posted_ns, deadline;        /* dp_post's: when it was posted, when it is given up */
 };
 
 struct sending { struct sending *next; MPI_Request req; char *buf; };
@@ -347,59 +348,50 @@ static int lost_node(struct dp *d, int node)
 
 #define WAITING 1                       /* wait_answers: a fetch whose answer has not come */
 
-/* Until each of ``n`` posted fetches is answered (why[i] 0: the answer is in fs[i]->buf, fs[i]->got
- * bytes) or given up (a DP_* answer): by a loss, the stop or ``deadline``; with ``any``, until
- * one of them is. Only those with why[i] == WAITING are looked at; posted[i] is cleared once a
- * receive is no longer posted. All are polled together: one sleep for every answer due, not one
- * per fetch. */
-static void wait_answers(struct dp *d, struct fetch *const *fs, int n, int64_t deadline, int *why, int *posted,
-                         int any)
+/* One look at a fetch whose answer is WAITING (*why): *why 0 once the answer is in f->buf
+ * (f->got bytes), a DP_* once it failed or its owner is lost; *posted cleared once its receive is
+ * no longer posted. ``since``: when the wait began (the round trip's measure). 1 if it ended. */
+static int look(struct dp *d, struct fetch *f, int *why, int *posted, int64_t since)
+{
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Test(&f->recv, &flag, &st) != MPI_SUCCESS) {
+        *posted = 0;                    /* completed in error (ULFM: a dead owner), freed by MPI */
+        *why = DP_MPI_ERROR;
+        return 1;
+    }
+    if (flag) {
+        *posted = 0;
+        int64_t took = monarch_now_ns() - since;  /* as seen through the poll's steps: what the next waits first */
+        int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
+        __atomic_store_n(&d->rtt_ns, rtt ? rtt + (took - rtt) / 8 : took, __ATOMIC_RELAXED);
+        MPI_Get_count(&st, MPI_BYTE, &f->got);
+        /* shorter than a header: no owner of ours sends that: a receive ended by a failure (ULFM) */
+        *why = f->got < (int)sizeof(struct reply_header) ? DP_MPI_ERROR : 0;
+        return 1;
+    }
+    if (!f->sent && (MPI_Test(&f->send, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag))
+        f->sent = 1;
+    if (lost_node(d, f->owner)) {
+        *why = DP_LOST;
+        return 1;
+    }
+    return 0;
+}
+
+/* Until a posted fetch is answered (*why 0: the answer is in f->buf) or given up (a DP_*
+ * answer): by a loss, the stop or ``deadline``; *posted cleared once its receive is no longer
+ * posted. */
+static void wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int *why, int *posted)
 {
     int64_t t0 = monarch_now_ns();
     int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
     long poll = rtt * 3 / 4 > POLL_MIN_NS ? (long)(rtt * 3 / 4 < POLL_MAX_NS ? rtt * 3 / 4 : POLL_MAX_NS) : POLL_MIN_NS;
     int first = 1;
-    for (;;) {
-        int waiting = 0, ended = 0;
-        for (int i = 0; i < n; i++) {
-            struct fetch *f = fs[i];
-            int flag = 0;
-            MPI_Status st;
-            if (why[i] != WAITING)
-                continue;
-            if (MPI_Test(&f->recv, &flag, &st) != MPI_SUCCESS) {
-                posted[i] = 0;          /* completed in error (ULFM: a dead owner), freed by MPI */
-                why[i] = DP_MPI_ERROR;
-                ended++;
-                continue;
-            }
-            if (flag) {
-                posted[i] = 0;
-                int64_t took = monarch_now_ns() - t0;  /* as seen through this poll's steps: what the next waits first */
-                rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
-                __atomic_store_n(&d->rtt_ns, rtt ? rtt + (took - rtt) / 8 : took, __ATOMIC_RELAXED);
-                MPI_Get_count(&st, MPI_BYTE, &f->got);
-                /* shorter than a header: no owner of ours sends that: a receive ended by a failure (ULFM) */
-                why[i] = f->got < (int)sizeof(struct reply_header) ? DP_MPI_ERROR : 0;
-                ended++;
-                continue;
-            }
-            if (!f->sent && (MPI_Test(&f->send, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag))
-                f->sent = 1;
-            if (lost_node(d, f->owner)) {
-                why[i] = DP_LOST;
-                ended++;
-            } else {
-                waiting++;
-            }
-        }
-        if (!waiting || (any && ended))
-            return;
+    while (!look(d, f, why, posted, t0)) {
         int stopped = __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE);
         if (stopped || monarch_now_ns() >= deadline) {
-            for (int i = 0; i < n; i++)
-                if (why[i] == WAITING)
-                    why[i] = stopped ? DP_STOPPED : DP_TIMEOUT;
+            *why = stopped ? DP_STOPPED : DP_TIMEOUT;
             return;
         }
         struct timespec ts = {0, poll};
@@ -727,7 +719,7 @@ static int fetch_batch(struct dp *d, int owner, int n, const char *const *keys, 
     if (!f)
         return why;
     if (why == WAITING)
-        wait_answers(d, &f, 1, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &why, &posted, 0);
+        wait_answer(d, f, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &why, &posted);
     return finish_batch(d, f, why, posted, sizes, fds, results, at_zero, NULL);
 }
 
@@ -760,82 +752,64 @@ EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys
     return why;
 }
 
-/* A batch of dp_fetch_batches ended: its files' bytes (bytes[i], NULL unless results[i] >= 0: then
- * its size; valid during the call only) or DP_* answers. */
-typedef void (*dp_batch_fn)(void *arg, int batch, const char *const *bytes, const int64_t *results);
+/* A request of many files posted by dp_post ended: its files' bytes (bytes[i], NULL unless
+ * results[i] >= 0: then its size; valid during the call only) or DP_* answers. */
+typedef void (*dp_reply_fn)(void *arg, const char *const *bytes, const int64_t *results);
 
-/* Batch ``b`` ended with answer ``why`` (fs[b] NULL: never posted): handed to ``got``. */
-static void hand_batch(struct dp *d, struct fetch *f, int why, int posted, int n, const uint64_t *sizes,
-                       int64_t *results, dp_batch_fn got, void *arg, int b)
+/* A request of ``n`` files to node ``owner`` (as dp_fetch_many's) posted, not waited for: a
+ * handle for dp_test and dp_take, which its caller (one thread) must end with dp_take; or NULL
+ * with *why a DP_* (nothing posted: not for this path, no memory, the stop, a lost owner). The
+ * caller keeps ``keys`` and ``sizes`` until dp_take. Given up ``timeout_ms`` after now. So one
+ * thread keeps many owners' requests in flight at once and polls them as it likes (the front
+ * door's peer read-ahead: gathering the next while the last are on their way). */
+EXPORT void *dp_post(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
+                     int timeout_ms, int *why)
 {
+    struct fetch *f;
+    int posted, w = post_batch(d, owner, n, keys, lens, sizes, &f, &posted);
+    *why = w;
+    if (!f)
+        return NULL;
+    short_sleeps();
+    f->why = w;
+    f->posted = posted;
+    f->posted_ns = monarch_now_ns();
+    f->deadline = f->posted_ns + (int64_t)timeout_ms * 1000000LL;
+    *why = 0;
+    return f;
+}
+
+/* One look at a posted request (no sleep): 1 once it ended (answered, failed, its owner lost,
+ * the stop, its deadline), else 0. */
+EXPORT int dp_test(struct dp *d, void *handle)
+{
+    struct fetch *f = handle;
+    if (f->why == WAITING && !look(d, f, &f->why, &f->posted, f->posted_ns)) {
+        int stopped = __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE);
+        if (stopped || monarch_now_ns() >= f->deadline)
+            f->why = stopped ? DP_STOPPED : DP_TIMEOUT;
+    }
+    return f->why != WAITING;
+}
+
+/* A posted request ended: its reply checked and handed to ``got`` (``sizes``: the request's, as
+ * posted; ``results``: n of them, written), then the handle freed. One still waiting is given up
+ * (DP_STOPPED: its receive left to the owner's thread). */
+EXPORT void dp_take(struct dp *d, void *handle, const uint64_t *sizes, int64_t *results, dp_reply_fn got, void *arg)
+{
+    struct fetch *f = handle;
     const char *at[BATCH_FILES_MAX] = {0};
-    if (f && finish_batch(d, f, why, posted, sizes, NULL, NULL, 0, &why) == 0) {
+    int n = f->n, why = f->why == WAITING ? DP_STOPPED : f->why, posted = f->posted;
+    if (finish_batch(d, f, why, posted, sizes, NULL, NULL, 0, &why) == 0) {
         reply_files(f, sizes, at, results);
         count_fetched(d, results, n);
     } else {
         for (int i = 0; i < n; i++)
             results[i] = why;
     }
-    got(arg, b, at, results);
-    if (f && !posted)
+    got(arg, at, results);
+    if (!posted)
         free_fetch(f);
-}
-
-/* Several owners' batches at once, as dp_fetch_many each: batch b is ``counts[b]`` files from node
- * ``owners[b]``, its files' keys, lengths, sizes and results following the earlier batches' in
- * the arrays. Every request is posted, then their replies are polled together (one sleep for
- * every reply due, not a thread and a sleep per owner), and each batch is handed to ``got`` as
- * its reply comes (its files' bytes, checked, or why not), so that its files go into place while
- * the other owners' replies are on their way. At most BATCHES_MAX batches (else DP_PYTHON for
- * all, and ``got`` is not called). Returns 0. Any thread, several at once. */
-EXPORT int dp_fetch_batches(struct dp *d, int nb, const int *owners, const int *counts, const char *const *keys,
-                            const int *lens, const uint64_t *sizes, int64_t *results, int timeout_ms,
-                            dp_batch_fn got, void *arg)
-{
-    struct fetch *fs[BATCHES_MAX], *waiting[BATCHES_MAX];
-    int why[BATCHES_MAX], posted[BATCHES_MAX], at[BATCHES_MAX], n[BATCHES_MAX], wb[BATCHES_MAX], total = 0;
-    for (int b = 0; b < nb && b < BATCHES_MAX; b++)
-        total += counts[b] > 0 ? counts[b] : 0;
-    if (nb <= 0 || nb > BATCHES_MAX) {
-        for (int i = 0; i < total; i++)
-            results[i] = DP_PYTHON;
-        return DP_PYTHON;
-    }
-    short_sleeps();
-    for (int b = 0, next = 0; b < nb; b++) {
-        at[b] = next;
-        n[b] = counts[b] > 0 ? counts[b] : 0;
-        why[b] = post_batch(d, owners[b], counts[b], keys + next, lens + next, sizes + next, &fs[b], &posted[b]);
-        next += n[b];
-    }
-    int64_t deadline = monarch_now_ns() + (int64_t)timeout_ms * 1000000LL;
-    int nw = 0;
-    for (int b = 0; b < nb; b++) {
-        if (why[b] == WAITING) {
-            wb[nw++] = b;
-            continue;
-        }
-        hand_batch(d, fs[b], why[b], posted[b], n[b], sizes + at[b], results + at[b], got, arg, b);
-    }
-    while (nw) {
-        int wwhy[BATCHES_MAX], wposted[BATCHES_MAX], left = 0;
-        for (int j = 0; j < nw; j++) {
-            waiting[j] = fs[wb[j]];
-            wwhy[j] = WAITING;
-            wposted[j] = posted[wb[j]];
-        }
-        wait_answers(d, waiting, nw, deadline, wwhy, wposted, 1);
-        for (int j = 0; j < nw; j++) {
-            int b = wb[j];
-            posted[b] = wposted[j];
-            if (wwhy[j] == WAITING)
-                wb[left++] = b;
-            else
-                hand_batch(d, fs[b], wwhy[j], posted[b], n[b], sizes + at[b], results + at[b], got, arg, b);
-        }
-        nw = left;
-    }
-    return 0;
 }
 
 /* out: files and bytes served from here, files handed back to Python, files and bytes

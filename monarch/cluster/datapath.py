@@ -89,9 +89,10 @@ def _load() -> ctypes.CDLL:
            "dp_fetch": (ctypes.c_int64, [vp, i, cp, i, u64, i, i]),
            "dp_fetch_many": (i, [vp, i, i, ctypes.POINTER(cp), ctypes.POINTER(i), ctypes.POINTER(u64),
                                  ctypes.POINTER(i), ctypes.POINTER(ctypes.c_int64), i]),
-           "dp_fetch_batches": (i, [vp, i, ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(cp),
-                                    ctypes.POINTER(i), ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_int64), i,
-                                    vp, vp]),
+           "dp_post": (vp, [vp, i, i, ctypes.POINTER(cp), ctypes.POINTER(i), ctypes.POINTER(u64), i,
+                            ctypes.POINTER(i)]),
+           "dp_test": (i, [vp, vp]),
+           "dp_take": (None, [vp, vp, ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_int64), vp, vp]),
            "dp_counts": (None, [vp, ctypes.POINTER(u64)]), "dp_stop": (None, [vp])}
     for name, (restype, argtypes) in sig.items():
         fn = getattr(lib, name)
@@ -163,10 +164,11 @@ class DataPath:
         """The address of dp_fetch_many (front_door_peers: the door's batched fetches)."""
         return ctypes.cast(self._lib.dp_fetch_many, ctypes.c_void_p).value
 
-    def fetch_batches_function(self) -> int:
-        """The address of dp_fetch_batches (front_door_peers: the read-ahead lane's passes,
-        several owners' batches at once)."""
-        return ctypes.cast(self._lib.dp_fetch_batches, ctypes.c_void_p).value
+    def flight_functions(self) -> tuple[int, int, int]:
+        """The addresses of dp_post, dp_test and dp_take (front_door_peers: the read-ahead lane
+        keeps many owners' requests in flight at once from one thread)."""
+        return tuple(ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value
+                     for name in ("dp_post", "dp_test", "dp_take"))
 
     def fetch_function(self) -> tuple[int, int, int]:
         """(address of dp_fetch, of dp_staged, this path's handle): for the front door to fetch

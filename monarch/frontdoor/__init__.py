@@ -78,7 +78,7 @@ _PROTOTYPES = {
     "front_door_reclaim": (_i64, [_vp, _i]),
     "front_door_lease": (_i64, [_vp, _i]),
     "front_door_counts": (None, [_vp, _u64p]),
-    "front_door_peers": (_i, [_vp, _vp, _vp, _vp, _vp, ctypes.c_uint32, _i, _i, _i, _i64, _vp, _vp]),
+    "front_door_peers": (_i, [_vp, _vp, _vp, _vp, _vp, ctypes.c_uint32, _i, _i, _i, _i64, _vp, _vp, _vp, _vp]),
     "front_door_own_only": (None, [_vp, _i]),
     "front_door_copy_to": (_i64, [_vp, _i, _i64]),
     "front_door_peer_copying": (None, [_vp, _i]),
@@ -267,21 +267,21 @@ class FrontDoor:
 
     def peers(self, fetch: int | None, offer: int | None, datapath: int | None, owners, self_node: int,
               peer_slot: int, timeout: float, unit: int = 1, fetch_many: int | None = None,
-              fetch_batches: int | None = None) -> bool:
+              flight: tuple[int, int, int] | None = None) -> bool:
         """The peer lane: misses of the files ``owners`` (an ``array('h')`` by index entry, -1:
         none) gives to another node fetched with the C function ``fetch`` (datapath.c's dp_fetch,
         on ``datapath``) into the tier of ``peer_slot``, each paying its size rounded up to
         ``unit`` (the tier's allocation) out of the peer area's lease; the door's own copies
         offered with ``offer`` (dp_staged); ``fetch_many`` (dp_fetch_many) fetches many of one
-        owner's files in one request, ``fetch_batches`` (dp_fetch_batches) several owners' such
-        requests at once (the read-ahead lane's pass; without it, one owner's after another);
+        owner's files in one request, ``flight`` (dp_post, dp_test, dp_take) keeps many such
+        requests in flight at once from the read-ahead lane's thread (without it, one at a time);
         ``fetch`` None turns it off. False if the door has no such tier."""
         if fetch is None:
             return self._lib.front_door_peers(self._door, None, None, None, None, 0, self_node, peer_slot, 0, 1,
-                                              None, None) == 0
+                                              None, None, None, None) == 0
         address, n = owners.buffer_info()
         ok = self._lib.front_door_peers(self._door, fetch, offer, datapath, address, n, self_node, peer_slot,
-                                        max(1, int(timeout * 1000)), unit, fetch_many, fetch_batches) == 0
+                                        max(1, int(timeout * 1000)), unit, fetch_many, *(flight or (None,) * 3)) == 0
         if ok:
             self._owners = owners  # the door reads it: kept alive with the door
         return ok

@@ -258,14 +258,17 @@ EXPORT int front_door_claim(struct door *d, const char *key, int len)
  * another call. */
 EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
                             uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
-                            void *fetch_many, void *fetch_batches)
+                            void *fetch_many, void *post, void *test, void *take)
 {
     if (fetch && (peer_slot < 0 || peer_slot >= MONARCH_MAX_SLOTS || !d->tiers[peer_slot] || unit <= 0))
         return -1;
     pthread_mutex_lock(&d->mu);
     d->peer_fetch = (peer_fetch_fn)fetch;
     d->peer_fetch_many = fetch ? (peer_fetch_many_fn)fetch_many : NULL;
-    d->peer_fetch_batches = fetch && fetch_many ? (peer_fetch_batches_fn)fetch_batches : NULL;
+    int flight = fetch && fetch_many && post && test && take;
+    d->peer_post = flight ? (peer_post_fn)post : NULL;
+    d->peer_test = flight ? (peer_test_fn)test : NULL;
+    d->peer_take = flight ? (peer_take_fn)take : NULL;
     d->peer_offer = fetch ? (peer_offer_fn)offer : NULL;
     d->peer_dp = dp;
     d->owners = fetch ? owners : NULL;

@@ -32,8 +32,12 @@
 
 #define PA_BATCH 64                    /* files per request to one owner (dp_fetch_many's limit) */
 #define PA_BATCH_BYTES (4LL << 20)     /* bytes per reply, at most (dp_fetch_many's limit) */
-#define PA_OWNERS 16                   /* owners gathered in one pass (a batch each); more wait a pass */
+#define PA_FLIGHT 32                   /* batches at once (one owner's each): gathered, or in flight */
 #define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
+#define PA_ROOM_WAKE_NS 5000000LL     /* a wait for room wakes Python (to lend more) at most this often */
+#define PA_NOT_POSTED 1                /* pa_flight: no data path to post requests to (a test's callbacks) */
+#define PA_POLL_MIN_NS 20000L          /* requests in flight: look again after at least this, ... */
+#define PA_POLL_MAX_NS 500000L         /* ... doubling up to this (sooner when the reader's progress comes) */
 #define PROGRESS_FRAMES_MAX 64        /* HINT PROGRESS requests read at once (monarch.hints: UNANSWERED_MAX) */
 #define TOLD_WAKE_NS 10000000LL      /* a progress answered here wakes Python (its stager's) at most this often */
 #define PA_STALE UINT32_MAX            /* a copy's position once its order was replaced: consumed */
@@ -75,6 +79,19 @@ struct pa_victim {                     /* a copy of the ring to unlink: its key 
     mode_t mode;
 };
 
+enum { PB_FREE, PB_FILLING, PB_FLIGHT };
+
+struct pa_batch {                      /* one owner's request of the lane's: being gathered, or in flight */
+    int state, owner, n;
+    int64_t bytes, posted_ns;
+    void *h;                           /* the data path's, once posted (dp_post) */
+    struct pa_file files[PA_BATCH];
+    const char *keys[PA_BATCH];
+    int lens[PA_BATCH];
+    uint64_t sizes[PA_BATCH];
+    int64_t results[PA_BATCH];
+};
+
 struct peer_ahead {
     pthread_t thread;
     int started, stop, busy;           /* busy: a batch or an unlinking under way (outside the lock) */
@@ -86,6 +103,7 @@ struct peer_ahead {
     int told_fresh;                    /* a progress answered here that Python's stager has not taken yet */
     uint64_t told, told_frames;        /* the last progress answered here; frames answered here so far */
     int64_t told_woke_ns;              /* when one last woke Python */
+    int64_t room_woke_ns;              /* when a wait for room last woke Python */
     struct worker w;                   /* the lane's directory kept and temporary names, as a worker's */
     uint64_t orders, fetched, fetched_bytes, batches, failed, skipped, room_waits;
     uint64_t waited;                   /* opens that came while the lane fetched their file: answered after it */
@@ -97,18 +115,12 @@ struct peer_ahead {
     uint32_t nring, ring_cap, nfds;    /* nfds: of them, those whose descriptor is kept ... */
     uint32_t fds_cap;                  /* ... at most this many */
     int64_t room, used;                /* the room taken out of the lease; what its copies hold of it */
-    struct pa_victim victims[PA_OWNERS * PA_BATCH];  /* copies to unlink before the pass's fetches */
+    struct pa_victim victims[PA_FLIGHT * PA_BATCH];  /* copies to unlink before the next fetches */
     uint32_t nvictims;
-    struct pa_file files[PA_OWNERS * PA_BATCH];
-    int owner_of[PA_OWNERS], nfiles_of[PA_OWNERS];
-    int64_t bytes_of[PA_OWNERS];
-    int64_t results[PA_OWNERS * PA_BATCH];   /* the pass's, by file as in ``files`` */
-    /* the pass's requests as one call (dp_fetch_batches): batch b is group b */
-    const char *keys[PA_OWNERS * PA_BATCH];
-    int lens[PA_OWNERS * PA_BATCH];
-    uint64_t sizes[PA_OWNERS * PA_BATCH];
-    int64_t got[PA_OWNERS * PA_BATCH];
-    int owners[PA_OWNERS], counts[PA_OWNERS];
+    struct pa_batch batch[PA_FLIGHT];
+    int nflight;                       /* of them, posted and not taken yet (under the lock) */
+    int64_t rtt_ns;                    /* a request's round trip, a moving average */
+    long poll_ns;                      /* the next look at the requests in flight, after this */
 };
 
 /* -- the ring: the lane's copies and their room ----------------------------------------------- */
@@ -149,7 +161,7 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
     uint32_t now = door_ms(d), kept = 0;
     for (uint32_t i = 0; i < pa->nring; i++) {
         struct pa_copy c = pa->ring[i];
-        int short_of_room = pa->used + need > pa->room && pa->nvictims < PA_OWNERS * PA_BATCH;
+        int short_of_room = pa->used + need > pa->room && pa->nvictims < PA_FLIGHT * PA_BATCH;
         struct idx_file f;
         const char *key;
         uint32_t len;
@@ -348,7 +360,7 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
 {
     pa->busy = 1;
     while (pa->nring) {
-        while (pa->nring && pa->nvictims < PA_OWNERS * PA_BATCH) {
+        while (pa->nring && pa->nvictims < PA_FLIGHT * PA_BATCH) {
             struct pa_copy c = pa->ring[--pa->nring];
             struct idx_file f;
             const char *key;
@@ -375,29 +387,37 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
     pthread_cond_broadcast(&pa->cv);
 }
 
-/* -- gathering a pass: the next files past the progress, by owner ---------------------------- */
+/* -- gathering: the next files past the progress, by owner ------------------------------------ */
 
-/* The owner's batch in ``pa`` (made if there is room for another owner), or -1. */
-static int pa_group(struct peer_ahead *pa, int *ngroups, int owner)
+/* A batch being gathered for ``owner`` with room for a file of ``size`` bytes (a free one made so
+ * if there is none), or NULL: every batch is in flight or being gathered. */
+static struct pa_batch *pa_batch_for(struct peer_ahead *pa, int owner, uint64_t size)
 {
-    for (int g = 0; g < *ngroups; g++)
-        if (pa->owner_of[g] == owner)
-            return g;
-    if (*ngroups == PA_OWNERS)
-        return -1;
-    pa->owner_of[*ngroups] = owner;
-    pa->nfiles_of[*ngroups] = 0;
-    pa->bytes_of[*ngroups] = 0;
-    return (*ngroups)++;
+    struct pa_batch *free_one = NULL;
+    for (int b = 0; b < PA_FLIGHT; b++) {
+        struct pa_batch *B = &pa->batch[b];
+        if (B->state == PB_FILLING && B->owner == owner && B->n < PA_BATCH
+            && B->bytes + (int64_t)size <= PA_BATCH_BYTES)
+            return B;
+        if (B->state == PB_FREE && !free_one)
+            free_one = B;
+    }
+    if (free_one) {
+        free_one->state = PB_FILLING;
+        free_one->owner = owner;
+        free_one->n = 0;
+        free_one->bytes = 0;
+    }
+    return free_one;
 }
 
-/* The next files to fetch, each made BUSY with its room taken from the ring's, grouped by owner
- * in ``pa->files`` (group g's files at g * PA_BATCH); consumed copies to unlink first in
- * ``pa->victims``. Returns how many groups; 0 with ``*room`` set when the lease is short.
- * Under the lock. */
+/* The next files to fetch, each made BUSY with its room taken from the ring's, gathered by owner
+ * into free batches (PB_FILLING), while earlier ones are still in flight; consumed copies to
+ * unlink first in ``pa->victims``. Returns how many files; 0 with ``*room`` set when the lease
+ * is short. Under the lock. */
 static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
 {
-    int ngroups = 0;
+    int gathered = 0;
     *room = 0;
     if (!d->peer_fetch || !d->peer_allowed || d->never_copy || d->stopped || !d->gate_open)
         return 0;
@@ -422,29 +442,34 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
             pa->skipped++;
             continue;
         }
-        int g = pa_group(pa, &ngroups, owner);
-        if (g < 0 || pa->nfiles_of[g] == PA_BATCH || pa->bytes_of[g] + (int64_t)f.size > PA_BATCH_BYTES)
-            break;                     /* that owner's batch is full: the next pass */
+        struct pa_batch *B = pa_batch_for(pa, owner, f.size);
+        if (!B)
+            break;                     /* every batch taken: once one comes back */
         int64_t need = peer_room(d, f.size);
         if (!ring_room_locked(d, pa, need)) {
-            if (!pa->nfiles_of[g])
-                ngroups--;             /* the group made for it stays empty */
+            B->state = B->n ? B->state : PB_FREE;  /* one made for it stays free */
             *room = 1;                 /* Python lends more when it drains the events */
             pa->room_waits++;
-            wake_python_locked(d);
+            int64_t now = monarch_now_ns();
+            if (now - pa->room_woke_ns >= PA_ROOM_WAKE_NS) {  /* once the area is lent out, more wake-ups */
+                pa->room_woke_ns = now;                        /* bring nothing: the progress makes room */
+                wake_python_locked(d);
+            }
             break;
         }
         if (!e && !(e = insert(d, key, len, hash))) {
-            if (!pa->nfiles_of[g])
-                ngroups--;
+            B->state = B->n ? B->state : PB_FREE;
             break;
         }
         e->state = K_BUSY;
         d->busy++;
         pa->used += need;
-        struct pa_file *p = &pa->files[g * PA_BATCH + pa->nfiles_of[g]++];
-        pa->bytes_of[g] += (int64_t)f.size;
-        p->key = key;                  /* the index's: mapped while the door lives */
+        struct pa_file *p = &B->files[B->n];
+        B->keys[B->n] = key;           /* the index's: mapped while the door lives */
+        B->lens[B->n] = (int)len;
+        B->sizes[B->n++] = f.size;
+        B->bytes += (int64_t)f.size;
+        p->key = key;
         p->len = len;
         p->hash = hash;
         p->pos = pa->next;
@@ -454,8 +479,9 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
         p->aside = 0;
         p->tmp[0] = 0;
         pa->next++;
+        gathered++;
     }
-    return ngroups;
+    return gathered;
 }
 
 /* -- one batch: temporary files, the fetch, the publish ---------------------------------------- */
@@ -614,80 +640,95 @@ static int pa_write(int fd, const char *p, uint64_t n)
     return 0;
 }
 
-struct pa_pass_ctx { struct door *d; struct peer_ahead *pa; int64_t t0; };
+struct pa_reply_ctx { struct door *d; struct peer_ahead *pa; struct pa_batch *B; };
 
-/* An owner's batch of the pass came (dp_fetch_batches' ``got``; batch b is group b): each file
- * written into its temporary copy and published, while the other owners' replies are on their way. */
-static void pa_batch_got(void *arg, int b, const char *const *bytes, const int64_t *got)
+/* A batch's reply came (dp_take's ``got``): each file written into its temporary copy and
+ * published (a file the owner could not give goes to Python's protocol). */
+static void pa_reply_got(void *arg, const char *const *bytes, const int64_t *got)
 {
-    struct pa_pass_ctx *c = arg;
-    struct peer_ahead *pa = c->pa;
-    struct pa_file *files = &pa->files[b * PA_BATCH];
-    int64_t *results = &pa->results[b * PA_BATCH];
-    for (int i = 0; i < pa->nfiles_of[b]; i++) {
-        struct pa_file *p = &files[i];
-        results[i] = -1;
-        if (!bytes[i] || got[i] != (int64_t)p->f.size)
-            continue;                  /* the owner cannot give it: Python's protocol asks */
-        pa_open_tmp(c->d, pa, &pa->w, p);
-        if (p->fd >= 0 && pa_write(p->fd, bytes[i], p->f.size) == 0)
-            results[i] = got[i];
+    struct pa_reply_ctx *c = arg;
+    struct pa_batch *B = c->B;
+    for (int i = 0; i < B->n; i++) {  /* ``got`` may be B->results: each read before it is written */
+        struct pa_file *p = &B->files[i];
+        int ok = bytes[i] && got[i] == (int64_t)p->f.size;
+        if (ok)
+            pa_open_tmp(c->d, c->pa, &c->pa->w, p);
+        B->results[i] = ok && p->fd >= 0 && pa_write(p->fd, bytes[i], p->f.size) == 0 ? (int64_t)p->f.size : -1;
     }
-    pa_publish(c->d, pa, files, pa->nfiles_of[b], results, c->t0);
+    pa_publish(c->d, c->pa, B->files, B->n, B->results, B->posted_ns);
 }
 
-/* Every owner's batch of the pass in one call (dp_fetch_batches): their requests posted at once,
- * their replies polled together, each batch written and published as it comes. */
-static void pa_fetch_all(struct door *d, peer_fetch_batches_fn batches, void *dp, struct peer_ahead *pa, int ngroups,
-                         int timeout_ms, int64_t t0)
-{
-    int m = 0;
-    for (int g = 0; g < ngroups; g++) {
-        for (int i = 0; i < pa->nfiles_of[g]; i++) {
-            struct pa_file *p = &pa->files[g * PA_BATCH + i];
-            pa->keys[m] = p->key;
-            pa->lens[m] = (int)p->len;
-            pa->sizes[m++] = p->f.size;
-        }
-        pa->owners[g] = pa->owner_of[g];
-        pa->counts[g] = pa->nfiles_of[g];
-    }
-    struct pa_pass_ctx c = {d, pa, t0};
-    if (batches(dp, ngroups, pa->owners, pa->counts, pa->keys, pa->lens, pa->sizes, pa->got, timeout_ms,
-                pa_batch_got, &c) != 0)
-        for (int g = 0; g < ngroups; g++) {  /* none handed over: each file goes to Python's protocol */
-            for (int i = 0; i < pa->nfiles_of[g]; i++)
-                pa->results[g * PA_BATCH + i] = -1;
-            pa_publish(d, pa, &pa->files[g * PA_BATCH], pa->nfiles_of[g], &pa->results[g * PA_BATCH], t0);
-        }
-}
-
-/* The pass's batches (``ngroups``, gathered) fetched and published by the lane's thread: every
- * owner's request at once when the data path can (one thread, one sleep for all the replies due:
- * on this VM each wake-up costs 17-20 us of CPU, and a thread per owner paid one each, plus the
- * hand-offs), each batch's files put in place as its reply comes; else one owner's after another.
- * Called and returns under the lock. */
-static void pa_pass(struct door *d, struct peer_ahead *pa, int ngroups)
+/* The batches gathered posted, each in flight until its reply comes, no thread and no sleep of
+ * its own (dp_post); those in flight looked at once (dp_test) and each one ended taken
+ * (dp_take: its files put in place). Without the data path's requests in flight (a test's
+ * callbacks), each batch gathered is fetched at once, one after another. ``give_up``: those
+ * still in flight are ended now (the lane stops). Returns how many ended. Called and returns
+ * under the lock (let go meanwhile: the lane is ``busy``). */
+static int pa_flight(struct door *d, struct peer_ahead *pa, int give_up)
 {
     peer_fetch_fn one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
-    peer_fetch_many_fn many = d->peer_fetch_many;  /* NULL: one dp_fetch per file */
-    peer_fetch_batches_fn batches = d->peer_fetch_batches;  /* NULL: one owner's batch after another */
+    peer_fetch_many_fn many = d->peer_fetch_many;
+    peer_post_fn post = d->peer_post;
+    peer_test_fn test = d->peer_test;
+    peer_take_fn take = d->peer_take;
     void *dp = d->peer_dp;
-    int timeout_ms = d->peer_timeout_ms;
+    int timeout_ms = d->peer_timeout_ms, posted = 0, ended = 0, flying = 0;
     pthread_mutex_unlock(&d->mu);
-    int64_t t0 = monarch_now_ns();
-    if (batches) {
-        pa_fetch_all(d, batches, dp, pa, ngroups, timeout_ms, t0);
-    } else {
-        for (int g = 0; g < ngroups; g++) {
-            struct pa_file *files = &pa->files[g * PA_BATCH];
-            for (int i = 0; i < pa->nfiles_of[g]; i++)
-                pa_open_tmp(d, pa, &pa->w, &files[i]);
-            pa_fetch(one, many, dp, pa->owner_of[g], files, pa->nfiles_of[g], &pa->results[g * PA_BATCH], timeout_ms);
-            pa_publish(d, pa, files, pa->nfiles_of[g], &pa->results[g * PA_BATCH], t0);
+    for (int b = 0; b < PA_FLIGHT; b++) {
+        struct pa_batch *B = &pa->batch[b];
+        if (B->state != PB_FILLING)
+            continue;
+        B->posted_ns = monarch_now_ns();
+        int why = PA_NOT_POSTED;
+        B->h = post && one ? post(dp, B->owner, B->n, B->keys, B->lens, B->sizes, timeout_ms, &why) : NULL;
+        if (B->h) {
+            B->state = PB_FLIGHT;
+            posted++;
+            continue;
         }
+        if (why == PA_NOT_POSTED && one) {  /* no requests in flight here: fetched now */
+            for (int i = 0; i < B->n; i++)
+                pa_open_tmp(d, pa, &pa->w, &B->files[i]);
+            pa_fetch(one, many, dp, B->owner, B->files, B->n, B->results, timeout_ms);
+        } else {
+            for (int i = 0; i < B->n; i++)
+                B->results[i] = -1;    /* not posted (the stop, a lost owner): Python's protocol asks */
+        }
+        pa_publish(d, pa, B->files, B->n, B->results, B->posted_ns);
+        B->state = PB_FREE;
+        ended++;
+    }
+    int64_t now = monarch_now_ns();
+    for (int b = 0; b < PA_FLIGHT; b++) {
+        struct pa_batch *B = &pa->batch[b];
+        if (B->state != PB_FLIGHT)
+            continue;
+        if (!give_up && !test(dp, B->h)) {
+            flying++;
+            continue;
+        }
+        int64_t took = now - B->posted_ns;
+        pa->rtt_ns = pa->rtt_ns ? pa->rtt_ns + (took - pa->rtt_ns) / 8 : took;
+        struct pa_reply_ctx c = {d, pa, B};
+        take(dp, B->h, B->sizes, B->results, pa_reply_got, &c);
+        B->h = NULL;
+        B->state = PB_FREE;
+        ended++;
     }
     pthread_mutex_lock(&d->mu);
+    pa->nflight = flying;
+    pa->batches += (uint64_t)ended;    /* counted once each, when it ends */
+    /* the next look: most of a round trip after a request posted with none before it; soon after
+     * one came back (others are likely due); else each look twice as late as the last */
+    long rtt = (long)(pa->rtt_ns * 3 / 4);
+    if (posted && flying == posted)
+        pa->poll_ns = rtt < PA_POLL_MIN_NS ? PA_POLL_MIN_NS : rtt > PA_POLL_MAX_NS ? PA_POLL_MAX_NS : rtt;
+    else if (ended)
+        pa->poll_ns = PA_POLL_MIN_NS;
+    else
+        pa->poll_ns = pa->poll_ns * 2 > PA_POLL_MAX_NS ? PA_POLL_MAX_NS : pa->poll_ns * 2 < PA_POLL_MIN_NS ? PA_POLL_MIN_NS : pa->poll_ns * 2;
+    pthread_cond_broadcast(&pa->cv);
+    return ended;
 }
 
 static void *peer_ahead_main(void *arg)
@@ -695,6 +736,7 @@ static void *peer_ahead_main(void *arg)
     struct door *d = arg;
     struct peer_ahead *pa = d->pa;
     prctl(PR_SET_NAME, "monarch-peerahd");
+    prctl(PR_SET_TIMERSLACK, 1000UL);  /* its looks at the requests in flight are short waits */
     pthread_mutex_lock(&d->mu);
     while (!pa->stop) {
         if (pa->busy) {                /* the order ended: its copies are being dropped (ring_drop_locked) */
@@ -702,22 +744,25 @@ static void *peer_ahead_main(void *arg)
             continue;
         }
         int room;
-        int ngroups = pa_gather_locked(d, pa, &room);
+        int gathered = pa_gather_locked(d, pa, &room);
         if (pa->nvictims) {            /* consumed copies go first: their room is the batch's */
             pa->busy = 1;
             ring_unlink_victims(d, pa, 1);
             pa->busy = 0;
             pthread_cond_broadcast(&pa->cv);
         }
-        if (!ngroups) {
-            timed_wait(&pa->cv, &d->mu, PA_WAIT_NS);
-            continue;
+        if (gathered || pa->nflight) {
+            pa->busy = 1;
+            pa_flight(d, pa, 0);
+            pa->busy = 0;
         }
+        /* requests in flight: look again soon (or when the reader's progress frees room for more) */
+        timed_wait(&pa->cv, &d->mu, pa->nflight ? pa->poll_ns : PA_WAIT_NS);
+    }
+    if (pa->nflight) {                 /* stopping: the requests in flight given up */
         pa->busy = 1;
-        pa_pass(d, pa, ngroups);
+        pa_flight(d, pa, 1);
         pa->busy = 0;
-        pa->batches += (uint64_t)ngroups;
-        pthread_cond_broadcast(&pa->cv);
     }
     pthread_mutex_unlock(&d->mu);
     return NULL;
@@ -799,8 +844,8 @@ EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32
         return -1;
     }
     struct peer_ahead *pa = d->pa;
-    while (!n && pa->busy)             /* no order: its batch under way ends first, then its copies go */
-        pthread_cond_wait(&pa->cv, &d->mu);
+    while (!n && (pa->busy || pa->nflight) && pa->started)  /* no order: its requests in flight end first, */
+        pthread_cond_wait(&pa->cv, &d->mu);                  /* then its copies go */
     free(pa->order);
     pa->order = copy;
     pa->gen++;

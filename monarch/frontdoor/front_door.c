@@ -168,13 +168,14 @@ typedef int64_t (*peer_fetch_fn)(void *dp, int owner, const char *key, int len, 
  * into fds[i] at offset 0; results[i] its bytes or < 0; 0, or < 0 for the whole batch */
 typedef int (*peer_fetch_many_fn)(void *dp, int owner, int n, const char *const *keys, const int *lens,
                                   const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms);
-/* several owners' batches at once, the files of batch b after those of the batches before it,
- * each batch handed to ``got`` as its reply comes: its files' bytes (valid during the call) or
- * why not (datapath.c's dp_fetch_batches) */
-typedef void (*peer_batch_fn)(void *arg, int batch, const char *const *bytes, const int64_t *results);
-typedef int (*peer_fetch_batches_fn)(void *dp, int nb, const int *owners, const int *counts, const char *const *keys,
-                                     const int *lens, const uint64_t *sizes, int64_t *results, int timeout_ms,
-                                     peer_batch_fn got, void *arg);
+/* one owner's request of many files posted, not waited for (datapath.c's dp_post, dp_test,
+ * dp_take): many owners' requests kept in flight at once by one thread */
+typedef void (*peer_reply_fn)(void *arg, const char *const *bytes, const int64_t *results);
+typedef void *(*peer_post_fn)(void *dp, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
+                              int timeout_ms, int *why);
+typedef int (*peer_test_fn)(void *dp, void *handle);
+typedef void (*peer_take_fn)(void *dp, void *handle, const uint64_t *sizes, int64_t *results, peer_reply_fn got,
+                             void *arg);
 /* datapath.c's dp_staged: the data path answers other nodes' requests for ``key`` from ``slot`` */
 typedef void (*peer_offer_fn)(void *dp, const char *key, int len, int slot);
 
@@ -249,7 +250,9 @@ struct door {
      * peer data path (monarch/cluster/datapath.c) into the peer area, within the same lease */
     peer_fetch_fn peer_fetch;
     peer_fetch_many_fn peer_fetch_many; /* batches of one owner's files (NULL: one at a time) */
-    peer_fetch_batches_fn peer_fetch_batches;  /* several owners' batches at once (NULL: one after another) */
+    peer_post_fn peer_post;            /* requests in flight without a thread each (NULL: one batch at a time) */
+    peer_test_fn peer_test;
+    peer_take_fn peer_take;
     peer_offer_fn peer_offer;          /* the door's own copies offered to other nodes (own_only) */
     void *peer_dp;
     int own_only;                      /* a sharded node: copy only the files ``owners`` gives to no other */

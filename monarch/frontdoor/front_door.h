@@ -97,7 +97,7 @@ EXPORT int64_t front_door_lease(struct door *d, int q);
 /* the peer lane (a sharded cluster) */
 EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
                             uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
-                            void *fetch_many, void *fetch_batches);
+                            void *fetch_many, void *post, void *test, void *take);
 EXPORT void front_door_own_only(struct door *d, int on);
 EXPORT void front_door_peer_copying(struct door *d, int on);
 EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offset);

@@ -108,7 +108,7 @@ class PeerDoorLink(StagerListener):
             for key in books.flights:  # fetches under way are the cache's
                 door.claim(key)
         if not door.peers(*datapath.fetch_function(), owners, node, self.area.slot, timeout, self.area.unit,
-                          datapath.fetch_many_function(), datapath.fetch_batches_function()):
+                          datapath.fetch_many_function(), datapath.flight_functions()):
             raise OSError("the front door has no peer area to fetch into")
         # which fetches the area keeps: measured from the shim's opens there (the rest are memfds)
         if counters_path is not None and not door.peer_reuse(counters_path):
