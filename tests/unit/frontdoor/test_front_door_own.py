@@ -436,3 +436,79 @@ def test_a_readers_progress_of_the_lanes_order_is_answered_by_the_door_on_a_kept
     assert d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4, stream)
     assert d.door.peer_told() == (None, 6)
     d.door.peer_ahead(array("I"), 1)
+
+
+POST = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
+                        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int,
+                        ctypes.POINTER(ctypes.c_int))
+TEST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+TAKE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
+                        ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p)
+GOT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int64))
+
+
+def test_the_read_ahead_lane_posts_the_next_requests_while_the_last_are_in_flight(sharded_door, short_tmp):
+    """The peer read-ahead lane keeps requests in flight (datapath.c's dp_post, dp_test, dp_take):
+    as the reader's progress frees room it gathers and posts the next files while the requests
+    before are still on their way, rather than waiting for a whole pass to come back first; each
+    reply's files are put in place as it comes, whatever the order of the replies."""
+    d = sharded_door
+    root = os.path.join(short_tmp, "pfs")
+    posted: dict[int, list[str]] = {}
+    replied: set[int] = set()
+
+    def post(dp, owner, n, keys, lens, sizes, timeout_ms, why):
+        handle = len(posted) + 1
+        posted[handle] = [keys[i][:lens[i]].decode() for i in range(n)]
+        why[0] = 0
+        return handle
+
+    def test(dp, handle):
+        return int(handle in replied)
+
+    def take(dp, handle, sizes, results, got, arg):
+        data = []
+        for i, key in enumerate(posted[handle]):
+            with open(os.path.join(root, key.split("/", 1)[1]), "rb") as f:
+                data.append(f.read())
+            results[i] = len(data[-1])
+        GOT(got)(arg, (ctypes.c_char_p * len(data))(*data), results)
+
+    callbacks = d.callbacks[0], d.callbacks[1], FETCH_MANY(lambda *a: -1), POST(post), TEST(test), TAKE(take)
+    d.linked = callbacks  # kept alive with the door
+    address = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
+    assert d.door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
+                        tuple(address[3:]))
+    d.door.peer_copying(True)
+    d.door.grant(1 << 20, PEER_BOOKS)
+    order = sorted(d.sums, key=d.row)  # every other file is node 1's
+    d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4)  # four positions ahead: two remote files
+
+    def posts(n: int) -> bool:
+        deadline = time.monotonic() + 10
+        while len(posted) < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return len(posted) >= n
+
+    assert posts(1) and d.door.peer_ahead_state()["fetched"] == 0
+    d.door.peer_progress(4)  # room for the next two while the first request is in flight
+    assert posts(2), posted
+    first, second = posted[1], posted[2]
+    assert not set(first) & set(second) and len(first + second) == 4
+    replied.add(2)  # the second reply comes first: its files go in place, the first's wait
+    d.door.peer_progress(4)  # a look now (the lane also looks on its own)
+    deadline = time.monotonic() + 10
+    while d.door.peer_ahead_state()["fetched"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    area = os.path.join(short_tmp, "area")
+    assert d.door.peer_ahead_state()["fetched"] == 2
+    assert all(os.path.exists(os.path.join(area, k)) for k in second)
+    assert not any(os.path.exists(os.path.join(area, k)) for k in first)
+    replied.add(1)
+    while d.door.peer_ahead_state()["fetched"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for k in first + second:
+        with open(os.path.join(area, k), "rb") as f:
+            assert hashlib.md5(f.read()).hexdigest() == d.sums[k], k
+    d.door.peer_ahead(array("I"), 1)  # the order's end: its copies go, its room comes back
+    assert d.door.peer_ahead_state()["copies"] == 0
