@@ -13,7 +13,9 @@
  * Requester: ``dp_fetch``'s caller (the front door's worker, or a Python fetching thread that
  * ctypes lets go of the GIL) posts its receive and its request itself and polls them, no
  * hand-off to another thread, until the answer, a loss (``dp_lost``), the stop or its
- * deadline; then writes the bytes into the destination. A fetch given up with its receive
+ * deadline; then writes the bytes into the destination. Or it posts a request (``dp_post``),
+ * looks at it when it likes (``dp_test``) and takes its reply (``dp_take``): the front door's
+ * read-ahead lane keeps many owners' requests in flight so from one thread. A fetch given up with its receive
  * still posted is left to the owner's thread (an orphan) until the answer comes, so a late
  * answer never lands in another fetch's buffer and its tag is not reused before.
  *

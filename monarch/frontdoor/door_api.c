@@ -253,7 +253,9 @@ EXPORT int front_door_claim(struct door *d, const char *key, int len)
  * node than ``self_node`` are fetched with ``fetch(dp, ...)`` into the tier of ``peer_slot``
  * (the peer area), each paying its size rounded up to ``unit`` out of the peer lease;
  * ``fetch`` NULL turns the lane off. ``fetch_many`` (dp_fetch_many, may be NULL) fetches many of
- * one owner's files in one request. The door's own copies are offered with ``offer(dp, ...)``
+ * one owner's files in one request; ``post``, ``test`` and ``take`` (dp_post, dp_test, dp_take:
+ * all or none) keep the read-ahead lane's requests in flight from its one thread (none: it
+ * fetches one batch at a time). The door's own copies are offered with ``offer(dp, ...)``
  * (may be NULL). ``owners`` stays the caller's, and is not read once this returns after
  * another call. */
 EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,

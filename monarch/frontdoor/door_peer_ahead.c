@@ -1,19 +1,23 @@
 /* Part of front_door.c, one translation unit: included there, in order, after the types and the
  * parts before it (after door_peer.c). Here: the peer read-ahead lane, the clairvoyant path:
  * when the readers tell their order (monarch.hints), the other nodes' files of that order are
- * fetched ahead of the reader into the peer area, many per request and reply to each owner
- * (peer_fetch_many), so that the reader's opens of them are local hits (the shim's tier probe).
+ * fetched ahead of the reader into the peer area, many per request and reply to each owner,
+ * so that the reader's opens of them are local hits (the shim's tier probe).
  *
  * Python gives the lane the order as index entries (front_door_peer_ahead) and the reader's
  * progress (front_door_peer_progress), or the reader tells its progress to the door itself: a
  * connection whose first request is a HINT PROGRESS of the order's stream is answered and kept
  * here (peer_progress_frames), no interpreter per frame; Python's stager takes the last of them
- * when it drains the door (front_door_peer_told), woken for them at most every TOLD_WAKE_NS. One thread of its own goes through the order: the next
- * entries past the progress, no more than ``window`` ahead, that are other nodes' small files
- * the door has never heard of (a staged, busy or Python's key is skipped; one evicted from the
- * area is fetched again: front_door_peer_gone); grouped by owner, up to PA_BATCH files and
- * PA_BATCH_BYTES per call; each file written to a temporary name and renamed into place, as
- * fetch_from_peer does.
+ * when it drains the door (front_door_peer_told), woken for them at most every TOLD_WAKE_NS.
+ * One thread of its own goes through the order: the next entries past the progress, no more
+ * than ``window`` ahead, that are other nodes' small files the door has never heard of (a
+ * staged, busy or Python's key is skipped; one evicted from the area is fetched again:
+ * front_door_peer_gone); gathered by owner into batches of up to PA_BATCH files and
+ * PA_BATCH_BYTES, each one request and one reply. Up to PA_FLIGHT batches are in flight at once
+ * (the data path's dp_post, dp_test, dp_take: no thread and no sleep per request): as the
+ * progress frees room the lane gathers and posts the next while the last are on their way, and
+ * puts each reply's files in place as it comes (written to a temporary name, or over a spare,
+ * and renamed into place, as fetch_from_peer does).
  *
  * The lane keeps its copies' books itself, in C (the ring): no event per file, nothing for
  * Python's LRU. Its room is taken out of the peer lease (Q_PEER) as it grows and given back
@@ -21,8 +25,8 @@
  * an earlier order) is the first to go when a new one needs room (renamed aside as a spare that
  * a next fetch writes over, PA_SPARES, then renamed from there into its new place: the
  * descriptor it was written with kept on the ring, so going costs one rename), and one the
- * order asks for again before that is kept for its new position. An open of a copy being unlinked parks and is
- * handed to Python, as any open of a key the door gave up. Copies stay STAGED with ``ring`` set;
+ * order asks for again before that is kept for its new position. An open of a copy being
+ * unlinked parks and is handed to Python, as any open of a key the door gave up. Copies stay STAGED with ``ring`` set;
  * whatever else makes a key STAGED clears it, so the lane never unlinks a copy not its own.
  * A file the owner cannot give (not staged there, another size, compressed, a lost owner) is
  * handed to Python (K_PYTHON): its open goes through Python's protocol, which asks the owner,
@@ -153,8 +157,8 @@ static void ring_close_fd(struct peer_ahead *pa, struct pa_copy *c)
     }
 }
 
-/* Room for ``need`` more bytes: consumed copies made victims (BUSY: unlinked before the pass's
- * fetches; their room counted free at once), else room taken from the lease. 1 if there is
+/* Room for ``need`` more bytes: consumed copies made victims (BUSY: unlinked before the next
+ * requests go; their room counted free at once), else room taken from the lease. 1 if there is
  * room, 0 if not. Under the lock. */
 static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
 {
