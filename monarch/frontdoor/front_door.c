@@ -362,6 +362,7 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long ns)
 #include "door_copies.c"
 #include "door_peer.c"
 #include "door_peer_ahead.c"
+#include "door_peer_lane.c"
 #include "door_copiers.c"
 #include "door_loop.c"
 #include "door_api.c"

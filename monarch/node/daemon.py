@@ -79,7 +79,6 @@ class NodeDaemon:
         self.snapshot_ready_at: float | None = None  # time.time() when the snapshot was ready (or failed)
         self.gate = SnapshotGate()
         self._door: DoorKeeper | None = None  # the server's C front door (make_front_door)
-        self._told_counted = 0  # hint progress requests the door answered itself, counted so far
         self._stagers: "weakref.WeakSet[Stager]" = weakref.WeakSet()  # every stager made: close() drains them
         self.run_dir = layout.run_dir(config.run_base, run_id, self.node)
         # the run directory is this instance's from here (a live one refused); a dead one's
@@ -185,17 +184,8 @@ class NodeDaemon:
             self._door.open(self.index_path)
 
     def absorb_front_door(self) -> None:
-        """What the door copied, into the stager's books and the outcomes; the last progress
-        the readers told the door itself, to the stager."""
-        if self._door is None:
-            return
-        answered = self._door.absorb()
-        peer_link = self._door.peer_link
-        if peer_link is not None:
-            told = self.notices.take_told(peer_link.told)
-            with self._lock:  # counted as the hints Python answers are
-                answered[Outcome.HINTS], self._told_counted = told - self._told_counted, told
-        if any(answered.values()):
+        """What the door copied, and the progress readers told it, to the books and the outcomes."""
+        if self._door is not None and any((answered := self._door.absorb()).values()):
             with self._lock:
                 self.outcomes.update(answered)
 
@@ -268,7 +258,7 @@ class NodeDaemon:
                 dp, owners = role.cluster.datapath, owners_by_entry(snap.files, role.cluster.owner, role.node)
                 keeper.use_peer_link(lane := PeerDoorLink(keeper.door, role.peer_cache, dp, owners, role.node,
                                                           role.cluster.heartbeat_timeout, snap.files,
-                                                          self.counters_path))
+                                                          self.counters_path), lambda: self.notices.take_told(lane.told))
                 linked = self.notices.attach_peer(lane.hint)  # hinted orders' other nodes' files fetched ahead too
             except Exception:
                 log.exception("the front door's peer lane did not start: other nodes' files come through Python")

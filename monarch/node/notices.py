@@ -49,6 +49,7 @@ class JobNotices:
         # an order and a progress the door answered itself (take_told) reach the stager one at a
         # time: a progress of the last order taken before a new one is never applied after it
         self._order_lock = threading.Lock()
+        self._told_counted = 0  # progress requests the door answered itself, counted so far
 
     def attach_peer(self, hint: Callable[[int, int, Any], None]) -> bool:
         """From now on the whole order of each hint also goes to ``hint`` (after those so far), on a
@@ -125,13 +126,15 @@ class JobNotices:
 
     def take_told(self, take: Callable[[], tuple[tuple[int, int] | None, int]]) -> int:
         """The last progress the reader told the front door itself (``take``: the peer link's
-        ``told``; the lane has it already) to the stager. Returns how many the door answered."""
+        ``told``; the lane has it already) to the stager. Returns how many progress requests the
+        door answered since the last call."""
         with self._order_lock:
             told, frames = take()
             if told is not None:
                 stream, consumed = told
                 self._current.stager.hint_progress(stream, self._own_consumed(stream, consumed))
-        return frames
+            new, self._told_counted = frames - self._told_counted, frames
+        return new
 
     def _apply_hint(self, op: int, stream: int, keys) -> None:
         with self._lock:

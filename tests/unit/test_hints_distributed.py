@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_the_shard_order_is_told_before_the_first_index_then_the_progress(tmp_pa
     sent = []
 
     class Recorder(Hints):
-        def _send(self, frames, wait=True):
+        def _send(self, frames, wait=True, channel=None):
             sent.extend(protocol.decode_hint(f[protocol.REQUEST_HEADER.size:]) for f in frames)
 
     hints = Recorder(env={protocol.ENV_SOCKET: str(tmp_path / "s"), protocol.ENV_ROOTS: f"0={root}"}, stream=5)
@@ -70,40 +71,52 @@ def test_the_shard_order_is_told_before_the_first_index_then_the_progress(tmp_pa
 
 
 def test_progress_is_not_waited_for_and_its_answers_are_read_before_the_next_order(short_tmp):
+    """The progress goes on a connection of its own (the front door answers it itself when its
+    peer lane follows that order), its answers not waited for; they are read before the next
+    order goes (on the first connection), and the next order's progress goes on a new one."""
     import socket
     import threading
 
     path = os.path.join(short_tmp, "d.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    listener.listen(1)
-    release, got = threading.Event(), []
+    listener.listen(4)
+    release, got, lock = threading.Event(), [], threading.Lock()
 
-    def daemon():
-        conn, _ = listener.accept()
+    def serve(conn, number):
         with conn:
             while True:
-                head = protocol.recv_exact(conn, protocol.REQUEST_HEADER.size)
+                try:
+                    head = protocol.recv_exact(conn, protocol.REQUEST_HEADER.size)
+                except (protocol.ProtocolError, OSError):
+                    return  # the reader closed it
                 n = protocol.REQUEST_HEADER.unpack(head)[-1]
                 op, stream, arg = protocol.decode_hint(protocol.recv_exact(conn, n))
-                got.append(op)
+                with lock:
+                    got.append((number, op))
                 if op == protocol.HINT_PROGRESS and not release.wait(3):  # answered once the reader went on
-                    got.append("the reader waited for a progress's answer")
+                    with lock:
+                        got.append("the reader waited for a progress's answer")
                 conn.sendall(protocol.ANSWER_HEADER.pack(0, 0))
-                if op == protocol.HINT_END:
-                    return
 
-    t = threading.Thread(target=daemon, daemon=True)
-    t.start()
+    def daemon():
+        for number in range(3):
+            conn, _ = listener.accept()
+            threading.Thread(target=serve, args=(conn, number), daemon=True).start()
+
+    threading.Thread(target=daemon, daemon=True).start()
     h = Hints(env={protocol.ENV_SOCKET: path, protocol.ENV_ROOTS: f"0={short_tmp}"}, stream=3)
     h.order([os.path.join(short_tmp, "a"), os.path.join(short_tmp, "b")])
     h.progress(1, wait=False)
     h.progress(2, wait=False)  # returned without their answers: the daemon holds them until released
     release.set()
     h.order([os.path.join(short_tmp, "a")])  # reads the two answers first, then its own
+    h.progress(1)
     h.close()
-    t.join(10)
+    deadline = time.monotonic() + 10
+    while len(got) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
     listener.close()
-    assert got == [protocol.HINT_ORDER, protocol.HINT_PROGRESS, protocol.HINT_PROGRESS, protocol.HINT_ORDER,
-                   protocol.HINT_END]
+    assert got == [(0, protocol.HINT_ORDER), (1, protocol.HINT_PROGRESS), (1, protocol.HINT_PROGRESS),
+                   (0, protocol.HINT_ORDER), (2, protocol.HINT_PROGRESS), (0, protocol.HINT_END)]
     assert h.enabled

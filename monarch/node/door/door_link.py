@@ -202,6 +202,7 @@ class DoorKeeper:
         self._may_copy = may_copy  # asked at each link: a cluster's layout is known once the walk ends
         self.link: DoorLink | None = None  # linked by its holder, under the gate's lock (relink_locked)
         self.peer_link = None  # the peer lane's (PeerDoorLink), sharded with the C data path (link_peers)
+        self._told: Callable[[], int] | None = None  # the stager's share of the progress the door answered
         self._lane_lock = threading.Lock()
         self._lane_asked = False  # the read-ahead lane was asked for (read_ahead)
 
@@ -289,15 +290,18 @@ class DoorKeeper:
         # else every small file was copied, is being copied, or is the stager's (a claim, a
         # failed copy left to its asker): the large ones are the stager's already
 
-    def use_peer_link(self, link) -> None:
-        """From now on the door also fetches other nodes' files itself (a ``PeerDoorLink``)."""
-        self.peer_link = link
+    def use_peer_link(self, link, told: Callable[[], int]) -> None:
+        """From now on the door also fetches other nodes' files itself (a ``PeerDoorLink``);
+        ``told`` hands the stager the progress the readers told the door (JobNotices.take_told)."""
+        self.peer_link, self._told = link, told
 
     def absorb(self) -> dict[Outcome, int]:
-        """What the door copied or fetched, into the books: how many opens it answered so."""
+        """What the door copied or fetched, into the books: how many opens it answered so (and
+        how many readers' progress requests it answered itself, counted as hints)."""
         link = self.link  # a sharded node's door copies its own files and fetches the others'
         return {Outcome.STAGED: link.absorb() if link is not None else 0,
-                Outcome.FETCHED: self.peer_link.absorb() if self.peer_link is not None else 0}
+                Outcome.FETCHED: self.peer_link.absorb() if self.peer_link is not None else 0,
+                Outcome.HINTS: self._told() if self.peer_link is not None else 0}
 
     def stats(self) -> dict:
         """The report's ``front_door`` entry (its unused lent room given back first, for a

@@ -1,0 +1,502 @@
+/* Part of front_door.c, one translation unit: included there, in order, after the types and the
+ * parts before it (after door_peer_ahead.c, the lane's state, ring and gathering). Here: the peer
+ * read-ahead lane's thread: its batches posted and kept in flight, each reply's files put in
+ * place; and what Python and the door's loop call to drive it (the order, the progress, the
+ * readers' own progress requests, the figures). */
+
+/* -- one batch: temporary files, the fetch, the publish ---------------------------------------- */
+
+/* ``p``'s temporary copy in its directory of the peer area: a spare written over, or a new file. */
+static void pa_open_tmp(struct door *d, struct peer_ahead *pa, struct worker *w, struct pa_file *p)
+{
+    const char *base = memrchr(p->key, '/', p->len);
+    uint32_t dlen = base ? (uint32_t)(base - p->key) : 0;
+    snprintf(p->tmp, sizeof p->tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
+    const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    mode_t mode = (p->f.mode & 0700) | 0600;
+    p->aside = 0;
+    for (int attempt = 0; base && attempt < 2 && p->fd < 0; attempt++) {
+        int kdir = cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, p->key, dlen, open_peer_dir, w);
+        p->dir = kdir < 0 ? -1 : dup(kdir);   /* kept to its rename: the next file may be elsewhere */
+        if (p->dir >= 0 && (p->fd = pa_take_spare(d, pa, p->f.size, mode, p->tmp, sizeof p->tmp)) >= 0) {
+            p->aside = 1;
+            break;
+        }
+        p->fd = p->dir < 0 ? -1 : openat(p->dir, p->tmp, create, mode);
+        if (p->fd >= 0 && fcntl(p->fd, F_SETSIG, SIGURG) != 0) {  /* kept on the ring: its lease breaks ignored */
+            close(p->fd);
+            unlinkat(p->dir, p->tmp, 0);
+            p->fd = -1;
+            break;
+        }
+        if (p->fd >= 0 || errno != ENOENT || w->peer_dir < 0)
+            break;
+        close(p->dir);                 /* its directory went meanwhile: opened afresh */
+        p->dir = -1;
+        close(w->peer_dir);
+        w->peer_dir = -1;
+    }
+}
+
+/* The files' bytes, each result the bytes written or < 0. */
+static void pa_fetch(peer_fetch_fn one, peer_fetch_many_fn many, void *dp, int owner,
+                     struct pa_file *files, int n, int64_t *results, int timeout_ms)
+{
+    const char *keys[PA_BATCH];
+    int lens[PA_BATCH], fds[PA_BATCH], m = 0, at[PA_BATCH];
+    uint64_t sizes[PA_BATCH];
+    int64_t got[PA_BATCH];
+    for (int i = 0; i < n; i++) {
+        results[i] = -1;
+        if (files[i].fd < 0)
+            continue;
+        keys[m] = files[i].key;
+        lens[m] = (int)files[i].len;
+        sizes[m] = files[i].f.size;
+        fds[m] = files[i].fd;
+        at[m++] = i;
+    }
+    if (!m)
+        return;
+    if (many) {
+        if (many(dp, owner, m, keys, lens, sizes, fds, got, timeout_ms) != 0)
+            for (int j = 0; j < m; j++)
+                got[j] = -1;
+    } else {
+        for (int j = 0; j < m; j++)
+            got[j] = one(dp, owner, keys[j], lens[j], sizes[j], fds[j], timeout_ms);
+    }
+    for (int j = 0; j < m; j++)
+        results[at[j]] = got[j];
+}
+
+/* Each file of a fetched batch published (K_STAGED, on the ring) or handed to Python (K_PYTHON),
+ * its waiters answered. Takes and leaves the lock unlocked. */
+static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *files, int n, const int64_t *results,
+                       int64_t t0)
+{
+    int slot = d->peer_slot;
+    const char *area = d->tiers[slot];
+    for (int i = 0; i < n; i++) {
+        struct pa_file *p = &files[i];
+        struct timespec times[2] = {{p->f.mtime / 1000000000LL, p->f.mtime % 1000000000LL},
+                                    {p->f.mtime / 1000000000LL, p->f.mtime % 1000000000LL}};
+        int ok = p->fd >= 0 && results[i] == (int64_t)p->f.size && futimens(p->fd, times) == 0;
+        const char *name = memrchr(p->key, '/', p->len);
+        char base[NAME_MAX + 1], tmp[PATH_MAX];
+        size_t bl = name ? p->len - (size_t)(name + 1 - p->key) : 0;
+        ok = ok && bl > 0 && bl <= NAME_MAX;
+        int from = p->aside ? AT_FDCWD : p->dir;  /* a spare is renamed into place from the area's top */
+        if (p->aside)
+            spare_path(d, p->tmp, tmp);
+        else
+            snprintf(tmp, sizeof tmp, "%s", p->tmp);
+        if (ok) {
+            memcpy(base, name + 1, bl);
+            base[bl] = 0;
+            ok = !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) && renameat(from, tmp, p->dir, base) == 0;
+        }
+        if (!ok && p->fd >= 0) {
+            unlinkat(from, tmp, 0);
+            close(p->fd);
+            p->fd = -1;
+        }
+        if (p->dir >= 0)
+            close(p->dir);
+        char dest[PATH_MAX];
+        snprintf(dest, sizeof dest, "%s/%.*s", area, (int)p->len, p->key);
+        pthread_mutex_lock(&d->mu);
+        int64_t need = peer_room(d, p->f.size);
+        if (ok && ring_push_locked(pa, p->f.entry, p->gen == pa->gen ? p->pos : PA_STALE, need, p->fd,
+                                   (p->f.mode & 0700) | 0600) != 0) {
+            pthread_mutex_unlock(&d->mu);
+            unlink(dest);              /* no room in the ring's books: not kept */
+            close(p->fd);
+            pthread_mutex_lock(&d->mu);
+            ok = 0;
+        }
+        struct entry *e = find(d, p->key, p->len, p->hash);  /* BUSY since gathered: still there */
+        if (ok) {
+            e->state = K_STAGED;
+            e->slot = (uint8_t)slot;
+            e->ring = 1;
+            e->answered = 0;           /* not answered: once consumed, it may go at once */
+            pa->fetched++;
+            pa->fetched_bytes += p->f.size;
+        } else {
+            e->state = K_PYTHON;       /* its open goes to Python's protocol: the owner, or the new one */
+            e->ring = 0;
+            pa->used -= need;
+            pa->failed++;
+            post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)slot, p->key, p->len, p->f.entry, p->f.size, 0,
+                              monarch_now_ns() - t0);
+        }
+        /* its waiters open it at once */
+        struct waiter *ready = d->parked ? unpark_locked(d, p->key, p->len, p->hash) : NULL;
+        for (struct waiter *q = ready; q; q = q->next)
+            pa->waited++;
+        d->busy--;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        if (ready)
+            answer_parked(d, ready, ok ? slot : -1, dest);
+    }
+}
+
+/* -- the lane's thread ---------------------------------------------------------------------- */
+
+/* ``n`` bytes written at offset 0 of ``fd``: 0, or -1. */
+static int pa_write(int fd, const char *p, uint64_t n)
+{
+    uint64_t put = 0;
+    while (put < n) {
+        ssize_t w = pwrite(fd, p + put, n - put, (off_t)put);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        put += (uint64_t)w;
+    }
+    return 0;
+}
+
+struct pa_reply_ctx { struct door *d; struct peer_ahead *pa; struct pa_batch *B; };
+
+/* A batch's reply came (dp_take's ``got``): each file written into its temporary copy and
+ * published (a file the owner could not give goes to Python's protocol). */
+static void pa_reply_got(void *arg, const char *const *bytes, const int64_t *got)
+{
+    struct pa_reply_ctx *c = arg;
+    struct pa_batch *B = c->B;
+    for (int i = 0; i < B->n; i++) {  /* ``got`` may be B->results: each read before it is written */
+        struct pa_file *p = &B->files[i];
+        int ok = bytes[i] && got[i] == (int64_t)p->f.size;
+        if (ok)
+            pa_open_tmp(c->d, c->pa, &c->pa->w, p);
+        B->results[i] = ok && p->fd >= 0 && pa_write(p->fd, bytes[i], p->f.size) == 0 ? (int64_t)p->f.size : -1;
+    }
+    pa_publish(c->d, c->pa, B->files, B->n, B->results, B->posted_ns);
+}
+
+/* The batches gathered posted, each in flight until its reply comes, no thread and no sleep of
+ * its own (dp_post); those in flight looked at once (dp_test) and each one ended taken
+ * (dp_take: its files put in place). Without the data path's requests in flight (a test's
+ * callbacks), each batch gathered is fetched at once, one after another. ``give_up``: those
+ * still in flight are ended now (the lane stops). Returns how many ended. Called and returns
+ * under the lock (let go meanwhile: the lane is ``busy``). */
+static int pa_flight(struct door *d, struct peer_ahead *pa, int give_up)
+{
+    peer_fetch_fn one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
+    peer_fetch_many_fn many = d->peer_fetch_many;
+    peer_post_fn post = d->peer_post;
+    peer_test_fn test = d->peer_test;
+    peer_take_fn take = d->peer_take;
+    void *dp = d->peer_dp;
+    int timeout_ms = d->peer_timeout_ms, posted = 0, ended = 0, flying = 0;
+    pthread_mutex_unlock(&d->mu);
+    for (int b = 0; b < PA_FLIGHT; b++) {
+        struct pa_batch *B = &pa->batch[b];
+        if (B->state != PB_FILLING)
+            continue;
+        B->posted_ns = monarch_now_ns();
+        int why = PA_NOT_POSTED;
+        B->h = post && one ? post(dp, B->owner, B->n, B->keys, B->lens, B->sizes, timeout_ms, &why) : NULL;
+        if (B->h) {
+            B->state = PB_FLIGHT;
+            posted++;
+            continue;
+        }
+        if (why == PA_NOT_POSTED && one) {  /* no requests in flight here: fetched now */
+            for (int i = 0; i < B->n; i++)
+                pa_open_tmp(d, pa, &pa->w, &B->files[i]);
+            pa_fetch(one, many, dp, B->owner, B->files, B->n, B->results, timeout_ms);
+        } else {
+            for (int i = 0; i < B->n; i++)
+                B->results[i] = -1;    /* not posted (the stop, a lost owner): Python's protocol asks */
+        }
+        pa_publish(d, pa, B->files, B->n, B->results, B->posted_ns);
+        B->state = PB_FREE;
+        ended++;
+    }
+    int64_t now = monarch_now_ns();
+    for (int b = 0; b < PA_FLIGHT; b++) {
+        struct pa_batch *B = &pa->batch[b];
+        if (B->state != PB_FLIGHT)
+            continue;
+        if (!give_up && !test(dp, B->h)) {
+            flying++;
+            continue;
+        }
+        int64_t took = now - B->posted_ns;
+        pa->rtt_ns = pa->rtt_ns ? pa->rtt_ns + (took - pa->rtt_ns) / 8 : took;
+        struct pa_reply_ctx c = {d, pa, B};
+        take(dp, B->h, B->sizes, B->results, pa_reply_got, &c);
+        B->h = NULL;
+        B->state = PB_FREE;
+        ended++;
+    }
+    pthread_mutex_lock(&d->mu);
+    pa->nflight = flying;
+    pa->batches += (uint64_t)ended;    /* counted once each, when it ends */
+    /* the next look: most of a round trip after a request posted with none before it; soon after
+     * one came back (others are likely due); else each look twice as late as the last */
+    long rtt = (long)(pa->rtt_ns * 3 / 4);
+    if (posted && flying == posted)
+        pa->poll_ns = rtt < PA_POLL_MIN_NS ? PA_POLL_MIN_NS : rtt > PA_POLL_MAX_NS ? PA_POLL_MAX_NS : rtt;
+    else if (ended)
+        pa->poll_ns = PA_POLL_MIN_NS;
+    else
+        pa->poll_ns = pa->poll_ns * 2 > PA_POLL_MAX_NS ? PA_POLL_MAX_NS : pa->poll_ns * 2 < PA_POLL_MIN_NS ? PA_POLL_MIN_NS : pa->poll_ns * 2;
+    pthread_cond_broadcast(&pa->cv);
+    return ended;
+}
+
+static void *peer_ahead_main(void *arg)
+{
+    struct door *d = arg;
+    struct peer_ahead *pa = d->pa;
+    prctl(PR_SET_NAME, "monarch-peerahd");
+    prctl(PR_SET_TIMERSLACK, 1000UL);  /* its looks at the requests in flight are short waits */
+    pthread_mutex_lock(&d->mu);
+    while (!pa->stop) {
+        if (pa->busy) {                /* the order ended: its copies are being dropped (ring_drop_locked) */
+            pthread_cond_wait(&pa->cv, &d->mu);
+            continue;
+        }
+        int room;
+        int gathered = pa_gather_locked(d, pa, &room);
+        if (pa->nvictims) {            /* consumed copies go first: their room is the batch's */
+            pa->busy = 1;
+            ring_unlink_victims(d, pa, 1);
+            pa->busy = 0;
+            pthread_cond_broadcast(&pa->cv);
+        }
+        if (gathered || pa->nflight) {
+            pa->busy = 1;
+            pa_flight(d, pa, 0);
+            pa->busy = 0;
+        }
+        /* requests in flight: look again soon (or when the reader's progress frees room for more) */
+        timed_wait(&pa->cv, &d->mu, pa->nflight ? pa->poll_ns : PA_WAIT_NS);
+    }
+    if (pa->nflight) {                 /* stopping: the requests in flight given up */
+        pa->busy = 1;
+        pa_flight(d, pa, 1);
+        pa->busy = 0;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* Ring copies whose descriptors may be kept open: an eighth of the descriptor limit, up to PA_FDS_MAX. */
+static uint32_t pa_fds_allowed(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return PA_FDS_MAX;
+    return rl.rlim_cur / 8 < PA_FDS_MAX ? (uint32_t)(rl.rlim_cur / 8) : PA_FDS_MAX;
+}
+
+/* The lane's state made (not its thread), or NULL. */
+static struct peer_ahead *peer_ahead_new(void)
+{
+    struct peer_ahead *pa = calloc(1, sizeof *pa);
+    if (!pa)
+        return NULL;
+    pa->fds_cap = pa_fds_allowed();
+    pthread_cond_init(&pa->cv, NULL);
+    struct worker *w = &pa->w;
+    w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
+    w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ 0xA4EADULL << 44;
+    return pa;
+}
+
+/* The lane stopped and its thread joined (its batch under way ends first); harmless twice. */
+static void stop_peer_ahead(struct door *d)
+{
+    struct peer_ahead *pa = d->pa;
+    if (!pa)
+        return;
+    pthread_mutex_lock(&d->mu);
+    pa->stop = 1;
+    pthread_cond_broadcast(&pa->cv);
+    int started = pa->started;
+    pa->started = 0;
+    pthread_mutex_unlock(&d->mu);
+    if (started)
+        pthread_join(pa->thread, NULL);
+    pa_drop_spares(d, pa);
+    pa->w.d = d;
+    close_cached_dirs(&pa->w);
+}
+
+static void free_peer_ahead(struct door *d)
+{
+    if (!d->pa)
+        return;
+    free(d->pa->order);
+    for (uint32_t i = 0; i < d->pa->nring; i++)
+        ring_close_fd(d->pa, &d->pa->ring[i]);
+    free(d->pa->ring);
+    pthread_cond_destroy(&d->pa->cv);
+    free(d->pa);
+    d->pa = NULL;
+}
+
+/* -- what Python calls (front_door.h: the peer read-ahead lane) --------------------------------- */
+
+/* The reader's order: ``entries`` (index entries, from 1; copied), of which the lane fetches the
+ * other nodes' files ahead of the progress, at most ``window`` positions ahead; the progress
+ * starts at 0, told by Python or by the reader of hint stream ``stream`` to the door (the last
+ * order's progress told and not yet taken is dropped: it counted another order's positions). n == 0: the lane has no order (it waits for its batch under way to end). The
+ * lane's thread starts with the first order. 0, or -1 (no memory, no thread: no lane). */
+EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32_t n, uint32_t window, uint64_t stream)
+{
+    uint32_t *copy = n ? malloc((size_t)n * sizeof *copy) : NULL;
+    if (n && !copy)
+        return -1;
+    if (n)
+        memcpy(copy, entries, (size_t)n * sizeof *copy);
+    pthread_mutex_lock(&d->mu);
+    if (!d->pa && !(d->pa = peer_ahead_new())) {
+        pthread_mutex_unlock(&d->mu);
+        free(copy);
+        return -1;
+    }
+    struct peer_ahead *pa = d->pa;
+    while (!n && (pa->busy || pa->nflight) && pa->started)  /* no order: its requests in flight end first, */
+        pthread_cond_wait(&pa->cv, &d->mu);                  /* then its copies go */
+    free(pa->order);
+    pa->order = copy;
+    pa->gen++;
+    for (uint32_t i = 0; i < pa->nring; i++)
+        pa->ring[i].pos = PA_STALE;    /* consumed, unless the new order asks for it again */
+    if (!n)
+        ring_drop_locked(d, pa);
+    pa->n = n;
+    pa->next = pa->done = 0;
+    pa->stream = stream;
+    pa->told_fresh = 0;
+    pa->window = window ? window : 1;
+    pa->orders += n > 0;
+    int ok = 0;
+    if (n && !pa->started && !pa->stop && !d->stopped) {
+        pa->w.d = d;
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);  /* the interpreter's threads take the signals */
+        pa->started = pthread_create(&pa->thread, NULL, peer_ahead_main, d) == 0;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        ok = pa->started ? 0 : -1;
+    }
+    pthread_cond_broadcast(&pa->cv);
+    pthread_mutex_unlock(&d->mu);
+    return ok;
+}
+
+/* ``key``'s copy left the peer area (the cache evicted it) and no one fetches it: the lane may
+ * fetch it again (K_FREE; its opens are still handed over, as those of a key Python had). */
+EXPORT void front_door_peer_gone(struct door *d, const char *key, int len)
+{
+    pthread_mutex_lock(&d->mu);
+    struct entry *e = find(d, key, (uint32_t)len, monarch_crc32(key, (uint32_t)len));
+    if (e && e->state == K_PYTHON)
+        e->state = K_FREE;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* The reader is done with the first ``consumed`` positions of the order. Under the lock. */
+static void peer_progress_locked(struct peer_ahead *pa, uint64_t consumed)
+{
+    uint32_t at = consumed > UINT32_MAX ? UINT32_MAX : (uint32_t)consumed;
+    if (at > pa->done) {
+        pa->done = at;
+        pthread_cond_broadcast(&pa->cv);
+    }
+}
+
+EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed)
+{
+    pthread_mutex_lock(&d->mu);
+    if (d->pa)
+        peer_progress_locked(d->pa, consumed);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* HINT PROGRESS requests (``got`` bytes: whole ones back to back, progress_state) on connection
+ * ``fd``: answered here if they are of the stream whose order the lane follows (1: the connection
+ * is the door's, kept for the next ones), else 0 (the caller hands them to Python, which answers
+ * every other hint). Python's stager gets the last such progress when it drains the door. */
+static int peer_progress_frames(struct door *d, int fd, const char *buf, uint32_t got)
+{
+    const uint32_t one = MONARCH_REQUEST_HEADER_SIZE + MONARCH_HINT_PROGRESS_BODY;
+    uint32_t n = got / one;
+    uint64_t stream, consumed = 0;
+    memcpy(&stream, buf + MONARCH_REQUEST_HEADER_SIZE + 1, 8);
+    for (uint32_t i = 0; i < n; i++) {
+        const char *body = buf + i * one + MONARCH_REQUEST_HEADER_SIZE;
+        uint64_t s, c;
+        memcpy(&s, body + 1, 8);
+        memcpy(&c, body + 9, 8);
+        if (s != stream)
+            return 0;
+        consumed = c > consumed ? c : consumed;
+    }
+    pthread_mutex_lock(&d->mu);
+    struct peer_ahead *pa = d->pa;
+    if (!n || !pa || !pa->n || pa->stream != stream || d->stopped) {
+        pthread_mutex_unlock(&d->mu);
+        return 0;
+    }
+    peer_progress_locked(pa, consumed);
+    pa->told = consumed > pa->told || !pa->told_fresh ? consumed : pa->told;
+    pa->told_fresh = 1;
+    pa->told_frames += n;
+    int64_t now = monarch_now_ns();
+    if (now - pa->told_woke_ns >= TOLD_WAKE_NS) {
+        pa->told_woke_ns = now;
+        wake_python_locked(d);
+    }
+    int keep = keep_locked(d, 1);
+    pthread_mutex_unlock(&d->mu);
+    char answers[PROGRESS_FRAMES_MAX * MONARCH_ANSWER_HEADER_SIZE] = {0};  /* each: status 0, no body */
+    ssize_t sent = send(fd, answers, (size_t)n * MONARCH_ANSWER_HEADER_SIZE, MSG_NOSIGNAL | MSG_DONTWAIT);
+    finish_open(d, fd, keep, sent == (ssize_t)n * MONARCH_ANSWER_HEADER_SIZE);
+    return 1;
+}
+
+/* The last progress answered by the door (peer_progress_frame) that Python has not taken:
+ * out[0] its stream, out[1] the positions consumed, out[2] the frames the door answered so far.
+ * 1 if there was one (taken now), else 0. */
+EXPORT int front_door_peer_told(struct door *d, uint64_t *out)
+{
+    pthread_mutex_lock(&d->mu);
+    struct peer_ahead *pa = d->pa;
+    int fresh = pa && pa->told_fresh;
+    out[0] = pa ? pa->stream : 0;
+    out[1] = pa ? pa->told : 0;
+    out[2] = pa ? pa->told_frames : 0;
+    if (pa)
+        pa->told_fresh = 0;
+    pthread_mutex_unlock(&d->mu);
+    return fresh;
+}
+
+/* out[17]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
+ * the order's length, its next position, positions consumed, opens that waited for a fetch,
+ * copies on the ring, the room they hold (bytes taken from the lease), copies gone (unlinked or
+ * kept as spares), copies asked for again before they went, fetches written over a spare,
+ * progress requests the door answered itself. */
+EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out)
+{
+    memset(out, 0, 17 * sizeof *out);
+    pthread_mutex_lock(&d->mu);
+    struct peer_ahead *pa = d->pa;
+    if (pa) {
+        uint64_t v[17] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
+                          pa->room_waits, pa->n, pa->next, pa->done, pa->waited, pa->nring, (uint64_t)pa->room,
+                          pa->unlinked, pa->kept, pa->reused, pa->told_frames};
+        memcpy(out, v, sizeof v);
+    }
+    pthread_mutex_unlock(&d->mu);
+}
