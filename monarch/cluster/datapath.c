@@ -411,9 +411,10 @@ static void wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int *wh
 /* ``at_zero``: written at offset 0 (pwrite), the descriptor's offset left alone */
 static int write_all(int fd, const char *p, uint64_t n, int at_zero)
 {
-    uint64_t put = 0;
-    while (put < n) {
-        ssize_t w = at_zero ? pwrite(fd, p + put, n - put, (off_t)put) : write(fd, p + put, n - put);
+    if (at_zero)
+        return monarch_pwrite_all(fd, p, n);
+    for (uint64_t put = 0; put < n;) {
+        ssize_t w = write(fd, p + put, n - put);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)

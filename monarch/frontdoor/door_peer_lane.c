@@ -145,21 +145,6 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
 
 /* -- the lane's thread ---------------------------------------------------------------------- */
 
-/* ``n`` bytes written at offset 0 of ``fd``: 0, or -1. */
-static int pa_write(int fd, const char *p, uint64_t n)
-{
-    uint64_t put = 0;
-    while (put < n) {
-        ssize_t w = pwrite(fd, p + put, n - put, (off_t)put);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        put += (uint64_t)w;
-    }
-    return 0;
-}
-
 struct pa_reply_ctx { struct door *d; struct peer_ahead *pa; struct pa_batch *B; };
 
 /* A batch's reply came (dp_take's ``got``): each file written into its temporary copy and
@@ -173,7 +158,7 @@ static void pa_reply_got(void *arg, const char *const *bytes, const int64_t *got
         int ok = bytes[i] && got[i] == (int64_t)p->f.size;
         if (ok)
             pa_open_tmp(c->d, c->pa, &c->pa->w, p);
-        B->results[i] = ok && p->fd >= 0 && pa_write(p->fd, bytes[i], p->f.size) == 0 ? (int64_t)p->f.size : -1;
+        B->results[i] = ok && p->fd >= 0 && monarch_pwrite_all(p->fd, bytes[i], p->f.size) == 0 ? (int64_t)p->f.size : -1;
     }
     pa_publish(c->d, c->pa, B->files, B->n, B->results, B->posted_ns);
 }

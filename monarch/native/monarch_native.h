@@ -1,6 +1,6 @@
 /*
  * monarch_native.h -- what Monarch's C libraries share, defined once: the export marker,
- * the clock, CRC-32 (protocol.key_hash: zlib's) and the snapshot index's look-up
+ * the clock, writing a buffer whole, CRC-32 (protocol.key_hash: zlib's) and the snapshot index's look-up
  * (protocol.index_lookup). Each library is one translation unit that includes this
  * header (the shim's monarch_shim.c, the front door's front_door.c, the walker, the
  * remover, the peer data path); everything here is static, so each keeps its own copy
@@ -12,12 +12,14 @@
 #ifndef MONARCH_NATIVE_H
 #define MONARCH_NATIVE_H
 
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../wire/monarch_wire.h" /* the index layout */
 
@@ -33,6 +35,23 @@
 /* -- exports ------------------------------------------------------------------------------ */
 /* Built with -fvisibility=hidden: only what is marked here is seen by ctypes or the app. */
 #define EXPORT __attribute__((visibility("default")))
+
+/* -- writing ------------------------------------------------------------------------------ */
+/* ``n`` bytes of ``p`` written at offset 0 of ``fd``, its offset left alone (a fresh file or one
+ * written over): 0, or -1. */
+static inline int monarch_pwrite_all(int fd, const char *p, uint64_t n)
+{
+    uint64_t put = 0;
+    while (put < n) {
+        ssize_t w = pwrite(fd, p + put, n - put, (off_t)put);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        put += (uint64_t)w;
+    }
+    return 0;
+}
 
 /* -- the clock ---------------------------------------------------------------------------- */
 static inline int64_t monarch_now_ns(void)  /* CLOCK_MONOTONIC, in ns */
