@@ -120,7 +120,7 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
             e->state = K_STAGED;
             e->slot = (uint8_t)slot;
             e->ring = 1;
-            e->answered = 0;           /* not answered: once consumed, it may go at once */
+            e->answered = 0;           /* not answered (unless waited for): once consumed, it may go at once */
             pa->fetched++;
             pa->fetched_bytes += p->f.size;
         } else {
@@ -131,10 +131,14 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
             post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)slot, p->key, p->len, p->f.entry, p->f.size, 0,
                               monarch_now_ns() - t0);
         }
-        /* its waiters open it at once */
+        /* its waiters open it at once: named to them, a copy that came back consumed (its order
+         * replaced while it was on its way, or the reader past it) stays its grace (PA_GRACE_MS);
+         * one ahead of the progress stays until the reader is past it, so until it has opened it */
         struct waiter *ready = d->parked ? unpark_locked(d, p->key, p->len, p->hash) : NULL;
         for (struct waiter *q = ready; q; q = q->next)
             pa->waited++;
+        if (ok && ready && (p->gen != pa->gen || p->pos < pa->done))
+            e->answered = door_ms(d);
         d->busy--;
         pthread_cond_broadcast(&d->cv);
         pthread_mutex_unlock(&d->mu);
