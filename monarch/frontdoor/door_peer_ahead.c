@@ -89,7 +89,10 @@ enum { PB_FREE, PB_FILLING, PB_FLIGHT };
 struct pa_batch {                      /* one owner's request of the lane's: being gathered, or in flight */
     int state, owner, n;
     int64_t bytes, posted_ns;
-    void *h;                           /* the data path's, once posted (dp_post) */
+    void *h;                           /* the data path's, once posted (dp_post) ... */
+    void *dp;                          /* ... with the data path and the calls it was posted with (kept: */
+    peer_test_fn test;                 /* the lane may be turned off while it is in flight) */
+    peer_take_fn take;
     struct pa_file files[PA_BATCH];
     const char *keys[PA_BATCH];
     int lens[PA_BATCH];

@@ -162,7 +162,8 @@ static void pa_reply_got(void *arg, const char *const *bytes, const int64_t *got
         int ok = bytes[i] && got[i] == (int64_t)p->f.size;
         if (ok)
             pa_open_tmp(c->d, c->pa, &c->pa->w, p);
-        B->results[i] = ok && p->fd >= 0 && monarch_pwrite_all(p->fd, bytes[i], p->f.size) == 0 ? (int64_t)p->f.size : -1;
+        int written = ok && p->fd >= 0 && monarch_pwrite_all(p->fd, bytes[i], p->f.size) == 0;
+        B->results[i] = written ? (int64_t)p->f.size : -1;
     }
     pa_publish(c->d, c->pa, B->files, B->n, B->results, B->posted_ns);
 }
@@ -189,9 +190,13 @@ static int pa_flight(struct door *d, struct peer_ahead *pa, int give_up)
             continue;
         B->posted_ns = monarch_now_ns();
         int why = PA_NOT_POSTED;
-        B->h = post && one ? post(dp, B->owner, B->n, B->keys, B->lens, B->sizes, timeout_ms, &why) : NULL;
+        B->h = post && test && take && one ? post(dp, B->owner, B->n, B->keys, B->lens, B->sizes, timeout_ms, &why)
+                                            : NULL;
         if (B->h) {
             B->state = PB_FLIGHT;
+            B->dp = dp;
+            B->test = test;
+            B->take = take;
             posted++;
             continue;
         }
@@ -212,14 +217,14 @@ static int pa_flight(struct door *d, struct peer_ahead *pa, int give_up)
         struct pa_batch *B = &pa->batch[b];
         if (B->state != PB_FLIGHT)
             continue;
-        if (!give_up && !test(dp, B->h)) {
+        if (!give_up && !B->test(B->dp, B->h)) {
             flying++;
             continue;
         }
         int64_t took = now - B->posted_ns;
         pa->rtt_ns = pa->rtt_ns ? pa->rtt_ns + (took - pa->rtt_ns) / 8 : took;
         struct pa_reply_ctx c = {d, pa, B};
-        take(dp, B->h, B->sizes, B->results, pa_reply_got, &c);
+        B->take(B->dp, B->h, B->sizes, B->results, pa_reply_got, &c);
         B->h = NULL;
         B->state = PB_FREE;
         ended++;
@@ -235,7 +240,8 @@ static int pa_flight(struct door *d, struct peer_ahead *pa, int give_up)
     else if (ended)
         pa->poll_ns = PA_POLL_MIN_NS;
     else
-        pa->poll_ns = pa->poll_ns * 2 > PA_POLL_MAX_NS ? PA_POLL_MAX_NS : pa->poll_ns * 2 < PA_POLL_MIN_NS ? PA_POLL_MIN_NS : pa->poll_ns * 2;
+        pa->poll_ns = pa->poll_ns * 2 > PA_POLL_MAX_NS ? PA_POLL_MAX_NS
+                      : pa->poll_ns * 2 < PA_POLL_MIN_NS ? PA_POLL_MIN_NS : pa->poll_ns * 2;
     pthread_cond_broadcast(&pa->cv);
     return ended;
 }
@@ -337,7 +343,8 @@ static void free_peer_ahead(struct door *d)
 /* The reader's order: ``entries`` (index entries, from 1; copied), of which the lane fetches the
  * other nodes' files ahead of the progress, at most ``window`` positions ahead; the progress
  * starts at 0, told by Python or by the reader of hint stream ``stream`` to the door (the last
- * order's progress told and not yet taken is dropped: it counted another order's positions). n == 0: the lane has no order (it waits for its batch under way to end). The
+ * order's progress told and not yet taken is dropped: it counted another order's positions).
+ * n == 0: the lane has no order (its requests in flight end first, then its copies go). The
  * lane's thread starts with the first order. 0, or -1 (no memory, no thread: no lane). */
 EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32_t n, uint32_t window, uint64_t stream)
 {

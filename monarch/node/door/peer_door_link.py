@@ -26,10 +26,11 @@ batches per owner at once, into room lent here as for its other fetches (``hint`
 than WINDOW_SHARE of the area holds. The lane keeps its copies' books itself: it takes those the
 reader has consumed away when it needs their room (their files written over for the next ones),
 and gives its room back when the order ends; nothing of it enters the cache's LRU. Each order
-is an epoch of the report's ``peer_ahead`` figures (its reader's progress requests are answered
-by the door itself, the stager's share of them taken here when Python drains the door: ``told``): its other nodes' files, how many of their
+is an epoch of the report's ``peer_ahead`` figures: its other nodes' files, how many of their
 opens still had to be fetched (by the door, as a transient copy, or by Python), and how many
-came while the read-ahead fetched their file (answered once it was there: not local hits).
+came while the read-ahead fetched their file (answered once it was there: not local hits). Its
+reader's progress requests are answered by the door itself; the stager's share of them is
+taken here when Python drains the door (``told``).
 
 The door knows who owns a file from an array by index entry (the snapshot's order of files),
 computed once here. After a node is lost its files have new owners the array does not know:
