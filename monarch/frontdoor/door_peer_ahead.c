@@ -419,6 +419,26 @@ static struct pa_batch *pa_batch_for(struct peer_ahead *pa, int owner, uint64_t 
     return free_one;
 }
 
+/* The file ``key`` of a batch being gathered or in flight given position ``pos`` of the order now
+ * (an earlier order's request for it is on its way: its copy comes back for this one, not
+ * consumed). 1 if there was one. Under the lock (the lane's thread: its batches' files are its). */
+static int pa_refile_locked(struct peer_ahead *pa, const char *key, uint32_t len, uint32_t pos)
+{
+    for (int b = 0; b < PA_FLIGHT; b++) {
+        struct pa_batch *B = &pa->batch[b];
+        for (int i = 0; B->state != PB_FREE && i < B->n; i++) {
+            struct pa_file *p = &B->files[i];
+            if (p->len == len && (p->key == key || !memcmp(p->key, key, len))) {
+                pa->kept += p->gen != pa->gen || p->pos != pos;
+                p->pos = pos;
+                p->gen = pa->gen;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 /* The next files to fetch, each made BUSY with its room taken from the ring's, gathered by owner
  * into free batches (PB_FILLING), while earlier ones are still in flight; consumed copies to
  * unlink first in ``pa->victims``. Returns how many files; 0 with ``*room`` set when the lease
@@ -443,6 +463,10 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
         struct entry *e = owner >= 0 ? find(d, key, len, hash) : NULL;
         if (ring_owns(d, e)) {
             ring_keep_locked(pa, entry, pa->next++);  /* fetched already: kept for this position */
+            continue;
+        }
+        if (e && e->state == K_BUSY && e->ring && pa_refile_locked(pa, key, len, pa->next)) {
+            pa->next++;                /* on its way (an earlier order's request): its copy for this position */
             continue;
         }
         if (owner < 0 || (e && e->state != K_FREE)) {
@@ -470,6 +494,7 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
             break;
         }
         e->state = K_BUSY;
+        e->ring = 1;                   /* the lane's, on its way: a next order may take it for its own */
         d->busy++;
         pa->used += need;
         struct pa_file *p = &B->files[B->n];

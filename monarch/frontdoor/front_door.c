@@ -131,7 +131,7 @@ struct entry {                         /* one key the door has heard of: 16 byte
     uint32_t ref;                      /* 0: a free slot; its key: the index's entry ``ref`` (from 1) when
                                           borrowed (a million staged files cost no copy of their keys),
                                           else the door's own copy, own[ref - 1] */
-    uint8_t state, slot, borrowed, ring;  /* ring: a STAGED copy of the peer read-ahead lane's */
+    uint8_t state, slot, borrowed, ring;  /* ring: a STAGED copy of the peer read-ahead lane's (BUSY: on its way) */
     uint32_t answered;                 /* when the door last answered it: door_ms (front_door_evict), 0 never */
 };
 _Static_assert(sizeof(struct entry) == 16, "the key table's slot");

@@ -573,3 +573,57 @@ def test_a_copy_the_lane_answered_a_waiting_open_with_stays_for_its_grace_even_o
     assert posted[2][0] == remote[2], posted
     replied.add(2)
     d.door.peer_ahead(array("I"), 1)
+
+
+def test_a_file_on_its_way_for_the_last_order_is_the_next_orders_when_it_asks_for_it(sharded_door, short_tmp):
+    """At an epoch's turn the lane's requests for the last order's files are still in flight; a
+    file the new order asks for too comes back as the new order's copy (kept until its reader is
+    past it), not as a consumed one that the next fetch's room takes at once (its open then
+    fetched it again)."""
+    d = sharded_door
+    root, area = os.path.join(short_tmp, "pfs"), os.path.join(short_tmp, "area")
+    posted: dict[int, list[str]] = {}
+    replied: set[int] = set()
+
+    def post(dp, owner, n, keys, lens, sizes, timeout_ms, why):
+        posted[len(posted) + 1] = [keys[i][:lens[i]].decode() for i in range(n)]
+        why[0] = 0
+        return len(posted)
+
+    def take(dp, handle, sizes, results, got, arg):
+        data = []
+        for i, key in enumerate(posted[handle]):
+            with open(os.path.join(root, key.split("/", 1)[1]), "rb") as f:
+                data.append(f.read())
+            results[i] = len(data[-1])
+        GOT(got)(arg, (ctypes.c_char_p * len(data))(*data), results)
+
+    callbacks = (d.callbacks[0], d.callbacks[1], FETCH_MANY(lambda *a: -1), POST(post),
+                 TEST(lambda dp, handle: int(handle in replied)), TAKE(take))
+    d.linked = callbacks  # kept alive with the door
+    address = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
+    assert d.door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
+                        tuple(address[3:]))
+    d.door.peer_copying(True)
+    remote = [k for k in sorted(d.sums, key=d.row) if k not in d.mine]
+    d.door.grant(2 * max(d.snap.files[k].size for k in remote), PEER_BOOKS)  # room for two copies
+    d.door.peer_ahead(array("I", [d.row(k) + 1 for k in remote[:2]]), 2)
+
+    def posts(n: int) -> bool:
+        deadline = time.monotonic() + 10
+        while len(posted) < n and time.monotonic() < deadline:
+            d.door.peer_progress(0)  # a look now (the lane also looks on its own)
+            time.sleep(0.01)
+        return len(posted) >= n
+
+    assert posts(1) and posted[1] == remote[:2]
+    # the next epoch's order asks for the first of them first (the first the ring would let go)
+    d.door.peer_ahead(array("I", [d.row(k) + 1 for k in [remote[0], *remote[2:]]]), 2)
+    replied.add(1)
+    assert posts(2), posted  # the room of the other (consumed) copy, for the next order's next file
+    assert posted[2] == [remote[2]], posted
+    assert os.path.exists(os.path.join(area, remote[0]))  # the new order's: kept
+    assert not os.path.exists(os.path.join(area, remote[1]))
+    assert d.door.peer_ahead_state()["kept"] >= 1
+    replied.add(2)
+    d.door.peer_ahead(array("I"), 1)
