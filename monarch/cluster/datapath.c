@@ -408,22 +408,6 @@ static void wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int *wh
     }
 }
 
-/* ``at_zero``: written at offset 0 (pwrite), the descriptor's offset left alone */
-static int write_all(int fd, const char *p, uint64_t n, int at_zero)
-{
-    if (at_zero)
-        return monarch_pwrite_all(fd, p, n);
-    for (uint64_t put = 0; put < n;) {
-        ssize_t w = write(fd, p + put, n - put);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        put += (uint64_t)w;
-    }
-    return 0;
-}
-
 static int64_t clamp_ns(int64_t v, int64_t lo, int64_t hi)
 {
     return v < lo ? lo : v > hi ? hi : v;
@@ -597,7 +581,7 @@ static void deliver(struct dp *d, struct fetch *f, const uint64_t *sizes, const 
     const char *at[BATCH_FILES_MAX];
     reply_files(f, sizes, at, results);
     for (int i = 0; i < f->n; i++)
-        if (at[i] && write_all(fds[i], at[i], (uint64_t)results[i], at_zero) != 0)
+        if (at[i] && monarch_write_all(fds[i], at[i], (uint64_t)results[i], at_zero) != 0)
             results[i] = DP_LOCAL_IO;
     count_fetched(d, results, f->n);
 }

@@ -162,7 +162,7 @@ static void pa_reply_got(void *arg, const char *const *bytes, const int64_t *got
         int ok = bytes[i] && got[i] == (int64_t)p->f.size;
         if (ok)
             pa_open_tmp(c->d, c->pa, &c->pa->w, p);
-        int written = ok && p->fd >= 0 && monarch_pwrite_all(p->fd, bytes[i], p->f.size) == 0;
+        int written = ok && p->fd >= 0 && monarch_write_all(p->fd, bytes[i], p->f.size, 1) == 0;
         B->results[i] = written ? (int64_t)p->f.size : -1;
     }
     pa_publish(c->d, c->pa, B->files, B->n, B->results, B->posted_ns);

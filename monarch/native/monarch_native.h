@@ -37,13 +37,13 @@
 #define EXPORT __attribute__((visibility("default")))
 
 /* -- writing ------------------------------------------------------------------------------ */
-/* ``n`` bytes of ``p`` written at offset 0 of ``fd``, its offset left alone (a fresh file or one
- * written over): 0, or -1. */
-static inline int monarch_pwrite_all(int fd, const char *p, uint64_t n)
+/* ``n`` bytes of ``p`` written whole to ``fd``: ``at_zero``, at offset 0, its offset left alone (a
+ * fresh file or one written over), else from its offset. 0, or -1. */
+static inline int monarch_write_all(int fd, const char *p, uint64_t n, int at_zero)
 {
     uint64_t put = 0;
     while (put < n) {
-        ssize_t w = pwrite(fd, p + put, n - put, (off_t)put);
+        ssize_t w = at_zero ? pwrite(fd, p + put, n - put, (off_t)put) : write(fd, p + put, n - put);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)

@@ -447,24 +447,17 @@ TAKE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(c
 GOT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int64))
 
 
-def test_the_read_ahead_lane_posts_the_next_requests_while_the_last_are_in_flight(sharded_door, short_tmp):
-    """The peer read-ahead lane keeps requests in flight (datapath.c's dp_post, dp_test, dp_take):
-    as the reader's progress frees room it gathers and posts the next files while the requests
-    before are still on their way, rather than waiting for a whole pass to come back first; each
-    reply's files are put in place as it comes, whatever the order of the replies."""
-    d = sharded_door
-    root = os.path.join(short_tmp, "pfs")
+def link_flight(d, root: str) -> SimpleNamespace:
+    """The door's peer lane linked to requests in flight in the shape of dp_post, dp_test and
+    dp_take: each post recorded (``posted``: by handle, from 1, its keys), answered once its handle
+    is in ``replied``, with the files' bytes from the PFS (``root``); copying allowed."""
     posted: dict[int, list[str]] = {}
     replied: set[int] = set()
 
     def post(dp, owner, n, keys, lens, sizes, timeout_ms, why):
-        handle = len(posted) + 1
-        posted[handle] = [keys[i][:lens[i]].decode() for i in range(n)]
+        posted[len(posted) + 1] = [keys[i][:lens[i]].decode() for i in range(n)]
         why[0] = 0
-        return handle
-
-    def test(dp, handle):
-        return int(handle in replied)
+        return len(posted)
 
     def take(dp, handle, sizes, results, got, arg):
         data = []
@@ -474,12 +467,37 @@ def test_the_read_ahead_lane_posts_the_next_requests_while_the_last_are_in_fligh
             results[i] = len(data[-1])
         GOT(got)(arg, (ctypes.c_char_p * len(data))(*data), results)
 
-    callbacks = d.callbacks[0], d.callbacks[1], FETCH_MANY(lambda *a: -1), POST(post), TEST(test), TAKE(take)
-    d.linked = callbacks  # kept alive with the door
+    callbacks = (d.callbacks[0], d.callbacks[1], FETCH_MANY(lambda *a: -1), POST(post),
+                 TEST(lambda dp, handle: int(handle in replied)), TAKE(take))
     address = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
     assert d.door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
                         tuple(address[3:]))
     d.door.peer_copying(True)
+    return SimpleNamespace(posted=posted, replied=replied, callbacks=callbacks)
+
+
+def two_in_flight(d, short_tmp) -> tuple[dict, set, list[str]]:
+    """The lane linked as link_flight's, with room for two copies and an order of two other
+    nodes' files, whose request is posted and held: (posted, replied, the other nodes' files)."""
+    d.linked = link_flight(d, os.path.join(short_tmp, "pfs"))  # kept alive with the door
+    remote = [k for k in sorted(d.sums, key=d.row) if k not in d.mine]
+    d.door.grant(2 * max(d.snap.files[k].size for k in remote), PEER_BOOKS)
+    d.door.peer_ahead(array("I", [d.row(k) + 1 for k in remote[:2]]), 2)
+    deadline = time.monotonic() + 10
+    while not d.linked.posted and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert d.linked.posted[1] == remote[:2]
+    return d.linked.posted, d.linked.replied, remote
+
+
+def test_the_read_ahead_lane_posts_the_next_requests_while_the_last_are_in_flight(sharded_door, short_tmp):
+    """The peer read-ahead lane keeps requests in flight (datapath.c's dp_post, dp_test, dp_take):
+    as the reader's progress frees room it gathers and posts the next files while the requests
+    before are still on their way, rather than waiting for a whole pass to come back first; each
+    reply's files are put in place as it comes, whatever the order of the replies."""
+    d = sharded_door
+    d.linked = link_flight(d, os.path.join(short_tmp, "pfs"))  # kept alive with the door
+    posted, replied = d.linked.posted, d.linked.replied
     d.door.grant(1 << 20, PEER_BOOKS)
     order = sorted(d.sums, key=d.row)  # every other file is node 1's
     d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4)  # four positions ahead: two remote files
@@ -522,37 +540,8 @@ def test_a_copy_the_lane_answered_a_waiting_open_with_stays_for_its_grace_even_o
     shim found no file at the path it was given and read the PFS: bench_cluster --hints read it
     1.001-1.007x once requests were kept in flight across the epochs' orders."""
     d = sharded_door
-    root, area = os.path.join(short_tmp, "pfs"), os.path.join(short_tmp, "area")
-    posted: dict[int, list[str]] = {}
-    replied: set[int] = set()
-
-    def post(dp, owner, n, keys, lens, sizes, timeout_ms, why):
-        posted[len(posted) + 1] = [keys[i][:lens[i]].decode() for i in range(n)]
-        why[0] = 0
-        return len(posted)
-
-    def take(dp, handle, sizes, results, got, arg):
-        data = []
-        for i, key in enumerate(posted[handle]):
-            with open(os.path.join(root, key.split("/", 1)[1]), "rb") as f:
-                data.append(f.read())
-            results[i] = len(data[-1])
-        GOT(got)(arg, (ctypes.c_char_p * len(data))(*data), results)
-
-    callbacks = (d.callbacks[0], d.callbacks[1], FETCH_MANY(lambda *a: -1), POST(post),
-                 TEST(lambda dp, handle: int(handle in replied)), TAKE(take))
-    d.linked = callbacks  # kept alive with the door
-    address = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
-    assert d.door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
-                        tuple(address[3:]))
-    d.door.peer_copying(True)
-    remote = [k for k in sorted(d.sums, key=d.row) if k not in d.mine]
-    d.door.grant(2 * max(d.snap.files[k].size for k in remote), PEER_BOOKS)  # room for two copies
-    d.door.peer_ahead(array("I", [d.row(k) + 1 for k in remote[:2]]), 2)
-    deadline = time.monotonic() + 10
-    while not posted and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert posted[1] == remote[:2]
+    area = os.path.join(short_tmp, "area")
+    posted, replied, remote = two_in_flight(d, short_tmp)
     # the next epoch's order while the request is in flight: its first two files need the room
     d.door.peer_ahead(array("I", [d.row(k) + 1 for k in remote[2:]]), 2)
     answer: list = []
@@ -581,33 +570,8 @@ def test_a_file_on_its_way_for_the_last_order_is_the_next_orders_when_it_asks_fo
     past it), not as a consumed one that the next fetch's room takes at once (its open then
     fetched it again)."""
     d = sharded_door
-    root, area = os.path.join(short_tmp, "pfs"), os.path.join(short_tmp, "area")
-    posted: dict[int, list[str]] = {}
-    replied: set[int] = set()
-
-    def post(dp, owner, n, keys, lens, sizes, timeout_ms, why):
-        posted[len(posted) + 1] = [keys[i][:lens[i]].decode() for i in range(n)]
-        why[0] = 0
-        return len(posted)
-
-    def take(dp, handle, sizes, results, got, arg):
-        data = []
-        for i, key in enumerate(posted[handle]):
-            with open(os.path.join(root, key.split("/", 1)[1]), "rb") as f:
-                data.append(f.read())
-            results[i] = len(data[-1])
-        GOT(got)(arg, (ctypes.c_char_p * len(data))(*data), results)
-
-    callbacks = (d.callbacks[0], d.callbacks[1], FETCH_MANY(lambda *a: -1), POST(post),
-                 TEST(lambda dp, handle: int(handle in replied)), TAKE(take))
-    d.linked = callbacks  # kept alive with the door
-    address = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
-    assert d.door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
-                        tuple(address[3:]))
-    d.door.peer_copying(True)
-    remote = [k for k in sorted(d.sums, key=d.row) if k not in d.mine]
-    d.door.grant(2 * max(d.snap.files[k].size for k in remote), PEER_BOOKS)  # room for two copies
-    d.door.peer_ahead(array("I", [d.row(k) + 1 for k in remote[:2]]), 2)
+    area = os.path.join(short_tmp, "area")
+    posted, replied, remote = two_in_flight(d, short_tmp)
 
     def posts(n: int) -> bool:
         deadline = time.monotonic() + 10
@@ -616,7 +580,6 @@ def test_a_file_on_its_way_for_the_last_order_is_the_next_orders_when_it_asks_fo
             time.sleep(0.01)
         return len(posted) >= n
 
-    assert posts(1) and posted[1] == remote[:2]
     # the next epoch's order asks for the first of them first (the first the ring would let go)
     d.door.peer_ahead(array("I", [d.row(k) + 1 for k in [remote[0], *remote[2:]]]), 2)
     replied.add(1)
