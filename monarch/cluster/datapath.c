@@ -348,7 +348,7 @@ static int lost_node(struct dp *d, int node)
     return __atomic_load_n(&d->lost[node / 8], __ATOMIC_RELAXED) & (1u << (node % 8));
 }
 
-#define WAITING 1                       /* wait_answers: a fetch whose answer has not come */
+#define WAITING 1                       /* a posted fetch whose answer has not come (look, dp_test) */
 
 /* One look at a fetch whose answer is WAITING (*why): *why 0 once the answer is in f->buf
  * (f->got bytes), a DP_* once it failed or its owner is lost; *posted cleared once its receive is
@@ -667,7 +667,7 @@ static int post_batch(struct dp *d, int owner, int n, const char *const *keys, c
     return WAITING;
 }
 
-/* A posted fetch ended with answer ``why`` (wait_answers'): each file answered ST_OK written into
+/* A posted fetch ended with answer ``why`` (look's): each file answered ST_OK written into
  * its descriptor (see dp_fetch_many; ``at_zero``: with pwrite at offset 0, else from each
  * descriptor's offset), or, with ``kept``, the fetch left whole to the caller (*kept = why) to
  * read and free; one whose receive is still ``posted`` is left to the owner's thread (an
