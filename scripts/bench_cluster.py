@@ -131,7 +131,8 @@ def phases(watch: CpuWatch) -> dict:
     last = "epochs" if "epochs" in watch.marks else "end"
     return {"startup": watch.between("launch", "reading"), "after_epoch1": watch.between("epoch1", last),
             "teardown": watch.between(last, "end"),
-            "daemon_threads_after_epoch1": watch.by_thread("epoch1", last, "daemons")}
+            "daemon_threads_after_epoch1": watch.by_thread("epoch1", last, "daemons"),
+            "daemon_wakeups_after_epoch1": watch.by_thread("epoch1", last, "daemons", runs=True)}
 
 
 def run_readers(cmds: list[list[str]], envs: list[dict], timeout: float) -> list[subprocess.CompletedProcess]:
@@ -395,6 +396,9 @@ def print_hints(args, direct: dict | None, transparent: dict, hinted: dict, whol
         threads = c["cpu_phases"].get("daemon_threads_after_epoch1") or {}
         print(f"    by thread, us per remote file: "
               + ", ".join(f"{t} {1e6 * v / max(1, n):.1f}" for t, v in threads.items()))
+        wakeups = c["cpu_phases"].get("daemon_wakeups_after_epoch1") or {}
+        print(f"    by thread, wake-ups per remote file: "
+              + ", ".join(f"{t} {v / max(1, n):.2f}" for t, v in wakeups.items()))
     base = sum(direct["cpu_phases"]["after_epoch1"].values()) if direct else None
     for name, c in cases:
         if c is None:

@@ -48,9 +48,10 @@ def kind_of(cmdline: list[str]) -> str:
     return "other"
 
 
-def thread_ns(pid: int, names: dict[str, str] | None = None) -> dict[str, int]:
+def thread_ns(pid: int, names: dict[str, str] | None = None, runs: dict[str, int] | None = None) -> dict[str, int]:
     """Each thread's CPU-nanoseconds so far, by thread id ({} if the process is gone); each
-    thread's name (its comm: ``monarch-data``, ``monarch-peerahd``, ...) into ``names``."""
+    thread's name (its comm: ``monarch-data``, ``monarch-peerahd``, ...) into ``names``; how
+    many times each was put on a CPU (a wake-up, mostly: a poll's sleep costs one) into ``runs``."""
     out = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -59,7 +60,10 @@ def thread_ns(pid: int, names: dict[str, str] | None = None) -> dict[str, int]:
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                out[tid] = int(f.read().split()[0])
+                stat = f.read().split()
+            out[tid] = int(stat[0])
+            if runs is not None:
+                runs[tid] = int(stat[2])
             if names is not None:      # read at every mark: thread ids are reused once pids wrap
                 with open(f"/proc/{pid}/task/{tid}/comm") as f:
                     names[tid] = f.read().strip()
@@ -77,6 +81,7 @@ class CpuWatch:
         self.marks: dict[str, dict[str, float]] = {}
         self.ticks: dict[str, dict[int, float]] = {}  # mark -> pid -> its figure in ticks then
         self.threads: dict[str, dict[int, dict[str, int]]] = {}  # mark -> pid -> tid -> CPU-ns
+        self.runs: dict[str, dict[str, int]] = {}  # mark -> tid -> times put on a CPU
         self.names: dict[str, str] = {}  # tid -> the thread's name
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -120,7 +125,9 @@ class CpuWatch:
             for kind, cpu in self.last.values():
                 out[kind] = out.get(kind, 0.0) + cpu
             self.ticks[name] = {pid: cpu for pid, (_, cpu) in self.last.items()}
-            self.threads[name] = {pid: t for pid in self.last if (t := thread_ns(pid, self.names))}
+            runs: dict[str, int] = {}
+            self.threads[name] = {pid: t for pid in self.last if (t := thread_ns(pid, self.names, runs))}
+            self.runs[name] = runs
         self.marks[name] = out
 
     def between(self, a: str, b: str) -> dict[str, float]:
@@ -136,18 +143,21 @@ class CpuWatch:
             out[self.last[pid][0]] += precise - (self.ticks[b][pid] - self.ticks[a][pid])
         return {k: round(v, 3) for k, v in out.items()}
 
-    def by_thread(self, a: str, b: str, kind: str) -> dict[str, float]:
+    def by_thread(self, a: str, b: str, kind: str, runs: bool = False) -> dict[str, float]:
         """CPU-seconds between two marks of the processes of ``kind`` that lived through both,
-        by thread name (Python's own threads all carry the interpreter's)."""
+        by thread name (Python's own threads all carry the interpreter's); with ``runs``, how
+        many times those threads were put on a CPU instead (their wake-ups)."""
         out: dict[str, float] = {}
         threads_b = self.threads.get(b, {})
+        runs_a, runs_b = self.runs.get(a, {}), self.runs.get(b, {})
         for pid, before in self.threads.get(a, {}).items():
             after = threads_b.get(pid)
             if after is None or self.last[pid][0] != kind:
                 continue
             for tid, ns in after.items():
                 name = self.names.get(tid, "?")
-                out[name] = out.get(name, 0.0) + (ns - before.get(tid, 0)) / 1e9
+                got = runs_b.get(tid, 0) - runs_a.get(tid, 0) if runs else (ns - before.get(tid, 0)) / 1e9
+                out[name] = out.get(name, 0.0) + got
         return {k: round(v, 4) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v > 0}
 
 

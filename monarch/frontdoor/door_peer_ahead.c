@@ -66,6 +66,7 @@ struct pa_file {                       /* one file of a batch under way */
 
 struct pa_copy {                       /* one copy of the ring: in the peer area, the lane's */
     uint32_t entry, pos;               /* its index entry; its position in the order (PA_STALE) */
+    uint32_t hash;                     /* its key's monarch_crc32: looked up at each want of room */
     int64_t room;                      /* what it holds of the lane's room */
     int fd;                            /* the descriptor it was written with (kept: SIGURG on lease breaks), or -1 */
     mode_t mode;
@@ -166,6 +167,8 @@ static void ring_close_fd(struct peer_ahead *pa, struct pa_copy *c)
  * room, 0 if not. Under the lock. */
 static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
 {
+    if (pa->used + need <= pa->room)
+        return 1;                      /* the common case while the lane is ahead: no look at the ring */
     uint32_t now = door_ms(d), kept = 0;
     for (uint32_t i = 0; i < pa->nring; i++) {
         struct pa_copy c = pa->ring[i];
@@ -177,8 +180,7 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
             pa->ring[kept++] = c;      /* not needed, or not consumed yet */
             continue;
         }
-        uint32_t hash = monarch_crc32(key, len);
-        struct entry *e = find(d, key, len, hash);
+        struct entry *e = find(d, key, len, c.hash);
         if (!ring_owns(d, e)) {        /* no longer the ring's (another path took the key): its room only */
             pa->used -= c.room;
             ring_close_fd(pa, &c);
@@ -190,7 +192,7 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
         }
         e->state = K_BUSY;             /* its opens park until it is gone, then go to Python */
         d->busy++;
-        pa->victims[pa->nvictims++] = (struct pa_victim){key, len, hash, c.fd, c.mode};
+        pa->victims[pa->nvictims++] = (struct pa_victim){key, len, c.hash, c.fd, c.mode};
         pa->nfds -= c.fd >= 0;
         pa->used -= c.room;
     }
@@ -207,7 +209,8 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
 
 /* A new copy on the ring, its descriptor ``fd`` kept if fewer than PA_FDS_MAX are (else closed).
  * 0, or -1 (no memory: the caller unlinks it and closes ``fd``). Under the lock. */
-static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t pos, int64_t room, int fd, mode_t mode)
+static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t hash, uint32_t pos, int64_t room, int fd,
+                            mode_t mode)
 {
     if (pa->nring == pa->ring_cap) {
         uint32_t cap = pa->ring_cap ? 2 * pa->ring_cap : 256;
@@ -222,7 +225,7 @@ static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t pos,
         fd = -1;
     }
     pa->nfds += fd >= 0;
-    pa->ring[pa->nring++] = (struct pa_copy){entry, pos, room, fd, mode};
+    pa->ring[pa->nring++] = (struct pa_copy){entry, pos, hash, room, fd, mode};
     return 0;
 }
 
@@ -374,7 +377,7 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
             const char *key;
             uint32_t len;
             pa->used -= c.room;
-            struct entry *e = index_entry(d, c.entry, &f, &key, &len) ? find(d, key, len, monarch_crc32(key, len)) : NULL;
+            struct entry *e = index_entry(d, c.entry, &f, &key, &len) ? find(d, key, len, c.hash) : NULL;
             if (ring_owns(d, e)) {
                 e->state = K_BUSY;
                 d->busy++;

@@ -107,7 +107,7 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
         snprintf(dest, sizeof dest, "%s/%.*s", area, (int)p->len, p->key);
         pthread_mutex_lock(&d->mu);
         int64_t need = peer_room(d, p->f.size);
-        if (ok && ring_push_locked(pa, p->f.entry, p->gen == pa->gen ? p->pos : PA_STALE, need, p->fd,
+        if (ok && ring_push_locked(pa, p->f.entry, p->hash, p->gen == pa->gen ? p->pos : PA_STALE, need, p->fd,
                                    (p->f.mode & 0700) | 0600) != 0) {
             pthread_mutex_unlock(&d->mu);
             unlink(dest);              /* no room in the ring's books: not kept */

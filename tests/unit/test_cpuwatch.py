@@ -83,6 +83,34 @@ def test_the_cpu_between_two_marks_by_thread_name():
     assert abs(threads.get("monarch-burn", 0.0) - burnt) < 0.003, (threads, burnt)
 
 
+SLEEPS = 200
+NAPPER = f"""
+import sys, threading, time
+go, done = threading.Event(), threading.Event()
+def nap():
+    go.wait()
+    for _ in range({SLEEPS}):
+        time.sleep(0.0005)
+    print(0, flush=True)
+    done.wait()
+t = threading.Thread(target=nap)
+t.start()
+open(f"/proc/self/task/{{t.native_id}}/comm", "w").write("monarch-nap")
+print("ready", flush=True)
+sys.stdin.readline()
+go.set()
+sys.stdin.readline()
+done.set()
+"""
+
+
+def test_the_wake_ups_between_two_marks_by_thread_name():
+    # a thread that polls pays per wake-up whatever it finds: bench_cluster prints them per file
+    watch, _ = burnt_between_marks(NAPPER)
+    runs = watch.by_thread("a", "b", "other", runs=True)
+    assert SLEEPS <= runs.get("monarch-nap", 0) <= SLEEPS + 20, runs
+
+
 class _Running:
     def poll(self):
         return None
