@@ -75,6 +75,7 @@ struct pa_copy {                       /* one copy of the ring: in the peer area
 struct pa_spare {                      /* a consumed copy renamed aside, to be written over */
     int fd;                            /* read-write, its lease breaks signalled with SIGURG (ignored) */
     mode_t mode;
+    uint64_t size;                     /* its length (a spare of the next file's is not truncated) */
     char name[40];                     /* in the area's top directory: MONARCH_TMP_PREFIX and a number */
 };
 
@@ -83,6 +84,7 @@ struct pa_victim {                     /* a copy of the ring to unlink: its key 
     uint32_t len, hash;
     int fd;                            /* its kept descriptor, or -1 */
     mode_t mode;
+    uint64_t size;                     /* its length (the index's) */
 };
 
 enum { PB_FREE, PB_FILLING, PB_FLIGHT };
@@ -192,7 +194,7 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
         }
         e->state = K_BUSY;             /* its opens park until it is gone, then go to Python */
         d->busy++;
-        pa->victims[pa->nvictims++] = (struct pa_victim){key, len, c.hash, c.fd, c.mode};
+        pa->victims[pa->nvictims++] = (struct pa_victim){key, len, c.hash, c.fd, c.mode, f.size};
         pa->nfds -= c.fd >= 0;
         pa->used -= c.room;
     }
@@ -235,19 +237,19 @@ static void spare_path(const struct door *d, const char *name, char *out)
     snprintf(out, PATH_MAX, "%s/%s", d->tiers[d->peer_slot], name);
 }
 
-/* ``path``, a consumed copy of the ring's (``fd``: its kept descriptor, of ``mode``, or -1),
+/* ``path``, a consumed copy of the ring's (``fd``: its kept descriptor, of ``mode`` and ``size``, or -1),
  * renamed aside as a spare. 1 if it is gone from its name (kept, or unlinked when the spares are
  * full; ``fd`` is the spare's or closed), 0 if the caller unlinks it (and closes ``fd``). The
  * lane's own thread only. Reusing a file is safe against an open that found its old name just before:
  * the shim takes a peer-area copy only if its name still is that file once open
  * (shim_open.c: monarch_still_named), and a spare is written over only once a write lease shows
  * that no open of it is left anywhere (pa_take_spare). */
-static int ring_retire(struct door *d, struct peer_ahead *pa, const char *path, int fd, mode_t mode)
+static int ring_retire(struct door *d, struct peer_ahead *pa, const char *path, int fd, mode_t mode, uint64_t size)
 {
     if (__atomic_load_n(&pa->leases_off, __ATOMIC_RELAXED))
         return 0;
     struct stat st;
-    struct pa_spare sp = {.fd = fd, .mode = mode};
+    struct pa_spare sp = {.fd = fd, .mode = mode, .size = size};
     if (sp.fd < 0) {                   /* its descriptor was not kept: opened again */
         sp.fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
         if (sp.fd < 0)
@@ -257,6 +259,7 @@ static int ring_retire(struct door *d, struct peer_ahead *pa, const char *path, 
             return 0;
         }
         sp.mode = st.st_mode & 07777;
+        sp.size = (uint64_t)st.st_size;
     }
     snprintf(sp.name, sizeof sp.name, "%s%016llx", MONARCH_TMP_PREFIX,
              (unsigned long long)(++pa->spare_seq * 0x9E3779B97F4A7C15ULL ^ (uint64_t)getpid() << 40));
@@ -294,7 +297,8 @@ static int pa_take_spare(struct door *d, struct peer_ahead *pa, uint64_t size, m
         spare_path(d, sp.name, aside);
         if (fcntl(sp.fd, F_SETLEASE, F_WRLCK) == 0) {   /* granted only while no other open of it is left */
             fcntl(sp.fd, F_SETLEASE, F_UNLCK);
-            if (ftruncate(sp.fd, (off_t)size) == 0 && (sp.mode == mode || fchmod(sp.fd, mode) == 0)) {
+            /* of the same length (a dataset's files often are): written over whole, not truncated */
+            if ((sp.size == size || ftruncate(sp.fd, (off_t)size) == 0) && (sp.mode == mode || fchmod(sp.fd, mode) == 0)) {
                 __atomic_add_fetch(&pa->reused, 1, __ATOMIC_RELAXED);
                 snprintf(name, cap, "%s", sp.name);
                 return sp.fd;
@@ -337,7 +341,7 @@ static void ring_unlink_victims(struct door *d, struct peer_ahead *pa, int keep_
         char path[PATH_MAX];
         struct pa_victim *v = &pa->victims[i];
         int named = snprintf(path, sizeof path, "%s/%.*s", area, (int)v->len, v->key) < (int)sizeof path;
-        if (named && keep_spares && ring_retire(d, pa, path, v->fd, v->mode))
+        if (named && keep_spares && ring_retire(d, pa, path, v->fd, v->mode, v->size))
             continue;
         if (named)
             unlink(path);              /* a reader that has it open keeps its bytes */
@@ -381,7 +385,7 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
             if (ring_owns(d, e)) {
                 e->state = K_BUSY;
                 d->busy++;
-                pa->victims[pa->nvictims++] = (struct pa_victim){key, len, e->hash, c.fd, c.mode};
+                pa->victims[pa->nvictims++] = (struct pa_victim){key, len, e->hash, c.fd, c.mode, f.size};
                 pa->nfds -= c.fd >= 0;
             } else {
                 ring_close_fd(pa, &c);
