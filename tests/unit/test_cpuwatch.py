@@ -55,25 +55,31 @@ def test_a_process_cpu_between_two_marks_is_counted_in_nanoseconds():
     assert abs(counted - burnt) < 0.003, (counted, burnt)
 
 
-NAMED = f"""
+def named_thread(name: str, body: str) -> str:
+    """A child program whose thread ``name`` runs ``body`` (lines indented by 4, printing one
+    figure) between the marks, and stays alive until the second."""
+    return f"""
 import sys, threading, time
-named, done = threading.Event(), threading.Event()
-def burn():
-    named.wait()
-    t0 = time.thread_time()
-    while time.thread_time() - t0 < {BURN}:
-        pass
-    print(time.thread_time() - t0, flush=True)
-    done.wait()  # alive at the second mark
-t = threading.Thread(target=burn)
+go, done = threading.Event(), threading.Event()
+def work():
+    go.wait()
+{body}
+    done.wait()
+t = threading.Thread(target=work)
 t.start()
-open(f"/proc/self/task/{{t.native_id}}/comm", "w").write("monarch-burn")
+open(f"/proc/self/task/{{t.native_id}}/comm", "w").write("{name}")
 print("ready", flush=True)
 sys.stdin.readline()
-named.set()
+go.set()
 sys.stdin.readline()
 done.set()
 """
+
+
+NAMED = named_thread("monarch-burn", f"""    t0 = time.thread_time()
+    while time.thread_time() - t0 < {BURN}:
+        pass
+    print(time.thread_time() - t0, flush=True)""")
 
 
 def test_the_cpu_between_two_marks_by_thread_name():
@@ -84,24 +90,9 @@ def test_the_cpu_between_two_marks_by_thread_name():
 
 
 SLEEPS = 200
-NAPPER = f"""
-import sys, threading, time
-go, done = threading.Event(), threading.Event()
-def nap():
-    go.wait()
-    for _ in range({SLEEPS}):
+NAPPER = named_thread("monarch-nap", f"""    for _ in range({SLEEPS}):
         time.sleep(0.0005)
-    print(0, flush=True)
-    done.wait()
-t = threading.Thread(target=nap)
-t.start()
-open(f"/proc/self/task/{{t.native_id}}/comm", "w").write("monarch-nap")
-print("ready", flush=True)
-sys.stdin.readline()
-go.set()
-sys.stdin.readline()
-done.set()
-"""
+    print(0, flush=True)""")
 
 
 def test_the_wake_ups_between_two_marks_by_thread_name():
