@@ -173,33 +173,44 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
         if (found)
             break; /* a frame this process cannot decode: the daemon can, or says PFS */
     }
-    int passed = -1, unanswered;
-    int answer = monarch_request_why(MONARCH_VERB_OPEN, key, kl, staged, sizeof staged, &passed, monarch_timeout_ms,
+    int answer = INT_MIN;
+    /* Asked once more when the copy the daemon named is gone before it opened (evicted in
+     * between: a decoded file trimmed as its tier filled); the second answer stages it anew. */
+    for (int ask = 0; ask < 2; ask++) {
+        int passed = -1, unanswered;
+        answer = monarch_request_why(MONARCH_VERB_OPEN, key, kl, staged, sizeof staged, &passed, monarch_timeout_ms,
                                      &unanswered);
-    if (answer == INT_MIN && monarch_have_socket && unanswered == MONARCH_LOST)
-        monarch_pfs_why = MONARCH_EXTRA_LOST_OPENS; /* the daemon gone or silent: the report says so */
-    if (answer > 0 && (answer & MONARCH_ANSWER_FD) && passed >= 0) {
-        int s = answer & ~MONARCH_ANSWER_FD;
-        if (s > MONARCH_SLOT_PFS && s < MONARCH_MAX_SLOTS && monarch_passed_ok(passed, key, kl, flags)) {
-            MONARCH_DEBUG(1, "open %s: daemon slot %d, a decompressed copy (fd %d)", path, s, passed);
-            fd = passed;
-            slot = s;
-            goto out;
+        if (answer == INT_MIN && monarch_have_socket && unanswered == MONARCH_LOST)
+            monarch_pfs_why = MONARCH_EXTRA_LOST_OPENS; /* the daemon gone or silent: the report says so */
+        if (answer > 0 && (answer & MONARCH_ANSWER_FD) && passed >= 0) {
+            int s = answer & ~MONARCH_ANSWER_FD;
+            if (s > MONARCH_SLOT_PFS && s < MONARCH_MAX_SLOTS && monarch_passed_ok(passed, key, kl, flags)) {
+                MONARCH_DEBUG(1, "open %s: daemon slot %d, a decompressed copy (fd %d)", path, s, passed);
+                fd = passed;
+                slot = s;
+                goto out;
+            }
+            MONARCH_DEBUG(1, "open %s: daemon passed fd %d, which is not a sealed copy of the file: refused", path,
+                          passed);
         }
-        MONARCH_DEBUG(1, "open %s: daemon passed fd %d, which is not a sealed copy of the file: refused", path,
-                      passed);
-    }
-    if (passed >= 0)
-        real_close(passed);
-    if (answer > MONARCH_SLOT_PFS && answer < MONARCH_MAX_SLOTS) {
-        if (!monarch_answer_allowed(staged))
+        if (passed >= 0)
+            real_close(passed);
+        if (answer <= MONARCH_SLOT_PFS || answer >= MONARCH_MAX_SLOTS)
+            break;
+        if (!monarch_answer_allowed(staged)) {
             MONARCH_DEBUG(1, "open %s: daemon named %.200s, outside the probe dirs: refused", path, staged);
-        else if (monarch_probe_dirs_check(), (fd = monarch_open_staged(staged, pflags, (unsigned)answer)) >= 0) {
+            break;
+        }
+        monarch_probe_dirs_check();
+        if ((fd = monarch_open_staged(staged, pflags, (unsigned)answer)) >= 0) {
             MONARCH_DEBUG(1, "open %s: daemon slot %d %s (fd %d)", path, answer, staged, fd);
             slot = answer;
             goto out;
-        } else
-            MONARCH_DEBUG(1, "open %s: daemon named %s, which does not open: %s", path, staged, strerror(errno));
+        }
+        int gone = errno == ENOENT;
+        MONARCH_DEBUG(1, "open %s: daemon named %s, which does not open: %s", path, staged, strerror(errno));
+        if (!gone)
+            break;
     }
     if (store) {
         MONARCH_DEBUG(1, "open %s: a store's file the daemon did not serve (%d): EIO", path, answer);

@@ -11,7 +11,9 @@ OPEN, by mode:
   "oversized"  answers a staged slot with a body of PATH_MAX bytes;
   "nul"        answers the right staged path followed by a NUL and more bytes;
   "evil"       answers ``evil_path`` (a file outside the probe dirs, or forged);
-  "bogus"      names a path in the tier that does not exist.
+  "bogus"      names a path in the tier that does not exist;
+  "vanish"     names the copy's path before it exists at a key's first OPEN (a copy evicted
+               between the answer and the shim's open), then stages as "stage".
 INVALIDATE removes the stub's copies of the key (a file or a tree) and answers 0; when
 ``confirm_invalidate`` is false it keeps them and answers STATUS_ERROR. It records the keys of every OPEN
 (``requests``) and INVALIDATE (``invalidated``), as ``str`` (os.fsdecode), and counts
@@ -57,7 +59,8 @@ def payload(name: str, size: int) -> bytes:
 
 
 class StubDaemon:
-    MODES = ("stage", "heartbeat", "pfs", "hang", "garbage", "oversized", "nul", "evil", "bogus", "kept-closed")
+    MODES = ("stage", "heartbeat", "pfs", "hang", "garbage", "oversized", "nul", "evil", "bogus", "kept-closed",
+             "vanish")
 
     def __init__(self, sock_path: str, roots: list[Path], tier: Path, slot: int, mode: str = "stage", *,
                  beats: float = 0.0, evil_path: Path | None = None, confirm_invalidate: bool = True,
@@ -156,6 +159,8 @@ class StubDaemon:
         if not src.is_file():
             return protocol.encode_answer(protocol.SLOT_PFS)
         dest = Path(os.fsdecode(bytes(self.tier) + b"/" + raw))
+        if self.mode == "vanish" and self.requests.count(protocol.key_str(raw)) == 1:
+            return protocol.encode_answer(self.slot, os.fsencode(dest))  # not there (yet): gone before the open
         with self._lock:
             if not dest.exists():
                 dest.parent.mkdir(parents=True, exist_ok=True)
