@@ -51,6 +51,21 @@ def wait_epochs(base, node, epochs, procs, timeout=240):
     pytest.fail(f"reader {node} did not finish {epochs} epochs in {timeout}s")
 
 
+def copies_held(base):
+    """The copies in every node's tiers (sharded_config's ram and ssd directories; none being written)."""
+    dirs = [d for k in range(NODES) for d in (f"/dev/shm{base}/ram{k}", f"{base}/ssd{k}")]
+    return sum(1 for d in dirs for _, _, names in os.walk(d) for name in names if not name.startswith("."))
+
+
+def wait_copies(base, want, procs, timeout=120):
+    """Until the nodes' tiers hold ``want`` copies between them (or every reader has ended)."""
+    deadline = time.monotonic() + timeout
+    while copies_held(base) < want and not all(p.poll() is not None for p in procs):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the nodes hold {copies_held(base)} copies, not {want}, after {timeout}s")
+        time.sleep(0.05)
+
+
 def collect(procs, timeout=300):
     """Each reader's exit code and result; a reader that hangs is killed and fails the test."""
     out = []
@@ -103,10 +118,11 @@ def report_of(cluster, victim):
     return load(os.path.join(cluster.run_dir(writer), "report.json"))
 
 
-def run_with_a_kill(cluster, ds, base, victim, when):
+def run_with_a_kill(cluster, ds, base, victim, when, copies=0):
     """Start the readers, SIGKILL daemon ``victim`` at ``when`` ("epoch1": once its reader has
-    finished epoch 0, "epoch2": epoch 1; a float: that many seconds after the readers start), let every reader
-    end, check the survivors were still up, stop them. Returns the readers' results."""
+    finished epoch 0, "epoch2": epoch 1; a float: that many seconds after the readers start) and
+    once the nodes hold ``copies`` copies between them, let every reader end, check the survivors
+    were still up, stop them. Returns the readers' results."""
     pids = [pid_of(cluster, k) for k in range(NODES)]
     procs = readers(cluster, ds, base)
     try:
@@ -114,6 +130,7 @@ def run_with_a_kill(cluster, ds, base, victim, when):
             wait_epochs(base, victim, int(when[len("epoch"):]), procs)
         else:
             time.sleep(when)
+        wait_copies(base, copies, procs)
         os.kill(pids[victim], signal.SIGKILL)
         results = collect(procs)
         survivors = [k for k in range(NODES) if k != victim]
@@ -148,13 +165,13 @@ def check_lost(rep, victim):
     assert rep["pfs"]["lower_bound"] is True  # the lost node's own PFS reads are unknown
 
 
-def kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim, when="epoch1"):
+def kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim, when="epoch1", copies=0):
     """The cluster on ``cfg``, one sharded reader per node, ``victim``'s daemon SIGKILLed once its
-    reader finished epoch 0 (``when``: run_with_a_kill's); every reader's bytes checked. Returns the cluster, which daemons
+    reader finished epoch 0 (``when``, ``copies``: run_with_a_kill's); every reader's bytes checked. Returns the cluster, which daemons
     were up until stop."""
     cluster = Cluster(NODES, cfg, short_tmp)
     try:
-        results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, when)
+        results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, when, copies)
     finally:
         cluster.kill()
     check_readers(results)
@@ -209,10 +226,10 @@ def test_with_two_replicas_a_lost_daemon_s_share_is_served_from_second_copies(da
     victim = 2
     ds, pfs = mounted_dataset(dataset, slow_pfs, files=240, size="16KiB")
     cfg = shard_config(short_tmp, ds.root, ds.allocated * 7 // 10, replicas=2)
-    # killed after epoch 1, not 0: the second copies are copied behind the owners' own shares, and
-    # an epoch 0 of remote opens answered as memfds in batches (issue 44) can end before they are all
-    # there (18 of 59 files taken over were held in one run of six)
-    cluster, up, results = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim, "epoch2")
+    # killed once every file has its two copies: the second copies are copied behind the owners'
+    # own shares, and an epoch of remote opens answered as memfds in batches (issue 44) can end
+    # before they are all there (killed after epoch 1 alone: 37 of 59 held in one CI run)
+    cluster, up, results = kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim, "epoch1", copies=2 * len(ds.files))
     if cluster.launch.engine != "ulfm":
         return
     assert up == [k for k in range(NODES) if k != victim]
