@@ -54,7 +54,9 @@ several OPENs one after another when the front door keeps the connection (REQUES
   OPEN key        -> status = slot: SLOT_PFS (0, empty body: read the original) or a
                      staged slot with the path to open as body; while the daemon stages
                      it sends STATUS_PENDING frames (empty) every HEARTBEAT_MS, so a
-                     stalled daemon is told from a slow copy.
+                     stalled daemon is told from a slow copy. A path that is gone when the
+                     shim opens it (ENOENT: evicted in between) is asked for once more, then
+                     the PFS.
                      A compressed copy (a tier with ``compression``, docs/compression.md) is
                      answered ANSWER_FD | slot with an empty body and one descriptor passed
                      with the frame (SCM_RIGHTS, on the frame's bytes): a sealed memfd holding
