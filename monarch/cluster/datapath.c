@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -83,8 +84,6 @@ struct request_item { uint64_t size; uint32_t len; uint32_t pad; };
 struct reply_header { uint32_t n; uint32_t pad; };
 struct reply_item { int32_t status; uint32_t pad; uint64_t size; };
 
-struct staged { struct staged *next; uint32_t hash, len; uint8_t slot; char key[]; };
-
 struct fetch {                          /* one request of this node's, posted */
     struct fetch *next;                 /* dp.active */
     int owner, tag, n;
@@ -110,8 +109,13 @@ struct dp {
     struct fetch *active;               /* posted fetches: their tags are taken */
     struct sending *sends;
     int next_tag;
-    struct staged **buckets;
+    struct staged **buckets;            /* the offers (datapath_offers.c) */
     uint32_t nbuckets, nstaged;
+    uint64_t offers;                    /* offers made: each one's generation */
+    uint32_t kept_fds, fds_allowed;     /* descriptors kept open, at most */
+    int *closing;                       /* descriptors of withdrawn offers, for the owner's thread to close */
+    uint32_t nclosing, closing_cap;
+    int reads_over;                     /* the owner's thread has ended: descriptors are closed at once */
     char *tiers[MAX_SLOTS];
     unsigned char lost[MAX_PEERS / 8];
     uint64_t served_files, served_bytes, handed_back, fetched_files, fetched_bytes, mpi_errors;
@@ -120,69 +124,7 @@ struct dp {
     int64_t rtt_ns;                     /* answers' round trip, a moving average (relaxed: a hint) */
 };
 
-static uint32_t hash_of(const char *p, size_t n)   /* FNV-1a */
-{
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)p[i]) * 16777619u;
-    return h;
-}
-
-static struct staged **find_locked(struct dp *d, const char *key, uint32_t len, uint32_t h)
-{
-    struct staged **p = &d->buckets[h & (d->nbuckets - 1)];
-    while (*p && !((*p)->hash == h && (*p)->len == len && !memcmp((*p)->key, key, len)))
-        p = &(*p)->next;
-    return p;
-}
-
-static void grow_locked(struct dp *d)
-{
-    uint32_t n = d->nbuckets * 2;
-    struct staged **b = calloc(n, sizeof *b);
-    if (!b)
-        return;                         /* longer chains, still right */
-    for (uint32_t i = 0; i < d->nbuckets; i++)
-        for (struct staged *s = d->buckets[i], *next; s; s = next) {
-            next = s->next;
-            s->next = b[s->hash & (n - 1)];
-            b[s->hash & (n - 1)] = s;
-        }
-    free(d->buckets);
-    d->buckets = b;
-    d->nbuckets = n;
-}
-
-/* -- the owner's side: one request (a batch of files), answered from this thread ------- */
-/* ``key``'s ``size`` bytes read into ``dst`` if Python listed it as staged here, raw, of that
- * size: 0, else -1 (the requester asks Python's protocol). */
-static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t size, char *dst)
-{
-    char path[PATH_MAX];
-    pthread_mutex_lock(&d->mu);
-    struct staged *s = *find_locked(d, key, len, hash_of(key, len));
-    const char *dir = s ? d->tiers[s->slot] : NULL;
-    int n = dir ? snprintf(path, sizeof path, "%s/%.*s", dir, (int)len, key) : -1;
-    pthread_mutex_unlock(&d->mu);
-    if (n < 0 || n >= (int)sizeof path)
-        return -1;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return -1;
-    struct stat st;
-    uint64_t got = 0;
-    int same = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size;
-    while (same && got < size) {
-        ssize_t r = pread(fd, dst + got, size - got, (off_t)got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        got += (uint64_t)r;
-    }
-    close(fd);
-    return same && got == size ? 0 : -1;
-}
+#include "datapath_offers.c"      /* the offers, and the owner's read of one */
 
 /* A request's items and keys, checked against its length (a peer's bytes are not trusted):
  * the items, or NULL. */
@@ -422,6 +364,7 @@ static void *dp_main(void *arg)
     prctl(PR_SET_NAME, "monarch-data");
     int64_t idle = IDLE_MIN_NS, worked = 0, last = 0, gap = 0;  /* gap_ns: between requests, weight 1/8 */
     while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
+        close_let_go(d);
         int took = take_requests(d);
         if (took + reap_sends(d) + reap_orphans(d)) {
             worked = monarch_now_ns();
@@ -465,6 +408,7 @@ EXPORT struct dp *dp_start(intptr_t comm_handle, int tag_ub)
     d->tag_ub = tag_ub > FIRST_TAG ? tag_ub : 32767;
     d->next_tag = FIRST_TAG;
     d->nbuckets = 1024;
+    d->fds_allowed = fds_allowed();
     d->buckets = calloc(d->nbuckets, sizeof *d->buckets);
     pthread_mutex_init(&d->mu, NULL);
     if (!d->buckets || pthread_create(&d->thread, NULL, dp_main, d) != 0) {
@@ -483,46 +427,6 @@ EXPORT void dp_tier(struct dp *d, int slot, const char *dir)
     pthread_mutex_lock(&d->mu);
     free(d->tiers[slot]);
     d->tiers[slot] = strdup(dir);
-    pthread_mutex_unlock(&d->mu);
-}
-
-EXPORT void dp_staged(struct dp *d, const char *key, int len, int slot)
-{
-    if (len <= 0 || len > KEY_MAX || slot < 0 || slot >= MAX_SLOTS)
-        return;
-    uint32_t h = hash_of(key, (size_t)len);
-    pthread_mutex_lock(&d->mu);
-    struct staged **p = find_locked(d, key, (uint32_t)len, h);
-    if (*p) {
-        (*p)->slot = (uint8_t)slot;
-    } else {
-        struct staged *s = malloc(sizeof *s + (size_t)len);
-        if (s) {
-            s->next = NULL;
-            s->hash = h;
-            s->len = (uint32_t)len;
-            s->slot = (uint8_t)slot;
-            memcpy(s->key, key, (size_t)len);
-            *p = s;
-            if (++d->nstaged > 2 * d->nbuckets)
-                grow_locked(d);
-        }
-    }
-    pthread_mutex_unlock(&d->mu);
-}
-
-EXPORT void dp_forget(struct dp *d, const char *key, int len)
-{
-    if (len <= 0 || len > KEY_MAX)
-        return;
-    pthread_mutex_lock(&d->mu);
-    struct staged **p = find_locked(d, key, (uint32_t)len, hash_of(key, (size_t)len));
-    if (*p) {
-        struct staged *s = *p;
-        *p = s->next;
-        free(s);
-        d->nstaged--;
-    }
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -829,7 +733,9 @@ EXPORT void dp_stop(struct dp *d)
         return;
     __atomic_store_n(&d->stop, 1, __ATOMIC_RELEASE);
     pthread_join(d->thread, NULL);
+    close_let_go(d);
     pthread_mutex_lock(&d->mu);
     d->running = 0;
+    close_kept_locked(d);               /* no read is left: the kept descriptors go now, and later ones at once */
     pthread_mutex_unlock(&d->mu);
 }

@@ -75,6 +75,42 @@ if path is not None:
         out["too_many"] = path.fetch_many(1, [("0/a/small.bin", 100, 1)] * (dp.BATCH_FILES_MAX + 1), 1.0)[0]
     comm.Barrier()
     out["counts"] = path.counts()
+    comm.Barrier()
+    # the owner keeps the descriptor of a file it read; a copy offered anew, or withdrawn and
+    # offered again, is read afresh (its new bytes), and a withdrawn one's descriptor is closed
+    def tier_fds():
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{fd}").startswith(tier)
+            except OSError:
+                pass
+        return n
+
+    def replace(key, data):            # a new copy renamed over the old, as a tier's copies are made
+        with open(os.path.join(tier, key + ".new"), "wb") as f:
+            f.write(data)
+        os.replace(os.path.join(tier, key + ".new"), os.path.join(tier, key))
+
+    small = "0/a/small.bin"
+    for step, data in (("offered_anew", b"new1" * 25), ("withdrawn_and_offered", b"new2" * 25)):
+        if comm.rank == 1:
+            out.setdefault("kept_before", []).append(tier_fds())
+            if step == "withdrawn_and_offered":
+                path.withdraw(small)
+            replace(small, data)
+            path.offer(small, 3)
+        comm.Barrier()
+        if comm.rank == 0:
+            n, got_bytes = fetch(small, 100)
+            out[step] = [n, got_bytes == data]
+        comm.Barrier()
+    if comm.rank == 1:
+        for key in files:
+            path.withdraw(key)
+        time.sleep(0.2)                # the owner's thread closes them at its next turn (1 ms idle at most)
+        out["kept_after_withdrawal"] = tier_fds()
+    comm.Barrier()
     if comm.rank == 1:
         path.stop()                    # its thread gone: a request to it is never answered
     comm.Barrier()

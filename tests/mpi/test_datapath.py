@@ -38,6 +38,11 @@ def check(proc) -> None:
     # not offered, withdrawn, other size ("big" and "self" never sent), then two in the batch
     assert r[1]["counts"]["handed_back"] == 3 + 2
     assert r[0]["counts"]["fetched_files"] == 3 + 3
+    # the owner keeps the descriptors of files it read (small and mid: the three read, less the empty
+    # one's, which it keeps too) and reads a copy offered anew or withdrawn and offered again afresh
+    assert r[1]["kept_before"][0] >= 2, r[1]
+    assert r[0]["offered_anew"] == [100, True] and r[0]["withdrawn_and_offered"] == [100, True], r[0]
+    assert r[1]["kept_after_withdrawal"] == 0, r[1]
     code, seconds = r[0]["silent_owner"]
     assert code == dp.TIMEOUT and 0.25 < seconds < 5
     code, seconds = r[0]["lost_owner"]

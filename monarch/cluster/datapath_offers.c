@@ -1,0 +1,216 @@
+/* Part of datapath.c, one translation unit: included there after ``struct dp``. Here: the keys
+ * this node may serve (Python's offers and the door's copies, ``dp_staged``; withdrawn with
+ * ``dp_forget`` before a copy is dropped) and the owner's read of one, by a descriptor kept
+ * from its first read while the offer stands.
+ *
+ * A kept descriptor spares each later read the open (a walk of the tier's path), fstat and
+ * close: 64 KiB from tmpfs at a six-deep path cost 10-12.5 us so, 6.2-6.7 us by pread on a
+ * kept descriptor (this VM). Only the owner's thread reads and closes them: an offer withdrawn
+ * or made again leaves its descriptor on ``closing``, which that thread closes at its next
+ * turn, so a descriptor is never closed under a read (its number reused by another open). At
+ * most an eighth of the descriptor limit is kept (DP_FDS_MAX at most), the first files read:
+ * a node's own share is read every epoch in another order, and pinning, not evicting, keeps
+ * the most of it (DESIGN.md, pin don't thrash). */
+
+#define DP_FDS_MAX 16384
+
+struct staged {
+    struct staged *next;
+    uint32_t hash, len;
+    uint8_t slot;
+    int fd;                             /* kept from the first read (the owner's thread's), or -1 */
+    uint64_t gen;                       /* which offer: made anew by every dp_staged of the key */
+    uint64_t size;                      /* the kept descriptor's file's size (a copy is never written in place) */
+    char key[];
+};
+
+static uint32_t hash_of(const char *p, size_t n)   /* FNV-1a */
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 16777619u;
+    return h;
+}
+
+static struct staged **find_locked(struct dp *d, const char *key, uint32_t len, uint32_t h)
+{
+    struct staged **p = &d->buckets[h & (d->nbuckets - 1)];
+    while (*p && !((*p)->hash == h && (*p)->len == len && !memcmp((*p)->key, key, len)))
+        p = &(*p)->next;
+    return p;
+}
+
+static void grow_locked(struct dp *d)
+{
+    uint32_t n = d->nbuckets * 2;
+    struct staged **b = calloc(n, sizeof *b);
+    if (!b)
+        return;                         /* longer chains, still right */
+    for (uint32_t i = 0; i < d->nbuckets; i++)
+        for (struct staged *s = d->buckets[i], *next; s; s = next) {
+            next = s->next;
+            s->next = b[s->hash & (n - 1)];
+            b[s->hash & (n - 1)] = s;
+        }
+    free(d->buckets);
+    d->buckets = b;
+    d->nbuckets = n;
+}
+
+static uint32_t fds_allowed(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return DP_FDS_MAX;
+    return rl.rlim_cur / 8 < DP_FDS_MAX ? (uint32_t)(rl.rlim_cur / 8) : DP_FDS_MAX;
+}
+
+/* ``s``'s kept descriptor (if any) handed to the owner's thread to close. Under the lock. */
+static void let_go_fd_locked(struct dp *d, struct staged *s)
+{
+    if (s->fd < 0)
+        return;
+    if (d->reads_over) {
+        close(s->fd);
+        s->fd = -1;
+        d->kept_fds--;
+        return;
+    }
+    if (d->nclosing == d->closing_cap) {
+        uint32_t cap = d->closing_cap ? 2 * d->closing_cap : 64;
+        int *more = realloc(d->closing, cap * sizeof *more);
+        if (!more) {                    /* no memory: the descriptor stays open (never reused under a read) */
+            s->fd = -1;
+            d->kept_fds--;
+            return;
+        }
+        d->closing = more;
+        d->closing_cap = cap;
+    }
+    d->closing[d->nclosing++] = s->fd;
+    s->fd = -1;
+    d->kept_fds--;
+}
+
+/* The descriptors of withdrawn offers closed (the owner's thread, between requests). */
+static void close_let_go(struct dp *d)
+{
+    int fds[64];
+    uint32_t n;
+    do {
+        pthread_mutex_lock(&d->mu);
+        n = d->nclosing < 64 ? d->nclosing : 64;
+        d->nclosing -= n;
+        memcpy(fds, d->closing + d->nclosing, n * sizeof *fds);
+        pthread_mutex_unlock(&d->mu);
+        for (uint32_t i = 0; i < n; i++)
+            close(fds[i]);
+    } while (n == 64);
+}
+
+/* Every kept descriptor closed; from now on they are closed as offers go (dp_stop, once its
+ * thread has ended). Under the lock. */
+static void close_kept_locked(struct dp *d)
+{
+    d->reads_over = 1;
+    for (uint32_t i = 0; i < d->nbuckets; i++)
+        for (struct staged *s = d->buckets[i]; s; s = s->next)
+            let_go_fd_locked(d, s);
+}
+
+static int read_all_at(int fd, char *dst, uint64_t size)
+{
+    uint64_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, dst + got, size - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (uint64_t)r;
+    }
+    return got == size ? 0 : -1;
+}
+
+/* ``key``'s ``size`` bytes read into ``dst`` if it is offered here, raw, of that size: 0, else
+ * -1 (the requester asks Python's protocol). The owner's thread only. */
+static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t size, char *dst)
+{
+    char path[PATH_MAX];
+    uint32_t h = hash_of(key, len);
+    pthread_mutex_lock(&d->mu);
+    struct staged *s = *find_locked(d, key, len, h);
+    int kept = s ? s->fd : -1, n = -1;
+    uint64_t gen = s ? s->gen : 0, kept_size = s ? s->size : 0;
+    const char *dir = s && kept < 0 ? d->tiers[s->slot] : NULL;
+    if (dir)
+        n = snprintf(path, sizeof path, "%s/%.*s", dir, (int)len, key);
+    pthread_mutex_unlock(&d->mu);
+    if (kept >= 0)                      /* closed only by this thread: good until it returns */
+        return kept_size == size ? read_all_at(kept, dst, size) : -1;
+    if (n < 0 || n >= (int)sizeof path)
+        return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size && read_all_at(fd, dst, size) == 0;
+    pthread_mutex_lock(&d->mu);         /* kept if the same offer stands (not withdrawn or made anew meanwhile) */
+    s = *find_locked(d, key, len, h);
+    int keep = ok && s && s->gen == gen && s->fd < 0 && d->kept_fds < d->fds_allowed;
+    if (keep) {
+        s->fd = fd;
+        s->size = (uint64_t)st.st_size;
+        d->kept_fds++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!keep)
+        close(fd);
+    return ok ? 0 : -1;
+}
+
+EXPORT void dp_staged(struct dp *d, const char *key, int len, int slot)
+{
+    if (len <= 0 || len > KEY_MAX || slot < 0 || slot >= MAX_SLOTS)
+        return;
+    uint32_t h = hash_of(key, (size_t)len);
+    pthread_mutex_lock(&d->mu);
+    struct staged **p = find_locked(d, key, (uint32_t)len, h);
+    if (*p) {                           /* offered anew (another copy, another tier): read afresh */
+        let_go_fd_locked(d, *p);
+        (*p)->slot = (uint8_t)slot;
+        (*p)->gen = ++d->offers;
+    } else {
+        struct staged *s = malloc(sizeof *s + (size_t)len);
+        if (s) {
+            s->next = NULL;
+            s->hash = h;
+            s->len = (uint32_t)len;
+            s->slot = (uint8_t)slot;
+            s->fd = -1;
+            s->gen = ++d->offers;
+            s->size = 0;
+            memcpy(s->key, key, (size_t)len);
+            *p = s;
+            if (++d->nstaged > 2 * d->nbuckets)
+                grow_locked(d);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+EXPORT void dp_forget(struct dp *d, const char *key, int len)
+{
+    if (len <= 0 || len > KEY_MAX)
+        return;
+    pthread_mutex_lock(&d->mu);
+    struct staged **p = find_locked(d, key, (uint32_t)len, hash_of(key, (size_t)len));
+    if (*p) {
+        struct staged *s = *p;
+        *p = s->next;
+        let_go_fd_locked(d, s);
+        free(s);
+        d->nstaged--;
+    }
+    pthread_mutex_unlock(&d->mu);
+}
