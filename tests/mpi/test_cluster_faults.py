@@ -62,6 +62,7 @@ def second_copies(cluster):
             s.connect(cluster.socket(k))
             s.sendall(protocol.encode_request(protocol.VERB_REPORT, protocol.REPORT_BRIEF))
             status, body = protocol.recv_answer(s)
+        assert status == 0, (k, status, body[:200])
         held += ((json.loads(body).get("cluster") or {}).get("replicas") or {}).get("kept_files", 0)
     return held
 
