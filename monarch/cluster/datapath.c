@@ -19,23 +19,11 @@
  * still posted is left to the owner's thread (an orphan) until the answer comes, so a late
  * answer never lands in another fetch's buffer and its tag is not reused before.
  *
- * MPI offers nothing to sleep on, so both poll: a requester sleeps first for most of the
- * answers' recent round trip (rtt_ns, a moving average), then a quarter of it (at least
- * POLL_MIN_NS) doubling up to POLL_MAX_NS (each look that finds nothing is a context switch:
- * measured with perf on this VM, a third of the requesting door's CPU was nanosleep when it
- * began at 20 us; on a loaded machine, where an answer is often late, looks again from 20 us
- * took bench_cluster's transparent door 4.3-4.5 wake-ups a remote file, from a quarter 3.0), the owner's
- * thread after any work with half the requests' recent gap (gap_ns: a moving average; at
- * least IDLE_MIN_NS), doubling up to IDLE_MAX_NS (what an idle owner's answer waits at most),
- * or only up to that gap (at least HOT_IDLE_MAX_NS) within HOT_NS of its last request (a node
- * being read from gets its next request soon: bench_peer with one reader thread, a fetch's
- * median was 950 us with 1 ms sleeps, 660 us with these). A sleep is the dear part: each
- * costs 17-20 us of CPU on this VM whatever its length (scripts/wake_cost.c), three quarters
- * of an idle owner's CPU (perf), so no thread spins, and an owner whose requests come
- * seldom (the read-ahead lane's batches, ms apart) looks about twice per request, not every
- * 200 us (bench_cluster --hints: its thread's CPU 17-20 -> 11-12 ms a node in two epochs;
- * bench_peer's requests come every ~80 us: its sleeps stay as they were). Timer slack is
- * 1 us on these threads: the default 50 us would set the pace of every remote open.
+ * MPI offers nothing to sleep on, so both poll, each sleeping between looks as
+ * monarch/native/poll_pace.h rules (a requester by the answers' recent round trip, the owner's
+ * thread by the requests' recent gap, bounded while an application's open waits on them: a
+ * request says so, REQ_WAITED). Timer slack is 1 us on these threads: the default 50 us would
+ * set the pace of every remote open.
  */
 #define _GNU_SOURCE
 #include <mpi.h>
@@ -55,6 +43,7 @@
 #include <unistd.h>
 
 #include "../native/monarch_native.h" /* EXPORT, the clock */
+#include "../native/poll_pace.h"     /* how long the polling threads sleep */
 
 #define TAG_REQUEST 1
 #define FIRST_TAG 16
@@ -63,12 +52,6 @@
 #define BATCH_BYTES_MAX ONE_MESSAGE_MAX /* their bytes together: one reply */
 #define KEY_MAX 4096
 #define MAX_SLOTS 16
-#define POLL_MIN_NS 20000L            /* a requester sleeps this long between looks at its answer, */
-#define POLL_MAX_NS 500000L           /* doubling up to this (an answer comes in one owner's sleep) */
-#define IDLE_MIN_NS 50000LL           /* the owner's thread sleeps this long after any work, ... */
-#define IDLE_MAX_NS 1000000LL         /* ... doubling up to this (what an idle owner's answer waits at most) */
-#define HOT_NS 50000000LL              /* within this of its last request an owner is being read from: */
-#define HOT_IDLE_MAX_NS 200000LL       /* its sleeps stop doubling here (a reader's next request is near) */
 #define MAX_PEERS 65536
 
 /* dp_fetch's answers (>= 0: the file's bytes written) */
@@ -79,7 +62,8 @@ enum { ST_OK = 0, ST_PYTHON = 1 };
 /* One request names up to BATCH_FILES_MAX files (their items, then their keys back to back);
  * its reply has one item per file, then the bytes of those answered ST_OK, back to back: a
  * batch of files crosses in one message each way. */
-struct request_header { uint32_t tag; uint32_t n; };
+struct request_header { uint32_t tag; uint16_t n; uint16_t flags; };
+#define REQ_WAITED 1u                   /* flags: an application's open waits on this reply (poll_pace.h) */
 struct request_item { uint64_t size; uint32_t len; uint32_t pad; };
 struct reply_header { uint32_t n; uint32_t pad; };
 struct reply_item { int32_t status; uint32_t pad; uint64_t size; };
@@ -150,17 +134,19 @@ static const struct request_item *parse_request(const char *msg, int count, stru
     return items;
 }
 
-static void answer(struct dp *d, int src, const char *msg, int count)
+/* Answer one request; 1 if an application's open waits on it (REQ_WAITED). */
+static int answer(struct dp *d, int src, const char *msg, int count)
 {
     struct request_header rh;
     uint64_t total = 0;
     const struct request_item *items = parse_request(msg, count, &rh, &total);
     if (!items)
-        return;                         /* not ours to answer: the requester's deadline does */
+        return 0;                       /* not ours to answer: the requester's deadline does */
+    int waited = (rh.flags & REQ_WAITED) != 0;
     size_t head = sizeof(struct reply_header) + rh.n * sizeof(struct reply_item);
     char *buf = malloc(head + total);
     if (!buf)
-        return;
+        return waited;
     struct reply_header h = {.n = rh.n};
     memcpy(buf, &h, sizeof h);
     struct reply_item *out = (struct reply_item *)(buf + sizeof h);
@@ -179,7 +165,7 @@ static void answer(struct dp *d, int src, const char *msg, int count)
         __atomic_add_fetch(&d->mpi_errors, 1, __ATOMIC_RELAXED);
         free(s);
         free(buf);
-        return;
+        return waited;
     }
     s->buf = buf;
     s->next = d->sends;
@@ -190,9 +176,11 @@ static void answer(struct dp *d, int src, const char *msg, int count)
     d->served_bytes += bytes;
     d->handed_back += rh.n - ok;
     pthread_mutex_unlock(&d->mu);
+    return waited;
 }
 
-static int take_requests(struct dp *d)
+/* Answer the requests that came: how many; *waited set if an application's open waits on one. */
+static int take_requests(struct dp *d, int *waited)
 {
     int n = 0;
     for (; n < 64; n++) {
@@ -213,7 +201,7 @@ static int take_requests(struct dp *d)
             free(msg);
             continue;
         }
-        answer(d, st.MPI_SOURCE, msg, count);
+        *waited |= answer(d, st.MPI_SOURCE, msg, count);
         free(msg);
     }
     return n;
@@ -310,7 +298,7 @@ static int look(struct dp *d, struct fetch *f, int *why, int *posted, int64_t si
         *posted = 0;
         int64_t took = monarch_now_ns() - since;  /* as seen through the poll's steps: what the next waits first */
         int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
-        __atomic_store_n(&d->rtt_ns, rtt ? rtt + (took - rtt) / 8 : took, __ATOMIC_RELAXED);
+        __atomic_store_n(&d->rtt_ns, pace_round_trip(rtt, took), __ATOMIC_RELAXED);
         MPI_Get_count(&st, MPI_BYTE, &f->got);
         /* shorter than a header: no owner of ours sends that: a receive ended by a failure (ULFM) */
         *why = f->got < (int)sizeof(struct reply_header) ? DP_MPI_ERROR : 0;
@@ -332,7 +320,7 @@ static void wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int *wh
 {
     int64_t t0 = monarch_now_ns();
     int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
-    long poll = rtt * 3 / 4 > POLL_MIN_NS ? (long)(rtt * 3 / 4 < POLL_MAX_NS ? rtt * 3 / 4 : POLL_MAX_NS) : POLL_MIN_NS;
+    int64_t poll = pace_first_look(rtt);
     int first = 1;
     while (!look(d, f, why, posted, t0)) {
         int stopped = __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE);
@@ -340,21 +328,12 @@ static void wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int *wh
             *why = stopped ? DP_STOPPED : DP_TIMEOUT;
             return;
         }
-        struct timespec ts = {0, poll};
+        struct timespec ts = {0, (long)poll};
         nanosleep(&ts, NULL);
         __atomic_add_fetch(&d->waits, 1, __ATOMIC_RELAXED);
-        if (first) {                    /* the round trip's bulk is waited: shorter looks from here */
-            first = 0;
-            poll = rtt / 4 > POLL_MIN_NS ? (long)(rtt / 4 < POLL_MAX_NS ? rtt / 4 : POLL_MAX_NS) : POLL_MIN_NS;
-        } else {
-            poll = poll * 2 > POLL_MAX_NS ? POLL_MAX_NS : poll * 2;
-        }
+        poll = pace_next_look(poll, rtt, first);  /* the round trip's bulk is waited: shorter looks from here */
+        first = 0;
     }
-}
-
-static int64_t clamp_ns(int64_t v, int64_t lo, int64_t hi)
-{
-    return v < lo ? lo : v > hi ? hi : v;
 }
 
 static void *dp_main(void *arg)
@@ -362,25 +341,19 @@ static void *dp_main(void *arg)
     struct dp *d = arg;
     prctl(PR_SET_TIMERSLACK, 1000UL);
     prctl(PR_SET_NAME, "monarch-data");
-    int64_t idle = IDLE_MIN_NS, worked = 0, last = 0, gap = 0;  /* gap_ns: between requests, weight 1/8 */
+    struct owner_pace pace;
+    owner_pace_init(&pace);
     while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
         close_let_go(d);
-        int took = take_requests(d);
+        int waited = 0, took = take_requests(d, &waited);
         if (took + reap_sends(d) + reap_orphans(d)) {
-            worked = monarch_now_ns();
-            if (took) {                 /* a long pause counts as 4 ms: the next burst is soon fast again */
-                int64_t g = clamp_ns(last ? worked - last : IDLE_MAX_NS, 0, 4 * IDLE_MAX_NS);
-                gap = gap ? gap + (g - gap) / 8 : g;
-                last = worked;
-            }
-            idle = clamp_ns(gap / 2, IDLE_MIN_NS, IDLE_MAX_NS);
+            owner_pace_worked(&pace, monarch_now_ns(), took, waited);
             continue;
         }
-        struct timespec ts = {0, idle};
+        struct timespec ts = {0, (long)pace.idle};
         nanosleep(&ts, NULL);
         __atomic_add_fetch(&d->idle_sleeps, 1, __ATOMIC_RELAXED);
-        int64_t cap = monarch_now_ns() - worked < HOT_NS ? clamp_ns(gap, HOT_IDLE_MAX_NS, IDLE_MAX_NS) : IDLE_MAX_NS;
-        idle = clamp_ns(idle * 2, 0, idle > cap ? idle : cap);
+        owner_pace_slept(&pace, monarch_now_ns());
     }
     return NULL;
 }
@@ -506,7 +479,7 @@ static void short_sleeps(void)
  * and the answer WAITING, or DP_MPI_ERROR with the fetch to finish (finish_batch); or a DP_*
  * with *out NULL (nothing posted: a file not for this path, no memory, the stop, a lost owner). */
 static int post_batch(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
-                      struct fetch **out, int *posted)
+                      uint32_t flags, struct fetch **out, int *posted)
 {
     uint64_t bytes = 0, keys_len = 0;
     *out = NULL;
@@ -552,7 +525,7 @@ static int post_batch(struct dp *d, int owner, int n, const char *const *keys, c
         tag = tag < d->tag_ub ? tag + 1 : FIRST_TAG;
     d->next_tag = tag < d->tag_ub ? tag + 1 : FIRST_TAG;
     f->tag = tag;
-    struct request_header rh = {.tag = (uint32_t)tag, .n = (uint32_t)n};
+    struct request_header rh = {.tag = (uint32_t)tag, .n = (uint16_t)n, .flags = (uint16_t)flags};
     memcpy(f->req, &rh, sizeof rh);
     f->next = d->active;
     d->active = f;
@@ -608,7 +581,7 @@ static int fetch_batch(struct dp *d, int owner, int n, const char *const *keys, 
                        const int *fds, int64_t *results, int timeout_ms, int at_zero)
 {
     struct fetch *f;
-    int posted, why = post_batch(d, owner, n, keys, lens, sizes, &f, &posted);
+    int posted, why = post_batch(d, owner, n, keys, lens, sizes, REQ_WAITED, &f, &posted);
     if (!f)
         return why;
     if (why == WAITING)
@@ -659,7 +632,7 @@ EXPORT void *dp_post(struct dp *d, int owner, int n, const char *const *keys, co
                      int timeout_ms, int *why)
 {
     struct fetch *f;
-    int posted, w = post_batch(d, owner, n, keys, lens, sizes, &f, &posted);
+    int posted, w = post_batch(d, owner, n, keys, lens, sizes, 0, &f, &posted);
     *why = w;
     if (!f)
         return NULL;

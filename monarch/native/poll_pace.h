@@ -1,0 +1,103 @@
+/*
+ * poll_pace.h -- how long the peer data path's polling threads sleep between looks. MPI offers
+ * nothing to sleep on, so an owner's thread looks for requests and a requester for its answer,
+ * each sleeping between looks; every sleep costs 17-20 us of CPU on this VM whatever its length
+ * (scripts/wake_cost.c), so no thread spins, and each sleep is as long as the wait it covers
+ * allows. Included by the data path (monarch/cluster/datapath.c) and the front door's
+ * transparent fetches (monarch/frontdoor/door_peer.c); tests/unit/test_poll_pace.py runs the
+ * two rules against each other in virtual time.
+ *
+ * Requester: the first sleep is most of the answers' recent round trip (a moving average),
+ * then a quarter of it (at least POLL_MIN_NS) doubling up to POLL_MAX_NS (on a loaded machine,
+ * where an answer is often late, looks again from 20 us took bench_cluster's transparent door
+ * 4.3-4.5 wake-ups a remote file, from a quarter 3.0). Its estimate only shrinks toward the
+ * true round trip: a look too early is followed by one a quarter later.
+ *
+ * Owner: after any work half the requests' recent gap (at least IDLE_MIN_NS), doubling up to
+ * IDLE_MAX_NS (what an idle owner's answer waits at most); within HOT_NS of its last request
+ * only up to that gap (at least HOT_IDLE_MAX_NS): an owner whose requests come seldom (the
+ * read-ahead lane's batches, ms apart) looks about twice per request, not every 200 us
+ * (bench_cluster --hints: its thread's CPU 17-20 -> 11-12 ms a node in two epochs).
+ * A request an application's open waits on (WAITED) bounds the owner's sleeps to
+ * WAITED_IDLE_MAX_NS for HOT_NS after it. Without that bound the two rules feed each other:
+ * a reader that waits for its answer sends its next request a round trip later, which the
+ * owner takes for a wide gap and sleeps longer, which widens the round trip. bench_peer with
+ * one reader thread settled at 1.7 ms a remote open (583/s, every run), with eight threads a
+ * pass that fell into it took 2.5-6.3 s instead of 1.0 s.
+ */
+#ifndef MONARCH_POLL_PACE_H
+#define MONARCH_POLL_PACE_H
+
+#include <stdint.h>
+
+#define POLL_MIN_NS 20000LL             /* a requester sleeps at least this long between looks, */
+#define POLL_MAX_NS 500000LL            /* at most this (an answer comes in one owner's sleep) */
+#define IDLE_MIN_NS 50000LL             /* the owner's thread sleeps this long after any work, ... */
+#define IDLE_MAX_NS 1000000LL           /* ... doubling up to this (what an idle owner's answer waits at most) */
+#define HOT_NS 50000000LL               /* within this of its last request an owner is being read from: */
+#define HOT_IDLE_MAX_NS 200000LL        /* its sleeps stop doubling here (a reader's next request is near) */
+#define WAITED_IDLE_MAX_NS 200000LL     /* and within HOT_NS of a request an open waits on, never pass this */
+
+static inline int64_t pace_clamp(int64_t v, int64_t lo, int64_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* -- the requester: looks at its answer -------------------------------------------------- */
+/* The first sleep after a request is posted, from the recent round trip ``rtt`` (0: none yet). */
+static inline int64_t pace_first_look(int64_t rtt)
+{
+    return pace_clamp(rtt * 3 / 4, POLL_MIN_NS, POLL_MAX_NS);
+}
+
+/* The sleep after the one of ``slept`` ns found no answer (``first``: that was the first). */
+static inline int64_t pace_next_look(int64_t slept, int64_t rtt, int first)
+{
+    return first ? pace_clamp(rtt / 4, POLL_MIN_NS, POLL_MAX_NS) : pace_clamp(slept * 2, POLL_MIN_NS, POLL_MAX_NS);
+}
+
+/* The round trip's moving average (weight 1/8) after an answer seen ``took`` ns after its post. */
+static inline int64_t pace_round_trip(int64_t rtt, int64_t took)
+{
+    return rtt ? rtt + (took - rtt) / 8 : took;
+}
+
+/* -- the owner: looks for requests -------------------------------------------------------- */
+struct owner_pace {
+    int64_t idle;                       /* the next sleep */
+    int64_t worked, last, gap;          /* the last work, the last request, between requests (weight 1/8) */
+    int64_t waited_at;                  /* the last request an open waited on */
+};
+
+static inline void owner_pace_init(struct owner_pace *p)
+{
+    p->idle = IDLE_MIN_NS;
+    p->worked = p->last = p->gap = 0;
+    p->waited_at = -HOT_NS;
+}
+
+/* Work done at ``now``: ``took`` requests answered (``waited``: one an open waits on), or other
+ * work (sends reaped). The next sleep is p->idle. */
+static inline void owner_pace_worked(struct owner_pace *p, int64_t now, int took, int waited)
+{
+    p->worked = now;
+    if (took) {                         /* a long pause counts as 4 ms: the next burst is soon fast again */
+        int64_t g = pace_clamp(p->last ? now - p->last : IDLE_MAX_NS, 0, 4 * IDLE_MAX_NS);
+        p->gap = p->gap ? p->gap + (g - p->gap) / 8 : g;
+        p->last = now;
+    }
+    if (waited)
+        p->waited_at = now;
+    p->idle = pace_clamp(p->gap / 2, IDLE_MIN_NS, now - p->waited_at < HOT_NS ? WAITED_IDLE_MAX_NS : IDLE_MAX_NS);
+}
+
+/* A sleep ended at ``now`` with nothing to do: the next one, p->idle. */
+static inline void owner_pace_slept(struct owner_pace *p, int64_t now)
+{
+    int64_t cap = now - p->waited_at < HOT_NS ? WAITED_IDLE_MAX_NS
+                  : now - p->worked < HOT_NS  ? pace_clamp(p->gap, HOT_IDLE_MAX_NS, IDLE_MAX_NS)
+                                              : IDLE_MAX_NS;
+    p->idle = pace_clamp(p->idle * 2, 0, p->idle > cap ? p->idle : cap);
+}
+
+#endif
