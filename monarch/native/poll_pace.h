@@ -19,11 +19,13 @@
  * read-ahead lane's batches, ms apart) looks about twice per request, not every 200 us
  * (bench_cluster --hints: its thread's CPU 17-20 -> 11-12 ms a node in two epochs).
  * A request an application's open waits on (WAITED) bounds the owner's sleeps to
- * WAITED_IDLE_MAX_NS for HOT_NS after it. Without that bound the two rules feed each other:
+ * WAITED_IDLE_MAX_NS for WAITED_HOT_NS after it. Without that bound the two rules feed each other:
  * a reader that waits for its answer sends its next request a round trip later, which the
  * owner takes for a wide gap and sleeps longer, which widens the round trip. bench_peer with
  * one reader thread settled at 1.7 ms a remote open (583/s, every run), with eight threads a
- * pass that fell into it took 2.5-6.3 s instead of 1.0 s.
+ * pass that fell into it took 2.5-6.3 s instead of 1.0 s. The bound lasts 2 ms, not HOT_NS: a
+ * waiting reader asks again sooner, and kept for 50 ms the transparent misses of a hinted
+ * epoch made the owner's thread cost 32 us a remote file in bench_cluster, not 24.
  */
 #ifndef MONARCH_POLL_PACE_H
 #define MONARCH_POLL_PACE_H
@@ -36,7 +38,8 @@
 #define IDLE_MAX_NS 1000000LL           /* ... doubling up to this (what an idle owner's answer waits at most) */
 #define HOT_NS 50000000LL               /* within this of its last request an owner is being read from: */
 #define HOT_IDLE_MAX_NS 200000LL        /* its sleeps stop doubling here (a reader's next request is near) */
-#define WAITED_IDLE_MAX_NS 200000LL     /* and within HOT_NS of a request an open waits on, never pass this */
+#define WAITED_IDLE_MAX_NS 200000LL     /* within WAITED_HOT_NS of a request an open waits on, never pass this */
+#define WAITED_HOT_NS 2000000LL         /* (a reader waiting on its answers asks again sooner than this) */
 
 static inline int64_t pace_clamp(int64_t v, int64_t lo, int64_t hi)
 {
@@ -73,7 +76,7 @@ static inline void owner_pace_init(struct owner_pace *p)
 {
     p->idle = IDLE_MIN_NS;
     p->worked = p->last = p->gap = 0;
-    p->waited_at = -HOT_NS;
+    p->waited_at = -WAITED_HOT_NS;
 }
 
 /* Work done at ``now``: ``took`` requests answered (``waited``: one an open waits on), or other
@@ -88,13 +91,13 @@ static inline void owner_pace_worked(struct owner_pace *p, int64_t now, int took
     }
     if (waited)
         p->waited_at = now;
-    p->idle = pace_clamp(p->gap / 2, IDLE_MIN_NS, now - p->waited_at < HOT_NS ? WAITED_IDLE_MAX_NS : IDLE_MAX_NS);
+    p->idle = pace_clamp(p->gap / 2, IDLE_MIN_NS, now - p->waited_at < WAITED_HOT_NS ? WAITED_IDLE_MAX_NS : IDLE_MAX_NS);
 }
 
 /* A sleep ended at ``now`` with nothing to do: the next one, p->idle. */
 static inline void owner_pace_slept(struct owner_pace *p, int64_t now)
 {
-    int64_t cap = now - p->waited_at < HOT_NS ? WAITED_IDLE_MAX_NS
+    int64_t cap = now - p->waited_at < WAITED_HOT_NS ? WAITED_IDLE_MAX_NS
                   : now - p->worked < HOT_NS  ? pace_clamp(p->gap, HOT_IDLE_MAX_NS, IDLE_MAX_NS)
                                               : IDLE_MAX_NS;
     p->idle = pace_clamp(p->idle * 2, 0, p->idle > cap ? p->idle : cap);
