@@ -314,40 +314,28 @@ static void sweep_slow(struct worker *w)
     }
 }
 
-/* The ``n`` events of one wait on the worker's epoll, served: new connections, kept ones with
- * their next request, requests still coming; then the slow ones swept. 1: the door stops (its
- * event stays readable: the worker's loop sees it again). Also called by a worker waiting for a
- * fetch's answer (await_answer). */
-static int serve_events(struct worker *w, const struct epoll_event *evs, int n)
-{
-    for (int i = 0; i < n; i++) {
-        void *p = evs[i].data.ptr;
-        if (p == (void *)(uintptr_t)T_STOP)
-            return 1;
-        if (p == (void *)(uintptr_t)T_LISTEN)
-            on_accept(w);
-        else if (((struct conn *)p)->kept)
-            on_kept(w, p);
-        else
-            on_readable(w, p);
-    }
-    if (w->npending)
-        sweep_slow(w);
-    return 0;
-}
-
 static void *door_main(void *arg)
 {
     struct worker *w = arg;
     struct epoll_event evs[64];
     prctl(PR_SET_NAME, "monarch-door");
-    prctl(PR_SET_TIMERSLACK, 1000UL);  /* its waits for a fetch's answer are short (await_answer) */
     for (;;) {
         int n = epoll_wait(w->ep, evs, 64, w->npending ? 100 : -1);
         if (n < 0 && errno != EINTR)
             break;
-        if (serve_events(w, evs, n < 0 ? 0 : n))
-            return NULL;
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == (void *)(uintptr_t)T_STOP)
+                return NULL;
+            if (p == (void *)(uintptr_t)T_LISTEN)
+                on_accept(w);
+            else if (((struct conn *)p)->kept)
+                on_kept(w, p);
+            else
+                on_readable(w, p);
+        }
+        if (w->npending)
+            sweep_slow(w);
     }
     return NULL;
 }

@@ -40,16 +40,6 @@ OFFER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, c
 def sharded_door(short_tmp):
     """A door over FILES small files, its index open, copying allowed with room lent, as a
     sharded node's (own_only): the odd index entries are node 1's, the even ones this node's."""
-    yield from make_sharded_door(short_tmp, workers=2)
-
-
-@pytest.fixture
-def one_worker_door(short_tmp):
-    """sharded_door's, with one worker: every connection it keeps is in that worker's epoll."""
-    yield from make_sharded_door(short_tmp, workers=1)
-
-
-def make_sharded_door(short_tmp, workers: int):
     root = os.path.join(short_tmp, "pfs")
     sums = {}
     for i in range(FILES):
@@ -63,7 +53,7 @@ def make_sharded_door(short_tmp, workers: int):
     os.mkdir(area)
     path = os.path.join(short_tmp, "door.sock")
     slot = protocol.tier_slot(0)
-    with door_on_socket(path, [root], {slot: tier, protocol.SLOT_PEER: area}, slot, workers) as door:
+    with door_on_socket(path, [root], {slot: tier, protocol.SLOT_PEER: area}, slot, 2) as door:
         door.own_only(True)
         snap = take_snapshot((root,))
         assert door.open("unused", bytearray(snap.index_bytes()))
@@ -449,7 +439,7 @@ def test_a_readers_progress_of_the_lanes_order_is_answered_by_the_door_on_a_kept
 
 
 POST = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
-                        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int, ctypes.c_int,
+                        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int,
                         ctypes.POINTER(ctypes.c_int))
 TEST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 TAKE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
@@ -464,7 +454,7 @@ def link_flight(d, root: str) -> SimpleNamespace:
     posted: dict[int, list[str]] = {}
     replied: set[int] = set()
 
-    def post(dp, owner, n, keys, lens, sizes, waited, timeout_ms, why):
+    def post(dp, owner, n, keys, lens, sizes, timeout_ms, why):
         posted[len(posted) + 1] = [keys[i][:lens[i]].decode() for i in range(n)]
         why[0] = 0
         return len(posted)
@@ -600,78 +590,3 @@ def test_a_file_on_its_way_for_the_last_order_is_the_next_orders_when_it_asks_fo
     assert d.door.peer_ahead_state()["kept"] >= 1
     replied.add(2)
     d.door.peer_ahead(array("I"), 1)
-
-
-def kept_open(s: socket.socket, key: str) -> int:
-    """An OPEN on a kept connection (REQUEST_KEEP, as the shim's threads send them): its status,
-    which says the connection is kept (ANSWER_KEPT: a connection not kept would be closed)."""
-    body = key.encode()
-    s.sendall(protocol.REQUEST_HEADER.pack(protocol.VERB_OPEN, protocol.REQUEST_KEEP, 0, len(body)) + body)
-    frame, fds, _, _ = socket.recv_fds(s, 8 + 4096, 1)
-    for fd in fds:
-        os.close(fd)
-    status = int.from_bytes(frame[:4], "little")
-    assert status & protocol.ANSWER_KEPT, status
-    return status & ~protocol.ANSWER_KEPT
-
-
-def test_a_worker_waiting_for_a_fetch_answers_the_connections_it_keeps(one_worker_door, short_tmp):
-    """A worker that fetches another node's file serves its own epoll while the answer is due:
-    an open on a connection it keeps is answered at once, not once the fetch is over. Before,
-    the worker blocked in the fetch, and the reader threads whose connections it kept fell
-    behind the others (bench_peer: 3 of 8 threads ended 1.9 s after the rest)."""
-    d = one_worker_door
-    root = os.path.join(short_tmp, "pfs")
-    release, asked = threading.Event(), threading.Event()
-    posted: dict[int, list[str]] = {}
-
-    def pfs_bytes(key: str) -> bytes:
-        with open(os.path.join(root, key.split("/", 1)[1]), "rb") as f:
-            return f.read()
-
-    def fetch_many(dp, owner, n, keys, lens, sizes, fds, results, timeout_ms):  # the blocking path
-        asked.set()
-        release.wait(20)
-        for i in range(n):
-            results[i] = os.pwrite(fds[i], pfs_bytes(keys[i][:lens[i]].decode()), 0)
-        return 0
-
-    def post(dp, owner, n, keys, lens, sizes, waited, timeout_ms, why):  # in flight until released
-        posted[len(posted) + 1] = [keys[i][:lens[i]].decode() for i in range(n)]
-        assert waited == 1  # an application's open waits on it: the owner looks more often
-        why[0] = 0
-        asked.set()
-        return len(posted)
-
-    def take(dp, handle, sizes, results, got, arg):
-        data = [pfs_bytes(k) for k in posted[handle]]
-        for i, b in enumerate(data):
-            results[i] = len(b)
-        GOT(got)(arg, (ctypes.c_char_p * len(data))(*data), results)
-
-    callbacks = (d.callbacks[0], d.callbacks[1], FETCH_MANY(fetch_many), POST(post),
-                 TEST(lambda dp, handle: int(release.is_set())), TAKE(take))
-    d.linked = callbacks  # kept alive with the door
-    address = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
-    assert d.door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
-                        tuple(address[3:]))
-    d.door.peer_copying(True)
-    mine = sorted(d.mine)
-    remote = next(k for k in sorted(d.sums) if k not in d.mine)
-    with connect(d.socket) as a, connect(d.socket) as b:
-        for s in (a, b):
-            s.settimeout(10)
-        assert kept_open(a, mine[0]) == d.slot and kept_open(b, mine[1]) == d.slot  # both kept by the one worker
-        answer_b: list[int] = []
-        waiting = threading.Thread(target=lambda: answer_b.append(kept_open(b, remote)), daemon=True)
-        waiting.start()
-        assert asked.wait(10)  # the worker fetches: its answer is held
-        try:
-            status = kept_open(a, mine[2])  # the other reader's next open, on the same worker
-            answered_while_held = not release.is_set()
-        finally:
-            release.set()
-        waiting.join(10)
-    assert status == d.slot and answered_while_held
-    assert answer_b == [protocol.SLOT_PEER | protocol.ANSWER_FD], answer_b
-    assert d.door.counts()["peer_waits"] >= 1
