@@ -3,9 +3,8 @@
  * nothing to sleep on, so an owner's thread looks for requests and a requester for its answer,
  * each sleeping between looks; every sleep costs 17-20 us of CPU on this VM whatever its length
  * (scripts/wake_cost.c), so no thread spins, and each sleep is as long as the wait it covers
- * allows. Included by the data path (monarch/cluster/datapath.c) and the front door's
- * transparent fetches (monarch/frontdoor/door_peer.c); tests/unit/test_poll_pace.py runs the
- * two rules against each other in virtual time.
+ * allows. Included by the data path (monarch/cluster/datapath.c);
+ * tests/unit/native/test_poll_pace.py runs the two rules against each other in virtual time.
  *
  * Requester: the first sleep is most of the answers' recent round trip (a moving average),
  * then a quarter of it (at least POLL_MIN_NS) doubling up to POLL_MAX_NS (on a loaded machine,
