@@ -260,10 +260,13 @@ def print_ceiling(kind: str, runs: list[dict]) -> None:
 
 
 def datapath_counts(report: dict) -> dict:
-    """Node 0's C data path counts (its section of the run report)."""
+    """Node 0's C data path counts (its section of the run report), with ``waits`` counting the
+    front door's waits for an answer too (its fetching workers wait on their own epoll)."""
     for node in report.get("nodes") or []:
         if node.get("node") == 0:
-            return (node.get("peer") or {}).get("datapath") or {}
+            counts = dict((node.get("peer") or {}).get("datapath") or {})
+            counts["waits"] = counts.get("waits", 0) + (node.get("front_door") or {}).get("peer_waits", 0)
+            return counts
     return {}
 
 

@@ -627,12 +627,14 @@ typedef void (*dp_reply_fn)(void *arg, const char *const *bytes, const int64_t *
  * with *why a DP_* (nothing posted: not for this path, no memory, the stop, a lost owner). The
  * caller keeps ``keys`` and ``sizes`` until dp_take. Given up ``timeout_ms`` after now. So one
  * thread keeps many owners' requests in flight at once and polls them as it likes (the front
- * door's peer read-ahead: gathering the next while the last are on their way). */
+ * door's peer read-ahead: gathering the next while the last are on their way; its transparent
+ * fetches: serving other opens while the answer is due). ``waited``: an application's open
+ * waits on it (the owner then looks for requests more often: poll_pace.h). */
 EXPORT void *dp_post(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
-                     int timeout_ms, int *why)
+                     int waited, int timeout_ms, int *why)
 {
     struct fetch *f;
-    int posted, w = post_batch(d, owner, n, keys, lens, sizes, 0, &f, &posted);
+    int posted, w = post_batch(d, owner, n, keys, lens, sizes, waited ? REQ_WAITED : 0, &f, &posted);
     *why = w;
     if (!f)
         return NULL;

@@ -89,7 +89,7 @@ def _load() -> ctypes.CDLL:
            "dp_fetch": (ctypes.c_int64, [vp, i, cp, i, u64, i, i]),
            "dp_fetch_many": (i, [vp, i, i, ctypes.POINTER(cp), ctypes.POINTER(i), ctypes.POINTER(u64),
                                  ctypes.POINTER(i), ctypes.POINTER(ctypes.c_int64), i]),
-           "dp_post": (vp, [vp, i, i, ctypes.POINTER(cp), ctypes.POINTER(i), ctypes.POINTER(u64), i,
+           "dp_post": (vp, [vp, i, i, ctypes.POINTER(cp), ctypes.POINTER(i), ctypes.POINTER(u64), i, i,
                             ctypes.POINTER(i)]),
            "dp_test": (i, [vp, vp]),
            "dp_take": (None, [vp, vp, ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_int64), vp, vp]),

@@ -47,7 +47,7 @@ _EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head (FRONT_DOOR
 # why a connection was handed over (front_door.h: FRONT_DOOR_HANDED_OVER)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
                        "no_room_lent", "copy_failed")
-_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 10
+_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 11
 
 
 class DoorEvent(NamedTuple):
@@ -211,7 +211,10 @@ class FrontDoor:
                 # whether every fetch goes into the peer area (the measured reuse of the area's
                 # copies, later opens per copy, is above the break-even), else 1 in 8
                 "peer_area_rule": {"keep_all": bool(arr[n + 12 + len(HANDED_OVER_BECAUSE)]),
-                                   "reuse": arr[n + 13 + len(HANDED_OVER_BECAUSE)] / 1000}}
+                                   "reuse": arr[n + 13 + len(HANDED_OVER_BECAUSE)] / 1000},
+                # the waits of the workers that fetch for an answer (each a look, serving their
+                # own connections meanwhile)
+                "peer_waits": arr[n + 14 + len(HANDED_OVER_BECAUSE)]}
 
     def stop(self) -> None:
         """Stop answering (connections not answered yet are closed: their shims read the

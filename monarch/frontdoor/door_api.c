@@ -494,6 +494,7 @@ EXPORT void front_door_counts(struct door *d, uint64_t *out)
     out[MONARCH_MAX_SLOTS + 11 + R_REASONS] = d->peer_batched;
     out[MONARCH_MAX_SLOTS + 12 + R_REASONS] = (uint64_t)d->peer_keep_all;
     out[MONARCH_MAX_SLOTS + 13 + R_REASONS] = d->peer_reuse_permille;
+    out[MONARCH_MAX_SLOTS + 14 + R_REASONS] = __atomic_load_n(&d->peer_waits, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&d->mu);
 }
 

@@ -165,14 +165,26 @@ static void drop_pending(struct worker *w, struct conn *c)
     epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
 }
 
+/* A pending connection waits in its worker's epoll one-shot: each event is served by the one
+ * wait that took it, even when a handler waits on that epoll again (await_answer) while the
+ * loop still holds the events after its own; a partial read arms it again. Not armed: the
+ * sweep hands it to Python in time. */
+static void rearm(struct worker *w, struct conn *c)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
+    epoll_ctl(w->ep, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
 static void on_readable(struct worker *w, struct conn *c)
 {
     for (;;) {
         ssize_t r = recv(c->fd, c->buf + c->got, sizeof c->buf - c->got, MSG_DONTWAIT);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            rearm(w, c);
             return;
+        }
         int state = r > 0 ? (c->got += (uint32_t)r, frame_state(c->buf, c->got)) : F_ODD;
         if (state == F_MORE)
             continue;
@@ -237,7 +249,7 @@ static void take_request(struct worker *w, struct conn *c, int reused)
         free(c);
         return;
     }
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};  /* rearm()'s why */
     if (epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
         hand_over(d, fd, c->buf, c->got, R_OTHER);
         free(c);
@@ -314,26 +326,39 @@ static void sweep_slow(struct worker *w)
     }
 }
 
+/* The ``n`` events of one wait on the worker's epoll, served: new connections, kept ones with
+ * their next request, requests still coming. 1: the door stops (its event stays readable: the
+ * worker's loop sees it again). Also called by a worker waiting for a fetch's answer
+ * (await_answer), which is why the slow ones are swept by the loop alone: the loop may still
+ * hold a pending connection's event. */
+static int serve_events(struct worker *w, const struct epoll_event *evs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        void *p = evs[i].data.ptr;
+        if (p == (void *)(uintptr_t)T_STOP)
+            return 1;
+        if (p == (void *)(uintptr_t)T_LISTEN)
+            on_accept(w);
+        else if (((struct conn *)p)->kept)
+            on_kept(w, p);
+        else
+            on_readable(w, p);
+    }
+    return 0;
+}
+
 static void *door_main(void *arg)
 {
     struct worker *w = arg;
     struct epoll_event evs[64];
     prctl(PR_SET_NAME, "monarch-door");
+    prctl(PR_SET_TIMERSLACK, 1000UL);  /* its waits for a fetch's answer are short (await_answer) */
     for (;;) {
         int n = epoll_wait(w->ep, evs, 64, w->npending ? 100 : -1);
         if (n < 0 && errno != EINTR)
             break;
-        for (int i = 0; i < n; i++) {
-            void *p = evs[i].data.ptr;
-            if (p == (void *)(uintptr_t)T_STOP)
-                return NULL;
-            if (p == (void *)(uintptr_t)T_LISTEN)
-                on_accept(w);
-            else if (((struct conn *)p)->kept)
-                on_kept(w, p);
-            else
-                on_readable(w, p);
-        }
+        if (serve_events(w, evs, n < 0 ? 0 : n))
+            return NULL;
         if (w->npending)
             sweep_slow(w);
     }

@@ -190,7 +190,7 @@ static int pa_flight(struct door *d, struct peer_ahead *pa, int give_up)
             continue;
         B->posted_ns = monarch_now_ns();
         int why = PA_NOT_POSTED;
-        B->h = post && test && take && one ? post(dp, B->owner, B->n, B->keys, B->lens, B->sizes, timeout_ms, &why)
+        B->h = post && test && take && one ? post(dp, B->owner, B->n, B->keys, B->lens, B->sizes, 0, timeout_ms, &why)
                                             : NULL;
         if (B->h) {
             B->state = PB_FLIGHT;

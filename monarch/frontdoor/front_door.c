@@ -85,6 +85,7 @@
 
 #include "../wire/monarch_wire.h" /* frames, index layout, limits: one definition (tests/unit/test_wire.py) */
 #include "../native/monarch_native.h" /* EXPORT, the clock, CRC-32, the index look-up: shared */
+#include "../native/poll_pace.h"     /* the looks at a fetch's answer (as the data path's own) */
 #include "front_door.h"                /* events, reasons, the event record, what Python calls: the contract */
 
 #ifndef F_ADD_SEALS                    /* an older glibc's headers predate memfd (the kernel has it) */
@@ -172,7 +173,7 @@ typedef int (*peer_fetch_many_fn)(void *dp, int owner, int n, const char *const 
  * dp_take): many owners' requests kept in flight at once by one thread */
 typedef void (*peer_reply_fn)(void *arg, const char *const *bytes, const int64_t *results);
 typedef void *(*peer_post_fn)(void *dp, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
-                              int timeout_ms, int *why);
+                              int waited, int timeout_ms, int *why);
 typedef int (*peer_test_fn)(void *dp, void *handle);
 typedef void (*peer_take_fn)(void *dp, void *handle, const uint64_t *sizes, int64_t *results, peer_reply_fn got,
                              void *arg);
@@ -213,6 +214,8 @@ struct worker {                        /* one thread of the door: its own epoll 
     /* the memfds this worker answers remote opens with, kept with their pages (door_peer.c) */
     int pool[PEER_POOL];               /* read-write opens, the pool's own */
     int npool, pool_next, pool_off;
+    int fetching;                      /* in run_owner: the opens it reads meanwhile wait in their queues (under the lock) */
+    int stopping;                      /* it saw the stop while an answer was due: sleeps, no more serving */
 };
 
 struct door {
@@ -265,6 +268,9 @@ struct door {
     struct owner_queue *oq;            /* by owner node */
     int noq, peer_fetchers;            /* owners' queues; workers fetching now */
     uint64_t peer_batches, peer_batched;  /* requests sent, files in them */
+    uint64_t peer_waits;               /* fetchers' waits for an answer, serving their connections (atomic) */
+    int64_t peer_rtt_ns;               /* their answers' round trip, a moving average (relaxed: a hint) */
+    int pwait2_off;                    /* no epoll_pwait2 here: a fetcher sleeps while its answer is due */
     const uint64_t *reuse_opens;       /* the shim's opens in the peer slot (front_door_peer_reuse), or NULL */
     void *reuse_map;
     size_t reuse_map_len;

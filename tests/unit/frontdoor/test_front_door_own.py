@@ -23,63 +23,17 @@ import pytest
 
 from monarch import frontdoor, protocol
 from monarch.frontdoor import BOOKS, EV_AHEAD, EV_STAGED, PEER_BOOKS
-from monarch.node.snapshot.index_writer import positions
 from monarch.node.tiers.tiers import TMP_PREFIX
-from monarch.node.snapshot.snapshot import take_snapshot
-from support.harness import door_on_socket, unix_connect as connect
+from support.harness import unix_connect as connect
+from support.sharded_door import FETCH, FETCH_MANY, FILES, GOT, POST, TAKE, TEST, make_sharded_door
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
-
-FILES = 60
-FETCH = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
-                         ctypes.c_uint64, ctypes.c_int, ctypes.c_int)
-OFFER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
 
 
 @pytest.fixture
 def sharded_door(short_tmp):
-    """A door over FILES small files, its index open, copying allowed with room lent, as a
-    sharded node's (own_only): the odd index entries are node 1's, the even ones this node's."""
-    root = os.path.join(short_tmp, "pfs")
-    sums = {}
-    for i in range(FILES):
-        os.makedirs(os.path.join(root, f"d{i % 3}"), exist_ok=True)
-        data = os.urandom(2048 + i)
-        with open(os.path.join(root, f"d{i % 3}", f"f{i}"), "wb") as f:
-            f.write(data)
-        sums[f"0/d{i % 3}/f{i}"] = hashlib.md5(data).hexdigest()
-    tier, area = os.path.join(short_tmp, "tier"), os.path.join(short_tmp, "area")
-    os.mkdir(tier)
-    os.mkdir(area)
-    path = os.path.join(short_tmp, "door.sock")
-    slot = protocol.tier_slot(0)
-    with door_on_socket(path, [root], {slot: tier, protocol.SLOT_PEER: area}, slot, 2) as door:
-        door.own_only(True)
-        snap = take_snapshot((root,))
-        assert door.open("unused", bytearray(snap.index_bytes()))
-        door.grant(1 << 20)
-        door.copying(True)
-        row = positions(snap.files)
-        owners = array("h", [-1]) * len(snap.files)
-        for key in snap.files:
-            if row(key) % 2:
-                owners[row(key)] = 1
-        fetched, offered = [], []
-
-        def fetch(dp, owner, key, length, size, fd, timeout_ms):  # the data path says: ask Python
-            fetched.append(key[:length].decode())
-            return -1
-
-        def offer(dp, key, length, slot_):
-            offered.append((key[:length].decode(), slot_))
-
-        callbacks = FETCH(fetch), OFFER(offer)  # kept alive while the door may call them
-        mine = {k for k in snap.files if owners[row(k)] < 0}
-        yield SimpleNamespace(door=door, socket=path, tier=tier, slot=slot, sums=sums, mine=mine, owners=owners,
-                              snap=snap, row=row,
-                              callbacks=callbacks, fetched=fetched, offered=offered,
-                              link=lambda: door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None,
-                                                      owners, 0, protocol.SLOT_PEER, 5.0))
+    """A door over FILES small files, as a sharded node's (support.sharded_door), two workers."""
+    yield from make_sharded_door(short_tmp, workers=2)
 
 
 def ask_open(path: str, key: str) -> tuple[int, bytes]:
@@ -188,12 +142,6 @@ def test_another_nodes_file_lands_in_the_peer_area_even_after_its_directory_went
         with open(os.path.join(area, key), "rb") as f:
             assert hashlib.md5(f.read()).hexdigest() == d.sums[key]
     assert sum(e.kind == EV_STAGED for e in d.door.events(PEER_BOOKS)) == 3
-
-
-FETCH_MANY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                              ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int),
-                              ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int),
-                              ctypes.POINTER(ctypes.c_int64), ctypes.c_int)
 
 
 def ask_open_fd(path: str, key: str, close_early: bool = False) -> bytes | None:
@@ -438,15 +386,6 @@ def test_a_readers_progress_of_the_lanes_order_is_answered_by_the_door_on_a_kept
     d.door.peer_ahead(array("I"), 1)
 
 
-POST = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
-                        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int,
-                        ctypes.POINTER(ctypes.c_int))
-TEST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
-TAKE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
-                        ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p)
-GOT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int64))
-
-
 def link_flight(d, root: str) -> SimpleNamespace:
     """The door's peer lane linked to requests in flight in the shape of dp_post, dp_test and
     dp_take: each post recorded (``posted``: by handle, from 1, its keys), answered once its handle
@@ -454,7 +393,7 @@ def link_flight(d, root: str) -> SimpleNamespace:
     posted: dict[int, list[str]] = {}
     replied: set[int] = set()
 
-    def post(dp, owner, n, keys, lens, sizes, timeout_ms, why):
+    def post(dp, owner, n, keys, lens, sizes, waited, timeout_ms, why):
         posted[len(posted) + 1] = [keys[i][:lens[i]].decode() for i in range(n)]
         why[0] = 0
         return len(posted)
@@ -590,3 +529,4 @@ def test_a_file_on_its_way_for_the_last_order_is_the_next_orders_when_it_asks_fo
     assert d.door.peer_ahead_state()["kept"] >= 1
     replied.add(2)
     d.door.peer_ahead(array("I"), 1)
+

@@ -1,0 +1,79 @@
+"""A sharded node's front door alone on a socket, for the tests of its peer lane: its files,
+its owners array (the odd index entries are node 1's), and the ctypes shapes of the data
+path's calls the tests stand in for (dp_fetch, dp_fetch_many, dp_post, dp_test, dp_take)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from array import array
+from types import SimpleNamespace
+
+from monarch import protocol
+from monarch.node.snapshot.index_writer import positions
+from monarch.node.snapshot.snapshot import take_snapshot
+from support.harness import door_on_socket
+
+FILES = 60
+FETCH = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
+                         ctypes.c_uint64, ctypes.c_int, ctypes.c_int)
+OFFER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
+FETCH_MANY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                              ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int),
+                              ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int),
+                              ctypes.POINTER(ctypes.c_int64), ctypes.c_int)
+POST = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
+                        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int, ctypes.c_int,
+                        ctypes.POINTER(ctypes.c_int))
+TEST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+TAKE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
+                        ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p)
+GOT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int64))
+
+
+def make_sharded_door(short_tmp: str, workers: int):
+    """A door over FILES small files, its index open, copying allowed with room lent, as a
+    sharded node's (own_only), with ``workers`` threads. Yields its namespace: the door, its
+    socket, the files' sums, the keys it owns (``mine``), the owners array, and a fetch that
+    says "ask Python" (what it was asked in ``fetched``) with an offer that records."""
+    root = os.path.join(short_tmp, "pfs")
+    sums = {}
+    for i in range(FILES):
+        os.makedirs(os.path.join(root, f"d{i % 3}"), exist_ok=True)
+        data = os.urandom(2048 + i)
+        with open(os.path.join(root, f"d{i % 3}", f"f{i}"), "wb") as f:
+            f.write(data)
+        sums[f"0/d{i % 3}/f{i}"] = hashlib.md5(data).hexdigest()
+    tier, area = os.path.join(short_tmp, "tier"), os.path.join(short_tmp, "area")
+    os.mkdir(tier)
+    os.mkdir(area)
+    path = os.path.join(short_tmp, "door.sock")
+    slot = protocol.tier_slot(0)
+    with door_on_socket(path, [root], {slot: tier, protocol.SLOT_PEER: area}, slot, workers) as door:
+        door.own_only(True)
+        snap = take_snapshot((root,))
+        assert door.open("unused", bytearray(snap.index_bytes()))
+        door.grant(1 << 20)
+        door.copying(True)
+        row = positions(snap.files)
+        owners = array("h", [-1]) * len(snap.files)
+        for key in snap.files:
+            if row(key) % 2:
+                owners[row(key)] = 1
+        fetched, offered = [], []
+
+        def fetch(dp, owner, key, length, size, fd, timeout_ms):  # the data path says: ask Python
+            fetched.append(key[:length].decode())
+            return -1
+
+        def offer(dp, key, length, slot_):
+            offered.append((key[:length].decode(), slot_))
+
+        callbacks = FETCH(fetch), OFFER(offer)  # kept alive while the door may call them
+        mine = {k for k in snap.files if owners[row(k)] < 0}
+        yield SimpleNamespace(door=door, socket=path, root=root, tier=tier, slot=slot, sums=sums, mine=mine,
+                              owners=owners, snap=snap, row=row,
+                              callbacks=callbacks, fetched=fetched, offered=offered,
+                              link=lambda: door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None,
+                                                      owners, 0, protocol.SLOT_PEER, 5.0))
