@@ -15,7 +15,9 @@ path's own cost).
 
 Prints per repeat: the reading pass's wall time, the remote opens (node 0's report), remote
 opens per second, and the CPU-seconds of each daemon and of the reader during the pass (the
-daemons' idle CPU over the same time subtracted), with the CPU per remote open. Each byte
+daemons' idle CPU over the same time subtracted), with the CPU per remote open; then each
+daemon's by thread (the door's workers, the data path's, Python's, MPI's), per remote open,
+with the times each was put on a CPU (wake-ups, mostly), idle CPU not subtracted. Each byte
 read is checked against the source (the manifest's digest, or its CRC-32 for the C reader).
 Then, per reader, the ceiling those costs allow on this machine's cores: remote opens per
 second if every open were remote and the job had every core, cores / (the reader's CPU per
@@ -45,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from clusterbench import bench_env, mpiexec, stop_daemons  # noqa: E402
+from cpuwatch import thread_ns  # noqa: E402
 from benchopts import fresh_bytecode  # noqa: E402
 from support.harness import ram_peer_config  # noqa: E402
 from monarch.workload import make_dataset, parse_size  # noqa: E402
@@ -109,6 +112,32 @@ def cpu_of(procs: list) -> list[float]:
         except Exception:
             out.append(float("nan"))
     return out
+
+
+def threads_of(procs: list) -> list[tuple[dict, dict, dict]]:
+    """Each daemon's threads now: (CPU-ns by thread id, names, times put on a CPU)."""
+    out = []
+    for p in procs:
+        names, runs = {}, {}
+        out.append((thread_ns(p.pid, names, runs), names, runs))
+    return out
+
+
+def by_thread(before: tuple, after: tuple, remote: int) -> dict[str, list[float]]:
+    """One daemon's CPU over the pass by thread name (the door's workers summed), per remote
+    open: {name: [us, wake-ups]}; threads that used under 1% of the whole left out."""
+    (ns0, _, runs0), (ns1, names, runs1) = before, after
+    out: dict[str, list[float]] = {}
+    for tid, ns in ns1.items():
+        name = names.get(tid, "?")
+        if name.startswith("python"):
+            name = "python"
+        acc = out.setdefault(name, [0.0, 0.0])
+        acc[0] += (ns - ns0.get(tid, 0)) / 1e3 / max(1, remote)
+        acc[1] += (runs1.get(tid, 0) - runs0.get(tid, 0)) / max(1, remote)
+    whole = sum(us for us, _ in out.values())
+    return {k: [round(us, 1), round(w, 2)] for k, (us, w) in sorted(out.items(), key=lambda kv: -kv[1][0])
+            if us >= 0.01 * whole}
 
 
 def staged_files(base: str) -> int:
@@ -206,7 +235,7 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
         report = os.path.join(base, "run0.json")
         nodes = daemon_nodes(procs)
         perf = start_perf(args.perf, base, procs, nodes)
-        before = cpu_of(procs)
+        before, threads_before = cpu_of(procs), threads_of(procs)
         t0 = time.monotonic()
         cmd = ([c_reader[0], c_reader[1], str(args.threads)] if reader_kind == "c" else
                [sys.executable, "-c", READER, root, manifest, str(args.threads), out])
@@ -214,7 +243,7 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
                                 env=bench_env(JOB, MONARCH_NODE=0), capture_output=True, text=True,
                                 timeout=max(10.0, deadline - time.monotonic()))
         elapsed = time.monotonic() - t0
-        after = cpu_of(procs)
+        after, threads_after = cpu_of(procs), threads_of(procs)
         stop_perf(perf)
         if reader.returncode != 0:
             raise RuntimeError(f"the reader exited {reader.returncode}:\n{reader.stderr[-2000:]}")
@@ -226,9 +255,11 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
     path = datapath_counts(rep)
     daemon_cpu = [b - a - i * result["seconds"] for a, b, i in zip(before, after, idle)]
     by_node = dict(zip(nodes, daemon_cpu)) if sorted(n for n in nodes if n is not None) == [0, 1] else {}
+    threads = {node: by_thread(b, a, remote) for node, b, a in zip(nodes, threads_before, threads_after)}
     return {"reader": reader_kind, "pass_seconds": round(result["seconds"], 3), "launcher_seconds": round(elapsed, 3),
             "requester_cpu": round(by_node[0], 3) if by_node else None,
             "owner_cpu": round(by_node[1], 3) if by_node else None,
+            "requester_threads": threads.get(0), "owner_threads": threads.get(1),
             "files": result["files"], "remote_opens": remote, "digests_ok": result["ok"],
             "remote_opens_per_s": round(remote / result["seconds"]) if result["seconds"] else None,
             "reader_cpu": round(result["cpu"], 3), "daemon_cpu": [round(c, 3) for c in daemon_cpu],
@@ -302,6 +333,10 @@ def main(argv=None) -> int:
                       f"= {res['daemon_cpu_per_remote_open_us']} us per remote open; files per request "
                       f"{res['files_per_request']}, sleeps per request {res['requester_sleeps_per_request']}; "
                       f"digests {'ok' if res['digests_ok'] else 'WRONG'}", flush=True)
+                for side in ("requester", "owner"):
+                    threads = res[f"{side}_threads"] or {}
+                    print(f"    {side} by thread, us per remote open (times on a CPU): "
+                          + ", ".join(f"{name} {us} ({runs})" for name, (us, runs) in threads.items()), flush=True)
         for kind in kinds:
             print_ceiling(kind, [r for r in results if r["reader"] == kind])
         if args.json:
