@@ -112,7 +112,23 @@ static int send_answer(int fd, int32_t status, const char *body, uint32_t len)
  * door keeps it (and says so: ANSWER_KEPT) while it keeps fewer than KEPT_MAX and is not
  * stopping. Kept, it waits idle in a worker's epoll (one-shot, never swept as slow: it is
  * not on the worker's pending list), on the door's list (closed by front_door_stop); its next
- * request is read as a new connection's (take_request), whichever thread answered the last. */
+ * request is read as a new connection's (take_request), whichever thread answered the last.
+ * It stays registered in that epoll (the connection's descriptor picks the worker) from one
+ * open to the next. */
+
+/* Arm ``fd`` (``c``) in the epoll ``ep`` for one event. A kept connection stays registered in
+ * its worker's epoll once it fired (one-shot: disarmed, not removed), so it is armed again
+ * there (one syscall, not a removal and an addition per open); a new one is added. 0: armed. */
+static int arm_once(int ep, int fd, struct conn *c, int registered)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
+    int op = registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    if (epoll_ctl(ep, op, fd, &ev) == 0)
+        return 0;
+    if (errno != (registered ? ENOENT : EEXIST))
+        return -1;
+    return epoll_ctl(ep, registered ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &ev);
+}
 
 /* Does ``req`` ask to keep its connection (an OPEN's flags byte)? */
 static int asks_keep(const char *req)
@@ -145,8 +161,7 @@ static void finish_open(struct door *d, int fd, int keep, int sent)
         c->since = 0;
         c->prev = NULL;
         c->next = d->kept;
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
-        if (epoll_ctl(d->workers[fd % d->nworkers].ep, EPOLL_CTL_ADD, fd, &ev) == 0) {
+        if (arm_once(d->workers[fd % d->nworkers].ep, fd, c, 1) == 0) {
             if (d->kept)
                 d->kept->prev = c;
             d->kept = c;

@@ -249,8 +249,7 @@ static void take_request(struct worker *w, struct conn *c, int reused)
         free(c);
         return;
     }
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};  /* rearm()'s why */
-    if (epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+    if (arm_once(w->ep, fd, c, reused) < 0) {  /* one-shot: rearm()'s why; a kept one is this worker's already */
         hand_over(d, fd, c->buf, c->got, R_OTHER);
         free(c);
         return;
@@ -309,8 +308,7 @@ static void on_kept(struct worker *w, struct conn *c)
         c->next->prev = c->prev;
     d->nkept--;
     pthread_mutex_unlock(&d->mu);
-    epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);  /* one-shot: fired; taken out, it may be kept again elsewhere */
-    take_request(w, c, 1);
+    take_request(w, c, 1);             /* still registered here, disarmed (one-shot): arm_once */
 }
 
 static void sweep_slow(struct worker *w)
