@@ -15,7 +15,8 @@ path's own cost).
 
 Prints per repeat: the reading pass's wall time, the remote opens (node 0's report), remote
 opens per second, and the CPU-seconds of each daemon and of the reader during the pass (the
-daemons' idle CPU over the same time subtracted), with the CPU per remote open; then each
+daemons' idle CPU over the same time subtracted; read when the reader prints its figures,
+before the launcher asks for the run's report), with the CPU per remote open; then each
 daemon's by thread (the door's workers, the data path's, Python's, MPI's), per remote open,
 with the times each was put on a CPU (wake-ups, mostly), idle CPU not subtracted. Each byte
 read is checked against the source (the manifest's digest, or its CRC-32 for the C reader).
@@ -40,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -59,7 +61,7 @@ READER = r"""
 import json, os, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from monarch.workload import digest, load_manifest
-root, manifest_path, threads, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+root, manifest_path, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 manifest = load_manifest(manifest_path)
 names = sorted(manifest)
 def check(rel):
@@ -69,8 +71,8 @@ def check(rel):
 t0, c0 = time.perf_counter(), time.process_time()
 with ThreadPoolExecutor(threads) as pool:
     ok = all(pool.map(check, names, chunksize=64))
-json.dump({"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0, "files": len(names), "ok": ok},
-          open(out, "w"))
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0, "files": len(names), "ok": ok}),
+      flush=True)
 sys.exit(0 if ok else 1)
 """
 
@@ -112,6 +114,20 @@ def cpu_of(procs: list) -> list[float]:
         except Exception:
             out.append(float("nan"))
     return out
+
+
+def reader_result(reader: subprocess.Popen, deadline: float) -> str | None:
+    """The reader's line of figures (JSON), read as it is printed at the pass's end, or None
+    if it ended without one; killed at ``deadline``."""
+    timer = threading.Timer(max(1.0, deadline - time.monotonic()), reader.kill)
+    timer.start()
+    try:
+        for line in reader.stdout:
+            if line.startswith("{"):
+                return line
+        return None
+    finally:
+        timer.cancel()
 
 
 def threads_of(procs: list) -> list[tuple[dict, dict, dict]]:
@@ -231,23 +247,27 @@ def one_repeat(args, work: str, root: str, manifest: str, total: int, files: int
         idle0 = cpu_of(procs)
         time.sleep(1.0)
         idle = [b - a for a, b in zip(idle0, cpu_of(procs))]  # per second
-        out = os.path.join(base, "reader.json")
         report = os.path.join(base, "run0.json")
         nodes = daemon_nodes(procs)
         perf = start_perf(args.perf, base, procs, nodes)
         before, threads_before = cpu_of(procs), threads_of(procs)
         t0 = time.monotonic()
         cmd = ([c_reader[0], c_reader[1], str(args.threads)] if reader_kind == "c" else
-               [sys.executable, "-c", READER, root, manifest, str(args.threads), out])
-        reader = subprocess.run([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", report, "--", *cmd],
-                                env=bench_env(JOB, MONARCH_NODE=0), capture_output=True, text=True,
-                                timeout=max(10.0, deadline - time.monotonic()))
-        elapsed = time.monotonic() - t0
+               [sys.executable, "-c", READER, root, manifest, str(args.threads)])
+        reader = subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", report, "--", *cmd],
+                                  env=bench_env(JOB, MONARCH_NODE=0), stdout=subprocess.PIPE,
+                                  stderr=open(os.path.join(base, "reader.log"), "w"), text=True)
+        line = reader_result(reader, deadline)
+        # the pass is over when the reader prints its figures: the daemons' CPU is read then,
+        # before the launcher asks for the run's report (a fixed cost, not a remote open's)
         after, threads_after = cpu_of(procs), threads_of(procs)
+        elapsed = time.monotonic() - t0
         stop_perf(perf)
-        if reader.returncode != 0:
-            raise RuntimeError(f"the reader exited {reader.returncode}:\n{reader.stderr[-2000:]}")
-        result = json.loads(reader.stdout.strip().splitlines()[-1]) if reader_kind == "c" else json.load(open(out))
+        code = reader.wait(timeout=max(10.0, deadline - time.monotonic()))
+        if code != 0 or line is None:
+            with open(os.path.join(base, "reader.log")) as log:
+                raise RuntimeError(f"the reader exited {code}:\n{log.read()[-2000:]}")
+        result = json.loads(line)
         rep = json.load(open(report))
     finally:
         stop_daemons(serve)
