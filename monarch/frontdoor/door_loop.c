@@ -165,16 +165,6 @@ static void drop_pending(struct worker *w, struct conn *c)
     epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
 }
 
-/* A pending connection waits in its worker's epoll one-shot: each event is served by the one
- * wait that took it, even when a handler waits on that epoll again (await_answer) while the
- * loop still holds the events after its own; a partial read arms it again. Not armed: the
- * sweep hands it to Python in time. */
-static void rearm(struct worker *w, struct conn *c)
-{
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
-    epoll_ctl(w->ep, EPOLL_CTL_MOD, c->fd, &ev);
-}
-
 static void on_readable(struct worker *w, struct conn *c)
 {
     for (;;) {
@@ -182,7 +172,7 @@ static void on_readable(struct worker *w, struct conn *c)
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            rearm(w, c);
+            arm_once(w->ep, c->fd, c, 1);   /* the rest, once it comes (not armed: the sweep's, in time) */
             return;
         }
         int state = r > 0 ? (c->got += (uint32_t)r, frame_state(c->buf, c->got)) : F_ODD;
@@ -249,7 +239,10 @@ static void take_request(struct worker *w, struct conn *c, int reused)
         free(c);
         return;
     }
-    if (arm_once(w->ep, fd, c, reused) < 0) {  /* one-shot: rearm()'s why; a kept one is this worker's already */
+    /* one-shot: each event is served by the one wait that took it, even when a handler waits on
+     * this epoll again (await_answer) while the loop still holds the events after its own; a
+     * kept connection is registered here already (disarmed) */
+    if (arm_once(w->ep, fd, c, reused) < 0) {
         hand_over(d, fd, c->buf, c->got, R_OTHER);
         free(c);
         return;
