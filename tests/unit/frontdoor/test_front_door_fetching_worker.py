@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,7 @@ def test_a_worker_waiting_for_a_fetch_answers_the_connections_it_keeps(one_worke
         for _ in range(1000):  # the worker fetches: its answer is held
             if d.posted:
                 break
-            threading.Event().wait(0.01)
+            time.sleep(0.01)
         try:
             got = kept_open(a, mine[2])  # the other reader's next open, on the same worker
             answered_while_held = not release[1].is_set()
@@ -149,14 +150,14 @@ def request_in_pieces_while_fetching(short_tmp: str) -> dict:
             late = connect(d.socket)  # a new connection (the listener readable) with a remote open ...
             late.sendall(open_request(remote[1]))
             b.sendall(piece[3:])  # ... then b's request completed: both events in one wait
-            threading.Event().wait(0.1)
+            time.sleep(0.1)
             stall[1].set()
             first.join(10)
             for _ in range(200):  # late's fetch posted; the worker waits for it
                 if len(d.posted) == 2:
                     break
-                threading.Event().wait(0.01)
-            threading.Event().wait(0.2)
+                time.sleep(0.01)
+            time.sleep(0.2)
             release[2].set()
             answers["late"] = answer_md5(late)
             answers["b"] = answer_md5(b)
