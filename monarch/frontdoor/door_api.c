@@ -58,7 +58,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
         w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
         /* here, not on the thread: it must be held before anything can use the descriptors up */
         w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        w->src_dir = w->key_dir = w->peer_dir = -1;
+        w->src_dir = w->key_dir = -1;
         w->ep = epoll_create1(EPOLL_CLOEXEC);
         /* EPOLLEXCLUSIVE: one worker woken per connection, not all of them */
         struct epoll_event lev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = (void *)(uintptr_t)T_LISTEN};

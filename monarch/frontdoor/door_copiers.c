@@ -25,7 +25,7 @@ static void staff_locked(struct door *d)
     while (d->ncopiers - d->copiers_working < want && d->ncopiers < d->copiers_cap && !d->copiers_stop) {
         struct worker *w = &d->copiers[d->ncopiers];
         w->d = d;
-        w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
+        w->spare_fd = w->ep = w->src_dir = w->key_dir = -1;
         w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + d->ncopiers) << 48;
         w->copy_buf = w->copy_buf ? w->copy_buf : malloc(MONARCH_INLINE_MAX + 1);
         sigset_t all, old;

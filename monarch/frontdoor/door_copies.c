@@ -112,20 +112,14 @@ static int open_copy_dir(struct worker *w, const char *key, uint32_t dlen)
     return open_key_dir(w->d->tiers[w->d->copy_slot], key, dlen + 1);  /* up to its last '/' */
 }
 
-static int open_peer_dir(struct worker *w, const char *key, uint32_t dlen)
-{
-    return open_key_dir(w->d->tiers[w->d->peer_slot], key, dlen + 1);  /* up to its last '/' */
-}
-
 static void close_cached_dirs(struct worker *w)
 {
     if (w->src_dir >= 0)
         close(w->src_dir);
     if (w->key_dir >= 0)
         close(w->key_dir);
-    if (w->peer_dir >= 0)
-        close(w->peer_dir);
-    w->src_dir = w->key_dir = w->peer_dir = -1;
+    w->src_dir = w->key_dir = -1;
+    dirs_close(&w->peer_dirs);
 }
 
 /* Copy ``key`` (``f``: the snapshot's view of it) into the copy tier under a temporary

@@ -436,28 +436,27 @@ static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owne
         pooled[i] = 0;
         results[i] = -1;
         if (q->to_area) {
-            /* the worker's directory of the last fetch, kept (an epoch's files share few
-             * directories), duplicated for this file: the next file's may replace it */
+            /* the worker's directory of the file, kept (door_dirs.c), duplicated for this file:
+             * the next file's may take its slot */
             const char *base = memrchr(key, '/', q->len);
             uint32_t dlen = base ? (uint32_t)(base - key) : 0;
             snprintf(tmps[i], sizeof tmps[i], "%s%016llx", MONARCH_TMP_PREFIX,
                      (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
             const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
             for (int again = 0; again < 2 && outs[i] < 0; again++) {
-                int kdir = cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, key, dlen, open_peer_dir, w);
+                int kdir = dirs_get(&w->peer_dirs, d->tiers[d->peer_slot], key, dlen);
                 outs[i] = kdir < 0 ? -1 : openat(kdir, tmps[i], create, (q->f.mode & 0700) | 0600);
+                int gone = outs[i] < 0 && kdir >= 0 && errno == ENOENT;
                 if (outs[i] >= 0 && (kdirs[i] = fcntl(kdir, F_DUPFD_CLOEXEC, 0)) < 0) {
                     unlinkat(kdir, tmps[i], 0);
                     close(outs[i]);
                     outs[i] = -1;
-                    break;
                 }
-                if (outs[i] < 0 && kdir >= 0 && errno == ENOENT) {  /* the directory went meanwhile: opened afresh */
-                    close(w->peer_dir);
-                    w->peer_dir = -1;
-                } else {
+                if (gone)              /* the directory went meanwhile: opened afresh */
+                    dirs_forget_all(&w->peer_dirs);
+                dirs_put(&w->peer_dirs, kdir);
+                if (!gone)
                     break;
-                }
             }
         } else if ((outs[i] = pool_take(w, q->f.size, &taken)) >= 0) {
             pooled[i] = 1;

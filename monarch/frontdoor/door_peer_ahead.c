@@ -231,27 +231,31 @@ static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t hash
     return 0;
 }
 
-/* The spare ``name``'s path in the area. */
-static void spare_path(const struct door *d, const char *name, char *out)
+/* The spare ``name`` unlinked from the area's top directory (its path walked: not the lane's hot path). */
+static void unlink_spare(const struct door *d, const char *name)
 {
-    snprintf(out, PATH_MAX, "%s/%s", d->tiers[d->peer_slot], name);
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/%s", d->tiers[d->peer_slot], name) < (int)sizeof path)
+        unlink(path);
 }
 
-/* ``path``, a consumed copy of the ring's (``fd``: its kept descriptor, of ``mode`` and ``size``, or -1),
- * renamed aside as a spare. 1 if it is gone from its name (kept, or unlinked when the spares are
- * full; ``fd`` is the spare's or closed), 0 if the caller unlinks it (and closes ``fd``). The
- * lane's own thread only. Reusing a file is safe against an open that found its old name just before:
- * the shim takes a peer-area copy only if its name still is that file once open
+/* ``name`` in ``dir`` (the directory, kept, of a consumed copy of the ring's; ``fd``: its kept
+ * descriptor, of ``mode`` and ``size``, or -1) renamed aside as a spare into the area's top
+ * directory ``top``. 1 if it is gone from its name (kept, or unlinked when the spares are full;
+ * ``fd`` is the spare's or closed), 0 if the caller unlinks it (and closes ``fd``). The lane's own
+ * thread only. Reusing a file is safe against an open that found its old name just before: the
+ * shim takes a peer-area copy only if its name still is that file once open
  * (shim_open.c: monarch_still_named), and a spare is written over only once a write lease shows
  * that no open of it is left anywhere (pa_take_spare). */
-static int ring_retire(struct door *d, struct peer_ahead *pa, const char *path, int fd, mode_t mode, uint64_t size)
+static int ring_retire(struct door *d, struct peer_ahead *pa, int dir, const char *name, int top, int fd, mode_t mode,
+                       uint64_t size)
 {
     if (__atomic_load_n(&pa->leases_off, __ATOMIC_RELAXED))
         return 0;
     struct stat st;
     struct pa_spare sp = {.fd = fd, .mode = mode, .size = size};
     if (sp.fd < 0) {                   /* its descriptor was not kept: opened again */
-        sp.fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+        sp.fd = openat(dir, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
         if (sp.fd < 0)
             return 0;
         if (fcntl(sp.fd, F_SETSIG, SIGURG) != 0 || fstat(sp.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -263,9 +267,7 @@ static int ring_retire(struct door *d, struct peer_ahead *pa, const char *path, 
     }
     snprintf(sp.name, sizeof sp.name, "%s%016llx", MONARCH_TMP_PREFIX,
              (unsigned long long)(++pa->spare_seq * 0x9E3779B97F4A7C15ULL ^ (uint64_t)getpid() << 40));
-    char aside[PATH_MAX];
-    spare_path(d, sp.name, aside);
-    if (rename(path, aside) != 0) {
+    if (renameat(dir, name, top, sp.name) != 0) {
         if (sp.fd != fd)
             close(sp.fd);
         return 0;
@@ -276,7 +278,7 @@ static int ring_retire(struct door *d, struct peer_ahead *pa, const char *path, 
         pa->spares[pa->nspares++] = sp;
     pthread_mutex_unlock(&d->mu);
     if (!kept) {
-        unlink(aside);
+        unlinkat(top, sp.name, 0);
         close(sp.fd);
     }
     return 1;
@@ -293,8 +295,6 @@ static int pa_take_spare(struct door *d, struct peer_ahead *pa, uint64_t size, m
         pthread_mutex_unlock(&d->mu);
         if (sp.fd < 0)
             return -1;
-        char aside[PATH_MAX];
-        spare_path(d, sp.name, aside);
         if (fcntl(sp.fd, F_SETLEASE, F_WRLCK) == 0) {   /* granted only while no other open of it is left */
             fcntl(sp.fd, F_SETLEASE, F_UNLCK);
             /* of the same length (a dataset's files often are): written over whole, not truncated */
@@ -306,7 +306,7 @@ static int pa_take_spare(struct door *d, struct peer_ahead *pa, uint64_t size, m
         } else if (errno != EAGAIN && errno != EBUSY) {
             __atomic_store_n(&pa->leases_off, 1, __ATOMIC_RELAXED);  /* no leases here: files are made afresh */
         }
-        unlink(aside);                 /* held by someone, or unusable: its bytes stay theirs */
+        unlink_spare(d, sp.name);      /* held by someone, or unusable: its bytes stay theirs */
         close(sp.fd);
     }
 }
@@ -320,16 +320,14 @@ static void pa_drop_spares(struct door *d, struct peer_ahead *pa)
         pthread_mutex_unlock(&d->mu);
         if (sp.fd < 0)
             return;
-        char aside[PATH_MAX];
-        spare_path(d, sp.name, aside);
-        unlink(aside);
+        unlink_spare(d, sp.name);
         close(sp.fd);
     }
 }
 
-/* The victims gone from the peer area, kept as spares (``keep_spares``) or unlinked (not under
- * the lock: the lane is ``busy``), then their keys free again, the opens parked on them handed
- * over to Python. Takes and leaves the lock held. */
+/* The victims gone from the peer area, kept as spares (``keep_spares``: the lane's own thread,
+ * through its directories) or unlinked (not under the lock: the lane is ``busy``), then their
+ * keys free again, the opens parked on them handed over to Python. Takes and leaves the lock held. */
 static void ring_unlink_victims(struct door *d, struct peer_ahead *pa, int keep_spares)
 {
     uint32_t n = pa->nvictims;
@@ -337,17 +335,31 @@ static void ring_unlink_victims(struct door *d, struct peer_ahead *pa, int keep_
         return;
     pthread_mutex_unlock(&d->mu);
     const char *area = d->tiers[d->peer_slot];
+    struct dir_cache *dirs = &pa->w.peer_dirs;
+    int top = keep_spares ? dirs_get(dirs, area, "", 0) : -1;
     for (uint32_t i = 0; i < n; i++) {
         char path[PATH_MAX];
         struct pa_victim *v = &pa->victims[i];
-        int named = snprintf(path, sizeof path, "%s/%.*s", area, (int)v->len, v->key) < (int)sizeof path;
-        if (named && keep_spares && ring_retire(d, pa, path, v->fd, v->mode, v->size))
-            continue;
-        if (named)
-            unlink(path);              /* a reader that has it open keeps its bytes */
+        const char *base = memrchr(v->key, '/', v->len);
+        uint32_t dlen = base ? (uint32_t)(base - v->key) : 0;
+        char name[NAME_MAX + 1];
+        size_t nl = v->len - (base ? dlen + 1 : 0);
+        int dir = top >= 0 && nl <= NAME_MAX ? dirs_get(dirs, area, v->key, dlen) : -1;
+        if (dir >= 0) {
+            memcpy(name, v->key + (v->len - nl), nl);
+            name[nl] = 0;
+            if (!ring_retire(d, pa, dir, name, top, v->fd, v->mode, v->size))
+                unlinkat(dir, name, 0);  /* a reader that has it open keeps its bytes */
+            else
+                v->fd = -1;            /* the spare's now, or closed */
+            dirs_put(dirs, dir);
+        } else if (snprintf(path, sizeof path, "%s/%.*s", area, (int)v->len, v->key) < (int)sizeof path) {
+            unlink(path);
+        }
         if (v->fd >= 0)
             close(v->fd);
     }
+    dirs_put(dirs, top);
     pthread_mutex_lock(&d->mu);
     for (uint32_t i = 0; i < n; i++) {
         struct pa_victim *v = &pa->victims[i];

@@ -6,7 +6,8 @@
 
 /* -- one batch: temporary files, the fetch, the publish ---------------------------------------- */
 
-/* ``p``'s temporary copy in its directory of the peer area: a spare written over, or a new file. */
+/* ``p``'s temporary copy in its directory of the peer area (``p->dir``, pinned in the lane's
+ * directories until pa_publish): a spare written over, or a new file. */
 static void pa_open_tmp(struct door *d, struct peer_ahead *pa, struct worker *w, struct pa_file *p)
 {
     const char *base = memrchr(p->key, '/', p->len);
@@ -16,8 +17,7 @@ static void pa_open_tmp(struct door *d, struct peer_ahead *pa, struct worker *w,
     mode_t mode = (p->f.mode & 0700) | 0600;
     p->aside = 0;
     for (int attempt = 0; base && attempt < 2 && p->fd < 0; attempt++) {
-        int kdir = cached_dir(&w->peer_dir, w->peer_dir_key, &w->peer_dir_len, p->key, dlen, open_peer_dir, w);
-        p->dir = kdir < 0 ? -1 : dup(kdir);   /* kept to its rename: the next file may be elsewhere */
+        p->dir = dirs_get(&w->peer_dirs, d->tiers[d->peer_slot], p->key, dlen);
         if (p->dir >= 0 && (p->fd = pa_take_spare(d, pa, p->f.size, mode, p->tmp, sizeof p->tmp)) >= 0) {
             p->aside = 1;
             break;
@@ -29,12 +29,11 @@ static void pa_open_tmp(struct door *d, struct peer_ahead *pa, struct worker *w,
             p->fd = -1;
             break;
         }
-        if (p->fd >= 0 || errno != ENOENT || w->peer_dir < 0)
+        if (p->fd >= 0 || errno != ENOENT || p->dir < 0)
             break;
-        close(p->dir);                 /* its directory went meanwhile: opened afresh */
+        dirs_forget_all(&w->peer_dirs);  /* its directory went meanwhile: opened afresh */
+        dirs_put(&w->peer_dirs, p->dir);
         p->dir = -1;
-        close(w->peer_dir);
-        w->peer_dir = -1;
     }
 }
 
@@ -83,26 +82,28 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
                                     {p->f.mtime / 1000000000LL, p->f.mtime % 1000000000LL}};
         int ok = p->fd >= 0 && results[i] == (int64_t)p->f.size && futimens(p->fd, times) == 0;
         const char *name = memrchr(p->key, '/', p->len);
-        char base[NAME_MAX + 1], tmp[PATH_MAX];
+        char base[NAME_MAX + 1];
         size_t bl = name ? p->len - (size_t)(name + 1 - p->key) : 0;
         ok = ok && bl > 0 && bl <= NAME_MAX;
-        int from = p->aside ? AT_FDCWD : p->dir;  /* a spare is renamed into place from the area's top */
-        if (p->aside)
-            spare_path(d, p->tmp, tmp);
-        else
-            snprintf(tmp, sizeof tmp, "%s", p->tmp);
+        /* a spare is renamed into place from the area's top */
+        int top = p->aside ? dirs_get(&pa->w.peer_dirs, area, "", 0) : -1;
+        int from = p->aside ? top : p->dir;
         if (ok) {
             memcpy(base, name + 1, bl);
             base[bl] = 0;
-            ok = !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) && renameat(from, tmp, p->dir, base) == 0;
+            ok = from >= 0 && !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) &&
+                 renameat(from, p->tmp, p->dir, base) == 0;
         }
         if (!ok && p->fd >= 0) {
-            unlinkat(from, tmp, 0);
+            if (from >= 0)
+                unlinkat(from, p->tmp, 0);
+            else
+                unlink_spare(d, p->tmp);
             close(p->fd);
             p->fd = -1;
         }
-        if (p->dir >= 0)
-            close(p->dir);
+        dirs_put(&pa->w.peer_dirs, top);
+        dirs_put(&pa->w.peer_dirs, p->dir);
         char dest[PATH_MAX];
         snprintf(dest, sizeof dest, "%s/%.*s", area, (int)p->len, p->key);
         pthread_mutex_lock(&d->mu);
@@ -301,7 +302,7 @@ static struct peer_ahead *peer_ahead_new(void)
     pa->fds_cap = pa_fds_allowed();
     pthread_cond_init(&pa->cv, NULL);
     struct worker *w = &pa->w;
-    w->spare_fd = w->ep = w->src_dir = w->key_dir = w->peer_dir = -1;
+    w->spare_fd = w->ep = w->src_dir = w->key_dir = -1;
     w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ 0xA4EADULL << 44;
     return pa;
 }

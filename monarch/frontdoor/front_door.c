@@ -48,6 +48,7 @@
  *   door_index.c     the snapshot's index, read in place
  *   door_answers.c   handing over to Python, the events of its books, a request's checks and
  *                    answers, requests answered later (parked on a copy, queued for a copier)
+ *   door_dirs.c      a thread's directories of a tier, kept open by their path
  *   door_copies.c    one copy from the PFS into the copy tier, published atomically
  *   door_peer.c      the peer lane: another node's file through the C data path
  *   door_peer_ahead.c the peer read-ahead lane: a hinted order's other nodes' files fetched
@@ -192,6 +193,21 @@ struct evqueue {
     size_t out_len, out_off, out_cap;
 };
 
+#define DIR_CACHE 32                   /* directories a thread keeps open (door_dirs.c) */
+struct dir_slot {
+    int fd, pins;                      /* pins: its users now (dirs_get, dirs_put) */
+    int orphan;                        /* not looked up any more: closed once no one holds it */
+    uint32_t len;
+    uint64_t used;                     /* when last asked for: the least recent goes first */
+    char *key;                         /* its path under the tier ("0/d"; "": the tier itself) */
+};
+struct dir_cache {                     /* one thread's directories of one tier, kept open by path */
+    char *tier;
+    uint64_t clock;
+    int n;
+    struct dir_slot s[DIR_CACHE];
+};
+
 struct worker {                        /* one thread of the door: its own epoll and buffers */
     struct door *d;
     pthread_t thread;
@@ -208,9 +224,7 @@ struct worker {                        /* one thread of the door: its own epoll 
     int src_fresh;                     /* an open in ``src_dir`` leaves the file's attributes fresh */
     uint32_t src_dir_len, key_dir_len; /* the key's directory part they were opened for */
     char src_dir_key[PATH_MAX], key_dir_key[PATH_MAX];
-    int peer_dir;                      /* the last fetch's directory in the peer area (fetch_batch), or -1 */
-    uint32_t peer_dir_len;
-    char peer_dir_key[PATH_MAX];
+    struct dir_cache peer_dirs;        /* its directories in the peer area (door_dirs.c) */
     /* the memfds this worker answers remote opens with, kept with their pages (door_peer.c) */
     int pool[PEER_POOL];               /* read-write opens, the pool's own */
     int npool, pool_next, pool_off;
@@ -365,6 +379,7 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long ns)
 #include "door_keys.c"
 #include "door_index.c"
 #include "door_answers.c"
+#include "door_dirs.c"
 #include "door_copies.c"
 #include "door_peer.c"
 #include "door_peer_ahead.c"

@@ -32,19 +32,19 @@ TAKE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(c
 GOT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int64))
 
 
-def make_sharded_door(short_tmp: str, workers: int):
-    """A door over FILES small files, its index open, copying allowed with room lent, as a
+def make_sharded_door(short_tmp: str, workers: int, dirs: int = 3, files: int = FILES):
+    """A door over ``files`` small files in ``dirs`` directories, its index open, copying allowed with room lent, as a
     sharded node's (own_only), with ``workers`` threads. Yields its namespace: the door, its
     socket, the files' sums, the keys it owns (``mine``), the owners array, and a fetch that
     says "ask Python" (what it was asked in ``fetched``) with an offer that records."""
     root = os.path.join(short_tmp, "pfs")
     sums = {}
-    for i in range(FILES):
-        os.makedirs(os.path.join(root, f"d{i % 3}"), exist_ok=True)
+    for i in range(files):
+        os.makedirs(os.path.join(root, f"d{i % dirs}"), exist_ok=True)
         data = os.urandom(2048 + i)
-        with open(os.path.join(root, f"d{i % 3}", f"f{i}"), "wb") as f:
+        with open(os.path.join(root, f"d{i % dirs}", f"f{i}"), "wb") as f:
             f.write(data)
-        sums[f"0/d{i % 3}/f{i}"] = hashlib.md5(data).hexdigest()
+        sums[f"0/d{i % dirs}/f{i}"] = hashlib.md5(data).hexdigest()
     tier, area = os.path.join(short_tmp, "tier"), os.path.join(short_tmp, "area")
     os.mkdir(tier)
     os.mkdir(area)

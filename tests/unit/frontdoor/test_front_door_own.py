@@ -530,3 +530,43 @@ def test_a_file_on_its_way_for_the_last_order_is_the_next_orders_when_it_asks_fo
     replied.add(2)
     d.door.peer_ahead(array("I"), 1)
 
+
+
+def test_the_read_ahead_lane_writes_across_more_directories_than_it_keeps_open_even_after_they_went(short_tmp):
+    """The lane keeps its directories of the peer area open by path (door_dirs.c: a shuffled
+    order's files are spread over a dataset's directories), at most DIR_CACHE of them: through
+    more directories than that every copy is right and its descriptors stay bounded; once the
+    area's directories were removed (an area emptied), the next order's copies open them afresh."""
+    d = next(gen := make_sharded_door(short_tmp, workers=1, dirs=100, files=100))
+    try:
+        root, area = os.path.join(short_tmp, "pfs"), os.path.join(short_tmp, "area")
+        d.linked = link_fetch_many(d, copying_from_pfs(root))
+        order = sorted(d.sums, key=d.row)
+        remote = [k for k in order if k not in d.mine]
+        assert len({os.path.dirname(k) for k in remote}) > 32  # door_dirs.c's DIR_CACHE
+        d.door.grant(1 << 22, PEER_BOOKS)
+
+        def fetched_all(orders: int) -> dict:
+            deadline = time.monotonic() + 10
+            while ((s := d.door.peer_ahead_state())["orders"] < orders or s["fetched"] + s["failed"] < orders * len(remote)) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return s
+
+        def area_dirs_open() -> int:
+            paths = (os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if fd.isdigit()
+                     and os.path.exists(f"/proc/self/fd/{fd}"))
+            return sum(p.startswith(area) and os.path.isdir(p) for p in paths)
+
+        for n in (1, 2):
+            d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), len(order))
+            state = fetched_all(n)
+            assert state["fetched"] == n * len(remote) and state["failed"] == 0, state
+            for k in remote:
+                with open(os.path.join(area, k), "rb") as f:
+                    assert hashlib.md5(f.read()).hexdigest() == d.sums[k], k
+            assert area_dirs_open() <= 32
+            d.door.peer_ahead(array("I"), 1)  # the order ends: its copies go
+            shutil.rmtree(os.path.join(area, "0"))  # and the directories the lane keeps open
+    finally:
+        gen.close()
