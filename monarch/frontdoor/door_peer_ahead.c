@@ -55,11 +55,22 @@
                                           freed in the last minutes at each create: 600 us a file in
                                           bench_cluster --hints; tmpfs and ext4 pay new pages, 2x rewriting) */
 
+/* A lane file's writable mapping, kept with its descriptor wherever it goes (the ring, the victims,
+ * the spares): writing a fetch over a spare through it costs a memcpy (64 KiB on this VM's tmpfs:
+ * 1.3-1.9 us, where a pwrite over the same pages costs 6.5). Only ``ready`` bytes, whose pages
+ * the file holds (written whole before, never cut since), are written through it: a page the
+ * write would have to allocate could fail (a full tmpfs) with SIGBUS, where a pwrite says ENOSPC. */
+struct pa_map {
+    char *at;                          /* NULL: none */
+    uint64_t mapped, ready;            /* its length; of it, the bytes backed by the file's pages */
+};
+
 struct pa_file {                       /* one file of a batch under way */
     const char *key;
     uint32_t len, hash, pos, gen;      /* its position in the order, and the order's generation */
     struct idx_file f;
     int dir, fd;                       /* its directory in the peer area, its temporary copy */
+    struct pa_map map;                 /* ``fd``'s (a spare's, kept) */
     int aside;                         /* ``tmp`` is a spare's name in the area's top directory, not in ``dir`` */
     char tmp[64];
 };
@@ -70,11 +81,13 @@ struct pa_copy {                       /* one copy of the ring: in the peer area
     int64_t room;                      /* what it holds of the lane's room */
     int fd;                            /* the descriptor it was written with (kept: SIGURG on lease breaks), or -1 */
     mode_t mode;
+    struct pa_map map;                 /* ``fd``'s */
 };
 
 struct pa_spare {                      /* a consumed copy renamed aside, to be written over */
     int fd;                            /* read-write, its lease breaks signalled with SIGURG (ignored) */
     mode_t mode;
+    struct pa_map map;                 /* ``fd``'s */
     uint64_t size;                     /* its length (a spare of the next file's is not truncated) */
     char name[40];                     /* in the area's top directory: MONARCH_TMP_PREFIX and a number */
 };
@@ -84,6 +97,7 @@ struct pa_victim {                     /* a copy of the ring to unlink: its key 
     uint32_t len, hash;
     int fd;                            /* its kept descriptor, or -1 */
     mode_t mode;
+    struct pa_map map;                 /* ``fd``'s */
     uint64_t size;                     /* its length (the index's) */
 };
 
@@ -134,6 +148,48 @@ struct peer_ahead {
     long poll_ns;                      /* the next look at the requests in flight, after this */
 };
 
+/* -- a lane file's descriptor and mapping ----------------------------------------------------- */
+
+static void pa_unmap(struct pa_map *m)
+{
+    if (m->at)
+        munmap(m->at, m->mapped);
+    *m = (struct pa_map){0};
+}
+
+/* A lane file's descriptor closed and its mapping dropped. */
+static void pa_close(int fd, struct pa_map *m)
+{
+    pa_unmap(m);
+    if (fd >= 0)
+        close(fd);
+}
+
+/* A spare made ``size`` bytes long: its pages past that are no longer the file's. */
+static void pa_map_cut(struct pa_map *m, uint64_t size)
+{
+    if (m->ready > size)
+        m->ready = size;
+}
+
+/* ``size`` bytes written into the lane's file ``fd`` from offset 0: through its mapping when the
+ * file holds their pages, else by pwrite, after which they are mapped for the next fetch written
+ * over it (a spare's). 0, or -1. */
+static int pa_write(int fd, struct pa_map *m, const char *bytes, uint64_t size)
+{
+    if (m->at && size <= m->ready) {
+        memcpy(m->at, bytes, size);
+        return 0;
+    }
+    pa_unmap(m);
+    if (monarch_write_all(fd, bytes, size, 1) != 0)
+        return -1;
+    void *at = size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
+    if (at != MAP_FAILED)
+        *m = (struct pa_map){at, size, size};
+    return 0;
+}
+
 /* -- the ring: the lane's copies and their room ----------------------------------------------- */
 
 /* ``e`` is a copy of the ring's (a STAGED key no other path has made its own since). */
@@ -158,7 +214,7 @@ static void ring_keep_locked(struct peer_ahead *pa, uint32_t entry, uint32_t pos
 static void ring_close_fd(struct peer_ahead *pa, struct pa_copy *c)
 {
     if (c->fd >= 0) {
-        close(c->fd);
+        pa_close(c->fd, &c->map);
         c->fd = -1;
         pa->nfds--;
     }
@@ -194,7 +250,7 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
         }
         e->state = K_BUSY;             /* its opens park until it is gone, then go to Python */
         d->busy++;
-        pa->victims[pa->nvictims++] = (struct pa_victim){key, len, c.hash, c.fd, c.mode, f.size};
+        pa->victims[pa->nvictims++] = (struct pa_victim){key, len, c.hash, c.fd, c.mode, c.map, f.size};
         pa->nfds -= c.fd >= 0;
         pa->used -= c.room;
     }
@@ -209,10 +265,10 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
     return 1;
 }
 
-/* A new copy on the ring, its descriptor ``fd`` kept if fewer than PA_FDS_MAX are (else closed).
- * 0, or -1 (no memory: the caller unlinks it and closes ``fd``). Under the lock. */
+/* A new copy on the ring, its descriptor ``fd`` and mapping ``map`` kept if fewer than PA_FDS_MAX
+ * are (else closed). 0, or -1 (no memory: the caller unlinks it and closes ``fd``). Under the lock. */
 static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t hash, uint32_t pos, int64_t room, int fd,
-                            mode_t mode)
+                            mode_t mode, struct pa_map map)
 {
     if (pa->nring == pa->ring_cap) {
         uint32_t cap = pa->ring_cap ? 2 * pa->ring_cap : 256;
@@ -223,11 +279,11 @@ static int ring_push_locked(struct peer_ahead *pa, uint32_t entry, uint32_t hash
         pa->ring_cap = cap;
     }
     if (fd >= 0 && pa->nfds >= pa->fds_cap) {
-        close(fd);
+        pa_close(fd, &map);
         fd = -1;
     }
     pa->nfds += fd >= 0;
-    pa->ring[pa->nring++] = (struct pa_copy){entry, pos, hash, room, fd, mode};
+    pa->ring[pa->nring++] = (struct pa_copy){entry, pos, hash, room, fd, mode, map};
     return 0;
 }
 
@@ -240,20 +296,21 @@ static void unlink_spare(const struct door *d, const char *name)
 }
 
 /* ``name`` in ``dir`` (the directory, kept, of a consumed copy of the ring's; ``fd``: its kept
- * descriptor, of ``mode`` and ``size``, or -1) renamed aside as a spare into the area's top
- * directory ``top``. 1 if it is gone from its name (kept, or unlinked when the spares are full;
- * ``fd`` is the spare's or closed), 0 if the caller unlinks it (and closes ``fd``). The lane's own
+ * descriptor, of ``mode`` and ``size``, with its mapping ``map``, or -1) renamed aside as a spare
+ * into the area's top directory ``top``. 1 if it is gone from its name (kept, or unlinked when the
+ * spares are full; ``fd`` and ``map`` are the spare's or closed), 0 if the caller unlinks it (and
+ * closes ``fd``). The lane's own
  * thread only. Reusing a file is safe against an open that found its old name just before: the
  * shim takes a peer-area copy only if its name still is that file once open
  * (shim_open.c: monarch_still_named), and a spare is written over only once a write lease shows
  * that no open of it is left anywhere (pa_take_spare). */
 static int ring_retire(struct door *d, struct peer_ahead *pa, int dir, const char *name, int top, int fd, mode_t mode,
-                       uint64_t size)
+                       struct pa_map *map, uint64_t size)
 {
     if (__atomic_load_n(&pa->leases_off, __ATOMIC_RELAXED))
         return 0;
     struct stat st;
-    struct pa_spare sp = {.fd = fd, .mode = mode, .size = size};
+    struct pa_spare sp = {.fd = fd, .mode = mode, .map = fd >= 0 ? *map : (struct pa_map){0}, .size = size};
     if (sp.fd < 0) {                   /* its descriptor was not kept: opened again */
         sp.fd = openat(dir, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
         if (sp.fd < 0)
@@ -279,15 +336,17 @@ static int ring_retire(struct door *d, struct peer_ahead *pa, int dir, const cha
     pthread_mutex_unlock(&d->mu);
     if (!kept) {
         unlinkat(top, sp.name, 0);
-        close(sp.fd);
+        pa_close(sp.fd, &sp.map);
     }
+    *map = (struct pa_map){0};         /* the spare's, or unmapped */
     return 1;
 }
 
 /* A spare no one holds, made ``size`` bytes of mode ``mode``, its name (in the area's top
- * directory, where it stays until it is renamed into place) in ``name``: its descriptor (the
- * caller's now), or -1 (none: the caller creates the file). */
-static int pa_take_spare(struct door *d, struct peer_ahead *pa, uint64_t size, mode_t mode, char *name, size_t cap)
+ * directory, where it stays until it is renamed into place) in ``name`` and its mapping in
+ * ``map``: its descriptor (the caller's now), or -1 (none: the caller creates the file). */
+static int pa_take_spare(struct door *d, struct peer_ahead *pa, uint64_t size, mode_t mode, char *name, size_t cap,
+                         struct pa_map *map)
 {
     for (;;) {
         pthread_mutex_lock(&d->mu);
@@ -301,13 +360,15 @@ static int pa_take_spare(struct door *d, struct peer_ahead *pa, uint64_t size, m
             if ((sp.size == size || ftruncate(sp.fd, (off_t)size) == 0) && (sp.mode == mode || fchmod(sp.fd, mode) == 0)) {
                 __atomic_add_fetch(&pa->reused, 1, __ATOMIC_RELAXED);
                 snprintf(name, cap, "%s", sp.name);
+                pa_map_cut(&sp.map, size);
+                *map = sp.map;
                 return sp.fd;
             }
         } else if (errno != EAGAIN && errno != EBUSY) {
             __atomic_store_n(&pa->leases_off, 1, __ATOMIC_RELAXED);  /* no leases here: files are made afresh */
         }
         unlink_spare(d, sp.name);      /* held by someone, or unusable: its bytes stay theirs */
-        close(sp.fd);
+        pa_close(sp.fd, &sp.map);
     }
 }
 
@@ -321,7 +382,7 @@ static void pa_drop_spares(struct door *d, struct peer_ahead *pa)
         if (sp.fd < 0)
             return;
         unlink_spare(d, sp.name);
-        close(sp.fd);
+        pa_close(sp.fd, &sp.map);
     }
 }
 
@@ -348,7 +409,7 @@ static void ring_unlink_victims(struct door *d, struct peer_ahead *pa, int keep_
         if (dir >= 0) {
             memcpy(name, v->key + (v->len - nl), nl);
             name[nl] = 0;
-            if (!ring_retire(d, pa, dir, name, top, v->fd, v->mode, v->size))
+            if (!ring_retire(d, pa, dir, name, top, v->fd, v->mode, &v->map, v->size))
                 unlinkat(dir, name, 0);  /* a reader that has it open keeps its bytes */
             else
                 v->fd = -1;            /* the spare's now, or closed */
@@ -356,8 +417,7 @@ static void ring_unlink_victims(struct door *d, struct peer_ahead *pa, int keep_
         } else if (snprintf(path, sizeof path, "%s/%.*s", area, (int)v->len, v->key) < (int)sizeof path) {
             unlink(path);
         }
-        if (v->fd >= 0)
-            close(v->fd);
+        pa_close(v->fd, &v->map);
     }
     dirs_put(dirs, top);
     pthread_mutex_lock(&d->mu);
@@ -397,7 +457,7 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
             if (ring_owns(d, e)) {
                 e->state = K_BUSY;
                 d->busy++;
-                pa->victims[pa->nvictims++] = (struct pa_victim){key, len, e->hash, c.fd, c.mode, f.size};
+                pa->victims[pa->nvictims++] = (struct pa_victim){key, len, e->hash, c.fd, c.mode, c.map, f.size};
                 pa->nfds -= c.fd >= 0;
             } else {
                 ring_close_fd(pa, &c);
@@ -528,6 +588,7 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
         p->gen = pa->gen;
         p->f = f;
         p->dir = p->fd = -1;
+        p->map = (struct pa_map){0};
         p->aside = 0;
         p->tmp[0] = 0;
         pa->next++;

@@ -13,12 +13,13 @@ static void pa_open_tmp(struct door *d, struct peer_ahead *pa, struct worker *w,
     const char *base = memrchr(p->key, '/', p->len);
     uint32_t dlen = base ? (uint32_t)(base - p->key) : 0;
     snprintf(p->tmp, sizeof p->tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
-    const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    const int create = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;  /* read too: mapped (pa_write) */
     mode_t mode = (p->f.mode & 0700) | 0600;
     p->aside = 0;
+    p->map = (struct pa_map){0};
     for (int attempt = 0; base && attempt < 2 && p->fd < 0; attempt++) {
         p->dir = dirs_get(&w->peer_dirs, d->tiers[d->peer_slot], p->key, dlen);
-        if (p->dir >= 0 && (p->fd = pa_take_spare(d, pa, p->f.size, mode, p->tmp, sizeof p->tmp)) >= 0) {
+        if (p->dir >= 0 && (p->fd = pa_take_spare(d, pa, p->f.size, mode, p->tmp, sizeof p->tmp, &p->map)) >= 0) {
             p->aside = 1;
             break;
         }
@@ -99,7 +100,7 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
                 unlinkat(from, p->tmp, 0);
             else
                 unlink_spare(d, p->tmp);
-            close(p->fd);
+            pa_close(p->fd, &p->map);
             p->fd = -1;
         }
         dirs_put(&pa->w.peer_dirs, top);
@@ -109,10 +110,10 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
         pthread_mutex_lock(&d->mu);
         int64_t need = peer_room(d, p->f.size);
         if (ok && ring_push_locked(pa, p->f.entry, p->hash, p->gen == pa->gen ? p->pos : PA_STALE, need, p->fd,
-                                   (p->f.mode & 0700) | 0600) != 0) {
+                                   (p->f.mode & 0700) | 0600, p->map) != 0) {
             pthread_mutex_unlock(&d->mu);
             unlink(dest);              /* no room in the ring's books: not kept */
-            close(p->fd);
+            pa_close(p->fd, &p->map);
             pthread_mutex_lock(&d->mu);
             ok = 0;
         }
@@ -163,7 +164,7 @@ static void pa_reply_got(void *arg, const char *const *bytes, const int64_t *got
         int ok = bytes[i] && got[i] == (int64_t)p->f.size;
         if (ok)
             pa_open_tmp(c->d, c->pa, &c->pa->w, p);
-        int written = ok && p->fd >= 0 && monarch_write_all(p->fd, bytes[i], p->f.size, 1) == 0;
+        int written = ok && p->fd >= 0 && pa_write(p->fd, &p->map, bytes[i], p->f.size) == 0;
         B->results[i] = written ? (int64_t)p->f.size : -1;
     }
     pa_publish(c->d, c->pa, B->files, B->n, B->results, B->posted_ns);
