@@ -363,11 +363,11 @@ class FrontDoor:
         self._lib.front_door_peer_gone(self._door, raw, len(raw))
 
     def peer_ahead_state(self) -> dict:
-        arr = (ctypes.c_uint64 * 17)()
+        arr = (ctypes.c_uint64 * 18)()
         self._lib.front_door_peer_ahead_state(self._door, arr)
         return dict(zip(("orders", "fetched", "fetched_bytes", "batches", "failed", "skipped", "room_waits",
                          "order", "next", "consumed", "waited", "copies", "room", "unlinked", "kept", "reused",
-                         "progress_answered"), arr))
+                         "progress_answered", "written_mapped"), arr))
 
 
 # -- how many copies in flight: the rule of inflight.c, for Python's lanes -------------------

@@ -133,6 +133,7 @@ struct peer_ahead {
     uint64_t orders, fetched, fetched_bytes, batches, failed, skipped, room_waits;
     uint64_t waited;                   /* opens that came while the lane fetched their file: answered after it */
     uint64_t kept, unlinked, reused;   /* copies asked for again before they went; unlinked; written over */
+    uint64_t mapped;                   /* of those written over, through their kept mapping (pa_write) */
     struct pa_spare spares[PA_SPARES];
     int nspares, leases_off;           /* leases_off: the area's filesystem grants none: no spares */
     uint64_t spare_seq;
@@ -173,13 +174,13 @@ static void pa_map_cut(struct pa_map *m, uint64_t size)
 }
 
 /* ``size`` bytes written into the lane's file ``fd`` from offset 0: through its mapping when the
- * file holds their pages, else by pwrite, after which they are mapped for the next fetch written
- * over it (a spare's). 0, or -1. */
+ * file holds their pages (1), else by pwrite, after which they are mapped for the next fetch
+ * written over it, a spare's (0). -1: not written. */
 static int pa_write(int fd, struct pa_map *m, const char *bytes, uint64_t size)
 {
     if (m->at && size <= m->ready) {
         memcpy(m->at, bytes, size);
-        return 0;
+        return 1;
     }
     pa_unmap(m);
     if (monarch_write_all(fd, bytes, size, 1) != 0)

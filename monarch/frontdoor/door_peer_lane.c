@@ -164,7 +164,8 @@ static void pa_reply_got(void *arg, const char *const *bytes, const int64_t *got
         int ok = bytes[i] && got[i] == (int64_t)p->f.size;
         if (ok)
             pa_open_tmp(c->d, c->pa, &c->pa->w, p);
-        int written = ok && p->fd >= 0 && pa_write(p->fd, &p->map, bytes[i], p->f.size) == 0;
+        int how = ok && p->fd >= 0 ? pa_write(p->fd, &p->map, bytes[i], p->f.size) : -1, written = how >= 0;
+        c->pa->mapped += how == 1;     /* the lane's thread's alone (read under the lock: a hint) */
         B->results[i] = written ? (int64_t)p->f.size : -1;
     }
     pa_publish(c->d, c->pa, B->files, B->n, B->results, B->posted_ns);
@@ -480,20 +481,20 @@ EXPORT int front_door_peer_told(struct door *d, uint64_t *out)
     return fresh;
 }
 
-/* out[17]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
+/* out[18]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
  * the order's length, its next position, positions consumed, opens that waited for a fetch,
  * copies on the ring, the room they hold (bytes taken from the lease), copies gone (unlinked or
  * kept as spares), copies asked for again before they went, fetches written over a spare,
- * progress requests the door answered itself. */
+ * progress requests the door answered itself, fetches written through a spare's kept mapping. */
 EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out)
 {
-    memset(out, 0, 17 * sizeof *out);
+    memset(out, 0, 18 * sizeof *out);
     pthread_mutex_lock(&d->mu);
     struct peer_ahead *pa = d->pa;
     if (pa) {
-        uint64_t v[17] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
+        uint64_t v[18] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
                           pa->room_waits, pa->n, pa->next, pa->done, pa->waited, pa->nring, (uint64_t)pa->room,
-                          pa->unlinked, pa->kept, pa->reused, pa->told_frames};
+                          pa->unlinked, pa->kept, pa->reused, pa->told_frames, pa->mapped};
         memcpy(out, v, sizeof v);
     }
     pthread_mutex_unlock(&d->mu);

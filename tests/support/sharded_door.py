@@ -32,16 +32,17 @@ TAKE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(c
 GOT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int64))
 
 
-def make_sharded_door(short_tmp: str, workers: int, dirs: int = 3, files: int = FILES):
-    """A door over ``files`` small files in ``dirs`` directories, its index open, copying allowed with room lent, as a
-    sharded node's (own_only), with ``workers`` threads. Yields its namespace: the door, its
-    socket, the files' sums, the keys it owns (``mine``), the owners array, and a fetch that
-    says "ask Python" (what it was asked in ``fetched``) with an offer that records."""
+def make_sharded_door(short_tmp: str, workers: int, dirs: int = 3, files: int = FILES, size=lambda i: 2048 + i):
+    """A door over ``files`` small files (file i ``size(i)`` bytes) in ``dirs`` directories, its
+    index open, copying allowed with room lent, as a sharded node's (own_only), with ``workers``
+    threads. Yields its namespace: the door, its socket, the files' sums, the keys it owns
+    (``mine``), the owners array, and a fetch that says "ask Python" (what it was asked in
+    ``fetched``) with an offer that records."""
     root = os.path.join(short_tmp, "pfs")
     sums = {}
     for i in range(files):
         os.makedirs(os.path.join(root, f"d{i % dirs}"), exist_ok=True)
-        data = os.urandom(2048 + i)
+        data = os.urandom(size(i))
         with open(os.path.join(root, f"d{i % dirs}", f"f{i}"), "wb") as f:
             f.write(data)
         sums[f"0/d{i % dirs}/f{i}"] = hashlib.md5(data).hexdigest()
@@ -77,3 +78,32 @@ def make_sharded_door(short_tmp: str, workers: int, dirs: int = 3, files: int = 
                               callbacks=callbacks, fetched=fetched, offered=offered,
                               link=lambda: door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None,
                                                       owners, 0, protocol.SLOT_PEER, 5.0))
+
+
+def link_flight(d, root: str, at_once: bool = False) -> SimpleNamespace:
+    """The door's peer lane linked to requests in flight in the shape of dp_post, dp_test and
+    dp_take: each post recorded (``posted``: by handle, from 1, its keys), answered once its handle
+    is in ``replied`` (or at once), with the files' bytes from the PFS (``root``); copying allowed."""
+    posted: dict[int, list[str]] = {}
+    replied: set[int] = set()
+
+    def post(dp, owner, n, keys, lens, sizes, waited, timeout_ms, why):
+        posted[len(posted) + 1] = [keys[i][:lens[i]].decode() for i in range(n)]
+        why[0] = 0
+        return len(posted)
+
+    def take(dp, handle, sizes, results, got, arg):
+        data = []
+        for i, key in enumerate(posted[handle]):
+            with open(os.path.join(root, key.split("/", 1)[1]), "rb") as f:
+                data.append(f.read())
+            results[i] = len(data[-1])
+        GOT(got)(arg, (ctypes.c_char_p * len(data))(*data), results)
+
+    callbacks = (d.callbacks[0], d.callbacks[1], FETCH_MANY(lambda *a: -1), POST(post),
+                 TEST(lambda dp, handle: int(at_once or handle in replied)), TAKE(take))
+    address = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
+    assert d.door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
+                        tuple(address[3:]))
+    d.door.peer_copying(True)
+    return SimpleNamespace(posted=posted, replied=replied, callbacks=callbacks)

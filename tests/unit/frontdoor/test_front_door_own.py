@@ -25,7 +25,7 @@ from monarch import frontdoor, protocol
 from monarch.frontdoor import BOOKS, EV_AHEAD, EV_STAGED, PEER_BOOKS
 from monarch.node.tiers.tiers import TMP_PREFIX
 from support.harness import unix_connect as connect
-from support.sharded_door import FETCH, FETCH_MANY, FILES, GOT, POST, TAKE, TEST, make_sharded_door
+from support.sharded_door import FETCH, FETCH_MANY, FILES, link_flight, make_sharded_door
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
 
@@ -384,35 +384,6 @@ def test_a_readers_progress_of_the_lanes_order_is_answered_by_the_door_on_a_kept
     assert d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4, stream)
     assert d.door.peer_told() == (None, 6)
     d.door.peer_ahead(array("I"), 1)
-
-
-def link_flight(d, root: str) -> SimpleNamespace:
-    """The door's peer lane linked to requests in flight in the shape of dp_post, dp_test and
-    dp_take: each post recorded (``posted``: by handle, from 1, its keys), answered once its handle
-    is in ``replied``, with the files' bytes from the PFS (``root``); copying allowed."""
-    posted: dict[int, list[str]] = {}
-    replied: set[int] = set()
-
-    def post(dp, owner, n, keys, lens, sizes, waited, timeout_ms, why):
-        posted[len(posted) + 1] = [keys[i][:lens[i]].decode() for i in range(n)]
-        why[0] = 0
-        return len(posted)
-
-    def take(dp, handle, sizes, results, got, arg):
-        data = []
-        for i, key in enumerate(posted[handle]):
-            with open(os.path.join(root, key.split("/", 1)[1]), "rb") as f:
-                data.append(f.read())
-            results[i] = len(data[-1])
-        GOT(got)(arg, (ctypes.c_char_p * len(data))(*data), results)
-
-    callbacks = (d.callbacks[0], d.callbacks[1], FETCH_MANY(lambda *a: -1), POST(post),
-                 TEST(lambda dp, handle: int(handle in replied)), TAKE(take))
-    address = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
-    assert d.door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
-                        tuple(address[3:]))
-    d.door.peer_copying(True)
-    return SimpleNamespace(posted=posted, replied=replied, callbacks=callbacks)
 
 
 def two_in_flight(d, short_tmp) -> tuple[dict, set, list[str]]:
