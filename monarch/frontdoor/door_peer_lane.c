@@ -6,36 +6,60 @@
 
 /* -- one batch: temporary files, the fetch, the publish ---------------------------------------- */
 
-/* ``p``'s temporary copy in its directory of the peer area (``p->dir``, pinned in the lane's
- * directories until pa_publish): a spare written over, or a new file. */
+/* ``p``'s file: a spare written over, or a new one under its own name in the area's top
+ * directory; its key's directory (``p->dir``) pinned in the lane's directories until pa_publish
+ * links the key's name to it. */
 static void pa_open_tmp(struct door *d, struct peer_ahead *pa, struct worker *w, struct pa_file *p)
 {
+    const char *area = d->tiers[d->peer_slot];
     const char *base = memrchr(p->key, '/', p->len);
     uint32_t dlen = base ? (uint32_t)(base - p->key) : 0;
-    snprintf(p->tmp, sizeof p->tmp, "%s%016llx", MONARCH_TMP_PREFIX, (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
     const int create = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;  /* read too: mapped (pa_write) */
     mode_t mode = (p->f.mode & 0700) | 0600;
-    p->aside = 0;
     p->map = (struct pa_map){0};
-    for (int attempt = 0; base && attempt < 2 && p->fd < 0; attempt++) {
-        p->dir = dirs_get(&w->peer_dirs, d->tiers[d->peer_slot], p->key, dlen);
-        if (p->dir >= 0 && (p->fd = pa_take_spare(d, pa, p->f.size, mode, p->tmp, sizeof p->tmp, &p->map)) >= 0) {
-            p->aside = 1;
-            break;
-        }
-        p->fd = p->dir < 0 ? -1 : openat(p->dir, p->tmp, create, mode);
+    p->dir = base ? dirs_get(&w->peer_dirs, area, p->key, dlen) : -1;
+    if (p->dir < 0)
+        return;
+    if ((p->fd = pa_take_spare(d, pa, p->f.size, mode, &p->home, &p->map)) >= 0)
+        return;
+    for (int attempt = 0; attempt < 2 && p->fd < 0; attempt++) {
+        char own[40];
+        int top = dirs_get(&w->peer_dirs, area, "", 0);
+        p->home = pa_new_home(pa);
+        pa_home_name(own, sizeof own, p->home);
+        p->fd = top < 0 ? -1 : openat(top, own, create, mode);
         if (p->fd >= 0 && fcntl(p->fd, F_SETSIG, SIGURG) != 0) {  /* kept on the ring: its lease breaks ignored */
             close(p->fd);
-            unlinkat(p->dir, p->tmp, 0);
+            unlinkat(top, own, 0);
             p->fd = -1;
-            break;
         }
-        if (p->fd >= 0 || errno != ENOENT || p->dir < 0)
+        int gone = p->fd < 0 && top >= 0 && errno == ENOENT;
+        dirs_put(&w->peer_dirs, top);
+        if (!gone)
             break;
-        dirs_forget_all(&w->peer_dirs);  /* its directory went meanwhile: opened afresh */
-        dirs_put(&w->peer_dirs, p->dir);
-        p->dir = -1;
+        dirs_forget_all(&w->peer_dirs);  /* the area's top went meanwhile: opened afresh */
     }
+}
+
+/* The key's name ``base`` in ``p->dir`` linked to ``p``'s file, named ``own`` in the area's top
+ * ``top``: a name left there (a copy no one books) is replaced, as a rename would; a directory
+ * that went meanwhile is made again. 0, or -1. */
+static int pa_link(struct door *d, struct worker *w, struct pa_file *p, int top, const char *own, const char *base)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (p->dir >= 0 && linkat(top, own, p->dir, base, 0) == 0)
+            return 0;
+        if (p->dir >= 0 && errno == EEXIST)
+            unlinkat(p->dir, base, 0);
+        else if (p->dir < 0 || errno == ENOENT) {
+            dirs_forget_all(&w->peer_dirs);
+            dirs_put(&w->peer_dirs, p->dir);
+            const char *slash = memrchr(p->key, '/', p->len);
+            p->dir = dirs_get(&w->peer_dirs, d->tiers[d->peer_slot], p->key, slash ? (uint32_t)(slash - p->key) : 0);
+        } else
+            return -1;
+    }
+    return p->dir >= 0 && linkat(top, own, p->dir, base, 0) == 0 ? 0 : -1;
 }
 
 /* The files' bytes, each result the bytes written or < 0. */
@@ -86,20 +110,21 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
         char base[NAME_MAX + 1];
         size_t bl = name ? p->len - (size_t)(name + 1 - p->key) : 0;
         ok = ok && bl > 0 && bl <= NAME_MAX;
-        /* a spare is renamed into place from the area's top */
-        int top = p->aside ? dirs_get(&pa->w.peer_dirs, area, "", 0) : -1;
-        int from = p->aside ? top : p->dir;
+        /* its key's name linked to the file's own, in the area's top */
+        int top = p->fd >= 0 ? dirs_get(&pa->w.peer_dirs, area, "", 0) : -1;
+        char own[40];
+        pa_home_name(own, sizeof own, p->home);
         if (ok) {
             memcpy(base, name + 1, bl);
             base[bl] = 0;
-            ok = from >= 0 && !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) &&
-                 renameat(from, p->tmp, p->dir, base) == 0;
+            ok = top >= 0 && !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) &&
+                 pa_link(d, &pa->w, p, top, own, base) == 0;
         }
         if (!ok && p->fd >= 0) {
-            if (from >= 0)
-                unlinkat(from, p->tmp, 0);
+            if (top >= 0)
+                unlinkat(top, own, 0);
             else
-                unlink_spare(d, p->tmp);
+                unlink_home(d, p->home);
             pa_close(p->fd, &p->map);
             p->fd = -1;
         }
@@ -110,9 +135,10 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
         pthread_mutex_lock(&d->mu);
         int64_t need = peer_room(d, p->f.size);
         if (ok && ring_push_locked(pa, p->f.entry, p->hash, p->gen == pa->gen ? p->pos : PA_STALE, need, p->fd,
-                                   (p->f.mode & 0700) | 0600, p->map) != 0) {
+                                   (p->f.mode & 0700) | 0600, p->map, p->home) != 0) {
             pthread_mutex_unlock(&d->mu);
             unlink(dest);              /* no room in the ring's books: not kept */
+            unlink_home(d, p->home);
             pa_close(p->fd, &p->map);
             pthread_mutex_lock(&d->mu);
             ok = 0;
