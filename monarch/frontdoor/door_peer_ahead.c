@@ -57,9 +57,10 @@
 
 /* A lane file's writable mapping, kept with its descriptor wherever it goes (the ring, the victims,
  * the spares): writing a fetch over a spare through it costs a memcpy (64 KiB on this VM's tmpfs:
- * 1.3-1.9 us, where a pwrite over the same pages costs 6.5). Only ``ready`` bytes, whose pages
- * the file holds (written whole before, never cut since), are written through it: a page the
- * write would have to allocate could fail (a full tmpfs) with SIGBUS, where a pwrite says ENOSPC. */
+ * 1.3-1.9 us, where a pwrite over the same pages costs 6.5). A store that faults fails with
+ * SIGBUS where a pwrite says ENOSPC or EIO, so only a file in RAM (tmpfs: no disk to fail a
+ * page's read) is mapped, and only ``ready`` bytes, whose pages the file holds (written whole
+ * before, never cut since), are written through it: none has to be allocated. */
 struct pa_map {
     char *at;                          /* NULL: none */
     uint64_t mapped, ready;            /* its length; of it, the bytes backed by the file's pages */
@@ -211,7 +212,9 @@ static int pa_write(int fd, struct pa_map *m, const char *bytes, uint64_t size)
     pa_unmap(m);
     if (monarch_write_all(fd, bytes, size, 1) != 0)
         return -1;
-    void *at = size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
+    struct statfs sf;
+    int in_ram = fstatfs(fd, &sf) == 0 && ((unsigned long)sf.f_type & 0xFFFFFFFFUL) == 0x01021994UL;  /* TMPFS_MAGIC */
+    void *at = size && in_ram ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
     if (at != MAP_FAILED)
         *m = (struct pa_map){at, size, size};
     return 0;

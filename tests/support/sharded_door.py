@@ -32,10 +32,12 @@ TAKE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(c
 GOT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int64))
 
 
-def make_sharded_door(short_tmp: str, workers: int, dirs: int = 3, files: int = FILES, size=lambda i: 2048 + i):
+def make_sharded_door(short_tmp: str, workers: int, dirs: int = 3, files: int = FILES, size=lambda i: 2048 + i,
+                      area_in_ram: bool = False):
     """A door over ``files`` small files (file i ``size(i)`` bytes) in ``dirs`` directories, its
     index open, copying allowed with room lent, as a sharded node's (own_only), with ``workers``
-    threads. Yields its namespace: the door, its socket, the files' sums, the keys it owns
+    threads, its peer area under ``short_tmp`` (or /dev/shm, ``area_in_ram``). Yields its
+    namespace: the door, its socket, the peer area, the files' sums, the keys it owns
     (``mine``), the owners array, and a fetch that says "ask Python" (what it was asked in
     ``fetched``) with an offer that records."""
     root = os.path.join(short_tmp, "pfs")
@@ -46,9 +48,9 @@ def make_sharded_door(short_tmp: str, workers: int, dirs: int = 3, files: int = 
         with open(os.path.join(root, f"d{i % dirs}", f"f{i}"), "wb") as f:
             f.write(data)
         sums[f"0/d{i % dirs}/f{i}"] = hashlib.md5(data).hexdigest()
-    tier, area = os.path.join(short_tmp, "tier"), os.path.join(short_tmp, "area")
+    tier, area = os.path.join(short_tmp, "tier"), os.path.join(f"/dev/shm{short_tmp}" if area_in_ram else short_tmp, "area")
     os.mkdir(tier)
-    os.mkdir(area)
+    os.makedirs(area)  # /dev/shm<short_tmp> goes with short_tmp (conftest)
     path = os.path.join(short_tmp, "door.sock")
     slot = protocol.tier_slot(0)
     with door_on_socket(path, [root], {slot: tier, protocol.SLOT_PEER: area}, slot, workers) as door:
@@ -73,7 +75,7 @@ def make_sharded_door(short_tmp: str, workers: int, dirs: int = 3, files: int = 
 
         callbacks = FETCH(fetch), OFFER(offer)  # kept alive while the door may call them
         mine = {k for k in snap.files if owners[row(k)] < 0}
-        yield SimpleNamespace(door=door, socket=path, root=root, tier=tier, slot=slot, sums=sums, mine=mine,
+        yield SimpleNamespace(door=door, socket=path, root=root, tier=tier, area=area, slot=slot, sums=sums, mine=mine,
                               owners=owners, snap=snap, row=row,
                               callbacks=callbacks, fetched=fetched, offered=offered,
                               link=lambda: door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None,

@@ -2,7 +2,7 @@
 area's top directory, and its key's name linked to it once its bytes are in; a consumed copy's
 key name is unlinked and its file written over for the next key (a link and an unlink, not two
 renames). A fetch is written over a spare through the spare's kept mapping (pa_write) where the
-file holds the pages: a memcpy instead of a pwrite."""
+file holds the pages and the area is in RAM: a memcpy instead of a pwrite."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import hashlib
 import mmap
 import os
 import shutil
+import subprocess
 import time
 from array import array
 
@@ -44,15 +45,22 @@ def in_area(area: str, own: bool = False) -> list[str]:
             for name in names if own or not name.startswith(TMP_PREFIX)]
 
 
+def in_ram(path: str) -> bool:
+    return subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True).stdout.strip() == "tmpfs"
+
+
 def test_the_lane_writes_over_its_spares_through_their_kept_mappings(short_tmp):
-    """Files of sizes up and down, so spares are written over both ways: through the mapping (no
-    larger than what the file held) and by pwrite (larger: its new pages allocated as a write
-    does, never by a store that could fault). Every copy's bytes are checked, a reader's open or
-    mapped copy is never written over, and at the order's end no mapping of the area is left."""
-    gen = make_sharded_door(short_tmp, workers=2, files=120, size=lambda i: SIZES[(i // 2) % len(SIZES)])
+    """A peer area in RAM, files of sizes up and down, so spares are written over both ways:
+    through the mapping (no larger than what the file held) and by pwrite (larger: its new pages
+    allocated as a write does, never by a store that could fault). Every copy's bytes are
+    checked, a reader's open or mapped copy is never written over, and at the order's end no
+    mapping of the area is left."""
+    gen = make_sharded_door(short_tmp, workers=2, files=120, size=lambda i: SIZES[(i // 2) % len(SIZES)],
+                            area_in_ram=True)
     d = next(gen)
     try:
-        area = os.path.join(short_tmp, "area")
+        area = d.area
+        assert in_ram(area)
         d.linked = link_flight(d, d.root, at_once=True)  # kept alive with the door
         order = sorted(d.sums, key=d.row)  # every other file is node 1's
         remote = [k for k in order if k not in d.mine]
@@ -93,11 +101,13 @@ def test_a_lane_copy_is_its_files_second_name_and_none_is_left_behind(short_tmp)
     """A copy of the lane's is its file's key name linked to the file's own name in the area's
     top; written over for the next key, the same file takes that key's name. A copy another path
     took (Python staged the key anew) leaves the lane's books with its file's own name unlinked,
-    its key's name and bytes the other path's; at the order's end nothing of the lane's is left."""
+    its key's name and bytes the other path's; at the order's end nothing of the lane's is left.
+    An area on disk is never written through a mapping (a page whose read fails would be SIGBUS,
+    not EIO)."""
     gen = make_sharded_door(short_tmp, workers=2, files=60)
     d = next(gen)
     try:
-        area = os.path.join(short_tmp, "area")
+        area = d.area
         d.linked = link_flight(d, d.root, at_once=True)  # kept alive with the door
         order = sorted(d.sums, key=d.row)  # every other file is node 1's
         remote = [k for k in order if k not in d.mine]
@@ -126,6 +136,7 @@ def test_a_lane_copy_is_its_files_second_name_and_none_is_left_behind(short_tmp)
             assert len([n for n in os.listdir(area) if n.startswith(TMP_PREFIX)]) <= state["copies"] + 64
         assert reused, "a consumed copy's file is written over and linked to a next key"
         assert state["fetched"] == len(remote), state
+        assert in_ram(area) or state["written_mapped"] == 0, state
         d.door.peer_ahead(array("I"), 1)  # the order's end
         assert in_area(area, own=True) == [taken], in_area(area, own=True)
         with open(os.path.join(area, taken), "rb") as f:
