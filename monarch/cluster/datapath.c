@@ -36,9 +36,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -83,6 +85,7 @@ struct fetch {                          /* one request of this node's, posted */
 };
 
 struct sending { struct sending *next; MPI_Request req; char *buf; };
+struct let_go { int fd; char *map; uint64_t mapped; };  /* a withdrawn offer's kept file (datapath_offers.c) */
 
 struct dp {
     MPI_Comm comm;
@@ -97,7 +100,7 @@ struct dp {
     uint32_t nbuckets, nstaged;
     uint64_t offers;                    /* offers made: each one's generation */
     uint32_t kept_fds, fds_allowed;     /* descriptors kept open, at most */
-    int *closing;                       /* descriptors of withdrawn offers, for the owner's thread to close */
+    struct let_go *closing;             /* withdrawn offers' kept files, for the owner's thread to close */
     uint32_t nclosing, closing_cap;
     int reads_over;                     /* the owner's thread has ended: descriptors are closed at once */
     char *tiers[MAX_SLOTS];

@@ -10,7 +10,13 @@
  * turn, so a descriptor is never closed under a read (its number reused by another open). At
  * most an eighth of the descriptor limit is kept (DP_FDS_MAX at most), the first files read:
  * a node's own share is read every epoch in another order, and pinning, not evicting, keeps
- * the most of it (DESIGN.md, pin don't thrash). */
+ * the most of it (DESIGN.md, pin don't thrash).
+ *
+ * A kept file in RAM (tmpfs) is also mapped, and read by a memcpy from its pages: a pread
+ * looks each page up in the page cache again (perf, bench_cluster --hints: a fifth of the
+ * owner's thread). Only there: a copy is never written in place, so a page of it never goes
+ * while it is offered, and no disk can fail a page's read (a store or load that faults is
+ * SIGBUS, where a pread says EIO). */
 
 #define DP_FDS_MAX 16384
 
@@ -19,6 +25,7 @@ struct staged {
     uint32_t hash, len;
     uint8_t slot;
     int fd;                             /* kept from the first read (the owner's thread's), or -1 */
+    char *map;                          /* its file mapped (a file in RAM), or NULL */
     uint64_t gen;                       /* which offer: made anew by every dp_staged of the key */
     uint64_t size;                      /* the kept descriptor's file's size (a copy is never written in place) */
     char key[];
@@ -65,46 +72,50 @@ static uint32_t fds_allowed(void)
     return rl.rlim_cur / 8 < DP_FDS_MAX ? (uint32_t)(rl.rlim_cur / 8) : DP_FDS_MAX;
 }
 
-/* ``s``'s kept descriptor (if any) handed to the owner's thread to close. Under the lock. */
+static void let_go_now(struct let_go g)
+{
+    if (g.map)
+        munmap(g.map, g.mapped);
+    close(g.fd);
+}
+
+/* ``s``'s kept descriptor and mapping (if any) handed to the owner's thread to close. Under the lock. */
 static void let_go_fd_locked(struct dp *d, struct staged *s)
 {
     if (s->fd < 0)
         return;
+    struct let_go g = {s->fd, s->map, s->size};
+    s->fd = -1;
+    s->map = NULL;
+    d->kept_fds--;
     if (d->reads_over) {
-        close(s->fd);
-        s->fd = -1;
-        d->kept_fds--;
+        let_go_now(g);
         return;
     }
     if (d->nclosing == d->closing_cap) {
         uint32_t cap = d->closing_cap ? 2 * d->closing_cap : 64;
-        int *more = realloc(d->closing, cap * sizeof *more);
-        if (!more) {                    /* no memory: the descriptor stays open (never reused under a read) */
-            s->fd = -1;
-            d->kept_fds--;
+        struct let_go *more = realloc(d->closing, cap * sizeof *more);
+        if (!more)                      /* no memory: the file stays open (its number never reused under a read) */
             return;
-        }
         d->closing = more;
         d->closing_cap = cap;
     }
-    d->closing[d->nclosing++] = s->fd;
-    s->fd = -1;
-    d->kept_fds--;
+    d->closing[d->nclosing++] = g;
 }
 
 /* The descriptors of withdrawn offers closed (the owner's thread, between requests). */
 static void close_let_go(struct dp *d)
 {
-    int fds[64];
+    struct let_go some[64];
     uint32_t n;
     do {
         pthread_mutex_lock(&d->mu);
         n = d->nclosing < 64 ? d->nclosing : 64;
         d->nclosing -= n;
-        memcpy(fds, d->closing + d->nclosing, n * sizeof *fds);
+        memcpy(some, d->closing + d->nclosing, n * sizeof *some);
         pthread_mutex_unlock(&d->mu);
         for (uint32_t i = 0; i < n; i++)
-            close(fds[i]);
+            let_go_now(some[i]);
     } while (n == 64);
 }
 
@@ -141,11 +152,16 @@ static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t siz
     pthread_mutex_lock(&d->mu);
     struct staged *s = *find_locked(d, key, len, h);
     int kept = s ? s->fd : -1, n = -1;
+    const char *kept_map = s ? s->map : NULL;
     uint64_t gen = s ? s->gen : 0, kept_size = s ? s->size : 0;
     const char *dir = s && kept < 0 ? d->tiers[s->slot] : NULL;
     if (dir)
         n = snprintf(path, sizeof path, "%s/%.*s", dir, (int)len, key);
     pthread_mutex_unlock(&d->mu);
+    if (kept >= 0 && kept_map && kept_size == size) {  /* unmapped only by this thread, as the descriptor */
+        memcpy(dst, kept_map, size);
+        return 0;
+    }
     if (kept >= 0)                      /* closed only by this thread: good until it returns */
         return kept_size == size ? read_all_at(kept, dst, size) : -1;
     if (n < 0 || n >= (int)sizeof path)
@@ -155,17 +171,24 @@ static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t siz
         return -1;
     struct stat st;
     int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size && read_all_at(fd, dst, size) == 0;
+    struct statfs sf;
+    char *map = NULL;
+    if (ok && size && fstatfs(fd, &sf) == 0 && ((unsigned long)sf.f_type & 0xFFFFFFFFUL) == 0x01021994UL) {
+        map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);  /* TMPFS_MAGIC: in RAM */
+        map = map == MAP_FAILED ? NULL : map;
+    }
     pthread_mutex_lock(&d->mu);         /* kept if the same offer stands (not withdrawn or made anew meanwhile) */
     s = *find_locked(d, key, len, h);
     int keep = ok && s && s->gen == gen && s->fd < 0 && d->kept_fds < d->fds_allowed;
     if (keep) {
         s->fd = fd;
+        s->map = map;
         s->size = (uint64_t)st.st_size;
         d->kept_fds++;
     }
     pthread_mutex_unlock(&d->mu);
     if (!keep)
-        close(fd);
+        let_go_now((struct let_go){fd, map, size});
     return ok ? 0 : -1;
 }
 
@@ -188,6 +211,7 @@ EXPORT void dp_staged(struct dp *d, const char *key, int len, int slot)
             s->len = (uint32_t)len;
             s->slot = (uint8_t)slot;
             s->fd = -1;
+            s->map = NULL;
             s->gen = ++d->offers;
             s->size = 0;
             memcpy(s->key, key, (size_t)len);

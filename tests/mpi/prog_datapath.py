@@ -3,6 +3,7 @@ files, node 0 fetches them; every answer of dp_fetch is reached for real."""
 
 import json
 import os
+import shutil
 import struct
 import sys
 import time
@@ -16,7 +17,8 @@ comm = MPI.COMM_WORLD
 path = dp.DataPath.start(MPI, comm)
 out = {"node": comm.rank, "started": path is not None, "thread_multiple": MPI.Query_thread() == MPI.THREAD_MULTIPLE}
 if path is not None:
-    tier = os.path.join(work, f"tier{comm.rank}")
+    # the owner's tier in RAM (tmpfs), as a RAM tier is: its kept files are also mapped
+    tier = os.path.join(f"/dev/shm{work}" if comm.rank == 1 else work, f"tier{comm.rank}")
     files = {"0/a/small.bin": os.urandom(100), "0/a/mid.bin": os.urandom(200_000), "0/empty.bin": b"",
              "0/big.bin": os.urandom(dp.ONE_MESSAGE_MAX + 1), "0/not-offered.bin": os.urandom(10)}
     files = comm.bcast(files if comm.rank == 1 else None, root=1)
@@ -87,6 +89,10 @@ if path is not None:
                 pass
         return n
 
+    def tier_maps():
+        with open("/proc/self/maps") as f:
+            return sum(tier + "/" in line for line in f)
+
     def replace(key, data):            # a new copy renamed over the old, as a tier's copies are made
         with open(os.path.join(tier, key + ".new"), "wb") as f:
             f.write(data)
@@ -96,6 +102,7 @@ if path is not None:
     for step, data in (("offered_anew", b"new1" * 25), ("withdrawn_and_offered", b"new2" * 25)):
         if comm.rank == 1:
             out.setdefault("kept_before", []).append(tier_fds())
+            out.setdefault("maps_before", []).append(tier_maps())
             if step == "withdrawn_and_offered":
                 path.withdraw(small)
             replace(small, data)
@@ -110,6 +117,7 @@ if path is not None:
             path.withdraw(key)
         time.sleep(0.2)                # the owner's thread closes them at its next turn (1 ms idle at most)
         out["kept_after_withdrawal"] = tier_fds()
+        out["maps_after_withdrawal"] = tier_maps()
     comm.Barrier()
     if comm.rank == 1:
         path.stop()                    # its thread gone: a request to it is never answered
@@ -122,4 +130,6 @@ if path is not None:
         out["lost_owner"] = [fetch("0/a/small.bin", 100)[0], time.monotonic() - t0]
         path.stop()
         out["stopped"] = fetch("0/a/small.bin", 100)[0]
+if comm.rank == 1:
+    shutil.rmtree(os.path.dirname(tier), ignore_errors=True)
 print("RESULT " + json.dumps(out), flush=True)
