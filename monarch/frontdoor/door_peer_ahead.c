@@ -18,8 +18,8 @@
  * PA_BATCH_BYTES, each one request and one reply. Up to PA_FLIGHT batches are in flight at once
  * (the data path's dp_post, dp_test, dp_take: no thread and no sleep per request): as the
  * progress frees room the lane gathers and posts the next while the last are on their way, and
- * puts each reply's files in place as it comes (written to a temporary name, or over a spare,
- * and renamed into place, as fetch_from_peer does).
+ * puts each reply's files in place as it comes (a new file, or a spare written over, under a
+ * name of its own, then its key's name linked to it).
  *
  * The lane keeps its copies' books itself, in C (the ring): no event per file, nothing for
  * Python's LRU. Its room is taken out of the peer lease (Q_PEER) as it grows and given back
@@ -47,7 +47,7 @@
 #define TOLD_WAKE_NS 10000000LL      /* a progress answered here wakes Python (its stager's) at most this often */
 #define PA_STALE UINT32_MAX            /* a copy's position once its order was replaced: consumed */
 #define PA_GRACE_MS 50                 /* a copy the door answered less than this ago is not unlinked */
-#define PA_FDS_MAX 4096               /* ring copies whose descriptor is kept (retired by a rename alone), at
+#define PA_FDS_MAX 4096               /* ring copies whose descriptor is kept (retired by an unlink alone), at
                                           most an eighth of the descriptor limit (pa_fds_allowed) */
 #define PA_SPARES 64                   /* consumed copies kept (unnamed but their own, open) for the next fetches to
                                           write over: a new file where many were just unlinked costs more
@@ -156,7 +156,8 @@ struct peer_ahead {
  * lives (MONARCH_TMP_PREFIX: never served, swept as a leftover); as a copy it also has its key's
  * name, linked to it once its bytes are in. Retiring a consumed copy unlinks the key's name, and
  * writing a next fetch over it links the next key's: a link and an unlink a file (4.2-4.5 us on
- * this VM's tmpfs, 5.7 on ext4) where renaming it aside and back costs two renames (7.6, 15.2). */
+ * this VM's tmpfs, 5.9 on ext4: scripts/lane_costs.c) where renaming it aside and back costs
+ * two renames (7.2-7.6, 12.3-17). */
 
 static void pa_home_name(char *buf, size_t cap, uint64_t home)
 {
