@@ -441,8 +441,14 @@ EXPORT void front_door_grant(struct door *d, int q, int64_t bytes)
     d->low_water[q] = d->lease[q] / 2;
     pthread_cond_broadcast(&d->cv);
     pthread_cond_broadcast(&d->work_cv);  /* the read-ahead lane may wait for room */
-    if (d->pa)                         /* so may the peer read-ahead lane (door_peer_ahead.c) */
+    if (d->pa) {                       /* so may the peer read-ahead lane (door_peer_ahead.c) */
+        if (q == Q_PEER && bytes > 0) {
+            d->pa->grants++;           /* Python lends again: the lane asks it as often as at first */
+            if (d->pa->room_wake_ns > PA_ROOM_WAKE_NS)
+                d->pa->room_wake_ns = PA_ROOM_WAKE_NS;
+        }
         pthread_cond_broadcast(&d->pa->cv);
+    }
     pthread_mutex_unlock(&d->mu);
 }
 

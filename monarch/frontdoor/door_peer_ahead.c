@@ -39,7 +39,8 @@
 #define PA_BATCH_BYTES (4LL << 20)     /* bytes per reply, at most (dp_fetch_many's limit) */
 #define PA_FLIGHT 32                   /* batches at once (one owner's each): gathered, or in flight */
 #define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
-#define PA_ROOM_WAKE_NS 5000000LL     /* a wait for room wakes Python (to lend more) at most this often */
+#define PA_ROOM_WAKE_NS 5000000LL     /* a wait for room wakes Python (to lend more) at most this often, */
+#define PA_ROOM_WAKE_MAX_NS 320000000LL /* ... half as often after each one it lent nothing for, down to this */
 #define PA_NOT_POSTED 1                /* pa_flight: no data path to post requests to (a test's callbacks) */
 #define PA_POLL_MIN_NS 20000L          /* requests in flight: look again after at least this, ... */
 #define PA_POLL_MAX_NS 500000L         /* ... doubling up to this (sooner when the reader's progress comes) */
@@ -130,7 +131,9 @@ struct peer_ahead {
     int told_fresh;                    /* a progress answered here that Python's stager has not taken yet */
     uint64_t told, told_frames;        /* the last progress answered here; frames answered here so far */
     int64_t told_woke_ns;              /* when one last woke Python */
-    int64_t room_woke_ns;              /* when a wait for room last woke Python */
+    int64_t room_woke_ns;              /* when a wait for room last woke Python, */
+    int64_t room_wake_ns;              /* ... the least time until the next one, */
+    uint64_t grants, grants_at_wake;   /* ... Python's grants of room to the lane so far, and then */
     struct worker w;                   /* the lane's directory kept and temporary names, as a worker's */
     uint64_t orders, fetched, fetched_bytes, batches, failed, skipped, room_waits;
     uint64_t waited;                   /* opens that came while the lane fetched their file: answered after it */
@@ -598,8 +601,17 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
             *room = 1;                 /* Python lends more when it drains the events */
             pa->room_waits++;
             int64_t now = monarch_now_ns();
-            if (now - pa->room_woke_ns >= PA_ROOM_WAKE_NS) {  /* once the area is lent out, more wake-ups */
-                pa->room_woke_ns = now;                        /* bring nothing: the progress makes room */
+            if (now - pa->room_woke_ns >= pa->room_wake_ns) {
+                /* once the area is lent out, a wake-up brings nothing (the progress makes room, and
+                 * Python lends what it can at each drain): after one it lent nothing for, the next
+                 * waits twice as long (strace, bench_cluster --hints: over half of the door's
+                 * wake-ups of Python, each 60-80 us of its CPU) */
+                int lent = pa->grants != pa->grants_at_wake;
+                pa->room_wake_ns = lent || !pa->room_wake_ns ? PA_ROOM_WAKE_NS
+                                   : pa->room_wake_ns * 2 > PA_ROOM_WAKE_MAX_NS ? PA_ROOM_WAKE_MAX_NS
+                                   : pa->room_wake_ns * 2;
+                pa->grants_at_wake = pa->grants;
+                pa->room_woke_ns = now;
                 wake_python_locked(d);
             }
             break;

@@ -404,6 +404,7 @@ EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32
     pa->told_fresh = 0;
     pa->window = window ? window : 1;
     pa->orders += n > 0;
+    pa->room_wake_ns = 0;              /* a new order's first wait for room wakes Python at once */
     int ok = 0;
     if (n && !pa->started && !pa->stop && !d->stopped) {
         pa->w.d = d;
