@@ -96,7 +96,8 @@ int main(int argc, char **argv)
     }
     t = cpu_us();
     for (int i = 0; i < N; i++) {
-        struct iovec local = {dst + (size_t)(i % RING) * SIZE, SIZE}, remote = {src + (size_t)(i * 7 % RING) * SIZE, SIZE};
+        struct iovec local = {dst + (size_t)(i % RING) * SIZE, SIZE};
+        struct iovec remote = {src + (size_t)(i * 7 % RING) * SIZE, SIZE};
         if (process_vm_readv(child, &local, 1, &remote, 1, 0) != SIZE) {
             perror("process_vm_readv");
             break;

@@ -496,7 +496,8 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
             if (ring_owns(d, e)) {
                 e->state = K_BUSY;
                 d->busy++;
-                pa->victims[pa->nvictims++] = (struct pa_victim){key, len, e->hash, c.fd, c.mode, c.map, f.size, c.home};
+                pa->victims[pa->nvictims++] =
+                    (struct pa_victim){key, len, e->hash, c.fd, c.mode, c.map, f.size, c.home};
                 pa->nfds -= c.fd >= 0;
             } else {
                 ring_forget(d, pa, &c);

@@ -48,7 +48,8 @@ def make_sharded_door(short_tmp: str, workers: int, dirs: int = 3, files: int = 
         with open(os.path.join(root, f"d{i % dirs}", f"f{i}"), "wb") as f:
             f.write(data)
         sums[f"0/d{i % dirs}/f{i}"] = hashlib.md5(data).hexdigest()
-    tier, area = os.path.join(short_tmp, "tier"), os.path.join(f"/dev/shm{short_tmp}" if area_in_ram else short_tmp, "area")
+    tier = os.path.join(short_tmp, "tier")
+    area = os.path.join(f"/dev/shm{short_tmp}" if area_in_ram else short_tmp, "area")
     os.mkdir(tier)
     os.makedirs(area)  # /dev/shm<short_tmp> goes with short_tmp (conftest)
     path = os.path.join(short_tmp, "door.sock")
