@@ -104,6 +104,7 @@ struct dp {
     uint32_t nclosing, closing_cap;
     int reads_over;                     /* the owner's thread has ended: descriptors are closed at once */
     char *tiers[MAX_SLOTS];
+    unsigned char in_ram[MAX_SLOTS];    /* the tier is on tmpfs: its kept files are mapped (datapath_offers.c) */
     unsigned char lost[MAX_PEERS / 8];
     uint64_t served_files, served_bytes, handed_back, fetched_files, fetched_bytes, mpi_errors;
     uint64_t requests, served_requests;  /* messages: sent as a requester, answered as an owner */
@@ -400,9 +401,12 @@ EXPORT void dp_tier(struct dp *d, int slot, const char *dir)
 {
     if (slot < 0 || slot >= MAX_SLOTS)
         return;
+    struct statfs sf;
+    int in_ram = statfs(dir, &sf) == 0 && ((unsigned long)sf.f_type & 0xFFFFFFFFUL) == 0x01021994UL;  /* TMPFS_MAGIC */
     pthread_mutex_lock(&d->mu);
     free(d->tiers[slot]);
     d->tiers[slot] = strdup(dir);
+    d->in_ram[slot] = (unsigned char)in_ram;
     pthread_mutex_unlock(&d->mu);
 }
 

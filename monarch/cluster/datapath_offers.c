@@ -12,11 +12,12 @@
  * a node's own share is read every epoch in another order, and pinning, not evicting, keeps
  * the most of it (DESIGN.md, pin don't thrash).
  *
- * A kept file in RAM (tmpfs) is also mapped, and read by a memcpy from its pages: a pread
- * looks each page up in the page cache again (perf, bench_cluster --hints: a fifth of the
- * owner's thread). Only there: a copy is never written in place, so a page of it never goes
- * while it is offered, and no disk can fail a page's read (a store or load that faults is
- * SIGBUS, where a pread says EIO). */
+ * A kept file in RAM (tmpfs) read again is also mapped, and read by a memcpy from its pages
+ * from then on: a pread looks each page up in the page cache again (perf, bench_cluster
+ * --hints: a fifth of the owner's thread); a file read once (bench_peer) pays no mapping.
+ * Only in RAM: a copy is never written in place, so a page of it never goes while it is
+ * offered, and no disk can fail a page's read (a load that faults is SIGBUS where a pread
+ * says EIO). */
 
 #define DP_FDS_MAX 16384
 
@@ -153,11 +154,27 @@ static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t siz
     struct staged *s = *find_locked(d, key, len, h);
     int kept = s ? s->fd : -1, n = -1;
     const char *kept_map = s ? s->map : NULL;
+    int to_map = s && kept >= 0 && !kept_map && d->in_ram[s->slot] && s->size == size && size > 0;
     uint64_t gen = s ? s->gen : 0, kept_size = s ? s->size : 0;
     const char *dir = s && kept < 0 ? d->tiers[s->slot] : NULL;
     if (dir)
         n = snprintf(path, sizeof path, "%s/%.*s", dir, (int)len, key);
     pthread_mutex_unlock(&d->mu);
+    if (to_map) {                       /* read again: mapped from now on, if the same offer stands */
+        char *map = mmap(NULL, size, PROT_READ, MAP_SHARED, kept, 0);
+        if (map != MAP_FAILED) {
+            pthread_mutex_lock(&d->mu);
+            s = *find_locked(d, key, len, h);
+            int same = s && s->gen == gen && s->fd == kept && !s->map;
+            if (same) {
+                s->map = map;
+                kept_map = map;
+            }
+            pthread_mutex_unlock(&d->mu);
+            if (!same)
+                munmap(map, size);
+        }
+    }
     if (kept >= 0 && kept_map && kept_size == size) {  /* unmapped only by this thread, as the descriptor */
         memcpy(dst, kept_map, size);
         return 0;
@@ -171,24 +188,17 @@ static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t siz
         return -1;
     struct stat st;
     int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size && read_all_at(fd, dst, size) == 0;
-    struct statfs sf;
-    char *map = NULL;
-    if (ok && size && fstatfs(fd, &sf) == 0 && ((unsigned long)sf.f_type & 0xFFFFFFFFUL) == 0x01021994UL) {
-        map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);  /* TMPFS_MAGIC: in RAM */
-        map = map == MAP_FAILED ? NULL : map;
-    }
     pthread_mutex_lock(&d->mu);         /* kept if the same offer stands (not withdrawn or made anew meanwhile) */
     s = *find_locked(d, key, len, h);
     int keep = ok && s && s->gen == gen && s->fd < 0 && d->kept_fds < d->fds_allowed;
     if (keep) {
         s->fd = fd;
-        s->map = map;
         s->size = (uint64_t)st.st_size;
         d->kept_fds++;
     }
     pthread_mutex_unlock(&d->mu);
     if (!keep)
-        let_go_now((struct let_go){fd, map, size});
+        close(fd);
     return ok ? 0 : -1;
 }
 

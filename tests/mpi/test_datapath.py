@@ -41,7 +41,7 @@ def check(proc) -> None:
     # the owner keeps the descriptors of files it read (small and mid: the three read, less the empty
     # one's, which it keeps too) and reads a copy offered anew or withdrawn and offered again afresh
     assert r[1]["kept_before"][0] >= 2, r[1]
-    # and, in RAM, maps them (small and mid: an empty file is not mapped), read by a memcpy
+    # and, in RAM, maps those read again (small and mid: an empty file is not mapped), read by a memcpy
     assert r[1]["maps_before"][0] >= 2, r[1]
     assert r[0]["offered_anew"] == [100, True] and r[0]["withdrawn_and_offered"] == [100, True], r[0]
     assert r[1]["kept_after_withdrawal"] == 0 and r[1]["maps_after_withdrawal"] == 0, r[1]
