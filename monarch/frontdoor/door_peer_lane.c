@@ -331,7 +331,6 @@ static struct peer_ahead *peer_ahead_new(void)
     pthread_cond_init(&pa->cv, NULL);
     struct worker *w = &pa->w;
     w->spare_fd = w->ep = w->src_dir = w->key_dir = -1;
-    w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ 0xA4EADULL << 44;
     return pa;
 }
 
