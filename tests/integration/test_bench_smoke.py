@@ -79,6 +79,9 @@ BENCHES = [
           r"^monarch/before\s+PFS/dataset\s+[\d.]+\s+epochs .* digests OK(?!.*nodes without Monarch)", {"fuse", "mpi"}),
     Bench("bench_peer.py", ["--files", "400", "--repeats", "1", "--json", "{tmp}/peer.json"],
           r"^c reader: [\d,]+ remote opens/s measured; .* -> ceiling [\d,]+ remote opens/s on \d+ cores", {"mpi", "cc"}),
+    # every line's bytes checked against the owner's files (the program exits 1 otherwise)
+    Bench("bench_peer_floor.py", ["--quick"],
+          r"^least at the hinted pace: [\d.]+ us a remote 64 KiB file \(target <= 15 us\); .*; bytes OK$", {"mpi", "cc"}),
     Bench("bench_datapath.py", ["--files", "300", "--batches", "1,8", "--threads", "2"],
           r"^\s+8 per request:\s+[\d,]+ files/s; CPU per file: requester\s+[\d.]+ us, owner\s+[\d.]+ us; 38 requests"
           r".* bytes ok$", {"mpi"}),
