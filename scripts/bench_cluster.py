@@ -23,6 +23,11 @@ for direct), whether every digest was right, and Monarch's per-node numbers.
     python scripts/bench_cluster.py --capacity-share 2               # every node holds the whole dataset
     python scripts/bench_cluster.py --files 1200 --open-latency-ms 2 --hints   # the clairvoyant path
     python scripts/bench_cluster.py --files 1200 --open-latency-ms 2 --hints --peer-in-ram  # areas in /dev/shm
+    python scripts/bench_cluster.py --files 1200 --hints --peer-in-ram --compute-ms 1  # a training step a file
+
+The readers read as fast as the cores allow unless ``--compute-ms`` gives each reader thread a
+training step's time per file (slept, the cores left to the daemons; the per-open latency and
+the digests as without it).
 
 ``--hints`` adds two cases after the transparent one (with ``peer.fetch_ahead: true``): the readers tell their order
 (``monarch.hints.DistributedHintedSampler``), once with each node's storage as given and once
@@ -72,6 +77,9 @@ def parse_args(argv=None):
     p.add_argument("--open-latency-ms", type=float, default=2.0)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--workers", type=int, default=4, help="reader threads per node")
+    p.add_argument("--compute-ms", type=float, default=0.0,
+                   help="a training step's time per file in each reader thread (slept: the cores left free); "
+                        "0, the default, reads as fast as the cores allow")
     p.add_argument("--capacity-share", type=float, default=1 / 3,
                    help="each node's ram+ssd+peer as a share of the dataset (default 1/3; >= 1: every node can hold it)")
     p.add_argument("--start", default="before", help="before|with|after the daemons, or several comma-separated")
@@ -108,7 +116,8 @@ def reader_cmd(root: str, manifest: str, k: int, args, out: str, hints: bool = F
     and starts its second epoch once every node ended its first (hold_file): the epochs after
     the first are then one window, whose CPU is theirs alone, as in a data-parallel job."""
     return shard_reader(root, manifest, k, args, "--json", out, "--started", out + ".started", "--progress",
-                        out + ".progress", "--hold", hold_file(out), *(["--hints"] if hints else []))
+                        out + ".progress", "--hold", hold_file(out), "--compute-ms", str(args.compute_ms),
+                        *(["--hints"] if hints else []))
 
 
 def watched(watch: CpuWatch, outs: list[str], procs, epochs: int) -> tuple[threading.Thread, threading.Event]:

@@ -85,7 +85,7 @@ BENCHES = [
     Bench("bench_datapath.py", ["--files", "300", "--batches", "1,8", "--threads", "2"],
           r"^\s+8 per request:\s+[\d,]+ files/s; CPU per file: requester\s+[\d.]+ us, owner\s+[\d.]+ us; 38 requests"
           r".* bytes ok$", {"mpi"}),
-    Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--hints"],
+    Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--hints", "--compute-ms", "0.2"],
           r"^  CPU of every process, epochs 2 on \(hinted\): [\d.]+ s = [\d.]+x direct's", {"fuse", "mpi"},
           "bench_cluster-hints"),
     Bench("bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
