@@ -297,6 +297,59 @@ def test_a_physically_full_tier_spills_to_the_next_and_the_pfs_is_counted_right(
     assert node["tiers"][0]["full"]
 
 
+@pytest.fixture
+def tmpfs_of_3mib(short_tmp):
+    mnt = os.path.join(short_tmp, "ram3m")
+    os.mkdir(mnt)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mnt], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs: {r.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", mnt])
+
+
+def add_file(ds, rel: str, nbytes: int):
+    """One more file in ``ds`` (on disk and in its manifest)."""
+    from monarch.workload import digest
+    data = os.urandom(nbytes)
+    with open(os.path.join(ds.root, rel), "wb") as f:
+        f.write(data)
+    with open(ds.manifest) as f:
+        manifest = json.load(f)
+    manifest["files"][rel] = ds.files[rel] = {"size": nbytes, "xxh64": digest(data)}
+    manifest["total_bytes"] = ds.total = ds.total + nbytes
+    with open(ds.manifest, "w") as f:
+        json.dump(manifest, f)
+
+
+@pytest.mark.parametrize("open_ms, large", [(1, False), (50, False), (1, True)],
+                         ids=["fast-source", "slow-source", "a-file-larger-than-the-filesystem"])
+def test_files_a_full_tier_filesystem_refuses_go_to_the_next_tier_whoever_copies_them(
+        dataset, short_tmp, slow_pfs, tmpfs_of_3mib, open_ms, large):
+    """A RAM tier whose filesystem (3 MiB) is far smaller than its capacity (1 GiB): every file it
+    refuses (ENOSPC, found by the door's lane, its copiers or the stager, whichever copies it
+    first) is staged in the SSD tier, read from the PFS once (the emulated PFS's count), and
+    nothing is "not staged: no_room". ``large``: a file of 8 MiB the stager copies from the start
+    fills the filesystem first, while the door's copies of the small ones are under way."""
+    ds = dataset(files=200, size="64KiB" if not large else "12KiB")
+    if large:
+        add_file(ds, "class_000/large.bin", 8 << 20)
+    pfs = slow_pfs(ds.root, open_latency_ms=open_ms)
+    mounted = ds.__class__(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
+    cfg = write_tier_config(short_tmp, mounted.root, f"{short_tmp}/run", tmpfs_of_3mib, f"{short_tmp}/ssd")
+    report = os.path.join(short_tmp, "r.json")
+    r = monarch("run", "-c", cfg, "--report", report, "--", *reader(mounted, epochs=3, workers=2))
+    assert r.returncode == 0, r.stderr  # every digest checked
+    rep, counted = load(report), pfs.counters()
+    failures = rep["staging"]["failures"]
+    assert counted["bytes"] <= 1.05 * ds.total, (counted["bytes"] / ds.total, failures)
+    assert not failures.get("no_room"), failures
+    tiers = rep["nodes"][0]["tiers"]
+    assert sum(t["files"] for t in tiers) == len(ds.files), tiers
+    assert tiers[0]["full"] and tiers[0]["files"] > 0
+    assert not glob.glob(f"{tmpfs_of_3mib}/**/.monarch-tmp-*", recursive=True)
+
+
 def test_a_tier_that_cannot_be_created_is_skipped_and_the_other_used(dataset, short_tmp):
     ds = dataset(files=50, size="4KiB")
     not_a_dir = os.path.join(short_tmp, "a-file")

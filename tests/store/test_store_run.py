@@ -290,3 +290,31 @@ def test_a_key_of_another_type_is_refused_and_a_failed_snapshot_is_reported(redi
     assert r.returncode == 1 and "Input/output error" in r.stderr
     assert "not a Monarch manifest" in r.stderr and "going on (--fail-open)" in r.stderr
     assert "the snapshot failed (" in r.stderr and load(report)["store"]["snapshot_failed"]
+
+
+def test_values_a_full_ram_tier_refuses_are_staged_in_the_next_tier_read_once(redis_server, short_tmp):
+    """The RAM tier's filesystem (a 64 KiB tmpfs, far under its 1 GiB capacity) fills: the values
+    it refuses go to the SSD tier, each GET once (the server's own count), none "no room"."""
+    import subprocess
+    src, data, url = loaded(redis_server, short_tmp, "spill/")
+    mnt = os.path.join(short_tmp, "mnt", "data")
+    cfg = store_config(short_tmp, mnt, url)
+    ram = f"/dev/shm{short_tmp}/ram"
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", ram], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs: {r.stderr.strip()}")
+    try:
+        hits = redis_server.client().info("stats")["keyspace_hits"]
+        report = os.path.join(short_tmp, "report.json")
+        r = monarch("run", "--no-progress", "--report", report, "-c", cfg, "--", sys.executable, "-c", CHECK_ALL,
+                    src, mnt, timeout=120)
+        assert r.returncode == 0, r.stderr
+        result = json.loads(r.stdout.splitlines()[-1])
+        assert set(result.values()) == {"ok"} and len(result) == len(data)
+        assert redis_server.client().info("stats")["keyspace_hits"] - hits == len(data) + 2  # + the manifest twice
+        rep = load(report)
+        assert not rep["staging"]["failures"], rep["staging"]["failures"]
+        ram_tier, ssd_tier = rep["nodes"][0]["tiers"]
+        assert ram_tier["full"] and ram_tier["files"] > 0 and ram_tier["files"] + ssd_tier["files"] == len(data)
+    finally:
+        subprocess.run(["umount", "-l", ram], capture_output=True)

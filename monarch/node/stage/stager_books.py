@@ -170,7 +170,7 @@ class StagerBooks:
         account updated once (a million small files: no per-file lock and call chain). ``row``:
         the key's entry in the snapshot's index, booked with no look-up (-1: not known)."""
         extra = sum(tier.allocated(size) - size for _, size, _ in copies)
-        if extra and not tier.reserve(extra, counted=False):  # not all fit: one by one, as room allows
+        if extra and not tier.reserve(extra, counted=False, written=True):  # not all fit: one by one, as room allows
             for key, size, _ in copies:
                 self.enter_copy_locked(key, tier, size, demanded=False)
             return
@@ -193,14 +193,17 @@ class StagerBooks:
         Its maker paid ``paid`` bytes out of room lent to it (default ``size``: the front
         door's copy lane counts the files' bytes; its peer lane pays their allocation); what
         the filesystem allocates beyond them is taken here, after
-        room still lent comes back if need be. When even that leaves too little, the copy is
-        removed (the listeners are told), counted ``no_room``, and False is returned: the
-        tier's capacity holds against its allocation, whoever copied into it. ``demanded``:
-        copied for an asker (else ahead of the reader: a background copy)."""
+        room still lent comes back if need be; a filesystem found full since the copy was
+        made refuses nothing (its bytes are there already). When the capacity leaves too
+        little, the copy is removed (the listeners are told) and False is returned: the
+        tier's capacity holds against its allocation, whoever copied into it. The key is
+        left to the stager, whose next copy of it goes to a tier with room (it is not "no
+        room" while another tier has some). ``demanded``: copied for an asker (else ahead of
+        the reader: a background copy)."""
         extra = tier.allocated(size) - (size if paid is None else paid)
-        if extra and not tier.reserve(extra, counted=False):
+        if extra and not tier.reserve(extra, counted=False, written=True):
             self.ask_room_back(tier)
-            if not tier.reserve(extra, counted=False):
+            if not tier.reserve(extra, counted=False, written=True):
                 for listener in self.listeners:
                     listener.dropped(key)
                 try:
@@ -208,8 +211,6 @@ class StagerBooks:
                 except OSError:
                     pass
                 tier.release(size)
-                self.failures["no_room"] += 1
-                self.no_room.add(key)
                 return False
         tier.committed(size, size, key)
         self.staged[key] = tier

@@ -211,7 +211,7 @@ class Copier:
             try:
                 n = write_atomically(dest, fill, info.mtime_ns, owner_only(info.mode),
                                      publish=lambda tmp, d, t=tier, z=frame is not None: self._publish(key, t, tmp, d, z),
-                                     root=tier.path)
+                                     root=tier.path, size=len(data) if data is not None else info.size)
             except OSError as e:
                 tier.release(room)
                 if e.errno in NO_SPACE:

@@ -161,16 +161,18 @@ class Tier:
         """Could ``room`` (an allocation: ``allocated``) be reserved now?"""
         return self.full_reason is None and self._room + room <= self.capacity
 
-    def reserve(self, size: int, counted: bool = True) -> bool:
+    def reserve(self, size: int, counted: bool = True, written: bool = False) -> bool:
         """Room for ``size`` bytes of allocation (a copy's: ``allocated(stored size)``), taken
         now (False: none; a refusal is counted and said once per reason, unless ``counted``
-        is False: room lent ahead, not a file)."""
+        is False: room lent ahead, not a file). ``written``: for bytes already on the tier's
+        filesystem (a copy someone else made), so only the capacity can refuse: a filesystem
+        full since, or the memory margin, would only lose a copy that costs nothing more."""
         with self._lock:
-            if self.full_reason is not None:
+            if self.full_reason is not None and not written:
                 reason = REFUSED_FILESYSTEM_FULL
             elif self._room + size > self.capacity:
                 reason = REFUSED_FULL
-            elif self.memory is not None and not self.memory.allows(size):
+            elif self.memory is not None and not written and not self.memory.allows(size):
                 reason = REFUSED_MEMORY_MARGIN
             else:
                 self._room += size
@@ -483,7 +485,7 @@ def make_dirs_below(root: str, directory: str) -> None:
 
 
 def write_atomically(dest: str, fill: Callable[[int], int], mtime_ns: int, mode: int = 0o600,
-                     publish: Callable[[str, str], None] = os.replace, *, root: str) -> int:
+                     publish: Callable[[str, str], None] = os.replace, *, root: str, size: int = 0) -> int:
     """Create ``dest`` through a fresh temporary name in its directory, then rename it in place.
 
     ``fill(fd)`` writes the temporary file and returns the bytes written. The copy gets
@@ -492,6 +494,9 @@ def write_atomically(dest: str, fill: Callable[[int], int], mtime_ns: int, mode:
     255-byte name still fits NAME_MAX. ``publish(tmp, dest)`` renames it into place (the
     stager's checks that the key is still wanted go there). Missing directories are made
     below ``root``, the tier's directory, never ``root`` itself (``make_dirs_below``).
+    ``size``, when known, is allocated before ``fill`` reads a byte: a filesystem too full
+    for the copy says ENOSPC before its source is read, so the next tier takes the file
+    without a second read of the PFS or the store.
     """
     directory = os.path.dirname(dest)
     tmp = os.path.join(directory, f"{TMP_PREFIX}{secrets.token_hex(8)}")
@@ -502,7 +507,11 @@ def write_atomically(dest: str, fill: Callable[[int], int], mtime_ns: int, mode:
         fd = create_exclusive(tmp, mode)
     try:
         try:
+            if size > 0:
+                preallocate(fd, size)
             n = fill(fd)
+            if n < size:  # the source turned out shorter: no allocated tail is left as bytes
+                os.ftruncate(fd, n)
             os.utime(fd, ns=(mtime_ns, mtime_ns))
         finally:
             os.close(fd)
@@ -514,3 +523,13 @@ def write_atomically(dest: str, fill: Callable[[int], int], mtime_ns: int, mode:
         except OSError:
             pass
         raise
+
+
+def preallocate(fd: int, size: int) -> None:
+    """Give ``fd`` its ``size`` bytes of blocks now (ENOSPC, EDQUOT raised here); a filesystem
+    that cannot preallocate is left to say so when written."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in NO_SPACE:
+            raise

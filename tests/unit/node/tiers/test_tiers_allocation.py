@@ -1,6 +1,7 @@
 """Tiers count what their filesystem allocates (issue 32): a 1 KiB file takes a 4 KiB page
 on tmpfs, so a RAM tier counted in file bytes takes four times its capacity from the node."""
 
+import errno
 import hashlib
 import os
 import subprocess
@@ -144,9 +145,58 @@ def test_a_copy_the_front_door_made_pays_its_allocation_or_goes(tmp_path):
         assert books.enter_copy_locked("a", tier, 1000)
         assert not books.enter_copy_locked("b", tier, 1000)  # a's page and b's bytes: no room for b's page
     assert told.dropped_keys == ["b"] and not os.path.exists(tier.path_for("b"))
-    assert books.staged.keys() == {"a"} and books.failures == {"no_room": 1}
+    # b is left to the stager, whose copy goes to a tier with room: not "no room" for the job
+    assert books.staged.keys() == {"a"} and not books.failures and "b" not in books.no_room
     assert tier.allocated_bytes == tier.room == 4096 <= tier.capacity and tier.files == 1
     tier.remove()
+
+
+@pytest.mark.parametrize("lane", [False, True], ids=["a-miss-copied", "the-read-ahead-lane"])
+def test_the_front_doors_copies_are_kept_when_the_tiers_filesystem_filled_after_them(tmp_path, lane):
+    """The stager found the tier's filesystem full (ENOSPC) while the door's copies into it were
+    already made: those copies hold their bytes, so they are booked, not removed as "no room"
+    (which left them on the PFS for the rest of the job)."""
+    (tmp_path / "t").mkdir()
+    tier = Tier.from_config(TierConfig("t", str(tmp_path / "t"), 1 << 20, False), 2, "r1", 0, ())
+    tier.unit = 4096
+    books = StagerBooks(take_snapshot(()), [tier], Concurrency(fixed=1))
+    told = Told()
+    books.subscribe(told)
+    keys = ["a", "b", "c"]
+    assert tier.reserve(3000, counted=False)  # lent to the door, which paid the files' bytes
+    for key in keys:
+        with open(tier.path_for(key), "wb") as f:
+            f.write(b"x" * 1000)
+    tier.mark_full("ENOSPC after 3000 bytes")  # a copy of the stager's just failed
+    with books.lock:
+        if lane:
+            books.enter_copies_locked(tier, [(key, 1000, -1) for key in keys])
+        else:
+            assert all(books.enter_copy_locked(key, tier, 1000) for key in keys)
+    assert not told.dropped_keys and all(os.path.exists(tier.path_for(key)) for key in keys)
+    assert books.staged.keys() == set(keys) and not books.failures and not books.no_room
+    assert tier.allocated_bytes == tier.room == 3 * 4096 and tier.files == 3
+    assert not tier.reserve(4096)  # still full for new copies
+    tier.remove()
+
+
+def test_a_copy_too_large_for_a_full_filesystem_fails_before_its_source_is_read(tmp_path):
+    from monarch.node.tiers.tiers import write_atomically
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"mounting a private tmpfs was refused: {r.stderr.strip()}")
+    try:
+        read = []
+        with pytest.raises(OSError) as e:
+            write_atomically(str(mnt / "big"), lambda fd: read.append(fd) or 0, 0, root=str(mnt), size=1 << 20)
+        assert e.value.errno == errno.ENOSPC and not read and os.listdir(mnt) == []
+        # a source shorter than the size allocated leaves no allocated tail as bytes
+        n = write_atomically(str(mnt / "short"), lambda fd: os.write(fd, b"abc"), 0, root=str(mnt), size=8192)
+        assert n == 3 and (mnt / "short").read_bytes() == b"abc"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_the_reports_show_the_allocation_beside_the_bytes_and_how_full_by_it():
