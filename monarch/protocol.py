@@ -65,7 +65,7 @@ several OPENs one after another when the front door keeps the connection (REQUES
                      accepts it only if it is a regular file, sealed so, of the index's size;
                      it closes any other descriptor that arrives and reads the PFS instead.
                      A shim that does not know ANSWER_FD sees a status beyond the slots and
-                     reads the PFS (fail open).
+                     reads the PFS (fail open). Staged by blocks: ANSWER_BLOCKS (node/stage/blocks.py).
                      An OPEN with REQUEST_KEEP asks that the connection stay open for the
                      next OPEN: the C front door answers ANSWER_KEPT | status when it keeps
                      it (it may close it later, idle: the shim then connects anew); any
@@ -123,8 +123,7 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   mmap; counted once per descriptor), opens_stdio (of those, the ones a FILE reads: their
   bytes have no upper bound), mapped_bytes (the lengths mmap mapped from the slot's
   descriptors: page faults read at most that),
-  then EXTRA_WORDS of named counters (EXTRA_*; version 3 added EXTRA_ZSTD_*, 4 EXTRA_PROCESSES, 5 EXTRA_ZSTD_REUSED,
-  6 EXTRA_EARLY_* and EXTRA_LOST_*; 7 the slot words opens_stdio and mapped_bytes).
+  then EXTRA_WORDS of named counters (EXTRA_*).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
 Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 3).
@@ -167,13 +166,12 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 7  # 3: EXTRA_ZSTD_* (opens decoded in the application's process); 4: EXTRA_PROCESSES;
-                      # 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*; 7: opens_stdio, mapped_bytes
+COUNTERS_VERSION = 8  # raised with every word added: a shim and a daemon of other versions never share one
 SLOT_FIELDS = ("opens", "bytes", "opens_uncounted", "opens_stdio", "mapped_bytes")  # a slot's words, in order
 MAX_SLOTS = 16
 HEADER_WORDS = 3
 SLOT_WORDS = len(SLOT_FIELDS)
-EXTRA_WORDS = 13
+EXTRA_WORDS = 17
 EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
 EXTRA_META_OFF = 2    # bit k (k < 63; bit 63: every root k >= 63): the job changed root k, its
@@ -190,6 +188,8 @@ EXTRA_EARLY_OPENS = 9     # ... the snapshot index was not ready yet (the daemon
 EXTRA_EARLY_META = 10
 EXTRA_LOST_OPENS = 11     # ... the daemon could not be reached or went silent (INDEX or OPEN unanswered)
 EXTRA_LOST_META = 12
+EXTRA_BLOCK_LOCAL_BYTES, EXTRA_BLOCK_PFS_BYTES = 13, 14  # files staged by blocks: bytes read from the copy, the PFS
+EXTRA_BLOCK_OPENS, EXTRA_BLOCK_REMAPPED_BYTES = 15, 16   # ... their opens, bytes of mappings moved onto the copy
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
 SLOT_PFS = 0
@@ -246,6 +246,7 @@ STATUS_ERROR = -1
 REQUEST_KEEP = 0x1         # OPEN request flag: keep the connection for the next OPEN if you can
 ANSWER_KEPT = 0x200         # OPEN answer flag: kept (only the C front door keeps one; Python closes)
 ANSWER_FD = 0x100           # OPEN answer flag: the copy comes as a descriptor (SCM_RIGHTS)
+ANSWER_BLOCKS = 0x400       # OPEN answer flag: staged by blocks (node/stage/blocks.py: its copy and map)
 MEMFD_SEALS = 0x1 | 0x2 | 0x4 | 0x8  # F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE
 
 MAX_REQUEST = 8192          # a key: root index, '/', a path of up to PATH_MAX (4096)

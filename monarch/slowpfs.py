@@ -9,14 +9,17 @@ It adds a latency to every open (the metadata server round trip that dominates a
 PFS with many small files), optionally to every read call, and caps the aggregate
 bandwidth. The kernel caches nothing: files are opened with ``direct_io`` (no page
 cache, every read reaches the filesystem) and entries and attributes expire at once
-(every ``open`` reaches it too). It counts opens, reads and bytes, in total and per
+(every ``open`` reaches it too). With ``--page-cache`` the kernel keeps what a reader read
+until the file is opened again, as a real PFS client does, and files can be mapped (the
+large-file benchmark's ``np.memmap`` readers; a direct-io file refuses a shared mapping).
+It counts opens, reads and bytes, in total and per
 file, into a JSON file of its own, so a benchmark or a test measures the PFS traffic
 of a job independently of what Monarch believes it did.
 
 Run it as a process::
 
     python -m monarch.slowpfs SRC MOUNTPOINT --counters FILE \\
-        [--open-latency-ms 2] [--read-latency-ms 0] [--bandwidth MBps]
+        [--open-latency-ms 2] [--read-latency-ms 0] [--bandwidth MBps] [--page-cache]
 
 or from Python with the :class:`SlowPFS` context manager, which starts that process,
 waits for the mount and always unmounts it.
@@ -63,6 +66,7 @@ class Latency:
     read_s: float = 0.0
     bandwidth: float = 0.0
     lookup_s: float = 0.0
+    page_cache: bool = False  # reads go through the kernel's page cache (mmap works); dropped at each open
 
 
 # --------------------------------------------------------------------------- counters
@@ -192,7 +196,7 @@ def _operations_class():
                 config_3.entry_timeout = 0.0
                 config_3.attr_timeout = 0.0
                 config_3.negative_timeout = 0.0
-                config_3.direct_io = 1
+                config_3.direct_io = 0 if self.latency.page_cache else 1
                 config_3.kernel_cache = 0
                 config_3.auto_cache = 0
 
@@ -245,8 +249,8 @@ def _operations_class():
                 fi.fh = os.open(self._real(path), os.O_RDONLY)
             finally:
                 self.counters.opening(-1)
-            fi.direct_io = 1   # no page cache: every read() reaches read() below
-            fi.keep_cache = 0
+            fi.direct_io = 0 if self.latency.page_cache else 1  # no page cache: every read() reaches read()
+            fi.keep_cache = 0  # with one, what an earlier open cached is dropped
             self.counters.add("opens", path.lstrip("/"))
             return 0
 
@@ -281,7 +285,7 @@ def serve(src: str, mountpoint: str, counters_path: str, latency: Latency, debug
         # hundreds of clients at once, and a read-ahead keeps that many opens in flight.
         mfusepy.FUSE(ops, mountpoint, raw_fi=True, foreground=True, nothreads=False, debug=debug,
                      ro=True, fsname=f"slowpfs:{os.path.realpath(src)}", subtype="slowpfs",
-                     direct_io=True, max_threads=max_threads, max_idle_threads=max_threads)
+                     direct_io=not latency.page_cache, max_threads=max_threads, max_idle_threads=max_threads)
     except RuntimeError as exc:
         # libfuse's fuse_main returns 8 whenever its loop ended by a signal (SIGTERM, SIGINT):
         # that is the normal way to stop it, the mount is already gone.
@@ -373,14 +377,15 @@ class SlowPFS:
     def __init__(self, src: str | os.PathLike, mountpoint: str | os.PathLike,
                  counters: str | os.PathLike | None = None, *, open_latency_ms: float = 2.0,
                  read_latency_ms: float = 0.0, bandwidth_mbps: float = 0.0,
-                 lookup_latency_ms: float = 0.0, timeout: float = MOUNT_TIMEOUT_S) -> None:
+                 lookup_latency_ms: float = 0.0, page_cache: bool = False,
+                 timeout: float = MOUNT_TIMEOUT_S) -> None:
         self.src = os.fspath(src)
         self.mountpoint = os.path.abspath(os.fspath(mountpoint))
         self._own_counters = counters is None
         self.counters_path = os.fspath(counters) if counters is not None else os.path.join(
             tempfile.mkdtemp(prefix="slowpfs-"), "counters.json")
         self.options = dict(open_latency_ms=open_latency_ms, read_latency_ms=read_latency_ms,
-                            bandwidth=bandwidth_mbps, lookup_latency_ms=lookup_latency_ms)
+                            bandwidth=bandwidth_mbps, lookup_latency_ms=lookup_latency_ms, page_cache=page_cache)
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
         self._stderr = None
@@ -393,7 +398,7 @@ class SlowPFS:
                 "--open-latency-ms", str(o["open_latency_ms"]),
                 "--read-latency-ms", str(o["read_latency_ms"]),
                 "--lookup-latency-ms", str(o["lookup_latency_ms"]),
-                "--bandwidth", str(o["bandwidth"])]
+                "--bandwidth", str(o["bandwidth"])] + (["--page-cache"] if o["page_cache"] else [])
 
     def start(self) -> SlowPFS:
         reason = fuse_unavailable_reason()
@@ -501,10 +506,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="aggregate read bandwidth cap in MB/s (10^6 bytes/s; 0 = unlimited)")
     p.add_argument("--max-threads", type=int, default=MAX_THREADS,
                    help=f"requests served at once (libfuse worker threads; default {MAX_THREADS})")
+    p.add_argument("--page-cache", action="store_true",
+                   help="read through the kernel's page cache (dropped at each open), so files can be mapped")
     p.add_argument("--debug", action="store_true", help="libfuse debug output")
     args = p.parse_args(argv)
     latency = Latency(open_s=args.open_latency_ms / 1e3, read_s=args.read_latency_ms / 1e3,
-                      bandwidth=args.bandwidth * 1e6, lookup_s=args.lookup_latency_ms / 1e3)
+                      bandwidth=args.bandwidth * 1e6, lookup_s=args.lookup_latency_ms / 1e3,
+                      page_cache=args.page_cache)
     try:
         serve(args.src, args.mountpoint, args.counters, latency, debug=args.debug, max_threads=args.max_threads)
     except (SlowPFSError, RuntimeError, OSError) as exc:

@@ -24,6 +24,8 @@ class Outcome(str, enum.Enum):
     FETCHED_DECODED = "fetched:decoded"
     FETCHED_INFLATED = "fetched:inflated"
     FETCHED_TRANSIENT = "fetched:transient"  # the peer area had no room: a memfd of the owner's bytes
+    # a large file staged by blocks: opened on the PFS, its staged blocks read from the copy
+    BY_BLOCKS = "by_blocks"
     # a copy that was there already
     ALREADY_STAGED = "already_staged"
     ALREADY_STAGED_DECODED = "already_staged:decoded"

@@ -127,6 +127,9 @@ class Resolver:
             self._answer_from(key, tier, _already(tier), done)
         elif self._staging.policy == "off":
             done(PFS, Outcome.PFS_POLICY_OFF)
+        elif (blocks := stager.blocks) is not None and stager.peers is None \
+                and blocks.eligible(key, self._current.snapshot.get(key)) and (answer := blocks.answer(key)):
+            done(answer, Outcome.BY_BLOCKS)  # at once: the shim reads the PFS until its blocks are here
         else:
             stager.ensure(key, inline=True).add_done_callback(lambda f: self._answer_from(key, *_tier_of(key, f), done))
 

@@ -60,6 +60,13 @@ class Decompression(TypedDict):
     reused: int           # decoded into a reused memfd of the shim's pool
 
 
+class BlockReads(TypedDict):
+    opens: int            # opens of files staged by blocks (shim_blocks.c)
+    local_bytes: int      # bytes their descriptors read from staged blocks of the copy
+    pfs_bytes: int        # bytes they read from the PFS (blocks not staged yet, or no room for them)
+    remapped_bytes: int   # bytes of their read-only mappings moved onto the copy
+
+
 class Dataset(TypedDict):
     files: int
     bytes: int
@@ -100,6 +107,7 @@ class ShimCounters(TypedDict):
     opened_from: dict[str, Opened]
     metadata: Metadata
     decompression: Decompression
+    block_reads: BlockReads
     processes_with_shim: int
 
 # left out of the wire form when None: a brief REPORT (progress polls) and a lost daemon's stats have none
@@ -129,6 +137,7 @@ class NodeStats:
     snapshot_ready_at: float | None = None
     metadata: Metadata | dict = field(default_factory=dict)
     decompression: Decompression | dict = field(default_factory=dict)
+    block_reads: BlockReads | dict = field(default_factory=dict)
     # processes in which the shim was active (the counters' EXTRA_PROCESSES); None: not told
     processes_with_shim: int | None = None
     inflated_bytes: int = 0
@@ -162,7 +171,8 @@ def shim_counters(counters_path: str, slot_names: dict[int, str], roots: int) ->
     and listings answered here or by the PFS, the roots whose metadata the job turned off,
     the opens and metadata calls sent to the PFS before the index was written or because
     the daemon was lost),
-    ``decompression`` (compressed copies the shim decoded itself: shim_zstd.c) and
+    ``decompression`` (compressed copies the shim decoded itself: shim_zstd.c), ``block_reads``
+    (what descriptors of files staged by blocks read from their copies and from the PFS) and
     ``processes_with_shim``."""
     opened_from = protocol.read_opened_from(counters_path, slot_names)
     try:
@@ -182,6 +192,10 @@ def shim_counters(counters_path: str, slot_names: dict[int, str], roots: int) ->
                           "bytes": counters[protocol.EXTRA_ZSTD_BYTES],
                           "left_to_daemon": counters[protocol.EXTRA_ZSTD_FALLBACKS],
                           "reused": counters[protocol.EXTRA_ZSTD_REUSED]},
+        "block_reads": {"opens": counters[protocol.EXTRA_BLOCK_OPENS],
+                        "local_bytes": counters[protocol.EXTRA_BLOCK_LOCAL_BYTES],
+                        "pfs_bytes": counters[protocol.EXTRA_BLOCK_PFS_BYTES],
+                        "remapped_bytes": counters[protocol.EXTRA_BLOCK_REMAPPED_BYTES]},
         "processes_with_shim": counters[protocol.EXTRA_PROCESSES],
     }
 

@@ -53,6 +53,7 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
     decompression = collections.Counter()
     for n in alive:
         decompression.update(n.decompression)
+    blocks = _blocks_over_nodes(alive)
     timelines = [n.timeline for n in alive if n.timeline]
     doors = [n.front_door for n in alive if n.front_door]
     door = collections.Counter()
@@ -83,6 +84,8 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         # frame), and the opens decoded into a reused memfd (its pages already there)
         "decompression": {k: decompression[k] for k in ("opens", "ns", "bytes", "left_to_daemon", "reused")},
         "peer": dict(peer),
+        # large files staged by blocks (None: none was)
+        "blocks": blocks,
         # the daemons' C front doors (None: no node had one): misses they copied, opens of
         # staged copies they answered, requests they handed to the Python server
         "front_door": dict(door) if doors else None,
@@ -93,6 +96,24 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         "cluster": cluster_summary(nodes),
         "nodes": [n.to_dict() if n else None for n in nodes],
     }
+
+
+BLOCK_FIGURES = ("files", "whole_files", "partly_staged_files", "partly_staged_bytes", "partly_staged_of_bytes",
+                 "blocks_staged", "bytes_staged")
+BLOCK_READS = ("opens", "local_bytes", "pfs_bytes", "remapped_bytes")
+
+
+def _blocks_over_nodes(alive: list[NodeStats]) -> dict | None:
+    """Large files staged by blocks, summed over nodes: the stagers' files (whole, partly
+    staged: X of Y bytes), and what the application's descriptors of them read from the
+    staged blocks and from the PFS (the shim's counts); None when no node staged any."""
+    staged, reads = collections.Counter(), collections.Counter()
+    for n in alive:
+        staged.update({k: v for k, v in (n.staging.get("blocks") or {}).items() if k in BLOCK_FIGURES})
+        reads.update({k: v for k, v in (n.block_reads or {}).items() if k in BLOCK_READS})
+    if not staged["files"] and not reads["opens"]:
+        return None
+    return {**{k: staged[k] for k in BLOCK_FIGURES}, "read": {k: reads[k] for k in BLOCK_READS}}
 
 
 def _processes_with_shim(alive: list[NodeStats]) -> int | None:

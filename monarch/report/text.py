@@ -155,6 +155,8 @@ def print_report(report: dict, out: TextIO) -> None:
         w(f"tier {name} not used{where}: {e['reason']}\n")
     if report.get("size_classes"):
         _print_size_classes(report["size_classes"], w)
+    for line in block_lines(report.get("blocks")):
+        w(line)
     meta = report.get("metadata")
     if meta and (meta["local"] or meta["pfs"]):
         w(f"metadata  : {plural(meta['local'], 'call')} answered from the snapshot, {meta['pfs']} sent to the PFS "
@@ -324,3 +326,18 @@ def _print_size_classes(classes: list[dict], w) -> None:
         if ns["files"]:
             places.append(f"not staged {ns['files']} ({human(ns['bytes'])})")
         w(f"{c['class']:<10}{c['files']:>8}{human(c['bytes']):>12}  {', '.join(places)}\n")
+
+
+def block_lines(blocks: dict | None) -> list[str]:
+    """The large files staged by blocks (>=16MiB), and where their bytes were read from."""
+    if not blocks:
+        return []
+    r = blocks["read"]
+    out = [f"by blocks : {plural(blocks['files'], 'large file')} staged by blocks, {blocks['whole_files']} whole; "
+           f"partly staged: {plural(blocks['partly_staged_files'], 'file')}, {human(blocks['partly_staged_bytes'])} "
+           f"of {human(blocks['partly_staged_of_bytes'])}\n"]
+    if r["opens"]:
+        out.append(f"{'':<12}{plural(r['opens'], 'open')} while staging: {human(r['local_bytes'])} read from staged "
+                   f"blocks, {human(r['pfs_bytes'])} from the PFS; {human(r['remapped_bytes'])} of mappings moved "
+                   "onto the copies\n")
+    return out

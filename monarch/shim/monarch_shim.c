@@ -363,6 +363,8 @@ static int (*real_unlink)(const char *);
     X(int, close_range, (unsigned int, unsigned int, int))                          \
     X(void *, mmap, (void *, size_t, int, int, int, off_t))                         \
     X(void *, mmap64, (void *, size_t, int, int, int, off64_t))                     \
+    X(int, munmap, (void *, size_t))                                                \
+    X(void *, mremap, (void *, size_t, size_t, int, ...))                           \
     X(int, fcntl, (int, int, ...))                                                  \
     X(int, fcntl64, (int, int, ...))                                                \
     X(FILE *, fdopen, (int, const char *))                                          \
@@ -478,6 +480,9 @@ static void monarch_track(int fd, unsigned slot, uint32_t entry)
         __atomic_fetch_add(monarch_counter(slot, 0), 1, __ATOMIC_RELAXED);
 }
 
+static void monarch_part_drop(int fd);
+static void monarch_part_dup(int oldfd, int newfd);
+
 /* Forget a descriptor (closed, or reused by a pass-through open). A vfork child
  * shares our memory but not our descriptors: it must not touch the tables. */
 static inline void monarch_forget(int fd)
@@ -486,6 +491,7 @@ static inline void monarch_forget(int fd)
         && getpid() == monarch_pid) {
         __atomic_store_n(&monarch_fd_entry[fd], 0, __ATOMIC_RELAXED);
         __atomic_store_n(&monarch_fd_slot[fd], 0, __ATOMIC_RELAXED);
+        monarch_part_drop(fd); /* a file staged by blocks: its copy and map */
     }
 }
 
@@ -500,6 +506,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
     if ((s || __atomic_load_n(&monarch_fd_slot[newfd], __ATOMIC_RELAXED)) && getpid() == monarch_pid) {
         __atomic_store_n(&monarch_fd_entry[newfd], e, __ATOMIC_RELAXED);
         __atomic_store_n(&monarch_fd_slot[newfd], s, __ATOMIC_RELAXED);
+        monarch_part_dup(oldfd, newfd);
     }
 }
 
@@ -510,6 +517,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 #include "shim_daemon.c"
 #include "shim_zstd.c"
 #include "shim_zpool.c"
+#include "shim_blocks.c"
 #include "shim_open.c"
 #include "shim_wrappers.c"
 
@@ -833,5 +841,6 @@ MONARCH_EXPORT int monarch_shim_loaded(void)
 __attribute__((constructor)) static void monarch_constructor(void)
 {
     pthread_atfork(NULL, NULL, monarch_atfork_child);
+    pthread_atfork(monarch_blocks_prefork, monarch_blocks_postfork_parent, monarch_blocks_postfork_child);
     monarch_ensure_init();
 }

@@ -182,6 +182,18 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
                                      &unanswered);
         if (answer == INT_MIN && monarch_have_socket && unanswered == MONARCH_LOST)
             monarch_pfs_why = MONARCH_EXTRA_LOST_OPENS; /* the daemon gone or silent: the report says so */
+        if (answer > 0 && (answer & MONARCH_ANSWER_BLOCKS)) {
+            /* staged by blocks: the application's own open of the PFS original, and its staged
+             * blocks read from the copy (shim_blocks.c) */
+            int s = answer & ~MONARCH_ANSWER_BLOCKS;
+            if (passed >= 0)
+                real_close(passed);
+            if (s > MONARCH_SLOT_PFS && s < MONARCH_MAX_SLOTS && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED))
+                monarch_part_pending = monarch_part_load((unsigned)s, key, kl, entry);
+            MONARCH_DEBUG(1, "open %s: staged by blocks in slot %d, %s", path, s,
+                          monarch_part_pending ? "its staged blocks read from the copy" : "the PFS only");
+            break;
+        }
         if (answer > 0 && (answer & MONARCH_ANSWER_FD) && passed >= 0) {
             int s = answer & ~MONARCH_ANSWER_FD;
             if (s > MONARCH_SLOT_PFS && s < MONARCH_MAX_SLOTS && monarch_passed_ok(passed, key, kl, flags)) {
@@ -233,10 +245,12 @@ out:
 static inline void monarch_after(int fd, int how)
 {
     struct stat st;
-    if (how == MONARCH_SLOT_PFS && fd >= 0 && monarch_sys_fstat(fd, &st) == 0 && !S_ISREG(st.st_mode))
+    if (how == MONARCH_SLOT_PFS && fd >= 0 && monarch_sys_fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
         monarch_forget(fd); /* a directory (tar, opendir without O_DIRECTORY): not a file open */
-    else if (how == MONARCH_SLOT_PFS) {
+        monarch_part_attach(-1);
+    } else if (how == MONARCH_SLOT_PFS) {
         monarch_track(fd, MONARCH_SLOT_PFS, 0);
+        monarch_part_attach(fd); /* a file staged by blocks: fd reads its staged blocks from the copy */
         uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
         if (fd >= 0 && c && monarch_pfs_why >= 0) /* why it is the PFS's: not ready yet, or no daemon */
             __atomic_fetch_add(monarch_extra(c, (unsigned)monarch_pfs_why), 1, __ATOMIC_RELAXED);

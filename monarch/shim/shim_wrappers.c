@@ -98,15 +98,22 @@
         return fp_;                                                               \
     }
 
-/* Byte-counting I/O: the result (> 0) is added to the slot of descriptor fd. */
-#define MONARCH_WRAP_IO(name, ret, fd, params, args)                              \
+/* Byte-counting I/O: the result (> 0) is added to the slot of descriptor fd. A descriptor of
+ * a file staged by blocks is read from its copy where `local` (a monarch_part_* read, or 0)
+ * serves the call, its result in l_ (shim_blocks.c). */
+#define MONARCH_WRAP_IO(name, ret, fd, params, args, local)                       \
     static ret(*real_##name) params;                                              \
     MONARCH_EXPORT ret name params                                                \
     {                                                                             \
         MONARCH_REAL(name, -1)                                                    \
+        ssize_t l_ = 0;                                                           \
+        if (MONARCH_UNLIKELY(monarch_part_of(fd)) && (local))                     \
+            return (ret)l_;                                                       \
         ret n_ = real_ args;                                                      \
-        if (n_ > 0)                                                               \
+        if (n_ > 0) {                                                             \
             monarch_count_bytes(fd, (uint64_t)n_);                                \
+            monarch_part_pfs_bytes(fd, (ssize_t)n_);                              \
+        }                                                                         \
         return n_;                                                                \
     }
 
@@ -252,23 +259,31 @@
     OPENAT_2(__openat64_2)                                                                              \
     FOPEN(fopen)                                                                                        \
     FOPEN(fopen64)                                                                                      \
-    IO(read, ssize_t, fd, (int fd, void *b, size_t n), (fd, b, n))                                      \
-    IO(pread, ssize_t, fd, (int fd, void *b, size_t n, off_t o), (fd, b, n, o))                         \
-    IO(pread64, ssize_t, fd, (int fd, void *b, size_t n, off64_t o), (fd, b, n, o))                     \
-    IO(readv, ssize_t, fd, (int fd, const struct iovec *v, int c), (fd, v, c))                          \
-    IO(preadv, ssize_t, fd, (int fd, const struct iovec *v, int c, off_t o), (fd, v, c, o))             \
-    IO(preadv64, ssize_t, fd, (int fd, const struct iovec *v, int c, off64_t o), (fd, v, c, o))         \
-    IO(preadv2, ssize_t, fd, (int fd, const struct iovec *v, int c, off_t o, int f), (fd, v, c, o, f))  \
+    IO(read, ssize_t, fd, (int fd, void *b, size_t n), (fd, b, n), monarch_part_read(fd, b, n, &l_))     \
+    IO(pread, ssize_t, fd, (int fd, void *b, size_t n, off_t o), (fd, b, n, o),                         \
+       o >= 0 && monarch_part_pread(fd, b, n, o, &l_))                                                  \
+    IO(pread64, ssize_t, fd, (int fd, void *b, size_t n, off64_t o), (fd, b, n, o),                     \
+       o >= 0 && monarch_part_pread(fd, b, n, o, &l_))                                                  \
+    IO(readv, ssize_t, fd, (int fd, const struct iovec *v, int c), (fd, v, c),                          \
+       monarch_part_readv(fd, v, c, -1, &l_))                                                           \
+    IO(preadv, ssize_t, fd, (int fd, const struct iovec *v, int c, off_t o), (fd, v, c, o),             \
+       o >= 0 && monarch_part_readv(fd, v, c, o, &l_))                                                  \
+    IO(preadv64, ssize_t, fd, (int fd, const struct iovec *v, int c, off64_t o), (fd, v, c, o),         \
+       o >= 0 && monarch_part_readv(fd, v, c, o, &l_))                                                  \
+    IO(preadv2, ssize_t, fd, (int fd, const struct iovec *v, int c, off_t o, int f), (fd, v, c, o, f),  \
+       o >= -1 && monarch_part_readv(fd, v, c, o, &l_))                                                 \
     IO(preadv64v2, ssize_t, fd, (int fd, const struct iovec *v, int c, off64_t o, int f),               \
-       (fd, v, c, o, f))                                                                                \
-    IO(__read_chk, ssize_t, fd, (int fd, void *b, size_t n, size_t bl), (fd, b, n, bl))                 \
-    IO(__pread_chk, ssize_t, fd, (int fd, void *b, size_t n, off_t o, size_t bl), (fd, b, n, o, bl))    \
+       (fd, v, c, o, f), o >= -1 && monarch_part_readv(fd, v, c, o, &l_))                               \
+    IO(__read_chk, ssize_t, fd, (int fd, void *b, size_t n, size_t bl), (fd, b, n, bl),                 \
+       n <= bl && monarch_part_read(fd, b, n, &l_))                                                     \
+    IO(__pread_chk, ssize_t, fd, (int fd, void *b, size_t n, off_t o, size_t bl), (fd, b, n, o, bl),    \
+       n <= bl && o >= 0 && monarch_part_pread(fd, b, n, o, &l_))                                       \
     IO(__pread64_chk, ssize_t, fd, (int fd, void *b, size_t n, off64_t o, size_t bl),                   \
-       (fd, b, n, o, bl))                                                                               \
-    IO(sendfile, ssize_t, in, (int out, int in, off_t *o, size_t n), (out, in, o, n))                   \
-    IO(sendfile64, ssize_t, in, (int out, int in, off64_t *o, size_t n), (out, in, o, n))               \
+       (fd, b, n, o, bl), n <= bl && o >= 0 && monarch_part_pread(fd, b, n, o, &l_))                    \
+    IO(sendfile, ssize_t, in, (int out, int in, off_t *o, size_t n), (out, in, o, n), 0)                \
+    IO(sendfile64, ssize_t, in, (int out, int in, off64_t *o, size_t n), (out, in, o, n), 0)            \
     IO(copy_file_range, ssize_t, in,                                                                    \
-       (int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f), (in, io, out, oo, n, f))  \
+       (int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f), (in, io, out, oo, n, f), 0) \
     FREAD(fread, s, fp, (void *b, size_t s, size_t n, FILE *fp), (b, s, n, fp))                        \
     FREAD(fread_unlocked, s, fp, (void *b, size_t s, size_t n, FILE *fp), (b, s, n, fp))               \
     FREAD(__fread_chk, s, fp, (void *b, size_t bl, size_t s, size_t n, FILE *fp), (b, bl, s, n, fp))   \
@@ -522,18 +537,62 @@ MONARCH_EXPORT void seekdir(DIR *dirp, long loc)
 
 /* ---- descriptor lifecycle: close, fclose, dup* keep the fd tables true ---- */
 /* mmap: page faults are not calls, so a mapped open's bytes are not all seen (counted once);
- * the length mapped bounds them (mapped_bytes). */
+ * the length mapped bounds them (mapped_bytes). A read-only mapping of a file staged by blocks
+ * is moved onto the copy as its blocks come (shim_blocks.c); a MAP_FIXED mapping over one
+ * being moved ends its moving first, under the registry's lock. */
 #define MONARCH_WRAP_MMAP(name, off_type)                                          \
     MONARCH_EXPORT void *name(void *addr, size_t len, int prot, int flags, int fd, off_type off) \
     {                                                                              \
         MONARCH_REAL(name, MAP_FAILED)                                             \
+        int held_ = (flags & MAP_FIXED) && __atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE); \
+        if (held_) {                                                               \
+            pthread_mutex_lock(&monarch_maps_mu);                                  \
+            monarch_mappings_forget_locked((uintptr_t)addr, len);                  \
+        }                                                                          \
         void *p_ = real_(addr, len, prot, flags, fd, off);                         \
-        if (p_ != MAP_FAILED && fd >= 0)                                           \
+        if (held_)                                                                 \
+            pthread_mutex_unlock(&monarch_maps_mu);                                \
+        if (p_ != MAP_FAILED && fd >= 0) {                                         \
             monarch_count_mapped(fd, len);                                         \
+            if (MONARCH_UNLIKELY(monarch_part_of(fd)) && !monarch_guard)          \
+                monarch_part_mapped(fd, p_, len, prot, flags, (uint64_t)off);      \
+        }                                                                          \
         return p_;                                                                 \
     }
 MONARCH_WRAP_MMAP(mmap, off_t)
 MONARCH_WRAP_MMAP(mmap64, off64_t)
+
+/* The application lets a range go: a mapping being moved onto a block copy there is moved no
+ * more, and never again once the range is gone (the remapper holds the same lock). */
+MONARCH_EXPORT int munmap(void *addr, size_t len)
+{
+    MONARCH_REAL(munmap, -1)
+    if (MONARCH_LIKELY(!__atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE)))
+        return real_(addr, len);
+    pthread_mutex_lock(&monarch_maps_mu);
+    monarch_mappings_forget_locked((uintptr_t)addr, len);
+    int r = real_(addr, len);
+    pthread_mutex_unlock(&monarch_maps_mu);
+    return r;
+}
+
+MONARCH_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+{
+    va_list ap;
+    va_start(ap, flags);
+    void *new_addr = va_arg(ap, void *); /* read as glibc does; used with MREMAP_FIXED only */
+    va_end(ap);
+    MONARCH_REAL(mremap, MAP_FAILED)
+    if (MONARCH_LIKELY(!__atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE)))
+        return real_(old, old_len, new_len, flags, new_addr);
+    pthread_mutex_lock(&monarch_maps_mu);
+    monarch_mappings_forget_locked((uintptr_t)old, old_len);
+    if (flags & 2 /* MREMAP_FIXED */)
+        monarch_mappings_forget_locked((uintptr_t)new_addr, new_len);
+    void *r = real_(old, old_len, new_len, flags, new_addr);
+    pthread_mutex_unlock(&monarch_maps_mu);
+    return r;
+}
 
 MONARCH_EXPORT int close(int fd)
 {
@@ -720,6 +779,7 @@ MONARCH_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
         for (unsigned long fd = first; fd <= last && fd < MONARCH_MAX_FDS; fd++) {
             __atomic_store_n(&monarch_fd_entry[fd], 0, __ATOMIC_RELAXED);
             __atomic_store_n(&monarch_fd_slot[fd], 0, __ATOMIC_RELAXED);
+            monarch_part_drop((int)fd);
         }
     return r;
 }

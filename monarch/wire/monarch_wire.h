@@ -19,8 +19,8 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 7 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
-                                     7: a slot's opens_stdio and mapped_bytes */
+#define MONARCH_COUNTERS_VERSION 8 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
+                                     7: a slot's opens_stdio and mapped_bytes; 8: EXTRA_BLOCK_* */
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 /* per slot: opens; bytes read (read, pread, readv ..., fread); opens_uncounted (once per descriptor
@@ -28,7 +28,7 @@
  * (a FILE: stdio's own reads have no bound); mapped_bytes (the lengths mmap mapped: at most what
  * page faults read) */
 #define MONARCH_SLOT_WORDS 5
-#define MONARCH_EXTRA_WORDS 13
+#define MONARCH_EXTRA_WORDS 17
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
 #define MONARCH_SLOT_PFS 0
 #define MONARCH_SLOT_PEER 1
@@ -53,6 +53,13 @@
 #define MONARCH_EXTRA_EARLY_META 10
 #define MONARCH_EXTRA_LOST_OPENS 11
 #define MONARCH_EXTRA_LOST_META 12
+/* shim_blocks.c: reads of a file staged by blocks (a descriptor on the PFS original whose staged
+ * blocks are read from the local copy): bytes read from staged blocks, bytes read from the PFS;
+ * opens of such files; bytes of their read-only mappings moved onto the local copy */
+#define MONARCH_EXTRA_BLOCK_LOCAL_BYTES 13
+#define MONARCH_EXTRA_BLOCK_PFS_BYTES 14
+#define MONARCH_EXTRA_BLOCK_OPENS 15
+#define MONARCH_EXTRA_BLOCK_REMAPPED_BYTES 16
 
 /* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
 #define MONARCH_VERB_OPEN 1
@@ -77,6 +84,10 @@
  * F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE */
 #define MONARCH_ANSWER_FD 0x100
 #define MONARCH_MEMFD_SEALS 0xf
+/* OPEN answer flag: the file is being staged by blocks into the tier of the slot (the answer's
+ * low bits): open the PFS original, and read its staged blocks from <probe dir>/BLOCKS_DIR/<key>
+ * as <probe dir>/BLOCKMAP_DIR/<key> says (the body is empty) */
+#define MONARCH_ANSWER_BLOCKS 0x400
 /* OPEN request flag (its flags byte): keep this connection for the next OPEN if you can; an
  * answer that keeps it says so (ANSWER_KEPT: the next OPEN may be sent on it), any other
  * answer closes it (the Python server's, a door that does not know the flag hands it over) */
@@ -108,6 +119,28 @@
 /* ---- staging, shared by the stager and the front door ---- */
 #define MONARCH_INLINE_MAX (256 << 10)      /* files this small are copied inline (no thread hand-off) */
 #define MONARCH_TMP_PREFIX ".monarch-tmp-" /* a copy being written: never served, swept as a leftover */
+
+/* ---- a large file staged by blocks: written by the daemon (monarch/node/stage/blocks.py),
+ * read by the shim (shim_blocks.c). The copy has the source's size, its blocks written in any
+ * order; the map is its header, then one state byte per block. A block is STAGED only once its
+ * bytes are all in the copy; the shim marks a block it read from the PFS WANTED (staged next). ---- */
+#define MONARCH_BLOCKS_DIR ".blocks"
+#define MONARCH_BLOCKMAP_DIR ".blockmap"
+#define MONARCH_BLOCKMAP_MAGIC 0x50414D4B434F4C42ULL /* "BLOCKMAP" */
+#define MONARCH_BLOCKMAP_VERSION 1
+#define MONARCH_BLOCKMAP_HEADER_SIZE 48
+#define MONARCH_BLOCK_ABSENT 0
+#define MONARCH_BLOCK_WANTED 1
+#define MONARCH_BLOCK_STAGED 2
+
+struct monarch_blockmap_header {
+    uint64_t magic;
+    uint32_t version, block_shift; /* a block is 1 << block_shift bytes (the last one may be shorter) */
+    uint64_t size;                 /* the source's size and mtime, as the snapshot saw them */
+    int64_t mtime_ns;
+    uint64_t blocks;               /* state bytes after the header */
+    uint64_t done;                 /* nonzero once the daemon stages no more of it (whole, out of room, failed) */
+};
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */
 #define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL /* "MNCHINDX" */
@@ -144,6 +177,7 @@ struct monarch_index_child {
     uint8_t d_type, reserved;
 };
 
+_Static_assert(sizeof(struct monarch_blockmap_header) == MONARCH_BLOCKMAP_HEADER_SIZE, "block map header layout");
 _Static_assert(sizeof(struct monarch_index_header) == MONARCH_INDEX_HEADER_SIZE, "index header layout");
 _Static_assert(sizeof(struct monarch_index_entry) == MONARCH_INDEX_ENTRY_SIZE, "index entry layout");
 _Static_assert(sizeof(struct monarch_index_child) == MONARCH_INDEX_CHILD_SIZE, "index child layout");

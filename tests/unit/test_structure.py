@@ -115,6 +115,8 @@ RECORDS = {
     "node/snapshot/filetable.py": {"table": "the unpickled table, rebuilt in its own module"},
     "node/server.py": {"conn": "the server's record of one connection"},
     "node/stage/stager.py": {"flight": "a Flight record of the stager's books"},
+    "node/stage/blocks.py": {"bf": "a BlockFile record of the block stager's books",
+                             "books": "the stager's ledger: bytes and files staged"},
     "node/peer/peer_cache.py": {"flight": "a Flight record of the cache's books",
                            # StagerBooks: "the shared state of one stager", its parts' ledger, updated under its
                            # lock; ``eviction`` would rather be a constructor keyword of StagerBooks

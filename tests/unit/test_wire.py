@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from monarch import protocol
-from monarch.node.stage import stager
+from monarch.node.stage import blocks, stager
 from monarch.node.tiers import tiers
 
 WIRE = Path(protocol.__file__).parent / "wire" / "monarch_wire.h"
@@ -26,13 +26,18 @@ PYTHON = {name: getattr(protocol, name) for name in (
     "INDEX_NONE", "INDEX_WALKING", "INDEX_POLL", "STATUS_PENDING", "STATUS_ERROR", "ANSWER_FD", "REQUEST_KEEP", "ANSWER_KEPT", "MEMFD_SEALS", "MAX_REQUEST", "MAX_ANSWER",
     "HEARTBEAT_MS", "HEARTBEAT_TIMEOUT_MS", "SHIM_TIMEOUT_MS_DEFAULT", "SHIM_INDEX_WAIT_MS_DEFAULT", "ENV_ROOTS",
     "ENV_PROBE", "ENV_SOCKET", "ENV_COUNTERS", "ENV_INDEX", "ENV_ASK_FIRST", "ENV_STORE_ROOTS", "ENV_DISABLE", "ENV_INDEX_WAIT",
-    "INDEX_MAGIC", "INDEX_VERSION", "INDEX_FLAG_SYMLINK", "INDEX_FLAG_LISTED")}
+    "INDEX_MAGIC", "INDEX_VERSION", "INDEX_FLAG_SYMLINK", "INDEX_FLAG_LISTED", "EXTRA_BLOCK_LOCAL_BYTES",
+    "EXTRA_BLOCK_PFS_BYTES", "EXTRA_BLOCK_OPENS", "EXTRA_BLOCK_REMAPPED_BYTES", "ANSWER_BLOCKS")}
+# the block map's format is its writer's (node/stage/blocks.py)
+PYTHON |= {name: getattr(blocks, name) for name in (
+    "BLOCKS_DIR", "BLOCKMAP_DIR", "BLOCKMAP_MAGIC", "BLOCKMAP_VERSION", "BLOCK_ABSENT", "BLOCK_WANTED", "BLOCK_STAGED")}
 PYTHON |= {
     "COUNTERS_WORDS": protocol.COUNTERS_SIZE // 8,
     "REQUEST_HEADER_SIZE": protocol.REQUEST_HEADER.size,
     "HINT_PROGRESS_BODY": protocol.HINT_HEADER.size + 8,
     "ANSWER_HEADER_SIZE": protocol.ANSWER_HEADER.size,
     "INDEX_HEADER_SIZE": protocol.INDEX_HEADER.size,
+    "BLOCKMAP_HEADER_SIZE": blocks.BLOCKMAP_HEADER.size,
     "INDEX_ENTRY_SIZE": protocol.INDEX_ENTRY.size,
     "INDEX_CHILD_SIZE": protocol.INDEX_CHILD.size,
     "INLINE_MAX": stager.INLINE_BYTES,

@@ -4,6 +4,7 @@
 - ``stager_books``: what is staged where, in flight, counted; the events it publishes
 - ``stager_schedule``: what to copy next (demand, hints, read-ahead) and room made for it
 - ``stager_copy``: one copy into the first tier with room, published atomically
+- ``blocks``: large files staged by blocks: an open answered at once, what fits staged
 - ``stager_recode``: a compressing tier's early files re-encoded at its chosen level
 - ``staged_table``: which tier holds each staged file (one byte per file)
 - ``sources``: where bytes come from: one interface, the PFS and a peer behind it

@@ -25,6 +25,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Iterable
 
+from monarch.node.stage.blocks import BlockStager
 from monarch.node.stage.concurrency import Concurrency
 from monarch.node.snapshot.snapshot import Snapshot
 from monarch.node.stage.sources import PeerSource, Source, SourceChanged
@@ -61,6 +62,8 @@ class Stager(StagerBooks):
         self.inline_seconds = INLINE_SECONDS
         self.schedule = Schedule(self)
         self.copier = Copier(self, self.schedule.room_for_hinted_locked, on_fallback, pfs_source)
+        # large files by blocks, from the PFS only (a key-value store's values are copied whole)
+        self.blocks = BlockStager(self, self.copier.pfs) if pfs_source is None else None
         self._workers: list[threading.Thread] = []
         self._idle = 0
 
@@ -185,6 +188,8 @@ class Stager(StagerBooks):
         """The job writes to ``key`` (a file, or a directory and all under it): drop its
         copies now and never stage it again this run. Returns how many copies went."""
         self.copier.pfs.forget(key)
+        if self.blocks is not None:
+            self.blocks.invalidate(key)
         for listener in list(self.listeners):  # nothing more copied elsewhere; what was is dropped below
             listener.written(key)
         with self.lock:
@@ -281,6 +286,8 @@ class Stager(StagerBooks):
             self.cv.notify_all()
         for f in flights:
             f.future.cancel()
+        if self.blocks is not None:
+            self.blocks.stop()
         self.copier.pfs.close()
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -295,7 +302,9 @@ class Stager(StagerBooks):
                 if left is not None and left <= 0:
                     return False
                 self.cv.wait(left)
-            return True
+        if self.blocks is not None:
+            return self.blocks.drain(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return True
 
     def replica_stats(self) -> dict:
         """The second copies kept (``keep_replicas``): files, bytes, and those not kept, by why."""
@@ -313,7 +322,8 @@ class Stager(StagerBooks):
                     "peer_files_read": self.files_read["peer"], "peer_bytes_read": self.bytes_read["peer"],
                     "demand_copies": self.demand_copies, "background_copies": self.background_copies,
                     "dropped": self.files_dropped, "concurrency": self.concurrency.limit,
-                    "failures": dict(self.failures)}
+                    "failures": dict(self.failures),
+                    **({"blocks": self.blocks.stats_locked()} if self.blocks is not None and self.blocks.files else {})}
 
 
 def _done(tier: Tier | None) -> Future:

@@ -105,6 +105,7 @@ class StagerBooks:
         self.background_copies = 0
         # peer.replicas: 2 (a sharded cluster): where second copies come from, and those kept
         self.replica_source: PeerSource | None = None
+        self.blocks = None  # a stager's large files, staged by blocks (blocks.BlockStager)
         self.replicas: set[str] = set()
 
     def subscribe(self, listener: StagerListener) -> None:

@@ -97,6 +97,9 @@ class Copier:
         info = books.snapshot.get(key)
         if info is None:
             return self._give_up(key, "not_in_snapshot")
+        if books.blocks is not None and books.peers is None and books.blocks.eligible(key, info) \
+                and books.blocks.stage(key):
+            return None  # its blocks are staged from now on; the whole copy is published when they are
         claimed = [listener.claiming(key) for listener in books.listeners]
         if any(claimed) and (tier := books.staged.get(key)) is not None:  # copied elsewhere first
             return tier

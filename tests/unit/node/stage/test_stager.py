@@ -2,6 +2,7 @@ import hashlib
 import os
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -121,7 +122,11 @@ def test_no_partial_file_is_ever_visible(tmp_path):
 
     w = threading.Thread(target=watch)
     w.start()
-    Stager(snap, [t], threads=1).ensure(key).result(timeout=60)
+    stager = Stager(snap, [t], threads=1)
+    stager.ensure(key).result(timeout=60)  # a large file: staged by blocks, published once whole
+    deadline = time.monotonic() + 60
+    while stager.where(key) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     done.set()
     w.join()
     assert seen <= {64 << 20}

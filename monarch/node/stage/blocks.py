@@ -1,0 +1,466 @@
+"""Large files staged by blocks: no open waits for a whole copy, and a file larger than the room is staged in part.
+
+A file of at least ``BLOCKS_MIN`` bytes is not copied whole. Its copy in a raw tier
+(``<tier>/.blocks/<key>``, the source's size) is filled block by block, ``BLOCK`` bytes
+each, in the background; a map beside it (``<tier>/.blockmap/<key>``: a header, then one
+state byte per block, ``protocol.BLOCKMAP_*``) says which blocks are in the copy. The shim
+opens such a file on the PFS at once and reads its staged blocks from the copy (moving its
+read-only mappings onto them too: ``shim_blocks.c``); it marks a block it had to read from
+the PFS WANTED, and those go first. Then read-ahead: from the block after the last one the
+reader wanted (a sequential reader), else in the file's order (a random reader).
+
+Room is taken when a file is first asked for: the whole file's allocation in the first raw
+tier that holds it, else as many blocks as the roomiest raw tier holds (the file is partly
+staged, those blocks pinned like any copy). A whole file is published at the path the shim
+probes (a hard link to the copy), so later opens are plain descriptors of it.
+
+Correct bytes first: a block is STAGED only once its bytes are in the copy; the source is
+read only while it is the file the snapshot saw (size, mtime); each block is read from the
+PFS once. How many blocks are read at once is the in-flight rule of every lane
+(``Concurrency``): where the application's own reads slow the PFS, fewer are in flight.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import stat
+import struct
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from monarch import protocol
+from monarch.node.snapshot.pfsmeta import checked_stat
+from monarch.node.snapshot.snapshot import FileInfo
+from monarch.node.stage.concurrency import Concurrency
+from monarch.node.stage.sources import PFSSource, SourceChanged
+from monarch.node.tiers.tiers import Tier, make_dirs_below
+from monarch.secure import create_exclusive, owner_only, write_file_atomically
+
+if TYPE_CHECKING:
+    from monarch.node.stage.stager_books import StagerBooks
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BLOCK", "BLOCKS_MIN", "BlockFile", "BlockStager"]
+
+# The copy and its map, as the shim reads them (monarch/wire/monarch_wire.h: MONARCH_BLOCK*,
+# struct monarch_blockmap_header; tests/unit/test_wire.py holds the two together).
+BLOCKS_DIR = ".blocks"        # <tier>/.blocks/<key>: the copy, the source's size, blocks in any order
+BLOCKMAP_DIR = ".blockmap"    # <tier>/.blockmap/<key>: BLOCKMAP_HEADER, then a state byte per block
+BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
+BLOCKMAP_VERSION = 1
+BLOCKMAP_HEADER = struct.Struct("<QIIQqQQ")  # magic, version, block_shift, size, mtime_ns, blocks, done
+BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
+BLOCK_ABSENT = 0
+BLOCK_WANTED = 1  # the shim read it from the PFS: staged next
+BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
+
+BLOCK_SHIFT = 20  # 1 MiB blocks: a block cache's usual page (Alluxio, mountpoint-s3); a mapping moves in these
+BLOCK = 1 << BLOCK_SHIFT
+BLOCKS_MIN = 16 << 20  # files this large are staged by blocks: a whole copy of one would keep an open waiting
+START_IN_FLIGHT = 4    # blocks read at once before the source is measured
+MAX_IN_FLIGHT = 32     # at most (each holds a BLOCK buffer: 32 MiB in all)
+
+
+class BlockFile:
+    """One file being staged by blocks into ``tier``: its copy, its map (mapped here, shared
+    with the shim), the blocks it has room for (``budget``) and which are under way."""
+
+    def __init__(self, key: str, info: FileInfo, tier: Tier, budget: int, reserved: int):
+        self.key, self.info, self.tier = key, info, tier
+        self.blocks = -(-info.size // BLOCK)
+        self.budget = budget        # blocks it has room for (all of them: the file fits)
+        self.reserved = reserved    # room taken in the tier for them
+        self.path = os.path.join(tier.path, BLOCKS_DIR, key)
+        self.map_path = os.path.join(tier.path, BLOCKMAP_DIR, key)
+        self.copy_fd = -1
+        self.states: memoryview | None = None  # one byte per block, in the shared map
+        self._map: mmap.mmap | None = None
+        self.taken = 0              # blocks staged or under way
+        self.staged = 0
+        self.staged_bytes = 0
+        self.in_flight: set[int] = set()
+        self.ahead = 0              # where read-ahead looks next
+        self.asked = False          # opened by the application (its blocks go before read-ahead's)
+        self.done = False           # nothing more will be staged (whole, out of budget, failed, dropped)
+        self.whole = False          # every block staged and published as a plain copy
+        self.source_fd = -1
+
+    def length(self, b: int) -> int:
+        """Block ``b``'s bytes (the last one may be short)."""
+        return min(BLOCK, self.info.size - b * BLOCK)
+
+    def create(self) -> None:
+        """The empty copy and its map (every block ABSENT), mapped here."""
+        for path in (self.path, self.map_path):
+            make_dirs_below(self.tier.path, os.path.dirname(path))
+        fd = create_exclusive(self.path, owner_only(self.info.mode))
+        try:
+            os.ftruncate(fd, self.info.size)
+        except BaseException:
+            os.close(fd)
+            os.unlink(self.path)
+            raise
+        self.copy_fd = fd
+        header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT,
+                                               self.info.size, self.info.mtime_ns, self.blocks, 0)
+        write_file_atomically(self.map_path, [header, bytes(self.blocks)], 0o600)
+        mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            self._map = mmap.mmap(mfd, BLOCKMAP_HEADER.size + self.blocks)
+        finally:
+            os.close(mfd)
+        self.states = memoryview(self._map)[BLOCKMAP_HEADER.size:]
+
+    def next_block(self, demand_only: bool) -> int | None:
+        """The next block to read (caller holds the stager's lock): one the shim WANTED, then
+        (unless ``demand_only``) read-ahead's; None if none (or no room left for one)."""
+        if self.done or self.states is None or self.taken >= self.budget:
+            return None
+        states = self._map  # searched in C (mmap.find), a byte per block
+        start = BLOCKMAP_HEADER.size
+        at = states.find(b"\x01", start)
+        while at >= 0:
+            b = at - start
+            if b not in self.in_flight:
+                self.ahead = max(self.ahead, b + 1) if b + 1 < self.blocks else self.ahead
+                return b
+            at = states.find(b"\x01", at + 1)
+        if demand_only:
+            return None
+        for first, last in ((self.ahead, self.blocks), (0, self.ahead)):
+            at = states.find(b"\x00", start + first, start + last)
+            while at >= 0:
+                b = at - start
+                if b not in self.in_flight:
+                    self.ahead = b + 1
+                    return b
+                at = states.find(b"\x00", at + 1, start + last)
+        return None
+
+    def finish(self) -> None:
+        """Nothing more of this file will be staged: said in the map too, so that the shim
+        stops waiting to move its mappings' other blocks."""
+        self.done = True
+        if self._map is not None:
+            self._map[BLOCKMAP_DONE_OFFSET:BLOCKMAP_DONE_OFFSET + 8] = (1).to_bytes(8, "little")
+
+    def close(self) -> None:
+        for fd in (self.copy_fd, self.source_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.copy_fd = self.source_fd = -1
+        if self.states is not None:
+            self.states.release()
+            self.states = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+
+class BlockStager:
+    """The large files of one stager's books, staged by blocks on threads of their own: the
+    blocks the shim wanted first (any file), then read-ahead, the files the application
+    opened before the others. ``attach`` and ``stage`` are the stager's; the figures are the report's."""
+
+    def __init__(self, books: "StagerBooks", pfs: PFSSource, fixed: int | None = None):
+        self.books = books
+        self.pfs = pfs
+        self.files: dict[str, BlockFile] = {}
+        self.concurrency = Concurrency(fixed=fixed, start=START_IN_FLIGHT, low=1, high=MAX_IN_FLIGHT)
+        self._cv = threading.Condition(books.lock)  # the books' lock: room, publication and blocks agree
+        self._workers: list[threading.Thread] = []
+        self._idle = 0
+        self._running = 0
+        self.closed = False
+        self.failures = 0
+
+    # -- asked by the stager and the resolver ---------------------------------------------------
+    def eligible(self, key: str, info: FileInfo | None) -> bool:
+        """Is ``key`` staged by blocks (a large regular file read from the PFS, a raw tier)?"""
+        return (info is not None and info.size >= BLOCKS_MIN and stat.S_ISREG(info.mode) and not self.closed
+                and any(t.codec is None for t in self.books.tiers))
+
+    def attach(self, key: str, asked: bool = True) -> BlockFile | None:
+        """``key``'s block file, made now with room for what fits (None: no room for a block,
+        the job wrote to it, or it could not be made). ``asked``: the application opened it."""
+        books = self.books
+        with books.lock:
+            bf = self.files.get(key)
+            if bf is not None:
+                if asked and not bf.asked:
+                    bf.asked = True
+                    self._cv.notify()
+                return bf if bf.states is not None or bf.whole else None
+            info = books.snapshot.files.get(key)
+            if self.closed or books.closed or info is None or books.is_dirty(key) or key in books.staged:
+                return None
+        bf = self._make(key, info)
+        with books.lock:
+            if bf is None or self.closed or books.is_dirty(key) or key in self.files:
+                if bf is not None:
+                    self._discard(bf)
+                return self.files.get(key) if key in self.files else None
+            bf.asked = asked
+            self.files[key] = bf
+            self._wake_locked()
+        return bf
+
+    def stage(self, key: str) -> bool:
+        """The stager's copy of a large file: its blocks are staged from now on (the stager's
+        thread does not wait for them). False if the file cannot be staged by blocks."""
+        return self.attach(key, asked=False) is not None
+
+    def answer(self, key: str) -> tuple[int, str] | None:
+        """The shim's answer for an open of ``key``: (slot | ANSWER_BLOCKS, copy path), or None."""
+        bf = self.attach(key)
+        if bf is None or bf.whole:
+            return None
+        return bf.tier.slot | protocol.ANSWER_BLOCKS, bf.path
+
+    def invalidate(self, key: str) -> None:
+        """The job writes to ``key`` (or a directory above it): its block files stop being
+        served (every block ABSENT: the shim reads the PFS) and go."""
+        prefix = key.rstrip("/") + "/"
+        with self.books.lock:
+            gone = [bf for k, bf in self.files.items() if k == key or k.startswith(prefix)]
+            for bf in gone:
+                del self.files[bf.key]
+                if bf.states is not None:
+                    bf.states[:] = bytes(bf.blocks)
+                bf.finish()
+        for bf in gone:
+            self._when_idle_discard(bf)
+
+    # -- the workers ---------------------------------------------------------------------------
+    def _wake_locked(self) -> None:
+        if self.closed:
+            return
+        if self._idle == 0 and len(self._workers) < self.concurrency.limit:
+            t = threading.Thread(target=self._work, name=f"monarch-block-{len(self._workers)}", daemon=True)
+            self._workers.append(t)
+            t.start()
+        else:
+            self._cv.notify()
+
+    def _next_locked(self) -> tuple[BlockFile, int] | None:
+        files = sorted(self.files.values(), key=lambda f: not f.asked)  # the application's files first
+        for demand_only in (True, False):
+            for bf in files:
+                b = bf.next_block(demand_only)
+                if b is not None:
+                    return bf, b
+        return None
+
+    def _work(self) -> None:
+        buf = bytearray(BLOCK)
+        with self.books.lock:
+            while not self.closed:
+                picked = self._next_locked() if self._running < self.concurrency.limit else None
+                if picked is None:
+                    if self._running < self.concurrency.limit and not self._running:
+                        self.concurrency.starved()
+                    self._idle += 1  # a block's end, a new file or close wakes it (a WANTED mark
+                    self._cv.wait(1.0)  # needs no wake-up: it is looked for at every pick)
+                    self._idle -= 1
+                    continue
+                bf, b = picked
+                bf.in_flight.add(b)
+                bf.taken += 1
+                self._running += 1
+                if self._running < self.concurrency.limit and self._idle == 0:
+                    self._wake_locked()
+                self.books.lock.release()
+                ok = False
+                t0 = time.monotonic()
+                try:
+                    ok = self._copy_block(bf, b, buf)
+                finally:
+                    self.books.lock.acquire()
+                    self._ended_locked(bf, b, ok, time.monotonic() - t0)
+
+    def _copy_block(self, bf: BlockFile, b: int, buf: bytearray) -> bool:
+        """Read block ``b`` of ``bf`` from the PFS into the copy. False (the file is given up:
+        it stays on the PFS) when its source is no longer the snapshot's or cannot be read."""
+        try:
+            src = self._source(bf)
+            offset = b * BLOCK
+            want = bf.length(b)
+            view = memoryview(buf)[:want]
+            got = 0
+            while got < want:
+                n = os.preadv(src, [view[got:]], offset + got)
+                if n == 0:
+                    raise SourceChanged(errno.ESTALE, f"ends at {offset + got} bytes, the snapshot saw {bf.info.size}")
+                got += n
+                with self.books.lock:
+                    self.books.bytes_read["pfs"] += n
+            written = 0
+            while written < want:
+                written += os.pwrite(bf.copy_fd, view[written:], offset + written)
+            return True
+        except (OSError, ValueError) as e:
+            if not bf.done:
+                log.warning("staging %s by blocks stopped at block %d: %s; the rest is read from the PFS",
+                            bf.key, b, e)
+            return False
+
+    def _source(self, bf: BlockFile) -> int:
+        """The PFS file, opened once and checked against the snapshot (size, mtime)."""
+        if bf.source_fd >= 0:
+            return bf.source_fd
+        fd, fresh = self.pfs._open(bf.key)
+        try:
+            st = checked_stat(fd, fresh)
+            if not stat.S_ISREG(st.st_mode) or not bf.info.same_content_as(st):
+                raise SourceChanged(errno.ESTALE, "the file changed since the dataset snapshot")
+            os.set_blocking(fd, True)
+            # the blocks are the read-ahead: a client's own (a page-cached PFS client's) would read
+            # past a block and again for the next one, read by another thread
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self.books.lock:
+            if bf.source_fd < 0:
+                bf.source_fd = fd
+                self.books.files_read["pfs"] += 1
+                return fd
+        os.close(fd)  # another worker opened it meanwhile
+        return bf.source_fd
+
+    def _ended_locked(self, bf: BlockFile, b: int, ok: bool, seconds: float) -> None:
+        self._running -= 1
+        bf.in_flight.discard(b)
+        if ok and not bf.done and bf.states is not None:
+            bf.states[b] = BLOCK_STAGED  # after its bytes: a reader that sees it reads them
+            bf.staged += 1
+            bf.staged_bytes += bf.length(b)
+            self.concurrency.completed(seconds)
+        elif not ok:
+            bf.taken -= 1
+            if not bf.done:
+                bf.finish()
+                self.failures += 1
+        if bf.staged == bf.blocks and not bf.done:
+            bf.finish()
+            self._publish_locked(bf)
+        elif bf.taken >= bf.budget and not bf.in_flight and not bf.done:
+            bf.finish()  # the room it had is full: partly staged, pinned
+        if bf.done and not bf.in_flight and bf.source_fd >= 0:
+            os.close(bf.source_fd)
+            bf.source_fd = -1
+        self._cv.notify_all()
+
+    def _publish_locked(self, bf: BlockFile) -> None:
+        """Every block staged: the copy is published where the shim probes (a plain
+        descriptor from now on) and booked as the stager's copy."""
+        books, tier, info = self.books, bf.tier, bf.info
+        try:
+            os.utime(bf.copy_fd, ns=(info.mtime_ns, info.mtime_ns))
+            dest = tier.path_for(bf.key)
+            make_dirs_below(tier.path, os.path.dirname(dest))
+            os.link(bf.path, dest)
+        except OSError as e:
+            log.warning("publishing %s (staged by blocks) failed: %s; its blocks are still served", bf.key, e)
+            return
+        bf.whole = True
+        tier.committed(info.size, info.size, bf.key)
+        books.bytes_staged += info.size
+        books.files_staged += 1
+        books.staged_locked(bf.key, tier)
+
+    # -- room ----------------------------------------------------------------------------------
+    def _make(self, key: str, info: FileInfo) -> BlockFile | None:
+        """``key``'s block file in the first raw tier that holds it, else in the raw tier
+        with the most room for blocks; None if none has room for one."""
+        raw = [t for t in self.books.tiers if t.codec is None]
+        for tier in raw:
+            whole = tier.allocated(info.size)
+            if tier.has_room(whole) and self.books.reserve(tier, whole):
+                return self._made(key, info, tier, -(-info.size // BLOCK), whole)
+        best = max(raw, key=lambda t: t.capacity - t.room if t.full_reason is None else -1, default=None)
+        if best is None:
+            return None
+        n = min(-(-info.size // BLOCK) - 1, max(0, best.capacity - best.room) // BLOCK)
+        while n > 0 and not best.reserve(n * BLOCK, counted=False):
+            n //= 2  # the memory margin, or another copy took room meanwhile
+        return self._made(key, info, best, n, n * BLOCK) if n > 0 else None
+
+    def _made(self, key: str, info: FileInfo, tier: Tier, budget: int, reserved: int) -> BlockFile | None:
+        bf = BlockFile(key, info, tier, budget, reserved)
+        try:
+            bf.create()
+        except OSError as e:
+            log.warning("cannot stage %s by blocks in tier %s: %s; it is read from the PFS", key, tier.name, e)
+            tier.release(reserved)
+            bf.close()
+            for path in (bf.path, bf.map_path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            return None
+        if budget < bf.blocks:
+            log.info("%s: %d of its %d blocks fit in tier %s; the rest is read from the PFS", key, budget,
+                     bf.blocks, tier.name)
+        return bf
+
+    def _discard(self, bf: BlockFile) -> None:
+        """Remove ``bf``'s files and give its room back (nothing reads or writes them here any more)."""
+        bf.close()
+        for path in (bf.path, bf.map_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if bf.whole:
+            return  # its room is the published copy's: the stager's books drop it
+        bf.tier.release(bf.reserved)
+
+    def _when_idle_discard(self, bf: BlockFile) -> None:
+        with self.books.lock:
+            while bf.in_flight:
+                self._cv.wait(1.0)
+        self._discard(bf)
+
+    # -- the end -------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Nothing new starts; blocks under way finish (``drain`` waits for them). Returns at once."""
+        with self.books.lock:
+            self.closed = True
+            for bf in self.files.values():
+                bf.finish()
+            self._cv.notify_all()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """After ``stop``: wait until no block is being copied, then let go of every file's
+        descriptors and map (the files stay for the tier's removal). False at ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.books.lock:
+            while self._running:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(left)
+            for bf in self.files.values():
+                bf.close()
+        return True
+
+    def stats_locked(self) -> dict:
+        """The report's figures (under the books' lock): files staged by blocks, those partly
+        staged and their bytes, blocks staged, the measure of blocks in flight."""
+        partial = [bf for bf in self.files.values() if bf.budget < bf.blocks]
+        return {"files": len(self.files),
+                "whole_files": sum(bf.whole for bf in self.files.values()),
+                "partly_staged_files": len(partial),
+                "partly_staged_bytes": sum(bf.staged_bytes for bf in partial),
+                "partly_staged_of_bytes": sum(bf.info.size for bf in partial),
+                "in_progress_files": sum(not bf.done for bf in self.files.values()),
+                "blocks_staged": sum(bf.staged for bf in self.files.values()),
+                "bytes_staged": sum(bf.staged_bytes for bf in self.files.values()),
+                "block_bytes": BLOCK, "in_flight": self.concurrency.state(), "failed_files": self.failures}

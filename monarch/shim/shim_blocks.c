@@ -1,0 +1,473 @@
+/* Part of monarch_shim.c, one translation unit: included there, in order, after the
+ * declarations it uses. Here: files staged by blocks (a large file the daemon copies block by
+ * block while the application reads it: monarch/node/stage/blocks.py).
+ *
+ * The application's descriptor is the PFS original's (opened by its own call), so its
+ * fstat, lseek and every byte not yet staged are the source's. Beside it the shim keeps a
+ * "part": the local copy (<probe dir>/.blocks/<key>, opened read-only) and its block map
+ * (<probe dir>/.blockmap/<key>, mapped shared: a state byte per block). Then:
+ *   - a read, pread or readv whose blocks are all STAGED is read from the copy (a read()
+ *     moves the descriptor's offset itself); any other read goes to the PFS at the
+ *     application's own size, and its ABSENT blocks are marked WANTED (the daemon stages
+ *     those first). Never a whole block on the application's time.
+ *   - a read-only mapping of the descriptor is made on the PFS and registered; a thread of
+ *     the shim's (started with the first such mapping, and again in a fork child that has
+ *     some) maps each run of STAGED blocks over the same addresses from the copy (MAP_FIXED:
+ *     the same bytes, so the application cannot tell), until every block is moved or the
+ *     daemon says no more will come. munmap, mremap and a MAP_FIXED mmap over a registered
+ *     range take the registry's lock, so no range is ever mapped again once the
+ *     application let it go.
+ * Descriptors made with dup* and inherited by fork children share the part; close drops it.
+ * A FILE opened on such a file reads through stdio's internal __read: the PFS, correct bytes.
+ * A descriptor carried across exec, or reopened through /proc, reads the PFS.
+ */
+
+#define MONARCH_MAX_PARTS 256    /* files staged by blocks open at once in a process (more: the PFS) */
+#define MONARCH_MAX_MAPPINGS 256 /* their read-only mappings being moved at once (more: stay on the PFS) */
+
+struct monarch_part {
+    int refs;                 /* descriptors and mappings holding it; 0: free */
+    int copy_fd;              /* the local copy, read-only */
+    unsigned slot;            /* the tier's: bytes read from the copy count there */
+    unsigned shift;           /* a block is 1 << shift bytes */
+    uint64_t size, blocks;
+    struct monarch_blockmap_header *hdr; /* the map: header, then the state bytes */
+    uint8_t *states;
+    size_t map_len;
+};
+
+struct monarch_mapping {
+    uintptr_t addr;           /* 0: a free entry */
+    size_t len;
+    uint64_t off;             /* the file offset mapped at addr */
+    int prot, share;          /* MAP_SHARED or MAP_PRIVATE, as the application asked */
+    unsigned part;            /* index + 1 */
+    uint8_t *moved;           /* a bit per block of the range: mapped from the copy */
+    uint64_t first, last;     /* the blocks the range covers */
+};
+
+static struct monarch_part monarch_parts[MONARCH_MAX_PARTS];
+static uint16_t monarch_fd_part[MONARCH_MAX_FDS]; /* part index + 1 of a descriptor; 0: none */
+static pthread_mutex_t monarch_parts_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct monarch_mapping monarch_mappings[MONARCH_MAX_MAPPINGS];
+static int monarch_nmappings; /* read without the lock on every munmap: 0 means nothing to check */
+/* recursive: an allocator preloaded before libc's (jemalloc, tcmalloc) may munmap from the
+ * free() the registry calls under it, and that munmap comes back here */
+static pthread_mutex_t monarch_maps_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static int monarch_remapper_running;
+/* the part an OPEN answer named (ANSWER_BLOCKS), for monarch_after to give the descriptor */
+static __thread unsigned monarch_part_pending __attribute__((tls_model("initial-exec")));
+
+static inline unsigned monarch_part_of(int fd)
+{
+    return (unsigned)fd < MONARCH_MAX_FDS ? __atomic_load_n(&monarch_fd_part[fd], __ATOMIC_RELAXED) : 0;
+}
+
+static inline void monarch_extra_add(unsigned which, uint64_t n)
+{
+    uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
+    if (c && n)
+        __atomic_fetch_add(monarch_extra(c, which), n, __ATOMIC_RELAXED);
+}
+
+/* ---- parts: made from an OPEN answer, held by descriptors and mappings ---- */
+
+/* Release one hold on part i + 1 (under monarch_parts_mu). */
+static void monarch_part_unref_locked(unsigned p)
+{
+    struct monarch_part *pt = &monarch_parts[p - 1];
+    if (--pt->refs > 0)
+        return;
+    real_close(pt->copy_fd);
+    MONARCH_RESOLVE(munmap)(pt->hdr, pt->map_len); /* the shim's own mapping: never registered */
+    memset(pt, 0, sizeof *pt);
+}
+
+/* The part of key (its copy and map in probe slot `slot`), checked against the index entry
+ * n + 1: index + 1, or 0 when anything is off (the application then reads the PFS only). */
+static unsigned monarch_part_load(unsigned slot, const char *key, size_t kl, uint32_t n)
+{
+    struct monarch_probe *pr = NULL;
+    struct monarch_index_entry e;
+    for (unsigned i = 0; i < monarch_nprobes; i++)
+        if (monarch_probes[i].slot == slot)
+            pr = &monarch_probes[i];
+    if (!pr || !n || monarch_index_entry(n, &e) != 0)
+        return 0;
+    char copy[PATH_MAX], map[PATH_MAX];
+    if (snprintf(copy, sizeof copy, "%s/%s/%.*s", pr->dir, MONARCH_BLOCKS_DIR, (int)kl, key) >= (int)sizeof copy
+        || snprintf(map, sizeof map, "%s/%s/%.*s", pr->dir, MONARCH_BLOCKMAP_DIR, (int)kl, key) >= (int)sizeof map)
+        return 0;
+    struct stat st;
+    int mfd = MONARCH_RESOLVE(openat)(AT_FDCWD, map, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (mfd < 0)
+        return 0;
+    void *m = MAP_FAILED;
+    size_t len = 0;
+    if (monarch_sys_fstat(mfd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid()
+        && !(st.st_mode & (S_IWGRP | S_IWOTH)) && st.st_size >= MONARCH_BLOCKMAP_HEADER_SIZE) {
+        len = (size_t)st.st_size;
+        m = MONARCH_RESOLVE(mmap)(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    }
+    real_close(mfd);
+    if (m == MAP_FAILED)
+        return 0;
+    struct monarch_blockmap_header *h = m;
+    int copy_fd = -1;
+    if (h->magic != MONARCH_BLOCKMAP_MAGIC || h->version != MONARCH_BLOCKMAP_VERSION || h->block_shift < 12
+        || h->block_shift > 30 || h->size != e.size || h->mtime_ns != e.mtime_ns
+        || h->blocks != (h->size + (1ULL << h->block_shift) - 1) >> h->block_shift
+        || h->blocks != len - MONARCH_BLOCKMAP_HEADER_SIZE)
+        goto bad;
+    copy_fd = MONARCH_RESOLVE(openat)(AT_FDCWD, copy, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (copy_fd < 0 || monarch_sys_fstat(copy_fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid()
+        || (uint64_t)st.st_size != h->size)
+        goto bad;
+    pthread_mutex_lock(&monarch_parts_mu);
+    for (unsigned i = 0; i < MONARCH_MAX_PARTS; i++) {
+        struct monarch_part *pt = &monarch_parts[i];
+        if (pt->refs)
+            continue;
+        *pt = (struct monarch_part){.refs = 1, .copy_fd = copy_fd, .slot = slot, .shift = h->block_shift,
+                                    .size = h->size, .blocks = h->blocks, .hdr = h,
+                                    .states = (uint8_t *)m + MONARCH_BLOCKMAP_HEADER_SIZE, .map_len = len};
+        pthread_mutex_unlock(&monarch_parts_mu);
+        monarch_extra_add(MONARCH_EXTRA_BLOCK_OPENS, 1);
+        return i + 1;
+    }
+    pthread_mutex_unlock(&monarch_parts_mu);
+    MONARCH_DEBUG(1, "%s: more than %d files staged by blocks open at once: read from the PFS", key,
+                  MONARCH_MAX_PARTS);
+bad:
+    if (copy_fd >= 0)
+        real_close(copy_fd);
+    MONARCH_RESOLVE(munmap)(m, len);
+    MONARCH_DEBUG(1, "%s: its block copy or map is not the snapshot's file: read from the PFS", key);
+    return 0;
+}
+
+/* After the application's own open of a file the daemon stages by blocks: fd holds the part. */
+static void monarch_part_attach(int fd)
+{
+    unsigned p = monarch_part_pending;
+    monarch_part_pending = 0;
+    if (!p)
+        return;
+    if ((unsigned)fd < MONARCH_MAX_FDS && fd >= 0) {
+        __atomic_store_n(&monarch_fd_part[fd], (uint16_t)p, __ATOMIC_RELAXED);
+        return;
+    }
+    pthread_mutex_lock(&monarch_parts_mu);
+    monarch_part_unref_locked(p);
+    pthread_mutex_unlock(&monarch_parts_mu);
+}
+
+/* fd no longer holds its part (closed, or its number reused). */
+static void monarch_part_drop(int fd)
+{
+    unsigned p = monarch_part_of(fd);
+    if (!p)
+        return;
+    pthread_mutex_lock(&monarch_parts_mu);
+    if (__atomic_load_n(&monarch_fd_part[fd], __ATOMIC_RELAXED) == p) {
+        __atomic_store_n(&monarch_fd_part[fd], 0, __ATOMIC_RELAXED);
+        monarch_part_unref_locked(p);
+    }
+    pthread_mutex_unlock(&monarch_parts_mu);
+}
+
+/* newfd is a duplicate of oldfd (dup*, F_DUPFD): it holds oldfd's part too. */
+static void monarch_part_dup(int oldfd, int newfd)
+{
+    unsigned p = monarch_part_of(oldfd);
+    if (monarch_part_of(newfd))
+        monarch_part_drop(newfd);
+    if (!p || (unsigned)newfd >= MONARCH_MAX_FDS)
+        return;
+    pthread_mutex_lock(&monarch_parts_mu);
+    monarch_parts[p - 1].refs++;
+    __atomic_store_n(&monarch_fd_part[newfd], (uint16_t)p, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&monarch_parts_mu);
+}
+
+/* ---- reads: from the copy when every block of the range is staged ---- */
+
+/* Are the blocks of [off, off + n) all STAGED? Otherwise mark the ABSENT ones WANTED. */
+static int monarch_part_staged(struct monarch_part *pt, uint64_t off, uint64_t n)
+{
+    uint64_t first = off >> pt->shift, last = (off + n - 1) >> pt->shift;
+    int all = 1;
+    if (last >= pt->blocks)
+        last = pt->blocks - 1;
+    for (uint64_t b = first; b <= last; b++) {
+        uint8_t s = __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE);
+        if (s == MONARCH_BLOCK_STAGED)
+            continue;
+        all = 0;
+        uint8_t absent = MONARCH_BLOCK_ABSENT;
+        if (s == absent) /* never over STAGED: the daemon's mark wins */
+            __atomic_compare_exchange_n(&pt->states[b], &absent, MONARCH_BLOCK_WANTED, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED);
+    }
+    return all;
+}
+
+/* The file offset `o` (-1: the descriptor's own) and length of a read of `n` bytes; 0 when the
+ * read is to go to the PFS (past the end, or a block not staged). */
+static int monarch_part_range(int fd, struct monarch_part *pt, off_t *o, uint64_t n)
+{
+    if (*o < 0 && (*o = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR)) < 0)
+        return 0;
+    if (!n || (uint64_t)*o >= pt->size)
+        return 0;
+    uint64_t end = (uint64_t)*o + n < pt->size ? (uint64_t)*o + n : pt->size;
+    return monarch_part_staged(pt, (uint64_t)*o, end - (uint64_t)*o);
+}
+
+/* A read served from the copy: counted, and for a read at the descriptor's offset, the
+ * offset moved as the PFS read would have. */
+static void monarch_part_served(int fd, struct monarch_part *pt, off_t o, int at_offset, ssize_t r)
+{
+    if (r <= 0)
+        return;
+    if (at_offset)
+        syscall(SYS_lseek, fd, (off_t)(o + r), SEEK_SET);
+    uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
+    if (c && getpid() == monarch_pid)
+        __atomic_fetch_add(monarch_counter(pt->slot, 1), (uint64_t)r, __ATOMIC_RELAXED);
+    monarch_extra_add(MONARCH_EXTRA_BLOCK_LOCAL_BYTES, (uint64_t)r);
+}
+
+static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out)
+{
+    unsigned p = monarch_part_of(fd);
+    int at_offset = o < 0;
+    if (!p || monarch_guard)
+        return 0;
+    struct monarch_part *pt = &monarch_parts[p - 1];
+    if (!monarch_part_range(fd, pt, &o, n))
+        return 0;
+    *out = (ssize_t)syscall(SYS_pread64, pt->copy_fd, buf, n, (long)o); /* the kernel's: pread is wrapped */
+    if (*out < 0)
+        return 0; /* the copy failed (it cannot, short of an I/O error): the PFS answers */
+    monarch_part_served(fd, pt, o, at_offset, *out);
+    return 1;
+}
+
+static int monarch_part_read(int fd, void *buf, size_t n, ssize_t *out)
+{
+    return monarch_part_pread(fd, buf, n, -1, out);
+}
+
+static int monarch_part_readv(int fd, const struct iovec *v, int c, off_t o, ssize_t *out)
+{
+    unsigned p = monarch_part_of(fd);
+    int at_offset = o < 0;
+    if (!p || monarch_guard || c < 0)
+        return 0;
+    uint64_t n = 0;
+    for (int i = 0; i < c; i++)
+        n += v[i].iov_len;
+    struct monarch_part *pt = &monarch_parts[p - 1];
+    if (!monarch_part_range(fd, pt, &o, n))
+        return 0;
+    *out = (ssize_t)syscall(SYS_preadv, pt->copy_fd, v, c, (long)o, 0L); /* pos_l, pos_h: 64-bit */
+    if (*out < 0)
+        return 0;
+    monarch_part_served(fd, pt, o, at_offset, *out);
+    return 1;
+}
+
+/* Bytes a descriptor of a part read from the PFS. */
+static inline void monarch_part_pfs_bytes(int fd, ssize_t n)
+{
+    if (n > 0 && MONARCH_UNLIKELY(monarch_part_of(fd)))
+        monarch_extra_add(MONARCH_EXTRA_BLOCK_PFS_BYTES, (uint64_t)n);
+}
+
+/* ---- mappings: moved onto the copy as their blocks are staged ---- */
+static void monarch_remapper_start(void);
+
+/* Map every run of STAGED, not yet moved blocks of mapping m from the copy, over the same
+ * addresses. 1 when nothing is left to move (all moved, or the daemon is done). Under the
+ * registry's lock. */
+static int monarch_mapping_move_locked(struct monarch_mapping *m)
+{
+    struct monarch_part *pt = &monarch_parts[m->part - 1];
+    uint64_t moved = 0;
+    int left = 0;
+    for (uint64_t b = m->first; b <= m->last;) {
+        uint64_t i = b - m->first;
+        if ((m->moved[i / 8] >> (i % 8)) & 1) {
+            b++;
+            continue;
+        }
+        if (__atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE) != MONARCH_BLOCK_STAGED) {
+            left = 1;
+            b++;
+            continue;
+        }
+        uint64_t e = b; /* a run of staged blocks, one mmap */
+        while (e + 1 <= m->last && !((m->moved[(e + 1 - m->first) / 8] >> ((e + 1 - m->first) % 8)) & 1)
+               && __atomic_load_n(&pt->states[e + 1], __ATOMIC_ACQUIRE) == MONARCH_BLOCK_STAGED)
+            e++;
+        uint64_t from = b << pt->shift, to = (e + 1) << pt->shift;
+        if (from < m->off)
+            from = m->off;
+        if (to > m->off + m->len)
+            to = m->off + m->len;
+        void *at = (void *)(m->addr + (from - m->off));
+        void *r = MONARCH_RESOLVE(mmap)(at, (size_t)(to - from), m->prot, m->share | MAP_FIXED, pt->copy_fd,
+                                        (off_t)from);
+        if (r == MAP_FAILED) {
+            MONARCH_DEBUG(1, "moving a mapping onto its block copy failed (%s): it stays on the PFS",
+                          strerror(errno));
+            return 1; /* the mapping is whole as it is: the PFS's pages, or the copy's where moved */
+        }
+        for (uint64_t x = b; x <= e; x++)
+            m->moved[(x - m->first) / 8] |= (uint8_t)(1u << ((x - m->first) % 8));
+        moved += to - from;
+        b = e + 1;
+    }
+    monarch_extra_add(MONARCH_EXTRA_BLOCK_REMAPPED_BYTES, moved);
+    return !left || __atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) != 0;
+}
+
+static void monarch_mapping_free_locked(struct monarch_mapping *m)
+{
+    free(m->moved);
+    pthread_mutex_lock(&monarch_parts_mu);
+    monarch_part_unref_locked(m->part);
+    pthread_mutex_unlock(&monarch_parts_mu);
+    memset(m, 0, sizeof *m);
+    __atomic_store_n(&monarch_nmappings, monarch_nmappings - 1, __ATOMIC_RELEASE);
+}
+
+/* After the application mapped fd (a part's descriptor) read-only at p: registered, its
+ * staged blocks moved now, the rest by the remapper as they come. */
+static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags, uint64_t off)
+{
+    unsigned part = monarch_part_of(fd);
+    int share = flags & (MAP_SHARED | MAP_PRIVATE);
+    if (!part || (prot & PROT_WRITE) || !(share == MAP_SHARED || share == MAP_PRIVATE) || !len
+        || getpid() != monarch_pid)
+        return;
+    struct monarch_part *pt = &monarch_parts[part - 1];
+    if (off >= pt->size)
+        return;
+    uint64_t end = off + len < pt->size ? off + len : pt->size;
+    uint64_t first = off >> pt->shift, last = (end - 1) >> pt->shift;
+    uint8_t *moved = calloc((size_t)((last - first) / 8 + 1), 1);
+    if (!moved)
+        return;
+    pthread_mutex_lock(&monarch_maps_mu);
+    struct monarch_mapping *m = NULL;
+    for (unsigned i = 0; i < MONARCH_MAX_MAPPINGS && !m; i++)
+        if (!monarch_mappings[i].addr)
+            m = &monarch_mappings[i];
+    if (!m) {
+        pthread_mutex_unlock(&monarch_maps_mu);
+        free(moved);
+        return;
+    }
+    pthread_mutex_lock(&monarch_parts_mu);
+    pt->refs++;
+    pthread_mutex_unlock(&monarch_parts_mu);
+    *m = (struct monarch_mapping){.addr = (uintptr_t)p, .len = len, .off = off, .prot = prot, .share = share,
+                                  .part = part, .moved = moved, .first = first, .last = last};
+    __atomic_store_n(&monarch_nmappings, monarch_nmappings + 1, __ATOMIC_RELEASE);
+    if (monarch_mapping_move_locked(m))
+        monarch_mapping_free_locked(m);
+    else
+        monarch_remapper_start();
+    pthread_mutex_unlock(&monarch_maps_mu);
+}
+
+/* The application lets [addr, addr + len) go (munmap, mremap, a MAP_FIXED mmap over it): the
+ * mappings it overlaps are moved no more. Under the registry's lock, held by the caller
+ * across its real call. */
+static void monarch_mappings_forget_locked(uintptr_t addr, size_t len)
+{
+    for (unsigned i = 0; i < MONARCH_MAX_MAPPINGS; i++) {
+        struct monarch_mapping *m = &monarch_mappings[i];
+        if (m->addr && m->addr < addr + len && addr < m->addr + m->len)
+            monarch_mapping_free_locked(m);
+    }
+}
+
+/* The remapper: every few ms (up to 50 once nothing moves), each registered mapping's newly
+ * staged blocks mapped from the copy; it ends when no mapping is left. Signals are the
+ * application's threads', never this one's. */
+static void *monarch_remapper_main(void *arg)
+{
+    (void)arg;
+    monarch_guard = 1; /* its own calls are never the application's */
+    long pause_ms = 2;
+    for (;;) {
+        pthread_mutex_lock(&monarch_maps_mu);
+        uint64_t before = 0, after = 0;
+        for (unsigned i = 0; i < MONARCH_MAX_MAPPINGS; i++) {
+            struct monarch_mapping *m = &monarch_mappings[i];
+            if (!m->addr)
+                continue;
+            before++;
+            if (monarch_mapping_move_locked(m))
+                monarch_mapping_free_locked(m);
+            else
+                after++;
+        }
+        if (!after) {
+            monarch_remapper_running = 0;
+            pthread_mutex_unlock(&monarch_maps_mu);
+            return NULL;
+        }
+        pthread_mutex_unlock(&monarch_maps_mu);
+        pause_ms = after < before ? 2 : pause_ms * 2 > 50 ? 50 : pause_ms * 2;
+        struct timespec ts = {0, pause_ms * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Under the registry's lock: a remapper runs (started now if none does in this process). */
+static void monarch_remapper_start(void)
+{
+    if (monarch_remapper_running)
+        return;
+    pthread_t t;
+    pthread_attr_t attr;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, monarch_remapper_main, NULL) == 0)
+        monarch_remapper_running = 1;
+    else
+        MONARCH_DEBUG(1, "no remapper thread (%s): mappings of files staged by blocks stay on the PFS",
+                      strerror(errno));
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* fork: the registry's locks are taken around it (so the child's are not held by a thread it
+ * does not have), and a child with mappings to move starts a remapper of its own. */
+static void monarch_blocks_prefork(void)
+{
+    pthread_mutex_lock(&monarch_maps_mu);
+    pthread_mutex_lock(&monarch_parts_mu);
+}
+
+static void monarch_blocks_postfork_parent(void)
+{
+    pthread_mutex_unlock(&monarch_parts_mu);
+    pthread_mutex_unlock(&monarch_maps_mu);
+}
+
+static void monarch_blocks_postfork_child(void)
+{
+    pthread_mutex_unlock(&monarch_parts_mu);
+    monarch_remapper_running = 0;
+    if (__atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE))
+        monarch_remapper_start();
+    pthread_mutex_unlock(&monarch_maps_mu);
+}

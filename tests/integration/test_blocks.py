@@ -1,0 +1,265 @@
+"""Large files staged by blocks, read through a real ``monarch run`` behind the emulated PFS.
+
+Each reader checks every byte it reads against the source file (read apart, not through the
+shim); the PFS traffic is the emulator's own count; "staged" is read from the daemon's own
+block map in the tier (a header, then a state byte per block: 2 = staged).
+"""
+
+import json
+import os
+import struct
+import sys
+
+import pytest
+
+from monarch.node.stage import blocks
+from support.harness import load, make_bases, monarch
+
+pytestmark = [pytest.mark.integration, pytest.mark.fuse]
+
+MiB = 1 << 20
+
+# Shared by the readers below: the source to check against, the block map of the copy (found
+# in the tier base), the emulated PFS's own byte count.
+COMMON = r"""
+import glob, hashlib, json, mmap, os, random, struct, sys, threading, time
+path, src_path, tier_base, pfs_counters = sys.argv[1:5]
+src = os.open(src_path, os.O_RDONLY)
+size = os.fstat(src).st_size
+
+def want(off, n):
+    return os.pread(src, n, off)
+
+def block_map():
+    found = glob.glob(os.path.join(tier_base, "**", ".blockmap", "**", os.path.basename(path)), recursive=True)
+    if not found:
+        return None, None
+    with open(found[0], "rb") as f:
+        raw = f.read()
+    done = struct.unpack_from("<Q", raw, 40)[0]
+    return raw[48:], done
+
+def staged():
+    states, _ = block_map()
+    return (states.count(2), len(states)) if states is not None else (0, 0)
+
+def wait_whole(timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        n, total = staged()
+        if total and n == total:
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"the copy was not whole within {timeout} s: {staged()}")
+
+def pfs_bytes():
+    time.sleep(0.1)  # the emulator writes its counters every 10 ms
+    with open(pfs_counters) as f:
+        return json.load(f)["bytes"]
+"""
+
+
+def setup_case(short_tmp, slow_pfs, size, bandwidth, capacity, name="tok.bin"):
+    src = os.path.join(short_tmp, "src", "data")
+    os.makedirs(src)
+    with open(os.path.join(src, name), "wb") as f:
+        for _ in range(size // MiB):
+            f.write(os.urandom(MiB))
+        f.write(os.urandom(size % MiB))
+    pfs = slow_pfs(os.path.dirname(src), open_latency_ms=2, bandwidth_mbps=bandwidth, page_cache=True)
+    root = os.path.join(str(pfs.mountpoint), "data")
+    tier_base = f"/dev/shm{short_tmp}/ram"
+    cfg = os.path.join(short_tmp, "c.yaml")
+    with open(cfg, "w") as f:
+        json.dump({"dataset": {"roots": [root]}, "run_base": f"{short_tmp}/run",
+                   "tiers": [{"name": "ram", "path": tier_base, "capacity": capacity}]}, f)
+    make_bases(cfg)
+    return pfs, cfg, os.path.join(root, name), os.path.join(src, name), tier_base
+
+
+def run_reader(short_tmp, cfg, body, path, src, tier_base, pfs, timeout=240):
+    script = os.path.join(short_tmp, "reader.py")
+    with open(script, "w") as f:
+        f.write(COMMON + body)
+    report = os.path.join(short_tmp, "r.json")
+    r = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, script, path, src,
+                tier_base, pfs.counters_path, timeout=timeout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1]), load(report), r.stderr
+
+
+OPEN_THEN_READ = r"""
+t0 = time.monotonic()
+fd = os.open(path, os.O_RDONLY)
+opened_s = time.monotonic() - t0
+at_open = staged()
+assert os.fstat(fd).st_size == size and os.lseek(fd, 0, os.SEEK_END) == size  # the source's
+assert os.pread(fd, 4096, size - 100) == want(size - 100, 100)
+wait_whole()
+assert hashlib.md5(open(path, "rb").read()).digest() == hashlib.md5(want(0, size)).digest()
+print(json.dumps({"opened_s": opened_s, "staged_at_open": at_open}))
+"""
+
+
+def test_an_open_of_a_large_file_is_answered_before_its_copy_ends(short_tmp, slow_pfs):
+    size = 48 * MiB  # 2.4 s at 20 MB/s
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 20, "1GiB")
+    out, rep, _ = run_reader(short_tmp, cfg, OPEN_THEN_READ, path, src, tier_base, pfs)
+    done, total = out["staged_at_open"]
+    assert total == size // MiB and done < total / 2, out  # the open did not wait for the copy
+    assert out["opened_s"] < 1.0, out
+    blocks = rep["blocks"]
+    assert blocks["files"] == 1 and blocks["whole_files"] == 1 and blocks["read"]["opens"] >= 1
+    assert pfs.counters()["bytes"] <= 1.05 * size
+
+
+MAPPED_BEFORE = r"""
+fd = os.open(path, os.O_RDONLY)
+m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # made before its blocks arrive
+os.close(fd)  # the mapping keeps the file (as np.memmap does)
+rng = random.Random(7)
+bad = 0
+def windows(n):
+    global bad
+    for _ in range(n):
+        o = rng.randrange(0, size - 2050)
+        bad += m[o:o + 2050] != want(o, 2050)
+staged_before = staged()[0]
+windows(200)
+wait_whole()
+time.sleep(0.3)  # the remapper's pause is at most 50 ms
+before = pfs_bytes()
+windows(3000)
+assert m[:] == want(0, size)  # every byte, through the mapping
+after = pfs_bytes()
+mine = [l for l in open("/proc/self/maps") if "/.blocks/" in l]
+moved = sum(int(l.split()[0].split("-")[1], 16) - int(l.split()[0].split("-")[0], 16) for l in mine)
+print(json.dumps({"bad": bad, "pfs_during": after - before, "moved": moved, "staged_before": staged_before}))
+"""
+
+
+def test_a_mapping_made_before_the_copy_is_read_from_the_local_copy_afterwards(short_tmp, slow_pfs):
+    size = 40 * MiB
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 25, "1GiB")
+    out, rep, _ = run_reader(short_tmp, cfg, MAPPED_BEFORE, path, src, tier_base, pfs)
+    assert out["bad"] == 0, out
+    assert out["staged_before"] < size // MiB  # mapped while the copy was under way
+    assert out["pfs_during"] == 0, out  # the reader went on (the whole file, 3000 windows), the PFS did not
+    assert out["moved"] >= size, out  # the mapping's pages are the copy's (/proc/self/maps)
+    assert rep["blocks"]["read"]["remapped_bytes"] >= size
+
+
+PARTLY = r"""
+fd = os.open(path, os.O_RDONLY)
+bad = 0
+for epoch in range(3):
+    for off in range(0, size, 256 << 10):  # every byte, in 256 KiB reads, each epoch
+        bad += os.pread(fd, 256 << 10, off) != want(off, 256 << 10)
+    if epoch == 0:
+        deadline = time.monotonic() + 60
+        while block_map()[1] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the daemon stages what fits, then says it is done
+n, total = staged()
+print(json.dumps({"bad": bad, "staged": n, "blocks": total}))
+"""
+
+
+def test_a_file_larger_than_the_tier_is_partly_staged_and_its_staged_blocks_read_locally(short_tmp, slow_pfs):
+    size = 48 * MiB
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 200, "20MiB")
+    out, rep, stderr = run_reader(short_tmp, cfg, PARTLY, path, src, tier_base, pfs)
+    assert out["bad"] == 0, out
+    assert 0 < out["staged"] <= 20 and out["blocks"] == 48, out  # as much as the room holds
+    blocks = rep["blocks"]
+    assert blocks["partly_staged_files"] == 1 and blocks["partly_staged_of_bytes"] == size
+    assert blocks["partly_staged_bytes"] == out["staged"] * MiB
+    read = blocks["read"]
+    # epochs 2 and 3 read the staged blocks from the copy, the rest from the PFS
+    assert read["local_bytes"] >= 2 * out["staged"] * MiB and read["pfs_bytes"] >= 2 * (48 - out["staged"]) * MiB
+    counted = pfs.counters()["bytes"]
+    assert counted <= 3 * size - 2 * out["staged"] * MiB + 0.05 * size, (counted, out)
+    assert "partly staged: 1 file" in stderr
+
+
+FAMILIES = r"""
+import numpy as np
+fd = os.open(path, os.O_RDONLY)
+checks = []
+def check(name, ok):
+    checks.append(name) if not ok else None
+
+# numpy's memmap, made before the blocks arrive, read in a forked child and in threads
+arr = np.memmap(path, dtype=np.uint8, mode="r")
+ref = np.memmap(src_path, dtype=np.uint8, mode="r")
+rng = random.Random(3)
+def windows(tag, n, seed):
+    r = random.Random(seed)
+    for _ in range(n):
+        o = r.randrange(0, size - 4096)
+        if not np.array_equal(arr[o:o + 4096], ref[o:o + 4096]):
+            check(f"memmap {tag}", False)
+        got = os.pread(fd, 3000, o)
+        if got != want(o, 3000):
+            check(f"pread {tag}", False)
+threads = [threading.Thread(target=windows, args=(f"thread {i}", 300, i)) for i in range(4)]
+for t in threads:
+    t.start()
+pid = os.fork()
+if pid == 0:
+    try:
+        windows("child", 300, 99)
+        wait_whole()
+        time.sleep(0.3)
+        windows("child after", 300, 98)
+        os._exit(0 if not checks else 3)
+    except BaseException:
+        os._exit(4)
+windows("main", 300, 5)
+for t in threads:
+    t.join()
+_, status = os.waitpid(pid, 0)
+check("forked child", os.waitstatus_to_exitcode(status) == 0)
+
+# a sequential read with read() through a Python file object, readv/preadv, stdio
+with open(path, "rb") as f:
+    f.seek(3 << 20)
+    check("file.read", f.read(5 << 20) == want(3 << 20, 5 << 20))
+    check("tell", f.tell() == 8 << 20)
+bufs = [bytearray(1000), bytearray(70000)]
+check("preadv", os.preadv(fd, bufs, 12345) == 71000 and bytes(bufs[0]) + bytes(bufs[1]) == want(12345, 71000))
+os.lseek(fd, 777, os.SEEK_SET)
+check("readv", os.readv(fd, bufs) == 71000 and bytes(bufs[0]) + bytes(bufs[1]) == want(777, 71000))
+check("lseek after readv", os.lseek(fd, 0, os.SEEK_CUR) == 777 + 71000)
+wait_whole()
+os.lseek(fd, 1 << 20, os.SEEK_SET)
+check("read once staged", os.read(fd, 2 << 20) == want(1 << 20, 2 << 20))
+check("offset once staged", os.lseek(fd, 0, os.SEEK_CUR) == 3 << 20)
+dup = os.dup(fd)
+os.close(fd)
+check("dup once staged", os.pread(dup, 4096, size - 4096) == want(size - 4096, 4096))
+check("fstat", os.fstat(dup).st_size == size)
+time.sleep(0.3)
+check("memmap once staged", np.array_equal(arr, ref))
+import subprocess
+md5 = subprocess.run(["md5sum", path], capture_output=True, text=True).stdout.split()[0]
+check("md5sum", md5 == hashlib.md5(want(0, size)).hexdigest())
+print(json.dumps({"failed": checks}))
+"""
+
+
+def test_every_reader_family_reads_the_sources_bytes_while_blocks_arrive(short_tmp, slow_pfs):
+    pytest.importorskip("numpy")
+    size = 32 * MiB + 12345  # a short last block
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 15, "1GiB")
+    out, rep, _ = run_reader(short_tmp, cfg, FAMILIES, path, src, tier_base, pfs)
+    assert out["failed"] == [], out
+    read = rep["blocks"]["read"]
+    assert read["local_bytes"] > 0 and read["remapped_bytes"] > 0, read
+    assert pfs.counters()["bytes"] <= 1.5 * size  # the staging once, and what was read before its blocks
+
+
+def test_the_block_map_header_is_what_the_shim_reads():
+    """blocks.BLOCKMAP_HEADER packs the C struct monarch_blockmap_header (its size: test_wire)."""
+    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1)
+    assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_DONE_OFFSET)[0] == 1
+    assert raw[:8] == b"BLOCKMAP"
