@@ -88,6 +88,7 @@ class BlockFile:
         self.asked = False          # opened by the application (its blocks go before read-ahead's)
         self.done = False           # nothing more will be staged (whole, out of budget, failed, dropped)
         self.whole = False          # every block staged and published as a plain copy
+        self.dropped = False        # the job wrote to it: its files go once no block is under way
         self.source_fd = -1
 
     def length(self, b: int) -> int:
@@ -233,8 +234,9 @@ class BlockStager:
                 if bf.states is not None:
                     bf.states[:] = bytes(bf.blocks)
                 bf.finish()
-        for bf in gone:
-            self._when_idle_discard(bf)
+                bf.dropped = True
+                if not bf.in_flight:  # else the last block under way discards it (_ended_locked)
+                    self._discard(bf)
 
     # -- the workers ---------------------------------------------------------------------------
     def _wake_locked(self) -> None:
@@ -354,6 +356,8 @@ class BlockStager:
         if bf.done and not bf.in_flight and bf.source_fd >= 0:
             os.close(bf.source_fd)
             bf.source_fd = -1
+        if bf.dropped and not bf.in_flight:
+            self._discard(bf)
         self._cv.notify_all()
 
     def _publish_locked(self, bf: BlockFile) -> None:
@@ -411,7 +415,8 @@ class BlockStager:
         return bf
 
     def _discard(self, bf: BlockFile) -> None:
-        """Remove ``bf``'s files and give its room back (nothing reads or writes them here any more)."""
+        """Remove ``bf``'s files and give its room back (no block of it under way: nothing
+        here reads or writes them any more; a shim's open descriptor keeps its inode)."""
         bf.close()
         for path in (bf.path, bf.map_path):
             try:
@@ -421,12 +426,6 @@ class BlockStager:
         if bf.whole:
             return  # its room is the published copy's: the stager's books drop it
         bf.tier.release(bf.reserved)
-
-    def _when_idle_discard(self, bf: BlockFile) -> None:
-        with self.books.lock:
-            while bf.in_flight:
-                self._cv.wait(1.0)
-        self._discard(bf)
 
     # -- the end -------------------------------------------------------------------------------
     def stop(self) -> None:

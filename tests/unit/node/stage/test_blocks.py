@@ -1,0 +1,94 @@
+"""The block stager (monarch/node/stage/blocks.py) on its own: room, order, publication, the job's writes."""
+
+import os
+import threading
+import time
+
+from monarch.config import TierConfig
+from monarch.node.snapshot.snapshot import take_snapshot
+from monarch.node.stage import blocks
+from monarch.node.stage.stager import Stager
+from monarch.node.tiers.tiers import Tier
+
+MiB = 1 << 20
+
+
+def setup(tmp_path, size, capacity):
+    root = tmp_path / "pfs"
+    (root / "d").mkdir(parents=True)
+    data = os.urandom(size)
+    (root / "d" / "big.bin").write_bytes(data)
+    (tmp_path / "t").mkdir()
+    tier = Tier.from_config(TierConfig("ram", str(tmp_path / "t"), capacity, False), 2, "r1", 0, ())
+    return Stager(take_snapshot((str(root),)), [tier]), tier, "0/d/big.bin", data
+
+
+def wait_done(bf, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not bf.done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert bf.done
+
+
+def test_a_large_file_is_answered_at_once_then_published_whole(tmp_path):
+    stager, tier, key, data = setup(tmp_path, 20 * MiB + 5, 1 << 30)
+    slot, path = stager.blocks.answer(key)
+    assert slot & 0x400 and slot & 0xff == tier.slot and path.endswith("/.blocks/" + key)
+    bf = stager.blocks.files[key]
+    wait_done(bf)
+    assert bf.whole and stager.where(key) is tier and open(tier.path_for(key), "rb").read() == data
+    assert tier.files == 1 and tier.room == tier.allocated(len(data))
+    with stager.lock:
+        st = stager.blocks.stats_locked()
+    assert st["whole_files"] == 1 and st["bytes_staged"] == len(data) and st["blocks_staged"] == 21
+    assert stager.stats()["pfs_bytes_read"] == len(data)  # each block once
+    assert stager.blocks.answer(key) is None  # whole: the shim probes the plain copy
+    stager.shutdown()
+    assert stager.drain(10)
+
+
+def test_a_file_larger_than_the_room_is_staged_in_part_the_wanted_blocks_first(tmp_path):
+    stager, tier, key, data = setup(tmp_path, 40 * MiB, 10 * MiB)
+    gate = threading.Event()  # the PFS answers once the marks are made (the blocks picked before wait)
+    source = stager.blocks._source
+    stager.blocks._source = lambda bf: (gate.wait(10), source(bf))[1]
+    bf = stager.blocks.attach(key)
+    assert bf.budget == 10 and tier.room == 10 * MiB  # as many blocks as the room holds
+    wanted = [33, 7, 38]
+    for b in wanted:
+        bf.states[b] = blocks.BLOCK_WANTED  # as the shim marks what it read from the PFS
+    gate.set()
+    wait_done(bf)
+    staged = [b for b in range(bf.blocks) if bf.states[b] == blocks.BLOCK_STAGED]
+    assert len(staged) == 10 and set(wanted) <= set(staged)
+    copy = open(bf.path, "rb").read()
+    assert all(copy[b * MiB:(b + 1) * MiB] == data[b * MiB:(b + 1) * MiB] for b in staged)
+    assert stager.where(key) is None and not bf.whole  # never published: not whole
+    with open(bf.map_path, "rb") as f:
+        assert int.from_bytes(f.read(48)[40:48], "little") == 1  # "done": the shim stops waiting
+    with stager.lock:
+        st = stager.blocks.stats_locked()
+    assert st["partly_staged_files"] == 1 and st["partly_staged_bytes"] == 10 * MiB
+    assert st["partly_staged_of_bytes"] == 40 * MiB
+
+
+def test_the_jobs_write_stops_serving_the_blocks_and_gives_the_room_back(tmp_path):
+    stager, tier, key, data = setup(tmp_path, 24 * MiB, 1 << 30)
+    bf = stager.blocks.attach(key)
+    states = bytes(bf.states)  # whatever was staged so far
+    stager.invalidate(key)
+    deadline = time.monotonic() + 10
+    while os.path.exists(bf.path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not os.path.exists(bf.path) and not os.path.exists(bf.map_path)
+    assert stager.where(key) is None and tier.room == 0 and len(states) == 24  # its room given back
+    assert stager.blocks.answer(key) is None  # never again this run
+
+
+def test_a_source_changed_since_the_snapshot_is_never_staged(tmp_path):
+    stager, tier, key, data = setup(tmp_path, 17 * MiB, 1 << 30)
+    path = tmp_path / "pfs" / "d" / "big.bin"
+    os.utime(path, ns=(1, 1))  # another mtime than the snapshot saw
+    bf = stager.blocks.attach(key)
+    wait_done(bf)
+    assert bf.staged == 0 and not bf.whole and stager.blocks.failures == 1
