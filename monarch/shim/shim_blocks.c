@@ -48,6 +48,9 @@ struct monarch_mapping {
 
 static struct monarch_part monarch_parts[MONARCH_MAX_PARTS];
 static uint16_t monarch_fd_part[MONARCH_MAX_FDS]; /* part index + 1 of a descriptor; 0: none */
+/* part index + 1 whose copy is open as this descriptor: an application that closes descriptors
+ * it did not open (closerange in a worker) takes the copy away, never gets it read in its place */
+static uint16_t monarch_copy_fd_part[MONARCH_MAX_FDS];
 static pthread_mutex_t monarch_parts_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct monarch_mapping monarch_mappings[MONARCH_MAX_MAPPINGS];
 static int monarch_nmappings; /* read without the lock on every munmap: 0 means nothing to check */
@@ -78,7 +81,11 @@ static void monarch_part_unref_locked(unsigned p)
     struct monarch_part *pt = &monarch_parts[p - 1];
     if (--pt->refs > 0)
         return;
-    real_close(pt->copy_fd);
+    if (pt->copy_fd >= 0) {
+        if ((unsigned)pt->copy_fd < MONARCH_MAX_FDS)
+            __atomic_store_n(&monarch_copy_fd_part[pt->copy_fd], 0, __ATOMIC_RELAXED);
+        real_close(pt->copy_fd);
+    }
     MONARCH_RESOLVE(munmap)(pt->hdr, pt->map_len); /* the shim's own mapping: never registered */
     memset(pt, 0, sizeof *pt);
 }
@@ -131,6 +138,8 @@ static unsigned monarch_part_load(unsigned slot, const char *key, size_t kl, uin
         *pt = (struct monarch_part){.refs = 1, .copy_fd = copy_fd, .slot = slot, .shift = h->block_shift,
                                     .size = h->size, .blocks = h->blocks, .hdr = h,
                                     .states = (uint8_t *)m + MONARCH_BLOCKMAP_HEADER_SIZE, .map_len = len};
+        if ((unsigned)copy_fd < MONARCH_MAX_FDS)
+            __atomic_store_n(&monarch_copy_fd_part[copy_fd], (uint16_t)(i + 1), __ATOMIC_RELAXED);
         pthread_mutex_unlock(&monarch_parts_mu);
         monarch_extra_add(MONARCH_EXTRA_BLOCK_OPENS, 1);
         return i + 1;
@@ -174,6 +183,28 @@ static void monarch_part_drop(int fd)
         monarch_part_unref_locked(p);
     }
     pthread_mutex_unlock(&monarch_parts_mu);
+}
+
+/* The application closes [first, last] (close, dup2 over, close_range): a part's copy among
+ * them is the part's no more (its reads go to the PFS, its mappings stay as they are), before
+ * the number can name another file. Under both locks: the remapper maps only a live copy. */
+static void monarch_part_copy_closing(unsigned first, unsigned last)
+{
+    if (last >= MONARCH_MAX_FDS)
+        last = MONARCH_MAX_FDS - 1;
+    for (unsigned fd = first; fd <= last; fd++) {
+        unsigned p = __atomic_load_n(&monarch_copy_fd_part[fd], __ATOMIC_RELAXED);
+        if (MONARCH_LIKELY(!p) || monarch_guard)
+            continue;
+        pthread_mutex_lock(&monarch_maps_mu);
+        pthread_mutex_lock(&monarch_parts_mu);
+        if (monarch_parts[p - 1].copy_fd == (int)fd) {
+            monarch_parts[p - 1].copy_fd = -1;
+            __atomic_store_n(&monarch_copy_fd_part[fd], 0, __ATOMIC_RELAXED);
+        }
+        pthread_mutex_unlock(&monarch_parts_mu);
+        pthread_mutex_unlock(&monarch_maps_mu);
+    }
 }
 
 /* newfd is a duplicate of oldfd (dup*, F_DUPFD): it holds oldfd's part too. */
@@ -245,7 +276,7 @@ static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out
     if (!p || monarch_guard)
         return 0;
     struct monarch_part *pt = &monarch_parts[p - 1];
-    if (!monarch_part_range(fd, pt, &o, n))
+    if (pt->copy_fd < 0 || !monarch_part_range(fd, pt, &o, n))
         return 0;
     *out = (ssize_t)syscall(SYS_pread64, pt->copy_fd, buf, n, (long)o); /* the kernel's: pread is wrapped */
     if (*out < 0)
@@ -269,7 +300,7 @@ static int monarch_part_readv(int fd, const struct iovec *v, int c, off_t o, ssi
     for (int i = 0; i < c; i++)
         n += v[i].iov_len;
     struct monarch_part *pt = &monarch_parts[p - 1];
-    if (!monarch_part_range(fd, pt, &o, n))
+    if (pt->copy_fd < 0 || !monarch_part_range(fd, pt, &o, n))
         return 0;
     *out = (ssize_t)syscall(SYS_preadv, pt->copy_fd, v, c, (long)o, 0L); /* pos_l, pos_h: 64-bit */
     if (*out < 0)
@@ -296,6 +327,8 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m)
     struct monarch_part *pt = &monarch_parts[m->part - 1];
     uint64_t moved = 0;
     int left = 0;
+    if (pt->copy_fd < 0)
+        return 1; /* its copy was closed under it: the mapping stays as it is */
     for (uint64_t b = m->first; b <= m->last;) {
         uint64_t i = b - m->first;
         if ((m->moved[i / 8] >> (i % 8)) & 1) {

@@ -600,6 +600,7 @@ MONARCH_EXPORT int close(int fd)
     monarch_forget(fd); /* before: once closed, another thread may reuse the number */
     monarch_zpool_release_fd(fd);
     monarch_probe_dir_closing((unsigned)fd, (unsigned)fd);
+    monarch_part_copy_closing((unsigned)fd, (unsigned)fd);
     return real_(fd);
 }
 
@@ -644,6 +645,7 @@ MONARCH_EXPORT int dup2(int oldfd, int newfd)
     if (oldfd != newfd) { /* dup2 closes newfd */
         monarch_zpool_release_fd(newfd);
         monarch_probe_dir_closing((unsigned)newfd, (unsigned)newfd);
+        monarch_part_copy_closing((unsigned)newfd, (unsigned)newfd);
     }
     int fd = real_(oldfd, newfd);
     if (fd >= 0 && oldfd != newfd)
@@ -657,6 +659,7 @@ MONARCH_EXPORT int dup3(int oldfd, int newfd, int flags)
     if (oldfd != newfd) {
         monarch_zpool_release_fd(newfd);
         monarch_probe_dir_closing((unsigned)newfd, (unsigned)newfd);
+        monarch_part_copy_closing((unsigned)newfd, (unsigned)newfd);
     }
     int fd = real_(oldfd, newfd, flags);
     if (fd >= 0)
@@ -773,6 +776,7 @@ MONARCH_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
     if (!(flags & CLOSE_RANGE_CLOEXEC)) {
         monarch_zpool_release_range(first, last);
         monarch_probe_dir_closing(first, last);
+        monarch_part_copy_closing(first, last);
     }
     int r = real_(first, last, flags);
     if (r == 0 && !(flags & CLOSE_RANGE_CLOEXEC) && getpid() == monarch_pid)

@@ -263,3 +263,28 @@ def test_the_block_map_header_is_what_the_shim_reads():
     raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1)
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_DONE_OFFSET)[0] == 1
     assert raw[:8] == b"BLOCKMAP"
+
+
+CLOSES_OTHERS = r"""
+fd = os.open(path, os.O_RDONLY)
+wait_whole()
+assert os.pread(fd, 1 << 20, 0) == want(0, 1 << 20)
+keep = {fd, src}
+for n in range(3, 256):  # as a worker that closes every descriptor it did not open
+    if n not in keep:
+        try:
+            os.close(n)
+        except OSError:
+            pass
+decoys = [os.open("/dev/zero", os.O_RDONLY) for _ in range(20)]  # other files on the freed numbers
+ok = all(os.pread(fd, 65536, off) == want(off, 65536) for off in range(0, size - 65536, 3 << 20))
+print(json.dumps({"ok": ok}))
+"""
+
+
+def test_a_reader_that_closes_the_shims_copy_still_reads_the_sources_bytes(short_tmp, slow_pfs):
+    size = 24 * MiB  # 2.4 s at 10 MB/s: opened while its blocks are staged
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 10, "1GiB")
+    out, rep, _ = run_reader(short_tmp, cfg, CLOSES_OTHERS, path, src, tier_base, pfs)
+    assert out["ok"], out
+    assert rep["blocks"]["read"]["opens"] == 1 and rep["blocks"]["read"]["local_bytes"] >= 1 << 20
