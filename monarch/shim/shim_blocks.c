@@ -409,6 +409,9 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
     *m = (struct monarch_mapping){.addr = (uintptr_t)p, .len = len, .off = off, .prot = prot, .share = share,
                                   .part = part, .moved = moved, .first = first, .last = last};
     __atomic_store_n(&monarch_nmappings, monarch_nmappings + 1, __ATOMIC_RELEASE);
+    /* a fault of the PFS's pages reads what the application touches, not the kernel's read-ahead
+     * (128 KiB and more for a 2 KiB window): the daemon's blocks are the read-ahead */
+    madvise(p, len, MADV_RANDOM);
     if (monarch_mapping_move_locked(m))
         monarch_mapping_free_locked(m);
     else

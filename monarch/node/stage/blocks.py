@@ -62,7 +62,9 @@ BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
 BLOCK_SHIFT = 20  # 1 MiB blocks: a block cache's usual page (Alluxio, mountpoint-s3); a mapping moves in these
 BLOCK = 1 << BLOCK_SHIFT
 BLOCKS_MIN = 16 << 20  # files this large are staged by blocks: a whole copy of one would keep an open waiting
-START_IN_FLIGHT = 4    # blocks read at once before the source is measured
+READ = 128 << 10       # a block is read in requests this large, one after another: an application's read
+                       # of the PFS queues behind at most one of them per block in flight (a FUSE request's size)
+START_IN_FLIGHT = 1    # blocks read at once before the source is measured (the slow start doubles it)
 MAX_IN_FLIGHT = 32     # at most (each holds a BLOCK buffer: 32 MiB in all)
 
 
@@ -172,6 +174,7 @@ class BlockStager:
         self.books = books
         self.pfs = pfs
         self.files: dict[str, BlockFile] = {}
+        self._active: list[BlockFile] = []  # files with blocks still to stage, in the order they came
         self.concurrency = Concurrency(fixed=fixed, start=START_IN_FLIGHT, low=1, high=MAX_IN_FLIGHT)
         self._cv = threading.Condition(books.lock)  # the books' lock: room, publication and blocks agree
         self._workers: list[threading.Thread] = []
@@ -208,6 +211,7 @@ class BlockStager:
                 return self.files.get(key) if key in self.files else None
             bf.asked = asked
             self.files[key] = bf
+            self._active.append(bf)
             self._wake_locked()
         return bf
 
@@ -250,8 +254,11 @@ class BlockStager:
             self._cv.notify()
 
     def _next_locked(self) -> tuple[BlockFile, int] | None:
-        files = sorted(self.files.values(), key=lambda f: not f.asked)  # the application's files first
-        for demand_only in (True, False):
+        """The next block: one the shim wanted (only files it opened have such marks), then
+        read-ahead's, the files the application opened before the others."""
+        self._active = [bf for bf in self._active if not bf.done]
+        asked = [bf for bf in self._active if bf.asked]
+        for demand_only, files in ((True, asked), (False, asked), (False, self._active)):
             for bf in files:
                 b = bf.next_block(demand_only)
                 if b is not None:
@@ -295,7 +302,7 @@ class BlockStager:
             view = memoryview(buf)[:want]
             got = 0
             while got < want:
-                n = os.preadv(src, [view[got:]], offset + got)
+                n = os.preadv(src, [view[got:got + READ]], offset + got)
                 if n == 0:
                     raise SourceChanged(errno.ESTALE, f"ends at {offset + got} bytes, the snapshot saw {bf.info.size}")
                 got += n
