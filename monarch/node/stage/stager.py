@@ -49,13 +49,16 @@ class Stager(StagerBooks):
     def __init__(self, snapshot: Snapshot, tiers: list[Tier], threads: int = 0, *,
                  peers: PeerSource | None = None, peer_area: Tier | None = None,
                  on_fallback: Callable[[str], None] | None = None, max_threads: int = 256,
-                 start_depth: int | None = None, pfs_source: Callable[[Source], Source] | None = None):
+                 start_depth: int | None = None, pfs_source: Callable[[Source], Source] | None = None,
+                 by_blocks: bool = True):
         """``threads``: copies in flight at most (0: adaptive, up to ``max_threads``, from
         ``start_depth`` copies at first if given: a sharded node, whose share every node waits
         on, starts deep toward the PFS). ``peers``: keys another node owns are fetched from it
         into ``peer_area`` first (or from ``fetch_from_peers`` on); ``on_fallback(reason)`` is
         told each time that did not work and the PFS was used. ``pfs_source`` wraps the PFS
-        source the copies read (a key-value store's roots: ``store_source.StoreSet``)."""
+        source the copies read (a key-value store's roots: ``store_source.StoreSet``). ``by_blocks``:
+        large files are staged by blocks (``blocks.py``; a cluster's daemons copy them whole, as
+        their peers fetch whole files)."""
         super().__init__(snapshot, tiers, Concurrency(fixed=threads or None, start=start_depth or Concurrency.START,
                                                       high=max_threads),
                          peers=peers, peer_area=peer_area)
@@ -63,7 +66,7 @@ class Stager(StagerBooks):
         self.schedule = Schedule(self)
         self.copier = Copier(self, self.schedule.room_for_hinted_locked, on_fallback, pfs_source)
         # large files by blocks, from the PFS only (a key-value store's values are copied whole)
-        self.blocks = BlockStager(self, self.copier.pfs) if pfs_source is None else None
+        self.blocks = BlockStager(self, self.copier.pfs) if by_blocks and pfs_source is None else None
         self._workers: list[threading.Thread] = []
         self._idle = 0
 
