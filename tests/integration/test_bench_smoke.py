@@ -61,6 +61,8 @@ BENCHES = [
     Bench("bench_large_files.py", ["--quick", "--json", "{tmp}/large.json"],
           r"^md5sum under monarch run, opened from \(the report\): (?=.*\bpfs 0 \()(?=.*\bram 1 \(1\.00x the file\))",
           {"fuse"}),
+    Bench("bench_large_reads.py", ["--quick", "--json", "{tmp}/large_reads.json"],
+          r"^  monarch, half .*  OK$", {"fuse"}),
     Bench("bench_shards.py", ["--quick", "--json", "{tmp}/shards.json"],
           r"^lmdb\s+\d+ MiB\s+[\d.]+x\s+[\d.]+x\s+[\d.]+x\s+[\d.]+\s+[\d.]+\s+OK$", {"fuse", "lmdb"}),
     Bench("bench_metadata.py", ["--quick", "--epochs", "1", "--lookup-latency-ms", "0.2", "--open-latency-ms", "0.2",

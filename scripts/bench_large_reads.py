@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Large-file benchmark: one token file read at random through np.memmap, directly, under Monarch and from /dev/shm.
+
+An LLM's pre-training reads windows of tokens at random from one large file: Megatron-style
+through one ``np.memmap`` for the whole run, nanoGPT-style through a new ``np.memmap`` per step.
+The file sits behind the emulated PFS (FUSE, page-cached as a PFS client is, 2 ms per open, a
+bandwidth cap, its own byte count). Each case runs the same reader, side by side in one run:
+directly on the PFS, under ``monarch run`` with a RAM tier that holds the file and one that holds
+half of it, and over a copy in /dev/shm (the ceiling). The reader runs in a memory cgroup
+(--cgroup-mib, 512) so that no page cache holds the file for it, as on a node whose memory is far
+smaller than the data; the daemon's tier is outside it. Every window's sum is checked against
+the source's.
+
+    python3 scripts/bench_large_reads.py                 # 2 GiB, 400 MB/s x 2,000 steps and 50 MB/s x 1,000
+    python3 scripts/bench_large_reads.py --bandwidths 400 --readers megatron --tiers full
+    python3 scripts/bench_large_reads.py --quick         # a smoke run (64 MiB)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO)]
+
+from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
+from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+
+WINDOW = 1025     # tokens (uint16) per window: a context of 1,024 and its next token
+PER_STEP = 32     # windows per step (a batch)
+
+READER = r"""
+import json, os, resource, sys, time
+import numpy as np
+path, kind, plan = sys.argv[1], sys.argv[2], np.load(sys.argv[3])
+offsets, sums = plan["offsets"], plan["sums"]
+steps = len(offsets) // %(per_step)d
+arr = np.memmap(path, dtype=np.uint16, mode="r") if kind == "megatron" else None
+t = [time.monotonic()]
+bad = 0
+for s in range(steps):
+    a = arr if arr is not None else np.memmap(path, dtype=np.uint16, mode="r")
+    for i in range(s * %(per_step)d, (s + 1) * %(per_step)d):
+        o = int(offsets[i])
+        bad += int(a[o:o + %(window)d].sum(dtype=np.int64)) != int(sums[i])
+    if arr is None:
+        del a
+    t.append(time.monotonic())
+q = max(1, steps // 4)
+ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+print(json.dumps({"first": t[1] - t[0], "total": t[-1] - t[0], "q1": q / (t[q] - t[0]),
+                  "q4": q / (t[-1] - t[-1 - q]), "bad": bad, "windows": len(offsets),
+                  "cpu": sum(r.ru_utime + r.ru_stime for r in ru)}))
+""" % {"per_step": PER_STEP, "window": WINDOW}
+
+
+def make_file(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    chunk = 64 << 20
+    with open(path, "wb") as f:
+        for off in range(0, size, chunk):
+            f.write(os.urandom(min(chunk, size - off)))
+
+
+def make_plan(src: Path, steps: int, seed: int, out: Path) -> None:
+    """The windows' offsets (seeded) and their sums, from the source file."""
+    import numpy as np
+    tokens = np.memmap(src, dtype=np.uint16, mode="r")
+    rng = random.Random(seed)
+    offsets = np.array([rng.randrange(0, len(tokens) - WINDOW) for _ in range(steps * PER_STEP)], dtype=np.int64)
+    sums = np.array([int(tokens[o:o + WINDOW].sum(dtype=np.int64)) for o in offsets], dtype=np.int64)
+    with open(out, "wb") as f:
+        np.savez(f, offsets=offsets, sums=sums)
+
+
+class MemoryCgroup:
+    """A memory cgroup the reader runs in (cgroup v1 or v2), or none (not root: said once)."""
+
+    def __init__(self, limit: int):
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        name = f"bench-large-reads-{os.getpid()}"
+        if v2.exists() and "memory" in v2.read_text():
+            self.path, limit_file = Path("/sys/fs/cgroup") / name, "memory.max"
+        else:
+            self.path, limit_file = Path("/sys/fs/cgroup/memory") / name, "memory.limit_in_bytes"
+        try:
+            self.path.mkdir()
+            (self.path / limit_file).write_text(str(limit))
+        except OSError as e:
+            print(f"no memory cgroup ({e}): the direct figures are flattered by the page cache", file=sys.stderr)
+            self.path = None
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        if self.path is None:
+            return cmd
+        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh", *cmd]
+
+    def remove(self) -> None:
+        if self.path is not None:
+            subprocess.run(["rmdir", str(self.path)], capture_output=True)
+
+
+def run(cmd: list[str], env: dict) -> dict:
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=7200)
+    if proc.returncode != 0:
+        raise SystemExit(f"the reader failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["wall"] = time.monotonic() - t0
+    out["stderr"] = proc.stderr
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size-gib", type=float, default=2.0, help="the token file's size (default 2)")
+    p.add_argument("--bandwidths", default="400,50", help="PFS bandwidths in MB/s (default 400,50)")
+    p.add_argument("--steps", default="2000,1000", help="steps at each bandwidth (default 2000,1000)")
+    p.add_argument("--readers", default="megatron,nanogpt")
+    p.add_argument("--tiers", default="full,half", help="a RAM tier that holds the file, half of it")
+    p.add_argument("--cgroup-mib", type=int, default=512, help="the reader's memory cgroup (default 512)")
+    p.add_argument("--json", help="write the figures here")
+    return parse_with_quick(p, argv, {"size_gib": 1 / 16, "bandwidths": "200", "steps": "40", "cgroup_mib": 128})
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    reason = fuse_unavailable_reason(probe=True)
+    if reason:
+        print(f"cannot mount the emulated PFS: {reason}", file=sys.stderr)
+        return 2
+    size = int(args.size_gib * (1 << 30)) // 2 * 2
+    bandwidths = [float(b) for b in args.bandwidths.split(",")]
+    steps_of = dict(zip(bandwidths, [int(s) for s in args.steps.split(",")]))
+    readers, tiers = args.readers.split(","), args.tiers.split(",")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-large-reads-") as tmp, \
+            tempfile.TemporaryDirectory(prefix="bench-large-reads-", dir="/dev/shm") as shm:
+        work = Path(tmp)
+        src = work / "src" / "data" / "tokens.bin"
+        make_file(src, size)
+        ceiling = Path(shm) / "tokens.bin"
+        shutil.copyfile(src, ceiling)
+        reader = work / "reader.py"
+        reader.write_text(READER)
+        (work / "run").mkdir()
+        cgroup = MemoryCgroup(args.cgroup_mib << 20)
+        try:
+            for bw in bandwidths:
+                plan = work / f"plan-{bw:g}.npz"
+                make_plan(src, steps_of[bw], 1, plan)
+                with SlowPFS(src.parent.parent, work / f"pfs-{bw:g}", work / f"pfs-{bw:g}.json", open_latency_ms=2,
+                             bandwidth_mbps=bw, page_cache=True) as pfs:
+                    path = os.path.join(pfs.mountpoint, "data", "tokens.bin")
+                    for kind in readers:
+                        cmd = [sys.executable, str(reader), path, kind, str(plan)]
+                        row = {"reader": kind, "bandwidth": bw, "steps": steps_of[bw]}
+                        pfs.reset_counters()
+                        row["direct"] = run(cgroup.wrap(cmd), env)
+                        row["direct"]["pfs"] = pfs.counters()["bytes"] / size
+                        row["shm"] = run(cgroup.wrap([sys.executable, str(reader), str(ceiling), kind, str(plan)]), env)
+                        for tier in tiers:
+                            base = Path(shm) / f"ram-{kind}-{bw:g}-{tier}"
+                            base.mkdir()
+                            config = work / f"{kind}-{bw:g}-{tier}.yaml"
+                            capacity = size + (64 << 20) if tier == "full" else size // 2
+                            config.write_text(json.dumps({
+                                "dataset": {"roots": [os.path.dirname(path)]}, "run_base": str(work / "run"),
+                                "tiers": [{"name": "ram", "path": str(base), "capacity": capacity}]}))
+                            report = work / f"report-{kind}-{bw:g}-{tier}.json"
+                            pfs.reset_counters()
+                            m = run([sys.executable, "-m", "monarch", "run", "-c", str(config), "--no-progress",
+                                     "--report", str(report), "--", *cgroup.wrap(cmd)],
+                                    dict(env, MONARCH_JOB_ID=f"large-{kind}-{bw:g}-{tier}-{os.getpid()}"))
+                            if not report.exists():
+                                raise SystemExit(f"monarch run wrote no report: Monarch was not active\n{m['stderr']}")
+                            m["pfs"] = pfs.counters()["bytes"] / size
+                            m["blocks"] = json.loads(report.read_text()).get("blocks")
+                            row[tier] = m
+                            shutil.rmtree(base, ignore_errors=True)
+                        rows.append(row)
+                        print_row(row, tiers)
+        finally:
+            cgroup.remove()
+    print_targets(rows, tiers)
+    if args.json:
+        for row in rows:
+            for case in row.values():
+                if isinstance(case, dict):
+                    case.pop("stderr", None)
+        Path(args.json).write_text(json.dumps({"rows": rows, "args": vars(args), "size": size}, indent=2))
+    return 0
+
+
+def print_row(row: dict, tiers: list[str]) -> None:
+    d, s = row["direct"], row["shm"]
+    print(f"\n{row['reader']}, {row['bandwidth']:g} MB/s, {row['steps']} steps "
+          f"(steps/s: first quarter, last quarter; PFS bytes / file, the emulator's count)")
+    print(f"  {'case':<16}{'first step':>11}{'whole job':>11}{'x direct':>9}{'q1':>9}{'q4':>9}{'PFS':>7}"
+          f"{'CPU s':>7}  windows")
+    for name, c in [("direct", d), ("/dev/shm copy", s)] + [(f"monarch, {t}", row[t]) for t in tiers]:
+        pfs = f"{c['pfs']:.2f}x" if "pfs" in c else "-"
+        ok = "OK" if c["bad"] == 0 else f"{c['bad']} WRONG"
+        print(f"  {name:<16}{c['first']:>10.2f}s{c['total']:>10.1f}s{c['total'] / d['total']:>8.2f}x"
+              f"{c['q1']:>9.1f}{c['q4']:>9.1f}{pfs:>7}{c['cpu']:>7.1f}  {ok}")
+    for t in tiers:
+        b = row[t].get("blocks") or {}
+        if b:
+            r = b.get("read", {})
+            print(f"  monarch, {t}: partly staged {b['partly_staged_bytes'] / 2**20:.0f} of "
+                  f"{b['partly_staged_of_bytes'] / 2**20:.0f} MiB; {r.get('remapped_bytes', 0) / 2**20:.0f} MiB of "
+                  f"mappings moved onto the copy, {r.get('opens', 0)} opens while staging")
+
+
+def print_targets(rows: list[dict], tiers: list[str]) -> None:
+    print("\ntargets (each case):")
+    for row in rows:
+        d, s = row["direct"], row["shm"]
+        for t in tiers:
+            m = row[t]
+            checks = [("first step <= direct + 0.1 s", m["first"] <= d["first"] + 0.1),
+                      ("first quarter >= 0.8x direct", m["q1"] >= 0.8 * d["q1"]),
+                      ("whole job <= 1.0x direct", m["total"] <= d["total"]),
+                      ("every window right", m["bad"] == 0 and d["bad"] == 0)]
+            if t == "full":
+                checks += [("last quarter >= 0.9x /dev/shm", m["q4"] >= 0.9 * s["q4"]),
+                           ("PFS <= 1.05x the file", m["pfs"] <= 1.05)]
+            else:
+                checks += [("last quarter >= 1.5x direct", m["q4"] >= 1.5 * d["q4"])]
+            said = "; ".join(f"{name}: {'PASS' if ok else 'FAIL'}" for name, ok in checks)
+            print(f"  {row['reader']}, {row['bandwidth']:g} MB/s, tier {t}: {said}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
