@@ -231,6 +231,7 @@ struct monarch_probe {
     int fd;         /* the dir, opened once (shim_paths.c: probe directories); MONARCH_PROBE_* below 0 */
     dev_t dev;      /* and its identity, written before fd is published */
     ino_t ino;
+    int shared;     /* shared with the user's other jobs (MONARCH_SHARED_SLOTS): a copy must match the index */
 };
 
 static struct monarch_root monarch_roots[MONARCH_MAX_ROOTS];
@@ -773,6 +774,17 @@ static void monarch_init(void)
             break;
         if (k < 64)
             monarch_store_roots |= 1ULL << k;
+        c = *end == ',' ? end + 1 : end;
+    }
+    const char *shared = getenv(MONARCH_ENV_SHARED_SLOTS);
+    for (const char *c = shared; c && *c;) {
+        char *end;
+        unsigned long s = strtoul(c, &end, 10);
+        if (end == c)
+            break;
+        for (unsigned i = 0; i < monarch_nprobes; i++)
+            if (monarch_probes[i].slot == s)
+                monarch_probes[i].shared = 1;
         c = *end == ',' ? end + 1 : end;
     }
     const char *ask_first = getenv(MONARCH_ENV_ASK_FIRST);

@@ -40,6 +40,29 @@ static int monarch_open_staged(const char *path, int flags, unsigned slot)
     return fd;
 }
 
+/* The copy of key in a shared probe dir (another job of this user may have staged it from
+ * its own snapshot): used only when its size and mtime are those of the key's index entry
+ * n + 1, else -1 (the daemon is asked, or the PFS read). */
+static int monarch_probe_open_shared(struct monarch_probe *pr, const char *key, size_t kl, int flags, uint32_t n,
+                                     char *staged)
+{
+    struct monarch_index_entry e;
+    if (!n || monarch_index_entry(n, &e) != 0)
+        return -1;
+    int dfd = monarch_probe_fd(pr), fd = -1;
+    struct stat st;
+    if (dfd >= 0 && monarch_probe_fd_valid(pr, dfd))
+        fd = monarch_open_regular(dfd, key, flags, &st);
+    else if (monarch_probe_path(pr, key, kl, staged) == 0)
+        fd = monarch_open_regular(AT_FDCWD, staged, flags, &st);
+    if (fd < 0)
+        return -1;
+    if ((uint64_t)st.st_size == e.size && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == e.mtime_ns)
+        return fd;
+    real_close(fd);
+    return -1;
+}
+
 /* The copy of key in probe dir pr, relative to the dir's descriptor (see "probe
  * directories" in shim_paths.c), else by path into staged[PATH_MAX]; -1 if none. A copy
  * through the descriptor is used at once when it is on the dir's device and of the size and
@@ -48,6 +71,8 @@ static int monarch_open_staged(const char *path, int flags, unsigned slot)
 static int monarch_probe_open(struct monarch_probe *pr, const char *key, size_t kl, int flags, uint32_t n,
                               char *staged)
 {
+    if (pr->shared)
+        return monarch_probe_open_shared(pr, key, kl, flags, n, staged);
     int dfd = monarch_probe_fd(pr);
     if (MONARCH_LIKELY(dfd >= 0)) {
         struct stat st;
