@@ -536,8 +536,7 @@ class NodeDaemon:
             dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
             inflated_bytes=self.resolver.inflated_bytes, front_door=door,
             cluster=self.role.stats() if self.role is not None else {},
-            timeline=timeline, size_classes=classes,
-        )
+            timeline=timeline, size_classes=classes)
 
     # -- what others ask of it, and its end -----------------------------------------------
     def client_env(self) -> dict[str, str]:
@@ -562,7 +561,8 @@ class NodeDaemon:
     def describe(self) -> dict:
         """Who this daemon is, for a launcher deciding whether to attach."""
         return {"run": self.run_id, "node": self.node, "roots": list(self.config.dataset.roots),
-                "config": self.config.source, "pid": os.getpid(), "tier_errors": dict(self.tier_errors)}
+                "config": self.config.source, "pid": os.getpid(), "tier_errors": dict(self.tier_errors),
+                "tier_sharing": shared_tier.sharing(self.tiers)}
 
     def close(self) -> None:
         """Stop staging and remove what the run asked not to keep. The run directory keeps

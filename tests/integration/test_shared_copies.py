@@ -14,7 +14,6 @@ import glob
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -103,3 +102,124 @@ def test_a_job_killed_while_staging_leaves_nothing_the_other_trusts(dataset, sho
     found = sum(t.get("shared", {}).get("from_others_files", 0) for t in rep["nodes"][0]["tiers"])
     assert found >= 5 and found + rep["staging"]["files"] == len(ds.files), (found, rep["staging"])
     assert leftovers(short_tmp) == []  # the dead job's lease went with it, and its half-written copies
+
+PLAIN_READER = r"""
+import hashlib, json, os, sys
+root, out = sys.argv[1:3]
+got = {}
+for d, _, names in os.walk(root):
+    for n in names:
+        p = os.path.join(d, n)
+        with open(p, "rb") as f:
+            got[os.path.relpath(p, root)] = hashlib.sha256(f.read()).hexdigest()
+json.dump(got, open(out, "w"))
+"""
+
+
+def test_a_file_changed_between_two_jobs_is_read_from_the_pfs_by_the_second(dataset, short_tmp, slow_pfs):
+    raw = dataset(files=40, size="8KiB")
+    pfs = slow_pfs(raw.root, open_latency_ms=0)
+    cfg = shared_config(short_tmp, pfs.mountpoint, linger=600)
+    out = os.path.join(short_tmp, "digests.json")
+    cmd = [sys.executable, "-c", PLAIN_READER, str(pfs.mountpoint), out]
+    r = monarch("run", "-c", cfg, "--", *cmd, env=monarch_env(MONARCH_JOB_ID="first", MONARCH_PROGRESS="0"))
+    assert r.returncode == 0, r.stderr
+    changed = sorted(raw.files)[7]
+    src = os.path.join(raw.root, changed)
+    with open(src, "r+b") as f:  # same size, other bytes, a later mtime
+        f.write(b"NEW" * 100)
+    os.utime(src, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    pfs.reset_counters()
+    report = os.path.join(short_tmp, "second.json")
+    r = monarch("run", "-c", cfg, "--report", report, "--", *cmd,
+                env=monarch_env(MONARCH_JOB_ID="second", MONARCH_PROGRESS="0"))
+    assert r.returncode == 0, r.stderr
+    import hashlib
+    with open(src, "rb") as f:
+        assert json.load(open(out))[changed] == hashlib.sha256(f.read()).hexdigest()
+    files = pfs.counters()["files"]
+    assert set(files) == {changed}, files  # the changed file alone came from the PFS
+    r = monarch("cache", "drop", "-c", cfg)
+    assert r.returncode == 0, r.stderr
+    assert leftovers(short_tmp) == []
+
+
+def test_cache_ls_and_drop_expired_free_a_lingering_set(dataset, short_tmp):
+    ds = dataset(files=30, size="4KiB")
+    cfg = shared_config(short_tmp, ds.root, linger=1)
+    report = os.path.join(short_tmp, "r.json")
+    r = monarch("run", "-c", cfg, "--report", report, "--", *reader(ds, epochs=1),
+                env=monarch_env(MONARCH_JOB_ID="chain-1", MONARCH_PROGRESS="0"))
+    assert r.returncode == 0, r.stderr
+    assert "monarch cache drop" in r.stdout + r.stderr  # the last job says what it left and how to free it
+    assert leftovers(short_tmp)  # lingering
+    listed = monarch("cache", "ls", "-c", cfg)
+    assert listed.returncode == 0 and "share-" in listed.stdout and "30 files" in listed.stdout, listed.stdout
+    early = monarch("cache", "drop", "--expired", "-c", cfg)
+    assert early.returncode == 0, early.stderr
+    assert leftovers(short_tmp)  # its linger is not over yet
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and leftovers(short_tmp):
+        time.sleep(0.5)
+        r = monarch("cache", "drop", "--expired", "-c", cfg)
+        assert r.returncode == 0, r.stderr
+    assert leftovers(short_tmp) == []
+
+
+NOBODY_PLANTS = r"""
+import json, os, sys
+ours, theirs, keys = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+for path in (ours, os.path.dirname(ours)):
+    try:
+        os.listdir(path)
+        print("LISTED", path)
+    except PermissionError:
+        pass
+os.makedirs(theirs, mode=0o700)
+for key in keys:  # the other user's own set of the same dataset, poisoned
+    p = os.path.join(theirs, key)
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    with open(p, "wb") as f:
+        f.write(b"POISON")
+print("PLANTED", len(keys))
+"""
+
+
+def test_another_users_copies_of_the_same_dataset_are_never_served(dataset, short_tmp, as_other_user):
+    """``nobody`` makes a set of the same dataset under the same tier base (poisoned copies
+    at every key) while this user's first job holds its set, and cannot list this user's. The
+    second job of this user reads its first job's copies (right bytes, checked) and nothing
+    of nobody's, whose files stay. (A job of nobody's own cannot run here: the test's
+    interpreter is out of its reach; what keeps users apart is the per-user directory, and
+    that is what is planted against.)"""
+    ds = dataset(files=40, size="8KiB")
+    base = os.path.join(short_tmp, "shared-bases")
+    ram = f"/dev/shm{base}/ram"
+    for d in (ram, f"{base}/ssd"):
+        os.makedirs(d)
+        os.chmod(d, 0o1777)  # like /dev/shm and /tmp
+    for d in (base, short_tmp):
+        os.chmod(d, 0o755)
+    path = os.path.dirname(f"/dev/shm{base}")
+    while path != "/dev/shm":
+        os.chmod(path, 0o755)
+        path = os.path.dirname(path)
+    cfg = shared_config(base, ds.root, linger=600)
+    r = monarch("run", "-c", cfg, "--", *reader(ds, epochs=1), env=monarch_env(MONARCH_JOB_ID="first",
+                                                                              MONARCH_PROGRESS="0"))
+    assert r.returncode == 0, r.stderr
+    (ours,) = glob.glob(f"{ram}/monarch-{os.getuid()}/share-*")
+    theirs = os.path.join(ram, "monarch-65534", os.path.basename(ours))
+    planted = as_other_user(["-c", NOBODY_PLANTS, ours, theirs, json.dumps([f"0/{k}" for k in ds.files])])
+    assert planted.returncode == 0, planted.stderr
+    assert "LISTED" not in planted.stdout and f"PLANTED {len(ds.files)}" in planted.stdout, planted.stdout
+    report = os.path.join(short_tmp, "second.json")
+    r = monarch("run", "-c", cfg, "--report", report, "--", *reader(ds, epochs=2),
+                env=monarch_env(MONARCH_JOB_ID="second", MONARCH_PROGRESS="0"))
+    assert r.returncode == 0, r.stderr  # every digest checked: no POISON read
+    rep = load(report)
+    found = sum(t.get("shared", {}).get("from_others_files", 0) for t in rep["nodes"][0]["tiers"])
+    assert found == len(ds.files) and rep["opened_from"]["pfs"]["opens"] == 0, (found, rep["opened_from"])
+    assert len(glob.glob(f"{theirs}/0/*/*.bin")) == len(ds.files)  # nobody's files are nobody's to remove
+    assert monarch("cache", "drop", "-c", cfg).returncode == 0
+    assert not os.path.exists(ours)

@@ -307,3 +307,16 @@ def client_env(tiers: list[Tier]) -> dict[str, str]:
 
 def any_shared(tiers: list[Tier]) -> bool:
     return any(isinstance(t, SharedTier) for t in tiers)
+
+
+def sharing(tiers: list[Tier]) -> dict[str, dict]:
+    """Per tier, for the launcher at the start: shared (where, with how many jobs, the set's
+    capacity against this job's) or why not."""
+    out: dict[str, dict] = {}
+    for t in tiers:
+        if isinstance(t, SharedTier):
+            out[t.name] = {"path": t.path, "jobs": t.shared.others_at_join, "capacity": t.capacity,
+                           "configured_capacity": t.configured_capacity}
+        elif isinstance(t, PrivateTier):
+            out[t.name] = {"not_shared": t.not_shared}
+    return out
