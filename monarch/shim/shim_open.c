@@ -42,18 +42,25 @@ static int monarch_open_staged(const char *path, int flags, unsigned slot)
 
 /* The copy of key in a shared probe dir (another job of this user may have staged it from
  * its own snapshot): used only when its size and mtime are those of the key's index entry
- * n + 1, else -1 (the daemon is asked, or the PFS read). */
+ * n + 1, else -1 (the daemon is asked, or the PFS read). Opened relative to the dir's
+ * descriptor, as monarch_probe_open does; by path when the descriptor is no longer the dir. */
 static int monarch_probe_open_shared(struct monarch_probe *pr, const char *key, size_t kl, int flags, uint32_t n,
                                      char *staged)
 {
     struct monarch_index_entry e;
+    struct stat st;
     if (!n || monarch_index_entry(n, &e) != 0)
         return -1;
     int dfd = monarch_probe_fd(pr), fd = -1;
-    struct stat st;
-    if (dfd >= 0 && monarch_probe_fd_valid(pr, dfd))
+    if (MONARCH_LIKELY(dfd >= 0)) {
         fd = monarch_open_regular(dfd, key, flags, &st);
-    else if (monarch_probe_path(pr, key, kl, staged) == 0)
+        if (fd >= 0 && st.st_dev != pr->dev && !monarch_probe_fd_valid(pr, dfd)) {
+            real_close(fd); /* the number is no longer the dir's */
+            fd = -2;
+        } else if (fd < 0 && (errno == EBADF || errno == ENOTDIR) && !monarch_probe_fd_valid(pr, dfd))
+            fd = -2;
+    }
+    if ((dfd < 0 || fd == -2) && monarch_probe_path(pr, key, kl, staged) == 0)
         fd = monarch_open_regular(AT_FDCWD, staged, flags, &st);
     if (fd < 0)
         return -1;
