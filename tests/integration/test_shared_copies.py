@@ -54,6 +54,20 @@ def leftovers(base: str) -> list[str]:
     return sorted(glob.glob(f"/dev/shm{base}/ram/monarch-{uid}/*") + glob.glob(f"{base}/ssd/monarch-{uid}/*"))
 
 
+def gone(pid: int) -> None:
+    """Wait until ``pid`` is dead (a zombie is: its locks are released)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except OSError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} did not die")
+
+
 def through_pfs(slow_pfs, ds, **latency):
     return ds.__class__(str(slow_pfs(ds.root, **latency).mountpoint), ds.manifest, ds.files, ds.total)
 
@@ -82,7 +96,7 @@ def test_a_job_killed_while_staging_leaves_nothing_the_other_trusts(dataset, sho
     """The first job is SIGKILLed (daemon, launcher and readers) while its read-ahead copies
     from a slow PFS; the second, started meanwhile, reads every file with the right bytes,
     stages what the dead one had not, and leaves nothing behind."""
-    ds = through_pfs(slow_pfs, dataset(files=120, size="64KiB"), open_latency_ms=20)
+    ds = through_pfs(slow_pfs, dataset(files=300, size="64KiB"), open_latency_ms=20, bandwidth_mbps=20)
     cfg = shared_config(short_tmp, ds.root)
     first = job(cfg, ds, "killed", os.path.join(short_tmp, "dead.json"), epochs=1)
     ram = f"/dev/shm{short_tmp}/ram/monarch-{os.getuid()}"
@@ -93,14 +107,19 @@ def test_a_job_killed_while_staging_leaves_nothing_the_other_trusts(dataset, sho
         time.sleep(0.05)
     else:
         pytest.fail("the first job staged nothing within 60 s")
+    with open(os.path.join(short_tmp, "run", f"monarch-{os.getuid()}", "killed-node0", ".monarch-run")) as f:
+        daemon = int(json.load(f)["pid"])
+    os.kill(daemon, signal.SIGKILL)  # every process of the job, as Slurm ends one (its cgroup)
     os.killpg(first.pid, signal.SIGKILL)
     first.communicate()
+    gone(daemon)
     report = os.path.join(short_tmp, "alive.json")
     r = finish_group(job(cfg, ds, "alive", report))
     assert r.returncode == 0, r.stderr  # every digest checked
     rep = load(report)
     found = sum(t.get("shared", {}).get("from_others_files", 0) for t in rep["nodes"][0]["tiers"])
     assert found >= 5 and found + rep["staging"]["files"] == len(ds.files), (found, rep["staging"])
+    assert rep["staging"]["files"] > 0  # the first job was killed with copies still to make
     assert leftovers(short_tmp) == []  # the dead job's lease went with it, and its half-written copies
 
 PLAIN_READER = r"""

@@ -122,28 +122,19 @@ def _joining(path: str):
         os.close(fd)
 
 
-def _remove_temporaries(path: str) -> int:
-    """Remove copies left half-written (only when no other job is using the set)."""
-    gone = 0
-    for top, dirs, files in os.walk(path):
-        if top == path and CONTROL in dirs:
-            dirs.remove(CONTROL)
-        for name in files:
-            if name.startswith(TMP_PREFIXES):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(top, name))
-                    gone += 1
-    return gone
-
-
-def _held_bytes(path: str, allocated) -> tuple[int, int]:
-    """Files and the room (``allocated(size)`` each) of the copies in the set."""
+def _sweep(path: str, allocated, remove_temporaries: bool = False) -> tuple[int, int]:
+    """Files and the room (``allocated(size)`` each) of the copies in the set; with
+    ``remove_temporaries`` (no other job uses the set) copies left half-written go."""
     files = room = 0
     for top, dirs, names in os.walk(path):
         if top == path and CONTROL in dirs:
             dirs.remove(CONTROL)
         for name in names:
             with contextlib.suppress(OSError):
+                if name.startswith(TMP_PREFIXES):
+                    if remove_temporaries:
+                        os.unlink(os.path.join(top, name))
+                    continue
                 st = os.lstat(os.path.join(top, name))
                 if stat.S_ISREG(st.st_mode):
                     files += 1
@@ -187,8 +178,7 @@ class SharedSet:
                         old = os.pread(room_fd, _ROOM.size, 0)
                         set_capacity = _ROOM.unpack(old)[0] if len(old) == _ROOM.size and others else capacity
                         if not others:  # alone: what killed jobs left half-written goes, the room is recounted
-                            _remove_temporaries(path)
-                            os.pwrite(room_fd, _ROOM.pack(set_capacity, _held_bytes(path, allocated)[1]), 0)
+                            os.pwrite(room_fd, _ROOM.pack(set_capacity, _sweep(path, allocated, True)[1]), 0)
                     finally:
                         fcntl.flock(room_fd, fcntl.LOCK_UN)
                     with contextlib.suppress(FileNotFoundError):
@@ -251,8 +241,8 @@ class SharedSet:
 
     def leave(self) -> dict | None:
         """End this job's lease. The last job out leaves the copies ``linger`` seconds (the
-        expiry written) or, with no linger, removes the set. What was left (path, files,
-        bytes, until) is returned and kept in ``left``; None if other jobs still use it."""
+        expiry written) or, with no linger, removes the set. What was left (path, bytes of
+        room, until) is returned and kept in ``left``; None if other jobs still use it."""
         if self._lease_fd < 0:
             return self.left
         try:
@@ -263,13 +253,13 @@ class SharedSet:
                     os.unlink(os.path.join(control, LEASES, self.lease))
                 if _live_leases(control):
                     return None
-                files, nbytes = _held_bytes(self.path, lambda size: size)
-                if self.linger <= 0 or not files:
+                taken = self.taken()  # the room the copies take: what the linger holds (no walk of the set)
+                if self.linger <= 0 or not taken:
                     _remove(self.path)
                     return None
                 until = time.time() + self.linger
                 write_file_atomically(os.path.join(control, EXPIRY), json.dumps({"until": until}).encode())
-                self.left = {"path": self.path, "files": files, "bytes": nbytes, "until": until}
+                self.left = {"path": self.path, "bytes": taken, "until": until}
                 return self.left
         except FileNotFoundError:  # removed already (monarch cache drop)
             return None
@@ -332,8 +322,9 @@ def _until(control: str, jobs: int, about: dict, now: float, notice: bool) -> fl
     return until
 
 
-def list_sets(parent: str, notice: bool = False) -> list[SetInfo]:
-    """This user's shared sets and kept tiers in ``parent`` (a ``<base>/monarch-<uid>``)."""
+def list_sets(parent: str, notice: bool = False, count: bool = True) -> list[SetInfo]:
+    """This user's shared sets and kept tiers in ``parent`` (a ``<base>/monarch-<uid>``); their
+    files and bytes counted (a walk of each) only with ``count``."""
     from monarch.layout import KEEP_LOCK
     out = []
     try:
@@ -351,7 +342,7 @@ def list_sets(parent: str, notice: bool = False) -> list[SetInfo]:
                 continue
             jobs = len(_live_leases(control))
             about = _about(control)
-            files, nbytes = _held_bytes(path, lambda size: size)
+            files, nbytes = _sweep(path, lambda size: size) if count else (0, 0)
             out.append(SetInfo(path, "shared", files, nbytes, jobs, _until(control, jobs, about, now, notice),
                                about.get("roots", [])))
         elif name.startswith("keep-") and os.path.isdir(path) and not os.path.islink(path):
@@ -362,7 +353,7 @@ def list_sets(parent: str, notice: bool = False) -> list[SetInfo]:
                     jobs = 0 if _lock(fd, wait=False) else 1
                 finally:
                     os.close(fd)
-            files, nbytes = _held_bytes(path, lambda size: size)
+            files, nbytes = _sweep(path, lambda size: size) if count else (0, 0)
             out.append(SetInfo(path, "kept", files, nbytes, jobs, None, []))
     return out
 
@@ -395,7 +386,7 @@ def drop_expired(parent: str, skip: str | None = None) -> list[str]:
     """Remove the shared sets in ``parent`` whose linger is over (never ``skip``); their paths."""
     gone = []
     now = time.time()
-    for info in list_sets(parent, notice=True):
+    for info in list_sets(parent, notice=True, count=False):
         if info.kind == "shared" and info.path != skip and info.until is not None and info.until <= now:
             if drop_set(info.path) is None:
                 gone.append(info.path)

@@ -108,8 +108,8 @@ class SharedStorage(StorageDir):
     def release(self) -> None:
         left = self.shared.leave()
         if left is not None:
-            log.info("left %d shared copies (%d bytes) in %s until %s; `monarch cache drop` frees them now",
-                     left["files"], left["bytes"], left["path"], time.ctime(left["until"]))
+            log.info("left shared copies (%d bytes) in %s until %s; `monarch cache drop` frees them now",
+                     left["bytes"], left["path"], time.ctime(left["until"]))
 
 
 class SharedTier(Tier):
