@@ -132,7 +132,7 @@ class SharedTier(Tier):
         probe = StorageDir(parent, kept=True)  # the allocation unit and share of the base's filesystem
         base = Tier._on(probe, cfg, slot, memory_margin, pfs_rate, dataset_bytes)
         shared = SharedSet.join(cfg.path, roots, run_id, base.capacity, linger, wait, base.allocated)
-        if shared.capacity != base.capacity:
+        if shared.capacity != base.capacity and not base.capacity_note:
             log.warning("tier %s: joins the shared copies in %s with their capacity, %d bytes (this job's "
                         "configuration says %d)", cfg.name, shared.path, shared.capacity, base.capacity)
         return cls(cfg.name, shared, slot, base)
@@ -315,8 +315,9 @@ def sharing(tiers: list[Tier]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for t in tiers:
         if isinstance(t, SharedTier):
+            # a capacity given as a share of the node differs from job to job: not worth a line
             out[t.name] = {"path": t.path, "jobs": t.shared.others_at_join, "capacity": t.capacity,
-                           "configured_capacity": t.configured_capacity}
+                           "configured_capacity": t.capacity if t.capacity_note else t.configured_capacity}
         elif isinstance(t, PrivateTier):
             out[t.name] = {"not_shared": t.not_shared}
     return out
