@@ -172,6 +172,11 @@ def later_epochs_ratio(shared: dict, private: dict) -> list[float | None]:
     return out
 
 
+def wave_later(row: dict) -> float:
+    """The seconds of every job's epochs after the first, summed over the wave."""
+    return sum(sum(e[1:]) for e in row["epochs"])
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     reason = fuse_unavailable_reason(probe=True)
@@ -221,7 +226,9 @@ def print_summary(rows: list[dict], args, total: int) -> None:
     for r in rows:
         ratio = ""
         if r["mode"] == "shared" and (r["n"], "private") in by:
-            ratio = ", ".join("-" if x is None else f"{x:.2f}" for x in later_epochs_ratio(r, by[(r["n"], "private")]))
+            private = by[(r["n"], "private")]
+            ratio = ", ".join("-" if x is None else f"{x:.2f}" for x in later_epochs_ratio(r, private))
+            ratio += f" (the wave's sum: {wave_later(r) / max(wave_later(private), 1e-9):.2f})"
         print(f"{r['n']:>2} {r['mode']:<8}{r['wave_pfs']:>11.2f}x{r['ram_peak']:>11.2f}x{r['later_pfs']:>12.2f}x  {ratio}")
 
 
