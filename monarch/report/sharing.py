@@ -35,8 +35,9 @@ def sharing_lines(report: dict) -> list[str]:
             name, shared = t.get("name"), t.get("shared")
             if t.get("not_shared"):
                 lines.append(f"tier {name} not shared: {t['not_shared']}")
-            if not shared:
-                continue
+            if not shared or not (shared.get("from_others_files") or shared.get("waited") or shared.get("left_until")
+                                  or t.get("files")):
+                continue  # a shared tier nothing was put in or read from: nothing to say
             joined = shared.get("jobs_at_join", 0)
             lines.append(f"tier {name} shared: {shared.get('from_others_files', 0)} files "
                          f"({human(shared.get('from_others_bytes', 0))}) were copies another job staged; "

@@ -229,7 +229,7 @@ class SharedTier(Tier):
                          "from_others_files": self.from_others_files, "from_others_bytes": self.from_others_bytes,
                          "waited": shared.claims_waited, "wait_timed_out": shared.claims_timed_out,
                          "linger": shared.linger, "set_bytes": shared.taken()}
-        if shared.linger > 0 and out["shared"]["jobs_now"] == 0:
+        if shared.linger > 0 and out["shared"]["jobs_now"] == 0 and out["shared"]["set_bytes"]:  # else removed
             out["shared"]["left_until"] = time.time() + shared.linger
         return out
 
