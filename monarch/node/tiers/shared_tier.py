@@ -24,7 +24,7 @@ import time
 from monarch import protocol
 from monarch.config import TierConfig
 from monarch.layout import StorageDir
-from monarch.node.tiers.shared_set import CONTROL, SharedSet, drop_expired
+from monarch.node.tiers.shared_set import CONTROL, SharedSet, drop_expired, set_dir
 from monarch.node.tiers.tiers import REFUSED_FULL, TMP_PREFIX, Tier
 from monarch.secure import user_dir
 
@@ -128,7 +128,9 @@ class SharedTier(Tier):
                     memory_margin: int | None = None, pfs_rate=lambda: None, dataset_bytes=lambda: 0, *,
                     linger: float = 0.0, wait: float = 30.0) -> "SharedTier":
         parent = user_dir(cfg.path)
-        drop_expired(parent)  # the user's sets whose linger is over go with this run's start
+        # the user's other sets whose linger is over go with this run's start; this dataset's is
+        # joined instead, its copies still checked against this job's snapshot
+        drop_expired(parent, skip=set_dir(cfg.path, roots))
         probe = StorageDir(parent, kept=True)  # the allocation unit and share of the base's filesystem
         base = Tier._on(probe, cfg, slot, memory_margin, pfs_rate, dataset_bytes)
         shared = SharedSet.join(cfg.path, roots, run_id, base.capacity, linger, wait, base.allocated)

@@ -127,3 +127,24 @@ def test_claims_spread_keys_over_a_fixed_number_of_files(base):
     names = os.listdir(os.path.join(s.path, CONTROL, "claims"))
     assert 1 < len(names) <= 50 and all(0 <= int(n) < shared_set.CLAIM_STRIPES for n in names)
     s.leave()
+
+
+def test_a_job_of_the_same_dataset_joins_a_set_past_its_linger_and_another_such_set_goes(base, tmp_path):
+    from monarch.config import TierConfig
+    from monarch.node.tiers.shared_tier import SharedTier
+    b, roots = base
+    (tmp_path / "other").mkdir()
+    for r in (roots, (str(tmp_path / "other"),)):
+        s = join(b, r, "earlier", linger=600)
+        os.makedirs(os.path.join(s.path, "0"))
+        with open(os.path.join(s.path, "0", "x.bin"), "wb") as f:
+            f.write(b"x")
+        assert s.take(4 * KiB)
+        s.leave()
+        with open(os.path.join(s.path, CONTROL, EXPIRY), "w") as f:
+            json.dump({"until": time.time() - 1}, f)
+    tier = SharedTier.from_config(TierConfig("ram", b, 1 << 20), 2, "later", 0, roots, linger=600)
+    assert os.path.exists(os.path.join(tier.path, "0", "x.bin"))  # its own dataset's copies: joined, warm
+    (left,) = list_sets(os.path.dirname(tier.path))  # the other dataset's expired set went
+    assert left.path == tier.path and left.jobs == 1
+    tier.remove()
