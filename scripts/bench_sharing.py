@@ -16,6 +16,12 @@ then runs one later job of the same dataset, and prints
   - the PFS bytes the later job read / dataset,
   - each job's epoch times, and the shared jobs' later epochs against the private ones'.
 
+The jobs of a wave meet after their first epoch (a barrier, in both modes) and read their
+later epochs together: otherwise shared jobs, warm at the same moment, would read their
+later epochs all at once while private ones, each staging at its own pace, would spread
+theirs out, and the comparison would measure that overlap on a node of few cores rather
+than what a copy costs to read.
+
 Every job's reader checks every byte against the dataset's manifest; a mismatch or a
 failed job is reported and makes the script exit 1. The shared sets are dropped between
 measurements (``monarch cache drop``).
@@ -47,6 +53,23 @@ from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.workload import make_dataset  # noqa: E402
 
 MODES = ("shared", "private")
+BARRIER_SECONDS = 300  # the longest a job waits for the wave's others after its first epoch
+# a job's reader: its first epoch, the barrier, its later epochs (monarch.workload checks every byte)
+JOB_READER = r"""
+import json, os, sys, time
+from dataclasses import asdict
+from monarch.workload import read_dataset
+root, manifest, epochs, workers, barrier, n, me, out = sys.argv[1:9]
+first = read_dataset(root, 1, int(workers), seed=0, manifest=manifest)
+open(os.path.join(barrier, me), "w").close()
+deadline = time.monotonic() + float(sys.argv[9])
+while len(os.listdir(barrier)) < int(n) and time.monotonic() < deadline:
+    time.sleep(0.01)
+rest = read_dataset(root, int(epochs) - 1, int(workers), seed=1, manifest=manifest) if int(epochs) > 1 else []
+with open(out, "w") as f:
+    json.dump({"epochs": [asdict(r) for r in first + rest]}, f)
+sys.exit(1 if any(r.mismatches for r in first + rest) else 0)
+"""
 SAMPLE_SECONDS = 0.1  # how often the RAM tier's bytes are summed during a wave
 
 
@@ -122,12 +145,12 @@ staging: {{policy: read-ahead, share: {str(mode == 'shared').lower()}, linger: 6
     return path
 
 
-def start_job(cfg: str, root: str, manifest: str, job_id: str, out: str, args) -> subprocess.Popen:
+def start_job(cfg: str, root: str, manifest: str, job_id: str, out: str, args, barrier: str, n: int) -> subprocess.Popen:
     env = dict(os.environ, MONARCH_JOB_ID=job_id, MONARCH_PROGRESS="0",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", out + ".report.json", "--",
-           sys.executable, "-m", "monarch.workload", "read", root, "--epochs", str(args.epochs),
-           "--workers", str(args.workers), "--manifest", manifest, "--json", out]
+           sys.executable, "-c", JOB_READER, root, manifest, str(args.epochs), str(args.workers), barrier, str(n),
+           job_id, out, str(BARRIER_SECONDS)]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -150,13 +173,15 @@ def measure(n: int, mode: str, work: str, root: str, manifest: str, pfs: SlowPFS
     cfg = write_config(work, root, mode)
     pfs.reset_counters()
     outs = [os.path.join(work, f"{mode}-{n}-{i}.json") for i in range(n)]
+    barrier = tempfile.mkdtemp(prefix="barrier-", dir=work)
     with RamSampler(f"/dev/shm{work}/ram") as ram:
-        procs = [start_job(cfg, root, manifest, f"sweep-{i + 1}", outs[i], args) for i in range(n)]
+        procs = [start_job(cfg, root, manifest, f"sweep-{i + 1}", outs[i], args, barrier, n) for i in range(n)]
         epochs = [finish(p, o, problems, f"{mode} N={n} job {i + 1}", args.files) for i, (p, o) in enumerate(zip(procs, outs))]
     wave = pfs.counters()["bytes"]
     pfs.reset_counters()
     later_out = os.path.join(work, f"{mode}-{n}-later.json")
-    later_epochs = finish(start_job(cfg, root, manifest, "later", later_out, args), later_out, problems,
+    later_epochs = finish(start_job(cfg, root, manifest, "later", later_out, args, tempfile.mkdtemp(dir=work), 1),
+                          later_out, problems,
                           f"{mode} N={n} later job", args.files)
     later = pfs.counters()["bytes"]
     subprocess.run([sys.executable, "-m", "monarch", "cache", "drop", "-c", cfg], capture_output=True,
