@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.fuse, pytest.mark.timeout(600
 
 
 def shared_config(base: str, root: str, linger: float = 0, share: bool = True, name: str = "shared.yaml",
-                  ram: str = "1GiB") -> str:
+                  ram: str = "1GiB", policy: str = "read-ahead") -> str:
     """Both tiers in bases of the test's own; read-ahead; sharing as asked."""
     path = os.path.join(base, name)
     with open(path, "w") as f:
@@ -34,7 +34,7 @@ run_base: "{base}/run"
 tiers:
   - {{name: ram, path: "/dev/shm{base}/ram", capacity: {ram}}}
   - {{name: ssd, path: "{base}/ssd", capacity: 1GiB}}
-staging: {{policy: read-ahead, share: {str(share).lower()}, linger: {linger}}}
+staging: {{policy: {policy}, share: {str(share).lower()}, linger: {linger}}}
 """)
     make_bases(path)
     return path
@@ -150,6 +150,9 @@ def test_a_file_changed_between_two_jobs_is_read_from_the_pfs_by_the_second(data
     os.utime(src, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
     pfs.reset_counters()
     report = os.path.join(short_tmp, "second.json")
+    # on access: the stale copy is still in the set when the reader opens the file, and the
+    # shim's check of a shared copy against this job's snapshot is what keeps it from being served
+    cfg = shared_config(short_tmp, pfs.mountpoint, linger=600, policy="on-access", name="on-access.yaml")
     r = monarch("run", "-c", cfg, "--report", report, "--", *cmd,
                 env=monarch_env(MONARCH_JOB_ID="second", MONARCH_PROGRESS="0"))
     assert r.returncode == 0, r.stderr
