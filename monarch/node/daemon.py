@@ -173,8 +173,8 @@ class NodeDaemon:
         the peer lane); never a store's (no PFS path to copy from: they go to the stager)."""
         role = self.role
         copies = role is None or (role.sharded() and role.cluster.datapath is not None)
-        shared = shared_tier.any_shared(self.tiers)  # shared copies are claimed across jobs by the stager alone
-        return copies and self.config.staging.policy != "off" and self.stores is None and not shared
+        copies = copies and self.config.staging.policy != "off" and self.stores is None
+        return copies and shared_tier.door_may_copy(self.tiers, lambda: self._door)  # shared: while alone there
 
     @property
     def door_link(self) -> DoorLink | None:

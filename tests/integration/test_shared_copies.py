@@ -92,6 +92,34 @@ def test_two_concurrent_jobs_read_the_pfs_once(dataset, short_tmp, slow_pfs):
     assert leftovers(short_tmp) == []  # no linger: the last job out removed the set
 
 
+def test_a_job_joining_a_lone_jobs_set_stops_its_front_door_and_no_file_is_read_twice(dataset, short_tmp, slow_pfs):
+    """The first job, alone, lets its C front door copy the small files (no claims, the fast
+    path); the second joins while it copies: the first job's door stops, its copies under
+    way are published, and from then on both stagers take claims: the PFS is read once."""
+    raw = dataset(files=300, size="32KiB")
+    pfs = slow_pfs(raw.root, open_latency_ms=10, bandwidth_mbps=20)
+    ds = raw.__class__(pfs.mountpoint, raw.manifest, raw.files, raw.total)
+    cfg = shared_config(short_tmp, ds.root)
+    reports = [os.path.join(short_tmp, f"r{i}.json") for i in range(2)]
+    first = job(cfg, ds, "alone", reports[0])
+    ram = f"/dev/shm{short_tmp}/ram/monarch-{os.getuid()}"
+    deadline = time.monotonic() + 60
+    while len(glob.glob(os.path.join(ram, "share-*", "0", "*", "*.bin"))) < 10:
+        assert time.monotonic() < deadline, "the first job staged nothing within 60 s"
+        time.sleep(0.02)
+    second = job(cfg, ds, "joins", reports[1])
+    for j in (first, second):
+        r = finish_group(j)
+        assert r.returncode == 0, r.stderr  # every digest checked
+    read = pfs.counters()["bytes"]
+    assert ds.total <= read <= 1.05 * ds.total, (read, ds.total)
+    alone, joined = (load(r) for r in reports)
+    assert alone["front_door"]["copies"] > 0  # the lone job's door copied
+    found = sum(t.get("shared", {}).get("from_others_files", 0) for t in joined["nodes"][0]["tiers"])
+    assert found > 0
+    assert leftovers(short_tmp) == []
+
+
 def test_a_job_killed_while_staging_leaves_nothing_the_other_trusts(dataset, short_tmp, slow_pfs):
     """The first job is SIGKILLed (daemon, launcher and readers) while its read-ahead copies
     from a slow PFS; the second, started meanwhile, reads every file with the right bytes,

@@ -24,6 +24,11 @@ each root's canonical path and device, in order, as a kept tier's does):
   files): the job that stages a key holds its lock for the copy; another job needing it
   waits (bounded) and then finds the copy. A killed job's lock goes with it; its temporary
   file, never served, is removed when a job joins alone or the set goes.
+- ``.monarch-share/door.lock``: a job alone on the set may let its C front door copy
+  without claims (the fast path for small files) while it holds this lock exclusively;
+  every other job holds it shared before its first copy. A job that joins asks the lone
+  one to stop (``door.stop``) and waits (bounded) until its door's copies under way are
+  published and the lock released.
 - ``.monarch-share/expiry``: written by the last job out (``linger`` seconds after its end).
   A set with no live lease and no expiry (its last job was killed) lingers from when that
   is noticed. ``drop_expired`` removes the sets whose time is over (each run does it for
@@ -58,6 +63,8 @@ __all__ = ["SharedSet", "SetInfo", "set_dir", "list_sets", "drop_set", "drop_exp
 PREFIX = "share-"
 CONTROL = ".monarch-share"  # a key begins with its root's number ("<k>/..."): never this name
 LEASES, CLAIMS, JOIN_LOCK, ROOM, EXPIRY, ABOUT = "leases", "claims", "join.lock", "room", "expiry", "set.json"
+DOOR_LOCK, DOOR_STOP = "door.lock", "door.stop"  # a lone job's front door copying without claims; asked to stop
+DOOR_POLL_SECONDS = 0.05  # how often a lone job's door looks whether another job asked it to stop
 CLAIM_STRIPES = 1024  # per-key locks are this many files: two keys share one rarely, and only wait a copy's time
 TMP_PREFIXES = (".monarch-tmp-",)  # a copy under way (tiers.write_atomically)
 WAIT_FIRST, WAIT_MOST = 0.001, 0.02  # seconds between tries of a claim another job holds (doubling)
@@ -154,6 +161,12 @@ class SharedSet:
         self.left: dict | None = None  # what the last job out left (leave)
         self.claims_waited = 0  # keys this job waited for while another job staged them
         self.claims_timed_out = 0
+        self._door_fd = -1  # door.lock held exclusively: this job's door copies without claims
+        self._door_stopped = False  # asked to stop: its door copies no more, for good
+        self._copies_fd = -1  # door.lock held shared: no other job's door copies without claims
+        self._copies_unheld = False  # a lone job's door did not stop within the wait: copy regardless
+        self._hold_lock = threading.Lock()
+        self._left = threading.Event()
 
     @classmethod
     def join(cls, base: str, roots: tuple[str, ...], run_id: str, capacity: int, linger: float, wait: float,
@@ -183,6 +196,8 @@ class SharedSet:
                         fcntl.flock(room_fd, fcntl.LOCK_UN)
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(control, EXPIRY))
+                    if others:  # a lone job's door copying without claims stops for this one
+                        write_file_atomically(os.path.join(control, DOOR_STOP), b"")
                     write_file_atomically(os.path.join(control, ABOUT), json.dumps(
                         {"roots": list(roots), "linger": linger, "host": socket.gethostname(),
                          "joined": time.time()}).encode())
@@ -235,6 +250,69 @@ class SharedSet:
         finally:
             os.close(fd)  # the lock goes with it
 
+    # -- the front door's copies, which take no claims -------------------------------------------
+    def copy_alone(self, stop) -> bool:
+        """May this job's front door copy into the set without claims? Only while no other job
+        uses it (the door lock held exclusively); once another job joins, ``stop()`` is called
+        (it returns when the door copies no more) and the lock released: False from then on."""
+        if self._door_fd >= 0 or self._door_stopped:
+            return not self._door_stopped
+        try:
+            with _joining(self.path) as control:  # no job joins meanwhile
+                if _live_leases(control, self.lease):
+                    return False
+                fd = open_private_file(os.path.join(control, DOOR_LOCK))
+                if not _lock(fd, wait=False):
+                    os.close(fd)
+                    return False
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(control, DOOR_STOP))  # asked of an earlier lone job
+                self._door_fd = fd
+        except FileNotFoundError:
+            return False
+        threading.Thread(target=self._watch_door, args=(stop,), name="monarch-share-door", daemon=True).start()
+        return True
+
+    def _watch_door(self, stop) -> None:
+        asked = os.path.join(self.control, DOOR_STOP)
+        while not self._left.wait(DOOR_POLL_SECONDS):
+            if os.path.exists(asked):
+                self._door_stopped = True  # first: a door linked meanwhile is told not to copy
+                try:
+                    stop()
+                except Exception:
+                    log.exception("stopping the front door's copies into %s failed", self.path)
+                finally:
+                    with self._hold_lock:
+                        fd, self._door_fd = self._door_fd, -1
+                        if fd >= 0:
+                            os.close(fd)  # the joining jobs' copies may start
+                return
+
+    def hold_copies(self) -> None:
+        """Before this job copies with claims: no other job's door copies without them (the
+        door lock held shared; a lone job's door is asked to stop and waited for, at most
+        ``wait`` seconds, then this job copies regardless, which may read a file twice)."""
+        if self._copies_fd >= 0 or self._copies_unheld or self._door_fd >= 0:
+            return
+        with self._hold_lock:
+            if self._copies_fd >= 0 or self._copies_unheld or self._door_fd >= 0:
+                return
+            fd = open_private_file(os.path.join(self.control, DOOR_LOCK))
+            if not _lock(fd, exclusive=False, wait=False):
+                write_file_atomically(os.path.join(self.control, DOOR_STOP), b"")
+                deadline, pause = time.monotonic() + self.wait, WAIT_FIRST
+                while not _lock(fd, exclusive=False, wait=False):
+                    if time.monotonic() >= deadline:
+                        os.close(fd)
+                        self._copies_unheld = True
+                        log.warning("another job's front door did not stop copying into %s within %.0f s; this "
+                                    "job copies regardless", self.path, self.wait)
+                        return
+                    time.sleep(pause)
+                    pause = min(pause * 2, WAIT_MOST)
+            self._copies_fd = fd
+
     # -- leaving ---------------------------------------------------------------------------
     def others_live(self) -> int:
         return len(_live_leases(self.control, self.lease))
@@ -245,6 +323,12 @@ class SharedSet:
         room, until) is returned and kept in ``left``; None if other jobs still use it."""
         if self._lease_fd < 0:
             return self.left
+        self._left.set()
+        with self._hold_lock:
+            for fd in (self._door_fd, self._copies_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self._door_fd = self._copies_fd = -1
         try:
             with _joining(self.path) as control:
                 os.close(self._lease_fd)

@@ -30,10 +30,11 @@ from monarch.secure import user_dir
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SharedTier", "PrivateTier", "SharedStorage", "make", "client_env", "any_shared", "refusal",
+__all__ = ["SharedTier", "PrivateTier", "SharedStorage", "make", "client_env", "door_may_copy", "refusal",
            "private_per_job", "claim_for_copy", "COPY"]
 
 COPY = object()  # claim_for_copy: this job copies the key
+DOOR_DRAIN_SECONDS = 30.0  # the longest a lone job's door is waited for to publish its copies under way
 
 
 def _slurm_conf_says_tmpfs(env) -> bool:
@@ -245,6 +246,8 @@ def claim_for_copy(books, key: str, info):
     if not shared:
         yield COPY
         return
+    for tier in shared:
+        tier.shared.hold_copies()
     with shared[0].shared.claim(key) as held:
         for tier in shared:
             same = tier.matching(key, info)
@@ -307,8 +310,24 @@ def client_env(tiers: list[Tier]) -> dict[str, str]:
     return {protocol.ENV_SHARED_SLOTS: ",".join(shared)} if shared else {}
 
 
-def any_shared(tiers: list[Tier]) -> bool:
-    return any(isinstance(t, SharedTier) for t in tiers)
+def door_may_copy(tiers: list[Tier], keeper) -> bool:
+    """May the C front door copy from the PFS into ``tiers``? Its copies take no claims: with
+    shared tiers, only while this job is alone on each set. When another job joins, the door
+    stops copying for good (``keeper()``'s door disabled: it returns once its copies under
+    way are published) and the stager copies, with claims, from then on."""
+    shared = [t.shared for t in tiers if isinstance(t, SharedTier)]
+
+    def stop() -> None:
+        door = keeper()
+        if door is None:
+            return
+        if door.link is not None:
+            door.link.stop_copying()  # no new copy; the read-ahead lane ends, its rest goes to the stager
+        deadline = time.monotonic() + DOOR_DRAIN_SECONDS
+        while door.door.inflight()["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.005)  # the copies under way publish (a disabled door would drop them: read twice)
+        door.door.disable()
+    return all([s.copy_alone(stop) for s in shared])  # each asked: a lock held is released by its watcher
 
 
 def sharing(tiers: list[Tier]) -> dict[str, dict]:
