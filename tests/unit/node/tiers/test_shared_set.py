@@ -148,3 +148,19 @@ def test_a_job_of_the_same_dataset_joins_a_set_past_its_linger_and_another_such_
     (left,) = list_sets(os.path.dirname(tier.path))  # the other dataset's expired set went
     assert left.path == tier.path and left.jobs == 1
     tier.remove()
+
+
+def test_a_lone_jobs_door_copies_until_another_job_joins_and_then_never_again(base):
+    import threading
+    b, roots = base
+    stopped = threading.Event()
+    a = join(b, roots, "a", wait=30)
+    assert a.copy_alone(stopped.set)  # alone: its door may copy without claims
+    a.hold_copies()  # its own stager's copies do not wait for its own door
+    c = join(b, roots, "c", wait=30)
+    assert not c.copy_alone(lambda: None)  # not alone: its door never copies into the set
+    c.hold_copies()  # returns once the lone job's door has stopped (its lock released)
+    assert stopped.is_set()
+    assert not a.copy_alone(stopped.set)  # stopped for good
+    c.leave()
+    a.leave()
