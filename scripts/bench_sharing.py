@@ -42,7 +42,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]

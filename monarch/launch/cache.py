@@ -19,7 +19,7 @@ from monarch.node.tiers.shared_set import SetInfo, drop_set, list_sets
 from monarch.secure import UnsafePathError, user_dir
 from monarch.sizes import human
 
-__all__ = ["bases", "ls", "drop"]
+__all__ = ["bases", "ls", "drop", "drop_dataset"]
 
 
 def bases(config: Config | None, extra: list[str] | None) -> list[str]:
@@ -91,3 +91,23 @@ def drop(places: list[str], paths: list[str], expired: bool, out: TextIO) -> int
         else:
             out.write(f"kept {info.path}: {why}\n")
     return 0
+
+
+def drop_dataset(roots: list[str], config: Config | None = None) -> list[str]:
+    """Remove this user's shared sets of the dataset ``roots`` (which must still exist) in the
+    tier bases of ``config`` (the shipped one if None) that no job uses: what a demo or a
+    benchmark leaves, at its end. The paths removed."""
+    from monarch.config import load_config
+    from monarch.errors import MonarchError
+    from monarch.node.tiers.shared_set import set_dir
+    if config is None:
+        config = load_config(None, check_roots=False)
+    gone = []
+    for base in bases(config, None):
+        try:
+            path = set_dir(base, tuple(roots))
+        except (MonarchError, OSError):
+            continue
+        if os.path.isdir(path) and drop_set(path) is None:
+            gone.append(path)
+    return gone

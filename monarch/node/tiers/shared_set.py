@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from monarch.layout import dataset_id
+from monarch.layout import KEEP_LOCK, dataset_id
 from monarch.secure import check_private_dir, open_private_file, private_dir, user_dir, write_file_atomically
 
 log = logging.getLogger(__name__)
@@ -409,7 +409,6 @@ def _until(control: str, jobs: int, about: dict, now: float, notice: bool) -> fl
 def list_sets(parent: str, notice: bool = False, count: bool = True) -> list[SetInfo]:
     """This user's shared sets and kept tiers in ``parent`` (a ``<base>/monarch-<uid>``); their
     files and bytes counted (a walk of each) only with ``count``."""
-    from monarch.layout import KEEP_LOCK
     out = []
     try:
         names = sorted(os.listdir(parent))
@@ -455,7 +454,6 @@ def drop_set(path: str) -> str | None:
         except FileNotFoundError:
             return None
         return None
-    from monarch.layout import KEEP_LOCK
     fd = open_private_file(os.path.join(path, KEEP_LOCK))
     try:
         if not _lock(fd, wait=False):
