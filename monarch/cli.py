@@ -316,6 +316,14 @@ def cmd_store(args) -> int:
     return 0
 
 
+def cmd_cache(args) -> int:
+    from monarch.launch import cache
+    places = cache.bases(_load(args.config, check_roots=False), args.base)
+    if args.cache_verb == "ls":
+        return cache.ls(places, sys.stdout)
+    return cache.drop(places, args.paths, args.expired, sys.stdout)
+
+
 def cmd_demo(args) -> int:
     from monarch.demo import demo
     return demo(args.dir, files=args.files, epochs=args.epochs, workers=args.workers,
@@ -415,6 +423,19 @@ def build_parser() -> argparse.ArgumentParser:
     sl.add_argument("url", metavar="URL")
     sl.add_argument("-l", "--long", action="store_true", help="size and digest of each file too")
     sl.set_defaults(func=cmd_store)
+
+    ca = sub.add_parser("cache", help="list or free your shared and kept copies on this node (docs/sharing.md)")
+    cav = ca.add_subparsers(dest="cache_verb", required=True, metavar="VERB")
+    for verb, text in (("ls", "list your shared copy sets and kept tiers in the tier bases"),
+                       ("drop", "remove your shared copy sets and kept tiers no running job uses")):
+        v = cav.add_parser(verb, help=text)
+        v.add_argument("-c", "--config", help="the configuration whose tier bases to look in (default: the shipped one)")
+        v.add_argument("--base", action="append", metavar="DIR", help="another tier base to look in (repeat)")
+        if verb == "drop":
+            v.add_argument("paths", nargs="*", metavar="PATH", help="only these sets (as `monarch cache ls` shows)")
+            v.add_argument("--expired", action="store_true",
+                           help="only shared sets whose linger is over (the line a Slurm epilog runs)")
+        v.set_defaults(func=cmd_cache)
 
     from monarch.demo import OPEN_LATENCY_MS
     d = sub.add_parser("demo", help="make a demo dataset behind an emulated slow PFS and read it for several "

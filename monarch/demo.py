@@ -54,6 +54,8 @@ def demo(directory: str | None, files: int, epochs: int, workers: int,
             print("demo: the same under Monarch: monarch " + " ".join(cmd[3:]), flush=True)
             code = subprocess.run(cmd, env=env).returncode
             monarch_pfs = _pfs_bytes(pfs)
+            from monarch.launch.cache import drop_dataset
+            drop_dataset([data])  # the demo's copies go with its dataset, not after staging.linger
             sys.stderr.flush()
             pfs_read = None if pfs is None else (direct_pfs, monarch_pfs, _dataset_bytes(manifest))
             print(summary(_epochs(direct_json), _epochs(monarch_json), files_in(manifest), pfs_read,

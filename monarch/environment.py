@@ -120,6 +120,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MONARCH_STORE_ROOTS", "str", None,
              "the roots served from a key-value store, as root indices separated by ',': an open there that the "
              "daemon cannot serve fails with EIO (there is no PFS file to fall back to)", (SHIM,), MONARCH),
+    Variable("MONARCH_SHARED_SLOTS", "str", None,
+             "the tier slots shared with the user's other jobs of the dataset, separated by ',': a copy there is "
+             "opened only if its size and mtime are this job's snapshot's", (SHIM,), MONARCH),
     # -- for Monarch's tests and benchmarks ---------------------------------------------------
     Variable("MONARCH_OPENMPI", "path", "<sys.prefix>/openmpi",
              "the Open MPI (ULFM) prefix of the daemons' MPI: monarch serve --slurm (under PMIx) and the tests' "

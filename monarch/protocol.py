@@ -31,6 +31,7 @@ exports these keys only, never anything else a daemon says):
                     (``staging.validate: open``: the daemon checks the PFS at a file's first open).
   MONARCH_STORE_ROOTS  root indices (k,k,...) served from a key-value store: an open there that the
                     daemon cannot serve fails with EIO (there is no PFS file to fall back to).
+  MONARCH_SHARED_SLOTS  tier slots (s,s,...) shared with the user's other jobs (copies checked).
   MONARCH_DISABLE=1 the shim passes everything through.
   MONARCH_SHIM_ZSTD  unset: the shim decodes compressed copies (<probe dir>/.z/<key>) itself
                     with the system's libzstd.so.1 when it is there; 0: it leaves them to the
@@ -208,12 +209,13 @@ ENV_SOCKET = "MONARCH_SOCKET"
 ENV_COUNTERS = "MONARCH_COUNTERS"
 ENV_INDEX = "MONARCH_INDEX"
 ENV_ASK_FIRST = "MONARCH_ASK_FIRST"
+ENV_SHARED_SLOTS = "MONARCH_SHARED_SLOTS"  # tier slots shared with the user's other jobs (see above)
 ENV_STORE_ROOTS = "MONARCH_STORE_ROOTS"
 ENV_DISABLE = "MONARCH_DISABLE"
 ENV_INDEX_WAIT = "MONARCH_SHIM_INDEX_WAIT_MS"
 ENV_SHIM_ZSTD = "MONARCH_SHIM_ZSTD"
-# what a launcher takes from a daemon's ATTACH answer; anything else is refused
-CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX, ENV_ASK_FIRST, ENV_STORE_ROOTS)
+CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX, ENV_ASK_FIRST, ENV_STORE_ROOTS,
+                   ENV_SHARED_SLOTS)  # what a launcher takes from a daemon's ATTACH answer; nothing else
 
 # -- socket frames --------------------------------------------------------------------
 VERB_OPEN = 1
@@ -251,8 +253,7 @@ MEMFD_SEALS = 0x1 | 0x2 | 0x4 | 0x8  # F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW
 
 MAX_REQUEST = 8192          # a key: root index, '/', a path of up to PATH_MAX (4096)
 MAX_ANSWER = 1 << 20        # REPORT and ATTACH bodies; an OPEN answer's path is < PATH_MAX
-REQUEST_HEADER = struct.Struct("<BBHI")
-ANSWER_HEADER = struct.Struct("<iI")
+REQUEST_HEADER, ANSWER_HEADER = struct.Struct("<BBHI"), struct.Struct("<iI")
 
 
 class ProtocolError(ValueError):

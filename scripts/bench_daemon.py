@@ -237,7 +237,8 @@ def write_config(path: Path, root: Path, work: Path, shm: Path, args) -> None:
     threads = args.threads if args.threads == "auto" else int(args.threads)
     config = {"dataset": {"roots": [str(root)]}, "run_base": str(work / "run"),
               "tiers": [{"name": "ram", "path": str(shm), "capacity": "64GiB"}],
-              "staging": {"policy": args.policy, "threads": threads, "resolve_timeout": 60}}
+              "staging": {"policy": args.policy, "threads": threads, "resolve_timeout": 60,
+                          "share": False}}  # each row stages afresh: no copies shared from the row before
     path.write_text(json.dumps(config))
     (work / "run").mkdir(exist_ok=True)  # Monarch uses bases that exist, never makes them
 

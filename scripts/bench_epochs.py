@@ -170,7 +170,7 @@ def run_workload(cmd: list[str], out_json: Path, log_path: Path, timeout: float,
 def monarch_config(path: Path, mount: str, work: Path, shm: Path, capacity: int, args, compression: str = "off",
                    decoded_cache: str | None = None) -> None:
     # JSON is YAML: no YAML writer needed, and paths with odd characters are quoted right.
-    staging = {}
+    staging = {"share": False}  # each mode stages its own copies (a shared set would start the next one warm)
     if args.policy:
         staging["policy"] = args.policy
     if args.threads:

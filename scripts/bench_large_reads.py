@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -109,13 +110,21 @@ class MemoryCgroup:
             subprocess.run(["rmdir", str(self.path)], capture_output=True)
 
 
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run(cmd: list[str], env: dict) -> dict:
-    t0 = time.monotonic()
+    """The reader's figures, and ``job_cpu``: every process the command ran, Monarch's daemon
+    included (the emulated PFS is not: it runs on)."""
+    t0, cpu0 = time.monotonic(), children_cpu()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=7200)
     if proc.returncode != 0:
         raise SystemExit(f"the reader failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["wall"] = time.monotonic() - t0
+    out["job_cpu"] = children_cpu() - cpu0
     out["stderr"] = proc.stderr
     return out
 
@@ -204,15 +213,15 @@ def main(argv=None) -> int:
 
 def print_row(row: dict, tiers: list[str]) -> None:
     d, s = row["direct"], row["shm"]
-    print(f"\n{row['reader']}, {row['bandwidth']:g} MB/s, {row['steps']} steps "
-          f"(steps/s: first quarter, last quarter; PFS bytes / file, the emulator's count)")
+    print(f"\n{row['reader']}, {row['bandwidth']:g} MB/s, {row['steps']} steps (steps/s: first quarter, last "
+          f"quarter; PFS bytes / file, the emulator's count; CPU s: the reader's, the whole job's)")
     print(f"  {'case':<16}{'first step':>11}{'whole job':>11}{'x direct':>9}{'q1':>9}{'q4':>9}{'PFS':>7}"
-          f"{'CPU s':>7}  windows")
+          f"{'CPU s':>7}{'job CPU':>8}  windows")
     for name, c in [("direct", d), ("/dev/shm copy", s)] + [(f"monarch, {t}", row[t]) for t in tiers]:
         pfs = f"{c['pfs']:.2f}x" if "pfs" in c else "-"
         ok = "OK" if c["bad"] == 0 else f"{c['bad']} WRONG"
         print(f"  {name:<16}{c['first']:>10.2f}s{c['total']:>10.1f}s{c['total'] / d['total']:>8.2f}x"
-              f"{c['q1']:>9.1f}{c['q4']:>9.1f}{pfs:>7}{c['cpu']:>7.1f}  {ok}")
+              f"{c['q1']:>9.1f}{c['q4']:>9.1f}{pfs:>7}{c['cpu']:>7.1f}{c['job_cpu']:>8.1f}  {ok}")
     for t in tiers:
         b = row[t].get("blocks") or {}
         if b:

@@ -100,6 +100,7 @@ from bench_epochs import child_env  # noqa: E402
 from bench_startup import phases  # noqa: E402
 from benchopts import fresh_bytecode, parse_with_quick, ready_to_write, result_path  # noqa: E402
 from monarch import layout  # noqa: E402
+from monarch.launch.cache import drop_dataset  # noqa: E402
 from monarch.workload import parse_size  # noqa: E402
 
 MARKER = ".bench_million.json"  # in a --keep-tree directory: what tree it holds
@@ -596,6 +597,7 @@ def main(argv=None) -> int:
         p.error("--cache cold drops the page cache (/proc/sys/vm/drop_caches): run as root, or use --cache warm")
     work = Path(tempfile.mkdtemp(prefix="bench-million-", dir=args.workdir or "/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="bench-million-", dir="/dev/shm"))
+    root = None
     try:
         (work / "tmp").mkdir()
         base = Path(args.keep_tree) if args.keep_tree else work / "tree"
@@ -628,6 +630,8 @@ def main(argv=None) -> int:
                                   indent=1, default=str))
         print(f"\nJSON: {out}")
     finally:
+        if root is not None:  # the shipped defaults' shared copies of the tree (in /dev/shm) go too
+            drop_dataset([str(root)])
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -187,6 +187,16 @@ KEYS: tuple[Key, ...] = (
         "`none` (the dataset is assumed unchanged during the job) or `open` (at a file's first open in a "
         "job, compare size and mtime with the PFS; serve the copy only if they match)",
         lambda r, v, k: r.choice(v, k, VALIDATE_MODES)),
+    Key("staging.share", "true or false", True,
+        "jobs of this user on this node whose datasets are the same share one set of copies per tier: "
+        "each file is read from the PFS once for all of them, the tiers hold one copy, and each copy is "
+        "served only when it is the file the job's snapshot saw; `false`: this job stages privately "
+        "(docs/sharing.md)",
+        lambda r, v, k: r.boolean(v, k)),
+    Key("staging.linger", "seconds", 600,
+        "shared copies stay this long after the last job using them ends, for the next job of a chain "
+        "(`0`: removed when the last job ends); `monarch cache drop --expired` removes those past it",
+        lambda r, v, k: r.number(v, k, float, 0)),
     Key("memory_margin", "size or share", "10%",
         "a tier on tmpfs/ramfs never takes a file that would leave the node less available memory than "
         "this (a size, or a share of total memory); the file goes to the next tier, and the report counts "

@@ -49,6 +49,8 @@ class StagingConfig:
     threads: int = 0  # copies in flight toward the sources; 0 ("auto"): adapted to what they give
     resolve_timeout: float = 30.0  # seconds a shim request waits for staging before "read the PFS"
     validate: str = "none"  # "open": compare size and mtime with the PFS at a file's first open in a job
+    share: bool = True  # one set of copies per tier for this user's jobs of the same dataset on the node
+    linger: float = 600.0  # seconds shared copies outlive the last job using them (0: none)
 
 
 @dataclass(frozen=True)

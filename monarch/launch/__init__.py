@@ -1,3 +1,4 @@
 """The launcher side, ``monarch run``: who this process is (topology), a node daemon's life seen
 from outside (service: find or start, attach, stop, serve, the report), running the command
-under the shim (run), live progress."""
+under the shim (run), live progress, the user's shared and kept copies on the node (cache:
+``monarch cache ls`` and ``drop``)."""

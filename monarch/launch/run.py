@@ -31,6 +31,7 @@ from monarch.launch.service import Session, attach
 from monarch.config import Config, ConfigError, read_user
 from monarch.errors import DaemonError, MonarchError
 from monarch.node.stats import NodeStats
+from monarch.report.sharing import sharing_at_start
 from monarch.report.build import session_delta
 from monarch.report.bypass import bypass_warning
 from monarch.report.text import print_report
@@ -337,6 +338,8 @@ def _say_unused_tiers(session: Session) -> None:
     errors = session.run.get("tier_errors")
     for name, reason in (errors.items() if isinstance(errors, dict) else ()):
         log.warning("tier %s is not used (the run goes on without it): %s", name, reason)
+    for line in sharing_at_start(session.run.get("tier_sharing")):
+        log.warning("%s", line)
 
 
 def _print_and_write(end: _Ending, code: int, stats: dict | None, last: bool = True) -> None:

@@ -30,6 +30,7 @@ from monarch import layout, protocol, secure
 from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
 from monarch.launch import topology
+from monarch.node.tiers.shared_set import drop_expired
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +310,8 @@ def wait_stopped(daemon: subprocess.Popen, config: Config, staged_files: int = 0
         for base in {t.path for t in config.tiers} | {config.peer.path}:
             try:
                 layout.remove_leftovers(layout.user_dir(base))
-            except MonarchError:
+                drop_expired(layout.user_dir(base))  # its shared sets, if it was the last job on them, linger
+            except (MonarchError, OSError):
                 pass
     return True
 

@@ -46,6 +46,7 @@ from monarch.node.snapshot.snapshot import Snapshot, load_or_walk
 from monarch.node.stage.stager import Stager
 from monarch.node.stats import NodeStats, shim_counters, size_classes
 from monarch.node.stage.store_source import StoreSet
+from monarch.node.tiers import shared_tier
 from monarch.node.tiers.tiers import Tier
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.report.timeline import Sampler, Timeline
@@ -91,6 +92,7 @@ class NodeDaemon:
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         self.dataset_bytes = 0
         self.stores = StoreSet.of(config, cluster is not None)  # roots served from a key-value store (None: none)
+        self._in_cluster = cluster is not None  # a cluster's daemon stages its own share: its tiers are not shared
         self.current = Current(self.gate, Snapshot(tuple(config.dataset.roots), FileTable()))  # nothing until the walk ends
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")
                                   for i, cfg in enumerate(config.tiers)) if t is not None]
@@ -171,7 +173,8 @@ class NodeDaemon:
         the peer lane); never a store's (no PFS path to copy from: they go to the stager)."""
         role = self.role
         copies = role is None or (role.sharded() and role.cluster.datapath is not None)
-        return copies and self.config.staging.policy != "off" and self.stores is None
+        copies = copies and self.config.staging.policy != "off" and self.stores is None
+        return copies and shared_tier.door_may_copy(self.tiers, lambda: self._door)  # shared: while alone there
 
     @property
     def door_link(self) -> DoorLink | None:
@@ -361,9 +364,8 @@ class NodeDaemon:
         which the launcher prints and the report shows); the others serve. ``key``: the
         configuration's key of its base, named when the base itself cannot be used."""
         try:
-            return Tier.from_config(cfg, slot, self.run_id, self.node, self.config.dataset.roots,
-                                    memory_margin=self.memory_margin, pfs_rate=self._pfs_rate,
-                                    dataset_bytes=lambda: self.dataset_bytes)
+            return shared_tier.make(cfg, slot, self.run_id, self.node, self.config, self.stores is not None,
+                                    self._in_cluster, self.memory_margin, self._pfs_rate, lambda: self.dataset_bytes)
         except (MonarchError, OSError) as e:
             if isinstance(e, UnsafeBaseError):
                 reason = f"config {self.config.source}: {key}: {e}"
@@ -518,10 +520,8 @@ class NodeDaemon:
             classes = size_classes(self.snapshot.files, self.stager.staged.copy(), set())
         ready_at = self.snapshot_ready_at
         return NodeStats(
-            node=self.node, host=socket.gethostname(),
-            uptime_seconds=round(time.time() - self.started, 3),
-            snapshot_seconds=round(self.snapshot_seconds, 3),
-            snapshot=self.snapshot_how,
+            node=self.node, host=socket.gethostname(), uptime_seconds=round(time.time() - self.started, 3),
+            snapshot_seconds=round(self.snapshot_seconds, 3), snapshot=self.snapshot_how,
             # when the snapshot was ready (or failed), in seconds after the daemon started and
             # as a time stamp: the application may have started long before (docs/design.md)
             snapshot_ready_seconds=round(ready_at - self.started, 3) if ready_at is not None else None,
@@ -536,9 +536,7 @@ class NodeDaemon:
             dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
             inflated_bytes=self.resolver.inflated_bytes, front_door=door,
             cluster=self.role.stats() if self.role is not None else {},
-            timeline=timeline,
-            size_classes=classes,
-        )
+            timeline=timeline, size_classes=classes)
 
     # -- what others ask of it, and its end -----------------------------------------------
     def client_env(self) -> dict[str, str]:
@@ -555,6 +553,7 @@ class NodeDaemon:
         }
         if self.stores is not None:  # no PFS behind these roots: what the daemon cannot serve fails (EIO)
             env[protocol.ENV_STORE_ROOTS] = ",".join(str(k) for k in sorted(self.stores.mounts))
+        env |= shared_tier.client_env(self.tiers)  # copies other jobs staged: checked by the shim
         if self.config.staging.validate == "open":
             env[protocol.ENV_ASK_FIRST] = "1"  # every open asks the daemon, which checks the PFS once per file
         return env
@@ -562,7 +561,8 @@ class NodeDaemon:
     def describe(self) -> dict:
         """Who this daemon is, for a launcher deciding whether to attach."""
         return {"run": self.run_id, "node": self.node, "roots": list(self.config.dataset.roots),
-                "config": self.config.source, "pid": os.getpid(), "tier_errors": dict(self.tier_errors)}
+                "config": self.config.source, "pid": os.getpid(), "tier_errors": dict(self.tier_errors),
+                "tier_sharing": shared_tier.sharing(self.tiers)}
 
     def close(self) -> None:
         """Stop staging and remove what the run asked not to keep. The run directory keeps

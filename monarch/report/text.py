@@ -10,6 +10,7 @@ from typing import TextIO
 from monarch.protocol import ENV_INDEX_WAIT, HEARTBEAT_TIMEOUT_MS, SHIM_INDEX_WAIT_MS_DEFAULT
 from monarch.node.stats import bytes_read_range
 from monarch.sizes import human, human_range
+from monarch.report.sharing import sharing_lines
 from monarch.store.report import store_lines
 
 # a tier's state (``stopped``), in the text and the HTML report alike
@@ -153,6 +154,8 @@ def print_report(report: dict, out: TextIO) -> None:
     for name, e in (report.get("tier_errors") or {}).items():
         where = f" (nodes {', '.join(map(str, e['nodes']))})" if len(report["nodes"]) > 1 else ""
         w(f"tier {name} not used{where}: {e['reason']}\n")
+    for line in sharing_lines(report):
+        w(f"{line}\n")
     if report.get("size_classes"):
         _print_size_classes(report["size_classes"], w)
     for line in block_lines(report.get("blocks")):

@@ -231,6 +231,7 @@ struct monarch_probe {
     int fd;         /* the dir, opened once (shim_paths.c: probe directories); MONARCH_PROBE_* below 0 */
     dev_t dev;      /* and its identity, written before fd is published */
     ino_t ino;
+    int shared;     /* shared with the user's other jobs (MONARCH_SHARED_SLOTS): a copy must match the index */
 };
 
 static struct monarch_root monarch_roots[MONARCH_MAX_ROOTS];
@@ -783,6 +784,7 @@ static void monarch_init(void)
             monarch_store_roots |= 1ULL << k;
         c = *end == ',' ? end + 1 : end;
     }
+    monarch_parse_shared(getenv(MONARCH_ENV_SHARED_SLOTS));
     const char *ask_first = getenv(MONARCH_ENV_ASK_FIRST);
     monarch_probing = !(ask_first && ask_first[0] && strcmp(ask_first, "0") != 0); /* validate: open */
     const char *sock = getenv(MONARCH_ENV_SOCKET);

@@ -40,6 +40,36 @@ static int monarch_open_staged(const char *path, int flags, unsigned slot)
     return fd;
 }
 
+/* The copy of key in a shared probe dir (another job of this user may have staged it from
+ * its own snapshot): used only when its size and mtime are those of the key's index entry
+ * n + 1, else -1 (the daemon is asked, or the PFS read). Opened relative to the dir's
+ * descriptor, as monarch_probe_open does; by path when the descriptor is no longer the dir. */
+static int monarch_probe_open_shared(struct monarch_probe *pr, const char *key, size_t kl, int flags, uint32_t n,
+                                     char *staged)
+{
+    struct monarch_index_entry e;
+    struct stat st;
+    if (!n || monarch_index_entry(n, &e) != 0)
+        return -1;
+    int dfd = monarch_probe_fd(pr), fd = -1;
+    if (MONARCH_LIKELY(dfd >= 0)) {
+        fd = monarch_open_regular(dfd, key, flags, &st);
+        if (fd >= 0 && st.st_dev != pr->dev && !monarch_probe_fd_valid(pr, dfd)) {
+            real_close(fd); /* the number is no longer the dir's */
+            fd = -2;
+        } else if (fd < 0 && (errno == EBADF || errno == ENOTDIR) && !monarch_probe_fd_valid(pr, dfd))
+            fd = -2;
+    }
+    if ((dfd < 0 || fd == -2) && monarch_probe_path(pr, key, kl, staged) == 0)
+        fd = monarch_open_regular(AT_FDCWD, staged, flags, &st);
+    if (fd < 0)
+        return -1;
+    if ((uint64_t)st.st_size == e.size && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == e.mtime_ns)
+        return fd;
+    real_close(fd);
+    return -1;
+}
+
 /* The copy of key in probe dir pr, relative to the dir's descriptor (see "probe
  * directories" in shim_paths.c), else by path into staged[PATH_MAX]; -1 if none. A copy
  * through the descriptor is used at once when it is on the dir's device and of the size and
@@ -48,6 +78,8 @@ static int monarch_open_staged(const char *path, int flags, unsigned slot)
 static int monarch_probe_open(struct monarch_probe *pr, const char *key, size_t kl, int flags, uint32_t n,
                               char *staged)
 {
+    if (pr->shared)
+        return monarch_probe_open_shared(pr, key, kl, flags, n, staged);
     int dfd = monarch_probe_fd(pr);
     if (MONARCH_LIKELY(dfd >= 0)) {
         struct stat st;

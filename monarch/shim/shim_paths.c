@@ -285,3 +285,19 @@ static void monarch_probe_dir_closing(unsigned first, unsigned last)
                                         __ATOMIC_RELAXED);
     }
 }
+
+/* MONARCH_SHARED_SLOTS ("s,s,..."): the probe dirs whose copies the user's other jobs may have
+ * staged, each checked against this job's index before it is served. */
+static void monarch_parse_shared(const char *list)
+{
+    for (const char *c = list; c && *c;) {
+        char *end;
+        unsigned long s = strtoul(c, &end, 10);
+        if (end == c)
+            break;
+        for (unsigned i = 0; i < monarch_nprobes; i++)
+            if (monarch_probes[i].slot == s)
+                monarch_probes[i].shared = 1;
+        c = *end == ',' ? end + 1 : end;
+    }
+}

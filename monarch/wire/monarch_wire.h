@@ -110,6 +110,7 @@
 #define MONARCH_ENV_INDEX "MONARCH_INDEX"
 #define MONARCH_ENV_ASK_FIRST "MONARCH_ASK_FIRST"
 #define MONARCH_ENV_STORE_ROOTS "MONARCH_STORE_ROOTS" /* roots with no PFS behind them (a key-value store) */
+#define MONARCH_ENV_SHARED_SLOTS "MONARCH_SHARED_SLOTS" /* tiers shared with the user's other jobs: hits checked */
 #define MONARCH_ENV_DISABLE "MONARCH_DISABLE"
 #define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
 #define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"

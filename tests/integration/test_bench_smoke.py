@@ -77,6 +77,8 @@ BENCHES = [
           r"^zstd: RAM tier logical / stored bytes: (?!1\.00|0\.)\d+\.\d+$",  # > 1: compressed
           {"fuse"}, "bench_epochs-compressible"),
     Bench("bench_store.py", ["--quick"], r"^store read: 1\.00x the dataset", {"redis"}),
+    Bench("bench_sharing.py", ["--quick", "--json", "{tmp}/sharing.json"],
+          r"^ 2 shared\s+1\.0\dx\s+1\.\d\dx\s+0\.0\dx", {"fuse"}),
     Bench("bench_s3.py", ["--quick", "--variant", "demo,large"],
           r"^throughput: monarch-s3 epoch 1 \d+ MiB/s .*the proxy's own limit \d+ MiB/s", {"s3"}),
     Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--json", "{tmp}/cluster.json"],

@@ -50,7 +50,7 @@ run_base: "{base}/run"
 tiers:
   - {{name: ram, path: "/dev/shm{base}/ram", capacity: {capacity}, compression: {compression},
      decoded_cache: {decoded_cache}}}
-staging: {{policy: {policy}, threads: 2}}
+staging: {{policy: {policy}, threads: 2, share: false}}
 """)
     make_bases(path)
     return path

@@ -369,8 +369,8 @@ def test_a_file_changed_during_the_job_is_not_served_stale_with_validate_open(da
     ds = dataset(files=20, size="4KiB")
     paths = sorted(glob.glob(os.path.join(ds.root, "*", "*.bin")))
     cfg = write_config(short_tmp, ds.root, policy="read-ahead")
-    text = open(cfg).read().replace("staging: {policy: read-ahead, threads: 2}",
-                                    "staging: {policy: read-ahead, threads: 2, validate: open}")
+    text = open(cfg).read().replace("staging: {policy: read-ahead, threads: 2, share: false}",
+                                    "staging: {policy: read-ahead, threads: 2, share: false, validate: open}")
     open(cfg, "w").write(text)
     # someone else (not through this job's shim) changes a file after it was read ahead
     change = f"f = open({paths[0]!r}, 'r+b'); f.write(b'CHANGED!'); f.close()"

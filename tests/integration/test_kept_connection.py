@@ -55,7 +55,7 @@ def served(short_tmp):
         f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 4MiB}}]
-staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
+staging: {{policy: on-access, threads: 2, resolve_timeout: 5, share: false}}
 """)
     make_bases(cfg)
     s = Served(cfg)

@@ -288,3 +288,29 @@ def test_a_reader_that_closes_the_shims_copy_still_reads_the_sources_bytes(short
     out, rep, _ = run_reader(short_tmp, cfg, CLOSES_OTHERS, path, src, tier_base, pfs)
     assert out["ok"], out
     assert rep["blocks"]["read"]["opens"] == 1 and rep["blocks"]["read"]["local_bytes"] >= 1 << 20
+
+
+def test_two_jobs_of_one_user_share_a_large_files_blocks_and_read_the_pfs_once(short_tmp, slow_pfs):
+    """Two concurrent jobs (their own scheduler jobs) open one large file in a shared tier: one
+    stages it by blocks, the other reads those blocks (its own shim checks the map against its
+    snapshot) until the whole copy is published; the emulated PFS serves the file about once."""
+    import subprocess
+    from support.harness import monarch_env
+    size = 40 * MiB
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 40, "1GiB")
+    with open(cfg) as f:
+        config = json.load(f)
+    config["staging"] = {"share": True, "linger": 0}
+    with open(cfg, "w") as f:
+        json.dump(config, f)
+    script = os.path.join(short_tmp, "reader.py")
+    with open(script, "w") as f:
+        f.write(COMMON + OPEN_THEN_READ)
+    procs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--", sys.executable,
+                               script, path, src, tier_base, pfs.counters_path],
+                              env=monarch_env(MONARCH_JOB_ID=f"share-{i}"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, out + err
+    assert pfs.counters()["bytes"] <= 1.15 * size  # the staging once, and what was read before its blocks

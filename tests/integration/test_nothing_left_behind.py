@@ -28,7 +28,7 @@ tiers:
   - {{name: ram, path: "{ram}", capacity: 1GiB}}
   - {{name: ssd, path: "{base}", capacity: 1GiB}}
 peer: {{path: "{base}", capacity: 1GiB}}
-staging: {{policy: {policy}, threads: {threads}}}
+staging: {{policy: {policy}, threads: {threads}, share: false}}
 """)
     make_bases(path)  # as its user would: Monarch makes only its own monarch-<uid> inside a base
     return path, base, ram

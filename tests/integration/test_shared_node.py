@@ -184,7 +184,7 @@ def one_tier_config(short_tmp, root, tier_base, policy="on-access") -> str:
     with open(path, "w") as f:
         f.write(f'dataset: {{roots: ["{root}"]}}\nrun_base: "{run_base}"\n'
                 f'tiers: [{{name: ssd, path: "{tier_base}", capacity: 1GiB}}]\n'
-                f'staging: {{policy: {policy}, threads: 2}}\n')
+                f'staging: {{policy: {policy}, threads: 2, share: false}}\n')
     return path
 
 

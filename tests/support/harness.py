@@ -14,8 +14,9 @@ from pathlib import Path
 REPO = str(Path(__file__).resolve().parents[2])
 
 
-def write_config(base, roots, ram="1GiB", ssd="1GiB", policy="on-access", keep=False, extra="", dirs=True):
-    """A configuration in ``base``. ``dirs=False`` leaves the run's directories and tiers to the
+def write_config(base, roots, ram="1GiB", ssd="1GiB", policy="on-access", keep=False, extra="", dirs=True, share=False):
+    """A configuration in ``base`` (``share``: staging.share; off, the job stages privately, as the
+    tests of everything but sharing expect). ``dirs=False`` leaves the run's directories and tiers to the
     shipped defaults, which separate runs by their identity (set TMPDIR and MONARCH_SSD)."""
     path = os.path.join(base, "monarch.yaml")
     roots_yaml = ", ".join(json.dumps(r) for r in ([roots] if isinstance(roots, str) else roots))
@@ -27,7 +28,7 @@ peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}
 """
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: [{roots_yaml}]}}
-{places if dirs else ""}staging: {{policy: {policy}, threads: 2}}
+{places if dirs else ""}staging: {{policy: {policy}, threads: 2, share: {str(share).lower()}}}
 {extra}""")
     if dirs:
         make_bases(path, nodes=TEST_NODES)
@@ -156,6 +157,7 @@ run_base: "{run_base}"
 tiers:
   - {{name: ram, path: "{ram_base}", capacity: 1GiB}}
   - {{name: ssd, path: "{ssd_base}", capacity: 1GiB}}
+staging: {{share: false}}
 """)
     if make:
         make_bases(path)

@@ -41,7 +41,7 @@ def test_the_timeline_counts_bytes_in_the_tier_not_room_lent_to_the_front_door(s
         f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1GiB}}]
-staging: {{policy: on-access, threads: 2, resolve_timeout: 20}}
+staging: {{policy: on-access, threads: 2, resolve_timeout: 20, share: false}}
 """)
     make_bases(cfg)
     daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r0")

@@ -88,6 +88,13 @@ class DoorLink(StagerListener):
     def room_wanted(self, tier: Tier) -> bool:
         return self.may_copy and tier is self.tier and self.reclaim_lease()
 
+    def stop_copying(self) -> None:
+        """The door copies nothing more (another job came to share the tiers, and the door's
+        copies take no claims); those under way still publish. The room lent comes back."""
+        with self.stager.lock:
+            self.may_copy = False
+            self._tend_locked()
+
     # -- the door's copies -------------------------------------------------------------------
     def absorb(self) -> int:
         """Enter what the door copied into the stager's books, lend it room. Returns how

@@ -22,7 +22,9 @@ PFS once. How many blocks are read at once is the in-flight rule of every lane
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -37,7 +39,8 @@ from monarch.node.snapshot.pfsmeta import checked_stat
 from monarch.node.snapshot.snapshot import FileInfo
 from monarch.node.stage.concurrency import Concurrency
 from monarch.node.stage.sources import PFSSource, SourceChanged
-from monarch.node.tiers.tiers import Tier, make_dirs_below
+from monarch.node.tiers.shared_tier import SharedTier
+from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, Tier, make_dirs_below
 from monarch.secure import create_exclusive, owner_only, write_file_atomically
 
 if TYPE_CHECKING:
@@ -49,8 +52,8 @@ __all__ = ["BLOCK", "BLOCKS_MIN", "BlockFile", "BlockStager"]
 
 # The copy and its map, as the shim reads them (monarch/wire/monarch_wire.h: MONARCH_BLOCK*,
 # struct monarch_blockmap_header; tests/unit/test_wire.py holds the two together).
-BLOCKS_DIR = ".blocks"        # <tier>/.blocks/<key>: the copy, the source's size, blocks in any order
-BLOCKMAP_DIR = ".blockmap"    # <tier>/.blockmap/<key>: BLOCKMAP_HEADER, then a state byte per block
+# BLOCKS_DIR, BLOCKMAP_DIR (node/tiers/tiers.py): the copy, the source's size, blocks in any order;
+# its map: BLOCKMAP_HEADER, then a state byte per block
 BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
 BLOCKMAP_VERSION = 1
 BLOCKMAP_HEADER = struct.Struct("<QIIQqQQ")  # magic, version, block_shift, size, mtime_ns, blocks, done
@@ -91,6 +94,8 @@ class BlockFile:
         self.done = False           # nothing more will be staged (whole, out of budget, failed, dropped)
         self.whole = False          # every block staged and published as a plain copy
         self.dropped = False        # the job wrote to it: its files go once no block is under way
+        self.borrowed = False       # another job of the user stages it in a shared tier: served, not staged
+        self.direct = False         # its source is read with O_DIRECT (past the client's page cache)
         self.source_fd = -1
 
     def length(self, b: int) -> int:
@@ -199,7 +204,7 @@ class BlockStager:
                 if asked and not bf.asked:
                     bf.asked = True
                     self._cv.notify()
-                return bf if bf.states is not None or bf.whole else None
+                return bf if bf.states is not None or bf.whole or bf.borrowed else None
             info = books.snapshot.files.get(key)
             if self.closed or books.closed or info is None or books.is_dirty(key) or key in books.staged:
                 return None
@@ -224,7 +229,7 @@ class BlockStager:
         """The shim's answer for an open of ``key``: (slot | ANSWER_BLOCKS, copy path), or None."""
         bf = self.attach(key)
         if bf is None or bf.whole:
-            return None
+            return None  # (a borrowed file another job published whole: the shim's probe finds it)
         return bf.tier.slot | protocol.ANSWER_BLOCKS, bf.path
 
     def invalidate(self, key: str) -> None:
@@ -266,7 +271,7 @@ class BlockStager:
         return None
 
     def _work(self) -> None:
-        buf = bytearray(BLOCK)
+        buf = mmap.mmap(-1, BLOCK)  # page-aligned, as a read with O_DIRECT wants
         with self.books.lock:
             while not self.closed:
                 picked = self._next_locked() if self._running < self.concurrency.limit else None
@@ -292,22 +297,27 @@ class BlockStager:
                     self.books.lock.acquire()
                     self._ended_locked(bf, b, ok, time.monotonic() - t0)
 
-    def _copy_block(self, bf: BlockFile, b: int, buf: bytearray) -> bool:
+    def _copy_block(self, bf: BlockFile, b: int, buf: mmap.mmap) -> bool:
         """Read block ``b`` of ``bf`` from the PFS into the copy. False (the file is given up:
         it stays on the PFS) when its source is no longer the snapshot's or cannot be read."""
         try:
             src = self._source(bf)
             offset = b * BLOCK
             want = bf.length(b)
-            view = memoryview(buf)[:want]
+            view = memoryview(buf)
             got = 0
-            while got < want:
-                n = os.preadv(src, [view[got:got + READ]], offset + got)
+            while got < want:  # (lengths in whole pages: O_DIRECT; the file's end reads short)
+                n = os.preadv(src, [view[got:got + min(READ, -(-(want - got) // 4096) * 4096)]], offset + got)
                 if n == 0:
                     raise SourceChanged(errno.ESTALE, f"ends at {offset + got} bytes, the snapshot saw {bf.info.size}")
                 got += n
                 with self.books.lock:
                     self.books.bytes_read["pfs"] += n
+            if got > want:
+                raise SourceChanged(errno.ESTALE, f"longer than the {bf.info.size} bytes the snapshot saw")
+            if not bf.direct:  # the client cached what was read: the node's memory is the tier's
+                os.posix_fadvise(src, offset, want, os.POSIX_FADV_DONTNEED)
+            view = view[:want]
             written = 0
             while written < want:
                 written += os.pwrite(bf.copy_fd, view[written:], offset + written)
@@ -328,9 +338,14 @@ class BlockStager:
             if not stat.S_ISREG(st.st_mode) or not bf.info.same_content_as(st):
                 raise SourceChanged(errno.ESTALE, "the file changed since the dataset snapshot")
             os.set_blocking(fd, True)
-            # the blocks are the read-ahead: a client's own (a page-cached PFS client's) would read
-            # past a block and again for the next one, read by another thread
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            # read past the client's page cache: the copy is the node's one copy of these bytes, and
+            # a cached page would be found by the application's reads in place of the PFS's
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+                bf.direct = True
+            except OSError:  # a filesystem without direct I/O: its pages are dropped after each block
+                # the blocks are the read-ahead: the client's own would read past a block, and again
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         except BaseException:
             os.close(fd)
             raise
@@ -405,7 +420,24 @@ class BlockStager:
     def _made(self, key: str, info: FileInfo, tier: Tier, budget: int, reserved: int) -> BlockFile | None:
         bf = BlockFile(key, info, tier, budget, reserved)
         try:
-            bf.create()
+            try:
+                bf.create()
+            except FileExistsError:
+                if not isinstance(tier, SharedTier) or tier.shared.others_live():
+                    raise
+                for path in (bf.path, bf.map_path):  # a job gone before it was whole left them
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                bf.create()
+        except FileExistsError:
+            tier.release(reserved)
+            if not isinstance(tier, SharedTier) or not os.path.exists(bf.map_path):
+                log.warning("cannot stage %s by blocks in tier %s: a copy is there already", key, tier.name)
+                return None
+            # another job of this user stages it in the shared set: its blocks are served (the shim
+            # checks the map against this job's snapshot), it publishes the whole copy
+            bf.borrowed, bf.done, bf.budget, bf.reserved = True, True, 0, 0
+            return bf
         except OSError as e:
             log.warning("cannot stage %s by blocks in tier %s: %s; it is read from the PFS", key, tier.name, e)
             tier.release(reserved)
@@ -425,6 +457,8 @@ class BlockStager:
         """Remove ``bf``'s files and give its room back (no block of it under way: nothing
         here reads or writes them any more; a shim's open descriptor keeps its inode)."""
         bf.close()
+        if bf.borrowed:
+            return  # another job's
         for path in (bf.path, bf.map_path):
             try:
                 os.unlink(path)
@@ -460,13 +494,14 @@ class BlockStager:
     def stats_locked(self) -> dict:
         """The report's figures (under the books' lock): files staged by blocks, those partly
         staged and their bytes, blocks staged, the measure of blocks in flight."""
-        partial = [bf for bf in self.files.values() if bf.budget < bf.blocks]
-        return {"files": len(self.files),
-                "whole_files": sum(bf.whole for bf in self.files.values()),
+        own = [bf for bf in self.files.values() if not bf.borrowed]
+        partial = [bf for bf in own if bf.budget < bf.blocks]
+        return {"files": len(own), "from_other_jobs": len(self.files) - len(own),
+                "whole_files": sum(bf.whole for bf in own),
                 "partly_staged_files": len(partial),
                 "partly_staged_bytes": sum(bf.staged_bytes for bf in partial),
                 "partly_staged_of_bytes": sum(bf.info.size for bf in partial),
-                "in_progress_files": sum(not bf.done for bf in self.files.values()),
-                "blocks_staged": sum(bf.staged for bf in self.files.values()),
-                "bytes_staged": sum(bf.staged_bytes for bf in self.files.values()),
+                "in_progress_files": sum(not bf.done for bf in own),
+                "blocks_staged": sum(bf.staged for bf in own),
+                "bytes_staged": sum(bf.staged_bytes for bf in own),
                 "block_bytes": BLOCK, "in_flight": self.concurrency.state(), "failed_files": self.failures}

@@ -20,6 +20,7 @@ from monarch.errors import PeerError
 from monarch.node.stage.sources import PFSSource, Source, SourceChanged
 from monarch.node.stage.stager_books import StagerBooks
 from monarch.node.stage.stager_recode import start_recode
+from monarch.node.tiers.shared_tier import COPY, claim_for_copy
 from monarch.node.tiers.tiers import NO_SPACE, Tier, write_all, write_atomically
 from monarch.secure import owner_only
 
@@ -113,13 +114,16 @@ class Copier:
                 return None
             if self._on_fallback is not None:
                 self._on_fallback(why)
-        for attempt in (0, 1):
-            tier = self.copy_into(self.pfs, key, info, books.tiers)
-            if tier is not None:
-                return tier
-            with books.lock:  # no tier had room: hinted readers may have consumed copies to drop
-                if attempt or not self._room_for_hinted(key, info.size):
-                    break
+        with claim_for_copy(books, key, info) as found:  # a shared tier: another job's copy, or this job's claim
+            if found is not COPY:
+                return found
+            for attempt in (0, 1):
+                tier = self.copy_into(self.pfs, key, info, books.tiers)
+                if tier is not None:
+                    return tier
+                with books.lock:  # no tier had room: hinted readers may have consumed copies to drop
+                    if attempt or not self._room_for_hinted(key, info.size):
+                        break
         with books.lock:
             books.failures["no_room"] += 1
             books.no_room.add(key)

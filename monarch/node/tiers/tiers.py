@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 TMP_PREFIX = ".monarch-tmp-"
 COMPRESSED_DIR = ".z"  # compressed copies: <tier>/.z/<key>, where the shim's probe of <tier>/<key> does not look
+BLOCKS_DIR = ".blocks"      # a large file staged by blocks (node/stage/blocks.py): <tier>/.blocks/<key>,
+BLOCKMAP_DIR = ".blockmap"  # and its map <tier>/.blockmap/<key>; a whole one is linked at <tier>/<key>
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 REFUSED_FULL = "full"                        # its capacity would be exceeded
 REFUSED_MEMORY_MARGIN = "memory_margin"      # the node's available memory would drop below the margin

@@ -59,7 +59,7 @@ def daemon_on(short_tmp):
             f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{short_tmp}/run{len(running)}"
 tiers: [{{name: ram, path: "{tier_path or f'{short_tmp}/ram{len(running)}'}", capacity: {capacity}}}{extra}]
-staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20}}
+staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20, share: false}}
 """)
         make_bases(cfg)
         daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), f"r{len(running)}")

@@ -65,7 +65,7 @@ def setup(tmp_path):
 run_base: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
 peer: {{path: "{tmp_path}/peer", capacity: {2 * unit + unit // 2}, timeout: 0.2}}  # room for two files
-staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
+staging: {{policy: on-access, threads: 2, resolve_timeout: 5, share: false}}
 """)
     make_bases(cfg)
 
@@ -156,7 +156,7 @@ def test_a_peer_area_given_as_a_share_of_the_node_gets_that_share(tmp_path, monk
 run_base: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
 peer: {{path: "{tmp_path}/peer", capacity: 50%}}
-staging: {{policy: on-access}}
+staging: {{policy: on-access, share: false}}
 """)
     make_bases(cfg)
     config = load_config(str(cfg), env={"USER": "u"})

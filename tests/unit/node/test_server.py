@@ -36,7 +36,7 @@ def served(short_tmp, request, monkeypatch):
         f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
-staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
+staging: {{policy: on-access, threads: 2, resolve_timeout: 5, share: false}}
 """)
     make_bases(cfg)
     daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r1")
@@ -167,7 +167,8 @@ def test_a_session_gets_only_monarch_keys_and_its_reports(served):
         status, body = protocol.recv_answer(s)
         attached = json.loads(body)
         assert status == 0 and set(protocol.CLIENT_ENV_KEYS) - set(attached["env"]) == {protocol.ENV_ASK_FIRST,
-                                                                                         protocol.ENV_STORE_ROOTS}
+                                                                                         protocol.ENV_STORE_ROOTS,
+                                                                                         protocol.ENV_SHARED_SLOTS}
         assert attached["run"]["roots"] == list(daemon.config.dataset.roots)
         for _ in range(2):
             s.sendall(protocol.encode_request(protocol.VERB_REPORT))

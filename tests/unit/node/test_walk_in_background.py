@@ -39,7 +39,7 @@ def gated(short_tmp, monkeypatch):
         f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
-staging: {{policy: on-access, threads: 2, resolve_timeout: 20}}
+staging: {{policy: on-access, threads: 2, resolve_timeout: 20, share: false}}
 """)
     make_bases(cfg)
     gate = threading.Event()

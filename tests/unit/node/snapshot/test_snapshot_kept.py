@@ -29,7 +29,7 @@ def job(short_tmp: str, keep: bool, run: str) -> str:
         f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram-{keep}", capacity: 1MiB, keep: {str(keep).lower()}}}]
-staging: {{policy: on-access, threads: 2}}
+staging: {{policy: on-access, threads: 2, share: false}}
 """)
     make_bases(cfg)
     config = load_config(cfg, env={"USER": "u"})

@@ -71,7 +71,7 @@ def paused_walk(short_tmp, monkeypatch):
             f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB, keep: {str(keep).lower()}}}]
-staging: {{policy: read-ahead, threads: 2}}
+staging: {{policy: read-ahead, threads: 2, share: false}}
 """)
         make_bases(cfg)
         d = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r1", background=True)

@@ -39,7 +39,7 @@ def compressed_daemon(tmp_path, decoded_cache="room", capacity="1MiB", keep=Fals
 run_base: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: {capacity}, compression: zstd, decoded_cache: {decoded_cache},
          keep: {str(keep).lower()}}}]
-staging: {{policy: on-access, threads: 2, resolve_timeout: 5}}
+staging: {{policy: on-access, threads: 2, resolve_timeout: 5, share: false}}
 """)
     make_bases(cfg)
     return NodeDaemon(load_config(str(cfg), env={"USER": "u"}), "r1"), root
