@@ -350,8 +350,11 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m)
         if (to > m->off + m->len)
             to = m->off + m->len;
         void *at = (void *)(m->addr + (from - m->off));
-        void *r = MONARCH_RESOLVE(mmap)(at, (size_t)(to - from), m->prot, m->share | MAP_FIXED, pt->copy_fd,
-                                        (off_t)from);
+        /* populated: the copy's pages are in memory (a tier in RAM, or just written), and the
+         * application's next touches of the run find them mapped, as a mapping it made and used
+         * would be (its page faults were the PFS's until now) */
+        void *r = MONARCH_RESOLVE(mmap)(at, (size_t)(to - from), m->prot, m->share | MAP_FIXED | MAP_POPULATE,
+                                        pt->copy_fd, (off_t)from);
         if (r == MAP_FAILED) {
             MONARCH_DEBUG(1, "moving a mapping onto its block copy failed (%s): it stays on the PFS",
                           strerror(errno));

@@ -65,8 +65,11 @@ BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
 BLOCK_SHIFT = 20  # 1 MiB blocks: a block cache's usual page (Alluxio, mountpoint-s3); a mapping moves in these
 BLOCK = 1 << BLOCK_SHIFT
 BLOCKS_MIN = 16 << 20  # files this large are staged by blocks: a whole copy of one would keep an open waiting
-READ = 128 << 10       # a block is read in requests this large, one after another: an application's read
-                       # of the PFS queues behind at most one of them per block in flight (a FUSE request's size)
+# A block is read in requests one after another, each about READ_WAIT of the source's measured
+# rate (32 KiB to 128 KiB, a FUSE request): an application's read of the PFS queues behind at most
+# one of them per block in flight, so it waits about READ_WAIT more than alone.
+READ_WAIT = 0.0005
+READ_MIN, READ_MAX = 32 << 10, 128 << 10
 START_IN_FLIGHT = 1    # blocks read at once before the source is measured (the slow start doubles it)
 MAX_IN_FLIGHT = 32     # at most (each holds a BLOCK buffer: 32 MiB in all)
 
@@ -306,8 +309,9 @@ class BlockStager:
             want = bf.length(b)
             view = memoryview(buf)
             got = 0
+            step = self._request_bytes()
             while got < want:  # (lengths in whole pages: O_DIRECT; the file's end reads short)
-                n = os.preadv(src, [view[got:got + min(READ, -(-(want - got) // 4096) * 4096)]], offset + got)
+                n = os.preadv(src, [view[got:got + min(step, -(-(want - got) // 4096) * 4096)]], offset + got)
                 if n == 0:
                     raise SourceChanged(errno.ESTALE, f"ends at {offset + got} bytes, the snapshot saw {bf.info.size}")
                 got += n
@@ -327,6 +331,15 @@ class BlockStager:
                 log.warning("staging %s by blocks stopped at block %d: %s; the rest is read from the PFS",
                             bf.key, b, e)
             return False
+
+    def _request_bytes(self) -> int:
+        """A request's size: READ_WAIT of the rate the blocks in flight get now (READ_MIN before
+        any is measured: yield first)."""
+        seconds = self.concurrency.recent_seconds
+        if not seconds:
+            return READ_MIN
+        rate = self.concurrency.limit * BLOCK / seconds
+        return max(READ_MIN, min(READ_MAX, int(rate * READ_WAIT) // 4096 * 4096))
 
     def _source(self, bf: BlockFile) -> int:
         """The PFS file, opened once and checked against the snapshot (size, mtime)."""

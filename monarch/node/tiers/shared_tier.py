@@ -144,16 +144,17 @@ class SharedTier(Tier):
     def has_room(self, room: int) -> bool:
         return self.full_reason is None and self.shared.taken() + room <= self.capacity
 
-    def reserve(self, size: int, counted: bool = True) -> bool:
-        if self.full_reason is None and not self.shared.take(size):
+    def reserve(self, size: int, counted: bool = True, written: bool = False) -> bool:
+        ledger = self.full_reason is None or written  # (a full filesystem refuses a new copy before the ledger)
+        if ledger and not self.shared.take(size):
             if counted:
                 with self._lock:
                     self.refused[REFUSED_FULL] += 1
                     self.last_refusal = REFUSED_FULL
             return False
-        if super().reserve(size, counted):
+        if super().reserve(size, counted, written):
             return True
-        if self.full_reason is None:
+        if ledger:
             self.shared.give(size)
         return False
 
