@@ -228,6 +228,7 @@ class S3Client:
         from obstore.store import S3Store
         self.url, self.settings = url, settings
         self.listed: dict[str, tuple[int, str]] = {}  # key -> (size, ETag) of the listing
+        self.skipped: list[tuple[str, str]] = []  # the keys of ping's page not served as files
         client = {"connect_timeout": f"{url.timeout}s", "read_timeout": f"{url.timeout}s",
                   "allow_http": settings.endpoint.startswith("http://"), "pool_idle_timeout": "60s"}
         if settings.ca_file and settings.endpoint.startswith("https://"):
@@ -252,16 +253,19 @@ class S3Client:
     # -- the listing --------------------------------------------------------------------------
     def ping(self) -> None:
         """One listing request: the endpoint answers, the bucket exists, the credentials may list
-        it, and it holds objects under the prefix (a whole check: ``monarch run`` needs no more)."""
+        it, and it holds objects under the prefix (a whole check: ``monarch run`` needs no more).
+        ``skipped``: the keys of that first page not served as files (``keys.screen``), to be
+        named at start; the listing's whole count comes with the snapshot."""
         import obstore
         try:
-            first = next(iter(obstore.list(self.store, self.url.prefix or None, chunk_size=1)), None)
+            page = next(iter(obstore.list(self.store, self.url.prefix or None, chunk_size=LIST_PAGE)), [])
         except Exception as e:
-            if _unparsable(e):  # the server answered with a key obstore cannot parse: it holds objects
-                return
-            raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
-        if not first:
+            if not _unparsable(e):
+                raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
+            page = self._list_botocore(pages=1)  # a key obstore cannot parse: botocore takes any
+        if not page:
             raise S3Error("no objects under the prefix", 200, "Empty")
+        self.skipped = self._screen(page, set())[2]
 
     def manifest(self) -> Manifest:
         """The prefix's listing as a manifest (each file's digest: its ETag); a key ending in '/'
@@ -271,27 +275,12 @@ class S3Client:
             metas, prefixes = self._list()
         except Exception as e:
             raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
+        objects, dirs, skipped = self._screen(metas, prefixes)
         top = self.url.prefix
-        dirs = {key[len(top):].rstrip("/") for key in prefixes if key.startswith(top)}
-        objects: dict[str, dict] = {}
-        names: list[str] = []
-        for meta in metas:
-            key = meta["path"]
-            if not key.startswith(top) or key == top:
-                continue
-            rel = key[len(top):]
-            if rel.endswith("/") and meta["size"] == 0 and keys.why_not_a_path(rel[:-1]) is None:
-                dirs.add(rel[:-1])  # a "folder" made by a console (key "dir/")
-                continue
-            objects[rel] = meta
-            names.append(rel)
-        dirs = {d for d in dirs if d and keys.why_not_a_path(d) is None}
-        kept, skipped = keys.screen(names, dirs)
         files: dict[str, Entry] = {}
         listed: dict[str, tuple[int, str]] = {}
         newest = 0
-        for rel in kept:
-            meta = objects[rel]
+        for rel, meta in objects.items():
             mtime = int(meta["last_modified"].timestamp() * 1e9)
             newest = max(newest, mtime)
             etag = meta.get("e_tag") or ""
@@ -305,6 +294,25 @@ class S3Client:
             self.listed = listed
         return Manifest(entries, tuple(sorted(dirs)), newest / 1e9, version, tuple(skipped))
 
+    def _screen(self, metas: list[dict], prefixes: set[str]) -> tuple[dict[str, dict], set[str], list]:
+        """The listed objects served as files (rel -> metadata), the directories, and the
+        skipped keys as (key, why); a key ending in '/' of no bytes is a console's "folder"."""
+        top = self.url.prefix
+        dirs = {key[len(top):].rstrip("/") for key in prefixes if key.startswith(top)}
+        objects: dict[str, dict] = {}
+        for meta in metas:
+            key = meta["path"]
+            if not key.startswith(top) or key == top:
+                continue
+            rel = key[len(top):]
+            if rel.endswith("/") and meta["size"] == 0 and keys.why_not_a_path(rel[:-1]) is None:
+                dirs.add(rel[:-1])
+                continue
+            objects[rel] = meta
+        dirs = {d for d in dirs if d and keys.why_not_a_path(d) is None}
+        kept, skipped = keys.screen(list(objects), dirs)
+        return {rel: objects[rel] for rel in kept}, dirs, skipped
+
     def _list(self) -> tuple[list[dict], set[str]]:
         """Every object under the prefix, and the directory prefixes seen: through obstore, or,
         when one key is not a path obstore can parse (a newline, ``a//b``, ``..``), through
@@ -316,8 +324,9 @@ class S3Client:
                 raise
         return self._list_botocore(), set()
 
-    def _list_botocore(self) -> list[dict]:
-        """The prefix's every object as obstore's metadata, listed by botocore page after page."""
+    def _list_botocore(self, pages: int = 0) -> list[dict]:
+        """The prefix's every object (its first ``pages`` pages: 0, all) as obstore's metadata,
+        listed by botocore page after page."""
         import botocore.session
         from botocore import UNSIGNED
         from botocore.config import Config
@@ -335,8 +344,10 @@ class S3Client:
             aws_session_token=frozen.token if frozen else None)
         metas = []
         try:
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.url.bucket,
-                                                                       Prefix=self.url.prefix):
+            for n, page in enumerate(client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.url.bucket, Prefix=self.url.prefix, PaginationConfig={"PageSize": LIST_PAGE})):
+                if pages and n >= pages:
+                    break
                 metas += [{"path": o["Key"], "size": o["Size"], "last_modified": o["LastModified"],
                            "e_tag": o.get("ETag")} for o in page.get("Contents", ())]
         except Exception as e:
@@ -509,7 +520,8 @@ def connect(url: S3URL) -> S3Client:
 
 
 def ping(url: S3URL) -> S3Client:
-    """A client whose bucket answered one listing request (StoreError, one line, otherwise)."""
+    """A client whose bucket answered one listing request (StoreError, one line, otherwise); its
+    ``skipped``: the keys of that request not served as files."""
     client = connect(url)
     try:
         client.ping()
