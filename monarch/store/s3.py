@@ -309,6 +309,12 @@ class S3Client:
                 dirs.add(rel[:-1])
                 continue
             objects[rel] = meta
+        # obstore's flat listing drops a console folder's '/': a zero-byte object named like a
+        # prefix is that folder (no bytes to lose), not an object the prefix hides
+        parents = {rel[:i] for rel in objects for i, c in enumerate(rel) if c == "/"}
+        for rel in [r for r in objects if r in parents and objects[r]["size"] == 0]:
+            dirs.add(rel)
+            del objects[rel]
         dirs = {d for d in dirs if d and keys.why_not_a_path(d) is None}
         kept, skipped = keys.screen(list(objects), dirs)
         return {rel: objects[rel] for rel in kept}, dirs, skipped

@@ -92,15 +92,29 @@ class _Listing(S3Client):
 
     def _list(self):
         when = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
-        return [{"path": "train/" + k, "size": 0 if k.endswith("/") else 4, "last_modified": when, "e_tag": f'"{k!r}"'}
+        return [{"path": "train/" + k.rstrip("/"), "size": 0, "last_modified": when, "e_tag": '""'}
+                if k == "marker/" else  # as obstore's flat listing gives a console's folder: no '/'
+                {"path": "train/" + k, "size": 0 if k.endswith("/") else 4, "last_modified": when, "e_tag": f'"{k!r}"'}
                 for k in self._given], set()
 
 
 def test_a_bucket_listing_with_hostile_keys_is_served_without_them(tmp_path):
-    listed = list(HOSTILE) + ["ok.bin", "dir", "dir/inside.bin", "//double.bin", "double.bin", "folder/"]
+    listed = list(HOSTILE) + ["ok.bin", "dir", "dir/inside.bin", "//double.bin", "double.bin", "folder/",
+                              "marker/", "marker/in.bin"]
     manifest = _Listing(listed).manifest()
-    assert sorted(e.path for e in manifest.files) == ["dir/inside.bin", "double.bin", "ok.bin"]
-    assert "folder" in manifest.dirs
+    assert sorted(e.path for e in manifest.files) == ["dir/inside.bin", "double.bin", "marker/in.bin", "ok.bin"]
+    assert "folder" in manifest.dirs and "marker" in manifest.dirs  # a console's folders, not skipped
     assert {k for k, _ in manifest.skipped} == set(HOSTILE) | {"dir", "//double.bin"}
     names, files, dirs = _snapshot(manifest, tmp_path)
     _inside(dirs, files)
+
+
+def test_a_listing_the_client_cannot_parse_is_not_unreachable():
+    from monarch.store.s3 import S3Unreachable, _classify, explain
+    parse = RuntimeError('Generic S3 error: Encountered object with invalid path: Error parsing Path "train/new\nline.bin"')
+    e = _classify(parse, "listing")
+    assert not isinstance(e, S3Unreachable) and e.code == "UnparsableKey" and "train/new\\nline.bin" in str(e)
+    url = S3URL.parse("s3://acc-hostile/train/")
+    assert "unreachable" not in explain(url, e)
+    down = _classify(RuntimeError("Generic S3 error: error sending request: kind: ConnectionRefused"), "listing")
+    assert isinstance(down, S3Unreachable) and "is unreachable" in explain(url, down)
