@@ -140,11 +140,14 @@ def cmd_run(args) -> int:
     _check_html_report(args.report_html, config)
     if config.dataset.stores:  # no PFS behind a store's root: an unreachable store stops the job here
         from monarch.node.stage.store_source import check_stores
-        for line in check_stores(config):
+        notes: list[str] = []
+        for line in check_stores(config, notes=notes):
             print(f"monarch: store: {line}" + ("; going on (--fail-open)" if args.fail_open else
                                                 "; exit 2 (--fail-open runs the command anyway)"), file=sys.stderr)
             if not args.fail_open:
                 return 2
+        for line in notes:  # keys a bucket holds that no file can have: one line each store, at start
+            print(f"monarch: store: {line}", file=sys.stderr)
     problem = find_command(cmd[0])
     if problem is not None:  # as a shell or srun would say it, before any daemon starts
         code, reason = problem

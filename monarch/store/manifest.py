@@ -21,6 +21,7 @@ import zlib
 from dataclasses import dataclass
 
 from monarch import protocol
+from monarch.store import keys
 from monarch.node.snapshot.filetable import FileInfo, FileTable, Listing
 from monarch.node.snapshot.snapshot import DirInfo
 
@@ -50,6 +51,7 @@ class Manifest:
     dirs: tuple[str, ...] = ()  # every directory below the top (empty ones too)
     created: float = 0.0
     version: str = ""  # the digest of the encoded manifest (set by decode)
+    skipped: tuple[tuple[str, str], ...] = ()  # (key, why) of the keys not served as files (keys.screen)
 
     @property
     def total_bytes(self) -> int:
@@ -71,14 +73,18 @@ class Manifest:
         except (ValueError, KeyError, TypeError, zlib.error) as e:
             raise ValueError(f"not a Monarch manifest ({FORMAT}): {e}") from None
         for e in files:
-            if not _plain(e.path) or e.size < 0:
-                raise ValueError(f"not a Monarch manifest: bad entry {e.path!r}")
-        return cls(files, dirs, float(doc.get("created", 0)), hashlib.blake2b(data, digest_size=16).hexdigest())
+            if e.size < 0:
+                raise ValueError(f"not a Monarch manifest: bad entry {e.path!r} (size {e.size})")
+        # written by hand or by another tool: a path that cannot be a file is skipped and named, not fatal
+        kept, skipped = keys.screen([e.path for e in files], [d for d in dirs if keys.why_not_a_path(d) is None])
+        files = tuple(e for e in files if e.path in kept)
+        dirs = tuple(d for d in dirs if keys.why_not_a_path(d) is None)
+        return cls(files, dirs, float(doc.get("created", 0)), hashlib.blake2b(data, digest_size=16).hexdigest(),
+                   tuple(skipped))
 
 
 def _plain(rel: str) -> bool:
-    parts = rel.split("/")
-    return bool(rel) and not rel.startswith("/") and all(p not in ("", ".", "..") for p in parts) and "\0" not in rel
+    return keys.why_not_a_path(rel) is None
 
 
 def _ino(k: int, rel: str) -> int:
@@ -108,8 +114,10 @@ def add_to_snapshot(k: int, manifest: Manifest, mount: str, files: FileTable | d
     for d in manifest.dirs:
         if _plain(d):
             ensure_dir(d)
-    keys = []
+    names = []
     for e in sorted(manifest.files, key=lambda e: e.path):
+        if not _plain(e.path) or f"{k}/{e.path}" in files:  # never a path outside the root, never one twice
+            continue
         parent, _, name = e.path.rpartition("/")
         ensure_dir(parent)
         ino = _ino(k, e.path)
@@ -117,7 +125,7 @@ def add_to_snapshot(k: int, manifest: Manifest, mount: str, files: FileTable | d
         key = f"{k}/{e.path}"
         files[key] = FileInfo(e.size, e.mtime_ns, 0o100644, e.mtime_ns, e.mtime_ns, ino, dev, uid, gid, 1, False,
                               (e.size + 511) // 512, 4096)
-        keys.append(key)
+        names.append(key)
         newest[parent] = max(newest.get(parent, 0), e.mtime_ns)
     try:
         top_parent = os.stat(os.path.dirname(mount.rstrip("/")) or "/").st_ino
@@ -129,4 +137,4 @@ def add_to_snapshot(k: int, manifest: Manifest, mount: str, files: FileTable | d
                         2 + sum(1 for _, t, _ in listing if t == protocol.DT_DIR), False, 8, 4096)
         parent_ino = top_parent if not rel else (_ino(k, rel.rpartition("/")[0]) if "/" in rel else _ino(k, "/"))
         dirs[f"{k}/{rel}"] = DirInfo(info, Listing(sorted(listing)), parent_ino)
-    return keys
+    return names

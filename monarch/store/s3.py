@@ -32,7 +32,8 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 
-from monarch.store.manifest import Entry, Manifest, _plain
+from monarch.store import keys
+from monarch.store.manifest import Entry, Manifest
 from monarch.store.url import DEFAULT_TIMEOUT, StoreError
 
 SCHEME = "s3"
@@ -121,10 +122,33 @@ _CAUSE = re.compile(r"kind: (ConnectionRefused|ConnectionReset|TimedOut|HostUnre
                     r"AddrNotAvailable)|(dns error[^\n,\"]*)")
 
 
+def _unparsable(e: BaseException) -> bool:
+    """obstore's error for a listed key that is not a path it can parse: the server did answer."""
+    return "invalid path" in str(e) or "Error parsing Path" in str(e)
+
+
+def _botocore_error(e: BaseException) -> S3Error:
+    """A botocore exception as one of ours."""
+    import botocore.exceptions
+    if isinstance(e, botocore.exceptions.ClientError):
+        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        code = e.response.get("Error", {}).get("Code", "")
+        if status >= 500 or status in (408, 429) or code in ("SlowDown", "RequestTimeout"):
+            return S3Unreachable(f"listing: {status} {code}", status, code)
+        return S3Error(f"listing: {status} {code or 'error'}", status, code)
+    if isinstance(e, (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
+                      botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionClosedError)):
+        return S3Unreachable(f"listing: {type(e).__name__}")
+    return S3Error(f"listing: {type(e).__name__}: {e}")
+
+
 def _classify(e: BaseException, what: str) -> S3Error | None:
     """An obstore exception as one of ours (None: not found)."""
     if isinstance(e, FileNotFoundError):
         return None
+    if _unparsable(e):  # an answer the client could not read, not a server that does not answer
+        key = m.group(1) if (m := re.search(r'Error parsing Path "(.*?)"', str(e), re.S)) else "?"
+        return S3Error(f"{what}: the client cannot parse the key {key!r}", 200, "UnparsableKey")
     text = str(e).split("\n", 1)[0].split(" Debug source:", 1)[0].strip()
     status = int(m.group(1)) if (m := _STATUS.search(text)) else 0
     code = m.group(1) if (m := _CODE.search(str(e))) else ""
@@ -204,6 +228,7 @@ class S3Client:
         from obstore.store import S3Store
         self.url, self.settings = url, settings
         self.listed: dict[str, tuple[int, str]] = {}  # key -> (size, ETag) of the listing
+        self.skipped: list[tuple[str, str]] = []  # the keys of ping's page not served as files
         client = {"connect_timeout": f"{url.timeout}s", "read_timeout": f"{url.timeout}s",
                   "allow_http": settings.endpoint.startswith("http://"), "pool_idle_timeout": "60s"}
         if settings.ca_file and settings.endpoint.startswith("https://"):
@@ -228,52 +253,116 @@ class S3Client:
     # -- the listing --------------------------------------------------------------------------
     def ping(self) -> None:
         """One listing request: the endpoint answers, the bucket exists, the credentials may list
-        it, and it holds objects under the prefix (a whole check: ``monarch run`` needs no more)."""
+        it, and it holds objects under the prefix (a whole check: ``monarch run`` needs no more).
+        ``skipped``: the keys of that first page not served as files (``keys.screen``), to be
+        named at start; the listing's whole count comes with the snapshot."""
         import obstore
         try:
-            first = next(iter(obstore.list(self.store, self.url.prefix or None, chunk_size=1)), None)
+            page = next(iter(obstore.list(self.store, self.url.prefix or None, chunk_size=LIST_PAGE)), [])
         except Exception as e:
-            raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
-        if not first:
+            if not _unparsable(e):
+                raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
+            page = self._list_botocore(pages=1)  # a key obstore cannot parse: botocore takes any
+        if not page:
             raise S3Error("no objects under the prefix", 200, "Empty")
+        self.skipped = self._screen(page, set())[2]
 
     def manifest(self) -> Manifest:
-        """The prefix's listing as a manifest (each file's digest: its ETag); a key that is not a
-        plain relative path (``a//b``, ``..``) is left out, a key ending in '/' is a directory."""
-        files: dict[str, Entry] = {}
-        dirs: set[str] = set()
-        listed: dict[str, tuple[int, str]] = {}
-        newest = 0
+        """The prefix's listing as a manifest (each file's digest: its ETag); a key ending in '/'
+        is a directory; a key that cannot be a file (``keys.screen``) is skipped and named in
+        ``Manifest.skipped``."""
         try:
             metas, prefixes = self._list()
         except Exception as e:
             raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
-        for meta in metas:
-            key = meta["path"]
-            rel = key[len(self.url.prefix):] if key.startswith(self.url.prefix) else None
-            if rel is None or not _plain(rel):
-                continue
-            if meta["size"] == 0 and key in prefixes:  # a "folder" made by a console (key "dir/")
-                dirs.add(rel)
-                continue
+        objects, dirs, skipped = self._screen(metas, prefixes)
+        top = self.url.prefix
+        files: dict[str, Entry] = {}
+        listed: dict[str, tuple[int, str]] = {}
+        newest = 0
+        for rel, meta in objects.items():
             mtime = int(meta["last_modified"].timestamp() * 1e9)
             newest = max(newest, mtime)
             etag = meta.get("e_tag") or ""
             files[rel] = Entry(rel, int(meta["size"]), mtime, etag)
-            listed[key] = (int(meta["size"]), etag)
-        parents = {rel[:i] for rel in files for i, c in enumerate(rel) if c == "/"}
-        for rel in parents & set(files):  # an object named like a directory that holds others: a directory
-            dirs.add(rel)
-            del files[rel]
-            listed.pop(self.url.prefix + rel, None)
+            listed[top + rel] = (int(meta["size"]), etag)
+        dirs |= {rel[:i] for rel in files for i, c in enumerate(rel) if c == "/"}
         entries = tuple(sorted(files.values(), key=lambda e: e.path))
         version = hashlib.blake2b(repr([(e.path, e.size, e.digest) for e in entries]).encode(),
                                   digest_size=16).hexdigest()
         with self._lock:
             self.listed = listed
-        return Manifest(entries, tuple(sorted(d for d in dirs if _plain(d))), newest / 1e9, version)
+        return Manifest(entries, tuple(sorted(dirs)), newest / 1e9, version, tuple(skipped))
+
+    def _screen(self, metas: list[dict], prefixes: set[str]) -> tuple[dict[str, dict], set[str], list]:
+        """The listed objects served as files (rel -> metadata), the directories, and the
+        skipped keys as (key, why); a key ending in '/' of no bytes is a console's "folder"."""
+        top = self.url.prefix
+        dirs = {key[len(top):].rstrip("/") for key in prefixes if key.startswith(top)}
+        objects: dict[str, dict] = {}
+        for meta in metas:
+            key = meta["path"]
+            if not key.startswith(top) or key == top:
+                continue
+            rel = key[len(top):]
+            if rel.endswith("/") and meta["size"] == 0 and keys.why_not_a_path(rel[:-1]) is None:
+                dirs.add(rel[:-1])
+                continue
+            objects[rel] = meta
+        # obstore's flat listing drops a console folder's '/': a zero-byte object named like a
+        # prefix is that folder (no bytes to lose), not an object the prefix hides
+        parents = {rel[:i] for rel in objects for i, c in enumerate(rel) if c == "/"}
+        for rel in [r for r in objects if r in parents and objects[r]["size"] == 0]:
+            dirs.add(rel)
+            del objects[rel]
+        dirs = {d for d in dirs if d and keys.why_not_a_path(d) is None}
+        kept, skipped = keys.screen(list(objects), dirs)
+        return {rel: objects[rel] for rel in kept}, dirs, skipped
 
     def _list(self) -> tuple[list[dict], set[str]]:
+        """Every object under the prefix, and the directory prefixes seen: through obstore, or,
+        when one key is not a path obstore can parse (a newline, ``a//b``, ``..``), through
+        botocore, which takes any key; obstore fails the whole listing on such a key."""
+        try:
+            return self._list_obstore()
+        except Exception as e:
+            if not _unparsable(e):
+                raise
+        return self._list_botocore(), set()
+
+    def _list_botocore(self, pages: int = 0) -> list[dict]:
+        """The prefix's every object (its first ``pages`` pages: 0, all) as obstore's metadata,
+        listed by botocore page after page."""
+        import botocore.session
+        from botocore import UNSIGNED
+        from botocore.config import Config
+        settings = self.settings
+        config = Config(connect_timeout=self.url.timeout, read_timeout=self.url.timeout, s3={"addressing_style": "path"},
+                        retries={"max_attempts": 3}, **({"signature_version": UNSIGNED}
+                                                         if settings.credentials is None else {}))
+        session = botocore.session.Session(profile=self.url.profile)
+        frozen = settings.credentials.get_frozen_credentials() if settings.credentials is not None else None
+        client = session.create_client(
+            "s3", region_name=settings.region, endpoint_url=settings.endpoint, config=config,
+            verify=settings.ca_file if settings.ca_file else None,
+            aws_access_key_id=frozen.access_key if frozen else None,
+            aws_secret_access_key=frozen.secret_key if frozen else None,
+            aws_session_token=frozen.token if frozen else None)
+        metas = []
+        try:
+            for n, page in enumerate(client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.url.bucket, Prefix=self.url.prefix, PaginationConfig={"PageSize": LIST_PAGE})):
+                if pages and n >= pages:
+                    break
+                metas += [{"path": o["Key"], "size": o["Size"], "last_modified": o["LastModified"],
+                           "e_tag": o.get("ETag")} for o in page.get("Contents", ())]
+        except Exception as e:
+            raise _botocore_error(e) from None
+        finally:
+            client.close()
+        return metas
+
+    def _list_obstore(self) -> tuple[list[dict], set[str]]:
         """Every object under the prefix (obstore's metadata), and the directory prefixes seen.
 
         One listing request answers a prefix of fewer than LIST_PAGE objects. A larger one is
@@ -437,7 +526,8 @@ def connect(url: S3URL) -> S3Client:
 
 
 def ping(url: S3URL) -> S3Client:
-    """A client whose bucket answered one listing request (StoreError, one line, otherwise)."""
+    """A client whose bucket answered one listing request (StoreError, one line, otherwise); its
+    ``skipped``: the keys of that request not served as files."""
     client = connect(url)
     try:
         client.ping()

@@ -34,6 +34,7 @@ from monarch.node.snapshot.snapshot import Snapshot, take_snapshot
 from monarch.node.stage.sources import Source, SourceChanged
 from monarch.store import client as store_client
 from monarch.store.load import fetch_manifest
+from monarch.store import keys as store_keys
 from monarch.store.manifest import add_to_snapshot, digest
 from monarch.store.s3 import Pieces, S3URL
 from monarch.store.url import StoreError, StoreURL
@@ -66,6 +67,7 @@ class Mount:
         self.client = None
         self.digests: dict[str, str] = {}  # rel -> the manifest's digest
         self.version = ""
+        self.skipped: tuple[tuple[str, str], ...] = ()  # keys not served as files (key, why)
         self.down_since: float | None = None
         self.last_try = 0.0
         self.prefetch: Prefetch | None = None
@@ -239,6 +241,9 @@ class StoreSet:
             manifest = fetch_manifest(mount.client, mount.url)
             mount.digests = {e.path: e.digest for e in manifest.files}
             mount.version = manifest.version
+            mount.skipped = manifest.skipped
+            if manifest.skipped:
+                log.warning("store: %s: %s", mount.url, store_keys.summary(manifest.skipped))
             keys = add_to_snapshot(k, manifest, roots[k], files, dirs)
             if self.read_ahead and keys:  # in the stager's read-ahead order (sorted keys)
                 mount.prefetch = Prefetch(mount, sorted((e.path, e.size) for e in manifest.files))
@@ -357,7 +362,10 @@ class StoreSet:
             store = {"urls": {m.path: str(m.url) for m in self.mounts.values()},
                      "versions": {m.path: m.version for m in self.mounts.values()},
                      "refused": dict(self.refused), "refused_count": self.refused_count,
-                     "lost_copies": self.lost_copies, "lost_at": self.lost_at}
+                     "lost_copies": self.lost_copies, "lost_at": self.lost_at,
+                     "skipped": {m.path: [list(s) for s in m.skipped[:store_keys.NAMED]]
+                                 for m in self.mounts.values() if m.skipped},
+                     "skipped_count": {m.path: len(m.skipped) for m in self.mounts.values() if m.skipped}}
         unused = sum(m.prefetch.unused_bytes() for m in self.mounts.values() if m.prefetch is not None)
         store["read_ahead_unused_bytes"] = unused  # fetched ahead, never staged (counted as read)
         # the read-ahead's pipelines in flight: the limit its measure of the store settled on, the most
@@ -400,10 +408,11 @@ class RoutedSource(Source):
         self.pfs.close()
 
 
-def check_stores(config: Config, found: list | None = None) -> list[str]:
+def check_stores(config: Config, found: list | None = None, notes: list | None = None) -> list[str]:
     """Each store of the configuration answers and holds a manifest: the problems, one line
     each, naming the URL (``monarch run`` and ``monarch check-config`` check this before
-    anything starts). ``found`` gets (root, URL, manifest) of each store that is fine."""
+    anything starts). ``found`` gets (root, URL, manifest) of each store that is fine;
+    ``notes`` a line per store whose keys seen so far include some not served as files."""
     problems = []
     for k, url_text in config.dataset.store_urls().items():
         try:
@@ -413,6 +422,11 @@ def check_stores(config: Config, found: list | None = None) -> list[str]:
                 manifest = fetch_manifest(client, url) if url.has_digests or found is not None else None
             finally:
                 client.close()
+            skipped = manifest.skipped if manifest is not None else getattr(client, "skipped", ())
+            if notes is not None and skipped:
+                partial = "" if manifest is not None else " in the listing's first page"
+                notes.append(f"{config.dataset.roots[k]}: {store_keys.summary(skipped)}{partial} "
+                             "(skipped; the rest is served; the report names them)")
             if found is not None:
                 found.append((config.dataset.roots[k], url, manifest))
         except StoreError as e:
