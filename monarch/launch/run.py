@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TextIO
 
-from monarch import environment, layout, protocol
-from monarch.launch import service, slurm, topology
+from monarch import environment, layout, protocol, topology
+from monarch.launch import service, slurm
 from monarch.launch.progress import first_local_rank
 from monarch.launch.launchers import RunLaunchers
 from monarch.launch.service import Session, attach
