@@ -139,9 +139,9 @@ def cmd_run(args) -> int:
     config = _load(args.config, roots=args.dataset, env=dict(os.environ, **{topology.ENV_RUN_ID: run_name}))
     _check_html_report(args.report_html, config)
     if config.dataset.stores:  # no PFS behind a store's root: an unreachable store stops the job here
-        from monarch.node.stage.store_source import check_stores
+        from monarch.store.check import check_stores
         notes: list[str] = []
-        for line in check_stores(config, notes=notes):
+        for line in check_stores(config.dataset.store_roots(), notes=notes):
             print(f"monarch: store: {line}" + ("; going on (--fail-open)" if args.fail_open else
                                                 "; exit 2 (--fail-open runs the command anyway)"), file=sys.stderr)
             if not args.fail_open:
