@@ -27,9 +27,10 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+from monarch.cluster.serve import Compressed
 from monarch.config import Config
 from monarch.errors import PeerError
-from monarch.node.tiers.codecs import Compressed, needs_dictionary
+from monarch.node.tiers.codecs import needs_dictionary
 from monarch.node.stage.current import Current
 from monarch.node.peer.offers import Offers
 from monarch.node.peer.peer_cache import PeerCache
