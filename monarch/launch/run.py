@@ -30,7 +30,7 @@ from monarch.launch.launchers import RunLaunchers
 from monarch.launch.service import Session, attach
 from monarch.config import Config, ConfigError, read_user
 from monarch.errors import DaemonError, MonarchError
-from monarch.node.stats import NodeStats
+from monarch.records.node_stats import NodeStats
 from monarch.report.sharing import sharing_at_start
 from monarch.report.build import session_delta
 from monarch.report.bypass import bypass_warning

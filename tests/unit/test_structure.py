@@ -112,7 +112,7 @@ RECORDS = {
                          "sys": "the excepthook that aborts the communicator", "threading": "the same, for threads"},
     "launch/run.py": {"end": "run()'s own record of how the run ends (_Ending)"},
     "node/tiers/codecs.py": {"choice": "the Choice record the selection fills", "local": "a threading.local of its own"},
-    "node/snapshot/filetable.py": {"table": "the unpickled table, rebuilt in its own module"},
+    "records/filetable.py": {"table": "the unpickled table, rebuilt in its own module"},
     "node/server.py": {"conn": "the server's record of one connection"},
     "node/stage/stager.py": {"flight": "a Flight record of the stager's books"},
     "node/stage/blocks.py": {"bf": "a BlockFile record of the block stager's books",

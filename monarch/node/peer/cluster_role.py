@@ -37,8 +37,8 @@ from monarch.node.peer.peer_cache import PeerCache
 from monarch.node.snapshot.snapshot import Snapshot
 from monarch.node.stage.sources import PeerSource
 from monarch.node.stage.stager import INLINE_BYTES, Stager
-from monarch.node.stats import ClusterSlice
 from monarch.node.tiers.tiers import Tier
+from monarch.records.node_stats import ClusterSlice
 from monarch.sizes import allocated_size
 
 log = logging.getLogger(__name__)

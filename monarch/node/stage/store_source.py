@@ -29,9 +29,9 @@ from typing import Callable
 
 from monarch.config import Config
 from monarch.node.stage.concurrency import Concurrency
-from monarch.node.snapshot.filetable import FileTable
 from monarch.node.snapshot.snapshot import Snapshot, take_snapshot
 from monarch.node.stage.sources import Source, SourceChanged
+from monarch.records.filetable import FileTable
 from monarch.store import client as store_client
 from monarch.store.load import fetch_manifest
 from monarch.store import keys as store_keys
