@@ -113,7 +113,7 @@ def _closing_brace(text: str, pos: int) -> int:
 
 def builtin_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for expansion, with the variables Monarch itself provides."""
-    from monarch.launch.topology import node_index, run_id, user_name
+    from monarch.topology import node_index, run_id, user_name
     out = dict(os.environ if env is None else env)
     out.setdefault("MONARCH_NODE", str(node_index(out)))
     out.setdefault("MONARCH_JOB_ID", run_id(out) or "local")  # `monarch run` names an unnamed run

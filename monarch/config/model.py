@@ -36,6 +36,10 @@ class DatasetConfig:
                 out[k] = url
         return out
 
+    def store_roots(self) -> dict[str, str]:
+        """root -> its store's URL, for the roots served from a store."""
+        return {self.roots[k]: url for k, url in self.store_urls().items()}
+
     def spellings(self) -> list[tuple[int, str]]:
         """(root index, path) for every spelling of every root that the shim should match."""
         out = [(k, root) for k, root in enumerate(self.roots)]

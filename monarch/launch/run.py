@@ -23,14 +23,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TextIO
 
-from monarch import environment, layout, protocol
-from monarch.launch import service, slurm, topology
+from monarch import environment, layout, protocol, topology
+from monarch.launch import service, slurm
 from monarch.launch.progress import first_local_rank
 from monarch.launch.launchers import RunLaunchers
 from monarch.launch.service import Session, attach
 from monarch.config import Config, ConfigError, read_user
 from monarch.errors import DaemonError, MonarchError
-from monarch.node.stats import NodeStats
+from monarch.records.node_stats import NodeStats
 from monarch.report.sharing import sharing_at_start
 from monarch.report.build import session_delta
 from monarch.report.bypass import bypass_warning

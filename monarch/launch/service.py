@@ -26,10 +26,9 @@ import time
 from contextlib import contextmanager
 from threading import Lock
 
-from monarch import layout, protocol, secure
+from monarch import layout, protocol, secure, topology
 from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
-from monarch.launch import topology
 from monarch.node.tiers.shared_set import drop_expired
 
 log = logging.getLogger(__name__)
@@ -406,7 +405,7 @@ def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None)
     ``--report`` option). ``cluster``: the peers under MPI (None: a node alone)."""
     from monarch.node.daemon import NodeDaemon
     from monarch.node.server import NodeServer
-    from monarch.launch.topology import node_index
+    from monarch.topology import node_index
     # the snapshot walk runs in the background: the socket answers and the command starts meanwhile
     # embedded: the node its launcher named (MONARCH_NODE / SLURM_NODEID), where the launcher looks for its socket
     from monarch.launch import mpi_shm

@@ -75,7 +75,7 @@ def wants_step(env: Mapping[str, str] | None = None) -> bool:
 def launched_by_srun(proc: str = "/proc") -> bool:
     """Is this process a task srun started (its nearest launcher ancestor is slurmstepd, not
     hydra's or Open MPI's: those ranks sit in a Slurm step too, but their PMI is not Slurm's)?"""
-    from monarch.launch.topology import _ancestor
+    from monarch.topology import _ancestor
     found = _ancestor(frozenset({"slurmstepd", "hydra_pmi_proxy", "prted", "orted", "mpiexec", "mpirun"}), proc)
     if found is None:
         return False
@@ -300,7 +300,7 @@ def _refuse(why: str | None, load_config, env: Mapping[str, str]) -> None:
 
 def _refusal_path(config) -> str:
     from monarch import layout
-    from monarch.launch import topology
+    from monarch import topology
     return os.path.join(layout.run_dir(config.run_base, topology.job_id(), topology.node_index()), layout.REFUSED)
 
 

@@ -12,7 +12,7 @@ import datetime
 import math
 from typing import Any, Iterable
 
-from monarch.node.stats import NodeStats, bytes_read_range
+from monarch.records.node_stats import NodeStats, bytes_read_range
 from monarch.report.timeline import combine_timelines
 from monarch.store.report import store_traffic
 

@@ -164,7 +164,7 @@ def test_run_help_and_the_readme_agree_on_what_they_both_state(capsys):
     import re
     from pathlib import Path
     from monarch.config import KEYS
-    from monarch.launch import topology
+    from monarch import topology
     help_text = _run_help(capsys)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     use = readme.split("\n## Use\n", 1)[1].split("\n## ", 1)[0]

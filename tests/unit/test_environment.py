@@ -200,7 +200,8 @@ def test_the_scan_finds_each_form_of_read_and_fails_on_an_undeclared_one(tmp_pat
 
 def test_the_constants_that_name_variables_are_declared():
     from monarch import frontdoor, protocol
-    from monarch.launch import progress, run, topology
+    from monarch import topology
+    from monarch.launch import progress, run
     constants = [getattr(protocol, n) for n in dir(protocol) if n.startswith("ENV_")]
     constants += [progress.ENV_PROGRESS, progress.ENV_INTERVAL, topology.ENV_JOB_ID, topology.ENV_RUN_ID,
                   frontdoor.ENV_FRONT_DOOR, run.ENV_CLUSTER, run.ENV_CLUSTER_WAIT, topology.NODE_VARS[0]]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from monarch.errors import MonarchError
-from monarch.node.stats import NodeStats
+from monarch.records.node_stats import NodeStats
 from monarch.report.build import SCHEMA, build_report, session_delta
 from monarch.report.store import load_report
 from monarch.report.text import print_report

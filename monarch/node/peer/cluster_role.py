@@ -27,17 +27,18 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+from monarch.cluster.serve import Compressed
 from monarch.config import Config
 from monarch.errors import PeerError
-from monarch.node.tiers.codecs import Compressed, needs_dictionary
+from monarch.node.tiers.codecs import needs_dictionary
 from monarch.node.stage.current import Current
 from monarch.node.peer.offers import Offers
 from monarch.node.peer.peer_cache import PeerCache
 from monarch.node.snapshot.snapshot import Snapshot
 from monarch.node.stage.sources import PeerSource
 from monarch.node.stage.stager import INLINE_BYTES, Stager
-from monarch.node.stats import ClusterSlice
 from monarch.node.tiers.tiers import Tier
+from monarch.records.node_stats import ClusterSlice
 from monarch.sizes import allocated_size
 
 log = logging.getLogger(__name__)
