@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from threading import Lock
 
 from monarch import layout, protocol, secure
-from monarch.config import Config
-from monarch.errors import DaemonError, MonarchError
+from monarch.config import Config, differences, from_json, served, to_json
+from monarch.errors import ConfigError, DaemonError, MonarchError
 from monarch.launch import topology
 from monarch.node.tiers.shared_set import drop_expired
 
@@ -188,9 +188,11 @@ def _start_lock(run_dir: str):
         os.close(fd)
 
 
-def start(config: Config, config_file: str | None, run: str) -> tuple[Session, subprocess.Popen | None]:
+def start(config: Config, run: str) -> tuple[Session, subprocess.Popen | None]:
     """Attach to the run's daemon on this node, starting an embedded one if none runs yet (the
-    process is returned only when this launcher started it: ``wait_stopped`` waits for it)."""
+    process is returned only when this launcher started it: ``wait_stopped`` waits for it).
+    The daemon receives ``config`` as this launcher checked it, on its standard input
+    (``received_config``): it never reads the user's file again."""
     node = topology.node_index()
     run_dir = layout.run_dir(config.run_base, run, node)
     socket_path = layout.socket_path(config.run_base, run, node)
@@ -200,13 +202,10 @@ def start(config: Config, config_file: str | None, run: str) -> tuple[Session, s
             if session.serves(config):
                 return session, None
             session.close()
-            raise DaemonError(f"the run's daemon at {socket_path} serves another dataset; "
+            raise DaemonError(f"the run's daemon at {socket_path} serves another configuration; "
                               "give this job its own MONARCH_JOB_ID")
         cmd = [sys.executable, "-m", "monarch", *(["-vv"] if log.isEnabledFor(logging.DEBUG) else []),
                "serve", "--embedded"]
-        if config_file:
-            cmd += ["-c", config_file]
-        cmd += [a for root in config.dataset.given for a in ("--dataset", root)]  # what this launcher validated
         # the daemon expands the configuration with the launcher's run id, whatever its parents
         env = _without_shim(os.environ) | {topology.ENV_RUN_ID: run}
         env.setdefault(topology.ENV_JOB_ID, run)
@@ -215,10 +214,11 @@ def start(config: Config, config_file: str | None, run: str) -> tuple[Session, s
         try:
             # close_fds: the daemon outlives the command and must not hold what the launcher
             # inherited (an MPI launcher's PMI socket, its stdout and stderr pipes)
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=log_fd,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         finally:
             os.close(log_fd)
+        _hand_over(proc, config)
         log.debug("phase daemon.spawned")
         deadline = time.monotonic() + DAEMON_START_TIMEOUT
         while time.monotonic() < deadline:
@@ -232,6 +232,29 @@ def start(config: Config, config_file: str | None, run: str) -> tuple[Session, s
             time.sleep(0.02)
         proc.kill()
         raise DaemonError(f"the node daemon did not answer within {DAEMON_START_TIMEOUT:.0f} s; see {log_path}")
+
+
+def _hand_over(proc: subprocess.Popen, config: Config) -> None:
+    """Write the checked configuration to the daemon's standard input, and close it (a few KiB:
+    the pipe holds it whether the daemon reads it yet or not)."""
+    try:
+        proc.stdin.write(to_json(config).encode())
+    except OSError as e:  # it died at once: the wait for its socket says so, with its log
+        log.debug("the daemon did not take its configuration: %s", e)
+    finally:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+
+
+def received_config(stream=None) -> Config:
+    """``monarch serve --embedded``: the configuration its launcher checked (``_hand_over``)."""
+    stream = sys.stdin.buffer if stream is None else stream
+    try:
+        return from_json(stream.read())
+    except ConfigError as e:
+        raise ConfigError(f"monarch serve --embedded: its standard input: {e}") from None
 
 
 def _without_shim(env) -> dict[str, str]:
