@@ -60,15 +60,15 @@ def _plain(value: Any) -> Any:
         [_plain(v) for v in value] if isinstance(value, tuple) else value
 
 
-def differences(there: Any, here: Any, key: str = "") -> list[str]:
-    """The keys whose values differ between two ``served`` records, one line each:
-    ``tiers[0].capacity: 1073741824 there, 2147483648 here``."""
+def differences(there: Any, here: Any, names: tuple[str, str] = ("there", "here"), key: str = "") -> list[str]:
+    """The keys whose values differ between two ``served`` records, one line each, the values
+    named by ``names``: ``tiers[0].capacity: 1073741824 there, 2147483648 here``."""
     if isinstance(there, dict) and isinstance(here, dict):
         return [line for k in sorted(set(there) | set(here), key=str)
-                for line in differences(there.get(k), here.get(k), f"{key}.{k}" if key else str(k))]
+                for line in differences(there.get(k), here.get(k), names, f"{key}.{k}" if key else str(k))]
     if isinstance(there, list) and isinstance(here, list) and len(there) == len(here) \
             and all(isinstance(v, dict) for v in there + here):
-        return [line for i, (a, b) in enumerate(zip(there, here)) for line in differences(a, b, f"{key}[{i}]")]
+        return [line for i, (a, b) in enumerate(zip(there, here)) for line in differences(a, b, names, f"{key}[{i}]")]
     if there == here:
         return []
-    return [f"{key or 'the configuration'}: {json.dumps(there)} there, {json.dumps(here)} here"]
+    return [f"{key or 'the configuration'}: {json.dumps(there)} {names[0]}, {json.dumps(here)} {names[1]}"]

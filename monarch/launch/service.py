@@ -41,6 +41,7 @@ ATTACH_TIMEOUT = 10.0          # a daemon answers ATTACH at once (its event loop
 REPORT_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0            # `monarch stop`: the daemon answers STOP once it has stopped serving
 MAX_ENV_VALUE = 1 << 16
+MAX_DIFFERENCES_SAID = 3       # keys named when a daemon serves another configuration (one line)
 
 
 class Session:
@@ -77,12 +78,20 @@ class Session:
             return None
 
     def serves(self, config: Config) -> bool:
-        """Does the daemon serve this configuration's dataset? (one job, one namespace)"""
-        roots = self.run.get("roots")
-        if roots == list(config.dataset.roots):
+        """Does the daemon serve this configuration: the same dataset, tiers, staging, peer and
+        memory margin (``monarch.config.served``)? One that serves another would not do what
+        this run's configuration says: the run does not use it (a line says what differs)."""
+        theirs, mine = self.run.get("served"), served(config)
+        if theirs == mine:
             return True
-        log.warning("the daemon at %s serves the dataset %s, not %s: this run does not use it",
-                    self.socket_path, roots, list(config.dataset.roots))
+        if isinstance(theirs, dict):
+            lines = differences(theirs, mine, ("in the daemon", "in this run"))
+            why = "; ".join(lines[:MAX_DIFFERENCES_SAID]) + (
+                f"; and {len(lines) - MAX_DIFFERENCES_SAID} more" if len(lines) > MAX_DIFFERENCES_SAID else "")
+        else:
+            why = "it does not say what it serves"
+        log.warning("the daemon at %s serves another configuration (%s): this run does not use it",
+                    self.socket_path, why)
         return False
 
     def close(self) -> None:
@@ -154,7 +163,8 @@ def saved_index(config: Config) -> str | None:
 
 def find(config: Config, run: str) -> Session | None:
     """A session with the daemon of this job on this node (a standing ``monarch serve``) when one
-    is up and serves this dataset; None: the run's own daemon is to be found or started (``start``)."""
+    is up and serves this configuration (``Session.serves``; another's is left to its job and the
+    run gets a daemon of its own); None: the run's own daemon is to be found or started (``start``)."""
     try:
         layout.user_dir(config.run_base)  # checked once here, so an unsafe base names its key
     except secure.UnsafeBaseError as e:
