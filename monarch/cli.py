@@ -155,7 +155,7 @@ def cmd_run(args) -> int:
         return code
     from monarch.launch.progress import wanted
     log.debug("phase launcher.ready")
-    return run(config, args.config, cmd, args.report, run_name, progress=wanted(args.no_progress),
+    return run(config, cmd, args.report, run_name, progress=wanted(args.no_progress),
                html_path=args.report_html)
 
 
@@ -194,7 +194,8 @@ def cmd_serve(args) -> int:
     from monarch.launch import service
     from monarch.topology import job_id, run_id
     service.import_daemon()
-    config = _load(args.config, roots=args.dataset)
+    # embedded: the configuration its launcher loaded and checked; standing: its own file
+    config = service.received_config() if args.embedded else _load(args.config, roots=args.dataset)
     if in_mpi:
         slurm.clear_refusal(config)  # a wrong start's note for the launchers, from before this one
         from monarch.cluster import Cluster

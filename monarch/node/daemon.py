@@ -27,7 +27,7 @@ import time
 import weakref
 
 from monarch import layout, protocol
-from monarch.config import Config, TierConfig
+from monarch.config import Config, TierConfig, served
 from monarch.errors import MonarchError
 from monarch.node.peer.cluster_role import ClusterRole, PeerLayer
 from monarch.node.tiers.codecs import spread
@@ -560,8 +560,8 @@ class NodeDaemon:
 
     def describe(self) -> dict:
         """Who this daemon is, for a launcher deciding whether to attach."""
-        return {"run": self.run_id, "node": self.node, "roots": list(self.config.dataset.roots),
-                "config": self.config.source, "pid": os.getpid(), "tier_errors": dict(self.tier_errors),
+        return {"run": self.run_id, "node": self.node, "roots": list(self.config.dataset.roots), "pid": os.getpid(),
+                "served": served(self.config), "config": self.config.source, "tier_errors": dict(self.tier_errors),
                 "tier_sharing": shared_tier.sharing(self.tiers)}
 
     def close(self) -> None:

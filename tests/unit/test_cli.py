@@ -81,8 +81,30 @@ def test_run_dataset_is_repeatable_and_the_command_follows_the_double_dash():
 
 
 def test_serve_takes_dataset_too():
-    # the embedded daemon must see the roots `monarch run --dataset` validated
-    assert build_parser().parse_args(["serve", "--embedded", "--dataset", "/a"]).dataset == ["/a"]
+    # a standing daemon's roots, given as its job's `monarch run --dataset` gives them
+    assert build_parser().parse_args(["serve", "--dataset", "/a"]).dataset == ["/a"]
+
+
+def test_the_embedded_daemon_serves_the_configuration_its_launcher_checked(tmp_path, monkeypatch):
+    """``monarch serve --embedded`` reads no file: it serves what ``monarch run`` loaded and
+    checked, handed over on its standard input."""
+    import io
+    from monarch.config import load_config, to_json
+    from monarch.launch import service
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nstaging: {{threads: 3}}\n")
+    checked = load_config(str(cfg))
+    cfg.write_text("not: [what the launcher checked\n")  # never read again
+    seen = []
+    monkeypatch.setattr(service, "import_daemon", lambda: None)
+    monkeypatch.setattr(service, "serve", lambda config, *a: seen.append(config) or 0)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(to_json(checked).encode())))
+    monkeypatch.setenv("MONARCH_RUN_ID", "r1")
+    assert main(["serve", "--embedded"]) == 0
+    assert seen == [checked]
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    assert main(["serve", "--embedded"]) == 2  # nothing handed over: said, not served
+    assert len(seen) == 1
 
 
 def test_run_passes_the_dataset_roots_to_the_launcher(tmp_path, monkeypatch):
