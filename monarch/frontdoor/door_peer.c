@@ -49,8 +49,8 @@ static int send_answer_fd(int fd, int32_t status, int passed)
  * seal); each later open of a kept copy is then a probe hit H in the application (the shim
  * opens it itself), of a memfd's file another fetch F (requester and owner) and memfd. With r
  * later opens per copy the area pays when F + P + r*H < (1 + r)*(F + M), i.e. r > (P - M) /
- * (F + M - H). On this VM (perf, bench_peer): P ~ 40 us, M ~ 5 us, H ~ 3 us, F 40 us (the
- * target) to 120 us: r* from 0.8 to 0.3; REUSE_MIN is its middle, 1/2.
+ * (F + M - H). REUSE_MIN, 1/2, is the middle of the break-even's measured range
+ * (docs/performance.md, "What the constants rest on").
  * r is measured, not guessed: 1 fetch in PEER_SAMPLE still goes into the area (all of them
  * while r is above REUSE_MIN), and r is the opens the shim counted in the peer slot
  * (front_door_peer_reuse) less those the door answered with a fresh fetch, per copy made. An

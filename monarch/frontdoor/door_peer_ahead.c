@@ -52,13 +52,12 @@
                                           most an eighth of the descriptor limit (pa_fds_allowed) */
 #define PA_SPARES 64                   /* consumed copies kept (unnamed but their own, open) for the next fetches to
                                           write over: a new file where many were just unlinked costs more
-                                          than its bytes (this VM's ext4 without a journal scans every inode
-                                          freed in the last minutes at each create: 600 us a file in
-                                          bench_cluster --hints; tmpfs and ext4 pay new pages, 2x rewriting) */
+                                          than its bytes (new pages, and on some filesystems a scan of the
+                                          inodes just freed) */
 
 /* A lane file's writable mapping, kept with its descriptor wherever it goes (the ring, the victims,
- * the spares): writing a fetch over a spare through it costs a memcpy (64 KiB on this VM's tmpfs:
- * 1.3-1.9 us, where a pwrite over the same pages costs 6.5). A store that faults fails with
+ * the spares): writing a fetch over a spare through it costs a memcpy, a fraction of a pwrite
+ * over the same pages (scripts/lane_costs.c measures both). A store that faults fails with
  * SIGBUS where a pwrite says ENOSPC or EIO, so only a file in RAM (tmpfs: no disk to fail a
  * page's read) is mapped, and only ``ready`` bytes, whose pages the file holds (written whole
  * before, never cut since), are written through it: none has to be allocated. */
@@ -158,9 +157,8 @@ struct peer_ahead {
 /* Each file the lane makes has a name of its own in the area's top directory for as long as it
  * lives (MONARCH_TMP_PREFIX: never served, swept as a leftover); as a copy it also has its key's
  * name, linked to it once its bytes are in. Retiring a consumed copy unlinks the key's name, and
- * writing a next fetch over it links the next key's: a link and an unlink a file (4.2-4.5 us on
- * this VM's tmpfs, 5.9 on ext4: scripts/lane_costs.c) where renaming it aside and back costs
- * two renames (7.2-7.6, 12.3-17). */
+ * writing a next fetch over it links the next key's: a link and an unlink a file cost less than
+ * renaming it aside and back, two renames (scripts/lane_costs.c measures both). */
 
 static void pa_home_name(char *buf, size_t cap, uint64_t home)
 {

@@ -51,7 +51,7 @@ def attach_or_start(config: Config, run: str) -> tuple[Session, subprocess.Popen
     return service.start(config, run)
 
 
-# -- a cluster job's launcher waits for its node's standing daemon (issue 20) -----------------
+# -- a cluster job's launcher waits for its node's standing daemon --------------------------
 ENV_CLUSTER = "MONARCH_CLUSTER"  # "1": this run belongs to a cluster of `monarch serve`; "0": it does not
 ENV_CLUSTER_WAIT = "MONARCH_CLUSTER_WAIT"  # seconds to wait, instead of CLUSTER_WAIT_TIMEOUT
 CLUSTER_WAIT_TIMEOUT = float(environment.variable(ENV_CLUSTER_WAIT).default)  # seconds a cluster job's launcher waits
@@ -80,7 +80,7 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
     path = layout.socket_path(config.run_base, job, node)
     t0 = time.monotonic()
     # said at once, then every CLUSTER_WAIT_NOTE, by the first rank of the node: not a line
-    # per rank every few seconds (120 lines for one wait, issue 33)
+    # per rank every few seconds (a wait must not flood the job's log)
     note = t0 if first_local_rank() else float("inf")
     # under Slurm the node's first rank asks whether the daemons' step is stuck (pending) and
     # leaves the answer for the node's other ranks, as a daemon that refused to start does
@@ -378,7 +378,8 @@ def _print_and_write(end: _Ending, code: int, stats: dict | None, last: bool = T
 def _session_scope(session: Session, config: Config, before: NodeStats) -> dict:
     """What a report of one run on a standing daemon covers: this run's part only; what the
     daemon had staged before it attached; where the node's whole report goes at the daemon's
-    stop (issue 33: "0.00x the dataset" while 150 files had been staged, said nowhere)."""
+    stop (without it, a run that attached late printed "0.00x the dataset" for a dataset
+    already staged)."""
     return {"part": "this run", "staged_before": {"files": before.staging.get("files", 0),
                                                   "bytes": before.staging.get("bytes", 0)},
             "node_report": service.report_path(session.run_dir, config.report)}

@@ -146,7 +146,7 @@ SAVED_INDEXES = "snapshots"  # NodeDaemon._snapshot_cache's directory (tests/uni
 
 def saved_index(config: Config) -> str | None:
     """The dataset's saved index this job's daemon starts from (it loads it unless a directory
-    changed since), or None: it walks. Kept only with a ``keep: true`` tier (issue 32), never
+    changed since), or None: it walks. Kept only with a ``keep: true`` tier (its walk is what a chain of jobs saves), never
     read with ``staging.validate: open``."""
     if config.staging.validate == "open" or not any(t.keep for t in config.tiers):
         return None
@@ -303,11 +303,9 @@ def daemon_died(run_dir: str) -> bool:
 
 
 # The embedded daemon's tear-down removes every copy it staged; `monarch run` waits for it up
-# to a bound that grows with the copies (issue 32: 1M copies took 10-12 s to remove, more than
-# the fixed 10.5 s the launcher used to wait). `rm -rf` of N x 1 KiB files measured on this
-# machine (2 cores, shared): /dev/shm (tmpfs) 11 us per file (100,000 in 1.06 s; 20,000 in
-# 0.23 s), /tmp (ext4 on a virtual disk) 237 us per file (100,000 in 23.7 s). The allowance
-# is the slower one, rounded up: a tier on a disk is removed at disk speed.
+# to a bound that grows with the copies, since a million copies take longer to remove than any
+# fixed wait. The allowance per file is `rm -rf`'s on a disk tier, rounded up (slower than
+# tmpfs; docs/performance.md, "What the constants rest on").
 TEARDOWN_BASE_SECONDS = 10.0          # the daemon's own ending (its threads, the report), as before
 TEARDOWN_SECONDS_PER_FILE = 250e-6    # per staged copy (the last REPORT's ``staging.files``)
 

@@ -380,7 +380,7 @@ class NodeDaemon:
         ``snapshots`` directory under the run base, keyed by the dataset id), or None: only
         when a tier has ``keep: true`` (its copies outlive the job, and so may the index that
         adopts them); else nothing of the job stays behind, nor is an earlier one's read
-        (a file left there by a job that kept its tiers stays theirs: issue 32)."""
+        (a file left there by a job that kept its tiers stays theirs: it is not ours to remove)."""
         if not any(t.keep for t in self.config.tiers):
             return None
         try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, TypedDict
 
 
-# -- the slices, as each part reports them (README, "Report reference") ------------------------
+# -- the slices, as each part reports them (docs/report.md) ------------------------
 class Opened(TypedDict, total=False):
     """Opens served from one slot (a tier, the peer area, the PFS): the shim's counters."""
     opens: int
@@ -118,7 +118,7 @@ _OMITTED_WHEN_NONE = ("timeline", "size_classes")
 class NodeStats:
     """One node's statistics: the daemon fills them (``NodeDaemon.stats``), the launcher, its
     progress line and the report read them. They cross the socket (REPORT, JSON) and MPI as
-    ``to_dict()``, the report's ``nodes[]`` entry (README, "Report reference"); the figures
+    ``to_dict()``, the report's ``nodes[]`` entry (docs/report.md); the figures
     inside each field stay the mappings the stager, the tiers and the shim's counters give."""
 
     node: int = 0

@@ -192,7 +192,7 @@ def test_run_help_and_the_readme_agree_on_what_they_both_state(capsys):
     use = readme.split("\n## Use\n", 1)[1].split("\n## ", 1)[0]
     environment = help_text.split("\nenvironment:\n", 1)[1].split("\n\n", 1)[0]
     variables = lambda text: set(re.findall(r"\bMONARCH_[A-Z_]+\b", text))  # noqa: E731
-    # the users' rows (the others are named after them, and in the README's Environment reference)
+    # the users' rows (the others are named after them, and in docs/configuration.md's Environment)
     assert variables(environment.split("\n  (others)", 1)[0]) == variables(use)
     options = lambda text: set(re.findall(r"\[(--?[a-z-]+)", text))  # noqa: E731
     readme_usage = next(line for line in use.splitlines() if line.startswith("monarch run ["))

@@ -2,7 +2,7 @@
 reads -- in its Python (``os.environ[...]``, ``os.environ.get``, ``os.getenv``, ``env.get(...)``,
 ``"MONARCH_X" in env``, through constants such as ``protocol.ENV_SOCKET``), in a configuration's
 ``${MONARCH_X}``, or in the C shim and front door (``getenv``, the ``MONARCH_ENV_*`` macros) --
-is declared; `monarch run --help` and the README's table are the declarations."""
+is declared; `monarch run --help` and docs/configuration.md's table are the declarations."""
 
 from __future__ import annotations
 
@@ -255,7 +255,7 @@ def test_serve_help_shows_the_daemons_variables(capsys):
 
 def test_readme_table_is_the_declarations():
     """Fails when a variable is added or changed without `python3 scripts/config_table.py`."""
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "configuration.md").read_text()
     begin, end = readme.index(TABLE_BEGIN) + len(TABLE_BEGIN), readme.index(TABLE_END)
     assert readme[begin:end].strip() == environment.table()
     for var in VARIABLES:

@@ -236,7 +236,7 @@ class ClusterRole:
             return None
         try:
             # copied on this (serving) thread at once: never queued behind the read-ahead or
-            # behind copies that wait on other nodes (issue 21: 5 s waits, then the PFS twice)
+            # behind copies that wait on other nodes (queued, the peer waited 5 s, then read the PFS twice)
             tier = stager.ensure(key, now=True).result(timeout=self._config.staging.resolve_timeout)
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             return None
@@ -253,7 +253,7 @@ class ClusterRole:
             return os.fdopen(tier.codec.inflate(path, size, os.path.basename(key)), "rb")
         return tier.path_for(key)
 
-    # -- a lost peer (issue 21) ------------------------------------------------------------
+    # -- a lost peer ---------------------------------------------------------------------
     def _note_loss(self, node: int, why: str) -> None:
         """A peer is lost (the cluster's engine thread): keep this node's open counters as they
         are now, so the report can say what this survivor served after the loss."""
