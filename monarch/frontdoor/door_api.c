@@ -258,20 +258,20 @@ EXPORT int front_door_claim(struct door *d, const char *key, int len)
  * fetches one batch at a time). The door's own copies are offered with ``offer(dp, ...)``
  * (may be NULL). ``owners`` stays the caller's, and is not read once this returns after
  * another call. */
-EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
+EXPORT int front_door_peers(struct door *d, dp_fetch_fn *fetch, dp_staged_fn *offer, struct dp *dp, const int16_t *owners,
                             uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
-                            void *fetch_many, void *post, void *test, void *take)
+                            dp_fetch_many_fn *fetch_many, dp_post_fn *post, dp_test_fn *test, dp_take_fn *take)
 {
     if (fetch && (peer_slot < 0 || peer_slot >= MONARCH_MAX_SLOTS || !d->tiers[peer_slot] || unit <= 0))
         return -1;
     pthread_mutex_lock(&d->mu);
-    d->peer_fetch = (peer_fetch_fn)fetch;
-    d->peer_fetch_many = fetch ? (peer_fetch_many_fn)fetch_many : NULL;
+    d->peer_fetch = fetch;
+    d->peer_fetch_many = fetch ? fetch_many : NULL;
     int flight = fetch && fetch_many && post && test && take;
-    d->peer_post = flight ? (peer_post_fn)post : NULL;
-    d->peer_test = flight ? (peer_test_fn)test : NULL;
-    d->peer_take = flight ? (peer_take_fn)take : NULL;
-    d->peer_offer = fetch ? (peer_offer_fn)offer : NULL;
+    d->peer_post = flight ? post : NULL;
+    d->peer_test = flight ? test : NULL;
+    d->peer_take = flight ? take : NULL;
+    d->peer_offer = fetch ? offer : NULL;
     d->peer_dp = dp;
     d->owners = fetch ? owners : NULL;
     d->nowners = fetch ? nowners : 0;

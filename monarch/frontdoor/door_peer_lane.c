@@ -63,7 +63,7 @@ static int pa_link(struct door *d, struct worker *w, struct pa_file *p, int top,
 }
 
 /* The files' bytes, each result the bytes written or < 0. */
-static void pa_fetch(peer_fetch_fn one, peer_fetch_many_fn many, void *dp, int owner,
+static void pa_fetch(dp_fetch_fn *one, dp_fetch_many_fn *many, struct dp *dp, int owner,
                      struct pa_file *files, int n, int64_t *results, int timeout_ms)
 {
     const char *keys[PA_BATCH];
@@ -205,12 +205,12 @@ static void pa_reply_got(void *arg, const char *const *bytes, const int64_t *got
  * under the lock (let go meanwhile: the lane is ``busy``). */
 static int pa_flight(struct door *d, struct peer_ahead *pa, int give_up)
 {
-    peer_fetch_fn one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
-    peer_fetch_many_fn many = d->peer_fetch_many;
-    peer_post_fn post = d->peer_post;
-    peer_test_fn test = d->peer_test;
-    peer_take_fn take = d->peer_take;
-    void *dp = d->peer_dp;
+    dp_fetch_fn *one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
+    dp_fetch_many_fn *many = d->peer_fetch_many;
+    dp_post_fn *post = d->peer_post;
+    dp_test_fn *test = d->peer_test;
+    dp_take_fn *take = d->peer_take;
+    struct dp *dp = d->peer_dp;
     int timeout_ms = d->peer_timeout_ms, posted = 0, ended = 0, flying = 0;
     pthread_mutex_unlock(&d->mu);
     for (int b = 0; b < PA_FLIGHT; b++) {

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../cluster/datapath.h" /* the peer data path's functions the door calls: their types */
+
 /* -- what the door reports (front_door_events: kind), with its number ---------------------- */
 #define FRONT_DOOR_EVENTS(X)                                                          \
     X(EV_STAGED, 1)     /* copied into the copy tier (or fetched into the peer area) */ \
@@ -94,10 +96,10 @@ EXPORT int64_t front_door_copy_to(struct door *d, int slot, int64_t bytes);
 EXPORT void front_door_grant(struct door *d, int q, int64_t bytes);
 EXPORT int64_t front_door_reclaim(struct door *d, int q);
 EXPORT int64_t front_door_lease(struct door *d, int q);
-/* the peer lane (a sharded cluster) */
-EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
+/* the peer lane (a sharded cluster): the data path's functions (datapath.h), by address from Python */
+EXPORT int front_door_peers(struct door *d, dp_fetch_fn *fetch, dp_staged_fn *offer, struct dp *dp, const int16_t *owners,
                             uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
-                            void *fetch_many, void *post, void *test, void *take);
+                            dp_fetch_many_fn *fetch_many, dp_post_fn *post, dp_test_fn *test, dp_take_fn *take);
 EXPORT void front_door_own_only(struct door *d, int on);
 EXPORT void front_door_peer_copying(struct door *d, int on);
 EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offset);

@@ -146,6 +146,18 @@ def test_a_python_side_out_of_step_is_found():
     assert any("counters" in d for d in disagreements(c, Stale))
 
 
+def test_the_door_uses_the_datapath_types():
+    """The front door calls the functions Python hands it through the header's types (no cast
+    from ``void *``), and its batches keep to the path's limits."""
+    door = Path(datapath.__file__).parents[1] / "frontdoor"
+    text = "".join(p.read_text() for p in sorted(door.glob("*.[ch]")))
+    assert '#include "../cluster/datapath.h"' in (door / "front_door.h").read_text()
+    assert re.search(r"\(\s*dp_\w+_fn\s*\*\s*\)", text) is None  # no cast to a function type
+    assert re.search(r"typedef[^;]*\(\s*\*\s*peer_\w+_fn\)", text) is None  # no copy of the types
+    peers = re.search(r"EXPORT int front_door_peers\(([^)]*)\)", (door / "front_door.h").read_text()).group(1)
+    assert "void *" not in peers
+
+
 def _exports() -> set[str] | None:
     """The functions the built library exports, or None if it cannot be built here (no MPI)."""
     nm = shutil.which("nm")

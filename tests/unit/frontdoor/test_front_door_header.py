@@ -31,6 +31,10 @@ CTYPES = {
     "const struct inflight *": ctypes.c_void_p, "void *": ctypes.c_void_p,
     "const unsigned char *": ctypes.c_void_p, "const int16_t *": ctypes.c_void_p,
     "const uint32_t *": ctypes.c_void_p,
+    # the peer data path's functions and its handle (monarch/cluster/datapath.h), as addresses
+    "struct dp *": ctypes.c_void_p, "dp_fetch_fn *": ctypes.c_void_p, "dp_staged_fn *": ctypes.c_void_p,
+    "dp_fetch_many_fn *": ctypes.c_void_p, "dp_post_fn *": ctypes.c_void_p, "dp_test_fn *": ctypes.c_void_p,
+    "dp_take_fn *": ctypes.c_void_p,
 }
 FORMAT_OF = {"uint32_t": "I", "int32_t": "i", "uint64_t": "Q", "int64_t": "q"}
 
