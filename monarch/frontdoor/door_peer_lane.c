@@ -490,38 +490,36 @@ static int peer_progress_frames(struct door *d, int fd, const char *buf, uint32_
     return 1;
 }
 
-/* The last progress answered by the door (peer_progress_frame) that Python has not taken:
- * out[0] its stream, out[1] the positions consumed, out[2] the frames the door answered so far.
- * 1 if there was one (taken now), else 0. */
-EXPORT int front_door_peer_told(struct door *d, uint64_t *out)
+/* The last progress answered by the door (peer_progress_frame) that Python has not taken, and
+ * the frames the door answered so far (front_door.h: struct front_door_peer_told). 1 if there
+ * was one (taken now), else 0. */
+EXPORT int front_door_peer_told(struct door *d, struct front_door_peer_told *out)
 {
     pthread_mutex_lock(&d->mu);
     struct peer_ahead *pa = d->pa;
     int fresh = pa && pa->told_fresh;
-    out[0] = pa ? pa->stream : 0;
-    out[1] = pa ? pa->told : 0;
-    out[2] = pa ? pa->told_frames : 0;
+    out->stream = pa ? pa->stream : 0;
+    out->consumed = pa ? pa->told : 0;
+    out->answered = pa ? pa->told_frames : 0;
     if (pa)
         pa->told_fresh = 0;
     pthread_mutex_unlock(&d->mu);
     return fresh;
 }
 
-/* out[18]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
- * the order's length, its next position, positions consumed, opens that waited for a fetch,
- * copies on the ring, the room they hold (bytes taken from the lease), copies gone (unlinked or
- * kept as spares), copies asked for again before they went, fetches written over a spare,
- * progress requests the door answered itself, fetches written through a spare's kept mapping. */
-EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out)
+/* The peer read-ahead lane's books (front_door.h: struct front_door_peer_ahead_state). */
+EXPORT void front_door_peer_ahead_state(struct door *d, struct front_door_peer_ahead_state *out)
 {
-    memset(out, 0, 18 * sizeof *out);
+    memset(out, 0, sizeof *out);
     pthread_mutex_lock(&d->mu);
     struct peer_ahead *pa = d->pa;
-    if (pa) {
-        uint64_t v[18] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
-                          pa->room_waits, pa->n, pa->next, pa->done, pa->waited, pa->nring, (uint64_t)pa->room,
-                          pa->unlinked, pa->kept, pa->reused, pa->told_frames, pa->mapped};
-        memcpy(out, v, sizeof v);
-    }
+    if (pa)
+        *out = (struct front_door_peer_ahead_state){
+            .orders = pa->orders, .fetched = pa->fetched, .fetched_bytes = pa->fetched_bytes,
+            .batches = pa->batches, .failed = pa->failed, .skipped = pa->skipped, .room_waits = pa->room_waits,
+            .order = pa->n, .next = pa->next, .consumed = pa->done, .waited = pa->waited, .copies = pa->nring,
+            .room = (uint64_t)pa->room, .unlinked = pa->unlinked, .kept = pa->kept, .reused = pa->reused,
+            .progress_answered = pa->told_frames, .written_mapped = pa->mapped,
+        };
     pthread_mutex_unlock(&d->mu);
 }
