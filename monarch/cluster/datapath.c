@@ -1,14 +1,15 @@
 /* The peer data path in C: a file another node holds staged crosses without Python on either
- * side. Its contract with Python and the front door is datapath.h. It has a communicator of its own (a Dup of the cluster's, so its tags never
- * meet the Python engine's, which keeps the control plane: heartbeats, the snapshot, losses,
- * shutdown, and every file this path hands back); MPI runs at MPI_THREAD_MULTIPLE.
+ * side; its contract with Python and the front door is datapath.h. It has a communicator of
+ * its own (a Dup of the cluster's, so its tags never meet the Python engine's, which keeps the
+ * control plane: heartbeats, the snapshot, losses, shutdown, and every file this path hands
+ * back); MPI runs at MPI_THREAD_MULTIPLE.
  *
  * Owner: one thread answers requests. A request names a key and the size the requester's
  * snapshot gives it. A key Python listed as staged here, raw, of that size and at most
  * DP_ONE_MESSAGE_MAX, is read and sent back in one message (a header, then the bytes). Anything
- * else (not staged yet, compressed, larger, another size, a read error) is answered DP_HANDED_BACK:
- * the requester asks again through Python's protocol, which stages, streams in chunks, decodes
- * and refuses.
+ * else (not staged yet, compressed, larger, another size, a read error) is answered
+ * DP_HANDED_BACK: the requester asks again through Python's protocol, which stages, streams in
+ * chunks, decodes and refuses.
  *
  * Requester: ``dp_fetch``'s caller (the front door's worker, or a Python fetching thread that
  * ctypes lets go of the GIL) posts its receive and its request itself and polls them, no
@@ -61,8 +62,8 @@ struct request_item { uint64_t size; uint32_t len; uint32_t pad; };
 struct reply_header { uint32_t n; uint32_t pad; };
 struct reply_item { int32_t status; uint32_t pad; uint64_t size; };
 
-struct dp_request {                          /* one request of this node's, posted */
-    struct dp_request *next;                 /* dp.active */
+struct dp_request {                     /* one request of this node's, posted */
+    struct dp_request *next;            /* dp.active */
     int owner, tag, n;
     int sent;                           /* the request's send has completed (or failed) */
     int orphan;                         /* given up on: the owner's thread tests and frees it */
@@ -84,7 +85,7 @@ struct dp {
     pthread_t thread;
     pthread_mutex_t mu;
     int stop, running;
-    struct dp_request *active;               /* posted fetches: their tags are taken */
+    struct dp_request *active;          /* posted fetches: their tags are taken */
     struct sending *sends;
     int next_tag;
     struct staged **buckets;            /* the offers (datapath_offers.c) */
@@ -95,7 +96,7 @@ struct dp {
     uint32_t nclosing, closing_cap;
     int reads_over;                     /* the owner's thread has ended: descriptors are closed at once */
     char *tiers[MONARCH_MAX_SLOTS];
-    unsigned char in_ram[MONARCH_MAX_SLOTS];    /* the tier is on tmpfs: its kept files are mapped (datapath_offers.c) */
+    unsigned char in_ram[MONARCH_MAX_SLOTS]; /* the tier is on tmpfs: its kept files are mapped (datapath_offers.c) */
     unsigned char lost[DP_MAX_PEERS / 8];
     uint64_t served_files, served_bytes, handed_back, fetched_files, fetched_bytes, mpi_errors;
     uint64_t requests, served_requests;  /* messages: sent as a requester, answered as an owner */
@@ -604,8 +605,8 @@ EXPORT int64_t dp_fetch(struct dp *d, int owner, const char *key, int len, uint6
  * alone). ``results[i]``: the bytes written, or a DP_* answer for that file (DP_HANDED_BACK: not
  * staged there, compressed, another size: Python's protocol fetches it). Returns 0 once the
  * reply came (each result says), or a DP_* for the whole batch (then every result is that
- * too). At most DP_BATCH_FILES_MAX files of DP_BATCH_BYTES_MAX bytes together, else DP_HANDED_BACK for
- * all. Waits at most ``timeout_ms``. Any thread, several at once. */
+ * too). At most DP_BATCH_FILES_MAX files of DP_BATCH_BYTES_MAX bytes together, else
+ * DP_HANDED_BACK for all. Waits at most ``timeout_ms``. Any thread, several at once. */
 EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
                          const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms)
 {
@@ -624,8 +625,8 @@ EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys
  * door's peer read-ahead: gathering the next while the last are on their way; its transparent
  * fetches: serving other opens while the answer is due). ``waited``: an application's open
  * waits on it (the owner then looks for requests more often: poll_pace.h). */
-EXPORT struct dp_request *dp_post(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
-                     int waited, int timeout_ms, int *why)
+EXPORT struct dp_request *dp_post(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
+                                  const uint64_t *sizes, int waited, int timeout_ms, int *why)
 {
     struct dp_request *f;
     int posted, w = post_batch(d, owner, n, keys, lens, sizes, waited ? REQ_WAITED : 0, &f, &posted);
