@@ -204,7 +204,7 @@ static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t siz
 
 EXPORT void dp_staged(struct dp *d, const char *key, int len, int slot)
 {
-    if (len <= 0 || len > KEY_MAX || slot < 0 || slot >= MAX_SLOTS)
+    if (len <= 0 || len > DP_KEY_MAX || slot < 0 || slot >= MONARCH_MAX_SLOTS)
         return;
     uint32_t h = hash_of(key, (size_t)len);
     pthread_mutex_lock(&d->mu);
@@ -235,7 +235,7 @@ EXPORT void dp_staged(struct dp *d, const char *key, int len, int slot)
 
 EXPORT void dp_forget(struct dp *d, const char *key, int len)
 {
-    if (len <= 0 || len > KEY_MAX)
+    if (len <= 0 || len > DP_KEY_MAX)
         return;
     pthread_mutex_lock(&d->mu);
     struct staged **p = find_locked(d, key, (uint32_t)len, hash_of(key, (size_t)len));

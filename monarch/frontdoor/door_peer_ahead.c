@@ -35,8 +35,8 @@
  * or the new one. An open that comes before the lane fetched its file is the peer lane's
  * (door_peer.c), or parks on the lane's fetch under way, as on any BUSY key. */
 
-#define PA_BATCH 64                    /* files per request to one owner (dp_fetch_many's limit) */
-#define PA_BATCH_BYTES (4LL << 20)     /* bytes per reply, at most (dp_fetch_many's limit) */
+#define PA_BATCH DP_BATCH_FILES_MAX    /* files per request to one owner (the data path's limit) */
+#define PA_BATCH_BYTES ((int64_t)DP_BATCH_BYTES_MAX) /* bytes per reply, at most (the data path's limit) */
 #define PA_FLIGHT 32                   /* batches at once (one owner's each): gathered, or in flight */
 #define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
 #define PA_ROOM_WAKE_NS 5000000LL     /* a wait for room wakes Python (to lend more) at most this often, */
@@ -108,10 +108,10 @@ enum { PB_FREE, PB_FILLING, PB_FLIGHT };
 struct pa_batch {                      /* one owner's request of the lane's: being gathered, or in flight */
     int state, owner, n;
     int64_t bytes, posted_ns;
-    void *h;                           /* the data path's, once posted (dp_post) ... */
-    void *dp;                          /* ... with the data path and the calls it was posted with (kept: */
-    peer_test_fn test;                 /* the lane may be turned off while it is in flight) */
-    peer_take_fn take;
+    struct dp_request *h;                           /* the data path's, once posted (dp_post) ... */
+    struct dp *dp;                          /* ... with the data path and the calls it was posted with (kept: */
+    dp_test_fn *test;                 /* the lane may be turned off while it is in flight) */
+    dp_take_fn *take;
     struct pa_file files[PA_BATCH];
     const char *keys[PA_BATCH];
     int lens[PA_BATCH];
