@@ -330,6 +330,9 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
     int left = 0;
     if (pt->copy_fd < 0)
         return 1; /* its copy was closed under it: the mapping stays as it is */
+    /* read before the blocks' states: "done" is set after the last block's state, so a block
+     * found not staged by this pass may still come unless done was already set when it began */
+    int done = __atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) != 0;
     for (uint64_t b = m->first; b <= m->last;) {
         uint64_t i = b - m->first;
         if ((m->moved[i / 8] >> (i % 8)) & 1) {
@@ -370,7 +373,7 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
         b = e + 1;
     }
     monarch_extra_add(MONARCH_EXTRA_BLOCK_REMAPPED_BYTES, moved);
-    return !left || __atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) != 0;
+    return !left || done;
 }
 
 static void monarch_mapping_free_locked(struct monarch_mapping *m)
