@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from monarch.workload import make_dataset
+from monarch.tools.workload import make_dataset
 
 pytest_plugins = ["support.fixtures"]
 

@@ -361,7 +361,7 @@ def test_plan_says_a_replicated_loss_moves_nothing_and_what_its_seconds_are():
 
 
 def test_the_demo_numbers_epochs_as_its_workload_prints_them():
-    from monarch.demo import summary
+    from monarch.tools.demo import summary
     runs = [{"epoch": e, "seconds": 1.0 + e, "samples": 10, "bytes": 100, "mismatches": []} for e in range(3)]
     table = summary(runs, runs, 10).split("epoch       direct   monarch  speed-up\n")[1].splitlines()
     assert [line.split()[0] for line in table[:3]] == ["0", "1", "2"]
@@ -376,7 +376,7 @@ def test_the_glibc_skip_says_why_the_front_door_is_not_checked():
 def test_the_demo_says_in_one_line_when_fuse_cannot_give_it_a_slow_pfs(tmp_path, monkeypatch, capsys):
     """No FUSE here (no /dev/fuse, no mfusepy): one line saying so and why; the demo goes on on the disk."""
     from contextlib import ExitStack
-    from monarch import demo, slowpfs
+    from monarch.tools import demo, slowpfs
     monkeypatch.setattr(slowpfs, "fuse_unavailable_reason", lambda probe=False: "no /dev/fuse on this machine")
     with ExitStack() as stack:
         assert demo._mount(stack, str(tmp_path), str(tmp_path), 4.0) is None
@@ -385,7 +385,7 @@ def test_the_demo_says_in_one_line_when_fuse_cannot_give_it_a_slow_pfs(tmp_path,
 
 
 def test_the_demo_prints_the_pfs_traffic_the_emulated_pfs_counted_beside_the_speed_up():
-    from monarch.demo import summary
+    from monarch.tools.demo import summary
     direct = [{"epoch": e, "seconds": 2.0, "samples": 10, "bytes": 100, "mismatches": []} for e in range(2)]
     under = [{"epoch": e, "seconds": 1.0 if e else 0.5, "samples": 10, "bytes": 100, "mismatches": []} for e in range(2)]
     text = summary(direct, under, 10, (200, 100, 100), 4.0)
