@@ -60,7 +60,7 @@ def test_read_every_file_once_per_epoch(dataset, tmp_path, reader):
     code = ("import json, sys; from monarch.tools.workload import read_dataset; "
             "rs = read_dataset(sys.argv[1], epochs=2, workers=2, manifest=sys.argv[2], reader=sys.argv[3]); "
             "print(json.dumps([(r.epoch, r.samples, r.bytes, r.mismatches) for r in rs]))")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     out = subprocess.run([sys.executable, "-c", code, str(root), str(tmp_path / "ds.manifest.json"), reader],
                          capture_output=True, text=True, timeout=100, check=True, cwd=repo,
                          env=dict(os.environ, PYTHONPATH=repo)).stdout
