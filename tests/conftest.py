@@ -27,6 +27,12 @@ def python():
     return sys.executable
 
 
+@pytest.fixture
+def no_dataset_variable(monkeypatch):
+    """MONARCH_DATASET unset: a command finds its roots only in what the test gives it."""
+    monkeypatch.delenv("MONARCH_DATASET", raising=False)
+
+
 @dataclass
 class Dataset:
     root: str
