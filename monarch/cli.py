@@ -133,15 +133,15 @@ def cmd_run(args) -> int:
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         raise MonarchError("monarch run: no command given; usage: monarch run [-c CONFIG] -- CMD ARGS...")
-    from monarch.launch import topology
+    from monarch import topology
     # the outermost run of an unnamed job names it; its configuration sees the name
     run_name = topology.run_id() or topology.new_run_id()
     config = _load(args.config, roots=args.dataset, env=dict(os.environ, **{topology.ENV_RUN_ID: run_name}))
     _check_html_report(args.report_html, config)
     if config.dataset.stores:  # no PFS behind a store's root: an unreachable store stops the job here
-        from monarch.node.stage.store_source import check_stores
+        from monarch.store.check import check_stores
         notes: list[str] = []
-        for line in check_stores(config, notes=notes):
+        for line in check_stores(config.dataset.store_roots(), notes=notes):
             print(f"monarch: store: {line}" + ("; going on (--fail-open)" if args.fail_open else
                                                 "; exit 2 (--fail-open runs the command anyway)"), file=sys.stderr)
             if not args.fail_open:
@@ -155,7 +155,7 @@ def cmd_run(args) -> int:
         return code
     from monarch.launch.progress import wanted
     log.debug("phase launcher.ready")
-    return run(config, args.config, cmd, args.report, run_name, progress=wanted(args.no_progress),
+    return run(config, cmd, args.report, run_name, progress=wanted(args.no_progress),
                html_path=args.report_html)
 
 
@@ -192,9 +192,10 @@ def cmd_serve(args) -> int:
         os.environ["MONARCH_NODE"] = str(rank)  # each node expands ${MONARCH_NODE} to its own dirs
         _setup_logging(args.verbose, str(rank))
     from monarch.launch import service
-    from monarch.launch.topology import job_id, run_id
+    from monarch.topology import job_id, run_id
     service.import_daemon()
-    config = _load(args.config, roots=args.dataset)
+    # embedded: the configuration its launcher loaded and checked; standing: its own file
+    config = service.received_config() if args.embedded else _load(args.config, roots=args.dataset)
     if in_mpi:
         slurm.clear_refusal(config)  # a wrong start's note for the launchers, from before this one
         from monarch.cluster import Cluster
@@ -475,7 +476,7 @@ def _main(argv: list[str] | None) -> int:
         return 2
     args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
-        from monarch.launch.topology import node_index
+        from monarch.topology import node_index
         _setup_logging(args.verbose, str(node_index()))
     try:
         return args.func(args)

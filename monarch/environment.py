@@ -2,7 +2,7 @@
 doc, who reads it, and who sets it (the user, or Monarch for its own children).
 
 ``monarch run --help`` and ``monarch serve --help`` print their environment section from this
-table (:func:`help_text`), the README's environment table is generated from it (:func:`table`,
+table (:func:`help_text`), docs/configuration.md's environment table is generated from it (:func:`table`,
 ``python3 scripts/config_table.py``) and ``tests/unit/test_environment.py`` fails on any read
 of a ``MONARCH_*`` name in monarch/ (Python or C) that is not declared here.
 
@@ -165,7 +165,7 @@ def help_text(width: int = 100, readers: tuple[str, ...] | None = None) -> str:
         by_monarch = [v.name for v in VARIABLES if not v.user_facing and v.set_by == MONARCH]
         others = [v.name for v in VARIABLES if not v.user_facing and v.set_by != MONARCH]
         rest = (f"set by Monarch for CMD's processes, never by hand: {', '.join(by_monarch)}; "
-                f"for tests and benchmarks: {', '.join(others)} (README: Environment reference)")
+                f"for tests and benchmarks: {', '.join(others)} (docs/configuration.md: Environment)")
         wrapped = textwrap.wrap(rest, width - len(indent), break_long_words=False, break_on_hyphens=False)
         lines.append("  (others)".ljust(2 + HELP_NAME_WIDTH) + wrapped[0])
         lines += [indent + more for more in wrapped[1:]]
@@ -173,7 +173,7 @@ def help_text(width: int = 100, readers: tuple[str, ...] | None = None) -> str:
 
 
 def table() -> str:
-    """The README's environment table: one row per declared variable."""
+    """docs/configuration.md's environment table: one row per declared variable."""
     lines = ["| variable | kind | default | read by | set by | meaning |", "| --- | --- | --- | --- | --- | --- |"]
     for var in VARIABLES:
         default = f"`{var.default}`" if var.default else "unset"
@@ -183,6 +183,7 @@ def table() -> str:
 
 
 def readme_with_table(readme: str) -> str:
-    """``readme`` with the text between the table's markers replaced by ``table()``."""
+    """``readme`` (docs/configuration.md's text) with the text between the table's markers
+    replaced by ``table()``."""
     begin, end = readme.index(TABLE_BEGIN) + len(TABLE_BEGIN), readme.index(TABLE_END)
     return readme[:begin] + "\n" + table() + "\n" + readme[end:]

@@ -13,7 +13,7 @@ With a PyTorch-like sampler (nothing here imports torch)::
 
 or, one shard per rank as PyTorch's ``DistributedSampler`` gives it (each node's daemon also
 fetches the other nodes' files of its shard ahead of the reader, in batches, into its peer area,
-unless ``peer.fetch_ahead: false``; see the README)::
+unless ``peer.fetch_ahead: false``; see docs/cluster.md, "The readers' order")::
 
     from monarch.hints import DistributedHintedSampler
     sampler = DistributedHintedSampler(ds, num_replicas=world, rank=rank, path_of=lambda i: ds.paths[i])

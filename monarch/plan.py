@@ -14,7 +14,7 @@ The capacity model (docs/cluster.md, "Capacity model and placement"):
 * The sharded read pattern: each epoch one global shuffle split into N disjoint shards,
   node k reads shard k (1/N of the dataset). A file read is local when the reader holds
   it, from a peer when another node does, from the PFS when nobody does.
-* Staging time (issue 32): the slower of two bounds, as for any pipeline of concurrent
+* Staging time: the slower of two bounds, as for any pipeline of concurrent
   copies: the PFS's bytes at ``--pfs-rate``, and the busiest node's files at a node
   stager's files per second (``FILES_PER_SECOND``, measured; per-file work: open, create,
   write, rename, the books), whatever their size.
@@ -33,13 +33,11 @@ from monarch.errors import MonarchError
 from monarch.sizes import human
 
 
-# A node's stager copies at most this many files per second, whatever their size (issue 32).
-# Measured: 1M x 1 KiB on the issue's system S: 3,000 files/s (threads auto) to 4,100
-# (threads: 4); on a 2-core test VM shared with other work, 20,000 x 1 KiB from a local
-# directory into /dev/shm (Stager alone, the issue's report): 2,500 to 4,600 files/s.
+# A node's stager copies at most this many files per second, whatever their size: per-file
+# work, not bytes, bounds small files (docs/performance.md, "What the constants rest on").
 FILES_PER_SECOND = 3000.0
 FILES_PER_SECOND_FROM = ("the default, measured: 1M x 1 KiB files staged at 3,000-4,100 files/s on one "
-                         "node, issue 32; a node's report says its own: staging.files over the staging time")
+                         "node; a node's report says its own: staging.files over the staging time")
 PAGE = 4096  # a memory-backed tier (tmpfs) allocates whole pages
 
 

@@ -40,7 +40,7 @@ the start-up (launch until every reader reads: interpreters, MPI, the walk) and 
 (the last epoch's end until the launchers end: the readers' exit, the reports) on lines of their
 own; the epochs after the first end when every node ended its last, beside direct's and the transparent case's. The peer areas are beside the ssd tiers, in /tmp
 (on this project's VM an ext4 without a journal, where a create after many unlinks is dear:
-README, "The readers' order"), or with ``--peer-in-ram`` in /dev/shm.
+docs/performance.md), or with ``--peer-in-ram`` in /dev/shm.
 """
 
 from __future__ import annotations

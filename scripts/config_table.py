@@ -1,8 +1,8 @@
-"""Rewrite README.md's configuration table from the declared keys (monarch/config/keys.py) and its
+"""Rewrite docs/configuration.md's configuration table from the declared keys (monarch/config/keys.py) and its
 environment table from the declared variables (monarch/environment.py).
 
 Run after adding or changing a key or a variable: ``python3 scripts/config_table.py``. Tests
-(tests/unit/config/test_config_keys.py, tests/unit/test_environment.py) fail while a README table differs
+(tests/unit/config/test_config_keys.py, tests/unit/test_environment.py) fail while a table there differs
 from the declarations. ``--check`` writes nothing: exit 1 when a table is out of date.
 """
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when the table is out of date")
     args = p.parse_args(argv)
-    readme = REPO / "README.md"
+    readme = REPO / "docs" / "configuration.md"
     old = readme.read_text()
     new = environment.readme_with_table(readme_with_table(old))
     if new == old:

@@ -1,4 +1,4 @@
-"""What each node can hold, exchanged once, and the layout decided from it (issue 20).
+"""What each node can hold, exchanged once, and the layout decided from it.
 
 Every node tells every other its capacity (``Cluster.allgather_ints``: its tiers' bytes and
 its peer area's), then each builds the same ``Placement`` from the shared snapshot and

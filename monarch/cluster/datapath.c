@@ -1,14 +1,15 @@
 /* The peer data path in C: a file another node holds staged crosses without Python on either
- * side (issue 31). It has a communicator of its own (a Dup of the cluster's, so its tags never
- * meet the Python engine's, which keeps the control plane: heartbeats, the snapshot, losses,
- * shutdown, and every file this path hands back); MPI runs at MPI_THREAD_MULTIPLE.
+ * side; its contract with Python and the front door is datapath.h. It has a communicator of
+ * its own (a Dup of the cluster's, so its tags never meet the Python engine's, which keeps the
+ * control plane: heartbeats, the snapshot, losses, shutdown, and every file this path hands
+ * back); MPI runs at MPI_THREAD_MULTIPLE.
  *
  * Owner: one thread answers requests. A request names a key and the size the requester's
  * snapshot gives it. A key Python listed as staged here, raw, of that size and at most
- * ONE_MESSAGE_MAX, is read and sent back in one message (a header, then the bytes). Anything
- * else (not staged yet, compressed, larger, another size, a read error) is answered DP_PYTHON:
- * the requester asks again through Python's protocol, which stages, streams in chunks, decodes
- * and refuses.
+ * DP_ONE_MESSAGE_MAX, is read and sent back in one message (a header, then the bytes). Anything
+ * else (not staged yet, compressed, larger, another size, a read error) is answered
+ * DP_HANDED_BACK: the requester asks again through Python's protocol, which stages, streams in
+ * chunks, decodes and refuses.
  *
  * Requester: ``dp_fetch``'s caller (the front door's worker, or a Python fetching thread that
  * ctypes lets go of the GIL) posts its receive and its request itself and polls them, no
@@ -46,22 +47,13 @@
 
 #include "../native/monarch_native.h" /* EXPORT, the clock */
 #include "../native/poll_pace.h"     /* how long the polling threads sleep */
+#include "datapath.h"                 /* answers, limits, counters, what Python and the door call: the contract */
 
 #define TAG_REQUEST 1
 #define FIRST_TAG 16
-#define ONE_MESSAGE_MAX (4 << 20)     /* larger files take Python's chunked path */
-#define BATCH_FILES_MAX 64            /* files in one request */
-#define BATCH_BYTES_MAX ONE_MESSAGE_MAX /* their bytes together: one reply */
-#define KEY_MAX 4096
-#define MAX_SLOTS 16
-#define MAX_PEERS 65536
+enum { ST_OK = 0, ST_HANDED_BACK = 1 };  /* a file's status in a reply */
 
-/* dp_fetch's answers (>= 0: the file's bytes written) */
-enum { DP_PYTHON = -1, DP_TIMEOUT = -2, DP_MPI_ERROR = -3, DP_CORRUPT = -4, DP_LOCAL_IO = -5, DP_STOPPED = -6,
-       DP_LOST = -7 };
-enum { ST_OK = 0, ST_PYTHON = 1 };
-
-/* One request names up to BATCH_FILES_MAX files (their items, then their keys back to back);
+/* One request names up to DP_BATCH_FILES_MAX files (their items, then their keys back to back);
  * its reply has one item per file, then the bytes of those answered ST_OK, back to back: a
  * batch of files crosses in one message each way. */
 struct request_header { uint32_t tag; uint16_t n; uint16_t flags; };
@@ -70,8 +62,8 @@ struct request_item { uint64_t size; uint32_t len; uint32_t pad; };
 struct reply_header { uint32_t n; uint32_t pad; };
 struct reply_item { int32_t status; uint32_t pad; uint64_t size; };
 
-struct fetch {                          /* one request of this node's, posted */
-    struct fetch *next;                 /* dp.active */
+struct dp_request {                     /* one request of this node's, posted */
+    struct dp_request *next;            /* dp.active */
     int owner, tag, n;
     int sent;                           /* the request's send has completed (or failed) */
     int orphan;                         /* given up on: the owner's thread tests and frees it */
@@ -93,7 +85,7 @@ struct dp {
     pthread_t thread;
     pthread_mutex_t mu;
     int stop, running;
-    struct fetch *active;               /* posted fetches: their tags are taken */
+    struct dp_request *active;          /* posted fetches: their tags are taken */
     struct sending *sends;
     int next_tag;
     struct staged **buckets;            /* the offers (datapath_offers.c) */
@@ -103,9 +95,9 @@ struct dp {
     struct let_go *closing;             /* withdrawn offers' kept files, for the owner's thread to close */
     uint32_t nclosing, closing_cap;
     int reads_over;                     /* the owner's thread has ended: descriptors are closed at once */
-    char *tiers[MAX_SLOTS];
-    unsigned char in_ram[MAX_SLOTS];    /* the tier is on tmpfs: its kept files are mapped (datapath_offers.c) */
-    unsigned char lost[MAX_PEERS / 8];
+    char *tiers[MONARCH_MAX_SLOTS];
+    unsigned char in_ram[MONARCH_MAX_SLOTS]; /* the tier is on tmpfs: its kept files are mapped (datapath_offers.c) */
+    unsigned char lost[DP_MAX_PEERS / 8];
     uint64_t served_files, served_bytes, handed_back, fetched_files, fetched_bytes, mpi_errors;
     uint64_t requests, served_requests;  /* messages: sent as a requester, answered as an owner */
     uint64_t waits, idle_sleeps;         /* sleeps: requesters' while a reply was due; the owner thread's */
@@ -122,17 +114,17 @@ static const struct request_item *parse_request(const char *msg, int count, stru
     if (count < (int)sizeof *rh)
         return NULL;
     memcpy(rh, msg, sizeof *rh);
-    if (rh->n == 0 || rh->n > BATCH_FILES_MAX || (size_t)count < sizeof *rh + rh->n * sizeof(struct request_item))
+    if (rh->n == 0 || rh->n > DP_BATCH_FILES_MAX || (size_t)count < sizeof *rh + rh->n * sizeof(struct request_item))
         return NULL;
     const struct request_item *items = (const struct request_item *)(msg + sizeof *rh);
     uint64_t keys = 0, bytes = 0;
     for (uint32_t i = 0; i < rh->n; i++) {
-        if (items[i].len == 0 || items[i].len > KEY_MAX || items[i].size > BATCH_BYTES_MAX)
+        if (items[i].len == 0 || items[i].len > DP_KEY_MAX || items[i].size > DP_BATCH_BYTES_MAX)
             return NULL;
         keys += items[i].len;
         bytes += items[i].size;
     }
-    if (sizeof *rh + rh->n * sizeof(struct request_item) + keys != (uint64_t)count || bytes > BATCH_BYTES_MAX)
+    if (sizeof *rh + rh->n * sizeof(struct request_item) + keys != (uint64_t)count || bytes > DP_BATCH_BYTES_MAX)
         return NULL;
     *total = bytes;
     return items;
@@ -158,7 +150,7 @@ static int answer(struct dp *d, int src, const char *msg, int count)
     uint64_t at = 0, ok = 0, bytes = 0;
     for (uint32_t i = 0; i < rh.n; key += items[i].len, i++) {
         int staged = read_staged(d, key, items[i].len, items[i].size, buf + head + at) == 0;
-        struct reply_item r = {.status = staged ? ST_OK : ST_PYTHON, .size = staged ? items[i].size : 0};
+        struct reply_item r = {.status = staged ? ST_OK : ST_HANDED_BACK, .size = staged ? items[i].size : 0};
         memcpy(&out[i], &r, sizeof r);
         at += r.size;
         ok += staged;
@@ -231,7 +223,7 @@ static int reap_sends(struct dp *d)
 }
 
 /* -- the requester's side: the calling thread makes its own MPI calls ----------------- */
-static void free_fetch(struct fetch *f)
+static void free_fetch(struct dp_request *f)
 {
     free(f->buf);
     free(f->req);
@@ -240,15 +232,15 @@ static void free_fetch(struct fetch *f)
 
 static int tag_in_use_locked(struct dp *d, int tag)
 {
-    for (struct fetch *f = d->active; f; f = f->next)
+    for (struct dp_request *f = d->active; f; f = f->next)
         if (f->tag == tag)
             return 1;
     return 0;
 }
 
-static void unlist_locked(struct dp *d, struct fetch *f)
+static void unlist_locked(struct dp *d, struct dp_request *f)
 {
-    for (struct fetch **p = &d->active; *p; p = &(*p)->next)
+    for (struct dp_request **p = &d->active; *p; p = &(*p)->next)
         if (*p == f) {
             *p = f->next;
             return;
@@ -259,8 +251,8 @@ static int reap_orphans(struct dp *d)
 {
     int n = 0;
     pthread_mutex_lock(&d->mu);
-    for (struct fetch **p = &d->active; *p;) {
-        struct fetch *f = *p;
+    for (struct dp_request **p = &d->active; *p;) {
+        struct dp_request *f = *p;
         int flag = 0;
         if (!f->orphan || (MPI_Test(&f->recv, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag)) {
             p = &f->next;
@@ -289,7 +281,7 @@ static int lost_node(struct dp *d, int node)
 /* One look at a fetch whose answer is WAITING (*why): *why 0 once the answer is in f->buf
  * (f->got bytes), a DP_* once it failed or its owner is lost; *posted cleared once its receive is
  * no longer posted. ``since``: when the wait began (the round trip's measure). 1 if it ended. */
-static int look(struct dp *d, struct fetch *f, int *why, int *posted, int64_t since)
+static int look(struct dp *d, struct dp_request *f, int *why, int *posted, int64_t since)
 {
     int flag = 0;
     MPI_Status st;
@@ -320,7 +312,7 @@ static int look(struct dp *d, struct fetch *f, int *why, int *posted, int64_t si
 /* Until a posted fetch is answered (*why 0: the answer is in f->buf) or given up (a DP_*
  * answer): by a loss, the stop or ``deadline``; *posted cleared once its receive is no longer
  * posted. */
-static void wait_answer(struct dp *d, struct fetch *f, int64_t deadline, int *why, int *posted)
+static void wait_answer(struct dp *d, struct dp_request *f, int64_t deadline, int *why, int *posted)
 {
     int64_t t0 = monarch_now_ns();
     int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
@@ -399,7 +391,7 @@ EXPORT struct dp *dp_start(intptr_t comm_handle, int tag_ub)
 
 EXPORT void dp_tier(struct dp *d, int slot, const char *dir)
 {
-    if (slot < 0 || slot >= MAX_SLOTS)
+    if (slot < 0 || slot >= MONARCH_MAX_SLOTS)
         return;
     struct statfs sf;
     int in_ram = statfs(dir, &sf) == 0 && ((unsigned long)sf.f_type & 0xFFFFFFFFUL) == 0x01021994UL;  /* TMPFS_MAGIC */
@@ -413,14 +405,14 @@ EXPORT void dp_tier(struct dp *d, int slot, const char *dir)
 /* Node ``node`` is lost (Python's liveness said so): its fetches end at once, DP_LOST. */
 EXPORT void dp_lost(struct dp *d, int node)
 {
-    if (node >= 0 && node < MAX_PEERS)
+    if (node >= 0 && node < DP_MAX_PEERS)
         __atomic_fetch_or(&d->lost[node / 8], (unsigned char)(1u << (node % 8)), __ATOMIC_RELAXED);
 }
 
 /* The reply in f->buf checked against the request (an owner's bytes are not trusted): each file
  * answered ST_OK has its bytes at at[i] (in f->buf) and results[i] its size, any other results[i]
- * DP_PYTHON; or every result DP_CORRUPT. */
-static void reply_files(struct fetch *f, const uint64_t *sizes, const char **at, int64_t *results)
+ * DP_HANDED_BACK; or every result DP_CORRUPT. */
+static void reply_files(struct dp_request *f, const uint64_t *sizes, const char **at, int64_t *results)
 {
     struct reply_header h;
     memcpy(&h, f->buf, sizeof h);
@@ -431,7 +423,7 @@ static void reply_files(struct fetch *f, const uint64_t *sizes, const char **at,
     for (int i = 0; !bad && i < f->n; i++) {
         struct reply_item r;
         memcpy(&r, &items[i], sizeof r);
-        bad = (r.status == ST_OK && r.size != sizes[i]) || (r.status != ST_OK && (r.status != ST_PYTHON || r.size));
+        bad = (r.status == ST_OK && r.size != sizes[i]) || (r.status != ST_OK && (r.status != ST_HANDED_BACK || r.size));
         bytes += r.size;
     }
     bad = bad || (uint64_t)f->got != head + bytes;
@@ -440,7 +432,7 @@ static void reply_files(struct fetch *f, const uint64_t *sizes, const char **at,
         struct reply_item r;
         memcpy(&r, &items[i], sizeof r);
         at[i] = !bad && r.status == ST_OK ? next : NULL;
-        results[i] = bad ? DP_CORRUPT : r.status == ST_OK ? (int64_t)r.size : DP_PYTHON;
+        results[i] = bad ? DP_CORRUPT : r.status == ST_OK ? (int64_t)r.size : DP_HANDED_BACK;
         next += bad ? 0 : r.size;
     }
 }
@@ -462,9 +454,9 @@ static void count_fetched(struct dp *d, const int64_t *results, int n)
 
 /* The reply in f->buf checked (reply_files) and each file answered ST_OK written into its
  * descriptor: results[i] its bytes, or a DP_* answer. */
-static void deliver(struct dp *d, struct fetch *f, const uint64_t *sizes, const int *fds, int64_t *results, int at_zero)
+static void deliver(struct dp *d, struct dp_request *f, const uint64_t *sizes, const int *fds, int64_t *results, int at_zero)
 {
-    const char *at[BATCH_FILES_MAX];
+    const char *at[DP_BATCH_FILES_MAX];
     reply_files(f, sizes, at, results);
     for (int i = 0; i < f->n; i++)
         if (at[i] && monarch_write_all(fds[i], at[i], (uint64_t)results[i], at_zero) != 0)
@@ -486,20 +478,20 @@ static void short_sleeps(void)
  * and the answer WAITING, or DP_MPI_ERROR with the fetch to finish (finish_batch); or a DP_*
  * with *out NULL (nothing posted: a file not for this path, no memory, the stop, a lost owner). */
 static int post_batch(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
-                      uint32_t flags, struct fetch **out, int *posted)
+                      uint32_t flags, struct dp_request **out, int *posted)
 {
     uint64_t bytes = 0, keys_len = 0;
     *out = NULL;
     *posted = 0;
-    int why = n <= 0 || n > BATCH_FILES_MAX || owner < 0 || owner >= d->size || owner == d->rank ? DP_PYTHON : 0;
+    int why = n <= 0 || n > DP_BATCH_FILES_MAX || owner < 0 || owner >= d->size || owner == d->rank ? DP_HANDED_BACK : 0;
     for (int i = 0; !why && i < n; i++) {
-        why = lens[i] <= 0 || lens[i] > KEY_MAX || sizes[i] > BATCH_BYTES_MAX ? DP_PYTHON : 0;
+        why = lens[i] <= 0 || lens[i] > DP_KEY_MAX || sizes[i] > DP_BATCH_BYTES_MAX ? DP_HANDED_BACK : 0;
         bytes += sizes[i];
         keys_len += (uint64_t)(lens[i] > 0 ? lens[i] : 0);
     }
-    if (!why && bytes > BATCH_BYTES_MAX)
-        why = DP_PYTHON;
-    struct fetch *f = why ? NULL : calloc(1, sizeof *f);
+    if (!why && bytes > DP_BATCH_BYTES_MAX)
+        why = DP_HANDED_BACK;
+    struct dp_request *f = why ? NULL : calloc(1, sizeof *f);
     size_t head = sizeof(struct request_header) + (size_t)n * sizeof(struct request_item);
     if (!why && (!f || !(f->buf = malloc(sizeof(struct reply_header) + (size_t)n * sizeof(struct reply_item) + bytes)) ||
                  !(f->req = malloc(head + keys_len))))
@@ -558,7 +550,7 @@ static int post_batch(struct dp *d, int owner, int n, const char *const *keys, c
  * descriptor's offset), or, with ``kept``, the fetch left whole to the caller (*kept = why) to
  * read and free; one whose receive is still ``posted`` is left to the owner's thread (an
  * orphan). Returns ``why``. */
-static int finish_batch(struct dp *d, struct fetch *f, int why, int posted, const uint64_t *sizes, const int *fds,
+static int finish_batch(struct dp *d, struct dp_request *f, int why, int posted, const uint64_t *sizes, const int *fds,
                         int64_t *results, int at_zero, int *kept)
 {
     pthread_mutex_lock(&d->mu);
@@ -587,7 +579,7 @@ static int finish_batch(struct dp *d, struct fetch *f, int why, int posted, cons
 static int fetch_batch(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
                        const int *fds, int64_t *results, int timeout_ms, int at_zero)
 {
-    struct fetch *f;
+    struct dp_request *f;
     int posted, why = post_batch(d, owner, n, keys, lens, sizes, REQ_WAITED, &f, &posted);
     if (!f)
         return why;
@@ -602,7 +594,7 @@ static int fetch_batch(struct dp *d, int owner, int n, const char *const *keys, 
 EXPORT int64_t dp_fetch(struct dp *d, int owner, const char *key, int len, uint64_t size, int fd, int timeout_ms)
 {
     short_sleeps();
-    int64_t result = DP_PYTHON;
+    int64_t result = DP_HANDED_BACK;
     int why = fetch_batch(d, owner, 1, &key, &len, &size, &fd, &result, timeout_ms, 0);
     return why ? why : result;
 }
@@ -610,11 +602,11 @@ EXPORT int64_t dp_fetch(struct dp *d, int owner, const char *key, int len, uint6
 /* Fetch ``n`` files from node ``owner`` in one request and one reply message: ``keys[i]``
  * (``lens[i]`` bytes), ``sizes[i]`` as this node's snapshot gives them; each file's bytes are
  * written into ``fds[i]`` at offset 0 (pwrite: fresh empty files or memfds, their offsets left
- * alone). ``results[i]``: the bytes written, or a DP_* answer for that file (DP_PYTHON: not
+ * alone). ``results[i]``: the bytes written, or a DP_* answer for that file (DP_HANDED_BACK: not
  * staged there, compressed, another size: Python's protocol fetches it). Returns 0 once the
  * reply came (each result says), or a DP_* for the whole batch (then every result is that
- * too). At most BATCH_FILES_MAX files of BATCH_BYTES_MAX bytes together, else DP_PYTHON for
- * all. Waits at most ``timeout_ms``. Any thread, several at once. */
+ * too). At most DP_BATCH_FILES_MAX files of DP_BATCH_BYTES_MAX bytes together, else
+ * DP_HANDED_BACK for all. Waits at most ``timeout_ms``. Any thread, several at once. */
 EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
                          const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms)
 {
@@ -625,10 +617,6 @@ EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys
     return why;
 }
 
-/* A request of many files posted by dp_post ended: its files' bytes (bytes[i], NULL unless
- * results[i] >= 0: then its size; valid during the call only) or DP_* answers. */
-typedef void (*dp_reply_fn)(void *arg, const char *const *bytes, const int64_t *results);
-
 /* A request of ``n`` files to node ``owner`` (as dp_fetch_many's) posted, not waited for: a
  * handle for dp_test and dp_take, which its caller (one thread) must end with dp_take; or NULL
  * with *why a DP_* (nothing posted: not for this path, no memory, the stop, a lost owner). The
@@ -637,10 +625,10 @@ typedef void (*dp_reply_fn)(void *arg, const char *const *bytes, const int64_t *
  * door's peer read-ahead: gathering the next while the last are on their way; its transparent
  * fetches: serving other opens while the answer is due). ``waited``: an application's open
  * waits on it (the owner then looks for requests more often: poll_pace.h). */
-EXPORT void *dp_post(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
-                     int waited, int timeout_ms, int *why)
+EXPORT struct dp_request *dp_post(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
+                                  const uint64_t *sizes, int waited, int timeout_ms, int *why)
 {
-    struct fetch *f;
+    struct dp_request *f;
     int posted, w = post_batch(d, owner, n, keys, lens, sizes, waited ? REQ_WAITED : 0, &f, &posted);
     *why = w;
     if (!f)
@@ -656,9 +644,8 @@ EXPORT void *dp_post(struct dp *d, int owner, int n, const char *const *keys, co
 
 /* One look at a posted request (no sleep): 1 once it ended (answered, failed, its owner lost,
  * the stop, its deadline), else 0. */
-EXPORT int dp_test(struct dp *d, void *handle)
+EXPORT int dp_test(struct dp *d, struct dp_request *f)
 {
-    struct fetch *f = handle;
     if (f->why == WAITING && !look(d, f, &f->why, &f->posted, f->posted_ns)) {
         int stopped = __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE);
         if (stopped || monarch_now_ns() >= f->deadline)
@@ -670,10 +657,10 @@ EXPORT int dp_test(struct dp *d, void *handle)
 /* A posted request ended: its reply checked and handed to ``got`` (``sizes``: the request's, as
  * posted; ``results``: n of them, written), then the handle freed. One still waiting is given up
  * (DP_STOPPED: its receive left to the owner's thread). */
-EXPORT void dp_take(struct dp *d, void *handle, const uint64_t *sizes, int64_t *results, dp_reply_fn got, void *arg)
+EXPORT void dp_take(struct dp *d, struct dp_request *f, const uint64_t *sizes, int64_t *results, dp_reply_fn *got,
+                    void *arg)
 {
-    struct fetch *f = handle;
-    const char *at[BATCH_FILES_MAX] = {0};
+    const char *at[DP_BATCH_FILES_MAX] = {0};
     int n = f->n, why = f->why == WAITING ? DP_STOPPED : f->why, posted = f->posted;
     if (finish_batch(d, f, why, posted, sizes, NULL, NULL, 0, &why) == 0) {
         reply_files(f, sizes, at, results);
@@ -687,23 +674,23 @@ EXPORT void dp_take(struct dp *d, void *handle, const uint64_t *sizes, int64_t *
         free_fetch(f);
 }
 
-/* out: files and bytes served from here, files handed back to Python, files and bytes
- * fetched, MPI errors seen, keys listed as staged, requests sent, requests answered, the
- * requesters' sleeps while a reply was due, the owner thread's sleeps. */
-EXPORT void dp_counts(struct dp *d, uint64_t *out)
+/* The counters (datapath.h: struct dp_counts). */
+EXPORT void dp_counts(struct dp *d, struct dp_counts *out)
 {
     pthread_mutex_lock(&d->mu);
-    out[0] = d->served_files;
-    out[1] = d->served_bytes;
-    out[2] = d->handed_back;
-    out[3] = d->fetched_files;
-    out[4] = d->fetched_bytes;
-    out[5] = __atomic_load_n(&d->mpi_errors, __ATOMIC_RELAXED);
-    out[6] = d->nstaged;
-    out[7] = d->requests;
-    out[8] = d->served_requests;
-    out[9] = __atomic_load_n(&d->waits, __ATOMIC_RELAXED);
-    out[10] = __atomic_load_n(&d->idle_sleeps, __ATOMIC_RELAXED);
+    *out = (struct dp_counts){
+        .served_files = d->served_files,
+        .served_bytes = d->served_bytes,
+        .handed_back = d->handed_back,
+        .fetched_files = d->fetched_files,
+        .fetched_bytes = d->fetched_bytes,
+        .mpi_errors = __atomic_load_n(&d->mpi_errors, __ATOMIC_RELAXED),
+        .offered = d->nstaged,
+        .requests = d->requests,
+        .served_requests = d->served_requests,
+        .waits = __atomic_load_n(&d->waits, __ATOMIC_RELAXED),
+        .idle_sleeps = __atomic_load_n(&d->idle_sleeps, __ATOMIC_RELAXED),
+    };
     pthread_mutex_unlock(&d->mu);
 }
 

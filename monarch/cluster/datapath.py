@@ -7,7 +7,12 @@ the control plane on the cluster's communicator while this path's thread owns a 
 Whatever this path cannot do it hands back (``HANDED_BACK``): the caller then takes Python's
 protocol, which does everything (staging on demand, chunks, compressed copies, refusals).
 Without a compiler or ``mpi.h``, or with ``MONARCH_PEER_DATAPATH=0``, Python's protocol is
-the only one, as before.
+the only one.
+
+The contract with the C side is ``datapath.h``: what a fetch answers (``HANDED_BACK``...,
+its DATAPATH_ANSWERS without DP_), the limits (DATAPATH_LIMITS), the counters (``Counts``) and
+the functions called here (``_PROTOTYPES``); ``tests/unit/cluster/test_datapath_header.py``
+holds this module to it.
 """
 
 from __future__ import annotations
@@ -25,13 +30,42 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("datapath.c")
 
-# dp_fetch's answers below 0 (datapath.c DP_*)
+# datapath.h is the one definition of each name below (DATAPATH_ANSWERS, DATAPATH_LIMITS, struct dp_counts)
+# what a fetch answers for a file below 0 (>= 0: its bytes written)
 HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST = -1, -2, -3, -4, -5, -6, -7
-ONE_MESSAGE_MAX = 4 << 20  # datapath.c: larger files take Python's chunked path
-BATCH_FILES_MAX = 64  # datapath.c: files in one request (fetch_many), ...
-BATCH_BYTES_MAX = ONE_MESSAGE_MAX  # ... and their bytes together
-_NCOUNTS = 11
+ONE_MESSAGE_MAX = 4 << 20  # a file's bytes in one message: larger files take Python's chunked path
+BATCH_FILES_MAX = 64  # files in one request (fetch_many), ...
+BATCH_BYTES_MAX = 4 << 20  # ... and their bytes together: one reply
+KEY_MAX = 4096  # a key's bytes
+MAX_PEERS = 65536  # nodes the path can tell lost
 ENV_DATAPATH = "MONARCH_PEER_DATAPATH"
+
+
+class Counts(ctypes.Structure):
+    """dp_counts' record (struct dp_counts), by name."""
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "served_files", "served_bytes", "handed_back", "fetched_files", "fetched_bytes", "mpi_errors", "offered",
+        "requests", "served_requests", "waits", "idle_sleeps")]
+
+
+_vp, _i, _cp, _u64, _i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int64
+_ip, _cpp, _u64p, _i64p = ctypes.POINTER(_i), ctypes.POINTER(_cp), ctypes.POINTER(_u64), ctypes.POINTER(_i64)
+_PROTOTYPES = {
+    "dp_thread_multiple": (_i, []),
+    "dp_start": (_vp, [ctypes.c_ssize_t, _i]),
+    "dp_tier": (None, [_vp, _i, _cp]),
+    "dp_forget": (None, [_vp, _cp, _i]),
+    "dp_lost": (None, [_vp, _i]),
+    "dp_counts": (None, [_vp, ctypes.POINTER(Counts)]),
+    "dp_stop": (None, [_vp]),
+    # handed to the front door by address too (front_door_peers)
+    "dp_staged": (None, [_vp, _cp, _i, _i]),
+    "dp_fetch": (_i64, [_vp, _i, _cp, _i, _u64, _i, _i]),
+    "dp_fetch_many": (_i, [_vp, _i, _i, _cpp, _ip, _u64p, _ip, _i64p, _i]),
+    "dp_post": (_vp, [_vp, _i, _i, _cpp, _ip, _u64p, _i, _i, _ip]),
+    "dp_test": (_i, [_vp, _vp]),
+    "dp_take": (None, [_vp, _vp, _u64p, _i64p, _vp, _vp]),
+}
 
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -83,18 +117,7 @@ def _load() -> ctypes.CDLL:
     if not built.exists():
         build_library(built, SOURCE, "the C peer data path", extra=[f"-I{include}", str(libmpi)])
     lib = ctypes.CDLL(str(built))
-    vp, i, cp, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64
-    sig = {"dp_start": (vp, [ctypes.c_ssize_t, i]), "dp_tier": (None, [vp, i, cp]),
-           "dp_staged": (None, [vp, cp, i, i]), "dp_forget": (None, [vp, cp, i]), "dp_lost": (None, [vp, i]),
-           "dp_fetch": (ctypes.c_int64, [vp, i, cp, i, u64, i, i]),
-           "dp_fetch_many": (i, [vp, i, i, ctypes.POINTER(cp), ctypes.POINTER(i), ctypes.POINTER(u64),
-                                 ctypes.POINTER(i), ctypes.POINTER(ctypes.c_int64), i]),
-           "dp_post": (vp, [vp, i, i, ctypes.POINTER(cp), ctypes.POINTER(i), ctypes.POINTER(u64), i, i,
-                            ctypes.POINTER(i)]),
-           "dp_test": (i, [vp, vp]),
-           "dp_take": (None, [vp, vp, ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_int64), vp, vp]),
-           "dp_counts": (None, [vp, ctypes.POINTER(u64)]), "dp_stop": (None, [vp])}
-    for name, (restype, argtypes) in sig.items():
+    for name, (restype, argtypes) in _PROTOTYPES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     return lib
@@ -186,10 +209,9 @@ class DataPath:
             pass
 
     def counts(self) -> dict[str, int]:
-        arr = (ctypes.c_uint64 * _NCOUNTS)()
-        self._lib.dp_counts(self._dp, arr)
-        return dict(zip(("served_files", "served_bytes", "handed_back", "fetched_files", "fetched_bytes",
-                         "mpi_errors", "offered", "requests", "served_requests", "waits", "idle_sleeps"), arr))
+        c = Counts()
+        self._lib.dp_counts(self._dp, ctypes.byref(c))
+        return {name: getattr(c, name) for name, _ in Counts._fields_}
 
     def stop(self) -> None:
         if not self._stopped:

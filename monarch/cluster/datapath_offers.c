@@ -4,8 +4,7 @@
  * from its first read while the offer stands.
  *
  * A kept descriptor spares each later read the open (a walk of the tier's path), fstat and
- * close: 64 KiB from tmpfs at a six-deep path cost 10-12.5 us so, 6.2-6.7 us by pread on a
- * kept descriptor (this VM). Only the owner's thread reads and closes them: an offer withdrawn
+ * close, about half a read's cost for a small file (docs/performance.md). Only the owner's thread reads and closes them: an offer withdrawn
  * or made again leaves its descriptor on ``closing``, which that thread closes at its next
  * turn, so a descriptor is never closed under a read (its number reused by another open). At
  * most an eighth of the descriptor limit is kept (DP_FDS_MAX at most), the first files read:
@@ -204,7 +203,7 @@ static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t siz
 
 EXPORT void dp_staged(struct dp *d, const char *key, int len, int slot)
 {
-    if (len <= 0 || len > KEY_MAX || slot < 0 || slot >= MAX_SLOTS)
+    if (len <= 0 || len > DP_KEY_MAX || slot < 0 || slot >= MONARCH_MAX_SLOTS)
         return;
     uint32_t h = hash_of(key, (size_t)len);
     pthread_mutex_lock(&d->mu);
@@ -235,7 +234,7 @@ EXPORT void dp_staged(struct dp *d, const char *key, int len, int slot)
 
 EXPORT void dp_forget(struct dp *d, const char *key, int len)
 {
-    if (len <= 0 || len > KEY_MAX)
+    if (len <= 0 || len > DP_KEY_MAX)
         return;
     pthread_mutex_lock(&d->mu);
     struct staged **p = find_locked(d, key, (uint32_t)len, hash_of(key, (size_t)len));

@@ -1,4 +1,4 @@
-"""Who is alive: heartbeats, pings, nodes down and nodes lost (issue 21; docs/cluster.md, "A node dies").
+"""Who is alive: heartbeats, pings, nodes down and nodes lost (docs/cluster.md, "A node dies").
 
 * A node is **heard** whenever any message of it arrives (a control message, a header, a chunk).
 * A node we wait on that stays silent is pinged; one silent for ``heartbeat_timeout`` (no

@@ -1,4 +1,4 @@
-"""The report's section on lost nodes (issue 21): who, when, why, and what the survivors did after.
+"""The report's section on lost nodes: who, when, why, and what the survivors did after.
 
 Kept apart from the report module: ``add_to_report(report, nodes)`` is called on the report
 the coordinator builds from ``Cluster.finish()``'s list (a lost node's entry is

@@ -18,9 +18,8 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Callable, Mapping, Union
+from typing import IO, Callable, Mapping, NamedTuple, Union
 
-from ..node.tiers.codecs import Compressed
 from . import transfer
 from .control import Handler, Verb
 from .counters import PeerCounters
@@ -28,6 +27,13 @@ from .engine import Engine
 from .tuning import Tuning
 
 log = logging.getLogger(__name__)
+
+
+class Compressed(NamedTuple):
+    """A copy sent to a peer as stored (``provide``'s answer): its zstd frame's path and the file's size."""
+    path: str
+    size: int
+
 
 # what ``provide(key)`` answers: a staged file's path, a compressed copy, a file object, or None (cannot)
 Provided = Union[str, Compressed, IO[bytes], None]

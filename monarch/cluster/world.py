@@ -163,7 +163,7 @@ def abort_on_unhandled_exception() -> None:
     threading.excepthook = lambda args: _abort(args.exc_type, args.exc_value, args.exc_traceback)
 
 
-# -- the daemons' launch line (issue 21; docs/cluster.md, "A node dies") ----------------------
+# -- the daemons' launch line (docs/cluster.md, "A node dies") -------------------------------
 ULFM, MPICH = "ulfm", "mpich"
 OPENMPI_LIB = "libmpi.so.40"
 

@@ -63,9 +63,9 @@ def check_config(path: str | None, roots: Sequence[str] | None = None,
     lines = [f"{path if path is not None else DEFAULTS_SOURCE}: OK"]
     lines.append(f"  roots   : {_roots_text(config, waiting)}")
     if config.dataset.stores:  # a store's root: its store answers and holds a manifest, here and now
-        from monarch.node.stage.store_source import check_stores
+        from monarch.store.check import check_stores
         found: list = []
-        problems = check_stores(config, found)
+        problems = check_stores(config.dataset.store_roots(), found)
         if problems:
             raise ConfigError(combine_errors(config.source, [f"dataset.stores: {p}" for p in problems]))
         for root, url, manifest in found:

@@ -1,4 +1,5 @@
-"""The declared keys written out for people: `monarch check-config`'s listing and the README's table."""
+"""The declared keys written out for people: `monarch check-config`'s listing and the table of
+docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def _tier_rows(config: Config, user: dict, source: str) -> list[tuple[str, str, 
 
 
 def table() -> str:
-    """The README's configuration table: one row per declared key, its default and its doc."""
+    """docs/configuration.md's table of keys: one row per declared key, its default and its doc."""
     lines = ["| key | default | meaning |", "| --- | --- | --- |"]
     for key in KEYS:
         values = key.shipped or (key.default,)  # a tier key: each shipped tier's value
@@ -95,6 +96,7 @@ def table() -> str:
 
 
 def readme_with_table(readme: str) -> str:
-    """``readme`` with the text between the table's markers replaced by ``table()``."""
+    """``readme`` (docs/configuration.md's text) with the text between the table's markers
+    replaced by ``table()``."""
     begin, end = readme.index(TABLE_BEGIN) + len(TABLE_BEGIN), readme.index(TABLE_END)
     return readme[:begin] + "\n" + table() + "\n" + readme[end:]

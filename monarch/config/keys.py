@@ -3,7 +3,7 @@
 One ``Key`` per setting, like UnifyFS's ``UNIFYFS_CFG(section, key, type, default, doc, check)``.
 From this list come the defaults (``default_tree``, which ``defaults.yaml`` and
 ``configs/local.yaml`` are tested against), validation (``load.py`` runs each key's check),
-``monarch check-config``'s listing and the README's table (``docs.py``). A new key is one
+``monarch check-config``'s listing and docs/configuration.md's table (``docs.py``). A new key is one
 line here plus its dataclass field (``model.py``, tested) and its line in the YAML files.
 
 A check is ``check(reader, raw_value, where) -> value``: it raises ConfigError saying what is
@@ -34,7 +34,7 @@ class Key:
     path: str  # "staging.policy"; "tiers[].name" for a key of each tier
     kind: str  # what a value looks like, for people: "size", "path", "one of ..."
     default: Any  # as written in defaults.yaml; tiers[]: a tier's value when it leaves the key out
-    doc: str  # one line (Markdown) for the README table
+    doc: str  # one line (Markdown) for docs/configuration.md's table
     check: Check
     shipped: tuple = ()  # tiers[] keys: the value of each shipped tier (else ``default`` for each)
     fields: tuple[str, ...] = field(default=())  # dataclass fields the value fills (default: the key's name)
@@ -219,7 +219,7 @@ KEYS: tuple[Key, ...] = (
         "cluster only, sharded: with order hints (`monarch.hints`), the front door also fetches the other "
         "nodes' files of the coming order ahead of the reader into the peer area, many per request, so that "
         "the reader's opens of them are local hits; `false`: hints steer only this node's own files "
-        "(README, \"The readers' order\")",
+        "(docs/cluster.md, \"The readers' order\")",
         lambda r, v, k: r.boolean(v, k)),
     Key("report", "path or null", None,
         "JSON report path (`null`: the run's directory, `<run_base>/monarch-<uid>/<run>-node<N>/report.json`)",

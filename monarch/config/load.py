@@ -113,7 +113,7 @@ def _closing_brace(text: str, pos: int) -> int:
 
 def builtin_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for expansion, with the variables Monarch itself provides."""
-    from monarch.launch.topology import node_index, run_id, user_name
+    from monarch.topology import node_index, run_id, user_name
     out = dict(os.environ if env is None else env)
     out.setdefault("MONARCH_NODE", str(node_index(out)))
     out.setdefault("MONARCH_JOB_ID", run_id(out) or "local")  # `monarch run` names an unnamed run
@@ -141,7 +141,8 @@ def load_config(path: str | os.PathLike | None, env: Mapping[str, str] | None = 
     if roots is not None:
         raw = _merge(raw, {"dataset": {"roots": list(roots)}})
     return _validate(raw, source, env, errors, check_roots=check_roots,
-                     roots_origin=None if roots is None else "--dataset")
+                     roots_origin=None if roots is None else "--dataset",
+                     peer_given=path is not None and user.get("peer") is not None)
 
 
 def read_user(path: str | os.PathLike) -> dict:
@@ -485,7 +486,7 @@ def _tiers(r: _Reader, raw: dict) -> list[TierConfig] | None:
 
 
 def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str], *,
-              check_roots: bool = True, roots_origin: str | None = None) -> Config:
+              check_roots: bool = True, roots_origin: str | None = None, peer_given: bool = False) -> Config:
     r = _Reader(source, env, errors, check_roots=check_roots, roots_origin=roots_origin)
     stores = raw.get("dataset", {}).get("stores") if isinstance(raw.get("dataset"), dict) else None
     if isinstance(stores, dict):  # a store's root needs no directory (dataset.stores is checked below)
@@ -507,4 +508,4 @@ def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str],
         raise ConfigError(combine_errors(source, errors))
     return Config(source=source, dataset=DatasetConfig(roots=r.dataset_roots, given=given, stores=dataset["stores"]),
                   tiers=tuple(tiers),
-                  staging=StagingConfig(**staging), peer=PeerConfig(**peer), **top)
+                  staging=StagingConfig(**staging), peer=PeerConfig(**peer), peer_given=peer_given, **top)

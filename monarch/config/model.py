@@ -36,6 +36,10 @@ class DatasetConfig:
                 out[k] = url
         return out
 
+    def store_roots(self) -> dict[str, str]:
+        """root -> its store's URL, for the roots served from a store."""
+        return {self.roots[k]: url for k, url in self.store_urls().items()}
+
     def spellings(self) -> list[tuple[int, str]]:
         """(root index, path) for every spelling of every root that the shim should match."""
         out = [(k, root) for k, root in enumerate(self.roots)]
@@ -75,6 +79,7 @@ class Config:
     report_html: str | None = None  # HTML report path (monarch run); None: none
     memory_margin: int = 0  # bytes of available memory memory-backed tiers leave to the node...
     memory_margin_share: float | None = 0.10  # ...or this share of its total memory
+    peer_given: bool = False  # the file itself has a peer section (the shipped defaults' does not count)
 
     def bases(self) -> list[tuple[str, str]]:
         """(key, path) of every base directory configured: Monarch works in monarch-<uid> inside."""

@@ -13,8 +13,10 @@ goes through.
 
 The contract with the C side is ``front_door.h``: the functions called here (``_PROTOTYPES``),
 the events (``EV_*``), whose books (``BOOKS``), why a connection was handed over
-(``HANDED_OVER_BECAUSE``, R_* in order), why the lane ended (``AHEAD_ENDED_BECAUSE``, A_*) and
-the event record (``_EVENT``); ``tests/unit/frontdoor/test_front_door_header.py`` holds this module to it.
+(``HANDED_OVER_BECAUSE``, R_* in order), why the lane ended (``AHEAD_ENDED_BECAUSE``, A_*),
+the event record (``_EVENT``) and the counters' records, read by name (``DoorCounts``,
+``ReadAheadState``, ``PeerTold``, ``PeerAheadState``);
+``tests/unit/frontdoor/test_front_door_header.py`` holds this module to it.
 
 Without a C compiler, with ``staging.validate: open`` (every open checked in Python) or with
 ``MONARCH_FRONT_DOOR=0``, there is no door: the Python server accepts and answers
@@ -47,7 +49,37 @@ _EVENT = struct.Struct("<IIQQqII")  # front_door_events' record head (FRONT_DOOR
 # why a connection was handed over (front_door.h: FRONT_DOOR_HANDED_OVER)
 HANDED_OVER_BECAUSE = ("other_request", "snapshot_not_ready", "python_owns_key", "not_copying", "not_small_file",
                        "no_room_lent", "copy_failed")
-_NCOUNTS = protocol.MAX_SLOTS + 4 + len(HANDED_OVER_BECAUSE) + 11
+
+
+def _words(*names: str) -> list[tuple[str, type]]:
+    return [(name, ctypes.c_uint64) for name in names]
+
+
+class DoorCounts(ctypes.Structure):
+    """front_door_counts' record (struct front_door_counts), by name."""
+    _fields_ = [("hits", ctypes.c_uint64 * protocol.MAX_SLOTS),
+                *_words("copies", "handed", "failures", "bytes_read"),
+                ("handed_because", ctypes.c_uint64 * len(HANDED_OVER_BECAUSE)),
+                *_words("closed_too_many", "peer_fetches", "peer_failures", "peer_transient", "accepted", "reused",
+                        "peer_batches", "peer_batched", "peer_keep_all", "peer_reuse_permille", "peer_waits")]
+
+
+class ReadAheadState(ctypes.Structure):
+    """front_door_read_ahead_state's record (struct front_door_read_ahead_state)."""
+    _fields_ = _words("running", "through", "copies", "ended_because")
+
+
+class PeerTold(ctypes.Structure):
+    """front_door_peer_told's record (struct front_door_peer_told)."""
+    _fields_ = _words("stream", "consumed", "answered")
+
+
+class PeerAheadState(ctypes.Structure):
+    """front_door_peer_ahead_state's record (struct front_door_peer_ahead_state); the names are
+    those of ``FrontDoor.peer_ahead_state``."""
+    _fields_ = _words("orders", "fetched", "fetched_bytes", "batches", "failed", "skipped", "room_waits", "order",
+                      "next", "consumed", "waited", "copies", "room", "unlinked", "kept", "reused",
+                      "progress_answered", "written_mapped")
 
 
 class DoorEvent(NamedTuple):
@@ -60,7 +92,7 @@ class DoorEvent(NamedTuple):
     entry: int = 0   # the key's entry in the door's index, from 1 (0: none): its books need no look-up
 
 
-_vp, _i, _cp, _u64p, _i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int64
+_vp, _i, _cp, _i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64
 _PROTOTYPES = {
     "front_door_start": (_vp, [_i, _cp, _i, _cp, _i, _i, _i]),
     "front_door_wake_fd": (_i, [_vp]),
@@ -77,7 +109,7 @@ _PROTOTYPES = {
     "front_door_grant": (None, [_vp, _i, _i64]),
     "front_door_reclaim": (_i64, [_vp, _i]),
     "front_door_lease": (_i64, [_vp, _i]),
-    "front_door_counts": (None, [_vp, _u64p]),
+    "front_door_counts": (None, [_vp, ctypes.POINTER(DoorCounts)]),
     "front_door_peers": (_i, [_vp, _vp, _vp, _vp, _vp, ctypes.c_uint32, _i, _i, _i, _i64, _vp, _vp, _vp, _vp]),
     "front_door_own_only": (None, [_vp, _i]),
     "front_door_copy_to": (_i64, [_vp, _i, _i64]),
@@ -85,7 +117,7 @@ _PROTOTYPES = {
     "front_door_peer_reuse": (_i, [_vp, _cp, ctypes.c_uint64]),
     "front_door_evict": (_i, [_vp, _cp, _i, _i64]),
     "front_door_read_ahead": (_i, [_vp, ctypes.c_uint32, _i, _i]),
-    "front_door_read_ahead_state": (None, [_vp, _u64p]),
+    "front_door_read_ahead_state": (None, [_vp, ctypes.POINTER(ReadAheadState)]),
     "front_door_inflight": (None, [_vp, ctypes.POINTER(ctypes.c_double)]),
     "inflight_new": (_vp, [_i, _i, _i, _i]),
     "inflight_free": (None, [_vp]),
@@ -98,9 +130,9 @@ _PROTOTYPES = {
     # the peer read-ahead lane (door_peer_ahead.c)
     "front_door_peer_ahead": (_i, [_vp, _vp, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64]),
     "front_door_peer_progress": (None, [_vp, ctypes.c_uint32]),
-    "front_door_peer_told": (_i, [_vp, _u64p]),
+    "front_door_peer_told": (_i, [_vp, ctypes.POINTER(PeerTold)]),
     "front_door_peer_gone": (None, [_vp, _cp, _i]),
-    "front_door_peer_ahead_state": (None, [_vp, _u64p]),
+    "front_door_peer_ahead_state": (None, [_vp, ctypes.POINTER(PeerAheadState)]),
 }
 _LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the daemon's C front door",
                            "the Python server answers every request", _PROTOTYPES)
@@ -185,36 +217,31 @@ class FrontDoor:
         self._lib.front_door_settle(self._door)
 
     def counts(self) -> dict:
-        arr = (ctypes.c_uint64 * _NCOUNTS)()
-        self._lib.front_door_counts(self._door, arr)
-        n = protocol.MAX_SLOTS
-        return {"hits_by_slot": {s: arr[s] for s in range(n) if arr[s]}, "copies": arr[n], "handed_over": arr[n + 1],
-                "failed_copies": arr[n + 2], "pfs_bytes_read": arr[n + 3],
-                "handed_over_because": {why: arr[n + 4 + i] for i, why in enumerate(HANDED_OVER_BECAUSE) if arr[n + 4 + i]},
+        c = DoorCounts()
+        self._lib.front_door_counts(self._door, ctypes.byref(c))
+        return {"hits_by_slot": {s: n for s, n in enumerate(c.hits) if n}, "copies": c.copies, "handed_over": c.handed,
+                "failed_copies": c.failures, "pfs_bytes_read": c.bytes_read,
+                "handed_over_because": {why: n for why, n in zip(HANDED_OVER_BECAUSE, c.handed_because) if n},
                 # closed at once while the Python server had HANDED_MAX waiting (a flood), or
                 # with no descriptor left to accept them
-                "closed_too_many": arr[n + 4 + len(HANDED_OVER_BECAUSE)],
+                "closed_too_many": c.closed_too_many,
                 # the peer lane: other nodes' files fetched through the C data path into the
                 # peer area, those that failed, and those answered as a memfd (no room lent)
-                "peer_fetches": arr[n + 5 + len(HANDED_OVER_BECAUSE)],
-                "peer_fetch_failures": arr[n + 6 + len(HANDED_OVER_BECAUSE)],
-                "peer_transient": arr[n + 7 + len(HANDED_OVER_BECAUSE)],
+                "peer_fetches": c.peer_fetches, "peer_fetch_failures": c.peer_failures,
+                "peer_transient": c.peer_transient,
                 # connections accepted, and OPENs read on a connection kept after an answer
                 # (the shim's REQUEST_KEEP): a shim's thread connects once, not once per open
-                "accepted": arr[n + 8 + len(HANDED_OVER_BECAUSE)],
-                "reused": arr[n + 9 + len(HANDED_OVER_BECAUSE)],
+                "accepted": c.accepted, "reused": c.reused,
                 # the peer lane's requests to owners and the files in them (a request gathers the
                 # opens of one owner that wait for it)
-                "peer_batches": arr[n + 10 + len(HANDED_OVER_BECAUSE)],
-                "peer_batched": arr[n + 11 + len(HANDED_OVER_BECAUSE)],
+                "peer_batches": c.peer_batches, "peer_batched": c.peer_batched,
                 # its memfd rule now (a state, not a count: a run's report shows it as it is):
                 # whether every fetch goes into the peer area (the measured reuse of the area's
                 # copies, later opens per copy, is above the break-even), else 1 in 8
-                "peer_area_rule": {"keep_all": bool(arr[n + 12 + len(HANDED_OVER_BECAUSE)]),
-                                   "reuse": arr[n + 13 + len(HANDED_OVER_BECAUSE)] / 1000},
+                "peer_area_rule": {"keep_all": bool(c.peer_keep_all), "reuse": c.peer_reuse_permille / 1000},
                 # the waits of the workers that fetch for an answer (each a look, serving their
                 # own connections meanwhile)
-                "peer_waits": arr[n + 14 + len(HANDED_OVER_BECAUSE)]}
+                "peer_waits": c.peer_waits}
 
     def stop(self) -> None:
         """Stop answering (connections not answered yet are closed: their shims read the
@@ -242,10 +269,11 @@ class FrontDoor:
         """The lane: ``running`` copies in flight (at least 1 until its list is through),
         ``through`` entries gone through, ``copies`` made, ``ended_because`` ("" unless it
         stopped before its list ended)."""
-        arr = (ctypes.c_uint64 * 4)()
-        self._lib.front_door_read_ahead_state(self._door, arr)
-        return {"running": arr[0], "through": arr[1], "copies": arr[2],
-                "ended_because": AHEAD_ENDED_BECAUSE[arr[3]] if arr[3] < len(AHEAD_ENDED_BECAUSE) else str(arr[3])}
+        s = ReadAheadState()
+        self._lib.front_door_read_ahead_state(self._door, ctypes.byref(s))
+        why = s.ended_because
+        return {"running": s.running, "through": s.through, "copies": s.copies,
+                "ended_because": AHEAD_ENDED_BECAUSE[why] if why < len(AHEAD_ENDED_BECAUSE) else str(why)}
 
     def inflight(self) -> dict:
         """The door's copies in flight toward its source: the limit its measure settled on,
@@ -353,9 +381,9 @@ class FrontDoor:
     def peer_told(self) -> tuple[tuple[int, int] | None, int]:
         """The last progress the door answered itself and Python has not taken, as (stream,
         positions consumed), or None; and how many progress requests the door answered so far."""
-        arr = (ctypes.c_uint64 * 3)()
-        fresh = self._lib.front_door_peer_told(self._door, arr)
-        return ((arr[0], arr[1]) if fresh else None), arr[2]
+        t = PeerTold()
+        fresh = self._lib.front_door_peer_told(self._door, ctypes.byref(t))
+        return ((t.stream, t.consumed) if fresh else None), t.answered
 
     def peer_gone(self, key: str) -> None:
         """``key``'s copy left the peer area (evicted): the read-ahead lane may fetch it again."""
@@ -363,11 +391,9 @@ class FrontDoor:
         self._lib.front_door_peer_gone(self._door, raw, len(raw))
 
     def peer_ahead_state(self) -> dict:
-        arr = (ctypes.c_uint64 * 18)()
-        self._lib.front_door_peer_ahead_state(self._door, arr)
-        return dict(zip(("orders", "fetched", "fetched_bytes", "batches", "failed", "skipped", "room_waits",
-                         "order", "next", "consumed", "waited", "copies", "room", "unlinked", "kept", "reused",
-                         "progress_answered", "written_mapped"), arr))
+        s = PeerAheadState()
+        self._lib.front_door_peer_ahead_state(self._door, ctypes.byref(s))
+        return {name: getattr(s, name) for name, _ in PeerAheadState._fields_}
 
 
 # -- how many copies in flight: the rule of inflight.c, for Python's lanes -------------------

@@ -258,20 +258,20 @@ EXPORT int front_door_claim(struct door *d, const char *key, int len)
  * fetches one batch at a time). The door's own copies are offered with ``offer(dp, ...)``
  * (may be NULL). ``owners`` stays the caller's, and is not read once this returns after
  * another call. */
-EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
+EXPORT int front_door_peers(struct door *d, dp_fetch_fn *fetch, dp_staged_fn *offer, struct dp *dp, const int16_t *owners,
                             uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
-                            void *fetch_many, void *post, void *test, void *take)
+                            dp_fetch_many_fn *fetch_many, dp_post_fn *post, dp_test_fn *test, dp_take_fn *take)
 {
     if (fetch && (peer_slot < 0 || peer_slot >= MONARCH_MAX_SLOTS || !d->tiers[peer_slot] || unit <= 0))
         return -1;
     pthread_mutex_lock(&d->mu);
-    d->peer_fetch = (peer_fetch_fn)fetch;
-    d->peer_fetch_many = fetch ? (peer_fetch_many_fn)fetch_many : NULL;
+    d->peer_fetch = fetch;
+    d->peer_fetch_many = fetch ? fetch_many : NULL;
     int flight = fetch && fetch_many && post && test && take;
-    d->peer_post = flight ? (peer_post_fn)post : NULL;
-    d->peer_test = flight ? (peer_test_fn)test : NULL;
-    d->peer_take = flight ? (peer_take_fn)take : NULL;
-    d->peer_offer = fetch ? (peer_offer_fn)offer : NULL;
+    d->peer_post = flight ? post : NULL;
+    d->peer_test = flight ? test : NULL;
+    d->peer_take = flight ? take : NULL;
+    d->peer_offer = fetch ? offer : NULL;
     d->peer_dp = dp;
     d->owners = fetch ? owners : NULL;
     d->nowners = fetch ? nowners : 0;
@@ -474,33 +474,30 @@ EXPORT int64_t front_door_lease(struct door *d, int q)
     return left;
 }
 
-/* Counters: out[0..MONARCH_MAX_SLOTS) opens answered with a staged copy, by slot; then copies
- * made, connections handed over, copies failed, bytes read from the PFS; then the
- * connections handed over by reason (R_*); then those closed with HANDED_MAX waiting; then
- * the peer lane's fetches, its failures, and its transient answers (memfds). */
-EXPORT void front_door_counts(struct door *d, uint64_t *out)
+/* The door's counters (front_door.h: struct front_door_counts). */
+EXPORT void front_door_counts(struct door *d, struct front_door_counts *out)
 {
     pthread_mutex_lock(&d->mu);
     for (int i = 0; i < MONARCH_MAX_SLOTS; i++)
-        out[i] = __atomic_load_n(&d->hits[i], __ATOMIC_RELAXED);
-    out[MONARCH_MAX_SLOTS] = d->copies;
-    out[MONARCH_MAX_SLOTS + 1] = d->handed;
-    out[MONARCH_MAX_SLOTS + 2] = d->failures;
-    out[MONARCH_MAX_SLOTS + 3] = d->bytes_read;
+        out->hits[i] = __atomic_load_n(&d->hits[i], __ATOMIC_RELAXED);
     for (int i = 0; i < R_REASONS; i++)
-        out[MONARCH_MAX_SLOTS + 4 + i] = d->why[i];
-    out[MONARCH_MAX_SLOTS + 4 + R_REASONS] = d->closed_too_many;
-    out[MONARCH_MAX_SLOTS + 5 + R_REASONS] = d->peer_fetches;
-    out[MONARCH_MAX_SLOTS + 6 + R_REASONS] = d->peer_failures;
-    out[MONARCH_MAX_SLOTS + 7 + R_REASONS] = d->peer_transient;
-    out[MONARCH_MAX_SLOTS + 8 + R_REASONS] = d->accepted;
-    out[MONARCH_MAX_SLOTS + 9 + R_REASONS] = d->reused;
+        out->handed_because[i] = d->why[i];
+    out->copies = d->copies;
+    out->handed = d->handed;
+    out->failures = d->failures;
+    out->bytes_read = d->bytes_read;
+    out->closed_too_many = d->closed_too_many;
+    out->peer_fetches = d->peer_fetches;
+    out->peer_failures = d->peer_failures;
+    out->peer_transient = d->peer_transient;
+    out->accepted = d->accepted;
+    out->reused = d->reused;
     /* the peer lane's batches and its memfd rule (door_peer.c) */
-    out[MONARCH_MAX_SLOTS + 10 + R_REASONS] = d->peer_batches;
-    out[MONARCH_MAX_SLOTS + 11 + R_REASONS] = d->peer_batched;
-    out[MONARCH_MAX_SLOTS + 12 + R_REASONS] = (uint64_t)d->peer_keep_all;
-    out[MONARCH_MAX_SLOTS + 13 + R_REASONS] = d->peer_reuse_permille;
-    out[MONARCH_MAX_SLOTS + 14 + R_REASONS] = __atomic_load_n(&d->peer_waits, __ATOMIC_RELAXED);
+    out->peer_batches = d->peer_batches;
+    out->peer_batched = d->peer_batched;
+    out->peer_keep_all = (uint64_t)d->peer_keep_all;
+    out->peer_reuse_permille = d->peer_reuse_permille;
+    out->peer_waits = __atomic_load_n(&d->peer_waits, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -637,16 +634,14 @@ EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int star
     return started ? 0 : -1;
 }
 
-/* The lane: out[0] copies it has in flight (at least 1 while its list is not through), out[1]
- * entries gone through, out[2] files it copied, out[3] why it ended early (A_*; A_WHOLE: it
- * did not). */
-EXPORT void front_door_read_ahead_state(struct door *d, uint64_t *out)
+/* The read-ahead lane (front_door.h: struct front_door_read_ahead_state). */
+EXPORT void front_door_read_ahead_state(struct door *d, struct front_door_read_ahead_state *out)
 {
     pthread_mutex_lock(&d->mu);
-    out[0] = (uint64_t)(d->ahead_on && !d->ahead_busy ? 1 : d->ahead_busy);
-    out[1] = d->ahead_next;
-    out[2] = d->ahead_copies;
-    out[3] = (uint64_t)d->ahead_end;
+    out->running = (uint64_t)(d->ahead_on && !d->ahead_busy ? 1 : d->ahead_busy);
+    out->through = d->ahead_next;
+    out->copies = d->ahead_copies;
+    out->ended_because = (uint64_t)d->ahead_end;
     pthread_mutex_unlock(&d->mu);
 }
 

@@ -224,8 +224,8 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
     uint64_t bytes_read = 0;
     int kdir = -1;                     /* the key's directory in the tier (copy_in) */
     int raised = 0;                    /* the measure allows more copies in flight now */
-    peer_offer_fn offer = NULL;
-    void *offer_dp = NULL;
+    dp_staged_fn *offer = NULL;
+    struct dp *offer_dp = NULL;
     int64_t t0 = monarch_now_ns();
     int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read);
     const char *name = strrchr(dest, '/') + 1;

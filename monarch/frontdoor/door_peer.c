@@ -49,8 +49,8 @@ static int send_answer_fd(int fd, int32_t status, int passed)
  * seal); each later open of a kept copy is then a probe hit H in the application (the shim
  * opens it itself), of a memfd's file another fetch F (requester and owner) and memfd. With r
  * later opens per copy the area pays when F + P + r*H < (1 + r)*(F + M), i.e. r > (P - M) /
- * (F + M - H). On this VM (perf, bench_peer): P ~ 40 us, M ~ 5 us, H ~ 3 us, F 40 us (the
- * target) to 120 us: r* from 0.8 to 0.3; REUSE_MIN is its middle, 1/2.
+ * (F + M - H). REUSE_MIN, 1/2, is the middle of the break-even's measured range
+ * (docs/performance.md, "What the constants rest on").
  * r is measured, not guessed: 1 fetch in PEER_SAMPLE still goes into the area (all of them
  * while r is above REUSE_MIN), and r is the opens the shim counted in the peer slot
  * (front_door_peer_reuse) less those the door answered with a fresh fetch, per copy made. An
@@ -198,7 +198,7 @@ static void wait_serving(struct worker *w, int64_t ns)
 
 /* Until the request ``h`` (posted at ``t0``) ended: answered, or given up by the data path (its
  * deadline, a loss, the stop). */
-static void await_answer(struct worker *w, peer_test_fn test, void *dp, void *h, int64_t t0)
+static void await_answer(struct worker *w, dp_test_fn *test, struct dp *dp, struct dp_request *h, int64_t t0)
 {
     struct door *d = w->d;
     int64_t rtt = __atomic_load_n(&d->peer_rtt_ns, __ATOMIC_RELAXED);
@@ -229,7 +229,7 @@ static void write_reply(void *arg, const char *const *bytes, const int64_t *resu
     }
 }
 
-static void fetch_each(peer_fetch_fn fetch, void *dp, int owner, int n, const char *const *keys, const int *lens,
+static void fetch_each(dp_fetch_fn *fetch, struct dp *dp, int owner, int n, const char *const *keys, const int *lens,
                        const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms)
 {
     for (int i = 0; i < n; i++)        /* the data path without peer_fetch_many: one request each */
@@ -472,12 +472,12 @@ static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owne
         }
     }
     pthread_mutex_lock(&d->mu);        /* read under the lock: the lane may be turned off meanwhile */
-    peer_fetch_fn fetch = d->peer_fetch;
-    peer_fetch_many_fn many = d->peer_fetch_many;
-    peer_post_fn post = d->peer_post;
-    peer_test_fn test = d->peer_test;
-    peer_take_fn take = d->peer_take;
-    void *dp = d->peer_dp;
+    dp_fetch_fn *fetch = d->peer_fetch;
+    dp_fetch_many_fn *many = d->peer_fetch_many;
+    dp_post_fn *post = d->peer_post;
+    dp_test_fn *test = d->peer_test;
+    dp_take_fn *take = d->peer_take;
+    struct dp *dp = d->peer_dp;
     int timeout_ms = d->peer_timeout_ms;
     d->peer_batches += m > 0;
     d->peer_batched += (uint64_t)m;
@@ -488,7 +488,7 @@ static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owne
     if (m && post && test && take) {   /* posted; this worker serves its connections till the answer */
         int why = 0;
         int64_t posted = monarch_now_ns();
-        void *h = post(dp, owner, m, keys, lens, sizes, 1, timeout_ms, &why);
+        struct dp_request *h = post(dp, owner, m, keys, lens, sizes, 1, timeout_ms, &why);
         if (h) {
             await_answer(w, test, dp, h, posted);
             struct reply_to_fds r = {m, fds, got};

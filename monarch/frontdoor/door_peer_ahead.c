@@ -35,8 +35,8 @@
  * or the new one. An open that comes before the lane fetched its file is the peer lane's
  * (door_peer.c), or parks on the lane's fetch under way, as on any BUSY key. */
 
-#define PA_BATCH 64                    /* files per request to one owner (dp_fetch_many's limit) */
-#define PA_BATCH_BYTES (4LL << 20)     /* bytes per reply, at most (dp_fetch_many's limit) */
+#define PA_BATCH DP_BATCH_FILES_MAX    /* files per request to one owner (the data path's limit) */
+#define PA_BATCH_BYTES ((int64_t)DP_BATCH_BYTES_MAX) /* bytes per reply, at most (the data path's limit) */
 #define PA_FLIGHT 32                   /* batches at once (one owner's each): gathered, or in flight */
 #define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
 #define PA_ROOM_WAKE_NS 5000000LL     /* a wait for room wakes Python (to lend more) at most this often, */
@@ -52,13 +52,12 @@
                                           most an eighth of the descriptor limit (pa_fds_allowed) */
 #define PA_SPARES 64                   /* consumed copies kept (unnamed but their own, open) for the next fetches to
                                           write over: a new file where many were just unlinked costs more
-                                          than its bytes (this VM's ext4 without a journal scans every inode
-                                          freed in the last minutes at each create: 600 us a file in
-                                          bench_cluster --hints; tmpfs and ext4 pay new pages, 2x rewriting) */
+                                          than its bytes (new pages, and on some filesystems a scan of the
+                                          inodes just freed) */
 
 /* A lane file's writable mapping, kept with its descriptor wherever it goes (the ring, the victims,
- * the spares): writing a fetch over a spare through it costs a memcpy (64 KiB on this VM's tmpfs:
- * 1.3-1.9 us, where a pwrite over the same pages costs 6.5). A store that faults fails with
+ * the spares): writing a fetch over a spare through it costs a memcpy, a fraction of a pwrite
+ * over the same pages (scripts/lane_costs.c measures both). A store that faults fails with
  * SIGBUS where a pwrite says ENOSPC or EIO, so only a file in RAM (tmpfs: no disk to fail a
  * page's read) is mapped, and only ``ready`` bytes, whose pages the file holds (written whole
  * before, never cut since), are written through it: none has to be allocated. */
@@ -109,10 +108,10 @@ enum { PB_FREE, PB_FILLING, PB_FLIGHT };
 struct pa_batch {                      /* one owner's request of the lane's: being gathered, or in flight */
     int state, owner, n;
     int64_t bytes, posted_ns;
-    void *h;                           /* the data path's, once posted (dp_post) ... */
-    void *dp;                          /* ... with the data path and the calls it was posted with (kept: */
-    peer_test_fn test;                 /* the lane may be turned off while it is in flight) */
-    peer_take_fn take;
+    struct dp_request *h;                           /* the data path's, once posted (dp_post) ... */
+    struct dp *dp;                          /* ... with the data path and the calls it was posted with (kept: */
+    dp_test_fn *test;                 /* the lane may be turned off while it is in flight) */
+    dp_take_fn *take;
     struct pa_file files[PA_BATCH];
     const char *keys[PA_BATCH];
     int lens[PA_BATCH];
@@ -158,9 +157,8 @@ struct peer_ahead {
 /* Each file the lane makes has a name of its own in the area's top directory for as long as it
  * lives (MONARCH_TMP_PREFIX: never served, swept as a leftover); as a copy it also has its key's
  * name, linked to it once its bytes are in. Retiring a consumed copy unlinks the key's name, and
- * writing a next fetch over it links the next key's: a link and an unlink a file (4.2-4.5 us on
- * this VM's tmpfs, 5.9 on ext4: scripts/lane_costs.c) where renaming it aside and back costs
- * two renames (7.2-7.6, 12.3-17). */
+ * writing a next fetch over it links the next key's: a link and an unlink a file cost less than
+ * renaming it aside and back, two renames (scripts/lane_costs.c measures both). */
 
 static void pa_home_name(char *buf, size_t cap, uint64_t home)
 {

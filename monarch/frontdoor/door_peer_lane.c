@@ -63,7 +63,7 @@ static int pa_link(struct door *d, struct worker *w, struct pa_file *p, int top,
 }
 
 /* The files' bytes, each result the bytes written or < 0. */
-static void pa_fetch(peer_fetch_fn one, peer_fetch_many_fn many, void *dp, int owner,
+static void pa_fetch(dp_fetch_fn *one, dp_fetch_many_fn *many, struct dp *dp, int owner,
                      struct pa_file *files, int n, int64_t *results, int timeout_ms)
 {
     const char *keys[PA_BATCH];
@@ -205,12 +205,12 @@ static void pa_reply_got(void *arg, const char *const *bytes, const int64_t *got
  * under the lock (let go meanwhile: the lane is ``busy``). */
 static int pa_flight(struct door *d, struct peer_ahead *pa, int give_up)
 {
-    peer_fetch_fn one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
-    peer_fetch_many_fn many = d->peer_fetch_many;
-    peer_post_fn post = d->peer_post;
-    peer_test_fn test = d->peer_test;
-    peer_take_fn take = d->peer_take;
-    void *dp = d->peer_dp;
+    dp_fetch_fn *one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
+    dp_fetch_many_fn *many = d->peer_fetch_many;
+    dp_post_fn *post = d->peer_post;
+    dp_test_fn *test = d->peer_test;
+    dp_take_fn *take = d->peer_take;
+    struct dp *dp = d->peer_dp;
     int timeout_ms = d->peer_timeout_ms, posted = 0, ended = 0, flying = 0;
     pthread_mutex_unlock(&d->mu);
     for (int b = 0; b < PA_FLIGHT; b++) {
@@ -490,38 +490,36 @@ static int peer_progress_frames(struct door *d, int fd, const char *buf, uint32_
     return 1;
 }
 
-/* The last progress answered by the door (peer_progress_frame) that Python has not taken:
- * out[0] its stream, out[1] the positions consumed, out[2] the frames the door answered so far.
- * 1 if there was one (taken now), else 0. */
-EXPORT int front_door_peer_told(struct door *d, uint64_t *out)
+/* The last progress answered by the door (peer_progress_frame) that Python has not taken, and
+ * the frames the door answered so far (front_door.h: struct front_door_peer_told). 1 if there
+ * was one (taken now), else 0. */
+EXPORT int front_door_peer_told(struct door *d, struct front_door_peer_told *out)
 {
     pthread_mutex_lock(&d->mu);
     struct peer_ahead *pa = d->pa;
     int fresh = pa && pa->told_fresh;
-    out[0] = pa ? pa->stream : 0;
-    out[1] = pa ? pa->told : 0;
-    out[2] = pa ? pa->told_frames : 0;
+    out->stream = pa ? pa->stream : 0;
+    out->consumed = pa ? pa->told : 0;
+    out->answered = pa ? pa->told_frames : 0;
     if (pa)
         pa->told_fresh = 0;
     pthread_mutex_unlock(&d->mu);
     return fresh;
 }
 
-/* out[18]: orders, files fetched, their bytes, batches, failed, skipped, waits for room,
- * the order's length, its next position, positions consumed, opens that waited for a fetch,
- * copies on the ring, the room they hold (bytes taken from the lease), copies gone (unlinked or
- * kept as spares), copies asked for again before they went, fetches written over a spare,
- * progress requests the door answered itself, fetches written through a spare's kept mapping. */
-EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out)
+/* The peer read-ahead lane's books (front_door.h: struct front_door_peer_ahead_state). */
+EXPORT void front_door_peer_ahead_state(struct door *d, struct front_door_peer_ahead_state *out)
 {
-    memset(out, 0, 18 * sizeof *out);
+    memset(out, 0, sizeof *out);
     pthread_mutex_lock(&d->mu);
     struct peer_ahead *pa = d->pa;
-    if (pa) {
-        uint64_t v[18] = {pa->orders, pa->fetched, pa->fetched_bytes, pa->batches, pa->failed, pa->skipped,
-                          pa->room_waits, pa->n, pa->next, pa->done, pa->waited, pa->nring, (uint64_t)pa->room,
-                          pa->unlinked, pa->kept, pa->reused, pa->told_frames, pa->mapped};
-        memcpy(out, v, sizeof v);
-    }
+    if (pa)
+        *out = (struct front_door_peer_ahead_state){
+            .orders = pa->orders, .fetched = pa->fetched, .fetched_bytes = pa->fetched_bytes,
+            .batches = pa->batches, .failed = pa->failed, .skipped = pa->skipped, .room_waits = pa->room_waits,
+            .order = pa->n, .next = pa->next, .consumed = pa->done, .waited = pa->waited, .copies = pa->nring,
+            .room = (uint64_t)pa->room, .unlinked = pa->unlinked, .kept = pa->kept, .reused = pa->reused,
+            .progress_answered = pa->told_frames, .written_mapped = pa->mapped,
+        };
     pthread_mutex_unlock(&d->mu);
 }

@@ -164,23 +164,6 @@ struct handed {                        /* a connection for Python, with what was
 
 struct waiter;
 struct door;
-/* datapath.c's dp_fetch: the bytes written into fd, or < 0 */
-typedef int64_t (*peer_fetch_fn)(void *dp, int owner, const char *key, int len, uint64_t size, int fd, int timeout_ms);
-/* datapath.c's dp_fetch_many: n files from one owner in one request and one reply, each written
- * into fds[i] at offset 0; results[i] its bytes or < 0; 0, or < 0 for the whole batch */
-typedef int (*peer_fetch_many_fn)(void *dp, int owner, int n, const char *const *keys, const int *lens,
-                                  const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms);
-/* one owner's request of many files posted, not waited for (datapath.c's dp_post, dp_test,
- * dp_take): many owners' requests kept in flight at once by one thread */
-typedef void (*peer_reply_fn)(void *arg, const char *const *bytes, const int64_t *results);
-typedef void *(*peer_post_fn)(void *dp, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
-                              int waited, int timeout_ms, int *why);
-typedef int (*peer_test_fn)(void *dp, void *handle);
-typedef void (*peer_take_fn)(void *dp, void *handle, const uint64_t *sizes, int64_t *results, peer_reply_fn got,
-                             void *arg);
-/* datapath.c's dp_staged: the data path answers other nodes' requests for ``key`` from ``slot`` */
-typedef void (*peer_offer_fn)(void *dp, const char *key, int len, int slot);
-
 /* One set of books' events, oldest first, packed as front_door_events hands them over (no
  * allocation per event: a copy's publishing holds the door's lock, which the lane's threads
  * wait for). The door appends to ``buf`` under the lock; a reader takes the whole of it at
@@ -265,13 +248,13 @@ struct door {
     int nkept, keeping;                /* how many (with those being answered with ANSWER_KEPT); 0: stopping */
     /* the peer lane (a sharded cluster): a miss of another node's file fetched through the C
      * peer data path (monarch/cluster/datapath.c) into the peer area, within the same lease */
-    peer_fetch_fn peer_fetch;
-    peer_fetch_many_fn peer_fetch_many; /* batches of one owner's files (NULL: one at a time) */
-    peer_post_fn peer_post;            /* requests in flight without a thread each (NULL: one batch at a time) */
-    peer_test_fn peer_test;
-    peer_take_fn peer_take;
-    peer_offer_fn peer_offer;          /* the door's own copies offered to other nodes (own_only) */
-    void *peer_dp;
+    dp_fetch_fn *peer_fetch;
+    dp_fetch_many_fn *peer_fetch_many; /* batches of one owner's files (NULL: one at a time) */
+    dp_post_fn *peer_post;            /* requests in flight without a thread each (NULL: one batch at a time) */
+    dp_test_fn *peer_test;
+    dp_take_fn *peer_take;
+    dp_staged_fn *peer_offer;          /* the door's own copies offered to other nodes (own_only) */
+    struct dp *peer_dp;
     int own_only;                      /* a sharded node: copy only the files ``owners`` gives to no other */
     const int16_t *owners;             /* by index entry - 1: the owning node, -1 none (Python's array) */
     uint32_t nowners;

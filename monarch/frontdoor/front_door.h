@@ -2,19 +2,22 @@
  * front_door.h -- the contract between the front door (front_door.c, one translation unit
  * with its door_*.c parts and inflight.c) and Python (monarch/frontdoor/__init__.py):
  * the events it reports, why it hands a connection over, why its read-ahead lane ended, the
- * event record, and every function Python calls.
+ * event record, its counters, and every function Python calls.
  *
  * Each list is declared once, as an X-macro (after Darshan's log-format headers), expanded
  * here into the C enum; tests/unit/frontdoor/test_front_door_header.py reads this file and holds the
- * Python side (EV_*, BOOKS, HANDED_OVER_BECAUSE, AHEAD_ENDED_BECAUSE, _EVENT, _PROTOTYPES)
- * against it, as tests/unit/test_wire.py holds monarch/wire/monarch_wire.h. Change a list
- * here and in Python together: a reason's place is its number in front_door_counts.
+ * Python side (EV_*, BOOKS, HANDED_OVER_BECAUSE, AHEAD_ENDED_BECAUSE, _EVENT, the counters'
+ * Structures, _PROTOTYPES) against it, as tests/unit/test_wire.py holds
+ * monarch/wire/monarch_wire.h. Change a list or a record here and in Python together: a
+ * reason's place is its number in front_door_counts.handed_because.
  */
 #ifndef MONARCH_FRONT_DOOR_H
 #define MONARCH_FRONT_DOOR_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "../cluster/datapath.h" /* the peer data path's functions the door calls: their types */
 
 /* -- what the door reports (front_door_events: kind), with its number ---------------------- */
 #define FRONT_DOOR_EVENTS(X)                                                          \
@@ -65,6 +68,48 @@ _Static_assert(sizeof(struct front_door_event_head) == 40, "the event record's h
 _Static_assert(offsetof(struct front_door_event_head, ns) == 24, "the event record: ns");
 _Static_assert(offsetof(struct front_door_event_head, entry) == 36, "the event record: entry");
 
+/* -- the door's counters, read by name (Python: DoorCounts, ReadAheadState, PeerTold,
+ * PeerAheadState); each record is whole words, so Python's Structure has the same layout --- */
+struct front_door_counts {
+    uint64_t hits[MONARCH_MAX_SLOTS];       /* opens answered with a staged copy, by slot */
+    uint64_t copies, handed, failures;      /* copies made, connections handed over, copies failed */
+    uint64_t bytes_read;                    /* bytes read from the PFS */
+    uint64_t handed_because[R_REASONS];     /* connections handed over, by reason (FRONT_DOOR_HANDED_OVER) */
+    uint64_t closed_too_many;               /* closed with HANDED_MAX waiting, or no descriptor left */
+    uint64_t peer_fetches, peer_failures;   /* the peer lane: files fetched, fetches failed, */
+    uint64_t peer_transient;                /* ... and answered as a memfd */
+    uint64_t accepted, reused;              /* connections accepted; requests read on a kept one */
+    uint64_t peer_batches, peer_batched;    /* the peer lane's requests to owners, the files in them */
+    uint64_t peer_keep_all;                 /* its memfd rule now: every fetch into the area (1), ... */
+    uint64_t peer_reuse_permille;           /* ... by the measured reuse of the area's copies, per mille */
+    uint64_t peer_waits;                    /* the fetching workers' looks while an answer was due */
+};
+struct front_door_read_ahead_state {        /* the read-ahead lane (front_door_read_ahead_state) */
+    uint64_t running;                       /* copies in flight (at least 1 while its list is not through) */
+    uint64_t through, copies;               /* entries gone through, files copied */
+    uint64_t ended_because;                 /* FRONT_DOOR_AHEAD_ENDED (A_WHOLE: it did not end early) */
+};
+struct front_door_peer_told {               /* the last progress the door answered itself */
+    uint64_t stream, consumed;              /* its hint stream, the positions consumed */
+    uint64_t answered;                      /* progress requests the door answered so far */
+};
+struct front_door_peer_ahead_state {        /* the peer read-ahead lane (door_peer_ahead.c) */
+    uint64_t orders, fetched, fetched_bytes;  /* orders given, files fetched, their bytes */
+    uint64_t batches, failed, skipped;      /* requests, files failed, files skipped */
+    uint64_t room_waits;                    /* waits for room */
+    uint64_t order, next, consumed;         /* the order's length, its next position, positions consumed */
+    uint64_t waited;                        /* opens that waited for a fetch */
+    uint64_t copies, room;                  /* copies on the ring, the room they hold (taken from the lease) */
+    uint64_t unlinked, kept, reused;        /* copies gone (unlinked or kept as spares), asked for again
+                                               before they went, fetches written over a spare */
+    uint64_t progress_answered;             /* progress requests the door answered itself */
+    uint64_t written_mapped;                /* fetches written through a spare's kept mapping */
+};
+_Static_assert(sizeof(struct front_door_counts) == 8 * (MONARCH_MAX_SLOTS + R_REASONS + 15), "the counters: words");
+_Static_assert(sizeof(struct front_door_read_ahead_state) == 8 * 4, "the read-ahead lane's state: words");
+_Static_assert(sizeof(struct front_door_peer_told) == 8 * 3, "the progress told: words");
+_Static_assert(sizeof(struct front_door_peer_ahead_state) == 8 * 18, "the peer read-ahead lane's state: words");
+
 /* -- what Python calls (ctypes): monarch/frontdoor/__init__.py's _PROTOTYPES --------------- */
 struct door;
 struct inflight;
@@ -77,7 +122,7 @@ EXPORT void front_door_free(struct door *d);
 EXPORT int front_door_wake_fd(struct door *d);
 EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap);
 EXPORT int front_door_events(struct door *d, int q, char *buf, int cap);
-EXPORT void front_door_counts(struct door *d, uint64_t *out);
+EXPORT void front_door_counts(struct door *d, struct front_door_counts *out);
 /* the snapshot's index */
 EXPORT int front_door_open(struct door *d, const char *index_path);
 EXPORT int front_door_open_memory(struct door *d, const unsigned char *p, uint64_t n);
@@ -94,22 +139,22 @@ EXPORT int64_t front_door_copy_to(struct door *d, int slot, int64_t bytes);
 EXPORT void front_door_grant(struct door *d, int q, int64_t bytes);
 EXPORT int64_t front_door_reclaim(struct door *d, int q);
 EXPORT int64_t front_door_lease(struct door *d, int q);
-/* the peer lane (a sharded cluster) */
-EXPORT int front_door_peers(struct door *d, void *fetch, void *offer, void *dp, const int16_t *owners,
+/* the peer lane (a sharded cluster): the data path's functions (datapath.h), by address from Python */
+EXPORT int front_door_peers(struct door *d, dp_fetch_fn *fetch, dp_staged_fn *offer, struct dp *dp, const int16_t *owners,
                             uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
-                            void *fetch_many, void *post, void *test, void *take);
+                            dp_fetch_many_fn *fetch_many, dp_post_fn *post, dp_test_fn *test, dp_take_fn *take);
 EXPORT void front_door_own_only(struct door *d, int on);
 EXPORT void front_door_peer_copying(struct door *d, int on);
 EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offset);
 /* the peer read-ahead lane (door_peer_ahead.c): a hinted order's other nodes' files fetched ahead */
 EXPORT int front_door_peer_ahead(struct door *d, const uint32_t *entries, uint32_t n, uint32_t window, uint64_t stream);
 EXPORT void front_door_peer_progress(struct door *d, uint32_t consumed);
-EXPORT int front_door_peer_told(struct door *d, uint64_t *out);
+EXPORT int front_door_peer_told(struct door *d, struct front_door_peer_told *out);
 EXPORT void front_door_peer_gone(struct door *d, const char *key, int len);
-EXPORT void front_door_peer_ahead_state(struct door *d, uint64_t *out);
+EXPORT void front_door_peer_ahead_state(struct door *d, struct front_door_peer_ahead_state *out);
 /* the read-ahead lane and the copies in flight */
 EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start);
-EXPORT void front_door_read_ahead_state(struct door *d, uint64_t *out);
+EXPORT void front_door_read_ahead_state(struct door *d, struct front_door_read_ahead_state *out);
 EXPORT void front_door_inflight(struct door *d, double *out);
 /* inflight.c's rule, for Python's lanes (monarch/node/stage/concurrency.py) */
 EXPORT struct inflight *inflight_new(int fixed, int start, int low, int high);

@@ -11,7 +11,7 @@
  *   (``limit`` of them) whose mean time stayed within GROW_LATENCY of the fastest generation's.
  *   A generation lasts one latency, so at 50 ms a copy the lane is 128 deep in 0.2 s, at
  *   200 ms in 0.8 s; a local disk, whose copies queue for the cores, leaves it at once.
- * - Then rounds of measurement (the rule issue 32 settled on): the current limit's rate
+ * - Then rounds of measurement (a fast source of small files pays for no thread more than it needs): the current limit's rate
  *   (copies/s) over WINDOWS windows after WARMUP, then twice as many, kept while each doubling
  *   gives GAIN times the rate of the limit below; when the first doubling does not pay, half
  *   as many, taken while the limit above it does not give GAIN times its rate, down to

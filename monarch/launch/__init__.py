@@ -1,4 +1,5 @@
-"""The launcher side, ``monarch run``: who this process is (topology), a node daemon's life seen
-from outside (service: find or start, attach, stop, serve, the report), running the command
-under the shim (run), live progress, the user's shared and kept copies on the node (cache:
-``monarch cache ls`` and ``drop``)."""
+"""The launcher side, ``monarch run``: a node daemon's life seen from outside (service: find or
+start, attach, stop, serve, the report), running the command under the shim (run), live
+progress, the user's shared and kept copies on the node (cache: ``monarch cache ls`` and
+``drop``). Who this process is (its node and run) is ``monarch/topology.py``, below every room
+that needs it."""

@@ -1,4 +1,4 @@
-"""The MPI library's shared-memory files a daemon leaves when it is killed (issue 33).
+"""The MPI library's shared-memory files a daemon leaves when it is killed.
 
 MPICH (``/dev/shm/mpich_shm_*``) and Open MPI (``/dev/shm/sm_segment.*``) make them in
 MPI_Init for the ranks of one host and remove them in MPI_Finalize: a SIGKILLed daemon (or

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, Mapping, TextIO
 
-from monarch.node.stats import NodeStats, bytes_read_range
+from monarch.records.node_stats import NodeStats, bytes_read_range
 from monarch.sizes import human, human_range
 
 ENV_PROGRESS = "MONARCH_PROGRESS"

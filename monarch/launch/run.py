@@ -23,14 +23,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TextIO
 
-from monarch import environment, layout, protocol
-from monarch.launch import service, slurm, topology
+from monarch import environment, layout, protocol, topology
+from monarch.launch import service, slurm
 from monarch.launch.progress import first_local_rank
 from monarch.launch.launchers import RunLaunchers
 from monarch.launch.service import Session, attach
-from monarch.config import Config, ConfigError, read_user
+from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
-from monarch.node.stats import NodeStats
+from monarch.records.node_stats import NodeStats
 from monarch.report.sharing import sharing_at_start
 from monarch.report.build import session_delta
 from monarch.report.bypass import bypass_warning
@@ -40,25 +40,25 @@ from monarch.shim import shim_library
 log = logging.getLogger(__name__)
 
 
-def attach_or_start(config: Config, config_file: str | None, run: str) -> tuple[Session, subprocess.Popen | None]:
+def attach_or_start(config: Config, run: str) -> tuple[Session, subprocess.Popen | None]:
     """Attach to the daemon of this run (or of this job: a standing ``monarch serve``) on this
-    node, if it serves this dataset; else start an embedded one for the run (monarch/launch/service.py)."""
+    node, if it serves this configuration; else start an embedded one for the run (monarch/launch/service.py)."""
     session = service.find(config, run)
     if session is not None:
         return session, None
-    if is_cluster_run(config_file):  # never a single-node daemon behind the cluster's back
+    if is_cluster_run(config):  # never a single-node daemon behind the cluster's back
         return wait_for_cluster_daemon(config, topology.node_index()), None
-    return service.start(config, config_file, run)
+    return service.start(config, run)
 
 
-# -- a cluster job's launcher waits for its node's standing daemon (issue 20) -----------------
+# -- a cluster job's launcher waits for its node's standing daemon --------------------------
 ENV_CLUSTER = "MONARCH_CLUSTER"  # "1": this run belongs to a cluster of `monarch serve`; "0": it does not
 ENV_CLUSTER_WAIT = "MONARCH_CLUSTER_WAIT"  # seconds to wait, instead of CLUSTER_WAIT_TIMEOUT
 CLUSTER_WAIT_TIMEOUT = float(environment.variable(ENV_CLUSTER_WAIT).default)  # seconds a cluster job's launcher waits
 CLUSTER_WAIT_NOTE = 30.0         # said once, then a line this often at most, by a node's first rank only
 
 
-def is_cluster_run(config_file: str | None, env=None) -> bool:
+def is_cluster_run(config: Config, env=None) -> bool:
     """Is this ``monarch run`` part of a cluster job (its node's daemon is a standing ``monarch
     serve`` of the job, never one it starts)? ``MONARCH_CLUSTER=1|0`` says so explicitly;
     otherwise yes when the node index is given (MONARCH_NODE or SLURM_NODEID) and the
@@ -67,14 +67,7 @@ def is_cluster_run(config_file: str | None, env=None) -> bool:
     forced = env.get(ENV_CLUSTER, "").strip()
     if forced in ("0", "1"):
         return forced == "1"
-    if not config_file or not topology.node_index_given(env):
-        return False
-    try:
-        user = read_user(config_file)  # the keys the file itself sets, not the defaults
-    except ConfigError as e:
-        log.debug("cannot tell whether %s configures a cluster: %s", config_file, e)
-        return False
-    return user.get("peer") is not None
+    return config.peer_given and topology.node_index_given(env)
 
 
 def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = None, out=None) -> Session:
@@ -87,7 +80,7 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
     path = layout.socket_path(config.run_base, job, node)
     t0 = time.monotonic()
     # said at once, then every CLUSTER_WAIT_NOTE, by the first rank of the node: not a line
-    # per rank every few seconds (120 lines for one wait, issue 33)
+    # per rank every few seconds (a wait must not flood the job's log)
     note = t0 if first_local_rank() else float("inf")
     # under Slurm the node's first rank asks whether the daemons' step is stuck (pending) and
     # leaves the answer for the node's other ranks, as a daemon that refused to start does
@@ -99,7 +92,8 @@ def wait_for_cluster_daemon(config: Config, node: int, timeout: float | None = N
             if session.serves(config):
                 return session
             session.close()
-            raise DaemonError(f"node {node}'s daemon of job {job} at {path} serves another dataset")
+            raise DaemonError(f"node {node}'s daemon of job {job} at {path} serves another configuration; "
+                              "give monarch serve and the job's monarch run the same one")
         refused = slurm.refusal(os.path.dirname(path))
         if refused is not None:  # its srun line cannot work: it will never come
             raise DaemonError(f"node {node}'s daemon of job {job} will not come: {refused}")
@@ -255,7 +249,7 @@ class _Ending:
         return stats
 
 
-def run(config: Config, config_file: str | None, cmd: list[str], report_path: str | None,
+def run(config: Config, cmd: list[str], report_path: str | None,
         run: str | None = None, out=sys.stderr, progress: bool = True, html_path: str | None = None) -> int:
     """The whole of ``monarch run``. Monarch trouble never stops the command: it runs on the PFS.
 
@@ -266,7 +260,7 @@ def run(config: Config, config_file: str | None, cmd: list[str], report_path: st
                   html_path, out)
     launchers = RunLaunchers(None, end.run)
     try:
-        end.session, end.daemon = attach_or_start(config, config_file, end.run)
+        end.session, end.daemon = attach_or_start(config, end.run)
         session = end.session
         launchers = RunLaunchers(session.run_dir, end.run)
         if session.run.get("run") != end.run:  # the job's standing daemon: report this run's share
@@ -384,7 +378,8 @@ def _print_and_write(end: _Ending, code: int, stats: dict | None, last: bool = T
 def _session_scope(session: Session, config: Config, before: NodeStats) -> dict:
     """What a report of one run on a standing daemon covers: this run's part only; what the
     daemon had staged before it attached; where the node's whole report goes at the daemon's
-    stop (issue 33: "0.00x the dataset" while 150 files had been staged, said nowhere)."""
+    stop (without it, a run that attached late printed "0.00x the dataset" for a dataset
+    already staged)."""
     return {"part": "this run", "staged_before": {"files": before.staging.get("files", 0),
                                                   "bytes": before.staging.get("bytes", 0)},
             "node_report": service.report_path(session.run_dir, config.report)}

@@ -26,10 +26,9 @@ import time
 from contextlib import contextmanager
 from threading import Lock
 
-from monarch import layout, protocol, secure
-from monarch.config import Config
-from monarch.errors import DaemonError, MonarchError
-from monarch.launch import topology
+from monarch import layout, protocol, secure, topology
+from monarch.config import Config, differences, from_json, served, to_json
+from monarch.errors import ConfigError, DaemonError, MonarchError
 from monarch.node.tiers.shared_set import drop_expired
 
 log = logging.getLogger(__name__)
@@ -41,6 +40,7 @@ ATTACH_TIMEOUT = 10.0          # a daemon answers ATTACH at once (its event loop
 REPORT_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0            # `monarch stop`: the daemon answers STOP once it has stopped serving
 MAX_ENV_VALUE = 1 << 16
+MAX_DIFFERENCES_SAID = 3       # keys named when a daemon serves another configuration (one line)
 
 
 class Session:
@@ -77,12 +77,20 @@ class Session:
             return None
 
     def serves(self, config: Config) -> bool:
-        """Does the daemon serve this configuration's dataset? (one job, one namespace)"""
-        roots = self.run.get("roots")
-        if roots == list(config.dataset.roots):
+        """Does the daemon serve this configuration: the same dataset, tiers, staging, peer and
+        memory margin (``monarch.config.served``)? One that serves another would not do what
+        this run's configuration says: the run does not use it (a line says what differs)."""
+        theirs, mine = self.run.get("served"), served(config)
+        if theirs == mine:
             return True
-        log.warning("the daemon at %s serves the dataset %s, not %s: this run does not use it",
-                    self.socket_path, roots, list(config.dataset.roots))
+        if isinstance(theirs, dict):
+            lines = differences(theirs, mine, ("in the daemon", "in this run"))
+            why = "; ".join(lines[:MAX_DIFFERENCES_SAID]) + (
+                f"; and {len(lines) - MAX_DIFFERENCES_SAID} more" if len(lines) > MAX_DIFFERENCES_SAID else "")
+        else:
+            why = "it does not say what it serves"
+        log.warning("the daemon at %s serves another configuration (%s): this run does not use it",
+                    self.socket_path, why)
         return False
 
     def close(self) -> None:
@@ -138,7 +146,7 @@ SAVED_INDEXES = "snapshots"  # NodeDaemon._snapshot_cache's directory (tests/uni
 
 def saved_index(config: Config) -> str | None:
     """The dataset's saved index this job's daemon starts from (it loads it unless a directory
-    changed since), or None: it walks. Kept only with a ``keep: true`` tier (issue 32), never
+    changed since), or None: it walks. Kept only with a ``keep: true`` tier (its walk is what a chain of jobs saves), never
     read with ``staging.validate: open``."""
     if config.staging.validate == "open" or not any(t.keep for t in config.tiers):
         return None
@@ -154,7 +162,8 @@ def saved_index(config: Config) -> str | None:
 
 def find(config: Config, run: str) -> Session | None:
     """A session with the daemon of this job on this node (a standing ``monarch serve``) when one
-    is up and serves this dataset; None: the run's own daemon is to be found or started (``start``)."""
+    is up and serves this configuration (``Session.serves``; another's is left to its job and the
+    run gets a daemon of its own); None: the run's own daemon is to be found or started (``start``)."""
     try:
         layout.user_dir(config.run_base)  # checked once here, so an unsafe base names its key
     except secure.UnsafeBaseError as e:
@@ -188,9 +197,11 @@ def _start_lock(run_dir: str):
         os.close(fd)
 
 
-def start(config: Config, config_file: str | None, run: str) -> tuple[Session, subprocess.Popen | None]:
+def start(config: Config, run: str) -> tuple[Session, subprocess.Popen | None]:
     """Attach to the run's daemon on this node, starting an embedded one if none runs yet (the
-    process is returned only when this launcher started it: ``wait_stopped`` waits for it)."""
+    process is returned only when this launcher started it: ``wait_stopped`` waits for it).
+    The daemon receives ``config`` as this launcher checked it, on its standard input
+    (``received_config``): it never reads the user's file again."""
     node = topology.node_index()
     run_dir = layout.run_dir(config.run_base, run, node)
     socket_path = layout.socket_path(config.run_base, run, node)
@@ -200,13 +211,10 @@ def start(config: Config, config_file: str | None, run: str) -> tuple[Session, s
             if session.serves(config):
                 return session, None
             session.close()
-            raise DaemonError(f"the run's daemon at {socket_path} serves another dataset; "
+            raise DaemonError(f"the run's daemon at {socket_path} serves another configuration; "
                               "give this job its own MONARCH_JOB_ID")
         cmd = [sys.executable, "-m", "monarch", *(["-vv"] if log.isEnabledFor(logging.DEBUG) else []),
                "serve", "--embedded"]
-        if config_file:
-            cmd += ["-c", config_file]
-        cmd += [a for root in config.dataset.given for a in ("--dataset", root)]  # what this launcher validated
         # the daemon expands the configuration with the launcher's run id, whatever its parents
         env = _without_shim(os.environ) | {topology.ENV_RUN_ID: run}
         env.setdefault(topology.ENV_JOB_ID, run)
@@ -215,10 +223,11 @@ def start(config: Config, config_file: str | None, run: str) -> tuple[Session, s
         try:
             # close_fds: the daemon outlives the command and must not hold what the launcher
             # inherited (an MPI launcher's PMI socket, its stdout and stderr pipes)
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=log_fd,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         finally:
             os.close(log_fd)
+        _hand_over(proc, config)
         log.debug("phase daemon.spawned")
         deadline = time.monotonic() + DAEMON_START_TIMEOUT
         while time.monotonic() < deadline:
@@ -232,6 +241,29 @@ def start(config: Config, config_file: str | None, run: str) -> tuple[Session, s
             time.sleep(0.02)
         proc.kill()
         raise DaemonError(f"the node daemon did not answer within {DAEMON_START_TIMEOUT:.0f} s; see {log_path}")
+
+
+def _hand_over(proc: subprocess.Popen, config: Config) -> None:
+    """Write the checked configuration to the daemon's standard input, and close it (a few KiB:
+    the pipe holds it whether the daemon reads it yet or not)."""
+    try:
+        proc.stdin.write(to_json(config).encode())
+    except OSError as e:  # it died at once: the wait for its socket says so, with its log
+        log.debug("the daemon did not take its configuration: %s", e)
+    finally:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+
+
+def received_config(stream=None) -> Config:
+    """``monarch serve --embedded``: the configuration its launcher checked (``_hand_over``)."""
+    stream = sys.stdin.buffer if stream is None else stream
+    try:
+        return from_json(stream.read())
+    except ConfigError as e:
+        raise ConfigError(f"monarch serve --embedded: its standard input: {e}") from None
 
 
 def _without_shim(env) -> dict[str, str]:
@@ -271,11 +303,9 @@ def daemon_died(run_dir: str) -> bool:
 
 
 # The embedded daemon's tear-down removes every copy it staged; `monarch run` waits for it up
-# to a bound that grows with the copies (issue 32: 1M copies took 10-12 s to remove, more than
-# the fixed 10.5 s the launcher used to wait). `rm -rf` of N x 1 KiB files measured on this
-# machine (2 cores, shared): /dev/shm (tmpfs) 11 us per file (100,000 in 1.06 s; 20,000 in
-# 0.23 s), /tmp (ext4 on a virtual disk) 237 us per file (100,000 in 23.7 s). The allowance
-# is the slower one, rounded up: a tier on a disk is removed at disk speed.
+# to a bound that grows with the copies, since a million copies take longer to remove than any
+# fixed wait. The allowance per file is `rm -rf`'s on a disk tier, rounded up (slower than
+# tmpfs; docs/performance.md, "What the constants rest on").
 TEARDOWN_BASE_SECONDS = 10.0          # the daemon's own ending (its threads, the report), as before
 TEARDOWN_SECONDS_PER_FILE = 250e-6    # per staged copy (the last REPORT's ``staging.files``)
 
@@ -406,7 +436,7 @@ def serve(config: Config, rid: str, cluster, embedded: bool, report: str | None)
     ``--report`` option). ``cluster``: the peers under MPI (None: a node alone)."""
     from monarch.node.daemon import NodeDaemon
     from monarch.node.server import NodeServer
-    from monarch.launch.topology import node_index
+    from monarch.topology import node_index
     # the snapshot walk runs in the background: the socket answers and the command starts meanwhile
     # embedded: the node its launcher named (MONARCH_NODE / SLURM_NODEID), where the launcher looks for its socket
     from monarch.launch import mpi_shm

@@ -1,4 +1,4 @@
-"""Monarch's daemons under Slurm (issue 33): the one step that works, built from the
+"""Monarch's daemons under Slurm: the one step that works, built from the
 allocation (``monarch serve --slurm``), its clean stop, and the wrong launches caught at start
 with one line that names the fix.
 
@@ -75,7 +75,7 @@ def wants_step(env: Mapping[str, str] | None = None) -> bool:
 def launched_by_srun(proc: str = "/proc") -> bool:
     """Is this process a task srun started (its nearest launcher ancestor is slurmstepd, not
     hydra's or Open MPI's: those ranks sit in a Slurm step too, but their PMI is not Slurm's)?"""
-    from monarch.launch.topology import _ancestor
+    from monarch.topology import _ancestor
     found = _ancestor(frozenset({"slurmstepd", "hydra_pmi_proxy", "prted", "orted", "mpiexec", "mpirun"}), proc)
     if found is None:
         return False
@@ -137,7 +137,7 @@ def daemon_step(serve_args: list[str], env: Mapping[str, str] | None = None,
     from monarch.cluster.world import MPICH as FORCE_MPICH, OPENMPI_LIB, openmpi_prefix
     prefix = openmpi_prefix(env) if env.get("MONARCH_MPI_ENGINE", "") != FORCE_MPICH else None
     if prefix is not None and PMIX in plugins:
-        # Open MPI 5 speaks PMIx only; ULFM on, as mpiexec --with-ft ulfm would (issue 21)
+        # Open MPI 5 speaks PMIx only; ULFM on, as mpiexec --with-ft ulfm would (a lost node must not end the job)
         extra = {"MPI4PY_LIBMPI": os.path.join(prefix, "lib", OPENMPI_LIB), "OPAL_PREFIX": prefix,
                  "OMPI_MCA_mpi_ft_enable": "1"}
         mpi, engine = PMIX, OPENMPI
@@ -300,7 +300,7 @@ def _refuse(why: str | None, load_config, env: Mapping[str, str]) -> None:
 
 def _refusal_path(config) -> str:
     from monarch import layout
-    from monarch.launch import topology
+    from monarch import topology
     return os.path.join(layout.run_dir(config.run_base, topology.job_id(), topology.node_index()), layout.REFUSED)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 NATIVE = Path(__file__).parent                       # the headers every library includes (monarch_native.h)
 WIRE_HEADER = NATIVE.parent / "wire" / "monarch_wire.h"  # the wire, included by the shim, the door, the walker
+DATAPATH_HEADER = NATIVE.parent / "cluster" / "datapath.h"  # the peer data path's contract, included by the door
 CFLAGS = ["-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-std=gnu11",
           "-Wall", "-Wextra", "-Werror"]
 LIBS = ["-ldl", "-lpthread"]
@@ -50,11 +51,11 @@ def build_library(out: Path, source: Path, what: str, extra: list[str] = ()) -> 
 def source_digest(source: Path) -> str:
     """A hash of a library's source: the main file, every other C or header file beside it (the
     parts it includes: the shim's ``shim_*.c``, the front door's ``door_*.c`` and header), the
-    shared headers (``monarch/native/``) and the wire header."""
+    shared headers (``monarch/native/``), the wire header and the data path's."""
     h = hashlib.sha256()
     beside = sorted(p for p in source.parent.iterdir() if p.suffix in (".c", ".h") and p != source)
     shared = sorted(p for p in NATIVE.iterdir() if p.suffix in (".c", ".h"))
-    for path in [source, *beside, *shared, WIRE_HEADER]:
+    for path in [source, *beside, *shared, WIRE_HEADER, DATAPATH_HEADER]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 

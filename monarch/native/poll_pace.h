@@ -1,30 +1,27 @@
 /*
  * poll_pace.h -- how long the peer data path's polling threads sleep between looks. MPI offers
  * nothing to sleep on, so an owner's thread looks for requests and a requester for its answer,
- * each sleeping between looks; every sleep costs 17-20 us of CPU on this VM whatever its length
- * (scripts/wake_cost.c), so no thread spins, and each sleep is as long as the wait it covers
- * allows. Included by the data path (monarch/cluster/datapath.c);
+ * each sleeping between looks; a wake-up costs CPU whatever the sleep's length (scripts/wake_cost.c
+ * measures it), so no thread spins, and each sleep is as long as the wait it covers allows. Included by the data path (monarch/cluster/datapath.c);
  * tests/unit/native/test_poll_pace.py runs the two rules against each other in virtual time.
  *
  * Requester: the first sleep is most of the answers' recent round trip (a moving average),
- * then a quarter of it (at least POLL_MIN_NS) doubling up to POLL_MAX_NS (on a loaded machine,
- * where an answer is often late, looks again from 20 us took bench_cluster's transparent door
- * 4.3-4.5 wake-ups a remote file, from a quarter 3.0). Its estimate only shrinks toward the
- * true round trip: a look too early is followed by one a quarter later.
+ * then a quarter of it (at least POLL_MIN_NS) doubling up to POLL_MAX_NS (where an answer is
+ * often late, looking again from a quarter of the round trip wakes less than from POLL_MIN_NS).
+ * Its estimate only shrinks toward the true round trip: a look too early is followed by one a
+ * quarter later.
  *
  * Owner: after any work half the requests' recent gap (at least IDLE_MIN_NS), doubling up to
  * IDLE_MAX_NS (what an idle owner's answer waits at most); within HOT_NS of its last request
  * only up to that gap (at least HOT_IDLE_MAX_NS): an owner whose requests come seldom (the
- * read-ahead lane's batches, ms apart) looks about twice per request, not every 200 us
- * (bench_cluster --hints: its thread's CPU 17-20 -> 11-12 ms a node in two epochs).
+ * read-ahead lane's batches, ms apart) looks about twice per request, not every 200 us.
  * A request an application's open waits on (WAITED) bounds the owner's sleeps to
  * WAITED_IDLE_MAX_NS for WAITED_HOT_NS after it. Without that bound the two rules feed each other:
  * a reader that waits for its answer sends its next request a round trip later, which the
- * owner takes for a wide gap and sleeps longer, which widens the round trip. bench_peer with
- * one reader thread settled at 1.7 ms a remote open (583/s, every run), with eight threads a
- * pass that fell into it took 2.5-6.3 s instead of 1.0 s. The bound lasts 2 ms, not HOT_NS: a
- * waiting reader asks again sooner, and kept for 50 ms the transparent misses of a hinted
- * epoch made the owner's thread cost 32 us a remote file in bench_cluster, not 24.
+ * owner takes for a wide gap and sleeps longer, which widens the round trip until a reader
+ * waits milliseconds per open. The bound lasts 2 ms, not HOT_NS: a waiting reader asks again
+ * sooner, and a longer bound makes a hinted epoch's few transparent misses keep the owner's
+ * thread awake (docs/performance.md, "What the constants rest on").
  */
 #ifndef MONARCH_POLL_PACE_H
 #define MONARCH_POLL_PACE_H

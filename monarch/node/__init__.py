@@ -13,7 +13,8 @@ Read from the bottom up: each room imports only itself and the rooms below it
                    where bytes come from (the PFS, a peer, a store), how many copies are in
                    flight, which tier holds each copy, what serves now (``current``)
 ``outcomes.py``    every answer to an OPEN, declared once
-``stats.py``       what the node tells the report (``NodeStats``) and its size classes
+``stats.py``       what the node tells the report, gathered: the shim's counters, the size
+                   classes (the record, ``NodeStats``, is ``monarch/records/node_stats.py``)
 ``peer/``          this node's part in a cluster: the layout and ownership, other nodes'
                    files (the peer cache), what the C data path may answer peers by itself
 ``door/``          the front door (C, ``monarch/frontdoor/``) beside the stager and the

@@ -6,9 +6,8 @@ background from the start, what the application waits for first) or stages on ac
 in a cluster its role (``monarch/node/peer/cluster_role.py``) stages what this node owns and
 fetches the rest from the owning peer into a bounded local peer area; when a peer cannot
 help (dead, slow, full) the file is staged here from the PFS instead. Every copy, from the
-PFS or a peer, goes through the stager (``monarch/node/stager*.py``,
-``monarch/node/stage/sources.py``). Every way it cannot help ends in the same answer: read the
-PFS (fail open), counted by why (``monarch/node/outcomes.py``).
+PFS or a peer, goes through the stager (``monarch/node/stage/``). Every way it cannot help
+ends in the same answer: read the PFS (fail open), counted by why (``monarch/node/outcomes.py``).
 
 The daemon's parts each own one thing and report their own slice of the statistics: the
 resolver (the shim's question), the cluster role, the front door's keeper
@@ -28,13 +27,12 @@ import time
 import weakref
 
 from monarch import layout, protocol
-from monarch.config import Config, TierConfig
+from monarch.config import Config, TierConfig, served
 from monarch.errors import MonarchError
 from monarch.node.peer.cluster_role import ClusterRole, PeerLayer
 from monarch.node.tiers.codecs import spread
 from monarch.node.stage.current import Current
 from monarch.node.door.door_link import PEER_WORKERS, DoorKeeper, DoorLink
-from monarch.node.snapshot.filetable import FileTable
 from monarch.node.snapshot.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
 from monarch.node.notices import JobNotices
@@ -44,10 +42,12 @@ from monarch.node.resolver import Resolver
 from monarch.node.tiers.resources import margin_bytes
 from monarch.node.snapshot.snapshot import Snapshot, load_or_walk
 from monarch.node.stage.stager import Stager
-from monarch.node.stats import NodeStats, shim_counters, size_classes
+from monarch.node.stats import shim_counters, size_classes
 from monarch.node.stage.store_source import StoreSet
 from monarch.node.tiers import shared_tier
 from monarch.node.tiers.tiers import Tier
+from monarch.records.filetable import FileTable
+from monarch.records.node_stats import NodeStats
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.report.timeline import Sampler, Timeline
 
@@ -380,7 +380,7 @@ class NodeDaemon:
         ``snapshots`` directory under the run base, keyed by the dataset id), or None: only
         when a tier has ``keep: true`` (its copies outlive the job, and so may the index that
         adopts them); else nothing of the job stays behind, nor is an earlier one's read
-        (a file left there by a job that kept its tiers stays theirs: issue 32)."""
+        (a file left there by a job that kept its tiers stays theirs: it is not ours to remove)."""
         if not any(t.keep for t in self.config.tiers):
             return None
         try:
@@ -560,8 +560,8 @@ class NodeDaemon:
 
     def describe(self) -> dict:
         """Who this daemon is, for a launcher deciding whether to attach."""
-        return {"run": self.run_id, "node": self.node, "roots": list(self.config.dataset.roots),
-                "config": self.config.source, "pid": os.getpid(), "tier_errors": dict(self.tier_errors),
+        return {"run": self.run_id, "node": self.node, "roots": list(self.config.dataset.roots), "pid": os.getpid(),
+                "served": served(self.config), "config": self.config.source, "tier_errors": dict(self.tier_errors),
                 "tier_sharing": shared_tier.sharing(self.tiers)}
 
     def close(self) -> None:

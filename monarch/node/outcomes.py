@@ -1,6 +1,6 @@
 """Every answer the daemon gives the shim's OPEN, by outcome: declared once, counted by name.
 
-The report's ``resolves`` counts them (README, "Report reference"). ``Outcome`` is a string
+The report's ``resolves`` counts them (docs/report.md). ``Outcome`` is a string
 enumeration, so a count keyed by it crosses JSON and MPI as the plain names below.
 """
 

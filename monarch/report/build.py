@@ -1,6 +1,6 @@
 """The access report's JSON document: the nodes' statistics combined into one, versioned.
 
-Schema ``monarch.report/4`` is documented in README.md ("Report reference"); ``/1`` to
+Schema ``monarch.report/4`` is documented in docs/report.md; ``/1`` to
 ``/3`` reports are still read and printed (``monarch.report.store``).
 """
 
@@ -12,7 +12,7 @@ import datetime
 import math
 from typing import Any, Iterable
 
-from monarch.node.stats import NodeStats, bytes_read_range
+from monarch.records.node_stats import NodeStats, bytes_read_range
 from monarch.report.timeline import combine_timelines
 from monarch.store.report import store_traffic
 

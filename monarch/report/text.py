@@ -8,7 +8,7 @@ import shlex
 from typing import TextIO
 
 from monarch.protocol import ENV_INDEX_WAIT, HEARTBEAT_TIMEOUT_MS, SHIM_INDEX_WAIT_MS_DEFAULT
-from monarch.node.stats import bytes_read_range
+from monarch.records.node_stats import bytes_read_range
 from monarch.sizes import human, human_range
 from monarch.report.sharing import sharing_lines
 from monarch.store.report import store_lines

@@ -7,7 +7,7 @@ than ``max_points`` points: when the series is full, neighbours are merged in pa
 summed, the later gauge kept) and the sampling interval doubles, so the points stay evenly
 spaced and cover the whole job.
 
-The exported form (``to_dict``) is the report's ``timeline`` (README, "Report reference").
+The exported form (``to_dict``) is the report's ``timeline`` (docs/report.md).
 """
 
 from __future__ import annotations

@@ -320,9 +320,10 @@ static inline void monarch_part_pfs_bytes(int fd, ssize_t n)
 static void monarch_remapper_start(void);
 
 /* Map every run of STAGED, not yet moved blocks of mapping m from the copy, over the same
- * addresses. 1 when nothing is left to move (all moved, or the daemon is done). Under the
- * registry's lock. */
-static int monarch_mapping_move_locked(struct monarch_mapping *m)
+ * addresses; populated once the application may have touched them (the remapper's moves).
+ * 1 when nothing is left to move (all moved, or the daemon is done). Under the registry's
+ * lock. */
+static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
 {
     struct monarch_part *pt = &monarch_parts[m->part - 1];
     uint64_t moved = 0;
@@ -350,11 +351,14 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m)
         if (to > m->off + m->len)
             to = m->off + m->len;
         void *at = (void *)(m->addr + (from - m->off));
-        /* populated: the copy's pages are in memory (a tier in RAM, or just written), and the
-         * application's next touches of the run find them mapped, as a mapping it made and used
-         * would be (its page faults were the PFS's until now) */
-        void *r = MONARCH_RESOLVE(mmap)(at, (size_t)(to - from), m->prot, m->share | MAP_FIXED | MAP_POPULATE,
-                                        pt->copy_fd, (off_t)from);
+        /* populated when moved under a mapping in use: the copy's pages are in memory (a tier
+         * in RAM, or just written), and the application's next touches of the run find them
+         * mapped, as pages it had faulted in from the PFS were. A mapping just made has touched
+         * nothing: populating it would cost every staged page at each mmap (a reader that maps
+         * the file anew each step), where faults cost only the pages it reads */
+        void *r = MONARCH_RESOLVE(mmap)(at, (size_t)(to - from), m->prot,
+                                        m->share | MAP_FIXED | (populate ? MAP_POPULATE : 0), pt->copy_fd,
+                                        (off_t)from);
         if (r == MAP_FAILED) {
             MONARCH_DEBUG(1, "moving a mapping onto its block copy failed (%s): it stays on the PFS",
                           strerror(errno));
@@ -415,7 +419,7 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
     /* a fault of the PFS's pages reads what the application touches, not the kernel's read-ahead
      * (128 KiB and more for a 2 KiB window): the daemon's blocks are the read-ahead */
     madvise(p, len, MADV_RANDOM);
-    if (monarch_mapping_move_locked(m))
+    if (monarch_mapping_move_locked(m, 0))
         monarch_mapping_free_locked(m);
     else
         monarch_remapper_start();
@@ -450,7 +454,7 @@ static void *monarch_remapper_main(void *arg)
             if (!m->addr)
                 continue;
             before++;
-            if (monarch_mapping_move_locked(m))
+            if (monarch_mapping_move_locked(m, 1))
                 monarch_mapping_free_locked(m);
             else
                 after++;

@@ -21,9 +21,8 @@ import zlib
 from dataclasses import dataclass
 
 from monarch import protocol
+from monarch.records.filetable import DirInfo, FileInfo, FileTable, Listing
 from monarch.store import keys
-from monarch.node.snapshot.filetable import FileInfo, FileTable, Listing
-from monarch.node.snapshot.snapshot import DirInfo
 
 FORMAT = "monarch.store-manifest/1"
 DIGEST = "blake2b-128"

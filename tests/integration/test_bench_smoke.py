@@ -45,7 +45,7 @@ class Bench:
 
 # {tmp}: the test's scratch directory (outputs the scripts write go there, never the checkout)
 BENCHES = [
-    Bench("config_table.py", ["--check"], r"README\.md: table up to date$"),
+    Bench("config_table.py", ["--check"], r"configuration\.md: table up to date$"),
     Bench("bench_stats.py", ["--quick", "--staged", "20"],  # --quick's 200 files; an option given wins
           r"^stats\(full\): [\d.]+ ms \(200 files, 20 staged\)$"),
     Bench("bench_zopen.py", ["--quick", "--disk-dir", "{tmp}"],

@@ -25,18 +25,21 @@ def test_single_node_run_with_a_node_index_starts_its_daemon_and_uses_it(dataset
 
 
 def test_a_cluster_run_is_told_by_the_peer_section_and_the_node_index(tmp_path):
+    from monarch.config import load_config
     from monarch.launch.run import is_cluster_run
     single = tmp_path / "single.yaml"
     single.write_text("dataset: {roots: [/x]}\n")
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("dataset: {roots: [/x]}\npeer: {path: /tmp, capacity: 1GiB}\n")
-    assert is_cluster_run(str(cluster), {"MONARCH_NODE": "2"})
-    assert is_cluster_run(str(cluster), {"SLURM_NODEID": "0"})
-    assert not is_cluster_run(str(cluster), {})  # no node index: a single-node run
-    assert not is_cluster_run(str(single), {"MONARCH_NODE": "2"})
-    assert not is_cluster_run(None, {"MONARCH_NODE": "2"})
-    assert is_cluster_run(str(single), {"MONARCH_CLUSTER": "1"})
-    assert not is_cluster_run(str(cluster), {"MONARCH_NODE": "2", "MONARCH_CLUSTER": "0"})
+    single, cluster = (load_config(str(p), check_roots=False) for p in (single, cluster))
+    defaults = load_config(None, env={"MONARCH_DATASET": "/x"}, check_roots=False)
+    assert is_cluster_run(cluster, {"MONARCH_NODE": "2"})
+    assert is_cluster_run(cluster, {"SLURM_NODEID": "0"})
+    assert not is_cluster_run(cluster, {})  # no node index: a single-node run
+    assert not is_cluster_run(single, {"MONARCH_NODE": "2"})
+    assert not is_cluster_run(defaults, {"MONARCH_NODE": "2"})  # the shipped defaults' peer section does not count
+    assert is_cluster_run(single, {"MONARCH_CLUSTER": "1"})
+    assert not is_cluster_run(cluster, {"MONARCH_NODE": "2", "MONARCH_CLUSTER": "0"})
 
 
 def test_waiting_for_a_cluster_daemon_is_bounded_and_says_so(tmp_path, monkeypatch):

@@ -265,6 +265,42 @@ def test_standing_daemon_serves_several_runs_and_reports_at_stop(dataset, short_
     assert r.returncode == 2 and "no Monarch daemon answers" in r.stderr
 
 
+@pytest.mark.parametrize("differs", [("capacity: 1GiB, keep", "capacity: 512MiB, keep"),
+                                     ("policy: on-access", "policy: read-ahead")], ids=["tier-capacity", "staging"])
+def test_a_run_whose_configuration_differs_gets_a_daemon_of_its_own(dataset, short_tmp, differs):
+    """The job's standing daemon serves the same roots, but not the same tiers or staging: the
+    run says so in one line and runs on a private daemon, not silently on the other one."""
+    ds = dataset(files=100, size="4KiB")
+    cfg = write_config(short_tmp, ds.root)
+    other = os.path.join(short_tmp, "other.yaml")
+    with open(cfg) as f, open(other, "w") as g:
+        text = f.read()
+        assert differs[0] in text
+        g.write(text.replace(differs[0], differs[1], 1))
+    env = monarch_env()
+    serve = subprocess.Popen([sys.executable, "-m", "monarch", "serve", "-c", cfg], env=env,
+                             stderr=subprocess.PIPE, text=True)
+    sock = os.path.join(short_tmp, "run0", f"monarch-{os.getuid()}", "local-node0", "daemon.sock")
+    try:
+        deadline = time.time() + 30
+        while not os.path.exists(sock) and time.time() < deadline:
+            time.sleep(0.05)
+        report = os.path.join(short_tmp, "r.json")
+        r = monarch("run", "-c", other, "--report", report, "--", *reader(ds, epochs=1, workers=2), env=env)
+        assert r.returncode == 0, r.stderr
+        key = "tiers[0].capacity" if "capacity" in differs[0] else "staging.policy"
+        assert f"serves another configuration ({key}: " in r.stderr and "this run does not use it" in r.stderr
+        rep = load(report)
+        assert "scope" not in rep["job"]  # the run's own daemon, not its part of the standing one's
+        assert rep["opened_from"]["ram"]["opens"] == 100 and rep["pfs"]["staging_bytes"] == ds.total
+        assert monarch("stop", "-c", cfg, env=env).returncode == 0
+        assert serve.wait(timeout=30) == 0
+    finally:
+        serve.kill()
+    standing = load(os.path.join(os.path.dirname(sock), "report.json"))
+    assert sum(c["opens"] for c in standing["opened_from"].values()) == 0  # nothing of the run went to it
+
+
 def test_the_command_inherits_every_descriptor_monarch_run_got(dataset, short_tmp):
     # an MPI launcher hands its ranks a PMI socket as a bare inherited fd (PMI_FD): it must reach the command
     ds = dataset(files=5)

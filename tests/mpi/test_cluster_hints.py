@@ -67,7 +67,7 @@ def test_hinted_shards_fetch_other_nodes_files_ahead_as_local_hits(dataset, shor
     assert remote > 0 and fetched_at_open <= 0.10 * remote, (fetched_at_open, waited, remote)
     # and many are local hits (found by the shim's probe, no daemon asked): the readers here
     # (0.5 ms per file) catch up with the read-ahead for 20-25% of them on an idle 2-core VM, for
-    # up to 60% on a loaded one (the 90% of local hits is not reached: see the README)
+    # up to 60% on a loaded one (90% of local hits is not reached: docs/performance.md, "A cluster")
     assert fetched_at_open + waited <= 0.75 * remote, (fetched_at_open, waited, remote)
     assert ahead >= 0.9 * remote and batches < ahead  # many files per request
 

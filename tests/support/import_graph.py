@@ -120,6 +120,33 @@ def imported_back(graph: dict[str, set[str]], prefix: str) -> list[tuple[str, st
     return [(a, b) for a in inside for b in sorted(graph[a]) if b in reach and a in reach[b]]
 
 
+def floor_of(module: str, floors: tuple[tuple[str, ...], ...], package: str) -> int | None:
+    """Which of ``floors`` (lowest first, each the names of rooms: a subpackage or a module at
+    ``package``'s top) holds ``module``; None for a module outside ``package`` (or ``package``
+    itself), or in a room no floor names."""
+    if not module.startswith(package + "."):
+        return None
+    room = module[len(package) + 1:].split(".")[0]
+    return next((i for i, floor in enumerate(floors) if room in floor), None)
+
+
+def without_floor(graph: dict[str, set[str]], floors: tuple[tuple[str, ...], ...], package: str) -> list[str]:
+    """The modules of ``package`` in a room no floor names."""
+    return [m for m in sorted(graph) if m.startswith(package + ".") and floor_of(m, floors, package) is None]
+
+
+def imported_upward(graph: dict[str, set[str]], floors: tuple[tuple[str, ...], ...], package: str) -> list[tuple[str, str]]:
+    """Arrows (a, b) between modules of ``package`` where a's floor is below b's: a lower room
+    importing a higher one."""
+    out = []
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            low, high = floor_of(a, floors, package), floor_of(b, floors, package)
+            if low is not None and high is not None and high > low:
+                out.append((a, b))
+    return out
+
+
 def layers(graph: dict[str, set[str]]) -> dict[str, int]:
     """Each module's floor: 1 for one that imports no module of the graph, else one above the
     highest it imports (the modules of a circle share one floor)."""

@@ -11,24 +11,22 @@ from array import array
 from types import SimpleNamespace
 
 from monarch import protocol
+from monarch.cluster import datapath
 from monarch.node.snapshot.index_writer import positions
 from monarch.node.snapshot.snapshot import take_snapshot
 from support.harness import door_on_socket
 
 FILES = 60
-FETCH = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
-                         ctypes.c_uint64, ctypes.c_int, ctypes.c_int)
-OFFER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
-FETCH_MANY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                              ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int),
-                              ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int),
-                              ctypes.POINTER(ctypes.c_int64), ctypes.c_int)
-POST = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
-                        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int, ctypes.c_int,
-                        ctypes.POINTER(ctypes.c_int))
-TEST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
-TAKE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
-                        ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p)
+
+
+def _shape(name: str):
+    """The ctypes function type of the data path's ``name``, from its prototype (held against datapath.h)."""
+    restype, argtypes = datapath._PROTOTYPES[name]
+    return ctypes.CFUNCTYPE(restype, *argtypes)
+
+
+FETCH, OFFER, FETCH_MANY = _shape("dp_fetch"), _shape("dp_staged"), _shape("dp_fetch_many")
+POST, TEST, TAKE = _shape("dp_post"), _shape("dp_test"), _shape("dp_take")
 GOT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int64))
 
 

@@ -81,8 +81,30 @@ def test_run_dataset_is_repeatable_and_the_command_follows_the_double_dash():
 
 
 def test_serve_takes_dataset_too():
-    # the embedded daemon must see the roots `monarch run --dataset` validated
-    assert build_parser().parse_args(["serve", "--embedded", "--dataset", "/a"]).dataset == ["/a"]
+    # a standing daemon's roots, given as its job's `monarch run --dataset` gives them
+    assert build_parser().parse_args(["serve", "--dataset", "/a"]).dataset == ["/a"]
+
+
+def test_the_embedded_daemon_serves_the_configuration_its_launcher_checked(tmp_path, monkeypatch):
+    """``monarch serve --embedded`` reads no file: it serves what ``monarch run`` loaded and
+    checked, handed over on its standard input."""
+    import io
+    from monarch.config import load_config, to_json
+    from monarch.launch import service
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"dataset: {{roots: [{tmp_path}]}}\nstaging: {{threads: 3}}\n")
+    checked = load_config(str(cfg))
+    cfg.write_text("not: [what the launcher checked\n")  # never read again
+    seen = []
+    monkeypatch.setattr(service, "import_daemon", lambda: None)
+    monkeypatch.setattr(service, "serve", lambda config, *a: seen.append(config) or 0)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(to_json(checked).encode())))
+    monkeypatch.setenv("MONARCH_RUN_ID", "r1")
+    assert main(["serve", "--embedded"]) == 0
+    assert seen == [checked]
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    assert main(["serve", "--embedded"]) == 2  # nothing handed over: said, not served
+    assert len(seen) == 1
 
 
 def test_run_passes_the_dataset_roots_to_the_launcher(tmp_path, monkeypatch):
@@ -164,13 +186,13 @@ def test_run_help_and_the_readme_agree_on_what_they_both_state(capsys):
     import re
     from pathlib import Path
     from monarch.config import KEYS
-    from monarch.launch import topology
+    from monarch import topology
     help_text = _run_help(capsys)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     use = readme.split("\n## Use\n", 1)[1].split("\n## ", 1)[0]
     environment = help_text.split("\nenvironment:\n", 1)[1].split("\n\n", 1)[0]
     variables = lambda text: set(re.findall(r"\bMONARCH_[A-Z_]+\b", text))  # noqa: E731
-    # the users' rows (the others are named after them, and in the README's Environment reference)
+    # the users' rows (the others are named after them, and in docs/configuration.md's Environment)
     assert variables(environment.split("\n  (others)", 1)[0]) == variables(use)
     options = lambda text: set(re.findall(r"\[(--?[a-z-]+)", text))  # noqa: E731
     readme_usage = next(line for line in use.splitlines() if line.startswith("monarch run ["))

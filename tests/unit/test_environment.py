@@ -2,7 +2,7 @@
 reads -- in its Python (``os.environ[...]``, ``os.environ.get``, ``os.getenv``, ``env.get(...)``,
 ``"MONARCH_X" in env``, through constants such as ``protocol.ENV_SOCKET``), in a configuration's
 ``${MONARCH_X}``, or in the C shim and front door (``getenv``, the ``MONARCH_ENV_*`` macros) --
-is declared; `monarch run --help` and the README's table are the declarations."""
+is declared; `monarch run --help` and docs/configuration.md's table are the declarations."""
 
 from __future__ import annotations
 
@@ -200,7 +200,8 @@ def test_the_scan_finds_each_form_of_read_and_fails_on_an_undeclared_one(tmp_pat
 
 def test_the_constants_that_name_variables_are_declared():
     from monarch import frontdoor, protocol
-    from monarch.launch import progress, run, topology
+    from monarch import topology
+    from monarch.launch import progress, run
     constants = [getattr(protocol, n) for n in dir(protocol) if n.startswith("ENV_")]
     constants += [progress.ENV_PROGRESS, progress.ENV_INTERVAL, topology.ENV_JOB_ID, topology.ENV_RUN_ID,
                   frontdoor.ENV_FRONT_DOOR, run.ENV_CLUSTER, run.ENV_CLUSTER_WAIT, topology.NODE_VARS[0]]
@@ -254,7 +255,7 @@ def test_serve_help_shows_the_daemons_variables(capsys):
 
 def test_readme_table_is_the_declarations():
     """Fails when a variable is added or changed without `python3 scripts/config_table.py`."""
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "configuration.md").read_text()
     begin, end = readme.index(TABLE_BEGIN) + len(TABLE_BEGIN), readme.index(TABLE_END)
     assert readme[begin:end].strip() == environment.table()
     for var in VARIABLES:

@@ -1,11 +1,14 @@
 """The house's shape, held: no import circle in monarch/ (any import, in a function or under
 TYPE_CHECKING included: each is an arrow a reader follows; and none through a package's
-``__init__``), no module of monarch/node/ imports one that imports it, node/'s rooms in their
-order (each imports only itself and the rooms below it), no Python module over 600 lines. ``python3 tests/support/import_graph.py [DIR]`` prints a tree's figures."""
+``__init__``), monarch/'s rooms in their floors (``monarch.FLOORS``: each imports only its own
+floor and those below it), no module of monarch/node/ imports one that imports it, node/'s
+rooms in their order, no Python module over 600 lines. ``python3 tests/support/import_graph.py [DIR]`` prints a tree's figures."""
 
 import ast
 
-from support.import_graph import PACKAGE, circles, import_graph, imported_back, layers, modules
+from monarch import FLOORS
+from support.import_graph import (PACKAGE, circles, floor_of, import_graph, imported_back, imported_upward, layers,
+                                  modules, without_floor)
 
 MAX_LINES = 600
 
@@ -35,6 +38,37 @@ def test_no_circle_runs_through_a_package_init():
     assert circles(graph) == []
 
 
+def test_a_lower_room_importing_a_higher_one_is_found_in_a_function_too(tmp_path):
+    """A package written here: ``low`` imports ``high`` inside a function, a floor up."""
+    pkg = tmp_path / "pkg"
+    (pkg / "high").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "base.py").write_text("")
+    (pkg / "low.py").write_text("from pkg import base\n\n\ndef f():\n    from pkg.high.top import g\n    return g\n")
+    (pkg / "high" / "__init__.py").write_text("")
+    (pkg / "high" / "top.py").write_text("from pkg.low import f\n\n\ndef g():\n    return f\n")
+    (pkg / "tool.py").write_text("import pkg.high.top\n")
+    floors = (("base",), ("low",), ("high",))
+    graph = import_graph(pkg, packages=True)
+    assert imported_upward(graph, floors, "pkg") == [("pkg.low", "pkg.high"), ("pkg.low", "pkg.high.top")]
+    assert without_floor(graph, floors, "pkg") == ["pkg.tool"]
+    assert imported_upward(graph, (("base",), ("high", "low")), "pkg") == []  # one floor: both ways allowed
+    assert floor_of("pkg", floors, "pkg") is None and floor_of("other.low", floors, "pkg") is None
+
+
+def test_monarch_rooms_import_only_their_own_floor_and_the_floors_below():
+    graph = import_graph(packages=True)
+    named = [room for floor in FLOORS for room in floor]
+    rooms = {m.split(".")[1] for m in graph if m != "monarch"}
+    assert sorted(named) == sorted(rooms)  # each room on one floor, and no floor names a room that is not there
+    assert without_floor(graph, FLOORS, "monarch") == []
+    assert imported_upward(graph, FLOORS, "monarch") == []
+    assert graph["monarch"] == set()  # the package's map imports nothing
+    # the test can fail: the report reading the node's statistics from the node would be an arrow up
+    graph["monarch.report.build"].add("monarch.node.stats")
+    assert imported_upward(graph, FLOORS, "monarch") == [("monarch.report.build", "monarch.node.stats")]
+
+
 def test_no_module_of_node_imports_one_that_imports_it():
     graph = import_graph(packages=True)
     assert imported_back(graph, "monarch.node") == []
@@ -54,20 +88,13 @@ NODE_FLOORS = (
 NODE_TOP_MAX = 12  # modules directly in monarch/node/ (its __init__ included)
 
 
-def _floor(module: str) -> int | None:
-    room = module.removeprefix("monarch.node.").split(".")[0]
-    return next((i for i, floor in enumerate(NODE_FLOORS) if room in floor), None)
-
-
 def test_node_rooms_import_only_themselves_and_the_rooms_below():
     graph = import_graph(packages=True)
-    node = sorted(m for m in graph if m.startswith("monarch.node."))
-    assert [m for m in node if _floor(m) is None] == []  # every room and module of node/ has its floor
-    upward = [(a, b) for a in node for b in sorted(graph[a])
-              if b.startswith("monarch.node.") and _floor(b) > _floor(a)]
-    assert upward == []
+    assert without_floor(graph, NODE_FLOORS, "monarch.node") == []  # every room and module of node/ has its floor
+    assert imported_upward(graph, NODE_FLOORS, "monarch.node") == []
     # the test can fail: the stager asking the daemon would be an arrow up
-    assert _floor("monarch.node.daemon") > _floor("monarch.node.stage.stager")
+    graph["monarch.node.stage.stager"].add("monarch.node.daemon")
+    assert imported_upward(graph, NODE_FLOORS, "monarch.node") == [("monarch.node.stage.stager", "monarch.node.daemon")]
 
 
 def test_node_holds_at_most_12_modules_directly_and_rooms_are_mapped():
@@ -112,7 +139,7 @@ RECORDS = {
                          "sys": "the excepthook that aborts the communicator", "threading": "the same, for threads"},
     "launch/run.py": {"end": "run()'s own record of how the run ends (_Ending)"},
     "node/tiers/codecs.py": {"choice": "the Choice record the selection fills", "local": "a threading.local of its own"},
-    "node/snapshot/filetable.py": {"table": "the unpickled table, rebuilt in its own module"},
+    "records/filetable.py": {"table": "the unpickled table, rebuilt in its own module"},
     "node/server.py": {"conn": "the server's record of one connection"},
     "node/stage/stager.py": {"flight": "a Flight record of the stager's books"},
     "node/stage/blocks.py": {"bf": "a BlockFile record of the block stager's books",

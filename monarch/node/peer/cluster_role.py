@@ -27,17 +27,18 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+from monarch.cluster.serve import Compressed
 from monarch.config import Config
 from monarch.errors import PeerError
-from monarch.node.tiers.codecs import Compressed, needs_dictionary
+from monarch.node.tiers.codecs import needs_dictionary
 from monarch.node.stage.current import Current
 from monarch.node.peer.offers import Offers
 from monarch.node.peer.peer_cache import PeerCache
 from monarch.node.snapshot.snapshot import Snapshot
 from monarch.node.stage.sources import PeerSource
 from monarch.node.stage.stager import INLINE_BYTES, Stager
-from monarch.node.stats import ClusterSlice
 from monarch.node.tiers.tiers import Tier
+from monarch.records.node_stats import ClusterSlice
 from monarch.sizes import allocated_size
 
 log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ class ClusterRole:
             return None
         try:
             # copied on this (serving) thread at once: never queued behind the read-ahead or
-            # behind copies that wait on other nodes (issue 21: 5 s waits, then the PFS twice)
+            # behind copies that wait on other nodes (queued, the peer waited 5 s, then read the PFS twice)
             tier = stager.ensure(key, now=True).result(timeout=self._config.staging.resolve_timeout)
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             return None
@@ -252,7 +253,7 @@ class ClusterRole:
             return os.fdopen(tier.codec.inflate(path, size, os.path.basename(key)), "rb")
         return tier.path_for(key)
 
-    # -- a lost peer (issue 21) ------------------------------------------------------------
+    # -- a lost peer ---------------------------------------------------------------------
     def _note_loss(self, node: int, why: str) -> None:
         """A peer is lost (the cluster's engine thread): keep this node's open counters as they
         are now, so the report can say what this survivor served after the loss."""

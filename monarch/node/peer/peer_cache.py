@@ -1,4 +1,4 @@
-"""The peer area as an evicting cache of other nodes' files (a sharded cluster, issue 20).
+"""The peer area as an evicting cache of other nodes' files (a sharded cluster).
 
 When the dataset is sharded over the nodes (``monarch/cluster/capacity.py``), each file has
 one owner that keeps it pinned in its tiers; another node that opens it gets it from the

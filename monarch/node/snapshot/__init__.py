@@ -3,9 +3,9 @@
 - ``snapshot``: the snapshot (every file's key and ``stat``, every listing) from one walk,
   or a kept one reused after validation; ``load_or_walk`` takes the C walk when it can
 - ``walker`` (``walker.c``): the walk in C, writing the index with no Python object per file
-- ``filetable``: a file as the walk saw it (``FileInfo``), files and listings kept compact
 - ``indextable``: the snapshot's files read from its index in place (``IndexTable``)
 - ``index_writer``: the index file (protocol.py, "Snapshot index") from a file table
+  (the file table itself, ``FileInfo`` and ``DirInfo`` are ``monarch/records/filetable.py``)
 - ``pfsmeta``: PFS metadata round trips paid once (directory descriptors, attributes)
 - ``gate``: the snapshot's state (walking, ready, failed) and what waits for it
 """

@@ -19,8 +19,8 @@ from array import array
 from typing import Callable
 
 from monarch import protocol
-from monarch.node.snapshot.filetable import FileTable
 from monarch.node.snapshot.indextable import IndexTable
+from monarch.records.filetable import FileTable
 
 _ENTRY = protocol.INDEX_ENTRY
 _CHILD = protocol.INDEX_CHILD

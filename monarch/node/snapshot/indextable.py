@@ -22,7 +22,7 @@ import zlib
 from typing import Iterator, MutableMapping, Sequence
 
 from monarch import protocol
-from monarch.node.snapshot.filetable import FileInfo, Listing
+from monarch.records.filetable import FileInfo, Listing
 
 _ENTRY = protocol.INDEX_ENTRY
 _CHILD = protocol.INDEX_CHILD

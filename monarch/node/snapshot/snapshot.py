@@ -23,25 +23,17 @@ import collections
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from monarch import protocol
 from monarch.node.snapshot import index_writer
 from monarch.node.snapshot import walker
-from monarch.node.snapshot.filetable import FileInfo, FileTable, Listing
+from monarch.records.filetable import DirInfo, FileInfo, FileTable, Listing
 from monarch.node.snapshot.indextable import IndexListing, IndexTable, files_in
 from monarch.node.snapshot.pfsmeta import opened_stat
 from monarch.secure import write_file_atomically
 
 log = logging.getLogger(__name__)
-
-
-class DirInfo(NamedTuple):
-    """A directory as the walk saw it: its own stat, its listing (names as bytes, with d_type
-    and d_ino; None when it could not be listed whole) and the st_ino of its parent."""
-    info: FileInfo
-    children: Listing | tuple[tuple[bytes, int, int], ...] | None
-    parent_ino: int = 0
 
 
 @dataclass(frozen=True)

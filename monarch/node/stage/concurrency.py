@@ -4,7 +4,7 @@ The rule is the front door's (``monarch/frontdoor/inflight.c``), one for every l
 Python (design principle 14): enough copies to hide the source's latency at the rate it
 gives (Little's law), no more than help. A slow start doubles the limit each generation of
 copies while their latency stays flat (50 ms a copy: 128 in flight after 0.2 s), then rounds
-of measurement keep a doubling only if it pays (issue 32: on a fast source of small files
+of measurement keep a doubling only if it pays (on a fast source of small files
 every thread more is contention; 3,000 files/s at 256 threads against 4,100 at 4).
 """
 

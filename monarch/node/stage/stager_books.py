@@ -127,7 +127,7 @@ class StagerBooks:
         return any("/".join(parts[:i]) in self.dirty for i in range(2, len(parts) + 1))
 
     def peer_places(self) -> list[Tier]:
-        """Where a copy from a peer may go (a replicated cluster, issue 20): the peer area, then
+        """Where a copy from a peer may go (a replicated cluster): the peer area, then
         the tiers (room this node's own share left: every node holds the whole dataset)."""
         return [self.peer_area, *self.tiers]
 

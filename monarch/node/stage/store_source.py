@@ -29,9 +29,9 @@ from typing import Callable
 
 from monarch.config import Config
 from monarch.node.stage.concurrency import Concurrency
-from monarch.node.snapshot.filetable import FileTable
 from monarch.node.snapshot.snapshot import Snapshot, take_snapshot
 from monarch.node.stage.sources import Source, SourceChanged
+from monarch.records.filetable import FileTable
 from monarch.store import client as store_client
 from monarch.store.load import fetch_manifest
 from monarch.store import keys as store_keys
@@ -407,28 +407,3 @@ class RoutedSource(Source):
     def close(self) -> None:
         self.pfs.close()
 
-
-def check_stores(config: Config, found: list | None = None, notes: list | None = None) -> list[str]:
-    """Each store of the configuration answers and holds a manifest: the problems, one line
-    each, naming the URL (``monarch run`` and ``monarch check-config`` check this before
-    anything starts). ``found`` gets (root, URL, manifest) of each store that is fine;
-    ``notes`` a line per store whose keys seen so far include some not served as files."""
-    problems = []
-    for k, url_text in config.dataset.store_urls().items():
-        try:
-            url = store_client.parse_url(url_text)
-            client = store_client.ping(url)
-            try:  # an S3 bucket's ping is a whole check: listed in full only to be shown (check-config)
-                manifest = fetch_manifest(client, url) if url.has_digests or found is not None else None
-            finally:
-                client.close()
-            skipped = manifest.skipped if manifest is not None else getattr(client, "skipped", ())
-            if notes is not None and skipped:
-                partial = "" if manifest is not None else " in the listing's first page"
-                notes.append(f"{config.dataset.roots[k]}: {store_keys.summary(skipped)}{partial} "
-                             "(skipped; the rest is served; the report names them)")
-            if found is not None:
-                found.append((config.dataset.roots[k], url, manifest))
-        except StoreError as e:
-            problems.append(f"{config.dataset.roots[k]}: {e}")
-    return problems

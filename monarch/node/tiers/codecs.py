@@ -38,7 +38,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import zstandard
 
@@ -81,12 +81,6 @@ class Choice:
     bound_mbps: float = 0.0            # the decompression throughput the level had to reach
     candidates: list[dict] = field(default_factory=list)
 
-
-
-class Compressed(NamedTuple):
-    """A copy sent to a peer as stored (``provide``'s answer): its zstd frame's path and the file's size."""
-    path: str
-    size: int
 
 def _measure(samples: list[bytes], level: int, dict_data: zstandard.ZstdCompressionDict | None = None) -> dict:
     """Ratio and throughputs of ``level`` on ``samples``, in this thread's CPU time: what the

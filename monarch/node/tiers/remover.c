@@ -1,6 +1,6 @@
 /* A run's tier removed at its end, by a few threads outside the interpreter: a tier of a
  * million small copies is a million unlinks, which Python's rmtree made one at a time with
- * an interpreter step each (design principle 12; issue 32: tear-down against rm -rf).
+ * an interpreter step each (design principle 12: a tear-down no slower than rm -rf).
  *
  * Directories are the unit of work: a thread takes one from a shared queue, unlinks its
  * files and queues its subdirectories (or, once the queue holds enough for every thread,

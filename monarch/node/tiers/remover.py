@@ -1,5 +1,5 @@
 """A run's tier removed in C (``remover.c``): its copies unlinked by a few threads, one
-directory each, with no interpreter step per file (a million copies: issue 32's tear-down).
+directory each, with no interpreter step per file (a million copies must go faster than ``rm -rf``).
 
 What the C removal leaves (no compiler, a copy written meanwhile) ``StorageDir.remove``
 removes after it, as before.

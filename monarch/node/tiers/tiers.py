@@ -51,7 +51,7 @@ class Tier:
     copies' allocation and ``reserved``, room taken that holds no copy yet (reserved for
     copies being written, lent ahead to the front door: ``reserve(counted=False)``).
     ``stored`` is the bytes of the copies the tier holds, what the report and its timeline
-    call the tier's ``used`` (bytes in the tier: README, "The report"); ``used`` adds the
+    call the tier's ``used`` (bytes in the tier: docs/report.md); ``used`` adds the
     room reserved. ``reserve`` and ``release`` take room (callers round a file's size with
     ``allocated``); ``committed``, ``forget`` and ``shrunk`` take the copies' bytes and
     round them here."""

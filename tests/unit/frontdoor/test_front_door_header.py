@@ -1,8 +1,9 @@
 """monarch/frontdoor/front_door.h is the C side of the front door's contract with Python;
 monarch/frontdoor/__init__.py is Python's. Every function Python calls (its ctypes prototype),
-every event, hand-over reason and lane ending, and the event record must agree, and the built
-library must export exactly what the header declares (as tests/unit/test_wire.py holds the
-wire). A reordered R_* would mislabel the report silently: here it fails."""
+every event, hand-over reason and lane ending, the event record and the counters' records
+(read by name: ctypes Structures) must agree, and the built library must export exactly what
+the header declares (as tests/unit/test_wire.py holds the wire). A reordered R_* or counter
+would mislabel the report silently: here it fails."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch import frontdoor
+from monarch import frontdoor, protocol
 
 HEADER = Path(frontdoor.__file__).with_name("front_door.h")
 
@@ -31,8 +32,21 @@ CTYPES = {
     "const struct inflight *": ctypes.c_void_p, "void *": ctypes.c_void_p,
     "const unsigned char *": ctypes.c_void_p, "const int16_t *": ctypes.c_void_p,
     "const uint32_t *": ctypes.c_void_p,
+    # the counters' records, read by name
+    "struct front_door_counts *": ctypes.POINTER(frontdoor.DoorCounts),
+    "struct front_door_read_ahead_state *": ctypes.POINTER(frontdoor.ReadAheadState),
+    "struct front_door_peer_told *": ctypes.POINTER(frontdoor.PeerTold),
+    "struct front_door_peer_ahead_state *": ctypes.POINTER(frontdoor.PeerAheadState),
+    # the peer data path's functions and its handle (monarch/cluster/datapath.h), as addresses
+    "struct dp *": ctypes.c_void_p, "dp_fetch_fn *": ctypes.c_void_p, "dp_staged_fn *": ctypes.c_void_p,
+    "dp_fetch_many_fn *": ctypes.c_void_p, "dp_post_fn *": ctypes.c_void_p, "dp_test_fn *": ctypes.c_void_p,
+    "dp_take_fn *": ctypes.c_void_p,
 }
 FORMAT_OF = {"uint32_t": "I", "int32_t": "i", "uint64_t": "Q", "int64_t": "q"}
+FIELD_TYPES = {"uint64_t": ctypes.c_uint64}
+# the counters' records: the header's struct, Python's Structure
+RECORDS = {"front_door_counts": "DoorCounts", "front_door_read_ahead_state": "ReadAheadState",
+           "front_door_peer_told": "PeerTold", "front_door_peer_ahead_state": "PeerAheadState"}
 
 
 def _ctype(decl: str, where: str, named: bool = True):
@@ -59,14 +73,30 @@ def parse(text: str) -> dict:
 
     head = re.search(r"struct front_door_event_head \{(.*?)\};", body, re.S).group(1)
     fields = [(typ, n.strip()) for typ, names in re.findall(r"(\w+)\s+([\w\s,]+);", head) for n in names.split(",")]
+    handed_over = [(n, v.strip().strip('"')) for n, v in xmacro("FRONT_DOOR_HANDED_OVER")]
+    dims = {"MONARCH_MAX_SLOTS": protocol.MAX_SLOTS, "R_REASONS": len(handed_over)}  # test_wire holds MAX_SLOTS
+
+    def record(name: str) -> list[tuple[str, type]]:
+        """A struct of the header as ctypes fields: (name, type), an array's type for ``a[N]``."""
+        m = re.search(rf"struct {name} \{{(.*?)\}};", body, re.S)
+        assert m, f"no struct {name}"
+        out = []
+        for typ, names in re.findall(r"(\w+)\s+([\w\s,\[\]]+);", m.group(1)):
+            for n in names.split(","):
+                field, dim = re.fullmatch(r"\s*(\w+)\s*(?:\[(\w+)\])?\s*", n).groups()
+                t = FIELD_TYPES.get(typ)
+                out.append((field, t * dims[dim] if dim and t else t))
+        return out
+
     return {
         "prototypes": protos,
         "events": {n: int(v) for n, v in xmacro("FRONT_DOOR_EVENTS")},
         "books": [(n, int(v)) for n, v in xmacro("FRONT_DOOR_BOOKS")],
-        "handed_over": [(n, v.strip().strip('"')) for n, v in xmacro("FRONT_DOOR_HANDED_OVER")],
+        "handed_over": handed_over,
         "ahead_ended": [(n, v.strip().strip('"')) for n, v in xmacro("FRONT_DOOR_AHEAD_ENDED")],
         "event_format": re.search(r'#define FRONT_DOOR_EVENT_FORMAT "([^"]+)"', body).group(1),
         "event_fields": "<" + "".join(FORMAT_OF[typ] for typ, _ in fields),
+        "records": {name: record(name) for name in RECORDS},
     }
 
 
@@ -87,6 +117,10 @@ def disagreements(c: dict, py=frontdoor) -> list[str]:
         out.append(f"lane endings: header {c['ahead_ended']}, Python {py.AHEAD_ENDED_BECAUSE}")
     if not (c["event_format"] == c["event_fields"] == py._EVENT.format):
         out.append(f"event record: header {c['event_format']} (its struct {c['event_fields']}), Python {py._EVENT.format}")
+    for name, fields in c["records"].items():
+        mine = list(getattr(py, RECORDS[name])._fields_)
+        if fields != mine:
+            out.append(f"record {name}: header {fields}, Python {RECORDS[name]} {mine}")
     return out
 
 
@@ -96,6 +130,11 @@ def test_python_agrees_with_the_front_door_header():
     assert [n for n, _ in c["handed_over"]][:2] == ["R_OTHER", "R_CLOSED_GATE"]
     assert disagreements(c) == []
     assert struct.calcsize(c["event_format"]) == 40  # the header's _Static_assert says the same of the struct
+    assert [n for n, _ in c["records"]["front_door_counts"]][:2] == ["hits", "copies"]
+    # each record's size, as the header's _Static_asserts say: whole words
+    counts = protocol.MAX_SLOTS + len(frontdoor.HANDED_OVER_BECAUSE) + 15
+    sizes = {"DoorCounts": counts, "ReadAheadState": 4, "PeerTold": 3, "PeerAheadState": 18}
+    assert {name: ctypes.sizeof(getattr(frontdoor, name)) // 8 for name in sizes} == sizes
 
 
 @pytest.mark.parametrize("change", [
@@ -106,6 +145,15 @@ def test_python_agrees_with_the_front_door_header():
     ("EXPORT int front_door_claim(struct door *d, const char *key, int len);",
      "EXPORT int front_door_claim(struct door *d, const char *key, int64_t len);"),            # a prototype
     ("EXPORT void front_door_settle(struct door *d);", ""),                                     # a function gone
+    ("uint64_t accepted, reused;", "uint64_t reused, accepted;"),                               # counters' order
+    ("uint64_t peer_waits;", "uint64_t peer_waits, peer_looks;"),                               # a counter Python lacks
+    ("uint64_t hits[MONARCH_MAX_SLOTS];", "uint64_t hits[R_REASONS];"),                         # an array's length
+    ("uint64_t bytes_read;", "int64_t bytes_read;"),                                            # a counter's type
+    ("uint64_t stream, consumed;", "uint64_t consumed, stream;"),                               # the progress told
+    ("uint64_t progress_answered;", "uint64_t answered;"),                                      # the lane's state
+    ("uint64_t through, copies;", "uint64_t through, copied;"),                                 # the read-ahead's
+    ("EXPORT void front_door_counts(struct door *d, struct front_door_counts *out);",
+     "EXPORT void front_door_counts(struct door *d, uint64_t *out);"),                         # positions again
 ])
 def test_a_disagreement_is_found(change):
     text = HEADER.read_text()
@@ -138,3 +186,14 @@ def test_the_door_is_one_translation_unit_of_parts_under_850_lines():
     parts = re.findall(r'^#include "((?:door_\w+|inflight)\.c)"', text, re.M)
     assert sorted(parts) == sorted(p.name for p in here.glob("*.c") if p.name != "front_door.c")
     assert '#include "front_door.h"' in text
+
+
+def test_a_python_record_out_of_step_is_found():
+    """The other way round: the header as it is, a Structure of Python's changed."""
+    c = parse(HEADER.read_text())
+    fields = frontdoor.DoorCounts._fields_
+
+    class Swapped(ctypes.Structure):
+        _fields_ = [fields[0], fields[2], fields[1], *fields[3:]]
+    stale = type("Stale", (), {**vars(frontdoor), "DoorCounts": Swapped})
+    assert [d for d in disagreements(c, stale) if d.startswith("record front_door_counts")]

@@ -5,7 +5,7 @@ import threading
 import time
 
 from monarch.launch.progress import Progress, interval, line, wanted
-from monarch.node.stats import NodeStats
+from monarch.records.node_stats import NodeStats
 
 MiB = 2**20
 

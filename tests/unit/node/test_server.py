@@ -241,3 +241,26 @@ def test_an_open_that_asks_to_keep_its_connection(served):
     assert after["accepted"] - before["accepted"] == 1
     assert after["reused"] - before["reused"] == 3
     assert after["handed_over"] - before["handed_over"] == 1
+
+
+def test_a_launcher_reuses_the_daemon_only_for_the_same_configuration(served, caplog):
+    """Same roots are not enough: a tier's capacity or a staging setting that differs is
+    another daemon's work, and the line says which key differs."""
+    import dataclasses
+    from monarch.launch.service import attach
+    daemon, *_ = served
+    config = daemon.config
+    other_tier = dataclasses.replace(config, tiers=(dataclasses.replace(config.tiers[0], capacity=2 << 20),))
+    other_staging = dataclasses.replace(config, staging=dataclasses.replace(config.staging, policy="read-ahead"))
+    spelt = dataclasses.replace(config, source="another.yaml", report="/elsewhere/report.json")
+    session = attach(daemon.socket_path)
+    try:
+        assert session.serves(config) and session.serves(spelt)
+        assert not caplog.records
+        assert not session.serves(other_tier)
+        assert "serves another configuration (tiers[0].capacity: 1048576 in the daemon, 2097152 in this run)" \
+            in caplog.text
+        assert not session.serves(other_staging)
+        assert 'staging.policy: "on-access" in the daemon, "read-ahead" in this run' in caplog.text
+    finally:
+        session.close()

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from monarch.errors import MonarchError
-from monarch.node.stats import NodeStats
+from monarch.records.node_stats import NodeStats
 from monarch.report.build import SCHEMA, build_report, session_delta
 from monarch.report.store import load_report
 from monarch.report.text import print_report
@@ -369,12 +369,12 @@ def test_a_run_that_staged_the_dataset_but_read_little_prints_no_absurd_percenta
 
 
 def test_readme_report_reference_says_which_figures_are_exact_estimated_or_bounds():
-    """Every `pfs` figure has its row in README's report reference, and the "How exact" table puts
+    """Every `pfs` figure has its row in docs/report.md's fields, and the "How exact" table puts
     each in its kind: the estimated ones (``pfs.estimated``) there and nowhere else."""
     from pathlib import Path
     from monarch.report.build import ESTIMATED
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    reference = readme.split("\n## Report reference\n", 1)[1].split("\n## ", 1)[0]
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "report.md").read_text()
+    reference = readme.split("\n## Fields\n", 1)[1].split("\n## ", 1)[0]
     pfs = build_report([node({"ram": {"opens": 3, "bytes": 30 * MiB, "opens_uncounted": 0}})], JOB)["pfs"]
     for key in pfs:
         assert f"`pfs.{key}`" in reference, key

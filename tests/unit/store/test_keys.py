@@ -7,7 +7,7 @@ import json
 import os
 import zlib
 
-from monarch.node.snapshot.filetable import FileTable
+from monarch.records.filetable import FileTable
 from monarch.store import keys
 from monarch.store.manifest import DIGEST, FORMAT, Entry, Manifest, add_to_snapshot
 from monarch.store.s3 import S3Client, S3URL

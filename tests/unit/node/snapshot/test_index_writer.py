@@ -5,7 +5,7 @@ import os
 import pickle
 
 from monarch import protocol
-from monarch.node.snapshot.filetable import FileTable, Listing
+from monarch.records.filetable import FileTable, Listing
 from monarch.node.snapshot.index_writer import index_bytes
 from monarch.node.snapshot.snapshot import FileInfo, Snapshot, take_snapshot
 

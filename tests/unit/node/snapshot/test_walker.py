@@ -11,7 +11,7 @@ import pytest
 
 from monarch import protocol
 from monarch.node.snapshot import snapshot, walker
-from monarch.node.snapshot.filetable import FileTable
+from monarch.records.filetable import FileTable
 from monarch.node.snapshot.index_writer import index_parts
 from monarch.node.snapshot.indextable import IndexTable
 from monarch.node.snapshot.snapshot import Snapshot, load_or_walk, take_snapshot

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from monarch.launch import topology
+from monarch import topology
 from monarch.config import load_config
-from monarch.launch.topology import job_id, new_run_id, run_id
+from monarch.topology import job_id, new_run_id, run_id
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3"}
 HYDRA_PORT = {"PMI_PORT": "node7:41234", "PMI_ID": "1", "PMI_RANK": "1", "PMI_SIZE": "4"}
@@ -79,7 +79,7 @@ def test_ancestor_walks_the_real_process_tree(monkeypatch):
         start = f.read().rsplit(")", 1)[1].split()[19]
     with open(f"/proc/{os.getpid()}/comm") as f:
         name = f.read().strip()
-    code = "import sys; from monarch.launch import topology; print(topology._ancestor(frozenset({sys.argv[1]})))"
+    code = "import sys; from monarch import topology; print(topology._ancestor(frozenset({sys.argv[1]})))"
     out = subprocess.run(["sh", "-c", 'exec "$0" "$@"', sys.executable, "-c", code, name],
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert out.stdout.strip() == str((os.getpid(), start)), out.stderr

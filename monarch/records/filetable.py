@@ -1,5 +1,6 @@
 """A file as the snapshot saw it (``FileInfo``), and the snapshot's files and listings kept
-compact (``FileTable``, ``Listing``).
+compact (``FileTable``, ``Listing``, a directory's ``DirInfo``): what the walk writes, a store's
+manifest describes, and the daemon reads.
 
 A million-file dataset kept as a dict of ``FileInfo`` tuples holds ~400 bytes of Python
 objects per file beside its key (the tuple and one int object per field); here a file is
@@ -188,3 +189,11 @@ class Listing(Sequence[tuple[bytes, int, int]]):
 
     def __reduce__(self):
         return (Listing, (tuple(self),))
+
+
+class DirInfo(NamedTuple):
+    """A directory as the walk saw it: its own stat, its listing (names as bytes, with d_type
+    and d_ino; None when it could not be listed whole) and the st_ino of its parent."""
+    info: FileInfo
+    children: Listing | tuple[tuple[bytes, int, int], ...] | None
+    parent_ino: int = 0

@@ -1,0 +1,96 @@
+/*
+ * datapath.h -- the contract of the peer data path (datapath.c, one translation unit with
+ * datapath_offers.c) with its two callers: Python (monarch/cluster/datapath.py, by ctypes) and
+ * the front door (monarch/frontdoor, which calls the functions Python hands it, by address).
+ * What a fetch answers, the path's limits, its counters and every function either caller
+ * calls are declared here once.
+ *
+ * The answers and limits are X-macros (after Darshan's log-format headers), expanded here into
+ * the C enums; tests/unit/cluster/test_datapath_header.py reads this file and holds Python's
+ * side (its answers, limits, ``Counts`` and ``_PROTOTYPES``) against it, as
+ * tests/unit/frontdoor/test_front_door_header.py holds the front door's. A function the door
+ * calls has its type here (``dp_fetch_fn``...): datapath.c's definition is checked against it
+ * by the compiler, and so is the door's use of it. Change a line here and in Python together.
+ */
+#ifndef MONARCH_DATAPATH_H
+#define MONARCH_DATAPATH_H
+
+#include <stdint.h>
+
+#include "../native/monarch_native.h" /* EXPORT */
+
+/* -- what a fetch answers for a file below 0 (>= 0: its bytes written); Python's names drop DP_ */
+#define DATAPATH_ANSWERS(X)                                                           \
+    X(DP_HANDED_BACK, -1) /* not for this path (not staged there, compressed, larger, another size): \
+                             Python's protocol fetches it */                          \
+    X(DP_TIMEOUT, -2)     /* no answer before the deadline */                         \
+    X(DP_MPI_ERROR, -3)   /* MPI failed the request (ULFM: a dead owner) */           \
+    X(DP_CORRUPT, -4)     /* the owner's reply does not match the request */          \
+    X(DP_LOCAL_IO, -5)    /* no memory here, or the destination could not be written */ \
+    X(DP_STOPPED, -6)     /* the path was stopped (dp_stop) */                        \
+    X(DP_LOST, -7)        /* the owner is lost (dp_lost) */
+
+/* -- the path's limits: beyond them a file is handed back (Python's protocol) ------------- */
+#define DATAPATH_LIMITS(X)                                                            \
+    X(DP_ONE_MESSAGE_MAX, 4 << 20)  /* a file's bytes in one message: larger ones take Python's chunks */ \
+    X(DP_BATCH_FILES_MAX, 64)       /* files in one request (dp_fetch_many, dp_post) */ \
+    X(DP_BATCH_BYTES_MAX, 4 << 20)  /* their bytes together: one reply */             \
+    X(DP_KEY_MAX, 4096)             /* a key's bytes */                               \
+    X(DP_MAX_PEERS, 65536)          /* nodes the path tells lost (dp_lost) */
+
+#define DATAPATH_ENUM_VALUE(name, value) name = value,
+enum dp_answer { DATAPATH_ANSWERS(DATAPATH_ENUM_VALUE) };
+enum dp_limit { DATAPATH_LIMITS(DATAPATH_ENUM_VALUE) };
+_Static_assert(DP_BATCH_BYTES_MAX <= DP_ONE_MESSAGE_MAX, "a batch's reply is one message");
+_Static_assert(DP_BATCH_FILES_MAX <= UINT16_MAX, "a request's header counts its files in 16 bits");
+_Static_assert(DP_MAX_PEERS % 8 == 0, "lost nodes are a bitmap of whole bytes");
+
+/* -- the path's counters (dp_counts): datapath.py's Counts ---------------------------------- */
+struct dp_counts {
+    uint64_t served_files, served_bytes;  /* files and bytes answered from here, as an owner */
+    uint64_t handed_back;                 /* files asked of this owner and handed back (DP_HANDED_BACK) */
+    uint64_t fetched_files, fetched_bytes; /* files and bytes fetched, as a requester */
+    uint64_t mpi_errors;                  /* MPI calls that failed, either side */
+    uint64_t offered;                     /* keys offered here now (dp_staged, less dp_forget) */
+    uint64_t requests, served_requests;   /* messages: sent as a requester, answered as an owner */
+    uint64_t waits, idle_sleeps;          /* sleeps: requesters' while a reply was due; the owner thread's */
+};
+_Static_assert(sizeof(struct dp_counts) == 11 * sizeof(uint64_t), "the counters: eleven words, no padding");
+
+/* -- what Python calls (ctypes): datapath.py's _PROTOTYPES ---------------------------------- */
+struct dp;                                /* one node's end of the path */
+struct dp_request;                        /* a request posted (dp_post), until dp_take */
+EXPORT int dp_thread_multiple(void);
+EXPORT struct dp *dp_start(intptr_t comm_handle, int tag_ub);
+EXPORT void dp_tier(struct dp *d, int slot, const char *dir);
+EXPORT void dp_forget(struct dp *d, const char *key, int len);
+EXPORT void dp_lost(struct dp *d, int node);
+EXPORT void dp_counts(struct dp *d, struct dp_counts *out);
+EXPORT void dp_stop(struct dp *d);
+
+/* -- ... and what Python hands the front door by address (front_door_peers): their types ---- */
+/* the owner offers ``key`` from the tier of ``slot`` (the door's own copies too) */
+typedef void dp_staged_fn(struct dp *d, const char *key, int len, int slot);
+/* one file fetched into ``fd`` (from its offset): its bytes, or a DP_* */
+typedef int64_t dp_fetch_fn(struct dp *d, int owner, const char *key, int len, uint64_t size, int fd,
+                            int timeout_ms);
+/* ``n`` files of one owner in one request and one reply, each into fds[i] at offset 0:
+ * results[i] its bytes or a DP_*; 0, or a DP_* for the whole batch */
+typedef int dp_fetch_many_fn(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
+                             const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms);
+/* such a request posted, not waited for (NULL: *why a DP_*), looked at (1: ended), and taken:
+ * its reply handed to ``got`` (bytes[i] valid during the call only), the request freed */
+typedef void dp_reply_fn(void *arg, const char *const *bytes, const int64_t *results);
+typedef struct dp_request *dp_post_fn(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
+                                      const uint64_t *sizes, int waited, int timeout_ms, int *why);
+typedef int dp_test_fn(struct dp *d, struct dp_request *r);
+typedef void dp_take_fn(struct dp *d, struct dp_request *r, const uint64_t *sizes, int64_t *results,
+                        dp_reply_fn *got, void *arg);
+EXPORT dp_staged_fn dp_staged;
+EXPORT dp_fetch_fn dp_fetch;
+EXPORT dp_fetch_many_fn dp_fetch_many;
+EXPORT dp_post_fn dp_post;
+EXPORT dp_test_fn dp_test;
+EXPORT dp_take_fn dp_take;
+
+#endif /* MONARCH_DATAPATH_H */
