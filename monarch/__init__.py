@@ -25,9 +25,9 @@ holds the wire for the shim and the door). ``tests/unit/test_structure.py`` hold
 ``node``           the node daemon, in rooms of its own (``node/__init__.py`` is their map)
 ``launch``         ``monarch run``: the daemon seen from outside, the command under the shim
 ``plan``           ``monarch plan``: what a cluster will hold of a dataset, before the job
+``tools``          what shows and measures Monarch, apart from the daemon's code: the demo,
+                   the emulated PFS it runs on, a training-like reader (``tools/__init__.py``)
 ``cli``            the ``monarch`` command (``__main__``: ``python -m monarch``)
-``demo``           tools: the demo, the emulated PFS it runs on (``slowpfs``), a training-like
-                   reader (``workload``)
 =================  ===========================================================================
 """
 
@@ -48,5 +48,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("node",),
     ("launch",),
     ("plan",),
-    ("cli", "__main__", "demo", "slowpfs", "workload"),  # the command line and its tools
+    ("tools",),                # the demo and what it runs: the emulated PFS, the workload
+    ("cli", "__main__"),       # the command line
 )

@@ -329,7 +329,7 @@ def cmd_cache(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from monarch.demo import demo
+    from monarch.tools.demo import demo
     return demo(args.dir, files=args.files, epochs=args.epochs, workers=args.workers,
                 open_latency_ms=args.pfs_open_ms)
 
@@ -441,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="only shared sets whose linger is over (the line a Slurm epilog runs)")
         v.set_defaults(func=cmd_cache)
 
-    from monarch.demo import OPEN_LATENCY_MS
+    from monarch.tools.demo import OPEN_LATENCY_MS
     d = sub.add_parser("demo", help="make a demo dataset behind an emulated slow PFS and read it for several "
                                     "epochs, directly and under monarch run")
     d.add_argument("--dir", default=None, help="where to put the demo dataset (default: a temporary directory)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cluster benchmark: N simulated nodes on this machine, the sharded pattern, direct against Monarch.
 
-One emulated PFS (FUSE with a per-open latency, ``monarch.slowpfs``) counts every
+One emulated PFS (FUSE with a per-open latency, ``monarch.tools.slowpfs``) counts every
 byte read from it. Each epoch one global shuffle is split into N disjoint shards; node k
 reads shard k (``support.shard_reader``, digests checked against the manifest).
 
@@ -63,8 +63,8 @@ from clusterbench import bench_env, mpiexec, shard_reader, stop_daemons, wait_fo
 from benchopts import fresh_bytecode  # noqa: E402
 from cpuwatch import CpuWatch, wait_marks  # noqa: E402
 from support.harness import sharded_config  # noqa: E402
-from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
-from monarch.workload import make_dataset, parse_size  # noqa: E402
+from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.tools.workload import make_dataset, parse_size  # noqa: E402
 
 JOB = "benchcluster"
 

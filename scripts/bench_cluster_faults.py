@@ -48,9 +48,9 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; t
 from clusterbench import bench_env, shard_reader, wait_for  # noqa: E402  (scripts/, beside this file)
 from benchopts import fresh_bytecode  # noqa: E402
 from support.harness import sharded_config  # noqa: E402
-from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 from monarch.cluster.world import daemon_launch  # noqa: E402
-from monarch.workload import make_dataset  # noqa: E402
+from monarch.tools.workload import make_dataset  # noqa: E402
 
 JOB = "benchfaults"
 

@@ -87,7 +87,7 @@ def fetch_pass(path, dp, keys: list[str], size: int, data: dict, threads: int, b
 def rank_main(args) -> int:
     from monarch.cluster import datapath as dp
     from monarch.cluster import world
-    from monarch.workload import parse_size
+    from monarch.tools.workload import parse_size
     MPI = world.load_mpi()
     comm = MPI.COMM_WORLD
     path = dp.DataPath.start(MPI, comm)

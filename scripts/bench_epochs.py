@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
 from benchopts import fresh_bytecode, ready_to_write, result_path  # noqa: E402  (scripts/, beside this file)
-from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
-from monarch.workload import make_dataset, parse_size  # noqa: E402
+from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.tools.workload import make_dataset, parse_size  # noqa: E402
 
 MODES = ("direct", "monarch", "zstd", "zstd-nocache", "ceiling")
 # zstd: monarch with its RAM tier compressed (decoded files kept per --decoded-cache);
@@ -132,7 +132,7 @@ def parse_args(argv=None):
 
 def workload_cmd(data_dir: str, manifest: Path, out_json: Path, args, reader: str | None = None,
                  hints: bool = False) -> list[str]:
-    return [sys.executable, "-m", "monarch.workload", "read", data_dir, "--epochs", str(args.epochs),
+    return [sys.executable, "-m", "monarch.tools.workload", "read", data_dir, "--epochs", str(args.epochs),
             "--workers", str(args.workers), "--seed", str(args.seed), "--reader", reader or args.reader,
             "--compute-ms", str(args.compute_ms), "--manifest", str(manifest), "--json", str(out_json),
             *(["--hints"] if hints else [])]

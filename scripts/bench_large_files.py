@@ -29,7 +29,7 @@ from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this fil
 from monarch.node.stage import sources  # noqa: E402
 from monarch.node.snapshot.snapshot import take_snapshot  # noqa: E402
 from support.harness import CountingTally  # noqa: E402
-from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
-from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 WINDOW = 1025     # tokens (uint16) per window: a context of 1,024 and its next token
 PER_STEP = 32     # windows per step (a batch)

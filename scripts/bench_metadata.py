@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
-from monarch.slowpfs import METADATA_KEYS, SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.tools.slowpfs import METADATA_KEYS, SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 WORKLOAD = r'''
 import json, os, random, sys, time

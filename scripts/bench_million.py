@@ -101,7 +101,7 @@ from bench_startup import phases  # noqa: E402
 from benchopts import fresh_bytecode, parse_with_quick, ready_to_write, result_path  # noqa: E402
 from monarch import layout  # noqa: E402
 from monarch.launch.cache import drop_dataset  # noqa: E402
-from monarch.workload import parse_size  # noqa: E402
+from monarch.tools.workload import parse_size  # noqa: E402
 
 MARKER = ".bench_million.json"  # in a --keep-tree directory: what tree it holds
 CPU = re.compile(r"phase daemon\.closed cpu=([\d.]+)")

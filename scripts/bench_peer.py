@@ -52,7 +52,7 @@ from clusterbench import bench_env, mpiexec, stop_daemons  # noqa: E402
 from cpuwatch import thread_ns  # noqa: E402
 from benchopts import fresh_bytecode  # noqa: E402
 from support.harness import ram_peer_config  # noqa: E402
-from monarch.workload import make_dataset, parse_size  # noqa: E402
+from monarch.tools.workload import make_dataset, parse_size  # noqa: E402
 
 JOB = "benchpeer"
 NODES = 2
@@ -60,7 +60,7 @@ NODES = 2
 READER = r"""
 import json, os, sys, time
 from concurrent.futures import ThreadPoolExecutor
-from monarch.workload import digest, load_manifest
+from monarch.tools.workload import digest, load_manifest
 root, manifest_path, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 manifest = load_manifest(manifest_path)
 names = sorted(manifest)
@@ -179,7 +179,7 @@ def build_c_reader(work: str) -> str:
 
 def write_crc_list(work: str, root: str, manifest_path: str) -> str:
     """The C reader's list: "CRC32 SIZE PATH" per file, in the Python reader's order."""
-    from monarch.workload import load_manifest
+    from monarch.tools.workload import load_manifest
     path = os.path.join(work, "crc_list.txt")
     with open(path, "w") as out:
         for rel in sorted(load_manifest(manifest_path)):

@@ -10,7 +10,7 @@
 
 by three readers (``--variant``, all by default):
 
-  demo        the demo's reader (monarch.workload: 4 forked workers, shuffled epochs, every file's
+  demo        the demo's reader (monarch.tools.workload: 4 forked workers, shuffled epochs, every file's
               digest checked) over 2,000 x 64 KiB objects
   imagefolder PyTorch's way without torch: .npy arrays in class directories, listed as
               torchvision's ImageFolder lists them, np.load per sample (tests/support/imagefolder_reader.py)
@@ -63,7 +63,7 @@ def make_variant(name: str, src: str, here: str, args):
         def naive(out: str, prefix: str) -> tuple[list[str], dict]:
             return reader(src, out) + ["--get", f"s3:{BUCKET}:{prefix}", "--top", src], {}
         return reader, naive
-    from monarch.workload import make_dataset
+    from monarch.tools.workload import make_dataset
     files, size = (args.large_files, args.large_size) if name == "large" else (args.files, args.size)
     manifest = os.path.join(here, "demo.manifest.json")
     make_dataset(src, files=files, size=size, spread=0.0, manifest=manifest)

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
-from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 VALUE = 64 << 10  # an LMDB record's value
 MEMBER = 1 << 20  # a tar member

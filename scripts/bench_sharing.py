@@ -48,16 +48,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
 
 from benchopts import fresh_bytecode, parse_with_quick, ready_to_write, result_path  # noqa: E402
-from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
-from monarch.workload import make_dataset  # noqa: E402
+from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.tools.workload import make_dataset  # noqa: E402
 
 MODES = ("shared", "private")
 BARRIER_SECONDS = 300  # the longest a job waits for the wave's others after its first epoch
-# a job's reader: its first epoch, the barrier, its later epochs (monarch.workload checks every byte)
+# a job's reader: its first epoch, the barrier, its later epochs (monarch.tools.workload checks every byte)
 JOB_READER = r"""
 import json, os, sys, time
 from dataclasses import asdict
-from monarch.workload import read_dataset
+from monarch.tools.workload import read_dataset
 root, manifest, epochs, workers, barrier, n, me, out = sys.argv[1:9]
 first = read_dataset(root, 1, int(workers), seed=0, manifest=manifest)
 open(os.path.join(barrier, me), "w").close()

@@ -49,7 +49,7 @@ from benchopts import parse_with_quick, ready_to_write, result_path  # noqa: E40
 from monarch import protocol  # noqa: E402
 from monarch.node.snapshot.snapshot import take_snapshot  # noqa: E402
 from monarch.node.tiers.codecs import DEFAULT_LEVEL  # noqa: E402
-from monarch.workload import _compressible, parse_size  # noqa: E402
+from monarch.tools.workload import _compressible, parse_size  # noqa: E402
 
 TIER_SLOT = protocol.tier_slot(0)
 
@@ -245,7 +245,7 @@ def parse_args(argv=None):
     p.add_argument("--level", type=int, default=DEFAULT_LEVEL,
                    help=f"zstd level of the frames (default {DEFAULT_LEVEL}: the daemon's until it has chosen one)")
     p.add_argument("--content", choices=CONTENTS,
-                   help="the files' bytes: random (incompressible), compressible (monarch.workload's images and "
+                   help="the files' bytes: random (incompressible), compressible (monarch.tools.workload's images and "
                         "feature maps), text (words); default random, compressible with --compressed")
     p.add_argument("--compare", metavar="LIB",
                    help="another shim library (an earlier build) whose staged hit is measured in the same "

@@ -52,8 +52,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_epochs import child_env, monarch_config  # noqa: E402
 from benchopts import fresh_bytecode, parse_with_quick  # noqa: E402
-from monarch.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
-from monarch.workload import make_dataset  # noqa: E402
+from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
+from monarch.tools.workload import make_dataset  # noqa: E402
 
 PHASE = re.compile(r"^\[monarch node \d+\] (\d+\.\d+) DEBUG phase (\S+)")
 
@@ -92,8 +92,8 @@ def phases(text: str) -> dict[str, float]:
 STARTUP = ("import runpy, sys, time\n"
            "end = time.perf_counter() + float(sys.argv[1])\n"
            "while time.perf_counter() < end: pass\n"
-           "sys.argv = ['monarch.workload', *sys.argv[2:]]\n"
-           "runpy.run_module('monarch.workload', run_name='__main__', alter_sys=True)\n")
+           "sys.argv = ['monarch.tools.workload', *sys.argv[2:]]\n"
+           "runpy.run_module('monarch.tools.workload', run_name='__main__', alter_sys=True)\n")
 
 
 def workload(data_dir: str, manifest: Path, out_json: Path, workers: int, startup: float = 0.0) -> list[str]:
@@ -101,7 +101,7 @@ def workload(data_dir: str, manifest: Path, out_json: Path, workers: int, startu
             "--manifest", str(manifest), "--json", str(out_json)]
     if startup > 0:
         return [sys.executable, "-c", STARTUP, str(startup), *args]
-    return [sys.executable, "-m", "monarch.workload", *args]
+    return [sys.executable, "-m", "monarch.tools.workload", *args]
 
 
 def run_direct(pfs, manifest, work, args) -> dict:

@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO))  # monarch from this checkout, not an installed co
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
 from monarch.config import load_config  # noqa: E402
 from monarch.node.daemon import NodeDaemon  # noqa: E402
-from monarch.workload import make_dataset  # noqa: E402
+from monarch.tools.workload import make_dataset  # noqa: E402
 
 
 def main() -> None:

@@ -8,7 +8,7 @@
 
 by two readers (``--variant``, both by default):
 
-  demo           the demo's reader (monarch.workload: 4 forked workers, shuffled epochs, every
+  demo           the demo's reader (monarch.tools.workload: 4 forked workers, shuffled epochs, every
                  file's digest checked) over 2,000 x 64 KiB random files; its naive-get is a
                  plug-in that GETs each file (tests/support/redisstore.py: naive_get)
   imagefolder    PyTorch's way, without torch: .npy arrays in class directories
@@ -108,7 +108,7 @@ def env_here(**extra) -> dict:
 
 
 def reader_cmd(root: str, manifest: str, out: str, epochs: int, workers: int, reader: str = "python") -> list[str]:
-    return [sys.executable, "-m", "monarch.workload", "read", root, "--epochs", str(epochs), "--workers",
+    return [sys.executable, "-m", "monarch.tools.workload", "read", root, "--epochs", str(epochs), "--workers",
             str(workers), "--manifest", manifest, "--reader", reader, "--json", out]
 
 
@@ -151,7 +151,7 @@ class Variant:
 
 
 def demo_variant(src: str, base: str, args) -> Variant:
-    from monarch.workload import make_dataset
+    from monarch.tools.workload import make_dataset
     manifest = os.path.join(base, "demo.manifest.json")
     make_dataset(src, files=args.files, size=args.size, spread=0.0, manifest=manifest)
 

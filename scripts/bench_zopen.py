@@ -41,7 +41,7 @@ from monarch import protocol  # noqa: E402
 from monarch.node.tiers import codecs  # noqa: E402
 from monarch.node.snapshot.snapshot import FileInfo  # noqa: E402
 from monarch.node.tiers.tiers import DecodedFiles  # noqa: E402
-from monarch.workload import parse_size  # noqa: E402
+from monarch.tools.workload import parse_size  # noqa: E402
 
 
 def timed(fn, n):

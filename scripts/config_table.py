@@ -2,7 +2,7 @@
 environment table from the declared variables (monarch/environment.py).
 
 Run after adding or changing a key or a variable: ``python3 scripts/config_table.py``. Tests
-(tests/unit/test_config_keys.py, tests/unit/test_environment.py) fail while a table there differs
+(tests/unit/config/test_config_keys.py, tests/unit/test_environment.py) fail while a table there differs
 from the declarations. ``--check`` writes nothing: exit 1 when a table is out of date.
 """
 

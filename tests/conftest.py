@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from monarch.workload import make_dataset
+from monarch.tools.workload import make_dataset
 
 pytest_plugins = ["support.fixtures"]
 
@@ -25,6 +25,12 @@ def short_tmp(tmp_path_factory):
 @pytest.fixture
 def python():
     return sys.executable
+
+
+@pytest.fixture
+def no_dataset_variable(monkeypatch):
+    """MONARCH_DATASET unset: a command finds its roots only in what the test gives it."""
+    monkeypatch.delenv("MONARCH_DATASET", raising=False)
 
 
 @dataclass

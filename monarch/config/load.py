@@ -2,7 +2,7 @@
 
 The keys, their defaults and checks are declared once in ``keys.py``; this module runs them
 over the raw mapping and builds the dataclasses of ``model.py``. The shipped ``defaults.yaml``
-holds the same defaults (``tests/unit/test_config.py`` keeps them, and ``configs/local.yaml``,
+holds the same defaults (``tests/unit/config/`` keeps them, and ``configs/local.yaml``,
 in sync). Every error names the file, the key and the fix.
 """
 

@@ -1,6 +1,6 @@
 """The validated configuration as frozen dataclasses: what the daemon, the launcher and the plan read.
 
-Field names are the keys' names (``keys.py``; ``tests/unit/test_config.py`` holds the two together).
+Field names are the keys' names (``keys.py``; ``tests/unit/config/test_config_keys.py`` holds the two together).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch.slowpfs import fuse_unavailable_reason
+from monarch.tools.slowpfs import fuse_unavailable_reason
 
 pytestmark = pytest.mark.integration
 

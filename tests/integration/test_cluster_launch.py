@@ -13,7 +13,8 @@ def test_single_node_run_with_a_node_index_starts_its_daemon_and_uses_it(dataset
     cfg = write_tier_config(short_tmp, ds.root, f"{short_tmp}/run", f"/dev/shm{short_tmp}/ram", f"{short_tmp}/ssd")
     report = os.path.join(short_tmp, "r.json")
     res = run_group([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", report, "--", sys.executable, "-m",
-                     "monarch.workload", "read", ds.root, "--epochs", "2", "--workers", "2", "--manifest", ds.manifest],
+                     "monarch.tools.workload", "read", ds.root, "--epochs", "2", "--workers", "2",
+                     "--manifest", ds.manifest],
                     env=monarch_env(MONARCH_NODE=1, MONARCH_JOB_ID="single"), timeout=60)
     assert res.returncode == 0, res.stderr
     assert "Monarch is not active" not in res.stderr

@@ -399,7 +399,7 @@ def test_the_level_is_chosen_on_files_spread_over_the_dataset(short_tmp):
     spread over the dataset: its ratio at the chosen level is the dataset's within 12 %."""
     import zstandard
 
-    from monarch.workload import make_dataset
+    from monarch.tools.workload import make_dataset
     root = os.path.join(short_tmp, "pfs")
     make_dataset(root, files=240, size="16KiB", spread=0.3, content="compressible", classes=6)
     report = os.path.join(short_tmp, "report.json")

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from support.harness import load, monarch, monarch_env, reader, write_config, write_tier_config
-from monarch.workload import make_dataset
+from monarch.tools.workload import make_dataset
 
 pytestmark = pytest.mark.integration
 
@@ -310,7 +310,7 @@ def tmpfs_of_3mib(short_tmp):
 
 def add_file(ds, rel: str, nbytes: int):
     """One more file in ``ds`` (on disk and in its manifest)."""
-    from monarch.workload import digest
+    from monarch.tools.workload import digest
     data = os.urandom(nbytes)
     with open(os.path.join(ds.root, rel), "wb") as f:
         f.write(data)

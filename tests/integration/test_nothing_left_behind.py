@@ -100,7 +100,7 @@ def test_fast_exiting_runs_leave_no_copies(dataset, short_tmp, slow_pfs, app):
 # daemon for it first, then reads the other files and checks their bytes.
 SWAP_FOR_FIFO = """
 import json, os, subprocess, sys, time
-from monarch.workload import digest
+from monarch.tools.workload import digest
 root, manifest, victim = sys.argv[1:4]
 deadline = time.monotonic() + 60
 while not os.path.exists(os.environ["MONARCH_INDEX"]):  # the snapshot is taken (the file in it)
@@ -194,8 +194,8 @@ def test_monarch_run_waits_for_a_slow_teardown_that_grows_with_the_staged_files(
     flag = os.path.join(short_tmp, "closed")
     env = monarch_env(TEST_TEARDOWN_PER_FILE=0.05, TEST_SLOW_CLOSE=12, TEST_CLOSED_FLAG=flag)
     env["PYTHONPATH"] = os.pathsep.join([hooks, env["PYTHONPATH"]])
-    r = monarch("run", "-c", cfg, "--", sys.executable, "-m", "monarch.workload", "read", ds.root, "--epochs", "1",
-                "--workers", "1", "--manifest", ds.manifest, env=env, timeout=120)
+    r = monarch("run", "-c", cfg, "--", sys.executable, "-m", "monarch.tools.workload", "read", ds.root,
+                "--epochs", "1", "--workers", "1", "--manifest", ds.manifest, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert os.path.exists(flag), "monarch run exited before its daemon had finished its tear-down"
     assert "still tearing down" not in r.stderr

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from monarch.slowpfs import fuse_unavailable_reason
+from monarch.tools.slowpfs import fuse_unavailable_reason
 from support.harness import load, monarch, monarch_env, reader, run_dirs, write_config
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from monarch.slowpfs import SlowPFS, SlowPFSError, fuse_unavailable_reason, is_mounted
+from monarch.tools.slowpfs import SlowPFS, SlowPFSError, fuse_unavailable_reason, is_mounted
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

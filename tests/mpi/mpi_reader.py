@@ -18,7 +18,7 @@ import sys
 
 from mpi4py import MPI
 
-from monarch.workload import digest, load_manifest
+from monarch.tools.workload import digest, load_manifest
 
 MASK = (1 << 64) - 1
 

@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import sys
 
-from monarch.workload import digest, load_manifest
+from monarch.tools.workload import digest, load_manifest
 
 
 def worker(root: str, manifest_path: str, epochs: int, results) -> None:

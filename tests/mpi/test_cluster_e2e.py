@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from support.harness import load, monarch, monarch_env, reader, write_config, make_bases
-from monarch.workload import make_dataset
+from monarch.tools.workload import make_dataset
 
 pytestmark = pytest.mark.mpi
 

@@ -11,7 +11,7 @@ import pytest
 
 from support.harness import load, write_config
 from support.s3server import Proxy, SeaweedS3, gets_by_key, weed
-from monarch.workload import make_dataset
+from monarch.tools.workload import make_dataset
 from test_cluster_e2e import Cluster, finish
 
 pytestmark = pytest.mark.mpi

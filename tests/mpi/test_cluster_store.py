@@ -12,7 +12,7 @@ from support.harness import load, write_config
 from support.redisstore import RedisServer
 from monarch.store.load import put
 from monarch.store.url import StoreURL
-from monarch.workload import make_dataset
+from monarch.tools.workload import make_dataset
 from test_cluster_e2e import Cluster, finish
 
 pytestmark = pytest.mark.mpi

@@ -26,7 +26,7 @@ SAMPLE = 8  # door_peer.c's PEER_SAMPLE
 READER = r"""
 import os, sys
 from concurrent.futures import ThreadPoolExecutor
-from monarch.workload import digest, load_manifest
+from monarch.tools.workload import digest, load_manifest
 root, manifest = sys.argv[1], load_manifest(sys.argv[2])
 names = sorted(manifest)[:int(sys.argv[4])]
 def check(rel):

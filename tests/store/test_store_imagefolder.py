@@ -12,7 +12,7 @@ import pytest
 
 from monarch.store.load import put
 from monarch.store.url import StoreURL
-from monarch.workload import digest
+from monarch.tools.workload import digest
 from support.harness import load, monarch
 from support.imagefolder_reader import make_npy_dataset
 from support.redisstore import store_config

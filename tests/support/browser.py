@@ -1,5 +1,5 @@
 """What a browser draws of a page: chromium, headless, reports where each plot and table landed
-and what the plots' pixels hold. Used by the HTML report's tests (tests/unit/test_report_html.py).
+and what the plots' pixels hold. Used by the HTML report's tests (tests/unit/report/test_html.py).
 
 ``drawn(page_html, workdir, width)`` loads a copy of the page with a probe script appended (run
 at the load event, after every image decoded: each ``<img>``'s natural size and box, each

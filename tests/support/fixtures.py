@@ -20,7 +20,7 @@ import os
 
 import pytest
 
-from monarch.slowpfs import SlowPFS, fuse_unavailable_reason
+from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason
 
 
 @pytest.fixture

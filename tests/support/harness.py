@@ -131,7 +131,7 @@ def run_group(cmd, env=None, timeout=180, cwd=None):
 
 
 def reader(ds, epochs=3, workers=4, reader_kind="python", compute_ms=0):
-    return [sys.executable, "-m", "monarch.workload", "read", ds.root, "--epochs", str(epochs),
+    return [sys.executable, "-m", "monarch.tools.workload", "read", ds.root, "--epochs", str(epochs),
             "--workers", str(workers), "--manifest", ds.manifest, "--reader", reader_kind,
             "--compute-ms", str(compute_ms)]
 

@@ -4,7 +4,7 @@ The listing mirrors torchvision's ``ImageFolder`` (``find_classes``: the sorted 
 ``os.scandir``'s directories; ``make_dataset``: per class, ``sorted(os.walk(...))`` and the
 sorted file names with an allowed extension, a class without one an error), the loader is
 ``np.load``. Each epoch a new seeded shuffle read by ``workers`` forked processes (a new
-pool per epoch, chunks of 16 samples, as the demo's reader: ``monarch.workload``), every
+pool per epoch, chunks of 16 samples, as the demo's reader: ``monarch.tools.workload``), every
 array checked against its expected shape, dtype, digest and class.
 
     python -m support.imagefolder_reader ROOT EXPECTED [--epochs 3] [--workers 4] [--json OUT]
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from monarch.workload import CHUNK_FILES, digest, epoch_order
+from monarch.tools.workload import CHUNK_FILES, digest, epoch_order
 
 EXTENSIONS = (".npy",)
 

@@ -109,7 +109,7 @@ _shim: tuple[int, PyShim] | None = None  # (pid, shim): one per process, each fo
 
 
 def read_file(path: str) -> tuple[bytes, str]:
-    """A plug-in reader for ``monarch.workload read --reader support.pyshim:read_file``: the
+    """A plug-in reader for ``monarch.tools.workload read --reader support.pyshim:read_file``: the
     whole file, opened as the shim would, and how the open was served (HIT, STAGED or PFS)."""
     global _shim
     if _shim is None or _shim[0] != os.getpid():

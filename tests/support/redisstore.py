@@ -91,7 +91,7 @@ _client = None
 
 
 def naive_get(path: str):
-    """A ``monarch.workload`` plug-in reader (``support.redisstore:naive_get``) that GETs each file
+    """A ``monarch.tools.workload`` plug-in reader (``support.redisstore:naive_get``) that GETs each file
     from the store when it is read: the key is the path under ``BENCH_STORE_ROOT`` behind
     ``BENCH_STORE_PREFIX``, the store at ``BENCH_STORE_HOST``:``BENCH_STORE_PORT``. One client per
     (forked) worker process."""

@@ -355,7 +355,7 @@ def naive_s3_get(bucket: str, key: str) -> bytes:
 
 
 def naive_get(path: str):
-    """A ``monarch.workload`` plug-in reader (``support.s3server:naive_get``): the object whose key is
+    """A ``monarch.tools.workload`` plug-in reader (``support.s3server:naive_get``): the object whose key is
     ``BENCH_S3_PREFIX`` + the path under ``BENCH_S3_ROOT``, in ``BENCH_S3_BUCKET``."""
     rel = os.path.relpath(path, os.environ["BENCH_S3_ROOT"])
     return naive_s3_get(os.environ["BENCH_S3_BUCKET"], os.environ.get("BENCH_S3_PREFIX", "") + rel), "s3"

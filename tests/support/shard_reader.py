@@ -26,7 +26,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-from monarch.workload import digest, epoch_order, load_manifest
+from monarch.tools.workload import digest, epoch_order, load_manifest
 
 
 def shard(names: list[str], seed: int, epoch: int, node: int, nodes: int) -> list[str]:

@@ -216,3 +216,19 @@ def test_the_plan_takes_the_node_file_rate_from_the_command_line(tmp_path):
     assert slow.stdout != fast.stdout
     bad = run("--file-rate", "lots")
     assert bad.returncode == 2 and "--file-rate" in bad.stderr and "Traceback" not in bad.stderr
+
+
+MiB = 1 << 20
+
+
+def test_plan_says_a_replicated_loss_moves_nothing_and_what_its_seconds_are():
+    from monarch import plan
+    stores = [plan.Store("ram", 100 * MiB)]
+    replicated = plan.format_plan(plan.make_plan(plan.synthetic(100, 100_000), 4, stores))
+    assert "layout  : replicate" in replicated
+    place = next(line for line in replicated.splitlines() if line.startswith("place"))
+    assert "re-owns" not in place and "losing a node moves nothing" in place
+    assert "s to place" not in place and "computing this placement took" in place
+    sharded = plan.format_plan(plan.make_plan(plan.synthetic(100, 100_000), 4, stores, shard=True))
+    place = next(line for line in sharded.splitlines() if line.startswith("place"))
+    assert "(the largest share) is lost" in place and "s to place" not in place

@@ -613,3 +613,9 @@ def test_a_low_descriptor_limit_bounds_the_copiers_not_the_copies(short_tmp, dae
     assert stats["staging"]["files"] == len(sums) and pfs.counters()["opens"] == len(sums)
     for key, digest in sums.items():
         assert md5_of(os.fsencode(os.path.join(daemon.tiers[0].path, key))) == digest
+
+
+def test_the_glibc_skip_says_why_the_front_door_is_not_checked():
+    text = (Path(__file__).resolve().parents[3] / "tests" / "shim" / "test_glibc_compat.py").read_text()
+    assert "the front door imports what it calls)" not in text
+    assert "applies to the shim only: the front door is not an interposer" in text

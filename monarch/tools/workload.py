@@ -1,11 +1,11 @@
 """A training-like workload: make a dataset of many files, read it for epochs like a DataLoader.
 
-``python -m monarch.workload make DIR [--files 2000] [--size 100KiB] [--spread 0.5]``
+``python -m monarch.tools.workload make DIR [--files 2000] [--size 100KiB] [--spread 0.5]``
 writes files of random content whose sizes spread around the mean (like ImageNet JPEGs),
 in a few class subdirectories, and a manifest ``DIR.manifest.json`` beside DIR (relative
 path -> size and xxhash64 digest).
 
-``python -m monarch.workload read DIR [--epochs 3] [--workers 4] [--manifest FILE]``
+``python -m monarch.tools.workload read DIR [--epochs 3] [--workers 4] [--manifest FILE]``
 reads every file once per epoch, in a new seeded shuffled order each epoch, with N forked
 worker processes (a new pool each epoch, as PyTorch's DataLoader without persistent
 workers), each opening, reading and closing whole files. With a manifest every file's
@@ -350,7 +350,7 @@ def _opens_by_source(counters: str | None) -> dict[str, int] | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m monarch.workload", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m monarch.tools.workload", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("make", help="generate a dataset and its manifest")
     m.add_argument("dir")
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                                args.manifest, args.reader, log=lambda line: print(line, flush=True),
                                hints=args.hints)
     except WorkloadError as exc:
-        print(f"monarch.workload: {exc}", file=sys.stderr)
+        print(f"monarch.tools.workload: {exc}", file=sys.stderr)
         return 2
     if args.json:
         with open(args.json, "w") as f:
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
                        "compute_ms": args.compute_ms, "epochs": [asdict(r) for r in results]}, f, indent=1)
     bad = [m for r in results for m in r.mismatches]
     if bad:
-        print(f"monarch.workload: {len(bad)} file(s) read wrong bytes (digest mismatch), e.g.", file=sys.stderr)
+        print(f"monarch.tools.workload: {len(bad)} file(s) read wrong bytes (digest mismatch), e.g.", file=sys.stderr)
         for line in bad[:5]:
             print(f"  {line}", file=sys.stderr)
         return 1

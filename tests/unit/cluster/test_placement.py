@@ -103,7 +103,7 @@ def test_bad_weights():
 
 
 PROBE = ("import sys, json; from monarch.cluster.placement import Placement; "
-         "from tests.unit.test_placement import ITEMS; "
+         "from tests.unit.cluster.test_placement import ITEMS; "
          "p = Placement.build(ITEMS, [3, 1, 2, 2, 5]); keys = [k for k, _ in ITEMS[:3000]]; "
          "print(json.dumps([[p.owner(k), p.owner(k, {0, 3}), p.owners(k, 3)] for k in keys]))")
 
@@ -114,7 +114,7 @@ def test_placement_is_the_same_in_every_process():
         env = dict(os.environ, PYTHONHASHSEED=seed)
         outs.append(subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,
                                    env=env, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                                       os.path.abspath(__file__))))).stdout)
+                                       os.path.dirname(os.path.abspath(__file__)))))).stdout)
     assert outs[0] == outs[1] == outs[2]
     assert outs[0].count("[") > 3000
 

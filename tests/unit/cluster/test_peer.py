@@ -77,20 +77,6 @@ def test_every_loss_listener_hears_of_a_lost_node_once(monkeypatch):
     assert [n["node"] for n in cluster.lost()] == [1] and cluster.owner("0/any") == 0
 
 
-def test_control_messages_keep_their_wire_form():
-    import pickle
-
-    from monarch.cluster.control import ControlTable, Verb, message
-    assert message(Verb.REQ, 16, "0/a") == ("req", 16, "0/a")
-    assert pickle.dumps(message(Verb.PING)) == pickle.dumps(("ping",))  # plain strings on the wire
-    assert {v.value for v in Verb} == {"req", "cancel", "ping", "pong", "done", "stats", "release", "bye"}
-    got, heard = [], []
-    table = ControlTable(heard.append, {Verb.REQ: lambda src, tag, key: got.append((src, tag, key))})
-    table.dispatch(3, ("req", 17, "0/b"))
-    table.dispatch(2, ("unknown",))
-    assert got == [(3, 17, "0/b")] and heard == [3, 2]
-
-
 def test_peer_errors_keep_their_reason_through_pickle():
     import pickle
 

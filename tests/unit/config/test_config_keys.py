@@ -15,7 +15,7 @@ from monarch.config import model
 from monarch.config.docs import TABLE_BEGIN, TABLE_END, table, yaml_text
 from monarch.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def flat(tree, prefix=""):

@@ -1,7 +1,7 @@
 """``monarch demo``: Monarch's main job on the embedded single-node default, over a slow PFS.
 
 Makes a demo dataset and puts it behind an emulated slow parallel filesystem (FUSE,
-``monarch.slowpfs``: a few ms per open, as a PFS's metadata server costs, and no page
+``monarch.tools.slowpfs``: a few ms per open, as a PFS's metadata server costs, and no page
 cache), reads it for several shuffled epochs with forked workers, first directly and then
 under ``monarch run`` (the shipped default configuration, MONARCH_DATASET pointing at the
 mount), checks every byte of every read against the manifest's digests, and prints the
@@ -34,13 +34,13 @@ def demo(directory: str | None, files: int, epochs: int, workers: int,
     try:
         if not os.path.exists(manifest):
             print(f"demo: making {files} files under {source}", flush=True)
-            subprocess.run([py, "-m", "monarch.workload", "make", source, "--files", str(files),
+            subprocess.run([py, "-m", "monarch.tools.workload", "make", source, "--files", str(files),
                             "--manifest", manifest], check=True)
         with ExitStack() as stack:
             pfs = _mount(stack, source, base, open_latency_ms) if open_latency_ms > 0 else None
             data = pfs.mountpoint if pfs is not None else source
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="monarch-demo-epochs-"))
-            read = [py, "-m", "monarch.workload", "read", data, "--epochs", str(epochs),
+            read = [py, "-m", "monarch.tools.workload", "read", data, "--epochs", str(epochs),
                     "--workers", str(workers), "--manifest", manifest]
             direct_json, monarch_json = os.path.join(scratch, "direct.json"), os.path.join(scratch, "monarch.json")
             print("demo: reading directly (no Monarch): " + " ".join(read[1:]), flush=True)
@@ -69,7 +69,7 @@ def demo(directory: str | None, files: int, epochs: int, workers: int,
 def _mount(stack: ExitStack, source: str, base: str, open_latency_ms: float):
     """The dataset behind the emulated slow PFS (unmounted when ``stack`` closes), or None with
     one line saying why FUSE does not work here (the demo then reads the local disk)."""
-    from monarch.slowpfs import SlowPFS, SlowPFSError
+    from monarch.tools.slowpfs import SlowPFS, SlowPFSError
     pfs = SlowPFS(source, os.path.join(base, "pfs"), os.path.join(base, "pfs-counters.json"),
                   open_latency_ms=open_latency_ms)
     try:

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from monarch import workload
-from monarch.workload import WorkloadError, make_dataset, parse_size, read_dataset
+from monarch.tools import workload
+from monarch.tools.workload import WorkloadError, make_dataset, parse_size, read_dataset
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,10 +57,10 @@ def test_read_every_file_once_per_epoch(dataset, tmp_path, reader):
     this test process (threads of earlier tests' in-process daemons alive) can hand a child a
     lock held at the fork (seen: a worker that never ended)."""
     root, entries = dataset
-    code = ("import json, sys; from monarch.workload import read_dataset; "
+    code = ("import json, sys; from monarch.tools.workload import read_dataset; "
             "rs = read_dataset(sys.argv[1], epochs=2, workers=2, manifest=sys.argv[2], reader=sys.argv[3]); "
             "print(json.dumps([(r.epoch, r.samples, r.bytes, r.mismatches) for r in rs]))")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     out = subprocess.run([sys.executable, "-c", code, str(root), str(tmp_path / "ds.manifest.json"), reader],
                          capture_output=True, text=True, timeout=100, check=True, cwd=repo,
                          env=dict(os.environ, PYTHONPATH=repo)).stdout
@@ -90,7 +90,7 @@ def test_corrupted_file_is_detected(dataset, tmp_path):
 def test_cli_exit_code_and_json(dataset, tmp_path):
     root, entries = dataset
     out = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "monarch.workload", "read", str(root), "--epochs", "2", "--workers", "2",
+    cmd = [sys.executable, "-m", "monarch.tools.workload", "read", str(root), "--epochs", "2", "--workers", "2",
            "--manifest", str(tmp_path / "ds.manifest.json"), "--json", str(out)]
     ok = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr

@@ -18,7 +18,7 @@ of a job independently of what Monarch believes it did.
 
 Run it as a process::
 
-    python -m monarch.slowpfs SRC MOUNTPOINT --counters FILE \\
+    python -m monarch.tools.slowpfs SRC MOUNTPOINT --counters FILE \\
         [--open-latency-ms 2] [--read-latency-ms 0] [--bandwidth MBps] [--page-cache]
 
 or from Python with the :class:`SlowPFS` context manager, which starts that process,
@@ -393,7 +393,7 @@ class SlowPFS:
 
     def command(self) -> list[str]:
         o = self.options
-        return [sys.executable, "-m", "monarch.slowpfs", self.src, self.mountpoint,
+        return [sys.executable, "-m", "monarch.tools.slowpfs", self.src, self.mountpoint,
                 "--counters", self.counters_path,
                 "--open-latency-ms", str(o["open_latency_ms"]),
                 "--read-latency-ms", str(o["read_latency_ms"]),
@@ -409,8 +409,8 @@ class SlowPFS:
             raise SlowPFSError(f"slowpfs: {self.mountpoint} is already a mount point")
         self._stderr = tempfile.TemporaryFile()
         env = dict(os.environ)
-        here = Path(__file__).resolve()  # <dir>/monarch/slowpfs.py: this very monarch, installed or a checkout
-        paths = [str(here.parents[1])] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        here = Path(__file__).resolve()  # <dir>/monarch/tools/slowpfs.py: this very monarch, installed or a checkout
+        paths = [str(here.parents[2])] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env.pop("LD_PRELOAD", None)  # never serve the PFS through a preloaded shim
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._stderr,
@@ -494,7 +494,7 @@ class SlowPFS:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m monarch.slowpfs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m monarch.tools.slowpfs", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="directory to serve (read-only)")
     p.add_argument("mountpoint")
     p.add_argument("--counters", required=True, help="JSON file the counters are written to")

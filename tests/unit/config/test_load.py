@@ -7,7 +7,7 @@ import yaml
 from monarch.config import DEFAULTS_FILE, expand_vars, load_config, parse_size, read_user
 from monarch.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -373,7 +373,7 @@ def test_readme_report_reference_says_which_figures_are_exact_estimated_or_bound
     each in its kind: the estimated ones (``pfs.estimated``) there and nowhere else."""
     from pathlib import Path
     from monarch.report.build import ESTIMATED
-    readme = (Path(__file__).resolve().parents[2] / "docs" / "report.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "report.md").read_text()
     reference = readme.split("\n## Fields\n", 1)[1].split("\n## ", 1)[0]
     pfs = build_report([node({"ram": {"opens": 3, "bytes": 30 * MiB, "opens_uncounted": 0}})], JOB)["pfs"]
     for key in pfs:
