@@ -24,7 +24,7 @@ CONFIG = "configuration"       # expanded in a configuration file (${VAR}; the s
 SHIM = "shim (C)"              # libmonarch_shim.so, in the application's processes
 FRONT_DOOR = "front door (C)"  # the daemon's C front door (monarch/frontdoor/)
 HINTS = "monarch.hints"        # the hints API, in the application's processes
-WORKLOAD = "monarch.workload"  # the demo's and benchmarks' reader
+WORKLOAD = "monarch.tools.workload"  # the demo's and benchmarks' reader
 DEMO = "demo"                  # monarch demo
 TESTS = "tests and benchmarks"  # tests/, scripts/ (and the helpers in monarch they use)
 

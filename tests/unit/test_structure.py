@@ -155,7 +155,7 @@ RECORDS = {
     "node/tiers/tiers.py": {"tier": "set in Tier's own factory (a classmethod)"},
     "node/stage/store_source.py": {"mount": "the store set's own record of one root (Mount)"},
     "native/build.py": {"fn": "ctypes function prototypes (OptionalLibrary)"},
-    "slowpfs.py": {"config_3": "libfuse's fuse_config, filled in its init callback",
+    "tools/slowpfs.py": {"config_3": "libfuse's fuse_config, filled in its init callback",
                    "fi": "libfuse's fuse_file_info of one open, filled by the open callback"},
 }
 
