@@ -342,6 +342,7 @@ def test_files_a_full_tier_filesystem_refuses_go_to_the_next_tier_whoever_copies
     assert r.returncode == 0, r.stderr  # every digest checked
     rep, counted = load(report), pfs.counters()
     failures = rep["staging"]["failures"]
+    print(f"PFS read {counted['bytes'] / ds.total:.3f}x the dataset over 3 epochs; not staged: {failures}")
     assert counted["bytes"] <= 1.05 * ds.total, (counted["bytes"] / ds.total, failures)
     assert not failures.get("no_room"), failures
     tiers = rep["nodes"][0]["tiers"]
