@@ -82,7 +82,7 @@ NODE_FLOORS = (
     ("stage",),                          # copying into the tiers, from the PFS, a peer or a store
     ("outcomes", "stats"),               # records every room above may use: OPEN's answers, statistics
     ("peer",),                           # this node's part in a cluster
-    ("door",),                           # the front door beside the stager's and the peer cache's books
+    ("doorkeeper",),                     # the front door's keeper: its life, its table kept with the Python books
     ("instance", "resolver", "notices", "daemon", "server"),  # the daemon, assembled, and its socket
 )
 NODE_TOP_MAX = 12  # modules directly in monarch/node/ (its __init__ included)
