@@ -4,7 +4,7 @@ A control message is a pickled tuple sent on ``engine.TAG_CTRL``, its verb first
 string on the wire: peers of one version only). Each part of the peer layer serves its own
 verbs and hands ``ControlTable`` a ``{verb: handler}`` mapping of them once, at start:
 
-  the server (serve.py)       ``("req", tag, key)``, ``("cancel", tag)``
+  the provider (provide.py)   ``("req", tag, key)``, ``("cancel", tag)``
   liveness (liveness.py)      ``("ping",)``, ``("pong",)``
   shutdown (shutdown.py)      ``("done",)``, ``("stats", stats)``, ``("release",)``, ``("bye",)``
 

@@ -34,7 +34,7 @@ class PeerCounters:
         return PeerError(message, reason)
 
     def serve_failed(self, why: str) -> None:
-        """Count a request not served, by why (a ``serve.ServeFailure``)."""
+        """Count a request not served, by why (a ``provide.ServeFailure``)."""
         why = str(why)  # the plain value: counters are pickled to the coordinator and written as JSON
         with self._lock:
             failures = self._counts["serve_failures"]

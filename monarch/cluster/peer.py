@@ -8,7 +8,7 @@ from one), one MPI engine thread that makes every MPI call, and a small pool tha
 
   collective.py  ``share`` and ``allgather_ints`` (node 0's snapshot, the capacities)
   fetch.py       ``fetch``: copying a file from its owner
-  serve.py       answering the peers' requests (``provide``)
+  provide.py     answering the peers' requests (``Provider``, calling ``provide``)
   liveness.py    heartbeats, pings, nodes down and lost (``on_loss``)
   shutdown.py    ``finish`` and the goodbye before ``close``
   control.py     the control messages' verbs and their verb -> handler table
@@ -31,7 +31,7 @@ from .engine import Engine
 from .fetch import Fetcher
 from .liveness import LossListener, Liveness
 from .placement import Placement
-from .serve import Provide, Server
+from .provide import Provide, Provider
 from .shutdown import Shutdown
 from .tuning import HEARTBEAT_TIMEOUT
 
@@ -65,13 +65,13 @@ class Cluster:
         self._datapath_at_loss: dict[str, int] | None = None
         self._fetcher = Fetcher(self._engine, comm.Get_attr(MPI.TAG_UB) or 32767, self._liveness, self._counters,
                                 self, self._reowned, datapath)
-        self._server = Server(self._engine, self._counters, self)
-        self._shutdown = Shutdown(self._engine, self._liveness, self._server, self)
-        self._control = ControlTable(self._liveness.heard, self._server.handlers(), self._liveness.handlers(),
+        self._provider = Provider(self._engine, self._counters, self)
+        self._shutdown = Shutdown(self._engine, self._liveness, self._provider, self)
+        self._control = ControlTable(self._liveness.heard, self._provider.handlers(), self._liveness.handlers(),
                                      self._shutdown.handlers())
         # a lost node: the fetches waiting on it fail, the transfers to it stop, then the others hear of it
         self._liveness.on_loss(self._fetcher.on_lost, "fetches")
-        self._liveness.on_loss(self._server.on_lost, "serving")
+        self._liveness.on_loss(self._provider.on_lost, "serving")
         if datapath is not None:  # a lost node ends its fetches on the data path too
             self._liveness.on_loss(self._datapath_lost, "the data path")
 
@@ -147,10 +147,10 @@ class Cluster:
     # -- serving -----------------------------------------------------------------------
     def start(self, provide: Provide | None, serve_threads: int = 8) -> None:
         """Serve peers in the background, ``serve_threads`` ``provide`` calls at once;
-        ``provide(key) -> local path | None`` (see serve.py)."""
+        ``provide(key) -> local path | None`` (see provide.py)."""
         if self._engine.running or self._closed:
             raise PeerError("Cluster.start(): already started or closed", FailureReason.FAILED)
-        self._server.start(provide, serve_threads)
+        self._provider.start(provide, serve_threads)
         world.track_engine(self._engine)
         self._engine.start()
         self._liveness.start()
@@ -229,7 +229,7 @@ class Cluster:
         self._shutdown.say_goodbye()
         if self._liveness.down:
             world.note_failure(f"nodes {sorted(self._liveness.down)} were not answering")
-        self._server.shutdown()
+        self._provider.shutdown()
         if self.datapath is not None:
             self.datapath.stop()
         self._engine.stop()

@@ -17,7 +17,7 @@ from . import world
 from .control import Handler, Verb, message
 from .engine import Engine
 from .liveness import Liveness
-from .serve import Server
+from .provide import Provider
 from .tuning import Tuning
 
 log = logging.getLogger(__name__)
@@ -26,10 +26,10 @@ log = logging.getLogger(__name__)
 class Shutdown:
     """This node's part in finishing the job together."""
 
-    def __init__(self, engine: Engine, liveness: Liveness, server: Server, tuning: Tuning):
+    def __init__(self, engine: Engine, liveness: Liveness, provider: Provider, tuning: Tuning):
         self._engine = engine
         self._liveness = liveness
-        self._server = server
+        self._provider = provider
         self._tuning = tuning
         self._done: dict[int, bool] = {}   # coordinator: nodes that called finish
         self._stats: dict[int, Any] = {}   # coordinator: node -> its stats
@@ -76,8 +76,8 @@ class Shutdown:
                 break
             log.warning("finish(): coordinator node %d is lost; telling node %d", coord, self._coordinator())
         peer_timeout = self._tuning.peer_timeout
-        self._server.stop_accepting()
-        if not self._server.wait_idle(peer_timeout):
+        self._provider.stop_accepting()
+        if not self._provider.wait_idle(peer_timeout):
             log.warning("finish(): transfers to peers still running after %gs", peer_timeout)
         stats = local_stats() if callable(local_stats) else local_stats
         result = None

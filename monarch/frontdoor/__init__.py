@@ -7,7 +7,7 @@ files, which they copy themselves (a slow source's on copier threads of the door
 in flight as its measured latency wants: ``inflight.c``, the rule Python's stager follows too,
 through ``Flow`` below). Whatever it does not answer it hands over to the
 Python server (``NodeServer``), and what it copied it reports as events (``events``), which
-the daemon's ``DoorLink`` (``monarch/node/door/door_link.py``) books in the stager's. This module
+the daemon's ``DoorLink`` (``monarch/node/doorkeeper/door_link.py``) books in the stager's. This module
 knows no stager. The policy stays in Python; see the C file's header for the states a key
 goes through.
 

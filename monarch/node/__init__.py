@@ -17,8 +17,8 @@ Read from the bottom up: each room imports only itself and the rooms below it
                    classes (the record, ``NodeStats``, is ``monarch/records/node_stats.py``)
 ``peer/``          this node's part in a cluster: the layout and ownership, other nodes'
                    files (the peer cache), what the C data path may answer peers by itself
-``door/``          the front door (C, ``monarch/frontdoor/``) beside the stager and the
-                   peer cache: its books kept with theirs
+``doorkeeper/``    the front door's keeper (the door is C, ``monarch/frontdoor/``): its
+                   life, and its books kept with the stager's and the peer cache's
 ``instance.py``    one live daemon instance per run directory
 ``resolver.py``    where an OPEN goes (a copy, a decoded or inflated copy, the PFS)
 ``notices.py``     the job's writes (INVALIDATE) and read order (HINT)

@@ -32,12 +32,12 @@ from monarch.errors import MonarchError
 from monarch.node.peer.cluster_role import ClusterRole, PeerLayer
 from monarch.node.tiers.codecs import spread
 from monarch.node.stage.current import Current
-from monarch.node.door.door_link import PEER_WORKERS, DoorKeeper, DoorLink
+from monarch.node.doorkeeper.door_link import PEER_WORKERS, DoorKeeper, DoorLink
 from monarch.node.snapshot.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
 from monarch.node.notices import JobNotices
 from monarch.node.outcomes import Outcome
-from monarch.node.door.peer_door_link import PeerDoorLink, owners_by_entry
+from monarch.node.doorkeeper.peer_door_link import PeerDoorLink, owners_by_entry
 from monarch.node.resolver import Resolver
 from monarch.node.tiers.resources import margin_bytes
 from monarch.node.snapshot.snapshot import Snapshot, load_or_walk
@@ -79,7 +79,7 @@ class NodeDaemon:
         self.snapshot_how = SnapshotState.WALKING.value
         self.snapshot_ready_at: float | None = None  # time.time() when the snapshot was ready (or failed)
         self.gate = SnapshotGate()
-        self._door: DoorKeeper | None = None  # the server's C front door (make_front_door)
+        self._door_keeper: DoorKeeper | None = None  # the server's C front door's keeper (make_front_door)
         self._stagers: "weakref.WeakSet[Stager]" = weakref.WeakSet()  # every stager made: close() drains them
         self.run_dir = layout.run_dir(config.run_base, run_id, self.node)
         # the run directory is this instance's from here (a live one refused); a dead one's
@@ -154,18 +154,18 @@ class NodeDaemon:
         start: the Python server answers everything)."""
         if self.config.staging.validate == "open":
             return None
-        door = DoorKeeper.start(listen_fd, list(self.config.dataset.roots), self.tiers, self.peer_area,
-                                self.current, self._door_may_copy, PEER_WORKERS if self.role is not None else 0,
-                                own_only=self.role is not None, fixed_depth=self.config.staging.threads)
-        if door is None:
+        keeper = DoorKeeper.start(listen_fd, list(self.config.dataset.roots), self.tiers, self.peer_area,
+                                  self.current, self._door_may_copy, PEER_WORKERS if self.role is not None else 0,
+                                  own_only=self.role is not None, fixed_depth=self.config.staging.threads)
+        if keeper is None:
             return None
         with self.gate.lock:  # the stager swapped in when the walk ends is linked there
-            self._door = door
-            door.relink_locked()
+            self._door_keeper = keeper
+            keeper.relink_locked()
         self.open_front_door()  # a snapshot ready already (made in the foreground)
         if self.current.ready and self.config.staging.policy == "read-ahead" and self.role is None:
             self._read_ahead_in_door()  # the small files the stager has not taken yet: the door's lane
-        return door.door
+        return keeper.front_door
 
     def _door_may_copy(self) -> bool:
         """May the door copy files from the PFS? Alone on a node; in a cluster only sharded with
@@ -174,21 +174,21 @@ class NodeDaemon:
         role = self.role
         copies = role is None or (role.sharded() and role.cluster.datapath is not None)
         copies = copies and self.config.staging.policy != "off" and self.stores is None
-        return copies and shared_tier.door_may_copy(self.tiers, lambda: self._door)  # shared: while alone there
+        return copies and shared_tier.door_may_copy(self.tiers, lambda: self._door_keeper)  # shared: while alone there
 
     @property
     def door_link(self) -> DoorLink | None:
         """The door's books kept with the current stager's (None without a door)."""
-        return self._door.link if self._door is not None else None
+        return self._door_keeper.link if self._door_keeper is not None else None
 
     def open_front_door(self) -> None:
         """The snapshot is ready: the door answers from now on (never before the index is)."""
-        if self._door is not None:
-            self._door.open(self.index_path)
+        if self._door_keeper is not None:
+            self._door_keeper.open(self.index_path)
 
     def absorb_front_door(self) -> None:
         """What the door copied, and the progress readers told it, to the books and the outcomes."""
-        if self._door is not None and any((answered := self._door.absorb()).values()):
+        if self._door_keeper is not None and any((answered := self._door_keeper.absorb()).values()):
             with self._lock:
                 self.outcomes.update(answered)
 
@@ -228,8 +228,8 @@ class NodeDaemon:
                 for key in self.gate.release_writes_locked():  # written to before the index exists: never served
                     self.notices.drop_copies(stager, snap, key)
                 old = self.current.install_locked(snap, stager)
-                if self._door is not None:
-                    self._door.relink_locked()
+                if self._door_keeper is not None:
+                    self._door_keeper.relink_locked()
                 self.dataset_bytes = snap.total_bytes  # a sum over every file: once, not per REPORT
             old.shutdown()
             write_file_atomically(self.index_path, index)
@@ -252,14 +252,14 @@ class NodeDaemon:
         copies this node's own, once it knows who owns each (a pass over the snapshot, off this
         thread); then, with ``read_ahead``, the read-ahead starts (the door's lane copies the
         own small files). False if there is no such lane (the caller starts the read-ahead)."""
-        role, keeper, snap = self.role, self._door, self.snapshot
+        role, keeper, snap = self.role, self._door_keeper, self.snapshot
         if keeper is None or role.peer_cache is None or role.peer_area is None or role.cluster.datapath is None:
             return False
 
         def link() -> None:
             try:
                 dp, owners = role.cluster.datapath, owners_by_entry(snap.files, role.cluster.owner, role.node)
-                keeper.use_peer_link(lane := PeerDoorLink(keeper.door, role.peer_cache, dp, owners, role.node,
+                keeper.use_peer_link(lane := PeerDoorLink(keeper.front_door, role.peer_cache, dp, owners, role.node,
                                                           role.cluster.heartbeat_timeout, snap.files,
                                                           self.counters_path), lambda: self.notices.take_told(lane.told))
                 linked = self.notices.attach_peer(lane.hint)  # hinted orders' other nodes' files fetched ahead too
@@ -301,13 +301,13 @@ class NodeDaemon:
         """A raw first tier the door copies into: the front door's C lane copies the small files
         (a sharded node's own), the stager the large ones (DoorKeeper.read_ahead), then the
         second copies (peer.replicas: 2). False if the stager reads ahead alone."""
-        if self._door is None:
+        if self._door_keeper is None:
             return False
         self.open_front_door()  # the index is written and the gate ready (the server opens it too, a moment later)
         sample = self._sample_for_codecs if any(t.codec is not None for t in self.tiers) else None
         order = iter if self.role is None else self.role.read_ahead_order
-        if not self._door.read_ahead(self.snapshot.files, self.stager, sample, lambda: self.gate.closing,
-                                     self.absorb_front_door, order):
+        if not self._door_keeper.read_ahead(self.snapshot.files, self.stager, sample, lambda: self.gate.closing,
+                                            self.absorb_front_door, order):
             return False
         if self.role is not None:
             self.role.keep_replicas(self.stager, sorted(self.snapshot.files))
@@ -335,8 +335,8 @@ class NodeDaemon:
             self.snapshot_how = f"failed: {why}"
             empty = Snapshot(tuple(self.config.dataset.roots), FileTable())
             self.current.install_locked(empty, self._make_stager(empty)).shutdown()
-            if self._door is not None:
-                self._door.unlink_locked()
+            if self._door_keeper is not None:
+                self._door_keeper.unlink_locked()
             self.dataset_bytes = 0
         try:
             os.unlink(self.index_path)  # none, or one written before a later step failed
@@ -409,7 +409,7 @@ class NodeDaemon:
             on_directory = stager.read_ahead_more if stager is not None else None
             snap, self.snapshot_how = self._walk(into, on_directory)
         else:
-            door_copies = lambda: (self._door is not None and self.role.cluster.datapath is not None  # noqa: E731
+            door_copies = lambda: (self._door_keeper is not None and self.role.cluster.datapath is not None  # noqa: E731
                                    and self.config.staging.policy == "read-ahead" and self.stores is None)
             snap, self.snapshot_how = self.role.take_snapshot(self._walk, into, stager, door_copies)
         self.snapshot_seconds = time.perf_counter() - t0
@@ -504,13 +504,13 @@ class NodeDaemon:
         """This node's numbers, assembled from its parts' slices (the report module turns them
         into the report). ``brief`` (the launcher's progress polls) leaves out the timeline
         and the size classes, whose cost grows with the job's length and the dataset's size."""
-        door = None
-        if self._door is not None:
+        front_door = None
+        if self._door_keeper is not None:
             self.absorb_front_door()
-            door = self._door.stats()
+            front_door = self._door_keeper.stats()
         with self._lock:
             outcomes = collections.Counter(self.outcomes)
-        for slot, n in (door or {}).get("hits_by_slot", {}).items():  # opens the door answered itself
+        for slot, n in (front_door or {}).get("hits_by_slot", {}).items():  # opens the door answered itself
             outcomes[Outcome.ALREADY_FETCHED if slot == protocol.SLOT_PEER else Outcome.ALREADY_STAGED] += n
         timeline = classes = None
         if not brief:
@@ -534,7 +534,7 @@ class NodeDaemon:
             resolves={str(k): v for k, v in outcomes.items()},
             peer=self.role.peer_stats() if self.role is not None else {},
             dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
-            inflated_bytes=self.resolver.inflated_bytes, front_door=door,
+            inflated_bytes=self.resolver.inflated_bytes, front_door=front_door,
             cluster=self.role.stats() if self.role is not None else {},
             timeline=timeline, size_classes=classes)
 
@@ -577,8 +577,8 @@ class NodeDaemon:
             self.gate.close_locked()
             stagers = list(self._stagers)
         self._sampler.stop()
-        if self._door is not None:
-            self._door.stop()
+        if self._door_keeper is not None:
+            self._door_keeper.stop()
         for stager in stagers:
             stager.shutdown()
         deadline = time.monotonic() + CLOSE_DRAIN_SECONDS

@@ -115,11 +115,11 @@ class NodeServer:
         self._sel = selectors.DefaultSelector()
         # the C front door (monarch.frontdoor) accepts and answers what it can on a thread of
         # its own, and hands the rest over here; without it this loop accepts everything
-        self.door = daemon.make_front_door(self._listener.fileno())
+        self.front_door = daemon.make_front_door(self._listener.fileno())
         self._next_absorb = 0.0
         # a connection's key holds its _Conn; the loop's own sources hold their handler
-        if self.door is not None:
-            self._sel.register(self.door.wake_fd, selectors.EVENT_READ, self._from_door)
+        if self.front_door is not None:
+            self._sel.register(self.front_door.wake_fd, selectors.EVENT_READ, self._from_door)
         else:
             self._sel.register(self._listener, selectors.EVENT_READ, self._accept)
         self._sel.register(self._wake_r, selectors.EVENT_READ, self._drain_wake)
@@ -154,8 +154,8 @@ class NodeServer:
                     break
         finally:
             self._stop.set()
-            if self.door is not None:
-                self.door.stop()
+            if self.front_door is not None:
+                self.front_door.stop()
                 self.daemon.absorb_front_door()
             self._pool.shutdown(wait=False, cancel_futures=True)
             for conn in list(self._conns.values()):
@@ -181,7 +181,7 @@ class NodeServer:
         """The front door's news: what it copied (into the books), then the connections it
         handed over, each with the bytes it read of the request."""
         self.daemon.absorb_front_door()
-        for fd, data in self.door.take():
+        for fd, data in self.front_door.take():
             try:
                 sock = socket.socket(fileno=fd)
             except OSError as e:  # never: the door hands over sockets it accepted; but never fatal either
@@ -365,8 +365,8 @@ class NodeServer:
             return
         self._settled = True
         self.daemon.open_front_door()
-        if self.door is not None:
-            self.door.settle()  # INDEX polls: Python's to answer from now on (ready or failed)
+        if self.front_door is not None:
+            self.front_door.settle()  # INDEX polls: Python's to answer from now on (ready or failed)
         held, self._held = self._held, []
         for conn in held:
             if not conn.pending or conn.held is None or self._conns.get(conn.sock.fileno()) is not conn:
@@ -413,7 +413,7 @@ class NodeServer:
         """Heartbeats to waiting clients; close clients too slow to send their request; the
         front door's copies into the books (it wakes the loop only for a batch of them)."""
         now = time.monotonic()
-        if self.door is not None and now >= self._next_absorb:
+        if self.front_door is not None and now >= self._next_absorb:
             self._next_absorb = now + DOOR_BOOKS_SECONDS
             self.daemon.absorb_front_door()
         for conn in list(self._conns.values()):

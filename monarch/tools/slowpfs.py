@@ -269,7 +269,7 @@ def _operations_class():
     return SlowOperations
 
 
-def serve(src: str, mountpoint: str, counters_path: str, latency: Latency, debug: bool = False,
+def mount(src: str, mountpoint: str, counters_path: str, latency: Latency, debug: bool = False,
           max_threads: int = MAX_THREADS) -> None:
     """Mount ``src`` read-only at ``mountpoint`` and serve it until unmounted or signalled."""
     import mfusepy
@@ -514,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                       bandwidth=args.bandwidth * 1e6, lookup_s=args.lookup_latency_ms / 1e3,
                       page_cache=args.page_cache)
     try:
-        serve(args.src, args.mountpoint, args.counters, latency, debug=args.debug, max_threads=args.max_threads)
+        mount(args.src, args.mountpoint, args.counters, latency, debug=args.debug, max_threads=args.max_threads)
     except (SlowPFSError, RuntimeError, OSError) as exc:
         print(f"slowpfs: {exc}", file=sys.stderr)
         return 1

@@ -94,7 +94,7 @@ def sockets():
 
 
 def test_one_thread_opens_many_misses_on_one_connection(served):
-    door = served.server.door
+    door = served.server.front_door
     before = door.counts()
     out = run(served, SOCKETS + """
 print(*[read(i) for i in range(int(sys.argv[2]))])
@@ -109,7 +109,7 @@ print("sockets", sockets())
 
 
 def test_threads_and_forked_children_have_their_own_and_the_right_bytes(served):
-    door = served.server.door
+    door = served.server.front_door
     before = door.counts()
     out = run(served, SOCKETS + """
 print(read(0), "main", sockets())             # the main thread's connection, kept
@@ -193,7 +193,7 @@ def test_the_python_server_answers_a_shim_that_asks_to_keep(served, monkeypatch)
     served.stop()
     monkeypatch.setenv("MONARCH_FRONT_DOOR", "0")
     served.start()
-    assert served.server.door is None
+    assert served.server.front_door is None
     out = run(served, SOCKETS + """
 print(*[read(i) for i in range(int(sys.argv[2]))])
 print("sockets", sockets())

@@ -28,9 +28,10 @@ def mpiexec():
     return found
 
 
-class Cluster:
+class DaemonCluster:
     """`mpiexec ... -n N monarch serve` for one test, always torn down: Open MPI with ULFM when
-    installed, else MPICH's `-disable-auto-cleanup` (monarch.cluster.world.daemon_launch)."""
+    installed, else MPICH's `-disable-auto-cleanup` (monarch.cluster.world.daemon_launch). The
+    job's daemon processes, seen from outside (``monarch.cluster.Cluster`` is one daemon's peer layer)."""
 
     def __init__(self, nodes, cfg, base, verbose=()):
         from monarch.cluster.world import daemon_launch
@@ -92,7 +93,7 @@ def test_each_daemon_logs_as_its_own_node(dataset, short_tmp):
     once logged as node 0."""
     ds = dataset(files=20, size="4KiB")
     cfg = write_config(short_tmp, ds.root)
-    cluster = Cluster(3, cfg, short_tmp, verbose=["-v"])
+    cluster = DaemonCluster(3, cfg, short_tmp, verbose=["-v"])
     assert cluster.stop(range(3)) == 0
     out = cluster.proc.stdout.read()
     for k in range(3):
@@ -105,7 +106,7 @@ def test_every_node_reads_everything_and_the_cluster_reads_the_pfs_once(nodes, d
     pfs = slow_pfs(ds.root, open_latency_ms=1)
     mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
     cfg = write_config(short_tmp, mounted.root)
-    cluster = Cluster(nodes, cfg, short_tmp)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
     try:
         finish(cluster.readers(mounted, range(nodes), epochs=3, workers=2))
     finally:
@@ -131,7 +132,7 @@ def test_a_peer_killed_mid_job_readers_elsewhere_complete_with_correct_bytes(dat
     nodes = 3
     ds = dataset(files=300, size="8KiB")
     cfg = write_config(short_tmp, ds.root, extra="")
-    cluster = Cluster(nodes, cfg, short_tmp)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
     try:
         # slow epochs (compute time per sample) so the kill lands in the middle of the job
         procs = cluster.readers(ds, [0, 1], epochs=3, workers=2, compute_ms=2)
@@ -163,7 +164,7 @@ peer: {{path: "{short_tmp}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}
 staging: {{policy: on-access, threads: 2}}
 """)
     make_bases(cfg, nodes=4)
-    cluster = Cluster(nodes, cfg, short_tmp)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
     try:
         finish(cluster.readers(ds, range(nodes), epochs=2, workers=2))
     finally:
@@ -184,7 +185,7 @@ def test_read_ahead_fetches_the_other_nodes_files_before_they_are_asked_for(data
     pfs = slow_pfs(ds.root, open_latency_ms=1)
     mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
     cfg = write_config(short_tmp, mounted.root, policy="read-ahead")
-    cluster = Cluster(nodes, cfg, short_tmp)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
     try:
         deadline = time.monotonic() + 60
         peer_dirs = [os.path.join(short_tmp, f"peer{k}") for k in range(nodes)]

@@ -21,7 +21,7 @@ import pytest
 
 from monarch import protocol
 from support.harness import load, monarch_env, write_config
-from test_cluster_e2e import Cluster
+from test_cluster_e2e import DaemonCluster
 from test_cluster_shard import shard_config
 
 pytestmark = pytest.mark.mpi
@@ -183,7 +183,7 @@ def kill_one_after_epoch0(cfg, ds, pfs, short_tmp, victim, when="epoch1", copies
     """The cluster on ``cfg``, one sharded reader per node, ``victim``'s daemon SIGKILLed once its
     reader finished epoch 0 (``when``, ``copies``: run_with_a_kill's); every reader's bytes checked. Returns the cluster, which daemons
     were up until stop."""
-    cluster = Cluster(NODES, cfg, short_tmp)
+    cluster = DaemonCluster(NODES, cfg, short_tmp)
     try:
         results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, when, copies)
     finally:
@@ -274,7 +274,7 @@ def test_a_daemon_killed_at_a_random_point_never_hangs(seed, dataset, short_tmp,
     victim = rng.randrange(NODES)
     ds, pfs = mounted_dataset(dataset, slow_pfs, files=160, size="16KiB")
     cfg = shard_config(short_tmp, ds.root, ds.allocated // 3)
-    cluster = Cluster(NODES, cfg, short_tmp)
+    cluster = DaemonCluster(NODES, cfg, short_tmp)
     try:
         results, up, code, stop_seconds = run_with_a_kill(cluster, ds, short_tmp, victim, rng.uniform(0.0, 4.0))
     finally:

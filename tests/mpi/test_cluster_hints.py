@@ -14,7 +14,7 @@ import time
 import pytest
 
 from support.harness import TEST_NODES, load, monarch_env, sharded_config
-from test_cluster_e2e import Cluster, finish
+from test_cluster_e2e import DaemonCluster, finish
 
 pytestmark = pytest.mark.mpi
 
@@ -38,7 +38,7 @@ def test_hinted_shards_fetch_other_nodes_files_ahead_as_local_hits(dataset, shor
     pfs = slow_pfs(ds.root, open_latency_ms=1)
     mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
     cfg = sharded_config(short_tmp, mounted.root, ds.allocated // 3, nodes, name="hints.yaml", fetch_ahead=True)
-    cluster = Cluster(nodes, cfg, short_tmp)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
     try:
         # a training step per file (0.5 ms, slept) as a job has: the readers are not only opening
         outs = finish(hinted_readers(cluster, mounted, range(nodes), nodes, epochs, ("--compute-ms", "0.5")))
@@ -78,7 +78,7 @@ def test_a_node_lost_during_hinted_fetches_costs_only_its_share(dataset, short_t
     pfs = slow_pfs(ds.root, open_latency_ms=1)
     mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
     cfg = sharded_config(short_tmp, mounted.root, ds.allocated // 3, nodes, name="hints.yaml", fetch_ahead=True)
-    cluster = Cluster(nodes, cfg, short_tmp)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
     survivors = [k for k in range(nodes) if k != lost]
     progress = os.path.join(short_tmp, "progress0")
     try:

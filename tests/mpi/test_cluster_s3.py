@@ -12,7 +12,7 @@ import pytest
 from support.harness import load, write_config
 from support.s3server import Proxy, SeaweedS3, gets_by_key, weed
 from monarch.tools.workload import make_dataset
-from test_cluster_e2e import Cluster, finish
+from test_cluster_e2e import DaemonCluster, finish
 
 pytestmark = pytest.mark.mpi
 
@@ -37,7 +37,7 @@ def test_a_cluster_of_3_fetches_each_object_once(short_tmp, monkeypatch):
             f'dataset: {{roots: ["{mount}"], stores: {{"{mount}": "s3://monarch-cluster/ds/"}}}}')
         open(cfg, "w").write(text)
         before = gets_by_key(proxy.counts(), "monarch-cluster")
-        cluster = Cluster(nodes, cfg, short_tmp)
+        cluster = DaemonCluster(nodes, cfg, short_tmp)
         try:
             ds = types.SimpleNamespace(root=mount, manifest=manifest)
             finish(cluster.readers(ds, range(nodes), epochs=2, workers=2))  # every digest checked

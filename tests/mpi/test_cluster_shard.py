@@ -10,7 +10,7 @@ import time
 import pytest
 
 from support.harness import TEST_NODES, load, monarch_env, sharded_config
-from test_cluster_e2e import Cluster, finish
+from test_cluster_e2e import DaemonCluster, finish
 
 pytestmark = pytest.mark.mpi
 
@@ -34,7 +34,7 @@ def test_sharded_dataset_over_the_nodes_storage_reads_the_pfs_once(dataset, shor
     pfs = slow_pfs(ds.root, open_latency_ms=1)
     mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
     cfg = shard_config(short_tmp, mounted.root, ds.allocated // 3)
-    cluster = Cluster(nodes, cfg, short_tmp)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
     try:
         outs = finish(shard_readers(cluster, mounted, nodes, epochs=3))  # exit 0: every digest right
     finally:
@@ -92,7 +92,7 @@ def test_readers_started_with_the_daemons_wait_for_them_and_read_the_pfs_once(da
     holder = type("H", (), {"cfg": cfg})
     procs = shard_readers(holder, mounted, nodes, epochs=2)  # before mpiexec even starts
     time.sleep(2)  # the launchers are up and looking before any daemon is
-    cluster = Cluster(nodes, cfg, short_tmp)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
     try:
         outs = finish(procs)
     finally:
@@ -114,7 +114,7 @@ def test_every_node_can_hold_the_dataset_each_keeps_a_full_copy_from_one_pfs_rea
     pfs = slow_pfs(ds.root, open_latency_ms=1)
     mounted = type(ds)(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
     cfg = shard_config(short_tmp, mounted.root, 2 * ds.total)
-    cluster = Cluster(nodes, cfg, short_tmp)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
     try:
         finish(shard_readers(cluster, mounted, nodes, epochs=2))
     finally:

@@ -13,7 +13,7 @@ from support.redisstore import RedisServer
 from monarch.store.load import put
 from monarch.store.url import StoreURL
 from monarch.tools.workload import make_dataset
-from test_cluster_e2e import Cluster, finish
+from test_cluster_e2e import DaemonCluster, finish
 
 pytestmark = pytest.mark.mpi
 
@@ -37,7 +37,7 @@ def test_a_cluster_reads_the_store_once(policy, nodes, short_tmp):
                                         f'dataset: {{roots: ["{mount}"], stores: {{"{mount}": "{url}"}}}}')
         open(cfg, "w").write(text)
         hits = server.client().info("stats")["keyspace_hits"]
-        cluster = Cluster(nodes, cfg, short_tmp)
+        cluster = DaemonCluster(nodes, cfg, short_tmp)
         try:
             ds = types.SimpleNamespace(root=mount, manifest=manifest)
             finish(cluster.readers(ds, range(nodes), epochs=2, workers=2))  # every digest checked

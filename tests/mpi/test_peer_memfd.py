@@ -16,7 +16,7 @@ import time
 import pytest
 
 from support.harness import monarch_env, ram_peer_config
-from test_cluster_e2e import Cluster
+from test_cluster_e2e import DaemonCluster
 
 pytestmark = pytest.mark.mpi
 
@@ -51,7 +51,7 @@ def files_under(path):
 
 def start(short_tmp, ds):
     cfg = config(short_tmp, ds.root, ds.allocated)
-    cluster = Cluster(NODES, cfg, short_tmp)
+    cluster = DaemonCluster(NODES, cfg, short_tmp)
     deadline = time.monotonic() + 60
     while sum(files_under(f"/dev/shm{short_tmp}/ram{k}") for k in range(NODES)) < FILES:  # each owner staged its half
         if time.monotonic() > deadline:

@@ -74,8 +74,8 @@ def make_sharded_door(short_tmp: str, workers: int, dirs: int = 3, files: int = 
 
         callbacks = FETCH(fetch), OFFER(offer)  # kept alive while the door may call them
         mine = {k for k in snap.files if owners[row(k)] < 0}
-        yield SimpleNamespace(door=door, socket=path, root=root, tier=tier, area=area, slot=slot, sums=sums, mine=mine,
-                              owners=owners, snap=snap, row=row,
+        yield SimpleNamespace(front_door=door, socket=path, root=root, tier=tier, area=area, slot=slot, sums=sums,
+                              mine=mine, owners=owners, snap=snap, row=row,
                               callbacks=callbacks, fetched=fetched, offered=offered,
                               link=lambda: door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None,
                                                       owners, 0, protocol.SLOT_PEER, 5.0))
@@ -104,7 +104,7 @@ def link_flight(d, root: str, at_once: bool = False) -> SimpleNamespace:
     callbacks = (d.callbacks[0], d.callbacks[1], FETCH_MANY(lambda *a: -1), POST(post),
                  TEST(lambda dp, handle: int(at_once or handle in replied)), TAKE(take))
     address = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
-    assert d.door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
+    assert d.front_door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
                         tuple(address[3:]))
-    d.door.peer_copying(True)
+    d.front_door.peer_copying(True)
     return SimpleNamespace(posted=posted, replied=replied, callbacks=callbacks)

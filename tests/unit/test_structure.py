@@ -82,7 +82,7 @@ NODE_FLOORS = (
     ("stage",),                          # copying into the tiers, from the PFS, a peer or a store
     ("outcomes", "stats"),               # records every room above may use: OPEN's answers, statistics
     ("peer",),                           # this node's part in a cluster
-    ("door",),                           # the front door beside the stager's and the peer cache's books
+    ("doorkeeper",),                     # the front door's keeper: its life, its table kept with the Python books
     ("instance", "resolver", "notices", "daemon", "server"),  # the daemon, assembled, and its socket
 )
 NODE_TOP_MAX = 12  # modules directly in monarch/node/ (its __init__ included)
@@ -134,7 +134,7 @@ RECORDS = {
     "cli.py": {"record": "a logging record, rewritten by the CLI's formatter"},
     "cluster/datapath.py": {"fn": "ctypes function prototypes"},
     "node/snapshot/pfsmeta.py": {"fn": "ctypes function prototypes", "_buffers": "a threading.local of its own"},
-    "cluster/serve.py": {"out": "the server's record of one outgoing transfer"},
+    "cluster/provide.py": {"out": "the provider's record of one outgoing transfer"},
     "cluster/world.py": {"_state": "the module's own state", "mpi4py.rc": "mpi4py's settings before MPI_Init",
                          "sys": "the excepthook that aborts the communicator", "threading": "the same, for threads"},
     "launch/run.py": {"end": "run()'s own record of how the run ends (_Ending)"},
@@ -178,7 +178,7 @@ def test_no_collaborator_field_is_set_from_outside_its_class():
 HASATTR = {
     ("protocol.py", "st", "st_size"): "an os.stat_result or a snapshot FileInfo",
     ("cluster/liveness.py", "exc", "Get_error_class"): "an MPI exception or another one",
-    ("cluster/serve.py", "path", "read"): "provide's answer: a path or a decompressed file object",
+    ("cluster/provide.py", "path", "read"): "provide's answer: a path or a decompressed file object",
     ("hints.py", "self.sampler", "set_epoch"): "the user's sampler (torch's DistributedSampler has set_epoch)",
 }
 

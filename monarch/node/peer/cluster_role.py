@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
-from monarch.cluster.serve import Compressed
+from monarch.cluster.provide import Compressed
 from monarch.config import Config
 from monarch.errors import PeerError
 from monarch.node.tiers.codecs import needs_dictionary

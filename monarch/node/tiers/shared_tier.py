@@ -314,20 +314,20 @@ def client_env(tiers: list[Tier]) -> dict[str, str]:
 def door_may_copy(tiers: list[Tier], keeper) -> bool:
     """May the C front door copy from the PFS into ``tiers``? Its copies take no claims: with
     shared tiers, only while this job is alone on each set. When another job joins, the door
-    stops copying for good (``keeper()``'s door disabled: it returns once its copies under
+    stops copying for good (``keeper()``'s ``front_door`` disabled: it returns once its copies under
     way are published) and the stager copies, with claims, from then on."""
     shared = [t.shared for t in tiers if isinstance(t, SharedTier)]
 
     def stop() -> None:
-        door = keeper()
-        if door is None:
+        door_keeper = keeper()
+        if door_keeper is None:
             return
-        if door.link is not None:
-            door.link.stop_copying()  # no new copy; the read-ahead lane ends, its rest goes to the stager
+        if door_keeper.link is not None:
+            door_keeper.link.stop_copying()  # no new copy; the read-ahead lane ends, its rest goes to the stager
         deadline = time.monotonic() + DOOR_DRAIN_SECONDS
-        while door.door.inflight()["in_flight"] and time.monotonic() < deadline:
+        while door_keeper.front_door.inflight()["in_flight"] and time.monotonic() < deadline:
             time.sleep(0.005)  # the copies under way publish (a disabled door would drop them: read twice)
-        door.door.disable()
+        door_keeper.front_door.disable()
     return all([s.copy_alone(stop) for s in shared])  # each asked: a lock held is released by its watcher
 
 

@@ -29,8 +29,8 @@ class Net:
             engine = SimpleNamespace(running=True, call=lambda fn: fn(), send_obj=self._sender(node))
             liveness = SimpleNamespace(lost=self.lost, ping=lambda k: None,
                                        last_heard=lambda k: 0.0 if k in self.silent else time.monotonic())
-            server = SimpleNamespace(stop_accepting=lambda: None, wait_idle=lambda timeout: True)
-            self.parts.append(Shutdown(engine, liveness, server, tuning))
+            provider = SimpleNamespace(stop_accepting=lambda: None, wait_idle=lambda timeout: True)
+            self.parts.append(Shutdown(engine, liveness, provider, tuning))
 
     def _sender(self, src: int):
         def send_obj(obj, dest, on_sent=None):

@@ -80,8 +80,8 @@ staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20, share: fal
         server.request_stop()
         if thread.is_alive():
             thread.join(10)
-        elif server.door is not None:  # never served: its door was never stopped by serve()
-            server.door.stop()
+        elif server.front_door is not None:  # never served: its door was never stopped by serve()
+            server.front_door.stop()
         daemon.close()
 
 
@@ -279,7 +279,7 @@ def test_room_lent_to_the_door_comes_back_when_the_stager_needs_it(short_tmp, da
     daemon, _ = daemon_on(root, capacity="1MiB")
     for key in sorted(sums):
         assert ask_open(daemon.socket_path, key)[0] == daemon.tiers[0].slot
-    assert daemon.door_link.door.lease() > 0  # the door holds room it has not used
+    assert daemon.door_link.front_door.lease() > 0  # the door holds room it has not used
     status, path = ask_open(daemon.socket_path, "0/big.bin")
     assert status == daemon.tiers[0].slot and md5_of(path) == md5_of(os.fsencode(big))
     assert daemon.tiers[0].used <= daemon.tiers[0].capacity
@@ -290,7 +290,7 @@ def test_without_the_door_the_python_server_answers_alone(short_tmp, monkeypatch
     root = fast_root(short_tmp)
     sums = make_files(root, 5)
     daemon, server = daemon_on(root)
-    assert server.door is None
+    assert server.front_door is None
     for key, digest in sums.items():
         status, path = ask_open(daemon.socket_path, key)
         assert status == daemon.tiers[0].slot and md5_of(path) == digest
@@ -304,7 +304,7 @@ def test_a_copy_of_the_doors_drained_by_one_thread_is_never_copied_again_by_anot
     sums = make_files(root, 3)
     daemon, server = daemon_on(root)
     key = sorted(sums)[0]
-    door = daemon.door_link.door
+    door = daemon.door_link.front_door
     drained, real = threading.Event(), door.events
 
     def slow_events():  # the server thread, between taking the door's events and booking them
@@ -399,10 +399,10 @@ def test_connections_python_does_not_take_are_bounded(short_tmp, daemon_on):
             s.sendall(request)
             clients.append(s)
         deadline = time.monotonic() + 20
-        while server.door.counts()["closed_too_many"] < extra and time.monotonic() < deadline:
+        while server.front_door.counts()["closed_too_many"] < extra and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert server.door.counts()["closed_too_many"] == extra
-        assert server.door.counts()["handed_over"] == limit
+        assert server.front_door.counts()["closed_too_many"] == extra
+        assert server.front_door.counts()["handed_over"] == limit
         daemon_on.serve(server)
         answered = closed = 0
         for s in clients:

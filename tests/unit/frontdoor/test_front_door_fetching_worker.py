@@ -67,9 +67,9 @@ def link_held(d, release: dict[int, threading.Event], stall: dict[int, threading
     callbacks = (d.callbacks[0], d.callbacks[1], FETCH_MANY(lambda *a: -1), POST(post), TEST(test), TAKE(take))
     d.linked = callbacks  # kept alive with the door
     address = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
-    assert d.door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
+    assert d.front_door.peers(address[0], address[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, address[2],
                         tuple(address[3:]))
-    d.door.peer_copying(True)
+    d.front_door.peer_copying(True)
 
 
 def open_request(key: str, keep: bool = False) -> bytes:
@@ -122,7 +122,7 @@ def test_a_worker_waiting_for_a_fetch_answers_the_connections_it_keeps(one_worke
         waiting.join(10)
     assert got == (d.slot, d.sums[mine[2]]) and answered_while_held
     assert answer_b == [(protocol.SLOT_PEER | protocol.ANSWER_FD, d.sums[remote])], answer_b
-    assert d.door.counts()["peer_waits"] >= 1
+    assert d.front_door.counts()["peer_waits"] >= 1
 
 
 def request_in_pieces_while_fetching(short_tmp: str) -> dict:
@@ -163,7 +163,7 @@ def request_in_pieces_while_fetching(short_tmp: str) -> dict:
             answers["b"] = answer_md5(b)
             late.close()
             answers["after"] = kept_open(a, mine[2])  # the door still answers
-        return {"answers": answers, "posted": d.posted, "handed_over": d.door.counts()["handed_over"],
+        return {"answers": answers, "posted": d.posted, "handed_over": d.front_door.counts()["handed_over"],
                 "sums": {k: d.sums[k] for k in (remote + mine[:3])}, "remote": remote, "mine": mine[:3],
                 "slot": d.slot}
     finally:

@@ -36,12 +36,12 @@ def door_on(short_tmp):
     path = os.path.join(short_tmp, "door.sock")
     slot = protocol.tier_slot(0)
     with door_on_socket(path, [root], {slot: tier}, slot) as d:
-        yield SimpleNamespace(door=d, socket=path, tier=tier, slot=slot,
+        yield SimpleNamespace(front_door=d, socket=path, tier=tier, slot=slot,
                               index=bytearray(take_snapshot((root,)).index_bytes()))
 
 
 def test_keys_staged_before_and_after_the_index_opened_are_answered_through_growth(door_on):
-    door = door_on.door
+    door = door_on.front_door
     before = [f"0/d{i % 5}/f{i}" for i in range(0, 1500, 2)]   # the door's own copies
     after = [f"0/d{i % 5}/f{i}" for i in range(1, 1500, 2)]    # the index's entries
     for key in before:
@@ -57,7 +57,7 @@ def test_keys_staged_before_and_after_the_index_opened_are_answered_through_grow
 
 
 def test_a_key_answered_within_the_grace_is_not_evicted(door_on):
-    door = door_on.door
+    door = door_on.front_door
     assert door.open("unused", door_on.index)
     answered, quiet = "0/d0/f0", "0/d1/f1"
     for key in (answered, quiet):

@@ -42,18 +42,18 @@ def ask_open(path: str, key: str) -> tuple[int, bytes]:
         return protocol.recv_answer(s)
 
 
-def handed_over(door, key: str, timeout: float = 10) -> bool:
+def handed_over(d, key: str, timeout: float = 10) -> bool:
     """Ask for ``key`` on a thread and wait until the door hands the connection to Python."""
     def ask() -> None:
         try:
-            ask_open(door.socket, key)
+            ask_open(d.socket, key)
         except (OSError, EOFError, ValueError):
             pass  # closed unanswered: as the shim sees it, read the PFS
     asker = threading.Thread(target=ask, daemon=True)
     asker.start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        taken = door.door.take()
+        taken = d.front_door.take()
         for fd, _ in taken:
             os.close(fd)  # the asker's shim would read the PFS
         if taken:
@@ -74,16 +74,16 @@ def test_before_the_owners_are_known_the_door_copies_nothing(sharded_door):
     d = sharded_door
     own = sorted(d.mine)[0]
     assert handed_over(d, own)  # a miss of its own file goes to Python: ownership is not known yet
-    assert d.door.read_ahead(FILES, 2)
-    state = wait_lane(d.door)
+    assert d.front_door.read_ahead(FILES, 2)
+    state = wait_lane(d.front_door)
     assert state["copies"] == 0 and state["through"] == FILES
-    assert not os.listdir(d.tier) and d.door.counts()["copies"] == 0
+    assert not os.listdir(d.tier) and d.front_door.counts()["copies"] == 0
 
 
 def test_the_door_copies_and_offers_its_own_files_only(sharded_door):
     d = sharded_door
     assert d.link()
-    d.door.peer_copying(True)
+    d.front_door.peer_copying(True)
     own = sorted(d.mine)
     # a miss of its own file: copied from the PFS and answered, offered to the data path
     status, body = ask_open(d.socket, own[0])
@@ -92,8 +92,8 @@ def test_the_door_copies_and_offers_its_own_files_only(sharded_door):
     other = sorted(set(d.sums) - d.mine)[0]
     assert handed_over(d, other) and d.fetched == [other]
     # the lane goes through every entry and copies this node's files only
-    assert d.door.read_ahead(FILES, 2)
-    state = wait_lane(d.door)
+    assert d.front_door.read_ahead(FILES, 2)
+    state = wait_lane(d.front_door)
     assert state["through"] == FILES and state["copies"] == len(own) - 1 and state["ended_because"] == ""
     copied = {str(p.relative_to(d.tier)) for p in Path(d.tier).rglob("f*")}
     assert copied == d.mine
@@ -102,14 +102,14 @@ def test_the_door_copies_and_offers_its_own_files_only(sharded_door):
             assert hashlib.md5(f.read()).hexdigest() == d.sums[key]
     assert sorted(d.offered) == sorted((key, d.slot) for key in d.mine)
     # the copies are the stager's books' events, the fetch the peer cache's
-    books = d.door.events(BOOKS)
+    books = d.front_door.events(BOOKS)
     assert sorted(e.key for e in books if e.kind in (EV_STAGED, EV_AHEAD)) == own
-    assert not any(e.kind == EV_STAGED for e in d.door.events(PEER_BOOKS))
+    assert not any(e.kind == EV_STAGED for e in d.front_door.events(PEER_BOOKS))
 
 
 def test_the_leases_are_apart(sharded_door):
     """Room lent in the copy tier is not room in the peer area, and back from each apart."""
-    d = sharded_door.door
+    d = sharded_door.front_door
     d.grant(300, PEER_BOOKS)
     assert d.lease(BOOKS) == 1 << 20 and d.lease(PEER_BOOKS) == 300
     assert d.reclaim(PEER_BOOKS) == 300 and d.lease(BOOKS) == 1 << 20 and d.reclaim(BOOKS) == 1 << 20
@@ -128,10 +128,10 @@ def test_another_nodes_file_lands_in_the_peer_area_even_after_its_directory_went
             return os.write(fd, f.read())
 
     callbacks = FETCH(fetch), d.callbacks[1]
-    assert d.door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None, d.owners, 0,
+    assert d.front_door.peers(*[ctypes.cast(c, ctypes.c_void_p).value for c in callbacks], None, d.owners, 0,
                         protocol.SLOT_PEER, 5.0)
-    d.door.peer_copying(True)
-    d.door.grant(1 << 20, PEER_BOOKS)
+    d.front_door.peer_copying(True)
+    d.front_door.grant(1 << 20, PEER_BOOKS)
     others = sorted(k for k in set(d.sums) - d.mine if k.startswith("0/d1/"))
     assert len(others) >= 3
     for n, key in enumerate(others[:3]):
@@ -141,7 +141,7 @@ def test_another_nodes_file_lands_in_the_peer_area_even_after_its_directory_went
         assert (status, body) == (protocol.SLOT_PEER, os.fsencode(f"{area}/{key}")), key
         with open(os.path.join(area, key), "rb") as f:
             assert hashlib.md5(f.read()).hexdigest() == d.sums[key]
-    assert sum(e.kind == EV_STAGED for e in d.door.events(PEER_BOOKS)) == 3
+    assert sum(e.kind == EV_STAGED for e in d.front_door.events(PEER_BOOKS)) == 3
 
 
 def ask_open_fd(path: str, key: str, close_early: bool = False) -> bytes | None:
@@ -162,8 +162,8 @@ def link_fetch_many(d, fetch_many):
     Returns the callbacks, to be kept alive while the door may call them."""
     callbacks = d.callbacks[0], d.callbacks[1], FETCH_MANY(fetch_many)
     addresses = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
-    assert d.door.peers(addresses[0], addresses[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, addresses[2])
-    d.door.peer_copying(True)
+    assert d.front_door.peers(addresses[0], addresses[1], None, d.owners, 0, protocol.SLOT_PEER, 5.0, 1, addresses[2])
+    d.front_door.peer_copying(True)
     return callbacks
 
 
@@ -218,7 +218,7 @@ def test_remote_opens_wait_for_their_owner_and_go_as_one_request(sharded_door, s
     fetched = [k for b in batches for k in b]
     assert sorted(fetched) == sorted({k for k, _ in asks})  # one fetch per key, however many asked
     assert max(len(b) for b in batches) > 1, batches  # the ones that waited went together
-    counts = d.door.counts()
+    counts = d.front_door.counts()
     assert counts["peer_transient"] == len(fetched) and counts["peer_batches"] == len(batches)
     assert not os.listdir(os.path.join(short_tmp, "area"))
     # the key whose asker went away: fetched again for the next one (a memfd is not kept)
@@ -271,11 +271,11 @@ def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_w
     python_key = remote[2]
     os.makedirs(os.path.dirname(os.path.join(area, python_key)), exist_ok=True)
     shutil.copyfile(os.path.join(root, python_key.split("/", 1)[1]), os.path.join(area, python_key))
-    d.door.staged(python_key, protocol.SLOT_PEER)
+    d.front_door.staged(python_key, protocol.SLOT_PEER)
     lane = [k for k in remote if k != python_key]
     room = 6 * max(snap.files[k].size for k in remote)  # six copies at once, never seven
-    d.door.grant(room, PEER_BOOKS)
-    d.door.peer_ahead(array("I", [row(k) + 1 for k in order]), len(order))
+    d.front_door.grant(room, PEER_BOOKS)
+    d.front_door.peer_ahead(array("I", [row(k) + 1 for k in order]), len(order))
 
     def in_area(spares: bool = False) -> set[str]:
         """The copies in the area (and the spares, consumed copies kept to be written over)."""
@@ -284,10 +284,10 @@ def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_w
 
     def settled(want: int) -> dict:
         deadline = time.monotonic() + 10
-        while (state := d.door.peer_ahead_state())["fetched"] < want and time.monotonic() < deadline:
+        while (state := d.front_door.peer_ahead_state())["fetched"] < want and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.1)  # and nothing more comes
-        return d.door.peer_ahead_state()
+        return d.front_door.peer_ahead_state()
 
     state = settled(6)
     assert state["fetched"] == 6 and state["copies"] == 6 and state["room"] <= room, state
@@ -295,7 +295,7 @@ def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_w
     for k in lane[:6]:
         with open(os.path.join(area, k), "rb") as f:
             assert hashlib.md5(f.read()).hexdigest() == d.sums[k], k
-    assert d.door.events(PEER_BOOKS) == []  # its books are its own
+    assert d.front_door.events(PEER_BOOKS) == []  # its books are its own
     # a reader still holds the first copy open (and has mapped the second) when it is consumed
     held = os.open(os.path.join(area, lane[0]), os.O_RDONLY)
     with open(os.path.join(area, lane[1]), "rb") as f:
@@ -303,13 +303,13 @@ def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_w
     held_inodes = {os.fstat(held).st_ino, os.stat(os.path.join(area, lane[1])).st_ino}
     # the reader is past the first eight positions (four remote files, three of them the lane's):
     # those copies make the room for the next three
-    d.door.peer_progress(8)
+    d.front_door.peer_progress(8)
     state = settled(9)
     assert state["fetched"] == 9 and state["unlinked"] == 3 and state["copies"] == 6, state
     assert in_area() == {python_key} | set(lane[3:9]), in_area()
     # through the whole order: the same room all the way, Python's copy untouched
     for consumed in range(10, len(order) + 1, 2):
-        d.door.peer_progress(consumed)
+        d.front_door.peer_progress(consumed)
         state = settled(min(len(lane), consumed // 2 - 1 + 6))
         assert state["room"] <= room and len(in_area() - {python_key}) <= 6, (consumed, state, in_area())
         assert python_key in in_area()
@@ -327,10 +327,10 @@ def test_the_read_ahead_lane_keeps_its_copies_within_its_room_and_unlinks_them_w
         with open(os.path.join(area, k), "rb") as f:
             assert hashlib.md5(f.read()).hexdigest() == d.sums[k], k
     # the order ends: its copies go, its room comes back; Python's copy stays
-    d.door.peer_ahead(array("I"), 1)
-    state = d.door.peer_ahead_state()
+    d.front_door.peer_ahead(array("I"), 1)
+    state = d.front_door.peer_ahead_state()
     assert state["copies"] == 0 and state["room"] == 0 and in_area(spares=True) == {python_key}, (state, in_area(True))
-    assert d.door.lease(PEER_BOOKS) == room
+    assert d.front_door.lease(PEER_BOOKS) == room
     with open(os.path.join(area, python_key), "rb") as f:
         assert hashlib.md5(f.read()).hexdigest() == d.sums[python_key]
 
@@ -343,11 +343,11 @@ def test_a_readers_progress_of_the_lanes_order_is_answered_by_the_door_on_a_kept
     d = sharded_door
     root = os.path.join(short_tmp, "pfs")
     d.linked = link_fetch_many(d, copying_from_pfs(root))  # kept alive with the door
-    d.door.grant(1 << 20, PEER_BOOKS)
+    d.front_door.grant(1 << 20, PEER_BOOKS)
     order = sorted(d.sums, key=d.row)
     stream = (1 << 63) + 12345  # a u64 stream id, as monarch.hints draws them
-    assert d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4, stream)
-    assert d.door.peer_told() == (None, 0)
+    assert d.front_door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4, stream)
+    assert d.front_door.peer_told() == (None, 0)
 
     def progress(s: socket.socket, of: int, consumed: int) -> tuple[int, bytes]:
         for frame in protocol.encode_hints(protocol.HINT_PROGRESS, of, consumed=consumed):
@@ -357,15 +357,15 @@ def test_a_readers_progress_of_the_lanes_order_is_answered_by_the_door_on_a_kept
     with connect(d.socket) as s:
         for consumed in (6, 10, 14):
             assert progress(s, stream, consumed) == (0, b"")
-            assert d.door.peer_ahead_state()["consumed"] == consumed
+            assert d.front_door.peer_ahead_state()["consumed"] == consumed
         # several sent before the first is answered (as the samplers do mid-epoch): each answered
         s.sendall(b"".join(protocol.encode_hints(protocol.HINT_PROGRESS, stream, consumed=c)[0] for c in (15, 16)))
         assert [protocol.recv_answer(s) for _ in range(2)] == [(0, b"")] * 2
-    assert d.door.take() == []  # nothing handed to Python: the same connection answered five times
-    assert d.door.counts()["accepted"] == 1
-    assert d.door.peer_ahead_state()["consumed"] == 16
-    assert d.door.peer_told() == ((stream, 16), 5)
-    assert d.door.peer_told() == (None, 5)  # taken once
+    assert d.front_door.take() == []  # nothing handed to Python: the same connection answered five times
+    assert d.front_door.counts()["accepted"] == 1
+    assert d.front_door.peer_ahead_state()["consumed"] == 16
+    assert d.front_door.peer_told() == ((stream, 16), 5)
+    assert d.front_door.peer_told() == (None, 5)  # taken once
     # another stream's progress, and one sent with another request at once, are Python's
     other = protocol.encode_hints(protocol.HINT_PROGRESS, stream + 1, consumed=20)
     end = protocol.encode_hints(protocol.HINT_END, stream)
@@ -373,17 +373,17 @@ def test_a_readers_progress_of_the_lanes_order_is_answered_by_the_door_on_a_kept
         with connect(d.socket) as s:
             s.sendall(b"".join(frames))
             deadline = time.monotonic() + 10
-            while not (taken := d.door.take()) and time.monotonic() < deadline:
+            while not (taken := d.front_door.take()) and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert len(taken) == 1 and taken[0][1] == b"".join(frames), taken
             os.close(taken[0][0])
-    assert d.door.peer_ahead_state()["consumed"] == 16
+    assert d.front_door.peer_ahead_state()["consumed"] == 16
     # a new order drops the last one's progress not taken yet: it counted that order's positions
     with connect(d.socket) as s:
         assert progress(s, stream, 18) == (0, b"")
-    assert d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4, stream)
-    assert d.door.peer_told() == (None, 6)
-    d.door.peer_ahead(array("I"), 1)
+    assert d.front_door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4, stream)
+    assert d.front_door.peer_told() == (None, 6)
+    d.front_door.peer_ahead(array("I"), 1)
 
 
 def two_in_flight(d, short_tmp) -> tuple[dict, set, list[str]]:
@@ -391,8 +391,8 @@ def two_in_flight(d, short_tmp) -> tuple[dict, set, list[str]]:
     nodes' files, whose request is posted and held: (posted, replied, the other nodes' files)."""
     d.linked = link_flight(d, os.path.join(short_tmp, "pfs"))  # kept alive with the door
     remote = [k for k in sorted(d.sums, key=d.row) if k not in d.mine]
-    d.door.grant(2 * max(d.snap.files[k].size for k in remote), PEER_BOOKS)
-    d.door.peer_ahead(array("I", [d.row(k) + 1 for k in remote[:2]]), 2)
+    d.front_door.grant(2 * max(d.snap.files[k].size for k in remote), PEER_BOOKS)
+    d.front_door.peer_ahead(array("I", [d.row(k) + 1 for k in remote[:2]]), 2)
     deadline = time.monotonic() + 10
     while not d.linked.posted and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -408,9 +408,9 @@ def test_the_read_ahead_lane_posts_the_next_requests_while_the_last_are_in_fligh
     d = sharded_door
     d.linked = link_flight(d, os.path.join(short_tmp, "pfs"))  # kept alive with the door
     posted, replied = d.linked.posted, d.linked.replied
-    d.door.grant(1 << 20, PEER_BOOKS)
+    d.front_door.grant(1 << 20, PEER_BOOKS)
     order = sorted(d.sums, key=d.row)  # every other file is node 1's
-    d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4)  # four positions ahead: two remote files
+    d.front_door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), 4)  # four positions ahead: two remote files
 
     def posts(n: int) -> bool:
         deadline = time.monotonic() + 10
@@ -418,28 +418,28 @@ def test_the_read_ahead_lane_posts_the_next_requests_while_the_last_are_in_fligh
             time.sleep(0.005)
         return len(posted) >= n
 
-    assert posts(1) and d.door.peer_ahead_state()["fetched"] == 0
-    d.door.peer_progress(4)  # room for the next two while the first request is in flight
+    assert posts(1) and d.front_door.peer_ahead_state()["fetched"] == 0
+    d.front_door.peer_progress(4)  # room for the next two while the first request is in flight
     assert posts(2), posted
     first, second = posted[1], posted[2]
     assert not set(first) & set(second) and len(first + second) == 4
     replied.add(2)  # the second reply comes first: its files go in place, the first's wait
-    d.door.peer_progress(4)  # a look now (the lane also looks on its own)
+    d.front_door.peer_progress(4)  # a look now (the lane also looks on its own)
     deadline = time.monotonic() + 10
-    while d.door.peer_ahead_state()["fetched"] < 2 and time.monotonic() < deadline:
+    while d.front_door.peer_ahead_state()["fetched"] < 2 and time.monotonic() < deadline:
         time.sleep(0.005)
     area = os.path.join(short_tmp, "area")
-    assert d.door.peer_ahead_state()["fetched"] == 2
+    assert d.front_door.peer_ahead_state()["fetched"] == 2
     assert all(os.path.exists(os.path.join(area, k)) for k in second)
     assert not any(os.path.exists(os.path.join(area, k)) for k in first)
     replied.add(1)
-    while d.door.peer_ahead_state()["fetched"] < 4 and time.monotonic() < deadline:
+    while d.front_door.peer_ahead_state()["fetched"] < 4 and time.monotonic() < deadline:
         time.sleep(0.005)
     for k in first + second:
         with open(os.path.join(area, k), "rb") as f:
             assert hashlib.md5(f.read()).hexdigest() == d.sums[k], k
-    d.door.peer_ahead(array("I"), 1)  # the order's end: its copies go, its room comes back
-    assert d.door.peer_ahead_state()["copies"] == 0
+    d.front_door.peer_ahead(array("I"), 1)  # the order's end: its copies go, its room comes back
+    assert d.front_door.peer_ahead_state()["copies"] == 0
 
 
 def test_a_copy_the_lane_answered_a_waiting_open_with_stays_for_its_grace_even_of_an_ended_order(sharded_door,
@@ -453,7 +453,7 @@ def test_a_copy_the_lane_answered_a_waiting_open_with_stays_for_its_grace_even_o
     area = os.path.join(short_tmp, "area")
     posted, replied, remote = two_in_flight(d, short_tmp)
     # the next epoch's order while the request is in flight: its first two files need the room
-    d.door.peer_ahead(array("I", [d.row(k) + 1 for k in remote[2:]]), 2)
+    d.front_door.peer_ahead(array("I", [d.row(k) + 1 for k in remote[2:]]), 2)
     answer: list = []
     with connect(d.socket) as s:  # a reader waits for the first file of the order before
         s.sendall(protocol.encode_request(protocol.VERB_OPEN, remote[0].encode()))
@@ -467,11 +467,11 @@ def test_a_copy_the_lane_answered_a_waiting_open_with_stays_for_its_grace_even_o
             assert hashlib.md5(f.read()).hexdigest() == d.sums[remote[0]]
     deadline = time.monotonic() + 10  # and once the grace is over the room is taken for the new order
     while len(posted) < 2 and time.monotonic() < deadline:
-        d.door.peer_progress(0)
+        d.front_door.peer_progress(0)
         time.sleep(0.01)
     assert posted[2][0] == remote[2], posted
     replied.add(2)
-    d.door.peer_ahead(array("I"), 1)
+    d.front_door.peer_ahead(array("I"), 1)
 
 
 def test_a_file_on_its_way_for_the_last_order_is_the_next_orders_when_it_asks_for_it(sharded_door, short_tmp):
@@ -486,20 +486,20 @@ def test_a_file_on_its_way_for_the_last_order_is_the_next_orders_when_it_asks_fo
     def posts(n: int) -> bool:
         deadline = time.monotonic() + 10
         while len(posted) < n and time.monotonic() < deadline:
-            d.door.peer_progress(0)  # a look now (the lane also looks on its own)
+            d.front_door.peer_progress(0)  # a look now (the lane also looks on its own)
             time.sleep(0.01)
         return len(posted) >= n
 
     # the next epoch's order asks for the first of them first (the first the ring would let go)
-    d.door.peer_ahead(array("I", [d.row(k) + 1 for k in [remote[0], *remote[2:]]]), 2)
+    d.front_door.peer_ahead(array("I", [d.row(k) + 1 for k in [remote[0], *remote[2:]]]), 2)
     replied.add(1)
     assert posts(2), posted  # the room of the other (consumed) copy, for the next order's next file
     assert posted[2] == [remote[2]], posted
     assert os.path.exists(os.path.join(area, remote[0]))  # the new order's: kept
     assert not os.path.exists(os.path.join(area, remote[1]))
-    assert d.door.peer_ahead_state()["kept"] >= 1
+    assert d.front_door.peer_ahead_state()["kept"] >= 1
     replied.add(2)
-    d.door.peer_ahead(array("I"), 1)
+    d.front_door.peer_ahead(array("I"), 1)
 
 
 
@@ -515,11 +515,11 @@ def test_the_read_ahead_lane_writes_across_more_directories_than_it_keeps_open_e
         order = sorted(d.sums, key=d.row)
         remote = [k for k in order if k not in d.mine]
         assert len({os.path.dirname(k) for k in remote}) > 32  # door_dirs.c's DIR_CACHE
-        d.door.grant(1 << 22, PEER_BOOKS)
+        d.front_door.grant(1 << 22, PEER_BOOKS)
 
         def fetched_all(orders: int) -> dict:
             deadline = time.monotonic() + 10
-            while ((s := d.door.peer_ahead_state())["orders"] < orders or s["fetched"] + s["failed"] < orders * len(remote)) \
+            while ((s := d.front_door.peer_ahead_state())["orders"] < orders or s["fetched"] + s["failed"] < orders * len(remote)) \
                     and time.monotonic() < deadline:
                 time.sleep(0.01)
             return s
@@ -530,14 +530,14 @@ def test_the_read_ahead_lane_writes_across_more_directories_than_it_keeps_open_e
             return sum(p.startswith(area) and os.path.isdir(p) for p in paths)
 
         for n in (1, 2):
-            d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), len(order))
+            d.front_door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), len(order))
             state = fetched_all(n)
             assert state["fetched"] == n * len(remote) and state["failed"] == 0, state
             for k in remote:
                 with open(os.path.join(area, k), "rb") as f:
                     assert hashlib.md5(f.read()).hexdigest() == d.sums[k], k
             assert area_dirs_open() <= 32
-            d.door.peer_ahead(array("I"), 1)  # the order ends: its copies go
+            d.front_door.peer_ahead(array("I"), 1)  # the order ends: its copies go
             shutil.rmtree(os.path.join(area, "0"))  # and the directories the lane keeps open
     finally:
         gen.close()

@@ -34,9 +34,9 @@ def area_mappings(area: str) -> list[str]:
 
 def settled(d, want: int) -> dict:
     deadline = time.monotonic() + 10
-    while d.door.peer_ahead_state()["fetched"] < want and time.monotonic() < deadline:
+    while d.front_door.peer_ahead_state()["fetched"] < want and time.monotonic() < deadline:
         time.sleep(0.005)
-    return d.door.peer_ahead_state()
+    return d.front_door.peer_ahead_state()
 
 
 def in_area(area: str, own: bool = False) -> list[str]:
@@ -65,15 +65,15 @@ def test_the_lane_writes_over_its_spares_through_their_kept_mappings(short_tmp):
         order = sorted(d.sums, key=d.row)  # every other file is node 1's
         remote = [k for k in order if k not in d.mine]
         room = 6 * max(d.snap.files[k].size for k in remote)
-        d.door.grant(room, PEER_BOOKS)
-        d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), len(order))
+        d.front_door.grant(room, PEER_BOOKS)
+        d.front_door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), len(order))
 
         settled(d, 6)
         held = os.open(os.path.join(area, remote[0]), os.O_RDONLY)  # a reader has it open ...
         with open(os.path.join(area, remote[1]), "rb") as f:  # ... and this one mapped, its file closed
             mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
         for consumed in range(2, len(order) + 1, 2):
-            d.door.peer_progress(consumed)
+            d.front_door.peer_progress(consumed)
             state = settled(d, min(len(remote), consumed // 2 + 6))
             for k in in_area(area):
                 try:
@@ -90,8 +90,8 @@ def test_the_lane_writes_over_its_spares_through_their_kept_mappings(short_tmp):
         assert hashlib.md5(mapped[:]).hexdigest() == d.sums[remote[1]]
         os.close(held)
         mapped.close()
-        d.door.peer_ahead(array("I"), 1)  # the order's end: its copies and spares go, and their mappings
-        assert d.door.peer_ahead_state()["copies"] == 0
+        d.front_door.peer_ahead(array("I"), 1)  # the order's end: its copies and spares go, and their mappings
+        assert d.front_door.peer_ahead_state()["copies"] == 0
         assert area_mappings(area) == []
     finally:
         gen.close()
@@ -111,8 +111,8 @@ def test_a_lane_copy_is_its_files_second_name_and_none_is_left_behind(short_tmp)
         d.linked = link_flight(d, d.root, at_once=True)  # kept alive with the door
         order = sorted(d.sums, key=d.row)  # every other file is node 1's
         remote = [k for k in order if k not in d.mine]
-        d.door.grant(6 * max(d.snap.files[k].size for k in remote), PEER_BOOKS)
-        d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), len(order))
+        d.front_door.grant(6 * max(d.snap.files[k].size for k in remote), PEER_BOOKS)
+        d.front_door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), len(order))
         settled(d, 6)
         own = {os.stat(os.path.join(area, name)).st_ino: name for name in os.listdir(area)
                if name.startswith(TMP_PREFIX)}
@@ -126,10 +126,10 @@ def test_a_lane_copy_is_its_files_second_name_and_none_is_left_behind(short_tmp)
         tmp = os.path.join(area, os.path.dirname(taken), "python-copy")
         shutil.copyfile(os.path.join(d.root, taken.split("/", 1)[1]), tmp)
         os.replace(tmp, os.path.join(area, taken))
-        d.door.staged(taken, protocol.SLOT_PEER)
+        d.front_door.staged(taken, protocol.SLOT_PEER)
         reused = set()
         for consumed in range(2, len(order) + 1, 2):
-            d.door.peer_progress(consumed)
+            d.front_door.peer_progress(consumed)
             state = settled(d, min(len(remote), consumed // 2 + 6))
             reused |= {os.stat(os.path.join(area, k)).st_ino for k in in_area(area) if k != taken} & set(first.values())
             # the lane's files' own names: its copies' and its spares', no more
@@ -137,7 +137,7 @@ def test_a_lane_copy_is_its_files_second_name_and_none_is_left_behind(short_tmp)
         assert reused, "a consumed copy's file is written over and linked to a next key"
         assert state["fetched"] == len(remote), state
         assert in_ram(area) or state["written_mapped"] == 0, state
-        d.door.peer_ahead(array("I"), 1)  # the order's end
+        d.front_door.peer_ahead(array("I"), 1)  # the order's end
         assert in_area(area, own=True) == [taken], in_area(area, own=True)
         with open(os.path.join(area, taken), "rb") as f:
             assert hashlib.md5(f.read()).hexdigest() == d.sums[taken]

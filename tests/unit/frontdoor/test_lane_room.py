@@ -40,20 +40,20 @@ def test_a_lane_waiting_for_room_python_cannot_lend_wakes_it_less_and_less(short
         d.linked = link_flight(d, d.root, at_once=True)  # kept alive with the door
         order = sorted(d.sums, key=d.row)  # every other file is node 1's
         remote = [k for k in order if k not in d.mine]
-        d.door.grant(2 * max(d.snap.files[k].size for k in remote), PEER_BOOKS)  # two copies' room
-        d.door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), len(order))
+        d.front_door.grant(2 * max(d.snap.files[k].size for k in remote), PEER_BOOKS)  # two copies' room
+        d.front_door.peer_ahead(array("I", [d.row(k) + 1 for k in order]), len(order))
         deadline = time.monotonic() + 10
-        while d.door.peer_ahead_state()["fetched"] < 2 and time.monotonic() < deadline:
+        while d.front_door.peer_ahead_state()["fetched"] < 2 and time.monotonic() < deadline:
             time.sleep(0.005)
         # no progress, nothing lent: the lane looks for room every 20 ms and finds none
-        quiet = wake_ups(d.door, 1.0)
+        quiet = wake_ups(d.front_door, 1.0)
         assert 1 <= quiet <= 12, quiet  # 9: at once, then 5, 10, 20, ... 320 ms apart; not one a look (50)
-        state = d.door.peer_ahead_state()
+        state = d.front_door.peer_ahead_state()
         assert state["room_waits"] >= 20 and state["fetched"] == 2, state
         # Python lends a little at each wake-up: the lane asks as often as before again
         small = min(d.snap.files[k].size for k in remote)
-        d.door.grant(small // 4, PEER_BOOKS)
-        lending = wake_ups(d.door, 0.3, lend=small // 4)
+        d.front_door.grant(small // 4, PEER_BOOKS)
+        lending = wake_ups(d.front_door, 0.3, lend=small // 4)
         assert lending >= 10, lending
     finally:
         gen.close()

@@ -128,10 +128,10 @@ def test_idle_clients_do_not_starve_the_daemon_and_are_closed(served, monkeypatc
 
 def test_a_waiting_client_gets_heartbeats_until_its_answer(served, monkeypatch):
     daemon, server, *_ = served
-    if server.door is not None:  # it would copy the file in C, past the slow reader below
+    if server.front_door is not None:  # it would copy the file in C, past the slow reader below
         monkeypatch.setattr(daemon.door_link, "may_copy", False)
         with daemon.door_link.stager.lock:  # a drain under way tells the door under this lock what it read before
-            daemon.door_link.door.copying(False)
+            daemon.door_link.front_door.copying(False)
     real = daemon.stager.copier.read_pfs
 
     def slow(key, out):
@@ -218,7 +218,7 @@ def test_an_open_that_asks_to_keep_its_connection(served):
     slow), whichever request staged a copy; the Python server answers it and closes."""
     daemon, server, root, names = served
     slot = protocol.tier_slot(0)
-    door = server.door
+    door = server.front_door
     before = door.counts() if door else None
     with connect(daemon.socket_path) as s:
         s.settimeout(10)

@@ -5,7 +5,7 @@ from a sample's sizes."""
 import random
 from array import array
 
-from monarch.node.door.peer_door_link import OWNER_NONE, extend_order
+from monarch.node.doorkeeper.peer_door_link import OWNER_NONE, extend_order
 
 
 def setup(n, own_every=4, sizes=None):

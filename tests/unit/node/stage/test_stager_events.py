@@ -1,5 +1,5 @@
 """The stager publishes events (StagerListener) and whoever keeps books beside it subscribes:
-the front door's link (monarch/node/door/door_link.py) and nothing the stager knows by name.
+the front door's link (monarch/node/doorkeeper/door_link.py) and nothing the stager knows by name.
 The stager's rooms (books, scheduling, copying) and the door do not import each other."""
 
 from __future__ import annotations

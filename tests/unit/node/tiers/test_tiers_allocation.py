@@ -261,7 +261,7 @@ def test_a_door_copy_removed_for_its_blocks_is_not_counted_as_staged(tmp_path):
     """The daemon counts what the door staged from ``DoorLink.absorb``: a copy removed because
     its blocks did not fit is no staged file."""
     from monarch.frontdoor import EV_STAGED, DoorEvent
-    from monarch.node.door.door_link import DoorLink
+    from monarch.node.doorkeeper.door_link import DoorLink
     (tmp_path / "t").mkdir()
     tier = Tier.from_config(TierConfig("t", str(tmp_path / "t"), 4096 + 2000, False), 2, "r1", 0, ())
     tier.unit = 4096

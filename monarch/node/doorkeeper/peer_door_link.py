@@ -49,7 +49,7 @@ from typing import Callable
 from monarch import protocol
 from monarch.cluster.datapath import DataPath
 from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
-from monarch.node.door.door_link import LEASE_MAX, LEASE_SHARE
+from monarch.node.doorkeeper.door_link import LEASE_MAX, LEASE_SHARE
 from monarch.node.snapshot.index_writer import positions
 from monarch.node.peer.peer_cache import GRACE, PeerCache
 from monarch.node.stage.stager_books import StagerListener
@@ -103,15 +103,15 @@ def extend_order(order: array, keys, position: Callable[[str], int | None], owne
 
 
 class PeerDoorLink(StagerListener):
-    """``door``'s peer lane kept with ``cache``'s books, fetching through ``datapath`` (the C
+    """``front_door``'s peer lane kept with ``cache``'s books, fetching through ``datapath`` (the C
     peer data path: its functions are called by the door)."""
 
-    def __init__(self, door: FrontDoor, cache: PeerCache, datapath: DataPath, owners: array, node: int,
+    def __init__(self, front_door: FrontDoor, cache: PeerCache, datapath: DataPath, owners: array, node: int,
                  timeout: float, files=None, counters_path: str | None = None):
         """``files``: the snapshot's, for the hinted orders (None: hints steer no fetch);
         ``counters_path``: the shim's counters, whose opens in the peer slot measure which
         fetches the area keeps (None: every one while it has room)."""
-        self.door = door
+        self.front_door = front_door
         self._owners = owners
         self._position = positions(files) if files is not None else None
         self._files = files
@@ -129,28 +129,28 @@ class PeerDoorLink(StagerListener):
         with books.lock:  # the books so far, then every event: nothing is missed in between
             books.subscribe_locked(self)
             for key in books.flights:  # fetches under way are the cache's
-                door.claim(key)
-        if not door.peers(*datapath.fetch_function(), owners, node, self.area.slot, timeout, self.area.unit,
+                front_door.claim(key)
+        if not front_door.peers(*datapath.fetch_function(), owners, node, self.area.slot, timeout, self.area.unit,
                           datapath.fetch_many_function(), datapath.flight_functions()):
             raise OSError("the front door has no peer area to fetch into")
         # which fetches the area keeps: measured from the shim's opens there (the rest are memfds)
-        if counters_path is not None and not door.peer_reuse(counters_path):
+        if counters_path is not None and not front_door.peer_reuse(counters_path):
             log.warning("the shim's counters %s cannot be read: every remote file goes into the peer area",
                         counters_path)
-        cache.ask_before_evicting(lambda key: door.evict(key, self._grace()))  # the door's answers count as uses
+        cache.ask_before_evicting(lambda key: front_door.evict(key, self._grace()))  # the door's answers count as uses
         self.tend()
 
     # -- the cache's events (StagerListener) -----------------------------------------------
     def published(self, key: str, tier: Tier) -> None:
-        self.door.staged(key, tier.slot)
+        self.front_door.staged(key, tier.slot)
 
     def dropped(self, key: str) -> None:
-        self.door.forget(key)
+        self.front_door.forget(key)
         if self._position is not None:  # gone from the area: the read-ahead may fetch it again
-            self.door.peer_gone(key)
+            self.front_door.peer_gone(key)
 
     def claiming(self, key: str) -> bool:
-        if not self.door.claim(key):
+        if not self.front_door.claim(key):
             return False
         self.absorb()  # the door fetched it first
         return True
@@ -166,7 +166,7 @@ class PeerDoorLink(StagerListener):
         books, lru, counts = self.cache.books, self.cache.lru, self.cache.counts
         fetched = 0
         with books.lock:  # drained under the lock: a claim that finds a fetch of the door's finds it here
-            for ev in self.door.events(PEER_BOOKS):
+            for ev in self.front_door.events(PEER_BOOKS):
                 if ev.kind == EV_TRANSIENT:  # answered as a memfd: nothing to book
                     counts["transient"] += 1
                     counts["transient_bytes"] += ev.size
@@ -186,13 +186,13 @@ class PeerDoorLink(StagerListener):
         """Lend the door room when little is left of its lease (evicting as the cache does)."""
         books = self.cache.books
         allowed = not books.closed and not books.dirty and self.area.full_reason is None
-        self.door.peer_copying(allowed)
+        self.front_door.peer_copying(allowed)
         if not allowed:
             self.reclaim_lease()
             return
         chunk = self._chunk()
-        if self.door.lease(PEER_BOOKS) < self._low_water() and books.reserve(self.area, chunk):
-            self.door.grant(chunk, PEER_BOOKS)
+        if self.front_door.lease(PEER_BOOKS) < self._low_water() and books.reserve(self.area, chunk):
+            self.front_door.grant(chunk, PEER_BOOKS)
 
     def _chunk(self) -> int:
         """Room lent at a time: a share of the area, never more than half of a small one (its LRU
@@ -206,7 +206,7 @@ class PeerDoorLink(StagerListener):
 
     def reclaim_lease(self) -> bool:
         """Give the door's unused room back to the area. True if there was some."""
-        left = self.door.reclaim(PEER_BOOKS)
+        left = self.front_door.reclaim(PEER_BOOKS)
         if left:
             self.area.release(left)
         return left > 0
@@ -230,15 +230,15 @@ class PeerDoorLink(StagerListener):
                                                 lambda key: allocated(files[key].size))
             self._remote += remote
             self._remote_bytes += remote_bytes
-            self.door.peer_ahead(self._order, self._window(), stream)
+            self.front_door.peer_ahead(self._order, self._window(), stream)
         elif stream != self._stream:
             return
         elif op == protocol.HINT_PROGRESS:
-            self.door.peer_progress(int(keys))
-            if self.door.lease(PEER_BOOKS) < self._low_water():  # lent before the lane waits for room
+            self.front_door.peer_progress(int(keys))
+            if self.front_door.lease(PEER_BOOKS) < self._low_water():  # lent before the lane waits for room
                 self.absorb()
         else:
-            self.door.peer_ahead(array("I"), 1)
+            self.front_door.peer_ahead(array("I"), 1)
             self._new_epoch()
             self._stream = None
 
@@ -246,7 +246,7 @@ class PeerDoorLink(StagerListener):
         """The last progress the reader told the door itself (HINT PROGRESS requests on a
         connection of their own: answered in C, no interpreter per frame), not taken before, as
         (stream, positions consumed), or None; and how many the door answered so far."""
-        return self.door.peer_told()
+        return self.front_door.peer_told()
 
     def _grace(self) -> float:
         return HINTED_GRACE if self._stream is not None else GRACE
@@ -267,7 +267,7 @@ class PeerDoorLink(StagerListener):
         return counts["fetched"] + counts["transient"]
 
     def _new_epoch(self) -> None:
-        now, waited = self._fetched_at_open(), self.door.peer_ahead_state()["waited"]
+        now, waited = self._fetched_at_open(), self.front_door.peer_ahead_state()["waited"]
         if self._stream is not None:
             self._epochs.append({"remote_opens": self._remote, "fetched_at_open": now - self._at_open_before,
                                  "waited_for_ahead": waited - self._waited_before})
@@ -284,15 +284,15 @@ class PeerDoorLink(StagerListener):
         if self._stream is not None:
             epochs.append({"remote_opens": self._remote,
                            "fetched_at_open": self._fetched_at_open() - self._at_open_before,
-                           "waited_for_ahead": self.door.peer_ahead_state()["waited"] - self._waited_before})
-        return {"lane": self.door.peer_ahead_state(), "epochs": epochs}
+                           "waited_for_ahead": self.front_door.peer_ahead_state()["waited"] - self._waited_before})
+        return {"lane": self.front_door.peer_ahead_state(), "epochs": epochs}
 
     def stop(self) -> None:
         """The lane off (its fetches under way end first), its room given back."""
         if self._position is not None:
-            self.door.peer_ahead(array("I"), 1)  # the read-ahead lane's batch under way ends first
+            self.front_door.peer_ahead(array("I"), 1)  # the read-ahead lane's batch under way ends first
         self.cache.ask_before_evicting(None)
-        self.door.peer_reuse(None)
-        self.door.peers(None, None, None, None, 0, self.area.slot, 0)
-        self.door.peer_copying(False)
+        self.front_door.peer_reuse(None)
+        self.front_door.peers(None, None, None, None, 0, self.area.slot, 0)
+        self.front_door.peer_copying(False)
         self.reclaim_lease()

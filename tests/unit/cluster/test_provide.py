@@ -1,4 +1,4 @@
-"""The serving side of the peer protocol (monarch/cluster/serve.py) over a fake engine (no MPI): a
+"""The owner's side of the peer protocol (monarch/cluster/provide.py) over a fake engine (no MPI): a
 file goes as its header and chunks, bounded by the window; each request not served is refused
 with its reason and counted by why; a requester that stops receiving costs one timeout."""
 
@@ -10,9 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from monarch.cluster import serve
 from monarch.cluster.counters import PeerCounters
-from monarch.cluster.serve import Server, ServeFailure
+from monarch.cluster.provide import Compressed, Provider, ServeFailure
 from monarch.cluster.transfer import RAW, ZSTD, decode_header, decode_ok
 
 
@@ -43,15 +42,15 @@ class Engine:
         return [data for dest, t, data in self.sent if (dest, t) == (src, tag)]
 
 
-def server(provide, engine=None, chunk_size=4, window=2, peer_timeout=5.0):
+def provider(provide, engine=None, chunk_size=4, window=2, peer_timeout=5.0):
     counters = PeerCounters({})
     tuning = SimpleNamespace(chunk_size=chunk_size, window=window, peer_timeout=peer_timeout)
-    s = Server(engine or Engine(), counters, tuning)
+    s = Provider(engine or Engine(), counters, tuning)
     s.start(provide, 2)
     return s, counters
 
 
-def ask(s: Server, key: str, src: int = 1, tag: int = 16) -> list[bytes]:
+def ask(s: Provider, key: str, src: int = 1, tag: int = 16) -> list[bytes]:
     s.on_request(src, tag, key)
     assert s.wait_idle(10)
     return s.engine.messages(src, tag)
@@ -65,7 +64,7 @@ def staged(tmp_path):
 
 
 def test_a_file_goes_as_its_header_then_its_chunks_and_is_counted(staged):
-    s, counters = server(lambda key: staged if key == "0/a" else None)
+    s, counters = provider(lambda key: staged if key == "0/a" else None)
     header, *chunks = ask(s, "0/a")
     assert decode_ok(header, len(header)) == (10, 10, RAW)
     assert [len(c) for c in chunks] == [4, 4, 2] and b"".join(chunks) == b"0123456789"
@@ -74,7 +73,7 @@ def test_a_file_goes_as_its_header_then_its_chunks_and_is_counted(staged):
 
 
 def test_a_compressed_copy_crosses_as_stored_and_says_the_files_size(staged):
-    s, counters = server(lambda key: serve.Compressed(staged, 25))
+    s, counters = provider(lambda key: Compressed(staged, 25))
     header, *chunks = ask(s, "0/a")
     assert decode_ok(header, len(header)) == (10, 25, ZSTD) and b"".join(chunks) == b"0123456789"
     c = counters.snapshot()
@@ -84,7 +83,7 @@ def test_a_compressed_copy_crosses_as_stored_and_says_the_files_size(staged):
 def test_an_empty_file_is_its_header_alone(tmp_path):
     empty = tmp_path / "e"
     empty.write_bytes(b"")
-    s, counters = server(lambda key: str(empty))
+    s, counters = provider(lambda key: str(empty))
     (header,) = ask(s, "0/e")
     assert decode_ok(header, len(header)) == (0, 0, RAW) and counters.snapshot()["files_sent"] == 1
 
@@ -102,7 +101,7 @@ def test_each_request_not_served_is_refused_with_its_reason_and_counted_by_why(t
             raise RuntimeError("tier gone")
         return None if key == "0/none" else str(tmp_path / "not-there")
 
-    s, counters = server(provide)
+    s, counters = provider(provide)
     assert refusal(ask(s, "0/none", tag=16)) == "owner could not stage the file"
     assert refusal(ask(s, "0/raises", tag=17)) == "provide failed: RuntimeError: tier gone"
     assert refusal(ask(s, "0/gone", tag=18)).startswith("owner cannot open its staged copy: ")
@@ -111,7 +110,7 @@ def test_each_request_not_served_is_refused_with_its_reason_and_counted_by_why(t
 
 def test_a_request_before_start_is_dropped_and_after_stop_accepting_refused(staged):
     engine = Engine()
-    s = Server(engine, PeerCounters({}), SimpleNamespace(chunk_size=4, window=2, peer_timeout=1.0))
+    s = Provider(engine, PeerCounters({}), SimpleNamespace(chunk_size=4, window=2, peer_timeout=1.0))
     s.on_request(1, 16, "0/a")
     assert engine.sent == []  # the requester's timeout answers it
     s.start(lambda key: staged, 1)
@@ -128,7 +127,7 @@ def test_a_request_cancelled_while_it_was_staged_is_refused_and_counted(staged):
         go.wait(10)
         return staged
 
-    s, counters = server(provide)
+    s, counters = provider(provide)
     s.on_request(1, 16, "0/a")
     assert staging.wait(10)
     s.on_cancel(1, 16)
@@ -157,21 +156,21 @@ def test_a_short_read_sends_an_empty_chunk_the_requester_takes_as_abort(staged):
         def __exit__(self, *exc):
             self.f.close()
 
-    s, counters = server(lambda key: Short())
+    s, counters = provider(lambda key: Short())
     header, empty = ask(s, "0/a")
     assert decode_ok(header, len(header))[0] == 10 and empty == b""
     assert counters.snapshot()["serve_failures"] == {"short_read": 1} and counters.snapshot()["files_sent"] == 0
 
 
 def test_a_requester_that_takes_nothing_costs_one_peer_timeout(staged):
-    s, counters = server(lambda key: staged, Engine(stalled=True), window=1, peer_timeout=0.5)
+    s, counters = provider(lambda key: staged, Engine(stalled=True), window=1, peer_timeout=0.5)
     sent = ask(s, "0/a")
     assert len(sent) == 2  # the header and the first chunk: the window is full, nothing more
     assert counters.snapshot()["serve_failures"] == {"stalled": 1} and counters.snapshot()["files_sent"] == 0
 
 
 def test_a_lost_requesters_transfer_stops_without_waiting_out_the_timeout(staged):
-    s, counters = server(lambda key: staged, Engine(stalled=True), window=1, peer_timeout=60.0)
+    s, counters = provider(lambda key: staged, Engine(stalled=True), window=1, peer_timeout=60.0)
     s.on_request(1, 16, "0/a")
     s.on_request(2, 16, "0/a")  # another requester's transfer is not stopped
     deadline = time.monotonic() + 10

@@ -1,4 +1,4 @@
-"""The serving side of the peer protocol: answer other nodes' requests for files we own.
+"""The owner's side of the peer protocol (``Provider``): answer other nodes' requests for files we own.
 
 The engine thread receives ``("req", tag, key)``; a pool thread calls ``provide(key)``
 (which may stage the file from the PFS first), then reads the staged file chunk by chunk
@@ -64,8 +64,8 @@ class Outgoing:
         self.lost = False   # the requester is lost: stop sending at once
 
 
-class Server:
-    """Answers peers' requests once started (a request that comes before is dropped: the
+class Provider:
+    """Provides this node's files to the peers that ask, once started (a request that comes before is dropped: the
     requester's timeout answers it)."""
 
     def __init__(self, engine: Engine, counters: PeerCounters, tuning: Tuning):

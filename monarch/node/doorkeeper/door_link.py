@@ -44,43 +44,43 @@ COPY_SIZE_GUESS = 64 << 10  # a door copy's size before any was made (room lent 
 
 
 class DoorLink(StagerListener):
-    """``door`` kept told of ``stager``'s copies. With ``may_copy`` the door copies small files
+    """``front_door`` kept told of ``stager``'s copies. With ``may_copy`` the door copies small files
     itself while the PFS is fast, into the first tier, then, once it is full, the next raw
     one, within room lent to it (only when the first tier is raw and the tier the door
     copies to; a sharded node's door copies its own files only, ``FrontDoor.own_only``)."""
 
-    def __init__(self, door: FrontDoor, stager: Stager, may_copy: bool):
-        self.door = door
+    def __init__(self, front_door: FrontDoor, stager: Stager, may_copy: bool):
+        self.front_door = front_door
         self.stager = stager
         tiers = stager.tiers
         self.may_copy = (may_copy and bool(tiers) and tiers[0].codec is None
-                         and door.copy_slot == tiers[0].slot)
+                         and front_door.copy_slot == tiers[0].slot)
         self.tier = tiers[0] if tiers else None  # the tier the door copies into, its room lent there
         self._copy_size = COPY_SIZE_GUESS  # a door copy's size, as its copies go (moving mean)
         with stager.lock:  # the books so far, then every event: nothing is missed in between
             stager.subscribe_locked(self)
             for key in stager.flights:  # copies under way are the stager's
-                door.claim(key)
+                front_door.claim(key)
             if stager.dirty:
-                door.disable()
+                front_door.disable()
             self._tend_locked()
 
     # -- the stager's events (StagerListener) ------------------------------------------------
     def published(self, key: str, tier: Tier) -> None:
         if tier.is_compressed(key):
-            self.door.forget(key)  # a compressed copy is answered by Python (decoded or a memfd)
+            self.front_door.forget(key)  # a compressed copy is answered by Python (decoded or a memfd)
         else:
-            self.door.staged(key, tier.slot)
+            self.front_door.staged(key, tier.slot)
 
     def dropped(self, key: str) -> None:
-        self.door.forget(key)
+        self.front_door.forget(key)
 
     def written(self, key: str) -> None:
-        self.door.disable()  # no copy of the door's after this one; those made are dropped by the stager
+        self.front_door.disable()  # no copy of the door's after this one; those made are dropped by the stager
         self.absorb()
 
     def claiming(self, key: str) -> bool:
-        if not self.door.claim(key):
+        if not self.front_door.claim(key):
             return False
         self.absorb()  # the door copied it first
         return True
@@ -103,11 +103,11 @@ class DoorLink(StagerListener):
         staged = 0
         tiers = {t.slot: t for t in books.tiers}
         index = books.snapshot.files
-        by_entry = isinstance(index, IndexTable) and index.data is self.door.index  # its entries are the books' rows
+        by_entry = isinstance(index, IndexTable) and index.data is self.front_door.index  # its entries are the books' rows
         with books.lock:  # drained under the lock: a claim that finds a copy of the door's finds it here
             ahead: dict[int, list[tuple[str, int, int]]] = {}  # the read-ahead lane's copies, booked per tier at once
             files = nbytes = 0
-            for ev in self.door.events():
+            for ev in self.front_door.events():
                 copied = ev.kind in (EV_STAGED, EV_AHEAD)
                 if copied:
                     self._copy_size += (ev.size - self._copy_size) / 64
@@ -127,13 +127,13 @@ class DoorLink(StagerListener):
         books, tier = self.stager, self.tier
         allowed = self.may_copy and not books.dirty and not books.closed
         if allowed and (tier.full_reason is not None  # its filesystem is full: the stager found out
-                        or self.door.lease() < self._chunk(tier) // 2 and not self._lend(tier)
-                        and self.door.lease() < INLINE_BYTES):
+                        or self.front_door.lease() < self._chunk(tier) // 2 and not self._lend(tier)
+                        and self.front_door.lease() < INLINE_BYTES):
             # the tier is full (pin, don't thrash: nothing is evicted for the door): the next raw
             # tier with room, as the stager spills; with none the door's misses and the lane's
             # list go to the stager now, rather than once the lane has waited for room
             allowed = self._move_on()
-        self.door.copying(allowed)  # whether the PFS is fast enough for it, the door finds out itself
+        self.front_door.copying(allowed)  # whether the PFS is fast enough for it, the door finds out itself
         if not allowed:
             self.reclaim_lease()
 
@@ -145,9 +145,9 @@ class DoorLink(StagerListener):
         """Room lent at a time: a share of the tier and, while the read-ahead lane runs, at least
         twice what its copies in flight take (its measure of a slow source keeps a hundred or
         more in flight: lent less, they would wait on Python to lend again, a few at a time)."""
-        if not self.door.read_ahead_state()["running"]:
+        if not self.front_door.read_ahead_state()["running"]:
             return self._kept_back(tier)
-        in_flight = 2 * self.door.inflight()["limit"] * int(self._copy_size)
+        in_flight = 2 * self.front_door.inflight()["limit"] * int(self._copy_size)
         return max(self._kept_back(tier), min(LEASE_MAX, tier.capacity // LEASE_SHARE_IN_FLIGHT, in_flight))
 
     def _room(self, tier: Tier) -> int:
@@ -162,7 +162,7 @@ class DoorLink(StagerListener):
         """Lend the door room in ``tier`` (its copy tier). True if some was lent."""
         room = self._room(tier)
         if room:
-            self.door.grant(room)
+            self.front_door.grant(room)
         return room > 0
 
     def _move_on(self) -> bool:
@@ -174,7 +174,7 @@ class DoorLink(StagerListener):
                 return False  # a compressing tier's copies are the stager's (and so are all below it)
             room = self._room(tier)
             if room:
-                left = self.door.copy_to(tier.slot, room)
+                left = self.front_door.copy_to(tier.slot, room)
                 if left < 0:
                     tier.release(room)
                     return False
@@ -189,7 +189,7 @@ class DoorLink(StagerListener):
         there was some."""
         if not self.may_copy:
             return False
-        left = self.door.reclaim()
+        left = self.front_door.reclaim()
         if left:
             self.tier.release(left)
         return left > 0
@@ -200,9 +200,9 @@ class DoorKeeper:
     whichever stager serves now (``relink_locked`` at each swap), opened once the index is
     written, its copies absorbed into the books, its counts reported, stopped at close."""
 
-    def __init__(self, door: FrontDoor, current: Current, may_copy: Callable[[], bool], own_only: bool = False,
+    def __init__(self, front_door: FrontDoor, current: Current, may_copy: Callable[[], bool], own_only: bool = False,
                  fixed_depth: int = 0):
-        self.door = door
+        self.front_door = front_door
         self._current = current
         self._lane_start = AHEAD_START_SHARDED if own_only else AHEAD_START
         self._lane_fixed = fixed_depth  # staging.threads: that many copies in flight (0: measured)
@@ -228,17 +228,17 @@ class DoorKeeper:
         if peer_area is not None:
             dirs[protocol.SLOT_PEER] = peer_area.path
         try:
-            door = FrontDoor(listen_fd, roots, dirs, tiers[0].slot, workers)
+            front_door = FrontDoor(listen_fd, roots, dirs, tiers[0].slot, workers)
         except OSError as e:
             log.warning("the daemon's C front door did not start (%s); the Python server answers every request", e)
             return None
-        door.own_only(own_only)
-        return cls(door, current, may_copy, own_only, fixed_depth)
+        front_door.own_only(own_only)
+        return cls(front_door, current, may_copy, own_only, fixed_depth)
 
     def relink_locked(self) -> None:
         """The door kept told of the current stager's copies, its copies booked there (under
         the gate's lock, where the stager is swapped)."""
-        self.link = DoorLink(self.door, self._current.stager, self._may_copy())
+        self.link = DoorLink(self.front_door, self._current.stager, self._may_copy())
 
     def unlink_locked(self) -> None:
         """The snapshot failed: the door never opens, nothing of it to book."""
@@ -248,7 +248,7 @@ class DoorKeeper:
         """The snapshot is ready: the door answers from now on (never before the index is)."""
         files = self._current.snapshot.files
         index = files.data if isinstance(files, IndexTable) and isinstance(files.data, bytearray) else None
-        if self._current.ready and not self.door.open(index_path, index):
+        if self._current.ready and not self.front_door.open(index_path, index):
             log.warning("the front door could not map the index %s; the Python server answers every request",
                         index_path)
 
@@ -269,7 +269,7 @@ class DoorKeeper:
                 return True
             self._lane_asked = True
         link = self.link
-        if link is None or not link.may_copy or not self.door.read_ahead(len(files), self._lane_fixed,
+        if link is None or not link.may_copy or not self.front_door.read_ahead(len(files), self._lane_fixed,
                                                                           self._lane_start):
             return False
         stager.read_ahead(order(larger_than(files, INLINE_BYTES)))
@@ -282,7 +282,7 @@ class DoorKeeper:
         if sample is not None:
             keys = sorted(files)
             sample(keys)
-        while self.door.read_ahead_state()["running"] and not closing():
+        while self.front_door.read_ahead_state()["running"] and not closing():
             time.sleep(AHEAD_POLL_SECONDS)
         if closing():
             return
@@ -290,7 +290,7 @@ class DoorKeeper:
         link = self.link
         if link is not None and link.reclaim_lease():  # lent for the lane's copies in flight: the misses
             absorb()  # left want a share of the tier, no more (the rest is room for second copies)
-        ended = self.door.read_ahead_state()["ended_because"]
+        ended = self.front_door.read_ahead_state()["ended_because"]
         if ended:  # before its list's end: the stager goes over every key (those staged are skipped)
             log.info("the front door's read-ahead ended early (%s); the staging threads take the rest", ended)
             stager.read_ahead(order(keys if keys is not None else iter(files)))  # no list of a million keys
@@ -315,14 +315,14 @@ class DoorKeeper:
         true tier occupancy, unless the read-ahead lane runs: taken back at each progress
         poll, the room left the lane's copies waiting for Python to lend it again, and its
         measure of the source took those waits for want of work)."""
-        lane = self.door.read_ahead_state()
+        lane = self.front_door.read_ahead_state()
         for link in (self.link, self.peer_link):
             if link is not None and not (lane["running"] and link is self.link):
                 link.reclaim_lease()
-        counts = self.door.counts()
+        counts = self.front_door.counts()
         counts["answered_staged"] = sum(counts["hits_by_slot"].values())
         counts["read_ahead"] = lane
-        counts["in_flight"] = self.door.inflight()
+        counts["in_flight"] = self.front_door.inflight()
         if self.peer_link is not None:  # the hinted orders' other nodes' files, fetched ahead
             counts["peer_ahead"] = self.peer_link.ahead_stats()
         return counts
@@ -330,4 +330,4 @@ class DoorKeeper:
     def stop(self) -> None:
         if self.peer_link is not None:
             self.peer_link.stop()
-        self.door.stop()  # no-op after the server's; joins the door's threads, copies and all
+        self.front_door.stop()  # no-op after the server's; joins the door's threads, copies and all
