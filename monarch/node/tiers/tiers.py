@@ -181,14 +181,17 @@ class Tier:
                 if self.decoded is not None:  # the room a "room" budget gives decoded copies shrank
                     self.decoded.trim()
                 return True
-            if not counted:
-                return False
-            self.refused[reason] += 1
             if reason == REFUSED_MEMORY_MARGIN and self.last_refusal != reason:
                 log.warning("tier %s: stops taking files at %d bytes: the node's available memory would drop "
                             "below the margin of %d bytes (memory_margin in the configuration)",
                             self.name, self._room, self.memory.margin)
-            self.last_refusal = reason
+            if counted:
+                self.refused[reason] += 1
+                self.last_refusal = reason
+            elif reason == REFUSED_MEMORY_MARGIN:
+                # the node's memory, whoever asked: room the front door was to be lent is refused
+                # once for the many files it then copies into the next tier
+                self.last_refusal = reason
             return False
 
     def release(self, size: int) -> None:

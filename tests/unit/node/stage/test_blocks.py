@@ -4,6 +4,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from monarch.config import TierConfig
 from monarch.node.snapshot.snapshot import take_snapshot
 from monarch.node.stage import blocks
@@ -23,11 +25,16 @@ def setup(tmp_path, size, capacity):
     return Stager(take_snapshot((str(root),)), [tier]), tier, "0/d/big.bin", data
 
 
-def wait_done(bf, timeout=30):
+def wait_done(stager, bf, timeout=30):
+    """Until ``bf`` is done, read under the books' lock: a whole file is marked done, then
+    published, both under that lock."""
     deadline = time.monotonic() + timeout
-    while not bf.done and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        with stager.lock:
+            if bf.done:
+                return
         time.sleep(0.01)
-    assert bf.done
+    pytest.fail(f"{bf.key} was not done within {timeout} s")
 
 
 def test_a_large_file_is_answered_at_once_then_published_whole(tmp_path):
@@ -35,7 +42,7 @@ def test_a_large_file_is_answered_at_once_then_published_whole(tmp_path):
     slot, path = stager.blocks.answer(key)
     assert slot & 0x400 and slot & 0xff == tier.slot and path.endswith("/.blocks/" + key)
     bf = stager.blocks.files[key]
-    wait_done(bf)
+    wait_done(stager, bf)
     assert bf.whole and stager.where(key) is tier and open(tier.path_for(key), "rb").read() == data
     assert tier.files == 1 and tier.room == tier.allocated(len(data))
     with stager.lock:
@@ -58,7 +65,7 @@ def test_a_file_larger_than_the_room_is_staged_in_part_the_wanted_blocks_first(t
     for b in wanted:
         bf.states[b] = blocks.BLOCK_WANTED  # as the shim marks what it read from the PFS
     gate.set()
-    wait_done(bf)
+    wait_done(stager, bf)
     staged = [b for b in range(bf.blocks) if bf.states[b] == blocks.BLOCK_STAGED]
     assert len(staged) == 10 and set(wanted) <= set(staged)
     copy = open(bf.path, "rb").read()
@@ -90,5 +97,5 @@ def test_a_source_changed_since_the_snapshot_is_never_staged(tmp_path):
     path = tmp_path / "pfs" / "d" / "big.bin"
     os.utime(path, ns=(1, 1))  # another mtime than the snapshot saw
     bf = stager.blocks.attach(key)
-    wait_done(bf)
+    wait_done(stager, bf)
     assert bf.staged == 0 and not bf.whole and stager.blocks.failures == 1
