@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
+from memory_cgroup import MemoryCgroup  # noqa: E402
 from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 WINDOW = 1025     # tokens (uint16) per window: a context of 1,024 and its next token
@@ -81,33 +82,6 @@ def make_plan(src: Path, steps: int, seed: int, out: Path) -> None:
     sums = np.array([int(tokens[o:o + WINDOW].sum(dtype=np.int64)) for o in offsets], dtype=np.int64)
     with open(out, "wb") as f:
         np.savez(f, offsets=offsets, sums=sums)
-
-
-class MemoryCgroup:
-    """A memory cgroup the reader runs in (cgroup v1 or v2), or none (not root: said once)."""
-
-    def __init__(self, limit: int):
-        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
-        name = f"bench-large-reads-{os.getpid()}"
-        if v2.exists() and "memory" in v2.read_text():
-            self.path, limit_file = Path("/sys/fs/cgroup") / name, "memory.max"
-        else:
-            self.path, limit_file = Path("/sys/fs/cgroup/memory") / name, "memory.limit_in_bytes"
-        try:
-            self.path.mkdir()
-            (self.path / limit_file).write_text(str(limit))
-        except OSError as e:
-            print(f"no memory cgroup ({e}): the direct figures are flattered by the page cache", file=sys.stderr)
-            self.path = None
-
-    def wrap(self, cmd: list[str]) -> list[str]:
-        if self.path is None:
-            return cmd
-        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh", *cmd]
-
-    def remove(self) -> None:
-        if self.path is not None:
-            subprocess.run(["rmdir", str(self.path)], capture_output=True)
 
 
 def children_cpu() -> float:
@@ -163,7 +137,7 @@ def main(argv=None) -> int:
         reader = work / "reader.py"
         reader.write_text(READER)
         (work / "run").mkdir()
-        cgroup = MemoryCgroup(args.cgroup_mib << 20)
+        cgroup = MemoryCgroup(args.cgroup_mib << 20, "bench-large-reads")
         try:
             for bw in bandwidths:
                 plan = work / f"plan-{bw:g}.npz"

@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
+from memory_cgroup import MemoryCgroup  # noqa: E402
 from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 VALUE = 64 << 10  # an LMDB record's value
@@ -111,36 +112,6 @@ print(json.dumps({"bad": bad, "reads": n, "epochs": times}))
 """
 
 
-class MemoryCgroup:
-    """A memory cgroup of ``limit`` bytes the reader runs in (v1 or v2), or none (not root)."""
-
-    def __init__(self, limit: int):
-        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
-        if v2.exists() and "memory" in v2.read_text():
-            self.path, self.limit_file = Path(f"/sys/fs/cgroup/bench-shards-{os.getpid()}"), "memory.max"
-        else:
-            self.path, self.limit_file = Path(f"/sys/fs/cgroup/memory/bench-shards-{os.getpid()}"), \
-                "memory.limit_in_bytes"
-        try:
-            self.path.mkdir()
-            (self.path / self.limit_file).write_text(str(limit))
-        except OSError as e:
-            print(f"no memory cgroup ({e}): direct reads are flattered by the page cache", file=sys.stderr)
-            self.path = None
-
-    def wrap(self, cmd: list[str]) -> list[str]:
-        if self.path is None:
-            return cmd
-        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh", *cmd]
-
-    def remove(self) -> None:
-        if self.path is not None:
-            try:
-                self.path.rmdir()
-            except OSError:
-                pass
-
-
 def run_case(kind, root, args, pfs, cgroup, config=None, work=None):
     cmd = cgroup.wrap([sys.executable, "-c", READER, str(Path(__file__).parent), kind, root, str(args.epochs)])
     env = dict(os.environ, PYTHONPATH=str(REPO), MONARCH_JOB_ID=f"shards-{kind}-{time.monotonic_ns()}")
@@ -200,7 +171,7 @@ def main(argv=None) -> int:
             for kind in kinds:
                 size = sizes[kind]
                 root = os.path.join(pfs.mountpoint, kind)
-                cgroup = MemoryCgroup(max(size // 4, 96 << 20))  # room for the interpreter itself
+                cgroup = MemoryCgroup(max(size // 4, 96 << 20), "bench-shards")  # room for the interpreter itself
                 try:
                     direct = run_case(kind, root, args, pfs, cgroup)
                     base = Path(shm, f"ram-{kind}")
