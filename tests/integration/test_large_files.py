@@ -106,8 +106,10 @@ def test_an_open_of_a_large_file_is_answered_before_its_copy_ends(short_tmp, slo
     pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 20, "1GiB")
     out, rep, _ = run_reader(short_tmp, cfg, OPEN_THEN_READ, path, src, tier_base, pfs)
     done, total = out["staged_at_open"]
-    assert total == size // MiB and done < total / 2, out  # the open did not wait for the copy
-    assert out["opened_s"] < 1.0, out
+    # the open did not wait for the copy: the copy's own map shows it incomplete when the open
+    # returned (how much the read-ahead did before it depends on how long the reader took to start)
+    assert total == size // MiB and done < total, out
+    assert out["opened_s"] < 1.0, out  # the copy takes 2.4 s
     blocks = rep["blocks"]
     assert blocks["files"] == 1 and blocks["whole_files"] == 1 and blocks["read"]["opens"] >= 1
     assert pfs.counters()["bytes"] <= 1.05 * size
