@@ -234,17 +234,24 @@ def test_demo_runs_the_main_job_on_the_embedded_default(short_tmp):
     assert rep["staging"]["files"] == 200 and rep["pfs"]["staging_bytes"] == rep["dataset"]["bytes"]
 
 
+def standing_daemon(cfg, short_tmp, env):
+    """A standing ``monarch serve`` of ``cfg`` (write_config's run base), once its socket is up:
+    the process and the socket's path."""
+    serve = subprocess.Popen([sys.executable, "-m", "monarch", "serve", "-c", cfg], env=env,
+                             stderr=subprocess.PIPE, text=True)
+    sock = os.path.join(short_tmp, "run0", f"monarch-{os.getuid()}", "local-node0", "daemon.sock")
+    deadline = time.time() + 30
+    while not os.path.exists(sock) and time.time() < deadline:
+        time.sleep(0.05)
+    return serve, sock
+
+
 def test_standing_daemon_serves_several_runs_and_reports_at_stop(dataset, short_tmp):
     ds = dataset(files=200, size="4KiB")
     cfg = write_config(short_tmp, ds.root)
     env = monarch_env()
-    serve = subprocess.Popen([sys.executable, "-m", "monarch", "serve", "-c", cfg], env=env,
-                             stderr=subprocess.PIPE, text=True)
-    sock = os.path.join(short_tmp, "run0", f"monarch-{os.getuid()}", "local-node0", "daemon.sock")
+    serve, sock = standing_daemon(cfg, short_tmp, env)
     try:
-        deadline = time.time() + 30
-        while not os.path.exists(sock) and time.time() < deadline:
-            time.sleep(0.05)
         runs = []
         for i in range(2):
             report = os.path.join(short_tmp, f"r{i}.json")
@@ -278,13 +285,8 @@ def test_a_run_whose_configuration_differs_gets_a_daemon_of_its_own(dataset, sho
         assert differs[0] in text
         g.write(text.replace(differs[0], differs[1], 1))
     env = monarch_env()
-    serve = subprocess.Popen([sys.executable, "-m", "monarch", "serve", "-c", cfg], env=env,
-                             stderr=subprocess.PIPE, text=True)
-    sock = os.path.join(short_tmp, "run0", f"monarch-{os.getuid()}", "local-node0", "daemon.sock")
+    serve, sock = standing_daemon(cfg, short_tmp, env)
     try:
-        deadline = time.time() + 30
-        while not os.path.exists(sock) and time.time() < deadline:
-            time.sleep(0.05)
         report = os.path.join(short_tmp, "r.json")
         r = monarch("run", "-c", other, "--report", report, "--", *reader(ds, epochs=1, workers=2), env=env)
         assert r.returncode == 0, r.stderr
