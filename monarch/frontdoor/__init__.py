@@ -19,6 +19,10 @@ counters' and states' records, read by name (``DoorCounts``, ``ReadAheadState``,
 ``PeerAheadState``, ``InflightState``, ``DoorInflight``);
 ``tests/unit/frontdoor/test_front_door_header.py`` holds this module to it.
 
+The door's peer lanes (``door_peer.c``, ``door_peer_ahead.c``, ``door_peer_lane.c``: other
+nodes' files fetched through the C data path) are pieces of the peer plane, whose map is
+``monarch/cluster/__init__.py``.
+
 Without a C compiler, with ``staging.validate: open`` (every open checked in Python) or with
 ``MONARCH_FRONT_DOOR=0``, there is no door: the Python server accepts and answers
 everything itself, as fast as the interpreter allows.
