@@ -14,9 +14,14 @@ goes through.
 The contract with the C side is ``front_door.h``: the functions called here (``_PROTOTYPES``),
 the events (``EV_*``), whose books (``BOOKS``), why a connection was handed over
 (``HANDED_OVER_BECAUSE``, R_* in order), why the lane ended (``AHEAD_ENDED_BECAUSE``, A_*),
-the event record (``_EVENT``) and the counters' records, read by name (``DoorCounts``,
-``ReadAheadState``, ``PeerTold``, ``PeerAheadState``);
+the phases of the in-flight rule (``PHASES``), the event record (``_EVENT``) and the
+counters' and states' records, read by name (``DoorCounts``, ``ReadAheadState``, ``PeerTold``,
+``PeerAheadState``, ``InflightState``, ``DoorInflight``);
 ``tests/unit/frontdoor/test_front_door_header.py`` holds this module to it.
+
+The door's peer lanes (``door_peer.c``, ``door_peer_ahead.c``, ``door_peer_lane.c``: other
+nodes' files fetched through the C data path) are pieces of the peer plane, whose map is
+``monarch/cluster/__init__.py``.
 
 Without a C compiler, with ``staging.validate: open`` (every open checked in Python) or with
 ``MONARCH_FRONT_DOOR=0``, there is no door: the Python server accepts and answers
@@ -82,6 +87,17 @@ class PeerAheadState(ctypes.Structure):
                       "progress_answered", "written_mapped")
 
 
+class InflightState(ctypes.Structure):
+    """inflight_state's record (struct inflight_state): one lane's copies in flight, by name."""
+    _fields_ = [*_words("limit", "peak", "windows_judged", "phase"),
+                ("mean_copy_seconds", ctypes.c_double), ("last_rate", ctypes.c_double)]
+
+
+class DoorInflight(ctypes.Structure):
+    """front_door_inflight's record (struct front_door_inflight): the door's own lane."""
+    _fields_ = [("flow", InflightState), *_words("copiers", "in_flight")]
+
+
 class DoorEvent(NamedTuple):
     kind: int        # EV_STAGED, EV_FAILED, EV_AHEAD or EV_TRANSIENT
     slot: int        # where it was staged (EV_STAGED)
@@ -118,13 +134,13 @@ _PROTOTYPES = {
     "front_door_evict": (_i, [_vp, _cp, _i, _i64]),
     "front_door_read_ahead": (_i, [_vp, ctypes.c_uint32, _i, _i]),
     "front_door_read_ahead_state": (None, [_vp, ctypes.POINTER(ReadAheadState)]),
-    "front_door_inflight": (None, [_vp, ctypes.POINTER(ctypes.c_double)]),
+    "front_door_inflight": (None, [_vp, ctypes.POINTER(DoorInflight)]),
     "inflight_new": (_vp, [_i, _i, _i, _i]),
     "inflight_free": (None, [_vp]),
     "inflight_copy_ended": (None, [_vp, ctypes.c_double, ctypes.c_double]),
     "inflight_nothing_to_copy": (None, [_vp]),
     "inflight_limit": (_i, [_vp]),
-    "inflight_state": (None, [_vp, ctypes.POINTER(ctypes.c_double)]),
+    "inflight_state": (None, [_vp, ctypes.POINTER(InflightState)]),
     "front_door_stop": (None, [_vp]),
     "front_door_free": (None, [_vp]),
     # the peer read-ahead lane (door_peer_ahead.c)
@@ -278,9 +294,9 @@ class FrontDoor:
     def inflight(self) -> dict:
         """The door's copies in flight toward its source: the limit its measure settled on,
         the highest it reached, its copier threads, the copies under way now."""
-        arr = (ctypes.c_double * 8)()
-        self._lib.front_door_inflight(self._door, arr)
-        return flow_figures(arr) | {"copiers": int(arr[6]), "in_flight": int(arr[7])}
+        s = DoorInflight()
+        self._lib.front_door_inflight(self._door, ctypes.byref(s))
+        return flow_figures(s.flow) | {"copiers": s.copiers, "in_flight": s.in_flight}
 
     # -- the stager's side -------------------------------------------------------------
     def claim(self, key: str) -> bool:
@@ -397,15 +413,16 @@ class FrontDoor:
 
 
 # -- how many copies in flight: the rule of inflight.c, for Python's lanes -------------------
-_PHASES = ("slow_start", "measure", "up", "down", "settled")
+# the rule's phases, in order (front_door.h: INFLIGHT_PHASES)
+PHASES = ("slow_start", "measure", "up", "down", "settled")
 
 
-def flow_figures(arr) -> dict:
-    """inflight_state's figures, named."""
-    phase = int(arr[3])
-    return {"limit": int(arr[0]), "peak": int(arr[1]), "windows_judged": int(arr[2]),
-            "phase": _PHASES[phase] if phase < len(_PHASES) else str(phase),
-            "mean_copy_seconds": arr[4] if arr[4] >= 0 else None, "last_rate": arr[5]}
+def flow_figures(s: InflightState) -> dict:
+    """inflight_state's figures, as the report shows them."""
+    return {"limit": s.limit, "peak": s.peak, "windows_judged": s.windows_judged,
+            "phase": PHASES[s.phase] if s.phase < len(PHASES) else str(s.phase),
+            "mean_copy_seconds": s.mean_copy_seconds if s.mean_copy_seconds >= 0 else None,
+            "last_rate": s.last_rate}
 
 
 class Flow:
@@ -431,9 +448,9 @@ class Flow:
         return self._lib.inflight_limit(self._c)
 
     def state(self) -> dict:
-        arr = (ctypes.c_double * 6)()
-        self._lib.inflight_state(self._c, arr)
-        return flow_figures(arr)
+        s = InflightState()
+        self._lib.inflight_state(self._c, ctypes.byref(s))
+        return flow_figures(s)
 
     def __del__(self):
         if getattr(self, "_c", None):

@@ -646,11 +646,11 @@ EXPORT void front_door_read_ahead_state(struct door *d, struct front_door_read_a
 }
 
 /* The door's measure of its source (inflight_state's figures) and its copiers now. */
-EXPORT void front_door_inflight(struct door *d, double *out)
+EXPORT void front_door_inflight(struct door *d, struct front_door_inflight *out)
 {
     pthread_mutex_lock(&d->mu);
-    inflight_state(&d->flow, out);
-    out[6] = d->ncopiers;
-    out[7] = d->copies_busy;
+    inflight_state(&d->flow, &out->flow);
+    out->copiers = (uint64_t)d->ncopiers;
+    out->in_flight = (uint64_t)d->copies_busy;
     pthread_mutex_unlock(&d->mu);
 }

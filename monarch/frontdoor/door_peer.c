@@ -110,8 +110,8 @@ static int to_area_locked(struct door *d, const struct idx_file *f)
 #define PEER_INFLIGHT_LOW 4            /* requests in flight to an owner, at least (and at first): bench_peer
                                           with 8 readers, 1 fixed gave 8,500 remote opens/s, 2 9,400, 4 12,500;
                                           the rule from 2 fell to 5,800 in a run, from 4 it stays 12,000-13,500 */
-#define PEER_BATCH_FILES 64            /* datapath.c's DP_BATCH_FILES_MAX */
-#define PEER_BATCH_BYTES (4 << 20)     /* datapath.c's DP_BATCH_BYTES_MAX */
+#define PEER_BATCH_FILES DP_BATCH_FILES_MAX    /* files per request: the data path's limit (datapath.h) */
+#define PEER_BATCH_BYTES ((uint64_t)DP_BATCH_BYTES_MAX) /* their bytes, one reply: the data path's limit */
 
 /* Workers fetching at once, at most: half of them (the others answer local opens and other
  * owners' first requests; bench_peer, 8 workers: 4 or 7 alike, 12,000-13,500 remote opens/s). */

@@ -2,12 +2,13 @@
  * front_door.h -- the contract between the front door (front_door.c, one translation unit
  * with its door_*.c parts and inflight.c) and Python (monarch/frontdoor/__init__.py):
  * the events it reports, why it hands a connection over, why its read-ahead lane ended, the
- * event record, its counters, and every function Python calls.
+ * phases of its rule for copies in flight, the event record, its counters and states, and
+ * every function Python calls.
  *
  * Each list is declared once, as an X-macro (after Darshan's log-format headers), expanded
  * here into the C enum; tests/unit/frontdoor/test_front_door_header.py reads this file and holds the
- * Python side (EV_*, BOOKS, HANDED_OVER_BECAUSE, AHEAD_ENDED_BECAUSE, _EVENT, the counters'
- * Structures, _PROTOTYPES) against it, as tests/unit/test_wire.py holds
+ * Python side (EV_*, BOOKS, HANDED_OVER_BECAUSE, AHEAD_ENDED_BECAUSE, the phases, _EVENT,
+ * the counters' Structures, _PROTOTYPES) against it, as tests/unit/test_wire.py holds
  * monarch/wire/monarch_wire.h. Change a list or a record here and in Python together: a
  * reason's place is its number in front_door_counts.handed_because.
  */
@@ -49,12 +50,21 @@
     X(A_NO_ROOM, "no_room")                                                           \
     X(A_STOPPED, "stopped")
 
+/* -- the phases of inflight.c's rule (inflight_state: phase), in order -------------------- */
+#define INFLIGHT_PHASES(X)                                                            \
+    X(P_START, "slow_start")  /* doubling while the latency stays flat */             \
+    X(P_MEASURE, "measure")   /* a round's base: the current limit's rate */          \
+    X(P_UP, "up")             /* twice as many, kept if they pay */                   \
+    X(P_DOWN, "down")         /* half as many, taken if they give as much */          \
+    X(P_SETTLED, "settled")   /* until the next round */
+
 #define FRONT_DOOR_ENUM_VALUE(name, value) name = value,
 #define FRONT_DOOR_ENUM_NAME(name, text) name,
 enum front_door_event { FRONT_DOOR_EVENTS(FRONT_DOOR_ENUM_VALUE) };
 enum front_door_books { FRONT_DOOR_BOOKS(FRONT_DOOR_ENUM_VALUE) NQUEUES };
 enum front_door_handed_over { FRONT_DOOR_HANDED_OVER(FRONT_DOOR_ENUM_NAME) R_REASONS };
 enum front_door_ahead_ended { FRONT_DOOR_AHEAD_ENDED(FRONT_DOOR_ENUM_NAME) };
+enum inflight_phase { INFLIGHT_PHASES(FRONT_DOOR_ENUM_NAME) };
 
 /* -- the event record: front_door_events hands these over, each followed by its key ------- */
 #define FRONT_DOOR_EVENT_FORMAT "<IIQQqII"  /* Python's struct format of the head */
@@ -69,7 +79,8 @@ _Static_assert(offsetof(struct front_door_event_head, ns) == 24, "the event reco
 _Static_assert(offsetof(struct front_door_event_head, entry) == 36, "the event record: entry");
 
 /* -- the door's counters, read by name (Python: DoorCounts, ReadAheadState, PeerTold,
- * PeerAheadState); each record is whole words, so Python's Structure has the same layout --- */
+ * PeerAheadState, InflightState, DoorInflight); each record is whole words, so Python's
+ * Structure has the same layout ---------------------------------------------------------- */
 struct front_door_counts {
     uint64_t hits[MONARCH_MAX_SLOTS];       /* opens answered with a staged copy, by slot */
     uint64_t copies, handed, failures;      /* copies made, connections handed over, copies failed */
@@ -105,10 +116,23 @@ struct front_door_peer_ahead_state {        /* the peer read-ahead lane (door_pe
     uint64_t progress_answered;             /* progress requests the door answered itself */
     uint64_t written_mapped;                /* fetches written through a spare's kept mapping */
 };
+struct inflight_state {                     /* one lane's copies in flight (inflight.c's rule: inflight_state) */
+    uint64_t limit, peak;                   /* copies in flight allowed now; the highest it reached */
+    uint64_t windows_judged;                /* measurement windows that counted */
+    uint64_t phase;                         /* INFLIGHT_PHASES */
+    double mean_copy_seconds;               /* a copy's seconds, a moving mean (< 0: none yet) */
+    double last_rate;                       /* copies a second of the last window judged */
+};
+struct front_door_inflight {                /* the door's own lane toward its source (front_door_inflight) */
+    struct inflight_state flow;             /* its rule's state */
+    uint64_t copiers, in_flight;            /* its copier threads; copies under way now */
+};
 _Static_assert(sizeof(struct front_door_counts) == 8 * (MONARCH_MAX_SLOTS + R_REASONS + 15), "the counters: words");
 _Static_assert(sizeof(struct front_door_read_ahead_state) == 8 * 4, "the read-ahead lane's state: words");
 _Static_assert(sizeof(struct front_door_peer_told) == 8 * 3, "the progress told: words");
 _Static_assert(sizeof(struct front_door_peer_ahead_state) == 8 * 18, "the peer read-ahead lane's state: words");
+_Static_assert(sizeof(struct inflight_state) == 8 * 6, "a lane's copies in flight: words");
+_Static_assert(sizeof(struct front_door_inflight) == 8 * 8, "the door's copies in flight: words");
 
 /* -- what Python calls (ctypes): monarch/frontdoor/__init__.py's _PROTOTYPES --------------- */
 struct door;
@@ -155,13 +179,13 @@ EXPORT void front_door_peer_ahead_state(struct door *d, struct front_door_peer_a
 /* the read-ahead lane and the copies in flight */
 EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start);
 EXPORT void front_door_read_ahead_state(struct door *d, struct front_door_read_ahead_state *out);
-EXPORT void front_door_inflight(struct door *d, double *out);
+EXPORT void front_door_inflight(struct door *d, struct front_door_inflight *out);
 /* inflight.c's rule, for Python's lanes (monarch/node/stage/concurrency.py) */
 EXPORT struct inflight *inflight_new(int fixed, int start, int low, int high);
 EXPORT void inflight_free(struct inflight *c);
 EXPORT void inflight_copy_ended(struct inflight *c, double seconds, double now);
 EXPORT void inflight_nothing_to_copy(struct inflight *c);
 EXPORT int inflight_limit(const struct inflight *c);
-EXPORT void inflight_state(const struct inflight *c, double *out);
+EXPORT void inflight_state(const struct inflight *c, struct inflight_state *out);
 
 #endif /* MONARCH_FRONT_DOOR_H */

@@ -20,8 +20,6 @@
  *   the result a new round starts from it (a source's latency changes).
  */
 
-enum { P_START, P_MEASURE, P_UP, P_DOWN, P_SETTLED };
-
 #define INFLIGHT_START 8
 #define INFLIGHT_LOW 4                 /* fewer copies than this in flight are never tried */
 #define INFLIGHT_PERIOD 0.25
@@ -33,7 +31,8 @@ enum { P_START, P_MEASURE, P_UP, P_DOWN, P_SETTLED };
                                           (twice: a busy node's noise at 50 ms a copy stays well below it) */
 
 struct inflight {
-    int fixed, low, high, limit, peak, phase;
+    int fixed, low, high, limit, peak;
+    int phase;                         /* INFLIGHT_PHASES (front_door.h) */
     double recent;                     /* moving mean of a copy's seconds (weight 1/8), < 0: none yet */
     /* slow start: the generation under way and the first one's mean */
     uint32_t gen_done;
@@ -217,14 +216,14 @@ EXPORT void inflight_copy_ended(struct inflight *c, double seconds, double now) 
 EXPORT void inflight_nothing_to_copy(struct inflight *c) { inflight_starved(c); }
 EXPORT int inflight_limit(const struct inflight *c) { return c->limit; }
 
-/* out: [0] the limit, [1] the highest it reached, [2] windows judged, [3] the phase (P_*),
- * [4] the mean copy's seconds (< 0: none yet), [5] the last judged window's copies/s */
-EXPORT void inflight_state(const struct inflight *c, double *out)
+EXPORT void inflight_state(const struct inflight *c, struct inflight_state *out)
 {
-    out[0] = c->limit;
-    out[1] = c->peak;
-    out[2] = (double)c->judged;
-    out[3] = c->phase;
-    out[4] = c->recent;
-    out[5] = c->last_rate;
+    *out = (struct inflight_state){
+        .limit = (uint64_t)c->limit,
+        .peak = (uint64_t)c->peak,
+        .windows_judged = c->judged,
+        .phase = (uint64_t)c->phase,
+        .mean_copy_seconds = c->recent,
+        .last_rate = c->last_rate,
+    };
 }

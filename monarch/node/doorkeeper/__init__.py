@@ -4,5 +4,6 @@ here are its life and the Python books kept one with its table.
 - ``door_link``: the door's life (``DoorKeeper``) and its copies booked in the stager's books
   (``DoorLink``), subscribed to the stager's events
 - ``peer_door_link``: the door's peer lane kept with the peer cache's books (``PeerDoorLink``):
-  other nodes' files fetched without Python
+  other nodes' files fetched without Python (a piece of the peer plane, whose map is
+  ``monarch/cluster/__init__.py``)
 """

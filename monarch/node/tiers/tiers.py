@@ -247,7 +247,7 @@ class Tier:
             self._compressed.discard(key)
 
     def adopt_existing(self, files: dict[str, FileInfo]) -> list[str]:
-        """Count the copies a kept tier holds from an earlier run of this dataset; remove
+        """Count the copies a kept tier holds from a previous run on this dataset; remove
         the ones that no longer match the snapshot (size and mtime), partial ones, and
         whatever is not a regular file (a symlink, a FIFO). One listing per directory and one
         lstat per regular file (scandir's types): a kept tier of a million copies is a

@@ -1,9 +1,9 @@
 """monarch/frontdoor/front_door.h is the C side of the front door's contract with Python;
 monarch/frontdoor/__init__.py is Python's. Every function Python calls (its ctypes prototype),
-every event, hand-over reason and lane ending, the event record and the counters' records
-(read by name: ctypes Structures) must agree, and the built library must export exactly what
-the header declares (as tests/unit/test_wire.py holds the wire). A reordered R_* or counter
-would mislabel the report silently: here it fails."""
+every event, hand-over reason, lane ending and in-flight phase, the event record and the
+counters' and states' records (read by name: ctypes Structures) must agree, and the built
+library must export exactly what the header declares (as tests/unit/test_wire.py holds the
+wire). A reordered R_* or counter would mislabel the report silently: here it fails."""
 
 from __future__ import annotations
 
@@ -37,16 +37,20 @@ CTYPES = {
     "struct front_door_read_ahead_state *": ctypes.POINTER(frontdoor.ReadAheadState),
     "struct front_door_peer_told *": ctypes.POINTER(frontdoor.PeerTold),
     "struct front_door_peer_ahead_state *": ctypes.POINTER(frontdoor.PeerAheadState),
+    "struct inflight_state *": ctypes.POINTER(frontdoor.InflightState),
+    "struct front_door_inflight *": ctypes.POINTER(frontdoor.DoorInflight),
     # the peer data path's functions and its handle (monarch/cluster/datapath.h), as addresses
     "struct dp *": ctypes.c_void_p, "dp_fetch_fn *": ctypes.c_void_p, "dp_staged_fn *": ctypes.c_void_p,
     "dp_fetch_many_fn *": ctypes.c_void_p, "dp_post_fn *": ctypes.c_void_p, "dp_test_fn *": ctypes.c_void_p,
     "dp_take_fn *": ctypes.c_void_p,
 }
 FORMAT_OF = {"uint32_t": "I", "int32_t": "i", "uint64_t": "Q", "int64_t": "q"}
-FIELD_TYPES = {"uint64_t": ctypes.c_uint64}
+FIELD_TYPES = {"uint64_t": ctypes.c_uint64, "double": ctypes.c_double,
+               "struct inflight_state": frontdoor.InflightState}  # a record inside another
 # the counters' records: the header's struct, Python's Structure
 RECORDS = {"front_door_counts": "DoorCounts", "front_door_read_ahead_state": "ReadAheadState",
-           "front_door_peer_told": "PeerTold", "front_door_peer_ahead_state": "PeerAheadState"}
+           "front_door_peer_told": "PeerTold", "front_door_peer_ahead_state": "PeerAheadState",
+           "inflight_state": "InflightState", "front_door_inflight": "DoorInflight"}
 
 
 def _ctype(decl: str, where: str, named: bool = True):
@@ -81,7 +85,7 @@ def parse(text: str) -> dict:
         m = re.search(rf"struct {name} \{{(.*?)\}};", body, re.S)
         assert m, f"no struct {name}"
         out = []
-        for typ, names in re.findall(r"(\w+)\s+([\w\s,\[\]]+);", m.group(1)):
+        for typ, names in re.findall(r"((?:struct\s+)?\w+)\s+([\w\s,\[\]]+);", m.group(1)):
             for n in names.split(","):
                 field, dim = re.fullmatch(r"\s*(\w+)\s*(?:\[(\w+)\])?\s*", n).groups()
                 t = FIELD_TYPES.get(typ)
@@ -94,6 +98,7 @@ def parse(text: str) -> dict:
         "books": [(n, int(v)) for n, v in xmacro("FRONT_DOOR_BOOKS")],
         "handed_over": handed_over,
         "ahead_ended": [(n, v.strip().strip('"')) for n, v in xmacro("FRONT_DOOR_AHEAD_ENDED")],
+        "phases": [(n, v.strip().strip('"')) for n, v in xmacro("INFLIGHT_PHASES")],
         "event_format": re.search(r'#define FRONT_DOOR_EVENT_FORMAT "([^"]+)"', body).group(1),
         "event_fields": "<" + "".join(FORMAT_OF[typ] for typ, _ in fields),
         "records": {name: record(name) for name in RECORDS},
@@ -115,6 +120,8 @@ def disagreements(c: dict, py=frontdoor) -> list[str]:
         out.append(f"hand-over reasons: header {c['handed_over']}, Python {py.HANDED_OVER_BECAUSE}")
     if tuple(text for _, text in c["ahead_ended"]) != py.AHEAD_ENDED_BECAUSE:
         out.append(f"lane endings: header {c['ahead_ended']}, Python {py.AHEAD_ENDED_BECAUSE}")
+    if tuple(text for _, text in c["phases"]) != py.PHASES:
+        out.append(f"in-flight phases: header {c['phases']}, Python {py.PHASES}")
     if not (c["event_format"] == c["event_fields"] == py._EVENT.format):
         out.append(f"event record: header {c['event_format']} (its struct {c['event_fields']}), Python {py._EVENT.format}")
     for name, fields in c["records"].items():
@@ -131,9 +138,12 @@ def test_python_agrees_with_the_front_door_header():
     assert disagreements(c) == []
     assert struct.calcsize(c["event_format"]) == 40  # the header's _Static_assert says the same of the struct
     assert [n for n, _ in c["records"]["front_door_counts"]][:2] == ["hits", "copies"]
+    assert c["records"]["front_door_inflight"][0] == ("flow", frontdoor.InflightState)
+    assert [n for n, _ in c["phases"]][0] == "P_START"
     # each record's size, as the header's _Static_asserts say: whole words
     counts = protocol.MAX_SLOTS + len(frontdoor.HANDED_OVER_BECAUSE) + 15
-    sizes = {"DoorCounts": counts, "ReadAheadState": 4, "PeerTold": 3, "PeerAheadState": 18}
+    sizes = {"DoorCounts": counts, "ReadAheadState": 4, "PeerTold": 3, "PeerAheadState": 18, "InflightState": 6,
+             "DoorInflight": 8}
     assert {name: ctypes.sizeof(getattr(frontdoor, name)) // 8 for name in sizes} == sizes
 
 
@@ -154,11 +164,28 @@ def test_python_agrees_with_the_front_door_header():
     ("uint64_t through, copies;", "uint64_t through, copied;"),                                 # the read-ahead's
     ("EXPORT void front_door_counts(struct door *d, struct front_door_counts *out);",
      "EXPORT void front_door_counts(struct door *d, uint64_t *out);"),                         # positions again
+    ("EXPORT void front_door_inflight(struct door *d, struct front_door_inflight *out);",
+     "EXPORT void front_door_inflight(struct door *d, double *out);"),                         # the door's flow
+    ("EXPORT void inflight_state(const struct inflight *c, struct inflight_state *out);",
+     "EXPORT void inflight_state(const struct inflight *c, double *out);"),                    # a lane's flow
+    ("uint64_t limit, peak;", "uint64_t peak, limit;"),                                         # its figures' order
+    ("double last_rate;", "uint64_t last_rate;"),                                               # a figure's type
+    ("struct inflight_state flow;", "uint64_t flow;"),                                          # the record inside
+    ("uint64_t copiers, in_flight;", "uint64_t in_flight, copiers;"),                           # the door's own
+    ('X(P_UP, "up")', 'X(P_UP, "climb")'),                                                      # a phase's name
 ])
 def test_a_disagreement_is_found(change):
     text = HEADER.read_text()
     assert change[0] in text
     assert disagreements(parse(text.replace(change[0], change[1]))) != []
+
+
+def test_reordered_phases_are_found():
+    text = HEADER.read_text()
+    a, b = 'X(P_UP, "up")', 'X(P_DOWN, "down")'
+    assert a in text and b in text
+    swapped = text.replace(a, "@@").replace(b, a).replace("@@", b)
+    assert any("phases" in d for d in disagreements(parse(swapped)))
 
 
 def test_reordered_reasons_are_found():
@@ -178,6 +205,20 @@ def test_the_library_exports_exactly_what_the_header_declares():
     out = subprocess.run([nm, "-D", "--defined-only", lib._name], capture_output=True, text=True, check=True).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.split()[1:2] == ["T"]}
     assert exported == set(parse(HEADER.read_text())["prototypes"])
+
+
+@pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
+def test_a_lanes_state_is_read_by_name_from_the_library():
+    """The C rule's state as Python reads it: a fresh measure, one generation later, a fixed one."""
+    lib = frontdoor.library()
+    flow = frontdoor.Flow(lib, None, 8, 4, 64)
+    assert flow.state() == {"limit": 8, "peak": 8, "windows_judged": 0, "phase": "slow_start",
+                            "mean_copy_seconds": None, "last_rate": 0.0}
+    for i in range(8):  # one generation at a flat latency: the slow start doubles
+        flow.completed(0.25, 1.0 + i / 100)
+    assert flow.state() == {"limit": 16, "peak": 16, "windows_judged": 0, "phase": "slow_start",
+                            "mean_copy_seconds": 0.25, "last_rate": 0.0}
+    assert frontdoor.Flow(lib, 5, 8, 4, 64).state()["phase"] == "settled"
 
 
 def test_the_door_is_one_translation_unit_of_parts_under_850_lines():
