@@ -63,7 +63,6 @@ class ReadAhead:
                       stores=self._stores, kept=any(t.keep for t in self._tiers),
                       compressed=any(t.codec is not None for t in self._tiers))
 
-
     def streams(self) -> bool:
         """May the read-ahead start on the walk's files as it finds them? (Its copies are not
         served before the index exists: the shim waits for it.)"""
@@ -87,15 +86,20 @@ class ReadAhead:
             self._role.start()
             opened = self._open_peer_lane(lanes)
         if lanes.reads_ahead and not (opened and lanes.after_peer_lane):  # else the lane's thread starts it
-            if not (lanes.door_lane and not lanes.after_peer_lane and self._in_door(lanes)):
+            if not (self._door_lane_here(lanes) and self._in_door(lanes)):
                 self._in_stager(lanes)
 
     def door_started(self) -> None:
         """A door started after the snapshot was ready: its lane takes the small files the
         stager has not taken yet (where the door's lane is started here, not by a peer lane)."""
-        lanes = self.lanes()
-        if self._current.ready and lanes.door_lane and not lanes.after_peer_lane:
+        if self._current.ready and self._door_lane_here(lanes := self.lanes()):
             self._in_door(lanes)
+
+    @staticmethod
+    def _door_lane_here(lanes: Lanes) -> bool:
+        """Is the door's lane started here? Not where the peer lane starts it: without that
+        lane the door does not know which files are this node's (the stager reads ahead)."""
+        return lanes.door_lane and not lanes.after_peer_lane
 
     def _open_peer_lane(self, lanes: Lanes) -> bool:
         """Sharded with the C data path: the front door fetches other nodes' files itself, and

@@ -1,6 +1,6 @@
 """The table of who reads ahead: every mode has its row, each row is as written here (a changed
-row fails), and for every node's facts the table answers what the daemon's conditions
-answered before it was one table (the conditions are written out below, as they were)."""
+row fails), and for every node's facts the table answers what each lane's condition, written
+out on its own below, says."""
 
 from __future__ import annotations
 
@@ -48,45 +48,42 @@ def test_a_changed_row_is_seen():
     assert [m for m in ROWS if changed[m] != Mode(*ROWS[m])] == [("on-access", Where.ALONE)]
 
 
-def _before(policy: str, where: Where, f: dict) -> dict:
-    """What the daemon's own conditions answered (daemon.py, door_link.py, cluster_role.py,
-    store_source.py, resolver.py), for a node standing ``where`` with the facts ``f``."""
+def _conditions(policy: str, where: Where, f: dict) -> dict:
+    """Each lane's condition, one by one, for a node standing ``where`` with the facts ``f``."""
     ahead = policy == "read-ahead"
     alone, sharded = where is Where.ALONE, where is Where.SHARDED
-    # _open_peer_lane: a door, a peer cache (sharded), the C data path; the read-ahead then starts on its thread
+    # the peer lane needs a door, a peer cache (sharded) and the C data path; the read-ahead starts on its thread
     peer_lane = not alone and f["door"] and sharded and f["c_data_path"]
     return {
-        "copies_misses": policy != "off",                                       # resolver: off -> PFS
-        # _door_may_copy, asked by the door itself (so only where there is one)
-        "door_copies": f["door"] and (alone or (sharded and f["c_data_path"])) and policy != "off" and not f["stores"],
-        # _read_ahead_in_door: asked alone (_start_staging, make_front_door) or on the peer lane's thread
+        "copies_misses": policy != "off",                                       # off: a miss reads the PFS
+        # the door copies its own node's files, where it knows them; asked by the door (so there is one)
+        "door_copies": (f["door"] and (alone or (sharded and f["c_data_path"])) and policy != "off"
+                        and not f["stores"]),
+        # the door's lane: asked alone, or on the peer lane's thread once the door knows the owners
         "door_lane": ahead and f["door"] and (alone or peer_lane),
         "stager": (ALL if alone else OWN) if ahead else NONE,
         "after_peer_lane": ahead and peer_lane,
-        "store_ahead": ahead and alone,                                         # StoreSet: not in a cluster
-        "reads_ahead": ahead,                                                   # cluster_role._stage_reowned
-        "codec_sample": ahead and f["compressed"],                              # codecs' defer_sample
+        "store_ahead": ahead and alone,                      # a cluster's node reads only the keys it owns
+        "reads_ahead": ahead,                                # and a lost node's files go ahead of the rest
+        "codec_sample": ahead and f["compressed"],           # a compressing tier's sample goes first
     } | ({
-        "streams": (alone or f["collective"]) and not f["kept"] and ahead,      # _streams_read_ahead
+        "streams": (alone or f["collective"]) and not f["kept"] and ahead,      # asked before the walk
     } if where in (Where.ALONE, Where.WALKING) else {}) | ({
-        # _take_snapshot's door_copies, asked during the shared walk
+        # asked during the shared walk (the layout is not decided)
         "walk_to_door": f["door"] and f["c_data_path"] and ahead and not f["stores"],
     } if where is Where.WALKING else {})
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("where", list(Where), ids=lambda w: w.value)
-def test_the_table_answers_what_the_conditions_did(policy, where):
+def test_the_table_answers_what_each_lanes_condition_says(policy, where):
     for values in itertools.product((False, True), repeat=len(FACTS)):
         facts = dict(zip(FACTS, values))
         if where is Where.ALONE and (facts["c_data_path"] or facts["collective"]):
             continue  # a cluster's facts
         lanes = decide(policy, where, **facts)
-        before = _before(policy, where, facts)
-        after = {name: getattr(lanes, name) for name in before}
-        if where is not Where.WALKING:
-            before.pop("walk_to_door", None)
-        assert after == before, facts
+        expected = _conditions(policy, where, facts)
+        assert {name: getattr(lanes, name) for name in expected} == expected, facts
 
 
 def test_without_a_door_nothing_is_the_doors_and_the_stager_reads_ahead_alone():
