@@ -11,8 +11,9 @@ ends in the same answer: read the PFS (fail open), counted by why (``monarch/nod
 
 The daemon's parts each own one thing and report their own slice of the statistics: the
 resolver (the shim's question), the cluster role, the front door's keeper
-(``door_link.py``), the stager; the daemon makes them, runs the snapshot's life and
-assembles what they report.
+(``door_link.py``), the read-ahead (``read_ahead.py``: who reads ahead is one table,
+``stage/read_ahead_modes.py``), the stager; the daemon makes them, runs the snapshot's life
+and assembles what they report.
 """
 
 from __future__ import annotations
@@ -30,14 +31,13 @@ from monarch import layout, protocol
 from monarch.config import Config, TierConfig, served
 from monarch.errors import MonarchError
 from monarch.node.peer.cluster_role import ClusterRole, PeerLayer
-from monarch.node.tiers.codecs import spread
 from monarch.node.stage.current import Current
 from monarch.node.doorkeeper.door_link import PEER_WORKERS, DoorKeeper, DoorLink
 from monarch.node.snapshot.gate import SnapshotGate, SnapshotState
 from monarch.node.instance import Instance
 from monarch.node.notices import JobNotices
 from monarch.node.outcomes import Outcome
-from monarch.node.doorkeeper.peer_door_link import PeerDoorLink, owners_by_entry
+from monarch.node.read_ahead import ReadAhead
 from monarch.node.resolver import Resolver
 from monarch.node.tiers.resources import margin_bytes
 from monarch.node.snapshot.snapshot import Snapshot, load_or_walk
@@ -96,10 +96,6 @@ class NodeDaemon:
         self.current = Current(self.gate, Snapshot(tuple(config.dataset.roots), FileTable()))  # nothing until the walk ends
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")
                                   for i, cfg in enumerate(config.tiers)) if t is not None]
-        if config.staging.policy == "read-ahead":  # the read-ahead names the codecs' sample (_start_staging)
-            for tier in self.tiers:
-                if tier.codec is not None:
-                    tier.codec.defer_sample()
         log.debug("phase tiers.ready")
         self.peer_area: Tier | None = None
         self.role: ClusterRole | None = None
@@ -111,8 +107,12 @@ class NodeDaemon:
                                     lambda: protocol.read_opened_from(self.counters_path, self._slot_names()))
         with self.gate.lock:
             self.current.install_locked(self.current.snapshot, self._make_stager(self.current.snapshot))
-        self.resolver = Resolver(self.current, config.staging, self.count, self.role)
         self.notices = JobNotices(self.current, self.owns, self.count, peer=bool(self.role and config.peer.fetch_ahead))
+        self.read_ahead = ReadAhead(config.staging.policy, self.current, self.tiers, self.role, self.stores is not None,
+                                    self.notices, self.counters_path, lambda: self._door_keeper,
+                                    self.open_front_door, self.absorb_front_door)
+        self.resolver = Resolver(self.current, config.staging, self.count, self.role,
+                                 copies_misses=self.read_ahead.lanes().copies_misses)
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
         if background:
@@ -154,8 +154,8 @@ class NodeDaemon:
         start: the Python server answers everything)."""
         if self.config.staging.validate == "open":
             return None
-        keeper = DoorKeeper.start(listen_fd, list(self.config.dataset.roots), self.tiers, self.peer_area,
-                                  self.current, self._door_may_copy, PEER_WORKERS if self.role is not None else 0,
+        keeper = DoorKeeper.start(listen_fd, list(self.config.dataset.roots), self.tiers, self.peer_area, self.current,
+                                  self.read_ahead.door_may_copy, PEER_WORKERS if self.role is not None else 0,
                                   own_only=self.role is not None, fixed_depth=self.config.staging.threads)
         if keeper is None:
             return None
@@ -163,18 +163,8 @@ class NodeDaemon:
             self._door_keeper = keeper
             keeper.relink_locked()
         self.open_front_door()  # a snapshot ready already (made in the foreground)
-        if self.current.ready and self.config.staging.policy == "read-ahead" and self.role is None:
-            self._read_ahead_in_door()  # the small files the stager has not taken yet: the door's lane
+        self.read_ahead.door_started()  # the small files the stager has not taken yet: the door's lane
         return keeper.front_door
-
-    def _door_may_copy(self) -> bool:
-        """May the door copy files from the PFS? Alone on a node; in a cluster only sharded with
-        the C data path (the door copies the node's own files, and learns which they are with
-        the peer lane); never a store's (no PFS path to copy from: they go to the stager)."""
-        role = self.role
-        copies = role is None or (role.sharded() and role.cluster.datapath is not None)
-        copies = copies and self.config.staging.policy != "off" and self.stores is None
-        return copies and shared_tier.door_may_copy(self.tiers, lambda: self._door_keeper)  # shared: while alone there
 
     @property
     def door_link(self) -> DoorLink | None:
@@ -203,7 +193,7 @@ class NodeDaemon:
         log.debug("phase snapshot.start")
         stager = growing = None
         try:
-            if self._streams_read_ahead():  # copies begin with the walk's first directories
+            if self.read_ahead.streams():  # copies begin with the walk's first directories
                 growing = Snapshot(tuple(self.config.dataset.roots), FileTable())
                 stager = self._make_stager(growing)
             snap = self._take_snapshot(growing, stager)
@@ -247,47 +237,13 @@ class NodeDaemon:
             log.debug("phase snapshot.ready")
             self.gate.settle()
 
-    def _open_peer_lane(self, read_ahead: bool) -> bool:
-        """Sharded with the C data path: the front door fetches other nodes' files itself, and
-        copies this node's own, once it knows who owns each (a pass over the snapshot, off this
-        thread); then, with ``read_ahead``, the read-ahead starts (the door's lane copies the
-        own small files). False if there is no such lane (the caller starts the read-ahead)."""
-        role, keeper, snap = self.role, self._door_keeper, self.snapshot
-        if keeper is None or role.peer_cache is None or role.peer_area is None or role.cluster.datapath is None:
-            return False
-
-        def link() -> None:
-            try:
-                dp, owners = role.cluster.datapath, owners_by_entry(snap.files, role.cluster.owner, role.node)
-                keeper.use_peer_link(lane := PeerDoorLink(keeper.front_door, role.peer_cache, dp, owners, role.node,
-                                                          role.cluster.heartbeat_timeout, snap.files,
-                                                          self.counters_path), lambda: self.notices.take_told(lane.told))
-                linked = self.notices.attach_peer(lane.hint)  # hinted orders' other nodes' files fetched ahead too
-            except Exception:
-                log.exception("the front door's peer lane did not start: other nodes' files come through Python")
-                linked = False
-            try:
-                if read_ahead and not (linked and self._read_ahead_in_door()):
-                    self._read_ahead_in_stager()
-            except Exception:
-                log.exception("starting the read-ahead failed; files are staged as they are opened")
-        threading.Thread(target=link, name="monarch-peer-lane", daemon=True).start()
-        return True
-
     def _start_staging(self) -> None:
         """The snapshot is ready: serve peers, read ahead, then the hints that came during
         the walk, in order (as if they had come after the read-ahead started, as before),
         those that come meanwhile after them. Nothing here can make the snapshot fail: a
         failure only costs the read-ahead."""
         try:
-            read_ahead = self.config.staging.policy == "read-ahead"
-            if self.role is not None:
-                self.role.start()
-                if self._open_peer_lane(read_ahead):
-                    read_ahead = False  # started by the lane's thread, once the door knows the owners
-            # alone on a node the door's lane may copy the small files (the stager the rest)
-            if read_ahead and not (self.role is None and self._read_ahead_in_door()):
-                self._read_ahead_in_stager()
+            self.read_ahead.start()
         except Exception:
             log.exception("starting the read-ahead failed; files are staged as they are opened")
         while batch := self.gate.next_hints():  # then hint() applies them itself
@@ -296,33 +252,6 @@ class NodeDaemon:
                     self.notices.apply_hint(*hint)
                 except Exception:
                     log.exception("applying an order hint failed")
-
-    def _read_ahead_in_door(self) -> bool:
-        """A raw first tier the door copies into: the front door's C lane copies the small files
-        (a sharded node's own), the stager the large ones (DoorKeeper.read_ahead), then the
-        second copies (peer.replicas: 2). False if the stager reads ahead alone."""
-        if self._door_keeper is None:
-            return False
-        self.open_front_door()  # the index is written and the gate ready (the server opens it too, a moment later)
-        sample = self._sample_for_codecs if any(t.codec is not None for t in self.tiers) else None
-        order = iter if self.role is None else self.role.read_ahead_order
-        if not self._door_keeper.read_ahead(self.snapshot.files, self.stager, sample, lambda: self.gate.closing,
-                                            self.absorb_front_door, order):
-            return False
-        if self.role is not None:
-            self.role.keep_replicas(self.stager, sorted(self.snapshot.files))
-        return True
-
-    def _read_ahead_in_stager(self) -> None:
-        """The stager reads ahead alone: every file (a cluster node's own first, or only), then
-        the second copies (peer.replicas: 2)."""
-        keys = sorted(self.snapshot.files)
-        self._sample_for_codecs(keys)
-        if self.role is None:
-            self.stager.read_ahead(keys)
-        else:
-            self.stager.read_ahead(self.role.read_ahead_order(keys))
-            self.role.keep_replicas(self.stager, keys)
 
     def _fail(self, error: Exception, stager: Stager | None) -> None:
         why = str(error) if isinstance(error, MonarchError) else f"{type(error).__name__}: {error}"
@@ -390,15 +319,6 @@ class NodeDaemon:
             log.warning("the snapshot is not kept for the next job: %s", e)
             return None
 
-    def _streams_read_ahead(self) -> bool:
-        """May the read-ahead start on the walk's files as it finds them? Without a kept tier
-        (its copies are adopted only once the walk is whole), with the read-ahead on, alone
-        on the node or in a collective cluster (node 0's walk streamed to every node, each
-        staging what it will surely own: monarch/cluster/early.py). The copies made
-        meanwhile are not served before the index exists (the shim waits for it)."""
-        return ((self.role is None or self.role.cluster.collective)
-                and not any(t.keep for t in self.tiers) and self.config.staging.policy == "read-ahead")
-
     def _take_snapshot(self, into: Snapshot | None = None, stager: Stager | None = None) -> Snapshot:
         """One walk per job (node 0's, in a cluster), or the last job's snapshot when no
         directory changed since (snapshot.load_or_walk); ``staging.validate: open`` walks.
@@ -409,9 +329,7 @@ class NodeDaemon:
             on_directory = stager.read_ahead_more if stager is not None else None
             snap, self.snapshot_how = self._walk(into, on_directory)
         else:
-            door_copies = lambda: (self._door_keeper is not None and self.role.cluster.datapath is not None  # noqa: E731
-                                   and self.config.staging.policy == "read-ahead" and self.stores is None)
-            snap, self.snapshot_how = self.role.take_snapshot(self._walk, into, stager, door_copies)
+            snap, self.snapshot_how = self.role.take_snapshot(self._walk, into, stager, self.read_ahead.walk_to_door)
         self.snapshot_seconds = time.perf_counter() - t0
         log.info("snapshot (%s): %d files, %d directories, %d bytes in %.2fs", self.snapshot_how, len(snap.files),
                  len(snap.dirs), snap.total_bytes, self.snapshot_seconds)
@@ -429,21 +347,6 @@ class NodeDaemon:
         stager = self.current.stager  # None until the first is installed
         elapsed = time.time() - self.started
         return stager.bytes_read["pfs"] / elapsed if stager is not None and elapsed > 0 else None
-
-    def _sample_for_codecs(self, keys: list[str]) -> None:
-        """Compressing tiers choose their level on files spread over this node's share of the
-        dataset, staged ahead of the rest of the read-ahead: the walk's first files are one
-        directory's, which may compress unlike the others (docs/compression.md)."""
-        codecs = [t.codec for t in self.tiers if t.codec is not None]
-        if not codecs:
-            return
-        busy = self.stager.busy_keys()
-        sample = spread(
-            [k for k in keys if self.owns(k) and k not in busy and self.snapshot.files[k].size > 0],
-            codecs[0].sample_files)
-        for codec in codecs:
-            codec.sample_from(sample)
-        self.stager.read_ahead_first(sample)
 
     def owns(self, key: str) -> bool:
         return self.role is None or self.role.owns(key)

@@ -54,9 +54,12 @@ class Resolver:
     outcome is counted by ``count``."""
 
     def __init__(self, current: Current, staging: StagingConfig, count: Callable[[Outcome], None],
-                 cluster: "ClusterRole | None" = None):
+                 cluster: "ClusterRole | None" = None, *, copies_misses: bool):
+        """``copies_misses``: a miss is staged at once, else answered PFS (the read-ahead's
+        table: ``monarch/node/stage/read_ahead_modes.py``)."""
         self._current = current
         self._staging = staging
+        self._copies_misses = copies_misses
         self._count = count
         self._cluster = cluster
         self._lock = threading.Lock()
@@ -125,7 +128,7 @@ class Resolver:
         tier = stager.where(key)
         if tier is not None:
             self._answer_from(key, tier, _already(tier), done)
-        elif self._staging.policy == "off":
+        elif not self._copies_misses:
             done(PFS, Outcome.PFS_POLICY_OFF)
         elif (blocks := stager.blocks) is not None and stager.peers is None \
                 and blocks.eligible(key, self._current.snapshot.get(key)) and (answer := blocks.answer(key)):

@@ -261,6 +261,7 @@ class DoorKeeper:
         large ones meanwhile and, if the lane ends before its list does (a write by the job, no
         room), every key left, each time in ``order`` (a cluster node's: its own
         files). ``sample`` (given the sorted keys) stages the compressing tiers' sample first.
+        Asked where the table of modes names the door's lane (``monarch/node/read_ahead.py``).
         Once per door (the walk's thread and a door attached after the walk may both ask):
         True if the lane started now or was asked for before; False if the stager reads ahead
         alone."""

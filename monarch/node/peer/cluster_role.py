@@ -35,6 +35,7 @@ from monarch.node.stage.current import Current
 from monarch.node.peer.offers import Offers
 from monarch.node.peer.peer_cache import PeerCache
 from monarch.node.snapshot.snapshot import Snapshot
+from monarch.node.stage.read_ahead_modes import Where, decide
 from monarch.node.stage.sources import PeerSource
 from monarch.node.stage.stager import INLINE_BYTES, Stager
 from monarch.node.tiers.tiers import Tier
@@ -101,6 +102,11 @@ class ClusterRole:
 
     def sharded(self) -> bool:
         return self.layout is not None and self.layout.mode == "shard"
+
+    def where(self) -> Where:
+        """Where this node stands for the read-ahead's table once the walk ended (replicating
+        also when the capacities were not exchanged: files owned by hashing, none sharded)."""
+        return Where.SHARDED if self.sharded() else Where.REPLICATING
 
     def deciding(self) -> bool:
         """Is the layout still to be decided (a collective cluster before the walk ended)?"""
@@ -272,7 +278,7 @@ class ClusterRole:
             if not self._current.ready or gate.closing:
                 return
             stager, snap = self._current.stager, self._current.snapshot
-        if self._config.staging.policy != "read-ahead":  # staged as they are asked for, at once (provide)
+        if not decide(self._config.staging.policy, self.where()).reads_ahead:  # staged when asked for (provide)
             return
         keys = [k for k in sorted(snap.files) if self.cluster.first_owner(k) == lost and self.owns(k)]
         held = sum(1 for k in keys if k in stager.replicas)  # second copies: nothing to read

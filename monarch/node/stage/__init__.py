@@ -3,6 +3,7 @@
 - ``stager``: the stager's face: asking for a key, the job's writes, its threads
 - ``stager_books``: what is staged where, in flight, counted; the events it publishes
 - ``stager_schedule``: what to copy next (demand, hints, read-ahead) and room made for it
+- ``read_ahead_modes``: who reads ahead (the door's lane, the stager, ...), one table of modes
 - ``stager_copy``: one copy into the first tier with room, published atomically
 - ``blocks``: large files staged by blocks: an open answered at once, what fits staged
 - ``stager_recode``: a compressing tier's early files re-encoded at its chosen level

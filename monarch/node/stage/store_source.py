@@ -30,6 +30,7 @@ from typing import Callable
 from monarch.config import Config
 from monarch.node.stage.concurrency import Concurrency
 from monarch.node.snapshot.snapshot import Snapshot, take_snapshot
+from monarch.node.stage.read_ahead_modes import Where, decide
 from monarch.node.stage.sources import Source, SourceChanged
 from monarch.records.filetable import FileTable
 from monarch.store import client as store_client
@@ -205,7 +206,8 @@ class StoreSet:
 
     def __init__(self, config: Config, cluster: bool = False):
         roots = config.dataset.roots
-        self.read_ahead = config.staging.policy == "read-ahead" and not cluster
+        where = Where.WALKING if cluster else Where.ALONE  # a cluster's layout is not decided yet
+        self.read_ahead = decide(config.staging.policy, where, stores=True).store_ahead
         self.mounts: dict[int, Mount] = {k: Mount(k, roots[k], store_client.parse_url(url))
                                          for k, url in config.dataset.store_urls().items()}
         self._lock = threading.Lock()
