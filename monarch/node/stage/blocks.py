@@ -16,8 +16,8 @@ probes (a hard link to the copy), so later opens are plain descriptors of it.
 
 Correct bytes first: a block is STAGED only once its bytes are in the copy; the source is
 read only while it is the file the snapshot saw (size, mtime); each block is read from the
-PFS once. How many blocks are read at once is the in-flight rule of every lane
-(``Concurrency``): where the application's own reads slow the PFS, fewer are in flight.
+PFS once. How much is asked of the PFS at once is ``ReadPace``'s: a few milliseconds of the
+link's measured rate, so an application's read queues behind little of the read-ahead.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from monarch import protocol
 from monarch.node.snapshot.pfsmeta import checked_stat
 from monarch.node.snapshot.snapshot import FileInfo
-from monarch.node.stage.concurrency import Concurrency
+from monarch.node.stage.read_pace import ReadPace
 from monarch.node.stage.sources import PFSSource, SourceChanged
 from monarch.node.tiers.shared_tier import SharedTier
 from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, Tier, make_dirs_below
@@ -65,13 +65,6 @@ BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
 BLOCK_SHIFT = 20  # 1 MiB blocks: a block cache's usual page (Alluxio, mountpoint-s3); a mapping moves in these
 BLOCK = 1 << BLOCK_SHIFT
 BLOCKS_MIN = 16 << 20  # files this large are staged by blocks: a whole copy of one would keep an open waiting
-# A block is read in requests one after another, each about READ_WAIT of the source's measured
-# rate (32 KiB to 128 KiB, a FUSE request): an application's read of the PFS queues behind at most
-# one of them per block in flight, so it waits about READ_WAIT more than alone.
-READ_WAIT = 0.0005
-READ_MIN, READ_MAX = 32 << 10, 128 << 10
-START_IN_FLIGHT = 1    # blocks read at once before the source is measured (the slow start doubles it)
-MAX_IN_FLIGHT = 32     # at most (each holds a BLOCK buffer: 32 MiB in all)
 
 
 class BlockFile:
@@ -178,12 +171,12 @@ class BlockStager:
     blocks the shim wanted first (any file), then read-ahead, the files the application
     opened before the others. ``attach`` and ``stage`` are the stager's; the figures are the report's."""
 
-    def __init__(self, books: "StagerBooks", pfs: PFSSource, fixed: int | None = None):
+    def __init__(self, books: "StagerBooks", pfs: PFSSource):
         self.books = books
         self.pfs = pfs
         self.files: dict[str, BlockFile] = {}
         self._active: list[BlockFile] = []  # files with blocks still to stage, in the order they came
-        self.concurrency = Concurrency(fixed=fixed, start=START_IN_FLIGHT, low=1, high=MAX_IN_FLIGHT)
+        self.pace = ReadPace(BLOCK)  # the requests' size and how many blocks are read at once
         self._cv = threading.Condition(books.lock)  # the books' lock: room, publication and blocks agree
         self._workers: list[threading.Thread] = []
         self._idle = 0
@@ -254,7 +247,7 @@ class BlockStager:
     def _wake_locked(self) -> None:
         if self.closed:
             return
-        if self._idle == 0 and len(self._workers) < self.concurrency.limit:
+        if self._idle == 0 and len(self._workers) < self.pace.blocks:
             t = threading.Thread(target=self._work, name=f"monarch-block-{len(self._workers)}", daemon=True)
             self._workers.append(t)
             t.start()
@@ -277,10 +270,10 @@ class BlockStager:
         buf = mmap.mmap(-1, BLOCK)  # page-aligned, as a read with O_DIRECT wants
         with self.books.lock:
             while not self.closed:
-                picked = self._next_locked() if self._running < self.concurrency.limit else None
+                picked = self._next_locked() if self._running < self.pace.blocks else None
                 if picked is None:
-                    if self._running < self.concurrency.limit and not self._running:
-                        self.concurrency.starved()
+                    if not self._running:
+                        self.pace.idle()
                     self._idle += 1  # a block's end, a new file or close wakes it (a WANTED mark
                     self._cv.wait(1.0)  # needs no wake-up: it is looked for at every pick)
                     self._idle -= 1
@@ -289,16 +282,15 @@ class BlockStager:
                 bf.in_flight.add(b)
                 bf.taken += 1
                 self._running += 1
-                if self._running < self.concurrency.limit and self._idle == 0:
+                if self._running < self.pace.blocks and self._idle == 0:
                     self._wake_locked()
                 self.books.lock.release()
                 ok = False
-                t0 = time.monotonic()
                 try:
                     ok = self._copy_block(bf, b, buf)
                 finally:
                     self.books.lock.acquire()
-                    self._ended_locked(bf, b, ok, time.monotonic() - t0)
+                    self._ended_locked(bf, b, ok)
 
     def _copy_block(self, bf: BlockFile, b: int, buf: mmap.mmap) -> bool:
         """Read block ``b`` of ``bf`` from the PFS into the copy. False (the file is given up:
@@ -309,14 +301,17 @@ class BlockStager:
             want = bf.length(b)
             view = memoryview(buf)
             got = 0
-            step = self._request_bytes()
             while got < want:  # (lengths in whole pages: O_DIRECT; the file's end reads short)
+                with self.books.lock:
+                    step = self.pace.request_bytes()
+                t0 = time.monotonic()
                 n = os.preadv(src, [view[got:got + min(step, -(-(want - got) // 4096) * 4096)]], offset + got)
                 if n == 0:
                     raise SourceChanged(errno.ESTALE, f"ends at {offset + got} bytes, the snapshot saw {bf.info.size}")
                 got += n
                 with self.books.lock:
                     self.books.bytes_read["pfs"] += n
+                    self.pace.delivered(n, time.monotonic() - t0)
             if got > want:
                 raise SourceChanged(errno.ESTALE, f"longer than the {bf.info.size} bytes the snapshot saw")
             if not bf.direct:  # the client cached what was read: the node's memory is the tier's
@@ -331,15 +326,6 @@ class BlockStager:
                 log.warning("staging %s by blocks stopped at block %d: %s; the rest is read from the PFS",
                             bf.key, b, e)
             return False
-
-    def _request_bytes(self) -> int:
-        """A request's size: READ_WAIT of the rate the blocks in flight get now (READ_MIN before
-        any is measured: yield first)."""
-        seconds = self.concurrency.recent_seconds
-        if not seconds:
-            return READ_MIN
-        rate = self.concurrency.limit * BLOCK / seconds
-        return max(READ_MIN, min(READ_MAX, int(rate * READ_WAIT) // 4096 * 4096))
 
     def _source(self, bf: BlockFile) -> int:
         """The PFS file, opened once and checked against the snapshot (size, mtime)."""
@@ -370,14 +356,13 @@ class BlockStager:
         os.close(fd)  # another worker opened it meanwhile
         return bf.source_fd
 
-    def _ended_locked(self, bf: BlockFile, b: int, ok: bool, seconds: float) -> None:
+    def _ended_locked(self, bf: BlockFile, b: int, ok: bool) -> None:
         self._running -= 1
         bf.in_flight.discard(b)
         if ok and not bf.done and bf.states is not None:
             bf.states[b] = BLOCK_STAGED  # after its bytes: a reader that sees it reads them
             bf.staged += 1
             bf.staged_bytes += bf.length(b)
-            self.concurrency.completed(seconds)
         elif not ok:
             bf.taken -= 1
             if not bf.done:
@@ -506,7 +491,7 @@ class BlockStager:
 
     def stats_locked(self) -> dict:
         """The report's figures (under the books' lock): files staged by blocks, those partly
-        staged and their bytes, blocks staged, the measure of blocks in flight."""
+        staged and their bytes, blocks staged, the read-ahead's pace."""
         own = [bf for bf in self.files.values() if not bf.borrowed]
         partial = [bf for bf in own if bf.budget < bf.blocks]
         return {"files": len(own), "from_other_jobs": len(self.files) - len(own),
@@ -517,4 +502,4 @@ class BlockStager:
                 "in_progress_files": sum(not bf.done for bf in own),
                 "blocks_staged": sum(bf.staged for bf in own),
                 "bytes_staged": sum(bf.staged_bytes for bf in own),
-                "block_bytes": BLOCK, "in_flight": self.concurrency.state(), "failed_files": self.failures}
+                "block_bytes": BLOCK, "pace": self.pace.state(), "failed_files": self.failures}
