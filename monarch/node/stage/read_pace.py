@@ -8,19 +8,17 @@ read-ahead's bytes in flight / R. So the read-ahead keeps ``WAIT`` of R in fligh
 - ``WAIT`` (3 ms) bounds what an application's read pays for the read-ahead: a reader's step
   of 32 faults pays at most 0.1 s more than alone.
 - ``REQUESTS`` (4) keeps the link busy across the time between one request's end and the next
-  one's start (the client's and the server's work per request): on the emulated PFS at 400 MB/s,
-  one block at a time in 1 MiB requests gets 226 MB/s, two 370, four the link's 390.
-- Larger requests cost less: every request costs CPU on both sides. Copying 2 GiB there at
-  400 MB/s took 9.4 s and 16 CPU-seconds in requests of 32-128 KiB with up to 32 blocks in
-  flight, and 5.7 s and 7.7 CPU-seconds in four requests of 256 KiB.
+  one's start (the client's and the server's work per request): one block at a time leaves the
+  link idle part of the time (docs/large-files.md has the figures).
+- Each request is as large as that allows: every request costs CPU on both sides, and many
+  small ones in flight cost the copy both its pace and the application's CPU.
 
 R is measured, not configured: the bytes the read-ahead's requests delivered in each window of
-0.1 s while it had work, the most of the last 2 s. The application's own reads take their share
-of the link, so the read-ahead's delivered rate sinks while they read and so does what it keeps
-in flight; the windows' most keeps the rate from sinking with the requests it sizes (a rate
-measured through small requests would size smaller ones). Before the first window the requests
-are ``READ_MIN``: yield first. On a link faster than ``REQUESTS`` blocks at a time cover, more
-blocks are read at once (up to ``MAX_BLOCKS``), each in requests of a whole block.
+0.1 s while it had work, the most of the last 2 s. The most, because the application's own
+reads take part of the link for a while, and a rate measured through small requests would size
+smaller ones; a link that stays slower for 2 s is measured slower. Before the first window the
+requests are ``READ_MIN``: yield first. On a link faster than ``REQUESTS`` blocks at a time
+cover, more blocks are read at once (up to ``MAX_BLOCKS``), each in requests of about a block.
 """
 
 from __future__ import annotations
