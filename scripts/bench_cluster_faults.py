@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A lost daemon (issue 21): N simulated nodes, the sharded pattern, one `monarch serve` SIGKILLed.
+"""A lost daemon: N simulated nodes, the sharded pattern, one `monarch serve` SIGKILLed.
 
 One emulated PFS (FUSE, ``--open-latency-ms`` per open) counts every byte read from it.
 Each epoch one global shuffle is split into N shards; node k reads shard k

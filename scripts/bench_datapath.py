@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The C peer data path alone (monarch/cluster/datapath.c): what a remote file costs its two
-ends per request and per file, with no shim, door or stager around it (issue 44).
+ends per request and per file, with no shim, door or stager around it.
 
 Two MPI ranks on this machine (``mpiexec -n 2``, started by this script): rank 1 offers
 ``--files`` staged files of ``--file-size`` from a RAM directory; rank 0 fetches each once with

@@ -16,7 +16,7 @@ writes the figures as JSON and a plot as PNG.
     python scripts/bench_epochs.py                      # ~3000 files of ~100 KiB, 3 epochs, 2 ms/open
     python scripts/bench_epochs.py --variant large      # 64 files of 16 MiB
     python scripts/bench_epochs.py --variant high-latency   # 1000 files, 20, 50 and 100 ms per open
-    python scripts/bench_epochs.py --variant cold-path      # issue 43: 800 x 64 KiB at 2, 20, 50, 200 ms per open
+    python scripts/bench_epochs.py --variant cold-path      # 800 x 64 KiB at 2, 20, 50, 200 ms per open
     python scripts/bench_epochs.py --capacity 0.5x --hints  # RAM tier of half the dataset, order hints
     python scripts/bench_epochs.py --client python      # monarch mode through support.pyshim
     python scripts/bench_epochs.py --quick              # a small smoke run
@@ -58,7 +58,7 @@ VARIANTS = {"small": dict(files=3000, size="100KiB", spread=0.5),
                                    modes="monarch,zstd,ceiling"),
             "large": dict(files=64, size="16MiB", spread=0.0),
             "high-latency": dict(files=1000, size="100KiB", spread=0.5, latencies="20,50,100", epochs=2),
-            # the cold path at any latency (issue 43): the emulated PFS at 400 MB/s, epoch 1 against
+            # the cold path at any latency: the emulated PFS at 400 MB/s, epoch 1 against
             # direct, the copies in flight Monarch's measure settled on and the PFS's own peak
             "cold-path": dict(files=800, size="64KiB", spread=0.0, latencies="2,20,50,200", epochs=2,
                               modes="direct,monarch", bandwidth=400.0)}

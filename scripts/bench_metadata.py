@@ -155,7 +155,7 @@ def main(argv=None) -> int:
             config = work / "monarch.yaml"
             config.write_text(json.dumps({
                 "dataset": {"roots": [root]}, "run_base": str(work / "run"),
-                # keep: the snapshot is saved for the next job only beside kept copies (issue 32),
+                # keep: the snapshot is saved for the next job only beside kept copies,
                 # and "monarch-again" measures that second job (the temporary base goes at the end)
                 "tiers": [{"name": "ram", "path": f"{shm}/ram", "capacity": "4GiB", "keep": True}],
                 "staging": {"policy": "on-access"}}))

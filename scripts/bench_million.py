@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A million small files (issue 32): Monarch's start-up, memory, staging and tear-down
+"""A million small files: Monarch's start-up, memory, staging and tear-down
 against what the machine itself does with the same tree, side by side in one run.
 
 The tree is ImageFolder-like (``--dirs`` class directories of ``--files`` files of

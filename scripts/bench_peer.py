@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Remote opens per second: one node reading files another node holds staged (issue 31).
+"""Remote opens per second: one node reading files another node holds staged.
 
 Two simulated nodes on this machine (``mpiexec -n 2 monarch serve``), each owning half of a
 dataset of small files in a local directory (no emulated PFS: what is measured is the peer

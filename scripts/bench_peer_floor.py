@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The least CPU a remote file can cost the two daemons on this machine (issue 44's floor).
+"""The least CPU a remote file can cost the two daemons on this machine (the peer path's floor).
 
 Runs scripts/peer_floor.c (built against the MPI library mpi4py loads, started with its
 mpiexec): two ranks of this host, an owner holding its files open and mapped in RAM, a
@@ -10,7 +10,7 @@ network's copies (MPI's shared-memory transport copies each byte with the daemon
 interconnect's NIC would) and the wake-ups of threads that poll MPI (it offers nothing to sleep
 on; 15-20 us each on this VM: scripts/wake_cost.c).
 
-Two cases, each with the issue's target beside it:
+Two cases, each with its target beside it:
 - hinted: 64 KiB files in batches of 16 and 64, flat out and at the pace of bench_cluster --hints
   at its target (``--hinted-rate``: 225 remote files a node an epoch, 1.15 x the 0.046 s epoch of
   the job whose nodes each hold the whole dataset), sleeping up to 0.5 ms (the lane's longest

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A dataset in an S3 bucket with 50 ms round trips (issue 45), read three ways side by side:
+"""A dataset in an S3 bucket with 50 ms round trips, read three ways side by side:
 
   naive-get   a loader that GETs each sample from S3 when a worker needs it (boto3, one client
               per forked worker): what s3torchconnector-style map datasets do

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A dataset in a key-value store with 50 ms round trips (issue 34), read three ways side by side:
+"""A dataset in a key-value store with 50 ms round trips, read three ways side by side:
 
   naive-get      a loader that GETs each file from the store when a worker needs it
   monarch-store  the same reader, unchanged, under ``monarch run`` over the store mounted at a

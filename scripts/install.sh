@@ -15,12 +15,12 @@ command -v mount >/dev/null 2>&1 || need+=(mount)  # the tier accounting test mo
 # the shim decodes compressed copies with the system's libzstd (dlopen; without it the daemon
 # decodes them): the tests of that path need it
 ls /usr/lib/*/libzstd.so.1 /lib/*/libzstd.so.1 >/dev/null 2>&1 || need+=(libzstd1)
-# the tests/slurm suite runs a private Slurm (issue 33): slurmctld, slurmd, srun from slurm-wlm
+# the tests/slurm suite runs a private Slurm: slurmctld, slurmd, srun from slurm-wlm
 # (its PMI2 and PMIx plugins), munged; libpmix-dev gives the PMIx plugin the libpmix.so it dlopens
 command -v slurmd >/dev/null 2>&1 || command -v /usr/sbin/slurmd >/dev/null 2>&1 || need+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || command -v /usr/sbin/munged >/dev/null 2>&1 || need+=(munge)
 [ -n "$(ls /usr/lib/*/libpmix.so /usr/lib/*/pmix2/lib/libpmix.so 2>/dev/null)" ] || need+=(libpmix-dev)
-# the tests and benchmark of a dataset in a key-value store (issue 34) run their own redis-server
+# the tests and benchmark of a dataset in a key-value store run their own redis-server
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the store's TLS test makes its own CA (else skipped)
 # the HTML report's test has a browser draw the page (tests/support/browser.py): Debian's chromium

@@ -1,5 +1,5 @@
 /* What the kernel calls of the hinted read-ahead lane cost on this machine, per 64 KiB remote
- * file (issue 44; wake_cost.c gives the sleeps', page_cost.c a fresh page's). Each figure is
+ * file (wake_cost.c gives the sleeps', page_cost.c a fresh page's). Each figure is
  * the CPU of the calling thread, side by side in one run, on a directory of your choice (the
  * peer area's filesystem: /dev/shm for tmpfs, /tmp for this VM's ext4):
  *
@@ -9,9 +9,9 @@
  *   shared mapping of a file's pages (how the lane writes a fetch over a spare); a pread; and
  *   process_vm_readv from another process (the single copy MPI's shared-memory transport makes
  *   between two ranks of one host: the emulated network);
- * - the names: a consumed copy renamed aside and a spare renamed into place (the lane before
- *   session 47), against its key's name unlinked and the next key's linked to the file's own
- *   name (since), over ten class directories as bench_cluster's dataset has;
+ * - the names: a consumed copy renamed aside and a spare renamed into place (the alternative),
+ *   against its key's name unlinked and the next key's linked to the file's own name (what the
+ *   lane does), over ten class directories as bench_cluster's dataset has;
  * - the rest of a file's calls: a write lease taken and let go, futimens.
  * The sum of the ones a design cannot do without is the floor under the daemons' CPU per
  * remote file, before any wake-up, request or book-keeping. */

@@ -1,5 +1,5 @@
 /* What a remote file's bytes cost on this machine before any protocol: the floor under a remote
- * open's CPU (issue 44). Each copy a node makes of another node's file lands in new page-cache
+ * open's CPU. Each copy a node makes of another node's file lands in new page-cache
  * pages (a memfd passed to the application, or a file in the peer area), and on this VM
  * allocating, zeroing and later freeing those pages costs far more than copying the bytes.
  *

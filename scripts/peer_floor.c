@@ -1,9 +1,9 @@
-/* The least CPU a remote file can cost the two daemons on this machine (issue 44): two MPI ranks
+/* The least CPU a remote file can cost the two daemons on this machine: two MPI ranks
  * of one host (each a node, the network emulated by MPI's shared-memory transport), the owner
  * holding its files open and mapped, the requester asking for them in batches of files it knows
  * ahead (the hinted lane's shape), and nothing else: no names, no Python, no index, no shim.
  *
- *     python scripts/bench_peer_floor.py      (builds it, runs the cases of issue 44's targets)
+ *     python scripts/bench_peer_floor.py      (builds it, runs the cases of its targets)
  *     $PREFIX/bin/mpiexec -n 2 /tmp/peer_floor [direct|packed] [batch] [size] [files] [rate] [sleep_us]
  *
  * (PREFIX: the interpreter's, where the mpich wheel puts MPICH; ``rate``: files a second a reader

@@ -1,5 +1,5 @@
 /* What a thread's sleep and wake-up cost on this machine: the other floor under a remote
- * open's CPU (issue 44; page_cost.c is the bytes'). MPI gives nothing to sleep on, so the
+ * open's CPU (page_cost.c is the bytes'). MPI gives nothing to sleep on, so the
  * peer data path's threads poll with sleeps, and every hand-off between the shim, the front
  * door and the data path is a wake-up; on this VM (Firecracker) each costs far more CPU than
  * the work it hands over.

@@ -43,7 +43,7 @@ class Dataset:
     @property
     def allocated(self) -> int:
         """The dataset's bytes as the tiers count them: each file in whole blocks of the
-        filesystems tests put tiers on (/dev/shm and /tmp; issue 32)."""
+        filesystems tests put tiers on (/dev/shm and /tmp)."""
         from monarch.node.tiers.resources import allocation_unit
         from monarch.sizes import allocated_size
         unit = max(allocation_unit("/dev/shm"), allocation_unit("/tmp"))

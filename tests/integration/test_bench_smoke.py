@@ -206,7 +206,7 @@ MILLION_ROWS = ("find DIR -type f", "start-up to first stat: read-ahead, first j
 
 
 def test_bench_million_prints_every_row_and_writes_its_json(tmp_path: Path) -> None:
-    """bench_million.py --quick (2,000 files): every row of issue 32's table printed once, with a
+    """bench_million.py --quick (2,000 files): every row of its table printed once, with a
     figure (a value or "n/a (why)"), the reused run reusing the snapshot, the staged pass served by
     the RAM tier, and the JSON holding the same rows; never a timing."""
     out_json = tmp_path / "million.json"

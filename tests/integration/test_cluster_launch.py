@@ -1,5 +1,5 @@
 """`monarch run` of a cluster job waits for its node's standing daemon; a single-node run
-honours the node index and starts its own daemon at once (issue 20)."""
+honours the node index and starts its own daemon at once."""
 
 import io
 import os
@@ -62,7 +62,7 @@ def test_waiting_for_a_cluster_daemon_is_bounded_and_says_so(tmp_path, monkeypat
 
 
 def test_a_launcher_whose_daemon_died_runs_on_the_pfs_soon(tmp_path, monkeypatch):
-    """Its node's daemon was SIGKILLed (issue 21): the socket is left, nothing holds the lock.
+    """Its node's daemon was SIGKILLed: the socket is left, nothing holds the lock.
     The launcher waits CLUSTER_DEAD_WAIT for a new one, not MONARCH_CLUSTER_WAIT; a lock
     that is held (a daemon starting) keeps it waiting."""
     import fcntl
@@ -95,8 +95,8 @@ def test_a_launcher_whose_daemon_died_runs_on_the_pfs_soon(tmp_path, monkeypatch
 
 
 def test_waiting_is_said_once_by_the_first_rank_of_a_node_only(tmp_path, monkeypatch):
-    """Issue 33: 120 lines for one wait (every rank, every 5 s). Now: the first local rank says
-    it at once, then every CLUSTER_WAIT_NOTE (30 s); the others say nothing."""
+    """A wait for the node's daemon is said by the first local rank only, at once and then every
+    CLUSTER_WAIT_NOTE (30 s); the others say nothing (every rank saying it floods the log)."""
     from monarch.config import load_config
     from monarch.errors import DaemonError
     from monarch.launch.run import CLUSTER_WAIT_NOTE, wait_for_cluster_daemon
@@ -118,9 +118,9 @@ def test_waiting_is_said_once_by_the_first_rank_of_a_node_only(tmp_path, monkeyp
 
 
 def test_a_daemons_step_stuck_pending_is_said_soon_and_once_for_the_node(tmp_path, monkeypatch):
-    """Issue 33: a hand-written daemons' step without --overlap waits for the training's CPUs
-    ("Requested nodes are busy") and never comes; the launchers waited MONARCH_CLUSTER_WAIT
-    (300 s). Now the node's first rank sees the step pending in Slurm and gives up with the
+    """A hand-written daemons' step without --overlap waits for the training's CPUs
+    ("Requested nodes are busy") and never comes; the launchers do not wait MONARCH_CLUSTER_WAIT
+    (300 s) for it: the node's first rank sees the step pending in Slurm and gives up with the
     cause and the fix, and leaves it for the node's other ranks, which give up at once."""
     import time
     from monarch.config import load_config

@@ -182,9 +182,9 @@ service.serve = serve
 
 
 def test_monarch_run_waits_for_a_slow_teardown_that_grows_with_the_staged_files(dataset, short_tmp):
-    """Issue 32: `monarch run` left while its daemon still removed 1M copies (it waited 10.5 s
-    whatever was staged). Here the daemon's close takes 12 s, and the launcher's per-file
-    allowance is scaled up so that the 200 staged files stand for a large dataset."""
+    """`monarch run` does not exit before its daemon has removed its copies: its wait grows with
+    the files staged. Here the daemon's close takes 12 s, and the launcher's per-file allowance
+    is scaled up so that the 200 staged files stand for a large dataset."""
     ds = dataset(files=200, size="1KiB")
     cfg, base, ram = shared_base_config(short_tmp, ds.root)
     hooks = os.path.join(short_tmp, "hooks")

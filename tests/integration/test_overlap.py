@@ -2,7 +2,7 @@
 still walks the dataset (a slow walk: the emulated PFS with a lookup latency). The command's
 metadata answers and bytes equal the direct run's. By default a call made before the index
 exists waits for it a moment only (MONARCH_SHIM_INDEX_WAIT_MS, 300 ms), then goes to the PFS
-and is counted (issue 32: a million-file walk must not hold the command's first stat); with
+and is counted (a million-file walk must not hold the command's first stat); with
 the wait raised, its metadata comes from the snapshot once it is ready (the PFS sees one walk,
 not two). A daemon whose walk fails or that is killed during the walk leaves the command
 reading the PFS, correctly."""

@@ -1,4 +1,4 @@
-"""A run on a job's standing daemon reports its own part, and says so (issue 33): what the
+"""A run on a job's standing daemon reports its own part, and says so: what the
 daemon had staged before it attached, and where the node's whole report goes; its report
 goes beside the daemon's, never over it."""
 

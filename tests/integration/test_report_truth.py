@@ -1,4 +1,4 @@
-"""What ``monarch run`` says is true (issue 22): the bytes numpy really read, and a warning when
+"""What ``monarch run`` says is true: the bytes numpy really read, and a warning when
 the command's readers bypassed the shim."""
 
 import hashlib
@@ -101,7 +101,7 @@ def test_a_command_through_the_shim_gets_no_warning(dataset, short_tmp):
     assert WARNING not in r.stderr
 
 
-# -- readers whose bytes the shim does not all see (issue 47): stdio (fopen + fread) and mmap ------
+# -- readers whose bytes the shim does not all see: stdio (fopen + fread) and mmap -----------------
 
 def _row(stderr: str, place: str) -> str:
     """The report's row of one place in the "opened from" table."""

@@ -335,8 +335,8 @@ def test_the_report_keeps_the_run_and_its_job_apart(dataset, short_tmp):
 
 
 def test_a_stat_only_command_is_not_told_the_dataset_bypassed_monarch(dataset, short_tmp):
-    """Issue 32: a command that only stats the dataset had its stats answered from the index
-    (metadata.local) and still got "the dataset was not read through Monarch"."""
+    """A command that only stats the dataset has its stats answered from the index
+    (metadata.local), so it is not told "the dataset was not read through Monarch"."""
     ds = dataset(files=20, size="1KiB")
     report = os.path.join(short_tmp, "report.json")
     code = f"import glob, os\nfor p in sorted(glob.glob({ds.root!r} + '/*/*.bin')): os.stat(p)\n"

@@ -1,4 +1,4 @@
-"""Start-up on a large tree (issue 32): while the daemon walks 200,000 files, the command's
+"""Start-up on a large tree: while the daemon walks 200,000 files, the command's
 first stat is answered within a second -- from the snapshot index or, before it is written,
 from the PFS -- and counted either way (the report says which, and why)."""
 

@@ -1,4 +1,4 @@
-"""A lost daemon costs its share, not the cluster (issue 21).
+"""A lost daemon costs its share, not the cluster.
 
 4 simulated nodes, one sharded reader per node under `monarch run` (digests checked by the
 reader, 20 ms per open on the emulated PFS, which counts its bytes), one `monarch serve`

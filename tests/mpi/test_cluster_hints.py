@@ -1,4 +1,4 @@
-"""The clairvoyant path of a sharded cluster (issue 44): the readers tell their order
+"""The clairvoyant path of a sharded cluster: the readers tell their order
 (``DistributedHintedSampler``), and each node's front door fetches the other nodes' files of
 its shard ahead of the reader, in batches per owner, into its peer area: from epoch 2 on the
 readers' opens of other nodes' files are local hits. Digests are checked by the readers, the

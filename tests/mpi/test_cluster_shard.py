@@ -1,4 +1,4 @@
-"""A dataset spread over the nodes' aggregate storage (issue 20): each node holds ~1/3 of it,
+"""A dataset spread over the nodes' aggregate storage: each node holds ~1/3 of it,
 the readers run the sharded pattern (one global shuffle per epoch, node k reads shard k),
 digests checked by the reader, the PFS counted by the emulated PFS itself."""
 
@@ -100,7 +100,7 @@ def test_readers_started_with_the_daemons_wait_for_them_and_read_the_pfs_once(da
     assert not any("Monarch is not active" in out for out in outs), outs
     assert ds.total <= pfs.counters()["bytes"] <= 1.05 * ds.total
     rep = load(os.path.join(cluster.run_dir(0), "report.json"))
-    # (a copy removed for want of room after its path was answered would show here: issue 31's peer lane)
+    # (a copy the peer lane removed for want of room after its path was answered would show here)
     assert rep["opened_from"]["pfs"]["opens"] == 0, [(n["node"], n.get("resolves"), n.get("front_door"))
                                                      for n in rep["nodes"]]
     assert sum(c["opens"] for c in rep["opened_from"].values()) == 2 * files

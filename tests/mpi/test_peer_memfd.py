@@ -1,4 +1,4 @@
-"""Which remote files the peer area keeps, and one request per owner for many opens (issue 44).
+"""Which remote files the peer area keeps, and one request per owner for many opens.
 
 Two simulated nodes, each owning half of a small dataset staged in its RAM tier; node 0 reads
 every file with 8 threads under `monarch run` (digests checked by the reader), one epoch per

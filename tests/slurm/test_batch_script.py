@@ -1,4 +1,4 @@
-"""The batch script of docs/cluster.md, copied as is, under a private Slurm (issue 33): by
+"""The batch script of docs/cluster.md, copied as is, under a private Slurm: by
 sbatch and by salloc, with PMI2 (MPICH) and PMIx (Open MPI), 2 and 4 nodes, 1 and 2 tasks per node. Each
 run: every reader's digests right, the emulated PFS read once, node 0's cluster report with
 every node, nothing left in the bases."""

@@ -1,4 +1,4 @@
-"""A daemon SIGKILLed under Slurm (issue 33): the survivors serve on and stop with the report
+"""A daemon SIGKILLed under Slurm: the survivors serve on and stop with the report
 (the lost node named); the next daemons started on those nodes remove what it left: its
 copies and the MPI library's shared-memory files it had mapped."""
 

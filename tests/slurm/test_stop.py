@@ -1,4 +1,4 @@
-"""The daemons of `monarch serve --slurm` stop cleanly however the job ends (issue 33):
+"""The daemons of `monarch serve --slurm` stop cleanly however the job ends:
 `scancel --signal=TERM JOB` and the end of the batch script (Slurm then SIGTERMs every step)
 each give node 0's cluster report and leave nothing in the bases."""
 

@@ -1,5 +1,5 @@
 """Each wrong way to start the daemons under Slurm is caught at start with one line naming
-the fix, and the node's launchers stop waiting at once and say why (issue 33): they run their
+the fix, and the node's launchers stop waiting at once and say why: they run their
 command on the PFS, right digests, no 300 s wait (MONARCH_CLUSTER_WAIT stays at its default;
 the job is bounded well below it)."""
 
@@ -72,7 +72,7 @@ echo "run exited $?"
 
 def test_a_daemons_step_without_overlap_is_said_with_its_fix_and_launchers_do_not_wait(slurm, short_tmp, dataset,
                                                                                        slow_pfs):
-    """Issue 33: no launcher waits MONARCH_CLUSTER_WAIT (300 s, left at its default) for daemons
+    """No launcher waits MONARCH_CLUSTER_WAIT (300 s, left at its default) for daemons
     whose step cannot start: each node's first rank sees the step pending in Slurm and every
     launcher of the node says why, with the fix, then reads the PFS (right digests)."""
     job = make_job(short_tmp, dataset, slow_pfs, nodes=2, files=40)

@@ -1,4 +1,4 @@
-"""A private Slurm on this machine for the tests (issue 33): munged on its own socket, one
+"""A private Slurm on this machine for the tests: munged on its own socket, one
 slurmctld and one slurmd per simulated node (``slurmd -N nK``), every port free when chosen,
 every spool, state, log and TmpFS directory under one base, every process started here and
 ended here.

@@ -202,7 +202,7 @@ def test_a_memory_tier_is_filled_by_4_KiB_pages():
 
 
 def test_the_plan_takes_the_node_file_rate_from_the_command_line(tmp_path):
-    """monarch plan --file-rate: the per-file staging rate the plan assumes (issue 32)."""
+    """monarch plan --file-rate: the per-file staging rate the plan assumes."""
     import subprocess
     import sys
     tree = tmp_path / "ds"

@@ -181,7 +181,7 @@ def test_cluster_owner_asks_the_placement_once_set():
 
 
 def test_cluster_owner_after_a_loss_moves_only_the_lost_nodes_keys():
-    """Issue 21: a lost node's keys go to the next node of their preference list; no other key moves."""
+    """A lost node's keys go to the next node of their preference list; no other key moves."""
     from monarch.cluster import Cluster
     c = Cluster.__new__(Cluster)  # no MPI: only owner() is exercised
     c.nodes, c.node, c._lost = 4, 0, {}
@@ -196,7 +196,7 @@ def test_cluster_owner_after_a_loss_moves_only_the_lost_nodes_keys():
 
 
 def test_the_layout_weighs_each_file_by_what_its_copy_takes():
-    """Issue 32: a tier counts a copy in whole blocks, so the layout does too: 100 one-byte
+    """A tier counts a copy in whole blocks, so the layout does too: 100 one-byte
     files take 400 KiB of 4 KiB blocks, more than a node's 300 KiB, though their bytes fit."""
     from monarch.cluster import capacity
     from monarch.node.snapshot.snapshot import FileInfo

@@ -217,11 +217,11 @@ def test_a_file_changed_since_the_snapshot_is_not_copied(short_tmp, daemon_on):
 
 
 def test_a_slow_source_gets_more_copies_in_flight_not_pythons_threads(short_tmp, daemon_on, slow_pfs):
-    """Issue 43: over a source of 50 ms per open the door's read-ahead lane kept 8 copies in
-    flight, took the source for slow, stopped copying misses and after 3 s left the rest to
-    Python's threads. Now its measure of the source climbs while the latency stays flat: the
-    emulated PFS itself sees far more than 8 opens at once within a second of the first, the
-    lane copies every file, and nothing is handed over or left to Python for being slow."""
+    """Over a source of 50 ms per open the door's read-ahead lane does not take the source for
+    slow, stop copying misses or leave the rest to Python's threads: its measure of the source
+    climbs while the latency stays flat. The emulated PFS itself sees far more than 8 opens at
+    once within a second of the first, the lane copies every file, and nothing is handed over or
+    left to Python for being slow."""
     src = os.path.join(short_tmp, "src")
     sums = make_files(src, 400, size=2048)
     pfs = slow_pfs(src, open_latency_ms=50)
@@ -535,7 +535,7 @@ def test_out_of_descriptors_closes_at_once_and_does_not_spin(short_tmp):
 
 
 def test_the_read_ahead_copies_small_files_in_the_doors_own_lane(short_tmp, daemon_on):
-    """Issue 32: a million small files staged at the machine's copy rate. The door's C lane
+    """Small files, even a million, are staged at the machine's copy rate: the door's C lane
     copies the small files ahead of the reader (no Python per file), the stager the large
     ones; every file once, into the books as background copies, with the source's bytes."""
     root = fast_root(short_tmp)

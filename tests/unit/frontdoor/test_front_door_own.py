@@ -1,4 +1,4 @@
-"""A sharded node's front door (issue 31): it copies from the PFS only the files its node owns,
+"""A sharded node's front door: it copies from the PFS only the files its node owns,
 none before it knows which they are, and offers each copy to the C peer data path at once;
 another node's file is fetched (or handed to Python), never read from the PFS here.
 

@@ -1,5 +1,5 @@
-"""What a killed daemon left, removed by the next standing daemon of the node (issue 33;
-tests/slurm/test_killed_daemon.py does it for real): the MPI shared-memory files it noted
+"""What a killed daemon left, removed by the next standing daemon of the node
+(tests/slurm/test_killed_daemon.py does it for real): the MPI shared-memory files it noted
 that nobody uses, and its socket when it was another job's."""
 
 import fcntl

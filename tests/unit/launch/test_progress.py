@@ -98,7 +98,7 @@ def test_on_off_and_intervals():
 
 
 def test_while_a_saved_index_is_loaded_a_line_says_so_not_walking():
-    # issue 32: a job with keep: true loads the dataset's saved index; the line said "walking"
+    # a job with keep: true loads the dataset's saved index: the line says so, not "walking"
     loading = stats(0, 0) | {"snapshot": "walking", "uptime_seconds": 2.0, "dataset": {"files": 0, "bytes": 0}}
     text = line(NodeStats.from_dict(loading), rate=None, saved_index=True)
     assert text.startswith("monarch: loading the dataset's saved index (2 s; walked again if a directory changed) |")

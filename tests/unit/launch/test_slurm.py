@@ -1,5 +1,5 @@
 """monarch/launch/slurm.py without Slurm: the daemons' step for what is installed, and the
-one-line cause and fix of each wrong srun line (issue 33; tests/slurm runs them for real)."""
+one-line cause and fix of each wrong srun line (tests/slurm runs them for real)."""
 
 import os
 import sys

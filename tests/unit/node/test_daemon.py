@@ -119,8 +119,8 @@ def test_a_refusing_peer_is_asked_again_for_other_files(setup):
 
 
 def test_full_peer_area_keeps_the_peers_copy_in_a_tier(setup):
-    """The peer area full, a file from its owner goes to the tiers (issue 20: a replicated
-    cluster holds the whole dataset from one PFS read), not to the PFS."""
+    """The peer area full, a file from its owner goes to the tiers (a replicated cluster
+    holds the whole dataset from one PFS read), not to the PFS."""
     make, _ = setup
     cluster = FakeCluster(node=0)
     d = make(cluster)

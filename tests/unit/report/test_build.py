@@ -125,7 +125,7 @@ def test_some_opens_uncounted_gives_lower_bounds():
 
 
 def test_stdio_reads_counted_through_fread_give_a_positive_bound_not_a_negative_saving():
-    """numpy's np.load (issue 22): 60 opens of the tier, each also uncounted (a FILE made by
+    """numpy's np.load: 60 opens of the tier, each also uncounted (a FILE made by
     fdopen), their fread bytes counted: a lower bound on the saving, never an exact loss."""
     r = build_report([node({"pfs": {"opens": 0, "bytes": 0, "opens_uncounted": 0},
                             "ram": {"opens": 60, "bytes": 24 * MiB, "opens_uncounted": 60}}, staged=8 * MiB)], JOB)

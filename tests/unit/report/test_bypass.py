@@ -1,4 +1,4 @@
-"""The warning ``monarch run`` prints when the dataset was not read through Monarch (issue 22)."""
+"""The warning ``monarch run`` prints when the dataset was not read through Monarch."""
 
 from monarch.report.bypass import LONG_RUN_SECONDS, MIN_DATASET_FILES, bypass_warning
 
@@ -33,8 +33,8 @@ def test_a_run_through_the_shim_and_an_empty_dataset_are_quiet():
 
 
 def test_a_stat_only_command_answered_from_the_index_is_not_said_to_bypass_monarch():
-    # issue 32: `monarch run -- stat ...` got "the dataset was not read through Monarch" although
-    # its stats were answered from the index (the report's metadata.local)
+    # `monarch run -- stat ...` has its stats answered from the index (the report's metadata.local):
+    # it is not told "the dataset was not read through Monarch"
     r = report(processes=1, opens=0) | {"metadata": {"local": 7, "pfs": 0}}
     w = bypass_warning(r)
     assert "not read through Monarch" not in w

@@ -67,8 +67,8 @@ def test_a_listing_reads_as_the_tuple_of_its_entries():
 
 
 def test_the_snapshot_holds_a_file_in_a_few_hundred_bytes(tmp_path):
-    """Issue 32: 1.9 KiB per file in the daemon at a million files; the snapshot and the index
-    built from it are what grows with the files (counted by tracemalloc, not timed)."""
+    """The snapshot and the index built from it are what grows with the files in the daemon:
+    a few hundred bytes per file each (counted by tracemalloc, not timed)."""
     import gc
     import tracemalloc
     root = tmp_path / "ds"

@@ -1,6 +1,6 @@
 """The saved index of a dataset (the last walk, reused by the next job when no directory
-changed) stays after a job only when a tier has ``keep: true`` (issue 32: a second copy of a
-172 MB index stayed in ``run_base/monarch-<uid>/snapshots`` after every job)."""
+changed) stays after a job only when a tier has ``keep: true``; otherwise no copy of it (large
+at a million files) is left in ``run_base/monarch-<uid>/snapshots`` after the job."""
 
 from __future__ import annotations
 

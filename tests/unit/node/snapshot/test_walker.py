@@ -1,5 +1,5 @@
 """The C walk (monarch/node/snapshot/walker.c) sees what the Python walk sees, entry for entry, and
-writes the index the Python writer would write for it, byte for byte (issue 32)."""
+writes the index the Python writer would write for it, byte for byte."""
 
 import os
 import pickle

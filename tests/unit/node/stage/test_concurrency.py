@@ -1,6 +1,6 @@
 """The stager's adaptive concurrency (monarch/node/stage/concurrency.py) on simulated sources, with
-the clock injected: it stops where the rate stops growing and comes back down (issue 32:
-``staging.threads: auto`` went to 256 threads and staged slower than 4)."""
+the clock injected: it stops where the rate stops growing and comes back down (with
+``staging.threads: auto``, a source that saturates at 4 copies is staged with 4, not 256)."""
 
 import collections
 import random
@@ -37,12 +37,12 @@ def share(time_at: collections.Counter, pred) -> float:
 
 
 def test_a_source_that_saturates_at_4_is_staged_with_4_not_256():
-    # the old rule (one window against the best single window, probing only upward) ended
-    # every one of these runs at 256, about half of the time there: noise was a doubling kept
+    # noise must not keep a doubling: a rule comparing one window against the best single window,
+    # probing only upward, ends every one of these runs at 256, about half of the time there
     for seed in range(3):
         src = Source(saturation=4, seed=seed)
         c = Concurrency(clock=lambda: src.now)
-        src.run(c, 200.0)  # issue 32: 1M files took minutes
+        src.run(c, 200.0)  # minutes, as staging a million files takes
         assert c.limit in (4, 8), (seed, c.limit)  # 8: a round's probe of twice the limit
         # a lucky stretch may still pass for a gain, but it is measured again and undone
         assert max(src.time_at) <= 64 and share(src.time_at, lambda k: k > 8) < 0.2, (seed, src.time_at)
@@ -78,9 +78,9 @@ def test_fixed_limits_and_starved_windows_do_not_move_it():
 
 
 def test_a_high_latency_source_is_hidden_within_a_second():
-    # issue 43: 50 ms per open, a source that serves 256 at once (the emulated PFS): the old
-    # rule climbed a doubling per 0.75 s (8 -> 128 in 3 s, most of an epoch of 800 files);
-    # the slow start doubles per generation of copies while their latency stays flat
+    # 50 ms per open, a source that serves 256 at once (the emulated PFS): a doubling per 0.75 s
+    # would take 3 s from 8 to 128, most of an epoch of 800 files; the slow start doubles per
+    # generation of copies while their latency stays flat
     for latency in (0.05, 0.2):
         src = Source(saturation=256, per_copy=1 / latency, noise=0.05)
         c = Concurrency(clock=lambda: src.now)

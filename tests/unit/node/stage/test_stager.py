@@ -413,7 +413,7 @@ def test_adaptive_concurrency_climbs_while_it_pays_and_stops_at_the_plateau():
     cpu_bound = lambda limit: 2000.0  # noqa: E731  more copies at once do not help
     for _ in range(6):
         window(cpu_bound, c2)
-    assert c2.limit == c2.low == 4 and c.fixed is None  # not up from 8, and back down to the fewest (issue 32)
+    assert c2.limit == c2.low == 4 and c.fixed is None  # not up from 8, and back down to the fewest
     assert Concurrency(fixed=5).limit == 5
 
 
@@ -580,7 +580,7 @@ def test_shutdown_stops_ranged_copies_and_drain_waits_for_them(tmp_path, monkeyp
 def test_a_copy_asked_now_is_made_at_once_even_with_every_slot_taken(tmp_path, dataset):
     """A peer's request (the daemon's ``provide``) is copied on the asking thread at once, not
     queued behind copies that hold every slot (in a cluster those may wait on other nodes,
-    which wait on this one: issue 21). A queued request for the same key is taken over."""
+    which wait on this one). A queued request for the same key is taken over."""
     stager = Stager(dataset, tiers(tmp_path, 10**6), threads=1)
     keys = sorted(dataset.files)
     blocker, wanted = keys[0], keys[5]

@@ -67,7 +67,7 @@ def test_a_ram_tier_larger_than_the_node_stops_at_the_margin(tmp_path, monkeypat
     assert taken == 7 * GiB  # 8 GiB available, 1 GiB margin kept
     assert tier.refused == {"memory_margin": 1}
     d = tier.describe()
-    # nothing copied: the room taken is reserved, not used (issue 35: used is the bytes of copies)
+    # nothing copied: the room taken is reserved, not used (used is the bytes of copies)
     assert d["stopped"] == "memory_margin" and d["used"] + d["reserved"] == 7 * GiB and d["memory_margin"] == GiB
 
 

@@ -1,4 +1,4 @@
-"""Tiers count what their filesystem allocates (issue 32): a 1 KiB file takes a 4 KiB page
+"""Tiers count what their filesystem allocates: a 1 KiB file takes a 4 KiB page
 on tmpfs, so a RAM tier counted in file bytes takes four times its capacity from the node."""
 
 import errno
