@@ -263,7 +263,7 @@ def test_the_launcher_waits_for_a_teardown_that_grows_with_the_staged_files(tmp_
     assert service.wait_stopped(daemon, _tiers_config(tmp_path), 1_000_000, out=out) is True
     assert daemon.returncode == 0 and out.getvalue() == ""
     assert daemon.waited[0] >= 12.0 + 1_000_000 * 100e-6  # room for a disk tier's slower removal
-    # few files: the bound is the base one, as before
+    # few files: the bound is the base one
     assert service.teardown_bound(0) < service.teardown_bound(1_000_000) < 600
 
 

@@ -152,7 +152,7 @@ def test_a_peer_capacity_given_as_a_share_is_read_on_this_machine(tmp_path, monk
 # -- per-file costs and allocation --------------------------------------------------------
 
 def test_staging_time_counts_files_not_only_bytes():
-    """1 KiB files at 1 GiB/s used to be planned at the bytes' time; a node stages ~3,000 files/s."""
+    """1 KiB files at 1 GiB/s are planned at the files' time, not the bytes': a node stages ~3,000 files/s."""
     from monarch.plan import FILES_PER_SECOND, Store, format_plan, make_plan, synthetic
     p = make_plan(synthetic(30000, KiB), 1, [Store("ssd", 2**30)], pfs_rate=2**30)
     s = p["staging"]

@@ -78,7 +78,7 @@ def test_a_ram_tier_of_1kib_files_counts_the_pages_tmpfs_takes(tmp_path, tmpfs):
     print(f"\n{d['files']} files: used {d['used']} bytes, allocated {d.get('allocated_bytes')}; "
           f"tmpfs df {held} bytes ({held / max(d['used'], 1):.1f}x the bytes); peak {peak[0]}; capacity {CAPACITY}")
 
-    # tmpfs never held more than the tier's capacity (the old account let it hold 4x)
+    # tmpfs never held more than the tier's capacity (counting bytes, not pages, would let it hold 4x)
     assert peak[0] <= CAPACITY and held <= CAPACITY
     staged = [k for k, t in placed.items() if t is tier]
     assert 0 < len(staged) < FILES  # it stopped taking files: their pages would cross the capacity
