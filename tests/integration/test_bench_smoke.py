@@ -61,6 +61,8 @@ BENCHES = [
     Bench("bench_large_files.py", ["--quick", "--json", "{tmp}/large.json"],
           r"^md5sum under monarch run, opened from \(the report\): (?=.*\bpfs 0 \()(?=.*\bram 1 \(1\.00x the file\))",
           {"fuse"}),
+    Bench("bench_block_copy.py", ["--quick"],
+          r"^  reader\s+[\d.]+s\s+\d+\s+\d+\s+[\d.]+s\s+[\d.]+s\s+[\d.]+s\s+[\d.]+x  OK$", {"fuse"}),
     Bench("bench_large_reads.py", ["--quick", "--json", "{tmp}/large_reads.json"],
           r"^  monarch, half .*  OK$", {"fuse"}),
     Bench("bench_shards.py", ["--quick", "--json", "{tmp}/shards.json"],
