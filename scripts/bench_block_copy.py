@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--size-gib", type=float, default=2.0)
     p.add_argument("--bandwidth", type=float, default=400.0, help="the PFS's MB/s (default 400)")
     p.add_argument("--modes", default="alone,reader", help="the copy alone, beside a reader")
-    args = parse_with_quick(p, argv, {"size_gib": 1 / 16, "bandwidth": 50})
+    args = parse_with_quick(p, argv, {"size_gib": 1 / 8, "bandwidth": 50})  # a copy of 2.7 s: the reader steps beside it
     reason = fuse_unavailable_reason(probe=True)
     if reason:
         print(f"cannot mount the emulated PFS: {reason}", file=sys.stderr)
