@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -34,6 +33,7 @@ sys.path[:0] = [str(REPO)]
 import psutil  # noqa: E402
 
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
+from cpuwatch import children_cpu  # noqa: E402
 from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 COMMAND = r"""
@@ -65,11 +65,6 @@ print(json.dumps({"copy": time.monotonic() - t0, "steps": steps, "first": first,
 """
 
 
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def make_file(path: Path, size: int, samples: int = 64) -> list[dict[int, str]]:
     """The source, and per 1 MiB block the md5 of ``samples`` 2 KiB windows (the reader draws
     its windows among them: every window it reads is checked)."""
@@ -91,6 +86,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size-gib", type=float, default=2.0)
     p.add_argument("--bandwidth", type=float, default=400.0, help="the PFS's MB/s (default 400)")
+    p.add_argument("--read-latency-ms", type=float, default=0.0, help="the PFS's latency per read call (default 0)")
     p.add_argument("--modes", default="alone,reader", help="the copy alone, beside a reader")
     args = parse_with_quick(p, argv, {"size_gib": 1 / 8, "bandwidth": 50})  # a copy of 2.7 s: the reader steps beside it
     reason = fuse_unavailable_reason(probe=True)
@@ -98,7 +94,7 @@ def main(argv=None) -> int:
         print(f"cannot mount the emulated PFS: {reason}", file=sys.stderr)
         return 2
     size = int(args.size_gib * (1 << 30)) >> 20 << 20
-    print(f"{size >> 20} MiB at {args.bandwidth:g} MB/s, a RAM tier that holds it")
+    print(f"{size >> 20} MiB at {args.bandwidth:g} MB/s, {args.read_latency_ms:g} ms per read call, a RAM tier that holds it")
     print(f"  {'mode':<8}{'copy':>8}{'MB/s':>8}{'steps':>7}{'first step':>12}{'job CPU':>9}{'PFS CPU':>9}{'PFS':>7}  windows")
     with tempfile.TemporaryDirectory(prefix="bench-block-copy-") as tmp, \
             tempfile.TemporaryDirectory(prefix="bench-block-copy-", dir="/dev/shm") as shm:
@@ -110,7 +106,7 @@ def main(argv=None) -> int:
         command = work / "command.py"
         command.write_text(COMMAND)
         with SlowPFS(src.parent.parent, work / "pfs", work / "pfs.json", open_latency_ms=2,
-                     bandwidth_mbps=args.bandwidth, page_cache=True) as pfs:
+                     read_latency_ms=args.read_latency_ms, bandwidth_mbps=args.bandwidth, page_cache=True) as pfs:
             server = [pr for pr in psutil.process_iter(["cmdline"])
                       if str(work / "pfs") in " ".join(pr.info["cmdline"] or []) and pr.pid != os.getpid()]
             path = os.path.join(pfs.mountpoint, "data", "big.bin")
