@@ -19,6 +19,8 @@ reads take part of the link for a while, and a rate measured through small reque
 smaller ones; a link that stays slower for 2 s is measured slower. Before the first window the
 requests are ``READ_MIN``: yield first. On a link faster than ``REQUESTS`` blocks at a time
 cover, more blocks are read at once (up to ``MAX_BLOCKS``), each in requests of about a block.
+Its weak case is a source whose every request costs a round trip: the rate measured is then the
+latency's, and 3 ms of it does not hide the latency (docs/large-files.md has the figures).
 """
 
 from __future__ import annotations
