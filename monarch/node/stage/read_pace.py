@@ -1,26 +1,35 @@
-"""How much of the PFS the block stager keeps asked for at once: a few milliseconds of the link's measured rate.
+"""How much of the PFS the block stager keeps asked for at once: the link's round trip and a few milliseconds of its measured rate.
 
 An application's read of the PFS (a page fault of a mapping, a read of a block not staged yet)
-queues behind the requests the read-ahead has already made: on a link of rate R, behind the
-read-ahead's bytes in flight / R. So the read-ahead keeps ``WAIT`` of R in flight, in
-``REQUESTS`` requests at once (one per block in flight), each as large as that allows:
+waits behind the read-ahead's bytes that are queued at the link, not behind those still on their
+round trip: on a link of rate R and base latency L, the read-ahead's bytes in flight beyond
+R x L (Little's law) are a queue of (in flight - R x L) / R seconds. So the read-ahead keeps
+R x (L + ``WAIT``) in flight: the link full, and an application's read queued behind at most
+about ``WAIT`` of it, at any rate and any latency.
 
 - ``WAIT`` (3 ms) bounds what an application's read pays for the read-ahead: a reader's step
   of 32 faults pays at most 0.1 s more than alone.
-- ``REQUESTS`` (4) keeps the link busy across the time between one request's end and the next
-  one's start (the client's and the server's work per request): one block at a time leaves the
-  link idle part of the time (docs/large-files.md has the figures).
-- Each request is as large as that allows: every request costs CPU on both sides, and many
-  small ones in flight cost the copy both its pace and the application's CPU.
+- R is measured: the bytes the read-ahead's requests delivered in each window of 0.1 s (at
+  least one request) while it had work, the most of the last 2 s. The most, because the
+  application's own reads take part of the link for a while; a link that stays slower for 2 s
+  is measured slower.
+- L is the quickest request yet: a request alone takes the round trip (and its bytes' time),
+  and one queued behind others takes longer. Only the quickest is free of the read-ahead's own
+  queue, so any later, longer measure would let the queue grow itself. A link whose latency
+  rises later is then under-filled: the safe side.
+- While nothing queues, the link has room for more: the bytes in flight double every window
+  (``GROWTH``, as a TCP slow start does; ``PROBE``, a quarter more, once the link was found
+  full). R measured on a link not yet full is the round trip's, not the link's, and
+  R x (L + WAIT) of it would grow by only WAIT / L a window. "Nothing queues": the window's
+  requests waited behind others, on the mean, less than half of what holding would make them
+  wait (WAIT, less a request's own bytes' time). The window after the read-ahead asked less
+  says nothing: its pause drains the queue.
+- The bytes in flight are read as ``REQUESTS`` blocks at once (more on a link whose bytes in
+  flight are more than that many blocks, up to ``MAX_BLOCKS``), each in requests as large as
+  that allows: four keep the link busy across the time between one request's end and the next
+  one's start, and every request costs CPU on both sides.
 
-R is measured, not configured: the bytes the read-ahead's requests delivered in each window of
-0.1 s while it had work, the most of the last 2 s. The most, because the application's own
-reads take part of the link for a while, and a rate measured through small requests would size
-smaller ones; a link that stays slower for 2 s is measured slower. Before the first window the
-requests are ``READ_MIN``: yield first. On a link faster than ``REQUESTS`` blocks at a time
-cover, more blocks are read at once (up to ``MAX_BLOCKS``), each in requests of about a block.
-Its weak case is a source whose every request costs a round trip: the rate measured is then the
-latency's, and 3 ms of it does not hide the latency (docs/large-files.md has the figures).
+Before the first window the requests are ``READ_MIN``: yield first.
 """
 
 from __future__ import annotations
@@ -35,12 +44,14 @@ MAX_BLOCKS = 32     # blocks read at once at most (each holds a block's buffer)
 READ_MIN = 32 << 10  # a request before the link is measured (and the smallest: a FUSE request's order)
 WINDOW = 0.1        # the rate's measuring window
 KEPT = 20           # windows whose most is the rate: the last 2 s
+GROWTH = 2          # bytes in flight, times, each window nothing queues until the link was first full
+PROBE = 1.25        # the same once it was: more than the round trip's worth queues for a window
 
 
 class ReadPace:
     """The block stager's requests: their size and how many blocks are read at once, from the
-    rate its requests were delivered at. ``delivered`` after each request, ``idle`` when no
-    block is being read (under the stager's lock)."""
+    rate and the round trip its requests were delivered at. ``delivered`` after each request,
+    ``idle`` when no block is being read (under the stager's lock)."""
 
     def __init__(self, block: int, clock: Callable[[], float] = time.monotonic):
         self.block = block
@@ -48,7 +59,13 @@ class ReadPace:
         self._windows: deque[float] = deque(maxlen=KEPT)
         self._start: float | None = None  # the open window's start (None: idle)
         self._bytes = 0
+        self._requests = 0
+        self._queued = 0.0                # the open window's requests' waits behind others, summed
         self.rate: float | None = None    # bytes/s: the most of the kept windows
+        self.latency: float | None = None  # seconds: the quickest request yet
+        self.in_flight_bytes = REQUESTS * READ_MIN
+        self._full = False                # a window's requests queued: the link was full once
+        self._draining = False            # the last window asked less than before
         self.peak_blocks = REQUESTS
 
     def delivered(self, nbytes: int, seconds: float) -> None:
@@ -57,19 +74,34 @@ class ReadPace:
         if self._start is None:
             self._start = now - seconds  # the read-ahead was idle: the window opens with this request
         self._bytes += nbytes
+        self._requests += 1
+        self.latency = seconds if self.latency is None else min(self.latency, seconds)
+        if self.rate:  # its wait behind others: beyond the round trip and its own bytes' time
+            self._queued += seconds - self.latency - nbytes / self.rate
         if now - self._start >= WINDOW:
-            self._windows.append(self._bytes / (now - self._start))
-            self.rate = max(self._windows)
-            self._start, self._bytes = now, 0
-            self.peak_blocks = max(self.peak_blocks, self.blocks)
+            self._measured(self._bytes / (now - self._start))
+            self.idle()
+            self._start = now
+
+    def _measured(self, rate: float) -> None:
+        """A window's end: its rate, and its requests' mean wait behind others."""
+        queued = self._queued / self._requests if self.rate else 0.0  # (the first window: not known)
+        self._windows.append(rate)
+        self.rate = max(self._windows)
+        hold = self.rate * (self.latency + WAIT)
+        # holding, a request's time at the link is WAIT: its own bytes' and its wait behind others
+        if queued > max(0.0, WAIT - self.request_bytes() / self.rate) / 2:
+            self._full = True
+        elif not self._draining and self._requests >= self.blocks:  # nothing queued, and the bytes were asked
+            hold = max(hold, (PROBE if self._full else GROWTH) * self.in_flight_bytes)
+        hold = int(min(hold, MAX_BLOCKS * self.block))
+        self._draining = hold < self.in_flight_bytes  # the next window's pause says nothing of the link
+        self.in_flight_bytes = hold
+        self.peak_blocks = max(self.peak_blocks, self.blocks)
 
     def idle(self) -> None:
         """No block is being read: the time until the next one says nothing of the link."""
-        self._start, self._bytes = None, 0
-
-    @property
-    def in_flight_bytes(self) -> int:
-        return int(WAIT * self.rate) if self.rate else REQUESTS * READ_MIN
+        self._start, self._bytes, self._requests, self._queued = None, 0, 0, 0.0
 
     @property
     def blocks(self) -> int:
@@ -84,4 +116,5 @@ class ReadPace:
 
     def state(self) -> dict:
         return {"rate_mb_s": round(self.rate / 1e6, 1) if self.rate else None,
+                "latency_ms": round(self.latency * 1e3, 2) if self.latency is not None else None,
                 "request_bytes": self.request_bytes(), "blocks": self.blocks, "peak_blocks": self.peak_blocks}

@@ -1,4 +1,6 @@
-"""The block stager's pace (monarch/node/stage/read_pace.py): requests sized from the rate measured, on a clock of the test's."""
+"""The block stager's pace (monarch/node/stage/read_pace.py): requests sized from the rate and round trip measured, on a link simulated on a clock of the test's."""
+
+import heapq
 
 from monarch.node.stage import read_pace
 from monarch.node.stage.read_pace import READ_MIN, REQUESTS, WAIT, WINDOW, ReadPace
@@ -14,78 +16,160 @@ class Clock:
         return self.now
 
 
-def deliver(pace, clock, rate, seconds, request=None):
-    """The link delivers ``rate`` bytes/s to the read-ahead for ``seconds``, in its requests."""
-    end = clock.now + seconds
-    while clock.now < end:
-        n = request or pace.request_bytes()
-        took = n / rate
-        clock.now += took
-        pace.delivered(n, took)
+class Link:
+    """A PFS as the emulated one is: every request waits ``latency`` (in parallel), then its
+    bytes take their turn on a wire of ``rate`` bytes/s (first come, first served), at most
+    ``servers`` requests at once. The read-ahead keeps ``pace.blocks`` requests going; every
+    ``probe_every`` s an application's read of ``probe`` bytes comes, and its wait beyond the
+    latency and its own bytes is what the read-ahead cost it."""
+
+    def __init__(self, pace, clock, rate, latency=0.0, cost=0.0, servers=10_000, probe=4096, probe_every=0.01):
+        self.pace, self.clock = pace, clock
+        self.rate, self.latency, self.cost, self.servers = rate, latency, cost, servers
+        self.probe, self.probe_every = probe, probe_every
+        self.wire_free = clock.now
+        self.busy: list[float] = []  # when each server serving a request frees
+        self.events: list = []       # (done, seq, bytes or None for a probe, issued)
+        self.seq = 0
+        self.running = 0
+        self.waits: list[tuple[float, float]] = []  # (when, the application's read's wait)
+        self.delivered = 0
+        self.next_probe = clock.now
+
+    def _issue(self, nbytes, probe=False):
+        now = self.clock.now
+        while self.busy and self.busy[0] <= now:
+            heapq.heappop(self.busy)
+        start = now if len(self.busy) < self.servers else heapq.heappop(self.busy)  # a free server
+        on_wire = max(start + self.latency, self.wire_free)
+        self.wire_free = on_wire + nbytes / self.rate
+        done = self.wire_free + self.cost
+        heapq.heappush(self.busy, done)
+        self.seq += 1
+        heapq.heappush(self.events, (done, self.seq, None if probe else nbytes, now))
+        if not probe:
+            self.running += 1
+
+    def run(self, seconds, probes=True):
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            while self.running < self.pace.blocks:
+                self._issue(self.pace.request_bytes())
+            if probes and self.next_probe <= self.events[0][0]:
+                self.clock.now = max(self.clock.now, self.next_probe)
+                self._issue(self.probe, probe=True)
+                self.next_probe += self.probe_every
+                continue
+            done, _, nbytes, issued = heapq.heappop(self.events)
+            self.clock.now = done
+            if nbytes is None:
+                self.waits.append((done, done - issued - self.latency - self.probe / self.rate - self.cost))
+            else:
+                self.running -= 1
+                self.delivered += nbytes
+                self.pace.delivered(nbytes, done - issued)
+
+    def mean_wait(self, since):
+        waits = [w for t, w in self.waits if t >= since]
+        return sum(waits) / len(waits)
+
+
+def steady(rate, latency=0.0, cost=0.0, servers=10_000, warm=3.0, measured=2.0, block=MiB):
+    """The read-ahead's rate and an application's mean wait behind it, after ``warm`` s."""
+    clock = Clock()
+    pace = ReadPace(block, clock)
+    link = Link(pace, clock, rate, latency, cost, servers)
+    link.run(warm)
+    start, before = clock.now, link.delivered
+    link.run(measured)
+    return pace, (link.delivered - before) / (clock.now - start), link.mean_wait(start)
 
 
 def test_before_the_link_is_measured_the_read_ahead_asks_little():
     pace = ReadPace(MiB, Clock())
-    assert pace.rate is None
+    assert pace.rate is None and pace.latency is None
     assert pace.request_bytes() == READ_MIN and pace.blocks == REQUESTS
 
 
-def test_the_bytes_in_flight_are_a_few_milliseconds_of_the_measured_rate():
+def test_the_link_is_filled_and_an_application_waits_a_few_milliseconds_behind_it():
+    for rate in (50e6, 400e6):
+        pace, got, wait = steady(rate)
+        assert got > 0.9 * rate, (rate, got)
+        assert wait < 2 * WAIT, (rate, wait)
+        assert pace.blocks == REQUESTS
+    pace, _, _ = steady(400e6)
+    assert 256 << 10 < pace.request_bytes() < 320 << 10  # 3 ms of 400 MB/s, in four requests
+
+
+def test_a_round_trip_per_request_is_hidden_by_the_bytes_in_flight():
+    """A PFS whose every read call costs 2 or 50 ms: the rate measured at first is the
+    latency's, yet the read-ahead fills the link, and an application's read still waits only
+    a few milliseconds behind it."""
+    for latency in (0.002, 0.05):
+        pace, got, wait = steady(400e6, latency)
+        assert got > 0.85 * 400e6, (latency, got)
+        assert wait < 2 * WAIT, (latency, wait)
+        assert abs(pace.latency - latency) < 0.001
+
+
+def test_a_server_that_serves_few_requests_at_once_is_filled_and_not_flooded():
+    """Ten requests at once at 50 ms each (a server's threads): the rate stops growing with the
+    bytes asked. The read-ahead alone keeps the ten busy; beside an application's reads, which
+    take half of them, its requests do not keep the application's waiting for a round trip."""
     clock = Clock()
     pace = ReadPace(MiB, clock)
-    deliver(pace, clock, 400e6, 1.0)
-    assert abs(pace.rate - 400e6) < 400e6 * 0.02
-    # 3 ms of 400 MB/s in four requests: an application's read waits behind about 3 ms of them
-    assert pace.blocks == REQUESTS
-    assert pace.request_bytes() == int(WAIT * pace.rate) // REQUESTS // 4096 * 4096
-    assert 256 << 10 < pace.request_bytes() < 320 << 10
-    slow = ReadPace(MiB, clock)
-    deliver(slow, clock, 50e6, 1.0)
-    assert slow.request_bytes() == 36 << 10  # 3 ms of 50 MB/s in four requests: 37.5 KB each, in pages
+    link = Link(pace, clock, 400e6, 0.05, servers=10)
+    link.run(5.0, probes=False)
+    start, before = clock.now, link.delivered
+    link.run(2.0, probes=False)
+    assert (link.delivered - before) / (clock.now - start) > 0.8 * 10 * MiB / (0.05 + MiB / 400e6)
+    _, _, wait = steady(400e6, 0.05, servers=10, warm=5.0)
+    assert wait < 0.05 / 2
+
+
+def test_each_request_costing_time_the_read_ahead_grows_from_the_smallest_to_fill_the_link():
+    pace, got, wait = steady(400e6, cost=0.0015)
+    assert got > 0.9 * 400e6
+    assert pace.request_bytes() > 256 << 10
+    assert wait < 2 * WAIT
 
 
 def test_a_faster_link_reads_more_blocks_at_once_each_in_one_request():
-    clock = Clock()
-    pace = ReadPace(MiB, clock)
-    deliver(pace, clock, 4e9, 0.5)
-    assert pace.blocks == -(-int(WAIT * pace.rate) // MiB) > REQUESTS
-    assert 0.9 * MiB < pace.request_bytes() <= MiB
-    fastest = ReadPace(MiB, clock)
-    deliver(fastest, clock, 40e9, 0.5)
+    pace, got, _ = steady(4e9)
+    assert got > 0.9 * 4e9
+    assert pace.blocks > REQUESTS and 0.9 * MiB < pace.request_bytes() <= MiB
+    fastest, _, _ = steady(40e9, warm=1.0, measured=0.5)
     assert fastest.blocks == read_pace.MAX_BLOCKS
 
 
 def test_the_rate_is_the_most_of_the_recent_windows_and_forgets_older_ones():
     clock = Clock()
     pace = ReadPace(MiB, clock)
-    deliver(pace, clock, 400e6, 0.5)
-    deliver(pace, clock, 100e6, 1.0)  # the application takes most of the link for a second
-    assert pace.rate > 390e6           # small requests do not size smaller ones
-    deliver(pace, clock, 100e6, read_pace.KEPT * WINDOW + 0.2)
-    assert pace.rate < 110e6           # but a link that stays slower is measured slower
+    Link(pace, clock, 400e6).run(1.0, probes=False)
+    Link(pace, clock, 100e6).run(1.0, probes=False)  # the application takes most of the link for a second
+    assert pace.rate > 390e6                            # small requests do not size smaller ones
+    Link(pace, clock, 100e6).run(read_pace.KEPT * WINDOW + 0.2, probes=False)
+    assert pace.rate < 110e6                            # but a link that stays slower is measured slower
+
+
+def test_when_the_link_frees_up_the_read_ahead_grows_to_it_again():
+    clock = Clock()
+    pace = ReadPace(MiB, clock)
+    Link(pace, clock, 50e6, 0.05).run(5.0)
+    link = Link(pace, clock, 400e6, 0.05)
+    link.run(3.0)
+    start, before = clock.now, link.delivered
+    link.run(1.0)
+    assert (link.delivered - before) / (clock.now - start) > 0.85 * 400e6
 
 
 def test_time_without_work_is_not_measured_as_a_slow_link():
     clock = Clock()
     pace = ReadPace(MiB, clock)
-    deliver(pace, clock, 400e6, 0.5)
-    rate = pace.rate
+    Link(pace, clock, 400e6).run(0.5, probes=False)
+    rate, in_flight = pace.rate, pace.in_flight_bytes
     pace.idle()
     clock.now += 5.0  # nothing to stage for 5 s
-    deliver(pace, clock, 400e6, WINDOW * 1.5)
-    assert pace.rate >= rate * 0.98 and min(pace._windows) > 390e6
-
-
-def test_the_read_ahead_grows_from_the_smallest_requests_to_the_link_when_each_request_costs_time():
-    """A request costs 2 ms besides its bytes (the client's and the server's work): the rate
-    measured through small requests is low, yet the requests grow until the link is full."""
-    clock = Clock()
-    pace = ReadPace(MiB, clock)
-    link, gap = 400e6, 0.0015
-    while clock.now < 101.5:  # REQUESTS requests at once, each its bytes' time plus the gap
-        n = pace.request_bytes()
-        took = max(n / link + gap, REQUESTS * n / link)
-        clock.now += took / REQUESTS
-        pace.delivered(n, took)
-    assert pace.rate > 0.9 * link
-    assert pace.request_bytes() > 256 << 10
+    Link(pace, clock, 400e6).run(WINDOW * 1.5, probes=False)
+    assert pace.rate >= rate * 0.98 and min(pace._windows) > 380e6
+    assert pace.in_flight_bytes >= in_flight * 0.9
