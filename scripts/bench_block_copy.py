@@ -82,6 +82,18 @@ def make_file(path: Path, size: int, samples: int = 64) -> list[dict[int, str]]:
     return digests
 
 
+def pace_text(run_base: Path) -> str:
+    """The read-ahead's pace as the newest run's report gave it: the rate and round trip it
+    measured, its requests' size x the blocks read at once (the most at once)."""
+    reports = sorted(run_base.glob("**/report.json"), key=lambda r: r.stat().st_mtime)
+    try:
+        pace = json.loads(reports[-1].read_text())["nodes"][0]["staging"]["blocks"]["pace"]
+    except (IndexError, KeyError, TypeError, ValueError, OSError):
+        return "-"
+    return (f"{pace['rate_mb_s']} MB/s, {pace['latency_ms']} ms, {pace['request_bytes'] >> 10} KiB"
+            f" x {pace['blocks']} ({pace['peak_blocks']})")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size-gib", type=float, default=2.0)
@@ -95,7 +107,7 @@ def main(argv=None) -> int:
         return 2
     size = int(args.size_gib * (1 << 30)) >> 20 << 20
     print(f"{size >> 20} MiB at {args.bandwidth:g} MB/s, {args.read_latency_ms:g} ms per read call, a RAM tier that holds it")
-    print(f"  {'mode':<8}{'copy':>8}{'MB/s':>8}{'steps':>7}{'first step':>12}{'job CPU':>9}{'PFS CPU':>9}{'PFS':>7}  windows")
+    print(f"  {'mode':<8}{'copy':>8}{'MB/s':>8}{'steps':>7}{'first step':>12}{'job CPU':>9}{'PFS CPU':>9}{'PFS':>7}  windows  pace at the end")
     with tempfile.TemporaryDirectory(prefix="bench-block-copy-") as tmp, \
             tempfile.TemporaryDirectory(prefix="bench-block-copy-", dir="/dev/shm") as shm:
         work = Path(tmp)
@@ -132,7 +144,8 @@ def main(argv=None) -> int:
                 first = f"{out['first']:.3f}s" if out["first"] is not None else "-"
                 windows = "-" if mode == "alone" else ("OK" if out["bad"] == 0 else f"{out['bad']} WRONG")
                 print(f"  {mode:<8}{out['copy']:>7.2f}s{size / out['copy'] / 1e6:>8.0f}{out['steps']:>7}{first:>12}"
-                      f"{job_cpu:>8.1f}s{pfs_cpu:>8.1f}s{pfs.counters()['bytes'] / size:>6.2f}x  {windows}")
+                      f"{job_cpu:>8.1f}s{pfs_cpu:>8.1f}s{pfs.counters()['bytes'] / size:>6.2f}x  {windows:<7}  "
+                      f"{pace_text(work / 'run')}")
                 shutil.rmtree(tier, ignore_errors=True)
                 if out["bad"]:
                     return 1

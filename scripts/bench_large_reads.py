@@ -13,6 +13,7 @@ the source's.
 
     python3 scripts/bench_large_reads.py                 # 2 GiB, 400 MB/s x 2,000 steps and 50 MB/s x 1,000
     python3 scripts/bench_large_reads.py --bandwidths 400 --readers megatron --tiers full
+    python3 scripts/bench_large_reads.py --bandwidths 400 --steps 500 --read-latency-ms 2
     python3 scripts/bench_large_reads.py --quick         # a smoke run (64 MiB)
 """
 
@@ -110,6 +111,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", default="2000,1000", help="steps at each bandwidth (default 2000,1000)")
     p.add_argument("--readers", default="megatron,nanogpt")
     p.add_argument("--tiers", default="full,half", help="a RAM tier that holds the file, half of it")
+    p.add_argument("--read-latency-ms", type=float, default=0.0,
+                   help="the PFS's latency per read call, besides its bandwidth (default 0)")
     p.add_argument("--cgroup-mib", type=int, default=512, help="the reader's memory cgroup (default 512)")
     p.add_argument("--json", help="write the figures here")
     return parse_with_quick(p, argv, {"size_gib": 1 / 16, "bandwidths": "200", "steps": "40", "cgroup_mib": 128})
@@ -143,11 +146,12 @@ def main(argv=None) -> int:
                 plan = work / f"plan-{bw:g}.npz"
                 make_plan(src, steps_of[bw], 1, plan)
                 with SlowPFS(src.parent.parent, work / f"pfs-{bw:g}", work / f"pfs-{bw:g}.json", open_latency_ms=2,
-                             bandwidth_mbps=bw, page_cache=True) as pfs:
+                             read_latency_ms=args.read_latency_ms, bandwidth_mbps=bw, page_cache=True) as pfs:
                     path = os.path.join(pfs.mountpoint, "data", "tokens.bin")
                     for kind in readers:
                         cmd = [sys.executable, str(reader), path, kind, str(plan)]
-                        row = {"reader": kind, "bandwidth": bw, "steps": steps_of[bw]}
+                        row = {"reader": kind, "bandwidth": bw, "steps": steps_of[bw],
+                               "read_latency_ms": args.read_latency_ms}
                         pfs.reset_counters()
                         row["direct"] = run(cgroup.wrap(cmd), env)
                         row["direct"]["pfs"] = pfs.counters()["bytes"] / size
@@ -187,7 +191,8 @@ def main(argv=None) -> int:
 
 def print_row(row: dict, tiers: list[str]) -> None:
     d, s = row["direct"], row["shm"]
-    print(f"\n{row['reader']}, {row['bandwidth']:g} MB/s, {row['steps']} steps (steps/s: first quarter, last "
+    latency = f", {row['read_latency_ms']:g} ms per read call" if row["read_latency_ms"] else ""
+    print(f"\n{row['reader']}, {row['bandwidth']:g} MB/s{latency}, {row['steps']} steps (steps/s: first quarter, last "
           f"quarter; PFS bytes / file, the emulator's count; CPU s: the reader's, the whole job's)")
     print(f"  {'case':<16}{'first step':>11}{'whole job':>11}{'x direct':>9}{'q1':>9}{'q4':>9}{'PFS':>7}"
           f"{'CPU s':>7}{'job CPU':>8}  windows")
