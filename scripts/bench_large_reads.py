@@ -172,7 +172,9 @@ def main(argv=None) -> int:
                             if not report.exists():
                                 raise SystemExit(f"monarch run wrote no report: Monarch was not active\n{m['stderr']}")
                             m["pfs"] = pfs.counters()["bytes"] / size
-                            m["blocks"] = json.loads(report.read_text()).get("blocks")
+                            doc = json.loads(report.read_text())
+                            m["blocks"] = doc.get("blocks")
+                            m["pace"] = ((doc.get("nodes") or [{}])[0].get("staging") or {}).get("blocks", {}).get("pace")
                             row[tier] = m
                             shutil.rmtree(base, ignore_errors=True)
                         rows.append(row)
@@ -208,6 +210,11 @@ def print_row(row: dict, tiers: list[str]) -> None:
             print(f"  monarch, {t}: partly staged {b['partly_staged_bytes'] / 2**20:.0f} of "
                   f"{b['partly_staged_of_bytes'] / 2**20:.0f} MiB; {r.get('remapped_bytes', 0) / 2**20:.0f} MiB of "
                   f"mappings moved onto the copy, {r.get('opens', 0)} opens while staging")
+        pace = row[t].get("pace")
+        if pace:
+            print(f"  monarch, {t}: the read-ahead at the end: {pace['rate_mb_s']} MB/s, round trip {pace['latency_ms']} ms, "
+                  f"{pace['request_bytes'] >> 10} KiB x {pace['blocks']} blocks (most {pace['peak_blocks']}), "
+                  f"faults read {'around' if pace.get('readaround') else 'pages'}")
 
 
 def print_targets(rows: list[dict], tiers: list[str]) -> None:

@@ -44,6 +44,7 @@ struct monarch_mapping {
     unsigned part;            /* index + 1 */
     uint8_t *moved;           /* a bit per block of the range: mapped from the copy */
     uint64_t first, last;     /* the blocks the range covers */
+    int random;               /* the shim advised MADV_RANDOM on it (until the map says read around) */
 };
 
 static struct monarch_part monarch_parts[MONARCH_MAX_PARTS];
@@ -420,8 +421,13 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
                                   .part = part, .moved = moved, .first = first, .last = last};
     __atomic_store_n(&monarch_nmappings, monarch_nmappings + 1, __ATOMIC_RELEASE);
     /* a fault of the PFS's pages reads what the application touches, not the kernel's read-ahead
-     * (128 KiB and more for a 2 KiB window): the daemon's blocks are the read-ahead */
-    madvise(p, len, MADV_RANDOM);
+     * (128 KiB and more for a 2 KiB window): the daemon's blocks are the read-ahead. Unless the
+     * daemon found the PFS's round trip long (the map's readaround): then the read-around of
+     * one fault is quicker than a second fault for a window across two pages. */
+    if (!__atomic_load_n(&pt->hdr->readaround, __ATOMIC_ACQUIRE)) {
+        madvise(p, len, MADV_RANDOM);
+        m->random = 1;
+    }
     if (monarch_mapping_move_locked(m, 0))
         monarch_mapping_free_locked(m);
     else
@@ -457,6 +463,10 @@ static void *monarch_remapper_main(void *arg)
             if (!m->addr)
                 continue;
             before++;
+            if (m->random && __atomic_load_n(&monarch_parts[m->part - 1].hdr->readaround, __ATOMIC_ACQUIRE)) {
+                madvise((void *)m->addr, m->len, MADV_NORMAL); /* (the ranges moved already: the copy's) */
+                m->random = 0;
+            }
             if (monarch_mapping_move_locked(m, 1))
                 monarch_mapping_free_locked(m);
             else

@@ -128,8 +128,8 @@
 #define MONARCH_BLOCKS_DIR ".blocks"
 #define MONARCH_BLOCKMAP_DIR ".blockmap"
 #define MONARCH_BLOCKMAP_MAGIC 0x50414D4B434F4C42ULL /* "BLOCKMAP" */
-#define MONARCH_BLOCKMAP_VERSION 1
-#define MONARCH_BLOCKMAP_HEADER_SIZE 48
+#define MONARCH_BLOCKMAP_VERSION 2
+#define MONARCH_BLOCKMAP_HEADER_SIZE 56
 #define MONARCH_BLOCK_ABSENT 0
 #define MONARCH_BLOCK_WANTED 1
 #define MONARCH_BLOCK_STAGED 2
@@ -141,6 +141,7 @@ struct monarch_blockmap_header {
     int64_t mtime_ns;
     uint64_t blocks;               /* state bytes after the header */
     uint64_t done;                 /* nonzero once the daemon stages no more of it (whole, out of room, failed) */
+    uint64_t readaround;           /* nonzero: the PFS's round trip is long, a fault of a mapping reads around */
 };
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */

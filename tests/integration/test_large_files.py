@@ -21,8 +21,8 @@ MiB = 1 << 20
 
 # Shared by the readers below: the source to check against, the block map of the copy (found
 # in the tier base), the emulated PFS's own byte count.
-COMMON = r"""
-import glob, hashlib, json, mmap, os, random, struct, sys, threading, time
+COMMON = f"HEADER_SIZE, DONE_OFFSET = {blocks.BLOCKMAP_HEADER.size}, {blocks.BLOCKMAP_DONE_OFFSET}\n" + r"""
+import glob, hashlib, json, mmap, os, random, re, struct, sys, threading, time
 path, src_path, tier_base, pfs_counters = sys.argv[1:5]
 src = os.open(src_path, os.O_RDONLY)
 size = os.fstat(src).st_size
@@ -36,8 +36,8 @@ def block_map():
         return None, None
     with open(found[0], "rb") as f:
         raw = f.read()
-    done = struct.unpack_from("<Q", raw, 40)[0]
-    return raw[48:], done
+    done = struct.unpack_from("<Q", raw, DONE_OFFSET)[0]
+    return raw[HEADER_SIZE:], done
 
 def staged():
     states, _ = block_map()
@@ -59,14 +59,15 @@ def pfs_bytes():
 """
 
 
-def setup_case(short_tmp, slow_pfs, size, bandwidth, capacity, name="tok.bin"):
+def setup_case(short_tmp, slow_pfs, size, bandwidth, capacity, name="tok.bin", read_latency_ms=0.0):
     src = os.path.join(short_tmp, "src", "data")
     os.makedirs(src)
     with open(os.path.join(src, name), "wb") as f:
         for _ in range(size // MiB):
             f.write(os.urandom(MiB))
         f.write(os.urandom(size % MiB))
-    pfs = slow_pfs(os.path.dirname(src), open_latency_ms=2, bandwidth_mbps=bandwidth, page_cache=True)
+    pfs = slow_pfs(os.path.dirname(src), open_latency_ms=2, read_latency_ms=read_latency_ms, bandwidth_mbps=bandwidth,
+                   page_cache=True)
     root = os.path.join(str(pfs.mountpoint), "data")
     tier_base = f"/dev/shm{short_tmp}/ram"
     cfg = os.path.join(short_tmp, "c.yaml")
@@ -154,6 +155,44 @@ def test_a_mapping_made_before_the_copy_is_read_from_the_local_copy_afterwards(s
     assert out["pfs_during"] == 0, out  # the reader went on (the whole file, 3000 windows), the PFS did not
     assert out["moved"] >= size, out  # the mapping's pages are the copy's (/proc/self/maps)
     assert rep["blocks"]["read"]["remapped_bytes"] >= size
+
+
+ADVICE = r"""
+fd = os.open(path, os.O_RDONLY)
+m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+os.close(fd)
+rng = random.Random(3)
+bad = 0
+deadline = time.monotonic() + 0.5
+while time.monotonic() < deadline:
+    o = rng.randrange(0, size - 2050)
+    bad += m[o:o + 2050] != want(o, 2050)
+    time.sleep(0.01)
+# the kernel's advice ("rr": MADV_RANDOM) on the mapping's ranges still on the PFS's file
+random_read, on_pfs = [], False
+for line in open("/proc/self/smaps"):
+    if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+        on_pfs = line.rstrip().endswith(path)
+    elif line.startswith("VmFlags:") and on_pfs:
+        random_read.append("rr" in line.split()[1:])
+print(json.dumps({"bad": bad, "random_read": random_read, "staged": staged()}))
+"""
+
+
+@pytest.mark.parametrize("read_latency_ms, random_read", [(0, True), (20, False)], ids=["quick-pfs", "long-round-trip"])
+def test_a_mappings_faults_read_pages_on_a_quick_pfs_and_around_on_a_long_round_trip(short_tmp, slow_pfs,
+                                                                                     read_latency_ms, random_read):
+    """On the PFS's pages a fault reads the page (the daemon's blocks are the read-ahead), but
+    on a PFS whose every read call costs 20 ms a 2 KiB window across two pages would pay two
+    round trips: there the kernel's read-around stays."""
+    size = 64 * MiB  # 4 s at 16 MB/s: mapped while most of it is on the PFS
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 16, "1GiB", read_latency_ms=read_latency_ms)
+    out, rep, _ = run_reader(short_tmp, cfg, ADVICE, path, src, tier_base, pfs)
+    assert out["bad"] == 0, out
+    assert out["random_read"] and out["staged"][0] < out["staged"][1], out  # ranges still on the PFS
+    assert set(out["random_read"]) == {random_read}, out
+    pace = rep["nodes"][0]["staging"]["blocks"]["pace"]
+    assert pace["readaround"] is not random_read, pace
 
 
 PARTLY = r"""
@@ -267,8 +306,9 @@ def test_every_reader_family_reads_the_sources_bytes_while_blocks_arrive(short_t
 
 def test_the_block_map_header_is_what_the_shim_reads():
     """blocks.BLOCKMAP_HEADER packs the C struct monarch_blockmap_header (its size: test_wire)."""
-    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1)
+    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3)
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_DONE_OFFSET)[0] == 1
+    assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_READAROUND_OFFSET)[0] == 3
     assert raw[:8] == b"BLOCKMAP"
 
 

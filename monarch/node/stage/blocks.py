@@ -55,9 +55,10 @@ __all__ = ["BLOCK", "BLOCKS_MIN", "BlockFile", "BlockStager"]
 # BLOCKS_DIR, BLOCKMAP_DIR (node/tiers/tiers.py): the copy, the source's size, blocks in any order;
 # its map: BLOCKMAP_HEADER, then a state byte per block
 BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
-BLOCKMAP_VERSION = 1
-BLOCKMAP_HEADER = struct.Struct("<QIIQqQQ")  # magic, version, block_shift, size, mtime_ns, blocks, done
+BLOCKMAP_VERSION = 2
+BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQ")  # magic, version, block_shift, size, mtime_ns, blocks, done, readaround
 BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
+BLOCKMAP_READAROUND_OFFSET = 48  # "readaround": nonzero once the PFS's round trip is long (ReadPace.readaround)
 BLOCK_ABSENT = 0
 BLOCK_WANTED = 1  # the shim read it from the PFS: staged next
 BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
@@ -111,7 +112,7 @@ class BlockFile:
             raise
         self.copy_fd = fd
         header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT,
-                                               self.info.size, self.info.mtime_ns, self.blocks, 0)
+                                      self.info.size, self.info.mtime_ns, self.blocks, 0, 0)
         write_file_atomically(self.map_path, [header, bytes(self.blocks)], 0o600)
         mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -152,6 +153,12 @@ class BlockFile:
         self.done = True
         if self._map is not None:
             self._map[BLOCKMAP_DONE_OFFSET:BLOCKMAP_DONE_OFFSET + 8] = (1).to_bytes(8, "little")
+
+    def read_around(self) -> None:
+        """Say in the map that a fault of a mapping of the PFS's file should read around
+        (the shim lets the kernel's read-around be: a round trip costs more than its bytes)."""
+        if self._map is not None:
+            self._map[BLOCKMAP_READAROUND_OFFSET:BLOCKMAP_READAROUND_OFFSET + 8] = (1).to_bytes(8, "little")
 
     def close(self) -> None:
         for fd in (self.copy_fd, self.source_fd):
@@ -212,6 +219,8 @@ class BlockStager:
                 return self.files.get(key) if key in self.files else None
             bf.asked = asked
             self.files[key] = bf
+            if self.pace.readaround:
+                bf.read_around()
             self._active.append(bf)
             self._wake_locked()
         return bf
@@ -311,7 +320,11 @@ class BlockStager:
                 got += n
                 with self.books.lock:
                     self.books.bytes_read["pfs"] += n
+                    slow_before = self.pace.readaround
                     self.pace.delivered(n, time.monotonic() - t0)
+                    if self.pace.readaround and not slow_before:
+                        for other in self.files.values():
+                            other.read_around()
             if got > want:
                 raise SourceChanged(errno.ESTALE, f"longer than the {bf.info.size} bytes the snapshot saw")
             if not bf.direct:  # the client cached what was read: the node's memory is the tier's

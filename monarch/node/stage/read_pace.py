@@ -13,10 +13,11 @@ about ``WAIT`` of it, at any rate and any latency.
   least one request) while it had work, the most of the last 2 s. The most, because the
   application's own reads take part of the link for a while; a link that stays slower for 2 s
   is measured slower.
-- L is the quickest request yet: a request alone takes the round trip (and its bytes' time),
-  and one queued behind others takes longer. Only the quickest is free of the read-ahead's own
-  queue, so any later, longer measure would let the queue grow itself. A link whose latency
-  rises later is then under-filled: the safe side.
+- L is the quickest request yet, less its bytes' time at R: a request alone takes the round
+  trip and its bytes' time, and one queued behind others takes longer. Only the quickest is
+  free of the read-ahead's own queue, so any later, longer measure would let the queue grow
+  itself. A link whose latency rises later is then under-filled: the safe side. (Its bytes'
+  time at the R of now: R measured early, through few bytes in flight, is too low.)
 - While nothing queues, the link has room for more: the bytes in flight double every window
   (``GROWTH``, as a TCP slow start does; ``PROBE``, a quarter more, once the link was found
   full). R measured on a link not yet full is the round trip's, not the link's, and
@@ -30,6 +31,14 @@ about ``WAIT`` of it, at any rate and any latency.
   one's start, and every request costs CPU on both sides.
 
 Before the first window the requests are ``READ_MIN``: yield first.
+
+The round trip also decides how an application's fault of a mapping of the PFS's file reads
+(``readaround``): one page (the shim's MADV_RANDOM: the read-ahead is the daemon's) or the
+kernel's read-around of 128 KiB. A 2 KiB window straddles two pages half the time, so reading
+pages costs half a round trip more per window on the mean; reading around costs 124 KiB more of
+the link, at most 2.5 ms at 50 MB/s. From a round trip of ``READAROUND`` (5 ms), reading around
+is the quicker; it is said once the first window measured the rate (a request's time on a slow
+link is its bytes', not a round trip).
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ WINDOW = 0.1        # the rate's measuring window
 KEPT = 20           # windows whose most is the rate: the last 2 s
 GROWTH = 2          # bytes in flight, times, each window nothing queues until the link was first full
 PROBE = 1.25        # the same once it was: more than the round trip's worth queues for a window
+READAROUND = 0.005  # a round trip from which an application's fault reads around (the kernel's 128 KiB)
 
 
 class ReadPace:
@@ -62,7 +72,7 @@ class ReadPace:
         self._requests = 0
         self._queued = 0.0                # the open window's requests' waits behind others, summed
         self.rate: float | None = None    # bytes/s: the most of the kept windows
-        self.latency: float | None = None  # seconds: the quickest request yet
+        self._quickest: tuple[float, int] | None = None  # the quickest request yet: seconds, bytes
         self.in_flight_bytes = REQUESTS * READ_MIN
         self._full = False                # a window's requests queued: the link was full once
         self._draining = False            # the last window asked less than before
@@ -75,7 +85,8 @@ class ReadPace:
             self._start = now - seconds  # the read-ahead was idle: the window opens with this request
         self._bytes += nbytes
         self._requests += 1
-        self.latency = seconds if self.latency is None else min(self.latency, seconds)
+        if self._quickest is None or seconds < self._quickest[0]:
+            self._quickest = (seconds, nbytes)
         if self.rate:  # its wait behind others: beyond the round trip and its own bytes' time
             self._queued += seconds - self.latency - nbytes / self.rate
         if now - self._start >= WINDOW:
@@ -104,6 +115,19 @@ class ReadPace:
         self._start, self._bytes, self._requests, self._queued = None, 0, 0, 0.0
 
     @property
+    def latency(self) -> float | None:
+        """Seconds: the link's round trip, the quickest request yet less its bytes' time."""
+        if self._quickest is None:
+            return None
+        seconds, nbytes = self._quickest
+        return max(0.0, seconds - nbytes / self.rate) if self.rate else seconds
+
+    @property
+    def readaround(self) -> bool:
+        """Is the round trip long enough that a fault of a mapping should read around?"""
+        return self.rate is not None and self.latency >= READAROUND  # (a slow link's bytes are not a round trip)
+
+    @property
     def blocks(self) -> int:
         """Blocks read at once."""
         return min(MAX_BLOCKS, max(REQUESTS, -(-self.in_flight_bytes // self.block)))
@@ -117,4 +141,5 @@ class ReadPace:
     def state(self) -> dict:
         return {"rate_mb_s": round(self.rate / 1e6, 1) if self.rate else None,
                 "latency_ms": round(self.latency * 1e3, 2) if self.latency is not None else None,
+                "readaround": self.readaround,
                 "request_bytes": self.request_bytes(), "blocks": self.blocks, "peak_blocks": self.peak_blocks}

@@ -173,3 +173,19 @@ def test_time_without_work_is_not_measured_as_a_slow_link():
     Link(pace, clock, 400e6).run(WINDOW * 1.5, probes=False)
     assert pace.rate >= rate * 0.98 and min(pace._windows) > 380e6
     assert pace.in_flight_bytes >= in_flight * 0.9
+
+
+def test_a_long_round_trip_lets_a_mappings_faults_read_around_from_the_first_request():
+    """A fault reads a page (MADV_RANDOM) on a quick link, the kernel's read-around on one whose
+    round trip is READAROUND or more: said once the first window measured the rate, and not
+    for a slow link whose requests take long for their bytes."""
+    for rate, latency, around in ((400e6, 0.0, False), (400e6, 0.002, False), (400e6, 0.006, True),
+                                  (400e6, 0.05, True), (2e6, 0.0, False), (2e6, 0.05, True)):
+        clock = Clock()
+        pace = ReadPace(MiB, clock)
+        Link(pace, clock, rate, latency).run(2 * WINDOW + 2 * latency, probes=False)
+        assert pace.readaround == around and pace.state()["readaround"] == around, (rate, latency)
+    pace = ReadPace(MiB, Clock())
+    pace.delivered(READ_MIN, 0.05)
+    assert pace.latency == 0.05 and not pace.readaround  # (no rate yet: a slow link's, or a round trip?)
+    assert read_pace.READAROUND == 0.005
