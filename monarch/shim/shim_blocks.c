@@ -464,7 +464,9 @@ static void *monarch_remapper_main(void *arg)
                 continue;
             before++;
             if (m->random && __atomic_load_n(&monarch_parts[m->part - 1].hdr->readaround, __ATOMIC_ACQUIRE)) {
-                madvise((void *)m->addr, m->len, MADV_NORMAL); /* (the ranges moved already: the copy's) */
+                /* (the ranges moved already are the copy's; advice the application gave after its
+                 * mmap goes too: only the PFS's pages' speed depends on it, never their bytes) */
+                madvise((void *)m->addr, m->len, MADV_NORMAL);
                 m->random = 0;
             }
             if (monarch_mapping_move_locked(m, 1))
