@@ -34,6 +34,7 @@ import psutil  # noqa: E402
 
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
 from cpuwatch import children_cpu  # noqa: E402
+from monarch.node.stage.read_pace import describe  # noqa: E402
 from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 COMMAND = r"""
@@ -87,11 +88,9 @@ def pace_text(run_base: Path) -> str:
     measured, its requests' size x the blocks read at once (the most at once)."""
     reports = sorted(run_base.glob("**/report.json"), key=lambda r: r.stat().st_mtime)
     try:
-        pace = json.loads(reports[-1].read_text())["nodes"][0]["staging"]["blocks"]["pace"]
+        return describe(json.loads(reports[-1].read_text())["nodes"][0]["staging"]["blocks"]["pace"])
     except (IndexError, KeyError, TypeError, ValueError, OSError):
         return "-"
-    return (f"{pace['rate_mb_s']} MB/s, {pace['latency_ms']} ms, {pace['request_bytes'] >> 10} KiB"
-            f" x {pace['blocks']} ({pace['peak_blocks']})")
 
 
 def main(argv=None) -> int:

@@ -36,6 +36,7 @@ sys.path[:0] = [str(REPO)]
 
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
 from memory_cgroup import MemoryCgroup  # noqa: E402
+from monarch.node.stage.read_pace import describe  # noqa: E402
 from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
 
 WINDOW = 1025     # tokens (uint16) per window: a context of 1,024 and its next token
@@ -212,8 +213,7 @@ def print_row(row: dict, tiers: list[str]) -> None:
                   f"mappings moved onto the copy, {r.get('opens', 0)} opens while staging")
         pace = row[t].get("pace")
         if pace:
-            print(f"  monarch, {t}: the read-ahead at the end: {pace['rate_mb_s']} MB/s, round trip {pace['latency_ms']} ms, "
-                  f"{pace['request_bytes'] >> 10} KiB x {pace['blocks']} blocks (most {pace['peak_blocks']}), "
+            print(f"  monarch, {t}: the read-ahead at the end: {describe(pace)}, "
                   f"faults read {'around' if pace.get('readaround') else 'pages'}")
 
 

@@ -139,7 +139,15 @@ class ReadPace:
         return max(READ_MIN, min(self.block, share))
 
     def state(self) -> dict:
+        """The report's ``staging.blocks.pace`` (``describe`` says it in a line)."""
         return {"rate_mb_s": round(self.rate / 1e6, 1) if self.rate else None,
                 "latency_ms": round(self.latency * 1e3, 2) if self.latency is not None else None,
                 "readaround": self.readaround,
                 "request_bytes": self.request_bytes(), "blocks": self.blocks, "peak_blocks": self.peak_blocks}
+
+
+def describe(state: dict) -> str:
+    """A pace as ``state`` gave it, in a line: the rate and round trip measured, the requests'
+    size x the blocks read at once (the most at once)."""
+    return (f"{state['rate_mb_s']} MB/s, {state['latency_ms']} ms, {state['request_bytes'] >> 10} KiB"
+            f" x {state['blocks']} ({state['peak_blocks']})")
