@@ -42,6 +42,15 @@ STOP_TIMEOUT = 30.0            # `monarch stop`: the daemon answers STOP once it
 MAX_ENV_VALUE = 1 << 16
 MAX_DIFFERENCES_SAID = 3       # keys named when a daemon serves another configuration (one line)
 
+# ``python -m MODULE`` as Monarch starts it: the working directory is not searched (``-m`` and ``-c``
+# put it first on sys.path, where a ``monarch/`` folder of the user's would shadow this package),
+# and ``monarch`` is imported from where this process imported it, whatever PYTHONPATH says (on
+# Python 3.9 and later: ``-P`` is 3.11's; ``-I`` would drop PYTHONPATH, which HPC modules set)
+_BOOT = ("import runpy, sys\n"
+         "if sys.path[:1] == ['']: del sys.path[0]\n"
+         "sys.path.insert(0, {root!r}); import monarch; del sys.path[0]\n"
+         "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
+
 
 class Session:
     """One launcher's attachment to a daemon (an open connection), checked before it is trusted."""
@@ -197,6 +206,15 @@ def _start_lock(run_dir: str):
         os.close(fd)
 
 
+def python_command(module: str) -> list[str]:
+    """The command line of ``python -m module`` running this very package (the one this process
+    imported: the installed one, or a checkout's under its tests), never a ``monarch/`` of the
+    working directory: the embedded daemon, the demo's workload and tools are started with it."""
+    import monarch
+    root = os.path.dirname(os.path.dirname(os.path.abspath(monarch.__file__)))
+    return [sys.executable, "-c", _BOOT.format(root=root, module=module)]
+
+
 def start(config: Config, run: str) -> tuple[Session, subprocess.Popen | None]:
     """Attach to the run's daemon on this node, starting an embedded one if none runs yet (the
     process is returned only when this launcher started it: ``wait_stopped`` waits for it).
@@ -213,7 +231,7 @@ def start(config: Config, run: str) -> tuple[Session, subprocess.Popen | None]:
             session.close()
             raise DaemonError(f"the run's daemon at {socket_path} serves another configuration; "
                               "give this job its own MONARCH_JOB_ID")
-        cmd = [sys.executable, "-m", "monarch", *(["-vv"] if log.isEnabledFor(logging.DEBUG) else []),
+        cmd = [*python_command("monarch"), *(["-vv"] if log.isEnabledFor(logging.DEBUG) else []),
                "serve", "--embedded"]
         # the daemon expands the configuration with the launcher's run id, whatever its parents
         env = _without_shim(os.environ) | {topology.ENV_RUN_ID: run}

@@ -20,6 +20,7 @@ import sys
 import tempfile
 from contextlib import ExitStack
 
+from monarch.launch.service import python_command
 from monarch.sizes import human
 
 OPEN_LATENCY_MS = 4.0  # what an open costs on the emulated PFS: a busy metadata server's round trip
@@ -30,28 +31,28 @@ def demo(directory: str | None, files: int, epochs: int, workers: int,
     own = directory is None
     base = tempfile.mkdtemp(prefix="monarch-demo-") if own else os.path.abspath(directory)
     source, manifest = os.path.join(base, "dataset"), os.path.join(base, "manifest.json")
-    py = sys.executable
     try:
         if not os.path.exists(manifest):
             print(f"demo: making {files} files under {source}", flush=True)
-            subprocess.run([py, "-m", "monarch.tools.workload", "make", source, "--files", str(files),
+            subprocess.run([*python_command("monarch.tools.workload"), "make", source, "--files", str(files),
                             "--manifest", manifest], check=True)
         with ExitStack() as stack:
             pfs = _mount(stack, source, base, open_latency_ms) if open_latency_ms > 0 else None
             data = pfs.mountpoint if pfs is not None else source
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="monarch-demo-epochs-"))
-            read = [py, "-m", "monarch.tools.workload", "read", data, "--epochs", str(epochs),
-                    "--workers", str(workers), "--manifest", manifest]
+            args = ["read", data, "--epochs", str(epochs), "--workers", str(workers), "--manifest", manifest]
+            read = [*python_command("monarch.tools.workload"), *args]
             direct_json, monarch_json = os.path.join(scratch, "direct.json"), os.path.join(scratch, "monarch.json")
-            print("demo: reading directly (no Monarch): " + " ".join(read[1:]), flush=True)
+            print("demo: reading directly (no Monarch): " + "-m monarch.tools.workload " + " ".join(args), flush=True)
             direct = subprocess.run([*read, "--json", direct_json]).returncode
             direct_pfs = _pfs_bytes(pfs)
             if pfs is not None:
                 pfs.reset_counters()
             env = dict(os.environ, MONARCH_DATASET=data, MONARCH_JOB_ID=f"demo-{os.getpid()}")
             # the report goes to the run directory (the default), so it outlives the demo dataset
-            cmd = [py, "-m", "monarch", "run", "--", *read, "--json", monarch_json]
-            print("demo: the same under Monarch: monarch " + " ".join(cmd[3:]), flush=True)
+            cmd = [*python_command("monarch"), "run", "--", *read, "--json", monarch_json]
+            print("demo: the same under Monarch: monarch run -- -m monarch.tools.workload " + " ".join(args),
+                  flush=True)
             code = subprocess.run(cmd, env=env).returncode
             monarch_pfs = _pfs_bytes(pfs)
             from monarch.launch.cache import drop_dataset
