@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 
 from monarch.launch.service import python_command
@@ -44,7 +45,9 @@ def demo(directory: str | None, files: int, epochs: int, workers: int,
             read = [*python_command("monarch.tools.workload"), *args]
             direct_json, monarch_json = os.path.join(scratch, "direct.json"), os.path.join(scratch, "monarch.json")
             print("demo: reading directly (no Monarch): " + "-m monarch.tools.workload " + " ".join(args), flush=True)
+            started = time.monotonic()
             direct = subprocess.run([*read, "--json", direct_json]).returncode
+            direct_wall = time.monotonic() - started
             direct_pfs = _pfs_bytes(pfs)
             if pfs is not None:
                 pfs.reset_counters()
@@ -53,14 +56,16 @@ def demo(directory: str | None, files: int, epochs: int, workers: int,
             cmd = [*python_command("monarch"), "run", "--", *read, "--json", monarch_json]
             print("demo: the same under Monarch: monarch run -- -m monarch.tools.workload " + " ".join(args),
                   flush=True)
+            started = time.monotonic()
             code = subprocess.run(cmd, env=env).returncode
+            monarch_wall = time.monotonic() - started
             monarch_pfs = _pfs_bytes(pfs)
             from monarch.launch.cache import drop_dataset
             drop_dataset([data])  # the demo's copies go with its dataset, not after staging.linger
             sys.stderr.flush()
             pfs_read = None if pfs is None else (direct_pfs, monarch_pfs, _dataset_bytes(manifest))
             print(summary(_epochs(direct_json), _epochs(monarch_json), files_in(manifest), pfs_read,
-                          open_latency_ms if pfs is not None else None), flush=True)
+                          open_latency_ms if pfs is not None else None, (direct_wall, monarch_wall)), flush=True)
         return code or direct
     finally:
         if own:
@@ -116,10 +121,12 @@ def _epochs(path: str) -> list[dict]:
 
 def summary(direct: list[dict], monarch: list[dict], files: int,
             pfs_read: tuple[int | None, int | None, int] | None = None,
-            open_latency_ms: float | None = None) -> str:
+            open_latency_ms: float | None = None, walls: tuple[float, float] | None = None) -> str:
     """The demo's last words: whether every byte read matched the manifest, each epoch's time
-    read directly beside the time under Monarch, and (``pfs_read``: bytes the emulated PFS
-    served directly, under Monarch, and the dataset's bytes) the PFS traffic of each."""
+    read directly beside the time under Monarch, each command's wall time (``walls``: launch to
+    exit, directly and under ``monarch run``, so that a wait before the first epoch shows), and
+    (``pfs_read``: bytes the emulated PFS served directly, under Monarch, and the dataset's
+    bytes) the PFS traffic of each."""
     lines = ["", "== demo =="]
     for name, runs in (("directly", direct), ("under Monarch", monarch)):
         reads = sum(e["samples"] for e in runs)
@@ -139,8 +146,15 @@ def summary(direct: list[dict], monarch: list[dict], files: int,
         gain = f"{seconds[0] / seconds[1]:.1f}x" if None not in seconds and seconds[1] > 0 else "-"
         number = next(runs[i]["epoch"] for runs in (direct, monarch) if i < len(runs))  # as the workload printed it
         lines.append(f"{number:<8}{cells[0]:>10}{cells[1]:>10}{gain:>10}")
+    if walls is not None:
+        cells = [f"{w:.2f} s" for w in walls]
+        gain = f"{walls[0] / walls[1]:.1f}x" if walls[1] > 0 else "-"
+        lines.append(f"{'command':<8}{cells[0]:>10}{cells[1]:>10}{gain:>10}")
     lines.append("(epoch 0 is the cold first one, as the workload numbers them above: Monarch reads the PFS "
                  "while the command does; the later ones are read from its tiers)")
+    if walls is not None:
+        lines.append("(command: the whole command's wall time, launch to exit: the interpreter, and under Monarch "
+                     "the launcher, its daemon's start, the snapshot and the report too, beside the epochs)")
     if pfs_read is None:
         lines.append("(the demo dataset is on this machine's disk, in its page cache: direct reads are already "
                      "fast here; on a PFS each direct open pays its latency, and Monarch's later epochs do not)")
