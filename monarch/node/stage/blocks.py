@@ -14,6 +14,13 @@ tier that holds it, else as many blocks as the roomiest raw tier holds (the file
 staged, those blocks pinned like any copy). A whole file is published at the path the shim
 probes (a hard link to the copy), so later opens are plain descriptors of it.
 
+In a tier shared by the user's jobs (``shared_tier.py``) what the set holds of a file is
+settled under the file's claim before a job stages it: a whole copy of this job's file is
+booked; a block copy a live job stages is served as it fills (that job holds a lock on the
+copy while it stages); a complete one a gone job left is published; anything else of the
+key (another version of the file, whole or by blocks, or a gone job's unfinished blocks) is
+removed, its room given back, and the file staged anew.
+
 Correct bytes first: a block is STAGED only once its bytes are in the copy; the source is
 read only while it is the file the snapshot saw (size, mtime); each block is read from the
 PFS once. How much is asked of the PFS at once is ``ReadPace``'s: a few milliseconds of the
@@ -105,6 +112,7 @@ class BlockFile:
             make_dirs_below(self.tier.path, os.path.dirname(path))
         fd = create_exclusive(self.path, owner_only(self.info.mode))
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while this job may stage it (close)
             os.ftruncate(fd, self.info.size)
         except BaseException:
             os.close(fd)
@@ -401,7 +409,9 @@ class BlockStager:
             os.utime(bf.copy_fd, ns=(info.mtime_ns, info.mtime_ns))
             dest = tier.path_for(bf.key)
             make_dirs_below(tier.path, os.path.dirname(dest))
-            os.link(bf.path, dest)
+            replaced = _link_over(bf.path, dest)
+            if replaced is not None and isinstance(tier, SharedTier):  # another version, put there meanwhile
+                tier.shared.give(tier.allocated(replaced.st_size))
         except OSError as e:
             log.warning("publishing %s (staged by blocks) failed: %s; its blocks are still served", bf.key, e)
             return
@@ -413,9 +423,65 @@ class BlockStager:
 
     # -- room ----------------------------------------------------------------------------------
     def _make(self, key: str, info: FileInfo) -> BlockFile | None:
+        """``key``'s block file (None: none). In shared tiers, under the key's claim: what the
+        set holds of it is settled first (``_settle``), then room is taken."""
+        raw = [t for t in self.books.tiers if t.codec is None]
+        shared = [t for t in raw if isinstance(t, SharedTier)]
+        if not shared:
+            return self._place(key, info, raw)
+        with shared[0].shared.claim(key) as held:  # the set's claims, as claim_for_copy's
+            if not held:
+                return None  # another job held it past the wait: this open reads the PFS
+            for tier in shared:
+                found = self._settle(tier, key, info)
+                if found == "whole":
+                    return None  # booked: the shim's probe finds the copy
+                if found == "borrow":
+                    bf = BlockFile(key, info, tier, 0, 0)
+                    bf.borrowed, bf.done = True, True
+                    return bf
+            return self._place(key, info, raw)
+
+    def _settle(self, tier: SharedTier, key: str, info: FileInfo) -> str | None:
+        """What the shared set in ``tier`` holds of ``key`` (its claim held): "whole" (a copy of
+        this job's file at the key, booked now: published here if a gone job left it complete by
+        blocks), "borrow" (a live job stages it by blocks: served as its blocks come, the shim
+        checking the map against this job's snapshot), None: stage it. What the set held of
+        another version of the file, whole or by blocks, goes with its room (said as
+        re-staged), and so do blocks a gone job left unfinished."""
+        dest = tier.path_for(key)
+        copy, bmap = os.path.join(tier.path, BLOCKS_DIR, key), os.path.join(tier.path, BLOCKMAP_DIR, key)
+        whole = tier.matching(key, info)
+        blocks, complete, live = _block_copy(copy, bmap, info)
+        if whole or (blocks == "same" and complete and not live):
+            if not whole:  # a gone job's complete blocks of this file: published in place of any other copy
+                try:
+                    os.utime(copy, ns=(info.mtime_ns, info.mtime_ns), follow_symlinks=False)
+                    _link_over(copy, dest)
+                except OSError as e:
+                    log.warning("publishing %s (staged by blocks by another job) failed: %s", key, e)
+                    return "borrow"
+            with self.books.lock:
+                if self.books.is_dirty(key) or self.books.closed:
+                    return "whole"
+                if self.books.staged.get(key) is not tier:
+                    tier.found(info.size)
+                    self.books.staged_locked(key, tier)
+            return "whole"
+        if live and (blocks == "same" or not complete):
+            return "borrow"  # (another version still being staged: this job's shim reads the PFS)
+        tier.remove_copies(*([dest] if whole is False else []), *([copy] if blocks else []))
+        if blocks:
+            with contextlib.suppress(OSError):
+                os.unlink(bmap)
+        if whole is False or blocks == "other":
+            tier.restaged(info.size)
+            log.info("%s changed since the shared set's copy: staged anew", key)
+        return None
+
+    def _place(self, key: str, info: FileInfo, raw: list[Tier]) -> BlockFile | None:
         """``key``'s block file in the first raw tier that holds it, else in the raw tier
         with the most room for blocks; None if none has room for one."""
-        raw = [t for t in self.books.tiers if t.codec is None]
         for tier in raw:
             whole = tier.allocated(info.size)
             if tier.has_room(whole) and self.books.reserve(tier, whole):
@@ -431,15 +497,7 @@ class BlockStager:
     def _made(self, key: str, info: FileInfo, tier: Tier, budget: int, reserved: int) -> BlockFile | None:
         bf = BlockFile(key, info, tier, budget, reserved)
         try:
-            try:
-                bf.create()
-            except FileExistsError:
-                if not isinstance(tier, SharedTier) or tier.shared.others_live():
-                    raise
-                for path in (bf.path, bf.map_path):  # a job gone before it was whole left them
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
-                bf.create()
+            bf.create()  # (in a shared tier, what was there was settled under the key's claim)
         except FileExistsError:
             tier.release(reserved)
             if not isinstance(tier, SharedTier) or not os.path.exists(bf.map_path):
@@ -516,3 +574,59 @@ class BlockStager:
                 "blocks_staged": sum(bf.staged for bf in own),
                 "bytes_staged": sum(bf.staged_bytes for bf in own),
                 "block_bytes": BLOCK, "pace": self.pace.state(), "failed_files": self.failures}
+
+
+def _link_over(src: str, dest: str) -> os.stat_result | None:
+    """``src`` linked at ``dest`` in place of any other file there (atomically: a reader finds
+    one or the other); the stat of the file it replaced, None if none (or ``src`` itself)."""
+    try:
+        os.link(src, dest)
+        return None
+    except FileExistsError:
+        pass
+    old = os.lstat(dest)
+    if os.path.samestat(old, os.lstat(src)):
+        return None
+    tmp = f"{dest}.monarch-link-{os.getpid()}-{threading.get_ident()}"
+    os.link(src, tmp)
+    try:
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return old if stat.S_ISREG(old.st_mode) else None
+
+
+def _block_copy(copy: str, bmap: str, info: FileInfo) -> tuple[str | None, bool, bool]:
+    """A shared set's block copy of a file: (None: none; "same": of the file ``info``
+    describes; "other": of another version; "broken": its map unreadable), whether every
+    block is staged, whether a live job holds it to stage it."""
+    try:
+        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, False, False
+    except OSError:
+        return "broken", False, False
+    try:
+        live = not _try_lock(fd)
+    finally:
+        os.close(fd)
+    try:
+        with open(bmap, "rb") as f:
+            magic, version, shift, size, mtime_ns, blocks, _, _ = BLOCKMAP_HEADER.unpack(f.read(BLOCKMAP_HEADER.size))
+            states = f.read(blocks + 1)
+    except (OSError, struct.error):
+        return "broken", False, live
+    if (magic, version, shift) != (BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT):
+        return "broken", False, live
+    complete = len(states) == blocks and states.count(BLOCK_STAGED) == blocks
+    return "same" if (size, mtime_ns) == (info.size, info.mtime_ns) else "other", complete, live
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False

@@ -6,6 +6,9 @@
   removed, since another live job's snapshot may be older or newer than this one's.
 - ``claim_for_copy``: the stager's copy of a key takes the key's claim first; a copy
   another job published meanwhile is booked instead of read again (``COPY``: copy it).
+  A copy of another version of the file (it changed since the set's copy), whole or by
+  blocks, is removed under the claim and its room given back to the ledger: the job stages
+  the file anew, once, and the next job finds it (``remove_copies``; blocks.py for large files).
 - The directory is not removed by the job: leaving the set does (the last job out, with
   no linger).
 
@@ -123,6 +126,7 @@ class SharedTier(Tier):
         self.shared = shared
         self.configured_capacity = base.capacity
         self.from_others_files = self.from_others_bytes = 0  # copies another job staged, booked here
+        self.restaged_files = self.restaged_bytes = 0  # stale copies (the file changed) this job replaced
 
     @classmethod
     def from_config(cls, cfg: TierConfig, slot: int, run_id: str, node: int, roots: tuple[str, ...],
@@ -180,14 +184,34 @@ class SharedTier(Tier):
             return None
         return stat.S_ISREG(st.st_mode) and info.same_content_as(st)
 
-    def discard_stale(self, key: str) -> None:
-        """Remove the set's copy of ``key`` that is not this job's file (the caller holds its claim)."""
-        path = self.path_for(key)
-        with contextlib.suppress(OSError):
-            st = os.lstat(path)
-            os.unlink(path)
-            if stat.S_ISREG(st.st_mode):
-                self.shared.give(self.allocated(st.st_size))
+    def discard_stale(self, key: str, size: int) -> None:
+        """Remove the set's copy of ``key`` that is not this job's file (the caller holds its
+        claim): this job stages the file anew (``size``: its snapshot's), said as re-staged."""
+        if self.remove_copies(self.path_for(key)):
+            self.restaged(size)
+
+    def restaged(self, size: int) -> None:
+        with self._lock:
+            self.restaged_files += 1
+            self.restaged_bytes += size
+
+    def remove_copies(self, *paths: str) -> bool:
+        """Remove the set's files ``paths`` of one key (its copy, its block copy; the caller holds
+        the key's claim) and give the ledger back the room of each copy among them, once per
+        file (a copy published from its blocks is one file under two names). True if one was there."""
+        seen, room = set(), 0
+        for path in paths:
+            try:
+                st = os.lstat(path)
+                os.unlink(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                room += self.allocated(st.st_size)  # as the ledger counts it (shared_set._sweep)
+        if room:
+            self.shared.give(room)
+        return bool(seen)
 
     def adopt_existing(self, files) -> list[str]:
         """Book the set's copies that match this job's snapshot; leave every other file alone
@@ -231,6 +255,7 @@ class SharedTier(Tier):
                          "configured_capacity": self.configured_capacity,
                          "jobs_at_join": shared.others_at_join, "jobs_now": shared.others_live(),
                          "from_others_files": self.from_others_files, "from_others_bytes": self.from_others_bytes,
+                         "restaged_files": self.restaged_files, "restaged_bytes": self.restaged_bytes,
                          "waited": shared.claims_waited, "wait_timed_out": shared.claims_timed_out,
                          "linger": shared.linger, "set_bytes": shared.taken()}
         if shared.linger > 0 and out["shared"]["jobs_now"] == 0 and out["shared"]["set_bytes"]:  # else removed
@@ -256,12 +281,13 @@ def claim_for_copy(books, key: str, info):
                 with books.lock:
                     if books.is_dirty(key) or books.closed:
                         break
-                    tier.found(info.size)
-                    books.staged_locked(key, tier)
+                    if books.staged.get(key) is not tier:  # (booked already: a large file's, blocks.py)
+                        tier.found(info.size)
+                        books.staged_locked(key, tier)
                 yield tier
                 return
             if same is False and held:
-                tier.discard_stale(key)
+                tier.discard_stale(key, info.size)
         if not held:
             with books.lock:
                 books.failures["shared_wait_timeout"] += 1
