@@ -29,6 +29,15 @@ measurements (``monarch cache drop``).
     python scripts/bench_sharing.py                 # 1500 files of ~64 KiB, 2 ms per open, 400 MB/s, N = 1,2,4
     python scripts/bench_sharing.py --jobs 4        # one wave size
     python scripts/bench_sharing.py --quick         # a smoke run
+
+``--chain``: a chain of jobs over a dataset with one large file (staged by blocks) that
+changes after the first job: job 1 reads it, the large file is rewritten (same size, other
+bytes, a later mtime), then jobs 2 and 3 read it, each after the one before, shared and
+private. Per job, side by side: the PFS bytes it read / dataset (the emulated PFS's count)
+and its report's ``pfs.reads_of_dataset``. Every byte checked against the manifest, which
+follows the rewrite.
+
+    python scripts/bench_sharing.py --chain         # 300 files of ~64 KiB and one of 64 MiB, 3 jobs
 """
 
 from __future__ import annotations
@@ -85,8 +94,16 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1,
                    help="waves per N and mode, alternating which mode goes first; the summary takes each job's "
                         "median epochs over them and the worst PFS and RAM figures")
-    p.add_argument("--json", default=result_path("bench_sharing.json"))
-    return parse_with_quick(p, argv, dict(files=150, size="16KiB", jobs="2", epochs=2))
+    p.add_argument("--chain", action="store_true",
+                   help="a chain of jobs over a large file changed after the first (--files default 300)")
+    p.add_argument("--large-mib", type=int, default=64, help="--chain: the large file's size")
+    p.add_argument("--chain-jobs", type=int, default=3, help="--chain: jobs in the chain")
+    p.add_argument("--json", default=None, help="default: results/bench_sharing.json (--chain: bench_sharing_chain.json)")
+    args = parse_with_quick(p, argv, dict(files=150, size="16KiB", jobs="2", epochs=2))
+    if args.chain and "--files" not in (argv if argv is not None else sys.argv[1:]) and not args.quick:
+        args.files = 300
+    args.json = args.json or result_path("bench_sharing_chain.json" if args.chain else "bench_sharing.json")
+    return args
 
 
 class RamSampler:
@@ -211,6 +228,8 @@ def main(argv=None) -> int:
         print(f"bench_sharing: the emulated PFS needs FUSE: {reason}", file=sys.stderr)
         return 2
     fresh_bytecode()
+    if args.chain:
+        return chain_main(args)
     work = tempfile.mkdtemp(prefix="mbs-", dir=args.dir or "/tmp")
     rows = []
     problems: list[str] = []
@@ -277,6 +296,117 @@ def print_summary(rows: list[dict], args, total: int) -> None:
             ratio = ", ".join("-" if x is None else f"{x:.2f}" for x in later_epochs_ratio(r, private))
             ratio += f" (the wave's sum: {wave_later(r) / max(wave_later(private), 1e-9):.2f})"
         print(f"{r['n']:>2} {r['mode']:<8}{r['wave_pfs']:>11.2f}x{r['ram_peak']:>11.2f}x{r['later_pfs']:>12.2f}x  {ratio}")
+
+
+# -- --chain: a chain of jobs over a large file that changed after the first ----------------------
+LARGE = "large/tokens.bin"  # the large file (staged by blocks: 16 MiB or more)
+
+
+def rewrite_large(src: str, manifest: str, seed: int) -> None:
+    """The large file rewritten in place: same size, other bytes, an mtime a second later; the
+    manifest follows it."""
+    import random
+    from monarch.tools.workload import digest
+    path = os.path.join(src, LARGE)
+    size = os.path.getsize(path)
+    data = random.Random(seed).randbytes(size)
+    before = os.stat(path).st_mtime_ns
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(before + 10**9, before + 10**9))
+    with open(manifest) as f:
+        doc = json.load(f)
+    doc["files"][LARGE] = {"size": size, "xxh64": digest(data)}
+    doc["total_bytes"] = sum(e["size"] for e in doc["files"].values())
+    with open(manifest, "w") as f:
+        json.dump(doc, f)
+
+
+def chain_job(cfg: str, root: str, manifest: str, job_id: str, out: str, args, pfs: SlowPFS, total: int,
+              problems: list[str], name: str) -> dict:
+    """One job of the chain, alone: the PFS bytes it read (emulated PFS's count, and its report's)."""
+    pfs.reset_counters()
+    finish(start_job(cfg, root, manifest, job_id, out, args, tempfile.mkdtemp(dir=os.path.dirname(out)), 1),
+           out, problems, name, args.files + 1)
+    read = pfs.counters()["bytes"]
+    try:
+        with open(out + ".report.json") as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        report = {}
+    pfs_report = (report.get("pfs") or {}).get("reads_of_dataset")
+    large = next((c for c in report.get("size_classes") or [] if c["class"] == ">=16MiB"), {})
+    return {"job": name, "pfs": read / total, "report_pfs": pfs_report,
+            "large_not_staged": (large.get("not_staged") or {}).get("files"),
+            "restaged": sum((t.get("shared") or {}).get("restaged_files", 0)
+                            for n in report.get("nodes") or [] for t in (n or {}).get("tiers", []))}
+
+
+def chain_main(args) -> int:
+    work = tempfile.mkdtemp(prefix="mbs-", dir=args.dir or "/tmp")
+    problems: list[str] = []
+    rows: dict[str, list[dict]] = {}
+    try:
+        src, manifest = os.path.join(work, "src"), os.path.join(work, "manifest.json")
+        with SlowPFS(_chain_dataset(src, manifest, args), os.path.join(work, "pfs"),
+                     os.path.join(work, "pfs.json"), open_latency_ms=args.open_latency_ms,
+                     bandwidth_mbps=args.bandwidth) as pfs:
+            for mode in MODES:
+                _chain_dataset(src, manifest, args)
+                total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(src) for f in fs)
+                cfg = write_config(work, pfs.mountpoint, mode)
+                rows[mode] = []
+                for i in range(args.chain_jobs):
+                    if i == 1:
+                        rewrite_large(src, manifest, seed=7)
+                    out = os.path.join(work, f"chain-{mode}-{i + 1}.json")
+                    rows[mode].append(chain_job(cfg, pfs.mountpoint, manifest, f"chain-{mode}-{i + 1}", out, args,
+                                                pfs, total, problems, f"{mode} job {i + 1}"))
+                subprocess.run([sys.executable, "-m", "monarch", "cache", "drop", "-c", cfg], capture_output=True,
+                               env=dict(os.environ, PYTHONPATH=str(REPO)), check=False)
+        print(f"{args.files} files of {args.size} and one of {args.large_mib} MiB ({total / 2**20:.1f} MiB), "
+              f"emulated PFS {args.open_latency_ms:g} ms per open, {args.bandwidth:g} MB/s; {args.epochs} epochs, "
+              f"{args.workers} workers per job; the large file rewritten after job 1")
+        print("PFS read / dataset per job: the emulated PFS's count (the report's)")
+        print(f"{'mode':<9}" + "".join(f"{'job ' + str(i + 1):>16}" for i in range(args.chain_jobs)))
+        for mode, jobs in rows.items():
+            print(f"{mode:<9}" + "".join(
+                f"{j['pfs']:>8.2f}x ({j['report_pfs'] if j['report_pfs'] is None else format(j['report_pfs'], '.2f')})"
+                .rjust(16) for j in jobs))
+        for mode, jobs in rows.items():
+            print(f"{mode}: large file 'not staged' in the report, per job: "
+                  + ", ".join(str(j["large_not_staged"]) for j in jobs)
+                  + "; files re-staged (changed since the set's copy): " + ", ".join(str(j["restaged"]) for j in jobs))
+        ready_to_write(args.json).write_text(json.dumps({"files": args.files, "size": args.size,
+                                                         "large_mib": args.large_mib, "bytes": total,
+                                                         "open_latency_ms": args.open_latency_ms,
+                                                         "bandwidth_mbps": args.bandwidth, "epochs": args.epochs,
+                                                         "rows": rows, "problems": problems}, indent=1))
+        print(f"figures: {args.json}")
+    finally:
+        shutil.rmtree(f"/dev/shm{work}", ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    for p in problems:
+        print(f"PROBLEM: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _chain_dataset(src: str, manifest: str, args) -> str:
+    """The chain's dataset (written anew): ``--files`` small files and the large one, in the manifest."""
+    import random
+    from monarch.tools.workload import digest
+    make_dataset(src, files=args.files, size=args.size, manifest=manifest, spread=0.0)
+    data = random.Random(3).randbytes(args.large_mib << 20)
+    os.makedirs(os.path.join(src, os.path.dirname(LARGE)), exist_ok=True)
+    with open(os.path.join(src, LARGE), "wb") as f:
+        f.write(data)
+    with open(manifest) as f:
+        doc = json.load(f)
+    doc["files"][LARGE] = {"size": len(data), "xxh64": digest(data)}
+    doc["total_bytes"] = sum(e["size"] for e in doc["files"].values())
+    with open(manifest, "w") as f:
+        json.dump(doc, f)
+    return src
 
 
 if __name__ == "__main__":

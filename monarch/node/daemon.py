@@ -420,7 +420,8 @@ class NodeDaemon:
             self._sampler.sample()  # the last, partial interval
             # the peer area is a tier of the stager's: its files count as staged "peer"
             timeline = self.timeline.to_dict()
-            classes = size_classes(self.snapshot.files, self.stager.staged.copy(), set())
+            blocks = self.stager.blocks.held() if self.stager.blocks is not None else None
+            classes = size_classes(self.snapshot.files, self.stager.staged.copy(), set(), blocks)
         ready_at = self.snapshot_ready_at
         return NodeStats(
             node=self.node, host=socket.gethostname(), uptime_seconds=round(time.time() - self.started, 3),

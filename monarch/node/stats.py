@@ -60,19 +60,24 @@ def _size_class(size: int) -> int:
     return len(SIZE_CLASSES) - 1
 
 
-def size_classes(files: Mapping, staged: Mapping, fetched: set) -> list[dict]:
+def size_classes(files: Mapping, staged: Mapping, fetched: set, by_blocks: Mapping[str, int] | None = None) -> list[dict]:
     """Per file-size class, where the dataset's files are on this node: ``files``/``bytes`` of
-    the dataset, ``staged`` per tier, ``peer`` (fetched from the owning node) and
-    ``not_staged`` (the application reads them from the PFS).
+    the dataset, ``staged`` per tier, ``peer`` (fetched from the owning node), ``by_blocks``
+    (large files served from blocks staged in a tier, not yet a whole copy: ``bytes`` staged
+    of their ``of_bytes``) and ``not_staged`` (nothing of them staged: the application reads
+    them from the PFS). Each file is in one place.
 
     ``files``: key -> FileInfo (the snapshot); ``staged``: key -> Tier (a StagedTable over an
-    index is read by rows: no key looked up or decoded); ``fetched``: keys in the peer area.
+    index is read by rows: no key looked up or decoded); ``fetched``: keys in the peer area;
+    ``by_blocks``: key -> bytes of its staged blocks (``BlockStager.held``).
     """
+    by_blocks = by_blocks or {}
     out = [{"class": name, "max_bytes": bound, "files": 0, "bytes": 0, "staged": {},
-            "peer": {"files": 0, "bytes": 0}, "not_staged": {"files": 0, "bytes": 0}}
+            "peer": {"files": 0, "bytes": 0}, "by_blocks": {"files": 0, "bytes": 0, "of_bytes": 0},
+            "not_staged": {"files": 0, "bytes": 0}}
            for name, bound in SIZE_CLASSES]
     tiers = staged.tiers_of(files) if isinstance(staged, StagedTable) else (staged.get(key) for key in files)
-    keys = iter(files) if fetched else itertools.repeat(None)
+    keys = iter(files) if fetched or by_blocks else itertools.repeat(None)
     for size, tier, key in zip(file_sizes(files), tiers, keys):
         row = out[_size_class(size)]
         row["files"] += 1
@@ -81,6 +86,10 @@ def size_classes(files: Mapping, staged: Mapping, fetched: set) -> list[dict]:
             where = row["staged"].setdefault(tier.name, {"files": 0, "bytes": 0})
         elif key in fetched:
             where = row["peer"]
+        elif by_blocks.get(key):
+            where = row["by_blocks"]
+            where["of_bytes"] += size
+            size = by_blocks[key]
         else:
             where = row["not_staged"]
         where["files"] += 1

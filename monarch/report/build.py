@@ -196,19 +196,24 @@ def tier_state(tier: dict) -> str | None:
 
 def _classes_over_nodes(alive: list[NodeStats]) -> list[dict] | None:
     """Per size class over the cluster: the dataset (node 0's snapshot: every node has the
-    same), copies in each tier summed over nodes, and what no node's tier holds."""
+    same), copies in each tier summed over nodes, large files served from staged blocks
+    (``by_blocks``: their staged ``bytes`` of ``of_bytes``), and what no node holds any of."""
     per_node = [n.size_classes for n in alive if n.size_classes]
     if not per_node:
         return None
     out = []
     for i, first in enumerate(per_node[0]):
         staged: dict[str, collections.Counter] = {}
+        by_blocks = collections.Counter(files=0, bytes=0, of_bytes=0)
         for classes in per_node:
             for tier, c in classes[i]["staged"].items():
                 staged.setdefault(tier, collections.Counter()).update(c)
-        held = sum(c["files"] for c in staged.values()), sum(c["bytes"] for c in staged.values())
+            by_blocks.update(classes[i].get("by_blocks") or {})
+        held = (sum(c["files"] for c in staged.values()) + by_blocks["files"],
+                sum(c["bytes"] for c in staged.values()) + by_blocks["of_bytes"])
         out.append({"class": first["class"], "max_bytes": first["max_bytes"], "files": first["files"],
                     "bytes": first["bytes"], "staged": {t: dict(c) for t, c in staged.items()},
+                    "by_blocks": dict(by_blocks),
                     "not_staged": {"files": max(0, first["files"] - held[0]),
                                    "bytes": max(0, first["bytes"] - held[1])}})
     return out

@@ -207,6 +207,7 @@ def _size_classes(report: dict, Figure) -> list[str]:
     if not classes:
         return []
     tiers = sorted({t for c in classes for t in c.get("staged", {})})
+    blocks = any((c.get("by_blocks") or {}).get("files") for c in classes)
     rows = []
     for c in classes:
         if not c["files"]:
@@ -214,11 +215,15 @@ def _size_classes(report: dict, Figure) -> list[str]:
         row = [c["class"], c["files"], human(c["bytes"])]
         row += [f"{c['staged'].get(t, {}).get('files', 0)} ({human(c['staged'].get(t, {}).get('bytes', 0))})"
                 for t in tiers]
+        if blocks:
+            bb = c.get("by_blocks") or {}
+            row.append(f"{bb.get('files', 0)} ({human(bb.get('bytes', 0))} of {human(bb.get('of_bytes', 0))})")
         ns = c["not_staged"]
         row.append(f"{ns['files']} ({human(ns['bytes'])})")
         rows.append(row)
     return ['<section id="size-classes"><h2>Where the dataset is, by file size</h2>',
-            _table(["file size", "files", "bytes", *[f"in {t}" for t in tiers], "not staged (read from the PFS)"],
+            _table(["file size", "files", "bytes", *[f"in {t}" for t in tiers],
+                    *(["by blocks (staged of their bytes)"] if blocks else []), "not staged (read from the PFS)"],
                    rows),
             _img(_plot_classes(Figure, classes, tiers), "dataset bytes by file size and place"),
             "<p class=\"note\">From the daemon's snapshot and its staged copies: files not staged are read "
@@ -378,9 +383,16 @@ def _plot_classes(Figure, classes: list[dict], tiers: list[str]) -> bytes:
     fig, ax = _new(Figure, height=0.6 + 0.55 * max(1, len(rows)))
     labels = [c["class"] for c in rows]
     left = [0.0] * len(rows)
-    for name in [*tiers, "not staged"]:
-        widths = [(c["not_staged"] if name == "not staged" else c["staged"].get(name, {})).get("bytes", 0) / MiB
-                  for c in rows]
+    for name in [*tiers, "by blocks", "not staged"]:
+        if name == "by blocks":  # the staged blocks; the rest of those files is the PFS's
+            widths = [(c.get("by_blocks") or {}).get("bytes", 0) / MiB for c in rows]
+            if not any(widths):
+                continue
+        elif name == "not staged":
+            widths = [(c["not_staged"]["bytes"] + (c.get("by_blocks") or {}).get("of_bytes", 0)
+                       - (c.get("by_blocks") or {}).get("bytes", 0)) / MiB for c in rows]
+        else:
+            widths = [c["staged"].get(name, {}).get("bytes", 0) / MiB for c in rows]
         ax.barh(labels, widths, left=left, label=name, color=_color(name, tiers))
         left = [a + b for a, b in zip(left, widths)]
     ax.invert_yaxis()

@@ -36,7 +36,7 @@ def sharing_lines(report: dict) -> list[str]:
             if t.get("not_shared"):
                 lines.append(f"tier {name} not shared: {t['not_shared']}")
             if not shared or not (shared.get("from_others_files") or shared.get("waited") or shared.get("left_until")
-                                  or t.get("files")):
+                                  or t.get("files") or shared.get("restaged_files")):
                 continue  # a shared tier nothing was put in or read from: nothing to say
             joined = shared.get("jobs_at_join", 0)
             lines.append(f"tier {name} shared: {shared.get('from_others_files', 0)} files "
@@ -44,6 +44,10 @@ def sharing_lines(report: dict) -> list[str]:
                          f"{joined} other job(s) used {shared['path']} when this one joined"
                          + (f"; waited {shared['waited']} times for a copy another job was staging"
                             if shared.get("waited") else ""))
+            if shared.get("restaged_files"):
+                n = shared["restaged_files"]
+                lines.append(f"tier {name} re-staged: changed since the set's copy: {n} file{'s' if n != 1 else ''} "
+                             f"({human(shared.get('restaged_bytes', 0))}), the set's copy replaced")
             if shared.get("configured_capacity") not in (None, shared.get("capacity")):
                 lines.append(f"tier {name}: joined with the set's capacity, {human(shared['capacity'])} "
                              f"(this job's configuration says {human(shared['configured_capacity'])})")

@@ -325,6 +325,9 @@ def _print_size_classes(classes: list[dict], w) -> None:
         places = [f"{tier} {v['files']} ({human(v['bytes'])})" for tier, v in sorted(c["staged"].items())]
         if c.get("peer", {}).get("files"):
             places.append(f"peer {c['peer']['files']} ({human(c['peer']['bytes'])})")
+        bb = c.get("by_blocks") or {}
+        if bb.get("files"):
+            places.append(f"by blocks {bb['files']} ({human(bb['bytes'])} of {human(bb['of_bytes'])})")
         ns = c["not_staged"]
         if ns["files"]:
             places.append(f"not staged {ns['files']} ({human(ns['bytes'])})")

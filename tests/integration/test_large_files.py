@@ -227,6 +227,22 @@ def test_a_file_larger_than_the_tier_is_partly_staged_and_its_staged_blocks_read
     assert "partly staged: 1 file" in stderr
 
 
+def test_the_report_counts_a_file_read_from_staged_blocks_as_staged_by_blocks_not_as_not_staged(short_tmp, slow_pfs):
+    """A large file partly staged (the tier holds 20 of its 48 blocks) is read from its staged
+    blocks: the report's size classes say so (``by_blocks``: the bytes staged of its bytes), in
+    the JSON and printed, and do not count it as "not staged"."""
+    size = 48 * MiB
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 200, "20MiB")
+    out, rep, stderr = run_reader(short_tmp, cfg, PARTLY, path, src, tier_base, pfs)
+    assert out["bad"] == 0, out
+    assert rep["blocks"]["read"]["local_bytes"] > 0, rep["blocks"]
+    large = next(c for c in rep["size_classes"] if c["class"] == ">=16MiB")
+    assert large["files"] == 1 and large["not_staged"] == {"files": 0, "bytes": 0}, large
+    assert large["by_blocks"] == {"files": 1, "bytes": out["staged"] * MiB, "of_bytes": size}, large
+    line = next(ln for ln in stderr.splitlines() if ln.startswith(">=16MiB"))
+    assert f"by blocks 1 ({out['staged']}.0 MiB of 48.0 MiB)" in line and "not staged" not in line, line
+
+
 FAMILIES = r"""
 import numpy as np
 fd = os.open(path, os.O_RDONLY)

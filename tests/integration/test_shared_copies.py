@@ -196,6 +196,61 @@ def test_a_file_changed_between_two_jobs_is_read_from_the_pfs_by_the_second(data
     assert leftovers(short_tmp) == []
 
 
+LARGE = "large/tokens.bin"  # 16 MiB or more: staged by blocks, published whole once every block is
+
+
+def write_large(ds, seed: int, size: int | None = None) -> None:
+    """``ds``'s large file written (anew: same size, other bytes, an mtime a second later), and
+    its manifest with it: each job's reader checks every byte against the manifest."""
+    import random
+    from monarch.tools.workload import digest
+    path = os.path.join(ds.root, LARGE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    before = os.stat(path).st_mtime_ns if os.path.exists(path) else None
+    data = random.Random(seed).randbytes(size or os.path.getsize(path))
+    with open(path, "r+b" if before else "wb") as f:
+        f.write(data)
+    if before:
+        os.utime(path, ns=(before + 10**9, before + 10**9))
+    with open(ds.manifest) as f:
+        doc = json.load(f)
+    doc["files"][LARGE] = {"size": len(data), "xxh64": digest(data)}
+    with open(ds.manifest, "w") as f:
+        json.dump(doc, f)
+
+
+def test_a_large_file_changed_between_jobs_is_staged_anew_once_and_the_next_job_starts_warm(dataset, short_tmp,
+                                                                                              slow_pfs):
+    """A chain of three jobs over a large file (staged by blocks) rewritten after the first:
+    the second job replaces the set's stale copy (its report says so) and publishes the new one
+    whole; the third reads next to nothing from the PFS. Every job's reader checks every byte."""
+    raw = dataset(files=60, size="8KiB")
+    write_large(raw, seed=1, size=24 << 20)
+    total = raw.total + (24 << 20)
+    pfs = slow_pfs(raw.root, open_latency_ms=0)
+    ds = raw.__class__(str(pfs.mountpoint), raw.manifest, raw.files, total)
+    cfg = shared_config(short_tmp, ds.root, linger=600)
+    read, reports = [], []
+    for i in range(3):
+        if i == 1:
+            write_large(raw, seed=2)
+        pfs.reset_counters()
+        reports.append(os.path.join(short_tmp, f"chain-{i + 1}.json"))
+        r = finish_group(job(cfg, ds, f"chain-{i + 1}", reports[-1]))
+        assert r.returncode == 0, r.stdout + r.stderr  # a wrong byte fails the reader
+        read.append(pfs.counters()["bytes"])
+    assert read[2] <= 0.05 * total, [x / total for x in read]
+    second, third = load(reports[1]), load(reports[2])
+    restaged = [t["shared"].get("restaged_files") for t in second["nodes"][0]["tiers"] if t.get("shared")]
+    assert sum(restaged) == 1, second["nodes"][0]["tiers"]
+    assert third["pfs"]["reads_of_dataset"] <= 0.05, third["pfs"]
+    printed = monarch("report", reports[1]).stdout
+    assert "re-staged: changed since the set's copy: 1 file (24.0 MiB)" in printed, printed
+    r = monarch("cache", "drop", "-c", cfg)
+    assert r.returncode == 0, r.stderr
+    assert leftovers(short_tmp) == []
+
+
 def test_cache_ls_and_drop_expired_free_a_lingering_set(dataset, short_tmp):
     ds = dataset(files=30, size="4KiB")
     cfg = shared_config(short_tmp, ds.root, linger=1)

@@ -560,6 +560,18 @@ class BlockStager:
                 bf.close()
         return True
 
+    def held(self) -> dict[str, int]:
+        """Per large file served by blocks and not published whole, the bytes of its staged
+        blocks: this job's, and those another job stages in a shared set (from its map, when
+        it is this job's file)."""
+        with self.books.lock:
+            files = [bf for bf in self.files.values() if not bf.whole and not bf.dropped]
+            out = {bf.key: bf.staged_bytes for bf in files if not bf.borrowed}
+        for bf in files:
+            if bf.borrowed:
+                out[bf.key] = _staged_bytes(bf.map_path, bf.info)
+        return {k: v for k, v in out.items() if v}
+
     def stats_locked(self) -> dict:
         """The report's figures (under the books' lock): files staged by blocks, those partly
         staged and their bytes, blocks staged, the read-ahead's pace."""
@@ -622,6 +634,22 @@ def _block_copy(copy: str, bmap: str, info: FileInfo) -> tuple[str | None, bool,
         return "broken", False, live
     complete = len(states) == blocks and states.count(BLOCK_STAGED) == blocks
     return "same" if (size, mtime_ns) == (info.size, info.mtime_ns) else "other", complete, live
+
+
+def _staged_bytes(bmap: str, info: FileInfo) -> int:
+    """The bytes of the staged blocks a map says, if it is the map of the file ``info`` describes."""
+    try:
+        with open(bmap, "rb") as f:
+            magic, version, shift, size, mtime_ns, blocks, _, _ = BLOCKMAP_HEADER.unpack(f.read(BLOCKMAP_HEADER.size))
+            states = f.read(blocks)
+    except (OSError, struct.error):
+        return 0
+    if (magic, version, shift, size, mtime_ns) != (BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, info.size,
+                                                   info.mtime_ns) or len(states) != blocks:
+        return 0
+    n = states.count(BLOCK_STAGED)
+    short = BLOCK * blocks - size  # the last block's missing tail
+    return n * BLOCK - (short if blocks and states[-1] == BLOCK_STAGED else 0)
 
 
 def _try_lock(fd: int) -> bool:
