@@ -1,11 +1,37 @@
-"""Build hook: compile the C shim, the daemon's front door, its dataset walker and its tier remover into the
-package as part of ``pip install .``."""
+"""Build hook: compile Monarch's C libraries into the package once, when the wheel is built
+(``pip wheel .``, or ``pip install .`` from source), so an installed Monarch compiles nothing.
+
+- The shim, the daemon's front door, its dataset walker and its tier remover, and the peer data
+  path, each built for glibc 2.17 by zig's clang (``ziglang``, a build dependency in
+  pyproject.toml: no system compiler needed) and stamped with its source's digest
+  (``monarch/native/build.py``).
+- The peer data path is built against the MPICH ABI (``libmpi.so.12``: MPICH, Intel MPI, Cray
+  MPICH, MVAPICH; the ``mpich`` wheel's ``mpi.h``, a build dependency) and linked to no MPI: it
+  takes the symbols of the MPI library mpi4py loaded at run time (``monarch/cluster/datapath.py``).
+  Under another MPI ABI (Open MPI's ``libmpi.so.40``) the data path is still built on first use
+  against that MPI's own ``mpi.h`` where a compiler is, else peers use Python's protocol.
+- Nothing is bundled: the shim loads the system's ``libzstd.so.1`` with dlopen when there is one
+  (else the daemon decodes compressed copies), the daemon's zstd is the ``zstandard`` wheel's.
+
+The wheel is tagged ``py3-none-manylinux2014_<arch>``: the libraries are loaded with ctypes,
+not as CPython extension modules, so one wheel serves every Python 3.9 and later; it is tied
+to the platform only by the libraries, which need glibc 2.17 at most. Without ``ziglang`` (a
+build without isolation that lacks it) the host's ``cc`` builds them and the wheel is tagged
+``linux_<arch>``: it promises nothing about older systems.
+"""
 
 import importlib.util
+import platform
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
 
 HERE = Path(__file__).parent
 # each C library: its source, the library built beside it in the package, what it is
@@ -15,6 +41,8 @@ LIBRARIES = (
     ("monarch/node/snapshot/walker.c", "libmonarch_walker.so", "the dataset walker"),
     ("monarch/node/tiers/remover.c", "libmonarch_remover.so", "the tier remover"),
 )
+# the peer data path for the MPICH ABI (its name: monarch/cluster/datapath.py's PACKAGED)
+DATAPATH = ("monarch/cluster/datapath.c", "libmonarch_datapath_mpich.so", "the C peer data path (MPICH ABI)")
 
 
 def _load_builder():
@@ -25,14 +53,59 @@ def _load_builder():
     return module
 
 
-class BuildPyWithShim(build_py):
+def mpich_include():
+    """The directory of the ``mpich`` wheel's ``mpi.h`` in the build environment, or None."""
+    from importlib import metadata
+    try:
+        files = metadata.distribution("mpich").files or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if str(f).endswith("include/mpi.h"):
+            path = Path(f.locate()).resolve()
+            if path.exists():
+                return path.parent
+    return None
+
+
+class BuildPyWithLibraries(build_py):
     def run(self):
         super().run()
         builder = _load_builder()
+        compiler = builder.portable_compiler()
         for source, library, what in LIBRARIES:
-            out = Path(self.build_lib) / Path(source).parent / library
-            builder.build_library(out, HERE / source, what)
-            builder.write_stamp(out, HERE / source)
+            self._build(builder, compiler, source, library, what)
+        include = mpich_include()
+        if include is None:
+            self.announce("no mpich wheel's mpi.h here: the peer data path is left to its first use", level=3)
+        else:
+            self._build(builder, compiler, *DATAPATH, extra=[f"-I{include}"])
+
+    def _build(self, builder, compiler, source, library, what, extra=()):
+        out = Path(self.build_lib) / Path(source).parent / library
+        builder.build_library(out, HERE / source, what, extra=list(extra), compiler=compiler)
+        builder.write_stamp(out, HERE / source)
 
 
-setup(cmdclass={"build_py": BuildPyWithShim})
+class PlatformDistribution(Distribution):
+    """A distribution with native parts: installed into platlib (where auditwheel looks), not purelib."""
+
+    def has_ext_modules(self):
+        return True
+
+
+class PlatformWheel(bdist_wheel):
+    """The wheel of a platform, for any Python 3: see the module's docstring."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        builder = _load_builder()
+        machine = platform.machine()
+        portable = builder.portable_compiler(machine) is not None
+        return "py3", "none", builder.PORTABLE_TARGETS[machine] if portable else f"linux_{machine}"
+
+
+setup(distclass=PlatformDistribution, cmdclass={"build_py": BuildPyWithLibraries, "bdist_wheel": PlatformWheel})

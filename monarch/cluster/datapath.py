@@ -1,8 +1,10 @@
 """The peer data path in C (``datapath.c``): staged files between daemons with no Python on the way.
 
-Built on first use against the MPI library this process loaded (its ``mpi.h`` beside it:
-the mpich wheel's, or the Open MPI prefix's), cached by the source's and the library's
-hash. It needs MPI_THREAD_MULTIPLE (``world.load_mpi`` asks for it): the Python engine keeps
+An installed wheel holds it built for the MPICH ABI (``PACKAGED``: MPICH, Intel MPI, Cray MPICH,
+MVAPICH all load as ``libmpi.so.12``), linked to no MPI: it takes the symbols of the library
+this process loaded. Under another MPI (Open MPI's ``libmpi.so.40``), or in a checkout, it is
+built on first use against the MPI library this process loaded (its ``mpi.h`` beside it),
+cached by the source's and the library's hash. It needs MPI_THREAD_MULTIPLE (``world.load_mpi`` asks for it): the Python engine keeps
 the control plane on the cluster's communicator while this path's thread owns a Dup of it.
 Whatever this path cannot do it hands back (``HANDED_BACK``): the caller then takes Python's
 protocol, which does everything (staging on demand, chunks, compressed copies, refusals).
@@ -29,6 +31,8 @@ from monarch import protocol
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("datapath.c")
+PACKAGED = SOURCE.with_name("libmonarch_datapath_mpich.so")  # the wheel's, for the MPICH ABI (setup.py)
+MPICH_ABI = "libmpi.so.12"
 
 # datapath.h is the one definition of each name below (DATAPATH_ANSWERS, DATAPATH_LIMITS, struct dp_counts)
 # what a fetch answers for a file below 0 (>= 0: its bytes written)
@@ -104,10 +108,13 @@ def library() -> ctypes.CDLL | None:
 
 
 def _load() -> ctypes.CDLL:
-    from monarch.native.build import build_library, source_digest
+    from monarch.native.build import build_library, installed_current, source_digest
     libmpi = loaded_libmpi()
     if libmpi is None:
         raise OSError("no MPI library is loaded in this process")
+    if libmpi.name.startswith(MPICH_ABI) and installed_current(PACKAGED, SOURCE):
+        ctypes.CDLL(str(libmpi), mode=ctypes.RTLD_GLOBAL)  # its MPI symbols, for a library linked to none
+        return _prototyped(ctypes.CDLL(str(PACKAGED)))
     include = libmpi.resolve().parent.parent / "include"
     if not (include / "mpi.h").exists():
         raise OSError(f"no mpi.h beside {libmpi} (looked in {include})")
@@ -116,7 +123,10 @@ def _load() -> ctypes.CDLL:
     built = cache / f"{h}-libmonarch_datapath.so"
     if not built.exists():
         build_library(built, SOURCE, "the C peer data path", extra=[f"-I{include}", str(libmpi)])
-    lib = ctypes.CDLL(str(built))
+    return _prototyped(ctypes.CDLL(str(built)))
+
+
+def _prototyped(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name, (restype, argtypes) in _PROTOTYPES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes

@@ -1,11 +1,17 @@
-"""The builder of Monarch's C libraries: the shim, the front door, the walker, the remover (and
-the peer data path, against the loaded MPI).
+"""The builder of Monarch's C libraries: the shim, the front door, the walker, the remover and
+the peer data path.
 
 Each library is one translation unit: its main file includes its parts (the other C files
 beside it) and the shared headers (``monarch/native/*.h``, ``monarch/wire/monarch_wire.h``).
-One function serves both the install-time build hook (``setup.py``, which loads this file by
-path) and a source checkout, where a library is built on first use into a cache keyed by its
-source's digest (every file it includes counted), so a stale library is never loaded.
+One function serves both the wheel's build (``setup.py``, which loads this file by path) and a
+source checkout, where a library is built on first use into a cache keyed by its source's
+digest (every file it includes counted), so a stale library is never loaded.
+
+The wheel's libraries are built once, by ``pip wheel``/``pip install`` from source, for glibc
+2.17 (``portable_compiler``: zig's clang through the ``ziglang`` package, a build dependency, so
+no system compiler or sysroot is needed): an installed package compiles nothing, on a node with
+no compiler. Each is stamped with its source's digest (``write_stamp``); ``installed_current``
+tells a packaged library from a checkout whose source has changed since.
 """
 
 from __future__ import annotations
@@ -31,16 +37,39 @@ class BuildError(RuntimeError):
     """A library could not be compiled (kept free of package imports: setup.py loads this file by path)."""
 
 
-def build_library(out: Path, source: Path, what: str, extra: list[str] = ()) -> Path:
+GLIBC_FLOOR = (2, 17)  # what the wheel's libraries need at most (manylinux2014): RHEL/CentOS 7
+# the machines zig can build a glibc 2.17 library for, and the wheel's platform tag then
+PORTABLE_TARGETS = {"x86_64": "manylinux2014_x86_64", "aarch64": "manylinux2014_aarch64"}
+
+
+def portable_compiler(machine: str | None = None) -> list[str] | None:
+    """The command of a C compiler whose libraries need glibc 2.17 at most on this machine's
+    architecture (``python -m ziglang cc -target <arch>-linux-gnu.2.17``: zig carries the old
+    glibc's symbol tables, no sysroot needed), or None without the ``ziglang`` package or for
+    an architecture it is not set up for here."""
+    import importlib.util
+    import platform
+    import sys
+    machine = machine or platform.machine()
+    if machine not in PORTABLE_TARGETS or importlib.util.find_spec("ziglang") is None:
+        return None
+    return [sys.executable, "-m", "ziglang", "cc", "-target", "%s-linux-gnu.%d.%d" % (machine, *GLIBC_FLOOR)]
+
+
+def build_library(out: Path, source: Path, what: str, extra: list[str] = (),
+                  compiler: list[str] | None = None, libs: list[str] | None = None) -> Path:
     """Compile the library whose main file is ``source`` (``what``, said in errors; ``extra``
-    arguments) to ``out`` (atomically: a half-written .so is never loaded)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise BuildError(f"cannot build {what}: no C compiler found; "
-                           "install gcc (apt-get install gcc) or set CC")
+    arguments) to ``out`` (atomically: a half-written .so is never loaded), with ``compiler``
+    (a command: ``portable_compiler()``'s for the wheel) or else ``CC``, ``cc`` or ``gcc``."""
+    if compiler is None:
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            raise BuildError(f"cannot build {what}: no C compiler found; "
+                               "install gcc (apt-get install gcc) or set CC")
+        compiler = [cc]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
-    cmd = [cc, *CFLAGS, "-o", str(tmp), str(source), *extra, *LIBS]
+    cmd = [*compiler, *CFLAGS, "-o", str(tmp), str(source), *extra, *(LIBS if libs is None else libs)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"building {what} failed: {' '.join(cmd)}\n{proc.stderr}")
@@ -64,12 +93,17 @@ def built_library(source: Path, installed: Path, what: str) -> Path:
     """The library of ``source``: ``installed`` (built by ``pip install``) when it was built
     from this very source or no source is left, else one built from the source into the
     user's cache, so a stale library is never loaded."""
-    if installed.exists() and not source.exists():
+    if installed_current(installed, source):
         return installed
-    digest = source_digest(source)
-    if installed.exists() and _stamp(installed) == digest:
-        return installed
-    return cached_build(source, installed.name, digest, what)
+    return cached_build(source, installed.name, source_digest(source), what)
+
+
+def installed_current(installed: Path, source: Path) -> bool:
+    """``installed`` (a packaged library) exists and was built from this very ``source`` (its
+    stamp is the source's digest), or no source is left to build another from."""
+    if not installed.exists():
+        return False
+    return not source.exists() or _stamp(installed) == source_digest(source)
 
 
 def cached_build(source: Path, library_name: str, digest: str, what: str) -> Path:
