@@ -73,6 +73,7 @@ BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
 BLOCK_SHIFT = 20  # 1 MiB blocks: a block cache's usual page (Alluxio, mountpoint-s3); a mapping moves in these
 BLOCK = 1 << BLOCK_SHIFT
 BLOCKS_MIN = 16 << 20  # files this large are staged by blocks: a whole copy of one would keep an open waiting
+ANSWER_CLAIM_WAIT = 0.05  # seconds an open's answer waits for a large file's claim another job holds
 
 
 class BlockFile:
@@ -205,9 +206,10 @@ class BlockStager:
         return (info is not None and info.size >= BLOCKS_MIN and stat.S_ISREG(info.mode) and not self.closed
                 and any(t.codec is None for t in self.books.tiers))
 
-    def attach(self, key: str, asked: bool = True) -> BlockFile | None:
+    def attach(self, key: str, asked: bool = True, wait: float | None = None) -> BlockFile | None:
         """``key``'s block file, made now with room for what fits (None: no room for a block,
-        the job wrote to it, or it could not be made). ``asked``: the application opened it."""
+        the job wrote to it, or it could not be made). ``asked``: the application opened it.
+        ``wait``: the longest to wait for the key's claim in a shared tier (None: the set's)."""
         books = self.books
         with books.lock:
             bf = self.files.get(key)
@@ -219,7 +221,7 @@ class BlockStager:
             info = books.snapshot.files.get(key)
             if self.closed or books.closed or info is None or books.is_dirty(key) or key in books.staged:
                 return None
-        bf = self._make(key, info)
+        bf = self._make(key, info, wait)
         with books.lock:
             if bf is None or self.closed or books.is_dirty(key) or key in self.files:
                 if bf is not None:
@@ -239,8 +241,9 @@ class BlockStager:
         return self.attach(key, asked=False) is not None
 
     def answer(self, key: str) -> tuple[int, str] | None:
-        """The shim's answer for an open of ``key``: (slot | ANSWER_BLOCKS, copy path), or None."""
-        bf = self.attach(key)
+        """The shim's answer for an open of ``key``: (slot | ANSWER_BLOCKS, copy path), or None
+        (then the stager's copy takes it up, waiting for the key's claim off the socket's thread)."""
+        bf = self.attach(key, wait=ANSWER_CLAIM_WAIT)
         if bf is None or bf.whole:
             return None  # (a borrowed file another job published whole: the shim's probe finds it)
         return bf.tier.slot | protocol.ANSWER_BLOCKS, bf.path
@@ -422,14 +425,14 @@ class BlockStager:
         books.staged_locked(bf.key, tier)
 
     # -- room ----------------------------------------------------------------------------------
-    def _make(self, key: str, info: FileInfo) -> BlockFile | None:
+    def _make(self, key: str, info: FileInfo, wait: float | None = None) -> BlockFile | None:
         """``key``'s block file (None: none). In shared tiers, under the key's claim: what the
         set holds of it is settled first (``_settle``), then room is taken."""
         raw = [t for t in self.books.tiers if t.codec is None]
         shared = [t for t in raw if isinstance(t, SharedTier)]
         if not shared:
             return self._place(key, info, raw)
-        with shared[0].shared.claim(key) as held:  # the set's claims, as claim_for_copy's
+        with shared[0].shared.claim(key, wait) as held:  # the set's claims, as claim_for_copy's
             if not held:
                 return None  # another job held it past the wait: this open reads the PFS
             for tier in shared:
@@ -457,7 +460,9 @@ class BlockStager:
             if not whole:  # a gone job's complete blocks of this file: published in place of any other copy
                 try:
                     os.utime(copy, ns=(info.mtime_ns, info.mtime_ns), follow_symlinks=False)
-                    _link_over(copy, dest)
+                    replaced = _link_over(copy, dest)
+                    if replaced is not None:
+                        tier.shared.give(tier.allocated(replaced.st_size))
                 except OSError as e:
                     log.warning("publishing %s (staged by blocks by another job) failed: %s", key, e)
                     return "borrow"

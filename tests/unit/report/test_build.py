@@ -235,6 +235,22 @@ def test_size_classes_say_where_each_class_is():
     assert by[">=16MiB"]["not_staged"] == {"files": 1, "bytes": 40 << 20}
 
 
+def test_a_large_file_served_from_staged_blocks_is_by_blocks_not_not_staged():
+    from types import SimpleNamespace as NS
+
+    from monarch.node.stats import size_classes
+    files = {"0/d": NS(size=40 << 20), "0/f": NS(size=20 << 20), "0/g": NS(size=30 << 20)}
+    rows = size_classes(files, {"0/g": NS(name="ram")}, set(), by_blocks={"0/d": 12 << 20})
+    n = node({"pfs": {"opens": 1, "bytes": 1}})
+    n["size_classes"] = rows
+    r = build_report([n], JOB)
+    large = r["size_classes"][-1]
+    assert large["by_blocks"] == {"files": 1, "bytes": 12 << 20, "of_bytes": 40 << 20}
+    assert large["not_staged"] == {"files": 1, "bytes": 20 << 20}  # 0/f: nothing of it staged
+    assert ">=16MiB          3    90.0 MiB  ram 1 (30.0 MiB), by blocks 1 (12.0 MiB of 40.0 MiB), not staged 1 " \
+           "(20.0 MiB)" in text(r)
+
+
 def test_tiers_and_size_classes_in_the_report_and_its_text():
     n = node({"pfs": {"opens": 1, "bytes": 1 * MiB}, "ram": {"opens": 3, "bytes": 3 * MiB}})
     n["tiers"] = [{"name": "ram", "capacity": 4 * MiB, "used": 3 * MiB, "files": 3, "full": None,

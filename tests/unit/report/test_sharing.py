@@ -25,6 +25,12 @@ def test_the_report_says_what_came_from_other_jobs_and_what_the_last_job_left():
     assert "tier nvme not shared: a compressing tier is not shared yet" in lines
 
 
+def test_the_report_says_which_files_were_staged_anew_because_they_changed_since_the_sets_copy():
+    report = {"nodes": [{"tiers": [tier("ram", 1, restaged_files=1, restaged_bytes=64 << 20)]}]}
+    assert "tier ram re-staged: changed since the set's copy: 1 file (64.0 MiB), the set's copy replaced" \
+        in sharing_lines(report)
+
+
 def test_at_the_start_a_per_job_base_and_another_capacity_are_said_in_one_line_each():
     lines = sharing_at_start({
         "ram": {"not_shared": "/dev/shm is private to each job on this node (Slurm's job_container/tmpfs): "
