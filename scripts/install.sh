@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Install everything Monarch, its demo, tests and benchmarks need on a fresh Debian machine:
-# a C compiler, FUSE 3, redis-server and chromium from Debian, then Monarch itself (which
-# compiles the shim) with its MPI, test, benchmark, store and demo extras from PyPI.
+# a C compiler (the checkout's tests build its C libraries from its own sources), FUSE 3,
+# redis-server and chromium from Debian, then Monarch itself with its MPI, test, benchmark,
+# store and demo extras from PyPI. pip builds Monarch's wheel (setup.py: every C library built
+# once for glibc 2.17 with zig, a build dependency; no system compiler needed for that), so the
+# installed `monarch` and every process it starts compile nothing at run time.
 # Idempotent: what is already there is not installed again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
