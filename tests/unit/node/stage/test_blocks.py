@@ -99,3 +99,50 @@ def test_a_source_changed_since_the_snapshot_is_never_staged(tmp_path):
     bf = stager.blocks.attach(key)
     wait_done(stager, bf)
     assert bf.staged == 0 and not bf.whole and stager.blocks.failures == 1
+
+
+def test_a_shared_sets_copy_of_a_changed_large_file_is_replaced_once_and_the_next_job_books_it(tmp_path):
+    """Three "jobs" (stagers on one shared set) in a chain over a large file rewritten after the
+    first: the second removes the stale copy (whole and its blocks, one file under two names),
+    gives its room back, stages and publishes the new one; the third books it as found."""
+    from monarch.node.tiers.shared_tier import SharedTier
+    root = tmp_path / "pfs"
+    (root / "d").mkdir(parents=True)
+    src, key = root / "d" / "big.bin", "0/d/big.bin"
+    (tmp_path / "base").mkdir()
+    cfg = TierConfig("ram", str(tmp_path / "base"), 1 << 30, False)
+
+    def job(run):
+        snapshot = take_snapshot((str(root),))
+        tier = SharedTier.from_config(cfg, 2, run, 0, (str(root),), linger=600, wait=5)
+        return Stager(snapshot, [tier]), tier, snapshot
+
+    def stage(stager):
+        assert stager.blocks.answer(key) is not None
+        wait_done(stager, stager.blocks.files[key])
+
+    def leave(stager, tier):
+        stager.shutdown()
+        assert stager.drain(10)
+        tier.remove()
+
+    src.write_bytes(os.urandom(20 * MiB))
+    first, t1, _ = job("j1")
+    stage(first)
+    assert first.blocks.files[key].whole
+    leave(first, t1)
+    data = os.urandom(20 * MiB)
+    before = src.stat().st_mtime_ns
+    src.write_bytes(data)
+    os.utime(src, ns=(before + 10**9, before + 10**9))
+    second, t2, _ = job("j2")
+    assert open(t2.path_for(key), "rb").read() != data  # the set's stale copy
+    stage(second)
+    assert second.blocks.files[key].whole and open(t2.path_for(key), "rb").read() == data
+    assert t2.restaged_files == 1 and t2.shared.taken() == t2.allocated(len(data))  # the stale room given back
+    leave(second, t2)
+    third, t3, snapshot = job("j3")
+    assert t3.adopt_existing(snapshot.files) == [key] and t3.restaged_files == 0
+    assert third.blocks.answer(key) is None  # whole: the shim's probe finds it
+    assert third.stats()["pfs_bytes_read"] == 0
+    leave(third, t3)
