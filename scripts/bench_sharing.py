@@ -99,7 +99,7 @@ def parse_args(argv=None):
     p.add_argument("--large-mib", type=int, default=64, help="--chain: the large file's size")
     p.add_argument("--chain-jobs", type=int, default=3, help="--chain: jobs in the chain")
     p.add_argument("--json", default=None, help="default: results/bench_sharing.json (--chain: bench_sharing_chain.json)")
-    args = parse_with_quick(p, argv, dict(files=150, size="16KiB", jobs="2", epochs=2))
+    args = parse_with_quick(p, argv, dict(files=150, size="16KiB", jobs="2", epochs=2, large_mib=24))
     if args.chain and "--files" not in (argv if argv is not None else sys.argv[1:]) and not args.quick:
         args.files = 300
     args.json = args.json or result_path("bench_sharing_chain.json" if args.chain else "bench_sharing.json")
