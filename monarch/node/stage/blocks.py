@@ -47,7 +47,7 @@ from monarch.node.snapshot.snapshot import FileInfo
 from monarch.node.stage.read_pace import ReadPace
 from monarch.node.stage.sources import PFSSource, SourceChanged
 from monarch.node.tiers.shared_tier import SharedTier
-from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, Tier, make_dirs_below
+from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, TMP_PREFIX, Tier, make_dirs_below
 from monarch.secure import create_exclusive, owner_only, write_file_atomically
 
 if TYPE_CHECKING:
@@ -604,7 +604,8 @@ def _link_over(src: str, dest: str) -> os.stat_result | None:
     old = os.lstat(dest)
     if os.path.samestat(old, os.lstat(src)):
         return None
-    tmp = f"{dest}.monarch-link-{os.getpid()}-{threading.get_ident()}"
+    # a temporary's name, which a set's sweep removes should this process die before the rename
+    tmp = os.path.join(os.path.dirname(dest), f"{TMP_PREFIX}link-{os.getpid()}-{threading.get_ident()}")
     os.link(src, tmp)
     try:
         os.replace(tmp, dest)

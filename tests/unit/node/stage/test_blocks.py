@@ -146,3 +146,13 @@ def test_a_shared_sets_copy_of_a_changed_large_file_is_replaced_once_and_the_nex
     assert third.blocks.answer(key) is None  # whole: the shim's probe finds it
     assert third.stats()["pfs_bytes_read"] == 0
     leave(third, t3)
+
+
+def test_publishing_links_over_a_copy_of_another_version_and_leaves_no_temporary(tmp_path):
+    src, dest = tmp_path / "copy", tmp_path / "key"
+    src.write_bytes(b"new" * 10)
+    dest.write_bytes(b"old")
+    replaced = blocks._link_over(str(src), str(dest))
+    assert replaced is not None and replaced.st_size == 3
+    assert os.path.samestat(os.stat(src), os.stat(dest)) and sorted(os.listdir(tmp_path)) == ["copy", "key"]
+    assert blocks._link_over(str(src), str(dest)) is None  # itself: nothing replaced
