@@ -36,7 +36,6 @@ import logging
 import mmap
 import os
 import stat
-import struct
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -44,10 +43,14 @@ from typing import TYPE_CHECKING
 from monarch import protocol
 from monarch.node.snapshot.pfsmeta import checked_stat
 from monarch.node.snapshot.snapshot import FileInfo
+from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_SHIFT, BLOCK_STAGED,  # noqa: F401 (the map's
+                                          BLOCK_WANTED, BLOCKMAP_DONE_OFFSET, BLOCKMAP_HEADER,  # format: blocks.X too)
+                                          BLOCKMAP_MAGIC, BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_VERSION, copy_state,
+                                          link_over, staged_bytes)
 from monarch.node.stage.read_pace import ReadPace
 from monarch.node.stage.sources import PFSSource, SourceChanged
 from monarch.node.tiers.shared_tier import SharedTier
-from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, TMP_PREFIX, Tier, make_dirs_below
+from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, Tier, make_dirs_below
 from monarch.secure import create_exclusive, owner_only, write_file_atomically
 
 if TYPE_CHECKING:
@@ -57,21 +60,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BLOCK", "BLOCKS_MIN", "BlockFile", "BlockStager"]
 
-# The copy and its map, as the shim reads them (monarch/wire/monarch_wire.h: MONARCH_BLOCK*,
-# struct monarch_blockmap_header; tests/unit/test_wire.py holds the two together).
-# BLOCKS_DIR, BLOCKMAP_DIR (node/tiers/tiers.py): the copy, the source's size, blocks in any order;
-# its map: BLOCKMAP_HEADER, then a state byte per block
-BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
-BLOCKMAP_VERSION = 2
-BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQ")  # magic, version, block_shift, size, mtime_ns, blocks, done, readaround
-BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
-BLOCKMAP_READAROUND_OFFSET = 48  # "readaround": nonzero once the PFS's round trip is long (ReadPace.readaround)
-BLOCK_ABSENT = 0
-BLOCK_WANTED = 1  # the shim read it from the PFS: staged next
-BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
-
-BLOCK_SHIFT = 20  # 1 MiB blocks: a block cache's usual page (Alluxio, mountpoint-s3); a mapping moves in these
-BLOCK = 1 << BLOCK_SHIFT
 BLOCKS_MIN = 16 << 20  # files this large are staged by blocks: a whole copy of one would keep an open waiting
 ANSWER_CLAIM_WAIT = 0.05  # seconds an open's answer waits for a large file's claim another job holds
 
@@ -412,7 +400,7 @@ class BlockStager:
             os.utime(bf.copy_fd, ns=(info.mtime_ns, info.mtime_ns))
             dest = tier.path_for(bf.key)
             make_dirs_below(tier.path, os.path.dirname(dest))
-            replaced = _link_over(bf.path, dest)
+            replaced = link_over(bf.path, dest)
             if replaced is not None and isinstance(tier, SharedTier):  # another version, put there meanwhile
                 tier.shared.give(tier.allocated(replaced.st_size))
         except OSError as e:
@@ -455,12 +443,12 @@ class BlockStager:
         dest = tier.path_for(key)
         copy, bmap = os.path.join(tier.path, BLOCKS_DIR, key), os.path.join(tier.path, BLOCKMAP_DIR, key)
         whole = tier.matching(key, info)
-        blocks, complete, live = _block_copy(copy, bmap, info)
+        blocks, complete, live = copy_state(copy, bmap, info)
         if whole or (blocks == "same" and complete and not live):
             if not whole:  # a gone job's complete blocks of this file: published in place of any other copy
                 try:
                     os.utime(copy, ns=(info.mtime_ns, info.mtime_ns), follow_symlinks=False)
-                    replaced = _link_over(copy, dest)
+                    replaced = link_over(copy, dest)
                     if replaced is not None:
                         tier.shared.give(tier.allocated(replaced.st_size))
                 except OSError as e:
@@ -574,7 +562,7 @@ class BlockStager:
             out = {bf.key: bf.staged_bytes for bf in files if not bf.borrowed}
         for bf in files:
             if bf.borrowed:
-                out[bf.key] = _staged_bytes(bf.map_path, bf.info)
+                out[bf.key] = staged_bytes(bf.map_path, bf.info)
         return {k: v for k, v in out.items() if v}
 
     def stats_locked(self) -> dict:
@@ -592,75 +580,3 @@ class BlockStager:
                 "bytes_staged": sum(bf.staged_bytes for bf in own),
                 "block_bytes": BLOCK, "pace": self.pace.state(), "failed_files": self.failures}
 
-
-def _link_over(src: str, dest: str) -> os.stat_result | None:
-    """``src`` linked at ``dest`` in place of any other file there (atomically: a reader finds
-    one or the other); the stat of the file it replaced, None if none (or ``src`` itself)."""
-    try:
-        os.link(src, dest)
-        return None
-    except FileExistsError:
-        pass
-    old = os.lstat(dest)
-    if os.path.samestat(old, os.lstat(src)):
-        return None
-    # a temporary's name, which a set's sweep removes should this process die before the rename
-    tmp = os.path.join(os.path.dirname(dest), f"{TMP_PREFIX}link-{os.getpid()}-{threading.get_ident()}")
-    os.link(src, tmp)
-    try:
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return old if stat.S_ISREG(old.st_mode) else None
-
-
-def _block_copy(copy: str, bmap: str, info: FileInfo) -> tuple[str | None, bool, bool]:
-    """A shared set's block copy of a file: (None: none; "same": of the file ``info``
-    describes; "other": of another version; "broken": its map unreadable), whether every
-    block is staged, whether a live job holds it to stage it."""
-    try:
-        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None, False, False
-    except OSError:
-        return "broken", False, False
-    try:
-        live = not _try_lock(fd)
-    finally:
-        os.close(fd)
-    try:
-        with open(bmap, "rb") as f:
-            magic, version, shift, size, mtime_ns, blocks, _, _ = BLOCKMAP_HEADER.unpack(f.read(BLOCKMAP_HEADER.size))
-            states = f.read(blocks + 1)
-    except (OSError, struct.error):
-        return "broken", False, live
-    if (magic, version, shift) != (BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT):
-        return "broken", False, live
-    complete = len(states) == blocks and states.count(BLOCK_STAGED) == blocks
-    return "same" if (size, mtime_ns) == (info.size, info.mtime_ns) else "other", complete, live
-
-
-def _staged_bytes(bmap: str, info: FileInfo) -> int:
-    """The bytes of the staged blocks a map says, if it is the map of the file ``info`` describes."""
-    try:
-        with open(bmap, "rb") as f:
-            magic, version, shift, size, mtime_ns, blocks, _, _ = BLOCKMAP_HEADER.unpack(f.read(BLOCKMAP_HEADER.size))
-            states = f.read(blocks)
-    except (OSError, struct.error):
-        return 0
-    if (magic, version, shift, size, mtime_ns) != (BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, info.size,
-                                                   info.mtime_ns) or len(states) != blocks:
-        return 0
-    n = states.count(BLOCK_STAGED)
-    short = BLOCK * blocks - size  # the last block's missing tail
-    return n * BLOCK - (short if blocks and states[-1] == BLOCK_STAGED else 0)
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False

@@ -8,7 +8,7 @@ import pytest
 
 from monarch.config import TierConfig
 from monarch.node.snapshot.snapshot import take_snapshot
-from monarch.node.stage import blocks
+from monarch.node.stage import block_map, blocks
 from monarch.node.stage.stager import Stager
 from monarch.node.tiers.tiers import Tier
 
@@ -152,7 +152,7 @@ def test_publishing_links_over_a_copy_of_another_version_and_leaves_no_temporary
     src, dest = tmp_path / "copy", tmp_path / "key"
     src.write_bytes(b"new" * 10)
     dest.write_bytes(b"old")
-    replaced = blocks._link_over(str(src), str(dest))
+    replaced = block_map.link_over(str(src), str(dest))
     assert replaced is not None and replaced.st_size == 3
     assert os.path.samestat(os.stat(src), os.stat(dest)) and sorted(os.listdir(tmp_path)) == ["copy", "key"]
-    assert blocks._link_over(str(src), str(dest)) is None  # itself: nothing replaced
+    assert block_map.link_over(str(src), str(dest)) is None  # itself: nothing replaced
