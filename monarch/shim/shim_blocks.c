@@ -11,8 +11,8 @@
  *     application's own size, and its ABSENT blocks are marked WANTED (the daemon stages
  *     those first). Never a whole block on the application's time.
  *   - a read-only mapping of the descriptor is made on the PFS and registered; a thread of
- *     the shim's (started with the first such mapping, and again in a fork child that has
- *     some) maps each run of STAGED blocks over the same addresses from the copy (MAP_FIXED:
+ *     the shim's (started with the first such mapping, and in a fork child that has some by
+ *     its first read, open or mapping) maps each run of STAGED blocks over the same addresses from the copy (MAP_FIXED:
  *     the same bytes, so the application cannot tell), until every block is moved or the
  *     daemon says no more will come. munmap, mremap and a MAP_FIXED mmap over a registered
  *     range take the registry's lock, so no range is ever mapped again once the
@@ -52,13 +52,54 @@ static uint16_t monarch_fd_part[MONARCH_MAX_FDS]; /* part index + 1 of a descrip
 /* part index + 1 whose copy is open as this descriptor: an application that closes descriptors
  * it did not open (closerange in a worker) takes the copy away, never gets it read in its place */
 static uint16_t monarch_copy_fd_part[MONARCH_MAX_FDS];
-static pthread_mutex_t monarch_parts_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct monarch_mapping monarch_mappings[MONARCH_MAX_MAPPINGS];
 static int monarch_nmappings; /* read without the lock on every munmap: 0 means nothing to check */
-/* recursive: an allocator preloaded before libc's (jemalloc, tcmalloc) may munmap from the
- * free() the registry calls under it, and that munmap comes back here */
-static pthread_mutex_t monarch_maps_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static int monarch_remapper_running;
+/* a fork child has mappings to move: its first read, open or mapping starts its remapper
+ * (a thread is not started from the fork handler, where only async-signal-safe work belongs) */
+static int monarch_remapper_owed;
+
+/* ---- the shim's two locks: the mapping registry's (maps), then the parts' (parts) ----
+ * Each is a plain mutex and the holding thread's depth:
+ *   - the thread that holds one takes it again without waiting: an allocator preloaded before
+ *     libc's (jemalloc, tcmalloc) may munmap from the free() the registry calls under it, and
+ *     that munmap comes back here;
+ *   - not glibc's recursive mutex, which remembers its owner's thread id: a fork child's thread
+ *     has another, its unlock in the child handler fails (EPERM), and the child's own fork
+ *     then waits for the lock forever (bash's `x=$(cmd | head -1)`);
+ *   - the application's threads hold one with every signal blocked, so a handler that closes
+ *     or unmaps (both async-signal-safe) never finds its own thread halfway through a change.
+ * fork takes both in its prepare handler (no other thread is then inside) and releases both in
+ * the parent's and in the child's handler: a child, and its children, find them free. */
+static pthread_mutex_t monarch_maps_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t monarch_parts_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread unsigned monarch_maps_depth __attribute__((tls_model("initial-exec")));
+static __thread unsigned monarch_parts_depth __attribute__((tls_model("initial-exec")));
+
+static void monarch_lock_take(pthread_mutex_t *mu, unsigned *depth, sigset_t *old)
+{
+    if (old) {
+        sigset_t all;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, old);
+    }
+    if ((*depth)++ == 0)
+        pthread_mutex_lock(mu);
+}
+
+static void monarch_lock_give(pthread_mutex_t *mu, unsigned *depth, const sigset_t *old)
+{
+    if (--(*depth) == 0)
+        pthread_mutex_unlock(mu);
+    if (old)
+        pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+/* `old` names a sigset_t the caller keeps for the mask to restore */
+#define MONARCH_MAPS_LOCK(old) monarch_lock_take(&monarch_maps_mu, &monarch_maps_depth, &(old))
+#define MONARCH_MAPS_UNLOCK(old) monarch_lock_give(&monarch_maps_mu, &monarch_maps_depth, &(old))
+#define MONARCH_PARTS_LOCK(old) monarch_lock_take(&monarch_parts_mu, &monarch_parts_depth, &(old))
+#define MONARCH_PARTS_UNLOCK(old) monarch_lock_give(&monarch_parts_mu, &monarch_parts_depth, &(old))
 /* the part an OPEN answer named (ANSWER_BLOCKS), for monarch_after to give the descriptor */
 static __thread unsigned monarch_part_pending __attribute__((tls_model("initial-exec")));
 
@@ -131,7 +172,8 @@ static unsigned monarch_part_load(unsigned slot, const char *key, size_t kl, uin
     if (copy_fd < 0 || monarch_sys_fstat(copy_fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid()
         || (uint64_t)st.st_size != h->size)
         goto bad;
-    pthread_mutex_lock(&monarch_parts_mu);
+    sigset_t held_;
+    MONARCH_PARTS_LOCK(held_);
     for (unsigned i = 0; i < MONARCH_MAX_PARTS; i++) {
         struct monarch_part *pt = &monarch_parts[i];
         if (pt->refs)
@@ -141,11 +183,11 @@ static unsigned monarch_part_load(unsigned slot, const char *key, size_t kl, uin
                                     .states = (uint8_t *)m + MONARCH_BLOCKMAP_HEADER_SIZE, .map_len = len};
         if ((unsigned)copy_fd < MONARCH_MAX_FDS)
             __atomic_store_n(&monarch_copy_fd_part[copy_fd], (uint16_t)(i + 1), __ATOMIC_RELAXED);
-        pthread_mutex_unlock(&monarch_parts_mu);
+        MONARCH_PARTS_UNLOCK(held_);
         monarch_extra_add(MONARCH_EXTRA_BLOCK_OPENS, 1);
         return i + 1;
     }
-    pthread_mutex_unlock(&monarch_parts_mu);
+    MONARCH_PARTS_UNLOCK(held_);
     MONARCH_DEBUG(1, "%s: more than %d files staged by blocks open at once: read from the PFS", key,
                   MONARCH_MAX_PARTS);
 bad:
@@ -167,9 +209,10 @@ static void monarch_part_attach(int fd)
         __atomic_store_n(&monarch_fd_part[fd], (uint16_t)p, __ATOMIC_RELAXED);
         return;
     }
-    pthread_mutex_lock(&monarch_parts_mu);
+    sigset_t held_;
+    MONARCH_PARTS_LOCK(held_);
     monarch_part_unref_locked(p);
-    pthread_mutex_unlock(&monarch_parts_mu);
+    MONARCH_PARTS_UNLOCK(held_);
 }
 
 /* fd no longer holds its part (closed, or its number reused). */
@@ -178,12 +221,13 @@ static void monarch_part_drop(int fd)
     unsigned p = monarch_part_of(fd);
     if (!p)
         return;
-    pthread_mutex_lock(&monarch_parts_mu);
+    sigset_t held_;
+    MONARCH_PARTS_LOCK(held_);
     if (__atomic_load_n(&monarch_fd_part[fd], __ATOMIC_RELAXED) == p) {
         __atomic_store_n(&monarch_fd_part[fd], 0, __ATOMIC_RELAXED);
         monarch_part_unref_locked(p);
     }
-    pthread_mutex_unlock(&monarch_parts_mu);
+    MONARCH_PARTS_UNLOCK(held_);
 }
 
 /* The application closes [first, last] (close, dup2 over, close_range): a part's copy among
@@ -197,14 +241,15 @@ static void monarch_part_copy_closing(unsigned first, unsigned last)
         unsigned p = __atomic_load_n(&monarch_copy_fd_part[fd], __ATOMIC_RELAXED);
         if (MONARCH_LIKELY(!p) || monarch_guard)
             continue;
-        pthread_mutex_lock(&monarch_maps_mu);
-        pthread_mutex_lock(&monarch_parts_mu);
+        sigset_t maps_held_, held_;
+        MONARCH_MAPS_LOCK(maps_held_);
+        MONARCH_PARTS_LOCK(held_);
         if (monarch_parts[p - 1].copy_fd == (int)fd) {
             monarch_parts[p - 1].copy_fd = -1;
             __atomic_store_n(&monarch_copy_fd_part[fd], 0, __ATOMIC_RELAXED);
         }
-        pthread_mutex_unlock(&monarch_parts_mu);
-        pthread_mutex_unlock(&monarch_maps_mu);
+        MONARCH_PARTS_UNLOCK(held_);
+        MONARCH_MAPS_UNLOCK(maps_held_);
     }
 }
 
@@ -216,10 +261,11 @@ static void monarch_part_dup(int oldfd, int newfd)
         monarch_part_drop(newfd);
     if (!p || (unsigned)newfd >= MONARCH_MAX_FDS)
         return;
-    pthread_mutex_lock(&monarch_parts_mu);
+    sigset_t held_;
+    MONARCH_PARTS_LOCK(held_);
     monarch_parts[p - 1].refs++;
     __atomic_store_n(&monarch_fd_part[newfd], (uint16_t)p, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&monarch_parts_mu);
+    MONARCH_PARTS_UNLOCK(held_);
 }
 
 /* ---- reads: from the copy when every block of the range is staged ---- */
@@ -380,9 +426,10 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
 static void monarch_mapping_free_locked(struct monarch_mapping *m)
 {
     free(m->moved);
-    pthread_mutex_lock(&monarch_parts_mu);
+    sigset_t held_;
+    MONARCH_PARTS_LOCK(held_);
     monarch_part_unref_locked(m->part);
-    pthread_mutex_unlock(&monarch_parts_mu);
+    MONARCH_PARTS_UNLOCK(held_);
     memset(m, 0, sizeof *m);
     __atomic_store_n(&monarch_nmappings, monarch_nmappings - 1, __ATOMIC_RELEASE);
 }
@@ -404,19 +451,21 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
     uint8_t *moved = calloc((size_t)((last - first) / 8 + 1), 1);
     if (!moved)
         return;
-    pthread_mutex_lock(&monarch_maps_mu);
+    sigset_t maps_held_;
+    MONARCH_MAPS_LOCK(maps_held_);
     struct monarch_mapping *m = NULL;
     for (unsigned i = 0; i < MONARCH_MAX_MAPPINGS && !m; i++)
         if (!monarch_mappings[i].addr)
             m = &monarch_mappings[i];
     if (!m) {
-        pthread_mutex_unlock(&monarch_maps_mu);
+        MONARCH_MAPS_UNLOCK(maps_held_);
         free(moved);
         return;
     }
-    pthread_mutex_lock(&monarch_parts_mu);
+    sigset_t held_;
+    MONARCH_PARTS_LOCK(held_);
     pt->refs++;
-    pthread_mutex_unlock(&monarch_parts_mu);
+    MONARCH_PARTS_UNLOCK(held_);
     *m = (struct monarch_mapping){.addr = (uintptr_t)p, .len = len, .off = off, .prot = prot, .share = share,
                                   .part = part, .moved = moved, .first = first, .last = last};
     __atomic_store_n(&monarch_nmappings, monarch_nmappings + 1, __ATOMIC_RELEASE);
@@ -432,7 +481,7 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
         monarch_mapping_free_locked(m);
     else
         monarch_remapper_start();
-    pthread_mutex_unlock(&monarch_maps_mu);
+    MONARCH_MAPS_UNLOCK(maps_held_);
 }
 
 /* The application lets [addr, addr + len) go (munmap, mremap, a MAP_FIXED mmap over it): the
@@ -456,7 +505,8 @@ static void *monarch_remapper_main(void *arg)
     monarch_guard = 1; /* its own calls are never the application's */
     long pause_ms = 2;
     for (;;) {
-        pthread_mutex_lock(&monarch_maps_mu);
+        sigset_t maps_held_;
+        MONARCH_MAPS_LOCK(maps_held_);
         uint64_t before = 0, after = 0;
         for (unsigned i = 0; i < MONARCH_MAX_MAPPINGS; i++) {
             struct monarch_mapping *m = &monarch_mappings[i];
@@ -476,10 +526,10 @@ static void *monarch_remapper_main(void *arg)
         }
         if (!after) {
             monarch_remapper_running = 0;
-            pthread_mutex_unlock(&monarch_maps_mu);
+            MONARCH_MAPS_UNLOCK(maps_held_);
             return NULL;
         }
-        pthread_mutex_unlock(&monarch_maps_mu);
+        MONARCH_MAPS_UNLOCK(maps_held_);
         pause_ms = after < before ? 2 : pause_ms * 2 > 50 ? 50 : pause_ms * 2;
         struct timespec ts = {0, pause_ms * 1000000L};
         nanosleep(&ts, NULL);
@@ -507,25 +557,46 @@ static void monarch_remapper_start(void)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-/* fork: the registry's locks are taken around it (so the child's are not held by a thread it
- * does not have), and a child with mappings to move starts a remapper of its own. */
+/* fork: both locks are taken around it, so that no other thread is inside when the process is
+ * copied and the child's are free. No signal is blocked here: fork changes nothing they guard.
+ * The child's handler is async-signal-safe (unlocks and stores); a child with mappings to move
+ * has its remapper started by its first read, open or mapping (monarch_blocks_resume). */
 static void monarch_blocks_prefork(void)
 {
-    pthread_mutex_lock(&monarch_maps_mu);
-    pthread_mutex_lock(&monarch_parts_mu);
+    monarch_lock_take(&monarch_maps_mu, &monarch_maps_depth, NULL);
+    monarch_lock_take(&monarch_parts_mu, &monarch_parts_depth, NULL);
 }
 
 static void monarch_blocks_postfork_parent(void)
 {
-    pthread_mutex_unlock(&monarch_parts_mu);
-    pthread_mutex_unlock(&monarch_maps_mu);
+    monarch_lock_give(&monarch_parts_mu, &monarch_parts_depth, NULL);
+    monarch_lock_give(&monarch_maps_mu, &monarch_maps_depth, NULL);
 }
 
 static void monarch_blocks_postfork_child(void)
 {
-    pthread_mutex_unlock(&monarch_parts_mu);
-    monarch_remapper_running = 0;
-    if (__atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE))
+    monarch_remapper_running = 0; /* the parent's thread is not here */
+    __atomic_store_n(&monarch_remapper_owed, __atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE) > 0,
+                     __ATOMIC_RELEASE);
+    /* a plain mutex is released by a store: the child's thread id, not the parent's, does it */
+    monarch_lock_give(&monarch_parts_mu, &monarch_parts_depth, NULL);
+    monarch_lock_give(&monarch_maps_mu, &monarch_maps_depth, NULL);
+}
+
+/* A fork child's first read, open or mapping: the remapper its inherited mappings need. */
+static void monarch_blocks_resume_slow(void)
+{
+    if (monarch_guard || !__atomic_exchange_n(&monarch_remapper_owed, 0, __ATOMIC_ACQ_REL))
+        return;
+    sigset_t maps_held_;
+    MONARCH_MAPS_LOCK(maps_held_);
+    if (monarch_nmappings)
         monarch_remapper_start();
-    pthread_mutex_unlock(&monarch_maps_mu);
+    MONARCH_MAPS_UNLOCK(maps_held_);
+}
+
+static inline void monarch_blocks_resume(void)
+{
+    if (MONARCH_UNLIKELY(__atomic_load_n(&monarch_remapper_owed, __ATOMIC_RELAXED)))
+        monarch_blocks_resume_slow();
 }

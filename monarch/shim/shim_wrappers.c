@@ -13,6 +13,7 @@
 
 #define MONARCH_OPEN_BODY(name, dirfd, args)                         \
     MONARCH_REAL(name, -1)                                           \
+    monarch_blocks_resume();                                         \
     int fd_ = -1;                                                    \
     uint32_t entry_ = 0;                                             \
     if (MONARCH_WRITES(flags))                                       \
@@ -107,6 +108,7 @@
     {                                                                             \
         MONARCH_REAL(name, -1)                                                    \
         ssize_t l_ = 0;                                                           \
+        monarch_blocks_resume();                                                  \
         if (MONARCH_UNLIKELY(monarch_part_of(fd)) && (local))                     \
             return (ret)l_;                                                       \
         ret n_ = real_ args;                                                      \
@@ -544,14 +546,16 @@ MONARCH_EXPORT void seekdir(DIR *dirp, long loc)
     MONARCH_EXPORT void *name(void *addr, size_t len, int prot, int flags, int fd, off_type off) \
     {                                                                              \
         MONARCH_REAL(name, MAP_FAILED)                                             \
+        monarch_blocks_resume();                                                   \
         int held_ = (flags & MAP_FIXED) && __atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE); \
+        sigset_t maps_held_;                                                       \
         if (held_) {                                                               \
-            pthread_mutex_lock(&monarch_maps_mu);                                  \
+            MONARCH_MAPS_LOCK(maps_held_);                                         \
             monarch_mappings_forget_locked((uintptr_t)addr, len);                  \
         }                                                                          \
         void *p_ = real_(addr, len, prot, flags, fd, off);                         \
         if (held_)                                                                 \
-            pthread_mutex_unlock(&monarch_maps_mu);                                \
+            MONARCH_MAPS_UNLOCK(maps_held_);                                       \
         if (p_ != MAP_FAILED && fd >= 0) {                                         \
             monarch_count_mapped(fd, len);                                         \
             if (MONARCH_UNLIKELY(monarch_part_of(fd)) && !monarch_guard)          \
@@ -569,10 +573,11 @@ MONARCH_EXPORT int munmap(void *addr, size_t len)
     MONARCH_REAL(munmap, -1)
     if (MONARCH_LIKELY(!__atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE)))
         return real_(addr, len);
-    pthread_mutex_lock(&monarch_maps_mu);
+    sigset_t maps_held_;
+    MONARCH_MAPS_LOCK(maps_held_);
     monarch_mappings_forget_locked((uintptr_t)addr, len);
     int r = real_(addr, len);
-    pthread_mutex_unlock(&monarch_maps_mu);
+    MONARCH_MAPS_UNLOCK(maps_held_);
     return r;
 }
 
@@ -585,12 +590,13 @@ MONARCH_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags
     MONARCH_REAL(mremap, MAP_FAILED)
     if (MONARCH_LIKELY(!__atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE)))
         return real_(old, old_len, new_len, flags, new_addr);
-    pthread_mutex_lock(&monarch_maps_mu);
+    sigset_t maps_held_;
+    MONARCH_MAPS_LOCK(maps_held_);
     monarch_mappings_forget_locked((uintptr_t)old, old_len);
     if (flags & 2 /* MREMAP_FIXED */)
         monarch_mappings_forget_locked((uintptr_t)new_addr, new_len);
     void *r = real_(old, old_len, new_len, flags, new_addr);
-    pthread_mutex_unlock(&monarch_maps_mu);
+    MONARCH_MAPS_UNLOCK(maps_held_);
     return r;
 }
 
