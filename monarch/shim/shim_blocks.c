@@ -55,6 +55,8 @@ static uint16_t monarch_copy_fd_part[MONARCH_MAX_FDS];
 static struct monarch_mapping monarch_mappings[MONARCH_MAX_MAPPINGS];
 static int monarch_nmappings; /* read without the lock on every munmap: 0 means nothing to check */
 static int monarch_remapper_running;
+/* set (never cleared) before this process's first part is made: until then fork takes no lock */
+static int monarch_blocks_used;
 /* a fork child has mappings to move: its first read, open or mapping starts its remapper
  * (a thread is not started from the fork handler, where only async-signal-safe work belongs) */
 static int monarch_remapper_owed;
@@ -136,6 +138,8 @@ static void monarch_part_unref_locked(unsigned p)
  * n + 1: index + 1, or 0 when anything is off (the application then reads the PFS only). */
 static unsigned monarch_part_load(unsigned slot, const char *key, size_t kl, uint32_t n)
 {
+    if (!__atomic_load_n(&monarch_blocks_used, __ATOMIC_RELAXED))
+        __atomic_store_n(&monarch_blocks_used, 1, __ATOMIC_SEQ_CST);
     struct monarch_probe *pr = NULL;
     struct monarch_index_entry e;
     for (unsigned i = 0; i < monarch_nprobes; i++)
@@ -558,23 +562,44 @@ static void monarch_remapper_start(void)
 }
 
 /* fork: both locks are taken around it, so that no other thread is inside when the process is
- * copied and the child's are free. No signal is blocked here: fork changes nothing they guard.
- * The child's handler is async-signal-safe (unlocks and stores); a child with mappings to move
- * has its remapper started by its first read, open or mapping (monarch_blocks_resume). */
+ * copied and the child's are free; unless this process never made a part (nothing under them:
+ * most processes of a job), so that forking costs it no lock and no page copied for one. No
+ * signal is blocked here: fork changes nothing they guard. The child's handler is
+ * async-signal-safe (unlocks and stores); a child with mappings to move has its remapper
+ * started by its first read, open or mapping (monarch_blocks_resume). */
+static __thread int monarch_fork_locked __attribute__((tls_model("initial-exec")));
+
 static void monarch_blocks_prefork(void)
 {
+    if (!__atomic_load_n(&monarch_blocks_used, __ATOMIC_SEQ_CST))
+        return;
     monarch_lock_take(&monarch_maps_mu, &monarch_maps_depth, NULL);
     monarch_lock_take(&monarch_parts_mu, &monarch_parts_depth, NULL);
+    monarch_fork_locked = 1;
 }
 
 static void monarch_blocks_postfork_parent(void)
 {
+    if (!monarch_fork_locked)
+        return;
+    monarch_fork_locked = 0;
     monarch_lock_give(&monarch_parts_mu, &monarch_parts_depth, NULL);
     monarch_lock_give(&monarch_maps_mu, &monarch_maps_depth, NULL);
 }
 
 static void monarch_blocks_postfork_child(void)
 {
+    if (!monarch_fork_locked) {
+        /* a thread made the process's first part just as it forked, after the prepare handler
+         * looked: the locks it may hold are no one's here, and what it had begun is unreferenced */
+        if (__atomic_load_n(&monarch_blocks_used, __ATOMIC_SEQ_CST)) {
+            pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+            monarch_maps_mu = fresh;
+            monarch_parts_mu = fresh;
+        }
+        return;
+    }
+    monarch_fork_locked = 0;
     monarch_remapper_running = 0; /* the parent's thread is not here */
     __atomic_store_n(&monarch_remapper_owed, __atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE) > 0,
                      __ATOMIC_RELEASE);

@@ -275,6 +275,8 @@ static void monarch_zpool_atfork_child(void)
 {
     for (unsigned i = 0; i < MONARCH_ZPOOL_ENTRIES; i++) {
         struct monarch_zpool_entry *e = &monarch_zpool[i];
+        if (e->state == MONARCH_ZP_EMPTY)
+            continue; /* (no store: a page the child leaves alone is never copied) */
         if (e->state == MONARCH_ZP_OUT) {
             monarch_zpool_retire(e, 1);
         } else {
@@ -284,5 +286,6 @@ static void monarch_zpool_atfork_child(void)
             e->state = MONARCH_ZP_EMPTY;
         }
     }
-    monarch_zpool_used = 0;
+    if (monarch_zpool_used)
+        monarch_zpool_used = 0;
 }

@@ -3,8 +3,9 @@
  *
  * A tier with compression keeps a file's zstd frame at <tier>/.z/<key> (docs/compression.md).
  * When the probe of <tier>/<key> misses in every tier, the shim looks for <tier>/.z/<key>
- * and, if the system's libzstd (libzstd.so.1, loaded with dlopen at start-up: no zstd.h,
- * no link-time dependency) is there, decodes the frame itself into a memfd:
+ * and, if the system's libzstd (libzstd.so.1, loaded with dlopen when the first frame is found:
+ * no zstd.h, no link-time dependency, nothing paid by a process that never meets a frame) is
+ * there, decodes the frame itself into a memfd:
  *   open the frame (O_NOFOLLOW), map it, check it (content size = the snapshot index's
  *   size; a dictionary frame: the tier's dictionary, below), decompress straight into a
  *   memfd of this process's pool that nobody holds any more (shim_zpool.c: its pages are
@@ -66,7 +67,10 @@ static struct {
     size_t (*free_ddict)(void *);
     size_t (*decompress_ddict)(monarch_zstd_dctx *, void *, size_t, const void *, size_t, const void *);
 } monarch_zstd;
-static int monarch_zstd_on; /* set once by monarch_zstd_init (under pthread_once) */
+/* libzstd's state in this process: loaded at the first frame found, by one thread */
+enum { MONARCH_ZSTD_OFF, MONARCH_ZSTD_WANTED, MONARCH_ZSTD_LOADING, MONARCH_ZSTD_ON };
+static int monarch_zstd_state; /* OFF until start-up says the library is wanted */
+static char monarch_zstd_name[256];
 static pthread_key_t monarch_zstd_key;
 
 static void monarch_zstd_free(void *dctx)
@@ -77,7 +81,7 @@ static void monarch_zstd_free(void *dctx)
 #define MONARCH_ZSTD_SYM(field, name)                                                  \
     (*(void **)&monarch_zstd.field = dlsym(lib, name)) != NULL
 
-/* Start-up (monarch_init, under pthread_once): load libzstd if it is there and wanted. */
+/* Start-up (monarch_init, under pthread_once): whether, and which, libzstd is wanted. */
 static void monarch_zstd_init(void)
 {
     const char *want = getenv(MONARCH_ENV_SHIM_ZSTD);
@@ -86,10 +90,22 @@ static void monarch_zstd_init(void)
         return;
     }
     const char *name = want && want[0] ? want : MONARCH_ZSTD_LIBRARY;
+    if (strlen(name) >= sizeof monarch_zstd_name) {
+        MONARCH_DEBUG(1, "%s: name too long; compressed copies are decoded by the daemon", MONARCH_ENV_SHIM_ZSTD);
+        return;
+    }
+    strcpy(monarch_zstd_name, name);
+    monarch_zstd_state = MONARCH_ZSTD_WANTED;
+}
+
+/* The library loaded: 1 when loaded (ON), 0 when it cannot be. */
+static int monarch_zstd_load(void)
+{
+    const char *name = monarch_zstd_name;
     void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         MONARCH_DEBUG(1, "%s: not loaded (%s); compressed copies are decoded by the daemon", name, dlerror());
-        return;
+        return 0;
     }
     if (!(MONARCH_ZSTD_SYM(version, "ZSTD_versionNumber") && MONARCH_ZSTD_SYM(create, "ZSTD_createDCtx")
           && MONARCH_ZSTD_SYM(free, "ZSTD_freeDCtx") && MONARCH_ZSTD_SYM(decompress, "ZSTD_decompressDCtx")
@@ -101,10 +117,38 @@ static void monarch_zstd_init(void)
         || pthread_key_create(&monarch_zstd_key, monarch_zstd_free) != 0) {
         MONARCH_DEBUG(1, "%s: too old or incomplete; compressed copies are decoded by the daemon", name);
         dlclose(lib);
-        return;
+        return 0;
     }
-    monarch_zstd_on = 1;
     MONARCH_DEBUG(1, "%s %u: compressed copies are decoded in this process", name, monarch_zstd.version());
+    return 1;
+}
+
+/* Is libzstd there to decode a frame just found? The first thread to ask loads it (a few
+ * tens of microseconds); another asking meanwhile waits for it. */
+static int monarch_zstd_ready(void)
+{
+    for (;;) {
+        int s = __atomic_load_n(&monarch_zstd_state, __ATOMIC_ACQUIRE);
+        if (s == MONARCH_ZSTD_ON || s == MONARCH_ZSTD_OFF)
+            return s == MONARCH_ZSTD_ON;
+        if (s == MONARCH_ZSTD_LOADING) {
+            sched_yield();
+            continue;
+        }
+        if (__atomic_compare_exchange_n(&monarch_zstd_state, &s, MONARCH_ZSTD_LOADING, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED)) {
+            __atomic_store_n(&monarch_zstd_state, monarch_zstd_load() ? MONARCH_ZSTD_ON : MONARCH_ZSTD_OFF,
+                             __ATOMIC_RELEASE);
+        }
+    }
+}
+
+/* A fork child: a parent's thread was loading the library; the child's half-made load is left
+ * alone and the daemon decodes its frames. */
+static void monarch_zstd_atfork_child(void)
+{
+    if (monarch_zstd_state == MONARCH_ZSTD_LOADING)
+        monarch_zstd_state = MONARCH_ZSTD_OFF;
 }
 
 /* This thread's decompression context, made at its first use (the one allocation). */
@@ -223,7 +267,7 @@ static int monarch_zstd_open(unsigned probe, const char *key, size_t kl, int fla
 {
     char zkey[MONARCH_KEY_MAX + 3], path[PATH_MAX];
     *found = 0;
-    if (!monarch_zstd_on || kl + 3 >= sizeof zkey)
+    if (__atomic_load_n(&monarch_zstd_state, __ATOMIC_RELAXED) == MONARCH_ZSTD_OFF || kl + 3 >= sizeof zkey)
         return -1;
     memcpy(zkey, ".z/", 3);
     memcpy(zkey + 3, key, kl + 1);
@@ -233,6 +277,10 @@ static int monarch_zstd_open(unsigned probe, const char *key, size_t kl, int fla
     int zfd = MONARCH_RESOLVE(openat)(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (zfd < 0)
         return -1; /* no compressed copy here: the common miss */
+    if (!monarch_zstd_ready()) {
+        real_close(zfd); /* no library: the daemon decodes it, as with no frame here */
+        return -1;
+    }
     *found = 1;
     struct monarch_index_entry e;
     struct stat st;
