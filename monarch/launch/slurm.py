@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from monarch.errors import MonarchError
+from monarch.launch.service import python_command
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def daemon_step(serve_args: list[str], env: Mapping[str, str] | None = None,
                            f"{', '.join(sorted(plugins)) or 'nothing'}): the daemons' MPI needs one of them")
     argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--overlap",
             "--kill-on-bad-exit=0", f"--mpi={mpi}", f"--job-name={STEP_NAME}", "--export=ALL",
-            sys.executable, "-m", "monarch", *["-v"] * verbose, "serve", *serve_args]
+            *python_command("monarch"), *["-v"] * verbose, "serve", *serve_args]
     return Step(argv, mpi, engine, extra)
 
 

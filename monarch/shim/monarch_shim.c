@@ -521,6 +521,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 #include "shim_blocks.c"
 #include "shim_open.c"
 #include "shim_wrappers.c"
+#include "shim_fork.c"
 
 /* ---- start-up ---- */
 #define MONARCH_RESOLVE_ONE(name, ...) (void)MONARCH_RESOLVE(name);
@@ -702,54 +703,6 @@ bad:
     return -1;
 }
 
-/* fork raced with start-up in another thread, which does not exist in the child: start-up
- * runs again there at its first call */
-static void monarch_child_restart_init(void)
-{
-    if (!__atomic_load_n(&monarch_ready, __ATOMIC_ACQUIRE)) {
-        pthread_once_t fresh = PTHREAD_ONCE_INIT;
-        monarch_once = fresh;
-    }
-}
-
-static void monarch_atfork_child(void)
-{
-    /* Per-process state: the pid (vfork detection, debug prefix) and the guard of
-     * the forking thread. The counters and index mappings are inherited, the fd
-     * tables are inherited with the descriptors they describe, a stop of probing
-     * holds for the child too, and the daemon is asked over a fresh
-     * connection (the kept one is the parent's: closed here): nothing else to reset.
-     * Async-signal-safe (stores, close, getpid), and each store only where the value
-     * changes: every page the child writes is a page the kernel copies, at every fork of
-     * every process of the job (bash forks for each $(...)). */
-    if (!__atomic_load_n(&monarch_enabled, __ATOMIC_RELAXED)) {
-        monarch_child_restart_init();
-        return; /* passing everything through: no state of its own to reset */
-    }
-    monarch_pid = getpid();
-    if (monarch_guard)
-        monarch_guard = 0;
-    if (monarch_conn_fd >= 0)
-        monarch_conn_drop(); /* the forking thread's kept connection is the parent's: this copy closed */
-    if (monarch_conn_busy)
-        monarch_conn_busy = 0;
-    monarch_zpool_atfork_child();
-    monarch_count_process(1); /* a DataLoader worker is a process with the shim too */
-    /* a thread of the parent was installing the index, or looking for it: it is not here to finish */
-    if (__atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE) == MONARCH_IX_INSTALLING)
-        __atomic_store_n(&monarch_index_state, monarch_idx() ? MONARCH_IX_MAPPED : MONARCH_IX_UNKNOWN,
-                         __ATOMIC_RELEASE);
-    if (monarch_index_next_look)
-        monarch_index_next_look = 0;
-    if (monarch_pfs_why != -1)
-        monarch_pfs_why = -1;
-    for (unsigned i = 0; i < monarch_nprobes; i++) /* a parent's thread was opening a probe dir: again here */
-        if (monarch_probes[i].fd == MONARCH_PROBE_OPENING)
-            monarch_probes[i].fd = MONARCH_PROBE_UNOPENED;
-    monarch_zstd_atfork_child();
-    monarch_child_restart_init();
-}
-
 /* A positive number of ms from the environment into *ms (kept when unset or invalid). */
 static void monarch_env_ms(const char *name, int *ms)
 {
@@ -861,7 +814,6 @@ MONARCH_EXPORT int monarch_shim_loaded(void)
 
 __attribute__((constructor)) static void monarch_constructor(void)
 {
-    pthread_atfork(NULL, NULL, monarch_atfork_child);
-    pthread_atfork(monarch_blocks_prefork, monarch_blocks_postfork_parent, monarch_blocks_postfork_child);
+    monarch_fork_handlers();
     monarch_ensure_init();
 }

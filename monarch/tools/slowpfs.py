@@ -393,7 +393,8 @@ class SlowPFS:
 
     def command(self) -> list[str]:
         o = self.options
-        return [sys.executable, "-m", "monarch.tools.slowpfs", self.src, self.mountpoint,
+        from monarch.launch.service import python_command  # this package, not a monarch/ of the cwd
+        return [*python_command("monarch.tools.slowpfs"), self.src, self.mountpoint,
                 "--counters", self.counters_path,
                 "--open-latency-ms", str(o["open_latency_ms"]),
                 "--read-latency-ms", str(o["read_latency_ms"]),

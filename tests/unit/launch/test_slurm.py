@@ -8,6 +8,7 @@ import pytest
 
 from monarch.errors import MonarchError
 from monarch.launch import slurm
+from monarch.launch.service import python_command
 
 BATCH = {"SLURM_JOB_ID": "12", "SLURM_JOB_NUM_NODES": "4", "SLURM_NNODES": "4", "SLURM_NTASKS": "8",
          "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}
@@ -35,7 +36,8 @@ def test_the_step_is_one_daemon_per_node_overlapping_with_the_pmi_of_the_mpi(tmp
     step = slurm.daemon_step(["-c", "job.yaml"], env, plugins={"pmi2", "pmix", "none"})
     assert step.mpi == "pmi2" and step.engine == "mpich"
     argv = step.argv
-    assert argv[0] == "srun" and argv[argv.index(sys.executable):] == [sys.executable, "-m", "monarch", "serve",
+    # the daemons run this very package (python_command), never a monarch/ of the working directory
+    assert argv[0] == "srun" and argv[argv.index(sys.executable):] == [*python_command("monarch"), "serve",
                                                                         "-c", "job.yaml"]
     # four nodes, four tasks, whatever --ntasks-per-node (2) the allocation has
     for option in ("--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=0",
