@@ -322,9 +322,10 @@ def test_every_reader_family_reads_the_sources_bytes_while_blocks_arrive(short_t
 
 def test_the_block_map_header_is_what_the_shim_reads():
     """blocks.BLOCKMAP_HEADER packs the C struct monarch_blockmap_header (its size: test_wire)."""
-    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3)
+    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3, 4)
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_DONE_OFFSET)[0] == 1
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_READAROUND_OFFSET)[0] == 3
+    assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_FILL_OFFSET)[0] == 4
     assert raw[:8] == b"BLOCKMAP"
 
 

@@ -30,7 +30,7 @@ PYTHON = {name: getattr(protocol, name) for name in (
     "EXTRA_BLOCK_PFS_BYTES", "EXTRA_BLOCK_OPENS", "EXTRA_BLOCK_REMAPPED_BYTES", "ANSWER_BLOCKS")}
 # the block map's format is its writer's (node/stage/blocks.py)
 PYTHON |= {name: getattr(blocks, name) for name in (
-    "BLOCKS_DIR", "BLOCKMAP_DIR", "BLOCKMAP_MAGIC", "BLOCKMAP_VERSION", "BLOCK_ABSENT", "BLOCK_WANTED", "BLOCK_STAGED")}
+    "BLOCKS_DIR", "BLOCKMAP_DIR", "BLOCKMAP_MAGIC", "BLOCKMAP_VERSION", "BLOCK_ABSENT", "BLOCK_WANTED", "BLOCK_STAGED", "BLOCK_FILLING")}
 PYTHON |= {
     "COUNTERS_WORDS": protocol.COUNTERS_SIZE // 8,
     "REQUEST_HEADER_SIZE": protocol.REQUEST_HEADER.size,
