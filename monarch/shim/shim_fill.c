@@ -90,10 +90,14 @@ static int monarch_fill_run(int fd, int wfd, struct monarch_part *pt, uint64_t b
         uint64_t a = off > start ? off : start, z = to < end ? to : end;
         memcpy(buf + (a - start), w + (a - off), (size_t)(z - a));
         *pfs += z - a;
-        for (uint64_t x = b; x <= e; x++) { /* after the bytes: a reader that sees STAGED reads them */
+        /* after the bytes: a reader that sees STAGED reads them. Not once the daemon is done (the
+         * job wrote to the file, or its source changed, or it stops): the bytes are the
+         * application's, the blocks stay ABSENT */
+        uint8_t to_state = __atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) ? MONARCH_BLOCK_ABSENT
+                                                                               : MONARCH_BLOCK_STAGED;
+        for (uint64_t x = b; x <= e; x++) {
             uint8_t filling = MONARCH_BLOCK_FILLING;
-            __atomic_compare_exchange_n(&pt->states[x], &filling, MONARCH_BLOCK_STAGED, 0, __ATOMIC_RELEASE,
-                                        __ATOMIC_RELAXED);
+            __atomic_compare_exchange_n(&pt->states[x], &filling, to_state, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
         }
     }
     MONARCH_RESOLVE(munmap)(w, len);
@@ -120,7 +124,7 @@ static int monarch_part_fill(int fd, struct monarch_part *pt, void *buf, size_t 
     if (last - first + 1 > MONARCH_FILL_MAX_BLOCKS)
         return 0;
     uint64_t bits[MONARCH_FILL_MAX_BLOCKS / 64] = {0};
-    int pending = 0;
+    int pending = 0, claimed = 0;
     for (uint64_t b = first; b <= last; b++) {
         uint8_t s = __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE);
         if (s == MONARCH_BLOCK_STAGED)
@@ -129,12 +133,12 @@ static int monarch_part_fill(int fd, struct monarch_part *pt, void *buf, size_t 
         if ((s == MONARCH_BLOCK_ABSENT || s == MONARCH_BLOCK_WANTED)
             && __atomic_compare_exchange_n(&pt->states[b], &s, MONARCH_BLOCK_FILLING, 0, __ATOMIC_ACQ_REL,
                                            __ATOMIC_RELAXED))
-            bits[(b - first) / 64] |= 1ULL << ((b - first) % 64);
+            bits[(b - first) / 64] |= 1ULL << ((b - first) % 64), claimed = 1;
     }
     if (!pending)
         return 0; /* every block staged: the copy's, by the plain path */
-    int wfd = __atomic_load_n(&h->done, __ATOMIC_ACQUIRE) ? -1 : monarch_part_fill_fd(pt);
-    if (wfd < 0) {
+    int wfd = !claimed ? -2 : __atomic_load_n(&h->done, __ATOMIC_ACQUIRE) ? -1 : monarch_part_fill_fd(pt);
+    if (wfd == -1) {
         monarch_fill_unclaim(pt, bits, first, first, last);
         return 0;
     }
@@ -152,7 +156,8 @@ static int monarch_part_fill(int fd, struct monarch_part *pt, void *buf, size_t 
         }
         b = e; /* (their bits stay set: served) */
     }
-    real_close(wfd);
+    if (wfd >= 0)
+        real_close(wfd);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (uint64_t b = first; b <= last; b++) { /* the others: staged, or another's fill */

@@ -166,14 +166,19 @@ class BlockStager:
                 b = bf.next_block(demand_only)
                 if b is not None:
                     return bf, b
+        self._fills_locked()  # nothing left to read here: what shims filled may make a file whole
+        return None
+
+    def _fills_locked(self) -> None:
+        """The blocks shims filled from the application's large reads, counted; a file they made
+        whole is published (as the last block read here would)."""
         now = time.monotonic()
-        for bf in self._active:  # nothing left to read here: what shims filled may make it whole
-            if bf.budget >= bf.blocks and not bf.in_flight:
+        for bf in self._active:
+            if bf.budget >= bf.blocks and not bf.in_flight and not bf.done:
                 bf.recount(now)
                 if bf.staged == bf.blocks:
                     bf.finish()
                     self._publish_locked(bf)
-        return None
 
     def _work(self) -> None:
         buf = mmap.mmap(-1, BLOCK)  # page-aligned, as a read with O_DIRECT wants
@@ -184,7 +189,9 @@ class BlockStager:
                     if not self._running:
                         self.pace.idle()
                     self._idle += 1  # a block's end, a new file or close wakes it (a WANTED mark
-                    self._cv.wait(1.0)  # needs no wake-up: it is looked for at every pick)
+                    # needs no wake-up: it is looked for at every pick; a shim's fill is counted
+                    # within 0.1 s while a file may have one)
+                    self._cv.wait(0.1 if any(bf.budget >= bf.blocks for bf in self._active) else 1.0)
                     self._idle -= 1
                     continue
                 bf, b = picked
@@ -437,6 +444,7 @@ class BlockStager:
     def stop(self) -> None:
         """Nothing new starts; blocks under way finish (``drain`` waits for them). Returns at once."""
         with self.books.lock:
+            self._fills_locked()  # a file the application's reads made whole is published
             self.closed = True
             for bf in self.files.values():
                 bf.finish()
@@ -471,6 +479,7 @@ class BlockStager:
     def stats_locked(self) -> dict:
         """The report's figures (under the books' lock): files staged by blocks, those partly
         staged and their bytes, blocks staged, the read-ahead's pace."""
+        self._fills_locked()
         own = [bf for bf in self.files.values() if not bf.borrowed]
         partial = [bf for bf in own if bf.budget < bf.blocks]
         return {"files": len(own), "from_other_jobs": len(self.files) - len(own),
