@@ -32,7 +32,7 @@
 
 /* -- the path's limits: beyond them a file is handed back (Python's protocol) ------------- */
 #define DATAPATH_LIMITS(X)                                                            \
-    X(DP_ONE_MESSAGE_MAX, 4 << 20)  /* a file's bytes in one message: larger ones take Python's chunks */ \
+    X(DP_ONE_MESSAGE_MAX, MONARCH_ONE_MESSAGE_MAX) /* the route table's: larger files take Python's chunks */ \
     X(DP_BATCH_FILES_MAX, 64)       /* files in one request (dp_fetch_many, dp_post) */ \
     X(DP_BATCH_BYTES_MAX, 4 << 20)  /* their bytes together: one reply */             \
     X(DP_KEY_MAX, 4096)             /* a key's bytes */                               \
