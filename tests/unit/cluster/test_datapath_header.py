@@ -1,4 +1,4 @@
-"""monarch/cluster/datapath.h is the C side of the peer data path's contract with Python;
+"""monarch/native/datapath.h is the C side of the peer data path's contract with Python;
 monarch/cluster/datapath.py is Python's. What a fetch answers, the limits, the counters' record
 and every function Python calls (its ctypes prototype) must agree, and the built library must
 export exactly what the header declares (as test_front_door_header.py holds the front door's).
@@ -18,7 +18,7 @@ import pytest
 from monarch import routes
 from monarch.cluster import datapath
 
-HEADER = Path(datapath.__file__).with_name("datapath.h")
+HEADER = Path(datapath.__file__).parent.parent / "native" / "datapath.h"
 
 _p = ctypes.POINTER
 # the C types of the header's prototypes, as ctypes declares them
@@ -154,7 +154,7 @@ def test_the_door_uses_the_datapath_types():
     from ``void *``), and its batches keep to the path's limits."""
     door = Path(datapath.__file__).parents[1] / "frontdoor"
     text = "".join(p.read_text() for p in sorted(door.glob("*.[ch]")))
-    assert '#include "../cluster/datapath.h"' in (door / "front_door.h").read_text()
+    assert '#include "../native/datapath.h"' in (door / "front_door.h").read_text()
     assert re.search(r"\(\s*dp_\w+_fn\s*\*\s*\)", text) is None  # no cast to a function type
     assert re.search(r"typedef[^;]*\(\s*\*\s*peer_\w+_fn\)", text) is None  # no copy of the types
     peers = re.search(r"EXPORT int front_door_peers\(([^)]*)\)", (door / "front_door.h").read_text()).group(1)
