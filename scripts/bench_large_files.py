@@ -44,9 +44,9 @@ def parse_args(argv=None):
 
 def stage_once(snap, key: str, dest: Path, ranges: int) -> float:
     """Seconds for PFSSource to copy ``key`` into ``dest`` with ``ranges`` ranges at once."""
-    saved = sources.RANGES_AT_ONCE, sources.LARGE
+    saved = sources.RANGES_AT_ONCE, sources.RANGES_MIN
     sources.RANGES_AT_ONCE = ranges
-    sources.LARGE = sources.LARGE if ranges > 1 else 1 << 62
+    sources.RANGES_MIN = sources.RANGES_MIN if ranges > 1 else 1 << 62
     source = sources.PFSSource(snap)
     out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -56,7 +56,7 @@ def stage_once(snap, key: str, dest: Path, ranges: int) -> float:
     finally:
         os.close(out)
         source.close()
-        sources.RANGES_AT_ONCE, sources.LARGE = saved
+        sources.RANGES_AT_ONCE, sources.RANGES_MIN = saved
 
 
 def md5_run(cmd: list[str], env: dict, report: Path | None = None) -> tuple[float, str]:

@@ -29,9 +29,9 @@ no tier): the MPI between daemons, Python's protocol and the C data path.
 ``counters.py``        the transfer counters, files and bytes each way, failures by reason
 ``tuning.py``          the plane's knobs, as its parts read them from the façade
 ``datapath.py``        the C data path driven from Python (ctypes), built against the loaded MPI
-``datapath.h``         the data path's contract with Python and the front door: its answers,
+``native/datapath.h``  the data path's contract with Python and the front door: its answers,
                        limits, counters and function types, held by
-                       tests/unit/cluster/test_datapath_header.py
+                       tests/unit/cluster/test_datapath_header.py (on the floor below both)
 ``datapath.c``         the data path: staged files between daemons with no Python on either side;
                        on a communicator of its own, the owner's one thread answers requests,
                        a requester posts and polls its own
@@ -53,7 +53,7 @@ In the node daemon (the floor ``node``): this node's part in the cluster.
 
 In the front door (the floor ``frontdoor``): C parts of ``frontdoor/front_door.c``'s one
 translation unit, which call the data path through the addresses Python hands them
-(``front_door_peers``), typed in ``datapath.h``.
+(``front_door_peers``), typed in ``native/datapath.h``.
 
 ===================================  ========================================================
 ``frontdoor/door_peer.c``            the peer lane: a remote open queued by owner, fetched in

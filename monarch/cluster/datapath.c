@@ -47,7 +47,7 @@
 
 #include "../native/monarch_native.h" /* EXPORT, the clock */
 #include "../native/poll_pace.h"     /* how long the polling threads sleep */
-#include "datapath.h"                 /* answers, limits, counters, what Python and the door call: the contract */
+#include "../native/datapath.h"       /* answers, limits, counters, what Python and the door call: the contract */
 
 #define TAG_REQUEST 1
 #define FIRST_TAG 16

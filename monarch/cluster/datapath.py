@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from monarch import protocol
+from monarch.routes import ONE_MESSAGE_MAX  # noqa: F401 (datapath.h's DP_ONE_MESSAGE_MAX: the route table's)
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,6 @@ MPICH_ABI = "libmpi.so.12"
 # datapath.h is the one definition of each name below (DATAPATH_ANSWERS, DATAPATH_LIMITS, struct dp_counts)
 # what a fetch answers for a file below 0 (>= 0: its bytes written)
 HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST = -1, -2, -3, -4, -5, -6, -7
-ONE_MESSAGE_MAX = 4 << 20  # a file's bytes in one message: larger files take Python's chunked path
 BATCH_FILES_MAX = 64  # files in one request (fetch_many), ...
 BATCH_BYTES_MAX = 4 << 20  # ... and their bytes together: one reply
 KEY_MAX = 4096  # a key's bytes

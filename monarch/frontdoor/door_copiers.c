@@ -95,7 +95,8 @@ static int lane_next_locked(struct door *d, struct idx_file *f, const char **key
             d->ahead_next++;           /* another node's: its owner stages it */
             continue;
         }
-        if (!index_entry(d, d->ahead_next + 1, f, key, len) || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX) {
+        if (!index_entry(d, d->ahead_next + 1, f, key, len) || !S_ISREG(f->mode) ||
+            !monarch_route_fits(MONARCH_ROUTE_DOOR, f->size)) {
             d->ahead_next++;           /* not a small file: Python's stager copies it */
             continue;
         }

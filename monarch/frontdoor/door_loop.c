@@ -12,7 +12,7 @@ static int why_not_copy_locked(struct door *d, struct entry **e, const char *key
         return R_PYTHON_KEY;           /* claimed by Python, or handed over before */
     if (!d->allowed || d->never_copy)
         return R_NOT_COPYING;          /* Python said no, or the job wrote under a root */
-    if (!index_file(d, key, len, f) || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX)
+    if (!index_file(d, key, len, f) || !S_ISREG(f->mode) || !monarch_route_fits(MONARCH_ROUTE_DOOR, f->size))
         return R_NOT_SMALL_FILE;       /* not in the index, not a regular file, or large: the stager's */
     if (!own_file_locked(d, f->entry))
         return R_NOT_COPYING;          /* a sharded node's: another node owns it */

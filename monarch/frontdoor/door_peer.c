@@ -19,8 +19,8 @@ static int own_file_locked(const struct door *d, uint32_t entry)
  * Under the lock. */
 static int peer_owner_locked(const struct door *d, const struct idx_file *f)
 {
-    if (!d->peer_fetch || !d->peer_allowed || d->never_copy || !S_ISREG(f->mode) || f->size > MONARCH_INLINE_MAX ||
-        f->entry == 0 || f->entry > d->nowners)
+    if (!d->peer_fetch || !d->peer_allowed || d->never_copy || !S_ISREG(f->mode) ||
+        !monarch_route_fits(MONARCH_ROUTE_PEER_LANE, f->size) || f->entry == 0 || f->entry > d->nowners)
         return -1;
     int owner = d->owners[f->entry - 1];
     return owner >= 0 && owner != d->self_node ? owner : -1;

@@ -42,8 +42,10 @@
  * The door's parts, one translation unit (the shim's way: every function static, one file
  * compiled), included at the end of this file in the order each needs the ones before it:
  *   front_door.h     the contract with Python: events, reasons, the event record, the API
+ *                    (the peer data path's types it calls: ../native/datapath.h; the routes and
+ *                    their sizes, which the copy and the peer lane test: ../wire/monarch_wire.h)
  *   front_door.c     (here) the types, the constants, small things
- *   inflight.c       how many copies are in flight: the rule every lane follows
+ *   inflight.c       how many copies are in flight: the rule every lane of whole files follows
  *   door_keys.c      the key table: every key the door has heard of, and its state
  *   door_index.c     the snapshot's index, read in place
  *   door_answers.c   handing over to Python, the events of its books, a request's checks and
@@ -52,7 +54,8 @@
  *   door_copies.c    one copy from the PFS into the copy tier, published atomically
  *   door_peer.c      the peer lane: another node's file through the C data path
  *   door_peer_ahead.c the peer read-ahead lane: a hinted order's other nodes' files fetched
- *                    ahead, in batches per owner (its exports with it)
+ *                    ahead, in batches per owner: its state, ring of copies and gathering
+ *   door_peer_lane.c that lane's thread, its requests in flight, and its exports
  *   door_copiers.c   the copiers and the read-ahead lane
  *   door_loop.c      the hot path: the OPEN decision (try_open) and each worker's event loop
  *   door_api.c       what Python calls (ctypes), last
@@ -316,7 +319,7 @@ struct waiter {
 struct owner_queue {                   /* the remote opens waiting for one owner's fetch (door_peer.c) */
     struct waiter *head, **tail;
     int inflight;                      /* workers fetching from it now */
-    struct inflight flow;              /* how many may: the rule of every lane */
+    struct inflight flow;              /* how many may: the rule of every lane of whole files */
 };
 
 /* -- small things -------------------------------------------------------------------- */

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../cluster/datapath.h" /* the peer data path's functions the door calls: their types */
+#include "../native/datapath.h" /* the peer data path's functions the door calls: their types */
 
 /* -- what the door reports (front_door_events: kind), with its number ---------------------- */
 #define FRONT_DOOR_EVENTS(X)                                                          \

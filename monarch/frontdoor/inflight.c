@@ -1,5 +1,6 @@
-/* How many copies are in flight toward one source: the one rule every lane obeys (design
- * principle 14). Included by front_door.c, whose read-ahead lane and misses it steers, and
+/* How many copies are in flight toward one source: the rule every lane of whole files obeys
+ * (design principle 14; the blocks of a large file are paced in bytes, by
+ * monarch/node/stage/read_pace.py). Included by front_door.c, whose read-ahead lane and misses it steers, and
  * called through ctypes by Python's stager (monarch/node/stage/concurrency.py), so the C lane and
  * the Python threads follow the same measurement.
  *

@@ -27,7 +27,7 @@ from pathlib import Path
 
 NATIVE = Path(__file__).parent                       # the headers every library includes (monarch_native.h)
 WIRE_HEADER = NATIVE.parent / "wire" / "monarch_wire.h"  # the wire, included by the shim, the door, the walker
-DATAPATH_HEADER = NATIVE.parent / "cluster" / "datapath.h"  # the peer data path's contract, included by the door
+DATAPATH_HEADER = NATIVE / "datapath.h"  # the peer data path's contract, included by the door
 CFLAGS = ["-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-std=gnu11",
           "-Wall", "-Wextra", "-Werror"]
 LIBS = ["-ldl", "-lpthread"]

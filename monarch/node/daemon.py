@@ -139,7 +139,7 @@ class NodeDaemon:
         if self.stores is not None:
             options = self.stores.stager_options() | options
         stager = Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self._count_fallback,
-                        by_blocks=self.role is None, **options)
+                        cluster=self.role is not None, **options)
         with self._lock:
             self._stagers.add(stager)
             closing = self.gate.closing

@@ -16,6 +16,7 @@ from monarch.node.stage.current import Current
 from monarch.node.snapshot.gate import SnapshotState
 from monarch.node.outcomes import Outcome, already, copied
 from monarch.node.tiers.tiers import Tier
+from monarch.routes import Route
 
 if TYPE_CHECKING:
     from monarch.node.peer.cluster_role import ClusterRole
@@ -130,8 +131,8 @@ class Resolver:
             self._answer_from(key, tier, _already(tier), done)
         elif not self._copies_misses:
             done(PFS, Outcome.PFS_POLICY_OFF)
-        elif (blocks := stager.blocks) is not None and stager.peers is None \
-                and blocks.eligible(key, self._current.snapshot.get(key)) and (answer := blocks.answer(key)):
+        elif stager.route(key, self._current.snapshot.get(key)) is Route.BLOCKS \
+                and not stager.blocks.closed and (answer := stager.blocks.answer(key)):
             done(answer, Outcome.BY_BLOCKS)  # at once: the shim reads the PFS until its blocks are here
         else:
             stager.ensure(key, inline=True).add_done_callback(lambda f: self._answer_from(key, *_tier_of(key, f), done))

@@ -117,8 +117,39 @@
 #define MONARCH_ENV_INDEX_WAIT "MONARCH_SHIM_INDEX_WAIT_MS"
 #define MONARCH_ENV_SHIM_ZSTD "MONARCH_SHIM_ZSTD"
 
+/* ---- how an open is served: the routes and the size thresholds that pick them, declared once
+ * (monarch/routes.py is their Python half: its ROWS, in this order, and route_of, which decides
+ * a file's route; tests/unit/test_routes.py holds the two equal). The rows are tried in order:
+ * the first whose sizes take the file and whose rule holds (routes.py's _RULES) serves it. ---- */
+#define MONARCH_INLINE_MAX (256 << 10)      /* a file this small is copied by the door or by its asker: no thread hand-off */
+#define MONARCH_BLOCKS_MIN (16 << 20)       /* a file this large is staged by blocks: a whole copy would keep an open waiting */
+#define MONARCH_RANGES_MIN (32 << 20)       /* a whole copy of a file this large is read in ranges, by several threads */
+#define MONARCH_ONE_MESSAGE_MAX (4 << 20)   /* another node's file this small crosses the C data path in one message */
+#define MONARCH_SIZE_ANY 0xFFFFFFFFFFFFFFFFULL /* no upper bound */
+
+/* X(route, value, smallest size, largest size): who serves each is routes.py's table */
+#define MONARCH_ROUTES(X)                                                                       \
+    X(MONARCH_ROUTE_PROBE, 0, 0, MONARCH_SIZE_ANY)                   /* a staged copy, opened by the shim */ \
+    X(MONARCH_ROUTE_PEER_LANE, 1, 0, MONARCH_INLINE_MAX)             /* another node's: the door's peer lane */ \
+    X(MONARCH_ROUTE_PEER, 2, 0, MONARCH_SIZE_ANY)                    /* another node's: Python's fetch */ \
+    X(MONARCH_ROUTE_PFS, 3, 0, MONARCH_SIZE_ANY)                     /* the original: nothing copies it */ \
+    X(MONARCH_ROUTE_STORE, 4, 0, MONARCH_SIZE_ANY)                   /* a store's value, copied by the stager */ \
+    X(MONARCH_ROUTE_BLOCKS, 5, MONARCH_BLOCKS_MIN, MONARCH_SIZE_ANY) /* staged by blocks (shim_blocks.c) */ \
+    X(MONARCH_ROUTE_DOOR, 6, 0, MONARCH_INLINE_MAX)                  /* copied by the door: inline or its copiers */ \
+    X(MONARCH_ROUTE_COPY, 7, 0, MONARCH_SIZE_ANY)                    /* a whole copy by the Python stager */
+
+#define MONARCH_ROUTE_ENUM(route, value, smallest, largest) route = value,
+enum monarch_route { MONARCH_ROUTES(MONARCH_ROUTE_ENUM) };
+#define MONARCH_ROUTE_FITS(route, value, smallest, largest) \
+    case route: return size - (uint64_t)(smallest) <= (uint64_t)(largest) - (uint64_t)(smallest);
+/* Does the row of ``route`` take a file of ``size`` bytes? */
+static inline int monarch_route_fits(enum monarch_route route, uint64_t size)
+{
+    switch (route) { MONARCH_ROUTES(MONARCH_ROUTE_FITS) }
+    return 0;
+}
+
 /* ---- staging, shared by the stager and the front door ---- */
-#define MONARCH_INLINE_MAX (256 << 10)      /* files this small are copied inline (no thread hand-off) */
 #define MONARCH_TMP_PREFIX ".monarch-tmp-" /* a copy being written: never served, swept as a leftover */
 
 /* ---- a large file staged by blocks: written by the daemon (monarch/node/stage/blocks.py),

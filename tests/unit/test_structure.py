@@ -5,6 +5,8 @@ floor and those below it), no module of monarch/node/ imports one that imports i
 rooms in their order, no Python module over 600 lines. ``python3 tests/support/import_graph.py [DIR]`` prints a tree's figures."""
 
 import ast
+import posixpath
+import re
 
 from monarch import FLOORS
 from support.import_graph import (PACKAGE, circles, floor_of, import_graph, imported_back, imported_upward, layers,
@@ -219,3 +221,39 @@ def test_shared_native_code_is_defined_once():
     includers = {name for name, text in files.items() if "monarch_native.h\"" in text}
     assert {"shim/monarch_shim.c", "frontdoor/front_door.c", "node/snapshot/walker.c", "node/tiers/remover.c",
             "cluster/datapath.c"} <= includers
+
+
+# the C files' rooms, as FLOORS names them: wire/ holds the C half of ``protocol`` (the wire header)
+C_ROOM_OF = {"wire": "protocol"}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def c_includes_upward(files: dict[str, str], floors=FLOORS) -> list[tuple[str, str]]:
+    """(file, included) of each ``#include "..."`` of a C file of monarch/ that reaches a room on a
+    higher floor than the file's own (the floors hold for ``#include`` as for ``import``)."""
+    def floor(rel: str) -> int:
+        room = C_ROOM_OF.get(rel.split("/")[0], rel.split("/")[0])
+        found = [i for i, names in enumerate(floors) if room in names]
+        assert found, f"{rel}: its room {room!r} is on no floor of monarch.FLOORS"
+        return found[0]
+    out = []
+    for rel, text in files.items():
+        for inc in INCLUDE.findall(text):
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(rel), inc))
+            assert not target.startswith(".."), f"{rel} includes {inc}, outside monarch/"
+            if floor(target) > floor(rel):
+                out.append((rel, target))
+    return out
+
+
+def test_no_c_file_includes_a_header_of_a_higher_floor():
+    files = _c_files()
+    assert c_includes_upward(files) == []
+    # the test can fail: the door's header reaching up into cluster/ for the data path's types
+    # (as it did before the data path's contract moved down to native/)
+    files["frontdoor/front_door.h"] += '#include "../cluster/datapath.h"\n'
+    assert c_includes_upward(files) == [("frontdoor/front_door.h", "cluster/datapath.h")]
+    # and an include on the same floor, or below, is not one
+    assert c_includes_upward({"shim/a.c": '#include "../frontdoor/front_door.h"\n#include "../wire/monarch_wire.h"\n',
+                              "native/b.h": '#include "../wire/monarch_wire.h"\n'}) == []
+    assert c_includes_upward({"native/x.h": '#include "../shim/shim_open.c"\n'}) == [("native/x.h", "shim/shim_open.c")]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from monarch import protocol
-from monarch.node.stage import blocks, stager
+from monarch import protocol, routes
+from monarch.node.stage import blocks
 from monarch.node.tiers import tiers
 
 WIRE = Path(protocol.__file__).parent / "wire" / "monarch_wire.h"
@@ -31,6 +31,8 @@ PYTHON = {name: getattr(protocol, name) for name in (
 # the block map's format is its writer's (node/stage/blocks.py)
 PYTHON |= {name: getattr(blocks, name) for name in (
     "BLOCKS_DIR", "BLOCKMAP_DIR", "BLOCKMAP_MAGIC", "BLOCKMAP_VERSION", "BLOCK_ABSENT", "BLOCK_WANTED", "BLOCK_STAGED", "BLOCK_FILLING")}
+# the route table's size thresholds (monarch/routes.py; its rows are tests/unit/test_routes.py's)
+PYTHON |= {name: getattr(routes, name) for name in ("INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN", "ONE_MESSAGE_MAX", "SIZE_ANY")}
 PYTHON |= {
     "COUNTERS_WORDS": protocol.COUNTERS_SIZE // 8,
     "REQUEST_HEADER_SIZE": protocol.REQUEST_HEADER.size,
@@ -40,7 +42,6 @@ PYTHON |= {
     "BLOCKMAP_HEADER_SIZE": blocks.BLOCKMAP_HEADER.size,
     "INDEX_ENTRY_SIZE": protocol.INDEX_ENTRY.size,
     "INDEX_CHILD_SIZE": protocol.INDEX_CHILD.size,
-    "INLINE_MAX": stager.INLINE_BYTES,
     "TMP_PREFIX": tiers.TMP_PREFIX,
     "ENV_DEBUG": "MONARCH_SHIM_DEBUG",      # read by the shim alone
     "ENV_TIMEOUT": "MONARCH_SHIM_TIMEOUT_MS",

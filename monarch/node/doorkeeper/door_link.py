@@ -21,7 +21,8 @@ from monarch.frontdoor import EV_AHEAD, EV_STAGED, FrontDoor
 from monarch.node.stage.current import Current
 from monarch.node.snapshot.indextable import IndexTable, larger_than
 from monarch.node.outcomes import Outcome
-from monarch.node.stage.stager import INLINE_BYTES, Stager
+from monarch.node.stage.stager import Stager
+from monarch.routes import INLINE_MAX
 from monarch.node.stage.stager_books import StagerListener
 from monarch.node.tiers.tiers import Tier
 
@@ -128,7 +129,7 @@ class DoorLink(StagerListener):
         allowed = self.may_copy and not books.dirty and not books.closed
         if allowed and (tier.full_reason is not None  # its filesystem is full: the stager found out
                         or self.front_door.lease() < self._chunk(tier) // 2 and not self._lend(tier)
-                        and self.front_door.lease() < INLINE_BYTES):
+                        and self.front_door.lease() < INLINE_MAX):
             # the tier is full (pin, don't thrash: nothing is evicted for the door): the next raw
             # tier with room, as the stager spills; with none the door's misses and the lane's
             # list go to the stager now, rather than once the lane has waited for room
@@ -139,7 +140,7 @@ class DoorLink(StagerListener):
 
     @staticmethod
     def _kept_back(tier: Tier) -> int:
-        return max(INLINE_BYTES, min(LEASE_MAX, tier.capacity // LEASE_SHARE))
+        return max(INLINE_MAX, min(LEASE_MAX, tier.capacity // LEASE_SHARE))
 
     def _chunk(self, tier: Tier) -> int:
         """Room lent at a time: a share of the tier and, while the read-ahead lane runs, at least
@@ -156,7 +157,7 @@ class DoorLink(StagerListener):
         stager's (a large file, a miss, the books' room for allocations) finds room without
         waiting for the door's to come back. 0 if there is not that much."""
         left = min(self._chunk(tier), tier.capacity - tier.room - self._kept_back(tier))
-        return left if tier.full_reason is None and left >= INLINE_BYTES and tier.reserve(left, counted=False) else 0
+        return left if tier.full_reason is None and left >= INLINE_MAX and tier.reserve(left, counted=False) else 0
 
     def _lend(self, tier: Tier) -> bool:
         """Lend the door room in ``tier`` (its copy tier). True if some was lent."""
@@ -273,7 +274,7 @@ class DoorKeeper:
         if link is None or not link.may_copy or not self.front_door.read_ahead(len(files), self._lane_fixed,
                                                                           self._lane_start):
             return False
-        stager.read_ahead(order(larger_than(files, INLINE_BYTES)))
+        stager.read_ahead(order(larger_than(files, INLINE_MAX)))
         threading.Thread(target=self._after_the_lane, args=(files, stager, sample, closing, absorb, order),
                          name="monarch-ahead-rest", daemon=True).start()
         return True

@@ -37,7 +37,8 @@ from monarch.node.peer.peer_cache import PeerCache
 from monarch.node.snapshot.snapshot import Snapshot
 from monarch.node.stage.read_ahead_modes import Where, decide
 from monarch.node.stage.sources import PeerSource
-from monarch.node.stage.stager import INLINE_BYTES, Stager
+from monarch.node.stage.stager import Stager
+from monarch.routes import INLINE_MAX
 from monarch.node.tiers.tiers import Tier
 from monarch.records.node_stats import ClusterSlice
 from monarch.sizes import allocated_size
@@ -181,7 +182,7 @@ class ClusterRole:
             if early is not None:
                 keys = early.add([(key, allocated_size(info.size, self._unit)) for key, info in files.items()])
                 if time.monotonic() - started < DOOR_WALK_GRACE and door_copies():
-                    keys = [key for key in keys if files[key].size > INLINE_BYTES]  # the small ones: the lane's
+                    keys = [key for key in keys if files[key].size > INLINE_MAX]  # the small ones: the lane's
                 stager.read_ahead_more(keys)
 
         def take(publish: Callable[[dict], None]) -> tuple[Snapshot, str]:  # node 0

@@ -49,6 +49,7 @@ from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BL
                                           BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_VERSION, BlockFile, copy_state,
                                           link_over, staged_bytes)
 from monarch.node.stage.read_pace import ReadPace
+from monarch.routes import BLOCKS_MIN, Route
 from monarch.node.stage.sources import PFSSource, SourceChanged
 from monarch.node.tiers.shared_tier import SharedTier
 from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, Tier, make_dirs_below
@@ -60,7 +61,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BLOCK", "BLOCKS_MIN", "BlockFile", "BlockStager"]
 
-BLOCKS_MIN = 16 << 20  # files this large are staged by blocks: a whole copy of one would keep an open waiting
 ANSWER_CLAIM_WAIT = 0.05  # seconds an open's answer waits for a large file's claim another job holds
 
 
@@ -84,9 +84,8 @@ class BlockStager:
 
     # -- asked by the stager and the resolver ---------------------------------------------------
     def eligible(self, key: str, info: FileInfo | None) -> bool:
-        """Is ``key`` staged by blocks (a large regular file read from the PFS, a raw tier)?"""
-        return (info is not None and info.size >= BLOCKS_MIN and stat.S_ISREG(info.mode) and not self.closed
-                and any(t.codec is None for t in self.books.tiers))
+        """Is ``key`` staged by blocks now (its route, ``monarch/routes.py``'s, and this stager open)?"""
+        return not self.closed and self.books.route(key, info) is Route.BLOCKS
 
     def attach(self, key: str, asked: bool = True, wait: float | None = None) -> BlockFile | None:
         """``key``'s block file, made now with room for what fits (None: no room for a block,

@@ -1,7 +1,8 @@
 """How many copies a Python lane keeps in flight toward its source: fixed, or found by measurement.
 
-The rule is the front door's (``monarch/frontdoor/inflight.c``), one for every lane, C or
-Python (design principle 14): enough copies to hide the source's latency at the rate it
+The rule is the front door's (``monarch/frontdoor/inflight.c``), one for every lane of whole
+files, C or Python (design principle 14; a large file's blocks are paced in bytes by
+``read_pace.py``): enough copies to hide the source's latency at the rate it
 gives (Little's law), no more than help. A slow start doubles the limit each generation of
 copies while their latency stays flat (50 ms a copy: 128 in flight after 0.2 s), then rounds
 of measurement keep a doubling only if it pays (on a fast source of small files

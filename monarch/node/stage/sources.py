@@ -31,6 +31,7 @@ from typing import Protocol
 from monarch.errors import PeerError
 from monarch.node.snapshot.pfsmeta import DirFds, checked_stat
 from monarch.node.snapshot.snapshot import FileInfo, Snapshot
+from monarch.routes import RANGES_MIN
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ OPEN_SOURCE = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY  # see PF
 
 # A large file is copied in ranges read at once, so that one file is not bound by the
 # latency of one read after another (a PFS serves a single stream far below its bandwidth).
-LARGE = 32 << 20      # files at least this large are copied in ranges
 RANGE = 8 << 20       # bytes per range
 RANGES_AT_ONCE = 8    # ranges of one file in flight, the copying thread included
 # the node's extra range readers at once (each holds a RANGE buffer: 128 MiB in all)
@@ -111,7 +111,7 @@ class PFSSource(Source):
                 raise SourceChanged(errno.ESTALE, "the file changed since the dataset snapshot; it is read from the PFS")
             os.set_blocking(src, True)
             tally.opened()
-            if isinstance(out, int) and info.size >= LARGE:
+            if isinstance(out, int) and info.size >= RANGES_MIN:  # the route table's threshold
                 n = _copy_ranges(src, out, info.size, tally)
             else:
                 n = _copy_stream(src, out, info.size, tally)

@@ -33,13 +33,13 @@ from monarch.node.stage.stager_books import Flight, StagerBooks, StagerListener
 from monarch.node.stage.stager_copy import Closed, Copier, Invalidated
 from monarch.node.stage.stager_schedule import Schedule
 from monarch.node.tiers.tiers import Tier
+from monarch.routes import INLINE_MAX, NodeFacts, Route, allows
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Stager", "StagerListener", "SourceChanged", "Invalidated", "Closed"]
 
-INLINE_SECONDS = 0.0005   # a PFS this fast (recent mean per copy) is copied by the asker itself ...
-INLINE_BYTES = 256 << 10  # ... for files this small: no thread hand-off (see ensure)
+INLINE_SECONDS = 0.0005   # a PFS this fast (recent mean per copy) is copied by the asker itself (see ensure)
 
 
 class Stager(StagerBooks):
@@ -50,23 +50,23 @@ class Stager(StagerBooks):
                  peers: PeerSource | None = None, peer_area: Tier | None = None,
                  on_fallback: Callable[[str], None] | None = None, max_threads: int = 256,
                  start_depth: int | None = None, pfs_source: Callable[[Source], Source] | None = None,
-                 by_blocks: bool = True):
+                 cluster: bool = False):
         """``threads``: copies in flight at most (0: adaptive, up to ``max_threads``, from
         ``start_depth`` copies at first if given: a sharded node, whose share every node waits
         on, starts deep toward the PFS). ``peers``: keys another node owns are fetched from it
         into ``peer_area`` first (or from ``fetch_from_peers`` on); ``on_fallback(reason)`` is
         told each time that did not work and the PFS was used. ``pfs_source`` wraps the PFS
-        source the copies read (a key-value store's roots: ``store_source.StoreSet``). ``by_blocks``:
-        large files are staged by blocks (``blocks.py``; a cluster's daemons copy them whole, as
-        their peers fetch whole files)."""
+        source the copies read (a key-value store's roots: ``store_source.StoreSet``). ``cluster``:
+        one of a cluster's daemons. Which route serves a file (blocks, a peer, a whole copy) is
+        the route table's (``monarch/routes.py``), on these facts of the node."""
+        node = NodeFacts(cluster=cluster, stores=pfs_source is not None, raw_tier=any(t.codec is None for t in tiers))
         super().__init__(snapshot, tiers, Concurrency(fixed=threads or None, start=start_depth or Concurrency.START,
                                                       high=max_threads),
-                         peers=peers, peer_area=peer_area)
+                         peers=peers, peer_area=peer_area, node=node)
         self.inline_seconds = INLINE_SECONDS
         self.schedule = Schedule(self)
         self.copier = Copier(self, self.schedule.room_for_hinted_locked, on_fallback, pfs_source)
-        # large files by blocks, from the PFS only (a key-value store's values are copied whole)
-        self.blocks = BlockStager(self, self.copier.pfs) if by_blocks and pfs_source is None else None
+        self.blocks = BlockStager(self, self.copier.pfs) if allows(Route.BLOCKS, node) else None
         self._workers: list[threading.Thread] = []
         self._idle = 0
 
@@ -126,10 +126,10 @@ class Stager(StagerBooks):
 
     def _copy_inline_locked(self, key: str, inline: bool) -> bool:
         recent = self.concurrency.recent_seconds
-        info = self.snapshot.files.get(key)
-        return (inline and recent is not None and recent < self.inline_seconds and info is not None
-                and info.size <= INLINE_BYTES and self.running < self.concurrency.limit
-                and not (self.peers is not None and self.peers.owns_elsewhere(key)))
+        if not (inline and recent is not None and recent < self.inline_seconds and self.running < self.concurrency.limit):
+            return False
+        info = self.snapshot.files.get(key)  # a small file copied from here, by the asker: not another node's
+        return info is not None and info.size <= INLINE_MAX and self.route(key, info) not in (Route.PEER, Route.PEER_LANE)
 
     def read_ahead(self, keys: Iterable[str]) -> None:
         """Stage ``keys`` in the background, in this order, after demand and hints, while

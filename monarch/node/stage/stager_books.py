@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import collections
 import os
+import stat
 import threading
 from concurrent.futures import Future
 
 from monarch.node.stage.concurrency import Concurrency
-from monarch.node.snapshot.snapshot import Snapshot
+from monarch.node.snapshot.snapshot import FileInfo, Snapshot
 from monarch.node.stage.sources import PeerSource
 from monarch.node.stage.staged_table import StagedTable
 from monarch.node.tiers.tiers import Tier
+from monarch.routes import FileFacts, NodeFacts, Route, route_of
 
 __all__ = ["Eviction", "Flight", "StagerBooks", "StagerListener"]
 
@@ -78,9 +80,10 @@ class StagerBooks:
     """The shared state of one stager (see the module's docstring)."""
 
     def __init__(self, snapshot: Snapshot, tiers: list[Tier], concurrency: Concurrency, *,
-                 peers: PeerSource | None = None, peer_area: Tier | None = None):
+                 peers: PeerSource | None = None, peer_area: Tier | None = None, node: NodeFacts | None = None):
         self.snapshot = snapshot
         self.tiers = tiers
+        self.node = node or NodeFacts()  # the node's facts a file's route depends on (monarch/routes.py)
         self.peers = peers
         self.peer_area = peer_area
         self.concurrency = concurrency
@@ -107,6 +110,14 @@ class StagerBooks:
         self.replica_source: PeerSource | None = None
         self.blocks = None  # a stager's large files, staged by blocks (blocks.BlockStager)
         self.replicas: set[str] = set()
+
+    def route(self, key: str, info: FileInfo | None) -> Route | None:
+        """How ``key`` is served when no copy of it is staged (monarch/routes.py's table, on this
+        stager's node; None: not in the snapshot). Another node owns it: ``peers`` says."""
+        if info is None:
+            return None
+        return route_of(FileFacts(size=info.size, regular=stat.S_ISREG(info.mode),
+                                  elsewhere=self.peers is not None and self.peers.owns_elsewhere(key)), self.node)
 
     def subscribe(self, listener: StagerListener) -> None:
         """Tell ``listener`` of this stager's events: the copies so far first (``published``),

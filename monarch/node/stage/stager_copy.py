@@ -22,6 +22,7 @@ from monarch.node.stage.stager_books import StagerBooks
 from monarch.node.stage.stager_recode import start_recode
 from monarch.node.tiers.shared_tier import COPY, claim_for_copy
 from monarch.node.tiers.tiers import NO_SPACE, Tier, write_all, write_atomically
+from monarch.routes import Route
 from monarch.secure import owner_only
 
 log = logging.getLogger(__name__)
@@ -98,13 +99,13 @@ class Copier:
         info = books.snapshot.get(key)
         if info is None:
             return self._give_up(key, "not_in_snapshot")
-        if books.blocks is not None and books.peers is None and books.blocks.eligible(key, info) \
-                and books.blocks.stage(key):
+        route = books.route(key, info)
+        if route is Route.BLOCKS and not books.blocks.closed and books.blocks.stage(key):
             return None  # its blocks are staged from now on; the whole copy is published when they are
         claimed = [listener.claiming(key) for listener in books.listeners]
         if any(claimed) and (tier := books.staged.get(key)) is not None:  # copied elsewhere first
             return tier
-        if books.peers is not None and books.peers.owns_elsewhere(key):
+        if route in (Route.PEER, Route.PEER_LANE):
             tier, why = self._from_peer(key, info)
             if tier is not None:
                 return tier

@@ -85,7 +85,7 @@ class Prefetch:
     """Out-of-order, pipelined read-ahead of one store's values, in the stager's read-ahead order.
 
     Pipelines of up to PREFETCH_BATCH GETs each are in flight at once, as many as the store's
-    measured latency wants (``Concurrency``, the rule of every lane: from PREFETCH_START, up while
+    measured latency wants (``Concurrency``, the rule of every lane of whole files: from PREFETCH_START, up while
     a pipeline's round trip stays flat, to PREFETCH_MAX), at most PREFETCH_BYTES of values
     fetched and not yet taken; each pipeline's values are
     handed to the stager's copies as soon as it returns, whatever the order, and a slow

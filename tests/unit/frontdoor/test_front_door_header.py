@@ -39,7 +39,7 @@ CTYPES = {
     "struct front_door_peer_ahead_state *": ctypes.POINTER(frontdoor.PeerAheadState),
     "struct inflight_state *": ctypes.POINTER(frontdoor.InflightState),
     "struct front_door_inflight *": ctypes.POINTER(frontdoor.DoorInflight),
-    # the peer data path's functions and its handle (monarch/cluster/datapath.h), as addresses
+    # the peer data path's functions and its handle (monarch/native/datapath.h), as addresses
     "struct dp *": ctypes.c_void_p, "dp_fetch_fn *": ctypes.c_void_p, "dp_staged_fn *": ctypes.c_void_p,
     "dp_fetch_many_fn *": ctypes.c_void_p, "dp_post_fn *": ctypes.c_void_p, "dp_test_fn *": ctypes.c_void_p,
     "dp_take_fn *": ctypes.c_void_p,

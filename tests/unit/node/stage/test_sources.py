@@ -21,7 +21,7 @@ KiB = 1024
 @pytest.fixture(autouse=True)
 def small_ranges(monkeypatch):
     # the same code paths as 32 MiB files in 8 MiB ranges, at a test's size
-    monkeypatch.setattr(sources, "LARGE", 256 * KiB)
+    monkeypatch.setattr(sources, "RANGES_MIN", 256 * KiB)
     monkeypatch.setattr(sources, "RANGE", 64 * KiB)
 
 

@@ -1,9 +1,10 @@
 /*
- * datapath.h -- the contract of the peer data path (datapath.c, one translation unit with
+ * datapath.h -- the contract of the peer data path (cluster/datapath.c, one translation unit with
  * datapath_offers.c) with its two callers: Python (monarch/cluster/datapath.py, by ctypes) and
  * the front door (monarch/frontdoor, which calls the functions Python hands it, by address).
  * What a fetch answers, the path's limits, its counters and every function either caller
- * calls are declared here once.
+ * calls are declared here once. It lives in native/, the floor below both: the door (a lower
+ * floor than cluster/) includes it without reaching up (tests/unit/test_structure.py).
  *
  * The answers and limits are X-macros (after Darshan's log-format headers), expanded here into
  * the C enums; tests/unit/cluster/test_datapath_header.py reads this file and holds Python's
@@ -17,7 +18,7 @@
 
 #include <stdint.h>
 
-#include "../native/monarch_native.h" /* EXPORT */
+#include "monarch_native.h" /* EXPORT; the wire, whose route table sets DP_ONE_MESSAGE_MAX */
 
 /* -- what a fetch answers for a file below 0 (>= 0: its bytes written); Python's names drop DP_ */
 #define DATAPATH_ANSWERS(X)                                                           \
@@ -32,7 +33,7 @@
 
 /* -- the path's limits: beyond them a file is handed back (Python's protocol) ------------- */
 #define DATAPATH_LIMITS(X)                                                            \
-    X(DP_ONE_MESSAGE_MAX, 4 << 20)  /* a file's bytes in one message: larger ones take Python's chunks */ \
+    X(DP_ONE_MESSAGE_MAX, MONARCH_ONE_MESSAGE_MAX) /* the route table's: larger files take Python's chunks */ \
     X(DP_BATCH_FILES_MAX, 64)       /* files in one request (dp_fetch_many, dp_post) */ \
     X(DP_BATCH_BYTES_MAX, 4 << 20)  /* their bytes together: one reply */             \
     X(DP_KEY_MAX, 4096)             /* a key's bytes */                               \

@@ -1,0 +1,145 @@
+"""How an open is served: one table of routes, the size thresholds that pick them, and the one
+function (``route_of``) that decides a file's route from the file's facts and the node's.
+
+The twin of ``node/stage/read_ahead_modes.py`` (who reads ahead, by mode): that table says which
+lanes run on a node; this one says which of them serves one file. Its C half is the wire
+header's ``MONARCH_ROUTES`` X-macro and its ``MONARCH_*_MIN``/``_MAX`` thresholds
+(``wire/monarch_wire.h``): the shim and the door read the same rows, and
+``tests/unit/test_routes.py`` holds the two equal (rows, values, sizes, thresholds).
+
+A row is a route, in the order ``route_of`` tries them (the first whose rule holds serves):
+
+=============  =========================================================================  ===========
+route          who serves it                                                             sizes
+=============  =========================================================================  ===========
+``PROBE``      a staged copy in a tier: the shim opens it itself (every layer looks          any
+               first: whether a copy is staged is the one fact that changes by the open)
+``PEER_LANE``  another node's small file, fetched by the door through the C data path        <= INLINE_MAX
+``PEER``       another node's file, fetched by Python (``cluster/fetch.py``: the C data      any
+               path up to ONE_MESSAGE_MAX, the chunked protocol above)
+``PFS``        the original, opened by the application: nothing copies it (policy off)       any
+``STORE``      a key-value store's value, copied whole by the stager                         any
+``BLOCKS``     staged by blocks (``stage/blocks.py``); the shim reads the PFS meanwhile      >= BLOCKS_MIN
+               (``shim/shim_blocks.c``)
+``DOOR``       copied by the C door: inline by the worker that read the OPEN (a fast         <= INLINE_MAX
+               source) or by its copiers (a slow one: the measured latency picks, at the
+               open)
+``COPY``       copied whole by the Python stager (by the asker itself up to INLINE_MAX       any
+               from a fast source; in ranges, by several threads, from RANGES_MIN)
+=============  =========================================================================  ===========
+
+Each layer switches on the route: the resolver (answer by blocks, or stage), the stager's copy
+(blocks, a peer, the PFS), the door (its copy, its peer lane: ``frontdoor/door_loop.c``,
+``door_peer.c``, reading the rows' sizes through ``monarch_route_fits``). Only dynamic facts stay
+with the layers: a copy staged, room, leases, claims, a source's measured latency.
+
+A new route is a row here and in the header's X-macro, its rule in ``_RULES``, and one case in
+each layer that serves it (``tests/unit/test_routes.py`` adds one, to show the diff).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["Route", "Row", "ROWS", "FileFacts", "NodeFacts", "route_of", "INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN",
+           "ONE_MESSAGE_MAX", "SIZE_ANY"]
+
+# the size thresholds that pick a route, declared once (the header's MONARCH_* of the same names)
+INLINE_MAX = 256 << 10       # a file this small is copied by the door or by its asker: no thread hand-off
+BLOCKS_MIN = 16 << 20        # a file this large is staged by blocks: a whole copy of one would keep an open waiting
+RANGES_MIN = 32 << 20        # a whole copy of a file this large is read in ranges, by several threads
+ONE_MESSAGE_MAX = 4 << 20    # another node's file this small crosses the C data path in one message
+SIZE_ANY = (1 << 64) - 1     # no upper bound
+
+
+class Route(enum.IntEnum):
+    """The routes, valued as the header's ``enum monarch_route``."""
+
+    PROBE = 0
+    PEER_LANE = 1
+    PEER = 2
+    PFS = 3
+    STORE = 4
+    BLOCKS = 5
+    DOOR = 6
+    COPY = 7
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """What a route depends on of one file (all in the snapshot, or in the placement)."""
+
+    size: int
+    regular: bool = True     # a regular file (the snapshot's mode)
+    elsewhere: bool = False  # another node owns it (sharded, or a replicating node's other files)
+    store: bool = False      # under a root that is a key-value store (no PFS path behind it)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a route depends on of the node (fixed for a stager's life)."""
+
+    copies_misses: bool = True  # the policy stages a miss (not ``off``: read_ahead_modes' copies_misses)
+    door: bool = False          # the front door copies this node's misses (read_ahead_modes' door_copies)
+    c_data_path: bool = False   # the door's peer lane fetches through the C data path
+    cluster: bool = False       # one of a cluster's daemons (they copy whole files: their peers fetch whole files)
+    stores: bool = False        # a root of the dataset is a key-value store (its values are copied whole)
+    raw_tier: bool = True       # a tier keeps raw copies (blocks are written into one)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One route: what it is, the sizes it takes (inclusive), who serves it."""
+
+    route: Route
+    min_size: int
+    max_size: int
+    serves: str
+
+    def fits(self, size: int) -> bool:
+        return self.min_size <= size <= self.max_size
+
+
+ROWS: dict[Route, Row] = {row.route: row for row in (
+    #   route            smallest     largest      who serves it
+    Row(Route.PROBE,     0,           SIZE_ANY,    "the shim, from a staged copy"),
+    Row(Route.PEER_LANE, 0,           INLINE_MAX,  "the door, through the C data path"),
+    Row(Route.PEER,      0,           SIZE_ANY,    "Python's fetch from the owner"),
+    Row(Route.PFS,       0,           SIZE_ANY,    "the application's own open of the original"),
+    Row(Route.STORE,     0,           SIZE_ANY,    "the stager, from the store"),
+    Row(Route.BLOCKS,    BLOCKS_MIN,  SIZE_ANY,    "the block stager; the shim reads the PFS meanwhile"),
+    Row(Route.DOOR,      0,           INLINE_MAX,  "the door: inline, or its copiers"),
+    Row(Route.COPY,      0,           SIZE_ANY,    "the stager, a whole copy"),
+)}
+
+# each route's rule beside its size: does it serve this file on this node? (PROBE: a copy is
+# staged, which only the layers know at the open: never chosen here)
+_RULES: dict[Route, Callable[[FileFacts, NodeFacts], bool]] = {
+    Route.PROBE: lambda f, n: False,
+    Route.PEER_LANE: lambda f, n: f.elsewhere and f.regular and n.door and n.c_data_path,
+    Route.PEER: lambda f, n: f.elsewhere,
+    Route.PFS: lambda f, n: not n.copies_misses,
+    Route.STORE: lambda f, n: f.store,
+    Route.BLOCKS: lambda f, n: f.regular and not (n.cluster or n.stores) and n.raw_tier,
+    Route.DOOR: lambda f, n: f.regular and n.door,
+    Route.COPY: lambda f, n: True,
+}
+
+
+def allows(route: Route, node: NodeFacts) -> bool:
+    """Can ``route`` serve any file on ``node``? (The stager makes a block stager only if so.)"""
+    return _RULES[route](FileFacts(size=ROWS[route].min_size, elsewhere=route in (Route.PEER, Route.PEER_LANE),
+                                   store=route is Route.STORE), node)
+
+
+def route_of(file: FileFacts, node: NodeFacts, *, rows: dict | None = None, rules: dict | None = None):
+    """The route that serves ``file`` on ``node`` when no copy of it is staged: the first row, in
+    the table's order, whose size takes the file and whose rule holds. (``rows``, ``rules``: a
+    table of another shape, as a test adds a route; the module's own by default.)"""
+    rows, rules = rows or ROWS, rules or _RULES
+    for route, row in rows.items():
+        if row.fits(file.size) and rules[route](file, node):
+            return route
+    return Route.COPY  # COPY's rule always holds: not reached
