@@ -179,6 +179,8 @@ def main(argv=None) -> int:
                         pfs.reset_counters()
                         row["direct"] = run(cgroup.wrap(cmd), env)
                         row["direct"]["pfs"] = pfs.counters()["bytes"] / size
+                        if kind in ("sequential", "weights"):
+                            row["steps"] = row["direct"]["windows"]  # (its read calls)
                         row["shm"] = run(cgroup.wrap(ceiling_cmd), env)
                         for tier in tiers:
                             base = Path(shm) / f"ram-{kind}-{bw:g}-{tier}"
