@@ -97,9 +97,21 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run(cmd: list[str], env: dict) -> dict:
+def evict(path: str) -> None:
+    """The PFS client's cached pages of ``path`` dropped: each case starts cold (else the case
+    before, in the same memory cgroup, leaves up to the cgroup's worth of the file cached)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def run(cmd: list[str], env: dict, cold: str | None = None) -> dict:
     """The reader's figures, and ``job_cpu``: every process the command ran, Monarch's daemon
-    included (the emulated PFS is not: it runs on)."""
+    included (the emulated PFS is not: it runs on). ``cold``: a file evicted first."""
+    if cold:
+        evict(cold)
     t0, cpu0 = time.monotonic(), children_cpu()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=7200)
     if proc.returncode != 0:
@@ -177,7 +189,7 @@ def main(argv=None) -> int:
                         row = {"reader": kind, "bandwidth": bw, "steps": args.gets if kind == "lmdb" else steps_of[bw],
                                "read_latency_ms": args.read_latency_ms}
                         pfs.reset_counters()
-                        row["direct"] = run(cgroup.wrap(cmd), env)
+                        row["direct"] = run(cgroup.wrap(cmd), env, path)
                         row["direct"]["pfs"] = pfs.counters()["bytes"] / size
                         if kind in ("sequential", "weights"):
                             row["steps"] = row["direct"]["windows"]  # (its read calls)
@@ -194,7 +206,7 @@ def main(argv=None) -> int:
                             pfs.reset_counters()
                             m = run([sys.executable, "-m", "monarch", "run", "-c", str(config), "--no-progress",
                                      "--report", str(report), "--", *cgroup.wrap(cmd)],
-                                    dict(env, MONARCH_JOB_ID=f"large-{kind}-{bw:g}-{tier}-{os.getpid()}"))
+                                    dict(env, MONARCH_JOB_ID=f"large-{kind}-{bw:g}-{tier}-{os.getpid()}"), path)
                             if not report.exists():
                                 raise SystemExit(f"monarch run wrote no report: Monarch was not active\n{m['stderr']}")
                             m["pfs"] = pfs.counters()["bytes"] / size
