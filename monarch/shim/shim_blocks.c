@@ -34,10 +34,6 @@ struct monarch_part {
     dev_t copy_dev;           /* the copy's identity: a fill reopens it writable (monarch_part_fill) */
     ino_t copy_ino;
     struct monarch_blockmap_header *hdr; /* the map: header, then the state bytes */
-    int around;               /* measured: its faults read around (monarch_mapping_measure_locked) */
-    uint8_t *seen;            /* the remapper's: a bit per page of the file, in memory at its last look */
-    int64_t looked_ns;
-    uint64_t look_runs, look_pages;
     uint8_t *states;
     size_t map_len;
 };
@@ -137,7 +133,6 @@ static void monarch_part_unref_locked(unsigned p)
         real_close(pt->copy_fd);
     }
     MONARCH_RESOLVE(munmap)(pt->hdr, pt->map_len); /* the shim's own mapping: never registered */
-    free(pt->seen);
     memset(pt, 0, sizeof *pt);
 }
 
@@ -445,14 +440,10 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
  * read-ahead). Under the registry's lock. */
 static void monarch_mapping_free_locked(struct monarch_mapping *m);
 
-#include "shim_measure.c"
-
 static void monarch_mapping_advise_locked(struct monarch_mapping *m)
 {
     struct monarch_blockmap_header *h = monarch_parts[m->part - 1].hdr;
-    monarch_mapping_measure_locked(m);
-    if (m->random && (monarch_parts[m->part - 1].around || __atomic_load_n(&h->readaround, __ATOMIC_ACQUIRE)
-                      || __atomic_load_n(&h->done, __ATOMIC_ACQUIRE))) {
+    if (m->random && (__atomic_load_n(&h->readaround, __ATOMIC_ACQUIRE) || __atomic_load_n(&h->done, __ATOMIC_ACQUIRE))) {
         /* (the ranges moved already are the copy's; advice the application gave after its mmap goes
          * too: only the PFS's pages' speed depends on it, never their bytes) */
         madvise((void *)m->addr, m->len, MADV_NORMAL);
@@ -522,8 +513,7 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
      * daemon found the PFS's round trip long (the map's readaround): then the read-around of
      * one fault is quicker than a second fault for a window across two pages; or it stages no
      * more (done): then the ranges left on the PFS read as direct's, read-around and all. */
-    if (!__atomic_load_n(&pt->hdr->readaround, __ATOMIC_ACQUIRE) && !__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE)
-        && !pt->around) {
+    if (!__atomic_load_n(&pt->hdr->readaround, __ATOMIC_ACQUIRE) && !__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE)) {
         madvise(p, len, MADV_RANDOM);
         m->random = 1;
     }

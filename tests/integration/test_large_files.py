@@ -490,35 +490,3 @@ def test_a_partly_staged_files_mappings_read_as_directs_once_no_more_blocks_will
     assert out["after_first"] and not any(out["after_first"]), out  # the mapping made before: advice lifted
     assert out["after"] and not any(out["after"]), out  # and one made after done: never advised
 
-
-RECORDS = r"""
-fd = os.open(path, os.O_RDONLY)
-m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-os.close(fd)
-rng = random.Random(4)
-bad = 0
-deadline = time.monotonic() + 2.5
-while time.monotonic() < deadline:  # an LMDB's gets: records of 64 KiB at random
-    o = rng.randrange(0, size // 4096 - 16) * 4096
-    bad += m[o:o + 65536] != want(o, 65536)
-random_read, on_pfs = [], False
-for line in open("/proc/self/smaps"):
-    if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
-        on_pfs = line.rstrip().endswith(path)
-    elif line.startswith("VmFlags:") and on_pfs:
-        random_read.append("rr" in line.split()[1:])
-print(json.dumps({"bad": bad, "random_read": random_read, "staged": staged(), "done": block_map()[1]}))
-"""
-
-
-def test_a_reader_of_large_records_has_its_faults_read_around_while_blocks_still_come(short_tmp, slow_pfs):
-    """A page per fault (MADV_RANDOM) suits windows of a page or two; a reader of 64 KiB records
-    (an LMDB's gets) would take 16 faults a record where direct takes one. The shim measures
-    the runs of pages the reader's faults bring in and, for such a file, lets the kernel read
-    around, while the copy is still under way (before, the advice held until the daemon was done)."""
-    size = 160 * MiB  # 5 s at 32 MB/s: the copy is under way throughout
-    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 32, "1GiB")
-    out, rep, _ = run_reader(short_tmp, cfg, RECORDS, path, src, tier_base, pfs)
-    assert out["bad"] == 0, out
-    assert out["staged"][0] < out["staged"][1] and not out["done"], out  # blocks still come
-    assert out["random_read"] and not any(out["random_read"]), out
