@@ -127,7 +127,7 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   then EXTRA_WORDS of named counters (EXTRA_*).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
-Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 3).
+Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 4).
 It appears only when the snapshot is ready (walked, kept copies checked): a process that
 finds it at start maps it at once; one that does not asks INDEX at its first need.
   header  INDEX_HEADER: u64 magic, u32 version, u32 entries, u32 buckets (a power of 2),
@@ -145,9 +145,9 @@ finds it at start maps it at once; one that does not asks INDEX at its first nee
           Flags: INDEX_FLAG_SYMLINK: the name itself is a symlink (to a file), so an
           ``O_NOFOLLOW`` open of it fails and is left to the kernel, and ``lstat`` answers
           its ``link`` record; INDEX_FLAG_LISTED: a directory whose every name the walk
-          saw (its child records are its whole listing, a name not among them does not
-          exist). Files and directories are keyed; a root itself is the key ``"<k>/"``.
-          Link records follow the keyed entries; no bucket points at them.
+          saw (its child records are its whole listing, a name not among them does not exist);
+          INDEX_ROUTE_MASK: a file's route + 1 (routes.py's, on its static facts), 0 none. Files
+          and directories are keyed (a root: ``"<k>/"``); link records follow, no bucket on them.
   children INDEX_CHILD each, per listed directory contiguous: u64 d_ino, u64 name offset
           (in the key bytes), u32 entry number + 1 of the child (0: a name the index does
           not describe: a symlink to a directory, a broken link, a special file), u16 name
@@ -424,12 +424,12 @@ def read_opened_from(path: str, names: dict[int, str]) -> dict[str, dict[str, in
 
 # -- snapshot index -------------------------------------------------------------------------
 INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
-INDEX_VERSION = 3
+INDEX_VERSION = 4  # 4: each file's route in its flags
 INDEX_HEADER = struct.Struct("<QIIIIQQQQQQ")
 INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIIIQIIQ")
 INDEX_CHILD = struct.Struct("<QQIHBB")
-INDEX_FLAG_SYMLINK = 1
-INDEX_FLAG_LISTED = 2
+INDEX_FLAG_SYMLINK, INDEX_FLAG_LISTED = 1, 2
+INDEX_ROUTE_SHIFT, INDEX_ROUTE_MASK = 8, 0xF00  # flags bits 8..11: a file's route + 1 (0: none published)
 
 # d_type values (<dirent.h>)
 DT_UNKNOWN, DT_FIFO, DT_CHR, DT_DIR, DT_BLK, DT_REG, DT_LNK, DT_SOCK = 0, 1, 2, 4, 6, 8, 10, 12

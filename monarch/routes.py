@@ -29,9 +29,19 @@ route          who serves it                                                    
 =============  =========================================================================  ===========
 
 Each layer switches on the route: the resolver (answer by blocks, or stage), the stager's copy
-(blocks, a peer, the PFS), the door (its copy, its peer lane: ``frontdoor/door_loop.c``,
-``door_peer.c``, reading the rows' sizes through ``monarch_route_fits``). Only dynamic facts stay
+(blocks, a peer, the PFS), the door (its copy: ``frontdoor/door_loop.c``, from the route the
+index publishes; its peer lane: ``door_peer.c``, the row's size through ``monarch_route_fits``
+and the owners), the shim (a file's staged blocks read only where the index routes it to
+``BLOCKS``: ``shim/shim_open.c``). Only dynamic facts stay
 with the layers: a copy staged, room, leases, claims, a source's measured latency.
+
+Published per file: the snapshot index carries each file's route in its entry's flags
+(``protocol.INDEX_ROUTE_MASK``), ``route_of`` on the file's static facts (size, kind, a store's
+root) and the node's (``size_steps``: the route by size, which the index writers apply: Python's
+``node/snapshot/index_writer.py``, C's ``walker.c``). The shim and the door read it there. Never
+the owner: on a sharded cluster the owners arrive after the index is written, so ``PEER`` and
+``PEER_LANE`` are decided where the owners are (the door's ``peer_owner_locked``, the stager's
+``peers``), over the published local route.
 
 A new route is a row here and in the header's X-macro, its rule in ``_RULES``, and one case in
 each layer that serves it (``tests/unit/test_routes.py`` adds one, to show the diff).
@@ -43,7 +53,7 @@ import enum
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Route", "Row", "ROWS", "FileFacts", "NodeFacts", "route_of", "INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN",
+__all__ = ["Route", "Row", "ROWS", "FileFacts", "NodeFacts", "route_of", "size_steps", "stepped", "published", "INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN",
            "ONE_MESSAGE_MAX", "SIZE_ANY"]
 
 # the size thresholds that pick a route, declared once (the header's MONARCH_* of the same names)
@@ -143,3 +153,28 @@ def route_of(file: FileFacts, node: NodeFacts, *, rows: dict | None = None, rule
         if row.fits(file.size) and rules[route](file, node):
             return route
     return Route.COPY  # COPY's rule always holds: not reached
+
+
+def size_steps(node: NodeFacts, *, store: bool = False) -> tuple[tuple[int, Route], ...]:
+    """The route of a regular file of this node (not another's; a store's with ``store``) by its
+    size, as steps ``(smallest size, route)``, each holding up to the next's smallest: ``route_of``
+    at every size where a row's sizes begin or end (between those it cannot change). What the
+    snapshot index publishes per file (``protocol.INDEX_ROUTE_MASK``)."""
+    edges = {0} | {r.min_size for r in ROWS.values()} | {r.max_size + 1 for r in ROWS.values() if r.max_size < SIZE_ANY}
+    steps: list[tuple[int, Route]] = []
+    for size in sorted(edges):
+        route = route_of(FileFacts(size=size, store=store), node)
+        if not steps or steps[-1][1] is not route:
+            steps.append((size, route))
+    return tuple(steps)
+
+
+def stepped(size: int, steps: tuple[tuple[int, Route], ...]) -> Route:
+    """The route of a file of ``size`` bytes by ``size_steps``' steps."""
+    return next(route for smallest, route in reversed(steps) if size >= smallest)
+
+
+def published(node: NodeFacts, roots: int, stores=frozenset()) -> tuple:
+    """What the snapshot index publishes on ``node`` for its ``roots`` roots (``stores``: the
+    indices of a store's): each root's ``size_steps`` (``index_writer.index_parts``' ``routes``)."""
+    return tuple(size_steps(node, store=k in stores) for k in range(roots))

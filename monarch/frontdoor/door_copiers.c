@@ -95,9 +95,9 @@ static int lane_next_locked(struct door *d, struct idx_file *f, const char **key
             d->ahead_next++;           /* another node's: its owner stages it */
             continue;
         }
-        if (!index_entry(d, d->ahead_next + 1, f, key, len) || !S_ISREG(f->mode) ||
-            !monarch_route_fits(MONARCH_ROUTE_DOOR, f->size)) {
-            d->ahead_next++;           /* not a small file: Python's stager copies it */
+        if (!index_entry(d, d->ahead_next + 1, f, key, len) || !monarch_index_routes(f->flags, MONARCH_ROUTE_DOOR) ||
+            f->size > MONARCH_INLINE_MAX) {
+            d->ahead_next++;           /* not the door's route (published in the index): Python's stager copies it */
             continue;
         }
         *hash = monarch_crc32(*key, *len);

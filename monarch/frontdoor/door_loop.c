@@ -12,8 +12,10 @@ static int why_not_copy_locked(struct door *d, struct entry **e, const char *key
         return R_PYTHON_KEY;           /* claimed by Python, or handed over before */
     if (!d->allowed || d->never_copy)
         return R_NOT_COPYING;          /* Python said no, or the job wrote under a root */
-    if (!index_file(d, key, len, f) || !S_ISREG(f->mode) || !monarch_route_fits(MONARCH_ROUTE_DOOR, f->size))
-        return R_NOT_SMALL_FILE;       /* not in the index, not a regular file, or large: the stager's */
+    if (!index_file(d, key, len, f) || !monarch_index_routes(f->flags, MONARCH_ROUTE_DOOR)
+        || f->size > MONARCH_INLINE_MAX)
+        return R_NOT_SMALL_FILE;       /* not in the index, or its published route is not the door's (large: blocks or
+                                        * the stager's; a store's; not copied); the size bounds the copy's buffer */
     if (!own_file_locked(d, f->entry))
         return R_NOT_COPYING;          /* a sharded node's: another node owns it */
     if ((int64_t)f->size > d->lease[Q_BOOKS])

@@ -16,7 +16,10 @@ static int own_file_locked(const struct door *d, uint32_t entry)
 }
 
 /* The owner of the file ``f`` if the peer lane fetches it (another node's, small), else -1.
- * Under the lock. */
+ * Under the lock. Not the route published in the index: that one is the file's static route on
+ * this node (size, kind, store), written before a sharded cluster's owners arrive; whose file it
+ * is comes from the door's owner table (front_door_peers), so the PEER_LANE row is tested
+ * here, on the owner and the row's size. */
 static int peer_owner_locked(const struct door *d, const struct idx_file *f)
 {
     if (!d->peer_fetch || !d->peer_allowed || d->never_copy || !S_ISREG(f->mode) ||

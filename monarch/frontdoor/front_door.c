@@ -42,8 +42,9 @@
  * The door's parts, one translation unit (the shim's way: every function static, one file
  * compiled), included at the end of this file in the order each needs the ones before it:
  *   front_door.h     the contract with Python: events, reasons, the event record, the API
- *                    (the peer data path's types it calls: ../native/datapath.h; the routes and
- *                    their sizes, which the copy and the peer lane test: ../wire/monarch_wire.h)
+ *                    (the peer data path's types it calls: ../native/datapath.h; the routes: the
+ *                    copy reads each file's in the index, the peer lane tests its row's size and
+ *                    the owners: ../wire/monarch_wire.h)
  *   front_door.c     (here) the types, the constants, small things
  *   inflight.c       how many copies are in flight: the rule every lane of whole files follows
  *   door_keys.c      the key table: every key the door has heard of, and its state

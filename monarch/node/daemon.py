@@ -19,6 +19,7 @@ and assembles what they report.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gc
 import logging
 import os
@@ -48,6 +49,7 @@ from monarch.node.tiers import shared_tier
 from monarch.node.tiers.tiers import Tier
 from monarch.records.filetable import FileTable
 from monarch.records.node_stats import NodeStats
+from monarch.routes import published
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.report.timeline import Sampler, Timeline
 
@@ -111,8 +113,8 @@ class NodeDaemon:
         self.read_ahead = ReadAhead(config.staging.policy, self.current, self.tiers, self.role, self.stores is not None,
                                     self.notices, self.counters_path, lambda: self._door_keeper,
                                     self.open_front_door, self.absorb_front_door)
-        self.resolver = Resolver(self.current, config.staging, self.count, self.role,
-                                 copies_misses=self.read_ahead.lanes().copies_misses)
+        self._copies_misses = self.read_ahead.lanes().copies_misses
+        self.resolver = Resolver(self.current, config.staging, self.count, self.role, copies_misses=self._copies_misses)
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
         if background:
@@ -210,7 +212,7 @@ class NodeDaemon:
                 if tier.keep:
                     for key in tier.adopt_existing(snap.files):
                         stager.adopt(key, tier)
-            index = snap.index_parts()
+            index = snap.index_parts(self._routes(stager))
             with self.gate.lock:
                 if self.gate.closing:
                     stager.shutdown()
@@ -236,6 +238,16 @@ class NodeDaemon:
             self.snapshot_ready_at = time.time()
             log.debug("phase snapshot.ready")
             self.gate.settle()
+
+    def _routes(self, stager: Stager) -> tuple:
+        """Each root's routes by size, published per file in the index for the shim and the door
+        (monarch/routes.py): on the stager's facts of the node, the resolver's (does a miss stage),
+        and whether a front door may copy here (its ``allowed`` says, at each open, whether it does).
+        Static facts only: on a sharded node the owners come after the index, so another node's
+        files are told apart where the owners are (the door's peer_owner_locked, the stager's peers)."""
+        node = dataclasses.replace(stager.node, copies_misses=self._copies_misses,
+                                   door=self.config.staging.validate != "open" and self.stores is None)
+        return published(node, len(self.config.dataset.roots), self.stores.mounts if self.stores is not None else ())
 
     def _start_staging(self) -> None:
         """The snapshot is ready: serve peers, read ahead, then the hints that came during

@@ -642,7 +642,8 @@ static void monarch_blocks_postfork_child(void)
 /* A fork child's first read, open or mapping: the remapper its inherited mappings need. */
 static void monarch_blocks_resume_slow(void)
 {
-    if (monarch_guard || !__atomic_exchange_n(&monarch_remapper_owed, 0, __ATOMIC_ACQ_REL))
+    /* a vfork child (another pid in our memory) never starts a thread here: the parent does */
+    if (monarch_guard || getpid() != monarch_pid || !__atomic_exchange_n(&monarch_remapper_owed, 0, __ATOMIC_ACQ_REL))
         return;
     sigset_t maps_held_;
     MONARCH_MAPS_LOCK(maps_held_);

@@ -216,11 +216,14 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
             monarch_pfs_why = MONARCH_EXTRA_LOST_OPENS; /* the daemon gone or silent: the report says so */
         if (answer > 0 && (answer & MONARCH_ANSWER_BLOCKS)) {
             /* staged by blocks: the application's own open of the PFS original, and its staged
-             * blocks read from the copy (shim_blocks.c) */
+             * blocks read from the copy (shim_blocks.c), for a file whose route, published in the
+             * index, is the blocks' (never bytes of a copy the snapshot does not route so) */
             int s = answer & ~MONARCH_ANSWER_BLOCKS;
+            struct monarch_index_entry e;
             if (passed >= 0)
                 real_close(passed);
-            if (s > MONARCH_SLOT_PFS && s < MONARCH_MAX_SLOTS && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED))
+            if (s > MONARCH_SLOT_PFS && s < MONARCH_MAX_SLOTS && __atomic_load_n(&monarch_probing, __ATOMIC_RELAXED)
+                && entry && monarch_index_entry(entry, &e) == 0 && monarch_index_routes(e.flags, MONARCH_ROUTE_BLOCKS))
                 monarch_part_pending = monarch_part_load((unsigned)s, key, kl, entry);
             MONARCH_DEBUG(1, "open %s: staged by blocks in slot %d, %s", path, s,
                           monarch_part_pending ? "its staged blocks read from the copy" : "the PFS only");

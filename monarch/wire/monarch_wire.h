@@ -180,12 +180,17 @@ struct monarch_blockmap_header {
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */
 #define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL /* "MNCHINDX" */
-#define MONARCH_INDEX_VERSION 3
+#define MONARCH_INDEX_VERSION 4 /* 4: each file's route in its flags (INDEX_ROUTE_*) */
 #define MONARCH_INDEX_HEADER_SIZE 72
 #define MONARCH_INDEX_ENTRY_SIZE 112
 #define MONARCH_INDEX_CHILD_SIZE 24
 #define MONARCH_INDEX_FLAG_SYMLINK 1
 #define MONARCH_INDEX_FLAG_LISTED 2
+/* flags bits 8..11: a file's route + 1 (0: none published: a directory, a link's own record), the
+ * route table's on the file's static facts (size, kind, store) and the node's: never another
+ * node's (the owners of a sharded cluster are known after the index is written) */
+#define MONARCH_INDEX_ROUTE_SHIFT 8
+#define MONARCH_INDEX_ROUTE_MASK 0xF00
 
 struct monarch_index_header {
     uint64_t magic;
@@ -213,6 +218,12 @@ struct monarch_index_child {
     uint8_t d_type, reserved;
 };
 
+/* Is ``route`` the route published in an index entry's ``flags``? */
+static inline int monarch_index_routes(uint32_t flags, enum monarch_route route)
+{
+    return (flags & MONARCH_INDEX_ROUTE_MASK) >> MONARCH_INDEX_ROUTE_SHIFT == (uint32_t)route + 1u;
+}
+
 _Static_assert(sizeof(struct monarch_blockmap_header) == MONARCH_BLOCKMAP_HEADER_SIZE, "block map header layout");
 _Static_assert(sizeof(struct monarch_index_header) == MONARCH_INDEX_HEADER_SIZE, "index header layout");
 _Static_assert(sizeof(struct monarch_index_entry) == MONARCH_INDEX_ENTRY_SIZE, "index entry layout");
@@ -223,5 +234,6 @@ _Static_assert(offsetof(struct monarch_index_entry, mode) == 64, "index entry: m
 _Static_assert(offsetof(struct monarch_index_entry, flags) == 80, "index entry: flags");
 _Static_assert(offsetof(struct monarch_index_entry, children) == 104, "index entry: children");
 _Static_assert(offsetof(struct monarch_index_header, children_count) == 64, "index header: children_count");
+_Static_assert(MONARCH_ROUTE_COPY + 1 <= MONARCH_INDEX_ROUTE_MASK >> MONARCH_INDEX_ROUTE_SHIFT, "index entry: route bits");
 
 #endif

@@ -153,7 +153,7 @@ def test_the_front_doors_copies_cost_one_operation_per_file(slow_pfs, tree, shor
     its attributes checked as that open left them (no getattr round trip), a directory's path
     once per run of its files."""
     import time
-    from monarch import frontdoor, protocol
+    from monarch import frontdoor, protocol, routes
     if frontdoor.library() is None:
         pytest.skip("the front door cannot be built here")
     pfs = slow_pfs(tree.parent, open_latency_ms=0)
@@ -164,7 +164,8 @@ def test_the_front_doors_copies_cost_one_operation_per_file(slow_pfs, tree, shor
     os.mkdir(tier)
     slot = protocol.tier_slot(0)
     with door_on_socket(os.path.join(short_tmp, "door.sock"), [root], {slot: tier}, slot) as door:
-        assert door.open("unused", bytearray(snap.index_bytes()))
+        node = routes.NodeFacts(door=True)  # each file's route published as a lone node's daemon publishes it
+        assert door.open("unused", bytearray(snap.index_bytes(routes.published(node, 1))))
         door.grant(64 << 20)
         door.copying(True)
         pfs.reset_counters()

@@ -7,11 +7,18 @@ a ``Snapshot`` in a few passes over its files, each record packed into one preal
 buffer as it is read (the files' entry numbers and key offsets are arrays, the snapshot's
 own table finds a child's entry): a few dozen bytes per file beside the index itself.
 ``tests/unit/node/snapshot/test_index_writer.py`` holds the two builders to the same bytes.
+
+Each file's route (``monarch/routes.py``) is published in its entry's flags when ``routes`` is
+given: per root, ``routes.size_steps`` of the node (``Routes``); an index made before (the C walk's,
+a kept one, node 0's) has them written in place (``stamp_routes``: ``walker.c``'s ``walk_routes``,
+or here without the C library). The same steps give the same bits on either side.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import stat
 import struct
 import sys
 import zlib
@@ -19,8 +26,13 @@ from array import array
 from typing import Callable
 
 from monarch import protocol
+from monarch.node.snapshot import walker
 from monarch.node.snapshot.indextable import IndexTable
 from monarch.records.filetable import FileTable
+from monarch.routes import Route, stepped
+
+Routes = tuple  # per root k: routes.size_steps of the node for root k's files
+ROUTE_STEPS = 8  # steps per root at most (walker.c's ROUTE_STEPS)
 
 _ENTRY = protocol.INDEX_ENTRY
 _CHILD = protocol.INDEX_CHILD
@@ -39,16 +51,56 @@ def positions(files) -> Callable[[str], int | None]:
     return where.get
 
 
-def index_bytes(snap) -> bytes:
+def route_flags(key: str, size: int, mode: int, routes: Routes | None) -> int:
+    """The flags bits that publish the route of a file (0: none: no ``routes``, not a regular file,
+    a root without steps)."""
+    k = key.partition("/")[0]
+    if routes is None or not stat.S_ISREG(mode) or not k.isdigit() or int(k) >= len(routes) or not routes[int(k)]:
+        return 0
+    return (stepped(size, routes[int(k)]) + 1) << protocol.INDEX_ROUTE_SHIFT
+
+
+def stamp_routes(data: bytearray, nfiles: int, routes: Routes) -> None:
+    """Publish the routes in the first ``nfiles`` entries of the index ``data`` (its files), in
+    place: in C (``walker.c``'s ``walk_routes``) when the library is there."""
+    lib = walker.library()
+    if lib is not None:
+        n = len(routes)
+        smallest, route, counts = (ctypes.c_uint64 * (n * ROUTE_STEPS))(), (ctypes.c_uint8 * (n * ROUTE_STEPS))(), (ctypes.c_int * n)()
+        for k, steps in enumerate(routes):
+            if len(steps) > ROUTE_STEPS:
+                raise ValueError("more route steps than the C index writer takes")
+            counts[k] = len(steps)
+            for j, (size, r) in enumerate(steps):
+                smallest[k * ROUTE_STEPS + j], route[k * ROUTE_STEPS + j] = size, int(r)
+        buf = (ctypes.c_char * len(data)).from_buffer(data)
+        try:
+            if lib.walk_routes(ctypes.addressof(buf), len(data), nfiles, smallest, route, counts, n) != 0:
+                raise ValueError("not a Monarch index of version %d" % protocol.INDEX_VERSION)
+        finally:
+            del buf
+        return
+    table = IndexTable(data, nfiles)
+    at = protocol.INDEX_HEADER.unpack_from(data)[6] + 80  # entries_off, then the flags' offset
+    for n in range(nfiles):
+        e = table.entry(n)
+        flags = (e[13] & ~protocol.INDEX_ROUTE_MASK) | route_flags(table.key(n), e[3], e[9], routes)
+        struct.pack_into("<I", data, at + _ENTRY.size * n, flags)
+
+
+def index_bytes(snap, routes: Routes | None = None) -> bytes:
     """The index of ``snap`` (a ``snapshot.Snapshot``: its ``files``, ``dirs`` and ``links``)."""
-    return b"".join(index_parts(snap))
+    return b"".join(index_parts(snap, routes))
 
 
-def index_parts(snap) -> list:
+def index_parts(snap, routes: Routes | None = None) -> list:
     """The index of ``snap`` as the buffers that make it, in order (written one after the
-    other, with no joined copy). A snapshot read from its index is written as that index."""
+    other, with no joined copy), each file's route published when ``routes`` is given. A snapshot
+    read from its index is written as that index (its routes rewritten in place if given)."""
     files, dirs, links = snap.files, snap.dirs, snap.links
     if isinstance(files, IndexTable):
+        if routes is not None:
+            stamp_routes(files.data, files.nfiles, routes)
         return [files.data]
     kb = protocol.key_bytes
     nfiles = len(files)
@@ -93,7 +145,7 @@ def index_parts(snap) -> list:
         raw = kb(key)
         h = place(raw)
         bucket(n, h)
-        flags = protocol.INDEX_FLAG_SYMLINK if info.link else 0
+        flags = (protocol.INDEX_FLAG_SYMLINK if info.link else 0) | route_flags(key, info.size, info.mode, routes)
         _ENTRY.pack_into(entries, n * _ENTRY.size, h, len(raw), key_offset[n], *_fields(info), flags,
                          link_number.get(key, 0), info.blocks, info.blksize, 0, 0)
     for key in dir_keys:

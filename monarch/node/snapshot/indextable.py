@@ -9,7 +9,8 @@ then linear probing in the index's buckets. The C walk (``walker.c``) and a kept
 
 The index is the whole snapshot's (its files, directories and links), so the daemon writes
 it as it is (``index_writer.index_parts``). It changes only by ``remap_devices`` (a snapshot
-received from another node), which patches every entry in place; a file cannot be added.
+received from another node), which patches every entry in place, and by the routes published in
+its files' flags (``index_writer.stamp_routes``, read by ``route``); a file cannot be added.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Iterator, MutableMapping, Sequence
 
 from monarch import protocol
 from monarch.records.filetable import FileInfo, Listing
+from monarch.routes import Route
 
 _ENTRY = protocol.INDEX_ENTRY
 _CHILD = protocol.INDEX_CHILD
@@ -68,6 +70,11 @@ class IndexTable(MutableMapping[str, FileInfo]):
         _, length, offset = _HEAD.unpack_from(self.data, self._entries + _SIZE * n)
         start = self._keys + offset
         return bytes(self.data[start:start + length])
+
+    def route(self, n: int) -> Route | None:
+        """The route published for entry ``n`` (from 0; ``protocol.INDEX_ROUTE_MASK``), or None."""
+        bits = (self.entry(n)[13] & protocol.INDEX_ROUTE_MASK) >> protocol.INDEX_ROUTE_SHIFT
+        return Route(bits - 1) if bits else None
 
     def key(self, n: int) -> str:
         _, length, offset = _HEAD.unpack_from(self.data, self._entries + _SIZE * n)

@@ -77,13 +77,14 @@ class Snapshot:
     def get(self, key: str) -> FileInfo | None:
         return self.files.get(key)
 
-    def index_bytes(self) -> bytes:
-        return index_writer.index_bytes(self)
+    def index_bytes(self, routes: tuple | None = None) -> bytes:
+        return index_writer.index_bytes(self, routes)
 
-    def index_parts(self) -> list:
+    def index_parts(self, routes: tuple | None = None) -> list:
         """The index the shim maps (protocol.py, "Snapshot index") as the buffers that make it
-        (``write_file_atomically`` writes them in turn)."""
-        return index_writer.index_parts(self)
+        (``write_file_atomically`` writes them in turn); ``routes``: each file's route published
+        (``index_writer``: per root, ``routes.size_steps`` of the node)."""
+        return index_writer.index_parts(self, routes)
 
     def write_index(self, path: str) -> None:
         """The index written atomically at ``path`` (scripts/bench_shim.py maps one)."""

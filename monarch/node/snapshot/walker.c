@@ -756,3 +756,44 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
     h->children_count = nchild;
     return 0;
 }
+
+/* -- each file's route, published in its entry's flags ------------------------------------- */
+#define ROUTE_STEPS 8 /* steps per root at most (index_writer.py's ROUTE_STEPS) */
+
+/* Publish in each of the first ``nfiles`` entries of the index ``x`` (``size`` bytes: this walk's,
+ * a kept one, another node's) its file's route: for root k, ``nsteps[k]`` steps at ``k *
+ * ROUTE_STEPS`` of ``smallest`` and ``route`` (monarch/routes.py's size_steps: the route of a
+ * regular file of at least that size, up to the next step), in MONARCH_INDEX_ROUTE_MASK; a root
+ * without steps publishes none. The same bits as index_writer.py's route_flags. 0, or -1 if ``x``
+ * is no index of this version. */
+EXPORT int walk_routes(unsigned char *x, uint64_t size, uint64_t nfiles, const uint64_t *smallest,
+                       const uint8_t *route, const int *nsteps, int nroots)
+{
+    struct monarch_index_header h;
+    if (size < sizeof h)
+        return -1;
+    memcpy(&h, x, sizeof h);
+    if (h.magic != MONARCH_INDEX_MAGIC || h.version != MONARCH_INDEX_VERSION || nfiles > h.entries ||
+        h.entries_off > size || (size - h.entries_off) / MONARCH_INDEX_ENTRY_SIZE < h.entries || h.keys_off > size ||
+        h.keys_size > size - h.keys_off)
+        return -1;
+    for (uint64_t n = 0; n < nfiles; n++) {
+        unsigned char *at = x + h.entries_off + n * MONARCH_INDEX_ENTRY_SIZE;
+        struct monarch_index_entry e;
+        memcpy(&e, at, sizeof e);
+        if (e.key_off > h.keys_size || e.key_len > h.keys_size - e.key_off)
+            return -1;
+        const char *key = (const char *)x + h.keys_off + e.key_off;
+        uint32_t i = 0, bits = 0;
+        long k = 0;
+        while (i < e.key_len && i < 10 && key[i] >= '0' && key[i] <= '9')
+            k = 10 * k + (key[i++] - '0');
+        if (i && i < e.key_len && key[i] == '/' && k < nroots && S_ISREG(e.mode))
+            for (int s = 0; s < nsteps[k] && s < ROUTE_STEPS; s++)
+                if (e.size >= smallest[k * ROUTE_STEPS + s])
+                    bits = ((uint32_t)route[k * ROUTE_STEPS + s] + 1u) << MONARCH_INDEX_ROUTE_SHIFT;
+        e.flags = (e.flags & ~(uint32_t)MONARCH_INDEX_ROUTE_MASK) | bits;
+        memcpy(at + offsetof(struct monarch_index_entry, flags), &e.flags, sizeof e.flags);
+    }
+    return 0;
+}

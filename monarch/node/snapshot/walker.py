@@ -1,6 +1,6 @@
 """The dataset walk in C (``walker.c``): the roots' trees listed and stat'ed by a few threads
 outside the interpreter, and the snapshot index built from them, with no Python object
-per file. ``snapshot.load_or_walk`` takes it when the library is there; the Python walk
+per file; and each file's route written into an index (``walk_routes``: ``index_writer.stamp_routes``). ``snapshot.load_or_walk`` takes it when the library is there; the Python walk
 (``snapshot.take_snapshot``) is the fallback and the reference the C walk is tested against.
 
 Without a C compiler, or with ``MONARCH_C_WALK=0``, the Python walk does it all.
@@ -27,6 +27,8 @@ _LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the 
                                "walk_counts": (None, [_vp, ctypes.POINTER(_u64)]),
                                "walk_build": (_i, [_vp, _vp, _u64]),
                                "walk_free": (None, [_vp]),
+                               "walk_routes": (_i, [_vp, _u64, _u64, ctypes.POINTER(_u64),
+                                                    ctypes.POINTER(ctypes.c_uint8), ctypes.POINTER(_i), _i]),
                            })
 
 

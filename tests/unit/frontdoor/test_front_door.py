@@ -7,6 +7,7 @@ with the emulated PFS's own counters where one is mounted.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import stat
@@ -20,6 +21,7 @@ from monarch import frontdoor, protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.server import NodeServer
+from monarch.routes import FileFacts, Route, route_of
 from support.harness import unix_connect as connect, make_bases
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
@@ -152,6 +154,47 @@ def test_misses_are_copied_by_the_door_with_the_sources_bytes_mtime_and_private_
         status, path = ask_open(daemon.socket_path, key)
         assert status == daemon.tiers[0].slot and md5_of(path) == digest
     assert daemon.stats()["resolves"]["already_staged"] == 10
+
+
+def published_route(index: bytes, key: str) -> Route | None:
+    """The route the index publishes for ``key`` (its entry's flags: protocol.INDEX_ROUTE_MASK)."""
+    bits = (protocol.index_lookup(index, protocol.key_bytes(key))[10] & protocol.INDEX_ROUTE_MASK) >> protocol.INDEX_ROUTE_SHIFT
+    return Route(bits - 1) if bits else None
+
+
+def test_the_door_copies_the_files_the_index_routes_to_it_and_hands_over_the_rest(short_tmp, daemon_on):
+    """Each file's route is published in the index the door reads (monarch/routes.py's route_of on
+    the file's static facts and the node's): a small file's is the door's, a large one's the
+    blocks'; a small file whose published route is another's is handed over, not copied."""
+    root = fast_root(short_tmp)
+    sums = make_files(root, 4)
+    with open(os.path.join(root, "large.bin"), "wb") as f:
+        f.truncate(64 << 20)  # sparse: its size routes it
+    daemon, _ = daemon_on(root)
+    with open(daemon.index_path, "rb") as f:
+        index = f.read()
+    node = dataclasses.replace(daemon.stager.node, door=True)
+    for key in [*sums, "0/large.bin"]:
+        size = os.path.getsize(os.path.join(root, key[2:]))
+        assert published_route(index, key) == route_of(FileFacts(size=size), node), key
+    assert {published_route(index, k) for k in sums} == {Route.DOOR} and published_route(index, "0/large.bin") is Route.BLOCKS
+    door = daemon.door_link.front_door
+    if door.index is None:
+        pytest.skip("the door maps the index file (no C walk): its routes cannot be rewritten here")
+    first, *rest = sorted(sums)
+    e = protocol.Index(bytes(door.index))
+    at = e.entries_off + protocol.INDEX_ENTRY.size * (e.number(protocol.key_bytes(first)) - 1) + 80  # its flags
+    flags = int.from_bytes(door.index[at:at + 4], "little")
+    door.index[at:at + 4] = ((flags & ~protocol.INDEX_ROUTE_MASK) | (Route.COPY + 1) << protocol.INDEX_ROUTE_SHIFT
+                             ).to_bytes(4, "little")  # the wrong route, as a broken writer would publish it
+    for key in [first, *rest]:
+        status, path = ask_open(daemon.socket_path, key)
+        assert status == daemon.tiers[0].slot and md5_of(path) == sums[key]  # the same answers, the same bytes
+    stats = daemon.stats()["front_door"]
+    assert stats["copies"] == len(rest) and stats["handed_over_because"].get("not_small_file") == 1
+    status, _ = ask_open(daemon.socket_path, "0/large.bin")  # handed over: answered by the block path
+    assert status & protocol.ANSWER_BLOCKS and status & ~protocol.ANSWER_BLOCKS == daemon.tiers[0].slot
+    assert daemon.stats()["front_door"]["handed_over_because"]["not_small_file"] == 2
 
 
 def test_demands_racing_the_read_ahead_read_each_file_once(short_tmp, daemon_on, slow_pfs):

@@ -1,12 +1,18 @@
 """The snapshot's compact index builder gives the very bytes of protocol.build_index, and the
-snapshot keeps its files compact (FileTable)."""
+snapshot keeps its files compact (FileTable); each file's route it publishes is route_of's, in
+Python and in C alike."""
 
 import os
 import pickle
 
-from monarch import protocol
+import pytest
+
+from monarch import protocol, routes
 from monarch.records.filetable import FileTable, Listing
-from monarch.node.snapshot.index_writer import index_bytes
+from monarch.node.snapshot import walker
+from monarch.node.snapshot.index_writer import index_bytes, stamp_routes
+from monarch.node.snapshot.indextable import IndexTable
+from monarch.routes import Route
 from monarch.node.snapshot.snapshot import FileInfo, Snapshot, take_snapshot
 
 
@@ -91,3 +97,58 @@ def test_the_snapshot_holds_a_file_in_a_few_hundred_bytes(tmp_path):
     assert live / n < 350, f"{live / n:.0f} B per file live"  # a dict of FileInfo tuples: ~690
     index = sum(len(p) for p in parts)
     assert (peak - index) / n < 450, f"{(peak - index) / n:.0f} B per file beside the index while building it"
+
+
+# -- each file's route, published in its entry's flags (monarch/routes.py) ---------------------
+def routed_tree(tmp_path):
+    """A small file, one the door's row just takes, one just past it, a large one (sparse: its
+    size is what routes it), each under a PFS root (0) and a store's (1)."""
+    sizes = {"small": 100 << 10, "edge": routes.INLINE_MAX, "past": routes.INLINE_MAX + 1, "large": 64 << 20}
+    roots = []
+    for k in range(2):
+        root = tmp_path / f"r{k}"
+        root.mkdir()
+        for name, size in sizes.items():
+            with open(root / name, "wb") as f:
+                f.truncate(size)
+        os.symlink(root / "small", root / "link")  # a link to a file: its own record publishes none
+        roots.append(str(root))
+    return tuple(roots), sizes
+
+
+@pytest.mark.parametrize("node", [routes.NodeFacts(door=True), routes.NodeFacts(), routes.NodeFacts(cluster=True, door=True),
+                                  routes.NodeFacts(copies_misses=False), routes.NodeFacts(door=True, raw_tier=False)])
+def test_each_files_published_route_is_route_ofs(tmp_path, monkeypatch, node):
+    roots, sizes = routed_tree(tmp_path)
+    steps = routes.published(node, 2, stores={1})
+    want = {f"{k}/{name}": routes.route_of(routes.FileFacts(size=size, store=k == 1), node)
+            for k in range(2) for name, size in sizes.items()} | {
+        f"{k}/link": routes.route_of(routes.FileFacts(size=sizes["small"], store=k == 1), node) for k in range(2)}
+    snap = take_snapshot(roots)
+    written = index_bytes(snap, steps)  # the Python writer
+    table = IndexTable(bytearray(written), len(snap.files))
+    assert {table.key(n): table.route(n) for n in range(table.nfiles)} == want
+    assert {Route.DOOR, Route.BLOCKS, Route.STORE} & set(want.values()) or not node.copies_misses
+    index = protocol.Index(written)  # directories and the links' own records publish none
+    assert all(not index.entry(n)[13] & protocol.INDEX_ROUTE_MASK for n in range(len(snap.files) + 1, index.entries + 1))
+    # an index written before (the C walk's, a kept one, another node's) stamped in place: the same bytes,
+    # in C and without it; a route stamped again over another is replaced
+    unrouted = bytearray(index_bytes(snap, routes.published(routes.NodeFacts(copies_misses=False), 2)))
+    stamp_routes(unrouted, len(snap.files), steps)
+    assert bytes(unrouted) == written
+    monkeypatch.setattr(walker, "library", lambda: None)
+    unrouted = bytearray(index_bytes(snap))
+    stamp_routes(unrouted, len(snap.files), steps)
+    assert bytes(unrouted) == written
+
+
+def test_the_large_files_route_is_blocks_and_the_small_ones_the_doors_alone(tmp_path):
+    roots, sizes = routed_tree(tmp_path)
+    node = routes.NodeFacts(door=True)
+    snap = take_snapshot(roots)
+    table = IndexTable(bytearray(index_bytes(snap, routes.published(node, 2, stores={1}))), len(snap.files))
+    got = {table.key(n): table.route(n) for n in range(table.nfiles)}
+    assert (got["0/small"], got["0/edge"], got["0/past"], got["0/large"]) == (Route.DOOR, Route.DOOR, Route.COPY,
+                                                                              Route.BLOCKS)
+    assert {got[f"1/{name}"] for name in sizes} == {Route.STORE}
+    assert IndexTable(bytearray(index_bytes(snap)), len(snap.files)).route(0) is None  # none asked: none published

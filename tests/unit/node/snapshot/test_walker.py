@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from monarch import protocol
+from monarch import protocol, routes
 from monarch.node.snapshot import snapshot, walker
 from monarch.records.filetable import FileTable
-from monarch.node.snapshot.index_writer import index_parts
+from monarch.node.snapshot.index_writer import index_parts, stamp_routes
 from monarch.node.snapshot.indextable import IndexTable
 from monarch.node.snapshot.snapshot import Snapshot, load_or_walk, take_snapshot
 
@@ -66,6 +66,11 @@ def test_the_c_walk_sees_what_the_python_walk_sees_and_writes_its_index(tmp_path
     same = Snapshot(roots, FileTable(fast.files.items()), dict(fast.dirs), dict(fast.links))
     assert b"".join(index_parts(same)) == bytes(index)
     assert index_parts(fast) == [index]  # written as it is
+    # each file's route published (walker.c's walk_routes) as the Python writer publishes it
+    steps = routes.published(routes.NodeFacts(door=True), len(roots))
+    routed = bytearray(index)
+    stamp_routes(routed, nfiles, steps)
+    assert b"".join(index_parts(same, steps)) == bytes(routed) != bytes(index)
     # the shim's look-ups find every file and directory in it
     for key, info in slow.files.items():
         e = protocol.index_lookup(bytes(index), protocol.key_bytes(key))
