@@ -15,6 +15,11 @@ the source's.
     python3 scripts/bench_large_reads.py --bandwidths 400 --readers megatron --tiers full
     python3 scripts/bench_large_reads.py --bandwidths 400 --steps 500 --read-latency-ms 2
     python3 scripts/bench_large_reads.py --quick         # a smoke run (64 MiB)
+    python3 scripts/bench_large_reads.py --size-gib 1 --bandwidths 400 --readers lmdb,sequential,weights
+
+Besides the token windows (``megatron``, ``nanogpt``), scripts/large_readers.py's readers of one
+file of the same size: ``lmdb`` (random gets of 64 KiB values, --gets of them), ``sequential``
+(16 MiB read() calls) and ``weights`` (a one-pass weights load).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 from benchopts import parse_with_quick  # noqa: E402  (scripts/, beside this file)
+from large_readers import KINDS, READER as OTHER_READER, make_lmdb, md5_of  # noqa: E402
 from memory_cgroup import MemoryCgroup  # noqa: E402
 from monarch.node.stage.read_pace import describe  # noqa: E402
 from monarch.tools.slowpfs import SlowPFS, fuse_unavailable_reason  # noqa: E402
@@ -91,9 +97,21 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run(cmd: list[str], env: dict) -> dict:
+def evict(path: str) -> None:
+    """The PFS client's cached pages of ``path`` dropped: each case starts cold (else the case
+    before, in the same memory cgroup, leaves up to the cgroup's worth of the file cached)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def run(cmd: list[str], env: dict, cold: str | None = None) -> dict:
     """The reader's figures, and ``job_cpu``: every process the command ran, Monarch's daemon
-    included (the emulated PFS is not: it runs on)."""
+    included (the emulated PFS is not: it runs on). ``cold``: a file evicted first."""
+    if cold:
+        evict(cold)
     t0, cpu0 = time.monotonic(), children_cpu()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=7200)
     if proc.returncode != 0:
@@ -115,8 +133,10 @@ def parse_args(argv=None):
     p.add_argument("--read-latency-ms", type=float, default=0.0,
                    help="the PFS's latency per read call, besides its bandwidth (default 0)")
     p.add_argument("--cgroup-mib", type=int, default=512, help="the reader's memory cgroup (default 512)")
+    p.add_argument("--gets", type=int, default=4000, help="the lmdb reader's random gets (default 4000)")
     p.add_argument("--json", help="write the figures here")
-    return parse_with_quick(p, argv, {"size_gib": 1 / 16, "bandwidths": "200", "steps": "40", "cgroup_mib": 128})
+    return parse_with_quick(p, argv, {"size_gib": 1 / 16, "bandwidths": "200", "steps": "40", "cgroup_mib": 128,
+                                      "gets": 300})
 
 
 def main(argv=None) -> int:
@@ -140,6 +160,13 @@ def main(argv=None) -> int:
         shutil.copyfile(src, ceiling)
         reader = work / "reader.py"
         reader.write_text(READER)
+        other = work / "other_reader.py"
+        other.write_text(OTHER_READER)
+        md5 = md5_of(src) if {"sequential", "weights"} & set(readers) else "-"
+        if "lmdb" in readers:
+            mdb, _ = make_lmdb(src.parent.parent / "lmdb", size)  # a root of its own: the tiers hold one file
+            (Path(shm) / "lmdb").mkdir()
+            shutil.copyfile(mdb, Path(shm) / "lmdb" / "data.mdb")
         (work / "run").mkdir()
         cgroup = MemoryCgroup(args.cgroup_mib << 20, "bench-large-reads")
         try:
@@ -148,19 +175,29 @@ def main(argv=None) -> int:
                 make_plan(src, steps_of[bw], 1, plan)
                 with SlowPFS(src.parent.parent, work / f"pfs-{bw:g}", work / f"pfs-{bw:g}.json", open_latency_ms=2,
                              read_latency_ms=args.read_latency_ms, bandwidth_mbps=bw, page_cache=True) as pfs:
-                    path = os.path.join(pfs.mountpoint, "data", "tokens.bin")
                     for kind in readers:
-                        cmd = [sys.executable, str(reader), path, kind, str(plan)]
-                        row = {"reader": kind, "bandwidth": bw, "steps": steps_of[bw],
+                        rel = "lmdb/data.mdb" if kind == "lmdb" else "data/tokens.bin"
+                        path = os.path.join(pfs.mountpoint, rel)
+                        size = os.path.getsize(src.parent.parent / rel)
+                        if kind in KINDS:
+                            steps = str(args.gets if kind == "lmdb" else 0)
+                            cmd, ceiling_cmd = ([sys.executable, str(other), p, kind, steps, md5, str(REPO / "scripts")]
+                                                for p in (path, str(Path(shm) / rel if kind == "lmdb" else ceiling)))
+                        else:
+                            cmd, ceiling_cmd = ([sys.executable, str(reader), p, kind, str(plan)]
+                                                for p in (path, str(ceiling)))
+                        row = {"reader": kind, "bandwidth": bw, "steps": args.gets if kind == "lmdb" else steps_of[bw],
                                "read_latency_ms": args.read_latency_ms}
                         pfs.reset_counters()
-                        row["direct"] = run(cgroup.wrap(cmd), env)
+                        row["direct"] = run(cgroup.wrap(cmd), env, path)
                         row["direct"]["pfs"] = pfs.counters()["bytes"] / size
-                        row["shm"] = run(cgroup.wrap([sys.executable, str(reader), str(ceiling), kind, str(plan)]), env)
+                        if kind in ("sequential", "weights"):
+                            row["steps"] = row["direct"]["windows"]  # (its read calls)
+                        row["shm"] = run(cgroup.wrap(ceiling_cmd), env)
                         for tier in tiers:
                             base = Path(shm) / f"ram-{kind}-{bw:g}-{tier}"
                             base.mkdir()
-                            config = work / f"{kind}-{bw:g}-{tier}.yaml"
+                            config = work / f"{kind}-{bw:g}-{tier}.yaml"  # (the reader's directory is the root)
                             capacity = size + (64 << 20) if tier == "full" else size // 2
                             config.write_text(json.dumps({
                                 "dataset": {"roots": [os.path.dirname(path)]}, "run_base": str(work / "run"),
@@ -169,7 +206,7 @@ def main(argv=None) -> int:
                             pfs.reset_counters()
                             m = run([sys.executable, "-m", "monarch", "run", "-c", str(config), "--no-progress",
                                      "--report", str(report), "--", *cgroup.wrap(cmd)],
-                                    dict(env, MONARCH_JOB_ID=f"large-{kind}-{bw:g}-{tier}-{os.getpid()}"))
+                                    dict(env, MONARCH_JOB_ID=f"large-{kind}-{bw:g}-{tier}-{os.getpid()}"), path)
                             if not report.exists():
                                 raise SystemExit(f"monarch run wrote no report: Monarch was not active\n{m['stderr']}")
                             m["pfs"] = pfs.counters()["bytes"] / size
@@ -183,6 +220,7 @@ def main(argv=None) -> int:
         finally:
             cgroup.remove()
     print_targets(rows, tiers)
+    print_other_targets(rows, tiers)
     if args.json:
         for row in rows:
             for case in row.values():
@@ -217,9 +255,31 @@ def print_row(row: dict, tiers: list[str]) -> None:
                   f"faults read {'around' if pace.get('readaround') else 'pages'}")
 
 
+def print_other_targets(rows: list[dict], tiers: list[str]) -> None:
+    """The large-file readers' own targets: never slower than direct, the PFS read once."""
+    for row in rows:
+        d = row["direct"]
+        for t in tiers:
+            m = row[t]
+            if row["reader"] == "lmdb" and t == "half":
+                checks = [("whole job <= 1.0x direct", m["total"] <= d["total"]),
+                          ("last quarter >= 1.0x direct", m["q4"] >= d["q4"])]
+            elif row["reader"] in ("sequential", "weights") and t == "full":
+                checks = [("PFS <= 1.05x the file", m["pfs"] <= 1.05), ("time <= direct's", m["total"] <= d["total"])]
+            elif row["reader"] == "megatron" and row["bandwidth"] == 50 and t == "full":
+                checks = [("first quarter >= 0.9x direct", m["q1"] >= 0.9 * d["q1"])]
+            else:
+                continue
+            checks.append(("every read right", m["bad"] == 0 and d["bad"] == 0))
+            said = "; ".join(f"{name}: {'PASS' if ok else 'FAIL'}" for name, ok in checks)
+            print(f"  holes: {row['reader']}, {row['bandwidth']:g} MB/s, tier {t}: {said}")
+
+
 def print_targets(rows: list[dict], tiers: list[str]) -> None:
     print("\ntargets (each case):")
     for row in rows:
+        if row["reader"] in KINDS:
+            continue
         d, s = row["direct"], row["shm"]
         for t in tiers:
             m = row[t]

@@ -31,6 +31,8 @@ struct monarch_part {
     unsigned slot;            /* the tier's: bytes read from the copy count there */
     unsigned shift;           /* a block is 1 << shift bytes */
     uint64_t size, blocks;
+    dev_t copy_dev;           /* the copy's identity: a fill reopens it writable (monarch_part_fill) */
+    ino_t copy_ino;
     struct monarch_blockmap_header *hdr; /* the map: header, then the state bytes */
     uint8_t *states;
     size_t map_len;
@@ -183,7 +185,8 @@ static unsigned monarch_part_load(unsigned slot, const char *key, size_t kl, uin
         if (pt->refs)
             continue;
         *pt = (struct monarch_part){.refs = 1, .copy_fd = copy_fd, .slot = slot, .shift = h->block_shift,
-                                    .size = h->size, .blocks = h->blocks, .hdr = h,
+                                    .size = h->size, .blocks = h->blocks, .copy_dev = st.st_dev,
+                                    .copy_ino = st.st_ino, .hdr = h,
                                     .states = (uint8_t *)m + MONARCH_BLOCKMAP_HEADER_SIZE, .map_len = len};
         if ((unsigned)copy_fd < MONARCH_MAX_FDS)
             __atomic_store_n(&monarch_copy_fd_part[copy_fd], (uint16_t)(i + 1), __ATOMIC_RELAXED);
@@ -320,6 +323,8 @@ static void monarch_part_served(int fd, struct monarch_part *pt, off_t o, int at
     monarch_extra_add(MONARCH_EXTRA_BLOCK_LOCAL_BYTES, (uint64_t)r);
 }
 
+#include "shim_fill.c"
+
 static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out)
 {
     unsigned p = monarch_part_of(fd);
@@ -327,8 +332,10 @@ static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out
     if (!p || monarch_guard)
         return 0;
     struct monarch_part *pt = &monarch_parts[p - 1];
-    if (pt->copy_fd < 0 || !monarch_part_range(fd, pt, &o, n))
+    if (pt->copy_fd < 0)
         return 0;
+    if (!monarch_part_range(fd, pt, &o, n))
+        return monarch_part_fill(fd, pt, buf, n, o, at_offset, out);
     *out = (ssize_t)syscall(SYS_pread64, pt->copy_fd, buf, n, (long)o); /* the kernel's: pread is wrapped */
     if (*out < 0)
         return 0; /* the copy failed (it cannot, short of an I/O error): the PFS answers */
@@ -427,6 +434,34 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
     return !left || done;
 }
 
+/* The advice a mapping's ranges on the PFS take now: the kernel's read-around (as direct
+ * reads) once the daemon says faults should read around (a long round trip) or that no more
+ * blocks will come (done: whole, or the room is full), MADV_RANDOM before (the blocks are the
+ * read-ahead). Under the registry's lock. */
+static void monarch_mapping_free_locked(struct monarch_mapping *m);
+
+static void monarch_mapping_advise_locked(struct monarch_mapping *m)
+{
+    struct monarch_blockmap_header *h = monarch_parts[m->part - 1].hdr;
+    if (m->random && (__atomic_load_n(&h->readaround, __ATOMIC_ACQUIRE) || __atomic_load_n(&h->done, __ATOMIC_ACQUIRE))) {
+        /* (the ranges moved already are the copy's; advice the application gave after its mmap goes
+         * too: only the PFS's pages' speed depends on it, never their bytes) */
+        madvise((void *)m->addr, m->len, MADV_NORMAL);
+        m->random = 0;
+    }
+}
+
+/* A mapping the remapper is done with (every block moved, the daemon done, its copy closed):
+ * its ranges left on the PFS read as direct's, from now on. */
+static void monarch_mapping_release_locked(struct monarch_mapping *m)
+{
+    if (m->random) {
+        madvise((void *)m->addr, m->len, MADV_NORMAL);
+        m->random = 0;
+    }
+    monarch_mapping_free_locked(m);
+}
+
 static void monarch_mapping_free_locked(struct monarch_mapping *m)
 {
     free(m->moved);
@@ -476,13 +511,14 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
     /* a fault of the PFS's pages reads what the application touches, not the kernel's read-ahead
      * (128 KiB and more for a 2 KiB window): the daemon's blocks are the read-ahead. Unless the
      * daemon found the PFS's round trip long (the map's readaround): then the read-around of
-     * one fault is quicker than a second fault for a window across two pages. */
-    if (!__atomic_load_n(&pt->hdr->readaround, __ATOMIC_ACQUIRE)) {
+     * one fault is quicker than a second fault for a window across two pages; or it stages no
+     * more (done): then the ranges left on the PFS read as direct's, read-around and all. */
+    if (!__atomic_load_n(&pt->hdr->readaround, __ATOMIC_ACQUIRE) && !__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE)) {
         madvise(p, len, MADV_RANDOM);
         m->random = 1;
     }
     if (monarch_mapping_move_locked(m, 0))
-        monarch_mapping_free_locked(m);
+        monarch_mapping_release_locked(m);
     else
         monarch_remapper_start();
     MONARCH_MAPS_UNLOCK(maps_held_);
@@ -517,14 +553,9 @@ static void *monarch_remapper_main(void *arg)
             if (!m->addr)
                 continue;
             before++;
-            if (m->random && __atomic_load_n(&monarch_parts[m->part - 1].hdr->readaround, __ATOMIC_ACQUIRE)) {
-                /* (the ranges moved already are the copy's; advice the application gave after its
-                 * mmap goes too: only the PFS's pages' speed depends on it, never their bytes) */
-                madvise((void *)m->addr, m->len, MADV_NORMAL);
-                m->random = 0;
-            }
+            monarch_mapping_advise_locked(m);
             if (monarch_mapping_move_locked(m, 1))
-                monarch_mapping_free_locked(m);
+                monarch_mapping_release_locked(m);
             else
                 after++;
         }

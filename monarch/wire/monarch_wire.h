@@ -159,11 +159,12 @@ static inline int monarch_route_fits(enum monarch_route route, uint64_t size)
 #define MONARCH_BLOCKS_DIR ".blocks"
 #define MONARCH_BLOCKMAP_DIR ".blockmap"
 #define MONARCH_BLOCKMAP_MAGIC 0x50414D4B434F4C42ULL /* "BLOCKMAP" */
-#define MONARCH_BLOCKMAP_VERSION 2
-#define MONARCH_BLOCKMAP_HEADER_SIZE 56
+#define MONARCH_BLOCKMAP_VERSION 3
+#define MONARCH_BLOCKMAP_HEADER_SIZE 64
 #define MONARCH_BLOCK_ABSENT 0
 #define MONARCH_BLOCK_WANTED 1
 #define MONARCH_BLOCK_STAGED 2
+#define MONARCH_BLOCK_FILLING 3 /* being read into the copy: by the daemon, or by a shim from a large read */
 
 struct monarch_blockmap_header {
     uint64_t magic;
@@ -172,7 +173,9 @@ struct monarch_blockmap_header {
     int64_t mtime_ns;
     uint64_t blocks;               /* state bytes after the header */
     uint64_t done;                 /* nonzero once the daemon stages no more of it (whole, out of room, failed) */
-    uint64_t readaround;           /* nonzero: the PFS's round trip is long, a fault of a mapping reads around */
+    uint64_t readaround;           /* nonzero: a fault of a mapping of the PFS reads around (long round trip) */
+    uint64_t fill;                 /* nonzero: the file has room whole; a shim's large read of blocks not
+                                    * staged fills them (FILLING, then STAGED once the bytes are in) */
 };
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */

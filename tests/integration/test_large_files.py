@@ -322,9 +322,10 @@ def test_every_reader_family_reads_the_sources_bytes_while_blocks_arrive(short_t
 
 def test_the_block_map_header_is_what_the_shim_reads():
     """blocks.BLOCKMAP_HEADER packs the C struct monarch_blockmap_header (its size: test_wire)."""
-    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3)
+    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3, 4)
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_DONE_OFFSET)[0] == 1
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_READAROUND_OFFSET)[0] == 3
+    assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_FILL_OFFSET)[0] == 4
     assert raw[:8] == b"BLOCKMAP"
 
 
@@ -377,3 +378,115 @@ def test_two_jobs_of_one_user_share_a_large_files_blocks_and_read_the_pfs_once(s
         out, err = p.communicate(timeout=240)
         assert p.returncode == 0, out + err
     assert pfs.counters()["bytes"] <= 1.15 * size  # the staging once, and what was read before its blocks
+
+
+LARGE_READS = r"""
+kind = sys.argv[5]
+t0 = time.monotonic()
+fd = os.open(path, os.O_RDONLY)
+got = []
+if kind == "whole":  # one read() of the whole file (a whole-file f.read(), a shard read at once)
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        got.append(f.read())
+elif kind == "calls":  # 16 MiB read() calls, in order
+    while True:
+        b = os.read(fd, 16 << 20)
+        if not b:
+            break
+        got.append(b)
+    os.close(fd)
+else:  # a weights load: a header, then tensors of many sizes at unaligned offsets, by readinto
+    rng = random.Random(5)
+    off = 0
+    while off < size:
+        n = min(size - off, rng.choice([4096, 300 << 10, 5 << 20, 9 << 20 | 12345, 17 << 20 | 777]))
+        buf = bytearray(n)
+        os.lseek(fd, off, os.SEEK_SET)
+        with memoryview(buf) as view:
+            while view:  # (a read() may be short: loop as a loader does)
+                r = os.readv(fd, [view]) if n < (4 << 20) else os.read(fd, len(view))
+                if isinstance(r, bytes):
+                    view[:len(r)], r = r, len(r)
+                assert r > 0
+                view = view[r:]
+        got.append(bytes(buf))
+        off += n
+    os.close(fd)
+seconds = time.monotonic() - t0
+data = b"".join(got)
+ok = len(data) == size and hashlib.md5(data).digest() == hashlib.md5(want(0, size)).digest()
+pfs = pfs_bytes()
+wait_whole()
+print(json.dumps({"ok": ok, "pfs": pfs, "seconds": seconds}))
+"""
+
+
+@pytest.mark.parametrize("kind", ["whole", "calls", "weights"])
+def test_a_file_read_in_large_calls_is_read_from_the_pfs_once(short_tmp, slow_pfs, kind):
+    """A whole-file read, 16 MiB read() calls and a weights load (unaligned reads of 4 KiB to
+    17 MiB) of a file the tier holds: the application's reads of blocks not staged fill the
+    copy, so the PFS serves the file once (before: its reads, and the same blocks again for
+    the copy), every byte the source's, and the copy is whole and published."""
+    size = 64 * MiB + 4321
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 200, "1GiB")
+    script = os.path.join(short_tmp, "reader.py")
+    with open(script, "w") as f:
+        f.write(COMMON + LARGE_READS)
+    report = os.path.join(short_tmp, "r.json")
+    r = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, script, path, src,
+                tier_base, pfs.counters_path, kind, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ok"], out
+    assert out["pfs"] <= 1.05 * size, (out["pfs"] / size, out)
+    assert pfs.counters()["bytes"] <= 1.05 * size, pfs.counters()["bytes"] / size
+    blocks = load(report)["blocks"]
+    assert blocks["whole_files"] == 1, blocks
+
+
+AFTER_DONE = r"""
+def advice():
+    # the kernel's advice ("rr": MADV_RANDOM) on the mappings' ranges still on the PFS's file
+    random_read, on_pfs = [], False
+    for line in open("/proc/self/smaps"):
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+            on_pfs = line.rstrip().endswith(path)
+        elif line.startswith("VmFlags:") and on_pfs:
+            random_read.append("rr" in line.split()[1:])
+    return random_read
+fd = os.open(path, os.O_RDONLY)
+m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # made while the daemon stages what fits
+rng = random.Random(3)
+bad = 0
+def windows(mm, n):
+    global bad
+    for _ in range(n):
+        o = rng.randrange(0, size - 70000)
+        bad += mm[o:o + 70000] != want(o, 70000)
+windows(m, 50)
+during = advice()
+deadline = time.monotonic() + 60
+while block_map()[1] == 0 and time.monotonic() < deadline:
+    time.sleep(0.05)  # the room is full: the daemon says no more blocks will come
+time.sleep(0.3)  # the remapper's pause is at most 50 ms
+windows(m, 200)
+after = advice()
+m2 = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # made after: read as direct's from the start
+windows(m2, 200)
+print(json.dumps({"bad": bad, "during": during, "after": advice(), "after_first": after, "staged": staged()}))
+"""
+
+
+def test_a_partly_staged_files_mappings_read_as_directs_once_no_more_blocks_will_come(short_tmp, slow_pfs):
+    """A file twice the room: once the daemon has staged what fits (the map's done), the ranges
+    left on the PFS are read for the rest of the job as direct reads them, with the kernel's
+    read-around, not page by page (MADV_RANDOM, the read-ahead's rule while blocks still come):
+    before, a random reader of a partly staged file ran slower than direct for the whole job."""
+    size = 48 * MiB
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 100, "20MiB")
+    out, rep, _ = run_reader(short_tmp, cfg, AFTER_DONE, path, src, tier_base, pfs)
+    assert out["bad"] == 0, out
+    assert 0 < out["staged"][0] < out["staged"][1], out  # partly staged: ranges left on the PFS
+    assert out["after_first"] and not any(out["after_first"]), out  # the mapping made before: advice lifted
+    assert out["after"] and not any(out["after"]), out  # and one made after done: never advised
+

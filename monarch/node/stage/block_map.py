@@ -1,5 +1,6 @@
 """A large file's copy by blocks and its map, as files: their format (the shim reads them too),
-what another job finds of them in a shared set, and publishing a copy over another.
+one file being staged (``BlockFile``: its copy, its map, which block to read next), what another
+job finds of them in a shared set, and publishing a copy over another.
 
 ``<tier>/.blocks/<key>`` is the copy (the source's size, blocks filled in any order);
 ``<tier>/.blockmap/<key>`` its map: ``BLOCKMAP_HEADER``, then a state byte per block. The job
@@ -11,31 +12,181 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import mmap
 import os
 import stat
 import struct
 import threading
 
 from monarch.node.snapshot.snapshot import FileInfo
-from monarch.node.tiers.tiers import TMP_PREFIX
+from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, TMP_PREFIX, Tier, make_dirs_below
+from monarch.secure import create_exclusive, owner_only, write_file_atomically
 
-__all__ = ["BLOCK", "BLOCK_SHIFT", "BLOCKMAP_HEADER", "copy_state", "link_over", "staged_bytes"]
+__all__ = ["BLOCK", "BLOCK_SHIFT", "BLOCKMAP_HEADER", "BlockFile", "copy_state", "link_over", "staged_bytes"]
 
 # The copy and its map, as the shim reads them (monarch/wire/monarch_wire.h: MONARCH_BLOCK*,
 # struct monarch_blockmap_header; tests/unit/test_wire.py holds the two together).
 # BLOCKS_DIR, BLOCKMAP_DIR (node/tiers/tiers.py): the copy, the source's size, blocks in any order;
 # its map: BLOCKMAP_HEADER, then a state byte per block
 BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
-BLOCKMAP_VERSION = 2
-BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQ")  # magic, version, block_shift, size, mtime_ns, blocks, done, readaround
+BLOCKMAP_VERSION = 3
+# magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill
+BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQ")
 BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
 BLOCKMAP_READAROUND_OFFSET = 48  # "readaround": nonzero once the PFS's round trip is long (ReadPace.readaround)
+BLOCKMAP_FILL_OFFSET = 56  # "fill": nonzero while a shim's large read may fill blocks (the file has room whole)
 BLOCK_ABSENT = 0
 BLOCK_WANTED = 1  # the shim read it from the PFS: staged next
 BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
+BLOCK_FILLING = 3  # being read into the copy: by this daemon, or by a shim from an application's large read
+FILL_STALE = 10.0  # seconds a shim's fill may make no progress before its blocks are staged here instead
 
 BLOCK_SHIFT = 20  # 1 MiB blocks: a block cache's usual page (Alluxio, mountpoint-s3); a mapping moves in these
 BLOCK = 1 << BLOCK_SHIFT
+
+
+class BlockFile:
+    """One file being staged by blocks into ``tier``: its copy, its map (mapped here, shared
+    with the shim), the blocks it has room for (``budget``) and which are under way."""
+
+    def __init__(self, key: str, info: FileInfo, tier: Tier, budget: int, reserved: int):
+        self.key, self.info, self.tier = key, info, tier
+        self.blocks = -(-info.size // BLOCK)
+        self.budget = budget        # blocks it has room for (all of them: the file fits)
+        self.reserved = reserved    # room taken in the tier for them
+        self.path = os.path.join(tier.path, BLOCKS_DIR, key)
+        self.map_path = os.path.join(tier.path, BLOCKMAP_DIR, key)
+        self.copy_fd = -1
+        self.states: memoryview | None = None  # one byte per block, in the shared map
+        self._map: mmap.mmap | None = None
+        self.taken = 0              # blocks staged or under way
+        self.staged = 0
+        self.staged_bytes = 0
+        self.in_flight: set[int] = set()
+        self.ahead = 0              # where read-ahead looks next
+        self.filled = 0             # blocks a shim staged from the application's large reads (``recount``)
+        self._fills: tuple[int, float] | None = None  # others' FILLING blocks and since when (``recount``)
+        self.asked = False          # opened by the application (its blocks go before read-ahead's)
+        self.done = False           # nothing more will be staged (whole, out of budget, failed, dropped)
+        self.whole = False          # every block staged and published as a plain copy
+        self.dropped = False        # the job wrote to it: its files go once no block is under way
+        self.borrowed = False       # another job of the user stages it in a shared tier: served, not staged
+        self.direct = False         # its source is read with O_DIRECT (past the client's page cache)
+        self.source_fd = -1
+
+    def length(self, b: int) -> int:
+        """Block ``b``'s bytes (the last one may be short)."""
+        return min(BLOCK, self.info.size - b * BLOCK)
+
+    def create(self) -> None:
+        """The empty copy and its map (every block ABSENT), mapped here."""
+        for path in (self.path, self.map_path):
+            make_dirs_below(self.tier.path, os.path.dirname(path))
+        fd = create_exclusive(self.path, owner_only(self.info.mode))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while this job may stage it (close)
+            os.ftruncate(fd, self.info.size)
+        except BaseException:
+            os.close(fd)
+            os.unlink(self.path)
+            raise
+        self.copy_fd = fd
+        header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, self.info.size,
+                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks))
+        write_file_atomically(self.map_path, [header, bytes(self.blocks)], 0o600)
+        mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            self._map = mmap.mmap(mfd, BLOCKMAP_HEADER.size + self.blocks)
+        finally:
+            os.close(mfd)
+        self.states = memoryview(self._map)[BLOCKMAP_HEADER.size:]
+
+    def next_block(self, demand_only: bool) -> int | None:
+        """The next block to read, marked FILLING (caller holds the stager's lock): one the shim
+        WANTED, then (unless ``demand_only``) read-ahead's; None if none (or no room left for
+        one). Read-ahead starts past the last block a shim is filling: a reader of large calls
+        reads its next blocks itself, so the read-ahead goes ahead of it, not behind."""
+        b = self._next_block(demand_only)
+        if b is not None:
+            self.states[b] = BLOCK_FILLING  # (a shim's compare-and-swap from ABSENT fails from now on)
+        return b
+
+    def _next_block(self, demand_only: bool) -> int | None:
+        if self.done or self.states is None or self.taken >= self.budget:
+            return None
+        states = self._map  # searched in C (mmap.find), a byte per block
+        start = BLOCKMAP_HEADER.size
+        at = states.find(b"\x01", start)
+        while at >= 0:
+            b = at - start
+            if b not in self.in_flight:
+                self.ahead = max(self.ahead, b + 1) if b + 1 < self.blocks else self.ahead
+                return b
+            at = states.find(b"\x01", at + 1)
+        if demand_only:
+            return None
+        filling = states.rfind(bytes((BLOCK_FILLING,)), start) - start
+        if filling >= 0 and filling not in self.in_flight and filling + 1 < self.blocks:
+            self.ahead = max(self.ahead, filling + 1)
+        for first, last in ((self.ahead, self.blocks), (0, self.ahead)):
+            at = states.find(b"\x00", start + first, start + last)
+            while at >= 0:
+                b = at - start
+                if b not in self.in_flight:
+                    self.ahead = b + 1
+                    return b
+                at = states.find(b"\x00", at + 1, start + last)
+        return None
+
+    def recount(self, now: float) -> None:
+        """The blocks a shim filled, counted as staged (caller holds the stager's lock). Blocks a
+        shim claimed and made no progress on for ``FILL_STALE`` s (its process gone) go back to
+        ABSENT: this daemon stages them (the same bytes, should the shim still write them)."""
+        if self.states is None:
+            return
+        states = bytes(self.states)
+        staged = states.count(BLOCK_STAGED)
+        self.filled += staged - self.staged
+        if staged != self.staged:
+            self.staged = staged
+            short = BLOCK * self.blocks - self.info.size
+            self.staged_bytes = staged * BLOCK - (short if states[-1] == BLOCK_STAGED else 0)
+        others = states.count(BLOCK_FILLING) - len(self.in_flight)
+        if others <= 0:
+            self._fills = None
+        elif self._fills is None or self._fills[0] != staged:
+            self._fills = (staged, now)
+        elif now - self._fills[1] > FILL_STALE:
+            for b, s in enumerate(states):
+                if s == BLOCK_FILLING and b not in self.in_flight:
+                    self.states[b] = BLOCK_ABSENT
+            self._fills = None
+
+    def finish(self) -> None:
+        """Nothing more of this file will be staged: said in the map too, so that the shim
+        stops waiting to move its mappings' other blocks."""
+        self.done = True
+        if self._map is not None:  # no new fill (one under way ends STAGED or not at all: its CAS)
+            self._map[BLOCKMAP_FILL_OFFSET:BLOCKMAP_FILL_OFFSET + 8] = bytes(8)
+            self._map[BLOCKMAP_DONE_OFFSET:BLOCKMAP_DONE_OFFSET + 8] = (1).to_bytes(8, "little")
+
+    def read_around(self) -> None:
+        """Say in the map that a fault of a mapping of the PFS's file should read around
+        (the shim lets the kernel's read-around be: a round trip costs more than its bytes)."""
+        if self._map is not None:
+            self._map[BLOCKMAP_READAROUND_OFFSET:BLOCKMAP_READAROUND_OFFSET + 8] = (1).to_bytes(8, "little")
+
+    def close(self) -> None:
+        for fd in (self.copy_fd, self.source_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.copy_fd = self.source_fd = -1
+        if self.states is not None:
+            self.states.release()
+            self.states = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
 
 
 def link_over(src: str, dest: str) -> os.stat_result | None:
@@ -77,7 +228,7 @@ def copy_state(copy: str, bmap: str, info: FileInfo) -> tuple[str | None, bool, 
         os.close(fd)
     try:
         with open(bmap, "rb") as f:
-            magic, version, shift, size, mtime_ns, blocks, _, _ = BLOCKMAP_HEADER.unpack(f.read(BLOCKMAP_HEADER.size))
+            magic, version, shift, size, mtime_ns, blocks, *_ = BLOCKMAP_HEADER.unpack(f.read(BLOCKMAP_HEADER.size))
             states = f.read(blocks + 1)
     except (OSError, struct.error):
         return "broken", False, live
@@ -91,7 +242,7 @@ def staged_bytes(bmap: str, info: FileInfo) -> int:
     """The bytes of the staged blocks a map says, if it is the map of the file ``info`` describes."""
     try:
         with open(bmap, "rb") as f:
-            magic, version, shift, size, mtime_ns, blocks, _, _ = BLOCKMAP_HEADER.unpack(f.read(BLOCKMAP_HEADER.size))
+            magic, version, shift, size, mtime_ns, blocks, *_ = BLOCKMAP_HEADER.unpack(f.read(BLOCKMAP_HEADER.size))
             states = f.read(blocks)
     except (OSError, struct.error):
         return 0

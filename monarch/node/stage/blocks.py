@@ -43,16 +43,16 @@ from typing import TYPE_CHECKING
 from monarch import protocol
 from monarch.node.snapshot.pfsmeta import checked_stat
 from monarch.node.snapshot.snapshot import FileInfo
-from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_SHIFT, BLOCK_STAGED,  # noqa: F401 (the map's
-                                          BLOCK_WANTED, BLOCKMAP_DONE_OFFSET, BLOCKMAP_HEADER,  # format: blocks.X too)
-                                          BLOCKMAP_MAGIC, BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_VERSION, copy_state,
+from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BLOCK_SHIFT,  # noqa: F401 (the
+                                          BLOCK_STAGED, BLOCK_WANTED, BLOCKMAP_DONE_OFFSET,  # map's format: blocks.X too)
+                                          BLOCKMAP_FILL_OFFSET, BLOCKMAP_HEADER, BLOCKMAP_MAGIC,
+                                          BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_VERSION, BlockFile, copy_state,
                                           link_over, staged_bytes)
 from monarch.node.stage.read_pace import ReadPace
 from monarch.routes import BLOCKS_MIN, Route
 from monarch.node.stage.sources import PFSSource, SourceChanged
 from monarch.node.tiers.shared_tier import SharedTier
 from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, Tier, make_dirs_below
-from monarch.secure import create_exclusive, owner_only, write_file_atomically
 
 if TYPE_CHECKING:
     from monarch.node.stage.stager_books import StagerBooks
@@ -62,112 +62,6 @@ log = logging.getLogger(__name__)
 __all__ = ["BLOCK", "BLOCKS_MIN", "BlockFile", "BlockStager"]
 
 ANSWER_CLAIM_WAIT = 0.05  # seconds an open's answer waits for a large file's claim another job holds
-
-
-class BlockFile:
-    """One file being staged by blocks into ``tier``: its copy, its map (mapped here, shared
-    with the shim), the blocks it has room for (``budget``) and which are under way."""
-
-    def __init__(self, key: str, info: FileInfo, tier: Tier, budget: int, reserved: int):
-        self.key, self.info, self.tier = key, info, tier
-        self.blocks = -(-info.size // BLOCK)
-        self.budget = budget        # blocks it has room for (all of them: the file fits)
-        self.reserved = reserved    # room taken in the tier for them
-        self.path = os.path.join(tier.path, BLOCKS_DIR, key)
-        self.map_path = os.path.join(tier.path, BLOCKMAP_DIR, key)
-        self.copy_fd = -1
-        self.states: memoryview | None = None  # one byte per block, in the shared map
-        self._map: mmap.mmap | None = None
-        self.taken = 0              # blocks staged or under way
-        self.staged = 0
-        self.staged_bytes = 0
-        self.in_flight: set[int] = set()
-        self.ahead = 0              # where read-ahead looks next
-        self.asked = False          # opened by the application (its blocks go before read-ahead's)
-        self.done = False           # nothing more will be staged (whole, out of budget, failed, dropped)
-        self.whole = False          # every block staged and published as a plain copy
-        self.dropped = False        # the job wrote to it: its files go once no block is under way
-        self.borrowed = False       # another job of the user stages it in a shared tier: served, not staged
-        self.direct = False         # its source is read with O_DIRECT (past the client's page cache)
-        self.source_fd = -1
-
-    def length(self, b: int) -> int:
-        """Block ``b``'s bytes (the last one may be short)."""
-        return min(BLOCK, self.info.size - b * BLOCK)
-
-    def create(self) -> None:
-        """The empty copy and its map (every block ABSENT), mapped here."""
-        for path in (self.path, self.map_path):
-            make_dirs_below(self.tier.path, os.path.dirname(path))
-        fd = create_exclusive(self.path, owner_only(self.info.mode))
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while this job may stage it (close)
-            os.ftruncate(fd, self.info.size)
-        except BaseException:
-            os.close(fd)
-            os.unlink(self.path)
-            raise
-        self.copy_fd = fd
-        header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT,
-                                      self.info.size, self.info.mtime_ns, self.blocks, 0, 0)
-        write_file_atomically(self.map_path, [header, bytes(self.blocks)], 0o600)
-        mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            self._map = mmap.mmap(mfd, BLOCKMAP_HEADER.size + self.blocks)
-        finally:
-            os.close(mfd)
-        self.states = memoryview(self._map)[BLOCKMAP_HEADER.size:]
-
-    def next_block(self, demand_only: bool) -> int | None:
-        """The next block to read (caller holds the stager's lock): one the shim WANTED, then
-        (unless ``demand_only``) read-ahead's; None if none (or no room left for one)."""
-        if self.done or self.states is None or self.taken >= self.budget:
-            return None
-        states = self._map  # searched in C (mmap.find), a byte per block
-        start = BLOCKMAP_HEADER.size
-        at = states.find(b"\x01", start)
-        while at >= 0:
-            b = at - start
-            if b not in self.in_flight:
-                self.ahead = max(self.ahead, b + 1) if b + 1 < self.blocks else self.ahead
-                return b
-            at = states.find(b"\x01", at + 1)
-        if demand_only:
-            return None
-        for first, last in ((self.ahead, self.blocks), (0, self.ahead)):
-            at = states.find(b"\x00", start + first, start + last)
-            while at >= 0:
-                b = at - start
-                if b not in self.in_flight:
-                    self.ahead = b + 1
-                    return b
-                at = states.find(b"\x00", at + 1, start + last)
-        return None
-
-    def finish(self) -> None:
-        """Nothing more of this file will be staged: said in the map too, so that the shim
-        stops waiting to move its mappings' other blocks."""
-        self.done = True
-        if self._map is not None:
-            self._map[BLOCKMAP_DONE_OFFSET:BLOCKMAP_DONE_OFFSET + 8] = (1).to_bytes(8, "little")
-
-    def read_around(self) -> None:
-        """Say in the map that a fault of a mapping of the PFS's file should read around
-        (the shim lets the kernel's read-around be: a round trip costs more than its bytes)."""
-        if self._map is not None:
-            self._map[BLOCKMAP_READAROUND_OFFSET:BLOCKMAP_READAROUND_OFFSET + 8] = (1).to_bytes(8, "little")
-
-    def close(self) -> None:
-        for fd in (self.copy_fd, self.source_fd):
-            if fd >= 0:
-                os.close(fd)
-        self.copy_fd = self.source_fd = -1
-        if self.states is not None:
-            self.states.release()
-            self.states = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
 
 
 class BlockStager:
@@ -271,7 +165,19 @@ class BlockStager:
                 b = bf.next_block(demand_only)
                 if b is not None:
                     return bf, b
+        self._fills_locked()  # nothing left to read here: what shims filled may make a file whole
         return None
+
+    def _fills_locked(self) -> None:
+        """The blocks shims filled from the application's large reads, counted; a file they made
+        whole is published (as the last block read here would)."""
+        now = time.monotonic()
+        for bf in self._active:
+            if bf.budget >= bf.blocks and not bf.in_flight and not bf.done:
+                bf.recount(now)
+                if bf.staged == bf.blocks:
+                    bf.finish()
+                    self._publish_locked(bf)
 
     def _work(self) -> None:
         buf = mmap.mmap(-1, BLOCK)  # page-aligned, as a read with O_DIRECT wants
@@ -282,7 +188,9 @@ class BlockStager:
                     if not self._running:
                         self.pace.idle()
                     self._idle += 1  # a block's end, a new file or close wakes it (a WANTED mark
-                    self._cv.wait(1.0)  # needs no wake-up: it is looked for at every pick)
+                    # needs no wake-up: it is looked for at every pick; a shim's fill is counted
+                    # within 0.1 s while a file may have one)
+                    self._cv.wait(0.1 if any(bf.budget >= bf.blocks for bf in self._active) else 1.0)
                     self._idle -= 1
                     continue
                 bf, b = picked
@@ -375,6 +283,8 @@ class BlockStager:
             bf.staged += 1
             bf.staged_bytes += bf.length(b)
         elif not ok:
+            if bf.states is not None and bf.states[b] == BLOCK_FILLING:
+                bf.states[b] = BLOCK_ABSENT
             bf.taken -= 1
             if not bf.done:
                 bf.finish()
@@ -533,6 +443,7 @@ class BlockStager:
     def stop(self) -> None:
         """Nothing new starts; blocks under way finish (``drain`` waits for them). Returns at once."""
         with self.books.lock:
+            self._fills_locked()  # a file the application's reads made whole is published
             self.closed = True
             for bf in self.files.values():
                 bf.finish()
@@ -567,6 +478,7 @@ class BlockStager:
     def stats_locked(self) -> dict:
         """The report's figures (under the books' lock): files staged by blocks, those partly
         staged and their bytes, blocks staged, the read-ahead's pace."""
+        self._fills_locked()
         own = [bf for bf in self.files.values() if not bf.borrowed]
         partial = [bf for bf in own if bf.budget < bf.blocks]
         return {"files": len(own), "from_other_jobs": len(self.files) - len(own),
@@ -576,6 +488,7 @@ class BlockStager:
                 "partly_staged_of_bytes": sum(bf.info.size for bf in partial),
                 "in_progress_files": sum(not bf.done for bf in own),
                 "blocks_staged": sum(bf.staged for bf in own),
+                "blocks_filled_by_reads": sum(bf.filled for bf in own),
                 "bytes_staged": sum(bf.staged_bytes for bf in own),
                 "block_bytes": BLOCK, "pace": self.pace.state(), "failed_files": self.failures}
 

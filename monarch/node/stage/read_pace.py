@@ -8,7 +8,13 @@ R x (L + ``WAIT``) in flight: the link full, and an application's read queued be
 about ``WAIT`` of it, at any rate and any latency.
 
 - ``WAIT`` (3 ms) bounds what an application's read pays for the read-ahead: a reader's step
-  of 32 faults pays at most 0.1 s more than alone.
+  of 32 faults pays at most 0.1 s more than alone. On a slow link (under ``SLOW_RATE``, 100
+  MB/s) it is half that, in two requests (``SLOW_REQUESTS``) of the same time each: there the
+  bytes, not the requests' overheads, set what a fault costs, and direct's fault reads 128 KiB
+  around (2.6 ms at 50 MB/s) where a page fault behind 3 ms of read-ahead, twice for a window
+  across two pages, cost more (a Megatron-style reader's first quarter at 0.77-0.87x direct's
+  pace); two requests keep a slow link full (46 of 50 MB/s), where on a quick one the copy
+  slows by a third.
 - R is measured: the bytes the read-ahead's requests delivered in each window of 0.1 s (at
   least one request) while it had work, the most of the last 2 s. The most, because the
   application's own reads take part of the link for a while; a link that stays slower for 2 s
@@ -49,6 +55,8 @@ from typing import Callable
 
 WAIT = 0.003        # an application's read queues behind at most this much of the read-ahead
 REQUESTS = 4        # requests in flight at once (blocks read at once, one request each)
+SLOW_RATE = 100e6   # bytes/s under which the read-ahead holds half of it, in SLOW_REQUESTS requests
+SLOW_REQUESTS = 2
 MAX_BLOCKS = 32     # blocks read at once at most (each holds a block's buffer)
 READ_MIN = 32 << 10  # a request before the link is measured (and the smallest: a FUSE request's order)
 WINDOW = 0.1        # the rate's measuring window
@@ -99,9 +107,10 @@ class ReadPace:
         queued = self._queued / self._requests if self.rate else 0.0  # (the first window: not known)
         self._windows.append(rate)
         self.rate = max(self._windows)
-        hold = self.rate * (self.latency + WAIT)
-        # holding, a request's time at the link is WAIT: its own bytes' and its wait behind others
-        if queued > max(0.0, WAIT - self.request_bytes() / self.rate) / 2:
+        wait = self.wait
+        hold = self.rate * (self.latency + wait)
+        # holding, a request's time at the link is the wait: its own bytes' and its wait behind others
+        if queued > max(0.0, wait - self.request_bytes() / self.rate) / 2:
             self._full = True
         elif not self._draining and self._requests >= self.blocks:  # nothing queued, and the bytes were asked
             hold = max(hold, (PROBE if self._full else GROWTH) * self.in_flight_bytes)
@@ -113,6 +122,16 @@ class ReadPace:
     def idle(self) -> None:
         """No block is being read: the time until the next one says nothing of the link."""
         self._start, self._bytes, self._requests, self._queued = None, 0, 0, 0.0
+
+    @property
+    def requests(self) -> int:
+        """Requests at once at the least: fewer on a slow link."""
+        return SLOW_REQUESTS if self.rate is not None and self.rate < SLOW_RATE else REQUESTS
+
+    @property
+    def wait(self) -> float:
+        """Seconds of the read-ahead an application's read queues behind at most."""
+        return WAIT * self.requests / REQUESTS
 
     @property
     def latency(self) -> float | None:
@@ -130,7 +149,7 @@ class ReadPace:
     @property
     def blocks(self) -> int:
         """Blocks read at once."""
-        return min(MAX_BLOCKS, max(REQUESTS, -(-self.in_flight_bytes // self.block)))
+        return min(MAX_BLOCKS, max(self.requests, -(-self.in_flight_bytes // self.block)))
 
     def request_bytes(self) -> int:
         """The next request's size: the bytes in flight shared by the blocks read at once, in
