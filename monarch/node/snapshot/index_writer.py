@@ -99,9 +99,14 @@ def index_parts(snap, routes: Routes | None = None) -> list:
     read from its index is written as that index (its routes rewritten in place if given)."""
     files, dirs, links = snap.files, snap.dirs, snap.links
     if isinstance(files, IndexTable):
-        if routes is not None:
-            stamp_routes(files.data, files.nfiles, routes)
-        return [files.data]
+        if routes is None:
+            return [files.data]
+        # stamped in a copy when the table's buffer is not writable (an index received from
+        # node 0, or read from a kept file, is bytes); the table itself needs no routes: Python
+        # decides them with routes.route_of
+        data = files.data if isinstance(files.data, bytearray) else bytearray(files.data)
+        stamp_routes(data, files.nfiles, routes)
+        return [data]
     kb = protocol.key_bytes
     nfiles = len(files)
     dir_keys = list(dirs)

@@ -2,6 +2,7 @@
 snapshot keeps its files compact (FileTable); each file's route it publishes is route_of's, in
 Python and in C alike."""
 
+import dataclasses
 import os
 import pickle
 
@@ -152,3 +153,16 @@ def test_the_large_files_route_is_blocks_and_the_small_ones_the_doors_alone(tmp_
                                                                               Route.BLOCKS)
     assert {got[f"1/{name}"] for name in sizes} == {Route.STORE}
     assert IndexTable(bytearray(index_bytes(snap)), len(snap.files)).route(0) is None  # none asked: none published
+
+
+def test_an_index_received_as_bytes_is_published_with_its_routes(tmp_path):
+    """A cluster node's snapshot is the index node 0 sent (bytes, read-only): its routes are
+    published in a copy, the same bytes as an index written here (a read-only buffer once made
+    the node's snapshot fail, and its readers read the PFS)."""
+    roots, _ = routed_tree(tmp_path)
+    node = routes.NodeFacts(door=True, cluster=True)
+    steps = routes.published(node, 2, stores={1})
+    snap = take_snapshot(roots)
+    written = index_bytes(snap, steps)
+    received = dataclasses.replace(snap, files=IndexTable(bytes(index_bytes(snap)), len(snap.files)))  # bytes
+    assert b"".join(bytes(part) for part in received.index_parts(steps)) == written
