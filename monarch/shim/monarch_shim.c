@@ -469,11 +469,18 @@ static inline void monarch_count_process(int delta)
 }
 
 /* Remember a managed fd (its slot, and its source's index entry + 1 or 0) and count its open. */
+static void monarch_part_drop(int fd);
+static inline unsigned monarch_part_of(int fd);
+
 static void monarch_track(int fd, unsigned slot, uint32_t entry)
 {
     if (fd < 0)
         return;
     if ((unsigned)fd < MONARCH_MAX_FDS) {
+        /* a descriptor just opened has no past: a part its number still names was left by a
+         * close the shim did not see (its hold released now, its reads never the copy's) */
+        if (MONARCH_UNLIKELY(monarch_part_of(fd)))
+            monarch_part_drop(fd);
         __atomic_store_n(&monarch_fd_entry[fd], entry, __ATOMIC_RELAXED);
         __atomic_store_n(&monarch_fd_slot[fd], (uint8_t)(slot + 1), __ATOMIC_RELAXED);
     }
@@ -481,14 +488,17 @@ static void monarch_track(int fd, unsigned slot, uint32_t entry)
         __atomic_fetch_add(monarch_counter(slot, 0), 1, __ATOMIC_RELAXED);
 }
 
-static void monarch_part_drop(int fd);
 static void monarch_part_dup(int oldfd, int newfd);
 
 /* Forget a descriptor (closed, or reused by a pass-through open). A vfork child
  * shares our memory but not our descriptors: it must not touch the tables. */
 static inline void monarch_forget(int fd)
 {
-    if ((unsigned)fd < MONARCH_MAX_FDS && __atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED)
+    /* the part is looked at apart from the slot: a fork can copy the process between the two
+     * stores (the slot cleared, the part's drop waiting for the lock fork holds), and the
+     * child's close of that descriptor must still drop the part its number names */
+    if ((unsigned)fd < MONARCH_MAX_FDS
+        && (__atomic_load_n(&monarch_fd_slot[fd], __ATOMIC_RELAXED) || monarch_part_of(fd))
         && getpid() == monarch_pid) {
         __atomic_store_n(&monarch_fd_entry[fd], 0, __ATOMIC_RELAXED);
         __atomic_store_n(&monarch_fd_slot[fd], 0, __ATOMIC_RELAXED);

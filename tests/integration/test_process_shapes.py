@@ -275,7 +275,12 @@ for i in range(int(sys.argv[5])):
                     o = rng.randrange(0, size - 4096)
                     code |= 1 if m0[o:o + 4096] != want[o:o + 4096] else 0
                 rel = rng.choice(small)
-                code |= 2 if hashlib.md5(open(os.path.join(root, rel), "rb").read()).digest() != digests[rel] else 0
+                with open(os.path.join(root, rel), "rb") as f:
+                    data = f.read()
+                    if hashlib.md5(data).digest() != digests[rel]:
+                        print("grandchild: wrong bytes of", rel, len(data), "fd", f.fileno(),
+                              os.readlink(f"/proc/self/fd/{f.fileno()}"), file=sys.stderr)
+                        code |= 2
             except BaseException as e:
                 print("grandchild:", repr(e), file=sys.stderr)
                 code = 4
@@ -318,7 +323,8 @@ def test_forks_and_double_forks_beside_threads_that_map_and_read_staged_and_bloc
                    str(forks)], timeout=180)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["bad"] == [] and out["codes_ok"] == out["forks"] == forks, out
+    said = [line for line in r.stderr.splitlines() if "child:" in line][:5]
+    assert out["bad"] == [] and out["codes_ok"] == out["forks"] == forks, (out, said)
     assert out["maps"] > 0 and out["small"] > 0, out
     rep = load(report)
     assert rep["blocks"]["files"] == 1 and rep["blocks"]["read"]["opens"] >= 1, rep["blocks"]
