@@ -245,15 +245,23 @@ def main(argv=None) -> int:
                         rows.append(measure(n, mode, work, pfs.mountpoint, manifest, pfs, total, args, problems))
                         print_row(rows[-1], args.epochs)
         print_summary(rows, args, total)
-        ready_to_write(args.json).write_text(json.dumps({"files": args.files, "size": args.size, "bytes": total,
-                                                         "open_latency_ms": args.open_latency_ms,
-                                                         "bandwidth_mbps": args.bandwidth, "epochs": args.epochs,
-                                                         "workers": args.workers, "rows": rows,
-                                                         "problems": problems}, indent=1))
-        print(f"figures: {args.json}")
+        write_figures(args, {"bytes": total, "workers": args.workers, "rows": rows}, problems)
     finally:
         shutil.rmtree(f"/dev/shm{work}", ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+    return said(problems)
+
+
+def write_figures(args, figures: dict, problems: list[str]) -> None:
+    """The run's settings, its figures and its problems, as JSON at ``--json``."""
+    settings = {"files": args.files, "size": args.size, "open_latency_ms": args.open_latency_ms,
+                "bandwidth_mbps": args.bandwidth, "epochs": args.epochs}
+    ready_to_write(args.json).write_text(json.dumps({**settings, **figures, "problems": problems}, indent=1))
+    print(f"figures: {args.json}")
+
+
+def said(problems: list[str]) -> int:
+    """Each problem on stderr; the exit code."""
     for p in problems:
         print(f"PROBLEM: {p}", file=sys.stderr)
     return 1 if problems else 0
@@ -377,18 +385,11 @@ def chain_main(args) -> int:
             print(f"{mode}: large file 'not staged' in the report, per job: "
                   + ", ".join(str(j["large_not_staged"]) for j in jobs)
                   + "; files re-staged (changed since the set's copy): " + ", ".join(str(j["restaged"]) for j in jobs))
-        ready_to_write(args.json).write_text(json.dumps({"files": args.files, "size": args.size,
-                                                         "large_mib": args.large_mib, "bytes": total,
-                                                         "open_latency_ms": args.open_latency_ms,
-                                                         "bandwidth_mbps": args.bandwidth, "epochs": args.epochs,
-                                                         "rows": rows, "problems": problems}, indent=1))
-        print(f"figures: {args.json}")
+        write_figures(args, {"large_mib": args.large_mib, "bytes": total, "rows": rows}, problems)
     finally:
         shutil.rmtree(f"/dev/shm{work}", ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
-    for p in problems:
-        print(f"PROBLEM: {p}", file=sys.stderr)
-    return 1 if problems else 0
+    return said(problems)
 
 
 def _chain_dataset(src: str, manifest: str, args) -> str:

@@ -84,6 +84,8 @@ BENCHES = [
     Bench("bench_sharing.py", ["--chain", "--quick", "--json", "{tmp}/chain.json"],
           r"^shared\s+\d\.\d\dx \(\d\.\d\d\)\s+\d\.\d\dx \(\d\.\d\d\)\s+0\.0\dx \(0\.0\d\)", {"fuse"},
           "bench_sharing-chain"),
+    Bench("bench_pass_through.py", ["--quick", "--json", "{tmp}/pass.json"],
+          r"^reader\s+[\d.]+s\s+[\d.]+s\s+[\d.]+x\s+[\d.]+s\s+[\d.]+s\s+[\d.]+x$", {"cc"}),
     Bench("bench_s3.py", ["--quick", "--variant", "demo,large"],
           r"^throughput: monarch-s3 epoch 1 \d+ MiB/s .*the proxy's own limit \d+ MiB/s", {"s3"}),
     Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--json", "{tmp}/cluster.json"],

@@ -52,6 +52,16 @@ def wait_whole(timeout=120):
         time.sleep(0.05)
     raise SystemExit(f"the copy was not whole within {timeout} s: {staged()}")
 
+def advice():
+    # the kernel's advice ("rr": MADV_RANDOM) on the mappings' ranges still on the PFS's file
+    random_read, on_pfs = [], False
+    for line in open("/proc/self/smaps"):
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+            on_pfs = line.rstrip().endswith(path)
+        elif line.startswith("VmFlags:") and on_pfs:
+            random_read.append("rr" in line.split()[1:])
+    return random_read
+
 def pfs_bytes():
     time.sleep(0.1)  # the emulator writes its counters every 10 ms
     with open(pfs_counters) as f:
@@ -168,14 +178,7 @@ while time.monotonic() < deadline:
     o = rng.randrange(0, size - 2050)
     bad += m[o:o + 2050] != want(o, 2050)
     time.sleep(0.01)
-# the kernel's advice ("rr": MADV_RANDOM) on the mapping's ranges still on the PFS's file
-random_read, on_pfs = [], False
-for line in open("/proc/self/smaps"):
-    if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
-        on_pfs = line.rstrip().endswith(path)
-    elif line.startswith("VmFlags:") and on_pfs:
-        random_read.append("rr" in line.split()[1:])
-print(json.dumps({"bad": bad, "random_read": random_read, "staged": staged()}))
+print(json.dumps({"bad": bad, "random_read": advice(), "staged": staged()}))
 """
 
 
@@ -445,15 +448,6 @@ def test_a_file_read_in_large_calls_is_read_from_the_pfs_once(short_tmp, slow_pf
 
 
 AFTER_DONE = r"""
-def advice():
-    # the kernel's advice ("rr": MADV_RANDOM) on the mappings' ranges still on the PFS's file
-    random_read, on_pfs = [], False
-    for line in open("/proc/self/smaps"):
-        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
-            on_pfs = line.rstrip().endswith(path)
-        elif line.startswith("VmFlags:") and on_pfs:
-            random_read.append("rr" in line.split()[1:])
-    return random_read
 fd = os.open(path, os.O_RDONLY)
 m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # made while the daemon stages what fits
 rng = random.Random(3)
