@@ -424,7 +424,7 @@ def read_opened_from(path: str, names: dict[int, str]) -> dict[str, dict[str, in
 
 # -- snapshot index -------------------------------------------------------------------------
 INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
-INDEX_VERSION = 4  # 4: each file's route in its flags
+INDEX_VERSION = 5  # 4: each file's route in its flags; 5: routes renumbered (BLOCKS before PEER)
 INDEX_HEADER = struct.Struct("<QIIIIQQQQQQ")
 INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIIIQIIQ")
 INDEX_CHILD = struct.Struct("<QQIHBB")

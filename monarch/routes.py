@@ -15,12 +15,14 @@ route          who serves it                                                    
 ``PROBE``      a staged copy in a tier: the shim opens it itself (every layer looks          any
                first: whether a copy is staged is the one fact that changes by the open)
 ``PEER_LANE``  another node's small file, fetched by the door through the C data path        <= INLINE_MAX
+``BLOCKS``     staged by blocks (``stage/blocks.py``); the shim reads the PFS meanwhile      >= BLOCKS_MIN
+               (``shim/shim_blocks.c``). In a cluster on every node: each block's range has
+               an owner (``cluster/ranges.py``) that reads it from the PFS, the others fetch
+               it from that owner
 ``PEER``       another node's file, fetched by Python (``cluster/fetch.py``: the C data      any
                path up to ONE_MESSAGE_MAX, the chunked protocol above)
 ``PFS``        the original, opened by the application: nothing copies it (policy off)       any
 ``STORE``      a key-value store's value, copied whole by the stager                         any
-``BLOCKS``     staged by blocks (``stage/blocks.py``); the shim reads the PFS meanwhile      >= BLOCKS_MIN
-               (``shim/shim_blocks.c``)
 ``DOOR``       copied by the C door: inline by the worker that read the OPEN (a fast         <= INLINE_MAX
                source) or by its copiers (a slow one: the measured latency picks, at the
                open)
@@ -69,10 +71,10 @@ class Route(enum.IntEnum):
 
     PROBE = 0
     PEER_LANE = 1
-    PEER = 2
-    PFS = 3
-    STORE = 4
-    BLOCKS = 5
+    BLOCKS = 2
+    PEER = 3
+    PFS = 4
+    STORE = 5
     DOOR = 6
     COPY = 7
 
@@ -94,7 +96,7 @@ class NodeFacts:
     copies_misses: bool = True  # the policy stages a miss (not ``off``: read_ahead_modes' copies_misses)
     door: bool = False          # the front door copies this node's misses (read_ahead_modes' door_copies)
     c_data_path: bool = False   # the door's peer lane fetches through the C data path
-    cluster: bool = False       # one of a cluster's daemons (they copy whole files: their peers fetch whole files)
+    cluster: bool = False       # one of a cluster's daemons
     stores: bool = False        # a root of the dataset is a key-value store (its values are copied whole)
     raw_tier: bool = True       # a tier keeps raw copies (blocks are written into one)
 
@@ -116,10 +118,10 @@ ROWS: dict[Route, Row] = {row.route: row for row in (
     #   route            smallest     largest      who serves it
     Row(Route.PROBE,     0,           SIZE_ANY,    "the shim, from a staged copy"),
     Row(Route.PEER_LANE, 0,           INLINE_MAX,  "the door, through the C data path"),
+    Row(Route.BLOCKS,    BLOCKS_MIN,  SIZE_ANY,    "the block stager (a range's owner from the PFS, the others from it)"),
     Row(Route.PEER,      0,           SIZE_ANY,    "Python's fetch from the owner"),
     Row(Route.PFS,       0,           SIZE_ANY,    "the application's own open of the original"),
     Row(Route.STORE,     0,           SIZE_ANY,    "the stager, from the store"),
-    Row(Route.BLOCKS,    BLOCKS_MIN,  SIZE_ANY,    "the block stager; the shim reads the PFS meanwhile"),
     Row(Route.DOOR,      0,           INLINE_MAX,  "the door: inline, or its copiers"),
     Row(Route.COPY,      0,           SIZE_ANY,    "the stager, a whole copy"),
 )}
@@ -129,10 +131,11 @@ ROWS: dict[Route, Row] = {row.route: row for row in (
 _RULES: dict[Route, Callable[[FileFacts, NodeFacts], bool]] = {
     Route.PROBE: lambda f, n: False,
     Route.PEER_LANE: lambda f, n: f.elsewhere and f.regular and n.door and n.c_data_path,
+    # a large file is every node's, by ranges: not another node's (PEER), wherever it is hashed
+    Route.BLOCKS: lambda f, n: f.regular and n.copies_misses and not (f.store or n.stores) and n.raw_tier,
     Route.PEER: lambda f, n: f.elsewhere,
     Route.PFS: lambda f, n: not n.copies_misses,
     Route.STORE: lambda f, n: f.store,
-    Route.BLOCKS: lambda f, n: f.regular and not (n.cluster or n.stores) and n.raw_tier,
     Route.DOOR: lambda f, n: f.regular and n.door,
     Route.COPY: lambda f, n: True,
 }

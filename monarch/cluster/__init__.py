@@ -19,8 +19,10 @@ no tier): the MPI between daemons, Python's protocol and the C data path.
 ``capacity.py``        what each node can hold, and the layout: replicate or shard
 ``placement.py``       file -> node: rendezvous hashing, capacity-weighted bounded shares, each
                        key's preference list (owners after losses, replicas)
+``ranges.py``          a large file's ranges -> nodes: bounded rendezvous hashing of its ranges
 ``early.py``           what a node may stage while node 0 still walks (keys it will surely own)
-``fetch.py``           Python's protocol, the requester's side: a file from its owner
+``fetch.py``           Python's protocol, the requester's side: a file from its owner, or a span
+                       of a large file's blocks from its range's owner
 ``provide.py``         Python's protocol, the owner's side: peers' requests answered, in chunks
 ``transfer.py``        Python's protocol on the wire: header, chunks, refusal, cancel and drain
 ``liveness.py``        heartbeats, pings, nodes down and lost
@@ -45,6 +47,8 @@ In the node daemon (the floor ``node``): this node's part in the cluster.
                                        walk, serving peers (``provide``), replicas, losses
 ``node/peer/peer_cache.py``            ``PeerCache``: a sharded node's peer area, an evicting
                                        cache of other nodes' files (or a transient memfd)
+``node/peer/block_peers.py``           ``BlockPeers``: the nodes as sources of a large file's
+                                       blocks (its ranges' owners), for the block stager
 ``node/peer/offers.py``                ``Offers``: this node's raw staged copies offered to the
                                        data path (``dp_staged``, ``dp_forget``)
 ``node/doorkeeper/peer_door_link.py``  ``PeerDoorLink``: the door's peer lanes kept in step with
@@ -103,6 +107,14 @@ One remote open (a sharded cluster, a small file another node owns):
    which the owner's ``provide.py`` serves through ``ClusterRole.provide``: it stages the file
    first if need be and sends a compressed copy as stored. Whatever fails, the application
    reads the PFS.
+
+A large file (the route table's ``BLOCKS``) is no node's alone: every node stages
+it by blocks (``node/stage/blocks.py``), and each of its 16 MiB ranges has an owner
+(``ranges.py``). A node reads its own ranges' blocks from the PFS first; another owner's block
+it fetches from that owner (``("range", tag, key, offset, length)``, answered by the owner's
+``BlockStager.serve_range``, which reads the block from the PFS first if it has not yet: once
+for the whole cluster). A lost owner's ranges are a survivor's; a block no owner can send is
+read from the PFS.
 
 With a hinted order the peer read-ahead lane (``frontdoor/door_peer_ahead.c``,
 ``frontdoor/door_peer_lane.c``) fetches the order's other nodes' files ahead of the reader by

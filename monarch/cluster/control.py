@@ -4,7 +4,8 @@ A control message is a pickled tuple sent on ``engine.TAG_CTRL``, its verb first
 string on the wire: peers of one version only). Each part of the peer layer serves its own
 verbs and hands ``ControlTable`` a ``{verb: handler}`` mapping of them once, at start:
 
-  the provider (provide.py)   ``("req", tag, key)``, ``("cancel", tag)``
+  the provider (provide.py)   ``("req", tag, key)``, ``("range", tag, key, offset, length)``,
+                              ``("cancel", tag)``
   liveness (liveness.py)      ``("ping",)``, ``("pong",)``
   shutdown (shutdown.py)      ``("done",)``, ``("stats", stats)``, ``("release",)``, ``("bye",)``
 
@@ -25,6 +26,7 @@ class Verb(str, enum.Enum):
     """The verbs of control messages (sent as ``verb.value``: the wire holds plain strings)."""
 
     REQ = "req"            # (tag, key): send me ``key`` on reply tag ``tag`` (transfer.py)
+    RANGE = "range"        # (tag, key, offset, length): send me those bytes of ``key`` (a large file's blocks)
     CANCEL = "cancel"      # (tag,): I gave up on the request with reply tag ``tag``
     PING = "ping"          # (): are you alive? (answered PONG)
     PONG = "pong"          # (): yes (any message says so; this one says nothing else)

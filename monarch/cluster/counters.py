@@ -1,4 +1,4 @@
-"""The peer layer's transfer counters: files and bytes each way, failures by reason.
+"""The peer layer's transfer counters: files (and large files' ranges) and bytes each way, failures by reason.
 
 Filled from any thread (fetching threads, the serving pool), read by ``Cluster.counters()``
 into the daemon's statistics. ``bytes_*`` are the files' bytes, ``wire_bytes_*`` what
@@ -22,7 +22,9 @@ class PeerCounters:
         self._lock = threading.Lock()
         self._counts: dict[str, Any] = {
             "bytes_sent": 0, "bytes_received": 0, "wire_bytes_sent": 0, "wire_bytes_received": 0,
-            "files_sent": 0, "files_received": 0, "fetch_failures": {}, "serve_failures": {},
+            "files_sent": 0, "files_received": 0,
+            "ranges_sent": 0, "ranges_received": 0,  # spans of large files' blocks (their bytes in bytes_*)
+            "fetch_failures": {}, "serve_failures": {},
             "slow_fetches": 0,  # the owner answered pings but took over heartbeat_timeout: slow, not dead
             "after_loss": {"files_sent": 0, "bytes_sent": 0, "files_received": 0, "bytes_received": 0}}
 
@@ -44,20 +46,21 @@ class PeerCounters:
         with self._lock:
             self._counts["slow_fetches"] += 1
 
-    def sent(self, size: int, wire_size: int | None = None) -> None:
-        self._moved("sent", size, size if wire_size is None else wire_size)
+    def sent(self, size: int, wire_size: int | None = None, unit: str = "files") -> None:
+        self._moved("sent", size, size if wire_size is None else wire_size, unit)
 
-    def received(self, size: int, wire_size: int) -> None:
-        self._moved("received", size, wire_size)
+    def received(self, size: int, wire_size: int, unit: str = "files") -> None:
+        self._moved("received", size, wire_size, unit)
 
-    def _moved(self, way: str, size: int, wire_size: int) -> None:
+    def _moved(self, way: str, size: int, wire_size: int, unit: str) -> None:
         with self._lock:
             self._counts[f"bytes_{way}"] += size
             self._counts[f"wire_bytes_{way}"] += wire_size
-            self._counts[f"files_{way}"] += 1
+            self._counts[f"{unit}_{way}"] += 1
             if self._lost:
                 self._counts["after_loss"][f"bytes_{way}"] += size
-                self._counts["after_loss"][f"files_{way}"] += 1
+                if unit == "files":
+                    self._counts["after_loss"][f"files_{way}"] += 1
 
     def snapshot(self) -> dict[str, Any]:
         """A copy of the counters (failures by reason)."""

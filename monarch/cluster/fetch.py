@@ -49,8 +49,9 @@ class Fetcher:
         self._closed = True
 
     # -- fetching thread ---------------------------------------------------------------
-    def fetch(self, owner: int, key: str, dest: str | int, size: int | None = None) -> int:
-        """See ``Cluster.fetch``."""
+    def _check(self, owner: int, key: str) -> None:
+        """Raise the PeerError that a fetch from ``owner`` meets at once (not a peer, not
+        running, the owner lost or down)."""
         node, nodes, live = self._tuning.node, self._tuning.nodes, self._liveness
         if not (0 <= owner < nodes) or owner == node:
             raise PeerError(f"fetch {key!r}: node {owner} is not a peer of node {node} of {nodes}",
@@ -61,6 +62,11 @@ class Fetcher:
             raise self._failure(FailureReason.PEER_LOST, f"fetch {key!r}: node {owner} is lost ({live.why_lost(owner)})")
         if live.is_down(owner):
             raise self._failure(FailureReason.PEER_DOWN, f"fetch {key!r}: node {owner} is not answering")
+
+    def fetch(self, owner: int, key: str, dest: str | int, size: int | None = None) -> int:
+        """See ``Cluster.fetch``."""
+        self._check(owner, key)
+        live = self._liveness
         timeout = self._tuning.peer_timeout
         if self.datapath is not None and size is not None and size <= dp.ONE_MESSAGE_MAX:
             written = self._fetch_direct(owner, key, dest, size)
@@ -84,6 +90,43 @@ class Fetcher:
             self._engine.call(xfer.abandon)
             raise
         self._counters.received(written, size)
+        return written
+
+    def fetch_range(self, owner: int, key: str, offset: int, length: int, fd: int, timeout: float) -> int:
+        """See ``Cluster.fetch_range``."""
+        self._check(owner, key)
+        xfer = Incoming(self._engine, owner, key, self._tuning.chunk_size, self._tuning.window,
+                        self._release_tag, self._liveness.heard, span=(offset, length))
+        self._engine.call(lambda: self._begin(xfer))
+        what = f"{key!r} [{offset}, +{length})"
+        try:
+            kind, *rest = self._next_event(xfer, timeout, "the range's header")
+            if kind == "refused":
+                raise self._failure(FailureReason.REFUSED, f"fetch {what}: node {owner} refused: {rest[0]}")
+            size, file_size, encoding = rest
+            if (size, file_size, encoding) != (length, length, transfer.RAW):
+                raise self._failure(FailureReason.CORRUPT, f"fetch {what}: node {owner} announced {size} bytes "
+                                    f"(encoding {encoding})")
+            written = 0
+            for _ in range(xfer.nchunks if size else 0):
+                kind, idx, buf, count = self._next_event(xfer, timeout, "the next chunk")
+                if count != len(buf):
+                    raise self._failure(FailureReason.ABORTED, f"fetch {what}: node {owner} aborted the "
+                                        f"transfer at {written} of {size} bytes")
+                view = memoryview(buf)
+                at = idx * xfer.chunk
+                while view:  # (chunks arrive in order: MPI keeps one tag's messages in order)
+                    n = os.pwrite(fd, view, offset + at)
+                    view, at, written = view[n:], at + n, written + n
+                if xfer.next_idx < xfer.nchunks:
+                    self._engine.call(xfer.credit)
+        except OSError as exc:
+            self._engine.call(xfer.abandon)
+            raise self._failure(FailureReason.LOCAL_IO, f"fetch {what}: writing fd {fd}: {exc}") from exc
+        except BaseException:
+            self._engine.call(xfer.abandon)
+            raise
+        self._counters.received(written, written, unit="ranges")
         return written
 
     def _fetch_direct(self, owner: int, key: str, dest: str | int, size: int) -> int | None:

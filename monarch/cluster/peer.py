@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from ..errors import FailureReason, PeerError
 from . import placement as rendezvous
+from . import ranges
 from . import world
 from .collective import Collectives
 from .control import ControlTable
@@ -31,7 +32,7 @@ from .engine import Engine
 from .fetch import Fetcher
 from .liveness import LossListener, Liveness
 from .placement import Placement
-from .provide import Provide, Provider
+from .provide import Provide, Provider, ProvideRange
 from .shutdown import Shutdown
 from .tuning import HEARTBEAT_TIMEOUT
 
@@ -111,6 +112,11 @@ class Cluster:
         live = [n for n in range(self.nodes) if n not in lost] or [self.node]
         return max(live, key=lambda n: (rendezvous.weight(key, n), -n))
 
+    def range_owner(self, key: str, size: int, r: int) -> int:
+        """The node that owns range ``r`` of large file ``key`` (``ranges.py``): its first owner,
+        else, once that node is lost, a survivor (only the lost node's ranges move)."""
+        return ranges.range_owner(key, size, r, self.nodes, self._lost)
+
     def first_owner(self, key: str) -> int:
         """The node that owns ``key`` while no node is lost."""
         return self.placement.owner(key) if self.placement is not None else rendezvous.owner(key, self.nodes)
@@ -145,12 +151,14 @@ class Cluster:
         return self._collectives.allgather_ints(values, timeout)
 
     # -- serving -----------------------------------------------------------------------
-    def start(self, provide: Provide | None, serve_threads: int = 8) -> None:
+    def start(self, provide: Provide | None, serve_threads: int = 8,
+              provide_range: ProvideRange | None = None) -> None:
         """Serve peers in the background, ``serve_threads`` ``provide`` calls at once;
-        ``provide(key) -> local path | None`` (see provide.py)."""
+        ``provide(key) -> local path | None``, ``provide_range(key, offset, length) -> path of
+        a copy holding those bytes | None`` (see provide.py)."""
         if self._engine.running or self._closed:
             raise PeerError("Cluster.start(): already started or closed", FailureReason.FAILED)
-        self._provider.start(provide, serve_threads)
+        self._provider.start(provide, serve_threads, provide_range)
         world.track_engine(self._engine)
         self._engine.start()
         self._liveness.start()
@@ -165,6 +173,14 @@ class Cluster:
         file), stalls for ``peer_timeout`` between chunks, or is known to be down (then at once).
         """
         return self._fetcher.fetch(owner, key, dest, size)
+
+    def fetch_range(self, owner: int, key: str, offset: int, length: int, fd: int,
+                    timeout: float | None = None) -> int:
+        """Copy bytes [offset, offset + length) of large file ``key`` from node ``owner``'s staged
+        blocks into descriptor ``fd`` at the same offset (the owner stages them first if need
+        be); return the bytes written. PeerError as ``fetch`` (``timeout``: peer_timeout if None)."""
+        return self._fetcher.fetch_range(owner, key, offset, length, fd,
+                                         self.peer_timeout if timeout is None else timeout)
 
     def counters(self) -> dict[str, Any]:
         """A copy of the transfer counters (failures by reason)."""

@@ -2,7 +2,9 @@
 
 The engine thread receives ``("req", tag, key)``; a pool thread calls ``provide(key)``
 (which may stage the file from the PFS first), then reads the staged file chunk by chunk
-(a compressed copy as it is stored: see transfer.py)
+(a compressed copy as it is stored: see transfer.py). ``("range", tag, key, offset, length)``
+asks for a span of a large file's blocks: ``provide_range`` (which may stage those blocks
+first) names the block copy that holds them, and the span is sent as a file of its own
 and hands each chunk to the engine to send, at most ``window`` chunks in flight. A
 requester that stops receiving (dead, hung) stalls the window: after ``peer_timeout``
 without progress the pool thread gives up, so a dead peer costs one pool thread for one
@@ -38,6 +40,9 @@ class Compressed(NamedTuple):
 # what ``provide(key)`` answers: a staged file's path, a compressed copy, a file object, or None (cannot)
 Provided = Union[str, Compressed, IO[bytes], None]
 Provide = Callable[[str], Provided]
+# what ``provide_range(key, offset, length)`` answers: the path of a copy whose bytes at
+# [offset, offset + length) are the file's (staged blocks), or None (cannot)
+ProvideRange = Callable[[str, int, int], Union[str, None]]
 
 
 class ServeFailure(str, enum.Enum):
@@ -56,10 +61,11 @@ class ServeFailure(str, enum.Enum):
 
 
 class Outgoing:
-    __slots__ = ("src", "tag", "key", "cancelled", "lost")
+    __slots__ = ("src", "tag", "key", "span", "cancelled", "lost")
 
-    def __init__(self, src: int, tag: int, key: str):
+    def __init__(self, src: int, tag: int, key: str, span: tuple[int, int] | None = None):
         self.src, self.tag, self.key = src, tag, key
+        self.span = span  # (offset, length) of a range request
         self.cancelled = False
         self.lost = False   # the requester is lost: stop sending at once
 
@@ -73,30 +79,38 @@ class Provider:
         self.counters = counters
         self.tuning = tuning            # peer_timeout, chunk_size, window
         self.provide: Provide | None = None
+        self.provide_range: ProvideRange | None = None
         self.accepting = True
         self._started = False
         self._active: dict[tuple[int, int], Outgoing] = {}
         self._lock = threading.Condition()
         self._pool: ThreadPoolExecutor | None = None
 
-    def start(self, provide: Provide | None, threads: int) -> None:
-        """Serve with ``provide`` on ``threads`` pool threads (before the engine starts)."""
-        self.provide = provide
+    def start(self, provide: Provide | None, threads: int, provide_range: ProvideRange | None = None) -> None:
+        """Serve with ``provide`` (and ``provide_range``) on ``threads`` pool threads (before
+        the engine starts)."""
+        self.provide, self.provide_range = provide, provide_range
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="monarch-peer")
         self._started = True
 
     def handlers(self) -> Mapping[Verb, Handler]:
         """The control verbs this part serves (engine thread)."""
-        return {Verb.REQ: self.on_request, Verb.CANCEL: self.on_cancel}
+        return {Verb.REQ: self.on_request, Verb.RANGE: self.on_range, Verb.CANCEL: self.on_cancel}
 
     # -- engine thread ---------------------------------------------------------------
-    def on_request(self, src: int, tag: int, key: str) -> None:
+    def on_range(self, src: int, tag: int, key: str, offset: int, length: int) -> None:
+        if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 and length >= 0):
+            self._post_header(src, tag, transfer.encode_refusal(f"bad range {offset!r}+{length!r}"))
+            return
+        self.on_request(src, tag, key, (offset, length))
+
+    def on_request(self, src: int, tag: int, key: str, span: tuple[int, int] | None = None) -> None:
         if not self._started:
             return  # not serving yet: the requester's timeout answers it
-        if not self.accepting or self.provide is None:
+        if not self.accepting or (self.provide if span is None else self.provide_range) is None:
             self._post_header(src, tag, transfer.encode_refusal("node is not serving"))
             return
-        out = Outgoing(src, tag, key)
+        out = Outgoing(src, tag, key, span)
         with self._lock:
             self._active[(src, tag)] = out
         self._pool.submit(self._serve, out)
@@ -160,6 +174,8 @@ class Provider:
         self._send(out, transfer.encode_refusal(reason))
 
     def _serve_one(self, out: Outgoing) -> None:
+        if out.span is not None:
+            return self._serve_range(out, *out.span)
         try:
             path = self.provide(out.key)
         except Exception as exc:
@@ -187,6 +203,32 @@ class Provider:
             sent = self._stream(out, f, size, header)
         if sent == size:
             self.counters.sent(file_size, size)
+
+    def _serve_range(self, out: Outgoing, offset: int, length: int) -> None:
+        """A span of a large file's staged blocks, from the copy ``provide_range`` names."""
+        try:
+            path = self.provide_range(out.key, offset, length)
+        except Exception as exc:
+            log.warning("provide_range(%r) for node %d raised %s: %s", out.key, out.src, type(exc).__name__, exc)
+            path = None
+        if out.lost:
+            return self.counters.serve_failed(ServeFailure.LOST)
+        if out.cancelled:
+            return self._refuse(out, "cancelled by the requester", ServeFailure.CANCELLED)
+        if path is None:
+            return self._refuse(out, "owner does not hold those blocks", ServeFailure.REFUSED)
+        try:
+            f = open(path, "rb")
+        except OSError as exc:
+            return self._refuse(out, f"owner cannot open its block copy: {exc}", ServeFailure.OPEN)
+        with f:
+            f.seek(offset)
+            header = transfer.encode_ok(length, length, transfer.RAW)
+            if length == 0:
+                self._send(out, header)
+            sent = self._stream(out, f, length, header)
+        if sent == length:
+            self.counters.sent(length, length, unit="ranges")
 
     def _stream(self, out: Outgoing, f: IO[bytes], size: int, header: bytes) -> int:
         """Send ``header`` with the first chunk, then the rest with a bounded window; return

@@ -1,7 +1,9 @@
 """Wire protocol of one file transfer between two daemons, and its receiving side.
 
 A requester picks a reply tag unique among its outstanding requests and sends
-``("req", tag, key)`` on the control tag. The owner answers on that tag, to that requester:
+``("req", tag, key)`` on the control tag, or ``("range", tag, key, offset, length)`` for a span
+of a large file's staged blocks (answered as a file of ``length`` bytes). The owner answers on
+that tag, to that requester:
 
   header   8-byte little-endian size of what follows on the wire; a negative size is a
            refusal, followed by a UTF-8 reason. An accepted file's header goes on with the
@@ -73,8 +75,10 @@ class Incoming:
     """
 
     def __init__(self, engine: Engine, owner: int, key: str, chunk: int, window: int,
-                 on_done: Callable[[Incoming], None], on_heard: Callable[[int], None]):
+                 on_done: Callable[[Incoming], None], on_heard: Callable[[int], None],
+                 span: tuple[int, int] | None = None):
         self.engine, self.owner, self.key = engine, owner, key
+        self.span = span  # (offset, length): a range of the file, not the whole file
         self.tag: int | None = None  # the reply tag, from begin()
         self.chunk, self.window = chunk, window
         self.events = queue.SimpleQueue()
@@ -96,7 +100,9 @@ class Incoming:
         buf = bytearray(HEADER_MAX)
         req = comm.Irecv([buf, MPI.BYTE], self.owner, self.tag)
         self.engine.post(req, lambda st: self._on_header(buf, st))
-        self.engine.send_obj(message(Verb.REQ, self.tag, self.key), self.owner)
+        ask = message(Verb.REQ, self.tag, self.key) if self.span is None else \
+            message(Verb.RANGE, self.tag, self.key, *self.span)
+        self.engine.send_obj(ask, self.owner)
 
     def credit(self) -> None:
         """The fetcher wrote a chunk: one more receive may be posted."""

@@ -142,6 +142,8 @@ class NodeDaemon:
             options = self.stores.stager_options() | options
         stager = Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self._count_fallback,
                         cluster=self.role is not None, **options)
+        if self.role is not None:
+            self.role.use_stager(stager)
         with self._lock:
             self._stagers.add(stager)
             closing = self.gate.closing

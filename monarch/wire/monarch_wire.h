@@ -131,10 +131,10 @@
 #define MONARCH_ROUTES(X)                                                                       \
     X(MONARCH_ROUTE_PROBE, 0, 0, MONARCH_SIZE_ANY)                   /* a staged copy, opened by the shim */ \
     X(MONARCH_ROUTE_PEER_LANE, 1, 0, MONARCH_INLINE_MAX)             /* another node's: the door's peer lane */ \
-    X(MONARCH_ROUTE_PEER, 2, 0, MONARCH_SIZE_ANY)                    /* another node's: Python's fetch */ \
-    X(MONARCH_ROUTE_PFS, 3, 0, MONARCH_SIZE_ANY)                     /* the original: nothing copies it */ \
-    X(MONARCH_ROUTE_STORE, 4, 0, MONARCH_SIZE_ANY)                   /* a store's value, copied by the stager */ \
-    X(MONARCH_ROUTE_BLOCKS, 5, MONARCH_BLOCKS_MIN, MONARCH_SIZE_ANY) /* staged by blocks (shim_blocks.c) */ \
+    X(MONARCH_ROUTE_BLOCKS, 2, MONARCH_BLOCKS_MIN, MONARCH_SIZE_ANY) /* staged by blocks (shim_blocks.c), on every node */ \
+    X(MONARCH_ROUTE_PEER, 3, 0, MONARCH_SIZE_ANY)                    /* another node's: Python's fetch */ \
+    X(MONARCH_ROUTE_PFS, 4, 0, MONARCH_SIZE_ANY)                     /* the original: nothing copies it */ \
+    X(MONARCH_ROUTE_STORE, 5, 0, MONARCH_SIZE_ANY)                   /* a store's value, copied by the stager */ \
     X(MONARCH_ROUTE_DOOR, 6, 0, MONARCH_INLINE_MAX)                  /* copied by the door: inline or its copiers */ \
     X(MONARCH_ROUTE_COPY, 7, 0, MONARCH_SIZE_ANY)                    /* a whole copy by the Python stager */
 
@@ -180,7 +180,7 @@ struct monarch_blockmap_header {
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */
 #define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL /* "MNCHINDX" */
-#define MONARCH_INDEX_VERSION 4 /* 4: each file's route in its flags (INDEX_ROUTE_*) */
+#define MONARCH_INDEX_VERSION 5 /* 4: each file's route in its flags (INDEX_ROUTE_*); 5: BLOCKS before PEER */
 #define MONARCH_INDEX_HEADER_SIZE 72
 #define MONARCH_INDEX_ENTRY_SIZE 112
 #define MONARCH_INDEX_CHILD_SIZE 24

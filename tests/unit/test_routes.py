@@ -1,8 +1,8 @@
 """monarch/routes.py is the route table; the wire header's MONARCH_ROUTES X-macro is its C half,
 read by the shim and the door. The two lists must be the same rows (name, value, sizes) in the
 same order; route_of must pick the route each layer served before the table (a small file: the
-door, else a whole copy; a large one: blocks alone, a whole copy in a cluster or beside a store;
-another node's: the peer lane or Python's fetch); a route added is one row in each language, its
+door, else a whole copy; a large one: blocks, on every node of a cluster, a whole copy beside a
+store; another node's: the peer lane or Python's fetch); a route added is one row in each language, its
 rule, and one case per layer (``test_a_route_is_added_as_a_row_and_a_rule``)."""
 
 from __future__ import annotations
@@ -49,16 +49,16 @@ def disagreements(c: list, py: list) -> list[str]:
 
 def test_the_header_and_python_declare_the_same_routes_in_the_same_order():
     c = c_rows(WIRE.read_text())
-    assert [name for name, *_ in c][:3] == ["PROBE", "PEER_LANE", "PEER"] and len(c) == len(Route) == 8
+    assert [name for name, *_ in c][:4] == ["PROBE", "PEER_LANE", "BLOCKS", "PEER"] and len(c) == len(Route) == 8
     assert disagreements(c, py_rows()) == []
     assert [r.route for r in ROWS.values()] == sorted(Route)  # the table's order is the values' order
 
 
 @pytest.mark.parametrize("change", [
     ("X(MONARCH_ROUTE_DOOR, 6, 0, MONARCH_INLINE_MAX)", "X(MONARCH_ROUTE_DOOR, 6, 0, MONARCH_BLOCKS_MIN)"),  # a size
-    ("X(MONARCH_ROUTE_BLOCKS, 5,", "X(MONARCH_ROUTE_BLOCKS, 9,"),                                             # a value
-    ("X(MONARCH_ROUTE_STORE, 4,", "X(MONARCH_ROUTE_STOR, 4,"),                                                # a name
-    ("    X(MONARCH_ROUTE_PFS, 3, 0, MONARCH_SIZE_ANY)", ""),                                                   # a row gone
+    ("X(MONARCH_ROUTE_BLOCKS, 2,", "X(MONARCH_ROUTE_BLOCKS, 9,"),                                             # a value
+    ("X(MONARCH_ROUTE_STORE, 5,", "X(MONARCH_ROUTE_STOR, 5,"),                                                # a name
+    ("    X(MONARCH_ROUTE_PFS, 4, 0, MONARCH_SIZE_ANY)", ""),                                                   # a row gone
 ])
 def test_a_header_out_of_step_is_found(change):
     text = WIRE.read_text()
@@ -102,7 +102,9 @@ small, large, huge = FileFacts(size=100 << 10), FileFacts(size=4 << 20), FileFac
     (large, ALONE_DOOR, Route.COPY),
     (FileFacts(size=BLOCKS_MIN - 1), ALONE, Route.COPY),
     (huge, ALONE, Route.BLOCKS),                                              # staged by blocks
-    (huge, NodeFacts(cluster=True), Route.COPY),                              # a cluster's daemons copy whole
+    (huge, NodeFacts(cluster=True), Route.BLOCKS),                            # a cluster's daemons: by blocks too
+    (FileFacts(size=BLOCKS_MIN, elsewhere=True), SHARDED_C, Route.BLOCKS),    # hashed elsewhere: by ranges
+    (huge, NodeFacts(copies_misses=False), Route.PFS),                        # policy off: nothing staged
     (huge, NodeFacts(stores=True), Route.COPY),                               # beside a store: whole
     (huge, NodeFacts(raw_tier=False), Route.COPY),                            # no raw tier to write blocks in
     (FileFacts(size=BLOCKS_MIN, regular=False), ALONE, Route.COPY),           # not a regular file
@@ -119,25 +121,26 @@ def test_route_of_picks_the_route_each_layer_served_before(file, node, route):
 
 
 def test_a_route_is_added_as_a_row_and_a_rule():
-    """Blocks across nodes (a large file of another node, its blocks fetched from the owner) as
-    the next route would be: one X line in the header, one row and one rule here, in the order
-    it is tried; route_of needs no change, and the lists stay equal only with both lines."""
-    header_line = "    X(MONARCH_ROUTE_PEER_BLOCKS, 8, MONARCH_BLOCKS_MIN, MONARCH_SIZE_ANY) /* blocks from their owner */ \\\n"
+    """A store's large value staged by ranged reads (the store's blocks) as the next route would
+    be: one X line in the header, one row and one rule here, in the order it is tried; route_of
+    needs no change, and the lists stay equal only with both lines."""
+    header_line = "    X(MONARCH_ROUTE_STORE_BLOCKS, 8, MONARCH_BLOCKS_MIN, MONARCH_SIZE_ANY) /* a store's, by ranges */ \\\n"
     text = WIRE.read_text()
-    anchor = "    X(MONARCH_ROUTE_PEER, 2,"
+    anchor = "    X(MONARCH_ROUTE_STORE, 5,"
     added_c = text.replace(anchor, header_line + anchor)
-    Added = enum.IntEnum("Route", [(r.name, int(r)) for r in Route] + [("PEER_BLOCKS", 8)])
+    Added = enum.IntEnum("Route", [(r.name, int(r)) for r in Route] + [("STORE_BLOCKS", 8)])
     rows = {Added(int(r)): Row(Added(int(r)), row.min_size, row.max_size, row.serves) for r, row in ROWS.items()}
     rules = {Added(int(r)): rule for r, rule in routes._RULES.items()}
-    order = [Added.PROBE, Added.PEER_LANE, Added.PEER_BLOCKS] + [r for r in rows if int(r) >= int(Added.PEER)]
-    rows[Added.PEER_BLOCKS] = Row(Added.PEER_BLOCKS, BLOCKS_MIN, routes.SIZE_ANY, "blocks from their owner")
-    rules[Added.PEER_BLOCKS] = lambda f, n: f.elsewhere and f.regular and n.cluster
+    order = [r for r in rows if int(r) < int(Added.STORE)] + [Added.STORE_BLOCKS] + \
+        [r for r in rows if int(r) >= int(Added.STORE)]
+    rows[Added.STORE_BLOCKS] = Row(Added.STORE_BLOCKS, BLOCKS_MIN, routes.SIZE_ANY, "a store's value, by ranges")
+    rules[Added.STORE_BLOCKS] = lambda f, n: f.store and f.regular
     rows = {r: rows[r] for r in order}
 
     assert disagreements(c_rows(added_c), py_rows(rows)) == []                 # both lines: equal
     assert disagreements(c_rows(added_c), py_rows()) != []                     # the header's alone: found
     assert disagreements(c_rows(text), py_rows(rows)) != []                    # Python's alone: found
-    remote_large = FileFacts(size=BLOCKS_MIN, elsewhere=True)
-    assert route_of(remote_large, SHARDED_C, rows=rows, rules=rules) is Added.PEER_BLOCKS
-    assert route_of(remote_large, SHARDED_C) is Route.PEER                    # before the row: Python's fetch
-    assert route_of(FileFacts(size=10, elsewhere=True), SHARDED_C, rows=rows, rules=rules) is Added.PEER_LANE
+    large_value, node = FileFacts(size=BLOCKS_MIN, store=True), NodeFacts(stores=True)
+    assert route_of(large_value, node, rows=rows, rules=rules) is Added.STORE_BLOCKS
+    assert route_of(large_value, node) is Route.STORE                          # before the row: copied whole
+    assert route_of(FileFacts(size=10, store=True), node, rows=rows, rules=rules) is Added.STORE

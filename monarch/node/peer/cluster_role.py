@@ -32,6 +32,7 @@ from monarch.config import Config
 from monarch.errors import PeerError
 from monarch.node.tiers.codecs import needs_dictionary
 from monarch.node.stage.current import Current
+from monarch.node.peer.block_peers import BlockPeers
 from monarch.node.peer.offers import Offers
 from monarch.node.peer.peer_cache import PeerCache
 from monarch.node.snapshot.snapshot import Snapshot
@@ -69,7 +70,11 @@ class PeerLayer(Protocol):
     def first_owner(self, key: str) -> int: ...
     def fetch(self, owner: int, key: str, dest: int, size: int | None = None) -> int: ...
     def share(self, take: Callable, timeout: float | None = None, on_files: Callable | None = None) -> Any: ...
-    def start(self, provide: Callable[[str], Any], serve_threads: int = SERVE_THREADS) -> None: ...
+    def start(self, provide: Callable[[str], Any], serve_threads: int = SERVE_THREADS,
+              provide_range: Callable[[str, int, int], Any] | None = None) -> None: ...
+    def range_owner(self, key: str, size: int, r: int) -> int: ...
+    def fetch_range(self, owner: int, key: str, offset: int, length: int, fd: int,
+                    timeout: float | None = None) -> int: ...
     def on_loss(self, listener: Callable[[int, str], None]) -> None: ...
     def counters(self) -> dict[str, Any]: ...
 
@@ -99,7 +104,20 @@ class ClusterRole:
 
     # -- who owns what ------------------------------------------------------------------
     def owns(self, key: str) -> bool:
-        return self.cluster.owner(key) == self.node
+        """Does this node stage ``key`` itself (its owner; a large file staged by blocks is
+        every node's, by ranges: ``block_peers.py``)?"""
+        return self.cluster.owner(key) == self.node or self.by_ranges(key)
+
+    def by_ranges(self, key: str) -> bool:
+        """Is ``key`` a large file staged by blocks, its ranges owned across the nodes?"""
+        stager = self._current.stager
+        return (stager is not None and stager.blocks is not None
+                and stager.blocks.eligible(key, self._current.snapshot.get(key)))
+
+    def use_stager(self, stager: Stager) -> None:
+        """A new stager of this node: its large files' blocks come from their ranges' owners."""
+        if stager.blocks is not None and self.cluster.nodes > 1:
+            stager.blocks.use_peers(BlockPeers(self.cluster, self._config.peer.timeout))
 
     def sharded(self) -> bool:
         return self.layout is not None and self.layout.mode == "shard"
@@ -211,7 +229,8 @@ class ClusterRole:
         """Serve peers from now on (the C data path what it can, Python's protocol the rest)."""
         if self.cluster.datapath is not None:
             self.offers = Offers(self.cluster.datapath, self.owns, self._current.stager, self._tiers)
-        self.cluster.start(self.provide, SHARDED_SERVE_THREADS if self.sharded() else SERVE_THREADS)
+        self.cluster.start(self.provide, SHARDED_SERVE_THREADS if self.sharded() else SERVE_THREADS,
+                           provide_range=self.provide_range)
 
     def read_ahead_order(self, keys: list[str]) -> Iterator[str]:
         """This node's own files (from the PFS) first, then, replicating, the others' (from
@@ -259,6 +278,14 @@ class ClusterRole:
                 return Compressed(path, size)
             return os.fdopen(tier.codec.inflate(path, size, os.path.basename(key)), "rb")
         return tier.path_for(key)
+
+    def provide_range(self, key: str, offset: int, length: int) -> str | None:
+        """A peer asks for a span of a large file's blocks (a range this node owns): the path
+        of the block copy holding them once staged, or None."""
+        stager = self._current.stager
+        if stager is None or stager.blocks is None:
+            return None
+        return stager.blocks.serve_range(key, offset, length, self._config.staging.resolve_timeout)
 
     # -- a lost peer ---------------------------------------------------------------------
     def _note_loss(self, node: int, why: str) -> None:

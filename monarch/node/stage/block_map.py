@@ -10,6 +10,7 @@ so another job tells a copy being staged from one whose job is gone.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
 import mmap
@@ -73,6 +74,37 @@ class BlockFile:
         self.borrowed = False       # another job of the user stages it in a shared tier: served, not staged
         self.direct = False         # its source is read with O_DIRECT (past the client's page cache)
         self.source_fd = -1
+        # in a cluster: this node's own blocks (those of the ranges it owns first: read ahead
+        # first, from the PFS) and how many it may take of the others' (the room beside its own)
+        self.own: list[int] | None = None   # None: every block is this node's (alone)
+        self._own_at = 0                    # where the read-ahead looks next among them
+        self.others_room = 0                # blocks of other owners it may take
+        self.others_taken = 0
+
+    def own_blocks(self, own: list[int]) -> None:
+        """This node owns ``own`` (ascending): they go first and always have room; the others
+        take the room left (``budget`` beyond them)."""
+        self.own = own
+        self.others_room = max(0, self.budget - len(own)) if self.budget < self.blocks else self.blocks
+
+    def take(self, b: int) -> None:
+        """Block ``b`` is under way (the caller holds the stager's lock)."""
+        self.in_flight.add(b)
+        self.taken += 1
+        if self.own is not None and not self.is_own(b):
+            self.others_taken += 1
+
+    def untake(self, b: int) -> None:
+        """Block ``b`` was not staged after all: its room is free again."""
+        self.taken -= 1
+        if self.own is not None and not self.is_own(b):
+            self.others_taken -= 1
+
+    def may_take(self, b: int, mine: bool) -> bool:
+        """Is there room for block ``b`` (``mine``: this node's own)?"""
+        if self.own is None or mine:
+            return self.taken < self.budget
+        return self.others_taken < self.others_room and self.taken < self.budget
 
     def length(self, b: int) -> int:
         """Block ``b``'s bytes (the last one may be short)."""
@@ -119,12 +151,21 @@ class BlockFile:
         at = states.find(b"\x01", start)
         while at >= 0:
             b = at - start
-            if b not in self.in_flight:
+            if b not in self.in_flight and (self.own is None or self.may_take(b, self.is_own(b))):
                 self.ahead = max(self.ahead, b + 1) if b + 1 < self.blocks else self.ahead
                 return b
             at = states.find(b"\x01", at + 1)
         if demand_only:
             return None
+        if self.own is not None:  # a cluster's: this node's own ranges first, from the PFS
+            own = self.own
+            while self._own_at < len(own):
+                b = own[self._own_at]
+                if self.states[b] == BLOCK_ABSENT and b not in self.in_flight:
+                    return b
+                self._own_at += 1
+            if self.others_taken >= self.others_room:
+                return None
         filling = states.rfind(bytes((BLOCK_FILLING,)), start) - start
         if filling >= 0 and filling not in self.in_flight and filling + 1 < self.blocks:
             self.ahead = max(self.ahead, filling + 1)
@@ -137,6 +178,13 @@ class BlockFile:
                     return b
                 at = states.find(b"\x00", at + 1, start + last)
         return None
+
+    def is_own(self, b: int) -> bool:
+        """Is block ``b`` of a range this node owns (alone: every block is)?"""
+        if self.own is None:
+            return True
+        i = bisect.bisect_left(self.own, b)
+        return i < len(self.own) and self.own[i] == b
 
     def recount(self, now: float) -> None:
         """The blocks a shim filled, counted as staged (caller holds the stager's lock). Blocks a

@@ -38,9 +38,10 @@ import os
 import stat
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from monarch import protocol
+from monarch.errors import PeerError
 from monarch.node.snapshot.pfsmeta import checked_stat
 from monarch.node.snapshot.snapshot import FileInfo
 from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BLOCK_SHIFT,  # noqa: F401 (the
@@ -64,6 +65,22 @@ __all__ = ["BLOCK", "BLOCKS_MIN", "BlockFile", "BlockStager"]
 ANSWER_CLAIM_WAIT = 0.05  # seconds an open's answer waits for a large file's claim another job holds
 
 
+class RangePeers(Protocol):
+    """A cluster's nodes as the sources of a large file's ranges (``node/peer/block_peers.py``)."""
+
+    node: int
+
+    def owner(self, key: str, size: int, block: int) -> int:
+        """The node that reads ``block``'s range from the PFS now (-1: none alive)."""
+
+    def own_blocks(self, key: str, size: int) -> list[int]:
+        """The blocks of the ranges this node owns first, ascending."""
+
+    def fetch(self, owner: int, key: str, offset: int, length: int, fd: int) -> int:
+        """Those bytes of ``key`` from ``owner``'s staged blocks, written into ``fd`` at ``offset``
+        (PeerError when it cannot)."""
+
+
 class BlockStager:
     """The large files of one stager's books, staged by blocks on threads of their own: the
     blocks the shim wanted first (any file), then read-ahead, the files the application
@@ -81,6 +98,15 @@ class BlockStager:
         self._running = 0
         self.closed = False
         self.failures = 0
+        self.peers: RangePeers | None = None  # a cluster's: other owners' blocks come from them
+        self.from_peers = {"blocks": 0, "bytes": 0}
+        self.peer_failures = 0  # blocks asked of their owner and read from the PFS instead
+        self.served = {"blocks": 0, "bytes": 0}  # spans of this node's blocks sent to peers
+
+    def use_peers(self, peers: RangePeers) -> None:
+        """From now on (before any file is attached) each large file's blocks are this node's
+        own ranges (read from the PFS first) and other owners' (fetched from them)."""
+        self.peers = peers
 
     # -- asked by the stager and the resolver ---------------------------------------------------
     def eligible(self, key: str, info: FileInfo | None) -> bool:
@@ -109,6 +135,8 @@ class BlockStager:
                     self._discard(bf)
                 return self.files.get(key) if key in self.files else None
             bf.asked = asked
+            if self.peers is not None and not bf.borrowed:
+                bf.own_blocks(self.peers.own_blocks(key, info.size))
             self.files[key] = bf
             if self.pace.readaround:
                 bf.read_around()
@@ -194,8 +222,7 @@ class BlockStager:
                     self._idle -= 1
                     continue
                 bf, b = picked
-                bf.in_flight.add(b)
-                bf.taken += 1
+                bf.take(b)
                 self._running += 1
                 if self._running < self.pace.blocks and self._idle == 0:
                     self._wake_locked()
@@ -208,6 +235,26 @@ class BlockStager:
                     self._ended_locked(bf, b, ok)
 
     def _copy_block(self, bf: BlockFile, b: int, buf: mmap.mmap) -> bool:
+        """Block ``b`` of ``bf`` into the copy: from its range's owner when that is another node
+        (the PFS if the owner cannot send it: fail open), else from the PFS."""
+        peers = self.peers
+        owner = peers.owner(bf.key, bf.info.size, b) if peers is not None else -1
+        if owner >= 0 and owner != peers.node:
+            try:
+                n = peers.fetch(owner, bf.key, b * BLOCK, bf.length(b), bf.copy_fd)
+            except PeerError as e:
+                log.debug("block %d of %s from node %d: %s; read from the PFS", b, bf.key, owner, e)
+                with self.books.lock:
+                    self.peer_failures += 1
+            else:
+                with self.books.lock:
+                    self.books.bytes_read["peer"] += n
+                    self.from_peers["blocks"] += 1
+                    self.from_peers["bytes"] += n
+                return True
+        return self._read_block(bf, b, buf)
+
+    def _read_block(self, bf: BlockFile, b: int, buf: mmap.mmap) -> bool:
         """Read block ``b`` of ``bf`` from the PFS into the copy. False (the file is given up:
         it stays on the PFS) when its source is no longer the snapshot's or cannot be read."""
         try:
@@ -245,6 +292,55 @@ class BlockStager:
                 log.warning("staging %s by blocks stopped at block %d: %s; the rest is read from the PFS",
                             bf.key, b, e)
             return False
+
+    def serve_range(self, key: str, offset: int, length: int, timeout: float) -> str | None:
+        """A peer asks for bytes [offset, offset + length) of ``key`` (blocks of a range this
+        node owns): the path of the copy once they are staged, None if they cannot be (no
+        room, the file changed, ``timeout`` passed). Blocks not under way are read from the PFS
+        here, on the asking peer's serving thread: never queued behind this node's own
+        read-ahead, whose workers may themselves wait on peers."""
+        info = self.books.snapshot.files.get(key)
+        if info is None or offset < 0 or length <= 0 or offset + length > info.size:
+            return None
+        bf = self.attach(key, asked=False)
+        if bf is None or bf.borrowed:
+            return None
+        first, last = offset >> BLOCK_SHIFT, (offset + length - 1) >> BLOCK_SHIFT
+        deadline = time.monotonic() + timeout
+        buf = None
+        with self.books.lock:
+            while True:
+                if bf.dropped or bf.states is None or self.closed:
+                    return None
+                states = bf.states
+                missing = [b for b in range(first, last + 1) if states[b] != BLOCK_STAGED]
+                if not missing:
+                    self.served["blocks"] += last + 1 - first
+                    self.served["bytes"] += length
+                    return bf.path
+                free = [b for b in missing if states[b] in (BLOCK_ABSENT, BLOCK_WANTED) and b not in bf.in_flight]
+                if free:
+                    b = free[0]
+                    if bf.done or not bf.may_take(b, True):
+                        return None
+                    states[b] = BLOCK_FILLING
+                    bf.take(b)
+                    self._running += 1
+                    buf = buf or mmap.mmap(-1, BLOCK)
+                    self.books.lock.release()
+                    ok = False
+                    try:
+                        ok = self._read_block(bf, b, buf)
+                    finally:
+                        self.books.lock.acquire()
+                        self._ended_locked(bf, b, ok)
+                    if not ok:
+                        return None
+                    continue
+                left = deadline - time.monotonic()  # the rest is under way (a worker, a shim's fill)
+                if left <= 0:
+                    return None
+                self._cv.wait(min(left, 0.05))  # (a shim's fill ends with no notice)
 
     def _source(self, bf: BlockFile) -> int:
         """The PFS file, opened once and checked against the snapshot (size, mtime)."""
@@ -285,7 +381,7 @@ class BlockStager:
         elif not ok:
             if bf.states is not None and bf.states[b] == BLOCK_FILLING:
                 bf.states[b] = BLOCK_ABSENT
-            bf.taken -= 1
+            bf.untake(b)
             if not bf.done:
                 bf.finish()
                 self.failures += 1
@@ -488,6 +584,9 @@ class BlockStager:
                 "partly_staged_of_bytes": sum(bf.info.size for bf in partial),
                 "in_progress_files": sum(not bf.done for bf in own),
                 "blocks_staged": sum(bf.staged for bf in own),
+                **({"blocks_from_peers": self.from_peers["blocks"], "bytes_from_peers": self.from_peers["bytes"],
+                    "blocks_peer_failed": self.peer_failures, "blocks_served": self.served["blocks"],
+                    "bytes_served": self.served["bytes"]} if self.peers is not None else {}),
                 "blocks_filled_by_reads": sum(bf.filled for bf in own),
                 "bytes_staged": sum(bf.staged_bytes for bf in own),
                 "block_bytes": BLOCK, "pace": self.pace.state(), "failed_files": self.failures}

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from monarch.node.stage.stager_books import Flight, StagerBooks
+from monarch.routes import Route
 
 __all__ = ["Schedule", "background_slots"]
 
@@ -144,8 +145,7 @@ class Schedule:
                 return key, False
         while self.feed:
             key = self.feed.popleft()
-            if (self._wanted_locked(key) and not (books.peers is not None and books.peers.owns_elsewhere(key))
-                    and self._fits(books.snapshot.files[key].size)):
+            if self._wanted_locked(key) and not self._from_peer(key) and self._room_for(key):
                 books.flights[key] = Flight()
                 return key, False
         if self.ahead is not None:
@@ -187,7 +187,7 @@ class Schedule:
             if not self._wanted_locked(key):
                 continue
             size = books.snapshot.files[key].size
-            if books.peers is not None and books.peers.owns_elsewhere(key):
+            if self._from_peer(key):
                 if (books.peer_area is None or not any(t.fits(size) for t in books.peer_places())
                         or books.peers.available(key)):
                     continue
@@ -197,7 +197,7 @@ class Schedule:
                 self.peer_ahead += 1
                 books.flights[key] = Flight(peer_only=True)
                 return key, False
-            if self._fits(size):
+            if self._room_for(key):
                 books.flights[key] = Flight()
                 return key, False
         else:
@@ -226,6 +226,20 @@ class Schedule:
         return None
 
     # -- room ------------------------------------------------------------------------------------
+    def _from_peer(self, key: str) -> bool:
+        """Is ``key`` copied whole from the node that owns it (its route, on a replicating node)?"""
+        return self.books.peers is not None and \
+            self.books.route(key, self.books.snapshot.files[key]) in (Route.PEER, Route.PEER_LANE)
+
+    def _room_for(self, key: str) -> bool:
+        """Room for ``key``: its size, or, for a large file of a cluster, some of its blocks
+        (each node stages the ranges it owns first, in the room it has: ``blocks.py``)."""
+        info = self.books.snapshot.files[key]
+        blocks = self.books.blocks
+        if blocks is not None and blocks.peers is not None and blocks.eligible(key, info):
+            return True
+        return self._fits(info.size)
+
     def _fits(self, size: int) -> bool:
         """Room for ``size`` bytes in some tier, room lent out of the tiers taken back if need be."""
         tiers = self.books.tiers

@@ -33,8 +33,8 @@ class FakeCluster:
     def owner(self, key):
         return int(key.rsplit("f", 1)[1].split(".")[0]) % 2
 
-    def start(self, provide, serve_threads=8):
-        self.provide = provide
+    def start(self, provide, serve_threads=8, provide_range=None):
+        self.provide, self.provide_range = provide, provide_range
 
     def on_loss(self, listener):
         self.loss_listeners.append(listener)

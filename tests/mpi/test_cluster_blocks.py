@@ -1,0 +1,90 @@
+"""A large file across the cluster: staged by blocks on every node, each range's blocks read
+from the PFS by its owner only and fetched by the other nodes from it (monarch/cluster/ranges.py,
+node/peer/block_peers.py). `monarch serve` under mpiexec, each rank its own node, a reader on
+every node under `monarch run`, the PFS counted by the emulated PFS itself."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support.harness import load, monarch_env, write_cluster_config
+from test_cluster_e2e import DaemonCluster
+
+pytestmark = pytest.mark.mpi
+
+MiB = 1 << 20
+
+
+def make_large(root: str, size: int, name: str = "tok.bin") -> str:
+    """A file of ``size`` pseudo-random bytes (and a small one beside it); its sha256."""
+    os.makedirs(root, exist_ok=True)
+    data = hashlib.shake_256(b"monarch").digest(size)
+    with open(os.path.join(root, name), "wb") as f:
+        f.write(data)
+    with open(os.path.join(root, "small.txt"), "w") as f:
+        f.write("x" * 1000)
+    return hashlib.sha256(data).hexdigest()
+
+
+def cluster_config(base: str, root: str, nodes: int, ram: int) -> str:
+    return write_cluster_config(base, root, "blocks.yaml", nodes, f"""tiers:
+  - {{name: ram, path: "/dev/shm{base}/ram${{MONARCH_NODE}}", capacity: {ram}}}
+peer: {{path: "/dev/shm{base}/peer${{MONARCH_NODE}}", capacity: 8MiB, timeout: 10}}
+""")
+
+
+def run_readers(cluster, cfg, base, path, digest, nodes, mode="pread", passes=2):
+    procs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report",
+                               os.path.join(base, f"reader{k}.json"), "--", sys.executable, "-m",
+                               "support.block_reader", path, "--sha256", digest, "--mode", mode,
+                               "--passes", str(passes)],
+                              env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for k in nodes]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=240)
+        assert p.returncode == 0, stderr  # every pass's digest was right
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def node_blocks(rep):
+    """Each node's block figures (its stager's "blocks" entry)."""
+    return [n["staging"]["blocks"] for n in rep["nodes"]]
+
+
+@pytest.mark.parametrize("room", ["whole", "share"])
+def test_a_large_file_is_staged_by_ranges_each_block_read_from_the_pfs_by_one_node(room, short_tmp, slow_pfs):
+    """3 nodes, a 96 MiB file (6 ranges, 2 per node). ``whole``: each node has room for the
+    file; ``share``: for its own ranges and 8 MiB more (the file fits only across the nodes).
+    On the old code a cluster staged the file whole on one owner (``share``: not at all)."""
+    nodes, size = 3, 96 * MiB
+    src = os.path.join(short_tmp, "src")
+    digest = make_large(src, size)
+    pfs = slow_pfs(src, open_latency_ms=1, bandwidth_mbps=400)
+    ram = 2 * size if room == "whole" else size // nodes + 8 * MiB
+    cfg = cluster_config(short_tmp, str(pfs.mountpoint), nodes, ram)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
+    try:
+        run_readers(cluster, cfg, short_tmp, os.path.join(str(pfs.mountpoint), "tok.bin"), digest, range(nodes))
+    finally:
+        assert cluster.stop(range(nodes)) == 0
+    rep = load(os.path.join(cluster.run_dir(0), "report.json"))
+    assert rep["nodes_reporting"] == nodes
+    blocks = node_blocks(rep)
+    own = size // nodes // MiB
+    for b in blocks:
+        assert b["files"] == 1  # staged by blocks on every node
+        assert b["blocks_staged"] >= own  # its own ranges at least
+        if room == "share":
+            assert b["blocks_staged"] <= own + 8  # and no more than its room
+    # the daemons read each block from the PFS once for the whole cluster, the rest from peers
+    daemons_pfs = sum(n["staging"]["pfs_bytes_read"] for n in rep["nodes"])
+    assert size <= daemons_pfs <= 1.02 * size
+    assert sum(b["bytes_from_peers"] for b in blocks) >= (nodes - 1) * size * (1 if room == "whole" else 0) \
+        or room == "share"
+    assert sum(b["bytes_served"] for b in blocks) == sum(b["bytes_from_peers"] for b in blocks)

@@ -1,0 +1,50 @@
+"""A large file's reader for the cluster tests: reads it whole ``--passes`` times (``pread`` in
+1 MiB calls, or through one read-only mapping), checks every pass's digest against the
+expected one, and prints one JSON line: the seconds to its first byte and to each pass's end."""
+
+import argparse
+import hashlib
+import json
+import mmap
+import os
+import sys
+import time
+
+CALL = 1 << 20
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("path")
+    p.add_argument("--sha256", required=True)
+    p.add_argument("--mode", choices=["pread", "mmap"], default="pread")
+    p.add_argument("--passes", type=int, default=1)
+    args = p.parse_args()
+    t0 = time.monotonic()
+    fd = os.open(args.path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    first = None
+    ends = []
+    for _ in range(args.passes):
+        h = hashlib.sha256()
+        if args.mode == "pread":
+            for off in range(0, size, CALL):
+                data = os.pread(fd, CALL, off)
+                first = first if first is not None else time.monotonic() - t0
+                h.update(data)
+        else:
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+                for off in range(0, size, CALL):
+                    h.update(m[off:off + CALL])
+                    first = first if first is not None else time.monotonic() - t0
+        ends.append(time.monotonic() - t0)
+        if h.hexdigest() != args.sha256:
+            print(f"wrong bytes in pass {len(ends)}: {h.hexdigest()} != {args.sha256}", file=sys.stderr)
+            return 1
+    os.close(fd)
+    print(json.dumps({"first_byte": first, "passes": ends}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
