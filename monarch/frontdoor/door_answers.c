@@ -1,13 +1,14 @@
-/* Part of front_door.c, one translation unit: included there, in order, after the types and the
- * parts before it. Here: handing over to Python, the events of its books, a request checked and
- * answered, answers given later (parked requests, queued misses). */
+/* Part of front_door.c, one translation unit (what it gives the other parts: door_answers.h). Here:
+ * handing over to Python, the events of its books, a request checked and answered, answers given
+ * later (parked requests, queued misses). */
+#include "door_answers.h"
 
 /* -- handing over to Python ------------------------------------------------------------ */
 static void wake_python_locked(struct door *d)
 {
-    if (d->woken)
+    if (d->answers.woken)
         return;
-    d->woken = 1;
+    d->answers.woken = 1;
     uint64_t one = 1;
     if (write(d->wake_fd, &one, sizeof one) < 0) {
         /* the counter cannot overflow at one write per drain; nothing to do */
@@ -17,9 +18,9 @@ static void wake_python_locked(struct door *d)
 static void hand_over(struct door *d, int fd, const char *data, uint32_t len, int why)
 {
     pthread_mutex_lock(&d->mu);
-    int full = d->nhanded >= HANDED_MAX;   /* Python is not taking them: a flood, or it is stuck */
+    int full = d->answers.nhanded >= HANDED_MAX;   /* Python is not taking them: a flood, or it is stuck */
     if (full)
-        d->closed_too_many++;
+        d->count.closed_too_many++;
     pthread_mutex_unlock(&d->mu);
     struct handed *h = full ? NULL : malloc(sizeof *h + len);
     if (!h) {
@@ -32,20 +33,19 @@ static void hand_over(struct door *d, int fd, const char *data, uint32_t len, in
     if (len)
         memcpy(h->data, data, len);
     pthread_mutex_lock(&d->mu);
-    *d->hq_tail = h;
-    d->hq_tail = &h->next;
-    d->nhanded++;
-    d->handed++;
-    d->why[why]++;
+    *d->answers.hq_tail = h;
+    d->answers.hq_tail = &h->next;
+    d->answers.nhanded++;
+    d->count.handed++;
+    d->count.why[why]++;
     wake_python_locked(d);
     pthread_mutex_unlock(&d->mu);
 }
 
-#define EVENT_HEAD ((int)sizeof(struct front_door_event_head))  /* front_door.h: the record head */
 static void post_event_locked(struct door *d, int q, uint32_t kind, uint32_t slot, const char *key, uint32_t len,
                               uint32_t entry, uint64_t size, uint64_t bytes_read, int64_t ns)
 {
-    struct evqueue *queue = &d->evq[q];
+    struct evqueue *queue = &d->books.evq[q];
     size_t need = queue->len + EVENT_HEAD + len;
     if (need > queue->cap) {           /* doubling: rare, and amortised over the events */
         size_t cap = queue->cap ? 2 * queue->cap : 64 * 1024;
@@ -66,10 +66,10 @@ static void post_event_locked(struct door *d, int q, uint32_t kind, uint32_t slo
      * batch, or for the room lent to run low: one wake-up per batch, not per copy */
     if (++queue->n >= EVENT_BATCH || (kind != EV_STAGED && kind != EV_AHEAD && kind != EV_TRANSIENT)) {
         wake_python_locked(d);
-    } else if (d->lease[q] < d->low_water[q]) {
+    } else if (d->books.lease[q] < d->books.low_water[q]) {
         /* woken for room: again when half of what is left has gone, not at every event (Python may
          * judge there is room enough still; a fetch answered as a memfd takes none) */
-        d->low_water[q] = d->lease[q] / 2;
+        d->books.low_water[q] = d->books.lease[q] / 2;
         wake_python_locked(d);
     }
 }
@@ -139,8 +139,8 @@ static int asks_keep(const char *req)
 /* Will the connection of a request that asks it be kept (counted now: finish_open ends it)? Under the lock. */
 static int keep_locked(struct door *d, int asks)
 {
-    int keep = asks && d->keeping && d->nkept < KEPT_MAX;
-    d->nkept += keep;
+    int keep = asks && d->answers.keeping && d->answers.nkept < KEPT_MAX;
+    d->answers.nkept += keep;
     return keep;
 }
 
@@ -154,22 +154,22 @@ static void finish_open(struct door *d, int fd, int keep, int sent)
     }
     struct conn *c = sent ? malloc(sizeof *c) : NULL;
     pthread_mutex_lock(&d->mu);
-    if (c && d->keeping) {             /* added under the lock: the worker it wakes unlinks it under the lock */
+    if (c && d->answers.keeping) {             /* added under the lock: the worker it wakes unlinks it under the lock */
         c->fd = fd;
         c->kept = 1;
         c->got = 0;
         c->since = 0;
         c->prev = NULL;
-        c->next = d->kept;
+        c->next = d->answers.kept;
         if (arm_once(d->workers[fd % d->nworkers].ep, fd, c, 1) == 0) {
-            if (d->kept)
-                d->kept->prev = c;
-            d->kept = c;
+            if (d->answers.kept)
+                d->answers.kept->prev = c;
+            d->answers.kept = c;
             pthread_mutex_unlock(&d->mu);
             return;
         }
     }
-    d->nkept--;
+    d->answers.nkept--;
     pthread_mutex_unlock(&d->mu);
     free(c);
     close(fd);
@@ -209,7 +209,7 @@ static struct waiter *new_waiter(int fd, const char *req, uint32_t got, uint32_t
 /* The requests parked on ``key`` (whose copy or fetch just ended), taken off the list. Under the lock. */
 static struct waiter *unpark_locked(struct door *d, const char *key, uint32_t len, uint32_t hash)
 {
-    struct waiter *ready = NULL, **pp = &d->parked;
+    struct waiter *ready = NULL, **pp = &d->answers.parked;
     while (*pp) {
         struct waiter *q = *pp;
         if (q->hash == hash && q->len == len && !memcmp(q->req + MONARCH_REQUEST_HEADER_SIZE, key, len)) {
@@ -230,9 +230,9 @@ static void answer_parked(struct door *d, struct waiter *ready, int slot, const 
     for (struct waiter *q = ready, *next; q; q = next) {
         next = q->next;
         if (slot >= 0) {
-            __atomic_add_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);  /* before: the client may ask for the report next */
+            __atomic_add_fetch(&d->count.hits[slot], 1, __ATOMIC_RELAXED);  /* before: the client may ask for the report next */
             if (answer_open(d, q->fd, q->req, slot, path, (uint32_t)strlen(path)) != 0)
-                __atomic_sub_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);
+                __atomic_sub_fetch(&d->count.hits[slot], 1, __ATOMIC_RELAXED);
         } else {
             hand_over(d, q->fd, q->req, q->got, R_PYTHON_KEY);
         }

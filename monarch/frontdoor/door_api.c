@@ -1,5 +1,6 @@
-/* Part of front_door.c, one translation unit: included there, in order, after the types and the
- * parts before it. Here: the functions Python calls (ctypes), declared in front_door.h. */
+/* Part of front_door.c, one translation unit (its exports: front_door.h). Here: the functions
+ * Python calls (ctypes), declared in front_door.h. */
+#include "front_door.h"
 
 /* -- Python's side (ctypes; every call but start/stop may come from any thread) ---------- */
 
@@ -20,18 +21,18 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
         return NULL;
     d->uid = getuid();
     d->started_ns = monarch_now_ns();
-    d->hq_tail = &d->hq;
-    d->keeping = 1;
+    d->answers.hq_tail = &d->answers.hq;
+    d->answers.keeping = 1;
     d->copy_slot = copy_slot;
     d->listen_fd = d->stop_fd = d->wake_fd = -1;
     pthread_mutex_init(&d->mu, NULL);
-    pthread_mutex_init(&d->take_mu, NULL);
+    pthread_mutex_init(&d->books.take_mu, NULL);
     pthread_cond_init(&d->cv, NULL);
-    pthread_cond_init(&d->work_cv, NULL);
-    d->demand_tail = &d->demand;
-    d->copiers_cap = copiers_allowed();
-    inflight_init(&d->flow, 0, 0, INFLIGHT_LOW, d->copiers_cap);
-    d->copiers = calloc(COPIERS_MAX, sizeof *d->copiers);  /* zero pages until a copier starts */
+    pthread_cond_init(&d->copiers.work_cv, NULL);
+    d->copiers.demand_tail = &d->copiers.demand;
+    d->copiers.cap = copiers_allowed();
+    inflight_init(&d->copiers.flow, 0, 0, INFLIGHT_LOW, d->copiers.cap);
+    d->copiers.threads = calloc(COPIERS_MAX, sizeof *d->copiers.threads);  /* zero pages until a copier starts */
     for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++)
         d->roots[d->nroots++] = strdup(roots);
     for (int i = 0; i < ntiers; tiers += strlen(tiers) + 1, i++)
@@ -47,7 +48,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int want = workers > 0 ? (workers > MAX_WORKERS ? MAX_WORKERS : workers)
                : cores < 1 ? 1 : cores > CORE_WORKERS ? CORE_WORKERS : (int)cores;
-    int ok = d->copiers && d->tiers[copy_slot] && d->listen_fd >= 0 && d->stop_fd >= 0 && d->wake_fd >= 0 &&
+    int ok = d->copiers.threads && d->tiers[copy_slot] && d->listen_fd >= 0 && d->stop_fd >= 0 && d->wake_fd >= 0 &&
              fcntl(d->listen_fd, F_SETFL, O_NONBLOCK) == 0;
     for (int i = 0; ok && i < want; i++) {
         struct worker *w = &d->workers[i];
@@ -97,7 +98,7 @@ EXPORT int front_door_wake_fd(struct door *d) { return d->wake_fd; }
 EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap)
 {
     pthread_mutex_lock(&d->mu);
-    struct handed *h = d->hq;
+    struct handed *h = d->answers.hq;
     if (!h) {
         pthread_mutex_unlock(&d->mu);
         return -1;
@@ -107,10 +108,10 @@ EXPORT int front_door_take(struct door *d, int *fd, char *buf, int cap)
         pthread_mutex_unlock(&d->mu);
         return -2;
     }
-    d->hq = h->next;
-    d->nhanded--;
-    if (!d->hq)
-        d->hq_tail = &d->hq;
+    d->answers.hq = h->next;
+    d->answers.nhanded--;
+    if (!d->answers.hq)
+        d->answers.hq_tail = &d->answers.hq;
     pthread_mutex_unlock(&d->mu);
     *fd = h->fd;
     int n = (int)h->len;
@@ -128,8 +129,8 @@ EXPORT int front_door_events(struct door *d, int q, char *buf, int cap)
 {
     if (q < 0 || q >= NQUEUES)
         return 0;
-    pthread_mutex_lock(&d->take_mu);
-    struct evqueue *queue = &d->evq[q];
+    pthread_mutex_lock(&d->books.take_mu);
+    struct evqueue *queue = &d->books.evq[q];
     if (queue->out_off == queue->out_len) {
         pthread_mutex_lock(&d->mu);
         if (queue->len) {              /* take them all at once: the lock is held for a swap */
@@ -146,12 +147,12 @@ EXPORT int front_door_events(struct door *d, int q, char *buf, int cap)
         } else {
             queue->out_off = queue->out_len = 0;
             int other = q == Q_BOOKS ? Q_PEER : Q_BOOKS;
-            if (!d->evq[other].len && d->evq[other].out_off == d->evq[other].out_len && !d->hq) {
+            if (!d->books.evq[other].len && d->books.evq[other].out_off == d->books.evq[other].out_len && !d->answers.hq) {
                 uint64_t v;            /* nothing waits either way: the next arrival wakes Python */
                 if (read(d->wake_fd, &v, sizeof v) < 0) {
                     /* nothing was pending: fine */
                 }
-                d->woken = 0;
+                d->answers.woken = 0;
             }
         }
         pthread_mutex_unlock(&d->mu);
@@ -166,7 +167,7 @@ EXPORT int front_door_events(struct door *d, int q, char *buf, int cap)
         used += EVENT_HEAD + (int)len;
         queue->out_off += EVENT_HEAD + len;
     }
-    pthread_mutex_unlock(&d->take_mu);
+    pthread_mutex_unlock(&d->books.take_mu);
     return used;
 }
 
@@ -200,8 +201,8 @@ EXPORT int front_door_open(struct door *d, const char *index_path)
         munmap(p, (size_t)st.st_size);
         return 0;
     }
-    d->idx = p;
-    d->idx_len = (size_t)st.st_size;
+    d->index.map = p;
+    d->index.len = (size_t)st.st_size;
     d->gate_open = 1;
     pthread_mutex_unlock(&d->mu);
     return 0;
@@ -217,9 +218,9 @@ EXPORT int front_door_open_memory(struct door *d, const unsigned char *p, uint64
     }
     pthread_mutex_lock(&d->mu);
     if (!d->gate_open && !d->stopped) {
-        d->idx = p;
-        d->idx_len = (size_t)n;
-        d->idx_borrowed = 1;
+        d->index.map = p;
+        d->index.len = (size_t)n;
+        d->index.borrowed = 1;
         d->gate_open = 1;
     }
     pthread_mutex_unlock(&d->mu);
@@ -265,20 +266,20 @@ EXPORT int front_door_peers(struct door *d, dp_fetch_fn *fetch, dp_staged_fn *of
     if (fetch && (peer_slot < 0 || peer_slot >= MONARCH_MAX_SLOTS || !d->tiers[peer_slot] || unit <= 0))
         return -1;
     pthread_mutex_lock(&d->mu);
-    d->peer_fetch = fetch;
-    d->peer_fetch_many = fetch ? fetch_many : NULL;
+    d->peer.fetch = fetch;
+    d->peer.fetch_many = fetch ? fetch_many : NULL;
     int flight = fetch && fetch_many && post && test && take;
-    d->peer_post = flight ? post : NULL;
-    d->peer_test = flight ? test : NULL;
-    d->peer_take = flight ? take : NULL;
-    d->peer_offer = fetch ? offer : NULL;
-    d->peer_dp = dp;
-    d->owners = fetch ? owners : NULL;
-    d->nowners = fetch ? nowners : 0;
-    d->self_node = self_node;
-    d->peer_slot = peer_slot;
-    d->peer_timeout_ms = timeout_ms;
-    d->peer_unit = unit > 0 ? unit : 1;
+    d->peer.post = flight ? post : NULL;
+    d->peer.test = flight ? test : NULL;
+    d->peer.take = flight ? take : NULL;
+    d->peer.offer = fetch ? offer : NULL;
+    d->peer.dp = dp;
+    d->peer.owners = fetch ? owners : NULL;
+    d->peer.nowners = fetch ? nowners : 0;
+    d->peer.self_node = self_node;
+    d->peer.slot = peer_slot;
+    d->peer.timeout_ms = timeout_ms;
+    d->peer.unit = unit > 0 ? unit : 1;
     pthread_mutex_unlock(&d->mu);
     return 0;
 }
@@ -307,16 +308,16 @@ EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offs
         close(fd);
     }
     pthread_mutex_lock(&d->mu);
-    void *old = d->reuse_map;
-    size_t old_len = d->reuse_map_len;
-    d->reuse_map = map;
-    d->reuse_map_len = len;
-    d->reuse_opens = map ? (const uint64_t *)((const char *)map + offset) : NULL;
-    d->reuse_opens_at = map ? __atomic_load_n(d->reuse_opens, __ATOMIC_RELAXED) : 0;
-    d->reuse_first_at = __atomic_load_n(&d->peer_first, __ATOMIC_RELAXED);
-    d->reuse_copies = 0;
-    d->reuse_again_sum = d->reuse_copies_sum = 0;
-    d->peer_keep_all = 0;              /* until reuse is seen: a first epoch reads each file once */
+    void *old = d->peer.reuse.map;
+    size_t old_len = d->peer.reuse.map_len;
+    d->peer.reuse.map = map;
+    d->peer.reuse.map_len = len;
+    d->peer.reuse.opens = map ? (const uint64_t *)((const char *)map + offset) : NULL;
+    d->peer.reuse.opens_at = map ? __atomic_load_n(d->peer.reuse.opens, __ATOMIC_RELAXED) : 0;
+    d->peer.reuse.first_at = __atomic_load_n(&d->peer.reuse.first, __ATOMIC_RELAXED);
+    d->peer.reuse.copies = 0;
+    d->peer.reuse.again_sum = d->peer.reuse.copies_sum = 0;
+    d->peer.reuse.keep_all = 0;              /* until reuse is seen: a first epoch reads each file once */
     pthread_mutex_unlock(&d->mu);
     if (old)
         munmap(old, old_len);          /* read only under the lock */
@@ -328,7 +329,7 @@ EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offs
 EXPORT void front_door_own_only(struct door *d, int on)
 {
     pthread_mutex_lock(&d->mu);
-    d->own_only = on;
+    d->peer.own_only = on;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -336,7 +337,7 @@ EXPORT void front_door_own_only(struct door *d, int on)
 EXPORT void front_door_peer_copying(struct door *d, int on)
 {
     pthread_mutex_lock(&d->mu);
-    d->peer_allowed = on;
+    d->peer.allowed = on;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -420,12 +421,12 @@ EXPORT int64_t front_door_copy_to(struct door *d, int slot, int64_t bytes)
     pthread_mutex_lock(&d->mu);
     while (d->copies_busy)
         pthread_cond_wait(&d->cv, &d->mu);
-    int64_t left = d->lease[Q_BOOKS];
+    int64_t left = d->books.lease[Q_BOOKS];
     d->copy_slot = slot;
-    d->lease[Q_BOOKS] = bytes;
-    d->low_water[Q_BOOKS] = bytes / 2;
+    d->books.lease[Q_BOOKS] = bytes;
+    d->books.low_water[Q_BOOKS] = bytes / 2;
     pthread_cond_broadcast(&d->cv);
-    pthread_cond_broadcast(&d->work_cv);  /* the read-ahead lane may wait for room */
+    pthread_cond_broadcast(&d->copiers.work_cv);  /* the read-ahead lane may wait for room */
     pthread_mutex_unlock(&d->mu);
     return left;
 }
@@ -437,10 +438,10 @@ EXPORT void front_door_grant(struct door *d, int q, int64_t bytes)
     if (q < 0 || q >= NQUEUES)
         return;
     pthread_mutex_lock(&d->mu);
-    d->lease[q] += bytes;
-    d->low_water[q] = d->lease[q] / 2;
+    d->books.lease[q] += bytes;
+    d->books.low_water[q] = d->books.lease[q] / 2;
     pthread_cond_broadcast(&d->cv);
-    pthread_cond_broadcast(&d->work_cv);  /* the read-ahead lane may wait for room */
+    pthread_cond_broadcast(&d->copiers.work_cv);  /* the read-ahead lane may wait for room */
     if (d->pa) {                       /* so may the peer read-ahead lane (door_peer_ahead.c) */
         if (q == Q_PEER && bytes > 0) {
             d->pa->grants++;           /* Python lends again: the lane asks it as often as at first */
@@ -458,8 +459,8 @@ EXPORT int64_t front_door_reclaim(struct door *d, int q)
     if (q < 0 || q >= NQUEUES)
         return 0;
     pthread_mutex_lock(&d->mu);
-    int64_t left = d->lease[q];
-    d->lease[q] = 0;
+    int64_t left = d->books.lease[q];
+    d->books.lease[q] = 0;
     pthread_mutex_unlock(&d->mu);
     return left;
 }
@@ -469,7 +470,7 @@ EXPORT int64_t front_door_lease(struct door *d, int q)
     if (q < 0 || q >= NQUEUES)
         return 0;
     pthread_mutex_lock(&d->mu);
-    int64_t left = d->lease[q];
+    int64_t left = d->books.lease[q];
     pthread_mutex_unlock(&d->mu);
     return left;
 }
@@ -479,25 +480,25 @@ EXPORT void front_door_counts(struct door *d, struct front_door_counts *out)
 {
     pthread_mutex_lock(&d->mu);
     for (int i = 0; i < MONARCH_MAX_SLOTS; i++)
-        out->hits[i] = __atomic_load_n(&d->hits[i], __ATOMIC_RELAXED);
+        out->hits[i] = __atomic_load_n(&d->count.hits[i], __ATOMIC_RELAXED);
     for (int i = 0; i < R_REASONS; i++)
-        out->handed_because[i] = d->why[i];
-    out->copies = d->copies;
-    out->handed = d->handed;
-    out->failures = d->failures;
-    out->bytes_read = d->bytes_read;
-    out->closed_too_many = d->closed_too_many;
-    out->peer_fetches = d->peer_fetches;
-    out->peer_failures = d->peer_failures;
-    out->peer_transient = d->peer_transient;
-    out->accepted = d->accepted;
-    out->reused = d->reused;
+        out->handed_because[i] = d->count.why[i];
+    out->copies = d->count.copies;
+    out->handed = d->count.handed;
+    out->failures = d->count.failures;
+    out->bytes_read = d->count.bytes_read;
+    out->closed_too_many = d->count.closed_too_many;
+    out->peer_fetches = d->peer.fetches;
+    out->peer_failures = d->peer.failures;
+    out->peer_transient = d->peer.transient;
+    out->accepted = d->count.accepted;
+    out->reused = d->count.reused;
     /* the peer lane's batches and its memfd rule (door_peer.c) */
-    out->peer_batches = d->peer_batches;
-    out->peer_batched = d->peer_batched;
-    out->peer_keep_all = (uint64_t)d->peer_keep_all;
-    out->peer_reuse_permille = d->peer_reuse_permille;
-    out->peer_waits = __atomic_load_n(&d->peer_waits, __ATOMIC_RELAXED);
+    out->peer_batches = d->peer.batches;
+    out->peer_batched = d->peer.batched;
+    out->peer_keep_all = (uint64_t)d->peer.reuse.keep_all;
+    out->peer_reuse_permille = d->peer.reuse.permille;
+    out->peer_waits = __atomic_load_n(&d->peer.waits, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -507,7 +508,7 @@ EXPORT void front_door_counts(struct door *d, struct front_door_counts *out)
 EXPORT void front_door_stop(struct door *d)
 {
     pthread_mutex_lock(&d->mu);
-    d->keeping = 0;                    /* no connection kept from now on: those answered now are closed */
+    d->answers.keeping = 0;                    /* no connection kept from now on: those answered now are closed */
     pthread_mutex_unlock(&d->mu);
     stop_peer_ahead(d);                /* the peer read-ahead lane (door_peer_ahead.c) */
     stop_copiers(d);
@@ -517,12 +518,12 @@ EXPORT void front_door_stop(struct door *d)
     }
     for (int i = 0; i < d->nworkers; i++)  /* the stop stays readable: every worker sees it */
         pthread_join(d->workers[i].thread, NULL);
-    for (struct conn *c = d->kept, *next; c; c = next) {  /* no thread answers any more: none is kept after */
+    for (struct conn *c = d->answers.kept, *next; c; c = next) {  /* no thread answers any more: none is kept after */
         next = c->next;
         close(c->fd);
         free(c);
     }
-    d->kept = NULL;
+    d->answers.kept = NULL;
     for (int i = 0; i < d->nworkers; i++) {  /* every worker joined: no epoll is written to now */
         struct worker *w = &d->workers[i];
         for (struct conn *c = w->pending, *next; c; c = next) {
@@ -545,14 +546,14 @@ EXPORT void front_door_stop(struct door *d)
     d->gate_open = 0;
     __atomic_store_n(&d->never_copy, 1, __ATOMIC_RELEASE);
     d->stopped = 1;
-    for (struct handed *h = d->hq, *next; h; h = next) {
+    for (struct handed *h = d->answers.hq, *next; h; h = next) {
         next = h->next;
         close(h->fd);
         free(h);
     }
-    d->hq = NULL;
-    d->hq_tail = &d->hq;
-    d->nhanded = 0;
+    d->answers.hq = NULL;
+    d->answers.hq_tail = &d->answers.hq;
+    d->answers.nhanded = 0;
     pthread_mutex_unlock(&d->mu);
     if (d->listen_fd >= 0)
         close(d->listen_fd);
@@ -564,35 +565,35 @@ EXPORT void front_door_stop(struct door *d)
 /* Free a stopped door (nothing may call it any more). */
 EXPORT void front_door_free(struct door *d)
 {
-    for (size_t i = 0; i < d->nown; i++)
-        free(d->own[i].key);
-    free(d->own);
-    free(d->tab);
+    for (size_t i = 0; i < d->keys.nown; i++)
+        free(d->keys.own[i].key);
+    free(d->keys.own);
+    free(d->keys.tab);
     for (int i = 0; i < d->nroots; i++)
         free(d->roots[i]);
     for (int i = 0; i < MONARCH_MAX_SLOTS; i++)
         free(d->tiers[i]);
     for (int q = 0; q < NQUEUES; q++) {
-        free(d->evq[q].buf);
-        free(d->evq[q].out);
+        free(d->books.evq[q].buf);
+        free(d->books.evq[q].out);
     }
-    if (d->idx && !d->idx_borrowed)
-        munmap((void *)d->idx, d->idx_len);
-    if (d->reuse_map)
-        munmap(d->reuse_map, d->reuse_map_len);
-    free(d->oq);
+    if (d->index.map && !d->index.borrowed)
+        munmap((void *)d->index.map, d->index.len);
+    if (d->peer.reuse.map)
+        munmap(d->peer.reuse.map, d->peer.reuse.map_len);
+    free(d->peer.oq);
     if (d->wake_fd >= 0)
         close(d->wake_fd);
     for (int i = 0; i < MAX_WORKERS; i++)
         free(d->workers[i].copy_buf);
-    for (int i = 0; d->copiers && i < COPIERS_MAX; i++)
-        free(d->copiers[i].copy_buf);
-    free(d->copiers);
+    for (int i = 0; d->copiers.threads && i < COPIERS_MAX; i++)
+        free(d->copiers.threads[i].copy_buf);
+    free(d->copiers.threads);
     free_peer_ahead(d);                /* the peer read-ahead lane (door_peer_ahead.c) */
     pthread_mutex_destroy(&d->mu);
-    pthread_mutex_destroy(&d->take_mu);
+    pthread_mutex_destroy(&d->books.take_mu);
     pthread_cond_destroy(&d->cv);
-    pthread_cond_destroy(&d->work_cv);
+    pthread_cond_destroy(&d->copiers.work_cv);
     free(d);
 }
 
@@ -604,30 +605,30 @@ EXPORT void front_door_free(struct door *d)
 EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start)
 {
     pthread_mutex_lock(&d->mu);
-    if (d->ahead_asked || d->stopped || !d->gate_open) {
+    if (d->ahead.asked || d->stopped || !d->gate_open) {
         pthread_mutex_unlock(&d->mu);
         errno = EBUSY;
         return -1;
     }
     /* room in the table for every key of the list now, while it is small: doubled as the lane
      * fills it, its old slots would stand beside the new ones at the daemon's peak */
-    if (reserve_keys(d, d->used + n) != 0) {
+    if (reserve_keys(d, d->keys.used + n) != 0) {
         pthread_mutex_unlock(&d->mu);
         errno = ENOMEM;
         return -1;
     }
-    double recent = d->flow.recent;    /* what the misses measured so far stays */
-    inflight_init(&d->flow, fixed, start, INFLIGHT_LOW, d->copiers_cap);
-    d->flow.recent = recent;
-    d->ahead_asked = 1;
-    d->ahead_n = n;
-    d->ahead_next = 0;
-    d->ahead_end = A_WHOLE;
-    d->ahead_on = 1;
+    double recent = d->copiers.flow.recent;    /* what the misses measured so far stays */
+    inflight_init(&d->copiers.flow, fixed, start, INFLIGHT_LOW, d->copiers.cap);
+    d->copiers.flow.recent = recent;
+    d->ahead.asked = 1;
+    d->ahead.n = n;
+    d->ahead.next = 0;
+    d->ahead.end = A_WHOLE;
+    d->ahead.on = 1;
     staff_locked(d);
-    int started = d->ncopiers > 0;
+    int started = d->copiers.n > 0;
     if (!started)
-        d->ahead_on = 0;
+        d->ahead.on = 0;
     pthread_mutex_unlock(&d->mu);
     if (!started)
         errno = EAGAIN;
@@ -638,10 +639,10 @@ EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int star
 EXPORT void front_door_read_ahead_state(struct door *d, struct front_door_read_ahead_state *out)
 {
     pthread_mutex_lock(&d->mu);
-    out->running = (uint64_t)(d->ahead_on && !d->ahead_busy ? 1 : d->ahead_busy);
-    out->through = d->ahead_next;
-    out->copies = d->ahead_copies;
-    out->ended_because = (uint64_t)d->ahead_end;
+    out->running = (uint64_t)(d->ahead.on && !d->ahead.busy ? 1 : d->ahead.busy);
+    out->through = d->ahead.next;
+    out->copies = d->ahead.copies;
+    out->ended_because = (uint64_t)d->ahead.end;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -649,8 +650,8 @@ EXPORT void front_door_read_ahead_state(struct door *d, struct front_door_read_a
 EXPORT void front_door_inflight(struct door *d, struct front_door_inflight *out)
 {
     pthread_mutex_lock(&d->mu);
-    inflight_state(&d->flow, &out->flow);
-    out->copiers = (uint64_t)d->ncopiers;
+    inflight_state(&d->copiers.flow, &out->flow);
+    out->copiers = (uint64_t)d->copiers.n;
     out->in_flight = (uint64_t)d->copies_busy;
     pthread_mutex_unlock(&d->mu);
 }

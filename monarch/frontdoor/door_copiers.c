@@ -1,8 +1,6 @@
-/* Part of front_door.c, one translation unit: included there, in order, after the types and the
- * parts before it. Here: the copiers (a slow source's misses, first) and the read-ahead lane;
- * the copiers stopped. */
-
-static void *copier_main(void *arg);
+/* Part of front_door.c, one translation unit (what it gives the other parts: door_copiers.h). Here:
+ * the copiers (a slow source's misses, first) and the read-ahead lane; the copiers stopped. */
+#include "door_copiers.h"
 
 /* How many copiers the process's descriptor limit allows: each holds up to four while it
  * copies (its cached source and tier directories, the source, the copy), and the rest of the
@@ -20,13 +18,13 @@ static int copiers_allowed(void)
  * outnumbers the idle ones, and wake that many. Under the lock. */
 static void staff_locked(struct door *d)
 {
-    int lane = d->ahead_on ? d->flow.limit - d->copies_busy : 0;
-    int want = d->ndemand + (lane > 0 ? lane : 0);
-    while (d->ncopiers - d->copiers_working < want && d->ncopiers < d->copiers_cap && !d->copiers_stop) {
-        struct worker *w = &d->copiers[d->ncopiers];
+    int lane = d->ahead.on ? d->copiers.flow.limit - d->copies_busy : 0;
+    int want = d->copiers.ndemand + (lane > 0 ? lane : 0);
+    while (d->copiers.n - d->copiers.working < want && d->copiers.n < d->copiers.cap && !d->copiers.stop) {
+        struct worker *w = &d->copiers.threads[d->copiers.n];
         w->d = d;
         w->spare_fd = w->ep = w->src_dir = w->key_dir = -1;
-        w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + d->ncopiers) << 48;
+        w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + d->copiers.n) << 48;
         w->copy_buf = w->copy_buf ? w->copy_buf : malloc(MONARCH_INLINE_MAX + 1);
         sigset_t all, old;
         sigfillset(&all);
@@ -35,10 +33,10 @@ static void staff_locked(struct door *d)
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (!ok)
             break;                     /* the copiers there are do the work, in turn */
-        d->ncopiers++;
+        d->copiers.n++;
     }
     for (int i = 0; i < want; i++)
-        pthread_cond_signal(&d->work_cv);
+        pthread_cond_signal(&d->copiers.work_cv);
 }
 
 /* -- the copiers: queued misses first, then the read-ahead lane ------------------------------ */
@@ -59,11 +57,11 @@ static void copy_queued_miss(struct worker *w, struct waiter *q)
 /* The lane is through, or stopped early (``why``: A_*). Under the lock. */
 static void lane_end_locked(struct door *d, int why)
 {
-    d->ahead_on = 0;
-    if (why != A_WHOLE && d->ahead_end == A_WHOLE)
-        d->ahead_end = why;
-    inflight_starved(&d->flow);        /* no more work for every slot: the window says nothing */
-    if (!d->ahead_busy)
+    d->ahead.on = 0;
+    if (why != A_WHOLE && d->ahead.end == A_WHOLE)
+        d->ahead.end = why;
+    inflight_starved(&d->copiers.flow);        /* no more work for every slot: the window says nothing */
+    if (!d->ahead.busy)
         wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
 }
 
@@ -76,10 +74,10 @@ enum { L_NONE, L_TAKEN, L_ROOM };
  * or when no room is lent for AHEAD_WAITS waits in a row. Under the lock. */
 static int lane_next_locked(struct door *d, struct idx_file *f, const char **key, uint32_t *len, uint32_t *hash)
 {
-    while (d->ahead_on) {
-        if (d->copies_busy >= d->flow.limit)
+    while (d->ahead.on) {
+        if (d->copies_busy >= d->copiers.flow.limit)
             return L_NONE;             /* in flight as many as the source's measure allows */
-        if (d->ahead_next >= d->ahead_n) {
+        if (d->ahead.next >= d->ahead.n) {
             lane_end_locked(d, A_WHOLE);
             break;
         }
@@ -91,42 +89,42 @@ static int lane_next_locked(struct door *d, struct idx_file *f, const char **key
             lane_end_locked(d, A_NOT_COPYING);
             break;
         }
-        if (!own_file_locked(d, d->ahead_next + 1)) {
-            d->ahead_next++;           /* another node's: its owner stages it */
+        if (!own_file_locked(d, d->ahead.next + 1)) {
+            d->ahead.next++;           /* another node's: its owner stages it */
             continue;
         }
-        if (!index_entry(d, d->ahead_next + 1, f, key, len) || !monarch_index_routes(f->flags, MONARCH_ROUTE_DOOR) ||
+        if (!index_entry(d, d->ahead.next + 1, f, key, len) || !monarch_index_routes(f->flags, MONARCH_ROUTE_DOOR) ||
             f->size > MONARCH_INLINE_MAX) {
-            d->ahead_next++;           /* not the door's route (published in the index): Python's stager copies it */
+            d->ahead.next++;           /* not the door's route (published in the index): Python's stager copies it */
             continue;
         }
         *hash = monarch_crc32(*key, *len);
         if (find(d, *key, *len, *hash)) {
-            d->ahead_next++;           /* staged, being copied, or Python's */
+            d->ahead.next++;           /* staged, being copied, or Python's */
             continue;
         }
-        if ((int64_t)f->size > d->lease[Q_BOOKS]) {
-            if (d->ahead_room_wait)
+        if ((int64_t)f->size > d->books.lease[Q_BOOKS]) {
+            if (d->ahead.room_wait)
                 return L_NONE;         /* one copier times the wait; a grant wakes them all */
-            if (++d->ahead_waits > AHEAD_WAITS) {
+            if (++d->ahead.waits > AHEAD_WAITS) {
                 lane_end_locked(d, A_NO_ROOM);
                 break;
             }
             wake_python_locked(d);     /* its books lend more when it drains them */
-            inflight_starved(&d->flow);
-            d->ahead_room_wait = 1;
+            inflight_starved(&d->copiers.flow);
+            d->ahead.room_wait = 1;
             return L_ROOM;
         }
-        d->ahead_waits = 0;
-        d->ahead_next++;
+        d->ahead.waits = 0;
+        d->ahead.next++;
         struct entry *e = insert(d, *key, *len, *hash);
         if (!e)
             continue;
         e->state = K_BUSY;
         d->busy++;
         d->copies_busy++;
-        d->ahead_busy++;
-        d->lease[Q_BOOKS] -= (int64_t)f->size;
+        d->ahead.busy++;
+        d->books.lease[Q_BOOKS] -= (int64_t)f->size;
         return L_TAKEN;
     }
     return L_NONE;
@@ -141,35 +139,35 @@ static void *copier_main(void *arg)
     char dest[PATH_MAX];
     prctl(PR_SET_NAME, "monarch-copy");
     pthread_mutex_lock(&d->mu);
-    while (!d->copiers_stop) {
-        struct waiter *q = d->demand;
+    while (!d->copiers.stop) {
+        struct waiter *q = d->copiers.demand;
         struct idx_file f;
         const char *key;
         uint32_t len, hash;
         int lane;
         if (q) {
-            d->demand = q->next;
-            if (!d->demand)
-                d->demand_tail = &d->demand;
-            d->ndemand--;
-            d->copiers_working++;
+            d->copiers.demand = q->next;
+            if (!d->copiers.demand)
+                d->copiers.demand_tail = &d->copiers.demand;
+            d->copiers.ndemand--;
+            d->copiers.working++;
             pthread_mutex_unlock(&d->mu);
             copy_queued_miss(w, q);
             pthread_mutex_lock(&d->mu);
-            d->copiers_working--;
+            d->copiers.working--;
         } else if ((lane = lane_next_locked(d, &f, &key, &len, &hash)) == L_TAKEN) {
-            d->copiers_working++;
+            d->copiers.working++;
             pthread_mutex_unlock(&d->mu);
             copy_and_publish(w, key, len, hash, &f, EV_AHEAD, dest);
             pthread_mutex_lock(&d->mu);
-            d->copiers_working--;
+            d->copiers.working--;
         } else if (lane == L_ROOM) {
-            timed_wait(&d->work_cv, &d->mu, AHEAD_WAIT_NS);
-            d->ahead_room_wait = 0;
+            timed_wait(&d->copiers.work_cv, &d->mu, AHEAD_WAIT_NS);
+            d->ahead.room_wait = 0;
         } else {
-            if (!d->ahead_on)
-                inflight_starved(&d->flow);  /* a copier free and nothing to copy */
-            pthread_cond_wait(&d->work_cv, &d->mu);
+            if (!d->ahead.on)
+                inflight_starved(&d->copiers.flow);  /* a copier free and nothing to copy */
+            pthread_cond_wait(&d->copiers.work_cv, &d->mu);
         }
     }
     pthread_mutex_unlock(&d->mu);
@@ -180,19 +178,19 @@ static void *copier_main(void *arg)
 static void stop_copiers(struct door *d)
 {
     pthread_mutex_lock(&d->mu);
-    d->copiers_stop = 1;
-    if (d->ahead_on)
+    d->copiers.stop = 1;
+    if (d->ahead.on)
         lane_end_locked(d, A_STOPPED);
-    pthread_cond_broadcast(&d->work_cv);
-    int n = d->ncopiers;
+    pthread_cond_broadcast(&d->copiers.work_cv);
+    int n = d->copiers.n;
     pthread_mutex_unlock(&d->mu);
     for (int i = 0; i < n; i++) {
-        struct worker *w = &d->copiers[i];
+        struct worker *w = &d->copiers.threads[i];
         pthread_join(w->thread, NULL);
         close_cached_dirs(w);
     }
     pthread_mutex_lock(&d->mu);
-    d->ncopiers = 0;                   /* joined: a second stop joins none (copiers_stop starts none) */
+    d->copiers.n = 0;                   /* joined: a second stop joins none (copiers_stop starts none) */
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -201,18 +199,18 @@ static void stop_copiers(struct door *d)
 static void close_waiting(struct door *d)
 {
     pthread_mutex_lock(&d->mu);
-    struct waiter *lists[2] = {d->demand, d->parked};
-    for (struct waiter *q = d->demand; q; q = q->next) {
+    struct waiter *lists[2] = {d->copiers.demand, d->answers.parked};
+    for (struct waiter *q = d->copiers.demand; q; q = q->next) {
         struct entry *e = find(d, q->req + MONARCH_REQUEST_HEADER_SIZE, q->len, q->hash);
         if (e)
             e->state = K_PYTHON;
         d->busy--;
         d->copies_busy--;
-        d->lease[Q_BOOKS] += (int64_t)q->f.size;
+        d->books.lease[Q_BOOKS] += (int64_t)q->f.size;
     }
-    d->demand = d->parked = NULL;
-    d->demand_tail = &d->demand;
-    d->ndemand = 0;
+    d->copiers.demand = d->answers.parked = NULL;
+    d->copiers.demand_tail = &d->copiers.demand;
+    d->copiers.ndemand = 0;
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
     for (int i = 0; i < 2; i++) {
@@ -223,5 +221,3 @@ static void close_waiting(struct door *d)
         }
     }
 }
-
-enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL, F_HINT_PROGRESS };

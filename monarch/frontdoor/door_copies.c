@@ -1,6 +1,7 @@
-/* Part of front_door.c, one translation unit: included there, in order, after the types and the
- * parts before it. Here: one copy from the PFS into the copy tier, published atomically (the
- * directories it keeps open, the copy, the publish). */
+/* Part of front_door.c, one translation unit (what it gives the other parts: door_copies.h). Here:
+ * one copy from the PFS into the copy tier, published atomically (the directories it keeps open,
+ * the copy, the publish). */
+#include "door_copies.h"
 
 /* The directory of ``key`` ("0/d/x.bin": "<tier>/0/d") opened from the tier, one component at a
  * time with O_NOFOLLOW, each made 0700 if missing (os.makedirs under a tier): a symlink planted
@@ -251,40 +252,40 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
         e->slot = (uint8_t)d->copy_slot;
         e->ring = 0;
         if (kind == EV_AHEAD)
-            d->ahead_copies++;
+            d->ahead.copies++;
         else
-            d->copies++;
-        d->bytes_read += bytes_read;
+            d->count.copies++;
+        d->count.bytes_read += bytes_read;
         post_event_locked(d, Q_BOOKS, kind, (uint32_t)d->copy_slot, key, len, f->entry, f->size, bytes_read, t1 - t0);
         published = d->copy_slot;
-        if (d->own_only && d->peer_offer) {
-            offer = d->peer_offer;     /* read under the lock: the lane may be turned off meanwhile */
-            offer_dp = d->peer_dp;
+        if (d->peer.own_only && d->peer.offer) {
+            offer = d->peer.offer;     /* read under the lock: the lane may be turned off meanwhile */
+            offer_dp = d->peer.dp;
         }
-        int before = d->flow.limit;
-        inflight_completed(&d->flow, (t1 - t0) / 1e9, t1 / 1e9);
-        raised = d->flow.limit > before;
+        int before = d->copiers.flow.limit;
+        inflight_completed(&d->copiers.flow, (t1 - t0) / 1e9, t1 / 1e9);
+        raised = d->copiers.flow.limit > before;
     } else {
         e->state = K_PYTHON;           /* Python copies it, or finds why not, and says so */
         if (r == -3)
             d->allowed = 0;            /* the tier failed (full?): Python finds out, and allows again or not */
-        d->lease[Q_BOOKS] += (int64_t)f->size;
-        d->failures++;
-        d->bytes_read += bytes_read;
+        d->books.lease[Q_BOOKS] += (int64_t)f->size;
+        d->count.failures++;
+        d->count.bytes_read += bytes_read;
         post_event_locked(d, Q_BOOKS, EV_FAILED, 0, key, len, f->entry, f->size, bytes_read, t1 - t0);
     }
-    struct waiter *ready = d->parked ? unpark_locked(d, key, len, hash) : NULL;
+    struct waiter *ready = d->answers.parked ? unpark_locked(d, key, len, hash) : NULL;
     if (ready && published >= 0)
         e->answered = door_ms(d);
-    if (kind == EV_AHEAD && --d->ahead_busy == 0 && !d->ahead_on)
+    if (kind == EV_AHEAD && --d->ahead.busy == 0 && !d->ahead.on)
         wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
     d->busy--;
     d->copies_busy--;
     pthread_cond_broadcast(&d->cv);
     if (raised)
         staff_locked(d);               /* more copiers for the lane, if it runs */
-    else if (!(w >= d->copiers && w < d->copiers + COPIERS_MAX))
-        pthread_cond_signal(&d->work_cv);  /* a worker's copy freed a slot (a copier's goes on itself) */
+    else if (!(w >= d->copiers.threads && w < d->copiers.threads + COPIERS_MAX))
+        pthread_cond_signal(&d->copiers.work_cv);  /* a worker's copy freed a slot (a copier's goes on itself) */
     pthread_mutex_unlock(&d->mu);
     if (ready)
         answer_parked(d, ready, published, dest);

@@ -1,11 +1,11 @@
-/* Part of front_door.c, one translation unit: included there, in order, after the types and the
- * parts before it. Here: a thread's directories of a tier kept open by their path (struct
- * dir_cache). The peer lanes write files across a dataset's directories in a shuffled order: with
- * only the last directory kept, most files cost a walk from the tier's top (three opens, two
- * closes for "0/class_007/x"); kept by path, a file costs none, and a directory not kept one open
- * from its parent's (kept too). Each cache is its thread's alone: no lock. */
+/* Part of front_door.c, one translation unit (what it gives the other parts: door_dirs.h). Here: a
+ * thread's directories of a tier kept open by their path (struct dir_cache). The peer lanes write
+ * files across a dataset's directories in a shuffled order: with only the last directory kept, most
+ * files cost a walk from the tier's top (three opens, two closes for "0/class_007/x"); kept by
+ * path, a file costs none, and a directory not kept one open from its parent's (kept too). Each
+ * cache is its thread's alone: no lock. */
+#include "door_dirs.h"
 
-static void dirs_put(struct dir_cache *c, int fd);
 
 /* The slot of the directory named by ``key``'s first ``len`` bytes, or -1. */
 static int dirs_find(const struct dir_cache *c, const char *key, uint32_t len)

@@ -1,6 +1,6 @@
-/* Part of front_door.c, one translation unit: included there, in order, after the types and the
- * parts before it. Here: the snapshot's index, read in place (the look-up itself is
- * monarch_native.h's). */
+/* Part of front_door.c, one translation unit (what it gives the other parts: door_index.h). Here:
+ * the snapshot's index, read in place (the look-up itself is monarch_native.h's). */
+#include "door_index.h"
 
 /* -- the snapshot's index (the file the shim maps: protocol.build_index) --------------- */
 /* The index's header, and entry n (from 1) if it lies inside the mapping (index_valid
@@ -17,15 +17,15 @@ static struct monarch_index_header index_header(const unsigned char *x)
 /* The entry number (from 1) of ``key`` in the index, or 0: the shim's look-up. */
 static uint32_t index_number(const struct door *d, const char *key, uint32_t len, uint32_t hash)
 {
-    struct monarch_index_header h = index_header(d->idx);
-    return monarch_index_find(d->idx, &h, key, len, hash);
+    struct monarch_index_header h = index_header(d->index.map);
+    return monarch_index_find(d->index.map, &h, key, len, hash);
 }
 
 /* Entry n (from 1) of the index: the file's fields and its key (in the mapping), if it is a
  * well-formed entry. The mapping stays until front_door_free. */
 static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, const char **key, uint32_t *len)
 {
-    const unsigned char *x = d->idx;
+    const unsigned char *x = d->index.map;
     struct monarch_index_header h = index_header(x);
     if (!n || n > h.entries)
         return 0;

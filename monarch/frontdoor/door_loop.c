@@ -1,6 +1,9 @@
-/* Part of front_door.c, one translation unit: included there, in order, after the types and the
- * parts before it. Here: the hot path: the OPEN decision (try_open), a request's frame, each
- * worker's event loop (accept, read, serve). */
+/* Part of front_door.c, one translation unit (what it gives the other parts: door_loop.h). Here:
+ * the hot path: the OPEN decision (try_open), a request's frame, each worker's event loop (accept,
+ * read, serve). */
+#include "door_loop.h"
+
+enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL, F_HINT_PROGRESS };  /* what a request's bytes are (frame_state) */
 
 /* Why the door may not copy a miss of ``key`` itself (an R_*: the connection goes to Python),
  * or -1: it may, ``*f`` is its file and ``*e`` its new entry. ``*e``: the key's entry, if the
@@ -18,7 +21,7 @@ static int why_not_copy_locked(struct door *d, struct entry **e, const char *key
                                         * the stager's; a store's; not copied); the size bounds the copy's buffer */
     if (!own_file_locked(d, f->entry))
         return R_NOT_COPYING;          /* a sharded node's: another node owns it */
-    if ((int64_t)f->size > d->lease[Q_BOOKS])
+    if ((int64_t)f->size > d->books.lease[Q_BOOKS])
         return R_NO_ROOM;              /* more than the room lent */
     if (!(*e = insert(d, key, len, hash)))
         return R_OTHER;                /* no memory for the key */
@@ -41,8 +44,8 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
     if (e && e->state == K_BUSY) {     /* another thread copies it: its answer is ours, given when it ends */
         struct waiter *q = new_waiter(fd, req, got, hash, len);
         if (q) {
-            q->next = d->parked;
-            d->parked = q;
+            q->next = d->answers.parked;
+            d->answers.parked = q;
         }
         pthread_mutex_unlock(&d->mu);
         return q ? -1 : R_OTHER;
@@ -56,16 +59,16 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
         pthread_mutex_unlock(&d->mu);
         if (pl >= (int)sizeof dest)
             return R_OTHER;
-        __atomic_add_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);  /* before: the client may ask for the report next */
+        __atomic_add_fetch(&d->count.hits[slot], 1, __ATOMIC_RELAXED);  /* before: the client may ask for the report next */
         int sent = send_answer(fd, slot | (keep ? MONARCH_ANSWER_KEPT : 0), dest, (uint32_t)pl) == 0;
         if (!sent)
-            __atomic_sub_fetch(&d->hits[slot], 1, __ATOMIC_RELAXED);
+            __atomic_sub_fetch(&d->count.hits[slot], 1, __ATOMIC_RELAXED);
         finish_open(d, fd, keep, sent);
         return -1;
     }
     struct idx_file f;
     int owner;
-    if ((!e || e->state == K_FREE) && d->peer_fetch && index_file(d, key, len, &f) && (owner = peer_owner_locked(d, &f)) >= 0)
+    if ((!e || e->state == K_FREE) && d->peer.fetch && index_file(d, key, len, &f) && (owner = peer_owner_locked(d, &f)) >= 0)
         return remote_open(w, fd, req, got, key, len, hash, e, &f, owner);   /* the lock let go */
     int why = why_not_copy_locked(d, &e, key, len, hash, &f);
     if (why >= 0) {
@@ -75,16 +78,16 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
     e->state = K_BUSY;
     d->busy++;
     d->copies_busy++;
-    d->lease[Q_BOOKS] -= (int64_t)f.size;
+    d->books.lease[Q_BOOKS] -= (int64_t)f.size;
     /* demand first, whatever the lane does: a fast source's miss is copied here, at once (no
      * hand-off costs more than the copy); a slow one's by a copier, so that this thread goes
      * on accepting while the source answers, and as many misses are in flight as readers wait */
-    struct waiter *q = d->flow.recent < 0 || d->flow.recent > INLINE_COPY_SECONDS ? new_waiter(fd, req, got, hash, len) : NULL;
+    struct waiter *q = d->copiers.flow.recent < 0 || d->copiers.flow.recent > INLINE_COPY_SECONDS ? new_waiter(fd, req, got, hash, len) : NULL;
     if (q) {
         q->f = f;
-        *d->demand_tail = q;
-        d->demand_tail = &q->next;
-        d->ndemand++;
+        *d->copiers.demand_tail = q;
+        d->copiers.demand_tail = &q->next;
+        d->copiers.ndemand++;
         staff_locked(d);
         pthread_mutex_unlock(&d->mu);
         return -1;
@@ -205,7 +208,7 @@ static int refuse_one(struct worker *w)
     int fd = accept4(w->d->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd >= 0) {
         pthread_mutex_lock(&w->d->mu);
-        w->d->closed_too_many++;       /* before the close: its client may ask for the counts next */
+        w->d->count.closed_too_many++;       /* before the close: its client may ask for the counts next */
         pthread_mutex_unlock(&w->d->mu);
         close(fd);
     }
@@ -225,7 +228,7 @@ static void take_request(struct worker *w, struct conn *c, int reused)
     c->since = monarch_now_ns();
     ssize_t r = recv(fd, c->buf, sizeof c->buf, MSG_DONTWAIT);
     if (r > 0 && reused)
-        __atomic_add_fetch(&d->reused, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&d->count.reused, 1, __ATOMIC_RELAXED);
     int state = r > 0 ? frame_state(c->buf, c->got = (uint32_t)r) : F_MORE;
     if (state != F_MORE) {
         serve(w, fd, c->buf, c->got, state);
@@ -284,7 +287,7 @@ static void on_accept(struct worker *w)
             hand_over(d, fd, NULL, 0, R_OTHER);
             continue;
         }
-        __atomic_add_fetch(&d->accepted, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&d->count.accepted, 1, __ATOMIC_RELAXED);
         c->fd = fd;
         take_request(w, c, 0);
     }
@@ -298,10 +301,10 @@ static void on_kept(struct worker *w, struct conn *c)
     if (c->prev)
         c->prev->next = c->next;
     else
-        d->kept = c->next;
+        d->answers.kept = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    d->nkept--;
+    d->answers.nkept--;
     pthread_mutex_unlock(&d->mu);
     take_request(w, c, 1);             /* still registered here, disarmed (one-shot): arm_once */
 }

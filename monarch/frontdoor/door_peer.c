@@ -1,18 +1,19 @@
-/* Part of front_door.c, one translation unit: included there, in order, after the types and the
- * parts before it. Here: the peer lane: another node's file fetched through the C data path,
- * into the peer area or a sealed memfd (the memfd rule), the opens of one owner gathered into
- * one request (remote_open, run_owner, fetch_batch). */
+/* Part of front_door.c, one translation unit (what it gives the other parts: door_peer.h). Here:
+ * the peer lane: another node's file fetched through the C data path, into the peer area or a
+ * sealed memfd (the memfd rule), the opens of one owner gathered into one request (remote_open,
+ * run_owner, fetch_batch). */
+#include "door_peer.h"
 
 static int64_t peer_room(const struct door *d, uint64_t size)   /* sizes.allocated_size */
 {
-    return ((int64_t)size + d->peer_unit - 1) / d->peer_unit * d->peer_unit;
+    return ((int64_t)size + d->peer.unit - 1) / d->peer.unit * d->peer.unit;
 }
 
 /* May the door copy index entry ``entry`` from the PFS? Alone on a node, any; on a sharded
  * node only its own (``owners``: -1), and none before the owners are known. Under the lock. */
 static int own_file_locked(const struct door *d, uint32_t entry)
 {
-    return !d->own_only || (d->owners && entry > 0 && entry <= d->nowners && d->owners[entry - 1] < 0);
+    return !d->peer.own_only || (d->peer.owners && entry > 0 && entry <= d->peer.nowners && d->peer.owners[entry - 1] < 0);
 }
 
 /* The owner of the file ``f`` if the peer lane fetches it (another node's, small), else -1.
@@ -22,11 +23,11 @@ static int own_file_locked(const struct door *d, uint32_t entry)
  * here, on the owner and the row's size. */
 static int peer_owner_locked(const struct door *d, const struct idx_file *f)
 {
-    if (!d->peer_fetch || !d->peer_allowed || d->never_copy || !S_ISREG(f->mode) ||
-        !monarch_route_fits(MONARCH_ROUTE_PEER_LANE, f->size) || f->entry == 0 || f->entry > d->nowners)
+    if (!d->peer.fetch || !d->peer.allowed || d->never_copy || !S_ISREG(f->mode) ||
+        !monarch_route_fits(MONARCH_ROUTE_PEER_LANE, f->size) || f->entry == 0 || f->entry > d->peer.nowners)
         return -1;
-    int owner = d->owners[f->entry - 1];
-    return owner >= 0 && owner != d->self_node ? owner : -1;
+    int owner = d->peer.owners[f->entry - 1];
+    return owner >= 0 && owner != d->peer.self_node ? owner : -1;
 }
 
 /* An OPEN answered with a descriptor (ANSWER_FD): the frame and ``passed`` in one message. */
@@ -72,34 +73,34 @@ static int send_answer_fd(int fd, int32_t status, int passed)
  * never leads, and a lag only makes r look lower. Under the lock. */
 static void measure_reuse_locked(struct door *d)
 {
-    uint64_t opens = __atomic_load_n(d->reuse_opens, __ATOMIC_RELAXED);
-    uint64_t first = __atomic_load_n(&d->peer_first, __ATOMIC_RELAXED);
-    int64_t again = (int64_t)(opens - d->reuse_opens_at) - (int64_t)(first - d->reuse_first_at);
+    uint64_t opens = __atomic_load_n(d->peer.reuse.opens, __ATOMIC_RELAXED);
+    uint64_t first = __atomic_load_n(&d->peer.reuse.first, __ATOMIC_RELAXED);
+    int64_t again = (int64_t)(opens - d->peer.reuse.opens_at) - (int64_t)(first - d->peer.reuse.first_at);
     if (again < 0)
         again = 0;
-    if (again + (int64_t)d->reuse_copies < REUSE_WINDOW)
+    if (again + (int64_t)d->peer.reuse.copies < REUSE_WINDOW)
         return;
-    d->reuse_again_sum = d->reuse_again_sum / 2 + again;
-    d->reuse_copies_sum = d->reuse_copies_sum / 2 + (int64_t)d->reuse_copies;
-    d->peer_keep_all = d->reuse_again_sum * REUSE_MIN_DEN >= d->reuse_copies_sum * REUSE_MIN_NUM;
-    d->peer_reuse_permille = (uint64_t)(1000 * d->reuse_again_sum / (d->reuse_copies_sum ? d->reuse_copies_sum : 1));
-    d->reuse_opens_at = opens;
-    d->reuse_first_at = first;
-    d->reuse_copies = 0;
+    d->peer.reuse.again_sum = d->peer.reuse.again_sum / 2 + again;
+    d->peer.reuse.copies_sum = d->peer.reuse.copies_sum / 2 + (int64_t)d->peer.reuse.copies;
+    d->peer.reuse.keep_all = d->peer.reuse.again_sum * REUSE_MIN_DEN >= d->peer.reuse.copies_sum * REUSE_MIN_NUM;
+    d->peer.reuse.permille = (uint64_t)(1000 * d->peer.reuse.again_sum / (d->peer.reuse.copies_sum ? d->peer.reuse.copies_sum : 1));
+    d->peer.reuse.opens_at = opens;
+    d->peer.reuse.first_at = first;
+    d->peer.reuse.copies = 0;
 }
 
 /* Into the peer area (1, its room taken from the lease) or a memfd (0)? Under the lock. */
 static int to_area_locked(struct door *d, const struct idx_file *f)
 {
-    if (peer_room(d, f->size) > d->lease[Q_PEER])
+    if (peer_room(d, f->size) > d->books.lease[Q_PEER])
         return 0;                      /* no room lent: the area is full of young copies */
-    if (d->reuse_opens) {
+    if (d->peer.reuse.opens) {
         measure_reuse_locked(d);
-        if (!d->peer_keep_all && d->peer_seq++ % PEER_SAMPLE)
+        if (!d->peer.reuse.keep_all && d->peer.reuse.seq++ % PEER_SAMPLE)
             return 0;
-        d->reuse_copies++;
+        d->peer.reuse.copies++;
     }
-    d->lease[Q_PEER] -= peer_room(d, f->size);  /* its blocks, not its bytes: never removed for want of room */
+    d->books.lease[Q_PEER] -= peer_room(d, f->size);  /* its blocks, not its bytes: never removed for want of room */
     return 1;
 }
 
@@ -127,22 +128,22 @@ static int peer_fetchers_max(const struct door *d)
  * pointer is good until the lock is let go (the array may move). */
 static struct owner_queue *owner_queue_locked(struct door *d, int owner)
 {
-    if (owner >= d->noq) {
-        int n = owner + 1 > 2 * d->noq ? owner + 1 : 2 * d->noq;
-        struct owner_queue *more = realloc(d->oq, (size_t)n * sizeof *more);
+    if (owner >= d->peer.noq) {
+        int n = owner + 1 > 2 * d->peer.noq ? owner + 1 : 2 * d->peer.noq;
+        struct owner_queue *more = realloc(d->peer.oq, (size_t)n * sizeof *more);
         if (!more)
             return NULL;
-        memset(more + d->noq, 0, (size_t)(n - d->noq) * sizeof *more);
+        memset(more + d->peer.noq, 0, (size_t)(n - d->peer.noq) * sizeof *more);
         for (int i = 0; i < n; i++) {
             if (!more[i].head)         /* an empty queue's tail points into the array, which moved */
                 more[i].tail = &more[i].head;
-            if (i >= d->noq)
+            if (i >= d->peer.noq)
                 inflight_init(&more[i].flow, 0, PEER_INFLIGHT_LOW, PEER_INFLIGHT_LOW, peer_fetchers_max(d));
         }
-        d->oq = more;
-        d->noq = n;
+        d->peer.oq = more;
+        d->peer.noq = n;
     }
-    return &d->oq[owner];
+    return &d->peer.oq[owner];
 }
 
 /* The owner a fetcher serves next (counted in its ``inflight``), or -1: first one waiting with
@@ -151,18 +152,18 @@ static struct owner_queue *owner_queue_locked(struct door *d, int owner)
 static int next_owner_locked(struct door *d, int after)
 {
     int pick = -1;
-    for (int k = 1; k <= d->noq && pick < 0; k++) {
-        int o = (after + k) % d->noq;
-        if (d->oq[o].head && !d->oq[o].inflight)
+    for (int k = 1; k <= d->peer.noq && pick < 0; k++) {
+        int o = (after + k) % d->peer.noq;
+        if (d->peer.oq[o].head && !d->peer.oq[o].inflight)
             pick = o;
     }
-    for (int k = 0; k < d->noq && pick < 0; k++) {
-        int o = (after + k) % d->noq;
-        if (d->oq[o].head && d->oq[o].inflight < inflight_limit(&d->oq[o].flow))
+    for (int k = 0; k < d->peer.noq && pick < 0; k++) {
+        int o = (after + k) % d->peer.noq;
+        if (d->peer.oq[o].head && d->peer.oq[o].inflight < inflight_limit(&d->peer.oq[o].flow))
             pick = o;
     }
     if (pick >= 0)
-        d->oq[pick].inflight++;
+        d->peer.oq[pick].inflight++;
     return pick;
 }
 
@@ -173,7 +174,6 @@ static int next_owner_locked(struct door *d, int after)
  * waits on its epoll between looks at the answer (poll_pace.h's rule), serving what comes:
  * a local open answered, a remote one queued for its owner's next request. One wake-up, not
  * two, when an open comes while an answer is due. */
-static int serve_events(struct worker *w, const struct epoll_event *evs, int n);  /* door_loop.c */
 
 #ifndef SYS_epoll_pwait2
 #define SYS_epoll_pwait2 441               /* Linux 5.11; the same number on every architecture */
@@ -185,7 +185,7 @@ static void wait_serving(struct worker *w, int64_t ns)
 {
     struct door *d = w->d;
     struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
-    if (!w->stopping && !__atomic_load_n(&d->pwait2_off, __ATOMIC_RELAXED)) {
+    if (!w->stopping && !__atomic_load_n(&d->peer.pwait2_off, __ATOMIC_RELAXED)) {
         struct epoll_event evs[16];
         long n = syscall(SYS_epoll_pwait2, w->ep, evs, 16, &ts, NULL, 0);
         if (n >= 0) {
@@ -194,7 +194,7 @@ static void wait_serving(struct worker *w, int64_t ns)
         }
         if (errno == EINTR)
             return;
-        __atomic_store_n(&d->pwait2_off, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&d->peer.pwait2_off, 1, __ATOMIC_RELAXED);
     }
     nanosleep(&ts, NULL);
 }
@@ -204,7 +204,7 @@ static void wait_serving(struct worker *w, int64_t ns)
 static void await_answer(struct worker *w, dp_test_fn *test, struct dp *dp, struct dp_request *h, int64_t t0)
 {
     struct door *d = w->d;
-    int64_t rtt = __atomic_load_n(&d->peer_rtt_ns, __ATOMIC_RELAXED);
+    int64_t rtt = __atomic_load_n(&d->peer.rtt_ns, __ATOMIC_RELAXED);
     int64_t sleep = pace_first_look(rtt), until = t0 + sleep;
     int first = 1;
     while (!test(dp, h)) {
@@ -214,10 +214,10 @@ static void await_answer(struct worker *w, dp_test_fn *test, struct dp *dp, stru
             first = 0;
             until = now + sleep;
         }
-        __atomic_add_fetch(&d->peer_waits, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&d->peer.waits, 1, __ATOMIC_RELAXED);
         wait_serving(w, until - now);
     }
-    __atomic_store_n(&d->peer_rtt_ns, pace_round_trip(rtt, monarch_now_ns() - t0), __ATOMIC_RELAXED);
+    __atomic_store_n(&d->peer.rtt_ns, pace_round_trip(rtt, monarch_now_ns() - t0), __ATOMIC_RELAXED);
 }
 
 /* A reply's files written into their descriptors at offset 0 (dp_take's callback). */
@@ -305,12 +305,12 @@ static void close_pool(struct worker *w)
 /* Answer an OPEN with the memfd ``m`` (ANSWER_FD), counted first (measure_reuse_locked). 1: sent. */
 static int answer_fd(struct door *d, int fd, int keep, int m)
 {
-    __atomic_add_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
-    if (send_answer_fd(fd, d->peer_slot | MONARCH_ANSWER_FD | (keep ? MONARCH_ANSWER_KEPT : 0), m) == 0)
+    __atomic_add_fetch(&d->peer.reuse.first, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&d->count.hits[d->peer.slot], 1, __ATOMIC_RELAXED);
+    if (send_answer_fd(fd, d->peer.slot | MONARCH_ANSWER_FD | (keep ? MONARCH_ANSWER_KEPT : 0), m) == 0)
         return 1;
-    __atomic_sub_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
-    __atomic_sub_fetch(&d->hits[d->peer_slot], 1, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&d->peer.reuse.first, 1, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&d->count.hits[d->peer.slot], 1, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -352,7 +352,7 @@ static void remote_done(struct door *d, struct waiter *q, int out, int pooled, i
         ok = ok && futimens(out, times) == 0;
         if (out >= 0 && close(out) < 0)
             ok = 0;
-        pl = snprintf(dest, sizeof dest, "%s/%.*s", d->tiers[d->peer_slot], (int)q->len, key);
+        pl = snprintf(dest, sizeof dest, "%s/%.*s", d->tiers[d->peer.slot], (int)q->len, key);
         /* renamed outside the door's lock, as copy_and_publish's copies are */
         ok = ok && pl < (int)sizeof dest && !__atomic_load_n(&d->never_copy, __ATOMIC_ACQUIRE) &&
              renameat(kdir, tmp, kdir, strrchr(dest, '/') + 1) == 0;
@@ -371,23 +371,23 @@ static void remote_done(struct door *d, struct waiter *q, int out, int pooled, i
     int64_t ns = monarch_now_ns() - t0;
     if (ok && q->to_area) {
         e->state = K_STAGED;
-        e->slot = (uint8_t)d->peer_slot;
+        e->slot = (uint8_t)d->peer.slot;
         e->ring = 0;
         e->answered = door_ms(d);
-        d->peer_fetches++;
-        post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)d->peer_slot, key, q->len, f->entry, f->size, 0, ns);
+        d->peer.fetches++;
+        post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)d->peer.slot, key, q->len, f->entry, f->size, 0, ns);
     } else if (ok) {
         e->state = K_FREE;             /* gone with the application's descriptor: the next open fetches again */
-        d->peer_transient++;
-        post_event_locked(d, Q_PEER, EV_TRANSIENT, (uint32_t)d->peer_slot, key, q->len, f->entry, f->size, 0, ns);
+        d->peer.transient++;
+        post_event_locked(d, Q_PEER, EV_TRANSIENT, (uint32_t)d->peer.slot, key, q->len, f->entry, f->size, 0, ns);
     } else {
         e->state = K_PYTHON;           /* Python's protocol fetches it (staging it there first), or says why not */
         if (q->to_area)
-            d->lease[Q_PEER] += peer_room(d, f->size);
-        d->peer_failures++;
-        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer_slot, key, q->len, f->entry, f->size, 0, ns);
+            d->books.lease[Q_PEER] += peer_room(d, f->size);
+        d->peer.failures++;
+        post_event_locked(d, Q_PEER, EV_FAILED, (uint32_t)d->peer.slot, key, q->len, f->entry, f->size, 0, ns);
     }
-    struct waiter *ready = d->parked ? unpark_locked(d, key, q->len, q->hash) : NULL;
+    struct waiter *ready = d->answers.parked ? unpark_locked(d, key, q->len, q->hash) : NULL;
     d->busy--;
     pthread_cond_broadcast(&d->cv);
     int keep = ok && !q->to_area && keep_locked(d, asks_keep(q->req));
@@ -400,11 +400,11 @@ static void remote_done(struct door *d, struct waiter *q, int out, int pooled, i
         uint64_t first = 1;            /* counted before they are sent (measure_reuse_locked) */
         for (struct waiter *r = ready; r; r = r->next)
             first++;
-        __atomic_add_fetch(&d->peer_first, first, __ATOMIC_RELAXED);
-        if (answer_open(d, q->fd, q->req, d->peer_slot, dest, (uint32_t)pl) != 0)  /* unsent: the shim reads the PFS */
-            __atomic_sub_fetch(&d->peer_first, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&d->peer.reuse.first, first, __ATOMIC_RELAXED);
+        if (answer_open(d, q->fd, q->req, d->peer.slot, dest, (uint32_t)pl) != 0)  /* unsent: the shim reads the PFS */
+            __atomic_sub_fetch(&d->peer.reuse.first, 1, __ATOMIC_RELAXED);
         if (ready)
-            answer_parked(d, ready, d->peer_slot, dest);
+            answer_parked(d, ready, d->peer.slot, dest);
     } else {
         int sent = answer_fd(d, q->fd, keep, pooled ? passed : out);
         finish_open(d, q->fd, keep, sent);
@@ -447,7 +447,7 @@ static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owne
                      (unsigned long long)(w->tmp_seq++ * 0x9E3779B97F4A7C15ULL));
             const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
             for (int again = 0; again < 2 && outs[i] < 0; again++) {
-                int kdir = dirs_get(&w->peer_dirs, d->tiers[d->peer_slot], key, dlen);
+                int kdir = dirs_get(&w->peer_dirs, d->tiers[d->peer.slot], key, dlen);
                 outs[i] = kdir < 0 ? -1 : openat(kdir, tmps[i], create, (q->f.mode & 0700) | 0600);
                 int gone = outs[i] < 0 && kdir >= 0 && errno == ENOENT;
                 if (outs[i] >= 0 && (kdirs[i] = fcntl(kdir, F_DUPFD_CLOEXEC, 0)) < 0) {
@@ -475,15 +475,15 @@ static void fetch_batch(struct worker *w, struct waiter **batch, int n, int owne
         }
     }
     pthread_mutex_lock(&d->mu);        /* read under the lock: the lane may be turned off meanwhile */
-    dp_fetch_fn *fetch = d->peer_fetch;
-    dp_fetch_many_fn *many = d->peer_fetch_many;
-    dp_post_fn *post = d->peer_post;
-    dp_test_fn *test = d->peer_test;
-    dp_take_fn *take = d->peer_take;
-    struct dp *dp = d->peer_dp;
-    int timeout_ms = d->peer_timeout_ms;
-    d->peer_batches += m > 0;
-    d->peer_batched += (uint64_t)m;
+    dp_fetch_fn *fetch = d->peer.fetch;
+    dp_fetch_many_fn *many = d->peer.fetch_many;
+    dp_post_fn *post = d->peer.post;
+    dp_test_fn *test = d->peer.test;
+    dp_take_fn *take = d->peer.take;
+    struct dp *dp = d->peer.dp;
+    int timeout_ms = d->peer.timeout_ms;
+    d->peer.batches += m > 0;
+    d->peer.batched += (uint64_t)m;
     pthread_mutex_unlock(&d->mu);
     int64_t got[PEER_BATCH_FILES];
     for (int i = 0; i < m; i++)
@@ -517,7 +517,7 @@ static void run_owner(struct worker *w, int owner)
     struct waiter *batch[PEER_BATCH_FILES];
     for (;;) {
         pthread_mutex_lock(&d->mu);
-        struct owner_queue *oq = &d->oq[owner];
+        struct owner_queue *oq = &d->peer.oq[owner];
         int n = 0;
         uint64_t bytes = 0;
         while (oq->head && n < PEER_BATCH_FILES && (n == 0 || bytes + oq->head->f.size <= PEER_BATCH_BYTES)) {
@@ -536,11 +536,11 @@ static void run_owner(struct worker *w, int owner)
         pthread_mutex_lock(&d->mu);
         double now = (double)monarch_now_ns() / 1e9;
         for (int i = 0; i < n; i++)    /* files a second: a batch's files are its copies */
-            inflight_completed(&d->oq[owner].flow, now - t0, now);
-        d->oq[owner].inflight--;
+            inflight_completed(&d->peer.oq[owner].flow, now - t0, now);
+        d->peer.oq[owner].inflight--;
         owner = next_owner_locked(d, owner);
         if (owner < 0) {
-            d->peer_fetchers--;
+            d->peer.fetchers--;
             w->fetching = 0;
         }
         pthread_mutex_unlock(&d->mu);
@@ -571,9 +571,9 @@ static int remote_open(struct worker *w, int fd, const char *req, uint32_t got, 
     oq->tail = &q->next;
     /* a worker already fetching (it read this while its answer was due) leaves it queued: its
      * own loop, or another fetcher, takes it in the next request */
-    int run = !w->fetching && oq->inflight < inflight_limit(&oq->flow) && d->peer_fetchers < peer_fetchers_max(d);
+    int run = !w->fetching && oq->inflight < inflight_limit(&oq->flow) && d->peer.fetchers < peer_fetchers_max(d);
     oq->inflight += run;
-    d->peer_fetchers += run;
+    d->peer.fetchers += run;
     w->fetching |= run;
     pthread_mutex_unlock(&d->mu);
     if (run)

@@ -1,8 +1,8 @@
-/* Part of front_door.c, one translation unit: included there, in order, after the types and the
- * parts before it (after door_peer_ahead.c, the lane's state, ring and gathering). Here: the peer
- * read-ahead lane's thread: its batches posted and kept in flight, each reply's files put in
- * place; and what Python and the door's loop call to drive it (the order, the progress, the
- * readers' own progress requests, the figures). */
+/* Part of front_door.c, one translation unit (what it gives the other parts: door_peer_lane.h).
+ * Here: the peer read-ahead lane's thread: its batches posted and kept in flight, each reply's
+ * files put in place; and what Python and the door's loop call to drive it (the order, the
+ * progress, the readers' own progress requests, the figures). */
+#include "door_peer_lane.h"
 
 /* -- one batch: temporary files, the fetch, the publish ---------------------------------------- */
 
@@ -11,7 +11,7 @@
  * links the key's name to it. */
 static void pa_open_tmp(struct door *d, struct peer_ahead *pa, struct worker *w, struct pa_file *p)
 {
-    const char *area = d->tiers[d->peer_slot];
+    const char *area = d->tiers[d->peer.slot];
     const char *base = memrchr(p->key, '/', p->len);
     uint32_t dlen = base ? (uint32_t)(base - p->key) : 0;
     const int create = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;  /* read too: mapped (pa_write) */
@@ -55,7 +55,7 @@ static int pa_link(struct door *d, struct worker *w, struct pa_file *p, int top,
             dirs_forget_all(&w->peer_dirs);
             dirs_put(&w->peer_dirs, p->dir);
             const char *slash = memrchr(p->key, '/', p->len);
-            p->dir = dirs_get(&w->peer_dirs, d->tiers[d->peer_slot], p->key, slash ? (uint32_t)(slash - p->key) : 0);
+            p->dir = dirs_get(&w->peer_dirs, d->tiers[d->peer.slot], p->key, slash ? (uint32_t)(slash - p->key) : 0);
         } else
             return -1;
     }
@@ -99,7 +99,7 @@ static void pa_fetch(dp_fetch_fn *one, dp_fetch_many_fn *many, struct dp *dp, in
 static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *files, int n, const int64_t *results,
                        int64_t t0)
 {
-    int slot = d->peer_slot;
+    int slot = d->peer.slot;
     const char *area = d->tiers[slot];
     for (int i = 0; i < n; i++) {
         struct pa_file *p = &files[i];
@@ -162,7 +162,7 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
         /* its waiters open it at once: named to them, a copy that came back consumed (its order
          * replaced while it was on its way, or the reader past it) stays its grace (PA_GRACE_MS);
          * one ahead of the progress stays until the reader is past it, so until it has opened it */
-        struct waiter *ready = d->parked ? unpark_locked(d, p->key, p->len, p->hash) : NULL;
+        struct waiter *ready = d->answers.parked ? unpark_locked(d, p->key, p->len, p->hash) : NULL;
         for (struct waiter *q = ready; q; q = q->next)
             pa->waited++;
         if (ok && ready && (p->gen != pa->gen || p->pos < pa->done))
@@ -205,13 +205,13 @@ static void pa_reply_got(void *arg, const char *const *bytes, const int64_t *got
  * under the lock (let go meanwhile: the lane is ``busy``). */
 static int pa_flight(struct door *d, struct peer_ahead *pa, int give_up)
 {
-    dp_fetch_fn *one = d->peer_fetch;  /* read under the lock: the lane may be turned off meanwhile */
-    dp_fetch_many_fn *many = d->peer_fetch_many;
-    dp_post_fn *post = d->peer_post;
-    dp_test_fn *test = d->peer_test;
-    dp_take_fn *take = d->peer_take;
-    struct dp *dp = d->peer_dp;
-    int timeout_ms = d->peer_timeout_ms, posted = 0, ended = 0, flying = 0;
+    dp_fetch_fn *one = d->peer.fetch;  /* read under the lock: the lane may be turned off meanwhile */
+    dp_fetch_many_fn *many = d->peer.fetch_many;
+    dp_post_fn *post = d->peer.post;
+    dp_test_fn *test = d->peer.test;
+    dp_take_fn *take = d->peer.take;
+    struct dp *dp = d->peer.dp;
+    int timeout_ms = d->peer.timeout_ms, posted = 0, ended = 0, flying = 0;
     pthread_mutex_unlock(&d->mu);
     for (int b = 0; b < PA_FLIGHT; b++) {
         struct pa_batch *B = &pa->batch[b];

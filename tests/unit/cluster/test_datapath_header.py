@@ -159,7 +159,7 @@ def test_the_door_uses_the_datapath_types():
     assert re.search(r"typedef[^;]*\(\s*\*\s*peer_\w+_fn\)", text) is None  # no copy of the types
     peers = re.search(r"EXPORT int front_door_peers\(([^)]*)\)", (door / "front_door.h").read_text()).group(1)
     assert "void *" not in peers
-    ahead = (door / "door_peer_ahead.c").read_text()
+    ahead = (door / "door_peer_ahead.h").read_text()  # the lane's limits, declared in its header
     assert re.search(r"#define PA_BATCH DP_BATCH_FILES_MAX\b", ahead) and "DP_BATCH_BYTES_MAX" in ahead
 
 

@@ -1,0 +1,18 @@
+/* door_copies.h -- what door_copies.c gives the door's other parts: one copy from the PFS into the
+ * copy tier, published atomically (a temporary name beside it, the source's mtime and an owner-only
+ * mode, a rename), made by a worker or a copier with its own directories kept open (in struct
+ * worker: door.h). It owns no state of the door's: the counters it adds to are d->count's, the
+ * room it takes d->books'. Part of front_door.c's one translation unit. */
+#ifndef MONARCH_DOOR_COPIES_H
+#define MONARCH_DOOR_COPIES_H
+
+struct worker;
+struct idx_file;
+/* -- what the other parts call ---------------------------------------------------------- */
+/* ``key`` (BUSY, its size taken from the lease) copied and published, or given to Python: the
+ * slot it was published in (``dest``: its path), or -1 */
+static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uint32_t hash, const struct idx_file *f,
+                            uint32_t kind, char *dest);
+static void close_cached_dirs(struct worker *w);   /* the worker's directories, closed */
+
+#endif /* MONARCH_DOOR_COPIES_H */

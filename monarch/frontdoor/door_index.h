@@ -1,0 +1,29 @@
+/* door_index.h -- what door_index.c (the snapshot's index, read in place) gives the door's other
+ * parts: a file's facts as the door needs them, the mapping (struct door_index, d->index: set
+ * once by front_door_open / front_door_open_memory, read without the lock after) and its
+ * look-ups. Part of front_door.c's one translation unit. */
+#ifndef MONARCH_DOOR_INDEX_H
+#define MONARCH_DOOR_INDEX_H
+
+struct idx_file {                      /* what the door needs of an INDEX_ENTRY */
+    uint64_t size;
+    int64_t mtime;
+    uint32_t mode, flags;              /* flags: the entry's, its route among them (monarch_wire.h) */
+    uint32_t entry;                    /* its number, from 1 (files first, in the snapshot's order) */
+};
+
+struct door_index {                    /* the snapshot's index (the file the shim maps: protocol.build_index) */
+    const unsigned char *map;          /* NULL until it is opened */
+    size_t len;
+    int borrowed;                      /* the daemon's own copy (front_door_open_memory): not unmapped here */
+};
+
+struct door;
+/* -- what the other parts call ---------------------------------------------------------- */
+static uint32_t index_number(const struct door *d, const char *key, uint32_t len, uint32_t hash);  /* 0: none */
+static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, const char **key, uint32_t *len);
+static int index_file(const struct door *d, const char *key, uint32_t len, struct idx_file *out);
+static const char *index_entry_key(const struct door *d, uint32_t n, uint32_t *len);
+static int index_valid(const unsigned char *x, size_t n);  /* a mapping's tables lie inside it */
+
+#endif /* MONARCH_DOOR_INDEX_H */
