@@ -1,5 +1,6 @@
 """The daemon's front door: its socket's hot path in C (``front_door.c`` and its ``door_*.c``
-parts, one translation unit), driven from here.
+parts, one translation unit; each part's ``door_*.h`` says what it gives the others, ``door.h``
+the state they share), driven from here.
 
 The door is a few threads of its own (one per core), outside the interpreter's lock: they
 accept every connection, check its peer and answer OPENs of staged files, and of small

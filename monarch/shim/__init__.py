@@ -1,5 +1,5 @@
-"""The LD_PRELOAD shim: its C source (``monarch_shim.c``, which includes the ``shim_*.c`` parts)
-and where the library to preload is (built by ``monarch/native/build.py``)."""
+"""The LD_PRELOAD shim: its C source (``monarch_shim.c``, which includes the ``shim_*.c`` parts,
+each with a ``shim_*.h`` of what it gives the others; ``monarch_shim.h``: the core's) and where the library to preload is (built by ``monarch/native/build.py``)."""
 
 from pathlib import Path
 

@@ -120,126 +120,14 @@
 #include <utime.h>
 #include <stddef.h>
 
-/* ---- glibc 2.17 compatibility: what older headers lack ---- */
-#ifndef __OPEN_NEEDS_MODE /* glibc < 2.19 */
-#ifdef __O_TMPFILE
-#define __OPEN_NEEDS_MODE(flags) (((flags) & O_CREAT) != 0 || ((flags) & __O_TMPFILE) == __O_TMPFILE)
-#else
-#define __OPEN_NEEDS_MODE(flags) (((flags) & O_CREAT) != 0)
-#endif
-#endif
-#ifndef AT_EMPTY_PATH
-#define AT_EMPTY_PATH 0x1000
-#endif
-#ifndef CLOSE_RANGE_CLOEXEC
-#define CLOSE_RANGE_CLOEXEC (1U << 2)
-#endif
-#ifndef F_GET_SEALS /* glibc 2.17's headers predate memfd */
-#define F_GET_SEALS 1034
-#endif
-#ifndef MSG_CMSG_CLOEXEC
-#define MSG_CMSG_CLOEXEC 0x40000000
-#endif
-#ifndef STATX_TYPE /* glibc < 2.28: the kernel's struct statx */
-#define STATX_TYPE 0x0001U
-#define STATX_MODE 0x0002U
-#define STATX_NLINK 0x0004U
-#define STATX_UID 0x0008U
-#define STATX_GID 0x0010U
-#define STATX_ATIME 0x0020U
-#define STATX_MTIME 0x0040U
-#define STATX_CTIME 0x0080U
-#define STATX_INO 0x0100U
-#define STATX_SIZE 0x0200U
-#define STATX_BLOCKS 0x0400U
-#define STATX_BASIC_STATS 0x07ffU
-struct statx_timestamp {
-    int64_t tv_sec;
-    uint32_t tv_nsec;
-    int32_t statx_reserved;
-};
-struct statx {
-    uint32_t stx_mask, stx_blksize;
-    uint64_t stx_attributes;
-    uint32_t stx_nlink, stx_uid, stx_gid;
-    uint16_t stx_mode, statx_spare0[1];
-    uint64_t stx_ino, stx_size, stx_blocks, stx_attributes_mask;
-    struct statx_timestamp stx_atime, stx_btime, stx_ctime, stx_mtime;
-    uint32_t stx_rdev_major, stx_rdev_minor, stx_dev_major, stx_dev_minor;
-    uint64_t statx_spare2[14];
-};
-#endif
-#ifndef AT_NO_AUTOMOUNT
-#define AT_NO_AUTOMOUNT 0x800
-#endif
-#ifndef AT_STATX_DONT_SYNC
-#define AT_STATX_DONT_SYNC 0x4000
-#endif
-/* __xstat's version argument for the struct stat of this ABI (others pass through) */
-#if defined(__x86_64__)
-#define MONARCH_STAT_VER 1
-#elif defined(__aarch64__) || defined(__riscv)
-#define MONARCH_STAT_VER 0
-#else
-#define MONARCH_STAT_VER (-1)
-#endif
-/* gettid() is glibc 2.30; the shim only needs the number for its debug lines */
-#define monarch_gettid() ((int)syscall(SYS_gettid))
+#include "monarch_shim.h" /* what the core gives its parts: glibc 2.17 compatibility, the wire, the tables, macros */
 
-/* ---- the wire: frames, counters, index, environment (one definition for C, checked against
- * Python by tests/unit/test_wire.py) ---- */
-#include "../wire/monarch_wire.h"
-/* the export marker, the clock, CRC-32 and the index look-up, shared with the other libraries */
-#include "../native/monarch_native.h"
-/* room for MAX_PASSED_FDS descriptors in one recvmsg (the extras are closed) */
-#define MONARCH_MAX_PASSED_FDS 4
-/* in monarch_fd_slot, beside the slot + 1: this open's bytes were declared not all seen (mapped
- * or read through a FILE), and a FILE reads it (its bytes have no bound) */
-#define MONARCH_FD_UNCOUNTED 0x80
-#define MONARCH_FD_STDIO 0x40
-#define MONARCH_FD_SLOT_MASK 0x3f
-_Static_assert(MONARCH_MAX_SLOTS <= MONARCH_FD_SLOT_MASK, "a slot + 1 fits below the flags");
-/* how an open's bytes escape the byte counts: pages mapped (bounded by the lengths mapped, counted
- * as mapped_bytes), or a FILE's own reads (glibc's internal __read: no bound) */
-enum monarch_unseen { MONARCH_UNSEEN_MAPPED, MONARCH_UNSEEN_STDIO };
-
-/* ---- fixed tables ---- */
-#define MONARCH_MAX_ROOTS 32 /* a root may appear twice: canonical and configured spelling */
-#define MONARCH_MAX_FDS 65536
-#define MONARCH_KEY_MAX (PATH_MAX + 16) /* "<k>/" + a path below PATH_MAX */
-
-#define MONARCH_EXPORT EXPORT /* monarch_native.h */
-#define MONARCH_UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define MONARCH_LIKELY(x) __builtin_expect(!!(x), 1)
-
-#ifndef __FILE_NAME__
-#define __FILE_NAME__ __FILE__
-#endif
-
-struct monarch_root {
-    char path[PATH_MAX]; /* normalized, no trailing '/'; "" for "/" */
-    size_t len;
-    unsigned index; /* k in the key "<k>/<rel>", as MONARCH_ROOTS names it */
-    char kprefix[12]; /* "<k>/" */
-    size_t kprefix_len;
-};
-
-struct monarch_probe {
-    char dir[PATH_MAX];
-    size_t len;
-    unsigned slot;
-    int fd;         /* the dir, opened once (shim_paths.c: probe directories); MONARCH_PROBE_* below 0 */
-    dev_t dev;      /* and its identity, written before fd is published */
-    ino_t ino;
-    int shared;     /* shared with the user's other jobs (MONARCH_SHARED_SLOTS): a copy must match the index */
-};
-
+/* ---- the core's state ---- */
 static struct monarch_root monarch_roots[MONARCH_MAX_ROOTS];
 static unsigned monarch_nroots;
 /* Bit k: root k is served from a key-value store (MONARCH_STORE_ROOTS): no file on disk
  * behind it, so an open there the daemon cannot serve fails with EIO (MONARCH_HOW_EIO). */
 static uint64_t monarch_store_roots;
-#define MONARCH_HOW_EIO (-2) /* monarch_before: fail the open with EIO */
 
 /* Is the key ("<k>/...") under a root served from a key-value store? */
 static int monarch_store_key(const char *key)
@@ -266,15 +154,6 @@ static uint64_t *monarch_counters; /* MAP_SHARED; NULL => counting off */
  */
 static const unsigned char *monarch_index;
 static struct monarch_index_header monarch_index_hdr;
-enum monarch_index_state {
-    MONARCH_IX_UNKNOWN,    /* not there at start: ask the daemon at the first need */
-    MONARCH_IX_INSTALLING, /* one thread maps it (a few microseconds); the others yield */
-    MONARCH_IX_EARLY,      /* not ready within the wait, the daemon alive: the PFS, counted; look again */
-    MONARCH_IX_LOST,       /* the daemon unreachable or silent: the PFS, counted; look again */
-    MONARCH_IX_MAPPED,     /* mapped: metadata and fstat from it, tier probes allowed */
-    MONARCH_IX_NONE,       /* none, or unusable, though the daemon is ready: as without an index */
-    MONARCH_IX_OFF         /* the snapshot failed, or the daemon was lost before it: the PFS */
-};
 static int monarch_index_state = MONARCH_IX_NONE;
 static char monarch_index_path[PATH_MAX];
 static int monarch_index_wait_ms = MONARCH_SHIM_INDEX_WAIT_MS_DEFAULT;
@@ -292,7 +171,6 @@ static __thread int monarch_guard __attribute__((tls_model("initial-exec")));
  * EXTRA_* index (EXTRA_EARLY_OPENS, EXTRA_LOST_OPENS), or -1 (no reason counted apart). */
 static __thread int monarch_pfs_why __attribute__((tls_model("initial-exec"))) = -1;
 
-static void monarch_ensure_init(void);
 
 /* ---- debug: "[monarch pid/tid] file:line ..." on stderr, only when enabled ---- */
 __attribute__((format(printf, 3, 4)))
@@ -316,67 +194,27 @@ static void monarch_log(const char *file, int line, const char *fmt, ...)
     errno = saved;
 }
 
-#define MONARCH_DEBUG(level, ...)                                         \
-    do {                                                                  \
-        if (MONARCH_UNLIKELY(monarch_debug >= (level)))                   \
-            monarch_log(__FILE_NAME__, __LINE__, __VA_ARGS__);            \
-    } while (0)
-
-/* ---- real_* resolution ---- */
-#define MONARCH_RESOLVE(name)                                                       \
-    __extension__({                                                                 \
-        __typeof__(real_##name) p_ = __atomic_load_n(&real_##name, __ATOMIC_ACQUIRE); \
-        if (MONARCH_UNLIKELY(!p_)) {                                                \
-            p_ = (__typeof__(real_##name))dlsym(RTLD_NEXT, #name);                  \
-            __atomic_store_n(&real_##name, p_, __ATOMIC_RELEASE);                   \
-        }                                                                           \
-        p_;                                                                         \
-    })
-
-/* The real function, or ENOSYS (and `fail`) when this libc lacks it. */
-#define MONARCH_REAL(name, fail)                                                    \
-    __typeof__(real_##name) real_ = MONARCH_RESOLVE(name);                          \
-    if (MONARCH_UNLIKELY(!real_)) {                                                 \
-        errno = ENOSYS;                                                             \
-        return fail;                                                                \
-    }
 
 /* Functions the shim calls itself before their family's wrapper is defined (tentative
  * definitions: the family macros of shim_wrappers.c define them again). */
 static int (*real_openat)(int, const char *, int, ...);
 static int (*real_unlink)(const char *);
 
-/* Every symbol wrapped by hand (its wrapper in shim_wrappers.c: no family fits it), one line
- * each, beside MONARCH_WRAPPERS' families: expanded into its real_* pointer here and into
- * monarch_resolve_all, so that no pointer is declared and left unresolved. */
-#define MONARCH_BY_HAND(X)                                                          \
-    X(int, closedir, (DIR *))                                                       \
-    X(int, dirfd, (DIR *))                                                          \
-    X(void, rewinddir, (DIR *))                                                     \
-    X(long, telldir, (DIR *))                                                       \
-    X(void, seekdir, (DIR *, long))                                                 \
-    X(int, close, (int))                                                            \
-    X(int, isatty, (int))                                                           \
-    X(int, fclose, (FILE *))                                                        \
-    X(int, dup, (int))                                                              \
-    X(int, dup2, (int, int))                                                        \
-    X(int, dup3, (int, int, int))                                                   \
-    X(int, close_range, (unsigned int, unsigned int, int))                          \
-    X(void *, mmap, (void *, size_t, int, int, int, off_t))                         \
-    X(void *, mmap64, (void *, size_t, int, int, int, off64_t))                     \
-    X(int, munmap, (void *, size_t))                                                \
-    X(void *, mremap, (void *, size_t, size_t, int, ...))                           \
-    X(int, fcntl, (int, int, ...))                                                  \
-    X(int, fcntl64, (int, int, ...))                                                \
-    X(FILE *, fdopen, (int, const char *))                                          \
-    X(int, execve, (const char *, char *const[], char *const[]))                    \
-    X(int, execv, (const char *, char *const[]))                                    \
-    X(int, execvp, (const char *, char *const[]))                                   \
-    X(int, execvpe, (const char *, char *const[], char *const[]))                   \
-    X(int, fexecve, (int, char *const[], char *const[]))
 
 #define MONARCH_DECLARE_REAL(ret, name, params) static ret (*real_##name) params;
 MONARCH_BY_HAND(MONARCH_DECLARE_REAL)
+
+/* ---- what each part gives the others (its functions, its types, the state it shares), before
+ * any part: the parts below call each other through these, in whatever order they come ---- */
+#include "shim_paths.h"
+#include "shim_index.h"
+#include "shim_daemon.h"
+#include "shim_zstd.h"
+#include "shim_zpool.h"
+#include "shim_blocks.h"
+#include "shim_fill.h"
+#include "shim_open.h"
+#include "shim_fork.h"
 
 /* The kernel's fstat, for the shim's own checks: never our wrapper, and no
  * fstat@GLIBC_2.33 import (64-bit Linux: struct stat is the kernel's). */
@@ -469,9 +307,6 @@ static inline void monarch_count_process(int delta)
 }
 
 /* Remember a managed fd (its slot, and its source's index entry + 1 or 0) and count its open. */
-static void monarch_part_drop(int fd);
-static inline unsigned monarch_part_of(int fd);
-
 static void monarch_track(int fd, unsigned slot, uint32_t entry)
 {
     if (fd < 0)
@@ -487,8 +322,6 @@ static void monarch_track(int fd, unsigned slot, uint32_t entry)
     if (monarch_counters)
         __atomic_fetch_add(monarch_counter(slot, 0), 1, __ATOMIC_RELAXED);
 }
-
-static void monarch_part_dup(int oldfd, int newfd);
 
 /* Forget a descriptor (closed, or reused by a pass-through open). A vfork child
  * shares our memory but not our descriptors: it must not touch the tables. */
@@ -521,14 +354,15 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
     }
 }
 
-/* The rest of the shim, by concern, in the order each part needs the ones before it. One
- * translation unit: every function stays static, and build.py compiles this file alone. */
+/* ---- the parts, by concern (each declares what it gives the others in its shim_*.h, included
+ * above; one translation unit: every function stays static, and build.py compiles this file alone) ---- */
 #include "shim_paths.c"
 #include "shim_index.c"
 #include "shim_daemon.c"
 #include "shim_zstd.c"
 #include "shim_zpool.c"
 #include "shim_blocks.c"
+#include "shim_fill.c"
 #include "shim_open.c"
 #include "shim_wrappers.c"
 #include "shim_fork.c"

@@ -1,6 +1,6 @@
-/* Part of monarch_shim.c, one translation unit: included there, in order, after the
- * declarations it uses. Here: files staged by blocks (a large file the daemon copies block by
- * block while the application reads it: monarch/node/stage/blocks.py).
+/* Part of monarch_shim.c, one translation unit (what it gives the other parts: shim_blocks.h).
+ * Here: files staged by blocks (a large file the daemon copies block by block while the application
+ * reads it: monarch/node/stage/blocks.py).
  *
  * The application's descriptor is the PFS original's (opened by its own call), so its
  * fstat, lseek and every byte not yet staged are the source's. Beside it the shim keeps a
@@ -21,22 +21,8 @@
  * A FILE opened on such a file reads through stdio's internal __read: the PFS, correct bytes.
  * A descriptor carried across exec, or reopened through /proc, reads the PFS.
  */
+#include "shim_blocks.h"
 
-#define MONARCH_MAX_PARTS 256    /* files staged by blocks open at once in a process (more: the PFS) */
-#define MONARCH_MAX_MAPPINGS 256 /* their read-only mappings being moved at once (more: stay on the PFS) */
-
-struct monarch_part {
-    int refs;                 /* descriptors and mappings holding it; 0: free */
-    int copy_fd;              /* the local copy, read-only */
-    unsigned slot;            /* the tier's: bytes read from the copy count there */
-    unsigned shift;           /* a block is 1 << shift bytes */
-    uint64_t size, blocks;
-    dev_t copy_dev;           /* the copy's identity: a fill reopens it writable (monarch_part_fill) */
-    ino_t copy_ino;
-    struct monarch_blockmap_header *hdr; /* the map: header, then the state bytes */
-    uint8_t *states;
-    size_t map_len;
-};
 
 struct monarch_mapping {
     uintptr_t addr;           /* 0: a free entry */
@@ -55,7 +41,6 @@ static uint16_t monarch_fd_part[MONARCH_MAX_FDS]; /* part index + 1 of a descrip
  * it did not open (closerange in a worker) takes the copy away, never gets it read in its place */
 static uint16_t monarch_copy_fd_part[MONARCH_MAX_FDS];
 static struct monarch_mapping monarch_mappings[MONARCH_MAX_MAPPINGS];
-static int monarch_nmappings; /* read without the lock on every munmap: 0 means nothing to check */
 static int monarch_remapper_running;
 /* set (never cleared) before this process's first part is made: until then fork takes no lock */
 static int monarch_blocks_used;
@@ -63,22 +48,6 @@ static int monarch_blocks_used;
  * (a thread is not started from the fork handler, where only async-signal-safe work belongs) */
 static int monarch_remapper_owed;
 
-/* ---- the shim's two locks: the mapping registry's (maps), then the parts' (parts) ----
- * Each is a plain mutex and the holding thread's depth:
- *   - the thread that holds one takes it again without waiting: an allocator preloaded before
- *     libc's (jemalloc, tcmalloc) may munmap from the free() the registry calls under it, and
- *     that munmap comes back here;
- *   - not glibc's recursive mutex, which remembers its owner's thread id: a fork child's thread
- *     has another, its unlock in the child handler fails (EPERM), and the child's own fork
- *     then waits for the lock forever (bash's `x=$(cmd | head -1)`);
- *   - the application's threads hold one with every signal blocked, so a handler that closes
- *     or unmaps (both async-signal-safe) never finds its own thread halfway through a change.
- * fork takes both in its prepare handler (no other thread is then inside) and releases both in
- * the parent's and in the child's handler: a child, and its children, find them free. */
-static pthread_mutex_t monarch_maps_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t monarch_parts_mu = PTHREAD_MUTEX_INITIALIZER;
-static __thread unsigned monarch_maps_depth __attribute__((tls_model("initial-exec")));
-static __thread unsigned monarch_parts_depth __attribute__((tls_model("initial-exec")));
 
 static void monarch_lock_take(pthread_mutex_t *mu, unsigned *depth, sigset_t *old)
 {
@@ -99,13 +68,6 @@ static void monarch_lock_give(pthread_mutex_t *mu, unsigned *depth, const sigset
         pthread_sigmask(SIG_SETMASK, old, NULL);
 }
 
-/* `old` names a sigset_t the caller keeps for the mask to restore */
-#define MONARCH_MAPS_LOCK(old) monarch_lock_take(&monarch_maps_mu, &monarch_maps_depth, &(old))
-#define MONARCH_MAPS_UNLOCK(old) monarch_lock_give(&monarch_maps_mu, &monarch_maps_depth, &(old))
-#define MONARCH_PARTS_LOCK(old) monarch_lock_take(&monarch_parts_mu, &monarch_parts_depth, &(old))
-#define MONARCH_PARTS_UNLOCK(old) monarch_lock_give(&monarch_parts_mu, &monarch_parts_depth, &(old))
-/* the part an OPEN answer named (ANSWER_BLOCKS), for monarch_after to give the descriptor */
-static __thread unsigned monarch_part_pending __attribute__((tls_model("initial-exec")));
 
 static inline unsigned monarch_part_of(int fd)
 {
@@ -323,7 +285,7 @@ static void monarch_part_served(int fd, struct monarch_part *pt, off_t o, int at
     monarch_extra_add(MONARCH_EXTRA_BLOCK_LOCAL_BYTES, (uint64_t)r);
 }
 
-#include "shim_fill.c"
+/* a read of blocks not all staged fills them: shim_fill.c (shim_fill.h) */
 
 static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out)
 {

@@ -1,5 +1,7 @@
-/* Part of monarch_shim.c, one translation unit: included there, in order, after the
- * declarations it uses. Here: the daemon: a framed request, on the connection a thread kept or a fresh one, and the wait for the snapshot index. */
+/* Part of monarch_shim.c, one translation unit (what it gives the other parts: shim_daemon.h).
+ * Here: the daemon: a framed request, on the connection a thread kept or a fresh one, and the wait
+ * for the snapshot index. */
+#include "shim_daemon.h"
 
 /* ---- the daemon ---- */
 static long monarch_now_ms(void) /* the shared clock (monarch_native.h), in ms */
@@ -74,7 +76,6 @@ static uint32_t monarch_le32(const unsigned char *p)
 /* Why a request got no answer (monarch_request_why): the daemon was asked and is alive but
  * took all of total_ms (BUSY: a walk, a slow copy), or it could not be asked, closed, broke
  * the frame rules or went silent for HEARTBEAT_TIMEOUT_MS (LOST). */
-enum monarch_unanswered { MONARCH_ANSWERED, MONARCH_BUSY, MONARCH_LOST };
 
 /* ---- the connection kept for the next OPEN ----
  * Each thread keeps the connection of its last OPEN when the front door kept it (asked
@@ -443,4 +444,18 @@ static int monarch_index_settle(void)
 static inline int monarch_index_pending_extra(int s)
 {
     return s == MONARCH_IX_EARLY ? MONARCH_EXTRA_EARLY_OPENS : s == MONARCH_IX_LOST ? MONARCH_EXTRA_LOST_OPENS : -1;
+}
+
+/* ---- fork ---- */
+/* A fork child's share of the daemon's state (shim_fork.c's handler: async-signal-safe, and a
+ * store only where something changes): the forking thread's kept connection is the parent's (this
+ * copy closed), and the child looks for the index when it next needs it. */
+static void monarch_daemon_atfork_child(void)
+{
+    if (monarch_conn_fd >= 0)
+        monarch_conn_drop();
+    if (monarch_conn_busy)
+        monarch_conn_busy = 0;
+    if (monarch_index_next_look)
+        monarch_index_next_look = 0;
 }

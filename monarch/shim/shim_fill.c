@@ -1,5 +1,5 @@
-/* Part of monarch_shim.c, one translation unit: included by shim_blocks.c, before the reads
- * it serves. Here: an application's large read of blocks not staged fills the copy.
+/* Part of monarch_shim.c, one translation unit (what it gives the other parts: shim_fill.h). Here:
+ * an application's large read of blocks not staged fills the copy.
  *
  * A read of MONARCH_FILL_MIN bytes or more (a whole-file read, a checkpoint's tensors, a
  * shard read in large calls) of a file the daemon has room for whole (the map's `fill`) reads
@@ -23,6 +23,7 @@
  * served); a read that fails or comes back short leaves the block ABSENT, and the whole read
  * is then the PFS's, as before. Only while the daemon stages (not done). readv stays as before.
  */
+#include "shim_fill.h"
 
 #define MONARCH_FILL_MIN (4u << 20)          /* a read this large fills the copy with its blocks */
 #define MONARCH_FILL_MAX_BLOCKS 4096         /* blocks of one such read (more: the PFS's as before) */

@@ -1,15 +1,15 @@
-/* Part of monarch_shim.c, one translation unit: included there, in order, after the
- * declarations it uses. Here: fork. A job is bash scripts, forks of forks, threads that fork,
- * daemons: every fork runs these handlers, in every process of the job, so
- *   - the prepare handler takes a lock only where a thread may be inside it (shim_blocks.c: the
- *     registry's and the parts' locks, in a process that made a part), and the parent's and the
- *     child's handlers both release what it took: a child, and its children, find them free;
- *   - the child's handler is async-signal-safe (stores, close, getpid: POSIX allows no more after
- *     a multithreaded process forks), starts no thread (a child with mappings to move starts its
- *     remapper at its first read, open or mapping) and stores only what changes (each page it
- *     writes is a page the kernel copies).
- * A vfork child runs no handler: it shares the parent's memory and is told apart by its pid.
+/* Part of monarch_shim.c, one translation unit (what it gives the other parts: shim_fork.h). Here:
+ * fork. A job is bash scripts, forks of forks, threads that fork, daemons: every fork runs these
+ * handlers, in every process of the job, so - the prepare handler takes a lock only where a thread
+ * may be inside it (shim_blocks.c: the registry's and the parts' locks, in a process that made a
+ * part), and the parent's and the child's handlers both release what it took: a child, and its
+ * children, find them free; - the child's handler is async-signal-safe (stores, close, getpid:
+ * POSIX allows no more after a multithreaded process forks), starts no thread (a child with
+ * mappings to move starts its remapper at its first read, open or mapping) and stores only what
+ * changes (each page it writes is a page the kernel copies). A vfork child runs no handler: it
+ * shares the parent's memory and is told apart by its pid.
  */
+#include "shim_fork.h"
 
 /* fork raced with start-up in another thread, which does not exist in the child: start-up
  * runs again there at its first call */
@@ -34,18 +34,13 @@ static void monarch_atfork_child(void)
     monarch_pid = getpid();
     if (monarch_guard)
         monarch_guard = 0;
-    if (monarch_conn_fd >= 0)
-        monarch_conn_drop(); /* the forking thread's kept connection is the parent's: this copy closed */
-    if (monarch_conn_busy)
-        monarch_conn_busy = 0;
+    monarch_daemon_atfork_child(); /* the forking thread's kept connection is the parent's: this copy closed */
     monarch_zpool_atfork_child();
     monarch_count_process(1); /* a DataLoader worker is a process with the shim too */
     /* a thread of the parent was installing the index, or looking for it: it is not here to finish */
     if (__atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE) == MONARCH_IX_INSTALLING)
         __atomic_store_n(&monarch_index_state, monarch_idx() ? MONARCH_IX_MAPPED : MONARCH_IX_UNKNOWN,
                          __ATOMIC_RELEASE);
-    if (monarch_index_next_look)
-        monarch_index_next_look = 0;
     if (monarch_pfs_why != -1)
         monarch_pfs_why = -1;
     for (unsigned i = 0; i < monarch_nprobes; i++) /* a parent's thread was opening a probe dir: again here */

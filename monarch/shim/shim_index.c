@@ -1,5 +1,6 @@
-/* Part of monarch_shim.c, one translation unit: included there, in order, after the
- * declarations it uses. Here: the snapshot index: fstat of staged copies, metadata and listings answered from it. */
+/* Part of monarch_shim.c, one translation unit (what it gives the other parts: shim_index.h). Here:
+ * the snapshot index: fstat of staged copies, metadata and listings answered from it. */
+#include "shim_index.h"
 
 /* ---- the snapshot index: the source's stat of a key (slow path only) ---- */
 /* The index mapping, or NULL: acquire, so that its header copy is seen with it. */
@@ -183,10 +184,7 @@ static int monarch_on_fd(const char *path, int flags)
  * for every process of the job on the node: the answers never go stale).
  * The hot path (a path under no root) is the prefix match of monarch_key_abs and out.
  */
-enum monarch_meta { MONARCH_META_NOT_OURS, MONARCH_META_PASS, MONARCH_META_FOUND, MONARCH_META_ABSENT };
 
-static inline int monarch_start(void);
-static int monarch_map_index(const char *path, int *missing);
 
 static inline uint64_t *monarch_extra(uint64_t *c, unsigned which)
 {
@@ -330,8 +328,6 @@ static int monarch_meta_find(int dirfd, const char *path, int nofollow, struct m
     return r;
 }
 
-/* fstatat-style flags the index can answer for (the rest are the kernel's to judge). */
-#define MONARCH_STAT_FLAGS (AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH)
 
 /* stat of a path from the index: 1 when answered (*r the result, errno set on failure),
  * 0 to make the real call. `type` is stat or stat64; ver is __xstat's version. */
@@ -415,20 +411,6 @@ static int monarch_meta_access(int dirfd, const char *path, int mode, int flags,
  * An emulated DIR: opendir/fdopendir of a directory the index lists whole return one of
  * these; readdir & co. recognise it by its first two words (a magic and its own address:
  * a glibc DIR starts with a descriptor, a lock and a size, never that). */
-#define MONARCH_DIR_MAGIC 0x4D4F4E4449523031ULL /* "MONDIR01" */
-struct monarch_dir {
-    uint64_t magic;
-    struct monarch_dir *self;
-    int fd;              /* fdopendir's descriptor, or dirfd()'s late open of path; -1: none yet */
-    uint64_t first;      /* its child records: first, count; pos counts from 0 */
-    uint32_t count;
-    long pos;
-    char path[PATH_MAX]; /* absolute, for dirfd() */
-    union {
-        struct dirent d;
-        struct dirent64 d64;
-    } ent;
-};
 
 static inline struct monarch_dir *monarch_dir_of(DIR *dirp)
 {
@@ -486,26 +468,3 @@ static int monarch_meta_opendir(int dirfd, const char *path, int fd, DIR **out)
     return 1;
 }
 
-/* The next record of an emulated DIR into its dirent (dirent or dirent64: same fields). */
-#define MONARCH_FILL_DIRENT(m, ent, ok)                                                       \
-    do {                                                                                      \
-        struct monarch_index_child c_;                                                        \
-        const char *name_;                                                                    \
-        ok = 0;                                                                               \
-        while ((m)->pos >= 0 && (uint64_t)(m)->pos < (m)->count) {                            \
-            long i_ = (m)->pos++;                                                             \
-            if (monarch_index_child((m)->first + (uint64_t)i_, &c_, &name_) != 0)            \
-                continue;                                                                     \
-            size_t nl_ = i_ == 0 ? 1 : i_ == 1 ? 2 : c_.name_len;                             \
-            if (nl_ >= sizeof (ent).d_name)                                                   \
-                continue;                                                                     \
-            memcpy((ent).d_name, i_ < 2 ? ".." : name_, nl_);                                 \
-            (ent).d_name[nl_] = '\0';                                                         \
-            (ent).d_ino = c_.d_ino;                                                           \
-            (ent).d_off = i_ + 1;                                                             \
-            (ent).d_type = c_.d_type;                                                         \
-            (ent).d_reclen = (unsigned short)((offsetof(__typeof__(ent), d_name) + nl_ + 8) & ~(size_t)7); \
-            ok = 1;                                                                           \
-            break;                                                                            \
-        }                                                                                     \
-    } while (0)

@@ -1,5 +1,6 @@
-/* Part of monarch_shim.c, one translation unit: included there, in order, after the
- * declarations it uses. Here: the open decision (probe, ask, or the PFS) and the invalidation before a write. */
+/* Part of monarch_shim.c, one translation unit (what it gives the other parts: shim_open.h). Here:
+ * the open decision (probe, ask, or the PFS) and the invalidation before a write. */
+#include "shim_open.h"
 
 /* ---- the open decision ---- */
 
@@ -446,5 +447,3 @@ static int monarch_fopen_flags(const char *mode)
     return flags;
 }
 
-/* open flags that may change the file: the ones a staged copy would miss. */
-#define MONARCH_WRITES(flags) (((flags) & O_ACCMODE) != O_RDONLY || ((flags) & (O_CREAT | O_TRUNC)))

@@ -1,5 +1,6 @@
-/* Part of monarch_shim.c, one translation unit: included there, in order, after the
- * declarations it uses. Here: paths: the absolute form and the key of a path, as the kernel resolves it. */
+/* Part of monarch_shim.c, one translation unit (what it gives the other parts: shim_paths.h). Here:
+ * paths: the absolute form and the key of a path, as the kernel resolves it. */
+#include "shim_paths.h"
 
 /* ---- paths ---- */
 
@@ -225,9 +226,6 @@ static int monarch_probe_path(const struct monarch_probe *pr, const char *key, s
  *     not ours any more) and the copy opened by path as before; a probe that missed what the
  *     daemon then names checks it too (monarch_probe_dirs_check), so misses do not persist.
  * A fork child shares the descriptor; exec closes it. A dir that does not open: by path. */
-#define MONARCH_PROBE_UNOPENED (-1)
-#define MONARCH_PROBE_OPENING (-2) /* one thread opens it; the others go by path meanwhile */
-#define MONARCH_PROBE_BY_PATH (-3)
 
 /* The probe dir's descriptor, opened at the first call; < 0: open by path. */
 static int monarch_probe_fd(struct monarch_probe *pr)

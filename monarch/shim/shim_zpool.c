@@ -1,6 +1,5 @@
-/* Part of monarch_shim.c, one translation unit: included there, in order, after the
- * declarations it uses. Here: the memfds that compressed hits are decoded into, reused once
- * nothing holds them.
+/* Part of monarch_shim.c, one translation unit (what it gives the other parts: shim_zpool.h). Here:
+ * the memfds that compressed hits are decoded into, reused once nothing holds them.
  *
  * Why: a fresh memfd per open pays for its pages. On the test VM allocating, zeroing,
  * mapping and freeing them costs 3-4.5 us per 4 KiB page: ~70 us for a 64 KiB file, as much
@@ -28,6 +27,7 @@
  * and the kernel would signal this process: SIGURG (F_SETSIG), ignored unless the
  * application handles it, instead of SIGIO, which would end it.
  */
+#include "shim_zpool.h"
 
 #define MONARCH_ZPOOL_ENTRIES 8
 #define MONARCH_ZPOOL_MAX_FILE (4u << 20) /* larger files: a fresh memfd (pages held per entry stay small) */

@@ -1,5 +1,5 @@
-/* Part of monarch_shim.c, one translation unit: included there, in order, after the
- * declarations it uses. Here: a compressed copy decoded in the application's own process.
+/* Part of monarch_shim.c, one translation unit (what it gives the other parts: shim_zstd.h). Here:
+ * a compressed copy decoded in the application's own process.
  *
  * A tier with compression keeps a file's zstd frame at <tier>/.z/<key> (docs/compression.md).
  * When the probe of <tier>/<key> misses in every tier, the shim looks for <tier>/.z/<key>
@@ -24,49 +24,14 @@
  * MONARCH_SHIM_ZSTD: unset, the library libzstd.so.1; "0" (or "off"): never decode here
  * (every compressed open asks the daemon); anything else: the library to dlopen instead.
  */
-
-/* ---- what glibc 2.17's headers (or older kernels' headers) lack ---- */
-#ifndef MFD_CLOEXEC
-#define MFD_CLOEXEC 0x0001U
-#endif
-#ifndef MFD_ALLOW_SEALING
-#define MFD_ALLOW_SEALING 0x0002U
-#endif
-#ifndef F_ADD_SEALS
-#define F_ADD_SEALS 1033
-#endif
-#ifndef SYS_memfd_create
-#if defined(__x86_64__)
-#define SYS_memfd_create 319
-#elif defined(__aarch64__) || defined(__riscv)
-#define SYS_memfd_create 279
-#elif defined(__powerpc64__)
-#define SYS_memfd_create 360
-#endif
-#endif
-#ifndef MAP_POPULATE
-#define MAP_POPULATE 0x08000
-#endif
+#include "shim_zstd.h"
 
 /* ---- the few libzstd entry points (zstd.h's stable API, declared here) ---- */
 #define MONARCH_ZSTD_LIBRARY "libzstd.so.1"
 #define MONARCH_ZSTD_CONTENTSIZE_UNKNOWN (0ULL - 1)
 #define MONARCH_ZSTD_CONTENTSIZE_ERROR (0ULL - 2)
 #define MONARCH_ZSTD_MIN_VERSION 10300 /* ZSTD_getFrameContentSize: v1.3.0 */
-typedef struct monarch_zstd_dctx monarch_zstd_dctx; /* ZSTD_DCtx, opaque */
 
-static struct {
-    unsigned (*version)(void);
-    monarch_zstd_dctx *(*create)(void);
-    size_t (*free)(monarch_zstd_dctx *);
-    size_t (*decompress)(monarch_zstd_dctx *, void *, size_t, const void *, size_t);
-    unsigned long long (*content_size)(const void *, size_t);
-    unsigned (*is_error)(size_t);
-    unsigned (*dict_id)(const void *, size_t);
-    void *(*create_ddict)(const void *, size_t);
-    size_t (*free_ddict)(void *);
-    size_t (*decompress_ddict)(monarch_zstd_dctx *, void *, size_t, const void *, size_t, const void *);
-} monarch_zstd;
 /* libzstd's state in this process: loaded at the first frame found, by one thread */
 enum { MONARCH_ZSTD_OFF, MONARCH_ZSTD_WANTED, MONARCH_ZSTD_LOADING, MONARCH_ZSTD_ON };
 static int monarch_zstd_state; /* OFF until start-up says the library is wanted */

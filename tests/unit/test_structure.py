@@ -2,11 +2,17 @@
 TYPE_CHECKING included: each is an arrow a reader follows; and none through a package's
 ``__init__``), monarch/'s rooms in their floors (``monarch.FLOORS``: each imports only its own
 floor and those below it), no module of monarch/node/ imports one that imports it, node/'s
-rooms in their order, no Python module over 600 lines. ``python3 tests/support/import_graph.py [DIR]`` prints a tree's figures."""
+rooms in their order, no Python module over 600 lines; the C files' ``#include``s in the same floors, and
+the parts of a C library (one translation unit) each declaring in its own header what it gives the others. ``python3 tests/support/import_graph.py [DIR]`` prints a tree's figures."""
 
 import ast
+import os
 import posixpath
 import re
+import shutil
+import subprocess
+
+import pytest
 
 from monarch import FLOORS
 from support.import_graph import (PACKAGE, circles, floor_of, import_graph, imported_back, imported_upward, layers,
@@ -219,8 +225,8 @@ def test_shared_native_code_is_defined_once():
                           ("the index look-up's probe", "buckets_off + 4"), ("the clock", "CLOCK_MONOTONIC, &ts")):
         assert [name for name, text in files.items() if pattern in text] == [shared], what
     includers = {name for name, text in files.items() if "monarch_native.h\"" in text}
-    assert {"shim/monarch_shim.c", "frontdoor/front_door.c", "node/snapshot/walker.c", "node/tiers/remover.c",
-            "cluster/datapath.c"} <= includers
+    assert {"shim/monarch_shim.h", "frontdoor/front_door.c", "node/snapshot/walker.c", "node/tiers/remover.c",
+            "cluster/datapath.c"} <= includers  # the shim's through the header its parts share
 
 
 # the C files' rooms, as FLOORS names them: wire/ holds the C half of ``protocol`` (the wire header)
@@ -257,3 +263,103 @@ def test_no_c_file_includes_a_header_of_a_higher_floor():
     assert c_includes_upward({"shim/a.c": '#include "../frontdoor/front_door.h"\n#include "../wire/monarch_wire.h"\n',
                               "native/b.h": '#include "../wire/monarch_wire.h"\n'}) == []
     assert c_includes_upward({"native/x.h": '#include "../shim/shim_open.c"\n'}) == [("native/x.h", "shim/shim_open.c")]
+
+
+# -- the C parts declare their interfaces ----------------------------------------------------------
+# A library of several C files is one translation unit: its main file includes its parts (the
+# ``*.c`` beside it). Each part declares in its own header (``<part>.h``; the main file's: OWN_HEADER)
+# what it gives the others: every function another file of the library calls, with the types, macros
+# and shared state those need. The main file includes every header before its first part, so the
+# parts call each other whatever the order they are included in.
+UNITS = ("shim/monarch_shim.c", "frontdoor/front_door.c")
+OWN_HEADER = {"frontdoor/front_door.c": "frontdoor/door.h"}  # front_door.h is the contract with Python
+CONTRACT = {"frontdoor/front_door.c": "frontdoor/front_door.h"}  # where an EXPORT function may be declared instead
+PART = re.compile(r'^#\s*include\s+"([a-z_]+\.c)"', re.M)
+_DEFINED = re.compile(r"^(?:__attribute__\(\([^)]*\)\)\s*)?(static|EXPORT)\b[^;{}=#]*?\b([a-z_]\w*)\s*\([^;{}]*?\)\s*\{",
+                      re.M | re.S)
+
+
+def _code(text: str) -> str:
+    """``text`` without its comments and string literals."""
+    return re.sub(r'"(\\.|[^"\\\n])*"', '""', re.sub(r"/\*.*?\*/", " ", text, flags=re.S))
+
+
+def undeclared_calls(files: dict[str, str], unit: str) -> list[tuple[str, str, str]]:
+    """(function, the file defining it, a file calling it) of each function a file of ``unit``'s
+    library defines and another of its files calls, that the defining file's header does not declare."""
+    folder = posixpath.dirname(unit)
+    parts = [unit] + [posixpath.join(folder, p) for p in PART.findall(files[unit])]
+    out = []
+    for home in parts:
+        header = OWN_HEADER.get(home, home[:-2] + ".h")
+        declared = _code(files.get(header, "")) + (_code(files.get(CONTRACT.get(unit, ""), "")))
+        for kind, fn in _DEFINED.findall(_code(files[home])):
+            if kind == "EXPORT" and unit not in CONTRACT:
+                continue  # a library's exports are the dynamic linker's, not its parts'
+            for user in parts:
+                if user != home and re.search(r"\b%s\b" % fn, _code(files[user])) and \
+                        not re.search(r"^(?:static|EXPORT)[^;{}]*\b%s\s*\([^;{}]*\);" % fn, declared, re.M):
+                    out.append((fn, home, user))
+                    break
+    return out
+
+
+def headers_after_a_part(files: dict[str, str], unit: str) -> list[str]:
+    """The parts' headers (and ``unit``'s own) that ``unit`` does not include, directly or through
+    another header, before its first part."""
+    folder = posixpath.dirname(unit)
+    text = files[unit]
+    seen: set[str] = set()
+
+    def reach(source: str) -> None:
+        for inc in INCLUDE.findall(source):
+            path = posixpath.normpath(posixpath.join(folder, inc))
+            if path.endswith(".h") and path in files and path not in seen:
+                seen.add(path)
+                reach(files[path])
+    reach(text[:PART.search(text).start()])
+    wanted = [p[:-2] + ".h" for p in PART.findall(text)] + [posixpath.basename(OWN_HEADER.get(unit, unit[:-2] + ".h"))]
+    return [h for h in wanted if posixpath.join(folder, h) in files and posixpath.join(folder, h) not in seen] + \
+        [h for h in wanted[-1:] if posixpath.join(folder, h) not in files]
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_every_function_a_part_gives_another_is_declared_in_its_header(unit):
+    files = _c_files()
+    assert undeclared_calls(files, unit) == []
+    assert headers_after_a_part(files, unit) == []
+    # the test can fail: a declaration taken out of its part's header, a header included late
+    if unit == "frontdoor/front_door.c":
+        files["frontdoor/door_keys.h"] = files["frontdoor/door_keys.h"].replace(
+            "static int reserve_keys(struct door *d, size_t keys);", "")
+        assert undeclared_calls(files, unit) == [("reserve_keys", "frontdoor/door_keys.c", "frontdoor/door_api.c")]
+        files[unit] = files[unit].replace('#include "door_peer_ahead.h"', "") + '#include "door_peer_ahead.h"\n'
+        files["frontdoor/door.h"] = files["frontdoor/door.h"].replace('#include "door_loop.h"', "")
+        assert headers_after_a_part(files, unit) == ["door_peer_ahead.h", "door_loop.h"]
+    else:
+        files["shim/shim_paths.h"] = files["shim/shim_paths.h"].replace("static int monarch_has_dotdot(", "int x(")
+        assert undeclared_calls(files, unit) == [("monarch_has_dotdot", "shim/shim_paths.c", "shim/shim_daemon.c")]
+        files[unit] = files[unit].replace('#include "shim_open.h"\n', "")
+        assert headers_after_a_part(files, unit) == ["shim_open.h"]
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_the_parts_compile_in_any_order(unit, tmp_path):
+    """The library built with its parts included in the reverse order: nothing rests on the order."""
+    cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    main = PACKAGE / unit
+    text = main.read_text()
+    parts = PART.findall(text)
+    block = "".join(f'#include "{p}"\n' for p in parts)
+    assert len(parts) > 5 and block in text  # the parts are included together, one a line
+    shuffled = main.with_name(f".order-{os.getpid()}-{main.name}")  # beside it: its includes are relative
+    shuffled.write_text(text.replace(block, "".join(f'#include "{p}"\n' for p in reversed(parts))))
+    try:
+        r = subprocess.run([cc, "-std=gnu11", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+                            "-O0", "-o", str(tmp_path / "lib.so"), str(shuffled), "-ldl", "-lpthread"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        shuffled.unlink()
+    assert r.returncode == 0, r.stderr[-3000:]
