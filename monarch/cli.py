@@ -80,7 +80,7 @@ def _mpi_world_rank():
 def _setup_logging(verbose: int, node: str) -> None:
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
     # debug: each line carries its wall-clock time, so that the launcher's and the daemon's
-    # phases can be put side by side (scripts/bench_startup.py reads them)
+    # phases can be put side by side (scripts/node/bench_startup.py reads them)
     stamp = "%(created).6f " if level == logging.DEBUG else ""
     # force: a standing daemon learns its node (its MPI rank) after main() set up the logging
     logging.basicConfig(level=level, format=f"[monarch node {node}] {stamp}%(levelname)s %(message)s",

@@ -241,7 +241,7 @@ static void fetch_each(dp_fetch_fn *fetch, struct dp *dp, int owner, int n, cons
 
 /* -- the worker's memfds ---------------------------------------------------------------- */
 /* A fresh memfd pays for its pages (allocated, zeroed, freed: 12.7 us of a 16 KiB file on this
- * VM, scripts/page_cost.c), rewriting one's pages a tenth of that (the read-only open through
+ * VM, scripts/cluster/page_cost.c), rewriting one's pages a tenth of that (the read-only open through
  * /proc costs some of it back: perf, bench_peer, 24% of the requesting door's CPU -> 17%). So each worker keeps up to
  * PEER_POOL memfds (as the shim's pool does, docs/compression.md): its own read-write open of
  * each, the application given a new read-only open, never sealed (the shim takes a read-only

@@ -40,7 +40,7 @@
  * lives (MONARCH_TMP_PREFIX: never served, swept as a leftover); as a copy it also has its key's
  * name, linked to it once its bytes are in. Retiring a consumed copy unlinks the key's name, and
  * writing a next fetch over it links the next key's: a link and an unlink a file cost less than
- * renaming it aside and back, two renames (scripts/lane_costs.c measures both). */
+ * renaming it aside and back, two renames (scripts/cluster/lane_costs.c measures both). */
 
 static void pa_home_name(char *buf, size_t cap, uint64_t home)
 {

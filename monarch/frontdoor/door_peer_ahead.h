@@ -28,7 +28,7 @@
 
 /* A lane file's writable mapping, kept with its descriptor wherever it goes (the ring, the victims,
  * the spares): writing a fetch over a spare through it costs a memcpy, a fraction of a pwrite
- * over the same pages (scripts/lane_costs.c measures both). A store that faults fails with
+ * over the same pages (scripts/cluster/lane_costs.c measures both). A store that faults fails with
  * SIGBUS where a pwrite says ENOSPC or EIO, so only a file in RAM (tmpfs: no disk to fail a
  * page's read) is mapped, and only ``ready`` bytes, whose pages the file holds (written whole
  * before, never cut since), are written through it: none has to be allocated. */

@@ -409,7 +409,7 @@ def stop(config: Config) -> None:
 # -- serve (monarch serve) ------------------------------------------------------------------
 
 def import_daemon() -> None:
-    """Import the daemon's modules (a phase of its own in a debug log: scripts/bench_startup.py)."""
+    """Import the daemon's modules (a phase of its own in a debug log: scripts/node/bench_startup.py)."""
     import monarch.node.daemon  # noqa: F401
     import monarch.node.server  # noqa: F401
     log.debug("phase daemon.imported")

@@ -1,7 +1,7 @@
 /*
  * poll_pace.h -- how long the peer data path's polling threads sleep between looks. MPI offers
  * nothing to sleep on, so an owner's thread looks for requests and a requester for its answer,
- * each sleeping between looks; a wake-up costs CPU whatever the sleep's length (scripts/wake_cost.c
+ * each sleeping between looks; a wake-up costs CPU whatever the sleep's length (scripts/cluster/wake_cost.c
  * measures it), so no thread spins, and each sleep is as long as the wait it covers allows. Included by the data path (monarch/cluster/datapath.c);
  * tests/unit/native/test_poll_pace.py runs the two rules against each other in virtual time.
  *

@@ -1,6 +1,6 @@
 """Every benchmark script under scripts/ runs, in its quickest mode, and prints its figures.
 
-The scripts are run as a user runs them (``python scripts/X.py``, no PYTHONPATH: a script finds
+The scripts are run as a user runs them (``python scripts/<group>/X.py``, no PYTHONPATH: a script finds
 this checkout by itself) from a scratch directory, each with a timeout. Each case asserts the
 exit code and one figure line the script must print -- a count or a ratio that says Monarch was
 really in the measurement (Monarch fails open, so a config it refused would still "run" and
@@ -40,68 +40,68 @@ class Bench:
 
     @property
     def id(self) -> str:
-        return self.name or self.script.removesuffix(".py")
+        return self.name or Path(self.script).stem
 
 
 # {tmp}: the test's scratch directory (outputs the scripts write go there, never the checkout)
 BENCHES = [
     Bench("config_table.py", ["--check"], r"configuration\.md: table up to date$"),
-    Bench("bench_stats.py", ["--quick", "--staged", "20"],  # --quick's 200 files; an option given wins
+    Bench("node/bench_stats.py", ["--quick", "--staged", "20"],  # --quick's 200 files; an option given wins
           r"^stats\(full\): [\d.]+ ms \(200 files, 20 staged\)$"),
-    Bench("bench_zopen.py", ["--quick", "--disk-dir", "{tmp}"],
+    Bench("node/bench_zopen.py", ["--quick", "--disk-dir", "{tmp}"],
           r"^  OPEN round trip \+ read, answered the kept file's path\s+[\d.]+ us$"),
-    Bench("bench_daemon.py", ["--quick", "--json", "{tmp}/daemon.json"],
+    Bench("node/bench_daemon.py", ["--quick", "--json", "{tmp}/daemon.json"],
           r"^\s+2 clients, door  : .*errors 0, PFS answers 0; files read from the PFS 100 of 100;", {"cc"}),
-    Bench("bench_shim.py", ["--quick", "--json", "{tmp}/shim.json", "--workdir", "{tmp}/shim"],
+    Bench("shim/bench_shim.py", ["--quick", "--json", "{tmp}/shim.json", "--workdir", "{tmp}/shim"],
           r"^shim counters: tier slot \d+: 100 opens, 409600 bytes; PFS slot: 0 opens$", {"cc"}),
     # 2 drivers x (1 timed + 1 digest pass) x 50 files of 4 KiB, every one decoded by the shim itself
-    Bench("bench_shim.py", ["--quick", "--compressed", "--json", "{tmp}/zshim.json", "--workdir", "{tmp}/zshim"],
+    Bench("shim/bench_shim.py", ["--quick", "--compressed", "--json", "{tmp}/zshim.json", "--workdir", "{tmp}/zshim"],
           r"^zstd counters: 200 opens decoded in the application's process, 819200 bytes, 0 left to the daemon, [1-9][0-9]* into a reused memfd;",
           {"cc", "zstd"}, "bench_shim-compressed"),
-    Bench("bench_large_files.py", ["--quick", "--json", "{tmp}/large.json"],
+    Bench("large/bench_large_files.py", ["--quick", "--json", "{tmp}/large.json"],
           r"^md5sum under monarch run, opened from \(the report\): (?=.*\bpfs 0 \()(?=.*\bram 1 \(1\.00x the file\))",
           {"fuse"}),
-    Bench("bench_block_copy.py", ["--quick"],
+    Bench("large/bench_block_copy.py", ["--quick"],
           r"^  reader\s+[\d.]+s\s+\d+\s+\d+\s+[\d.]+s\s+[\d.]+s\s+[\d.]+s\s+[\d.]+x  OK\s+[\d.]+ MB/s, [\d.]+ ms, \d+ KiB x \d+ \(\d+\)$", {"fuse"}),
-    Bench("bench_large_reads.py", ["--quick", "--json", "{tmp}/large_reads.json"],
+    Bench("large/bench_large_reads.py", ["--quick", "--json", "{tmp}/large_reads.json"],
           r"^  monarch, half .*  OK$", {"fuse"}),
-    Bench("bench_shards.py", ["--quick", "--json", "{tmp}/shards.json"],
+    Bench("large/bench_shards.py", ["--quick", "--json", "{tmp}/shards.json"],
           r"^lmdb\s+\d+ MiB\s+[\d.]+x\s+[\d.]+x\s+[\d.]+x\s+[\d.]+\s+[\d.]+\s+OK$", {"fuse", "lmdb"}),
-    Bench("bench_metadata.py", ["--quick", "--epochs", "1", "--lookup-latency-ms", "0.2", "--open-latency-ms", "0.2",
+    Bench("node/bench_metadata.py", ["--quick", "--epochs", "1", "--lookup-latency-ms", "0.2", "--open-latency-ms", "0.2",
                                 "--json", "{tmp}/meta.json"],  # its --quick keeps 2 ms per operation: 15 s
           r"^monarch report: metadata\s*: \d+ calls answered from the snapshot, 0 sent to the PFS", {"fuse"}),
-    Bench("bench_startup.py", ["--quick"],
+    Bench("node/bench_startup.py", ["--quick"],
           r"^  daemon: config \+ tiers\s+-?\d+\.\d+", {"fuse"}),
-    Bench("bench_epochs.py", ["--quick", "--out", "{tmp}/epochs"],
+    Bench("node/bench_epochs.py", ["--quick", "--out", "{tmp}/epochs"],
           r"^ monarch: steady .*PFS\s+[\d.]+ MB =  1\.00 x dataset", {"fuse"}, "bench_epochs-quick"),
-    Bench("bench_epochs.py", ["--variant", "compressible", "--files", "100", "--size", "32KiB", "--epochs", "2",
+    Bench("node/bench_epochs.py", ["--variant", "compressible", "--files", "100", "--size", "32KiB", "--epochs", "2",
                               "--out", "{tmp}/compressible"],
           r"^zstd: RAM tier logical / stored bytes: (?!1\.00|0\.)\d+\.\d+$",  # > 1: compressed
           {"fuse"}, "bench_epochs-compressible"),
-    Bench("bench_store.py", ["--quick"], r"^store read: 1\.00x the dataset", {"redis"}),
-    Bench("bench_sharing.py", ["--quick", "--json", "{tmp}/sharing.json"],
+    Bench("store/bench_store.py", ["--quick"], r"^store read: 1\.00x the dataset", {"redis"}),
+    Bench("node/bench_sharing.py", ["--quick", "--json", "{tmp}/sharing.json"],
           r"^ 2 shared\s+1\.0\dx\s+1\.\d\dx\s+0\.0\dx", {"fuse"}),
-    Bench("bench_sharing.py", ["--chain", "--quick", "--json", "{tmp}/chain.json"],
+    Bench("node/bench_sharing.py", ["--chain", "--quick", "--json", "{tmp}/chain.json"],
           r"^shared\s+\d\.\d\dx \(\d\.\d\d\)\s+\d\.\d\dx \(\d\.\d\d\)\s+0\.0\dx \(0\.0\d\)", {"fuse"},
           "bench_sharing-chain"),
-    Bench("bench_pass_through.py", ["--quick", "--json", "{tmp}/pass.json"],
+    Bench("shim/bench_pass_through.py", ["--quick", "--json", "{tmp}/pass.json"],
           r"^reader\s+[\d.]+s\s+[\d.]+s\s+[\d.]+x\s+[\d.]+s\s+[\d.]+s\s+[\d.]+x$", {"cc"}),
-    Bench("bench_s3.py", ["--quick", "--variant", "demo,large"],
+    Bench("store/bench_s3.py", ["--quick", "--variant", "demo,large"],
           r"^throughput: monarch-s3 epoch 1 \d+ MiB/s .*the proxy's own limit \d+ MiB/s", {"s3"}),
-    Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--json", "{tmp}/cluster.json"],
+    Bench("cluster/bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--json", "{tmp}/cluster.json"],
           r"^monarch/before\s+PFS/dataset\s+[\d.]+\s+epochs .* digests OK(?!.*nodes without Monarch)", {"fuse", "mpi"}),
-    Bench("bench_peer.py", ["--files", "400", "--repeats", "1", "--json", "{tmp}/peer.json"],
+    Bench("cluster/bench_peer.py", ["--files", "400", "--repeats", "1", "--json", "{tmp}/peer.json"],
           r"^c reader: [\d,]+ remote opens/s measured; .* -> ceiling [\d,]+ remote opens/s on \d+ cores", {"mpi", "cc"}),
     # every line's bytes checked against the owner's files (the program exits 1 otherwise)
-    Bench("bench_peer_floor.py", ["--quick"],
+    Bench("cluster/bench_peer_floor.py", ["--quick"],
           r"^least at the hinted pace: [\d.]+ us a remote 64 KiB file \(target <= 15 us\); .*; bytes OK$", {"mpi", "cc"}),
-    Bench("bench_datapath.py", ["--files", "300", "--batches", "1,8", "--threads", "2"],
+    Bench("cluster/bench_datapath.py", ["--files", "300", "--batches", "1,8", "--threads", "2"],
           r"^\s+8 per request:\s+[\d,]+ files/s; CPU per file: requester\s+[\d.]+ us, owner\s+[\d.]+ us; 38 requests"
           r".* bytes ok$", {"mpi"}),
-    Bench("bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--hints", "--compute-ms", "0.2"],
+    Bench("cluster/bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--hints", "--compute-ms", "0.2"],
           r"^  CPU of every process, epochs 2 on \(hinted\): [\d.]+ s = [\d.]+x direct's", {"fuse", "mpi"},
           "bench_cluster-hints"),
-    Bench("bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
+    Bench("cluster/bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
                                       "--open-latency-ms", "2", "--timeout", "60", "--json", "{tmp}/faults.json"],
           r"^  ok\s+\| direct: True \| monarch: True \| kill: True \| replicas: True$", {"fuse", "mpi"}),
 ]
@@ -187,11 +187,11 @@ def test_default_outputs_go_to_the_ignored_results_folder() -> None:
     to results/, which .gitignore covers (the figures were once tracked files rewritten by each run)."""
     sys.path.insert(0, str(SCRIPTS))
     try:
-        from benchopts import RESULTS, result_path
+        from benchkit.options import RESULTS, result_path
     finally:
         sys.path.remove(str(SCRIPTS))
     assert Path(result_path("bench_shim.json")).parent == RESULTS == REPO / "results"
-    for script, option in (("bench_shim.py", "--json"), ("bench_epochs.py", "--out")):
+    for script, option in (("shim/bench_shim.py", "--json"), ("node/bench_epochs.py", "--out")):
         shown = subprocess.run([sys.executable, str(SCRIPTS / script), "--help"], env=user_env(), text=True,
                                capture_output=True, timeout=60)
         assert shown.returncode == 0 and "results/" in shown.stdout.split(f"\n  {option} ", 1)[1].split("\n  -", 1)[0], shown
@@ -202,6 +202,22 @@ def test_default_outputs_go_to_the_ignored_results_folder() -> None:
         figures = [f for f in tracked.stdout.splitlines()
                    if re.fullmatch(r"(results/.*|[^/]*\.(json|png|csv|svg|html)|.*bench_\w+\.(json|png))", f)]
         assert figures == [], "benchmark output is tracked"  # afcb5ea: bench_epochs.json, .png, bench_shim.json
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    """Each scripts/<group>/bench_*.py is run above (bench_million.py: below, with its table)."""
+    found = {str(p.relative_to(SCRIPTS)) for p in SCRIPTS.glob("*/bench_*.py")}
+    assert found == {b.script for b in BENCHES if "/" in b.script} | {"node/bench_million.py"}
+
+
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.glob("*/*.py")
+                                          if p.parent.name != "benchkit" and "argparse" in p.read_text()))
+def test_every_script_finds_what_it_imports(script: str, tmp_path: Path) -> None:
+    """``--help`` of each script under scripts/<group>/, run as a user runs it from anywhere: its
+    imports (this checkout's monarch, benchkit, the scripts beside it) resolve, whatever this machine lacks."""
+    shown = subprocess.run([sys.executable, str(SCRIPTS / script), "--help"], cwd=tmp_path, env=user_env(), text=True,
+                           capture_output=True, timeout=60)
+    assert shown.returncode == 0 and "usage:" in shown.stdout, shown.stderr[-3000:]
 
 
 MILLION_ROWS = ("find DIR -type f", "start-up to first stat: read-ahead, first job", "start-up to first stat: policy on-access",
@@ -217,7 +233,7 @@ def test_bench_million_prints_every_row_and_writes_its_json(tmp_path: Path) -> N
     figure (a value or "n/a (why)"), the reused run reusing the snapshot, the staged pass served by
     the RAM tier, and the JSON holding the same rows; never a timing."""
     out_json = tmp_path / "million.json"
-    cmd = [sys.executable, str(SCRIPTS / "bench_million.py"), "--quick", "--out", str(out_json)]
+    cmd = [sys.executable, str(SCRIPTS / "node" / "bench_million.py"), "--quick", "--out", str(out_json)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=TIMEOUT)
     said = f"{' '.join(cmd)}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, said
@@ -233,5 +249,5 @@ def test_bench_million_prints_every_row_and_writes_its_json(tmp_path: Path) -> N
     run = data["runs"][0]
     assert run["stage"]["dataset_files"] == 2000 and run["stage"]["result"]["staged"] == 2000
     assert run["reuse"]["snapshot"].startswith("reused"), run["reuse"]["snapshot"]
-    # the staged side of the per-open row: one untimed pass and 2 timed rounds of 500 files (scripts/per_open.py)
+    # the staged side of the per-open row: one untimed pass and 2 timed rounds of 500 files (scripts/node/per_open.py)
     assert run["stage"]["opened_from"]["ram"]["opens"] == (1 + 2) * 500 and run["stage"]["opened_from"]["pfs"]["opens"] == 0

@@ -208,7 +208,7 @@ def test_a_daemon_killed_mid_job_costs_its_share(victim, dataset, short_tmp, slo
     rep = report_of(cluster, victim)
     check_lost(rep, victim)
     assert rep["nodes_reporting"] == NODES - 1
-    # 3.0x direct; the target is 1.8x (scripts/bench_cluster_faults.py): staged once (1.0x), the
+    # 3.0x direct; the target is 1.8x (scripts/cluster/bench_cluster_faults.py): staged once (1.0x), the
     # lost node's reader on the PFS for its last epochs (~0.5x) and its share re-read once (~0.25x)
     # leave little room, so a loaded machine's extra fallbacks are allowed here, not a second pass
     assert pfs.counters()["bytes"] <= 2.0 * ds.total

@@ -1,4 +1,4 @@
-"""scripts/cpuwatch.py counts a process's CPU between two marks in nanoseconds, not ticks.
+"""scripts/benchkit/cpuwatch.py counts a process's CPU between two marks in nanoseconds, not ticks.
 
 bench_cluster's steady epochs last a few hundredths of a second; in clock ticks (10 ms) four
 daemons' CPU there was known to +-40 ms, more than they used. A child burns a known 34.9 ms
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from cpuwatch import CpuWatch, wait_marks  # noqa: E402
+from benchkit.cpuwatch import CpuWatch, wait_marks  # noqa: E402
 
 BURN = 0.0349
 CHILD = f"""

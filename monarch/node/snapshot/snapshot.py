@@ -87,7 +87,7 @@ class Snapshot:
         return index_writer.index_parts(self, routes)
 
     def write_index(self, path: str) -> None:
-        """The index written atomically at ``path`` (scripts/bench_shim.py maps one)."""
+        """The index written atomically at ``path`` (scripts/shim/bench_shim.py maps one)."""
         write_file_atomically(path, self.index_parts())
 
     def with_local_devices(self) -> "Snapshot":

@@ -1,0 +1,68 @@
+"""What the cluster benchmarks (scripts/cluster/) share: mpiexec, the readers' environment and
+command line, the daemons stopped, and waiting for the readers with a deadline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def mpiexec(who: str) -> str:
+    """MPICH's mpiexec beside this interpreter (the mpich wheel's), else the PATH's."""
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if not found:
+        sys.exit(f"{who}: mpiexec not found (pip install mpich mpi4py)")
+    return found
+
+
+def stop_daemons(serve: subprocess.Popen) -> None:
+    """Stop the job's daemons as a batch script ends: one SIGTERM to ``mpiexec``, which passes
+    it to every daemon (hydra and Open MPI's mpiexec both do), then its end (killed with its
+    group after 90 s). Each daemon finishes as under ``monarch stop``, node 0 writes the
+    report; no interpreter per node is started to say so (docs/cluster.md, step 4)."""
+    if serve.poll() is None:
+        serve.send_signal(signal.SIGTERM)
+    try:
+        serve.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(serve.pid, signal.SIGKILL)
+        serve.wait()
+
+
+def bench_env(job: str, **extra) -> dict:
+    """This checkout's monarch and test support, Monarch on, the job named ``job``."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), e.get("PYTHONPATH", "")])
+    e.pop("MONARCH_DISABLE", None)
+    e["MONARCH_JOB_ID"] = job
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def shard_reader(root: str, manifest: str, k: int, args, *more: str) -> list[str]:
+    """Node ``k``'s reader of the sharded pattern (``args``: nodes, epochs, workers)."""
+    return [sys.executable, "-m", "support.shard_reader", root, manifest, "--node", str(k),
+            "--nodes", str(args.nodes), "--epochs", str(args.epochs), "--workers", str(args.workers), *more]
+
+
+def wait_for(procs: list[subprocess.Popen], deadline: float) -> list[tuple[int, str, str]]:
+    """Each process's exit code, stdout and stderr; one still running at ``deadline`` (a
+    monotonic time) is killed with its process group."""
+    out = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            o, e = p.communicate()
+            e = (e or "") + "\n[killed: the case's timeout]"
+        out.append((p.returncode, o or "", e or ""))
+    return out
