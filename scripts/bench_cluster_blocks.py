@@ -42,8 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from benchopts import fresh_bytecode, parse_with_quick  # noqa: E402  (scripts/, beside this file)
-from memory_cgroup import MemoryCgroup  # noqa: E402
+from benchkit.options import fresh_bytecode, parse_with_quick  # noqa: E402  (scripts/benchkit/)
+from benchkit.memory_cgroup import MemoryCgroup  # noqa: E402
 from node_namespaces import NodeNamespaces  # noqa: E402
 from monarch.cluster.world import daemon_launch  # noqa: E402
 
