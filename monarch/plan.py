@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from monarch.cluster.placement import Placement
+from monarch.cluster.ranges import RANGE, owned_bytes
+from monarch.routes import BLOCKS_MIN
 from monarch.errors import MonarchError
 from monarch.sizes import human
 
@@ -109,6 +111,20 @@ def _room(store: Store, overhead: float) -> int:
     return int(store.capacity / overhead) if store.in_memory and overhead > 1 else store.capacity
 
 
+class _LargeApart:
+    """The items a file placement takes: the large files (staged by blocks) go to ``large``."""
+
+    def __init__(self, items: Iterable[tuple[str, int]], large: list[tuple[str, int]]):
+        self.items, self.large = items, large
+
+    def __iter__(self):
+        for key, size in self.items:
+            if size >= BLOCKS_MIN:
+                self.large.append((key, size))
+            else:
+                yield key, size
+
+
 class _Allocated:
     """The items as they go by, counting the bytes they take in whole pages."""
 
@@ -133,9 +149,12 @@ def make_plan(items: Iterable[tuple[str, int]], nodes: int, stores: Sequence[Sto
                            "area have capacity 0); give a tier a capacity")
     started = time.monotonic()
     counted = _Allocated(items)
-    placement = Placement.build(counted, [capacity] * nodes)
+    large: list[tuple[str, int]] = []  # staged by blocks: owned by ranges, not whole (cluster/ranges.py)
+    placement = Placement.build(_LargeApart(counted, large), [capacity] * nodes)
     shares = placement.shares()
-    size, files = placement.total_bytes, len(placement)
+    by_ranges = [sum(owned_bytes(key, n, node, nodes) for key, n in large) for node in range(nodes)]
+    shares = [a + b for a, b in zip(shares, by_ranges)]
+    size, files = placement.total_bytes + sum(n for _, n in large), len(placement) + len(large)
     allocated = counted.pages * PAGE
     overhead = allocated / size if size and any(s.in_memory for s in stores) else 1.0
     capacity = sum(_room(s, overhead) for s in stores)  # the dataset's bytes a node holds
@@ -175,6 +194,8 @@ def make_plan(items: Iterable[tuple[str, int]], nodes: int, stores: Sequence[Sto
                        "in_memory": [s.name for s in stores if s.in_memory]},
         "replicas_cost": _replicas_cost(per_node, nodes, capacity, size, replicas, replicate),
         "placement": _placement(placement, shares, size, capacity, per_node, replicas, replicate, build_seconds),
+        "large_files": {"files": len(large), "bytes": sum(n for _, n in large), "range_bytes": RANGE,
+                        "owned_per_node": by_ranges},
     }
 
 
@@ -304,6 +325,12 @@ def format_plan(plan: dict) -> str:
     else:
         lines.append("per node: " + ", ".join(f"{t['name']} {human(t['mean'])} (fullest {human(t['max'])})"
                                              for t in plan["tiers"]))
+    lf = plan.get("large_files") or {}
+    if lf.get("files") and n > 1:
+        lines.append(f"ranges  : {lf['files']:,} large file{'s' if lf['files'] != 1 else ''} ({human(lf['bytes'])}) "
+                     f"owned by {human(lf['range_bytes'])} ranges, each read from the PFS by its owner: "
+                     + ", ".join(f"node {k} {human(b)}" for k, b in enumerate(lf["owned_per_node"][:8]))
+                     + (", ..." if n > 8 else ""))
     lines.append(f"on PFS  : {human(plan['pfs_remainder'])} ({_pct(plan['pfs_remainder'], d['bytes'])} of the dataset) "
                  "held by no node")
     e = plan["epoch"]

@@ -18,7 +18,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..routes import BLOCKS_MIN
 from ..sizes import allocated_size
+from . import ranges
 from .placement import Placement
 
 if TYPE_CHECKING:
@@ -76,12 +78,15 @@ def plan(cluster: Cluster, files: dict, capacities: list[tuple[int, int]], unit:
     file weighs what its copy takes, its size rounded up to ``unit``."""
     total = sum(allocated_size(info.size, unit) for info in files.values())
     mode, why = decide(capacities, total)
-    placement = Placement.build(((k, allocated_size(info.size, unit)) for k, info in files.items()),
-                                weights(capacities, mode))
+    # a large file is owned by ranges, spread over every node (ranges.py), not whole by one
+    placement = Placement.build(((k, allocated_size(info.size, unit)) for k, info in files.items()
+                                 if info.size < BLOCKS_MIN), weights(capacities, mode))
     cluster.use_placement(placement)
     owned_files = owned_bytes = 0
     for key, info in files.items():
-        if placement.owner(key) == cluster.node:
+        if info.size >= BLOCKS_MIN:
+            owned_bytes += ranges.owned_bytes(key, info.size, cluster.node, cluster.nodes)
+        elif placement.owner(key) == cluster.node:
             owned_files += 1
             owned_bytes += info.size
     log.info("cluster layout: %s (%s); this node owns %d files, %d bytes", mode, why, owned_files, owned_bytes)

@@ -342,6 +342,10 @@ def block_lines(blocks: dict | None) -> list[str]:
     out = [f"by blocks : {plural(blocks['files'], 'large file')} staged by blocks, {blocks['whole_files']} whole; "
            f"partly staged: {plural(blocks['partly_staged_files'], 'file')}, {human(blocks['partly_staged_bytes'])} "
            f"of {human(blocks['partly_staged_of_bytes'])}\n"]
+    if blocks.get("blocks_from_peers") or blocks.get("blocks_peer_failed"):  # a cluster's ranges
+        out.append(f"{'':<12}blocks staged from the PFS: {blocks['blocks_from_pfs']:,} ({human(blocks['bytes_from_pfs'])}),"
+                   f" from their owners: {blocks['blocks_from_peers']:,} ({human(blocks['bytes_from_peers'])}); "
+                   f"read from the PFS when the owner could not send them: {blocks['blocks_peer_failed']:,}\n")
     if r["opens"]:
         out.append(f"{'':<12}{plural(r['opens'], 'open')} while staging: {human(r['local_bytes'])} read from staged "
                    f"blocks, {human(r['pfs_bytes'])} from the PFS; {human(r['remapped_bytes'])} of mappings moved "

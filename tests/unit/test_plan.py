@@ -232,3 +232,17 @@ def test_plan_says_a_replicated_loss_moves_nothing_and_what_its_seconds_are():
     sharded = plan.format_plan(plan.make_plan(plan.synthetic(100, 100_000), 4, stores, shard=True))
     place = next(line for line in sharded.splitlines() if line.startswith("place"))
     assert "(the largest share) is lost" in place and "s to place" not in place
+
+
+def test_a_large_file_is_owned_by_ranges_spread_over_the_nodes():
+    """A file staged by blocks is owned by 16 MiB ranges (each node reads its ranges from the
+    PFS), not whole by one node: four nodes own a quarter of a 1 GiB file each."""
+    from monarch.plan import Store, format_plan, make_plan
+    gib = 1 << 30
+    stores = [Store("ram", 2 * gib, in_memory=True)]
+    p = make_plan([("0/tok.bin", gib), *((f"0/s/{i}.jpg", 1000) for i in range(400))], 4, stores)
+    lf = p["large_files"]
+    assert lf["files"] == 1 and lf["bytes"] == gib and lf["owned_per_node"] == [gib // 4] * 4
+    assert p["dataset"] == {"files": 401, "bytes": gib + 400_000}
+    assert [n["owns_bytes"] for n in p["per_node"]] == pytest.approx([gib // 4 + 100_000] * 4, rel=0.001)
+    assert "owned by 16.0 MiB ranges, each read from the PFS by its owner: node 0 256.0 MiB" in format_plan(p)

@@ -6,6 +6,7 @@
 - ``read_ahead_modes``: who reads ahead (the door's lane, the stager, ...), one table of modes
 - ``stager_copy``: one copy into the first tier with room, published atomically
 - ``blocks``: large files staged by blocks: an open answered at once, what fits staged
+- ``block_ranges``: a cluster's large file: other owners' blocks fetched from them, this node's served
 - ``block_map``: a block copy and its map as files (their format; another job's copy in a shared set)
 - ``read_pace``: how much the block stager asks of the PFS at once (a few ms of its measured rate)
 - ``stager_recode``: a compressing tier's early files re-encoded at its chosen level

@@ -38,10 +38,9 @@ import os
 import stat
 import threading
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from monarch import protocol
-from monarch.errors import PeerError
 from monarch.node.snapshot.pfsmeta import checked_stat
 from monarch.node.snapshot.snapshot import FileInfo
 from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BLOCK_SHIFT,  # noqa: F401 (the
@@ -49,6 +48,7 @@ from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BL
                                           BLOCKMAP_FILL_OFFSET, BLOCKMAP_HEADER, BLOCKMAP_MAGIC,
                                           BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_VERSION, BlockFile, copy_state,
                                           link_over, staged_bytes)
+from monarch.node.stage.block_ranges import RangeBlocks, RangePeers
 from monarch.node.stage.read_pace import ReadPace
 from monarch.routes import BLOCKS_MIN, Route
 from monarch.node.stage.sources import PFSSource, SourceChanged
@@ -65,23 +65,7 @@ __all__ = ["BLOCK", "BLOCKS_MIN", "BlockFile", "BlockStager"]
 ANSWER_CLAIM_WAIT = 0.05  # seconds an open's answer waits for a large file's claim another job holds
 
 
-class RangePeers(Protocol):
-    """A cluster's nodes as the sources of a large file's ranges (``node/peer/block_peers.py``)."""
-
-    node: int
-
-    def owner(self, key: str, size: int, block: int) -> int:
-        """The node that reads ``block``'s range from the PFS now (-1: none alive)."""
-
-    def own_blocks(self, key: str, size: int) -> list[int]:
-        """The blocks of the ranges this node owns first, ascending."""
-
-    def fetch(self, owner: int, key: str, offset: int, length: int, fd: int) -> int:
-        """Those bytes of ``key`` from ``owner``'s staged blocks, written into ``fd`` at ``offset``
-        (PeerError when it cannot)."""
-
-
-class BlockStager:
+class BlockStager(RangeBlocks):
     """The large files of one stager's books, staged by blocks on threads of their own: the
     blocks the shim wanted first (any file), then read-ahead, the files the application
     opened before the others. ``attach`` and ``stage`` are the stager's; the figures are the report's."""
@@ -99,14 +83,10 @@ class BlockStager:
         self.closed = False
         self.failures = 0
         self.peers: RangePeers | None = None  # a cluster's: other owners' blocks come from them
+        self.from_pfs = {"blocks": 0, "bytes": 0}
         self.from_peers = {"blocks": 0, "bytes": 0}
         self.peer_failures = 0  # blocks asked of their owner and read from the PFS instead
         self.served = {"blocks": 0, "bytes": 0}  # spans of this node's blocks sent to peers
-
-    def use_peers(self, peers: RangePeers) -> None:
-        """From now on (before any file is attached) each large file's blocks are this node's
-        own ranges (read from the PFS first) and other owners' (fetched from them)."""
-        self.peers = peers
 
     # -- asked by the stager and the resolver ---------------------------------------------------
     def eligible(self, key: str, info: FileInfo | None) -> bool:
@@ -224,35 +204,21 @@ class BlockStager:
                 bf, b = picked
                 bf.take(b)
                 self._running += 1
+                owner, run = self._peer_run_locked(bf, b)
                 if self._running < self.pace.blocks and self._idle == 0:
                     self._wake_locked()
                 self.books.lock.release()
-                ok = False
+                done: list[tuple[int, bool]] = []
                 try:
-                    ok = self._copy_block(bf, b, buf)
+                    if owner >= 0:
+                        done = self._fetch_run(bf, run, owner, buf)
+                    else:
+                        done = [(b, self._read_block(bf, b, buf))]
                 finally:
                     self.books.lock.acquire()
-                    self._ended_locked(bf, b, ok)
-
-    def _copy_block(self, bf: BlockFile, b: int, buf: mmap.mmap) -> bool:
-        """Block ``b`` of ``bf`` into the copy: from its range's owner when that is another node
-        (the PFS if the owner cannot send it: fail open), else from the PFS."""
-        peers = self.peers
-        owner = peers.owner(bf.key, bf.info.size, b) if peers is not None else -1
-        if owner >= 0 and owner != peers.node:
-            try:
-                n = peers.fetch(owner, bf.key, b * BLOCK, bf.length(b), bf.copy_fd)
-            except PeerError as e:
-                log.debug("block %d of %s from node %d: %s; read from the PFS", b, bf.key, owner, e)
-                with self.books.lock:
-                    self.peer_failures += 1
-            else:
-                with self.books.lock:
-                    self.books.bytes_read["peer"] += n
-                    self.from_peers["blocks"] += 1
-                    self.from_peers["bytes"] += n
-                return True
-        return self._read_block(bf, b, buf)
+                    done += [(x, False) for x in run[len(done):]]  # (an exception: none of them staged)
+                    for i, (x, ok) in enumerate(done):
+                        self._ended_locked(bf, x, ok, running=i == 0)
 
     def _read_block(self, bf: BlockFile, b: int, buf: mmap.mmap) -> bool:
         """Read block ``b`` of ``bf`` from the PFS into the copy. False (the file is given up:
@@ -286,61 +252,15 @@ class BlockStager:
             written = 0
             while written < want:
                 written += os.pwrite(bf.copy_fd, view[written:], offset + written)
+            with self.books.lock:
+                self.from_pfs["blocks"] += 1
+                self.from_pfs["bytes"] += want
             return True
         except (OSError, ValueError) as e:
             if not bf.done:
                 log.warning("staging %s by blocks stopped at block %d: %s; the rest is read from the PFS",
                             bf.key, b, e)
             return False
-
-    def serve_range(self, key: str, offset: int, length: int, timeout: float) -> str | None:
-        """A peer asks for bytes [offset, offset + length) of ``key`` (blocks of a range this
-        node owns): the path of the copy once they are staged, None if they cannot be (no
-        room, the file changed, ``timeout`` passed). Blocks not under way are read from the PFS
-        here, on the asking peer's serving thread: never queued behind this node's own
-        read-ahead, whose workers may themselves wait on peers."""
-        info = self.books.snapshot.files.get(key)
-        if info is None or offset < 0 or length <= 0 or offset + length > info.size:
-            return None
-        bf = self.attach(key, asked=False)
-        if bf is None or bf.borrowed:
-            return None
-        first, last = offset >> BLOCK_SHIFT, (offset + length - 1) >> BLOCK_SHIFT
-        deadline = time.monotonic() + timeout
-        buf = None
-        with self.books.lock:
-            while True:
-                if bf.dropped or bf.states is None or self.closed:
-                    return None
-                states = bf.states
-                missing = [b for b in range(first, last + 1) if states[b] != BLOCK_STAGED]
-                if not missing:
-                    self.served["blocks"] += last + 1 - first
-                    self.served["bytes"] += length
-                    return bf.path
-                free = [b for b in missing if states[b] in (BLOCK_ABSENT, BLOCK_WANTED) and b not in bf.in_flight]
-                if free:
-                    b = free[0]
-                    if bf.done or not bf.may_take(b, True):
-                        return None
-                    states[b] = BLOCK_FILLING
-                    bf.take(b)
-                    self._running += 1
-                    buf = buf or mmap.mmap(-1, BLOCK)
-                    self.books.lock.release()
-                    ok = False
-                    try:
-                        ok = self._read_block(bf, b, buf)
-                    finally:
-                        self.books.lock.acquire()
-                        self._ended_locked(bf, b, ok)
-                    if not ok:
-                        return None
-                    continue
-                left = deadline - time.monotonic()  # the rest is under way (a worker, a shim's fill)
-                if left <= 0:
-                    return None
-                self._cv.wait(min(left, 0.05))  # (a shim's fill ends with no notice)
 
     def _source(self, bf: BlockFile) -> int:
         """The PFS file, opened once and checked against the snapshot (size, mtime)."""
@@ -371,8 +291,10 @@ class BlockStager:
         os.close(fd)  # another worker opened it meanwhile
         return bf.source_fd
 
-    def _ended_locked(self, bf: BlockFile, b: int, ok: bool) -> None:
-        self._running -= 1
+    def _ended_locked(self, bf: BlockFile, b: int, ok: bool, running: bool = True) -> None:
+        """Block ``b`` is staged (``ok``) or not; ``running``: it held one of the blocks under way
+        (the first of a run fetched from a peer does, for the run)."""
+        self._running -= running
         bf.in_flight.discard(b)
         if ok and not bf.done and bf.states is not None:
             bf.states[b] = BLOCK_STAGED  # after its bytes: a reader that sees it reads them
@@ -584,6 +506,7 @@ class BlockStager:
                 "partly_staged_of_bytes": sum(bf.info.size for bf in partial),
                 "in_progress_files": sum(not bf.done for bf in own),
                 "blocks_staged": sum(bf.staged for bf in own),
+                "blocks_from_pfs": self.from_pfs["blocks"], "bytes_from_pfs": self.from_pfs["bytes"],
                 **({"blocks_from_peers": self.from_peers["blocks"], "bytes_from_peers": self.from_peers["bytes"],
                     "blocks_peer_failed": self.peer_failures, "blocks_served": self.served["blocks"],
                     "bytes_served": self.served["bytes"]} if self.peers is not None else {}),

@@ -403,3 +403,20 @@ def test_readme_report_reference_says_which_figures_are_exact_estimated_or_bound
         kind = "estimated (`est.`)" if key in ESTIMATED else "exact (counted)"
         assert f"`pfs.{key}`" in kinds[kind], key
         assert all(f"`pfs.{key}`" not in row for k, row in kinds.items() if k != kind), key
+
+
+def test_a_clusters_block_figures_are_summed_and_said():
+    """Each node's blocks from the PFS and from their ranges' owners, summed for the cluster."""
+    nodes = []
+    for k in range(2):
+        n = node({"pfs": {"opens": 1, "bytes": 1}})
+        n["staging"]["blocks"] = {"files": 1, "whole_files": 1, "partly_staged_files": 0, "partly_staged_bytes": 0,
+                                  "partly_staged_of_bytes": 0, "blocks_staged": 64, "bytes_staged": 64 * MiB,
+                                  "blocks_from_pfs": 32, "bytes_from_pfs": 32 * MiB, "blocks_from_peers": 32,
+                                  "bytes_from_peers": 32 * MiB, "blocks_peer_failed": k}
+        nodes.append(n)
+    r = build_report(nodes, JOB)
+    b = r["blocks"]
+    assert (b["blocks_from_pfs"], b["blocks_from_peers"], b["blocks_peer_failed"]) == (64, 64, 1)
+    assert "blocks staged from the PFS: 64 (64.0 MiB), from their owners: 64 (64.0 MiB); read from the PFS when " \
+           "the owner could not send them: 1" in text(r)
