@@ -11,6 +11,8 @@ against an installed copy. A script finds it with its first two lines after the 
 - ``pfs``: the emulated PFS (``monarch.tools.slowpfs``) checked once, with the one message
 - ``cluster``: simulated nodes on this machine: mpiexec, the readers' environment and command line,
   the daemons stopped, the readers waited for
+- ``namespaces``: simulated nodes with a page cache each: a mount namespace per node, its own FUSE
+  mount of the emulated PFS at the same path
 - ``cpuwatch``: every process of a job and its CPU-seconds by phase
 - ``memory_cgroup``: a node whose memory is far smaller than the data
 

@@ -101,6 +101,9 @@ BENCHES = [
     Bench("cluster/bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--hints", "--compute-ms", "0.2"],
           r"^  CPU of every process, epochs 2 on \(hinted\): [\d.]+ s = [\d.]+x direct's", {"fuse", "mpi"},
           "bench_cluster-hints"),
+    # 2 nodes, each a mount namespace with its own FUSE mount; every window's sum and the weights' digest checked
+    Bench("cluster/bench_cluster_blocks.py", ["--quick", "--json", "{tmp}/blocks.json"],
+          r"^\| weights \| share \| [\d.]+ s \| [\d.]+ s \| [\d.]+x \| [\d.]+x \| [\d.]+ \|$", {"fuse", "mpi", "root"}),
     Bench("cluster/bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
                                       "--open-latency-ms", "2", "--timeout", "60", "--json", "{tmp}/faults.json"],
           r"^  ok\s+\| direct: True \| monarch: True \| kill: True \| replicas: True$", {"fuse", "mpi"}),
@@ -113,6 +116,8 @@ def missing(needs: set[str]) -> str | None:
         reason = fuse_unavailable_reason(probe=True)
         if reason:
             return f"the emulated PFS needs FUSE: {reason}"
+    if "root" in needs and os.geteuid() != 0:
+        return "needs root (mount namespaces, memory cgroups)"
     if "mpi" in needs:
         local = Path(sys.executable).parent / "mpiexec"
         try:

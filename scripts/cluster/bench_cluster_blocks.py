@@ -2,7 +2,7 @@
 """A large file across the cluster: every node reads one token file, directly and under Monarch.
 
 N simulated nodes (4), each a mount namespace with its own FUSE mount of the emulated PFS at the
-same path (its own page cache, as a real node has: ``node_namespaces.py``), 2 ms per open, a
+same path (its own page cache, as a real node has: ``benchkit/namespaces.py``), 2 ms per open, a
 bandwidth cap per node (400 MB/s). Each node's reader runs in a memory cgroup (512 MiB) so that
 no page cache holds the file for it. One uint16 token file (1 GiB). Two readers, on every node
 at once:
@@ -18,9 +18,9 @@ share of it and 64 MiB (``share``: the file fits only across the nodes). Printed
 slowest node's first step and job, the PFS's bytes over the file's (the sum of the mounts'
 counts), and the whole job's CPU-seconds (readers, daemons and launchers; the FUSE servers apart).
 
-    python3 scripts/bench_cluster_blocks.py                       # 1 GiB, 4 nodes, 400 MB/s
-    python3 scripts/bench_cluster_blocks.py --readers weights --rooms file
-    python3 scripts/bench_cluster_blocks.py --quick               # a smoke run (64 MiB, 2 nodes)
+    python3 scripts/cluster/bench_cluster_blocks.py                       # 1 GiB, 4 nodes, 400 MB/s
+    python3 scripts/cluster/bench_cluster_blocks.py --readers weights --rooms file
+    python3 scripts/cluster/bench_cluster_blocks.py --quick               # a smoke run (64 MiB, 2 nodes)
 
 Needs root (mount namespaces, cgroups), FUSE 3 and MPI.
 """
@@ -39,12 +39,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from benchkit.options import fresh_bytecode, parse_with_quick  # noqa: E402  (scripts/benchkit/)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit
+from benchkit import REPO  # noqa: E402
 from benchkit.memory_cgroup import MemoryCgroup  # noqa: E402
-from node_namespaces import NodeNamespaces  # noqa: E402
+from benchkit.namespaces import NodeNamespaces  # noqa: E402
+from benchkit.options import fresh_bytecode, parse_with_quick  # noqa: E402
 from monarch.cluster.world import daemon_launch  # noqa: E402
 
 WINDOW = 1025   # tokens per window: a context of 1,024 and its next token

@@ -1,6 +1,5 @@
 """Simulated nodes on one host, each with a page cache of its own: a mount namespace per node
-holding its own FUSE mount of the emulated PFS at the same path (not a benchmark: scripts/ is on
-the path of each).
+holding its own FUSE mount of the emulated PFS at the same path.
 
 Real nodes do not share a page cache: what one node's client read of the PFS, another's reads
 again. Simulated nodes sharing one FUSE mount would share its page cache, and the PFS would be
