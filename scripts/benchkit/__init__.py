@@ -16,6 +16,9 @@ against an installed copy. A script finds it with its first two lines after the 
 - ``cpuwatch``: every process of a job and its CPU-seconds by phase
 - ``memory_cgroup``: a node whose memory is far smaller than the data
 
+``checkout_env`` is the environment of a process a benchmark starts that must import the same
+``monarch`` (a reader, a daemon, ``monarch run``).
+
 The benchmarks, by what they measure: ``shim/`` (what the preloaded shim costs a process),
 ``node/`` (one node's daemon: misses, start-up, metadata, epochs, a million files, jobs sharing a
 node), ``large/`` (large files: staged by blocks, read at random, shards), ``cluster/`` (nodes
@@ -25,6 +28,7 @@ and their peers: the sharded pattern, a lost node, remote opens, the C data path
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -32,3 +36,14 @@ REPO = Path(__file__).resolve().parents[2]  # the checkout
 SCRIPTS = REPO / "scripts"
 
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # monarch from this checkout; test support (the emulated PFS)
+
+
+def checkout_env(base: dict[str, str] | None = None, tests: bool = False, **extra: object) -> dict[str, str]:
+    """``base`` (this process's environment) for a child that imports this checkout's ``monarch``: the
+    checkout first on ``PYTHONPATH`` (``tests``: its test support next), before what was there;
+    ``extra``: variables set."""
+    e = dict(os.environ if base is None else base)
+    e["PYTHONPATH"] = os.pathsep.join([str(REPO), *([str(REPO / "tests")] if tests else []),
+                                       *filter(None, [e.get("PYTHONPATH")])])
+    e.update({k: str(v) for k, v in extra.items()})
+    return e

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from benchkit import checkout_env
+
 
 
 def mpiexec(who: str) -> str:
@@ -39,8 +40,7 @@ def stop_daemons(serve: subprocess.Popen) -> None:
 
 def bench_env(job: str, **extra) -> dict:
     """This checkout's monarch and test support, Monarch on, the job named ``job``."""
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), e.get("PYTHONPATH", "")])
+    e = checkout_env(tests=True)
     e.pop("MONARCH_DISABLE", None)
     e["MONARCH_JOB_ID"] = job
     e.update({k: str(v) for k, v in extra.items()})

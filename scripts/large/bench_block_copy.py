@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
-from benchkit import REPO  # noqa: E402  (this checkout's monarch and tests/ first on the path)
+from benchkit import checkout_env  # noqa: E402  (this checkout's monarch and tests/ first on the path)
 
 import psutil  # noqa: E402
 
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
                     [sys.executable, "-m", "monarch", "run", "-c", str(config), "--no-progress", "--",
                      sys.executable, str(command), path, str(tier), mode, str(samples)],
                     capture_output=True, text=True, timeout=1200,
-                    env=dict(os.environ, PYTHONPATH=str(REPO), MONARCH_JOB_ID=f"block-copy-{i}-{mode}-{os.getpid()}"))
+                    env=checkout_env(MONARCH_JOB_ID=f"block-copy-{i}-{mode}-{os.getpid()}"))
                 if proc.returncode != 0:
                     raise SystemExit(f"the {mode} run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
                 out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])

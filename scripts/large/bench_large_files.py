@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
-from benchkit import REPO  # noqa: E402  (this checkout's monarch and tests/ first on the path)
+from benchkit import checkout_env  # noqa: E402  (this checkout's monarch and tests/ first on the path)
 
 from benchkit.options import parse_with_quick  # noqa: E402
 from benchkit.pfs import pfs_unavailable  # noqa: E402
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     if pfs_unavailable("bench_large_files"):
         return 2
     size = args.size_mib << 20
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = checkout_env()
     with tempfile.TemporaryDirectory(prefix="bench-large-") as tmp, \
             tempfile.TemporaryDirectory(prefix="bench-large-", dir="/dev/shm") as shm:
         work = Path(tmp)

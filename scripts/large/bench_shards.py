@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
-from benchkit import REPO  # noqa: E402  (this checkout's monarch and tests/ first on the path)
+from benchkit import checkout_env  # noqa: E402  (this checkout's monarch and tests/ first on the path)
 
 from benchkit.options import parse_with_quick, write_json  # noqa: E402
 from benchkit.pfs import pfs_unavailable  # noqa: E402
@@ -115,7 +115,7 @@ print(json.dumps({"bad": bad, "reads": n, "epochs": times}))
 
 def run_case(kind, root, args, pfs, cgroup, config=None, work=None):
     cmd = cgroup.wrap([sys.executable, "-c", READER, str(Path(__file__).parent), kind, root, str(args.epochs)])
-    env = dict(os.environ, PYTHONPATH=str(REPO), MONARCH_JOB_ID=f"shards-{kind}-{time.monotonic_ns()}")
+    env = checkout_env(MONARCH_JOB_ID=f"shards-{kind}-{time.monotonic_ns()}")
     report = None
     if config is not None:
         report = work / f"report-{kind}.json"

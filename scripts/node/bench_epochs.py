@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
-from benchkit import REPO  # noqa: E402  (this checkout's monarch and tests/ first on the path)
+from benchkit import REPO, checkout_env  # noqa: E402  (this checkout's monarch and tests/ first on the path)
 
 from benchkit.options import fresh_bytecode, ready_to_write, result_path  # noqa: E402
 from benchkit.pfs import pfs_unavailable  # noqa: E402
@@ -140,9 +140,7 @@ def workload_cmd(data_dir: str, manifest: Path, out_json: Path, args, reader: st
 
 
 def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(REPO), str(REPO / "tests")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env["PYTHONPATH"] = os.pathsep.join(paths)  # monarch from this checkout; support.pyshim for --client python
+    env = checkout_env(tests=True)  # monarch from this checkout; support.pyshim for --client python
     env.pop("LD_PRELOAD", None)
     return env
 

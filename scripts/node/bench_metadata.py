@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
-from benchkit import REPO  # noqa: E402  (this checkout's monarch and tests/ first on the path)
+from benchkit import checkout_env  # noqa: E402  (this checkout's monarch and tests/ first on the path)
 from benchkit.options import write_json  # noqa: E402
 from benchkit.pfs import pfs_unavailable  # noqa: E402
 
@@ -102,9 +102,7 @@ def ops(pfs: SlowPFS) -> int:
 
 
 def env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_") and k != "LD_PRELOAD"}
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
-    return e
+    return checkout_env({k: v for k, v in os.environ.items() if not k.startswith("MONARCH_") and k != "LD_PRELOAD"})
 
 
 def run(cmd: list[str], pfs: SlowPFS, report: Path | None = None) -> dict:

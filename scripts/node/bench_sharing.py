@@ -54,7 +54,7 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
-from benchkit import REPO  # noqa: E402  (this checkout's monarch and tests/ first on the path)
+from benchkit import checkout_env  # noqa: E402  (this checkout's monarch and tests/ first on the path)
 
 from benchkit.options import fresh_bytecode, parse_with_quick, ready_to_write, result_path  # noqa: E402
 from benchkit.pfs import pfs_unavailable  # noqa: E402
@@ -163,8 +163,7 @@ staging: {{policy: read-ahead, share: {str(mode == 'shared').lower()}, linger: 6
 
 
 def start_job(cfg: str, root: str, manifest: str, job_id: str, out: str, args, barrier: str, n: int) -> subprocess.Popen:
-    env = dict(os.environ, MONARCH_JOB_ID=job_id, MONARCH_PROGRESS="0",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = checkout_env(MONARCH_JOB_ID=job_id, MONARCH_PROGRESS="0")
     cmd = [sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", out + ".report.json", "--",
            sys.executable, "-c", JOB_READER, root, manifest, str(args.epochs), str(args.workers), barrier, str(n),
            job_id, out, str(BARRIER_SECONDS)]
@@ -202,7 +201,7 @@ def measure(n: int, mode: str, work: str, root: str, manifest: str, pfs: SlowPFS
                           f"{mode} N={n} later job", args.files)
     later = pfs.counters()["bytes"]
     subprocess.run([sys.executable, "-m", "monarch", "cache", "drop", "-c", cfg], capture_output=True,
-                   env=dict(os.environ, PYTHONPATH=str(REPO)), check=False)
+                   env=checkout_env(), check=False)
     return {"n": n, "mode": mode, "wave_pfs": wave / total, "ram_peak": ram.peak / total, "later_pfs": later / total,
             "epochs": epochs, "later_epochs": later_epochs}
 
@@ -370,7 +369,7 @@ def chain_main(args) -> int:
                     rows[mode].append(chain_job(cfg, pfs.mountpoint, manifest, f"chain-{mode}-{i + 1}", out, args,
                                                 pfs, total, problems, f"{mode} job {i + 1}"))
                 subprocess.run([sys.executable, "-m", "monarch", "cache", "drop", "-c", cfg], capture_output=True,
-                               env=dict(os.environ, PYTHONPATH=str(REPO)), check=False)
+                               env=checkout_env(), check=False)
         print(f"{args.files} files of {args.size} and one of {args.large_mib} MiB ({total / 2**20:.1f} MiB), "
               f"emulated PFS {args.open_latency_ms:g} ms per open, {args.bandwidth:g} MB/s; {args.epochs} epochs, "
               f"{args.workers} workers per job; the large file rewritten after job 1")

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
-from benchkit import REPO  # noqa: E402  (this checkout's monarch and tests/ first on the path)
+from benchkit import REPO, checkout_env  # noqa: E402  (this checkout's monarch and tests/ first on the path)
 
 from benchkit.options import parse_with_quick, ready_to_write, result_path  # noqa: E402
 
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         spec = work / "spec.json"
         out = work / "samples.json"
         spec.write_text(json.dumps({"workloads": workloads(args, work), "runs": args.runs, "out": str(out)}))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        env = checkout_env()
         r = subprocess.run([sys.executable, "-m", "monarch", "run", "--dataset", str(roots), "--no-progress", "--",
                             sys.executable, __file__, "--drive", str(spec)], env=env, cwd=REPO,
                            stderr=subprocess.PIPE, text=True)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
-from benchkit import REPO  # noqa: E402  (this checkout's monarch and tests/ first on the path)
+from benchkit import checkout_env  # noqa: E402  (this checkout's monarch and tests/ first on the path)
 
 TESTS = ["test_fork1", "test_wait3", "test_wait4", "test_os", "test_posix", "test_signal", "test_threading",
          "test_mmap", "test_subprocess", "test_pty", "test_fileio", "test_tempfile", "test_shutil",
@@ -60,7 +60,7 @@ def present(name: str) -> bool:
 
 def run(cmd: list[str], timeout: float) -> tuple[str, float, int]:
     # Monarch from this checkout, and the same environment for both sides
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = checkout_env()
     t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True, env=env)

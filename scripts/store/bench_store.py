@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
-from benchkit import REPO  # noqa: E402  (this checkout's monarch and tests/ first on the path)
+from benchkit import checkout_env  # noqa: E402  (this checkout's monarch and tests/ first on the path)
 from benchkit.options import fresh_bytecode, write_json  # noqa: E402
 from support.latency_proxy import forward_delayed, splice_answers  # noqa: E402
 
@@ -100,8 +100,7 @@ def wait_for(pred, what: str, timeout: float = 20.0) -> None:
 
 
 def env_here(**extra) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
+    env = checkout_env(tests=True)
     env.pop("MONARCH_DISABLE", None)
     env.update({k: str(v) for k, v in extra.items()})
     return env
