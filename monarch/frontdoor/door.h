@@ -68,7 +68,8 @@ struct door {
     int nroots;
     char *tiers[MONARCH_MAX_SLOTS];    /* slot -> tier directory (NULL: none) */
     int copy_slot;
-    pthread_mutex_t mu;                /* everything below, the parts' states included */
+    pthread_mutex_t mu __attribute__((aligned(64)));  /* everything below, the parts' states included
+                                          (on a cache line of its own: not the counters') */
     pthread_cond_t cv;                 /* a BUSY key is done */
     /* Python's switches (door_api.c) */
     int settled;                       /* the snapshot is ready or failed: INDEX polls are Python's */
@@ -77,7 +78,6 @@ struct door {
     /* the keys under way */
     int busy;                          /* keys BUSY now */
     int copies_busy;                   /* of which copies from the PFS (front_door_copy_to waits for none) */
-    struct door_counters count;
     /* the parts' */
     struct door_keys keys;             /* door_keys.h */
     struct door_index index;           /* door_index.h */
@@ -87,6 +87,8 @@ struct door {
     struct door_ahead ahead;           /* door_copiers.h */
     struct door_peer peer;             /* door_peer.h */
     struct peer_ahead *pa;             /* door_peer_ahead.h: made with its first order, or NULL */
+    /* the counters every worker adds to without the lock: on cache lines of their own, away from it */
+    struct door_counters count __attribute__((aligned(64)));
 };
 
 /* -- small things (front_door.c) ------------------------------------------------------ */
