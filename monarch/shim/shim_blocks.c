@@ -33,7 +33,16 @@ struct monarch_mapping {
     uint8_t *moved;           /* a bit per block of the range: mapped from the copy */
     uint64_t first, last;     /* the blocks the range covers */
     int random;               /* the shim advised MADV_RANDOM on it (until the map says read around) */
+    uint8_t *resident;        /* mincore's vector of its pages (made at the first look: want_touched) */
+    uint64_t looked_ns;       /* when its touched pages were last looked at */
+    uint64_t furthest;        /* the furthest block not staged its reader touched, at the last look */
+    int in_order;             /* looks in a row that found its reader going forward in one place */
 };
+
+#define MONARCH_TOUCH_AHEAD 8                  /* blocks wanted past the furthest one a mapping's reader touched */
+#define MONARCH_TOUCH_EVERY_NS 10000000ULL     /* a mapping's touched pages are looked at every 10 ms at most */
+#define MONARCH_IN_ORDER_LOOKS 3                /* looks in a row that make a mapping's reader sequential */
+#define MONARCH_TOUCH_AHEAD_IN_ORDER 32         /* blocks wanted past a sequential reader */
 
 static struct monarch_part monarch_parts[MONARCH_MAX_PARTS];
 static uint16_t monarch_fd_part[MONARCH_MAX_FDS]; /* part index + 1 of a descriptor; 0: none */
@@ -343,6 +352,67 @@ static void monarch_remapper_start(void);
  * addresses; populated once the application may have touched them (the remapper's moves).
  * 1 when nothing is left to move (all moved, or the daemon is done). Under the registry's
  * lock. */
+/* A mapping's faults are the kernel's, so the daemon cannot see where its reader is: the
+ * blocks not staged whose pages are resident (faulted in from the PFS: the reader touched them)
+ * are marked WANTED, with the MONARCH_TOUCH_AHEAD blocks after the furthest of them, so the
+ * daemon stages (or fetches from their owners) the blocks where the reader is and where a
+ * sequential reader goes next before its read-ahead. Every MONARCH_TOUCH_EVERY_NS at most: one
+ * mincore over the mapping. Under the registry's lock. */
+static void monarch_mapping_want_touched_locked(struct monarch_mapping *m, struct monarch_part *pt)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t ns = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
+    if (ns - m->looked_ns < MONARCH_TOUCH_EVERY_NS)
+        return;
+    m->looked_ns = ns;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t pages = (m->len + page - 1) / page;
+    if (!m->resident && !(m->resident = malloc(pages)))
+        return;
+    if (mincore((void *)m->addr, m->len, m->resident) != 0)
+        return;
+    uint64_t furthest = 0, nearest = 0;
+    int touched = 0;
+    for (uint64_t b = m->first; b <= m->last; b++) {
+        uint64_t i = b - m->first;
+        if ((m->moved[i / 8] >> (i % 8)) & 1)
+            continue;
+        uint8_t s = __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE);
+        if (s == MONARCH_BLOCK_STAGED)
+            continue;
+        uint64_t from = b << pt->shift, to = (b + 1) << pt->shift;
+        from = from < m->off ? m->off : from;
+        to = to > m->off + m->len ? m->off + m->len : to;
+        size_t p = (size_t)((from - m->off) / page), end = (size_t)((to - m->off + page - 1) / page);
+        while (p < end && p < pages && !(m->resident[p] & 1))
+            p++;
+        if (p >= end || p >= pages)
+            continue;
+        nearest = touched ? nearest : b;
+        touched = 1;
+        furthest = b;
+        uint8_t absent = MONARCH_BLOCK_ABSENT;
+        __atomic_compare_exchange_n(&pt->states[b], &absent, MONARCH_BLOCK_WANTED, 0, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+    }
+    if (!touched)
+        return;
+    /* a reader whose touched blocks not staged are a few adjacent ones, going forward, look after
+     * look, reads in order (a weights load, a scan): the blocks well past it are wanted too, so
+     * its pages are moved onto the copy before it gets there (its faults stay page by page on
+     * the PFS: read around, a reader the PFS serves as fast as the copy would never wait for
+     * its blocks, and the PFS would be read twice). A random reader's touches are spread. */
+    m->in_order = furthest - nearest <= 2 && furthest >= m->furthest ? m->in_order + 1 : 0;
+    m->furthest = furthest;
+    uint64_t ahead = m->in_order >= MONARCH_IN_ORDER_LOOKS ? MONARCH_TOUCH_AHEAD_IN_ORDER : MONARCH_TOUCH_AHEAD;
+    for (uint64_t b = furthest + 1; b <= furthest + ahead && b <= m->last; b++) {
+        uint8_t absent = MONARCH_BLOCK_ABSENT;
+        __atomic_compare_exchange_n(&pt->states[b], &absent, MONARCH_BLOCK_WANTED, 0, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+    }
+}
+
 static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
 {
     struct monarch_part *pt = &monarch_parts[m->part - 1];
@@ -393,6 +463,8 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
         b = e + 1;
     }
     monarch_extra_add(MONARCH_EXTRA_BLOCK_REMAPPED_BYTES, moved);
+    if (left && !done && populate)
+        monarch_mapping_want_touched_locked(m, pt);
     return !left || done;
 }
 
@@ -427,6 +499,7 @@ static void monarch_mapping_release_locked(struct monarch_mapping *m)
 static void monarch_mapping_free_locked(struct monarch_mapping *m)
 {
     free(m->moved);
+    free(m->resident);
     sigset_t held_;
     MONARCH_PARTS_LOCK(held_);
     monarch_part_unref_locked(m->part);

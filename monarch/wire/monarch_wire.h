@@ -159,8 +159,8 @@ static inline int monarch_route_fits(enum monarch_route route, uint64_t size)
 #define MONARCH_BLOCKS_DIR ".blocks"
 #define MONARCH_BLOCKMAP_DIR ".blockmap"
 #define MONARCH_BLOCKMAP_MAGIC 0x50414D4B434F4C42ULL /* "BLOCKMAP" */
-#define MONARCH_BLOCKMAP_VERSION 3
-#define MONARCH_BLOCKMAP_HEADER_SIZE 64
+#define MONARCH_BLOCKMAP_VERSION 4
+#define MONARCH_BLOCKMAP_HEADER_SIZE 72
 #define MONARCH_BLOCK_ABSENT 0
 #define MONARCH_BLOCK_WANTED 1
 #define MONARCH_BLOCK_STAGED 2
@@ -176,6 +176,8 @@ struct monarch_blockmap_header {
     uint64_t readaround;           /* nonzero: a fault of a mapping of the PFS reads around (long round trip) */
     uint64_t fill;                 /* nonzero: the file has room whole; a shim's large read of blocks not
                                     * staged fills them (FILLING, then STAGED once the bytes are in) */
+    uint64_t wait_us;              /* nonzero (a cluster's): blocks not staged come from their owners' copies;
+                                    * a large read of them waits up to this long for them before the PFS */
 };
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */

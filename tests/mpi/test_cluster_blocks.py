@@ -88,3 +88,36 @@ def test_a_large_file_is_staged_by_ranges_each_block_read_from_the_pfs_by_one_no
     assert sum(b["bytes_from_peers"] for b in blocks) >= (nodes - 1) * size * (1 if room == "whole" else 0) \
         or room == "share"
     assert sum(b["bytes_served"] for b in blocks) == sum(b["bytes_from_peers"] for b in blocks)
+
+
+def test_an_owner_killed_mid_job_its_ranges_are_read_elsewhere_and_every_byte_is_right(short_tmp, slow_pfs):
+    """Node 2's daemon is SIGKILLed while the file is staged (a slow PFS: 60 MB/s): the readers on
+    nodes 0 and 1 finish every pass with the right bytes; node 2's ranges are read from the PFS by
+    the survivors that own them now, or by the readers (fail open)."""
+    nodes, size = 3, 96 * MiB
+    src = os.path.join(short_tmp, "src")
+    digest = make_large(src, size)
+    pfs = slow_pfs(src, open_latency_ms=1, bandwidth_mbps=60)
+    cfg = cluster_config(short_tmp, str(pfs.mountpoint), nodes, 2 * size)
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
+    path = os.path.join(str(pfs.mountpoint), "tok.bin")
+    try:
+        procs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--", sys.executable, "-m",
+                                   "support.block_reader", path, "--sha256", digest, "--passes", "3"],
+                                  env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for k in (0, 1)]
+        import time
+        time.sleep(0.5)  # the file is a third staged at most: 96 MiB over three links of 60 MB/s
+        os.kill(cluster.pid(2), 9)
+        for p in procs:
+            out, err = p.communicate(timeout=240)
+            assert p.returncode == 0, err  # every pass's digest was right
+            assert len(json.loads(out.strip().splitlines()[-1])["passes"]) == 3
+    finally:
+        cluster.stop([0, 1])
+    rep = load(os.path.join(cluster.run_dir(0), "report.json"))
+    assert rep["nodes_lost"] == [2]
+    survivors = [n["staging"]["blocks"] for n in rep["nodes"] if n is not None]
+    # each survivor read its own ranges from the PFS, and one took over each of node 2's: no block
+    # read twice by the daemons but those node 2 had read when it died
+    assert 2 * 32 <= sum(b["blocks_from_pfs"] for b in survivors) <= 96 + 32

@@ -30,12 +30,14 @@ __all__ = ["BLOCK", "BLOCK_SHIFT", "BLOCKMAP_HEADER", "BlockFile", "copy_state",
 # BLOCKS_DIR, BLOCKMAP_DIR (node/tiers/tiers.py): the copy, the source's size, blocks in any order;
 # its map: BLOCKMAP_HEADER, then a state byte per block
 BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
-BLOCKMAP_VERSION = 3
-# magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill
-BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQ")
+BLOCKMAP_VERSION = 4
+# magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill, wait_us
+BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQ")
 BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
 BLOCKMAP_READAROUND_OFFSET = 48  # "readaround": nonzero once the PFS's round trip is long (ReadPace.readaround)
 BLOCKMAP_FILL_OFFSET = 56  # "fill": nonzero while a shim's large read may fill blocks (the file has room whole)
+BLOCKMAP_WAIT_OFFSET = 64  # "wait_us" (a cluster's): a shim's large read waits this long for blocks from their owners
+PEER_WAIT_US = 200_000     # ... at most: an owner reads a block from the PFS first if need be (2.6 ms at 400 MB/s)
 BLOCK_ABSENT = 0
 BLOCK_WANTED = 1  # the shim read it from the PFS: staged next
 BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
@@ -86,6 +88,10 @@ class BlockFile:
         take the room left (``budget`` beyond them)."""
         self.own = own
         self.others_room = max(0, self.budget - len(own)) if self.budget < self.blocks else self.blocks
+        if self._map is not None:  # the shim: no fill (only a range's owner reads it from the PFS); a large
+            # read of blocks not staged waits for them a moment (they come from their owners)
+            self._map[BLOCKMAP_FILL_OFFSET:BLOCKMAP_FILL_OFFSET + 8] = bytes(8)
+            self._map[BLOCKMAP_WAIT_OFFSET:BLOCKMAP_WAIT_OFFSET + 8] = PEER_WAIT_US.to_bytes(8, "little")
 
     def take(self, b: int) -> None:
         """Block ``b`` is under way (the caller holds the stager's lock)."""
@@ -124,7 +130,7 @@ class BlockFile:
             raise
         self.copy_fd = fd
         header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, self.info.size,
-                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks))
+                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0)
         write_file_atomically(self.map_path, [header, bytes(self.blocks)], 0o600)
         mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
