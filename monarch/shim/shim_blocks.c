@@ -268,6 +268,29 @@ static int monarch_part_staged(struct monarch_part *pt, uint64_t off, uint64_t n
     return all;
 }
 
+/* A cluster's blocks not staged come from their owners' copies (the map's wait_us is set): a
+ * read of MONARCH_WAIT_MIN bytes or more of them waits for them, up to wait_us, rather than read
+ * the PFS beside their owner (the PFS once for the cluster; a peer's block costs what the PFS's
+ * would). A smaller read goes to the PFS at once: its bytes are few, and it would wait for a
+ * whole run of blocks. 1 once every block of [off, off + n) is staged. */
+#define MONARCH_WAIT_MIN (64 << 10)
+static int monarch_part_wait(struct monarch_part *pt, uint64_t off, uint64_t n)
+{
+    uint64_t wait_us = __atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE);
+    if (!wait_us || n < MONARCH_WAIT_MIN)
+        return 0;
+    uint64_t waited_us = 0, step_us = 100;
+    while (waited_us < wait_us && !__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE)) {
+        struct timespec ts = {0, (long)step_us * 1000L};
+        nanosleep(&ts, NULL); /* (a signal ends it early: the time is counted as slept) */
+        waited_us += step_us;
+        if (monarch_part_staged(pt, off, n))
+            return 1;
+        step_us = step_us * 2 > 2000 ? 2000 : step_us * 2;
+    }
+    return monarch_part_staged(pt, off, n);
+}
+
 /* The file offset `o` (-1: the descriptor's own) and length of a read of `n` bytes; 0 when the
  * read is to go to the PFS (past the end, or a block not staged). */
 static int monarch_part_range(int fd, struct monarch_part *pt, off_t *o, uint64_t n)
@@ -277,7 +300,8 @@ static int monarch_part_range(int fd, struct monarch_part *pt, off_t *o, uint64_
     if (!n || (uint64_t)*o >= pt->size)
         return 0;
     uint64_t end = (uint64_t)*o + n < pt->size ? (uint64_t)*o + n : pt->size;
-    return monarch_part_staged(pt, (uint64_t)*o, end - (uint64_t)*o);
+    return monarch_part_staged(pt, (uint64_t)*o, end - (uint64_t)*o)
+           || monarch_part_wait(pt, (uint64_t)*o, end - (uint64_t)*o);
 }
 
 /* A read served from the copy: counted, and for a read at the descriptor's offset, the

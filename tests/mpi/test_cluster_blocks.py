@@ -88,6 +88,8 @@ def test_a_large_file_is_staged_by_ranges_each_block_read_from_the_pfs_by_one_no
     assert sum(b["bytes_from_peers"] for b in blocks) >= (nodes - 1) * size * (1 if room == "whole" else 0) \
         or room == "share"
     assert sum(b["bytes_served"] for b in blocks) == sum(b["bytes_from_peers"] for b in blocks)
+    if room == "whole":  # the readers' large reads waited for the blocks from their owners: the PFS once in all
+        assert pfs.counters()["files"]["tok.bin"]["bytes"] <= 1.05 * size
 
 
 def test_an_owner_killed_mid_job_its_ranges_are_read_elsewhere_and_every_byte_is_right(short_tmp, slow_pfs):
