@@ -318,6 +318,20 @@ static void monarch_part_served(int fd, struct monarch_part *pt, off_t o, int at
     monarch_extra_add(MONARCH_EXTRA_BLOCK_LOCAL_BYTES, (uint64_t)r);
 }
 
+/* Does a read of n bytes at o continue, after at least a block, the reads of the part in the
+ * order of the file (cat's 128 KiB, a FILE's buffer: a reader going through it)? Noted for the
+ * next read, as if this one reads its n bytes (by the copy, a fill or the PFS). Threads and
+ * processes reading the part elsewhere at once only make a reader look random (as before). */
+static int monarch_part_sequential(struct monarch_part *pt, uint64_t o, uint64_t n)
+{
+    uint64_t run = 0;
+    if (o == __atomic_load_n(&pt->next, __ATOMIC_RELAXED))
+        run = __atomic_load_n(&pt->run, __ATOMIC_RELAXED);
+    __atomic_store_n(&pt->run, run + n, __ATOMIC_RELAXED);
+    __atomic_store_n(&pt->next, o + n, __ATOMIC_RELAXED);
+    return run >= 1ULL << pt->shift;
+}
+
 /* a read of blocks not all staged fills them: shim_fill.c (shim_fill.h) */
 
 static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out)
@@ -329,8 +343,10 @@ static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out
     struct monarch_part *pt = &monarch_parts[p - 1];
     if (pt->copy_fd < 0)
         return 0;
-    if (!monarch_part_range(fd, pt, &o, n))
-        return monarch_part_fill(fd, pt, buf, n, o, at_offset, out);
+    int staged = monarch_part_range(fd, pt, &o, n);
+    int sequential = o >= 0 && monarch_part_sequential(pt, (uint64_t)o, n);
+    if (!staged)
+        return monarch_part_fill(fd, pt, buf, n, o, at_offset, sequential ? 1 : MONARCH_FILL_MIN, out);
     *out = (ssize_t)syscall(SYS_pread64, pt->copy_fd, buf, n, (long)o); /* the kernel's: pread is wrapped */
     if (*out < 0)
         return 0; /* the copy failed (it cannot, short of an I/O error): the PFS answers */

@@ -19,6 +19,7 @@ struct monarch_part {
     struct monarch_blockmap_header *hdr; /* the map: header, then the state bytes */
     uint8_t *states;
     size_t map_len;
+    uint64_t next, run;       /* where its last read ended; the bytes read in order up to there */
 };
 
 /* the registry of mappings being moved (shim_blocks.c): how many, read without the lock on every

@@ -15,8 +15,10 @@
  *
  * Whole blocks: the read's first and last blocks are read whole (at most two blocks more than
  * it asked, on a read of at least four), so that no block is left for the daemon to read a
- * second time. A smaller read stays at its own size (its blocks WANTED), so a random reader
- * of small records never pays a block on its time.
+ * second time. A smaller read does the same only when it continues, after a block or more, the
+ * part's reads in the file's order (monarch_part_sequential: cat's 128 KiB reads, a FILE's
+ * buffer, shim_stdio.c), whose next blocks it reads anyway; else it stays at its own size (its
+ * blocks WANTED), so a random reader of small records never pays a block on its time.
  *
  * Never a wrong byte: a block is STAGED only once its bytes are in the copy, and only if it is
  * still FILLING (the job's own write sets every block ABSENT first: then the fill is lost, not
@@ -25,7 +27,6 @@
  */
 #include "shim_fill.h"
 
-#define MONARCH_FILL_MIN (4u << 20)          /* a read this large fills the copy with its blocks */
 #define MONARCH_FILL_MAX_BLOCKS 4096         /* blocks of one such read (more: the PFS's as before) */
 #define MONARCH_FILL_CHUNK 16                /* blocks read at once, STAGED as each chunk lands */
 #define MONARCH_FILL_WAIT_NS 500000000LL     /* the most a read waits for blocks another fills */
@@ -107,13 +108,13 @@ static int monarch_fill_run(int fd, int wfd, struct monarch_part *pt, uint64_t b
 
 /* A read of n bytes at o (-1: the descriptor's offset) of part pt: 1 and *out when it was
  * served here (filling what it read from the PFS into the copy); 0 when the plain path is to
- * serve it (not eligible, every block staged, or anything failed: then nothing is counted and
- * the descriptor's offset is untouched). */
+ * serve it (not eligible: fewer than min bytes, ...; every block staged, or anything failed:
+ * then nothing is counted and the descriptor's offset is untouched). */
 static int monarch_part_fill(int fd, struct monarch_part *pt, void *buf, size_t n, off_t o, int at_offset,
-                             ssize_t *out)
+                             size_t min, ssize_t *out)
 {
     struct monarch_blockmap_header *h = pt->hdr;
-    if (n < MONARCH_FILL_MIN || !__atomic_load_n(&h->fill, __ATOMIC_ACQUIRE)
+    if (n < min || !__atomic_load_n(&h->fill, __ATOMIC_ACQUIRE)
         || __atomic_load_n(&h->done, __ATOMIC_ACQUIRE))
         return 0;
     if (o < 0 && (o = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR)) < 0)
