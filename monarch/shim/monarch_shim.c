@@ -80,7 +80,8 @@
  *   - a FILE made by fopen or fdopen on a managed descriptor: stdio may read it
  *     with glibc's internal __read (fgets, getc, fscanf ...), which no preload
  *     can interpose; its fread bytes are counted all the same; counted as
- *     opens_stdio too (no upper bound);
+ *     opens_stdio too (no upper bound). Not a FILE of a file staged by blocks:
+ *     the shim makes it (fopencookie, shim_stdio.c) and sees its every read;
  *   - a descriptor mapped with mmap (page faults are not calls); the lengths
  *     mapped are added to mapped_bytes (what the faults can read at most).
  * Not seen at all: descriptors reopened through /proc/self/fd, freopen, and a
@@ -214,6 +215,7 @@ MONARCH_BY_HAND(MONARCH_DECLARE_REAL)
 #include "shim_blocks.h"
 #include "shim_fill.h"
 #include "shim_open.h"
+#include "shim_stdio.h"
 #include "shim_fork.h"
 
 /* The kernel's fstat, for the shim's own checks: never our wrapper, and no
@@ -364,6 +366,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 #include "shim_blocks.c"
 #include "shim_fill.c"
 #include "shim_open.c"
+#include "shim_stdio.c"
 #include "shim_wrappers.c"
 #include "shim_fork.c"
 

@@ -214,6 +214,9 @@ static void monarch_log(const char *file, int line, const char *fmt, ...);
     X(int, fcntl, (int, int, ...))                                                  \
     X(int, fcntl64, (int, int, ...))                                                \
     X(FILE *, fdopen, (int, const char *))                                          \
+    X(int, setvbuf, (FILE *, char *, int, size_t))                                  \
+    X(void, setbuf, (FILE *, char *))                                               \
+    X(void, setbuffer, (FILE *, char *, size_t))                                    \
     X(int, execve, (const char *, char *const[], char *const[]))                    \
     X(int, execv, (const char *, char *const[]))                                    \
     X(int, execvp, (const char *, char *const[]))                                   \

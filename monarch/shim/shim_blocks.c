@@ -18,7 +18,7 @@
  *     range take the registry's lock, so no range is ever mapped again once the
  *     application let it go.
  * Descriptors made with dup* and inherited by fork children share the part; close drops it.
- * A FILE opened on such a file reads through stdio's internal __read: the PFS, correct bytes.
+ * A FILE opened on such a file (fopen, fdopen) reads through these reads too (shim_stdio.c).
  * A descriptor carried across exec, or reopened through /proc, reads the PFS.
  */
 #include "shim_blocks.h"

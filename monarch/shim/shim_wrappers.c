@@ -92,6 +92,18 @@
             errno = saved_;                                                       \
             how_ = MONARCH_SLOT_PFS;                                              \
         }                                                                         \
+        if (how_ == MONARCH_SLOT_PFS && monarch_part_pending) {                   \
+            /* staged by blocks: opened here, and a FILE reading through the shim */ \
+            fd_ = MONARCH_RESOLVE(openat)(AT_FDCWD, path, flags);                 \
+            monarch_after(fd_, how_);                                             \
+            FILE *fp_ = fd_ < 0 ? NULL : monarch_stdio_file(fd_, mode);           \
+            if (!fp_ && fd_ >= 0) {                                               \
+                int saved_ = errno;                                               \
+                close(fd_);                                                       \
+                errno = saved_;                                                   \
+            }                                                                     \
+            return fp_;                                                           \
+        }                                                                         \
         FILE *fp_ = real_(path, mode);                                            \
         monarch_after(fp_ ? fileno(fp_) : -1, how_);                              \
         if (fp_ && how_ == MONARCH_SLOT_PFS)                                      \
@@ -120,14 +132,15 @@
     }
 
 /* stdio reads that deliver a count of items: size * items returned are added to the slot
- * of the FILE's descriptor (the open is already uncounted: stdio may read it otherwise). */
+ * of the FILE's descriptor (the open is already uncounted: stdio may read it otherwise); a
+ * FILE of the shim's (shim_stdio.c) counted its reads itself. */
 #define MONARCH_WRAP_FREAD(name, size, fp, params, args)                          \
     static size_t(*real_##name) params;                                           \
     MONARCH_EXPORT size_t name params                                             \
     {                                                                             \
         MONARCH_REAL(name, 0)                                                     \
         size_t n_ = real_ args;                                                   \
-        if (n_ > 0)                                                               \
+        if (n_ > 0 && !monarch_stdio_of(fp))                                      \
             monarch_count_file(fp, (uint64_t)n_ * (size));                        \
         return n_;                                                                \
     }
@@ -406,7 +419,8 @@ MONARCH_WRAPPERS(MONARCH_WRAP_OPEN, MONARCH_WRAP_OPEN_2, MONARCH_WRAP_OPENAT, MO
                  MONARCH_WRAP_READDIR_R, MONARCH_WRAP_FREAD)
 
 /* freopen opens its path inside glibc (no open() of ours runs): a writing mode changes
- * the file, so its copies go first, as for fopen. A reading mode reads the PFS. */
+ * the file, so its copies go first, as for fopen. A reading mode reads the PFS. A FILE of the
+ * shim's lets its descriptor and cookie go (shim_stdio.c). */
 static FILE *(*real_freopen)(const char *, const char *, FILE *);
 static FILE *(*real_freopen64)(const char *, const char *, FILE *);
 #define MONARCH_WRAP_FREOPEN(name)                                                \
@@ -415,7 +429,13 @@ static FILE *(*real_freopen64)(const char *, const char *, FILE *);
         MONARCH_REAL(name, NULL)                                                  \
         if (path && mode && monarch_fopen_flags(mode) < 0)                        \
             monarch_invalidate(AT_FDCWD, path);                                   \
-        return real_(path, mode, fp);                                             \
+        struct monarch_stdio *s_ = monarch_stdio_of(fp);                          \
+        if (s_) /* glibc's freopen readies a FILE's wide side, which a cookie's has not */ \
+            fp->_wide_data = NULL;                                                \
+        FILE *r_ = real_(path, mode, fp);                                         \
+        if (s_)                                                                   \
+            monarch_stdio_reopened(s_);                                           \
+        return r_;                                                                \
     }
 MONARCH_WRAP_FREOPEN(freopen)
 MONARCH_WRAP_FREOPEN(freopen64)
@@ -694,14 +714,43 @@ MONARCH_WRAP_FCNTL(fcntl)
 MONARCH_WRAP_FCNTL(fcntl64)
 
 /* A FILE on a managed descriptor (numpy's fromfile: os.dup, then fdopen and fread): fread
- * is counted, but stdio may read it with its internal __read too: its bytes are a bound. */
+ * is counted, but stdio may read it with its internal __read too: its bytes are a bound. A
+ * descriptor of a file staged by blocks gets a FILE reading through the shim (shim_stdio.c). */
 MONARCH_EXPORT FILE *fdopen(int fd, const char *mode)
 {
     MONARCH_REAL(fdopen, NULL)
+    if (MONARCH_UNLIKELY(monarch_part_of(fd)))
+        return monarch_stdio_file(fd, mode);
     FILE *fp = real_(fd, mode);
     if (fp)
         monarch_mark_uncounted(fd, MONARCH_UNSEEN_STDIO);
     return fp;
+}
+
+/* Unbuffering a FILE of the shim's (shim_stdio.c) is not done: a cookie's FILE refills its
+ * buffer whole for every fread, so unbuffered it reads a byte per call (a 1 MiB fread: a
+ * million reads); buffered, it reads the same bytes, its descriptor's offset ahead of it as
+ * any buffered FILE's. A buffer the application gives is taken. */
+MONARCH_EXPORT int setvbuf(FILE *fp, char *buf, int mode, size_t size)
+{
+    MONARCH_REAL(setvbuf, EOF)
+    if (MONARCH_UNLIKELY(mode == _IONBF) && monarch_stdio_of(fp))
+        return 0;
+    return real_(fp, buf, mode, size);
+}
+
+MONARCH_EXPORT void setbuf(FILE *fp, char *buf)
+{
+    __typeof__(real_setbuf) real_ = MONARCH_RESOLVE(setbuf);
+    if (real_ && (buf || !monarch_stdio_of(fp)))
+        real_(fp, buf);
+}
+
+MONARCH_EXPORT void setbuffer(FILE *fp, char *buf, size_t size)
+{
+    __typeof__(real_setbuffer) real_ = MONARCH_RESOLVE(setbuffer);
+    if (real_ && (buf || !monarch_stdio_of(fp)))
+        real_(fp, buf, size);
 }
 
 /* ---- exec: this process stops being one with the shim (EXTRA_PROCESSES); the new program

@@ -89,13 +89,13 @@ def setup_case(short_tmp, slow_pfs, size, bandwidth, capacity, name="tok.bin", r
     return pfs, cfg, os.path.join(root, name), os.path.join(src, name), tier_base
 
 
-def run_reader(short_tmp, cfg, body, path, src, tier_base, pfs, timeout=240):
+def run_reader(short_tmp, cfg, body, path, src, tier_base, pfs, timeout=240, extra=()):
     script = os.path.join(short_tmp, "reader.py")
     with open(script, "w") as f:
         f.write(COMMON + body)
     report = os.path.join(short_tmp, "r.json")
     r = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, script, path, src,
-                tier_base, pfs.counters_path, timeout=timeout)
+                tier_base, pfs.counters_path, *extra, timeout=timeout)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1]), load(report), r.stderr
 
@@ -486,3 +486,67 @@ def test_a_partly_staged_files_mappings_read_as_directs_once_no_more_blocks_will
     assert out["after_first"] and not any(out["after_first"]), out  # the mapping made before: advice lifted
     assert out["after"] and not any(out["after"]), out  # and one made after done: never advised
 
+
+
+STDIO = r"""
+import subprocess
+cmd = json.loads(sys.argv[5])
+t0 = time.monotonic()
+r = subprocess.run([a.replace("{path}", path).replace("{src}", src_path) for a in cmd], capture_output=True,
+                   text=True, timeout=200)
+seconds = time.monotonic() - t0
+pfs = pfs_bytes()
+wait_whole()
+data = want(0, size)
+print(json.dumps({"rc": r.returncode, "out": r.stdout, "err": r.stderr[-2000:], "pfs": pfs, "seconds": seconds,
+                  "md5": hashlib.md5(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def stdio_reader(tmp_path_factory):
+    """tests/integration/stdio_reader.c compiled (fopen/fdopen, fread, fseeko, getc, fgets ...),
+    and the shim built first: a job that starts later than the copy takes finds the file whole."""
+    import shutil
+    import subprocess
+    from monarch.shim import shim_library
+    shim_library()
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    exe = str(tmp_path_factory.mktemp("stdio") / "stdio_reader")
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdio_reader.c")
+    subprocess.run([cc, "-O2", "-Wall", "-Werror", "-o", exe, src], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("reader", ["md5sum", "sha256sum", "fopen", "fdopen", "fromfile", "cat"])
+def test_a_stdio_reader_of_a_large_file_reads_its_staged_blocks_and_the_pfs_once(short_tmp, slow_pfs, stdio_reader,
+                                                                                reader):
+    """md5sum, sha256sum, a C program (fopen or fdopen, fread, fseeko, getc, fgets, fscanf,
+    freopen) and numpy's fromfile (fdopen of a dup, fread) read a large file while its blocks
+    are staged: a FILE of a file staged by blocks reads through the shim's block-aware path
+    (its staged blocks from the copy, a run in order's blocks not staged filled into it), so
+    the PFS serves the file once, every byte the source's. Before, stdio read it through
+    glibc's internal __read, which no preload sees: the PFS served it twice (the FILE's reads
+    and the daemon's copy). cat's 128 KiB read() calls, in order, fill the copy as a large
+    read does (before: 1.03x the file at 2 ms per PFS read call)."""
+    size = 64 * MiB + 4321  # 1.3 s at 50 MB/s: opened while its blocks are staged
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 50, "1GiB")
+    cmd = {"md5sum": ["md5sum", "{path}"], "sha256sum": ["sha256sum", "{path}"],
+           "fopen": [stdio_reader, "fopen", "{path}", "{src}"],
+           "fdopen": [stdio_reader, "fdopen", "{path}", "{src}"], "cat": ["sh", "-c", "cat '{path}' | md5sum"],
+           "fromfile": [sys.executable, "-c", "import hashlib, sys, numpy; print(hashlib.md5(numpy.fromfile("
+                        "sys.argv[1], dtype=numpy.uint8)).hexdigest())", "{path}"]}[reader]
+    if reader == "fromfile":
+        pytest.importorskip("numpy")
+    out, rep, _ = run_reader(short_tmp, cfg, STDIO, path, src, tier_base, pfs, extra=[json.dumps(cmd)])
+    assert out["rc"] == 0, out
+    if reader in ("md5sum", "sha256sum", "cat", "fromfile"):
+        assert out["out"].split()[0] == out["sha256" if reader == "sha256sum" else "md5"], out
+    else:
+        assert out["out"].strip() == "ok", out
+    assert out["pfs"] <= 1.05 * size, (out["pfs"] / size, out)
+    assert pfs.counters()["bytes"] <= 1.05 * size, pfs.counters()["bytes"] / size
+    read = rep["blocks"]["read"]  # the FILE's reads are the shim's now: seen, from the copy and the PFS
+    assert read["local_bytes"] > 0 and read["local_bytes"] + read["pfs_bytes"] >= size, read

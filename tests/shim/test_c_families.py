@@ -131,7 +131,8 @@ def test_only_the_wrappers_are_exported(shim_lib):
     assert exported == {
         "open", "open64", "__open_2", "__open64_2", "openat", "openat64", "__openat_2", "__openat64_2",
         "fopen", "fopen64", "freopen", "freopen64", "close", "isatty", "fclose", "dup", "dup2", "dup3", "close_range",
-        "mmap", "mmap64", "munmap", "mremap", "fcntl", "fcntl64", "fdopen", "fread", "fread_unlocked", "__fread_chk",
+        "mmap", "mmap64", "munmap", "mremap", "fcntl", "fcntl64", "fdopen", "setvbuf", "setbuf", "setbuffer", "fread",
+        "fread_unlocked", "__fread_chk",
         "__fread_unlocked_chk", "execve", "execv", "execvp", "execvpe", "fexecve", "execl", "execlp", "execle",
         "monarch_shim_loaded",  # the marker: is the shim loaded, and active?
         "read", "pread", "pread64", "readv", "preadv", "preadv64", "preadv2", "preadv64v2",
