@@ -7,7 +7,10 @@ whole job, q1 and q4 in steps/s, wrong reads, the reader's CPU):
 - ``sequential``: the whole file in 16 MiB read() calls, in order (a shard read whole, a
   copy); a step a call, the file's md5 checked;
 - ``weights``: a one-pass weights load: tensors of 4 KiB to 64 MiB at unaligned offsets, each
-  read by one readinto() (torch.load's and safetensors' shape), the file's md5 checked.
+  read by one readinto() (torch.load's and safetensors' shape), the file's md5 checked;
+- ``md5sum``: ``md5sum`` of the file (stdio: fopen, then fread of 32 KiB), its md5 checked;
+  one step;
+- ``cat``: ``cat file | md5sum`` (128 KiB read() calls), its md5 checked; one step.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import random
 from pathlib import Path
 
 VALUE = 64 << 10  # an LMDB record's value
-KINDS = ("lmdb", "sequential", "weights")
+KINDS = ("lmdb", "sequential", "weights", "md5sum", "cat")
 
 
 def value_of(name: str) -> bytes:
@@ -65,6 +68,11 @@ if kind == "lmdb":
             bad += bytes(txn.get(k.encode())) != value_of(k)
             t.append(time.monotonic())
     env.close()
+elif kind in ("md5sum", "cat"):
+    import subprocess
+    cmd = ["md5sum", path] if kind == "md5sum" else ["sh", "-c", 'cat "$1" | md5sum', "sh", path]
+    bad += subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()[0] != check
+    t.append(time.monotonic())
 else:
     h = hashlib.md5()
     fd = os.open(path, os.O_RDONLY)
