@@ -92,7 +92,7 @@
             errno = saved_;                                                       \
             how_ = MONARCH_SLOT_PFS;                                              \
         }                                                                         \
-        if (how_ == MONARCH_SLOT_PFS && monarch_part_pending) {                   \
+        if (how_ == MONARCH_SLOT_PFS && monarch_part_pending && !strchr(mode, ',')) { \
             /* staged by blocks: opened here, and a FILE reading through the shim */ \
             fd_ = MONARCH_RESOLVE(openat)(AT_FDCWD, path, flags);                 \
             monarch_after(fd_, how_);                                             \
