@@ -70,6 +70,14 @@ def pfs_bytes():
 """
 
 
+@pytest.fixture(scope="module", autouse=True)
+def shim_built():
+    """The shim built before the first job: `monarch run` builds a shim whose source changed after
+    its daemon started, and a reader that starts later than its copy takes finds the file whole."""
+    from monarch.shim import shim_library
+    shim_library()
+
+
 def setup_case(short_tmp, slow_pfs, size, bandwidth, capacity, name="tok.bin", read_latency_ms=0.0):
     src = os.path.join(short_tmp, "src", "data")
     os.makedirs(src)
@@ -505,12 +513,9 @@ print(json.dumps({"rc": r.returncode, "out": r.stdout, "err": r.stderr[-2000:], 
 
 @pytest.fixture(scope="module")
 def stdio_reader(tmp_path_factory):
-    """tests/integration/stdio_reader.c compiled (fopen/fdopen, fread, fseeko, getc, fgets ...),
-    and the shim built first: a job that starts later than the copy takes finds the file whole."""
+    """tests/integration/stdio_reader.c compiled (fopen/fdopen, fread, fseeko, getc, fgets ...)."""
     import shutil
     import subprocess
-    from monarch.shim import shim_library
-    shim_library()
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("no C compiler")
