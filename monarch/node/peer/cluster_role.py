@@ -39,7 +39,7 @@ from monarch.node.snapshot.snapshot import Snapshot
 from monarch.node.stage.read_ahead_modes import Where, decide
 from monarch.node.stage.sources import PeerSource
 from monarch.node.stage.stager import Stager
-from monarch.routes import INLINE_MAX
+from monarch.routes import BLOCKS_MIN, INLINE_MAX
 from monarch.node.tiers.tiers import Tier
 from monarch.records.node_stats import ClusterSlice
 from monarch.sizes import allocated_size
@@ -110,9 +110,11 @@ class ClusterRole:
 
     def by_ranges(self, key: str) -> bool:
         """Is ``key`` a large file staged by blocks, its ranges owned across the nodes?"""
+        info = self._current.snapshot.get(key)
+        if info is None or info.size < BLOCKS_MIN:  # (most files: no route asked for, at a million of them)
+            return False
         stager = self._current.stager
-        return (stager is not None and stager.blocks is not None
-                and stager.blocks.eligible(key, self._current.snapshot.get(key)))
+        return stager is not None and stager.blocks is not None and stager.blocks.eligible(key, info)
 
     def use_stager(self, stager: Stager) -> None:
         """A new stager of this node: its large files' blocks come from their ranges' owners."""

@@ -37,7 +37,8 @@ BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of t
 BLOCKMAP_READAROUND_OFFSET = 48  # "readaround": nonzero once the PFS's round trip is long (ReadPace.readaround)
 BLOCKMAP_FILL_OFFSET = 56  # "fill": nonzero while a shim's large read may fill blocks (the file has room whole)
 BLOCKMAP_WAIT_OFFSET = 64  # "wait_us" (a cluster's): a shim's large read waits this long for blocks from their owners
-PEER_WAIT_US = 200_000     # ... at most: an owner reads a block from the PFS first if need be (2.6 ms at 400 MB/s)
+PEER_WAIT_US = 1_000_000   # ... at most: an owner reads a run of blocks from the PFS first if need be (8 MiB: 20 ms at
+# 400 MB/s, 160 ms at 50 MB/s; more when the link is shared): a read that waits longer reads the PFS
 BLOCK_ABSENT = 0
 BLOCK_WANTED = 1  # the shim read it from the PFS: staged next
 BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there

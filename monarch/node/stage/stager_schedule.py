@@ -228,8 +228,9 @@ class Schedule:
     # -- room ------------------------------------------------------------------------------------
     def _from_peer(self, key: str) -> bool:
         """Is ``key`` copied whole from the node that owns it (its route, on a replicating node)?"""
-        return self.books.peers is not None and \
-            self.books.route(key, self.books.snapshot.files[key]) in (Route.PEER, Route.PEER_LANE)
+        books = self.books
+        return books.peers is not None and books.peers.owns_elsewhere(key) and \
+            books.route(key, books.snapshot.files[key]) in (Route.PEER, Route.PEER_LANE)
 
     def _room_for(self, key: str) -> bool:
         """Room for ``key``: its size, or, for a large file of a cluster, some of its blocks
