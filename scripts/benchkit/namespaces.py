@@ -12,7 +12,6 @@ bytes) mounts the PFS at the path every node uses; its daemon and its readers en
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

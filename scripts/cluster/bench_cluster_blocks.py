@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit
-from benchkit import REPO  # noqa: E402
+from benchkit import checkout_env  # noqa: E402
 from benchkit.memory_cgroup import MemoryCgroup  # noqa: E402
 from benchkit.namespaces import NodeNamespaces  # noqa: E402
 from benchkit.options import fresh_bytecode, parse_with_quick  # noqa: E402
@@ -120,11 +120,10 @@ peer: {{path: "/dev/shm{base}/peer${{MONARCH_NODE}}", capacity: 64MiB, timeout: 
 
 
 def env(**extra) -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(REPO), e.get("PYTHONPATH", "")])
-    e.pop("MONARCH_DISABLE", None)
-    e.update({k: str(v) for k, v in extra.items()})
-    return e
+    """A reader's or daemon's environment: this checkout's monarch, Monarch on unless ``extra`` says."""
+    base = dict(os.environ)
+    base.pop("MONARCH_DISABLE", None)
+    return checkout_env(base, **extra)
 
 
 def children_cpu() -> float:
