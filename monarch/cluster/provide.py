@@ -2,10 +2,11 @@
 
 The engine thread receives ``("req", tag, key)``; a pool thread calls ``provide(key)``
 (which may stage the file from the PFS first), then reads the staged file chunk by chunk
-(a compressed copy as it is stored: see transfer.py). ``("range", tag, key, offset, length)``
-asks for a span of a large file's blocks: ``provide_range`` (which may stage those blocks
-first) names the block copy that holds them, and the span is sent as a file of its own
-and hands each chunk to the engine to send, at most ``window`` chunks in flight. A
+(a compressed copy as it is stored: see transfer.py)
+and hands each chunk to the engine to send, at most ``window`` chunks in flight.
+``("range", tag, key, offset, length)`` asks for a span of a large file's blocks:
+``provide_range`` (which may stage those blocks first) names the block copy that holds them,
+and the span is sent as a file of its own, the same way. A
 requester that stops receiving (dead, hung) stalls the window: after ``peer_timeout``
 without progress the pool thread gives up, so a dead peer costs one pool thread for one
 timeout, never forever.
@@ -102,9 +103,12 @@ class Provider:
         if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 and length >= 0):
             self._post_header(src, tag, transfer.encode_refusal(f"bad range {offset!r}+{length!r}"))
             return
-        self.on_request(src, tag, key, (offset, length))
+        self._accept(src, tag, key, (offset, length))
 
-    def on_request(self, src: int, tag: int, key: str, span: tuple[int, int] | None = None) -> None:
+    def on_request(self, src: int, tag: int, key: str) -> None:
+        self._accept(src, tag, key, None)
+
+    def _accept(self, src: int, tag: int, key: str, span: tuple[int, int] | None) -> None:
         if not self._started:
             return  # not serving yet: the requester's timeout answers it
         if not self.accepting or (self.provide if span is None else self.provide_range) is None:

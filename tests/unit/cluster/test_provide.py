@@ -183,3 +183,24 @@ def test_a_lost_requesters_transfer_stops_without_waiting_out_the_timeout(staged
     assert s.wait_idle(5)
     assert counters.snapshot()["serve_failures"] == {"lost": 2}
     s.shutdown()
+
+
+def test_a_range_goes_as_a_file_of_its_own_and_a_bad_one_is_refused(staged):
+    """("range", tag, key, offset, length): the span of the copy provide_range names, counted as
+    a range; a negative or non-integer span, or one the owner cannot serve, is refused."""
+    asked = []
+    s, counters = provider(lambda key: None)
+    s.provide_range = lambda key, offset, length: asked.append((key, offset, length)) or \
+        (staged if offset + length <= 10 else None)
+    s.on_range(1, 16, "0/a", 3, 5)
+    assert s.wait_idle(10)
+    header, *chunks = s.engine.messages(1, 16)
+    assert decode_ok(header, len(header)) == (5, 5, RAW) and b"".join(chunks) == b"34567"
+    for tag, offset, length in ((17, -1, 5), (18, 2, "5"), (19, 8, 5)):
+        s.on_range(1, tag, "0/a", offset, length)
+        assert s.wait_idle(10)
+        assert refusal(s.engine.messages(1, tag))
+    assert asked == [("0/a", 3, 5), ("0/a", 8, 5)]  # the malformed spans never reached it
+    c = counters.snapshot()
+    assert (c["ranges_sent"], c["files_sent"], c["bytes_sent"]) == (1, 0, 5)
+    assert s.engine.messages(1, 19) and c["serve_failures"] == {"refused": 1}
