@@ -14,7 +14,8 @@ at once:
 
 Cases, side by side in one run: ``direct`` (the PFS), and ``mpiexec -n N monarch serve`` with
 each node's reader under ``monarch run``, its RAM tier holding the file (``file``) or a 1/N
-share of it and 64 MiB (``share``: the file fits only across the nodes). Printed per case: the
+share of it and 64 MiB (``share``: the file fits only across the nodes); ``--rooms kill`` adds
+a node lost mid-job (its daemon and its reader SIGKILLed; the others must finish right). Printed per case: the
 slowest node's first step and job, the PFS's bytes over the file's (the sum of the mounts'
 counts), and the whole job's CPU-seconds (readers, daemons and launchers; the FUSE servers apart).
 
@@ -132,10 +133,18 @@ def children_cpu() -> float:
 
 
 def run_readers(nodes: NodeNamespaces, cmds: list[list[str]], envs: list[dict], cgroup: MemoryCgroup,
-                timeout: float) -> list[dict]:
+                timeout: float, kill: tuple[float, int] | None = None) -> list[dict]:
+    """Each node's reader, at once; their figures. ``kill`` (seconds, pid): that long after the
+    start the last node is lost: its daemon ``pid`` and its reader SIGKILLed (its figures left out)."""
     procs = [subprocess.Popen(nodes.enter(k, cgroup.wrap(cmd)), env=e, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, start_new_session=True)
              for k, (cmd, e) in enumerate(zip(cmds, envs))]
+    if kill is not None:
+        time.sleep(kill[0])
+        os.kill(kill[1], 9)
+        os.killpg(procs[-1].pid, 9)
+        procs[-1].wait()
+        procs = procs[:-1]
     out = []
     for k, p in enumerate(procs):
         try:
@@ -159,7 +168,7 @@ def case(args, nodes: NodeNamespaces, base: Path, reader: str, readers_args: lis
         t0 = time.monotonic()
         results = run_readers(nodes, cmds, [env(MONARCH_DISABLE=1)] * args.nodes, cgroup, args.timeout)
     else:
-        ram = 2 * size if room == "file" else size // args.nodes + (64 << 20)
+        ram = size // args.nodes + (64 << 20) if room == "share" else 2 * size  # "kill": room for the file
         run_base = base / f"{reader}-{room}"
         for k in range(args.nodes):  # the bases, as their user makes them
             for d in (run_base / f"run{k}", Path(f"/dev/shm{run_base}/ram{k}"), Path(f"/dev/shm{run_base}/peer{k}")):
@@ -180,8 +189,12 @@ def case(args, nodes: NodeNamespaces, base: Path, reader: str, readers_args: lis
                 time.sleep(0.05)
             t0 = time.monotonic()
             monarch = [sys.executable, "-m", "monarch", "run", "-c", str(cfg), "--"]
+            kill = None
+            if room == "kill":  # the last node lost mid-job: its daemon and its reader
+                pid = int((sockets[-1].parent / "daemon.pid").read_text())
+                kill = (args.kill_after, pid)
             results = run_readers(nodes, [monarch + c for c in cmds],
-                                  [env(MONARCH_NODE=k) for k in range(args.nodes)], cgroup, args.timeout)
+                                  [env(MONARCH_NODE=k) for k in range(args.nodes)], cgroup, args.timeout, kill)
         finally:
             if serve.poll() is None:
                 serve.send_signal(15)
@@ -210,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--open-latency-ms", type=float, default=2)
     p.add_argument("--steps", type=int, default=1500, help="the windows reader's steps")
     p.add_argument("--readers", default="windows,weights")
-    p.add_argument("--rooms", default="file,share")
+    p.add_argument("--rooms", default="file,share",
+                   help="file: each node's RAM tier holds the file; share: 1/N of it and 64 MiB; kill: as file, "
+                        "the last node (daemon and reader) SIGKILLed --kill-after seconds in")
+    p.add_argument("--kill-after", type=float, default=2.0)
     p.add_argument("--cgroup-mib", type=int, default=512)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", help="write the rows here too")
@@ -256,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['pfs']:.2f}x | {r['cpu']:.1f} |")
     if args.steps_of:
         for r in rows:
-            print(r["reader"], r["room"], "node steps:", *(r["steps"][k][:args.steps_of] for k in range(args.nodes)))
+            print(r["reader"], r["room"], "node steps:", *(steps[:args.steps_of] for steps in r["steps"]))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
