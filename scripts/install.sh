@@ -15,6 +15,8 @@ command -v objdump >/dev/null 2>&1 || need+=(binutils)  # the glibc 2.17 import 
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 command -v make >/dev/null 2>&1 || need+=(make)  # the process-shape tests run make -j with $(...) recipes
 command -v mount >/dev/null 2>&1 || need+=(mount)  # the tier accounting test mounts a private tmpfs
+# bench_cluster_blocks' simulated nodes (its smoke run): a mount namespace each, its FUSE mount found there
+{ command -v unshare && command -v nsenter && command -v findmnt; } >/dev/null 2>&1 || need+=(util-linux)
 [ -e /usr/lib/x86_64-linux-gnu/libfuse3.so.3 ] || ls /usr/lib/*/libfuse3.so.3 >/dev/null 2>&1 || need+=(libfuse3-3)
 # the shim decodes compressed copies with the system's libzstd (dlopen; without it the daemon
 # decodes them): the tests of that path need it
