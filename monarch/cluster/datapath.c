@@ -6,8 +6,10 @@
  *
  * Owner: one thread answers requests. A request names a key and the size the requester's
  * snapshot gives it. A key Python listed as staged here, raw, of that size and at most
- * DP_ONE_MESSAGE_MAX, is read and sent back in one message (a header, then the bytes). Anything
- * else (not staged yet, compressed, larger, another size, a read error) is answered
+ * DP_ONE_MESSAGE_MAX, is read and sent back in one message (a header, then the bytes). A span of
+ * a large file (up to DP_RANGE_MAX) is answered so when Python offered the file whole or by
+ * blocks and every block of the span is STAGED in a map of the requester's version of the file.
+ * Anything else (not staged yet, compressed, larger, another size, a read error) is answered
  * DP_HANDED_BACK: the requester asks again through Python's protocol, which stages, streams in
  * chunks, decodes and refuses.
  *
@@ -55,10 +57,14 @@ enum { ST_OK = 0, ST_HANDED_BACK = 1 };  /* a file's status in a reply */
 
 /* One request names up to DP_BATCH_FILES_MAX files (their items, then their keys back to back);
  * its reply has one item per file, then the bytes of those answered ST_OK, back to back: a
- * batch of files crosses in one message each way. */
+ * batch of files crosses in one message each way. A span's request (REQ_RANGE) names one large
+ * file: its item (the file's size), the span, then its key; the reply's item has the span's
+ * length, then its bytes. */
 struct request_header { uint32_t tag; uint16_t n; uint16_t flags; };
 #define REQ_WAITED 1u                   /* flags: an application's open waits on this reply (poll_pace.h) */
+#define REQ_RANGE 2u                    /* flags: a span of one large file's staged blocks */
 struct request_item { uint64_t size; uint32_t len; uint32_t pad; };
+struct request_span { uint64_t offset, length; int64_t mtime_ns; };
 struct reply_header { uint32_t n; uint32_t pad; };
 struct reply_item { int32_t status; uint32_t pad; uint64_t size; };
 
@@ -77,6 +83,7 @@ struct dp_request {                     /* one request of this node's, posted */
 };
 
 struct sending { struct sending *next; MPI_Request req; char *buf; };
+struct block_offer { struct block_offer *next; uint32_t len; uint8_t slot; char key[]; };
 struct let_go { int fd; char *map; uint64_t mapped; };  /* a withdrawn offer's kept file (datapath_offers.c) */
 
 struct dp {
@@ -93,6 +100,7 @@ struct dp {
     uint64_t offers;                    /* offers made: each one's generation */
     uint32_t kept_fds, fds_allowed;     /* descriptors kept open, at most */
     struct let_go *closing;             /* withdrawn offers' kept files, for the owner's thread to close */
+    struct block_offer *block_offers;   /* large files staged by blocks here (dp_blocks) */
     uint32_t nclosing, closing_cap;
     int reads_over;                     /* the owner's thread has ended: descriptors are closed at once */
     char *tiers[MONARCH_MAX_SLOTS];
@@ -101,6 +109,7 @@ struct dp {
     uint64_t served_files, served_bytes, handed_back, fetched_files, fetched_bytes, mpi_errors;
     uint64_t requests, served_requests;  /* messages: sent as a requester, answered as an owner */
     uint64_t waits, idle_sleeps;         /* sleeps: requesters' while a reply was due; the owner thread's */
+    uint64_t served_ranges, served_range_bytes, fetched_ranges, fetched_range_bytes;
     int64_t rtt_ns;                     /* answers' round trip, a moving average (relaxed: a hint) */
 };
 
@@ -109,36 +118,89 @@ struct dp {
 /* A request's items and keys, checked against its length (a peer's bytes are not trusted):
  * the items, or NULL. */
 static const struct request_item *parse_request(const char *msg, int count, struct request_header *rh,
-                                                uint64_t *total)
+                                                struct request_span *span, uint64_t *total)
 {
     if (count < (int)sizeof *rh)
         return NULL;
     memcpy(rh, msg, sizeof *rh);
-    if (rh->n == 0 || rh->n > DP_BATCH_FILES_MAX || (size_t)count < sizeof *rh + rh->n * sizeof(struct request_item))
+    int ranged = (rh->flags & REQ_RANGE) != 0;
+    size_t head = sizeof *rh + rh->n * sizeof(struct request_item) + (ranged ? sizeof *span : 0);
+    if (rh->n == 0 || rh->n > DP_BATCH_FILES_MAX || (ranged && rh->n != 1) || (size_t)count < head)
         return NULL;
     const struct request_item *items = (const struct request_item *)(msg + sizeof *rh);
     uint64_t keys = 0, bytes = 0;
     for (uint32_t i = 0; i < rh->n; i++) {
-        if (items[i].len == 0 || items[i].len > DP_KEY_MAX || items[i].size > DP_BATCH_BYTES_MAX)
+        if (items[i].len == 0 || items[i].len > DP_KEY_MAX || (!ranged && items[i].size > DP_BATCH_BYTES_MAX))
             return NULL;
         keys += items[i].len;
         bytes += items[i].size;
     }
-    if (sizeof *rh + rh->n * sizeof(struct request_item) + keys != (uint64_t)count || bytes > DP_BATCH_BYTES_MAX)
+    if (ranged) {                       /* a span within the file, of one message at most */
+        memcpy(span, items + 1, sizeof *span);
+        if (span->length == 0 || span->length > DP_RANGE_MAX || span->offset > items[0].size ||
+            span->length > items[0].size - span->offset)
+            return NULL;
+        bytes = span->length;
+    }
+    if (head + keys != (uint64_t)count || (!ranged && bytes > DP_BATCH_BYTES_MAX))
         return NULL;
     *total = bytes;
     return items;
+}
+
+/* The reply ``buf`` (``len`` bytes) sent to ``src`` with ``tag``, freed once MPI is done with
+ * it: 0, or -1 (the send failed, ``buf`` freed). */
+static int send_reply(struct dp *d, int src, uint32_t tag, char *buf, size_t len)
+{
+    struct sending *s = malloc(sizeof *s);
+    if (!s || MPI_Isend(buf, (int)len, MPI_BYTE, src, (int)tag, d->comm, &s->req) != MPI_SUCCESS) {
+        __atomic_add_fetch(&d->mpi_errors, 1, __ATOMIC_RELAXED);
+        free(s);
+        free(buf);
+        return -1;
+    }
+    s->buf = buf;
+    s->next = d->sends;
+    d->sends = s;
+    return 0;
+}
+
+/* Answer a span's request: its bytes, if every block of it is staged here (read_range), else
+ * handed back (the requester asks Python's protocol, whose owner reads them from the PFS first). */
+static void answer_range(struct dp *d, int src, const struct request_header *rh, const struct request_item *item,
+                         const struct request_span *span, const char *key)
+{
+    size_t head = sizeof(struct reply_header) + sizeof(struct reply_item);
+    char *buf = malloc(head + span->length);
+    if (!buf)
+        return;                         /* the requester's deadline answers */
+    int ok = read_range(d, key, item->len, item->size, span, buf + head) == 0;
+    struct reply_header h = {.n = 1};
+    struct reply_item r = {.status = ok ? ST_OK : ST_HANDED_BACK, .size = ok ? span->length : 0};
+    memcpy(buf, &h, sizeof h);
+    memcpy(buf + sizeof h, &r, sizeof r);
+    if (send_reply(d, src, rh->tag, buf, head + r.size) != 0)
+        return;
+    pthread_mutex_lock(&d->mu);
+    d->served_requests++;
+    d->served_ranges += ok;
+    d->served_range_bytes += r.size;
+    d->handed_back += !ok;
+    pthread_mutex_unlock(&d->mu);
 }
 
 /* Answer one request; 1 if an application's open waits on it (REQ_WAITED). */
 static int answer(struct dp *d, int src, const char *msg, int count)
 {
     struct request_header rh;
+    struct request_span span;
     uint64_t total = 0;
-    const struct request_item *items = parse_request(msg, count, &rh, &total);
+    const struct request_item *items = parse_request(msg, count, &rh, &span, &total);
     if (!items)
         return 0;                       /* not ours to answer: the requester's deadline does */
     int waited = (rh.flags & REQ_WAITED) != 0;
+    if (rh.flags & REQ_RANGE)
+        return answer_range(d, src, &rh, items, &span, (const char *)(items + 1) + sizeof span), waited;
     size_t head = sizeof(struct reply_header) + rh.n * sizeof(struct reply_item);
     char *buf = malloc(head + total);
     if (!buf)
@@ -156,16 +218,8 @@ static int answer(struct dp *d, int src, const char *msg, int count)
         ok += staged;
         bytes += r.size;
     }
-    struct sending *s = malloc(sizeof *s);
-    if (!s || MPI_Isend(buf, (int)(head + at), MPI_BYTE, src, (int)rh.tag, d->comm, &s->req) != MPI_SUCCESS) {
-        __atomic_add_fetch(&d->mpi_errors, 1, __ATOMIC_RELAXED);
-        free(s);
-        free(buf);
+    if (send_reply(d, src, rh.tag, buf, head + at) != 0)
         return waited;
-    }
-    s->buf = buf;
-    s->next = d->sends;
-    d->sends = s;
     pthread_mutex_lock(&d->mu);
     d->served_requests++;
     d->served_files += ok;
@@ -478,21 +532,29 @@ static void short_sleeps(void)
  * and the answer WAITING, or DP_MPI_ERROR with the fetch to finish (finish_batch); or a DP_*
  * with *out NULL (nothing posted: a file not for this path, no memory, the stop, a lost owner). */
 static int post_batch(struct dp *d, int owner, int n, const char *const *keys, const int *lens, const uint64_t *sizes,
-                      uint32_t flags, struct dp_request **out, int *posted)
+                      const struct request_span *span, uint32_t flags, struct dp_request **out, int *posted)
 {
     uint64_t bytes = 0, keys_len = 0;
     *out = NULL;
     *posted = 0;
-    int why = n <= 0 || n > DP_BATCH_FILES_MAX || owner < 0 || owner >= d->size || owner == d->rank ? DP_HANDED_BACK : 0;
+    int why = n <= 0 || n > DP_BATCH_FILES_MAX || (span && n != 1) || owner < 0 || owner >= d->size ||
+              owner == d->rank ? DP_HANDED_BACK : 0;
     for (int i = 0; !why && i < n; i++) {
-        why = lens[i] <= 0 || lens[i] > DP_KEY_MAX || sizes[i] > DP_BATCH_BYTES_MAX ? DP_HANDED_BACK : 0;
+        why = lens[i] <= 0 || lens[i] > DP_KEY_MAX || (!span && sizes[i] > DP_BATCH_BYTES_MAX) ? DP_HANDED_BACK : 0;
         bytes += sizes[i];
         keys_len += (uint64_t)(lens[i] > 0 ? lens[i] : 0);
     }
-    if (!why && bytes > DP_BATCH_BYTES_MAX)
+    if (span) {                         /* a span of the file (n == 1): its bytes come back */
+        bytes = span->length;
+        flags |= REQ_RANGE;
+        if (!why && (span->length == 0 || span->length > DP_RANGE_MAX || span->offset > sizes[0] ||
+                     span->length > sizes[0] - span->offset))
+            why = DP_HANDED_BACK;
+    } else if (!why && bytes > DP_BATCH_BYTES_MAX) {
         why = DP_HANDED_BACK;
+    }
     struct dp_request *f = why ? NULL : calloc(1, sizeof *f);
-    size_t head = sizeof(struct request_header) + (size_t)n * sizeof(struct request_item);
+    size_t head = sizeof(struct request_header) + (size_t)n * sizeof(struct request_item) + (span ? sizeof *span : 0);
     if (!why && (!f || !(f->buf = malloc(sizeof(struct reply_header) + (size_t)n * sizeof(struct reply_item) + bytes)) ||
                  !(f->req = malloc(head + keys_len))))
         why = DP_LOCAL_IO;
@@ -512,6 +574,8 @@ static int post_batch(struct dp *d, int owner, int n, const char *const *keys, c
         memcpy(k, keys[i], (size_t)lens[i]);
         k += lens[i];
     }
+    if (span)                           /* between the items and the keys */
+        memcpy(items + n, span, sizeof *span);
     pthread_mutex_lock(&d->mu);
     why = !d->running || __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE) ? DP_STOPPED : lost_node(d, owner) ? DP_LOST : 0;
     if (why) {
@@ -580,7 +644,7 @@ static int fetch_batch(struct dp *d, int owner, int n, const char *const *keys, 
                        const int *fds, int64_t *results, int timeout_ms, int at_zero)
 {
     struct dp_request *f;
-    int posted, why = post_batch(d, owner, n, keys, lens, sizes, REQ_WAITED, &f, &posted);
+    int posted, why = post_batch(d, owner, n, keys, lens, sizes, NULL, REQ_WAITED, &f, &posted);
     if (!f)
         return why;
     if (why == WAITING)
@@ -617,6 +681,48 @@ EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys
     return why;
 }
 
+/* Fetch a span of large file ``key`` from node ``owner``'s staged blocks (datapath.h): one request,
+ * one reply of the span's bytes, written into ``fd`` at ``offset``. Any thread, several at once. */
+EXPORT int64_t dp_fetch_range(struct dp *d, int owner, const char *key, int len, uint64_t size, int64_t mtime_ns,
+                              uint64_t offset, uint64_t length, int fd, int timeout_ms)
+{
+    short_sleeps();
+    struct request_span span = {.offset = offset, .length = length, .mtime_ns = mtime_ns};
+    struct dp_request *f;
+    int posted, why = post_batch(d, owner, 1, &key, &len, &size, &span, REQ_WAITED, &f, &posted);
+    if (!f)
+        return why;
+    if (why == WAITING)
+        wait_answer(d, f, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &why, &posted);
+    int kept = why;
+    if (finish_batch(d, f, why, posted, NULL, NULL, NULL, 0, &kept) != 0) {
+        if (!posted)                    /* (else an orphan: the owner's thread frees it) */
+            free_fetch(f);
+        return why;
+    }
+    const char *at = NULL;
+    int64_t result = DP_HANDED_BACK;
+    reply_files(f, &length, &at, &result);
+    for (uint64_t put = 0; at && put < length;) {
+        ssize_t w = pwrite(fd, at + put, length - put, (off_t)(offset + put));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            result = DP_LOCAL_IO;
+            break;
+        }
+        put += (uint64_t)w;
+    }
+    free_fetch(f);
+    if (result >= 0) {
+        pthread_mutex_lock(&d->mu);
+        d->fetched_ranges++;
+        d->fetched_range_bytes += (uint64_t)result;
+        pthread_mutex_unlock(&d->mu);
+    }
+    return result;
+}
+
 /* A request of ``n`` files to node ``owner`` (as dp_fetch_many's) posted, not waited for: a
  * handle for dp_test and dp_take, which its caller (one thread) must end with dp_take; or NULL
  * with *why a DP_* (nothing posted: not for this path, no memory, the stop, a lost owner). The
@@ -629,7 +735,7 @@ EXPORT struct dp_request *dp_post(struct dp *d, int owner, int n, const char *co
                                   const uint64_t *sizes, int waited, int timeout_ms, int *why)
 {
     struct dp_request *f;
-    int posted, w = post_batch(d, owner, n, keys, lens, sizes, waited ? REQ_WAITED : 0, &f, &posted);
+    int posted, w = post_batch(d, owner, n, keys, lens, sizes, NULL, waited ? REQ_WAITED : 0, &f, &posted);
     *why = w;
     if (!f)
         return NULL;
@@ -690,6 +796,10 @@ EXPORT void dp_counts(struct dp *d, struct dp_counts *out)
         .served_requests = d->served_requests,
         .waits = __atomic_load_n(&d->waits, __ATOMIC_RELAXED),
         .idle_sleeps = __atomic_load_n(&d->idle_sleeps, __ATOMIC_RELAXED),
+        .served_ranges = d->served_ranges,
+        .served_range_bytes = d->served_range_bytes,
+        .fetched_ranges = d->fetched_ranges,
+        .fetched_range_bytes = d->fetched_range_bytes,
     };
     pthread_mutex_unlock(&d->mu);
 }

@@ -41,6 +41,7 @@ HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST = -1, -2, -3, 
 BATCH_FILES_MAX = 64  # files in one request (fetch_many), ...
 BATCH_BYTES_MAX = 4 << 20  # ... and their bytes together: one reply
 KEY_MAX = 4096  # a key's bytes
+RANGE_MAX = 8 << 20  # a span of a large file's blocks in one message (fetch_range)
 MAX_PEERS = 65536  # nodes the path can tell lost
 ENV_DATAPATH = "MONARCH_PEER_DATAPATH"
 
@@ -49,7 +50,8 @@ class Counts(ctypes.Structure):
     """dp_counts' record (struct dp_counts), by name."""
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "served_files", "served_bytes", "handed_back", "fetched_files", "fetched_bytes", "mpi_errors", "offered",
-        "requests", "served_requests", "waits", "idle_sleeps")]
+        "requests", "served_requests", "waits", "idle_sleeps", "served_ranges", "served_range_bytes",
+        "fetched_ranges", "fetched_range_bytes")]
 
 
 _vp, _i, _cp, _u64, _i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int64
@@ -59,6 +61,8 @@ _PROTOTYPES = {
     "dp_start": (_vp, [ctypes.c_ssize_t, _i]),
     "dp_tier": (None, [_vp, _i, _cp]),
     "dp_forget": (None, [_vp, _cp, _i]),
+    "dp_blocks": (None, [_vp, _cp, _i, _i]),
+    "dp_fetch_range": (_i64, [_vp, _i, _cp, _i, _u64, _i64, _u64, _u64, _i, _i]),
     "dp_lost": (None, [_vp, _i]),
     "dp_counts": (None, [_vp, ctypes.POINTER(Counts)]),
     "dp_stop": (None, [_vp]),
@@ -172,12 +176,28 @@ class DataPath:
         raw = protocol.key_bytes(key)
         self._lib.dp_forget(self._dp, raw, len(raw))
 
+    def offer_blocks(self, key: str, slot: int) -> None:
+        """Large file ``key`` is staged by blocks in tier ``slot`` (-1: no longer): spans of its
+        staged blocks are answered from C."""
+        raw = protocol.key_bytes(key)
+        self._lib.dp_blocks(self._dp, raw, len(raw), slot)
+
     # -- the requester's side ------------------------------------------------------------------
     def fetch(self, owner: int, key: str, size: int, fd: int, timeout: float) -> int:
         """``key``'s ``size`` bytes from ``owner`` written into ``fd``: the bytes written, or
         one of HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST."""
         raw = protocol.key_bytes(key)
         return self._lib.dp_fetch(self._dp, owner, raw, len(raw), size, fd, max(1, int(timeout * 1000)))
+
+    def fetch_range(self, owner: int, key: str, size: int, mtime_ns: int, offset: int, length: int, fd: int,
+                    timeout: float) -> int:
+        """Bytes [offset, offset + length) of large file ``key`` (``size`` bytes, ``mtime_ns``) from
+        ``owner``'s staged blocks, written into ``fd`` at ``offset``: the bytes written, or one of
+        HANDED_BACK (not all staged there, or longer than RANGE_MAX), TIMEOUT, MPI_ERROR, CORRUPT,
+        LOCAL_IO, STOPPED, LOST."""
+        raw = protocol.key_bytes(key)
+        return self._lib.dp_fetch_range(self._dp, owner, raw, len(raw), size, mtime_ns, offset, length, fd,
+                                        max(1, int(timeout * 1000)))
 
     def fetch_many(self, owner: int, items: list[tuple[str, int, int]], timeout: float) -> list[int]:
         """Many files from ``owner`` in one request and one reply: ``items`` (key, size, fd), each

@@ -247,3 +247,110 @@ EXPORT void dp_forget(struct dp *d, const char *key, int len)
     }
     pthread_mutex_unlock(&d->mu);
 }
+
+/* ---- large files staged by blocks: spans of their STAGED blocks ---- */
+
+/* The block offer of ``key``'s link in the list (NULL at its end). Under the lock. */
+static struct block_offer **find_blocks_locked(struct dp *d, const char *key, uint32_t len)
+{
+    struct block_offer **p = &d->block_offers;
+    while (*p && !((*p)->len == len && !memcmp((*p)->key, key, len)))
+        p = &(*p)->next;
+    return p;
+}
+
+EXPORT void dp_blocks(struct dp *d, const char *key, int len, int slot)
+{
+    if (len <= 0 || len > DP_KEY_MAX || slot < -1 || slot >= MONARCH_MAX_SLOTS)
+        return;
+    pthread_mutex_lock(&d->mu);
+    struct block_offer **p = find_blocks_locked(d, key, (uint32_t)len);
+    if (slot < 0 && *p) {
+        struct block_offer *b = *p;
+        *p = b->next;
+        free(b);
+    } else if (slot >= 0 && *p) {
+        (*p)->slot = (uint8_t)slot;
+    } else if (slot >= 0 && (*p = malloc(sizeof **p + (size_t)len))) {
+        (*p)->next = NULL;
+        (*p)->len = (uint32_t)len;
+        (*p)->slot = (uint8_t)slot;
+        memcpy((*p)->key, key, (size_t)len);
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+static int read_all_from(int fd, char *dst, uint64_t n, uint64_t offset)
+{
+    uint64_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, dst + got, n - got, (off_t)(offset + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        got += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Are the blocks of [offset, offset + length) all STAGED in the map ``fd``, the map of this
+ * version of the file (``size``, ``mtime_ns``)? The daemon changes the states under us: a block
+ * is STAGED only once its bytes are all in the copy, and stays so while the copy stands. */
+static int blocks_staged(int fd, uint64_t size, int64_t mtime_ns, uint64_t offset, uint64_t length)
+{
+    struct monarch_blockmap_header h;
+    unsigned char states[(DP_RANGE_MAX >> 12) + 1];  /* a span's blocks, of 4 KiB at the least */
+    if (read_all_from(fd, (char *)&h, sizeof h, 0) != 0 || h.magic != MONARCH_BLOCKMAP_MAGIC ||
+        h.version != MONARCH_BLOCKMAP_VERSION || h.size != size || h.mtime_ns != mtime_ns ||
+        h.block_shift < 12 || h.block_shift > 30 || h.blocks != (size + (1ULL << h.block_shift) - 1) >> h.block_shift)
+        return 0;
+    uint64_t first = offset >> h.block_shift, n = ((offset + length - 1) >> h.block_shift) - first + 1;
+    if (n > sizeof states || read_all_from(fd, (char *)states, n, MONARCH_BLOCKMAP_HEADER_SIZE + first) != 0)
+        return 0;
+    for (uint64_t i = 0; i < n; i++)
+        if (states[i] != MONARCH_BLOCK_STAGED)
+            return 0;
+    return 1;
+}
+
+/* A span of large file ``key`` (``size`` bytes, of ``span->mtime_ns``) read into ``dst``: from
+ * its whole copy when it is offered so (dp_staged), else from its block copy (dp_blocks) when
+ * every block of the span is STAGED there. 0, else -1 (handed back). The owner's thread only. */
+static int read_range(struct dp *d, const char *key, uint32_t len, uint64_t size, const struct request_span *span,
+                      char *dst)
+{
+    char path[PATH_MAX], map_path[PATH_MAX];
+    int n = -1, m = -1, whole = 0;
+    pthread_mutex_lock(&d->mu);
+    struct staged *s = *find_locked(d, key, len, hash_of(key, len));
+    struct block_offer *b = s ? NULL : *find_blocks_locked(d, key, len);
+    const char *dir = s ? d->tiers[s->slot] : b ? d->tiers[b->slot] : NULL;
+    if (dir && s) {
+        whole = 1;
+        n = snprintf(path, sizeof path, "%s/%.*s", dir, (int)len, key);
+    } else if (dir) {
+        n = snprintf(path, sizeof path, "%s/%s/%.*s", dir, MONARCH_BLOCKS_DIR, (int)len, key);
+        m = snprintf(map_path, sizeof map_path, "%s/%s/%.*s", dir, MONARCH_BLOCKMAP_DIR, (int)len, key);
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (n < 0 || n >= (int)sizeof path || (!whole && (m < 0 || m >= (int)sizeof map_path)))
+        return -1;
+    if (!whole) {                       /* (a whole copy is offered for this snapshot's version) */
+        int mfd = open(map_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (mfd < 0)
+            return -1;
+        int ok = blocks_staged(mfd, size, span->mtime_ns, span->offset, span->length);
+        close(mfd);
+        if (!ok)
+            return -1;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size &&
+             read_all_from(fd, dst, span->length, span->offset) == 0;
+    close(fd);
+    return ok ? 0 : -1;
+}

@@ -92,9 +92,14 @@ class Fetcher:
         self._counters.received(written, size)
         return written
 
-    def fetch_range(self, owner: int, key: str, offset: int, length: int, fd: int, timeout: float) -> int:
+    def fetch_range(self, owner: int, key: str, offset: int, length: int, fd: int, timeout: float,
+                    version: tuple[int, int] | None = None) -> int:
         """See ``Cluster.fetch_range``."""
         self._check(owner, key)
+        if self.datapath is not None and version is not None and length <= dp.RANGE_MAX:
+            written = self._fetch_range_direct(owner, key, version, offset, length, fd)
+            if written is not None:
+                return written
         xfer = Incoming(self._engine, owner, key, self._tuning.chunk_size, self._tuning.window,
                         self._release_tag, self._liveness.heard, span=(offset, length))
         self._engine.call(lambda: self._begin(xfer))
@@ -129,6 +134,18 @@ class Fetcher:
         self._counters.received(written, written, unit="ranges")
         return written
 
+    def _fetch_range_direct(self, owner: int, key: str, version: tuple[int, int], offset: int, length: int,
+                            fd: int) -> int | None:
+        """A span through the C data path, answered by the owner's C thread when every block of it
+        is staged there: the bytes written, or None (handed back: Python's protocol, whose owner
+        reads the blocks from the PFS first)."""
+        size, mtime_ns = version
+        n = self.datapath.fetch_range(owner, key, size, mtime_ns, offset, length, fd,
+                                      min(self._tuning.peer_timeout, self._tuning.heartbeat_timeout))
+        if n >= 0:  # counted by the data path (Cluster.counters)
+            return n
+        return self._direct_failure(n, owner, f"{key!r} [{offset}, +{length})", f"the {length} bytes asked", fd)
+
     def _fetch_direct(self, owner: int, key: str, dest: str | int, size: int) -> int | None:
         """Through the C data path: the bytes written, or None when the owner or the path
         hands the file back (not staged there yet, compressed, an MPI error, no answer within a
@@ -141,16 +158,20 @@ class Fetcher:
                 os.close(fd)
         if n >= 0:  # counted by the data path (Cluster.counters), with what the front door fetched through it
             return n
+        return self._direct_failure(n, owner, repr(key), f"the {size} bytes of the snapshot", dest)
+
+    def _direct_failure(self, n: int, owner: int, what: str, expected: str, dest: str | int) -> None:
+        """The PeerError of the C data path's answer ``n``; None for those Python's protocol
+        tries again (HANDED_BACK, TIMEOUT, MPI_ERROR)."""
         if n == dp.LOST:
-            raise self._failure(FailureReason.PEER_LOST, f"fetch {key!r}: node {owner} is lost")
+            raise self._failure(FailureReason.PEER_LOST, f"fetch {what}: node {owner} is lost")
         if n == dp.CORRUPT:
-            raise self._failure(FailureReason.CORRUPT, f"fetch {key!r}: node {owner} sent another size than "
-                                f"the {size} bytes of the snapshot")
+            raise self._failure(FailureReason.CORRUPT, f"fetch {what}: node {owner} sent another size than {expected}")
         if n == dp.LOCAL_IO:
-            raise self._failure(FailureReason.LOCAL_IO, f"fetch {key!r}: writing fd {dest} failed")
+            raise self._failure(FailureReason.LOCAL_IO, f"fetch {what}: writing {dest} failed")
         if n == dp.STOPPED:
-            raise self._failure(FailureReason.NOT_RUNNING, f"fetch {key!r}: the peer layer is not running")
-        return None  # HANDED_BACK, TIMEOUT, MPI_ERROR
+            raise self._failure(FailureReason.NOT_RUNNING, f"fetch {what}: the peer layer is not running")
+        return None
 
     def _receive(self, xfer: Incoming, size: int, dest: str | int, timeout: float, file_size: int,
                  encoding: int) -> int:

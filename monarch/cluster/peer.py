@@ -175,12 +175,24 @@ class Cluster:
         return self._fetcher.fetch(owner, key, dest, size)
 
     def fetch_range(self, owner: int, key: str, offset: int, length: int, fd: int,
-                    timeout: float | None = None) -> int:
+                    timeout: float | None = None, version: tuple[int, int] | None = None) -> int:
         """Copy bytes [offset, offset + length) of large file ``key`` from node ``owner``'s staged
         blocks into descriptor ``fd`` at the same offset (the owner stages them first if need
-        be); return the bytes written. PeerError as ``fetch`` (``timeout``: peer_timeout if None)."""
+        be); return the bytes written. PeerError as ``fetch`` (``timeout``: peer_timeout if None).
+        ``version``: the file's (size, mtime_ns) in this node's snapshot: blocks the owner has
+        staged of that version cross the C data path."""
         return self._fetcher.fetch_range(owner, key, offset, length, fd,
-                                         self.peer_timeout if timeout is None else timeout)
+                                         self.peer_timeout if timeout is None else timeout, version)
+
+    def range_bytes_served_in_c(self) -> int:
+        """Bytes of large files' spans the C data path sent from here."""
+        return self.datapath.counts()["served_range_bytes"] if self.datapath is not None else 0
+
+    def offer_blocks(self, key: str, slot: int) -> None:
+        """Large file ``key`` is staged by blocks in tier ``slot`` here (-1: no longer): the C data
+        path answers spans of its staged blocks itself."""
+        if self.datapath is not None:
+            self.datapath.offer_blocks(key, slot)
 
     def counters(self) -> dict[str, Any]:
         """A copy of the transfer counters (failures by reason)."""
@@ -191,6 +203,11 @@ class Cluster:
             for way, files, nbytes in (("sent", "served_files", "served_bytes"),
                                        ("received", "fetched_files", "fetched_bytes")):
                 out[f"files_{way}"] += dp[files]
+                out[f"bytes_{way}"] += dp[nbytes]
+                out[f"wire_bytes_{way}"] += dp[nbytes]
+            for way, spans, nbytes in (("sent", "served_ranges", "served_range_bytes"),
+                                       ("received", "fetched_ranges", "fetched_range_bytes")):
+                out[f"ranges_{way}"] += dp[spans]
                 out[f"bytes_{way}"] += dp[nbytes]
                 out[f"wire_bytes_{way}"] += dp[nbytes]
                 if at_loss is not None:

@@ -37,6 +37,7 @@
     X(DP_BATCH_FILES_MAX, 64)       /* files in one request (dp_fetch_many, dp_post) */ \
     X(DP_BATCH_BYTES_MAX, 4 << 20)  /* their bytes together: one reply */             \
     X(DP_KEY_MAX, 4096)             /* a key's bytes */                               \
+    X(DP_RANGE_MAX, 8 << 20)        /* a span of a large file's blocks in one message (dp_fetch_range) */ \
     X(DP_MAX_PEERS, 65536)          /* nodes the path tells lost (dp_lost) */
 
 #define DATAPATH_ENUM_VALUE(name, value) name = value,
@@ -44,6 +45,7 @@ enum dp_answer { DATAPATH_ANSWERS(DATAPATH_ENUM_VALUE) };
 enum dp_limit { DATAPATH_LIMITS(DATAPATH_ENUM_VALUE) };
 _Static_assert(DP_BATCH_BYTES_MAX <= DP_ONE_MESSAGE_MAX, "a batch's reply is one message");
 _Static_assert(DP_BATCH_FILES_MAX <= UINT16_MAX, "a request's header counts its files in 16 bits");
+_Static_assert(DP_RANGE_MAX < (1 << 30), "a span's reply is one message, its count an int");
 _Static_assert(DP_MAX_PEERS % 8 == 0, "lost nodes are a bitmap of whole bytes");
 
 /* -- the path's counters (dp_counts): datapath.py's Counts ---------------------------------- */
@@ -55,8 +57,10 @@ struct dp_counts {
     uint64_t offered;                     /* keys offered here now (dp_staged, less dp_forget) */
     uint64_t requests, served_requests;   /* messages: sent as a requester, answered as an owner */
     uint64_t waits, idle_sleeps;          /* sleeps: requesters' while a reply was due; the owner thread's */
+    uint64_t served_ranges, served_range_bytes;   /* spans of large files answered from here */
+    uint64_t fetched_ranges, fetched_range_bytes; /* ... and fetched, as a requester */
 };
-_Static_assert(sizeof(struct dp_counts) == 11 * sizeof(uint64_t), "the counters: eleven words, no padding");
+_Static_assert(sizeof(struct dp_counts) == 15 * sizeof(uint64_t), "the counters: fifteen words, no padding");
 
 /* -- what Python calls (ctypes): datapath.py's _PROTOTYPES ---------------------------------- */
 struct dp;                                /* one node's end of the path */
@@ -65,6 +69,14 @@ EXPORT int dp_thread_multiple(void);
 EXPORT struct dp *dp_start(intptr_t comm_handle, int tag_ub);
 EXPORT void dp_tier(struct dp *d, int slot, const char *dir);
 EXPORT void dp_forget(struct dp *d, const char *key, int len);
+/* ``key`` is staged by blocks in the tier of ``slot`` (its copy and map under BLOCKS_DIR and
+ * BLOCKMAP_DIR there): spans of its STAGED blocks are answered from C (``slot`` -1: no more) */
+EXPORT void dp_blocks(struct dp *d, const char *key, int len, int slot);
+/* bytes [offset, offset + length) of large file ``key`` (``size`` bytes, ``mtime_ns``, as this
+ * node's snapshot gives it) from node ``owner``'s staged blocks, written into ``fd`` at that
+ * offset: the bytes written, or a DP_* answer (DP_HANDED_BACK: not all staged there) */
+EXPORT int64_t dp_fetch_range(struct dp *d, int owner, const char *key, int len, uint64_t size, int64_t mtime_ns,
+                              uint64_t offset, uint64_t length, int fd, int timeout_ms);
 EXPORT void dp_lost(struct dp *d, int node);
 EXPORT void dp_counts(struct dp *d, struct dp_counts *out);
 EXPORT void dp_stop(struct dp *d);

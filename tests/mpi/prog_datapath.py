@@ -10,6 +10,9 @@ import time
 
 from monarch.cluster import datapath as dp
 from monarch.cluster import world
+from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_SHIFT, BLOCK_STAGED, BLOCKMAP_HEADER,
+                                          BLOCKMAP_MAGIC, BLOCKMAP_VERSION)
+from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR
 
 work = sys.argv[1]
 MPI = world.load_mpi()
@@ -77,6 +80,63 @@ if path is not None:
         out["too_many"] = path.fetch_many(1, [("0/a/small.bin", 100, 1)] * (dp.BATCH_FILES_MAX + 1), 1.0)[0]
     comm.Barrier()
     out["counts"] = path.counts()
+    comm.Barrier()
+    # spans of a large file staged by blocks (its copy and map, as blocks.py writes them): those
+    # whose blocks are all STAGED cross in C, written at their offset; anything else is handed back
+    big_key, size, mtime = "0/tok.bin", 5 * BLOCK + 1000, 1_700_000_000_123_456_789
+    tok = comm.bcast(os.urandom(size) if comm.rank == 1 else None, root=1)
+    states = [BLOCK_STAGED, BLOCK_STAGED, BLOCK_ABSENT, BLOCK_STAGED, BLOCK_STAGED, BLOCK_STAGED]
+    if comm.rank == 1:
+        for sub, data in ((BLOCKS_DIR, tok), (BLOCKMAP_DIR, BLOCKMAP_HEADER.pack(
+                BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, size, mtime, len(states), 0, 0, 0, 0) + bytes(states))):
+            os.makedirs(os.path.join(tier, sub, "0"), exist_ok=True)
+            with open(os.path.join(tier, sub, big_key), "wb") as f:
+                f.write(data)
+        path.offer_blocks(big_key, 3)
+    comm.Barrier()
+    if comm.rank == 0:
+        spans = {}
+
+        def span(name, key, offset, length, version=(size, mtime), data=tok):
+            fd = os.memfd_create("span")
+            try:
+                os.ftruncate(fd, len(data))
+                n = path.fetch_range(1, key, *version, offset, length, fd, 2.0)
+                whole = os.pread(fd, len(data) + 1, 0)
+                spans[name] = [n, n < 0 or (whole[offset:offset + n] == data[offset:offset + n]
+                                            and whole.count(0) == len(data) - n + data[offset:offset + n].count(0))]
+            finally:
+                os.close(fd)
+
+        span("staged", big_key, 3 * BLOCK + 5, 2 * BLOCK + 995)         # blocks 3-5, to the file's end
+        span("first_two", big_key, 0, 2 * BLOCK)
+        span("absent", big_key, BLOCK, 2 * BLOCK)                       # block 2 not staged
+        span("other_mtime", big_key, 0, BLOCK, (size, mtime + 1))
+        span("other_size", big_key, 0, BLOCK, (size + 1, mtime))
+        span("past_end", big_key, size - 10, 11)
+        span("too_long", big_key, 0, dp.RANGE_MAX + 1)
+        span("not_offered", "0/other.bin", 0, 10)
+        span("whole_copy", "0/a/mid.bin", 1000, 5000, (200_000, 0), files["0/a/mid.bin"])  # offered whole
+        bad = [struct.pack("<IHHQII", 21, 1, 2, size, len(big_key), 0) + struct.pack("<QQq", size, 10, mtime)
+               + big_key.encode(),                                                  # past the end
+               struct.pack("<IHHQII", 22, 2, 2, size, len(big_key), 0) + struct.pack("<QQq", 0, 10, mtime)
+               + big_key.encode(),                                                  # two items
+               struct.pack("<IHHQII", 23, 1, 2, size, len(big_key), 0) + struct.pack("<QQq", 0, 0, mtime)
+               + big_key.encode()]                                                  # empty
+        for msg in bad:
+            path._comm.Send(msg, dest=1, tag=1)
+        span("after_hostile", big_key, 0, BLOCK)
+        out["spans"] = spans
+    comm.Barrier()
+    if comm.rank == 1:
+        path.offer_blocks(big_key, -1)
+    comm.Barrier()
+    if comm.rank == 0:
+        fd = os.memfd_create("span")
+        out["spans"]["withdrawn"] = [path.fetch_range(1, big_key, size, mtime, 0, BLOCK, fd, 2.0), True]
+        os.close(fd)
+    comm.Barrier()
+    out["range_counts"] = {k: v for k, v in path.counts().items() if "range" in k}
     comm.Barrier()
     # the owner keeps the descriptor of a file it read; a copy offered anew, or withdrawn and
     # offered again, is read afresh (its new bytes), and a withdrawn one's descriptor is closed

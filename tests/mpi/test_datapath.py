@@ -50,6 +50,19 @@ def check(proc) -> None:
     code, seconds = r[0]["lost_owner"]
     assert code == dp.LOST and seconds < 1
     assert r[0]["stopped"] == dp.STOPPED
+    # spans of a large file's blocks: staged ones cross (every byte, at its offset, nothing else
+    # written); a block not staged, another version, a bad span, a key not offered or withdrawn:
+    # handed back (Python's protocol then has the owner read them from the PFS)
+    spans = r[0]["spans"]
+    for case, length in (("staged", 2 * (1 << 20) + 995), ("first_two", 2 << 20), ("whole_copy", 5000),
+                         ("after_hostile", 1 << 20)):
+        assert spans[case] == [length, True], (case, spans)
+    for case in ("absent", "other_mtime", "other_size", "past_end", "too_long", "not_offered", "withdrawn"):
+        assert spans[case][0] == dp.HANDED_BACK, (case, spans)
+    # asked: staged, first_two, absent, other_mtime, other_size, not_offered, whole_copy,
+    # after_hostile, withdrawn (past_end and too_long never leave); the hostile three dropped
+    assert r[1]["range_counts"]["served_ranges"] == r[0]["range_counts"]["fetched_ranges"] == 4
+    assert r[1]["range_counts"]["served_range_bytes"] == (2 << 20) + 995 + (2 << 20) + 5000 + (1 << 20)
 
 
 @pytest.mark.timeout(120)

@@ -36,5 +36,11 @@ class BlockPeers:
         return [b for r, node in enumerate(first_owners(key, size, self.cluster.nodes)) if node == self.node
                 for b in range(r * BLOCKS_PER_RANGE, min(blocks, (r + 1) * BLOCKS_PER_RANGE))]
 
-    def fetch(self, owner: int, key: str, offset: int, length: int, fd: int) -> int:
-        return self.cluster.fetch_range(owner, key, offset, length, fd, self.timeout)
+    def fetch(self, owner: int, key: str, offset: int, length: int, fd: int, version: tuple[int, int]) -> int:
+        return self.cluster.fetch_range(owner, key, offset, length, fd, self.timeout, version)
+
+    def offer(self, key: str, slot: int) -> None:
+        self.cluster.offer_blocks(key, slot)
+
+    def served_elsewhere(self) -> int:
+        return self.cluster.range_bytes_served_in_c()

@@ -4,10 +4,13 @@ owners, and the blocks of this node's ranges served to the others (``BlockStager
 Each 16 MiB range of a large file has an owner (``monarch/cluster/ranges.py``; the nodes as
 sources: ``node/peer/block_peers.py``). Every node stages the file by blocks
 (``blocks.py``): its own ranges first, from the PFS, then the others' blocks from their
-owners, several consecutive blocks of one owner in a request. An owner asked for blocks it has
-not staged reads them from the PFS on the asking peer's serving thread, so each block is read
-from the PFS once for the cluster and a request never waits on a read-ahead worker (which may
-itself wait on a peer). A block its owner cannot send is read from the PFS (fail open).
+owners, several consecutive blocks of one owner in a request. The owner's C data path answers a
+request whose blocks it has all staged (``cluster/datapath_offers.c``: each block copy is offered
+to it, its map read there), with no Python on either side; it hands any other back to Python's
+protocol, where the owner reads the blocks it has not staged from the PFS on the asking peer's
+serving thread, so each block is read from the PFS once for the cluster and a request never
+waits on a read-ahead worker (which may itself wait on a peer). A block its owner cannot send is
+read from the PFS (fail open).
 """
 
 from __future__ import annotations
@@ -39,9 +42,16 @@ class RangePeers(Protocol):
     def own_blocks(self, key: str, size: int) -> list[int]:
         """The blocks of the ranges this node owns first, ascending."""
 
-    def fetch(self, owner: int, key: str, offset: int, length: int, fd: int) -> int:
-        """Those bytes of ``key`` from ``owner``'s staged blocks, written into ``fd`` at ``offset``
-        (PeerError when it cannot)."""
+    def fetch(self, owner: int, key: str, offset: int, length: int, fd: int, version: tuple[int, int]) -> int:
+        """Those bytes of ``key`` (of ``version``: size, mtime_ns) from ``owner``'s staged blocks,
+        written into ``fd`` at ``offset`` (PeerError when it cannot)."""
+
+    def offer(self, key: str, slot: int) -> None:
+        """``key`` is staged by blocks in tier ``slot`` here (-1: no longer): the peers' requests
+        for its staged blocks may be answered without this stager (the C data path)."""
+
+    def served_elsewhere(self) -> int:
+        """Bytes of this node's staged blocks the peers were sent without this stager."""
 
 
 class RangeBlocks:
@@ -54,6 +64,23 @@ class RangeBlocks:
         """From now on (before any file is attached) each large file's blocks are this node's
         own ranges (read from the PFS first) and other owners' (fetched from them)."""
         self.peers = peers
+
+    def _join_ranges_locked(self, bf: BlockFile) -> None:
+        """``bf`` is a cluster's: its own ranges first, and its staged blocks offered to the peers."""
+        bf.own_blocks(self.peers.own_blocks(bf.key, bf.info.size))
+        if not bf.borrowed:
+            self.peers.offer(bf.key, bf.tier.slot)
+
+    def _peer_stats_locked(self) -> dict:
+        """The report's figures of the blocks to and from the other nodes."""
+        return {"blocks_from_peers": self.from_peers["blocks"], "bytes_from_peers": self.from_peers["bytes"],
+                "blocks_peer_failed": self.peer_failures,
+                "bytes_served": self.served["bytes"] + self.peers.served_elsewhere()}
+
+    def _leave_ranges(self, bf: BlockFile) -> None:
+        """``bf``'s files go: no longer offered."""
+        if self.peers is not None and bf.own is not None and not bf.borrowed:
+            self.peers.offer(bf.key, -1)
 
     def _peer_run_locked(self, bf: BlockFile, b: int) -> tuple[int, list[int]]:
         """Who sends block ``b`` (-1: the PFS, read here) and the blocks fetched with it in one
@@ -79,7 +106,7 @@ class RangeBlocks:
         offset = run[0] * BLOCK
         length = sum(bf.length(x) for x in run)
         try:
-            n = self.peers.fetch(owner, bf.key, offset, length, bf.copy_fd)
+            n = self.peers.fetch(owner, bf.key, offset, length, bf.copy_fd, (bf.info.size, bf.info.mtime_ns))
         except PeerError as e:
             log.debug("blocks %d-%d of %s from node %d: %s; read from the PFS", run[0], run[-1], bf.key, owner, e)
             with self.books.lock:
@@ -113,7 +140,6 @@ class RangeBlocks:
                 states = bf.states
                 missing = [b for b in range(first, last + 1) if states[b] != BLOCK_STAGED]
                 if not missing:
-                    self.served["blocks"] += last + 1 - first
                     self.served["bytes"] += length
                     return bf.path
                 free = [b for b in missing if states[b] in (BLOCK_ABSENT, BLOCK_WANTED) and b not in bf.in_flight]

@@ -86,7 +86,7 @@ class BlockStager(RangeBlocks):
         self.from_pfs = {"blocks": 0, "bytes": 0}
         self.from_peers = {"blocks": 0, "bytes": 0}
         self.peer_failures = 0  # blocks asked of their owner and read from the PFS instead
-        self.served = {"blocks": 0, "bytes": 0}  # spans of this node's blocks sent to peers
+        self.served = {"bytes": 0}  # of this node's blocks sent to peers by Python's protocol
 
     # -- asked by the stager and the resolver ---------------------------------------------------
     def eligible(self, key: str, info: FileInfo | None) -> bool:
@@ -116,7 +116,7 @@ class BlockStager(RangeBlocks):
                 return self.files.get(key) if key in self.files else None
             bf.asked = asked
             if self.peers is not None and not bf.borrowed:
-                bf.own_blocks(self.peers.own_blocks(key, info.size))
+                self._join_ranges_locked(bf)
             self.files[key] = bf
             if self.pace.readaround:
                 bf.read_around()
@@ -446,6 +446,7 @@ class BlockStager(RangeBlocks):
         """Remove ``bf``'s files and give its room back (no block of it under way: nothing
         here reads or writes them any more; a shim's open descriptor keeps its inode)."""
         bf.close()
+        self._leave_ranges(bf)
         if bf.borrowed:
             return  # another job's
         for path in (bf.path, bf.map_path):
@@ -507,9 +508,7 @@ class BlockStager(RangeBlocks):
                 "in_progress_files": sum(not bf.done for bf in own),
                 "blocks_staged": sum(bf.staged for bf in own),
                 "blocks_from_pfs": self.from_pfs["blocks"], "bytes_from_pfs": self.from_pfs["bytes"],
-                **({"blocks_from_peers": self.from_peers["blocks"], "bytes_from_peers": self.from_peers["bytes"],
-                    "blocks_peer_failed": self.peer_failures, "blocks_served": self.served["blocks"],
-                    "bytes_served": self.served["bytes"]} if self.peers is not None else {}),
+                **(self._peer_stats_locked() if self.peers is not None else {}),
                 "blocks_filled_by_reads": sum(bf.filled for bf in own),
                 "bytes_staged": sum(bf.staged_bytes for bf in own),
                 "block_bytes": BLOCK, "pace": self.pace.state(), "failed_files": self.failures}
