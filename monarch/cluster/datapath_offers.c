@@ -129,18 +129,18 @@ static void close_kept_locked(struct dp *d)
             let_go_fd_locked(d, s);
 }
 
-static int read_all_at(int fd, char *dst, uint64_t size)
+static int read_all_from(int fd, char *dst, uint64_t n, uint64_t offset)
 {
     uint64_t got = 0;
-    while (got < size) {
-        ssize_t r = pread(fd, dst + got, size - got, (off_t)got);
+    while (got < n) {
+        ssize_t r = pread(fd, dst + got, n - got, (off_t)(offset + got));
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
-            break;
+            return -1;
         got += (uint64_t)r;
     }
-    return got == size ? 0 : -1;
+    return 0;
 }
 
 /* ``key``'s ``size`` bytes read into ``dst`` if it is offered here, raw, of that size: 0, else
@@ -179,14 +179,14 @@ static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t siz
         return 0;
     }
     if (kept >= 0)                      /* closed only by this thread: good until it returns */
-        return kept_size == size ? read_all_at(kept, dst, size) : -1;
+        return kept_size == size ? read_all_from(kept, dst, size, 0) : -1;
     if (n < 0 || n >= (int)sizeof path)
         return -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
         return -1;
     struct stat st;
-    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size && read_all_at(fd, dst, size) == 0;
+    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size && read_all_from(fd, dst, size, 0) == 0;
     pthread_mutex_lock(&d->mu);         /* kept if the same offer stands (not withdrawn or made anew meanwhile) */
     s = *find_locked(d, key, len, h);
     int keep = ok && s && s->gen == gen && s->fd < 0 && d->kept_fds < d->fds_allowed;
@@ -278,20 +278,6 @@ EXPORT void dp_blocks(struct dp *d, const char *key, int len, int slot)
         memcpy((*p)->key, key, (size_t)len);
     }
     pthread_mutex_unlock(&d->mu);
-}
-
-static int read_all_from(int fd, char *dst, uint64_t n, uint64_t offset)
-{
-    uint64_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, dst + got, n - got, (off_t)(offset + got));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        got += (uint64_t)r;
-    }
-    return 0;
 }
 
 /* Are the blocks of [offset, offset + length) all STAGED in the map ``fd``, the map of this
