@@ -98,6 +98,9 @@ BENCHES = [
     Bench("cluster/bench_datapath.py", ["--files", "300", "--batches", "1,8", "--threads", "2"],
           r"^\s+8 per request:\s+[\d,]+ files/s; CPU per file: requester\s+[\d.]+ us, owner\s+[\d.]+ us; 38 requests"
           r".* bytes ok$", {"mpi"}),
+    # every span's bytes checked against the owner's copy (the program exits 1 otherwise)
+    Bench("cluster/bench_spans.py", ["--size-mib", "32", "--passes", "1"],
+          r"^  median pass: C \d+ MB/s, Python \d+ MB/s \([\d.]+x\); CPU per GiB \(both ranks\): C [\d.]+ s", {"mpi"}),
     Bench("cluster/bench_cluster.py", ["--files", "120", "--nodes", "2", "--epochs", "2", "--hints", "--compute-ms", "0.2"],
           r"^  CPU of every process, epochs 2 on \(hinted\): [\d.]+ s = [\d.]+x direct's", {"fuse", "mpi"},
           "bench_cluster-hints"),
