@@ -343,10 +343,14 @@ static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out
     struct monarch_part *pt = &monarch_parts[p - 1];
     if (pt->copy_fd < 0)
         return 0;
-    int staged = monarch_part_range(fd, pt, &o, n);
-    int sequential = o >= 0 && monarch_part_sequential(pt, (uint64_t)o, n);
-    if (!staged)
-        return monarch_part_fill(fd, pt, buf, n, o, at_offset, sequential ? 1 : MONARCH_FILL_MIN, out);
+    if (o < 0 && (o = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR)) < 0)
+        return 0;
+    /* a large read, or one in order, fills what it may (and marks nothing WANTED it filled or passed) */
+    size_t min = monarch_part_sequential(pt, (uint64_t)o, n) ? 1 : MONARCH_FILL_MIN;
+    if (monarch_part_fill(fd, pt, buf, n, o, at_offset, min, out))
+        return 1;
+    if (!monarch_part_range(fd, pt, &o, n))
+        return 0;
     *out = (ssize_t)syscall(SYS_pread64, pt->copy_fd, buf, n, (long)o); /* the kernel's: pread is wrapped */
     if (*out < 0)
         return 0; /* the copy failed (it cannot, short of an I/O error): the PFS answers */

@@ -159,12 +159,16 @@ static inline int monarch_route_fits(enum monarch_route route, uint64_t size)
 #define MONARCH_BLOCKS_DIR ".blocks"
 #define MONARCH_BLOCKMAP_DIR ".blockmap"
 #define MONARCH_BLOCKMAP_MAGIC 0x50414D4B434F4C42ULL /* "BLOCKMAP" */
-#define MONARCH_BLOCKMAP_VERSION 4
+#define MONARCH_BLOCKMAP_VERSION 5
 #define MONARCH_BLOCKMAP_HEADER_SIZE 72
 #define MONARCH_BLOCK_ABSENT 0
 #define MONARCH_BLOCK_WANTED 1
 #define MONARCH_BLOCK_STAGED 2
 #define MONARCH_BLOCK_FILLING 3 /* being read into the copy: by the daemon, or by a shim from a large read */
+#define MONARCH_BLOCK_PLANNED 4 /* a file larger than its room: room held for it, read ahead next; a shim's read in
+                                 * order fills it (FILLING) when it gets there first */
+#define MONARCH_BLOCK_PASSED 5  /* a file larger than its room: a shim's read in order read it from the PFS (no room
+                                 * was planned for it): staged last, once nothing else is left to stage */
 
 struct monarch_blockmap_header {
     uint64_t magic;

@@ -555,3 +555,48 @@ def test_a_stdio_reader_of_a_large_file_reads_its_staged_blocks_and_the_pfs_once
     assert pfs.counters()["bytes"] <= 1.05 * size, pfs.counters()["bytes"] / size
     read = rep["blocks"]["read"]  # the FILE's reads are the shim's now: seen, from the copy and the PFS
     assert read["local_bytes"] > 0 and read["local_bytes"] + read["pfs_bytes"] >= size, read
+
+
+# The reader of LARGE_READS or STDIO over a file twice the room: no whole copy to wait for, but the
+# daemon's word that no more blocks will come (the room is full), then the blocks it staged.
+HALF_END = r"""
+def wait_done(timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states, done = block_map()
+        if done:
+            return states.count(2), len(states)
+        time.sleep(0.05)
+    raise SystemExit(f"the daemon did not finish within {timeout} s: {staged()}")
+"""
+
+
+@pytest.mark.parametrize("kind", ["calls", "weights", "md5sum", "cat"])
+def test_a_file_twice_the_room_read_once_in_order_is_read_from_the_pfs_once(short_tmp, slow_pfs, kind):
+    """A file twice the room read once in order: 16 MiB read() calls, a weights load (unaligned
+    reads of 4 KiB to 17 MiB), md5sum (stdio) and cat (128 KiB reads). The room is given to the
+    blocks in the reader's order (its reads fill those it reaches first, the read-ahead reads
+    the others ahead of it), and no block the application read from the PFS is read again to
+    stage it: the PFS serves the file once (before: the reader's reads of blocks not staged,
+    marked wanted, were read again for the copy, and the reader read the PFS for the blocks
+    the read-ahead had in flight: 1.06-1.15x), every byte the source's, and the room is
+    still filled (pinned for a later epoch)."""
+    size = 64 * MiB + 4321
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 100, "32MiB")
+    if kind in ("calls", "weights"):
+        body, extra = LARGE_READS.replace("wait_whole()\n", "states = wait_done()\n").replace(
+            '"seconds": seconds}', '"seconds": seconds, "staged": states}'), [kind]
+    else:
+        cmd = ["md5sum", "{path}"] if kind == "md5sum" else ["sh", "-c", "cat '{path}' | md5sum"]
+        body, extra = STDIO.replace("wait_whole()\n", "states = wait_done()\n").replace(
+            '"seconds": seconds,', '"seconds": seconds, "staged": states,'), [json.dumps(cmd)]
+    out, rep, _ = run_reader(short_tmp, cfg, HALF_END + body, path, src, tier_base, pfs, extra=extra)
+    if kind in ("calls", "weights"):
+        assert out["ok"], out
+    else:
+        assert out["rc"] == 0 and out["out"].split()[0] == out["md5"], out
+    assert out["pfs"] <= 1.05 * size, (out["pfs"] / size, out)
+    assert pfs.counters()["bytes"] <= 1.05 * size, pfs.counters()["bytes"] / size
+    staged_blocks, blocks_of = out["staged"]
+    assert blocks_of == 65 and 28 <= staged_blocks <= 32, out  # the room (32 blocks) pinned, no more
+    assert rep["blocks"]["partly_staged_files"] == 1, rep["blocks"]

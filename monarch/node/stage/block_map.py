@@ -30,7 +30,7 @@ __all__ = ["BLOCK", "BLOCK_SHIFT", "BLOCKMAP_HEADER", "BlockFile", "copy_state",
 # BLOCKS_DIR, BLOCKMAP_DIR (node/tiers/tiers.py): the copy, the source's size, blocks in any order;
 # its map: BLOCKMAP_HEADER, then a state byte per block
 BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
-BLOCKMAP_VERSION = 4
+BLOCKMAP_VERSION = 5
 # magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill, wait_us
 BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQ")
 BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
@@ -43,6 +43,8 @@ BLOCK_ABSENT = 0
 BLOCK_WANTED = 1  # the shim read it from the PFS: staged next
 BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
 BLOCK_FILLING = 3  # being read into the copy: by this daemon, or by a shim from an application's large read
+BLOCK_PLANNED = 4  # larger than the room: room held for it, read ahead next, or filled by a shim's read in order
+BLOCK_PASSED = 5  # larger than the room: a shim's read in order read it from the PFS, unplanned (staged last)
 FILL_STALE = 10.0  # seconds a shim's fill may make no progress before its blocks are staged here instead
 
 BLOCK_SHIFT = 20  # 1 MiB blocks: a block cache's usual page (Alluxio, mountpoint-s3); a mapping moves in these
@@ -64,6 +66,9 @@ class BlockFile:
         self.states: memoryview | None = None  # one byte per block, in the shared map
         self._map: mmap.mmap | None = None
         self.taken = 0              # blocks staged or under way
+        self.promised = 0           # larger than the room: blocks PLANNED (room held for them, ``plan``), and
+        # those a shim took from the plan to fill (its room stays theirs); the read-ahead's own picks leave it
+        self._passed_at = -1        # the last PASSED block the plan started after
         self.staged = 0
         self.staged_bytes = 0
         self.in_flight: set[int] = set()
@@ -144,18 +149,63 @@ class BlockFile:
         """The next block to read, marked FILLING (caller holds the stager's lock): one the shim
         WANTED, then (unless ``demand_only``) read-ahead's; None if none (or no room left for
         one). Read-ahead starts past the last block a shim is filling: a reader of large calls
-        reads its next blocks itself, so the read-ahead goes ahead of it, not behind."""
+        reads its next blocks itself, so the read-ahead goes ahead of it, not behind. A file
+        larger than its room, once a reader goes through it in order: its PLANNED blocks
+        (``plan``), then the blocks the reader PASSED, last."""
         b = self._next_block(demand_only)
         if b is not None:
+            if self.states[b] == BLOCK_PLANNED:
+                self.promised -= 1  # the read-ahead's own now (``take``)
             self.states[b] = BLOCK_FILLING  # (a shim's compare-and-swap from ABSENT fails from now on)
         return b
 
+    def planning(self) -> bool:
+        """Is the room of this file planned in its reader's order (larger than its room, alone)?"""
+        return self.own is None and self.budget < self.blocks
+
+    def plan(self) -> None:
+        """A file larger than its room read in order (the shim PASSED blocks it read from the PFS):
+        the room left is held for the blocks after the reader's furthest, in order (PLANNED), so
+        that the reader's reads fill those it reaches before the read-ahead, and no room is left
+        for a block the reader has read (it would be read from the PFS twice in a one-pass job).
+        The caller holds the stager's lock."""
+        states = self._map
+        start = BLOCKMAP_HEADER.size
+        free = self.budget - self.taken - self.promised
+        passed = states.rfind(bytes((BLOCK_PASSED,)), start) - start
+        if free <= 0 or passed < 0 or passed == self._passed_at:
+            return
+        self._passed_at = passed
+        for b in range(passed + 1, self.blocks):
+            if free <= 0:
+                break
+            if self.states[b] in (BLOCK_ABSENT, BLOCK_WANTED) and b not in self.in_flight:
+                self.states[b] = BLOCK_PLANNED
+                self.promised += 1
+                free -= 1
+
+    def settled(self) -> bool:
+        """Nothing of the plan left to read (no block PLANNED, none a shim is filling)."""
+        if self.states is None:
+            return True
+        states = self._map
+        start = BLOCKMAP_HEADER.size
+        return (states.find(bytes((BLOCK_PLANNED,)), start) < 0
+                and states[start:].count(BLOCK_FILLING) <= len(self.in_flight))
+
+    def room_full(self) -> bool:
+        """No room left for a block not yet held (``taken`` and ``promised`` are the room's)."""
+        return self.taken + self.promised >= self.budget
+
     def _next_block(self, demand_only: bool) -> int | None:
-        if self.done or self.states is None or self.taken >= self.budget:
+        if self.done or self.states is None:
+            return None
+        planning = self.planning()
+        if self.room_full() and not (planning and self.promised):
             return None
         states = self._map  # searched in C (mmap.find), a byte per block
         start = BLOCKMAP_HEADER.size
-        at = states.find(b"\x01", start)
+        at = states.find(b"\x01", start) if not self.room_full() else -1
         while at >= 0:
             b = at - start
             if b not in self.in_flight and (self.own is None or self.may_take(b, self.is_own(b))):
@@ -164,6 +214,21 @@ class BlockFile:
             at = states.find(b"\x01", at + 1)
         if demand_only:
             return None
+        if planning:  # the plan first, ahead of the reader, then the room not planned
+            self.plan()
+            filling = states.rfind(bytes((BLOCK_FILLING,)), start) - start  # a shim's read of the plan
+            if filling >= 0 and filling not in self.in_flight and filling + 1 < self.blocks:
+                self.ahead = max(self.ahead, filling + 1)
+            for first, last in ((self.ahead, self.blocks), (0, self.ahead)):
+                at = states.find(bytes((BLOCK_PLANNED,)), start + first, start + last)
+                while at >= 0:
+                    b = at - start
+                    if b not in self.in_flight:
+                        self.ahead = b + 1
+                        return b
+                    at = states.find(bytes((BLOCK_PLANNED,)), at + 1, start + last)
+            if self.room_full():
+                return None
         if self.own is not None:  # a cluster's: this node's own ranges first, from the PFS
             own = self.own
             while self._own_at < len(own):
@@ -184,6 +249,12 @@ class BlockFile:
                     self.ahead = b + 1
                     return b
                 at = states.find(b"\x00", at + 1, start + last)
+        if planning:  # the blocks a reader passed in order: its pass is over, the room keeps them (pin)
+            at = states.find(bytes((BLOCK_PASSED,)), start)
+            while at >= 0:
+                if at - start not in self.in_flight:
+                    return at - start
+                at = states.find(bytes((BLOCK_PASSED,)), at + 1)
         return None
 
     def is_own(self, b: int) -> bool:
@@ -212,9 +283,10 @@ class BlockFile:
         elif self._fills is None or self._fills[0] != staged:
             self._fills = (staged, now)
         elif now - self._fills[1] > FILL_STALE:
+            back = BLOCK_PLANNED if self.planning() else BLOCK_ABSENT  # (a shim fills only planned blocks there)
             for b, s in enumerate(states):
                 if s == BLOCK_FILLING and b not in self.in_flight:
-                    self.states[b] = BLOCK_ABSENT
+                    self.states[b] = back
             self._fills = None
 
     def finish(self) -> None:

@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING
 from monarch import protocol
 from monarch.node.snapshot.pfsmeta import checked_stat
 from monarch.node.snapshot.snapshot import FileInfo
-from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BLOCK_SHIFT,  # noqa: F401 (the
-                                          BLOCK_STAGED, BLOCK_WANTED, BLOCKMAP_DONE_OFFSET,  # map's format: blocks.X too)
+from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BLOCK_PASSED,  # noqa: F401 (the
+                                          BLOCK_PLANNED, BLOCK_SHIFT,  # map's format: blocks.X too)
+                                          BLOCK_STAGED, BLOCK_WANTED, BLOCKMAP_DONE_OFFSET,
                                           BLOCKMAP_FILL_OFFSET, BLOCKMAP_HEADER, BLOCKMAP_MAGIC,
                                           BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_VERSION, BlockFile, copy_state,
                                           link_over, staged_bytes)
@@ -178,14 +179,17 @@ class BlockStager(RangeBlocks):
 
     def _fills_locked(self) -> None:
         """The blocks shims filled from the application's large reads, counted; a file they made
-        whole is published (as the last block read here would)."""
+        whole is published (as the last block read here would), and one larger than its room
+        whose plan they finished is done."""
         now = time.monotonic()
         for bf in self._active:
-            if bf.budget >= bf.blocks and not bf.in_flight and not bf.done:
+            if (bf.budget >= bf.blocks or bf.promised) and not bf.in_flight and not bf.done:
                 bf.recount(now)
                 if bf.staged == bf.blocks:
                     bf.finish()
                     self._publish_locked(bf)
+                elif bf.promised and bf.room_full() and bf.settled():
+                    bf.finish()  # the room it had is full: partly staged, pinned
 
     def _work(self) -> None:
         buf = mmap.mmap(-1, BLOCK)  # page-aligned, as a read with O_DIRECT wants
@@ -198,7 +202,7 @@ class BlockStager(RangeBlocks):
                     self._idle += 1  # a block's end, a new file or close wakes it (a WANTED mark
                     # needs no wake-up: it is looked for at every pick; a shim's fill is counted
                     # within 0.1 s while a file may have one)
-                    self._cv.wait(0.1 if any(bf.budget >= bf.blocks for bf in self._active) else 1.0)
+                    self._cv.wait(0.1 if any(bf.budget >= bf.blocks or bf.promised for bf in self._active) else 1.0)
                     self._idle -= 1
                     continue
                 bf, b = picked
@@ -310,8 +314,8 @@ class BlockStager(RangeBlocks):
         if bf.staged == bf.blocks and not bf.done:
             bf.finish()
             self._publish_locked(bf)
-        elif bf.taken >= bf.budget and not bf.in_flight and not bf.done:
-            bf.finish()  # the room it had is full: partly staged, pinned
+        elif bf.room_full() and not bf.in_flight and not bf.done and (not bf.promised or bf.settled()):
+            bf.finish()  # the room it had is full: partly staged, pinned (a plan shims fill: _fills_locked)
         if bf.done and not bf.in_flight and bf.source_fd >= 0:
             os.close(bf.source_fd)
             bf.source_fd = -1

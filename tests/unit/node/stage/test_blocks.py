@@ -79,6 +79,78 @@ def test_a_file_larger_than_the_room_is_staged_in_part_the_wanted_blocks_first(t
     assert st["partly_staged_of_bytes"] == 40 * MiB
 
 
+def test_a_file_larger_than_the_room_read_in_order_gives_the_room_to_the_readers_next_blocks(tmp_path):
+    """A reader going through a file larger than the room (the shim marks PASSED the blocks it read
+    from the PFS): the room left is PLANNED after the furthest of them, the reader's fills take
+    their planned blocks, the read-ahead reads the others, and no block the reader passed is read
+    again while the room is held for blocks ahead of it; the file is done once the plan is read."""
+    stager, tier, key, data = setup(tmp_path, 40 * MiB, 10 * MiB)
+    gate = threading.Event()
+    source = stager.blocks._source
+    stager.blocks._source = lambda bf: (gate.wait(10), source(bf))[1]
+    bf = stager.blocks.attach(key)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the read-ahead's first blocks under way (held at the gate)
+        with stager.lock:
+            first = sorted(bf.in_flight)
+        if first:
+            break
+        time.sleep(0.01)
+    with stager.lock:
+        first = sorted(bf.in_flight)
+        passed = list(range(first[-1] + 1, first[-1] + 5))
+        for b in passed:
+            bf.states[b] = blocks.BLOCK_PASSED  # the reader's first read, from the PFS
+        bf.plan()  # (as the next pick does)
+        planned = [b for b in range(bf.blocks) if bf.states[b] == blocks.BLOCK_PLANNED]
+        assert planned == list(range(passed[-1] + 1, passed[-1] + 1 + 10 - len(first))), (first, planned)
+        mine = planned[:2]
+        for b in mine:
+            bf.states[b] = blocks.BLOCK_FILLING  # a shim's read takes the plan's first blocks
+    gate.set()
+    time.sleep(0.3)
+    with stager.lock:
+        assert not bf.done  # the shim's blocks are the plan's still
+    with open(bf.path, "r+b") as f:
+        for b in mine:
+            f.seek(b * MiB)
+            f.write(data[b * MiB:(b + 1) * MiB])
+    for b in mine:
+        bf.states[b] = blocks.BLOCK_STAGED
+    wait_done(stager, bf)
+    staged = [b for b in range(bf.blocks) if bf.states[b] == blocks.BLOCK_STAGED]
+    assert staged == first + planned, staged  # the room (10 blocks): none the reader passed
+    copy = open(bf.path, "rb").read()
+    assert all(copy[b * MiB:(b + 1) * MiB] == data[b * MiB:(b + 1) * MiB] for b in staged)
+    assert stager.blocks.from_pfs["blocks"] == 10 - len(mine)  # the shim's blocks were its reads'
+    with stager.lock:
+        st = stager.blocks.stats_locked()
+    assert st["partly_staged_bytes"] == 10 * MiB and st["blocks_filled_by_reads"] == len(mine)
+    assert tier.room == 10 * MiB  # no more than the room
+
+
+def test_a_file_larger_than_the_room_stages_the_blocks_a_reader_passed_last(tmp_path):
+    """Room left once nothing ahead of an in-order reader is left: the blocks it passed are
+    staged then (the room keeps them for a later epoch), never before the others."""
+    stager, tier, key, data = setup(tmp_path, 20 * MiB, 18 * MiB)
+    gate = threading.Event()
+    source = stager.blocks._source
+    stager.blocks._source = lambda bf: (gate.wait(10), source(bf))[1]
+    bf = stager.blocks.attach(key)
+    time.sleep(0.2)
+    with stager.lock:
+        assert max(bf.in_flight) < 16
+        for b in range(16, 19):
+            bf.states[b] = blocks.BLOCK_PASSED
+    gate.set()
+    wait_done(stager, bf)
+    staged = {b for b in range(bf.blocks) if bf.states[b] == blocks.BLOCK_STAGED}
+    # the room full: the block ahead of the reader and every block not passed first, then one passed
+    assert len(staged) == 18 and set(range(16)) | {19} <= staged and len(staged & {16, 17, 18}) == 1, sorted(staged)
+    copy = open(bf.path, "rb").read()
+    assert all(copy[b * MiB:(b + 1) * MiB] == data[b * MiB:(b + 1) * MiB] for b in staged)
+
+
 def test_the_jobs_write_stops_serving_the_blocks_and_gives_the_room_back(tmp_path):
     stager, tier, key, data = setup(tmp_path, 24 * MiB, 1 << 30)
     bf = stager.blocks.attach(key)
