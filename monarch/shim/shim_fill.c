@@ -139,10 +139,12 @@ static int monarch_part_fill(int fd, struct monarch_part *pt, void *buf, size_t 
                              size_t min, ssize_t *out)
 {
     struct monarch_blockmap_header *h = pt->hdr;
-    if (n < min || __atomic_load_n(&h->done, __ATOMIC_ACQUIRE))
+    if (n < min)
         return 0;
-    /* whole: room for every block; else only PLANNED blocks are this read's to fill */
-    int whole = __atomic_load_n(&h->fill, __ATOMIC_ACQUIRE) != 0;
+    /* whole: room for every block; else only PLANNED blocks are this read's to fill. done: none
+     * (the staged blocks from the copy, the others from the PFS, rather than all from the PFS) */
+    int done = __atomic_load_n(&h->done, __ATOMIC_ACQUIRE) != 0;
+    int whole = !done && __atomic_load_n(&h->fill, __ATOMIC_ACQUIRE) != 0;
     if (!whole && __atomic_load_n(&h->wait_us, __ATOMIC_ACQUIRE))
         return 0; /* a cluster's node: its blocks come from their owners */
     uint8_t back = whole ? MONARCH_BLOCK_ABSENT : MONARCH_BLOCK_PLANNED;
@@ -161,10 +163,22 @@ static int monarch_part_fill(int fd, struct monarch_part *pt, void *buf, size_t 
         if (s == MONARCH_BLOCK_STAGED)
             continue;
         pending = 1;
-        if ((whole ? s == MONARCH_BLOCK_ABSENT || s == MONARCH_BLOCK_WANTED : s == MONARCH_BLOCK_PLANNED)
-            && __atomic_compare_exchange_n(&pt->states[b], &s, MONARCH_BLOCK_FILLING, 0, __ATOMIC_ACQ_REL,
-                                           __ATOMIC_RELAXED))
-            bits[(b - first) / 64] |= 1ULL << ((b - first) % 64), claimed = 1;
+        if (done)
+            continue;
+        if (whole ? s == MONARCH_BLOCK_ABSENT || s == MONARCH_BLOCK_WANTED : s == MONARCH_BLOCK_PLANNED) {
+            if (__atomic_compare_exchange_n(&pt->states[b], &s, MONARCH_BLOCK_FILLING, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_RELAXED))
+                bits[(b - first) / 64] |= 1ULL << ((b - first) % 64), claimed = 1;
+        }
+        /* a larger file's block with no room planned: this read takes it from the PFS (PASSED before
+         * its bytes are read, so the daemon plans after it); planned meanwhile: claimed after all */
+        while (!whole && (s == MONARCH_BLOCK_ABSENT || s == MONARCH_BLOCK_WANTED)
+               && !__atomic_compare_exchange_n(&pt->states[b], &s, MONARCH_BLOCK_PASSED, 0, __ATOMIC_ACQ_REL,
+                                               __ATOMIC_ACQUIRE))
+            if (s == MONARCH_BLOCK_PLANNED
+                && __atomic_compare_exchange_n(&pt->states[b], &s, MONARCH_BLOCK_FILLING, 0, __ATOMIC_ACQ_REL,
+                                               __ATOMIC_ACQUIRE))
+                bits[(b - first) / 64] |= 1ULL << ((b - first) % 64), claimed = 1;
     }
     if (!pending)
         return 0; /* every block staged: the copy's, by the plain path */
@@ -201,19 +215,15 @@ static int monarch_part_fill(int fd, struct monarch_part *pt, void *buf, size_t 
         while (b <= last && !mine && (s = __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE)) == MONARCH_BLOCK_FILLING) {
             struct timespec now, nap = {0, 200000};
             clock_gettime(CLOCK_MONOTONIC, &now);
-            if ((now.tv_sec - t0.tv_sec) * 1000000000LL + (now.tv_nsec - t0.tv_nsec) > MONARCH_FILL_WAIT_NS)
+            if ((now.tv_sec - t0.tv_sec) * 1000000000LL + (now.tv_nsec - t0.tv_nsec) > MONARCH_FILL_WAIT_NS) {
+                MONARCH_DEBUG(2, "fill: block %llu waited out", (unsigned long long)b);
                 break;
+            }
             nanosleep(&nap, NULL);
         }
         if (b <= last && !mine && s != MONARCH_BLOCK_STAGED) {
-            if (whole) {
+            if (whole)
                 monarch_part_staged(pt, a, z - a); /* its ABSENT blocks WANTED */
-            } else { /* passed in order: staged last, not before the blocks the reader will still read */
-                uint8_t was = s;
-                if (was == MONARCH_BLOCK_ABSENT || was == MONARCH_BLOCK_WANTED)
-                    __atomic_compare_exchange_n(&pt->states[b], &was, MONARCH_BLOCK_PASSED, 0, __ATOMIC_RELAXED,
-                                                __ATOMIC_RELAXED);
-            }
             if (rz != a)
                 ra = a;
             rz = z;
@@ -236,6 +246,8 @@ static int monarch_part_fill(int fd, struct monarch_part *pt, void *buf, size_t 
             return 0;
         pfs += z - a;
     }
+    MONARCH_DEBUG(2, "fill %llu+%zu: whole %d claimed %d local %llu pfs %llu", (unsigned long long)start, n, whole,
+                  claimed, (unsigned long long)local, (unsigned long long)pfs);
     *out = (ssize_t)(end - start);
     if (at_offset)
         syscall(SYS_lseek, fd, (off_t)end, SEEK_SET);
