@@ -600,3 +600,36 @@ def test_a_file_twice_the_room_read_once_in_order_is_read_from_the_pfs_once(shor
     staged_blocks, blocks_of = out["staged"]
     assert blocks_of == 65 and 28 <= staged_blocks <= 32, out  # the room (32 blocks) pinned, no more
     assert rep["blocks"]["partly_staged_files"] == 1, rep["blocks"]
+
+
+AFTER_DONE_CALLS = r"""
+fd = os.open(path, os.O_RDONLY)
+states = wait_done()  # nothing read yet: the read-ahead staged what the room holds, in order
+before = pfs_bytes()
+got = []
+while True:
+    b = os.read(fd, (12 << 20) + 4321)  # calls across staged blocks and blocks left on the PFS
+    if not b:
+        break
+    got.append(b)
+os.close(fd)
+data = b"".join(got)
+ok = len(data) == size and hashlib.md5(data).digest() == hashlib.md5(want(0, size)).digest()
+print(json.dumps({"ok": ok, "pass_pfs": pfs_bytes() - before, "staged": states}))
+"""
+
+
+def test_a_large_read_across_staged_blocks_and_the_pfs_after_done_reads_each_from_its_place(short_tmp, slow_pfs):
+    """A file twice the room, read in large calls once the daemon is done: a call across staged
+    blocks and blocks left on the PFS reads the staged ones from the copy and only the others
+    from the PFS (before, such a call went to the PFS whole: a weights load of a file twice the
+    room read 1.20x the file)."""
+    size = 64 * MiB + 4321
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 200, "32MiB")
+    out, rep, _ = run_reader(short_tmp, cfg, HALF_END + AFTER_DONE_CALLS, path, src, tier_base, pfs)
+    assert out["ok"], out
+    staged_blocks, blocks_of = out["staged"]
+    assert blocks_of == 65 and 28 <= staged_blocks <= 32, out
+    left = size - staged_blocks * MiB
+    assert out["pass_pfs"] <= 1.02 * left, (out["pass_pfs"] / left, out)
+    assert rep["blocks"]["read"]["local_bytes"] >= staged_blocks * MiB, rep["blocks"]["read"]
