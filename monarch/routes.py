@@ -34,16 +34,27 @@ Each layer switches on the route: the resolver (answer by blocks, or stage), the
 (blocks, a peer, the PFS), the door (its copy: ``frontdoor/door_loop.c``, from the route the
 index publishes; its peer lane: ``door_peer.c``, the row's size through ``monarch_route_fits``
 and the owners), the shim (a file's staged blocks read only where the index routes it to
-``BLOCKS``: ``shim/shim_open.c``). Only dynamic facts stay
-with the layers: a copy staged, room, leases, claims, a source's measured latency.
+``BLOCKS``: ``shim/shim_open.c``). Only dynamic facts stay with the layers: a copy staged, an
+owner, room, leases, claims, a source's measured latency.
 
-Published per file: the snapshot index carries each file's route in its entry's flags
-(``protocol.INDEX_ROUTE_MASK``), ``route_of`` on the file's static facts (size, kind, a store's
-root) and the node's (``size_steps``: the route by size, which the index writers apply: Python's
-``node/snapshot/index_writer.py``, C's ``walker.c``). The shim and the door read it there. Never
-the owner: on a sharded cluster the owners arrive after the index is written, so ``PEER`` and
-``PEER_LANE`` are decided where the owners are (the door's ``peer_owner_locked``, the stager's
-``peers``), over the published local route.
+Decided once per file, read by every layer. The stager's books (``node/stage/stager_books.py``)
+decide each root's routes by size once, when the stager is made, on the node's facts
+(``published``: each root's ``size_steps``, ``route_of`` at every size where a row begins or
+ends); from then on a file's route is ``stepped`` (its root's steps at its size), a table look-up:
+
+- the daemon publishes those same steps in the snapshot index, in each file's entry's flags
+  (``protocol.INDEX_ROUTE_MASK``: ``node/snapshot/index_writer.py``, or C's ``walker.c`` for an
+  index made before); the shim (``shim/shim_open.c``) and the door (``frontdoor/door_loop.c``)
+  read the entry's bits;
+- the resolver (``node/resolver.py``: answer by blocks), the stager (``stager.py``: copy inline;
+  ``stager_copy.py``: blocks, a peer, the PFS; ``stager_schedule.py``: a copy from the owner) and
+  the block stager (``stage/blocks.py``) read the same steps through ``StagerBooks.route``.
+
+The owner is never published: on a sharded cluster the owners arrive after the index is written,
+so ``PEER`` and ``PEER_LANE`` are decided where the owners are, over the published local route:
+the door's ``peer_owner_locked`` (the row's size through ``monarch_route_fits``), the stager's
+``peers`` (``owns_elsewhere``, then the steps of another node's file, decided once beside the
+node's own).
 
 A new route is a row here and in the header's X-macro, its rule in ``_RULES``, and one case in
 each layer that serves it (``tests/unit/test_routes.py`` adds one, to show the diff).
@@ -158,15 +169,15 @@ def route_of(file: FileFacts, node: NodeFacts, *, rows: dict | None = None, rule
     return Route.COPY  # COPY's rule always holds: not reached
 
 
-def size_steps(node: NodeFacts, *, store: bool = False) -> tuple[tuple[int, Route], ...]:
-    """The route of a regular file of this node (not another's; a store's with ``store``) by its
-    size, as steps ``(smallest size, route)``, each holding up to the next's smallest: ``route_of``
-    at every size where a row's sizes begin or end (between those it cannot change). What the
-    snapshot index publishes per file (``protocol.INDEX_ROUTE_MASK``)."""
+def size_steps(node: NodeFacts, *, store: bool = False, elsewhere: bool = False) -> tuple[tuple[int, Route], ...]:
+    """The route of a regular file of this node (another's with ``elsewhere``; a store's with
+    ``store``) by its size, as steps ``(smallest size, route)``, each holding up to the next's
+    smallest: ``route_of`` at every size where a row's sizes begin or end (between those it cannot
+    change). What the snapshot index publishes per file (``protocol.INDEX_ROUTE_MASK``)."""
     edges = {0} | {r.min_size for r in ROWS.values()} | {r.max_size + 1 for r in ROWS.values() if r.max_size < SIZE_ANY}
     steps: list[tuple[int, Route]] = []
     for size in sorted(edges):
-        route = route_of(FileFacts(size=size, store=store), node)
+        route = route_of(FileFacts(size=size, store=store, elsewhere=elsewhere), node)
         if not steps or steps[-1][1] is not route:
             steps.append((size, route))
     return tuple(steps)
@@ -174,10 +185,15 @@ def size_steps(node: NodeFacts, *, store: bool = False) -> tuple[tuple[int, Rout
 
 def stepped(size: int, steps: tuple[tuple[int, Route], ...]) -> Route:
     """The route of a file of ``size`` bytes by ``size_steps``' steps."""
-    return next(route for smallest, route in reversed(steps) if size >= smallest)
+    for smallest, route in reversed(steps):  # a loop: asked per open, a generator costs it 4x
+        if size >= smallest:
+            return route
+    raise ValueError("size steps begin at 0")
 
 
-def published(node: NodeFacts, roots: int, stores=frozenset()) -> tuple:
+def published(node: NodeFacts, roots: int, stores=frozenset(), *, elsewhere: bool = False) -> tuple:
     """What the snapshot index publishes on ``node`` for its ``roots`` roots (``stores``: the
-    indices of a store's): each root's ``size_steps`` (``index_writer.index_parts``' ``routes``)."""
-    return tuple(size_steps(node, store=k in stores) for k in range(roots))
+    indices of a store's): each root's ``size_steps`` (``index_writer.index_parts``' ``routes``).
+    ``elsewhere``: the same of the files another node owns (never published: the owners are a
+    dynamic fact; the stager's books keep both)."""
+    return tuple(size_steps(node, store=k in stores, elsewhere=elsewhere) for k in range(roots))

@@ -19,7 +19,6 @@ and assembles what they report.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import gc
 import logging
 import os
@@ -49,7 +48,6 @@ from monarch.node.tiers import shared_tier
 from monarch.node.tiers.tiers import Tier
 from monarch.records.filetable import FileTable
 from monarch.records.node_stats import NodeStats
-from monarch.routes import published
 from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
 from monarch.report.timeline import Sampler, Timeline
 
@@ -107,13 +105,13 @@ class NodeDaemon:
                                              protocol.SLOT_PEER, "peer.path")
             self.role = ClusterRole(cluster, config, self.tiers, self.peer_area, self.current,
                                     lambda: protocol.read_opened_from(self.counters_path, self._slot_names()))
-        with self.gate.lock:
-            self.current.install_locked(self.current.snapshot, self._make_stager(self.current.snapshot))
         self.notices = JobNotices(self.current, self.owns, self.count, peer=bool(self.role and config.peer.fetch_ahead))
         self.read_ahead = ReadAhead(config.staging.policy, self.current, self.tiers, self.role, self.stores is not None,
                                     self.notices, self.counters_path, lambda: self._door_keeper,
                                     self.open_front_door, self.absorb_front_door)
-        self._copies_misses = self.read_ahead.lanes().copies_misses
+        self._copies_misses = self.read_ahead.lanes().copies_misses  # the policy's alone: a fact of every stager
+        with self.gate.lock:
+            self.current.install_locked(self.current.snapshot, self._make_stager(self.current.snapshot))
         self.resolver = Resolver(self.current, config.staging, self.count, self.role, copies_misses=self._copies_misses)
         self.timeline = Timeline(time.time())
         self._sampler = Sampler(self.timeline, self._counters_now).start()
@@ -141,7 +139,8 @@ class NodeDaemon:
         if self.stores is not None:
             options = self.stores.stager_options() | options
         stager = Stager(snapshot, self.tiers, self.config.staging.threads, on_fallback=self._count_fallback,
-                        cluster=self.role is not None, **options)
+                        cluster=self.role is not None, copies_misses=self._copies_misses,
+                        door=self.config.staging.validate != "open" and self.stores is None, **options)
         if self.role is not None:
             self.role.use_stager(stager)
         with self._lock:
@@ -243,13 +242,13 @@ class NodeDaemon:
 
     def _routes(self, stager: Stager) -> tuple:
         """Each root's routes by size, published per file in the index for the shim and the door
-        (monarch/routes.py): on the stager's facts of the node, the resolver's (does a miss stage),
-        and whether a front door may copy here (its ``allowed`` says, at each open, whether it does).
-        Static facts only: on a sharded node the owners come after the index, so another node's
-        files are told apart where the owners are (the door's peer_owner_locked, the stager's peers)."""
-        node = dataclasses.replace(stager.node, copies_misses=self._copies_misses,
-                                   door=self.config.staging.validate != "open" and self.stores is None)
-        return published(node, len(self.config.dataset.roots), self.stores.mounts if self.stores is not None else ())
+        (monarch/routes.py): the stager's own (``stager.routes``, which the resolver and the stager
+        read too), decided once on the node's facts: the stager's, the resolver's (does a miss
+        stage), and whether a front door may copy here (its ``allowed`` says, at each open,
+        whether it does). Static facts only: on a sharded node the owners come after the index, so
+        another node's files are told apart where the owners are (the door's peer_owner_locked,
+        the stager's peers)."""
+        return stager.routes
 
     def _start_staging(self) -> None:
         """The snapshot is ready: serve peers, read ahead, then the hints that came during

@@ -144,3 +144,51 @@ def test_a_route_is_added_as_a_row_and_a_rule():
     assert route_of(large_value, node, rows=rows, rules=rules) is Added.STORE_BLOCKS
     assert route_of(large_value, node) is Route.STORE                          # before the row: copied whole
     assert route_of(FileFacts(size=10, store=True), node, rows=rows, rules=rules) is Added.STORE
+
+
+class Owner:
+    """A cluster's owners as the stager's ``peers`` see them: another node owns ``elsewhere``."""
+
+    def __init__(self, elsewhere):
+        self.elsewhere = set(elsewhere)
+
+    def owns_elsewhere(self, key):
+        return key in self.elsewhere
+
+
+@pytest.mark.parametrize("facts", [{}, {"door": True}, {"copies_misses": False}, {"door": True, "cluster": True}])
+def test_the_stager_reads_the_route_the_index_publishes(tmp_path, facts):
+    """Decided once per file: the stager's books answer, for every file, the route the index the
+    daemon writes from them publishes (the shim's and the door's); only the owner is decided after."""
+    from monarch.config import TierConfig
+    from monarch.node.snapshot.indextable import IndexTable
+    from monarch.node.snapshot.snapshot import take_snapshot
+    from monarch.node.stage.stager import Stager
+    from monarch.node.tiers.tiers import Tier
+
+    sizes = {"tiny": 10, "inline": INLINE_MAX, "past_inline": INLINE_MAX + 1, "below_blocks": BLOCKS_MIN - 1,
+             "blocks": BLOCKS_MIN}
+    for root in ("a", "b"):
+        (tmp_path / root).mkdir()
+        for name, size in sizes.items():
+            with open(tmp_path / root / name, "wb") as f:
+                f.truncate(size)  # sparse: the size is what routes
+    (tmp_path / "t").mkdir()
+    tier = Tier.from_config(TierConfig("ram", str(tmp_path / "t"), 1 << 30), 2, "r1", 0, ())
+    snap = take_snapshot((str(tmp_path / "a"), str(tmp_path / "b")))
+    stager = Stager(snap, [tier], 1, **facts)
+    try:
+        table = IndexTable(bytearray(snap.index_bytes(stager.routes)), len(snap.files))
+        published = {table.key(n): table.route(n) for n in range(table.nfiles)}
+        assert published == {key: stager.route(key, info) for key, info in snap.files.items()}
+        assert published["0/tiny"] is (Route.PFS if facts.get("copies_misses") is False else
+                                       Route.DOOR if facts.get("door") else Route.COPY)
+        assert published["1/blocks"] is (Route.PFS if facts.get("copies_misses") is False else Route.BLOCKS)
+        stager.peers = Owner({"0/tiny", "0/blocks"})  # the owners, known after the index
+        assert stager.route("0/tiny", snap.get("0/tiny")) is Route.PEER
+        assert stager.route("0/blocks", snap.get("0/blocks")) is \
+            (Route.BLOCKS if published["0/blocks"] is Route.BLOCKS else Route.PEER)  # by blocks: every node's
+        assert stager.route("1/tiny", snap.get("1/tiny")) is published["1/tiny"]
+    finally:
+        stager.peers = None
+        stager.shutdown()

@@ -103,7 +103,7 @@ def index_parts(snap, routes: Routes | None = None) -> list:
             return [files.data]
         # stamped in a copy when the table's buffer is not writable (an index received from
         # node 0, or read from a kept file, is bytes); the table itself needs no routes: Python
-        # decides them with routes.route_of
+        # reads the same steps from the stager's books (StagerBooks.route)
         data = files.data if isinstance(files.data, bytearray) else bytearray(files.data)
         stamp_routes(data, files.nfiles, routes)
         return [data]

@@ -50,19 +50,24 @@ class Stager(StagerBooks):
                  peers: PeerSource | None = None, peer_area: Tier | None = None,
                  on_fallback: Callable[[str], None] | None = None, max_threads: int = 256,
                  start_depth: int | None = None, pfs_source: Callable[[Source], Source] | None = None,
-                 cluster: bool = False):
+                 cluster: bool = False, copies_misses: bool = True, door: bool = False,
+                 store_roots: frozenset[int] = frozenset()):
         """``threads``: copies in flight at most (0: adaptive, up to ``max_threads``, from
         ``start_depth`` copies at first if given: a sharded node, whose share every node waits
         on, starts deep toward the PFS). ``peers``: keys another node owns are fetched from it
         into ``peer_area`` first (or from ``fetch_from_peers`` on); ``on_fallback(reason)`` is
         told each time that did not work and the PFS was used. ``pfs_source`` wraps the PFS
         source the copies read (a key-value store's roots: ``store_source.StoreSet``). ``cluster``:
-        one of a cluster's daemons. Which route serves a file (blocks, a peer, a whole copy) is
-        the route table's (``monarch/routes.py``), on these facts of the node."""
-        node = NodeFacts(cluster=cluster, stores=pfs_source is not None, raw_tier=any(t.codec is None for t in tiers))
+        one of a cluster's daemons; ``copies_misses``: a miss is staged (the read-ahead mode's);
+        ``door``: a front door may copy here; ``store_roots``: the roots that are a key-value
+        store. Which route serves a file (blocks, a peer, a whole copy) is the route table's
+        (``monarch/routes.py``), on these facts of the node, decided once per root and size
+        (``routes``: what the daemon publishes in the index)."""
+        node = NodeFacts(copies_misses=copies_misses, door=door, cluster=cluster, stores=pfs_source is not None,
+                         raw_tier=any(t.codec is None for t in tiers))
         super().__init__(snapshot, tiers, Concurrency(fixed=threads or None, start=start_depth or Concurrency.START,
                                                       high=max_threads),
-                         peers=peers, peer_area=peer_area, node=node)
+                         peers=peers, peer_area=peer_area, node=node, store_roots=store_roots)
         self.inline_seconds = INLINE_SECONDS
         self.schedule = Schedule(self)
         self.copier = Copier(self, self.schedule.room_for_hinted_locked, on_fallback, pfs_source)

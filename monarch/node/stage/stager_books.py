@@ -19,7 +19,7 @@ from monarch.node.snapshot.snapshot import FileInfo, Snapshot
 from monarch.node.stage.sources import PeerSource
 from monarch.node.stage.staged_table import StagedTable
 from monarch.node.tiers.tiers import Tier
-from monarch.routes import FileFacts, NodeFacts, Route, route_of
+from monarch.routes import FileFacts, NodeFacts, Route, published, route_of, stepped
 
 __all__ = ["Eviction", "Flight", "StagerBooks", "StagerListener"]
 
@@ -80,10 +80,15 @@ class StagerBooks:
     """The shared state of one stager (see the module's docstring)."""
 
     def __init__(self, snapshot: Snapshot, tiers: list[Tier], concurrency: Concurrency, *,
-                 peers: PeerSource | None = None, peer_area: Tier | None = None, node: NodeFacts | None = None):
+                 peers: PeerSource | None = None, peer_area: Tier | None = None, node: NodeFacts | None = None,
+                 store_roots: frozenset[int] = frozenset()):
         self.snapshot = snapshot
         self.tiers = tiers
         self.node = node or NodeFacts()  # the node's facts a file's route depends on (monarch/routes.py)
+        # each root's routes by size, decided once on the node's facts: what the index publishes
+        # per file (the daemon writes these), and the same for the files another node owns
+        self.routes = published(self.node, len(snapshot.roots), store_roots)
+        self.routes_elsewhere = published(self.node, len(snapshot.roots), store_roots, elsewhere=True)
         self.peers = peers
         self.peer_area = peer_area
         self.concurrency = concurrency
@@ -112,12 +117,17 @@ class StagerBooks:
         self.replicas: set[str] = set()
 
     def route(self, key: str, info: FileInfo | None) -> Route | None:
-        """How ``key`` is served when no copy of it is staged (monarch/routes.py's table, on this
-        stager's node; None: not in the snapshot). Another node owns it: ``peers`` says."""
+        """How ``key`` is served when no copy of it is staged (None: not in the snapshot): the
+        route the index publishes for it (``routes``, read by its root and size as the index
+        writer reads them), or, when another node owns it (``peers`` says: the one fact that
+        comes after the index), ``routes_elsewhere``'s."""
         if info is None:
             return None
-        return route_of(FileFacts(size=info.size, regular=stat.S_ISREG(info.mode),
-                                  elsewhere=self.peers is not None and self.peers.owns_elsewhere(key)), self.node)
+        elsewhere = self.peers is not None and self.peers.owns_elsewhere(key)
+        k = key.partition("/")[0]
+        if not (stat.S_ISREG(info.mode) and k.isdigit() and int(k) < len(self.routes)):  # published for none
+            return route_of(FileFacts(size=info.size, regular=stat.S_ISREG(info.mode), elsewhere=elsewhere), self.node)
+        return stepped(info.size, (self.routes_elsewhere if elsewhere else self.routes)[int(k)])
 
     def subscribe(self, listener: StagerListener) -> None:
         """Tell ``listener`` of this stager's events: the copies so far first (``published``),

@@ -256,9 +256,10 @@ class StoreSet:
 
     # -- the stager's side -----------------------------------------------------------------
     def stager_options(self) -> dict:
-        """A stager's start depth, and its copies of store keys read from the store (its PFS
-        source wrapped)."""
-        return {"start_depth": START_DEPTH, "pfs_source": lambda pfs: RoutedSource(pfs, self)}
+        """A stager's start depth, its copies of store keys read from the store (its PFS source
+        wrapped), and which roots are a store's (their files' route)."""
+        return {"start_depth": START_DEPTH, "pfs_source": lambda pfs: RoutedSource(pfs, self),
+                "store_roots": frozenset(self.mounts)}
 
     def mount_of(self, key: str) -> Mount | None:
         k, _, _ = key.partition("/")

@@ -52,7 +52,8 @@ def ask(cache, key):
 def test_cache_evicts_then_serves_transient_then_pfs_on_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(peer_cache, "GRACE", 0.0)
     data = {f"k{i}": bytes([i]) * 1000 for i in range(4)}
-    snap = types.SimpleNamespace(files={k: types.SimpleNamespace(size=1000, mtime_ns=0, mode=0o644) for k in data})
+    snap = types.SimpleNamespace(roots=("/pfs",), files={k: types.SimpleNamespace(size=1000, mtime_ns=0, mode=0o644)
+                                                         for k in data})
     cache = peer_cache.PeerCache(Owner(data, fail={"k3"}), area(tmp_path, room_for(tmp_path, 2.5)), snap, threads=2)
     for key in ("k0", "k1", "k2"):  # room for two: the third evicts the least recently used
         answer, outcome = ask(cache, key)
@@ -96,8 +97,8 @@ class Gated(Owner):
 
 
 def snapshot_of(data):
-    return types.SimpleNamespace(files={k: types.SimpleNamespace(size=len(v), mtime_ns=0, mode=0o644)
-                                        for k, v in data.items()})
+    return types.SimpleNamespace(roots=("/pfs",), files={k: types.SimpleNamespace(size=len(v), mtime_ns=0, mode=0o644)
+                                                         for k, v in data.items()})
 
 
 def test_concurrent_opens_of_one_key_share_one_fetch(tmp_path):
