@@ -399,9 +399,12 @@ static void monarch_remapper_start(void);
 /* A mapping's faults are the kernel's, so the daemon cannot see where its reader is: the
  * blocks not staged whose pages are resident (faulted in from the PFS: the reader touched them)
  * are marked WANTED, with the MONARCH_TOUCH_AHEAD blocks after the furthest of them, so the
- * daemon stages (or fetches from their owners) the blocks where the reader is and where a
- * sequential reader goes next before its read-ahead. Every MONARCH_TOUCH_EVERY_NS at most: one
- * mincore over the mapping. Under the registry's lock. */
+ * daemon fetches from their owners the blocks where the reader is and where a sequential reader
+ * goes next before its read-ahead. Every MONARCH_TOUCH_EVERY_NS at most: one mincore over the
+ * mapping. A cluster's file only (its map's wait_us): on one node the read-ahead goes in the
+ * file's order from its start, ahead of a reader in order, and the look costs a reader that maps
+ * a large file anew at every step a mincore of all of it each time (bench_block_copy: 40% of its
+ * steps while the copy runs). Under the registry's lock. */
 static void monarch_mapping_want_touched_locked(struct monarch_mapping *m, struct monarch_part *pt)
 {
     struct timespec now;
@@ -507,7 +510,7 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
         b = e + 1;
     }
     monarch_extra_add(MONARCH_EXTRA_BLOCK_REMAPPED_BYTES, moved);
-    if (left && !done && populate)
+    if (left && !done && populate && __atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE))
         monarch_mapping_want_touched_locked(m, pt);
     return !left || done;
 }
