@@ -205,14 +205,14 @@ class Cluster:
                 out[f"files_{way}"] += dp[files]
                 out[f"bytes_{way}"] += dp[nbytes]
                 out[f"wire_bytes_{way}"] += dp[nbytes]
-            for way, spans, nbytes in (("sent", "served_ranges", "served_range_bytes"),
-                                       ("received", "fetched_ranges", "fetched_range_bytes")):
-                out[f"ranges_{way}"] += dp[spans]
-                out[f"bytes_{way}"] += dp[nbytes]
-                out[f"wire_bytes_{way}"] += dp[nbytes]
                 if at_loss is not None:
                     out["after_loss"][f"files_{way}"] += dp[files] - at_loss[files]
                     out["after_loss"][f"bytes_{way}"] += dp[nbytes] - at_loss[nbytes]
+            for way, spans, nbytes in (("sent", "served_ranges", "served_range_bytes"),
+                                       ("received", "fetched_ranges", "fetched_range_bytes")):
+                out[f"ranges_{way}"] += dp[spans]  # (their bytes in bytes_*, as Python's spans')
+                out[f"bytes_{way}"] += dp[nbytes]
+                out[f"wire_bytes_{way}"] += dp[nbytes]
         out["peers_down"] = sorted(self._liveness.down)
         out["lost"] = self.lost()
         return out

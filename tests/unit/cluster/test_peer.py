@@ -84,3 +84,23 @@ def test_peer_errors_keep_their_reason_through_pickle():
     e = pickle.loads(pickle.dumps(PeerError("fetch '0/a': node 1 refused: no", FailureReason.REFUSED)))
     assert e.reason is FailureReason.REFUSED and str(e) == "fetch '0/a': node 1 refused: no"
     assert PeerError("x").reason is FailureReason.FAILED and f"{FailureReason.PEER_LOST}" == "peer_lost"
+
+
+class FakeDataPath:
+    """What the C data path counted: files and spans, each way."""
+
+    def counts(self):
+        return {"served_files": 3, "served_bytes": 300, "fetched_files": 5, "fetched_bytes": 500,
+                "served_ranges": 2, "served_range_bytes": 16 << 20, "fetched_ranges": 4,
+                "fetched_range_bytes": 32 << 20}
+
+
+def test_the_data_paths_files_and_spans_are_counted_apart():
+    cluster = Cluster(FakeMPI, NoFailureNotices(), datapath=FakeDataPath())
+    cluster._datapath_at_loss = {"served_files": 1, "served_bytes": 100, "fetched_files": 5, "fetched_bytes": 500}
+    c = cluster.counters()
+    assert (c["files_sent"], c["files_received"], c["ranges_sent"], c["ranges_received"]) == (3, 5, 2, 4)
+    assert c["bytes_sent"] == c["wire_bytes_sent"] == 300 + (16 << 20)
+    assert c["bytes_received"] == c["wire_bytes_received"] == 500 + (32 << 20)
+    # the files crossed since a node was lost (spans are not files: never among them)
+    assert c["after_loss"] == {"files_sent": 2, "bytes_sent": 200, "files_received": 0, "bytes_received": 0}
