@@ -79,6 +79,7 @@ struct dp_request {                     /* one request of this node's, posted */
     char *req;                          /* the request: header, items, keys */
     int req_len, got;                   /* the request's length; the reply's */
     int why, posted;                    /* dp_post's: its answer so far (WAITING), its receive still posted */
+    int span;                           /* a span of a large file (dp_fetch_range): paced apart (poll_pace.h) */
     int64_t posted_ns, deadline;        /* dp_post's: when it was posted, when it is given up */
 };
 
@@ -348,7 +349,8 @@ static int look(struct dp *d, struct dp_request *f, int *why, int *posted, int64
         *posted = 0;
         int64_t took = monarch_now_ns() - since;  /* as seen through the poll's steps: what the next waits first */
         int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
-        __atomic_store_n(&d->rtt_ns, pace_round_trip(rtt, took), __ATOMIC_RELAXED);
+        if (!f->span)                   /* (a span's megabytes would set small files' looks to their longest) */
+            __atomic_store_n(&d->rtt_ns, pace_round_trip(rtt, took), __ATOMIC_RELAXED);
         MPI_Get_count(&st, MPI_BYTE, &f->got);
         /* shorter than a header: no owner of ours sends that: a receive ended by a failure (ULFM) */
         *why = f->got < (int)sizeof(struct reply_header) ? DP_MPI_ERROR : 0;
@@ -370,7 +372,7 @@ static void wait_answer(struct dp *d, struct dp_request *f, int64_t deadline, in
 {
     int64_t t0 = monarch_now_ns();
     int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
-    int64_t poll = pace_first_look(rtt);
+    int64_t poll = f->span ? SPAN_POLL_NS : pace_first_look(rtt);
     int first = 1;
     while (!look(d, f, why, posted, t0)) {
         int stopped = __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE);
@@ -381,7 +383,8 @@ static void wait_answer(struct dp *d, struct dp_request *f, int64_t deadline, in
         struct timespec ts = {0, (long)poll};
         nanosleep(&ts, NULL);
         __atomic_add_fetch(&d->waits, 1, __ATOMIC_RELAXED);
-        poll = pace_next_look(poll, rtt, first);  /* the round trip's bulk is waited: shorter looks from here */
+        if (!f->span)
+            poll = pace_next_look(poll, rtt, first);  /* the round trip's bulk is waited: shorter looks from here */
         first = 0;
     }
 }
@@ -565,6 +568,7 @@ static int post_batch(struct dp *d, int owner, int n, const char *const *keys, c
     }
     f->owner = owner;
     f->n = n;
+    f->span = span != NULL;
     f->req_len = (int)(head + keys_len);
     struct request_item *items = (struct request_item *)(f->req + sizeof(struct request_header));
     char *k = f->req + head;

@@ -36,6 +36,8 @@
 #define HOT_IDLE_MAX_NS 200000LL        /* its sleeps stop doubling here (a reader's next request is near) */
 #define WAITED_IDLE_MAX_NS 200000LL     /* within WAITED_HOT_NS of a request an open waits on, never pass this */
 #define WAITED_HOT_NS 2000000LL         /* (a reader waiting on its answers asks again sooner than this) */
+#define SPAN_POLL_NS 1000000LL          /* a span's requester looks every 1 ms: its megabytes take 10 ms and more
+                                         * to come, and a block stager has several waiting at once */
 
 static inline int64_t pace_clamp(int64_t v, int64_t lo, int64_t hi)
 {
