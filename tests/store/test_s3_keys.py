@@ -76,3 +76,12 @@ def test_a_server_that_does_not_answer_is_still_unreachable(s3, short_tmp):
     cfg = store_config(short_tmp, mnt, f"s3://{BUCKET}/train/?endpoint={dead}&timeout=1")
     r = monarch("run", "--no-progress", "-c", cfg, "--", "true", env=monarch_env(**s3.env()), timeout=60)
     assert r.returncode == 2 and f"is unreachable at {dead}" in r.stderr, r.stderr
+
+
+def test_a_weed_servers_ports_are_distinct():
+    """Its eight ports are chosen together: one at a time, the kernel may hand one out twice, and
+    the server then dies binding its second (``bind: address already in use``)."""
+    from support.s3server import free_ports
+    for _ in range(200):
+        ports = free_ports(8)
+        assert len(set(ports)) == 8 and all(p > 0 for p in ports)

@@ -34,9 +34,20 @@ REGION = "us-east-1"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: each held bound until all are chosen (one at a time, the kernel
+    may hand the same port out twice: a weed server then fails to bind its own second port)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def weed() -> str | None:
@@ -71,8 +82,10 @@ class SeaweedS3:
                  "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
                 {"name": "nobody", "credentials": [{"accessKey": NOBODY_KEY, "secretKey": NOBODY_SECRET}],
                  "actions": ["Read:no-such-bucket"]}]}, f)
-        self.ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
-        self.grpc = {name: free_port() for name in self.ports}
+        names = ("master", "volume", "filer", "s3")
+        ports = free_ports(2 * len(names))
+        self.ports = dict(zip(names, ports))
+        self.grpc = dict(zip(names, ports[len(names):]))
         self.port = self.ports["s3"]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         args = [weed(), f"-logdir={directory}/log", "server", f"-dir={directory}/data", "-ip=127.0.0.1",
