@@ -94,6 +94,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MONARCH_SHIM_ZSTD", "str", None,
              "=0: the shim leaves compressed copies to the daemon; a path: the libzstd to load "
              "(default: the system's libzstd.so.1)", (SHIM,)),
+    Variable("MONARCH_SHIM_MAP_GUARD", "str", None,
+             "=0: a cluster's large-file mappings are not guarded, their faults on blocks not yet local "
+             "read the PFS (for a program that installs its SIGSEGV handler with a raw syscall, or whose "
+             "memory another process reads with process_vm_readv: docs/cluster.md)", (SHIM,)),
     Variable("MONARCH_PROGRESS", "bool", None,
              "=0: no live progress (as --no-progress); =1: on every local rank, not only the first",
              (LAUNCHER,), form="=0|1"),

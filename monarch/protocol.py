@@ -167,12 +167,12 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 8  # raised with every word added: a shim and a daemon of other versions never share one
+COUNTERS_VERSION = 9  # raised with every word added: a shim and a daemon of other versions never share one
 SLOT_FIELDS = ("opens", "bytes", "opens_uncounted", "opens_stdio", "mapped_bytes")  # a slot's words, in order
 MAX_SLOTS = 16
 HEADER_WORDS = 3
 SLOT_WORDS = len(SLOT_FIELDS)
-EXTRA_WORDS = 17
+EXTRA_WORDS = 20
 EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
 EXTRA_META_OFF = 2    # bit k (k < 63; bit 63: every root k >= 63): the job changed root k, its
@@ -185,12 +185,11 @@ EXTRA_PROCESSES = 7       # processes in which the shim was active: +1 at its st
                           # an exec (the new program counts itself if it loads the shim); 0: it never ran
 EXTRA_ZSTD_REUSED = 8     # of EXTRA_ZSTD_OPENS, those decoded into a reused memfd (its pages already there)
 # calls under a root sent to the PFS (also counted in slot PFS's opens, or EXTRA_META_PFS) because ...
-EXTRA_EARLY_OPENS = 9     # ... the snapshot index was not ready yet (the daemon walks; the shim looks again)
-EXTRA_EARLY_META = 10
-EXTRA_LOST_OPENS = 11     # ... the daemon could not be reached or went silent (INDEX or OPEN unanswered)
-EXTRA_LOST_META = 12
+EXTRA_EARLY_OPENS, EXTRA_EARLY_META = 9, 10  # ... the snapshot index was not ready yet (the daemon walks)
+EXTRA_LOST_OPENS, EXTRA_LOST_META = 11, 12   # ... the daemon could not be reached or went silent
 EXTRA_BLOCK_LOCAL_BYTES, EXTRA_BLOCK_PFS_BYTES = 13, 14  # files staged by blocks: bytes read from the copy, the PFS
 EXTRA_BLOCK_OPENS, EXTRA_BLOCK_REMAPPED_BYTES = 15, 16   # ... their opens, bytes of mappings moved onto the copy
+EXTRA_BLOCK_FAULTS_HELD, EXTRA_BLOCK_FAULT_WAIT_NS, EXTRA_BLOCK_FAULTS_LATE = 17, 18, 19  # guarded maps: shim_guard.c
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
 SLOT_PFS = 0
@@ -214,6 +213,7 @@ ENV_STORE_ROOTS = "MONARCH_STORE_ROOTS"
 ENV_DISABLE = "MONARCH_DISABLE"
 ENV_INDEX_WAIT = "MONARCH_SHIM_INDEX_WAIT_MS"
 ENV_SHIM_ZSTD = "MONARCH_SHIM_ZSTD"
+ENV_MAP_GUARD = "MONARCH_SHIM_MAP_GUARD"  # 0: a cluster's mappings are not guarded: their faults read the PFS
 CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX, ENV_ASK_FIRST, ENV_STORE_ROOTS,
                    ENV_SHARED_SLOTS)  # what a launcher takes from a daemon's ATTACH answer; nothing else
 

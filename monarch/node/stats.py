@@ -43,7 +43,10 @@ def shim_counters(counters_path: str, slot_names: dict[int, str], roots: int) ->
         "block_reads": {"opens": counters[protocol.EXTRA_BLOCK_OPENS],
                         "local_bytes": counters[protocol.EXTRA_BLOCK_LOCAL_BYTES],
                         "pfs_bytes": counters[protocol.EXTRA_BLOCK_PFS_BYTES],
-                        "remapped_bytes": counters[protocol.EXTRA_BLOCK_REMAPPED_BYTES]},
+                        "remapped_bytes": counters[protocol.EXTRA_BLOCK_REMAPPED_BYTES],
+                        "faults_held": counters[protocol.EXTRA_BLOCK_FAULTS_HELD],
+                        "fault_wait_ns": counters[protocol.EXTRA_BLOCK_FAULT_WAIT_NS],
+                        "faults_late": counters[protocol.EXTRA_BLOCK_FAULTS_LATE]},
         "processes_with_shim": counters[protocol.EXTRA_PROCESSES],
     }
 

@@ -65,6 +65,9 @@ class BlockReads(TypedDict):
     local_bytes: int      # bytes their descriptors read from staged blocks of the copy
     pfs_bytes: int        # bytes they read from the PFS (blocks not staged yet, or no room for them)
     remapped_bytes: int   # bytes of their read-only mappings moved onto the copy
+    faults_held: int      # a cluster's mappings: faults that waited for their block from its owner (shim_guard.c)
+    fault_wait_ns: int    # ... the time they waited
+    faults_late: int      # ... faults whose block did not come in time: its pages read from the PFS
 
 
 class Dataset(TypedDict):

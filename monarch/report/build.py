@@ -102,7 +102,7 @@ BLOCK_FIGURES = ("files", "whole_files", "partly_staged_files", "partly_staged_b
                  "blocks_staged", "bytes_staged", "blocks_from_pfs", "bytes_from_pfs",
                  # a cluster's: another owner's blocks from it, those read from the PFS when it could not send them
                  "blocks_from_peers", "bytes_from_peers", "blocks_peer_failed")
-BLOCK_READS = ("opens", "local_bytes", "pfs_bytes", "remapped_bytes")
+BLOCK_READS = ("opens", "local_bytes", "pfs_bytes", "remapped_bytes", "faults_held", "fault_wait_ns", "faults_late")
 
 
 def _blocks_over_nodes(alive: list[NodeStats]) -> dict | None:

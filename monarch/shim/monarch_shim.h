@@ -221,7 +221,23 @@ static void monarch_log(const char *file, int line, const char *fmt, ...);
     X(int, execv, (const char *, char *const[]))                                    \
     X(int, execvp, (const char *, char *const[]))                                   \
     X(int, execvpe, (const char *, char *const[], char *const[]))                   \
-    X(int, fexecve, (int, char *const[], char *const[]))
+    X(int, fexecve, (int, char *const[], char *const[]))                            \
+    X(int, mprotect, (void *, size_t, int))                                         \
+    X(int, sigaction, (int, const struct sigaction *, struct sigaction *))          \
+    X(sighandler_t, signal, (int, sighandler_t))                                    \
+    X(sighandler_t, bsd_signal, (int, sighandler_t))                                \
+    X(sighandler_t, sysv_signal, (int, sighandler_t))                               \
+    X(ssize_t, write, (int, const void *, size_t))                                  \
+    X(ssize_t, pwrite, (int, const void *, size_t, off_t))                          \
+    X(ssize_t, pwrite64, (int, const void *, size_t, off64_t))                      \
+    X(ssize_t, writev, (int, const struct iovec *, int))                            \
+    X(ssize_t, pwritev, (int, const struct iovec *, int, off_t))                    \
+    X(ssize_t, pwritev64, (int, const struct iovec *, int, off64_t))                \
+    X(ssize_t, send, (int, const void *, size_t, int))                              \
+    X(ssize_t, sendto, (int, const void *, size_t, int, const struct sockaddr *, socklen_t)) \
+    X(ssize_t, sendmsg, (int, const struct msghdr *, int))                          \
+    X(size_t, fwrite, (const void *, size_t, size_t, FILE *))                       \
+    X(size_t, fwrite_unlocked, (const void *, size_t, size_t, FILE *))
 
 #define MONARCH_HOW_EIO (-2) /* monarch_before: fail the open with EIO */
 

@@ -23,33 +23,15 @@
  */
 #include "shim_blocks.h"
 
-
-struct monarch_mapping {
-    uintptr_t addr;           /* 0: a free entry */
-    size_t len;
-    uint64_t off;             /* the file offset mapped at addr */
-    int prot, share;          /* MAP_SHARED or MAP_PRIVATE, as the application asked */
-    unsigned part;            /* index + 1 */
-    uint8_t *moved;           /* a bit per block of the range: mapped from the copy */
-    uint64_t first, last;     /* the blocks the range covers */
-    int random;               /* the shim advised MADV_RANDOM on it (until the map says read around) */
-    uint8_t *resident;        /* mincore's vector of its pages (made at the first look: want_touched) */
-    uint64_t looked_ns;       /* when its touched pages were last looked at */
-    uint64_t furthest;        /* the furthest block not staged its reader touched, at the last look */
-    int in_order;             /* looks in a row that found its reader going forward in one place */
-};
-
 #define MONARCH_TOUCH_AHEAD 8                  /* blocks wanted past the furthest one a mapping's reader touched */
 #define MONARCH_TOUCH_EVERY_NS 10000000ULL     /* a mapping's touched pages are looked at every 10 ms at most */
 #define MONARCH_IN_ORDER_LOOKS 3                /* looks in a row that make a mapping's reader sequential */
 #define MONARCH_TOUCH_AHEAD_IN_ORDER 32         /* blocks wanted past a sequential reader */
 
-static struct monarch_part monarch_parts[MONARCH_MAX_PARTS];
 static uint16_t monarch_fd_part[MONARCH_MAX_FDS]; /* part index + 1 of a descriptor; 0: none */
 /* part index + 1 whose copy is open as this descriptor: an application that closes descriptors
  * it did not open (closerange in a worker) takes the copy away, never gets it read in its place */
 static uint16_t monarch_copy_fd_part[MONARCH_MAX_FDS];
-static struct monarch_mapping monarch_mappings[MONARCH_MAX_MAPPINGS];
 static int monarch_remapper_running;
 /* set (never cleared) before this process's first part is made: until then fork takes no lock */
 static int monarch_blocks_used;
@@ -504,8 +486,11 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
                           strerror(errno));
             return 1; /* the mapping is whole as it is: the PFS's pages, or the copy's where moved */
         }
-        for (uint64_t x = b; x <= e; x++)
+        for (uint64_t x = b; x <= e; x++) {
             m->moved[(x - m->first) / 8] |= (uint8_t)(1u << ((x - m->first) % 8));
+            if (monarch_guarded(m, x)) /* the copy's pages are mapped over its guard */
+                monarch_guard_clear(m, x);
+        }
         moved += to - from;
         b = e + 1;
     }
@@ -545,6 +530,8 @@ static void monarch_mapping_release_locked(struct monarch_mapping *m)
 
 static void monarch_mapping_free_locked(struct monarch_mapping *m)
 {
+    monarch_guard_lift_all_locked(m); /* (before an munmap too: the range it leaves is whole) */
+    free(m->guarded);
     free(m->moved);
     free(m->resident);
     sigset_t held_;
@@ -599,10 +586,12 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
         madvise(p, len, MADV_RANDOM);
         m->random = 1;
     }
-    if (monarch_mapping_move_locked(m, 0))
+    if (monarch_mapping_move_locked(m, 0)) {
         monarch_mapping_release_locked(m);
-    else
+    } else {
+        monarch_guard_mapping_locked(m, pt); /* a cluster's: its faults wait for the owners' blocks */
         monarch_remapper_start();
+    }
     MONARCH_MAPS_UNLOCK(maps_held_);
 }
 

@@ -20,7 +20,31 @@ struct monarch_part {
     uint8_t *states;
     size_t map_len;
     uint64_t next, run;       /* where its last read ended; the bytes read in order up to there */
+    int unguarded;            /* its mappings are guarded no more: they read the PFS (shim_guard.c) */
+    unsigned late;            /* guarded blocks that came late in a row (shim_guard.c) */
 };
+
+/* a read-only mapping of a part's descriptor, moved onto the copy as its blocks come */
+struct monarch_mapping {
+    uintptr_t addr;           /* 0: a free entry */
+    size_t len;
+    uint64_t off;             /* the file offset mapped at addr */
+    int prot, share;          /* MAP_SHARED or MAP_PRIVATE, as the application asked */
+    unsigned part;            /* index + 1 */
+    uint8_t *moved;           /* a bit per block of the range: mapped from the copy */
+    uint64_t first, last;     /* the blocks the range covers */
+    int random;               /* the shim advised MADV_RANDOM on it (until the map says read around) */
+    uint8_t *resident;        /* mincore's vector of its pages (made at the first look: want_touched) */
+    uint64_t looked_ns;       /* when its touched pages were last looked at */
+    uint64_t furthest;        /* the furthest block not staged its reader touched, at the last look */
+    int in_order;             /* looks in a row that found its reader going forward in one place */
+    uint8_t *guarded;         /* a bit per block: PROT_NONE until its block comes (shim_guard.c) */
+    uint64_t fault_next;      /* the block after the last guarded one faulted on */
+    unsigned fault_run;       /* guarded faults in a row, each on that block or the one before */
+};
+
+static struct monarch_part monarch_parts[MONARCH_MAX_PARTS];
+static struct monarch_mapping monarch_mappings[MONARCH_MAX_MAPPINGS];
 
 /* the registry of mappings being moved (shim_blocks.c): how many, read without the lock on every
  * munmap (0: nothing to check); changed under the registry's lock (below) */

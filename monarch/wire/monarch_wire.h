@@ -19,8 +19,9 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 8 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
-                                     7: a slot's opens_stdio and mapped_bytes; 8: EXTRA_BLOCK_* */
+#define MONARCH_COUNTERS_VERSION 9 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
+                                     7: a slot's opens_stdio and mapped_bytes; 8: EXTRA_BLOCK_*;
+                                     9: EXTRA_BLOCK_FAULT* */
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 /* per slot: opens; bytes read (read, pread, readv ..., fread); opens_uncounted (once per descriptor
@@ -28,7 +29,7 @@
  * (a FILE: stdio's own reads have no bound); mapped_bytes (the lengths mmap mapped: at most what
  * page faults read) */
 #define MONARCH_SLOT_WORDS 5
-#define MONARCH_EXTRA_WORDS 17
+#define MONARCH_EXTRA_WORDS 20
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
 #define MONARCH_SLOT_PFS 0
 #define MONARCH_SLOT_PEER 1
@@ -60,6 +61,11 @@
 #define MONARCH_EXTRA_BLOCK_PFS_BYTES 14
 #define MONARCH_EXTRA_BLOCK_OPENS 15
 #define MONARCH_EXTRA_BLOCK_REMAPPED_BYTES 16
+/* shim_guard.c: a cluster's mappings: faults on a guarded block served from the copy once it came,
+ * the ns they waited for it, and the faults whose block came late (its pages read from the PFS) */
+#define MONARCH_EXTRA_BLOCK_FAULTS_HELD 17
+#define MONARCH_EXTRA_BLOCK_FAULT_WAIT_NS 18
+#define MONARCH_EXTRA_BLOCK_FAULTS_LATE 19
 
 /* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
 #define MONARCH_VERB_OPEN 1
@@ -116,6 +122,7 @@
 #define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"
 #define MONARCH_ENV_INDEX_WAIT "MONARCH_SHIM_INDEX_WAIT_MS"
 #define MONARCH_ENV_SHIM_ZSTD "MONARCH_SHIM_ZSTD"
+#define MONARCH_ENV_MAP_GUARD "MONARCH_SHIM_MAP_GUARD" /* 0: a cluster's mappings are not guarded (shim_guard.c) */
 
 /* ---- how an open is served: the routes and the size thresholds that pick them, declared once
  * (monarch/routes.py is their Python half: its ROWS, in this order, and route_of, which decides

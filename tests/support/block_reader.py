@@ -1,23 +1,26 @@
 """A large file's reader for the cluster tests: reads it whole ``--passes`` times (``pread`` in
-1 MiB calls, or through one read-only mapping), checks every pass's digest against the
-expected one, and prints one JSON line: the seconds to its first byte and to each pass's end."""
+1 MiB calls; through one read-only mapping, in order, or in 64 KiB windows in a random order
+put back in place), checks every pass's digest against the expected one, and prints one JSON
+line: the seconds to its first byte and to each pass's end."""
 
 import argparse
 import hashlib
 import json
 import mmap
 import os
+import random
 import sys
 import time
 
 CALL = 1 << 20
+WINDOW = 64 << 10
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("path")
     p.add_argument("--sha256", required=True)
-    p.add_argument("--mode", choices=["pread", "mmap"], default="pread")
+    p.add_argument("--mode", choices=["pread", "mmap", "mmap-random"], default="pread")
     p.add_argument("--passes", type=int, default=1)
     args = p.parse_args()
     t0 = time.monotonic()
@@ -32,6 +35,15 @@ def main() -> int:
                 data = os.pread(fd, CALL, off)
                 first = first if first is not None else time.monotonic() - t0
                 h.update(data)
+        elif args.mode == "mmap-random":
+            whole = bytearray(size)
+            order = list(range(0, size, WINDOW))
+            random.Random(len(ends)).shuffle(order)
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+                for off in order:
+                    whole[off:off + WINDOW] = m[off:off + WINDOW]
+                    first = first if first is not None else time.monotonic() - t0
+            h.update(whole)
         else:
             with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
                 for off in range(0, size, CALL):

@@ -1,0 +1,26 @@
+/* shim_guard.h -- what shim_guard.c (a cluster's mapping: its ranges not yet local guarded, a
+ * fault on one served from the block its owner sends) gives the shim's other parts. Part of
+ * monarch_shim.c's one translation unit. */
+#ifndef MONARCH_SHIM_GUARD_H
+#define MONARCH_SHIM_GUARD_H
+
+/* blocks guarded (PROT_NONE) in this process's mappings: 0, the write wrappers look no further */
+static int monarch_nguarded;
+
+struct monarch_mapping;
+struct monarch_part;
+static inline int monarch_guarded(const struct monarch_mapping *m, uint64_t b);
+static void monarch_guard_clear(struct monarch_mapping *m, uint64_t b);
+static void monarch_guard_mapping_locked(struct monarch_mapping *m, struct monarch_part *pt);
+static void monarch_guard_lift_locked(struct monarch_mapping *m, uint64_t b, uint64_t e);
+static void monarch_guard_lift_all_locked(struct monarch_mapping *m);
+/* before the kernel reads [p, p + n) for a write or a send: its guarded pages faulted in by the
+ * application's thread (a kernel access to a PROT_NONE page fails with EFAULT, never faults) */
+static void monarch_guard_touch_slow(const void *p, size_t n);
+static inline void monarch_guard_touch(const void *p, size_t n)
+{
+    if (MONARCH_UNLIKELY(__atomic_load_n(&monarch_nguarded, __ATOMIC_RELAXED)) && n)
+        monarch_guard_touch_slow(p, n);
+}
+
+#endif /* MONARCH_SHIM_GUARD_H */
