@@ -22,6 +22,7 @@ struct monarch_part {
     uint64_t next, run;       /* where its last read ended; the bytes read in order up to there */
     int unguarded;            /* its mappings are guarded no more: they read the PFS (shim_guard.c) */
     unsigned late;            /* guarded blocks that came late in a row (shim_guard.c) */
+    uint64_t pages_read;      /* bytes of guarded pages read from the PFS while their blocks came */
 };
 
 /* a read-only mapping of a part's descriptor, moved onto the copy as its blocks come */
@@ -40,7 +41,7 @@ struct monarch_mapping {
     int in_order;             /* looks in a row that found its reader going forward in one place */
     uint8_t *guarded;         /* a bit per block: PROT_NONE until its block comes (shim_guard.c) */
     uint64_t fault_next;      /* the block after the last guarded one faulted on */
-    unsigned fault_run;       /* guarded faults in a row, each on that block or the one before */
+    unsigned fault_run;       /* guarded faults in a row, each at most the blocks wanted ahead past the last */
 };
 
 static struct monarch_part monarch_parts[MONARCH_MAX_PARTS];

@@ -28,8 +28,11 @@
 
 #define MONARCH_GUARD_AHEAD_IN_ORDER 16 /* blocks wanted past a fault that follows the last one */
 #define MONARCH_GUARD_LATE_MAX 4        /* blocks late in a row that end a file's guards in this process */
+#define MONARCH_GUARD_PAGE_WAIT_NS 2000000ULL /* a random fault's wait for a block not under way */
+#define MONARCH_GUARD_PFS_SHARE 128     /* ... then its page from the PFS, up to this share of the file */
 
 static int monarch_guards_off = -1;     /* -1: not read yet from the environment */
+static size_t monarch_guard_page = 4096; /* the page size (read when the first mapping is guarded) */
 static unsigned monarch_guard_epoch;    /* bumped whenever a guard is lifted (see monarch_guard_serve) */
 static int monarch_segv_ours;           /* SIGSEGV's handler is monarch_guard_on_fault */
 static struct sigaction monarch_app_segv; /* ... and the application's disposition is this */
@@ -100,6 +103,7 @@ static void monarch_guard_mapping_locked(struct monarch_mapping *m, struct monar
     if (monarch_guards_off < 0) {
         const char *v = getenv(MONARCH_ENV_MAP_GUARD);
         monarch_guards_off = v && strcmp(v, "0") == 0;
+        monarch_guard_page = (size_t)sysconf(_SC_PAGESIZE);
     }
     if (monarch_guards_off || pt->unguarded || !__atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE)
         || __atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) || !monarch_guard_handler())
@@ -165,11 +169,11 @@ static void monarch_guard_lift_all_locked(struct monarch_mapping *m)
 }
 
 /* The faulting thread's blocks wanted: b, and when the fault follows the mapping's last one
- * (a reader in order: a weights load, a scan) the blocks after it, so they come before it
- * gets there. Under the registry's lock. */
+ * (at most the blocks wanted ahead past it: a reader in order, a weights load, a scan) the
+ * blocks after it, so they come before it gets there. Under the registry's lock. */
 static void monarch_guard_want_locked(struct monarch_mapping *m, struct monarch_part *pt, uint64_t b)
 {
-    m->fault_run = (b == m->fault_next || b + 1 == m->fault_next) ? m->fault_run + 1 : 0;
+    m->fault_run = b + 1 >= m->fault_next && b <= m->fault_next + MONARCH_GUARD_AHEAD_IN_ORDER ? m->fault_run + 1 : 0;
     m->fault_next = b + 1;
     uint64_t ahead = m->fault_run >= 2 ? MONARCH_GUARD_AHEAD_IN_ORDER : 0;
     for (uint64_t x = b; x <= b + ahead && x < pt->blocks; x++) {
@@ -213,7 +217,7 @@ static int monarch_guard_serve(uintptr_t a)
             return lifted;
         }
         uint64_t now = monarch_guard_now_ns();
-        t0 = t0 ? t0 : now;
+        t0 = t0 ? t0 : now; /* (now == t0: this fault's first look) */
         if (__atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE) == MONARCH_BLOCK_STAGED && pt->copy_fd >= 0) {
             void *at;
             size_t len;
@@ -231,15 +235,36 @@ static int monarch_guard_serve(uintptr_t a)
                 return 1;
             }
             MONARCH_DEBUG(1, "mapping a block from its copy failed (%s): the mapping reads the PFS", strerror(errno));
-        } else if (!__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) && pt->copy_fd >= 0 && !pt->unguarded
-                   && now - t0 < __atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE) * 1000ULL) {
-            /* (a fault waits as long as a large read does: a block's owner may read it first) */
-            monarch_guard_want_locked(m, pt, b);
-            MONARCH_MAPS_UNLOCK(maps_held_);
-            struct timespec ts = {0, (long)step_us * 1000L};
-            nanosleep(&ts, NULL); /* (async-signal-safe; another signal ends it early) */
-            step_us = step_us * 2 > 1000 ? 1000 : step_us * 2;
-            continue;
+        } else if (!__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) && pt->copy_fd >= 0 && !pt->unguarded) {
+            if (now == t0)
+                monarch_guard_want_locked(m, pt, b); /* (once per fault: it tells the reader's order) */
+            /* a reader in order, or a block under way, waits for the block, as long as a large read
+             * does (its owner may read it first). A random fault on a block not under way waits a
+             * page's round trip on the PFS, then reads its page there (its block still comes), while
+             * this process has read less than 1/MONARCH_GUARD_PFS_SHARE of the file so: the first
+             * steps of a random reader go at the PFS's pace, not at the blocks', and the PFS is
+             * read at most that much more per node */
+            uint8_t st = __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE);
+            uint64_t budget = m->fault_run >= 2 || st == MONARCH_BLOCK_FILLING
+                                      || pt->pages_read + monarch_guard_page > pt->size / MONARCH_GUARD_PFS_SHARE
+                                  ? __atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE) * 1000ULL
+                                  : MONARCH_GUARD_PAGE_WAIT_NS;
+            if (now - t0 < budget) {
+                MONARCH_MAPS_UNLOCK(maps_held_);
+                struct timespec ts = {0, (long)step_us * 1000L};
+                nanosleep(&ts, NULL); /* (async-signal-safe; another signal ends it early) */
+                step_us = step_us * 2 > 1000 ? 1000 : step_us * 2;
+                continue;
+            }
+            if (budget == MONARCH_GUARD_PAGE_WAIT_NS
+                && MONARCH_RESOLVE(mprotect)((void *)(a & ~(uintptr_t)(monarch_guard_page - 1)), monarch_guard_page,
+                                             m->prot) == 0) {
+                __atomic_fetch_add(&monarch_guard_epoch, 1, __ATOMIC_RELEASE);
+                pt->pages_read += monarch_guard_page;
+                monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_LATE, 1);
+                MONARCH_MAPS_UNLOCK(maps_held_);
+                return 1;
+            }
         }
         int late = !__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) && pt->copy_fd >= 0 && !pt->unguarded;
         if (late)

