@@ -17,7 +17,8 @@ each node's reader under ``monarch run``, its RAM tier holding the file (``file`
 share of it and 64 MiB (``share``: the file fits only across the nodes); ``--rooms kill`` adds
 a node lost mid-job (its daemon and its reader SIGKILLed; the others must finish right). Printed per case: the
 slowest node's first step and job, the PFS's bytes over the file's (the sum of the mounts'
-counts), and the whole job's CPU-seconds (readers, daemons and launchers; the FUSE servers apart).
+counts), and the whole job's CPU-seconds (readers, daemons and launchers; the FUSE servers apart:
+their CPU-seconds and the requests they served, a page fault of a mapping of the PFS one each).
 
     python3 scripts/cluster/bench_cluster_blocks.py                       # 1 GiB, 4 nodes, 400 MB/s
     python3 scripts/cluster/bench_cluster_blocks.py --readers weights --rooms file
@@ -132,6 +133,23 @@ def children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def pfs_side(nodes: NodeNamespaces) -> tuple[int, float]:
+    """The mounts' requests for the token file so far (each a FUSE request: what a mount costs
+    is mostly per request), and their servers' CPU-seconds (from /proc: they run on)."""
+    reads, cpu = 0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for k in range(nodes.nodes):
+        time.sleep(0.02)  # (each server writes its counts every 10 ms)
+        c = json.loads(nodes.counters(k).read_text())
+        reads += c["files"].get(NAME, {}).get("reads", 0)
+        try:
+            fields = Path(f"/proc/{c['pid']}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, KeyError, IndexError, ValueError):
+            pass
+    return reads, cpu
+
+
 def run_readers(nodes: NodeNamespaces, cmds: list[list[str]], envs: list[dict], cgroup: MemoryCgroup,
                 timeout: float, kill: tuple[float, int] | None = None) -> list[dict]:
     """Each node's reader, at once; their figures. ``kill`` (seconds, pid): that long after the
@@ -163,7 +181,7 @@ def case(args, nodes: NodeNamespaces, base: Path, reader: str, readers_args: lis
     """One row: the readers on every node (under Monarch with ``room``, else directly)."""
     path = str(nodes.mountpoint / NAME)
     cmds = [[sys.executable, "-c", READER, path, reader, readers_args[k]] for k in range(args.nodes)]
-    before_pfs, before_cpu = nodes.pfs_bytes(NAME), children_cpu()
+    before_pfs, before_cpu, (before_reads, before_fuse) = nodes.pfs_bytes(NAME), children_cpu(), pfs_side(nodes)
     if room is None:
         t0 = time.monotonic()
         results = run_readers(nodes, cmds, [env(MONARCH_DISABLE=1)] * args.nodes, cgroup, args.timeout)
@@ -209,9 +227,11 @@ def case(args, nodes: NodeNamespaces, base: Path, reader: str, readers_args: lis
     bad = sum(r["bad"] for r in results)
     if bad:
         raise RuntimeError(f"{bad} wrong windows or digests ({reader}, {room or 'direct'})")
+    reads, fuse = pfs_side(nodes)
     return {"reader": reader, "room": room or "direct", "first": max(r["first"] for r in results),
             "job": max(r["total"] for r in results), "wall": wall,
             "pfs": (nodes.pfs_bytes(NAME) - before_pfs) / size, "cpu": children_cpu() - before_cpu,
+            "pfs_reads": reads - before_reads, "fuse_cpu": fuse - before_fuse,
             "steps": [r["steps"] for r in results]}
 
 
@@ -254,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                     row = case(args, nodes, base, reader, reader_args, room, size, cgroup)
                     rows.append(row)
                     print(f"{row['reader']:8} {row['room']:7} first step {row['first']:6.2f} s  job {row['job']:6.2f} s"
-                          f"  PFS {row['pfs']:5.2f}x  CPU {row['cpu']:6.1f} s", flush=True)
+                          f"  PFS {row['pfs']:5.2f}x  CPU {row['cpu']:6.1f} s  PFS requests {row['pfs_reads']:6d}"
+                          f"  FUSE CPU {row['fuse_cpu']:5.1f} s", flush=True)
     finally:
         cgroup.remove()
         if args.keep:
@@ -263,13 +284,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(base, ignore_errors=True)
     print(f"\n{args.nodes} nodes, {args.size_mib} MiB, {args.bandwidth:g} MB/s per node, "
           f"{args.open_latency_ms:g} ms per open; the slowest node's figures")
-    print("| reader | room | first step | job | job / direct | PFS / file | CPU-s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| reader | room | first step | job | job / direct | PFS / file | CPU-s | PFS requests | FUSE CPU-s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     direct = {r["reader"]: r for r in rows if r["room"] == "direct"}
     for r in rows:
         ratio = r["job"] / direct[r["reader"]]["job"]
         print(f"| {r['reader']} | {r['room']} | {r['first']:.2f} s | {r['job']:.2f} s | {ratio:.2f}x | "
-              f"{r['pfs']:.2f}x | {r['cpu']:.1f} |")
+              f"{r['pfs']:.2f}x | {r['cpu']:.1f} | {r['pfs_reads']} | {r['fuse_cpu']:.1f} |")
     if args.steps_of:
         for r in rows:
             print(r["reader"], r["room"], "node steps:", *(steps[:args.steps_of] for steps in r["steps"]))

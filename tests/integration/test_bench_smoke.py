@@ -106,7 +106,8 @@ BENCHES = [
           "bench_cluster-hints"),
     # 2 nodes, each a mount namespace with its own FUSE mount; every window's sum and the weights' digest checked
     Bench("cluster/bench_cluster_blocks.py", ["--quick", "--json", "{tmp}/blocks.json"],
-          r"^\| weights \| share \| [\d.]+ s \| [\d.]+ s \| [\d.]+x \| [\d.]+x \| [\d.]+ \|$", {"fuse", "mpi", "root"}),
+          r"^\| weights \| share \| [\d.]+ s \| [\d.]+ s \| [\d.]+x \| [\d.]+x \| [\d.]+ \| \d+ \| [\d.]+ \|$",
+          {"fuse", "mpi", "root"}),
     Bench("cluster/bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
                                       "--open-latency-ms", "2", "--timeout", "60", "--json", "{tmp}/faults.json"],
           r"^  ok\s+\| direct: True \| monarch: True \| kill: True \| replicas: True$", {"fuse", "mpi"}),
