@@ -40,8 +40,9 @@ struct monarch_mapping {
     uint64_t furthest;        /* the furthest block not staged its reader touched, at the last look */
     int in_order;             /* looks in a row that found its reader going forward in one place */
     uint8_t *guarded;         /* a bit per block: PROT_NONE until its block comes (shim_guard.c) */
-    uint64_t fault_next;      /* the block after the last guarded one faulted on */
-    unsigned fault_run;       /* guarded faults in a row, each at most the blocks wanted ahead past the last */
+    uint64_t fault_next;      /* the block after the last guarded one faulted on (0: none yet) */
+    uintptr_t fault_page;     /* ... and the page of that fault */
+    unsigned fault_run;       /* guarded faults in a row going in order (monarch_guard_want_locked) */
 };
 
 static struct monarch_part monarch_parts[MONARCH_MAX_PARTS];

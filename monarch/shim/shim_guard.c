@@ -28,12 +28,15 @@
 
 #define MONARCH_GUARD_AHEAD_IN_ORDER 16 /* blocks wanted past a fault that follows the last one */
 #define MONARCH_GUARD_LATE_MAX 4        /* blocks late in a row that end a file's guards in this process */
-#define MONARCH_GUARD_PAGE_WAIT_NS 2000000ULL /* a random fault's wait for a block not under way */
+#define MONARCH_GUARD_PAGE_WAIT_NS 1000000ULL /* a random fault's wait for its block */
+#define MONARCH_GUARD_AGAIN_MAX 2        /* faults in a row at one address with nothing guarded there run again */
 #define MONARCH_GUARD_PFS_SHARE 128     /* ... then its page from the PFS, up to this share of the file */
 
 static int monarch_guards_off = -1;     /* -1: not read yet from the environment */
 static size_t monarch_guard_page = 4096; /* the page size (read when the first mapping is guarded) */
-static unsigned monarch_guard_epoch;    /* bumped whenever a guard is lifted (see monarch_guard_serve) */
+/* the last fault this thread found nothing guarded at, and how many times in a row (see monarch_guard_serve) */
+static __thread uintptr_t monarch_guard_last __attribute__((tls_model("initial-exec")));
+static __thread unsigned monarch_guard_again __attribute__((tls_model("initial-exec")));
 static int monarch_segv_ours;           /* SIGSEGV's handler is monarch_guard_on_fault */
 static struct sigaction monarch_app_segv; /* ... and the application's disposition is this */
 static int monarch_segv_mu;             /* a spin lock over the two, held for a copy */
@@ -70,7 +73,6 @@ static void monarch_guard_clear(struct monarch_mapping *m, uint64_t b)
 {
     m->guarded[(b - m->first) / 8] &= (uint8_t)~(1u << ((b - m->first) % 8));
     __atomic_fetch_sub(&monarch_nguarded, 1, __ATOMIC_RELEASE);
-    __atomic_fetch_add(&monarch_guard_epoch, 1, __ATOMIC_RELEASE);
 }
 
 static void monarch_guard_on_fault(int sig, siginfo_t *si, void *ctx);
@@ -168,13 +170,24 @@ static void monarch_guard_lift_all_locked(struct monarch_mapping *m)
     monarch_guard_lift_locked(m, m->first, m->last);
 }
 
-/* The faulting thread's blocks wanted: b, and when the fault follows the mapping's last one
- * (at most the blocks wanted ahead past it: a reader in order, a weights load, a scan) the
- * blocks after it, so they come before it gets there. Under the registry's lock. */
-static void monarch_guard_want_locked(struct monarch_mapping *m, struct monarch_part *pt, uint64_t b)
+/* A guarded fault at a (block b): the mapping's reader goes in order when the fault is on the
+ * page after the last one's (a scan within a block), or on a later block with only blocks
+ * already local since the last fault's (a scan over them); a random reader's faults are neither.
+ * b is wanted, and once the reader went in order twice in a row the blocks after it too, so they
+ * come before it gets there. Under the registry's lock. */
+static void monarch_guard_want_locked(struct monarch_mapping *m, struct monarch_part *pt, uint64_t b, uintptr_t a)
 {
-    m->fault_run = b + 1 >= m->fault_next && b <= m->fault_next + MONARCH_GUARD_AHEAD_IN_ORDER ? m->fault_run + 1 : 0;
+    uintptr_t page = a & ~(uintptr_t)(monarch_guard_page - 1);
+    uint64_t last = m->fault_next ? m->fault_next - 1 : 0;
+    int in_order = m->fault_next && page == m->fault_page + monarch_guard_page;
+    if (m->fault_next && b > last && b - last <= MONARCH_GUARD_AHEAD_IN_ORDER) {
+        in_order = 1;
+        for (uint64_t x = last + 1; x < b && in_order; x++)
+            in_order = !monarch_guarded(m, x);
+    }
+    m->fault_run = in_order ? m->fault_run + 1 : 0;
     m->fault_next = b + 1;
+    m->fault_page = page;
     uint64_t ahead = m->fault_run >= 2 ? MONARCH_GUARD_AHEAD_IN_ORDER : 0;
     for (uint64_t x = b; x <= b + ahead && x < pt->blocks; x++) {
         uint8_t absent = MONARCH_BLOCK_ABSENT;
@@ -197,7 +210,6 @@ static inline uint64_t monarch_guard_now_ns(void)
  * holds it here. */
 static int monarch_guard_serve(uintptr_t a)
 {
-    unsigned epoch = __atomic_load_n(&monarch_guard_epoch, __ATOMIC_ACQUIRE);
     uint64_t t0 = 0, step_us = 50;
     for (;;) {
         sigset_t maps_held_;
@@ -210,12 +222,18 @@ static int monarch_guard_serve(uintptr_t a)
         struct monarch_part *pt = m ? &monarch_parts[m->part - 1] : NULL;
         uint64_t b = m ? (m->off + (a - m->addr)) >> pt->shift : 0;
         if (!m || !monarch_guarded(m, b)) {
-            /* a guard lifted since the fault (by another thread, the remapper, an munmap of
-             * another range): the access runs again; else the fault was never a guard's */
-            int lifted = __atomic_load_n(&monarch_guard_epoch, __ATOMIC_ACQUIRE) != epoch;
+            /* nothing guarded there now: a guard lifted since the fault (by another thread, the
+             * remapper, an mprotect or munmap of the range: before this handler ran, or while it
+             * waited), and the access runs again; or the fault was never a guard's, and runs again
+             * into the same address, for a third time in a row at most (then it is not ours) */
             MONARCH_MAPS_UNLOCK(maps_held_);
-            return lifted;
+            if (a != monarch_guard_last) {
+                monarch_guard_last = a;
+                monarch_guard_again = 0;
+            }
+            return ++monarch_guard_again <= MONARCH_GUARD_AGAIN_MAX;
         }
+        monarch_guard_last = 0;
         uint64_t now = monarch_guard_now_ns();
         t0 = t0 ? t0 : now; /* (now == t0: this fault's first look) */
         if (__atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE) == MONARCH_BLOCK_STAGED && pt->copy_fd >= 0) {
@@ -237,15 +255,15 @@ static int monarch_guard_serve(uintptr_t a)
             MONARCH_DEBUG(1, "mapping a block from its copy failed (%s): the mapping reads the PFS", strerror(errno));
         } else if (!__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) && pt->copy_fd >= 0 && !pt->unguarded) {
             if (now == t0)
-                monarch_guard_want_locked(m, pt, b); /* (once per fault: it tells the reader's order) */
-            /* a reader in order, or a block under way, waits for the block, as long as a large read
-             * does (its owner may read it first). A random fault on a block not under way waits a
-             * page's round trip on the PFS, then reads its page there (its block still comes), while
-             * this process has read less than 1/MONARCH_GUARD_PFS_SHARE of the file so: the first
-             * steps of a random reader go at the PFS's pace, not at the blocks', and the PFS is
-             * read at most that much more per node */
-            uint8_t st = __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE);
-            uint64_t budget = m->fault_run >= 2 || st == MONARCH_BLOCK_FILLING
+                monarch_guard_want_locked(m, pt, b, a); /* (once per fault: it tells the reader's order) */
+            /* a reader in order waits for the block, as long as a large read does (its owner may
+             * read it first), its next blocks on their way. A random fault waits about a page's
+             * round trip on the PFS, then reads its page there (its block still comes: a run of
+             * 8 under way can take a second at the start, when every node fetches at once), while
+             * this process has read less than 1/MONARCH_GUARD_PFS_SHARE of the file so: a random
+             * reader's first steps go at the PFS's pace, not the blocks', and the PFS is read at
+             * most that much more per node; then it waits for its blocks too */
+            uint64_t budget = m->fault_run >= 2
                                       || pt->pages_read + monarch_guard_page > pt->size / MONARCH_GUARD_PFS_SHARE
                                   ? __atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE) * 1000ULL
                                   : MONARCH_GUARD_PAGE_WAIT_NS;
@@ -259,7 +277,6 @@ static int monarch_guard_serve(uintptr_t a)
             if (budget == MONARCH_GUARD_PAGE_WAIT_NS
                 && MONARCH_RESOLVE(mprotect)((void *)(a & ~(uintptr_t)(monarch_guard_page - 1)), monarch_guard_page,
                                              m->prot) == 0) {
-                __atomic_fetch_add(&monarch_guard_epoch, 1, __ATOMIC_RELEASE);
                 pt->pages_read += monarch_guard_page;
                 monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_LATE, 1);
                 MONARCH_MAPS_UNLOCK(maps_held_);
