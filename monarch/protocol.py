@@ -127,7 +127,7 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   then EXTRA_WORDS of named counters (EXTRA_*).
 Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
 
-Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version 4).
+Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version INDEX_VERSION, 5).
 It appears only when the snapshot is ready (walked, kept copies checked): a process that
 finds it at start maps it at once; one that does not asks INDEX at its first need.
   header  INDEX_HEADER: u64 magic, u32 version, u32 entries, u32 buckets (a power of 2),

@@ -463,9 +463,11 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
             b++;
             continue;
         }
-        uint64_t e = b; /* a run of staged blocks, one mmap */
+        uint64_t e = b; /* a run of staged blocks, one mmap; guarded or not alike */
+        int guarded = monarch_guarded(m, b);
         while (e + 1 <= m->last && !((m->moved[(e + 1 - m->first) / 8] >> ((e + 1 - m->first) % 8)) & 1)
-               && __atomic_load_n(&pt->states[e + 1], __ATOMIC_ACQUIRE) == MONARCH_BLOCK_STAGED)
+               && __atomic_load_n(&pt->states[e + 1], __ATOMIC_ACQUIRE) == MONARCH_BLOCK_STAGED
+               && monarch_guarded(m, e + 1) == guarded)
             e++;
         uint64_t from = b << pt->shift, to = (e + 1) << pt->shift;
         if (from < m->off)
@@ -478,9 +480,11 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
          * mapped, as pages it had faulted in from the PFS were. A mapping just made has touched
          * nothing: populating it would cost every staged page at each mmap (a reader that maps
          * the file anew each step), where faults cost only the pages it reads */
+        /* (never a guarded run's: nothing of it was touched, and populating it would hold the
+         * registry's lock, which a guarded fault waits for, while the pages are mapped) */
         void *r = MONARCH_RESOLVE(mmap)(at, (size_t)(to - from), m->prot,
-                                        m->share | MAP_FIXED | (populate ? MAP_POPULATE : 0), pt->copy_fd,
-                                        (off_t)from);
+                                        m->share | MAP_FIXED | (populate && !guarded ? MAP_POPULATE : 0),
+                                        pt->copy_fd, (off_t)from);
         if (r == MAP_FAILED) {
             MONARCH_DEBUG(1, "moving a mapping onto its block copy failed (%s): it stays on the PFS",
                           strerror(errno));

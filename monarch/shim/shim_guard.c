@@ -28,7 +28,7 @@
 
 #define MONARCH_GUARD_AHEAD_IN_ORDER 16 /* blocks wanted past a fault that follows the last one */
 #define MONARCH_GUARD_LATE_MAX 4        /* blocks late in a row that end a file's guards in this process */
-#define MONARCH_GUARD_PAGE_WAIT_NS 1000000ULL /* a random fault's wait for its block */
+#define MONARCH_GUARD_PAGE_WAIT_NS 250000ULL /* a random fault's wait for its block */
 #define MONARCH_GUARD_AGAIN_MAX 2        /* faults in a row at one address with nothing guarded there run again */
 #define MONARCH_GUARD_PFS_SHARE 128     /* ... then its page from the PFS, up to this share of the file */
 
