@@ -30,7 +30,8 @@
  *
  * Environment (see protocol.py): MONARCH_ROOTS, MONARCH_PROBE, MONARCH_SOCKET,
  * MONARCH_COUNTERS, MONARCH_INDEX, MONARCH_DISABLE, MONARCH_SHIM_DEBUG,
- * MONARCH_SHIM_TIMEOUT_MS, MONARCH_SHIM_INDEX_WAIT_MS. Missing or invalid settings degrade to
+ * MONARCH_SHIM_TIMEOUT_MS, MONARCH_SHIM_INDEX_WAIT_MS, MONARCH_SHIM_ZSTD, MONARCH_SHIM_MAP_GUARD.
+ * Missing or invalid settings degrade to
  * pass-through; nothing here may make the application fail: on any
  * Monarch-side failure the original is opened by the application's own call,
  * so the errors it sees are the original's.

@@ -16,7 +16,8 @@
  *     the same bytes, so the application cannot tell), until every block is moved or the
  *     daemon says no more will come. munmap, mremap and a MAP_FIXED mmap over a registered
  *     range take the registry's lock, so no range is ever mapped again once the
- *     application let it go.
+ *     application let it go. On a cluster the blocks not yet local are guarded meanwhile, so
+ *     that a fault waits for its block from the owner rather than read the PFS (shim_guard.c).
  * Descriptors made with dup* and inherited by fork children share the part; close drops it.
  * A FILE opened on such a file (fopen, fdopen) reads through these reads too (shim_stdio.c).
  * A descriptor carried across exec, or reopened through /proc, reads the PFS.
