@@ -67,7 +67,7 @@ class BlockReads(TypedDict):
     remapped_bytes: int   # bytes of their read-only mappings moved onto the copy
     faults_held: int      # a cluster's mappings: faults that waited for their block from its owner (shim_guard.c)
     fault_wait_ns: int    # ... the time they waited
-    faults_late: int      # ... faults whose block did not come in time: its pages read from the PFS
+    faults_late: int      # ... faults read from the PFS, their block not here in time (a page, or the block's pages)
 
 
 class Dataset(TypedDict):

@@ -352,6 +352,6 @@ def block_lines(blocks: dict | None) -> list[str]:
                    "onto the copies\n")
     if r.get("faults_held") or r.get("faults_late"):
         out.append(f"{'':<12}mapping faults that waited for their block from its owner: {r['faults_held']:,} "
-                   f"({r['fault_wait_ns'] / 1e9:.2f} s in all); whose block came late, read from the PFS: "
+                   f"({r['fault_wait_ns'] / 1e9:.2f} s in all); read from the PFS, their block not here in time: "
                    f"{r['faults_late']:,}\n")
     return out
