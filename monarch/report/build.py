@@ -100,8 +100,9 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
 
 BLOCK_FIGURES = ("files", "whole_files", "partly_staged_files", "partly_staged_bytes", "partly_staged_of_bytes",
                  "blocks_staged", "bytes_staged", "blocks_from_pfs", "bytes_from_pfs",
-                 # a cluster's: another owner's blocks from it, those read from the PFS when it could not send them
-                 "blocks_from_peers", "bytes_from_peers", "blocks_peer_failed")
+                 # a cluster's: another owner's blocks from it, those read from the PFS when it could not send them,
+                 # those that left a window for others (a file larger than the room)
+                 "blocks_from_peers", "bytes_from_peers", "blocks_peer_failed", "blocks_left_window")
 BLOCK_READS = ("opens", "local_bytes", "pfs_bytes", "remapped_bytes", "faults_held", "fault_wait_ns", "faults_late")
 
 

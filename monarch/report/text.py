@@ -345,7 +345,9 @@ def block_lines(blocks: dict | None) -> list[str]:
     if blocks.get("blocks_from_peers") or blocks.get("blocks_peer_failed"):  # a cluster's ranges
         out.append(f"{'':<12}blocks staged from the PFS: {blocks['blocks_from_pfs']:,} ({human(blocks['bytes_from_pfs'])}),"
                    f" from their owners: {blocks['blocks_from_peers']:,} ({human(blocks['bytes_from_peers'])}); "
-                   f"read from the PFS when the owner could not send them: {blocks['blocks_peer_failed']:,}\n")
+                   f"read from the PFS when the owner could not send them: {blocks['blocks_peer_failed']:,}"
+                   + (f"; left the window of a file larger than the room, for others: {blocks['blocks_left_window']:,}"
+                      if blocks.get("blocks_left_window") else "") + "\n")
     if r["opens"]:
         out.append(f"{'':<12}{plural(r['opens'], 'open')} while staging: {human(r['local_bytes'])} read from staged "
                    f"blocks, {human(r['pfs_bytes'])} from the PFS; {human(r['remapped_bytes'])} of mappings moved "

@@ -196,6 +196,7 @@ static void monarch_part_drop(int fd)
  * the number can name another file. Under both locks: the remapper maps only a live copy. */
 static void monarch_part_copy_closing(unsigned first, unsigned last)
 {
+    monarch_guard_fds_closing(first, last);
     if (last >= MONARCH_MAX_FDS)
         last = MONARCH_MAX_FDS - 1;
     for (unsigned fd = first; fd <= last; fd++) {
@@ -230,25 +231,43 @@ static void monarch_part_dup(int oldfd, int newfd)
 }
 
 /* ---- reads: from the copy when every block of the range is staged ---- */
+#define MONARCH_WAIT_MIN (64 << 10) /* a read of a cluster's blocks not staged waits for them from this size */
 
-/* Are the blocks of [off, off + n) all STAGED? Otherwise mark the ABSENT ones WANTED. */
+/* Are the blocks of [off, off + n) all in the copy? 1: all STAGED; 2: all STAGED or LENT (a
+ * window's: the read is right only if the map's evictions stay as they were before this look,
+ * monarch_part_lent_kept); 0: not, and the ABSENT ones are marked WANTED. In a window only a read
+ * that waits for them wants them: another owner's whole block for a few bytes read at random
+ * would push out the blocks a reader in order is to read. */
 static int monarch_part_staged(struct monarch_part *pt, uint64_t off, uint64_t n)
 {
     uint64_t first = off >> pt->shift, last = (off + n - 1) >> pt->shift;
-    int all = 1;
+    int all = 1, lent = 0;
+    int want = n >= MONARCH_WAIT_MIN || !__atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE);
     if (last >= pt->blocks)
         last = pt->blocks - 1;
     for (uint64_t b = first; b <= last; b++) {
         uint8_t s = __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE);
         if (s == MONARCH_BLOCK_STAGED)
             continue;
+        if (s == MONARCH_BLOCK_LENT) {
+            lent = 1;
+            continue;
+        }
         all = 0;
         uint8_t absent = MONARCH_BLOCK_ABSENT;
-        if (s == absent) /* never over STAGED: the daemon's mark wins */
+        if (s == absent && want) /* never over STAGED: the daemon's mark wins */
             __atomic_compare_exchange_n(&pt->states[b], &absent, MONARCH_BLOCK_WANTED, 0, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED);
     }
-    return all;
+    return all ? 1 + lent : 0;
+}
+
+/* After a read of the copy that found LENT blocks (monarch_part_staged's 2) with the map's
+ * evictions at `evictions` before it looked: did none leave meanwhile? (Else the bytes read may
+ * be a dropped block's, and the PFS answers the read.) */
+static inline int monarch_part_lent_kept(struct monarch_part *pt, int local, uint64_t evictions)
+{
+    return local != 2 || __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE) == evictions;
 }
 
 /* A cluster's blocks not staged come from their owners' copies (the map's wait_us is set): a
@@ -256,7 +275,6 @@ static int monarch_part_staged(struct monarch_part *pt, uint64_t off, uint64_t n
  * the PFS beside their owner (the PFS once for the cluster; a peer's block costs what the PFS's
  * would). A smaller read goes to the PFS at once: its bytes are few, and it would wait for a
  * whole run of blocks. 1 once every block of [off, off + n) is staged. */
-#define MONARCH_WAIT_MIN (64 << 10)
 static int monarch_part_wait(struct monarch_part *pt, uint64_t off, uint64_t n)
 {
     uint64_t wait_us = __atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE);
@@ -275,7 +293,7 @@ static int monarch_part_wait(struct monarch_part *pt, uint64_t off, uint64_t n)
 }
 
 /* The file offset `o` (-1: the descriptor's own) and length of a read of `n` bytes; 0 when the
- * read is to go to the PFS (past the end, or a block not staged). */
+ * read is to go to the PFS (past the end, or a block not staged), else monarch_part_staged's. */
 static int monarch_part_range(int fd, struct monarch_part *pt, off_t *o, uint64_t n)
 {
     if (*o < 0 && (*o = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR)) < 0)
@@ -283,8 +301,8 @@ static int monarch_part_range(int fd, struct monarch_part *pt, off_t *o, uint64_
     if (!n || (uint64_t)*o >= pt->size)
         return 0;
     uint64_t end = (uint64_t)*o + n < pt->size ? (uint64_t)*o + n : pt->size;
-    return monarch_part_staged(pt, (uint64_t)*o, end - (uint64_t)*o)
-           || monarch_part_wait(pt, (uint64_t)*o, end - (uint64_t)*o);
+    int local = monarch_part_staged(pt, (uint64_t)*o, end - (uint64_t)*o);
+    return local ? local : monarch_part_wait(pt, (uint64_t)*o, end - (uint64_t)*o);
 }
 
 /* A read served from the copy: counted, and for a read at the descriptor's offset, the
@@ -332,11 +350,13 @@ static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out
     size_t min = monarch_part_sequential(pt, (uint64_t)o, n) ? 1 : MONARCH_FILL_MIN;
     if (monarch_part_fill(fd, pt, buf, n, o, at_offset, min, out))
         return 1;
-    if (!monarch_part_range(fd, pt, &o, n))
+    uint64_t evictions = __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE);
+    int local = monarch_part_range(fd, pt, &o, n);
+    if (!local)
         return 0;
     *out = (ssize_t)syscall(SYS_pread64, pt->copy_fd, buf, n, (long)o); /* the kernel's: pread is wrapped */
-    if (*out < 0)
-        return 0; /* the copy failed (it cannot, short of an I/O error): the PFS answers */
+    if (*out < 0 || !monarch_part_lent_kept(pt, local, evictions))
+        return 0; /* the copy failed (it cannot, short of an I/O error), or a block left: the PFS answers */
     monarch_part_served(fd, pt, o, at_offset, *out);
     return 1;
 }
@@ -356,10 +376,14 @@ static int monarch_part_readv(int fd, const struct iovec *v, int c, off_t o, ssi
     for (int i = 0; i < c; i++)
         n += v[i].iov_len;
     struct monarch_part *pt = &monarch_parts[p - 1];
-    if (pt->copy_fd < 0 || !monarch_part_range(fd, pt, &o, n))
+    if (pt->copy_fd < 0)
+        return 0;
+    uint64_t evictions = __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE);
+    int local = monarch_part_range(fd, pt, &o, n);
+    if (!local)
         return 0;
     *out = (ssize_t)syscall(SYS_preadv, pt->copy_fd, v, c, (long)o, 0L); /* pos_l, pos_h: 64-bit */
-    if (*out < 0)
+    if (*out < 0 || !monarch_part_lent_kept(pt, local, evictions))
         return 0;
     monarch_part_served(fd, pt, o, at_offset, *out);
     return 1;
@@ -393,8 +417,8 @@ static void monarch_mapping_want_touched_locked(struct monarch_mapping *m, struc
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     uint64_t ns = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
-    if (ns - m->looked_ns < MONARCH_TOUCH_EVERY_NS)
-        return;
+    if (ns - m->looked_ns < MONARCH_TOUCH_EVERY_NS || __atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE))
+        return; /* (a window's blocks are wanted by the guarded faults of a reader in order alone) */
     m->looked_ns = ns;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t pages = (m->len + page - 1) / page;
@@ -537,6 +561,11 @@ static void monarch_mapping_free_locked(struct monarch_mapping *m)
 {
     monarch_guard_lift_all_locked(m); /* (before an munmap too: the range it leaves is whole) */
     free(m->guarded);
+    free(m->copied);
+    if (m->pfs_fd >= 0) {
+        real_close(m->pfs_fd);
+        __atomic_fetch_sub(&monarch_pfs_fds, 1, __ATOMIC_RELEASE);
+    }
     free(m->moved);
     free(m->resident);
     sigset_t held_;
@@ -580,8 +609,9 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
     pt->refs++;
     MONARCH_PARTS_UNLOCK(held_);
     *m = (struct monarch_mapping){.addr = (uintptr_t)p, .len = len, .off = off, .prot = prot, .share = share,
-                                  .part = part, .moved = moved, .first = first, .last = last};
+                                  .part = part, .moved = moved, .first = first, .last = last, .pfs_fd = -1};
     __atomic_store_n(&monarch_nmappings, monarch_nmappings + 1, __ATOMIC_RELEASE);
+    monarch_guard_keep_fd_locked(m, pt, fd);
     /* a fault of the PFS's pages reads what the application touches, not the kernel's read-ahead
      * (128 KiB and more for a 2 KiB window): the daemon's blocks are the read-ahead. Unless the
      * daemon found the PFS's round trip long (the map's readaround): then the read-around of

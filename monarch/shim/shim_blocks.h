@@ -43,6 +43,8 @@ struct monarch_mapping {
     uint64_t fault_next;      /* the block after the last guarded one faulted on (0: none yet) */
     uintptr_t fault_page;     /* ... and the page of that fault */
     unsigned fault_run;       /* guarded faults in a row going in order (monarch_guard_want_locked) */
+    uint8_t *copied;          /* a bit per block: a LENT block copied into this process's pages (a window's) */
+    int pfs_fd;               /* a window's: the application's file, to guard a copied block again (-1: none) */
 };
 
 static struct monarch_part monarch_parts[MONARCH_MAX_PARTS];

@@ -20,6 +20,14 @@
  * application's memory fault its guarded pages in first (monarch_guard_touch); a raw syscall,
  * io_uring or another process reading this memory (process_vm_readv) is not covered, and
  * MONARCH_SHIM_MAP_GUARD=0 turns guards off for such a job.
+ * A cluster's file larger than a node's room (the map's window) keeps only its own ranges pinned;
+ * other owners' blocks come into a window of the room left (LENT), the oldest leaving for the next
+ * one a reader in order wants. A LENT block is never mapped from the copy (its pages would go with
+ * it, under the application): a fault copies it into pages of this process's own, put over the
+ * guarded range at once (mremap), up to MONARCH_GUARD_COPIES blocks a process, the oldest guarded
+ * again past that. A random fault there wants nothing (another owner's whole block for a few bytes
+ * would push out of the window the blocks a reader in order is to read): it reads its page from
+ * the PFS as elsewhere, and once that share is read, its whole block.
  * The application's own SIGSEGV disposition is kept: sigaction and signal of SIGSEGV are
  * answered from a copy while the handler is ours, and a fault that is not a guard's goes to
  * it (the default: the handler is reset and the fault, run again, ends the process as it
@@ -31,6 +39,8 @@
 #define MONARCH_GUARD_PAGE_WAIT_NS 250000ULL /* a random fault's wait for its block */
 #define MONARCH_GUARD_AGAIN_MAX 2        /* faults in a row at one address with nothing guarded there run again */
 #define MONARCH_GUARD_PFS_SHARE 128     /* ... then its page from the PFS, up to this share of the file */
+#define MONARCH_GUARD_FILLING_WAITS 4   /* wait_us times a fault waits for a block under way */
+#define MONARCH_GUARD_COPIES 64         /* LENT blocks copied into a process's pages at once (a window's) */
 
 static int monarch_guards_off = -1;     /* -1: not read yet from the environment */
 static size_t monarch_guard_page = 4096; /* the page size (read when the first mapping is guarded) */
@@ -40,6 +50,12 @@ static __thread unsigned monarch_guard_again __attribute__((tls_model("initial-e
 static int monarch_segv_ours;           /* SIGSEGV's handler is monarch_guard_on_fault */
 static struct sigaction monarch_app_segv; /* ... and the application's disposition is this */
 static int monarch_segv_mu;             /* a spin lock over the two, held for a copy */
+/* the LENT blocks copied into this process's pages, oldest first (a ring): the mapping's address and the block */
+static struct {
+    uintptr_t addr;
+    uint64_t block;
+} monarch_copies[MONARCH_GUARD_COPIES];
+static unsigned monarch_copies_at;      /* the ring's next entry (the oldest once it is full) */
 
 static void monarch_segv_lock(void)
 {
@@ -189,11 +205,120 @@ static void monarch_guard_want_locked(struct monarch_mapping *m, struct monarch_
     m->fault_next = b + 1;
     m->fault_page = page;
     uint64_t ahead = m->fault_run >= 2 ? MONARCH_GUARD_AHEAD_IN_ORDER : 0;
+    if (!ahead && __atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE))
+        return; /* a window's random fault: its block is not fetched for it (monarch_guard_serve) */
     for (uint64_t x = b; x <= b + ahead && x < pt->blocks; x++) {
         uint8_t absent = MONARCH_BLOCK_ABSENT;
         __atomic_compare_exchange_n(&pt->states[x], &absent, MONARCH_BLOCK_WANTED, 0, __ATOMIC_RELAXED,
                                     __ATOMIC_RELAXED);
     }
+}
+
+static inline void monarch_bit_set(uint8_t *bits, uint64_t i, int on)
+{
+    if (on)
+        bits[i / 8] |= (uint8_t)(1u << (i % 8));
+    else
+        bits[i / 8] &= (uint8_t)~(1u << (i % 8));
+}
+
+/* A window's mapping keeps a descriptor of the application's file (fd): a copied block is
+ * guarded again by mapping the file over it, PROT_NONE. Under the registry's lock. */
+static void monarch_guard_keep_fd_locked(struct monarch_mapping *m, struct monarch_part *pt, int fd)
+{
+    if (!__atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE) || m->pfs_fd >= 0)
+        return;
+    m->pfs_fd = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0); /* (the kernel's: fcntl is wrapped) */
+    if (m->pfs_fd >= 0)
+        __atomic_fetch_add(&monarch_pfs_fds, 1, __ATOMIC_RELEASE);
+}
+
+/* The application closes [first, last]: a mapping's kept descriptor among them is the mapping's
+ * no more (the number may name another file next); its copied blocks stay copied. */
+static void monarch_guard_fds_closing(unsigned first, unsigned last)
+{
+    if (MONARCH_LIKELY(!__atomic_load_n(&monarch_pfs_fds, __ATOMIC_ACQUIRE)) || monarch_guard)
+        return;
+    sigset_t maps_held_;
+    MONARCH_MAPS_LOCK(maps_held_);
+    for (unsigned i = 0; i < MONARCH_MAX_MAPPINGS; i++) {
+        struct monarch_mapping *m = &monarch_mappings[i];
+        if (m->addr && m->pfs_fd >= 0 && (unsigned)m->pfs_fd >= first && (unsigned)m->pfs_fd <= last) {
+            m->pfs_fd = -1;
+            __atomic_fetch_sub(&monarch_pfs_fds, 1, __ATOMIC_RELEASE);
+        }
+    }
+    MONARCH_MAPS_UNLOCK(maps_held_);
+}
+
+/* Copied block b of m guarded again: the application's file mapped over it, PROT_NONE (its
+ * pages go back to the PFS's, to be copied again at the next fault). Under the registry's lock. */
+static void monarch_guard_uncopy_locked(struct monarch_mapping *m, uint64_t b)
+{
+    struct monarch_part *pt = &monarch_parts[m->part - 1];
+    if (!m->copied || !((m->copied[(b - m->first) / 8] >> ((b - m->first) % 8)) & 1) || m->pfs_fd < 0)
+        return; /* (no descriptor: the copy stays, the right bytes in this process's memory) */
+    void *at;
+    size_t len;
+    monarch_guard_span(m, pt, b, b, &at, &len);
+    if (MONARCH_RESOLVE(mmap)(at, len, PROT_NONE, m->share | MAP_FIXED, m->pfs_fd,
+                              (off_t)(m->off + ((uintptr_t)at - m->addr))) == MAP_FAILED)
+        return;
+    monarch_bit_set(m->copied, b - m->first, 0);
+    monarch_bit_set(m->moved, b - m->first, 0);
+    monarch_bit_set(m->guarded, b - m->first, 1);
+    __atomic_fetch_add(&monarch_nguarded, 1, __ATOMIC_RELEASE);
+}
+
+/* LENT block b of m copied into pages of this process's own, put over its guarded range at once
+ * (a thread that touches it meanwhile faults, and finds the copy). 1 when it is; 0 when the block
+ * left while it was read (the map's evictions changed: the bytes may be a dropped block's).
+ * Under the registry's lock. */
+static int monarch_guard_copy_locked(struct monarch_mapping *m, struct monarch_part *pt, uint64_t b)
+{
+    void *at;
+    size_t len;
+    monarch_guard_span(m, pt, b, b, &at, &len);
+    uint64_t from = m->off + ((uintptr_t)at - m->addr);
+    size_t want = from + len > pt->size ? (size_t)(pt->size - from) : len;
+    size_t span = (len + monarch_guard_page - 1) & ~(monarch_guard_page - 1);
+    if (m->pfs_fd < 0 || (!m->copied && !(m->copied = calloc((size_t)((m->last - m->first) / 8 + 1), 1))))
+        return 0;
+    uint64_t evictions = __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE) != MONARCH_BLOCK_LENT)
+        return 0;
+    __typeof__(real_mmap) map = MONARCH_RESOLVE(mmap);
+    char *tmp = map(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tmp == MAP_FAILED)
+        return 0;
+    size_t got = 0;
+    while (got < want) {
+        ssize_t n = (ssize_t)syscall(SYS_pread64, pt->copy_fd, tmp + got, want - got, (long)(from + got));
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    if (got < want || __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE) != evictions
+        || MONARCH_RESOLVE(mprotect)(tmp, span, m->prot) != 0
+        || syscall(SYS_mremap, tmp, span, span, MREMAP_MAYMOVE | MREMAP_FIXED, at) == -1) {
+        MONARCH_RESOLVE(munmap)(tmp, span);
+        return 0;
+    }
+    uint64_t i = b - m->first;
+    monarch_bit_set(m->copied, i, 1);
+    monarch_bit_set(m->moved, i, 1); /* (the remapper leaves it be) */
+    monarch_guard_clear(m, b);
+    /* the oldest copy of the ring guarded again, if there is one, and this one in its place */
+    unsigned r = monarch_copies_at;
+    monarch_copies_at = (r + 1) % MONARCH_GUARD_COPIES;
+    for (unsigned k = 0; k < MONARCH_MAX_MAPPINGS && monarch_copies[r].addr; k++)
+        if (monarch_mappings[k].addr == monarch_copies[r].addr) {
+            monarch_guard_uncopy_locked(&monarch_mappings[k], monarch_copies[r].block);
+            break;
+        }
+    monarch_copies[r].addr = m->addr;
+    monarch_copies[r].block = b;
+    return 1;
 }
 
 static inline uint64_t monarch_guard_now_ns(void)
@@ -253,9 +378,32 @@ static int monarch_guard_serve(uintptr_t a)
                 return 1;
             }
             MONARCH_DEBUG(1, "mapping a block from its copy failed (%s): the mapping reads the PFS", strerror(errno));
+        } else if (__atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE) == MONARCH_BLOCK_LENT && pt->copy_fd >= 0
+                   && m->pfs_fd >= 0) {
+            if (now == t0)
+                monarch_guard_want_locked(m, pt, b, a); /* (the reader's order, as below) */
+            if (monarch_guard_copy_locked(m, pt, b)) {
+                monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_HELD, 1);
+                pt->late = 0;
+                monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULT_WAIT_NS, now - t0);
+                MONARCH_MAPS_UNLOCK(maps_held_);
+                return 1;
+            }
+            MONARCH_MAPS_UNLOCK(maps_held_); /* it left as it was read: looked at again */
+            continue;
         } else if (!__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) && pt->copy_fd >= 0 && !pt->unguarded) {
             if (now == t0)
                 monarch_guard_want_locked(m, pt, b, a); /* (once per fault: it tells the reader's order) */
+            if (m->fault_run < 2 && __atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE)
+                && pt->pages_read + monarch_guard_page > pt->size / MONARCH_GUARD_PFS_SHARE) {
+                /* a window's random fault, past the pages it may read from the PFS while its block
+                 * comes (below): nothing wanted for it (monarch_guard_want_locked), and its block's
+                 * pages are the PFS's from now on, in this process */
+                monarch_guard_lift_locked(m, b, b);
+                monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_LATE, 1);
+                MONARCH_MAPS_UNLOCK(maps_held_);
+                return 1;
+            }
             /* a reader in order waits for the block, as long as a large read does (its owner may
              * read it first), its next blocks on their way. A random fault waits about a page's
              * round trip on the PFS, then reads its page there (its block still comes: a run of
@@ -267,6 +415,11 @@ static int monarch_guard_serve(uintptr_t a)
                                       || pt->pages_read + monarch_guard_page > pt->size / MONARCH_GUARD_PFS_SHARE
                                   ? __atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE) * 1000ULL
                                   : MONARCH_GUARD_PAGE_WAIT_NS;
+            /* a block the daemon is fetching (FILLING) is waited for longer: it comes, from its owner
+             * or, should the owner fail, from the PFS by the daemon (its bytes read once still) */
+            if (budget != MONARCH_GUARD_PAGE_WAIT_NS
+                && __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE) == MONARCH_BLOCK_FILLING)
+                budget *= MONARCH_GUARD_FILLING_WAITS;
             if (now - t0 < budget) {
                 MONARCH_MAPS_UNLOCK(maps_held_);
                 struct timespec ts = {0, (long)step_us * 1000L};

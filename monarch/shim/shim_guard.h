@@ -6,6 +6,8 @@
 
 /* blocks guarded (PROT_NONE) in this process's mappings: 0, the write wrappers look no further */
 static int monarch_nguarded;
+/* mappings holding a descriptor of the application's file (a window's: monarch_guard_keep_fd_locked) */
+static int monarch_pfs_fds;
 
 struct monarch_mapping;
 struct monarch_part;
@@ -14,6 +16,10 @@ static void monarch_guard_clear(struct monarch_mapping *m, uint64_t b);
 static void monarch_guard_mapping_locked(struct monarch_mapping *m, struct monarch_part *pt);
 static void monarch_guard_lift_locked(struct monarch_mapping *m, uint64_t b, uint64_t e);
 static void monarch_guard_lift_all_locked(struct monarch_mapping *m);
+/* a window's mapping (the map's window): the application's descriptor kept to guard its copied
+ * blocks again (monarch_part_mapped), and forgotten when the application closes that number */
+static void monarch_guard_keep_fd_locked(struct monarch_mapping *m, struct monarch_part *pt, int fd);
+static void monarch_guard_fds_closing(unsigned first, unsigned last);
 /* before the kernel reads [p, p + n) for a write or a send: its guarded pages faulted in by the
  * application's thread (a kernel access to a PROT_NONE page fails with EFAULT, never faults) */
 static void monarch_guard_touch_slow(const void *p, size_t n);

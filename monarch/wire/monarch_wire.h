@@ -166,8 +166,8 @@ static inline int monarch_route_fits(enum monarch_route route, uint64_t size)
 #define MONARCH_BLOCKS_DIR ".blocks"
 #define MONARCH_BLOCKMAP_DIR ".blockmap"
 #define MONARCH_BLOCKMAP_MAGIC 0x50414D4B434F4C42ULL /* "BLOCKMAP" */
-#define MONARCH_BLOCKMAP_VERSION 5
-#define MONARCH_BLOCKMAP_HEADER_SIZE 72
+#define MONARCH_BLOCKMAP_VERSION 6
+#define MONARCH_BLOCKMAP_HEADER_SIZE 88
 #define MONARCH_BLOCK_ABSENT 0
 #define MONARCH_BLOCK_WANTED 1
 #define MONARCH_BLOCK_STAGED 2
@@ -176,6 +176,10 @@ static inline int monarch_route_fits(enum monarch_route route, uint64_t size)
                                  * order fills it (FILLING) when it gets there first */
 #define MONARCH_BLOCK_PASSED 5  /* a file larger than its room: a shim's read in order read it from the PFS (no room
                                  * was planned for it): staged last, once nothing else is left to stage */
+#define MONARCH_BLOCK_LENT 6    /* a cluster's file larger than the room (the map's window): another owner's block,
+                                 * in the copy for now. It may leave (ABSENT, then its bytes dropped): never mapped
+                                 * from the copy, only read, and read right only if the map's evictions did not
+                                 * change meanwhile (a reader loads evictions, then the state, reads, loads evictions) */
 
 struct monarch_blockmap_header {
     uint64_t magic;
@@ -189,6 +193,9 @@ struct monarch_blockmap_header {
                                     * staged fills them (FILLING, then STAGED once the bytes are in) */
     uint64_t wait_us;              /* nonzero (a cluster's): blocks not staged come from their owners' copies;
                                     * a large read of them waits up to this long for them before the PFS */
+    uint64_t window;               /* nonzero (a cluster's, larger than the room): other owners' blocks are LENT,
+                                    * the oldest leaving for the next one wanted; only a reader in order wants them */
+    uint64_t evictions;            /* blocks that left so far: raised after a block's state, before its bytes go */
 };
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */

@@ -38,11 +38,11 @@ staging: {{policy: {policy}}}
 """)
 
 
-def run_readers(cluster, cfg, base, path, digest, nodes, mode="pread", passes=2):
+def run_readers(cluster, cfg, base, path, digest, nodes, mode="pread", passes=2, extra=()):
     procs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report",
                                os.path.join(base, f"reader{k}.json"), "--", sys.executable, "-m",
                                "support.block_reader", path, "--sha256", digest, "--mode", mode,
-                               "--passes", str(passes)],
+                               "--passes", str(passes), *extra],
                               env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for k in nodes]
     out = []
@@ -120,6 +120,38 @@ def test_a_mappings_faults_wait_for_the_owners_blocks_and_the_cluster_reads_the_
     assert pfs.counters()["files"]["tok.bin"]["bytes"] <= 1.05 * size, (held, node_blocks(rep))
     assert any(r["faults_held"] > 0 for r in held), held  # faults waited for blocks (a node whose reader
     # started late may find the file whole)
+
+
+@pytest.mark.parametrize("mode", ["mmap", "pread"])
+def test_a_file_larger_than_a_nodes_room_passes_through_a_window_and_the_cluster_reads_the_pfs_once(
+        mode, short_tmp, slow_pfs):
+    """3 nodes, a 192 MiB file, each node with room for its own ranges (64 MiB) and 40 MiB more:
+    the file fits only across the nodes. Each node's reader reads it twice in order (through one
+    mapping for both passes, or in 1 MiB preads). The other owners' blocks pass through each
+    node's window (LENT, the oldest leaving for the next one the reader wants), and a mapping's
+    copies of them are guarded again past 64 and copied anew: the PFS is read once for the
+    cluster, every byte right. On the old code each node kept the first 40 MiB of the others'
+    blocks and its reader read the rest from the PFS, at each pass (1.8x the file here, where the
+    nodes share one mount and its page cache)."""
+    nodes, size = 3, 192 * MiB
+    src = os.path.join(short_tmp, "src")
+    digest = make_large(src, size)
+    pfs = slow_pfs(src, open_latency_ms=1, bandwidth_mbps=100, page_cache=True)
+    cfg = cluster_config(short_tmp, str(pfs.mountpoint), nodes, size // nodes + 40 * MiB, policy="on-access")
+    cluster = DaemonCluster(nodes, cfg, short_tmp)
+    try:
+        run_readers(cluster, cfg, short_tmp, os.path.join(str(pfs.mountpoint), "tok.bin"), digest, range(nodes),
+                    mode=mode, passes=2, extra=("--one-mapping",) if mode == "mmap" else ())
+    finally:
+        assert cluster.stop(range(nodes)) == 0
+    rep = load(os.path.join(cluster.run_dir(0), "report.json"))
+    assert rep["nodes_reporting"] == nodes
+    reads = [load(os.path.join(short_tmp, f"reader{k}.json"))["blocks"]["read"] for k in range(nodes)]
+    blocks = node_blocks(rep)
+    assert pfs.counters()["files"]["tok.bin"]["bytes"] <= 1.05 * size, (reads, blocks)
+    assert all(b["blocks_left_window"] > 0 for b in blocks), blocks  # the windows moved on
+    if mode == "mmap":
+        assert all(r["faults_held"] > 0 for r in reads), reads
 
 
 def test_every_process_shape_reads_a_guarded_mapping_right_and_the_applications_sigsegv_handler_is_kept(

@@ -11,7 +11,10 @@ so another job tells a copy being staged from one whose job is gone.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
+import ctypes
+import logging
 import fcntl
 import mmap
 import os
@@ -23,6 +26,8 @@ from monarch.node.snapshot.snapshot import FileInfo
 from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, TMP_PREFIX, Tier, make_dirs_below
 from monarch.secure import create_exclusive, owner_only, write_file_atomically
 
+log = logging.getLogger(__name__)
+
 __all__ = ["BLOCK", "BLOCK_SHIFT", "BLOCKMAP_HEADER", "BlockFile", "copy_state", "link_over", "staged_bytes"]
 
 # The copy and its map, as the shim reads them (monarch/wire/monarch_wire.h: MONARCH_BLOCK*,
@@ -30,13 +35,15 @@ __all__ = ["BLOCK", "BLOCK_SHIFT", "BLOCKMAP_HEADER", "BlockFile", "copy_state",
 # BLOCKS_DIR, BLOCKMAP_DIR (node/tiers/tiers.py): the copy, the source's size, blocks in any order;
 # its map: BLOCKMAP_HEADER, then a state byte per block
 BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
-BLOCKMAP_VERSION = 5
-# magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill, wait_us
-BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQ")
+BLOCKMAP_VERSION = 6
+# magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill, wait_us, window, evictions
+BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQQQ")
 BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
 BLOCKMAP_READAROUND_OFFSET = 48  # "readaround": nonzero once the PFS's round trip is long (ReadPace.readaround)
 BLOCKMAP_FILL_OFFSET = 56  # "fill": nonzero while a shim's large read may fill blocks (the file has room whole)
 BLOCKMAP_WAIT_OFFSET = 64  # "wait_us" (a cluster's): a shim's large read waits this long for blocks from their owners
+BLOCKMAP_WINDOW_OFFSET = 72  # "window" (a cluster's file larger than the room): other owners' blocks are LENT
+BLOCKMAP_EVICTIONS_OFFSET = 80  # "evictions": LENT blocks that left, raised after the state, before the bytes go
 PEER_WAIT_US = 1_000_000   # ... at most: an owner reads a run of blocks from the PFS first if need be (8 MiB: 20 ms at
 # 400 MB/s, 160 ms at 50 MB/s; more when the link is shared): a read that waits longer reads the PFS
 BLOCK_ABSENT = 0
@@ -45,6 +52,10 @@ BLOCK_STAGED = 2  # every byte in the copy: the shim reads it there
 BLOCK_FILLING = 3  # being read into the copy: by this daemon, or by a shim from an application's large read
 BLOCK_PLANNED = 4  # larger than the room: room held for it, read ahead next, or filled by a shim's read in order
 BLOCK_PASSED = 5  # larger than the room: a shim's read in order read it from the PFS, unplanned (staged last)
+BLOCK_LENT = 6  # a cluster's file larger than the room: another owner's block, here until the window needs its room
+WINDOW_AHEAD = 16  # blocks wanted past a window's reader going in order (as the shim's guards want)
+WINDOW_MIN = 2 * WINDOW_AHEAD  # blocks of room beside a node's own ranges for a window: the blocks ahead and
+# those under way (a run is 8) with room to spare
 FILL_STALE = 10.0  # seconds a shim's fill may make no progress before its blocks are staged here instead
 
 BLOCK_SHIFT = 20  # 1 MiB blocks: a block cache's usual page (Alluxio, mountpoint-s3); a mapping moves in these
@@ -88,16 +99,25 @@ class BlockFile:
         self._own_at = 0                    # where the read-ahead looks next among them
         self.others_room = 0                # blocks of other owners it may take
         self.others_taken = 0
+        # larger than the room (``window``): the others' blocks are lent (LENT), and the oldest of
+        # them leaves when a block a reader in order wants has no room (``evict``)
+        self.window = False
+        self.lent: collections.deque[int] = collections.deque()  # LENT blocks, the oldest first
+        self.evicted = 0
+        self._last_wanted, self._in_order = -2, 0  # the window's last wanted block, wants in order in a row
 
     def own_blocks(self, own: list[int]) -> None:
         """This node owns ``own`` (ascending): they go first and always have room; the others
         take the room left (``budget`` beyond them)."""
         self.own = own
         self.others_room = max(0, self.budget - len(own)) if self.budget < self.blocks else self.blocks
+        # a window only where it holds a reader's blocks ahead (the shim's and a run's) with room to spare
+        self.window = self.budget < self.blocks and self.others_room >= WINDOW_MIN
         if self._map is not None:  # the shim: no fill (only a range's owner reads it from the PFS); a large
             # read of blocks not staged waits for them a moment (they come from their owners)
             self._map[BLOCKMAP_FILL_OFFSET:BLOCKMAP_FILL_OFFSET + 8] = bytes(8)
             self._map[BLOCKMAP_WAIT_OFFSET:BLOCKMAP_WAIT_OFFSET + 8] = PEER_WAIT_US.to_bytes(8, "little")
+            self._map[BLOCKMAP_WINDOW_OFFSET:BLOCKMAP_WINDOW_OFFSET + 8] = int(self.window).to_bytes(8, "little")
 
     def take(self, b: int) -> None:
         """Block ``b`` is under way (the caller holds the stager's lock)."""
@@ -118,6 +138,37 @@ class BlockFile:
             return self.taken < self.budget
         return self.others_taken < self.others_room and self.taken < self.budget
 
+    def room_for_wanted(self, b: int) -> bool:
+        """Room for another owner's block ``b`` that a reader wants: in a window, the oldest
+        LENT block leaves for it if need be (the caller holds the stager's lock)."""
+        if self.may_take(b, False):
+            return True
+        return self.window and self.states[b] == BLOCK_WANTED and self.evict() and self.may_take(b, False)
+
+    def lends(self, b: int) -> bool:
+        """Is block ``b``, once staged, lent (it may leave) rather than pinned?"""
+        return self.window and not self.is_own(b)
+
+    def evict(self) -> bool:
+        """The oldest LENT block leaves (False: none may): its state first (ABSENT), then the
+        map's evictions raised, then its bytes dropped, so that a shim reading it sees the
+        evictions change and reads the PFS instead (``MONARCH_BLOCK_LENT``). Under the stager's lock."""
+        while self.lent:
+            b = self.lent.popleft()
+            if self.states[b] != BLOCK_LENT or b in self.in_flight:
+                continue
+            self.states[b] = BLOCK_ABSENT
+            at = BLOCKMAP_EVICTIONS_OFFSET
+            n = int.from_bytes(self._map[at:at + 8], "little") + 1
+            self._map[at:at + 8] = n.to_bytes(8, "little")
+            _punch(self.copy_fd, b * BLOCK, self.length(b))
+            self.untake(b)
+            self.staged -= 1
+            self.staged_bytes -= self.length(b)
+            self.evicted += 1
+            return True
+        return False
+
     def length(self, b: int) -> int:
         """Block ``b``'s bytes (the last one may be short)."""
         return min(BLOCK, self.info.size - b * BLOCK)
@@ -136,7 +187,7 @@ class BlockFile:
             raise
         self.copy_fd = fd
         header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, self.info.size,
-                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0)
+                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0, 0, 0)
         write_file_atomically(self.map_path, [header, bytes(self.blocks)], 0o600)
         mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -158,6 +209,18 @@ class BlockFile:
                 self.promised -= 1  # the read-ahead's own now (``take``)
             self.states[b] = BLOCK_FILLING  # (a shim's compare-and-swap from ABSENT fails from now on)
         return b
+
+    def _want_ahead(self, b: int) -> None:
+        """A window's wanted block ``b``: once a reader's wants go in order (the block after the
+        last one wanted, twice in a row), the ``WINDOW_AHEAD`` blocks after it are wanted too, so
+        they come before the reader gets there. A random reader's wants bring nothing more (a
+        block each at most: the window's room is for what is read)."""
+        self._in_order = self._in_order + 1 if b == self._last_wanted + 1 else 0
+        self._last_wanted = b
+        if self._in_order >= 2:
+            for x in range(b + 1, min(b + 1 + WINDOW_AHEAD, self.blocks)):
+                if self.states[x] == BLOCK_ABSENT:
+                    self.states[x] = BLOCK_WANTED
 
     def planning(self) -> bool:
         """Is the room of this file planned in its reader's order (larger than its room, alone)?"""
@@ -201,15 +264,19 @@ class BlockFile:
         if self.done or self.states is None:
             return None
         planning = self.planning()
-        if self.room_full() and not (planning and self.promised):
-            return None
+        if self.room_full() and not (planning and self.promised) and not self.window:
+            return None  # (a window's room is full from its first blocks on: wanted ones take the oldest's)
         states = self._map  # searched in C (mmap.find), a byte per block
         start = BLOCKMAP_HEADER.size
-        at = states.find(b"\x01", start) if not self.room_full() else -1
+        at = states.find(b"\x01", start) if not self.room_full() or self.window else -1
         while at >= 0:
             b = at - start
-            if b not in self.in_flight and (self.own is None or self.may_take(b, self.is_own(b))):
+            mine = self.is_own(b)
+            if b not in self.in_flight and (self.own is None or self.may_take(b, mine)
+                                            or (not mine and self.room_for_wanted(b))):
                 self.ahead = max(self.ahead, b + 1) if b + 1 < self.blocks else self.ahead
+                if self.window:
+                    self._want_ahead(b)
                 return b
             at = states.find(b"\x01", at + 1)
         if demand_only:
@@ -314,6 +381,19 @@ class BlockFile:
         if self._map is not None:
             self._map.close()
             self._map = None
+
+
+_fallocate = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                              use_errno=True)(("fallocate", ctypes.CDLL(None, use_errno=True)))
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (linux/falloc.h)
+
+
+def _punch(fd: int, offset: int, length: int) -> None:
+    """The bytes [offset, offset + length) of ``fd`` dropped, their room given back (the size
+    kept). Where the filesystem cannot, they stay: the tier holds more than its books say."""
+    if _fallocate(fd, _PUNCH_HOLE, offset, length) != 0:
+        e = ctypes.get_errno()
+        log.warning("dropping a block that left the window failed (%s): its bytes stay", os.strerror(e))
 
 
 def link_over(src: str, dest: str) -> os.stat_result | None:

@@ -75,6 +75,7 @@ class RangeBlocks:
         """The report's figures of the blocks to and from the other nodes."""
         return {"blocks_from_peers": self.from_peers["blocks"], "bytes_from_peers": self.from_peers["bytes"],
                 "blocks_peer_failed": self.peer_failures,
+                "blocks_left_window": sum(bf.evicted for bf in self.files.values()),
                 "bytes_served": self.served["bytes"] + self.peers.served_elsewhere()}
 
     def _leave_ranges(self, bf: BlockFile) -> None:
@@ -94,7 +95,7 @@ class RangeBlocks:
         states = bf.states
         while len(run) < PEER_RUN and (x := run[-1] + 1) < bf.blocks and x not in bf.in_flight \
                 and states[x] in (BLOCK_ABSENT, BLOCK_WANTED) and peers.owner(bf.key, bf.info.size, x) == owner \
-                and bf.may_take(x, False):
+                and bf.room_for_wanted(x):
             states[x] = BLOCK_FILLING
             bf.take(x)
             run.append(x)

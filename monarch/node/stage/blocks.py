@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING
 from monarch import protocol
 from monarch.node.snapshot.pfsmeta import checked_stat
 from monarch.node.snapshot.snapshot import FileInfo
-from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BLOCK_PASSED,  # noqa: F401 (the
-                                          BLOCK_PLANNED, BLOCK_SHIFT,  # map's format: blocks.X too)
+from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BLOCK_LENT,  # noqa: F401 (the
+                                          BLOCK_PASSED, BLOCK_PLANNED, BLOCK_SHIFT,  # map's format: blocks.X too)
                                           BLOCK_STAGED, BLOCK_WANTED, BLOCKMAP_DONE_OFFSET,
                                           BLOCKMAP_FILL_OFFSET, BLOCKMAP_HEADER, BLOCKMAP_MAGIC,
                                           BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_VERSION, BlockFile, copy_state,
@@ -200,9 +200,10 @@ class BlockStager(RangeBlocks):
                     if not self._running:
                         self.pace.idle()
                     self._idle += 1  # a block's end, a new file or close wakes it (a WANTED mark
-                    # needs no wake-up: it is looked for at every pick; a shim's fill is counted
-                    # within 0.1 s while a file may have one)
-                    self._cv.wait(0.1 if any(bf.budget >= bf.blocks or bf.promised for bf in self._active) else 1.0)
+                    # needs no wake-up: it is looked for at every pick, within 0.1 s where a window's
+                    # reader waits for its marks; a shim's fill is counted within 0.1 s while a file may have one)
+                    self._cv.wait(0.1 if any(bf.budget >= bf.blocks or bf.promised or bf.window
+                                             for bf in self._active) else 1.0)
                     self._idle -= 1
                     continue
                 bf, b = picked
@@ -301,7 +302,11 @@ class BlockStager(RangeBlocks):
         self._running -= running
         bf.in_flight.discard(b)
         if ok and not bf.done and bf.states is not None:
-            bf.states[b] = BLOCK_STAGED  # after its bytes: a reader that sees it reads them
+            if bf.lends(b):  # (a window's: it may leave for another the reader wants)
+                bf.states[b] = BLOCK_LENT
+                bf.lent.append(b)
+            else:
+                bf.states[b] = BLOCK_STAGED  # after its bytes: a reader that sees it reads them
             bf.staged += 1
             bf.staged_bytes += bf.length(b)
         elif not ok:
@@ -314,7 +319,7 @@ class BlockStager(RangeBlocks):
         if bf.staged == bf.blocks and not bf.done:
             bf.finish()
             self._publish_locked(bf)
-        elif bf.room_full() and not bf.in_flight and not bf.done and (not bf.promised or bf.settled()):
+        elif bf.room_full() and not bf.in_flight and not bf.done and not bf.window and (not bf.promised or bf.settled()):
             bf.finish()  # the room it had is full: partly staged, pinned (a plan shims fill: _fills_locked)
         if bf.done and not bf.in_flight and bf.source_fd >= 0:
             os.close(bf.source_fd)
