@@ -40,7 +40,7 @@
 #define MONARCH_GUARD_AGAIN_MAX 2        /* faults in a row at one address with nothing guarded there run again */
 #define MONARCH_GUARD_PFS_SHARE 128     /* ... then its page from the PFS, up to this share of the file */
 #define MONARCH_GUARD_FILLING_WAITS 4   /* wait_us times a fault waits for a block under way */
-#define MONARCH_GUARD_COPIES 64         /* LENT blocks copied into a process's pages at once (a window's) */
+#define MONARCH_GUARD_COPIES 16         /* LENT blocks copied into a process's pages at once (a window's): its memory */
 
 static int monarch_guards_off = -1;     /* -1: not read yet from the environment */
 static size_t monarch_guard_page = 4096; /* the page size (read when the first mapping is guarded) */

@@ -3,8 +3,8 @@
 
 N simulated nodes (4), each a mount namespace with its own FUSE mount of the emulated PFS at the
 same path (its own page cache, as a real node has: ``benchkit/namespaces.py``), 2 ms per open, a
-bandwidth cap per node (400 MB/s). Each node's reader runs in a memory cgroup (512 MiB) so that
-no page cache holds the file for it. One uint16 token file (1 GiB). Two readers, on every node
+bandwidth cap per node (400 MB/s). Each node's reader runs in a memory cgroup of its own (512 MiB),
+so that no page cache holds the file for it. One uint16 token file (1 GiB). Two readers, on every node
 at once:
 
 * ``windows``: Megatron's shape: 1,500 steps of 32 random 2 KiB windows through one
@@ -150,11 +150,12 @@ def pfs_side(nodes: NodeNamespaces) -> tuple[int, float]:
     return reads, cpu
 
 
-def run_readers(nodes: NodeNamespaces, cmds: list[list[str]], envs: list[dict], cgroup: MemoryCgroup,
+def run_readers(nodes: NodeNamespaces, cmds: list[list[str]], envs: list[dict], cgroups: list[MemoryCgroup],
                 timeout: float, kill: tuple[float, int] | None = None) -> list[dict]:
-    """Each node's reader, at once; their figures. ``kill`` (seconds, pid): that long after the
-    start the last node is lost: its daemon ``pid`` and its reader SIGKILLed (its figures left out)."""
-    procs = [subprocess.Popen(nodes.enter(k, cgroup.wrap(cmd)), env=e, stdout=subprocess.PIPE,
+    """Each node's reader, at once, each in its node's memory cgroup; their figures. ``kill``
+    (seconds, pid): that long after the start the last node is lost: its daemon ``pid`` and its
+    reader SIGKILLed (its figures left out)."""
+    procs = [subprocess.Popen(nodes.enter(k, cgroups[k].wrap(cmd)), env=e, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, start_new_session=True)
              for k, (cmd, e) in enumerate(zip(cmds, envs))]
     if kill is not None:
@@ -177,14 +178,14 @@ def run_readers(nodes: NodeNamespaces, cmds: list[list[str]], envs: list[dict], 
 
 
 def case(args, nodes: NodeNamespaces, base: Path, reader: str, readers_args: list[str], room: str | None,
-         size: int, cgroup: MemoryCgroup) -> dict:
+         size: int, cgroups: list[MemoryCgroup]) -> dict:
     """One row: the readers on every node (under Monarch with ``room``, else directly)."""
     path = str(nodes.mountpoint / NAME)
     cmds = [[sys.executable, "-c", READER, path, reader, readers_args[k]] for k in range(args.nodes)]
     before_pfs, before_cpu, (before_reads, before_fuse) = nodes.pfs_bytes(NAME), children_cpu(), pfs_side(nodes)
     if room is None:
         t0 = time.monotonic()
-        results = run_readers(nodes, cmds, [env(MONARCH_DISABLE=1)] * args.nodes, cgroup, args.timeout)
+        results = run_readers(nodes, cmds, [env(MONARCH_DISABLE=1)] * args.nodes, cgroups, args.timeout)
     else:
         ram = size // args.nodes + (64 << 20) if room == "share" else 2 * size  # "kill": room for the file
         run_base = base / f"{reader}-{room}"
@@ -212,7 +213,7 @@ def case(args, nodes: NodeNamespaces, base: Path, reader: str, readers_args: lis
                 pid = int((sockets[-1].parent / "daemon.pid").read_text())
                 kill = (args.kill_after, pid)
             results = run_readers(nodes, [monarch + c for c in cmds],
-                                  [env(MONARCH_NODE=k) for k in range(args.nodes)], cgroup, args.timeout, kill)
+                                  [env(MONARCH_NODE=k) for k in range(args.nodes)], cgroups, args.timeout, kill)
         finally:
             if serve.poll() is None:
                 serve.send_signal(15)
@@ -259,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     fresh_bytecode()
     size = args.size_mib << 20
     base = Path(tempfile.mkdtemp(prefix="mcb-", dir="/tmp"))
-    cgroup = MemoryCgroup(args.cgroup_mib << 20, "monarch-bench-cluster-blocks")
+    # a node's memory each: its reader's page cache and its own memory
+    cgroups = [MemoryCgroup(args.cgroup_mib << 20, f"monarch-bench-cluster-blocks-node{k}") for k in range(args.nodes)]
     rows = []
     try:
         src = base / "src"
@@ -271,13 +273,14 @@ def main(argv: list[str] | None = None) -> int:
             for reader in args.readers.split(","):
                 reader_args = plans if reader == "windows" else [digest] * args.nodes
                 for room in [None, *args.rooms.split(",")]:
-                    row = case(args, nodes, base, reader, reader_args, room, size, cgroup)
+                    row = case(args, nodes, base, reader, reader_args, room, size, cgroups)
                     rows.append(row)
                     print(f"{row['reader']:8} {row['room']:7} first step {row['first']:6.2f} s  job {row['job']:6.2f} s"
                           f"  PFS {row['pfs']:5.2f}x  CPU {row['cpu']:6.1f} s  PFS requests {row['pfs_reads']:6d}"
                           f"  FUSE CPU {row['fuse_cpu']:5.1f} s", flush=True)
     finally:
-        cgroup.remove()
+        for cgroup in cgroups:
+            cgroup.remove()
         if args.keep:
             print(f"kept: {base}")
         else:

@@ -129,7 +129,7 @@ def test_a_file_larger_than_a_nodes_room_passes_through_a_window_and_the_cluster
     the file fits only across the nodes. Each node's reader reads it twice in order (through one
     mapping for both passes, or in 1 MiB preads). The other owners' blocks pass through each
     node's window (LENT, the oldest leaving for the next one the reader wants), and a mapping's
-    copies of them are guarded again past 64 and copied anew: the PFS is read once for the
+    copies of them are guarded again past 16 and copied anew: the PFS is read once for the
     cluster, every byte right. On the old code each node kept the first 40 MiB of the others'
     blocks and its reader read the rest from the PFS, at each pass (1.8x the file here, where the
     nodes share one mount and its page cache)."""
