@@ -34,7 +34,8 @@
  * would have). */
 #include "shim_guard.h"
 
-#define MONARCH_GUARD_AHEAD_IN_ORDER 16 /* blocks wanted past a fault that follows the last one */
+#define MONARCH_GUARD_AHEAD_IN_ORDER 16 /* blocks wanted past a fault that follows the last one (a window's) */
+#define MONARCH_GUARD_AHEAD_ROOM 64     /* ... where the node has room for the file: more runs under way at once */
 #define MONARCH_GUARD_LATE_MAX 4        /* blocks late in a row that end a file's guards in this process */
 #define MONARCH_GUARD_PAGE_WAIT_NS 250000ULL /* a random fault's wait for its block */
 #define MONARCH_GUARD_AGAIN_MAX 2        /* faults in a row at one address with nothing guarded there run again */
@@ -204,8 +205,9 @@ static void monarch_guard_want_locked(struct monarch_mapping *m, struct monarch_
     m->fault_run = in_order ? m->fault_run + 1 : 0;
     m->fault_next = b + 1;
     m->fault_page = page;
-    uint64_t ahead = m->fault_run >= 2 ? MONARCH_GUARD_AHEAD_IN_ORDER : 0;
-    if (!ahead && __atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE))
+    int window = __atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE) != 0;
+    uint64_t ahead = m->fault_run < 2 ? 0 : window ? MONARCH_GUARD_AHEAD_IN_ORDER : MONARCH_GUARD_AHEAD_ROOM;
+    if (!ahead && window)
         return; /* a window's random fault: its block is not fetched for it (monarch_guard_serve) */
     for (uint64_t x = b; x <= b + ahead && x < pt->blocks; x++) {
         uint8_t absent = MONARCH_BLOCK_ABSENT;
