@@ -274,8 +274,8 @@ static void monarch_guard_uncopy_locked(struct monarch_mapping *m, uint64_t b)
 
 /* LENT block b of m copied into pages of this process's own, put over its guarded range at once
  * (a thread that touches it meanwhile faults, and finds the copy). 1 when it is; 0 when the block
- * left while it was read (the map's evictions changed: the bytes may be a dropped block's).
- * Under the registry's lock. */
+ * left while it was read (the map's evictions changed: the bytes may be a dropped block's); -1
+ * when it cannot be (no memory). Under the registry's lock. */
 static int monarch_guard_copy_locked(struct monarch_mapping *m, struct monarch_part *pt, uint64_t b)
 {
     void *at;
@@ -285,14 +285,14 @@ static int monarch_guard_copy_locked(struct monarch_mapping *m, struct monarch_p
     size_t want = from + len > pt->size ? (size_t)(pt->size - from) : len;
     size_t span = (len + monarch_guard_page - 1) & ~(monarch_guard_page - 1);
     if (m->pfs_fd < 0 || (!m->copied && !(m->copied = calloc((size_t)((m->last - m->first) / 8 + 1), 1))))
-        return 0;
+        return -1;
     uint64_t evictions = __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE) != MONARCH_BLOCK_LENT)
         return 0;
     __typeof__(real_mmap) map = MONARCH_RESOLVE(mmap);
     char *tmp = map(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (tmp == MAP_FAILED)
-        return 0;
+        return -1;
     size_t got = 0;
     while (got < want) {
         ssize_t n = (ssize_t)syscall(SYS_pread64, pt->copy_fd, tmp + got, want - got, (long)(from + got));
@@ -300,11 +300,11 @@ static int monarch_guard_copy_locked(struct monarch_mapping *m, struct monarch_p
             break;
         got += (size_t)n;
     }
-    if (got < want || __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE) != evictions
-        || MONARCH_RESOLVE(mprotect)(tmp, span, m->prot) != 0
+    int left = got < want || __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE) != evictions;
+    if (left || MONARCH_RESOLVE(mprotect)(tmp, span, m->prot) != 0
         || syscall(SYS_mremap, tmp, span, span, MREMAP_MAYMOVE | MREMAP_FIXED, at) == -1) {
         MONARCH_RESOLVE(munmap)(tmp, span);
-        return 0;
+        return left ? 0 : -1;
     }
     uint64_t i = b - m->first;
     monarch_bit_set(m->copied, i, 1);
@@ -384,15 +384,19 @@ static int monarch_guard_serve(uintptr_t a)
                    && m->pfs_fd >= 0) {
             if (now == t0)
                 monarch_guard_want_locked(m, pt, b, a); /* (the reader's order, as below) */
-            if (monarch_guard_copy_locked(m, pt, b)) {
+            int copied = monarch_guard_copy_locked(m, pt, b);
+            if (copied > 0) {
                 monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_HELD, 1);
                 pt->late = 0;
                 monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULT_WAIT_NS, now - t0);
-                MONARCH_MAPS_UNLOCK(maps_held_);
-                return 1;
+            } else if (copied < 0) { /* no memory for a copy: its pages from the PFS */
+                monarch_guard_lift_locked(m, b, b);
+                monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_LATE, 1);
             }
-            MONARCH_MAPS_UNLOCK(maps_held_); /* it left as it was read: looked at again */
-            continue;
+            MONARCH_MAPS_UNLOCK(maps_held_);
+            if (copied)
+                return 1;
+            continue; /* it left as it was read: looked at again (ABSENT now, or LENT anew) */
         } else if (!__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) && pt->copy_fd >= 0 && !pt->unguarded) {
             if (now == t0)
                 monarch_guard_want_locked(m, pt, b, a); /* (once per fault: it tells the reader's order) */

@@ -14,8 +14,8 @@ import bisect
 import collections
 import contextlib
 import ctypes
-import logging
 import fcntl
+import logging
 import mmap
 import os
 import stat
