@@ -40,7 +40,7 @@
 #define MONARCH_GUARD_PAGE_WAIT_NS 250000ULL /* a random fault's wait for its block */
 #define MONARCH_GUARD_AGAIN_MAX 2        /* faults in a row at one address with nothing guarded there run again */
 #define MONARCH_GUARD_PFS_SHARE 128     /* ... then its page from the PFS, up to this share of the file */
-#define MONARCH_GUARD_FILLING_WAITS 4   /* wait_us times a fault waits for a block under way */
+#define MONARCH_GUARD_FILLING_WAITS 4   /* wait_us times a reader in order waits for a block under way */
 #define MONARCH_GUARD_COPIES 16         /* LENT blocks copied into a process's pages at once (a window's): its memory */
 
 static int monarch_guards_off = -1;     /* -1: not read yet from the environment */
@@ -421,10 +421,10 @@ static int monarch_guard_serve(uintptr_t a)
                                       || pt->pages_read + monarch_guard_page > pt->size / MONARCH_GUARD_PFS_SHARE
                                   ? __atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE) * 1000ULL
                                   : MONARCH_GUARD_PAGE_WAIT_NS;
-            /* a block the daemon is fetching (FILLING) is waited for longer: it comes, from its owner
-             * or, should the owner fail, from the PFS by the daemon (its bytes read once still) */
-            if (budget != MONARCH_GUARD_PAGE_WAIT_NS
-                && __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE) == MONARCH_BLOCK_FILLING)
+            /* a reader in order waits longer for a block the daemon is fetching (FILLING): it comes,
+             * from its owner or, should the owner fail, from the PFS by the daemon (its bytes read once
+             * still). A random fault does not: its stall would cost the job more than its page */
+            if (m->fault_run >= 2 && __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE) == MONARCH_BLOCK_FILLING)
                 budget *= MONARCH_GUARD_FILLING_WAITS;
             if (now - t0 < budget) {
                 MONARCH_MAPS_UNLOCK(maps_held_);

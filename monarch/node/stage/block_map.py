@@ -80,6 +80,7 @@ class BlockFile:
         self.promised = 0           # larger than the room: blocks PLANNED (room held for them, ``plan``), and
         # those a shim took from the plan to fill (its room stays theirs); the read-ahead's own picks leave it
         self._passed_at = -1        # the last PASSED block the plan started after
+        self._wanted_at = 0         # where the next look for a WANTED block starts
         self.staged = 0
         self.staged_bytes = 0
         self.in_flight: set[int] = set()
@@ -268,17 +269,24 @@ class BlockFile:
             return None  # (a window's room is full from its first blocks on: wanted ones take the oldest's)
         states = self._map  # searched in C (mmap.find), a byte per block
         start = BLOCKMAP_HEADER.size
-        at = states.find(b"\x01", start) if not self.room_full() or self.window else -1
-        while at >= 0:
-            b = at - start
-            mine = self.is_own(b)
-            if b not in self.in_flight and (self.own is None or self.may_take(b, mine)
-                                            or (not mine and self.room_for_wanted(b))):
-                self.ahead = max(self.ahead, b + 1) if b + 1 < self.blocks else self.ahead
-                if self.window:
-                    self._want_ahead(b)
-                return b
-            at = states.find(b"\x01", at + 1)
+        # the wanted blocks in turn, from the one after the last taken (then from the file's start):
+        # a random reader's block waits for one turn over the others wanted, not for every wanted
+        # block before it in the file (a reader in order wants a run ahead of it)
+        for first, last in ((self._wanted_at, self.blocks), (0, self._wanted_at)):
+            if self.room_full() and not self.window:
+                break
+            at = states.find(b"\x01", start + first, start + last)
+            while at >= 0:
+                b = at - start
+                mine = self.is_own(b)
+                if b not in self.in_flight and (self.own is None or self.may_take(b, mine)
+                                                or (not mine and self.room_for_wanted(b))):
+                    self.ahead = max(self.ahead, b + 1) if b + 1 < self.blocks else self.ahead
+                    self._wanted_at = b + 1
+                    if self.window:
+                        self._want_ahead(b)
+                    return b
+                at = states.find(b"\x01", at + 1, start + last)
         if demand_only:
             return None
         if planning:  # the plan first, ahead of the reader, then the room not planned
