@@ -154,17 +154,21 @@ def test_a_file_larger_than_a_nodes_room_passes_through_a_window_and_the_cluster
         assert all(r["faults_held"] > 0 for r in reads), reads
 
 
+@pytest.mark.parametrize("room", ["file", "window"])
 def test_every_process_shape_reads_a_guarded_mapping_right_and_the_applications_sigsegv_handler_is_kept(
-        short_tmp, slow_pfs):
-    """2 nodes, a 64 MiB file staged once opened (50 MB/s): node 0's reader maps it before its
-    blocks are local and reads it by a write straight from the mapping (a kernel read), threads,
-    a fork child; a child with faulthandler enabled faults for real and dies of SIGSEGV after
-    faulthandler's report, as without Monarch (tests/support/guard_shapes.py)."""
-    nodes, size = 2, 64 * MiB
+        room, short_tmp, slow_pfs):
+    """2 nodes, a file staged once opened (50 MB/s): node 0's reader maps it before its blocks
+    are local and reads it by a write straight from the mapping (a kernel read), threads, a fork
+    child; a child with faulthandler enabled faults for real and dies of SIGSEGV after
+    faulthandler's report, as without Monarch (tests/support/guard_shapes.py). ``file``: 64 MiB,
+    room for it; ``window``: 128 MiB, room for the node's own half and 40 MiB (other owners'
+    blocks copied into the process's pages, some leaving the window meanwhile)."""
+    nodes, size = 2, (64 if room == "file" else 128) * MiB
     src = os.path.join(short_tmp, "src")
     make_large(src, size)
     pfs = slow_pfs(src, open_latency_ms=1, bandwidth_mbps=50, page_cache=True)
-    cfg = cluster_config(short_tmp, str(pfs.mountpoint), nodes, 2 * size, policy="on-access")
+    ram = 2 * size if room == "file" else size // nodes + 40 * MiB
+    cfg = cluster_config(short_tmp, str(pfs.mountpoint), nodes, ram, policy="on-access")
     cluster = DaemonCluster(nodes, cfg, short_tmp)
     try:
         p = subprocess.run([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report",
