@@ -21,8 +21,8 @@ import time
 from typing import Protocol
 
 from monarch.errors import PeerError
-from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BLOCK_SHIFT, BLOCK_STAGED,
-                                          BLOCK_WANTED, BlockFile)
+from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BLOCK_LENT, BLOCK_SHIFT,
+                                          BLOCK_STAGED, BLOCK_WANTED, BlockFile)
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,9 @@ class RangeBlocks:
                 if bf.dropped or bf.states is None or self.closed:
                     return None
                 states = bf.states
+                for b in range(first, last + 1):
+                    if states[b] == BLOCK_LENT:  # a lost owner's block, in this node's range now: pinned
+                        states[b] = BLOCK_STAGED  # (it can no longer leave the window while it is sent)
                 missing = [b for b in range(first, last + 1) if states[b] != BLOCK_STAGED]
                 if not missing:
                     self.served["bytes"] += length
