@@ -262,6 +262,13 @@ static int monarch_part_staged(struct monarch_part *pt, uint64_t off, uint64_t n
     return all ? 1 + lent : 0;
 }
 
+/* monarch_part_staged, and the map's evictions as they were just before it looked (*evictions). */
+static inline int monarch_part_here(struct monarch_part *pt, uint64_t off, uint64_t n, uint64_t *evictions)
+{
+    *evictions = __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE);
+    return monarch_part_staged(pt, off, n);
+}
+
 /* After a read of the copy that found LENT blocks (monarch_part_staged's 2) with the map's
  * evictions at `evictions` before it looked: did none leave meanwhile? (Else the bytes read may
  * be a dropped block's, and the PFS answers the read.) */
@@ -274,8 +281,8 @@ static inline int monarch_part_lent_kept(struct monarch_part *pt, int local, uin
  * read of MONARCH_WAIT_MIN bytes or more of them waits for them, up to wait_us, rather than read
  * the PFS beside their owner (the PFS once for the cluster; a peer's block costs what the PFS's
  * would). A smaller read goes to the PFS at once: its bytes are few, and it would wait for a
- * whole run of blocks. 1 once every block of [off, off + n) is staged. */
-static int monarch_part_wait(struct monarch_part *pt, uint64_t off, uint64_t n)
+ * whole run of blocks. monarch_part_staged's answer once every block of [off, off + n) is here. */
+static int monarch_part_wait(struct monarch_part *pt, uint64_t off, uint64_t n, uint64_t *evictions)
 {
     uint64_t wait_us = __atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE);
     if (!wait_us || n < MONARCH_WAIT_MIN)
@@ -285,24 +292,26 @@ static int monarch_part_wait(struct monarch_part *pt, uint64_t off, uint64_t n)
         struct timespec ts = {0, (long)step_us * 1000L};
         nanosleep(&ts, NULL); /* (a signal ends it early: the time is counted as slept) */
         waited_us += step_us;
-        if (monarch_part_staged(pt, off, n))
-            return 1;
+        int local = monarch_part_here(pt, off, n, evictions);
+        if (local)
+            return local;
         step_us = step_us * 2 > 2000 ? 2000 : step_us * 2;
     }
-    return monarch_part_staged(pt, off, n);
+    return monarch_part_here(pt, off, n, evictions);
 }
 
 /* The file offset `o` (-1: the descriptor's own) and length of a read of `n` bytes; 0 when the
- * read is to go to the PFS (past the end, or a block not staged), else monarch_part_staged's. */
-static int monarch_part_range(int fd, struct monarch_part *pt, off_t *o, uint64_t n)
+ * read is to go to the PFS (past the end, or a block not staged), else monarch_part_staged's, with
+ * the map's evictions as they were just before the look that found the blocks here. */
+static int monarch_part_range(int fd, struct monarch_part *pt, off_t *o, uint64_t n, uint64_t *evictions)
 {
     if (*o < 0 && (*o = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR)) < 0)
         return 0;
     if (!n || (uint64_t)*o >= pt->size)
         return 0;
     uint64_t end = (uint64_t)*o + n < pt->size ? (uint64_t)*o + n : pt->size;
-    int local = monarch_part_staged(pt, (uint64_t)*o, end - (uint64_t)*o);
-    return local ? local : monarch_part_wait(pt, (uint64_t)*o, end - (uint64_t)*o);
+    int local = monarch_part_here(pt, (uint64_t)*o, end - (uint64_t)*o, evictions);
+    return local ? local : monarch_part_wait(pt, (uint64_t)*o, end - (uint64_t)*o, evictions);
 }
 
 /* A read served from the copy: counted, and for a read at the descriptor's offset, the
@@ -350,8 +359,8 @@ static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out
     size_t min = monarch_part_sequential(pt, (uint64_t)o, n) ? 1 : MONARCH_FILL_MIN;
     if (monarch_part_fill(fd, pt, buf, n, o, at_offset, min, out))
         return 1;
-    uint64_t evictions = __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE);
-    int local = monarch_part_range(fd, pt, &o, n);
+    uint64_t evictions;
+    int local = monarch_part_range(fd, pt, &o, n, &evictions);
     if (!local)
         return 0;
     *out = (ssize_t)syscall(SYS_pread64, pt->copy_fd, buf, n, (long)o); /* the kernel's: pread is wrapped */
@@ -378,8 +387,8 @@ static int monarch_part_readv(int fd, const struct iovec *v, int c, off_t o, ssi
     struct monarch_part *pt = &monarch_parts[p - 1];
     if (pt->copy_fd < 0)
         return 0;
-    uint64_t evictions = __atomic_load_n(&pt->hdr->evictions, __ATOMIC_ACQUIRE);
-    int local = monarch_part_range(fd, pt, &o, n);
+    uint64_t evictions;
+    int local = monarch_part_range(fd, pt, &o, n, &evictions);
     if (!local)
         return 0;
     *out = (ssize_t)syscall(SYS_preadv, pt->copy_fd, v, c, (long)o, 0L); /* pos_l, pos_h: 64-bit */

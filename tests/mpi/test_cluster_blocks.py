@@ -185,15 +185,18 @@ def test_every_process_shape_reads_a_guarded_mapping_right_and_the_applications_
     assert rep["blocks"]["read"]["faults_held"] > 0, p.stderr  # the mapping was guarded
 
 
-def test_an_owner_killed_mid_job_its_ranges_are_read_elsewhere_and_every_byte_is_right(short_tmp, slow_pfs):
+@pytest.mark.parametrize("room", ["file", "window"])
+def test_an_owner_killed_mid_job_its_ranges_are_read_elsewhere_and_every_byte_is_right(room, short_tmp, slow_pfs):
     """Node 2's daemon is SIGKILLed while the file is staged (a slow PFS: 60 MB/s): the readers on
     nodes 0 and 1 finish every pass with the right bytes; node 2's ranges are read from the PFS by
-    the survivors that own them now, or by the readers (fail open)."""
-    nodes, size = 3, 96 * MiB
+    the survivors that own them now, or by the readers (fail open). ``file``: 96 MiB, room for
+    it; ``window``: 192 MiB, room for a node's own third and 40 MiB (other owners' blocks leaving
+    the windows while the readers' 1 MiB preads wait for them and read them)."""
+    nodes, size = 3, (96 if room == "file" else 192) * MiB
     src = os.path.join(short_tmp, "src")
     digest = make_large(src, size)
     pfs = slow_pfs(src, open_latency_ms=1, bandwidth_mbps=60)
-    cfg = cluster_config(short_tmp, str(pfs.mountpoint), nodes, 2 * size)
+    cfg = cluster_config(short_tmp, str(pfs.mountpoint), nodes, 2 * size if room == "file" else size // 3 + 40 * MiB)
     cluster = DaemonCluster(nodes, cfg, short_tmp)
     path = os.path.join(str(pfs.mountpoint), "tok.bin")
     try:
@@ -215,4 +218,5 @@ def test_an_owner_killed_mid_job_its_ranges_are_read_elsewhere_and_every_byte_is
     survivors = [n["staging"]["blocks"] for n in rep["nodes"] if n is not None]
     # each survivor read its own ranges from the PFS, and one took over each of node 2's: no block
     # read twice by the daemons but those node 2 had read when it died
-    assert 2 * 32 <= sum(b["blocks_from_pfs"] for b in survivors) <= 96 + 32
+    own = size // nodes // MiB
+    assert 2 * own <= sum(b["blocks_from_pfs"] for b in survivors) <= size // MiB + own

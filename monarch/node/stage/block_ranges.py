@@ -83,6 +83,11 @@ class RangeBlocks:
         if self.peers is not None and bf.own is not None and not bf.borrowed:
             self.peers.offer(bf.key, -1)
 
+    def _lends_locked(self, bf: BlockFile, b: int) -> bool:
+        """Is block ``b`` of ``bf``, once staged, lent (it may leave the window)? Not a block of a
+        range this node owns, first or since its owner was lost: the others fetch it from here."""
+        return bf.lends(b) and self.peers.owner(bf.key, bf.info.size, b) != self.peers.node
+
     def _peer_run_locked(self, bf: BlockFile, b: int) -> tuple[int, list[int]]:
         """Who sends block ``b`` (-1: the PFS, read here) and the blocks fetched with it in one
         request: the next ones of the same owner not staged nor under way, up to ``PEER_RUN``

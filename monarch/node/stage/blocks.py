@@ -302,7 +302,7 @@ class BlockStager(RangeBlocks):
         self._running -= running
         bf.in_flight.discard(b)
         if ok and not bf.done and bf.states is not None:
-            if bf.lends(b):  # (a window's: it may leave for another the reader wants)
+            if self._lends_locked(bf, b):  # (a window's: it may leave for another the reader wants)
                 bf.states[b] = BLOCK_LENT
                 bf.lent.append(b)
             else:
