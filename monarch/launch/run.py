@@ -129,10 +129,9 @@ CLUSTER_DEAD_WAIT = 10.0  # seconds a launcher waits for a dead daemon (killed) 
 _daemon_died = service.daemon_died
 
 
-def app_env(session_env: dict[str, str]) -> dict[str, str]:
+def app_env(session_env: dict[str, str], shim: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(session_env)
-    shim = str(shim_library())
     preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != shim]
     env["LD_PRELOAD"] = ":".join([shim, *preload])
     return env
@@ -260,12 +259,15 @@ def run(config: Config, cmd: list[str], report_path: str | None,
                   html_path, out)
     launchers = RunLaunchers(None, end.run)
     try:
+        # the shim first: a checkout's changed shim builds for seconds, and a daemon started
+        # before it would stage meanwhile what the job's first reads are to find not yet staged
+        shim = str(shim_library())
         end.session, end.daemon = attach_or_start(config, end.run)
         session = end.session
         launchers = RunLaunchers(session.run_dir, end.run)
         if session.run.get("run") != end.run:  # the job's standing daemon: report this run's share
             end.baseline = session.stats(brief=True)  # the counters: answered at once, even during its walk
-        env = app_env(session.env)
+        env = app_env(session.env, shim)
         _say_unused_tiers(session)
     except Exception as e:  # fail open: the job runs unaccelerated
         log.error("Monarch is not active for this run (%s); reading the PFS directly", e)
