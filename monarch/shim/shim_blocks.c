@@ -24,10 +24,6 @@
  */
 #include "shim_blocks.h"
 
-#define MONARCH_TOUCH_AHEAD 8                  /* blocks wanted past the furthest one a mapping's reader touched */
-#define MONARCH_TOUCH_EVERY_NS 10000000ULL     /* a mapping's touched pages are looked at every 10 ms at most */
-#define MONARCH_IN_ORDER_LOOKS 3                /* looks in a row that make a mapping's reader sequential */
-#define MONARCH_TOUCH_AHEAD_IN_ORDER 32         /* blocks wanted past a sequential reader */
 
 static uint16_t monarch_fd_part[MONARCH_MAX_FDS]; /* part index + 1 of a descriptor; 0: none */
 /* part index + 1 whose copy is open as this descriptor: an application that closes descriptors
@@ -412,70 +408,6 @@ static void monarch_remapper_start(void);
  * addresses; populated once the application may have touched them (the remapper's moves).
  * 1 when nothing is left to move (all moved, or the daemon is done). Under the registry's
  * lock. */
-/* A mapping's faults are the kernel's, so the daemon cannot see where its reader is: the
- * blocks not staged whose pages are resident (faulted in from the PFS: the reader touched them)
- * are marked WANTED, with the MONARCH_TOUCH_AHEAD blocks after the furthest of them, so the
- * daemon fetches from their owners the blocks where the reader is and where a sequential reader
- * goes next before its read-ahead. Every MONARCH_TOUCH_EVERY_NS at most: one mincore over the
- * mapping. A cluster's file only (its map's wait_us): on one node the read-ahead goes in the
- * file's order from its start, ahead of a reader in order, and the look costs a reader that maps
- * a large file anew at every step a mincore of all of it each time (bench_block_copy: 40% of its
- * steps while the copy runs). Under the registry's lock. */
-static void monarch_mapping_want_touched_locked(struct monarch_mapping *m, struct monarch_part *pt)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    uint64_t ns = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
-    if (ns - m->looked_ns < MONARCH_TOUCH_EVERY_NS || __atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE))
-        return; /* (a window's blocks are wanted by the guarded faults of a reader in order alone) */
-    m->looked_ns = ns;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t pages = (m->len + page - 1) / page;
-    if (!m->resident && !(m->resident = malloc(pages)))
-        return;
-    if (mincore((void *)m->addr, m->len, m->resident) != 0)
-        return;
-    uint64_t furthest = 0, nearest = 0;
-    int touched = 0;
-    for (uint64_t b = m->first; b <= m->last; b++) {
-        uint64_t i = b - m->first;
-        if ((m->moved[i / 8] >> (i % 8)) & 1)
-            continue;
-        uint8_t s = __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE);
-        if (s == MONARCH_BLOCK_STAGED)
-            continue;
-        uint64_t from = b << pt->shift, to = (b + 1) << pt->shift;
-        from = from < m->off ? m->off : from;
-        to = to > m->off + m->len ? m->off + m->len : to;
-        size_t p = (size_t)((from - m->off) / page), end = (size_t)((to - m->off + page - 1) / page);
-        while (p < end && p < pages && !(m->resident[p] & 1))
-            p++;
-        if (p >= end || p >= pages)
-            continue;
-        nearest = touched ? nearest : b;
-        touched = 1;
-        furthest = b;
-        uint8_t absent = MONARCH_BLOCK_ABSENT;
-        __atomic_compare_exchange_n(&pt->states[b], &absent, MONARCH_BLOCK_WANTED, 0, __ATOMIC_RELAXED,
-                                    __ATOMIC_RELAXED);
-    }
-    if (!touched)
-        return;
-    /* a reader whose touched blocks not staged are a few adjacent ones, going forward, look after
-     * look, reads in order (a weights load, a scan): the blocks well past it are wanted too, so
-     * its pages are moved onto the copy before it gets there (its faults stay page by page on
-     * the PFS: read around, a reader the PFS serves as fast as the copy would never wait for
-     * its blocks, and the PFS would be read twice). A random reader's touches are spread. */
-    m->in_order = furthest - nearest <= 2 && furthest >= m->furthest ? m->in_order + 1 : 0;
-    m->furthest = furthest;
-    uint64_t ahead = m->in_order >= MONARCH_IN_ORDER_LOOKS ? MONARCH_TOUCH_AHEAD_IN_ORDER : MONARCH_TOUCH_AHEAD;
-    for (uint64_t b = furthest + 1; b <= furthest + ahead && b <= m->last; b++) {
-        uint8_t absent = MONARCH_BLOCK_ABSENT;
-        __atomic_compare_exchange_n(&pt->states[b], &absent, MONARCH_BLOCK_WANTED, 0, __ATOMIC_RELAXED,
-                                    __ATOMIC_RELAXED);
-    }
-}
-
 static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
 {
     struct monarch_part *pt = &monarch_parts[m->part - 1];
@@ -535,6 +467,8 @@ static int monarch_mapping_move_locked(struct monarch_mapping *m, int populate)
     monarch_extra_add(MONARCH_EXTRA_BLOCK_REMAPPED_BYTES, moved);
     if (left && !done && populate && __atomic_load_n(&pt->hdr->wait_us, __ATOMIC_ACQUIRE))
         monarch_mapping_want_touched_locked(m, pt);
+    else if (left && !done && populate)
+        monarch_mapping_records_locked(m, pt);
     return !left || done;
 }
 
@@ -547,7 +481,8 @@ static void monarch_mapping_free_locked(struct monarch_mapping *m);
 static void monarch_mapping_advise_locked(struct monarch_mapping *m)
 {
     struct monarch_blockmap_header *h = monarch_parts[m->part - 1].hdr;
-    if (m->random && (__atomic_load_n(&h->readaround, __ATOMIC_ACQUIRE) || __atomic_load_n(&h->done, __ATOMIC_ACQUIRE))) {
+    if (m->random && (__atomic_load_n(&h->readaround, __ATOMIC_ACQUIRE) || __atomic_load_n(&h->done, __ATOMIC_ACQUIRE)
+                      || __atomic_load_n(&h->records, __ATOMIC_ACQUIRE) == MONARCH_RECORDS_YES)) {
         /* (the ranges moved already are the copy's; advice the application gave after its mmap goes
          * too: only the PFS's pages' speed depends on it, never their bytes) */
         madvise((void *)m->addr, m->len, MADV_NORMAL);
@@ -626,7 +561,8 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
      * daemon found the PFS's round trip long (the map's readaround): then the read-around of
      * one fault is quicker than a second fault for a window across two pages; or it stages no
      * more (done): then the ranges left on the PFS read as direct's, read-around and all. */
-    if (!__atomic_load_n(&pt->hdr->readaround, __ATOMIC_ACQUIRE) && !__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE)) {
+    if (!__atomic_load_n(&pt->hdr->readaround, __ATOMIC_ACQUIRE) && !__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE)
+        && __atomic_load_n(&pt->hdr->records, __ATOMIC_ACQUIRE) != MONARCH_RECORDS_YES) {
         madvise(p, len, MADV_RANDOM);
         m->random = 1;
     }
@@ -663,6 +599,7 @@ static void *monarch_remapper_main(void *arg)
         sigset_t maps_held_;
         MONARCH_MAPS_LOCK(maps_held_);
         uint64_t before = 0, after = 0;
+        monarch_records_looking = 0;
         for (unsigned i = 0; i < MONARCH_MAX_MAPPINGS; i++) {
             struct monarch_mapping *m = &monarch_mappings[i];
             if (!m->addr)
@@ -679,8 +616,9 @@ static void *monarch_remapper_main(void *arg)
             MONARCH_MAPS_UNLOCK(maps_held_);
             return NULL;
         }
+        long most = monarch_records_looking ? (long)(MONARCH_RECORDS_EVERY_NS / 1000000) : 50;
         MONARCH_MAPS_UNLOCK(maps_held_);
-        pause_ms = after < before ? 2 : pause_ms * 2 > 50 ? 50 : pause_ms * 2;
+        pause_ms = after < before ? 2 : pause_ms * 2 > most ? most : pause_ms * 2;
         struct timespec ts = {0, pause_ms * 1000000L};
         nanosleep(&ts, NULL);
     }

@@ -23,6 +23,12 @@ struct monarch_part {
     int unguarded;            /* its mappings are guarded no more: they read the PFS (shim_guard.c) */
     unsigned late;            /* guarded blocks that came late in a row (shim_guard.c) */
     uint64_t pages_read;      /* bytes of guarded pages read from the PFS while their blocks came */
+    /* its mappings' reader, told apart by the runs of pages its faults bring in (one node's file,
+     * while it stages: monarch_mapping_records_locked) */
+    int records_known;        /* decided: records (the map's records set) or not */
+    uint64_t records_next;    /* the next block to look at */
+    uint64_t records_first_ns, records_looked_ns; /* its first look, its last */
+    uint64_t records_runs, records_pages; /* runs of resident pages seen, and their pages */
 };
 
 /* a read-only mapping of a part's descriptor, moved onto the copy as its blocks come */

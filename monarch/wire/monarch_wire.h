@@ -166,8 +166,10 @@ static inline int monarch_route_fits(enum monarch_route route, uint64_t size)
 #define MONARCH_BLOCKS_DIR ".blocks"
 #define MONARCH_BLOCKMAP_DIR ".blockmap"
 #define MONARCH_BLOCKMAP_MAGIC 0x50414D4B434F4C42ULL /* "BLOCKMAP" */
-#define MONARCH_BLOCKMAP_VERSION 6
-#define MONARCH_BLOCKMAP_HEADER_SIZE 88
+#define MONARCH_BLOCKMAP_VERSION 7
+#define MONARCH_BLOCKMAP_HEADER_SIZE 96
+#define MONARCH_RECORDS_YES 1 /* the map's records */
+#define MONARCH_RECORDS_NO 2
 #define MONARCH_BLOCK_ABSENT 0
 #define MONARCH_BLOCK_WANTED 1
 #define MONARCH_BLOCK_STAGED 2
@@ -196,6 +198,10 @@ struct monarch_blockmap_header {
     uint64_t window;               /* nonzero (a cluster's, larger than the room): other owners' blocks are LENT,
                                     * the oldest leaving for the next one wanted; only a reader in order wants them */
     uint64_t evictions;            /* blocks that left so far: raised after a block's state, before its bytes go */
+    uint64_t records;              /* a shim's find (0: none yet), once per file: MONARCH_RECORDS_YES, a mapping's
+                                    * reader reads records of several pages at random (an LMDB's values): its
+                                    * faults read around, and the read-ahead yields the link to them until it is
+                                    * done; MONARCH_RECORDS_NO, it reads pages or in order */
 };
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */

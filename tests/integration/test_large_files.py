@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from monarch.node.stage import blocks
-from monarch.node.stage.block_map import BLOCKMAP_EVICTIONS_OFFSET, BLOCKMAP_WAIT_OFFSET, BLOCKMAP_WINDOW_OFFSET
+from monarch.node.stage.block_map import (BLOCKMAP_EVICTIONS_OFFSET, BLOCKMAP_RECORDS_OFFSET, BLOCKMAP_WAIT_OFFSET,
+                                          BLOCKMAP_WINDOW_OFFSET)
 from support.harness import load, make_bases, monarch
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuse]
@@ -207,6 +208,59 @@ def test_a_mappings_faults_read_pages_on_a_quick_pfs_and_around_on_a_long_round_
     assert pace["readaround"] is not random_read, pace
 
 
+RECORDS = r"""
+kind, records_at = sys.argv[5], int(sys.argv[6])
+length = 65536 if kind == "records" else 2050  # an LMDB's values (page-aligned), or a token window
+fd = os.open(path, os.O_RDONLY)
+m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+os.close(fd)
+rng = random.Random(5)
+bad = 0
+
+def found():
+    files = glob.glob(os.path.join(tier_base, "**", ".blockmap", "**", os.path.basename(path)), recursive=True)
+    with open(files[0], "rb") as f:
+        return struct.unpack_from("<Q", f.read(records_at + 8), records_at)[0]
+
+def read(seconds):
+    global bad
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        o = rng.randrange(0, size - length) & ~4095 if kind == "records" else rng.randrange(0, size - length)
+        bad += m[o:o + length] != want(o, length)
+        time.sleep(0.002)
+
+read(0.5)
+deadline = time.monotonic() + 10
+while not found() and time.monotonic() < deadline:
+    read(0.1)
+time.sleep(0.1)  # the remapper's next look lifts the advice
+read(0.3)
+print(json.dumps({"bad": bad, "records": found(), "random_read": advice(), "staged": staged()}))
+"""
+
+
+@pytest.mark.parametrize("kind, records", [("records", blocks.RECORDS_YES), ("windows", blocks.RECORDS_NO)])
+def test_a_random_reader_of_records_gets_direct_faults_and_the_read_ahead_yields_to_them(short_tmp, slow_pfs, kind,
+                                                                                         records):
+    """An LMDB's gets through a mapping while the file stages: with the shim's MADV_RANDOM each of
+    a 64 KiB value's 16 pages was a fault of its own, each behind the read-ahead's queue at the
+    link, and the gets ran at 0.46x direct's pace. The shim tells such a reader apart by the runs
+    of pages its faults bring in: its faults read around (as direct's), and the daemon's read-ahead
+    yields the link (one small request at a time) while the file stages. A reader of 2 KiB windows
+    keeps its page-sized faults, and the read-ahead its pace."""
+    size = 64 * MiB  # 4 s at 16 MB/s: the job ends before the copy
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 16, "1GiB")
+    out, rep, _ = run_reader(short_tmp, cfg, RECORDS, path, src, tier_base, pfs,
+                             extra=(kind, str(BLOCKMAP_RECORDS_OFFSET)))
+    assert out["bad"] == 0, out
+    assert out["staged"][0] < out["staged"][1], out  # found while ranges were still on the PFS
+    assert out["records"] == records, out
+    assert out["random_read"] and set(out["random_read"]) == {kind == "windows"}, out  # MADV_RANDOM kept or lifted
+    pace = rep["nodes"][0]["staging"]["blocks"]["pace"]
+    assert pace["yielding"] is (kind == "records"), pace
+
+
 PARTLY = r"""
 fd = os.open(path, os.O_RDONLY)
 bad = 0
@@ -334,13 +388,14 @@ def test_every_reader_family_reads_the_sources_bytes_while_blocks_arrive(short_t
 
 def test_the_block_map_header_is_what_the_shim_reads():
     """blocks.BLOCKMAP_HEADER packs the C struct monarch_blockmap_header (its size: test_wire)."""
-    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3, 4, 7, 8, 9)
+    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3, 4, 7, 8, 9, 10)
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_DONE_OFFSET)[0] == 1
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_READAROUND_OFFSET)[0] == 3
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_FILL_OFFSET)[0] == 4
     assert struct.unpack_from("<Q", raw, BLOCKMAP_WAIT_OFFSET)[0] == 7
     assert struct.unpack_from("<Q", raw, BLOCKMAP_WINDOW_OFFSET)[0] == 8
     assert struct.unpack_from("<Q", raw, BLOCKMAP_EVICTIONS_OFFSET)[0] == 9
+    assert struct.unpack_from("<Q", raw, BLOCKMAP_RECORDS_OFFSET)[0] == 10
     assert raw[:8] == b"BLOCKMAP"
 
 

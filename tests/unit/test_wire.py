@@ -33,7 +33,7 @@ PYTHON = {name: getattr(protocol, name) for name in (
 # the block map's format is its writer's (node/stage/blocks.py)
 PYTHON |= {name: getattr(blocks, name) for name in (
     "BLOCKS_DIR", "BLOCKMAP_DIR", "BLOCKMAP_MAGIC", "BLOCKMAP_VERSION", "BLOCK_ABSENT", "BLOCK_WANTED", "BLOCK_STAGED", "BLOCK_FILLING",
-    "BLOCK_PLANNED", "BLOCK_PASSED", "BLOCK_LENT")}
+    "BLOCK_PLANNED", "BLOCK_PASSED", "BLOCK_LENT", "RECORDS_YES", "RECORDS_NO")}
 # the route table's size thresholds (monarch/routes.py; its rows are tests/unit/test_routes.py's)
 PYTHON |= {name: getattr(routes, name) for name in ("INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN", "ONE_MESSAGE_MAX", "SIZE_ANY")}
 PYTHON |= {

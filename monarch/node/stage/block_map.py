@@ -35,15 +35,18 @@ __all__ = ["BLOCK", "BLOCK_SHIFT", "BLOCKMAP_HEADER", "BlockFile", "copy_state",
 # BLOCKS_DIR, BLOCKMAP_DIR (node/tiers/tiers.py): the copy, the source's size, blocks in any order;
 # its map: BLOCKMAP_HEADER, then a state byte per block
 BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
-BLOCKMAP_VERSION = 6
-# magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill, wait_us, window, evictions
-BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQQQ")
+BLOCKMAP_VERSION = 7
+# magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill, wait_us, window, evictions, records
+BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQQQQ")
 BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
 BLOCKMAP_READAROUND_OFFSET = 48  # "readaround": nonzero once the PFS's round trip is long (ReadPace.readaround)
 BLOCKMAP_FILL_OFFSET = 56  # "fill": nonzero while a shim's large read may fill blocks (the file has room whole)
 BLOCKMAP_WAIT_OFFSET = 64  # "wait_us" (a cluster's): a shim's large read waits this long for blocks from their owners
 BLOCKMAP_WINDOW_OFFSET = 72  # "window" (a cluster's file larger than the room): other owners' blocks are LENT
 BLOCKMAP_EVICTIONS_OFFSET = 80  # "evictions": LENT blocks that left, raised after the state, before the bytes go
+BLOCKMAP_RECORDS_OFFSET = 88  # "records" (a shim's find): RECORDS_YES, a mapping's reader reads records of several
+RECORDS_YES = 1  # pages at random; RECORDS_NO, pages or in order; 0: none yet
+RECORDS_NO = 2
 PEER_WAIT_US = 1_000_000   # ... at most: an owner reads a run of blocks from the PFS first if need be (8 MiB: 20 ms at
 # 400 MB/s, 160 ms at 50 MB/s; more when the link is shared): a read that waits longer reads the PFS
 BLOCK_ABSENT = 0
@@ -188,7 +191,7 @@ class BlockFile:
             raise
         self.copy_fd = fd
         header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, self.info.size,
-                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0, 0, 0)
+                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0, 0, 0, 0)
         write_file_atomically(self.map_path, [header, bytes(self.blocks)], 0o600)
         mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -377,6 +380,14 @@ class BlockFile:
         (the shim lets the kernel's read-around be: a round trip costs more than its bytes)."""
         if self._map is not None:
             self._map[BLOCKMAP_READAROUND_OFFSET:BLOCKMAP_READAROUND_OFFSET + 8] = (1).to_bytes(8, "little")
+
+    @property
+    def records(self) -> bool:
+        """A shim found a mapping's reader reading records of several pages at random (the map's
+        ``records``): its faults read around, and the read-ahead yields the link to them."""
+        m = self._map
+        return (m is not None and not self.done
+                and int.from_bytes(m[BLOCKMAP_RECORDS_OFFSET:BLOCKMAP_RECORDS_OFFSET + 8], "little") == RECORDS_YES)
 
     def close(self) -> None:
         for fd in (self.copy_fd, self.source_fd):

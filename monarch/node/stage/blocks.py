@@ -47,8 +47,8 @@ from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BL
                                           BLOCK_PASSED, BLOCK_PLANNED, BLOCK_SHIFT,  # map's format: blocks.X too)
                                           BLOCK_STAGED, BLOCK_WANTED, BLOCKMAP_DONE_OFFSET,
                                           BLOCKMAP_FILL_OFFSET, BLOCKMAP_HEADER, BLOCKMAP_MAGIC,
-                                          BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_VERSION, BlockFile, copy_state,
-                                          link_over, staged_bytes)
+                                          BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_VERSION, RECORDS_NO, RECORDS_YES,
+                                          BlockFile, copy_state, link_over, staged_bytes)
 from monarch.node.stage.block_ranges import RangeBlocks, RangePeers
 from monarch.node.stage.read_pace import ReadPace
 from monarch.routes import BLOCKS_MIN, Route
@@ -195,6 +195,9 @@ class BlockStager(RangeBlocks):
         buf = mmap.mmap(-1, BLOCK)  # page-aligned, as a read with O_DIRECT wants
         with self.books.lock:
             while not self.closed:
+                # a mapping's reader of records at random (a shim's find: the map's records) waits
+                # for its faults behind the read-ahead's queue: yield the link while its file stages
+                self.pace.yield_to_records(any(bf.records for bf in self._active))
                 picked = self._next_locked() if self._running < self.pace.blocks else None
                 if picked is None:
                     if not self._running:

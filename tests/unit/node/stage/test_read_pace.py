@@ -201,3 +201,23 @@ def test_a_long_round_trip_lets_a_mappings_faults_read_around_from_the_first_req
     pace.delivered(READ_MIN, 0.05)
     assert pace.latency == 0.05 and not pace.readaround  # (no rate yet: a slow link's, or a round trip?)
     assert read_pace.READAROUND == 0.005
+
+
+def test_yielding_to_a_reader_of_records_one_small_request_waits_ahead_of_its_reads_and_measures_nothing():
+    """A random reader of records (an LMDB's 64 KiB values) waits for its faults one after the
+    other: while its file stages the read-ahead holds one request of YIELD_REQUEST, so a read
+    waits behind at most that, and what those requests deliver says nothing of the link."""
+    clock = Clock()
+    pace = ReadPace(MiB, clock)
+    link = Link(pace, clock, 400e6, probe=128 << 10, probe_every=0.002)  # a read-around every 2 ms
+    link.run(3.0)
+    full_wait, rate = link.mean_wait(clock.now - 1.0), pace.rate
+    pace.yield_to_records(True)
+    assert pace.blocks == 1 and pace.request_bytes() == read_pace.YIELD_REQUEST
+    start = clock.now
+    link.run(2.0)
+    yielded_wait = link.mean_wait(start + 0.1)
+    assert yielded_wait < read_pace.YIELD_REQUEST / 400e6 + 1e-6 < full_wait / 4, (yielded_wait, full_wait)
+    assert pace.rate == rate and pace.state()["yielding"]  # the yielded link is not measured
+    pace.yield_to_records(False)
+    assert pace.blocks >= REQUESTS and pace.request_bytes() > read_pace.YIELD_REQUEST
