@@ -223,6 +223,8 @@ static void monarch_log(const char *file, int line, const char *fmt, ...);
     X(int, execvpe, (const char *, char *const[], char *const[]))                   \
     X(int, fexecve, (int, char *const[], char *const[]))                            \
     X(int, mprotect, (void *, size_t, int))                                         \
+    X(int, madvise, (void *, size_t, int))                                          \
+    X(int, posix_madvise, (void *, size_t, int))                                    \
     X(int, sigaction, (int, const struct sigaction *, struct sigaction *))          \
     X(sighandler_t, signal, (int, sighandler_t))                                    \
     X(sighandler_t, bsd_signal, (int, sighandler_t))                                \

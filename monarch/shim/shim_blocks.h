@@ -41,6 +41,7 @@ struct monarch_mapping {
     uint8_t *moved;           /* a bit per block of the range: mapped from the copy */
     uint64_t first, last;     /* the blocks the range covers */
     int random;               /* the shim advised MADV_RANDOM on it (until the map says read around) */
+    int app_advice;           /* the application's own read-ahead advice on it, MADV_* + 1 (0: none): it stands */
     uint8_t *resident;        /* mincore's vector of its pages (made at the first look: want_touched) */
     uint64_t looked_ns;       /* when its touched pages were last looked at */
     uint64_t furthest;        /* the furthest block not staged its reader touched, at the last look */

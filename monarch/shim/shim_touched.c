@@ -98,7 +98,8 @@ static void monarch_mapping_records_locked(struct monarch_mapping *m, struct mon
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t per = ((size_t)1 << pt->shift) / page;
     unsigned char vec[MONARCH_RECORDS_VEC];
-    if (pt->records_known || !m->random || per > sizeof vec
+    /* (pages a fault only under MADV_RANDOM: the shim's, or the application's own) */
+    if (pt->records_known || !(m->random || m->app_advice == MADV_RANDOM + 1) || per > sizeof vec
         || __atomic_load_n(&pt->hdr->records, __ATOMIC_ACQUIRE)) { /* (decided here, or by another process) */
         pt->records_known = 1;
         return;

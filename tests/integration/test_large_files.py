@@ -253,11 +253,14 @@ def test_a_random_reader_of_records_gets_direct_faults_and_the_read_ahead_yields
     pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 16, "1GiB")
     out, rep, _ = run_reader(short_tmp, cfg, RECORDS, path, src, tier_base, pfs,
                              extra=(kind, str(BLOCKMAP_RECORDS_OFFSET)))
-    assert out["bad"] == 0, out
-    assert out["staged"][0] < out["staged"][1], out  # found while ranges were still on the PFS
-    assert out["records"] == records, out
-    assert out["random_read"] and set(out["random_read"]) == {kind == "windows"}, out  # MADV_RANDOM kept or lifted
     pace = rep["nodes"][0]["staging"]["blocks"]["pace"]
+    assert out["bad"] == 0, out
+    if pace["readaround"]:  # a loaded machine measured a long round trip: every fault reads around
+        assert out["records"] == 0 and not any(out["random_read"]), (out, pace)  # (runs say nothing then)
+        return
+    assert out["staged"][0] < out["staged"][1], (out, pace)  # found while ranges were still on the PFS
+    assert out["records"] == records, (out, pace)
+    assert out["random_read"] and set(out["random_read"]) == {kind == "windows"}, (out, pace)  # kept or lifted
     assert pace["yielding"] is (kind == "records"), pace
 
 
@@ -551,6 +554,40 @@ def test_a_partly_staged_files_mappings_read_as_directs_once_no_more_blocks_will
     assert out["after_first"] and not any(out["after_first"]), out  # the mapping made before: advice lifted
     assert out["after"] and not any(out["after"]), out  # and one made after done: never advised
 
+
+
+APP_ADVICE = r"""
+fd = os.open(path, os.O_RDONLY)
+m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # made while the daemon stages what fits
+m.madvise(mmap.MADV_RANDOM)  # the application's own advice: pages, as LMDB's MDB_NORDAHEAD asks
+rng = random.Random(3)
+bad = 0
+def windows(n):
+    global bad
+    for _ in range(n):
+        o = rng.randrange(0, size - 70000)
+        bad += m[o:o + 70000] != want(o, 70000)
+windows(50)
+deadline = time.monotonic() + 60
+while block_map()[1] == 0 and time.monotonic() < deadline:
+    time.sleep(0.05)  # the room is full: the daemon says no more blocks will come
+time.sleep(0.3)  # the remapper's pause is at most 50 ms
+windows(100)
+print(json.dumps({"bad": bad, "after": advice(), "staged": staged()}))
+"""
+
+
+def test_the_applications_own_advice_on_a_mapping_stands_once_no_more_blocks_will_come(short_tmp, slow_pfs):
+    """LMDB under MDB_NORDAHEAD advises its mapping MADV_RANDOM. The shim gave every mapping the
+    kernel's read-around once its daemon was done, the application's advice too: an LMDB twice
+    the tier, read 3 epochs, read 3.12x its size from the PFS (direct 3.00x, the bound 2.00x).
+    The application's own advice now stands."""
+    size = 48 * MiB
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 100, "20MiB")
+    out, rep, _ = run_reader(short_tmp, cfg, APP_ADVICE, path, src, tier_base, pfs)
+    assert out["bad"] == 0, out
+    assert 0 < out["staged"][0] < out["staged"][1], out  # partly staged: ranges left on the PFS
+    assert out["after"] and all(out["after"]), out  # MADV_RANDOM, as the application asked
 
 
 STDIO = r"""
