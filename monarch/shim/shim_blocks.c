@@ -24,7 +24,6 @@
  */
 #include "shim_blocks.h"
 
-
 static uint16_t monarch_fd_part[MONARCH_MAX_FDS]; /* part index + 1 of a descriptor; 0: none */
 /* part index + 1 whose copy is open as this descriptor: an application that closes descriptors
  * it did not open (closerange in a worker) takes the copy away, never gets it read in its place */
@@ -559,7 +558,8 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
      * (128 KiB and more for a 2 KiB window): the daemon's blocks are the read-ahead. Unless the
      * daemon found the PFS's round trip long (the map's readaround): then the read-around of
      * one fault is quicker than a second fault for a window across two pages; or it stages no
-     * more (done): then the ranges left on the PFS read as direct's, read-around and all. */
+     * more (done): then the ranges left on the PFS read as direct's, read-around and all; or a
+     * reader of records was found (the map's records: shim_touched.c). */
     if (!__atomic_load_n(&pt->hdr->readaround, __ATOMIC_ACQUIRE) && !__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE)
         && __atomic_load_n(&pt->hdr->records, __ATOMIC_ACQUIRE) != MONARCH_RECORDS_YES) {
         MONARCH_RESOLVE(madvise)(p, len, MADV_RANDOM);

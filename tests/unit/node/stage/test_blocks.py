@@ -228,3 +228,26 @@ def test_publishing_links_over_a_copy_of_another_version_and_leaves_no_temporary
     assert replaced is not None and replaced.st_size == 3
     assert os.path.samestat(os.stat(src), os.stat(dest)) and sorted(os.listdir(tmp_path)) == ["copy", "key"]
     assert block_map.link_over(str(src), str(dest)) is None  # itself: nothing replaced
+
+
+
+def test_the_maps_records_say_when_the_read_ahead_yields(tmp_path):
+    """A shim that found a mapping's random reader of records (RECORDS_YES) has the read-ahead
+    yield until the file is done; RECORDS_NO (pages, a scan) or nothing found yet, never."""
+    stager, tier, key, _ = setup(tmp_path, 4 * MiB, 1 << 30)
+    info = stager.snapshot.files[key]
+    bf = block_map.BlockFile(key, info, tier, 4, tier.allocated(info.size))
+    bf.create()
+    try:
+        at = block_map.BLOCKMAP_RECORDS_OFFSET
+        say = lambda v: bf._map.__setitem__(slice(at, at + 8), v.to_bytes(8, "little"))  # noqa: E731 (the shim's store)
+        assert not bf.records  # nothing found yet
+        say(block_map.RECORDS_YES)
+        assert bf.records
+        say(block_map.RECORDS_NO)
+        assert not bf.records
+        say(block_map.RECORDS_YES)
+        bf.finish()
+        assert not bf.records  # done: nothing left to yield for
+    finally:
+        bf.close()
