@@ -240,6 +240,9 @@ class BlockStager(RangeBlocks):
             while got < want:  # (lengths in whole pages: O_DIRECT; the file's end reads short)
                 with self.books.lock:
                     step = self.pace.request_bytes()
+                    pause = self.pace.yield_pause()  # (0 unless it yields to a reader of records)
+                if pause:
+                    time.sleep(pause)
                 t0 = time.monotonic()
                 n = os.preadv(src, [view[got:got + min(step, -(-(want - got) // 4096) * 4096)]], offset + got)
                 if n == 0:

@@ -221,3 +221,25 @@ def test_yielding_to_a_reader_of_records_one_small_request_waits_ahead_of_its_re
     assert pace.rate == rate and pace.state()["yielding"]  # the yielded link is not measured
     pace.yield_to_records(False)
     assert pace.blocks >= REQUESTS and pace.request_bytes() > read_pace.YIELD_REQUEST
+
+
+def test_a_yielding_request_the_applications_reads_held_back_is_followed_by_a_pause():
+    """LEDBAT's rule: held back beyond YIELD_TARGET (the application's reads fill the link: an
+    LMDB's gets at 50 MB/s), the read-ahead waits YIELD_GAIN times the excess; held back less
+    (at 400 MB/s a fault rarely holds a request 1 ms), it goes on at once."""
+    pace = ReadPace(MiB, Clock())
+    assert pace.yield_pause() == 0.0  # not yielding: never
+    pace.yield_to_records(True)
+    alone = read_pace.YIELD_REQUEST / 50e6  # its bytes' time alone on a 50 MB/s link
+    pace.delivered(read_pace.YIELD_REQUEST, alone)
+    assert pace.yield_pause() == 0.0
+    pace.delivered(read_pace.YIELD_REQUEST, alone + 0.0005)  # a page fault ahead of it
+    assert pace.yield_pause() == 0.0
+    pace.delivered(read_pace.YIELD_REQUEST, alone + 0.0026)  # a read-around of 128 KiB ahead of it
+    assert abs(pace.yield_pause() - read_pace.YIELD_GAIN * (0.0026 - read_pace.YIELD_TARGET)) < 1e-9
+    pace.delivered(read_pace.YIELD_REQUEST, alone + 1.0)
+    assert pace.yield_pause() == read_pace.YIELD_PAUSE_MAX
+    pace.delivered(4096, 0.00001)  # a file's short last request: no measure of the link
+    assert pace.yield_pause() == read_pace.YIELD_PAUSE_MAX
+    pace.yield_to_records(False)
+    assert pace.yield_pause() == 0.0
