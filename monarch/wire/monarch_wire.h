@@ -200,8 +200,9 @@ struct monarch_blockmap_header {
     uint64_t evictions;            /* blocks that left so far: raised after a block's state, before its bytes go */
     uint64_t records;              /* a shim's find (0: none yet), once per file: MONARCH_RECORDS_YES, a mapping's
                                     * reader reads records of several pages at random (an LMDB's values): its
-                                    * faults read around, and the read-ahead yields the link to them until it is
-                                    * done; MONARCH_RECORDS_NO, it reads pages or in order */
+                                    * faults read around (unless the application advised the mapping itself),
+                                    * and the read-ahead yields the link to them until it is done;
+                                    * MONARCH_RECORDS_NO, it reads pages or in order */
 };
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */

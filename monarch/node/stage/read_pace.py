@@ -50,7 +50,7 @@ their pace alone. And where the application's reads fill the link themselves (LM
 MB/s read 47 MB/s direct), any bytes of the copy are the job's time: a request the application's
 reads held back more than ``YIELD_TARGET`` is followed by a pause ``YIELD_GAIN`` times that
 excess (LEDBAT's rule for a background transfer, its delay measured against the quickest
-yielding request): at 50 MB/s the job went from 1.19x direct's time to 1.02-1.03x, at 400 MB/s
+yielding request): at 50 MB/s the job went from 1.19x direct's time to 1.02-1.04x, at 400 MB/s
 (faults rarely hold a request 1 ms) it stays 0.91-0.96x.
 
 The round trip also decides how an application's fault of a mapping of the PFS's file reads
