@@ -223,7 +223,7 @@ def case(args, nodes: NodeNamespaces, base: Path, reader: str, readers_args: lis
                 os.killpg(serve.pid, 9)
                 serve.wait()
             launch.close()
-        shutil.rmtree(f"/dev/shm{run_base}", ignore_errors=True)
+            shutil.rmtree(f"/dev/shm{run_base}", ignore_errors=True)  # (the tiers' bases, even on a failure)
     wall = time.monotonic() - t0
     bad = sum(r["bad"] for r in results)
     if bad:
@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kept: {base}")
         else:
             shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(f"/dev/shm{base}", ignore_errors=True)  # (the cases' tier bases' parent, kept or not: RAM)
     print(f"\n{args.nodes} nodes, {args.size_mib} MiB, {args.bandwidth:g} MB/s per node, "
           f"{args.open_latency_ms:g} ms per open; the slowest node's figures")
     print("| reader | room | first step | job | job / direct | PFS / file | CPU-s | PFS requests | FUSE CPU-s |")
