@@ -48,9 +48,8 @@ exports these keys only, never anything else a daemon says):
 
 Socket protocol: frames, little-endian, one request per connection for the shim, or
 several OPENs one after another when the front door keeps the connection (REQUEST_KEEP).
-  request  = u8 verb, u8 flags (0, or REQUEST_KEEP on an OPEN), u16 reserved (0), u32 length,
-             then ``length`` bytes
-             (length <= MAX_REQUEST; a key for OPEN and INVALIDATE, empty otherwise)
+  request  = u8 verb, u8 flags (0, or REQUEST_KEEP on an OPEN or PAGES), u16 reserved (0), u32 length,
+             then ``length`` bytes (<= MAX_REQUEST; a key for OPEN and INVALIDATE, empty otherwise)
   answer   = i32 status, u32 length, then ``length`` bytes (length <= MAX_ANSWER)
   OPEN key        -> status = slot: SLOT_PFS (0, empty body: read the original) or a
                      staged slot with the path to open as body; while the daemon stages
@@ -75,9 +74,8 @@ several OPENs one after another when the front door keeps the connection (REQUES
   INVALIDATE key  -> status 0 once the node's copies of the key (or of everything under
                      it, for a directory) are gone and will not be served again this job:
                      the shim sends it before a write-open, rename, unlink or truncate.
-  ATTACH          -> status 0, body JSON {"env": {...}, "run": {...}}; the connection is
-                     the launcher's session: REPORT frames on it are answered, and the
-                     daemon counts it until it closes.
+  ATTACH          -> status 0, body JSON {"env": {...}, "run": {...}}; the connection is the launcher's
+                     session: REPORT frames on it are answered, and the daemon counts it until it closes.
   REPORT          -> status 0, body JSON statistics. While the daemon's snapshot walk runs,
                      a full REPORT (empty body or REPORT_FINAL) is held until the snapshot
                      is ready or has failed (heartbeats meanwhile); a brief one is answered
@@ -95,6 +93,8 @@ several OPENs one after another when the front door keeps the connection (REQUES
                      so a busy daemon is told from a lost one. The shim polls so, at most
                      every few hundred ms, while it serves calls from the PFS.
   STOP            -> status 0, then the daemon shuts down.
+  PAGES body      -> a guarded fault's pages of another owner's block (body: monarch_wire.h's struct
+                     monarch_pages_request, then the key): the C front door's alone, Python refuses it.
   HINT body       -> status 0: an order hint from ``monarch.hints`` (the shim never sends
                      it). body = u8 op, u64 stream (the reader's id, any number it chose),
                      then by op:
@@ -103,8 +103,7 @@ several OPENs one after another when the front door keeps the connection (REQUES
                        HINT_MORE (2)     keys as above: the order continues with these
                        HINT_PROGRESS (3) u64 n: the reader is done with the first n keys
                        HINT_END (4)      nothing: the reader has gone
-                     A connection may send several HINT frames, each answered; it is
-                     closed after REQUEST idle seconds without one (the client reconnects).
+                     A connection may send several HINT frames, each answered; closed after REQUEST idle seconds.
   Before the snapshot is ready: OPEN and INDEX (not an INDEX_POLL) are held (heartbeats), and answered when it
   is ready (OPEN: at most staging.resolve_timeout after it arrived, then PFS); INVALIDATE
   and HINT are answered at once and applied in order when the snapshot is ready (no copy
@@ -124,8 +123,7 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   mmap; counted once per descriptor), opens_stdio (of those, the ones a FILE reads: their
   bytes have no upper bound), mapped_bytes (the lengths mmap mapped from the slot's
   descriptors: page faults read at most that),
-  then EXTRA_WORDS of named counters (EXTRA_*).
-Slots: 0 = pfs, 1 = peer area, 2.. = tiers in configuration order.
+  then EXTRA_WORDS of named counters (EXTRA_*). Slots: 0 = pfs, 1 = peer area, 2.. = tiers in order.
 
 Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version INDEX_VERSION, 5).
 It appears only when the snapshot is ready (walked, kept copies checked): a process that
@@ -167,12 +165,12 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 9  # raised with every word added: a shim and a daemon of other versions never share one
+COUNTERS_VERSION = 10  # raised with every word added: a shim and a daemon of other versions never share one
 SLOT_FIELDS = ("opens", "bytes", "opens_uncounted", "opens_stdio", "mapped_bytes")  # a slot's words, in order
 MAX_SLOTS = 16
 HEADER_WORDS = 3
 SLOT_WORDS = len(SLOT_FIELDS)
-EXTRA_WORDS = 20
+EXTRA_WORDS = 21
 EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
 EXTRA_META_OFF = 2    # bit k (k < 63; bit 63: every root k >= 63): the job changed root k, its
@@ -189,7 +187,8 @@ EXTRA_EARLY_OPENS, EXTRA_EARLY_META = 9, 10  # ... the snapshot index was not re
 EXTRA_LOST_OPENS, EXTRA_LOST_META = 11, 12   # ... the daemon could not be reached or went silent
 EXTRA_BLOCK_LOCAL_BYTES, EXTRA_BLOCK_PFS_BYTES = 13, 14  # files staged by blocks: bytes read from the copy, the PFS
 EXTRA_BLOCK_OPENS, EXTRA_BLOCK_REMAPPED_BYTES = 15, 16   # ... their opens, bytes of mappings moved onto the copy
-EXTRA_BLOCK_FAULTS_HELD, EXTRA_BLOCK_FAULT_WAIT_NS, EXTRA_BLOCK_FAULTS_LATE = 17, 18, 19  # guarded maps: shim_guard.c
+# guarded maps (shim_guard.c): faults served from the copy, their wait, read from the PFS; served with pages (shim_pages.c)
+EXTRA_BLOCK_FAULTS_HELD, EXTRA_BLOCK_FAULT_WAIT_NS, EXTRA_BLOCK_FAULTS_LATE, EXTRA_BLOCK_FAULTS_PAGES = 17, 18, 19, 20
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
 SLOT_PFS = 0
@@ -225,8 +224,9 @@ VERB_REPORT = 4
 VERB_STOP = 5
 VERB_HINT = 6
 VERB_INDEX = 7
+VERB_PAGES, PAGES_MAX = 8, 64 << 10  # a guarded fault's pages of another owner's block (at most): the door's
 VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH",
-         VERB_REPORT: "REPORT", VERB_STOP: "STOP", VERB_HINT: "HINT", VERB_INDEX: "INDEX"}
+         VERB_REPORT: "REPORT", VERB_STOP: "STOP", VERB_HINT: "HINT", VERB_INDEX: "INDEX", VERB_PAGES: "PAGES"}
 
 INDEX_READY = 0             # INDEX answers: the index is written, map it
 INDEX_NONE = 1              # the snapshot failed: no index this job (read the PFS)
@@ -245,7 +245,7 @@ REPORT_FINAL = b"final"     # a REPORT body: the whole report, and this session 
 
 STATUS_PENDING = -2
 STATUS_ERROR = -1
-REQUEST_KEEP = 0x1         # OPEN request flag: keep the connection for the next OPEN if you can
+REQUEST_KEEP = 0x1         # OPEN and PAGES request flag: keep the connection for the next request if you can
 ANSWER_KEPT = 0x200         # OPEN answer flag: kept (only the C front door keeps one; Python closes)
 ANSWER_FD = 0x100           # OPEN answer flag: the copy comes as a descriptor (SCM_RIGHTS)
 ANSWER_BLOCKS = 0x400       # OPEN answer flag: staged by blocks (node/stage/blocks.py: its copy and map)
@@ -269,7 +269,7 @@ def encode_request(verb: int, body: bytes = b"") -> bytes:
 def decode_request_header(header: bytes) -> tuple[int, int]:
     """(verb, body length) of an 8-byte request header; ProtocolError if it is not one."""
     verb, flags, reserved, length = REQUEST_HEADER.unpack(header)
-    if verb not in VERBS or flags & ~REQUEST_KEEP or (flags and verb != VERB_OPEN) or reserved:
+    if verb not in VERBS or flags & ~REQUEST_KEEP or (flags and verb not in (VERB_OPEN, VERB_PAGES)) or reserved:
         raise ProtocolError(f"unknown request (verb {verb}, flags {flags}, reserved {reserved})")
     if length > MAX_REQUEST:
         raise ProtocolError(f"request body of {length} bytes exceeds {MAX_REQUEST}")

@@ -63,6 +63,7 @@ enum { ST_OK = 0, ST_HANDED_BACK = 1 };  /* a file's status in a reply */
 struct request_header { uint32_t tag; uint16_t n; uint16_t flags; };
 #define REQ_WAITED 1u                   /* flags: an application's open waits on this reply (poll_pace.h) */
 #define REQ_RANGE 2u                    /* flags: a span of one large file's staged blocks */
+#define REQ_PAGES 4u                    /* flags: ... a fault's pages, which it waits on (poll_pace.h) */
 struct request_item { uint64_t size; uint32_t len; uint32_t pad; };
 struct request_span { uint64_t offset, length; int64_t mtime_ns; };
 struct reply_header { uint32_t n; uint32_t pad; };
@@ -79,7 +80,9 @@ struct dp_request {                     /* one request of this node's, posted */
     char *req;                          /* the request: header, items, keys */
     int req_len, got;                   /* the request's length; the reply's */
     int why, posted;                    /* dp_post's: its answer so far (WAITING), its receive still posted */
-    int span;                           /* a span of a large file (dp_fetch_range): paced apart (poll_pace.h) */
+    int span;                           /* a span of a large file (dp_fetch_range), not a fault's pages: paced apart
+                                           (poll_pace.h) */
+    int pages;                          /* a fault's pages (dp_fetch_pages): looked at sooner */
     int64_t posted_ns, deadline;        /* dp_post's: when it was posted, when it is given up */
 };
 
@@ -190,7 +193,8 @@ static void answer_range(struct dp *d, int src, const struct request_header *rh,
     pthread_mutex_unlock(&d->mu);
 }
 
-/* Answer one request; 1 if an application's open waits on it (REQ_WAITED). */
+/* Answer one request; PACE_WAITED if an application's open waits on it (REQ_WAITED), PACE_PAGES if a
+ * fault does (REQ_PAGES). */
 static int answer(struct dp *d, int src, const char *msg, int count)
 {
     struct request_header rh;
@@ -199,7 +203,7 @@ static int answer(struct dp *d, int src, const char *msg, int count)
     const struct request_item *items = parse_request(msg, count, &rh, &span, &total);
     if (!items)
         return 0;                       /* not ours to answer: the requester's deadline does */
-    int waited = (rh.flags & REQ_WAITED) != 0;
+    int waited = ((rh.flags & REQ_WAITED) ? PACE_WAITED : 0) | ((rh.flags & REQ_PAGES) ? PACE_PAGES : 0);
     if (rh.flags & REQ_RANGE)
         return answer_range(d, src, &rh, items, &span, (const char *)(items + 1) + sizeof span), waited;
     size_t head = sizeof(struct reply_header) + rh.n * sizeof(struct reply_item);
@@ -230,7 +234,7 @@ static int answer(struct dp *d, int src, const char *msg, int count)
     return waited;
 }
 
-/* Answer the requests that came: how many; *waited set if an application's open waits on one. */
+/* Answer the requests that came: how many; *waited the PACE_* of those an open or a fault waits on. */
 static int take_requests(struct dp *d, int *waited)
 {
     int n = 0;
@@ -372,7 +376,7 @@ static void wait_answer(struct dp *d, struct dp_request *f, int64_t deadline, in
 {
     int64_t t0 = monarch_now_ns();
     int64_t rtt = __atomic_load_n(&d->rtt_ns, __ATOMIC_RELAXED);
-    int64_t poll = f->span ? SPAN_POLL_NS : pace_first_look(rtt);
+    int64_t poll = f->span ? SPAN_POLL_NS : f->pages ? pace_first_look_pages(rtt) : pace_first_look(rtt);
     int first = 1;
     while (!look(d, f, why, posted, t0)) {
         int stopped = __atomic_load_n(&d->stop, __ATOMIC_ACQUIRE);
@@ -383,8 +387,8 @@ static void wait_answer(struct dp *d, struct dp_request *f, int64_t deadline, in
         struct timespec ts = {0, (long)poll};
         nanosleep(&ts, NULL);
         __atomic_add_fetch(&d->waits, 1, __ATOMIC_RELAXED);
-        if (!f->span)
-            poll = pace_next_look(poll, rtt, first);  /* the round trip's bulk is waited: shorter looks from here */
+        if (!f->span)  /* the round trip's bulk is waited: shorter looks from here (a fault's: longer) */
+            poll = pace_next_look(poll, rtt, first && !f->pages);
         first = 0;
     }
 }
@@ -568,7 +572,7 @@ static int post_batch(struct dp *d, int owner, int n, const char *const *keys, c
     }
     f->owner = owner;
     f->n = n;
-    f->span = span != NULL;
+    f->span = span != NULL && span->length > SPAN_PAGES_MAX;
     f->req_len = (int)(head + keys_len);
     struct request_item *items = (struct request_item *)(f->req + sizeof(struct request_header));
     char *k = f->req + head;
@@ -685,17 +689,19 @@ EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys
     return why;
 }
 
-/* Fetch a span of large file ``key`` from node ``owner``'s staged blocks (datapath.h): one request,
- * one reply of the span's bytes, written into ``fd`` at ``offset``. Any thread, several at once. */
-EXPORT int64_t dp_fetch_range(struct dp *d, int owner, const char *key, int len, uint64_t size, int64_t mtime_ns,
-                              uint64_t offset, uint64_t length, int fd, int timeout_ms)
+/* A span of large file ``key`` from node ``owner``'s staged blocks: one request, one reply of the
+ * span's bytes, written into ``fd`` at ``offset``, or copied to ``dst`` (not NULL). */
+static int64_t fetch_span(struct dp *d, int owner, const char *key, int len, uint64_t size, int64_t mtime_ns,
+                          uint64_t offset, uint64_t length, int fd, char *dst, int timeout_ms)
 {
     short_sleeps();
     struct request_span span = {.offset = offset, .length = length, .mtime_ns = mtime_ns};
     struct dp_request *f;
-    int posted, why = post_batch(d, owner, 1, &key, &len, &size, &span, REQ_WAITED, &f, &posted);
+    int posted, why = post_batch(d, owner, 1, &key, &len, &size, &span, REQ_WAITED | (dst ? REQ_PAGES : 0), &f,
+                                 &posted);
     if (!f)
         return why;
+    f->pages = dst != NULL;
     if (why == WAITING)
         wait_answer(d, f, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &why, &posted);
     int kept = why;
@@ -707,6 +713,10 @@ EXPORT int64_t dp_fetch_range(struct dp *d, int owner, const char *key, int len,
     const char *at = NULL;
     int64_t result = DP_HANDED_BACK;
     reply_files(f, &length, &at, &result);
+    if (at && dst) {
+        memcpy(dst, at, length);
+        at = NULL;
+    }
     for (uint64_t put = 0; at && put < length;) {
         ssize_t w = pwrite(fd, at + put, length - put, (off_t)(offset + put));
         if (w < 0 && errno == EINTR)
@@ -725,6 +735,21 @@ EXPORT int64_t dp_fetch_range(struct dp *d, int owner, const char *key, int len,
         pthread_mutex_unlock(&d->mu);
     }
     return result;
+}
+
+/* Fetch a span of large file ``key`` from node ``owner``'s staged blocks (datapath.h): one request,
+ * one reply of the span's bytes, written into ``fd`` at ``offset``. Any thread, several at once. */
+EXPORT int64_t dp_fetch_range(struct dp *d, int owner, const char *key, int len, uint64_t size, int64_t mtime_ns,
+                              uint64_t offset, uint64_t length, int fd, int timeout_ms)
+{
+    return fetch_span(d, owner, key, len, size, mtime_ns, offset, length, fd, NULL, timeout_ms);
+}
+
+/* ... a few pages of it, copied to ``dst`` (a fault's: the front door's answer to a shim's PAGES) */
+EXPORT int64_t dp_fetch_pages(struct dp *d, int owner, const char *key, int len, uint64_t size, int64_t mtime_ns,
+                              uint64_t offset, uint64_t length, char *dst, int timeout_ms)
+{
+    return fetch_span(d, owner, key, len, size, mtime_ns, offset, length, -1, dst, timeout_ms);
 }
 
 /* A request of ``n`` files to node ``owner`` (as dp_fetch_many's) posted, not waited for: a

@@ -63,6 +63,7 @@ _PROTOTYPES = {
     "dp_forget": (None, [_vp, _cp, _i]),
     "dp_blocks": (None, [_vp, _cp, _i, _i]),
     "dp_fetch_range": (_i64, [_vp, _i, _cp, _i, _u64, _i64, _u64, _u64, _i, _i]),
+    "dp_fetch_pages": (_i64, [_vp, _i, _cp, _i, _u64, _i64, _u64, _u64, _cp, _i]),
     "dp_lost": (None, [_vp, _i]),
     "dp_counts": (None, [_vp, ctypes.POINTER(Counts)]),
     "dp_stop": (None, [_vp]),
@@ -222,6 +223,11 @@ class DataPath:
         keeps many owners' requests in flight at once from one thread)."""
         return tuple(ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value
                      for name in ("dp_post", "dp_test", "dp_take"))
+
+    def fetch_pages_function(self) -> tuple[int, int]:
+        """(address of dp_fetch_pages, this path's handle): for the front door to answer a shim's
+        PAGES from the block's owner itself (front_door_ranges)."""
+        return ctypes.cast(self._lib.dp_fetch_pages, ctypes.c_void_p).value, self._dp
 
     def fetch_function(self) -> tuple[int, int, int]:
         """(address of dp_fetch, of dp_staged, this path's handle): for the front door to fetch

@@ -128,6 +128,7 @@ _PROTOTYPES = {
     "front_door_lease": (_i64, [_vp, _i]),
     "front_door_counts": (None, [_vp, ctypes.POINTER(DoorCounts)]),
     "front_door_peers": (_i, [_vp, _vp, _vp, _vp, _vp, ctypes.c_uint32, _i, _i, _i, _i64, _vp, _vp, _vp, _vp]),
+    "front_door_pages": (_i, [_vp, _vp, _vp, _i, _i]),
     "front_door_own_only": (None, [_vp, _i]),
     "front_door_copy_to": (_i64, [_vp, _i, _i64]),
     "front_door_peer_copying": (None, [_vp, _i]),
@@ -333,6 +334,13 @@ class FrontDoor:
         if ok:
             self._owners = owners  # the door reads it: kept alive with the door
         return ok
+
+    def pages(self, fetch_pages: int | None, datapath: int | None, self_node: int, timeout: float) -> bool:
+        """A cluster's: a shim's PAGES (a guarded fault's pages of another owner's block) fetched with
+        the C function ``fetch_pages`` (datapath.c's dp_fetch_pages, on ``datapath``) from that
+        owner, waiting ``timeout`` at most; None: refused (the shim reads the PFS)."""
+        return self._lib.front_door_pages(self._door, fetch_pages, datapath, self_node,
+                                           max(1, int(timeout * 1000))) == 0
 
     def own_only(self, on: bool) -> None:
         """A sharded node's door: it copies this node's own files only (none before ``peers``

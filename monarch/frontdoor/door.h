@@ -21,6 +21,7 @@
 #include "door_copiers.h"
 #include "door_loop.h"
 #include "door_peer_lane.h"
+#include "door_pages.h"
 
 #define MAX_ROOTS 64
 #define CORE_WORKERS 4                 /* threads, one per core up to this: the copies are kernel time */
@@ -86,6 +87,7 @@ struct door {
     struct door_copiers copiers;       /* door_copiers.h */
     struct door_ahead ahead;           /* door_copiers.h */
     struct door_peer peer;             /* door_peer.h */
+    struct door_pages pages;           /* door_pages.h */
     struct peer_ahead *pa;             /* door_peer_ahead.h: made with its first order, or NULL */
     /* the counters every worker adds to without the lock: on cache lines of their own, away from it */
     struct door_counters count __attribute__((aligned(64)));

@@ -325,6 +325,17 @@ EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offs
     return 0;
 }
 
+/* A cluster's: a shim's PAGES answered with ``fetch_pages`` on ``dp`` (NULL: refused). 0. */
+EXPORT int front_door_pages(struct door *d, dp_fetch_pages_fn *fetch_pages, struct dp *dp, int self_node,
+                             int timeout_ms)
+{
+    pthread_mutex_lock(&d->mu);
+    d->pages = (struct door_pages){.fetch_pages = fetch_pages, .dp = fetch_pages ? dp : NULL,
+                                   .self_node = self_node, .timeout_ms = timeout_ms > 0 ? timeout_ms : 1};
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
 /* A sharded node's door (``on``): it copies only this node's own files, none before the peer
  * lane tells it who owns which (front_door_peers). */
 EXPORT void front_door_own_only(struct door *d, int on)

@@ -3,7 +3,6 @@
  * read, serve). */
 #include "door_loop.h"
 
-enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL, F_HINT_PROGRESS };  /* what a request's bytes are (frame_state) */
 
 /* Why the door may not copy a miss of ``key`` itself (an R_*: the connection goes to Python),
  * or -1: it may, ``*f`` is its file and ``*e`` its new entry. ``*e``: the key's entry, if the
@@ -121,7 +120,7 @@ static int progress_state(const char *buf, uint32_t got)
 }
 
 /* What ``got`` bytes of a request are: not all there yet, a whole OPEN, an INDEX poll, a HINT
- * PROGRESS (alone: several at once go to Python), or anything else. */
+ * PROGRESS (alone: several at once go to Python), a whole PAGES, or anything else. */
 static int frame_state(const char *buf, uint32_t got)
 {
     if (got < MONARCH_REQUEST_HEADER_SIZE)
@@ -135,6 +134,8 @@ static int frame_state(const char *buf, uint32_t got)
                  && !memcmp(buf + MONARCH_REQUEST_HEADER_SIZE, poll_body, length) ? F_INDEX_POLL : F_ODD;
     if ((unsigned char)buf[0] == MONARCH_VERB_HINT && length == MONARCH_HINT_PROGRESS_BODY)
         return progress_state(buf, got);
+    if ((unsigned char)buf[0] == MONARCH_VERB_PAGES)
+        return pages_frame(buf, got, length);
     if ((unsigned char)buf[0] != MONARCH_VERB_OPEN || ((unsigned char)buf[1] & ~MONARCH_REQUEST_KEEP) || buf[2] || buf[3] || length == 0 ||
         length > MONARCH_MAX_REQUEST || got > MONARCH_REQUEST_HEADER_SIZE + length)
         return F_ODD;
@@ -153,6 +154,10 @@ static void serve(struct worker *w, int fd, const char *buf, uint32_t got, int s
     }
     if (state == F_HINT_PROGRESS && peer_progress_frames(w->d, fd, buf, got))
         return;
+    if (state == F_PAGES) {
+        serve_pages(w, fd, buf, got);
+        return;
+    }
     int why = state == F_OPEN && valid_key(key, klen) ? try_open(w, fd, buf, got, key, klen) : R_OTHER;
     if (why >= 0)
         hand_over(w->d, fd, buf, got, why);

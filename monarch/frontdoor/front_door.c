@@ -162,4 +162,5 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long ns)
 #include "door_peer_lane.c"
 #include "door_copiers.c"
 #include "door_loop.c"
+#include "door_pages.c"
 #include "door_api.c"

@@ -167,6 +167,10 @@ EXPORT int64_t front_door_lease(struct door *d, int q);
 EXPORT int front_door_peers(struct door *d, dp_fetch_fn *fetch, dp_staged_fn *offer, struct dp *dp, const int16_t *owners,
                             uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
                             dp_fetch_many_fn *fetch_many, dp_post_fn *post, dp_test_fn *test, dp_take_fn *take);
+/* a cluster's: a shim's PAGES (a guarded fault's pages of another owner's block) fetched with
+ * ``fetch_pages`` (the data path's dp_fetch_pages, on ``dp``) from the owner it names; NULL: refused */
+EXPORT int front_door_pages(struct door *d, dp_fetch_pages_fn *fetch_pages, struct dp *dp, int self_node,
+                             int timeout_ms);
 EXPORT void front_door_own_only(struct door *d, int on);
 EXPORT void front_door_peer_copying(struct door *d, int on);
 EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offset);

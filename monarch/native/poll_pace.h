@@ -22,6 +22,12 @@
  * waits milliseconds per open. The bound lasts 2 ms, not HOT_NS: a waiting reader asks again
  * sooner, and a longer bound makes a hinted epoch's few transparent misses keep the owner's
  * thread awake (docs/performance.md, "What the constants rest on").
+ *
+ * A fault's pages (PACE_PAGES: a mapping's thread stopped on them, its round trip the job's time,
+ * and a PFS page's the alternative) are looked at tighter on both sides: the owner sleeps at most
+ * PAGES_IDLE_MAX_NS for WAITED_HOT_NS after one, and the requester looks first at a quarter of
+ * the round trip, then twice as late each time (more wake-ups, for a reader that would otherwise
+ * read its page from the PFS).
  */
 #ifndef MONARCH_POLL_PACE_H
 #define MONARCH_POLL_PACE_H
@@ -36,8 +42,12 @@
 #define HOT_IDLE_MAX_NS 200000LL        /* its sleeps stop doubling here (a reader's next request is near) */
 #define WAITED_IDLE_MAX_NS 200000LL     /* within WAITED_HOT_NS of a request an open waits on, never pass this */
 #define WAITED_HOT_NS 2000000LL         /* (a reader waiting on its answers asks again sooner than this) */
+#define PAGES_IDLE_MAX_NS 30000LL       /* ... and of a fault's pages, this */
+#define PACE_WAITED 1                   /* what a request asks of the owner's pace: an open waits on it, */
+#define PACE_PAGES 2                    /* ... a fault waits on it */
 #define SPAN_POLL_NS 1000000LL          /* a span's requester looks every 1 ms: its megabytes take 10 ms and more
                                          * to come, and a block stager has several waiting at once */
+#define SPAN_PAGES_MAX (256 << 10)      /* ... but a span this small (a fault's pages) is looked at as a file's answer */
 
 static inline int64_t pace_clamp(int64_t v, int64_t lo, int64_t hi)
 {
@@ -49,6 +59,12 @@ static inline int64_t pace_clamp(int64_t v, int64_t lo, int64_t hi)
 static inline int64_t pace_first_look(int64_t rtt)
 {
     return pace_clamp(rtt * 3 / 4, POLL_MIN_NS, POLL_MAX_NS);
+}
+
+/* ... for a fault's pages */
+static inline int64_t pace_first_look_pages(int64_t rtt)
+{
+    return pace_clamp(rtt / 4, POLL_MIN_NS, POLL_MAX_NS);
 }
 
 /* The sleep after the one of ``slept`` ns found no answer (``first``: that was the first). */
@@ -68,17 +84,26 @@ struct owner_pace {
     int64_t idle;                       /* the next sleep */
     int64_t worked, last, gap;          /* the last work, the last request, between requests (weight 1/8) */
     int64_t waited_at;                  /* the last request an open waited on */
+    int64_t pages_at;                   /* the last a fault waited on */
 };
 
 static inline void owner_pace_init(struct owner_pace *p)
 {
     p->idle = IDLE_MIN_NS;
     p->worked = p->last = p->gap = 0;
-    p->waited_at = -WAITED_HOT_NS;
+    p->waited_at = p->pages_at = -WAITED_HOT_NS;
 }
 
-/* Work done at ``now``: ``took`` requests answered (``waited``: one an open waits on), or other
- * work (sends reaped). The next sleep is p->idle. */
+/* The longest an owner's sleep may be at ``now`` while requests waited on bound it (else 0). */
+static inline int64_t owner_pace_bound(const struct owner_pace *p, int64_t now)
+{
+    return now - p->pages_at < WAITED_HOT_NS    ? PAGES_IDLE_MAX_NS
+           : now - p->waited_at < WAITED_HOT_NS ? WAITED_IDLE_MAX_NS
+                                                : 0;
+}
+
+/* Work done at ``now``: ``took`` requests answered (``waited``: PACE_* of those: one an open or a
+ * fault waits on), or other work (sends reaped). The next sleep is p->idle. */
 static inline void owner_pace_worked(struct owner_pace *p, int64_t now, int took, int waited)
 {
     p->worked = now;
@@ -87,17 +112,22 @@ static inline void owner_pace_worked(struct owner_pace *p, int64_t now, int took
         p->gap = p->gap ? p->gap + (g - p->gap) / 8 : g;
         p->last = now;
     }
-    if (waited)
+    if (waited & PACE_WAITED)
         p->waited_at = now;
-    p->idle = pace_clamp(p->gap / 2, IDLE_MIN_NS, now - p->waited_at < WAITED_HOT_NS ? WAITED_IDLE_MAX_NS : IDLE_MAX_NS);
+    if (waited & PACE_PAGES)
+        p->pages_at = now;
+    int64_t bound = owner_pace_bound(p, now);
+    p->idle = !bound ? pace_clamp(p->gap / 2, IDLE_MIN_NS, IDLE_MAX_NS)
+                     : pace_clamp(p->gap / 2, bound < IDLE_MIN_NS ? bound : IDLE_MIN_NS, bound);
 }
 
 /* A sleep ended at ``now`` with nothing to do: the next one, p->idle. */
 static inline void owner_pace_slept(struct owner_pace *p, int64_t now)
 {
-    int64_t cap = now - p->waited_at < WAITED_HOT_NS ? WAITED_IDLE_MAX_NS
-                  : now - p->worked < HOT_NS  ? pace_clamp(p->gap, HOT_IDLE_MAX_NS, IDLE_MAX_NS)
-                                              : IDLE_MAX_NS;
+    int64_t bound = owner_pace_bound(p, now);
+    int64_t cap = bound                      ? bound
+                  : now - p->worked < HOT_NS ? pace_clamp(p->gap, HOT_IDLE_MAX_NS, IDLE_MAX_NS)
+                                             : IDLE_MAX_NS;
     p->idle = pace_clamp(p->idle * 2, 0, p->idle > cap ? p->idle : cap);
 }
 

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 # at close, copies under way stop at their next read (a chunk, a range: well under this);
 # one that does not (a PFS read that never returns) is not waited for beyond it
 CLOSE_DRAIN_SECONDS = 30.0
+PAGES_TIMEOUT = 0.05  # a shim's PAGES fetch from the block's owner, at most (the shim waits 0.1 s, then reads the PFS)
 
 
 class NodeDaemon:
@@ -165,6 +166,9 @@ class NodeDaemon:
         with self.gate.lock:  # the stager swapped in when the walk ends is linked there
             self._door_keeper = keeper
             keeper.relink_locked()
+        datapath = self.role.cluster.datapath if self.role is not None else None
+        if datapath is not None:  # a guarded fault's pages of another owner's block, fetched by the door
+            keeper.front_door.pages(*datapath.fetch_pages_function(), self.role.node, PAGES_TIMEOUT)
         self.open_front_door()  # a snapshot ready already (made in the foreground)
         self.read_ahead.door_started()  # the small files the stager has not taken yet: the door's lane
         return keeper.front_door

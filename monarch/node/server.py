@@ -127,7 +127,8 @@ class NodeServer:
         self._handlers: dict[int, Callable[[_Conn, bytes], None]] = {
             protocol.VERB_OPEN: self._open, protocol.VERB_INVALIDATE: self._invalidate,
             protocol.VERB_HINT: self._hint, protocol.VERB_INDEX: self._index,
-            protocol.VERB_ATTACH: self._attach, protocol.VERB_REPORT: self._report, protocol.VERB_STOP: self._stop_asked}
+            protocol.VERB_ATTACH: self._attach, protocol.VERB_REPORT: self._report, protocol.VERB_STOP: self._stop_asked,
+            protocol.VERB_PAGES: self._pages}
         daemon.gate.when_settled(self._snapshot_settled)
 
     # -- the loop -----------------------------------------------------------------------
@@ -265,6 +266,12 @@ class NodeServer:
         conn.answer_by = now + resolve_timeout
         # no thread waits for the copy: its end answers
         self.daemon.resolver.resolve_async(key, lambda answer, outcome, c=conn: self._resolved(c, answer, outcome))
+
+    def _pages(self, conn: _Conn, body: bytes) -> None:
+        """Another owner's pages for a guarded fault: the front door's alone (the C data path),
+        never Python's (a page's round trip through it would cost more than the PFS's): not
+        served, the shim reads the PFS."""
+        self._answer(conn, protocol.encode_answer(protocol.STATUS_ERROR, b"pages are the front door's"), close=True)
 
     def _invalidate(self, conn: _Conn, body: bytes) -> None:
         key = self._key(conn, body)

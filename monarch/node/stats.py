@@ -46,7 +46,8 @@ def shim_counters(counters_path: str, slot_names: dict[int, str], roots: int) ->
                         "remapped_bytes": counters[protocol.EXTRA_BLOCK_REMAPPED_BYTES],
                         "faults_held": counters[protocol.EXTRA_BLOCK_FAULTS_HELD],
                         "fault_wait_ns": counters[protocol.EXTRA_BLOCK_FAULT_WAIT_NS],
-                        "faults_late": counters[protocol.EXTRA_BLOCK_FAULTS_LATE]},
+                        "faults_late": counters[protocol.EXTRA_BLOCK_FAULTS_LATE],
+                        "faults_pages": counters[protocol.EXTRA_BLOCK_FAULTS_PAGES]},
         "processes_with_shim": counters[protocol.EXTRA_PROCESSES],
     }
 

@@ -68,6 +68,7 @@ class BlockReads(TypedDict):
     faults_held: int      # a cluster's mappings: faults that waited for their block from its owner (shim_guard.c)
     fault_wait_ns: int    # ... the time they waited
     faults_late: int      # ... faults read from the PFS, their block not here in time (a page, or the block's pages)
+    faults_pages: int     # ... random faults on another owner's block served with its pages from it (shim_pages.c)
 
 
 class Dataset(TypedDict):

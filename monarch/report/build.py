@@ -103,7 +103,8 @@ BLOCK_FIGURES = ("files", "whole_files", "partly_staged_files", "partly_staged_b
                  # a cluster's: another owner's blocks from it, those read from the PFS when it could not send them,
                  # those that left a window for others (a file larger than the room)
                  "blocks_from_peers", "bytes_from_peers", "blocks_peer_failed", "blocks_left_window")
-BLOCK_READS = ("opens", "local_bytes", "pfs_bytes", "remapped_bytes", "faults_held", "fault_wait_ns", "faults_late")
+BLOCK_READS = ("opens", "local_bytes", "pfs_bytes", "remapped_bytes", "faults_held", "fault_wait_ns", "faults_late",
+               "faults_pages")
 
 
 def _blocks_over_nodes(alive: list[NodeStats]) -> dict | None:

@@ -352,8 +352,9 @@ def block_lines(blocks: dict | None) -> list[str]:
         out.append(f"{'':<12}{plural(r['opens'], 'open')} while staging: {human(r['local_bytes'])} read from staged "
                    f"blocks, {human(r['pfs_bytes'])} from the PFS; {human(r['remapped_bytes'])} of mappings moved "
                    "onto the copies\n")
-    if r.get("faults_held") or r.get("faults_late"):
+    if r.get("faults_held") or r.get("faults_late") or r.get("faults_pages"):
         out.append(f"{'':<12}mapping faults that waited for their block from its owner: {r['faults_held']:,} "
-                   f"({r['fault_wait_ns'] / 1e9:.2f} s in all); read from the PFS, their block not here in time: "
+                   f"({r['fault_wait_ns'] / 1e9:.2f} s in all); served with their pages from it: "
+                   f"{r.get('faults_pages', 0):,}; read from the PFS, their block not here in time: "
                    f"{r['faults_late']:,}\n")
     return out

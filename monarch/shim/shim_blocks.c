@@ -82,6 +82,7 @@ static void monarch_part_unref_locked(unsigned p)
         real_close(pt->copy_fd);
     }
     MONARCH_RESOLVE(munmap)(pt->hdr, pt->map_len); /* the shim's own mapping: never registered */
+    free(pt->key);
     memset(pt, 0, sizeof *pt);
 }
 
@@ -121,7 +122,7 @@ static unsigned monarch_part_load(unsigned slot, const char *key, size_t kl, uin
     if (h->magic != MONARCH_BLOCKMAP_MAGIC || h->version != MONARCH_BLOCKMAP_VERSION || h->block_shift < 12
         || h->block_shift > 30 || h->size != e.size || h->mtime_ns != e.mtime_ns
         || h->blocks != (h->size + (1ULL << h->block_shift) - 1) >> h->block_shift
-        || h->blocks != len - MONARCH_BLOCKMAP_HEADER_SIZE)
+        || len != MONARCH_BLOCKMAP_SIZE(h->blocks))
         goto bad;
     copy_fd = MONARCH_RESOLVE(openat)(AT_FDCWD, copy, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (copy_fd < 0 || monarch_sys_fstat(copy_fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid()
@@ -136,7 +137,11 @@ static unsigned monarch_part_load(unsigned slot, const char *key, size_t kl, uin
         *pt = (struct monarch_part){.refs = 1, .copy_fd = copy_fd, .slot = slot, .shift = h->block_shift,
                                     .size = h->size, .blocks = h->blocks, .copy_dev = st.st_dev,
                                     .copy_ino = st.st_ino, .hdr = h,
-                                    .states = (uint8_t *)m + MONARCH_BLOCKMAP_HEADER_SIZE, .map_len = len};
+                                    .states = (uint8_t *)m + MONARCH_BLOCKMAP_HEADER_SIZE, .map_len = len,
+                                    .owners = (const int16_t *)((char *)m + MONARCH_BLOCKMAP_OWNERS_AT(h->blocks)),
+                                    .key = malloc(kl), .key_len = kl};
+        if (pt->key)
+            memcpy(pt->key, key, kl);
         if ((unsigned)copy_fd < MONARCH_MAX_FDS)
             __atomic_store_n(&monarch_copy_fd_part[copy_fd], (uint16_t)(i + 1), __ATOMIC_RELAXED);
         MONARCH_PARTS_UNLOCK(held_);

@@ -18,6 +18,9 @@ struct monarch_part {
     ino_t copy_ino;
     struct monarch_blockmap_header *hdr; /* the map: header, then the state bytes */
     uint8_t *states;
+    const int16_t *owners;    /* ... then each block's owner (a cluster's; -1: none to ask) */
+    char *key;                /* its key (the daemon's name for it: PAGES requests), malloc'd */
+    size_t key_len;
     size_t map_len;
     uint64_t next, run;       /* where its last read ended; the bytes read in order up to there */
     int unguarded;            /* its mappings are guarded no more: they read the PFS (shim_guard.c) */

@@ -122,6 +122,14 @@ static void monarch_conn_thread_exit(void *unused)
     (void)unused;
     if (monarch_conn_fd >= 0 && monarch_conn_pid == getpid())
         monarch_conn_drop();
+    monarch_pages_thread_exit();
+}
+
+/* This thread's exit closes its connections (monarch_conn_thread_exit): said once it keeps one. */
+static void monarch_conn_close_at_exit(void)
+{
+    if (monarch_conn_key_ok)
+        pthread_setspecific(monarch_conn_key, (void *)1);
 }
 
 /* At start-up (monarch_init): the key whose destructor closes an exiting thread's connection. */

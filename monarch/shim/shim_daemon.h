@@ -18,5 +18,11 @@ static int monarch_answer_allowed(const char *path);
 static int monarch_index_settle(void);
 static inline int monarch_index_pending_extra(int s);
 static void monarch_daemon_atfork_child(void);  /* shim_fork.c's child handler: the kept connection dropped */
+/* the pieces of one exchange, for shim_pages.c's own (a fault's PAGES, on its thread's connection) */
+static long monarch_now_ms(void);
+static int monarch_connect(int tmo);
+static int monarch_recv_exact(int s, void *buf, size_t n, long deadline, int *fdp);
+static uint32_t monarch_le32(const unsigned char *p);
+static void monarch_conn_close_at_exit(void);
 
 #endif /* MONARCH_SHIM_DAEMON_H */

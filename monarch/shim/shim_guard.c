@@ -338,6 +338,7 @@ static inline uint64_t monarch_guard_now_ns(void)
 static int monarch_guard_serve(uintptr_t a)
 {
     uint64_t t0 = 0, step_us = 50;
+    int pages_tried = 0;
     for (;;) {
         sigset_t maps_held_;
         MONARCH_MAPS_LOCK(maps_held_);
@@ -400,6 +401,15 @@ static int monarch_guard_serve(uintptr_t a)
         } else if (!__atomic_load_n(&pt->hdr->done, __ATOMIC_ACQUIRE) && pt->copy_fd >= 0 && !pt->unguarded) {
             if (now == t0)
                 monarch_guard_want_locked(m, pt, b, a); /* (once per fault: it tells the reader's order) */
+            if (m->fault_run < 2 && !pages_tried && monarch_pages_may_locked(m, pt, b)) {
+                /* a window's random fault on another owner's block: its pages from that owner
+                 * (shim_pages.c), else as below */
+                MONARCH_MAPS_UNLOCK(maps_held_);
+                if (monarch_pages_serve(a))
+                    return 1;
+                pages_tried = 1;
+                continue;
+            }
             if (m->fault_run < 2 && __atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE)
                 && pt->pages_read + monarch_guard_page > pt->size / MONARCH_GUARD_PFS_SHARE) {
                 /* a window's random fault, past the pages it may read from the PFS while its block

@@ -16,6 +16,10 @@ static void monarch_guard_clear(struct monarch_mapping *m, uint64_t b);
 static void monarch_guard_mapping_locked(struct monarch_mapping *m, struct monarch_part *pt);
 static void monarch_guard_lift_locked(struct monarch_mapping *m, uint64_t b, uint64_t e);
 static void monarch_guard_lift_all_locked(struct monarch_mapping *m);
+/* the bytes of blocks [b, e] that m covers; the page size (shim_pages.c's runs) */
+static void monarch_guard_span(struct monarch_mapping *m, struct monarch_part *pt, uint64_t b, uint64_t e,
+                               void **at, size_t *len);
+static size_t monarch_guard_page;
 /* a window's mapping (the map's window): the application's descriptor kept to guard its copied
  * blocks again (monarch_part_mapped), and forgotten when the application closes that number */
 static void monarch_guard_keep_fd_locked(struct monarch_mapping *m, struct monarch_part *pt, int fd);

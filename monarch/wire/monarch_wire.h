@@ -19,9 +19,9 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 9 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
+#define MONARCH_COUNTERS_VERSION 10 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
                                      7: a slot's opens_stdio and mapped_bytes; 8: EXTRA_BLOCK_*;
-                                     9: EXTRA_BLOCK_FAULT* */
+                                     9: EXTRA_BLOCK_FAULT*; 10: EXTRA_BLOCK_FAULTS_PAGES */
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 /* per slot: opens; bytes read (read, pread, readv ..., fread); opens_uncounted (once per descriptor
@@ -29,7 +29,7 @@
  * (a FILE: stdio's own reads have no bound); mapped_bytes (the lengths mmap mapped: at most what
  * page faults read) */
 #define MONARCH_SLOT_WORDS 5
-#define MONARCH_EXTRA_WORDS 20
+#define MONARCH_EXTRA_WORDS 21
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
 #define MONARCH_SLOT_PFS 0
 #define MONARCH_SLOT_PEER 1
@@ -66,6 +66,9 @@
 #define MONARCH_EXTRA_BLOCK_FAULTS_HELD 17
 #define MONARCH_EXTRA_BLOCK_FAULT_WAIT_NS 18
 #define MONARCH_EXTRA_BLOCK_FAULTS_LATE 19
+/* shim_pages.c: faults on a guarded block of another owner served with its pages, fetched from that
+ * owner's copy through the daemon (VERB_PAGES), not read from the PFS */
+#define MONARCH_EXTRA_BLOCK_FAULTS_PAGES 20
 
 /* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
 #define MONARCH_VERB_OPEN 1
@@ -75,6 +78,11 @@
 #define MONARCH_VERB_STOP 5
 #define MONARCH_VERB_HINT 6
 #define MONARCH_VERB_INDEX 7
+/* PAGES body: struct monarch_pages_request, then the key. Answered by the front door from the
+ * block's owner (the C data path): status the bytes' count, the body the bytes; any other status
+ * (or the Python server's refusal): not served, the shim reads the PFS. May ask REQUEST_KEEP. */
+#define MONARCH_VERB_PAGES 8
+#define MONARCH_PAGES_MAX (64 << 10) /* bytes one PAGES request asks for, at most */
 /* HINT body: u8 op, u64 stream, then the op's own; PROGRESS's is one u64 (positions consumed).
  * A connection whose first request is a PROGRESS of the order the front door's peer lane
  * follows is answered by the door itself, and kept (monarch.hints sends them on their own) */
@@ -166,8 +174,12 @@ static inline int monarch_route_fits(enum monarch_route route, uint64_t size)
 #define MONARCH_BLOCKS_DIR ".blocks"
 #define MONARCH_BLOCKMAP_DIR ".blockmap"
 #define MONARCH_BLOCKMAP_MAGIC 0x50414D4B434F4C42ULL /* "BLOCKMAP" */
-#define MONARCH_BLOCKMAP_VERSION 7
+#define MONARCH_BLOCKMAP_VERSION 8
 #define MONARCH_BLOCKMAP_HEADER_SIZE 96
+/* after the state bytes, padded to 8: each block's owner, an int16 (a cluster's; -1: none to ask,
+ * this node's own or alone), so a shim asks for another owner's pages by name (VERB_PAGES) */
+#define MONARCH_BLOCKMAP_OWNERS_AT(blocks) (MONARCH_BLOCKMAP_HEADER_SIZE + (((blocks) + 7) & ~(uint64_t)7))
+#define MONARCH_BLOCKMAP_SIZE(blocks) (MONARCH_BLOCKMAP_OWNERS_AT(blocks) + 2 * (uint64_t)(blocks))
 #define MONARCH_RECORDS_YES 1 /* the map's records */
 #define MONARCH_RECORDS_NO 2
 #define MONARCH_BLOCK_ABSENT 0
@@ -203,6 +215,16 @@ struct monarch_blockmap_header {
                                     * faults read around (unless the application advised the mapping itself),
                                     * and the read-ahead yields the link to them until it is done;
                                     * MONARCH_RECORDS_NO, it reads pages or in order */
+};
+
+/* VERB_PAGES's body (the key follows): bytes [offset, offset + length) of the large file of that key,
+ * of this size and mtime (the map's), from node owner's staged blocks */
+struct monarch_pages_request {
+    uint64_t size;
+    int64_t mtime_ns;
+    uint64_t offset;
+    uint32_t length;
+    int32_t owner;
 };
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */
@@ -252,6 +274,7 @@ static inline int monarch_index_routes(uint32_t flags, enum monarch_route route)
 }
 
 _Static_assert(sizeof(struct monarch_blockmap_header) == MONARCH_BLOCKMAP_HEADER_SIZE, "block map header layout");
+_Static_assert(sizeof(struct monarch_pages_request) == 32, "pages request layout");
 _Static_assert(sizeof(struct monarch_index_header) == MONARCH_INDEX_HEADER_SIZE, "index header layout");
 _Static_assert(sizeof(struct monarch_index_entry) == MONARCH_INDEX_ENTRY_SIZE, "index entry layout");
 _Static_assert(sizeof(struct monarch_index_child) == MONARCH_INDEX_CHILD_SIZE, "index child layout");

@@ -38,8 +38,8 @@ def block_map():
         return None, None
     with open(found[0], "rb") as f:
         raw = f.read()
-    done = struct.unpack_from("<Q", raw, DONE_OFFSET)[0]
-    return raw[HEADER_SIZE:], done
+    done, blocks = struct.unpack_from("<Q", raw, DONE_OFFSET)[0], struct.unpack_from("<Q", raw, 32)[0]
+    return raw[HEADER_SIZE:HEADER_SIZE + blocks], done  # (the states: the owners follow them)
 
 def staged():
     states, _ = block_map()

@@ -1,7 +1,9 @@
 """A large file's reader for the cluster tests: reads it whole ``--passes`` times (``pread`` in
 1 MiB calls; through one read-only mapping, in order, or in 64 KiB windows in a random order
 put back in place; ``--one-mapping``: one mapping for every pass), checks every pass's digest against the expected one, and prints one JSON
-line: the seconds to its first byte and to each pass's end."""
+line: the seconds to its first byte and to each pass's end. ``mmap-windows``: ``--windows`` random
+4 KiB windows at any offset through one mapping (a token reader's), each checked against the test
+data's bytes (``make_large``'s), as a pass."""
 
 import argparse
 import hashlib
@@ -14,13 +16,16 @@ import time
 
 CALL = 1 << 20
 WINDOW = 64 << 10
+TOKENS = 4 << 10  # a window of mmap-windows
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("path")
     p.add_argument("--sha256", required=True)
-    p.add_argument("--mode", choices=["pread", "mmap", "mmap-random"], default="pread")
+    p.add_argument("--mode", choices=["pread", "mmap", "mmap-random", "mmap-windows"], default="pread")
+    p.add_argument("--windows", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--passes", type=int, default=1)
     p.add_argument("--one-mapping", action="store_true")
     args = p.parse_args()
@@ -32,6 +37,18 @@ def main() -> int:
     kept = mmap.mmap(fd, size, prot=mmap.PROT_READ) if args.one_mapping else None
     for _ in range(args.passes):
         h = hashlib.sha256()
+        if args.mode == "mmap-windows":
+            data = hashlib.shake_256(b"monarch").digest(size)  # the test's bytes (make_large)
+            rng = random.Random(args.seed + int(os.environ.get("MONARCH_NODE", "0")))  # each node its own
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+                for _ in range(args.windows):
+                    off = rng.randrange(size - TOKENS)
+                    if m[off:off + TOKENS] != data[off:off + TOKENS]:
+                        print(f"wrong bytes in the window at {off}", file=sys.stderr)
+                        return 1
+                    first = first if first is not None else time.monotonic() - t0
+            ends.append(time.monotonic() - t0)
+            continue
         if args.mode == "pread":
             for off in range(0, size, CALL):
                 data = os.pread(fd, CALL, off)

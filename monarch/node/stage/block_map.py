@@ -3,7 +3,8 @@ one file being staged (``BlockFile``: its copy, its map, which block to read nex
 job finds of them in a shared set, and publishing a copy over another.
 
 ``<tier>/.blocks/<key>`` is the copy (the source's size, blocks filled in any order);
-``<tier>/.blockmap/<key>`` its map: ``BLOCKMAP_HEADER``, then a state byte per block. The job
+``<tier>/.blockmap/<key>`` its map: ``BLOCKMAP_HEADER``, a state byte per block, then (from
+``owners_at``) each block's owner in a cluster, for the shim to ask for its pages. The job
 staging a copy holds an ``flock`` on it (``blocks.BlockFile.create``) until it lets go of it,
 so another job tells a copy being staged from one whose job is gone.
 """
@@ -33,9 +34,10 @@ __all__ = ["BLOCK", "BLOCK_SHIFT", "BLOCKMAP_HEADER", "BlockFile", "copy_state",
 # The copy and its map, as the shim reads them (monarch/wire/monarch_wire.h: MONARCH_BLOCK*,
 # struct monarch_blockmap_header; tests/unit/test_wire.py holds the two together).
 # BLOCKS_DIR, BLOCKMAP_DIR (node/tiers/tiers.py): the copy, the source's size, blocks in any order;
-# its map: BLOCKMAP_HEADER, then a state byte per block
+# its map: BLOCKMAP_HEADER, then a state byte per block, padded to 8, then an int16 per block: its owner
+# (a cluster's; -1: none to ask, this node's own or alone)
 BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
-BLOCKMAP_VERSION = 7
+BLOCKMAP_VERSION = 8
 # magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill, wait_us, window, evictions, records
 BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQQQQ")
 BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
@@ -59,6 +61,18 @@ BLOCK_LENT = 6  # a cluster's file larger than the room: another owner's block, 
 WINDOW_AHEAD = 16  # blocks wanted past a window's reader going in order (as the shim's guards want)
 WINDOW_MIN = 2 * WINDOW_AHEAD  # blocks of room beside a node's own ranges for a window: the blocks ahead and
 # those under way (a run is 8) with room to spare
+OWNER_NONE = -1
+
+
+def owners_at(blocks: int) -> int:
+    """Where a map's owners start: after its header and state bytes, padded to 8 (MONARCH_BLOCKMAP_OWNERS_AT)."""
+    return BLOCKMAP_HEADER.size + (blocks + 7) // 8 * 8
+
+
+def map_size(blocks: int) -> int:
+    return owners_at(blocks) + 2 * blocks
+
+
 FILL_STALE = 10.0  # seconds a shim's fill may make no progress before its blocks are staged here instead
 
 BLOCK_SHIFT = 20  # 1 MiB blocks: a block cache's usual page (Alluxio, mountpoint-s3); a mapping moves in these
@@ -78,6 +92,7 @@ class BlockFile:
         self.map_path = os.path.join(tier.path, BLOCKMAP_DIR, key)
         self.copy_fd = -1
         self.states: memoryview | None = None  # one byte per block, in the shared map
+        self.owners: memoryview | None = None  # one int16 per block, after them (a cluster's)
         self._map: mmap.mmap | None = None
         self.taken = 0              # blocks staged or under way
         self.promised = 0           # larger than the room: blocks PLANNED (room held for them, ``plan``), and
@@ -110,10 +125,15 @@ class BlockFile:
         self.evicted = 0
         self._last_wanted, self._in_order = -2, 0  # the window's last wanted block, wants in order in a row
 
-    def own_blocks(self, own: list[int]) -> None:
+    def own_blocks(self, own: list[int], owners: list[int] | None = None) -> None:
         """This node owns ``own`` (ascending): they go first and always have room; the others
-        take the room left (``budget`` beyond them)."""
+        take the room left (``budget`` beyond them). ``owners``: each block's owner node, written
+        into the map for the shim (-1 for this node's own)."""
         self.own = own
+        if owners is not None and self.owners is not None:
+            own_set = set(own)
+            for b, node in enumerate(owners[:self.blocks]):
+                self.owners[b] = OWNER_NONE if b in own_set or node < 0 else node
         self.others_room = max(0, self.budget - len(own)) if self.budget < self.blocks else self.blocks
         # a window only where it holds a reader's blocks ahead (the shim's and a run's) with room to spare
         self.window = self.budget < self.blocks and self.others_room >= WINDOW_MIN
@@ -192,13 +212,15 @@ class BlockFile:
         self.copy_fd = fd
         header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, self.info.size,
                                       self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0, 0, 0, 0)
-        write_file_atomically(self.map_path, [header, bytes(self.blocks)], 0o600)
+        pad = owners_at(self.blocks) - BLOCKMAP_HEADER.size - self.blocks
+        write_file_atomically(self.map_path, [header, bytes(self.blocks + pad), b"\xff\xff" * self.blocks], 0o600)
         mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            self._map = mmap.mmap(mfd, BLOCKMAP_HEADER.size + self.blocks)
+            self._map = mmap.mmap(mfd, map_size(self.blocks))
         finally:
             os.close(mfd)
-        self.states = memoryview(self._map)[BLOCKMAP_HEADER.size:]
+        self.states = memoryview(self._map)[BLOCKMAP_HEADER.size:BLOCKMAP_HEADER.size + self.blocks]
+        self.owners = memoryview(self._map)[owners_at(self.blocks):].cast("h")
 
     def next_block(self, demand_only: bool) -> int | None:
         """The next block to read, marked FILLING (caller holds the stager's lock): one the shim
@@ -239,7 +261,7 @@ class BlockFile:
         states = self._map
         start = BLOCKMAP_HEADER.size
         free = self.budget - self.taken - self.promised
-        passed = states.rfind(bytes((BLOCK_PASSED,)), start) - start
+        passed = states.rfind(bytes((BLOCK_PASSED,)), start, start + self.blocks) - start
         if free <= 0 or passed < 0 or passed == self._passed_at:
             return
         self._passed_at = passed
@@ -257,8 +279,9 @@ class BlockFile:
             return True
         states = self._map
         start = BLOCKMAP_HEADER.size
-        return (states.find(bytes((BLOCK_PLANNED,)), start) < 0
-                and states[start:].count(BLOCK_FILLING) <= len(self.in_flight))
+        end = start + self.blocks
+        return (states.find(bytes((BLOCK_PLANNED,)), start, end) < 0
+                and states[start:end].count(BLOCK_FILLING) <= len(self.in_flight))
 
     def room_full(self) -> bool:
         """No room left for a block not yet held (``taken`` and ``promised`` are the room's)."""
@@ -294,7 +317,7 @@ class BlockFile:
             return None
         if planning:  # the plan first, ahead of the reader, then the room not planned
             self.plan()
-            filling = states.rfind(bytes((BLOCK_FILLING,)), start) - start  # a shim's read of the plan
+            filling = states.rfind(bytes((BLOCK_FILLING,)), start, start + self.blocks) - start  # a shim's read of the plan
             if filling >= 0 and filling not in self.in_flight and filling + 1 < self.blocks:
                 self.ahead = max(self.ahead, filling + 1)
             for first, last in ((self.ahead, self.blocks), (0, self.ahead)):
@@ -316,7 +339,7 @@ class BlockFile:
                 self._own_at += 1
             if self.others_taken >= self.others_room:
                 return None
-        filling = states.rfind(bytes((BLOCK_FILLING,)), start) - start
+        filling = states.rfind(bytes((BLOCK_FILLING,)), start, start + self.blocks) - start
         if filling >= 0 and filling not in self.in_flight and filling + 1 < self.blocks:
             self.ahead = max(self.ahead, filling + 1)
         for first, last in ((self.ahead, self.blocks), (0, self.ahead)):
@@ -328,11 +351,11 @@ class BlockFile:
                     return b
                 at = states.find(b"\x00", at + 1, start + last)
         if planning:  # the blocks a reader passed in order: its pass is over, the room keeps them (pin)
-            at = states.find(bytes((BLOCK_PASSED,)), start)
+            at = states.find(bytes((BLOCK_PASSED,)), start, start + self.blocks)
             while at >= 0:
                 if at - start not in self.in_flight:
                     return at - start
-                at = states.find(bytes((BLOCK_PASSED,)), at + 1)
+                at = states.find(bytes((BLOCK_PASSED,)), at + 1, start + self.blocks)
         return None
 
     def is_own(self, b: int) -> bool:
@@ -394,9 +417,10 @@ class BlockFile:
             if fd >= 0:
                 os.close(fd)
         self.copy_fd = self.source_fd = -1
-        if self.states is not None:
-            self.states.release()
-            self.states = None
+        for view in (self.states, self.owners):
+            if view is not None:
+                view.release()
+        self.states = self.owners = None
         if self._map is not None:
             self._map.close()
             self._map = None
@@ -455,7 +479,7 @@ def copy_state(copy: str, bmap: str, info: FileInfo) -> tuple[str | None, bool, 
     try:
         with open(bmap, "rb") as f:
             magic, version, shift, size, mtime_ns, blocks, *_ = BLOCKMAP_HEADER.unpack(f.read(BLOCKMAP_HEADER.size))
-            states = f.read(blocks + 1)
+            states = f.read(blocks)
     except (OSError, struct.error):
         return "broken", False, live
     if (magic, version, shift) != (BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT):

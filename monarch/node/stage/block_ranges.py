@@ -66,8 +66,10 @@ class RangeBlocks:
         self.peers = peers
 
     def _join_ranges_locked(self, bf: BlockFile) -> None:
-        """``bf`` is a cluster's: its own ranges first, and its staged blocks offered to the peers."""
-        bf.own_blocks(self.peers.own_blocks(bf.key, bf.info.size))
+        """``bf`` is a cluster's: its own ranges first, each block's owner in its map (a shim's guarded
+        fault asks it for its pages), and its staged blocks offered to the peers."""
+        peers, key, size = self.peers, bf.key, bf.info.size
+        bf.own_blocks(peers.own_blocks(key, size), [peers.owner(key, size, b) for b in range(bf.blocks)])
         if not bf.borrowed:
             self.peers.offer(bf.key, bf.tier.slot)
 

@@ -2,8 +2,8 @@
 
 A file of at least ``BLOCKS_MIN`` bytes is not copied whole. Its copy in a raw tier
 (``<tier>/.blocks/<key>``, the source's size) is filled block by block, ``BLOCK`` bytes
-each, in the background; a map beside it (``<tier>/.blockmap/<key>``: a header, then one
-state byte per block, ``protocol.BLOCKMAP_*``) says which blocks are in the copy. The shim
+each, in the background; a map beside it (``<tier>/.blockmap/<key>``: a header, one
+state byte per block, then each block's owner in a cluster: ``block_map.py``) says which blocks are in the copy. The shim
 opens such a file on the PFS at once and reads its staged blocks from the copy (moving its
 read-only mappings onto them too: ``shim_blocks.c``); it marks a block it had to read from
 the PFS WANTED, and those go first. Then read-ahead: from the block after the last one the

@@ -24,7 +24,7 @@ _p = ctypes.POINTER
 # the C types of the header's prototypes, as ctypes declares them
 CTYPES = {
     "void": None, "int": ctypes.c_int, "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64,
-    "intptr_t": ctypes.c_ssize_t, "const char *": ctypes.c_char_p,
+    "intptr_t": ctypes.c_ssize_t, "const char *": ctypes.c_char_p, "char *": ctypes.c_char_p,
     "int *": _p(ctypes.c_int), "const int *": _p(ctypes.c_int), "const char * const *": _p(ctypes.c_char_p),
     "const uint64_t *": _p(ctypes.c_uint64), "int64_t *": _p(ctypes.c_int64), "const int64_t *": _p(ctypes.c_int64),
     "struct dp_counts *": _p(datapath.Counts),

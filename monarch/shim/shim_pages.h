@@ -1,0 +1,19 @@
+/* shim_pages.h -- what shim_pages.c (a guarded fault on another owner's block served with its
+ * pages, fetched from that owner's copy through the daemon's front door) gives shim_guard.c.
+ * Part of monarch_shim.c's one translation unit. */
+#ifndef MONARCH_SHIM_PAGES_H
+#define MONARCH_SHIM_PAGES_H
+
+struct monarch_mapping;
+struct monarch_part;
+/* May a random fault at a on block b of m be served with its pages from the block's owner (a
+ * window's mapping, the block another node's)? Under the registry's lock. */
+static int monarch_pages_may_locked(const struct monarch_mapping *m, const struct monarch_part *pt, uint64_t b);
+/* Serve it: 1 when the fault's pages are now the owner's bytes, in this process's memory (the
+ * access runs again); 0 when they could not be had (the caller reads them from the PFS). Takes
+ * and gives back the registry's lock itself (never held during the fetch); called without it. */
+static int monarch_pages_serve(uintptr_t a);
+/* a thread's connection for them, closed when it exits (shim_daemon.c's key destructor) */
+static void monarch_pages_thread_exit(void);
+
+#endif /* MONARCH_SHIM_PAGES_H */
