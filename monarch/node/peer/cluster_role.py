@@ -310,6 +310,8 @@ class ClusterRole:
             if not self._current.ready or gate.closing:
                 return
             stager, snap = self._current.stager, self._current.snapshot
+        if stager.blocks is not None:  # the large files' ranges of the lost node: their faults ask the new owners
+            stager.blocks.reown()
         if not decide(self._config.staging.policy, self.where()).reads_ahead:  # staged when asked for (provide)
             return
         keys = [k for k in sorted(snap.files) if self.cluster.first_owner(k) == lost and self.owns(k)]

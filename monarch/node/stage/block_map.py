@@ -125,15 +125,12 @@ class BlockFile:
         self.evicted = 0
         self._last_wanted, self._in_order = -2, 0  # the window's last wanted block, wants in order in a row
 
-    def own_blocks(self, own: list[int], owners: list[int] | None = None) -> None:
-        """This node owns ``own`` (ascending): they go first and always have room; the others
-        take the room left (``budget`` beyond them). ``owners``: each block's owner node, written
-        into the map for the shim (-1 for this node's own)."""
+    def own_blocks(self, own: list[int], owners: list[int] | None = None, node: int = -1) -> None:
+        """This node (``node``) owns ``own`` (ascending): they go first and always have room; the
+        others take the room left (``budget`` beyond them). ``owners``: each block's owner now."""
         self.own = own
-        if owners is not None and self.owners is not None:
-            own_set = set(own)
-            for b, node in enumerate(owners[:self.blocks]):
-                self.owners[b] = OWNER_NONE if b in own_set or node < 0 else node
+        if owners is not None:
+            self.write_owners(owners, node)
         self.others_room = max(0, self.budget - len(own)) if self.budget < self.blocks else self.blocks
         # a window only where it holds a reader's blocks ahead (the shim's and a run's) with room to spare
         self.window = self.budget < self.blocks and self.others_room >= WINDOW_MIN
@@ -142,6 +139,13 @@ class BlockFile:
             self._map[BLOCKMAP_FILL_OFFSET:BLOCKMAP_FILL_OFFSET + 8] = bytes(8)
             self._map[BLOCKMAP_WAIT_OFFSET:BLOCKMAP_WAIT_OFFSET + 8] = PEER_WAIT_US.to_bytes(8, "little")
             self._map[BLOCKMAP_WINDOW_OFFSET:BLOCKMAP_WINDOW_OFFSET + 8] = int(self.window).to_bytes(8, "little")
+
+    def write_owners(self, owners: list[int], node: int) -> None:
+        """Each block's owner (``owners``) into the map, for a shim's fault to ask it for pages
+        (-1 for this node's own: their faults wait for them here)."""
+        if self.owners is not None:
+            for b, owner in enumerate(owners[:self.blocks]):
+                self.owners[b] = OWNER_NONE if owner < 0 or owner == node else owner
 
     def take(self, b: int) -> None:
         """Block ``b`` is under way (the caller holds the stager's lock)."""

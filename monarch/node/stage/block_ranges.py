@@ -69,9 +69,20 @@ class RangeBlocks:
         """``bf`` is a cluster's: its own ranges first, each block's owner in its map (a shim's guarded
         fault asks it for its pages), and its staged blocks offered to the peers."""
         peers, key, size = self.peers, bf.key, bf.info.size
-        bf.own_blocks(peers.own_blocks(key, size), [peers.owner(key, size, b) for b in range(bf.blocks)])
+        bf.own_blocks(peers.own_blocks(key, size), [peers.owner(key, size, b) for b in range(bf.blocks)], peers.node)
         if not bf.borrowed:
             self.peers.offer(bf.key, bf.tier.slot)
+
+    def reown(self) -> None:
+        """A node was lost: each cluster file's owners in its map anew (a shim's faults ask the
+        survivors that own their ranges now)."""
+        if self.peers is None:
+            return
+        peers = self.peers
+        with self.books.lock:
+            for bf in self.files.values():
+                if bf.own is not None and not bf.borrowed:
+                    bf.write_owners([peers.owner(bf.key, bf.info.size, b) for b in range(bf.blocks)], peers.node)
 
     def _peer_stats_locked(self) -> dict:
         """The report's figures of the blocks to and from the other nodes."""

@@ -251,3 +251,55 @@ def test_the_maps_records_say_when_the_read_ahead_yields(tmp_path):
         assert not bf.records  # done: nothing left to yield for
     finally:
         bf.close()
+
+
+class TwoNodes:
+    """``RangePeers`` of node 0 of two: 16-block ranges alternate, node 1 lost once ``lost``."""
+
+    node = 0
+
+    def __init__(self):
+        self.lost = False
+
+    def owner(self, key, size, block):
+        return 0 if self.lost else (block // 16) % 2
+
+    def own_blocks(self, key, size):
+        return [b for b in range(-(-size // MiB)) if (b // 16) % 2 == 0]
+
+    def fetch(self, *args):
+        from monarch.errors import PeerError
+        raise PeerError("not in this test")
+
+    def offer(self, key, slot):
+        pass
+
+    def served_elsewhere(self):
+        return 0
+
+
+def test_a_cluster_files_map_names_each_blocks_owner_and_a_loss_names_the_new_ones(tmp_path):
+    """The shim asks another owner's block's owner for a fault's pages (shim_pages.c): the map
+    names it after the states (-1: this node's own), and anew when a node is lost."""
+    stager, tier, key, data = setup(tmp_path, 40 * MiB, 1 << 30)
+    peers = TwoNodes()
+    stager.blocks.use_peers(peers)
+    gate = threading.Event()  # nothing staged until the map was looked at
+    source = stager.blocks._source
+    stager.blocks._source = lambda bf: (gate.wait(10), source(bf))[1]
+    bf = stager.blocks.attach(key)
+
+    def owners():
+        with open(bf.map_path, "rb") as f:
+            raw = f.read()
+        assert len(raw) == block_map.map_size(bf.blocks)
+        at = block_map.owners_at(bf.blocks)
+        return [int.from_bytes(raw[at + 2 * b:at + 2 * b + 2], "little", signed=True) for b in range(bf.blocks)]
+
+    assert owners() == [-1 if (b // 16) % 2 == 0 else 1 for b in range(40)]
+    peers.lost = True
+    stager.blocks.reown()
+    assert owners() == [-1] * 40  # node 1's ranges are this node's now: their faults wait for them here
+    gate.set()
+    stager.shutdown()
+    assert stager.drain(10)
