@@ -26,8 +26,9 @@
  * it, under the application): a fault copies it into pages of this process's own, put over the
  * guarded range at once (mremap), up to MONARCH_GUARD_COPIES blocks a process, the oldest guarded
  * again past that. A random fault there wants nothing (another owner's whole block for a few bytes
- * would push out of the window the blocks a reader in order is to read): it reads its page from
- * the PFS as elsewhere, and once that share is read, its whole block.
+ * would push out of the window the blocks a reader in order is to read): its pages come from the
+ * block's owner (shim_pages.c); where they cannot, it reads its page from the PFS as elsewhere,
+ * and once that share is read, its whole block.
  * The application's own SIGSEGV disposition is kept: sigaction and signal of SIGSEGV are
  * answered from a copy while the handler is ours, and a fault that is not a guard's goes to
  * it (the default: the handler is reset and the fault, run again, ends the process as it

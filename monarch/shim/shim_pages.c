@@ -228,6 +228,10 @@ static int monarch_pages_serve(uintptr_t a)
               && MONARCH_RESOLVE(mprotect)(tmp, len, m->prot) == 0
               && syscall(SYS_mremap, tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)at) != -1;
     if (put) {
+        /* the run's last page stands for the fault's: a reader going in order faults next on the
+         * page after the run, in order still (and its blocks are wanted ahead once it is: shim_guard.c) */
+        if (m->fault_page == at)
+            m->fault_page = at + len - page;
         unsigned r = monarch_pages_ring_next_locked();
         monarch_page_runs[r].addr = addr;
         monarch_page_runs[r].at = at;

@@ -202,7 +202,8 @@ def case(args, nodes: NodeNamespaces, base: Path, reader: str, readers_args: lis
             sockets = [run_base / f"run{k}" / f"monarch-{os.getuid()}" / f"local-node{k}" / "daemon.sock"
                        for k in range(args.nodes)]
             deadline = time.monotonic() + 60
-            while not all(s.exists() for s in sockets):
+            pid_files = [s.parent / "daemon.pid" for s in sockets]  # (written after the socket)
+            while not all(s.exists() for s in sockets + pid_files):
                 if serve.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the daemons did not come up; see {run_base}/serve.log")
                 time.sleep(0.05)
@@ -210,7 +211,7 @@ def case(args, nodes: NodeNamespaces, base: Path, reader: str, readers_args: lis
             monarch = [sys.executable, "-m", "monarch", "run", "-c", str(cfg), "--"]
             kill = None
             if room == "kill":  # the last node lost mid-job: its daemon and its reader
-                pid = int((sockets[-1].parent / "daemon.pid").read_text())
+                pid = int(pid_files[-1].read_text())
                 kill = (args.kill_after, pid)
             results = run_readers(nodes, [monarch + c for c in cmds],
                                   [env(MONARCH_NODE=k) for k in range(args.nodes)], cgroups, args.timeout, kill)

@@ -215,13 +215,15 @@ def test_every_process_shape_reads_a_guarded_mapping_right_and_the_applications_
     assert rep["blocks"]["read"]["faults_held"] > 0, p.stderr  # the mapping was guarded
 
 
-@pytest.mark.parametrize("room", ["file", "window"])
+@pytest.mark.parametrize("room", ["file", "window", "pages"])
 def test_an_owner_killed_mid_job_its_ranges_are_read_elsewhere_and_every_byte_is_right(room, short_tmp, slow_pfs):
     """Node 2's daemon is SIGKILLed while the file is staged (a slow PFS: 60 MB/s): the readers on
     nodes 0 and 1 finish every pass with the right bytes; node 2's ranges are read from the PFS by
     the survivors that own them now, or by the readers (fail open). ``file``: 96 MiB, room for
     it; ``window``: 192 MiB, room for a node's own third and 40 MiB (other owners' blocks leaving
-    the windows while the readers' 1 MiB preads wait for them and read them)."""
+    the windows while the readers' 1 MiB preads wait for them and read them); ``pages``: as
+    ``window``, the readers reading random 4 KiB windows of one mapping (their faults' pages asked
+    of node 2 too, until it is lost, then of the survivors that own its ranges)."""
     nodes, size = 3, (96 if room == "file" else 192) * MiB
     src = os.path.join(short_tmp, "src")
     digest = make_large(src, size)
@@ -230,17 +232,18 @@ def test_an_owner_killed_mid_job_its_ranges_are_read_elsewhere_and_every_byte_is
     cluster = DaemonCluster(nodes, cfg, short_tmp)
     path = os.path.join(str(pfs.mountpoint), "tok.bin")
     try:
+        reader = ["--passes", "3"] if room != "pages" else ["--mode", "mmap-windows", "--windows", "3000"]
         procs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--", sys.executable, "-m",
-                                   "support.block_reader", path, "--sha256", digest, "--passes", "3"],
+                                   "support.block_reader", path, "--sha256", digest, *reader],
                                   env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True) for k in (0, 1)]
         import time
-        time.sleep(0.5)  # the file is a third staged at most: 96 MiB over three links of 60 MB/s
+        time.sleep(0.5 if room != "pages" else 1.0)  # the file is a third staged at most: three links of 60 MB/s
         os.kill(cluster.pid(2), 9)
         for p in procs:
             out, err = p.communicate(timeout=240)
-            assert p.returncode == 0, err  # every pass's digest was right
-            assert len(json.loads(out.strip().splitlines()[-1])["passes"]) == 3
+            assert p.returncode == 0, err  # every pass's digest was right, every window's bytes
+            assert len(json.loads(out.strip().splitlines()[-1])["passes"]) == (3 if room != "pages" else 1)
     finally:
         cluster.stop([0, 1])
     rep = load(os.path.join(cluster.run_dir(0), "report.json"))
