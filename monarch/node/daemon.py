@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 # at close, copies under way stop at their next read (a chunk, a range: well under this);
 # one that does not (a PFS read that never returns) is not waited for beyond it
 CLOSE_DRAIN_SECONDS = 30.0
-PAGES_TIMEOUT = 0.05  # a shim's PAGES fetch from the block's owner, at most (the shim waits 0.1 s, then reads the PFS)
+PAGES_TIMEOUT = 0.005  # a shim's PAGES fetch from the block's owner, at most (a busy owner: the PFS's page sooner)
 
 
 class NodeDaemon:

@@ -13,15 +13,18 @@
  * A process keeps MONARCH_PAGES_RING such runs (its memory, and two mappings each at most); the
  * oldest is guarded again past that (the application's file mapped over it, PROT_NONE). Anything
  * else (no door, the owner lost or without the block, no answer in MONARCH_PAGES_WAIT_MS) is
- * answered by the caller as before: the page from the PFS; MONARCH_PAGES_FAILS_MAX failures in a
- * row send the process's faults there for MONARCH_PAGES_PAUSE_MS before it asks again. */
+ * answered by the caller as before: the page from the PFS. MONARCH_PAGES_FAILS_MAX failures in a row
+ * send the process's faults to the PFS, a page each, for MONARCH_PAGES_PAUSE_MS before it asks
+ * again. (Slow answers are not failures: at the job's start, when every owner reads its own
+ * ranges and sends the others' blocks, a fault's round trip takes 3-20 ms; pausing on them, or on
+ * their moving mean, read the PFS 1.15-1.35x the file and made the job slower, not faster.) */
 #include "shim_pages.h"
 
 #define MONARCH_PAGES_RUN (16 << 10) /* bytes a fault asks for: its page and those after it, in its block */
 #define MONARCH_PAGES_RING 1024      /* runs kept in a process's pages at once (16 MiB of its memory) */
-#define MONARCH_PAGES_WAIT_MS 100    /* a fault's answer, at most: then its page from the PFS */
-#define MONARCH_PAGES_FAILS_MAX 8    /* fetches failed in a row (the owners not there, or without the blocks yet) ... */
-#define MONARCH_PAGES_PAUSE_MS 500   /* ... that send this process's faults to the PFS for this long */
+#define MONARCH_PAGES_WAIT_MS 20     /* a fault's answer, at most (the door gives up on the owner sooner): then the PFS */
+#define MONARCH_PAGES_FAILS_MAX 8    /* fetches failed in a row (the owners lost, busy, without the blocks yet) ... */
+#define MONARCH_PAGES_PAUSE_MS 500   /* ... send this process's faults to the PFS, a page each, for this long */
 _Static_assert(MONARCH_PAGES_RUN <= MONARCH_PAGES_MAX, "a run is one PAGES request");
 
 /* the runs put over guarded pages, oldest first (a ring): the mapping, the run's address and length, its block */
@@ -42,8 +45,12 @@ static __thread ino_t monarch_pages_ino __attribute__((tls_model("initial-exec")
 static int monarch_pages_may_locked(const struct monarch_mapping *m, const struct monarch_part *pt, uint64_t b)
 {
     return pt->owners && m->pfs_fd >= 0 && b < pt->blocks && pt->owners[b] >= 0 && monarch_have_socket
-           && __atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE)
-           && __atomic_load_n(&monarch_pages_paused_until, __ATOMIC_RELAXED) <= monarch_now_ms();
+           && __atomic_load_n(&pt->hdr->window, __ATOMIC_ACQUIRE);
+}
+
+static int monarch_pages_paused(void)
+{
+    return __atomic_load_n(&monarch_pages_paused_until, __ATOMIC_RELAXED) > monarch_now_ms();
 }
 
 static void monarch_pages_thread_exit(void)
@@ -209,7 +216,7 @@ static int monarch_pages_serve(uintptr_t a)
     if (got)
         __atomic_store_n(&monarch_pages_fails, 0, __ATOMIC_RELAXED);
     else if (__atomic_add_fetch(&monarch_pages_fails, 1, __ATOMIC_RELAXED) >= MONARCH_PAGES_FAILS_MAX) {
-        __atomic_store_n(&monarch_pages_fails, 0, __ATOMIC_RELAXED); /* (a lost owner, the blocks not staged yet) */
+        __atomic_store_n(&monarch_pages_fails, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&monarch_pages_paused_until, monarch_now_ms() + MONARCH_PAGES_PAUSE_MS, __ATOMIC_RELAXED);
     }
     if (!got) {

@@ -6,9 +6,11 @@
 
 struct monarch_mapping;
 struct monarch_part;
-/* May a random fault at a on block b of m be served with its pages from the block's owner (a
- * window's mapping, the block another node's)? Under the registry's lock. */
+/* May a random fault on block b of m be served with its pages from the block's owner (a window's
+ * mapping, the block another node's)? Under the registry's lock. */
 static int monarch_pages_may_locked(const struct monarch_mapping *m, const struct monarch_part *pt, uint64_t b);
+/* ... not now: the owners' answers failed or came slow lately (its faults read a PFS page each) */
+static int monarch_pages_paused(void);
 /* Serve it: 1 when the fault's pages are now the owner's bytes, in this process's memory (the
  * access runs again); 0 when they could not be had (the caller reads them from the PFS). Takes
  * and gives back the registry's lock itself (never held during the fetch); called without it. */
