@@ -466,4 +466,5 @@ static void monarch_daemon_atfork_child(void)
         monarch_conn_busy = 0;
     if (monarch_index_next_look)
         monarch_index_next_look = 0;
+    monarch_pages_atfork_child();
 }

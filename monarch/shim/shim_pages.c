@@ -53,14 +53,26 @@ static int monarch_pages_paused(void)
     return __atomic_load_n(&monarch_pages_paused_until, __ATOMIC_RELAXED) > monarch_now_ms();
 }
 
+/* This thread's connection closed, if the descriptor is still that socket (``child``: in a fork
+ * child, its copy of the parent's; the parent's stays open and kept). */
+static void monarch_pages_close(int child)
+{
+    struct stat st;
+    if (monarch_pages_fd >= 0 && (child || monarch_pages_pid == getpid())
+        && syscall(SYS_newfstatat, monarch_pages_fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_ino == monarch_pages_ino)
+        real_close(monarch_pages_fd);
+    monarch_pages_fd = -1;
+}
+
 static void monarch_pages_thread_exit(void)
 {
-    if (monarch_pages_fd >= 0 && monarch_pages_pid == getpid()) {
-        struct stat st;
-        if (syscall(SYS_newfstatat, monarch_pages_fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_ino == monarch_pages_ino)
-            real_close(monarch_pages_fd);
-    }
-    monarch_pages_fd = -1;
+    monarch_pages_close(0);
+}
+
+static void monarch_pages_atfork_child(void)
+{
+    if (monarch_pages_fd >= 0)
+        monarch_pages_close(1);
 }
 
 /* This thread's kept connection, if it is still the socket it kept in this process, else a new
@@ -72,7 +84,7 @@ static int monarch_pages_conn(void)
         && syscall(SYS_newfstatat, monarch_pages_fd, "", &st, AT_EMPTY_PATH) == 0 && S_ISSOCK(st.st_mode)
         && st.st_ino == monarch_pages_ino)
         return monarch_pages_fd;
-    monarch_pages_fd = -1; /* (a fork child's copy of the parent's: left open, the parent's number) */
+    monarch_pages_fd = -1;
     int s = monarch_connect(MONARCH_PAGES_WAIT_MS);
     if (s < 0 || syscall(SYS_newfstatat, s, "", &st, AT_EMPTY_PATH) != 0) {
         if (s >= 0)

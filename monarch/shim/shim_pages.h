@@ -17,5 +17,6 @@ static int monarch_pages_paused(void);
 static int monarch_pages_serve(uintptr_t a);
 /* a thread's connection for them, closed when it exits (shim_daemon.c's key destructor) */
 static void monarch_pages_thread_exit(void);
+static void monarch_pages_atfork_child(void);  /* the forking thread's, in the child: its copy closed */
 
 #endif /* MONARCH_SHIM_PAGES_H */
