@@ -404,8 +404,10 @@ static int monarch_guard_serve(uintptr_t a)
                 monarch_guard_want_locked(m, pt, b, a); /* (once per fault: it tells the reader's order) */
             if (m->fault_run < 2 && monarch_pages_may_locked(m, pt, b)) {
                 /* a window's random fault on another owner's block: its pages from that owner
-                 * (shim_pages.c); where they cannot be had now, its page from the PFS (never the
-                 * whole block's: the owners serve its other pages once they answer again) */
+                 * (shim_pages.c); where they cannot be had now, its page from the PFS, not its whole
+                 * block's (the owners serve its other pages once they answer again), until this
+                 * process has read its share so (each such page is a mapping of its own: their
+                 * number is bounded), then as below */
                 if (!pages_tried && !monarch_pages_paused()) {
                     MONARCH_MAPS_UNLOCK(maps_held_);
                     if (monarch_pages_serve(a))
@@ -413,7 +415,8 @@ static int monarch_guard_serve(uintptr_t a)
                     pages_tried = 1;
                     continue;
                 }
-                if (MONARCH_RESOLVE(mprotect)((void *)(a & ~(uintptr_t)(monarch_guard_page - 1)), monarch_guard_page,
+                if (pt->pages_read + monarch_guard_page <= pt->size / MONARCH_GUARD_PFS_SHARE
+                    && MONARCH_RESOLVE(mprotect)((void *)(a & ~(uintptr_t)(monarch_guard_page - 1)), monarch_guard_page,
                                               m->prot) == 0) {
                     pt->pages_read += monarch_guard_page;
                     monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_LATE, 1);
