@@ -324,6 +324,27 @@ static int monarch_guard_copy_locked(struct monarch_mapping *m, struct monarch_p
     return 1;
 }
 
+/* The registered mapping holding address a, or NULL. Under the registry's lock. */
+static struct monarch_mapping *monarch_mapping_at_locked(uintptr_t a)
+{
+    for (unsigned i = 0; i < MONARCH_MAX_MAPPINGS; i++)
+        if (monarch_mappings[i].addr && monarch_mappings[i].addr <= a
+            && a < monarch_mappings[i].addr + monarch_mappings[i].len)
+            return &monarch_mappings[i];
+    return NULL;
+}
+
+/* The guarded page at a made readable: its bytes the PFS's, through the kernel (counted as read
+ * so, and as a fault whose block was not here). 1 when it is. Under the registry's lock. */
+static int monarch_guard_page_from_pfs_locked(struct monarch_mapping *m, struct monarch_part *pt, uintptr_t a)
+{
+    if (MONARCH_RESOLVE(mprotect)((void *)(a & ~(uintptr_t)(monarch_guard_page - 1)), monarch_guard_page, m->prot) != 0)
+        return 0;
+    pt->pages_read += monarch_guard_page;
+    monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_LATE, 1);
+    return 1;
+}
+
 static inline uint64_t monarch_guard_now_ns(void)
 {
     struct timespec t;
@@ -343,11 +364,7 @@ static int monarch_guard_serve(uintptr_t a)
     for (;;) {
         sigset_t maps_held_;
         MONARCH_MAPS_LOCK(maps_held_);
-        struct monarch_mapping *m = NULL;
-        for (unsigned i = 0; i < MONARCH_MAX_MAPPINGS && !m; i++)
-            if (monarch_mappings[i].addr && monarch_mappings[i].addr <= a
-                && a < monarch_mappings[i].addr + monarch_mappings[i].len)
-                m = &monarch_mappings[i];
+        struct monarch_mapping *m = monarch_mapping_at_locked(a);
         struct monarch_part *pt = m ? &monarch_parts[m->part - 1] : NULL;
         uint64_t b = m ? (m->off + (a - m->addr)) >> pt->shift : 0;
         if (!m || !monarch_guarded(m, b)) {
@@ -416,10 +433,7 @@ static int monarch_guard_serve(uintptr_t a)
                     continue;
                 }
                 if (pt->pages_read + monarch_guard_page <= pt->size / MONARCH_GUARD_PFS_SHARE
-                    && MONARCH_RESOLVE(mprotect)((void *)(a & ~(uintptr_t)(monarch_guard_page - 1)), monarch_guard_page,
-                                              m->prot) == 0) {
-                    pt->pages_read += monarch_guard_page;
-                    monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_LATE, 1);
+                    && monarch_guard_page_from_pfs_locked(m, pt, a)) {
                     MONARCH_MAPS_UNLOCK(maps_held_);
                     return 1;
                 }
@@ -457,11 +471,7 @@ static int monarch_guard_serve(uintptr_t a)
                 step_us = step_us * 2 > 1000 ? 1000 : step_us * 2;
                 continue;
             }
-            if (budget == MONARCH_GUARD_PAGE_WAIT_NS
-                && MONARCH_RESOLVE(mprotect)((void *)(a & ~(uintptr_t)(monarch_guard_page - 1)), monarch_guard_page,
-                                             m->prot) == 0) {
-                pt->pages_read += monarch_guard_page;
-                monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_LATE, 1);
+            if (budget == MONARCH_GUARD_PAGE_WAIT_NS && monarch_guard_page_from_pfs_locked(m, pt, a)) {
                 MONARCH_MAPS_UNLOCK(maps_held_);
                 return 1;
             }

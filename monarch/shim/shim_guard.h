@@ -21,6 +21,7 @@ static void monarch_guard_span(struct monarch_mapping *m, struct monarch_part *p
                                void **at, size_t *len);
 static size_t monarch_guard_page;
 static inline uint64_t monarch_guard_now_ns(void);  /* CLOCK_MONOTONIC */
+static struct monarch_mapping *monarch_mapping_at_locked(uintptr_t a);  /* the mapping holding a (the registry's lock) */
 /* a window's mapping (the map's window): the application's descriptor kept to guard its copied
  * blocks again (monarch_part_mapped), and forgotten when the application closes that number */
 static void monarch_guard_keep_fd_locked(struct monarch_mapping *m, struct monarch_part *pt, int fd);

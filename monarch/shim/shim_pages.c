@@ -175,11 +175,7 @@ static int monarch_pages_serve(uintptr_t a)
     {
         sigset_t maps_held_;
         MONARCH_MAPS_LOCK(maps_held_);
-        struct monarch_mapping *m = NULL;
-        for (unsigned i = 0; i < MONARCH_MAX_MAPPINGS && !m; i++)
-            if (monarch_mappings[i].addr && monarch_mappings[i].addr <= a
-                && a < monarch_mappings[i].addr + monarch_mappings[i].len)
-                m = &monarch_mappings[i];
+        struct monarch_mapping *m = monarch_mapping_at_locked(a);
         struct monarch_part *pt = m ? &monarch_parts[m->part - 1] : NULL;
         b = m ? (m->off + (a - m->addr)) >> pt->shift : 0;
         if (!m || !monarch_guarded(m, b) || !monarch_pages_may_locked(m, pt, b) || !pt->key) {
