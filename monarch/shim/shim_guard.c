@@ -422,9 +422,8 @@ static int monarch_guard_serve(uintptr_t a)
             if (m->fault_run < 2 && monarch_pages_may_locked(m, pt, b)) {
                 /* a window's random fault on another owner's block: its pages from that owner
                  * (shim_pages.c); where they cannot be had now, its page from the PFS, not its whole
-                 * block's (the owners serve its other pages once they answer again), until this
-                 * process has read its share so (each such page is a mapping of its own: their
-                 * number is bounded), then as below */
+                 * block's (the owners serve its other pages once they answer again), kept among the
+                 * runs (a mapping of its own each: their number is bounded, the oldest guarded again) */
                 if (!pages_tried && !monarch_pages_paused()) {
                     MONARCH_MAPS_UNLOCK(maps_held_);
                     if (monarch_pages_serve(a))
@@ -432,8 +431,8 @@ static int monarch_guard_serve(uintptr_t a)
                     pages_tried = 1;
                     continue;
                 }
-                if (pt->pages_read + monarch_guard_page <= pt->size / MONARCH_GUARD_PFS_SHARE
-                    && monarch_guard_page_from_pfs_locked(m, pt, a)) {
+                if (monarch_guard_page_from_pfs_locked(m, pt, a)) {
+                    monarch_pages_keep_locked(m, a & ~(uintptr_t)(monarch_guard_page - 1), monarch_guard_page, b);
                     MONARCH_MAPS_UNLOCK(maps_held_);
                     return 1;
                 }

@@ -10,10 +10,11 @@
  * the map: the owners after the states) through the C data path, which answers from the owner's
  * copy only where those blocks are STAGED there; the bytes are put over the guarded pages in one
  * step (mremap of pages of this process's own), as a LENT block's copy is (shim_guard.c).
- * A process keeps MONARCH_PAGES_RING such runs (its memory, and two mappings each at most); the
- * oldest is guarded again past that (the application's file mapped over it, PROT_NONE). Anything
- * else (no door, the owner lost or without the block, no answer in MONARCH_PAGES_WAIT_MS) is
- * answered by the caller as before: the page from the PFS. MONARCH_PAGES_FAILS_MAX failures in a row
+ * Anything else (no door, the owner lost or without the block, no answer in MONARCH_PAGES_WAIT_MS)
+ * is answered by the caller as before: the page from the PFS. A process keeps MONARCH_PAGES_RING
+ * such runs and PFS pages (its memory, and two mappings each at most: the kernel's limit on them
+ * is the application's too); the oldest is guarded again past that (the application's file mapped
+ * over it, PROT_NONE). MONARCH_PAGES_FAILS_MAX failures in a row
  * send the process's faults to the PFS, a page each, for MONARCH_PAGES_PAUSE_MS before it asks
  * again. (Slow answers are not failures: at the job's start, when every owner reads its own
  * ranges and sends the others' blocks, a fault's round trip takes 3-20 ms; pausing on them, or on
@@ -27,7 +28,8 @@
 #define MONARCH_PAGES_PAUSE_MS 500   /* ... send this process's faults to the PFS, a page each, for this long */
 _Static_assert(MONARCH_PAGES_RUN <= MONARCH_PAGES_MAX, "a run is one PAGES request");
 
-/* the runs put over guarded pages, oldest first (a ring): the mapping, the run's address and length, its block */
+/* the runs put over guarded pages and the PFS pages made readable in their place, oldest first (a
+ * ring): the mapping, the run's address and length, its block */
 static struct {
     uintptr_t addr, at;
     size_t len;
@@ -139,29 +141,31 @@ static int monarch_pages_ask(const unsigned char *req, size_t n, char *dst, size
     return 0;
 }
 
-/* The oldest run of the ring guarded again, if its block still is (else its pages are the
- * block's own now, or the PFS's: left as they are), and its entry given to the next run. Under
- * the registry's lock. */
-static unsigned monarch_pages_ring_next_locked(void)
+/* Pages [at, at + len) of block b of m kept in the ring, in place of its oldest run, which is
+ * guarded again if its block still is (else its pages are the block's own now, or the PFS's: left
+ * as they are). Under the registry's lock. */
+static void monarch_pages_keep_locked(const struct monarch_mapping *m, uintptr_t at, size_t len, uint64_t b)
 {
     unsigned r = monarch_page_runs_at;
     monarch_page_runs_at = (r + 1) % MONARCH_PAGES_RING;
     uintptr_t addr = monarch_page_runs[r].addr;
     for (unsigned k = 0; addr && k < MONARCH_MAX_MAPPINGS; k++) {
-        struct monarch_mapping *m = &monarch_mappings[k];
-        if (m->addr != addr)
+        struct monarch_mapping *o = &monarch_mappings[k];
+        if (o->addr != addr)
             continue;
-        uint64_t b = monarch_page_runs[r].block, i = b - m->first;
-        if (b >= m->first && b <= m->last && monarch_guarded(m, b) && m->pfs_fd >= 0
-            && monarch_page_runs[r].at + monarch_page_runs[r].len <= m->addr + m->len
-            && !((m->moved[i / 8] >> (i % 8)) & 1) && !(m->copied && ((m->copied[i / 8] >> (i % 8)) & 1)))
+        uint64_t ob = monarch_page_runs[r].block, i = ob - o->first;
+        if (ob >= o->first && ob <= o->last && monarch_guarded(o, ob) && o->pfs_fd >= 0
+            && monarch_page_runs[r].at + monarch_page_runs[r].len <= o->addr + o->len
+            && !((o->moved[i / 8] >> (i % 8)) & 1) && !(o->copied && ((o->copied[i / 8] >> (i % 8)) & 1)))
             MONARCH_RESOLVE(mmap)((void *)monarch_page_runs[r].at, monarch_page_runs[r].len, PROT_NONE,
-                                  m->share | MAP_FIXED, m->pfs_fd,
-                                  (off_t)(m->off + (monarch_page_runs[r].at - m->addr)));
+                                  o->share | MAP_FIXED, o->pfs_fd,
+                                  (off_t)(o->off + (monarch_page_runs[r].at - o->addr)));
         break;
     }
-    monarch_page_runs[r].addr = 0;
-    return r;
+    monarch_page_runs[r].addr = m->addr;
+    monarch_page_runs[r].at = at;
+    monarch_page_runs[r].len = len;
+    monarch_page_runs[r].block = b;
 }
 
 static int monarch_pages_serve(uintptr_t a)
@@ -247,11 +251,7 @@ static int monarch_pages_serve(uintptr_t a)
          * page after the run, in order still (and its blocks are wanted ahead once it is: shim_guard.c) */
         if (m->fault_page == at)
             m->fault_page = at + len - page;
-        unsigned r = monarch_pages_ring_next_locked();
-        monarch_page_runs[r].addr = addr;
-        monarch_page_runs[r].at = at;
-        monarch_page_runs[r].len = len;
-        monarch_page_runs[r].block = b;
+        monarch_pages_keep_locked(m, at, len, b);
         monarch_extra_add(MONARCH_EXTRA_BLOCK_FAULTS_PAGES, 1);
     }
     int lifted = !m || !(b >= m->first && b <= m->last && monarch_guarded(m, b)); /* the access runs again */

@@ -15,6 +15,9 @@ static int monarch_pages_paused(void);
  * access runs again); 0 when they could not be had (the caller reads them from the PFS). Takes
  * and gives back the registry's lock itself (never held during the fetch); called without it. */
 static int monarch_pages_serve(uintptr_t a);
+/* Pages [at, at + len) of block b of m, made readable (a run from the owner, or a page of the
+ * PFS's), kept in the process's ring: the oldest there guarded again. Under the registry's lock. */
+static void monarch_pages_keep_locked(const struct monarch_mapping *m, uintptr_t at, size_t len, uint64_t b);
 /* a thread's connection for them, closed when it exits (shim_daemon.c's key destructor) */
 static void monarch_pages_thread_exit(void);
 static void monarch_pages_atfork_child(void);  /* the forking thread's, in the child: its copy closed */
