@@ -226,7 +226,7 @@ class DataPath:
 
     def fetch_pages_function(self) -> tuple[int, int]:
         """(address of dp_fetch_pages, this path's handle): for the front door to answer a shim's
-        PAGES from the block's owner itself (front_door_ranges)."""
+        PAGES from the block's owner itself (front_door_pages)."""
         return ctypes.cast(self._lib.dp_fetch_pages, ctypes.c_void_p).value, self._dp
 
     def fetch_function(self) -> tuple[int, int, int]:

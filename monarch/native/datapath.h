@@ -100,7 +100,7 @@ typedef int dp_test_fn(struct dp *d, struct dp_request *r);
 typedef void dp_take_fn(struct dp *d, struct dp_request *r, const uint64_t *sizes, int64_t *results,
                         dp_reply_fn *got, void *arg);
 /* a few pages of a large file from its owner's staged blocks, into memory (dp_fetch_pages, above):
- * the front door's answer to a shim's PAGES (front_door_ranges) */
+ * the front door's answer to a shim's PAGES (front_door_pages) */
 typedef int64_t dp_fetch_pages_fn(struct dp *d, int owner, const char *key, int len, uint64_t size, int64_t mtime_ns,
                                   uint64_t offset, uint64_t length, char *dst, int timeout_ms);
 EXPORT dp_fetch_pages_fn dp_fetch_pages;
