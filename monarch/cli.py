@@ -204,7 +204,14 @@ def cmd_serve(args) -> int:
     rid = run_id() if args.embedded else job_id()
     if not rid:
         raise MonarchError("monarch serve --embedded is started by monarch run, with MONARCH_RUN_ID set")
-    return service.serve(config, rid, cluster, args.embedded, args.report)
+    try:
+        return service.serve(config, rid, cluster, args.embedded, args.report)
+    except BaseException:
+        # (a bad tier path, say): the peer threads stop before MPI is finalised at exit, which
+        # they would otherwise crash with a signal or an MPI abort that hides the error itself
+        if cluster is not None:
+            cluster.close()
+        raise
 
 
 def _slurm_allocation() -> bool:

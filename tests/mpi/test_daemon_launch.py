@@ -1,8 +1,11 @@
-"""The daemons' launch line (monarch.cluster.world.daemon_launch) after an Open MPI job was
-SIGKILLed on the node: the killed mpiexec leaves its session directory, ``$TMPDIR/ompi.<pid>``,
-and once pids wrap a new mpiexec given that pid could not bind its PMIx rendezvous socket
-("The PMIx server's listener thread failed to start": a CI run failed so, 4 nodes that never
-came up). The launch now keeps its session in a directory of its own."""
+"""The daemons' launch line (monarch.cluster.world.daemon_launch).
+
+After an Open MPI job was SIGKILLed on the node: the killed mpiexec leaves its session
+directory, ``$TMPDIR/ompi.<pid>``, and once pids wrap a new mpiexec given that pid could not
+bind its PMIx rendezvous socket ("The PMIx server's listener thread failed to start": a CI run
+failed so, 4 nodes that never came up). The launch now keeps its session in a directory of its own.
+
+A configuration error the daemons find once MPI runs is said as itself, with either engine."""
 
 import os
 import shutil
@@ -15,7 +18,7 @@ import time
 import psutil
 import pytest
 
-from monarch.cluster.world import ULFM, daemon_launch, openmpi_prefix
+from monarch.cluster.world import MPICH, ULFM, daemon_launch, openmpi_prefix
 from support.harness import monarch_env
 
 pytestmark = pytest.mark.mpi
@@ -88,3 +91,34 @@ def test_a_launch_given_a_killed_jobs_pid_still_starts(tmp_path):
         pytest.skip("another process took the chosen pid five times")
     assert proc.returncode == 0 and out.count("sum 2") == 2, out
     assert launch.scratch is None
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("engine", [MPICH, ULFM])
+def test_a_tier_path_missing_on_every_node_is_said_and_nothing_else(engine, short_tmp):
+    """A run base that does not exist is found after MPI_Init, once the peers' threads run. The
+    daemons used to exit with it still polling a finalised MPI: MPICH's hydra printed "BAD
+    TERMINATION ... Floating point exception (signal 8)", Open MPI an abort per rank from
+    MPI_Improbe; the error itself was lost among them. Each rank now says it and exits 2."""
+    if engine == ULFM and openmpi_prefix() is None:
+        pytest.skip("no Open MPI installed (scripts/install.sh installs it)")
+    ds = os.path.join(short_tmp, "ds")
+    os.makedirs(ds)
+    with open(os.path.join(ds, "a"), "wb") as f:
+        f.write(b"x" * 100)
+    cfg = os.path.join(short_tmp, "monarch.yaml")
+    with open(cfg, "w") as f:
+        f.write(f'dataset: {{roots: ["{ds}"]}}\nrun_base: "{short_tmp}/missing${{MONARCH_NODE}}"\n'
+                f'tiers:\n  - {{name: ram, path: "{short_tmp}/ram${{MONARCH_NODE}}", capacity: 64MiB}}\n')
+    launch = daemon_launch(2, one_host=True, environ={**os.environ, "MONARCH_MPI_ENGINE": engine})
+    try:
+        proc = subprocess.run([*launch.argv, sys.executable, "-m", "monarch", "serve", "-c", cfg],
+                              env=monarch_env(**launch.env), capture_output=True, text=True, timeout=180)
+    finally:
+        launch.close()
+    out = proc.stdout + proc.stderr
+    for k in range(2):
+        assert f"monarch: error: {short_tmp}/missing{k} does not exist; create it or fix the path" in out, out
+    assert proc.returncode == 2, out
+    for noise in ("BAD TERMINATION", "signal", "MPI_ERRORS_ARE_FATAL", "An error occurred"):
+        assert noise not in out, out
