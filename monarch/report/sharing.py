@@ -36,7 +36,7 @@ def sharing_lines(report: dict) -> list[str]:
             if t.get("not_shared"):
                 lines.append(f"tier {name} not shared: {t['not_shared']}")
             if not shared or not (shared.get("from_others_files") or shared.get("waited") or shared.get("left_until")
-                                  or t.get("files") or shared.get("restaged_files")):
+                                  or t.get("files") or shared.get("restaged_files") or shared.get("resumed_files")):
                 continue  # a shared tier nothing was put in or read from: nothing to say
             joined = shared.get("jobs_at_join", 0)
             lines.append(f"tier {name} shared: {shared.get('from_others_files', 0)} files "
@@ -48,6 +48,11 @@ def sharing_lines(report: dict) -> list[str]:
                 n = shared["restaged_files"]
                 lines.append(f"tier {name} re-staged: changed since the set's copy: {n} file{'s' if n != 1 else ''} "
                              f"({human(shared.get('restaged_bytes', 0))}), the set's copy replaced")
+            if shared.get("resumed_files"):
+                n = shared["resumed_files"]
+                lines.append(f"tier {name} resumed: {n} large file{'s' if n != 1 else ''} another job left partly "
+                             f"staged, {human(shared.get('resumed_bytes', 0))} of "
+                             f"{human(shared.get('resumed_of_bytes', 0))} kept, the rest staged from there")
             if shared.get("configured_capacity") not in (None, shared.get("capacity")):
                 lines.append(f"tier {name}: joined with the set's capacity, {human(shared['capacity'])} "
                              f"(this job's configuration says {human(shared['configured_capacity'])})")

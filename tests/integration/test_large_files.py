@@ -453,6 +453,38 @@ def test_two_jobs_of_one_user_share_a_large_files_blocks_and_read_the_pfs_once(s
     assert pfs.counters()["bytes"] <= 1.15 * size  # the staging once, and what was read before its blocks
 
 
+FIRST_PART = r"""
+with open(path, "rb", buffering=0) as f:
+    ok = f.read(MiB) == want(0, MiB)
+time.sleep(float(sys.argv[5]))  # the job's work, while the copy goes on
+print(json.dumps({"ok": ok, "staged": staged()[0]}))
+"""
+
+WHOLE_FILE = r"""
+with open(path, "rb", buffering=0) as f:
+    ok = hashlib.md5(f.read()).digest() == hashlib.md5(want(0, size)).digest()
+wait_whole()
+print(json.dumps({"ok": ok}))
+"""
+
+
+def test_a_chain_of_jobs_stages_on_from_the_blocks_a_gone_job_left(short_tmp, slow_pfs):
+    """Job 1 of a chain ends with its large file partly staged in the shared set (the default);
+    job 2 reads the whole file: it keeps job 1's blocks and reads the PFS for the rest only,
+    every byte checked. Before, job 2 removed them and read the whole file again: a chain of
+    jobs each shorter than the copy never finished it."""
+    size = 32 * MiB
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 20, "1GiB")
+    first, _, _ = run_reader(short_tmp, cfg, "MiB = 1 << 20\n" + FIRST_PART, path, src, tier_base, pfs, extra=("0.8",))
+    # (20 MB/s: a copy of 1.7 s; what job 1 staged is more than job 2's bound leaves for a second read)
+    assert first["ok"] and 6 <= first["staged"] < size // MiB, first
+    second, rep, _ = run_reader(short_tmp, cfg, WHOLE_FILE, path, src, tier_base, pfs)
+    assert second["ok"], second
+    assert pfs.counters()["bytes"] <= 1.15 * size, (first, pfs.counters()["bytes"] / size)  # the chain: the file once
+    shared = rep["nodes"][0]["tiers"][0]["shared"]
+    assert shared["resumed_files"] == 1 and shared["resumed_bytes"] >= first["staged"] * MiB, shared
+
+
 LARGE_READS = r"""
 kind = sys.argv[5]
 t0 = time.monotonic()

@@ -109,6 +109,7 @@ class BlockFile:
         self.done = False           # nothing more will be staged (whole, out of budget, failed, dropped)
         self.whole = False          # every block staged and published as a plain copy
         self.dropped = False        # the job wrote to it: its files go once no block is under way
+        self.stopped = False        # done because the stager stopped: blocks under way still end STAGED
         self.borrowed = False       # another job of the user stages it in a shared tier: served, not staged
         self.direct = False         # its source is read with O_DIRECT (past the client's page cache)
         self.source_fd = -1
@@ -225,6 +226,50 @@ class BlockFile:
             os.close(mfd)
         self.states = memoryview(self._map)[BLOCKMAP_HEADER.size:BLOCKMAP_HEADER.size + self.blocks]
         self.owners = memoryview(self._map)[owners_at(self.blocks):].cast("h")
+
+    def resume(self) -> int | None:
+        """Take up the copy and map a gone job left unfinished in a shared set (the key's claim
+        held, no job staging it): locked as ``create`` locks a new one, its STAGED blocks kept,
+        every other block ABSENT (what was under way, wanted or planned was that job's), the
+        header's findings of that job's readers cleared. Returns how many blocks it holds staged;
+        None if they are not this file's (its size, its mtime) or another job took them meanwhile."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            st = os.fstat(fd)
+            mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                if not stat.S_ISREG(st.st_mode) or st.st_size != self.info.size \
+                        or os.fstat(mfd).st_size != map_size(self.blocks):
+                    raise ValueError("not this file's copy")
+                m = mmap.mmap(mfd, map_size(self.blocks))
+            finally:
+                os.close(mfd)
+            magic, version, shift, size, mtime_ns, blocks, *_ = BLOCKMAP_HEADER.unpack_from(m)
+            if (magic, version, shift, size, mtime_ns, blocks) != (BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT,
+                                                                   self.info.size, self.info.mtime_ns, self.blocks):
+                m.close()
+                raise ValueError("not this file's map")
+        except (OSError, ValueError):
+            os.close(fd)
+            return None
+        self.copy_fd, self._map = fd, m
+        for at in (BLOCKMAP_DONE_OFFSET, BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_WAIT_OFFSET, BLOCKMAP_WINDOW_OFFSET,
+                   BLOCKMAP_RECORDS_OFFSET):
+            m[at:at + 8] = bytes(8)
+        m[BLOCKMAP_FILL_OFFSET:BLOCKMAP_FILL_OFFSET + 8] = int(self.budget >= self.blocks).to_bytes(8, "little")
+        self.states = memoryview(m)[BLOCKMAP_HEADER.size:BLOCKMAP_HEADER.size + self.blocks]
+        self.owners = memoryview(m)[owners_at(self.blocks):].cast("h")
+        self.owners[:] = memoryview(b"\xff\xff" * self.blocks).cast("h")
+        kept = bytes(self.states)
+        self.states[:] = bytes(BLOCK_STAGED if s == BLOCK_STAGED else BLOCK_ABSENT for s in kept)
+        self.staged = self.taken = kept.count(BLOCK_STAGED)
+        short = BLOCK * self.blocks - self.info.size
+        self.staged_bytes = self.staged * BLOCK - (short if kept[-1] == BLOCK_STAGED else 0)
+        return self.staged
 
     def next_block(self, demand_only: bool) -> int | None:
         """The next block to read, marked FILLING (caller holds the stager's lock): one the shim

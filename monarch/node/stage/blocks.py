@@ -17,8 +17,8 @@ probes (a hard link to the copy), so later opens are plain descriptors of it.
 In a tier shared by the user's jobs (``shared_tier.py``) what the set holds of a file is
 settled under the file's claim before a job stages it: a whole copy of this job's file is
 booked; a block copy a live job stages is served as it fills (that job holds a lock on the
-copy while it stages); a complete one a gone job left is published; anything else of the
-key (another version of the file, whole or by blocks, or a gone job's unfinished blocks) is
+copy while it stages); a complete one a gone job left is published, an unfinished one is
+staged on from its STAGED blocks; another version of the file, whole or by blocks, is
 removed, its room given back, and the file staged anew.
 
 Correct bytes first: a block is STAGED only once its bytes are in the copy; the source is
@@ -307,7 +307,7 @@ class BlockStager(RangeBlocks):
         (the first of a run fetched from a peer does, for the run)."""
         self._running -= running
         bf.in_flight.discard(b)
-        if ok and not bf.done and bf.states is not None:
+        if ok and (not bf.done or bf.stopped) and not bf.dropped and bf.states is not None:
             if self._lends_locked(bf, b):  # (a window's: it may leave for another the reader wants)
                 bf.states[b] = BLOCK_LENT
                 bf.lent.append(b)
@@ -373,15 +373,19 @@ class BlockStager(RangeBlocks):
                     bf = BlockFile(key, info, tier, 0, 0)
                     bf.borrowed, bf.done = True, True
                     return bf
+                if found == "resume":
+                    bf = self._resume(tier, key, info)
+                    if bf is not None:
+                        return bf
             return self._place(key, info, raw)
 
     def _settle(self, tier: SharedTier, key: str, info: FileInfo) -> str | None:
         """What the shared set in ``tier`` holds of ``key`` (its claim held): "whole" (a copy of
         this job's file at the key, booked now: published here if a gone job left it complete by
         blocks), "borrow" (a live job stages it by blocks: served as its blocks come, the shim
-        checking the map against this job's snapshot), None: stage it. What the set held of
-        another version of the file, whole or by blocks, goes with its room (said as
-        re-staged), and so do blocks a gone job left unfinished."""
+        checking the map against this job's snapshot), "resume" (a gone job left this file's
+        blocks unfinished: ``_resume`` takes them up), None: stage it. What the set held of
+        another version of the file, whole or by blocks, goes with its room (said as re-staged)."""
         dest = tier.path_for(key)
         copy, bmap = os.path.join(tier.path, BLOCKS_DIR, key), os.path.join(tier.path, BLOCKMAP_DIR, key)
         whole = tier.matching(key, info)
@@ -405,6 +409,8 @@ class BlockStager(RangeBlocks):
             return "whole"
         if live and (blocks == "same" or not complete):
             return "borrow"  # (another version still being staged: this job's shim reads the PFS)
+        if blocks == "same" and whole is None:
+            return "resume"
         tier.remove_copies(*([dest] if whole is False else []), *([copy] if blocks else []))
         if blocks:
             with contextlib.suppress(OSError):
@@ -413,6 +419,42 @@ class BlockStager(RangeBlocks):
             tier.restaged(info.size)
             log.info("%s changed since the shared set's copy: staged anew", key)
         return None
+
+    def _resume(self, tier: SharedTier, key: str, info: FileInfo) -> BlockFile | None:
+        """The blocks of ``key`` a gone job left unfinished in ``tier``'s set, staged on from where
+        they are (a chain of jobs each shorter than the copy would otherwise never finish it).
+        Its room in the set's ledger (its sweep's: the copy's size) is given back, then taken
+        as for a new copy: the whole file's, else as many blocks as fit. None (its files gone,
+        staged anew by the caller) when the room holds fewer blocks than it has staged, or its
+        files are not this file's after all."""
+        bf = None
+        copy = os.path.join(tier.path, BLOCKS_DIR, key)
+        try:
+            tier.shared.give(tier.allocated(os.lstat(copy).st_size))
+        except OSError:
+            return None
+        blocks, whole = -(-info.size // BLOCK), tier.allocated(info.size)
+        if tier.has_room(whole) and self.books.reserve(tier, whole):
+            bf = BlockFile(key, info, tier, blocks, whole)
+        else:
+            n = min(blocks - 1, max(0, tier.capacity - tier.room) // BLOCK)
+            while n > 0 and not tier.reserve(n * BLOCK, counted=False):
+                n //= 2
+            if n > 0:
+                bf = BlockFile(key, info, tier, n, n * BLOCK)
+        staged = bf.resume() if bf is not None else None
+        if staged is None or staged > bf.budget:
+            if bf is not None:
+                bf.close()
+                tier.release(bf.reserved)
+            for path in (copy, os.path.join(tier.path, BLOCKMAP_DIR, key)):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # (its room was given back above)
+            return None
+        tier.resumed(info.size, bf.staged_bytes)
+        log.info("%s: %d of its %d blocks were staged by a job that has gone; staging the rest", key, staged,
+                 bf.blocks)
+        return bf
 
     def _place(self, key: str, info: FileInfo, raw: list[Tier]) -> BlockFile | None:
         """``key``'s block file in the first raw tier that holds it, else in the raw tier
@@ -480,6 +522,7 @@ class BlockStager(RangeBlocks):
             self._fills_locked()  # a file the application's reads made whole is published
             self.closed = True
             for bf in self.files.values():
+                bf.stopped = not bf.done  # (its blocks under way are kept: the next job in the set stages on)
                 bf.finish()
             self._cv.notify_all()
 

@@ -9,6 +9,7 @@
   A copy of another version of the file (it changed since the set's copy), whole or by
   blocks, is removed under the claim and its room given back to the ledger: the job stages
   the file anew, once, and the next job finds it (``remove_copies``; blocks.py for large files).
+  Blocks of this version a gone job left unfinished are staged on, not read again (``resumed``).
 - The directory is not removed by the job: leaving the set does (the last job out, with
   no linger).
 
@@ -127,6 +128,7 @@ class SharedTier(Tier):
         self.configured_capacity = base.capacity
         self.from_others_files = self.from_others_bytes = 0  # copies another job staged, booked here
         self.restaged_files = self.restaged_bytes = 0  # stale copies (the file changed) this job replaced
+        self.resumed_files = self.resumed_bytes = self.resumed_of_bytes = 0  # block copies a gone job left unfinished
 
     @classmethod
     def from_config(cls, cfg: TierConfig, slot: int, run_id: str, node: int, roots: tuple[str, ...],
@@ -195,6 +197,14 @@ class SharedTier(Tier):
             self.restaged_files += 1
             self.restaged_bytes += size
 
+    def resumed(self, size: int, staged: int) -> None:
+        """A large file of ``size`` bytes whose copy by blocks a gone job left with ``staged``
+        bytes in it: this job stages the rest (blocks.py)."""
+        with self._lock:
+            self.resumed_files += 1
+            self.resumed_bytes += staged
+            self.resumed_of_bytes += size
+
     def remove_copies(self, *paths: str) -> bool:
         """Remove the set's files ``paths`` of one key (its copy, its block copy; the caller holds
         the key's claim) and give the ledger back the room of each copy among them, once per
@@ -256,6 +266,8 @@ class SharedTier(Tier):
                          "jobs_at_join": shared.others_at_join, "jobs_now": shared.others_live(),
                          "from_others_files": self.from_others_files, "from_others_bytes": self.from_others_bytes,
                          "restaged_files": self.restaged_files, "restaged_bytes": self.restaged_bytes,
+                         "resumed_files": self.resumed_files, "resumed_bytes": self.resumed_bytes,
+                         "resumed_of_bytes": self.resumed_of_bytes,
                          "waited": shared.claims_waited, "wait_timed_out": shared.claims_timed_out,
                          "linger": shared.linger, "set_bytes": shared.taken()}
         if shared.linger > 0 and out["shared"]["jobs_now"] == 0 and out["shared"]["set_bytes"]:  # else removed

@@ -31,6 +31,13 @@ def test_the_report_says_which_files_were_staged_anew_because_they_changed_since
         in sharing_lines(report)
 
 
+def test_the_report_says_which_large_files_were_staged_on_from_blocks_another_job_left():
+    report = {"nodes": [{"tiers": [tier("ram", 1, resumed_files=1, resumed_bytes=16 << 20,
+                                        resumed_of_bytes=32 << 20)]}]}
+    assert "tier ram resumed: 1 large file another job left partly staged, 16.0 MiB of 32.0 MiB kept, " \
+        "the rest staged from there" in sharing_lines(report)
+
+
 def test_at_the_start_a_per_job_base_and_another_capacity_are_said_in_one_line_each():
     lines = sharing_at_start({
         "ram": {"not_shared": "/dev/shm is private to each job on this node (Slurm's job_container/tmpfs): "

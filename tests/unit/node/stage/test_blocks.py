@@ -220,6 +220,57 @@ def test_a_shared_sets_copy_of_a_changed_large_file_is_replaced_once_and_the_nex
     leave(third, t3)
 
 
+def test_a_large_files_blocks_a_gone_job_left_unfinished_are_staged_on_by_the_next_job(tmp_path):
+    """A job of a chain ends with its large file partly staged in the shared set: the next job
+    keeps the blocks it staged and reads only the rest from the PFS (they used to be removed and
+    the whole file read again, so a chain of jobs shorter than the copy never warmed)."""
+    from monarch.node.tiers.shared_tier import SharedTier
+    root = tmp_path / "pfs"
+    (root / "d").mkdir(parents=True)
+    src, key = root / "d" / "big.bin", "0/d/big.bin"
+    data = os.urandom(20 * MiB + 3)
+    src.write_bytes(data)
+    (tmp_path / "base").mkdir()
+    cfg = TierConfig("ram", str(tmp_path / "base"), 1 << 30, False)
+
+    def job(run):
+        tier = SharedTier.from_config(cfg, 2, run, 0, (str(root),), linger=600, wait=5)
+        return Stager(take_snapshot((str(root),)), [tier]), tier
+
+    first, t1 = job("j1")
+    gate, read = threading.Event(), first.blocks._read_block
+    count = iter(range(1 << 30))
+
+    def read_some(bf, b, buf):  # the job ends after 8 blocks: the others wait for it
+        if next(count) >= 8:
+            gate.wait(10)
+        return read(bf, b, buf)
+
+    first.blocks._read_block = read_some
+    assert first.blocks.answer(key) is not None
+    bf1 = first.blocks.files[key]
+    deadline = time.monotonic() + 10
+    while bf1.staged < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first.shutdown()
+    gate.set()  # (the blocks under way end after the job's end: kept too)
+    assert first.drain(10)
+    t1.remove()
+    left = bf1.staged_bytes
+    assert 8 * MiB < left < len(data)
+    second, t2 = job("j2")
+    assert second.blocks.answer(key) is not None
+    bf2 = second.blocks.files[key]
+    wait_done(second, bf2)
+    assert bf2.whole and open(t2.path_for(key), "rb").read() == data
+    assert second.stats()["pfs_bytes_read"] == len(data) - left  # the gone job's blocks kept
+    assert (t2.resumed_files, t2.resumed_bytes, t2.resumed_of_bytes, t2.restaged_files) == (1, left, len(data), 0)
+    assert t2.shared.taken() == t2.allocated(len(data))  # its room in the set's ledger, once
+    second.shutdown()
+    assert second.drain(10)
+    t2.remove()
+
+
 def test_publishing_links_over_a_copy_of_another_version_and_leaves_no_temporary(tmp_path):
     src, dest = tmp_path / "copy", tmp_path / "key"
     src.write_bytes(b"new" * 10)
