@@ -436,12 +436,8 @@ class BlockStager(RangeBlocks):
         blocks, whole = -(-info.size // BLOCK), tier.allocated(info.size)
         if tier.has_room(whole) and self.books.reserve(tier, whole):
             bf = BlockFile(key, info, tier, blocks, whole)
-        else:
-            n = min(blocks - 1, max(0, tier.capacity - tier.room) // BLOCK)
-            while n > 0 and not tier.reserve(n * BLOCK, counted=False):
-                n //= 2
-            if n > 0:
-                bf = BlockFile(key, info, tier, n, n * BLOCK)
+        elif (n := self._room_for_blocks(tier, blocks)) > 0:
+            bf = BlockFile(key, info, tier, n, n * BLOCK)
         staged = bf.resume() if bf is not None else None
         if staged is None or staged > bf.budget:
             if bf is not None:
@@ -466,10 +462,16 @@ class BlockStager(RangeBlocks):
         best = max(raw, key=lambda t: t.capacity - t.room if t.full_reason is None else -1, default=None)
         if best is None:
             return None
-        n = min(-(-info.size // BLOCK) - 1, max(0, best.capacity - best.room) // BLOCK)
-        while n > 0 and not best.reserve(n * BLOCK, counted=False):
-            n //= 2  # the memory margin, or another copy took room meanwhile
+        n = self._room_for_blocks(best, -(-info.size // BLOCK))
         return self._made(key, info, best, n, n * BLOCK) if n > 0 else None
+
+    @staticmethod
+    def _room_for_blocks(tier: Tier, blocks: int) -> int:
+        """Room in ``tier`` for as many of a file's ``blocks`` as fit (fewer than all), taken: how many."""
+        n = min(blocks - 1, max(0, tier.capacity - tier.room) // BLOCK)
+        while n > 0 and not tier.reserve(n * BLOCK, counted=False):
+            n //= 2  # the memory margin, or another copy took room meanwhile
+        return n
 
     def _made(self, key: str, info: FileInfo, tier: Tier, budget: int, reserved: int) -> BlockFile | None:
         bf = BlockFile(key, info, tier, budget, reserved)
