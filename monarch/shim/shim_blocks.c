@@ -398,6 +398,21 @@ static int monarch_part_readv(int fd, const struct iovec *v, int c, off_t o, ssi
     return 1;
 }
 
+/* The application is about to read part pt's PFS file itself: said in the map (its pfs_reads)
+ * before the read, so that the daemon's read-ahead queues little ahead of it (read_pace.py). */
+static inline void monarch_part_read_pfs(struct monarch_part *pt)
+{
+    __atomic_fetch_add(&pt->hdr->pfs_reads, 1, __ATOMIC_RELAXED);
+}
+
+/* ... of a part's descriptor fd (its part: a read it did not serve from the copy). */
+static inline void monarch_part_reads_pfs(int fd)
+{
+    unsigned p = monarch_part_of(fd);
+    if (p)
+        monarch_part_read_pfs(&monarch_parts[p - 1]);
+}
+
 /* Bytes a descriptor of a part read from the PFS. */
 static inline void monarch_part_pfs_bytes(int fd, ssize_t n)
 {
@@ -529,6 +544,8 @@ static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags
 {
     unsigned part = monarch_part_of(fd);
     int share = flags & (MAP_SHARED | MAP_PRIVATE);
+    if (part) /* its faults read the PFS unseen, moved or not: the read-ahead is never alone on the link */
+        __atomic_store_n(&monarch_parts[part - 1].hdr->mapped, 1, __ATOMIC_RELAXED);
     if (!part || (prot & PROT_WRITE) || !(share == MAP_SHARED || share == MAP_PRIVATE) || !len
         || getpid() != monarch_pid)
         return;

@@ -103,6 +103,8 @@ static int monarch_part_staged(struct monarch_part *pt, uint64_t off, uint64_t n
 static int monarch_part_pread(int fd, void *buf, size_t n, off_t o, ssize_t *out);
 static int monarch_part_read(int fd, void *buf, size_t n, ssize_t *out);
 static int monarch_part_readv(int fd, const struct iovec *v, int c, off_t o, ssize_t *out);
+static inline void monarch_part_read_pfs(struct monarch_part *pt);
+static inline void monarch_part_reads_pfs(int fd);
 static inline void monarch_part_pfs_bytes(int fd, ssize_t n);
 static void monarch_part_mapped(int fd, void *p, size_t len, int prot, int flags, uint64_t off);
 static void monarch_mappings_forget_locked(uintptr_t addr, size_t len);

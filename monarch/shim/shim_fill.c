@@ -89,6 +89,7 @@ static int monarch_fill_run(int fd, int wfd, struct monarch_part *pt, uint64_t b
     if (w == MAP_FAILED)
         return 0;
     size_t got = 0;
+    monarch_part_read_pfs(pt); /* (each run: a long read keeps saying it) */
     while (got < len) {
         ssize_t r = (ssize_t)syscall(SYS_pread64, fd, w + got, len - got, (long)(off + got));
         if (r < 0 && errno == EINTR)
@@ -120,6 +121,7 @@ static int monarch_fill_run(int fd, int wfd, struct monarch_part *pt, uint64_t b
 static int monarch_fill_direct(int fd, char *buf, uint64_t start, uint64_t a, uint64_t z)
 {
     size_t got = 0;
+    monarch_part_reads_pfs(fd);
     while (got < z - a) {
         ssize_t r = (ssize_t)syscall(SYS_pread64, fd, buf + (a - start) + got, (size_t)(z - a - got), (long)(a + got));
         if (r < 0 && errno == EINTR)

@@ -55,6 +55,7 @@ static ssize_t monarch_stdio_read(void *cookie, char *buf, size_t n)
         n = s->ask;
     s->ask = s->ask < s->len / 2 ? s->ask * 2 : s->len;
     if (!(monarch_part_of(fd) && monarch_part_read(fd, buf, n, &r))) {
+        monarch_part_reads_pfs(fd);
         r = (ssize_t)syscall(SYS_read, fd, buf, n); /* the PFS's, counted as the read wrapper does */
         if (r > 0) {
             monarch_count_bytes(fd, (uint64_t)r);

@@ -121,8 +121,11 @@
         MONARCH_REAL(name, -1)                                                    \
         ssize_t l_ = 0;                                                           \
         monarch_blocks_resume();                                                  \
-        if (MONARCH_UNLIKELY(monarch_part_of(fd)) && (local))                     \
-            return (ret)l_;                                                       \
+        if (MONARCH_UNLIKELY(monarch_part_of(fd))) {                              \
+            if (local)                                                            \
+                return (ret)l_;                                                   \
+            monarch_part_reads_pfs(fd);                                           \
+        }                                                                         \
         ret n_ = real_ args;                                                      \
         if (n_ > 0) {                                                             \
             monarch_count_bytes(fd, (uint64_t)n_);                                \

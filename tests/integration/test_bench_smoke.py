@@ -62,7 +62,7 @@ BENCHES = [
           r"^md5sum under monarch run, opened from \(the report\): (?=.*\bpfs 0 \()(?=.*\bram 1 \(1\.00x the file\))",
           {"fuse"}),
     Bench("large/bench_block_copy.py", ["--quick"],
-          r"^  reader\s+[\d.]+s\s+\d+\s+\d+\s+[\d.]+s\s+[\d.]+s\s+[\d.]+s\s+[\d.]+x  OK\s+[\d.]+ MB/s, [\d.]+ ms, \d+ KiB x \d+ \(\d+\)$", {"fuse"}),
+          r"^  reader\s+[\d.]+s\s+\d+\s+\d+\s+[\d.]+s\s+[\d.]+s\s+[\d.]+s\s+[\d.]+x  OK\s+[\d.]+ MB/s, [\d.]+ ms, \d+ KiB x \d+ \(\d+\)(, [a-z ]+)*$", {"fuse"}),
     Bench("large/bench_large_reads.py", ["--quick", "--json", "{tmp}/large_reads.json"],
           r"^  monarch, half .*  OK$", {"fuse"}),
     Bench("large/bench_shards.py", ["--quick", "--json", "{tmp}/shards.json"],

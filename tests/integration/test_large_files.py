@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from monarch.node.stage import blocks
-from monarch.node.stage.block_map import (BLOCKMAP_EVICTIONS_OFFSET, BLOCKMAP_RECORDS_OFFSET, BLOCKMAP_WAIT_OFFSET,
+from monarch.node.stage.block_map import (BLOCKMAP_EVICTIONS_OFFSET, BLOCKMAP_MAPPED_OFFSET,
+                                          BLOCKMAP_PFS_READS_OFFSET, BLOCKMAP_RECORDS_OFFSET, BLOCKMAP_WAIT_OFFSET,
                                           BLOCKMAP_WINDOW_OFFSET)
 from support.harness import load, make_bases, monarch
 
@@ -264,6 +265,51 @@ def test_a_random_reader_of_records_gets_direct_faults_and_the_read_ahead_yields
     assert pace["yielding"] is (kind == "records"), pace
 
 
+SAYS_PFS_READS = r"""
+reads_at, mapped_at = int(sys.argv[5]), int(sys.argv[6])
+
+def header(at):
+    found = glob.glob(os.path.join(tier_base, "**", ".blockmap", "**", os.path.basename(path)), recursive=True)
+    with open(found[0], "rb") as f:
+        return struct.unpack_from("<Q", f.read(at + 8), at)[0]
+
+fd = os.open(path, os.O_RDONLY)
+bad = 0
+before = header(reads_at)
+states, _ = block_map()
+b = states.rindex(0) if 0 in states else None  # a block still on the PFS only
+if b is not None:
+    bad += os.pread(fd, 4096, b << 20) != want(b << 20, 4096)
+after_pfs = header(reads_at)
+wait_whole()
+for off in range(0, size, 1 << 20):
+    bad += os.pread(fd, 1 << 20, off) != want(off, 1 << 20)
+after_copy = header(reads_at)
+mapped_before = header(mapped_at)
+m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+bad += m[size - 4096:] != want(size - 4096, 4096)
+print(json.dumps({"bad": bad, "absent": b, "reads": [before, after_pfs, after_copy],
+                  "mapped": [mapped_before, header(mapped_at)]}))
+"""
+
+
+def test_the_shim_says_in_the_map_when_the_application_reads_the_pfs_file_itself(short_tmp, slow_pfs):
+    """The daemon's read-ahead keeps little of the link queued ahead of the application's reads
+    of the PFS; where there are none (a reader of the copy only, as cat's) it is alone on the
+    link and fills it. The shim says which: a read of a block not staged raises the map's
+    pfs_reads, a read of the copy does not, and a mapping of the PFS's file (its faults read it
+    unseen) sets the map's mapped."""
+    size = 32 * MiB  # 2 s at 16 MB/s: a block is still on the PFS at the first read
+    pfs, cfg, path, src, tier_base = setup_case(short_tmp, slow_pfs, size, 16, "1GiB")
+    out, rep, _ = run_reader(short_tmp, cfg, SAYS_PFS_READS, path, src, tier_base, pfs,
+                             extra=(str(BLOCKMAP_PFS_READS_OFFSET), str(BLOCKMAP_MAPPED_OFFSET)))
+    assert out["bad"] == 0, out
+    assert out["absent"] is not None, out
+    before, after_pfs, after_copy = out["reads"]
+    assert after_pfs > before and after_copy == after_pfs, out
+    assert out["mapped"] == [0, 1], out
+
+
 PARTLY = r"""
 fd = os.open(path, os.O_RDONLY)
 bad = 0
@@ -391,7 +437,7 @@ def test_every_reader_family_reads_the_sources_bytes_while_blocks_arrive(short_t
 
 def test_the_block_map_header_is_what_the_shim_reads():
     """blocks.BLOCKMAP_HEADER packs the C struct monarch_blockmap_header (its size: test_wire)."""
-    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3, 4, 7, 8, 9, 10)
+    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3, 4, 7, 8, 9, 10, 11, 12)
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_DONE_OFFSET)[0] == 1
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_READAROUND_OFFSET)[0] == 3
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_FILL_OFFSET)[0] == 4
@@ -399,6 +445,8 @@ def test_the_block_map_header_is_what_the_shim_reads():
     assert struct.unpack_from("<Q", raw, BLOCKMAP_WINDOW_OFFSET)[0] == 8
     assert struct.unpack_from("<Q", raw, BLOCKMAP_EVICTIONS_OFFSET)[0] == 9
     assert struct.unpack_from("<Q", raw, BLOCKMAP_RECORDS_OFFSET)[0] == 10
+    assert struct.unpack_from("<Q", raw, BLOCKMAP_PFS_READS_OFFSET)[0] == 11
+    assert struct.unpack_from("<Q", raw, BLOCKMAP_MAPPED_OFFSET)[0] == 12
     assert raw[:8] == b"BLOCKMAP"
 
 

@@ -37,9 +37,10 @@ __all__ = ["BLOCK", "BLOCK_SHIFT", "BLOCKMAP_HEADER", "BlockFile", "copy_state",
 # its map: BLOCKMAP_HEADER, then a state byte per block, padded to 8, then an int16 per block: its owner
 # (a cluster's; -1: none to ask, this node's own or alone)
 BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
-BLOCKMAP_VERSION = 8
-# magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill, wait_us, window, evictions, records
-BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQQQQ")
+BLOCKMAP_VERSION = 9
+# magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill, wait_us, window, evictions, records,
+# pfs_reads, mapped
+BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQQQQQQ")
 BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
 BLOCKMAP_READAROUND_OFFSET = 48  # "readaround": nonzero once the PFS's round trip is long (ReadPace.readaround)
 BLOCKMAP_FILL_OFFSET = 56  # "fill": nonzero while a shim's large read may fill blocks (the file has room whole)
@@ -49,6 +50,8 @@ BLOCKMAP_EVICTIONS_OFFSET = 80  # "evictions": LENT blocks that left, raised aft
 BLOCKMAP_RECORDS_OFFSET = 88  # "records" (a shim's find): RECORDS_YES, a mapping's reader reads records of several
 RECORDS_YES = 1  # pages at random; RECORDS_NO, pages or in order; 0: none yet
 RECORDS_NO = 2
+BLOCKMAP_PFS_READS_OFFSET = 96  # "pfs_reads": raised by a shim at each of the application's reads of the PFS's file
+BLOCKMAP_MAPPED_OFFSET = 104  # "mapped": nonzero once a shim saw the PFS's file mapped (its faults read it unseen)
 PEER_WAIT_US = 1_000_000   # ... at most: an owner reads a run of blocks from the PFS first if need be (8 MiB: 20 ms at
 # 400 MB/s, 160 ms at 50 MB/s; more when the link is shared): a read that waits longer reads the PFS
 BLOCK_ABSENT = 0
@@ -109,6 +112,7 @@ class BlockFile:
         self.done = False           # nothing more will be staged (whole, out of budget, failed, dropped)
         self.whole = False          # every block staged and published as a plain copy
         self.dropped = False        # the job wrote to it: its files go once no block is under way
+        self._pfs_reads = (0, float("-inf"))  # the map's pfs_reads as last seen, and when it moved
         self.stopped = False        # done because the stager stopped: blocks under way still end STAGED
         self.borrowed = False       # another job of the user stages it in a shared tier: served, not staged
         self.direct = False         # its source is read with O_DIRECT (past the client's page cache)
@@ -216,7 +220,7 @@ class BlockFile:
             raise
         self.copy_fd = fd
         header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, self.info.size,
-                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0, 0, 0, 0)
+                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0, 0, 0, 0, 0, 0)
         pad = owners_at(self.blocks) - BLOCKMAP_HEADER.size - self.blocks
         write_file_atomically(self.map_path, [header, bytes(self.blocks + pad), b"\xff\xff" * self.blocks], 0o600)
         mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -258,7 +262,7 @@ class BlockFile:
             return None
         self.copy_fd, self._map = fd, m
         for at in (BLOCKMAP_DONE_OFFSET, BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_WAIT_OFFSET, BLOCKMAP_WINDOW_OFFSET,
-                   BLOCKMAP_RECORDS_OFFSET):
+                   BLOCKMAP_RECORDS_OFFSET, BLOCKMAP_PFS_READS_OFFSET, BLOCKMAP_MAPPED_OFFSET):
             m[at:at + 8] = bytes(8)
         m[BLOCKMAP_FILL_OFFSET:BLOCKMAP_FILL_OFFSET + 8] = int(self.budget >= self.blocks).to_bytes(8, "little")
         self.states = memoryview(m)[BLOCKMAP_HEADER.size:BLOCKMAP_HEADER.size + self.blocks]
@@ -460,6 +464,19 @@ class BlockFile:
         m = self._map
         return (m is not None and not self.done
                 and int.from_bytes(m[BLOCKMAP_RECORDS_OFFSET:BLOCKMAP_RECORDS_OFFSET + 8], "little") == RECORDS_YES)
+
+    def read_on_pfs(self, now: float, quiet: float) -> bool:
+        """Does the application read the PFS's file itself: mapped (its faults read it unseen),
+        or a shim's read of it within the last ``quiet`` seconds (the map's ``pfs_reads`` moved)?"""
+        m = self._map
+        if m is None or self.done:
+            return False
+        if int.from_bytes(m[BLOCKMAP_MAPPED_OFFSET:BLOCKMAP_MAPPED_OFFSET + 8], "little"):
+            return True
+        reads = int.from_bytes(m[BLOCKMAP_PFS_READS_OFFSET:BLOCKMAP_PFS_READS_OFFSET + 8], "little")
+        if reads != self._pfs_reads[0]:
+            self._pfs_reads = (reads, now)
+        return now - self._pfs_reads[1] < quiet
 
     def close(self) -> None:
         for fd in (self.copy_fd, self.source_fd):

@@ -50,7 +50,7 @@ from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_FILLING, BL
                                           BLOCKMAP_READAROUND_OFFSET, BLOCKMAP_VERSION, RECORDS_NO, RECORDS_YES,
                                           BlockFile, copy_state, link_over, staged_bytes)
 from monarch.node.stage.block_ranges import RangeBlocks, RangePeers
-from monarch.node.stage.read_pace import ReadPace
+from monarch.node.stage.read_pace import ALONE_QUIET, ReadPace
 from monarch.routes import BLOCKS_MIN, Route
 from monarch.node.stage.sources import PFSSource, SourceChanged
 from monarch.node.tiers.shared_tier import SharedTier
@@ -195,9 +195,7 @@ class BlockStager(RangeBlocks):
         buf = mmap.mmap(-1, BLOCK)  # page-aligned, as a read with O_DIRECT wants
         with self.books.lock:
             while not self.closed:
-                # a mapping's reader of records at random (a shim's find: the map's records) waits
-                # for its faults behind the read-ahead's queue: yield the link while its file stages
-                self.pace.yield_to_records(any(bf.records for bf in self._active))
+                self._pace_locked()
                 picked = self._next_locked() if self._running < self.pace.blocks else None
                 if picked is None:
                     if not self._running:
@@ -228,6 +226,20 @@ class BlockStager(RangeBlocks):
                     for i, (x, ok) in enumerate(done):
                         self._ended_locked(bf, x, ok, running=i == 0)
 
+    def _pace_locked(self) -> None:
+        """What the read-ahead's pace minds now, looked at before each pick and request: a
+        mapping's reader of records at random (a shim's find: the map's records) waits for its
+        faults behind the read-ahead's queue, so the link is yielded while its file stages; and
+        where no application reads the PFS's files (none mapped, no shim's read of them for a
+        while), no read queues behind it: alone on the link."""
+        staging = [bf for bf in self._active if not bf.done]
+        if not staging:
+            return  # (nothing staged: the pace stays as the last file left it, the report's)
+        self.pace.yield_to_records(any(bf.records for bf in staging))
+        now = time.monotonic()
+        reading = [bf.read_on_pfs(now, ALONE_QUIET) for bf in staging]  # (each file's count seen)
+        self.pace.alone_on_link(not any(reading))
+
     def _read_block(self, bf: BlockFile, b: int, buf: mmap.mmap) -> bool:
         """Read block ``b`` of ``bf`` from the PFS into the copy. False (the file is given up:
         it stays on the PFS) when its source is no longer the snapshot's or cannot be read."""
@@ -239,6 +251,7 @@ class BlockStager(RangeBlocks):
             got = 0
             while got < want:  # (lengths in whole pages: O_DIRECT; the file's end reads short)
                 with self.books.lock:
+                    self._pace_locked()
                     step = self.pace.request_bytes()
                     pause = self.pace.yield_pause()  # (0 unless it yields to a reader of records)
                 if pause:

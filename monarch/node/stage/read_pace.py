@@ -38,6 +38,17 @@ about ``WAIT`` of it, at any rate and any latency.
 
 Before the first window the requests are ``READ_MIN``: yield first.
 
+The queue bound is for the application's own reads of the PFS; where there are none, it only
+slows the copy. A whole-file reader in small calls (``md5sum``, ``cat``) reads the blocks from the
+copy as they land, waiting for the read-ahead, and at 50 MB/s two requests of 40 KiB kept the link
+at 46.9-49 of its 50 MB/s (the time from one request's end to the next one's start, a daemon's and
+a FUSE server's threads on a busy node, is about a request's time there): 1.01-1.10x direct's
+time. So while the read-ahead is ``alone`` on the link (no file of it mapped, whose faults read the
+PFS unseen, and no shim's read of the PFS for ``ALONE_QUIET``: the map's ``mapped`` and
+``pfs_reads``, ``blocks.py`` looks) it keeps ``REQUESTS`` requests and ``ALONE_WAIT`` of the link in
+flight (four of 128 KiB at 50 MB/s, of 1 MiB at 400): the same reader at 0.99-1.00x. An
+application's first read of the PFS after a quiet second waits behind at most that, 1% of it.
+
 A reader of records (an LMDB's values of 64 KiB, read at random through a mapping: the shim tells
 it by the runs of pages its faults bring in, and says so in the block map's ``records``) waits
 for its faults one after another, each a read-around of 128 KiB; behind the read-ahead's queue
@@ -83,6 +94,8 @@ YIELD_REQUEST = 64 << 10  # yielding to a reader of records: one request at a ti
 YIELD_TARGET = 0.001  # ... held back by the application's reads up to this, it goes on at once
 YIELD_GAIN = 16       # ... beyond it, it waits this many times as long before its next request
 YIELD_PAUSE_MAX = 0.05
+ALONE_WAIT = 0.010  # alone on the link: the link's time in flight beyond the round trip
+ALONE_QUIET = 1.0   # ... once no application's read of the PFS came for this long
 
 
 class ReadPace:
@@ -107,6 +120,7 @@ class ReadPace:
         self.yielding = False             # to a reader of records (``yield_to_records``)
         self._yield_base: float | None = None  # the quickest yielding request: its time alone on the link
         self._yield_excess = 0.0          # the last one's time beyond it: the application's bytes ahead of it
+        self.alone = False                # no application's read of the PFS queues behind it (``alone_on_link``)
 
     def yield_to_records(self, on: bool) -> None:
         """While ``on``, one request at a time of YIELD_REQUEST: a reader of records' faults
@@ -114,6 +128,17 @@ class ReadPace:
         if on != self.yielding:
             self.yielding = on
             self.idle()
+
+    def alone_on_link(self, on: bool) -> None:
+        """While ``on`` no application's read of the PFS queues behind the read-ahead: it keeps
+        ``REQUESTS`` requests and ``ALONE_WAIT`` of the link in flight. Either way the bytes in
+        flight are set at once for the new bound (not a window later: the first request asked
+        after ``on`` ends is already small)."""
+        if on != self.alone:
+            self.alone = on
+            self.idle()
+            if self.rate:
+                self.in_flight_bytes = int(min(self.rate * (self.latency + self.wait), MAX_BLOCKS * self.block))
 
     def yield_pause(self) -> float:
         """Seconds to wait before the next yielding request: the time the application's reads
@@ -168,13 +193,14 @@ class ReadPace:
 
     @property
     def requests(self) -> int:
-        """Requests at once at the least: fewer on a slow link."""
-        return SLOW_REQUESTS if self.rate is not None and self.rate < SLOW_RATE else REQUESTS
+        """Requests at once at the least: fewer on a slow link, unless alone on it."""
+        slow = self.rate is not None and self.rate < SLOW_RATE and not self.alone
+        return SLOW_REQUESTS if slow else REQUESTS
 
     @property
     def wait(self) -> float:
         """Seconds of the read-ahead an application's read queues behind at most."""
-        return WAIT * self.requests / REQUESTS
+        return ALONE_WAIT if self.alone else WAIT * self.requests / REQUESTS
 
     @property
     def latency(self) -> float | None:
@@ -210,7 +236,7 @@ class ReadPace:
                 "latency_ms": round(self.latency * 1e3, 2) if self.latency is not None else None,
                 "readaround": self.readaround,
                 "request_bytes": self.request_bytes(), "blocks": self.blocks, "peak_blocks": self.peak_blocks,
-                "yielding": self.yielding}
+                "yielding": self.yielding, "alone": self.alone}
 
 
 def describe(state: dict) -> str:
@@ -218,4 +244,5 @@ def describe(state: dict) -> str:
     size x the blocks read at once (the most at once)."""
     return (f"{state['rate_mb_s']} MB/s, {state['latency_ms']} ms, {state['request_bytes'] >> 10} KiB"
             f" x {state['blocks']} ({state['peak_blocks']})"
-            + (", yielding to a reader of records" if state.get("yielding") else ""))
+            + (", yielding to a reader of records" if state.get("yielding") else "")
+            + (", alone on the link" if state.get("alone") else ""))

@@ -304,6 +304,38 @@ def test_the_maps_records_say_when_the_read_ahead_yields(tmp_path):
         bf.close()
 
 
+def test_the_read_ahead_is_alone_on_the_link_while_no_application_reads_the_pfs_file(tmp_path):
+    """The map's pfs_reads (a shim's read of the PFS's file) take the read-ahead off the link for
+    ALONE_QUIET; the map's mapped (faults read it unseen) for good; a file done minds neither."""
+    stager, tier, key, _ = setup(tmp_path, 4 * MiB, 1 << 30)
+    info = stager.snapshot.files[key]
+    bf = block_map.BlockFile(key, info, tier, 4, tier.allocated(info.size))
+    bf.create()
+    stager.blocks._active.append(bf)
+    bump = lambda at, v: bf._map.__setitem__(slice(at, at + 8), v.to_bytes(8, "little"))  # noqa: E731 (the shim's
+    try:
+        with stager.lock:
+            stager.blocks._pace_locked()
+        assert stager.blocks.pace.alone  # nothing read on the PFS: a reader of the copy alone
+        now = time.monotonic()
+        assert not bf.read_on_pfs(now, 1.0)
+        bump(block_map.BLOCKMAP_PFS_READS_OFFSET, 3)
+        assert bf.read_on_pfs(now, 1.0) and bf.read_on_pfs(now + 0.9, 1.0)  # a read a moment ago
+        assert not bf.read_on_pfs(now + 1.1, 1.0)  # none since, for a second
+        bump(block_map.BLOCKMAP_PFS_READS_OFFSET, 4)
+        assert bf.read_on_pfs(now + 1.2, 1.0)
+        with stager.lock:
+            stager.blocks._pace_locked()
+        assert not stager.blocks.pace.alone
+        bump(block_map.BLOCKMAP_MAPPED_OFFSET, 1)
+        assert bf.read_on_pfs(now + 100, 1.0)  # mapped: its faults are never seen
+        bf.finish()
+        assert not bf.read_on_pfs(now + 100, 1.0)  # done: no read-ahead left to mind them
+    finally:
+        stager.blocks._active.remove(bf)
+        bf.close()
+
+
 class TwoNodes:
     """``RangePeers`` of node 0 of two: 16-block ranges alternate, node 1 lost once ``lost``."""
 

@@ -21,10 +21,13 @@ class Link:
     bytes take their turn on a wire of ``rate`` bytes/s (first come, first served), at most
     ``servers`` requests at once. The read-ahead keeps ``pace.blocks`` requests going; every
     ``probe_every`` s an application's read of ``probe`` bytes comes, and its wait beyond the
-    latency and its own bytes is what the read-ahead cost it."""
+    latency and its own bytes is what the read-ahead cost it. ``turnaround``: the requester's time
+    from a request's end to its next one (unseen in the requests' own times)."""
 
-    def __init__(self, pace, clock, rate, latency=0.0, cost=0.0, servers=10_000, probe=4096, probe_every=0.01):
+    def __init__(self, pace, clock, rate, latency=0.0, cost=0.0, servers=10_000, probe=4096, probe_every=0.01,
+                 turnaround=0.0):
         self.pace, self.clock = pace, clock
+        self.turnaround = turnaround
         self.rate, self.latency, self.cost, self.servers = rate, latency, cost, servers
         self.probe, self.probe_every = probe, probe_every
         self.wire_free = clock.now
@@ -62,12 +65,15 @@ class Link:
                 continue
             done, _, nbytes, issued = heapq.heappop(self.events)
             self.clock.now = done
-            if nbytes is None:
+            if nbytes == -1:  # a turnaround's end: the requester asks again
+                self.running -= 1
+            elif nbytes is None:
                 self.waits.append((done, done - issued - self.latency - self.probe / self.rate - self.cost))
             else:
-                self.running -= 1
                 self.delivered += nbytes
                 self.pace.delivered(nbytes, done - issued)
+                self.seq += 1
+                heapq.heappush(self.events, (done + self.turnaround, self.seq, -1, done))
 
     def mean_wait(self, since):
         waits = [w for t, w in self.waits if t >= since]
@@ -243,3 +249,30 @@ def test_a_yielding_request_the_applications_reads_held_back_is_followed_by_a_pa
     assert pace.yield_pause() == read_pace.YIELD_PAUSE_MAX
     pace.yield_to_records(False)
     assert pace.yield_pause() == 0.0
+
+
+def test_alone_on_a_slow_link_four_requests_keep_it_full_across_each_requests_turnaround():
+    """A whole-file reader in small calls reads the copy as blocks land: no read of its queues
+    behind the read-ahead. On a slow link two requests, each turned around in about its own
+    time (a daemon's and a FUSE server's threads on a busy node), left the link part idle; alone
+    on it the read-ahead keeps four and ALONE_WAIT of the link in flight and fills it. Back off it,
+    the very next request is small again."""
+    def run(alone):
+        clock = Clock()
+        pace = ReadPace(MiB, clock)
+        pace.alone_on_link(alone)
+        link = Link(pace, clock, 50e6, turnaround=0.0012)
+        link.run(3.0, probes=False)
+        start, before = clock.now, link.delivered
+        link.run(2.0, probes=False)
+        return pace, (link.delivered - before) / (clock.now - start)
+
+    shared, shared_rate = run(False)
+    alone, alone_rate = run(True)
+    assert shared.requests == read_pace.SLOW_REQUESTS and shared_rate < 0.9 * 50e6, shared_rate
+    assert alone.requests == REQUESTS and alone.wait == read_pace.ALONE_WAIT
+    assert alone_rate > 0.97 * 50e6, alone_rate
+    assert alone.request_bytes() > 96 << 10 and alone.state()["alone"]
+    alone.alone_on_link(False)  # an application's read of the PFS came
+    assert alone.blocks == read_pace.SLOW_REQUESTS and alone.request_bytes() <= shared.request_bytes() + 4096
+    assert alone.in_flight_bytes < 50e6 * (alone.latency + WAIT)
