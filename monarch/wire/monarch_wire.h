@@ -174,8 +174,8 @@ static inline int monarch_route_fits(enum monarch_route route, uint64_t size)
 #define MONARCH_BLOCKS_DIR ".blocks"
 #define MONARCH_BLOCKMAP_DIR ".blockmap"
 #define MONARCH_BLOCKMAP_MAGIC 0x50414D4B434F4C42ULL /* "BLOCKMAP" */
-#define MONARCH_BLOCKMAP_VERSION 9
-#define MONARCH_BLOCKMAP_HEADER_SIZE 112
+#define MONARCH_BLOCKMAP_VERSION 10
+#define MONARCH_BLOCKMAP_HEADER_SIZE 120
 /* after the state bytes, padded to 8: each block's owner, an int16 (a cluster's; -1: none to ask,
  * this node's own or alone), so a shim asks for another owner's pages by name (VERB_PAGES) */
 #define MONARCH_BLOCKMAP_OWNERS_AT(blocks) (MONARCH_BLOCKMAP_HEADER_SIZE + (((blocks) + 7) & ~(uint64_t)7))
@@ -220,6 +220,7 @@ struct monarch_blockmap_header {
                                     * alone on the link while these come (read_pace.py) */
     uint64_t mapped;               /* nonzero once a shim saw the PFS's file mapped: its faults read the PFS
                                     * unseen, so the read-ahead is never alone on the link for it */
+    uint64_t room;                 /* the daemon's: the bytes of a shared set's ledger the copy holds */
 };
 
 /* VERB_PAGES's body (the key follows): bytes [offset, offset + length) of the large file of that key,

@@ -60,7 +60,7 @@ def stage_copy(tier: str, data: bytes) -> str:
     from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR
     blocks = -(-len(data) // BLOCK)
     for sub, body in ((BLOCKS_DIR, data), (BLOCKMAP_DIR, BLOCKMAP_HEADER.pack(
-            BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, len(data), MTIME_NS, blocks, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+            BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, len(data), MTIME_NS, blocks, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
             + bytes([BLOCK_STAGED]) * blocks)):
         path = os.path.join(tier, sub, KEY)
         os.makedirs(os.path.dirname(path), exist_ok=True)

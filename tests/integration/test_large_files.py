@@ -14,8 +14,8 @@ import pytest
 
 from monarch.node.stage import blocks
 from monarch.node.stage.block_map import (BLOCKMAP_EVICTIONS_OFFSET, BLOCKMAP_MAPPED_OFFSET,
-                                          BLOCKMAP_PFS_READS_OFFSET, BLOCKMAP_RECORDS_OFFSET, BLOCKMAP_WAIT_OFFSET,
-                                          BLOCKMAP_WINDOW_OFFSET)
+                                          BLOCKMAP_PFS_READS_OFFSET, BLOCKMAP_RECORDS_OFFSET, BLOCKMAP_ROOM_OFFSET,
+                                          BLOCKMAP_WAIT_OFFSET, BLOCKMAP_WINDOW_OFFSET)
 from support.harness import load, make_bases, monarch
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuse]
@@ -437,7 +437,7 @@ def test_every_reader_family_reads_the_sources_bytes_while_blocks_arrive(short_t
 
 def test_the_block_map_header_is_what_the_shim_reads():
     """blocks.BLOCKMAP_HEADER packs the C struct monarch_blockmap_header (its size: test_wire)."""
-    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3, 4, 7, 8, 9, 10, 11, 12)
+    raw = blocks.BLOCKMAP_HEADER.pack(blocks.BLOCKMAP_MAGIC, blocks.BLOCKMAP_VERSION, 20, 5, -1, 1, 1, 3, 4, 7, 8, 9, 10, 11, 12, 13)
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_DONE_OFFSET)[0] == 1
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_READAROUND_OFFSET)[0] == 3
     assert struct.unpack_from("<Q", raw, blocks.BLOCKMAP_FILL_OFFSET)[0] == 4
@@ -447,6 +447,7 @@ def test_the_block_map_header_is_what_the_shim_reads():
     assert struct.unpack_from("<Q", raw, BLOCKMAP_RECORDS_OFFSET)[0] == 10
     assert struct.unpack_from("<Q", raw, BLOCKMAP_PFS_READS_OFFSET)[0] == 11
     assert struct.unpack_from("<Q", raw, BLOCKMAP_MAPPED_OFFSET)[0] == 12
+    assert struct.unpack_from("<Q", raw, BLOCKMAP_ROOM_OFFSET)[0] == 13
     assert raw[:8] == b"BLOCKMAP"
 
 

@@ -88,7 +88,7 @@ if path is not None:
     states = [BLOCK_STAGED, BLOCK_STAGED, BLOCK_ABSENT, BLOCK_STAGED, BLOCK_STAGED, BLOCK_STAGED]
     if comm.rank == 1:
         for sub, data in ((BLOCKS_DIR, tok), (BLOCKMAP_DIR, BLOCKMAP_HEADER.pack(
-                BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, size, mtime, len(states), 0, 0, 0, 0, 0, 0, 0, 0, 0) + bytes(states))):
+                BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, size, mtime, len(states), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0) + bytes(states))):
             os.makedirs(os.path.join(tier, sub, "0"), exist_ok=True)
             with open(os.path.join(tier, sub, big_key), "wb") as f:
                 f.write(data)

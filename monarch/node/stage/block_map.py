@@ -24,7 +24,8 @@ import struct
 import threading
 
 from monarch.node.snapshot.snapshot import FileInfo
-from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR, TMP_PREFIX, Tier, make_dirs_below
+from monarch.node.tiers.tiers import (BLOCKMAP_DIR, BLOCKMAP_MAGIC, BLOCKMAP_ROOM_OFFSET, BLOCKMAP_VERSION,  # noqa: F401
+                                      BLOCKS_DIR, TMP_PREFIX, Tier, make_dirs_below)  # (the format: block_map.X too)
 from monarch.secure import create_exclusive, owner_only, write_file_atomically
 
 log = logging.getLogger(__name__)
@@ -36,11 +37,9 @@ __all__ = ["BLOCK", "BLOCK_SHIFT", "BLOCKMAP_HEADER", "BlockFile", "copy_state",
 # BLOCKS_DIR, BLOCKMAP_DIR (node/tiers/tiers.py): the copy, the source's size, blocks in any order;
 # its map: BLOCKMAP_HEADER, then a state byte per block, padded to 8, then an int16 per block: its owner
 # (a cluster's; -1: none to ask, this node's own or alone)
-BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
-BLOCKMAP_VERSION = 9
 # magic, version, block_shift, size, mtime_ns, blocks, done, readaround, fill, wait_us, window, evictions, records,
-# pfs_reads, mapped
-BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQQQQQQ")
+# pfs_reads, mapped, room (BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCKMAP_ROOM_OFFSET: tiers.py's, for the ledger)
+BLOCKMAP_HEADER = struct.Struct("<QIIQqQQQQQQQQQQQ")
 BLOCKMAP_DONE_OFFSET = 40  # "done": nonzero once the daemon stages no more of the file
 BLOCKMAP_READAROUND_OFFSET = 48  # "readaround": nonzero once the PFS's round trip is long (ReadPace.readaround)
 BLOCKMAP_FILL_OFFSET = 56  # "fill": nonzero while a shim's large read may fill blocks (the file has room whole)
@@ -52,6 +51,8 @@ RECORDS_YES = 1  # pages at random; RECORDS_NO, pages or in order; 0: none yet
 RECORDS_NO = 2
 BLOCKMAP_PFS_READS_OFFSET = 96  # "pfs_reads": raised by a shim at each of the application's reads of the PFS's file
 BLOCKMAP_MAPPED_OFFSET = 104  # "mapped": nonzero once a shim saw the PFS's file mapped (its faults read it unseen)
+# BLOCKMAP_ROOM_OFFSET (112): "room", the bytes of a shared set's ledger the copy holds (the job's that took them; a
+# gone job's are given back by the job that takes the copy up or removes it, and a recount of the set counts them)
 PEER_WAIT_US = 1_000_000   # ... at most: an owner reads a run of blocks from the PFS first if need be (8 MiB: 20 ms at
 # 400 MB/s, 160 ms at 50 MB/s; more when the link is shared): a read that waits longer reads the PFS
 BLOCK_ABSENT = 0
@@ -220,7 +221,8 @@ class BlockFile:
             raise
         self.copy_fd = fd
         header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, self.info.size,
-                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0, 0, 0, 0, 0, 0)
+                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0, 0, 0, 0, 0, 0,
+                                      self.reserved)
         pad = owners_at(self.blocks) - BLOCKMAP_HEADER.size - self.blocks
         write_file_atomically(self.map_path, [header, bytes(self.blocks + pad), b"\xff\xff" * self.blocks], 0o600)
         mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -265,6 +267,7 @@ class BlockFile:
                    BLOCKMAP_RECORDS_OFFSET, BLOCKMAP_PFS_READS_OFFSET, BLOCKMAP_MAPPED_OFFSET):
             m[at:at + 8] = bytes(8)
         m[BLOCKMAP_FILL_OFFSET:BLOCKMAP_FILL_OFFSET + 8] = int(self.budget >= self.blocks).to_bytes(8, "little")
+        m[BLOCKMAP_ROOM_OFFSET:BLOCKMAP_ROOM_OFFSET + 8] = self.reserved.to_bytes(8, "little")
         self.states = memoryview(m)[BLOCKMAP_HEADER.size:BLOCKMAP_HEADER.size + self.blocks]
         self.owners = memoryview(m)[owners_at(self.blocks):].cast("h")
         self.owners[:] = memoryview(b"\xff\xff" * self.blocks).cast("h")

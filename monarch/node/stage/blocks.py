@@ -436,14 +436,14 @@ class BlockStager(RangeBlocks):
     def _resume(self, tier: SharedTier, key: str, info: FileInfo) -> BlockFile | None:
         """The blocks of ``key`` a gone job left unfinished in ``tier``'s set, staged on from where
         they are (a chain of jobs each shorter than the copy would otherwise never finish it).
-        Its room in the set's ledger (its sweep's: the copy's size) is given back, then taken
-        as for a new copy: the whole file's, else as many blocks as fit. None (its files gone,
+        The room it holds in the set's ledger (its map says: what the gone job took) is given
+        back, then taken as for a new copy: the whole file's, else as many blocks as fit. None (its files gone,
         staged anew by the caller) when the room holds fewer blocks than it has staged, or its
         files are not this file's after all."""
         bf = None
         copy = os.path.join(tier.path, BLOCKS_DIR, key)
         try:
-            tier.shared.give(tier.allocated(os.lstat(copy).st_size))
+            tier.shared.give(tier.room_of(copy, os.lstat(copy)))
         except OSError:
             return None
         blocks, whole = -(-info.size // BLOCK), tier.allocated(info.size)
@@ -461,6 +461,8 @@ class BlockStager(RangeBlocks):
                     os.unlink(path)  # (its room was given back above)
             return None
         tier.resumed(info.size, bf.staged_bytes)
+        if bf.room_full():
+            bf.finish()  # its room holds no more than it has: partly staged, pinned (no block will end to say so)
         log.info("%s: %d of its %d blocks were staged by a job that has gone; staging the rest", key, staged,
                  bf.blocks)
         return bf
@@ -472,7 +474,7 @@ class BlockStager(RangeBlocks):
             whole = tier.allocated(info.size)
             if tier.has_room(whole) and self.books.reserve(tier, whole):
                 return self._made(key, info, tier, -(-info.size // BLOCK), whole)
-        best = max(raw, key=lambda t: t.capacity - t.room if t.full_reason is None else -1, default=None)
+        best = max(raw, key=lambda t: t.free_room() if t.full_reason is None else -1, default=None)
         if best is None:
             return None
         n = self._room_for_blocks(best, -(-info.size // BLOCK))
@@ -480,8 +482,9 @@ class BlockStager(RangeBlocks):
 
     @staticmethod
     def _room_for_blocks(tier: Tier, blocks: int) -> int:
-        """Room in ``tier`` for as many of a file's ``blocks`` as fit (fewer than all), taken: how many."""
-        n = min(blocks - 1, max(0, tier.capacity - tier.room) // BLOCK)
+        """Room in ``tier`` for as many of a file's ``blocks`` as fit (fewer than all), taken: how many
+        (in a shared tier, of the set's room: what other jobs' copies leave)."""
+        n = min(blocks - 1, tier.free_room() // BLOCK)
         while n > 0 and not tier.reserve(n * BLOCK, counted=False):
             n //= 2  # the memory margin, or another copy took room meanwhile
         return n

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import xxhash
 
 from monarch.layout import KEEP_LOCK, dataset_id
-from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR
+from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKMAP_MAGIC, BLOCKMAP_ROOM_OFFSET, BLOCKMAP_VERSION, BLOCKS_DIR
 from monarch.secure import check_private_dir, open_private_file, private_dir, user_dir, write_file_atomically
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,24 @@ def _joining(path: str):
         os.close(fd)
 
 
+def held_room(set_path: str, path: str, size: int, allocated) -> int:
+    """The room of the set's ledger its file ``path`` (``size`` bytes) holds: a copy's
+    ``allocated(size)``; a copy by blocks (``.blocks/<key>``, one name: not published whole)
+    what its map says its job took, which for a file larger than the room is some of its blocks'
+    (``allocated(size)`` if its map is not of this format)."""
+    blocks = os.path.join(set_path, BLOCKS_DIR) + os.sep
+    if path.startswith(blocks):
+        with contextlib.suppress(OSError), \
+                open(os.path.join(set_path, BLOCKMAP_DIR, path[len(blocks):]), "rb") as f:
+            head = f.read(BLOCKMAP_ROOM_OFFSET + 8)
+            if len(head) == BLOCKMAP_ROOM_OFFSET + 8 \
+                    and struct.unpack_from("<QI", head) == (BLOCKMAP_MAGIC, BLOCKMAP_VERSION):
+                return min(struct.unpack_from("<Q", head, BLOCKMAP_ROOM_OFFSET)[0], allocated(size))
+    return allocated(size)
+
+
 def _sweep(path: str, allocated, remove_temporaries: bool = False) -> tuple[int, int]:
-    """Files and the room (``allocated(size)`` each) of the copies in the set; with
+    """Files and the room (``held_room`` each) of the copies in the set; with
     ``remove_temporaries`` (no other job uses the set) copies left half-written go."""
     files = room = 0
     blocks = os.path.join(path, BLOCKS_DIR)
@@ -149,7 +165,7 @@ def _sweep(path: str, allocated, remove_temporaries: bool = False) -> tuple[int,
                     continue  # a large file staged by blocks, published whole: counted at its key
                 if stat.S_ISREG(st.st_mode):
                     files += 1
-                    room += allocated(st.st_size)
+                    room += held_room(path, os.path.join(top, name), st.st_size, allocated)
     return files, room
 
 

@@ -28,7 +28,7 @@ import time
 from monarch import protocol
 from monarch.config import TierConfig
 from monarch.layout import StorageDir
-from monarch.node.tiers.shared_set import CONTROL, SharedSet, drop_expired, set_dir
+from monarch.node.tiers.shared_set import CONTROL, SharedSet, drop_expired, held_room, set_dir
 from monarch.node.tiers.tiers import REFUSED_FULL, TMP_PREFIX, Tier
 from monarch.secure import user_dir
 
@@ -150,6 +150,9 @@ class SharedTier(Tier):
     def has_room(self, room: int) -> bool:
         return self.full_reason is None and self.shared.taken() + room <= self.capacity
 
+    def free_room(self) -> int:
+        return max(0, self.capacity - self.shared.taken()) if self.full_reason is None else 0
+
     def reserve(self, size: int, counted: bool = True, written: bool = False) -> bool:
         ledger = self.full_reason is None or written  # (a full filesystem refuses a new copy before the ledger)
         if ledger and not self.shared.take(size):
@@ -213,15 +216,23 @@ class SharedTier(Tier):
         for path in paths:
             try:
                 st = os.lstat(path)
+                held = self.room_of(path, st)  # (before it goes: a copy by blocks' map says its room)
                 os.unlink(path)
             except OSError:
                 continue
             if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
                 seen.add((st.st_dev, st.st_ino))
-                room += self.allocated(st.st_size)  # as the ledger counts it (shared_set._sweep)
+                room += held
         if room:
             self.shared.give(room)
         return bool(seen)
+
+    def room_of(self, path: str, st: os.stat_result) -> int:
+        """The room of the set's ledger its file ``path`` holds, as the ledger counts it (a copy
+        by blocks published whole: the whole copy's, at its key: ``shared_set._sweep``)."""
+        if st.st_nlink > 1:
+            return self.allocated(st.st_size)
+        return held_room(self.path, path, st.st_size, self.allocated)
 
     def adopt_existing(self, files) -> list[str]:
         """Book the set's copies that match this job's snapshot; leave every other file alone

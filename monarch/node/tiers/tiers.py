@@ -33,6 +33,11 @@ TMP_PREFIX = ".monarch-tmp-"
 COMPRESSED_DIR = ".z"  # compressed copies: <tier>/.z/<key>, where the shim's probe of <tier>/<key> does not look
 BLOCKS_DIR = ".blocks"      # a large file staged by blocks (node/stage/blocks.py): <tier>/.blocks/<key>,
 BLOCKMAP_DIR = ".blockmap"  # and its map <tier>/.blockmap/<key>; a whole one is linked at <tier>/<key>
+# The map's format is node/stage/block_map.py's; these are what a shared set's ledger reads of it
+# (shared_set.py): a map of this format says the room of the ledger its copy holds
+BLOCKMAP_MAGIC = 0x50414D4B434F4C42  # "BLOCKMAP"
+BLOCKMAP_VERSION = 10
+BLOCKMAP_ROOM_OFFSET = 112
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 REFUSED_FULL = "full"                        # its capacity would be exceeded
 REFUSED_MEMORY_MARGIN = "memory_margin"      # the node's available memory would drop below the margin
@@ -162,6 +167,10 @@ class Tier:
     def has_room(self, room: int) -> bool:
         """Could ``room`` (an allocation: ``allocated``) be reserved now?"""
         return self.full_reason is None and self._room + room <= self.capacity
+
+    def free_room(self) -> int:
+        """The most room ``has_room`` would say yes to now."""
+        return max(0, self.capacity - self._room) if self.full_reason is None else 0
 
     def reserve(self, size: int, counted: bool = True, written: bool = False) -> bool:
         """Room for ``size`` bytes of allocation (a copy's: ``allocated(stored size)``), taken

@@ -271,6 +271,102 @@ def test_a_large_files_blocks_a_gone_job_left_unfinished_are_staged_on_by_the_ne
     t2.remove()
 
 
+def test_a_partly_staged_copy_a_gone_job_left_gives_the_ledger_back_the_room_it_held(tmp_path):
+    """Jobs overlapping on a shared set (no recount of the ledger at a join): a job stages a file
+    larger than the set's room in part and leaves; the next job takes the copy up. The ledger must
+    still hold what the set's copies hold: the room the gone job took for its blocks is given back,
+    not the file's whole size (that made the ledger forget another job's copies: the set could then
+    be filled past its capacity). So must a sweep of the set count it, and a removal give it back."""
+    from monarch.node.tiers import shared_set
+    from monarch.node.tiers.shared_tier import SharedTier
+    root = tmp_path / "pfs"
+    (root / "d").mkdir(parents=True)
+    src, key = root / "d" / "big.bin", "0/d/big.bin"
+    data = os.urandom(40 * MiB)
+    src.write_bytes(data)
+    (tmp_path / "base").mkdir()
+    cfg = TierConfig("ram", str(tmp_path / "base"), 16 * MiB, False)
+
+    def join(run):
+        return SharedTier.from_config(cfg, 2, run, 0, (str(root),), linger=600, wait=5)
+
+    other = join("j0")  # another job, there all along, holding 4 MiB of other copies
+    assert other.reserve(4 * MiB)
+    first = Stager(take_snapshot((str(root),)), [join("j1")])
+    t1 = first.tiers[0]
+    assert first.blocks.answer(key) is not None
+    bf1 = first.blocks.files[key]
+    held = bf1.reserved
+    assert 0 < bf1.budget < bf1.blocks and t1.shared.taken() == 4 * MiB + held  # room for some of its blocks
+    wait_done(first, bf1)
+    first.shutdown()
+    assert first.drain(10)
+    t1.remove()
+    assert other.shared.taken() == 4 * MiB + held  # the gone job's copy keeps its room
+    assert shared_set._sweep(other.shared.path, other.allocated)[1] == held  # and a recount finds as much
+
+    second = Stager(take_snapshot((str(root),)), [join("j2")])
+    t2 = second.tiers[0]
+    assert second.blocks.answer(key) is not None
+    bf2 = second.blocks.files[key]
+    assert t2.resumed_files == 1 and bf2.staged == bf1.staged > 0
+    assert t2.shared.taken() == 4 * MiB + bf2.reserved <= 16 * MiB  # the other job's copies not forgotten
+    assert bf2.done == (bf2.staged == bf2.budget)  # a room full from the start: done at once (the rest read as direct's)
+    wait_done(second, bf2)
+    copy, bmap = bf2.path, bf2.map_path
+    second.shutdown()
+    assert second.drain(10)
+    assert t2.remove_copies(copy) and t2.shared.taken() == 4 * MiB  # a removal gives back what it held
+    os.unlink(bmap)
+    t2.remove()
+    other.remove()
+
+
+def test_a_gone_jobs_blocks_more_than_the_room_now_holds_are_removed_and_the_file_staged_anew(tmp_path):
+    """The next job's room holds fewer blocks than the gone job staged (its tier in RAM refuses
+    more: the node's memory margin). The copy goes, with the room it held, and the file is staged
+    anew in the room there is: the ledger holds that alone, every staged byte right."""
+    from monarch.node.tiers.shared_tier import SharedTier
+    root = tmp_path / "pfs"
+    (root / "d").mkdir(parents=True)
+    src, key = root / "d" / "big.bin", "0/d/big.bin"
+    data = os.urandom(40 * MiB)
+    src.write_bytes(data)
+    (tmp_path / "base").mkdir()
+    cfg = TierConfig("ram", str(tmp_path / "base"), 16 * MiB, False)
+
+    def join(run):
+        return SharedTier.from_config(cfg, 2, run, 0, (str(root),), linger=600, wait=5)
+
+    other = join("j0")  # another job, there all along: the ledger is not recounted at a join
+    first = Stager(take_snapshot((str(root),)), [join("j1")])
+    t1 = first.tiers[0]
+    assert first.blocks.answer(key) is not None
+    bf1 = first.blocks.files[key]
+    wait_done(first, bf1)
+    first.shutdown()
+    assert first.drain(10)
+    t1.remove()
+    assert bf1.staged == bf1.budget == 16 and other.shared.taken() == 16 * MiB
+    second = Stager(take_snapshot((str(root),)), [join("j2")])
+    t2 = second.tiers[0]
+    reserve = t2.reserve
+    t2.reserve = lambda size, *a, **k: size <= 2 * MiB and reserve(size, *a, **k)  # the memory margin
+    assert second.blocks.answer(key) is not None
+    bf2 = second.blocks.files[key]
+    wait_done(second, bf2)
+    assert t2.resumed_files == 0 and bf2.budget == bf2.staged == 2  # anew, in the room there is
+    assert other.shared.taken() == 2 * MiB  # the gone job's room given back, the new copy's taken
+    copy = open(bf2.path, "rb").read()
+    assert all(copy[b * MiB:(b + 1) * MiB] == data[b * MiB:(b + 1) * MiB]
+               for b in range(bf2.blocks) if bf2.states[b] == blocks.BLOCK_STAGED)
+    assert second.stats()["pfs_bytes_read"] == 2 * MiB
+    second.shutdown()
+    assert second.drain(10)
+    t2.remove()
+    other.remove()
+
+
 def test_publishing_links_over_a_copy_of_another_version_and_leaves_no_temporary(tmp_path):
     src, dest = tmp_path / "copy", tmp_path / "key"
     src.write_bytes(b"new" * 10)
