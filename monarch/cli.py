@@ -8,7 +8,6 @@ import logging
 import os
 import stat
 import sys
-import time
 
 from monarch import __version__, environment
 from monarch.errors import ConfigError, MonarchError
@@ -78,21 +77,8 @@ def _mpi_world_rank():
 
 
 def _setup_logging(verbose: int, node: str) -> None:
-    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
-    # debug: each line carries its wall-clock time, so that the launcher's and the daemon's
-    # phases can be put side by side (scripts/node/bench_startup.py reads them)
-    stamp = "%(created).6f " if level == logging.DEBUG else ""
-    # force: a standing daemon learns its node (its MPI rank) after main() set up the logging
-    logging.basicConfig(level=level, format=f"[monarch node {node}] {stamp}%(levelname)s %(message)s",
-                        stream=sys.stderr, force=True)
-    if level == logging.DEBUG:  # and the process's CPU seconds so far at each phase
-        logging.getLogger().handlers[0].addFilter(_with_cpu_seconds)
-
-
-def _with_cpu_seconds(record: logging.LogRecord) -> bool:
-    if isinstance(record.msg, str) and record.msg.startswith("phase ") and not record.args:
-        record.msg = f"{record.msg} cpu={time.process_time():.3f}"
-    return True
+    from monarch.launch import logs
+    logs.setup(verbose, node)
 
 
 def _load(path: str | None, **kw):

@@ -27,6 +27,7 @@ from monarch import environment, layout, protocol, topology
 from monarch.launch import service, slurm
 from monarch.launch.progress import first_local_rank
 from monarch.launch.launchers import RunLaunchers
+from monarch.launch.forked import Daemon
 from monarch.launch.service import Session, attach
 from monarch.config import Config
 from monarch.errors import DaemonError, MonarchError
@@ -40,7 +41,7 @@ from monarch.shim import shim_library
 log = logging.getLogger(__name__)
 
 
-def attach_or_start(config: Config, run: str) -> tuple[Session, subprocess.Popen | None]:
+def attach_or_start(config: Config, run: str) -> tuple[Session, Daemon | None]:
     """Attach to the daemon of this run (or of this job: a standing ``monarch serve``) on this
     node, if it serves this configuration; else start an embedded one for the run (monarch/launch/service.py)."""
     session = service.find(config, run)
@@ -234,7 +235,7 @@ class _Ending:
     html_path: str | None    # --report-html
     out: TextIO
     session: Session | None = None          # None: Monarch is not active for this run
-    daemon: subprocess.Popen | None = None  # the embedded daemon this launcher started
+    daemon: Daemon | None = None  # the embedded daemon this launcher started
     baseline: dict | None = None            # a standing daemon's counters at the start (this run's share)
     wall: float = 0.0                       # seconds from the start to the command's end
     staged_files: int = 0                   # the last REPORT's staging.files: the copies the daemon removes

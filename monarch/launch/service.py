@@ -29,6 +29,7 @@ from threading import Lock
 from monarch import layout, protocol, secure, topology
 from monarch.config import Config, differences, from_json, served, to_json
 from monarch.errors import ConfigError, DaemonError, MonarchError
+from monarch.launch import forked
 from monarch.node.tiers.shared_set import drop_expired
 
 log = logging.getLogger(__name__)
@@ -215,11 +216,11 @@ def python_command(module: str) -> list[str]:
     return [sys.executable, "-c", _BOOT.format(root=root, module=module)]
 
 
-def start(config: Config, run: str) -> tuple[Session, subprocess.Popen | None]:
+def start(config: Config, run: str) -> tuple[Session, forked.Daemon | None]:
     """Attach to the run's daemon on this node, starting an embedded one if none runs yet (the
     process is returned only when this launcher started it: ``wait_stopped`` waits for it).
-    The daemon receives ``config`` as this launcher checked it, on its standard input
-    (``received_config``): it never reads the user's file again."""
+    The daemon receives ``config`` as this launcher checked it (forked, as it is; spawned, on
+    its standard input: ``received_config``): it never reads the user's file again."""
     node = topology.node_index()
     run_dir = layout.run_dir(config.run_base, run, node)
     socket_path = layout.socket_path(config.run_base, run, node)
@@ -231,21 +232,25 @@ def start(config: Config, run: str) -> tuple[Session, subprocess.Popen | None]:
             session.close()
             raise DaemonError(f"the run's daemon at {socket_path} serves another configuration; "
                               "give this job its own MONARCH_JOB_ID")
-        cmd = [*python_command("monarch"), *(["-vv"] if log.isEnabledFor(logging.DEBUG) else []),
-               "serve", "--embedded"]
         # the daemon expands the configuration with the launcher's run id, whatever its parents
         env = _without_shim(os.environ) | {topology.ENV_RUN_ID: run}
         env.setdefault(topology.ENV_JOB_ID, run)
         log_path = os.path.join(run_dir, layout.DAEMON_LOG)
         log_fd = secure.open_private_file(log_path, os.O_WRONLY | os.O_APPEND)
         try:
-            # close_fds: the daemon outlives the command and must not hold what the launcher
-            # inherited (an MPI launcher's PMI socket, its stdout and stderr pipes)
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=log_fd,
-                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+            if forked.can_fork():  # no second interpreter to start (forked.py)
+                proc = forked.fork_daemon(lambda: _serve_forked(config, run), env, log_fd)
+            else:
+                cmd = [*python_command("monarch"), *(["-vv"] if log.isEnabledFor(logging.DEBUG) else []),
+                       "serve", "--embedded"]
+                # close_fds: the daemon outlives the command and must not hold what the launcher
+                # inherited (an MPI launcher's PMI socket, its stdout and stderr pipes)
+                proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=log_fd,
+                                        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         finally:
             os.close(log_fd)
-        _hand_over(proc, config)
+        if isinstance(proc, subprocess.Popen):
+            _hand_over(proc, config)
         log.debug("phase daemon.spawned")
         deadline = time.monotonic() + DAEMON_START_TIMEOUT
         while time.monotonic() < deadline:
@@ -259,6 +264,13 @@ def start(config: Config, run: str) -> tuple[Session, subprocess.Popen | None]:
             time.sleep(0.02)
         proc.kill()
         raise DaemonError(f"the node daemon did not answer within {DAEMON_START_TIMEOUT:.0f} s; see {log_path}")
+
+
+def _serve_forked(config: Config, run: str) -> int:
+    """The forked daemon's life (``monarch serve --embedded``'s): ``config`` through its text, as a
+    spawned daemon receives it (the same expansions, nothing shared with the launcher)."""
+    import_daemon()
+    return serve(from_json(to_json(config)), run, None, True, None)
 
 
 def _hand_over(proc: subprocess.Popen, config: Config) -> None:
@@ -334,7 +346,7 @@ def teardown_bound(staged_files: int) -> float:
     return EMBEDDED_IDLE_SECONDS + TEARDOWN_BASE_SECONDS + max(0, staged_files) * TEARDOWN_SECONDS_PER_FILE
 
 
-def wait_stopped(daemon: subprocess.Popen, config: Config, staged_files: int = 0, alone: bool = True,
+def wait_stopped(daemon: forked.Daemon, config: Config, staged_files: int = 0, alone: bool = True,
                  run: str | None = None, out=None) -> bool:
     """Wait for the embedded daemon's tear-down: it stops by itself when the run's last session
     closes, and removes its copies (``staged_files`` of them: the bound grows with them). True:
@@ -364,7 +376,7 @@ def wait_stopped(daemon: subprocess.Popen, config: Config, staged_files: int = 0
     return True
 
 
-def _say_still_tearing_down(daemon: subprocess.Popen, config: Config, staged_files: int, waited: float,
+def _say_still_tearing_down(daemon: forked.Daemon, config: Config, staged_files: int, waited: float,
                             run: str | None, out) -> None:
     """One line: the daemon has not exited; what it still holds (its run's tier directories) and where."""
     left = []

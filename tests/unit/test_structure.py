@@ -139,7 +139,7 @@ def _assigned_attributes(path) -> list[tuple[str, str]]:
 # Objects whose fields are set from outside their class, each reviewed: records a function or a
 # class fills or updates as its own state (not a collaborator's wiring), library settings.
 RECORDS = {
-    "cli.py": {"record": "a logging record, rewritten by the CLI's formatter"},
+    "launch/logs.py": {"record": "a logging record, rewritten by the log lines' filter"},
     "cluster/datapath.py": {"fn": "ctypes function prototypes"},
     "node/snapshot/pfsmeta.py": {"fn": "ctypes function prototypes", "_buffers": "a threading.local of its own"},
     "cluster/provide.py": {"out": "the provider's record of one outgoing transfer"},
