@@ -271,6 +271,20 @@ def test_a_large_files_blocks_a_gone_job_left_unfinished_are_staged_on_by_the_ne
     t2.remove()
 
 
+def set_over_a_large_file(tmp_path):
+    """A 40 MiB file on the "PFS" and a shared set of 16 MiB: its key, its bytes, the root, and
+    ``join(run)``, a job's tier on the set."""
+    from monarch.node.tiers.shared_tier import SharedTier
+    root = tmp_path / "pfs"
+    (root / "d").mkdir(parents=True)
+    data = os.urandom(40 * MiB)
+    (root / "d" / "big.bin").write_bytes(data)
+    (tmp_path / "base").mkdir()
+    cfg = TierConfig("ram", str(tmp_path / "base"), 16 * MiB, False)
+    return "0/d/big.bin", data, root, lambda run: SharedTier.from_config(cfg, 2, run, 0, (str(root),), linger=600,
+                                                                         wait=5)
+
+
 def test_a_partly_staged_copy_a_gone_job_left_gives_the_ledger_back_the_room_it_held(tmp_path):
     """Jobs overlapping on a shared set (no recount of the ledger at a join): a job stages a file
     larger than the set's room in part and leaves; the next job takes the copy up. The ledger must
@@ -278,18 +292,7 @@ def test_a_partly_staged_copy_a_gone_job_left_gives_the_ledger_back_the_room_it_
     not the file's whole size (that made the ledger forget another job's copies: the set could then
     be filled past its capacity). So must a sweep of the set count it, and a removal give it back."""
     from monarch.node.tiers import shared_set
-    from monarch.node.tiers.shared_tier import SharedTier
-    root = tmp_path / "pfs"
-    (root / "d").mkdir(parents=True)
-    src, key = root / "d" / "big.bin", "0/d/big.bin"
-    data = os.urandom(40 * MiB)
-    src.write_bytes(data)
-    (tmp_path / "base").mkdir()
-    cfg = TierConfig("ram", str(tmp_path / "base"), 16 * MiB, False)
-
-    def join(run):
-        return SharedTier.from_config(cfg, 2, run, 0, (str(root),), linger=600, wait=5)
-
+    key, data, root, join = set_over_a_large_file(tmp_path)
     other = join("j0")  # another job, there all along, holding 4 MiB of other copies
     assert other.reserve(4 * MiB)
     first = Stager(take_snapshot((str(root),)), [join("j1")])
@@ -314,6 +317,9 @@ def test_a_partly_staged_copy_a_gone_job_left_gives_the_ledger_back_the_room_it_
     assert bf2.done == (bf2.staged == bf2.budget)  # a room full from the start: done at once (the rest read as direct's)
     wait_done(second, bf2)
     copy, bmap = bf2.path, bf2.map_path
+    staged = open(copy, "rb").read()
+    assert all(staged[b * MiB:(b + 1) * MiB] == data[b * MiB:(b + 1) * MiB]
+               for b in range(bf2.blocks) if bf2.states[b] == blocks.BLOCK_STAGED)
     second.shutdown()
     assert second.drain(10)
     assert t2.remove_copies(copy) and t2.shared.taken() == 4 * MiB  # a removal gives back what it held
@@ -326,18 +332,7 @@ def test_a_gone_jobs_blocks_more_than_the_room_now_holds_are_removed_and_the_fil
     """The next job's room holds fewer blocks than the gone job staged (its tier in RAM refuses
     more: the node's memory margin). The copy goes, with the room it held, and the file is staged
     anew in the room there is: the ledger holds that alone, every staged byte right."""
-    from monarch.node.tiers.shared_tier import SharedTier
-    root = tmp_path / "pfs"
-    (root / "d").mkdir(parents=True)
-    src, key = root / "d" / "big.bin", "0/d/big.bin"
-    data = os.urandom(40 * MiB)
-    src.write_bytes(data)
-    (tmp_path / "base").mkdir()
-    cfg = TierConfig("ram", str(tmp_path / "base"), 16 * MiB, False)
-
-    def join(run):
-        return SharedTier.from_config(cfg, 2, run, 0, (str(root),), linger=600, wait=5)
-
+    key, data, root, join = set_over_a_large_file(tmp_path)
     other = join("j0")  # another job, there all along: the ledger is not recounted at a join
     first = Stager(take_snapshot((str(root),)), [join("j1")])
     t1 = first.tiers[0]
