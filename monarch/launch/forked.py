@@ -10,11 +10,12 @@ lock, an MPI launcher's sockets, the command's pipes), the environment ``service
 it, its logging at the level ``-vv`` gave it; it leaves by ``os._exit``, never back into the
 launcher's frames.
 
-Not where a fork could carry what the daemon must not have: another thread in the launcher (a
-lock it holds would stay held in the child), the shim loaded in the launcher (a ``monarch run``
-under another run's command: the daemon reads the PFS itself, never through the shim), or MPI
-(an embedded daemon has none; a library's state is not forked safely). There ``service.start``
-spawns the interpreter, as before.
+Not where a fork could carry what the daemon must not have: another thread in the launcher,
+Python's or a native library's (a lock it holds would stay held in the child), a dataset in a
+store (the launcher checked it with the store's client, whose native runtime keeps descriptors
+the child closes: obstore's panicked), the shim loaded in the launcher (a ``monarch run`` under
+another run's command: the daemon reads the PFS itself, never through the shim), or MPI. There
+``service.start`` spawns the interpreter, as before.
 """
 
 from __future__ import annotations
@@ -32,16 +33,22 @@ import traceback
 from typing import Callable, Union
 
 from monarch import topology
+from monarch.config import Config
 from monarch.errors import MonarchError
 from monarch.launch import logs
 
 SHIM_NAME = "libmonarch_shim"
 
 
-def can_fork() -> bool:
-    """Is this launcher a safe parent for its daemon (one thread, no shim, no MPI loaded)?"""
-    return (threading.active_count() == 1 and SHIM_NAME not in os.environ.get("LD_PRELOAD", "")
-            and "mpi4py.MPI" not in sys.modules)
+def can_fork(config: Config) -> bool:
+    """Is this launcher a safe parent for ``config``'s daemon (one thread, no store, no shim,
+    no MPI loaded)?"""
+    try:
+        threads = len(os.listdir("/proc/self/task"))  # (native threads too)
+    except OSError:
+        return False
+    return (threads == 1 and threading.active_count() == 1 and not config.dataset.stores
+            and SHIM_NAME not in os.environ.get("LD_PRELOAD", "") and "mpi4py.MPI" not in sys.modules)
 
 
 def fork_daemon(serve: Callable[[], int], env: dict[str, str], log_fd: int) -> "ForkedDaemon":

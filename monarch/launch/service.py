@@ -238,7 +238,7 @@ def start(config: Config, run: str) -> tuple[Session, forked.Daemon | None]:
         log_path = os.path.join(run_dir, layout.DAEMON_LOG)
         log_fd = secure.open_private_file(log_path, os.O_WRONLY | os.O_APPEND)
         try:
-            if forked.can_fork():  # no second interpreter to start (forked.py)
+            if forked.can_fork(config):  # no second interpreter to start (forked.py)
                 proc = forked.fork_daemon(lambda: _serve_forked(config, run), env, log_fd)
             else:
                 cmd = [*python_command("monarch"), *(["-vv"] if log.isEnabledFor(logging.DEBUG) else []),
