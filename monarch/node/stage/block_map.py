@@ -221,8 +221,8 @@ class BlockFile:
             raise
         self.copy_fd = fd
         header = BLOCKMAP_HEADER.pack(BLOCKMAP_MAGIC, BLOCKMAP_VERSION, BLOCK_SHIFT, self.info.size,
-                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks), 0, 0, 0, 0, 0, 0,
-                                      self.reserved)
+                                      self.info.mtime_ns, self.blocks, 0, 0, int(self.budget >= self.blocks),
+                                      0, 0, 0, 0, 0, 0, self.reserved)
         pad = owners_at(self.blocks) - BLOCKMAP_HEADER.size - self.blocks
         write_file_atomically(self.map_path, [header, bytes(self.blocks + pad), b"\xff\xff" * self.blocks], 0o600)
         mfd = os.open(self.map_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)

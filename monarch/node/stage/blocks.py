@@ -437,7 +437,8 @@ class BlockStager(RangeBlocks):
         """The blocks of ``key`` a gone job left unfinished in ``tier``'s set, staged on from where
         they are (a chain of jobs each shorter than the copy would otherwise never finish it).
         The room it holds in the set's ledger (its map says: what the gone job took) is given
-        back, then taken as for a new copy: the whole file's, else as many blocks as fit. None (its files gone,
+        back, then taken as for a new copy: the whole file's, else as many blocks as fit; a
+        copy whose room holds no more than it has staged is done at once. None (its files gone,
         staged anew by the caller) when the room holds fewer blocks than it has staged, or its
         files are not this file's after all."""
         bf = None

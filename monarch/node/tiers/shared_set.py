@@ -137,9 +137,13 @@ def held_room(set_path: str, path: str, size: int, allocated) -> int:
     (``allocated(size)`` if its map is not of this format)."""
     blocks = os.path.join(set_path, BLOCKS_DIR) + os.sep
     if path.startswith(blocks):
-        with contextlib.suppress(OSError), \
-                open(os.path.join(set_path, BLOCKMAP_DIR, path[len(blocks):]), "rb") as f:
-            head = f.read(BLOCKMAP_ROOM_OFFSET + 8)
+        with contextlib.suppress(OSError):
+            fd = os.open(os.path.join(set_path, BLOCKMAP_DIR, path[len(blocks):]),
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # (never a FIFO's wait)
+            try:
+                head = os.pread(fd, BLOCKMAP_ROOM_OFFSET + 8, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+            finally:
+                os.close(fd)
             if len(head) == BLOCKMAP_ROOM_OFFSET + 8 \
                     and struct.unpack_from("<QI", head) == (BLOCKMAP_MAGIC, BLOCKMAP_VERSION):
                 return min(struct.unpack_from("<Q", head, BLOCKMAP_ROOM_OFFSET)[0], allocated(size))

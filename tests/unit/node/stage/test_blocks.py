@@ -314,7 +314,7 @@ def test_a_partly_staged_copy_a_gone_job_left_gives_the_ledger_back_the_room_it_
     bf2 = second.blocks.files[key]
     assert t2.resumed_files == 1 and bf2.staged == bf1.staged > 0
     assert t2.shared.taken() == 4 * MiB + bf2.reserved <= 16 * MiB  # the other job's copies not forgotten
-    assert bf2.done == (bf2.staged == bf2.budget)  # a room full from the start: done at once (the rest read as direct's)
+    assert bf2.done == (bf2.staged == bf2.budget)  # a room full from the start: done at once (the rest as direct's)
     wait_done(second, bf2)
     copy, bmap = bf2.path, bf2.map_path
     staged = open(copy, "rb").read()
