@@ -71,7 +71,7 @@ def _serve_in_child(serve: Callable[[], int], env: dict[str, str], log_fd: int, 
         os.dup2(null, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        _close_inherited()
         os.environ.clear()
         os.environ.update(env)
         logs.setup(verbose, str(topology.node_index()))
@@ -90,6 +90,22 @@ def _serve_in_child(serve: Callable[[], int], env: dict[str, str], log_fd: int, 
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _close_inherited() -> None:
+    """Every descriptor but 0, 1 and 2, listed (closing the limit's whole range is a million
+    calls where the kernel or Python has no close_range)."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        return
+    for fd in fds:
+        if fd > 2:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # (the listing's own, closed already)
 
 
 class ForkedDaemon:
