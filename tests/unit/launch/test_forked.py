@@ -21,9 +21,7 @@ def child(code: int = 0, sleep: float = 0.0) -> ForkedDaemon:
 def test_its_exit_code_is_waited_for_and_polled():
     d = child(3, 0.2)
     assert d.poll() is None and d.returncode is None
-    t0 = time.monotonic()
     assert d.wait(timeout=10) == 3 and d.returncode == 3 and d.poll() == 3
-    assert time.monotonic() - t0 < 5
 
 
 def test_a_wait_past_its_bound_raises_as_popens_and_a_kill_ends_it():
