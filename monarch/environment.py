@@ -127,6 +127,16 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MONARCH_SHARED_SLOTS", "str", None,
              "the tier slots shared with the user's other jobs of the dataset, separated by ',': a copy there is "
              "opened only if its size and mtime are this job's snapshot's", (SHIM,), MONARCH),
+    Variable("MONARCH_ROOT_IDS", "str", None,
+             "each root's device and inode as the daemon sees it, as <k>=<dev>,<ino> entries separated by ':': "
+             "a root that is another filesystem object for the application (a container's own /data) is read "
+             "directly, said once", (SHIM,), MONARCH),
+    Variable("MONARCH_PROBE_IDS", "str", None,
+             "each tier folder's device and inode as the daemon sees it, as <slot>=<dev>,<ino> entries: a folder "
+             "the application does not see is not probed, said once", (SHIM,), MONARCH),
+    Variable("MONARCH_SHIM_SAID", "int", None,
+             "the fallbacks a parent process's shim already said on stderr (bits): its children do not say them "
+             "again", (SHIM,), MONARCH),
     # -- for Monarch's tests and benchmarks ---------------------------------------------------
     Variable("MONARCH_OPENMPI", "path", "<sys.prefix>/openmpi",
              "the Open MPI (ULFM) prefix of the daemons' MPI: monarch serve --slurm (under PMIx) and the tests' "

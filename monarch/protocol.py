@@ -165,12 +165,12 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 10  # raised with every word added: a shim and a daemon of other versions never share one
+COUNTERS_VERSION = 11  # raised with every word added: a shim and a daemon of other versions never share one
 SLOT_FIELDS = ("opens", "bytes", "opens_uncounted", "opens_stdio", "mapped_bytes")  # a slot's words, in order
 MAX_SLOTS = 16
 HEADER_WORDS = 3
 SLOT_WORDS = len(SLOT_FIELDS)
-EXTRA_WORDS = 21
+EXTRA_WORDS = 24
 EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
 EXTRA_META_OFF = 2    # bit k (k < 63; bit 63: every root k >= 63): the job changed root k, its
@@ -189,17 +189,17 @@ EXTRA_BLOCK_LOCAL_BYTES, EXTRA_BLOCK_PFS_BYTES = 13, 14  # files staged by block
 EXTRA_BLOCK_OPENS, EXTRA_BLOCK_REMAPPED_BYTES = 15, 16   # ... their opens, bytes of mappings moved onto the copy
 # guarded maps (shim_guard.c): faults served from the copy, their wait, read from the PFS; served with pages (shim_pages.c)
 EXTRA_BLOCK_FAULTS_HELD, EXTRA_BLOCK_FAULT_WAIT_NS, EXTRA_BLOCK_FAULTS_LATE, EXTRA_BLOCK_FAULTS_PAGES = 17, 18, 19, 20
+# shim_view.c: FALLBACK_* bits said; bit k: root k named other files; processes that called under a root
+EXTRA_FALLBACKS, EXTRA_ROOTS_ELSEWHERE, EXTRA_ROOT_PROCESSES = 21, 22, 23
+FALLBACK_ROOT_ELSEWHERE, FALLBACK_TIERS_UNSEEN, FALLBACK_DAEMON_UNREACHABLE, FALLBACK_UID_MISMATCH = 1, 2, 4, 8
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
-SLOT_PFS = 0
-SLOT_PEER = 1
-FIRST_TIER_SLOT = 2
+SLOT_PFS, SLOT_PEER, FIRST_TIER_SLOT = 0, 1, 2
 MAX_TIERS = MAX_SLOTS - FIRST_TIER_SLOT
 
 SHIM_TIMEOUT_MS_DEFAULT = 60_000
 SHIM_INDEX_WAIT_MS_DEFAULT = 300  # per call: a first stat is answered (from the PFS) within it, walk or not
-HEARTBEAT_MS = 250
-HEARTBEAT_TIMEOUT_MS = 1500
+HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS = 250, 1500
 
 ENV_ROOTS = "MONARCH_ROOTS"
 ENV_PROBE = "MONARCH_PROBE"
@@ -209,21 +209,18 @@ ENV_INDEX = "MONARCH_INDEX"
 ENV_ASK_FIRST = "MONARCH_ASK_FIRST"
 ENV_SHARED_SLOTS = "MONARCH_SHARED_SLOTS"  # tier slots shared with the user's other jobs (see above)
 ENV_STORE_ROOTS = "MONARCH_STORE_ROOTS"
+# each root's and tier folder's device and inode as the daemon sees them; FALLBACK_* bits already said
+ENV_ROOT_IDS, ENV_PROBE_IDS, ENV_SAID = "MONARCH_ROOT_IDS", "MONARCH_PROBE_IDS", "MONARCH_SHIM_SAID"
 ENV_DISABLE = "MONARCH_DISABLE"
 ENV_INDEX_WAIT = "MONARCH_SHIM_INDEX_WAIT_MS"
 ENV_SHIM_ZSTD = "MONARCH_SHIM_ZSTD"
 ENV_MAP_GUARD = "MONARCH_SHIM_MAP_GUARD"  # 0: a cluster's mappings are not guarded: their faults read the PFS
+# what a launcher takes from a daemon's ATTACH answer; nothing else
 CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX, ENV_ASK_FIRST, ENV_STORE_ROOTS,
-                   ENV_SHARED_SLOTS)  # what a launcher takes from a daemon's ATTACH answer; nothing else
+                   ENV_SHARED_SLOTS, ENV_ROOT_IDS, ENV_PROBE_IDS)
 
 # -- socket frames --------------------------------------------------------------------
-VERB_OPEN = 1
-VERB_INVALIDATE = 2
-VERB_ATTACH = 3
-VERB_REPORT = 4
-VERB_STOP = 5
-VERB_HINT = 6
-VERB_INDEX = 7
+VERB_OPEN, VERB_INVALIDATE, VERB_ATTACH, VERB_REPORT, VERB_STOP, VERB_HINT, VERB_INDEX = 1, 2, 3, 4, 5, 6, 7
 VERB_PAGES, PAGES_MAX = 8, 64 << 10  # a guarded fault's pages of another owner's block (at most): the door's
 VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH",
          VERB_REPORT: "REPORT", VERB_STOP: "STOP", VERB_HINT: "HINT", VERB_INDEX: "INDEX", VERB_PAGES: "PAGES"}
@@ -233,18 +230,14 @@ INDEX_NONE = 1              # the snapshot failed: no index this job (read the P
 INDEX_WALKING = 2           # a poll's answer: not ready yet (the walk goes on)
 INDEX_POLL = "now"          # INDEX body: answer at once (READY, NONE or WALKING), never hold
 
-HINT_ORDER = 1
-HINT_MORE = 2
-HINT_PROGRESS = 3
-HINT_END = 4
+HINT_ORDER, HINT_MORE, HINT_PROGRESS, HINT_END = 1, 2, 3, 4
 HINT_HEADER = struct.Struct("<BQ")
 HINT_KEY = struct.Struct("<H")
 
 REPORT_BRIEF = b"brief"     # a REPORT body: the counters only (no timeline, no size classes)
 REPORT_FINAL = b"final"     # a REPORT body: the whole report, and this session is done (it closes next)
 
-STATUS_PENDING = -2
-STATUS_ERROR = -1
+STATUS_PENDING, STATUS_ERROR = -2, -1
 REQUEST_KEEP = 0x1         # OPEN and PAGES request flag: keep the connection for the next request if you can
 ANSWER_KEPT = 0x200         # OPEN answer flag: kept (only the C front door keeps one; Python closes)
 ANSWER_FD = 0x100           # OPEN answer flag: the copy comes as a descriptor (SCM_RIGHTS)
@@ -372,6 +365,10 @@ def format_roots(roots: Iterable[tuple[int, str]]) -> str:
 
 def format_probe(probe: Iterable[tuple[int, str]]) -> str:
     return ":".join(f"{slot}={path}" for slot, path in probe)
+
+
+def format_ids(ids: Iterable[tuple[int, int, int]]) -> str:  # (k, device, inode): "<k>=<dev>,<ino>:..."
+    return ":".join(f"{k}={dev},{ino}" for k, dev, ino in ids)
 
 
 # -- counters ---------------------------------------------------------------------------

@@ -447,7 +447,7 @@ class NodeDaemon:
             # as a time stamp: the application may have started long before (docs/design.md)
             snapshot_ready_seconds=round(ready_at - self.started, 3) if ready_at is not None else None,
             snapshot_ready_at=round(ready_at, 3) if ready_at is not None else None,
-            **shim_counters(self.counters_path, self._slot_names(), len(self.config.dataset.roots)),
+            **shim_counters(self.counters_path, self._slot_names(), self.config.dataset.roots),
             staging=self.stager.stats() | {"policy": self.config.staging.policy, "in_flight": self.stager.in_flight()}
             | (self.stores.stats(self.stager) if self.stores is not None else {}),
             tiers=[t.describe() for t in self._all_tiers()],
@@ -471,6 +471,11 @@ class NodeDaemon:
             protocol.ENV_SOCKET: self.instance.socket_path,
             protocol.ENV_COUNTERS: self.counters_path,
             protocol.ENV_INDEX: self.index_path,
+            # what the shim checks its own view against (a container's /data may be other files)
+            protocol.ENV_ROOT_IDS: protocol.format_ids(_identities(
+                (k, root) for k, root in enumerate(self.config.dataset.roots)
+                if self.stores is None or k not in self.stores.mounts)),
+            protocol.ENV_PROBE_IDS: protocol.format_ids(_identities(probe)),
         }
         if self.stores is not None:  # no PFS behind these roots: what the daemon cannot serve fails (EIO)
             env[protocol.ENV_STORE_ROOTS] = ",".join(str(k) for k in sorted(self.stores.mounts))
@@ -519,3 +524,17 @@ class NodeDaemon:
         if self.stores is not None:
             self.stores.close()
         self.instance.release()  # the counters stay, with the log and the report, until the next instance
+
+
+def _identities(dirs) -> list[tuple[int, int, int]]:
+    """(k, device, inode) of each directory that exists (a root, a tier folder): the shim serves a
+    root, or probes a folder, only where its own path names the same object (a container's or a
+    chroot's ``/data`` may be other files than the daemon's)."""
+    out = []
+    for k, path in dirs:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out.append((k, st.st_dev, st.st_ino))
+    return out

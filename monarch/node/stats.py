@@ -5,7 +5,7 @@ where the node's files are, by size class. The record they fill is ``NodeStats``
 from __future__ import annotations
 
 import itertools
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from monarch import protocol
 from monarch.node.snapshot.indextable import file_sizes
@@ -13,15 +13,17 @@ from monarch.node.stage.staged_table import StagedTable
 from monarch.records.node_stats import ShimCounters
 
 
-def shim_counters(counters_path: str, slot_names: dict[int, str], roots: int) -> ShimCounters:
+def shim_counters(counters_path: str, slot_names: dict[int, str], roots: Sequence[str]) -> ShimCounters:
     """The shim's slice of a node's statistics, read from the counters the application's
     processes share: ``opened_from`` (per slot an open was served from), ``metadata`` (stat
     and listings answered here or by the PFS, the roots whose metadata the job turned off,
     the opens and metadata calls sent to the PFS before the index was written or because
     the daemon was lost),
     ``decompression`` (compressed copies the shim decoded itself: shim_zstd.c), ``block_reads``
-    (what descriptors of files staged by blocks read from their copies and from the PFS) and
-    ``processes_with_shim``."""
+    (what descriptors of files staged by blocks read from their copies and from the PFS),
+    ``processes_with_shim`` and ``view`` (what the application's view lacked of the daemon's:
+    the shim's fallbacks, the roots that named other files for it, the processes that made a
+    call under a root: monarch/shim/shim_view.c)."""
     opened_from = protocol.read_opened_from(counters_path, slot_names)
     try:
         counters = protocol.read_extra_counters(counters_path)
@@ -31,7 +33,7 @@ def shim_counters(counters_path: str, slot_names: dict[int, str], roots: int) ->
     return {
         "opened_from": opened_from,
         "metadata": {"local": counters[protocol.EXTRA_META_LOCAL], "pfs": counters[protocol.EXTRA_META_PFS],
-                     "off_roots": [k for k in range(roots) if off & (1 << min(k, 63))],
+                     "off_roots": [k for k in range(len(roots)) if off & (1 << min(k, 63))],
                      "before_index": {"opens": counters[protocol.EXTRA_EARLY_OPENS],
                                       "metadata": counters[protocol.EXTRA_EARLY_META]},
                      "daemon_lost": {"opens": counters[protocol.EXTRA_LOST_OPENS],
@@ -49,6 +51,10 @@ def shim_counters(counters_path: str, slot_names: dict[int, str], roots: int) ->
                         "faults_late": counters[protocol.EXTRA_BLOCK_FAULTS_LATE],
                         "faults_pages": counters[protocol.EXTRA_BLOCK_FAULTS_PAGES]},
         "processes_with_shim": counters[protocol.EXTRA_PROCESSES],
+        "view": {"fallbacks": counters[protocol.EXTRA_FALLBACKS],
+                 "roots_elsewhere": [root for k, root in enumerate(roots)
+                                     if counters[protocol.EXTRA_ROOTS_ELSEWHERE] & (1 << min(k, 63))],
+                 "processes_at_roots": counters[protocol.EXTRA_ROOT_PROCESSES]},
     }
 
 

@@ -113,6 +113,7 @@ class ShimCounters(TypedDict):
     decompression: Decompression
     block_reads: BlockReads
     processes_with_shim: int
+    view: dict[str, Any]
 
 # left out of the wire form when None: a brief REPORT (progress polls) and a lost daemon's stats have none
 _OMITTED_WHEN_NONE = ("timeline", "size_classes")
@@ -144,6 +145,9 @@ class NodeStats:
     block_reads: BlockReads | dict = field(default_factory=dict)
     # processes in which the shim was active (the counters' EXTRA_PROCESSES); None: not told
     processes_with_shim: int | None = None
+    # what the application's view lacked of the daemon's (shim_view.c): the shim's FALLBACK_* bits,
+    # the roots that named other files for it, the processes that made a call under a root
+    view: dict[str, Any] = field(default_factory=dict)
     inflated_bytes: int = 0
     front_door: dict[str, Any] | None = None
     cluster: ClusterSlice = field(default_factory=dict)

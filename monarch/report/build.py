@@ -13,6 +13,8 @@ import math
 from typing import Any, Iterable
 
 from monarch.records.node_stats import NodeStats, bytes_read_range
+from monarch.report.bypass import bypass_fallback
+from monarch.report.fallbacks import shim_fallbacks
 from monarch.report.timeline import combine_timelines
 from monarch.store.report import store_traffic
 
@@ -59,7 +61,7 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
     door = collections.Counter()
     for d in doors:
         door.update({k: d.get(k, 0) for k in ("copies", "answered_staged", "handed_over")})
-    return {
+    report = {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "job": job,
@@ -78,6 +80,8 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
                              "walk_seconds": max(ready) if ready else None},
         "pfs_daemon_lost": {"opens": lost["opens"], "metadata": lost["metadata"]},
         "processes_with_shim": _processes_with_shim(alive),
+        # of those, the processes that made a call under a root (the readers; None: not counted)
+        "processes_at_roots": _processes_at_roots(alive),
         # opens of compressed copies decoded by the shim in the application's process: how
         # many, the ns they took (frame open to the application's descriptor), the bytes decoded,
         # the frames it found but left to the daemon (no libzstd, a missing dictionary, a bad
@@ -96,6 +100,11 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         "cluster": cluster_summary(nodes),
         "nodes": [n.to_dict() if n else None for n in nodes],
     }
+    # each way the application came to read the dataset without Monarch, its reason and its fix
+    said = shim_fallbacks(alive)
+    bypassed = None if said else bypass_fallback(report)  # the shim's own reasons say why, where it had any
+    report["fallbacks"] = said + ([bypassed] if bypassed else [])
+    return report
 
 
 BLOCK_FIGURES = ("files", "whole_files", "partly_staged_files", "partly_staged_bytes", "partly_staged_of_bytes",
@@ -124,6 +133,12 @@ def _processes_with_shim(alive: list[NodeStats]) -> int | None:
     """Processes in which the shim was active, summed over nodes (they exec'd away or ran
     to their end); None when no node's shim counted them (an older shim or daemon)."""
     counts = [n.processes_with_shim for n in alive if n.processes_with_shim is not None]
+    return sum(counts) if counts else None
+
+
+def _processes_at_roots(alive: list[NodeStats]) -> int | None:
+    """Processes that made a call under a root, summed over nodes; None when no node counted them."""
+    counts = [n.view["processes_at_roots"] for n in alive if n.view and "processes_at_roots" in n.view]
     return sum(counts) if counts else None
 
 
@@ -307,6 +322,9 @@ def session_delta(end: NodeStats, start: NodeStats) -> NodeStats:
         staging=staging, resolves={k: v for k, v in minus(end.resolves, start.resolves).items() if v},
         front_door=minus(end.front_door, start.front_door or {}) if end.front_door else end.front_door,
         processes_with_shim=_minus_processes(end.processes_with_shim, start.processes_with_shim),
+        view=end.view | ({"processes_at_roots": _minus_processes(end.view.get("processes_at_roots"),
+                                                                  start.view.get("processes_at_roots"))}
+                         if end.view and start.view else {}),
         extra=end.extra | {"session_only": True})
 
 

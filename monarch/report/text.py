@@ -129,6 +129,7 @@ def print_report(report: dict, out: TextIO) -> None:
           f"staged {plural(before['files'], 'file')}, {human(before['bytes'])} before); the node's whole "
           f"report: {scope['node_report']} at the daemon's stop (node 0's has every node)\n")
     _print_shim_presence(report, w)
+    _print_fallbacks(report, w)
     if report["nodes_lost"]:
         w(f"nodes lost: {report['nodes_lost']} (their numbers are missing)\n")
     amounts = {name: opened_from_amount(c) for name, c in report["opened_from"].items()}
@@ -245,9 +246,17 @@ def times_dataset(pfs: dict, lower: set[str], scope: bool, x: str = "x") -> str:
 
 def _print_shim_presence(report: dict, w) -> None:
     """How many processes ran with the shim: 0 means it was never loaded (see monarch/report/bypass.py)."""
-    procs = report.get("processes_with_shim")
+    procs, readers = report.get("processes_with_shim"), report.get("processes_at_roots")
     if procs is not None:
-        w(f"shim      : active in {procs} process{'' if procs == 1 else 'es'} (processes with the shim)\n")
+        of = f", {readers} of them under the roots" if readers is not None else ""
+        w(f"shim      : active in {procs} process{'' if procs == 1 else 'es'} (processes with the shim{of})\n")
+
+
+def _print_fallbacks(report: dict, w) -> None:
+    """Each way the command came to read the dataset without Monarch: what, and the fix
+    (monarch/report/fallbacks.py)."""
+    for f in report.get("fallbacks") or ():
+        w(f"fallback  : {f['reason']}: {f['detail']}; fix: {f['fix']}\n")
 
 
 # what a range or a lower bound of bytes means, in the text and the HTML report alike

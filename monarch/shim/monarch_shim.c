@@ -221,6 +221,7 @@ MONARCH_BY_HAND(MONARCH_DECLARE_REAL)
 #include "shim_open.h"
 #include "shim_stdio.h"
 #include "shim_fork.h"
+#include "shim_view.h"
 
 /* The kernel's fstat, for the shim's own checks: never our wrapper, and no
  * fstat@GLIBC_2.33 import (64-bit Linux: struct stat is the kernel's). */
@@ -376,6 +377,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 #include "shim_stdio.c"
 #include "shim_wrappers.c"
 #include "shim_fork.c"
+#include "shim_view.c"
 
 /* ---- start-up ---- */
 #define MONARCH_RESOLVE_ONE(name, ...) (void)MONARCH_RESOLVE(name);
@@ -624,9 +626,13 @@ static void monarch_init(void)
     }
     monarch_env_ms(MONARCH_ENV_TIMEOUT, &monarch_timeout_ms);
     monarch_env_ms(MONARCH_ENV_INDEX_WAIT, &monarch_index_wait_ms);
+    monarch_view_parse();
     const char *counters = getenv(MONARCH_ENV_COUNTERS);
-    if (counters && counters[0])
+    if (counters && counters[0]) {
         __atomic_store_n(&monarch_counters, monarch_map_counters(counters), __ATOMIC_RELEASE);
+        if (!monarch_counters && monarch_view_run_folder(counters) != 0)
+            goto done; /* the daemon's run folder is not here, or not ours: pass-through, said */
+    }
     monarch_crc_init(); /* CRC-32's table (monarch_native.h) */
     const char *index = getenv(MONARCH_ENV_INDEX);
     if (index && index[0] && strlen(index) < sizeof monarch_index_path) {

@@ -140,6 +140,9 @@ struct monarch_root {
     unsigned index; /* k in the key "<k>/<rel>", as MONARCH_ROOTS names it */
     char kprefix[12]; /* "<k>/" */
     size_t kprefix_len;
+    int view;         /* MONARCH_VIEW_*: is it the daemon's root here (shim_view.c) */
+    dev_t id_dev;     /* the daemon's identity of it, when published */
+    ino_t id_ino;
 };
 
 struct monarch_probe {
@@ -150,6 +153,9 @@ struct monarch_probe {
     dev_t dev;      /* and its identity, written before fd is published */
     ino_t ino;
     int shared;     /* shared with the user's other jobs (MONARCH_SHARED_SLOTS): a copy must match the index */
+    int has_id;     /* the daemon published its identity (MONARCH_PROBE_IDS): probed only if it is that dir */
+    dev_t id_dev;
+    ino_t id_ino;
 };
 
 /* the snapshot index's state in this process (monarch_index_state) */

@@ -173,6 +173,8 @@ static int monarch_connect(int tmo)
     if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || clen != sizeof cred || cred.uid != getuid()) {
         MONARCH_DEBUG(1, "daemon %s: peer uid %d is not ours (%d); not asking it", monarch_sockaddr.sun_path,
                       clen == sizeof cred ? (int)cred.uid : -1, (int)getuid());
+        if (clen == sizeof cred)
+            monarch_view_daemon_uid((unsigned)cred.uid); /* never again in this process: no retry per open */
         real_close(s);
         return -1;
     }
@@ -319,7 +321,8 @@ static int monarch_answer_allowed(const char *path)
         return 0;
     for (unsigned i = 0; i < monarch_nprobes; i++) {
         const struct monarch_probe *pr = &monarch_probes[i];
-        if (strncmp(path, pr->dir, pr->len) == 0 && path[pr->len] == '/' && path[pr->len + 1])
+        if (strncmp(path, pr->dir, pr->len) == 0 && path[pr->len] == '/' && path[pr->len + 1]
+            && __atomic_load_n(&pr->fd, __ATOMIC_RELAXED) != MONARCH_PROBE_UNSEEN)
             return 1;
     }
     return 0;

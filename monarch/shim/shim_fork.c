@@ -37,6 +37,7 @@ static void monarch_atfork_child(void)
     monarch_daemon_atfork_child(); /* the forking thread's kept connection is the parent's: this copy closed */
     monarch_zpool_atfork_child();
     monarch_count_process(1); /* a DataLoader worker is a process with the shim too */
+    monarch_view_atfork_child(); /* and a reader of its own once it calls under a root */
     /* a thread of the parent was installing the index, or looking for it: it is not here to finish */
     if (__atomic_load_n(&monarch_index_state, __ATOMIC_ACQUIRE) == MONARCH_IX_INSTALLING)
         __atomic_store_n(&monarch_index_state, monarch_idx() ? MONARCH_IX_MAPPED : MONARCH_IX_UNKNOWN,

@@ -182,6 +182,12 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
         errno = saved;
         return ix == MONARCH_IX_OFF || early >= 0 ? MONARCH_SLOT_PFS : -1;
     }
+    if (MONARCH_UNLIKELY(!store && monarch_tiers_unseen())) {
+        /* no tier folder of the daemon's is here: its answers would name paths this process cannot open */
+        monarch_guard = 0;
+        errno = saved;
+        return MONARCH_SLOT_PFS;
+    }
     char staged[PATH_MAX];
     int slot = MONARCH_SLOT_PFS, fd = -1;
     uint32_t entry = monarch_index_lookup(key, kl); /* once: the probe checks a copy against it, out: keeps it */

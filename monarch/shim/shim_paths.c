@@ -167,7 +167,7 @@ static int monarch_key_abs(int dirfd, const char *path, int allow_root, char *ke
     if (monarch_abspath(dirfd, path, abs, &len) != 0)
         return -1;
     for (unsigned i = 0; i < monarch_nroots; i++) {
-        const struct monarch_root *r = &monarch_roots[i];
+        struct monarch_root *r = &monarch_roots[i];
         size_t rl; /* the length of rel, at abs + r->len + 1 */
         if (len < r->len || memcmp(abs, r->path, r->len) != 0)
             continue;
@@ -177,6 +177,10 @@ static int monarch_key_abs(int dirfd, const char *path, int allow_root, char *ke
             rl = 0;
         else
             continue;
+        if (MONARCH_UNLIKELY(!monarch_at_roots))
+            monarch_count_at_roots(); /* a reader: it calls under a root */
+        if (MONARCH_UNLIKELY(__atomic_load_n(&r->view, __ATOMIC_RELAXED) != MONARCH_VIEW_SAME) && monarch_root_elsewhere(r))
+            continue; /* not the daemon's root here: the kernel's files (shim_view.c) */
         /* "<k>/<rel>": the root's prefix made at start-up (an snprintf here cost ~0.1 us an open) */
         size_t kl = r->kprefix_len + rl;
         if (kl >= MONARCH_KEY_MAX || kl > MONARCH_MAX_REQUEST)
@@ -202,7 +206,7 @@ static int monarch_key(int dirfd, const char *path, char *key, size_t *klp)
 /* <probe dir>/<key> into out[PATH_MAX]; -1 if too long. */
 static int monarch_probe_path(const struct monarch_probe *pr, const char *key, size_t kl, char *out)
 {
-    if (pr->len + 1 + kl >= PATH_MAX)
+    if (pr->len + 1 + kl >= PATH_MAX || __atomic_load_n(&pr->fd, __ATOMIC_RELAXED) == MONARCH_PROBE_UNSEEN)
         return -1;
     memcpy(out, pr->dir, pr->len);
     out[pr->len] = '/';
@@ -240,6 +244,12 @@ static int monarch_probe_fd(struct monarch_probe *pr)
     if (fd >= 0 && monarch_sys_fstat(fd, &st) != 0) {
         real_close(fd);
         fd = -1;
+    }
+    if (monarch_probe_unseen(pr, fd, &st)) { /* not the daemon's folder here: never probed */
+        if (fd >= 0)
+            real_close(fd);
+        __atomic_store_n(&pr->fd, MONARCH_PROBE_UNSEEN, __ATOMIC_RELEASE);
+        return MONARCH_PROBE_UNSEEN;
     }
     if (fd >= 0) {
         pr->dev = st.st_dev;

@@ -19,9 +19,10 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 10 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
+#define MONARCH_COUNTERS_VERSION 11 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
                                      7: a slot's opens_stdio and mapped_bytes; 8: EXTRA_BLOCK_*;
-                                     9: EXTRA_BLOCK_FAULT*; 10: EXTRA_BLOCK_FAULTS_PAGES */
+                                     9: EXTRA_BLOCK_FAULT*; 10: EXTRA_BLOCK_FAULTS_PAGES;
+                                     11: EXTRA_FALLBACKS, EXTRA_ROOTS_ELSEWHERE, EXTRA_ROOT_PROCESSES */
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 /* per slot: opens; bytes read (read, pread, readv ..., fread); opens_uncounted (once per descriptor
@@ -29,7 +30,7 @@
  * (a FILE: stdio's own reads have no bound); mapped_bytes (the lengths mmap mapped: at most what
  * page faults read) */
 #define MONARCH_SLOT_WORDS 5
-#define MONARCH_EXTRA_WORDS 21
+#define MONARCH_EXTRA_WORDS 24
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
 #define MONARCH_SLOT_PFS 0
 #define MONARCH_SLOT_PEER 1
@@ -69,6 +70,16 @@
 /* shim_pages.c: faults on a guarded block of another owner served with its pages, fetched from that
  * owner's copy through the daemon (VERB_PAGES), not read from the PFS */
 #define MONARCH_EXTRA_BLOCK_FAULTS_PAGES 20
+/* shim_view.c: what the application's view lacks of the daemon's, each a MONARCH_FALLBACK_* bit set
+ * once (the process that sets it says it on stderr); bit k: root k names other files here than for
+ * the daemon; processes that made a call under a root (the readers, not a runtime's wrappers) */
+#define MONARCH_EXTRA_FALLBACKS 21
+#define MONARCH_EXTRA_ROOTS_ELSEWHERE 22
+#define MONARCH_EXTRA_ROOT_PROCESSES 23
+#define MONARCH_FALLBACK_ROOT_ELSEWHERE 1u   /* a root is another filesystem object here: read directly */
+#define MONARCH_FALLBACK_TIERS_UNSEEN 2u     /* no tier folder is the daemon's here: opens read the PFS */
+#define MONARCH_FALLBACK_DAEMON_UNREACHABLE 4u /* the run folder or socket is not here: pass-through */
+#define MONARCH_FALLBACK_UID_MISMATCH 8u     /* the daemon's files or socket are another uid's: pass-through */
 
 /* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
 #define MONARCH_VERB_OPEN 1
@@ -125,6 +136,9 @@
 #define MONARCH_ENV_ASK_FIRST "MONARCH_ASK_FIRST"
 #define MONARCH_ENV_STORE_ROOTS "MONARCH_STORE_ROOTS" /* roots with no PFS behind them (a key-value store) */
 #define MONARCH_ENV_SHARED_SLOTS "MONARCH_SHARED_SLOTS" /* tiers shared with the user's other jobs: hits checked */
+#define MONARCH_ENV_ROOT_IDS "MONARCH_ROOT_IDS"   /* "<k>=<dev>,<ino>:..." each root as the daemon sees it */
+#define MONARCH_ENV_PROBE_IDS "MONARCH_PROBE_IDS" /* "<slot>=<dev>,<ino>:..." each tier folder as the daemon sees it */
+#define MONARCH_ENV_SAID "MONARCH_SHIM_SAID" /* FALLBACK_* bits a parent process already said (no counters) */
 #define MONARCH_ENV_DISABLE "MONARCH_DISABLE"
 #define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
 #define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"
