@@ -29,7 +29,8 @@
  *     newer than GLIBC_2.17 (tests/shim/test_glibc_compat.py checks it).
  *
  * Environment (see protocol.py): MONARCH_ROOTS, MONARCH_PROBE, MONARCH_SOCKET,
- * MONARCH_COUNTERS, MONARCH_INDEX, MONARCH_DISABLE, MONARCH_SHIM_DEBUG,
+ * MONARCH_COUNTERS, MONARCH_INDEX, MONARCH_ROOT_IDS, MONARCH_PROBE_IDS (shim_view.c:
+ * a root or tier folder is used only where it is the daemon's), MONARCH_DISABLE, MONARCH_SHIM_DEBUG,
  * MONARCH_SHIM_TIMEOUT_MS, MONARCH_SHIM_INDEX_WAIT_MS, MONARCH_SHIM_ZSTD, MONARCH_SHIM_MAP_GUARD.
  * Missing or invalid settings degrade to
  * pass-through; nothing here may make the application fail: on any
