@@ -21,6 +21,7 @@ holds the wire for the shim and the door). ``tests/unit/test_structure.py`` hold
 ``hints``          the order a training script tells the daemon its next epoch reads
 ``store``          a dataset kept in a key-value store or an S3 bucket
 ``config``         the configuration: keys declared once, loaded, checked, frozen
+``writeback``      a job's writes drained to the PFS, complete and in order: journal, area, drain
 ``cluster``        the peer plane: placement, snapshot sharing, transfers over MPI
 ``report``         the access report, built from the nodes' statistics
 ``node``           the node daemon, in rooms of its own (``node/__init__.py`` is their map)
@@ -44,6 +45,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("shim", "frontdoor", "hints"),
     ("store",),
     ("config",),
+    ("writeback",),            # a job's writes drained to the PFS in order: journal, area, drain
     ("cluster",),
     ("report",),
     ("node",),

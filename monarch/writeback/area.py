@@ -1,0 +1,92 @@
+"""Where one run keeps its write-back on a node: ``<tier base>/monarch-<uid>/writeback-<run>-node<N>/``,
+0700, holding ``journal`` (docs: journal.py), ``data/<seq>`` (each pending file's bytes, 0600)
+and ``owner.lock``.
+
+The area's owner (the run's daemon) holds ``owner.lock`` locked (``flock``) for its life: a lock
+is held across PID namespaces and containers on one kernel, and is gone with the process however
+it ends. A drain of a run that is gone (``monarch drain``, the next run on the node) takes the
+same lock first: never while the owner lives, never two at once. The name is the run's, not a
+random one, so that a drain after a crash or a reboot finds it; nothing in it is ever served to
+another run (the data files are read only by the drain).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+
+from monarch.secure import check_private_dir, open_private_file, private_dir, user_dir
+
+PREFIX = "writeback-"
+JOURNAL, DATA, LOCK = "journal", "data", "owner.lock"
+
+
+class Area:
+    """One run's write-back area on a node, held (locked) by this process while it is open."""
+
+    def __init__(self, path: str, lock_fd: int):
+        self.path, self._lock_fd = path, lock_fd
+
+    @property
+    def journal_path(self) -> str:
+        return os.path.join(self.path, JOURNAL)
+
+    def data_path(self, seq: int) -> str:
+        return os.path.join(self.path, DATA, str(int(seq)))
+
+    @classmethod
+    def create(cls, base: str, run_id: str, node: int) -> "Area":
+        """The run's area under ``base`` (made private if missing), held by this process."""
+        path = private_dir(os.path.join(user_dir(base), f"{PREFIX}{run_id}-node{node}"))
+        private_dir(os.path.join(path, DATA))
+        area = cls._hold(path, blocking=False)
+        if area is None:
+            raise BlockingIOError(f"{path} is held by another live process of the run")
+        return area
+
+    @classmethod
+    def orphans(cls, base: str) -> list["Area"]:
+        """The areas under ``base`` whose owner is gone, each now held by this process (sorted by name)."""
+        try:
+            parent = user_dir(base)
+            names = sorted(n for n in os.listdir(parent) if n.startswith(PREFIX))
+        except OSError:
+            return []
+        found = []
+        for name in names:
+            path = os.path.join(parent, name)
+            if os.path.islink(path) or not os.path.isdir(path):
+                continue
+            check_private_dir(path)
+            area = cls._hold(path, blocking=False)
+            if area is not None:
+                found.append(area)
+        return found
+
+    @classmethod
+    def _hold(cls, path: str, blocking: bool) -> "Area | None":
+        fd = open_private_file(os.path.join(path, LOCK))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return cls(path, fd)
+
+    def pending_data(self) -> list[int]:
+        """The sequence numbers of the files whose bytes are still here."""
+        try:
+            return sorted(int(n) for n in os.listdir(os.path.join(self.path, DATA)) if n.isdigit())
+        except OSError:
+            return []
+
+    def remove(self) -> None:
+        """Remove the area: only once nothing in it is unpublished (the drain's caller checks)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.release()
+
+    def release(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1

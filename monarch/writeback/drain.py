@@ -1,0 +1,185 @@
+"""The drain: a journal's operations applied to the PFS strictly in order, each after every one
+before it (docs/consistency.md, "Write-back", W2 and W3).
+
+A closed file is published by writing its bytes to ``.<name>.monarch-<run>-<seq>`` in its
+directory, flushing them, and renaming that over its name: the name never shows a short file.
+After each operation an ``applied`` record is appended, so a drain resumed after a crash starts
+at the first operation not applied. An operation cut short by the crash is applied again, and
+each is safe to apply twice: a publish writes the same bytes to the same temporary name and
+renames them again; a rename whose source is gone and whose destination is there, an unlink of
+a name already gone, a ``mkdir`` of a directory there, are done. A file's local bytes are removed
+only after its publish is recorded.
+
+A refused operation (``ENOSPC``, ``EDQUOT``, ``EACCES``, ``EIO`` ...) stops the drain there:
+nothing after it is applied (it may depend on it), nothing unpublished is removed, and the
+outcome names every file not published and where its bytes are.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Callable
+
+from monarch.writeback.area import Area
+from monarch.writeback.journal import Journal, Record, read
+
+log = logging.getLogger(__name__)
+
+COPY_CHUNK = 16 << 20  # bytes moved per copy_file_range/sendfile call
+
+
+@dataclass
+class Outcome:
+    applied: int = 0                  # operations applied by this drain
+    published: list[str] = field(default_factory=list)  # the PFS paths published, in order
+    published_bytes: int = 0
+    failed: str | None = None         # the operation that was refused, and why
+    unpublished: dict[str, str] = field(default_factory=dict)  # PFS path -> where its bytes are kept
+    damaged: str | None = None        # why the journal's reading stopped early
+
+    @property
+    def complete(self) -> bool:
+        return self.failed is None and not self.unpublished and self.damaged is None
+
+
+def temporary_name(path: str, run_id: str, seq: int) -> str:
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.monarch-{run_id}-{seq}")
+
+
+def _copy(src_fd: int, dst_fd: int, size: int) -> None:
+    done = 0
+    while done < size:
+        try:
+            n = os.copy_file_range(src_fd, dst_fd, min(COPY_CHUNK, size - done))
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            n = os.sendfile(dst_fd, src_fd, None, min(COPY_CHUNK, size - done))
+        if n == 0:
+            raise OSError(errno.EIO, f"the local copy ended at {done} of its {size} bytes")
+        done += n
+
+
+def publish(area: Area, rec: Record, run_id: str) -> None:
+    """File ``rec['seq']``'s bytes to its PFS path, complete under its name or not at all."""
+    path, size = rec["path"], rec["size"]
+    tmp = temporary_name(path, run_id, rec["seq"])
+    src = os.open(area.data_path(rec["seq"]), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if os.fstat(src).st_size != size:
+            raise OSError(errno.EIO, f"the local copy {area.data_path(rec['seq'])} is not its {size} bytes")
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            _copy(src, dst, size)
+            os.fchmod(dst, stat.S_IMODE(rec["mode"]))  # the app's mode under its umask, as it asked
+            os.fsync(dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    os.rename(tmp, path)
+
+
+def apply(area: Area, rec: Record, run_id: str) -> None:
+    """One operation on the PFS; safe to apply again after a crash cut it short."""
+    op = rec.op
+    if op == "close":
+        publish(area, rec, run_id)
+    elif op == "rename":
+        try:
+            os.rename(rec["src"], rec["dst"])
+        except FileNotFoundError:
+            if not os.path.lexists(rec["dst"]):
+                raise
+    elif op == "unlink":
+        try:
+            os.unlink(rec["path"])
+        except FileNotFoundError:
+            pass
+    elif op == "mkdir":
+        try:
+            os.mkdir(rec["path"], 0o700)
+        except FileExistsError:
+            pass
+        os.chmod(rec["path"], stat.S_IMODE(rec["mode"]))
+    elif op == "rmdir":
+        try:
+            os.rmdir(rec["path"])
+        except FileNotFoundError:
+            pass
+    elif op == "chmod":
+        os.chmod(rec["path"], stat.S_IMODE(rec["mode"]))
+    elif op == "utime":
+        os.utime(rec["path"], ns=(rec["atime_ns"], rec["mtime_ns"]))
+    elif op == "drop":
+        pass  # removed by the job before it was published: never written
+
+
+def drain(area: Area, run_id: str, journal: Journal | None = None,
+          step: Callable[[str, Record], None] | None = None) -> Outcome:
+    """Apply every operation of ``area``'s journal not yet applied, in order; ``journal``: the one
+    the run appends to (else one is opened to record progress). ``step(phase, record)`` is called
+    before and after each operation (``"apply"``, ``"applied"``): the tests crash the drain there."""
+    records, damaged = read(area.journal_path)
+    last = max((r["upto"] for r in records if r.op == "applied"), default=0)
+    applied, published, failed = 0, [], None
+    own = journal is None
+    journal = journal or Journal(area.journal_path, durable=True)
+    try:
+        for i, rec in enumerate(records):
+            if rec.op == "applied" or rec.n <= last:
+                continue
+            if step:
+                step("apply", rec)
+            try:
+                if not (rec.op == "close" and _removed_later(records, i)):
+                    apply(area, rec, run_id)
+            except OSError as e:
+                failed = f"{rec.op} {rec.args}: {e.strerror or e}"
+                log.error("write-back: %s (nothing after it is applied; the pending bytes stay in %s)",
+                          failed, area.path)
+                break
+            journal.append("applied", upto=rec.n)
+            last, applied = rec.n, applied + 1
+            if step:
+                step("applied", rec)
+            if rec.op in ("close", "drop"):
+                _remove_data(area, rec["seq"])
+            if rec.op == "close" and not _removed_later(records, i):
+                published.append(rec)
+    finally:
+        if own:
+            journal.close()
+    unpublished = {}
+    for rec in records:
+        if rec.op == "close" and rec.n <= last:
+            _remove_data(area, rec["seq"])  # published: what a crash left after its record
+        elif rec.op == "close":
+            unpublished[rec["path"]] = area.data_path(rec["seq"])  # still only here, and where
+    return Outcome(applied=applied, published=[r["path"] for r in published],
+                   published_bytes=sum(r["size"] for r in published), failed=failed, unpublished=unpublished,
+                   damaged=damaged)
+
+
+def _removed_later(records: list[Record], i: int) -> bool:
+    """Does the job remove record ``i``'s file (a close) before anything else names its path? Then
+    it is never written: no one could rely on a file its job removed unseen."""
+    path = records[i]["path"]
+    for rec in records[i + 1:]:
+        if rec.op == "unlink" and rec["path"] == path:
+            return True
+        if rec.op != "applied" and path in (rec.args.get("path"), rec.args.get("src"), rec.args.get("dst")):
+            return False
+    return False
+
+
+def _remove_data(area: Area, seq: int) -> None:
+    try:
+        os.unlink(area.data_path(seq))
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,122 @@
+"""The write-back journal of one run on one node: the job's operations under the write-back
+paths, in the order its processes made them.
+
+One record a line, ``<crc32 hex8> <json>``, appended with one ``write`` (``O_APPEND``): a
+record is either whole in the file or, after a crash mid-append, a torn last line that reading
+drops. A line whose checksum does not match in the middle of the file ends the reading there
+(what follows it cannot be trusted); the reader says so. On a disk tier each record is flushed
+(``fsync``) before the operation it records is acknowledged, so a rebooted node finds every
+operation the job was told had happened; on a RAM tier the records last as long as the node.
+
+Records (``n`` is the record's number, from 1):
+
+- ``close  seq path mode size``: file ``seq``'s bytes (the area's ``data/<seq>``) are final, to be
+  published at ``path`` with ``mode`` (the app's, under its umask);
+- ``rename src dst``, ``unlink path``, ``mkdir path mode``, ``rmdir path``, ``chmod path mode``,
+  ``utime path atime_ns mtime_ns``: namespace operations, replayed as the job made them;
+- ``drop   seq``: file ``seq`` was removed by the job before it was published (never written);
+- ``applied upto``: every record up to ``upto`` is on the PFS (the drain's progress).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from monarch.errors import MonarchError
+from monarch.secure import open_private_file
+
+OPS = ("close", "rename", "unlink", "mkdir", "rmdir", "chmod", "utime", "drop", "applied")
+NEEDS = {"close": ("seq", "path", "mode", "size"), "rename": ("src", "dst"), "unlink": ("path",),
+         "mkdir": ("path", "mode"), "rmdir": ("path",), "chmod": ("path", "mode"),
+         "utime": ("path", "atime_ns", "mtime_ns"), "drop": ("seq",), "applied": ("upto",)}
+
+
+class JournalError(MonarchError):
+    """A journal that cannot be written or read."""
+
+
+@dataclass(frozen=True)
+class Record:
+    n: int
+    op: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.args[key]
+
+
+def encode(n: int, op: str, args: dict[str, Any]) -> bytes:
+    if op not in OPS or any(k not in args for k in NEEDS[op]):
+        raise JournalError(f"journal: a {op!r} record needs {', '.join(NEEDS.get(op, ()))}; got {sorted(args)}")
+    body = json.dumps({"n": n, "op": op, **args}, separators=(",", ":"), ensure_ascii=True).encode()
+    return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+def decode(line: bytes) -> Record | None:
+    """The record of one line; None when it is not a whole, checked record."""
+    if not line.endswith(b"\n") or len(line) < 11 or line[8:9] != b" ":
+        return None
+    body = line[9:-1]
+    try:
+        if int(line[:8], 16) != zlib.crc32(body):
+            return None
+        d = json.loads(body)
+        n, op = d.pop("n"), d.pop("op")
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(n, int) or op not in OPS or any(k not in d for k in NEEDS[op]):
+        return None
+    return Record(n, op, d)
+
+
+def read(path: str) -> tuple[list[Record], str | None]:
+    """The records of the journal at ``path``, in order, and why the reading stopped early (None:
+    it read to the end, a torn last line dropped)."""
+    with open(path, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    records: list[Record] = []
+    for i, line in enumerate(lines):
+        rec = decode(line)
+        if rec is None:
+            if i == len(lines) - 1 and not line.endswith(b"\n"):
+                break  # torn by a crash mid-append: the operation was never acknowledged
+            return records, f"{path}: record {i + 1} is damaged; the {len(lines) - i} record(s) from there are not used"
+        if rec.n != len(records) + 1:
+            return records, f"{path}: record {i + 1} is numbered {rec.n}; the records from there are not used"
+        records.append(rec)
+    return records, None
+
+
+class Journal:
+    """Appends records to one journal file (made if missing, private); thread-safe."""
+
+    def __init__(self, path: str, durable: bool):
+        self.path, self.durable = path, durable
+        self._lock = threading.Lock()
+        existing, why = read(path) if os.path.exists(path) else ([], None)
+        if why:
+            raise JournalError(f"{why}: drain or move it aside before this run appends to it")
+        self._next = len(existing) + 1
+        self._fd = open_private_file(path, os.O_WRONLY | os.O_APPEND)
+
+    def append(self, op: str, **args: Any) -> int:
+        """Record one operation; its number. On a durable journal it is on disk when this returns."""
+        with self._lock:
+            line = encode(self._next, op, args)
+            if os.write(self._fd, line) != len(line):
+                raise JournalError(f"{self.path}: a short write of a journal record (the tier is full?)")
+            if self.durable:
+                os.fsync(self._fd)
+            self._next += 1
+            return self._next - 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1

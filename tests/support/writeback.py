@@ -1,0 +1,32 @@
+"""What the write-back tests share: a journal as the daemon leaves it for a checkpointing job."""
+
+import os
+
+from monarch.writeback.area import Area
+from monarch.writeback.journal import Journal
+
+RUN = "job1"
+
+
+def pending(area, journal, seq, path, data, mode=0o640):
+    """As the daemon records a closed write-back file: its bytes in the area, then its record."""
+    with open(area.data_path(seq), "wb") as f:
+        f.write(data)
+    return journal.append("close", seq=seq, path=str(path), mode=mode, size=len(data))
+
+
+def checkpoint_journal(base, pfs):
+    """torch.save then a rename, twice, then a marker file: the journal a checkpointing job leaves."""
+    area = Area.create(base, RUN, 0)
+    j = Journal(area.journal_path, durable=True)
+    j.append("mkdir", path=str(pfs / "ck"), mode=0o750)
+    blobs = {}
+    for k in range(2):
+        blobs[f"model{k}"] = os.urandom(300_000 + k)
+        pending(area, j, k + 1, pfs / "ck" / f"model{k}.tmp", blobs[f"model{k}"])
+        j.append("rename", src=str(pfs / "ck" / f"model{k}.tmp"), dst=str(pfs / "ck" / f"model{k}"))
+    blobs["latest"] = b"2\n"
+    pending(area, j, 3, pfs / "ck" / "latest", blobs["latest"], mode=0o644)
+    j.close()
+    area.release()
+    return blobs
