@@ -4,8 +4,9 @@ compiler, ``monarch run`` and a 2-node ``mpiexec ... monarch serve`` work and co
 user's cache stays empty), the peers using the packaged C data path.
 
 The wheel is built as a user builds it (build isolation: its build dependencies, ziglang and
-mpich, installed apart by pip); the virtual environment sees this Python's site-packages for
-Monarch's dependencies (no download), its own Monarch installed from the wheel alone."""
+mpich, installed apart by pip); the virtual environment sees the packages of the environment
+running the tests (no env, a venv or a conda prefix) for Monarch's dependencies (no download),
+after its own Monarch, installed from the wheel alone."""
 
 import json
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from support.envs import make_env_seeing_this_python
 from support.harness import REPO, load, sharded_config, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -62,9 +64,9 @@ def wheel(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def venv(wheel, tmp_path_factory):
-    """A fresh virtual environment with Monarch installed from the wheel (nothing else of it)."""
-    env_dir = tmp_path_factory.mktemp("venv") / "v"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(env_dir)], check=True, timeout=120)
+    """A fresh virtual environment with Monarch installed from the wheel (nothing else of it); its
+    dependencies are the running environment's."""
+    env_dir = make_env_seeing_this_python(tmp_path_factory.mktemp("venv") / "v")
     r = subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
                         "--no-deps", "--no-index", "--ignore-installed", str(wheel)],
                        capture_output=True, text=True, timeout=300)
