@@ -78,6 +78,10 @@ def check_config(path: str | None, roots: Sequence[str] | None = None,
     margin = (f"{config.memory_margin_share:.0%} of the node's memory" if config.memory_margin_share is not None
               else size_for_people(config.memory_margin))
     lines.append(f"  memory  : RAM tiers leave {margin} available")
+    reserve = (f"{config.filesystem_reserve_share:.0%}" if config.filesystem_reserve_share is not None
+               else size_for_people(config.filesystem_reserve) if config.filesystem_reserve else None)
+    lines.append(f"  reserve : each tier leaves {reserve} of its filesystem free for the application" if reserve
+                 else "  reserve : none (filesystem_reserve: 0): tiers may fill their filesystems")
     lines.append(f"  staging : {config.staging.policy}, {config.staging.threads or 'auto'} copies in flight, "
                  f"validate {config.staging.validate}")
     lines.append(f"  run_base: {config.run_base}")

@@ -155,8 +155,9 @@ KEYS: tuple[Key, ...] = (
         lambda r, v, k: r.base(v, k), shipped=("/dev/shm", "${MONARCH_SSD:-${TMPDIR:-/tmp}}")),
     Key("tiers[].capacity", "size or share", REQUIRED,
         "bytes Monarch may put there (`B`, `KiB`…`TiB`, `KB`…`TB`), or a share of the node read when the "
-        "daemon starts: `50%` of the available memory for a tier on tmpfs/ramfs (`/dev/shm`), of the free "
-        "space of its filesystem for a disk tier",
+        "daemon starts: `50%` of the available memory for a tier on tmpfs/ramfs (`/dev/shm`; of its free space "
+        "where that is less), of the free space of its filesystem for a disk tier; an upper bound, never a "
+        "promise (`filesystem_reserve`)",
         lambda r, v, k: r.amount(v, k, TIER_SHARE), shipped=("4GiB", "32GiB"),
         fields=("capacity", "capacity_share")),
     Key("tiers[].keep", "true or false", False,
@@ -203,6 +204,14 @@ KEYS: tuple[Key, ...] = (
         "it as the tier's `refused.memory_margin`",
         lambda r, v, k: r.amount(v, k, "the node's total memory"),
         fields=("memory_margin", "memory_margin_share")),
+    Key("filesystem_reserve", "size or share", "25%",
+        "every tier (and the peer area) leaves at least this much of its filesystem free for the application "
+        "(a size, or a share of that filesystem's size; `0`: none): a copy that would leave less goes to the next "
+        "tier, counted as the tier's `refused.filesystem_reserve`, and a capacity beyond the filesystem's size less "
+        "the reserve is cut to it; a container's 64 MiB `/dev/shm` keeps room for the application's semaphores "
+        "and shared memory",
+        lambda r, v, k: r.amount(v, k, "the tier's filesystem's size"),
+        fields=("filesystem_reserve", "filesystem_reserve_share")),
     Key("peer.path", "path (base directory)", "${MONARCH_SSD:-${TMPDIR:-/tmp}}",
         "cluster only: the base directory for files fetched from peers",
         lambda r, v, k: r.base(v, k)),

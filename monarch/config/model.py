@@ -79,6 +79,8 @@ class Config:
     report_html: str | None = None  # HTML report path (monarch run); None: none
     memory_margin: int = 0  # bytes of available memory memory-backed tiers leave to the node...
     memory_margin_share: float | None = 0.10  # ...or this share of its total memory
+    filesystem_reserve: int = 0  # bytes of its filesystem every tier leaves free for the application...
+    filesystem_reserve_share: float | None = 0.25  # ...or this share of the filesystem's size (0 bytes, None: none)
     peer_given: bool = False  # the file itself has a peer section (the shipped defaults' does not count)
 
     def bases(self) -> list[tuple[str, str]]:

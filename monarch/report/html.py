@@ -22,7 +22,8 @@ from monarch.sizes import human
 
 MiB = 1 << 20
 # a tier's state in the table's column; a tier that stopped for none of these is described as the text does
-STATES = {"full": "full (capacity)", "memory_margin": "stopped: memory margin", "filesystem_full": "filesystem full"}
+STATES = {"full": "full (capacity)", "memory_margin": "stopped: memory margin",
+          "filesystem_reserve": "stopped: filesystem reserve", "filesystem_full": "filesystem full"}
 ESTIMATE = "estimate"  # the summary's label of a modelled figure, and of the note that says what it models
 COLORS = {"pfs": "#d62728", "peer": "#9467bd", "staging": "#ff7f0e", "not staged": "#bbbbbb"}
 TIER_COLORS = ["#2ca02c", "#1f77b4", "#17becf", "#8c564b", "#e377c2", "#7f7f7f"]

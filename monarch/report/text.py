@@ -16,6 +16,7 @@ from monarch.store.report import store_lines
 # a tier's state (``stopped``), in the text and the HTML report alike
 STATE_WORDS = {None: "took every file offered", "full": "full (its capacity is reached)",
                "memory_margin": "stopped at the node's memory margin (memory_margin)",
+               "filesystem_reserve": "stopped at its filesystem's reserve for the application (filesystem_reserve)",
                "filesystem_full": "its filesystem is full"}
 OFFERED_NONE = "offered no file (the tiers before it took them)"
 
@@ -324,6 +325,20 @@ def _print_tiers(report: dict, w) -> None:
           f"{tier_state_words(t)}{why}\n")
         if words := allocation_words(t["used"], allocated):
             w(f"{'':<10}{'':>12}   {words} (whole blocks or pages: what the capacity counts)\n")
+        if t.get("stopped") == "filesystem_reserve" and (words := reserve_words(report, t)):
+            w(f"{'':<10}{'':>12}   {words}\n")
+
+
+def reserve_words(report: dict, tier: dict) -> str | None:
+    """What a tier that stopped at its filesystem's reserve left free, and where that came from
+    (each node's tiers say; the first that does, with how many nodes kept one), or None."""
+    kept = [t for n in report.get("nodes") or [] if n
+            for t in n.get("tiers") or [] if t.get("name") == tier["name"] and "filesystem_reserve" in t]
+    if not kept:
+        return None
+    nodes = f" on each of {len(kept)} nodes" if len(kept) > 1 else ""
+    return (f"left {human(kept[0]['filesystem_reserve'])} of its filesystem free for the application{nodes}: "
+            f"{kept[0].get('filesystem_reserve_from') or 'filesystem_reserve'}")
 
 
 def _print_size_classes(classes: list[dict], w) -> None:

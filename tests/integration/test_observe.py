@@ -76,7 +76,8 @@ def test_a_ram_tier_past_the_memory_margin_stages_to_the_next_tier_and_says_why(
     assert ssd["files"] == 60 and ssd["used"] == ds.total and ssd["stopped"] is None
     assert rep["opened_from"]["ssd"]["opens"] == 120 and rep["opened_from"]["ram"]["opens"] == 0
     node_ram = rep["nodes"][0]["tiers"][0]
-    assert node_ram["in_memory"] and node_ram["capacity_from"] == "100% of available memory"
+    # (then cut to /dev/shm's size less the application's reserve there, where that is less)
+    assert node_ram["in_memory"] and node_ram["capacity_from"].startswith("100% of available memory")
     # the printed report says what the JSON says (how many offers were refused: the door's copies
     # asked for room once, however many files it copied before the stager took the rest)
     refused = ram["refused"].get("memory_margin", 0)

@@ -122,8 +122,10 @@ class SharedTier(Tier):
 
     def __init__(self, name: str, shared: SharedSet, slot: int, base: Tier):
         """``base``: the tier this job's configuration makes (its capacity, unit, memory guard)."""
-        super().__init__(name, SharedStorage(shared), shared.capacity, slot, memory=base.memory, unit=base.unit)
+        super().__init__(name, SharedStorage(shared), shared.capacity, slot, memory=base.memory, unit=base.unit,
+                         filesystem=base.filesystem)
         self.capacity_note = base.capacity_note
+        self.at_capacity = base.at_capacity if shared.capacity <= base.capacity else REFUSED_FULL
         self.shared = shared
         self.configured_capacity = base.capacity
         self.from_others_files = self.from_others_bytes = 0  # copies another job staged, booked here
@@ -133,13 +135,14 @@ class SharedTier(Tier):
     @classmethod
     def from_config(cls, cfg: TierConfig, slot: int, run_id: str, node: int, roots: tuple[str, ...],
                     memory_margin: int | None = None, pfs_rate=lambda: None, dataset_bytes=lambda: 0, *,
-                    linger: float = 0.0, wait: float = 30.0) -> "SharedTier":
+                    linger: float = 0.0, wait: float = 30.0,
+                    filesystem_reserve: tuple[int, float | None] | None = None) -> "SharedTier":
         parent = user_dir(cfg.path)
         # the user's other sets whose linger is over go with this run's start; this dataset's is
         # joined instead, its copies still checked against this job's snapshot
         drop_expired(parent, skip=set_dir(cfg.path, roots))
         probe = StorageDir(parent, kept=True)  # the allocation unit and share of the base's filesystem
-        base = Tier._on(probe, cfg, slot, memory_margin, pfs_rate, dataset_bytes)
+        base = Tier._on(probe, cfg, slot, memory_margin, pfs_rate, dataset_bytes, filesystem_reserve)
         shared = SharedSet.join(cfg.path, roots, run_id, base.capacity, linger, wait, base.allocated)
         if shared.capacity != base.capacity and not base.capacity_note:
             log.warning("tier %s: joins the shared copies in %s with their capacity, %d bytes (this job's "
@@ -148,18 +151,19 @@ class SharedTier(Tier):
 
     # -- room: the set's ledger ----------------------------------------------------------------
     def has_room(self, room: int) -> bool:
-        return self.full_reason is None and self.shared.taken() + room <= self.capacity
+        return self.full_reason is None and self.shared.taken() + room <= self.capacity and room <= self._headroom(room)
 
     def free_room(self) -> int:
-        return max(0, self.capacity - self.shared.taken()) if self.full_reason is None else 0
+        left = max(0, self.capacity - self.shared.taken())
+        return min(left, self._headroom(left)) if self.full_reason is None else 0
 
     def reserve(self, size: int, counted: bool = True, written: bool = False) -> bool:
         ledger = self.full_reason is None or written  # (a full filesystem refuses a new copy before the ledger)
         if ledger and not self.shared.take(size):
             if counted:
                 with self._lock:
-                    self.refused[REFUSED_FULL] += 1
-                    self.last_refusal = REFUSED_FULL
+                    self.refused[self.at_capacity] += 1
+                    self.last_refusal = self.at_capacity
             return False
         if super().reserve(size, counted, written):
             return True
@@ -336,11 +340,13 @@ def make(cfg: TierConfig, slot: int, run_id: str, node: int, config, stores: boo
     """The tier of ``cfg``: shared with this user's other jobs of the dataset, or private to
     this job (with ``staging.share`` on, the report says why)."""
     why = refusal(cfg, share=config.staging.share, stores=stores, cluster=cluster)
+    reserve = (config.filesystem_reserve, config.filesystem_reserve_share)  # each tier's share of its own filesystem
     if why is None:
         try:
             return SharedTier.from_config(cfg, slot, run_id, node, tuple(config.dataset.roots),
                                           memory_margin=memory_margin, pfs_rate=pfs_rate, dataset_bytes=dataset_bytes,
-                                          linger=config.staging.linger, wait=config.staging.resolve_timeout)
+                                          linger=config.staging.linger, wait=config.staging.resolve_timeout,
+                                          filesystem_reserve=reserve)
         except OSError as e:  # UnsafePathError included: said, and the job stages privately
             why = f"the shared copies could not be used ({e}): this job stages privately"
     if "job_container" in why or "could not be used" in why:
@@ -348,7 +354,7 @@ def make(cfg: TierConfig, slot: int, run_id: str, node: int, config, stores: boo
     asked = config.staging.share and not cluster
     tier = (PrivateTier if asked else Tier).from_config(cfg, slot, run_id, node, config.dataset.roots,
                                                         memory_margin=memory_margin, pfs_rate=pfs_rate,
-                                                        dataset_bytes=dataset_bytes)
+                                                        dataset_bytes=dataset_bytes, filesystem_reserve=reserve)
     if asked:
         tier.private_because(why)
     return tier

@@ -5,7 +5,9 @@ stagers never overfill a tier. Nothing is ever evicted (pin, don't thrash). A co
 tier also keeps a bounded decoded working set (``DecodedFiles``): decoded copies of its
 compressed copies, at the path the shim probes, so a re-opened file is opened natively. A tier whose
 filesystem runs out of space (ENOSPC, EDQUOT) is marked full and not tried again; a tier in
-memory (tmpfs) refuses a copy that would cross the node's memory margin. Every refusal is
+memory (tmpfs) refuses a copy that would cross the node's memory margin, and any tier one that
+would leave its filesystem less free than the application's reserve (``filesystem_reserve``:
+its capacity is also at most the filesystem's size less that reserve). Every refusal is
 counted by its reason (``REFUSED_*``), for the report.
 """
 
@@ -23,8 +25,10 @@ from monarch.node.tiers import remover
 from monarch.node.tiers.codecs import DICT_DIR, Codec, make_codec
 from monarch.config import TierConfig
 from monarch.layout import MARKER, KEEP_LOCK, StorageDir
-from monarch.node.tiers.resources import MemoryGuard, allocated_size, allocation_unit, is_memory_backed, share_of_node
+from monarch.node.tiers.resources import (FilesystemGuard, MemoryGuard, allocated_size, allocation_unit,
+                                          filesystem_size, is_memory_backed, reserve_bytes, share_of_node)
 from monarch.secure import create_exclusive, owner_only
+from monarch.sizes import human
 from monarch.node.snapshot.snapshot import FileInfo
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,7 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 REFUSED_FULL = "full"                        # its capacity would be exceeded
 REFUSED_MEMORY_MARGIN = "memory_margin"      # the node's available memory would drop below the margin
 REFUSED_FILESYSTEM_FULL = "filesystem_full"  # its filesystem said ENOSPC/EDQUOT once
+REFUSED_FILESYSTEM_RESERVE = "filesystem_reserve"  # its filesystem would keep less free than the application's reserve
 
 
 class Tier:
@@ -62,13 +67,16 @@ class Tier:
     round them here."""
 
     def __init__(self, name: str, storage: StorageDir, capacity: int, slot: int,
-                 memory: MemoryGuard | None = None, codec: Codec | None = None, unit: int | None = None):
+                 memory: MemoryGuard | None = None, codec: Codec | None = None, unit: int | None = None,
+                 filesystem: FilesystemGuard | None = None):
         self.name, self.storage, self.capacity, self.slot = name, storage, capacity, slot
         self.path = storage.path
         # learnt once: what the filesystem allocates at a time (resources.allocated_size says what is left out)
         self.unit = unit if unit is not None else allocation_unit(self.path)
         self.memory = memory  # set for a tier in RAM: it keeps the node's memory margin
-        self.capacity_note = ""  # how a capacity given as a share was resolved
+        self.filesystem = filesystem  # set with a filesystem_reserve: it keeps the application's room free
+        self.at_capacity = REFUSED_FULL  # why a copy past the capacity is refused: the reserve, where it cut it
+        self.capacity_note = ""  # how a capacity given as a share, or cut to the reserve, was resolved
         self.codec = codec
         self.decoded: DecodedFiles | None = None  # decoded copies of compressed ones (set_decoded_cache)
         self._room = 0
@@ -84,18 +92,20 @@ class Tier:
 
     @classmethod
     def from_config(cls, cfg: TierConfig, slot: int, run_id: str, node: int, roots: tuple[str, ...],
-                    memory_margin: int | None = None, pfs_rate=lambda: None, dataset_bytes=lambda: 0) -> "Tier":
-        """The tier of ``cfg``; in memory (tmpfs, ramfs) it keeps ``memory_margin`` bytes free."""
+                    memory_margin: int | None = None, pfs_rate=lambda: None, dataset_bytes=lambda: 0,
+                    filesystem_reserve: tuple[int, float | None] | None = None) -> "Tier":
+        """The tier of ``cfg``; in memory (tmpfs, ramfs) it keeps ``memory_margin`` bytes free;
+        on any filesystem, ``filesystem_reserve`` (bytes, or a share of its size; None or 0: none)."""
         storage = StorageDir.create(cfg.path, run_id, node, keep_name=cfg.name if cfg.keep else None, roots=roots)
         try:
-            return cls._on(storage, cfg, slot, memory_margin, pfs_rate, dataset_bytes)
+            return cls._on(storage, cfg, slot, memory_margin, pfs_rate, dataset_bytes, filesystem_reserve)
         except BaseException:  # the tier is not used: its directory does not stay
             storage.remove()
             raise
 
     @classmethod
     def _on(cls, storage: StorageDir, cfg: TierConfig, slot: int, memory_margin: int | None, pfs_rate,
-            dataset_bytes) -> "Tier":
+            dataset_bytes, filesystem_reserve: tuple[int, float | None] | None = None) -> "Tier":
         in_memory = is_memory_backed(storage.path)
         capacity, note = cfg.capacity, ""
         if cfg.capacity_share is not None:
@@ -103,11 +113,22 @@ class Tier:
             note = f"{cfg.capacity_share:.0%} of {whole}"
             log.info("tier %s: capacity %d bytes (%s)", cfg.name, capacity, note)
         guard = MemoryGuard(memory_margin) if in_memory and memory_margin is not None else None
+        kept_free, at_capacity = None, REFUSED_FULL
+        if filesystem_reserve is not None and (filesystem_reserve[0] > 0 or filesystem_reserve[1] is not None):
+            keep, whence = reserve_bytes(storage.path, *filesystem_reserve)
+            kept_free = FilesystemGuard(storage.path, keep, whence)
+            # the configured capacity is an upper bound: never more than the filesystem holds beside the reserve
+            most = max(0, filesystem_size(storage.path) - keep)
+            if capacity > most:
+                capacity, at_capacity = most, REFUSED_FILESYSTEM_RESERVE
+                note = (f"{note or human(cfg.capacity) + ' configured'}, cut to its filesystem's size less the "
+                        f"reserve, {whence}")
+                log.info("tier %s: capacity %d bytes (%s)", cfg.name, capacity, note)
         # the codec's level: the fastest whose ratio fits the dataset (dataset_bytes, once known) in the tier
         needed = lambda: dataset_bytes() / capacity if capacity > 0 and dataset_bytes() else None  # noqa: E731
         codec = make_codec(cfg.compression, pfs_rate, needed, os.path.join(storage.path, COMPRESSED_DIR, DICT_DIR))
-        tier = cls(cfg.name, storage, capacity, slot, memory=guard, codec=codec)
-        tier.capacity_note = note
+        tier = cls(cfg.name, storage, capacity, slot, memory=guard, codec=codec, filesystem=kept_free)
+        tier.capacity_note, tier.at_capacity = note, at_capacity
         if tier.codec is not None and cfg.decoded_cache != 0:
             tier.set_decoded_cache(cfg.decoded_cache)
         return tier
@@ -116,10 +137,25 @@ class Tier:
         """Keep decoded copies of this tier's compressed copies for re-opens (``DecodedFiles``):
         ``budget`` bytes (beyond the capacity), or -1: the tier's free room (capacity less the
         room taken; the decoded set shrinks as copies fill the tier). A tier in RAM also
-        keeps the node's memory margin."""
+        keeps the node's memory margin, and every tier its filesystem's reserve."""
         room = (lambda: max(0, self.capacity - self._room)) if budget < 0 else (lambda: budget)
-        allow = self.memory.allows if self.memory is not None else (lambda size: True)
-        self.decoded = DecodedFiles(self.path, room, allow, self.allocated)
+        self.decoded = DecodedFiles(self.path, room, lambda size: self._guards_refuse(size) is None, self.allocated)
+
+    def _guards_refuse(self, size: int) -> str | None:
+        """None if the memory margin and the filesystem's reserve allow ``size`` more bytes
+        (then taken from both), else the reason of the one that refuses."""
+        if self.memory is not None and not self.memory.allows(size):
+            return REFUSED_MEMORY_MARGIN
+        if self.filesystem is not None and not self.filesystem.allows(size):
+            if self.memory is not None:
+                self.memory.not_taken(size)
+            return REFUSED_FILESYSTEM_RESERVE
+        return None
+
+    def _headroom(self, default: int) -> int:
+        """What the filesystem's reserve leaves to take now (``default`` without one). A cached
+        reading: no system call per file."""
+        return self.filesystem.headroom() if self.filesystem is not None else default
 
     @property
     def keep(self) -> bool:
@@ -166,25 +202,28 @@ class Tier:
 
     def has_room(self, room: int) -> bool:
         """Could ``room`` (an allocation: ``allocated``) be reserved now?"""
-        return self.full_reason is None and self._room + room <= self.capacity
+        return self.full_reason is None and self._room + room <= self.capacity and room <= self._headroom(room)
 
     def free_room(self) -> int:
         """The most room ``has_room`` would say yes to now."""
-        return max(0, self.capacity - self._room) if self.full_reason is None else 0
+        left = max(0, self.capacity - self._room)
+        return min(left, self._headroom(left)) if self.full_reason is None else 0
 
     def reserve(self, size: int, counted: bool = True, written: bool = False) -> bool:
         """Room for ``size`` bytes of allocation (a copy's: ``allocated(stored size)``), taken
         now (False: none; a refusal is counted and said once per reason, unless ``counted``
         is False: room lent ahead, not a file). ``written``: for bytes already on the tier's
         filesystem (a copy someone else made), so only the capacity can refuse: a filesystem
-        full since, or the memory margin, would only lose a copy that costs nothing more."""
+        full since, the memory margin or the filesystem's reserve would only lose a copy that
+        costs nothing more."""
         with self._lock:
+            guarded = None  # a refusal by the node's memory or the filesystem's free space, read now
             if self.full_reason is not None and not written:
                 reason = REFUSED_FILESYSTEM_FULL
             elif self._room + size > self.capacity:
-                reason = REFUSED_FULL
-            elif self.memory is not None and not written and not self.memory.allows(size):
-                reason = REFUSED_MEMORY_MARGIN
+                reason = self.at_capacity
+            elif not written and (guarded := self._guards_refuse(size)) is not None:
+                reason = guarded
             else:
                 self._room += size
                 if self.decoded is not None:  # the room a "room" budget gives decoded copies shrank
@@ -194,12 +233,16 @@ class Tier:
                 log.warning("tier %s: stops taking files at %d bytes: the node's available memory would drop "
                             "below the margin of %d bytes (memory_margin in the configuration)",
                             self.name, self._room, self.memory.margin)
+            elif reason == REFUSED_FILESYSTEM_RESERVE and self.last_refusal != reason and self.filesystem is not None:
+                log.warning("tier %s: stops taking files at %d bytes: its filesystem would keep less free than the "
+                            "application's reserve of %d bytes, %s", self.name, self._room, self.filesystem.reserve,
+                            self.filesystem.whence)
             if counted:
                 self.refused[reason] += 1
                 self.last_refusal = reason
-            elif reason == REFUSED_MEMORY_MARGIN:
-                # the node's memory, whoever asked: room the front door was to be lent is refused
-                # once for the many files it then copies into the next tier
+            elif guarded is not None:
+                # the node's memory or the application's room, whoever asked: room the front door was
+                # to be lent is refused once for the many files it then copies into the next tier
                 self.last_refusal = reason
             return False
 
@@ -284,7 +327,8 @@ class Tier:
                         fresh = (info is not None and entry.is_file(follow_symlinks=False)
                                  and not name.startswith(TMP_PREFIX)
                                  and info.same_content_as(entry.stat(follow_symlinks=False)))
-                        if fresh and self.reserve(self.allocated(info.size)):
+                        # (its bytes are on the filesystem already: only the capacity may refuse it)
+                        if fresh and self.reserve(self.allocated(info.size), written=True):
                             self.committed(info.size, info.size)
                             adopted.append(key)
                         else:
@@ -327,6 +371,9 @@ class Tier:
             out["capacity_from"] = self.capacity_note
         if self.memory is not None:
             out["memory_margin"] = self.memory.margin
+        if self.filesystem is not None:
+            out["filesystem_reserve"] = self.filesystem.reserve
+            out["filesystem_reserve_from"] = self.filesystem.whence
         return out
 
 

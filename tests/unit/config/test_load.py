@@ -85,7 +85,8 @@ def write(tmp_path, text):
     ("staging: {policy: lru}\n", "staging.policy: expected one of read-ahead, on-access, off, got 'lru'"),
     ("staging: {threads: 0}\n", "staging.threads: must be at least 1"),
     ("staging: {threads: many}\n", 'staging.threads: expected "auto" or a whole number'),
-    ("stagin: {threads: 2}\n", "stagin: unknown key; known keys here: dataset, memory_margin, peer, report, report_html, run_base, "
+    ("stagin: {threads: 2}\n", "stagin: unknown key; known keys here: dataset, filesystem_reserve, memory_margin, peer, report, "
+     "report_html, run_base, "
      "staging, tiers"),
     ("tiers:\n  - {name: ram, path: /dev/shm/x, capacity: 150%}\n",
      "tiers[0].capacity: a share of the node (of available memory for a tier on tmpfs/ramfs, else of free space) "
@@ -95,6 +96,8 @@ def write(tmp_path, text):
      "got 'half'"),
     ("memory_margin: lots\n", "memory_margin: expected a size like \"64GiB\""),
     ("memory_margin: 0%\n", "memory_margin: a share of the node's total memory must be more than 0%"),
+    ("filesystem_reserve: 0%\n", "filesystem_reserve: a share of the tier's filesystem's size must be more than 0%"),
+    ("filesystem_reserve: some\n", "filesystem_reserve: expected a size like \"64GiB\""),
     ("staging: {validate: always}\n", "staging.validate: expected one of none, open, got 'always'"),
     ("tiers:\n  - {name: ram, path: /dev/shm/x}\n", "tiers[0].capacity: missing"),
     ("tiers:\n  - {name: pfs, path: /dev/shm/x, capacity: 1GiB}\n", "tiers[0].name: 'pfs' is not allowed"),
@@ -279,6 +282,15 @@ def test_capacity_as_a_share_and_the_memory_margin(tmp_path, env):
     d = load_config(None, env=env)  # the default: 10% of the node's memory stays free
     assert (d.memory_margin, d.memory_margin_share) == (0, 0.10)
     assert d.tiers[0].capacity_share is None and d.report_html is None
+
+
+def test_the_filesystem_reserve_a_share_a_size_or_none(tmp_path, env):
+    d = load_config(None, env=env)  # the default: a quarter of each tier's filesystem stays free
+    assert (d.filesystem_reserve, d.filesystem_reserve_share) == (0, 0.25)
+    for text, want in [("filesystem_reserve: 10%\n", (0, 0.10)), ("filesystem_reserve: 1GiB\n", (2**30, None)),
+                       ("filesystem_reserve: 0\n", (0, None))]:
+        c = load_config(write(tmp_path, text), env=env)
+        assert (c.filesystem_reserve, c.filesystem_reserve_share) == want, text
 
 
 def test_the_older_policy_name_is_read_as_the_new_one_with_a_warning(tmp_path, env, caplog):

@@ -25,6 +25,7 @@ def _every_field_set(tmp_path):
 staging: {{policy: on-access, threads: 3, resolve_timeout: 7.5, validate: none, share: false, linger: 0}}
 peer: {{path: {tmp_path}, capacity: "25%", timeout: 2, replicas: 2, fetch_ahead: false}}
 memory_margin: 1GiB
+filesystem_reserve: 1GiB
 report: {tmp_path}/r.json
 report_html: {tmp_path}/r.html
 """)
@@ -65,14 +66,16 @@ def test_unknown_fields_are_refused(tmp_path):
 def test_what_a_daemon_serves_is_every_setting_that_changes_what_it_does(tmp_path):
     tier = "tiers: [{name: ram, path: /dev/shm, capacity: 1GiB}]\n"
     base = served(_config(tmp_path, tier))
-    assert set(base) == {"dataset", "tiers", "staging", "peer", "memory_margin", "memory_margin_share"}
+    assert set(base) == {"dataset", "tiers", "staging", "peer", "memory_margin", "memory_margin_share",
+                         "filesystem_reserve", "filesystem_reserve_share"}
     assert base == json.loads(json.dumps(base))  # as the daemon's ATTACH answer carries it
     for text, key in [("tiers: [{name: ram, path: /dev/shm, capacity: 2GiB}]", "tiers[0].capacity"),
                       ("tiers: [{name: ram, path: /dev/shm, capacity: 1GiB, keep: true}]", "tiers[0].keep"),
                       (tier + "staging: {policy: on-access}", "staging.policy"),
                       (tier + "staging: {threads: 5}", "staging.threads"),
                       (tier + "peer: {timeout: 3}", "peer.timeout"),
-                      (tier + "memory_margin: 1GiB", "memory_margin")]:
+                      (tier + "memory_margin: 1GiB", "memory_margin"),
+                      (tier + "filesystem_reserve: 1GiB", "filesystem_reserve")]:
         other = served(_config(tmp_path, text + "\n"))
         assert other != base, text
         assert key in [line.split(":")[0] for line in differences(base, other)], text

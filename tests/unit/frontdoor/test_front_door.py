@@ -55,14 +55,14 @@ def daemon_on(short_tmp):
     running = []
 
     def start(root: str, policy: str = "on-access", capacity: str = "64MiB", threads: "int | str" = 2, extra: str = "",
-              tier_path: str | None = None, serve: bool = True):
+              tier_path: str | None = None, serve: bool = True, top: str = ""):
         cfg = os.path.join(short_tmp, f"c{len(running)}.yaml")
         with open(cfg, "w") as f:
             f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{short_tmp}/run{len(running)}"
 tiers: [{{name: ram, path: "{tier_path or f'{short_tmp}/ram{len(running)}'}", capacity: {capacity}}}{extra}]
 staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20, share: false}}
-""")
+{top}""")
         make_bases(cfg)
         daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), f"r{len(running)}")
         server = NodeServer(daemon, embedded=False)
@@ -377,8 +377,10 @@ def test_a_tier_whose_filesystem_fills_stops_the_doors_copies(short_tmp, daemon_
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", small], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        # the configuration says 64 MiB; the filesystem holds about 40 of the files
-        daemon, _ = daemon_on(root, tier_path=small, extra=f', {{name: ssd, path: "{short_tmp}/ssd", capacity: 64MiB}}')
+        # the configuration says 64 MiB; the filesystem holds about 40 of the files, and no reserve
+        # stops the tier before it is full (room others took, past any reserve)
+        daemon, _ = daemon_on(root, tier_path=small, extra=f', {{name: ssd, path: "{short_tmp}/ssd", capacity: 64MiB}}',
+                              top="filesystem_reserve: 0\n")
         for key, digest in sums.items():
             status, path = ask_open(daemon.socket_path, key)
             assert status >= protocol.FIRST_TIER_SLOT and md5_of(path) == digest, key

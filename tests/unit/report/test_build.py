@@ -271,6 +271,23 @@ def test_tiers_and_size_classes_in_the_report_and_its_text():
     assert "<64KiB          10    10.0 MiB  ram 3 (3.0 MiB), not staged 7 (7.0 MiB)" in t
 
 
+def test_a_tier_stopped_at_its_filesystem_reserve_says_how_much_it_left_free_and_why():
+    n = node({"ram": {"opens": 200, "bytes": 200 * MiB}})
+    n["tiers"] = [{"name": "ram", "capacity": 48 * MiB, "used": 47 * MiB, "files": 47, "full": None,
+                   "refused": {"filesystem_reserve": 153}, "stopped": "filesystem_reserve",
+                   "filesystem_reserve": 16 * MiB,
+                   "filesystem_reserve_from": "25% of the 64.0 MiB of /dev/shm (filesystem_reserve)"}]
+    r = build_report([n], JOB)
+    assert r["tiers"][0]["stopped"] == "filesystem_reserve"
+    assert r["nodes"][0]["tiers"][0]["filesystem_reserve"] == 16 * MiB
+    lines = text(r).splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("ram ") and "/ 48.0 MiB" in line)
+    assert lines[row].endswith("stopped at its filesystem's reserve for the application (filesystem_reserve); "
+                               "refused filesystem_reserve x153")
+    assert lines[row + 1].strip() == ("left 16.0 MiB of its filesystem free for the application: "
+                                      "25% of the 64.0 MiB of /dev/shm (filesystem_reserve)")
+
+
 def as_written_before_4(report, schema):
     """``report`` as a schema before /4 wrote it: ``sources`` for ``opened_from``, in the nodes too."""
     def old(d):
