@@ -5,6 +5,8 @@ published complete and in the job's order (the contract: docs/consistency.md, "W
   after a crash (each record checked);
 - ``area.py``: where a run keeps its pending files and journal on a node, private, held by
   its live daemon, found again by ``monarch drain`` once that daemon is gone;
+- ``view.py``: the job's view of its write-back paths (the PFS with its pending files and
+  operations applied), each change journaled in the order the job made it;
 - ``drain.py``: the operations applied to the PFS strictly in journal order, each file's bytes
   written to a temporary name beside it and renamed, so no file is ever seen short under its
   name; progress kept in the journal, so a drain resumed after a crash writes nothing twice.

@@ -35,6 +35,7 @@ COPY_CHUNK = 16 << 20  # bytes moved per copy_file_range/sendfile call
 @dataclass
 class Outcome:
     applied: int = 0                  # operations applied by this drain
+    upto: int = 0                     # every record up to this one is on the PFS
     published: list[str] = field(default_factory=list)  # the PFS paths published, in order
     published_bytes: int = 0
     failed: str | None = None         # the operation that was refused, and why
@@ -161,7 +162,7 @@ def drain(area: Area, run_id: str, journal: Journal | None = None,
             _remove_data(area, rec["seq"])  # published: what a crash left after its record
         elif rec.op == "close":
             unpublished[rec["path"]] = area.data_path(rec["seq"])  # still only here, and where
-    return Outcome(applied=applied, published=[r["path"] for r in published],
+    return Outcome(applied=applied, upto=last, published=[r["path"] for r in published],
                    published_bytes=sum(r["size"] for r in published), failed=failed, unpublished=unpublished,
                    damaged=damaged)
 

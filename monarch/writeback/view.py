@@ -1,0 +1,262 @@
+"""The job's view of its write-back paths on one node (docs/consistency.md, "Write-back", W1):
+the PFS's directories with the node's pending files and operations applied, and the journal
+that records each change in the order the job made it.
+
+Each path the job changed and the drain has not yet applied has an entry:
+
+- ``Local``: a file the job created or truncated; its bytes are the area's ``data/<seq>`` (being
+  written until its close is journaled, ``closed`` after);
+- ``Moved``: a PFS file or directory the job renamed here, still at its old PFS path until the
+  rename is applied (a path below a moved directory is found through it);
+- ``Gone``: a name the job removed or renamed away, still on the PFS until that is applied.
+
+A path with no entry (nor a moved or removed directory above it) is the PFS's own. An entry is
+dropped once the drain applied the last record that names it, so the view holds only what the
+PFS does not show yet. The daemon's socket calls these methods; a lock keeps them in the order
+the requests arrive.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+from dataclasses import dataclass
+
+from monarch.writeback.area import Area
+from monarch.writeback.journal import Journal
+
+
+@dataclass
+class Local:
+    seq: int
+    mode: int
+    over: bool               # it replaced a file the view had at its path (removed if it is never closed)
+    closed: bool = False     # its close is journaled: it is published in journal order
+    last_record: int = 0     # the last journal record naming it
+
+
+@dataclass
+class Moved:
+    pfs_path: str
+    last_record: int
+
+
+@dataclass
+class Gone:
+    last_record: int
+
+
+def _error(code: int, path: str) -> OSError:
+    return OSError(code, os.strerror(code), path)
+
+
+def _under(path: str, directory: str) -> bool:
+    return path.startswith(directory + "/")
+
+
+class View:
+    """The view of one run's write-back paths on a node, and its journal."""
+
+    def __init__(self, paths: tuple[str, ...], area: Area, journal: Journal):
+        self.paths = tuple(p.rstrip("/") or "/" for p in paths)
+        self.area, self.journal = area, journal
+        self._lock = threading.Lock()
+        self._entries: dict[str, Local | Moved | Gone] = {}
+        self._dirs: set[str] = set()  # made by the job, not yet on the PFS
+        self._seq = max(area.pending_data(), default=0)
+
+    def covers(self, path: str) -> bool:
+        return any(path == p or _under(path, p) for p in self.paths)
+
+    # -- what a path is in the job's view ---------------------------------------------------
+    def resolve(self, path: str) -> tuple[str, str | None]:
+        """``("local", data path)``, ``("pfs", the PFS path that holds it now)`` or ``("gone", None)``."""
+        with self._lock:
+            return self._resolve(path)
+
+    def _resolve(self, path: str) -> tuple[str, str | None]:
+        e = self._entries.get(path)
+        if isinstance(e, Local):
+            return "local", self.area.data_path(e.seq)
+        if isinstance(e, Moved):
+            return "pfs", e.pfs_path
+        if isinstance(e, Gone):
+            return "gone", None
+        above = os.path.dirname(path)
+        while above and above != "/":  # a directory above it moved or removed by the job
+            e = self._entries.get(above)
+            if isinstance(e, Moved):
+                return "pfs", e.pfs_path + path[len(above):]
+            if isinstance(e, (Gone, Local)):  # removed, or a file now: nothing below it
+                return "gone", None
+            above = os.path.dirname(above)
+        return "pfs", path
+
+    def _exists(self, path: str) -> bool:
+        kind, where = self._resolve(path)
+        return path in self._dirs or kind == "local" or (kind == "pfs" and os.path.lexists(where))
+
+    def _is_dir(self, path: str) -> bool:
+        kind, where = self._resolve(path)
+        return path in self._dirs or (kind == "pfs" and os.path.isdir(where))
+
+    def _missing(self, path: str) -> OSError:
+        """Why ``path`` is not there, as the kernel says it: a file where a directory should be
+        above it (ENOTDIR), or nothing (ENOENT)."""
+        above = os.path.dirname(path)
+        while above and above != "/":
+            if self._exists(above) and not self._is_dir(above):
+                return _error(errno.ENOTDIR, path)
+            above = os.path.dirname(above)
+        return _error(errno.ENOENT, path)
+
+    def listing(self, directory: str) -> list[str]:
+        """The names in ``directory`` as the job sees them (sorted)."""
+        with self._lock:
+            return self._listing(directory)
+
+    def _listing(self, directory: str) -> list[str]:
+        kind, where = self._resolve(directory)
+        names = set()
+        if kind == "pfs" and directory not in self._dirs:  # a directory the job made holds only its own
+            try:
+                names = set(os.listdir(where))
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+        for path, e in self._entries.items():
+            if os.path.dirname(path) == directory:
+                (names.discard if isinstance(e, Gone) else names.add)(os.path.basename(path))
+        names |= {os.path.basename(d) for d in self._dirs if os.path.dirname(d) == directory}
+        return sorted(names)
+
+    # -- the job's changes --------------------------------------------------------------------
+    def create(self, path: str, mode: int, exclusive: bool = False) -> tuple[int, str]:
+        """A file created or truncated for writing: its sequence number and where its bytes go.
+        ``mode``: the app's, under its umask (what a direct create would give the file)."""
+        with self._lock:
+            if not self._is_dir(os.path.dirname(path)):
+                raise self._missing(path)
+            if self._is_dir(path):
+                raise _error(errno.EISDIR, path)
+            exists = self._exists(path)
+            if exclusive and exists:
+                raise _error(errno.EEXIST, path)
+            e = self._entries.get(path)
+            if isinstance(e, Local) and not e.closed:
+                return e.seq, self.area.data_path(e.seq)  # the same open file, truncated by its opener
+            self._seq += 1
+            fd = os.open(self.area.data_path(self._seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            os.close(fd)
+            self._entries[path] = Local(self._seq, stat.S_IMODE(mode), over=exists)
+            return self._seq, self.area.data_path(self._seq)
+
+    def close(self, seq: int) -> int | None:
+        """File ``seq`` closed by the job (no process holds it open): its close journaled, at the
+        path it has now; the record's number (None: the job removed it, nothing to publish)."""
+        with self._lock:
+            for path, e in self._entries.items():
+                if isinstance(e, Local) and e.seq == seq and not e.closed:
+                    size = os.stat(self.area.data_path(seq)).st_size
+                    e.closed = True
+                    e.last_record = self.journal.append("close", seq=seq, path=path, mode=e.mode, size=size)
+                    return e.last_record
+            return None
+
+    def rename(self, src: str, dst: str) -> None:
+        with self._lock:
+            for path in (src, dst):  # both directories looked up first, as the kernel does
+                if not self._is_dir(os.path.dirname(path)):
+                    raise self._missing(path)
+            if not self._exists(src):
+                raise self._missing(src)
+            if src == dst:
+                return
+            if _under(src, dst):
+                raise _error(errno.ENOTEMPTY, dst)  # the kernel's answer for a directory above the source
+            if self._is_dir(src):
+                self._rename_dir(src, dst)
+                return
+            if self._is_dir(dst):
+                raise _error(errno.EISDIR, dst)
+            e = self._entries.get(src)
+            replaced = self._exists(dst)
+            if isinstance(e, Local) and not e.closed:  # still being written: its close names its new path
+                self._entries[dst] = Local(e.seq, e.mode, over=e.over or replaced)
+                self._forget(src, e.over)
+                return
+            n = self.journal.append("rename", src=src, dst=dst)
+            kind, where = self._resolve(src)
+            if isinstance(e, Local):
+                e.last_record = n
+                self._entries[dst] = e
+            else:
+                self._entries[dst] = Moved(where, n)
+            self._entries[src] = Gone(n)
+
+    def _rename_dir(self, src: str, dst: str) -> None:
+        if _under(dst, src):
+            raise _error(errno.EINVAL, dst)
+        if self._exists(dst) and (not self._is_dir(dst) or self._listing(dst)):
+            raise _error(errno.ENOTEMPTY if self._is_dir(dst) else errno.ENOTDIR, dst)
+        n = self.journal.append("rename", src=src, dst=dst)
+        kind, where = self._resolve(src)
+        for path in [p for p in self._entries if _under(p, src)]:  # what was found through src, through dst now
+            self._entries[dst + path[len(src):]] = self._entries.pop(path)
+        self._dirs = {dst + d[len(src):] if d == src or _under(d, src) else d for d in self._dirs}
+        self._entries[dst] = Moved(where, n)
+        self._entries[src] = Gone(n)
+
+    def _forget(self, path: str, over: bool) -> None:
+        """A name that held a file being written, now gone from the view: removed on the PFS too
+        (in journal order) if it replaced a file there; else it never reached the PFS."""
+        if over:
+            self._entries[path] = Gone(self.journal.append("unlink", path=path))
+        else:
+            self._entries.pop(path, None)
+
+    def unlink(self, path: str) -> None:
+        with self._lock:
+            if not self._exists(path):
+                raise self._missing(path)
+            if self._is_dir(path):
+                raise _error(errno.EISDIR, path)
+            e = self._entries.get(path)
+            if isinstance(e, Local) and not e.closed:  # never closed, now nameless: never published
+                self.journal.append("drop", seq=e.seq)
+                self._forget(path, e.over)
+                return
+            self._entries[path] = Gone(self.journal.append("unlink", path=path))
+
+    def mkdir(self, path: str, mode: int) -> None:
+        with self._lock:
+            if self._exists(path):
+                raise _error(errno.EEXIST, path)
+            if not self._is_dir(os.path.dirname(path)):
+                raise self._missing(path)
+            self.journal.append("mkdir", path=path, mode=stat.S_IMODE(mode))
+            self._dirs.add(path)  # a Gone entry here stays: what the PFS still holds below it is not the job's
+
+    def rmdir(self, path: str) -> None:
+        with self._lock:
+            if not self._is_dir(path):
+                raise _error(errno.ENOTDIR, path) if self._exists(path) else self._missing(path)
+            if self._listing(path):
+                raise _error(errno.ENOTEMPTY, path)
+            self._entries[path] = Gone(self.journal.append("rmdir", path=path))
+            self._dirs.discard(path)
+
+    # -- the drain's progress -------------------------------------------------------------------
+    def applied(self, upto: int) -> None:
+        """Records up to ``upto`` are on the PFS: what they alone named is the PFS's own now."""
+        with self._lock:
+            for path in [p for p, e in self._entries.items() if e.last_record and e.last_record <= upto
+                         and (not isinstance(e, Local) or e.closed)]:
+                del self._entries[path]
+            self._dirs = {d for d in self._dirs if not os.path.isdir(d)}
+
+    def pending(self) -> bool:
+        """Is anything of the job's not on the PFS yet?"""
+        with self._lock:
+            return bool(self._entries or self._dirs)
