@@ -156,12 +156,12 @@ class View:
         """File ``seq`` closed by the job (no process holds it open): its close journaled, at the
         path it has now; the record's number (None: the job removed it, nothing to publish)."""
         with self._lock:
-            for path, e in self._entries.items():
-                if isinstance(e, Local) and e.seq == seq and not e.closed:
+            for path, entry in self._entries.items():
+                if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
                     size = os.stat(self.area.data_path(seq)).st_size
-                    e.closed = True
-                    e.last_record = self.journal.append("close", seq=seq, path=path, mode=e.mode, size=size)
-                    return e.last_record
+                    entry.closed = True
+                    entry.last_record = self.journal.append("close", seq=seq, path=path, mode=entry.mode, size=size)
+                    return entry.last_record
             return None
 
     def rename(self, src: str, dst: str) -> None:
@@ -189,8 +189,9 @@ class View:
             n = self.journal.append("rename", src=src, dst=dst)
             kind, where = self._resolve(src)
             if isinstance(e, Local):
-                e.last_record = n
-                self._entries[dst] = e
+                entry = e
+                entry.last_record = n
+                self._entries[dst] = entry
             else:
                 self._entries[dst] = Moved(where, n)
             self._entries[src] = Gone(n)

@@ -140,6 +140,7 @@ def _assigned_attributes(path) -> list[tuple[str, str]]:
 # class fills or updates as its own state (not a collaborator's wiring), library settings.
 RECORDS = {
     "launch/logs.py": {"record": "a logging record, rewritten by the log lines' filter"},
+    "writeback/view.py": {"entry": "a Local entry of the view's own table, under its lock"},
     "cluster/datapath.py": {"fn": "ctypes function prototypes"},
     "node/snapshot/pfsmeta.py": {"fn": "ctypes function prototypes", "_buffers": "a threading.local of its own"},
     "cluster/provide.py": {"out": "the provider's record of one outgoing transfer"},
