@@ -15,12 +15,20 @@ inside it.
   only by a run of the same dataset, and only after its size and mtime match the snapshot.
   One run uses a kept directory at a time (a lock); a second one stages privately.
 
-Each directory made for a run holds a marker (its pid, process start time, host and kind:
-``run`` or ``tier``). The two kinds may share a base (the shipped defaults put ``run_base``
-and the SSD tier in ``${TMPDIR:-/tmp}``) and are cleaned up differently:
+Each directory made for a run holds a marker (its pid, PID namespace, process start time,
+host, kind -- ``run`` or ``tier`` -- and lock) and a lock file its maker holds (``flock``)
+for its life: the run directory's ``daemon.lock`` (its daemon instance's, monarch/node/instance.py),
+a tier directory's ``TIER_LOCK``. Whether the maker is gone is judged, on its host only (a base
+may be shared by hosts), by its pid and start time in its own PID namespace; from another
+namespace (a container sharing the host's /dev/shm or /tmp) its pid says nothing: there the
+lock alone tells (held: alive; free: gone, the kernel released it), and a marker with no lock
+is never judged. A lock held means alive, whatever the pid says.
 
-- a tier directory whose marker names a process that is gone is a crashed run's left-over:
-  the next run that makes a tier there removes it (``remove_leftovers``);
+The two kinds may share a base (the shipped defaults put ``run_base`` and the SSD tier in
+``${TMPDIR:-/tmp}``) and are cleaned up differently:
+
+- a tier directory whose maker is gone is a crashed run's left-over: the next run that
+  makes a tier there removes it (``remove_leftovers``);
 - a finished run directory is the run's record (daemon log, report): only the
   ``KEEP_FINISHED_RUNS`` newest are kept (``prune_finished_runs``).
 
@@ -49,8 +57,11 @@ log = logging.getLogger(__name__)
 
 MARKER = ".monarch-run"
 SOCKET = "daemon.sock"  # where launchers find a run's daemon: a second name of the live instance's socket
+# held (flock) by the run's live daemon instance for its life (monarch/node/instance.py): the
+# run directory's marker names it
+DAEMON_LOCK = "daemon.lock"
 # the run directory's other files that launchers and `monarch serve` name (the daemon instance's
-# own ones, its lock and the ``-<id>`` files, are named by monarch/node/instance.py)
+# own ``-<id>`` files are named by monarch/node/instance.py)
 PID_FILE = "daemon.pid"   # a standing or embedded daemon's pid, while it serves
 DAEMON_LOG = "daemon.log"  # an embedded daemon's stdout and stderr
 START_LOCK = "start.lock"  # held by the launcher that starts the run's embedded daemon
@@ -58,6 +69,7 @@ REPORT = "report.json"     # the report when neither the command line nor the co
 REFUSED = "refused"        # a daemon's one-line reason it will not start (a wrong srun line), for its launchers
 MPI_SHM = "mpi-shm"        # the MPI library's shared-memory files a standing daemon maps (monarch/launch/mpi_shm.py)
 KEEP_LOCK = ".monarch-keep.lock"
+TIER_LOCK = ".monarch-run.lock"  # held (flock) by the run that made a private tier directory, for its life
 REMOVE_TRIES = 5  # a private directory still written into while removed (ENOTEMPTY) is removed again
 
 
@@ -77,13 +89,24 @@ KIND_RUN = "run"    # a run directory: socket, counters, daemon log, report
 KIND_TIER = "tier"  # a tier's (or the peer area's) private directory of copies
 _RUN_NAME = re.compile(r".+-node\d+")              # <run id>-node<N>
 _TIER_NAME = re.compile(r".+-node\d+-[0-9a-f]+")   # <run id>-node<N>-<random>
+_LOCK_OF = {KIND_RUN: DAEMON_LOCK, KIND_TIER: TIER_LOCK}  # what the maker of each kind holds for its life
+
+
+def _pid_namespace() -> str | None:
+    """This process's PID namespace (``pid:[<inode>]``); None if /proc cannot say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def write_marker(directory: str, run_id: str, kind: str) -> None:
+    """Mark ``directory`` as made by this process for run ``run_id``; the caller holds the
+    kind's lock in it (``_LOCK_OF``) for as long as it lives."""
     me = os.getpid()
     write_file_atomically(os.path.join(directory, MARKER), json.dumps(
-        {"pid": me, "started": _process_start(me), "host": socket.gethostname(), "run": run_id,
-         "kind": kind, "created": time.time()}).encode())
+        {"pid": me, "pidns": _pid_namespace(), "started": _process_start(me), "host": socket.gethostname(),
+         "run": run_id, "kind": kind, "lock": _LOCK_OF[kind], "created": time.time()}).encode())
 
 
 def _read_marker(directory: str) -> dict | None:
@@ -106,7 +129,30 @@ def _kind(directory: str, marker: dict) -> str | None:
     return KIND_RUN if _RUN_NAME.fullmatch(name) else None
 
 
-def _owner_alive(marker: dict) -> bool | None:
+def _lock_held(directory: str, name) -> bool | None:
+    """Does a process hold the lock file ``name`` in ``directory``? A missing one is not held
+    (its maker made it before the marker: someone removed it since, tearing the directory
+    down). None: not a maker's lock, or the filesystem cannot say."""
+    if name not in _LOCK_OF.values():
+        return None
+    try:
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # the maker's is exclusive; judges' shared ones pass
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _owner_alive(marker: dict, directory: str | None = None) -> bool | None:
     """Is the maker of a marked directory still running? None: the marker is not valid."""
     try:
         pid, started, host = int(marker["pid"]), marker.get("started"), str(marker["host"])
@@ -114,10 +160,17 @@ def _owner_alive(marker: dict) -> bool | None:
         return None
     if host != socket.gethostname():
         return True  # another host's directory on a shared base: not ours to judge
+    lock = marker.get("lock") if directory is not None else None
+    pidns = marker.get("pidns")
+    if pidns is not None and pidns != _pid_namespace():
+        # its pid is another namespace's: a number that may name any process here, or none
+        return lock is None or _lock_held(directory, lock) is not False
+    # the pid first: the maker itself never probes its own lock (where flock is emulated by
+    # POSIX locks, NFS, closing the probe would release the maker's)
     now = _process_start(pid)
-    if now is None:
-        return False
-    return started is None or abs(now - float(started)) < 1.0  # else the pid was reused
+    if now is not None and (started is None or abs(now - float(started)) < 1.0):  # else the pid was reused
+        return True
+    return lock is not None and _lock_held(directory, lock) is True  # a child that inherited it lives on
 
 
 def _finished(parent: str, kind: str, skip: str | None = None) -> list[str]:
@@ -132,7 +185,7 @@ def _finished(parent: str, kind: str, skip: str | None = None) -> list[str]:
         if path == skip or os.path.islink(path) or not os.path.isdir(path):
             continue
         marker = _read_marker(path)
-        if marker is not None and _kind(path, marker) == kind and _owner_alive(marker) is False:
+        if marker is not None and _kind(path, marker) == kind and _owner_alive(marker, path) is False:
             found.append(path)
     return found
 
@@ -200,7 +253,8 @@ def dataset_id(roots: tuple[str, ...]) -> str:
 
 
 class StorageDir:
-    """A directory of copies made for this run (private) or kept across runs (locked)."""
+    """A directory of copies made for this run (private) or kept across runs; locked by this
+    run either way (``TIER_LOCK``, ``KEEP_LOCK``) until it is removed or released."""
 
     def __init__(self, path: str, kept: bool, lock_fd: int | None = None):
         self.path, self.kept, self._lock_fd = path, kept, lock_fd
@@ -217,12 +271,19 @@ class StorageDir:
             if kept is not None:
                 return kept
         path = new_private_dir(parent, f"{run_name(run_id, node)}-")
+        fd = None
         try:
+            # held for the run's life, taken before the marker is written: whoever reads the
+            # marker finds it held while this process lives (in any PID namespace)
+            fd = open_private_file(os.path.join(path, TIER_LOCK))
+            fcntl.flock(fd, fcntl.LOCK_EX)
             write_marker(path, run_id, KIND_TIER)
         except BaseException:  # ENOSPC, say: an unmarked directory would never be cleaned up
+            if fd is not None:
+                os.close(fd)
             shutil.rmtree(path, ignore_errors=True)
             raise
-        return cls(path, kept=False)
+        return cls(path, kept=False, lock_fd=fd)
 
     @classmethod
     def _kept(cls, parent: str, keep_name: str, roots: tuple[str, ...]) -> "StorageDir | None":
@@ -245,6 +306,7 @@ class StorageDir:
         writing (a PFS read that never returned), the removal is tried again: once the
         directory is gone, nothing re-creates it (``tiers.make_dirs_below``)."""
         if not self.kept:
+            self.release()  # first: on NFS an open lock file, removed, stays (silly-renamed) and the directory with it
             for _ in range(REMOVE_TRIES):
                 shutil.rmtree(self.path, ignore_errors=True)
                 if not os.path.lexists(self.path):

@@ -10,7 +10,9 @@ would report the old sizes (short reads, SIGBUS past the end of an mmap). So:
 - a daemon claims the run directory with an exclusive ``flock`` on ``daemon.lock``, held for
   its life and released by the kernel however it dies: a second live daemon is refused
   before it touches anything, and whatever the holder finds of an earlier instance is
-  a dead one's;
+  a dead one's. The lock is also how others tell the run is alive, from any PID namespace
+  (monarch/layout.py, monarch/launch/mpi_shm.py): they hold it shared for a moment, which a
+  claim waits out;
 - that dead state (index, counters, socket, pid file, their temporary files) is removed
   before anything of the new instance is published;
 - every file the shim trusts carries the instance's random id in its name (``index-<id>``,
@@ -30,14 +32,16 @@ import os
 import re
 import secrets
 import stat
+import time
 
 from monarch.errors import DaemonError
-from monarch.layout import SOCKET
+from monarch.layout import DAEMON_LOCK, SOCKET
 from monarch.secure import open_private_file
 
 log = logging.getLogger(__name__)
 
-LOCK = "daemon.lock"
+LOCK = DAEMON_LOCK
+CLAIM_WAIT = 0.5  # seconds a claim waits out the lock held by others judging whether the run is alive
 # what an instance leaves in the run directory: removed when a new instance takes over
 # (the plain "index" and "counters" are the names of daemons from before instances)
 _STATE = re.compile(r"(index|counters|sock)(-[0-9a-f]+)?(\.tmp-[0-9a-f]+)?|daemon\.(sock|pid)(\.tmp-[0-9a-f]+)?")
@@ -105,13 +109,18 @@ class Instance:
 
 def _claim(run_dir: str) -> int:
     fd = open_private_file(os.path.join(run_dir, LOCK))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise DaemonError(f"a Monarch daemon already serves {run_dir}; stop it (monarch stop) "
-                          "or give this job its own MONARCH_JOB_ID") from None
-    return fd
+    deadline = time.monotonic() + CLAIM_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+    os.close(fd)
+    raise DaemonError(f"a Monarch daemon already serves {run_dir}; stop it (monarch stop) "
+                      "or give this job its own MONARCH_JOB_ID")
 
 
 def remove_dead_state(run_dir: str) -> list[str]:

@@ -46,7 +46,7 @@ def config(base, root, total):
 
 
 def files_under(path):
-    return sum(1 for _, _, fs in os.walk(path) for f in fs if not f.startswith(".monarch-tmp"))
+    return sum(1 for _, _, fs in os.walk(path) for f in fs if not f.startswith(".monarch"))  # no marker, lock, temporary
 
 
 def start(short_tmp, ds):

@@ -3,11 +3,13 @@ ones are never touched."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from monarch import layout
 
@@ -105,3 +107,75 @@ def test_launchers_and_the_daemon_name_one_socket(tmp_path):
         assert instance.public_socket_path == expected
     finally:
         instance.release()
+
+
+# -- liveness across PID namespaces: a container's run shares the host's /dev/shm or /tmp ----------
+
+OTHER_NS = "pid:[1]"  # never a real PID namespace's inode: another namespace than this test's
+LOCKS = {"run": "daemon.lock", "tier": ".monarch-run.lock"}  # what each kind's maker holds, as markers name it
+
+
+def _foreign(parent, name, kind, lock, when=1_000_000):
+    """A directory marked by a process of another PID namespace (its pid, 10 there, names
+    nothing or anything here), holding the kind's lock file if ``lock``; the lock's fd, held
+    (exclusively, as its maker holds it) or None."""
+    path = _marked(parent, name, 10, when)
+    marker = json.loads((path / layout.MARKER).read_text())
+    name_of_lock = LOCKS[kind]
+    marker |= {"kind": kind, "pidns": OTHER_NS, "started": 12345.0}
+    fd = None
+    if lock:
+        marker["lock"] = name_of_lock
+        fd = os.open(path / name_of_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    (path / layout.MARKER).write_text(json.dumps(marker))
+    os.utime(path / layout.MARKER, (when, when))
+    return path, fd
+
+
+def test_a_live_run_of_another_pid_namespace_is_judged_by_its_lock_not_its_pid(tmp_path):
+    tier, tier_fd = _foreign(tmp_path, "ctr-node0-0123abcd", "tier", lock=True)
+    run, run_fd = _foreign(tmp_path, "ctr-node0", "run", lock=True)
+    assert layout.remove_leftovers(str(tmp_path)) == []
+    assert layout.prune_finished_runs(str(tmp_path), keep=0) == []
+    assert tier.exists() and run.exists()
+    os.close(tier_fd)  # its maker is gone: the kernel released the lock
+    os.close(run_fd)
+    assert layout.remove_leftovers(str(tmp_path)) == [str(tier)]
+    assert layout.prune_finished_runs(str(tmp_path), keep=0) == [str(run)]
+    assert not tier.exists() and not run.exists()
+
+
+def test_a_marker_of_another_pid_namespace_without_a_lock_is_never_judged(tmp_path):
+    tier, _ = _foreign(tmp_path, "ctr-node0-0123abcd", "tier", lock=False)
+    run, _ = _foreign(tmp_path, "ctr-node0", "run", lock=False)
+    assert layout.remove_leftovers(str(tmp_path)) == []
+    assert layout.prune_finished_runs(str(tmp_path), keep=0) == []
+    assert tier.exists() and run.exists()
+
+
+def test_a_held_lock_keeps_a_directory_whose_maker_pid_is_gone(tmp_path):
+    """In this namespace too: a process that inherited the lock (a fork) still uses it."""
+    tier, fd = _foreign(tmp_path, "r-node0-0123abcd", "tier", lock=True)
+    marker = json.loads((tier / layout.MARKER).read_text())
+    here = os.readlink("/proc/self/ns/pid")
+    (tier / layout.MARKER).write_text(json.dumps(marker | {"pid": _dead_pid(), "pidns": here}))
+    assert layout.remove_leftovers(str(tmp_path)) == []
+    os.close(fd)
+    assert layout.remove_leftovers(str(tmp_path)) == [str(tier)]
+
+
+def test_a_storage_directory_is_locked_for_its_makers_life(tmp_path):
+    first = layout.StorageDir.create(str(tmp_path), "first", 0)
+    marker = json.loads(open(os.path.join(first.path, layout.MARKER)).read())
+    # as a second job in another PID namespace sees it: the pid is not its to judge
+    (Path(first.path) / layout.MARKER).write_text(json.dumps(marker | {"pidns": OTHER_NS, "pid": 10}))
+    second = layout.StorageDir.create(str(tmp_path), "second", 0)
+    assert os.path.isdir(first.path)
+    assert marker.get("lock") == LOCKS["tier"] and marker.get("pidns") == os.readlink("/proc/self/ns/pid")
+    first.release()  # as its process's death would
+    third = layout.StorageDir.create(str(tmp_path), "third", 0)
+    assert not os.path.exists(first.path)
+    for s in (second, third):
+        s.remove()
+        assert not os.path.exists(s.path)

@@ -12,8 +12,11 @@ each root's canonical path and device, in order, as a kept tier's does):
   serves it only if they are those of its own snapshot (the shim checks them at every
   probe of a shared slot; the daemon before booking it), else it reads the PFS.
 - ``.monarch-share/leases/<run>-<pid>``: one per job using the set, locked (``flock``) by it
-  for its life. A lease whose lock can be taken is a dead job's: removed by whoever finds
-  it. No count, no heartbeat.
+  for its life, and locked before it is seen there (made under another name, then renamed).
+  A lease whose lock can be taken is a dead job's: removed by whoever finds it. No count, no
+  heartbeat, no pid judged: the name only tells the jobs apart for people (a job in another
+  PID namespace may have this one's run and pid: its live lease keeps its name, this job's
+  takes a random suffix).
 - ``.monarch-share/join.lock``: held a moment by a job joining or leaving, and while a set
   is removed, so that a job never joins a set being removed.
 - ``.monarch-share/room``: the ledger, the bytes of the tier taken by copies and by copies
@@ -43,6 +46,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import stat
@@ -109,6 +113,22 @@ def _live_leases(control: str, mine: str | None = None) -> list[str]:
         finally:
             os.close(fd)
     return live
+
+
+def _new_lease(control: str, name: str) -> int:
+    """This job's lease ``name``, locked before it is in ``leases/``: a job counting the leases
+    meanwhile (outside the join lock: ``others_live``, ``list_sets``) never takes it for a dead one's."""
+    tmp = os.path.join(control, f".lease-{secrets.token_hex(8)}")
+    fd = open_private_file(tmp, os.O_RDWR | os.O_CREAT)
+    try:
+        _lock(fd)
+        os.rename(tmp, os.path.join(control, LEASES, name))
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return fd
 
 
 @contextlib.contextmanager
@@ -207,8 +227,9 @@ class SharedSet:
                 with _joining(path):
                     others = _live_leases(control)
                     lease = f"{run_id}-{os.getpid()}"
-                    lease_fd = open_private_file(os.path.join(control, LEASES, lease), os.O_RDWR | os.O_CREAT)
-                    _lock(lease_fd)
+                    if lease in others:
+                        lease = f"{lease}-{secrets.token_hex(4)}"
+                    lease_fd = _new_lease(control, lease)
                     room_fd = open_private_file(os.path.join(control, ROOM), os.O_RDWR | os.O_CREAT)
                     _lock(room_fd)
                     try:

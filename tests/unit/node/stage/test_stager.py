@@ -7,7 +7,7 @@ import time
 import pytest
 
 from monarch.config import TierConfig
-from monarch.layout import MARKER
+from monarch.layout import MARKER, TIER_LOCK
 from monarch.node.tiers.resources import allocated_size, allocation_unit
 from monarch.node.snapshot.snapshot import take_snapshot
 from monarch.node.stage.stager import Stager
@@ -100,7 +100,7 @@ def test_failed_copy_releases_space_and_leaves_no_file(tmp_path, dataset):
     assert stager.ensure("0/d1/f1.bin").result(timeout=10) is None
     assert t.used == 0
     assert list(stager.stats()["failures"]) == ["io_error:FileNotFoundError"]
-    assert not any(set(files) - {MARKER} for _, _, files in os.walk(t.path))
+    assert not any(set(files) - {MARKER, TIER_LOCK} for _, _, files in os.walk(t.path))
 
 
 def test_no_partial_file_is_ever_visible(tmp_path):
