@@ -31,6 +31,12 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the store's TLS test makes its own CA (else skipped)
 # the HTML report's test has a browser draw the page (tests/support/browser.py): Debian's chromium
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
+# the container tests (tests/containers): their image made by debootstrap (scripts/container/make_image.py),
+# run by Podman as root (with runc: tests/containers/containers.conf) and rootless (its network: slirp4netns)
+command -v debootstrap >/dev/null 2>&1 || command -v /usr/sbin/debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || command -v /usr/sbin/runc >/dev/null 2>&1 || need+=(runc)
+command -v slirp4netns >/dev/null 2>&1 || need+=(slirp4netns)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
