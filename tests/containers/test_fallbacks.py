@@ -11,7 +11,7 @@ import pytest
 from containerjobs import (DATASET, OTHER_UID, Runner, doc_block, job_config, open_to_all, reader_line,
                            substitute)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 FILES = 300
 PODMAN_ENV = " --env LD_PRELOAD --env 'MONARCH_*'"

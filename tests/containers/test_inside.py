@@ -11,7 +11,7 @@ import pytest
 
 from containerjobs import ROOTLESS_USER, Runner, doc_block, give_to, job_config, reader_line, substitute
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 FILES = 300
 

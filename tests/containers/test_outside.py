@@ -14,7 +14,7 @@ import pytest
 from containerjobs import Job, Runner, doc_block, job_config, reader_line, substitute
 from support.harness import load
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 FILES = 300
 
