@@ -55,9 +55,15 @@ def test_a_root_that_names_other_files_inside_is_read_directly(runtime, image, s
 
 
 def test_a_private_dev_shm_hides_the_ram_tier(podman, shim_dir, dataset, short_tmp):
+    """The RAM tier's folder is not there (Podman's own /dev/shm), the SSD tier's is (bound with
+    TMPDIR): the opens read the PFS without asking the daemon each time for a copy it staged
+    where the application cannot see it."""
     ds = dataset(files=FILES, size="8KiB")
     block = edited(doc_block("outside-podman"), SHM_BIND, "")
-    run_case(podman, shim_dir, short_tmp, ds, block, podman.podman_image()).assert_fell_back("tiers-unseen")
+    job = run_case(podman, shim_dir, short_tmp, ds, block, podman.podman_image())
+    job.assert_fell_back("tiers-unseen")
+    (node,) = job.report["nodes"]
+    assert node["resolves"].get("already_staged", 0) == 0, node["resolves"]  # opens the daemon answered with a copy
 
 
 def test_a_run_folder_not_bound(podman, shim_dir, dataset, short_tmp):
