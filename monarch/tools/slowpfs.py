@@ -1,4 +1,4 @@
-"""An emulated slow parallel filesystem: a read-only FUSE view of a directory.
+"""An emulated slow parallel filesystem: a FUSE view of a directory, read-only unless asked.
 
 ``monarch demo`` puts its dataset behind it (the point of Monarch shows only where opens are
 slow); the tests and benchmarks measure a job's PFS traffic with it. It needs FUSE 3 (libfuse3,
@@ -16,10 +16,18 @@ It counts opens, reads and bytes, in total and per
 file, into a JSON file of its own, so a benchmark or a test measures the PFS traffic
 of a job independently of what Monarch believes it did.
 
+With ``--writable`` it takes writes too (create, write, truncate, fsync, rename, unlink, mkdir,
+rmdir, chmod, chown, utimens, link, symlink), each done on SRC as the user running it, with a
+latency per write call and an aggregate write bandwidth of their own. It then also counts the
+writes and their bytes (per file too), the namespace operations, and keeps the last ones in
+order (``ops``: "create a.tmp", "rename a.tmp a", ...), so a test sees in which order files
+appeared under their final names.
+
 Run it as a process::
 
     python -m monarch.tools.slowpfs SRC MOUNTPOINT --counters FILE \\
         [--open-latency-ms 2] [--read-latency-ms 0] [--bandwidth MBps] [--page-cache]
+        [--writable [--write-latency-ms 0] [--write-bandwidth MBps]]
 
 or from Python with the :class:`SlowPFS` context manager, which starts that process,
 waits for the mount and always unmounts it.
@@ -39,19 +47,28 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from monarch.errors import MonarchError
 
-COUNTER_KEYS = ("opens", "reads", "bytes", "lookups", "readdirs", "accesses")
+# opens: every open, for reading or writing, creates included; each costs the open latency
+# truncates: truncate and ftruncate calls and opens with O_TRUNC
+WRITE_KEYS = ("writes", "bytes_written", "creates", "fsyncs", "renames", "unlinks", "mkdirs", "rmdirs", "truncates")
+COUNTER_KEYS = ("opens", "reads", "bytes", "lookups", "readdirs", "accesses", *WRITE_KEYS)
+BYTES_OF = {"reads": "bytes", "writes": "bytes_written"}  # a call's counter -> its bytes' counter
 # the metadata server's work: getattr (every kernel LOOKUP and GETATTR), readdir, access;
 # each costs the lookup latency
 METADATA_KEYS = ("lookups", "readdirs", "accesses")
 FLUSH_INTERVAL_S = 0.01
 MOUNT_TIMEOUT_S = 20.0
 MAX_THREADS = 256  # requests the emulated PFS serves at once (libfuse's default is 10)
+# a writer's requests come one after the other, with the emulator's own work between them (~1 ms a
+# 1 MiB request): a gap that short leaves the write link's time to the writer, else one stream got 164 of 200 MB/s
+WRITE_IDLE_CREDIT_S = 0.010
+OPS_KEPT = 10_000  # the namespace operations kept, the last ones: the list cannot grow without bound
 
 
 class SlowPFSError(MonarchError):
@@ -67,6 +84,8 @@ class Latency:
     bandwidth: float = 0.0
     lookup_s: float = 0.0
     page_cache: bool = False  # reads go through the kernel's page cache (mmap works); dropped at each open
+    write_s: float = 0.0  # per write call (writable mounts)
+    write_bandwidth: float = 0.0  # bytes/s of every write together, apart from the reads' (0 = unlimited)
 
 
 # --------------------------------------------------------------------------- counters
@@ -80,7 +99,9 @@ class Counters:
         self.interval = interval
         self._lock = threading.Lock()
         self._totals = dict.fromkeys(COUNTER_KEYS, 0)
-        self._files: dict[str, list[int]] = {}  # rel path -> [opens, reads, bytes]
+        self._files: dict[str, list[int]] = {}  # rel path -> [opens, reads, bytes, bytes_written]
+        self._ops: deque[str] = deque(maxlen=OPS_KEPT)
+        self._ops_total = 0  # every op ever, kept or not: a later snapshot's new ones are its last (difference)
         self._opening = 0
         self.opening_peak = 0  # the most opens under way at once (how much the emulator serves in parallel)
         self.opening_first = 0.0  # when the first open began (time.time())
@@ -89,18 +110,26 @@ class Counters:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add(self, key: str, path: str | None = None, n: int = 1, nbytes: int = 0) -> None:
+    def add(self, key: str | None, path: str | None = None, n: int = 1, nbytes: int = 0,
+            op: str | None = None) -> None:
+        """Count ``n`` of ``key`` (and ``nbytes`` of its bytes), for ``path`` too; ``op``: appended to ops."""
         with self._lock:
-            self._totals[key] += n
+            if key is not None:  # None: an op alone (a link)
+                self._totals[key] += n
             if nbytes:
-                self._totals["bytes"] += nbytes
+                self._totals[BYTES_OF[key]] += nbytes
             if path is not None:
-                per = self._files.setdefault(path, [0, 0, 0])
+                per = self._files.setdefault(path, [0, 0, 0, 0])
                 if key == "opens":
                     per[0] += n
                 elif key == "reads":
                     per[1] += n
                     per[2] += nbytes
+                elif key == "writes":
+                    per[3] += nbytes
+            if op is not None:
+                self._ops.append(op)
+                self._ops_total += 1
         self._dirty.set()
 
     def opening(self, delta: int) -> None:
@@ -117,7 +146,11 @@ class Counters:
             data: dict[str, Any] = dict(self._totals)
             data["opening_peak"] = self.opening_peak
             data["opening_peaks"] = list(self.opening_peaks)
-            data["files"] = {p: {"opens": o, "reads": r, "bytes": b} for p, (o, r, b) in self._files.items()}
+            # bytes_written only where written: a read-only mount's figures stay as they were
+            data["files"] = {p: {"opens": o, "reads": r, "bytes": b, **({"bytes_written": w} if w else {})}
+                             for p, (o, r, b, w) in self._files.items()}
+            data["ops"] = list(self._ops)
+            data["ops_total"] = self._ops_total
         data["pid"] = os.getpid()
         data["time"] = time.time()
         return data
@@ -126,7 +159,7 @@ class Counters:
         self._dirty.clear()
         data = self.snapshot()
         tmp = f"{self.path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
+        with open(tmp, "w", opener=lambda path, flags: os.open(path, flags, 0o644)) as f:  # whatever the umask
             json.dump(data, f)
         os.replace(tmp, self.path)
 
@@ -152,10 +185,12 @@ class Counters:
 
 
 class Throttle:
-    """A shared link of fixed bandwidth: each read waits for its turn on the wire."""
+    """A shared link of fixed bandwidth: each read (or write) waits for its turn on the wire; a
+    turn may begin up to ``idle_credit`` seconds before it was asked for if the link was idle then."""
 
-    def __init__(self, bandwidth: float) -> None:
+    def __init__(self, bandwidth: float, idle_credit: float = 0.0) -> None:
         self.bandwidth = bandwidth
+        self.idle_credit = idle_credit
         self._lock = threading.Lock()
         self._free_at = 0.0
 
@@ -163,7 +198,7 @@ class Throttle:
         if self.bandwidth <= 0 or nbytes <= 0:
             return
         with self._lock:
-            start = max(time.monotonic(), self._free_at)
+            start = max(time.monotonic() - self.idle_credit, self._free_at)
             self._free_at = start + nbytes / self.bandwidth
             done = self._free_at
         delay = done - time.monotonic()
@@ -174,18 +209,21 @@ class Throttle:
 # --------------------------------------------------------------------------- the filesystem
 
 
-def _operations_class():
-    """Build the FUSE operations class (mfusepy is imported only where FUSE is used)."""
+def _operations_class(writable: bool = False):
+    """Build the FUSE operations class (mfusepy is imported only where FUSE is used): read-only, or
+    with writes (``slowpfs_writes``) when ``writable``; a read-only mount registers no write callback."""
     import mfusepy
 
     class SlowOperations(mfusepy.Operations):
         use_ns = True
+        writable = False
 
         def __init__(self, src: str, latency: Latency, counters: Counters) -> None:
             self.src = os.path.realpath(src)
             self.latency = latency
             self.counters = counters
             self.throttle = Throttle(latency.bandwidth)
+            self.write_throttle = Throttle(latency.write_bandwidth, WRITE_IDLE_CREDIT_S)
 
         def _real(self, path: str) -> str:
             return os.path.join(self.src, path.lstrip("/"))
@@ -199,19 +237,24 @@ def _operations_class():
                 config_3.direct_io = 0 if self.latency.page_cache else 1
                 config_3.kernel_cache = 0
                 config_3.auto_cache = 0
+                # an unlink or a rename over a file still open acts on SRC, as it would there, rather
+                # than libfuse hiding it as .fuse_hidden* until its last close
+                config_3.hard_remove = 1 if self.writable else 0
 
         def getattr(self, path: str, fh=None) -> dict[str, Any]:
             self.counters.add("lookups")
             if self.latency.lookup_s:
                 time.sleep(self.latency.lookup_s)
-            st = os.lstat(self._real(path))
+            # None: a file unlinked while open (a writable mount), asked by its descriptor
+            st = os.fstat(fh.fh) if path is None and fh is not None else os.lstat(self._real(path))
             keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_ino",
                     "st_atime_ns", "st_mtime_ns", "st_ctime_ns", "st_blocks", "st_blksize")
             attrs = {k: getattr(st, k) for k in keys}
             # mfusepy (use_ns) expects the times under their plain names, in nanoseconds.
             for k in ("st_atime", "st_mtime", "st_ctime"):
                 attrs[k] = attrs.pop(k + "_ns")
-            attrs["st_mode"] &= ~0o222  # read-only, as far as anyone asks
+            if not self.writable:
+                attrs["st_mode"] &= ~0o222  # read-only, as far as anyone asks
             return attrs
 
         def readlink(self, path: str) -> str:
@@ -233,7 +276,7 @@ def _operations_class():
             self.counters.add("accesses")
             if self.latency.lookup_s:
                 time.sleep(self.latency.lookup_s)
-            if amode & os.W_OK:
+            if amode & os.W_OK and not self.writable:
                 raise mfusepy.FuseOSError(errno.EROFS)
             if not os.access(self._real(path), amode):
                 raise mfusepy.FuseOSError(errno.EACCES)
@@ -242,49 +285,56 @@ def _operations_class():
         def open(self, path: str, fi) -> int:
             if fi.flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
                 raise mfusepy.FuseOSError(errno.EROFS)
+            self._open(path, fi, os.O_RDONLY)
+            return 0
+
+        def _open(self, path: str, fi, flags: int, mode: int = 0o666) -> None:
             self.counters.opening(1)
             try:
                 if self.latency.open_s:
                     time.sleep(self.latency.open_s)
-                fi.fh = os.open(self._real(path), os.O_RDONLY)
+                fi.fh = os.open(self._real(path), flags, mode)
             finally:
                 self.counters.opening(-1)
             fi.direct_io = 0 if self.latency.page_cache else 1  # no page cache: every read() reaches read()
             fi.keep_cache = 0  # with one, what an earlier open cached is dropped
             self.counters.add("opens", path.lstrip("/"))
-            return 0
 
         def read(self, path: str, size: int, offset: int, fi) -> bytes:
             if self.latency.read_s:
                 time.sleep(self.latency.read_s)
             data = os.pread(fi.fh, size, offset)
             self.throttle.wait(len(data))
-            self.counters.add("reads", path.lstrip("/"), nbytes=len(data))
+            self.counters.add("reads", path and path.lstrip("/"), nbytes=len(data))  # None: unlinked while open
             return data
 
         def release(self, path: str, fi) -> int:
             os.close(fi.fh)
             return 0
 
-    return SlowOperations
+    if not writable:
+        return SlowOperations
+    from monarch.tools.slowpfs_writes import writable_operations
+    return writable_operations(SlowOperations)
 
 
 def mount(src: str, mountpoint: str, counters_path: str, latency: Latency, debug: bool = False,
-          max_threads: int = MAX_THREADS) -> None:
-    """Mount ``src`` read-only at ``mountpoint`` and serve it until unmounted or signalled."""
-    import mfusepy
-
+          max_threads: int = MAX_THREADS, writable: bool = False) -> None:
+    """Mount ``src`` at ``mountpoint`` (read-only unless ``writable``); serve it until unmounted or signalled."""
     if not os.path.isdir(src):
         raise SlowPFSError(f"slowpfs: source {src!r} is not a directory")
+    from monarch.tools.slowpfs_writes import fuse_class
+    if writable:
+        os.umask(0)  # the kernel applied the caller's umask to a create's or mkdir's mode: not twice
     counters = Counters(counters_path)
     counters.start()
-    ops = _operations_class()(src, latency, counters)
+    ops = _operations_class(writable)(src, latency, counters)
     try:
         # libfuse installs its own SIGTERM/SIGINT/SIGHUP handlers (exit the loop, unmount).
         # libfuse serves requests on at most max_threads threads (default 10): a PFS serves
         # hundreds of clients at once, and a read-ahead keeps that many opens in flight.
-        mfusepy.FUSE(ops, mountpoint, raw_fi=True, foreground=True, nothreads=False, debug=debug,
-                     ro=True, fsname=f"slowpfs:{os.path.realpath(src)}", subtype="slowpfs",
+        fuse_class()(ops, mountpoint, raw_fi=True, foreground=True, nothreads=False, debug=debug,
+                     ro=not writable, fsname=f"slowpfs:{os.path.realpath(src)}", subtype="slowpfs",
                      direct_io=not latency.page_cache, max_threads=max_threads, max_idle_threads=max_threads)
     except RuntimeError as exc:
         # libfuse's fuse_main returns 8 whenever its loop ended by a signal (SIGTERM, SIGINT):
@@ -371,13 +421,14 @@ class SlowPFS:
     ``with SlowPFS(src, mnt, counters_json, open_latency_ms=2) as pfs:`` mounts ``src`` at
     ``mnt``; ``pfs.counters()`` reads the traffic so far, ``pfs.reset_counters()`` starts
     a new measurement. On exit, even by an exception, the process is stopped and the mount
-    removed.
+    removed. ``writable=True`` takes writes (``write_latency_ms``, ``write_bandwidth_mbps``).
     """
 
     def __init__(self, src: str | os.PathLike, mountpoint: str | os.PathLike,
                  counters: str | os.PathLike | None = None, *, open_latency_ms: float = 2.0,
                  read_latency_ms: float = 0.0, bandwidth_mbps: float = 0.0,
-                 lookup_latency_ms: float = 0.0, page_cache: bool = False,
+                 lookup_latency_ms: float = 0.0, page_cache: bool = False, writable: bool = False,
+                 write_latency_ms: float = 0.0, write_bandwidth_mbps: float = 0.0,
                  timeout: float = MOUNT_TIMEOUT_S) -> None:
         self.src = os.fspath(src)
         self.mountpoint = os.path.abspath(os.fspath(mountpoint))
@@ -386,6 +437,8 @@ class SlowPFS:
             tempfile.mkdtemp(prefix="slowpfs-"), "counters.json")
         self.options = dict(open_latency_ms=open_latency_ms, read_latency_ms=read_latency_ms,
                             bandwidth=bandwidth_mbps, lookup_latency_ms=lookup_latency_ms, page_cache=page_cache)
+        self.writable = writable
+        self.write_options = dict(write_latency_ms=write_latency_ms, write_bandwidth=write_bandwidth_mbps)
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
         self._stderr = None
@@ -399,7 +452,9 @@ class SlowPFS:
                 "--open-latency-ms", str(o["open_latency_ms"]),
                 "--read-latency-ms", str(o["read_latency_ms"]),
                 "--lookup-latency-ms", str(o["lookup_latency_ms"]),
-                "--bandwidth", str(o["bandwidth"])] + (["--page-cache"] if o["page_cache"] else [])
+                "--bandwidth", str(o["bandwidth"])] + (["--page-cache"] if o["page_cache"] else []) + (
+            ["--writable", "--write-latency-ms", str(self.write_options["write_latency_ms"]),
+             "--write-bandwidth", str(self.write_options["write_bandwidth"])] if self.writable else [])
 
     def start(self) -> SlowPFS:
         reason = fuse_unavailable_reason()
@@ -464,13 +519,16 @@ class SlowPFS:
             return json.load(f)
 
     def counters(self, settle: float = 3 * FLUSH_INTERVAL_S) -> dict[str, Any]:
-        """Traffic since the start (or the last :meth:`reset_counters`): totals and ``files``."""
+        """Traffic since the start (or the last :meth:`reset_counters`): totals, ``files``, and
+        ``ops``, the namespace operations in order (the last ``OPS_KEPT`` at most)."""
         now = self.raw_counters(settle)
         base = self._baseline
         if base is None:
             return now
         out: dict[str, Any] = {k: now.get(k, 0) - base.get(k, 0) for k in COUNTER_KEYS}
         out["opening_peak"] = now.get("opening_peak", 0)  # a gauge since the start, not a count
+        out["ops_total"] = now.get("ops_total", 0) - base.get("ops_total", 0)
+        out["ops"] = now.get("ops", [])[-out["ops_total"]:] if out["ops_total"] else []
         files = {}
         for path, per in now["files"].items():
             old = base["files"].get(path, {})
@@ -496,7 +554,7 @@ class SlowPFS:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m monarch.tools.slowpfs", description=__doc__.split("\n\n")[0])
-    p.add_argument("src", help="directory to serve (read-only)")
+    p.add_argument("src", help="directory to serve (read-only unless --writable)")
     p.add_argument("mountpoint")
     p.add_argument("--counters", required=True, help="JSON file the counters are written to")
     p.add_argument("--open-latency-ms", type=float, default=2.0, help="added to every open (default 2)")
@@ -509,13 +567,22 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"requests served at once (libfuse worker threads; default {MAX_THREADS})")
     p.add_argument("--page-cache", action="store_true",
                    help="read through the kernel's page cache (dropped at each open), so files can be mapped")
+    p.add_argument("--writable", action="store_true",
+                   help="take writes (create, write, truncate, fsync, rename, unlink, mkdir, ...), done on SRC")
+    p.add_argument("--write-latency-ms", type=float, default=0.0, help="added to every write call (default 0)")
+    p.add_argument("--write-bandwidth", type=float, default=0.0, metavar="MBps",
+                   help="aggregate write bandwidth cap in MB/s, apart from the reads' (0 = unlimited)")
     p.add_argument("--debug", action="store_true", help="libfuse debug output")
     args = p.parse_args(argv)
+    if not args.writable and (args.write_latency_ms or args.write_bandwidth):
+        p.error("--write-latency-ms and --write-bandwidth need --writable")
     latency = Latency(open_s=args.open_latency_ms / 1e3, read_s=args.read_latency_ms / 1e3,
                       bandwidth=args.bandwidth * 1e6, lookup_s=args.lookup_latency_ms / 1e3,
-                      page_cache=args.page_cache)
+                      page_cache=args.page_cache, write_s=args.write_latency_ms / 1e3,
+                      write_bandwidth=args.write_bandwidth * 1e6)
     try:
-        mount(args.src, args.mountpoint, args.counters, latency, debug=args.debug, max_threads=args.max_threads)
+        mount(args.src, args.mountpoint, args.counters, latency, debug=args.debug, max_threads=args.max_threads,
+              writable=args.writable)
     except (SlowPFSError, RuntimeError, OSError) as exc:
         print(f"slowpfs: {exc}", file=sys.stderr)
         return 1
