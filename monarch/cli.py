@@ -10,7 +10,7 @@ import stat
 import sys
 
 from monarch import __version__, environment
-from monarch.errors import ConfigError, MonarchError
+from monarch.errors import EXIT_UNPUBLISHED, EXIT_USAGE, ConfigError, MonarchError
 
 log = logging.getLogger("monarch")
 
@@ -42,8 +42,10 @@ examples:
 exit status:
   CMD's exit code; 128+N if CMD was killed by signal N; 126 if CMD is not executable
   (permission denied, a directory); 127 if CMD is not found; 2 for a Monarch usage or
-  configuration error (then CMD is not run). Trouble with the daemon does not stop CMD:
-  it runs and reads the PFS directly.
+  configuration error (then CMD is not run); 3 if files CMD wrote under writeback.paths
+  could not all be published to the PFS (each is named with where its bytes are kept;
+  monarch drain publishes them later). Trouble with the daemon does not stop CMD: it runs
+  and reads the PFS directly.
 
 signals:
   SIGINT and SIGTERM are passed on to CMD; a second Ctrl-C kills it. One after CMD ended
@@ -69,6 +71,24 @@ examples:
 exit status:
   0 if the configuration is fine here; 2 for any configuration error (a wrong key or value,
   a base directory this node cannot use, a dataset root that is not there), as monarch run."""
+
+DRAIN_DESCRIPTION = """\
+Publish what a killed daemon or a rebooted node left of a job's write-back on this node: each
+of your write-back areas in the write-back tier's base (writeback.tier of CONFIG, else its
+first tier) whose run is gone is drained as its daemon would have drained it, in the job's
+order, each file whole under its name; then the area is removed. An area whose run is still
+alive is left to it, and nothing that is not on the PFS is deleted."""
+
+DRAIN_EPILOG = """\
+examples:
+  monarch drain -c configs/cluster.yaml      on the node, after a job whose daemon was killed
+  srun --ntasks-per-node=1 monarch drain -c configs/cluster.yaml
+                                             on every node of the allocation
+
+exit status:
+  0 if every area was drained completely, or there was none; 3 if a file could not be
+  published (each is named with where its bytes are kept: run monarch drain again once the
+  PFS takes it); 2 for a usage or configuration error."""
 
 
 def _mpi_world_rank():
@@ -131,7 +151,7 @@ def cmd_run(args) -> int:
             print(f"monarch: store: {line}" + ("; going on (--fail-open)" if args.fail_open else
                                                 "; exit 2 (--fail-open runs the command anyway)"), file=sys.stderr)
             if not args.fail_open:
-                return 2
+                return EXIT_USAGE
         for line in notes:  # keys a bucket holds that no file can have: one line each store, at start
             print(f"monarch: store: {line}", file=sys.stderr)
     problem = find_command(cmd[0])
@@ -223,6 +243,61 @@ def cmd_stop(args) -> int:
     config = _load(args.config, check_roots=False)  # stopping needs no dataset (it may be gone already)
     service.stop(config)
     return 0
+
+
+def cmd_drain(args) -> int:
+    from monarch.writeback.area import PREFIX, Area
+    config = _load(args.config, check_roots=False)  # draining needs no dataset, nor the paths it writes back
+    tier = config.writeback_tier()
+    mine = os.path.join(os.path.realpath(tier.path), f"monarch-{os.getuid()}")  # another user's: never looked at
+    areas = Area.orphans(tier.path) if os.path.isdir(mine) else []  # each held now: no live owner, no other drain
+    drained = [os.path.basename(a.path) for a in areas]
+    for name in sorted(n for n in os.listdir(mine) if n.startswith(PREFIX)) if os.path.isdir(mine) else ():
+        if name not in drained:
+            print(f"{os.path.join(mine, name)}: held by its run, still alive: left to it")
+    if not areas:
+        print(f"nothing to drain in tier {tier.name} ({tier.path})")
+    complete = [_drain_area(area) for area in areas]
+    return 0 if all(complete) else EXIT_UNPUBLISHED
+
+
+def _drain_area(area) -> bool:
+    """Drain one area whose run is gone: say what it published, or what it could not and where those
+    bytes are kept; remove the area once nothing of it is left. True when it drained completely."""
+    from monarch.writeback.area import PREFIX
+    from monarch.writeback.drain import drain
+    from monarch.writeback.journal import JournalError
+    run, _, node = os.path.basename(area.path)[len(PREFIX):].rpartition("-node")  # Area.create's name
+    try:
+        if not os.path.exists(area.journal_path) and not area.pending_data():
+            out = None  # made, then its daemon died before the job wrote anything
+        elif not (run and node.isdigit()):
+            raise JournalError(f"not the name of an area Monarch makes ({PREFIX}<run>-node<N>)")
+        else:
+            out = drain(area, run)
+    except (OSError, JournalError) as e:
+        area.release()
+        print(f"monarch drain: {area.path}: cannot drain it: {e}; kept", file=sys.stderr)
+        return False
+    done = (f"published {len(out.published)} files, {out.published_bytes} bytes to the PFS" if out
+            else "nothing recorded")
+    if out is None or out.complete:
+        left = area.pending_data()
+        if not left:
+            area.remove()
+            print(f"{area.path}: {done}; removed")
+            return True
+        area.release()  # files the job never closed: not published (it did not finish them), nor deleted
+        print(f"{area.path}: {done}; kept: {len(left)} file(s) its job never closed, in {area.path}/data "
+              f"(rm -r {area.path} once you no longer need them)")
+        return True
+    area.release()
+    why = "; ".join(p for p in (out.failed and f"stopped at {out.failed}", out.damaged) if p)
+    print(f"monarch drain: {area.path}: {done}, then {why}", file=sys.stderr)
+    for path, kept in out.unpublished.items():
+        print(f"monarch drain:   not published: {path} (its bytes are kept in {kept})", file=sys.stderr)
+    print(f"monarch drain: {area.path}: kept; run monarch drain again once the PFS takes its files", file=sys.stderr)
+    return False
 
 
 def cmd_check_config(args) -> int:
@@ -372,6 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("-c", "--config")
     st.set_defaults(func=cmd_stop)
 
+    dr = sub.add_parser("drain", help="publish the write-back a killed daemon or a rebooted node left on this node",
+                        description=DRAIN_DESCRIPTION, epilog=DRAIN_EPILOG,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    dr.add_argument("-c", "--config",
+                    help="the configuration whose write-back tier to look in (default: the shipped one)")
+    dr.set_defaults(func=cmd_drain)
+
     c = sub.add_parser("check-config", help="validate a configuration, on this node, as monarch run would take it",
                        usage="monarch check-config [-h] [CONFIG] [--dataset PATH]",
                        description=CHECK_CONFIG_DESCRIPTION, epilog=CHECK_CONFIG_EPILOG,
@@ -466,7 +548,7 @@ def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     if not (sys.argv[1:] if argv is None else argv):  # `monarch` alone: the help, as a usage error
         parser.print_help(sys.stderr)
-        return 2
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
         from monarch.topology import node_index
@@ -475,7 +557,7 @@ def _main(argv: list[str] | None) -> int:
         return args.func(args)
     except MonarchError as e:
         print(f"monarch: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
 
 
 def _stdout_reader_gone() -> bool:

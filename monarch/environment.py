@@ -57,6 +57,10 @@ VARIABLES: tuple[Variable, ...] = (
     # -- what users set ---------------------------------------------------------------------
     Variable("MONARCH_DATASET", "path", "", "the dataset root of the default configuration (no -c, no --dataset)",
              (CONFIG,), BOTH),
+    Variable("MONARCH_WRITEBACK", "paths", None,
+             "write-back directories, separated by ':', replacing writeback.paths (empty: none): a file the job "
+             "creates or truncates there lands in a node tier and drains to the PFS, whole and in order; set by "
+             "monarch run for CMD's processes too", (LAUNCHER, DAEMON, SHIM), BOTH),
     Variable("MONARCH_STORE_PASSWORD", "str", None,
              "the password of the key-value stores in dataset.stores and of monarch store (never printed; "
              "never put it in a URL)", (LAUNCHER, DAEMON)),

@@ -1,8 +1,12 @@
-"""Monarch's exceptions: one base, a few meaningful kinds."""
+"""Monarch's exceptions (one base, a few meaningful kinds) and the exit statuses of its commands."""
 
 from __future__ import annotations
 
 import enum
+
+# the exit statuses of `monarch` commands besides a command's own (`monarch run --help` lists them)
+EXIT_USAGE = 2        # a usage or configuration error (a MonarchError), as argparse's own
+EXIT_UNPUBLISHED = 3  # write-back files not published to the PFS: each is named with where its bytes are kept
 
 
 class MonarchError(Exception):

@@ -16,7 +16,7 @@ import socket
 from typing import Mapping, Sequence
 
 from monarch.config.docs import listing, size_text
-from monarch.config.keys import default_tree
+from monarch.config.keys import ENV_WRITEBACK, default_tree
 from monarch.config.load import DEFAULTS_SOURCE, base_problems, builtin_env, combine_errors, load_config, read_user
 from monarch.config.model import Config
 from monarch.errors import ConfigError
@@ -85,8 +85,20 @@ def check_config(path: str | None, roots: Sequence[str] | None = None,
     lines.append(f"  staging : {config.staging.policy}, {config.staging.threads or 'auto'} copies in flight, "
                  f"validate {config.staging.validate}")
     lines.append(f"  run_base: {config.run_base}")
-    lines += _keys(config, path)
+    lines.append(f"  writeback: {_writeback_text(config, env)}")
+    lines += _keys(config, path, env)
     return lines
+
+
+def _writeback_text(config: Config, env: Mapping[str, str]) -> str:
+    wb = config.writeback
+    if not wb.enabled:
+        return f"off ({ENV_WRITEBACK} is empty)" if ENV_WRITEBACK in env else \
+            f"off (writeback.paths is empty and {ENV_WRITEBACK} unset)"
+    tier = config.writeback_tier()
+    room = f"{wb.room_share:.0%} of its capacity" if wb.room_share is not None else size_for_people(wb.room)
+    given = f" (from {ENV_WRITEBACK})" if ENV_WRITEBACK in env else ""
+    return f"{', '.join(wb.paths)}{given} via tier {tier.name} {tier.path}, room {room}, fsync {wb.fsync}"
 
 
 def _roots_text(config: Config, waiting: list[str]) -> str:
@@ -101,10 +113,12 @@ def _roots_text(config: Config, waiting: list[str]) -> str:
             "(check-config --dataset PATH checks a root here)")
 
 
-def _keys(config: Config, path: str | None) -> list[str]:
-    """Every declared key with its value and where it came from (the file, or the default)."""
+def _keys(config: Config, path: str | None, env: Mapping[str, str]) -> list[str]:
+    """Every declared key with its value and where it came from (the file, the environment, or the default)."""
     user = read_user(path) if path is not None else {}
     rows = listing(config, user, str(path) if path is not None else "default")
+    if ENV_WRITEBACK in env:  # it replaces the file's paths (load_config)
+        rows = [(key, value, ENV_WRITEBACK if key == "writeback.paths" else origin) for key, value, origin in rows]
     width = max(len(key) for key, _, _ in rows)
     return ["every key (value, from):"] + [f"  {key:<{width}}  {value}  ({origin})" for key, value, origin in rows]
 

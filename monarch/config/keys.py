@@ -13,6 +13,7 @@ wrong and how to fix it; the reader (``load._Reader``) does the typed reading an
 from __future__ import annotations
 
 import copy
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,6 +23,9 @@ RENAMED_POLICIES = {"prestage": "read-ahead"}  # older names still accepted, wit
 RENAMED_KEYS = {"run_dir": "run_base"}  # older top-level key names still accepted, with a warning
 VALIDATE_MODES = ("none", "open")
 COMPRESSION_MODES = ("off", "zstd", "auto")
+FSYNC_MODES = ("pfs", "local")
+ENV_WRITEBACK = "MONARCH_WRITEBACK"  # replaces writeback.paths (load.py); Monarch sets it for the job's processes
+MAX_WRITEBACK_PATHS = 8  # the shim's table of them (MONARCH_MAX_WB, monarch/shim/shim_writeback.h; tested)
 REQUIRED = "(required)"  # the default of a tier key every tier must give
 TIER_SHARE = "the node (of available memory for a tier on tmpfs/ramfs, else of free space)"
 PEER_SHARE = "the node (of available memory for a peer area on tmpfs/ramfs, else of free space)"
@@ -128,6 +132,75 @@ def _optional_path(r: Any, value: Any, where: str) -> str | None:
     return None if value is None else r.path(value, where)
 
 
+def _writeback_paths(r: Any, value: Any, where: str) -> tuple[str, ...]:
+    """Existing directories, listed once, none inside another nor overlapping a dataset root (its copies
+    would go stale); an entry that expands to nothing (``${CKPT:-}``) is left out. Each problem is
+    recorded (``r.get``), so that every wrong entry is said at once."""
+    origin = f" (from {ENV_WRITEBACK})" if r.writeback_origin else ""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise r.fail(where + origin, f"expected a list of directories, got {value!r}")
+    texts = [(i, r.get(r.string, v, f"{where}[{i}]{origin}")) for i, v in enumerate(value)]
+    given = [(i, text) for i, text in texts if text]
+    if len(given) > MAX_WRITEBACK_PATHS:
+        raise r.fail(where + origin, f"at most {MAX_WRITEBACK_PATHS} directories, got {len(given)}; "
+                                     "write back their common parent instead")
+    out: list[str] = []
+    seen: list[tuple[str, str, str]] = []  # (real path, key, path) of the entries taken so far
+    for i, text in given:
+        key = f"{where}[{i}]{origin}"
+        path = r.get(_writeback_dir, r, value[i], text, key)
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        for root in r.dataset_roots or ():
+            if real == root or real.startswith(root + os.sep) or root.startswith(real + os.sep):
+                r.error(key, f"{path} overlaps the dataset root {root}: Monarch's copies of the dataset would go "
+                             "stale under the job's writes; write back a directory outside the dataset roots")
+        for other_real, other_key, other in seen:
+            if real == other_real:
+                r.error(key, f"{path} is {other_key} again; list each directory once")
+            elif real.startswith(other_real + os.sep):
+                r.error(key, f"{path} is inside {other_key} ({other}), which covers it already; list only {other}")
+            elif other_real.startswith(real + os.sep):
+                r.error(key, f"{path} holds {other_key} ({other}), which it covers already; list only {path}")
+        seen.append((real, f"{where}[{i}]", path))
+        out.append(path)
+    return tuple(out)
+
+
+def _writeback_dir(r: Any, value: Any, text: str, key: str) -> str:
+    """The directory ``value`` (``text`` expanded) the job's files are published to: it must exist,
+    and be writable by this user, when the job starts (not checked where no job starts: ``check_roots``
+    false)."""
+    path = r.path(value, key)
+    if not r.check_roots:
+        return path
+    fix = f"check {ENV_WRITEBACK}" if r.writeback_origin else "check the path"
+    if not os.path.exists(path):
+        shown = path if os.path.isabs(os.path.expanduser(text)) else \
+            f"{text} (relative, so taken from the current directory as {path})"
+        raise r.fail(key, f"{shown} does not exist; create it before the job starts (mkdir -p {path}) or {fix}")
+    if not os.path.isdir(path):
+        raise r.fail(key, f"{path} is not a directory; a write-back path is the directory the job writes its "
+                          f"files under; {fix}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise r.fail(key, f"{path} is not writable by you (the job's files are published there); fix its "
+                          "permissions or choose another directory")
+    return path
+
+
+def _writeback_room(r: Any, value: Any, where: str) -> tuple[int, float | None]:
+    room = r.amount(value, where, "the write-back tier's capacity")
+    if room == (0, None):
+        raise r.fail(where, "0 leaves no room, so every file would be written through to the PFS; give a size or a "
+                            "share, or leave writeback.paths empty for no write-back")
+    return room
+
+
 # -- the declarations, in the order of defaults.yaml ------------------------------------------
 
 KEYS: tuple[Key, ...] = (
@@ -212,6 +285,25 @@ KEYS: tuple[Key, ...] = (
         "and shared memory",
         lambda r, v, k: r.amount(v, k, "the tier's filesystem's size"),
         fields=("filesystem_reserve", "filesystem_reserve_share")),
+    Key("writeback.paths", "list of directories", [],
+        "directories under which a file the job creates or truncates lands in the write-back tier and drains to the "
+        "PFS, published whole and in the job's order (docs/consistency.md, \"Write-back\"); each must exist and be "
+        "writable when the job starts, outside the dataset roots, listed once and none inside another (an entry "
+        f"that expands to nothing is left out); `{ENV_WRITEBACK}=DIR[:DIR]` replaces them; `[]`: no write-back",
+        _writeback_paths, show=lambda v: ", ".join(v) or "[] (no write-back)"),
+    Key("writeback.tier", "tier name or null", None,
+        "the tier whose base holds the run's pending files and their journal (`null`: the first tier); a RAM tier "
+        "loses them if the node reboots, a disk tier keeps them for `monarch drain`",
+        lambda r, v, k: None if v is None else r.string(v, k),
+        show=lambda v: "null (the first tier)" if v is None else v),
+    Key("writeback.room", "size or share", "50%",
+        "bytes the files pending write-back may take in that tier, or a share of its capacity: a writer waits for "
+        "the drain when it is full, and a larger file is written through to the PFS",
+        _writeback_room, fields=("room", "room_share")),
+    Key("writeback.fsync", "one of " + ", ".join(FSYNC_MODES), "pfs",
+        "`pfs`: an fsync of a write-back file returns once its bytes so far are on the PFS; `local`: once its local "
+        "copy is flushed",
+        lambda r, v, k: r.choice(v, k, FSYNC_MODES)),
     Key("peer.path", "path (base directory)", "${MONARCH_SSD:-${TMPDIR:-/tmp}}",
         "cluster only: the base directory for files fetched from peers",
         lambda r, v, k: r.base(v, k)),

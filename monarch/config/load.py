@@ -17,8 +17,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from monarch.config.keys import RENAMED_KEYS, REQUIRED, TIER_KEYS, Key, default_tree, section_keys
-from monarch.config.model import Config, DatasetConfig, PeerConfig, StagingConfig, TierConfig
+from monarch.config.keys import ENV_WRITEBACK, RENAMED_KEYS, REQUIRED, TIER_KEYS, Key, default_tree, section_keys
+from monarch.config.model import Config, DatasetConfig, PeerConfig, StagingConfig, TierConfig, WritebackConfig
 from monarch.errors import ConfigError
 from monarch.protocol import MAX_TIERS
 from monarch.sizes import parse_size
@@ -125,9 +125,10 @@ def load_config(path: str | os.PathLike | None, env: Mapping[str, str] | None = 
                 roots: Sequence[str] | None = None, check_roots: bool = True) -> Config:
     """Load ``path`` over the shipped defaults (``None``: the defaults alone).
 
-    ``roots`` (``monarch run --dataset``) replaces ``dataset.roots``. With ``check_roots``
-    every root must be a readable directory. All problems found are raised together as one
-    ConfigError, one line each.
+    ``roots`` (``monarch run --dataset``) replaces ``dataset.roots``, and ``MONARCH_WRITEBACK``
+    (set, even empty) ``writeback.paths``. With ``check_roots`` every root must be a readable
+    directory and every write-back path a writable one. All problems found are raised together as
+    one ConfigError, one line each.
     """
     env = builtin_env(env)
     raw = default_tree()  # the declared defaults, which defaults.yaml holds too (tested)
@@ -140,8 +141,11 @@ def load_config(path: str | os.PathLike | None, env: Mapping[str, str] | None = 
         raw = _merge(raw, user)
     if roots is not None:
         raw = _merge(raw, {"dataset": {"roots": list(roots)}})
+    writeback = env.get(ENV_WRITEBACK)
+    if writeback is not None:  # the job's, or Monarch's for its processes: a nested run takes the same paths
+        raw = _merge(raw, {"writeback": {"paths": writeback.split(":")}})
     return _validate(raw, source, env, errors, check_roots=check_roots,
-                     roots_origin=None if roots is None else "--dataset",
+                     roots_origin=None if roots is None else "--dataset", writeback_origin=writeback is not None,
                      peer_given=path is not None and user.get("peer") is not None)
 
 
@@ -227,9 +231,10 @@ class _Reader:
     """Typed access to the raw mapping. Each check raises a ConfigError; ``get`` records it and goes on."""
 
     def __init__(self, source: str, env: Mapping[str, str], errors: list[str], *,
-                 check_roots: bool = True, roots_origin: str | None = None):
+                 check_roots: bool = True, roots_origin: str | None = None, writeback_origin: bool = False):
         self.source, self.env, self.errors = source, env, errors
         self.check_roots, self.roots_origin = check_roots, roots_origin
+        self.writeback_origin = writeback_origin  # writeback.paths come from MONARCH_WRITEBACK
         self.dataset_roots: tuple[str, ...] | None = None  # canonical, once read: base directories stay outside
         self.store_roots: set[str] = set()  # roots served from a store (dataset.stores): no directory needed
 
@@ -237,8 +242,8 @@ class _Reader:
         log.warning("config %s: %s: %s", self.source, key, problem)
 
     def fail(self, key: str, problem: str) -> ConfigError:
-        if self.roots_origin and key.endswith(f"(from {self.roots_origin})"):
-            return ConfigError(f"{key}: {problem}")  # given on the command line, not by the file
+        if key.endswith(")") and " (from " in key:
+            return ConfigError(f"{key}: {problem}")  # given on the command line or by the environment, not the file
         return ConfigError(f"config {self.source}: {key}: {problem}")
 
     def error(self, key: str, problem: str) -> None:
@@ -429,6 +434,13 @@ def _check_stores(r: _Reader, stores: tuple, given: tuple, staging: dict, tiers:
                                     "the manifest's digests)")
 
 
+def _check_writeback(r: _Reader, writeback: dict, tiers: list) -> None:
+    names = [t.name for t in tiers]
+    if writeback["tier"] is not None and writeback["tier"] not in names:
+        r.error("writeback.tier", f"{writeback['tier']!r} is not a tier of this configuration ({', '.join(names)}); "
+                                  "name one of them, or leave it out for the first")
+
+
 def _read_key(r: _Reader, key: Key, value: Any, where: str) -> dict[str, Any] | None:
     """The dataclass fields of one key's value, or None with its problem recorded."""
     before = len(r.errors)
@@ -485,9 +497,10 @@ def _tiers(r: _Reader, raw: dict) -> list[TierConfig] | None:
     return None if None in tiers else tiers
 
 
-def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str], *,
-              check_roots: bool = True, roots_origin: str | None = None, peer_given: bool = False) -> Config:
-    r = _Reader(source, env, errors, check_roots=check_roots, roots_origin=roots_origin)
+def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str], *, check_roots: bool = True,
+              roots_origin: str | None = None, writeback_origin: bool = False, peer_given: bool = False) -> Config:
+    r = _Reader(source, env, errors, check_roots=check_roots, roots_origin=roots_origin,
+                writeback_origin=writeback_origin)
     stores = raw.get("dataset", {}).get("stores") if isinstance(raw.get("dataset"), dict) else None
     if isinstance(stores, dict):  # a store's root needs no directory (dataset.stores is checked below)
         for k in stores:
@@ -500,12 +513,15 @@ def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str],
     tiers = _tiers(r, raw)
     staging = _section(r, raw, "staging")
     peer = _section(r, raw, "peer")
+    writeback = _section(r, raw, "writeback")  # after the dataset: its paths stay outside the roots
     if errors:
         raise ConfigError(combine_errors(source, errors))
     given = dataset["roots"]
     _check_stores(r, dataset["stores"], given, staging, tiers)
+    _check_writeback(r, writeback, tiers)
     if errors:
         raise ConfigError(combine_errors(source, errors))
     return Config(source=source, dataset=DatasetConfig(roots=r.dataset_roots, given=given, stores=dataset["stores"]),
                   tiers=tuple(tiers),
-                  staging=StagingConfig(**staging), peer=PeerConfig(**peer), peer_given=peer_given, **top)
+                  staging=StagingConfig(**staging), peer=PeerConfig(**peer), peer_given=peer_given,
+                  writeback=WritebackConfig(**writeback), **top)

@@ -68,6 +68,19 @@ class PeerConfig:
 
 
 @dataclass(frozen=True)
+class WritebackConfig:
+    paths: tuple[str, ...] = ()  # absolute, as configured: the shim matches the application's spelling; (): off
+    tier: str | None = None  # the tier whose base holds the run's write-back area; None: the first tier
+    room: int = 0  # bytes the pending files may take in that tier (0 when room_share is set)...
+    room_share: float | None = 0.5  # ...or this share of the tier's capacity
+    fsync: str = "pfs"  # pfs: an fsync returns once the bytes are on the PFS; local: once the local copy is flushed
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.paths)
+
+
+@dataclass(frozen=True)
 class Config:
     source: str  # where it came from, for messages
     dataset: DatasetConfig
@@ -82,8 +95,14 @@ class Config:
     filesystem_reserve: int = 0  # bytes of its filesystem every tier leaves free for the application...
     filesystem_reserve_share: float | None = 0.25  # ...or this share of the filesystem's size (0 bytes, None: none)
     peer_given: bool = False  # the file itself has a peer section (the shipped defaults' does not count)
+    writeback: WritebackConfig = WritebackConfig()  # the job's writes drained to the PFS (monarch/writeback/)
 
     def bases(self) -> list[tuple[str, str]]:
         """(key, path) of every base directory configured: Monarch works in monarch-<uid> inside."""
         return ([("run_base", self.run_base)] + [(f"tiers[{i}].path", t.path) for i, t in enumerate(self.tiers)]
                 + [("peer.path", self.peer.path)])
+
+    def writeback_tier(self) -> TierConfig:
+        """The tier whose base holds the write-back area (its name is checked at load)."""
+        name = self.writeback.tier or self.tiers[0].name
+        return next(t for t in self.tiers if t.name == name)

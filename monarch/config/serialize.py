@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any
 
-from monarch.config.model import Config, DatasetConfig, PeerConfig, StagingConfig, TierConfig
+from monarch.config.model import Config, DatasetConfig, PeerConfig, StagingConfig, TierConfig, WritebackConfig
 from monarch.errors import ConfigError
 
 __all__ = ["differences", "from_json", "served", "to_json"]
@@ -35,10 +35,12 @@ def from_json(text: str | bytes) -> Config:
     try:
         data = json.loads(text)
         dataset = data.pop("dataset")
+        writeback = data.pop("writeback")
         return Config(dataset=DatasetConfig(roots=tuple(dataset["roots"]), given=tuple(dataset["given"]),
                                             stores=tuple(tuple(s) for s in dataset["stores"])),
                       tiers=tuple(TierConfig(**t) for t in data.pop("tiers")),
-                      staging=StagingConfig(**data.pop("staging")), peer=PeerConfig(**data.pop("peer")), **data)
+                      staging=StagingConfig(**data.pop("staging")), peer=PeerConfig(**data.pop("peer")),
+                      writeback=WritebackConfig(**{**writeback, "paths": tuple(writeback["paths"])}), **data)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ConfigError(f"not a checked configuration written by monarch run ({type(e).__name__}: {e}); "
                           "start the daemon with monarch run, or monarch serve -c CONFIG") from None
@@ -46,7 +48,7 @@ def from_json(text: str | bytes) -> Config:
 
 def served(config: Config) -> dict[str, Any]:
     """What of ``config`` changes what a daemon does (tiers, staging, peer, the dataset, the
-    memory margin), as plain JSON values. The dataset is its canonical roots and the store
+    memory margin, the write-back), as plain JSON values. The dataset is its canonical roots and the store
     each is served from: a root spelt another way (a symlink on the way) is the same root."""
     out = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in _NOT_SERVED}
     out = json.loads(json.dumps({k: _plain(v) for k, v in out.items()}))

@@ -70,7 +70,7 @@ def test_run_help_documents_examples_environment_and_exit_codes(capsys):
                 "MONARCH_SHIM_TIMEOUT_MS"):
         assert f"\n  {var}" in out
     for rule in ("128+N", "126 if CMD is not executable", "127 if CMD is not found",
-                 "2 for a Monarch usage or\n  configuration error"):
+                 "2 for a Monarch usage or\n  configuration error", "3 if files CMD wrote under writeback.paths"):
         assert rule in out
 
 
@@ -203,7 +203,7 @@ def test_run_help_and_the_readme_agree_on_what_they_both_state(capsys):
     assert '"local"' not in help_text and "on first open" not in help_text
     policy = next(k for k in KEYS if k.path == "staging.policy").default
     assert f"staging.policy {policy}" in " ".join(help_text.split())
-    for rule in ("128+N", "126", "127", "2 for"):
+    for rule in ("128+N", "126", "127", "2 for", "3 if", "monarch drain"):
         assert rule in help_text and rule in use
 
 

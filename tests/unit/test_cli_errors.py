@@ -108,7 +108,8 @@ def stop_signals_kept():
 
 
 @pytest.mark.parametrize("command", [["run", "-c", "{cfg}", "--", "true"], ["check-config", "{cfg}"],
-                                     ["plan", "-c", "{cfg}"], ["serve", "-c", "{cfg}"], ["stop", "-c", "{cfg}"]],
+                                     ["plan", "-c", "{cfg}"], ["serve", "-c", "{cfg}"], ["stop", "-c", "{cfg}"],
+                                     ["drain", "-c", "{cfg}"]],
                          ids=lambda c: c[0])
 def test_a_configuration_error_exits_2_from_every_command_that_reads_one(tmp_path, command, monkeypatch, capsys,
                                                                          stop_signals_kept):

@@ -48,8 +48,8 @@ def test_shipped_files_hold_exactly_the_declared_keys_with_their_defaults(path):
 
 def test_every_declared_key_fills_its_dataclass_field_and_every_field_is_declared():
     sections = {"": model.Config, "dataset": model.DatasetConfig, "tiers": model.TierConfig,
-                "staging": model.StagingConfig, "peer": model.PeerConfig}
-    derived = {"": {"source", "dataset", "tiers", "staging", "peer", "peer_given"}, "dataset": {"given"}}
+                "staging": model.StagingConfig, "peer": model.PeerConfig, "writeback": model.WritebackConfig}
+    derived = {"": {"source", "dataset", "tiers", "staging", "peer", "peer_given", "writeback"}, "dataset": {"given"}}
     for section, cls in sections.items():
         fields = {f.name for f in dataclasses.fields(cls)}
         filled = {f for k in KEYS if k.section == section for f in k.fields}

@@ -19,6 +19,7 @@ def _config(tmp_path, text=""):
 def _every_field_set(tmp_path):
     """A configuration whose every field differs from its default (a field added later is caught)."""
     (tmp_path / "store_root").mkdir()
+    (tmp_path / "ckpt").mkdir()
     config = _config(tmp_path, f"""tiers:
   - {{name: ram, path: /dev/shm, capacity: "50%", compression: zstd, decoded_cache: 1MiB}}
   - {{name: ssd, path: {tmp_path}, capacity: 3GiB, keep: false}}
@@ -26,6 +27,7 @@ staging: {{policy: on-access, threads: 3, resolve_timeout: 7.5, validate: none, 
 peer: {{path: {tmp_path}, capacity: "25%", timeout: 2, replicas: 2, fetch_ahead: false}}
 memory_margin: 1GiB
 filesystem_reserve: 1GiB
+writeback: {{paths: [{tmp_path}/ckpt], tier: ssd, room: 1GiB, fsync: local}}
 report: {tmp_path}/r.json
 report_html: {tmp_path}/r.html
 """)
@@ -38,6 +40,7 @@ def test_the_daemons_rebuilt_configuration_equals_the_launchers_checked_one(tmp_
         rebuilt = from_json(to_json(config))
         assert rebuilt == config
         assert type(rebuilt.dataset.roots) is tuple and type(rebuilt.tiers) is tuple  # frozen, hashable
+        assert type(rebuilt.writeback.paths) is tuple
         assert hash(rebuilt.tiers) == hash(config.tiers)
 
 
@@ -67,7 +70,7 @@ def test_what_a_daemon_serves_is_every_setting_that_changes_what_it_does(tmp_pat
     tier = "tiers: [{name: ram, path: /dev/shm, capacity: 1GiB}]\n"
     base = served(_config(tmp_path, tier))
     assert set(base) == {"dataset", "tiers", "staging", "peer", "memory_margin", "memory_margin_share",
-                         "filesystem_reserve", "filesystem_reserve_share"}
+                         "filesystem_reserve", "filesystem_reserve_share", "writeback"}
     assert base == json.loads(json.dumps(base))  # as the daemon's ATTACH answer carries it
     for text, key in [("tiers: [{name: ram, path: /dev/shm, capacity: 2GiB}]", "tiers[0].capacity"),
                       ("tiers: [{name: ram, path: /dev/shm, capacity: 1GiB, keep: true}]", "tiers[0].keep"),
@@ -75,7 +78,8 @@ def test_what_a_daemon_serves_is_every_setting_that_changes_what_it_does(tmp_pat
                       (tier + "staging: {threads: 5}", "staging.threads"),
                       (tier + "peer: {timeout: 3}", "peer.timeout"),
                       (tier + "memory_margin: 1GiB", "memory_margin"),
-                      (tier + "filesystem_reserve: 1GiB", "filesystem_reserve")]:
+                      (tier + "filesystem_reserve: 1GiB", "filesystem_reserve"),
+                      (tier + "writeback: {fsync: local}", "writeback.fsync")]:
         other = served(_config(tmp_path, text + "\n"))
         assert other != base, text
         assert key in [line.split(":")[0] for line in differences(base, other)], text
