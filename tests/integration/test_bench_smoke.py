@@ -111,6 +111,10 @@ BENCHES = [
     Bench("cluster/bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
                                       "--open-latency-ms", "2", "--timeout", "60", "--json", "{tmp}/faults.json"],
           r"^  ok\s+\| direct: True \| monarch: True \| kill: True \| replicas: True$", {"fuse", "mpi"}),
+    # every published checkpoint's bytes checked; the monarch column's application ran under the shim (else exit 1)
+    Bench("writeback/bench_checkpoint.py", ["--quick", "--json", "{tmp}/checkpoint.json"],
+          r"^loop byte check: direct (\d+)/\1 OK, monarch (\d+)/\2 OK, shm (\d+)/\3 OK; "
+          r"PFS bytes written / checkpoint bytes: direct 1\.00x, monarch 1\.00x$", {"fuse"}),
 ]
 
 
