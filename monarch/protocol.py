@@ -211,19 +211,20 @@ ENV_SHARED_SLOTS = "MONARCH_SHARED_SLOTS"  # tier slots shared with the user's o
 ENV_STORE_ROOTS = "MONARCH_STORE_ROOTS"
 # each root's and tier folder's device and inode as the daemon sees them; FALLBACK_* bits already said
 ENV_ROOT_IDS, ENV_PROBE_IDS, ENV_SAID = "MONARCH_ROOT_IDS", "MONARCH_PROBE_IDS", "MONARCH_SHIM_SAID"
-ENV_DISABLE = "MONARCH_DISABLE"
+ENV_DISABLE, ENV_WRITEBACK = "MONARCH_DISABLE", "MONARCH_WRITEBACK"
 ENV_INDEX_WAIT = "MONARCH_SHIM_INDEX_WAIT_MS"
 ENV_SHIM_ZSTD = "MONARCH_SHIM_ZSTD"
 ENV_MAP_GUARD = "MONARCH_SHIM_MAP_GUARD"  # 0: a cluster's mappings are not guarded: their faults read the PFS
 # what a launcher takes from a daemon's ATTACH answer; nothing else
 CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX, ENV_ASK_FIRST, ENV_STORE_ROOTS,
-                   ENV_SHARED_SLOTS, ENV_ROOT_IDS, ENV_PROBE_IDS)
+                   ENV_SHARED_SLOTS, ENV_ROOT_IDS, ENV_PROBE_IDS, ENV_WRITEBACK)
 
 # -- socket frames --------------------------------------------------------------------
 VERB_OPEN, VERB_INVALIDATE, VERB_ATTACH, VERB_REPORT, VERB_STOP, VERB_HINT, VERB_INDEX = 1, 2, 3, 4, 5, 6, 7
 VERB_PAGES, PAGES_MAX = 8, 64 << 10  # a guarded fault's pages of another owner's block (at most): the door's
-VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH",
-         VERB_REPORT: "REPORT", VERB_STOP: "STOP", VERB_HINT: "HINT", VERB_INDEX: "INDEX", VERB_PAGES: "PAGES"}
+VERB_WB = 9  # a write-back call: its body, ops and answers are monarch/writeback/wire.py's
+VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH", VERB_REPORT: "REPORT",
+         VERB_STOP: "STOP", VERB_HINT: "HINT", VERB_INDEX: "INDEX", VERB_PAGES: "PAGES", VERB_WB: "WB"}
 
 INDEX_READY = 0             # INDEX answers: the index is written, map it
 INDEX_NONE = 1              # the snapshot failed: no index this job (read the PFS)

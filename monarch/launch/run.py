@@ -30,7 +30,7 @@ from monarch.launch.launchers import RunLaunchers
 from monarch.launch.forked import Daemon
 from monarch.launch.service import Session, attach
 from monarch.config import Config
-from monarch.errors import DaemonError, MonarchError
+from monarch.errors import EXIT_UNPUBLISHED, DaemonError, MonarchError
 from monarch.records.node_stats import NodeStats
 from monarch.report.sharing import sharing_at_start
 from monarch.report.build import session_delta
@@ -132,6 +132,9 @@ _daemon_died = service.daemon_died
 
 def app_env(session_env: dict[str, str], shim: str) -> dict[str, str]:
     env = dict(os.environ)
+    # what the shim takes from the daemon, only from it: a user's own MONARCH_WRITEBACK configured the
+    # daemon; the shim's copy says what this daemon answers for (nothing, when it is not in the answer)
+    env.pop(protocol.ENV_WRITEBACK, None)
     env.update(session_env)
     preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != shim]
     env["LD_PRELOAD"] = ":".join([shim, *preload])
@@ -290,23 +293,25 @@ def run(config: Config, cmd: list[str], report_path: str | None,
                     shown.stop()
             log.debug("phase command.end")
             end.wall = time.time() - end.t0
-            _tear_down(end, signals, code, launchers.last_to_leave())
+            code = _tear_down(end, signals, code, launchers.last_to_leave())
         except _Interrupted:
             last = launchers.last_to_leave()  # no report; the last removes the group's file all the same
             code = _cut_short(end, shown, code if signals.killed else 128 + signals.cut, last)
     return code
 
 
-def _tear_down(end: _Ending, signals: _Signals, code: int, last: bool = True) -> None:
+def _tear_down(end: _Ending, signals: _Signals, code: int, last: bool = True) -> int:
     """The command has ended with ``code``: the report (printed in full by the run's ``last``
-    launcher on the node), then the embedded daemon's exit (its tiers removed)."""
+    launcher on the node), then the embedded daemon's exit (its tiers removed); the run's exit
+    code (EXIT_UNPUBLISHED for a command that succeeded but whose writes are not all on the PFS)."""
     session = end.session
-    with signals.waiting():  # the daemon holds the final report until its snapshot is ready
+    with signals.waiting():  # the daemon holds the final report until its snapshot and write-back are done
         stats = end.heard(session.stats(final=True)) if session is not None else None
     log.debug("phase report.fetched")
     if session is None:
-        return
+        return code
     session.close()
+    code = _writeback_code(stats, code, end.out)
     try:  # the report first: the daemon's exit (its tiers removed) is waited for after it
         signals.check()
         _print_and_write(end, code, stats, last)
@@ -315,6 +320,21 @@ def _tear_down(end: _Ending, signals: _Signals, code: int, last: bool = True) ->
             with signals.waiting():
                 service.wait_stopped(end.daemon, end.config, end.staged_files, last, end.run, end.out)
             log.debug("phase daemon.reaped")
+    return code
+
+
+def _writeback_code(stats: dict | None, code: int, out) -> int:
+    """A command whose writes under the write-back paths did not all reach the PFS ends with
+    EXIT_UNPUBLISHED (unless it failed itself): each file named with where its bytes are kept."""
+    wb = (stats or {}).get("writeback") or {}
+    if not wb.get("failed") and not wb.get("unpublished"):
+        return code
+    out.write(f"monarch: write-back: {len(wb.get('unpublished') or {})} file(s) not published to the PFS"
+              f"{': ' + wb['failed'] if wb.get('failed') else ''}; their bytes are kept in {wb.get('area')} "
+              f"(`monarch drain` publishes them)\n")
+    for path, where in (wb.get("unpublished") or {}).items():
+        out.write(f"monarch:   {path}: {where}\n")
+    return EXIT_UNPUBLISHED if code == 0 else code
 
 
 def _cut_short(end: _Ending, shown, code: int, last: bool = True) -> int:

@@ -40,6 +40,7 @@ from monarch.node.outcomes import Outcome
 from monarch.node.read_ahead import ReadAhead
 from monarch.node.resolver import Resolver
 from monarch.node.tiers.resources import margin_bytes
+from monarch.node.writeback import make_writeback
 from monarch.node.snapshot.snapshot import Snapshot, load_or_walk
 from monarch.node.stage.stager import Stager
 from monarch.node.stats import shim_counters, size_classes
@@ -98,6 +99,7 @@ class NodeDaemon:
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")
                                   for i, cfg in enumerate(config.tiers)) if t is not None]
         log.debug("phase tiers.ready")
+        self.writeback = make_writeback(config, self.tiers, run_id, self.node)  # None: not configured
         self.peer_area: Tier | None = None
         self.role: ClusterRole | None = None
         if cluster is not None:
@@ -457,6 +459,7 @@ class NodeDaemon:
             dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
             inflated_bytes=self.resolver.inflated_bytes, front_door=front_door,
             cluster=self.role.stats() if self.role is not None else {},
+            writeback=self.writeback.stats() if self.writeback is not None else None,
             timeline=timeline, size_classes=classes)
 
     # -- what others ask of it, and its end -----------------------------------------------
@@ -480,6 +483,8 @@ class NodeDaemon:
         if self.stores is not None:  # no PFS behind these roots: what the daemon cannot serve fails (EIO)
             env[protocol.ENV_STORE_ROOTS] = ",".join(str(k) for k in sorted(self.stores.mounts))
         env |= shared_tier.client_env(self.tiers)  # copies other jobs staged: checked by the shim
+        if self.writeback is not None:
+            env |= self.writeback.client_env()
         if self.config.staging.validate == "open":
             env[protocol.ENV_ASK_FIRST] = "1"  # every open asks the daemon, which checks the PFS once per file
         return env
@@ -513,6 +518,8 @@ class NodeDaemon:
                 log.warning("a copy from the PFS did not stop within %.0f s of the daemon's close; "
                             "the tiers are removed without it", CLOSE_DRAIN_SECONDS)
         self.resolver.close()  # its decodes finish before the tiers go
+        if self.writeback is not None:  # everything the job closed on the PFS, or kept for `monarch drain`
+            self.writeback.close()
         if self.role is not None:
             self.role.close()
         try:

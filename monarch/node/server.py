@@ -128,7 +128,7 @@ class NodeServer:
             protocol.VERB_OPEN: self._open, protocol.VERB_INVALIDATE: self._invalidate,
             protocol.VERB_HINT: self._hint, protocol.VERB_INDEX: self._index,
             protocol.VERB_ATTACH: self._attach, protocol.VERB_REPORT: self._report, protocol.VERB_STOP: self._stop_asked,
-            protocol.VERB_PAGES: self._pages}
+            protocol.VERB_PAGES: self._pages, protocol.VERB_WB: self._writeback}
         daemon.gate.when_settled(self._snapshot_settled)
 
     # -- the loop -----------------------------------------------------------------------
@@ -339,11 +339,28 @@ class NodeServer:
             self._hold(conn, protocol.VERB_REPORT, body)
             return
         conn.done = conn.done or body == protocol.REPORT_FINAL
-        stats = self.daemon.stats(brief=brief) | {"requests_refused": dict(self.errors),
-                                                  "requests_held_for_snapshot": dict(self.held)}
-        self._answer(conn, protocol.encode_answer(0, json.dumps(stats).encode()), close=not conn.session)
+        if self.daemon.writeback is not None and (conn.done or not conn.session):
+            # the run's last report tells what the job's writes became: once they are on the PFS
+            self._begin_waiting(conn)
+            work = lambda: (self.daemon.writeback.finish(), self._report_frame(brief))[1]  # noqa: E731
+            self._pool.submit(work).add_done_callback(lambda f, c=conn: self._finished(c, f))
+            return
+        self._answer(conn, self._report_frame(brief), close=not conn.session)
         if not brief:
             log.debug("phase report.answered")
+
+    def _report_frame(self, brief: bool) -> bytes:
+        stats = self.daemon.stats(brief=brief) | {"requests_refused": dict(self.errors),
+                                                  "requests_held_for_snapshot": dict(self.held)}
+        return protocol.encode_answer(0, json.dumps(stats).encode())
+
+    def _writeback(self, conn: _Conn, body: bytes) -> None:
+        """A write-back call (monarch/writeback/wire.py), on a request thread: it may wait for the drain."""
+        if self.daemon.writeback is None:
+            self._refuse(conn, "no_writeback", "this daemon has no write-back paths")
+            return
+        self._begin_waiting(conn)
+        self._pool.submit(self.daemon.writeback.call, body).add_done_callback(lambda f, c=conn: self._finished(c, f))
 
     def _stop_asked(self, conn: _Conn, body: bytes) -> None:
         self._answer(conn, protocol.encode_answer(0), close=True)

@@ -148,6 +148,7 @@ class NodeStats:
     # what the application's view lacked of the daemon's (shim_view.c): the shim's FALLBACK_* bits,
     # the roots that named other files for it, the processes that made a call under a root
     view: dict[str, Any] = field(default_factory=dict)
+    writeback: dict[str, Any] | None = None  # the job's writes drained to the PFS (monarch/node/writeback.py)
     inflated_bytes: int = 0
     front_door: dict[str, Any] | None = None
     cluster: ClusterSlice = field(default_factory=dict)

@@ -98,6 +98,8 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         "size_classes": _classes_over_nodes(alive),
         "timeline": combine_timelines(timelines) if timelines else None,
         "cluster": cluster_summary(nodes),
+        # the job's writes under the write-back paths, over nodes (None: none configured)
+        "writeback": _writeback_over_nodes(alive),
         "nodes": [n.to_dict() if n else None for n in nodes],
     }
     # each way the application came to read the dataset without Monarch, its reason and its fix
@@ -134,6 +136,24 @@ def _processes_with_shim(alive: list[NodeStats]) -> int | None:
     to their end); None when no node's shim counted them (an older shim or daemon)."""
     counts = [n.processes_with_shim for n in alive if n.processes_with_shim is not None]
     return sum(counts) if counts else None
+
+
+WRITEBACK_SUMS = ("bytes_written", "files_closed", "files_published", "bytes_published", "pending_bytes",
+                  "peak_pending_bytes", "drain_seconds", "waited_for_room", "syncs", "not_closed")
+
+
+def _writeback_over_nodes(alive: list[NodeStats]) -> dict | None:
+    """Write-back summed over nodes: what the job wrote, what reached the PFS, and what did not
+    (each node's refusal, each file not published and where its bytes are kept)."""
+    nodes = [n.writeback for n in alive if n.writeback]
+    if not nodes:
+        return None
+    out = {k: sum(n.get(k, 0) for n in nodes) for k in WRITEBACK_SUMS}
+    out["drain_seconds"] = round(out["drain_seconds"], 3)
+    out["failed"] = [n["failed"] for n in nodes if n.get("failed")]
+    out["unpublished"] = {path: where for n in nodes for path, where in (n.get("unpublished") or {}).items()}
+    out["kept_in"] = [n["area"] for n in nodes if n.get("failed") or n.get("unpublished") or n.get("not_closed")]
+    return out
 
 
 def _processes_at_roots(alive: list[NodeStats]) -> int | None:

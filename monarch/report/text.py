@@ -131,6 +131,7 @@ def print_report(report: dict, out: TextIO) -> None:
           f"report: {scope['node_report']} at the daemon's stop (node 0's has every node)\n")
     _print_shim_presence(report, w)
     _print_fallbacks(report, w)
+    _print_writeback(report.get("writeback"), w)
     if report["nodes_lost"]:
         w(f"nodes lost: {report['nodes_lost']} (their numbers are missing)\n")
     amounts = {name: opened_from_amount(c) for name, c in report["opened_from"].items()}
@@ -258,6 +259,23 @@ def _print_fallbacks(report: dict, w) -> None:
     (monarch/report/fallbacks.py)."""
     for f in report.get("fallbacks") or ():
         w(f"fallback  : {f['reason']}: {f['detail']}; fix: {f['fix']}\n")
+
+
+def _print_writeback(wb: dict | None, w) -> None:
+    """What the job wrote under the write-back paths, and what reached the PFS
+    (docs/consistency.md, "Write-back")."""
+    if not wb:
+        return
+    w(f"write-back: {plural(wb['files_closed'], 'file')}, {human(wb['bytes_written'])} written on the node; "
+      f"{plural(wb['files_published'], 'file')}, {human(wb['bytes_published'])} published to the PFS "
+      f"(draining {wb['drain_seconds']:.2f} s; at most {human(wb['peak_pending_bytes'])} pending)\n")
+    if wb["not_closed"]:
+        w(f"            {plural(wb['not_closed'], 'file')} the job did not close (killed while writing): "
+          f"not published, kept in {', '.join(wb['kept_in'])}\n")
+    for why in wb["failed"]:
+        w(f"            NOT PUBLISHED: {why}\n")
+    for path, where in wb["unpublished"].items():
+        w(f"            {path}: not on the PFS; its bytes are kept in {where} (`monarch drain` publishes them)\n")
 
 
 # what a range or a lower bound of bytes means, in the text and the HTML report alike

@@ -223,6 +223,7 @@ MONARCH_BY_HAND(MONARCH_DECLARE_REAL)
 #include "shim_stdio.h"
 #include "shim_fork.h"
 #include "shim_view.h"
+#include "shim_writeback.h"
 
 /* The kernel's fstat, for the shim's own checks: never our wrapper, and no
  * fstat@GLIBC_2.33 import (64-bit Linux: struct stat is the kernel's). */
@@ -360,6 +361,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
         __atomic_store_n(&monarch_fd_slot[newfd], s, __ATOMIC_RELAXED);
         monarch_part_dup(oldfd, newfd);
     }
+    monarch_wb_dup(oldfd, newfd);
 }
 
 /* ---- the parts, by concern (each declares what it gives the others in its shim_*.h, included
@@ -379,6 +381,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 #include "shim_wrappers.c"
 #include "shim_fork.c"
 #include "shim_view.c"
+#include "shim_writeback.c"
 
 /* ---- start-up ---- */
 #define MONARCH_RESOLVE_ONE(name, ...) (void)MONARCH_RESOLVE(name);
@@ -625,6 +628,8 @@ static void monarch_init(void)
         MONARCH_DEBUG(1, "%s: path longer than %zu bytes; not asking the daemon", MONARCH_ENV_SOCKET,
                       sizeof monarch_sockaddr.sun_path - 1);
     }
+    if (monarch_have_socket)
+        monarch_wb_parse(getenv(MONARCH_ENV_WRITEBACK)); /* the daemon answers for them: shim_writeback.c */
     monarch_env_ms(MONARCH_ENV_TIMEOUT, &monarch_timeout_ms);
     monarch_env_ms(MONARCH_ENV_INDEX_WAIT, &monarch_index_wait_ms);
     monarch_view_parse();

@@ -197,6 +197,43 @@ static void monarch_log(const char *file, int line, const char *fmt, ...);
         return fail;                                                                \
     }
 
+/* What glibc declares only under _FORTIFY_SOURCE, or no longer (the __fxstat
+ * family left the headers in 2.33), or not yet (2.17 headers). */
+ssize_t __read_chk(int fd, void *b, size_t n, size_t bl);
+ssize_t __pread_chk(int fd, void *b, size_t n, off_t o, size_t bl);
+ssize_t __pread64_chk(int fd, void *b, size_t n, off64_t o, size_t bl);
+int __open_2(const char *path, int flags);
+int __open64_2(const char *path, int flags);
+int __openat_2(int dirfd, const char *path, int flags);
+int __openat64_2(int dirfd, const char *path, int flags);
+int __fxstat(int v, int fd, struct stat *buf);
+int __fxstat64(int v, int fd, struct stat64 *buf);
+int __xstat(int v, const char *p, struct stat *buf);
+int __xstat64(int v, const char *p, struct stat64 *buf);
+int __lxstat(int v, const char *p, struct stat *buf);
+int __lxstat64(int v, const char *p, struct stat64 *buf);
+int euidaccess(const char *p, int m);
+int eaccess(const char *p, int m);
+int mknod(const char *p, mode_t m, dev_t v);
+int mknodat(int d, const char *p, mode_t m, dev_t v);
+int futimesat(int d, const char *p, const struct timeval t[2]);
+int lutimes(const char *p, const struct timeval t[2]);
+int __fxstatat(int v, int fd, const char *p, struct stat *buf, int f);
+int __fxstatat64(int v, int fd, const char *p, struct stat64 *buf, int f);
+int newfstatat(int fd, const char *p, struct stat *buf, int f);
+int statx(int fd, const char *p, int f, unsigned int m, struct statx *buf);
+int renameat2(int od, const char *o, int nd, const char *n, unsigned int f);
+ssize_t copy_file_range(int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f);
+ssize_t preadv2(int fd, const struct iovec *v, int c, off_t o, int f);
+ssize_t preadv64v2(int fd, const struct iovec *v, int c, off64_t o, int f);
+int close_range(unsigned int first, unsigned int last, int flags);
+#undef fread_unlocked /* a macro of bits/stdio.h when optimizing */
+size_t __fread_chk(void *b, size_t bl, size_t s, size_t n, FILE *fp);
+size_t __fread_unlocked_chk(void *b, size_t bl, size_t s, size_t n, FILE *fp);
+int fcntl64(int fd, int cmd, ...);
+int execvpe(const char *file, char *const argv[], char *const envp[]);
+
+
 /* Every symbol wrapped by hand (its wrapper in shim_wrappers.c: no family fits it), one line
  * each, beside MONARCH_WRAPPERS' families: expanded into its real_* pointer here and into
  * monarch_resolve_all, so that no pointer is declared and left unresolved. */
@@ -209,6 +246,8 @@ static void monarch_log(const char *file, int line, const char *fmt, ...);
     X(int, close, (int))                                                            \
     X(int, isatty, (int))                                                           \
     X(int, fclose, (FILE *))                                                        \
+    X(int, fsync, (int))                                                            \
+    X(int, fdatasync, (int))                                                        \
     X(int, dup, (int))                                                              \
     X(int, dup2, (int, int))                                                        \
     X(int, dup3, (int, int, int))                                                   \

@@ -10,6 +10,7 @@
 
 /* ---- what the other parts call ---- */
 static size_t monarch_normalize(char *p);
+static int monarch_abspath(int dirfd, const char *path, char *out, size_t *lenp);
 static int monarch_has_dotdot(const char *p);
 static int monarch_wants_dir(const char *path);
 static int monarch_key_abs(int dirfd, const char *path, int allow_root, char *key, size_t *klp,

@@ -2,6 +2,7 @@
  * declarations it uses. Here: the exported wrappers: families by macro, emulated DIRs, descriptor lifecycle. */
 
 /* ---- wrapper families: one macro shape per family ---- */
+
 #define MONARCH_VA_MODE(flags)                                      \
     mode_t mode = 0;                                                \
     if (__OPEN_NEEDS_MODE(flags)) {                                 \
@@ -11,11 +12,13 @@
         va_end(ap);                                                 \
     }
 
-#define MONARCH_OPEN_BODY(name, dirfd, args)                         \
+#define MONARCH_OPEN_BODY(name, dirfd, args, wbmode)                 \
     MONARCH_REAL(name, -1)                                           \
     monarch_blocks_resume();                                         \
     int fd_ = -1;                                                    \
     uint32_t entry_ = 0;                                             \
+    if (MONARCH_UNLIKELY(monarch_nwb) && monarch_wb_open(dirfd, path, flags, wbmode, &fd_)) \
+        return fd_;                                                  \
     if (MONARCH_WRITES(flags))                                       \
         monarch_invalidate(dirfd, path);                             \
     int how_ = monarch_before(dirfd, path, flags, &fd_, &entry_);    \
@@ -37,7 +40,7 @@
     MONARCH_EXPORT int name(const char *path, int flags, ...)                     \
     {                                                                             \
         MONARCH_VA_MODE(flags)                                                    \
-        MONARCH_OPEN_BODY(name, AT_FDCWD, (path, flags, mode))                    \
+        MONARCH_OPEN_BODY(name, AT_FDCWD, (path, flags, mode), mode)              \
     }
 
 /* int __open_2(const char *path, int flags)  (fortified, no mode) */
@@ -45,7 +48,7 @@
     static int (*real_##name)(const char *, int);                                \
     MONARCH_EXPORT int name(const char *path, int flags)                          \
     {                                                                             \
-        MONARCH_OPEN_BODY(name, AT_FDCWD, (path, flags))                          \
+        MONARCH_OPEN_BODY(name, AT_FDCWD, (path, flags), 0)                       \
     }
 
 /* int openat(int dirfd, const char *path, int flags, ...) */
@@ -54,7 +57,7 @@
     MONARCH_EXPORT int name(int dirfd, const char *path, int flags, ...)          \
     {                                                                             \
         MONARCH_VA_MODE(flags)                                                    \
-        MONARCH_OPEN_BODY(name, dirfd, (dirfd, path, flags, mode))                \
+        MONARCH_OPEN_BODY(name, dirfd, (dirfd, path, flags, mode), mode)          \
     }
 
 /* int __openat_2(int dirfd, const char *path, int flags)  (fortified) */
@@ -62,7 +65,7 @@
     static int (*real_##name)(int, const char *, int);                           \
     MONARCH_EXPORT int name(int dirfd, const char *path, int flags)               \
     {                                                                             \
-        MONARCH_OPEN_BODY(name, dirfd, (dirfd, path, flags))                      \
+        MONARCH_OPEN_BODY(name, dirfd, (dirfd, path, flags), 0)                   \
     }
 
 /* FILE *fopen(const char *path, const char *mode); modes w, a and + write. */
@@ -71,6 +74,9 @@
     MONARCH_EXPORT FILE *name(const char *path, const char *mode)                 \
     {                                                                             \
         MONARCH_REAL(name, NULL)                                                  \
+        FILE *wbf_;                                                               \
+        if (MONARCH_UNLIKELY(monarch_nwb) && monarch_wb_fopen(path, mode, &wbf_)) \
+            return wbf_;                                                          \
         int fd_ = -1, flags = monarch_fopen_flags(mode);                          \
         uint32_t entry_ = 0;                                                      \
         if (flags < 0 && mode)                                                    \
@@ -148,13 +154,16 @@
         return n_;                                                                \
     }
 
-/* Calls that change what a path names (creat, rename, unlink, rmdir, truncate):
- * invalidate (d1, p1) and (d2, p2) (p2 NULL: one path), then the real call. */
-#define MONARCH_WRAP_CHANGE(name, params, args, d1, p1, d2, p2)                   \
+/* Calls that change what a path names (creat, rename, unlink, rmdir, truncate): under a
+ * write-back path, `wb` makes the change in the daemon's view (its result, or NOT_OURS: not such
+ * a call, or no daemon); else invalidate (d1, p1) and (d2, p2) (p2 NULL: one path), then the
+ * real call. */
+#define MONARCH_WRAP_CHANGE(name, params, args, d1, p1, d2, p2, wb)               \
     static int (*real_##name) params;                                             \
     MONARCH_EXPORT int name params                                                \
     {                                                                             \
         MONARCH_REAL(name, -1)                                                    \
+        MONARCH_WB_CHANGE(wb)                                                     \
         monarch_invalidate2(d1, p1, d2, p2);                                      \
         return real_ args;                                                        \
     }
@@ -193,6 +202,7 @@
     MONARCH_EXPORT int name params                                                \
     {                                                                             \
         int r_;                                                                   \
+        MONARCH_WB_VIEW(dirfd, path, 0, -1)                                       \
         if (monarch_on_fd(path, flags)) {                                         \
             if (!(flags & ~MONARCH_STAT_FLAGS) && monarch_staged_##type(dirfd, (int)(ver), buf)) \
                 return 0;                                                         \
@@ -214,18 +224,21 @@
     MONARCH_EXPORT int name params                                                \
     {                                                                             \
         int r_;                                                                   \
+        MONARCH_WB_VIEW(dirfd, path, 0, -1)                                       \
         if (monarch_meta_access(dirfd, path, mode, flags, &r_))                   \
             return r_;                                                            \
         MONARCH_REAL(name, -1)                                                    \
         return real_ args;                                                        \
     }
 
-/* opendir/fdopendir: a listed directory under a root is listed from the index. */
-#define MONARCH_WRAP_OPENDIR(name, dirfd, path, fd, params, args)                 \
+/* opendir/fdopendir: a listed directory under a root is listed from the index; one under a
+ * write-back path as the job sees it (`wb`: the view's path for opendir's). */
+#define MONARCH_WRAP_OPENDIR(name, dirfd, path, fd, params, args, wb)             \
     static DIR *(*real_##name) params;                                            \
     MONARCH_EXPORT DIR *name params                                               \
     {                                                                             \
         DIR *d_;                                                                  \
+        wb                                                                        \
         if (monarch_meta_opendir(dirfd, path, fd, &d_))                           \
             return d_;                                                            \
         MONARCH_REAL(name, NULL)                                                  \
@@ -307,37 +320,37 @@
     FREAD(__fread_chk, s, fp, (void *b, size_t bl, size_t s, size_t n, FILE *fp), (b, bl, s, n, fp))   \
     FREAD(__fread_unlocked_chk, s, fp, (void *b, size_t bl, size_t s, size_t n, FILE *fp),             \
           (b, bl, s, n, fp))                                                                            \
-    CHANGE(creat, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                       \
-    CHANGE(creat64, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                     \
-    CHANGE(rename, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n)                    \
-    CHANGE(renameat, (int od, const char *o, int nd, const char *n), (od, o, nd, n), od, o, nd, n)      \
-    CHANGE(renameat2, (int od, const char *o, int nd, const char *n, unsigned int f),                   \
-           (od, o, nd, n, f), od, o, nd, n)                                                             \
-    CHANGE(unlink, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL)                                   \
-    CHANGE(unlinkat, (int d, const char *p, int f), (d, p, f), d, p, AT_FDCWD, NULL)                    \
-    CHANGE(remove, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL)                                   \
-    CHANGE(rmdir, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL)                                    \
-    CHANGE(truncate, (const char *p, off_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL)                     \
-    CHANGE(truncate64, (const char *p, off64_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL)                 \
-    CHANGE(mkdir, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                       \
-    CHANGE(mkdirat, (int d, const char *p, mode_t m), (d, p, m), d, p, AT_FDCWD, NULL)                  \
-    CHANGE(mknod, (const char *p, mode_t m, dev_t v), (p, m, v), AT_FDCWD, p, AT_FDCWD, NULL)           \
-    CHANGE(mknodat, (int d, const char *p, mode_t m, dev_t v), (d, p, m, v), d, p, AT_FDCWD, NULL)      \
-    CHANGE(symlink, (const char *t, const char *p), (t, p), AT_FDCWD, p, AT_FDCWD, NULL)                \
-    CHANGE(symlinkat, (const char *t, int d, const char *p), (t, d, p), d, p, AT_FDCWD, NULL)           \
-    CHANGE(link, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n)                      \
-    CHANGE(linkat, (int od, const char *o, int nd, const char *n, int f), (od, o, nd, n, f), od, o, nd, n) \
-    CHANGE(chmod, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL)                       \
-    CHANGE(fchmodat, (int d, const char *p, mode_t m, int f), (d, p, m, f), d, p, AT_FDCWD, NULL)       \
-    CHANGE(chown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL)            \
-    CHANGE(lchown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL)           \
-    CHANGE(fchownat, (int d, const char *p, uid_t u, gid_t g, int f), (d, p, u, g, f), d, p, AT_FDCWD, NULL) \
-    CHANGE(utime, (const char *p, const struct utimbuf *t), (p, t), AT_FDCWD, p, AT_FDCWD, NULL)        \
-    CHANGE(utimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL)     \
-    CHANGE(lutimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL)    \
-    CHANGE(futimesat, (int d, const char *p, const struct timeval t[2]), (d, p, t), d, p, AT_FDCWD, NULL) \
-    CHANGE(utimensat, (int d, const char *p, const struct timespec t[2], int f), (d, p, t, f), d, p,      \
-           AT_FDCWD, NULL)                                                                              \
+    CHANGE(creat, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_creat(p, m)) \
+    CHANGE(creat64, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_creat(p, m)) \
+    CHANGE(rename, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n, monarch_wb_rename(AT_FDCWD, o, AT_FDCWD, n, 0)) \
+    CHANGE(renameat, (int od, const char *o, int nd, const char *n), (od, o, nd, n), od, o, nd, n, monarch_wb_rename(od, o, nd, n, 0)) \
+    CHANGE(renameat2, (int od, const char *o, int nd, const char *n, unsigned int f), \
+           (od, o, nd, n, f), od, o, nd, n, monarch_wb_rename(od, o, nd, n, f))                                                             \
+    CHANGE(unlink, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_unlink(AT_FDCWD, p, 0)) \
+    CHANGE(unlinkat, (int d, const char *p, int f), (d, p, f), d, p, AT_FDCWD, NULL, monarch_wb_unlink(d, p, f)) \
+    CHANGE(remove, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_remove(p)) \
+    CHANGE(rmdir, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_unlink(AT_FDCWD, p, AT_REMOVEDIR)) \
+    CHANGE(truncate, (const char *p, off_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(truncate64, (const char *p, off64_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(mkdir, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_mkdir(AT_FDCWD, p, m)) \
+    CHANGE(mkdirat, (int d, const char *p, mode_t m), (d, p, m), d, p, AT_FDCWD, NULL, monarch_wb_mkdir(d, p, m)) \
+    CHANGE(mknod, (const char *p, mode_t m, dev_t v), (p, m, v), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(mknodat, (int d, const char *p, mode_t m, dev_t v), (d, p, m, v), d, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(symlink, (const char *t, const char *p), (t, p), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(symlinkat, (const char *t, int d, const char *p), (t, d, p), d, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(link, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n, MONARCH_WB_NOT_OURS) \
+    CHANGE(linkat, (int od, const char *o, int nd, const char *n, int f), (od, o, nd, n, f), od, o, nd, n, MONARCH_WB_NOT_OURS) \
+    CHANGE(chmod, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(fchmodat, (int d, const char *p, mode_t m, int f), (d, p, m, f), d, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(chown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(lchown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(fchownat, (int d, const char *p, uid_t u, gid_t g, int f), (d, p, u, g, f), d, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(utime, (const char *p, const struct utimbuf *t), (p, t), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(utimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(lutimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(futimesat, (int d, const char *p, const struct timeval t[2]), (d, p, t), d, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(utimensat, (int d, const char *p, const struct timespec t[2], int f), (d, p, t, f), d, p, \
+           AT_FDCWD, NULL, MONARCH_WB_NOT_OURS)                                                                              \
     FDCHANGE(fchmod, fd, (int fd, mode_t m), (fd, m))                                                   \
     FDCHANGE(fchown, fd, (int fd, uid_t u, gid_t g), (fd, u, g))                                        \
     FDCHANGE(futimens, fd, (int fd, const struct timespec t[2]), (fd, t))                               \
@@ -373,48 +386,12 @@
     ACCESS(euidaccess, AT_FDCWD, p, m, AT_EACCESS, (const char *p, int m), (p, m))                      \
     ACCESS(eaccess, AT_FDCWD, p, m, AT_EACCESS, (const char *p, int m), (p, m))                         \
     ACCESS(faccessat, d, p, m, f, (int d, const char *p, int m, int f), (d, p, m, f))                   \
-    OPENDIR(opendir, AT_FDCWD, p, -1, (const char *p), (p))                                             \
-    OPENDIR(fdopendir, fd, ".", fd, (int fd), (fd))                                                     \
+    OPENDIR(opendir, AT_FDCWD, p, -1, (const char *p), (p), MONARCH_WB_VIEW(AT_FDCWD, p, 1, NULL))     \
+    OPENDIR(fdopendir, fd, ".", fd, (int fd), (fd), )                                                   \
     READDIR(readdir, dirent, d)                                                                         \
     READDIR(readdir64, dirent64, d64)                                                                   \
     READDIR_R(readdir_r, dirent)                                                                        \
     READDIR_R(readdir64_r, dirent64)
-
-/* What glibc declares only under _FORTIFY_SOURCE, or no longer (the __fxstat
- * family left the headers in 2.33), or not yet (2.17 headers). */
-ssize_t __read_chk(int fd, void *b, size_t n, size_t bl);
-ssize_t __pread_chk(int fd, void *b, size_t n, off_t o, size_t bl);
-ssize_t __pread64_chk(int fd, void *b, size_t n, off64_t o, size_t bl);
-int __open_2(const char *path, int flags);
-int __open64_2(const char *path, int flags);
-int __openat_2(int dirfd, const char *path, int flags);
-int __openat64_2(int dirfd, const char *path, int flags);
-int __fxstat(int v, int fd, struct stat *buf);
-int __fxstat64(int v, int fd, struct stat64 *buf);
-int __xstat(int v, const char *p, struct stat *buf);
-int __xstat64(int v, const char *p, struct stat64 *buf);
-int __lxstat(int v, const char *p, struct stat *buf);
-int __lxstat64(int v, const char *p, struct stat64 *buf);
-int euidaccess(const char *p, int m);
-int eaccess(const char *p, int m);
-int mknod(const char *p, mode_t m, dev_t v);
-int mknodat(int d, const char *p, mode_t m, dev_t v);
-int futimesat(int d, const char *p, const struct timeval t[2]);
-int lutimes(const char *p, const struct timeval t[2]);
-int __fxstatat(int v, int fd, const char *p, struct stat *buf, int f);
-int __fxstatat64(int v, int fd, const char *p, struct stat64 *buf, int f);
-int newfstatat(int fd, const char *p, struct stat *buf, int f);
-int statx(int fd, const char *p, int f, unsigned int m, struct statx *buf);
-int renameat2(int od, const char *o, int nd, const char *n, unsigned int f);
-ssize_t copy_file_range(int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f);
-ssize_t preadv2(int fd, const struct iovec *v, int c, off_t o, int f);
-ssize_t preadv64v2(int fd, const struct iovec *v, int c, off64_t o, int f);
-int close_range(unsigned int first, unsigned int last, int flags);
-#undef fread_unlocked /* a macro of bits/stdio.h when optimizing */
-size_t __fread_chk(void *b, size_t bl, size_t s, size_t n, FILE *fp);
-size_t __fread_unlocked_chk(void *b, size_t bl, size_t s, size_t n, FILE *fp);
-int fcntl64(int fd, int cmd, ...);
-int execvpe(const char *file, char *const argv[], char *const envp[]);
 
 MONARCH_WRAPPERS(MONARCH_WRAP_OPEN, MONARCH_WRAP_OPEN_2, MONARCH_WRAP_OPENAT, MONARCH_WRAP_OPENAT_2,
                  MONARCH_WRAP_FOPEN, MONARCH_WRAP_IO, MONARCH_WRAP_CHANGE, MONARCH_WRAP_STAT, MONARCH_WRAP_FDCHANGE,
@@ -630,7 +607,10 @@ MONARCH_EXPORT int close(int fd)
     monarch_zpool_release_fd(fd);
     monarch_probe_dir_closing((unsigned)fd, (unsigned)fd);
     monarch_part_copy_closing((unsigned)fd, (unsigned)fd);
-    return real_(fd);
+    uint32_t wb = monarch_wb_closing(fd);
+    int r = real_(fd);
+    monarch_wb_closed(wb); /* after: the daemon looks whether any process still holds it */
+    return r;
 }
 
 /* A descriptor the shim tracks is a regular file (a tier copy, or a PFS file found regular
@@ -650,13 +630,17 @@ MONARCH_EXPORT int fclose(FILE *fp)
 {
     MONARCH_REAL(fclose, EOF)
     FILE *f = fp; /* glibc declares fp nonnull; callers still pass NULL */
+    uint32_t wb = 0;
     if (f) {
         int saved = errno, fd = fileno(f); /* a FILE without one (fmemopen) sets errno */
         errno = saved;
         monarch_forget(fd); /* glibc closes the fd internally */
         monarch_zpool_release_fd(fd);
+        wb = monarch_wb_closing(fd);
     }
-    return real_(fp);
+    int r = real_(fp);
+    monarch_wb_closed(wb);
+    return r;
 }
 
 MONARCH_EXPORT int dup(int oldfd)

@@ -94,6 +94,20 @@
  * (or the Python server's refusal): not served, the shim reads the PFS. May ask REQUEST_KEEP. */
 #define MONARCH_VERB_PAGES 8
 #define MONARCH_PAGES_MAX (64 << 10) /* bytes one PAGES request asks for, at most */
+/* a write-back call (monarch/writeback/wire.py): body = u8 op, then 4 NUL-ended fields (a path,
+ * a second path, two decimal numbers); answer status = a WB_ANSWER_* or WB_ERRNO + errno */
+#define MONARCH_VERB_WB 9
+#define MONARCH_WB_OPEN 1    /* path, flags, mode: open for writing (status: the file's seq; body: its local path) */
+#define MONARCH_WB_CLOSE 2   /* n1 = seq: a descriptor of it closed */
+#define MONARCH_WB_RESOLVE 3 /* path: where the job's file is (LOCAL / PFS with a path, or ENOENT) */
+#define MONARCH_WB_RENAME 4  /* path, path2 */
+#define MONARCH_WB_UNLINK 5  /* path */
+#define MONARCH_WB_MKDIR 6   /* path, n1 = mode */
+#define MONARCH_WB_RMDIR 7   /* path */
+#define MONARCH_WB_SYNC 8    /* n1 = seq: its bytes so far on the PFS under its name before the answer */
+#define MONARCH_WB_LIST 9    /* path: a directory to list as the job sees it (the answer: a directory to open) */
+#define MONARCH_WB_ANSWER_PFS 0 /* open, stat or list the path in the body (the PFS's) */
+#define MONARCH_WB_ERRNO 65536  /* status - this: the errno the call fails with */
 /* HINT body: u8 op, u64 stream, then the op's own; PROGRESS's is one u64 (positions consumed).
  * A connection whose first request is a PROGRESS of the order the front door's peer lane
  * follows is answered by the door itself, and kept (monarch.hints sends them on their own) */
@@ -139,6 +153,7 @@
 #define MONARCH_ENV_ROOT_IDS "MONARCH_ROOT_IDS"   /* "<k>=<dev>,<ino>:..." each root as the daemon sees it */
 #define MONARCH_ENV_PROBE_IDS "MONARCH_PROBE_IDS" /* "<slot>=<dev>,<ino>:..." each tier folder as the daemon sees it */
 #define MONARCH_ENV_SAID "MONARCH_SHIM_SAID" /* FALLBACK_* bits a parent process already said (no counters) */
+#define MONARCH_ENV_WRITEBACK "MONARCH_WRITEBACK" /* the write-back paths, ':'-separated (the daemon's) */
 #define MONARCH_ENV_DISABLE "MONARCH_DISABLE"
 #define MONARCH_ENV_DEBUG "MONARCH_SHIM_DEBUG"
 #define MONARCH_ENV_TIMEOUT "MONARCH_SHIM_TIMEOUT_MS"

@@ -67,12 +67,14 @@ def _copy(src_fd: int, dst_fd: int, size: int) -> None:
 
 
 def publish(area: Area, rec: Record, run_id: str) -> None:
-    """File ``rec['seq']``'s bytes to its PFS path, complete under its name or not at all."""
+    """File ``rec['seq']``'s bytes to its PFS path, complete under its name or not at all (a
+    ``sync``: its first ``size`` bytes, the file still being written)."""
     path, size = rec["path"], rec["size"]
     tmp = temporary_name(path, run_id, rec["seq"])
     src = os.open(area.data_path(rec["seq"]), os.O_RDONLY | os.O_CLOEXEC)
     try:
-        if os.fstat(src).st_size != size:
+        have = os.fstat(src).st_size
+        if have != size and not (rec.op == "sync" and have > size):
             raise OSError(errno.EIO, f"the local copy {area.data_path(rec['seq'])} is not its {size} bytes")
         dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -89,7 +91,7 @@ def publish(area: Area, rec: Record, run_id: str) -> None:
 def apply(area: Area, rec: Record, run_id: str) -> None:
     """One operation on the PFS; safe to apply again after a crash cut it short."""
     op = rec.op
-    if op == "close":
+    if op in ("close", "sync"):
         publish(area, rec, run_id)
     elif op == "rename":
         try:

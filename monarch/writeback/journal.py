@@ -14,6 +14,8 @@ Records (``n`` is the record's number, from 1):
   published at ``path`` with ``mode`` (the app's, under its umask);
 - ``rename src dst``, ``unlink path``, ``mkdir path mode``, ``rmdir path``, ``chmod path mode``,
   ``utime path atime_ns mtime_ns``: namespace operations, replayed as the job made them;
+- ``sync   seq path mode size``: the job asked for file ``seq``'s bytes so far on the PFS (fsync):
+  published as they are, the file still being written (its close publishes it again, whole);
 - ``drop   seq``: file ``seq`` was removed by the job before it was published (never written);
 - ``applied upto``: every record up to ``upto`` is on the PFS (the drain's progress).
 """
@@ -30,8 +32,9 @@ from typing import Any
 from monarch.errors import MonarchError
 from monarch.secure import open_private_file
 
-OPS = ("close", "rename", "unlink", "mkdir", "rmdir", "chmod", "utime", "drop", "applied")
-NEEDS = {"close": ("seq", "path", "mode", "size"), "rename": ("src", "dst"), "unlink": ("path",),
+OPS = ("close", "sync", "rename", "unlink", "mkdir", "rmdir", "chmod", "utime", "drop", "applied")
+NEEDS = {"close": ("seq", "path", "mode", "size"), "sync": ("seq", "path", "mode", "size"),
+         "rename": ("src", "dst"), "unlink": ("path",),
          "mkdir": ("path", "mode"), "rmdir": ("path",), "chmod": ("path", "mode"),
          "utime": ("path", "atime_ns", "mtime_ns"), "drop": ("seq",), "applied": ("upto",)}
 
@@ -102,6 +105,7 @@ class Journal:
         if why:
             raise JournalError(f"{why}: drain or move it aside before this run appends to it")
         self._next = len(existing) + 1
+        self._last_op = max((r.n for r in existing if r.op != "applied"), default=0)
         self._fd = open_private_file(path, os.O_WRONLY | os.O_APPEND)
 
     def append(self, op: str, **args: Any) -> int:
@@ -113,7 +117,15 @@ class Journal:
             if self.durable:
                 os.fsync(self._fd)
             self._next += 1
+            if op != "applied":
+                self._last_op = self._next - 1
             return self._next - 1
+
+    @property
+    def last_op(self) -> int:
+        """The number of the last operation recorded (not the drain's progress; 0: none)."""
+        with self._lock:
+            return self._last_op
 
     def close(self) -> None:
         with self._lock:

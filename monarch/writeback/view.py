@@ -121,8 +121,8 @@ class View:
         kind, where = self._resolve(directory)
         names = set()
         if kind == "pfs" and directory not in self._dirs:  # a directory the job made holds only its own
-            try:
-                names = set(os.listdir(where))
+            try:  # the drain's temporary names are its own, not the job's (drain.temporary_name)
+                names = {n for n in os.listdir(where) if not (n.startswith(".") and ".monarch-" in n)}
             except (FileNotFoundError, NotADirectoryError):
                 pass
         for path, e in self._entries.items():
@@ -163,6 +163,34 @@ class View:
                     entry.last_record = self.journal.append("close", seq=seq, path=path, mode=entry.mode, size=size)
                     return entry.last_record
             return None
+
+    def sync(self, seq: int) -> int | None:
+        """The job asked for file ``seq``'s bytes so far on the PFS (fsync): a ``sync`` record at
+        its path now, whose number to wait for (None: not a file being written)."""
+        with self._lock:
+            for path, entry in self._entries.items():
+                if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
+                    size = os.stat(self.area.data_path(seq)).st_size
+                    return self.journal.append("sync", seq=seq, path=path, mode=entry.mode, size=size)
+            return None
+
+    def is_dir(self, path: str) -> bool:
+        with self._lock:
+            return self._is_dir(path)
+
+    def pending_in(self, directory: str) -> bool:
+        """Has the job changed anything directly in ``directory`` that the PFS does not show yet?"""
+        with self._lock:
+            return any(os.path.dirname(p) == directory for p in (*self._entries, *self._dirs))
+
+    def entry(self, path: str) -> Local | Moved | Gone | None:
+        with self._lock:
+            return self._entries.get(path)
+
+    def open_seqs(self) -> list[int]:
+        """The files being written (not closed)."""
+        with self._lock:
+            return [e.seq for e in self._entries.values() if isinstance(e, Local) and not e.closed]
 
     def rename(self, src: str, dst: str) -> None:
         with self._lock:

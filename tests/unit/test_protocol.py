@@ -73,7 +73,7 @@ def test_request_roundtrip(key):
 
 
 @pytest.mark.parametrize("header", [
-    bytes([9, 0, 0, 0]) + struct.pack("<I", 1),                        # unknown verb
+    bytes([max(protocol.VERBS) + 1, 0, 0, 0]) + struct.pack("<I", 1),  # unknown verb
     bytes([protocol.VERB_OPEN, 2, 0, 0]) + struct.pack("<I", 1),        # an unknown flag
     bytes([protocol.VERB_INDEX, protocol.REQUEST_KEEP, 0, 0]) + struct.pack("<I", 1),  # KEEP on another verb
     bytes([protocol.VERB_OPEN, 0, 0, 1]) + struct.pack("<I", 1),        # reserved

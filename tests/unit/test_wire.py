@@ -12,6 +12,7 @@ import pytest
 from monarch import protocol, routes
 from monarch.node.stage import blocks
 from monarch.node.tiers import tiers
+from monarch.writeback import wire as wb_wire
 
 WIRE = Path(protocol.__file__).parent / "wire" / "monarch_wire.h"
 DEFINE = re.compile(r"^#define MONARCH_(\w+)[ \t]+(.+?)\s*(?:/\*.*)?$", re.M)
@@ -32,11 +33,16 @@ PYTHON = {name: getattr(protocol, name) for name in (
     "EXTRA_BLOCK_FAULT_WAIT_NS", "EXTRA_BLOCK_FAULTS_LATE", "EXTRA_BLOCK_FAULTS_PAGES", "VERB_PAGES", "PAGES_MAX",
     "EXTRA_FALLBACKS", "EXTRA_ROOTS_ELSEWHERE", "EXTRA_ROOT_PROCESSES", "FALLBACK_ROOT_ELSEWHERE", "FALLBACK_TIERS_UNSEEN",
     "FALLBACK_DAEMON_UNREACHABLE", "FALLBACK_UID_MISMATCH", "ENV_ROOT_IDS", "ENV_PROBE_IDS", "ENV_SAID",
+    "VERB_WB", "ENV_WRITEBACK",
     "ANSWER_BLOCKS")}
 # the block map's format is its writer's (node/stage/blocks.py)
 PYTHON |= {name: getattr(blocks, name) for name in (
     "BLOCKS_DIR", "BLOCKMAP_DIR", "BLOCKMAP_MAGIC", "BLOCKMAP_VERSION", "BLOCK_ABSENT", "BLOCK_WANTED", "BLOCK_STAGED", "BLOCK_FILLING",
     "BLOCK_PLANNED", "BLOCK_PASSED", "BLOCK_LENT", "RECORDS_YES", "RECORDS_NO")}
+# a write-back call's ops and answers (writeback/wire.py)
+PYTHON |= {name: getattr(wb_wire, name) for name in (
+    "WB_OPEN", "WB_CLOSE", "WB_RESOLVE", "WB_RENAME", "WB_UNLINK", "WB_MKDIR", "WB_RMDIR", "WB_SYNC", "WB_LIST",
+    "WB_ANSWER_PFS", "WB_ERRNO")}
 # the route table's size thresholds (monarch/routes.py; its rows are tests/unit/test_routes.py's)
 PYTHON |= {name: getattr(routes, name) for name in ("INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN", "ONE_MESSAGE_MAX", "SIZE_ANY")}
 PYTHON |= {

@@ -1,0 +1,308 @@
+"""The daemon's write-back (docs/consistency.md, "Write-back"): the shim's calls under the
+write-back paths answered from the job's view (monarch/writeback/view.py), and a thread that
+drains the journal to the PFS as records come, in order.
+
+A file is closed when a process of the job closed a descriptor of it (or left normally with it
+open: the shim tells at its exit) and no descriptor or mapping of it is left anywhere: the daemon
+then takes a write lease on it, which the kernel grants only to the file's sole opener. A
+descriptor the kernel closed because its process was killed is not a close the job made: such a
+file is kept, not published. What a call waits for
+(room under ``room``, an fsync's bytes on the PFS, a pending file settled before an open for
+update) it waits for on a request thread of the server, the shim hearing heartbeats meanwhile.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+
+from monarch import protocol
+from monarch.node.tiers.resources import is_memory_backed
+from monarch.protocol import ProtocolError
+from monarch.writeback import wire
+from monarch.writeback.area import Area
+from monarch.writeback.drain import Outcome, drain
+from monarch.writeback.journal import Journal
+from monarch.writeback.view import Local, View
+
+log = logging.getLogger(__name__)
+
+F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
+LISTS = "lists"  # the area's directories made to list a directory as the job sees it
+
+
+def _errno_answer(e: OSError) -> bytes:
+    return protocol.encode_answer(wire.WB_ERRNO + (e.errno or errno.EIO))
+
+
+def _pfs(path: str) -> bytes:
+    return protocol.encode_answer(wire.WB_ANSWER_PFS, os.fsencode(path))
+
+
+def sole_opener(path: str) -> bool:
+    """Is no descriptor or mapping of the file at ``path`` open anywhere? (A write lease is
+    granted only then; it is given back at once.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
+        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+class WritebackRoom:
+    """One run's write-back on this node: its area, view, journal and drain."""
+
+    def __init__(self, paths: tuple[str, ...], base: str, run_id: str, node: int, durable: bool, room: int,
+                 fsync_local: bool = False):
+        self.paths, self.run_id, self.room, self.fsync_local = tuple(paths), run_id, room, fsync_local
+        self.area = Area.create(base, run_id, node)
+        self.journal = Journal(self.area.journal_path, durable=durable)
+        self.view = View(self.paths, self.area, self.journal)
+        self._cond = threading.Condition()
+        self._upto = 0                # every record up to here is on the PFS
+        self._outcome = Outcome()     # the last drain's
+        self._closing: set[int] = set()  # files a process closed while another still held them
+        self._stop = False
+        self._lists = 0
+        self.figures = {"bytes_written": 0, "files_closed": 0, "files_published": 0, "bytes_published": 0,
+                        "peak_pending_bytes": 0, "drain_seconds": 0.0, "waited_for_room": 0, "syncs": 0}
+        self._thread = threading.Thread(target=self._drain_loop, name="monarch-writeback", daemon=True)
+        self._thread.start()
+
+    def client_env(self) -> dict[str, str]:
+        return {protocol.ENV_WRITEBACK: ":".join(self.paths)}
+
+    # -- the shim's calls (on the server's request threads) ------------------------------------
+    def call(self, body: bytes) -> bytes:
+        """One write-back call's answer frame (a bug here fails the call with EIO, said: never
+        a wrong answer)."""
+        try:
+            return self._call(body)
+        except Exception:
+            log.exception("write-back: a call failed")
+            return protocol.encode_answer(wire.WB_ERRNO + errno.EIO)
+
+    def _call(self, body: bytes) -> bytes:
+        try:
+            c = wire.decode_call(body)
+        except ProtocolError as e:
+            log.warning("write-back: a malformed call refused: %s", e)
+            return protocol.encode_answer(wire.WB_ERRNO + errno.EINVAL)
+        for p in (c.path, c.path2):
+            if p and not self.view.covers(p):
+                return protocol.encode_answer(wire.WB_ERRNO + errno.EXDEV)  # across the write-back's edge
+        try:
+            if c.op == wire.WB_OPEN:
+                return self._open(c.path, c.n1, c.n2)
+            if c.op == wire.WB_CLOSE:
+                self._closed(c.n1)
+                return protocol.encode_answer(0)
+            if c.op == wire.WB_RESOLVE:
+                kind, where = self.view.resolve(c.path)
+                return _pfs(where) if kind != "gone" else protocol.encode_answer(wire.WB_ERRNO + errno.ENOENT)
+            if c.op == wire.WB_LIST:
+                return _pfs(self._listing_dir(c.path))
+            if c.op == wire.WB_SYNC:
+                return self._sync(c.n1)
+            {wire.WB_RENAME: lambda: self.view.rename(c.path, c.path2), wire.WB_UNLINK: lambda: self.view.unlink(c.path),
+             wire.WB_MKDIR: lambda: self.view.mkdir(c.path, c.n1), wire.WB_RMDIR: lambda: self.view.rmdir(c.path),
+             }[c.op]()
+            self._kick()
+            return protocol.encode_answer(0)
+        except OSError as e:
+            return _errno_answer(e)
+
+    def _open(self, path: str, flags: int, mode: int) -> bytes:
+        """An open for writing: a file created or truncated lands here (status: its seq); an open
+        for update of a file the PFS holds (or will, once drained) writes through to the PFS."""
+        entry = self.view.entry(path)
+        exclusive = bool(flags & os.O_CREAT and flags & os.O_EXCL)
+        if isinstance(entry, Local) and not entry.closed and not exclusive:  # the same file, open here already
+            return protocol.encode_answer(entry.seq, os.fsencode(self.area.data_path(entry.seq)))
+        kind, where = self.view.resolve(path)
+        exists = kind != "gone" and os.path.lexists(where or "")
+        if flags & os.O_TRUNC or exclusive or (flags & os.O_CREAT and not exists):
+            self._wait_for_room()
+            seq, local = self.view.create(path, mode, exclusive=exclusive)
+            return protocol.encode_answer(seq, os.fsencode(local))
+        if kind == "gone":
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if entry is not None or where != path:  # pending: the PFS holds it once drained
+            self._wait_for(self.journal.last_op)
+            if self._outcome.failed:
+                raise OSError(errno.EIO, "the write-back could not publish what this file depends on", path)
+        return _pfs(path)  # written through (docs/consistency.md, W6)
+
+    def _closed(self, seq: int) -> None:
+        """A descriptor of file ``seq`` was closed by the job: journaled once no process holds it."""
+        if not sole_opener(self.area.data_path(seq)):
+            self._closing.add(seq)  # another process holds it still: its close will tell
+            return
+        self._closing.discard(seq)
+        n = self.view.close(seq)
+        if n is not None:
+            size = os.stat(self.area.data_path(seq)).st_size
+            with self._cond:
+                self.figures["bytes_written"] += size
+                self.figures["files_closed"] += 1
+            self._kick()
+
+    def _sync(self, seq: int) -> bytes:
+        if self.fsync_local:
+            return protocol.encode_answer(0)
+        n = self.view.sync(seq)
+        if n is not None:
+            self.figures["syncs"] += 1
+            self._kick()
+            self._wait_for(n)
+        if self._outcome.failed:
+            return protocol.encode_answer(wire.WB_ERRNO + errno.EIO)
+        return protocol.encode_answer(0)
+
+    def _listing_dir(self, directory: str) -> str:
+        """A directory to open for a listing as the job sees it: the PFS's own when nothing of the
+        job's is pending there, else one made in the area with the names (files empty, dirs dirs)."""
+        names = self.view.listing(directory)
+        kind, where = self.view.resolve(directory)
+        if kind == "pfs" and where == directory and not self.view.pending_in(directory):
+            return directory
+        with self._cond:
+            self._lists += 1
+            made = os.path.join(self.area.path, LISTS, str(self._lists))
+        os.makedirs(made, mode=0o700)
+        for name in names:
+            child = os.path.join(directory, name)
+            k, w = self.view.resolve(child)
+            if k == "pfs" and self.view.is_dir(child):
+                os.mkdir(os.path.join(made, name), 0o700)
+            else:
+                os.close(os.open(os.path.join(made, name), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        return made
+
+    # -- room and waiting --------------------------------------------------------------------------
+    def pending_bytes(self) -> int:
+        total = 0
+        for seq in self.area.pending_data():
+            try:
+                total += os.stat(self.area.data_path(seq)).st_size
+            except OSError:
+                pass
+        return total
+
+    def _wait_for_room(self) -> None:
+        """A new file waits while the bytes pending fill the room (they drain meanwhile)."""
+        waited = False
+        while True:
+            pending = self.pending_bytes()
+            with self._cond:
+                self.figures["peak_pending_bytes"] = max(self.figures["peak_pending_bytes"], pending)
+                if pending < self.room or self._outcome.failed or self._upto >= self.journal.last_op:
+                    break  # room, or nothing more will drain: never a deadlock on one file larger than the room
+                waited = True
+                self._cond.wait(0.05)
+        if waited:
+            self.figures["waited_for_room"] += 1
+
+    def _wait_for(self, n: int) -> None:
+        with self._cond:
+            while self._upto < n and not self._outcome.failed and not self._stop:
+                self._cond.wait(0.25)
+
+    def _kick(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- the drain ---------------------------------------------------------------------------------
+    def _drain_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and (self._upto >= self.journal.last_op or self._outcome.failed):
+                    self._cond.wait(0.5)
+                if self._stop and (self._upto >= self.journal.last_op or self._outcome.failed):
+                    return
+            started = time.monotonic()
+            pending = self.pending_bytes()
+            try:
+                out = drain(self.area, self.run_id, journal=self.journal)
+            except Exception as e:  # a bug must not lose what is pending: kept, said, reported
+                log.exception("write-back: the drain failed")
+                out = Outcome(upto=self._upto, failed=f"the drain failed: {e}")
+            self.view.applied(out.upto)
+            with self._cond:
+                self.figures["drain_seconds"] += time.monotonic() - started
+                self.figures["files_published"] += len(out.published)
+                self.figures["bytes_published"] += out.published_bytes
+                self.figures["peak_pending_bytes"] = max(self.figures["peak_pending_bytes"], pending)
+                self._upto, self._outcome = out.upto, out
+                self._cond.notify_all()
+
+    def finish(self) -> Outcome:
+        """Everything the job closed on the PFS (or a refusal): a file still held by a process
+        that is gone is closed now if some process of the job closed it (others kept it open
+        to the end); then the drain is waited for."""
+        for seq in sorted(self._closing):
+            self._closed(seq)
+        self._wait_for(self.journal.last_op)
+        return self._outcome
+
+    def stats(self) -> dict:
+        with self._cond:
+            out = self._outcome
+            return {**self.figures, "paths": list(self.paths), "area": self.area.path,
+                    "pending_bytes": self.pending_bytes(), "records": self.journal.last_op, "applied": self._upto,
+                    "failed": out.failed, "unpublished": dict(out.unpublished),
+                    "not_closed": len(self.view.open_seqs())}
+
+    def close(self) -> dict:
+        """The end of the run: drained, then the area removed if nothing is left in it (else kept
+        for `monarch drain`); the final figures."""
+        out = self.finish()
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+        figures = self.stats()
+        self.journal.close()
+        shutil.rmtree(os.path.join(self.area.path, LISTS), ignore_errors=True)
+        if out.failed is None and not self.area.pending_data():
+            self.area.remove()
+        else:
+            log.error("write-back: %s; kept in %s for `monarch drain`", out.failed or "files not closed by the job",
+                      self.area.path)
+            self.area.release()
+        return figures
+
+
+
+def make_writeback(config, tiers: list, run_id: str, node: int) -> WritebackRoom | None:
+    """The run's write-back on this node (None: not configured, or no tier to hold it, said: then
+    the job's writes go to the PFS as without Monarch)."""
+    wb = getattr(config, "writeback", None)
+    if wb is None or not wb.paths:
+        return None
+    cfg = next((t for t in config.tiers if t.name == (wb.tier or config.tiers[0].name)), None)
+    tier = next((t for t in tiers if cfg is not None and t.name == cfg.name), None)
+    if tier is None:
+        log.error("write-back: tier %s is not available on this node: the job's writes go to the PFS directly",
+                  wb.tier or "(the first)")
+        return None
+    room = wb.room if wb.room_share is None else int(tier.capacity * wb.room_share)
+    try:
+        return WritebackRoom(tuple(wb.paths), cfg.path, run_id, node, durable=not is_memory_backed(cfg.path),
+                             room=room, fsync_local=wb.fsync == "local")
+    except OSError as e:
+        log.error("write-back: cannot make its area under %s (%s): the job's writes go to the PFS directly",
+                  cfg.path, e)
+        return None

@@ -1,0 +1,307 @@
+/* Part of monarch_shim.c, one translation unit (what it gives the other parts: shim_writeback.h).
+ * Here: the job's calls under the write-back paths (MONARCH_WRITEBACK; the contract:
+ * docs/consistency.md, "Write-back").
+ *   - an open that creates or truncates a file for writing asks the daemon (WB_OPEN), which makes
+ *     it in the run's area and answers its local path: the application writes there at the node's
+ *     speed, its descriptor remembered with the file's seq; an open for update of a file the PFS
+ *     holds is answered with the PFS path (written through);
+ *   - close, fclose (and a normal exit with it still open) tell the daemon (WB_CLOSE), which
+ *     publishes the file once no process holds it; a killed process tells nothing: what it was
+ *     writing is not published;
+ *   - rename, unlink, rmdir and mkdir are made in the daemon's view (journaled, replayed on the PFS
+ *     in order); stat, access, a read-only open and a listing are answered from it (WB_RESOLVE,
+ *     WB_LIST: the path to use instead);
+ *   - fsync and fdatasync of such a descriptor return once its bytes so far are on the PFS (WB_SYNC).
+ * A daemon that cannot be asked leaves the call to the kernel, as without Monarch (fail open). Every
+ * hook costs one load of monarch_nwb when there are no write-back paths.
+ */
+#include "shim_writeback.h"
+
+static char monarch_wb_dirs[MONARCH_MAX_WB][PATH_MAX];
+static size_t monarch_wb_lens[MONARCH_MAX_WB];
+static uint32_t monarch_wb_fd_seq[MONARCH_MAX_FDS]; /* a descriptor's write-back file, 0: none */
+static __thread char monarch_wb_buf[PATH_MAX] __attribute__((tls_model("initial-exec")));
+#define MONARCH_WB_WAIT_MS (24 * 3600 * 1000) /* a call may wait for the drain; heartbeats keep it alive */
+
+/* MONARCH_WRITEBACK: absolute directories separated by ':'. */
+static void monarch_wb_parse(const char *env)
+{
+    while (env && *env) {
+        const char *end = strchr(env, ':');
+        size_t n = end ? (size_t)(end - env) : strlen(env);
+        if (n > 0 && n < PATH_MAX && env[0] == '/' && monarch_nwb < MONARCH_MAX_WB) {
+            char *dir = monarch_wb_dirs[monarch_nwb];
+            memcpy(dir, env, n);
+            dir[n] = '\0';
+            monarch_wb_lens[monarch_nwb++] = monarch_normalize(dir);
+            MONARCH_DEBUG(1, "write-back path: %s", dir);
+        } else if (n) {
+            MONARCH_DEBUG(1, "%s: an entry of %zu bytes ignored (an absolute directory, at most %d)",
+                          MONARCH_ENV_WRITEBACK, n, MONARCH_MAX_WB);
+        }
+        env = end ? end + 1 : NULL;
+    }
+}
+
+/* Is (dirfd, path) under a write-back path? Its absolute form in abs[PATH_MAX]. */
+static int monarch_wb_under(int dirfd, const char *path, char *abs)
+{
+    size_t len;
+    if (monarch_guard || !path || !path[0] || !monarch_start() || monarch_abspath(dirfd, path, abs, &len) != 0)
+        return 0;
+    for (unsigned i = 0; i < monarch_nwb; i++) {
+        size_t l = monarch_wb_lens[i];
+        if (len >= l && memcmp(abs, monarch_wb_dirs[i], l) == 0 && (abs[l] == '/' || abs[l] == '\0'))
+            return 1;
+    }
+    return 0;
+}
+
+/* One call to the daemon: its status (the body, a path, in out[PATH_MAX]), or INT_MIN when it
+ * cannot be asked. */
+static int monarch_wb_ask(unsigned op, const char *p1, const char *p2, long n1, long n2, char *out)
+{
+    char body[MONARCH_KEY_MAX];
+    int n = snprintf(body, sizeof body, "%c%s%c%s%c%ld%c%ld%c", (char)op, p1 ? p1 : "", 0, p2 ? p2 : "", 0, n1, 0,
+                     n2, 0);
+    if (n < 0 || (size_t)n >= sizeof body)
+        return INT_MIN;
+    char answer[PATH_MAX + 1];
+    int saved = errno;
+    monarch_guard = 1;
+    int st = monarch_request(MONARCH_VERB_WB, body, (size_t)n, answer, sizeof answer, NULL, MONARCH_WB_WAIT_MS);
+    monarch_guard = 0;
+    errno = saved;
+    if (st < 0) /* not answered, or refused (a daemon without write-back): as if there were none */
+        return INT_MIN;
+    if (out)
+        memcpy(out, answer, strlen(answer) + 1);
+    return st;
+}
+
+/* The umask, without changing it (umask(2) sets it: a race with other threads). */
+static mode_t monarch_wb_umask(void)
+{
+    char buf[2048];
+    int fd = MONARCH_RESOLVE(openat)(AT_FDCWD, "/proc/self/status", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd < 0 ? -1 : syscall(SYS_read, fd, buf, sizeof buf - 1);
+    if (fd >= 0)
+        real_close(fd);
+    if (n <= 0)
+        return 022;
+    buf[n] = '\0';
+    const char *u = strstr(buf, "Umask:");
+    return u ? (mode_t)strtoul(u + 6, NULL, 8) : 022;
+}
+
+static inline int monarch_wb_failed(int st)
+{
+    return st >= MONARCH_WB_ERRNO;
+}
+
+/* An open under a write-back path: 1 with *fdp (or -1 and errno) when it was answered here. */
+static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, int *fdp)
+{
+    char abs[PATH_MAX], where[PATH_MAX + 1];
+    if (!monarch_wb_under(dirfd, path, abs))
+        return 0;
+    int writes = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+    int st = writes ? monarch_wb_ask(MONARCH_WB_OPEN, abs, NULL, flags, (long)(mode & ~monarch_wb_umask() & 07777),
+                                     where)
+                    : monarch_wb_ask(MONARCH_WB_RESOLVE, abs, NULL, 0, 0, where);
+    if (st == INT_MIN)
+        return 0; /* no daemon to ask: the kernel's, as without Monarch */
+    if (monarch_wb_failed(st)) {
+        *fdp = -1;
+        errno = st - MONARCH_WB_ERRNO;
+        return 1;
+    }
+    /* a file of the area: already made there (O_EXCL was the daemon's to check) */
+    int lflags = st > 0 ? flags & ~(O_CREAT | O_EXCL) : flags;
+    int fd = MONARCH_RESOLVE(openat)(AT_FDCWD, where, lflags, mode);
+    if (fd >= 0 && st > 0 && (unsigned)fd < MONARCH_MAX_FDS)
+        __atomic_store_n(&monarch_wb_fd_seq[fd], (uint32_t)st, __ATOMIC_RELAXED);
+    MONARCH_DEBUG(1, "open %s: write-back %s (seq %d, fd %d)", abs, where, st, fd);
+    *fdp = fd;
+    return 1;
+}
+
+static int monarch_wb_creat(const char *path, mode_t mode)
+{
+    int fd;
+    if (MONARCH_LIKELY(!monarch_nwb) || !monarch_wb_open(AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode, &fd))
+        return MONARCH_WB_NOT_OURS;
+    return fd;
+}
+
+/* stat, access, a read-only open or a listing under a write-back path: the path to use instead
+ * (the file's local copy, where the PFS still holds it, a listing made by the daemon), NULL to use
+ * the path as it is; *err: the call fails with it (ENOENT: the job removed it). */
+static const char *monarch_wb_view(int dirfd, const char *path, int list, int *err)
+{
+    char abs[PATH_MAX];
+    *err = 0;
+    if (MONARCH_LIKELY(!monarch_nwb) || !monarch_wb_under(dirfd, path, abs))
+        return NULL;
+    int st = monarch_wb_ask(list ? MONARCH_WB_LIST : MONARCH_WB_RESOLVE, abs, NULL, 0, 0, monarch_wb_buf);
+    if (st == INT_MIN)
+        return NULL;
+    if (monarch_wb_failed(st)) {
+        *err = st - MONARCH_WB_ERRNO;
+        return NULL;
+    }
+    return monarch_wb_buf;
+}
+
+/* A change of the namespace made in the daemon's view: the call's result, or NOT_OURS. */
+static int monarch_wb_change(unsigned op, const char *a, const char *b, long n1)
+{
+    int st = monarch_wb_ask(op, a, b, n1, 0, NULL);
+    if (st == INT_MIN)
+        return MONARCH_WB_NOT_OURS;
+    if (monarch_wb_failed(st)) {
+        errno = st - MONARCH_WB_ERRNO;
+        return -1;
+    }
+    return 0;
+}
+
+static int monarch_wb_rename(int od, const char *o, int nd, const char *n, unsigned flags)
+{
+    char a[PATH_MAX], b[PATH_MAX];
+    if (MONARCH_LIKELY(!monarch_nwb))
+        return MONARCH_WB_NOT_OURS;
+    int ia = monarch_wb_under(od, o, a), ib = monarch_wb_under(nd, n, b);
+    if (!ia && !ib)
+        return MONARCH_WB_NOT_OURS;
+    if (ia != ib || flags) { /* across the write-back's edge, or RENAME_NOREPLACE/EXCHANGE: not in the view */
+        errno = flags ? EINVAL : EXDEV;
+        return -1;
+    }
+    return monarch_wb_change(MONARCH_WB_RENAME, a, b, 0);
+}
+
+static int monarch_wb_unlink(int dirfd, const char *path, int flags)
+{
+    char a[PATH_MAX];
+    if (MONARCH_LIKELY(!monarch_nwb) || !monarch_wb_under(dirfd, path, a))
+        return MONARCH_WB_NOT_OURS;
+    if (flags & AT_REMOVEDIR)
+        return monarch_wb_change(MONARCH_WB_RMDIR, a, NULL, 0);
+    return monarch_wb_change(MONARCH_WB_UNLINK, a, NULL, 0);
+}
+
+/* remove(3): a file, or else an empty directory, as glibc's does. */
+static int monarch_wb_remove(const char *path)
+{
+    int r = monarch_wb_unlink(AT_FDCWD, path, 0);
+    if (r == -1 && errno == EISDIR)
+        r = monarch_wb_unlink(AT_FDCWD, path, AT_REMOVEDIR);
+    return r;
+}
+
+static int monarch_wb_mkdir(int dirfd, const char *path, mode_t mode)
+{
+    char a[PATH_MAX];
+    if (MONARCH_LIKELY(!monarch_nwb) || !monarch_wb_under(dirfd, path, a))
+        return MONARCH_WB_NOT_OURS;
+    return monarch_wb_change(MONARCH_WB_MKDIR, a, NULL, (long)(mode & ~monarch_wb_umask() & 07777));
+}
+
+/* Before a close: the descriptor's write-back file, forgotten (0: none). */
+static uint32_t monarch_wb_closing(int fd)
+{
+    if (MONARCH_LIKELY(!monarch_nwb) || (unsigned)fd >= MONARCH_MAX_FDS)
+        return 0;
+    return __atomic_exchange_n(&monarch_wb_fd_seq[fd], 0, __ATOMIC_RELAXED);
+}
+
+/* After it: the daemon publishes the file once no process holds it (errno kept). */
+static void monarch_wb_closed(uint32_t seq)
+{
+    if (MONARCH_UNLIKELY(seq))
+        monarch_wb_ask(MONARCH_WB_CLOSE, NULL, NULL, (long)seq, 0, NULL);
+}
+
+/* After a successful fsync/fdatasync: the bytes so far on the PFS (0), or -1 and EIO. */
+static int monarch_wb_sync(int fd)
+{
+    uint32_t seq = (unsigned)fd < MONARCH_MAX_FDS ? __atomic_load_n(&monarch_wb_fd_seq[fd], __ATOMIC_RELAXED) : 0;
+    if (!seq)
+        return 0;
+    int st = monarch_wb_ask(MONARCH_WB_SYNC, NULL, NULL, (long)seq, 0, NULL);
+    if (st == 0)
+        return 0;
+    errno = st == INT_MIN ? EIO : st - MONARCH_WB_ERRNO;
+    return -1;
+}
+
+static void monarch_wb_dup(int oldfd, int newfd)
+{
+    if (MONARCH_LIKELY(!monarch_nwb) || (unsigned)oldfd >= MONARCH_MAX_FDS || (unsigned)newfd >= MONARCH_MAX_FDS)
+        return;
+    __atomic_store_n(&monarch_wb_fd_seq[newfd], __atomic_load_n(&monarch_wb_fd_seq[oldfd], __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+}
+
+/* A process that leaves normally with write-back files open closes them as it goes (stdio flushes
+ * its buffers after this runs, before the kernel closes the descriptors): told, so the daemon
+ * publishes them once they are released. A killed process runs nothing: not told. */
+__attribute__((destructor)) static void monarch_wb_at_exit(void)
+{
+    if (!monarch_nwb || getpid() != monarch_pid)
+        return;
+    for (unsigned fd = 0; fd < MONARCH_MAX_FDS; fd++) {
+        uint32_t seq = __atomic_load_n(&monarch_wb_fd_seq[fd], __ATOMIC_RELAXED);
+        if (seq)
+            monarch_wb_closed(seq);
+    }
+}
+
+/* fopen under a write-back path: its mode's open flags through monarch_wb_open, then a FILE on
+ * the descriptor; 1 with *fpp (NULL and errno on failure) when answered here. */
+static int monarch_wb_fopen(const char *path, const char *mode, FILE **fpp)
+{
+    if (!mode || !strchr("rwa", mode[0]))
+        return 0;
+    int plus = 0, excl = 0, cloexec = 0;
+    char fdmode[8];
+    size_t k = 0;
+    for (const char *m = mode; *m && *m != ',' && k < sizeof fdmode - 1; m++) {
+        plus |= *m == '+';
+        excl |= *m == 'x';
+        cloexec |= *m == 'e';
+        if (*m != 'x' && *m != 'e')
+            fdmode[k++] = *m; /* fdopen keeps the descriptor's flags */
+    }
+    fdmode[k] = '\0';
+    int acc = plus ? O_RDWR : mode[0] == 'r' ? O_RDONLY : O_WRONLY;
+    int flags = acc | (mode[0] == 'w' ? O_CREAT | O_TRUNC : mode[0] == 'a' ? O_CREAT | O_APPEND : 0)
+                | (excl ? O_EXCL : 0) | (cloexec ? O_CLOEXEC : 0);
+    int fd;
+    if (!monarch_wb_open(AT_FDCWD, path, flags, 0666, &fd))
+        return 0;
+    *fpp = fd < 0 ? NULL : MONARCH_RESOLVE(fdopen)(fd, fdmode);
+    if (fd >= 0 && !*fpp) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+    }
+    return 1;
+}
+
+/* fsync and fdatasync of a write-back file: its bytes so far on the PFS before they return
+ * (docs/consistency.md, W5). Wrapped here, beside what they ask, not in shim_wrappers.c. */
+MONARCH_EXPORT int fsync(int fd)
+{
+    MONARCH_REAL(fsync, -1)
+    int r = real_(fd);
+    return r == 0 && MONARCH_UNLIKELY(monarch_nwb) ? monarch_wb_sync(fd) : r;
+}
+
+MONARCH_EXPORT int fdatasync(int fd)
+{
+    MONARCH_REAL(fdatasync, -1)
+    int r = real_(fd);
+    return r == 0 && MONARCH_UNLIKELY(monarch_nwb) ? monarch_wb_sync(fd) : r;
+}

@@ -1,0 +1,51 @@
+/* shim_writeback.h -- what shim_writeback.c (a job's calls under the write-back paths, answered
+ * from the daemon's view of them) gives the shim's other parts. Part of monarch_shim.c's one
+ * translation unit. */
+#ifndef MONARCH_SHIM_WRITEBACK_H
+#define MONARCH_SHIM_WRITEBACK_H
+
+#define MONARCH_MAX_WB 8       /* write-back paths */
+#define MONARCH_WB_NOT_OURS (-2) /* a call not under a write-back path: the caller goes on as before */
+
+/* Under a write-back path, the path the job's view gives replaces `path` (an absolute one: dirfd
+ * no longer matters), or the call fails as the view says (the stat, access and opendir wrappers). */
+#define MONARCH_WB_VIEW(dirfd, path, list, fail)                          \
+    if (MONARCH_UNLIKELY(monarch_nwb)) {                                  \
+        int wbe_;                                                         \
+        const char *wbp_ = monarch_wb_view(dirfd, path, list, &wbe_);     \
+        if (wbe_) {                                                       \
+            errno = wbe_;                                                 \
+            return fail;                                                  \
+        }                                                                 \
+        if (wbp_)                                                         \
+            path = wbp_;                                                  \
+    }
+
+/* A call that changes the namespace (rename, unlink, mkdir ...): `wb` makes it in the daemon's
+ * view when its path is under a write-back path, and the wrapper returns its result. */
+#define MONARCH_WB_CHANGE(wb)                                             \
+    if (MONARCH_UNLIKELY(monarch_nwb)) {                                  \
+        int wb_ = (wb);                                                   \
+        if (wb_ != MONARCH_WB_NOT_OURS)                                   \
+            return wb_;                                                   \
+    }
+
+/* ---- the state it shares: how many write-back paths (0: none, every hook returns at once) ---- */
+static unsigned monarch_nwb;
+
+/* ---- what the other parts call ---- */
+static void monarch_wb_parse(const char *env);
+static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, int *fdp);
+static const char *monarch_wb_view(int dirfd, const char *path, int list, int *err);
+static int monarch_wb_rename(int od, const char *o, int nd, const char *n, unsigned flags);
+static int monarch_wb_unlink(int dirfd, const char *path, int flags);
+static int monarch_wb_mkdir(int dirfd, const char *path, mode_t mode);
+static int monarch_wb_creat(const char *path, mode_t mode);
+static int monarch_wb_remove(const char *path);
+static int monarch_wb_fopen(const char *path, const char *mode, FILE **fpp);
+static uint32_t monarch_wb_closing(int fd);
+static void monarch_wb_closed(uint32_t seq);
+static int monarch_wb_sync(int fd);
+static void monarch_wb_dup(int oldfd, int newfd);
+
+#endif /* MONARCH_SHIM_WRITEBACK_H */

@@ -1,0 +1,50 @@
+"""A write-back call on the daemon's socket (``protocol.VERB_WB``), the C half of which is
+``wire/monarch_wire.h`` (held equal by tests/unit/test_wire.py).
+
+Body: ``u8 op``, then four NUL-ended fields: a path, a second path (rename's destination), two
+decimal numbers. Answer status: ``WB_ANSWER_PFS`` (0: use the path in the body, the PFS's), a
+file's ``seq`` (> 0, for OPEN: its bytes go to the local path in the body), or ``WB_ERRNO + errno``
+(the call fails with that errno, as the kernel would have failed it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from monarch.protocol import ProtocolError
+
+WB_OPEN, WB_CLOSE, WB_RESOLVE, WB_RENAME, WB_UNLINK, WB_MKDIR, WB_RMDIR, WB_SYNC, WB_LIST = range(1, 10)
+WB_ANSWER_PFS = 0
+WB_ERRNO = 65536
+
+
+@dataclass(frozen=True)
+class Call:
+    op: int
+    path: str
+    path2: str
+    n1: int
+    n2: int
+
+
+def encode_call(op: int, path: str = "", path2: str = "", n1: int = 0, n2: int = 0) -> bytes:
+    return bytes([op]) + b"\0".join(f.encode("utf-8", "surrogateescape")
+                                    for f in (path, path2, str(n1), str(n2))) + b"\0"
+
+
+def decode_call(body: bytes) -> Call:
+    """The call in a WB request's body; ProtocolError when it is not one."""
+    if len(body) < 2 or not WB_OPEN <= body[0] <= WB_LIST or not body.endswith(b"\0"):
+        raise ProtocolError("a write-back call is an op and four NUL-ended fields")
+    fields = body[1:-1].split(b"\0")
+    if len(fields) != 4:
+        raise ProtocolError(f"a write-back call has 4 fields, not {len(fields)}")
+    path, path2 = (f.decode("utf-8", "surrogateescape") for f in fields[:2])
+    try:
+        n1, n2 = int(fields[2]), int(fields[3])
+    except ValueError:
+        raise ProtocolError("a write-back call's numbers are decimal") from None
+    for p in (path, path2):
+        if p and (not p.startswith("/") or "/../" in p + "/" or "/./" in p + "/"):
+            raise ProtocolError(f"a write-back path is absolute and normal: {p!r}")
+    return Call(body[0], path, path2, n1, n2)
