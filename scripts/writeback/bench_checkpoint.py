@@ -15,7 +15,8 @@ The emulated PFS (``monarch.tools.slowpfs --writable``: FUSE, no page cache, wri
 
 Modes: ``direct`` (the application writes the mount), ``monarch`` (the same command under ``monarch
 run -c CONFIG``, with ``writeback: {paths: [the checkpoint directory]}`` when this Monarch's
-configuration accepts that key; otherwise one line says so and the column is today's pass-through),
+configuration accepts that key and ``--no-writeback`` is not given; otherwise one line says so and
+the column is ``monarch run`` passing the writes through: the baseline write-back must beat),
 and for the loop ``shm``: the same saves straight into /dev/shm, the limit. Per mode it prints each
 save's blocking time (mean, max), the job's wall time and CPU-seconds (its whole process tree, from
 the kernel's account of the reaped children, as scripts/benchkit/cpuwatch.py's ``children_cpu``),
@@ -24,6 +25,7 @@ count), and a check of every byte of every published file once the command has r
 ratios monarch/direct. The figures go to results/bench_checkpoint.json.
 
     python3 scripts/writeback/bench_checkpoint.py             # the loop (4 saves of 2 x 256 MiB) and dcp (4 x 128 MiB)
+    python3 scripts/writeback/bench_checkpoint.py --no-writeback  # the monarch column passes the writes through
     python3 scripts/writeback/bench_checkpoint.py --busy      # steps as busy loops
     python3 scripts/writeback/bench_checkpoint.py --quick     # 20 steps, 2 saves of 2 x 32 MiB; 4 x 16 MiB shards
 """
@@ -77,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--write-bandwidth", type=float, default=200.0, metavar="MBps",
                    help="the emulated PFS's write cap, every writer together (default 200 MB/s)")
     p.add_argument("--open-latency-ms", type=float, default=2.0, help="the emulated PFS's ms per open (default 2)")
+    p.add_argument("--no-writeback", action="store_true",
+                   help="the monarch column without writeback.paths: monarch run passing the writes through")
     p.add_argument("--modes", default=",".join(MODES), help=f"a subset of {','.join(MODES)}")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"a subset of {','.join(WORKLOADS)}")
     p.add_argument("--json", default=result_path("bench_checkpoint.json"),
@@ -228,16 +232,19 @@ def cpu_of(proc) -> float:
         return 0.0
 
 
-def monarch_config(work: Path, shm: Path, mount: str, ckpt: str) -> tuple[Path | None, str]:
-    """A configuration for ``monarch run`` with write-back of ``ckpt`` if this Monarch takes it: (path, note)."""
+def monarch_config(work: Path, shm: Path, mount: str, ckpt: str, writeback: bool) -> tuple[Path | None, str]:
+    """A configuration for ``monarch run``, with write-back of ``ckpt`` if asked and this Monarch takes it:
+    (its path or None, a line saying which)."""
     (work / "run").mkdir(exist_ok=True)
     (shm / "tier-ram").mkdir(exist_ok=True)  # Monarch uses bases that exist, never makes them
     config = {"dataset": {"roots": [os.path.join(mount, "data")]}, "run_base": str(work / "run"),
               "tiers": [{"name": "ram", "path": str(shm / "tier-ram"), "capacity": "4GiB", "keep": False}],
-              "staging": {"share": False}, "report": str(work / "monarch-report.json"),
-              "writeback": {"paths": [ckpt]}}
+              "staging": {"share": False}, "report": str(work / "monarch-report.json")}
+    if writeback:
+        config["writeback"] = {"paths": [ckpt]}
     path = work / "monarch.yaml"
-    note = f"write-back of {ckpt} configured"
+    note = (f"write-back of {ckpt} configured (writeback.paths)" if writeback else
+            "write-back is not configured (--no-writeback): the monarch column passes the writes through")
     for _ in range(2):
         path.write_text("# written by scripts/writeback/bench_checkpoint.py\n" + json.dumps(config, indent=1) + "\n")
         proc = subprocess.run([sys.executable, "-m", "monarch", "check-config", str(path)], capture_output=True,
@@ -249,7 +256,7 @@ def monarch_config(work: Path, shm: Path, mount: str, ckpt: str) -> tuple[Path |
             return None, f"monarch check-config {path} failed (exit {proc.returncode}): {said}"
         del config["writeback"]
         note = ("write-back is not configured: this Monarch's configuration has no writeback key "
-                f"(check-config: {NOT_CONFIGURED}), so the monarch column is today's pass-through")
+                f"(check-config: {NOT_CONFIGURED}): the monarch column passes the writes through")
     return None, note
 
 
@@ -392,7 +399,7 @@ def main(argv=None) -> int:
             if "monarch" in args.modes:
                 ckpt = os.path.join(pfs.mountpoint, "ckpt")
                 os.makedirs(ckpt, exist_ok=True)  # a write-back path exists before the job starts
-                config, note = monarch_config(work, shm, pfs.mountpoint, ckpt)
+                config, note = monarch_config(work, shm, pfs.mountpoint, ckpt, not args.no_writeback)
                 print(f"monarch: {note}", flush=True)
                 if config is None:
                     return 1
