@@ -40,7 +40,8 @@ REASONS = {
                 "pass LD_PRELOAD and the MONARCH_* variables into the container (podman --env LD_PRELOAD "
                 "--env 'MONARCH_*'; Apptainer and Enroot pass the environment), and bind the shim's folder"),
     "shim-idle": (None, "the shim ran only in processes that made no call under the dataset roots (a container "
-                        "runtime's own): the readers ran without it",
+                        "runtime's own): the readers ran without it, or with it but unable to reach the daemon's "
+                        "run folder or as another user (then their own `monarch:` line said which)",
                   "pass LD_PRELOAD and the MONARCH_* variables into the container (podman --env LD_PRELOAD "
                   "--env 'MONARCH_*'), or run `monarch run` inside it"),
 }

@@ -182,12 +182,6 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
         errno = saved;
         return ix == MONARCH_IX_OFF || early >= 0 ? MONARCH_SLOT_PFS : -1;
     }
-    if (MONARCH_UNLIKELY(!store && monarch_tiers_unseen())) {
-        /* no tier folder of the daemon's is here: its answers would name paths this process cannot open */
-        monarch_guard = 0;
-        errno = saved;
-        return MONARCH_SLOT_PFS;
-    }
     char staged[PATH_MAX];
     int slot = MONARCH_SLOT_PFS, fd = -1;
     uint32_t entry = monarch_index_lookup(key, kl); /* once: the probe checks a copy against it, out: keeps it */
@@ -211,6 +205,13 @@ static int monarch_before(int dirfd, const char *path, int flags, int *fdp, uint
         }
         if (found)
             break; /* a frame this process cannot decode: the daemon can, or says PFS */
+    }
+    if (MONARCH_UNLIKELY(!store && monarch_tiers_unseen())) {
+        /* a tier folder of the daemon's is not here: its answers would name copies this process
+         * cannot open, at a request each; the tiers it sees were probed above */
+        monarch_guard = 0;
+        errno = saved;
+        return MONARCH_SLOT_PFS;
     }
     int answer = INT_MIN;
     /* Asked once more when the copy the daemon named is gone before it opened (evicted in

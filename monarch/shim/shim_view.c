@@ -17,7 +17,7 @@
 #include "shim_view.h"
 
 static unsigned monarch_said_here; /* FALLBACK_* bits said in this process or by its parents */
-static int monarch_unseen_all;     /* every tier folder with a published identity is not the daemon's here */
+static int monarch_unseen_any;     /* a tier folder with a published identity is not the daemon's here */
 static int monarch_probes_viewed;  /* every probe dir opened and checked once */
 
 /* "monarch: ..." on stderr, once for the job per reason: the first process of the run to set the
@@ -198,12 +198,13 @@ static int monarch_probe_unseen(struct monarch_probe *pr, int fd, const struct s
     return 1;
 }
 
-/* Is no tier folder the daemon's here? Every probe dir is opened and checked once, at the first
- * open under a root; the answer is said once. */
+/* Is a tier folder of the daemon's not here? Then opens ask the daemon nothing (its answers would
+ * name copies this process cannot open); the tiers that are here are probed all the same. Every
+ * probe dir is opened and checked once, at the first open under a root; the answer is said once. */
 static int monarch_tiers_unseen(void)
 {
     if (MONARCH_LIKELY(__atomic_load_n(&monarch_probes_viewed, __ATOMIC_ACQUIRE)))
-        return __atomic_load_n(&monarch_unseen_all, __ATOMIC_RELAXED);
+        return __atomic_load_n(&monarch_unseen_any, __ATOMIC_RELAXED);
     unsigned with_id = 0, unseen = 0, opening = 0;
     const char *first = NULL;
     for (unsigned i = 0; i < monarch_nprobes; i++) {
@@ -219,7 +220,7 @@ static int monarch_tiers_unseen(void)
     if (opening)
         return 0; /* another thread opens one now: look again at the next open */
     int all = with_id && unseen == with_id;
-    __atomic_store_n(&monarch_unseen_all, all, __ATOMIC_RELAXED);
+    __atomic_store_n(&monarch_unseen_any, unseen > 0, __ATOMIC_RELAXED); /* any: the daemon is not asked */
     __atomic_store_n(&monarch_probes_viewed, 1, __ATOMIC_RELEASE);
     if (unseen)
         monarch_say(MONARCH_FALLBACK_TIERS_UNSEEN,
@@ -228,8 +229,8 @@ static int monarch_tiers_unseen(void)
                     "the RAM tier's), or run `monarch run` inside", all ? "all" : "some", with_id,
                     all ? "are" : "is", first, unseen > 1 ? ", ..." : "",
                     all ? "opens read the dataset directly, not through Monarch"
-                        : "copies there are read from the dataset instead");
-    return all;
+                        : "its copies there are read from the dataset instead, and no open asks the daemon");
+    return unseen > 0;
 }
 
 /* This process made a call under a root: counted once per process (a fork child counts itself). */

@@ -73,14 +73,15 @@ def test_a_run_folder_not_bound(podman, shim_dir, dataset, short_tmp):
     manifest = shutil.copy(ds.manifest, seen)
     block = edited(doc_block("outside-podman"), TMP_BIND, f" -v {seen}:{seen}:ro")
     run_case(podman, shim_dir, short_tmp, ds, block, podman.podman_image(),
-             manifest=manifest).assert_fell_back("daemon-unreachable")
+             manifest=manifest).assert_fell_back("daemon-unreachable", reported=("shim-idle", "no-shim"))
 
 
 def test_a_container_user_of_another_uid(podman, shim_dir, dataset, short_tmp):
     ds = dataset(files=FILES, size="8KiB")
     open_to_all(short_tmp)  # the dataset and its manifest are readable by that user, as on a PFS
     block = edited(doc_block("outside-podman"), "podman run --rm", f"podman run --rm --user {OTHER_UID}:{OTHER_UID}")
-    run_case(podman, shim_dir, short_tmp, ds, block, podman.podman_image()).assert_fell_back("uid-mismatch")
+    run_case(podman, shim_dir, short_tmp, ds, block, podman.podman_image()).assert_fell_back(
+        "uid-mismatch", reported=("shim-idle", "no-shim"))
 
 
 def test_podman_not_passed_the_environment(podman, shim_dir, dataset, short_tmp):
