@@ -311,7 +311,7 @@ def _tear_down(end: _Ending, signals: _Signals, code: int, last: bool = True) ->
     if session is None:
         return code
     session.close()
-    code = _writeback_code(stats, code, end.out)
+    code = _writeback_code(stats, code, end.out, end.config)
     try:  # the report first: the daemon's exit (its tiers removed) is waited for after it
         signals.check()
         _print_and_write(end, code, stats, last)
@@ -323,9 +323,14 @@ def _tear_down(end: _Ending, signals: _Signals, code: int, last: bool = True) ->
     return code
 
 
-def _writeback_code(stats: dict | None, code: int, out) -> int:
+def _writeback_code(stats: dict | None, code: int, out, config: Config) -> int:
     """A command whose writes under the write-back paths did not all reach the PFS ends with
     EXIT_UNPUBLISHED (unless it failed itself): each file named with where its bytes are kept."""
+    if stats is None and config.writeback.enabled:  # the daemon was lost: what it held is in its area
+        out.write(f"monarch: write-back: the node daemon was lost before it said the job's writes were on the "
+                  f"PFS; what it had not published is kept in tier {config.writeback_tier().name}'s base "
+                  f"({config.writeback_tier().path}): `monarch drain` publishes it\n")
+        return EXIT_UNPUBLISHED if code == 0 else code
     wb = (stats or {}).get("writeback") or {}
     if not wb.get("failed") and not wb.get("unpublished"):
         return code

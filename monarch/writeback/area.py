@@ -13,10 +13,14 @@ another run (the data files are read only by the drain).
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 
+from monarch.errors import MonarchError
 from monarch.secure import check_private_dir, open_private_file, private_dir, user_dir
+
+log = logging.getLogger(__name__)
 
 PREFIX = "writeback-"
 JOURNAL, DATA, LOCK = "journal", "data", "owner.lock"
@@ -51,14 +55,18 @@ class Area:
         try:
             parent = user_dir(base)
             names = sorted(n for n in os.listdir(parent) if n.startswith(PREFIX))
-        except OSError:
+        except (OSError, MonarchError):  # no folder of this user's there: nothing of theirs to drain
             return []
         found = []
         for name in names:
             path = os.path.join(parent, name)
             if os.path.islink(path) or not os.path.isdir(path):
                 continue
-            check_private_dir(path)
+            try:
+                check_private_dir(path)
+            except MonarchError as e:  # not a private folder of this user's: never read, said
+                log.warning("%s", e)
+                continue
             area = cls._hold(path, blocking=False)
             if area is not None:
                 found.append(area)

@@ -236,3 +236,71 @@ def test_a_write_back_path_exported_without_a_daemon_for_it_writes_directly(data
                 os.path.join(out, "f"), env=monarch_env() | {"MONARCH_WRITEBACK": ""})
     assert r.returncode == 0, r.stderr
     assert os.path.getsize(os.path.join(out, "f")) == 1000 and r.stdout.strip() == "None"
+
+
+KILL_DAEMON = """
+import glob, os, signal, sys
+path = sys.argv[1]
+with open(path, "wb") as f:
+    f.write(os.urandom(4 << 20))
+run_dir = os.path.dirname(os.environ["MONARCH_SOCKET"])
+with open(os.path.join(run_dir, "daemon.pid")) as f:
+    os.kill(int(f.read().split()[0]), signal.SIGKILL)  # closed, then the daemon lost mid-drain
+"""
+
+
+def test_a_daemon_killed_mid_drain_leaves_its_write_back_to_monarch_drain(dataset, short_tmp, slow_pfs):
+    """The PFS takes writes at 2 MB/s; the daemon is SIGKILLed just after the job closed a 4 MiB
+    file: `monarch run` says the write-back is not on the PFS (exit 3), nothing shows short under
+    its name, and `monarch drain` publishes it whole."""
+    ds = dataset(files=20)
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(os.path.join(src, "ck"))
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=2, open_latency_ms=0)
+    ck = os.path.join(str(pfs.mountpoint), "ck")
+    r, _ = run(short_tmp, ds.root, ck, KILL_DAEMON, os.path.join(ck, "model"))
+    assert r.returncode == 3, r.stderr
+    assert "monarch drain" in r.stderr
+    assert [n for n in os.listdir(os.path.join(src, "ck")) if not n.startswith(".")] == []  # never short
+    (area,) = areas(short_tmp)
+    assert os.stat(area).st_mode & 0o777 == 0o700
+    d = monarch("drain", "-c", config(short_tmp, ds.root, ck))
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert os.path.getsize(os.path.join(src, "ck", "model")) == 4 << 20
+    assert areas(short_tmp) == []
+
+
+def test_another_user_can_neither_read_nor_drain_a_jobs_pending_files(dataset, short_tmp):
+    """A job's pending write-back (its daemon killed) is its user's alone: another user cannot list
+    or read its area, and finds nothing of it to drain."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    ds = dataset(files=20)
+    out = os.path.join(short_tmp, "out")
+    os.makedirs(out, mode=0o777)
+    os.chmod(out, 0o777)
+    r, _ = run(short_tmp, ds.root, out, KILL_DAEMON, os.path.join(out, "model"))
+    found = areas(short_tmp)
+    if r.returncode == 0 and not found:
+        pytest.skip("the drain finished before the daemon was killed (a fast PFS): nothing pending to guard")
+    (area,) = found
+    from monarch.writeback.area import Area
+    pid = os.fork()
+    if pid == 0:  # another user, in a child of this test
+        code = 0
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            for attempt in (lambda: os.listdir(area), lambda: open(os.path.join(area, "journal"), "rb")):
+                try:
+                    attempt()
+                    code = 1
+                except PermissionError:
+                    pass
+            if Area.orphans(os.path.dirname(os.path.dirname(area))):
+                code = 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert monarch("drain", "-c", config(short_tmp, ds.root, out)).returncode == 0  # its own user can
