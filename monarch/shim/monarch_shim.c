@@ -175,18 +175,14 @@ static __thread int monarch_guard __attribute__((tls_model("initial-exec")));
 static __thread int monarch_pfs_why __attribute__((tls_model("initial-exec"))) = -1;
 
 
-/* ---- debug: "[monarch pid/tid] file:line ..." on stderr, only when enabled ---- */
-__attribute__((format(printf, 3, 4)))
-static void monarch_log(const char *file, int line, const char *fmt, ...)
+/* One line on stderr: `head`, then fmt's text, cut to the buffer (errno kept). */
+static void monarch_stderr_line(const char *head, const char *fmt, va_list ap)
 {
-    char buf[1024];
+    char buf[1536];
     int saved = errno;
-    int n = snprintf(buf, sizeof buf, "[monarch %d/%d] %s:%d ", (int)getpid(), monarch_gettid(), file, line);
-    va_list ap;
-    va_start(ap, fmt);
+    int n = snprintf(buf, sizeof buf, "%s", head);
     if (n > 0 && (size_t)n < sizeof buf)
         n += vsnprintf(buf + n, sizeof buf - n, fmt, ap);
-    va_end(ap);
     if (n < 0)
         n = 0;
     if ((size_t)n >= sizeof buf - 1)
@@ -195,6 +191,18 @@ static void monarch_log(const char *file, int line, const char *fmt, ...)
     ssize_t w = write(STDERR_FILENO, buf, (size_t)n); /* write is not wrapped */
     (void)w;
     errno = saved;
+}
+
+/* ---- debug: "[monarch pid/tid] file:line ..." on stderr, only when enabled ---- */
+__attribute__((format(printf, 3, 4)))
+static void monarch_log(const char *file, int line, const char *fmt, ...)
+{
+    char head[256];
+    snprintf(head, sizeof head, "[monarch %d/%d] %s:%d ", (int)getpid(), monarch_gettid(), file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    monarch_stderr_line(head, fmt, ap);
+    va_end(ap);
 }
 
 

@@ -172,6 +172,7 @@ enum monarch_index_state {
 /* ---- debug: "[monarch pid/tid] file:line ..." on stderr, only when enabled (monarch_debug) ---- */
 __attribute__((format(printf, 3, 4)))
 static void monarch_log(const char *file, int line, const char *fmt, ...);
+static void monarch_stderr_line(const char *head, const char *fmt, va_list ap); /* one line, errno kept */
 #define MONARCH_DEBUG(level, ...)                                         \
     do {                                                                  \
         if (MONARCH_UNLIKELY(monarch_debug >= (level)))                   \

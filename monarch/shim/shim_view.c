@@ -31,19 +31,10 @@ static void monarch_say(unsigned bit, const char *fmt, ...)
         return;
     if (c && (__atomic_fetch_or(monarch_extra(c, MONARCH_EXTRA_FALLBACKS), bit, __ATOMIC_RELAXED) & bit))
         return;
-    char buf[1536];
-    int saved = errno;
-    int n = snprintf(buf, sizeof buf, "monarch: ");
     va_list ap;
     va_start(ap, fmt);
-    n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    monarch_stderr_line("monarch: ", fmt, ap);
     va_end(ap);
-    if ((size_t)n >= sizeof buf - 1)
-        n = sizeof buf - 2;
-    buf[n++] = '\n';
-    ssize_t w = write(STDERR_FILENO, buf, (size_t)n); /* write is not wrapped */
-    (void)w;
-    errno = saved;
 }
 
 /* The next "<n>=<dev>,<ino>" of *s (fields separated by ':'); 0, or -1 at the end or on a bad one. */

@@ -29,7 +29,7 @@ from monarch.writeback.journal import Journal, Record, read
 
 log = logging.getLogger(__name__)
 
-COPY_CHUNK = 16 << 20  # bytes moved per copy_file_range/sendfile call
+COPY_CHUNK = 1 << 20  # bytes per write to the PFS: a parallel filesystem's (and FUSE's) own request size
 
 
 @dataclass
@@ -53,16 +53,18 @@ def temporary_name(path: str, run_id: str, seq: int) -> str:
 
 
 def _copy(src_fd: int, dst_fd: int, size: int) -> None:
+    """``size`` bytes in writes of COPY_CHUNK (copy_file_range and sendfile between a tmpfs and a
+    network filesystem go through a pipe: 64 KiB requests, measured 16x the PFS's requests)."""
+    buf = bytearray(COPY_CHUNK)
+    view = memoryview(buf)
     done = 0
     while done < size:
-        try:
-            n = os.copy_file_range(src_fd, dst_fd, min(COPY_CHUNK, size - done))
-        except OSError as e:
-            if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                raise
-            n = os.sendfile(dst_fd, src_fd, None, min(COPY_CHUNK, size - done))
+        n = os.readv(src_fd, [view[:min(COPY_CHUNK, size - done)]])
         if n == 0:
             raise OSError(errno.EIO, f"the local copy ended at {done} of its {size} bytes")
+        written = 0
+        while written < n:
+            written += os.write(dst_fd, view[written:n])
         done += n
 
 

@@ -13,17 +13,14 @@ import pytest
 from monarch.writeback.area import Area
 from monarch.writeback.drain import drain
 from monarch.writeback.journal import read
-from support.writeback import RUN, checkpoint_journal
+from support.writeback import RUN, checkpoint_journal, tier_and_pfs
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def setup(tmp_path):
-    base, pfs = tmp_path / "tier", tmp_path / "pfs"
-    base.mkdir()
-    pfs.mkdir()
-    return str(base), pfs
+    return tier_and_pfs(tmp_path)
 
 
 CRASHING_DRAIN = textwrap.dedent("""

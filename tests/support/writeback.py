@@ -8,6 +8,14 @@ from monarch.writeback.journal import Journal
 RUN = "job1"
 
 
+def tier_and_pfs(tmp_path):
+    """A tier base for the area and a directory standing for the PFS."""
+    base, pfs = tmp_path / "tier", tmp_path / "pfs"
+    base.mkdir()
+    pfs.mkdir()
+    return str(base), pfs
+
+
 def pending(area, journal, seq, path, data, mode=0o640):
     """As the daemon records a closed write-back file: its bytes in the area, then its record."""
     with open(area.data_path(seq), "wb") as f:

@@ -9,15 +9,12 @@ import pytest
 from monarch.writeback.area import Area
 from monarch.writeback.drain import drain, temporary_name
 from monarch.writeback.journal import Journal
-from support.writeback import RUN, checkpoint_journal, pending
+from support.writeback import RUN, checkpoint_journal, pending, tier_and_pfs
 
 
 @pytest.fixture
 def setup(tmp_path):
-    base, pfs = tmp_path / "tier", tmp_path / "pfs"
-    base.mkdir()
-    pfs.mkdir()
-    return str(base), pfs
+    return tier_and_pfs(tmp_path)
 
 
 def test_a_checkpoint_is_published_complete_in_order_with_its_modes(setup):
