@@ -2,9 +2,11 @@
 and the launcher never import them. ``monarch demo``, the tests and the benchmarks do.
 
 =================  =========================================================================
-``slowpfs.py``     an emulated slow PFS: a read-only FUSE view of a directory with a latency
-                   per open, no page cache, and counters of its own
+``slowpfs.py``     an emulated slow PFS: a FUSE view of a directory with a latency per open,
+                   no page cache, and counters of its own, read-only unless ``--writable``
                    (``python -m monarch.tools.slowpfs``; needs the ``demo`` extra, mfusepy)
+``slowpfs_writes.py``  its writes, when writable: each done on the source directory, capped and
+                   counted with the namespace operations in order
 ``workload.py``    a training-like reader: makes a dataset with a manifest of digests, reads
                    it for shuffled epochs with forked workers and checks every byte
                    (``python -m monarch.tools.workload make|read``)
