@@ -111,7 +111,11 @@ class WritebackRoom:
                 return protocol.encode_answer(0)
             if c.op == wire.WB_RESOLVE:
                 kind, where = self.view.resolve(c.path)
-                return _pfs(where) if kind != "gone" else protocol.encode_answer(wire.WB_ERRNO + errno.ENOENT)
+                if kind == "gone":
+                    return protocol.encode_answer(wire.WB_ERRNO + errno.ENOENT)
+                if self.view.is_dir(c.path) and not os.path.isdir(where):  # made by the job, not drained yet
+                    return _pfs(self._listing_dir(c.path))
+                return _pfs(where)
             if c.op == wire.WB_LIST:
                 return _pfs(self._listing_dir(c.path))
             if c.op == wire.WB_SYNC:
@@ -176,7 +180,7 @@ class WritebackRoom:
         job's is pending there, else one made in the area with the names (files empty, dirs dirs)."""
         names = self.view.listing(directory)
         kind, where = self.view.resolve(directory)
-        if kind == "pfs" and where == directory and not self.view.pending_in(directory):
+        if kind == "pfs" and where == directory and os.path.isdir(directory) and not self.view.pending_in(directory):
             return directory
         with self._cond:
             self._lists += 1

@@ -304,3 +304,31 @@ def test_another_user_can_neither_read_nor_drain_a_jobs_pending_files(dataset, s
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert monarch("drain", "-c", config(short_tmp, ds.root, out)).returncode == 0  # its own user can
+
+
+DIRS_WHILE_DRAINING = """
+import os, sys
+ck = sys.argv[1]
+with open(os.path.join(ck, "big"), "wb") as f:  # its drain holds every later operation back a while
+    f.write(b"b" * (4 << 20))
+step = os.path.join(ck, "step_1")
+os.makedirs(step)
+assert os.path.isdir(step) and os.listdir(step) == [], os.listdir(step)
+with open(os.path.join(step, "shard"), "wb") as f:
+    f.write(b"s" * 1000)
+assert sorted(os.listdir(ck)) == ["big", "step_1"] and os.listdir(step) == ["shard"]
+assert os.path.getsize(os.path.join(step, "shard")) == 1000
+os.makedirs(step, exist_ok=True)  # a framework's makedirs again: the view says it is there
+"""
+
+
+def test_a_directory_the_job_made_is_there_for_it_before_the_pfs_has_it(dataset, short_tmp, slow_pfs):
+    ds = dataset(files=20)
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(os.path.join(src, "ck"))
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=4, open_latency_ms=0)
+    ck = os.path.join(str(pfs.mountpoint), "ck")
+    r, report = run(short_tmp, ds.root, ck, DIRS_WHILE_DRAINING, ck)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(os.path.join(src, "ck"))) == ["big", "step_1"]
+    assert os.listdir(os.path.join(src, "ck", "step_1")) == ["shard"]
