@@ -6,11 +6,13 @@ rooms in their order, no Python module over 600 lines; the C files' ``#include``
 the parts of a C library (one translation unit) each declaring in its own header what it gives the others. ``python3 tests/support/import_graph.py [DIR]`` prints a tree's figures."""
 
 import ast
+import collections
 import os
 import posixpath
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -372,3 +374,13 @@ def test_the_parts_compile_in_any_order(unit, tmp_path):
     held = tmp_path / "monarch" / holder
     held.write_text(held.read_text().replace(f'#include "{header}"', ""))
     assert build().returncode != 0
+
+
+def test_no_two_test_modules_outside_a_package_share_a_name():
+    """pytest imports a test module outside a package by its base name: two of one name stop the
+    whole suite at collection ("import file mismatch")."""
+    tests = Path(__file__).resolve().parents[1]
+    loose = [p for p in tests.rglob("test_*.py") if not (p.parent / "__init__.py").exists()]
+    names = collections.Counter(p.name for p in loose)
+    assert [n for n, k in names.items() if k > 1] == []
+    assert len(loose) > 50
