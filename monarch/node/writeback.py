@@ -168,7 +168,8 @@ class WritebackRoom:
             return protocol.encode_answer(0)
         n = self.view.sync(seq)
         if n is not None:
-            self.figures["syncs"] += 1
+            with self._cond:
+                self.figures["syncs"] += 1
             self._kick()
             self._wait_for(n)
         if self._outcome.failed:
@@ -217,7 +218,8 @@ class WritebackRoom:
                 waited = True
                 self._cond.wait(0.05)
         if waited:
-            self.figures["waited_for_room"] += 1
+            with self._cond:
+                self.figures["waited_for_room"] += 1
 
     def _wait_for(self, n: int) -> None:
         with self._cond:
