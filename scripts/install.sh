@@ -37,6 +37,10 @@ command -v debootstrap >/dev/null 2>&1 || command -v /usr/sbin/debootstrap >/dev
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || command -v /usr/sbin/runc >/dev/null 2>&1 || need+=(runc)
 command -v slirp4netns >/dev/null 2>&1 || need+=(slirp4netns)
+# what Podman only recommends, named so that a machine that installs no recommends has it too:
+# rootless Podman's id mapping helpers and its overlay where the kernel's cannot serve a user namespace
+command -v newuidmap >/dev/null 2>&1 || command -v /usr/bin/newuidmap >/dev/null 2>&1 || need+=(uidmap)
+command -v fuse-overlayfs >/dev/null 2>&1 || need+=(fuse-overlayfs)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
