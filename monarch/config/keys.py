@@ -18,13 +18,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from monarch.protocol import ENV_WRITEBACK  # replaces writeback.paths (load.py); the daemon gives the shim its own
+
 POLICIES = ("read-ahead", "on-access", "off")
 RENAMED_POLICIES = {"prestage": "read-ahead"}  # older names still accepted, with a warning
 RENAMED_KEYS = {"run_dir": "run_base"}  # older top-level key names still accepted, with a warning
 VALIDATE_MODES = ("none", "open")
 COMPRESSION_MODES = ("off", "zstd", "auto")
 FSYNC_MODES = ("pfs", "local")
-ENV_WRITEBACK = "MONARCH_WRITEBACK"  # replaces writeback.paths (load.py); Monarch sets it for the job's processes
 MAX_WRITEBACK_PATHS = 8  # the shim's table of them (MONARCH_MAX_WB, monarch/shim/shim_writeback.h; tested)
 REQUIRED = "(required)"  # the default of a tier key every tier must give
 TIER_SHARE = "the node (of available memory for a tier on tmpfs/ramfs, else of free space)"

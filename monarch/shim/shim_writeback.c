@@ -20,6 +20,7 @@
 static char monarch_wb_dirs[MONARCH_MAX_WB][PATH_MAX];
 static size_t monarch_wb_lens[MONARCH_MAX_WB];
 static uint32_t monarch_wb_fd_seq[MONARCH_MAX_FDS]; /* a descriptor's write-back file, 0: none */
+static int monarch_wb_held; /* descriptors with one in this process: none, nothing to tell at exit */
 static __thread char monarch_wb_buf[PATH_MAX] __attribute__((tls_model("initial-exec")));
 #define MONARCH_WB_WAIT_MS (24 * 3600 * 1000) /* a call may wait for the drain; heartbeats keep it alive */
 
@@ -94,6 +95,15 @@ static mode_t monarch_wb_umask(void)
     return u ? (mode_t)strtoul(u + 6, NULL, 8) : 022;
 }
 
+/* Descriptor fd's write-back file is now ``seq`` (0: none); the one it had. */
+static uint32_t monarch_wb_set(int fd, uint32_t seq)
+{
+    uint32_t old = __atomic_exchange_n(&monarch_wb_fd_seq[fd], seq, __ATOMIC_RELAXED);
+    if (!old != !seq)
+        __atomic_fetch_add(&monarch_wb_held, seq ? 1 : -1, __ATOMIC_RELAXED);
+    return old;
+}
+
 static inline int monarch_wb_failed(int st)
 {
     return st >= MONARCH_WB_ERRNO;
@@ -120,7 +130,7 @@ static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, 
     int lflags = st > 0 ? flags & ~(O_CREAT | O_EXCL) : flags;
     int fd = MONARCH_RESOLVE(openat)(AT_FDCWD, where, lflags, mode);
     if (fd >= 0 && st > 0 && (unsigned)fd < MONARCH_MAX_FDS)
-        __atomic_store_n(&monarch_wb_fd_seq[fd], (uint32_t)st, __ATOMIC_RELAXED);
+        monarch_wb_set(fd, (uint32_t)st);
     MONARCH_DEBUG(1, "open %s: write-back %s (seq %d, fd %d)", abs, where, st, fd);
     *fdp = fd;
     return 1;
@@ -213,7 +223,7 @@ static uint32_t monarch_wb_closing(int fd)
 {
     if (MONARCH_LIKELY(!monarch_nwb) || (unsigned)fd >= MONARCH_MAX_FDS)
         return 0;
-    return __atomic_exchange_n(&monarch_wb_fd_seq[fd], 0, __ATOMIC_RELAXED);
+    return monarch_wb_set(fd, 0);
 }
 
 /* After it: the daemon publishes the file once no process holds it (errno kept). */
@@ -240,8 +250,7 @@ static void monarch_wb_dup(int oldfd, int newfd)
 {
     if (MONARCH_LIKELY(!monarch_nwb) || (unsigned)oldfd >= MONARCH_MAX_FDS || (unsigned)newfd >= MONARCH_MAX_FDS)
         return;
-    __atomic_store_n(&monarch_wb_fd_seq[newfd], __atomic_load_n(&monarch_wb_fd_seq[oldfd], __ATOMIC_RELAXED),
-                     __ATOMIC_RELAXED);
+    monarch_wb_set(newfd, __atomic_load_n(&monarch_wb_fd_seq[oldfd], __ATOMIC_RELAXED));
 }
 
 /* A process that leaves normally with write-back files open closes them as it goes (stdio flushes
@@ -249,7 +258,7 @@ static void monarch_wb_dup(int oldfd, int newfd)
  * publishes them once they are released. A killed process runs nothing: not told. */
 __attribute__((destructor)) static void monarch_wb_at_exit(void)
 {
-    if (!monarch_nwb || getpid() != monarch_pid)
+    if (!monarch_nwb || !__atomic_load_n(&monarch_wb_held, __ATOMIC_RELAXED) || getpid() != monarch_pid)
         return;
     for (unsigned fd = 0; fd < MONARCH_MAX_FDS; fd++) {
         uint32_t seq = __atomic_load_n(&monarch_wb_fd_seq[fd], __ATOMIC_RELAXED);

@@ -335,14 +335,19 @@ def print_loop(results: dict, args) -> None:
     print(row("PFS bytes written / checkpoints", ratio, ".2f", modes, ratio=False, unit="x"))
     print(row("PFS write calls", {m: r["pfs"]["writes"] for m, r in runs.items() if "pfs" in r}, "d", modes))
     print(f"  {'published files, every byte':<34}" + "".join(f"{checked(runs[m]):>12}" for m in modes))
+    print_problems(runs, modes)
+    pfs = ", ".join(f"{m} {ratio[m]:.2f}x" for m in modes if m in ratio)
+    print("loop byte check: " + ", ".join(f"{m} {checked(runs[m])}" for m in modes)
+          + f"; PFS bytes written / checkpoint bytes: {pfs}")
+
+
+def print_problems(runs: dict, modes: list) -> None:
+    """A mode's failure, and the first problems its byte check found."""
     for m in modes:
         if "error" in runs[m]:
             print(f"  {m}: FAILED: {runs[m]['error']}")
         for problem in runs[m]["check"]["problems"][:5]:
             print(f"  {m}: {problem}")
-    pfs = ", ".join(f"{m} {ratio[m]:.2f}x" for m in modes if m in ratio)
-    print("loop byte check: " + ", ".join(f"{m} {checked(runs[m])}" for m in modes)
-          + f"; PFS bytes written / checkpoint bytes: {pfs}")
 
 
 def print_dcp(results: dict, args) -> None:
@@ -365,11 +370,7 @@ def print_dcp(results: dict, args) -> None:
                       ("final_name_short", "(b) a final name, short")):
         print(row(name, {m: (r.get("watcher") or {}).get(key) for m, r in runs.items()}, "d", modes, ratio=False))
     print(f"  {'published files, every byte':<34}" + "".join(f"{checked(runs[m]):>12}" for m in modes))
-    for m in modes:
-        if "error" in runs[m]:
-            print(f"  {m}: FAILED: {runs[m]['error']}")
-        for problem in runs[m]["check"]["problems"][:5]:
-            print(f"  {m}: {problem}")
+    print_problems(runs, modes)
 
 
 # --------------------------------------------------------------------------- main
