@@ -8,6 +8,8 @@ verbs and hands ``ControlTable`` a ``{verb: handler}`` mapping of them once, at 
                               ``("cancel", tag)``
   liveness (liveness.py)      ``("ping",)``, ``("pong",)``
   shutdown (shutdown.py)      ``("done",)``, ``("stats", stats)``, ``("release",)``, ``("bye",)``
+  write order (order.py)      ``("wb-ask", tag)``, ``("wb-told", tag, made, applied, failed)``,
+                              ``("wb-applied", applied, failed)``
 
 The engine thread calls ``ControlTable.dispatch(src, msg)`` for every message: it notes
 that ``src`` is alive, then calls the verb's handler with ``(src, *arguments)``.
@@ -34,6 +36,9 @@ class Verb(str, enum.Enum):
     STATS = "stats"        # (stats,): finish(): this node's statistics, to the coordinator
     RELEASE = "release"    # (): finish(): the coordinator releases the node
     BYE = "bye"            # (): close(): the coordinator wrote the report; the node may exit
+    WB_ASK = "wb-ask"      # (tag,): what has your write-back journal made and applied? (order.py)
+    WB_TOLD = "wb-told"    # (tag, made, applied, failed): the answer
+    WB_APPLIED = "wb-applied"  # (applied, failed): my write-back drain moved
 
     def __str__(self) -> str:
         return self.value

@@ -13,6 +13,7 @@ from one), one MPI engine thread that makes every MPI call, and a small pool tha
   shutdown.py    ``finish`` and the goodbye before ``close``
   control.py     the control messages' verbs and their verb -> handler table
   counters.py    the transfer counters (``counters``)
+  order.py       the write-back's order across the nodes (``write_order``)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .datapath import DataPath
 from .engine import Engine
 from .fetch import Fetcher
 from .liveness import LossListener, Liveness
+from .order import WriteOrder
 from .placement import Placement
 from .provide import Provide, Provider, ProvideRange
 from .shutdown import Shutdown
@@ -68,8 +70,10 @@ class Cluster:
                                 self, self._reowned, datapath)
         self._provider = Provider(self._engine, self._counters, self)
         self._shutdown = Shutdown(self._engine, self._liveness, self._provider, self)
+        self.write_order = WriteOrder(self._engine, self.node, self.nodes, self._liveness.is_lost)
         self._control = ControlTable(self._liveness.heard, self._provider.handlers(), self._liveness.handlers(),
-                                     self._shutdown.handlers())
+                                     self._shutdown.handlers(), self.write_order.handlers())
+        self._liveness.on_loss(self.write_order.lost, "write order")
         # a lost node: the fetches waiting on it fail, the transfers to it stop, then the others hear of it
         self._liveness.on_loss(self._fetcher.on_lost, "fetches")
         self._liveness.on_loss(self._provider.on_lost, "serving")

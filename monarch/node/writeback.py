@@ -9,6 +9,9 @@ descriptor the kernel closed because its process was killed is not a close the j
 file is kept, not published. What a call waits for
 (room under ``room``, an fsync's bytes on the PFS, a pending file settled before an open for
 update) it waits for on a request thread of the server, the shim hearing heartbeats meanwhile.
+
+In a cluster (``order_by``) a file opened here is published only after what every other node
+had recorded at its open is on the PFS (W4: ``monarch/cluster/order.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 import time
 
 from monarch import protocol
+from monarch.cluster.order import OrderFailed
 from monarch.node.tiers.resources import is_memory_backed
 from monarch.protocol import ProtocolError
 from monarch.writeback import wire
@@ -71,15 +75,23 @@ class WritebackRoom:
         self.journal = Journal(self.area.journal_path, durable=durable)
         self.view = View(self.paths, self.area, self.journal)
         self._cond = threading.Condition()
-        self._upto = 0                # every record up to here is on the PFS
+        self._upto = 0                # every record up to here is on the PFS (the last drain's)
+        self._moving = 0              # the same, as the drain goes (what other nodes wait for)
+        self.order = None             # the cluster's WriteOrder (W4); None: a single node
         self._outcome = Outcome()     # the last drain's
         self._closing: set[int] = set()  # files a process closed while another still held them
         self._stop = False
         self._lists = 0
         self.figures = {"bytes_written": 0, "files_closed": 0, "files_published": 0, "bytes_published": 0,
-                        "peak_pending_bytes": 0, "drain_seconds": 0.0, "waited_for_room": 0, "syncs": 0}
+                        "peak_pending_bytes": 0, "drain_seconds": 0.0, "waited_for_room": 0, "syncs": 0,
+                        "ordered_files": 0, "order_wait_seconds": 0.0}
         self._thread = threading.Thread(target=self._drain_loop, name="monarch-writeback", daemon=True)
         self._thread.start()
+
+    def order_by(self, order) -> None:
+        """Publish in the order of the cluster's nodes (W4): ``order`` is its ``WriteOrder``."""
+        self.order = order
+        order.serve(lambda: self.journal.last_op, lambda: (self._moving, self._outcome.failed is not None))
 
     def client_env(self) -> dict[str, str]:
         return {protocol.ENV_WRITEBACK: ":".join(self.paths)}
@@ -139,7 +151,8 @@ class WritebackRoom:
         exists = kind != "gone" and os.path.lexists(where or "")
         if flags & os.O_TRUNC or exclusive or (flags & os.O_CREAT and not exists):
             self._wait_for_room()
-            seq, local = self.view.create(path, mode, exclusive=exclusive)
+            after = tuple(sorted(self.order.counts().items())) if self.order is not None else ()
+            seq, local = self.view.create(path, mode, exclusive=exclusive, after=tuple(p for p in after if p[1]))
             return protocol.encode_answer(seq, os.fsencode(local))
         if kind == "gone":
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
@@ -241,7 +254,7 @@ class WritebackRoom:
             started = time.monotonic()
             pending = self.pending_bytes()
             try:
-                out = drain(self.area, self.run_id, journal=self.journal)
+                out = drain(self.area, self.run_id, journal=self.journal, step=self._step, before=self._after_others)
             except Exception as e:  # a bug must not lose what is pending: kept, said, reported
                 log.exception("write-back: the drain failed")
                 out = Outcome(upto=self._upto, failed=f"the drain failed: {e}")
@@ -253,6 +266,26 @@ class WritebackRoom:
                 self.figures["peak_pending_bytes"] = max(self.figures["peak_pending_bytes"], pending)
                 self._upto, self._outcome = out.upto, out
                 self._cond.notify_all()
+
+    def _step(self, phase: str, rec) -> None:
+        if phase == "applied":
+            self._moving = rec.n
+            if self.order is not None:
+                self.order.moved()
+
+    def _after_others(self, rec) -> None:
+        """Hold ``rec``'s publish until the other nodes' operations it is ordered after are on the
+        PFS (W4); refused (OSError) when a node's drain stopped short of them."""
+        if self.order is None:
+            return
+        started = time.monotonic()
+        try:
+            self.order.wait_applied({k: n for k, n in rec["after"]}, stop=lambda: self._stop)
+        except OrderFailed as e:
+            raise OSError(errno.EIO, str(e)) from None
+        with self._cond:
+            self.figures["ordered_files"] += 1
+            self.figures["order_wait_seconds"] += time.monotonic() - started
 
     def finish(self) -> Outcome:
         """Everything the job closed on the PFS (or a refusal): a file still held by a process

@@ -129,10 +129,13 @@ def apply(area: Area, rec: Record, run_id: str) -> None:
 
 
 def drain(area: Area, run_id: str, journal: Journal | None = None,
-          step: Callable[[str, Record], None] | None = None) -> Outcome:
+          step: Callable[[str, Record], None] | None = None,
+          before: Callable[[Record], None] | None = None) -> Outcome:
     """Apply every operation of ``area``'s journal not yet applied, in order; ``journal``: the one
     the run appends to (else one is opened to record progress). ``step(phase, record)`` is called
-    before and after each operation (``"apply"``, ``"applied"``): the tests crash the drain there."""
+    before and after each operation (``"apply"``, ``"applied"``): the tests crash the drain there.
+    ``before(record)``: called before a publish that is ordered after other nodes' operations
+    (its ``after``, W4): it returns once they are on the PFS, or raises OSError (refused)."""
     records, damaged = read(area.journal_path)
     last = max((r["upto"] for r in records if r.op == "applied"), default=0)
     applied, published, failed = 0, [], None
@@ -146,6 +149,8 @@ def drain(area: Area, run_id: str, journal: Journal | None = None,
                 step("apply", rec)
             try:
                 if not (rec.op == "close" and _removed_later(records, i)):
+                    if before is not None and rec.args.get("after"):
+                        before(rec)
                     apply(area, rec, run_id)
             except OSError as e:
                 failed = f"{rec.op} {rec.args}: {e.strerror or e}"

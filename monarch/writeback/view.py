@@ -22,6 +22,7 @@ import errno
 import os
 import stat
 import threading
+import dataclasses
 from dataclasses import dataclass
 
 from monarch.writeback.area import Area
@@ -35,6 +36,11 @@ class Local:
     over: bool               # it replaced a file the view had at its path (removed if it is never closed)
     closed: bool = False     # its close is journaled: it is published in journal order
     last_record: int = 0     # the last journal record naming it
+    after: tuple = ()        # ((node, record), ...): other nodes' operations it is published after (W4)
+
+    def order(self) -> dict:
+        """The ``after`` of its close or sync record (none on a single node)."""
+        return {"after": [list(p) for p in self.after]} if self.after else {}
 
 
 @dataclass
@@ -132,9 +138,10 @@ class View:
         return sorted(names)
 
     # -- the job's changes --------------------------------------------------------------------
-    def create(self, path: str, mode: int, exclusive: bool = False) -> tuple[int, str]:
+    def create(self, path: str, mode: int, exclusive: bool = False, after: tuple = ()) -> tuple[int, str]:
         """A file created or truncated for writing: its sequence number and where its bytes go.
-        ``mode``: the app's, under its umask (what a direct create would give the file)."""
+        ``mode``: the app's, under its umask (what a direct create would give the file);
+        ``after``: the other nodes' operations recorded before this open (W4)."""
         with self._lock:
             if not self._is_dir(os.path.dirname(path)):
                 raise self._missing(path)
@@ -149,7 +156,7 @@ class View:
             self._seq += 1
             fd = os.open(self.area.data_path(self._seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             os.close(fd)
-            self._entries[path] = Local(self._seq, stat.S_IMODE(mode), over=exists)
+            self._entries[path] = Local(self._seq, stat.S_IMODE(mode), over=exists, after=tuple(after))
             return self._seq, self.area.data_path(self._seq)
 
     def close(self, seq: int) -> int | None:
@@ -160,7 +167,8 @@ class View:
                 if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
                     size = os.stat(self.area.data_path(seq)).st_size
                     entry.closed = True
-                    entry.last_record = self.journal.append("close", seq=seq, path=path, mode=entry.mode, size=size)
+                    entry.last_record = self.journal.append("close", seq=seq, path=path, mode=entry.mode, size=size,
+                                                            **entry.order())
                     return entry.last_record
             return None
 
@@ -171,7 +179,8 @@ class View:
             for path, entry in self._entries.items():
                 if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
                     size = os.stat(self.area.data_path(seq)).st_size
-                    return self.journal.append("sync", seq=seq, path=path, mode=entry.mode, size=size)
+                    return self.journal.append("sync", seq=seq, path=path, mode=entry.mode, size=size,
+                                               **entry.order())
             return None
 
     def is_dir(self, path: str) -> bool:
@@ -211,7 +220,7 @@ class View:
             e = self._entries.get(src)
             replaced = self._exists(dst)
             if isinstance(e, Local) and not e.closed:  # still being written: its close names its new path
-                self._entries[dst] = Local(e.seq, e.mode, over=e.over or replaced)
+                self._entries[dst] = dataclasses.replace(e, over=e.over or replaced)
                 self._forget(src, e.over)
                 return
             n = self.journal.append("rename", src=src, dst=dst)

@@ -1,0 +1,104 @@
+"""Write-back across the nodes of a cluster (docs/consistency.md, "Write-back", W4): `monarch serve`
+under mpiexec, each rank its own node; one `monarch run` per node, each running one rank of
+torch.distributed.checkpoint's pattern (a shard, a barrier, then rank 0's `.metadata`). A watcher
+polls the PFS's backing directory as another node's reader would."""
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from support.harness import load, monarch_env, write_config
+from test_cluster_e2e import DaemonCluster
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
+
+NODES = 4
+SMALL, LARGE = 1 << 20, 16 << 20  # the last rank's shard drains for about 0.8 s at 20 MB/s
+
+RANK = """
+import os, sys, time
+ck, barrier, rank, ranks, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+block = bytes([rank]) * (1 << 20)
+with open(os.path.join(ck, f"__{rank}_0.distcp"), "wb") as f:  # DCP's shard, under its final name
+    for _ in range(size >> 20):
+        f.write(block)
+open(os.path.join(barrier, str(rank)), "w").close()  # the job's barrier: every shard closed first
+while len(os.listdir(barrier)) < ranks:
+    time.sleep(0.01)
+if rank == 0:
+    with open(os.path.join(ck, ".metadata.tmp"), "wb") as f:
+        f.write(b"metadata of %d shards" % ranks)
+    os.replace(os.path.join(ck, ".metadata.tmp"), os.path.join(ck, ".metadata"))
+"""
+
+
+def shard_size(rank):
+    return LARGE if rank == NODES - 1 else SMALL
+
+
+class Watcher(threading.Thread):
+    """Every 5 ms: is `.metadata` there while a shard is short, or any final name short?"""
+
+    def __init__(self, directory):
+        super().__init__(daemon=True)
+        self.directory, self.stop, self.polls, self.early, self.short = directory, threading.Event(), 0, 0, 0
+
+    def run(self):
+        while not self.stop.wait(0.005):
+            sizes = {}
+            for name in os.listdir(self.directory):
+                try:
+                    sizes[name] = os.stat(os.path.join(self.directory, name)).st_size
+                except FileNotFoundError:
+                    pass
+            self.polls += 1
+            shards = [sizes.get(f"__{r}_0.distcp", -1) >= shard_size(r) for r in range(NODES)]
+            self.early += ".metadata" in sizes and not all(shards)
+            self.short += any(sizes[f"__{r}_0.distcp"] < shard_size(r) for r in range(NODES)
+                              if f"__{r}_0.distcp" in sizes)
+
+
+def test_dcp_metadata_is_published_after_every_nodes_shard(dataset, short_tmp, slow_pfs):
+    """Rank 0 writes `.metadata` after the barrier; its node drains fast, the last node's shard
+    slowly. The PFS never shows `.metadata` before every shard is whole, nor a shard short under
+    its name; every byte is right once the jobs return."""
+    ds = dataset(files=20)
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(os.path.join(src, "ck"))
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=20, open_latency_ms=0)
+    ck = os.path.join(str(pfs.mountpoint), "ck")
+    barrier = os.path.join(short_tmp, "barrier")
+    os.makedirs(barrier)
+    cfg = write_config(short_tmp, ds.root, extra=f'writeback: {{paths: ["{ck}"]}}\n')
+    cluster = DaemonCluster(NODES, cfg, short_tmp)
+    watcher = Watcher(os.path.join(src, "ck"))
+    try:
+        watcher.start()
+        jobs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--report",
+                                  os.path.join(short_tmp, f"job{k}.json"), "--", sys.executable, "-c",
+                                  textwrap.dedent(RANK), ck, barrier, str(k), str(NODES), str(shard_size(k))],
+                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True) for k in range(NODES)]
+        outs = [p.communicate(timeout=240)[0] for p in jobs]
+        assert [p.returncode for p in jobs] == [0] * NODES, outs
+    finally:
+        watcher.stop.set()
+        watcher.join()
+        assert cluster.stop(range(NODES)) == 0
+    assert watcher.polls > 20
+    assert watcher.early == 0, f"`.metadata` was on the PFS before every shard in {watcher.early} polls"
+    assert watcher.short == 0, f"a shard was seen short under its name in {watcher.short} polls"
+    names = sorted(os.listdir(os.path.join(src, "ck")))
+    assert names == [".metadata", *sorted(f"__{r}_0.distcp" for r in range(NODES))]
+    for r in range(NODES):
+        with open(os.path.join(src, "ck", f"__{r}_0.distcp"), "rb") as f:
+            assert hashlib.md5(f.read()).digest() == hashlib.md5(bytes([r]) * shard_size(r)).digest()
+    rep = load(os.path.join(cluster.run_dir(0), "report.json"))
+    wb = {n["node"]: n["writeback"] for n in rep["nodes"]}
+    assert wb[0]["ordered_files"] >= 1  # `.metadata.tmp`'s publish waited for the other nodes
+    assert sum(w["files_published"] for w in wb.values()) == NODES + 1
