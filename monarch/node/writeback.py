@@ -132,6 +132,11 @@ class WritebackRoom:
                 return _pfs(self._listing_dir(c.path))
             if c.op == wire.WB_SYNC:
                 return self._sync(c.n1)
+            if c.op == wire.WB_SETTLE:
+                return self._settle(c.path, c.path2, c.n1, c.n2)
+            if c.op == wire.WB_FMODE:
+                return protocol.encode_answer(wire.WB_ANSWER_DONE if self.view.set_mode(c.n1, c.n2)
+                                              else wire.WB_ERRNO + errno.EBADF)
             {wire.WB_RENAME: lambda: self.view.rename(c.path, c.path2), wire.WB_UNLINK: lambda: self.view.unlink(c.path),
              wire.WB_MKDIR: lambda: self.view.mkdir(c.path, c.n1), wire.WB_RMDIR: lambda: self.view.rmdir(c.path),
              }[c.op]()
@@ -161,6 +166,25 @@ class WritebackRoom:
             if self._outcome.failed:
                 raise OSError(errno.EIO, "the write-back could not publish what this file depends on", path)
         return _pfs(path)  # written through (docs/consistency.md, W6)
+
+    def _settle(self, path: str, path2: str, kind: int, mode: int) -> bytes:
+        """truncate, chmod, chown, utime, link, symlink or mknod of a path under the write-back
+        paths: a file being written is truncated (its local copy: the answer) or given its mode
+        here; else what the job changed at those paths reaches the PFS first, then the kernel
+        makes the call there, after everything before it and before anything after (W1, W3)."""
+        entry = self.view.entry(path) if path else None
+        if isinstance(entry, Local) and not entry.closed:
+            if kind == wire.SETTLE_CHMOD:
+                self.view.set_mode(entry.seq, mode)
+                return protocol.encode_answer(wire.WB_ANSWER_DONE)
+            if path2:  # a link to a file not on the PFS yet: as across filesystems
+                raise OSError(errno.EXDEV, "a file being written under a write-back path has no PFS name yet", path)
+            return _pfs(self.area.data_path(entry.seq))  # its times (kept by the publish), its size
+        if any(p and self.view.touches(p) for p in (path, path2)):
+            self._wait_for(self.journal.last_op)
+            if self._outcome.failed:
+                raise OSError(errno.EIO, "the write-back could not publish what this call depends on", path or path2)
+        return _pfs(path)
 
     def _closed(self, seq: int) -> None:
         """A descriptor of file ``seq`` was closed by the job: journaled once no process holds it."""

@@ -249,6 +249,9 @@ int execvpe(const char *file, char *const argv[], char *const envp[]);
     X(int, fclose, (FILE *))                                                        \
     X(int, fsync, (int))                                                            \
     X(int, fdatasync, (int))                                                        \
+    X(int, sync_file_range, (int, off64_t, off64_t, unsigned int))                  \
+    X(int, msync, (void *, size_t, int))                                            \
+    X(int, fchmod, (int, mode_t))                                                   \
     X(int, dup, (int))                                                              \
     X(int, dup2, (int, int))                                                        \
     X(int, dup3, (int, int, int))                                                   \

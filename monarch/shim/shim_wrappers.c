@@ -330,28 +330,27 @@
     CHANGE(unlinkat, (int d, const char *p, int f), (d, p, f), d, p, AT_FDCWD, NULL, monarch_wb_unlink(d, p, f)) \
     CHANGE(remove, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_remove(p)) \
     CHANGE(rmdir, (const char *p), (p), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_unlink(AT_FDCWD, p, AT_REMOVEDIR)) \
-    CHANGE(truncate, (const char *p, off_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(truncate64, (const char *p, off64_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(truncate, (const char *p, off_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_settle(AT_FDCWD, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_TRUNCATE, 0)) \
+    CHANGE(truncate64, (const char *p, off64_t l), (p, l), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_settle(AT_FDCWD, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_TRUNCATE, 0)) \
     CHANGE(mkdir, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_mkdir(AT_FDCWD, p, m)) \
     CHANGE(mkdirat, (int d, const char *p, mode_t m), (d, p, m), d, p, AT_FDCWD, NULL, monarch_wb_mkdir(d, p, m)) \
-    CHANGE(mknod, (const char *p, mode_t m, dev_t v), (p, m, v), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(mknodat, (int d, const char *p, mode_t m, dev_t v), (d, p, m, v), d, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(symlink, (const char *t, const char *p), (t, p), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(symlinkat, (const char *t, int d, const char *p), (t, d, p), d, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(link, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n, MONARCH_WB_NOT_OURS) \
-    CHANGE(linkat, (int od, const char *o, int nd, const char *n, int f), (od, o, nd, n, f), od, o, nd, n, MONARCH_WB_NOT_OURS) \
-    CHANGE(chmod, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(fchmodat, (int d, const char *p, mode_t m, int f), (d, p, m, f), d, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(chown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(lchown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(fchownat, (int d, const char *p, uid_t u, gid_t g, int f), (d, p, u, g, f), d, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(utime, (const char *p, const struct utimbuf *t), (p, t), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(utimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(lutimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
-    CHANGE(futimesat, (int d, const char *p, const struct timeval t[2]), (d, p, t), d, p, AT_FDCWD, NULL, MONARCH_WB_NOT_OURS) \
+    CHANGE(mknod, (const char *p, mode_t m, dev_t v), (p, m, v), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_settle(AT_FDCWD, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(mknodat, (int d, const char *p, mode_t m, dev_t v), (d, p, m, v), d, p, AT_FDCWD, NULL, monarch_wb_settle(d, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(symlink, (const char *t, const char *p), (t, p), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_settle(AT_FDCWD, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(symlinkat, (const char *t, int d, const char *p), (t, d, p), d, p, AT_FDCWD, NULL, monarch_wb_settle(d, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(link, (const char *o, const char *n), (o, n), AT_FDCWD, o, AT_FDCWD, n, monarch_wb_settle(AT_FDCWD, &o, AT_FDCWD, n, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(linkat, (int od, const char *o, int nd, const char *n, int f), (od, o, nd, n, f), od, o, nd, n, monarch_wb_settle(od, &o, nd, n, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(chmod, (const char *p, mode_t m), (p, m), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_settle(AT_FDCWD, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_CHMOD, m)) \
+    CHANGE(fchmodat, (int d, const char *p, mode_t m, int f), (d, p, m, f), d, p, AT_FDCWD, NULL, monarch_wb_settle(d, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_CHMOD, m)) \
+    CHANGE(chown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_settle(AT_FDCWD, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(lchown, (const char *p, uid_t u, gid_t g), (p, u, g), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_settle(AT_FDCWD, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(fchownat, (int d, const char *p, uid_t u, gid_t g, int f), (d, p, u, g, f), d, p, AT_FDCWD, NULL, monarch_wb_settle(d, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(utime, (const char *p, const struct utimbuf *t), (p, t), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_settle(AT_FDCWD, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(utimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_settle(AT_FDCWD, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(lutimes, (const char *p, const struct timeval t[2]), (p, t), AT_FDCWD, p, AT_FDCWD, NULL, monarch_wb_settle(AT_FDCWD, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
+    CHANGE(futimesat, (int d, const char *p, const struct timeval t[2]), (d, p, t), d, p, AT_FDCWD, NULL, monarch_wb_settle(d, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0)) \
     CHANGE(utimensat, (int d, const char *p, const struct timespec t[2], int f), (d, p, t, f), d, p, \
-           AT_FDCWD, NULL, MONARCH_WB_NOT_OURS)                                                                              \
-    FDCHANGE(fchmod, fd, (int fd, mode_t m), (fd, m))                                                   \
+           AT_FDCWD, NULL, monarch_wb_settle(d, &p, AT_FDCWD, NULL, MONARCH_WB_SETTLE_OTHER, 0))                                                                              \
     FDCHANGE(fchown, fd, (int fd, uid_t u, gid_t g), (fd, u, g))                                        \
     FDCHANGE(futimens, fd, (int fd, const struct timespec t[2]), (fd, t))                               \
     STAT(fstat, stat, fd, MONARCH_STAT_VER, (int fd, struct stat *buf), (fd, buf))                      \
@@ -558,6 +557,7 @@ MONARCH_EXPORT void seekdir(DIR *dirp, long loc)
             MONARCH_MAPS_UNLOCK(maps_held_);                                       \
         if (p_ != MAP_FAILED && fd >= 0) {                                         \
             monarch_count_mapped(fd, len);                                         \
+            monarch_wb_mapped(fd, p_, len, flags);                                 \
             if (MONARCH_UNLIKELY(monarch_part_of(fd)) && !monarch_guard)          \
                 monarch_part_mapped(fd, p_, len, prot, flags, (uint64_t)off);      \
         }                                                                          \
@@ -571,6 +571,7 @@ MONARCH_WRAP_MMAP(mmap64, off64_t)
 MONARCH_EXPORT int munmap(void *addr, size_t len)
 {
     MONARCH_REAL(munmap, -1)
+    monarch_wb_unmapped(addr, len);
     if (MONARCH_LIKELY(!__atomic_load_n(&monarch_nmappings, __ATOMIC_ACQUIRE)))
         return real_(addr, len);
     sigset_t maps_held_;

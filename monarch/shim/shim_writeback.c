@@ -11,7 +11,11 @@
  *   - rename, unlink, rmdir and mkdir are made in the daemon's view (journaled, replayed on the PFS
  *     in order); stat, access, a read-only open and a listing are answered from it (WB_RESOLVE,
  *     WB_LIST: the path to use instead);
- *   - fsync and fdatasync of such a descriptor return once its bytes so far are on the PFS (WB_SYNC).
+ *   - chmod, chown, utime, truncate, link, symlink and mknod there first wait for what the job
+ *     changed at their paths to reach the PFS (WB_SETTLE), then the kernel makes them; a file being
+ *     written is truncated or timed at its local copy, and its chmod (fchmod) is its published mode;
+ *   - fsync, fdatasync, sync_file_range(WAIT_AFTER) of such a descriptor, and msync(MS_SYNC) of a
+ *     shared mapping of one, return once its bytes so far are on the PFS (WB_SYNC).
  * A daemon that cannot be asked leaves the call to the kernel, as without Monarch (fail open). Every
  * hook costs one load of monarch_nwb when there are no write-back paths.
  */
@@ -21,6 +25,9 @@ static char monarch_wb_dirs[MONARCH_MAX_WB][PATH_MAX];
 static size_t monarch_wb_lens[MONARCH_MAX_WB];
 static uint32_t monarch_wb_fd_seq[MONARCH_MAX_FDS]; /* a descriptor's write-back file, 0: none */
 static int monarch_wb_held; /* descriptors with one in this process: none, nothing to tell at exit */
+#define MONARCH_WB_MAPS 64 /* shared mappings of write-back files msync can name (more: not synced) */
+static struct { uintptr_t start, end; uint32_t seq; } monarch_wb_maps[MONARCH_WB_MAPS];
+static char monarch_wb_maps_lock;
 static __thread char monarch_wb_buf[PATH_MAX] __attribute__((tls_model("initial-exec")));
 #define MONARCH_WB_WAIT_MS (24 * 3600 * 1000) /* a call may wait for the drain; heartbeats keep it alive */
 
@@ -218,6 +225,37 @@ static int monarch_wb_mkdir(int dirfd, const char *path, mode_t mode)
     return monarch_wb_change(MONARCH_WB_MKDIR, a, NULL, (long)(mode & ~monarch_wb_umask() & 07777));
 }
 
+/* chmod, chown, utime, truncate, link, symlink and mknod under a write-back path (`kind`: a
+ * MONARCH_WB_SETTLE_*): the daemon puts on the PFS what the job changed at these paths first, then
+ * the kernel makes the call as asked (NOT_OURS); a file being written is truncated or timed at its
+ * local copy (*p1 replaced by its path) or given its mode by the daemon (0). */
+static int monarch_wb_settle(int d1, const char **p1, int d2, const char *p2, long kind, mode_t mode)
+{
+    char a[PATH_MAX], b[PATH_MAX];
+    if (MONARCH_LIKELY(!monarch_nwb))
+        return MONARCH_WB_NOT_OURS;
+    int ia = p1 && monarch_wb_under(d1, *p1, a), ib = p2 && monarch_wb_under(d2, p2, b);
+    if (!ia && !ib)
+        return MONARCH_WB_NOT_OURS;
+    int st = monarch_wb_ask(MONARCH_WB_SETTLE, ia ? a : "", ib ? b : "", kind, (long)(mode & 07777), monarch_wb_buf);
+    if (st == INT_MIN)
+        return MONARCH_WB_NOT_OURS;
+    if (monarch_wb_failed(st)) {
+        errno = st - MONARCH_WB_ERRNO;
+        return -1;
+    }
+    if (st == MONARCH_WB_ANSWER_DONE)
+        return 0;
+    if (ia && strcmp(monarch_wb_buf, a) != 0)
+        *p1 = monarch_wb_buf; /* the local copy of a file being written */
+    return MONARCH_WB_NOT_OURS;
+}
+
+static uint32_t monarch_wb_seq_of(int fd)
+{
+    return (unsigned)fd < MONARCH_MAX_FDS ? __atomic_load_n(&monarch_wb_fd_seq[fd], __ATOMIC_RELAXED) : 0;
+}
+
 /* Before a close: the descriptor's write-back file, forgotten (0: none). */
 static uint32_t monarch_wb_closing(int fd)
 {
@@ -233,10 +271,9 @@ static void monarch_wb_closed(uint32_t seq)
         monarch_wb_ask(MONARCH_WB_CLOSE, NULL, NULL, (long)seq, 0, NULL);
 }
 
-/* After a successful fsync/fdatasync: the bytes so far on the PFS (0), or -1 and EIO. */
-static int monarch_wb_sync(int fd)
+/* After a successful fsync/fdatasync/msync: file seq's bytes so far on the PFS (0), or -1 and EIO. */
+static int monarch_wb_sync_seq(uint32_t seq)
 {
-    uint32_t seq = (unsigned)fd < MONARCH_MAX_FDS ? __atomic_load_n(&monarch_wb_fd_seq[fd], __ATOMIC_RELAXED) : 0;
     if (!seq)
         return 0;
     int st = monarch_wb_ask(MONARCH_WB_SYNC, NULL, NULL, (long)seq, 0, NULL);
@@ -244,6 +281,52 @@ static int monarch_wb_sync(int fd)
         return 0;
     errno = st == INT_MIN ? EIO : st - MONARCH_WB_ERRNO;
     return -1;
+}
+
+static int monarch_wb_sync(int fd)
+{
+    return monarch_wb_sync_seq(monarch_wb_seq_of(fd));
+}
+
+/* A shared mapping of a write-back file (mmap), or a range let go (munmap): what msync names. */
+static void monarch_wb_mapped(int fd, void *p, size_t len, int flags)
+{
+    uint32_t seq = MONARCH_UNLIKELY(monarch_nwb) && (flags & MAP_SHARED) ? monarch_wb_seq_of(fd) : 0;
+    if (!seq)
+        return;
+    while (__atomic_test_and_set(&monarch_wb_maps_lock, __ATOMIC_ACQUIRE))
+        ;
+    for (unsigned i = 0; i < MONARCH_WB_MAPS; i++)
+        if (!monarch_wb_maps[i].seq) {
+            monarch_wb_maps[i].start = (uintptr_t)p;
+            monarch_wb_maps[i].end = (uintptr_t)p + len;
+            monarch_wb_maps[i].seq = seq;
+            break;
+        }
+    __atomic_clear(&monarch_wb_maps_lock, __ATOMIC_RELEASE);
+}
+
+/* (A range of a mapping let go forgets the whole mapping: an msync of what is left is the kernel's.) */
+static uint32_t monarch_wb_mapping(uintptr_t addr, size_t len, int forget)
+{
+    uint32_t seq = 0;
+    while (__atomic_test_and_set(&monarch_wb_maps_lock, __ATOMIC_ACQUIRE))
+        ;
+    for (unsigned i = 0; i < MONARCH_WB_MAPS; i++) {
+        if (monarch_wb_maps[i].seq && addr < monarch_wb_maps[i].end && addr + len > monarch_wb_maps[i].start) {
+            seq = monarch_wb_maps[i].seq;
+            if (forget)
+                monarch_wb_maps[i].seq = 0;
+        }
+    }
+    __atomic_clear(&monarch_wb_maps_lock, __ATOMIC_RELEASE);
+    return seq;
+}
+
+static void monarch_wb_unmapped(void *addr, size_t len)
+{
+    if (MONARCH_UNLIKELY(monarch_nwb))
+        monarch_wb_mapping((uintptr_t)addr, len ? len : 1, 1);
 }
 
 static void monarch_wb_dup(int oldfd, int newfd)
@@ -313,4 +396,37 @@ MONARCH_EXPORT int fdatasync(int fd)
     MONARCH_REAL(fdatasync, -1)
     int r = real_(fd);
     return r == 0 && MONARCH_UNLIKELY(monarch_nwb) ? monarch_wb_sync(fd) : r;
+}
+
+/* sync_file_range's WAIT_AFTER asks for the range written out: a write-back file's, to the PFS (the
+ * whole of its bytes so far: a superset of the range). Its other flags only start the writing. */
+MONARCH_EXPORT int sync_file_range(int fd, off64_t off, off64_t n, unsigned int flags)
+{
+    MONARCH_REAL(sync_file_range, -1)
+    int r = real_(fd, off, n, flags);
+    return r == 0 && MONARCH_UNLIKELY(monarch_nwb) && (flags & SYNC_FILE_RANGE_WAIT_AFTER) ? monarch_wb_sync(fd) : r;
+}
+
+MONARCH_EXPORT int msync(void *addr, size_t len, int flags)
+{
+    MONARCH_REAL(msync, -1)
+    int r = real_(addr, len, flags);
+    if (r != 0 || MONARCH_LIKELY(!monarch_nwb) || !(flags & MS_SYNC))
+        return r;
+    return monarch_wb_sync_seq(monarch_wb_mapping((uintptr_t)addr, len ? len : 1, 0));
+}
+
+/* fchmod of a file being written sets the mode it is published with (its local copy stays 0600). */
+MONARCH_EXPORT int fchmod(int fd, mode_t mode)
+{
+    MONARCH_REAL(fchmod, -1)
+    monarch_invalidate_fd(fd);
+    uint32_t seq = MONARCH_UNLIKELY(monarch_nwb) ? monarch_wb_seq_of(fd) : 0;
+    if (!seq)
+        return real_(fd, mode);
+    int st = monarch_wb_ask(MONARCH_WB_FMODE, NULL, NULL, (long)seq, (long)(mode & 07777), NULL);
+    if (st == INT_MIN || st == MONARCH_WB_ANSWER_DONE)
+        return st == INT_MIN ? real_(fd, mode) : 0;
+    errno = st - MONARCH_WB_ERRNO;
+    return -1;
 }

@@ -46,6 +46,9 @@ static int monarch_wb_fopen(const char *path, const char *mode, FILE **fpp);
 static uint32_t monarch_wb_closing(int fd);
 static void monarch_wb_closed(uint32_t seq);
 static int monarch_wb_sync(int fd);
+static int monarch_wb_settle(int d1, const char **p1, int d2, const char *p2, long kind, mode_t mode);
+static void monarch_wb_mapped(int fd, void *p, size_t len, int flags);
+static void monarch_wb_unmapped(void *addr, size_t len);
 static void monarch_wb_dup(int oldfd, int newfd);
 
 #endif /* MONARCH_SHIM_WRITEBACK_H */

@@ -106,7 +106,14 @@
 #define MONARCH_WB_RMDIR 7   /* path */
 #define MONARCH_WB_SYNC 8    /* n1 = seq: its bytes so far on the PFS under its name before the answer */
 #define MONARCH_WB_LIST 9    /* path: a directory to list as the job sees it (the answer: a directory to open) */
+#define MONARCH_WB_SETTLE 10 /* path, path2, n1 = SETTLE_*, n2 = chmod's mode: what the job changed there on the PFS
+                              * first (or the file being written's local path, or DONE) */
+#define MONARCH_WB_FMODE 11  /* n1 = seq, n2 = mode: fchmod of a file being written (its published mode) */
 #define MONARCH_WB_ANSWER_PFS 0 /* open, stat or list the path in the body (the PFS's) */
+#define MONARCH_WB_ANSWER_DONE 1 /* SETTLE, FMODE: made in the view; the kernel is not asked */
+#define MONARCH_WB_SETTLE_OTHER 0
+#define MONARCH_WB_SETTLE_TRUNCATE 1
+#define MONARCH_WB_SETTLE_CHMOD 2
 #define MONARCH_WB_ERRNO 65536  /* status - this: the errno the call fails with */
 /* HINT body: u8 op, u64 stream, then the op's own; PROGRESS's is one u64 (positions consumed).
  * A connection whose first request is a PROGRESS of the order the front door's peer lane

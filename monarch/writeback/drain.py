@@ -85,6 +85,8 @@ def publish(area: Area, rec: Record, run_id: str) -> None:
         try:
             _copy(src, dst, size)
             os.fchmod(dst, stat.S_IMODE(rec["mode"]))  # the app's mode under its umask, as it asked
+            local = os.fstat(src)
+            os.utime(dst, ns=(local.st_atime_ns, local.st_mtime_ns))  # its last write's time (or utime's), not the drain's
             os.fsync(dst)
         finally:
             os.close(dst)

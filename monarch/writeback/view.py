@@ -183,6 +183,25 @@ class View:
                                                **entry.order())
             return None
 
+    def touches(self, path: str) -> bool:
+        """Has the job changed ``path`` or a directory above it in a way the PFS does not show yet?"""
+        with self._lock:
+            above = path
+            while above and above != "/":
+                if above in self._entries or above in self._dirs:
+                    return True
+                above = os.path.dirname(above)
+            return False
+
+    def set_mode(self, seq: int, mode: int) -> bool:
+        """chmod of file ``seq``, being written: the mode it is published with."""
+        with self._lock:
+            for entry in self._entries.values():
+                if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
+                    entry.mode = stat.S_IMODE(mode)
+                    return True
+            return False
+
     def is_dir(self, path: str) -> bool:
         with self._lock:
             return self._is_dir(path)

@@ -131,7 +131,7 @@ def test_only_the_wrappers_are_exported(shim_lib):
     assert exported == {
         "open", "open64", "__open_2", "__open64_2", "openat", "openat64", "__openat_2", "__openat64_2",
         "fopen", "fopen64", "freopen", "freopen64", "close", "isatty", "fclose", "dup", "dup2", "dup3", "close_range",
-        "fsync", "fdatasync",
+        "fsync", "fdatasync", "sync_file_range", "msync",
         "mmap", "mmap64", "munmap", "mremap", "fcntl", "fcntl64", "fdopen", "setvbuf", "setbuf", "setbuffer", "fread",
         "fread_unlocked", "__fread_chk",
         "__fread_unlocked_chk", "execve", "execv", "execvp", "execvpe", "fexecve", "execl", "execlp", "execle",

@@ -1,0 +1,93 @@
+"""The calls under a write-back path beyond open, close and rename (docs/consistency.md, "Write-back",
+W1 and W5): chmod, utime, truncate, link and symlink act on the job's view in the job's order, and
+msync(MS_SYNC) and sync_file_range(WAIT_AFTER) return once the PFS holds the bytes. Real jobs under
+`monarch run`; the PFS is a directory the test (and the job, without the shim) reads directly."""
+
+import os
+import stat
+
+import pytest
+
+from test_writeback_jobs import run
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+METADATA = """
+import os, stat, sys
+ck = sys.argv[1]
+big = os.path.join(ck, "big")
+with open(big, "wb") as f:                 # pending a while: what follows names it
+    f.write(os.urandom(4 << 20))
+os.chmod(big, 0o604)
+assert stat.S_IMODE(os.stat(big).st_mode) == 0o604
+os.utime(big, ns=(1_000_000_000, 2_000_000_000))
+assert os.stat(big).st_mtime_ns == 2_000_000_000
+os.link(big, os.path.join(ck, "big.link"))
+os.makedirs(os.path.join(ck, "step_2"))
+os.symlink("../big", os.path.join(ck, "step_2", "latest"))
+with open(os.path.join(ck, "step_2", "latest"), "rb") as f:
+    assert len(f.read()) == 4 << 20
+fd = os.open(os.path.join(ck, "open"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+os.write(fd, b"x" * 1000)
+os.truncate(os.path.join(ck, "open"), 10)  # by its path, while it is being written
+os.fchmod(fd, 0o640)                       # the mode it is published with
+os.close(fd)
+assert os.path.getsize(os.path.join(ck, "open")) == 10
+"""
+
+
+def test_chmod_utime_link_symlink_and_truncate_act_on_the_jobs_view(dataset, short_tmp, slow_pfs):
+    """Each acts at once for the job and reaches the PFS after the data it names (the PFS takes
+    writes at 8 MB/s: the file is still pending when they come; before, the calls went straight
+    to the PFS, where it was not yet: ENOENT)."""
+    ds = dataset(files=20)
+    pfs = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(pfs)
+    mounted = slow_pfs(pfs, writable=True, write_bandwidth_mbps=8, open_latency_ms=0)
+    r, report = run(short_tmp, ds.root, str(mounted.mountpoint), METADATA, str(mounted.mountpoint))
+    assert r.returncode == 0, r.stderr
+    big = os.stat(os.path.join(pfs, "big"))
+    assert stat.S_IMODE(big.st_mode) == 0o604 and big.st_mtime_ns == 2_000_000_000 and big.st_size == 4 << 20
+    assert os.path.samefile(os.path.join(pfs, "big"), os.path.join(pfs, "big.link"))
+    assert os.readlink(os.path.join(pfs, "step_2", "latest")) == "../big"
+    opened = os.stat(os.path.join(pfs, "open"))
+    assert opened.st_size == 10 and stat.S_IMODE(opened.st_mode) == 0o640
+    assert sorted(os.listdir(pfs)) == ["big", "big.link", "open", "step_2"]  # no temporary left
+    assert report["nodes"][0]["writeback"]["failed"] is None
+
+
+SYNCS = """
+import ctypes, mmap, os, subprocess, sys
+path, backing = sys.argv[1], sys.argv[2]
+env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+def on_pfs():  # as another node would read it: without the shim
+    return subprocess.run(["cat", backing], env=env, capture_output=True).stdout
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+os.ftruncate(fd, 1 << 20)
+m = mmap.mmap(fd, 1 << 20, mmap.MAP_SHARED)
+m[:5] = b"hello"
+m.flush()                                  # msync(MS_SYNC)
+assert on_pfs()[:5] == b"hello" and len(on_pfs()) == 1 << 20
+m[5:11] = b" world"
+m.close()
+os.pwrite(fd, b"tail", (1 << 20) - 4)
+libc = ctypes.CDLL(None, use_errno=True)
+WAIT_BEFORE, WRITE, WAIT_AFTER = 1, 2, 4
+assert libc.sync_file_range(fd, ctypes.c_int64(0), ctypes.c_int64(0), WAIT_BEFORE | WRITE | WAIT_AFTER) == 0
+seen = on_pfs()
+assert seen[:11] == b"hello world" and seen[-4:] == b"tail", seen[:11]
+os.close(fd)
+"""
+
+
+def test_msync_and_sync_file_range_return_once_the_pfs_holds_the_bytes(dataset, short_tmp):
+    ds = dataset(files=20)
+    pfs = os.path.join(short_tmp, "pfs-out")
+    os.makedirs(pfs)
+    path = os.path.join(pfs, "mapped.bin")
+    r, report = run(short_tmp, ds.root, pfs, SYNCS, path, path)
+    assert r.returncode == 0, r.stderr
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:11] == b"hello world" and data[-4:] == b"tail" and len(data) == 1 << 20
+    assert report["nodes"][0]["writeback"]["syncs"] == 2
