@@ -8,12 +8,16 @@
   dcp   torch.distributed.checkpoint's pattern without torch: RANKS writer processes each write
         a shard under its final name (``__R_0.distcp``, as DCP's FileSystemWriter), a barrier,
         then rank 0 writes ``.metadata`` (as ``.metadata.tmp``, then a rename, as DCP does)
+  dcp-rank  one rank of ``dcp`` as a process of its own (one per node: scripts/writeback/
+        bench_dcp_nodes.py): its shard, a barrier by files (each rank makes BARRIER/R, then waits
+        for RANKS of them; the directory outside the checkpoint's), then rank 0's ``.metadata``
 
 Every chunk is random bytes of a fixed seed under a stamp (save, file, chunk), so that
 :func:`expected_chunk` gives back every byte a published file must hold. Each prints one JSON line.
 
     python3 scripts/writeback/checkpoint_app.py loop DIR --steps 200 --step-ms 80 --every 50 --files 2 --file-mib 256
     python3 scripts/writeback/checkpoint_app.py dcp DIR --ranks 4 --shard-mib 128
+    python3 scripts/writeback/checkpoint_app.py dcp-rank DIR --rank 0 --ranks 4 --barrier BARRIER --shard-mib 128
 """
 
 from __future__ import annotations
@@ -138,6 +142,37 @@ def run_dcp(args) -> dict:
             "inside_s": time.monotonic() - t0, "shim": shim_loaded(), "failed_ranks": len(bad)}
 
 
+def file_barrier(directory: str, rank: int, ranks: int, timeout: float) -> None:
+    """Every rank's shard closed before any rank goes on: this rank's file made, then every rank's awaited."""
+    open(os.path.join(directory, str(rank)), "w").close()
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(directory)) < ranks:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: {len(os.listdir(directory))} of {ranks} ranks at the barrier "
+                               f"{directory} after {timeout:g} s")
+        time.sleep(0.002)
+
+
+def run_dcp_rank(args) -> dict:
+    """One rank of ``dcp`` in this process: times on CLOCK_MONOTONIC, one clock for every process of the machine."""
+    os.makedirs(args.dir, exist_ok=True)
+    base = base_bytes(args.chunk_mib << 20)
+    buf = new_buffer(base)
+    t0 = time.monotonic()
+    write_file(os.path.join(args.dir, shard_name(args.rank)), buf, base, 0, args.rank, args.shard_mib << 20)
+    t1 = time.monotonic()
+    file_barrier(args.barrier, args.rank, args.ranks, args.barrier_timeout)
+    t2 = time.monotonic()
+    if args.rank == 0:
+        tmp = os.path.join(args.dir, ".metadata.tmp")
+        with open(tmp, "wb") as f:
+            f.write(metadata_bytes(args.ranks, args.shard_mib << 20))
+        os.replace(tmp, os.path.join(args.dir, ".metadata"))
+    t3 = time.monotonic()
+    return {"rank": args.rank, "shard_write_s": t1 - t0, "shard_start": t0, "shard_end": t1, "barrier_s": t2 - t1,
+            "metadata_s": t3 - t2, "inside_s": t3 - t0, "shim": shim_loaded(), "failed_ranks": 0}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -153,10 +188,17 @@ def main(argv=None) -> int:
     dcp.add_argument("dir")
     dcp.add_argument("--ranks", type=int, default=4)
     dcp.add_argument("--shard-mib", type=int, default=128)
-    for s in (loop, dcp):
+    one = sub.add_parser("dcp-rank", help="one rank of dcp as its own process, a barrier by files in BARRIER")
+    one.add_argument("dir")
+    one.add_argument("--rank", type=int, required=True)
+    one.add_argument("--ranks", type=int, default=4)
+    one.add_argument("--barrier", required=True, help="a directory outside DIR, empty before the ranks start")
+    one.add_argument("--barrier-timeout", type=float, default=600.0, help="seconds a rank waits there (default 600)")
+    one.add_argument("--shard-mib", type=int, default=128)
+    for s in (loop, dcp, one):
         s.add_argument("--chunk-mib", type=int, default=16, help="bytes per write call (default 16 MiB)")
     args = p.parse_args(argv)
-    result = run_loop(args) if args.what == "loop" else run_dcp(args)
+    result = {"loop": run_loop, "dcp": run_dcp, "dcp-rank": run_dcp_rank}[args.what](args)
     print(json.dumps(result), flush=True)
     return 1 if result.get("failed_ranks") else 0
 
