@@ -30,7 +30,7 @@ from monarch.node.tiers.resources import is_memory_backed
 from monarch.protocol import ProtocolError
 from monarch.writeback import wire
 from monarch.writeback.area import Area
-from monarch.writeback.drain import Outcome, drain
+from monarch.writeback.drain import Outcome, _copy, drain, temporary_name
 from monarch.writeback.journal import Journal
 from monarch.writeback.view import Local, View
 
@@ -80,11 +80,17 @@ class WritebackRoom:
         self.order = None             # the cluster's WriteOrder (W4); None: a single node
         self._outcome = Outcome()     # the last drain's
         self._closing: set[int] = set()  # files a process closed while another still held them
+        self._reserved: dict[int, int] = {}  # file -> room its writers reserved ahead (WB_ROOM)
+        self._spilling: dict[int, str] = {}  # file -> its PFS copy, until its writer moved to it
         self._stop = False
         self._lists = 0
         self.figures = {"bytes_written": 0, "files_closed": 0, "files_published": 0, "bytes_published": 0,
+                        "bytes_copied": 0,
                         "peak_pending_bytes": 0, "drain_seconds": 0.0, "waited_for_room": 0, "syncs": 0,
-                        "ordered_files": 0, "order_wait_seconds": 0.0}
+                        "ordered_files": 0, "order_wait_seconds": 0.0, "files_written_through": 0,
+                        "opened_through": 0, "app_write_seconds": 0.0, "app_close_seconds": 0.0,
+                        "app_sync_seconds": 0.0, "job_ended_after_s": None, "drained_after_s": None}
+        self._started = time.monotonic()
         self._thread = threading.Thread(target=self._drain_loop, name="monarch-writeback", daemon=True)
         self._thread.start()
 
@@ -119,7 +125,16 @@ class WritebackRoom:
             if c.op == wire.WB_OPEN:
                 return self._open(c.path, c.n1, c.n2)
             if c.op == wire.WB_CLOSE:
+                started = time.monotonic()
                 self._closed(c.n1)
+                with self._cond:
+                    self.figures["app_write_seconds"] += max(0, c.n2) / 1e9  # the closing process's writes
+                    self.figures["app_close_seconds"] += time.monotonic() - started
+                return protocol.encode_answer(0)
+            if c.op == wire.WB_ROOM:
+                return self._room(c.n1, c.n2)
+            if c.op == wire.WB_SPILLED:
+                self._spilled(c.n1, bool(c.n2))
                 return protocol.encode_answer(0)
             if c.op == wire.WB_RESOLVE:
                 kind, where = self.view.resolve(c.path)
@@ -151,7 +166,7 @@ class WritebackRoom:
         entry = self.view.entry(path)
         exclusive = bool(flags & os.O_CREAT and flags & os.O_EXCL)
         if isinstance(entry, Local) and not entry.closed and not exclusive:  # the same file, open here already
-            return protocol.encode_answer(entry.seq, os.fsencode(self.area.data_path(entry.seq)))
+            return protocol.encode_answer(entry.seq, os.fsencode(entry.through or self.area.data_path(entry.seq)))
         kind, where = self.view.resolve(path)
         exists = kind != "gone" and os.path.lexists(where or "")
         if flags & os.O_TRUNC or exclusive or (flags & os.O_CREAT and not exists):
@@ -165,6 +180,8 @@ class WritebackRoom:
             self._wait_for(self.journal.last_op)
             if self._outcome.failed:
                 raise OSError(errno.EIO, "the write-back could not publish what this file depends on", path)
+        with self._cond:
+            self.figures["opened_through"] += 1
         return _pfs(path)  # written through (docs/consistency.md, W6)
 
     def _settle(self, path: str, path2: str, kind: int, mode: int) -> bytes:
@@ -179,7 +196,7 @@ class WritebackRoom:
                 return protocol.encode_answer(wire.WB_ANSWER_DONE)
             if path2:  # a link to a file not on the PFS yet: as across filesystems
                 raise OSError(errno.EXDEV, "a file being written under a write-back path has no PFS name yet", path)
-            return _pfs(self.area.data_path(entry.seq))  # its times (kept by the publish), its size
+            return _pfs(entry.through or self.area.data_path(entry.seq))  # its times (kept by the publish), its size
         if any(p and self.view.touches(p) for p in (path, path2)):
             self._wait_for(self.journal.last_op)
             if self._outcome.failed:
@@ -188,14 +205,16 @@ class WritebackRoom:
 
     def _closed(self, seq: int) -> None:
         """A descriptor of file ``seq`` was closed by the job: journaled once no process holds it."""
-        if not sole_opener(self.area.data_path(seq)):
+        if not sole_opener(self.view.where(seq)):
             self._closing.add(seq)  # another process holds it still: its close will tell
             return
         self._closing.discard(seq)
+        where = self.view.where(seq)
         n = self.view.close(seq)
         if n is not None:
-            size = os.stat(self.area.data_path(seq)).st_size
+            size = os.stat(where).st_size
             with self._cond:
+                self._reserved.pop(seq, None)
                 self.figures["bytes_written"] += size
                 self.figures["files_closed"] += 1
             self._kick()
@@ -203,12 +222,14 @@ class WritebackRoom:
     def _sync(self, seq: int) -> bytes:
         if self.fsync_local:
             return protocol.encode_answer(0)
+        started = time.monotonic()
         n = self.view.sync(seq)
         if n is not None:
-            with self._cond:
-                self.figures["syncs"] += 1
             self._kick()
             self._wait_for(n)
+            with self._cond:
+                self.figures["syncs"] += 1
+                self.figures["app_sync_seconds"] += time.monotonic() - started
         if self._outcome.failed:
             return protocol.encode_answer(wire.WB_ERRNO + errno.EIO)
         return protocol.encode_answer(0)
@@ -234,14 +255,90 @@ class WritebackRoom:
         return made
 
     # -- room and waiting --------------------------------------------------------------------------
-    def pending_bytes(self) -> int:
+    def pending_bytes(self, but: int = 0) -> int:
+        """The bytes the area holds or its writers reserved (``but``: not counting that file's)."""
         total = 0
+        with self._cond:
+            reserved = dict(self._reserved)
         for seq in self.area.pending_data():
+            if seq == but:
+                continue
             try:
-                total += os.stat(self.area.data_path(seq)).st_size
+                total += max(os.stat(self.area.data_path(seq)).st_size, reserved.get(seq, 0))
             except OSError:
                 pass
         return total
+
+    def _room(self, seq: int, need: int) -> bytes:
+        """Room for file ``seq``'s writes up to ``need`` bytes (W6), and some ahead (the answer's
+        body: the bytes granted): granted once the other files' bytes leave the room (they drain
+        meanwhile); a file larger than the room, or one that would wait for nothing (the rest
+        cannot drain: open files), is written through to the PFS instead."""
+        found = self.view.being_written(seq)
+        if found is None or found[1].through:
+            return protocol.encode_answer(wire.WB_ANSWER_DONE, str(wire.GRANT_ALL).encode())
+        waited = False
+        while need <= self.room:
+            pending = self.pending_bytes(but=seq)
+            with self._cond:
+                if pending + need <= self.room:
+                    grant = min(need + min(wire.GRANT_AHEAD, self.room // 8), self.room - pending)
+                    self._reserved[seq] = max(self._reserved.get(seq, 0), grant)
+                    self.figures["peak_pending_bytes"] = max(self.figures["peak_pending_bytes"], pending + need)
+                    self.figures["waited_for_room"] += waited
+                    return protocol.encode_answer(wire.WB_ANSWER_DONE, str(grant).encode())
+                if self._outcome.failed or self._upto >= self.journal.last_op or self._stop:
+                    break  # nothing more will drain
+                waited = True
+                self._cond.wait(0.05)
+        with self._cond:
+            self.figures["waited_for_room"] += waited
+        return self._spill(seq)
+
+    def _spill(self, seq: int) -> bytes:
+        """File ``seq``'s bytes so far copied to its temporary name on the PFS (its directory there
+        first), for its writer to go on there: answered SPILL with the path; EIO (the writer goes
+        on in the area) when the PFS refuses."""
+        path, entry = self.view.being_written(seq) or (None, None)
+        if entry is None:
+            return protocol.encode_answer(wire.WB_ANSWER_DONE)
+        if self.view.touches(os.path.dirname(path)):
+            self._wait_for(self.journal.last_op)
+        tmp = temporary_name(path, self.run_id, seq)
+        try:
+            src = os.open(self.area.data_path(seq), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                try:
+                    _copy(src, dst, os.fstat(src).st_size)
+                finally:
+                    os.close(dst)
+            finally:
+                os.close(src)
+        except OSError as e:
+            log.error("write-back: %s is larger than the room but cannot be written through (%s): it stays on "
+                      "the node", path, e)
+            return protocol.encode_answer(wire.WB_ERRNO + (e.errno or errno.EIO))
+        with self._cond:
+            self._spilling[seq] = tmp
+        return protocol.encode_answer(wire.WB_ANSWER_SPILL, os.fsencode(tmp))
+
+    def _spilled(self, seq: int, moved: bool) -> None:
+        """The writer of file ``seq`` writes at its PFS copy now (``moved``), or could not."""
+        with self._cond:
+            tmp = self._spilling.pop(seq, None)
+            self._reserved.pop(seq, None)
+        if tmp is None:
+            return
+        if not moved:
+            log.error("write-back: a writer could not move to %s: the file stays on the node", tmp)
+            os.unlink(tmp)
+            return
+        self.view.written_through(seq, tmp)
+        os.unlink(self.area.data_path(seq))
+        with self._cond:
+            self.figures["files_written_through"] += 1
+        log.info("write-back: %s is larger than the room (%d bytes): written through to the PFS", tmp, self.room)
 
     def _wait_for_room(self) -> None:
         """A new file waits while the bytes pending fill the room (they drain meanwhile)."""
@@ -278,7 +375,8 @@ class WritebackRoom:
             started = time.monotonic()
             pending = self.pending_bytes()
             try:
-                out = drain(self.area, self.run_id, journal=self.journal, step=self._step, before=self._after_others)
+                out = drain(self.area, self.run_id, journal=self.journal, step=self._step, before=self._after_others,
+                            commit=self.view.applying)
             except Exception as e:  # a bug must not lose what is pending: kept, said, reported
                 log.exception("write-back: the drain failed")
                 out = Outcome(upto=self._upto, failed=f"the drain failed: {e}")
@@ -287,6 +385,7 @@ class WritebackRoom:
                 self.figures["drain_seconds"] += time.monotonic() - started
                 self.figures["files_published"] += len(out.published)
                 self.figures["bytes_published"] += out.published_bytes
+                self.figures["bytes_copied"] += out.copied_bytes
                 self.figures["peak_pending_bytes"] = max(self.figures["peak_pending_bytes"], pending)
                 self._upto, self._outcome = out.upto, out
                 self._cond.notify_all()
@@ -314,10 +413,16 @@ class WritebackRoom:
     def finish(self) -> Outcome:
         """Everything the job closed on the PFS (or a refusal): a file still held by a process
         that is gone is closed now if some process of the job closed it (others kept it open
-        to the end); then the drain is waited for."""
+        to the end); then the drain is waited for. (The figures note when the job ended and when
+        its drain did: what of the drain overlapped the job.)"""
+        with self._cond:
+            if self.figures["job_ended_after_s"] is None:
+                self.figures["job_ended_after_s"] = time.monotonic() - self._started
         for seq in sorted(self._closing):
             self._closed(seq)
         self._wait_for(self.journal.last_op)
+        with self._cond:
+            self.figures["drained_after_s"] = time.monotonic() - self._started
         return self._outcome
 
     def stats(self) -> dict:

@@ -139,7 +139,9 @@ def _processes_with_shim(alive: list[NodeStats]) -> int | None:
 
 
 WRITEBACK_SUMS = ("bytes_written", "files_closed", "files_published", "bytes_published", "pending_bytes",
-                  "peak_pending_bytes", "drain_seconds", "waited_for_room", "syncs", "not_closed")
+                  "peak_pending_bytes", "drain_seconds", "waited_for_room", "syncs", "not_closed",
+                  "bytes_copied", "files_written_through", "opened_through", "ordered_files", "order_wait_seconds",
+                  "app_write_seconds", "app_close_seconds", "app_sync_seconds")
 
 
 def _writeback_over_nodes(alive: list[NodeStats]) -> dict | None:
@@ -148,8 +150,20 @@ def _writeback_over_nodes(alive: list[NodeStats]) -> dict | None:
     nodes = [n.writeback for n in alive if n.writeback]
     if not nodes:
         return None
-    out = {k: sum(n.get(k, 0) for n in nodes) for k in WRITEBACK_SUMS}
-    out["drain_seconds"] = round(out["drain_seconds"], 3)
+    out = {k: sum(n.get(k) or 0 for n in nodes) for k in WRITEBACK_SUMS}
+    for k in WRITEBACK_SUMS:
+        if k.endswith("_seconds"):
+            out[k] = round(out[k], 3)
+    # the PFS's write rate as the drain met it (its own time, not its waits on other nodes), and the
+    # application's time to write the same bytes straight to it at that rate: what direct would block
+    copying = sum(max(0.0, (n.get("drain_seconds") or 0) - (n.get("order_wait_seconds") or 0)) for n in nodes)
+    rate = out["bytes_copied"] / copying if copying > 0 and out["bytes_copied"] else None
+    out["pfs_write_rate"] = round(rate) if rate else None
+    out["direct_estimate_seconds"] = round(out["bytes_written"] / rate, 3) if rate else None
+    # what of the drain ran after the job's command had ended (the rest overlapped the job)
+    after = [n["drained_after_s"] - n["job_ended_after_s"] for n in nodes
+             if n.get("drained_after_s") is not None and n.get("job_ended_after_s") is not None]
+    out["drain_after_job_seconds"] = round(max(0.0, max(after)), 3) if after else None
     out["failed"] = [n["failed"] for n in nodes if n.get("failed")]
     out["unpublished"] = {path: where for n in nodes for path, where in (n.get("unpublished") or {}).items()}
     out["kept_in"] = [n["area"] for n in nodes if n.get("failed") or n.get("unpublished") or n.get("not_closed")]

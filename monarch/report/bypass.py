@@ -40,6 +40,13 @@ FEW = ("only {opens} open(s) of the dataset's {files} files went through the shi
        "binary) or read other paths than the roots")
 
 
+def wrote_back(report: dict) -> bool:
+    """Did the shim take the job's writes under its write-back paths? (A job that only saved
+    checkpoints used Monarch without reading the dataset: not a bypass.)"""
+    nodes = report.get("nodes") or [report]
+    return any((n.get("writeback") or {}).get("records") for n in nodes if isinstance(n, dict))
+
+
 def bypass_warning(report: dict) -> str | None:
     """One line saying the dataset was not read through Monarch, and the likely causes (or,
     when only its metadata went through the shim, that and what it means); None when it was
@@ -59,6 +66,8 @@ def bypass_warning(report: dict) -> str | None:
         why = NOT_LOADED
     elif opens == 0 and local:  # the shim served the command, from the index: not "not read through Monarch"
         return ONLY_METADATA.format(local=local)
+    elif opens == 0 and wrote_back(report):
+        return None
     elif opens == 0 and readers == 0:
         why = ONLY_WRAPPERS
     elif opens == 0:
@@ -79,6 +88,6 @@ def bypass_fallback(report: dict) -> dict | None:
         return None
     if procs == 0:
         return entry("no-shim")
-    if procs and readers == 0:
+    if procs and readers == 0 and not wrote_back(report):
         return entry("shim-idle", f"{procs} process(es) with the shim, none of them a reader")
     return None

@@ -266,9 +266,19 @@ def _print_writeback(wb: dict | None, w) -> None:
     (docs/consistency.md, "Write-back")."""
     if not wb:
         return
-    w(f"write-back: {plural(wb['files_closed'], 'file')}, {human(wb['bytes_written'])} written on the node; "
+    w(f"write-back: {plural(wb['files_closed'], 'file')}, {human(wb['bytes_written'])} written by the job; "
       f"{plural(wb['files_published'], 'file')}, {human(wb['bytes_published'])} published to the PFS "
       f"(draining {wb['drain_seconds']:.2f} s; at most {human(wb['peak_pending_bytes'])} pending)\n")
+    app = sum(wb.get(k) or 0 for k in ("app_write_seconds", "app_close_seconds", "app_sync_seconds"))
+    direct = wb.get("direct_estimate_seconds")
+    w(f"            the job's writes, closes and fsyncs took {app:.2f} s"
+      + (f"; straight to the PFS at its measured {human(wb['pfs_write_rate'])}/s about {direct:.2f} s (est.)"
+         if direct is not None else "")
+      + (f"; the drain ran {wb['drain_after_job_seconds']:.2f} s after the job ended"
+         if wb.get("drain_after_job_seconds") is not None else "") + "\n")
+    if wb.get("files_written_through") or wb.get("opened_through"):
+        w(f"            written through to the PFS: {plural(wb.get('files_written_through') or 0, 'file')} larger "
+          f"than the room, {plural(wb.get('opened_through') or 0, 'open')} for update\n")
     if wb["not_closed"]:
         w(f"            {plural(wb['not_closed'], 'file')} the job did not close (killed while writing): "
           f"not published, kept in {', '.join(wb['kept_in'])}\n")

@@ -611,6 +611,7 @@ static void monarch_guard_touch_iov(const struct iovec *v, int c)
             monarch_guard_touch(v[i].iov_base, v[i].iov_len);
 }
 
+/* (and a write-back file's room, and its writes' time: shim_writeback.c) */
 #define MONARCH_WRAP_WRITE(ret, name, params, args, fail, touch)                    \
     MONARCH_EXPORT ret name params                                                   \
     {                                                                                \
@@ -618,17 +619,34 @@ static void monarch_guard_touch_iov(const struct iovec *v, int c)
         touch;                                                                       \
         return real_ args;                                                           \
     }
-MONARCH_WRAP_WRITE(ssize_t, write, (int fd, const void *b, size_t n), (fd, b, n), -1, monarch_guard_touch(b, n))
-MONARCH_WRAP_WRITE(ssize_t, pwrite, (int fd, const void *b, size_t n, off_t o), (fd, b, n, o), -1,
-                   monarch_guard_touch(b, n))
-MONARCH_WRAP_WRITE(ssize_t, pwrite64, (int fd, const void *b, size_t n, off64_t o), (fd, b, n, o), -1,
-                   monarch_guard_touch(b, n))
-MONARCH_WRAP_WRITE(ssize_t, writev, (int fd, const struct iovec *v, int c), (fd, v, c), -1,
-                   monarch_guard_touch_iov(v, c))
-MONARCH_WRAP_WRITE(ssize_t, pwritev, (int fd, const struct iovec *v, int c, off_t o), (fd, v, c, o), -1,
-                   monarch_guard_touch_iov(v, c))
-MONARCH_WRAP_WRITE(ssize_t, pwritev64, (int fd, const struct iovec *v, int c, off64_t o), (fd, v, c, o), -1,
-                   monarch_guard_touch_iov(v, c))
+#define MONARCH_WRAP_FDWRITE(ret, name, params, args, fd, n, touch)                  \
+    MONARCH_EXPORT ret name params                                                   \
+    {                                                                                \
+        MONARCH_REAL(name, -1)                                                       \
+        touch;                                                                       \
+        uint64_t wb_ = monarch_wb_writing(fd, n);                                    \
+        ret r_ = real_ args;                                                         \
+        monarch_wb_wrote(fd, wb_);                                                   \
+        return r_;                                                                   \
+    }
+static size_t monarch_iov_len(const struct iovec *v, int c)
+{
+    size_t n = 0;
+    for (int i = 0; v && i < c; i++)
+        n += v[i].iov_len;
+    return n;
+}
+MONARCH_WRAP_FDWRITE(ssize_t, write, (int fd, const void *b, size_t n), (fd, b, n), fd, n, monarch_guard_touch(b, n))
+MONARCH_WRAP_FDWRITE(ssize_t, pwrite, (int fd, const void *b, size_t n, off_t o), (fd, b, n, o), fd, n,
+                     monarch_guard_touch(b, n))
+MONARCH_WRAP_FDWRITE(ssize_t, pwrite64, (int fd, const void *b, size_t n, off64_t o), (fd, b, n, o), fd, n,
+                     monarch_guard_touch(b, n))
+MONARCH_WRAP_FDWRITE(ssize_t, writev, (int fd, const struct iovec *v, int c), (fd, v, c), fd,
+                     monarch_nwb ? monarch_iov_len(v, c) : 0, monarch_guard_touch_iov(v, c))
+MONARCH_WRAP_FDWRITE(ssize_t, pwritev, (int fd, const struct iovec *v, int c, off_t o), (fd, v, c, o), fd,
+                     monarch_nwb ? monarch_iov_len(v, c) : 0, monarch_guard_touch_iov(v, c))
+MONARCH_WRAP_FDWRITE(ssize_t, pwritev64, (int fd, const struct iovec *v, int c, off64_t o), (fd, v, c, o), fd,
+                     monarch_nwb ? monarch_iov_len(v, c) : 0, monarch_guard_touch_iov(v, c))
 MONARCH_WRAP_WRITE(ssize_t, send, (int fd, const void *b, size_t n, int f), (fd, b, n, f), -1,
                    monarch_guard_touch(b, n))
 MONARCH_WRAP_WRITE(ssize_t, sendto, (int fd, const void *b, size_t n, int f, const struct sockaddr *to, socklen_t tl),

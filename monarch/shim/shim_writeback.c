@@ -15,7 +15,11 @@
  *     changed at their paths to reach the PFS (WB_SETTLE), then the kernel makes them; a file being
  *     written is truncated or timed at its local copy, and its chmod (fchmod) is its published mode;
  *   - fsync, fdatasync, sync_file_range(WAIT_AFTER) of such a descriptor, and msync(MS_SYNC) of a
- *     shared mapping of one, return once its bytes so far are on the PFS (WB_SYNC).
+ *     shared mapping of one, return once its bytes so far are on the PFS (WB_SYNC);
+ *   - write, pwrite and writev to one reserve its room ahead (WB_ROOM, granted some bytes ahead
+ *     of their need): they wait while the room is full; a file larger than the room is moved to the PFS,
+ *     its descriptor then the PFS's temporary file at the same offset (written through). Their
+ *     time is told at the close (what the report sets beside direct's).
  * A daemon that cannot be asked leaves the call to the kernel, as without Monarch (fail open). Every
  * hook costs one load of monarch_nwb when there are no write-back paths.
  */
@@ -25,6 +29,9 @@ static char monarch_wb_dirs[MONARCH_MAX_WB][PATH_MAX];
 static size_t monarch_wb_lens[MONARCH_MAX_WB];
 static uint32_t monarch_wb_fd_seq[MONARCH_MAX_FDS]; /* a descriptor's write-back file, 0: none */
 static int monarch_wb_held; /* descriptors with one in this process: none, nothing to tell at exit */
+static uint64_t monarch_wb_used[MONARCH_MAX_FDS], monarch_wb_granted[MONARCH_MAX_FDS];
+static uint64_t monarch_wb_write_ns[MONARCH_MAX_FDS];
+static __thread uint64_t monarch_wb_closing_ns; /* the closing descriptor's write time, for its WB_CLOSE */
 #define MONARCH_WB_MAPS 64 /* shared mappings of write-back files msync can name (more: not synced) */
 static struct { uintptr_t start, end; uint32_t seq; } monarch_wb_maps[MONARCH_WB_MAPS];
 static char monarch_wb_maps_lock;
@@ -136,8 +143,19 @@ static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, 
     /* a file of the area: already made there (O_EXCL was the daemon's to check) */
     int lflags = st > 0 ? flags & ~(O_CREAT | O_EXCL) : flags;
     int fd = MONARCH_RESOLVE(openat)(AT_FDCWD, where, lflags, mode);
-    if (fd >= 0 && st > 0 && (unsigned)fd < MONARCH_MAX_FDS)
+    /* a file published or renamed on the PFS between the answer and this open: asked again */
+    for (int again = 0; fd < 0 && errno == ENOENT && !writes && st == 0 && strcmp(where, abs) && again < 3; again++) {
+        st = monarch_wb_ask(MONARCH_WB_RESOLVE, abs, NULL, 0, 0, where);
+        if (st == INT_MIN || monarch_wb_failed(st)) {
+            errno = st == INT_MIN ? ENOENT : st - MONARCH_WB_ERRNO;
+            break;
+        }
+        fd = MONARCH_RESOLVE(openat)(AT_FDCWD, where, lflags, mode);
+    }
+    if (fd >= 0 && st > 0 && (unsigned)fd < MONARCH_MAX_FDS) {
         monarch_wb_set(fd, (uint32_t)st);
+        monarch_wb_used[fd] = monarch_wb_granted[fd] = monarch_wb_write_ns[fd] = 0;
+    }
     MONARCH_DEBUG(1, "open %s: write-back %s (seq %d, fd %d)", abs, where, st, fd);
     *fdp = fd;
     return 1;
@@ -261,14 +279,16 @@ static uint32_t monarch_wb_closing(int fd)
 {
     if (MONARCH_LIKELY(!monarch_nwb) || (unsigned)fd >= MONARCH_MAX_FDS)
         return 0;
-    return monarch_wb_set(fd, 0);
+    uint32_t seq = monarch_wb_set(fd, 0);
+    monarch_wb_closing_ns = seq ? monarch_wb_write_ns[fd] : 0;
+    return seq;
 }
 
 /* After it: the daemon publishes the file once no process holds it (errno kept). */
 static void monarch_wb_closed(uint32_t seq)
 {
     if (MONARCH_UNLIKELY(seq))
-        monarch_wb_ask(MONARCH_WB_CLOSE, NULL, NULL, (long)seq, 0, NULL);
+        monarch_wb_ask(MONARCH_WB_CLOSE, NULL, NULL, (long)seq, (long)monarch_wb_closing_ns, NULL);
 }
 
 /* After a successful fsync/fdatasync/msync: file seq's bytes so far on the PFS (0), or -1 and EIO. */
@@ -323,6 +343,14 @@ static uint32_t monarch_wb_mapping(uintptr_t addr, size_t len, int forget)
     return seq;
 }
 
+static int monarch_wb_is_mapped(uint32_t seq)
+{
+    for (unsigned i = 0; i < MONARCH_WB_MAPS; i++)
+        if (__atomic_load_n(&monarch_wb_maps[i].seq, __ATOMIC_RELAXED) == seq)
+            return 1;
+    return 0;
+}
+
 static void monarch_wb_unmapped(void *addr, size_t len)
 {
     if (MONARCH_UNLIKELY(monarch_nwb))
@@ -334,6 +362,57 @@ static void monarch_wb_dup(int oldfd, int newfd)
     if (MONARCH_LIKELY(!monarch_nwb) || (unsigned)oldfd >= MONARCH_MAX_FDS || (unsigned)newfd >= MONARCH_MAX_FDS)
         return;
     monarch_wb_set(newfd, __atomic_load_n(&monarch_wb_fd_seq[oldfd], __ATOMIC_RELAXED));
+    monarch_wb_used[newfd] = monarch_wb_used[oldfd];
+    monarch_wb_granted[newfd] = monarch_wb_granted[oldfd];
+    monarch_wb_write_ns[newfd] = 0;
+}
+
+/* The file behind fd moved to the PFS (monarch_wb_buf: its temporary path there, holding the bytes
+ * so far): fd becomes a descriptor of it, same access and offset. 1 when it did. */
+static int monarch_wb_move(int fd)
+{
+    __typeof__(real_fcntl) fcntl_ = MONARCH_RESOLVE(fcntl);
+    int fl = fcntl_ ? fcntl_(fd, F_GETFL) : -1, fdfl = fcntl_ ? fcntl_(fd, F_GETFD) : -1;
+    off_t off = lseek(fd, 0, SEEK_CUR);
+    if (fl < 0 || fdfl < 0 || off < 0)
+        return 0;
+    int nfd = MONARCH_RESOLVE(openat)(AT_FDCWD, monarch_wb_buf, (fl & (O_ACCMODE | O_APPEND)) | O_CLOEXEC, 0);
+    if (nfd < 0)
+        return 0;
+    int ok = lseek(nfd, off, SEEK_SET) == off
+             && syscall(SYS_dup3, nfd, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0) == fd;
+    real_close(nfd);
+    return ok;
+}
+
+/* Before a write of n bytes to fd: a write-back file's room reserved ahead (a wait while the room is
+ * full), or the file moved to the PFS when it is larger than the room (docs/consistency.md, W6).
+ * The time the write starts, to be told at its close (0: not a write-back descriptor). */
+static uint64_t monarch_wb_writing(int fd, size_t n)
+{
+    uint32_t seq = MONARCH_UNLIKELY(monarch_nwb) ? monarch_wb_seq_of(fd) : 0;
+    if (MONARCH_LIKELY(!seq))
+        return 0;
+    uint64_t need = monarch_wb_used[fd] + n;
+    if (need > monarch_wb_granted[fd] && !monarch_wb_is_mapped(seq)) { /* (a mapped file is not moved) */
+        int saved = errno;
+        int st = monarch_wb_ask(MONARCH_WB_ROOM, NULL, NULL, (long)seq, (long)need, monarch_wb_buf);
+        uint64_t granted = UINT64_MAX; /* no daemon to ask: the writes go on as they are */
+        if (st == MONARCH_WB_ANSWER_SPILL) /* on the PFS from here: no more room to ask */
+            monarch_wb_ask(MONARCH_WB_SPILLED, NULL, NULL, (long)seq, monarch_wb_move(fd), NULL);
+        else if (st == MONARCH_WB_ANSWER_DONE)
+            granted = strtoull(monarch_wb_buf, NULL, 10); /* this much, some ahead of the need */
+        errno = saved;
+        monarch_wb_granted[fd] = granted;
+    }
+    monarch_wb_used[fd] += n;
+    return monarch_now_ns();
+}
+
+static void monarch_wb_wrote(int fd, uint64_t t0)
+{
+    if (MONARCH_UNLIKELY(t0) && (unsigned)fd < MONARCH_MAX_FDS)
+        monarch_wb_write_ns[fd] += monarch_now_ns() - t0;
 }
 
 /* A process that leaves normally with write-back files open closes them as it goes (stdio flushes

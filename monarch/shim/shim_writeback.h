@@ -49,6 +49,8 @@ static int monarch_wb_sync(int fd);
 static int monarch_wb_settle(int d1, const char **p1, int d2, const char *p2, long kind, mode_t mode);
 static void monarch_wb_mapped(int fd, void *p, size_t len, int flags);
 static void monarch_wb_unmapped(void *addr, size_t len);
+static uint64_t monarch_wb_writing(int fd, size_t n);
+static void monarch_wb_wrote(int fd, uint64_t t0);
 static void monarch_wb_dup(int oldfd, int newfd);
 
 #endif /* MONARCH_SHIM_WRITEBACK_H */

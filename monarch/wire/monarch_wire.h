@@ -109,8 +109,12 @@
 #define MONARCH_WB_SETTLE 10 /* path, path2, n1 = SETTLE_*, n2 = chmod's mode: what the job changed there on the PFS
                               * first (or the file being written's local path, or DONE) */
 #define MONARCH_WB_FMODE 11  /* n1 = seq, n2 = mode: fchmod of a file being written (its published mode) */
+#define MONARCH_WB_ROOM 12   /* n1 = seq, n2 = bytes: room for the file's writes up to n2 (DONE: granted, maybe after
+                              * a wait; SPILL: larger than the room, its bytes copied to the PFS path in the body) */
+#define MONARCH_WB_SPILLED 13 /* n1 = seq, n2 = 1: the descriptor writes to the PFS path now (0: it could not) */
 #define MONARCH_WB_ANSWER_PFS 0 /* open, stat or list the path in the body (the PFS's) */
 #define MONARCH_WB_ANSWER_DONE 1 /* SETTLE, FMODE: made in the view; the kernel is not asked */
+#define MONARCH_WB_ANSWER_SPILL 2 /* ROOM: write the file through to the PFS path in the body */
 #define MONARCH_WB_SETTLE_OTHER 0
 #define MONARCH_WB_SETTLE_TRUNCATE 1
 #define MONARCH_WB_SETTLE_CHMOD 2

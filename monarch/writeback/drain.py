@@ -23,7 +23,8 @@ import mmap
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Callable
+from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 from monarch.writeback.area import Area
 from monarch.writeback.journal import Journal, Record, read
@@ -39,6 +40,7 @@ class Outcome:
     upto: int = 0                     # every record up to this one is on the PFS
     published: list[str] = field(default_factory=list)  # the PFS paths published, in order
     published_bytes: int = 0
+    copied_bytes: int = 0             # of those, copied by the drain (not written through by the job)
     failed: str | None = None         # the operation that was refused, and why
     unpublished: dict[str, str] = field(default_factory=dict)  # PFS path -> where its bytes are kept
     damaged: str | None = None        # why the journal's reading stopped early
@@ -71,16 +73,24 @@ def _copy(src_fd: int, dst_fd: int, size: int) -> None:
     buf.close()
 
 
-def publish(area: Area, rec: Record, run_id: str) -> None:
+def publish(area: Area, rec: Record, run_id: str, commit: ContextManager = nullcontext()) -> None:
     """File ``rec['seq']``'s bytes to its PFS path, complete under its name or not at all (a
-    ``sync``: its first ``size`` bytes, the file still being written)."""
+    ``sync``: its first ``size`` bytes, the file still being written); the rename under ``commit``."""
     path, size = rec["path"], rec["size"]
     tmp = temporary_name(path, run_id, rec["seq"])
-    src = os.open(area.data_path(rec["seq"]), os.O_RDONLY | os.O_CLOEXEC)
+    through = rec.args.get("through")  # written through: its bytes are at that PFS path already (W6)
+    if through and rec.op == "close":
+        if not os.path.lexists(through) and os.path.lexists(path):
+            return  # renamed before a crash: published
+        os.chmod(through, stat.S_IMODE(rec["mode"]))
+        with commit:
+            os.rename(through, path)
+        return
+    src = os.open(through or area.data_path(rec["seq"]), os.O_RDONLY | os.O_CLOEXEC)
     try:
         have = os.fstat(src).st_size
         if have != size and not (rec.op == "sync" and have > size):
-            raise OSError(errno.EIO, f"the local copy {area.data_path(rec['seq'])} is not its {size} bytes")
+            raise OSError(errno.EIO, f"the copy {through or area.data_path(rec['seq'])} is not its {size} bytes")
         dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             _copy(src, dst, size)
@@ -92,15 +102,24 @@ def publish(area: Area, rec: Record, run_id: str) -> None:
             os.close(dst)
     finally:
         os.close(src)
-    os.rename(tmp, path)
+    with commit:
+        os.rename(tmp, path)
 
 
-def apply(area: Area, rec: Record, run_id: str) -> None:
-    """One operation on the PFS; safe to apply again after a crash cut it short."""
+def apply(area: Area, rec: Record, run_id: str, commit: ContextManager = nullcontext()) -> None:
+    """One operation on the PFS; safe to apply again after a crash cut it short. ``commit``: held
+    while the PFS changes (a publish's copy before it), so that the job's view changes with it."""
     op = rec.op
     if op in ("close", "sync"):
-        publish(area, rec, run_id)
-    elif op == "rename":
+        publish(area, rec, run_id, commit)
+    else:
+        with commit:
+            _namespace(rec)
+
+
+def _namespace(rec: Record) -> None:
+    op = rec.op
+    if op == "rename":
         try:
             os.rename(rec["src"], rec["dst"])
         except FileNotFoundError:
@@ -126,18 +145,23 @@ def apply(area: Area, rec: Record, run_id: str) -> None:
         os.chmod(rec["path"], stat.S_IMODE(rec["mode"]))
     elif op == "utime":
         os.utime(rec["path"], ns=(rec["atime_ns"], rec["mtime_ns"]))
-    elif op == "drop":
-        pass  # removed by the job before it was published: never written
+    elif op == "drop" and rec.args.get("through"):
+        try:  # removed by the job before it was published: what was written through goes too
+            os.unlink(rec["through"])
+        except FileNotFoundError:
+            pass
 
 
 def drain(area: Area, run_id: str, journal: Journal | None = None,
           step: Callable[[str, Record], None] | None = None,
-          before: Callable[[Record], None] | None = None) -> Outcome:
+          before: Callable[[Record], None] | None = None,
+          commit: Callable[[Record], ContextManager] | None = None) -> Outcome:
     """Apply every operation of ``area``'s journal not yet applied, in order; ``journal``: the one
     the run appends to (else one is opened to record progress). ``step(phase, record)`` is called
     before and after each operation (``"apply"``, ``"applied"``): the tests crash the drain there.
     ``before(record)``: called before a publish that is ordered after other nodes' operations
-    (its ``after``, W4): it returns once they are on the PFS, or raises OSError (refused)."""
+    (its ``after``, W4): it returns once they are on the PFS, or raises OSError (refused).
+    ``commit(record)``: a context held while the PFS changes (the job's view applies it there)."""
     records, damaged = read(area.journal_path)
     last = max((r["upto"] for r in records if r.op == "applied"), default=0)
     applied, published, failed = 0, [], None
@@ -153,7 +177,9 @@ def drain(area: Area, run_id: str, journal: Journal | None = None,
                 if not (rec.op == "close" and _removed_later(records, i)):
                     if before is not None and rec.args.get("after"):
                         before(rec)
-                    apply(area, rec, run_id)
+                    apply(area, rec, run_id, commit(rec) if commit else nullcontext())
+                elif rec.args.get("through"):  # never published: what was written through goes
+                    apply(area, Record(rec.n, "drop", {"seq": rec["seq"], "through": rec["through"]}), run_id)
             except OSError as e:
                 failed = f"{rec.op} {rec.args}: {e.strerror or e}"
                 log.error("write-back: %s (nothing after it is applied; the pending bytes stay in %s)",
@@ -174,10 +200,12 @@ def drain(area: Area, run_id: str, journal: Journal | None = None,
     for rec in records:
         if rec.op == "close" and rec.n <= last:
             _remove_data(area, rec["seq"])  # published: what a crash left after its record
-        elif rec.op == "close":
-            unpublished[rec["path"]] = area.data_path(rec["seq"])  # still only here, and where
+        elif rec.op == "close":  # still only here (or at its temporary PFS path), and where
+            unpublished[rec["path"]] = rec.args.get("through") or area.data_path(rec["seq"])
     return Outcome(applied=applied, upto=last, published=[r["path"] for r in published],
-                   published_bytes=sum(r["size"] for r in published), failed=failed, unpublished=unpublished,
+                   published_bytes=sum(r["size"] for r in published),
+                   copied_bytes=sum(r["size"] for r in published if not r.args.get("through")),
+                   failed=failed, unpublished=unpublished,
                    damaged=damaged)
 
 

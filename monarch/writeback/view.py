@@ -22,6 +22,7 @@ import errno
 import os
 import stat
 import threading
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 
@@ -37,10 +38,13 @@ class Local:
     closed: bool = False     # its close is journaled: it is published in journal order
     last_record: int = 0     # the last journal record naming it
     after: tuple = ()        # ((node, record), ...): other nodes' operations it is published after (W4)
+    through: str | None = None  # larger than the room: its bytes are at this PFS path, not in the area (W6)
+    close_record: int = 0    # its close's record (published at the path that record names)
 
     def order(self) -> dict:
-        """The ``after`` of its close or sync record (none on a single node)."""
-        return {"after": [list(p) for p in self.after]} if self.after else {}
+        """What its close or sync record adds: ``after`` (W4), ``through`` (W6)."""
+        return {**({"after": [list(p) for p in self.after]} if self.after else {}),
+                **({"through": self.through} if self.through else {})}
 
 
 @dataclass
@@ -68,7 +72,7 @@ class View:
     def __init__(self, paths: tuple[str, ...], area: Area, journal: Journal):
         self.paths = tuple(p.rstrip("/") or "/" for p in paths)
         self.area, self.journal = area, journal
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._entries: dict[str, Local | Moved | Gone] = {}
         self._dirs: set[str] = set()  # made by the job, not yet on the PFS
         self._seq = max(area.pending_data(), default=0)
@@ -85,7 +89,7 @@ class View:
     def _resolve(self, path: str) -> tuple[str, str | None]:
         e = self._entries.get(path)
         if isinstance(e, Local):
-            return "local", self.area.data_path(e.seq)
+            return "local", e.through or self.area.data_path(e.seq)
         if isinstance(e, Moved):
             return "pfs", e.pfs_path
         if isinstance(e, Gone):
@@ -152,7 +156,7 @@ class View:
                 raise _error(errno.EEXIST, path)
             e = self._entries.get(path)
             if isinstance(e, Local) and not e.closed:
-                return e.seq, self.area.data_path(e.seq)  # the same open file, truncated by its opener
+                return e.seq, e.through or self.area.data_path(e.seq)  # the same open file, truncated by its opener
             self._seq += 1
             fd = os.open(self.area.data_path(self._seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             os.close(fd)
@@ -165,10 +169,11 @@ class View:
         with self._lock:
             for path, entry in self._entries.items():
                 if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
-                    size = os.stat(self.area.data_path(seq)).st_size
+                    size = os.stat(entry.through or self.area.data_path(seq)).st_size
                     entry.closed = True
                     entry.last_record = self.journal.append("close", seq=seq, path=path, mode=entry.mode, size=size,
                                                             **entry.order())
+                    entry.close_record = entry.last_record
                     return entry.last_record
             return None
 
@@ -178,7 +183,7 @@ class View:
         with self._lock:
             for path, entry in self._entries.items():
                 if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
-                    size = os.stat(self.area.data_path(seq)).st_size
+                    size = os.stat(entry.through or self.area.data_path(seq)).st_size
                     return self.journal.append("sync", seq=seq, path=path, mode=entry.mode, size=size,
                                                **entry.order())
             return None
@@ -192,6 +197,26 @@ class View:
                     return True
                 above = os.path.dirname(above)
             return False
+
+    def being_written(self, seq: int) -> tuple[str, Local] | None:
+        """File ``seq``'s path and entry while it is being written (None: not such a file)."""
+        with self._lock:
+            for path, entry in self._entries.items():
+                if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
+                    return path, entry
+            return None
+
+    def where(self, seq: int) -> str:
+        """Where file ``seq``'s bytes are: its area copy, or the PFS path it is written through to."""
+        found = self.being_written(seq)
+        return (found[1].through if found else None) or self.area.data_path(seq)
+
+    def written_through(self, seq: int, tmp: str) -> None:
+        """File ``seq``, larger than the room, is written at ``tmp`` on the PFS from now on."""
+        with self._lock:
+            for entry in self._entries.values():
+                if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
+                    entry.through = tmp
 
     def set_mode(self, seq: int, mode: int) -> bool:
         """chmod of file ``seq``, being written: the mode it is published with."""
@@ -281,7 +306,7 @@ class View:
                 raise _error(errno.EISDIR, path)
             e = self._entries.get(path)
             if isinstance(e, Local) and not e.closed:  # never closed, now nameless: never published
-                self.journal.append("drop", seq=e.seq)
+                self.journal.append("drop", seq=e.seq, **({"through": e.through} if e.through else {}))
                 self._forget(path, e.over)
                 return
             self._entries[path] = Gone(self.journal.append("unlink", path=path))
@@ -305,6 +330,28 @@ class View:
             self._dirs.discard(path)
 
     # -- the drain's progress -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def applying(self, rec):
+        """Held while the drain makes record ``rec``'s change on the PFS: the view changes with it
+        (no call sees the PFS changed and the view not, or the reverse)."""
+        with self._lock:
+            yield
+            n = rec.n
+            if rec.op == "close":  # published: a closed file renamed since is at its close's path now
+                for key, e in list(self._entries.items()):
+                    if isinstance(e, Local) and e.closed and e.close_record == n and e.last_record > n:
+                        self._entries[key] = Moved(rec["path"], e.last_record)
+            elif rec.op == "rename":  # what was found at the source is at the destination now
+                src, dst = rec["src"], rec["dst"]
+                for key, e in list(self._entries.items()):
+                    if isinstance(e, Moved) and e.last_record > n and (e.pfs_path == src or _under(e.pfs_path, src)):
+                        self._entries[key] = Moved(dst + e.pfs_path[len(src):], e.last_record)
+            for path in [p for p, e in self._entries.items() if e.last_record and e.last_record <= n
+                         and (not isinstance(e, Local) or e.closed)]:
+                del self._entries[path]
+            if rec.op == "mkdir":
+                self._dirs.discard(rec["path"])
+
     def applied(self, upto: int) -> None:
         """Records up to ``upto`` are on the PFS: what they alone named is the PFS's own now."""
         with self._lock:

@@ -13,9 +13,13 @@ from dataclasses import dataclass
 
 from monarch.protocol import ProtocolError
 
-WB_OPEN, WB_CLOSE, WB_RESOLVE, WB_RENAME, WB_UNLINK, WB_MKDIR, WB_RMDIR, WB_SYNC, WB_LIST, WB_SETTLE, WB_FMODE = range(1, 12)
+(WB_OPEN, WB_CLOSE, WB_RESOLVE, WB_RENAME, WB_UNLINK, WB_MKDIR, WB_RMDIR, WB_SYNC, WB_LIST, WB_SETTLE, WB_FMODE,
+ WB_ROOM, WB_SPILLED) = range(1, 14)
 WB_ANSWER_PFS = 0
-WB_ANSWER_DONE = 1  # SETTLE, FMODE: made in the view; the kernel is not asked
+WB_ANSWER_DONE = 1   # SETTLE, FMODE: made in the view; the kernel is not asked. ROOM: granted
+WB_ANSWER_SPILL = 2  # ROOM: larger than the room: written through to the PFS path in the body
+GRANT_AHEAD = 16 << 20  # ROOM: room reserved ahead of a file's writes (at most an eighth of the room)
+GRANT_ALL = (1 << 63) - 1  # ROOM: no more to ask (the body of DONE: the bytes granted)
 SETTLE_OTHER, SETTLE_TRUNCATE, SETTLE_CHMOD = 0, 1, 2  # SETTLE's n1: what the call is
 WB_ERRNO = 65536
 
@@ -36,7 +40,7 @@ def encode_call(op: int, path: str = "", path2: str = "", n1: int = 0, n2: int =
 
 def decode_call(body: bytes) -> Call:
     """The call in a WB request's body; ProtocolError when it is not one."""
-    if len(body) < 2 or not WB_OPEN <= body[0] <= WB_FMODE or not body.endswith(b"\0"):
+    if len(body) < 2 or not WB_OPEN <= body[0] <= WB_SPILLED or not body.endswith(b"\0"):
         raise ProtocolError("a write-back call is an op and four NUL-ended fields")
     fields = body[1:-1].split(b"\0")
     if len(fields) != 4:

@@ -218,9 +218,11 @@ def test_default_outputs_go_to_the_ignored_results_folder() -> None:
 
 
 def test_every_benchmark_has_a_smoke_run() -> None:
-    """Each scripts/<group>/bench_*.py is run above (bench_million.py: below, with its table)."""
+    """Each scripts/<group>/bench_*.py is run above (bench_million.py: below, with its table;
+    bench_dcp_nodes.py: tests/mpi/test_bench_dcp_nodes.py, under MPI)."""
     found = {str(p.relative_to(SCRIPTS)) for p in SCRIPTS.glob("*/bench_*.py")}
-    assert found == {b.script for b in BENCHES if "/" in b.script} | {"node/bench_million.py"}
+    assert found == {b.script for b in BENCHES if "/" in b.script} | {"node/bench_million.py",
+                                                                       "writeback/bench_dcp_nodes.py"}
 
 
 @pytest.mark.parametrize("script", sorted(str(p.relative_to(SCRIPTS)) for p in SCRIPTS.glob("*/*.py")

@@ -3,11 +3,16 @@ W1 and W5): chmod, utime, truncate, link and symlink act on the job's view in th
 msync(MS_SYNC) and sync_file_range(WAIT_AFTER) return once the PFS holds the bytes. Real jobs under
 `monarch run`; the PFS is a directory the test (and the job, without the shim) reads directly."""
 
+import hashlib
+import json
 import os
 import stat
+import sys
+import textwrap
 
 import pytest
 
+from support.harness import load, monarch, write_config
 from test_writeback_jobs import run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -91,3 +96,69 @@ def test_msync_and_sync_file_range_return_once_the_pfs_holds_the_bytes(dataset, 
         data = f.read()
     assert data[:11] == b"hello world" and data[-4:] == b"tail" and len(data) == 1 << 20
     assert report["nodes"][0]["writeback"]["syncs"] == 2
+
+
+ROOM = """
+import hashlib, os, sys
+ck, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
+block = bytearray(1 << 20)
+for i, size in enumerate(sizes):                 # each closed before the next: the drain frees room
+    with open(os.path.join(ck, f"part-{i}"), "wb", buffering=0) as f:
+        for k in range(size >> 20):
+            block[:8] = (i * 1000 + k).to_bytes(8, "little")
+            f.write(block)
+    assert os.path.getsize(os.path.join(ck, f"part-{i}")) == size   # the job's view: whole at once
+doomed = os.open(os.path.join(ck, "doomed"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for k in range(12):
+    os.write(doomed, bytes(1 << 20))
+os.unlink(os.path.join(ck, "doomed"))            # removed before its close: never published
+os.close(doomed)
+"""
+
+
+def expected(i, size):
+    block = bytearray(1 << 20)
+    out = hashlib.md5()
+    for k in range(size >> 20):
+        block[:8] = (i * 1000 + k).to_bytes(8, "little")
+        out.update(block)
+    return out.hexdigest()
+
+
+def test_a_full_room_makes_writes_wait_and_a_file_larger_than_it_is_written_through(dataset, short_tmp, slow_pfs):
+    """Room 8 MiB, the PFS at 16 MB/s: 6 MiB files wait for the ones before them to drain (the bytes
+    pending never pass the room); a 20 MiB file is written through to the PFS as it goes, and the
+    report says so; a file written through that the job removed is gone from the PFS too."""
+    ds = dataset(files=20)
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(src)
+    mounted = slow_pfs(src, writable=True, write_bandwidth_mbps=16, open_latency_ms=0)
+    sizes = [6 << 20, 6 << 20, 20 << 20, 6 << 20]
+    ck = str(mounted.mountpoint)
+    cfg = write_config(short_tmp, ds.root, extra=f"writeback: {{paths: [{json.dumps(ck)}], room: 8MiB}}\n")
+    r = monarch("run", "-c", cfg, "--report", os.path.join(short_tmp, "report.json"), "--no-progress", "--",
+                sys.executable, "-c", textwrap.dedent(ROOM), ck, ",".join(map(str, sizes)))
+    report = load(os.path.join(short_tmp, "report.json"))
+    assert r.returncode == 0, r.stderr
+    for i, size in enumerate(sizes):
+        with open(os.path.join(src, f"part-{i}"), "rb") as f:
+            assert hashlib.md5(f.read()).hexdigest() == expected(i, size), i
+    assert sorted(os.listdir(src)) == [f"part-{i}" for i in range(len(sizes))]  # no temporary, no "doomed"
+    wb = report["nodes"][0]["writeback"]
+    assert wb["files_written_through"] == 2  # the 20 MiB file, and the 12 MiB one removed
+    assert wb["peak_pending_bytes"] <= 8 << 20
+    assert wb["waited_for_room"] >= 1
+    assert wb["files_published"] == len(sizes) and wb["failed"] is None
+    assert wb["app_write_seconds"] > 0
+
+
+def test_a_job_that_only_saves_checkpoints_is_not_said_to_bypass_monarch(dataset, short_tmp):
+    """The shim took the job's writes: no "not read through Monarch" warning, no shim-idle fallback."""
+    ds = dataset(files=20)
+    pfs = os.path.join(short_tmp, "pfs-out")
+    os.makedirs(pfs)
+    r, report = run(short_tmp, ds.root, pfs, "import sys; open(sys.argv[1], 'wb').write(b'x' * 4096)",
+                    os.path.join(pfs, "only.ckpt"))
+    assert r.returncode == 0, r.stderr
+    assert "not read through Monarch" not in r.stderr
+    assert [f["reason"] for f in report.get("fallbacks") or ()] == []

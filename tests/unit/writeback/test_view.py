@@ -35,7 +35,7 @@ def write(view, path, data, mode=0o644):
 
 
 def drained(view):
-    out = drain(view.area, RUN, journal=view.journal)
+    out = drain(view.area, RUN, journal=view.journal, commit=view.applying)
     view.applied(out.upto)
     return out
 
@@ -186,3 +186,25 @@ def test_random_operations_leave_the_pfs_as_the_same_operations_made_directly(vi
     assert drained(view).complete
     assert _tree(pfs) == _tree(direct)
     assert not view.pending()
+
+
+def test_a_file_renamed_after_its_close_is_found_at_every_step_of_its_drain(view):
+    """The drain changes the PFS and the view together (``View.applying``): after each record, the
+    job's names resolve to where the bytes are now (before, a closed file renamed since pointed at
+    its local copy, removed once published: ENOENT until the rename was applied)."""
+    pfs = view.pfs
+    write(view, pfs / "m.tmp", b"weights" * 1000)
+    view.rename(str(pfs / "m.tmp"), str(pfs / "m"))
+    view.mkdir(str(pfs / "best"), 0o755)
+    view.rename(str(pfs / "m"), str(pfs / "best" / "m"))
+    seen = []
+
+    def check(phase, rec):
+        if phase == "applied":
+            kind, where = view.resolve(str(pfs / "best" / "m"))
+            with open(where, "rb") as f:
+                seen.append((rec.op, f.read() == b"weights" * 1000))
+
+    out = drain(view.area, RUN, journal=view.journal, step=check, commit=view.applying)
+    assert out.complete and [ok for _, ok in seen] == [True] * 4, seen
+    assert (pfs / "best" / "m").read_bytes() == b"weights" * 1000
