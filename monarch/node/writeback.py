@@ -142,6 +142,9 @@ class WritebackRoom:
                     return protocol.encode_answer(wire.WB_ERRNO + errno.ENOENT)
                 if self.view.is_dir(c.path) and not os.path.isdir(where):  # made by the job, not drained yet
                     return _pfs(self._listing_dir(c.path))
+                entry = self.view.entry(c.path)
+                if kind == "local" and isinstance(entry, Local):  # its copy's mode is 0600; the job's is this
+                    return protocol.encode_answer(wire.WB_ANSWER_LOCAL + entry.mode, os.fsencode(where))
                 return _pfs(where)
             if c.op == wire.WB_LIST:
                 return _pfs(self._listing_dir(c.path))

@@ -201,8 +201,8 @@
     static int (*real_##name) params;                                             \
     MONARCH_EXPORT int name params                                                \
     {                                                                             \
-        int r_;                                                                   \
-        MONARCH_WB_VIEW(dirfd, path, 0, -1)                                       \
+        int r_, wbmode_ = -1;                                                     \
+        MONARCH_WB_VIEW(dirfd, path, 0, -1, &wbmode_)                             \
         if (monarch_on_fd(path, flags)) {                                         \
             if (!(flags & ~MONARCH_STAT_FLAGS) && monarch_staged_##type(dirfd, (int)(ver), buf)) \
                 return 0;                                                         \
@@ -215,7 +215,10 @@
         if (monarch_meta_##type(dirfd, path, flags, ver, buf, &r_))               \
             return r_;                                                            \
         MONARCH_REAL(name, -1)                                                    \
-        return real_ args;                                                        \
+        r_ = real_ args;                                                          \
+        if (MONARCH_UNLIKELY(wbmode_ >= 0) && r_ == 0) /* a pending file's mode */ \
+            monarch_wb_mode_##type(buf, wbmode_);                                 \
+        return r_;                                                                \
     }
 
 /* access(2) and its relatives: existence (and the owner's bits) from the index. */
@@ -224,7 +227,7 @@
     MONARCH_EXPORT int name params                                                \
     {                                                                             \
         int r_;                                                                   \
-        MONARCH_WB_VIEW(dirfd, path, 0, -1)                                       \
+        MONARCH_WB_VIEW(dirfd, path, 0, -1, NULL)                                 \
         if (monarch_meta_access(dirfd, path, mode, flags, &r_))                   \
             return r_;                                                            \
         MONARCH_REAL(name, -1)                                                    \
@@ -385,7 +388,7 @@
     ACCESS(euidaccess, AT_FDCWD, p, m, AT_EACCESS, (const char *p, int m), (p, m))                      \
     ACCESS(eaccess, AT_FDCWD, p, m, AT_EACCESS, (const char *p, int m), (p, m))                         \
     ACCESS(faccessat, d, p, m, f, (int d, const char *p, int m, int f), (d, p, m, f))                   \
-    OPENDIR(opendir, AT_FDCWD, p, -1, (const char *p), (p), MONARCH_WB_VIEW(AT_FDCWD, p, 1, NULL))     \
+    OPENDIR(opendir, AT_FDCWD, p, -1, (const char *p), (p), MONARCH_WB_VIEW(AT_FDCWD, p, 1, NULL, NULL))     \
     OPENDIR(fdopendir, fd, ".", fd, (int fd), (fd), )                                                   \
     READDIR(readdir, dirent, d)                                                                         \
     READDIR(readdir64, dirent64, d64)                                                                   \

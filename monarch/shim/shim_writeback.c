@@ -133,6 +133,8 @@ static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, 
     int st = writes ? monarch_wb_ask(MONARCH_WB_OPEN, abs, NULL, flags, (long)(mode & ~monarch_wb_umask() & 07777),
                                      where)
                     : monarch_wb_ask(MONARCH_WB_RESOLVE, abs, NULL, 0, 0, where);
+    if (!writes && st >= MONARCH_WB_ANSWER_LOCAL && !monarch_wb_failed(st))
+        st = MONARCH_WB_ANSWER_PFS; /* a pending file's copy, to read: its mode is for stat */
     if (st == INT_MIN)
         return 0; /* no daemon to ask: the kernel's, as without Monarch */
     if (monarch_wb_failed(st)) {
@@ -150,6 +152,7 @@ static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, 
             errno = st == INT_MIN ? ENOENT : st - MONARCH_WB_ERRNO;
             break;
         }
+        st = MONARCH_WB_ANSWER_PFS;
         fd = MONARCH_RESOLVE(openat)(AT_FDCWD, where, lflags, mode);
     }
     if (fd >= 0 && st > 0 && (unsigned)fd < MONARCH_MAX_FDS) {
@@ -172,7 +175,7 @@ static int monarch_wb_creat(const char *path, mode_t mode)
 /* stat, access, a read-only open or a listing under a write-back path: the path to use instead
  * (the file's local copy, where the PFS still holds it, a listing made by the daemon), NULL to use
  * the path as it is; *err: the call fails with it (ENOENT: the job removed it). */
-static const char *monarch_wb_view(int dirfd, const char *path, int list, int *err)
+static const char *monarch_wb_view(int dirfd, const char *path, int list, int *err, int *mode)
 {
     char abs[PATH_MAX];
     *err = 0;
@@ -185,7 +188,25 @@ static const char *monarch_wb_view(int dirfd, const char *path, int list, int *e
         *err = st - MONARCH_WB_ERRNO;
         return NULL;
     }
+    if (mode && st >= MONARCH_WB_ANSWER_LOCAL)
+        *mode = st - MONARCH_WB_ANSWER_LOCAL;
     return monarch_wb_buf;
+}
+
+/* A pending file's stat: the mode it is published with, not its local copy's 0600. */
+static void monarch_wb_mode_stat(struct stat *st, int mode)
+{
+    st->st_mode = (st->st_mode & ~07777u) | (unsigned)mode;
+}
+
+static void monarch_wb_mode_stat64(struct stat64 *st, int mode)
+{
+    st->st_mode = (st->st_mode & ~07777u) | (unsigned)mode;
+}
+
+static void monarch_wb_mode_statx(struct statx *st, int mode)
+{
+    st->stx_mode = (uint16_t)((st->stx_mode & ~07777u) | (unsigned)mode);
 }
 
 /* A change of the namespace made in the daemon's view: the call's result, or NOT_OURS. */

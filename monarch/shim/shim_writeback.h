@@ -8,11 +8,12 @@
 #define MONARCH_WB_NOT_OURS (-2) /* a call not under a write-back path: the caller goes on as before */
 
 /* Under a write-back path, the path the job's view gives replaces `path` (an absolute one: dirfd
- * no longer matters), or the call fails as the view says (the stat, access and opendir wrappers). */
-#define MONARCH_WB_VIEW(dirfd, path, list, fail)                          \
+ * no longer matters), or the call fails as the view says (the stat, access and opendir wrappers);
+ * `mode` (or NULL): a pending file's mode, to show in its stat (its copy's is 0600). */
+#define MONARCH_WB_VIEW(dirfd, path, list, fail, mode)                    \
     if (MONARCH_UNLIKELY(monarch_nwb)) {                                  \
         int wbe_;                                                         \
-        const char *wbp_ = monarch_wb_view(dirfd, path, list, &wbe_);     \
+        const char *wbp_ = monarch_wb_view(dirfd, path, list, &wbe_, mode); \
         if (wbe_) {                                                       \
             errno = wbe_;                                                 \
             return fail;                                                  \
@@ -36,7 +37,7 @@ static unsigned monarch_nwb;
 /* ---- what the other parts call ---- */
 static void monarch_wb_parse(const char *env);
 static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, int *fdp);
-static const char *monarch_wb_view(int dirfd, const char *path, int list, int *err);
+static const char *monarch_wb_view(int dirfd, const char *path, int list, int *err, int *mode);
 static int monarch_wb_rename(int od, const char *o, int nd, const char *n, unsigned flags);
 static int monarch_wb_unlink(int dirfd, const char *path, int flags);
 static int monarch_wb_mkdir(int dirfd, const char *path, mode_t mode);
@@ -50,6 +51,9 @@ static int monarch_wb_settle(int d1, const char **p1, int d2, const char *p2, lo
 static void monarch_wb_mapped(int fd, void *p, size_t len, int flags);
 static void monarch_wb_unmapped(void *addr, size_t len);
 static uint64_t monarch_wb_writing(int fd, size_t n);
+static void monarch_wb_mode_stat(struct stat *st, int mode);
+static void monarch_wb_mode_stat64(struct stat64 *st, int mode);
+static void monarch_wb_mode_statx(struct statx *st, int mode);
 static void monarch_wb_wrote(int fd, uint64_t t0);
 static void monarch_wb_dup(int oldfd, int newfd);
 

@@ -115,6 +115,7 @@
 #define MONARCH_WB_ANSWER_PFS 0 /* open, stat or list the path in the body (the PFS's) */
 #define MONARCH_WB_ANSWER_DONE 1 /* SETTLE, FMODE: made in the view; the kernel is not asked */
 #define MONARCH_WB_ANSWER_SPILL 2 /* ROOM: write the file through to the PFS path in the body */
+#define MONARCH_WB_ANSWER_LOCAL 4096 /* RESOLVE, + mode: a pending file's copy at the path in the body, its mode this */
 #define MONARCH_WB_SETTLE_OTHER 0
 #define MONARCH_WB_SETTLE_TRUNCATE 1
 #define MONARCH_WB_SETTLE_CHMOD 2

@@ -18,6 +18,7 @@ from monarch.protocol import ProtocolError
 WB_ANSWER_PFS = 0
 WB_ANSWER_DONE = 1   # SETTLE, FMODE: made in the view; the kernel is not asked. ROOM: granted
 WB_ANSWER_SPILL = 2  # ROOM: larger than the room: written through to the PFS path in the body
+WB_ANSWER_LOCAL = 4096  # RESOLVE, + mode: a pending file's copy at the path in the body, with this mode
 GRANT_AHEAD = 16 << 20  # ROOM: room reserved ahead of a file's writes (at most an eighth of the room)
 GRANT_ALL = (1 << 63) - 1  # ROOM: no more to ask (the body of DONE: the bytes granted)
 SETTLE_OTHER, SETTLE_TRUNCATE, SETTLE_CHMOD = 0, 1, 2  # SETTLE's n1: what the call is

@@ -20,9 +20,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 METADATA = """
 import os, stat, sys
 ck = sys.argv[1]
+os.umask(0o022)
 big = os.path.join(ck, "big")
 with open(big, "wb") as f:                 # pending a while: what follows names it
     f.write(os.urandom(4 << 20))
+assert stat.S_IMODE(os.stat(big).st_mode) == 0o644   # pending: the mode it is published with
 os.chmod(big, 0o604)
 assert stat.S_IMODE(os.stat(big).st_mode) == 0o604
 os.utime(big, ns=(1_000_000_000, 2_000_000_000))
@@ -42,7 +44,7 @@ assert os.path.getsize(os.path.join(ck, "open")) == 10
 
 
 def test_chmod_utime_link_symlink_and_truncate_act_on_the_jobs_view(dataset, short_tmp, slow_pfs):
-    """Each acts at once for the job and reaches the PFS after the data it names (the PFS takes
+    """A pending file's stat shows the mode it is published with; each call acts at once for the job and reaches the PFS after the data it names (the PFS takes
     writes at 8 MB/s: the file is still pending when they come; before, the calls went straight
     to the PFS, where it was not yet: ENOENT)."""
     ds = dataset(files=20)
