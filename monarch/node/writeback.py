@@ -30,7 +30,7 @@ from monarch.node.tiers.resources import is_memory_backed
 from monarch.protocol import ProtocolError
 from monarch.writeback import wire
 from monarch.writeback.area import Area
-from monarch.writeback.drain import Outcome, _copy, drain, temporary_name
+from monarch.writeback.drain import Outcome, copy_bytes, drain, temporary_name
 from monarch.writeback.journal import Journal
 from monarch.writeback.view import Local, View
 
@@ -313,7 +313,7 @@ class WritebackRoom:
             try:
                 dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
                 try:
-                    _copy(src, dst, os.fstat(src).st_size)
+                    copy_bytes(src, dst, os.fstat(src).st_size)
                 finally:
                     os.close(dst)
             finally:

@@ -55,7 +55,7 @@ def temporary_name(path: str, run_id: str, seq: int) -> str:
     return os.path.join(directory, f".{name}.monarch-{run_id}-{seq}")
 
 
-def _copy(src_fd: int, dst_fd: int, size: int) -> None:
+def copy_bytes(src_fd: int, dst_fd: int, size: int) -> None:
     """``size`` bytes in writes of COPY_CHUNK (copy_file_range and sendfile between a tmpfs and a
     network filesystem go through a pipe: 64 KiB requests, measured 16x the PFS's requests)."""
     buf = mmap.mmap(-1, COPY_CHUNK)  # page-aligned: FUSE splits a write from an unaligned buffer in two
@@ -93,7 +93,7 @@ def publish(area: Area, rec: Record, run_id: str, commit: ContextManager = nullc
             raise OSError(errno.EIO, f"the copy {through or area.data_path(rec['seq'])} is not its {size} bytes")
         dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            _copy(src, dst, size)
+            copy_bytes(src, dst, size)
             os.fchmod(dst, stat.S_IMODE(rec["mode"]))  # the app's mode under its umask, as it asked
             local = os.fstat(src)
             os.utime(dst, ns=(local.st_atime_ns, local.st_mtime_ns))  # its last write's time (or utime's), not the drain's
