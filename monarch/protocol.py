@@ -76,10 +76,10 @@ several OPENs one after another when the front door keeps the connection (REQUES
                      the shim sends it before a write-open, rename, unlink or truncate.
   ATTACH          -> status 0, body JSON {"env": {...}, "run": {...}}; the connection is the launcher's
                      session: REPORT frames on it are answered, and the daemon counts it until it closes.
-  REPORT          -> status 0, body JSON statistics. While the daemon's snapshot walk runs,
-                     a full REPORT (empty body or REPORT_FINAL) is held until the snapshot
-                     is ready or has failed (heartbeats meanwhile); a brief one is answered
-                     at once with what is known (``"snapshot": "walking"``).
+  REPORT          -> status 0, body JSON statistics. A full one (empty body or REPORT_FINAL) is held
+                     until the snapshot is ready or has failed (heartbeats meanwhile) and, with write-back,
+                     a REPORT_FINAL or one outside a session until the drain is done; a brief one never
+                     waits: what is known (``"snapshot": "walking"``), the drain's progress (W7).
   INDEX           -> the snapshot index: status INDEX_READY (0) once the index file
                      (MONARCH_INDEX) is written and every tier copy the shim may probe has
                      been checked against the snapshot; INDEX_NONE (1) if the snapshot

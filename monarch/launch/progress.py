@@ -1,9 +1,13 @@
-"""Live progress of ``monarch run`` on the launcher's stderr, while the command runs.
+"""Live progress of ``monarch run`` on the launcher's stderr, while the command runs, then
+while the launcher waits for the job's write-back to reach the PFS.
 
 The launcher polls its session with a brief REPORT (the daemon's counters: a counters-file
 read and a few locked copies, no timeline) at most once a second and says how far staging
 is: files and bytes staged of the dataset, the staging rate, opens per place served from and
-the PFS bytes so far. On a terminal it is the terminal's bottom row, kept out of the
+the PFS bytes so far. Once the command has ended, while the run's final report waits for the
+write-back's drain (docs/consistency.md, W7), ``Publishing`` polls the same brief REPORT on a
+connection of its own and says the bytes still to publish, the drain's rate and the time left.
+On a terminal it is the terminal's bottom row, kept out of the
 scrolling region (as apt does: DECSTBM), so the command's output scrolls above it and
 never shares a line with it; otherwise a whole line every few seconds, written with one
 call, so a log collecting the command's stderr gets whole lines. The command's own stdout
@@ -111,8 +115,7 @@ class Progress:
 
     def show(self, stats: dict, now: float) -> None:
         """One poll's answer (the brief statistics as received) on ``out``."""
-        node = NodeStats.from_dict(stats)
-        text = line(node, self._rate(node, now), self.saved_index)
+        text = self.text(NodeStats.from_dict(stats), now)
         if not self.tty:
             self._write(text + "\n")
             return
@@ -127,6 +130,9 @@ class Progress:
         # one write: save the cursor, draw the bottom row, restore the cursor
         self._write(f"{prefix}\x1b7\x1b[{rows};1H\x1b[K{text}\x1b8")
         self._shown = True
+
+    def text(self, stats: NodeStats, now: float) -> str:
+        return line(stats, self._rate(stats, now), self.saved_index)
 
     def _rate(self, stats: NodeStats, now: float) -> float | None:
         staged = stats.staging.get("bytes", 0)
@@ -170,3 +176,67 @@ def line(stats: NodeStats, rate: float | None, saved_index: bool = False) -> str
     if st.get("store"):  # a root served from a key-value store: its bytes beside the PFS's
         parts.append(f"store read {human(st.get('store_bytes_read', 0))}")
     return " | ".join(parts)
+
+
+class Publishing(Progress):
+    """The line while ``monarch run`` waits for the job's write-back to reach the PFS (W7): the
+    bytes still to publish, the drain's rate since the wait began (until a file was published in
+    it: the daemon's average over the job), the time left. A wait shorter than one interval
+    shows nothing."""
+
+    def __init__(self, poll: Callable[[], dict | None], out: TextIO, tty: bool | None = None,
+                 every: float | None = None):
+        super().__init__(poll, out, tty, every)
+        self._start: tuple[float, int] | None = None  # (time, bytes to publish) when the wait began
+
+    def _run(self) -> None:
+        stats = self._poll()  # the wait's start, not shown: where the rate is measured from
+        if stats is not None:
+            self.begin(stats, time.monotonic())
+        super()._run()
+
+    def begin(self, stats: dict, now: float) -> None:
+        self._start = (now, _to_publish(NodeStats.from_dict(stats).writeback or {}))
+
+    def text(self, stats: NodeStats, now: float) -> str:
+        wb = stats.writeback or {}
+        rate = None
+        if self._start is not None and now > self._start[0] and _to_publish(wb) < self._start[1]:
+            rate = (self._start[1] - _to_publish(wb)) / (now - self._start[0])
+        else:  # the PFS's write rate as the drain met it during the job (the report's pfs_write_rate)
+            copying = (wb.get("drain_seconds") or 0) - (wb.get("order_wait_seconds") or 0)
+            rate = wb["bytes_copied"] / copying if copying > 0 and wb.get("bytes_copied") else None
+        return publishing_line(wb, rate)
+
+
+def _to_publish(wb: dict) -> int:
+    """The bytes of the files closed and not yet on the PFS (a daemon before ``publishing_bytes``:
+    every byte pending)."""
+    return wb.get("publishing_bytes", wb.get("pending_bytes", 0)) or 0
+
+
+def publishing_line(wb: dict, rate: float | None) -> str:
+    """One line while the run waits for its write-back (``wb``: the node statistics' ``writeback``)."""
+    pending = _to_publish(wb)
+    files = wb.get("publishing_files")
+    text = f"monarch: publishing the job's writes to the PFS: {human(pending)} pending"
+    if files is not None:
+        text += f" ({files} file{'' if files == 1 else 's'})"
+    left_ops = (wb.get("records") or 0) - (wb.get("applied") or 0)
+    if not pending and left_ops > 0:  # renames, removals, or a publish waiting for other nodes (W4)
+        text += f", {left_ops} operation{'' if left_ops == 1 else 's'} to apply"
+    if rate:
+        text += f", {human(rate)}/s"
+        if pending:
+            text += f", about {duration(pending / rate)} left"
+    return text
+
+
+def duration(seconds: float) -> str:
+    """Seconds for people: ``2 s``, ``3 min``, ``1 h 5 min``."""
+    seconds = max(1, round(seconds))
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"

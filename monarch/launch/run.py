@@ -241,6 +241,7 @@ class _Ending:
     daemon: Daemon | None = None  # the embedded daemon this launcher started
     baseline: dict | None = None            # a standing daemon's counters at the start (this run's share)
     wall: float = 0.0                       # seconds from the start to the command's end
+    progress: bool = False                  # live progress on ``out`` (the command's, then the drain's)
     staged_files: int = 0                   # the last REPORT's staging.files: the copies the daemon removes
 
     def heard(self, stats: dict | None) -> dict | None:
@@ -260,7 +261,7 @@ def run(config: Config, cmd: list[str], report_path: str | None,
     ``html_path``: also write the report as HTML (else the configuration's ``report_html``).
     """
     end = _Ending(config, cmd, run or topology.run_id() or topology.new_run_id(), time.time(), report_path,
-                  html_path, out)
+                  html_path, out, progress=progress)
     launchers = RunLaunchers(None, end.run)
     try:
         # the shim first: a checkout's changed shim builds for seconds, and a daemon started
@@ -305,8 +306,13 @@ def _tear_down(end: _Ending, signals: _Signals, code: int, last: bool = True) ->
     launcher on the node), then the embedded daemon's exit (its tiers removed); the run's exit
     code (EXIT_UNPUBLISHED for a command that succeeded but whose writes are not all on the PFS)."""
     session = end.session
-    with signals.waiting():  # the daemon holds the final report until its snapshot and write-back are done
-        stats = end.heard(session.stats(final=True)) if session is not None else None
+    shown = _publishing(end)
+    try:
+        with signals.waiting():  # the daemon holds the final report until its snapshot and write-back are done
+            stats = end.heard(session.stats(final=True)) if session is not None else None
+    finally:
+        if shown is not None:
+            shown.stop()
     log.debug("phase report.fetched")
     if session is None:
         return code
@@ -321,6 +327,15 @@ def _tear_down(end: _Ending, signals: _Signals, code: int, last: bool = True) ->
                 service.wait_stopped(end.daemon, end.config, end.staged_files, last, end.run, end.out)
             log.debug("phase daemon.reaped")
     return code
+
+
+def _publishing(end: _Ending):
+    """The line while the final report waits for the job's write-back to reach the PFS (W7),
+    polled on connections of its own (the session's waits); None without write-back or progress."""
+    if end.session is None or not end.progress or not end.config.writeback.enabled:
+        return None
+    from monarch.launch.progress import Publishing
+    return Publishing(end.session.poll, end.out).start()
 
 
 def _writeback_code(stats: dict | None, code: int, out, config: Config) -> int:

@@ -86,6 +86,21 @@ class Session:
         except (OSError, ValueError):
             return None
 
+    def poll(self) -> dict | None:
+        """The daemon's brief statistics on a connection of its own, answered at once: what the
+        launcher shows while this session's connection waits for its final REPORT (the drain)."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(REPORT_TIMEOUT)
+                sock.connect(self.socket_path)
+                secure.check_peer_is_me(sock)
+                sock.sendall(protocol.encode_request(protocol.VERB_REPORT, protocol.REPORT_BRIEF))
+                status, body = protocol.recv_answer(sock)
+            stats = json.loads(body) if status == 0 else None
+            return stats if isinstance(stats, dict) else None
+        except (OSError, ValueError, MonarchError):
+            return None
+
     def serves(self, config: Config) -> bool:
         """Does the daemon serve this configuration: the same dataset, tiers, staging, peer and
         memory margin (``monarch.config.served``)? One that serves another would not do what

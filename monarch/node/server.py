@@ -339,8 +339,9 @@ class NodeServer:
             self._hold(conn, protocol.VERB_REPORT, body)
             return
         conn.done = conn.done or body == protocol.REPORT_FINAL
-        if self.daemon.writeback is not None and (conn.done or not conn.session):
+        if self.daemon.writeback is not None and not brief and (conn.done or not conn.session):
             # the run's last report tells what the job's writes became: once they are on the PFS
+            # (a brief one is a poll, answered at once: the launcher's line while it waits, W7)
             self._begin_waiting(conn)
             work = lambda: (self.daemon.writeback.finish(), self._report_frame(brief))[1]  # noqa: E731
             self._pool.submit(work).add_done_callback(lambda f, c=conn: self._finished(c, f))

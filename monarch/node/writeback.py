@@ -429,12 +429,24 @@ class WritebackRoom:
         return self._outcome
 
     def stats(self) -> dict:
+        """The figures, and what is left: ``pending_bytes`` (the area's, files still written
+        included), ``publishing_files``/``publishing_bytes`` (closed, not on the PFS yet: what
+        the drain has left to copy; the launcher's line while it waits, W7)."""
         with self._cond:
             out = self._outcome
+            open_seqs = self.view.open_seqs()
+            publishing = [seq for seq in self.area.pending_data() if seq not in open_seqs]
+            publishing_bytes = 0
+            for seq in publishing:
+                try:
+                    publishing_bytes += os.stat(self.area.data_path(seq)).st_size
+                except OSError:  # published meanwhile
+                    pass
             return {**self.figures, "paths": list(self.paths), "area": self.area.path,
                     "pending_bytes": self.pending_bytes(), "records": self.journal.last_op, "applied": self._upto,
                     "failed": out.failed, "unpublished": dict(out.unpublished),
-                    "not_closed": len(self.view.open_seqs())}
+                    "not_closed": len(open_seqs), "publishing_files": len(publishing),
+                    "publishing_bytes": publishing_bytes}
 
     def close(self) -> dict:
         """The end of the run: drained, then the area removed if nothing is left in it (else kept

@@ -4,7 +4,7 @@ import io
 import threading
 import time
 
-from monarch.launch.progress import Progress, interval, line, wanted
+from monarch.launch.progress import Progress, Publishing, duration, interval, line, publishing_line, wanted
 from monarch.records.node_stats import NodeStats
 
 MiB = 2**20
@@ -106,3 +106,49 @@ def test_while_a_saved_index_is_loaded_a_line_says_so_not_walking():
     out = io.StringIO()
     Progress(lambda: None, out, tty=False, every=1, saved_index=True).show(loading, now=1.0)
     assert out.getvalue().startswith("monarch: loading the dataset's saved index")
+
+
+def waiting(to_publish, files, copied=0, drain_seconds=0.0, records=10, applied=0):
+    """A brief REPORT while the run waits for its write-back (W7)."""
+    return stats(100, 100 * MiB) | {"writeback": {
+        "publishing_bytes": to_publish, "publishing_files": files, "pending_bytes": to_publish,
+        "bytes_copied": copied, "drain_seconds": drain_seconds, "records": records, "applied": applied}}
+
+
+def test_while_the_run_waits_for_its_write_back_a_line_says_pending_rate_and_time_left():
+    out = io.StringIO()
+    p = Publishing(lambda: None, out, tty=False, every=1)
+    p.begin(waiting(400 * MiB, 8), now=10.0)
+    p.show(waiting(200 * MiB, 4), now=12.0)  # 200 MiB published in 2 s: 100 MiB/s, 2 s for the rest
+    assert out.getvalue() == ("monarch: publishing the job's writes to the PFS: 200.0 MiB pending (4 files), "
+                              "100.0 MiB/s, about 2 s left\n")
+
+
+def test_before_a_file_is_published_in_the_wait_the_rate_is_the_drains_during_the_job():
+    p = Publishing(lambda: None, io.StringIO(), tty=False, every=1)
+    p.begin(waiting(MiB, 1), now=10.0)
+    text = p.text(NodeStats.from_dict(waiting(MiB, 1, copied=6 * MiB, drain_seconds=3.0)), now=11.0)
+    assert text == "monarch: publishing the job's writes to the PFS: 1.0 MiB pending (1 file), 2.0 MiB/s, about 1 s left"
+    nothing = p.text(NodeStats.from_dict(waiting(MiB, 1)), now=11.0)  # no figure yet: no rate, no guess
+    assert nothing == "monarch: publishing the job's writes to the PFS: 1.0 MiB pending (1 file)"
+
+
+def test_with_no_bytes_left_the_line_counts_the_operations_still_to_apply():
+    text = publishing_line(waiting(0, 0, records=12, applied=9)["writeback"], rate=None)
+    assert text == "monarch: publishing the job's writes to the PFS: 0 B pending (0 files), 3 operations to apply"
+
+
+def test_the_time_left_reads_in_seconds_minutes_then_hours():
+    assert [duration(s) for s in (0.2, 2.4, 89, 150, 5000, 7170)] == ["1 s", "2 s", "89 s", "2 min", "83 min",
+                                                                        "1 h 59 min"]
+
+
+def test_the_wait_line_polls_on_its_thread_and_draws_as_the_command_line_does():
+    out = io.StringIO()
+    polls = iter([waiting(4 * MiB, 4), waiting(3 * MiB, 3)] + [waiting(2 * MiB, 2)] * 100)
+    p = Publishing(lambda: next(polls), out, tty=False, every=1).start()
+    time.sleep(2.5)
+    p.stop()
+    lines = out.getvalue().splitlines()
+    assert lines and all(x.startswith("monarch: publishing the job's writes to the PFS: ") for x in lines)
+    assert "/s, about " in lines[-1] and out.getvalue().endswith("\n") and "\x1b" not in out.getvalue()
