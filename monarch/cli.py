@@ -246,58 +246,39 @@ def cmd_stop(args) -> int:
 
 
 def cmd_drain(args) -> int:
-    from monarch.writeback.area import PREFIX, Area
+    from monarch.writeback.orphans import drain_area, find_left
     config = _load(args.config, check_roots=False)  # draining needs no dataset, nor the paths it writes back
     tier = config.writeback_tier()
-    mine = os.path.join(os.path.realpath(tier.path), f"monarch-{os.getuid()}")  # another user's: never looked at
-    areas = Area.orphans(tier.path) if os.path.isdir(mine) else []  # each held now: no live owner, no other drain
-    drained = [os.path.basename(a.path) for a in areas]
-    for name in sorted(n for n in os.listdir(mine) if n.startswith(PREFIX)) if os.path.isdir(mine) else ():
-        if name not in drained:
-            print(f"{os.path.join(mine, name)}: held by its run, still alive: left to it")
+    live, areas = find_left(tier.path)  # each of areas held now: no live owner, no other drain
+    for path in live:
+        print(f"{path}: held by its run, still alive: left to it")
     if not areas:
         print(f"nothing to drain in tier {tier.name} ({tier.path})")
-    complete = [_drain_area(area) for area in areas]
+    complete = [_say_drained(drain_area(area)) for area in areas]
     return 0 if all(complete) else EXIT_UNPUBLISHED
 
 
-def _drain_area(area) -> bool:
-    """Drain one area whose run is gone: say what it published, or what it could not and where those
-    bytes are kept; remove the area once nothing of it is left. True when it drained completely."""
-    from monarch.writeback.area import PREFIX
-    from monarch.writeback.drain import drain
-    from monarch.writeback.journal import JournalError
-    run, _, node = os.path.basename(area.path)[len(PREFIX):].rpartition("-node")  # Area.create's name
-    try:
-        if not os.path.exists(area.journal_path) and not area.pending_data():
-            out = None  # made, then its daemon died before the job wrote anything
-        elif not (run and node.isdigit()):
-            raise JournalError(f"not the name of an area Monarch makes ({PREFIX}<run>-node<N>)")
-        else:
-            out = drain(area, run)
-    except (OSError, JournalError) as e:
-        area.release()
-        print(f"monarch drain: {area.path}: cannot drain it: {e}; kept", file=sys.stderr)
+def _say_drained(d) -> bool:
+    """What one area's drain published, or what it could not and where those bytes are kept
+    (monarch/writeback/orphans.py's ``Drained``). True when it drained completely."""
+    if d.error is not None:
+        print(f"monarch drain: {d.path}: cannot drain it: {d.error}; kept", file=sys.stderr)
         return False
+    out = d.outcome
     done = (f"published {len(out.published)} files, {out.published_bytes} bytes to the PFS" if out
             else "nothing recorded")
-    if out is None or out.complete:
-        left = area.pending_data()
-        if not left:
-            area.remove()
-            print(f"{area.path}: {done}; removed")
-            return True
-        area.release()  # files the job never closed: not published (it did not finish them), nor deleted
-        print(f"{area.path}: {done}; kept: {len(left)} file(s) its job never closed, in {area.path}/data "
-              f"(rm -r {area.path} once you no longer need them)")
-        return True
-    area.release()
-    why = "; ".join(p for p in (out.failed and f"stopped at {out.failed}", out.damaged) if p)
-    print(f"monarch drain: {area.path}: {done}, then {why}", file=sys.stderr)
-    for path, kept in out.unpublished.items():
-        print(f"monarch drain:   not published: {path} (its bytes are kept in {kept})", file=sys.stderr)
-    print(f"monarch drain: {area.path}: kept; run monarch drain again once the PFS takes its files", file=sys.stderr)
-    return False
+    if d.removed:
+        print(f"{d.path}: {done}; removed")
+    elif d.complete:
+        print(f"{d.path}: {done}; kept: {d.never_closed} file(s) its job never closed, in {d.path}/data "
+              f"(rm -r {d.path} once you no longer need them)")
+    else:
+        why = "; ".join(p for p in (out.failed and f"stopped at {out.failed}", out.damaged) if p)
+        print(f"monarch drain: {d.path}: {done}, then {why}", file=sys.stderr)
+        for path, kept in out.unpublished.items():
+            print(f"monarch drain:   not published: {path} (its bytes are kept in {kept})", file=sys.stderr)
+        print(f"monarch drain: {d.path}: kept; run monarch drain again once the PFS takes its files", file=sys.stderr)
+    return d.complete
 
 
 def cmd_check_config(args) -> int:

@@ -41,15 +41,50 @@ from monarch.shim import shim_library
 log = logging.getLogger(__name__)
 
 
-def attach_or_start(config: Config, run: str) -> tuple[Session, Daemon | None]:
+def attach_or_start(config: Config, run: str, out=None) -> tuple[Session, Daemon | None]:
     """Attach to the daemon of this run (or of this job: a standing ``monarch serve``) on this
-    node, if it serves this configuration; else start an embedded one for the run (monarch/launch/service.py)."""
+    node, if it serves this configuration; else start an embedded one for the run (monarch/launch/service.py),
+    once what a killed daemon left of its write-back on the node is published (said on ``out``)."""
     session = service.find(config, run)
     if session is not None:
         return session, None
     if is_cluster_run(config):  # never a single-node daemon behind the cluster's back
         return wait_for_cluster_daemon(config, topology.node_index()), None
+    if config.writeback.enabled:
+        drain_left(config, run, sys.stderr if out is None else out)
     return service.start(config, run)
+
+
+def drain_left(config: Config, run: str, out) -> None:
+    """Publish what runs whose daemons are gone left pending in the write-back tier, as ``monarch
+    drain`` does (monarch/writeback/orphans.py; W8), in one line on ``out``. Never fails the run:
+    an area that could not be drained is kept, said, for ``monarch drain``. ``run``'s own areas are
+    not touched (its daemon may be making one now)."""
+    from monarch.sizes import human
+    from monarch.writeback.orphans import drain_area, find_left
+    t0 = time.monotonic()
+    try:
+        _, areas = find_left(config.writeback_tier().path, but_run=run)
+        drained = [drain_area(area) for area in areas]
+    except Exception as e:  # fail open: the job runs; the areas stay for `monarch drain`
+        out.write(f"monarch: could not publish the write-back a previous run left pending ({e}); the job goes on "
+                  f"(`monarch drain` publishes it)\n")
+        return
+    published = [d.outcome for d in drained if d.outcome is not None]
+    files, nbytes = sum(len(o.published) for o in published), sum(o.published_bytes for o in published)
+    failed = [d for d in drained if not d.complete]
+    for d in failed:
+        why = d.error or "; ".join(p for p in (d.outcome.failed and f"stopped at {d.outcome.failed}",
+                                               d.outcome.damaged) if p)
+        out.write(f"monarch: write-back a previous run left pending is not all published ({why}); kept in "
+                  f"{d.path}: `monarch drain` publishes it; the job goes on\n")
+    if files:
+        where = drained[0].path if len(drained) == 1 else f"{len(drained)} areas in {config.writeback_tier().path}"
+        kept = [f"{d.never_closed} in {d.path}/data" for d in drained if d.never_closed]
+        out.write(f"monarch: published {files} file{'' if files == 1 else 's'} a previous run left pending "
+                  f"({human(nbytes)} in {time.monotonic() - t0:.1f} s, from {where})"
+                  + (f"; kept, never closed by its job: {', '.join(kept)}" if kept else "") + "\n")
+    out.flush()
 
 
 # -- a cluster job's launcher waits for its node's standing daemon --------------------------
@@ -267,7 +302,7 @@ def run(config: Config, cmd: list[str], report_path: str | None,
         # the shim first: a checkout's changed shim builds for seconds, and a daemon started
         # before it would stage meanwhile what the job's first reads are to find not yet staged
         shim = str(shim_library())
-        end.session, end.daemon = attach_or_start(config, end.run)
+        end.session, end.daemon = attach_or_start(config, end.run, end.out)
         session = end.session
         launchers = RunLaunchers(session.run_dir, end.run)
         if session.run.get("run") != end.run:  # the job's standing daemon: report this run's share

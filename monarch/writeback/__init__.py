@@ -9,5 +9,7 @@ published complete and in the job's order (the contract: docs/consistency.md, "W
   operations applied), each change journaled in the order the job made it;
 - ``drain.py``: the operations applied to the PFS strictly in journal order, each file's bytes
   written to a temporary name beside it and renamed, so no file is ever seen short under its
-  name; progress kept in the journal, so a drain resumed after a crash writes nothing twice.
+  name; progress kept in the journal, so a drain resumed after a crash writes nothing twice;
+- ``orphans.py``: the areas of runs whose daemons are gone, drained and removed (or kept, and why):
+  one path for ``monarch drain`` and the next ``monarch run`` on the node.
 """

@@ -26,6 +26,15 @@ PREFIX = "writeback-"
 JOURNAL, DATA, LOCK = "journal", "data", "owner.lock"
 
 
+def run_and_node(name: str) -> tuple[str, str]:
+    """The run and the node an area's name (``writeback-<run>-node<N>``) gives: ("", "") when it
+    is not such a name (the node: digits, when it is)."""
+    if not name.startswith(PREFIX):
+        return "", ""
+    run, _, node = name[len(PREFIX):].rpartition("-node")
+    return (run, node) if run and node.isdigit() else ("", "")
+
+
 class Area:
     """One run's write-back area on a node, held (locked) by this process while it is open."""
 
@@ -50,11 +59,13 @@ class Area:
         return area
 
     @classmethod
-    def orphans(cls, base: str) -> list["Area"]:
-        """The areas under ``base`` whose owner is gone, each now held by this process (sorted by name)."""
+    def orphans(cls, base: str, but_run: str | None = None) -> list["Area"]:
+        """The areas under ``base`` whose owner is gone, each now held by this process (sorted by
+        name); ``but_run``: never that run's (its daemon may be making its area at this moment)."""
         try:
             parent = user_dir(base)
-            names = sorted(n for n in os.listdir(parent) if n.startswith(PREFIX))
+            names = sorted(n for n in os.listdir(parent)
+                           if n.startswith(PREFIX) and (but_run is None or run_and_node(n)[0] != but_run))
         except (OSError, MonarchError):  # no folder of this user's there: nothing of theirs to drain
             return []
         found = []

@@ -12,7 +12,7 @@ def test_the_shim_is_built_before_the_daemon_starts_and_a_failed_build_starts_no
     calls = []
     monkeypatch.setattr(run_module, "shim_library", lambda: calls.append("shim") or (_ for _ in ()).throw(
         OSError("no C compiler")))
-    monkeypatch.setattr(run_module, "attach_or_start", lambda config, run: calls.append("daemon"))
+    monkeypatch.setattr(run_module, "attach_or_start", lambda config, run, out=None: calls.append("daemon"))
     code = run_module.run(load_config(None, check_roots=False), [sys.executable, "-c", "print('ran')"], str(tmp_path / "report.txt"),
                           progress=False)
     assert code == 0  # fail open: the command ran, on the PFS

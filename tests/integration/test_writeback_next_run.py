@@ -1,0 +1,88 @@
+"""The next `monarch run` on a node publishes what a killed daemon left pending there (docs/
+consistency.md, "Write-back", W8), as `monarch drain` would, before it starts its own daemon; it
+says so in one line, and a drain that fails never fails the job (the area is kept for `monarch drain`)."""
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+from support.harness import monarch, write_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+KILL_DAEMON = """
+import hashlib, os, random, signal, sys
+data = random.Random(8).randbytes(4 << 20)
+os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)
+with open(sys.argv[1], "wb") as f:
+    f.write(data)
+print(hashlib.md5(data).hexdigest(), flush=True)
+run_dir = os.path.dirname(os.environ["MONARCH_SOCKET"])
+with open(os.path.join(run_dir, "daemon.pid")) as f:
+    os.kill(int(f.read().split()[0]), signal.SIGKILL)  # closed, then the daemon lost mid-drain
+"""
+
+
+def areas(base):
+    """The write-back areas left under the RAM tier's base (the first tier: write_config's)."""
+    found = []
+    for dp, dns, _ in os.walk(f"/dev/shm{base}"):
+        found += [os.path.join(dp, d) for d in dns if d.startswith("writeback-")]
+    return found
+
+
+def killed_mid_drain(short_tmp, dataset, slow_pfs, name="model"):
+    """A job whose daemon was SIGKILLed while a closed 4 MiB file (``ck/<name>``) drained to a
+    2 MB/s PFS: (the configuration, the PFS's directory, the file's md5, its area)."""
+    ds = dataset(files=20)
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(os.path.join(src, "ck"))
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=2, open_latency_ms=0)
+    ck = os.path.join(str(pfs.mountpoint), "ck")
+    cfg = write_config(short_tmp, ds.root, extra=f"writeback: {{paths: [{json.dumps(ck)}]}}\n")
+    r = monarch("run", "-c", cfg, "--no-progress", "--", sys.executable, "-c", KILL_DAEMON, os.path.join(ck, name))
+    assert r.returncode == 3, r.stderr
+    assert not os.path.exists(os.path.join(src, "ck", name))  # never short under its name
+    (area,) = areas(short_tmp)
+    return cfg, src, r.stdout.strip(), area
+
+
+def test_the_next_run_publishes_what_a_killed_daemon_left_and_removes_its_area(dataset, short_tmp, slow_pfs):
+    cfg, src, md5, area = killed_mid_drain(short_tmp, dataset, slow_pfs)
+    r = monarch("run", "-c", cfg, "--no-progress", "--", sys.executable, "-c", "print('ran')")
+    assert r.returncode == 0 and r.stdout == "ran\n", r.stderr
+    with open(os.path.join(src, "ck", "model"), "rb") as f:
+        assert hashlib.md5(f.read()).hexdigest() == md5  # byte for byte
+    assert sorted(os.listdir(os.path.join(src, "ck"))) == ["model"]  # no temporary name left
+    assert areas(short_tmp) == []
+    said = [x for x in r.stderr.splitlines() if "a previous run left pending" in x]
+    assert said == [f"monarch: published 1 file a previous run left pending (4.0 MiB in {said[0].split(' in ')[1]}"], \
+        r.stderr
+    assert said[0].endswith(f" s, from {area})")
+    again = monarch("run", "-c", cfg, "--no-progress", "--", sys.executable, "-c", "print('ran')")
+    assert again.returncode == 0 and "previous run" not in again.stderr  # nothing left: nothing said
+
+
+def test_a_drain_the_pfs_refuses_is_said_and_the_job_runs_all_the_same_the_area_kept(dataset, short_tmp, slow_pfs):
+    cfg, src, md5, area = killed_mid_drain(short_tmp, dataset, slow_pfs, name="step1/model")
+    step = os.path.join(src, "ck", "step1")
+    shutil.rmtree(step, ignore_errors=True)
+    open(step, "w").close()  # a file where its directory was: the PFS refuses the publish (ENOTDIR)
+    r = monarch("run", "-c", cfg, "--no-progress", "--", sys.executable, "-c", "print('ran')")
+    assert r.returncode == 0 and r.stdout == "ran\n", r.stderr  # fail open: the job ran
+    said = [x for x in r.stderr.splitlines() if "a previous run left pending" in x]
+    assert len(said) == 1 and said[0].startswith("monarch: write-back a previous run left pending is not all "
+                                                 "published (stopped at close "), r.stderr
+    assert said[0].endswith(f"); kept in {area}: `monarch drain` publishes it; the job goes on")
+    assert areas(short_tmp) == [area]
+    os.unlink(step)
+    os.mkdir(step)  # the PFS takes it now
+    d = monarch("drain", "-c", cfg)
+    assert d.returncode == 0, d.stdout + d.stderr
+    with open(os.path.join(step, "model"), "rb") as f:
+        assert hashlib.md5(f.read()).hexdigest() == md5
+    assert areas(short_tmp) == []
