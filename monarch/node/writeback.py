@@ -258,16 +258,17 @@ class WritebackRoom:
         return made
 
     # -- room and waiting --------------------------------------------------------------------------
-    def pending_bytes(self, but: int = 0) -> int:
-        """The bytes the area holds or its writers reserved (``but``: not counting that file's)."""
+    def pending_bytes(self, but: int = 0, reserved: bool = True) -> int:
+        """The bytes the area holds, or its writers reserved (``reserved``: what the room counts;
+        else what the node holds, the report's figure); ``but``: not counting that file's."""
         total = 0
         with self._cond:
-            reserved = dict(self._reserved)
+            ahead = dict(self._reserved) if reserved else {}
         for seq in self.area.pending_data():
             if seq == but:
                 continue
             try:
-                total += max(os.stat(self.area.data_path(seq)).st_size, reserved.get(seq, 0))
+                total += max(os.stat(self.area.data_path(seq)).st_size, ahead.get(seq, 0))
             except OSError:
                 pass
         return total
@@ -281,13 +282,15 @@ class WritebackRoom:
         if found is None or found[1].through:
             return protocol.encode_answer(wire.WB_ANSWER_DONE, str(wire.GRANT_ALL).encode())
         waited = False
+        held = self.pending_bytes(reserved=False)
+        with self._cond:
+            self.figures["peak_pending_bytes"] = max(self.figures["peak_pending_bytes"], held)
         while need <= self.room:
             pending = self.pending_bytes(but=seq)
             with self._cond:
                 if pending + need <= self.room:
                     grant = min(need + min(wire.GRANT_AHEAD, self.room // 8), self.room - pending)
                     self._reserved[seq] = max(self._reserved.get(seq, 0), grant)
-                    self.figures["peak_pending_bytes"] = max(self.figures["peak_pending_bytes"], pending + need)
                     self.figures["waited_for_room"] += waited
                     return protocol.encode_answer(wire.WB_ANSWER_DONE, str(grant).encode())
                 if self._outcome.failed or self._upto >= self.journal.last_op or self._stop:
@@ -348,8 +351,9 @@ class WritebackRoom:
         waited = False
         while True:
             pending = self.pending_bytes()
+            held = self.pending_bytes(reserved=False)
             with self._cond:
-                self.figures["peak_pending_bytes"] = max(self.figures["peak_pending_bytes"], pending)
+                self.figures["peak_pending_bytes"] = max(self.figures["peak_pending_bytes"], held)
                 if pending < self.room or self._outcome.failed or self._upto >= self.journal.last_op:
                     break  # room, or nothing more will drain: never a deadlock on one file larger than the room
                 waited = True
@@ -376,7 +380,7 @@ class WritebackRoom:
                 if self._stop and (self._upto >= self.journal.last_op or self._outcome.failed):
                     return
             started = time.monotonic()
-            pending = self.pending_bytes()
+            pending = self.pending_bytes(reserved=False)
             try:
                 out = drain(self.area, self.run_id, journal=self.journal, step=self._step, before=self._after_others,
                             commit=self.view.applying)
