@@ -82,8 +82,8 @@ alive is left to it, and nothing that is not on the PFS is deleted."""
 DRAIN_EPILOG = """\
 examples:
   monarch drain -c configs/cluster.yaml      on the node, after a job whose daemon was killed
-  srun --ntasks-per-node=1 monarch drain -c configs/cluster.yaml
-                                             on every node of the allocation
+  on every node of a Slurm allocation (the batch script's last line, docs/cluster.md "Under Slurm"):
+    srun --nodes=$SLURM_NNODES --ntasks=$SLURM_NNODES --ntasks-per-node=1 --overlap monarch drain -c job.yaml
 
 exit status:
   0 if every area was drained completely, or there was none; 3 if a file could not be

@@ -122,3 +122,16 @@ def test_drain_help_has_examples_and_its_exit_status(capsys):
     out = capsys.readouterr().out
     assert "monarch drain -c configs/cluster.yaml" in out
     assert "3 if a file could not be\n  published" in out and "0 if every area was drained completely" in out
+
+
+def test_drain_help_gives_the_slurm_line_docs_cluster_md_gives(capsys):
+    """The line tests/slurm/test_drain_line.py runs from docs/cluster.md is the one the help shows."""
+    from monarch.cli import main
+    from support.harness import REPO
+    with open(os.path.join(REPO, "docs", "cluster.md")) as f:
+        text = f.read()
+    start = text.index("```sh\n", text.index("<!-- slurm drain line:")) + len("```sh\n")
+    line = text[start:text.index("\n```", start)]
+    with pytest.raises(SystemExit):
+        main(["drain", "--help"])
+    assert f"\n    {line}\n" in capsys.readouterr().out
