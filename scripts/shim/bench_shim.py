@@ -11,6 +11,9 @@ Measured, each as the median of several interleaved runs (one fresh process per 
              the shim: the pass-through overhead of a non-managed open.
   pass-read  many small pread calls on one fd outside the roots, with and without the
              shim: the pass-through overhead of the read wrappers (which count bytes).
+  pass-write many small pwrite calls overwriting 8 MiB of one file outside the roots, with and
+             without the shim: the pass-through overhead of the write wrappers (their write-back
+             hook, with no write-back path configured); the file's digest the same either way.
 
   zhit       (--compressed) open+read+close of the same files stored only as zstd frames at
              <tier>/.z/<key> (no raw copy): the shim decodes each into a sealed memfd in the
@@ -23,7 +26,7 @@ Measured, each as the median of several interleaved runs (one fresh process per 
 Each is measured by a tiny C driver (the cost of the calls themselves) and by a Python
 driver (what a Python data loader sees: open(), read(), close()).
 
-    python scripts/shim/bench_shim.py [--files 2000] [--size 4KiB] [--runs 7]
+    python scripts/shim/bench_shim.py [--files 2000] [--size 4KiB] [--runs 7] [--writes 200000 --write-size 4096]
     python scripts/shim/bench_shim.py --compressed --files 500 --size 64KiB --content compressible [--level 3]
     python scripts/shim/bench_shim.py --compare OLD.so   # another build's staged hit in the same runs
 """
@@ -67,6 +70,7 @@ C_DRIVER = r"""
 #include <unistd.h>
 
 #define CHUNK (1 << 16) /* read size of "files"; "zcodec" sums its output in the same chunks */
+#define WSPAN (8 << 20)  /* "writes" cycles over this much of its file */
 
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 
@@ -140,7 +144,7 @@ static int zcodec(char **paths, size_t n, int passes)
 
 int main(int argc, char **argv)
 {
-    /* files LIST PASSES [full] | zcodec LIST PASSES [full] | reads FILE CALLS BYTES:
+    /* files LIST PASSES [full] | zcodec LIST PASSES [full] | reads|writes FILE CALLS BYTES:
      * prints "<ns per op> <bytes> <checksum>" */
     static unsigned char buf[CHUNK];
     unsigned long long total = 0, sum = 0, ops = 0;
@@ -184,7 +188,34 @@ int main(int argc, char **argv)
         printf("%.1f %llu %llu\n", dt * 1e9 / ops, total, sum);
         return 0;
     }
-    fprintf(stderr, "usage: driver files|zcodec LIST PASSES [full] | driver reads FILE CALLS BYTES\n");
+    if (argc == 5 && strcmp(argv[1], "writes") == 0) {
+        int fd = open(argv[2], O_RDWR | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0) { perror(argv[2]); return 2; }
+        long calls = atol(argv[3]), size = atol(argv[4]);
+        if (size <= 0 || size > CHUNK) { fprintf(stderr, "writes: BYTES from 1 to %d\n", CHUNK); return 2; }
+        off_t span = (off_t)(WSPAN / size) * size, off;
+        for (long i = 0; i < size; i++) buf[i] = (unsigned char)(i * 131 + 7);
+        for (off = 0; off < span; off += size) /* the range's pages in place: the loop overwrites only */
+            if (pwrite(fd, buf, size, off) != size) { perror("pwrite"); return 2; }
+        off = 0;
+        double t0 = now();
+        for (long i = 0; i < calls; i++) {
+            buf[0] = (unsigned char)i; /* each block's last writer shows in the digest */
+            ssize_t r = pwrite(fd, buf, size, off);
+            if (r != size) { perror("pwrite"); return 2; }
+            total += r;
+            off += size; if (off >= span) off = 0;
+            ops++;
+        }
+        double dt = now() - t0;
+        ssize_t r; /* untimed: the file's bytes, the same with and without the shim */
+        for (off = 0; (r = pread(fd, buf, sizeof buf, off)) > 0; off += r)
+            for (ssize_t k = 0; k < r; k++) fnv = (fnv ^ buf[k]) * 1099511628211ULL;
+        close(fd);
+        printf("%.1f %llu %llu\n", dt * 1e9 / ops, total, (unsigned long long)fnv);
+        return 0;
+    }
+    fprintf(stderr, "usage: driver files|zcodec LIST PASSES [full] | driver reads|writes FILE CALLS BYTES\n");
     return 2;
 }
 """
@@ -210,6 +241,30 @@ if mode == "files":
                 h.update(d)
     dt = time.perf_counter() - t0
     print(f"{dt * 1e9 / (passes * len(paths)):.1f} {total} {h.hexdigest() if full else s}")
+elif mode == "writes":
+    import hashlib
+    fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    calls, size = int(sys.argv[3]), int(sys.argv[4])
+    span = (8 << 20) // size * size  # the C driver's WSPAN
+    buf = bytearray((i * 131 + 7) & 255 for i in range(size))
+    for off in range(0, span, size):  # the range's pages in place: the loop overwrites only
+        os.pwrite(fd, buf, off)
+    total = off = 0
+    pwrite = os.pwrite
+    t0 = time.perf_counter()
+    for i in range(calls):
+        buf[0] = i & 255  # each block's last writer shows in the digest
+        total += pwrite(fd, buf, off)
+        off += size
+        if off >= span:
+            off = 0
+    dt = time.perf_counter() - t0
+    h = hashlib.sha256()  # untimed: the file's bytes, the same with and without the shim
+    off = 0
+    while d := os.pread(fd, 1 << 16, off):
+        h.update(d); off += len(d)
+    os.close(fd)
+    print(f"{dt * 1e9 / calls:.1f} {total} {h.hexdigest()}")
 else:
     fd = os.open(sys.argv[2], os.O_RDONLY)
     calls, size = int(sys.argv[3]), int(sys.argv[4])
@@ -239,6 +294,8 @@ def parse_args(argv=None):
     p.add_argument("--passes", type=int, default=5, help="passes over the files per run (default 5)")
     p.add_argument("--reads", type=int, default=200_000, help="pread calls per run (default 200000)")
     p.add_argument("--read-size", type=int, default=64, help="bytes per pread (default 64)")
+    p.add_argument("--writes", type=int, default=200_000, help="pwrite calls per run (default 200000)")
+    p.add_argument("--write-size", type=int, default=4096, help="bytes per pwrite, up to 65536 (default 4096)")
     p.add_argument("--runs", type=int, default=9, help="interleaved runs per measurement; the median is shown")
     p.add_argument("--compressed", action="store_true",
                    help="also measure compressed hits: the same files as zstd frames at <tier>/.z/<key> only, "
@@ -254,7 +311,9 @@ def parse_args(argv=None):
     p.add_argument("--json", default=result_path("bench_shim.json"),
                    help="where to write the figures (default: results/bench_shim.json of this checkout)")
     p.add_argument("--workdir", help="scratch directory (default: a new one in /dev/shm)")
-    args = parse_with_quick(p, argv, {"files": 50, "passes": 1, "reads": 1000, "runs": 1})
+    args = parse_with_quick(p, argv, {"files": 50, "passes": 1, "reads": 1000, "writes": 1000, "runs": 1})
+    if not 0 < args.write_size <= 1 << 16:
+        p.error(f"--write-size: expected 1 to 65536 bytes, got {args.write_size}")
     if args.content is None:
         args.content = "compressible" if args.compressed else "random"
     return args
@@ -380,6 +439,7 @@ def _bench(args, shim: str, size: int, work: Path) -> int:
         print("no C compiler: measuring with the Python driver only (no codec row)")
 
     passes, reads = str(args.passes), [str(args.reads), str(args.read_size)]
+    writes = [str(args.writes), str(args.write_size)]
     # name -> (argv tail, env); pairs below compare a "shim" case with its baseline
     cases = {
         "hit.shim": (["files", str(lists["pfs"]), passes], shim_env),
@@ -388,6 +448,8 @@ def _bench(args, shim: str, size: int, work: Path) -> int:
         "pass-open.direct": (["files", str(lists["other"]), passes], base_env),
         "pass-read.shim": (["reads", str(big), *reads], shim_env),
         "pass-read.direct": (["reads", str(big), *reads], base_env),
+        "pass-write.shim": (["writes", str(other / "written-shim.bin"), *writes], shim_env),
+        "pass-write.direct": (["writes", str(other / "written-direct.bin"), *writes], base_env),
     }
     if args.compare:
         cases["hit.compare"] = (["files", str(lists["pfs"]), passes], dict(shim_env, LD_PRELOAD=args.compare))
@@ -409,7 +471,7 @@ def _bench(args, shim: str, size: int, work: Path) -> int:
     # Sanity: the same bytes either way, and every managed open was a tier hit.
     problems = []
     for d in drivers:
-        for pair in ("hit", "pass-open", "pass-read"):
+        for pair in ("hit", "pass-open", "pass-read", "pass-write"):
             if outputs[f"{d}:{pair}.shim"] != outputs[f"{d}:{pair}.direct"]:
                 problems.append(f"{d} {pair}: different bytes with and without the shim")
     zhit_opens = 0
@@ -430,11 +492,13 @@ def _bench(args, shim: str, size: int, work: Path) -> int:
     figures = {}
     print()
     print(f"{args.files} files of {size} B ({args.content}), {args.passes} passes per run; {args.reads} preads of "
-          f"{args.read_size} B; median of {args.runs} interleaved runs; shim {shim}")
+          f"{args.read_size} B; {args.writes} pwrites of {args.write_size} B; median of {args.runs} interleaved runs; "
+          f"shim {shim}")
     print("us per call: medians of the runs; added: median of the paired differences (shim - direct)")
     print(f"{'driver':>6} {'measurement':<34} {'direct us':>10} {'shim us':>10} {'added us':>9} {'overhead':>9}")
     labels = {"hit": "open+read+close, staged (tier hit)", "pass-open": "open+read+close, outside roots",
-              "pass-read": f"pread {args.read_size} B, outside roots"}
+              "pass-read": f"pread {args.read_size} B, outside roots",
+              "pass-write": f"pwrite {args.write_size} B, outside roots"}
     for d in drivers:
         for pair, label in labels.items():
             direct, shimmed = med[f"{d}:{pair}.direct"] / 1e3, med[f"{d}:{pair}.shim"] / 1e3
