@@ -30,7 +30,7 @@ from typing import Iterable, Sequence
 
 from monarch.cluster.placement import Placement
 from monarch.cluster.ranges import RANGE, owned_bytes
-from monarch.routes import BLOCKS_MIN
+from monarch.routes import staged_by_blocks
 from monarch.errors import MonarchError
 from monarch.sizes import human
 
@@ -119,7 +119,7 @@ class _LargeApart:
 
     def __iter__(self):
         for key, size in self.items:
-            if size >= BLOCKS_MIN:
+            if staged_by_blocks(size):
                 self.large.append((key, size))
             else:
                 yield key, size

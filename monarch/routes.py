@@ -12,8 +12,14 @@ A row is a route, in the order ``route_of`` tries them (the first whose rule hol
 =============  =========================================================================  ===========
 route          who serves it                                                             sizes
 =============  =========================================================================  ===========
+``WRITEBACK``  a file under a write-back path opened to create or truncate it for            any
+               writing: made in the run's write-back area by the shim
+               (``shim/shim_writeback.c``), drained to the PFS by ``node/writeback.py``
+               (docs/consistency.md, "Write-back"). A fact of the open (its flags), never
+               published
 ``PROBE``      a staged copy in a tier: the shim opens it itself (every layer looks          any
-               first: whether a copy is staged is the one fact that changes by the open)
+               here before the rows below: whether a copy is staged is the one fact
+               that changes by the open)
 ``PEER_LANE``  another node's small file, fetched by the door through the C data path        <= INLINE_MAX
 ``BLOCKS``     staged by blocks (``stage/blocks.py``); the shim reads the PFS meanwhile      >= BLOCKS_MIN
                (``shim/shim_blocks.c``). In a cluster on every node: each block's range has
@@ -30,17 +36,22 @@ route          who serves it                                                    
                from a fast source; in ranges, by several threads, from RANGES_MIN)
 =============  =========================================================================  ===========
 
-Each layer switches on the route: the resolver (answer by blocks, or stage), the stager's copy
-(blocks, a peer, the PFS), the door (its copy: ``frontdoor/door_loop.c``, from the route the
-index publishes; its peer lane: ``door_peer.c``, the row's size through ``monarch_route_fits``
-and the owners), the shim (a file's staged blocks read only where the index routes it to
-``BLOCKS``: ``shim/shim_open.c``). Only dynamic facts stay with the layers: a copy staged, an
-owner, room, leases, claims, a source's measured latency.
+Each layer switches on the route: the shim (a write-back create asks the daemon before any
+probe: ``shim/shim_wrappers.c``' open body, ``monarch_wb_open``), the resolver (answer by
+blocks, or stage), the stager's copy (blocks, a peer, the PFS), the door (its copy:
+``frontdoor/door_loop.c``, from the route the index publishes; its peer lane: ``door_peer.c``,
+the row's size through ``monarch_route_fits`` and the owners), the shim (a file's staged blocks
+read only where the index routes it to ``BLOCKS``: ``shim/shim_open.c``). Only dynamic facts
+stay with the layers: a copy staged, an owner, room, leases, claims, a source's measured latency.
+The size decisions beside a route are named here too (``copied_inline``, ``staged_by_blocks``,
+``read_in_ranges``): no layer compares a file's size with a threshold itself.
 
-Decided once per file, read by every layer. The stager's books (``node/stage/stager_books.py``)
-decide each root's routes by size once, when the stager is made, on the node's facts
-(``published``: each root's ``size_steps``, ``route_of`` at every size where a row begins or
-ends); from then on a file's route is ``stepped`` (its root's steps at its size), a table look-up:
+Decided once per file, read by every layer (``WRITEBACK`` aside: a fact of the open, not of the
+file, so ``size_steps`` never meets it and the index never publishes it). The stager's books
+(``node/stage/stager_books.py``) decide each root's routes by size once, when the stager is made,
+on the node's facts (``published``: each root's ``size_steps``, ``route_of`` at every size where
+a row begins or ends); from then on a file's route is ``stepped`` (its root's steps at its size),
+a table look-up:
 
 - the daemon publishes those same steps in the snapshot index, in each file's entry's flags
   (``protocol.INDEX_ROUTE_MASK``: ``node/snapshot/index_writer.py``, or C's ``walker.c`` for an
@@ -66,7 +77,8 @@ import enum
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Route", "Row", "ROWS", "FileFacts", "NodeFacts", "route_of", "size_steps", "stepped", "published", "INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN",
+__all__ = ["Route", "Row", "ROWS", "FileFacts", "NodeFacts", "route_of", "size_steps", "stepped", "published",
+           "copied_inline", "staged_by_blocks", "read_in_ranges", "INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN",
            "ONE_MESSAGE_MAX", "SIZE_ANY"]
 
 # the size thresholds that pick a route, declared once (the header's MONARCH_* of the same names)
@@ -88,6 +100,7 @@ class Route(enum.IntEnum):
     STORE = 5
     DOOR = 6
     COPY = 7
+    WRITEBACK = 8  # tried first, valued last: the values above are the index's bits (never renumbered)
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,7 @@ class FileFacts:
     regular: bool = True     # a regular file (the snapshot's mode)
     elsewhere: bool = False  # another node owns it (sharded, or a replicating node's other files)
     store: bool = False      # under a root that is a key-value store (no PFS path behind it)
+    writeback: bool = False  # under a write-back path, opened to create or truncate it for writing
 
 
 @dataclass(frozen=True)
@@ -127,6 +141,7 @@ class Row:
 
 ROWS: dict[Route, Row] = {row.route: row for row in (
     #   route            smallest     largest      who serves it
+    Row(Route.WRITEBACK, 0,           SIZE_ANY,    "the shim, in the run's write-back area (drained by the daemon)"),
     Row(Route.PROBE,     0,           SIZE_ANY,    "the shim, from a staged copy"),
     Row(Route.PEER_LANE, 0,           INLINE_MAX,  "the door, through the C data path"),
     Row(Route.BLOCKS,    BLOCKS_MIN,  SIZE_ANY,    "the block stager (a range's owner from the PFS, the others from it)"),
@@ -140,6 +155,9 @@ ROWS: dict[Route, Row] = {row.route: row for row in (
 # each route's rule beside its size: does it serve this file on this node? (PROBE: a copy is
 # staged, which only the layers know at the open: never chosen here)
 _RULES: dict[Route, Callable[[FileFacts, NodeFacts], bool]] = {
+    # first: the open replaces the file's bytes, so no staged copy of the old ones is probed, and
+    # whoever owns the old file (PEER), the read policy (PFS) or its size (BLOCKS) does not matter
+    Route.WRITEBACK: lambda f, n: f.writeback,
     Route.PROBE: lambda f, n: False,
     Route.PEER_LANE: lambda f, n: f.elsewhere and f.regular and n.door and n.c_data_path,
     # a large file is every node's, by ranges: not another node's (PEER), wherever it is hashed
@@ -155,7 +173,26 @@ _RULES: dict[Route, Callable[[FileFacts, NodeFacts], bool]] = {
 def allows(route: Route, node: NodeFacts) -> bool:
     """Can ``route`` serve any file on ``node``? (The stager makes a block stager only if so.)"""
     return _RULES[route](FileFacts(size=ROWS[route].min_size, elsewhere=route in (Route.PEER, Route.PEER_LANE),
-                                   store=route is Route.STORE), node)
+                                   store=route is Route.STORE, writeback=route is Route.WRITEBACK), node)
+
+
+# the size decisions the layers make beside the route, named (``test_routes.py`` holds each
+# to its row): a comparison, not a look-up, as some are asked per file of a million
+def copied_inline(size: int) -> bool:
+    """Is a file of ``size`` small enough to be copied inline (by the door's worker that read the
+    OPEN, or by the stager's asker): no thread hand-off? The ``DOOR`` row's sizes."""
+    return size <= INLINE_MAX
+
+
+def staged_by_blocks(size: int) -> bool:
+    """Is a file of ``size`` large enough to be staged by blocks, its ranges owned across a
+    cluster's nodes, where ``BLOCKS``' rule holds? The ``BLOCKS`` row's sizes."""
+    return size >= BLOCKS_MIN
+
+
+def read_in_ranges(size: int) -> bool:
+    """Is a whole copy (``COPY``) of a file of ``size`` read in ranges, by several threads?"""
+    return size >= RANGES_MIN
 
 
 def route_of(file: FileFacts, node: NodeFacts, *, rows: dict | None = None, rules: dict | None = None):

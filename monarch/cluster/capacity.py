@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..routes import BLOCKS_MIN
+from ..routes import staged_by_blocks
 from ..sizes import allocated_size
 from . import ranges
 from .placement import Placement
@@ -80,11 +80,11 @@ def plan(cluster: Cluster, files: dict, capacities: list[tuple[int, int]], unit:
     mode, why = decide(capacities, total)
     # a large file is owned by ranges, spread over every node (ranges.py), not whole by one
     placement = Placement.build(((k, allocated_size(info.size, unit)) for k, info in files.items()
-                                 if info.size < BLOCKS_MIN), weights(capacities, mode))
+                                 if not staged_by_blocks(info.size)), weights(capacities, mode))
     cluster.use_placement(placement)
     owned_files = owned_bytes = 0
     for key, info in files.items():
-        if info.size >= BLOCKS_MIN:
+        if staged_by_blocks(info.size):
             owned_bytes += ranges.owned_bytes(key, info.size, cluster.node, cluster.nodes)
         elif placement.owner(key) == cluster.node:
             owned_files += 1

@@ -94,7 +94,7 @@ static int lane_next_locked(struct door *d, struct idx_file *f, const char **key
             continue;
         }
         if (!index_entry(d, d->ahead.next + 1, f, key, len) || !monarch_index_routes(f->flags, MONARCH_ROUTE_DOOR) ||
-            f->size > MONARCH_INLINE_MAX) {
+            !monarch_route_fits(MONARCH_ROUTE_DOOR, f->size)) {
             d->ahead.next++;           /* not the door's route (published in the index): Python's stager copies it */
             continue;
         }

@@ -15,7 +15,7 @@ static int why_not_copy_locked(struct door *d, struct entry **e, const char *key
     if (!d->allowed || d->never_copy)
         return R_NOT_COPYING;          /* Python said no, or the job wrote under a root */
     if (!index_file(d, key, len, f) || !monarch_index_routes(f->flags, MONARCH_ROUTE_DOOR)
-        || f->size > MONARCH_INLINE_MAX)
+        || !monarch_route_fits(MONARCH_ROUTE_DOOR, f->size))
         return R_NOT_SMALL_FILE;       /* not in the index, or its published route is not the door's (large: blocks or
                                         * the stager's; a store's; not copied); the size bounds the copy's buffer */
     if (!own_file_locked(d, f->entry))

@@ -183,8 +183,10 @@
 #define MONARCH_ONE_MESSAGE_MAX (4 << 20)   /* another node's file this small crosses the C data path in one message */
 #define MONARCH_SIZE_ANY 0xFFFFFFFFFFFFFFFFULL /* no upper bound */
 
-/* X(route, value, smallest size, largest size): who serves each is routes.py's table */
+/* X(route, value, smallest size, largest size): who serves each is routes.py's table, in its order
+ * (tried first, valued last: a value is an index entry's bits, never renumbered) */
 #define MONARCH_ROUTES(X)                                                                       \
+    X(MONARCH_ROUTE_WRITEBACK, 8, 0, MONARCH_SIZE_ANY)               /* a write-back create (shim_writeback.c) */ \
     X(MONARCH_ROUTE_PROBE, 0, 0, MONARCH_SIZE_ANY)                   /* a staged copy, opened by the shim */ \
     X(MONARCH_ROUTE_PEER_LANE, 1, 0, MONARCH_INLINE_MAX)             /* another node's: the door's peer lane */ \
     X(MONARCH_ROUTE_BLOCKS, 2, MONARCH_BLOCKS_MIN, MONARCH_SIZE_ANY) /* staged by blocks (shim_blocks.c), on every node */ \
@@ -331,6 +333,9 @@ _Static_assert(offsetof(struct monarch_index_entry, mode) == 64, "index entry: m
 _Static_assert(offsetof(struct monarch_index_entry, flags) == 80, "index entry: flags");
 _Static_assert(offsetof(struct monarch_index_entry, children) == 104, "index entry: children");
 _Static_assert(offsetof(struct monarch_index_header, children_count) == 64, "index header: children_count");
-_Static_assert(MONARCH_ROUTE_COPY + 1 <= MONARCH_INDEX_ROUTE_MASK >> MONARCH_INDEX_ROUTE_SHIFT, "index entry: route bits");
+/* every route + 1 fits an index entry's route bits (published or not: WRITEBACK never is) */
+#define MONARCH_ROUTE_BITS(route, value, smallest, largest) \
+    _Static_assert((value) + 1 <= MONARCH_INDEX_ROUTE_MASK >> MONARCH_INDEX_ROUTE_SHIFT, "route bits: " #route);
+MONARCH_ROUTES(MONARCH_ROUTE_BITS)
 
 #endif

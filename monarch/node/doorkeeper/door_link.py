@@ -22,7 +22,7 @@ from monarch.node.stage.current import Current
 from monarch.node.snapshot.indextable import IndexTable, larger_than
 from monarch.node.outcomes import Outcome
 from monarch.node.stage.stager import Stager
-from monarch.routes import INLINE_MAX
+from monarch.routes import INLINE_MAX, ROWS, Route
 from monarch.node.stage.stager_books import StagerListener
 from monarch.node.tiers.tiers import Tier
 
@@ -129,7 +129,7 @@ class DoorLink(StagerListener):
         allowed = self.may_copy and not books.dirty and not books.closed
         if allowed and (tier.full_reason is not None  # its filesystem is full: the stager found out
                         or self.front_door.lease() < self._chunk(tier) // 2 and not self._lend(tier)
-                        and self.front_door.lease() < INLINE_MAX):
+                        and self.front_door.lease() < INLINE_MAX):  # a lease, not a file: room for one inline copy
             # the tier is full (pin, don't thrash: nothing is evicted for the door): the next raw
             # tier with room, as the stager spills; with none the door's misses and the lane's
             # list go to the stager now, rather than once the lane has waited for room
@@ -139,7 +139,7 @@ class DoorLink(StagerListener):
             self.reclaim_lease()
 
     @staticmethod
-    def _kept_back(tier: Tier) -> int:
+    def _kept_back(tier: Tier) -> int:  # a budget of bytes, not a file's route: one inline copy's at least
         return max(INLINE_MAX, min(LEASE_MAX, tier.capacity // LEASE_SHARE))
 
     def _chunk(self, tier: Tier) -> int:
@@ -156,7 +156,7 @@ class DoorLink(StagerListener):
         where the tier has little left: its last share is never lent, so that a copy of the
         stager's (a large file, a miss, the books' room for allocations) finds room without
         waiting for the door's to come back. 0 if there is not that much."""
-        left = min(self._chunk(tier), tier.capacity - tier.room - self._kept_back(tier))
+        left = min(self._chunk(tier), tier.capacity - tier.room - self._kept_back(tier))  # INLINE_MAX below: a budget
         return left if tier.full_reason is None and left >= INLINE_MAX and tier.reserve(left, counted=False) else 0
 
     def _lend(self, tier: Tier) -> bool:
@@ -274,7 +274,7 @@ class DoorKeeper:
         if link is None or not link.may_copy or not self.front_door.read_ahead(len(files), self._lane_fixed,
                                                                           self._lane_start):
             return False
-        stager.read_ahead(order(larger_than(files, INLINE_MAX)))
+        stager.read_ahead(order(larger_than(files, ROWS[Route.DOOR].max_size)))  # what the DOOR row does not take
         threading.Thread(target=self._after_the_lane, args=(files, stager, sample, closing, absorb, order),
                          name="monarch-ahead-rest", daemon=True).start()
         return True

@@ -39,7 +39,7 @@ from monarch.node.snapshot.snapshot import Snapshot
 from monarch.node.stage.read_ahead_modes import Where, decide
 from monarch.node.stage.sources import PeerSource
 from monarch.node.stage.stager import Stager
-from monarch.routes import BLOCKS_MIN, INLINE_MAX
+from monarch.routes import copied_inline, staged_by_blocks
 from monarch.node.tiers.tiers import Tier
 from monarch.records.node_stats import ClusterSlice
 from monarch.sizes import allocated_size
@@ -113,7 +113,7 @@ class ClusterRole:
     def by_ranges(self, key: str) -> bool:
         """Is ``key`` a large file staged by blocks, its ranges owned across the nodes?"""
         info = self._current.snapshot.get(key)
-        if info is None or info.size < BLOCKS_MIN:  # (most files: no route asked for, at a million of them)
+        if info is None or not staged_by_blocks(info.size):  # (most files: no route asked for, at a million of them)
             return False
         stager = self._current.stager
         return stager is not None and stager.blocks is not None and stager.blocks.eligible(key, info)
@@ -204,7 +204,7 @@ class ClusterRole:
             if early is not None:
                 keys = early.add([(key, allocated_size(info.size, self._unit)) for key, info in files.items()])
                 if time.monotonic() - started < DOOR_WALK_GRACE and door_copies():
-                    keys = [key for key in keys if files[key].size > INLINE_MAX]  # the small ones: the lane's
+                    keys = [key for key in keys if not copied_inline(files[key].size)]  # the small ones: the lane's
                 stager.read_ahead_more(keys)
 
         def take(publish: Callable[[dict], None]) -> tuple[Snapshot, str]:  # node 0

@@ -31,7 +31,7 @@ from typing import Protocol
 from monarch.errors import PeerError
 from monarch.node.snapshot.pfsmeta import DirFds, checked_stat
 from monarch.node.snapshot.snapshot import FileInfo, Snapshot
-from monarch.routes import RANGES_MIN
+from monarch.routes import read_in_ranges
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class PFSSource(Source):
                 raise SourceChanged(errno.ESTALE, "the file changed since the dataset snapshot; it is read from the PFS")
             os.set_blocking(src, True)
             tally.opened()
-            if isinstance(out, int) and info.size >= RANGES_MIN:  # the route table's threshold
+            if isinstance(out, int) and read_in_ranges(info.size):
                 n = _copy_ranges(src, out, info.size, tally)
             else:
                 n = _copy_stream(src, out, info.size, tally)

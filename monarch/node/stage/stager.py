@@ -33,7 +33,7 @@ from monarch.node.stage.stager_books import Flight, StagerBooks, StagerListener
 from monarch.node.stage.stager_copy import Closed, Copier, Invalidated
 from monarch.node.stage.stager_schedule import Schedule
 from monarch.node.tiers.tiers import Tier
-from monarch.routes import INLINE_MAX, NodeFacts, Route, allows
+from monarch.routes import NodeFacts, Route, allows, copied_inline
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class Stager(StagerBooks):
         if not (inline and recent is not None and recent < self.inline_seconds and self.running < self.concurrency.limit):
             return False
         info = self.snapshot.files.get(key)  # a small file copied from here, by the asker: not another node's
-        return info is not None and info.size <= INLINE_MAX and self.route(key, info) not in (Route.PEER, Route.PEER_LANE)
+        return info is not None and copied_inline(info.size) and self.route(key, info) not in (Route.PEER, Route.PEER_LANE)
 
     def read_ahead(self, keys: Iterable[str]) -> None:
         """Stage ``keys`` in the background, in this order, after demand and hints, while

@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from monarch import routes
 from monarch.node.stage import sources
 from monarch.node.snapshot.snapshot import take_snapshot
 from monarch.node.stage.sources import PFSSource, SourceChanged
@@ -21,7 +22,7 @@ KiB = 1024
 @pytest.fixture(autouse=True)
 def small_ranges(monkeypatch):
     # the same code paths as 32 MiB files in 8 MiB ranges, at a test's size
-    monkeypatch.setattr(sources, "RANGES_MIN", 256 * KiB)
+    monkeypatch.setattr(routes, "RANGES_MIN", 256 * KiB)  # read_in_ranges reads the table's
     monkeypatch.setattr(sources, "RANGE", 64 * KiB)
 
 

@@ -552,11 +552,12 @@ def test_a_copy_never_recreates_a_torn_down_tier(tmp_path, dataset):
 
 
 def test_shutdown_stops_ranged_copies_and_drain_waits_for_them(tmp_path, monkeypatch):
+    from monarch import routes
     from monarch.node.stage import sources
     root = tmp_path / "pfs"
     make_files(root, [4 << 20] * 3)
     snap = take_snapshot((str(root),))
-    monkeypatch.setattr(sources, "RANGES_MIN", 1 << 20)  # copied in ranges, by several threads
+    monkeypatch.setattr(routes, "RANGES_MIN", 1 << 20)  # copied in ranges (read_in_ranges), by several threads
     monkeypatch.setattr(sources, "RANGE", 128 << 10)
     write_at = sources._write_at
     monkeypatch.setattr(sources, "_write_at", lambda *a: (time.sleep(0.02), write_at(*a)))  # a slow tier
