@@ -29,6 +29,7 @@ from benchkit import checkout_env  # noqa: E402  (this checkout's monarch and te
 
 from benchkit.options import parse_with_quick  # noqa: E402
 from benchkit.pfs import pfs_unavailable  # noqa: E402
+from monarch import routes  # noqa: E402
 from monarch.node.stage import sources  # noqa: E402
 from monarch.node.snapshot.snapshot import take_snapshot  # noqa: E402
 from support.harness import CountingTally  # noqa: E402
@@ -45,9 +46,9 @@ def parse_args(argv=None):
 
 def stage_once(snap, key: str, dest: Path, ranges: int) -> float:
     """Seconds for PFSSource to copy ``key`` into ``dest`` with ``ranges`` ranges at once."""
-    saved = sources.RANGES_AT_ONCE, sources.RANGES_MIN
+    saved = sources.RANGES_AT_ONCE, routes.RANGES_MIN  # (read_in_ranges reads the table's threshold)
     sources.RANGES_AT_ONCE = ranges
-    sources.RANGES_MIN = sources.RANGES_MIN if ranges > 1 else 1 << 62
+    routes.RANGES_MIN = routes.RANGES_MIN if ranges > 1 else 1 << 62
     source = sources.PFSSource(snap)
     out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -57,7 +58,7 @@ def stage_once(snap, key: str, dest: Path, ranges: int) -> float:
     finally:
         os.close(out)
         source.close()
-        sources.RANGES_AT_ONCE, sources.RANGES_MIN = saved
+        sources.RANGES_AT_ONCE, routes.RANGES_MIN = saved
 
 
 def md5_run(cmd: list[str], env: dict, report: Path | None = None) -> tuple[float, str]:
