@@ -4,7 +4,6 @@ msync(MS_SYNC) and sync_file_range(WAIT_AFTER) return once the PFS holds the byt
 `monarch run`; the PFS is a directory the test (and the job, without the shim) reads directly."""
 
 import hashlib
-import json
 import os
 import stat
 import sys
@@ -12,7 +11,8 @@ import textwrap
 
 import pytest
 
-from support.harness import load, monarch, write_config
+from support.harness import load, monarch
+from support.writeback import writable_pfs_job
 from test_writeback_jobs import run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -131,13 +131,9 @@ def test_a_full_room_makes_writes_wait_and_a_file_larger_than_it_is_written_thro
     """Room 8 MiB, the PFS at 16 MB/s: 6 MiB files wait for the ones before them to drain (the bytes
     pending never pass the room); a 20 MiB file is written through to the PFS as it goes, and the
     report says so; a file written through that the job removed is gone from the PFS too."""
-    ds = dataset(files=20)
-    src = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(src)
-    mounted = slow_pfs(src, writable=True, write_bandwidth_mbps=16, open_latency_ms=0)
+    src, ck, cfg = writable_pfs_job(short_tmp, dataset(files=20).root, slow_pfs, mbps=16, room="8MiB")
+    src = os.path.join(src, "ck")
     sizes = [6 << 20, 6 << 20, 20 << 20, 6 << 20]
-    ck = str(mounted.mountpoint)
-    cfg = write_config(short_tmp, ds.root, extra=f"writeback: {{paths: [{json.dumps(ck)}], room: 8MiB}}\n")
     r = monarch("run", "-c", cfg, "--report", os.path.join(short_tmp, "report.json"), "--no-progress", "--",
                 sys.executable, "-c", textwrap.dedent(ROOM), ck, ",".join(map(str, sizes)))
     report = load(os.path.join(short_tmp, "report.json"))

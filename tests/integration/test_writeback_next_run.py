@@ -3,14 +3,14 @@ consistency.md, "Write-back", W8), as `monarch drain` would, before it starts it
 says so in one line, and a drain that fails never fails the job (the area is kept for `monarch drain`)."""
 
 import hashlib
-import json
 import os
 import shutil
 import sys
 
 import pytest
 
-from support.harness import monarch, write_config
+from support.harness import monarch
+from support.writeback import writable_pfs_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -38,12 +38,7 @@ def areas(base):
 def killed_mid_drain(short_tmp, dataset, slow_pfs, name="model"):
     """A job whose daemon was SIGKILLed while a closed 4 MiB file (``ck/<name>``) drained to a
     2 MB/s PFS: (the configuration, the PFS's directory, the file's md5, its area)."""
-    ds = dataset(files=20)
-    src = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(os.path.join(src, "ck"))
-    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=2, open_latency_ms=0)
-    ck = os.path.join(str(pfs.mountpoint), "ck")
-    cfg = write_config(short_tmp, ds.root, extra=f"writeback: {{paths: [{json.dumps(ck)}]}}\n")
+    src, ck, cfg = writable_pfs_job(short_tmp, dataset(files=20).root, slow_pfs, mbps=2)
     r = monarch("run", "-c", cfg, "--no-progress", "--", sys.executable, "-c", KILL_DAEMON, os.path.join(ck, name))
     assert r.returncode == 3, r.stderr
     assert not os.path.exists(os.path.join(src, "ck", name))  # never short under its name

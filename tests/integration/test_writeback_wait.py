@@ -3,13 +3,13 @@
 off with --no-progress, as the line while the command runs."""
 
 import hashlib
-import json
 import os
 import sys
 
 import pytest
 
-from support.harness import monarch, monarch_env, write_config
+from support.harness import monarch, monarch_env
+from support.writeback import writable_pfs_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -27,12 +27,7 @@ for k in range({FILES}):  # at the node's speed: the drain to the 2 MB/s PFS is 
 
 
 def job(short_tmp, dataset, slow_pfs, *options):
-    ds = dataset(files=20)
-    src = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(os.path.join(src, "ck"))
-    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=2, open_latency_ms=0)
-    ck = os.path.join(str(pfs.mountpoint), "ck")
-    cfg = write_config(short_tmp, ds.root, extra=f"writeback: {{paths: [{json.dumps(ck)}]}}\n")
+    src, ck, cfg = writable_pfs_job(short_tmp, dataset(files=20).root, slow_pfs, mbps=2)
     r = monarch("run", "-c", cfg, *options, "--", sys.executable, "-c", WRITE, ck,
                 env=monarch_env(MONARCH_PROGRESS="1", MONARCH_PROGRESS_INTERVAL="1"))
     assert r.returncode == 0, r.stderr

@@ -1,5 +1,7 @@
-"""What the write-back tests share: a journal as the daemon leaves it for a checkpointing job."""
+"""What the write-back tests share: a journal as the daemon leaves it for a checkpointing job, and
+a job's writable emulated PFS with its configuration."""
 
+import json
 import os
 
 from monarch.writeback.area import Area
@@ -38,3 +40,16 @@ def checkpoint_journal(base, pfs):
     j.close()
     area.release()
     return blobs
+
+
+def writable_pfs_job(short_tmp, root, slow_pfs, mbps, room=None):
+    """A writable emulated PFS taking writes at ``mbps`` MB/s with a ``ck`` directory, and a
+    configuration (dataset ``root``) whose write-back path is that directory on the mount:
+    (the PFS's own directory, ``ck`` on the mount, the configuration's path)."""
+    from support.harness import write_config
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(os.path.join(src, "ck"))
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=mbps, open_latency_ms=0)
+    ck = os.path.join(str(pfs.mountpoint), "ck")
+    extra = f", room: {room}" if room else ""
+    return src, ck, write_config(short_tmp, root, extra=f"writeback: {{paths: [{json.dumps(ck)}]{extra}}}\n")
