@@ -460,6 +460,11 @@ class WritebackRoom:
             self._stop = True
             self._cond.notify_all()
         self._thread.join(timeout=5)
+        for tmp in self._spilling.values():  # a writer killed before it moved there: its bytes stay in the area
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         figures = self.stats()
         self.journal.close()
         shutil.rmtree(os.path.join(self.area.path, LISTS), ignore_errors=True)
