@@ -102,6 +102,10 @@ VARIABLES: tuple[Variable, ...] = (
              "=0: a cluster's large-file mappings are not guarded, their faults on blocks not yet local "
              "read the PFS (for a program that installs its SIGSEGV handler with a raw syscall, or whose "
              "memory another process reads with process_vm_readv: docs/cluster.md)", (SHIM,)),
+    Variable("MONARCH_SHIM_RAW_SYSCALLS", "str", None,
+             "=1: the shim answers the system calls libraries make without libc (Rust's rustix, Go) for every "
+             "job, the dataset's opens too; =0: never; unset: for a job with write-back paths "
+             "(docs/consistency.md, \"Calls Monarch cannot see\")", (SHIM,)),
     Variable("MONARCH_PROGRESS", "bool", None,
              "=0: no live progress (as --no-progress); =1: on every local rank, not only the first",
              (LAUNCHER,), form="=0|1"),

@@ -60,6 +60,13 @@ python3 -c 'import torch' >/dev/null 2>&1 \
   || python3 -m pip install -q --disable-pip-version-check --extra-index-url https://download.pytorch.org/whl/cpu \
        "torch==2.13.0+cpu" \
   || echo "install: torch 2.13.0+cpu not found: tests/integration/test_writeback_frameworks.py will skip" >&2
+# The checkpoint libraries training jobs save with, for write-back's tests under each of them
+# (tests/integration/test_writeback_libraries.py): their CPU builds, after torch's so that
+# Lightning finds it there (about 0.6 GB, 1-2 min); where one cannot be had its test skips, said.
+python3 -c 'import torch' >/dev/null 2>&1 && { python3 -c 'import safetensors, transformers, accelerate, h5py, lightning, orbax.checkpoint' >/dev/null 2>&1 \
+  || python3 -m pip install -q --disable-pip-version-check "safetensors>=0.4" "transformers>=4.40" "accelerate>=0.30" \
+       "h5py>=3.10" "lightning>=2.2" "orbax-checkpoint>=0.5" "jax[cpu]>=0.4.30" \
+  || echo "install: a checkpoint library is missing: its test in tests/integration/test_writeback_libraries.py will skip" >&2; }
 # The daemons' MPI: Open MPI's wheel, whose ULFM keeps the surviving daemons serving when one
 # dies (docs/cluster.md, "A node dies"). Installed apart, in <prefix>/openmpi, where
 # monarch.cluster.world.daemon_launch looks (or MONARCH_OPENMPI): its bin/mpiexec and

@@ -124,8 +124,9 @@ class WritebackRoom:
         try:
             if c.op == wire.WB_OPEN:
                 return self._open(c.path, c.n1, c.n2)
-            if c.op == wire.WB_CLOSE:
+            if c.op in (wire.WB_CLOSE, wire.WB_CLOSE_SYNCED):
                 started = time.monotonic()
+                self.view.closing(c.n1, synced=c.op == wire.WB_CLOSE_SYNCED)
                 self._closed(c.n1)
                 with self._cond:
                     self.figures["app_write_seconds"] += max(0, c.n2) / 1e9  # the closing process's writes
@@ -155,7 +156,7 @@ class WritebackRoom:
             if c.op == wire.WB_FMODE:
                 return protocol.encode_answer(wire.WB_ANSWER_DONE if self.view.set_mode(c.n1, c.n2)
                                               else wire.WB_ERRNO + errno.EBADF)
-            {wire.WB_RENAME: lambda: self.view.rename(c.path, c.path2), wire.WB_UNLINK: lambda: self.view.unlink(c.path),
+            {wire.WB_RENAME: lambda: self.view.rename(c.path, c.path2, noreplace=bool(c.n1)), wire.WB_UNLINK: lambda: self.view.unlink(c.path),
              wire.WB_MKDIR: lambda: self.view.mkdir(c.path, c.n1), wire.WB_RMDIR: lambda: self.view.rmdir(c.path),
              }[c.op]()
             self._kick()
@@ -194,6 +195,8 @@ class WritebackRoom:
         makes the call there, after everything before it and before anything after (W1, W3)."""
         entry = self.view.entry(path) if path else None
         if isinstance(entry, Local) and not entry.closed:
+            if kind == wire.SETTLE_TRUNCATE:
+                self.view.closing(entry.seq, synced=False)  # its bytes change: its fsync's copy is not the file
             if kind == wire.SETTLE_CHMOD:
                 self.view.set_mode(entry.seq, mode)
                 return protocol.encode_answer(wire.WB_ANSWER_DONE)

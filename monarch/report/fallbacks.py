@@ -34,6 +34,11 @@ REASONS = {
                      "the application ran as another uid than the daemon (a container user mapped elsewhere): it "
                      "read the dataset directly",
                      "run the job as the daemon's user (podman --userns=keep-id; Apptainer and Enroot keep it)"),
+    "raw-unwatched": (protocol.FALLBACK_RAW_UNWATCHED,
+                      "a process's system calls made without libc could not be watched (the kernel refused "
+                      "syscall user dispatch: a seccomp filter, or not Linux 5.11+ on x86_64): a library that "
+                      "renames or opens a write-back file by a raw call may not find it",
+                      "run the job where the kernel is Linux 5.11 or later on x86_64, or set no writeback: paths"),
     "no-shim": (None, "no process of the command ran with the Monarch shim (LD_PRELOAD dropped, a static "
                       "reader, or the shim could not reach the daemon's run folder or ran as another user: "
                       "its own `monarch:` line said which)",

@@ -232,6 +232,7 @@ MONARCH_BY_HAND(MONARCH_DECLARE_REAL)
 #include "shim_fork.h"
 #include "shim_view.h"
 #include "shim_writeback.h"
+#include "shim_rawsys.h"
 
 /* The kernel's fstat, for the shim's own checks: never our wrapper, and no
  * fstat@GLIBC_2.33 import (64-bit Linux: struct stat is the kernel's). */
@@ -390,6 +391,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 #include "shim_fork.c"
 #include "shim_view.c"
 #include "shim_writeback.c"
+#include "shim_rawsys.c"
 
 /* ---- start-up ---- */
 #define MONARCH_RESOLVE_ONE(name, ...) (void)MONARCH_RESOLVE(name);
@@ -690,4 +692,5 @@ __attribute__((constructor)) static void monarch_constructor(void)
 {
     monarch_fork_handlers();
     monarch_ensure_init();
+    monarch_raw_setup(); /* after init: the write-back paths are known, every real_* resolved */
 }

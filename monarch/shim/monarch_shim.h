@@ -101,6 +101,10 @@ struct statx {
 #ifndef MAP_POPULATE
 #define MAP_POPULATE 0x08000
 #endif
+/* The shim's own system calls: libc's syscall(), never the application's wrapper of it that
+ * shim_rawsys.c exports under that name (its definition is spelt `(syscall)`). */
+static long monarch_libc_syscall(long nr, ...);
+#define syscall(...) monarch_libc_syscall(__VA_ARGS__)
 /* gettid() is glibc 2.30; the shim only needs the number for its debug lines */
 #define monarch_gettid() ((int)syscall(SYS_gettid))
 
@@ -275,6 +279,10 @@ int execvpe(const char *file, char *const argv[], char *const envp[]);
     X(int, madvise, (void *, size_t, int))                                          \
     X(int, posix_madvise, (void *, size_t, int))                                    \
     X(int, sigaction, (int, const struct sigaction *, struct sigaction *))          \
+    X(int, sigprocmask, (int, const sigset_t *, sigset_t *))                        \
+    X(int, pthread_sigmask, (int, const sigset_t *, sigset_t *))                    \
+    X(int, pthread_create, (pthread_t *, const pthread_attr_t *, void *(*)(void *), void *)) \
+    X(long, syscall, (long, ...))                                                   \
     X(sighandler_t, signal, (int, sighandler_t))                                    \
     X(sighandler_t, bsd_signal, (int, sighandler_t))                                \
     X(sighandler_t, sysv_signal, (int, sighandler_t))                               \

@@ -5,5 +5,7 @@
 
 /* ---- what the other parts call ---- */
 static void monarch_fork_handlers(void);
+/* the child's per-process state reset (a raw fork's child too: shim_rawsys.c) */
+static void monarch_atfork_child(void);
 
 #endif /* MONARCH_SHIM_FORK_H */

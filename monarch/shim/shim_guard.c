@@ -561,6 +561,8 @@ MONARCH_EXPORT int mprotect(void *addr, size_t len, int prot)
 MONARCH_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
     MONARCH_REAL(sigaction, -1)
+    if (MONARCH_UNLIKELY(sig == SIGSYS) && monarch_raw_sigaction(sig, act, old))
+        return 0; /* SIGSYS's handler is the shim's while raw calls are watched: shim_rawsys.c */
     if (MONARCH_LIKELY(sig != SIGSEGV || !__atomic_load_n(&monarch_segv_ours, __ATOMIC_ACQUIRE)))
         return real_(sig, act, old);
     struct sigaction copy;
@@ -575,10 +577,10 @@ MONARCH_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigact
     return 0;
 }
 
-/* signal, bsd_signal and sysv_signal call libc's own sigaction, never this one: SIGSEGV's,
- * while the handler is ours, is kept here as sigaction keeps it (BSD's semantics for signal
- * and bsd_signal, System V's one-shot for sysv_signal) */
-static sighandler_t monarch_segv_signal(sighandler_t h, int flags)
+/* signal, bsd_signal and sysv_signal call libc's own sigaction, never this one: SIGSEGV's (and
+ * SIGSYS's), while the handler is ours, is kept here as sigaction keeps it (BSD's semantics for
+ * signal and bsd_signal, System V's one-shot for sysv_signal) */
+static sighandler_t monarch_kept_signal(int sig, sighandler_t h, int flags)
 {
     struct sigaction n, o;
     memset(&n, 0, sizeof n);
@@ -586,8 +588,8 @@ static sighandler_t monarch_segv_signal(sighandler_t h, int flags)
     n.sa_flags = flags;
     sigemptyset(&n.sa_mask);
     if (!(flags & SA_NODEFER))
-        sigaddset(&n.sa_mask, SIGSEGV);
-    sigaction(SIGSEGV, &n, &o);
+        sigaddset(&n.sa_mask, sig);
+    sigaction(sig, &n, &o);
     return (o.sa_flags & SA_SIGINFO) ? (sighandler_t)(void (*)(void))o.sa_sigaction : o.sa_handler;
 }
 
@@ -595,9 +597,10 @@ static sighandler_t monarch_segv_signal(sighandler_t h, int flags)
     MONARCH_EXPORT sighandler_t name(int sig, sighandler_t h)                               \
     {                                                                                       \
         MONARCH_REAL(name, SIG_ERR)                                                         \
-        if (MONARCH_LIKELY(sig != SIGSEGV || !__atomic_load_n(&monarch_segv_ours, __ATOMIC_ACQUIRE))) \
+        if (MONARCH_LIKELY((sig != SIGSEGV || !__atomic_load_n(&monarch_segv_ours, __ATOMIC_ACQUIRE)) \
+                           && (sig != SIGSYS || !__atomic_load_n(&monarch_raw_on, __ATOMIC_ACQUIRE)))) \
             return real_(sig, h);                                                           \
-        return monarch_segv_signal(h, flags);                                               \
+        return monarch_kept_signal(sig, h, flags);                                          \
     }
 MONARCH_WRAP_SIGNAL(signal, SA_RESTART)
 MONARCH_WRAP_SIGNAL(bsd_signal, SA_RESTART)

@@ -24,5 +24,7 @@ static int monarch_tiers_unseen(void);
 static void monarch_view_daemon_uid(unsigned uid);
 static void monarch_count_at_roots(void);
 static void monarch_view_atfork_child(void);
+/* "monarch: ..." on stderr, once for the job per FALLBACK_* bit */
+static void monarch_say(unsigned bit, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif /* MONARCH_SHIM_VIEW_H */

@@ -201,7 +201,9 @@
     static int (*real_##name) params;                                             \
     MONARCH_EXPORT int name params                                                \
     {                                                                             \
-        int r_, wbmode_ = -1;                                                     \
+        int r_, wbmode_ = -1, wbtries_ = 0;                                       \
+        const char *wbpath_ = path;                                               \
+    wbagain_:                                                                     \
         MONARCH_WB_VIEW(dirfd, path, 0, -1, &wbmode_)                             \
         if (monarch_on_fd(path, flags)) {                                         \
             if (!(flags & ~MONARCH_STAT_FLAGS) && monarch_staged_##type(dirfd, (int)(ver), buf)) \
@@ -218,6 +220,7 @@
         r_ = real_ args;                                                          \
         if (MONARCH_UNLIKELY(wbmode_ >= 0) && r_ == 0) /* a pending file's mode */ \
             monarch_wb_mode_##type(buf, wbmode_);                                 \
+        MONARCH_WB_AGAIN(r_, path, wbpath_, wbtries_, wbagain_, wbmode_ = -1)    \
         return r_;                                                                \
     }
 
@@ -226,12 +229,16 @@
     static int (*real_##name) params;                                             \
     MONARCH_EXPORT int name params                                                \
     {                                                                             \
-        int r_;                                                                   \
+        int r_, wbtries_ = 0;                                                     \
+        const char *wbpath_ = path;                                               \
+    wbagain_:                                                                     \
         MONARCH_WB_VIEW(dirfd, path, 0, -1, NULL)                                 \
         if (monarch_meta_access(dirfd, path, mode, flags, &r_))                   \
             return r_;                                                            \
         MONARCH_REAL(name, -1)                                                    \
-        return real_ args;                                                        \
+        r_ = real_ args;                                                          \
+        MONARCH_WB_AGAIN(r_, path, wbpath_, wbtries_, wbagain_, (void)0)          \
+        return r_;                                                                \
     }
 
 /* opendir/fdopendir: a listed directory under a root is listed from the index; one under a

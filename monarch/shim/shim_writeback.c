@@ -7,7 +7,8 @@
  *     holds is answered with the PFS path (written through);
  *   - close, fclose (and a normal exit with it still open) tell the daemon (WB_CLOSE), which
  *     publishes the file once no process holds it; a killed process tells nothing: what it was
- *     writing is not published;
+ *     writing is not published; a close with nothing written since the descriptor's fsync says so
+ *     (WB_CLOSE_SYNCED): that fsync's copy on the PFS is the file, not copied again;
  *   - rename, unlink, rmdir and mkdir are made in the daemon's view (journaled, replayed on the PFS
  *     in order); stat, access, a read-only open and a listing are answered from it (WB_RESOLVE,
  *     WB_LIST: the path to use instead);
@@ -31,11 +32,17 @@ static uint32_t monarch_wb_fd_seq[MONARCH_MAX_FDS]; /* a descriptor's write-back
 static int monarch_wb_held; /* descriptors with one in this process: none, nothing to tell at exit */
 static uint64_t monarch_wb_used[MONARCH_MAX_FDS], monarch_wb_granted[MONARCH_MAX_FDS];
 static uint64_t monarch_wb_write_ns[MONARCH_MAX_FDS];
+/* writes made through a descriptor, and their count when its last fsync began (NEVER: none): a
+ * close with none since says so, and the drain's copy at that fsync is the file's publish */
+static uint64_t monarch_wb_writes[MONARCH_MAX_FDS], monarch_wb_synced_at[MONARCH_MAX_FDS];
+#define MONARCH_WB_NEVER UINT64_MAX
+static __thread int monarch_wb_closing_synced; /* the closing descriptor's: nothing written since its fsync */
 static __thread uint64_t monarch_wb_closing_ns; /* the closing descriptor's write time, for its WB_CLOSE */
 #define MONARCH_WB_MAPS 64 /* shared mappings of write-back files msync can name (more: not synced) */
 static struct { uintptr_t start, end; uint32_t seq; } monarch_wb_maps[MONARCH_WB_MAPS];
 static char monarch_wb_maps_lock;
 static __thread char monarch_wb_buf[PATH_MAX] __attribute__((tls_model("initial-exec")));
+#define MONARCH_RENAME_NOREPLACE 1 /* renameat2's flag (glibc 2.17's headers lack it) */
 #define MONARCH_WB_WAIT_MS (24 * 3600 * 1000) /* a call may wait for the drain; heartbeats keep it alive */
 
 /* MONARCH_WRITEBACK: absolute directories separated by ':'. */
@@ -62,6 +69,7 @@ static void monarch_wb_parse(const char *env)
 static int monarch_wb_under(int dirfd, const char *path, char *abs)
 {
     size_t len;
+    monarch_raw_rearm(); /* a thread whose dispatch a raw clone paused: watched again */
     if (monarch_guard || !path || !path[0] || !monarch_start() || monarch_abspath(dirfd, path, abs, &len) != 0)
         return 0;
     for (unsigned i = 0; i < monarch_nwb; i++) {
@@ -157,7 +165,8 @@ static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, 
     }
     if (fd >= 0 && st > 0 && (unsigned)fd < MONARCH_MAX_FDS) {
         monarch_wb_set(fd, (uint32_t)st);
-        monarch_wb_used[fd] = monarch_wb_granted[fd] = monarch_wb_write_ns[fd] = 0;
+        monarch_wb_used[fd] = monarch_wb_granted[fd] = monarch_wb_write_ns[fd] = monarch_wb_writes[fd] = 0;
+        monarch_wb_synced_at[fd] = MONARCH_WB_NEVER;
     }
     MONARCH_DEBUG(1, "open %s: write-back %s (seq %d, fd %d)", abs, where, st, fd);
     *fdp = fd;
@@ -230,11 +239,11 @@ static int monarch_wb_rename(int od, const char *o, int nd, const char *n, unsig
     int ia = monarch_wb_under(od, o, a), ib = monarch_wb_under(nd, n, b);
     if (!ia && !ib)
         return MONARCH_WB_NOT_OURS;
-    if (ia != ib || flags) { /* across the write-back's edge, or RENAME_NOREPLACE/EXCHANGE: not in the view */
-        errno = flags ? EINVAL : EXDEV;
+    if (ia != ib || (flags & ~MONARCH_RENAME_NOREPLACE)) { /* across the write-back's edge, or RENAME_EXCHANGE */
+        errno = ia != ib ? EXDEV : EINVAL;
         return -1;
     }
-    return monarch_wb_change(MONARCH_WB_RENAME, a, b, 0);
+    return monarch_wb_change(MONARCH_WB_RENAME, a, b, flags ? 1 : 0); /* n1: NOREPLACE (tempfile's persist_noclobber) */
 }
 
 static int monarch_wb_unlink(int dirfd, const char *path, int flags)
@@ -295,6 +304,8 @@ static uint32_t monarch_wb_seq_of(int fd)
     return (unsigned)fd < MONARCH_MAX_FDS ? __atomic_load_n(&monarch_wb_fd_seq[fd], __ATOMIC_RELAXED) : 0;
 }
 
+static int monarch_wb_is_mapped(uint32_t seq);
+
 /* Before a close: the descriptor's write-back file, forgotten (0: none). */
 static uint32_t monarch_wb_closing(int fd)
 {
@@ -302,6 +313,7 @@ static uint32_t monarch_wb_closing(int fd)
         return 0;
     uint32_t seq = monarch_wb_set(fd, 0);
     monarch_wb_closing_ns = seq ? monarch_wb_write_ns[fd] : 0;
+    monarch_wb_closing_synced = seq && monarch_wb_synced_at[fd] == monarch_wb_writes[fd] && !monarch_wb_is_mapped(seq);
     return seq;
 }
 
@@ -309,7 +321,8 @@ static uint32_t monarch_wb_closing(int fd)
 static void monarch_wb_closed(uint32_t seq)
 {
     if (MONARCH_UNLIKELY(seq))
-        monarch_wb_ask(MONARCH_WB_CLOSE, NULL, NULL, (long)seq, (long)monarch_wb_closing_ns, NULL);
+        monarch_wb_ask(monarch_wb_closing_synced ? MONARCH_WB_CLOSE_SYNCED : MONARCH_WB_CLOSE, NULL, NULL, (long)seq,
+                       (long)monarch_wb_closing_ns, NULL);
 }
 
 /* After a successful fsync/fdatasync/msync: file seq's bytes so far on the PFS (0), or -1 and EIO. */
@@ -326,7 +339,14 @@ static int monarch_wb_sync_seq(uint32_t seq)
 
 static int monarch_wb_sync(int fd)
 {
-    return monarch_wb_sync_seq(monarch_wb_seq_of(fd));
+    uint32_t seq = monarch_wb_seq_of(fd);
+    if (!seq)
+        return 0;
+    uint64_t writes = __atomic_load_n(&monarch_wb_writes[fd], __ATOMIC_RELAXED); /* before: a write meanwhile is after */
+    int r = monarch_wb_sync_seq(seq);
+    if (r == 0)
+        monarch_wb_synced_at[fd] = writes;
+    return r;
 }
 
 /* A shared mapping of a write-back file (mmap), or a range let go (munmap): what msync names. */
@@ -384,6 +404,8 @@ static void monarch_wb_dup(int oldfd, int newfd)
         return;
     monarch_wb_set(newfd, __atomic_load_n(&monarch_wb_fd_seq[oldfd], __ATOMIC_RELAXED));
     monarch_wb_used[newfd] = monarch_wb_used[oldfd];
+    monarch_wb_writes[newfd] = 0;
+    monarch_wb_synced_at[newfd] = MONARCH_WB_NEVER; /* (its close says nothing of the other's fsync) */
     monarch_wb_granted[newfd] = monarch_wb_granted[oldfd];
     monarch_wb_write_ns[newfd] = 0;
 }
@@ -427,6 +449,7 @@ static uint64_t monarch_wb_writing(int fd, size_t n)
         monarch_wb_granted[fd] = granted;
     }
     monarch_wb_used[fd] += n;
+    __atomic_fetch_add(&monarch_wb_writes[fd], 1, __ATOMIC_RELAXED);
     return monarch_now_ns();
 }
 
@@ -445,6 +468,7 @@ __attribute__((destructor)) static void monarch_wb_at_exit(void)
         return;
     for (unsigned fd = 0; fd < MONARCH_MAX_FDS; fd++) {
         uint32_t seq = __atomic_load_n(&monarch_wb_fd_seq[fd], __ATOMIC_RELAXED);
+        monarch_wb_closing_synced = 0; /* (stdio flushes after this) */
         if (seq)
             monarch_wb_closed(seq);
     }

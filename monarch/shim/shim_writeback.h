@@ -22,6 +22,16 @@
             path = wbp_;                                                  \
     }
 
+/* A call the view sent to a pending file's local copy (path is not the job's wbpath) that found
+ * nothing: the file was published meanwhile (its copy removed), so the view is asked again. */
+#define MONARCH_WB_AGAIN(r, path, wbpath, tries, again, reset)            \
+    if (MONARCH_UNLIKELY(r == -1 && errno == ENOENT && path != wbpath && strcmp(path, wbpath) != 0 \
+                         && ++tries < 3)) {                               \
+        path = wbpath;                                                    \
+        reset;                                                            \
+        goto again;                                                       \
+    }
+
 /* A call that changes the namespace (rename, unlink, mkdir ...): `wb` makes it in the daemon's
  * view when its path is under a write-back path, and the wrapper returns its result. */
 #define MONARCH_WB_CHANGE(wb)                                             \

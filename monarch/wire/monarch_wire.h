@@ -80,6 +80,7 @@
 #define MONARCH_FALLBACK_TIERS_UNSEEN 2u     /* no tier folder is the daemon's here: opens read the PFS */
 #define MONARCH_FALLBACK_DAEMON_UNREACHABLE 4u /* the run folder or socket is not here: pass-through */
 #define MONARCH_FALLBACK_UID_MISMATCH 8u     /* the daemon's files or socket are another uid's: pass-through */
+#define MONARCH_FALLBACK_RAW_UNWATCHED 16u   /* raw system calls not watched in a process (shim_rawsys.c) */
 
 /* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
 #define MONARCH_VERB_OPEN 1
@@ -100,7 +101,7 @@
 #define MONARCH_WB_OPEN 1    /* path, flags, mode: open for writing (status: the file's seq; body: its local path) */
 #define MONARCH_WB_CLOSE 2   /* n1 = seq: a descriptor of it closed */
 #define MONARCH_WB_RESOLVE 3 /* path: where the job's file is (LOCAL / PFS with a path, or ENOENT) */
-#define MONARCH_WB_RENAME 4  /* path, path2 */
+#define MONARCH_WB_RENAME 4  /* path, path2, n1 = 1: RENAME_NOREPLACE */
 #define MONARCH_WB_UNLINK 5  /* path */
 #define MONARCH_WB_MKDIR 6   /* path, n1 = mode */
 #define MONARCH_WB_RMDIR 7   /* path */
@@ -112,6 +113,7 @@
 #define MONARCH_WB_ROOM 12   /* n1 = seq, n2 = bytes: room for the file's writes up to n2 (DONE: granted, maybe after
                               * a wait; SPILL: larger than the room, its bytes copied to the PFS path in the body) */
 #define MONARCH_WB_SPILLED 13 /* n1 = seq, n2 = 1: the descriptor writes to the PFS path now (0: it could not) */
+#define MONARCH_WB_CLOSE_SYNCED 14 /* as CLOSE, and this process wrote nothing to it since its last fsync */
 #define MONARCH_WB_ANSWER_PFS 0 /* open, stat or list the path in the body (the PFS's) */
 #define MONARCH_WB_ANSWER_DONE 1 /* SETTLE, FMODE: made in the view; the kernel is not asked */
 #define MONARCH_WB_ANSWER_SPILL 2 /* ROOM: write the file through to the PFS path in the body */
@@ -172,6 +174,7 @@
 #define MONARCH_ENV_INDEX_WAIT "MONARCH_SHIM_INDEX_WAIT_MS"
 #define MONARCH_ENV_SHIM_ZSTD "MONARCH_SHIM_ZSTD"
 #define MONARCH_ENV_MAP_GUARD "MONARCH_SHIM_MAP_GUARD" /* 0: a cluster's mappings are not guarded (shim_guard.c) */
+#define MONARCH_ENV_RAW_SYSCALLS "MONARCH_SHIM_RAW_SYSCALLS" /* 1: raw system calls watched, 0: not (shim_rawsys.c) */
 
 /* ---- how an open is served: the routes and the size thresholds that pick them, declared once
  * (monarch/routes.py is their Python half: its ROWS, in this order, and route_of, which decides

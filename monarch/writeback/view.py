@@ -40,11 +40,17 @@ class Local:
     after: tuple = ()        # ((node, record), ...): other nodes' operations it is published after (W4)
     through: str | None = None  # larger than the room: its bytes are at this PFS path, not in the area (W6)
     close_record: int = 0    # its close's record (published at the path that record names)
+    synced: bool = False     # an fsync put its bytes so far on the PFS at its path (a sync record) ...
+    unchanged: bool = False  # ... and nothing was written since (each closing process said so)
 
     def order(self) -> dict:
         """What its close or sync record adds: ``after`` (W4), ``through`` (W6)."""
         return {**({"after": [list(p) for p in self.after]} if self.after else {}),
                 **({"through": self.through} if self.through else {})}
+
+    def close_args(self) -> dict:
+        """What its close record adds: ``synced``, when its last fsync's copy on the PFS is the file."""
+        return {**self.order(), **({"synced": True} if self.synced and self.unchanged and not self.through else {})}
 
 
 @dataclass
@@ -172,7 +178,7 @@ class View:
                     size = os.stat(entry.through or self.area.data_path(seq)).st_size
                     entry.closed = True
                     entry.last_record = self.journal.append("close", seq=seq, path=path, mode=entry.mode, size=size,
-                                                            **entry.order())
+                                                            **entry.close_args())
                     entry.close_record = entry.last_record
                     return entry.last_record
             return None
@@ -184,9 +190,20 @@ class View:
             for path, entry in self._entries.items():
                 if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
                     size = os.stat(entry.through or self.area.data_path(seq)).st_size
+                    # the PFS holds a file at its path from here: a rename or removal before its
+                    # close is made there too, in order
+                    entry.over = entry.synced = entry.unchanged = True
                     return self.journal.append("sync", seq=seq, path=path, mode=entry.mode, size=size,
                                                **entry.order())
             return None
+
+    def closing(self, seq: int, synced: bool) -> None:
+        """A process closes a descriptor of file ``seq``: ``synced`` when it wrote nothing to it since
+        its last fsync (else the fsync's copy on the PFS may not be the file any more)."""
+        with self._lock:
+            for entry in self._entries.values():
+                if isinstance(entry, Local) and entry.seq == seq and not entry.closed and not synced:
+                    entry.unchanged = False
 
     def touches(self, path: str) -> bool:
         """Has the job changed ``path`` or a directory above it in a way the PFS does not show yet?"""
@@ -245,13 +262,16 @@ class View:
         with self._lock:
             return [e.seq for e in self._entries.values() if isinstance(e, Local) and not e.closed]
 
-    def rename(self, src: str, dst: str) -> None:
+    def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
+        """``noreplace``: renameat2's RENAME_NOREPLACE (EEXIST where ``dst`` is there)."""
         with self._lock:
             for path in (src, dst):  # both directories looked up first, as the kernel does
                 if not self._is_dir(os.path.dirname(path)):
                     raise self._missing(path)
             if not self._exists(src):
                 raise self._missing(src)
+            if noreplace and self._exists(dst):
+                raise _error(errno.EEXIST, dst)
             if src == dst:
                 return
             if _under(src, dst):
@@ -263,6 +283,11 @@ class View:
                 raise _error(errno.EISDIR, dst)
             e = self._entries.get(src)
             replaced = self._exists(dst)
+            if isinstance(e, Local) and not e.closed and e.synced:  # being written, its fsync's copy on the PFS
+                n = self.journal.append("rename", src=src, dst=dst)  # moves there too: one name, as directly
+                self._entries[dst] = dataclasses.replace(e, over=True)
+                self._entries[src] = Gone(n)
+                return
             if isinstance(e, Local) and not e.closed:  # still being written: its close names its new path
                 self._entries[dst] = dataclasses.replace(e, over=e.over or replaced)
                 self._forget(src, e.over)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from monarch.protocol import ProtocolError
 
 (WB_OPEN, WB_CLOSE, WB_RESOLVE, WB_RENAME, WB_UNLINK, WB_MKDIR, WB_RMDIR, WB_SYNC, WB_LIST, WB_SETTLE, WB_FMODE,
- WB_ROOM, WB_SPILLED) = range(1, 14)
+ WB_ROOM, WB_SPILLED, WB_CLOSE_SYNCED) = range(1, 15)
 WB_ANSWER_PFS = 0
 WB_ANSWER_DONE = 1   # SETTLE, FMODE: made in the view; the kernel is not asked. ROOM: granted
 WB_ANSWER_SPILL = 2  # ROOM: larger than the room: written through to the PFS path in the body
@@ -41,7 +41,7 @@ def encode_call(op: int, path: str = "", path2: str = "", n1: int = 0, n2: int =
 
 def decode_call(body: bytes) -> Call:
     """The call in a WB request's body; ProtocolError when it is not one."""
-    if len(body) < 2 or not WB_OPEN <= body[0] <= WB_SPILLED or not body.endswith(b"\0"):
+    if len(body) < 2 or not WB_OPEN <= body[0] <= WB_CLOSE_SYNCED or not body.endswith(b"\0"):
         raise ProtocolError("a write-back call is an op and four NUL-ended fields")
     fields = body[1:-1].split(b"\0")
     if len(fields) != 4:

@@ -79,6 +79,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--write-bandwidth", type=float, default=200.0, metavar="MBps",
                    help="the emulated PFS's write cap, every writer together (default 200 MB/s)")
     p.add_argument("--open-latency-ms", type=float, default=2.0, help="the emulated PFS's ms per open (default 2)")
+    p.add_argument("--fsync", choices=("pfs", "local"), default=None,
+                   help="writeback.fsync of the monarch column (default: the configuration's default)")
+    p.add_argument("--no-sync", dest="sync", action="store_false",
+                   help="dcp: no fsync of its files (DCP's sync_files=False; default: fsynced, as DCP's default)")
     p.add_argument("--no-writeback", action="store_true",
                    help="the monarch column without writeback.paths: monarch run passing the writes through")
     p.add_argument("--modes", default=",".join(MODES), help=f"a subset of {','.join(MODES)}")
@@ -196,7 +200,7 @@ def app_command(workload: str, directory: str, args) -> list[str]:
                 "--every", str(args.every), "--files", str(args.files), "--file-mib", str(args.file_mib),
                 *(["--busy"] if args.busy else []), *common]
     return [sys.executable, APP, "dcp", directory, "--ranks", str(args.ranks), "--shard-mib", str(args.shard_mib),
-            *common]
+            *([] if args.sync else ["--no-sync"]), *common]
 
 
 def direct_env() -> dict[str, str]:
@@ -232,7 +236,8 @@ def cpu_of(proc) -> float:
         return 0.0
 
 
-def monarch_config(work: Path, shm: Path, mount: str, ckpt: str, writeback: bool) -> tuple[Path | None, str]:
+def monarch_config(work: Path, shm: Path, mount: str, ckpt: str, writeback: bool,
+                   fsync: str | None = None) -> tuple[Path | None, str]:
     """A configuration for ``monarch run``, with write-back of ``ckpt`` if asked and this Monarch takes it:
     (its path or None, a line saying which)."""
     (work / "run").mkdir(exist_ok=True)
@@ -241,9 +246,9 @@ def monarch_config(work: Path, shm: Path, mount: str, ckpt: str, writeback: bool
               "tiers": [{"name": "ram", "path": str(shm / "tier-ram"), "capacity": "4GiB", "keep": False}],
               "staging": {"share": False}, "report": str(work / "monarch-report.json")}
     if writeback:
-        config["writeback"] = {"paths": [ckpt]}
+        config["writeback"] = {"paths": [ckpt], **({"fsync": fsync} if fsync else {})}
     path = work / "monarch.yaml"
-    note = (f"write-back of {ckpt} configured (writeback.paths)" if writeback else
+    note = (f"write-back of {ckpt} configured (writeback.paths, fsync: {fsync or 'default'})" if writeback else
             "write-back is not configured (--no-writeback): the monarch column passes the writes through")
     for _ in range(2):
         path.write_text("# written by scripts/writeback/bench_checkpoint.py\n" + json.dumps(config, indent=1) + "\n")
@@ -400,7 +405,7 @@ def main(argv=None) -> int:
             if "monarch" in args.modes:
                 ckpt = os.path.join(pfs.mountpoint, "ckpt")
                 os.makedirs(ckpt, exist_ok=True)  # a write-back path exists before the job starts
-                config, note = monarch_config(work, shm, pfs.mountpoint, ckpt, not args.no_writeback)
+                config, note = monarch_config(work, shm, pfs.mountpoint, ckpt, not args.no_writeback, args.fsync)
                 print(f"monarch: {note}", flush=True)
                 if config is None:
                     return 1

@@ -6,8 +6,9 @@
         in CHUNK writes from one page-aligned buffer (a tensor's storage), then ``os.replace`` to
         NAME, as ``torch.save`` then a rename; no fsync (torch.save makes none)
   dcp   torch.distributed.checkpoint's pattern without torch: RANKS writer processes each write
-        a shard under its final name (``__R_0.distcp``, as DCP's FileSystemWriter), a barrier,
-        then rank 0 writes ``.metadata`` (as ``.metadata.tmp``, then a rename, as DCP does)
+        a shard under its final name (``__R_0.distcp``, as DCP's FileSystemWriter), fsynced before
+        its close (DCP's default; ``--no-sync``: sync_files=False), a barrier, then rank 0 writes
+        ``.metadata`` (as ``.metadata.tmp``, fsynced, then a rename, as DCP does)
   dcp-rank  one rank of ``dcp`` as a process of its own (one per node: scripts/writeback/
         bench_dcp_nodes.py): its shard, a barrier by files (each rank makes BARRIER/R, then waits
         for RANKS of them; the directory outside the checkpoint's), then rank 0's ``.metadata``
@@ -46,15 +47,29 @@ def expected_chunk(base: bytes, tag: int, file: int, index: int, length: int) ->
     return (STAMP.pack(tag, file, index, MAGIC) + base[STAMP.size:])[:length]
 
 
-def write_file(path: str, buf: mmap.mmap, base: bytes, tag: int, file: int, size: int) -> None:
-    """``size`` bytes in writes of the buffer's size (the last one shorter), each stamped first."""
+def write_file(path: str, buf: mmap.mmap, base: bytes, tag: int, file: int, size: int, sync: bool = False) -> None:
+    """``size`` bytes in writes of the buffer's size (the last one shorter), each stamped first;
+    ``sync``: fsynced before its close (DCP's FileSystemWriter, sync_files=True by default)."""
     chunk = len(buf)
     view = memoryview(buf)
     with open(path, "wb", buffering=0) as f:
         for index, off in enumerate(range(0, size, chunk)):
             buf[:STAMP.size] = expected_chunk(base, tag, file, index, STAMP.size)
             f.write(view[:min(chunk, size - off)])
+        if sync:
+            os.fsync(f.fileno())
     view.release()
+
+
+def write_metadata(args) -> None:
+    """Rank 0's ``.metadata``: as ``.metadata.tmp`` (fsynced, as DCP's default), then renamed."""
+    tmp = os.path.join(args.dir, ".metadata.tmp")
+    with open(tmp, "wb") as f:
+        f.write(metadata_bytes(args.ranks, args.shard_mib << 20))
+        if args.sync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(args.dir, ".metadata"))
 
 
 def new_buffer(base: bytes) -> mmap.mmap:
@@ -114,14 +129,11 @@ def metadata_bytes(ranks: int, shard: int) -> bytes:
 def dcp_rank(rank: int, args, base: bytes, barrier, out) -> None:
     buf = new_buffer(base)  # its own: a shared mapping would mix the ranks' stamps
     t0 = time.monotonic()  # one clock for every process
-    write_file(os.path.join(args.dir, shard_name(rank)), buf, base, 0, rank, args.shard_mib << 20)
+    write_file(os.path.join(args.dir, shard_name(rank)), buf, base, 0, rank, args.shard_mib << 20, args.sync)
     out.put((rank, t0, time.monotonic()))
     barrier.wait()
     if rank == 0:
-        tmp = os.path.join(args.dir, ".metadata.tmp")
-        with open(tmp, "wb") as f:
-            f.write(metadata_bytes(args.ranks, args.shard_mib << 20))
-        os.replace(tmp, os.path.join(args.dir, ".metadata"))
+        write_metadata(args)
 
 
 def run_dcp(args) -> dict:
@@ -159,15 +171,13 @@ def run_dcp_rank(args) -> dict:
     base = base_bytes(args.chunk_mib << 20)
     buf = new_buffer(base)
     t0 = time.monotonic()
-    write_file(os.path.join(args.dir, shard_name(args.rank)), buf, base, 0, args.rank, args.shard_mib << 20)
+    write_file(os.path.join(args.dir, shard_name(args.rank)), buf, base, 0, args.rank, args.shard_mib << 20,
+               args.sync)
     t1 = time.monotonic()
     file_barrier(args.barrier, args.rank, args.ranks, args.barrier_timeout)
     t2 = time.monotonic()
     if args.rank == 0:
-        tmp = os.path.join(args.dir, ".metadata.tmp")
-        with open(tmp, "wb") as f:
-            f.write(metadata_bytes(args.ranks, args.shard_mib << 20))
-        os.replace(tmp, os.path.join(args.dir, ".metadata"))
+        write_metadata(args)
     t3 = time.monotonic()
     return {"rank": args.rank, "shard_write_s": t1 - t0, "shard_start": t0, "shard_end": t1, "barrier_s": t2 - t1,
             "metadata_s": t3 - t2, "inside_s": t3 - t0, "shim": shim_loaded(), "failed_ranks": 0}
@@ -197,6 +207,9 @@ def main(argv=None) -> int:
     one.add_argument("--shard-mib", type=int, default=128)
     for s in (loop, dcp, one):
         s.add_argument("--chunk-mib", type=int, default=16, help="bytes per write call (default 16 MiB)")
+    for s in (dcp, one):
+        s.add_argument("--no-sync", dest="sync", action="store_false",
+                       help="no fsync of the shards and .metadata (DCP's sync_files=False; default: fsynced, as DCP)")
     args = p.parse_args(argv)
     result = {"loop": run_loop, "dcp": run_dcp, "dcp-rank": run_dcp_rank}[args.what](args)
     print(json.dumps(result), flush=True)

@@ -32,7 +32,7 @@ PYTHON = {name: getattr(protocol, name) for name in (
     "EXTRA_BLOCK_PFS_BYTES", "EXTRA_BLOCK_OPENS", "EXTRA_BLOCK_REMAPPED_BYTES", "EXTRA_BLOCK_FAULTS_HELD",
     "EXTRA_BLOCK_FAULT_WAIT_NS", "EXTRA_BLOCK_FAULTS_LATE", "EXTRA_BLOCK_FAULTS_PAGES", "VERB_PAGES", "PAGES_MAX",
     "EXTRA_FALLBACKS", "EXTRA_ROOTS_ELSEWHERE", "EXTRA_ROOT_PROCESSES", "FALLBACK_ROOT_ELSEWHERE", "FALLBACK_TIERS_UNSEEN",
-    "FALLBACK_DAEMON_UNREACHABLE", "FALLBACK_UID_MISMATCH", "ENV_ROOT_IDS", "ENV_PROBE_IDS", "ENV_SAID",
+    "FALLBACK_DAEMON_UNREACHABLE", "FALLBACK_UID_MISMATCH", "FALLBACK_RAW_UNWATCHED", "ENV_RAW_SYSCALLS", "ENV_ROOT_IDS", "ENV_PROBE_IDS", "ENV_SAID",
     "VERB_WB", "ENV_WRITEBACK",
     "ANSWER_BLOCKS")}
 # the block map's format is its writer's (node/stage/blocks.py)
@@ -42,7 +42,7 @@ PYTHON |= {name: getattr(blocks, name) for name in (
 # a write-back call's ops and answers (writeback/wire.py)
 PYTHON |= {name: getattr(wb_wire, name) for name in (
     "WB_OPEN", "WB_CLOSE", "WB_RESOLVE", "WB_RENAME", "WB_UNLINK", "WB_MKDIR", "WB_RMDIR", "WB_SYNC", "WB_LIST",
-    "WB_SETTLE", "WB_FMODE", "WB_ROOM", "WB_SPILLED", "WB_ANSWER_PFS", "WB_ANSWER_DONE", "WB_ANSWER_SPILL", "WB_ANSWER_LOCAL", "WB_ERRNO")}
+    "WB_SETTLE", "WB_FMODE", "WB_ROOM", "WB_SPILLED", "WB_CLOSE_SYNCED", "WB_ANSWER_PFS", "WB_ANSWER_DONE", "WB_ANSWER_SPILL", "WB_ANSWER_LOCAL", "WB_ERRNO")}
 PYTHON |= {f"WB_SETTLE_{kind}": getattr(wb_wire, f"SETTLE_{kind}") for kind in ("OTHER", "TRUNCATE", "CHMOD")}
 # the route table's size thresholds (monarch/routes.py; its rows are tests/unit/test_routes.py's)
 PYTHON |= {name: getattr(routes, name) for name in ("INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN", "ONE_MESSAGE_MAX", "SIZE_ANY")}

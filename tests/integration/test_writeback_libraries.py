@@ -1,0 +1,106 @@
+"""The checkpoint libraries training jobs save with, under `monarch run` with write-back, in each
+fsync mode (docs/consistency.md, "Write-back"): safetensors (a raw renameat), h5py, a Megatron-style
+tracker, torch.distributed.checkpoint with its defaults (every file fsynced), orbax's
+CheckpointManager, Lightning's ModelCheckpoint (save_last as a symlink) and a Hugging Face Trainer
+(rotation, then a job that resumes). Each saves directly and under write-back onto the same
+emulated PFS; the trees are compared file by file, a fresh process without Monarch loads what
+write-back published, and the PFS receives no more bytes than from the direct save."""
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from support import checkpoint_libraries
+from support.harness import load, monarch_env, write_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.fuse, pytest.mark.timeout(300)]
+
+SCRIPT = checkpoint_libraries.__file__
+NEEDS = {"safetensors": ("torch", "safetensors"), "h5py": ("torch", "h5py"), "megatron": ("torch",),
+         "dcp": ("torch",), "orbax": ("torch", "orbax.checkpoint"), "lightning": ("torch", "lightning"),
+         "trainer": ("torch", "transformers", "accelerate")}
+
+
+def missing(library):
+    return [m for m in NEEDS[library] if importlib.util.find_spec(m.split(".")[0]) is None
+            or (m == "orbax.checkpoint" and importlib.util.find_spec("orbax.checkpoint") is None)]
+
+
+def tree(d, ignored=(), random_names=None):
+    """Every name under ``d`` (a symlink by its target), with its bytes' digest, except the files a
+    library stamps with the time or a random id of its save (their names only), and names it draws
+    at random (how many)."""
+    out = {}
+    for dp, dns, fns in os.walk(d):
+        for name in dns + fns:
+            p = os.path.join(dp, name)
+            rel = os.path.relpath(p, d)
+            if random_names and re.search(random_names, rel):
+                key = re.sub(random_names, "<random>", rel)
+                out[key] = (out.get(key) or 0) + 1
+            elif os.path.islink(p):
+                out[rel] = "-> " + os.readlink(p)
+            elif os.path.isdir(p):
+                out[rel + "/"] = None
+            elif any(name.endswith(i) for i in ignored):
+                out[rel] = "(stamped)"
+            else:
+                with open(p, "rb") as f:
+                    out[rel] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def env():
+    return monarch_env(PYTHONHASHSEED=0, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=1, JAX_PLATFORMS="cpu",
+                       CUDA_VISIBLE_DEVICES="")
+
+
+@pytest.mark.parametrize("library", checkpoint_libraries.LIBRARIES)
+def test_a_library_saves_under_write_back_as_directly(library, dataset, short_tmp, slow_pfs):
+    """Directly, then under write-back with `fsync: pfs` (the default) and `fsync: local`: each job
+    exits 0, the PFS holds the direct save's tree (the same names, symlinks and bytes), nothing of
+    Monarch's is left there, a fresh process loads it, and the PFS took <= 1.05x the direct save's
+    bytes (each fsynced file written once). Before, safetensors and the Trainer died at their first
+    save (a raw renameat of a temporary the PFS had not got), and DCP's fsynced files were written
+    twice."""
+    if missing(library):
+        pytest.skip(f"{', '.join(missing(library))} not installed (scripts/install.sh installs them)")
+    ds = dataset(files=10)
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(src)
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=150, open_latency_ms=0)
+    mnt = str(pfs.mountpoint)
+    ignored = checkpoint_libraries.IGNORED.get(library, ())
+
+    ck = os.path.join(mnt, "ck")  # every save at the same path: libraries write their paths into their files
+
+    def save(mode, *launch):
+        pfs.reset_counters()
+        r = subprocess.run([*launch, sys.executable, SCRIPT, library, ck, "save"], env=env(), capture_output=True,
+                           text=True, timeout=240)
+        assert r.returncode == 0, f"{mode}\n{r.stderr[-4000:]}"
+        written = pfs.counters()["bytes_written"]
+        os.rename(os.path.join(src, "ck"), os.path.join(src, mode))  # (behind the mount: its view follows)
+        r = subprocess.run([sys.executable, SCRIPT, library, os.path.join(mnt, mode), "load"], env=env(),
+                           capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, f"{mode}: the load\n{r.stderr[-3000:]}"
+        return written, tree(os.path.join(src, mode), ignored, checkpoint_libraries.RANDOM_NAMES.get(library))
+
+    direct_bytes, expected = save("direct")
+    for fsync in ("pfs", "local"):
+        base = os.path.join(short_tmp, f"job-{fsync}")
+        os.makedirs(base)
+        cfg = write_config(base, ds.root, extra=f"writeback: {{paths: [{json.dumps(mnt)}], fsync: {fsync}}}\n")
+        report = os.path.join(base, "report.json")
+        written, got = save(f"fsync-{fsync}", sys.executable, "-m", "monarch", "run", "-c", cfg,
+                                   "--report", report, "--no-progress", "--")
+        wb = load(report)["nodes"][0]["writeback"]
+        assert wb["failed"] is None and wb["unpublished"] == {}, wb
+        assert got == expected, f"fsync: {fsync}"
+        assert written <= 1.05 * direct_bytes, (fsync, written, direct_bytes)
