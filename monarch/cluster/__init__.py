@@ -31,6 +31,8 @@ no tier): the MPI between daemons, Python's protocol and the C data path.
 ``counters.py``        the transfer counters, files and bytes each way, failures by reason
 ``order.py``           the write-back's order across the nodes: every node's journal counts at
                        a write-back open, a publish held until every node applied up to them
+``partner.py``         the write-back's copy on a partner node: each file and record held there
+                       before its call returns; a lost node's drained there, in its order
 ``tuning.py``          the plane's knobs, as its parts read them from the façade
 ``datapath.py``        the C data path driven from Python (ctypes), built against the loaded MPI
 ``native/datapath.h``  the data path's contract with Python and the front door: its answers,

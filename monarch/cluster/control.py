@@ -10,6 +10,8 @@ verbs and hands ``ControlTable`` a ``{verb: handler}`` mapping of them once, at 
   shutdown (shutdown.py)      ``("done",)``, ``("stats", stats)``, ``("release",)``, ``("bye",)``
   write order (order.py)      ``("wb-ask", tag)``, ``("wb-told", tag, made, applied, failed)``,
                               ``("wb-applied", applied, failed)``
+  partner copies (partner.py) ``("wb-data", tag, seq, offset, data, last)``, ``("wb-record", tag, line)``,
+                              ``("wb-held", tag, ok)``, ``("wb-replayed", node, applied, failed, done)``
 
 The engine thread calls ``ControlTable.dispatch(src, msg)`` for every message: it notes
 that ``src`` is alive, then calls the verb's handler with ``(src, *arguments)``.
@@ -39,6 +41,10 @@ class Verb(str, enum.Enum):
     WB_ASK = "wb-ask"      # (tag,): what has your write-back journal made and applied? (order.py)
     WB_TOLD = "wb-told"    # (tag, made, applied, failed): the answer
     WB_APPLIED = "wb-applied"  # (applied, failed): my write-back drain moved
+    WB_DATA = "wb-data"    # (tag, seq, offset, data, last): bytes of my write-back file, to hold (partner.py)
+    WB_RECORD = "wb-record"  # (tag, line): a record of my write-back journal, to hold
+    WB_HELD = "wb-held"    # (tag, ok): held (False: not, this node has no write-back)
+    WB_REPLAYED = "wb-replayed"  # (node, applied, failed, done): lost node's held copies published so far
 
     def __str__(self) -> str:
         return self.value

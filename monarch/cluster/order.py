@@ -14,8 +14,10 @@ Control messages (control.py):
   ``("wb-applied", applied, failed)``        my drain moved (to every node, as it moves)
 
 ``failed``: the node's drain stopped at a refused operation: what waits on operations past its
-``applied`` waits in vain, and is told so. A lost node is not waited for: what it had not drained
-is lost with it (W8), said once.
+``applied`` waits in vain, and is told so. So does what waits on a lost node's operations past the
+last ``applied`` it was heard to have: a file ordered after a file the PFS may never get is kept,
+not published (never torn: a commit file never names a shard that is not there), said by the
+waiting node's run (exit 3, the files named) and its report.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .engine import Engine
 log = logging.getLogger(__name__)
 
 ASK_TIMEOUT = 60.0  # a node that neither answers nor is lost by then: the open goes on, said
+UNKNOWN = 1 << 62   # a lost node's count, unanswered: whatever it had made (it may have closed a file)
 
 
 class OrderFailed(Exception):
@@ -50,9 +53,14 @@ class WriteOrder:
         self._answers: dict[int, dict[int, int]] = {}       # tag -> node -> made
         self._progress: dict[int, tuple[int, bool]] = {}    # node -> (applied, failed), the latest heard
         self._lost_said: set[int] = set()
+        self.partners = None  # partner.Partners, under fsync: partner: a lost node's files come from its partner
 
     def handlers(self) -> Mapping[Verb, Handler]:
         return {Verb.WB_ASK: self._on_ask, Verb.WB_TOLD: self._on_told, Verb.WB_APPLIED: self._on_applied}
+
+    def use_partners(self, partners) -> None:
+        """Under fsync ``partner``: a lost node's operations are waited for from its partner (partner.py)."""
+        self.partners = partners
 
     def serve(self, made: Callable[[], int], applied: Callable[[], tuple[int, bool]]) -> None:
         """This node's write-back: its journal's ``made()`` and its drain's ``applied()``."""
@@ -63,11 +71,14 @@ class WriteOrder:
 
     # -- any thread ----------------------------------------------------------------------------
     def counts(self, timeout: float = ASK_TIMEOUT) -> dict[int, int]:
-        """Every other live node's ``made`` now (a round trip to each): what a file opened now
-        waits for. A node that does not answer in ``timeout`` is left out, said."""
+        """Every other node's ``made`` now (a round trip to each): what a file opened now waits
+        for. A lost node's is UNKNOWN (it may have closed a file the job ordered before this one,
+        and the PFS may never get it: such a file is kept, wait_applied). A live node that does not
+        answer in ``timeout`` is left out, said."""
+        lost = {k: UNKNOWN for k in range(self.nodes) if k != self.node and self._is_lost(k)}
         others = self._others()
         if not others:
-            return {}
+            return lost
         tag = next(self._tags)
         with self._cond:
             self._answers[tag] = {}
@@ -79,12 +90,12 @@ class WriteOrder:
                     got = self._answers[tag]
                     missing = [k for k in others if k not in got and not self._is_lost(k)]
                     if not missing:
-                        return dict(got)
+                        return {**lost, **{k: UNKNOWN for k in others if k not in got}, **got}
                     left = deadline - time.monotonic()
                     if left <= 0:
                         log.warning("write-back: nodes %s did not say what they had written within %gs: a file "
                                     "opened now is not ordered after theirs", missing, timeout)
-                        return dict(got)
+                        return {**lost, **{k: UNKNOWN for k in others if k not in got and self._is_lost(k)}, **got}
                     self._cond.wait(min(left, 0.25))
             finally:
                 del self._answers[tag]
@@ -98,15 +109,28 @@ class WriteOrder:
             waiting = []
             with self._cond:
                 for k, n in needs.items():
+                    applied, failed = self._applied() if k == self.node else self._progress.get(k, (0, False))
+                    if applied >= n:
+                        continue
+                    if self._is_lost(k) and self.partners is not None and self.partners.partner_alive(k):
+                        held = self.partners.replayed(k)  # its partner publishes what it held of k's
+                        if held is None or not (held[0] >= n or held[1] or held[2]):
+                            waiting.append(k)
+                            continue
+                        if held[0] >= n or (n >= UNKNOWN and held[2] and not held[1]):
+                            continue
+                        raise OrderFailed(f"node {k} was lost, and its partner could not publish its write-back "
+                                          f"operation {'(any)' if n >= UNKNOWN else n} (it stopped at {held[0]}); "
+                                          f"this file, ordered after it, is kept unpublished")
                     if self._is_lost(k):
                         if k not in self._lost_said:
                             self._lost_said.add(k)
-                            log.error("write-back: node %d is lost: files ordered after what it had not "
-                                      "published are published without it", k)
-                        continue
-                    applied, failed = self._progress.get(k, (0, False))
-                    if applied >= n:
-                        continue
+                            log.error("write-back: node %d is lost before publishing all it had written: files "
+                                      "ordered after it are kept, not published", k)
+                        what = "what it had written" if n >= UNKNOWN else f"its write-back operation {n}"
+                        raise OrderFailed(f"node {k} was lost before {what} reached the PFS (it had published up "
+                                          f"to {applied}); this file, ordered after it, is kept unpublished so that "
+                                          f"the PFS never holds it without what came before it")
                     if failed:
                         raise OrderFailed(f"node {k} could not publish its write-back operation {n} "
                                           f"(it stopped at {applied}), which this file is ordered after")
@@ -119,12 +143,15 @@ class WriteOrder:
                     self._cond.wait(0.25)
                     continue
             asked = time.monotonic()
-            self.engine.call(lambda w=tuple(waiting): [self.engine.send_obj(message(Verb.WB_ASK, 0), k) for k in w])
+            self.engine.call(lambda w=tuple(k for k in waiting if not self._is_lost(k)):
+                             [self.engine.send_obj(message(Verb.WB_ASK, 0), k) for k in w])
 
     def moved(self) -> None:
         """This node's drain moved: every other node hears its ``applied`` (the waits elsewhere)."""
         applied, failed = self._applied()
         others = self._others()
+        with self._cond:
+            self._cond.notify_all()  # (a wait on this node's own operations: a lost node's, published here)
         self.engine.call(lambda: [self.engine.send_obj(message(Verb.WB_APPLIED, applied, failed), k)
                                   for k in others])
 

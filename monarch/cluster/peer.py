@@ -33,6 +33,7 @@ from .engine import Engine
 from .fetch import Fetcher
 from .liveness import LossListener, Liveness
 from .order import WriteOrder
+from .partner import Partners
 from .placement import Placement
 from .provide import Provide, Provider, ProvideRange
 from .shutdown import Shutdown
@@ -71,8 +72,10 @@ class Cluster:
         self._provider = Provider(self._engine, self._counters, self)
         self._shutdown = Shutdown(self._engine, self._liveness, self._provider, self)
         self.write_order = WriteOrder(self._engine, self.node, self.nodes, self._liveness.is_lost)
+        self.partners = Partners(self._engine, self.node, self.nodes, self._liveness.is_lost)
         self._control = ControlTable(self._liveness.heard, self._provider.handlers(), self._liveness.handlers(),
-                                     self._shutdown.handlers(), self.write_order.handlers())
+                                     self._shutdown.handlers(), self.write_order.handlers(), self.partners.handlers())
+        self._liveness.on_loss(self.partners.lost, "partner copies")  # (before the order's waits hear of it)
         self._liveness.on_loss(self.write_order.lost, "write order")
         # a lost node: the fetches waiting on it fail, the transfers to it stop, then the others hear of it
         self._liveness.on_loss(self._fetcher.on_lost, "fetches")

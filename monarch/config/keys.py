@@ -25,7 +25,7 @@ RENAMED_POLICIES = {"prestage": "read-ahead"}  # older names still accepted, wit
 RENAMED_KEYS = {"run_dir": "run_base"}  # older top-level key names still accepted, with a warning
 VALIDATE_MODES = ("none", "open")
 COMPRESSION_MODES = ("off", "zstd", "auto")
-FSYNC_MODES = ("pfs", "local")
+FSYNC_MODES = ("auto", "pfs", "partner", "local")
 MAX_WRITEBACK_PATHS = 8  # the shim's table of them (MONARCH_MAX_WB, monarch/shim/shim_writeback.h; tested)
 REQUIRED = "(required)"  # the default of a tier key every tier must give
 TIER_SHARE = "the node (of available memory for a tier on tmpfs/ramfs, else of free space)"
@@ -301,9 +301,11 @@ KEYS: tuple[Key, ...] = (
         "bytes the files pending write-back may take in that tier, or a share of its capacity: a writer waits for "
         "the drain when it is full, and a larger file is written through to the PFS",
         _writeback_room, fields=("room", "room_share")),
-    Key("writeback.fsync", "one of " + ", ".join(FSYNC_MODES), "pfs",
-        "`pfs`: an fsync of a write-back file returns once its bytes so far are on the PFS; `local`: once its local "
-        "copy is flushed",
+    Key("writeback.fsync", "one of " + ", ".join(FSYNC_MODES), "auto",
+        "`pfs`: an fsync of a write-back file returns once its bytes so far are on the PFS; `partner`: once its "
+        "local copy is flushed and another node's daemon holds them too (each closed file as well), so that a lost "
+        "node loses nothing it closed or fsynced; `local`: once its local copy is flushed; `auto`: `partner` on a "
+        "cluster of two or more nodes, `pfs` on one (docs/consistency.md, \"What survives\")",
         lambda r, v, k: r.choice(v, k, FSYNC_MODES)),
     Key("peer.path", "path (base directory)", "${MONARCH_SSD:-${TMPDIR:-/tmp}}",
         "cluster only: the base directory for files fetched from peers",

@@ -73,7 +73,7 @@ class WritebackConfig:
     tier: str | None = None  # the tier whose base holds the run's write-back area; None: the first tier
     room: int = 0  # bytes the pending files may take in that tier (0 when room_share is set)...
     room_share: float | None = 0.5  # ...or this share of the tier's capacity
-    fsync: str = "pfs"  # pfs: an fsync returns once the bytes are on the PFS; local: once the local copy is flushed
+    fsync: str = "auto"  # pfs | partner | local | auto (partner on a cluster, pfs on one node): docs/consistency.md
 
     @property
     def enabled(self) -> bool:

@@ -43,6 +43,8 @@ struct worker {                        /* one thread of the door: its own epoll 
     int src_fresh;                     /* an open in ``src_dir`` leaves the file's attributes fresh */
     uint32_t src_dir_len, key_dir_len; /* the key's directory part they were opened for */
     char src_dir_key[PATH_MAX], key_dir_key[PATH_MAX];
+    uint32_t last_dir_len;             /* the last source's directory part, its directory not opened: a */
+    char last_dir_key[PATH_MAX];       /* second key there in a row opens it (a reader in order's) */
     struct dir_cache peer_dirs;        /* its directories in the peer area (door_dirs.h) */
     /* the memfds this worker answers remote opens with, kept with their pages (door_peer.c) */
     int pool[PEER_POOL];               /* read-write opens, the pool's own */
@@ -67,6 +69,7 @@ struct door {
     int64_t started_ns;                /* door_ms counts from here */
     char *roots[MAX_ROOTS];
     int nroots;
+    int root_fresh[MAX_ROOTS];         /* an open under root k leaves attributes fresh: 1, 0, -1 not asked yet */
     char *tiers[MONARCH_MAX_SLOTS];    /* slot -> tier directory (NULL: none) */
     int copy_slot;
     pthread_mutex_t mu __attribute__((aligned(64)));  /* everything below, the parts' states included

@@ -34,8 +34,10 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     d->copiers.cap = copiers_allowed();
     inflight_init(&d->copiers.flow, 0, 0, INFLIGHT_LOW, d->copiers.cap);
     d->copiers.threads = calloc(COPIERS_MAX, sizeof *d->copiers.threads);  /* zero pages until a copier starts */
-    for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++)
+    for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++) {
+        d->root_fresh[d->nroots] = -1;  /* asked at the first open under it (door_copies.c) */
         d->roots[d->nroots++] = strdup(roots);
+    }
     for (int i = 0; i < ntiers; tiers += strlen(tiers) + 1, i++)
         d->tiers[i] = *tiers ? strdup(tiers) : NULL;
     d->listen_fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 3);

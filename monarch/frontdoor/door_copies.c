@@ -49,14 +49,20 @@ static int cached_dir(int *fd, char *for_key, uint32_t *for_len, const char *key
 }
 
 /* Does an open on ``fd``'s filesystem leave the file's attributes fresh in the client's cache
- * (NFS, FUSE, GPFS: pfsmeta.FRESH_AFTER_OPEN)? Asked once per source directory. */
-static int fresh_after_open(int fd)
+ * (NFS, FUSE, GPFS: pfsmeta.FRESH_AFTER_OPEN)? Asked once per root (a root is one filesystem):
+ * a statfs per source directory was one more PFS call on nearly every miss in random order. */
+static int fresh_after_open(struct door *d, long root, int fd)
 {
+    int known = __atomic_load_n(&d->root_fresh[root], __ATOMIC_RELAXED);
+    if (known >= 0)
+        return known;
     struct statfs sf;
     if (fstatfs(fd, &sf) != 0)
         return 0;
     unsigned long type = (unsigned long)sf.f_type & 0xFFFFFFFFUL;
-    return type == 0x6969UL || type == 0x65735546UL || type == 0x47504653UL;
+    known = type == 0x6969UL || type == 0x65735546UL || type == 0x47504653UL;
+    __atomic_store_n(&d->root_fresh[root], known, __ATOMIC_RELAXED);
+    return known;
 }
 
 struct statx_ts { int64_t sec; uint32_t nsec; int32_t reserved; };
@@ -104,7 +110,36 @@ static int open_source_dir(struct worker *w, const char *key, uint32_t dlen)  /*
     if (snprintf(path, sizeof path, "%s/%.*s", w->d->roots[root], rl, slash ? slash + 1 : "") >= (int)sizeof path)
         return -1;
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    w->src_fresh = fd >= 0 && fresh_after_open(fd);
+    w->src_fresh = fd >= 0 && fresh_after_open(w->d, root, fd);
+    return fd;
+}
+
+/* The source of ``key`` (its directory part ``dlen`` bytes, its name ``name``), opened as ``flags``:
+ * in the worker's source directory when the key is its neighbour, that directory opened for the
+ * read-ahead's keys (``in_order``) or when a second miss in a row falls in it, else by its whole
+ * path, as a direct open (misses in random order: no open of a directory per miss). */
+static int open_source(struct worker *w, const char *key, uint32_t dlen, const char *name, int flags, int in_order)
+{
+    int near = w->src_dir >= 0 && w->src_dir_len == dlen && !memcmp(w->src_dir_key, key, dlen);
+    if (!near && (in_order || (w->last_dir_len == dlen && !memcmp(w->last_dir_key, key, dlen))))
+        near = cached_dir(&w->src_dir, w->src_dir_key, &w->src_dir_len, key, dlen, open_source_dir, w) >= 0;
+    if (near)
+        return openat(w->src_dir, name, flags);
+    if (dlen < PATH_MAX) {
+        memcpy(w->last_dir_key, key, dlen);
+        w->last_dir_len = dlen;
+    }
+    char path[PATH_MAX];
+    const char *slash = memchr(key, '/', dlen);
+    long root = strtol(key, NULL, 10);
+    if (root < 0 || root >= w->d->nroots)
+        return -1;
+    int rl = slash ? (int)(dlen - (uint32_t)(slash + 1 - key)) : 0;
+    if (snprintf(path, sizeof path, "%s/%.*s%s%s", w->d->roots[root], rl, slash ? slash + 1 : "", rl ? "/" : "",
+                 name) >= (int)sizeof path)
+        return -1;
+    int fd = open(path, flags);
+    w->src_fresh = fd >= 0 && fresh_after_open(w->d, root, fd);
     return fd;
 }
 
@@ -125,10 +160,11 @@ static void close_cached_dirs(struct worker *w)
 
 /* Copy ``key`` (``f``: the snapshot's view of it) into the copy tier under a temporary
  * name; 0 and that name in ``tmp`` if the copy is whole and the source still the file the
- * snapshot saw; -2 if the source is not, -3 if the tier would not take it, -1 otherwise.
+ * snapshot saw; -2 if the source is not, -3 if the tier would not take it, -1 otherwise
+ * (``in_order``: a read-ahead's key, its neighbours next).
  * ``*bytes_read`` counts what was read from the PFS, whatever the outcome. */
 static int copy_in(struct worker *w, const char *key, uint32_t len, const struct idx_file *f,
-                   char *dest, char *tmp, int *dir_fd, uint64_t *bytes_read)
+                   char *dest, char *tmp, int *dir_fd, uint64_t *bytes_read, int in_order)
 {
     struct door *d = w->d;
     const char *base = memrchr(key, '/', len);     /* valid_key: "<k>/...", so there is one */
@@ -140,9 +176,6 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
         return -1;
     memcpy(name, base + 1, nlen);
     name[nlen] = 0;
-    int sdir = cached_dir(&w->src_dir, w->src_dir_key, &w->src_dir_len, key, dlen, open_source_dir, w);
-    if (sdir < 0)
-        return -1;
     const char *tier = d->tiers[d->copy_slot];
     if (snprintf(dest, PATH_MAX, "%s/%.*s", tier, (int)len, key) >= PATH_MAX)
         return -1;
@@ -167,7 +200,7 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     }
     /* O_NONBLOCK: a FIFO swapped in for the file (by anyone who may write its directory)
      * opens at once instead of blocking this thread, and the daemon's exit, for ever */
-    int in = openat(sdir, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int in = open_source(w, key, dlen, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, in_order);
     int r = 0;
     struct stat st;
     int fl;
@@ -228,7 +261,7 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
     dp_staged_fn *offer = NULL;
     struct dp *offer_dp = NULL;
     int64_t t0 = monarch_now_ns();
-    int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read);
+    int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read, kind == EV_AHEAD);
     const char *name = strrchr(dest, '/') + 1;
     int64_t t1 = monarch_now_ns();
     /* the rename outside the door's lock: it waits for the directory's, which the lane's other

@@ -109,7 +109,7 @@ class NodeDaemon:
             self.role = ClusterRole(cluster, config, self.tiers, self.peer_area, self.current,
                                     lambda: protocol.read_opened_from(self.counters_path, self._slot_names()))
             if self.writeback is not None:  # published in the order of every node's (W4)
-                self.writeback.order_by(cluster.write_order)
+                self.writeback.order_by(cluster.write_order, cluster.partners)
         self.notices = JobNotices(self.current, self.owns, self.count, peer=bool(self.role and config.peer.fetch_ahead))
         self.read_ahead = ReadAhead(config.staging.policy, self.current, self.tiers, self.role, self.stores is not None,
                                     self.notices, self.counters_path, lambda: self._door_keeper,

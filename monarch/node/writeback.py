@@ -69,8 +69,11 @@ class WritebackRoom:
     """One run's write-back on this node: its area, view, journal and drain."""
 
     def __init__(self, paths: tuple[str, ...], base: str, run_id: str, node: int, durable: bool, room: int,
-                 fsync_local: bool = False):
-        self.paths, self.run_id, self.room, self.fsync_local = tuple(paths), run_id, room, fsync_local
+                 fsync: str = "auto"):
+        self.paths, self.run_id, self.room, self.fsync_asked = tuple(paths), run_id, room, fsync
+        # what an fsync waits for: the PFS, the local flush, or the partner's copy (order_by: a cluster)
+        self.fsync = "local" if fsync == "local" else "pfs"
+        self.partners = None          # partner.Partners under fsync: partner (a cluster)
         self.area = Area.create(base, run_id, node)
         self.journal = Journal(self.area.journal_path, durable=durable)
         self.view = View(self.paths, self.area, self.journal)
@@ -82,6 +85,7 @@ class WritebackRoom:
         self._closing: set[int] = set()  # files a process closed while another still held them
         self._reserved: dict[int, int] = {}  # file -> room its writers reserved ahead (WB_ROOM)
         self._spilling: dict[int, str] = {}  # file -> its PFS copy, until its writer moved to it
+        self._held_outcomes: dict[int, Outcome] = {}  # lost node -> the drain of its copies held here
         self._stop = False
         self._lists = 0
         self.figures = {"bytes_written": 0, "files_closed": 0, "files_published": 0, "bytes_published": 0,
@@ -89,15 +93,25 @@ class WritebackRoom:
                         "peak_pending_bytes": 0, "drain_seconds": 0.0, "waited_for_room": 0, "syncs": 0,
                         "ordered_files": 0, "order_wait_seconds": 0.0, "files_written_through": 0,
                         "opened_through": 0, "app_write_seconds": 0.0, "app_close_seconds": 0.0,
+                        "held_for_lost_published": 0,
                         "app_sync_seconds": 0.0, "job_ended_after_s": None, "drained_after_s": None}
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._drain_loop, name="monarch-writeback", daemon=True)
         self._thread.start()
 
-    def order_by(self, order) -> None:
-        """Publish in the order of the cluster's nodes (W4): ``order`` is its ``WriteOrder``."""
+    def order_by(self, order, partners=None) -> None:
+        """Publish in the order of the cluster's nodes (W4): ``order`` is its ``WriteOrder``; with
+        ``partners`` (fsync ``partner``, or ``auto`` on two or more nodes) each file and record is held
+        by the partner node too before the call that made it returns (docs/consistency.md, "What survives")."""
         self.order = order
         order.serve(lambda: self.journal.last_op, lambda: (self._moving, self._outcome.failed is not None))
+        if partners is not None and partners.nodes > 1 and self.fsync_asked in ("auto", "partner"):
+            self.partners, self.fsync = partners, "partner"
+            order.use_partners(partners)
+            partners.serve(self.area.path, self._drain_held)
+            self.journal.mirror_to(partners.send_record)
+        elif self.fsync_asked == "partner":
+            log.warning("write-back: fsync: partner on a single node has no partner: an fsync waits for the PFS")
 
     def client_env(self) -> dict[str, str]:
         return {protocol.ENV_WRITEBACK: ":".join(self.paths)}
@@ -216,6 +230,7 @@ class WritebackRoom:
             return
         self._closing.discard(seq)
         where = self.view.where(seq)
+        self._to_partner(seq, where)
         n = self.view.close(seq)
         if n is not None:
             size = os.stat(where).st_size
@@ -225,10 +240,29 @@ class WritebackRoom:
                 self.figures["files_closed"] += 1
             self._kick()
 
+    def _to_partner(self, seq: int, where: str) -> None:
+        """File ``seq``'s bytes so far held by the partner node (its record follows, by the journal's
+        mirror): a file written through is the PFS's already."""
+        found = self.view.being_written(seq)
+        if self.partners is None or found is None or found[1].through:
+            return
+        try:
+            self.partners.send_file(seq, where, os.stat(where).st_size)
+        except OSError as e:
+            log.error("write-back: file %d not copied to the partner node: %s", seq, e)
+
     def _sync(self, seq: int) -> bytes:
-        if self.fsync_local:
+        if self.fsync == "local":
             return protocol.encode_answer(0)
         started = time.monotonic()
+        if self.fsync == "partner":  # the bytes so far on two nodes; the drain publishes them after
+            self._to_partner(seq, self.view.where(seq))
+            self.view.sync(seq)
+            self._kick()
+            with self._cond:
+                self.figures["syncs"] += 1
+                self.figures["app_sync_seconds"] += time.monotonic() - started
+            return protocol.encode_answer(0)
         n = self.view.sync(seq)
         if n is not None:
             self._kick()
@@ -420,6 +454,25 @@ class WritebackRoom:
             self.figures["ordered_files"] += 1
             self.figures["order_wait_seconds"] += time.monotonic() - started
 
+    def _drain_held(self, held: str, node: int, progress) -> tuple[int, bool]:
+        """Lost ``node``'s journal and files held here (its partner): drained as its own drain would
+        have, after what each file is ordered after (W4); ``progress(applied, failed)`` after each."""
+        area = Area(held, -1)  # (not held by a lock: this daemon alone writes there)
+
+        def step(phase, rec):
+            if phase == "applied":
+                progress(rec.n, False)
+        out = drain(area, self.run_id, step=step, before=self._after_others)
+        with self._cond:
+            self.figures["held_for_lost_published"] += len(out.published)
+            self._held_outcomes[node] = out
+        if out.failed or out.unpublished:
+            log.error("write-back: node %d's held copies: %s; not published: %s", node, out.failed or "not all",
+                      ", ".join(out.unpublished) or "-")
+        else:
+            log.warning("write-back: node %d's held copies: %d files published for it", node, len(out.published))
+        return out.upto, bool(out.failed or out.damaged)
+
     def finish(self) -> Outcome:
         """Everything the job closed on the PFS (or a refusal): a file still held by a process
         that is gone is closed now if some process of the job closed it (others kept it open
@@ -431,9 +484,19 @@ class WritebackRoom:
         for seq in sorted(self._closing):
             self._closed(seq)
         self._wait_for(self.journal.last_op)
+        if self.partners is not None:
+            self.partners.finish()  # a lost node's files, published here, before the run says it is done
         with self._cond:
             self.figures["drained_after_s"] = time.monotonic() - self._started
-        return self._outcome
+            out = self._outcome
+            for node, held in self._held_outcomes.items():  # what a lost node could not have published: said here
+                if held.failed or held.unpublished:
+                    out = Outcome(applied=out.applied, upto=out.upto, published=out.published,
+                                  published_bytes=out.published_bytes, copied_bytes=out.copied_bytes,
+                                  failed=out.failed or f"node {node} was lost and its held copies could not all be "
+                                                       f"published: {held.failed or 'files kept'}",
+                                  unpublished={**out.unpublished, **held.unpublished}, damaged=out.damaged)
+            return out
 
     def stats(self) -> dict:
         """The figures, and what is left: ``pending_bytes`` (the area's, files still written
@@ -449,7 +512,8 @@ class WritebackRoom:
                     publishing_bytes += os.stat(self.area.data_path(seq)).st_size
                 except OSError:  # published meanwhile
                     pass
-            return {**self.figures, "paths": list(self.paths), "area": self.area.path,
+            partner = dict(self.partners.figures) if self.partners is not None else {}
+            return {**self.figures, **partner, "fsync": self.fsync, "paths": list(self.paths), "area": self.area.path,
                     "pending_bytes": self.pending_bytes(), "records": self.journal.last_op, "applied": self._upto,
                     "failed": out.failed, "unpublished": dict(out.unpublished),
                     "not_closed": len(open_seqs), "publishing_files": len(publishing),
@@ -469,6 +533,8 @@ class WritebackRoom:
             except OSError:
                 pass
         figures = self.stats()
+        if out.failed is not None:
+            figures["failed"], figures["unpublished"] = out.failed, dict(out.unpublished)
         self.journal.close()
         shutil.rmtree(os.path.join(self.area.path, LISTS), ignore_errors=True)
         if out.failed is None and not self.area.pending_data():
@@ -496,7 +562,7 @@ def make_writeback(config, tiers: list, run_id: str, node: int) -> WritebackRoom
     room = wb.room if wb.room_share is None else int(tier.capacity * wb.room_share)
     try:
         return WritebackRoom(tuple(wb.paths), cfg.path, run_id, node, durable=not is_memory_backed(cfg.path),
-                             room=room, fsync_local=wb.fsync == "local")
+                             room=room, fsync=wb.fsync)
     except OSError as e:
         log.error("write-back: cannot make its area under %s (%s): the job's writes go to the PFS directly",
                   cfg.path, e)

@@ -141,7 +141,8 @@ def _processes_with_shim(alive: list[NodeStats]) -> int | None:
 WRITEBACK_SUMS = ("bytes_written", "files_closed", "files_published", "bytes_published", "pending_bytes",
                   "peak_pending_bytes", "drain_seconds", "waited_for_room", "syncs", "not_closed",
                   "bytes_copied", "files_written_through", "opened_through", "ordered_files", "order_wait_seconds",
-                  "app_write_seconds", "app_close_seconds", "app_sync_seconds")
+                  "app_write_seconds", "app_close_seconds", "app_sync_seconds", "partner_bytes_sent",
+                  "partner_seconds", "partner_records", "held_for_lost_published")
 
 
 def _writeback_over_nodes(alive: list[NodeStats]) -> dict | None:
@@ -164,6 +165,7 @@ def _writeback_over_nodes(alive: list[NodeStats]) -> dict | None:
     after = [n["drained_after_s"] - n["job_ended_after_s"] for n in nodes
              if n.get("drained_after_s") is not None and n.get("job_ended_after_s") is not None]
     out["drain_after_job_seconds"] = round(max(0.0, max(after)), 3) if after else None
+    out["fsync"] = sorted({n["fsync"] for n in nodes if n.get("fsync")})
     out["failed"] = [n["failed"] for n in nodes if n.get("failed")]
     out["unpublished"] = {path: where for n in nodes for path, where in (n.get("unpublished") or {}).items()}
     out["kept_in"] = [n["area"] for n in nodes if n.get("failed") or n.get("unpublished") or n.get("not_closed")]

@@ -276,6 +276,13 @@ def _print_writeback(wb: dict | None, w) -> None:
          if direct is not None else "")
       + (f"; the drain ran {wb['drain_after_job_seconds']:.2f} s after the job ended"
          if wb.get("drain_after_job_seconds") is not None else "") + "\n")
+    if wb.get("partner_bytes_sent") or wb.get("partner_records"):
+        w(f"            copied to the partner nodes: {human(wb['partner_bytes_sent'])}, "
+          f"{plural(wb.get('partner_records') or 0, 'record')} in {wb.get('partner_seconds') or 0:.2f} s "
+          f"(fsync: partner: a lost node loses nothing it closed or fsynced)\n")
+    if wb.get("held_for_lost_published"):
+        w(f"            published for lost nodes from their copies held here: "
+          f"{plural(wb['held_for_lost_published'], 'file')}\n")
     if wb.get("files_written_through") or wb.get("opened_through"):
         w(f"            written through to the PFS: {plural(wb.get('files_written_through') or 0, 'file')} larger "
           f"than the room, {plural(wb.get('opened_through') or 0, 'open')} for update\n")

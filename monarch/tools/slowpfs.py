@@ -57,7 +57,7 @@ from monarch.errors import MonarchError
 # opens: every open, for reading or writing, creates included; each costs the open latency
 # truncates: truncate and ftruncate calls and opens with O_TRUNC
 WRITE_KEYS = ("writes", "bytes_written", "creates", "fsyncs", "renames", "unlinks", "mkdirs", "rmdirs", "truncates")
-COUNTER_KEYS = ("opens", "reads", "bytes", "lookups", "readdirs", "accesses", *WRITE_KEYS)
+COUNTER_KEYS = ("opens", "reads", "bytes", "lookups", "readdirs", "accesses", "opendirs", "statfs", *WRITE_KEYS)
 BYTES_OF = {"reads": "bytes", "writes": "bytes_written"}  # a call's counter -> its bytes' counter
 # the metadata server's work: getattr (every kernel LOOKUP and GETATTR), readdir, access;
 # each costs the lookup latency
@@ -266,7 +266,12 @@ def _operations_class(writable: bool = False):
                 time.sleep(self.latency.lookup_s)
             return [".", "..", *os.listdir(self._real(path))]
 
+        def opendir(self, path: str) -> int:
+            self.counters.add("opendirs")
+            return 0
+
         def statfs(self, path: str) -> dict[str, int]:
+            self.counters.add("statfs")
             sv = os.statvfs(self._real(path))
             keys = ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree",
                     "f_files", "f_flag", "f_frsize", "f_namemax")

@@ -27,7 +27,7 @@ import os
 import threading
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from monarch.errors import MonarchError
 from monarch.secure import open_private_file
@@ -107,15 +107,24 @@ class Journal:
         self._next = len(existing) + 1
         self._last_op = max((r.n for r in existing if r.op != "applied"), default=0)
         self._fd = open_private_file(path, os.O_WRONLY | os.O_APPEND)
+        # each record's line, also handed here in order before append returns (a partner node's copy)
+        self.mirror: Callable[[bytes], Any] | None = None
+
+    def mirror_to(self, mirror: Callable[[bytes], Any]) -> None:
+        """Hand every record appended from now on to ``mirror`` too, in order, before ``append`` returns."""
+        self.mirror = mirror
 
     def append(self, op: str, **args: Any) -> int:
-        """Record one operation; its number. On a durable journal it is on disk when this returns."""
+        """Record one operation; its number. On a durable journal it is on disk when this returns
+        (and held by ``mirror``, when there is one)."""
         with self._lock:
             line = encode(self._next, op, args)
             if os.write(self._fd, line) != len(line):
                 raise JournalError(f"{self.path}: a short write of a journal record (the tier is full?)")
             if self.durable:
                 os.fsync(self._fd)
+            if self.mirror is not None:
+                self.mirror(line)
             self._next += 1
             if op != "applied":
                 self._last_op = self._next - 1

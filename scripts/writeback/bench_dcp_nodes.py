@@ -2,7 +2,8 @@
 """torch.distributed.checkpoint's pattern on N simulated nodes: direct against ``monarch serve``'s write-back.
 
 One rank a node (scripts/writeback/checkpoint_app.py ``dcp-rank``, no torch): each writes its
-shard under its final name (``__R_0.distcp``, ``--shard-mib`` MiB in 16 MiB writes), a barrier
+shard under its final name (``__R_0.distcp``, ``--shard-mib`` MiB in 16 MiB writes), fsynced before
+its close as DCP's default does (``--no-sync``: sync_files=False), a barrier
 (a file per rank in a directory outside the checkpoint's), then rank 0 writes ``.metadata.tmp``
 and renames it ``.metadata``. The emulated PFS (``monarch.tools.slowpfs --writable``: FUSE, no
 page cache, writes capped at 200 MB/s in all, 2 ms per open) receives the checkpoint; a watcher
@@ -13,7 +14,7 @@ under its final name shorter than its final size. docs/consistency.md, "Write-ba
   direct   the N rank processes straight on the PFS mount
   monarch  ``mpiexec -n N monarch serve -c CFG`` (``monarch.cluster.world.daemon_launch``, one
            rank a node, per-node bases by ${MONARCH_NODE}, a RAM tier, ``writeback: {paths:
-           [the checkpoint directory]}``), then one ``monarch run -c CFG --no-progress -- <rank>``
+           [the checkpoint directory], fsync: --fsync}``), then one ``monarch run -c CFG --no-progress -- <rank>``
            per node with MONARCH_NODE=k, then the daemons stopped (one SIGTERM to mpiexec)
 
 Per mode: launch until the last rank started (the launchers' start-up), the slowest rank's
@@ -75,6 +76,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--open-latency-ms", type=float, default=2.0, help="the emulated PFS's ms per open (default 2)")
     p.add_argument("--tier-mib", type=int, default=0,
                    help="each node's RAM tier (default: 4 shards, at least 1024 MiB; write-back's room is half)")
+    p.add_argument("--fsync", choices=("auto", "pfs", "partner", "local"), default="auto",
+                   help="writeback.fsync of the monarch mode (default auto: partner on two or more nodes)")
+    p.add_argument("--no-sync", dest="sync", action="store_false",
+                   help="no fsync of the shards and .metadata (DCP's sync_files=False; default: fsynced, as DCP)")
     p.add_argument("--modes", default=",".join(MODES), help=f"a subset of {','.join(MODES)}")
     p.add_argument("--json", default=result_path("bench_dcp_nodes.json"),
                    help="where the figures go (default: results/bench_dcp_nodes.json of this checkout)")
@@ -112,7 +117,8 @@ def machine_facts() -> str:
 
 def rank_cmd(directory: str, barrier: str, k: int, args) -> list[str]:
     return [sys.executable, APP, "dcp-rank", directory, "--rank", str(k), "--ranks", str(args.nodes),
-            "--barrier", barrier, "--shard-mib", str(args.shard_mib), "--chunk-mib", str(args.chunk_mib)]
+            "--barrier", barrier, "--shard-mib", str(args.shard_mib), "--chunk-mib", str(args.chunk_mib),
+            *([] if args.sync else ["--no-sync"])]
 
 
 def monarch_config(work: Path, shm: Path, mount: str, ckpt: str, args) -> str:
@@ -126,7 +132,7 @@ tiers:
   - {{name: ram, path: "{shm}/ram${{MONARCH_NODE}}", capacity: {args.tier_mib}MiB, keep: false}}
 peer: {{path: "{shm}/peer${{MONARCH_NODE}}", capacity: 64MiB, timeout: 10}}
 staging: {{share: false}}
-writeback: {{paths: ["{ckpt}"]}}
+writeback: {{paths: ["{ckpt}"], fsync: {args.fsync}}}
 """)
     for k in range(args.nodes):
         for d in (work / f"run{k}", shm / f"ram{k}", shm / f"peer{k}"):
@@ -239,7 +245,9 @@ def run_mode(mode: str, args, pfs: SlowPFS, src: Path, shm: Path, work: Path) ->
             if (run_dir(work, 0) / "report.json").exists() else {}
         wb = [n.get("writeback") or {} for n in rep.get("nodes", [])]
         r["report"] = {k: sum(w.get(k, 0) for w in wb) for k in
-                       ("files_closed", "files_published", "bytes_published", "ordered_files", "order_wait_seconds")}
+                       ("files_closed", "files_published", "bytes_published", "ordered_files", "order_wait_seconds",
+                        "partner_bytes_sent", "partner_seconds", "app_sync_seconds")}
+        r["report"]["fsync"] = sorted({w.get("fsync") for w in wb if w.get("fsync")})
         r["report"]["nodes_reporting"] = rep.get("nodes_reporting")
     if errors:
         r["error"] = "\n".join(errors)
@@ -288,7 +296,9 @@ def print_table(results: dict, args) -> None:
         rep = results["monarch"]["report"]
         print(f"monarch report: {rep['nodes_reporting']} nodes, {rep['files_published']} of {rep['files_closed']} "
               f"files published, {rep['ordered_files']} ordered after other nodes (waited "
-              f"{rep['order_wait_seconds']:.2f} s)")
+              f"{rep['order_wait_seconds']:.2f} s); fsync {'/'.join(rep['fsync'])}: the jobs' fsyncs took "
+              f"{rep['app_sync_seconds']:.2f} s, {rep['partner_bytes_sent'] / 2**20:.0f} MiB copied to partner nodes "
+              f"in {rep['partner_seconds']:.2f} s")
     seen = {m: r.get("watcher", {}) for m, r in results.items()}
     print("dcp nodes: " + ", ".join(f"{m} polls {w.get('polls')} early {w.get('metadata_while_a_shard_incomplete')} "
                                     f"short {w.get('final_name_short')} bytes {single.checked(results[m])}"

@@ -178,3 +178,54 @@ def test_the_front_doors_copies_cost_one_operation_per_file(slow_pfs, tree, shor
         assert copies <= files + 3 * (CLASSES + 1), copies  # an fstat after each open made it two per file
     for key in snap.files:
         assert (tree / key.partition("/")[2]).read_bytes() == (Path(tier) / key).read_bytes()
+
+
+def test_a_miss_in_random_order_costs_the_pfs_what_a_direct_open_does(slow_pfs, tmp_path, short_tmp):
+    """Misses asked of the front door in random order over 50 directories: each costs the PFS the
+    file's open and its lookups, as a direct open does. Before, the door opened each miss's source
+    directory and asked its filesystem's type (a statfs), once per change of directory: one open
+    of a directory and one statfs per miss in random order."""
+    import random
+    import socket
+    from monarch import frontdoor, protocol, routes
+    if frontdoor.library() is None:
+        pytest.skip("the front door cannot be built here")
+    root_src = tmp_path / "src" / "data"
+    for d in range(50):
+        for i in range(2):
+            p = root_src / f"d{d:02d}" / f"{i}.bin"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(os.urandom(2000 + d + i))
+    pfs = slow_pfs(root_src.parent, open_latency_ms=0)
+    root = os.path.join(pfs.mountpoint, "data")
+    snap = take_snapshot((root,))
+    keys = sorted(snap.files)
+    random.Random(5).shuffle(keys)
+    tier = os.path.join(short_tmp, "tier")
+    os.mkdir(tier)
+    slot = protocol.tier_slot(0)
+    sock = os.path.join(short_tmp, "door.sock")
+    with door_on_socket(sock, [root], {slot: tier}, slot) as door:
+        node = routes.NodeFacts(door=True)
+        assert door.open("unused", bytearray(snap.index_bytes(routes.published(node, 1))))
+        door.grant(64 << 20)
+        door.copying(True)
+        pfs.reset_counters()  # direct: each file opened by its path, in the same order
+        for key in keys:
+            with open(os.path.join(root, key.partition("/")[2]), "rb") as f:
+                f.read()
+        direct = pfs.counters()
+        pfs.reset_counters()
+        for key in keys:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(sock)
+                s.sendall(protocol.encode_request(protocol.VERB_OPEN, key.encode()))
+                while protocol.recv_answer(s)[0] == protocol.STATUS_PENDING:
+                    pass
+        c = pfs.counters()
+    assert c["opens"] == direct["opens"] == len(keys), (c, direct)
+    assert c["statfs"] <= 1, c           # the root's filesystem asked once (was one per miss)
+    assert c["opendirs"] <= 10, c        # a directory opened only for a run of its files (was one per miss)
+    assert c["lookups"] <= direct["lookups"] + 10, (c, direct)
+    for key in keys:
+        assert (root_src / key.partition("/")[2]).read_bytes() == (Path(tier) / key).read_bytes()

@@ -102,3 +102,78 @@ def test_dcp_metadata_is_published_after_every_nodes_shard(dataset, short_tmp, s
     wb = {n["node"]: n["writeback"] for n in rep["nodes"]}
     assert wb[0]["ordered_files"] >= 1  # `.metadata.tmp`'s publish waited for the other nodes
     assert sum(w["files_published"] for w in wb.values()) == NODES + 1
+
+
+def lose_a_node_after_the_barrier(short_tmp, slow_pfs, ds, fsync):
+    """The DCP pattern on 4 nodes under `monarch serve` with ``fsync``; once every rank passed the
+    barrier (every shard closed), node 3 is lost: its daemon and its job SIGKILLed, its tiers wiped.
+    The PFS's backing directory, the watcher, and each job's exit code and output."""
+    import shutil
+    import signal
+    import time
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(os.path.join(src, "ck"))
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=8, open_latency_ms=0)
+    ck = os.path.join(str(pfs.mountpoint), "ck")
+    barrier = os.path.join(short_tmp, "barrier")
+    os.makedirs(barrier)
+    cfg = write_config(short_tmp, ds.root, extra=f'writeback: {{paths: ["{ck}"], fsync: {fsync}}}\n')
+    cluster = DaemonCluster(NODES, cfg, short_tmp)
+    watcher = Watcher(os.path.join(src, "ck"))
+    lost = NODES - 1
+    try:
+        watcher.start()
+        jobs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--", sys.executable,
+                                  "-c", textwrap.dedent(RANK), ck, barrier, str(k), str(NODES), str(shard_size(k))],
+                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, start_new_session=True) for k in range(NODES)]
+        deadline = time.monotonic() + 120
+        while len(os.listdir(barrier)) < NODES:  # every shard closed, node 3's too
+            assert time.monotonic() < deadline, "the ranks never reached the barrier"
+            time.sleep(0.002)
+        os.kill(cluster.pid(lost), signal.SIGKILL)
+        os.killpg(jobs[lost].pid, signal.SIGKILL)
+        for tier in (f"/dev/shm{short_tmp}/ram{lost}", f"{short_tmp}/ssd{lost}"):
+            shutil.rmtree(tier, ignore_errors=True)
+        outs = [p.communicate(timeout=240)[0] for p in jobs]
+    finally:
+        watcher.stop.set()
+        watcher.join()
+        cluster.stop(range(NODES - 1))
+    return os.path.join(src, "ck"), watcher, [p.returncode for p in jobs], outs, cluster.run_dir(0)
+
+
+def test_a_node_lost_after_its_shard_closed_never_leaves_metadata_without_it(dataset, short_tmp, slow_pfs):
+    """With `fsync: local` (no copy on another node) node 3's shard is lost with it: rank 0's
+    `.metadata`, ordered after it, is never published; its run exits 3 naming it and the lost node,
+    and so does any other node's whose file was opened after that shard closed (W4's order holds
+    them too). Before, `.metadata` was published without the lost shard (a checkpoint torn on the
+    PFS) and every rank exited 0."""
+    ck, watcher, codes, outs, _ = lose_a_node_after_the_barrier(short_tmp, slow_pfs, dataset(files=20), "local")
+    lost = NODES - 1
+    assert watcher.early == 0, f"`.metadata` was on the PFS before every shard in {watcher.early} polls"
+    names = os.listdir(ck)
+    if f"__{lost}_0.distcp" in names:
+        pytest.skip("the lost node's shard reached the PFS before its daemon was killed: nothing to keep")
+    assert ".metadata" not in names, names
+    assert codes[0] == 3 and ".metadata" in outs[0] and f"node {lost} was lost" in outs[0], outs[0][-3000:]
+    for k in range(1, lost):
+        assert codes[k] == 0 or (codes[k] == 3 and f"node {lost} was lost" in outs[k]), outs[k][-3000:]
+
+
+def test_a_node_lost_after_its_shard_closed_is_published_by_its_partner(dataset, short_tmp, slow_pfs):
+    """The default on a cluster (`fsync: auto`, a copy on the partner node): node 3's shard, held by
+    node 0 since its close, is published by node 0 after node 3 is lost, then `.metadata`: every
+    step whole on the PFS, never `.metadata` before a shard, every byte right, every surviving job
+    exits 0."""
+    ck, watcher, codes, outs, run0 = lose_a_node_after_the_barrier(short_tmp, slow_pfs, dataset(files=20), "auto")
+    assert watcher.early == 0, f"`.metadata` was on the PFS before every shard in {watcher.early} polls"
+    assert watcher.short == 0, f"a shard was seen short under its name in {watcher.short} polls"
+    assert codes[:NODES - 1] == [0] * (NODES - 1), [o[-3000:] for o in outs]
+    assert sorted(os.listdir(ck)) == [".metadata", *sorted(f"__{r}_0.distcp" for r in range(NODES))]
+    for r in range(NODES):
+        with open(os.path.join(ck, f"__{r}_0.distcp"), "rb") as f:
+            assert hashlib.md5(f.read()).digest() == hashlib.md5(bytes([r]) * shard_size(r)).digest()
+    wb = {n["node"]: n["writeback"] for n in load(os.path.join(run0, "report.json"))["nodes"] if n and n.get("writeback")}
+    assert wb[0]["fsync"] == "partner" and wb[0]["held_for_lost_published"] == 1, wb[0]  # node 3's shard, by node 0
+    assert all(w["partner_bytes_sent"] >= shard_size(k) for k, w in wb.items()), wb

@@ -149,6 +149,9 @@ class DirFds:
         # dkey -> [fd, users, retired, attributes fresh after an open there]
         self._fds: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._closed = False
+        # root -> attributes fresh after an open there: a root is one filesystem, asked once (a
+        # statfs per directory was one more PFS call per miss in random order)
+        self._fresh: dict[str, bool] = {}
 
     def _open(self, dkey: str) -> int | None:
         d = self.snapshot.dirs.get(dkey)
@@ -183,7 +186,10 @@ class DirFds:
                 os.close(fd)
                 held[1] += 1
                 return held
-            held = [fd, 1, self._closed, attrs_fresh_after_open(fd)]
+            root = dkey.partition("/")[0]
+            if root not in self._fresh:
+                self._fresh[root] = attrs_fresh_after_open(fd)
+            held = [fd, 1, self._closed, self._fresh[root]]
             if not self._closed:
                 self._fds[dkey] = held
             return held

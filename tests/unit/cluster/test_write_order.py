@@ -1,6 +1,6 @@
 """The write-back's order across nodes (monarch/cluster/order.py): each node's journal counts asked
 at an open, a publish held until every node applied up to them, refused when one's drain stopped
-short, never waiting on a lost node. Nodes here are WriteOrders joined by a queue that stands for
+short or lost before it, never waiting on a lost node. Nodes here are WriteOrders joined by a queue that stands for
 MPI (each node's engine thread delivers its messages in order)."""
 
 import queue
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from monarch.cluster.control import ControlTable
-from monarch.cluster.order import OrderFailed, WriteOrder
+from monarch.cluster.order import UNKNOWN, OrderFailed, WriteOrder
 
 
 class Net:
@@ -90,16 +90,22 @@ def test_a_node_whose_drain_was_refused_fails_what_is_ordered_after_it():
 
 
 def test_a_lost_node_is_not_waited_for_nor_asked():
+    """What a lost node had published is not held; what it had not fails at once (never torn: the
+    file ordered after it is kept). Before, it was published without the lost node's files."""
     net = Net(3)
     journals = [Journal(o) for o in net.orders]
     journals[0].made = 3
     needs = net.orders[1].counts()
+    journals[0].apply(2)
+    net.orders[1].wait_applied({0: 2})  # heard before it was lost
     net.lost.add(0)
     net.orders[1].lost(0, "no heartbeat")
     t0 = time.monotonic()
-    net.orders[1].wait_applied(needs)
+    net.orders[1].wait_applied({0: 2})  # published before it was lost: nothing to hold
+    with pytest.raises(OrderFailed, match="node 0 was lost before its write-back operation 3"):
+        net.orders[1].wait_applied(needs)
     assert time.monotonic() - t0 < 2
-    assert net.orders[1].counts() == {2: 0}
+    assert net.orders[1].counts() == {0: UNKNOWN, 2: 0}  # a file opened now is ordered after whatever it had
 
 
 def test_a_node_that_does_not_answer_is_left_out_after_the_timeout(caplog):

@@ -50,7 +50,7 @@ def problems(path, env, **kw):
 
 def test_by_default_there_is_no_write_back_and_the_first_tier_would_hold_it(env):
     c = load_config(None, env=env)
-    assert c.writeback == WritebackConfig(paths=(), tier=None, room=0, room_share=0.5, fsync="pfs")
+    assert c.writeback == WritebackConfig(paths=(), tier=None, room=0, room_share=0.5, fsync="auto")
     assert not c.writeback.enabled
     assert c.writeback_tier().name == "ram"
 
@@ -95,7 +95,7 @@ def test_an_entry_that_expands_to_nothing_is_left_out(tmp_path, env, ckpt):
     ("writeback: {room: 150%}",
      "writeback.room: a share of the write-back tier's capacity must be more than 0% and at most 100%, got '150%'"),
     ("writeback: {room: 0}", "writeback.room: 0 leaves no room, so every file would be written through to the PFS"),
-    ("writeback: {fsync: disk}", "writeback.fsync: expected one of pfs, local, got 'disk'"),
+    ("writeback: {fsync: disk}", "writeback.fsync: expected one of auto, pfs, partner, local, got 'disk'"),
     ("writeback: {fsync: no}", "writeback.fsync: expected a string, got False (YAML reads an unquoted"),
     ("writeback: {pathz: []}", "writeback.pathz: unknown key; known keys here: fsync, paths, room, tier"),
 ])
@@ -176,10 +176,10 @@ def test_check_config_shows_the_write_back_and_where_its_paths_came_from(tmp_pat
         return next(line for line in out.splitlines() if line.startswith("  writeback:")), keys
 
     line, keys = shown()
-    assert line == f"  writeback: {ckpt[0]} via tier ssd /tmp, room 50% of its capacity, fsync pfs"
+    assert line == f"  writeback: {ckpt[0]} via tier ssd /tmp, room 50% of its capacity, fsync auto"
     assert keys["writeback.paths"] == f"{ckpt[0]}  ({path})"
     assert keys["writeback.tier"] == f"ssd  ({path})"
-    assert keys["writeback.room"] == "50%  (default)" and keys["writeback.fsync"] == "pfs  (default)"
+    assert keys["writeback.room"] == "50%  (default)" and keys["writeback.fsync"] == "auto  (default)"
     monkeypatch.setenv("MONARCH_WRITEBACK", ckpt[1])
     line, keys = shown()
     assert line.startswith(f"  writeback: {ckpt[1]} (from MONARCH_WRITEBACK) via tier ssd")

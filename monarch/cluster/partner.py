@@ -1,0 +1,235 @@
+"""A copy of each node's write-back on its partner node, so that a lost node loses nothing it closed
+or fsynced (docs/consistency.md, "What survives"; SCR's PARTNER scheme is the model).
+
+Under ``writeback.fsync: partner`` (the default on a cluster) node k's partner is node k+1 (mod the
+nodes). Before k's daemon answers a write-back close or fsync, the partner holds the file's bytes and
+k's journal record of it; every other record of k's journal (a rename, an unlink, the drain's
+``applied`` progress) is held there too, in k's order, before k answers the call that made it. The
+partner keeps them in ``held/node<k>/`` of its own area, laid out as an area (``data/<seq>`` and a
+journal), and drops a file's bytes once k's drain has published it.
+
+When k is lost, its partner drains what it holds of k's journal past k's last ``applied``, in k's
+order and after the other nodes' operations each file is ordered after, exactly as k's own drain
+would have (monarch/writeback/drain.py), and tells every node how far it got: a file another node
+ordered after k's waits for that, not for k (order.py). When the partner is lost too (two nodes),
+or was lost first, what waits on k's operations is kept, not published: never torn.
+
+Control messages (control.py), all between a node and its partner but ``wb-replayed``:
+
+  ``("wb-data", tag, seq, offset, data, last)``  bytes of k's file ``seq`` (``last``: answer held)
+  ``("wb-record", tag, line)``                   one record of k's journal, as its journal holds it
+  ``("wb-held", tag, ok)``                       the partner wrote them (False: it holds no copies)
+  ``("wb-replayed", node, applied, failed, done)``  the partner's drain of lost ``node``'s journal
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from typing import Callable, Mapping
+
+from .control import Handler, Verb, message
+from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+CHUNK = 4 << 20          # bytes a message carries (the whole file is in flight at once: the tier holds it)
+HELD_TIMEOUT = 120.0     # a partner that neither answers nor is lost by then: the call goes on, said
+
+
+class Partners:
+    """This node's part in the partner copies: sending its own write-back to its partner, holding
+    its partner-of's, and draining those when that node is lost."""
+
+    def __init__(self, engine: Engine, node: int, nodes: int, is_lost: Callable[[int], bool]):
+        self.engine, self.node, self.nodes, self._is_lost = engine, node, nodes, is_lost
+        self._cond = threading.Condition()
+        self._tags = itertools.count(1)
+        self._held: dict[int, bool] = {}                 # tag -> the partner held it (False: it could not)
+        self._folder: str | None = None                  # this node's area: held/node<k>/ in it
+        self._fds: dict[tuple[int, int], int] = {}       # (node, seq) -> the held file being written
+        self._closes: dict[int, dict[int, int]] = {}     # node -> record n -> seq of its close
+        self._replayed: dict[int, tuple[int, bool, bool]] = {}  # lost node -> (applied, failed, done)
+        self._replays: list[threading.Thread] = []
+        self._drain: Callable[[str, int], tuple[int, bool]] | None = None
+        self._lost_said = False
+        self.figures = {"partner_bytes_sent": 0, "partner_seconds": 0.0, "partner_records": 0}
+
+    def handlers(self) -> Mapping[Verb, Handler]:
+        return {Verb.WB_DATA: self._on_data, Verb.WB_RECORD: self._on_record, Verb.WB_HELD: self._on_held,
+                Verb.WB_REPLAYED: self._on_replayed}
+
+    def serve(self, folder: str, drain: Callable[[str, int, Callable[[int, bool], None]], tuple[int, bool]]) -> None:
+        """Hold partners' copies under ``folder``; ``drain(held, node, progress)`` drains a lost node's
+        held journal (the write-back's own drain, its order kept), calling ``progress(applied, failed)``."""
+        self._folder, self._drain = folder, drain
+
+    def partner(self) -> int | None:
+        """This node's partner now (None: a single node, or the partner is lost)."""
+        p = (self.node + 1) % self.nodes
+        return None if self.nodes < 2 or self._is_lost(p) else p
+
+    @staticmethod
+    def partner_of(node: int, nodes: int) -> int:
+        return (node + 1) % nodes
+
+    # -- the sender (a request thread) -------------------------------------------------------------
+    def send_file(self, seq: int, path: str, size: int) -> bool:
+        """The first ``size`` bytes of file ``seq`` (at ``path``) held by the partner when this returns
+        True; False: no partner to hold them (lost: said once)."""
+        p = self.partner()
+        if p is None:
+            return self._no_partner()
+        started, tag = time.monotonic(), next(self._tags)
+        with open(path, "rb") as f:
+            chunks = [(off, os.pread(f.fileno(), min(CHUNK, size - off), off)) for off in range(0, size, CHUNK)] \
+                or [(0, b"")]
+        last = len(chunks) - 1
+        self.engine.call(lambda: [self.engine.send_obj(message(Verb.WB_DATA, tag, seq, off, data, i == last), p)
+                                  for i, (off, data) in enumerate(chunks)])
+        ok = self._wait_held(tag, p)
+        with self._cond:
+            self.figures["partner_bytes_sent"] += size
+            self.figures["partner_seconds"] += time.monotonic() - started
+        return ok
+
+    def send_record(self, line: bytes) -> bool:
+        """One record of this node's journal (its encoded line) held by the partner when this returns True."""
+        p = self.partner()
+        if p is None:
+            return self._no_partner()
+        started, tag = time.monotonic(), next(self._tags)
+        self.engine.call(lambda: self.engine.send_obj(message(Verb.WB_RECORD, tag, line), p))
+        ok = self._wait_held(tag, p)
+        with self._cond:
+            self.figures["partner_records"] += 1
+            self.figures["partner_seconds"] += time.monotonic() - started
+        return ok
+
+    def _wait_held(self, tag: int, p: int) -> bool:
+        deadline = time.monotonic() + HELD_TIMEOUT
+        with self._cond:
+            while tag not in self._held:
+                if self._is_lost(p):
+                    return self._no_partner()
+                if time.monotonic() > deadline:
+                    log.error("write-back: partner node %d did not say it held a copy within %gs", p, HELD_TIMEOUT)
+                    return False
+                self._cond.wait(0.25)
+            if not self._held.pop(tag):
+                return self._no_partner(f"partner node {p} holds no copies (its daemon has no writeback.paths: give "
+                                        f"every node's `monarch serve` the same configuration)")
+            return True
+
+    def _no_partner(self, why: str | None = None) -> bool:
+        if not self._lost_said and self.nodes > 1:
+            self._lost_said = True
+            log.error("write-back: %s: this node's files are not copied to another node (a loss of this node would "
+                      "lose what it has not published)", why or f"partner node {(self.node + 1) % self.nodes} is lost")
+        return False
+
+    # -- the holder (engine thread) ---------------------------------------------------------------------
+    def _held_dir(self, node: int) -> str:
+        d = os.path.join(self._folder or "", "held", f"node{node}")
+        os.makedirs(os.path.join(d, "data"), mode=0o700, exist_ok=True)
+        return d
+
+    def _on_data(self, src: int, tag: int, seq: int, offset: int, data: bytes, last: bool) -> None:
+        if self._folder is None:  # no write-back here (a configuration that differs between nodes): said
+            if last:
+                self.engine.send_obj(message(Verb.WB_HELD, tag, False), src)
+            return
+        key = (src, seq)
+        fd = self._fds.get(key)
+        if fd is None:
+            fd = self._fds[key] = os.open(os.path.join(self._held_dir(src), "data", str(int(seq))),
+                                          os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        os.pwrite(fd, data, offset)
+        if last:
+            os.close(self._fds.pop(key))
+            self.engine.send_obj(message(Verb.WB_HELD, tag, True), src)
+
+    def _on_record(self, src: int, tag: int, line: bytes) -> None:
+        if self._folder is None:
+            self.engine.send_obj(message(Verb.WB_HELD, tag, False), src)
+            return
+        from monarch.writeback.journal import decode  # (the record's floor: writeback/)
+        rec = decode(line)
+        with open(os.path.join(self._held_dir(src), "journal"), "ab") as f:
+            f.write(line)
+        if rec is not None:
+            if rec.op == "close":
+                self._closes.setdefault(src, {})[rec.n] = rec["seq"]
+            elif rec.op == "drop":
+                self._forget(src, rec["seq"])
+            elif rec.op == "applied":  # published by the node itself: its bytes are not needed here
+                closes = self._closes.get(src, {})
+                for n in [n for n in closes if n <= rec["upto"]]:
+                    self._forget(src, closes.pop(n))
+        self.engine.send_obj(message(Verb.WB_HELD, tag, True), src)
+
+    def _forget(self, node: int, seq: int) -> None:
+        try:
+            os.unlink(os.path.join(self._held_dir(node), "data", str(int(seq))))
+        except FileNotFoundError:
+            pass
+
+    def _on_held(self, src: int, tag: int, ok: bool) -> None:
+        with self._cond:
+            self._held[tag] = ok
+            self._cond.notify_all()
+
+    # -- a lost node ------------------------------------------------------------------------------------
+    def lost(self, node: int, why: str) -> None:
+        """Engine thread: ``node`` is lost; if this node held its copies, drain them (a thread)."""
+        with self._cond:
+            self._cond.notify_all()
+        if self._drain is None or self.partner_of(node, self.nodes) != self.node:
+            return
+        held = os.path.join(self._folder or "", "held", f"node{node}")
+        if not os.path.exists(os.path.join(held, "journal")):
+            self._progress(node, 0, False, True)  # it had recorded nothing: nothing of its is waited for
+            return
+        log.warning("write-back: node %d is lost (%s): publishing the copies of its files held here, in its order",
+                    node, why)
+        t = threading.Thread(target=self._replay, args=(node, held), name=f"monarch-held-node{node}", daemon=True)
+        self._replays.append(t)
+        t.start()
+
+    def _replay(self, node: int, held: str) -> None:
+        try:
+            applied, failed = self._drain(held, node, lambda a, f: self._progress(node, a, f, False))
+        except Exception:  # a bug must not hang the other nodes: they are told it failed
+            log.exception("write-back: publishing node %d's held copies failed", node)
+            applied, failed = self._replayed.get(node, (0, True, True))[0], True
+        self._progress(node, applied, failed, True)
+
+    def _progress(self, node: int, applied: int, failed: bool, done: bool) -> None:
+        with self._cond:
+            self._replayed[node] = (applied, failed, done)
+            self._cond.notify_all()
+        others = [k for k in range(self.nodes) if k not in (self.node, node) and not self._is_lost(k)]
+        self.engine.call(lambda: [self.engine.send_obj(message(Verb.WB_REPLAYED, node, applied, failed, done), k)
+                                  for k in others])
+
+    def _on_replayed(self, src: int, node: int, applied: int, failed: bool, done: bool) -> None:
+        with self._cond:
+            self._replayed[node] = (applied, failed, done)
+            self._cond.notify_all()
+
+    def replayed(self, node: int) -> tuple[int, bool, bool] | None:
+        """How far lost ``node``'s partner published its held copies: (applied, failed, done), None when
+        nothing is heard yet (or its partner is lost too: then never)."""
+        with self._cond:
+            return self._replayed.get(node)
+
+    def partner_alive(self, node: int) -> bool:
+        return self.nodes > 1 and not self._is_lost(self.partner_of(node, self.nodes))
+
+    def finish(self, timeout: float | None = None) -> None:
+        """The drains of lost nodes' held copies ended."""
+        for t in self._replays:
+            t.join(timeout)
