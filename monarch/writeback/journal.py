@@ -132,9 +132,10 @@ class Journal:
 
     @property
     def last_op(self) -> int:
-        """The number of the last operation recorded (not the drain's progress; 0: none)."""
-        with self._lock:
-            return self._last_op
+        """The number of the last operation recorded (not the drain's progress; 0: none). Read
+        without the lock: the MPI engine thread asks it while an append waits for the partner's
+        answer, which that thread delivers (an int is read whole)."""
+        return self._last_op
 
     def close(self) -> None:
         with self._lock:
