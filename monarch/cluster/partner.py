@@ -16,7 +16,10 @@ or was lost first, what waits on k's operations is kept, not published: never to
 
 Control messages (control.py), all between a node and its partner but ``wb-replayed``:
 
-  ``("wb-data", tag, seq, offset, data, last)``  bytes of k's file ``seq`` (``last``: answer held)
+  ``("wb-data", tag, seq, offset, length, data, last)``  bytes [offset, offset + length) of k's file
+                                                 ``seq``: ``data`` the tag of the message that carries
+                                                 them on the data communicator (mapped on both sides:
+                                                 no copy in Python), or the bytes (``last``: answer held)
   ``("wb-record", tag, line)``                   one record of k's journal, as its journal holds it
   ``("wb-held", tag, ok)``                       the partner wrote them (False: it holds no copies)
   ``("wb-replayed", node, applied, failed, done)``  the partner's drain of lost ``node``'s journal
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import mmap
 import os
 import threading
 import time
@@ -36,16 +40,29 @@ from .engine import Engine
 
 log = logging.getLogger(__name__)
 
-CHUNK = 4 << 20          # bytes a message carries (the whole file is in flight at once: the tier holds it)
+SPAN = 1 << 30           # bytes one data message carries (MPI counts are ints): a file is mapped and sent whole
+CHUNK = 4 << 20          # ... or, without a data communicator, bytes a pickled control message carries
 HELD_TIMEOUT = 120.0     # a partner that neither answers nor is lost by then: the call goes on, said
+
+
+def _close_mapping(m: mmap.mmap | None) -> None:
+    """Unmapped now, or with its last reference where MPI still holds one (a request on a lost node)."""
+    try:
+        if m is not None:
+            m.close()
+    except BufferError:
+        pass
 
 
 class Partners:
     """This node's part in the partner copies: sending its own write-back to its partner, holding
     its partner-of's, and draining those when that node is lost."""
 
-    def __init__(self, engine: Engine, node: int, nodes: int, is_lost: Callable[[int], bool]):
+    def __init__(self, engine: Engine, node: int, nodes: int, is_lost: Callable[[int], bool], data_comm=None):
         self.engine, self.node, self.nodes, self._is_lost = engine, node, nodes, is_lost
+        self._data_comm = data_comm  # the files' bytes, apart from the control messages (None: pickled)
+        self._data_tags = itertools.count(1)
+        self._receiving: dict[tuple[int, int], list] = {}  # (node, seq) -> [ranges under way, last seen, tag]
         self._cond = threading.Condition()
         self._tags = itertools.count(1)
         self._held: dict[int, bool] = {}                 # tag -> the partner held it (False: it could not)
@@ -84,13 +101,33 @@ class Partners:
         if p is None:
             return self._no_partner()
         started, tag = time.monotonic(), next(self._tags)
-        with open(path, "rb") as f:
-            chunks = [(off, os.pread(f.fileno(), min(CHUNK, size - off), off)) for off in range(0, size, CHUNK)] \
-                or [(0, b"")]
-        last = len(chunks) - 1
-        self.engine.call(lambda: [self.engine.send_obj(message(Verb.WB_DATA, tag, seq, off, data, i == last), p)
-                                  for i, (off, data) in enumerate(chunks)])
-        ok = self._wait_held(tag, p)
+        if self._data_comm is not None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                buf = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
+            finally:
+                os.close(fd)
+            spans = [(off, min(SPAN, size - off)) for off in range(0, size, SPAN)] or [(0, 0)]
+            tags = [next(self._data_tags) % (1 << 20) for _ in spans]
+            MPI, last = self.engine.MPI, len(spans) - 1
+
+            def send() -> None:
+                for i, ((off, n), t) in enumerate(zip(spans, tags)):
+                    self.engine.send_obj(message(Verb.WB_DATA, tag, seq, off, n, t, i == last), p)
+                    if n:
+                        self.engine.post(self._data_comm.Isend([memoryview(buf)[off:off + n], MPI.BYTE], p, t))
+            self.engine.call(send)
+            ok = self._wait_held(tag, p)
+            _close_mapping(buf)
+        else:
+            with open(path, "rb") as f:
+                chunks = [(off, os.pread(f.fileno(), min(CHUNK, size - off), off)) for off in range(0, size, CHUNK)] \
+                    or [(0, b"")]
+            last = len(chunks) - 1
+            self.engine.call(lambda: [self.engine.send_obj(message(Verb.WB_DATA, tag, seq, off, len(data), data,
+                                                                   i == last), p)
+                                      for i, (off, data) in enumerate(chunks)])
+            ok = self._wait_held(tag, p)
         with self._cond:
             self.figures["partner_bytes_sent"] += size
             self.figures["partner_seconds"] += time.monotonic() - started
@@ -137,7 +174,7 @@ class Partners:
         os.makedirs(os.path.join(d, "data"), mode=0o700, exist_ok=True)
         return d
 
-    def _on_data(self, src: int, tag: int, seq: int, offset: int, data: bytes, last: bool) -> None:
+    def _on_data(self, src: int, tag: int, seq: int, offset: int, length: int, data, last: bool) -> None:
         if self._folder is None:  # no write-back here (a configuration that differs between nodes): said
             if last:
                 self.engine.send_obj(message(Verb.WB_HELD, tag, False), src)
@@ -146,9 +183,29 @@ class Partners:
         fd = self._fds.get(key)
         if fd is None:
             fd = self._fds[key] = os.open(os.path.join(self._held_dir(src), "data", str(int(seq))),
-                                          os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        os.pwrite(fd, data, offset)
-        if last:
+                                          os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            self._receiving[key] = [0, False, tag]
+        state = self._receiving[key]
+        state[1] = state[1] or last
+        if isinstance(data, bytes):
+            os.pwrite(fd, data, offset)
+        elif length:  # its bytes on the data communicator, received straight into the held file's pages
+            os.ftruncate(fd, max(os.fstat(fd).st_size, offset + length))
+            pages = mmap.mmap(fd, length, offset=offset)
+            state[0] += 1
+            req = self._data_comm.Irecv([pages, self.engine.MPI.BYTE], src, data)
+            self.engine.post(req, lambda st, k=key, m=pages: self._received(k, m, src))
+        self._done_if_whole(key, src)
+
+    def _received(self, key: tuple[int, int], pages: mmap.mmap, src: int) -> None:
+        _close_mapping(pages)
+        self._receiving[key][0] -= 1
+        self._done_if_whole(key, src)
+
+    def _done_if_whole(self, key: tuple[int, int], src: int) -> None:
+        under_way, last, tag = self._receiving[key]
+        if last and not under_way:
+            del self._receiving[key]
             os.close(self._fds.pop(key))
             self.engine.send_obj(message(Verb.WB_HELD, tag, True), src)
 

@@ -51,7 +51,8 @@ class Cluster:
     finish_timeout = 600.0   # cap on finish() waiting for live but slow nodes
     close_timeout = 30.0     # close() after finish(): wait this long for node 0's goodbye
 
-    def __init__(self, MPI: Any, comm: Any, peer_timeout: float = 10.0, datapath: DataPath | None = None):
+    def __init__(self, MPI: Any, comm: Any, peer_timeout: float = 10.0, datapath: DataPath | None = None,
+                 writeback_comm: Any = None):
         self.MPI = MPI
         self.comm = comm
         self.node: int = comm.Get_rank()
@@ -72,7 +73,7 @@ class Cluster:
         self._provider = Provider(self._engine, self._counters, self)
         self._shutdown = Shutdown(self._engine, self._liveness, self._provider, self)
         self.write_order = WriteOrder(self._engine, self.node, self.nodes, self._liveness.is_lost)
-        self.partners = Partners(self._engine, self.node, self.nodes, self._liveness.is_lost)
+        self.partners = Partners(self._engine, self.node, self.nodes, self._liveness.is_lost, writeback_comm)
         self._control = ControlTable(self._liveness.heard, self._provider.handlers(), self._liveness.handlers(),
                                      self._shutdown.handlers(), self.write_order.handlers(), self.partners.handlers())
         self._liveness.on_loss(self.partners.lost, "partner copies")  # (before the order's waits hear of it)
@@ -90,7 +91,10 @@ class Cluster:
         comm = MPI.COMM_WORLD.Dup()      # our own tag space
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         # small staged files cross through the C data path first (collective: before any thread of ours runs)
-        return cls(MPI, comm, peer_timeout, DataPath.start(MPI, comm))
+        datapath = DataPath.start(MPI, comm)
+        writeback = comm.Dup()           # the partner copies' bytes: a tag space of their own (partner.py)
+        writeback.Set_errhandler(MPI.ERRORS_RETURN)
+        return cls(MPI, comm, peer_timeout, datapath, writeback)
 
     def _datapath_lost(self, node: int, why: str) -> None:
         self.datapath.lost(node)

@@ -86,6 +86,7 @@ class WritebackRoom:
         self._reserved: dict[int, int] = {}  # file -> room its writers reserved ahead (WB_ROOM)
         self._spilling: dict[int, str] = {}  # file -> its PFS copy, until its writer moved to it
         self._held_outcomes: dict[int, Outcome] = {}  # lost node -> the drain of its copies held here
+        self._sent: dict[int, tuple[int, int]] = {}   # file -> (size, mtime) of its last copy on the partner
         self._stop = False
         self._lists = 0
         self.figures = {"bytes_written": 0, "files_closed": 0, "files_published": 0, "bytes_published": 0,
@@ -230,7 +231,8 @@ class WritebackRoom:
             return
         self._closing.discard(seq)
         where = self.view.where(seq)
-        self._to_partner(seq, where)
+        self._to_partner(seq, where, closing=True)
+        self._sent.pop(seq, None)
         n = self.view.close(seq)
         if n is not None:
             size = os.stat(where).st_size
@@ -240,14 +242,19 @@ class WritebackRoom:
                 self.figures["files_closed"] += 1
             self._kick()
 
-    def _to_partner(self, seq: int, where: str) -> None:
+    def _to_partner(self, seq: int, where: str, closing: bool = False) -> None:
         """File ``seq``'s bytes so far held by the partner node (its record follows, by the journal's
-        mirror): a file written through is the PFS's already."""
+        mirror): a file written through is the PFS's already, and a file closed with nothing written
+        since its fsync's copy went there (the close said so) is held already."""
         found = self.view.being_written(seq)
         if self.partners is None or found is None or found[1].through:
             return
         try:
-            self.partners.send_file(seq, where, os.stat(where).st_size)
+            st = os.stat(where)
+            if closing and found[1].synced and found[1].unchanged and self._sent.get(seq) == (st.st_size, st.st_mtime_ns):
+                return
+            if self.partners.send_file(seq, where, st.st_size):
+                self._sent[seq] = (st.st_size, st.st_mtime_ns)
         except OSError as e:
             log.error("write-back: file %d not copied to the partner node: %s", seq, e)
 
