@@ -99,15 +99,26 @@ static int source_attrs(int fd, int fresh, struct stat *st)
     return fstat(fd, st);
 }
 
+/* The PFS path of directory ``key`` (its first ``dlen`` bytes, "<k>/<dir>"), then ``name`` in it when
+ * given, in ``path``: its root's index, or -1. */
+static long source_path(struct door *d, const char *key, uint32_t dlen, const char *name, char *path)
+{
+    const char *slash = memchr(key, '/', dlen);
+    long root = strtol(key, NULL, 10);
+    if (root < 0 || root >= d->nroots)
+        return -1;
+    int rl = slash ? (int)(dlen - (uint32_t)(slash + 1 - key)) : 0;
+    if (snprintf(path, PATH_MAX, "%s/%.*s%s%s", d->roots[root], rl, slash ? slash + 1 : "", rl && name ? "/" : "",
+                 name ? name : "") >= PATH_MAX)
+        return -1;
+    return root;
+}
+
 static int open_source_dir(struct worker *w, const char *key, uint32_t dlen)  /* dlen: "<k>/<dir>" */
 {
     char path[PATH_MAX];
-    const char *slash = memchr(key, '/', dlen);
-    long root = strtol(key, NULL, 10);
-    if (root < 0 || root >= w->d->nroots)
-        return -1;
-    int rl = slash ? (int)(dlen - (uint32_t)(slash + 1 - key)) : 0;
-    if (snprintf(path, sizeof path, "%s/%.*s", w->d->roots[root], rl, slash ? slash + 1 : "") >= (int)sizeof path)
+    long root = source_path(w->d, key, dlen, NULL, path);
+    if (root < 0)
         return -1;
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     w->src_fresh = fd >= 0 && fresh_after_open(w->d, root, fd);
@@ -130,13 +141,8 @@ static int open_source(struct worker *w, const char *key, uint32_t dlen, const c
         w->last_dir_len = dlen;
     }
     char path[PATH_MAX];
-    const char *slash = memchr(key, '/', dlen);
-    long root = strtol(key, NULL, 10);
-    if (root < 0 || root >= w->d->nroots)
-        return -1;
-    int rl = slash ? (int)(dlen - (uint32_t)(slash + 1 - key)) : 0;
-    if (snprintf(path, sizeof path, "%s/%.*s%s%s", w->d->roots[root], rl, slash ? slash + 1 : "", rl ? "/" : "",
-                 name) >= (int)sizeof path)
+    long root = source_path(w->d, key, dlen, name, path);
+    if (root < 0)
         return -1;
     int fd = open(path, flags);
     w->src_fresh = fd >= 0 && fresh_after_open(w->d, root, fd);

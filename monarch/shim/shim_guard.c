@@ -492,18 +492,27 @@ static int monarch_guard_serve(uintptr_t a)
     }
 }
 
+/* A signal the shim's handler does not serve, given the application's handler ``app`` when it set
+ * one (1); 0: its disposition is the default or to ignore (the caller acts it). */
+static int monarch_app_handler(const struct sigaction *app, int sig, siginfo_t *si, void *ctx)
+{
+    if ((app->sa_flags & SA_SIGINFO) && app->sa_sigaction) {
+        app->sa_sigaction(sig, si, ctx);
+        return 1;
+    }
+    if (!(app->sa_flags & SA_SIGINFO) && app->sa_handler != SIG_DFL && app->sa_handler != SIG_IGN) {
+        app->sa_handler(sig);
+        return 1;
+    }
+    return 0;
+}
+
 /* A fault that is not a guard's, or SIGSEGV sent by kill: the application's disposition. */
 static void monarch_guard_chain(int sig, siginfo_t *si, void *ctx)
 {
     struct sigaction app = monarch_app_segv; /* (a copy: the application may change it meanwhile) */
-    if ((app.sa_flags & SA_SIGINFO) && app.sa_sigaction) {
-        app.sa_sigaction(sig, si, ctx);
+    if (monarch_app_handler(&app, sig, si, ctx))
         return;
-    }
-    if (!(app.sa_flags & SA_SIGINFO) && app.sa_handler != SIG_DFL && app.sa_handler != SIG_IGN) {
-        app.sa_handler(sig);
-        return;
-    }
     if (app.sa_handler == SIG_IGN && si->si_code <= 0)
         return; /* sent, and ignored */
     /* the default: end the process as without the shim. A fault runs again and meets it; a

@@ -29,6 +29,8 @@ static void monarch_guard_fds_closing(unsigned first, unsigned last);
 /* before the kernel reads [p, p + n) for a write or a send: its guarded pages faulted in by the
  * application's thread (a kernel access to a PROT_NONE page fails with EFAULT, never faults) */
 static void monarch_guard_touch_slow(const void *p, size_t n);
+/* a signal the shim does not serve, to the application's handler ``app`` (1), or 0: its default or ignore */
+static int monarch_app_handler(const struct sigaction *app, int sig, siginfo_t *si, void *ctx);
 static inline void monarch_guard_touch(const void *p, size_t n)
 {
     if (MONARCH_UNLIKELY(__atomic_load_n(&monarch_nguarded, __ATOMIC_RELAXED)) && n)

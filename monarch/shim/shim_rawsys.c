@@ -119,15 +119,7 @@ static void monarch_raw_chain(int sig, siginfo_t *si, void *ctx)
     monarch_sigsys_lock();
     struct sigaction app = monarch_app_sigsys;
     monarch_sigsys_unlock();
-    if ((app.sa_flags & SA_SIGINFO) && app.sa_sigaction) {
-        app.sa_sigaction(sig, si, ctx);
-        return;
-    }
-    if (!(app.sa_flags & SA_SIGINFO) && app.sa_handler != SIG_DFL && app.sa_handler != SIG_IGN) {
-        app.sa_handler(sig);
-        return;
-    }
-    if (app.sa_handler == SIG_IGN)
+    if (monarch_app_handler(&app, sig, si, ctx) || app.sa_handler == SIG_IGN)
         return;
     struct sigaction dfl; /* the default (a core dump): as without the shim */
     memset(&dfl, 0, sizeof dfl);
@@ -439,14 +431,20 @@ static const sigset_t *monarch_raw_unblock(int how, const sigset_t *set, sigset_
 #endif
 
 /* ---- syscall(): libc's own door to any system call, wrapped as a preload can ---- */
+/* syscall()'s six arguments after `last` into a[6] (as libc's reads them: whatever the caller gave) */
+#define MONARCH_SIX_ARGS(last, a)                 \
+    do {                                          \
+        va_list ap_;                              \
+        va_start(ap_, last);                      \
+        for (int i_ = 0; i_ < 6; i_++)            \
+            (a)[i_] = va_arg(ap_, long);          \
+        va_end(ap_);                              \
+    } while (0)
+
 static long monarch_libc_syscall(long nr, ...)
 {
-    va_list ap;
-    va_start(ap, nr);
     long a[6];
-    for (int i = 0; i < 6; i++)
-        a[i] = va_arg(ap, long);
-    va_end(ap);
+    MONARCH_SIX_ARGS(nr, a);
     __typeof__(real_syscall) real_ = MONARCH_RESOLVE(syscall);
     if (MONARCH_UNLIKELY(!real_)) {
         errno = ENOSYS;
@@ -459,12 +457,8 @@ static long monarch_libc_syscall(long nr, ...)
  * the calls no wrapper of the shim's has anything to do with go to libc's at once). */
 MONARCH_EXPORT long(syscall)(long nr, ...)
 {
-    va_list ap;
-    va_start(ap, nr);
     long a[6];
-    for (int i = 0; i < 6; i++)
-        a[i] = va_arg(ap, long);
-    va_end(ap);
+    MONARCH_SIX_ARGS(nr, a);
 #if defined(__x86_64__)
     if (!monarch_guard && nr != SYS_rt_sigreturn && __atomic_load_n(&monarch_enabled, __ATOMIC_RELAXED)) {
         long r = monarch_raw_call(nr, a);

@@ -84,6 +84,8 @@ BENCHES = [
     Bench("node/bench_sharing.py", ["--chain", "--quick", "--json", "{tmp}/chain.json"],
           r"^shared\s+\d\.\d\dx \(\d\.\d\d\)\s+\d\.\d\dx \(\d\.\d\d\)\s+0\.0\dx \(0\.0\d\)", {"fuse"},
           "bench_sharing-chain"),
+    Bench("shim/bench_raw_calls.py", ["--calls", "20000", "--runs", "1"],
+          r"^  raw syscall instruction\s+\d+\s+\d+\s+[+-]\d+$", {"cc"}),
     Bench("shim/bench_pass_through.py", ["--quick", "--json", "{tmp}/pass.json"],
           r"^reader\s+[\d.]+s\s+[\d.]+s\s+[\d.]+x\s+[\d.]+s\s+[\d.]+s\s+[\d.]+x$", {"cc"}),
     Bench("store/bench_s3.py", ["--quick", "--variant", "demo,large"],

@@ -40,11 +40,18 @@ staging: {{policy: {policy}, share: {str(share).lower()}, linger: {linger}}}
     return path
 
 
-def job(cfg: str, ds, job_id: str, report: str, epochs: int = 2, **env):
+# a job's command waits at a barrier of files until ``$3`` jobs are there: jobs that overlap by construction
+BARRIER = 'touch "$1/$2"; until [ "$(ls "$1" | wc -l)" -ge "$3" ]; do sleep 0.01; done; shift 3; exec "$@"'
+
+
+def job(cfg: str, ds, job_id: str, report: str, epochs: int = 2, barrier: tuple[str, int] | None = None, **env):
     """One job: ``monarch run`` with a run identity of its own, reading ``ds`` (every digest
-    checked by the reader) in a forked pool."""
-    return start_group([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", report, "--",
-                        *reader(ds, epochs=epochs, workers=2)],
+    checked by the reader) in a forked pool; ``barrier`` (a directory, how many jobs): the reader
+    starts once that many jobs' commands are running, each under its own `monarch run`."""
+    command = reader(ds, epochs=epochs, workers=2)
+    if barrier is not None:
+        command = ["bash", "-c", BARRIER, "bash", barrier[0], job_id, str(barrier[1]), *command]
+    return start_group([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", report, "--", *command],
                        env=monarch_env(MONARCH_JOB_ID=job_id, MONARCH_PROGRESS="0", **env))
 
 
@@ -78,7 +85,9 @@ def test_two_concurrent_jobs_read_the_pfs_once(dataset, short_tmp, slow_pfs):
     ds = ds.__class__(pfs.mountpoint, ds.manifest, ds.files, ds.total)
     cfg = shared_config(short_tmp, ds.root)
     reports = [os.path.join(short_tmp, f"r{i}.json") for i in range(2)]
-    jobs = [job(cfg, ds, f"sweep-{i}", reports[i]) for i in range(2)]
+    barrier = os.path.join(short_tmp, "barrier")
+    os.mkdir(barrier)  # both jobs running before either reads: on a loaded machine the second once started late
+    jobs = [job(cfg, ds, f"sweep-{i}", reports[i], barrier=(barrier, 2)) for i in range(2)]
     for j in jobs:
         r = finish_group(j)
         assert r.returncode == 0, r.stderr

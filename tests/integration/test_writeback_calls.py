@@ -160,3 +160,34 @@ def test_a_job_that_only_saves_checkpoints_is_not_said_to_bypass_monarch(dataset
     assert r.returncode == 0, r.stderr
     assert "not read through Monarch" not in r.stderr
     assert [f["reason"] for f in report.get("fallbacks") or ()] == []
+
+
+RENAMED_OPEN = """
+import os, sys
+ck = sys.argv[1]
+tmp, final = os.path.join(ck, "model.tmp"), os.path.join(ck, "model")
+f = open(tmp, "wb")
+f.write(b"a" * (1 << 20))
+f.flush()
+os.fsync(f.fileno())           # its bytes so far on the PFS, under model.tmp
+os.rename(tmp, final)          # still open (tempfile's persist, safetensors' save)
+assert not os.path.exists(tmp) and os.path.getsize(final) == 1 << 20
+f.write(b"tail")
+f.close()
+assert sorted(os.listdir(ck)) == ["model"], os.listdir(ck)
+"""
+
+
+def test_a_file_renamed_while_open_after_its_fsync_leaves_one_name(dataset, short_tmp, slow_pfs):
+    """fsync, then a rename of the still open file, then more bytes: the PFS ends with the new name
+    only, holding every byte (before, the fsync's copy stayed under the old name beside it)."""
+    ds = dataset(files=10)
+    pfs = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(pfs)
+    mounted = slow_pfs(pfs, writable=True, write_bandwidth_mbps=8, open_latency_ms=0)
+    r, report = run(short_tmp, ds.root, str(mounted.mountpoint), RENAMED_OPEN, str(mounted.mountpoint))
+    assert r.returncode == 0, r.stderr
+    assert sorted(n for n in os.listdir(pfs) if not n.startswith(".")) == ["model"], os.listdir(pfs)
+    with open(os.path.join(pfs, "model"), "rb") as f:
+        assert f.read() == b"a" * (1 << 20) + b"tail"
+    assert report["nodes"][0]["writeback"]["failed"] is None

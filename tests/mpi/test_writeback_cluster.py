@@ -63,20 +63,25 @@ class Watcher(threading.Thread):
                               if f"__{r}_0.distcp" in sizes)
 
 
+def dcp_cluster(short_tmp, slow_pfs, ds, mbps, fsync="auto"):
+    """A writable emulated PFS at ``mbps`` MB/s with its ``ck`` directory, a barrier directory, 4
+    daemons under `monarch serve` with write-back of ``ck`` (``fsync``), and a watcher of the PFS's
+    backing directory: (src, ck on the mount, barrier, configuration, cluster, watcher)."""
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(os.path.join(src, "ck"))
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=mbps, open_latency_ms=0)
+    ck = os.path.join(str(pfs.mountpoint), "ck")
+    barrier = os.path.join(short_tmp, "barrier")
+    os.makedirs(barrier)
+    cfg = write_config(short_tmp, ds.root, extra=f'writeback: {{paths: ["{ck}"], fsync: {fsync}}}\n')
+    return src, ck, barrier, cfg, DaemonCluster(NODES, cfg, short_tmp), Watcher(os.path.join(src, "ck"))
+
+
 def test_dcp_metadata_is_published_after_every_nodes_shard(dataset, short_tmp, slow_pfs):
     """Rank 0 writes `.metadata` after the barrier; its node drains fast, the last node's shard
     slowly. The PFS never shows `.metadata` before every shard is whole, nor a shard short under
     its name; every byte is right once the jobs return."""
-    ds = dataset(files=20)
-    src = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(os.path.join(src, "ck"))
-    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=20, open_latency_ms=0)
-    ck = os.path.join(str(pfs.mountpoint), "ck")
-    barrier = os.path.join(short_tmp, "barrier")
-    os.makedirs(barrier)
-    cfg = write_config(short_tmp, ds.root, extra=f'writeback: {{paths: ["{ck}"]}}\n')
-    cluster = DaemonCluster(NODES, cfg, short_tmp)
-    watcher = Watcher(os.path.join(src, "ck"))
+    src, ck, barrier, cfg, cluster, watcher = dcp_cluster(short_tmp, slow_pfs, dataset(files=20), 20)
     try:
         watcher.start()
         jobs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--report",
@@ -111,15 +116,7 @@ def lose_a_node_after_the_barrier(short_tmp, slow_pfs, ds, fsync):
     import shutil
     import signal
     import time
-    src = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(os.path.join(src, "ck"))
-    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=8, open_latency_ms=0)
-    ck = os.path.join(str(pfs.mountpoint), "ck")
-    barrier = os.path.join(short_tmp, "barrier")
-    os.makedirs(barrier)
-    cfg = write_config(short_tmp, ds.root, extra=f'writeback: {{paths: ["{ck}"], fsync: {fsync}}}\n')
-    cluster = DaemonCluster(NODES, cfg, short_tmp)
-    watcher = Watcher(os.path.join(src, "ck"))
+    src, ck, barrier, cfg, cluster, watcher = dcp_cluster(short_tmp, slow_pfs, ds, 8, fsync)
     lost = NODES - 1
     try:
         watcher.start()
