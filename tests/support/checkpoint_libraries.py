@@ -143,7 +143,7 @@ def lightning_save(d: str) -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint
     g = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(64, 16, generator=g), torch.randn(64, 4, generator=g))
-    trainer = L.Trainer(max_epochs=3, accelerator="cpu", logger=False, enable_progress_bar=False,
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=d,
                         callbacks=[ModelCheckpoint(dirpath=os.path.join(d, "ckpt"), save_top_k=-1,
                                                    every_n_epochs=1, save_last="link")])
@@ -156,7 +156,7 @@ def lightning_load(d: str) -> None:
     last = os.path.join(d, "ckpt", "last.ckpt")
     assert os.path.islink(last), "last.ckpt is not a symlink"
     ck = torch.load(last, weights_only=False)
-    assert ck["epoch"] == 2, ck["epoch"]
+    assert ck["epoch"] == 1, ck["epoch"]
     same(ck["state_dict"], torch.load(os.path.join(d, "final.pt")))
 
 
@@ -176,8 +176,8 @@ def _trainer(d: str, max_steps: int):
 
 
 def trainer_save(d: str) -> None:
-    _trainer(d, 50).train()
-    _trainer(d, 60).train(resume_from_checkpoint=True)  # the next job of the same run: from checkpoint-50
+    _trainer(d, 30).train()
+    _trainer(d, 40).train(resume_from_checkpoint=True)  # the next job of the same run: from checkpoint-30
 
 
 def trainer_load(d: str) -> None:
@@ -185,12 +185,12 @@ def trainer_load(d: str) -> None:
     from safetensors.torch import load_file
     from transformers import GPT2LMHeadModel
     kept = sorted(n for n in os.listdir(d) if n.startswith("checkpoint-"))
-    assert kept == ["checkpoint-50", "checkpoint-60"], kept
-    model = GPT2LMHeadModel.from_pretrained(os.path.join(d, "checkpoint-60"))
+    assert kept == ["checkpoint-30", "checkpoint-40"], kept
+    model = GPT2LMHeadModel.from_pretrained(os.path.join(d, "checkpoint-40"))
     same({k: v for k, v in model.state_dict().items() if "attn.bias" not in k and k != "lm_head.weight"},
-         {k: v for k, v in load_file(os.path.join(d, "checkpoint-60", "model.safetensors")).items()
+         {k: v for k, v in load_file(os.path.join(d, "checkpoint-40", "model.safetensors")).items()
           if "attn.bias" not in k and k != "lm_head.weight"})
-    assert torch.load(os.path.join(d, "checkpoint-60", "rng_state.pth"), weights_only=False)
+    assert torch.load(os.path.join(d, "checkpoint-40", "rng_state.pth"), weights_only=False)
 
 
 def main(argv: list[str]) -> int:
