@@ -245,6 +245,12 @@ def cmd_stop(args) -> int:
     return 0
 
 
+# why a drain may find nothing: said with it, so that an empty drain is not read as "all published"
+NOTHING_LEFT = ("no run left write-back files there (each run published its own, or the tier was emptied: a "
+                "node lost with its tier holds nothing, and under fsync: partner its partner node published what "
+                "it held: see that run's report)")
+
+
 def cmd_drain(args) -> int:
     from monarch.writeback.orphans import drain_area, find_left
     config = _load(args.config, check_roots=False)  # draining needs no dataset, nor the paths it writes back
@@ -253,7 +259,7 @@ def cmd_drain(args) -> int:
     for path in live:
         print(f"{path}: held by its run, still alive: left to it")
     if not areas:
-        print(f"nothing to drain in tier {tier.name} ({tier.path})")
+        print(f"nothing to drain in tier {tier.name} ({tier.path}): {NOTHING_LEFT}")
     complete = [_say_drained(drain_area(area)) for area in areas]
     return 0 if all(complete) else EXIT_UNPUBLISHED
 

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from monarch.cli import NOTHING_LEFT
 from monarch.writeback.area import Area
 from monarch.writeback.journal import Journal
 from support.harness import monarch
@@ -47,7 +48,7 @@ def test_a_killed_daemons_checkpoint_is_published_whole_and_its_area_removed(set
                        f"{total} bytes to the PFS; removed\n"
     assert areas(base) == []
     again = monarch("drain", "-c", cfg, timeout=60)
-    assert again.returncode == 0 and again.stdout == f"nothing to drain in tier ssd ({base})\n"
+    assert again.returncode == 0 and again.stdout == f"nothing to drain in tier ssd ({base}): {NOTHING_LEFT}\n"
 
 
 def test_a_refused_publish_exits_3_names_each_file_and_its_bytes_and_keeps_the_area(setup):
@@ -85,7 +86,7 @@ def test_an_area_whose_run_lives_and_another_users_are_left_alone(setup):
         r = monarch("drain", "-c", cfg, timeout=60)
         assert r.returncode == 0, r.stderr
         assert r.stdout == (f"{live.path}: held by its run, still alive: left to it\n"
-                            f"nothing to drain in tier ssd ({base})\n")
+                            f"nothing to drain in tier ssd ({base}): {NOTHING_LEFT}\n")
         assert not (pfs / "ckpt").exists() and live.pending_data() == [1]
     finally:
         j.close()
