@@ -43,15 +43,21 @@ assert os.path.getsize(os.path.join(ck, "open")) == 10
 """
 
 
+def slow_writable_pfs(short_tmp, slow_pfs):
+    """A PFS taking writes at 8 MB/s (a file is still pending when the calls after it come): its own
+    directory, and the mount the job writes to."""
+    pfs = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(pfs)
+    return pfs, str(slow_pfs(pfs, writable=True, write_bandwidth_mbps=8, open_latency_ms=0).mountpoint)
+
+
 def test_chmod_utime_link_symlink_and_truncate_act_on_the_jobs_view(dataset, short_tmp, slow_pfs):
     """A pending file's stat shows the mode it is published with; each call acts at once for the job and reaches the PFS after the data it names (the PFS takes
     writes at 8 MB/s: the file is still pending when they come; before, the calls went straight
     to the PFS, where it was not yet: ENOENT)."""
     ds = dataset(files=20)
-    pfs = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(pfs)
-    mounted = slow_pfs(pfs, writable=True, write_bandwidth_mbps=8, open_latency_ms=0)
-    r, report = run(short_tmp, ds.root, str(mounted.mountpoint), METADATA, str(mounted.mountpoint))
+    pfs, mounted = slow_writable_pfs(short_tmp, slow_pfs)
+    r, report = run(short_tmp, ds.root, mounted, METADATA, mounted)
     assert r.returncode == 0, r.stderr
     big = os.stat(os.path.join(pfs, "big"))
     assert stat.S_IMODE(big.st_mode) == 0o604 and big.st_mtime_ns == 2_000_000_000 and big.st_size == 4 << 20
@@ -182,10 +188,8 @@ def test_a_file_renamed_while_open_after_its_fsync_leaves_one_name(dataset, shor
     """fsync, then a rename of the still open file, then more bytes: the PFS ends with the new name
     only, holding every byte (before, the fsync's copy stayed under the old name beside it)."""
     ds = dataset(files=10)
-    pfs = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(pfs)
-    mounted = slow_pfs(pfs, writable=True, write_bandwidth_mbps=8, open_latency_ms=0)
-    r, report = run(short_tmp, ds.root, str(mounted.mountpoint), RENAMED_OPEN, str(mounted.mountpoint))
+    pfs, mounted = slow_writable_pfs(short_tmp, slow_pfs)
+    r, report = run(short_tmp, ds.root, mounted, RENAMED_OPEN, mounted)
     assert r.returncode == 0, r.stderr
     assert sorted(n for n in os.listdir(pfs) if not n.startswith(".")) == ["model"], os.listdir(pfs)
     with open(os.path.join(pfs, "model"), "rb") as f:

@@ -6,11 +6,9 @@ CheckpointManager, Lightning's ModelCheckpoint (save_last as a symlink) and a Hu
 emulated PFS; the trees are compared file by file, a fresh process without Monarch loads what
 write-back published, and the PFS receives no more bytes than from the direct save."""
 
-import hashlib
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -18,6 +16,7 @@ import pytest
 
 from support import checkpoint_libraries
 from support.harness import load, monarch_env, write_config
+from support.writeback import published_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, pytest.mark.timeout(300)]
 
@@ -28,32 +27,8 @@ NEEDS = {"safetensors": ("torch", "safetensors"), "h5py": ("torch", "h5py"), "me
 
 
 def missing(library):
-    return [m for m in NEEDS[library] if importlib.util.find_spec(m.split(".")[0]) is None
-            or (m == "orbax.checkpoint" and importlib.util.find_spec("orbax.checkpoint") is None)]
-
-
-def tree(d, ignored=(), random_names=None):
-    """Every name under ``d`` (a symlink by its target), with its bytes' digest, except the files a
-    library stamps with the time or a random id of its save (their names only), and names it draws
-    at random (how many)."""
-    out = {}
-    for dp, dns, fns in os.walk(d):
-        for name in dns + fns:
-            p = os.path.join(dp, name)
-            rel = os.path.relpath(p, d)
-            if random_names and re.search(random_names, rel):
-                key = re.sub(random_names, "<random>", rel)
-                out[key] = (out.get(key) or 0) + 1
-            elif os.path.islink(p):
-                out[rel] = "-> " + os.readlink(p)
-            elif os.path.isdir(p):
-                out[rel + "/"] = None
-            elif any(name.endswith(i) for i in ignored):
-                out[rel] = "(stamped)"
-            else:
-                with open(p, "rb") as f:
-                    out[rel] = hashlib.sha256(f.read()).hexdigest()
-    return out
+    return [m for m in NEEDS[library]
+            if importlib.util.find_spec(m.split(".")[0]) is None or importlib.util.find_spec(m) is None]
 
 
 def env():
@@ -91,7 +66,7 @@ def test_a_library_saves_under_write_back_as_directly(library, dataset, short_tm
             r = subprocess.run([sys.executable, SCRIPT, library, os.path.join(mnt, mode), "load"], env=env(),
                                capture_output=True, text=True, timeout=240)
             assert r.returncode == 0, f"{mode}: the load\n{r.stderr[-3000:]}"
-        return written, tree(os.path.join(src, mode), ignored, checkpoint_libraries.RANDOM_NAMES.get(library))
+        return written, published_tree(os.path.join(src, mode), ignored, checkpoint_libraries.RANDOM_NAMES.get(library))
 
     direct_bytes, expected = save("direct")
     for fsync in ("pfs", "local"):

@@ -4,7 +4,6 @@ rustix and Go do) and one that calls libc's syscall(), each writing a temporary,
 renaming it over its final name while open, reading it back, removing and making names. Under
 `monarch run` each call gives what it gives directly, and the PFS ends with the same tree."""
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import sys
 import pytest
 
 from support.harness import load, monarch
+from support.writeback import published_tree
 from test_writeback_jobs import config
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, pytest.mark.timeout(180)]
@@ -25,17 +25,6 @@ def raw_calls(tmp_path_factory):
     exe = str(tmp_path_factory.mktemp("raw") / "raw_calls")
     subprocess.run([cc, "-O2", "-Wall", "-Werror", "-o", exe, os.path.join(HERE, "raw_calls.c")], check=True)
     return exe
-
-
-def tree(d):
-    out = {}
-    for dp, dns, fns in os.walk(d):
-        for name in dns:
-            out[os.path.relpath(os.path.join(dp, name), d) + "/"] = None
-        for name in fns:
-            with open(os.path.join(dp, name), "rb") as f:
-                out[os.path.relpath(os.path.join(dp, name), d)] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 def job(short_tmp, root, ck, exe, env=None):
@@ -66,7 +55,7 @@ def test_raw_system_calls_on_write_back_files_give_what_the_kernel_gives(dataset
     assert "raw_calls asm: ok" in r.stdout and "raw_calls libc: ok" in r.stdout, r.stdout
     wb = report["nodes"][0]["writeback"]
     assert wb["failed"] is None and wb["unpublished"] == {}, wb
-    assert tree(src) == tree(direct)
+    assert published_tree(src) == published_tree(direct)
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall user dispatch: Linux on x86_64")

@@ -1,8 +1,10 @@
 """What the write-back tests share: a journal as the daemon leaves it for a checkpointing job, and
 a job's writable emulated PFS with its configuration."""
 
+import hashlib
 import json
 import os
+import re
 
 from monarch.writeback.area import Area
 from monarch.writeback.journal import Journal
@@ -53,3 +55,27 @@ def writable_pfs_job(short_tmp, root, slow_pfs, mbps, room=None):
     ck = os.path.join(str(pfs.mountpoint), "ck")
     extra = f", room: {room}" if room else ""
     return src, ck, write_config(short_tmp, root, extra=f"writeback: {{paths: [{json.dumps(ck)}]{extra}}}\n")
+
+
+def published_tree(d, ignored=(), random_names=None):
+    """Every name under ``d`` (a symlink by its target), with its bytes' digest, except the files a
+    library stamps with the time or a random id of its save (their names only), and names it draws
+    at random (how many)."""
+    out = {}
+    for dp, dns, fns in os.walk(d):
+        for name in dns + fns:
+            p = os.path.join(dp, name)
+            rel = os.path.relpath(p, d)
+            if random_names and re.search(random_names, rel):
+                key = re.sub(random_names, "<random>", rel)
+                out[key] = (out.get(key) or 0) + 1
+            elif os.path.islink(p):
+                out[rel] = "-> " + os.readlink(p)
+            elif os.path.isdir(p):
+                out[rel + "/"] = None
+            elif any(name.endswith(i) for i in ignored):
+                out[rel] = "(stamped)"
+            else:
+                with open(p, "rb") as f:
+                    out[rel] = hashlib.sha256(f.read()).hexdigest()
+    return out
