@@ -7,6 +7,9 @@ and the launcher never import them. ``monarch demo``, the tests and the benchmar
                    (``python -m monarch.tools.slowpfs``; needs the ``demo`` extra, mfusepy)
 ``slowpfs_writes.py``  its writes, when writable: each done on the source directory, capped and
                    counted with the namespace operations in order
+``slowpfs_generated.py``  its generated tree (``--generate N``): N files made by formula, nothing
+                   stored, and the formula (sizes, bytes) that tests and benchmarks check against
+``slowpfs_counters.py``  its books: the counters (totals, per file) and the bandwidth caps
 ``workload.py``    a training-like reader: makes a dataset with a manifest of digests, reads
                    it for shuffled epochs with forked workers and checks every byte
                    (``python -m monarch.tools.workload make|read``)

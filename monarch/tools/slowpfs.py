@@ -29,6 +29,12 @@ Run it as a process::
         [--open-latency-ms 2] [--read-latency-ms 0] [--bandwidth MBps] [--page-cache]
         [--writable [--write-latency-ms 0] [--write-bandwidth MBps]]
 
+With ``--generate N`` it serves N files made by formula instead of SRC, nothing stored, read-only,
+with totals counted but no ``files`` (:mod:`monarch.tools.slowpfs_generated`)::
+
+    python -m monarch.tools.slowpfs --generate N [--per-dir 1000] [--file-size 1KiB-4KiB] [--seed 0] \\
+        MOUNTPOINT --counters FILE [--open-latency-ms 2] [--lookup-latency-ms 0] ...
+
 or from Python with the :class:`SlowPFS` context manager, which starts that process,
 waits for the mount and always unmounts it.
 """
@@ -45,30 +51,20 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monarch.errors import MonarchError
+from monarch.errors import ConfigError, MonarchError
+from monarch.tools import slowpfs_generated
+# the books (re-exported: their readers import them from here)
+from monarch.tools.slowpfs_counters import (COUNTER_KEYS, FLUSH_INTERVAL_S, METADATA_KEYS,  # noqa: F401
+                                            OPS_KEPT, WRITE_IDLE_CREDIT_S, Counters, Throttle)
+from monarch.tools.slowpfs_generated import Generated
 
-# opens: every open, for reading or writing, creates included; each costs the open latency
-# truncates: truncate and ftruncate calls and opens with O_TRUNC
-WRITE_KEYS = ("writes", "bytes_written", "creates", "fsyncs", "renames", "unlinks", "mkdirs", "rmdirs", "truncates")
-COUNTER_KEYS = ("opens", "reads", "bytes", "lookups", "readdirs", "accesses", "opendirs", "statfs", *WRITE_KEYS)
-BYTES_OF = {"reads": "bytes", "writes": "bytes_written"}  # a call's counter -> its bytes' counter
-# the metadata server's work: getattr (every kernel LOOKUP and GETATTR), readdir, access;
-# each costs the lookup latency
-METADATA_KEYS = ("lookups", "readdirs", "accesses")
-FLUSH_INTERVAL_S = 0.01
 MOUNT_TIMEOUT_S = 20.0
 MAX_THREADS = 256  # requests the emulated PFS serves at once (libfuse's default is 10)
-# a writer's requests come one after the other, with the emulator's own work between them (~1 ms a
-# 1 MiB request): a gap that short leaves the write link's time to the writer, else one stream got 164 of 200 MB/s
-WRITE_IDLE_CREDIT_S = 0.010
-OPS_KEPT = 10_000  # the namespace operations kept, the last ones: the list cannot grow without bound
 
 
 class SlowPFSError(MonarchError):
@@ -88,138 +84,21 @@ class Latency:
     write_bandwidth: float = 0.0  # bytes/s of every write together, apart from the reads' (0 = unlimited)
 
 
-# --------------------------------------------------------------------------- counters
-
-
-class Counters:
-    """Thread-safe counters, flushed as JSON (atomically) by a background thread."""
-
-    def __init__(self, path: str, interval: float = FLUSH_INTERVAL_S) -> None:
-        self.path = path
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._totals = dict.fromkeys(COUNTER_KEYS, 0)
-        self._files: dict[str, list[int]] = {}  # rel path -> [opens, reads, bytes, bytes_written]
-        self._ops: deque[str] = deque(maxlen=OPS_KEPT)
-        self._ops_total = 0  # every op ever, kept or not: a later snapshot's new ones are its last (difference)
-        self._opening = 0
-        self.opening_peak = 0  # the most opens under way at once (how much the emulator serves in parallel)
-        self.opening_first = 0.0  # when the first open began (time.time())
-        self.opening_peaks: list[tuple[float, int]] = []  # (seconds after the first open, the new peak), as it rose
-        self._dirty = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def add(self, key: str | None, path: str | None = None, n: int = 1, nbytes: int = 0,
-            op: str | None = None) -> None:
-        """Count ``n`` of ``key`` (and ``nbytes`` of its bytes), for ``path`` too; ``op``: appended to ops."""
-        with self._lock:
-            if key is not None:  # None: an op alone (a link)
-                self._totals[key] += n
-            if nbytes:
-                self._totals[BYTES_OF[key]] += nbytes
-            if path is not None:
-                per = self._files.setdefault(path, [0, 0, 0, 0])
-                if key == "opens":
-                    per[0] += n
-                elif key == "reads":
-                    per[1] += n
-                    per[2] += nbytes
-                elif key == "writes":
-                    per[3] += nbytes
-            if op is not None:
-                self._ops.append(op)
-                self._ops_total += 1
-        self._dirty.set()
-
-    def opening(self, delta: int) -> None:
-        with self._lock:
-            self._opening += delta
-            if not self.opening_first:
-                self.opening_first = time.time()
-            if self._opening > self.opening_peak:
-                self.opening_peak = self._opening
-                self.opening_peaks.append((round(time.time() - self.opening_first, 4), self._opening))
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            data: dict[str, Any] = dict(self._totals)
-            data["opening_peak"] = self.opening_peak
-            data["opening_peaks"] = list(self.opening_peaks)
-            # bytes_written only where written: a read-only mount's figures stay as they were
-            data["files"] = {p: {"opens": o, "reads": r, "bytes": b, **({"bytes_written": w} if w else {})}
-                             for p, (o, r, b, w) in self._files.items()}
-            data["ops"] = list(self._ops)
-            data["ops_total"] = self._ops_total
-        data["pid"] = os.getpid()
-        data["time"] = time.time()
-        return data
-
-    def flush(self) -> None:
-        self._dirty.clear()
-        data = self.snapshot()
-        tmp = f"{self.path}.tmp{os.getpid()}"
-        with open(tmp, "w", opener=lambda path, flags: os.open(path, flags, 0o644)) as f:  # whatever the umask
-            json.dump(data, f)
-        os.replace(tmp, self.path)
-
-    def start(self) -> None:
-        self.flush()
-        self._thread = threading.Thread(target=self._run, name="slowpfs-counters", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._dirty.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.flush()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._dirty.wait()
-            if self._stop.is_set():
-                return
-            self.flush()
-            time.sleep(self.interval)
-
-
-class Throttle:
-    """A shared link of fixed bandwidth: each read (or write) waits for its turn on the wire; a
-    turn may begin up to ``idle_credit`` seconds before it was asked for if the link was idle then."""
-
-    def __init__(self, bandwidth: float, idle_credit: float = 0.0) -> None:
-        self.bandwidth = bandwidth
-        self.idle_credit = idle_credit
-        self._lock = threading.Lock()
-        self._free_at = 0.0
-
-    def wait(self, nbytes: int) -> None:
-        if self.bandwidth <= 0 or nbytes <= 0:
-            return
-        with self._lock:
-            start = max(time.monotonic() - self.idle_credit, self._free_at)
-            self._free_at = start + nbytes / self.bandwidth
-            done = self._free_at
-        delay = done - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-
-
 # --------------------------------------------------------------------------- the filesystem
 
 
-def _operations_class(writable: bool = False):
+def _operations_class(writable: bool = False, generated: bool = False):
     """Build the FUSE operations class (mfusepy is imported only where FUSE is used): read-only, or
-    with writes (``slowpfs_writes``) when ``writable``; a read-only mount registers no write callback."""
+    with writes (``slowpfs_writes``) when ``writable``, or serving a generated tree (``slowpfs_generated``)
+    when ``generated``; a read-only mount registers no write callback."""
     import mfusepy
 
     class SlowOperations(mfusepy.Operations):
         use_ns = True
         writable = False
 
-        def __init__(self, src: str, latency: Latency, counters: Counters) -> None:
-            self.src = os.path.realpath(src)
+        def __init__(self, src: str | Generated, latency: Latency, counters: Counters) -> None:
+            self.src = src if isinstance(src, Generated) else os.path.realpath(src)
             self.latency = latency
             self.counters = counters
             self.throttle = Throttle(latency.bandwidth)
@@ -241,10 +120,14 @@ def _operations_class(writable: bool = False):
                 # than libfuse hiding it as .fuse_hidden* until its last close
                 config_3.hard_remove = 1 if self.writable else 0
 
-        def getattr(self, path: str, fh=None) -> dict[str, Any]:
-            self.counters.add("lookups")
+        def _metadata(self, key: str) -> None:
+            """A metadata server's round trip (``METADATA_KEYS``): counted, and the lookup latency."""
+            self.counters.add(key)
             if self.latency.lookup_s:
                 time.sleep(self.latency.lookup_s)
+
+        def getattr(self, path: str, fh=None) -> dict[str, Any]:
+            self._metadata("lookups")
             # None: a file unlinked while open (a writable mount), asked by its descriptor
             st = os.fstat(fh.fh) if path is None and fh is not None else os.lstat(self._real(path))
             keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_ino",
@@ -261,9 +144,7 @@ def _operations_class(writable: bool = False):
             return os.readlink(self._real(path))
 
         def readdir(self, path: str, fh: int):
-            self.counters.add("readdirs")
-            if self.latency.lookup_s:
-                time.sleep(self.latency.lookup_s)
+            self._metadata("readdirs")
             return [".", "..", *os.listdir(self._real(path))]
 
         def opendir(self, path: str) -> int:
@@ -278,9 +159,7 @@ def _operations_class(writable: bool = False):
             return {k: getattr(sv, k) for k in keys}
 
         def access(self, path: str, amode: int) -> int:
-            self.counters.add("accesses")
-            if self.latency.lookup_s:
-                time.sleep(self.latency.lookup_s)
+            self._metadata("accesses")
             if amode & os.W_OK and not self.writable:
                 raise mfusepy.FuseOSError(errno.EROFS)
             if not os.access(self._real(path), amode):
@@ -298,17 +177,23 @@ def _operations_class(writable: bool = False):
             try:
                 if self.latency.open_s:
                     time.sleep(self.latency.open_s)
-                fi.fh = os.open(self._real(path), flags, mode)
+                fi.fh = self._open_file(path, flags, mode)
             finally:
                 self.counters.opening(-1)
             fi.direct_io = 0 if self.latency.page_cache else 1  # no page cache: every read() reaches read()
             fi.keep_cache = 0  # with one, what an earlier open cached is dropped
             self.counters.add("opens", path.lstrip("/"))
 
+        def _open_file(self, path: str, flags: int, mode: int) -> int:
+            return os.open(self._real(path), flags, mode)
+
+        def _pread(self, fh: int, size: int, offset: int) -> bytes:
+            return os.pread(fh, size, offset)
+
         def read(self, path: str, size: int, offset: int, fi) -> bytes:
             if self.latency.read_s:
                 time.sleep(self.latency.read_s)
-            data = os.pread(fi.fh, size, offset)
+            data = self._pread(fi.fh, size, offset)
             self.throttle.wait(len(data))
             self.counters.add("reads", path and path.lstrip("/"), nbytes=len(data))  # None: unlinked while open
             return data
@@ -317,29 +202,36 @@ def _operations_class(writable: bool = False):
             os.close(fi.fh)
             return 0
 
+    if generated:
+        return slowpfs_generated.generated_operations(SlowOperations)
     if not writable:
         return SlowOperations
     from monarch.tools.slowpfs_writes import writable_operations
     return writable_operations(SlowOperations)
 
 
-def mount(src: str, mountpoint: str, counters_path: str, latency: Latency, debug: bool = False,
+def mount(src: str | Generated, mountpoint: str, counters_path: str, latency: Latency, debug: bool = False,
           max_threads: int = MAX_THREADS, writable: bool = False) -> None:
-    """Mount ``src`` at ``mountpoint`` (read-only unless ``writable``); serve it until unmounted or signalled."""
-    if not os.path.isdir(src):
+    """Mount ``src``, a directory or a generated tree, at ``mountpoint`` (read-only unless ``writable``);
+    serve it until unmounted or signalled."""
+    generated = isinstance(src, Generated)
+    if generated and writable:
+        raise SlowPFSError("slowpfs: a generated tree is read-only (--writable needs SRC)")
+    if not generated and not os.path.isdir(src):
         raise SlowPFSError(f"slowpfs: source {src!r} is not a directory")
     from monarch.tools.slowpfs_writes import fuse_class
     if writable:
         os.umask(0)  # the kernel applied the caller's umask to a create's or mkdir's mode: not twice
-    counters = Counters(counters_path)
+    counters = Counters(counters_path, per_file=not generated)  # millions of files: no entry each
     counters.start()
-    ops = _operations_class(writable)(src, latency, counters)
+    ops = _operations_class(writable, generated)(src, latency, counters)
+    fsname = f"slowpfs:generated-{src.files}" if generated else f"slowpfs:{os.path.realpath(src)}"
     try:
         # libfuse installs its own SIGTERM/SIGINT/SIGHUP handlers (exit the loop, unmount).
         # libfuse serves requests on at most max_threads threads (default 10): a PFS serves
         # hundreds of clients at once, and a read-ahead keeps that many opens in flight.
         fuse_class()(ops, mountpoint, raw_fi=True, foreground=True, nothreads=False, debug=debug,
-                     ro=not writable, fsname=f"slowpfs:{os.path.realpath(src)}", subtype="slowpfs",
+                     ro=not writable, fsname=fsname, subtype="slowpfs",
                      direct_io=not latency.page_cache, max_threads=max_threads, max_idle_threads=max_threads)
     except RuntimeError as exc:
         # libfuse's fuse_main returns 8 whenever its loop ended by a signal (SIGTERM, SIGINT):
@@ -426,16 +318,19 @@ class SlowPFS:
     ``with SlowPFS(src, mnt, counters_json, open_latency_ms=2) as pfs:`` mounts ``src`` at
     ``mnt``; ``pfs.counters()`` reads the traffic so far, ``pfs.reset_counters()`` starts
     a new measurement. On exit, even by an exception, the process is stopped and the mount
-    removed. ``writable=True`` takes writes (``write_latency_ms``, ``write_bandwidth_mbps``).
+    removed. ``writable=True`` takes writes (``write_latency_ms``, ``write_bandwidth_mbps``). ``src`` may
+    be a :class:`Generated` tree instead of a directory: ``SlowPFS(Generated(files=10**6), mnt)``.
     """
 
-    def __init__(self, src: str | os.PathLike, mountpoint: str | os.PathLike,
+    def __init__(self, src: str | os.PathLike | Generated, mountpoint: str | os.PathLike,
                  counters: str | os.PathLike | None = None, *, open_latency_ms: float = 2.0,
                  read_latency_ms: float = 0.0, bandwidth_mbps: float = 0.0,
                  lookup_latency_ms: float = 0.0, page_cache: bool = False, writable: bool = False,
                  write_latency_ms: float = 0.0, write_bandwidth_mbps: float = 0.0,
                  timeout: float = MOUNT_TIMEOUT_S) -> None:
-        self.src = os.fspath(src)
+        if writable and isinstance(src, Generated):
+            raise SlowPFSError("slowpfs: a generated tree is read-only: writable=True needs a directory")
+        self.src = src if isinstance(src, Generated) else os.fspath(src)
         self.mountpoint = os.path.abspath(os.fspath(mountpoint))
         self._own_counters = counters is None
         self.counters_path = os.fspath(counters) if counters is not None else os.path.join(
@@ -452,7 +347,8 @@ class SlowPFS:
     def command(self) -> list[str]:
         o = self.options
         from monarch.launch.service import python_command  # this package, not a monarch/ of the cwd
-        return [*python_command("monarch.tools.slowpfs"), self.src, self.mountpoint,
+        source = self.src.argv() if isinstance(self.src, Generated) else [self.src]
+        return [*python_command("monarch.tools.slowpfs"), *source, self.mountpoint,
                 "--counters", self.counters_path,
                 "--open-latency-ms", str(o["open_latency_ms"]),
                 "--read-latency-ms", str(o["read_latency_ms"]),
@@ -558,9 +454,11 @@ class SlowPFS:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m monarch.tools.slowpfs", description=__doc__.split("\n\n")[0])
-    p.add_argument("src", help="directory to serve (read-only unless --writable)")
-    p.add_argument("mountpoint")
+    p = argparse.ArgumentParser(prog="python -m monarch.tools.slowpfs", description=__doc__.split("\n\n")[0],
+                                usage="%(prog)s {SRC | --generate N} MOUNTPOINT --counters FILE [options]")
+    # with --generate the one positional is the mount point (intermixed: SRC and MOUNTPOINT apart still work)
+    p.add_argument("src", metavar="SRC", help="directory to serve (read-only unless --writable); none with --generate")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?")
     p.add_argument("--counters", required=True, help="JSON file the counters are written to")
     p.add_argument("--open-latency-ms", type=float, default=2.0, help="added to every open (default 2)")
     p.add_argument("--read-latency-ms", type=float, default=0.0, help="added to every read call (default 0)")
@@ -578,7 +476,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-bandwidth", type=float, default=0.0, metavar="MBps",
                    help="aggregate write bandwidth cap in MB/s, apart from the reads' (0 = unlimited)")
     p.add_argument("--debug", action="store_true", help="libfuse debug output")
-    args = p.parse_args(argv)
+    slowpfs_generated.add_arguments(p)
+    args = p.parse_intermixed_args(argv)
+    try:
+        generated = slowpfs_generated.from_args(args)
+    except ConfigError as exc:
+        p.error(str(exc))
+    if generated is not None and (args.mountpoint is not None or args.writable):
+        p.error("--generate N takes no SRC (only MOUNTPOINT) and no --writable")
+    if generated is None and args.mountpoint is None:
+        p.error("the following arguments are required: MOUNTPOINT")
+    src, mountpoint = (generated, args.src) if generated is not None else (args.src, args.mountpoint)
     if not args.writable and (args.write_latency_ms or args.write_bandwidth):
         p.error("--write-latency-ms and --write-bandwidth need --writable")
     latency = Latency(open_s=args.open_latency_ms / 1e3, read_s=args.read_latency_ms / 1e3,
@@ -586,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
                       page_cache=args.page_cache, write_s=args.write_latency_ms / 1e3,
                       write_bandwidth=args.write_bandwidth * 1e6)
     try:
-        mount(args.src, args.mountpoint, args.counters, latency, debug=args.debug, max_threads=args.max_threads,
+        mount(src, mountpoint, args.counters, latency, debug=args.debug, max_threads=args.max_threads,
               writable=args.writable)
     except (SlowPFSError, RuntimeError, OSError) as exc:
         print(f"slowpfs: {exc}", file=sys.stderr)
