@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import stat
+import subprocess
 import sys
 
 from monarch import __version__, environment
@@ -82,8 +83,10 @@ alive is left to it, and nothing that is not on the PFS is deleted."""
 DRAIN_EPILOG = """\
 examples:
   monarch drain -c configs/cluster.yaml      on the node, after a job whose daemon was killed
-  on every node of a Slurm allocation (the batch script's last line, docs/cluster.md "Under Slurm"):
-    srun --nodes=$SLURM_NNODES --ntasks=$SLURM_NNODES --ntasks-per-node=1 --overlap monarch drain -c job.yaml
+  on every node of a Slurm allocation at once, in the job's order across the nodes (the batch
+  script's last line, docs/cluster.md "Under Slurm"):
+    monarch drain --slurm -c job.yaml
+  the same outside Slurm, one rank a node:  mpiexec -n NODES monarch drain -c job.yaml
 
 exit status:
   0 if every area was drained completely, or there was none; 3 if a file could not be
@@ -245,14 +248,19 @@ def cmd_stop(args) -> int:
     return 0
 
 
-# why a drain may find nothing: said with it, so that an empty drain is not read as "all published"
-NOTHING_LEFT = ("no run left write-back files there (each run published its own, or the tier was emptied: a "
-                "node lost with its tier holds nothing, and under fsync: partner its partner node published what "
-                "it held: see that run's report)")
-
-
 def cmd_drain(args) -> int:
-    from monarch.writeback.orphans import drain_area, find_left
+    if args.slurm:
+        return _drain_slurm(args)  # the batch script: a step of one drain a node, all at once
+    from monarch.launch.drained import NOTHING_LEFT, say_drained
+    from monarch.writeback.across import drain_in_order
+    from monarch.writeback.orphans import find_left
+    exchange = None
+    if _mpi_world_rank() is not None:  # one rank a node (srun, mpiexec): the nodes drain in the job's order together
+        from monarch.cluster.world import abort_on_unhandled_exception
+        abort_on_unhandled_exception()  # initialises MPI; one failing rank must not hang the others
+        from monarch.cluster.drains import MpiExchange
+        exchange = MpiExchange()
+        os.environ["MONARCH_NODE"] = str(exchange.rank)  # each node expands ${MONARCH_NODE} to its own tier
     config = _load(args.config, check_roots=False)  # draining needs no dataset, nor the paths it writes back
     tier = config.writeback_tier()
     live, areas = find_left(tier.path)  # each of areas held now: no live owner, no other drain
@@ -260,31 +268,18 @@ def cmd_drain(args) -> int:
         print(f"{path}: held by its run, still alive: left to it")
     if not areas:
         print(f"nothing to drain in tier {tier.name} ({tier.path}): {NOTHING_LEFT}")
-    complete = [_say_drained(drain_area(area)) for area in areas]
+    complete = [say_drained(d) for d in drain_in_order(areas, exchange)]
     return 0 if all(complete) else EXIT_UNPUBLISHED
 
 
-def _say_drained(d) -> bool:
-    """What one area's drain published, or what it could not and where those bytes are kept
-    (monarch/writeback/orphans.py's ``Drained``). True when it drained completely."""
-    if d.error is not None:
-        print(f"monarch drain: {d.path}: cannot drain it: {d.error}; kept", file=sys.stderr)
-        return False
-    out = d.outcome
-    done = (f"published {len(out.published)} files, {out.published_bytes} bytes to the PFS" if out
-            else "nothing recorded")
-    if d.removed:
-        print(f"{d.path}: {done}; removed")
-    elif d.complete:
-        print(f"{d.path}: {done}; kept: {d.never_closed} file(s) its job never closed, in {d.path}/data "
-              f"(rm -r {d.path} once you no longer need them)")
-    else:
-        why = "; ".join(p for p in (out.failed and f"stopped at {out.failed}", out.damaged) if p)
-        print(f"monarch drain: {d.path}: {done}, then {why}", file=sys.stderr)
-        for path, kept in out.unpublished.items():
-            print(f"monarch drain:   not published: {path} (its bytes are kept in {kept})", file=sys.stderr)
-        print(f"monarch drain: {d.path}: kept; run monarch drain again once the PFS takes its files", file=sys.stderr)
-    return d.complete
+def _drain_slurm(args) -> int:
+    """``monarch drain`` in a Slurm allocation: one drain per node in a step of their own, under the
+    MPI the daemons use (monarch/launch/slurm.py), so that they publish in the job's order together."""
+    from monarch.launch import slurm
+    step = slurm.daemon_step(["-c", args.config] if args.config else [], verbose=args.verbose, command="drain")
+    print(f"monarch: the drains' step ({step.engine} under --mpi={step.mpi}): {' '.join(step.argv)}",
+          file=sys.stderr, flush=True)
+    return subprocess.run(step.argv, env={**os.environ, **step.env}).returncode
 
 
 def cmd_check_config(args) -> int:
@@ -439,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     dr.add_argument("-c", "--config",
                     help="the configuration whose write-back tier to look in (default: the shipped one)")
+    dr.add_argument("--slurm", action="store_true",
+                    help="from a batch script: one drain on every node of the allocation, together, in the job's order")
     dr.set_defaults(func=cmd_drain)
 
     c = sub.add_parser("check-config", help="validate a configuration, on this node, as monarch run would take it",

@@ -33,6 +33,8 @@ no tier): the MPI between daemons, Python's protocol and the C data path.
                        a write-back open, a publish held until every node applied up to them
 ``partner.py``         the write-back's copy on a partner node: each file and record held there
                        before its call returns; a lost node's drained there, in its order
+``drains.py``          ``monarch drain`` on every node at once: each drain's progress to the others
+                       over MPI (what waits for what: writeback/across.py)
 ``tuning.py``          the plane's knobs, as its parts read them from the façade
 ``datapath.py``        the C data path driven from Python (ctypes), built against the loaded MPI
 ``native/datapath.h``  the data path's contract with Python and the front door: its answers,

@@ -48,6 +48,7 @@ class WriteOrder:
         self.engine, self.node, self.nodes, self._is_lost = engine, node, nodes, is_lost
         self._made: Callable[[], int] = lambda: 0      # this node's journal (0: no write-back here)
         self._applied: Callable[[], tuple[int, bool]] = lambda: (0, False)
+        self._remember: Callable[[int, int], None] = lambda node, applied: None
         self._cond = threading.Condition()
         self._tags = itertools.count(1)
         self._answers: dict[int, dict[int, int]] = {}       # tag -> node -> made
@@ -62,9 +63,12 @@ class WriteOrder:
         """Under fsync ``partner``: a lost node's operations are waited for from its partner (partner.py)."""
         self.partners = partners
 
-    def serve(self, made: Callable[[], int], applied: Callable[[], tuple[int, bool]]) -> None:
-        """This node's write-back: its journal's ``made()`` and its drain's ``applied()``."""
+    def serve(self, made: Callable[[], int], applied: Callable[[], tuple[int, bool]],
+              remember: Callable[[int, int], None] | None = None) -> None:
+        """This node's write-back: its journal's ``made()`` and its drain's ``applied()``;
+        ``remember(node, applied)``: another node's progress heard, kept where a later drain finds it."""
         self._made, self._applied = made, applied
+        self._remember = remember or self._remember
 
     def _others(self) -> list[int]:
         return [k for k in range(self.nodes) if k != self.node and not self._is_lost(k)]
@@ -175,6 +179,8 @@ class WriteOrder:
     def _heard_progress(self, src: int, applied: int, failed: bool) -> None:
         old, _ = self._progress.get(src, (0, False))
         self._progress[src] = (max(old, applied), failed)
+        if applied > old:
+            self._remember(src, applied)
 
     def lost(self, node: int, why: str) -> None:
         """A node was lost (engine thread): nothing waits on it any more."""

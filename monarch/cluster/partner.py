@@ -72,6 +72,7 @@ class Partners:
         self._replayed: dict[int, tuple[int, bool, bool]] = {}  # lost node -> (applied, failed, done)
         self._replays: list[threading.Thread] = []
         self._drain: Callable[[str, int], tuple[int, bool]] | None = None
+        self._remember: Callable[[int, int], None] = lambda node, applied: None
         self._lost_said = False
         self.figures = {"partner_bytes_sent": 0, "partner_seconds": 0.0, "partner_records": 0}
 
@@ -79,10 +80,13 @@ class Partners:
         return {Verb.WB_DATA: self._on_data, Verb.WB_RECORD: self._on_record, Verb.WB_HELD: self._on_held,
                 Verb.WB_REPLAYED: self._on_replayed}
 
-    def serve(self, folder: str, drain: Callable[[str, int, Callable[[int, bool], None]], tuple[int, bool]]) -> None:
+    def serve(self, folder: str, drain: Callable[[str, int, Callable[[int, bool], None]], tuple[int, bool]],
+              remember: Callable[[int, int], None] | None = None) -> None:
         """Hold partners' copies under ``folder``; ``drain(held, node, progress)`` drains a lost node's
-        held journal (the write-back's own drain, its order kept), calling ``progress(applied, failed)``."""
+        held journal (the write-back's own drain, its order kept), calling ``progress(applied, failed)``;
+        ``remember(node, applied)``: a lost node's operations published for it (here or by its partner)."""
         self._folder, self._drain = folder, drain
+        self._remember = remember or self._remember
 
     def partner(self) -> int | None:
         """This node's partner now (None: a single node, or the partner is lost)."""
@@ -268,6 +272,7 @@ class Partners:
         with self._cond:
             self._replayed[node] = (applied, failed, done)
             self._cond.notify_all()
+        self._remember(node, applied)
         others = [k for k in range(self.nodes) if k not in (self.node, node) and not self._is_lost(k)]
         self.engine.call(lambda: [self.engine.send_obj(message(Verb.WB_REPLAYED, node, applied, failed, done), k)
                                   for k in others])
@@ -276,6 +281,7 @@ class Partners:
         with self._cond:
             self._replayed[node] = (applied, failed, done)
             self._cond.notify_all()
+        self._remember(node, applied)
 
     def replayed(self, node: int) -> tuple[int, bool, bool] | None:
         """How far lost ``node``'s partner published its held copies: (applied, failed, done), None when

@@ -61,11 +61,12 @@ def drain_left(config: Config, run: str, out) -> None:
     an area that could not be drained is kept, said, for ``monarch drain``. ``run``'s own areas are
     not touched (its daemon may be making one now)."""
     from monarch.sizes import human
-    from monarch.writeback.orphans import drain_area, find_left
+    from monarch.writeback.across import drain_in_order
+    from monarch.writeback.orphans import find_left
     t0 = time.monotonic()
     try:
         _, areas = find_left(config.writeback_tier().path, but_run=run)
-        drained = [drain_area(area) for area in areas]
+        drained = drain_in_order(areas)
     except Exception as e:  # fail open: the job runs; the areas stay for `monarch drain`
         out.write(f"monarch: could not publish the write-back a previous run left pending ({e}); the job goes on "
                   f"(`monarch drain` publishes it)\n")
@@ -74,8 +75,8 @@ def drain_left(config: Config, run: str, out) -> None:
     files, nbytes = sum(len(o.published) for o in published), sum(o.published_bytes for o in published)
     failed = [d for d in drained if not d.complete]
     for d in failed:
-        why = d.error or "; ".join(p for p in (d.outcome.failed and f"stopped at {d.outcome.failed}",
-                                               d.outcome.damaged) if p)
+        left = d.outcome or next((o for o in d.held.values() if not o.complete), None)
+        why = d.error or "; ".join(p for p in (left.failed and f"stopped at {left.failed}", left.damaged) if p)
         out.write(f"monarch: write-back a previous run left pending is not all published ({why}); kept in "
                   f"{d.path}: `monarch drain` publishes it; the job goes on\n")
     if files:

@@ -123,16 +123,18 @@ class Step:
 
 
 def daemon_step(serve_args: list[str], env: Mapping[str, str] | None = None,
-                plugins: set[str] | None = None, verbose: int = 0) -> Step:
+                plugins: set[str] | None = None, verbose: int = 0, command: str = "serve") -> Step:
     """The srun line of this allocation's daemons: ``serve_args`` are ``monarch serve``'s own
-    arguments (without --slurm), ``verbose`` the -v count."""
+    arguments (without --slurm), ``verbose`` the -v count. ``command``: another command run the
+    same way, one task a node under the daemons' MPI (``drain``: the nodes' drains together)."""
     env = os.environ if env is None else env
+    who = f"monarch {command} --slurm"
     nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
     if not env.get("SLURM_JOB_ID") or nodes is None:
-        raise MonarchError("monarch serve --slurm: not in a Slurm allocation (no SLURM_JOB_ID, SLURM_JOB_NUM_NODES): "
+        raise MonarchError(f"{who}: not in a Slurm allocation (no SLURM_JOB_ID, SLURM_JOB_NUM_NODES): "
                            "run it in the batch script or salloc's shell, or start the daemons with mpiexec")
     if not in_allocation(env):
-        raise MonarchError("monarch serve --slurm: already in a job step (SLURM_STEP_ID is set): run it from the "
+        raise MonarchError(f"{who}: already in a job step (SLURM_STEP_ID is set): run it from the "
                            "batch script or salloc's shell, not under srun (it starts the daemons' step itself)")
     plugins = srun_mpi_plugins(env) if plugins is None else plugins
     from monarch.cluster.world import MPICH as FORCE_MPICH, OPENMPI_LIB, openmpi_prefix
@@ -147,11 +149,12 @@ def daemon_step(serve_args: list[str], env: Mapping[str, str] | None = None,
         if prefix is not None:
             log.info("Open MPI found at %s but this Slurm has no PMIx plugin: the daemons use MPICH under PMI2", prefix)
     else:
-        raise MonarchError(f"monarch serve --slurm: this Slurm offers neither PMI2 nor PMIx (srun --mpi=list: "
+        raise MonarchError(f"{who}: this Slurm offers neither PMI2 nor PMIx (srun --mpi=list: "
                            f"{', '.join(sorted(plugins)) or 'nothing'}): the daemons' MPI needs one of them")
+    name = STEP_NAME if command == "serve" else f"monarch-{command}"
     argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--overlap",
-            "--kill-on-bad-exit=0", f"--mpi={mpi}", f"--job-name={STEP_NAME}", "--export=ALL",
-            *python_command("monarch"), *["-v"] * verbose, "serve", *serve_args]
+            "--kill-on-bad-exit=0", f"--mpi={mpi}", f"--job-name={name}", "--export=ALL",
+            *python_command("monarch"), *["-v"] * verbose, command, *serve_args]
     return Step(argv, mpi, engine, extra)
 
 

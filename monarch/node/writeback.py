@@ -28,7 +28,9 @@ from monarch import protocol
 from monarch.cluster.order import OrderFailed
 from monarch.node.tiers.resources import is_memory_backed
 from monarch.protocol import ProtocolError
+from monarch.secure import open_private_file
 from monarch.writeback import wire
+from monarch.writeback.across import HEARD, write_heard
 from monarch.writeback.area import Area
 from monarch.writeback.drain import Outcome, copy_bytes, drain, temporary_name
 from monarch.writeback.journal import Journal
@@ -87,6 +89,9 @@ class WritebackRoom:
         self._spilling: dict[int, str] = {}  # file -> its PFS copy, until its writer moved to it
         self._held_outcomes: dict[int, Outcome] = {}  # lost node -> the drain of its copies held here
         self._sent: dict[int, tuple[int, int]] = {}   # file -> (size, mtime) of its last copy on the partner
+        self._heard: dict[int, int] = {}  # node -> the last of its operations heard on the PFS (kept in the area)
+        self._heard_fd = -1
+        self._heard_lock = threading.Lock()  # (its own: the engine thread writes it, holding the order's lock)
         self._stop = False
         self._lists = 0
         self.figures = {"bytes_written": 0, "files_closed": 0, "files_published": 0, "bytes_published": 0,
@@ -105,14 +110,28 @@ class WritebackRoom:
         ``partners`` (fsync ``partner``, or ``auto`` on two or more nodes) each file and record is held
         by the partner node too before the call that made it returns (docs/consistency.md, "What survives")."""
         self.order = order
-        order.serve(lambda: self.journal.last_op, lambda: (self._moving, self._outcome.failed is not None))
+        self._heard_fd = open_private_file(os.path.join(self.area.path, HEARD))
+        order.serve(lambda: self.journal.last_op, lambda: (self._moving, self._outcome.failed is not None),
+                    remember=self._remember)
         if partners is not None and partners.nodes > 1 and self.fsync_asked in ("auto", "partner"):
             self.partners, self.fsync = partners, "partner"
             order.use_partners(partners)
-            partners.serve(self.area.path, self._drain_held)
+            partners.serve(self.area.path, self._drain_held, remember=self._remember)
             self.journal.mirror_to(partners.send_record)
         elif self.fsync_asked == "partner":
             log.warning("write-back: fsync: partner on a single node has no partner: an fsync waits for the PFS")
+
+    def _remember(self, node: int, applied: int) -> None:
+        """Another node's operations up to ``applied`` were heard on the PFS: kept in the area, so that
+        a drain after this daemon is killed knows what its files' order asks is there (across.py)."""
+        with self._heard_lock:
+            if applied <= self._heard.get(node, 0) or self._heard_fd < 0:
+                return
+            self._heard[node] = applied
+            try:
+                write_heard(self._heard_fd, self._heard)
+            except OSError as e:  # a full tier: a later drain knows less, and keeps more
+                log.warning("write-back: cannot keep what the other nodes published (%s)", e)
 
     def client_env(self) -> dict[str, str]:
         return {protocol.ENV_WRITEBACK: ":".join(self.paths)}
@@ -543,6 +562,10 @@ class WritebackRoom:
         if out.failed is not None:
             figures["failed"], figures["unpublished"] = out.failed, dict(out.unpublished)
         self.journal.close()
+        with self._heard_lock:
+            if self._heard_fd >= 0:
+                os.close(self._heard_fd)
+                self._heard_fd = -1
         shutil.rmtree(os.path.join(self.area.path, LISTS), ignore_errors=True)
         if out.failed is None and not self.area.pending_data():
             self.area.remove()

@@ -173,15 +173,16 @@ def _namespace(rec: Record) -> None:
 def drain(area: Area, run_id: str, journal: Journal | None = None,
           step: Callable[[str, Record], None] | None = None,
           before: Callable[[Record], None] | None = None,
-          commit: Callable[[Record], ContextManager] | None = None) -> Outcome:
+          commit: Callable[[Record], ContextManager] | None = None, start: int = 0) -> Outcome:
     """Apply every operation of ``area``'s journal not yet applied, in order; ``journal``: the one
     the run appends to (else one is opened to record progress). ``step(phase, record)`` is called
     before and after each operation (``"apply"``, ``"applied"``): the tests crash the drain there.
     ``before(record)``: called before a publish that is ordered after other nodes' operations
     (its ``after``, W4): it returns once they are on the PFS, or raises OSError (refused).
-    ``commit(record)``: a context held while the PFS changes (the job's view applies it there)."""
+    ``commit(record)``: a context held while the PFS changes (the job's view applies it there).
+    ``start``: every record up to it is known on the PFS already (applied from another copy of the journal)."""
     records, damaged = read(area.journal_path)
-    last = max((r["upto"] for r in records if r.op == "applied"), default=0)
+    last = max([start, *(r["upto"] for r in records if r.op == "applied")])
     applied, published, failed = 0, [], None
     own = journal is None
     journal = journal or Journal(area.journal_path, durable=True)

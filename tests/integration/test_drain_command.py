@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from monarch.cli import NOTHING_LEFT
+from monarch.launch.drained import NOTHING_LEFT
 from monarch.writeback.area import Area
 from monarch.writeback.journal import Journal
 from support.harness import monarch

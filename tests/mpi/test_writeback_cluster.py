@@ -3,6 +3,7 @@ under mpiexec, each rank its own node; one `monarch run` per node, each running 
 torch.distributed.checkpoint's pattern (a shard, a barrier, then rank 0's `.metadata`). A watcher
 polls the PFS's backing directory as another node's reader would."""
 
+import glob
 import hashlib
 import os
 import subprocess
@@ -174,3 +175,53 @@ def test_a_node_lost_after_its_shard_closed_is_published_by_its_partner(dataset,
     wb = {n["node"]: n["writeback"] for n in load(os.path.join(run0, "report.json"))["nodes"] if n and n.get("writeback")}
     assert wb[0]["fsync"] == "partner" and wb[0]["held_for_lost_published"] == 1, wb[0]  # node 3's shard, by node 0
     assert all(w["partner_bytes_sent"] >= shard_size(k) for k, w in wb.items()), wb
+
+
+def test_a_daemon_killed_with_its_tier_kept_is_drained_in_the_jobs_order_across_the_nodes(dataset, short_tmp,
+                                                                                            slow_pfs):
+    """`fsync: local`; once every shard closed, node 3's daemon is SIGKILLed, its tier kept, while its
+    shard (the large one) drains. Rank 0's `.metadata`, ordered after it, is kept by node 0 (exit 3).
+    Then `monarch drain` on every node at once (mpiexec, one rank a node): node 3's shard is published,
+    and only then `.metadata`: every byte right, no area left, never `.metadata` before a shard. Before,
+    each node's drain kept its own order only: `.metadata` was published while shard 3 was still
+    being copied."""
+    import signal
+    import time
+    from monarch.cluster.world import daemon_launch
+    src, ck, barrier, cfg, cluster, watcher = dcp_cluster(short_tmp, slow_pfs, dataset(files=20), 8, "local")
+    killed = NODES - 1
+    try:
+        watcher.start()
+        jobs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--", sys.executable,
+                                  "-c", textwrap.dedent(RANK), ck, barrier, str(k), str(NODES), str(shard_size(k))],
+                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, start_new_session=True) for k in range(NODES)]
+        deadline = time.monotonic() + 120
+        while len(os.listdir(barrier)) < NODES:
+            assert time.monotonic() < deadline, "the ranks never reached the barrier"
+            time.sleep(0.002)
+        os.kill(cluster.pid(killed), signal.SIGKILL)
+        outs = [p.communicate(timeout=240)[0] for p in jobs]
+        cluster.stop(range(NODES - 1))
+        on_pfs = os.listdir(os.path.join(src, "ck"))
+        if f"__{killed}_0.distcp" in on_pfs:
+            pytest.skip("the killed node's shard reached the PFS before its daemon was killed: nothing to order")
+        assert ".metadata" not in on_pfs and jobs[0].returncode == 3, outs[0][-3000:]
+        launch = daemon_launch(NODES, one_host=True)
+        try:
+            drained = subprocess.run([*launch.argv, sys.executable, "-m", "monarch", "drain", "-c", cfg],
+                                     env=monarch_env(**launch.env), capture_output=True, text=True, timeout=180)
+        finally:
+            launch.close()
+    finally:
+        watcher.stop.set()
+        watcher.join()
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    assert watcher.early == 0, f"`.metadata` was on the PFS before every shard in {watcher.early} polls"
+    assert watcher.short == 0, f"a shard was seen short under its name in {watcher.short} polls"
+    assert sorted(os.listdir(os.path.join(src, "ck"))) == [".metadata", *sorted(f"__{r}_0.distcp" for r in range(NODES))]
+    for r in range(NODES):
+        with open(os.path.join(src, "ck", f"__{r}_0.distcp"), "rb") as f:
+            assert hashlib.md5(f.read()).digest() == hashlib.md5(bytes([r]) * shard_size(r)).digest()
+    left = [p for k in range(NODES) for p in glob.glob(f"/dev/shm{short_tmp}/ram{k}/monarch-*/writeback-*")]
+    assert left == [], drained.stdout

@@ -58,7 +58,7 @@ def areas(base: str) -> list[str]:
 
 def test_the_documented_drain_line_publishes_what_killed_daemons_left(slurm, short_tmp, dataset, slow_pfs):
     line = drain_line()
-    assert line.startswith("srun ") and "monarch drain -c job.yaml" in line
+    assert line.startswith("monarch drain --slurm -c job.yaml")
     job = make_job(short_tmp, dataset, slow_pfs, nodes=NODES)
     src, flags = os.path.join(short_tmp, "ck-src"), os.path.join(short_tmp, "flags")
     os.makedirs(src)

@@ -6,7 +6,8 @@ import os
 
 from monarch.writeback.area import Area, run_and_node
 from monarch.writeback.journal import Journal
-from monarch.writeback.orphans import drain_area, find_left
+from monarch.writeback.across import drain_in_order
+from monarch.writeback.orphans import find_left
 from support.writeback import checkpoint_journal, pending, tier_and_pfs
 
 
@@ -31,7 +32,7 @@ def test_the_starting_runs_own_areas_are_neither_drained_nor_held(tmp_path):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # not held by the drain: its daemon takes it
         finally:
             os.close(fd)
-        d = drain_area(areas[0])
+        (d,) = drain_in_order(areas)
         assert d.complete and d.removed and len(d.outcome.published) == 3
         assert (pfs / "ck" / "latest").read_bytes() == b"2\n"
     finally:
@@ -46,7 +47,7 @@ def test_a_refused_publish_keeps_the_area_and_says_what_stopped_it(tmp_path):
     j.close()
     area.release()
     (found,) = find_left(base)[1]
-    d = drain_area(found)
+    (d,) = drain_in_order([found])
     assert not d.complete and not d.removed and d.error is None
     assert d.outcome.failed.startswith("close ") and list(d.outcome.unpublished) == [str(pfs / "missing" / "model")]
     (again,) = find_left(base)[1]  # released: the next drain takes it
