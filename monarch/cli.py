@@ -253,7 +253,7 @@ def cmd_drain(args) -> int:
         return _drain_slurm(args)  # the batch script: a step of one drain a node, all at once
     from monarch.launch.drained import NOTHING_LEFT, say_drained
     from monarch.writeback.across import drain_in_order
-    from monarch.writeback.orphans import find_left
+    from monarch.writeback.orphans import find_left, finished
     exchange = None
     if _mpi_world_rank() is not None:  # one rank a node (srun, mpiexec): the nodes drain in the job's order together
         from monarch.cluster.world import abort_on_unhandled_exception
@@ -268,7 +268,7 @@ def cmd_drain(args) -> int:
         print(f"{path}: held by its run, still alive: left to it")
     if not areas:
         print(f"nothing to drain in tier {tier.name} ({tier.path}): {NOTHING_LEFT}")
-    complete = [say_drained(d) for d in drain_in_order(areas, exchange)]
+    complete = [say_drained(d) for d in drain_in_order(areas, exchange, finished(tier.path))]
     return 0 if all(complete) else EXIT_UNPUBLISHED
 
 

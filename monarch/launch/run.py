@@ -62,11 +62,11 @@ def drain_left(config: Config, run: str, out) -> None:
     not touched (its daemon may be making one now)."""
     from monarch.sizes import human
     from monarch.writeback.across import drain_in_order
-    from monarch.writeback.orphans import find_left
+    from monarch.writeback.orphans import find_left, finished
     t0 = time.monotonic()
     try:
         _, areas = find_left(config.writeback_tier().path, but_run=run)
-        drained = drain_in_order(areas)
+        drained = drain_in_order(areas, finished=finished(config.writeback_tier().path))
     except Exception as e:  # fail open: the job runs; the areas stay for `monarch drain`
         out.write(f"monarch: could not publish the write-back a previous run left pending ({e}); the job goes on "
                   f"(`monarch drain` publishes it)\n")

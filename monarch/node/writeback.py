@@ -567,8 +567,8 @@ class WritebackRoom:
                 os.close(self._heard_fd)
                 self._heard_fd = -1
         shutil.rmtree(os.path.join(self.area.path, LISTS), ignore_errors=True)
-        if out.failed is None and not self.area.pending_data():
-            self.area.remove()
+        if out.failed is None and not self.area.pending_data():  # (in a cluster: what a later drain may need, left)
+            self.area.remove(done={"applied": self._upto, "heard": self._heard} if self.order is not None else None)
         else:
             log.error("write-back: %s; kept in %s for `monarch drain`", out.failed or "files not closed by the job",
                       self.area.path)

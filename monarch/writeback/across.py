@@ -166,14 +166,20 @@ class _Progress:
                                          f"came before it")
 
 
-def drain_in_order(areas: list[Area], exchange: Exchange | None = None) -> list[Drained]:
+def drain_in_order(areas: list[Area], exchange: Exchange | None = None,
+                   finished: dict[Key, dict] | None = None) -> list[Drained]:
     """Drain the areas this process holds (their runs gone), each file after what it is ordered
     after on every node (``exchange``: the drains of the other nodes at this moment); then remove
-    each area that holds nothing unpublished, else release it, kept. Collective over ``exchange``."""
+    each area that holds nothing unpublished, else release it, kept. ``finished``: what runs that
+    finished here left beside their areas (orphans.finished). Collective over ``exchange``."""
     exchange = exchange or Exchange()
     mine: list[tuple[Area, list[Piece]]] = []
     errors: dict[str, str] = {}
     heard: dict[Key, int] = {}
+    for key, done in (finished or {}).items():  # a node's run that finished: all it made is on the PFS
+        heard[key] = max(heard.get(key, 0), done["applied"])
+        for k, applied in done["heard"].items():
+            heard[(key[0], k)] = max(heard.get((key[0], k), 0), applied)
     for area in areas:
         try:
             pieces = pieces_of(area)

@@ -13,6 +13,7 @@ another run (the data files are read only by the drain).
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "writeback-"
 JOURNAL, DATA, LOCK = "journal", "data", "owner.lock"
+# beside a cluster run's area its daemon removed, all published: how far its journal went and what it
+# heard of the other nodes' (across.py), for a drain of another node's area its killed daemon left
+DONE = ".done"
 
 
 def run_and_node(name: str) -> tuple[str, str]:
@@ -100,8 +104,20 @@ class Area:
         except OSError:
             return []
 
-    def remove(self) -> None:
-        """Remove the area: only once nothing in it is unpublished (the drain's caller checks)."""
+    def remove(self, done: dict | None = None) -> None:
+        """Remove the area: only once nothing in it is unpublished (the drain's caller checks).
+        ``done``: left beside it first (``<area>.done``, one line of JSON), what a drain on another
+        node may need of this one's (monarch/writeback/across.py)."""
+        if done is not None:
+            try:
+                fd = open_private_file(self.path + DONE + ".tmp", os.O_WRONLY | os.O_TRUNC)
+                try:
+                    os.write(fd, json.dumps(done, separators=(",", ":")).encode() + b"\n")
+                finally:
+                    os.close(fd)
+                os.replace(self.path + DONE + ".tmp", self.path + DONE)
+            except (OSError, MonarchError) as e:  # a later drain then knows less, and keeps more
+                log.warning("write-back: cannot leave what %s published beside it: %s", self.path, e)
         shutil.rmtree(self.path, ignore_errors=True)
         self.release()
 

@@ -9,9 +9,15 @@ One path for ``monarch drain`` (monarch/cli.py) and for the next ``monarch run``
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
-from monarch.writeback.area import PREFIX, Area, run_and_node
+from monarch.errors import MonarchError
+from monarch.secure import user_dir
+from monarch.writeback.area import DONE, PREFIX, Area, run_and_node
+
+DONE_KEPT_S = 30 * 86400  # what a finished run left beside its area is dropped after this long (a few dozen bytes)
 
 
 def find_left(base: str, but_run: str | None = None) -> tuple[list[str], list[Area]]:
@@ -27,3 +33,29 @@ def find_left(base: str, but_run: str | None = None) -> tuple[list[str], list[Ar
     live = [os.path.join(mine, n) for n in sorted(os.listdir(mine))
             if n.startswith(PREFIX) and n not in taken and (but_run is None or run_and_node(n)[0] != but_run)]
     return live, areas
+
+
+def finished(base: str) -> dict[tuple[str, int], dict]:
+    """What cluster runs' daemons that finished cleanly left beside their removed areas in ``base``:
+    (run, node) -> {"applied": n, "heard": {node: n}} (monarch/writeback/area.py ``DONE``). Those
+    older than DONE_KEPT_S are removed."""
+    try:
+        parent = user_dir(base)
+        names = [n for n in os.listdir(parent) if n.startswith(PREFIX) and n.endswith(DONE)]
+    except (OSError, MonarchError):
+        return {}
+    found = {}
+    for name in names:
+        path = os.path.join(parent, name)
+        run, node = run_and_node(name[:-len(DONE)])
+        try:
+            if time.time() - os.lstat(path).st_mtime > DONE_KEPT_S:
+                os.unlink(path)
+                continue
+            with open(path, "rb") as f:
+                done = json.loads(f.readline())
+            found[(run, int(node))] = {"applied": int(done["applied"]),
+                                       "heard": {int(k): int(v) for k, v in done.get("heard", {}).items()}}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue  # unreadable: a drain knows less, and keeps more
+    return found
