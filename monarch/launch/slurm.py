@@ -126,7 +126,8 @@ def daemon_step(serve_args: list[str], env: Mapping[str, str] | None = None,
                 plugins: set[str] | None = None, verbose: int = 0, command: str = "serve") -> Step:
     """The srun line of this allocation's daemons: ``serve_args`` are ``monarch serve``'s own
     arguments (without --slurm), ``verbose`` the -v count. ``command``: another command run the
-    same way, one task a node under the daemons' MPI (``drain``: the nodes' drains together)."""
+    same way, one task a node under the daemons' MPI (``drain``: the nodes' drains together; a task
+    that dies ends the others, whose waits on it would never end: the line is run again)."""
     env = os.environ if env is None else env
     who = f"monarch {command} --slurm"
     nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
@@ -153,7 +154,7 @@ def daemon_step(serve_args: list[str], env: Mapping[str, str] | None = None,
                            f"{', '.join(sorted(plugins)) or 'nothing'}): the daemons' MPI needs one of them")
     name = STEP_NAME if command == "serve" else f"monarch-{command}"
     argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--overlap",
-            "--kill-on-bad-exit=0", f"--mpi={mpi}", f"--job-name={name}", "--export=ALL",
+            f"--kill-on-bad-exit={int(command != 'serve')}", f"--mpi={mpi}", f"--job-name={name}", "--export=ALL",
             *python_command("monarch"), *["-v"] * verbose, command, *serve_args]
     return Step(argv, mpi, engine, extra)
 

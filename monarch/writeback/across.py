@@ -217,8 +217,9 @@ def drain_in_order(areas: list[Area], exchange: Exchange | None = None,
         t.start()
     for t in threads:
         t.join()
-    exchange.finish()
-    return [_settle(area, pieces, errors.get(area.path), results) for area, pieces in mine]
+    drained = [_settle(area, pieces, errors.get(area.path), results) for area, pieces in mine]
+    exchange.finish()  # (after every area here is removed or released: a launcher may end the others once one exits)
+    return drained
 
 
 def _drain_piece(p: Piece, start: int, progress: _Progress, exchange: Exchange, results: dict) -> None:
@@ -264,5 +265,6 @@ def _settle(area: Area, pieces: list[Piece], error: str | None, results: dict) -
     if left:  # files the job never closed: not published (it did not finish them), nor deleted
         area.release()
         return Drained(area.path, outcome, error, never_closed=len(left), held=held)
-    area.remove()
+    cluster = os.path.exists(os.path.join(area.path, HEARD))  # (a cluster run's: a drain elsewhere may need it)
+    area.remove(done={"applied": outcome.upto, "heard": read_heard(area.path)} if cluster and outcome else None)
     return Drained(area.path, outcome, error, removed=True, held=held)

@@ -24,12 +24,17 @@ SMALL, LARGE = 1 << 20, 16 << 20  # the last rank's shard drains for about 0.8 s
 RANK = """
 import os, sys, time
 ck, barrier, rank, ranks, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+pause, timeout = (float(a) for a in (sys.argv[6:8] or (0, 1e9)))  # a slow writer; a barrier that gives up
 block = bytes([rank]) * (1 << 20)
 with open(os.path.join(ck, f"__{rank}_0.distcp"), "wb") as f:  # DCP's shard, under its final name
     for _ in range(size >> 20):
         f.write(block)
+        time.sleep(pause)
 open(os.path.join(barrier, str(rank)), "w").close()  # the job's barrier: every shard closed first
+deadline = time.monotonic() + timeout
 while len(os.listdir(barrier)) < ranks:
+    if time.monotonic() > deadline:
+        sys.exit("a rank never reached the barrier")  # (as torch.distributed's timeout ends the job)
     time.sleep(0.01)
 if rank == 0:
     with open(os.path.join(ck, ".metadata.tmp"), "wb") as f:
@@ -287,3 +292,122 @@ def test_a_daemon_killed_with_its_tier_kept_under_partner_copies_is_published_on
         with open(os.path.join(ck, f"__{r}_0.distcp"), "rb") as f:
             assert hashlib.md5(f.read()).digest() == hashlib.md5(bytes([r]) * shard_size(r)).digest()
     assert glob.glob(f"/dev/shm{short_tmp}/ram*/monarch-*/writeback-*[0-9]") == []
+
+
+def test_a_node_lost_before_its_shard_closed_leaves_a_step_missing_never_torn(dataset, short_tmp, slow_pfs):
+    """The default; node 3 lost (daemon and job SIGKILLed, tier wiped) while its job still writes its
+    shard: nothing of shard 3 exists anywhere, the other ranks' barrier gives up (exit 1, the app's
+    own code, not Monarch's), their shards are published whole and `.metadata` never is."""
+    import shutil
+    import signal
+    import time
+    src, ck, barrier, cfg, cluster, watcher = dcp_cluster(short_tmp, slow_pfs, dataset(files=20), 8)
+    lost = NODES - 1
+    try:
+        watcher.start()
+        jobs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--", sys.executable,
+                                  "-c", textwrap.dedent(RANK), ck, barrier, str(k), str(NODES), str(shard_size(k)),
+                                  str(0.1 if k == lost else 0), "8"],
+                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, start_new_session=True) for k in range(NODES)]
+        deadline = time.monotonic() + 60
+        while not glob.glob(f"/dev/shm{short_tmp}/ram{lost}/monarch-*/writeback-*[0-9]/data/*"):
+            assert time.monotonic() < deadline, "node 3's job never began its shard"
+            time.sleep(0.002)
+        time.sleep(0.3)  # a few blocks written, not all (16 of them, 0.1 s apart)
+        os.kill(cluster.pid(lost), signal.SIGKILL)
+        os.killpg(jobs[lost].pid, signal.SIGKILL)
+        for tier in (f"/dev/shm{short_tmp}/ram{lost}", f"{short_tmp}/ssd{lost}"):
+            shutil.rmtree(tier, ignore_errors=True)
+        outs = [p.communicate(timeout=240)[0] for p in jobs]
+    finally:
+        watcher.stop.set()
+        watcher.join()
+        cluster.stop(range(NODES - 1))
+    assert str(lost) not in os.listdir(barrier)
+    assert [p.returncode for p in jobs[:lost]] == [1] * lost, [o[-3000:] for o in outs]
+    assert watcher.early == 0 and watcher.short == 0, (watcher.early, watcher.short)
+    assert sorted(os.listdir(os.path.join(src, "ck"))) == sorted(f"__{r}_0.distcp" for r in range(lost))
+    for r in range(lost):
+        with open(os.path.join(src, "ck", f"__{r}_0.distcp"), "rb") as f:
+            assert hashlib.md5(f.read()).digest() == hashlib.md5(bytes([r]) * shard_size(r)).digest()
+
+
+def drain_ranks(cfg):
+    """(pid, rank) of the `monarch drain -c cfg` processes mpiexec started."""
+    found = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if b"\0drain\0-c\0" + cfg.encode() not in open(f"/proc/{p}/cmdline", "rb").read():
+                continue
+            env = dict(v.split(b"=", 1) for v in open(f"/proc/{p}/environ", "rb").read().split(b"\0") if b"=" in v)
+        except OSError:  # gone meanwhile
+            continue
+        if env.get(b"PMI_RANK", b"").isdigit():
+            found.append((int(p), int(env[b"PMI_RANK"])))
+    return found
+
+
+def test_a_node_lost_during_the_drains_is_published_from_its_partners_copy(dataset, short_tmp, slow_pfs):
+    """The default (partner copies). Every daemon SIGKILLed once the job wrote everything, tiers kept;
+    then the drains of every node together (MPICH's mpiexec, which ends the others when one dies),
+    and node 3 lost during them: its drain SIGKILLed while its shard goes to the PFS, its tier wiped.
+    `.metadata` waits for it: nothing published out of order. The drains of the three nodes left,
+    run again, publish node 3's shard from node 0's copy, then `.metadata`: the step whole."""
+    import shutil
+    import signal
+    import time
+    from monarch.cluster.world import mpich_mpiexec
+    src, ck, barrier, cfg, cluster, watcher = dcp_cluster(short_tmp, slow_pfs, dataset(files=20), 8)
+    lost = NODES - 1
+
+    def drains(n):
+        return subprocess.Popen([mpich_mpiexec(), "-n", str(n), sys.executable, "-m", "monarch", "drain", "-c", cfg],
+                                env=monarch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    try:
+        watcher.start()
+        jobs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--", sys.executable,
+                                  "-c", textwrap.dedent(RANK), ck, barrier, str(k), str(NODES), str(shard_size(k))],
+                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, start_new_session=True) for k in range(NODES)]
+        deadline = time.monotonic() + 120
+        journal0 = f"/dev/shm{short_tmp}/ram0/monarch-*/writeback-*[0-9]/journal"
+        while not any(b'"op":"rename"' in open(j, "rb").read() for j in glob.glob(journal0)):
+            assert time.monotonic() < deadline, "rank 0 never renamed its `.metadata`"
+            time.sleep(0.002)
+        for k in range(NODES):  # the job wrote everything: every daemon killed, every tier kept
+            os.kill(cluster.pid(k), signal.SIGKILL)
+        outs = [p.communicate(timeout=240)[0] for p in jobs]
+        cluster.kill()
+        if f"__{lost}_0.distcp" in os.listdir(os.path.join(src, "ck")):
+            pytest.skip("node 3's shard reached the PFS before its daemon was killed: nothing left to lose")
+        for name in os.listdir(os.path.join(src, "ck")):  # what the killed daemons' copies left (the drain's own come back)
+            if ".monarch-" in name:
+                os.unlink(os.path.join(src, "ck", name))
+        first = drains(NODES)
+        while not any(n.startswith(f".__{lost}_0.distcp.monarch-") for n in os.listdir(os.path.join(src, "ck"))):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+            time.sleep(0.002)
+        mine = [pid for pid in drain_ranks(cfg) if pid[1] == lost]
+        for pid, _ in mine:
+            os.kill(pid, signal.SIGKILL)
+        for tier in (f"/dev/shm{short_tmp}/ram{lost}", f"{short_tmp}/ssd{lost}"):
+            shutil.rmtree(tier, ignore_errors=True)
+        first_out = first.communicate(timeout=120)[0]
+        assert mine and first.returncode != 0, first_out
+        assert ".metadata" not in os.listdir(os.path.join(src, "ck")), first_out
+        again = drains(NODES - 1)
+        again_out = again.communicate(timeout=180)[0]
+    finally:
+        watcher.stop.set()
+        watcher.join()
+        cluster.kill()
+    assert again.returncode == 0, again_out
+    assert f"published 1 files, {LARGE} bytes for node {lost}" in again_out, again_out
+    assert watcher.early == 0 and watcher.short == 0, (watcher.early, watcher.short)
+    names = sorted(n for n in os.listdir(os.path.join(src, "ck")) if not n.startswith(f".__{lost}_0.distcp.monarch-"))
+    assert names == [".metadata", *sorted(f"__{r}_0.distcp" for r in range(NODES))], (names, outs)
+    for r in range(NODES):
+        with open(os.path.join(src, "ck", f"__{r}_0.distcp"), "rb") as f:
+            assert hashlib.md5(f.read()).digest() == hashlib.md5(bytes([r]) * shard_size(r)).digest()
