@@ -111,6 +111,18 @@ def _decoded_cache(r: Any, value: Any, where: str) -> int:
     return r.size(value, where)
 
 
+def _manifest(r: Any, value: Any, where: str) -> str:
+    """A file ``monarch index`` wrote ("" for none): it must be there and readable now."""
+    text = r.string(value, where) if value not in (None, "") else ""
+    if not text:
+        return ""
+    path = r.path(text, where)
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise r.fail(where, f"{path} is not a readable file; make it with `monarch index ROOT... -o {path}`, "
+                            f"or leave dataset.manifest empty (the job walks the dataset)")
+    return path
+
+
 def _stores(r: Any, value: Any, where: str) -> tuple[tuple[str, str], ...]:
     """``{root: store URL}``: roots served from a key-value store (monarch/node/stage/store_source.py)."""
     if value is None or value == {}:
@@ -215,6 +227,11 @@ KEYS: tuple[Key, ...] = (
         "directory; its files come from the store's manifest (`monarch store put`) or the bucket's listing; "
         "see docs/store.md",
         _stores, show=lambda v: ", ".join(f"{root}: {url}" for root, url in v) or "{}"),
+    Key("dataset.manifest", "path, or empty", "",
+        "the dataset's namespace written once by `monarch index ROOT... -o FILE`: a job's snapshot is read from "
+        "it instead of a walk that asks the PFS about every file, checked against the PFS by one stat per "
+        "directory (a directory changed since: the job walks, said); never trusted for bytes (docs/consistency.md, 9)",
+        lambda r, v, k: _manifest(r, v, k), show=lambda v: v or '"" (walked)'),
     Key("run_base", "path (base directory)", "${TMPDIR:-/tmp}",
         "base directory of the run's own files on this node: socket, counters, daemon log, report "
         "(the 20 newest finished runs are kept, even in a base shared with a tier); a run and a fast-exiting "

@@ -521,7 +521,8 @@ def _validate(raw: dict, source: str, env: Mapping[str, str], errors: list[str],
     _check_writeback(r, writeback, tiers)
     if errors:
         raise ConfigError(combine_errors(source, errors))
-    return Config(source=source, dataset=DatasetConfig(roots=r.dataset_roots, given=given, stores=dataset["stores"]),
+    return Config(source=source, dataset=DatasetConfig(roots=r.dataset_roots, given=given, stores=dataset["stores"],
+                                                                manifest=dataset["manifest"]),
                   tiers=tuple(tiers),
                   staging=StagingConfig(**staging), peer=PeerConfig(**peer), peer_given=peer_given,
                   writeback=WritebackConfig(**writeback), **top)

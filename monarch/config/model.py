@@ -24,6 +24,7 @@ class DatasetConfig:
     roots: tuple[str, ...]  # canonical: symlinks resolved
     given: tuple[str, ...] = ()  # as configured (absolute), e.g. /scratch/ds when /scratch -> /lustre/scratch
     stores: tuple[tuple[str, str], ...] = ()  # (root as configured, store URL): roots served from a store
+    manifest: str = ""  # `monarch index`'s file: the snapshot read from it, not walked ("" : walked)
 
     def store_urls(self) -> dict[int, str]:
         """root index -> its store's URL, for the roots served from a store."""

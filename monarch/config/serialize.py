@@ -37,7 +37,8 @@ def from_json(text: str | bytes) -> Config:
         dataset = data.pop("dataset")
         writeback = data.pop("writeback")
         return Config(dataset=DatasetConfig(roots=tuple(dataset["roots"]), given=tuple(dataset["given"]),
-                                            stores=tuple(tuple(s) for s in dataset["stores"])),
+                                            stores=tuple(tuple(s) for s in dataset["stores"]),
+                                            manifest=dataset.get("manifest", "")),
                       tiers=tuple(TierConfig(**t) for t in data.pop("tiers")),
                       staging=StagingConfig(**data.pop("staging")), peer=PeerConfig(**data.pop("peer")),
                       writeback=WritebackConfig(**{**writeback, "paths": tuple(writeback["paths"])}), **data)
@@ -52,7 +53,7 @@ def served(config: Config) -> dict[str, Any]:
     each is served from: a root spelt another way (a symlink on the way) is the same root."""
     out = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in _NOT_SERVED}
     out = json.loads(json.dumps({k: _plain(v) for k, v in out.items()}))
-    out["dataset"] = {"roots": list(config.dataset.roots),
+    out["dataset"] = {"roots": list(config.dataset.roots), "manifest": config.dataset.manifest,
                       "stores": {str(k): url for k, url in sorted(config.dataset.store_urls().items())}}
     return out
 

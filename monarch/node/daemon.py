@@ -360,7 +360,8 @@ class NodeDaemon:
         roots = self.config.dataset.roots
         if self.stores is not None:  # a store's root from its manifest (and the others walked)
             return self.stores.load_snapshot(tuple(roots), into, on_directory)
-        return load_or_walk(roots, self._snapshot_cache(), self.config.staging.validate == "open", into, on_directory)
+        return load_or_walk(roots, self._snapshot_cache(), self.config.staging.validate == "open", into, on_directory,
+                            manifest=self.config.dataset.manifest)
 
     def _pfs_rate(self) -> float | None:
         """Bytes per second read from the PFS so far (a compressed tier's level must

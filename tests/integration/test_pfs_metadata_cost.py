@@ -229,3 +229,49 @@ def test_a_miss_in_random_order_costs_the_pfs_what_a_direct_open_does(slow_pfs, 
     assert c["lookups"] <= direct["lookups"] + 10, (c, direct)
     for key in keys:
         assert (root_src / key.partition("/")[2]).read_bytes() == (Path(tier) / key).read_bytes()
+
+
+def test_a_job_given_a_manifest_asks_the_pfs_once_a_directory_not_once_a_file(slow_pfs, tree, short_tmp):
+    """`monarch index` walks the dataset once; a job given its file (dataset.manifest) reads its
+    snapshot from it, checked by one stat per directory: its namespace costs the PFS a few calls a
+    directory where a walk costs two a file. Every byte a job reads is still the PFS's; a directory
+    changed since the manifest was made is walked, and the report says why."""
+    import json
+    from support.harness import monarch, write_config
+    pfs = slow_pfs(tree.parent, open_latency_ms=0)
+    root = os.path.join(pfs.mountpoint, "data")
+    files, dirs = CLASSES * PER_CLASS, CLASSES + 1
+    manifest = os.path.join(short_tmp, "data.index")
+    made = monarch("index", root, "-o", manifest)
+    assert made.returncode == 0 and f"{files} files, {dirs} directories" in made.stdout, made.stdout + made.stderr
+    cfg = write_config(short_tmp, root)
+    with open(cfg) as f:
+        text = f.read()
+    with open(cfg, "w") as f:
+        f.write(text.replace(f"dataset: {{roots: [{json.dumps(root)}]}}",
+                             f"dataset: {{roots: [{json.dumps(root)}], manifest: {json.dumps(manifest)}}}", 1))
+    one = os.path.join(root, "class0", "000.bin")
+    stat_one = ["python3", "-c", f"import os; os.stat({one!r})"]
+
+    def job(config, *cmd):
+        report = os.path.join(short_tmp, "report.json")
+        pfs.reset_counters()
+        ran = monarch("run", "-c", config, "--no-progress", "--report", report, "--", *cmd)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        with open(report) as f:
+            return _meta_ops(pfs), json.load(f)["nodes"][0]["snapshot"], ran.stdout
+    calls, how, _ = job(cfg, *stat_one)
+    assert how == "manifest" and calls <= 3 * dirs + 10, (how, calls)
+    os.makedirs(os.path.join(short_tmp, "walk"))
+    walked, how, _ = job(write_config(os.path.join(short_tmp, "walk"), root), *stat_one)  # the same, no manifest
+    assert how.startswith("walked") and walked >= 2 * files, (how, walked)
+    print(f"the namespace's metadata calls: manifest {calls}, walk {walked} ({files} files, {dirs} directories)")
+    digests = "; ".join(f"print(__import__('hashlib').sha256(open({os.path.join(root, f'class{c}', f'{i:03d}.bin')!r}, "
+                        f"'rb').read()).hexdigest())" for c in range(CLASSES) for i in range(0, PER_CLASS, 5))
+    _, how, out = job(cfg, "python3", "-c", digests)
+    want = [hashlib.sha256((tree / f"class{c}" / f"{i:03d}.bin").read_bytes()).hexdigest()
+            for c in range(CLASSES) for i in range(0, PER_CLASS, 5)]
+    assert how == "manifest" and out.split()[:len(want)] == want
+    (tree / "class2" / "new.bin").write_bytes(b"n")  # the dataset changed since the manifest
+    _, how, _ = job(cfg, *stat_one)
+    assert how.startswith("walked: a directory changed since the manifest"), how

@@ -1,7 +1,8 @@
 """The dataset snapshot: what the job's dataset is, walked once.
 
 - ``snapshot``: the snapshot (every file's key and ``stat``, every listing) from one walk,
-  or a kept one reused after validation; ``load_or_walk`` takes the C walk when it can
+  or a kept one (or ``monarch index``'s manifest) reused after validation; ``load_or_walk``
+  takes the C walk when it can
 - ``walker`` (``walker.c``): the walk in C, writing the index with no Python object per file
 - ``indextable``: the snapshot's files read from its index in place (``IndexTable``)
 - ``index_writer``: the index file (protocol.py, "Snapshot index") from a file table

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -337,54 +338,78 @@ def read_index(data: bytes | bytearray, roots: tuple[str, ...]) -> Snapshot:
     return Snapshot(tuple(roots), files, dirs, links)
 
 
+CHECKERS = 8  # directories stat'ed at once when a kept snapshot or a manifest is checked (the PFS's metadata servers)
+
+
+def read_index_file(path: str, roots: tuple[str, ...]) -> Snapshot:
+    """The snapshot in an index file (a kept snapshot, a manifest)."""
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        if f.readinto(data) != len(data):
+            raise ValueError(f"{path} changed while it was read")
+    return read_index(data, roots)
+
+
 def unchanged(snap: Snapshot) -> bool:
     """Does every directory of the snapshot still have the inode, mtime and ctime it had (and
-    was every one listed whole)? One stat per directory, relative to its root's descriptor."""
+    was every one listed whole)? One stat per directory, relative to its root's descriptor,
+    CHECKERS at once (at a PFS's latency a million directories one by one take minutes)."""
     if not snap.dirs or not all(f"{k}/" in snap.dirs for k in range(len(snap.roots))):
+        return False
+    if any(d.children is None for d in snap.dirs.values()):
         return False
     root_fds: dict[int, int] = {}
     try:
-        for key, d in snap.dirs.items():
-            if d.children is None:
-                return False
-            index, _, rel = key.partition("/")
-            k = int(index)
+        for k, root in enumerate(snap.roots):
             try:
-                if k not in root_fds:
-                    root_fds[k] = os.open(snap.roots[k], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                st = (os.stat(rel, dir_fd=root_fds[k], follow_symlinks=False) if rel
-                      else os.fstat(root_fds[k]))
+                root_fds[k] = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError:
                 return False
-            if (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (d.info.ino, d.info.mtime_ns, d.info.ctime_ns):
+
+        def same(item) -> bool:
+            key, d = item
+            index, _, rel = key.partition("/")
+            fd = root_fds[int(index)]
+            try:
+                st = os.stat(rel, dir_fd=fd, follow_symlinks=False) if rel else os.fstat(fd)
+            except OSError:
                 return False
-        return True
+            return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) == (d.info.ino, d.info.mtime_ns, d.info.ctime_ns)
+        if len(snap.dirs) < 4 * CHECKERS:
+            return all(map(same, snap.dirs.items()))
+        with ThreadPoolExecutor(CHECKERS, thread_name_prefix="monarch-check") as pool:
+            return all(pool.map(same, snap.dirs.items(), chunksize=64))
     finally:
         for fd in root_fds.values():
             os.close(fd)
 
 
 def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False, into: Snapshot | None = None,
-                 on_directory: Callable[[list[str]], None] | None = None) -> tuple[Snapshot, str]:
+                 on_directory: Callable[[list[str]], None] | None = None,
+                 manifest: str = "") -> tuple[Snapshot, str]:
     """The snapshot of ``roots``: the kept one at ``cache`` if nothing changed (see the module
-    doc), else a fresh walk, kept at ``cache`` for the next job. Returns it and how it was
-    obtained (``"reused"``, ``"walked"``, or ``"walked: <why not reused>"``). ``into`` and
-    ``on_directory`` are take_snapshot's, for a walk (a reused snapshot is returned whole)."""
+    doc), else the ``manifest`` (``monarch index``'s file) if nothing changed since it was made,
+    else a fresh walk, kept at ``cache`` for the next job. Returns it and how it was obtained
+    (``"reused"``, ``"manifest"``, ``"walked"``, or ``"walked: <why not reused>"``). ``into``
+    and ``on_directory`` are take_snapshot's, for a walk (a reused snapshot is returned whole)."""
     why = "fresh walk asked" if fresh else "no kept snapshot"
-    if cache and not fresh:
+    for path, how in ((cache, "reused"), (manifest, "manifest")):
+        if not path or fresh:
+            continue
         try:
-            with open(cache, "rb") as f:
-                data = bytearray(os.fstat(f.fileno()).st_size)
-                if f.readinto(data) != len(data):
-                    raise ValueError("the kept snapshot changed while it was read")
-                snap = read_index(data, roots)
+            snap = read_index_file(path, roots)
             if unchanged(snap):
-                return snap, "reused"
-            why = "a directory changed since the kept snapshot"
+                return snap, how
+            why = ("a directory changed since the kept snapshot" if how == "reused" else
+                   f"a directory changed since the manifest {path} was made: run `monarch index` again")
         except FileNotFoundError:
-            pass
+            if how == "manifest":
+                why = f"the manifest {path} is gone"
         except (OSError, ValueError, IndexError, Exception) as e:  # a damaged or foreign file: walk
-            why = f"kept snapshot unreadable ({type(e).__name__})"
+            why = (f"kept snapshot unreadable ({type(e).__name__})" if how == "reused" else
+                   f"the manifest {path} is not one `monarch index` wrote ({type(e).__name__})")
+    if manifest and not fresh:
+        log.warning("the dataset is walked: %s", why)
     walked = walker.walk_index(tuple(roots))
     if walked is not None:  # the C walk: its index is the snapshot (the copies begin once it is whole)
         snap = Snapshot.from_index(roots, *walked)
@@ -396,3 +421,12 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False,
         except OSError as e:
             log.warning("cannot keep the snapshot at %s for the next job: %s", cache, e.strerror)
     return snap, f"walked: {why}"
+
+
+def write_manifest(roots: tuple[str, ...], out: str) -> Snapshot:
+    """``monarch index``: the roots walked once (the C walk, in parallel) and written to ``out`` as a
+    kept snapshot is, for ``dataset.manifest`` (load_or_walk checks it by its directories)."""
+    walked = walker.walk_index(tuple(roots))
+    snap = Snapshot.from_index(roots, *walked) if walked is not None else take_snapshot(tuple(roots))
+    write_file_atomically(out, snap.index_parts())
+    return snap

@@ -106,6 +106,8 @@ def write(tmp_path, text):
     ("dataset: {roots: []}\n", "dataset.roots: no dataset roots"),
     ("dataset: {roots: [\"${EMPTY:-}\"]}\n", "dataset.roots: no dataset roots"),
     ("tiers: [\n", "not valid YAML"),
+    ("dataset: {roots: [/data/ds], manifest: /nowhere/ds.index}\n",
+     "dataset.manifest: /nowhere/ds.index is not a readable file; make it with `monarch index ROOT... -o /nowhere/ds.index`"),
     ("tiers:\n  - {name: a, path: /x, capacity: 1GiB, speed: 3}\n", "tiers[0].speed: unknown key"),
 ])
 def test_bad_configs_say_where_what_and_how(tmp_path, env, ds, text, message):

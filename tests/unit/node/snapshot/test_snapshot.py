@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from monarch.node.snapshot.snapshot import load_or_walk, take_snapshot
+from monarch.node.snapshot.snapshot import CHECKERS, load_or_walk, take_snapshot, unchanged, write_manifest
 
 
 def tree(root):
@@ -39,6 +39,38 @@ def test_fresh_walk_when_asked_and_damaged_file_is_not_trusted(tmp_path):
     cache.write_bytes(b"garbage" * 20)
     snap, how = load_or_walk(roots, str(cache))
     assert how.startswith("walked: kept snapshot unreadable") and snap.files == take_snapshot(roots).files
+
+
+def test_a_manifest_is_read_instead_of_a_walk_while_no_directory_changed(tmp_path):
+    """`monarch index`'s file: taken when no kept snapshot is, checked the same way; walked (and said
+    why) once a directory changed, for other roots, or for a file it did not write."""
+    roots = tree(tmp_path / "ds")
+    manifest = str(tmp_path / "ds.index")
+    made = write_manifest(roots, manifest)
+    snap, how = load_or_walk(roots, None, manifest=manifest)
+    assert how == "manifest" and (snap.files, snap.dirs) == (made.files, made.dirs)
+    other = tree(tmp_path / "other")
+    assert load_or_walk(other, None, manifest=manifest)[1].startswith("walked: a directory changed since the manifest")
+    assert load_or_walk(roots, None, fresh=True, manifest=manifest)[1] == "walked: fresh walk asked"
+    time.sleep(0.01)
+    (tmp_path / "ds" / "a" / "new.bin").write_bytes(b"n")
+    snap, how = load_or_walk(roots, None, manifest=manifest)
+    assert how == f"walked: a directory changed since the manifest {manifest} was made: run `monarch index` again"
+    assert "0/a/new.bin" in snap.files
+    (tmp_path / "ds.index").write_bytes(b"garbage" * 20)
+    assert load_or_walk(roots, None, manifest=manifest)[1].startswith(f"walked: the manifest {manifest} is not one")
+
+
+def test_many_directories_are_checked_at_once_and_one_change_is_seen(tmp_path):
+    root = tmp_path / "ds"
+    for d in range(8 * CHECKERS):
+        (root / f"d{d:03d}").mkdir(parents=True)
+        (root / f"d{d:03d}" / "f").write_bytes(b"f")
+    snap = take_snapshot((str(root),))
+    assert unchanged(snap)
+    time.sleep(0.01)
+    (root / f"d{8 * CHECKERS - 1:03d}" / "g").write_bytes(b"g")  # the last directory the checkers reach
+    assert not unchanged(snap)
 
 
 def test_unreadable_directory_is_not_listed(tmp_path):
