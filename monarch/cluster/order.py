@@ -28,13 +28,14 @@ import threading
 import time
 from typing import Callable, Mapping
 
+from monarch.writeback.across import UNKNOWN  # a lost node's count, unanswered: whatever it had made
+
 from .control import Handler, Verb, message
 from .engine import Engine
 
 log = logging.getLogger(__name__)
 
 ASK_TIMEOUT = 60.0  # a node that neither answers nor is lost by then: the open goes on, said
-UNKNOWN = 1 << 62   # a lost node's count, unanswered: whatever it had made (it may have closed a file)
 
 
 class OrderFailed(Exception):

@@ -35,6 +35,7 @@ HEARD = "heard"  # in an area: {node: applied} its daemon heard from the other n
 HELD = "held"    # in an area: held/node<k>/, a partner's copy of node k's journal and files
 
 Key = tuple[str, int]  # (run, node)
+UNKNOWN = 1 << 62  # a count of a node lost before a file's open: whatever it had made (cluster/order.py)
 
 
 def write_heard(fd: int, heard: dict[int, int]) -> None:
@@ -154,14 +155,15 @@ class _Progress:
                     self._cond.wait(1.0)
                 if self._applied.get(key, 0) >= n:
                     continue
+                op = "what it had written before it was lost" if n >= UNKNOWN else f"its write-back operation {n}"
                 if key in self._failed:
-                    raise OSError(errno.EIO, f"node {k}'s drain stopped before its write-back operation {n}, which "
-                                             f"this file is ordered after: kept unpublished")
+                    raise OSError(errno.EIO, f"node {k}'s drain stopped before {op}, which this file is ordered "
+                                             f"after: kept unpublished")
                 where = ("no other node drains with this one: run `monarch drain` on every node at once "
                          "(docs/cluster.md, the drain line)" if self._alone else
                          "no node of this drain holds its area (removed, or lost with its tier) and none heard it "
                          "published")
-                raise OSError(errno.EIO, f"ordered after node {k}'s write-back operation {n}, not known on the PFS "
+                raise OSError(errno.EIO, f"ordered after node {k}'s {op.removeprefix('its ')}, not known on the PFS "
                                          f"({where}): kept unpublished, so that the PFS never holds it without what "
                                          f"came before it")
 
