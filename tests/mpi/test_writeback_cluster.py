@@ -86,6 +86,26 @@ def dcp_cluster(short_tmp, slow_pfs, ds, mbps, fsync="auto"):
     return src, ck, barrier, cfg, DaemonCluster(NODES, cfg, short_tmp), Watcher(os.path.join(src, "ck"))
 
 
+def lose_node(short_tmp, k, job=None):
+    """Node ``k`` lost with its tiers: its job's processes SIGKILLed (its daemon is the caller's), its tiers wiped."""
+    import shutil
+    import signal
+    if job is not None:
+        os.killpg(job.pid, signal.SIGKILL)
+    for tier in (f"/dev/shm{short_tmp}/ram{k}", f"{short_tmp}/ssd{k}"):
+        shutil.rmtree(tier, ignore_errors=True)
+
+
+def start_ranks(cfg, ck, barrier, more=lambda k: []):
+    """One `monarch run` a node, each running its rank of RANK (``more(k)``: its pause and barrier
+    timeout), each in a session of its own (a lost node's job is SIGKILLed whole)."""
+    return [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--", sys.executable,
+                              "-c", textwrap.dedent(RANK), ck, barrier, str(k), str(NODES), str(shard_size(k)),
+                              *more(k)],
+                             env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True) for k in range(NODES)]
+
+
 def test_dcp_metadata_is_published_after_every_nodes_shard(dataset, short_tmp, slow_pfs):
     """Rank 0 writes `.metadata` after the barrier; its node drains fast, the last node's shard
     slowly. The PFS never shows `.metadata` before every shard is whole, nor a shard short under
@@ -125,16 +145,12 @@ def lose_a_node_after_the_barrier(short_tmp, slow_pfs, ds, fsync, lost=(NODES - 
     ``publishing``: not before the first lost node's shard is being copied to the PFS (its temporary
     name there). The PFS's backing directory, the watcher, each job's exit code and output, and the
     cluster (stopped)."""
-    import shutil
     import signal
     import time
     src, ck, barrier, cfg, cluster, watcher = dcp_cluster(short_tmp, slow_pfs, ds, 8, fsync)
     try:
         watcher.start()
-        jobs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--", sys.executable,
-                                  "-c", textwrap.dedent(RANK), ck, barrier, str(k), str(NODES), str(shard_size(k))],
-                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, start_new_session=True) for k in range(NODES)]
+        jobs = start_ranks(cfg, ck, barrier)
         deadline = time.monotonic() + 120
         while len(os.listdir(barrier)) < NODES:  # every shard closed, the lost nodes' too
             assert time.monotonic() < deadline, "the ranks never reached the barrier"
@@ -146,9 +162,7 @@ def lose_a_node_after_the_barrier(short_tmp, slow_pfs, ds, fsync, lost=(NODES - 
         for k in lost:
             os.kill(cluster.pid(k), signal.SIGKILL)
             if wipe:
-                os.killpg(jobs[k].pid, signal.SIGKILL)
-                for tier in (f"/dev/shm{short_tmp}/ram{k}", f"{short_tmp}/ssd{k}"):
-                    shutil.rmtree(tier, ignore_errors=True)
+                lose_node(short_tmp, k, jobs[k])
         outs = [p.communicate(timeout=240)[0] for p in jobs]
     finally:
         watcher.stop.set()
@@ -211,10 +225,7 @@ def test_a_daemon_killed_with_its_tier_kept_is_drained_in_the_jobs_order_across_
     killed = NODES - 1
     try:
         watcher.start()
-        jobs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--", sys.executable,
-                                  "-c", textwrap.dedent(RANK), ck, barrier, str(k), str(NODES), str(shard_size(k))],
-                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, start_new_session=True) for k in range(NODES)]
+        jobs = start_ranks(cfg, ck, barrier)
         deadline = time.monotonic() + 120
         while len(os.listdir(barrier)) < NODES:
             assert time.monotonic() < deadline, "the ranks never reached the barrier"
@@ -298,27 +309,20 @@ def test_a_node_lost_before_its_shard_closed_leaves_a_step_missing_never_torn(da
     """The default; node 3 lost (daemon and job SIGKILLed, tier wiped) while its job still writes its
     shard: nothing of shard 3 exists anywhere, the other ranks' barrier gives up (exit 1, the app's
     own code, not Monarch's), their shards are published whole and `.metadata` never is."""
-    import shutil
     import signal
     import time
     src, ck, barrier, cfg, cluster, watcher = dcp_cluster(short_tmp, slow_pfs, dataset(files=20), 8)
     lost = NODES - 1
     try:
         watcher.start()
-        jobs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--", sys.executable,
-                                  "-c", textwrap.dedent(RANK), ck, barrier, str(k), str(NODES), str(shard_size(k)),
-                                  str(0.1 if k == lost else 0), "8"],
-                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, start_new_session=True) for k in range(NODES)]
+        jobs = start_ranks(cfg, ck, barrier, lambda k: [str(0.1 if k == lost else 0), "8"])
         deadline = time.monotonic() + 60
         while not glob.glob(f"/dev/shm{short_tmp}/ram{lost}/monarch-*/writeback-*[0-9]/data/*"):
             assert time.monotonic() < deadline, "node 3's job never began its shard"
             time.sleep(0.002)
         time.sleep(0.3)  # a few blocks written, not all (16 of them, 0.1 s apart)
         os.kill(cluster.pid(lost), signal.SIGKILL)
-        os.killpg(jobs[lost].pid, signal.SIGKILL)
-        for tier in (f"/dev/shm{short_tmp}/ram{lost}", f"{short_tmp}/ssd{lost}"):
-            shutil.rmtree(tier, ignore_errors=True)
+        lose_node(short_tmp, lost, jobs[lost])
         outs = [p.communicate(timeout=240)[0] for p in jobs]
     finally:
         watcher.stop.set()
@@ -354,7 +358,6 @@ def test_a_node_lost_during_the_drains_is_published_from_its_partners_copy(datas
     and node 3 lost during them: its drain SIGKILLed while its shard goes to the PFS, its tier wiped.
     `.metadata` waits for it: nothing published out of order. The drains of the three nodes left,
     run again, publish node 3's shard from node 0's copy, then `.metadata`: the step whole."""
-    import shutil
     import signal
     import time
     from monarch.cluster.world import mpich_mpiexec
@@ -367,10 +370,7 @@ def test_a_node_lost_during_the_drains_is_published_from_its_partners_copy(datas
                                 start_new_session=True)
     try:
         watcher.start()
-        jobs = [subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--", sys.executable,
-                                  "-c", textwrap.dedent(RANK), ck, barrier, str(k), str(NODES), str(shard_size(k))],
-                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, start_new_session=True) for k in range(NODES)]
+        jobs = start_ranks(cfg, ck, barrier)
         deadline = time.monotonic() + 120
         journal0 = f"/dev/shm{short_tmp}/ram0/monarch-*/writeback-*[0-9]/journal"
         while not any(b'"op":"rename"' in open(j, "rb").read() for j in glob.glob(journal0)):
@@ -392,8 +392,7 @@ def test_a_node_lost_during_the_drains_is_published_from_its_partners_copy(datas
         mine = [pid for pid in drain_ranks(cfg) if pid[1] == lost]
         for pid, _ in mine:
             os.kill(pid, signal.SIGKILL)
-        for tier in (f"/dev/shm{short_tmp}/ram{lost}", f"{short_tmp}/ssd{lost}"):
-            shutil.rmtree(tier, ignore_errors=True)
+        lose_node(short_tmp, lost)
         first_out = first.communicate(timeout=120)[0]
         assert mine and first.returncode != 0, first_out
         assert ".metadata" not in os.listdir(os.path.join(src, "ck")), first_out
