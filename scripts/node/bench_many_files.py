@@ -10,10 +10,16 @@ the kernel caches nothing (every lookup and read reaches the emulator). The emul
 counters (its JSON file) count each row's calls to it: metadata (lookups + readdirs + opendirs +
 statfs + accesses) and opens apart.
 
-    python scripts/node/bench_many_files.py                        # 200,000 files: minutes on 2 cores
-    python scripts/node/bench_many_files.py --files 2000000        # 2,000 directories: long on 2 cores
-    python scripts/node/bench_many_files.py --files 10000000 --timeout 14400   # 10,000 directories: hours on 2 cores
-    python scripts/node/bench_many_files.py --quick                # 2,000 files, 200 read: a smoke run
+    python scripts/node/bench_many_files.py                        # 200,000 files: 9 minutes on 2 cores
+    python scripts/node/bench_many_files.py --files 2000000        # about 30 minutes on 2 cores
+    python scripts/node/bench_many_files.py --files 10000000 --timeout 14400   # about 2.5 hours on 2 cores
+    python scripts/node/bench_many_files.py --quick                # 2,000 files, 200 read: 10 s, a smoke run
+
+On 2 cores the emulator's own CPU (Python, ~160 us a call) bounds every walk: at 200,000 files
+``monarch index`` took 74 s and the first job's namespace 64 s, each about 400,000 calls, so the
+larger runs are those times scaled by the files (the sample's passes stay as they are); the walk
+of 10,000,000 files passes the default ``--timeout`` of an hour. At 10,000,000 the daemon's peak
+is ~3.4 GB and each index (the kept snapshot, the manifest) ~1.7 GB in the scratch directory.
 
 The rows, in this order, each a separate process launched from here (wall: its launch to its exit):
 
@@ -64,7 +70,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import shutil
 import subprocess
 import sys
@@ -72,8 +77,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
-from benchkit import REPO, checkout_env  # noqa: E402  (this checkout's monarch first on the path)
+from benchkit import checkout_env  # noqa: E402  (this checkout's monarch first on the path)
 
 from benchkit.cpuwatch import CpuWatch  # noqa: E402
 from benchkit.options import fresh_bytecode, parse_with_quick, result_path, write_json  # noqa: E402
@@ -158,17 +165,30 @@ def calls(before: dict, after: dict) -> tuple[int, int]:
 # --------------------------------------------------------------------------- the rows
 
 
+class Watch(CpuWatch):
+    """CpuWatch that tells the embedded daemon from its launcher: forked by ``monarch run``
+    (monarch/launch/forked.py), it has the launcher's command line, in a session of its own."""
+
+    def sample(self) -> None:
+        try:
+            for p in self.me.children(recursive=True):
+                if p.pid not in self.last and p.pid != self.pfs_pid and os.getsid(p.pid) == p.pid \
+                        and "monarch" in " ".join(p.cmdline()):
+                    with self._lock:
+                        self.last.setdefault(p.pid, ("daemons", 0.0))
+        except (psutil.Error, OSError):
+            pass  # ended meanwhile
+        super().sample()
+
+
 class Row:
-    """One row's process: launched, timed, its calls and CPU counted."""
+    """One row's process, from just before its launch: timed, its calls and CPU counted."""
 
     def __init__(self, name: str, pfs: SlowPFS, watch: CpuWatch):
         self.name, self.pfs, self.watch = name, pfs, watch
-
-    def __enter__(self) -> "Row":
-        self.before = counters(self.pfs)
-        self.watch.mark(f"{self.name}:start")
+        self.before = counters(pfs)
+        watch.mark(f"{name}:start")
         self.launch = time.time()
-        return self
 
     def done(self) -> dict:
         wall = time.time() - self.launch
@@ -179,18 +199,15 @@ class Row:
                 "cpu": {"pfs": cpu.get("pfs", 0.0), "daemon": cpu.get("daemons", 0.0),
                         "rest": round(sum(v for k, v in cpu.items() if k not in ("pfs", "daemons")), 3)}}
 
-    def __exit__(self, *exc) -> None:
-        pass
-
 
 def run_find(mnt: Path, args, pfs: SlowPFS, watch: CpuWatch) -> dict:
-    with Row("find MNT -type f", pfs, watch) as row:
-        proc = subprocess.Popen(["find", str(mnt), "-type", "f"], stdout=subprocess.PIPE)
-        printed = 0
-        while chunk := proc.stdout.read(1 << 20):  # counted as it comes: 10M paths are 300 MB
-            printed += chunk.count(b"\n")
-        code = proc.wait(timeout=args.timeout)
-        r = row.done()
+    row = Row("find MNT -type f", pfs, watch)
+    proc = subprocess.Popen(["find", str(mnt), "-type", "f"], stdout=subprocess.PIPE)
+    printed = 0
+    while chunk := proc.stdout.read(1 << 20):  # counted as it comes: 10M paths are 300 MB
+        printed += chunk.count(b"\n")
+    code = proc.wait(timeout=args.timeout)
+    r = row.done()
     if code != 0 or printed != args.files:
         raise SystemExit(f"{NAME}: find {mnt} -type f exited {code} after printing {printed} files, not {args.files}")
     return r | {"printed": printed}
@@ -198,9 +215,9 @@ def run_find(mnt: Path, args, pfs: SlowPFS, watch: CpuWatch) -> dict:
 
 def run_index(mnt: Path, manifest: Path, args, pfs: SlowPFS, watch: CpuWatch, env: dict) -> dict:
     cmd = [sys.executable, "-m", "monarch", "index", str(mnt), "-o", str(manifest)]
-    with Row("monarch index MNT -o FILE", pfs, watch) as row:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-        r = row.done()
+    row = Row("monarch index MNT -o FILE", pfs, watch)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    r = row.done()
     if proc.returncode != 0:
         raise SystemExit(f"{NAME}: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
@@ -227,7 +244,8 @@ def reads(r: dict, res: dict, before: dict, args) -> dict:
     meta, opens = calls(before, res["counters_at_stat"])
     hwm = res.get("daemon_hwm_kib")
     idx = res.get("index_bytes")
-    return r | {"metadata_before_read": meta, "opens_before_read": opens, "stat_after_launch": res["stat_at"] - r["launch"],
+    return r | {"metadata_before_read": meta, "opens_before_read": opens,
+                "stat_after_launch": res["stat_at"] - r["launch"],
                 "pass1": res["passes"][0], "pass2": res["passes"][1], "checked": res["checked"],
                 "hwm_per_file": hwm * 1024 / args.files if hwm else None,
                 "index_per_file": idx / args.files if idx else None, "result": res}
@@ -238,9 +256,9 @@ def run_job(name: str, cfg: Path, mnt: Path, reader: Path, work: Path, args, pfs
     report = work / f"report-{len(list(work.glob('report-*')))}.json"
     cmd = [sys.executable, "-m", "monarch", "run", "-c", str(cfg), "--no-progress", "--report", str(report), "--",
            sys.executable, str(reader), *reader_args(mnt, args, pfs)]
-    with Row(name, pfs, watch) as row:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout, cwd=work)
-        r = row.done()
+    row = Row(name, pfs, watch)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout, cwd=work)
+    r = row.done()
     res = result_of(name, proc)
     if not report.exists():  # Monarch fails open: the figures would be the PFS's
         raise SystemExit(f"{NAME}: {name} wrote no report: Monarch was not active; its stderr:\n{proc.stderr[-3000:]}")
@@ -263,10 +281,10 @@ def run_job(name: str, cfg: Path, mnt: Path, reader: Path, work: Path, args, pfs
 
 
 def run_direct(mnt: Path, reader: Path, args, pfs: SlowPFS, watch: CpuWatch, env: dict) -> dict:
-    with Row("direct (READER, no Monarch)", pfs, watch) as row:
-        proc = subprocess.run([sys.executable, str(reader), *reader_args(mnt, args, pfs)], capture_output=True,
-                              text=True, env=env, timeout=args.timeout)
-        r = row.done()
+    row = Row("direct (READER, no Monarch)", pfs, watch)
+    proc = subprocess.run([sys.executable, str(reader), *reader_args(mnt, args, pfs)], capture_output=True,
+                          text=True, env=env, timeout=args.timeout)
+    r = row.done()
     return reads(r, result_of("the direct reader", proc), row.before, args)
 
 
@@ -307,8 +325,8 @@ def cell(v, digits: int = 2, thousands: bool = False) -> str:
 
 
 COLUMNS = (("row", "", None), ("wall s", "wall", 2), ("PFS meta", "metadata", "n"), ("PFS opens", "opens", "n"),
-           ("ns ready s", "ready", 2), ("meta<1st read", "metadata_before_read", "n"), ("1st pass s", "pass1", 2),
-           ("2nd pass s", "pass2", 2), ("daemon RSS B/file", "hwm_per_file", 0), ("index B/file", "index_per_file", 0),
+           ("ns ready s", "ready", 2), ("meta<1st read", "metadata_before_read", "n"), ("1st pass s", "pass1", 3),
+           ("2nd pass s", "pass2", 3), ("daemon RSS B/file", "hwm_per_file", 0), ("index B/file", "index_per_file", 0),
            ("CPU-s pfs/daemon/rest", "cpu", None), ("snapshot", "snapshot", None))
 
 
@@ -408,7 +426,7 @@ def main(argv=None) -> int:
         job_env = env | {"MONARCH_SHIM_INDEX_WAIT_MS": str(wait_ms)}
         with SlowPFS(args.tree, mnt, work / "counters.json", lookup_latency_ms=args.lookup_latency_ms,
                      open_latency_ms=args.open_latency_ms, timeout=60) as pfs, \
-                CpuWatch(period=0.1, pfs_pid=pfs.proc.pid) as watch:
+                Watch(period=0.1, pfs_pid=pfs.proc.pid) as watch:
             kept = write_config(work / "kept.yaml", mnt, work / "kept", shm / "kept-ram", capacity, keep=True)
             listed = write_config(work / "manifest.yaml", mnt, work / "listed", shm / "listed-ram", capacity,
                                   keep=False, manifest=manifest)
@@ -419,7 +437,7 @@ def main(argv=None) -> int:
                 rows.append(run_job(name, cfg, mnt, reader, work, args, pfs, watch, job_env))
                 r = rows[-1]
                 print(f"  {name}: {r['wall']:.2f} s, snapshot {r['snapshot']}, ready {cell(r['ready'])} s, "
-                      f"passes {r['pass1']:.2f} s, {r['pass2']:.2f} s", flush=True)
+                      f"passes {r['pass1']:.3f} s, {r['pass2']:.3f} s", flush=True)
             rows.append(run_direct(mnt, reader, args, pfs, watch, env))
         find, first, later, listed_job, direct = rows[0], rows[2], rows[3], rows[4], rows[5]
         rat = ratios(find, first, direct)
@@ -427,7 +445,8 @@ def main(argv=None) -> int:
               f"{args.lookup_latency_ms:g} ms a metadata call, {args.open_latency_ms:g} ms an open; READER "
               f"{args.sample_n:,} files x 2 passes; PFS meta: lookups + readdirs + opendirs + statfs + accesses")
         print_table(rows)
-        print(f"\nfirst job / find: wall {fx(rat['wall'])}, namespace ready {fx(rat['namespace_ready'])} of find's wall, "
+        print(f"\nfirst job / find: wall {fx(rat['wall'])}, "
+              f"namespace ready {fx(rat['namespace_ready'])} of find's wall, "
               f"PFS metadata calls {fx(rat['metadata'])} (before the first read {fx(rat['metadata_before_read'])}), "
               f"CPU-s {fx(rat['cpu'])}")
         met = rat["first_pass_vs_direct"]
