@@ -192,7 +192,7 @@ EXTRA_BLOCK_FAULTS_HELD, EXTRA_BLOCK_FAULT_WAIT_NS, EXTRA_BLOCK_FAULTS_LATE, EXT
 # shim_view.c: FALLBACK_* bits said; bit k: root k named other files; processes that called under a root
 EXTRA_FALLBACKS, EXTRA_ROOTS_ELSEWHERE, EXTRA_ROOT_PROCESSES = 21, 22, 23
 FALLBACK_ROOT_ELSEWHERE, FALLBACK_TIERS_UNSEEN, FALLBACK_DAEMON_UNREACHABLE, FALLBACK_UID_MISMATCH = 1, 2, 4, 8
-FALLBACK_RAW_UNWATCHED = 16  # a process's raw system calls could not be watched (shim_rawsys.c)
+FALLBACK_RAW_UNWATCHED, FALLBACK_WB_LOST = 16, 32  # raw calls unwatched (shim_rawsys.c); the daemon lost holding writes
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
 
 SLOT_PFS, SLOT_PEER, FIRST_TIER_SLOT = 0, 1, 2

@@ -482,11 +482,12 @@ def _stats_without_daemon(config: Config, session: Session) -> NodeStats:
     names = protocol.slot_names([t.name for t in config.tiers], with_peer=False)
     counters = session.env[protocol.ENV_COUNTERS]
     try:
-        processes = protocol.read_extra_counters(counters)[protocol.EXTRA_PROCESSES]
+        extra = protocol.read_extra_counters(counters)
+        processes, said = extra[protocol.EXTRA_PROCESSES], extra[protocol.EXTRA_FALLBACKS]
     except (OSError, ValueError):
-        processes = None
+        processes, said = None, 0
     return NodeStats(node=0, host=socket.gethostname(),
                      opened_from=protocol.read_opened_from(counters, names),
                      staging={"files": 0, "bytes": 0, "pfs_files_read": 0, "pfs_bytes_read": 0,
                               "failures": {"daemon_lost": 1}},
-                     processes_with_shim=processes)
+                     processes_with_shim=processes, view={"fallbacks": said})  # what the shims said, with their fixes

@@ -39,6 +39,12 @@ REASONS = {
                       "syscall user dispatch: a seccomp filter, or not Linux 5.11+ on x86_64): a library that "
                       "renames or opens a write-back file by a raw call may not find it",
                       "run the job where the kernel is Linux 5.11 or later on x86_64, or set no writeback: paths"),
+    "writeback-daemon-lost": (protocol.FALLBACK_WB_LOST,
+                              "the node daemon was lost after it took the job's writes: files it had not published "
+                              "are kept in its write-back tier, and a change under the write-back paths since then "
+                              "failed (EIO) rather than reach the PFS before them",
+                              "`monarch drain` publishes what the daemon kept (on every node at once: the drain "
+                              "line); then run the job again"),
     "no-shim": (None, "no process of the command ran with the Monarch shim (LD_PRELOAD dropped, a static "
                       "reader, or the shim could not reach the daemon's run folder or ran as another user: "
                       "its own `monarch:` line said which)",

@@ -80,8 +80,30 @@ static int monarch_wb_under(int dirfd, const char *path, char *abs)
     return 0;
 }
 
+/* The daemon answered a write-back call of this process (or of its parent before a fork): once it is
+ * lost, its tier may hold files of the job not yet on the PFS, and a change made on the PFS directly
+ * could reach it before them (a commit file before its shards): such a change fails instead. */
+static int monarch_wb_took;
+
+/* Does ``op`` change what the PFS will hold, in the job's order (a create, a namespace change, an
+ * fsync's promise)? Reads, closes and room requests go on without the daemon, as without Monarch. */
+static int monarch_wb_changes(unsigned op)
+{
+    return op == MONARCH_WB_OPEN || op == MONARCH_WB_RENAME || op == MONARCH_WB_UNLINK || op == MONARCH_WB_MKDIR ||
+           op == MONARCH_WB_RMDIR || op == MONARCH_WB_SETTLE || op == MONARCH_WB_SYNC;
+}
+
+static int monarch_wb_lost(void)
+{
+    monarch_say(MONARCH_FALLBACK_WB_LOST, "%s", "the node daemon was lost with writes of the job it took not all on "
+                "the PFS: a change under the write-back paths now could reach the PFS before them, so it fails (EIO); "
+                "`monarch drain` publishes what the daemon kept");
+    return MONARCH_WB_ERRNO + EIO;
+}
+
 /* One call to the daemon: its status (the body, a path, in out[PATH_MAX]), or INT_MIN when it
- * cannot be asked. */
+ * cannot be asked (or MONARCH_WB_ERRNO + EIO: a change once the daemon that took the job's writes
+ * is lost). */
 static int monarch_wb_ask(unsigned op, const char *p1, const char *p2, long n1, long n2, char *out)
 {
     char body[MONARCH_KEY_MAX];
@@ -92,11 +114,16 @@ static int monarch_wb_ask(unsigned op, const char *p1, const char *p2, long n1, 
     char answer[PATH_MAX + 1];
     int saved = errno;
     monarch_guard = 1;
-    int st = monarch_request(MONARCH_VERB_WB, body, (size_t)n, answer, sizeof answer, NULL, MONARCH_WB_WAIT_MS);
+    int why;
+    int st = monarch_request_why(MONARCH_VERB_WB, body, (size_t)n, answer, sizeof answer, NULL, MONARCH_WB_WAIT_MS,
+                                 &why);
     monarch_guard = 0;
     errno = saved;
+    if (st < 0 && why == MONARCH_LOST && monarch_wb_took && monarch_wb_changes(op))
+        return monarch_wb_lost();
     if (st < 0) /* not answered, or refused (a daemon without write-back): as if there were none */
         return INT_MIN;
+    monarch_wb_took = 1;
     if (out)
         memcpy(out, answer, strlen(answer) + 1);
     return st;

@@ -81,6 +81,7 @@
 #define MONARCH_FALLBACK_DAEMON_UNREACHABLE 4u /* the run folder or socket is not here: pass-through */
 #define MONARCH_FALLBACK_UID_MISMATCH 8u     /* the daemon's files or socket are another uid's: pass-through */
 #define MONARCH_FALLBACK_RAW_UNWATCHED 16u   /* raw system calls not watched in a process (shim_rawsys.c) */
+#define MONARCH_FALLBACK_WB_LOST 32u         /* the daemon lost after it took write-back: changes refused (EIO) */
 
 /* ---- socket frames: request u8 verb, u8 flags, u16 reserved, u32 length; answer i32 status, u32 length ---- */
 #define MONARCH_VERB_OPEN 1

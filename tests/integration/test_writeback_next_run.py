@@ -81,3 +81,41 @@ def test_a_drain_the_pfs_refuses_is_said_and_the_job_runs_all_the_same_the_area_
     with open(os.path.join(step, "model"), "rb") as f:
         assert hashlib.md5(f.read()).hexdigest() == md5
     assert areas(short_tmp) == []
+
+
+KILL_THEN_COMMIT = KILL_DAEMON + """
+import errno, time
+time.sleep(0.5)  # the daemon is gone (its socket no longer answers)
+try:
+    with open(os.path.join(os.path.dirname(sys.argv[1]), "latest"), "w") as f:  # the commit file, after the shard
+        f.write("model\\n")
+    print("latest written", flush=True)
+except OSError as e:
+    print("latest refused", errno.errorcode[e.errno], flush=True)
+"""
+
+
+def test_a_commit_file_written_after_the_daemon_was_lost_never_reaches_the_pfs_before_its_shard(
+        dataset, short_tmp, slow_pfs):
+    """The job closes a 4 MiB shard (pending: the PFS takes 2 MB/s), its daemon is SIGKILLed, then
+    the job writes its commit file: that create fails (EIO), said once with the fix, and the report
+    lists it; nothing reaches the PFS before the shard, which `monarch drain` publishes. Before, the
+    shim fell open and wrote the commit file straight to the PFS: a `latest` naming a shard that was
+    not there."""
+    src, ck, cfg = writable_pfs_job(short_tmp, dataset(files=20).root, slow_pfs, mbps=2)
+    report = os.path.join(short_tmp, "report.json")
+    r = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", KILL_THEN_COMMIT,
+                os.path.join(ck, "model"))
+    assert "latest refused EIO" in r.stdout, r.stdout + r.stderr
+    assert "the node daemon was lost with writes of the job it took not all on the PFS" in r.stderr, r.stderr
+    assert r.returncode == 3, r.stderr
+    names = os.listdir(os.path.join(src, "ck"))  # (the shard's copy cut short, under its temporary name)
+    assert "latest" not in names and "model" not in names, names
+    import json
+    with open(report) as f:
+        assert "writeback-daemon-lost" in [x["reason"] for x in json.load(f)["fallbacks"]]
+    drained = monarch("drain", "-c", cfg)
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    with open(os.path.join(src, "ck", "model"), "rb") as f:
+        assert hashlib.md5(f.read()).hexdigest() == r.stdout.split()[0]
+    assert sorted(os.listdir(os.path.join(src, "ck"))) == ["model"]
