@@ -110,7 +110,7 @@ class WritebackRoom:
         ``partners`` (fsync ``partner``, or ``auto`` on two or more nodes) each file and record is held
         by the partner node too before the call that made it returns (docs/consistency.md, "What survives")."""
         self.order = order
-        self._heard_fd = open_private_file(os.path.join(self.area.path, HEARD))
+        self._heard_fd = open_private_file(os.path.join(self.area.path, HEARD), os.O_RDWR | os.O_TRUNC)
         order.serve(lambda: self.journal.last_op, lambda: (self._moving, self._outcome.failed is not None),
                     remember=self._remember)
         if partners is not None and partners.nodes > 1 and self.fsync_asked in ("auto", "partner"):

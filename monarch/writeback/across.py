@@ -178,10 +178,6 @@ def drain_in_order(areas: list[Area], exchange: Exchange | None = None,
     mine: list[tuple[Area, list[Piece]]] = []
     errors: dict[str, str] = {}
     heard: dict[Key, int] = {}
-    for key, done in (finished or {}).items():  # a node's run that finished: all it made is on the PFS
-        heard[key] = max(heard.get(key, 0), done["applied"])
-        for k, applied in done["heard"].items():
-            heard[(key[0], k)] = max(heard.get((key[0], k), 0), applied)
     for area in areas:
         try:
             pieces = pieces_of(area)
@@ -195,11 +191,11 @@ def drain_in_order(areas: list[Area], exchange: Exchange | None = None,
         for k, applied in read_heard(area.path).items():
             heard[(run, k)] = max(heard.get((run, k), 0), applied)
     facts = exchange.allgather(([(p.run, p.node, p.held, p.applied, p.last) for _, ps in mine for p in ps],
-                                sorted(heard.items())))
+                                sorted(heard.items()), sorted((finished or {}).items())))
     known: dict[Key, int] = {}
     lasts: dict[Key, int] = {}
     owner: dict[Key, tuple[bool, int]] = {}  # who drains a (run, node): its own area first, else the lowest rank's copy
-    for rank, (pieces, told) in enumerate(facts):
+    for rank, (pieces, told, _) in enumerate(facts):
         for key, applied in told:
             key = tuple(key)
             known[key] = max(known.get(key, 0), applied)
@@ -207,6 +203,13 @@ def drain_in_order(areas: list[Area], exchange: Exchange | None = None,
             known[(run, node)] = max(known.get((run, node), 0), applied)
             lasts[(run, node)] = max(lasts.get((run, node), 0), last)
             owner[(run, node)] = min(owner.get((run, node), (True, 1 << 30)), (held, rank))
+    for _, _, done in facts:  # a node's run that finished: all it made is on the PFS, and what it heard
+        for key, d in done:
+            key = tuple(key)
+            if owner.get(key, (True,))[0]:  # (an area of that run and node is left: a run of the same name since)
+                known[key] = max(known.get(key, 0), d["applied"])
+                for k, applied in d["heard"].items():
+                    known[(key[0], k)] = max(known.get((key[0], k), 0), applied)
     if exchange.size == 1:  # alone: a copy held here is never drained (its node may be draining its own area now)
         owner = {key: o for key, o in owner.items() if not o[0]}
     progress = _Progress(known, lasts, set(owner), alone=exchange.size == 1)

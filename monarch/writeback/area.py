@@ -60,6 +60,10 @@ class Area:
         area = cls._hold(path, blocking=False)
         if area is None:
             raise BlockingIOError(f"{path} is held by another live process of the run")
+        try:  # what an earlier run of the same name left when it finished: not this run's
+            os.unlink(path + DONE)
+        except FileNotFoundError:
+            pass
         return area
 
     @classmethod

@@ -172,3 +172,20 @@ def test_a_lost_nodes_copy_is_drained_where_no_node_holds_its_own_area(tmp_path)
     assert d.complete and d.removed and d.held[0].published == [str(pfs / "shard0")]
     assert (pfs / "shard0").stat().st_size == 3_000_000 and (pfs / ".metadata").read_bytes() == b"meta"
     assert (pfs / "shard0").stat().st_ctime_ns <= (pfs / ".metadata").stat().st_ctime_ns  # (renamed first)
+
+
+def test_what_an_earlier_run_of_the_same_name_left_is_not_taken_for_this_ones(tmp_path):
+    """A standing cluster's runs share a name ("local"): the line an earlier one left when it finished
+    is dropped when the run makes its area again, and never counts where the run's own area is left
+    (else its files would be taken as published, their bytes removed)."""
+    base, pfs = tier_and_pfs(tmp_path)
+    Area.create(base, RUN, 1).remove(done={"applied": 50, "heard": {0: 50}})  # the earlier run's
+    assert finished(base) == {(RUN, 1): {"applied": 50, "heard": {0: 50}}}
+    Area.create(base, RUN, 1).release()  # this run's: the earlier line dropped
+    assert finished(base) == {}
+    left(base, 1, [(pfs / "shard1", b"s")])
+    (tmp_path / "tier" / f"monarch-{os.getuid()}" / f"writeback-{RUN}-node1.done").write_text(
+        '{"applied":50,"heard":{}}\n')  # (one left by any means beside this run's own area)
+    assert finished(base) == {(RUN, 1): {"applied": 50, "heard": {}}}
+    (d,) = drain_in_order(Area.orphans(base), finished=finished(base))
+    assert d.complete and d.outcome.published == [str(pfs / "shard1")] and (pfs / "shard1").read_bytes() == b"s"
