@@ -21,6 +21,7 @@ import fcntl
 import logging
 import os
 import shutil
+import signal
 import threading
 import time
 
@@ -38,7 +39,7 @@ from monarch.writeback.view import Local, View
 
 log = logging.getLogger(__name__)
 
-F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
+F_SETLEASE, F_SETSIG = getattr(fcntl, "F_SETLEASE", 1024), getattr(fcntl, "F_SETSIG", 10)
 LISTS = "lists"  # the area's directories made to list a directory as the job sees it
 
 
@@ -58,6 +59,8 @@ def sole_opener(path: str) -> bool:
     except FileNotFoundError:
         return True
     try:
+        # an open meanwhile (the job's, the partner copy's) breaks it: SIGURG (ignored), not SIGIO (the end)
+        fcntl.fcntl(fd, F_SETSIG, signal.SIGURG)
         fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
         fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
         return True
@@ -94,8 +97,7 @@ class WritebackRoom:
         self._heard_lock = threading.Lock()  # (its own: the engine thread writes it, holding the order's lock)
         self._stop = False
         self._lists = 0
-        self.figures = {"bytes_written": 0, "files_closed": 0, "files_published": 0, "bytes_published": 0,
-                        "bytes_copied": 0,
+        self.figures = {"bytes_written": 0, "files_closed": 0, "files_published": 0, "bytes_published": 0, "bytes_copied": 0,
                         "peak_pending_bytes": 0, "drain_seconds": 0.0, "waited_for_room": 0, "syncs": 0,
                         "ordered_files": 0, "order_wait_seconds": 0.0, "files_written_through": 0,
                         "opened_through": 0, "app_write_seconds": 0.0, "app_close_seconds": 0.0,
@@ -122,8 +124,7 @@ class WritebackRoom:
             log.warning("write-back: fsync: partner on a single node has no partner: an fsync waits for the PFS")
 
     def _remember(self, node: int, applied: int) -> None:
-        """Another node's operations up to ``applied`` were heard on the PFS: kept in the area, so that
-        a drain after this daemon is killed knows what its files' order asks is there (across.py)."""
+        """Another node's operations up to ``applied`` heard on the PFS: kept for a drain after a kill (across.py)."""
         with self._heard_lock:
             if applied <= self._heard.get(node, 0) or self._heard_fd < 0:
                 return
@@ -563,9 +564,9 @@ class WritebackRoom:
             figures["failed"], figures["unpublished"] = out.failed, dict(out.unpublished)
         self.journal.close()
         with self._heard_lock:
-            if self._heard_fd >= 0:
-                os.close(self._heard_fd)
-                self._heard_fd = -1
+            fd, self._heard_fd = self._heard_fd, -1
+        if fd >= 0:
+            os.close(fd)
         shutil.rmtree(os.path.join(self.area.path, LISTS), ignore_errors=True)
         if out.failed is None and not self.area.pending_data():  # (in a cluster: what a later drain may need, left)
             self.area.remove(done={"applied": self._upto, "heard": self._heard} if self.order is not None else None)

@@ -195,3 +195,32 @@ def test_a_file_renamed_while_open_after_its_fsync_leaves_one_name(dataset, shor
     with open(os.path.join(pfs, "model"), "rb") as f:
         assert f.read() == b"a" * (1 << 20) + b"tail"
     assert report["nodes"][0]["writeback"]["failed"] is None
+
+
+SOLE_OPENER = """
+import os, sys, threading
+from monarch.node.writeback import sole_opener
+path, stop = sys.argv[1], []
+open(path, "wb").close()
+def opener():  # another descriptor opened now and then: the partner copy's, the drain's, the job's
+    while not stop:
+        os.close(os.open(path, os.O_RDONLY))
+t = threading.Thread(target=opener)
+t.start()
+held = sum(not sole_opener(path) for _ in range(20000))
+stop.append(1)
+t.join()
+print("alive", held)
+"""
+
+
+def test_the_daemons_check_that_no_one_holds_a_file_survives_an_open_meanwhile(tmp_path):
+    """The daemon asks whether a closed file is still held elsewhere by taking a lease and giving it
+    back at once; an open in between breaks the lease and the kernel signals the holder. Before, that
+    signal was SIGIO, whose default action ended the daemon (seen on 8 nodes: a daemon gone mid-save,
+    its shard never published); now SIGURG, ignored."""
+    import subprocess
+    from support.harness import monarch_env
+    ran = subprocess.run([sys.executable, "-c", SOLE_OPENER, str(tmp_path / "f")], env=monarch_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and ran.stdout.startswith("alive "), (ran.returncode, ran.stderr[-2000:])
