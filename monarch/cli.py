@@ -269,6 +269,9 @@ def cmd_drain(args) -> int:
     if not areas:
         print(f"nothing to drain in tier {tier.name} ({tier.path}): {NOTHING_LEFT}")
     complete = [say_drained(d) for d in drain_in_order(areas, exchange, finished(tier.path))]
+    if exchange is not None:  # every node's lines said before any exits (srun ends the others at a drain's exit 3)
+        sys.stdout.flush()
+        exchange.close()
     return 0 if all(complete) else EXIT_UNPUBLISHED
 
 
@@ -286,16 +289,20 @@ def cmd_index(args) -> int:
     import time
     from monarch.node.snapshot.snapshot import write_manifest
     from monarch.sizes import human
-    roots = []
     for root in args.roots:
         if not os.path.isdir(root):
             raise ConfigError(f"monarch index: {root} is not a directory; give the dataset's roots, as dataset.roots lists them")
-        roots.append(os.path.realpath(root))  # as the configuration takes them: symlinks resolved
+    roots = [os.path.realpath(root) for root in args.roots]  # as the configuration takes them: symlinks resolved
+    where = os.path.dirname(os.path.abspath(args.output))
+    if not os.access(where, os.W_OK | os.X_OK):  # said before a walk that may take minutes
+        raise ConfigError(f"monarch index: -o {args.output}: cannot write in {where}; give a writable directory")
     t0 = time.monotonic()
-    snap = write_manifest(tuple(roots), args.output)
-    size = os.path.getsize(args.output)
-    print(f"{args.output}: {len(snap.files)} files, {len(snap.dirs)} directories, {human(snap.total_bytes)} "
-          f"(walked in {time.monotonic() - t0:.1f} s; {size / max(1, len(snap.files)):.0f} B a file); "
+    try:
+        snap = write_manifest(tuple(roots), args.output)
+    except OSError as e:
+        raise MonarchError(f"monarch index: cannot write {args.output}: {e.strerror or e}") from None
+    print(f"{args.output}: {len(snap.files)} files, {len(snap.dirs)} directories, {human(snap.total_bytes)} (walked in "
+          f"{time.monotonic() - t0:.1f} s; {os.path.getsize(args.output) / max(1, len(snap.files)):.0f} B a file); "
           f"give it to the jobs as dataset.manifest, with dataset.roots in this order")
     return 0
 

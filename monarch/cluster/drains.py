@@ -5,7 +5,7 @@ file ordered after another node's (W4) waits for that node's drain, not only its
 
 Messages, on a communicator of their own, tag ``TAG``: ``("p", (run, node), applied, failed, done)``
 a journal's progress; ``("bye",)`` this rank's drains ended (a rank returns from ``finish`` once it
-has every other rank's).
+has every other rank's); ``close`` returns once every rank has said its results.
 """
 
 from __future__ import annotations
@@ -69,5 +69,7 @@ class MpiExchange(Exchange):
         with self._lock:
             self._MPI.Request.Waitall(self._sends)
             self._sends = []
+
+    def close(self) -> None:
         self._comm.Barrier()
         self._comm.Free()

@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Callable, Mapping
 
+from monarch.writeback.across import HELD
+
 from .control import Handler, Verb, message
 from .engine import Engine
 
@@ -174,7 +176,7 @@ class Partners:
 
     # -- the holder (engine thread) ---------------------------------------------------------------------
     def _held_dir(self, node: int) -> str:
-        d = os.path.join(self._folder or "", "held", f"node{node}")
+        d = os.path.join(self._folder or "", HELD, f"node{node}")
         os.makedirs(os.path.join(d, "data"), mode=0o700, exist_ok=True)
         return d
 
@@ -250,7 +252,7 @@ class Partners:
             self._cond.notify_all()
         if self._drain is None or self.partner_of(node, self.nodes) != self.node:
             return
-        held = os.path.join(self._folder or "", "held", f"node{node}")
+        held = os.path.join(self._folder or "", HELD, f"node{node}")
         if not os.path.exists(os.path.join(held, "journal")):
             self._progress(node, 0, False, True)  # it had recorded nothing: nothing of its is waited for
             return

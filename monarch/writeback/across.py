@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from monarch.writeback.area import Area, run_and_node
+from monarch.writeback.area import JOURNAL, Area, run_and_node
 from monarch.writeback.drain import Outcome, drain
 from monarch.writeback.journal import JournalError, read
 
@@ -68,7 +68,7 @@ class Piece:
 
 
 def _journal_state(path: str) -> tuple[int, int]:
-    records, _ = read(os.path.join(path, "journal"))
+    records, _ = read(os.path.join(path, JOURNAL))
     applied = max((r["upto"] for r in records if r.op == "applied"), default=0)
     return applied, max((r.n for r in records if r.op != "applied"), default=0)
 
@@ -84,7 +84,7 @@ def pieces_of(area: Area) -> list[Piece]:
     held = os.path.join(area.path, HELD)
     for name in sorted(os.listdir(held)) if os.path.isdir(held) else ():
         k = name.removeprefix("node")
-        if k.isdigit() and os.path.exists(os.path.join(held, name, "journal")):
+        if k.isdigit() and os.path.exists(os.path.join(held, name, JOURNAL)):
             found.append(Piece(run, int(k), True, os.path.join(held, name), *_journal_state(os.path.join(held, name))))
     return found
 
@@ -105,6 +105,9 @@ class Exchange:
 
     def finish(self) -> None:
         """This node's drains ended; return once every other node's have (nothing waits on them then)."""
+
+    def close(self) -> None:
+        """Return once every node has said what its drains did (none may end the others' before)."""
 
 
 @dataclass

@@ -285,3 +285,10 @@ def test_a_launcher_that_gives_up_says_once_what_is_left_and_where(tmp_path):
     quiet = io.StringIO()
     assert service.wait_stopped(_ClosingDaemon(10_000.0), config, 100, alone=False, run="r1", out=quiet) is False
     assert quiet.getvalue() == ""
+
+
+def test_monarch_index_says_where_it_cannot_write_before_it_walks(tmp_path, capsys):
+    assert main(["index", str(tmp_path), "-o", str(tmp_path / "missing" / "ds.index")]) == 2
+    assert f"cannot write in {tmp_path / 'missing'}; give a writable directory" in capsys.readouterr().err
+    assert main(["index", str(tmp_path / "nope"), "-o", str(tmp_path / "ds.index")]) == 2
+    assert not (tmp_path / "ds.index").exists()
