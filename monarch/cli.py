@@ -289,19 +289,19 @@ def cmd_index(args) -> int:
     import time
     from monarch.node.snapshot.snapshot import write_manifest
     from monarch.sizes import human
-    for root in args.roots:
-        if not os.path.isdir(root):
-            raise ConfigError(f"monarch index: {root} is not a directory; give the dataset's roots, as dataset.roots lists them")
+    if bad := [root for root in args.roots if not os.path.isdir(root)]:
+        raise ConfigError(f"monarch index: {bad[0]} is not a directory; give the dataset's roots, as dataset.roots lists them")
     roots = [os.path.realpath(root) for root in args.roots]  # as the configuration takes them: symlinks resolved
     where = os.path.dirname(os.path.abspath(args.output))
     if not os.access(where, os.W_OK | os.X_OK):  # said before a walk that may take minutes
         raise ConfigError(f"monarch index: -o {args.output}: cannot write in {where}; give a writable directory")
     t0 = time.monotonic()
     try:
-        snap = write_manifest(tuple(roots), args.output)
+        snap = write_manifest(tuple(roots), args.output, describe=args.sizes)
     except OSError as e:
         raise MonarchError(f"monarch index: cannot write {args.output}: {e.strerror or e}") from None
-    print(f"{args.output}: {len(snap.files)} files, {len(snap.dirs)} directories, {human(snap.total_bytes)} (walked in "
+    print(f"{args.output}: {len(snap.files)} files, {len(snap.dirs)} directories, "
+          f"{human(snap.total_bytes) if args.sizes else 'names only: each file stat-ed when a job opens it'} (walked in "
           f"{time.monotonic() - t0:.1f} s; {os.path.getsize(args.output) / max(1, len(snap.files)):.0f} B a file); "
           f"give it to the jobs as dataset.manifest, with dataset.roots in this order")
     return 0
@@ -464,11 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
     dr.set_defaults(func=cmd_drain)
 
     ix = sub.add_parser("index", help="write a dataset's namespace once, for dataset.manifest",
-                        description="Walk the dataset's roots once (in parallel) and write their namespace to FILE: "
-                                    "jobs given it as dataset.manifest read their snapshot from it instead of asking "
-                                    "the PFS about every file, after one stat per directory.")
+                        description="List the dataset's roots once (in parallel, as find does) and write their "
+                                    "namespace to FILE: jobs given it as dataset.manifest read their snapshot from it "
+                                    "instead of walking the PFS, after one stat per directory.")
     ix.add_argument("roots", nargs="+", metavar="ROOT", help="the dataset's roots, in dataset.roots's order")
     ix.add_argument("-o", "--output", required=True, metavar="FILE", help="the manifest to write")
+    ix.add_argument("--sizes", action="store_true", help="stat every file too (one PFS call each): sizes to plan by")
     ix.set_defaults(func=cmd_index)
 
     c = sub.add_parser("check-config", help="validate a configuration, on this node, as monarch run would take it",

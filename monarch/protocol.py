@@ -125,7 +125,7 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   descriptors: page faults read at most that),
   then EXTRA_WORDS of named counters (EXTRA_*). Slots: 0 = pfs, 1 = peer area, 2.. = tiers in order.
 
-Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version INDEX_VERSION, 5).
+Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version INDEX_VERSION, 6).
 It appears only when the snapshot is ready (walked, kept copies checked): a process that
 finds it at start maps it at once; one that does not asks INDEX at its first need.
   header  INDEX_HEADER: u64 magic, u32 version, u32 entries, u32 buckets (a power of 2),
@@ -144,6 +144,8 @@ finds it at start maps it at once; one that does not asks INDEX at its first nee
           ``O_NOFOLLOW`` open of it fails and is left to the kernel, and ``lstat`` answers
           its ``link`` record; INDEX_FLAG_LISTED: a directory whose every name the walk
           saw (its child records are its whole listing, a name not among them does not exist);
+          INDEX_FLAG_UNDESCRIBED: a listed file not stat'ed yet (key, S_IFREG, route 0 true), filled
+          in place by the daemon, flags last: readers load the flags first and then trust nothing else;
           INDEX_ROUTE_MASK: a file's route + 1 (routes.py's, on its static facts), 0 none. Files
           and directories are keyed (a root: ``"<k>/"``); link records follow, no bucket on them.
   children INDEX_CHILD each, per listed directory contiguous: u64 d_ino, u64 name offset
@@ -165,22 +167,20 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 11  # raised with every word added: a shim and a daemon of other versions never share one
+COUNTERS_VERSION = 12  # raised with every word added: a shim and a daemon of other versions never share one
 SLOT_FIELDS = ("opens", "bytes", "opens_uncounted", "opens_stdio", "mapped_bytes")  # a slot's words, in order
 MAX_SLOTS = 16
 HEADER_WORDS = 3
 SLOT_WORDS = len(SLOT_FIELDS)
-EXTRA_WORDS = 24
+EXTRA_WORDS = 25
 EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
-EXTRA_META_OFF = 2    # bit k (k < 63; bit 63: every root k >= 63): the job changed root k, its
-                      # metadata is the PFS's from then on (set by the shim before the change)
+EXTRA_META_OFF = 2    # bit k (k < 63; 63: every k >= 63): the job changed root k (set by the shim before): metadata PFS's
 EXTRA_ZSTD_OPENS = 3      # opens of compressed copies decoded by the shim in the application's process
 EXTRA_ZSTD_NS = 4         # ns those opens took (frame open to sealed memfd): what compression costs a read
 EXTRA_ZSTD_BYTES = 5      # bytes they decoded
 EXTRA_ZSTD_FALLBACKS = 6  # compressed copies the shim found but left to the daemon (no dictionary, a bad frame)
-EXTRA_PROCESSES = 7       # processes in which the shim was active: +1 at its start and in a fork child, -1 at
-                          # an exec (the new program counts itself if it loads the shim); 0: it never ran
+EXTRA_PROCESSES = 7       # processes where the shim was active: +1 at its start and in a fork child, -1 at exec
 EXTRA_ZSTD_REUSED = 8     # of EXTRA_ZSTD_OPENS, those decoded into a reused memfd (its pages already there)
 # calls under a root sent to the PFS (also counted in slot PFS's opens, or EXTRA_META_PFS) because ...
 EXTRA_EARLY_OPENS, EXTRA_EARLY_META = 9, 10  # ... the snapshot index was not ready yet (the daemon walks)
@@ -191,6 +191,7 @@ EXTRA_BLOCK_OPENS, EXTRA_BLOCK_REMAPPED_BYTES = 15, 16   # ... their opens, byte
 EXTRA_BLOCK_FAULTS_HELD, EXTRA_BLOCK_FAULT_WAIT_NS, EXTRA_BLOCK_FAULTS_LATE, EXTRA_BLOCK_FAULTS_PAGES = 17, 18, 19, 20
 # shim_view.c: FALLBACK_* bits said; bit k: root k named other files; processes that called under a root
 EXTRA_FALLBACKS, EXTRA_ROOTS_ELSEWHERE, EXTRA_ROOT_PROCESSES = 21, 22, 23
+EXTRA_META_UNCHECKED = 24  # bits as META_OFF's: root k's snapshot not checked yet (a manifest's): metadata the PFS's
 FALLBACK_ROOT_ELSEWHERE, FALLBACK_TIERS_UNSEEN, FALLBACK_DAEMON_UNREACHABLE, FALLBACK_UID_MISMATCH = 1, 2, 4, 8
 FALLBACK_RAW_UNWATCHED, FALLBACK_WB_LOST = 16, 32  # raw calls unwatched (shim_rawsys.c); the daemon lost holding writes
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)
@@ -421,18 +422,17 @@ def read_opened_from(path: str, names: dict[int, str]) -> dict[str, dict[str, in
         counters = [(0,) * SLOT_WORDS] * MAX_SLOTS
     return {name: dict(zip(SLOT_FIELDS, counters[slot])) for slot, name in sorted(names.items())}
 
-
 # -- snapshot index -------------------------------------------------------------------------
 INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
-INDEX_VERSION = 5  # 4: each file's route in its flags; 5: routes renumbered (BLOCKS before PEER)
+INDEX_VERSION = 6  # 4: routes in flags; 5: routes renumbered (BLOCKS before PEER); 6: UNDESCRIBED files
 INDEX_HEADER = struct.Struct("<QIIIIQQQQQQ")
 INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIIIQIIQ")
 INDEX_CHILD = struct.Struct("<QQIHBB")
-INDEX_FLAG_SYMLINK, INDEX_FLAG_LISTED = 1, 2
+INDEX_FLAG_SYMLINK, INDEX_FLAG_LISTED, INDEX_FLAG_UNDESCRIBED = 1, 2, 4
+INDEX_LISTING = 1  # INDEX_HEADER's reserved word: a listing-mode walk made it, every file undescribed
 INDEX_ROUTE_SHIFT, INDEX_ROUTE_MASK = 8, 0xF00  # flags bits 8..11: a file's route + 1 (0: none published)
 
-# d_type values (<dirent.h>)
-DT_UNKNOWN, DT_FIFO, DT_CHR, DT_DIR, DT_BLK, DT_REG, DT_LNK, DT_SOCK = 0, 1, 2, 4, 6, 8, 10, 12
+DT_UNKNOWN, DT_FIFO, DT_CHR, DT_DIR, DT_BLK, DT_REG, DT_LNK, DT_SOCK = 0, 1, 2, 4, 6, 8, 10, 12  # <dirent.h>
 
 
 def d_type_of(mode: int) -> int:

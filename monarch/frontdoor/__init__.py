@@ -118,6 +118,7 @@ _PROTOTYPES = {
     "front_door_open": (_i, [_vp, _cp]),
     "front_door_open_memory": (_i, [_vp, _vp, ctypes.c_uint64]),
     "front_door_settle": (None, [_vp]),
+    "front_door_describe_with": (None, [_vp, _vp, _vp, _vp, _i]),
     "front_door_claim": (_i, [_vp, _cp, _i]),
     "front_door_staged": (None, [_vp, _cp, _i, _i]),
     "front_door_forget": (None, [_vp, _cp, _i]),
@@ -228,6 +229,14 @@ class FrontDoor:
             return False
         self.index = index
         return True
+
+    def describe_with(self, tables: tuple) -> None:
+        """A file a listing-mode walk left undescribed is described by the door at its miss, its route
+        by ``tables`` (index_writer.route_tables), where the index is lent by ``open(..., index)``."""
+        self._tables = tables  # held while the door may read them (it copies them: for tidiness)
+        smallest, route, counts = tables
+        self._lib.front_door_describe_with(self._door, ctypes.addressof(smallest), ctypes.addressof(route),
+                                           ctypes.addressof(counts), len(counts))
 
     def settle(self) -> None:
         """The snapshot is ready or failed: INDEX polls go to the Python server from now on

@@ -41,6 +41,7 @@ struct worker {                        /* one thread of the door: its own epoll 
     int src_dir, key_dir;              /* its source directory, its directory in the copy tier, or -1 */
     int key_dir_slot;                  /* the copy tier ``key_dir`` is in */
     int src_fresh;                     /* an open in ``src_dir`` leaves the file's attributes fresh */
+    int listed_src;                    /* a listed file's source, opened to describe it: the copy's (or -1) */
     uint32_t src_dir_len, key_dir_len; /* the key's directory part they were opened for */
     char src_dir_key[PATH_MAX], key_dir_key[PATH_MAX];
     uint32_t last_dir_len;             /* the last source's directory part, its directory not opened: a */
@@ -72,6 +73,14 @@ struct door {
     int root_fresh[MAX_ROOTS];         /* an open under root k leaves attributes fresh: 1, 0, -1 not asked yet */
     char *tiers[MONARCH_MAX_SLOTS];    /* slot -> tier directory (NULL: none) */
     int copy_slot;
+    struct {                           /* each root's routes by size (front_door_describe_with): a file a listing-mode
+                                        * walk left undescribed is described by the door at its miss, its route published */
+        uint64_t smallest[MAX_ROOTS * MONARCH_ROUTE_STEPS];
+        uint8_t route[MAX_ROOTS * MONARCH_ROUTE_STEPS];
+        int nsteps[MAX_ROOTS];
+        int nroots;
+        int known;                     /* set once (release), before the index is lent */
+    } steps;
     pthread_mutex_t mu __attribute__((aligned(64)));  /* everything below, the parts' states included
                                           (on a cache line of its own: not the counters') */
     pthread_cond_t cv;                 /* a BUSY key is done */

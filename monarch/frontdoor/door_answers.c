@@ -198,6 +198,7 @@ static struct waiter *new_waiter(int fd, const char *req, uint32_t got, uint32_t
     if (!q)
         return NULL;
     memset(q, 0, sizeof *q);
+    q->listed_src = -1;
     q->fd = fd;
     q->hash = hash;
     q->len = len;

@@ -41,6 +41,7 @@ struct waiter {
     uint32_t hash, len, got;           /* the key's hash and length; the request's bytes in ``req`` */
     struct idx_file f;
     int to_area;                       /* a remote open: fetched into the peer area (1) or a memfd (door_peer.c) */
+    int listed_src;                    /* a listed file's source, opened to describe it: the copier's (or -1) */
     char req[];                        /* the request as read: the key after its header */
 };
 

@@ -62,7 +62,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
         w->copy_buf = malloc(MONARCH_INLINE_MAX + 1);
         /* here, not on the thread: it must be held before anything can use the descriptors up */
         w->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        w->src_dir = w->key_dir = -1;
+        w->src_dir = w->key_dir = w->listed_src = -1;
         w->ep = epoll_create1(EPOLL_CLOEXEC);
         /* EPOLLEXCLUSIVE: one worker woken per connection, not all of them */
         struct epoll_event lev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = (void *)(uintptr_t)T_LISTEN};
@@ -189,7 +189,7 @@ EXPORT int front_door_open(struct door *d, const char *index_path)
     struct stat st;
     void *p = MAP_FAILED;
     if (fstat(fd, &st) == 0 && st.st_size > 0)
-        p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);  /* the daemon describes files in place */
     close(fd);
     if (p == MAP_FAILED)
         return -1;
@@ -228,6 +228,24 @@ EXPORT int front_door_open_memory(struct door *d, const unsigned char *p, uint64
     }
     pthread_mutex_unlock(&d->mu);
     return 0;
+}
+
+/* A file a listing-mode walk left undescribed is described by the door at its miss, its route by
+ * these steps (index_writer.route_tables: root k's at k * MONARCH_ROUTE_STEPS), where the index is
+ * the daemon's own (front_door_open_memory, called after this): the door writes it in place. */
+EXPORT void front_door_describe_with(struct door *d, const uint64_t *smallest, const uint8_t *route, const int *nsteps,
+                                     int nroots)
+{
+    int n = nroots < MAX_ROOTS ? nroots : MAX_ROOTS;
+    pthread_mutex_lock(&d->mu);
+    if (!__atomic_load_n(&d->steps.known, __ATOMIC_RELAXED) && n > 0) {
+        memcpy(d->steps.smallest, smallest, sizeof *smallest * MONARCH_ROUTE_STEPS * (size_t)n);
+        memcpy(d->steps.route, route, sizeof *route * MONARCH_ROUTE_STEPS * (size_t)n);
+        memcpy(d->steps.nsteps, nsteps, sizeof *nsteps * (size_t)n);
+        d->steps.nroots = n;
+        __atomic_store_n(&d->steps.known, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&d->mu);
 }
 
 /* The snapshot is ready or failed: INDEX polls are handed over to Python from now on. */

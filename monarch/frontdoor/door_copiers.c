@@ -23,7 +23,7 @@ static void staff_locked(struct door *d)
     while (d->copiers.n - d->copiers.working < want && d->copiers.n < d->copiers.cap && !d->copiers.stop) {
         struct worker *w = &d->copiers.threads[d->copiers.n];
         w->d = d;
-        w->spare_fd = w->ep = w->src_dir = w->key_dir = -1;
+        w->spare_fd = w->ep = w->src_dir = w->key_dir = w->listed_src = -1;
         w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + d->copiers.n) << 48;
         w->copy_buf = w->copy_buf ? w->copy_buf : malloc(MONARCH_INLINE_MAX + 1);
         sigset_t all, old;
@@ -45,6 +45,7 @@ static void staff_locked(struct door *d)
 static void copy_queued_miss(struct worker *w, struct waiter *q)
 {
     char dest[PATH_MAX];
+    w->listed_src = q->listed_src;     /* opened by the worker that described it: copied from */
     int published = copy_and_publish(w, q->req + MONARCH_REQUEST_HEADER_SIZE, q->len, q->hash, &q->f, EV_STAGED, dest);
     if (published < 0) {
         hand_over(w->d, q->fd, q->req, q->got, R_COPY_FAILED);
@@ -217,6 +218,8 @@ static void close_waiting(struct door *d)
         for (struct waiter *q = lists[i], *next; q; q = next) {
             next = q->next;
             close(q->fd);
+            if (q->listed_src >= 0)
+                close(q->listed_src);
             free(q);
         }
     }

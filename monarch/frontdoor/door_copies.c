@@ -73,10 +73,12 @@ struct statx_buf {                     /* the kernel's struct statx (the fields 
     uint16_t mode, spare0;
     uint64_t ino, size, blocks, attributes_mask;
     struct statx_ts atime, btime, ctime, mtime;
-    uint64_t spare[16];
+    uint32_t rdev_major, rdev_minor, dev_major, dev_minor;
+    uint64_t spare[14];
 };
 _Static_assert(offsetof(struct statx_buf, mode) == 28 && offsetof(struct statx_buf, mtime) == 112, "struct statx");
 #define STATX_WANTED 0x343u            /* TYPE | MODE | MTIME | INO | SIZE */
+#define STATX_BASIC 0x7ffu             /* STATX_BASIC_STATS: what a describing needs */
 #define STATX_DONT_SYNC 0x4000         /* AT_STATX_DONT_SYNC */
 
 /* The just-opened source's attributes. Where its open refreshed them (``fresh``), as that
@@ -149,6 +151,60 @@ static int open_source(struct worker *w, const char *key, uint32_t dlen, const c
     return fd;
 }
 
+/* The just-opened source's whole stat, as a describing needs it: what its open left in the client's
+ * cache where that is fresh (statx, AT_STATX_DONT_SYNC: no second round trip), else fstat. */
+static int source_stat(int fd, int fresh, struct stat *st)
+{
+#ifdef SYS_statx
+    struct statx_buf sx;
+    if (fresh && syscall(SYS_statx, fd, "", AT_EMPTY_PATH | STATX_DONT_SYNC, STATX_BASIC, &sx) == 0 &&
+        (sx.mask & STATX_BASIC) == STATX_BASIC) {
+        memset(st, 0, sizeof *st);
+        st->st_mode = sx.mode;
+        st->st_size = (off_t)sx.size;
+        st->st_ino = sx.ino;
+        st->st_dev = makedev(sx.dev_major, sx.dev_minor);
+        st->st_nlink = sx.nlink;
+        st->st_uid = sx.uid;
+        st->st_gid = sx.gid;
+        st->st_blocks = (blkcnt_t)sx.blocks;
+        st->st_blksize = (blksize_t)sx.blksize;
+        st->st_atim = (struct timespec){sx.atime.sec, sx.atime.nsec};
+        st->st_mtim = (struct timespec){sx.mtime.sec, sx.mtime.nsec};
+        st->st_ctim = (struct timespec){sx.ctime.sec, sx.ctime.nsec};
+        return 0;
+    }
+#endif
+    return fstat(fd, st);
+}
+
+/* ``key``'s source opened as copy_in opens one and entry ``n`` (a listed file: index_listed)
+ * described from that descriptor, which is kept for the copy (w->listed_src): the miss costs the
+ * PFS its lookups and its open, as a direct open does. 1 if described. */
+static int describe_listed(struct worker *w, const char *key, uint32_t len, uint32_t n)
+{
+    const char *base = memrchr(key, '/', len);
+    if (!base)
+        return 0;
+    uint32_t dlen = (uint32_t)(base - key), nlen = len - dlen - 1;
+    char name[NAME_MAX + 1];
+    if (!nlen || nlen > NAME_MAX)
+        return 0;
+    memcpy(name, base + 1, nlen);
+    name[nlen] = 0;
+    struct stat st;
+    int in = open_source(w, key, dlen, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0);
+    if (in < 0)
+        return 0;
+    if (source_stat(in, w->src_fresh, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(in);
+        return 0;
+    }
+    index_describe(w->d, n, key, len, &st);
+    w->listed_src = in;
+    return 1;
+}
+
 static int open_copy_dir(struct worker *w, const char *key, uint32_t dlen)
 {
     return open_key_dir(w->d->tiers[w->d->copy_slot], key, dlen + 1);  /* up to its last '/' */
@@ -206,14 +262,17 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     }
     /* O_NONBLOCK: a FIFO swapped in for the file (by anyone who may write its directory)
      * opens at once instead of blocking this thread, and the daemon's exit, for ever */
-    int in = open_source(w, key, dlen, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, in_order);
+    int listed = w->listed_src;        /* described from this very descriptor: its attributes are the entry's */
+    w->listed_src = -1;
+    int in = listed >= 0 ? listed : open_source(w, key, dlen, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, in_order);
     int r = 0;
     struct stat st;
     int fl;
     if (in < 0)
         r = -1;
-    else if (source_attrs(in, w->src_fresh, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
-             (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != f->mtime)
+    else if (listed < 0 && (source_attrs(in, w->src_fresh, &st) < 0 || !S_ISREG(st.st_mode) ||
+                            (uint64_t)st.st_size != f->size ||
+                            (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != f->mtime))
         r = -2;                        /* changed since the snapshot: Python finds it and says so */
     else if ((fl = fcntl(in, F_GETFL)) < 0 || fcntl(in, F_SETFL, fl & ~O_NONBLOCK) < 0)
         r = -1;                        /* a regular file: read as any reader would */
@@ -268,6 +327,10 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
     struct dp *offer_dp = NULL;
     int64_t t0 = monarch_now_ns();
     int r = copy_in(w, key, len, f, dest, tmp, &kdir, &bytes_read, kind == EV_AHEAD);
+    if (w->listed_src >= 0) {          /* a listed file's source, not read: the copy ended before (no room) */
+        close(w->listed_src);
+        w->listed_src = -1;
+    }
     const char *name = strrchr(dest, '/') + 1;
     int64_t t1 = monarch_now_ns();
     /* the rename outside the door's lock: it waits for the directory's, which the lane's other

@@ -14,5 +14,7 @@ struct idx_file;
 static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uint32_t hash, const struct idx_file *f,
                             uint32_t kind, char *dest);
 static void close_cached_dirs(struct worker *w);   /* the worker's directories, closed */
+/* entry ``n`` of ``key`` (index_listed) described from the PFS: 1, or 0 if it is no regular file now */
+static int describe_listed(struct worker *w, const char *key, uint32_t len, uint32_t n);
 
 #endif /* MONARCH_DOOR_COPIES_H */

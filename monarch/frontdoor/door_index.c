@@ -30,7 +30,12 @@ static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, c
     if (!n || n > h.entries)
         return 0;
     struct monarch_index_entry e;
-    memcpy(&e, x + h.entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
+    const unsigned char *at = x + h.entries_off + (uint64_t)sizeof e * (n - 1);
+    /* a file not described yet (filled in place by the daemon, flags last): Python's to answer */
+    if (__atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_entry, flags)), __ATOMIC_ACQUIRE)
+        & MONARCH_INDEX_FLAG_UNDESCRIBED)
+        return 0;
+    memcpy(&e, at, sizeof e);
     if (e.key_off > h.keys_size || e.key_len > h.keys_size - e.key_off || !e.key_len)
         return 0;
     *key = (const char *)x + h.keys_off + e.key_off;
@@ -70,4 +75,31 @@ static int index_valid(const unsigned char *x, size_t n)
     return h.buckets_off <= n && 4ull * h.buckets <= n - h.buckets_off && h.entries_off <= n &&
            (uint64_t)sizeof(struct monarch_index_entry) * h.entries <= n - h.entries_off && h.keys_off <= n &&
            h.keys_size <= n - h.keys_off;
+}
+
+/* -- a file a listing-mode walk left undescribed, described by the door at its miss --------- */
+static unsigned char *entry_at(const struct door *d, uint32_t n)
+{
+    struct monarch_index_header h = index_header(d->index.map);
+    if (!n || n > h.entries)
+        return NULL;
+    return (unsigned char *)d->index.map + h.entries_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (n - 1);
+}
+
+static uint32_t index_listed(const struct door *d, const char *key, uint32_t len, uint32_t hash)
+{
+    if (!d->index.borrowed || !__atomic_load_n(&d->steps.known, __ATOMIC_ACQUIRE))
+        return 0;  /* a mapping of the file the door made itself is read-only */
+    uint32_t n = index_number(d, key, len, hash);
+    unsigned char *at = entry_at(d, n);
+    return at && monarch_index_undescribed(at) ? n : 0;
+}
+
+/* Entry n described from ``st`` (the source's lstat) in place, as the daemon would describe it. */
+static void index_describe(struct door *d, uint32_t n, const char *key, uint32_t len, const struct stat *st)
+{
+    unsigned char *at = entry_at(d, n);
+    struct monarch_route_steps t = {d->steps.smallest, d->steps.route, d->steps.nsteps, d->steps.nroots};
+    if (at && monarch_index_undescribed(at))
+        monarch_index_describe(at, key, len, st, &t);
 }

@@ -33,6 +33,8 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
 {
     struct door *d = w->d;
     char dest[PATH_MAX];
+    int described = 0;                 /* a listed file described here once: asked again */
+again:
     pthread_mutex_lock(&d->mu);
     if (!d->gate_open) {
         pthread_mutex_unlock(&d->mu);
@@ -71,7 +73,10 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
         return remote_open(w, fd, req, got, key, len, hash, e, &f, owner);   /* the lock let go */
     int why = why_not_copy_locked(d, &e, key, len, hash, &f);
     if (why >= 0) {
+        uint32_t listed = why == R_NOT_SMALL_FILE && !e && !described ? index_listed(d, key, len, hash) : 0;
         pthread_mutex_unlock(&d->mu);
+        if (listed && (described = describe_listed(w, key, len, listed)))  /* outside the lock: its open */
+            goto again;
         return why;
     }
     e->state = K_BUSY;
@@ -84,6 +89,8 @@ static int try_open(struct worker *w, int fd, const char *req, uint32_t got, con
     struct waiter *q = d->copiers.flow.recent < 0 || d->copiers.flow.recent > INLINE_COPY_SECONDS ? new_waiter(fd, req, got, hash, len) : NULL;
     if (q) {
         q->f = f;
+        q->listed_src = w->listed_src;  /* the copier copies from it */
+        w->listed_src = -1;
         *d->copiers.demand_tail = q;
         d->copiers.demand_tail = &q->next;
         d->copiers.ndemand++;
@@ -159,6 +166,10 @@ static void serve(struct worker *w, int fd, const char *buf, uint32_t got, int s
         return;
     }
     int why = state == F_OPEN && valid_key(key, klen) ? try_open(w, fd, buf, got, key, klen) : R_OTHER;
+    if (w->listed_src >= 0) {          /* a listed file's source opened and not copied from (a hit meanwhile, no room) */
+        close(w->listed_src);
+        w->listed_src = -1;
+    }
     if (why >= 0)
         hand_over(w->d, fd, buf, got, why);
 }

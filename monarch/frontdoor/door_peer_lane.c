@@ -330,7 +330,7 @@ static struct peer_ahead *peer_ahead_new(void)
     pa->fds_cap = pa_fds_allowed();
     pthread_cond_init(&pa->cv, NULL);
     struct worker *w = &pa->w;
-    w->spare_fd = w->ep = w->src_dir = w->key_dir = -1;
+    w->spare_fd = w->ep = w->src_dir = w->key_dir = w->listed_src = -1;
     return pa;
 }
 

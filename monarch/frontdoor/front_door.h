@@ -151,6 +151,8 @@ EXPORT void front_door_counts(struct door *d, struct front_door_counts *out);
 EXPORT int front_door_open(struct door *d, const char *index_path);
 EXPORT int front_door_open_memory(struct door *d, const unsigned char *p, uint64_t n);
 EXPORT void front_door_settle(struct door *d);
+EXPORT void front_door_describe_with(struct door *d, const uint64_t *smallest, const uint8_t *route, const int *nsteps,
+                                     int nroots);
 /* the stager's policy: which keys are whose, whether and where the door may copy */
 EXPORT int front_door_claim(struct door *d, const char *key, int len);
 EXPORT void front_door_staged(struct door *d, const char *key, int len, int slot);

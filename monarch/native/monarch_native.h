@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -115,6 +116,68 @@ static inline uint32_t monarch_index_find(const unsigned char *x, const struct m
             return n;
     }
     return 0;
+}
+
+/* -- a file a listing-mode walk left undescribed (INDEX_FLAG_UNDESCRIBED), described in place ---- */
+#define MONARCH_ROUTE_STEPS 8 /* route steps per root at most (index_writer.py's ROUTE_STEPS) */
+
+struct monarch_route_steps {  /* each root's routes by size (index_writer.route_tables) */
+    const uint64_t *smallest;  /* root k's steps at k * MONARCH_ROUTE_STEPS: the least size of each */
+    const uint8_t *route;      /* and its route */
+    const int *nsteps;
+    int nroots;
+};
+
+/* The flags bits of the route of a file of ``key`` (index_writer.py's route_flags): 0 for none. */
+static inline uint32_t monarch_route_bits(const struct monarch_route_steps *t, const char *key, uint32_t key_len,
+                                          uint64_t size, uint32_t mode)
+{
+    uint32_t i = 0, bits = 0;
+    long k = 0;
+    while (i < key_len && i < 10 && key[i] >= '0' && key[i] <= '9')
+        k = 10 * k + (key[i++] - '0');
+    if (i && i < key_len && key[i] == '/' && k < t->nroots && S_ISREG(mode))
+        for (int s = 0; s < t->nsteps[k] && s < MONARCH_ROUTE_STEPS; s++)
+            if (size >= t->smallest[k * MONARCH_ROUTE_STEPS + s])
+                bits = ((uint32_t)t->route[k * MONARCH_ROUTE_STEPS + s] + 1u) << MONARCH_INDEX_ROUTE_SHIFT;
+    return bits;
+}
+
+/* Is entry ``at`` (a file's) still undescribed? (acquire: a clear flag means whole fields) */
+static inline int monarch_index_undescribed(const unsigned char *at)
+{
+    return (__atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_entry, flags)), __ATOMIC_ACQUIRE)
+            & MONARCH_INDEX_FLAG_UNDESCRIBED) != 0;
+}
+
+/* Entry ``at`` (key ``key``, a file still undescribed) described from ``st``: its stat's fields,
+ * then its flags (UNDESCRIBED cleared, its route from ``steps``) with a release store, so that a
+ * reader that loads the flags first (monarch_index_undescribed) reads whole fields. Every writer
+ * (the daemon's walk pass and its Python, the front door) writes the same file's stat. */
+static inline void monarch_index_describe(unsigned char *at, const char *key, uint32_t key_len, const struct stat *st,
+                                          const struct monarch_route_steps *steps)
+{
+    struct monarch_index_entry e;
+    memcpy(&e, at, sizeof e);
+    e.size = (uint64_t)st->st_size;
+    e.mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    e.atime_ns = (int64_t)st->st_atim.tv_sec * 1000000000 + st->st_atim.tv_nsec;
+    e.ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+    e.ino = st->st_ino;
+    e.dev = st->st_dev;
+    e.mode = st->st_mode;
+    e.uid = st->st_uid;
+    e.gid = st->st_gid;
+    e.nlink = (uint32_t)st->st_nlink;
+    e.blocks = (uint64_t)st->st_blocks;
+    e.blksize = (uint32_t)st->st_blksize;
+    /* the stat's fields only (size .. nlink, blocks, blksize): the key's and the flags' stay */
+    memcpy(at + offsetof(struct monarch_index_entry, size), &e.size,
+           offsetof(struct monarch_index_entry, flags) - offsetof(struct monarch_index_entry, size));
+    memcpy(at + offsetof(struct monarch_index_entry, blocks), &e.blocks, sizeof e.blocks + sizeof e.blksize);
+    uint32_t flags = (e.flags & ~(uint32_t)(MONARCH_INDEX_FLAG_UNDESCRIBED | MONARCH_INDEX_ROUTE_MASK))
+                     | monarch_route_bits(steps, key, key_len, e.size, e.mode);
+    __atomic_store_n((uint32_t *)(at + offsetof(struct monarch_index_entry, flags)), flags, __ATOMIC_RELEASE);
 }
 
 #endif /* MONARCH_NATIVE_H */

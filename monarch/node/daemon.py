@@ -41,6 +41,7 @@ from monarch.node.read_ahead import ReadAhead
 from monarch.node.resolver import Resolver
 from monarch.node.tiers.resources import margin_bytes
 from monarch.node.writeback import make_writeback
+from monarch.node.snapshot.listed import ListedFiles
 from monarch.node.snapshot.snapshot import Snapshot, load_or_walk
 from monarch.node.stage.stager import Stager
 from monarch.node.stats import shim_counters, size_classes
@@ -93,6 +94,7 @@ class NodeDaemon:
         self.tier_errors: dict[str, str] = {}
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         self.dataset_bytes = 0
+        self._listed: ListedFiles | None = None  # the snapshot's files not described yet, once its index is written
         self.stores = StoreSet.of(config, cluster is not None)  # roots served from a key-value store (None: none)
         self._in_cluster = cluster is not None  # a cluster's daemon stages its own share: its tiers are not shared
         self.current = Current(self.gate, Snapshot(tuple(config.dataset.roots), FileTable()))  # nothing until the walk ends
@@ -174,7 +176,8 @@ class NodeDaemon:
         if datapath is not None:  # a guarded fault's pages of another owner's block, fetched by the door
             keeper.front_door.pages(*datapath.fetch_pages_function(), self.role.node, PAGES_TIMEOUT)
         self.open_front_door()  # a snapshot ready already (made in the foreground)
-        self.read_ahead.door_started()  # the small files the stager has not taken yet: the door's lane
+        if self._listed is not None and self._listed.described.is_set():  # (else _start_staging starts its lane)
+            self.read_ahead.door_started()  # the small files the stager has not taken yet: the door's lane
         return keeper.front_door
 
     @property
@@ -217,6 +220,7 @@ class NodeDaemon:
                 if stager is not None:
                     stager.shutdown()
                 stager = self._make_stager(snap)
+            snap.describe_with(self._routes(stager))  # a file described from now on publishes its route
             for tier in self.tiers:
                 if tier.keep:
                     for key in tier.adopt_existing(snap.files):
@@ -233,13 +237,18 @@ class NodeDaemon:
                     self._door_keeper.relink_locked()
                 self.dataset_bytes = snap.total_bytes  # a sum over every file: once, not per REPORT
             old.shutdown()
+            self._listed = ListedFiles(snap, self.snapshot_how, self.counters_path)
             write_file_atomically(self.index_path, index)
+            del index
+            snap.map_index_file(self.index_path)  # files described later are described where the shim reads
             log.debug("phase index.written")
             # the snapshot's objects (millions for a large dataset) live as long as the job: out
             # of every later collection, which would otherwise walk them all with the GIL held
             # (0.23 s per full collection at 1M files, a stall of every open being answered)
             gc.freeze()
             self.gate.ready()
+            if self._listed.pending(self._describe_all()):  # held requests need neither its check nor its pass
+                self.gate.settle()
             self._start_staging()
         except Exception as e:  # fail open: the job runs, on the PFS
             self._fail(e, stager)
@@ -258,12 +267,19 @@ class NodeDaemon:
         the stager's peers)."""
         return stager.routes
 
+    def _describe_all(self) -> bool:
+        """Are a listing-mode walk's files all described in one pass? Where the read-ahead plans by size."""
+        return self.config.staging.policy != "on-access"
+
     def _start_staging(self) -> None:
         """The snapshot is ready: serve peers, read ahead, then the hints that came during
         the walk, in order (as if they had come after the read-ahead started, as before),
         those that come meanwhile after them. Nothing here can make the snapshot fail: a
         failure only costs the read-ahead."""
         try:
+            self.snapshot_how = self._listed.check()  # a manifest served before its check
+            self._listed.describe(self._routes(self.stager), self._describe_all())
+            self.dataset_bytes = self.snapshot.total_bytes
             self.read_ahead.start()
         except Exception:
             log.exception("starting the read-ahead failed; files are staged as they are opened")
@@ -360,8 +376,10 @@ class NodeDaemon:
         roots = self.config.dataset.roots
         if self.stores is not None:  # a store's root from its manifest (and the others walked)
             return self.stores.load_snapshot(tuple(roots), into, on_directory)
+        # alone on a node, the namespace at the listings' pace (walker.c); a cluster places files by size
         return load_or_walk(roots, self._snapshot_cache(), self.config.staging.validate == "open", into, on_directory,
-                            manifest=self.config.dataset.manifest)
+                            manifest=self.config.dataset.manifest, describe=self.role is not None,
+                            check_later=self.role is None and not any(t.keep for t in self.config.tiers))
 
     def _pfs_rate(self) -> float | None:
         """Bytes per second read from the PFS so far (a compressed tier's level must
@@ -525,6 +543,8 @@ class NodeDaemon:
             self.writeback.close()
         if self.role is not None:
             self.role.close()
+        if self._listed is not None and self.role is None and self.snapshot_how.startswith(("walked", "reused")):
+            self._listed.keep(self._snapshot_cache())
         try:
             os.unlink(self.index_path)
         except OSError:

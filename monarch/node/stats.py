@@ -105,3 +105,4 @@ def size_classes(files: Mapping, staged: Mapping, fetched: set, by_blocks: Mappi
         where["files"] += 1
         where["bytes"] += size
     return out
+

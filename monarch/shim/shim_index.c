@@ -20,14 +20,20 @@ static inline int monarch_index_ready(void)
     return MONARCH_UNLIKELY(s < MONARCH_IX_MAPPED) ? monarch_index_settle() : s;
 }
 
-/* Entry number n (from 1) into *e, if it is inside the mapping. */
+/* Entry number n (from 1) into *e, if it is inside the mapping and described: a file a listing
+ * walk left undescribed is filled in place by the daemon, its flags last (released), so they are
+ * loaded first (acquired); until then nothing is answered from it (-1: the PFS's, the daemon's). */
 static int monarch_index_entry(uint32_t n, struct monarch_index_entry *e)
 {
     const unsigned char *m = monarch_idx();
     const struct monarch_index_header *h = &monarch_index_hdr;
     if (!m || n == 0 || n > h->entries)
         return -1;
-    memcpy(e, m + h->entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE, sizeof *e);
+    const unsigned char *at = m + h->entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE;
+    if (__atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_entry, flags)), __ATOMIC_ACQUIRE)
+        & MONARCH_INDEX_FLAG_UNDESCRIBED)
+        return -1;
+    memcpy(e, at, sizeof *e);
     return 0;
 }
 
@@ -197,12 +203,15 @@ static inline uint64_t monarch_root_bit(unsigned k)
 }
 
 /* May root k's metadata come from the index? Not without an index or a counters file
- * (the job-wide "changed" bits live there), nor once the job changed something under it. */
+ * (the job-wide "changed" bits live there), nor once the job changed something under it, nor
+ * while the daemon has not checked the snapshot against the PFS (a manifest's: UNCHECKED). */
 static inline int monarch_meta_on(unsigned k)
 {
     uint64_t *c = __atomic_load_n(&monarch_counters, __ATOMIC_RELAXED);
     return c && monarch_idx()
-           && !(__atomic_load_n(monarch_extra(c, MONARCH_EXTRA_META_OFF), __ATOMIC_ACQUIRE) & monarch_root_bit(k));
+           && !((__atomic_load_n(monarch_extra(c, MONARCH_EXTRA_META_OFF), __ATOMIC_ACQUIRE)
+                 | __atomic_load_n(monarch_extra(c, MONARCH_EXTRA_META_UNCHECKED), __ATOMIC_ACQUIRE))
+                & monarch_root_bit(k));
 }
 
 /* Count one managed metadata call: answered here (local) or sent to the PFS, and then why,

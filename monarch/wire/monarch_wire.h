@@ -19,10 +19,11 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 11 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
+#define MONARCH_COUNTERS_VERSION 12 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
                                      7: a slot's opens_stdio and mapped_bytes; 8: EXTRA_BLOCK_*;
                                      9: EXTRA_BLOCK_FAULT*; 10: EXTRA_BLOCK_FAULTS_PAGES;
-                                     11: EXTRA_FALLBACKS, EXTRA_ROOTS_ELSEWHERE, EXTRA_ROOT_PROCESSES */
+                                     11: EXTRA_FALLBACKS, EXTRA_ROOTS_ELSEWHERE, EXTRA_ROOT_PROCESSES;
+                                     12: EXTRA_META_UNCHECKED */
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 /* per slot: opens; bytes read (read, pread, readv ..., fread); opens_uncounted (once per descriptor
@@ -30,7 +31,7 @@
  * (a FILE: stdio's own reads have no bound); mapped_bytes (the lengths mmap mapped: at most what
  * page faults read) */
 #define MONARCH_SLOT_WORDS 5
-#define MONARCH_EXTRA_WORDS 24
+#define MONARCH_EXTRA_WORDS 25
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
 #define MONARCH_SLOT_PFS 0
 #define MONARCH_SLOT_PEER 1
@@ -76,6 +77,9 @@
 #define MONARCH_EXTRA_FALLBACKS 21
 #define MONARCH_EXTRA_ROOTS_ELSEWHERE 22
 #define MONARCH_EXTRA_ROOT_PROCESSES 23
+/* bits as EXTRA_META_OFF's, the daemon's alone: root k's snapshot is not checked yet (a manifest read
+ * without its directories' stats): its metadata is the PFS's until the daemon clears the bit */
+#define MONARCH_EXTRA_META_UNCHECKED 24
 #define MONARCH_FALLBACK_ROOT_ELSEWHERE 1u   /* a root is another filesystem object here: read directly */
 #define MONARCH_FALLBACK_TIERS_UNSEEN 2u     /* no tier folder is the daemon's here: opens read the PFS */
 #define MONARCH_FALLBACK_DAEMON_UNREACHABLE 4u /* the run folder or socket is not here: pass-through */
@@ -282,12 +286,19 @@ struct monarch_pages_request {
 
 /* ---- snapshot index: written once by the daemon, mapped read-only ---- */
 #define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL /* "MNCHINDX" */
-#define MONARCH_INDEX_VERSION 5 /* 4: each file's route in its flags (INDEX_ROUTE_*); 5: BLOCKS before PEER */
+#define MONARCH_INDEX_VERSION 6 /* 4: each file's route in its flags (INDEX_ROUTE_*); 5: BLOCKS before PEER;
+                                  * 6: files listed, not yet described (INDEX_FLAG_UNDESCRIBED) */
 #define MONARCH_INDEX_HEADER_SIZE 72
 #define MONARCH_INDEX_ENTRY_SIZE 112
 #define MONARCH_INDEX_CHILD_SIZE 24
 #define MONARCH_INDEX_FLAG_SYMLINK 1
 #define MONARCH_INDEX_FLAG_LISTED 2
+/* a file named by its directory's listing whose stat the daemon has not taken yet: only its key,
+ * S_IFREG and route 0 are true. The daemon describes it in place (its fields, then its flags,
+ * released: read the flags first, acquired); until then nothing is answered from it. */
+#define MONARCH_INDEX_FLAG_UNDESCRIBED 4
+/* the header's ``reserved`` word: a listing-mode walk made the index and described no file */
+#define MONARCH_INDEX_LISTING 1
 /* flags bits 8..11: a file's route + 1 (0: none published: a directory, a link's own record), the
  * route table's on the file's static facts (size, kind, store) and the node's: never another
  * node's (the owners of a sharded cluster are known after the index is written) */

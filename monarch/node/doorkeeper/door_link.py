@@ -12,6 +12,7 @@ back whenever the stager wants it. Neither the stager nor the door knows the oth
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
 import time
 from typing import Callable, Iterable
@@ -19,6 +20,7 @@ from typing import Callable, Iterable
 from monarch import frontdoor, protocol
 from monarch.frontdoor import EV_AHEAD, EV_STAGED, FrontDoor
 from monarch.node.stage.current import Current
+from monarch.node.snapshot.index_writer import route_tables
 from monarch.node.snapshot.indextable import IndexTable, larger_than
 from monarch.node.outcomes import Outcome
 from monarch.node.stage.stager import Stager
@@ -248,7 +250,9 @@ class DoorKeeper:
     def open(self, index_path: str) -> None:
         """The snapshot is ready: the door answers from now on (never before the index is)."""
         files = self._current.snapshot.files
-        index = files.data if isinstance(files, IndexTable) and isinstance(files.data, bytearray) else None
+        index = files.data if isinstance(files, IndexTable) and isinstance(files.data, (bytearray, mmap.mmap)) else None
+        if index is not None and self._current.ready and self._current.stager.routes:
+            self.front_door.describe_with(route_tables(self._current.stager.routes))  # it writes the daemon's own index
         if self._current.ready and not self.front_door.open(index_path, index):
             log.warning("the front door could not map the index %s; the Python server answers every request",
                         index_path)

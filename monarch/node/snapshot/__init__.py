@@ -3,10 +3,13 @@
 - ``snapshot``: the snapshot (every file's key and ``stat``, every listing) from one walk,
   or a kept one (or ``monarch index``'s manifest) reused after validation; ``load_or_walk``
   takes the C walk when it can
-- ``walker`` (``walker.c``): the walk in C, writing the index with no Python object per file
+- ``walker`` (``walker.c``, ``index_fill.c``): the walk in C, writing the index with no Python object
+  per file, in listing mode (names and types, no stat per file) or describing every file
 - ``indextable``: the snapshot's files read from its index in place (``IndexTable``)
 - ``index_writer``: the index file (protocol.py, "Snapshot index") from a file table
   (the file table itself, ``FileInfo`` and ``DirInfo`` are ``monarch/records/filetable.py``)
 - ``pfsmeta``: PFS metadata round trips paid once (directory descriptors, attributes)
 - ``gate``: the snapshot's state (walking, ready, failed) and what waits for it
+- ``listed``: a listing-mode snapshot after its index is published: its files described in one
+  pass, a manifest served before its check checked, the files described kept for the next job
 """

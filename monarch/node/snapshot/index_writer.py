@@ -21,6 +21,8 @@ import os
 import stat
 import struct
 import sys
+import threading
+import weakref
 import zlib
 from array import array
 from typing import Callable
@@ -37,6 +39,10 @@ ROUTE_STEPS = 8  # steps per root at most (walker.c's ROUTE_STEPS)
 _ENTRY = protocol.INDEX_ENTRY
 _CHILD = protocol.INDEX_CHILD
 _NAME_OFFSET = struct.Struct("<Q")  # a child record's second field
+# an entry's stat fields (size .. nlink), its flags, and its blocks and blksize, at their offsets
+_STAT, _STAT_AT = struct.Struct("<QqqqQQIIII"), 16
+_FLAGS, _FLAGS_AT = struct.Struct("<I"), 80
+_BLOCKS, _BLOCKS_AT = struct.Struct("<QI"), 88
 
 
 def _fields(st) -> tuple:
@@ -60,32 +66,95 @@ def route_flags(key: str, size: int, mode: int, routes: Routes | None) -> int:
     return (stepped(size, routes[int(k)]) + 1) << protocol.INDEX_ROUTE_SHIFT
 
 
+def route_tables(routes: Routes) -> tuple:
+    """``routes`` as walker.c takes them: per root k, its steps' least sizes and routes at ``k *
+    ROUTE_STEPS``, and how many steps each root has."""
+    n = len(routes)
+    smallest, route, counts = (ctypes.c_uint64 * (n * ROUTE_STEPS))(), (ctypes.c_uint8 * (n * ROUTE_STEPS))(), (ctypes.c_int * n)()
+    for k, steps in enumerate(routes):
+        if len(steps) > ROUTE_STEPS:
+            raise ValueError("more route steps than the C index writer takes")
+        counts[k] = len(steps)
+        for j, (size, r) in enumerate(steps):
+            smallest[k * ROUTE_STEPS + j], route[k * ROUTE_STEPS + j] = size, int(r)
+    return smallest, route, counts
+
+
 def stamp_routes(data: bytearray, nfiles: int, routes: Routes) -> None:
     """Publish the routes in the first ``nfiles`` entries of the index ``data`` (its files), in
-    place: in C (``walker.c``'s ``walk_routes``) when the library is there."""
+    place: in C (``walker.c``'s ``walk_routes``) when the library is there. A file not described
+    yet gets none (``describe`` publishes it)."""
     lib = walker.library()
     if lib is not None:
-        n = len(routes)
-        smallest, route, counts = (ctypes.c_uint64 * (n * ROUTE_STEPS))(), (ctypes.c_uint8 * (n * ROUTE_STEPS))(), (ctypes.c_int * n)()
-        for k, steps in enumerate(routes):
-            if len(steps) > ROUTE_STEPS:
-                raise ValueError("more route steps than the C index writer takes")
-            counts[k] = len(steps)
-            for j, (size, r) in enumerate(steps):
-                smallest[k * ROUTE_STEPS + j], route[k * ROUTE_STEPS + j] = size, int(r)
         buf = (ctypes.c_char * len(data)).from_buffer(data)
         try:
-            if lib.walk_routes(ctypes.addressof(buf), len(data), nfiles, smallest, route, counts, n) != 0:
+            if lib.walk_routes(ctypes.addressof(buf), len(data), nfiles, *route_tables(routes), len(routes)) != 0:
                 raise ValueError("not a Monarch index of version %d" % protocol.INDEX_VERSION)
         finally:
             del buf
         return
     table = IndexTable(data, nfiles)
-    at = protocol.INDEX_HEADER.unpack_from(data)[6] + 80  # entries_off, then the flags' offset
+    at = protocol.INDEX_HEADER.unpack_from(data)[6] + _FLAGS_AT
     for n in range(nfiles):
         e = table.entry(n)
-        flags = (e[13] & ~protocol.INDEX_ROUTE_MASK) | route_flags(table.key(n), e[3], e[9], routes)
-        struct.pack_into("<I", data, at + _ENTRY.size * n, flags)
+        bits = 0 if e[13] & protocol.INDEX_FLAG_UNDESCRIBED else route_flags(table.key(n), e[3], e[9], routes)
+        _FLAGS.pack_into(data, at + _ENTRY.size * n, (e[13] & ~protocol.INDEX_ROUTE_MASK) | bits)
+
+
+class Describer:
+    """The files of an index that a listing-mode walk left undescribed, stat'ed one by one when
+    something needs them (``IndexTable.get``: the open that stages one, a kept copy adopted):
+    walker.c's describe_entry for one file, relative to its root's descriptor (opened O_PATH once
+    and kept: no lookup above the root, no opendir on the PFS). ``routes``: the node's, once its
+    stager has them (``Snapshot.describe_with``)."""
+
+    def __init__(self, roots: tuple[str, ...], routes: Routes | None = None):
+        self.roots, self.routes = tuple(roots), routes
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        weakref.finalize(self, _close_all, self._fds)
+
+    def use_routes(self, routes: Routes) -> None:
+        self.routes = routes
+
+    def _root_fd(self, k: int) -> int:
+        fd = self._fds.get(k)
+        if fd is None:
+            fd = self._fds[k] = os.open(self.roots[k], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return fd
+
+    def __call__(self, table: IndexTable, n: int) -> bool:
+        """File entry ``n``'s stat taken now and written in place: its fields, then its flags, so
+        that the shim, which loads the flags first, never reads a half-written entry. False if the
+        file is gone or no longer a regular file (it stays undescribed: nothing is served from it)."""
+        at = protocol.INDEX_HEADER.unpack_from(table.data)[6] + _ENTRY.size * n
+        if not _FLAGS.unpack_from(table.data, at + _FLAGS_AT)[0] & protocol.INDEX_FLAG_UNDESCRIBED:
+            return True
+        key = table.key(n)
+        k, _, rel = key.partition("/")
+        try:
+            with self._lock:
+                fd = self._root_fd(int(k))
+            st = os.stat(rel, dir_fd=fd, follow_symlinks=False)
+        except (OSError, ValueError, IndexError):
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        with self._lock:  # one writer per entry: the shim never sees two stats' fields mixed
+            flags = _FLAGS.unpack_from(table.data, at + _FLAGS_AT)[0]
+            if flags & protocol.INDEX_FLAG_UNDESCRIBED:
+                _STAT.pack_into(table.data, at + _STAT_AT, st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns,
+                                st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_gid, st.st_nlink)
+                _BLOCKS.pack_into(table.data, at + _BLOCKS_AT, st.st_blocks, st.st_blksize)
+                bits = route_flags(key, st.st_size, st.st_mode, self.routes)
+                _FLAGS.pack_into(table.data, at + _FLAGS_AT,
+                                 flags & ~(protocol.INDEX_FLAG_UNDESCRIBED | protocol.INDEX_ROUTE_MASK) | bits)
+        return True
+
+
+def _close_all(fds: dict[int, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
 
 
 def index_bytes(snap, routes: Routes | None = None) -> bytes:

@@ -20,7 +20,7 @@ import stat
 import struct
 import sys
 import zlib
-from typing import Iterator, MutableMapping, Sequence
+from typing import Callable, Iterator, MutableMapping, Sequence
 
 from monarch import protocol
 from monarch.records.filetable import FileInfo, Listing
@@ -47,9 +47,9 @@ def _info(e: tuple) -> FileInfo:
 class IndexTable(MutableMapping[str, FileInfo]):
     """The files of an index (its first ``nfiles`` entries) as a mapping key -> FileInfo,
     with ``FileTable``'s extras (``row_of``, ``total_size``)."""
-    __slots__ = ("data", "nfiles", "total", "_buckets", "_mask", "_entries", "_keys")
+    __slots__ = ("data", "nfiles", "total", "_buckets", "_mask", "_entries", "_keys", "describer")
 
-    def __init__(self, data: bytearray | bytes, nfiles: int):
+    def __init__(self, data: bytearray | bytes, nfiles: int, describer: Callable[["IndexTable", int], bool] | None = None):
         header = protocol.INDEX_HEADER.unpack_from(data)
         if header[0] != protocol.INDEX_MAGIC or header[1] != protocol.INDEX_VERSION:
             raise ValueError("not a Monarch index of version %d" % protocol.INDEX_VERSION)
@@ -60,6 +60,14 @@ class IndexTable(MutableMapping[str, FileInfo]):
         self._buckets = memoryview(data)[header[5]:header[5] + 4 * header[3]].cast("I")
         self._entries = header[6]
         self._keys = header[7]
+        # a listing-mode walk's files are described when first asked for (index_writer.Describer)
+        self.describer = describer
+
+    def rebind(self, data) -> None:
+        """The same index read from ``data`` from now on (Snapshot.rebind)."""
+        header = protocol.INDEX_HEADER.unpack_from(data)
+        self._buckets = memoryview(data)[header[5]:header[5] + 4 * header[3]].cast("I")
+        self.data = data
 
     # -- the entries ---------------------------------------------------------------------
     def entry(self, n: int) -> tuple:
@@ -112,15 +120,28 @@ class IndexTable(MutableMapping[str, FileInfo]):
         n = self.number(os.fsencode(key))
         return n if 0 <= n < self.nfiles else None
 
+    def described(self, n: int) -> tuple | None:
+        """File entry ``n``'s fields, described now if a listing-mode walk left it undescribed;
+        None if it cannot be (gone, no longer a regular file, nothing to describe it with)."""
+        e = self.entry(n)
+        if not e[13] & protocol.INDEX_FLAG_UNDESCRIBED:
+            return e
+        if self.describer is None or not self.describer(self, n):
+            return None
+        e = self.entry(n)
+        return None if e[13] & protocol.INDEX_FLAG_UNDESCRIBED else e
+
     def __getitem__(self, key: str) -> FileInfo:
         n = self.row_of(key)
-        if n is None:
+        e = None if n is None else self.described(n)
+        if e is None:
             raise KeyError(key)
-        return _info(self.entry(n))
+        return _info(e)
 
     def get(self, key: str, default=None):
         n = self.row_of(key)
-        return default if n is None else _info(self.entry(n))
+        e = None if n is None else self.described(n)
+        return default if e is None else _info(e)
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.row_of(key) is not None
@@ -133,6 +154,7 @@ class IndexTable(MutableMapping[str, FileInfo]):
         e[3:13] = (info.size, info.mtime_ns, info.atime_ns, info.ctime_ns, info.ino, info.dev, info.mode,
                    info.uid, info.gid, info.nlink)
         e[15], e[16] = info.blocks, info.blksize
+        e[13] &= ~protocol.INDEX_FLAG_UNDESCRIBED
         _ENTRY.pack_into(self.data, self._entries + _SIZE * n, *e)
 
     def __delitem__(self, key: str) -> None:
@@ -145,6 +167,8 @@ class IndexTable(MutableMapping[str, FileInfo]):
             yield data[keys + offset:keys + offset + length].decode(_ENCODING, _ERRORS)
 
     def items(self):
+        """Every file as the index holds it now: one a listing-mode walk left undescribed has only
+        its key, S_IFREG and size 0 (``undescribed`` counts them; ``get`` describes one)."""
         for n in range(self.nfiles):
             yield self.key(n), _info(self.entry(n))
 
@@ -153,6 +177,13 @@ class IndexTable(MutableMapping[str, FileInfo]):
 
     def __len__(self) -> int:
         return self.nfiles
+
+    def undescribed(self) -> int:
+        """How many files a listing-mode walk left undescribed so far."""
+        if not self.nfiles:
+            return 0
+        flags = memoryview(self.data)[self._entries:self._entries + _SIZE * self.nfiles].cast("I")[20::_SIZE // 4]
+        return sum(1 for f in flags if f & protocol.INDEX_FLAG_UNDESCRIBED)
 
     def total_size(self) -> int:
         if not self.nfiles:
@@ -177,6 +208,9 @@ class IndexListing(Sequence[tuple[bytes, int, int]]):
 
     def __len__(self) -> int:
         return self._hi - self._lo
+
+    def rebound(self, data) -> "IndexListing":
+        return IndexListing(data, self._lo, self._hi)
 
     def __iter__(self) -> Iterator[tuple[bytes, int, int]]:
         data = self._data

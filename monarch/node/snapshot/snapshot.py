@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ class Snapshot:
     def from_index(cls, roots: tuple[str, ...], data: bytearray, nfiles: int) -> "Snapshot":
         """The snapshot whose index is ``data`` (its first ``nfiles`` entries are the files):
         the files read from the index itself, the directories and links as objects (few)."""
-        table = IndexTable(data, nfiles)
+        table = IndexTable(data, nfiles, index_writer.Describer(roots))
         dirs, links = {}, {}
         for n in range(nfiles, table.total):
             e = table.entry(n)
@@ -77,6 +78,33 @@ class Snapshot:
 
     def get(self, key: str) -> FileInfo | None:
         return self.files.get(key)
+
+    def describe_with(self, routes: tuple) -> None:
+        """The routes a file described from now on publishes (its node's: the stager's)."""
+        if isinstance(self.files, IndexTable) and self.files.describer is not None:
+            self.files.describer.use_routes(routes)
+
+    def rebind(self, data) -> None:
+        """Read the index from ``data`` from now on: the same bytes, mapped shared from the file the
+        shim maps (so that a file described later is seen there, and the node holds one copy)."""
+        if not isinstance(self.files, IndexTable) or len(data) != len(self.files.data):
+            raise ValueError("not this snapshot's index")
+        self.files.rebind(data)
+        for key, d in list(self.dirs.items()):
+            if isinstance(d.children, IndexListing):
+                self.dirs[key] = d._replace(children=d.children.rebound(data))
+
+    def map_index_file(self, path: str) -> None:
+        """Read the index from the file just written at ``path`` (its very bytes), mapped shared: a
+        file described later (a listing-mode walk's) is described there, where the shim and the door
+        read it, and the node holds the index once, not a copy beside the file's pages."""
+        if not isinstance(self.files, IndexTable):
+            return
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            self.rebind(mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
+        finally:
+            os.close(fd)
 
     def index_bytes(self, routes: tuple | None = None) -> bytes:
         return index_writer.index_bytes(self, routes)
@@ -350,10 +378,10 @@ def read_index_file(path: str, roots: tuple[str, ...]) -> Snapshot:
     return read_index(data, roots)
 
 
-def unchanged(snap: Snapshot) -> bool:
+def unchanged(snap: Snapshot, checkers: int = CHECKERS) -> bool:
     """Does every directory of the snapshot still have the inode, mtime and ctime it had (and
     was every one listed whole)? One stat per directory, relative to its root's descriptor,
-    CHECKERS at once (at a PFS's latency a million directories one by one take minutes)."""
+    ``checkers`` at once (at a PFS's latency a million directories one by one take minutes)."""
     if not snap.dirs or not all(f"{k}/" in snap.dirs for k in range(len(snap.roots))):
         return False
     if any(d.children is None for d in snap.dirs.values()):
@@ -375,29 +403,39 @@ def unchanged(snap: Snapshot) -> bool:
             except OSError:
                 return False
             return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) == (d.info.ino, d.info.mtime_ns, d.info.ctime_ns)
-        if len(snap.dirs) < 4 * CHECKERS:
+        if len(snap.dirs) < 4 * checkers:
             return all(map(same, snap.dirs.items()))
-        with ThreadPoolExecutor(CHECKERS, thread_name_prefix="monarch-check") as pool:
+        with ThreadPoolExecutor(checkers, thread_name_prefix="monarch-check") as pool:
             return all(pool.map(same, snap.dirs.items(), chunksize=64))
     finally:
         for fd in root_fds.values():
             os.close(fd)
 
 
+MANIFEST_UNCHECKED = "manifest, checked after the start"
+
+
 def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False, into: Snapshot | None = None,
                  on_directory: Callable[[list[str]], None] | None = None,
-                 manifest: str = "") -> tuple[Snapshot, str]:
+                 manifest: str = "", describe: bool = True, check_later: bool = False) -> tuple[Snapshot, str]:
     """The snapshot of ``roots``: the kept one at ``cache`` if nothing changed (see the module
     doc), else the ``manifest`` (``monarch index``'s file) if nothing changed since it was made,
     else a fresh walk, kept at ``cache`` for the next job. Returns it and how it was obtained
     (``"reused"``, ``"manifest"``, ``"walked"``, or ``"walked: <why not reused>"``). ``into``
-    and ``on_directory`` are take_snapshot's, for a walk (a reused snapshot is returned whole)."""
+    and ``on_directory`` are take_snapshot's, for a walk (a reused snapshot is returned whole).
+    ``describe`` False: the C walk in listing mode (walker.c): the files named, not stat'ed, each
+    described when first needed (``IndexTable.get``) or by ``describe_rest``. ``check_later``: a
+    manifest a listing-mode walk wrote is returned unchecked (``MANIFEST_UNCHECKED``: no stat before
+    the job starts; its caller checks it with ``unchanged`` and serves no metadata from it before):
+    every file of it is described at its open, so no byte or stat served can be older than that."""
     why = "fresh walk asked" if fresh else "no kept snapshot"
     for path, how in ((cache, "reused"), (manifest, "manifest")):
         if not path or fresh:
             continue
         try:
             snap = read_index_file(path, roots)
+            if how == "manifest" and check_later and listing_index(snap):
+                return snap, MANIFEST_UNCHECKED
             if unchanged(snap):
                 return snap, how
             why = ("a directory changed since the kept snapshot" if how == "reused" else
@@ -410,7 +448,7 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False,
                    f"the manifest {path} is not one `monarch index` wrote ({type(e).__name__})")
     if manifest and not fresh:
         log.warning("the dataset is walked: %s", why)
-    walked = walker.walk_index(tuple(roots))
+    walked = walker.walk_index(tuple(roots), describe=describe)
     if walked is not None:  # the C walk: its index is the snapshot (the copies begin once it is whole)
         snap = Snapshot.from_index(roots, *walked)
     else:
@@ -423,10 +461,34 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False,
     return snap, f"walked: {why}"
 
 
-def write_manifest(roots: tuple[str, ...], out: str) -> Snapshot:
-    """``monarch index``: the roots walked once (the C walk, in parallel) and written to ``out`` as a
-    kept snapshot is, for ``dataset.manifest`` (load_or_walk checks it by its directories)."""
-    walked = walker.walk_index(tuple(roots))
+def write_manifest(roots: tuple[str, ...], out: str, describe: bool = False) -> Snapshot:
+    """``monarch index``: the roots walked once (the C walk, in parallel; listing mode unless
+    ``describe``) and written to ``out`` as a kept snapshot is, for ``dataset.manifest``
+    (load_or_walk checks it by its directories)."""
+    walked = walker.walk_index(tuple(roots), describe=describe)
     snap = Snapshot.from_index(roots, *walked) if walked is not None else take_snapshot(tuple(roots))
     write_file_atomically(out, snap.index_parts())
     return snap
+
+
+def listing_index(snap: Snapshot) -> bool:
+    """Did a listing-mode walk make the snapshot's index, every file of it undescribed?"""
+    return isinstance(snap.files, IndexTable) and bool(
+        protocol.INDEX_HEADER.unpack_from(snap.files.data)[4] & protocol.INDEX_LISTING)
+
+
+def describe_rest(snap: Snapshot, routes: tuple | None) -> int:
+    """Every file a listing-mode walk left undescribed, stat'ed now (a few threads; walker.c's
+    walk_describe, or one by one here without it), its route published with ``routes``. The
+    number described (a file gone or no longer regular stays undescribed)."""
+    table = snap.files
+    if not isinstance(table, IndexTable) or not table.undescribed():
+        return 0
+    if routes is not None and len(routes) == len(snap.roots) and not isinstance(table.data, bytes):
+        got = walker.describe_index(table.data, table.nfiles, snap.roots, index_writer.route_tables(routes))
+        if got is not None:
+            return got
+    before = table.undescribed()
+    for n in range(table.nfiles):  # without the C library: one by one (Describer)
+        table.described(n)
+    return before - table.undescribed()

@@ -12,6 +12,13 @@
  * the files in this walk's order: directories sorted by key, each one's files by name
  * (tests/unit/node/snapshot/test_walker.py holds the two equal).
  *
+ * Listing mode (walk_run's ``describe`` 0): the namespace at the pace of the listings, as ``find``
+ * walks: a name whose d_type says regular file or directory is not stat'ed. A file's entry is left
+ * UNDESCRIBED (its key, S_IFREG, route 0: protocol.py) for the daemon to fill when something needs
+ * it (snapshot.py) or in one pass later (walk_describe); a directory is described by the fstat of
+ * the descriptor its listing opens. Names of other types (a symlink, DT_UNKNOWN) are stat'ed as
+ * in a full walk.
+ *
  * Memory: a described file costs its future index entry (112 bytes), its name and a
  * 32-byte listing record while the walk runs; walk_build writes the index into the
  * caller's buffer one directory at a time and frees each directory as it goes, so the
@@ -25,6 +32,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -73,6 +81,7 @@ struct dir {
     uint64_t parent_ino;
     int fd;
     int unlisted;       /* its listing or an entry failed: the PFS's names stand */
+    int undescribed;    /* listing mode: its own stat is taken when it is opened to be listed */
     uint32_t n;         /* names in the listing */
     struct ent *ents;
     char *names;
@@ -97,8 +106,10 @@ struct walk {
     struct dir **dirs;
     size_t ndirs, cap_dirs;
     const int *root_fds;
+    int describe;       /* 0: listing mode (the module doc) */
     /* the index, once laid out */
     uint64_t nfiles, nlinked, total, nbuckets, keys_size, nchildren, spare_size, size;
+    uint64_t described;  /* files stat'ed by the walk (in listing mode: links, names of unknown type) */
 };
 
 static void fill(struct monarch_index_entry *e, const struct stat *st)
@@ -238,8 +249,13 @@ static int list_dir(struct walk *w, struct dir *d)
     struct stat st;
     if (fd < 0)
         goto unlisted;
-    if (fstat(fd, &st) != 0 || st.st_ino != d->self.ino)
+    if (fstat(fd, &st) != 0 || (!d->undescribed && st.st_ino != d->self.ino) ||
+        (d->undescribed && !S_ISDIR(st.st_mode)))
         goto unlisted;
+    if (d->undescribed) {  /* listing mode: the descriptor's stat is the directory's own */
+        fill(&d->self, &st);
+        d->undescribed = 0;
+    }
     if (!*rel && lseek(fd, 0, SEEK_SET) != 0)  /* a dup shares its offset with the root's descriptor */
         goto unlisted;
     size_t cap = 0, names_cap = 0, names_len = 0;
@@ -281,7 +297,7 @@ static int list_dir(struct walk *w, struct dir *d)
             }
             memcpy(d->names + names_len, name, len);
             d->ents[d->n++] = (struct ent){.d_ino = de->d_ino, .name_off = (uint32_t)names_len,
-                                           .name_len = (uint16_t)len, .kind = K_FAILED};
+                                           .name_len = (uint16_t)len, .d_type = de->d_type, .kind = K_FAILED};
             names_len += len;
         }
     }
@@ -305,6 +321,11 @@ unlisted:
     if (fd >= 0)
         close(fd);
     d->unlisted = 1;
+    if (d->undescribed) {  /* listing mode, not opened: described by name (a vanished one keeps only its type) */
+        if (fstatat(rfd, rel, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+            fill(&d->self, &st);
+        d->undescribed = 0;
+    }
     return 0;
 nomem:
     if (fd >= 0)
@@ -325,6 +346,35 @@ static int describe(struct walk *w, struct dir *d, uint32_t lo, uint32_t hi)
         memcpy(name, d->names + e->name_off, len);
         name[len] = 0;
         struct stat st, target;
+        if (!w->describe && (e->d_type == DT_REG || e->d_type == DT_DIR)) {  /* listing mode: the name's type is enough */
+            if (e->d_type == DT_REG) {
+                struct monarch_index_entry *r = &d->recs[i];
+                memset(r, 0, sizeof *r);
+                r->mode = S_IFREG;
+                r->dev = d->self.dev;
+                r->flags = MONARCH_INDEX_FLAG_UNDESCRIBED;
+                e->kind = K_FILE;
+                continue;
+            }
+            struct dir *sub = new_dir(d->root, d->key, d->key_len, name, len);
+            if (!sub) {
+                err = -1;
+                break;
+            }
+            sub->rel_off = d->rel_off;
+            sub->undescribed = 1;
+            sub->self.mode = S_IFDIR;
+            sub->self.ino = e->d_ino;
+            sub->self.dev = d->self.dev;
+            sub->parent_ino = d->self.ino;
+            e->kind = K_DIR, e->sub = sub;
+            pthread_mutex_lock(&w->lock);
+            err = add_dir_locked(w, sub);
+            pthread_mutex_unlock(&w->lock);
+            if (err)
+                break;
+            continue;
+        }
         if (fstatat(d->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             e->kind = K_FAILED;
             failed = 1;
@@ -496,9 +546,10 @@ static int spare_offset(struct spares *s, const char *name, uint16_t len, uint64
 
 /* -- the walk ---------------------------------------------------------------------------- */
 /* Walk the roots (descriptors open on each; ``indexes``: the key prefix k of each; the
- * parent directory's inode of each) with ``threads`` threads. NULL with errno on failure. */
+ * parent directory's inode of each) with ``threads`` threads, stat'ing every name (``describe``)
+ * or in listing mode (the module doc). NULL with errno on failure. */
 EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint64_t *parent_inos, int nroots,
-                             int threads)
+                             int threads, int describe)
 {
     monarch_crc_init();
     struct walk *w = calloc(1, sizeof *w);
@@ -507,6 +558,7 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->more, NULL);
     w->root_fds = root_fds;
+    w->describe = describe;
     for (int r = 0; r < nroots; r++) {
         char prefix[24];
         int plen = snprintf(prefix, sizeof prefix, "%d/", indexes[r]);
@@ -561,6 +613,7 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
         for (uint32_t i = 0; i < d->n; i++) {
             struct ent *e = &d->ents[i];
             if (e->kind == K_FILE || e->kind == K_LINKED_FILE) {
+                w->described += !(d->recs[i].flags & MONARCH_INDEX_FLAG_UNDESCRIBED);
                 e->number = (uint32_t)nfiles++;
                 keys += prefix + e->name_len;
                 nlinked += e->kind == K_LINKED_FILE;
@@ -747,7 +800,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
     h->version = MONARCH_INDEX_VERSION;
     h->entries = (uint32_t)w->total;
     h->buckets = (uint32_t)w->nbuckets;
-    h->reserved = 0;
+    h->reserved = !w->describe && !w->described ? MONARCH_INDEX_LISTING : 0;  /* every file undescribed */
     h->buckets_off = MONARCH_INDEX_HEADER_SIZE;
     h->entries_off = MONARCH_INDEX_HEADER_SIZE + 4 * w->nbuckets;
     h->keys_off = h->entries_off + MONARCH_INDEX_ENTRY_SIZE * w->total;
@@ -757,43 +810,4 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
     return 0;
 }
 
-/* -- each file's route, published in its entry's flags ------------------------------------- */
-#define ROUTE_STEPS 8 /* steps per root at most (index_writer.py's ROUTE_STEPS) */
-
-/* Publish in each of the first ``nfiles`` entries of the index ``x`` (``size`` bytes: this walk's,
- * a kept one, another node's) its file's route: for root k, ``nsteps[k]`` steps at ``k *
- * ROUTE_STEPS`` of ``smallest`` and ``route`` (monarch/routes.py's size_steps: the route of a
- * regular file of at least that size, up to the next step), in MONARCH_INDEX_ROUTE_MASK; a root
- * without steps publishes none. The same bits as index_writer.py's route_flags. 0, or -1 if ``x``
- * is no index of this version. */
-EXPORT int walk_routes(unsigned char *x, uint64_t size, uint64_t nfiles, const uint64_t *smallest,
-                       const uint8_t *route, const int *nsteps, int nroots)
-{
-    struct monarch_index_header h;
-    if (size < sizeof h)
-        return -1;
-    memcpy(&h, x, sizeof h);
-    if (h.magic != MONARCH_INDEX_MAGIC || h.version != MONARCH_INDEX_VERSION || nfiles > h.entries ||
-        h.entries_off > size || (size - h.entries_off) / MONARCH_INDEX_ENTRY_SIZE < h.entries || h.keys_off > size ||
-        h.keys_size > size - h.keys_off)
-        return -1;
-    for (uint64_t n = 0; n < nfiles; n++) {
-        unsigned char *at = x + h.entries_off + n * MONARCH_INDEX_ENTRY_SIZE;
-        struct monarch_index_entry e;
-        memcpy(&e, at, sizeof e);
-        if (e.key_off > h.keys_size || e.key_len > h.keys_size - e.key_off)
-            return -1;
-        const char *key = (const char *)x + h.keys_off + e.key_off;
-        uint32_t i = 0, bits = 0;
-        long k = 0;
-        while (i < e.key_len && i < 10 && key[i] >= '0' && key[i] <= '9')
-            k = 10 * k + (key[i++] - '0');
-        if (i && i < e.key_len && key[i] == '/' && k < nroots && S_ISREG(e.mode))
-            for (int s = 0; s < nsteps[k] && s < ROUTE_STEPS; s++)
-                if (e.size >= smallest[k * ROUTE_STEPS + s])
-                    bits = ((uint32_t)route[k * ROUTE_STEPS + s] + 1u) << MONARCH_INDEX_ROUTE_SHIFT;
-        e.flags = (e.flags & ~(uint32_t)MONARCH_INDEX_ROUTE_MASK) | bits;
-        memcpy(at + offsetof(struct monarch_index_entry, flags), &e.flags, sizeof e.flags);
-    }
-    return 0;
-}
+#include "index_fill.c" /* the routes published and the listed files described, in an index */

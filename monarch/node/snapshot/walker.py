@@ -22,13 +22,17 @@ THREADS = 8  # directories listed and entries stat'ed at once: hides the PFS's m
 _vp, _i, _u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
 _LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the C dataset walker",
                            "the dataset is walked in Python", {
-                               "walk_run": (_vp, [ctypes.POINTER(_i), ctypes.POINTER(_i), ctypes.POINTER(_u64), _i, _i]),
+                               "walk_run": (_vp, [ctypes.POINTER(_i), ctypes.POINTER(_i), ctypes.POINTER(_u64), _i, _i,
+                                                  _i]),
                                "walk_index_size": (_u64, [_vp]),
                                "walk_counts": (None, [_vp, ctypes.POINTER(_u64)]),
                                "walk_build": (_i, [_vp, _vp, _u64]),
                                "walk_free": (None, [_vp]),
                                "walk_routes": (_i, [_vp, _u64, _u64, ctypes.POINTER(_u64),
                                                     ctypes.POINTER(ctypes.c_uint8), ctypes.POINTER(_i), _i]),
+                               "walk_describe": (ctypes.c_int64, [_vp, _u64, _u64, ctypes.POINTER(_i), _i,
+                                                                  ctypes.POINTER(_u64), ctypes.POINTER(ctypes.c_uint8),
+                                                                  ctypes.POINTER(_i), _i]),
                            })
 
 
@@ -54,10 +58,11 @@ def wanted() -> bool:
     return os.environ.get(ENV_C_WALK, "1") not in ("0", "no", "off", "false")
 
 
-def walk_index(roots: tuple[str, ...], threads: int = THREADS) -> tuple[bytearray, int] | None:
+def walk_index(roots: tuple[str, ...], threads: int = THREADS, describe: bool = True) -> tuple[bytearray, int] | None:
     """The index of a fresh walk of ``roots`` and its number of files (the first entries), or
     None when the C walker cannot be used. A root that cannot be opened is left out, as
-    the Python walk leaves it (its files are read from the PFS)."""
+    the Python walk leaves it (its files are read from the PFS). ``describe`` False: listing mode
+    (walker.c's doc): the files are named, not stat'ed (INDEX_FLAG_UNDESCRIBED)."""
     lib = library() if wanted() else None
     if lib is None:
         return None
@@ -76,7 +81,7 @@ def walk_index(roots: tuple[str, ...], threads: int = THREADS) -> tuple[bytearra
                 parents.append(0)
         n = len(fds)
         walk = lib.walk_run((ctypes.c_int * n)(*fds), (ctypes.c_int * n)(*indexes), (ctypes.c_uint64 * n)(*parents),
-                            n, threads)
+                            n, threads, int(describe))
         if not walk:
             err = ctypes.get_errno()
             raise OSError(err, f"the C walk of the dataset failed: {os.strerror(err)}")
@@ -94,3 +99,33 @@ def walk_index(roots: tuple[str, ...], threads: int = THREADS) -> tuple[bytearra
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def describe_index(data, nfiles: int, roots: tuple[str, ...], tables: tuple, threads: int = THREADS) -> int | None:
+    """Every file of the index ``data`` (a writable buffer: the shared mapping the shim reads) that
+    a listing-mode walk left undescribed, stat'ed and filled in place, ``threads`` at once, its route
+    from ``tables`` (index_writer.route_tables). The number described; None without the C library."""
+    lib = library()
+    if lib is None:
+        return None
+    fds = []
+    try:
+        for root in roots:
+            try:
+                fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            except OSError:
+                fds.append(-1)  # its files stay undescribed: described at their open, or read from the PFS
+        n = len(fds)
+        buf = (ctypes.c_char * len(data)).from_buffer(data)
+        try:
+            got = lib.walk_describe(ctypes.addressof(buf), len(data), nfiles, (ctypes.c_int * n)(*fds), n, *tables,
+                                    threads)
+        finally:
+            del buf
+        if got < 0:
+            raise ValueError("not a Monarch index of this version")
+        return int(got)
+    finally:
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)

@@ -21,6 +21,7 @@ from monarch import frontdoor, protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.server import NodeServer
+from monarch.node.snapshot.snapshot import describe_rest
 from monarch.routes import FileFacts, Route, route_of
 from support.harness import unix_connect as connect, make_bases
 
@@ -171,6 +172,7 @@ def test_the_door_copies_the_files_the_index_routes_to_it_and_hands_over_the_res
     with open(os.path.join(root, "large.bin"), "wb") as f:
         f.truncate(64 << 20)  # sparse: its size routes it
     daemon, _ = daemon_on(root)
+    describe_rest(daemon.snapshot, daemon.stager.routes)  # a listing-mode walk's files: described in one pass here
     with open(daemon.index_path, "rb") as f:
         index = f.read()
     node = dataclasses.replace(daemon.stager.node, door=True)
@@ -249,14 +251,20 @@ def test_a_file_changed_since_the_snapshot_is_not_copied(short_tmp, daemon_on):
     root = fast_root(short_tmp)
     sums = make_files(root, 5)
     daemon, _ = daemon_on(root)
-    key = sorted(sums)[0]
-    with open(os.path.join(root, key[2:]), "ab") as f:  # someone else, outside the job
-        f.write(b"longer now")
+    key, listed = sorted(sums)[:2]
+    assert daemon.snapshot.files.get(key) is not None  # described (the walk lists; a describe pass, or an open, stats)
+    for k in (key, listed):
+        with open(os.path.join(root, k[2:]), "ab") as f:  # someone else, outside the job
+            f.write(b"longer now")
     assert ask_open(daemon.socket_path, key) == (protocol.SLOT_PFS, b"")
     stats = daemon.stats()
     assert stats["front_door"]["handed_over_because"].get("copy_failed") == 1
     assert stats["staging"]["failures"] == {"changed_since_snapshot": 1}
     assert not os.path.exists(os.path.join(daemon.tiers[0].path, key))
+    # a file only listed when it changed is described at its first open: staged as it is then
+    status, path = ask_open(daemon.socket_path, listed)
+    with open(os.path.join(root, listed[2:]), "rb") as f:
+        assert status == daemon.tiers[0].slot and md5_of(path) == hashlib.md5(f.read()).hexdigest()
 
 
 def test_a_slow_source_gets_more_copies_in_flight_not_pythons_threads(short_tmp, daemon_on, slow_pfs):

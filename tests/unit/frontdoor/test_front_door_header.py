@@ -31,7 +31,8 @@ CTYPES = {
     "struct door *": ctypes.c_void_p, "struct inflight *": ctypes.c_void_p,
     "const struct inflight *": ctypes.c_void_p, "void *": ctypes.c_void_p,
     "const unsigned char *": ctypes.c_void_p, "const int16_t *": ctypes.c_void_p,
-    "const uint32_t *": ctypes.c_void_p,
+    "const uint32_t *": ctypes.c_void_p, "const uint64_t *": ctypes.c_void_p, "const uint8_t *": ctypes.c_void_p,
+    "const int *": ctypes.c_void_p,
     # the counters' records, read by name
     "struct front_door_counts *": ctypes.POINTER(frontdoor.DoorCounts),
     "struct front_door_read_ahead_state *": ctypes.POINTER(frontdoor.ReadAheadState),

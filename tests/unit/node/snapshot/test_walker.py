@@ -3,6 +3,7 @@ writes the index the Python writer would write for it, byte for byte."""
 
 import os
 import pickle
+import struct
 import resource
 import subprocess
 import sys
@@ -146,3 +147,73 @@ def test_the_walk_holds_about_one_index_of_memory(tmp_path):
     n, size, grown = map(int, out.split())
     assert n == 50_000
     assert grown / n < size / n + 100, f"{grown / n:.0f} B per file at the peak, the index {size / n:.0f}"
+
+
+def _zero_atimes(data: bytearray) -> bytearray:
+    """The index with every entry's atime 0 (a walk reads directories: atimes move between two), and
+    its header's word that says how it was walked 0."""
+    out = bytearray(data)
+    header = protocol.INDEX_HEADER.unpack_from(out)
+    struct.pack_into("<I", out, 20, 0)
+    for n in range(header[2]):
+        struct.pack_into("<q", out, header[6] + protocol.INDEX_ENTRY.size * n + 32, 0)
+    return out
+
+
+@pytest.mark.parametrize("how", ["in one pass", "one by one when asked"])
+def test_a_listing_walk_names_every_file_and_describing_them_gives_the_full_walks_index(tmp_path, how):
+    """Listing mode stats no name the listing types as a file or a directory: every such file is
+    UNDESCRIBED (its key, S_IFREG, no route), the directories and listings are the full walk's.
+    Described afterwards (walker.c's pass, or Describer file by file), the index is the full walk's,
+    byte for byte, routes and all."""
+    root = tree(tmp_path)
+    roots = (str(root), str(tmp_path / "missing"))
+    steps = routes.published(routes.NodeFacts(door=True), len(roots))
+    full, nfiles = walker.walk_index(roots)
+    stamp_routes(full, nfiles, steps)
+    listed, n = walker.walk_index(roots, describe=False)
+    assert n == nfiles
+    stamp_routes(listed, n, steps)
+    snap = Snapshot.from_index(roots, listed, n)
+    assert not snapshot.listing_index(snap)  # its link to a file was stat'ed: not every file is undescribed
+    table = snap.files
+    kinds = {}
+    for i in range(n):
+        e = table.entry(i)
+        kinds[table.key(i)] = bool(e[13] & protocol.INDEX_FLAG_UNDESCRIBED)
+        if kinds[table.key(i)]:
+            assert e[3] == 0 and e[9] == 0o100000 and not e[13] & protocol.INDEX_ROUTE_MASK, e
+    assert not kinds["0/a/link"]  # a symlink to a file: its d_type says link, so it is stat'ed
+    assert sum(kinds.values()) == n - 1 == table.undescribed()
+    full_snap = Snapshot.from_index(roots, bytearray(full), nfiles)
+    assert {k: d.children for k, d in snap.dirs.items()} == {k: d.children for k, d in full_snap.dirs.items()}
+    assert protocol.index_lookup(bytes(listed), b"0/a/x") is not None  # named: the shim finds it (and passes)
+    if how == "in one pass":
+        snap.describe_with(steps)
+        assert snapshot.describe_rest(snap, steps) == n - 1
+    else:
+        snap.describe_with(steps)
+        for key in full_snap.files:
+            assert table.get(key) == full_snap.files.get(key)._replace(atime_ns=table.get(key).atime_ns)
+    assert table.undescribed() == 0
+    assert _zero_atimes(listed) == _zero_atimes(full)
+
+
+def test_a_listed_file_gone_before_it_is_described_is_no_file_of_the_snapshot(tmp_path):
+    root = tree(tmp_path)
+    listed, n = walker.walk_index((str(root),), describe=False)
+    snap = Snapshot.from_index((str(root),), listed, n)
+    os.unlink(root / "a" / "x")
+    os.mkdir(root / "a" / "x")  # the name now a directory
+    os.unlink(root / "a" / "b" / "deep")
+    assert "0/a/b/deep" in snap.files  # named by the listing
+    assert snap.files.get("0/a/b/deep") is None and snap.files.get("0/a/x") is None
+    with pytest.raises(KeyError):
+        snap.files["0/a/x"]
+    assert snapshot.describe_rest(snap, None) == n - 3  # the link was described by the walk
+    assert snap.files.undescribed() == 2
+    plain = tmp_path / "plain"
+    (plain / "d").mkdir(parents=True)
+    (plain / "d" / "f").write_bytes(b"f")
+    assert snapshot.listing_index(Snapshot.from_index((str(plain),), *walker.walk_index((str(plain),), describe=False)))
+    assert not snapshot.listing_index(Snapshot.from_index((str(plain),), *walker.walk_index((str(plain),))))

@@ -53,14 +53,14 @@ def paused_walk(short_tmp, monkeypatch):
     first, go = threading.Event(), threading.Event()
     real = daemon_module.load_or_walk
 
-    def walk(roots, cache, fresh=False, into=None, on_directory=None, manifest=""):
+    def walk(roots, cache, fresh=False, into=None, on_directory=None, manifest="", **kw):
         def told(keys):
             if on_directory is not None:
                 on_directory(keys)
             if not first.is_set():
                 first.set()
                 assert go.wait(30)
-        return real(roots, cache, fresh, into, told, manifest)
+        return real(roots, cache, fresh, into, told, manifest, **kw)
 
     monkeypatch.setattr(daemon_module, "load_or_walk", walk)
     made = []

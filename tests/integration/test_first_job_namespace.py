@@ -1,0 +1,181 @@
+"""The first job's namespace at the pace of the PFS's listings: on the emulated PFS's generated tree
+(types in the listing, no attributes: ``find`` makes no call per file), a job's daemon walks with
+no metadata call per file, and every file the job then stats or reads is still the PFS's own.
+The same tree's full walk (the C walk describing each name, as before) makes one per file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from monarch.node.snapshot import walker
+from monarch.tools.slowpfs_generated import Generated
+from support.harness import monarch, monarch_env, write_config
+
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
+
+TREE = Generated(files=6000, per_dir=500)
+SAMPLE = 40
+
+# The job: its first stat waits for the index (MONARCH_SHIM_INDEX_WAIT_MS) and the emulator's
+# counters are read right after it (the namespace's cost); then a sample is stat'ed, read and
+# fstat'ed through the shim, and what it saw is printed as JSON.
+READER = r"""
+import hashlib, json, os, sys, time
+counters, settle, paths = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+os.stat(paths[0])
+time.sleep(settle)  # the emulator writes its counters file every 10 ms
+with open(counters) as f:
+    at_first_stat = json.load(f)
+seen = {}
+for p in paths:
+    st = os.stat(p)
+    with open(p, "rb") as f:
+        data = f.read()
+        fst = os.fstat(f.fileno())
+    seen[p] = {"stat": [st.st_size, st.st_mode, st.st_mtime_ns], "fstat": [fst.st_size, fst.st_mode, fst.st_mtime_ns],
+               "sha": hashlib.sha256(data).hexdigest()}
+print(json.dumps({"at_first_stat": at_first_stat, "seen": seen}))
+"""
+
+
+def _meta(c: dict) -> int:
+    return c["lookups"] + c["readdirs"] + c["opendirs"] + c["accesses"] + c["statfs"]
+
+
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_the_first_jobs_namespace_costs_the_pfs_what_find_costs_and_serves_the_pfss_bytes(slow_pfs, short_tmp):
+    pfs = slow_pfs(TREE, open_latency_ms=0)
+    root = pfs.mountpoint
+    pfs.reset_counters()
+    found = subprocess.run(["find", root, "-type", "f"], capture_output=True, text=True, check=True, timeout=120)
+    find = _meta(pfs.counters())
+    assert len(found.stdout.splitlines()) == TREE.files
+
+    pfs.reset_counters()
+    walker.walk_index((root,), describe=True)
+    full = _meta(pfs.counters())
+    assert full >= TREE.files, full  # a full walk: one call (at least) per file
+
+    sample = random.Random(3).sample(range(TREE.files), SAMPLE)
+    paths = [os.path.join(root, TREE.path(i)) for i in sample]
+    cfg = write_config(short_tmp, root)
+    report = os.path.join(short_tmp, "report.json")
+    before = pfs.raw_counters()
+    env = monarch_env(MONARCH_SHIM_INDEX_WAIT_MS=120000)
+    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--",
+                  sys.executable, "-c", READER, pfs.counters_path, "0.5", *paths, env=env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    out = json.loads(ran.stdout.strip().splitlines()[-1])
+    with open(report) as f:
+        node = json.load(f)["nodes"][0]
+    assert node["snapshot"].startswith("walked"), node["snapshot"]
+    namespace = _meta({k: out["at_first_stat"][k] - before[k] for k in ("lookups", "readdirs", "opendirs", "accesses",
+                                                                         "statfs")})
+    print(f"metadata calls: find {find}, the first job's namespace {namespace}, a full walk {full} "
+          f"({TREE.files} files, {TREE.directories} directories)")
+    assert namespace <= 2 * find + 10, (namespace, find)
+
+    for i, p in zip(sample, paths):  # as a direct reader sees them: the same stat, the generator's bytes
+        st = os.stat(p)
+        want = [st.st_size, st.st_mode, st.st_mtime_ns]
+        got = out["seen"][p]
+        assert got["stat"] == want and got["fstat"] == want, (p, got, want)
+        assert got["sha"] == hashlib.sha256(TREE.data(i)).hexdigest(), p
+    assert node["staging"]["files"] >= SAMPLE // 2, node["staging"]  # served from the node, not passed through
+
+
+def _with_manifest(cfg: str, root: str, manifest: str) -> str:
+    with open(cfg) as f:
+        text = f.read()
+    with open(cfg, "w") as f:
+        f.write(text.replace(f"dataset: {{roots: [{json.dumps(root)}]}}",
+                             f"dataset: {{roots: [{json.dumps(root)}], manifest: {json.dumps(manifest)}}}", 1))
+    return cfg
+
+
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_a_job_given_a_listed_manifest_reads_before_any_check_and_checks_after(slow_pfs, short_tmp):
+    """`monarch index` lists as find does; a job given its manifest asks the PFS nothing before it
+    starts (its directories are checked after, its metadata the PFS's until then) and still serves
+    the PFS's bytes and stats. 120 directories at 20 ms a metadata call: their check takes seconds,
+    the job's first stat does not wait for it."""
+    tree = Generated(files=3000, per_dir=25)
+    pfs = slow_pfs(tree, open_latency_ms=0, lookup_latency_ms=20)
+    root = pfs.mountpoint
+    manifest = os.path.join(short_tmp, "tree.index")
+    pfs.reset_counters()
+    made = monarch("index", root, "-o", manifest)
+    assert made.returncode == 0 and f"{tree.files} files" in made.stdout, made.stdout + made.stderr
+    assert _meta(pfs.counters()) <= 5 * (tree.directories + 1)  # listed, not stat'ed: a few calls a directory
+    sample = random.Random(4).sample(range(tree.files), SAMPLE)
+    paths = [os.path.join(root, tree.path(i)) for i in sample]
+    cfg = _with_manifest(write_config(short_tmp, root), root, manifest)
+    report = os.path.join(short_tmp, "report.json")
+    before = pfs.raw_counters()
+    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", READER,
+                  pfs.counters_path, "0.03", *paths, env=monarch_env(MONARCH_SHIM_INDEX_WAIT_MS=120000))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    out = json.loads(ran.stdout.strip().splitlines()[-1])
+    with open(report) as f:
+        node = json.load(f)["nodes"][0]
+    assert node["snapshot"] == "manifest", node["snapshot"]  # checked after the start: unchanged
+    first = _meta({k: out["at_first_stat"][k] - before[k] for k in ("lookups", "readdirs", "opendirs", "accesses",
+                                                                     "statfs")})
+    # the manifest's own reading, the stat itself, a few of the check's calls meanwhile (8 at once): a check
+    # before the job would have been 2 calls a directory
+    assert first <= 40 < 2 * tree.directories, first
+    for i, p in zip(sample, paths):
+        st = os.stat(p)
+        assert out["seen"][p]["stat"] == out["seen"][p]["fstat"] == [st.st_size, st.st_mode, st.st_mtime_ns]
+        assert out["seen"][p]["sha"] == hashlib.sha256(tree.data(i)).hexdigest(), p
+
+
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_a_manifest_made_before_the_dataset_changed_serves_the_datasets_files_as_they_are_now(short_tmp):
+    """Names added, removed and rewritten in place after `monarch index`: the job, served before
+    its manifest is checked, sees each as a direct reader does (the manifest's files are described
+    at their open; its metadata stays the PFS's once the check finds a directory changed)."""
+    root = os.path.join(short_tmp, "data")
+    for d in range(3):
+        os.makedirs(os.path.join(root, f"d{d}"))
+        for i in range(20):
+            with open(os.path.join(root, f"d{d}", f"f{i}.bin"), "wb") as f:
+                f.write(bytes([d, i]) * (100 + i))
+    manifest = os.path.join(short_tmp, "data.index")
+    assert monarch("index", root, "-o", manifest).returncode == 0
+    os.unlink(os.path.join(root, "d0", "f3.bin"))
+    with open(os.path.join(root, "d1", "new.bin"), "wb") as f:
+        f.write(b"new" * 50)
+    with open(os.path.join(root, "d2", "f5.bin"), "r+b") as f:  # in place: no directory's mtime moves
+        f.write(b"rewritten, longer than it was" * 20)
+    script = r"""
+import hashlib, json, os, sys
+root = sys.argv[1]
+out = {}
+for rel in ("d0/f3.bin", "d1/new.bin", "d2/f5.bin", "d2/f6.bin"):
+    p = os.path.join(root, rel)
+    try:
+        with open(p, "rb") as f:
+            out[rel] = [os.stat(p).st_size, hashlib.sha256(f.read()).hexdigest()]
+    except FileNotFoundError:
+        out[rel] = "ENOENT"
+out["d1"] = sorted(os.listdir(os.path.join(root, "d1")))
+out["d0"] = sorted(os.listdir(os.path.join(root, "d0")))
+print(json.dumps(out))
+"""
+    cfg = _with_manifest(write_config(short_tmp, root), root, manifest)
+    report = os.path.join(short_tmp, "report.json")
+    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", script, root)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    direct = subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True, check=True)
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == json.loads(direct.stdout)
+    with open(report) as f:
+        how = json.load(f)["nodes"][0]["snapshot"]
+    assert how.startswith("manifest: a directory changed since it was made"), how
