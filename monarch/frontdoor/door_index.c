@@ -31,9 +31,7 @@ static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, c
         return 0;
     struct monarch_index_entry e;
     const unsigned char *at = x + h.entries_off + (uint64_t)sizeof e * (n - 1);
-    /* a file not described yet (filled in place by the daemon, flags last): Python's to answer */
-    if (__atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_entry, flags)), __ATOMIC_ACQUIRE)
-        & MONARCH_INDEX_FLAG_UNDESCRIBED)
+    if (monarch_index_undescribed(at))  /* a listed file not described yet: its fields are not the file's */
         return 0;
     memcpy(&e, at, sizeof e);
     if (e.key_off > h.keys_size || e.key_len > h.keys_size - e.key_off || !e.key_len)

@@ -248,12 +248,13 @@ class NodeDaemon:
             gc.freeze()
             self.gate.ready()
             if self._listed.pending(self._describe_all()):  # held requests need neither its check nor its pass
+                self.snapshot_ready_at = time.time()
                 self.gate.settle()
             self._start_staging()
         except Exception as e:  # fail open: the job runs, on the PFS
             self._fail(e, stager)
         finally:
-            self.snapshot_ready_at = time.time()
+            self.snapshot_ready_at = self.snapshot_ready_at or time.time()
             log.debug("phase snapshot.ready")
             self.gate.settle()
 

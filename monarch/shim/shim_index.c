@@ -30,8 +30,7 @@ static int monarch_index_entry(uint32_t n, struct monarch_index_entry *e)
     if (!m || n == 0 || n > h->entries)
         return -1;
     const unsigned char *at = m + h->entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE;
-    if (__atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_entry, flags)), __ATOMIC_ACQUIRE)
-        & MONARCH_INDEX_FLAG_UNDESCRIBED)
+    if (monarch_index_undescribed(at))
         return -1;
     memcpy(e, at, sizeof *e);
     return 0;

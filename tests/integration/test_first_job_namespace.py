@@ -39,7 +39,8 @@ for p in paths:
     with open(p, "rb") as f:
         data = f.read()
         fst = os.fstat(f.fileno())
-    seen[p] = {"stat": [st.st_size, st.st_mode, st.st_mtime_ns], "fstat": [fst.st_size, fst.st_mode, fst.st_mtime_ns],
+    seen[p] = {"stat": [st.st_size, st.st_mode, st.st_mtime_ns, st.st_nlink, st.st_uid, st.st_gid],
+               "fstat": [fst.st_size, fst.st_mode, fst.st_mtime_ns, fst.st_nlink, fst.st_uid, fst.st_gid],
                "sha": hashlib.sha256(data).hexdigest()}
 print(json.dumps({"at_first_stat": at_first_stat, "seen": seen}))
 """
@@ -84,7 +85,7 @@ def test_the_first_jobs_namespace_costs_the_pfs_what_find_costs_and_serves_the_p
 
     for i, p in zip(sample, paths):  # as a direct reader sees them: the same stat, the generator's bytes
         st = os.stat(p)
-        want = [st.st_size, st.st_mode, st.st_mtime_ns]
+        want = [st.st_size, st.st_mode, st.st_mtime_ns, st.st_nlink, st.st_uid, st.st_gid]
         got = out["seen"][p]
         assert got["stat"] == want and got["fstat"] == want, (p, got, want)
         assert got["sha"] == hashlib.sha256(TREE.data(i)).hexdigest(), p
@@ -133,7 +134,8 @@ def test_a_job_given_a_listed_manifest_reads_before_any_check_and_checks_after(s
     assert first <= 40 < 2 * tree.directories, first
     for i, p in zip(sample, paths):
         st = os.stat(p)
-        assert out["seen"][p]["stat"] == out["seen"][p]["fstat"] == [st.st_size, st.st_mode, st.st_mtime_ns]
+        assert out["seen"][p]["stat"] == out["seen"][p]["fstat"] == [st.st_size, st.st_mode, st.st_mtime_ns, st.st_nlink,
+                                                                    st.st_uid, st.st_gid]
         assert out["seen"][p]["sha"] == hashlib.sha256(tree.data(i)).hexdigest(), p
 
 
@@ -179,3 +181,35 @@ print(json.dumps(out))
     with open(report) as f:
         how = json.load(f)["nodes"][0]["snapshot"]
     assert how.startswith("manifest: a directory changed since it was made"), how
+
+
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_the_next_job_adopts_the_copies_of_files_described_by_the_first_without_a_stat_each(slow_pfs, short_tmp):
+    """With `keep: true` the first job's snapshot is kept with the files it described (those it
+    read): the next job checks its directories, adopts those copies as they are, and reads them
+    from the tier, asking the PFS nothing per file."""
+    pfs = slow_pfs(TREE, open_latency_ms=0)
+    root = pfs.mountpoint
+    sample = random.Random(5).sample(range(TREE.files), SAMPLE)
+    paths = [os.path.join(root, TREE.path(i)) for i in sample]
+    cfg = write_config(short_tmp, root, keep=True)
+    env = monarch_env(MONARCH_SHIM_INDEX_WAIT_MS=120000)
+    nodes, calls = [], []
+    for _ in range(2):
+        report = os.path.join(short_tmp, "report.json")
+        pfs.reset_counters()
+        ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", READER,
+                      pfs.counters_path, "0.03", *paths, env=env)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        calls.append(_meta(pfs.counters()))
+        out = json.loads(ran.stdout.strip().splitlines()[-1])
+        for i, p in zip(sample, paths):
+            assert out["seen"][p]["sha"] == hashlib.sha256(TREE.data(i)).hexdigest(), p
+        with open(report) as f:
+            nodes.append(json.load(f)["nodes"][0])
+    first, later = nodes
+    assert first["snapshot"].startswith("walked") and later["snapshot"] == "reused", (first["snapshot"], later["snapshot"])
+    assert later["staging"]["files"] == 0, later["staging"]  # every copy adopted: nothing staged again
+    assert pfs.counters()["opens"] == 0
+    # its directories' check, the READER's stats of the sample (answered here): nothing a file
+    assert calls[1] <= 4 * (TREE.directories + 1), calls

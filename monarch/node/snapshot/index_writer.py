@@ -10,7 +10,7 @@ own table finds a child's entry): a few dozen bytes per file beside the index it
 
 Each file's route (``monarch/routes.py``) is published in its entry's flags when ``routes`` is
 given: per root, ``routes.size_steps`` of the node (``Routes``); an index made before (the C walk's,
-a kept one, node 0's) has them written in place (``stamp_routes``: ``walker.c``'s ``walk_routes``,
+a kept one, node 0's) has them written in place (``stamp_routes``: ``index_fill.c``'s ``walk_routes``,
 or here without the C library). The same steps give the same bits on either side.
 """
 
@@ -34,7 +34,7 @@ from monarch.records.filetable import FileTable
 from monarch.routes import Route, stepped
 
 Routes = tuple  # per root k: routes.size_steps of the node for root k's files
-ROUTE_STEPS = 8  # steps per root at most (walker.c's ROUTE_STEPS)
+ROUTE_STEPS = 8  # steps per root at most (monarch_native.h's MONARCH_ROUTE_STEPS)
 
 _ENTRY = protocol.INDEX_ENTRY
 _CHILD = protocol.INDEX_CHILD
@@ -82,7 +82,7 @@ def route_tables(routes: Routes) -> tuple:
 
 def stamp_routes(data: bytearray, nfiles: int, routes: Routes) -> None:
     """Publish the routes in the first ``nfiles`` entries of the index ``data`` (its files), in
-    place: in C (``walker.c``'s ``walk_routes``) when the library is there. A file not described
+    place: in C (``index_fill.c``'s ``walk_routes``) when the library is there. A file not described
     yet gets none (``describe`` publishes it)."""
     lib = walker.library()
     if lib is not None:
@@ -104,7 +104,7 @@ def stamp_routes(data: bytearray, nfiles: int, routes: Routes) -> None:
 class Describer:
     """The files of an index that a listing-mode walk left undescribed, stat'ed one by one when
     something needs them (``IndexTable.get``: the open that stages one, a kept copy adopted):
-    walker.c's describe_entry for one file, relative to its root's descriptor (opened O_PATH once
+    index_fill.c's describe_entry for one file, relative to its root's descriptor (opened O_PATH once
     and kept: no lookup above the root, no opendir on the PFS). ``routes``: the node's, once its
     stager has them (``Snapshot.describe_with``)."""
 

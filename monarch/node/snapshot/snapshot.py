@@ -478,7 +478,7 @@ def listing_index(snap: Snapshot) -> bool:
 
 
 def describe_rest(snap: Snapshot, routes: tuple | None) -> int:
-    """Every file a listing-mode walk left undescribed, stat'ed now (a few threads; walker.c's
+    """Every file a listing-mode walk left undescribed, stat'ed now (a few threads; index_fill.c's
     walk_describe, or one by one here without it), its route published with ``routes``. The
     number described (a file gone or no longer regular stays undescribed)."""
     table = snap.files

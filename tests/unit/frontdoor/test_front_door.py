@@ -143,6 +143,16 @@ def test_misses_are_copied_by_the_door_with_the_sources_bytes_mtime_and_private_
         src = os.stat(os.path.join(root, key[2:]))
         st = os.stat(path)
         assert st.st_mtime_ns == src.st_mtime_ns and stat.S_IMODE(st.st_mode) & 0o077 == 0
+    # each was listed, not stat'ed, by the walk: the door described it from the descriptor it copied from,
+    # in the index the shim maps (its source's stat, its route the door's)
+    with open(daemon.index_path, "rb") as f:
+        index = f.read()
+    for key in sums:
+        src = os.stat(os.path.join(root, key[2:]))
+        e = protocol.index_lookup(index, protocol.key_bytes(key))
+        assert (*e[:2], *e[3:7]) == (src.st_size, src.st_mtime_ns, src.st_ctime_ns, src.st_ino, src.st_dev,
+                                     src.st_mode), key  # (the copy's read moved the atime since)
+        assert not e[10] & protocol.INDEX_FLAG_UNDESCRIBED and published_route(index, key) is Route.DOOR
     stats = daemon.stats()
     total = sum(os.path.getsize(os.path.join(root, k[2:])) for k in sums)
     assert stats["front_door"]["copies"] == len(sums)  # not one went through Python...

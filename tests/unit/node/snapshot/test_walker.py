@@ -67,7 +67,7 @@ def test_the_c_walk_sees_what_the_python_walk_sees_and_writes_its_index(tmp_path
     same = Snapshot(roots, FileTable(fast.files.items()), dict(fast.dirs), dict(fast.links))
     assert b"".join(index_parts(same)) == bytes(index)
     assert index_parts(fast) == [index]  # written as it is
-    # each file's route published (walker.c's walk_routes) as the Python writer publishes it
+    # each file's route published (index_fill.c's walk_routes) as the Python writer publishes it
     steps = routes.published(routes.NodeFacts(door=True), len(roots))
     routed = bytearray(index)
     stamp_routes(routed, nfiles, steps)
@@ -164,7 +164,7 @@ def _zero_atimes(data: bytearray) -> bytearray:
 def test_a_listing_walk_names_every_file_and_describing_them_gives_the_full_walks_index(tmp_path, how):
     """Listing mode stats no name the listing types as a file or a directory: every such file is
     UNDESCRIBED (its key, S_IFREG, no route), the directories and listings are the full walk's.
-    Described afterwards (walker.c's pass, or Describer file by file), the index is the full walk's,
+    Described afterwards (index_fill.c's pass, or Describer file by file), the index is the full walk's,
     byte for byte, routes and all."""
     root = tree(tmp_path)
     roots = (str(root), str(tmp_path / "missing"))
