@@ -225,9 +225,9 @@ CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX, EN
 # -- socket frames --------------------------------------------------------------------
 VERB_OPEN, VERB_INVALIDATE, VERB_ATTACH, VERB_REPORT, VERB_STOP, VERB_HINT, VERB_INDEX = 1, 2, 3, 4, 5, 6, 7
 VERB_PAGES, PAGES_MAX = 8, 64 << 10  # a guarded fault's pages of another owner's block (at most): the door's
-VERB_WB = 9  # a write-back call: its body, ops and answers are monarch/writeback/wire.py's
-VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH", VERB_REPORT: "REPORT",
-         VERB_STOP: "STOP", VERB_HINT: "HINT", VERB_INDEX: "INDEX", VERB_PAGES: "PAGES", VERB_WB: "WB"}
+VERB_WB, VERB_DESCRIBE = 9, 10  # a write-back call (monarch/writeback/wire.py); a listed file's stat: 0 taken
+VERBS = {VERB_OPEN: "OPEN", VERB_INVALIDATE: "INVALIDATE", VERB_ATTACH: "ATTACH", VERB_REPORT: "REPORT", VERB_STOP: "STOP",
+         VERB_HINT: "HINT", VERB_INDEX: "INDEX", VERB_PAGES: "PAGES", VERB_WB: "WB", VERB_DESCRIBE: "DESCRIBE"}
 
 INDEX_READY = 0             # INDEX answers: the index is written, map it
 INDEX_NONE = 1              # the snapshot failed: no index this job (read the PFS)

@@ -228,9 +228,10 @@ KEYS: tuple[Key, ...] = (
         "see docs/store.md",
         _stores, show=lambda v: ", ".join(f"{root}: {url}" for root, url in v) or "{}"),
     Key("dataset.manifest", "path, or empty", "",
-        "the dataset's namespace written once by `monarch index ROOT... -o FILE`: a job's snapshot is read from "
-        "it instead of a walk that asks the PFS about every file, checked against the PFS by one stat per "
-        "directory (a directory changed since: the job walks, said); never trusted for bytes (docs/consistency.md, 9)",
+        "the dataset's namespace written once by `monarch index ROOT... -o FILE` (listed as find lists): a job's "
+        "snapshot is read from it instead of a walk, checked against the PFS by one stat per directory: after the "
+        "job starts where no tier keeps copies (its metadata the PFS's until then; a directory changed since: for "
+        "the whole job), else before (changed: the job walks); never trusted for bytes (docs/consistency.md, 9)",
         lambda r, v, k: _manifest(r, v, k), show=lambda v: v or '"" (walked)'),
     Key("run_base", "path (base directory)", "${TMPDIR:-/tmp}",
         "base directory of the run's own files on this node: socket, counters, daemon log, report "

@@ -81,26 +81,6 @@ _Static_assert(offsetof(struct statx_buf, mode) == 28 && offsetof(struct statx_b
 #define STATX_BASIC 0x7ffu             /* STATX_BASIC_STATS: what a describing needs */
 #define STATX_DONT_SYNC 0x4000         /* AT_STATX_DONT_SYNC */
 
-/* The just-opened source's attributes. Where its open refreshed them (``fresh``), as that
- * open left them in the client's cache (statx, AT_STATX_DONT_SYNC): no second round trip to
- * the PFS's metadata server per copy, as the stager (pfsmeta.opened_stat); else fstat. */
-static int source_attrs(int fd, int fresh, struct stat *st)
-{
-#ifdef SYS_statx
-    struct statx_buf sx;
-    if (fresh && syscall(SYS_statx, fd, "", AT_EMPTY_PATH | STATX_DONT_SYNC, STATX_WANTED, &sx) == 0 &&
-        (sx.mask & STATX_WANTED) == STATX_WANTED) {
-        memset(st, 0, sizeof *st);
-        st->st_mode = sx.mode;
-        st->st_size = (off_t)sx.size;
-        st->st_mtim.tv_sec = sx.mtime.sec;
-        st->st_mtim.tv_nsec = sx.mtime.nsec;
-        return 0;
-    }
-#endif
-    return fstat(fd, st);
-}
-
 /* The PFS path of directory ``key`` (its first ``dlen`` bytes, "<k>/<dir>"), then ``name`` in it when
  * given, in ``path``: its root's index, or -1. */
 static long source_path(struct door *d, const char *key, uint32_t dlen, const char *name, char *path)
@@ -151,14 +131,16 @@ static int open_source(struct worker *w, const char *key, uint32_t dlen, const c
     return fd;
 }
 
-/* The just-opened source's whole stat, as a describing needs it: what its open left in the client's
- * cache where that is fresh (statx, AT_STATX_DONT_SYNC: no second round trip), else fstat. */
-static int source_stat(int fd, int fresh, struct stat *st)
+/* The just-opened source's stat (``want``: the STATX_ fields needed; the others may be 0). Where
+ * its open refreshed them (``fresh``), as that open left them in the client's cache (statx,
+ * AT_STATX_DONT_SYNC): no second round trip to the PFS's metadata server per copy, as the stager
+ * (pfsmeta.opened_stat); else fstat. */
+static int source_stat(int fd, int fresh, unsigned want, struct stat *st)
 {
 #ifdef SYS_statx
     struct statx_buf sx;
-    if (fresh && syscall(SYS_statx, fd, "", AT_EMPTY_PATH | STATX_DONT_SYNC, STATX_BASIC, &sx) == 0 &&
-        (sx.mask & STATX_BASIC) == STATX_BASIC) {
+    if (fresh && syscall(SYS_statx, fd, "", AT_EMPTY_PATH | STATX_DONT_SYNC, want, &sx) == 0 &&
+        (sx.mask & want) == want) {
         memset(st, 0, sizeof *st);
         st->st_mode = sx.mode;
         st->st_size = (off_t)sx.size;
@@ -196,12 +178,33 @@ static int describe_listed(struct worker *w, const char *key, uint32_t len, uint
     int in = open_source(w, key, dlen, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0);
     if (in < 0)
         return 0;
-    if (source_stat(in, w->src_fresh, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (source_stat(in, w->src_fresh, STATX_BASIC, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(in);
         return 0;
     }
     index_describe(w->d, n, key, len, &st);
     w->listed_src = in;
+    return 1;
+}
+
+static int describe_named(struct worker *w, const char *key, uint32_t len, uint32_t n)
+{
+    const char *base = memrchr(key, '/', len);
+    if (!base)
+        return 0;
+    uint32_t dlen = (uint32_t)(base - key), nlen = len - dlen - 1;
+    char name[NAME_MAX + 1], path[PATH_MAX];
+    if (!nlen || nlen > NAME_MAX)
+        return 0;
+    memcpy(name, base + 1, nlen);
+    name[nlen] = 0;
+    struct stat st;
+    int near = w->src_dir >= 0 && w->src_dir_len == dlen && !memcmp(w->src_dir_key, key, dlen);
+    int r = near ? fstatat(w->src_dir, name, &st, AT_SYMLINK_NOFOLLOW)
+                 : source_path(w->d, key, dlen, name, path) < 0 ? -1 : lstat(path, &st);
+    if (r != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    index_describe(w->d, n, key, len, &st);
     return 1;
 }
 
@@ -270,7 +273,7 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
     int fl;
     if (in < 0)
         r = -1;
-    else if (listed < 0 && (source_attrs(in, w->src_fresh, &st) < 0 || !S_ISREG(st.st_mode) ||
+    else if (listed < 0 && (source_stat(in, w->src_fresh, STATX_WANTED, &st) < 0 || !S_ISREG(st.st_mode) ||
                             (uint64_t)st.st_size != f->size ||
                             (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != f->mtime))
         r = -2;                        /* changed since the snapshot: Python finds it and says so */

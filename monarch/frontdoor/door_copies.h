@@ -16,5 +16,7 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
 static void close_cached_dirs(struct worker *w);   /* the worker's directories, closed */
 /* entry ``n`` of ``key`` (index_listed) described from the PFS: 1, or 0 if it is no regular file now */
 static int describe_listed(struct worker *w, const char *key, uint32_t len, uint32_t n);
+/* the same by the name's lstat alone (a metadata call's DESCRIBE: nothing to copy) */
+static int describe_named(struct worker *w, const char *key, uint32_t len, uint32_t n);
 
 #endif /* MONARCH_DOOR_COPIES_H */

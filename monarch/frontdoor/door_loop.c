@@ -143,10 +143,36 @@ static int frame_state(const char *buf, uint32_t got)
         return progress_state(buf, got);
     if ((unsigned char)buf[0] == MONARCH_VERB_PAGES)
         return pages_frame(buf, got, length);
+    if ((unsigned char)buf[0] == MONARCH_VERB_DESCRIBE && !buf[1] && !buf[2] && !buf[3] && length &&
+        length <= MONARCH_MAX_REQUEST && got <= MONARCH_REQUEST_HEADER_SIZE + length)
+        return got < MONARCH_REQUEST_HEADER_SIZE + length ? F_MORE : F_DESCRIBE;
     if ((unsigned char)buf[0] != MONARCH_VERB_OPEN || ((unsigned char)buf[1] & ~MONARCH_REQUEST_KEEP) || buf[2] || buf[3] || length == 0 ||
         length > MONARCH_MAX_REQUEST || got > MONARCH_REQUEST_HEADER_SIZE + length)
         return F_ODD;
     return got < MONARCH_REQUEST_HEADER_SIZE + length ? F_MORE : F_OPEN;
+}
+
+/* A DESCRIBE: a file the walk only listed, described here (one lookup, as its miss would: the index is
+ * the daemon's own), then answered 0, or 1 when it is no file now; -1, or why it is Python's. */
+static int try_describe(struct worker *w, int fd, const char *key, uint32_t len)
+{
+    struct door *d = w->d;
+    uint32_t hash = monarch_crc32(key, len);
+    pthread_mutex_lock(&d->mu);
+    int open = d->gate_open, ours = open && d->index.borrowed && __atomic_load_n(&d->steps.known, __ATOMIC_ACQUIRE);
+    uint32_t n = ours ? index_listed(d, key, len, hash) : 0;
+    struct idx_file f;
+    int described = ours && !n && index_file(d, key, len, &f);
+    pthread_mutex_unlock(&d->mu);
+    if (!open)
+        return R_CLOSED_GATE;
+    if (!ours)
+        return R_OTHER;
+    if (n)
+        described = describe_named(w, key, len, n);  /* outside the lock: a PFS call */
+    send_answer(fd, described ? 0 : 1, "", 0);     /* unsent: the shim asks the PFS */
+    close(fd);
+    return -1;
 }
 
 /* A whole request (or an odd one): answered here, or the connection handed over. */
@@ -165,7 +191,8 @@ static void serve(struct worker *w, int fd, const char *buf, uint32_t got, int s
         serve_pages(w, fd, buf, got);
         return;
     }
-    int why = state == F_OPEN && valid_key(key, klen) ? try_open(w, fd, buf, got, key, klen) : R_OTHER;
+    int why = state == F_OPEN && valid_key(key, klen) ? try_open(w, fd, buf, got, key, klen)
+              : state == F_DESCRIBE && valid_key(key, klen) ? try_describe(w, fd, key, (uint32_t)klen) : R_OTHER;
     if (w->listed_src >= 0) {          /* a listed file's source opened and not copied from (a hit meanwhile, no room) */
         close(w->listed_src);
         w->listed_src = -1;

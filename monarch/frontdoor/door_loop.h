@@ -12,7 +12,7 @@
 #define PENDING_NS 500000000LL         /* ... for this long; then Python (and its deadline) has them */
 enum { T_LISTEN = 1, T_STOP = 2 };     /* what an epoll event's data names, but a connection */
 /* what a request's bytes are (frame_state; door_pages.c's pages_frame for a PAGES) */
-enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL, F_HINT_PROGRESS, F_PAGES };
+enum { F_MORE, F_OPEN, F_ODD, F_INDEX_POLL, F_HINT_PROGRESS, F_PAGES, F_DESCRIBE };
 
 struct worker;
 struct epoll_event;

@@ -410,6 +410,10 @@ class NodeDaemon:
         """A peer's request for ``key`` (the cluster role answers it; None alone on a node)."""
         return self.role.provide(key) if self.role is not None else None
 
+    def describe(self, key: str) -> bool:
+        """``key``'s stat in the index (a file the walk only listed: described now): is it a file?"""
+        return self.snapshot.files.get(key) is not None
+
     def invalidate(self, key: str) -> None:
         """The job writes to ``key``: its copies here go (``JobNotices.invalidate``)."""
         self.notices.invalidate(key)
@@ -463,6 +467,8 @@ class NodeDaemon:
             timeline = self.timeline.to_dict()
             blocks = self.stager.blocks.held() if self.stager.blocks is not None else None
             classes = size_classes(self.snapshot.files, self.stager.staged.copy(), set(), blocks)
+            if self._listed is not None and self._listed.listed:  # the bytes of the files described so far
+                self.dataset_bytes = self.snapshot.total_bytes
         ready_at = self.snapshot_ready_at
         return NodeStats(
             node=self.node, host=socket.gethostname(), uptime_seconds=round(time.time() - self.started, 3),

@@ -104,8 +104,9 @@ class Resolver:
         info = self._current.snapshot.get(key)
         if (why := self._no_snapshot()) is not None:
             done(PFS, why)
-        elif info is None:
-            done(PFS, Outcome.PFS_NOT_IN_SNAPSHOT)
+        elif info is None:  # named by the walk's listing and no longer a file when described: changed since
+            done(PFS, Outcome.PFS_CHANGED_SINCE_SNAPSHOT if key in self._current.snapshot.files
+                 else Outcome.PFS_NOT_IN_SNAPSHOT)
         elif self._staging.validate == "open" and key not in self._validated:
             if self._checks is None:
                 with self._lock:

@@ -128,7 +128,7 @@ class NodeServer:
             protocol.VERB_OPEN: self._open, protocol.VERB_INVALIDATE: self._invalidate,
             protocol.VERB_HINT: self._hint, protocol.VERB_INDEX: self._index,
             protocol.VERB_ATTACH: self._attach, protocol.VERB_REPORT: self._report, protocol.VERB_STOP: self._stop_asked,
-            protocol.VERB_PAGES: self._pages, protocol.VERB_WB: self._writeback}
+            protocol.VERB_PAGES: self._pages, protocol.VERB_WB: self._writeback, protocol.VERB_DESCRIBE: self._describe}
         daemon.gate.when_settled(self._snapshot_settled)
 
     # -- the loop -----------------------------------------------------------------------
@@ -281,6 +281,16 @@ class NodeServer:
         work = lambda: (self.daemon.invalidate(key), protocol.encode_answer(0))[1]  # noqa: E731
         future = self._pool.submit(work)
         future.add_done_callback(lambda f, c=conn: self._finished(c, f))
+
+    def _describe(self, conn: _Conn, body: bytes) -> None:
+        """A file the walk only listed, described for the shim's metadata call (on a request thread:
+        a PFS stat); the front door answers these itself where it may write the index."""
+        key = self._key(conn, body)
+        if key is None:
+            return
+        self._begin_waiting(conn)
+        work = lambda: protocol.encode_answer(0 if self._settled and self.daemon.describe(key) else 1)  # noqa: E731
+        self._pool.submit(work).add_done_callback(lambda f, c=conn: self._finished(c, f))
 
     def _key(self, conn: _Conn, body: bytes) -> str | None:
         """The request's key, or None once the request is refused for it."""

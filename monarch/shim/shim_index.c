@@ -44,12 +44,18 @@ static uint32_t monarch_index_lookup(const char *key, size_t kl)
 }
 
 /* Is key a file of the snapshot whose name is not a symlink? (O_NOFOLLOW opens: only
- * then is the copy what the kernel would open; without an index, nobody can say.) */
+ * then is the copy what the kernel would open; without an index, nobody can say.) A file not
+ * described yet is one: its listing's d_type said a regular file (a symlink is described). */
 static int monarch_is_plain_file(const char *key, size_t kl)
 {
-    struct monarch_index_entry e;
+    const unsigned char *m = monarch_idx();
     uint32_t n = monarch_index_lookup(key, kl);
-    return n && monarch_index_entry(n, &e) == 0 && !(e.flags & MONARCH_INDEX_FLAG_SYMLINK);
+    if (!m || !n || n > monarch_index_hdr.entries)
+        return 0;
+    const unsigned char *at = m + monarch_index_hdr.entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE;
+    uint32_t flags = __atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_entry, flags)),
+                                     __ATOMIC_ACQUIRE);
+    return !(flags & MONARCH_INDEX_FLAG_SYMLINK);
 }
 
 static void monarch_ns(int64_t ns, struct timespec *ts)
@@ -280,6 +286,19 @@ static int monarch_child_named(const struct monarch_index_entry *d, const char *
     return 0;
 }
 
+/* Entry n of key, a file the walk only listed (not described yet), described by the daemon
+ * (DESCRIBE: one stat of the PFS, once) so that this call and every later one are answered here:
+ * 1 with it in *e; 0 if it is no such entry or could not be described (the call is the PFS's). */
+static int monarch_described_now(const char *key, size_t kl, uint32_t n, struct monarch_index_entry *e)
+{
+    const unsigned char *m = monarch_idx();
+    if (!m || !n || n > monarch_index_hdr.entries
+        || !monarch_index_undescribed(m + monarch_index_hdr.entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE))
+        return 0;
+    return monarch_request(MONARCH_VERB_DESCRIBE, key, kl, NULL, 0, NULL, monarch_timeout_ms) == 0
+           && monarch_index_entry(n, e) == 0;
+}
+
 /* The index's answer for key (of root k): FOUND with the entry in *e, ABSENT, or PASS. */
 static int monarch_meta_answer(const char *key, size_t kl, unsigned k, int nofollow, int wants_dir,
                                struct monarch_index_entry *e)
@@ -288,7 +307,7 @@ static int monarch_meta_answer(const char *key, size_t kl, unsigned k, int nofol
         return MONARCH_META_PASS;
     uint32_t n = monarch_index_lookup(key, kl);
     if (n) {
-        if (monarch_index_entry(n, e) != 0)
+        if (monarch_index_entry(n, e) != 0 && !monarch_described_now(key, kl, n, e))
             return MONARCH_META_PASS;
         if (e->flags & MONARCH_INDEX_FLAG_SYMLINK) {
             if (wants_dir || (nofollow && (!e->link || monarch_index_entry(e->link, e) != 0)))

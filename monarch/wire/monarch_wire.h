@@ -103,6 +103,10 @@
 /* a write-back call (monarch/writeback/wire.py): body = u8 op, then 4 NUL-ended fields (a path,
  * a second path, two decimal numbers); answer status = a WB_ANSWER_* or WB_ERRNO + errno */
 #define MONARCH_VERB_WB 9
+/* DESCRIBE key: the stat of a file the walk only listed (INDEX_FLAG_UNDESCRIBED) taken by the daemon
+ * into the index, for a metadata call the shim would otherwise send to the PFS every time: status 0
+ * (its entry is described now), anything else (the PFS answers that call) */
+#define MONARCH_VERB_DESCRIBE 10
 #define MONARCH_WB_OPEN 1    /* path, flags, mode: open for writing (status: the file's seq; body: its local path) */
 #define MONARCH_WB_CLOSE 2   /* n1 = seq: a descriptor of it closed */
 #define MONARCH_WB_RESOLVE 3 /* path: where the job's file is (LOCAL / PFS with a path, or ENOENT) */

@@ -129,9 +129,9 @@ def test_a_job_given_a_listed_manifest_reads_before_any_check_and_checks_after(s
     assert node["snapshot"] == "manifest", node["snapshot"]  # checked after the start: unchanged
     first = _meta({k: out["at_first_stat"][k] - before[k] for k in ("lookups", "readdirs", "opendirs", "accesses",
                                                                      "statfs")})
-    # the manifest's own reading, the stat itself, a few of the check's calls meanwhile (8 at once): a check
-    # before the job would have been 2 calls a directory
-    assert first <= 40 < 2 * tree.directories, first
+    # the manifest's own reading, the stat itself, some of the check's calls meanwhile (2 at once, at 20 ms
+    # each): a check before the job would have been 2 calls a directory
+    assert first < tree.directories, first
     for i, p in zip(sample, paths):
         st = os.stat(p)
         assert out["seen"][p]["stat"] == out["seen"][p]["fstat"] == [st.st_size, st.st_mode, st.st_mtime_ns, st.st_nlink,

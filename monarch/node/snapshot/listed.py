@@ -37,6 +37,11 @@ class ListedFiles:
         if how == MANIFEST_UNCHECKED:  # nothing answered from it before its check (before the index is written)
             mark_unchecked(counters_path, len(snap.roots), True)
 
+    @property
+    def listed(self) -> bool:
+        """Did the walk leave files undescribed (the dataset's bytes are then those described so far)?"""
+        return self._at_start > 0
+
     def pending(self, describe_all: bool) -> bool:
         """Is a check or a pass to make (which no request waits for)?"""
         return self.how == MANIFEST_UNCHECKED or (describe_all and self._at_start > 0)
