@@ -64,8 +64,7 @@ several OPENs one after another when the front door keeps the connection (REQUES
                      positioned at 0, for the application to use as its descriptor. The shim
                      accepts it only if it is a regular file, sealed so, of the index's size;
                      it closes any other descriptor that arrives and reads the PFS instead.
-                     A shim that does not know ANSWER_FD sees a status beyond the slots and
-                     reads the PFS (fail open). Staged by blocks: ANSWER_BLOCKS (node/stage/blocks.py).
+                     A shim without ANSWER_FD reads the PFS (fail open). By blocks: ANSWER_BLOCKS (stage/blocks.py).
                      An OPEN with REQUEST_KEEP asks that the connection stay open for the
                      next OPEN: the C front door answers ANSWER_KEPT | status when it keeps
                      it (it may close it later, idle: the shim then connects anew); any
@@ -88,13 +87,14 @@ several OPENs one after another when the front door keeps the connection (REQUES
                      (as for OPEN). The shim asks it once per process, at its first call
                      under a root, when the index was not there at its start.
                      With body INDEX_POLL the request is never held: INDEX_READY, INDEX_NONE,
-                     or INDEX_WALKING (2: the walk goes on) at once; the front door answers
-                     it on its own threads while the walk runs (no interpreter, no GIL),
-                     so a busy daemon is told from a lost one. The shim polls so, at most
-                     every few hundred ms, while it serves calls from the PFS.
+                     or INDEX_WALKING (2: the walk goes on) at once; the front door answers it on
+                     its own threads while the walk runs (no GIL): a busy daemon is told from a
+                     lost one. The shim polls so, at most every few hundred ms, while it serves calls from the PFS.
   STOP            -> status 0, then the daemon shuts down.
   PAGES body      -> a guarded fault's pages of another owner's block (body: monarch_wire.h's struct
                      monarch_pages_request, then the key): the C front door's alone, Python refuses it.
+  DESCRIBE key    -> status 0 once a file the walk only listed is described in the index (the front
+                     door's lstat, else the daemon's): the shim's metadata call is then answered there.
   HINT body       -> status 0: an order hint from ``monarch.hints`` (the shim never sends
                      it). body = u8 op, u64 stream (the reader's id, any number it chose),
                      then by op:

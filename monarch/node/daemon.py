@@ -95,6 +95,7 @@ class NodeDaemon:
         self.memory_margin = margin_bytes(config.memory_margin, config.memory_margin_share)
         self.dataset_bytes = 0
         self._listed: ListedFiles | None = None  # the snapshot's files not described yet, once its index is written
+        self._unsized = 0  # of those, never described (their bytes are not in dataset_bytes), at the last full REPORT
         self.stores = StoreSet.of(config, cluster is not None)  # roots served from a key-value store (None: none)
         self._in_cluster = cluster is not None  # a cluster's daemon stages its own share: its tiers are not shared
         self.current = Current(self.gate, Snapshot(tuple(config.dataset.roots), FileTable()))  # nothing until the walk ends
@@ -468,7 +469,7 @@ class NodeDaemon:
             blocks = self.stager.blocks.held() if self.stager.blocks is not None else None
             classes = size_classes(self.snapshot.files, self.stager.staged.copy(), set(), blocks)
             if self._listed is not None and self._listed.listed:  # the bytes of the files described so far
-                self.dataset_bytes = self.snapshot.total_bytes
+                self.dataset_bytes, self._unsized = self.snapshot.total_bytes, self.snapshot.files.undescribed()
         ready_at = self.snapshot_ready_at
         return NodeStats(
             node=self.node, host=socket.gethostname(), uptime_seconds=round(time.time() - self.started, 3),
@@ -484,7 +485,8 @@ class NodeDaemon:
             tier_errors=dict(self.tier_errors),
             resolves={str(k): v for k, v in outcomes.items()},
             peer=self.role.peer_stats() if self.role is not None else {},
-            dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes},
+            dataset={"files": len(self.snapshot.files), "bytes": self.dataset_bytes}
+            | ({"unsized": self._unsized} if self._unsized else {}),
             inflated_bytes=self.resolver.inflated_bytes, front_door=front_door,
             cluster=self.role.stats() if self.role is not None else {},
             writeback=self.writeback.stats() if self.writeback is not None else None,

@@ -122,7 +122,9 @@ def print_report(report: dict, out: TextIO) -> None:
     if job.get("command"):
         shown = command_text(job["command"]).replace("\n", "\n" + " " * len("command   : "))  # its lines aligned
         w(f"command   : {shown}  (exit {job.get('exit_code')}, {job.get('wall_seconds', 0):.2f} s)\n")
-    w(f"dataset   : {plural(ds['files'], 'file')}, {human(ds['bytes'])}\n")
+    unsized = f" (of the {plural(ds['files'] - ds['unsized'], 'file')} stat'ed: {ds['unsized']} more were listed only)" \
+        if ds.get("unsized") else ""
+    w(f"dataset   : {plural(ds['files'], 'file')}, {human(ds['bytes'])}{unsized}\n")
     scope = job.get("scope")
     if scope:  # one run on a job's standing daemon: its part, not the node's whole story
         before = scope["staged_before"]
