@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 import time
 
 from monarch import protocol
 from monarch.node.snapshot.indextable import IndexTable
-from monarch.node.snapshot.snapshot import MANIFEST_UNCHECKED, Snapshot, describe_rest, unchanged
+from monarch.node.snapshot.snapshot import MANIFEST_UNCHECKED, Snapshot, describe_rest, listing_index, unchanged
 from monarch.secure import write_file_atomically
 
 log = logging.getLogger(__name__)
 
+_LISTING_AT = 20  # INDEX_HEADER's reserved word, where INDEX_LISTING is
 CHECKERS_MEANWHILE = 2  # a manifest's directories stat'ed at once while the job runs: its own calls come first
 MANIFEST_CHANGED = ("manifest: a directory changed since it was made: its metadata is the PFS's for this job; "
                     "run `monarch index` again")
@@ -32,7 +34,8 @@ class ListedFiles:
     def __init__(self, snap: Snapshot, how: str, counters_path: str):
         self.snap, self.how, self._counters = snap, how, counters_path
         files = snap.files
-        self._at_start = files.undescribed() if isinstance(files, IndexTable) else 0
+        # a listing walk's own index says all its files are undescribed: 10 million not counted in Python
+        self._at_start = (files.nfiles if listing_index(snap) else files.undescribed()) if isinstance(files, IndexTable) else 0
         self.described = threading.Event()  # the one pass ended, or there was none to make
         if how == MANIFEST_UNCHECKED:  # nothing answered from it before its check (before the index is written)
             mark_unchecked(counters_path, len(snap.roots), True)
@@ -77,8 +80,10 @@ class ListedFiles:
         files = self.snap.files
         if not cache or not isinstance(files, IndexTable) or files.undescribed() == self._at_start:
             return
+        head = bytearray(files.data[:protocol.INDEX_HEADER.size])
+        struct.pack_into("<I", head, _LISTING_AT, 0)  # some of its files are described now: no longer a listing's alone
         try:
-            write_file_atomically(cache, [files.data])
+            write_file_atomically(cache, [head, memoryview(files.data)[len(head):]])
         except OSError as e:
             log.warning("cannot keep the snapshot at %s for the next job: %s", cache, e.strerror)
 
