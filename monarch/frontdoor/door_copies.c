@@ -160,20 +160,31 @@ static int source_stat(int fd, int fresh, unsigned want, struct stat *st)
     return fstat(fd, st);
 }
 
+/* ``key``'s directory part's length (``*dlen``, "<k>/<dir>") and its last name, NUL-ended, in ``name``
+ * (NAME_MAX + 1 bytes); -1 if it has no name (the key is not NUL-terminated). */
+static int key_name(const char *key, uint32_t len, uint32_t *dlen, char *name)
+{
+    const char *base = memrchr(key, '/', len);     /* valid_key: "<k>/...", so there is one */
+    if (!base)
+        return -1;
+    uint32_t nlen = len - (uint32_t)(base - key) - 1;
+    if (!nlen || nlen > NAME_MAX)
+        return -1;
+    *dlen = (uint32_t)(base - key);
+    memcpy(name, base + 1, nlen);
+    name[nlen] = 0;
+    return 0;
+}
+
 /* ``key``'s source opened as copy_in opens one and entry ``n`` (a listed file: index_listed)
  * described from that descriptor, which is kept for the copy (w->listed_src): the miss costs the
  * PFS its lookups and its open, as a direct open does. 1 if described. */
 static int describe_listed(struct worker *w, const char *key, uint32_t len, uint32_t n)
 {
-    const char *base = memrchr(key, '/', len);
-    if (!base)
-        return 0;
-    uint32_t dlen = (uint32_t)(base - key), nlen = len - dlen - 1;
+    uint32_t dlen;
     char name[NAME_MAX + 1];
-    if (!nlen || nlen > NAME_MAX)
+    if (key_name(key, len, &dlen, name) != 0)
         return 0;
-    memcpy(name, base + 1, nlen);
-    name[nlen] = 0;
     struct stat st;
     int in = open_source(w, key, dlen, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0);
     if (in < 0)
@@ -189,15 +200,10 @@ static int describe_listed(struct worker *w, const char *key, uint32_t len, uint
 
 static int describe_named(struct worker *w, const char *key, uint32_t len, uint32_t n)
 {
-    const char *base = memrchr(key, '/', len);
-    if (!base)
-        return 0;
-    uint32_t dlen = (uint32_t)(base - key), nlen = len - dlen - 1;
+    uint32_t dlen;
     char name[NAME_MAX + 1], path[PATH_MAX];
-    if (!nlen || nlen > NAME_MAX)
+    if (key_name(key, len, &dlen, name) != 0)
         return 0;
-    memcpy(name, base + 1, nlen);
-    name[nlen] = 0;
     struct stat st;
     int near = w->src_dir >= 0 && w->src_dir_len == dlen && !memcmp(w->src_dir_key, key, dlen);
     int r = near ? fstatat(w->src_dir, name, &st, AT_SYMLINK_NOFOLLOW)
@@ -232,15 +238,10 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
                    char *dest, char *tmp, int *dir_fd, uint64_t *bytes_read, int in_order)
 {
     struct door *d = w->d;
-    const char *base = memrchr(key, '/', len);     /* valid_key: "<k>/...", so there is one */
-    if (!base)
+    uint32_t dlen;
+    char name[NAME_MAX + 1];
+    if (key_name(key, len, &dlen, name) != 0)
         return -1;
-    uint32_t dlen = (uint32_t)(base - key), nlen = len - dlen - 1;
-    char name[NAME_MAX + 1];           /* the key is not NUL-terminated */
-    if (!nlen || nlen > NAME_MAX)
-        return -1;
-    memcpy(name, base + 1, nlen);
-    name[nlen] = 0;
     const char *tier = d->tiers[d->copy_slot];
     if (snprintf(dest, PATH_MAX, "%s/%.*s", tier, (int)len, key) >= PATH_MAX)
         return -1;
