@@ -83,6 +83,7 @@ static void monarch_part_unref_locked(unsigned p)
     }
     MONARCH_RESOLVE(munmap)(pt->hdr, pt->map_len); /* the shim's own mapping: never registered */
     free(pt->key);
+    free(pt->records_counted);
     memset(pt, 0, sizeof *pt);
 }
 

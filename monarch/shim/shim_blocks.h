@@ -32,6 +32,7 @@ struct monarch_part {
     uint64_t records_next;    /* the next block to look at */
     uint64_t records_first_ns, records_looked_ns; /* its first look, its last */
     uint64_t records_runs, records_pages; /* runs of resident pages seen, and their pages */
+    uint8_t *records_counted; /* a bit a page of the file: counted in records_pages (each once) */
 };
 
 /* a read-only mapping of a part's descriptor, moved onto the copy as its blocks come */

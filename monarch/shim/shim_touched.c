@@ -13,6 +13,7 @@
 #define MONARCH_RECORDS_PAGES_MIN 4            /* a mean run of this many pages or more: records (16 KiB) */
 #define MONARCH_RECORDS_PAGES_MAX 64           /* ... and fewer than this: not a scan's (256 KiB) */
 #define MONARCH_RECORDS_VEC 1024               /* mincore's vector: the pages of a block (4 MiB at most) */
+#define MONARCH_RECORDS_COUNTED_MAX (1ULL << 26) /* pages of a file looked at (256 GiB: 8 MiB of bits) */
 
 /* A mapping's faults are the kernel's, so the daemon cannot see where its reader is: the
  * blocks not staged whose pages are resident (faulted in from the PFS: the reader touched them)
@@ -91,15 +92,22 @@ static void monarch_mapping_want_touched_locked(struct monarch_mapping *m, struc
  * MONARCH_RECORDS_SAMPLE blocks not staged, in turn (a whole 1 GiB mapping's mincore takes 23 ms),
  * every MONARCH_RECORDS_EVERY_NS at most, until it is decided, once per file (a reader that maps the
  * file anew each step looks through several mappings: the first process to decide says so in the map,
- * MONARCH_RECORDS_NO too, and every process's looks end). One node's
+ * MONARCH_RECORDS_NO too, and every process's looks end). Each page is counted once, and a run where
+ * its first page is new: a record being faulted in when a look comes is counted short, then grows
+ * at the next looks (counted at every look, the records a loaded machine faults in over several
+ * looks would each be counted short several times, and their reader taken for one of pages). Blocks
+ * the daemon is filling are not looked at: its reads of the source bring in whole runs of pages. A
+ * file of over MONARCH_RECORDS_COUNTED_MAX pages is not looked at. One node's
  * file only: a cluster's faults are the guards' (shim_guard.c). Under the registry's lock. */
 static void monarch_mapping_records_locked(struct monarch_mapping *m, struct monarch_part *pt)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t per = ((size_t)1 << pt->shift) / page;
+    uint64_t file_pages = (pt->size + page - 1) / page;
     unsigned char vec[MONARCH_RECORDS_VEC];
     /* (pages a fault only under MADV_RANDOM: the shim's, or the application's own) */
     if (pt->records_known || !(m->random || m->app_advice == MADV_RANDOM + 1) || per > sizeof vec
+        || file_pages > MONARCH_RECORDS_COUNTED_MAX
         || __atomic_load_n(&pt->hdr->records, __ATOMIC_ACQUIRE)) { /* (decided here, or by another process) */
         pt->records_known = 1;
         return;
@@ -109,6 +117,8 @@ static void monarch_mapping_records_locked(struct monarch_mapping *m, struct mon
         monarch_records_looking = 1;
         return;
     }
+    if (!pt->records_counted && !(pt->records_counted = calloc((size_t)(file_pages / 8 + 1), 1)))
+        return;
     pt->records_first_ns = pt->records_first_ns ? pt->records_first_ns : ns;
     pt->records_looked_ns = ns;
     uint64_t b = pt->records_next >= m->first && pt->records_next <= m->last ? pt->records_next : m->first;
@@ -116,8 +126,8 @@ static void monarch_mapping_records_locked(struct monarch_mapping *m, struct mon
     for (uint64_t k = 0; k <= m->last - m->first && looked < MONARCH_RECORDS_SAMPLE;
          k++, b = b == m->last ? m->first : b + 1) {
         uint64_t i = b - m->first;
-        if (((m->moved[i / 8] >> (i % 8)) & 1)
-            || __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE) == MONARCH_BLOCK_STAGED)
+        uint8_t state = __atomic_load_n(&pt->states[b], __ATOMIC_ACQUIRE);
+        if (((m->moved[i / 8] >> (i % 8)) & 1) || (state != MONARCH_BLOCK_ABSENT && state != MONARCH_BLOCK_WANTED))
             continue;
         uint64_t from = b << pt->shift, to = (b + 1) << pt->shift;
         from = from < m->off ? m->off : from;
@@ -126,17 +136,24 @@ static void monarch_mapping_records_locked(struct monarch_mapping *m, struct mon
         if (mincore((void *)(m->addr + (from - m->off)), (size_t)(to - from), vec) != 0)
             continue;
         looked++;
-        for (size_t p = 0; p < pages; p++)
-            if (vec[p] & 1) {
-                pt->records_pages++;
-                pt->records_runs += p == 0 || !(vec[p - 1] & 1);
-            }
+        uint64_t first_page = from / page;
+        for (size_t p = 0; p < pages; p++) {
+            uint64_t fp = first_page + p;
+            uint8_t bit = (uint8_t)(1u << (fp % 8));
+            if (!(vec[p] & 1) || (pt->records_counted[fp / 8] & bit))
+                continue;
+            pt->records_counted[fp / 8] |= bit;
+            pt->records_pages++;
+            pt->records_runs += p == 0 || !(vec[p - 1] & 1);
+        }
     }
     pt->records_next = b;
     if (pt->records_runs < MONARCH_RECORDS_RUNS) {
         monarch_records_looking = 1;
         return;
     }
+    free(pt->records_counted);
+    pt->records_counted = NULL;
     pt->records_known = 1;
     int yes = pt->records_pages >= MONARCH_RECORDS_PAGES_MIN * pt->records_runs
               && pt->records_pages < MONARCH_RECORDS_PAGES_MAX * pt->records_runs;
