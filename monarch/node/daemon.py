@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import glob
 import logging
 import os
 import socket
@@ -50,7 +51,7 @@ from monarch.node.tiers import shared_tier
 from monarch.node.tiers.tiers import Tier
 from monarch.records.filetable import FileTable
 from monarch.records.node_stats import NodeStats
-from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir, write_file_atomically
+from monarch.secure import UnsafeBaseError, UnsafePathError, private_dir, user_dir
 from monarch.report.timeline import Sampler, Timeline
 
 log = logging.getLogger(__name__)
@@ -239,9 +240,8 @@ class NodeDaemon:
                 self.dataset_bytes = snap.total_bytes  # a sum over every file: once, not per REPORT
             old.shutdown()
             self._listed = ListedFiles(snap, self.snapshot_how, self.counters_path)
-            write_file_atomically(self.index_path, index)
+            snap.publish_index(self.index_path, index)  # files described later are described where the shim reads
             del index
-            snap.map_index_file(self.index_path)  # files described later are described where the shim reads
             log.debug("phase index.written")
             # the snapshot's objects (millions for a large dataset) live as long as the job: out
             # of every later collection, which would otherwise walk them all with the GIL held
@@ -306,10 +306,15 @@ class NodeDaemon:
             if self._door_keeper is not None:
                 self._door_keeper.unlink_locked()
             self.dataset_bytes = 0
-        try:
-            os.unlink(self.index_path)  # none, or one written before a later step failed
-        except OSError:
-            pass
+        self._remove_index()  # none, or one written before a later step failed
+
+    def _remove_index(self) -> None:
+        """The published index removed, and any still being built beside it (index_file.py)."""
+        for path in [self.index_path, *glob.glob(glob.escape(self.index_path) + ".tmp-*")]:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     # -- where things are --------------------------------------------------------------
     # the files of this instance (monarch/node/instance.py): the socket launchers find by its
@@ -381,7 +386,8 @@ class NodeDaemon:
         # alone on a node, the namespace at the listings' pace (walker.c); a cluster places files by size
         return load_or_walk(roots, self._snapshot_cache(), self.config.staging.validate == "open", into, on_directory,
                             manifest=self.config.dataset.manifest, describe=self.role is not None,
-                            check_later=self.role is None and not any(t.keep for t in self.config.tiers))
+                            check_later=self.role is None and not any(t.keep for t in self.config.tiers),
+                            index_at=self.index_path)
 
     def _pfs_rate(self) -> float | None:
         """Bytes per second read from the PFS so far (a compressed tier's level must
@@ -554,10 +560,7 @@ class NodeDaemon:
             self.role.close()
         if self._listed is not None and self.role is None and self.snapshot_how.startswith(("walked", "reused")):
             self._listed.keep(self._snapshot_cache())
-        try:
-            os.unlink(self.index_path)
-        except OSError:
-            pass
+        self._remove_index()
         for tier in self._all_tiers():
             tier.remove()
         if self.stores is not None:

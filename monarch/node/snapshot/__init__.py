@@ -6,6 +6,8 @@
 - ``walker`` (``walker.c``, ``index_fill.c``): the walk in C, writing the index with no Python object
   per file, in listing mode (names and types, no stat per file) or describing every file
 - ``indextable``: the snapshot's files read from its index in place (``IndexTable``)
+- ``index_file``: the index built in the file the shim will map (copied there by the kernel, or
+  walked into it), published by a rename: the node holds it once
 - ``index_writer``: the index file (protocol.py, "Snapshot index") from a file table
   (the file table itself, ``FileInfo`` and ``DirInfo`` are ``monarch/records/filetable.py``)
 - ``pfsmeta``: PFS metadata round trips paid once (directory descriptors, attributes)

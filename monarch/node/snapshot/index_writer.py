@@ -17,6 +17,7 @@ or here without the C library). The same steps give the same bits on either side
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import stat
 import struct
@@ -173,7 +174,7 @@ def index_parts(snap, routes: Routes | None = None) -> list:
         # stamped in a copy when the table's buffer is not writable (an index received from
         # node 0, or read from a kept file, is bytes); the table itself needs no routes: Python
         # reads the same steps from the stager's books (StagerBooks.route)
-        data = files.data if isinstance(files.data, bytearray) else bytearray(files.data)
+        data = files.data if isinstance(files.data, (bytearray, mmap.mmap)) else bytearray(files.data)
         stamp_routes(data, files.nfiles, routes)
         return [data]
     kb = protocol.key_bytes

@@ -30,6 +30,7 @@ from typing import Callable
 from monarch import protocol
 from monarch.node.snapshot import index_writer
 from monarch.node.snapshot import walker
+from monarch.node.snapshot.index_file import IndexFile
 from monarch.records.filetable import DirInfo, FileInfo, FileTable, Listing
 from monarch.node.snapshot.indextable import IndexListing, IndexTable, files_in
 from monarch.node.snapshot.pfsmeta import opened_stat
@@ -46,11 +47,14 @@ class Snapshot:
     files: "IndexTable | FileTable | dict[str, FileInfo]"
     dirs: dict[str, DirInfo] = field(default_factory=dict)   # "<k>/" is root k itself
     links: dict[str, FileInfo] = field(default_factory=dict)  # a symlinked file's own lstat
+    # the file the index was built in, mapped (``files.data``), until ``publish_index`` renames it
+    index_file: IndexFile | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_index(cls, roots: tuple[str, ...], data: bytearray, nfiles: int) -> "Snapshot":
-        """The snapshot whose index is ``data`` (its first ``nfiles`` entries are the files):
-        the files read from the index itself, the directories and links as objects (few)."""
+    def from_index(cls, roots: tuple[str, ...], data, nfiles: int, index_file: IndexFile | None = None) -> "Snapshot":
+        """The snapshot whose index is ``data`` (a writable buffer: a bytearray, or ``index_file``'s
+        mapping; its first ``nfiles`` entries are the files): the files read from the index
+        itself, the directories and links as objects (few)."""
         table = IndexTable(data, nfiles, index_writer.Describer(roots))
         dirs, links = {}, {}
         for n in range(nfiles, table.total):
@@ -64,7 +68,10 @@ class Snapshot:
                 children = IndexListing(data, first + 2, first + count)
                 parent_ino = protocol.INDEX_CHILD.unpack_from(data, _child_at(data, first + 1))[0]
             dirs[table.key(n)] = DirInfo(_info_of(e), children, parent_ino)
-        return cls(tuple(roots), table, dirs, links)
+        return cls(tuple(roots), table, dirs, links, index_file)
+
+    def __reduce__(self):  # sent to other nodes without this node's file (each publishes its own)
+        return (Snapshot, (self.roots, self.files, self.dirs, self.links))
 
     @property
     def total_bytes(self) -> int:
@@ -105,6 +112,21 @@ class Snapshot:
             self.rebind(mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
         finally:
             os.close(fd)
+
+    def publish_index(self, path: str, parts: list) -> None:
+        """The index ``parts`` (``index_parts``'s) published at ``path`` for the shim and the door,
+        and read from there from now on: the file it was built in renamed (the same pages), else
+        written and mapped."""
+        if self.index_file is not None and self.index_file.path and len(parts) == 1 and parts[0] is self.files.data:
+            self.index_file.publish(path)
+            return
+        write_file_atomically(path, parts)
+        self.map_index_file(path)
+
+    def discard_index_file(self) -> None:
+        """The unpublished file this snapshot's index was built in, removed (a snapshot not used)."""
+        if self.index_file is not None:
+            self.index_file.discard()
 
     def index_bytes(self, routes: tuple | None = None) -> bytes:
         return index_writer.index_bytes(self, routes)
@@ -369,8 +391,20 @@ def read_index(data: bytes | bytearray, roots: tuple[str, ...]) -> Snapshot:
 CHECKERS = 8  # directories stat'ed at once when a kept snapshot or a manifest is checked (the PFS's metadata servers)
 
 
-def read_index_file(path: str, roots: tuple[str, ...]) -> Snapshot:
-    """The snapshot in an index file (a kept snapshot, a manifest)."""
+def read_index_file(path: str, roots: tuple[str, ...], index_at: str | None = None) -> Snapshot:
+    """The snapshot in an index file (a kept snapshot, a manifest); ``index_at``: read from a copy
+    of it beside that path (``IndexFile.copy_of``: the kernel copies, the daemon reads nothing),
+    published there by ``Snapshot.publish_index``."""
+    if index_at:
+        made = IndexFile.copy_of(path, index_at)
+        try:
+            nfiles = files_in(made.data)
+            if nfiles is not None:
+                return Snapshot.from_index(roots, made.data, nfiles, made)
+        except BaseException:
+            made.discard()
+            raise
+        made.discard()  # an index of no directory: read entry by entry, below
     with open(path, "rb") as f:
         data = bytearray(os.fstat(f.fileno()).st_size)
         if f.readinto(data) != len(data):
@@ -417,7 +451,8 @@ MANIFEST_UNCHECKED = "manifest, checked after the start"
 
 def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False, into: Snapshot | None = None,
                  on_directory: Callable[[list[str]], None] | None = None,
-                 manifest: str = "", describe: bool = True, check_later: bool = False) -> tuple[Snapshot, str]:
+                 manifest: str = "", describe: bool = True, check_later: bool = False,
+                 index_at: str | None = None) -> tuple[Snapshot, str]:
     """The snapshot of ``roots``: the kept one at ``cache`` if nothing changed (see the module
     doc), else the ``manifest`` (``monarch index``'s file) if nothing changed since it was made,
     else a fresh walk, kept at ``cache`` for the next job. Returns it and how it was obtained
@@ -427,30 +462,46 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False,
     described when first needed (``IndexTable.get``) or by ``describe_rest``. ``check_later``: a
     manifest a listing-mode walk wrote is returned unchecked (``MANIFEST_UNCHECKED``: no stat before
     the job starts; its caller checks it with ``unchanged`` and serves no metadata from it before):
-    every file of it is described at its open, so no byte or stat served can be older than that."""
+    every file of it is described at its open, so no byte or stat served can be older than that.
+    ``index_at``: where the index will be published; the C walk's index, a kept one or a manifest
+    is built in a file beside it (``Snapshot.index_file``), for ``Snapshot.publish_index``."""
     why = "fresh walk asked" if fresh else "no kept snapshot"
     for path, how in ((cache, "reused"), (manifest, "manifest")):
         if not path or fresh:
             continue
+        snap = None
         try:
-            snap = read_index_file(path, roots)
+            snap = read_index_file(path, roots, index_at)
             if how == "manifest" and check_later and listing_index(snap):
                 return snap, MANIFEST_UNCHECKED
             if unchanged(snap):
                 return snap, how
+            snap.discard_index_file()
             why = ("a directory changed since the kept snapshot" if how == "reused" else
                    f"a directory changed since the manifest {path} was made: run `monarch index` again")
         except FileNotFoundError:
             if how == "manifest":
                 why = f"the manifest {path} is gone"
         except (OSError, ValueError, IndexError, Exception) as e:  # a damaged or foreign file: walk
+            if snap is not None:
+                snap.discard_index_file()
             why = (f"kept snapshot unreadable ({type(e).__name__})" if how == "reused" else
                    f"the manifest {path} is not one `monarch index` wrote ({type(e).__name__})")
     if manifest and not fresh:
         log.warning("the dataset is walked: %s", why)
-    walked = walker.walk_index(tuple(roots), describe=describe)
+    made: list[IndexFile] = []
+
+    def in_file(size: int):  # the C walk's index built in the file the shim will map
+        made.append(IndexFile.blank(index_at, size))
+        return made[-1].data
+    try:
+        walked = walker.walk_index(tuple(roots), describe=describe, buffer=in_file if index_at else None)
+    except BaseException:
+        for f in made:
+            f.discard()
+        raise
     if walked is not None:  # the C walk: its index is the snapshot (the copies begin once it is whole)
-        snap = Snapshot.from_index(roots, *walked)
+        snap = Snapshot.from_index(roots, *walked, made[-1] if made else None)
     else:
         snap = take_snapshot(roots, into=into, on_directory=on_directory)
     if cache:

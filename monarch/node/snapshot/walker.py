@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
+from typing import Callable
 
 from monarch.native.build import OptionalLibrary
 
@@ -58,11 +59,13 @@ def wanted() -> bool:
     return os.environ.get(ENV_C_WALK, "1") not in ("0", "no", "off", "false")
 
 
-def walk_index(roots: tuple[str, ...], threads: int = THREADS, describe: bool = True) -> tuple[bytearray, int] | None:
+def walk_index(roots: tuple[str, ...], threads: int = THREADS, describe: bool = True,
+               buffer: Callable[[int], object] | None = None) -> tuple[bytearray, int] | None:
     """The index of a fresh walk of ``roots`` and its number of files (the first entries), or
     None when the C walker cannot be used. A root that cannot be opened is left out, as
     the Python walk leaves it (its files are read from the PFS). ``describe`` False: listing mode
-    (walker.c's doc): the files are named, not stat'ed (INDEX_FLAG_UNDESCRIBED)."""
+    (walker.c's doc): the files are named, not stat'ed (INDEX_FLAG_UNDESCRIBED). ``buffer``: the
+    writable buffer of a given size the index is built in (a bytearray by default)."""
     lib = library() if wanted() else None
     if lib is None:
         return None
@@ -88,7 +91,7 @@ def walk_index(roots: tuple[str, ...], threads: int = THREADS, describe: bool = 
         try:
             counts = (ctypes.c_uint64 * 3)()
             lib.walk_counts(walk, counts)
-            index = unwritten_bytearray(lib.walk_index_size(walk))
+            index = (buffer or unwritten_bytearray)(lib.walk_index_size(walk))
             buf = (ctypes.c_char * len(index)).from_buffer(index)
             if lib.walk_build(walk, ctypes.addressof(buf), len(index)) != 0:
                 raise OSError("the C walk's index did not come out at its own size")

@@ -1,0 +1,114 @@
+"""The index built in the file the shim will map: a manifest or a kept snapshot copied there by
+the kernel, the C walk's index built into it, published by a rename, nothing left behind."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import time
+
+import pytest
+
+from monarch import protocol
+from monarch.node.snapshot import index_file as index_file_module
+from monarch.node.snapshot import walker
+from monarch.node.snapshot.index_file import IndexFile
+from monarch.node.snapshot.snapshot import load_or_walk, write_manifest
+
+needs_c_walk = pytest.mark.skipif(walker.library() is None, reason="the C walker could not be built here")
+
+
+def tree(root, n=50):
+    for d in range(3):
+        (root / f"d{d}").mkdir(parents=True)
+        for i in range(n):
+            (root / f"d{d}" / f"f{i}.bin").write_bytes(os.urandom(i + 1))
+    return (str(root),)
+
+
+def leftovers(at: str) -> list[str]:
+    directory, name = os.path.split(at)
+    return sorted(n for n in os.listdir(directory) if n.startswith(name))
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "sendfile"])
+def test_a_copy_is_the_source_byte_for_byte_and_is_published_by_a_rename(tmp_path, monkeypatch, kernel_copy):
+    source = tmp_path / "source"
+    source.write_bytes(os.urandom(3 * 65536 + 17))
+    if not kernel_copy:  # across filesystems where copy_file_range refuses: sendfile
+        def refuse(*_):
+            raise OSError(18, "Invalid cross-device link")
+        monkeypatch.setattr(index_file_module.os, "copy_file_range", refuse)
+    at = str(tmp_path / "index-1")
+    made = IndexFile.copy_of(str(source), at)
+    assert bytes(made.data) == source.read_bytes() and os.path.exists(made.path)
+    ino = os.stat(made.path).st_ino
+    made.data[:4] = b"\0\0\0\0"  # written where the published file is read: one set of pages
+    made.publish(at)
+    assert os.stat(at).st_ino == ino and open(at, "rb").read(4) == b"\0\0\0\0"
+    assert leftovers(at) == ["index-1"]
+
+
+def test_a_discarded_file_leaves_nothing(tmp_path):
+    at = str(tmp_path / "index-2")
+    made = IndexFile.blank(at, 4096)
+    assert leftovers(at) != []
+    made.discard()
+    made.discard()  # twice: nothing to do
+    assert leftovers(at) == []
+
+
+@needs_c_walk
+def test_a_manifest_is_served_from_its_copy_beside_the_index_and_the_shared_pages_take_descriptions(tmp_path):
+    roots = tree(tmp_path / "ds")
+    manifest = str(tmp_path / "ds.index")
+    write_manifest(roots, manifest)
+    at = str(tmp_path / "run" / "index-3")
+    os.makedirs(os.path.dirname(at))
+    snap, how = load_or_walk(roots, None, manifest=manifest, describe=False, check_later=True, index_at=at)
+    assert isinstance(snap.files.data, mmap.mmap) and snap.index_file.path.startswith(at + ".tmp-")
+    snap.publish_index(at, snap.index_parts())
+    assert leftovers(at) == ["index-3"]
+    info = snap.files.get("0/d1/f9.bin")  # described now: in the published file the shim maps
+    assert info is not None and info.size == 10
+    published = open(at, "rb").read()
+    assert published == bytes(snap.files.data) and published != open(manifest, "rb").read()
+
+
+@needs_c_walk
+def test_a_walk_builds_its_index_in_the_file_and_a_changed_manifest_leaves_no_copy(tmp_path):
+    roots = tree(tmp_path / "ds")
+    manifest = str(tmp_path / "ds.index")
+    write_manifest(roots, manifest, describe=True)  # checked before the job: a directory changed
+    time.sleep(0.01)
+    (tmp_path / "ds" / "d0" / "new.bin").write_bytes(b"n")
+    at = str(tmp_path / "index-4")
+    snap, how = load_or_walk(roots, None, manifest=manifest, describe=False, index_at=at)
+    assert how.startswith("walked: a directory changed since the manifest")
+    assert leftovers(at) == [os.path.basename(snap.index_file.path)]  # the walk's own, and only it
+    header = protocol.INDEX_HEADER.unpack_from(snap.files.data)
+    assert header[0] == protocol.INDEX_MAGIC and "0/d0/new.bin" in snap.files
+    snap.publish_index(at, snap.index_parts())
+    assert leftovers(at) == ["index-4"]
+
+
+def test_a_damaged_manifest_copy_is_removed_and_the_dataset_walked(tmp_path):
+    roots = tree(tmp_path / "ds", n=3)
+    manifest = tmp_path / "ds.index"
+    manifest.write_bytes(b"garbage" * 100)
+    at = str(tmp_path / "index-5")
+    snap, how = load_or_walk(roots, None, manifest=str(manifest), index_at=at)
+    assert how.startswith(f"walked: the manifest {manifest} is not one")
+    assert len(leftovers(at)) <= 1 and "0/d2/f2.bin" in snap.files  # at most the walk's own
+
+
+@needs_c_walk
+def test_a_snapshot_sent_to_another_node_carries_its_index_not_this_nodes_file(tmp_path):
+    """Node 0 broadcasts its walk: the receiver gets the index's bytes and publishes its own file."""
+    roots = tree(tmp_path / "ds", n=5)
+    at = str(tmp_path / "index-6")
+    snap, _ = load_or_walk(roots, None, index_at=at)
+    received = pickle.loads(pickle.dumps(snap))
+    assert received.index_file is None and bytes(received.files.data) == bytes(snap.files.data)
+    assert received.files.get("0/d1/f4.bin").size == 5
