@@ -54,6 +54,9 @@ first stat waits for the namespace: the counters read then are the namespace's c
                         pass: the target is <= 1.00x.
   daemon peak RSS / file  VmHWM of the daemon (/proc/PID/status; its pid from daemon.pid beside
                         the socket named by MONARCH_SOCKET) read by READER after its passes, / files.
+                        It counts the index's pages the daemon maps: the same pages as the index
+                        file's (the node holds them once). Printed under the table: RssAnon (the
+                        daemon's own), RssFile and RssShmem (mapped files) at the end.
   index / file          the size of the index the shim maps (MONARCH_INDEX), / files; for the
                         monarch index row, the manifest's size.
   CPU-s                 every process of the row (scripts/benchkit/cpuwatch.py, sampled every 0.1 s):
@@ -140,8 +143,10 @@ if sock:
         with open(os.path.join(os.path.dirname(sock), layout.PID_FILE)) as f:
             pid = int(f.read())
         with open("/proc/%%d/status" %% pid) as f:
-            out["daemon_hwm_kib"] = int(next(l for l in f if l.startswith("VmHWM:")).split()[1])
-    except (OSError, ValueError, StopIteration) as e:
+            status = dict(l.split(":", 1) for l in f if ":" in l)
+        out["daemon_hwm_kib"] = int(status["VmHWM"].split()[0])
+        out["daemon_now_kib"] = {k: int(status[k].split()[0]) for k in ("RssAnon", "RssFile", "RssShmem")}
+    except (OSError, ValueError, KeyError) as e:
         out["hwm_error"] = repr(e)
 out["index_bytes"] = os.stat(index).st_size if index and os.path.exists(index) else None
 print("RESULT " + json.dumps(out), flush=True)
@@ -248,6 +253,7 @@ def reads(r: dict, res: dict, before: dict, args) -> dict:
                 "stat_after_launch": res["stat_at"] - r["launch"],
                 "pass1": res["passes"][0], "pass2": res["passes"][1], "checked": res["checked"],
                 "hwm_per_file": hwm * 1024 / args.files if hwm else None,
+                "now_per_file": {k: v * 1024 / args.files for k, v in (res.get("daemon_now_kib") or {}).items()},
                 "index_per_file": idx / args.files if idx else None, "result": res}
 
 
@@ -457,6 +463,10 @@ def main(argv=None) -> int:
         print(f"monarch: snapshots {first['snapshot'].split(':')[0]}, {later['snapshot']}, {listed_job['snapshot']}; "
               f"opens from the ram tier {ram[0]}, {ram[1]}, {ram[2]} of {2 * args.sample_n} each; "
               f"find printed {find['printed']} of {args.files}; every byte checked, {checked} files read")
+        for r in (first, later, listed_job):  # what the peak is made of: the index's pages are the file's
+            now = r["now_per_file"]
+            print(f"{r['row']}: daemon at the end, B/file: {', '.join(f'{k} {v:.0f}' for k, v in now.items())} "
+                  f"(RssFile + RssShmem: the index's pages it maps, the same pages as the index file's)")
         print(f"load average at the end {os.getloadavg()[0]:.2f}")
         write_json(args.json, {"args": {k: v for k, v in vars(args).items() if k != "tree"}, "machine": machine(),
                                "index_wait_ms": wait_ms, "rows": rows, "ratios": rat,
