@@ -4,8 +4,8 @@ kernel, or the C walk's index built into it), then published by renaming it.
 
 The daemon reads the snapshot from that very mapping, so the node holds the index once (the
 file's pages, which every process maps), and nothing is read into the daemon's memory or
-written out of it: at 10 million files a manifest's 1.7 GB read into a buffer and written back
-out were most of a job's wait for its namespace, and the buffer most of the daemon's peak.
+written out of it (a manifest of 10 million files is 1.7 GB: read into a buffer and written out
+again, it would be most of a job's wait for its namespace, and the buffer the daemon's peak).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import errno
 import mmap
 import os
 import secrets
-
 
 
 class IndexFile:
