@@ -137,7 +137,7 @@ static void monarch_mapping_records_locked(struct monarch_mapping *m, struct mon
             continue;
         looked++;
         uint64_t first_page = from / page;
-        for (size_t p = 0; p < pages; p++) {
+        for (size_t p = 0; p < pages && first_page + p < file_pages; p++) { /* (a mapping may pass the end) */
             uint64_t fp = first_page + p;
             uint8_t bit = (uint8_t)(1u << (fp % 8));
             if (!(vec[p] & 1) || (pt->records_counted[fp / 8] & bit))
