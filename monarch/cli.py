@@ -286,25 +286,8 @@ def _drain_slurm(args) -> int:
 
 
 def cmd_index(args) -> int:
-    import time
-    from monarch.node.snapshot.snapshot import write_manifest
-    from monarch.sizes import human
-    if bad := [root for root in args.roots if not os.path.isdir(root)]:
-        raise ConfigError(f"monarch index: {bad[0]} is not a directory; give the dataset's roots, as dataset.roots lists them")
-    roots = [os.path.realpath(root) for root in args.roots]  # as the configuration takes them: symlinks resolved
-    where = os.path.dirname(os.path.abspath(args.output))
-    if not os.access(where, os.W_OK | os.X_OK):  # said before a walk that may take minutes
-        raise ConfigError(f"monarch index: -o {args.output}: cannot write in {where}; give a writable directory")
-    t0 = time.monotonic()
-    try:
-        snap = write_manifest(tuple(roots), args.output, describe=args.sizes)
-    except OSError as e:
-        raise MonarchError(f"monarch index: cannot write {args.output}: {e.strerror or e}") from None
-    print(f"{args.output}: {len(snap.files)} files, {len(snap.dirs)} directories, "
-          f"{human(snap.total_bytes) if args.sizes else 'names only: each file stat-ed when a job opens it'} (walked in "
-          f"{time.monotonic() - t0:.1f} s; {os.path.getsize(args.output) / max(1, len(snap.files)):.0f} B a file); "
-          f"give it to the jobs as dataset.manifest, with dataset.roots in this order")
-    return 0
+    from monarch.node.snapshot import index_command
+    return index_command.run(args.roots, args.output, sizes=args.sizes, list_path=args.from_list)
 
 
 def cmd_check_config(args) -> int:
@@ -470,6 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
     ix.add_argument("roots", nargs="+", metavar="ROOT", help="the dataset's roots, in dataset.roots's order")
     ix.add_argument("-o", "--output", required=True, metavar="FILE", help="the manifest to write")
     ix.add_argument("--sizes", action="store_true", help="stat every file too (one PFS call each): sizes to plan by")
+    ix.add_argument("--from-list", metavar="LIST",
+                    help="the files from a list of yours, not a walk: a path a line (relative to ROOT, or "
+                         "absolute), a TAB and its size optional, as find ROOT -type f -printf '%%P\\t%%s\\n' writes")
     ix.set_defaults(func=cmd_index)
 
     c = sub.add_parser("check-config", help="validate a configuration, on this node, as monarch run would take it",

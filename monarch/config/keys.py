@@ -228,7 +228,8 @@ KEYS: tuple[Key, ...] = (
         "see docs/store.md",
         _stores, show=lambda v: ", ".join(f"{root}: {url}" for root, url in v) or "{}"),
     Key("dataset.manifest", "path, or empty", "",
-        "the dataset's namespace written once by `monarch index ROOT... -o FILE` (listed as find lists): a job's "
+        "the dataset's namespace written once by `monarch index ROOT... -o FILE` (listed as find lists; or from a "
+        "list of yours, `--from-list LIST`: a path a line, a TAB and its size optional): a job's "
         "snapshot is read from it instead of a walk, checked against the PFS by one stat per directory: after the "
         "job starts where no tier keeps copies (its metadata the PFS's until then; a directory changed since: for "
         "the whole job), else before (changed: the job walks); never trusted for bytes (docs/consistency.md, 9)",

@@ -8,6 +8,9 @@
 - ``indextable``: the snapshot's files read from its index in place (``IndexTable``)
 - ``index_file``: the index built in the file the shim will map (copied there by the kernel, or
   walked into it), published by a rename: the node holds it once
+- ``from_list``: a manifest from a list of files the user already has (paths, sizes optional):
+  no file stat'ed, no directory listed whole (a name it leaves out is the PFS's)
+- ``index_command``: ``monarch index``, a manifest walked or from a list
 - ``index_writer``: the index file (protocol.py, "Snapshot index") from a file table
   (the file table itself, ``FileInfo`` and ``DirInfo`` are ``monarch/records/filetable.py``)
 - ``pfsmeta``: PFS metadata round trips paid once (directory descriptors, attributes)

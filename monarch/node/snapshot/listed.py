@@ -55,7 +55,7 @@ class ListedFiles:
         described at their opens all along). The snapshot's ``how`` from now on."""
         if self.how == MANIFEST_UNCHECKED:
             t0 = time.perf_counter()
-            if unchanged(self.snap, CHECKERS_MEANWHILE):
+            if unchanged(self.snap, CHECKERS_MEANWHILE, whole=False):
                 mark_unchecked(self._counters, len(self.snap.roots), False)
                 self.how = "manifest"
                 log.info("the manifest checked in %.2fs: its metadata is answered here", time.perf_counter() - t0)

@@ -412,13 +412,15 @@ def read_index_file(path: str, roots: tuple[str, ...], index_at: str | None = No
     return read_index(data, roots)
 
 
-def unchanged(snap: Snapshot, checkers: int = CHECKERS) -> bool:
-    """Does every directory of the snapshot still have the inode, mtime and ctime it had (and
-    was every one listed whole)? One stat per directory, relative to its root's descriptor,
-    ``checkers`` at once (at a PFS's latency a million directories one by one take minutes)."""
+def unchanged(snap: Snapshot, checkers: int = CHECKERS, whole: bool = True) -> bool:
+    """Does every directory of the snapshot still have the inode, mtime and ctime it had (and,
+    ``whole``, was every one listed whole: a kept snapshot's unlisted directory is listed again by
+    the next walk; a manifest's, a list's, is the PFS's)? One stat per directory, relative to its
+    root's descriptor, ``checkers`` at once (at a PFS's latency a million directories one by one
+    take minutes)."""
     if not snap.dirs or not all(f"{k}/" in snap.dirs for k in range(len(snap.roots))):
         return False
-    if any(d.children is None for d in snap.dirs.values()):
+    if whole and any(d.children is None for d in snap.dirs.values()):
         return False
     root_fds: dict[int, int] = {}
     try:
@@ -474,7 +476,7 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False,
             snap = read_index_file(path, roots, index_at)
             if how == "manifest" and check_later and listing_index(snap):
                 return snap, MANIFEST_UNCHECKED
-            if unchanged(snap):
+            if unchanged(snap, whole=how == "reused"):
                 return snap, how
             snap.discard_index_file()
             why = ("a directory changed since the kept snapshot" if how == "reused" else

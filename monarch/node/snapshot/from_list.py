@@ -1,0 +1,196 @@
+"""A manifest from a list of files the user already has (``monarch index --from-list LIST``):
+one path a line, relative to the root (``./`` allowed, as ``find`` prints it) or absolute under
+one of the roots, then optionally a TAB and its size in bytes::
+
+    find /pfs/imagenet -type f -printf '%P\\t%s\\n' > imagenet.list
+
+No file is stat'ed: its entry is left undescribed (as a listing-mode walk leaves it) and described
+at its first open or stat from the PFS's own answer, so a stale list never serves a wrong byte or
+stat: a listed name that is gone is answered by the PFS. A list need not be a directory's whole
+listing (a split's files, a subset), so no directory is "listed whole": a name the list leaves out
+is looked up on the PFS, and a directory's listing is the PFS's. Each directory is stat'ed once
+(``CHECKERS`` at once), for the job's check that nothing changed since (``unchanged``). A size on
+a line is the plan's until the file is described (the dataset's bytes, a compressed tier's level).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+from monarch import protocol
+from monarch.errors import ConfigError
+
+CHECKERS = 8  # directories stat'ed at once (a PFS's metadata servers answer several)
+SAMPLE = 16   # listed files looked up when the manifest is made: a list of another root, or not of paths, is caught
+_ENCODING, _ERRORS = "utf-8", "surrogateescape"
+
+
+def read_list(path: str, roots: tuple[str, ...]) -> list[dict[str, int]]:
+    """Per root, its listed files: relative path -> size (-1: none given). Raises ConfigError
+    naming the line of the first path that is not one (``..``, empty parts, outside every root)
+    or whose size is not a number."""
+    listed: list[dict[str, int]] = [{} for _ in roots]
+    prefixes = [root.rstrip("/") + "/" for root in roots]
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise ConfigError(f"monarch index: --from-list {path}: {e.strerror}; give the list's path") from None
+    with f:
+        for number, line in enumerate(f, 1):
+            text = line.rstrip(b"\r\n").decode(_ENCODING, _ERRORS)
+            if not text.strip():
+                continue
+            name, tab, size_text = text.rpartition("\t") if "\t" in text else (text, "", "")
+            where = f"{path}:{number}"
+            size = -1
+            if tab:
+                if not size_text.isdigit():
+                    raise ConfigError(f"{where}: {size_text!r} after the TAB is not a size in bytes; write each line "
+                                      f"as PATH or PATH<TAB>SIZE (find ROOT -type f -printf '%P\\t%s\\n')")
+                size = int(size_text)
+            k, rel = _place(name, prefixes, where)
+            listed[k][rel] = size
+    if not any(listed):
+        raise ConfigError(f"monarch index: --from-list {path} names no file; give a list of the dataset's files")
+    return listed
+
+
+def _place(name: str, prefixes: list[str], where: str) -> tuple[int, str]:
+    """The root (its number) and the path relative to it of a listed ``name``."""
+    if name.startswith("/"):
+        for k, prefix in enumerate(prefixes):
+            if name.startswith(prefix):
+                return k, _relative(name[len(prefix):], name, where)
+        raise ConfigError(f"{where}: {name} is under none of the roots ({', '.join(p[:-1] for p in prefixes)}); "
+                          f"list the dataset's files, or give their root")
+    if len(prefixes) > 1:
+        raise ConfigError(f"{where}: {name} is relative, and {len(prefixes)} roots were given; write each path "
+                          f"absolute, or make one list per root")
+    return 0, _relative(name[2:] if name.startswith("./") else name, name, where)
+
+
+def _relative(rel: str, name: str, where: str) -> str:
+    parts = rel.split("/")
+    if not rel or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(f"{where}: {name!r} is not a file's path below its root (an empty part, '.' or '..'); "
+                          f"list files as find prints them")
+    return rel
+
+
+def build(roots: tuple[str, ...], listed: list[dict[str, int]], checkers: int = CHECKERS) -> tuple[bytearray, list[str]]:
+    """The manifest's index (protocol.py, "Snapshot index"): the listed files undescribed (their
+    sizes, if given, in their entries), then every directory above them as one stat found it,
+    none listed whole; INDEX_LISTING in the header (served before its check, as a listing's).
+    And the listed directories that are no directory on the PFS now (a stale list): their files
+    are left out, so the PFS answers for them."""
+    root_st = [os.stat(root) for root in roots]
+    dirs: dict[tuple[int, str], None] = {}
+    for k, files in enumerate(listed):
+        dirs[(k, "")] = None
+        for rel in files:
+            cut = rel.rfind("/")
+            while cut > 0 and (k, rel[:cut]) not in dirs:
+                dirs[(k, rel[:cut])] = None
+                cut = rel.rfind("/", 0, cut)
+    clash = next(((k, rel) for k, rel in dirs if rel and rel in listed[k]), None)
+    if clash:
+        raise ConfigError(f"the list names {roots[clash[0]]}/{clash[1]} as a file and as a directory above others; "
+                          f"list files only")
+    dir_stats, gone = _stat_dirs(roots, list(dirs), checkers)
+    below = tuple(f"{k}/{rel}/" for k, rel in gone)  # a directory gone takes what the list names below it
+    items = []
+    for k, files in enumerate(listed):
+        dev = root_st[k].st_dev
+        for rel, size in files.items():
+            key = f"{k}/{rel}"
+            if not below or not key.startswith(below):
+                items.append((key.encode(_ENCODING, _ERRORS), size, dev))
+    if below:
+        dir_stats = [(raw, st) for raw, st in dir_stats if not (raw.decode(_ENCODING, _ERRORS) + "/").startswith(below)]
+    return _index(items, dir_stats), [f"{roots[k]}/{rel}" for k, rel in gone]
+
+
+def _index(items: list[tuple[bytes, int, int]], dir_stats: list[tuple[bytes, os.stat_result]]) -> bytearray:
+    """The index's bytes: the files (key, size or -1, st_dev) undescribed, then the directories."""
+    nfiles = len(items)
+    total = nfiles + len(dir_stats)
+    nbuckets = 16
+    while nbuckets < 2 * total:
+        nbuckets *= 2
+    keys_size = sum(len(raw) for raw, _, _ in items) + sum(len(raw) for raw, _ in dir_stats)
+    buckets_off = protocol.INDEX_HEADER.size
+    entries_off = buckets_off + 4 * nbuckets
+    keys_off = entries_off + protocol.INDEX_ENTRY.size * total
+    end = keys_off + keys_size
+    end += -end % 8
+    data = bytearray(end)
+    protocol.INDEX_HEADER.pack_into(data, 0, protocol.INDEX_MAGIC, protocol.INDEX_VERSION, total, nbuckets,
+                                    protocol.INDEX_LISTING, buckets_off, entries_off, keys_off, keys_size, end, 0)
+    buckets = memoryview(data)[buckets_off:entries_off].cast("I")
+    mask, pack, at, key_at = nbuckets - 1, protocol.INDEX_ENTRY.pack_into, entries_off, 0
+    undescribed = protocol.INDEX_FLAG_UNDESCRIBED
+
+    def place(n: int, raw: bytes) -> int:
+        h = zlib.crc32(raw)
+        b = h & mask
+        while buckets[b]:
+            b = (b + 1) & mask
+        buckets[b] = n + 1
+        data[keys_off + key_at:keys_off + key_at + len(raw)] = raw
+        return h
+    for n, (raw, size, dev) in enumerate(items):
+        pack(data, at, place(n, raw), len(raw), key_at, max(size, 0), 0, 0, 0, 0, dev, stat.S_IFREG, 0, 0, 0,
+             undescribed, 0, 0, 0, 0, 0)
+        at, key_at = at + protocol.INDEX_ENTRY.size, key_at + len(raw)
+    for n, (raw, st) in enumerate(dir_stats, nfiles):
+        pack(data, at, place(n, raw), len(raw), key_at, st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns,
+             st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0, st.st_blocks, st.st_blksize,
+             0, 0)
+        at, key_at = at + protocol.INDEX_ENTRY.size, key_at + len(raw)
+    buckets.release()
+    return data
+
+
+def _stat_dirs(roots: tuple[str, ...], dirs: list[tuple[int, str]],
+               checkers: int) -> tuple[list[tuple[bytes, os.stat_result]], list[tuple[int, str]]]:
+    """Each directory's key and lstat (``checkers`` at once, relative to its root's descriptor),
+    and those that are no directory on the PFS (gone, a file, a symlink: a path through a
+    symlink is the PFS's to resolve)."""
+    fds = [os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for root in roots]
+
+    def one(item: tuple[int, str]):
+        k, rel = item
+        try:
+            st = os.stat(rel, dir_fd=fds[k], follow_symlinks=False) if rel else os.fstat(fds[k])
+        except OSError:
+            return item, None
+        return item, st if stat.S_ISDIR(st.st_mode) else None
+    try:
+        with ThreadPoolExecutor(checkers, thread_name_prefix="monarch-list") as pool:
+            got = list(pool.map(one, dirs, chunksize=64))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    found = [((f"{k}/{rel}" if rel else f"{k}/").encode(_ENCODING, _ERRORS), st) for (k, rel), st in got if st]
+    return found, sorted(item for item, st in got if st is None)
+
+
+def sample_missing(roots: tuple[str, ...], listed: list[dict[str, int]], sample: int = SAMPLE) -> tuple[int, int, str]:
+    """``sample`` listed files spread over the list looked up (lstat): how many were looked up,
+    how many are not regular files there, and the first such path ("" if none)."""
+    every = [(k, rel) for k, files in enumerate(listed) for rel in files]
+    picked = every[::max(1, len(every) // sample)][:sample]
+    missing, first = 0, ""
+    for k, rel in picked:
+        try:
+            regular = stat.S_ISREG(os.lstat(os.path.join(roots[k], rel)).st_mode)
+        except OSError:
+            regular = False
+        if not regular:
+            missing += 1
+            first = first or os.path.join(roots[k], rel)
+    return len(picked), missing, first
+

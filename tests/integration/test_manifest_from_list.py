@@ -1,0 +1,155 @@
+"""A manifest made from a list of files the user already has (`monarch index --from-list`): no
+file is stat'ed to make it, a job given it asks the PFS nothing per file before it reads, and what
+the job sees is the PFS's own: bytes, stats, names the list leaves out, names gone since, and
+directories' listings (the list need not be a directory's whole listing)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from monarch.tools.slowpfs_generated import Generated
+from support.harness import monarch, monarch_env, write_config
+
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
+
+SAMPLE = 30
+
+READER = r"""
+import hashlib, json, os, sys, time
+counters, paths = sys.argv[1], sys.argv[2:]
+os.stat(paths[0])
+time.sleep(0.03)  # the emulator writes its counters file every 10 ms
+with open(counters) as f:
+    at_first_stat = json.load(f)
+seen = {}
+for p in paths:
+    st = os.stat(p)
+    with open(p, "rb") as f:
+        data = f.read()
+    seen[p] = [st.st_size, st.st_mode, st.st_mtime_ns, hashlib.sha256(data).hexdigest()]
+print(json.dumps({"at_first_stat": at_first_stat, "seen": seen}))
+"""
+
+
+def _with_manifest(cfg: str, root: str, manifest: str) -> str:
+    with open(cfg) as f:
+        text = f.read()
+    with open(cfg, "w") as f:
+        f.write(text.replace(f"dataset: {{roots: [{json.dumps(root)}]}}",
+                             f"dataset: {{roots: [{json.dumps(root)}], manifest: {json.dumps(manifest)}}}", 1))
+    return cfg
+
+
+def _meta(c: dict) -> int:
+    return sum(c[k] for k in ("lookups", "readdirs", "opendirs", "accesses", "statfs"))
+
+
+def test_a_list_of_a_split_makes_a_manifest_with_no_call_per_file_and_its_job_reads_the_pfss_bytes(slow_pfs, short_tmp):
+    """The list names half the files (a split) with their sizes: `monarch index --from-list` makes
+    a few calls a directory and a few per the sample, none per file; the job given it is served from
+    it before its check (100 directories at 20 ms a call take seconds to check), and reads the
+    listed files and the others (the PFS's) byte for byte."""
+    tree = Generated(files=2000, per_dir=20)
+    pfs = slow_pfs(tree, open_latency_ms=0, lookup_latency_ms=20)
+    root = pfs.mountpoint
+    split = [i for i in range(tree.files) if i % 2 == 0]
+    listing = os.path.join(short_tmp, "train.list")
+    with open(listing, "w") as f:
+        f.writelines(f"{tree.path(i)}\t{len(tree.data(i))}\n" for i in split)
+    manifest = os.path.join(short_tmp, "train.index")
+    pfs.reset_counters()
+    made = monarch("index", root, "-o", manifest, "--from-list", listing)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert f"{len(split)} files, {tree.directories + 1} directories" in made.stdout, made.stdout
+    assert _meta(pfs.counters()) <= 4 * (tree.directories + 1) + 4 * 16, pfs.counters()  # not one a file
+
+    rng = random.Random(7)
+    chosen = rng.sample(split, SAMPLE) + rng.sample([i for i in range(tree.files) if i % 2], 5)  # 5 not listed
+    paths = [os.path.join(root, tree.path(i)) for i in chosen]
+    cfg = _with_manifest(write_config(short_tmp, root), root, manifest)
+    report = os.path.join(short_tmp, "report.json")
+    before = pfs.raw_counters()
+    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", READER,
+                  pfs.counters_path, *paths, env=monarch_env(MONARCH_SHIM_INDEX_WAIT_MS=120000))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    out = json.loads(ran.stdout.strip().splitlines()[-1])
+    first = _meta({k: out["at_first_stat"][k] - before[k] for k in ("lookups", "readdirs", "opendirs", "accesses", "statfs")})
+    assert first < tree.directories, first  # the manifest read, no walk and no check before the job
+    for i, p in zip(chosen, paths):
+        st = os.stat(p)
+        assert out["seen"][p] == [st.st_size, st.st_mode, st.st_mtime_ns, hashlib.sha256(tree.data(i)).hexdigest()], p
+    with open(report) as f:
+        node = json.load(f)["nodes"][0]
+    assert node["snapshot"] == "manifest", node["snapshot"]  # its directories checked after the start: unchanged
+    assert node["dataset"]["files"] == len(split)
+    assert node["dataset"]["bytes"] == sum(len(tree.data(i)) for i in split)  # the list's sizes, before any stat
+    assert node["staging"]["files"] == SAMPLE, node["staging"]  # the listed files read were staged, the others not
+
+
+def test_a_job_sees_the_dataset_as_it_is_now_whatever_its_list_says(short_tmp):
+    """A list made before the dataset changed, with a wrong size, a name that never existed, and a
+    directory removed since: the job reads, stats and lists what a direct reader does."""
+    root = os.path.join(short_tmp, "data")
+    for d in range(3):
+        os.makedirs(os.path.join(root, f"d{d}"))
+        for i in range(10):
+            with open(os.path.join(root, f"d{d}", f"f{i}.bin"), "wb") as f:
+                f.write(bytes([d, i]) * (100 + i))
+    listing = os.path.join(short_tmp, "data.list")
+    with open(listing, "w") as f:
+        f.write("".join(f"./d{d}/f{i}.bin\t{2 * (100 + i)}\n" for d in range(3) for i in range(8)))  # f8, f9 left out
+        f.write("d0/never.bin\t10\nd9/gone.bin\n")  # a name and a directory that are not there
+    manifest = os.path.join(short_tmp, "data.index")
+    made = monarch("index", root, "-o", manifest, "--from-list", listing)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "no directory now" in made.stderr and "d9" in made.stderr, made.stderr
+    os.unlink(os.path.join(root, "d0", "f3.bin"))
+    with open(os.path.join(root, "d1", "f2.bin"), "r+b") as f:  # in place: no directory's mtime moves
+        f.write(b"rewritten, longer than it was" * 20)
+    with open(os.path.join(root, "d1", "new.bin"), "wb") as f:
+        f.write(b"new" * 50)
+    script = r"""
+import hashlib, json, os, sys
+root = sys.argv[1]
+out = {}
+for rel in ("d0/f3.bin", "d0/never.bin", "d9/gone.bin", "d1/f2.bin", "d1/f9.bin", "d1/new.bin", "d2/f4.bin"):
+    p = os.path.join(root, rel)
+    try:
+        with open(p, "rb") as f:
+            out[rel] = [os.stat(p).st_size, hashlib.sha256(f.read()).hexdigest()]
+    except FileNotFoundError:
+        out[rel] = "ENOENT"
+for d in ("d0", "d1", "d2"):
+    out[d] = sorted(os.listdir(os.path.join(root, d)))
+print(json.dumps(out))
+"""
+    cfg = _with_manifest(write_config(short_tmp, root), root, manifest)
+    report = os.path.join(short_tmp, "report.json")
+    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", script, root)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    direct = subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True, check=True)
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == json.loads(direct.stdout)
+    with open(report) as f:
+        how = json.load(f)["nodes"][0]["snapshot"]
+    assert how.startswith("manifest: a directory changed since it was made"), how
+
+
+def test_a_list_of_another_root_is_refused_with_what_to_do(short_tmp):
+    root = os.path.join(short_tmp, "data")
+    os.makedirs(os.path.join(root, "a"))
+    with open(os.path.join(root, "a", "x.jpg"), "wb") as f:
+        f.write(b"x")
+    listing = os.path.join(short_tmp, "labels.txt")
+    with open(listing, "w") as f:  # an image list with labels, not paths: "a/x.jpg 3"
+        f.write("a/x.jpg 3\na/y.jpg 1\n")
+    made = monarch("index", root, "-o", os.path.join(short_tmp, "m.index"), "--from-list", listing)
+    assert made.returncode == 2, made.stdout + made.stderr
+    assert "none of 2 files sampled" in made.stderr and "one path a line" in made.stderr, made.stderr
+    assert not os.path.exists(os.path.join(short_tmp, "m.index"))
