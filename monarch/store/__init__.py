@@ -5,6 +5,7 @@ files the store holds, from which the snapshot is built without listing the stor
 ``load.py`` (``monarch store put`` and ``monarch store ls``), ``check.py`` (each store a
 configuration names answers and holds a manifest, checked at start), ``report.py`` (the report's
 ``store`` figures), ``s3.py`` (an S3 bucket: its URL, the AWS conventions, the client; its
-listing is the manifest). The daemon's side, the source the stager copies from, is
+listing is the manifest), ``s3_inventory.py`` (or its S3 Inventory report, read instead of a
+listing). The daemon's side, the source the stager copies from, is
 ``monarch/node/stage/store_source.py``. docs/store.md says how to use it.
 """

@@ -32,7 +32,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 
-from monarch.store import keys
+from monarch.store import keys, s3_inventory
 from monarch.store.manifest import Entry, Manifest
 from monarch.store.url import DEFAULT_TIMEOUT, StoreError
 
@@ -57,6 +57,7 @@ class S3URL:
     profile: str | None = None
     ca_file: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    inventory: str | None = None  # the S3 Inventory report's manifest.json read instead of a listing (s3_inventory.py)
     text: str = field(default="", compare=False)
     scheme = SCHEME
     has_digests = False  # no manifest digests: the client checks each GET against the listed ETag
@@ -70,7 +71,7 @@ class S3URL:
             raise StoreError("an S3 URL may not hold credentials (s3://KEY:SECRET@...): set AWS_ACCESS_KEY_ID and "
                              "AWS_SECRET_ACCESS_KEY, or name a profile of ~/.aws/credentials with ?profile=NAME")
         query = urllib.parse.parse_qs(u.query, keep_blank_values=True)
-        known = {"endpoint", "region", "profile", "ca_file", "timeout"}
+        known = {"endpoint", "region", "profile", "ca_file", "timeout", "inventory"}
         unknown = sorted(set(query) - known)
         if unknown:
             raise StoreError(f"{text}: unknown parameter {unknown[0]!r}; known: {', '.join(sorted(known))}")
@@ -88,7 +89,7 @@ class S3URL:
             raise StoreError(f"{text}: endpoint must be an http:// or https:// URL, got {endpoint!r}")
         prefix = u.path.strip("/")
         return cls(u.netloc, prefix + "/" if prefix else "", endpoint, q.get("region") or None,
-                   q.get("profile") or None, q.get("ca_file") or None, timeout, text)
+                   q.get("profile") or None, q.get("ca_file") or None, timeout, q.get("inventory") or None, text)
 
     def __str__(self) -> str:
         return self.text or f"s3://{self.bucket}/{self.prefix}"
@@ -246,7 +247,7 @@ class S3Client:
             kwargs["skip_signature"] = True
         else:
             kwargs["credential_provider"] = _provider(settings.credentials)
-        self.store = S3Store(url.bucket, **kwargs)
+        self.store, self._kwargs = S3Store(url.bucket, **kwargs), kwargs
         self._pools: dict[bool, concurrent.futures.ThreadPoolExecutor] = {}  # ranged? -> its threads
         self._lock = threading.Lock()
 
@@ -266,13 +267,18 @@ class S3Client:
         if not page:
             raise S3Error("no objects under the prefix", 200, "Empty")
         self.skipped = self._screen(page, set())[2]
+        if self.url.inventory:  # a report of no use is said at the start, not when the snapshot is taken
+            s3_inventory.check(self.url.inventory, self.url.bucket, self._fetch)
 
     def manifest(self) -> Manifest:
         """The prefix's listing as a manifest (each file's digest: its ETag); a key ending in '/'
         is a directory; a key that cannot be a file (``keys.screen``) is skipped and named in
         ``Manifest.skipped``."""
         try:
-            metas, prefixes = self._list()
+            metas, prefixes = (s3_inventory.read(self.url.inventory, self.url.bucket, self.url.prefix, self._fetch),
+                               set()) if self.url.inventory else self._list()
+        except StoreError:
+            raise
         except Exception as e:
             raise _classify(e, "listing") or S3Error("listing: not found", 404) from None
         objects, dirs, skipped = self._screen(metas, prefixes)
@@ -329,6 +335,16 @@ class S3Client:
             if not _unparsable(e):
                 raise
         return self._list_botocore(), set()
+
+    def _fetch(self, bucket: str, key: str) -> bytes:
+        """One object whole, of this bucket or another the same credentials read (an inventory's)."""
+        import obstore
+        from obstore.store import S3Store
+        try:
+            return bytes(obstore.get(self.store if bucket == self.url.bucket else S3Store(bucket, **self._kwargs),
+                                     key).bytes())
+        except Exception as e:
+            raise _classify(e, f"s3://{bucket}/{key}") or StoreError(f"s3://{bucket}/{key} is not there") from None
 
     def _list_botocore(self, pages: int = 0) -> list[dict]:
         """The prefix's every object (its first ``pages`` pages: 0, all) as obstore's metadata,
