@@ -34,6 +34,10 @@ The rows, in this order, each a separate process launched from here (wall: its l
                   the kept copies (the first job's sample, staged on access) are reused.
   manifest job    ``dataset: {roots: [MNT], manifest: FILE}``, a run base and tiers of its own,
                   ``keep: false``: the snapshot read from ``monarch index``'s file.
+  index from a list  ``monarch index MNT -o FILE2 --from-list LIST``: LIST (each file's path
+                  and size, as ``find -printf '%P\t%s\n'`` writes them) is written here from the
+                  generator beforehand, untimed; the manifest made from it, no file stat'ed.
+  list manifest job  the manifest job's configuration with FILE2.
   direct          READER without Monarch (plain python3), over the same files in the same order.
 
 READER stats one file under the root right after it starts and reads the emulator's counters
@@ -227,6 +231,23 @@ def run_index(mnt: Path, manifest: Path, args, pfs: SlowPFS, watch: CpuWatch, en
         raise SystemExit(f"{NAME}: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     print(f"monarch index: {line}", flush=True)
+    size = manifest.stat().st_size
+    return r | {"stdout": line, "index_bytes": size, "index_per_file": size / args.files}
+
+
+def run_index_from_list(mnt: Path, listing: Path, manifest: Path, args, pfs: SlowPFS, watch: CpuWatch,
+                        env: dict) -> dict:
+    with listing.open("w") as f:  # what a user already has: written untimed, before the row
+        t = args.tree
+        f.writelines(f"{t.path(i)}\t{t.size(i)}\n" for i in range(t.files))
+    cmd = [sys.executable, "-m", "monarch", "index", str(mnt), "-o", str(manifest), "--from-list", str(listing)]
+    row = Row("monarch index --from-list LIST", pfs, watch)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    r = row.done()
+    if proc.returncode != 0:
+        raise SystemExit(f"{NAME}: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    print(f"monarch index --from-list: {line}", flush=True)
     size = manifest.stat().st_size
     return r | {"stdout": line, "index_bytes": size, "index_per_file": size / args.files}
 
@@ -436,6 +457,8 @@ def main(argv=None) -> int:
             kept = write_config(work / "kept.yaml", mnt, work / "kept", shm / "kept-ram", capacity, keep=True)
             listed = write_config(work / "manifest.yaml", mnt, work / "listed", shm / "listed-ram", capacity,
                                   keep=False, manifest=manifest)
+            from_list = write_config(work / "list.yaml", mnt, work / "from-list", shm / "list-ram", capacity,
+                                     keep=False, manifest=work / "list.index")
             rows = [run_find(mnt, args, pfs, watch)]
             print(f"  find: {rows[-1]['wall']:.2f} s", flush=True)
             rows.append(run_index(mnt, manifest, args, pfs, watch, env))
@@ -444,8 +467,13 @@ def main(argv=None) -> int:
                 r = rows[-1]
                 print(f"  {name}: {r['wall']:.2f} s, snapshot {r['snapshot']}, ready {cell(r['ready'])} s, "
                       f"passes {r['pass1']:.3f} s, {r['pass2']:.3f} s", flush=True)
+            rows.append(run_index_from_list(mnt, work / "files.list", work / "list.index", args, pfs, watch, env))
+            rows.append(run_job("list manifest job", from_list, mnt, reader, work, args, pfs, watch, job_env))
+            r = rows[-1]
+            print(f"  list manifest job: {r['wall']:.2f} s, snapshot {r['snapshot']}, ready {cell(r['ready'])} s, "
+                  f"passes {r['pass1']:.3f} s, {r['pass2']:.3f} s", flush=True)
             rows.append(run_direct(mnt, reader, args, pfs, watch, env))
-        find, first, later, listed_job, direct = rows[0], rows[2], rows[3], rows[4], rows[5]
+        find, first, later, listed_job, list_job, direct = rows[0], rows[2], rows[3], rows[4], rows[6], rows[7]
         rat = ratios(find, first, direct)
         print(f"\n{args.files:,} files, {args.per_dir:,} a directory, {low}-{high} bytes; emulated PFS latency "
               f"{args.lookup_latency_ms:g} ms a metadata call, {args.open_latency_ms:g} ms an open; READER "
@@ -459,11 +487,12 @@ def main(argv=None) -> int:
         print(f"first pass, first job / direct: {fx(met)} (target <= 1.00x: "
               f"{'n/a' if met is None else 'met' if met <= 1.0 else 'NOT met'})")
         checked = sum(r["checked"] for r in rows if "checked" in r)
-        ram = [((r.get("opened_from") or {}).get("ram") or {}).get("opens", 0) for r in (first, later, listed_job)]
-        print(f"monarch: snapshots {first['snapshot'].split(':')[0]}, {later['snapshot']}, {listed_job['snapshot']}; "
-              f"opens from the ram tier {ram[0]}, {ram[1]}, {ram[2]} of {2 * args.sample_n} each; "
+        jobs = (first, later, listed_job, list_job)
+        ram = [((r.get("opened_from") or {}).get("ram") or {}).get("opens", 0) for r in jobs]
+        print(f"monarch: snapshots {', '.join(r['snapshot'].split(':')[0] for r in jobs)}; "
+              f"opens from the ram tier {', '.join(map(str, ram))} of {2 * args.sample_n} each; "
               f"find printed {find['printed']} of {args.files}; every byte checked, {checked} files read")
-        for r in (first, later, listed_job):  # what the peak is made of: the index's pages are the file's
+        for r in jobs:  # what the peak is made of: the index's pages are the file's
             now = r["now_per_file"]
             print(f"{r['row']}: daemon at the end, B/file: {', '.join(f'{k} {v:.0f}' for k, v in now.items())} "
                   f"(RssFile + RssShmem: the index's pages it maps, the same pages as the index file's)")
