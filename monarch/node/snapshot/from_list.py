@@ -16,6 +16,7 @@ a line is the plan's until the file is described (the dataset's bytes, a compres
 from __future__ import annotations
 
 import os
+import re
 import stat
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from monarch.errors import ConfigError
 CHECKERS = 8  # directories stat'ed at once (a PFS's metadata servers answer several)
 SAMPLE = 16   # listed files looked up when the manifest is made: a list of another root, or not of paths, is caught
 _ENCODING, _ERRORS = "utf-8", "surrogateescape"
+_BAD = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")  # an empty part, "." or "..": no path below a root
 
 
 def read_list(path: str, roots: tuple[str, ...]) -> list[dict[str, int]]:
@@ -39,19 +41,21 @@ def read_list(path: str, roots: tuple[str, ...]) -> list[dict[str, int]]:
     except OSError as e:
         raise ConfigError(f"monarch index: --from-list {path}: {e.strerror}; give the list's path") from None
     with f:
-        for number, line in enumerate(f, 1):
-            text = line.rstrip(b"\r\n").decode(_ENCODING, _ERRORS)
-            if not text.strip():
-                continue
-            name, tab, size_text = text.rpartition("\t") if "\t" in text else (text, "", "")
-            where = f"{path}:{number}"
-            size = -1
-            if tab:
-                if not size_text.isdigit():
-                    raise ConfigError(f"{where}: {size_text!r} after the TAB is not a size in bytes; write each line "
-                                      f"as PATH or PATH<TAB>SIZE (find ROOT -type f -printf '%P\\t%s\\n')")
-                size = int(size_text)
-            k, rel = _place(name, prefixes, where)
+        lines = f.read().decode(_ENCODING, _ERRORS).split("\n")
+    one = listed[0] if len(prefixes) == 1 else None
+    for number, text in enumerate(lines, 1):
+        name, tab, size_text = text.rstrip("\r").rpartition("\t")
+        if not tab:
+            name, size = size_text, -1
+        elif size_text.isdigit():
+            size = int(size_text)
+        else:
+            raise ConfigError(f"{path}:{number}: {size_text!r} after the TAB is not a size in bytes; write each "
+                              f"line as PATH or PATH<TAB>SIZE (find ROOT -type f -printf '%P\\t%s\\n')")
+        if one is not None and name and name[0] not in " ./" and not _BAD.search(name):
+            one[name] = size  # the common line, at once
+        elif name.strip():
+            k, rel = _place(name, prefixes, f"{path}:{number}")
             listed[k][rel] = size
     if not any(listed):
         raise ConfigError(f"monarch index: --from-list {path} names no file; give a list of the dataset's files")
@@ -73,8 +77,7 @@ def _place(name: str, prefixes: list[str], where: str) -> tuple[int, str]:
 
 
 def _relative(rel: str, name: str, where: str) -> str:
-    parts = rel.split("/")
-    if not rel or any(p in ("", ".", "..") for p in parts):
+    if _BAD.search(rel):
         raise ConfigError(f"{where}: {name!r} is not a file's path below its root (an empty part, '.' or '..'); "
                           f"list files as find prints them")
     return rel
@@ -90,11 +93,10 @@ def build(roots: tuple[str, ...], listed: list[dict[str, int]], checkers: int = 
     dirs: dict[tuple[int, str], None] = {}
     for k, files in enumerate(listed):
         dirs[(k, "")] = None
-        for rel in files:
-            cut = rel.rfind("/")
-            while cut > 0 and (k, rel[:cut]) not in dirs:
-                dirs[(k, rel[:cut])] = None
-                cut = rel.rfind("/", 0, cut)
+        for parent in {rel.rpartition("/")[0] for rel in files}:  # each directory once, then those above it
+            while parent and (k, parent) not in dirs:
+                dirs[(k, parent)] = None
+                parent = parent.rpartition("/")[0]
     clash = next(((k, rel) for k, rel in dirs if rel and rel in listed[k]), None)
     if clash:
         raise ConfigError(f"the list names {roots[clash[0]]}/{clash[1]} as a file and as a directory above others; "
@@ -129,27 +131,29 @@ def _index(items: list[tuple[bytes, int, int]], dir_stats: list[tuple[bytes, os.
     data = bytearray(end)
     protocol.INDEX_HEADER.pack_into(data, 0, protocol.INDEX_MAGIC, protocol.INDEX_VERSION, total, nbuckets,
                                     protocol.INDEX_LISTING, buckets_off, entries_off, keys_off, keys_size, end, 0)
+    data[keys_off:keys_off + keys_size] = b"".join([raw for raw, _, _ in items] + [raw for raw, _ in dir_stats])
     buckets = memoryview(data)[buckets_off:entries_off].cast("I")
-    mask, pack, at, key_at = nbuckets - 1, protocol.INDEX_ENTRY.pack_into, entries_off, 0
-    undescribed = protocol.INDEX_FLAG_UNDESCRIBED
-
-    def place(n: int, raw: bytes) -> int:
-        h = zlib.crc32(raw)
+    mask, pack, crc32, step = nbuckets - 1, protocol.INDEX_ENTRY.pack_into, zlib.crc32, protocol.INDEX_ENTRY.size
+    undescribed, regular = protocol.INDEX_FLAG_UNDESCRIBED, stat.S_IFREG
+    at, key_at = entries_off, 0
+    for n, (raw, size, dev) in enumerate(items):  # 10 million in Python: the loop kept lean
+        h = crc32(raw)
         b = h & mask
         while buckets[b]:
             b = (b + 1) & mask
         buckets[b] = n + 1
-        data[keys_off + key_at:keys_off + key_at + len(raw)] = raw
-        return h
-    for n, (raw, size, dev) in enumerate(items):
-        pack(data, at, place(n, raw), len(raw), key_at, max(size, 0), 0, 0, 0, 0, dev, stat.S_IFREG, 0, 0, 0,
-             undescribed, 0, 0, 0, 0, 0)
-        at, key_at = at + protocol.INDEX_ENTRY.size, key_at + len(raw)
-    for n, (raw, st) in enumerate(dir_stats, nfiles):
-        pack(data, at, place(n, raw), len(raw), key_at, st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns,
-             st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0, st.st_blocks, st.st_blksize,
-             0, 0)
-        at, key_at = at + protocol.INDEX_ENTRY.size, key_at + len(raw)
+        pack(data, at, h, len(raw), key_at, size if size > 0 else 0, 0, 0, 0, 0, dev, regular, 0, 0, 0, undescribed,
+             0, 0, 0, 0, 0)
+        at, key_at = at + step, key_at + len(raw)
+    for n, (raw, st) in enumerate(dir_stats, len(items)):
+        h = crc32(raw)
+        b = h & mask
+        while buckets[b]:
+            b = (b + 1) & mask
+        buckets[b] = n + 1
+        pack(data, at, h, len(raw), key_at, st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino,
+             st.st_dev, st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0, st.st_blocks, st.st_blksize, 0, 0)
+        at, key_at = at + step, key_at + len(raw)
     buckets.release()
     return data
 
