@@ -222,32 +222,24 @@ def run_find(mnt: Path, args, pfs: SlowPFS, watch: CpuWatch) -> dict:
     return r | {"printed": printed}
 
 
-def run_index(mnt: Path, manifest: Path, args, pfs: SlowPFS, watch: CpuWatch, env: dict) -> dict:
+def run_index(mnt: Path, manifest: Path, args, pfs: SlowPFS, watch: CpuWatch, env: dict,
+              listing: Path | None = None) -> dict:
+    """``monarch index``'s row: a walk, or (``listing``) the manifest from a list of the tree's
+    files, written here untimed before the row (what a user already has)."""
     cmd = [sys.executable, "-m", "monarch", "index", str(mnt), "-o", str(manifest)]
-    row = Row("monarch index MNT -o FILE", pfs, watch)
+    if listing is not None:
+        with listing.open("w") as f:
+            t = args.tree
+            f.writelines(f"{t.path(i)}\t{t.size(i)}\n" for i in range(t.files))
+        cmd += ["--from-list", str(listing)]
+    name = "monarch index MNT -o FILE" + (" --from-list LIST" if listing is not None else "")
+    row = Row(name, pfs, watch)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     r = row.done()
     if proc.returncode != 0:
         raise SystemExit(f"{NAME}: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-    print(f"monarch index: {line}", flush=True)
-    size = manifest.stat().st_size
-    return r | {"stdout": line, "index_bytes": size, "index_per_file": size / args.files}
-
-
-def run_index_from_list(mnt: Path, listing: Path, manifest: Path, args, pfs: SlowPFS, watch: CpuWatch,
-                        env: dict) -> dict:
-    with listing.open("w") as f:  # what a user already has: written untimed, before the row
-        t = args.tree
-        f.writelines(f"{t.path(i)}\t{t.size(i)}\n" for i in range(t.files))
-    cmd = [sys.executable, "-m", "monarch", "index", str(mnt), "-o", str(manifest), "--from-list", str(listing)]
-    row = Row("monarch index --from-list LIST", pfs, watch)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    r = row.done()
-    if proc.returncode != 0:
-        raise SystemExit(f"{NAME}: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-    print(f"monarch index --from-list: {line}", flush=True)
+    print(f"{name}: {line}", flush=True)
     size = manifest.stat().st_size
     return r | {"stdout": line, "index_bytes": size, "index_per_file": size / args.files}
 
@@ -467,7 +459,7 @@ def main(argv=None) -> int:
                 r = rows[-1]
                 print(f"  {name}: {r['wall']:.2f} s, snapshot {r['snapshot']}, ready {cell(r['ready'])} s, "
                       f"passes {r['pass1']:.3f} s, {r['pass2']:.3f} s", flush=True)
-            rows.append(run_index_from_list(mnt, work / "files.list", work / "list.index", args, pfs, watch, env))
+            rows.append(run_index(mnt, work / "list.index", args, pfs, watch, env, listing=work / "files.list"))
             rows.append(run_job("list manifest job", from_list, mnt, reader, work, args, pfs, watch, job_env))
             r = rows[-1]
             print(f"  list manifest job: {r['wall']:.2f} s, snapshot {r['snapshot']}, ready {cell(r['ready'])} s, "

@@ -16,7 +16,7 @@ import pytest
 
 from monarch.node.snapshot import walker
 from monarch.tools.slowpfs_generated import Generated
-from support.harness import monarch, monarch_env, write_config
+from support.harness import beside_direct, monarch, monarch_env, with_manifest, write_config
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 
@@ -92,15 +92,6 @@ def test_the_first_jobs_namespace_costs_the_pfs_what_find_costs_and_serves_the_p
     assert node["staging"]["files"] == SAMPLE, node["staging"]  # each staged on its miss: served from the node
 
 
-def _with_manifest(cfg: str, root: str, manifest: str) -> str:
-    with open(cfg) as f:
-        text = f.read()
-    with open(cfg, "w") as f:
-        f.write(text.replace(f"dataset: {{roots: [{json.dumps(root)}]}}",
-                             f"dataset: {{roots: [{json.dumps(root)}], manifest: {json.dumps(manifest)}}}", 1))
-    return cfg
-
-
 @pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
 def test_a_job_given_a_listed_manifest_reads_before_any_check_and_checks_after(slow_pfs, short_tmp):
     """`monarch index` lists as find does; a job given its manifest asks the PFS nothing before it
@@ -117,7 +108,7 @@ def test_a_job_given_a_listed_manifest_reads_before_any_check_and_checks_after(s
     assert _meta(pfs.counters()) <= 5 * (tree.directories + 1)  # listed, not stat'ed: a few calls a directory
     sample = random.Random(4).sample(range(tree.files), SAMPLE)
     paths = [os.path.join(root, tree.path(i)) for i in sample]
-    cfg = _with_manifest(write_config(short_tmp, root), root, manifest)
+    cfg = with_manifest(write_config(short_tmp, root), root, manifest)
     report = os.path.join(short_tmp, "report.json")
     before = pfs.raw_counters()
     ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", READER,
@@ -172,12 +163,10 @@ out["d1"] = sorted(os.listdir(os.path.join(root, "d1")))
 out["d0"] = sorted(os.listdir(os.path.join(root, "d0")))
 print(json.dumps(out))
 """
-    cfg = _with_manifest(write_config(short_tmp, root), root, manifest)
+    cfg = with_manifest(write_config(short_tmp, root), root, manifest)
     report = os.path.join(short_tmp, "report.json")
-    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", script, root)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    direct = subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True, check=True)
-    assert json.loads(ran.stdout.strip().splitlines()[-1]) == json.loads(direct.stdout)
+    under, direct = beside_direct(cfg, report, script, root)
+    assert under == direct
     with open(report) as f:
         how = json.load(f)["nodes"][0]["snapshot"]
     assert how.startswith("manifest: a directory changed since it was made"), how

@@ -9,13 +9,12 @@ import hashlib
 import json
 import os
 import random
-import subprocess
 import sys
 
 import pytest
 
 from monarch.tools.slowpfs_generated import Generated
-from support.harness import monarch, monarch_env, write_config
+from support.harness import beside_direct, monarch, monarch_env, with_manifest, write_config
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 
@@ -36,15 +35,6 @@ for p in paths:
     seen[p] = [st.st_size, st.st_mode, st.st_mtime_ns, hashlib.sha256(data).hexdigest()]
 print(json.dumps({"at_first_stat": at_first_stat, "seen": seen}))
 """
-
-
-def _with_manifest(cfg: str, root: str, manifest: str) -> str:
-    with open(cfg) as f:
-        text = f.read()
-    with open(cfg, "w") as f:
-        f.write(text.replace(f"dataset: {{roots: [{json.dumps(root)}]}}",
-                             f"dataset: {{roots: [{json.dumps(root)}], manifest: {json.dumps(manifest)}}}", 1))
-    return cfg
 
 
 def _meta(c: dict) -> int:
@@ -73,7 +63,7 @@ def test_a_list_of_a_split_makes_a_manifest_with_no_call_per_file_and_its_job_re
     rng = random.Random(7)
     chosen = rng.sample(split, SAMPLE) + rng.sample([i for i in range(tree.files) if i % 2], 5)  # 5 not listed
     paths = [os.path.join(root, tree.path(i)) for i in chosen]
-    cfg = _with_manifest(write_config(short_tmp, root), root, manifest)
+    cfg = with_manifest(write_config(short_tmp, root), root, manifest)
     report = os.path.join(short_tmp, "report.json")
     before = pfs.raw_counters()
     ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", READER,
@@ -130,12 +120,10 @@ for d in ("d0", "d1", "d2"):
     out[d] = sorted(os.listdir(os.path.join(root, d)))
 print(json.dumps(out))
 """
-    cfg = _with_manifest(write_config(short_tmp, root), root, manifest)
+    cfg = with_manifest(write_config(short_tmp, root), root, manifest)
     report = os.path.join(short_tmp, "report.json")
-    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", script, root)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    direct = subprocess.run([sys.executable, "-c", script, root], capture_output=True, text=True, check=True)
-    assert json.loads(ran.stdout.strip().splitlines()[-1]) == json.loads(direct.stdout)
+    under, direct = beside_direct(cfg, report, script, root)
+    assert under == direct
     with open(report) as f:
         how = json.load(f)["nodes"][0]["snapshot"]
     assert how.startswith("manifest: a directory changed since it was made"), how

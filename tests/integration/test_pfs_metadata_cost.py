@@ -237,19 +237,14 @@ def test_a_job_given_a_manifest_asks_the_pfs_once_a_directory_not_once_a_file(sl
     directory where a walk costs two a file. Every byte a job reads is still the PFS's; a directory
     changed since the manifest was made is walked, and the report says why."""
     import json
-    from support.harness import monarch, write_config
+    from support.harness import monarch, with_manifest, write_config
     pfs = slow_pfs(tree.parent, open_latency_ms=0)
     root = os.path.join(pfs.mountpoint, "data")
     files, dirs = CLASSES * PER_CLASS, CLASSES + 1
     manifest = os.path.join(short_tmp, "data.index")
     made = monarch("index", root, "-o", manifest)
     assert made.returncode == 0 and f"{files} files, {dirs} directories" in made.stdout, made.stdout + made.stderr
-    cfg = write_config(short_tmp, root)
-    with open(cfg) as f:
-        text = f.read()
-    with open(cfg, "w") as f:
-        f.write(text.replace(f"dataset: {{roots: [{json.dumps(root)}]}}",
-                             f"dataset: {{roots: [{json.dumps(root)}], manifest: {json.dumps(manifest)}}}", 1))
+    cfg = with_manifest(write_config(short_tmp, root), root, manifest)
     one = os.path.join(root, "class0", "000.bin")
     stat_one = ["python3", "-c", f"import os; os.stat({one!r})"]
 

@@ -2,12 +2,11 @@
 from a list of the files: its files are described at their owner's first need, every node reads
 every byte right, and the cluster reads the PFS about once (the emulated PFS's own count)."""
 
-import json
 import os
 
 import pytest
 
-from support.harness import load, monarch, write_config
+from support.harness import load, monarch, with_manifest, write_config
 from test_cluster_e2e import DaemonCluster, finish
 
 pytestmark = pytest.mark.mpi
@@ -30,12 +29,7 @@ def test_every_node_of_a_cluster_given_a_manifest_reads_everything_once_from_the
         extra = ["--from-list", listing]
     made = monarch("index", mounted.root, "-o", manifest, *extra)
     assert made.returncode == 0, made.stdout + made.stderr
-    cfg = write_config(short_tmp, mounted.root)
-    with open(cfg) as f:
-        text = f.read()
-    with open(cfg, "w") as f:
-        f.write(text.replace(f"dataset: {{roots: [{json.dumps(mounted.root)}]}}",
-                             f"dataset: {{roots: [{json.dumps(mounted.root)}], manifest: {json.dumps(manifest)}}}", 1))
+    cfg = with_manifest(write_config(short_tmp, mounted.root), mounted.root, manifest)
     pfs.reset_counters()
     cluster = DaemonCluster(NODES, cfg, short_tmp)
     try:

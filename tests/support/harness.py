@@ -38,6 +38,16 @@ peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}
 TEST_NODES = 4  # the most nodes a test's configuration serves (its bases are made for each)
 
 
+def with_manifest(cfg: str, root: str, manifest: str) -> str:
+    """``cfg`` (write_config's, of the one root ``root``) given ``manifest`` as its dataset.manifest."""
+    with open(cfg) as f:
+        text = f.read()
+    with open(cfg, "w") as f:
+        f.write(text.replace(f"dataset: {{roots: [{json.dumps(root)}]}}",
+                             f"dataset: {{roots: [{json.dumps(root)}], manifest: {json.dumps(manifest)}}}", 1))
+    return cfg
+
+
 def make_bases(config_file, nodes: int = 1) -> None:
     """Make the base directories a configuration names, as its user would (Monarch makes
     only its own monarch-<uid> inside an existing base), for nodes 0..nodes-1."""
@@ -105,6 +115,15 @@ def monarch(*args, env=None, timeout=180, **kw):
     """Run ``python -m monarch ARGS`` from this checkout."""
     return subprocess.run([sys.executable, "-m", "monarch", *args], env=env or monarch_env(),
                           capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def beside_direct(cfg: str, report: str, script: str, *args) -> tuple:
+    """The Python ``script`` run under ``monarch run -c cfg`` and directly: what each printed last,
+    as JSON (a run that fails fails the test)."""
+    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", script, *args)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    direct = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True)
+    return json.loads(ran.stdout.strip().splitlines()[-1]), json.loads(direct.stdout.strip().splitlines()[-1])
 
 
 def start_group(cmd, env=None, cwd=None):

@@ -15,6 +15,7 @@ a line is the plan's until the file is described (the dataset's bytes, a compres
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat
@@ -135,24 +136,19 @@ def _index(items: list[tuple[bytes, int, int]], dir_stats: list[tuple[bytes, os.
     buckets = memoryview(data)[buckets_off:entries_off].cast("I")
     mask, pack, crc32, step = nbuckets - 1, protocol.INDEX_ENTRY.pack_into, zlib.crc32, protocol.INDEX_ENTRY.size
     undescribed, regular = protocol.INDEX_FLAG_UNDESCRIBED, stat.S_IFREG
+    files = ((raw, (size if size > 0 else 0, 0, 0, 0, 0, dev, regular, 0, 0, 0, undescribed, 0, 0, 0, 0, 0))
+             for raw, size, dev in items)
+    directories = ((raw, (st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, st.st_mode,
+                          st.st_uid, st.st_gid, st.st_nlink, 0, 0, st.st_blocks, st.st_blksize, 0, 0))
+                   for raw, st in dir_stats)
     at, key_at = entries_off, 0
-    for n, (raw, size, dev) in enumerate(items):  # 10 million in Python: the loop kept lean
+    for n, (raw, fields) in enumerate(itertools.chain(files, directories)):  # 10 million in Python: kept lean
         h = crc32(raw)
         b = h & mask
         while buckets[b]:
             b = (b + 1) & mask
         buckets[b] = n + 1
-        pack(data, at, h, len(raw), key_at, size if size > 0 else 0, 0, 0, 0, 0, dev, regular, 0, 0, 0, undescribed,
-             0, 0, 0, 0, 0)
-        at, key_at = at + step, key_at + len(raw)
-    for n, (raw, st) in enumerate(dir_stats, len(items)):
-        h = crc32(raw)
-        b = h & mask
-        while buckets[b]:
-            b = (b + 1) & mask
-        buckets[b] = n + 1
-        pack(data, at, h, len(raw), key_at, st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino,
-             st.st_dev, st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0, st.st_blocks, st.st_blksize, 0, 0)
+        pack(data, at, h, len(raw), key_at, *fields)
         at, key_at = at + step, key_at + len(raw)
     buckets.release()
     return data
