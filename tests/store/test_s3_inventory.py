@@ -3,21 +3,16 @@
 each), reads every reported object's bytes, and sees the bucket as the report dates it: an
 object written after the report is not there, one deleted since is refused, never served."""
 
-import csv
-import gzip
 import hashlib
-import io
 import json
 import os
 import sys
 
 from support.harness import load, monarch
 from support.redisstore import store_config
-from support.s3server import boto3_client, gets_by_key
+from support.s3server import INVENTORY_BUCKET, boto3_client, gets_by_key, write_inventory
 from test_s3 import BUCKET, loaded, s3, s3_env  # noqa: F401 (s3: the module's server)
 
-INVENTORY_BUCKET = "monarch-inventory"
-SCHEMA = "Bucket, Key, Size, LastModifiedDate, ETag, IsLatest, IsDeleteMarker"
 
 READ = r"""
 import hashlib, json, os, sys
@@ -35,40 +30,6 @@ print(json.dumps(seen))
 """
 
 
-def write_inventory(server, prefix: str, leave_out: str) -> str:
-    """The bucket's current objects under ``prefix`` as an inventory report (two CSV.gz files,
-    keys URL-encoded as S3 writes them, a row of another bucket and a delete marker), without
-    ``leave_out`` (written after the report); the s3:// URL of its manifest.json."""
-    c = boto3_client(server.endpoint)
-    try:
-        c.create_bucket(Bucket=INVENTORY_BUCKET)
-    except Exception as e:
-        if "BucketAlready" not in str(e):
-            raise
-    rows = []
-    for page in c.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
-        for o in page.get("Contents", ()):
-            if o["Key"] != prefix + leave_out:
-                rows.append([BUCKET, o["Key"].replace("%", "%25").replace("+", "%2B").replace(" ", "+"), str(o["Size"]),
-                             o["LastModified"].strftime("%Y-%m-%dT%H:%M:%S.000Z"), o["ETag"].strip('"'), "true",
-                             "false"])
-    rows.append(["another-bucket", prefix + "class_0/theirs.bin", "5", "2026-11-26T00:00:00.000Z", "x", "true", "false"])
-    rows.append([BUCKET, prefix + "deleted.bin", "0", "2026-11-26T00:00:00.000Z", "", "true", "true"])
-    files = []
-    for n, half in enumerate((rows[::2], rows[1::2])):
-        out = io.StringIO()
-        csv.writer(out, quoting=csv.QUOTE_ALL).writerows(half)
-        body = gzip.compress(out.getvalue().encode())
-        key = f"{BUCKET}/daily/data/part-{n}.csv.gz"
-        c.put_object(Bucket=INVENTORY_BUCKET, Key=key, Body=body)
-        files.append({"key": key, "size": len(body), "MD5checksum": hashlib.md5(body).hexdigest()})
-    manifest = {"sourceBucket": BUCKET, "destinationBucket": f"arn:aws:s3:::{INVENTORY_BUCKET}", "version": "2016-11-30",
-                "creationTimestamp": "1795737600000", "fileFormat": "CSV", "fileSchema": SCHEMA, "files": files}
-    key = f"{BUCKET}/daily/2026-11-26T00-00Z/manifest.json"
-    c.put_object(Bucket=INVENTORY_BUCKET, Key=key, Body=json.dumps(manifest).encode())
-    return f"s3://{INVENTORY_BUCKET}/{key}"
-
-
 def test_a_bucket_read_from_its_inventory_lists_nothing_and_serves_what_the_report_holds(s3, short_tmp):  # noqa: F811
     src, data, url = loaded(s3, short_tmp, "inv/", files=30)
     odd = "class_0/a b+c%d.bin"  # a key S3's report writes URL-encoded
@@ -78,7 +39,7 @@ def test_a_bucket_read_from_its_inventory_lists_nothing_and_serves_what_the_repo
     c = boto3_client(s3.endpoint)
     for rel in (odd, late):
         c.put_object(Bucket=BUCKET, Key="inv/" + rel, Body=data[rel])
-    inventory = write_inventory(s3, "inv/", leave_out=late)
+    inventory = write_inventory(s3.endpoint, BUCKET, "inv/", leave_out=late)
     gone = "class_2/sample_005.bin"
     c.delete_object(Bucket=BUCKET, Key="inv/" + gone)  # after the report: refused at its GET
     mnt = os.path.join(short_tmp, "mnt", "data")

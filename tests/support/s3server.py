@@ -377,3 +377,47 @@ def naive_get(path: str):
 if __name__ == "__main__":
     serve_proxy(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4],
                 (sys.argv[5], sys.argv[6]) if len(sys.argv) > 6 else None)
+
+
+# -- an S3 Inventory report of a bucket, written as S3 writes one (CSV.gz, keys URL-encoded) ----------
+INVENTORY_BUCKET = "monarch-inventory"
+INVENTORY_SCHEMA = "Bucket, Key, Size, LastModifiedDate, ETag, IsLatest, IsDeleteMarker"
+
+
+def write_inventory(endpoint: str, bucket: str, prefix: str, leave_out: str = "") -> str:
+    """``bucket``'s current objects under ``prefix`` as an inventory report in INVENTORY_BUCKET
+    (two CSV.gz files, a row of another bucket and a delete marker among them), without the key
+    ``prefix + leave_out`` (an object written after the report); the s3:// URL of its manifest.json."""
+    import csv
+    import gzip
+    import hashlib
+    import io
+    c = boto3_client(endpoint)
+    try:
+        c.create_bucket(Bucket=INVENTORY_BUCKET)
+    except Exception as e:
+        if "BucketAlready" not in str(e):
+            raise
+    rows = []
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", ()):
+            if not leave_out or o["Key"] != prefix + leave_out:
+                rows.append([bucket, o["Key"].replace("%", "%25").replace("+", "%2B").replace(" ", "+"), str(o["Size"]),
+                             o["LastModified"].strftime("%Y-%m-%dT%H:%M:%S.000Z"), o["ETag"].strip('"'), "true",
+                             "false"])
+    rows.append(["another-bucket", prefix + "theirs.bin", "5", "2026-11-26T00:00:00.000Z", "x", "true", "false"])
+    rows.append([bucket, prefix + "deleted.bin", "0", "2026-11-26T00:00:00.000Z", "", "true", "true"])
+    files = []
+    for n, half in enumerate((rows[::2], rows[1::2])):
+        out = io.StringIO()
+        csv.writer(out, quoting=csv.QUOTE_ALL).writerows(half)
+        body = gzip.compress(out.getvalue().encode())
+        key = f"{bucket}/{prefix}daily/data/part-{n}.csv.gz"
+        c.put_object(Bucket=INVENTORY_BUCKET, Key=key, Body=body)
+        files.append({"key": key, "size": len(body), "MD5checksum": hashlib.md5(body).hexdigest()})
+    manifest = {"sourceBucket": bucket, "destinationBucket": f"arn:aws:s3:::{INVENTORY_BUCKET}",
+                "version": "2016-11-30", "creationTimestamp": "1795737600000", "fileFormat": "CSV",
+                "fileSchema": INVENTORY_SCHEMA, "files": files}
+    key = f"{bucket}/{prefix}daily/2026-11-26T00-00Z/manifest.json"
+    c.put_object(Bucket=INVENTORY_BUCKET, Key=key, Body=json.dumps(manifest).encode())
+    return f"s3://{INVENTORY_BUCKET}/{key}"
