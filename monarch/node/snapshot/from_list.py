@@ -31,10 +31,11 @@ _ENCODING, _ERRORS = "utf-8", "surrogateescape"
 _BAD = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")  # an empty part, "." or "..": no path below a root
 
 
-def read_list(path: str, roots: tuple[str, ...]) -> list[dict[str, int]]:
-    """Per root, its listed files: relative path -> size (-1: none given). Raises ConfigError
-    naming the line of the first path that is not one (``..``, empty parts, outside every root)
-    or whose size is not a number."""
+def read_list(path: str, roots: tuple[str, ...], spelled: tuple[str, ...] = ()) -> list[dict[str, int]]:
+    """Per root, its listed files: relative path -> size (-1: none given); an absolute path may
+    name its root as ``roots`` do (resolved) or as ``spelled`` (as the user gave them). Raises
+    ConfigError naming the line of the first path that is not one (``..``, empty parts, outside
+    every root) or whose size is not a number."""
     listed: list[dict[str, int]] = [{} for _ in roots]
     prefixes = [root.rstrip("/") + "/" for root in roots]
     try:
@@ -56,17 +57,17 @@ def read_list(path: str, roots: tuple[str, ...]) -> list[dict[str, int]]:
         if one is not None and name and name[0] not in " ./" and not _BAD.search(name):
             one[name] = size  # the common line, at once
         elif name.strip():
-            k, rel = _place(name, prefixes, f"{path}:{number}")
+            k, rel = _place(name, prefixes, f"{path}:{number}", spelled)
             listed[k][rel] = size
     if not any(listed):
         raise ConfigError(f"monarch index: --from-list {path} names no file; give a list of the dataset's files")
     return listed
 
 
-def _place(name: str, prefixes: list[str], where: str) -> tuple[int, str]:
+def _place(name: str, prefixes: list[str], where: str, spelled: tuple[str, ...] = ()) -> tuple[int, str]:
     """The root (its number) and the path relative to it of a listed ``name``."""
     if name.startswith("/"):
-        for k, prefix in enumerate(prefixes):
+        for k, prefix in [*enumerate(prefixes), *((k, s.rstrip("/") + "/") for k, s in enumerate(spelled))]:
             if name.startswith(prefix):
                 return k, _relative(name[len(prefix):], name, where)
         raise ConfigError(f"{where}: {name} is under none of the roots ({', '.join(p[:-1] for p in prefixes)}); "
@@ -193,4 +194,3 @@ def sample_missing(roots: tuple[str, ...], listed: list[dict[str, int]], sample:
             missing += 1
             first = first or os.path.join(roots[k], rel)
     return len(picked), missing, first
-

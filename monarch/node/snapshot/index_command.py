@@ -31,7 +31,7 @@ def run(roots: list[str], out: str, sizes: bool = False, list_path: str | None =
     t0 = time.monotonic()
     try:
         if list_path:
-            return _from_list(real, list_path, out, t0)
+            return _from_list(real, tuple(roots), list_path, out, t0)
         snap = write_manifest(real, out, describe=sizes)
     except OSError as e:
         raise MonarchError(f"monarch index: cannot write {out}: {e.strerror or e}") from None
@@ -41,10 +41,11 @@ def run(roots: list[str], out: str, sizes: bool = False, list_path: str | None =
     return 0
 
 
-def _from_list(roots: tuple[str, ...], list_path: str, out: str, t0: float) -> int:
-    """The manifest from the user's list: one stat a directory, none a file; a few files looked
-    up first, so that a list of another root, or not of paths, is said rather than written."""
-    listed = from_list.read_list(list_path, roots)
+def _from_list(roots: tuple[str, ...], spelled: tuple[str, ...], list_path: str, out: str, t0: float) -> int:
+    """The manifest from the user's list (its absolute paths under ``roots``, resolved, or as
+    ``spelled``): one stat a directory, none a file; a few files looked up first, so that a list
+    of another root, or not of paths, is said rather than written."""
+    listed = from_list.read_list(list_path, roots, spelled)
     looked, missing, first = from_list.sample_missing(roots, listed)
     if missing == looked:
         raise ConfigError(f"monarch index: none of {looked} files sampled from {list_path} is a file under its root "

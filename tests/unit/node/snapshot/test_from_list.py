@@ -40,6 +40,14 @@ def test_a_bad_line_is_said_with_its_number_and_the_fix(tmp_path, text, said):
     assert said in str(e.value), str(e.value)
 
 
+def test_an_absolute_path_may_spell_its_root_as_given_or_resolved(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    real, link = str(tmp_path / "real"), str(tmp_path / "link")
+    text = f"{link}/a/x\n{real}/b/y\n"
+    assert from_list.read_list(_list(tmp_path, text), (real,), (link,)) == [{"a/x": -1, "b/y": -1}]
+
+
 def test_several_roots_want_absolute_paths(tmp_path):
     roots = (str(tmp_path / "r0"), str(tmp_path / "r1"))
     assert from_list.read_list(_list(tmp_path, f"{roots[1]}/a\n{roots[0]}/b/c\n"), roots) == [{"b/c": -1}, {"a": -1}]
