@@ -1,7 +1,7 @@
 """A bucket's namespace from its S3 Inventory report instead of a listing
-(``s3://BUCKET/PREFIX?inventory=LOCATION``): a bucket of tens of millions of objects takes
-minutes to list a thousand keys a request; its daily inventory holds the same keys, sizes and
-ETags in a few compressed files, read in seconds.
+(``s3://BUCKET/PREFIX?inventory=LOCATION``): a listing is a request per thousand keys (10,000
+round trips for 10 million objects); the daily inventory holds the same keys, sizes and ETags in
+a few compressed files.
 
 ``LOCATION`` is the report's ``manifest.json``: ``s3://DEST/KEY`` (read with the dataset's own
 endpoint and credentials) or a local copy, whose data files are looked for beside it (by their
