@@ -111,6 +111,9 @@ def _decoded_cache(r: Any, value: Any, where: str) -> int:
     return r.size(value, where)
 
 
+_INDEX_MAGIC = b"MNCHINDX"  # an index's first bytes (protocol.INDEX_MAGIC, little-endian)
+
+
 def _manifest(r: Any, value: Any, where: str) -> str:
     """A file ``monarch index`` wrote ("" for none): it must be there and readable now."""
     text = r.string(value, where) if value not in (None, "") else ""
@@ -120,6 +123,10 @@ def _manifest(r: Any, value: Any, where: str) -> str:
     if not os.path.isfile(path) or not os.access(path, os.R_OK):
         raise r.fail(where, f"{path} is not a readable file; make it with `monarch index ROOT... -o {path}`, "
                             f"or leave dataset.manifest empty (the job walks the dataset)")
+    with open(path, "rb") as f:
+        if f.read(len(_INDEX_MAGIC)) != _INDEX_MAGIC:  # a list of paths given as it is, say
+            raise r.fail(where, f"{path} is no manifest `monarch index` wrote; a list of the files becomes one "
+                                f"with `monarch index ROOT -o FILE --from-list {path}`")
     return path
 
 

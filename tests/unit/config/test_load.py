@@ -119,6 +119,16 @@ def test_bad_configs_say_where_what_and_how(tmp_path, env, ds, text, message):
     assert message in str(e.value)
 
 
+def test_a_list_given_as_the_manifest_says_how_to_make_one(tmp_path, env, ds):
+    listing = tmp_path / "train.txt"
+    listing.write_text("a/x.jpg\t12\n")
+    path = write(tmp_path, f"dataset: {{roots: [{ds}], manifest: {listing}}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, env=env)
+    assert f"is no manifest `monarch index` wrote; a list of the files becomes one with `monarch index ROOT -o FILE " \
+           f"--from-list {listing}`" in str(e.value)
+
+
 def test_missing_file_is_a_clear_error(tmp_path, env):
     with pytest.raises(ConfigError, match="cannot read it"):
         load_config(str(tmp_path / "nope.yaml"), env=env)
