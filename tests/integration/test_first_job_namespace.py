@@ -16,7 +16,7 @@ import pytest
 
 from monarch.node.snapshot import walker
 from monarch.tools.slowpfs_generated import Generated
-from support.harness import beside_direct, monarch, monarch_env, with_manifest, write_config
+from support.harness import monarch, monarch_env, seen_as_directly, with_manifest, write_config
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 
@@ -107,17 +107,23 @@ def test_a_job_given_a_listed_manifest_reads_before_any_check_and_checks_after(s
     assert made.returncode == 0 and f"{tree.files} files" in made.stdout, made.stdout + made.stderr
     assert _meta(pfs.counters()) <= 5 * (tree.directories + 1)  # listed, not stat'ed: a few calls a directory
     sample = random.Random(4).sample(range(tree.files), SAMPLE)
+    node = job_with_manifest(pfs, tree, manifest, sample, short_tmp)
+    assert node["snapshot"] == "manifest", node["snapshot"]  # checked after the start: unchanged
+
+
+def job_with_manifest(pfs, tree: Generated, manifest: str, sample: list[int], base: str) -> dict:
+    """READER under a job given ``manifest`` (of the mount's whole ``tree``), its sample files
+    ``sample``: it is served after fewer calls than the tree has directories, and every stat and
+    byte it saw is the PFS's own; the node's report."""
+    root = str(pfs.mountpoint)
     paths = [os.path.join(root, tree.path(i)) for i in sample]
-    cfg = with_manifest(write_config(short_tmp, root), root, manifest)
-    report = os.path.join(short_tmp, "report.json")
+    cfg = with_manifest(write_config(base, root), root, manifest)
+    report = os.path.join(base, "report.json")
     before = pfs.raw_counters()
     ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", READER,
                   pfs.counters_path, "0.03", *paths, env=monarch_env(MONARCH_SHIM_INDEX_WAIT_MS=120000))
     assert ran.returncode == 0, ran.stdout + ran.stderr
     out = json.loads(ran.stdout.strip().splitlines()[-1])
-    with open(report) as f:
-        node = json.load(f)["nodes"][0]
-    assert node["snapshot"] == "manifest", node["snapshot"]  # checked after the start: unchanged
     first = _meta({k: out["at_first_stat"][k] - before[k] for k in ("lookups", "readdirs", "opendirs", "accesses",
                                                                      "statfs")})
     # the manifest's own reading, the stat itself, some of the check's calls meanwhile (2 at once, at 20 ms
@@ -128,6 +134,18 @@ def test_a_job_given_a_listed_manifest_reads_before_any_check_and_checks_after(s
         assert out["seen"][p]["stat"] == out["seen"][p]["fstat"] == [st.st_size, st.st_mode, st.st_mtime_ns, st.st_nlink,
                                                                     st.st_uid, st.st_gid]
         assert out["seen"][p]["sha"] == hashlib.sha256(tree.data(i)).hexdigest(), p
+    with open(report) as f:
+        return json.load(f)["nodes"][0]
+
+
+def small_tree(root: str, files: int) -> str:
+    """``root`` with d0..d2, each of ``files`` files d{d}/f{i}.bin of 2 x (100 + i) bytes."""
+    for d in range(3):
+        os.makedirs(os.path.join(root, f"d{d}"))
+        for i in range(files):
+            with open(os.path.join(root, f"d{d}", f"f{i}.bin"), "wb") as f:
+                f.write(bytes([d, i]) * (100 + i))
+    return root
 
 
 @pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
@@ -135,12 +153,7 @@ def test_a_manifest_made_before_the_dataset_changed_serves_the_datasets_files_as
     """Names added, removed and rewritten in place after `monarch index`: the job, served before
     its manifest is checked, sees each as a direct reader does (the manifest's files are described
     at their open; its metadata stays the PFS's once the check finds a directory changed)."""
-    root = os.path.join(short_tmp, "data")
-    for d in range(3):
-        os.makedirs(os.path.join(root, f"d{d}"))
-        for i in range(20):
-            with open(os.path.join(root, f"d{d}", f"f{i}.bin"), "wb") as f:
-                f.write(bytes([d, i]) * (100 + i))
+    root = small_tree(os.path.join(short_tmp, "data"), 20)
     manifest = os.path.join(short_tmp, "data.index")
     assert monarch("index", root, "-o", manifest).returncode == 0
     os.unlink(os.path.join(root, "d0", "f3.bin"))
@@ -148,27 +161,9 @@ def test_a_manifest_made_before_the_dataset_changed_serves_the_datasets_files_as
         f.write(b"new" * 50)
     with open(os.path.join(root, "d2", "f5.bin"), "r+b") as f:  # in place: no directory's mtime moves
         f.write(b"rewritten, longer than it was" * 20)
-    script = r"""
-import hashlib, json, os, sys
-root = sys.argv[1]
-out = {}
-for rel in ("d0/f3.bin", "d1/new.bin", "d2/f5.bin", "d2/f6.bin"):
-    p = os.path.join(root, rel)
-    try:
-        with open(p, "rb") as f:
-            out[rel] = [os.stat(p).st_size, hashlib.sha256(f.read()).hexdigest()]
-    except FileNotFoundError:
-        out[rel] = "ENOENT"
-out["d1"] = sorted(os.listdir(os.path.join(root, "d1")))
-out["d0"] = sorted(os.listdir(os.path.join(root, "d0")))
-print(json.dumps(out))
-"""
     cfg = with_manifest(write_config(short_tmp, root), root, manifest)
-    report = os.path.join(short_tmp, "report.json")
-    under, direct = beside_direct(cfg, report, script, root)
-    assert under == direct
-    with open(report) as f:
-        how = json.load(f)["nodes"][0]["snapshot"]
+    report = seen_as_directly(cfg, root, ["d0/f3.bin", "d1/new.bin", "d2/f5.bin", "d2/f6.bin"], ["d1", "d0"])
+    how = report["nodes"][0]["snapshot"]
     assert how.startswith("manifest: a directory changed since it was made"), how
 
 

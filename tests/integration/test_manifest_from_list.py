@@ -5,40 +5,18 @@ directories' listings (the list need not be a directory's whole listing)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import random
-import sys
 
 import pytest
 
 from monarch.tools.slowpfs_generated import Generated
-from support.harness import beside_direct, monarch, monarch_env, with_manifest, write_config
+from support.harness import monarch, seen_as_directly, with_manifest, write_config
+from test_first_job_namespace import _meta, job_with_manifest, small_tree
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 
 SAMPLE = 30
-
-READER = r"""
-import hashlib, json, os, sys, time
-counters, paths = sys.argv[1], sys.argv[2:]
-os.stat(paths[0])
-time.sleep(0.03)  # the emulator writes its counters file every 10 ms
-with open(counters) as f:
-    at_first_stat = json.load(f)
-seen = {}
-for p in paths:
-    st = os.stat(p)
-    with open(p, "rb") as f:
-        data = f.read()
-    seen[p] = [st.st_size, st.st_mode, st.st_mtime_ns, hashlib.sha256(data).hexdigest()]
-print(json.dumps({"at_first_stat": at_first_stat, "seen": seen}))
-"""
-
-
-def _meta(c: dict) -> int:
-    return sum(c[k] for k in ("lookups", "readdirs", "opendirs", "accesses", "statfs"))
 
 
 def test_a_list_of_a_split_makes_a_manifest_with_no_call_per_file_and_its_job_reads_the_pfss_bytes(slow_pfs, short_tmp):
@@ -62,21 +40,7 @@ def test_a_list_of_a_split_makes_a_manifest_with_no_call_per_file_and_its_job_re
 
     rng = random.Random(7)
     chosen = rng.sample(split, SAMPLE) + rng.sample([i for i in range(tree.files) if i % 2], 5)  # 5 not listed
-    paths = [os.path.join(root, tree.path(i)) for i in chosen]
-    cfg = with_manifest(write_config(short_tmp, root), root, manifest)
-    report = os.path.join(short_tmp, "report.json")
-    before = pfs.raw_counters()
-    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", READER,
-                  pfs.counters_path, *paths, env=monarch_env(MONARCH_SHIM_INDEX_WAIT_MS=120000))
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    out = json.loads(ran.stdout.strip().splitlines()[-1])
-    first = _meta({k: out["at_first_stat"][k] - before[k] for k in ("lookups", "readdirs", "opendirs", "accesses", "statfs")})
-    assert first < tree.directories, first  # the manifest read, no walk and no check before the job
-    for i, p in zip(chosen, paths):
-        st = os.stat(p)
-        assert out["seen"][p] == [st.st_size, st.st_mode, st.st_mtime_ns, hashlib.sha256(tree.data(i)).hexdigest()], p
-    with open(report) as f:
-        node = json.load(f)["nodes"][0]
+    node = job_with_manifest(pfs, tree, manifest, chosen, short_tmp)
     assert node["snapshot"] == "manifest", node["snapshot"]  # its directories checked after the start: unchanged
     assert node["dataset"]["files"] == len(split)
     assert node["dataset"]["bytes"] == sum(len(tree.data(i)) for i in split)  # the list's sizes, before any stat
@@ -86,12 +50,7 @@ def test_a_list_of_a_split_makes_a_manifest_with_no_call_per_file_and_its_job_re
 def test_a_job_sees_the_dataset_as_it_is_now_whatever_its_list_says(short_tmp):
     """A list made before the dataset changed, with a wrong size, a name that never existed, and a
     directory removed since: the job reads, stats and lists what a direct reader does."""
-    root = os.path.join(short_tmp, "data")
-    for d in range(3):
-        os.makedirs(os.path.join(root, f"d{d}"))
-        for i in range(10):
-            with open(os.path.join(root, f"d{d}", f"f{i}.bin"), "wb") as f:
-                f.write(bytes([d, i]) * (100 + i))
+    root = small_tree(os.path.join(short_tmp, "data"), 10)
     listing = os.path.join(short_tmp, "data.list")
     with open(listing, "w") as f:
         f.write("".join(f"./d{d}/f{i}.bin\t{2 * (100 + i)}\n" for d in range(3) for i in range(8)))  # f8, f9 left out
@@ -105,27 +64,10 @@ def test_a_job_sees_the_dataset_as_it_is_now_whatever_its_list_says(short_tmp):
         f.write(b"rewritten, longer than it was" * 20)
     with open(os.path.join(root, "d1", "new.bin"), "wb") as f:
         f.write(b"new" * 50)
-    script = r"""
-import hashlib, json, os, sys
-root = sys.argv[1]
-out = {}
-for rel in ("d0/f3.bin", "d0/never.bin", "d9/gone.bin", "d1/f2.bin", "d1/f9.bin", "d1/new.bin", "d2/f4.bin"):
-    p = os.path.join(root, rel)
-    try:
-        with open(p, "rb") as f:
-            out[rel] = [os.stat(p).st_size, hashlib.sha256(f.read()).hexdigest()]
-    except FileNotFoundError:
-        out[rel] = "ENOENT"
-for d in ("d0", "d1", "d2"):
-    out[d] = sorted(os.listdir(os.path.join(root, d)))
-print(json.dumps(out))
-"""
     cfg = with_manifest(write_config(short_tmp, root), root, manifest)
-    report = os.path.join(short_tmp, "report.json")
-    under, direct = beside_direct(cfg, report, script, root)
-    assert under == direct
-    with open(report) as f:
-        how = json.load(f)["nodes"][0]["snapshot"]
+    report = seen_as_directly(cfg, root, ["d0/f3.bin", "d0/never.bin", "d9/gone.bin", "d1/f2.bin", "d1/f9.bin",
+                                          "d1/new.bin", "d2/f4.bin"], ["d0", "d1", "d2"])
+    how = report["nodes"][0]["snapshot"]
     assert how.startswith("manifest: a directory changed since it was made"), how
 
 

@@ -117,13 +117,35 @@ def monarch(*args, env=None, timeout=180, **kw):
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def beside_direct(cfg: str, report: str, script: str, *args) -> tuple:
-    """The Python ``script`` run under ``monarch run -c cfg`` and directly: what each printed last,
-    as JSON (a run that fails fails the test)."""
-    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", script, *args)
+SEEN = r"""
+import hashlib, json, os, sys
+root, files, dirs = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
+out = {}
+for rel in files:
+    p = os.path.join(root, rel)
+    try:
+        with open(p, "rb") as f:
+            out[rel] = [os.stat(p).st_size, hashlib.sha256(f.read()).hexdigest()]
+    except FileNotFoundError:
+        out[rel] = "ENOENT"
+for d in dirs:
+    out[d] = sorted(os.listdir(os.path.join(root, d)))
+print(json.dumps(out))
+"""
+
+
+def seen_as_directly(cfg: str, root: str, files: list[str], dirs: list[str]) -> dict:
+    """What a reader under ``monarch run -c cfg`` sees of ``files`` (size and digest, or ENOENT)
+    and of ``dirs``' listings (``root``-relative), asserted to be what a direct reader sees; the
+    run's report."""
+    report = os.path.join(os.path.dirname(cfg), "seen-report.json")
+    args = (sys.executable, "-c", SEEN, root, ",".join(files), ",".join(dirs))
+    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", *args)
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    direct = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True)
-    return json.loads(ran.stdout.strip().splitlines()[-1]), json.loads(direct.stdout.strip().splitlines()[-1])
+    direct = subprocess.run(args, capture_output=True, text=True, check=True)
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == json.loads(direct.stdout)
+    with open(report) as f:
+        return json.load(f)
 
 
 def start_group(cmd, env=None, cwd=None):
