@@ -40,7 +40,7 @@ def read(location: str, bucket: str, prefix: str, fetch) -> list[dict]:
     for part in manifest["files"]:
         key = part["key"]
         if where.scheme == "s3":
-            raw = fetch(dest, key)
+            raw = _get(fetch, dest, key, location)
         else:
             beside = os.path.join(os.path.dirname(where.path), os.path.basename(key))
             try:
@@ -60,7 +60,7 @@ def check(location: str, bucket: str, fetch) -> tuple[dict, list[str]]:
     check, before any job waits on it."""
     where = urllib.parse.urlsplit(location)
     if where.scheme == "s3":
-        text = fetch(where.netloc, where.path.lstrip("/"))
+        text = _get(fetch, where.netloc, where.path.lstrip("/"), location)
     elif where.scheme in ("", "file"):
         try:
             with open(where.path, "rb") as f:
@@ -86,6 +86,17 @@ def check(location: str, bucket: str, fetch) -> tuple[dict, list[str]]:
     if not all(isinstance(k, str) for k in keys):
         raise StoreError(f"the inventory {location} is not an S3 Inventory manifest.json (a file without its key)")
     return manifest, schema
+
+
+def _get(fetch, bucket: str, key: str, location: str) -> bytes:
+    """An object of the report, or a StoreError that names it (not the dataset's bucket)."""
+    try:
+        return fetch(bucket, key)
+    except StoreError:
+        raise
+    except Exception as e:  # the client's own errors: refused, unreachable
+        raise StoreError(f"the inventory {location}: s3://{bucket}/{key} could not be read ({e}); check that "
+                         f"these credentials may read the report's bucket") from None
 
 
 def _rows(raw: bytes, schema: list[str], bucket: str, prefix: str, name: str) -> list[dict]:

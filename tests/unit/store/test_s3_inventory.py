@@ -56,3 +56,12 @@ def test_a_row_that_does_not_fit_the_schema_is_named(tmp_path):
     at = report(tmp_path, [("ds", "a.jpg", "10")])
     with pytest.raises(StoreError, match=r"part-0.csv.gz:1: 3 fields, the schema has 8"):
         s3_inventory.read(at, "ds", "", no_fetch)
+
+
+def test_a_report_that_cannot_be_read_is_named_not_the_datasets_bucket():
+    def refused(bucket, key):
+        raise PermissionError("403 AccessDenied")
+    with pytest.raises(StoreError) as e:
+        s3_inventory.read("s3://inv/ds/daily/manifest.json", "ds", "", refused)
+    assert "the inventory s3://inv/ds/daily/manifest.json: s3://inv/ds/daily/manifest.json could not be read " \
+           "(403 AccessDenied)" in str(e.value), str(e.value)
