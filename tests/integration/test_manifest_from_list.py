@@ -36,7 +36,9 @@ def test_a_list_of_a_split_makes_a_manifest_with_no_call_per_file_and_its_job_re
     made = monarch("index", root, "-o", manifest, "--from-list", listing)
     assert made.returncode == 0, made.stdout + made.stderr
     assert f"{len(split)} files, {tree.directories + 1} directories" in made.stdout, made.stdout
-    assert _meta(pfs.counters()) <= 4 * (tree.directories + 1) + 4 * 16, pfs.counters()  # not one a file
+    # a directory's stat is 2 calls (lookup, getattr), a sampled file's lstat by its path 3: 252 here;
+    # one call a directory more allowed for the kernel's revalidations, none a file (1,000 listed)
+    assert _meta(pfs.counters()) <= 3 * (tree.directories + 1) + 3 * 16, pfs.counters()
 
     rng = random.Random(7)
     chosen = rng.sample(split, SAMPLE) + rng.sample([i for i in range(tree.files) if i % 2], 5)  # 5 not listed

@@ -37,9 +37,12 @@ def test_every_node_of_a_cluster_given_a_manifest_reads_everything_once_from_the
     finally:
         assert cluster.stop(range(NODES)) == 0
     counted = pfs.counters()
-    assert ds.total <= counted["bytes"] <= 1.05 * ds.total  # against NODES x 2 without Monarch
+    # the cluster test's own bound (test_cluster_e2e): each byte about once, against NODES x 2 without Monarch
+    assert ds.total <= counted["bytes"] <= 1.05 * ds.total
     rep = load(os.path.join(cluster.run_dir(0), "report.json"))
     assert rep["nodes_reporting"] == NODES and rep["nodes_lost"] == []
     assert all(node["snapshot"] == "manifest" for node in rep["nodes"]), [n["snapshot"] for n in rep["nodes"]]
     assert rep["opened_from"]["pfs"]["opens"] == 0
-    assert rep["opened_from"]["peer"]["opens"] > 0  # each node staged its share, the rest came from its peer
+    # each node staged its share and read the rest from its peer, both epochs: measured exact for the list's
+    # manifest and 0.9% under for the walked one (a few files read where they were staged)
+    assert rep["opened_from"]["peer"]["bytes"] == pytest.approx(2 * (NODES - 1) * ds.total, rel=0.02)
