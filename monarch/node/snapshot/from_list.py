@@ -20,12 +20,12 @@ import os
 import re
 import stat
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 
 from monarch import protocol
 from monarch.errors import ConfigError
+from monarch.node.snapshot.pfsmeta import lstats_under_roots
 
-CHECKERS = 8  # directories stat'ed at once (a PFS's metadata servers answer several)
+CHECKERS = 8  # directories stat'ed at once (snapshot.CHECKERS: a PFS's metadata servers answer several)
 SAMPLE = 16   # listed files looked up when the manifest is made: a list of another root, or not of paths, is caught
 _ENCODING, _ERRORS = "utf-8", "surrogateescape"
 _BAD = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")  # an empty part, "." or "..": no path below a root
@@ -118,7 +118,9 @@ def build(roots: tuple[str, ...], listed: list[dict[str, int]], checkers: int = 
 
 
 def _index(items: list[tuple[bytes, int, int]], dir_stats: list[tuple[bytes, os.stat_result]]) -> bytearray:
-    """The index's bytes: the files (key, size or -1, st_dev) undescribed, then the directories."""
+    """The index's bytes: the files (key, size or -1, st_dev) undescribed, then the directories.
+    protocol.build_index's layout, built without its object per file: at 2 million files 4.6 s
+    and one index in memory, where build_index takes 15 s (its FileInfo each included) and 2 GB."""
     nfiles = len(items)
     total = nfiles + len(dir_stats)
     nbuckets = 16
@@ -160,23 +162,10 @@ def _stat_dirs(roots: tuple[str, ...], dirs: list[tuple[int, str]],
     """Each directory's key and lstat (``checkers`` at once, relative to its root's descriptor),
     and those that are no directory on the PFS (gone, a file, a symlink: a path through a
     symlink is the PFS's to resolve)."""
-    fds = [os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for root in roots]
-
-    def one(item: tuple[int, str]):
-        k, rel = item
-        try:
-            st = os.stat(rel, dir_fd=fds[k], follow_symlinks=False) if rel else os.fstat(fds[k])
-        except OSError:
-            return item, None
-        return item, st if stat.S_ISDIR(st.st_mode) else None
-    try:
-        with ThreadPoolExecutor(checkers, thread_name_prefix="monarch-list") as pool:
-            got = list(pool.map(one, dirs, chunksize=64))
-    finally:
-        for fd in fds:
-            os.close(fd)
-    found = [((f"{k}/{rel}" if rel else f"{k}/").encode(_ENCODING, _ERRORS), st) for (k, rel), st in got if st]
-    return found, sorted(item for item, st in got if st is None)
+    stats = lstats_under_roots(roots, dirs, checkers)
+    found = [((f"{k}/{rel}" if rel else f"{k}/").encode(_ENCODING, _ERRORS), st)
+             for (k, rel), st in zip(dirs, stats) if st is not None and stat.S_ISDIR(st.st_mode)]
+    return found, sorted(item for item, st in zip(dirs, stats) if st is None or not stat.S_ISDIR(st.st_mode))
 
 
 def sample_missing(roots: tuple[str, ...], listed: list[dict[str, int]], sample: int = SAMPLE) -> tuple[int, int, str]:

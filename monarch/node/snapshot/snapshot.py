@@ -23,7 +23,6 @@ import collections
 import logging
 import mmap
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -33,7 +32,7 @@ from monarch.node.snapshot import walker
 from monarch.node.snapshot.index_file import IndexFile
 from monarch.records.filetable import DirInfo, FileInfo, FileTable, Listing
 from monarch.node.snapshot.indextable import IndexListing, IndexTable, files_in
-from monarch.node.snapshot.pfsmeta import opened_stat
+from monarch.node.snapshot.pfsmeta import lstats_under_roots, opened_stat
 from monarch.secure import write_file_atomically
 
 log = logging.getLogger(__name__)
@@ -422,30 +421,11 @@ def unchanged(snap: Snapshot, checkers: int = CHECKERS, whole: bool = True) -> b
         return False
     if whole and any(d.children is None for d in snap.dirs.values()):
         return False
-    root_fds: dict[int, int] = {}
-    try:
-        for k, root in enumerate(snap.roots):
-            try:
-                root_fds[k] = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                return False
-
-        def same(item) -> bool:
-            key, d = item
-            index, _, rel = key.partition("/")
-            fd = root_fds[int(index)]
-            try:
-                st = os.stat(rel, dir_fd=fd, follow_symlinks=False) if rel else os.fstat(fd)
-            except OSError:
-                return False
-            return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) == (d.info.ino, d.info.mtime_ns, d.info.ctime_ns)
-        if len(snap.dirs) < 4 * checkers:
-            return all(map(same, snap.dirs.items()))
-        with ThreadPoolExecutor(checkers, thread_name_prefix="monarch-check") as pool:
-            return all(pool.map(same, snap.dirs.items(), chunksize=64))
-    finally:
-        for fd in root_fds.values():
-            os.close(fd)
+    dirs = list(snap.dirs.items())
+    where = [(int(k), rel) for k, _, rel in (key.partition("/") for key, _ in dirs)]
+    return all(st is not None and (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) == (d.info.ino, d.info.mtime_ns,
+                                                                                 d.info.ctime_ns)
+               for st, (_, d) in zip(lstats_under_roots(snap.roots, where, checkers), dirs))
 
 
 MANIFEST_UNCHECKED = "manifest, checked after the start"
