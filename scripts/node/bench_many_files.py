@@ -92,6 +92,7 @@ from benchkit import checkout_env  # noqa: E402  (this checkout's monarch first 
 from benchkit.cpuwatch import CpuWatch  # noqa: E402
 from benchkit.options import fresh_bytecode, parse_with_quick, result_path, write_json  # noqa: E402
 from benchkit.pfs import pfs_unavailable  # noqa: E402
+from monarch import protocol  # noqa: E402
 from monarch.errors import ConfigError  # noqa: E402
 from monarch.tools.slowpfs import FLUSH_INTERVAL_S, SlowPFS  # noqa: E402
 from monarch.tools.slowpfs_generated import Generated, parse_size_range  # noqa: E402
@@ -153,6 +154,9 @@ if sock:
     except (OSError, ValueError, KeyError) as e:
         out["hwm_error"] = repr(e)
 out["index_bytes"] = os.stat(index).st_size if index and os.path.exists(index) else None
+if out["index_bytes"]:
+    with open(index, "rb") as f:
+        out["index_header"] = f.read(protocol.INDEX_HEADER.size).hex()
 print("RESULT " + json.dumps(out), flush=True)
 sys.exit(1 if wrong else 0)
 ''' % {"settle": SETTLE_S}
@@ -241,7 +245,20 @@ def run_index(mnt: Path, manifest: Path, args, pfs: SlowPFS, watch: CpuWatch, en
     line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     print(f"{name}: {line}", flush=True)
     size = manifest.stat().st_size
-    return r | {"stdout": line, "index_bytes": size, "index_per_file": size / args.files}
+    with manifest.open("rb") as f:
+        parts = index_parts(f.read(protocol.INDEX_HEADER.size), args.files)
+    return r | {"stdout": line, "index_bytes": size, "index_per_file": size / args.files, "index_parts": parts}
+
+
+def index_parts(header: bytes, files: int) -> dict[str, float]:
+    """What an index holds, in bytes per file, from its header (protocol.py, "Snapshot index"): the
+    files' entries, the directories' and links' entries, the hash buckets, the key bytes (each
+    file's whole key, and the names of listed children that are no entry), the child records."""
+    (_, _, total, nbuckets, _, _, _, _, keys_size, _, nchildren) = protocol.INDEX_HEADER.unpack(header)
+    size = protocol.INDEX_ENTRY.size
+    return {"file entries": size * min(files, total) / files, "other entries": size * max(total - files, 0) / files,
+            "buckets": 4 * nbuckets / files, "keys": keys_size / files,
+            "child records": protocol.INDEX_CHILD.size * nchildren / files}
 
 
 def reader_args(mnt: Path, args, pfs: SlowPFS) -> list[str]:
@@ -267,7 +284,8 @@ def reads(r: dict, res: dict, before: dict, args) -> dict:
                 "pass1": res["passes"][0], "pass2": res["passes"][1], "checked": res["checked"],
                 "hwm_per_file": hwm * 1024 / args.files if hwm else None,
                 "now_per_file": {k: v * 1024 / args.files for k, v in (res.get("daemon_now_kib") or {}).items()},
-                "index_per_file": idx / args.files if idx else None, "result": res}
+                "index_per_file": idx / args.files if idx else None, "result": res,
+                "index_parts": index_parts(bytes.fromhex(res["index_header"]), args.files) if idx else None}
 
 
 def run_job(name: str, cfg: Path, mnt: Path, reader: Path, work: Path, args, pfs: SlowPFS, watch: CpuWatch,
@@ -488,6 +506,9 @@ def main(argv=None) -> int:
             now = r["now_per_file"]
             print(f"{r['row']}: daemon at the end, B/file: {', '.join(f'{k} {v:.0f}' for k, v in now.items())} "
                   f"(RssFile + RssShmem: the index's pages it maps, the same pages as the index file's)")
+        for r in rows:  # where an index's bytes go: what a more compact layout would have to shrink
+            if r.get("index_parts"):
+                print(f"{r['row']}: index, B/file: " + ", ".join(f"{k} {v:.1f}" for k, v in r["index_parts"].items()))
         print(f"load average at the end {os.getloadavg()[0]:.2f}")
         write_json(args.json, {"args": {k: v for k, v in vars(args).items() if k != "tree"}, "machine": machine(),
                                "index_wait_ms": wait_ms, "rows": rows, "ratios": rat,
