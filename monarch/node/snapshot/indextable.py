@@ -38,6 +38,28 @@ _ENCODING = sys.getfilesystemencoding()
 _ERRORS = sys.getfilesystemencodeerrors()
 
 
+def check_tables(data) -> None:
+    """Is ``data`` an index of this version whose tables lie inside it, as the shim and the front
+    door require before they map one (monarch_shim.c, door_index.c's index_valid)? A ValueError
+    that says what is wrong if not: a file the daemon took as its snapshot and they refused would
+    leave the job with nothing staged and every metadata call the PFS's."""
+    if len(data) < protocol.INDEX_HEADER.size:
+        raise ValueError(f"{len(data)} bytes, shorter than an index's header ({protocol.INDEX_HEADER.size})")
+    (magic, version, entries, buckets, _, buckets_off, entries_off, keys_off, keys_size, children_off,
+     nchildren) = protocol.INDEX_HEADER.unpack_from(data)
+    if magic != protocol.INDEX_MAGIC or version != protocol.INDEX_VERSION:
+        raise ValueError("not a Monarch index of version %d" % protocol.INDEX_VERSION)
+    if not buckets or buckets & (buckets - 1):
+        raise ValueError(f"its buckets ({buckets}) are not a power of two")
+    if entries >= buckets:
+        raise ValueError(f"its entries ({entries}) are not fewer than its buckets ({buckets})")
+    size = len(data)
+    for what, off, length in (("buckets", buckets_off, 4 * buckets), ("entries", entries_off, _SIZE * entries),
+                              ("key bytes", keys_off, keys_size), ("child records", children_off, _CHILD.size * nchildren)):
+        if off > size or length > size - off:
+            raise ValueError(f"its {what} ({length} bytes at {off}) lie past its end ({size} bytes)")
+
+
 def _info(e: tuple) -> FileInfo:
     """The FileInfo of an INDEX_ENTRY tuple."""
     return FileInfo(e[3], e[4], e[9], e[5], e[6], e[7], e[8], e[10], e[11], e[12],
@@ -50,9 +72,8 @@ class IndexTable(MutableMapping[str, FileInfo]):
     __slots__ = ("data", "nfiles", "total", "_buckets", "_mask", "_entries", "_keys", "describer")
 
     def __init__(self, data: bytearray | bytes, nfiles: int, describer: Callable[["IndexTable", int], bool] | None = None):
+        check_tables(data)
         header = protocol.INDEX_HEADER.unpack_from(data)
-        if header[0] != protocol.INDEX_MAGIC or header[1] != protocol.INDEX_VERSION:
-            raise ValueError("not a Monarch index of version %d" % protocol.INDEX_VERSION)
         self.data = data
         self.nfiles = nfiles
         self.total = header[2]

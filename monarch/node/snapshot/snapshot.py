@@ -31,7 +31,7 @@ from monarch.node.snapshot import index_writer
 from monarch.node.snapshot import walker
 from monarch.node.snapshot.index_file import IndexFile
 from monarch.records.filetable import DirInfo, FileInfo, FileTable, Listing
-from monarch.node.snapshot.indextable import IndexListing, IndexTable, files_in
+from monarch.node.snapshot.indextable import IndexListing, IndexTable, check_tables, files_in
 from monarch.node.snapshot.pfsmeta import lstats_under_roots, opened_stat
 from monarch.secure import write_file_atomically
 
@@ -397,6 +397,7 @@ def read_index_file(path: str, roots: tuple[str, ...], index_at: str | None = No
     if index_at:
         made = IndexFile.copy_of(path, index_at)
         try:
+            check_tables(made.data)
             nfiles = files_in(made.data)
             if nfiles is not None:
                 return Snapshot.from_index(roots, made.data, nfiles, made)
@@ -408,6 +409,7 @@ def read_index_file(path: str, roots: tuple[str, ...], index_at: str | None = No
         data = bytearray(os.fstat(f.fileno()).st_size)
         if f.readinto(data) != len(data):
             raise ValueError(f"{path} changed while it was read")
+    check_tables(data)
     return read_index(data, roots)
 
 
@@ -467,8 +469,9 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False,
         except (OSError, ValueError, IndexError, Exception) as e:  # a damaged or foreign file: walk
             if snap is not None:
                 snap.discard_index_file()
-            why = (f"kept snapshot unreadable ({type(e).__name__})" if how == "reused" else
-                   f"the manifest {path} is not one `monarch index` wrote ({type(e).__name__})")
+            damage = f"{type(e).__name__}: {e}" if isinstance(e, ValueError) and str(e) else type(e).__name__
+            why = (f"kept snapshot unreadable ({damage})" if how == "reused" else
+                   f"the manifest {path} is not one `monarch index` wrote ({damage}): run `monarch index` again")
     if manifest and not fresh:
         log.warning("the dataset is walked: %s", why)
     made: list[IndexFile] = []

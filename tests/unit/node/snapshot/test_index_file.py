@@ -104,6 +104,43 @@ def test_a_damaged_manifest_copy_is_removed_and_the_dataset_walked(tmp_path):
     assert leftovers(at) == own and "0/d2/f2.bin" in snap.files
 
 
+_HEADER_FIELDS = ("magic", "version", "entries", "buckets", "reserved", "buckets_off", "entries_off", "keys_off",
+                  "keys_size", "children_off", "children_count")
+
+
+@pytest.mark.parametrize("damage, said", [
+    ({"cut": protocol.INDEX_HEADER.size}, "its buckets ("),
+    ({"cut": "half"}, "lie past its end"),
+    ({"buckets": 3}, "its buckets (3) are not a power of two"),
+    ({"entries": 1 << 20}, "its entries (1048576) are not fewer than its buckets"),
+    ({"keys_off": 1 << 40}, "its key bytes ("),
+    ({"children_count": 1 << 30}, "its child records ("),
+], ids=["header only", "half", "buckets", "entries", "keys", "children"])
+@pytest.mark.parametrize("index_at", [True, False], ids=["copied", "read"])
+def test_a_manifest_whose_tables_the_shim_would_refuse_is_walked_instead_and_the_damage_said(tmp_path, damage, said,
+                                                                                           index_at):
+    """A manifest (or a kept snapshot) the shim and the front door would refuse to map (a table
+    out of bounds, buckets that are no power of two) is never the job's snapshot: taken, it left
+    the job with nothing staged and every metadata call the PFS's, or no snapshot at all."""
+    roots = tree(tmp_path / "ds", n=4)
+    manifest = tmp_path / "ds.index"
+    write_manifest(roots, str(manifest))
+    data = bytearray(manifest.read_bytes())
+    if "cut" in damage:
+        del data[len(data) // 2 if damage["cut"] == "half" else damage["cut"]:]
+    else:
+        fields = dict(zip(_HEADER_FIELDS, protocol.INDEX_HEADER.unpack_from(data)), **damage)
+        protocol.INDEX_HEADER.pack_into(data, 0, *fields.values())
+    manifest.write_bytes(bytes(data))
+    at = str(tmp_path / "index-d") if index_at else None
+    snap, how = load_or_walk(roots, None, manifest=str(manifest), index_at=at)
+    assert how.startswith(f"walked: the manifest {manifest} is not one `monarch index` wrote (ValueError: "), how
+    assert said in how and how.endswith("): run `monarch index` again"), how
+    assert "0/d2/f3.bin" in snap.files
+    if at:
+        assert leftovers(at) == ([os.path.basename(snap.index_file.path)] if snap.index_file else [])
+
+
 @needs_c_walk
 def test_a_snapshot_sent_to_another_node_carries_its_index_not_this_nodes_file(tmp_path):
     """Node 0 broadcasts its walk: the receiver gets the index's bytes and publishes its own file."""
