@@ -12,6 +12,7 @@ holds the wire for the shim and the door). ``tests/unit/test_structure.py`` hold
 ``topology``       where this process runs: its node, its run's identity, its user
 ``secure``         the one place that creates Monarch's directories and files
 ``protocol``       the shim's and the door's wire (its C half: ``wire/monarch_wire.h``)
+``index_layout``   the snapshot index built and read in Python: the reference for its C readers
 ``routes``         how an open is served: the routes, their size thresholds, ``route_of``
 ``layout``         where one run keeps its things on a node
 ``native``         what the C libraries share, and how they are built
@@ -40,7 +41,7 @@ __version__ = "0.1.0"
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "sizes", "environment", "topology"),  # import nothing of monarch
     ("secure",),
-    ("protocol", "routes", "layout", "native"),
+    ("protocol", "index_layout", "routes", "layout", "native"),
     ("records",),
     ("shim", "frontdoor", "hints"),
     ("store",),

@@ -125,35 +125,51 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   descriptors: page faults read at most that),
   then EXTRA_WORDS of named counters (EXTRA_*). Slots: 0 = pfs, 1 = peer area, 2.. = tiers in order.
 
-Snapshot index (written once by the daemon, atomically, read-only mmap in the shim; version INDEX_VERSION, 6).
-It appears only when the snapshot is ready (walked, kept copies checked): a process that
-finds it at start maps it at once; one that does not asks INDEX at its first need.
-  header  INDEX_HEADER: u64 magic, u32 version, u32 entries, u32 buckets (a power of 2),
-          u32 reserved, u64 offset of the buckets, u64 offset of the entries,
-          u64 offset of the key bytes, u64 size of the key bytes, u64 offset of the
-          child records, u64 number of child records
-  buckets u32[buckets]: entry number + 1, or 0 for empty; open addressing, linear probing,
-          starting at ``key_hash(key) & (buckets - 1)``
-  entries INDEX_ENTRY each: u32 hash, u32 key length, u64 key offset, u64 size,
-          i64 mtime_ns, i64 atime_ns, i64 ctime_ns, u64 ino, u64 dev, u32 mode, u32 uid,
-          u32 gid, u32 nlink: the source's own ``stat`` as the snapshot saw it (a symlink's
-          target's), then u32 flags, u32 link (entry number + 1 of the symlink's own
-          ``lstat`` record, or 0), u64 blocks, u32 blksize, u32 children (how many child
-          records a listed directory has), u64 first child record.
+Snapshot index (written once by the daemon, atomically, mmap'd in the shim; version INDEX_VERSION, 7;
+built and read in Python by monarch/index_layout.py). It appears only when the snapshot is ready
+(walked, kept copies checked): a process that finds it at start maps it at once; one that does not
+asks INDEX at its first need. In the file in this order:
+  header  INDEX_HEADER: u64 magic, u32 version, u32 entries (numbered: the files 1..files, then the
+          directories, then the link records), u32 buckets (a power of 2), u32 reserved
+          (INDEX_LISTING: a listing walk made it, no file described), u64 offsets of the buckets,
+          of the fixed entries, of the key bytes, u64 size of the key bytes, u64 offset and u64
+          number of the child records, u32 files, u32 stats used (the stats slots taken: atomic,
+          in the mapping), u64 offsets of the file records and of the stats, u64 size (the file's
+          length: the stats' room at its end is sparse; a copy or a pickle may stop at the used
+          end, the offset of the stats + INDEX_ENTRY's size x the stats used)
+  buckets u32[buckets]: entry number, or 0 for empty; open addressing, linear probing, starting
+          at ``key_hash(key) & (buckets - 1)``; files and directories are keyed (a root: ``"<k>/"``)
+  files   INDEX_FILE each (file n is record n - 1): u32 hash, u32 key length, u64 key offset (an
+          INDEX_ENTRY's first 16 bytes), u64 size (its stat's; before it is described, a listed
+          size or 0), u32 stat (0: not described yet; INDEX_DESCRIBING: being described; else the
+          slot from 1 of its stat), u32 reserved. A listing walk or a manifest describes no file:
+          each is described when first needed (an open, a stat) by the daemon, which writes its
+          stat in the next free slot, then ``stat`` with a release store (readers load it first).
+  entries INDEX_ENTRY each, number m > files at (m - files - 1): u32 hash, u32 key length, u64
+          key offset, u64 size, i64 mtime_ns, i64 atime_ns, i64 ctime_ns, u64 ino, u64 dev, u32
+          mode, u32 uid, u32 gid, u32 nlink: the source's own ``stat`` as the snapshot saw it (a
+          symlink's target's), then u32 flags, u32 link (the number of a symlinked file's link
+          record, or 0), u64 blocks, u32 blksize, u32 children (how many child records a listed
+          directory has), u64 first child record (a file's stat: the file's number).
           Flags: INDEX_FLAG_SYMLINK: the name itself is a symlink (to a file), so an
-          ``O_NOFOLLOW`` open of it fails and is left to the kernel, and ``lstat`` answers
-          its ``link`` record; INDEX_FLAG_LISTED: a directory whose every name the walk
-          saw (its child records are its whole listing, a name not among them does not exist);
-          INDEX_FLAG_UNDESCRIBED: a listed file not stat'ed yet (key, S_IFREG, route 0 true), filled
-          in place by the daemon, flags last: readers load the flags first and then trust nothing else;
-          INDEX_ROUTE_MASK: a file's route + 1 (routes.py's, on its static facts), 0 none. Files
-          and directories are keyed (a root: ``"<k>/"``); link records follow, no bucket on them.
+          ``O_NOFOLLOW`` open of it fails and is left to the kernel, and ``lstat`` answers its
+          ``link`` record; INDEX_FLAG_LISTED: a directory whose every name the walk saw (its child
+          records are its whole listing, a name not among them does not exist);
+          INDEX_FLAG_UNDESCRIBED: an entry nothing is answered from (in Python, a file's view
+          before its stat); INDEX_ROUTE_MASK: a file's route + 1 (routes.py's, on its static
+          facts), 0 none. The directories come first, then the link records (not keyed).
+  keys    the key bytes (and the names of undescribed children), not NUL-terminated, then zeros
+          to a multiple of 8
   children INDEX_CHILD each, per listed directory contiguous: u64 d_ino, u64 name offset
-          (in the key bytes), u32 entry number + 1 of the child (0: a name the index does
-          not describe: a symlink to a directory, a broken link, a special file), u16 name
+          (in the key bytes), u32 entry number of the child (0: a name the index does not
+          describe: a symlink to a directory, a broken link, a special file), u16 name
           length, u8 d_type, u8 reserved. A directory's records are "." and ".." first (their
-          d_ino the directory's and its parent's st_ino), then its names sorted bytewise.
-  keys    the key bytes (and the names of undescribed children), not NUL-terminated
+          d_ino the directory's and its parent's st_ino), then its names sorted bytewise; then
+          zeros to a multiple of 8.
+  stats   room for an INDEX_ENTRY a file: slot s at (s - 1), a described file's stat (its key's
+          fields its record's, its first child record its number: a slot that does not name the
+          file back is not its stat). The files a writer describes as it writes the index (a full
+          walk) take slots 1.. in their order.
   key_hash is CRC-32 (zlib's, polynomial 0xEDB88320) of the key bytes.
 """
 
@@ -424,10 +440,12 @@ def read_opened_from(path: str, names: dict[int, str]) -> dict[str, dict[str, in
 
 # -- snapshot index -------------------------------------------------------------------------
 INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
-INDEX_VERSION = 6  # 4: routes in flags; 5: routes renumbered (BLOCKS before PEER); 6: UNDESCRIBED files
-INDEX_HEADER = struct.Struct("<QIIIIQQQQQQ")
+INDEX_VERSION = 7  # 5: routes renumbered (BLOCKS before PEER); 6: UNDESCRIBED files; 7: a file's stat once described
+INDEX_HEADER = struct.Struct("<QIIIIQQQQQQIIQQQ")
+INDEX_FILE = struct.Struct("<IIQQII")
 INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIIIQIIQ")
 INDEX_CHILD = struct.Struct("<QQIHBB")
+INDEX_DESCRIBING = 0xFFFFFFFF  # an INDEX_FILE's stat while the daemon describes it
 INDEX_FLAG_SYMLINK, INDEX_FLAG_LISTED, INDEX_FLAG_UNDESCRIBED = 1, 2, 4
 INDEX_LISTING = 1  # INDEX_HEADER's reserved word: a listing-mode walk made it, every file undescribed
 INDEX_ROUTE_SHIFT, INDEX_ROUTE_MASK = 8, 0xF00  # flags bits 8..11: a file's route + 1 (0: none published)
@@ -448,153 +466,3 @@ def d_type_of(mode: int) -> int:
 
 def key_hash(raw: bytes) -> int:
     return zlib.crc32(raw) & 0xFFFFFFFF
-
-
-def _stat_fields(st) -> tuple:
-    """(size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink) of an os.stat_result or a
-    snapshot FileInfo; and (blocks, blksize)."""
-    if hasattr(st, "st_size"):
-        return ((st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                 st.st_mode, st.st_uid, st.st_gid, st.st_nlink), (st.st_blocks, st.st_blksize))
-    return ((st.size, st.mtime_ns, st.atime_ns, st.ctime_ns, st.ino, st.dev, st.mode, st.uid, st.gid, st.nlink),
-            (st.blocks, st.blksize))
-
-
-def build_index(entries: Iterable[tuple], dirs: Iterable[tuple] = (), links: dict | None = None) -> bytes:
-    """The index file's bytes (see the module doc).
-
-    ``entries``: (key, stat[, flags]) of files; a stat is an os.stat_result or a snapshot
-    FileInfo (which knows whether its name is a symlink). ``dirs``: (key, stat, children)
-    of directories, ``children`` a list of (name, d_type, d_ino) of the whole listing
-    (without "." and "..") or None when the directory could not be listed, plus the
-    ``".."`` st_ino as a fourth item (0 if unknown). ``links``: key -> the symlink's own
-    lstat, for keys whose name is a symlink."""
-    links = links or {}
-    items = []  # (raw, st, flags, children or None, parent_ino)
-    for raw, st, *rest in entries:
-        flags = rest[0] if rest else 0
-        if getattr(st, "link", False):
-            flags |= INDEX_FLAG_SYMLINK
-        items.append((raw, st, flags, None, 0))
-    for raw, st, children, *parent in dirs:
-        items.append((raw, st, INDEX_FLAG_LISTED if children is not None else 0, children, parent[0] if parent else 0))
-    number = {raw: n + 1 for n, (raw, *_) in enumerate(items)}
-    link_items = [(raw, links[raw]) for raw, _, flags, *_ in items if flags & INDEX_FLAG_SYMLINK and raw in links]
-    link_number = {raw: len(items) + i + 1 for i, (raw, _) in enumerate(link_items)}
-    total = len(items) + len(link_items)
-    nbuckets = 16
-    while nbuckets < 2 * total:
-        nbuckets *= 2
-    mask = nbuckets - 1
-    buckets = [0] * nbuckets
-    keys = bytearray()
-    key_off: dict[bytes, int] = {}
-    for raw, *_ in items:
-        key_off[raw] = len(keys)
-        keys += raw
-    packed, child_recs = [], []
-    for n, (raw, st, flags, children, parent_ino) in enumerate(items):
-        h = key_hash(raw)
-        b = h & mask
-        while buckets[b]:
-            b = (b + 1) & mask
-        buckets[b] = n + 1
-        first, count = len(child_recs), 0
-        if children is not None:
-            fields, _ = _stat_fields(st)
-            prefix = raw if raw.endswith(b"/") else raw + b"/"
-            child_recs.append((fields[4], 0, 0, 0, DT_DIR, b"."))
-            child_recs.append((parent_ino, 0, 0, 0, DT_DIR, b".."))
-            for name, d_type, d_ino in sorted(children):
-                child = prefix + name
-                if child in key_off:
-                    off, entry = key_off[child] + len(prefix), number[child]
-                else:
-                    off, entry = None, 0
-                child_recs.append((d_ino, off, entry, len(name), d_type, name))
-            count = len(child_recs) - first
-        fields, blocks = _stat_fields(st)
-        packed.append(INDEX_ENTRY.pack(h, len(raw), key_off[raw], *fields, flags, link_number.get(raw, 0),
-                                       blocks[0], blocks[1], count, first))
-    for raw, lst in link_items:
-        fields, blocks = _stat_fields(lst)
-        packed.append(INDEX_ENTRY.pack(key_hash(raw), len(raw), key_off[raw], *fields, 0, 0, blocks[0], blocks[1],
-                                       0, 0))
-    names: dict[bytes, int] = {}
-    children_packed = []
-    for d_ino, off, entry, nlen, d_type, name in child_recs:
-        if off is None:
-            off = names.get(name)
-            if off is None:
-                off = names[name] = len(keys)
-                keys += name
-        children_packed.append(INDEX_CHILD.pack(d_ino, off, entry, nlen, d_type, 0))
-    buckets_off = INDEX_HEADER.size
-    entries_off = buckets_off + 4 * nbuckets
-    keys_off = entries_off + INDEX_ENTRY.size * total
-    children_off = keys_off + len(keys)
-    children_off += -children_off % 8
-    header = INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, total, nbuckets, 0, buckets_off, entries_off, keys_off,
-                               len(keys), children_off, len(children_packed))
-    return b"".join([header, struct.pack(f"<{nbuckets}I", *buckets), *packed, bytes(keys),
-                     b"\0" * (children_off - keys_off - len(keys)), *children_packed])
-
-
-class Index:
-    """A read-only view of an index file's bytes (the shim's lookups, in Python)."""
-
-    def __init__(self, data: bytes):
-        (magic, version, self.entries, self.buckets, _, self.buckets_off, self.entries_off, self.keys_off,
-         self.keys_size, self.children_off, self.nchildren) = INDEX_HEADER.unpack_from(data)
-        if magic != INDEX_MAGIC or version != INDEX_VERSION:
-            raise ValueError("not a Monarch index of version %d" % INDEX_VERSION)
-        self.data = data
-
-    def entry(self, number: int) -> tuple:
-        """Entry ``number`` (from 1): the INDEX_ENTRY fields."""
-        return INDEX_ENTRY.unpack_from(self.data, self.entries_off + INDEX_ENTRY.size * (number - 1))
-
-    def key(self, number: int) -> bytes:
-        e = self.entry(number)
-        return self.data[self.keys_off + e[2]: self.keys_off + e[2] + e[1]]
-
-    def number(self, raw: bytes) -> int:
-        """Entry number (from 1) of ``raw``, or 0."""
-        h = key_hash(raw)
-        b = h & (self.buckets - 1)
-        while True:
-            n = struct.unpack_from("<I", self.data, self.buckets_off + 4 * b)[0]
-            if not n:
-                return 0
-            e = self.entry(n)
-            if e[0] == h and self.data[self.keys_off + e[2]: self.keys_off + e[2] + e[1]] == raw:
-                return n
-            b = (b + 1) & (self.buckets - 1)
-
-    def children(self, number: int) -> list[tuple[bytes, int, int, int]]:
-        """A listed directory's records: (name, d_type, d_ino, entry number or 0)."""
-        e = self.entry(number)
-        out = []
-        for i in range(e[18], e[18] + e[17]):
-            d_ino, off, entry, nlen, d_type, _ = INDEX_CHILD.unpack_from(self.data, self.children_off + INDEX_CHILD.size * i)
-            name = b"." if i == e[18] else b".." if i == e[18] + 1 else self.data[self.keys_off + off: self.keys_off + off + nlen]
-            out.append((name, d_type, d_ino, entry))
-        return out
-
-    def keyed(self) -> Iterable[int]:
-        """The numbers of the keyed entries (not the link records)."""
-        seen = set()
-        for b in range(self.buckets):
-            n = struct.unpack_from("<I", self.data, self.buckets_off + 4 * b)[0]
-            if n:
-                seen.add(n)
-        return sorted(seen)
-
-
-def index_lookup(data: bytes, raw: bytes) -> tuple | None:
-    """The entry of ``raw`` in an index (the shim's lookup, in Python for tests): a tuple in
-    INDEX_ENTRY order after the key fields (size, mtime_ns, atime_ns, ctime_ns, ino, dev,
-    mode, uid, gid, nlink, flags, link, blocks, blksize, children, first child), or None."""
-    index = Index(data)
-    n = index.number(raw)
-    return index.entry(n)[3:] if n else None

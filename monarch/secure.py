@@ -199,15 +199,18 @@ def create_exclusive(path: str, mode: int = 0o600) -> int:
     return os.open(path, CREATE_FLAGS, mode)
 
 
-def write_file_atomically(path: str, data: bytes | list, mode: int = 0o600) -> None:
+def write_file_atomically(path: str, data: bytes | list, mode: int = 0o600, size: int | None = None) -> None:
     """Write ``data`` (bytes, or a list of buffers written one after the other: no joined
-    copy of a large file) to a fresh temporary name beside ``path`` and rename it over ``path``."""
+    copy of a large file) to a fresh temporary name beside ``path`` and rename it over ``path``;
+    ``size``: the file that long before the rename (a sparse tail: no page written for it)."""
     tmp = f"{path}.tmp-{secrets.token_hex(6)}"
     fd = create_exclusive(tmp, mode)
     try:
         with os.fdopen(fd, "wb") as f:
             for part in data if isinstance(data, list) else (data,):
                 f.write(part)
+            if size is not None:
+                f.truncate(size)
         os.replace(tmp, path)
     except BaseException:
         _unlink_quietly(tmp)

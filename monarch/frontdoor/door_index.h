@@ -5,7 +5,7 @@
 #ifndef MONARCH_DOOR_INDEX_H
 #define MONARCH_DOOR_INDEX_H
 
-struct idx_file {                      /* what the door needs of an INDEX_ENTRY */
+struct idx_file {                      /* what the door needs of a described number's stat */
     uint64_t size;
     int64_t mtime;
     uint32_t mode, flags;              /* flags: the entry's, its route among them (monarch_wire.h) */
@@ -25,8 +25,8 @@ static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, c
 static int index_file(const struct door *d, const char *key, uint32_t len, struct idx_file *out);
 static const char *index_entry_key(const struct door *d, uint32_t n, uint32_t *len);
 static int index_valid(const unsigned char *x, size_t n);  /* a mapping's tables lie inside it */
-/* the entry (from 1) of ``key`` if it is a file a listing-mode walk left undescribed and the door may
- * describe it (the index is the daemon's own, the routes known), else 0; and that description */
+/* the number (from 1) of ``key`` if it is a file not described yet and the door may describe it (the
+ * index is the daemon's own, the routes known), else 0; and that description (its stat slot) */
 static uint32_t index_listed(const struct door *d, const char *key, uint32_t len, uint32_t hash);
 static void index_describe(struct door *d, uint32_t n, const char *key, uint32_t len, const struct stat *st);
 

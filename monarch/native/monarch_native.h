@@ -97,28 +97,92 @@ static inline uint32_t monarch_crc32(const char *p, size_t n)
 }
 
 /* -- the snapshot index: protocol.index_lookup -------------------------------------------- */
-/* The entry number (from 1) of ``key`` (``hash``: its monarch_crc32) in the index mapped at
- * ``x`` whose header is ``h``, or 0. Bounded by the table's size; an entry outside the mapping
- * or with a key outside the key area ends the search (index_valid checked the tables' bounds). */
+/* Are the tables of the index whose header is ``h`` inside ``len`` bytes (a mapping, at most the
+ * header's ``size``), its stats' room inside ``size``? ``stats_room``: the stats slots that must lie
+ * in ``len`` too (``files`` for a mapping of the whole file; the used ones for a copy that may stop
+ * there). protocol's check_tables, in C. */
+static inline int monarch_index_bounded(const struct monarch_index_header *h, uint64_t len, uint64_t stats_room)
+{
+    return h->magic == MONARCH_INDEX_MAGIC && h->version == MONARCH_INDEX_VERSION && h->buckets
+           && !(h->buckets & (h->buckets - 1)) && h->entries < h->buckets && h->files <= h->entries
+           && h->stats_used <= h->files && len <= h->size
+           && h->buckets_off <= len && 4ull * h->buckets <= len - h->buckets_off
+           && h->files_off <= len && (uint64_t)MONARCH_INDEX_FILE_SIZE * h->files <= len - h->files_off
+           && h->entries_off <= len
+           && (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (h->entries - h->files) <= len - h->entries_off
+           && h->keys_off <= len && h->keys_size <= len - h->keys_off
+           && h->children_off <= len && h->children_count <= (len - h->children_off) / MONARCH_INDEX_CHILD_SIZE
+           && h->stats_off <= h->size && (uint64_t)MONARCH_INDEX_ENTRY_SIZE * h->files == h->size - h->stats_off
+           && stats_room <= h->files && h->stats_off <= len
+           && (uint64_t)MONARCH_INDEX_ENTRY_SIZE * stats_room <= len - h->stats_off;
+}
+
+/* The 16-byte head (hash, key_len, key_off) of number ``n``: file n's record, or the fixed entry
+ * (a directory, a link record); NULL if there is no number n. */
+static inline const unsigned char *monarch_index_head(const unsigned char *x, const struct monarch_index_header *h,
+                                                      uint32_t n)
+{
+    if (!n || n > h->entries)
+        return NULL;
+    if (n <= h->files)
+        return x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
+    return x + h->entries_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (n - h->files - 1);
+}
+
+/* The 112-byte stat entry of number ``n``, or NULL when nothing may be answered from it: a file
+ * not described (its record's ``stat`` 0, DESCRIBING or out of range), a fixed entry flagged
+ * UNDESCRIBED. The record's ``stat`` is loaded with acquire: a slot seen is a slot whole. */
+static inline const unsigned char *monarch_index_stat(const unsigned char *x, const struct monarch_index_header *h,
+                                                      uint32_t n)
+{
+    const unsigned char *at = monarch_index_head(x, h, n);
+    if (!at)
+        return NULL;
+    if (n <= h->files) {
+        uint32_t s = __atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_file, stat)),
+                                     __ATOMIC_ACQUIRE);
+        if (!s || s > h->files)  /* DESCRIBING is > files */
+            return NULL;
+        const unsigned char *stat = x + h->stats_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (s - 1);
+        uint64_t named;  /* a slot whose stat does not name its file back (a copy cut while it was written) is none */
+        memcpy(&named, stat + offsetof(struct monarch_index_entry, children), sizeof named);
+        return named == n ? stat : NULL;
+    }
+    uint32_t flags;
+    memcpy(&flags, at + offsetof(struct monarch_index_entry, flags), sizeof flags);
+    return flags & MONARCH_INDEX_FLAG_UNDESCRIBED ? NULL : at;
+}
+
+/* Is ``n`` a file whose stat is not there yet (not described, or being described)? */
+static inline int monarch_index_undescribed(const unsigned char *x, const struct monarch_index_header *h, uint32_t n)
+{
+    return n && n <= h->files && !monarch_index_stat(x, h, n);
+}
+
+/* The number (from 1) of ``key`` (``hash``: its monarch_crc32) in the index mapped at ``x``
+ * whose header is ``h``, or 0. Bounded by the table's size; a number out of range or a key
+ * outside the key area ends the search (monarch_index_bounded checked the tables' bounds). */
 static inline uint32_t monarch_index_find(const unsigned char *x, const struct monarch_index_header *h,
                                           const char *key, size_t len, uint32_t hash)
 {
     uint32_t mask = h->buckets - 1;
     for (uint32_t b = hash & mask, probes = 0; probes < h->buckets; b = (b + 1) & mask, probes++) {
-        uint32_t n;
+        uint32_t n, head[2];
+        uint64_t key_off;
         memcpy(&n, x + h->buckets_off + 4ull * b, sizeof n);
-        if (!n || n > h->entries)
+        const unsigned char *at = monarch_index_head(x, h, n);
+        if (!at)
             return 0;
-        struct monarch_index_entry e;
-        memcpy(&e, x + h->entries_off + (uint64_t)sizeof e * (n - 1), sizeof e);
-        if (e.hash == hash && e.key_len == len && e.key_off <= h->keys_size && len <= h->keys_size - e.key_off &&
-            !memcmp(x + h->keys_off + e.key_off, key, len))
+        memcpy(head, at, sizeof head);
+        memcpy(&key_off, at + 8, sizeof key_off);
+        if (head[0] == hash && head[1] == len && key_off <= h->keys_size && len <= h->keys_size - key_off &&
+            !memcmp(x + h->keys_off + key_off, key, len))
             return n;
     }
     return 0;
 }
 
-/* -- a file a listing-mode walk left undescribed (INDEX_FLAG_UNDESCRIBED), described in place ---- */
+/* -- a file's stat, written when it is described (the daemon's process only) --------------- */
 #define MONARCH_ROUTE_STEPS 8 /* route steps per root at most (index_writer.py's ROUTE_STEPS) */
 
 struct monarch_route_steps {  /* each root's routes by size (index_writer.route_tables) */
@@ -143,41 +207,67 @@ static inline uint32_t monarch_route_bits(const struct monarch_route_steps *t, c
     return bits;
 }
 
-/* Is entry ``at`` (a file's) still undescribed? (acquire: a clear flag means whole fields) */
-static inline int monarch_index_undescribed(const unsigned char *at)
+/* ``st``'s fields into an index entry's (size .. nlink, blocks, blksize); the rest left alone. */
+static inline void monarch_index_stat_fields(struct monarch_index_entry *e, const struct stat *st)
 {
-    return (__atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_entry, flags)), __ATOMIC_ACQUIRE)
-            & MONARCH_INDEX_FLAG_UNDESCRIBED) != 0;
+    e->size = (uint64_t)st->st_size;
+    e->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    e->atime_ns = (int64_t)st->st_atim.tv_sec * 1000000000 + st->st_atim.tv_nsec;
+    e->ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+    e->ino = st->st_ino;
+    e->dev = st->st_dev;
+    e->mode = st->st_mode;
+    e->uid = st->st_uid;
+    e->gid = st->st_gid;
+    e->nlink = (uint32_t)st->st_nlink;
+    e->blocks = (uint64_t)st->st_blocks;
+    e->blksize = (uint32_t)st->st_blksize;
 }
 
-/* Entry ``at`` (key ``key``, a file still undescribed) described from ``st``: its stat's fields,
- * then its flags (UNDESCRIBED cleared, its route from ``steps``) with a release store, so that a
- * reader that loads the flags first (monarch_index_undescribed) reads whole fields. Every writer
- * (the daemon's walk pass and its Python, the front door) writes the same file's stat. */
-static inline void monarch_index_describe(unsigned char *at, const char *key, uint32_t key_len, const struct stat *st,
-                                          const struct monarch_route_steps *steps)
+/* File ``n`` of the index mapped writable at ``x`` (header ``h``, checked: monarch_index_bounded
+ * with ``files`` slots) described with the stat fields of ``f`` (size .. nlink, blocks, blksize),
+ * its route from ``steps``: the record claimed (0 -> DESCRIBING), a slot taken from the mapping's
+ * stats_used, the slot written, the record's size, then its ``stat`` released. Every describer
+ * (the walk's pass, the door, Python) does the same. 1 described now; 0 described or being
+ * described already; -1 no such file, or no room. */
+static inline int monarch_index_put_fields(unsigned char *x, const struct monarch_index_header *h, uint32_t n,
+                                           const struct monarch_index_entry *f, const struct monarch_route_steps *steps)
 {
-    struct monarch_index_entry e;
-    memcpy(&e, at, sizeof e);
-    e.size = (uint64_t)st->st_size;
-    e.mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
-    e.atime_ns = (int64_t)st->st_atim.tv_sec * 1000000000 + st->st_atim.tv_nsec;
-    e.ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
-    e.ino = st->st_ino;
-    e.dev = st->st_dev;
-    e.mode = st->st_mode;
-    e.uid = st->st_uid;
-    e.gid = st->st_gid;
-    e.nlink = (uint32_t)st->st_nlink;
-    e.blocks = (uint64_t)st->st_blocks;
-    e.blksize = (uint32_t)st->st_blksize;
-    /* the stat's fields only (size .. nlink, blocks, blksize): the key's and the flags' stay */
-    memcpy(at + offsetof(struct monarch_index_entry, size), &e.size,
-           offsetof(struct monarch_index_entry, flags) - offsetof(struct monarch_index_entry, size));
-    memcpy(at + offsetof(struct monarch_index_entry, blocks), &e.blocks, sizeof e.blocks + sizeof e.blksize);
-    uint32_t flags = (e.flags & ~(uint32_t)(MONARCH_INDEX_FLAG_UNDESCRIBED | MONARCH_INDEX_ROUTE_MASK))
-                     | monarch_route_bits(steps, key, key_len, e.size, e.mode);
-    __atomic_store_n((uint32_t *)(at + offsetof(struct monarch_index_entry, flags)), flags, __ATOMIC_RELEASE);
+    if (!n || n > h->files)
+        return -1;
+    unsigned char *at = x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
+    struct monarch_index_file r;
+    memcpy(&r, at, sizeof r);
+    if (r.key_off > h->keys_size || r.key_len > h->keys_size - r.key_off)
+        return -1;
+    uint32_t *stat = (uint32_t *)(at + offsetof(struct monarch_index_file, stat)), zero = 0;
+    if (!__atomic_compare_exchange_n(stat, &zero, MONARCH_INDEX_DESCRIBING, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return 0;
+    uint32_t s = __atomic_add_fetch((uint32_t *)(x + offsetof(struct monarch_index_header, stats_used)), 1,
+                                    __ATOMIC_ACQ_REL);
+    if (!s || s > h->files) {
+        __atomic_store_n(stat, 0, __ATOMIC_RELEASE);
+        return -1;
+    }
+    struct monarch_index_entry e = *f;
+    e.hash = r.hash, e.key_len = r.key_len, e.key_off = r.key_off;
+    e.flags = monarch_route_bits(steps, (const char *)x + h->keys_off + r.key_off, r.key_len, e.size, e.mode);
+    e.link = 0, e.nchildren = 0;
+    e.children = n;
+    memcpy(x + h->stats_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (s - 1), &e, sizeof e);
+    memcpy(at + offsetof(struct monarch_index_file, size), &e.size, sizeof e.size);
+    __atomic_store_n(stat, s, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* monarch_index_put_fields from ``st`` (a regular file's lstat). */
+static inline int monarch_index_put_stat(unsigned char *x, const struct monarch_index_header *h, uint32_t n,
+                                         const struct stat *st, const struct monarch_route_steps *steps)
+{
+    struct monarch_index_entry f;
+    memset(&f, 0, sizeof f);
+    monarch_index_stat_fields(&f, st);
+    return monarch_index_put_fields(x, h, n, &f, steps);
 }
 
 #endif /* MONARCH_NATIVE_H */

@@ -555,12 +555,7 @@ static int monarch_map_index(const char *path, int *missing)
         goto bad;
     memcpy(&h, m, sizeof h);
     why = "not a Monarch index of this version, or its tables are out of bounds";
-    if (h.magic != MONARCH_INDEX_MAGIC || h.version != MONARCH_INDEX_VERSION || h.buckets == 0
-        || (h.buckets & (h.buckets - 1)) || h.entries >= h.buckets || h.buckets_off > size
-        || 4 * (uint64_t)h.buckets > size - h.buckets_off || h.entries_off > size
-        || (uint64_t)MONARCH_INDEX_ENTRY_SIZE * h.entries > size - h.entries_off || h.keys_off > size
-        || h.keys_size > size - h.keys_off || h.children_off > size
-        || h.children_count > (size - h.children_off) / MONARCH_INDEX_CHILD_SIZE) {
+    if (!monarch_index_bounded(&h, size, h.files)) { /* the whole file: every stat slot inside it */
         munmap((void *)m, size);
         goto bad;
     }

@@ -20,23 +20,20 @@ static inline int monarch_index_ready(void)
     return MONARCH_UNLIKELY(s < MONARCH_IX_MAPPED) ? monarch_index_settle() : s;
 }
 
-/* Entry number n (from 1) into *e, if it is inside the mapping and described: a file a listing
- * walk left undescribed is filled in place by the daemon, its flags last (released), so they are
- * loaded first (acquired); until then nothing is answered from it (-1: the PFS's, the daemon's). */
+/* Number n's (from 1) stat into *e, if it is inside the mapping and described: a file a listing
+ * walk left undescribed gets its stat from the daemon, its record's slot last (released, loaded
+ * acquired); until then nothing is answered from it (-1: the PFS's, the daemon's). */
 static int monarch_index_entry(uint32_t n, struct monarch_index_entry *e)
 {
     const unsigned char *m = monarch_idx();
-    const struct monarch_index_header *h = &monarch_index_hdr;
-    if (!m || n == 0 || n > h->entries)
-        return -1;
-    const unsigned char *at = m + h->entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE;
-    if (monarch_index_undescribed(at))
+    const unsigned char *at = m ? monarch_index_stat(m, &monarch_index_hdr, n) : NULL;
+    if (!at)
         return -1;
     memcpy(e, at, sizeof *e);
     return 0;
 }
 
-/* Entry number + 1 of key, or 0: protocol.index_lookup, bounded by the table size. */
+/* Number of key, or 0: protocol.index_lookup, bounded by the table size. */
 static uint32_t monarch_index_lookup(const char *key, size_t kl)
 {
     const unsigned char *m = monarch_idx();
@@ -50,11 +47,12 @@ static int monarch_is_plain_file(const char *key, size_t kl)
 {
     const unsigned char *m = monarch_idx();
     uint32_t n = monarch_index_lookup(key, kl);
-    if (!m || !n || n > monarch_index_hdr.entries)
+    if (!m || !n)
         return 0;
-    const unsigned char *at = m + monarch_index_hdr.entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE;
-    uint32_t flags = __atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_entry, flags)),
-                                     __ATOMIC_ACQUIRE);
+    const unsigned char *at = monarch_index_stat(m, &monarch_index_hdr, n);
+    uint32_t flags = 0;
+    if (at)
+        memcpy(&flags, at + offsetof(struct monarch_index_entry, flags), sizeof flags);
     return !(flags & MONARCH_INDEX_FLAG_SYMLINK);
 }
 
@@ -286,14 +284,13 @@ static int monarch_child_named(const struct monarch_index_entry *d, const char *
     return 0;
 }
 
-/* Entry n of key, a file the walk only listed (not described yet), described by the daemon
+/* File n of key, one the walk only listed (not described yet), described by the daemon
  * (DESCRIBE: one stat of the PFS, once) so that this call and every later one are answered here:
  * 1 with it in *e; 0 if it is no such entry or could not be described (the call is the PFS's). */
 static int monarch_described_now(const char *key, size_t kl, uint32_t n, struct monarch_index_entry *e)
 {
     const unsigned char *m = monarch_idx();
-    if (!m || !n || n > monarch_index_hdr.entries
-        || !monarch_index_undescribed(m + monarch_index_hdr.entries_off + (uint64_t)(n - 1) * MONARCH_INDEX_ENTRY_SIZE))
+    if (!m || !monarch_index_undescribed(m, &monarch_index_hdr, n))
         return 0;
     return monarch_request(MONARCH_VERB_DESCRIBE, key, kl, NULL, 0, NULL, monarch_timeout_ms) == 0
            && monarch_index_entry(n, e) == 0;

@@ -103,9 +103,9 @@
 /* a write-back call (monarch/writeback/wire.py): body = u8 op, then 4 NUL-ended fields (a path,
  * a second path, two decimal numbers); answer status = a WB_ANSWER_* or WB_ERRNO + errno */
 #define MONARCH_VERB_WB 9
-/* DESCRIBE key: the stat of a file the walk only listed (INDEX_FLAG_UNDESCRIBED) taken by the daemon
+/* DESCRIBE key: the stat of a file the walk only listed (its record without a stat) taken by the daemon
  * into the index, for a metadata call the shim would otherwise send to the PFS every time: status 0
- * (its entry is described now), anything else (the PFS answers that call) */
+ * (it is described now), anything else (the PFS answers that call) */
 #define MONARCH_VERB_DESCRIBE 10
 #define MONARCH_WB_OPEN 1    /* path, flags, mode: open for writing (status: the file's seq; body: its local path) */
 #define MONARCH_WB_CLOSE 2   /* n1 = seq: a descriptor of it closed */
@@ -288,19 +288,22 @@ struct monarch_pages_request {
     int32_t owner;
 };
 
-/* ---- snapshot index: written once by the daemon, mapped read-only ---- */
+/* ---- snapshot index: written once by the daemon, its files described in place, mapped by every process ---- */
 #define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL /* "MNCHINDX" */
-#define MONARCH_INDEX_VERSION 6 /* 4: each file's route in its flags (INDEX_ROUTE_*); 5: BLOCKS before PEER;
-                                  * 6: files listed, not yet described (INDEX_FLAG_UNDESCRIBED) */
-#define MONARCH_INDEX_HEADER_SIZE 72
+#define MONARCH_INDEX_VERSION 7 /* 4: each file's route in its flags (INDEX_ROUTE_*); 5: BLOCKS before PEER;
+                                  * 6: files listed, not yet described (INDEX_FLAG_UNDESCRIBED);
+                                  * 7: a 32-byte record per file, its stat written when described */
+#define MONARCH_INDEX_HEADER_SIZE 104
 #define MONARCH_INDEX_ENTRY_SIZE 112
+#define MONARCH_INDEX_FILE_SIZE 32
 #define MONARCH_INDEX_CHILD_SIZE 24
 #define MONARCH_INDEX_FLAG_SYMLINK 1
 #define MONARCH_INDEX_FLAG_LISTED 2
-/* a file named by its directory's listing whose stat the daemon has not taken yet: only its key,
- * S_IFREG and route 0 are true. The daemon describes it in place (its fields, then its flags,
- * released: read the flags first, acquired); until then nothing is answered from it. */
+/* an entry nothing is answered from: no file's record or stat has it (Python's view of a file not
+ * described yet does); a fixed entry (a directory) with it is not answered from */
 #define MONARCH_INDEX_FLAG_UNDESCRIBED 4
+/* a file record's ``stat`` while the daemon describes it (0: not described; else its stat's slot) */
+#define MONARCH_INDEX_DESCRIBING 0xFFFFFFFFu
 /* the header's ``reserved`` word: a listing-mode walk made the index and described no file */
 #define MONARCH_INDEX_LISTING 1
 /* flags bits 8..11: a file's route + 1 (0: none published: a directory, a link's own record), the
@@ -309,10 +312,24 @@ struct monarch_pages_request {
 #define MONARCH_INDEX_ROUTE_SHIFT 8
 #define MONARCH_INDEX_ROUTE_MASK 0xF00
 
+/* In the file in this order: header, buckets, file records (numbers 1..files), fixed entries (the
+ * numbers after: directories, then link records), keys, children, stats (room for ``files``
+ * INDEX_ENTRYs, slot s at stats_off + 112 * (s - 1), sparse until described). */
 struct monarch_index_header {
     uint64_t magic;
     uint32_t version, entries, buckets, reserved;
     uint64_t buckets_off, entries_off, keys_off, keys_size, children_off, children_count;
+    uint32_t files, stats_used;   /* stats_used: slots taken (atomic in the mapping, the daemon's process only) */
+    uint64_t files_off, stats_off;
+    uint64_t size;                /* the file's whole length: stats_off + 112 * files */
+};
+
+/* File n's record (n - 1 at files_off): its key (an INDEX_ENTRY's first 16 bytes), its size, and
+ * ``stat``: 0 not described, DESCRIBING, else its stat's slot, stored last (release; load acquire) */
+struct monarch_index_file {
+    uint32_t hash, key_len;
+    uint64_t key_off, size;
+    uint32_t stat, reserved;
 };
 
 /* the source's stat as the snapshot saw it, and where the key and its listing are */
@@ -322,10 +339,10 @@ struct monarch_index_entry {
     int64_t mtime_ns, atime_ns, ctime_ns;
     uint64_t ino, dev;
     uint32_t mode, uid, gid, nlink;
-    uint32_t flags, link; /* link: entry + 1 of a symlink's own lstat record */
+    uint32_t flags, link; /* link: the number of a symlinked file's own lstat record */
     uint64_t blocks;
     uint32_t blksize, nchildren; /* a listed directory's child records: "." "..", then sorted names */
-    uint64_t children;           /* its first child record */
+    uint64_t children;           /* its first child record; a file's stat: the file's number */
 };
 
 struct monarch_index_child {
@@ -352,6 +369,13 @@ _Static_assert(offsetof(struct monarch_index_entry, mode) == 64, "index entry: m
 _Static_assert(offsetof(struct monarch_index_entry, flags) == 80, "index entry: flags");
 _Static_assert(offsetof(struct monarch_index_entry, children) == 104, "index entry: children");
 _Static_assert(offsetof(struct monarch_index_header, children_count) == 64, "index header: children_count");
+_Static_assert(offsetof(struct monarch_index_header, files) == 72, "index header: files");
+_Static_assert(offsetof(struct monarch_index_header, stats_used) == 76, "index header: stats_used");
+_Static_assert(offsetof(struct monarch_index_header, files_off) == 80, "index header: files_off");
+_Static_assert(offsetof(struct monarch_index_header, size) == 96, "index header: size");
+_Static_assert(sizeof(struct monarch_index_file) == MONARCH_INDEX_FILE_SIZE, "index file record layout");
+_Static_assert(offsetof(struct monarch_index_file, size) == 16, "index file record: size");
+_Static_assert(offsetof(struct monarch_index_file, stat) == 24, "index file record: stat");
 /* every route + 1 fits an index entry's route bits (published or not: WRITEBACK never is) */
 #define MONARCH_ROUTE_BITS(route, value, smallest, largest) \
     _Static_assert((value) + 1 <= MONARCH_INDEX_ROUTE_MASK >> MONARCH_INDEX_ROUTE_SHIFT, "route bits: " #route);

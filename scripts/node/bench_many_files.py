@@ -61,8 +61,10 @@ first stat waits for the namespace: the counters read then are the namespace's c
                         It counts the index's pages the daemon maps: the same pages as the index
                         file's (the node holds them once). Printed under the table: RssAnon (the
                         daemon's own), RssFile and RssShmem (mapped files) at the end.
-  index / file          the size of the index the shim maps (MONARCH_INDEX), / files; for the
-                        monarch index row, the manifest's size.
+  index / file          the bytes the index the shim maps (MONARCH_INDEX) holds after the passes (its
+                        allocated blocks: its room for the stats of files described later is sparse),
+                        / files; for the monarch index rows, the manifest's. Printed under the table
+                        by part, from the index's header.
   CPU-s                 every process of the row (scripts/benchkit/cpuwatch.py, sampled every 0.1 s):
                         the emulated PFS's, the daemon's, and the rest (find, the launcher, READER).
 
@@ -153,7 +155,7 @@ if sock:
         out["daemon_now_kib"] = {k: int(status[k].split()[0]) for k in ("RssAnon", "RssFile", "RssShmem")}
     except (OSError, ValueError, KeyError) as e:
         out["hwm_error"] = repr(e)
-out["index_bytes"] = os.stat(index).st_size if index and os.path.exists(index) else None
+out["index_bytes"] = os.stat(index).st_blocks * 512 if index and os.path.exists(index) else None  # its pages, not its room
 if out["index_bytes"]:
     with open(index, "rb") as f:
         out["index_header"] = f.read(protocol.INDEX_HEADER.size).hex()
@@ -244,7 +246,7 @@ def run_index(mnt: Path, manifest: Path, args, pfs: SlowPFS, watch: CpuWatch, en
         raise SystemExit(f"{NAME}: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     print(f"{name}: {line}", flush=True)
-    size = manifest.stat().st_size
+    size = manifest.stat().st_blocks * 512  # what it holds: the room for stats written later is sparse
     with manifest.open("rb") as f:
         parts = index_parts(f.read(protocol.INDEX_HEADER.size), args.files)
     return r | {"stdout": line, "index_bytes": size, "index_per_file": size / args.files, "index_parts": parts}
@@ -252,12 +254,13 @@ def run_index(mnt: Path, manifest: Path, args, pfs: SlowPFS, watch: CpuWatch, en
 
 def index_parts(header: bytes, files: int) -> dict[str, float]:
     """What an index holds, in bytes per file, from its header (protocol.py, "Snapshot index"): the
-    files' entries, the directories' and links' entries, the hash buckets, the key bytes (each
-    file's whole key, and the names of listed children that are no entry), the child records."""
-    (_, _, total, nbuckets, _, _, _, _, keys_size, _, nchildren) = protocol.INDEX_HEADER.unpack(header)
+    files' records, the stats of the files described, the directories' and links' entries, the hash
+    buckets, the key bytes (each file's whole key, and the names of listed children that are no
+    entry), the child records."""
+    (_, _, total, nbuckets, _, _, _, _, keys_size, _, nchildren, nfiles, used, *_) = protocol.INDEX_HEADER.unpack(header)
     size = protocol.INDEX_ENTRY.size
-    return {"file entries": size * min(files, total) / files, "other entries": size * max(total - files, 0) / files,
-            "buckets": 4 * nbuckets / files, "keys": keys_size / files,
+    return {"file records": protocol.INDEX_FILE.size * nfiles / files, "stats": size * used / files,
+            "other entries": size * (total - nfiles) / files, "buckets": 4 * nbuckets / files, "keys": keys_size / files,
             "child records": protocol.INDEX_CHILD.size * nchildren / files}
 
 

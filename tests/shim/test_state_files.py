@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from monarch import protocol
+from monarch import index_layout, protocol
 
 from .conftest import md5
 from .test_metadata import make_tree
@@ -76,12 +76,12 @@ def test_counters_of_another_uid_are_not_used(staged_env):
 def _claim_children(index_path: str, key: bytes, count: int, first: int = 0) -> None:
     """Rewrite the index with directory ``key``'s child count and first record forged."""
     data = bytearray(open(index_path, "rb").read())
-    ix = protocol.Index(bytes(data))
+    ix = index_layout.Index(bytes(data))
     n = ix.number(key)
     assert n and ix.entry(n)[13] & protocol.INDEX_FLAG_LISTED
-    at = ix.entries_off + protocol.INDEX_ENTRY.size * (n - 1) + protocol.INDEX_ENTRY.size - 12  # u32 children, u64 first
+    at = ix.entries_off + protocol.INDEX_ENTRY.size * (n - ix.files - 1) + protocol.INDEX_ENTRY.size - 12  # u32 children, u64 first
     data[at:at + 12] = count.to_bytes(4, "little") + first.to_bytes(8, "little")
-    assert protocol.Index(bytes(data)).entry(n)[17:] == (count, first)
+    assert index_layout.Index(bytes(data)).entry(n)[17:] == (count, first)
     tmp = index_path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(data)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import stat
 import struct
 
 import pytest
 
-from monarch import protocol
+from monarch import index_layout, protocol
 
 def test_counters_layout():
     assert protocol.COUNTERS_SIZE == 8 * (protocol.HEADER_WORDS + protocol.SLOT_WORDS * protocol.MAX_SLOTS
@@ -113,21 +114,22 @@ def test_index_build_and_lookup(tmp_path):
         with open(path, "wb") as f:
             f.write(b"x" * i)
         entries.append((b"0/" + name, os.stat(path)))
-    data = protocol.build_index(entries)
-    (magic, version, n, nbuckets, _, boff, eoff, koff, ksize, coff,
-     nchildren) = protocol.INDEX_HEADER.unpack_from(data)
-    assert (magic, version, n) == (protocol.INDEX_MAGIC, protocol.INDEX_VERSION, len(names))
+    data = index_layout.build_index(entries)
+    (magic, version, n, nbuckets, _, boff, eoff, koff, ksize, coff, nchildren, files, used, foff, soff,
+     size) = protocol.INDEX_HEADER.unpack_from(data)
+    assert (magic, version, n, files, used) == (protocol.INDEX_MAGIC, protocol.INDEX_VERSION, len(names), n, n)
     assert nbuckets & (nbuckets - 1) == 0 and nbuckets >= 2 * n  # always an empty bucket: lookups end
-    assert eoff == boff + 4 * nbuckets and koff == eoff + protocol.INDEX_ENTRY.size * n
-    assert coff >= koff + ksize and nchildren == 0 and len(data) == coff
-    for key, st in entries:
-        got = protocol.index_lookup(data, key)
+    assert foff == boff + 4 * nbuckets and eoff == foff + protocol.INDEX_FILE.size * n and koff == eoff
+    assert coff >= koff + ksize and coff % 8 == 0 and nchildren == 0 and soff == coff
+    assert len(data) == size == soff + protocol.INDEX_ENTRY.size * n  # every file described: every slot taken
+    for number, (key, st) in enumerate(entries, 1):
+        got = index_layout.index_lookup(data, key)
         assert got == (st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                       st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0, st.st_blocks, st.st_blksize, 0, 0)
-    flagged = protocol.build_index([(b"0/l", entries[0][1], protocol.INDEX_FLAG_SYMLINK)])
-    assert protocol.index_lookup(flagged, b"0/l")[10:12] == (protocol.INDEX_FLAG_SYMLINK, 0)
-    assert protocol.index_lookup(data, b"0/missing") is None
-    assert protocol.index_lookup(data, b"1/a.jpg") is None  # same name, other root
+                       st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0, st.st_blocks, st.st_blksize, 0, number)
+    flagged = index_layout.build_index([(b"0/l", entries[0][1], protocol.INDEX_FLAG_SYMLINK)])
+    assert index_layout.index_lookup(flagged, b"0/l")[10:12] == (protocol.INDEX_FLAG_SYMLINK, 0)
+    assert index_layout.index_lookup(data, b"0/missing") is None
+    assert index_layout.index_lookup(data, b"1/a.jpg") is None  # same name, other root
     assert protocol.key_hash(b"123456789") == 0xCBF43926     # the CRC-32 check value the shim's table must give
 
 
@@ -143,7 +145,7 @@ def test_index_directories_links_and_listings(tmp_path):
     (root / "dlnk").symlink_to("sub")
     os.mkfifo(root / "fifo")
     snap = take_snapshot((str(root),))
-    idx = protocol.Index(snap.index_bytes())
+    idx = index_layout.Index(snap.index_bytes())
     top = idx.children(idx.number(b"0/"))
     assert [(name, d_type) for name, d_type, _, _ in top] == [
         (b".", protocol.DT_DIR), (b"..", protocol.DT_DIR), (b"dlnk", protocol.DT_LNK), (b"fifo", protocol.DT_FIFO),
@@ -153,18 +155,47 @@ def test_index_directories_links_and_listings(tmp_path):
     assert [entry != 0 for *_, entry in top[2:]] == [False, False, True, True]  # undescribed: dir link, fifo
     sub = idx.children(idx.number(b"0/sub"))
     assert [name for name, *_ in sub] == [b".", b"..", b"A.bin", b"b.bin", b"deep"]
-    lnk = protocol.index_lookup(idx.data, b"0/lnk")
+    lnk = index_layout.index_lookup(idx.data, b"0/lnk")
     assert lnk[10] == protocol.INDEX_FLAG_SYMLINK and lnk[0] == 10
     link_record = idx.entry(lnk[11])
     assert link_record[9] == os.lstat(root / "lnk").st_mode and link_record[7] == os.lstat(root / "lnk").st_ino
-    assert protocol.index_lookup(idx.data, b"0/sub")[10] == protocol.INDEX_FLAG_LISTED
+    assert index_layout.index_lookup(idx.data, b"0/sub")[10] == protocol.INDEX_FLAG_LISTED
     again = read_index(idx.data, snap.roots)
     assert (again.files, again.dirs, again.links) == (snap.files, snap.dirs, snap.links)
 
 
+def test_a_file_listed_has_a_record_and_no_stat_until_it_is_described(tmp_path):
+    """A listed file costs its 32-byte record (its key, its listed size); its 112-byte stat is
+    written when it is described, into the next slot of the room at the index's end, the record
+    naming the slot last; the bytes a copy needs grow by one stat."""
+    from monarch.node.snapshot.indextable import IndexTable, used_end
+    (tmp_path / "a").write_bytes(b"a" * 7)
+    st = os.stat(tmp_path / "a")
+    listed = [(b"0/a", st, protocol.INDEX_FLAG_UNDESCRIBED), (b"0/b", os.stat(tmp_path), protocol.INDEX_FLAG_UNDESCRIBED)]
+    data = index_layout.build_index(listed)
+    header = protocol.INDEX_HEADER.unpack_from(data)
+    assert header[11:13] == (2, 0) and len(data) == used_end(data) == header[14]  # no stat yet: no byte of the room
+    assert index_layout.index_lookup(data, b"0/a")[:1] + index_layout.index_lookup(data, b"0/a")[6:11] == (
+        7, stat.S_IFREG, 0, 0, 0, protocol.INDEX_FLAG_UNDESCRIBED)  # its listed size; nothing to answer from
+    room = bytearray(data) + bytearray(header[15] - len(data))  # the file at its size
+    table = IndexTable(room)
+    assert table.undescribed() == 2 and "0/a" in table
+    table["0/a"] = _info(st)
+    assert table.undescribed() == 1 and used_end(room) == len(data) + protocol.INDEX_ENTRY.size
+    assert index_layout.index_lookup(bytes(room), b"0/a")[:4] == (st.st_size, st.st_mtime_ns, st.st_atime_ns,
+                                                                   st.st_ctime_ns)
+    assert protocol.INDEX_FILE.unpack_from(room, header[13])[4] == 1  # its stat in slot 1
+
+
+def _info(st):
+    from monarch.records.filetable import FileInfo
+    return FileInfo(st.st_size, st.st_mtime_ns, st.st_mode, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                    st.st_uid, st.st_gid, st.st_nlink, False, st.st_blocks, st.st_blksize)
+
+
 def test_index_lookup_rejects_foreign_data():
     with pytest.raises(ValueError, match="not a Monarch index"):
-        protocol.index_lookup(b"\0" * 128, b"0/a")
+        index_layout.index_lookup(b"\0" * 128, b"0/a")
 
 
 def test_an_open_may_ask_to_keep_its_connection():

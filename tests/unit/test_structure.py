@@ -187,7 +187,7 @@ def test_no_collaborator_field_is_set_from_outside_its_class():
 
 # hasattr in monarch/, each reviewed: a check of a value's kind, never of a collaborator being a test double
 HASATTR = {
-    ("protocol.py", "st", "st_size"): "an os.stat_result or a snapshot FileInfo",
+    ("index_layout.py", "st", "st_size"): "an os.stat_result or a snapshot FileInfo",
     ("cluster/liveness.py", "exc", "Get_error_class"): "an MPI exception or another one",
     ("cluster/provide.py", "path", "read"): "provide's answer: a path or a decompressed file object",
     ("hints.py", "self.sampler", "set_epoch"): "the user's sampler (torch's DistributedSampler has set_epoch)",

@@ -11,7 +11,7 @@ import time
 from monarch import protocol
 from monarch.errors import ConfigError, MonarchError
 from monarch.node.snapshot import from_list
-from monarch.node.snapshot.indextable import files_in
+from monarch.node.snapshot.indextable import files_in, index_size, used_end
 from monarch.node.snapshot.snapshot import write_manifest
 from monarch.secure import write_file_atomically
 from monarch.sizes import human
@@ -37,7 +37,7 @@ def run(roots: list[str], out: str, sizes: bool = False, list_path: str | None =
         raise MonarchError(f"monarch index: cannot write {out}: {e.strerror or e}") from None
     print(f"{out}: {len(snap.files)} files, {len(snap.dirs)} directories, "
           f"{human(snap.total_bytes) if sizes else 'names only: each file stat-ed when a job opens it'} (walked in "
-          f"{time.monotonic() - t0:.1f} s; {os.path.getsize(out) / max(1, len(snap.files)):.0f} B a file); {_NEXT}")
+          f"{time.monotonic() - t0:.1f} s; {_held(out) / max(1, len(snap.files)):.0f} B a file); {_NEXT}")
     return 0
 
 
@@ -51,9 +51,9 @@ def _from_list(roots: tuple[str, ...], spelled: tuple[str, ...], list_path: str,
         raise ConfigError(f"monarch index: none of {looked} files sampled from {list_path} is a file under its root "
                           f"({first} is not); give the root the list's paths are relative to, one path a line")
     data, gone = from_list.build(roots, listed)
-    write_file_atomically(out, [data])
+    write_file_atomically(out, [data], size=index_size(data))
     total = protocol.INDEX_HEADER.unpack_from(data)[2]
-    files = files_in(data) or 0
+    files = files_in(data)
     dirs = total - files
     if missing:
         print(f"monarch index: {missing} of {looked} files sampled from {list_path} are not there now "
@@ -62,5 +62,12 @@ def _from_list(roots: tuple[str, ...], spelled: tuple[str, ...], list_path: str,
         print(f"monarch index: {len(gone)} directories of {list_path} are no directory now ({gone[0]}): what the "
               f"list names below them is left out, the PFS answers for it", file=sys.stderr)
     print(f"{out}: {files} files, {dirs} directories from {list_path} (in {time.monotonic() - t0:.1f} s; one stat "
-          f"a directory, none a file; {len(data) / max(1, files):.0f} B a file); {_NEXT}")
+          f"a directory, none a file; {used_end(data) / max(1, files):.0f} B a file); {_NEXT}")
     return 0
+
+
+def _held(path: str) -> int:
+    """The bytes of the index file at ``path`` that hold something (the rest, the room for stats
+    written as files are described, is sparse)."""
+    with open(path, "rb") as f:
+        return used_end(f.read(protocol.INDEX_HEADER.size))

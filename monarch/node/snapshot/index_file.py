@@ -15,6 +15,10 @@ import mmap
 import os
 import secrets
 
+from monarch import protocol
+
+_THIS_VERSION = protocol.INDEX_HEADER.pack(protocol.INDEX_MAGIC, protocol.INDEX_VERSION, *(0,) * 14)[:12]
+
 
 class IndexFile:
     """A new file of ``size`` bytes beside ``at`` (``at.tmp-HEX``: what a dead instance leaves is
@@ -36,13 +40,21 @@ class IndexFile:
 
     @classmethod
     def copy_of(cls, source: str, at: str) -> "IndexFile":
-        """The index file ``source`` (a manifest, a kept snapshot) copied beside ``at``, mapped."""
+        """The index file ``source`` (a manifest, a kept snapshot) copied beside ``at``, mapped: its
+        bytes up to its used end, the copy as long as the index says (its room for the stats of
+        files described later is sparse, as the source's; copying it would write every page)."""
         src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            size = os.fstat(src).st_size
+            size = length = os.fstat(src).st_size
+            header = os.pread(src, protocol.INDEX_HEADER.size, 0)
+            if len(header) == protocol.INDEX_HEADER.size and header[:12] == _THIS_VERSION:
+                (*_, files, used, _, stats_off, whole) = protocol.INDEX_HEADER.unpack(header)
+                end = stats_off + protocol.INDEX_ENTRY.size * min(used, files)
+                if end <= length <= whole == stats_off + protocol.INDEX_ENTRY.size * files:
+                    length, size = end, whole  # else copied as it is, for check_tables to refuse
             made = cls(at, size)
             try:
-                _copy(src, made._fd, size)
+                _copy(src, made._fd, length)
             except BaseException:
                 made.discard()
                 raise

@@ -1,6 +1,6 @@
 """The index file of a snapshot (protocol.py, "Snapshot index"), built without a Python object per file.
 
-``protocol.build_index`` takes any entries (tests build indexes from ``os.stat`` results);
+``index_layout.build_index`` takes any entries (tests build indexes from ``os.stat`` results);
 it holds every entry's record, packed bytes and dictionary slots at once: ~1.8 KiB per file
 at its peak, the daemon's largest memory at a million files. Here the same bytes come from
 a ``Snapshot`` in a few passes over its files, each record packed into one preallocated
@@ -29,21 +29,21 @@ from array import array
 from typing import Callable
 
 from monarch import protocol
+from monarch.index_layout import pad8
 from monarch.node.snapshot import walker
-from monarch.node.snapshot.indextable import IndexTable
+from monarch.node.snapshot.indextable import IndexTable, put_stat
 from monarch.records.filetable import FileTable
-from monarch.routes import Route, stepped
+from monarch.routes import stepped
 
 Routes = tuple  # per root k: routes.size_steps of the node for root k's files
 ROUTE_STEPS = 8  # steps per root at most (monarch_native.h's MONARCH_ROUTE_STEPS)
 
 _ENTRY = protocol.INDEX_ENTRY
+_FILE = protocol.INDEX_FILE
 _CHILD = protocol.INDEX_CHILD
 _NAME_OFFSET = struct.Struct("<Q")  # a child record's second field
 # an entry's stat fields (size .. nlink), its flags, and its blocks and blksize, at their offsets
-_STAT, _STAT_AT = struct.Struct("<QqqqQQIIII"), 16
 _FLAGS, _FLAGS_AT = struct.Struct("<I"), 80
-_BLOCKS, _BLOCKS_AT = struct.Struct("<QI"), 88
 
 
 def _fields(st) -> tuple:
@@ -82,9 +82,9 @@ def route_tables(routes: Routes) -> tuple:
 
 
 def stamp_routes(data: bytearray, nfiles: int, routes: Routes) -> None:
-    """Publish the routes in the first ``nfiles`` entries of the index ``data`` (its files), in
-    place: in C (``index_fill.c``'s ``walk_routes``) when the library is there. A file not described
-    yet gets none (``describe`` publishes it)."""
+    """Publish the routes in the stats of the index ``data``'s first ``nfiles`` files, in place: in C
+    (``index_fill.c``'s ``walk_routes``) when the library is there. A file not described yet gets
+    none (``describe`` publishes it)."""
     lib = walker.library()
     if lib is not None:
         buf = (ctypes.c_char * len(data)).from_buffer(data)
@@ -95,11 +95,12 @@ def stamp_routes(data: bytearray, nfiles: int, routes: Routes) -> None:
             del buf
         return
     table = IndexTable(data, nfiles)
-    at = protocol.INDEX_HEADER.unpack_from(data)[6] + _FLAGS_AT
     for n in range(nfiles):
-        e = table.entry(n)
-        bits = 0 if e[13] & protocol.INDEX_FLAG_UNDESCRIBED else route_flags(table.key(n), e[3], e[9], routes)
-        _FLAGS.pack_into(data, at + _ENTRY.size * n, (e[13] & ~protocol.INDEX_ROUTE_MASK) | bits)
+        at = table.stat_at(n)
+        if at >= 0:
+            e = _ENTRY.unpack_from(data, at)
+            _FLAGS.pack_into(data, at + _FLAGS_AT,
+                             (e[13] & ~protocol.INDEX_ROUTE_MASK) | route_flags(table.key(n), e[3], e[9], routes))
 
 
 class Describer:
@@ -125,12 +126,13 @@ class Describer:
         return fd
 
     def __call__(self, table: IndexTable, n: int) -> bool:
-        """File entry ``n``'s stat taken now and written in place: its fields, then its flags, so
-        that the shim, which loads the flags first, never reads a half-written entry. False if the
-        file is gone or no longer a regular file (it stays undescribed: nothing is served from it)."""
-        at = protocol.INDEX_HEADER.unpack_from(table.data)[6] + _ENTRY.size * n
-        if not _FLAGS.unpack_from(table.data, at + _FLAGS_AT)[0] & protocol.INDEX_FLAG_UNDESCRIBED:
+        """File ``n``'s stat taken now and written in its index (protocol.py: its stat in a free slot,
+        then the slot in its record, which the shim loads first). False if the file is gone or no
+        longer a regular file (it stays undescribed: nothing is served from it)."""
+        if table.stat_at(n) >= 0:
             return True
+        if not isinstance(table.data, (bytearray, mmap.mmap)):
+            return False  # an index received, not published here yet: its files are described once it is
         key = table.key(n)
         k, _, rel = key.partition("/")
         try:
@@ -141,16 +143,21 @@ class Describer:
             return False
         if not stat.S_ISREG(st.st_mode):
             return False
-        with self._lock:  # one writer per entry: the shim never sees two stats' fields mixed
-            flags = _FLAGS.unpack_from(table.data, at + _FLAGS_AT)[0]
-            if flags & protocol.INDEX_FLAG_UNDESCRIBED:
-                _STAT.pack_into(table.data, at + _STAT_AT, st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns,
-                                st.st_ino, st.st_dev, st.st_mode, st.st_uid, st.st_gid, st.st_nlink)
-                _BLOCKS.pack_into(table.data, at + _BLOCKS_AT, st.st_blocks, st.st_blksize)
-                bits = route_flags(key, st.st_size, st.st_mode, self.routes)
-                _FLAGS.pack_into(table.data, at + _FLAGS_AT,
-                                 flags & ~(protocol.INDEX_FLAG_UNDESCRIBED | protocol.INDEX_ROUTE_MASK) | bits)
-        return True
+        fields = (st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, st.st_mode,
+                  st.st_uid, st.st_gid, st.st_nlink, st.st_blocks, st.st_blksize)
+        lib = walker.library()
+        with self._lock:  # one Python writer at a time; the front door's (C) claims its file first, as this does
+            if lib is not None:
+                routes = route_tables(self.routes) if self.routes is not None else (None, None, None)
+                buf = (ctypes.c_char * len(table.data)).from_buffer(table.data)
+                try:
+                    lib.index_put_stat(ctypes.addressof(buf), len(table.data), n + 1, (ctypes.c_int64 * 12)(*fields),
+                                       *routes, len(self.routes) if self.routes is not None else 0)
+                finally:
+                    del buf
+            elif table.stat_at(n) < 0:
+                put_stat(table, n, fields, route_flags(key, st.st_size, st.st_mode, self.routes))
+        return table.stat_at(n) >= 0
 
 
 def _close_all(fds: dict[int, int]) -> None:
@@ -197,7 +204,9 @@ def index_parts(snap, routes: Routes | None = None) -> list:
         nbuckets *= 2
     mask = nbuckets - 1
     buckets = array("I", bytes(4 * nbuckets))
-    entries = bytearray(_ENTRY.size * total)
+    records = bytearray(_FILE.size * nfiles)
+    fixed = bytearray(_ENTRY.size * (total - nfiles))
+    stats = bytearray(_ENTRY.size * nfiles)  # every file described (a snapshot's FileInfo): file n's stat in slot n
     keys = bytearray()
     key_offset = array("Q")
     hashes = array("I")
@@ -215,14 +224,15 @@ def index_parts(snap, routes: Routes | None = None) -> list:
             b = (b + 1) & mask
         buckets[b] = n + 1
 
-    # the files, their keys and records; then the directories' keys (the key blob's order)
+    # the files, their keys, records and stats; then the directories' keys (the key blob's order)
     for n, (key, info) in enumerate(files.items()):
         raw = kb(key)
         h = place(raw)
         bucket(n, h)
         flags = (protocol.INDEX_FLAG_SYMLINK if info.link else 0) | route_flags(key, info.size, info.mode, routes)
-        _ENTRY.pack_into(entries, n * _ENTRY.size, h, len(raw), key_offset[n], *_fields(info), flags,
-                         link_number.get(key, 0), info.blocks, info.blksize, 0, 0)
+        _FILE.pack_into(records, n * _FILE.size, h, len(raw), key_offset[n], info.size, n + 1, 0)
+        _ENTRY.pack_into(stats, n * _ENTRY.size, h, len(raw), key_offset[n], *_fields(info), flags,
+                         link_number.get(key, 0), info.blocks, info.blksize, 0, n + 1)
     for key in dir_keys:
         place(kb(key))
 
@@ -254,15 +264,15 @@ def index_parts(snap, routes: Routes | None = None) -> list:
                     spare.append((nchildren, name))
                 nchildren += 1
         flags = protocol.INDEX_FLAG_LISTED if listed else 0
-        _ENTRY.pack_into(entries, n * _ENTRY.size, hashes[n], len(raw), key_offset[n], *_fields(info), flags, 0,
+        _ENTRY.pack_into(fixed, j * _ENTRY.size, hashes[n], len(raw), key_offset[n], *_fields(info), flags, 0,
                          info.blocks, info.blksize, nchildren - first, first)
 
-    # the links' own records (reached through their file's entry, not hashed)
+    # the links' own records (reached through their file's stat, not hashed)
     for i, (n, key) in enumerate(linked):
         lst = links[key]
         raw = kb(key)
-        _ENTRY.pack_into(entries, (items + i) * _ENTRY.size, zlib.crc32(raw) & 0xFFFFFFFF, len(raw), key_offset[n],
-                         *_fields(lst), 0, 0, lst.blocks, lst.blksize, 0, 0)
+        _ENTRY.pack_into(fixed, (len(dir_keys) + i) * _ENTRY.size, zlib.crc32(raw) & 0xFFFFFFFF, len(raw),
+                         key_offset[n], *_fields(lst), 0, 0, lst.blocks, lst.blksize, 0, 0)
 
     # names that are no entry's key: after every key, each once, in listing order
     for record, name in spare:
@@ -275,10 +285,13 @@ def index_parts(snap, routes: Routes | None = None) -> list:
     if sys.byteorder != "little":
         buckets.byteswap()
     buckets_off = protocol.INDEX_HEADER.size
-    entries_off = buckets_off + 4 * nbuckets
-    keys_off = entries_off + len(entries)
-    children_off = keys_off + len(keys)
-    children_off += -children_off % 8
+    files_off = buckets_off + 4 * nbuckets
+    entries_off = files_off + len(records)
+    keys_off = entries_off + len(fixed)
+    children_off = pad8(keys_off + len(keys))
+    stats_off = pad8(children_off + len(children))
     header = protocol.INDEX_HEADER.pack(protocol.INDEX_MAGIC, protocol.INDEX_VERSION, total, nbuckets, 0, buckets_off,
-                                        entries_off, keys_off, len(keys), children_off, nchildren)
-    return [header, buckets.tobytes(), entries, keys, b"\0" * (children_off - keys_off - len(keys)), children]
+                                        entries_off, keys_off, len(keys), children_off, nchildren, nfiles, nfiles,
+                                        files_off, stats_off, stats_off + len(stats))
+    return [header, buckets.tobytes(), records, fixed, keys, b"\0" * (children_off - keys_off - len(keys)), children,
+            b"\0" * (stats_off - children_off - len(children)), stats]

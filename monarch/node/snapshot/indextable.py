@@ -2,15 +2,16 @@
 is the daemon's table too, with no Python object per file.
 
 A million-file dataset in a ``FileTable`` still holds a key string and a dict slot per file
-(~250 bytes beside its 104 bytes of fields); here a file is its index entry (112 bytes)
-and its key's bytes, ~175 bytes in all, and a look-up is the shim's: the key's CRC-32,
-then linear probing in the index's buckets. The C walk (``walker.c``) and a kept index
-(``snapshot.read_index``) both give one without building anything per file.
+(~250 bytes beside its 104 bytes of fields); here a file is its 32-byte record, its key's
+bytes and its bucket, and its 112-byte stat once it is described; a look-up is the shim's: the
+key's CRC-32, then linear probing in the index's buckets. The C walk (``walker.c``) and a kept
+index (``snapshot.read_index``) both give one without building anything per file.
 
 The index is the whole snapshot's (its files, directories and links), so the daemon writes
-it as it is (``index_writer.index_parts``). It changes only by ``remap_devices`` (a snapshot
-received from another node), which patches every entry in place, and by the routes published in
-its files' flags (``index_writer.stamp_routes``, read by ``route``); a file cannot be added.
+it as it is (``index_writer.index_parts``). It changes by the stats written as files are
+described (``put_stat``; ``index_writer.Describer``), by ``remap_devices`` (a snapshot received
+from another node), which patches every stat in place, and by the routes published in its files'
+stats (``index_writer.stamp_routes``, read by ``route``); a file cannot be added.
 """
 
 from __future__ import annotations
@@ -23,13 +24,21 @@ import zlib
 from typing import Callable, Iterator, MutableMapping, Sequence
 
 from monarch import protocol
+from monarch.index_layout import undescribed_view
 from monarch.records.filetable import FileInfo, Listing
 from monarch.routes import Route
 
 _ENTRY = protocol.INDEX_ENTRY
 _CHILD = protocol.INDEX_CHILD
 _SIZE = _ENTRY.size
-_HEAD = struct.Struct("<IIQ")     # an entry's hash, key length, key offset
+_FILE = protocol.INDEX_FILE.size
+_HEAD = struct.Struct("<IIQ")     # an entry's or a file record's hash, key length, key offset
+_U32 = struct.Struct("<I")
+_SIZE_FIELD, _SIZE_FIELD_AT = struct.Struct("<Q"), 16  # a file record's size
+_STAT_AT = 24                     # a file record's stat slot (u32)
+_FIRST, _FIRST_AT = struct.Struct("<Q"), 104  # a stat's last field: its file's number
+_H_FILES, _H_FILES_OFF, _H_STATS_OFF = 11, 13, 14  # INDEX_HEADER's fields: files, files' and stats' offsets
+_STATS_USED_AT = 76               # the header's stats used (u32)
 _MODE = struct.Struct("<I")       # at offset _MODE_AT of an entry
 _MODE_AT = 64
 _DEV_AT = 56                      # st_dev, u64
@@ -42,22 +51,33 @@ def check_tables(data) -> None:
     """Is ``data`` an index of this version whose tables lie inside it, as the shim and the front
     door require before they map one (monarch_shim.c, door_index.c's index_valid)? A ValueError
     that says what is wrong if not: a file the daemon took as its snapshot and they refused would
-    leave the job with nothing staged and every metadata call the PFS's."""
+    leave the job with nothing staged and every metadata call the PFS's. ``data`` may end at the
+    stats' used end (a copy's, a pickle's): the stats' room is checked against the header's size."""
     if len(data) < protocol.INDEX_HEADER.size:
         raise ValueError(f"{len(data)} bytes, shorter than an index's header ({protocol.INDEX_HEADER.size})")
     (magic, version, entries, buckets, _, buckets_off, entries_off, keys_off, keys_size, children_off,
-     nchildren) = protocol.INDEX_HEADER.unpack_from(data)
+     nchildren, files, used, files_off, stats_off, size) = protocol.INDEX_HEADER.unpack_from(data)
     if magic != protocol.INDEX_MAGIC or version != protocol.INDEX_VERSION:
         raise ValueError("not a Monarch index of version %d" % protocol.INDEX_VERSION)
     if not buckets or buckets & (buckets - 1):
         raise ValueError(f"its buckets ({buckets}) are not a power of two")
     if entries >= buckets:
         raise ValueError(f"its entries ({entries}) are not fewer than its buckets ({buckets})")
-    size = len(data)
-    for what, off, length in (("buckets", buckets_off, 4 * buckets), ("entries", entries_off, _SIZE * entries),
-                              ("key bytes", keys_off, keys_size), ("child records", children_off, _CHILD.size * nchildren)):
-        if off > size or length > size - off:
-            raise ValueError(f"its {what} ({length} bytes at {off}) lie past its end ({size} bytes)")
+    if files > entries or used > files:
+        raise ValueError(f"its files ({files}) or stats used ({used}) are more than it holds ({entries} entries)")
+    if len(data) > size:
+        raise ValueError(f"{len(data)} bytes, longer than its size ({size})")
+    if size != stats_off + _SIZE * files:
+        raise ValueError(f"its size ({size}) is not where the room for its {files} files' stats ends")
+    for what, off, length, end in (("buckets", buckets_off, 4 * buckets, len(data)),
+                                   ("file records", files_off, _FILE * files, len(data)),
+                                   ("entries", entries_off, _SIZE * (entries - files), len(data)),
+                                   ("key bytes", keys_off, keys_size, len(data)),
+                                   ("child records", children_off, _CHILD.size * nchildren, len(data)),
+                                   ("stats used", stats_off, _SIZE * used, len(data)),
+                                   ("stats", stats_off, _SIZE * files, size)):
+        if off > end or length > end - off:
+            raise ValueError(f"its {what} ({length} bytes at {off}) lie past its end ({end} bytes)")
 
 
 def _info(e: tuple) -> FileInfo:
@@ -67,20 +87,22 @@ def _info(e: tuple) -> FileInfo:
 
 
 class IndexTable(MutableMapping[str, FileInfo]):
-    """The files of an index (its first ``nfiles`` entries) as a mapping key -> FileInfo,
-    with ``FileTable``'s extras (``row_of``, ``total_size``)."""
-    __slots__ = ("data", "nfiles", "total", "_buckets", "_mask", "_entries", "_keys", "describer")
+    """The files of an index (its entries 0 .. ``nfiles`` - 1) as a mapping key -> FileInfo,
+    with ``FileTable``'s extras (``row_of``, ``total_size``). Entry n (from 0) is number n + 1."""
+    __slots__ = ("data", "nfiles", "total", "_buckets", "_mask", "_files", "_fixed", "_stats", "_keys", "describer")
 
-    def __init__(self, data: bytearray | bytes, nfiles: int, describer: Callable[["IndexTable", int], bool] | None = None):
+    def __init__(self, data: bytearray | bytes, nfiles: int | None = None,
+                 describer: Callable[["IndexTable", int], bool] | None = None):
         check_tables(data)
         header = protocol.INDEX_HEADER.unpack_from(data)
+        if nfiles is not None and nfiles != header[_H_FILES]:
+            raise ValueError(f"an index of {header[_H_FILES]} files, not {nfiles}")
         self.data = data
-        self.nfiles = nfiles
+        self.nfiles = header[_H_FILES]
         self.total = header[2]
         self._mask = header[3] - 1
         self._buckets = memoryview(data)[header[5]:header[5] + 4 * header[3]].cast("I")
-        self._entries = header[6]
-        self._keys = header[7]
+        self._files, self._fixed, self._stats, self._keys = header[_H_FILES_OFF], header[6], header[_H_STATS_OFF], header[7]
         # a listing-mode walk's files are described when first asked for (index_writer.Describer)
         self.describer = describer
 
@@ -91,12 +113,34 @@ class IndexTable(MutableMapping[str, FileInfo]):
         self.data = data
 
     # -- the entries ---------------------------------------------------------------------
+    def stat_slot(self, n: int) -> int:
+        """File ``n``'s (from 0) stats slot (from 1), or 0 while it is not described (a slot whose
+        stat does not name the file back, as a copy made while it was written may hold, is none)."""
+        s = _U32.unpack_from(self.data, self._files + _FILE * n + _STAT_AT)[0]
+        if s == protocol.INDEX_DESCRIBING or not 0 < s <= self.nfiles or self._stats + _SIZE * s > len(self.data):
+            return 0
+        return s if _FIRST.unpack_from(self.data, self._stats + _SIZE * (s - 1) + _FIRST_AT)[0] == n + 1 else 0
+
+    def stat_at(self, n: int) -> int:
+        """Where file ``n``'s (from 0) stat is (an offset in ``data``), or -1 while it is not described."""
+        s = self.stat_slot(n)
+        return self._stats + _SIZE * (s - 1) if s else -1
+
     def entry(self, n: int) -> tuple:
-        """Entry ``n`` (from 0) as INDEX_ENTRY's fields."""
-        return _ENTRY.unpack_from(self.data, self._entries + _SIZE * n)
+        """Entry ``n`` (from 0) as INDEX_ENTRY's fields (a file not described yet: ``undescribed_view``)."""
+        if n >= self.nfiles:
+            return _ENTRY.unpack_from(self.data, self._fixed + _SIZE * (n - self.nfiles))
+        at = self.stat_at(n)
+        if at < 0:
+            return undescribed_view(protocol.INDEX_FILE.unpack_from(self.data, self._files + _FILE * n))
+        return _ENTRY.unpack_from(self.data, at)
+
+    def _head(self, n: int) -> tuple[int, int, int]:
+        at = self._files + _FILE * n if n < self.nfiles else self._fixed + _SIZE * (n - self.nfiles)
+        return _HEAD.unpack_from(self.data, at)
 
     def raw_key(self, n: int) -> bytes:
-        _, length, offset = _HEAD.unpack_from(self.data, self._entries + _SIZE * n)
+        _, length, offset = self._head(n)
         start = self._keys + offset
         return bytes(self.data[start:start + length])
 
@@ -106,34 +150,41 @@ class IndexTable(MutableMapping[str, FileInfo]):
         return Route(bits - 1) if bits else None
 
     def key(self, n: int) -> str:
-        _, length, offset = _HEAD.unpack_from(self.data, self._entries + _SIZE * n)
-        start = self._keys + offset
-        return self.data[start:start + length].decode(_ENCODING, _ERRORS)
+        return self.raw_key(n).decode(_ENCODING, _ERRORS)
 
     def is_dir(self, n: int) -> bool:
-        return stat.S_ISDIR(_MODE.unpack_from(self.data, self._entries + _SIZE * n + _MODE_AT)[0])
+        return n >= self.nfiles and stat.S_ISDIR(
+            _MODE.unpack_from(self.data, self._fixed + _SIZE * (n - self.nfiles) + _MODE_AT)[0])
 
     def number(self, raw: bytes) -> int:
         """The entry (from 0) keyed ``raw`` (a file's or a directory's), or -1."""
         h = zlib.crc32(raw)
         b = h & self._mask
-        data, buckets, entries, keys, length = self.data, self._buckets, self._entries, self._keys, len(raw)
-        while True:
+        data, buckets, keys, length, nfiles = self.data, self._buckets, self._keys, len(raw), self.nfiles
+        files, fixed = self._files, self._fixed
+        for _ in range(len(buckets)):  # bounded: a table with no empty bucket ends the search too
             n = buckets[b]
-            if not n:
+            if not n or n > self.total:
                 return -1
-            eh, klen, koff = _HEAD.unpack_from(data, entries + _SIZE * (n - 1))
+            at = files + _FILE * (n - 1) if n <= nfiles else fixed + _SIZE * (n - 1 - nfiles)
+            eh, klen, koff = _HEAD.unpack_from(data, at)
             if eh == h and klen == length and data[keys + koff:keys + koff + klen] == raw:
                 return n - 1
             b = (b + 1) & self._mask
+        return -1
+
+    def used_end(self) -> int:
+        """Where the stats written so far end: the bytes a copy of the index needs (the rest are zeros)."""
+        return min(used_end(self.data), len(self.data))
 
     def remap_devices(self, remap: dict[int, int]) -> None:
         """Every entry's st_dev through ``remap`` (another node's device numbers -> ours)."""
-        for n in range(self.total):
-            at = self._entries + _SIZE * n + _DEV_AT
-            dev = _DEV.unpack_from(self.data, at)[0]
+        fixed = [self._fixed + _SIZE * n for n in range(self.total - self.nfiles)]
+        stats = range(self._stats, self.used_end(), _SIZE)
+        for at in (*fixed, *stats):
+            dev = _DEV.unpack_from(self.data, at + _DEV_AT)[0]
             if dev in remap:
-                _DEV.pack_into(self.data, at, remap[dev])
+                _DEV.pack_into(self.data, at + _DEV_AT, remap[dev])
 
     # -- the mapping -----------------------------------------------------------------------
     def row_of(self, key: str) -> int | None:
@@ -144,13 +195,13 @@ class IndexTable(MutableMapping[str, FileInfo]):
     def described(self, n: int) -> tuple | None:
         """File entry ``n``'s fields, described now if a listing-mode walk left it undescribed;
         None if it cannot be (gone, no longer a regular file, nothing to describe it with)."""
-        e = self.entry(n)
-        if not e[13] & protocol.INDEX_FLAG_UNDESCRIBED:
-            return e
+        at = self.stat_at(n)
+        if at >= 0:
+            return _ENTRY.unpack_from(self.data, at)
         if self.describer is None or not self.describer(self, n):
             return None
-        e = self.entry(n)
-        return None if e[13] & protocol.INDEX_FLAG_UNDESCRIBED else e
+        at = self.stat_at(n)
+        return None if at < 0 else _ENTRY.unpack_from(self.data, at)
 
     def __getitem__(self, key: str) -> FileInfo:
         n = self.row_of(key)
@@ -171,25 +222,23 @@ class IndexTable(MutableMapping[str, FileInfo]):
         n = self.row_of(key)
         if n is None:
             raise TypeError("an index's files are fixed: no file can be added")
-        e = list(self.entry(n))
-        e[3:13] = (info.size, info.mtime_ns, info.atime_ns, info.ctime_ns, info.ino, info.dev, info.mode,
-                   info.uid, info.gid, info.nlink)
-        e[15], e[16] = info.blocks, info.blksize
-        e[13] &= ~protocol.INDEX_FLAG_UNDESCRIBED
-        _ENTRY.pack_into(self.data, self._entries + _SIZE * n, *e)
+        fields = (info.size, info.mtime_ns, info.atime_ns, info.ctime_ns, info.ino, info.dev, info.mode,
+                  info.uid, info.gid, info.nlink, info.blocks, info.blksize)
+        if put_stat(self, n, fields, 0) < 0:
+            raise ValueError("the index has no room for another file's stat")
 
     def __delitem__(self, key: str) -> None:
         raise TypeError("a snapshot's files are never removed")
 
     def __iter__(self) -> Iterator[str]:
-        data, entries, keys, head = self.data, self._entries, self._keys, _HEAD.unpack_from
+        data, files, keys, head = self.data, self._files, self._keys, _HEAD.unpack_from
         for n in range(self.nfiles):
-            _, length, offset = head(data, entries + _SIZE * n)
+            _, length, offset = head(data, files + _FILE * n)
             yield data[keys + offset:keys + offset + length].decode(_ENCODING, _ERRORS)
 
     def items(self):
-        """Every file as the index holds it now: one a listing-mode walk left undescribed has only
-        its key, S_IFREG and size 0 (``undescribed`` counts them; ``get`` describes one)."""
+        """Every file as the index holds it now: one not described yet has only its key, S_IFREG
+        and its listed size or 0 (``undescribed`` counts them; ``get`` describes one)."""
         for n in range(self.nfiles):
             yield self.key(n), _info(self.entry(n))
 
@@ -199,24 +248,53 @@ class IndexTable(MutableMapping[str, FileInfo]):
     def __len__(self) -> int:
         return self.nfiles
 
+    def _record_words(self, fmt: str, at: int):
+        """One field of every file record, read in place (``fmt`` its memoryview format)."""
+        width = struct.calcsize(fmt)
+        return memoryview(self.data)[self._files:self._files + _FILE * self.nfiles].cast(fmt)[at // width::_FILE // width]
+
     def undescribed(self) -> int:
-        """How many files a listing-mode walk left undescribed so far."""
+        """How many files are not described yet."""
         if not self.nfiles:
             return 0
-        flags = memoryview(self.data)[self._entries:self._entries + _SIZE * self.nfiles].cast("I")[20::_SIZE // 4]
-        return sum(1 for f in flags if f & protocol.INDEX_FLAG_UNDESCRIBED)
+        slots = self._record_words("I", _STAT_AT)
+        return sum(1 for s in slots if not s or s == protocol.INDEX_DESCRIBING)
 
     def total_size(self) -> int:
-        if not self.nfiles:
-            return 0
-        sizes = memoryview(self.data)[self._entries:self._entries + _SIZE * self.nfiles].cast("Q")
-        return sum(sizes[2::_SIZE // 8])
+        return sum(file_sizes(self))
 
     def __repr__(self) -> str:
         return f"IndexTable({self.nfiles} files)"
 
-    def __reduce__(self):  # pickled as its index (a share crosses MPI): ~175 bytes per file
-        return (IndexTable, (bytes(self.data), self.nfiles))
+    def __reduce__(self):  # pickled as its index up to its used end (a share crosses MPI): ~80 bytes per file
+        return (IndexTable, (bytes(self.data[:self.used_end()]), self.nfiles))
+
+
+def put_stat(table: IndexTable, n: int, fields: tuple, flags: int) -> int:
+    """File ``n``'s (from 0) stat written, in Python (``fields``: size, mtime, atime, ctime, ino,
+    dev, mode, uid, gid, nlink, blocks, blksize; ``flags``: its route's bits): in its slot if it
+    has one, else in the next free slot, which its record then names (protocol.py: its stat first,
+    the slot last). 1 written; -1 no slot left. Callers serialize (the C library's
+    ``index_put_stat`` is the one the daemon uses beside the front door)."""
+    data, record = table.data, table._files + _FILE * n
+    at = table.stat_at(n)
+    if at < 0:
+        used = _U32.unpack_from(data, _STATS_USED_AT)[0]
+        if used >= table.nfiles or table._stats + _SIZE * (used + 1) > len(data):  # no room here (a copy's used end)
+            return -1
+        _U32.pack_into(data, _STATS_USED_AT, used + 1)
+        at = table._stats + _SIZE * used
+        slot = used + 1
+    else:
+        slot = 0
+    h, klen, koff = _HEAD.unpack_from(data, record)
+    (size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink, blocks, blksize) = fields
+    _ENTRY.pack_into(data, at, h, klen, koff, size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink, flags, 0,
+                     blocks, blksize, 0, n + 1)
+    _SIZE_FIELD.pack_into(data, record + _SIZE_FIELD_AT, size)
+    if slot:
+        _U32.pack_into(data, record + _STAT_AT, slot)
+    return 1
 
 
 class IndexListing(Sequence[tuple[bytes, int, int]]):
@@ -259,37 +337,31 @@ class IndexListing(Sequence[tuple[bytes, int, int]]):
         return (Listing, (tuple(self),))
 
 
-def files_in(data: bytearray | bytes) -> int | None:
-    """How many of an index's entries are files (they come first, then the directories, then
-    the links' own records), or None if the index has no directory (then its layout says
-    nothing about where its files end)."""
-    header = protocol.INDEX_HEADER.unpack_from(data)
-    entries, total = header[6], header[2]
+def index_size(data) -> int:
+    """The length of the index file ``data`` begins (its stats' room included)."""
+    return protocol.INDEX_HEADER.unpack_from(data)[15]
 
-    def is_dir(n: int) -> bool:
-        return stat.S_ISDIR(_MODE.unpack_from(data, entries + _SIZE * n + _MODE_AT)[0])
-    items = total
-    while items and not is_dir(items - 1):  # the links' records
-        items -= 1
-    if not items:
-        return None
-    lo, hi = 0, items
-    while lo < hi:  # the first directory
-        mid = (lo + hi) // 2
-        if is_dir(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+
+def used_end(data) -> int:
+    """Where the stats the index ``data`` holds end: what a copy of it needs (the rest is zeros)."""
+    header = protocol.INDEX_HEADER.unpack_from(data)
+    return header[_H_STATS_OFF] + _SIZE * min(header[12], header[_H_FILES])
+
+
+def files_in(data: bytearray | bytes) -> int:
+    """How many of an index's entries are files (they come first, then the directories, then the
+    links' own records)."""
+    return protocol.INDEX_HEADER.unpack_from(data)[_H_FILES]
 
 
 def file_sizes(files) -> Sequence[int] | Iterator[int]:
-    """The files' sizes, in the table's order (an IndexTable's read in place: no record per file)."""
+    """The files' sizes, in the table's order (an IndexTable's read in place from its file
+    records: the stat's size once described, else a listed size or 0; no record per file)."""
     if not isinstance(files, IndexTable):
         return (info.size for info in files.values())
     if not files.nfiles:
         return ()
-    return memoryview(files.data)[files._entries:files._entries + _SIZE * files.nfiles].cast("Q")[2::_SIZE // 8]
+    return files._record_words("Q", _SIZE_FIELD_AT)
 
 
 def larger_than(files, size: int) -> list[str]:

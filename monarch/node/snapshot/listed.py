@@ -17,8 +17,8 @@ import time
 
 from monarch import protocol
 from monarch.node.snapshot.indextable import IndexTable
-from monarch.node.snapshot.snapshot import MANIFEST_UNCHECKED, Snapshot, describe_rest, listing_index, unchanged
-from monarch.secure import write_file_atomically
+from monarch.node.snapshot.snapshot import (MANIFEST_UNCHECKED, Snapshot, describe_rest, listing_index, unchanged,
+                                            write_index_file)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class ListedFiles:
         head = bytearray(files.data[:protocol.INDEX_HEADER.size])
         struct.pack_into("<I", head, _LISTING_AT, 0)  # some of its files are described now: no longer a listing's alone
         try:
-            write_file_atomically(cache, [head, memoryview(files.data)[len(head):]])
+            write_index_file(cache, [head, memoryview(files.data)[len(head):]])
         except OSError as e:
             log.warning("cannot keep the snapshot at %s for the next job: %s", cache, e.strerror)
 

@@ -31,7 +31,7 @@ from monarch.node.snapshot import index_writer
 from monarch.node.snapshot import walker
 from monarch.node.snapshot.index_file import IndexFile
 from monarch.records.filetable import DirInfo, FileInfo, FileTable, Listing
-from monarch.node.snapshot.indextable import IndexListing, IndexTable, check_tables, files_in
+from monarch.node.snapshot.indextable import IndexListing, IndexTable, check_tables, files_in, index_size, used_end
 from monarch.node.snapshot.pfsmeta import lstats_under_roots, opened_stat
 from monarch.secure import write_file_atomically
 
@@ -93,7 +93,7 @@ class Snapshot:
     def rebind(self, data) -> None:
         """Read the index from ``data`` from now on: the same bytes, mapped shared from the file the
         shim maps (so that a file described later is seen there, and the node holds one copy)."""
-        if not isinstance(self.files, IndexTable) or len(data) != len(self.files.data):
+        if not isinstance(self.files, IndexTable) or not same_index(data, self.files.data):
             raise ValueError("not this snapshot's index")
         self.files.rebind(data)
         for key, d in list(self.dirs.items()):
@@ -119,7 +119,7 @@ class Snapshot:
         if self.index_file is not None and self.index_file.path and len(parts) == 1 and parts[0] is self.files.data:
             self.index_file.publish(path)
             return
-        write_file_atomically(path, parts)
+        write_index_file(path, parts)
         self.map_index_file(path)
 
     def discard_index_file(self) -> None:
@@ -138,7 +138,7 @@ class Snapshot:
 
     def write_index(self, path: str) -> None:
         """The index written atomically at ``path`` (scripts/shim/bench_shim.py maps one)."""
-        write_file_atomically(path, self.index_parts())
+        write_index_file(path, self.index_parts())
 
     def with_local_devices(self) -> "Snapshot":
         """The snapshot with each root's st_dev as this node sees it (a snapshot received from
@@ -359,32 +359,28 @@ def _child_at(data, i: int) -> int:
 
 
 def read_index(data: bytes | bytearray, roots: tuple[str, ...]) -> Snapshot:
-    """The snapshot an index file was written from (``Snapshot.write_index``'s inverse): read
-    in place (``Snapshot.from_index``) when its layout is the writers' (files first, then
-    directories, then the links' records), else entry by entry."""
-    nfiles = files_in(data)
-    if nfiles is not None:
-        return Snapshot.from_index(roots, data if isinstance(data, bytearray) else bytearray(data), nfiles)
-    idx = protocol.Index(data)
-    files, dirs, links = FileTable(), {}, {}
-    for n in idx.keyed():
-        e = idx.entry(n)
-        key = protocol.key_str(idx.key(n))
-        flags = e[13]
-        if (e[9] & 0o170000) == 0o040000:
-            children = None
-            if flags & protocol.INDEX_FLAG_LISTED:
-                recs = idx.children(n)
-                children = Listing((name, d_type, d_ino) for name, d_type, d_ino, _ in recs[2:])
-                parent_ino = recs[1][2]
-            else:
-                parent_ino = 0
-            dirs[key] = DirInfo(_info_of(e), children, parent_ino)
-        else:
-            files[key] = _info_of(e, bool(flags & protocol.INDEX_FLAG_SYMLINK))
-            if e[14]:
-                links[key] = _info_of(idx.entry(e[14]))
-    return Snapshot(tuple(roots), files, dirs, links)
+    """The snapshot an index file was written from (``Snapshot.write_index``'s inverse), read in
+    place (``Snapshot.from_index``)."""
+    return Snapshot.from_index(roots, data if isinstance(data, bytearray) else bytearray(data), files_in(data))
+
+
+def write_index_file(path: str, parts: list) -> None:
+    """The index ``parts`` (``Snapshot.index_parts``'s) written at ``path`` up to their used end, the
+    file as long as the index says (the room for stats written later: a sparse tail)."""
+    head = bytes(parts[0][:protocol.INDEX_HEADER.size])
+    end, written, at = used_end(head), [], 0
+    for part in parts:
+        view = memoryview(part)
+        if at < end:
+            written.append(view[:end - at])
+        at += len(view)
+    write_file_atomically(path, written, size=index_size(head))
+
+
+def same_index(a, b) -> bool:
+    """Do ``a`` and ``b`` hold the same index (their headers equal but for the stats used)?"""
+    ha, hb = protocol.INDEX_HEADER.unpack_from(a), protocol.INDEX_HEADER.unpack_from(b)
+    return ha[:12] == hb[:12] and ha[13:] == hb[13:]
 
 
 CHECKERS = 8  # directories stat'ed at once when a kept snapshot or a manifest is checked (the PFS's metadata servers)
@@ -491,7 +487,7 @@ def load_or_walk(roots: tuple[str, ...], cache: str | None, fresh: bool = False,
         snap = take_snapshot(roots, into=into, on_directory=on_directory)
     if cache:
         try:
-            write_file_atomically(cache, snap.index_parts())
+            write_index_file(cache, snap.index_parts())
         except OSError as e:
             log.warning("cannot keep the snapshot at %s for the next job: %s", cache, e.strerror)
     return snap, f"walked: {why}"
@@ -503,7 +499,7 @@ def write_manifest(roots: tuple[str, ...], out: str, describe: bool = False) -> 
     (load_or_walk checks it by its directories)."""
     walked = walker.walk_index(tuple(roots), describe=describe)
     snap = Snapshot.from_index(roots, *walked) if walked is not None else take_snapshot(tuple(roots))
-    write_file_atomically(out, snap.index_parts())
+    write_index_file(out, snap.index_parts())
     return snap
 
 

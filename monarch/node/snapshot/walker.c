@@ -13,17 +13,17 @@
  * (tests/unit/node/snapshot/test_walker.py holds the two equal).
  *
  * Listing mode (walk_run's ``describe`` 0): the namespace at the pace of the listings, as ``find``
- * walks: a name whose d_type says regular file or directory is not stat'ed. A file's entry is left
- * UNDESCRIBED (its key, S_IFREG, route 0: protocol.py) for the daemon to fill when something needs
- * it (snapshot.py) or in one pass later (walk_describe); a directory is described by the fstat of
- * the descriptor its listing opens. Names of other types (a symlink, DT_UNKNOWN) are stat'ed as
- * in a full walk.
+ * walks: a name whose d_type says regular file or directory is not stat'ed. A file's record is left
+ * without a stat (protocol.py) for the daemon to describe when something needs it (snapshot.py) or
+ * in one pass later (walk_describe); a directory is described by the fstat of the descriptor its
+ * listing opens. Names of other types (a symlink, DT_UNKNOWN) are stat'ed as in a full walk.
  *
- * Memory: a described file costs its future index entry (112 bytes), its name and a
- * 32-byte listing record while the walk runs; walk_build writes the index into the
- * caller's buffer one directory at a time and frees each directory as it goes, so the
- * peak is about one index's size, not two (the buffer comes unwritten: its pages are
- * touched only as the index fills them).
+ * Memory: a file costs its name, a 32-byte listing record and a pointer while the walk runs, and
+ * a described one its future stat (112 bytes: an array per directory in a full walk, one
+ * allocation each in listing mode, where few are); walk_build writes the index into the caller's
+ * buffer one directory at a time and frees each directory as it goes, so the peak is about one
+ * index's size, not two (the buffer comes unwritten, its stats' room zeroed: its pages are touched
+ * only as the index fills them, the stats' room unused never).
  *
  * Use (monarch/node/snapshot/walker.py): walk_run (blocking; the threads are its own), then
  * walk_index_size, a buffer of that size, walk_build into it, walk_free. */
@@ -85,8 +85,11 @@ struct dir {
     uint32_t n;         /* names in the listing */
     struct ent *ents;
     char *names;
-    struct monarch_index_entry *recs;   /* per name: the file's record (K_FILE, K_LINKED_FILE) */
-    struct monarch_index_entry **links; /* per name: a linked file's own lstat, or NULL */
+    /* a file's stat and a linked file's own lstat (stat_of, own_of): a full walk's stats in ``recs``,
+     * per name, and each linked file's own lstat alone in ``links``; a listing walk (recs NULL): in
+     * ``links``, a described file's stat, then a linked file's own lstat (NULL: not described) */
+    struct monarch_index_entry *recs;
+    struct monarch_index_entry **links;
     int slices_left;    /* guarded by the walk's lock */
     uint32_t number;    /* its entry number in the index (from 0) */
 };
@@ -109,24 +112,26 @@ struct walk {
     int describe;       /* 0: listing mode (the module doc) */
     /* the index, once laid out */
     uint64_t nfiles, nlinked, total, nbuckets, keys_size, nchildren, spare_size, size;
+    uint64_t files_off, entries_off, keys_off, children_off, stats_off;
     uint64_t described;  /* files stat'ed by the walk (in listing mode: links, names of unknown type) */
 };
 
 static void fill(struct monarch_index_entry *e, const struct stat *st)
 {
     memset(e, 0, sizeof *e);
-    e->size = (uint64_t)st->st_size;
-    e->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
-    e->atime_ns = (int64_t)st->st_atim.tv_sec * 1000000000 + st->st_atim.tv_nsec;
-    e->ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
-    e->ino = st->st_ino;
-    e->dev = st->st_dev;
-    e->mode = st->st_mode;
-    e->uid = st->st_uid;
-    e->gid = st->st_gid;
-    e->nlink = (uint32_t)st->st_nlink;
-    e->blocks = (uint64_t)st->st_blocks;
-    e->blksize = (uint32_t)st->st_blksize;
+    monarch_index_stat_fields(e, st);
+}
+
+/* Name i's file stat (K_FILE, K_LINKED_FILE), or NULL if a listing walk did not take it. */
+static struct monarch_index_entry *stat_of(const struct dir *d, uint32_t i)
+{
+    return d->recs ? &d->recs[i] : d->links[i];
+}
+
+/* Name i's own lstat (K_LINKED_FILE). */
+static struct monarch_index_entry *own_of(const struct dir *d, uint32_t i)
+{
+    return d->recs ? d->links[i] : d->links[i] + 1;
 }
 
 static uint8_t d_type_of(mode_t mode)
@@ -221,9 +226,9 @@ static void finish_dir(struct dir *d)
         return;
     /* sort the names; the per-name arrays follow their name */
     struct ent *ents = malloc(d->n * sizeof *ents);
-    struct monarch_index_entry *recs = malloc(d->n * sizeof *recs);
+    struct monarch_index_entry *recs = d->recs ? malloc(d->n * sizeof *recs) : NULL;
     struct monarch_index_entry **links = malloc(d->n * sizeof *links);
-    if (!ents || !recs || !links) {  /* cannot sort: keep it unlisted (correct, slower) */
+    if (!ents || (d->recs && !recs) || !links) {  /* cannot sort: keep it unlisted (correct, slower) */
         free(ents), free(recs), free(links);
         d->unlisted = 1;
         return;
@@ -234,7 +239,8 @@ static void finish_dir(struct dir *d)
     for (uint32_t i = 0; i < d->n; i++) {
         uint32_t from = d->ents[i].number;
         ents[i] = d->ents[i];
-        recs[i] = d->recs[from];
+        if (recs)
+            recs[i] = d->recs[from];
         links[i] = d->links[from];
     }
     free(d->ents), free(d->recs), free(d->links);
@@ -303,9 +309,9 @@ static int list_dir(struct walk *w, struct dir *d)
     }
     free(buf);
     d->fd = fd;
-    d->recs = calloc(d->n ? d->n : 1, sizeof *d->recs);
+    d->recs = w->describe ? calloc(d->n ? d->n : 1, sizeof *d->recs) : NULL;  /* listing mode: stat_of */
     d->links = calloc(d->n ? d->n : 1, sizeof *d->links);
-    if (!d->recs || !d->links)
+    if ((w->describe && !d->recs) || !d->links)
         goto nomem;
     pthread_mutex_lock(&w->lock);
     d->slices_left = d->n ? (int)((d->n + SLICE - 1) / SLICE) : 0;
@@ -348,12 +354,7 @@ static int describe(struct walk *w, struct dir *d, uint32_t lo, uint32_t hi)
         struct stat st, target;
         if (!w->describe && (e->d_type == DT_REG || e->d_type == DT_DIR)) {  /* listing mode: the name's type is enough */
             if (e->d_type == DT_REG) {
-                struct monarch_index_entry *r = &d->recs[i];
-                memset(r, 0, sizeof *r);
-                r->mode = S_IFREG;
-                r->dev = d->self.dev;
-                r->flags = MONARCH_INDEX_FLAG_UNDESCRIBED;
-                e->kind = K_FILE;
+                e->kind = K_FILE;  /* no stat: links[i] stays NULL */
                 continue;
             }
             struct dir *sub = new_dir(d->root, d->key, d->key_len, name, len);
@@ -396,19 +397,22 @@ static int describe(struct walk *w, struct dir *d, uint32_t lo, uint32_t hi)
             if (err)
                 break;
         } else if (S_ISREG(st.st_mode)) {
-            fill(&d->recs[i], &st);
+            struct monarch_index_entry *r = d->recs ? &d->recs[i] : (d->links[i] = malloc(sizeof *r));
+            if (!r) {
+                err = -1;
+                break;
+            }
+            fill(r, &st);
             e->kind = K_FILE, e->d_type = DT_REG;
         } else if (S_ISLNK(st.st_mode)) {
             if (fstatat(d->fd, name, &target, 0) == 0) {
                 if (S_ISREG(target.st_mode)) {
-                    struct monarch_index_entry *own = malloc(sizeof *own);
-                    if (!own) {
+                    if (!(d->links[i] = malloc((d->recs ? 1 : 2) * sizeof *d->links[i]))) {
                         err = -1;
                         break;
                     }
-                    fill(own, &st);
-                    fill(&d->recs[i], &target);
-                    d->links[i] = own;
+                    fill(stat_of(d, i), &target);
+                    fill(own_of(d, i), &st);
                     e->kind = K_LINKED_FILE;
                 } else {
                     e->kind = K_OTHER;  /* a link to a directory or a special file: named only */
@@ -613,7 +617,7 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
         for (uint32_t i = 0; i < d->n; i++) {
             struct ent *e = &d->ents[i];
             if (e->kind == K_FILE || e->kind == K_LINKED_FILE) {
-                w->described += !(d->recs[i].flags & MONARCH_INDEX_FLAG_UNDESCRIBED);
+                w->described += stat_of(d, i) != NULL;
                 e->number = (uint32_t)nfiles++;
                 keys += prefix + e->name_len;
                 nlinked += e->kind == K_LINKED_FILE;
@@ -651,10 +655,15 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
         w->nbuckets *= 2;
     w->keys_size = keys + w->spare_size;
     w->nchildren = children;
-    uint64_t children_off = MONARCH_INDEX_HEADER_SIZE + 4 * w->nbuckets + MONARCH_INDEX_ENTRY_SIZE * w->total
-                            + w->keys_size;
-    children_off += (8 - children_off % 8) % 8;
-    w->size = children_off + MONARCH_INDEX_CHILD_SIZE * children;
+    /* header, buckets, file records, fixed entries (directories, link records), keys, children, stats */
+    w->files_off = MONARCH_INDEX_HEADER_SIZE + 4 * w->nbuckets;
+    w->entries_off = w->files_off + MONARCH_INDEX_FILE_SIZE * nfiles;
+    w->keys_off = w->entries_off + MONARCH_INDEX_ENTRY_SIZE * (w->ndirs + nlinked);
+    w->children_off = w->keys_off + w->keys_size;
+    w->children_off += (8 - w->children_off % 8) % 8;
+    w->stats_off = w->children_off + MONARCH_INDEX_CHILD_SIZE * children;
+    w->stats_off += (8 - w->stats_off % 8) % 8;
+    w->size = w->stats_off + MONARCH_INDEX_ENTRY_SIZE * nfiles;
     return w;
 }
 
@@ -675,23 +684,24 @@ static void place(uint32_t *buckets, uint64_t mask, uint32_t hash, uint32_t numb
     buckets[b] = number + 1;
 }
 
-/* Write the index into ``out`` (walk_index_size bytes, any content: every byte is written,
- * the scattered parts zeroed first, the rest in the order it fills, so that its pages are
- * touched only as the walk's records are freed), freeing each directory's records once
- * written (the walk can only be freed after). */
+/* Write the index into ``out`` (walk_index_size bytes: any content but the stats' room, which comes
+ * zeroed): every byte but the stats slots no file takes is written, the scattered parts zeroed
+ * first, the rest in the order it fills, so that its pages are touched only as the walk's records
+ * are freed and the unused stats' pages never; each directory's records freed once written (the
+ * walk can only be freed after). The files the walk described take slots 1.. in their order. */
 EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
 {
     if (size != w->size)
         return -1;
     uint64_t mask = w->nbuckets - 1, items = w->nfiles + w->ndirs;
     uint32_t *buckets = (uint32_t *)(out + MONARCH_INDEX_HEADER_SIZE);
-    struct monarch_index_entry *entries = (struct monarch_index_entry *)(out + MONARCH_INDEX_HEADER_SIZE
-                                                                         + 4 * w->nbuckets);
-    char *keys = (char *)(entries + w->total);
-    uint64_t children_off = (uint64_t)((unsigned char *)keys - out) + w->keys_size;
-    children_off += (8 - children_off % 8) % 8;
-    struct monarch_index_child *child = (struct monarch_index_child *)(out + children_off);
+    struct monarch_index_file *files = (struct monarch_index_file *)(out + w->files_off);
+    struct monarch_index_entry *fixed = (struct monarch_index_entry *)(out + w->entries_off);  /* number m: m - files - 1 */
+    struct monarch_index_entry *stats = (struct monarch_index_entry *)(out + w->stats_off);
+    char *keys = (char *)(out + w->keys_off);
+    struct monarch_index_child *child = (struct monarch_index_child *)(out + w->children_off);
     uint64_t file_keys = 0, dir_keys = 0, spare_base = 0, linked = 0, nchild = 0;
+    uint32_t slots = 0;                /* stats slots taken */
     uint64_t freed = 0;                /* bytes of records freed since the last trim */
     memset(out, 0, MONARCH_INDEX_HEADER_SIZE + 4 * w->nbuckets);  /* the header, the buckets (placed at random) */
     for (size_t j = 0; j < w->ndirs; j++) {
@@ -703,7 +713,8 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
     spare_base = dir_keys;  /* dir keys start after every file key; spare names after every key */
     for (size_t j = 0; j < w->ndirs; j++)
         spare_base += w->dirs[j]->key_len;
-    memset(keys + spare_base, 0, (size_t)(children_off - (uint64_t)(keys + spare_base - (char *)out)));  /* spare names, padding */
+    memset(keys + spare_base, 0, (size_t)(w->children_off - w->keys_off - spare_base));  /* spare names, padding */
+    memset(child + w->nchildren, 0, (size_t)(w->stats_off - w->children_off - MONARCH_INDEX_CHILD_SIZE * w->nchildren));
 
     for (size_t j = 0; j < w->ndirs; j++) {
         struct dir *d = w->dirs[j];
@@ -713,7 +724,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
         uint32_t prefix_hash = monarch_crc32_update(0xFFFFFFFFu, d->key, d->key_len);
         if (slash)
             prefix_hash = monarch_crc32_update(prefix_hash, "/", 1);
-        /* its files: key, record, bucket */
+        /* its files: key, record, stat if described, bucket */
         for (uint32_t i = 0; i < d->n; i++) {
             struct ent *e = &d->ents[i];
             if (e->kind != K_FILE && e->kind != K_LINKED_FILE)
@@ -723,16 +734,26 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
             if (slash)
                 k[d->key_len] = '/';
             memcpy(k + prefix, d->names + e->name_off, e->name_len);
-            struct monarch_index_entry *r = &entries[e->number];
-            *r = d->recs[i];
-            r->hash = monarch_crc32_update(prefix_hash, d->names + e->name_off, e->name_len) ^ 0xFFFFFFFFu;
-            r->key_len = prefix + e->name_len;
-            r->key_off = file_keys;
-            if (e->kind == K_LINKED_FILE) {
-                r->flags = MONARCH_INDEX_FLAG_SYMLINK;
-                r->link = (uint32_t)(items + linked + 1);
-                struct monarch_index_entry *l = &entries[items + linked];
-                *l = *d->links[i];
+            const struct monarch_index_entry *st = stat_of(d, i);
+            struct monarch_index_file *r = &files[e->number];
+            *r = (struct monarch_index_file){
+                .hash = monarch_crc32_update(prefix_hash, d->names + e->name_off, e->name_len) ^ 0xFFFFFFFFu,
+                .key_len = prefix + e->name_len, .key_off = file_keys, .size = st ? st->size : 0};
+            if (st) {
+                struct monarch_index_entry *s = &stats[slots];
+                *s = *st;
+                s->hash = r->hash, s->key_len = r->key_len, s->key_off = r->key_off;
+                s->flags = 0, s->link = 0, s->nchildren = 0;
+                s->children = e->number + 1;
+                if (e->kind == K_LINKED_FILE) {
+                    s->flags = MONARCH_INDEX_FLAG_SYMLINK;
+                    s->link = (uint32_t)(items + linked + 1);
+                }
+                r->stat = ++slots;
+            }
+            if (e->kind == K_LINKED_FILE) {  /* its own lstat, after the directories */
+                struct monarch_index_entry *l = &fixed[w->ndirs + linked];
+                *l = *own_of(d, i);
                 l->hash = r->hash, l->key_len = r->key_len, l->key_off = r->key_off;
                 linked++;
             }
@@ -740,7 +761,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
             file_keys += r->key_len;
         }
         /* its own key and record (its bucket comes after every file's: the dirs' pass below) */
-        struct monarch_index_entry *r = &entries[d->number];
+        struct monarch_index_entry *r = &fixed[j];
         *r = d->self;
         r->hash = dir_hash;
         r->key_len = d->key_len;
@@ -757,7 +778,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
                 struct monarch_index_child *c = &child[nchild++];
                 *c = (struct monarch_index_child){.d_ino = e->d_ino, .name_len = e->name_len, .d_type = e->d_type};
                 if (e->kind == K_FILE || e->kind == K_LINKED_FILE) {
-                    c->name_off = entries[e->number].key_off + prefix;
+                    c->name_off = files[e->number].key_off + prefix;
                     c->entry = e->number + 1;
                 } else if (e->kind == K_DIR) {
                     c->name_off = UINT64_MAX;  /* the subdirectory's key offset, once written (below) */
@@ -771,13 +792,14 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
         }
         r->nchildren = (uint32_t)(nchild - r->children);
         /* what only the index needs from here on is kept; the rest goes now (the peak stays one index) */
+        freed += (uint64_t)d->n * ((d->recs ? sizeof *d->recs : 0) + sizeof *d->links + sizeof *d->ents);
         for (uint32_t i = 0; i < d->n; i++) {
+            freed += d->links[i] ? sizeof *d->links[i] : 0;
             free(d->links[i]);
             d->links[i] = NULL;
         }
         free(d->recs), free(d->links), free(d->ents), free(d->names);  /* (a parent needs only its subdirectory's number) */
         d->recs = NULL, d->links = NULL, d->ents = NULL, d->names = NULL;
-        freed += (uint64_t)d->n * (sizeof *d->recs + sizeof *d->links + sizeof *d->ents);
         d->n = 0;
         if (freed >= TRIM_BYTES) {     /* given back as the index takes its place: the peak stays the index */
             malloc_trim(0);
@@ -786,13 +808,11 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
     }
     /* the directories' buckets, after every file's (the Python builder's order), and their
      * children's name offsets (a subdirectory's key is written when its own turn comes) */
-    for (size_t j = 0; j < w->ndirs; j++) {
-        struct dir *d = w->dirs[j];
-        place(buckets, mask, entries[d->number].hash, d->number);
-    }
+    for (size_t j = 0; j < w->ndirs; j++)
+        place(buckets, mask, fixed[j].hash, w->dirs[j]->number);
     for (uint64_t c = 0; c < nchild; c++)
         if (child[c].name_off == UINT64_MAX) {
-            struct monarch_index_entry *sub = &entries[child[c].entry - 1];
+            struct monarch_index_entry *sub = &fixed[child[c].entry - 1 - w->nfiles];
             child[c].name_off = sub->key_off + sub->key_len - child[c].name_len;
         }
     struct monarch_index_header *h = (struct monarch_index_header *)out;
@@ -802,11 +822,16 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
     h->buckets = (uint32_t)w->nbuckets;
     h->reserved = !w->describe && !w->described ? MONARCH_INDEX_LISTING : 0;  /* every file undescribed */
     h->buckets_off = MONARCH_INDEX_HEADER_SIZE;
-    h->entries_off = MONARCH_INDEX_HEADER_SIZE + 4 * w->nbuckets;
-    h->keys_off = h->entries_off + MONARCH_INDEX_ENTRY_SIZE * w->total;
+    h->entries_off = w->entries_off;
+    h->keys_off = w->keys_off;
     h->keys_size = w->keys_size;
-    h->children_off = children_off;
+    h->children_off = w->children_off;
     h->children_count = nchild;
+    h->files = (uint32_t)w->nfiles;
+    h->stats_used = slots;
+    h->files_off = w->files_off;
+    h->stats_off = w->stats_off;
+    h->size = w->size;
     return 0;
 }
 

@@ -34,6 +34,9 @@ _LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the 
                                "walk_describe": (ctypes.c_int64, [_vp, _u64, _u64, ctypes.POINTER(_i), _i,
                                                                   ctypes.POINTER(_u64), ctypes.POINTER(ctypes.c_uint8),
                                                                   ctypes.POINTER(_i), _i]),
+                               "index_put_stat": (_i, [_vp, _u64, ctypes.c_uint32, ctypes.POINTER(ctypes.c_int64),
+                                                       ctypes.POINTER(_u64), ctypes.POINTER(ctypes.c_uint8),
+                                                       ctypes.POINTER(_i), _i]),
                            })
 
 
@@ -64,7 +67,7 @@ def walk_index(roots: tuple[str, ...], threads: int = THREADS, describe: bool = 
     """The index of a fresh walk of ``roots`` and its number of files (the first entries), or
     None when the C walker cannot be used. A root that cannot be opened is left out, as
     the Python walk leaves it (its files are read from the PFS). ``describe`` False: listing mode
-    (walker.c's doc): the files are named, not stat'ed (INDEX_FLAG_UNDESCRIBED). ``buffer``: the
+    (walker.c's doc): the files are named, not stat'ed (each described later). ``buffer``: the
     writable buffer of a given size the index is built in (a bytearray by default)."""
     lib = library() if wanted() else None
     if lib is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch import frontdoor, protocol
+from monarch import frontdoor, index_layout, protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.server import NodeServer
@@ -149,7 +149,7 @@ def test_misses_are_copied_by_the_door_with_the_sources_bytes_mtime_and_private_
         index = f.read()
     for key in sums:
         src = os.stat(os.path.join(root, key[2:]))
-        e = protocol.index_lookup(index, protocol.key_bytes(key))
+        e = index_layout.index_lookup(index, protocol.key_bytes(key))
         assert (*e[:2], *e[3:7]) == (src.st_size, src.st_mtime_ns, src.st_ctime_ns, src.st_ino, src.st_dev,
                                      src.st_mode), key  # (the copy's read moved the atime since)
         assert not e[10] & protocol.INDEX_FLAG_UNDESCRIBED and published_route(index, key) is Route.DOOR
@@ -169,7 +169,7 @@ def test_misses_are_copied_by_the_door_with_the_sources_bytes_mtime_and_private_
 
 def published_route(index: bytes, key: str) -> Route | None:
     """The route the index publishes for ``key`` (its entry's flags: protocol.INDEX_ROUTE_MASK)."""
-    bits = (protocol.index_lookup(index, protocol.key_bytes(key))[10] & protocol.INDEX_ROUTE_MASK) >> protocol.INDEX_ROUTE_SHIFT
+    bits = (index_layout.index_lookup(index, protocol.key_bytes(key))[10] & protocol.INDEX_ROUTE_MASK) >> protocol.INDEX_ROUTE_SHIFT
     return Route(bits - 1) if bits else None
 
 
@@ -194,8 +194,8 @@ def test_the_door_copies_the_files_the_index_routes_to_it_and_hands_over_the_res
     if door.index is None:
         pytest.skip("the door maps the index file (no C walk): its routes cannot be rewritten here")
     first, *rest = sorted(sums)
-    e = protocol.Index(bytes(door.index))
-    at = e.entries_off + protocol.INDEX_ENTRY.size * (e.number(protocol.key_bytes(first)) - 1) + 80  # its flags
+    e = index_layout.Index(bytes(door.index))
+    at = e.stats_off + protocol.INDEX_ENTRY.size * (e.stat_slot(e.number(protocol.key_bytes(first))) - 1) + 80  # its stat's flags
     flags = int.from_bytes(door.index[at:at + 4], "little")
     door.index[at:at + 4] = ((flags & ~protocol.INDEX_ROUTE_MASK) | (Route.COPY + 1) << protocol.INDEX_ROUTE_SHIFT
                              ).to_bytes(4, "little")  # the wrong route, as a broken writer would publish it

@@ -105,7 +105,7 @@ def test_a_damaged_manifest_copy_is_removed_and_the_dataset_walked(tmp_path):
 
 
 _HEADER_FIELDS = ("magic", "version", "entries", "buckets", "reserved", "buckets_off", "entries_off", "keys_off",
-                  "keys_size", "children_off", "children_count")
+                  "keys_size", "children_off", "children_count", "files", "stats_used", "files_off", "stats_off", "size")
 
 
 @pytest.mark.parametrize("damage, said", [
@@ -115,7 +115,9 @@ _HEADER_FIELDS = ("magic", "version", "entries", "buckets", "reserved", "buckets
     ({"entries": 1 << 20}, "its entries (1048576) are not fewer than its buckets"),
     ({"keys_off": 1 << 40}, "its key bytes ("),
     ({"children_count": 1 << 30}, "its child records ("),
-], ids=["header only", "half", "buckets", "entries", "keys", "children"])
+    ({"stats_used": 1 << 20}, "stats used (1048576)"),
+    ({"size": 1 << 40}, "its size (1099511627776) is not where"),
+], ids=["header only", "half", "buckets", "entries", "keys", "children", "stats used", "size"])
 @pytest.mark.parametrize("index_at", [True, False], ids=["copied", "read"])
 def test_a_manifest_whose_tables_the_shim_would_refuse_is_walked_instead_and_the_damage_said(tmp_path, damage, said,
                                                                                            index_at):

@@ -1,4 +1,4 @@
-"""The snapshot's compact index builder gives the very bytes of protocol.build_index, and the
+"""The snapshot's compact index builder gives the very bytes of index_layout.build_index, and the
 snapshot keeps its files compact (FileTable); each file's route it publishes is route_of's, in
 Python and in C alike."""
 
@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from monarch import protocol, routes
+from monarch import index_layout, protocol, routes
 from monarch.records.filetable import FileTable, Listing
 from monarch.node.snapshot import walker
 from monarch.node.snapshot.index_writer import index_bytes, stamp_routes
@@ -19,7 +19,7 @@ from monarch.node.snapshot.snapshot import FileInfo, Snapshot, take_snapshot
 
 def reference(snap: Snapshot) -> bytes:
     kb = protocol.key_bytes
-    return protocol.build_index(((kb(key), info) for key, info in snap.files.items()),
+    return index_layout.build_index(((kb(key), info) for key, info in snap.files.items()),
                                 ((kb(key), d.info, d.children, d.parent_ino) for key, d in snap.dirs.items()),
                                 {kb(key): info for key, info in snap.links.items()})
 
@@ -130,7 +130,7 @@ def test_each_files_published_route_is_route_ofs(tmp_path, monkeypatch, node):
     table = IndexTable(bytearray(written), len(snap.files))
     assert {table.key(n): table.route(n) for n in range(table.nfiles)} == want
     assert {Route.DOOR, Route.BLOCKS, Route.STORE} & set(want.values()) or not node.copies_misses
-    index = protocol.Index(written)  # directories and the links' own records publish none
+    index = index_layout.Index(written)  # directories and the links' own records publish none
     assert all(not index.entry(n)[13] & protocol.INDEX_ROUTE_MASK for n in range(len(snap.files) + 1, index.entries + 1))
     # an index written before (the C walk's, a kept one, another node's) stamped in place: the same bytes,
     # in C and without it; a route stamped again over another is replaced

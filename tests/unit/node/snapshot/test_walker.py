@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from monarch import protocol, routes
+from monarch import index_layout, protocol, routes
 from monarch.node.snapshot import snapshot, walker
 from monarch.records.filetable import FileTable
 from monarch.node.snapshot.index_writer import index_parts, stamp_routes
@@ -74,7 +74,7 @@ def test_the_c_walk_sees_what_the_python_walk_sees_and_writes_its_index(tmp_path
     assert b"".join(index_parts(same, steps)) == bytes(routed) != bytes(index)
     # the shim's look-ups find every file and directory in it
     for key, info in slow.files.items():
-        e = protocol.index_lookup(bytes(index), protocol.key_bytes(key))
+        e = index_layout.index_lookup(bytes(index), protocol.key_bytes(key))
         assert e is not None and (e[0], e[1], e[4]) == (info.size, info.mtime_ns, info.ino)
 
 
@@ -91,7 +91,7 @@ def test_the_table_read_from_an_index_is_the_snapshots_mapping(tmp_path):
     again = pickle.loads(pickle.dumps(snap))
     assert again.files == files and again.dirs == snap.dirs
     files[key] = files[key]._replace(size=99)  # patched in the index itself
-    assert files[key].size == 99 and protocol.index_lookup(bytes(files.data), b"0/a/b/deep")[0] == 99
+    assert files[key].size == 99 and index_layout.index_lookup(bytes(files.data), b"0/a/b/deep")[0] == 99
     with pytest.raises(TypeError):
         files["0/a/new"] = files[key]
 
@@ -120,7 +120,7 @@ def test_devices_remapped_in_the_index_itself(tmp_path):
     local = foreign.with_local_devices()
     assert local.dirs["0/"].info.dev == here and local.files["0/a/x"].dev == here
     assert all(i.dev == here for i in local.links.values())
-    assert protocol.index_lookup(bytes(local.files.data), b"0/a/x")[5] == here
+    assert index_layout.index_lookup(bytes(local.files.data), b"0/a/x")[5] == here
 
 
 def test_switched_off_the_python_walk_takes_over(tmp_path, monkeypatch):
@@ -150,13 +150,22 @@ def test_the_walk_holds_about_one_index_of_memory(tmp_path):
 
 
 def _zero_atimes(data: bytearray) -> bytearray:
-    """The index with every entry's atime 0 (a walk reads directories: atimes move between two), and
-    its header's word that says how it was walked 0."""
+    """The index with every entry's and stat's atime 0 (a walk reads directories: atimes move between
+    two), its header's word that says how it was walked 0, and its files' stats in their files'
+    order (a file described later takes the next free slot; a full walk gives file n slot n)."""
     out = bytearray(data)
     header = protocol.INDEX_HEADER.unpack_from(out)
+    files, foff, soff, size = header[11], header[13], header[14], protocol.INDEX_ENTRY.size
     struct.pack_into("<I", out, 20, 0)
-    for n in range(header[2]):
-        struct.pack_into("<q", out, header[6] + protocol.INDEX_ENTRY.size * n + 32, 0)
+    stats = []
+    for n in range(files):
+        slot = protocol.INDEX_FILE.unpack_from(out, foff + protocol.INDEX_FILE.size * n)[4]
+        if slot:
+            stats.append(bytearray(out[soff + size * (slot - 1):soff + size * slot]))
+            struct.pack_into("<I", out, foff + protocol.INDEX_FILE.size * n + 24, len(stats))
+    out[soff:] = b"".join(stats)
+    for at in [header[6] + size * n for n in range(header[2] - files)] + [soff + size * s for s in range(len(stats))]:
+        struct.pack_into("<q", out, at + 32, 0)
     return out
 
 
@@ -187,7 +196,7 @@ def test_a_listing_walk_names_every_file_and_describing_them_gives_the_full_walk
     assert sum(kinds.values()) == n - 1 == table.undescribed()
     full_snap = Snapshot.from_index(roots, bytearray(full), nfiles)
     assert {k: d.children for k, d in snap.dirs.items()} == {k: d.children for k, d in full_snap.dirs.items()}
-    assert protocol.index_lookup(bytes(listed), b"0/a/x") is not None  # named: the shim finds it (and passes)
+    assert index_layout.index_lookup(bytes(listed), b"0/a/x") is not None  # named: the shim finds it (and passes)
     if how == "in one pass":
         snap.describe_with(steps)
         assert snapshot.describe_rest(snap, steps) == n - 1
