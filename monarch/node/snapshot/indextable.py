@@ -113,18 +113,22 @@ class IndexTable(MutableMapping[str, FileInfo]):
         self.data = data
 
     # -- the entries ---------------------------------------------------------------------
-    def stat_slot(self, n: int) -> int:
-        """File ``n``'s (from 0) stats slot (from 1), or 0 while it is not described (a slot whose
-        stat does not name the file back, as a copy made while it was written may hold, is none)."""
-        s = _U32.unpack_from(self.data, self._files + _FILE * n + _STAT_AT)[0]
-        if s == protocol.INDEX_DESCRIBING or not 0 < s <= self.nfiles or self._stats + _SIZE * s > len(self.data):
-            return 0
-        return s if _FIRST.unpack_from(self.data, self._stats + _SIZE * (s - 1) + _FIRST_AT)[0] == n + 1 else 0
-
     def stat_at(self, n: int) -> int:
-        """Where file ``n``'s (from 0) stat is (an offset in ``data``), or -1 while it is not described."""
-        s = self.stat_slot(n)
-        return self._stats + _SIZE * (s - 1) if s else -1
+        """Where file ``n``'s (from 0) stat is (an offset in ``data``), or -1 while it is not
+        described (a slot whose stat does not name the file back, as a copy made while it was
+        written may hold, is none; DESCRIBING is above every slot)."""
+        data = self.data
+        s = _U32.unpack_from(data, self._files + _FILE * n + _STAT_AT)[0]
+        if 0 < s <= self.nfiles:
+            at = self._stats + _SIZE * (s - 1)
+            if at + _SIZE <= len(data) and _FIRST.unpack_from(data, at + _FIRST_AT)[0] == n + 1:
+                return at
+        return -1
+
+    def stat_slot(self, n: int) -> int:
+        """File ``n``'s (from 0) stats slot (from 1), or 0 while it is not described."""
+        at = self.stat_at(n)
+        return (at - self._stats) // _SIZE + 1 if at >= 0 else 0
 
     def entry(self, n: int) -> tuple:
         """Entry ``n`` (from 0) as INDEX_ENTRY's fields (a file not described yet: ``undescribed_view``)."""
@@ -160,17 +164,18 @@ class IndexTable(MutableMapping[str, FileInfo]):
         """The entry (from 0) keyed ``raw`` (a file's or a directory's), or -1."""
         h = zlib.crc32(raw)
         b = h & self._mask
-        data, buckets, keys, length, nfiles = self.data, self._buckets, self._keys, len(raw), self.nfiles
-        files, fixed = self._files, self._fixed
-        for _ in range(len(buckets)):  # bounded: a table with no empty bucket ends the search too
+        data, buckets, keys, length, nfiles, total = self.data, self._buckets, self._keys, len(raw), self.nfiles, self.total
+        files, fixed, head = self._files, self._fixed, _HEAD.unpack_from
+        probes = len(buckets)  # bounded: a table with no empty bucket ends the search too
+        while probes:
             n = buckets[b]
-            if not n or n > self.total:
+            if not n or n > total:
                 return -1
-            at = files + _FILE * (n - 1) if n <= nfiles else fixed + _SIZE * (n - 1 - nfiles)
-            eh, klen, koff = _HEAD.unpack_from(data, at)
+            eh, klen, koff = head(data, files + _FILE * (n - 1) if n <= nfiles else fixed + _SIZE * (n - 1 - nfiles))
             if eh == h and klen == length and data[keys + koff:keys + koff + klen] == raw:
                 return n - 1
             b = (b + 1) & self._mask
+            probes -= 1
         return -1
 
     def used_end(self) -> int:
