@@ -203,15 +203,6 @@ class Index:
             out.append((name, d_type, d_ino, entry))
         return out
 
-    def keyed(self) -> Iterable[int]:
-        """The numbers of the keyed entries (not the link records)."""
-        seen = set()
-        for b in range(self.buckets):
-            n = struct.unpack_from("<I", self.data, self.buckets_off + 4 * b)[0]
-            if n:
-                seen.add(n)
-        return sorted(seen)
-
 
 def index_lookup(data: bytes, raw: bytes) -> tuple | None:
     """The entry of ``raw`` in an index (the shim's lookup, in Python for tests): a tuple in

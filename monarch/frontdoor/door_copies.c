@@ -193,7 +193,7 @@ static int describe_listed(struct worker *w, const char *key, uint32_t len, uint
         close(in);
         return 0;
     }
-    index_describe(w->d, n, key, len, &st);
+    index_describe(w->d, n, &st);
     w->listed_src = in;
     return 1;
 }
@@ -210,7 +210,7 @@ static int describe_named(struct worker *w, const char *key, uint32_t len, uint3
                  : source_path(w->d, key, dlen, name, path) < 0 ? -1 : lstat(path, &st);
     if (r != 0 || !S_ISREG(st.st_mode))
         return 0;
-    index_describe(w->d, n, key, len, &st);
+    index_describe(w->d, n, &st);
     return 1;
 }
 

@@ -84,10 +84,10 @@ static uint32_t index_listed(const struct door *d, const char *key, uint32_t len
 }
 
 /* File n described from ``st`` (the source's lstat) in its stat slot, as the daemon would describe
- * it (monarch_index_put_stat: nothing if it is described or being described meanwhile). */
-static void index_describe(struct door *d, uint32_t n, const char *key, uint32_t len, const struct stat *st)
+ * it (monarch_index_put_stat: nothing if it is described or being described meanwhile; its route
+ * from its record's own key). */
+static void index_describe(struct door *d, uint32_t n, const struct stat *st)
 {
-    (void)key, (void)len;  /* the record's own key gives the route */
     struct monarch_route_steps t = {d->steps.smallest, d->steps.route, d->steps.nsteps, d->steps.nroots};
     struct monarch_index_header h = index_header(d->index.map);
     if (d->index.borrowed)

@@ -28,6 +28,6 @@ static int index_valid(const unsigned char *x, size_t n);  /* a mapping's tables
 /* the number (from 1) of ``key`` if it is a file not described yet and the door may describe it (the
  * index is the daemon's own, the routes known), else 0; and that description (its stat slot) */
 static uint32_t index_listed(const struct door *d, const char *key, uint32_t len, uint32_t hash);
-static void index_describe(struct door *d, uint32_t n, const char *key, uint32_t len, const struct stat *st);
+static void index_describe(struct door *d, uint32_t n, const struct stat *st);
 
 #endif /* MONARCH_DOOR_INDEX_H */

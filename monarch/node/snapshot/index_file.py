@@ -14,10 +14,11 @@ import errno
 import mmap
 import os
 import secrets
+import struct
 
 from monarch import protocol
 
-_THIS_VERSION = protocol.INDEX_HEADER.pack(protocol.INDEX_MAGIC, protocol.INDEX_VERSION, *(0,) * 14)[:12]
+_THIS_VERSION = struct.pack("<QI", protocol.INDEX_MAGIC, protocol.INDEX_VERSION)  # a header's first 12 bytes
 
 
 class IndexFile:

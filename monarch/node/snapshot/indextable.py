@@ -125,11 +125,6 @@ class IndexTable(MutableMapping[str, FileInfo]):
                 return at
         return -1
 
-    def stat_slot(self, n: int) -> int:
-        """File ``n``'s (from 0) stats slot (from 1), or 0 while it is not described."""
-        at = self.stat_at(n)
-        return (at - self._stats) // _SIZE + 1 if at >= 0 else 0
-
     def entry(self, n: int) -> tuple:
         """Entry ``n`` (from 0) as INDEX_ENTRY's fields (a file not described yet: ``undescribed_view``)."""
         if n >= self.nfiles:
