@@ -93,6 +93,25 @@ def test_a_walk_builds_its_index_in_the_file_and_a_changed_manifest_leaves_no_co
     assert leftovers(at) == ["index-4"]
 
 
+@needs_c_walk
+def test_a_listing_walks_index_holds_no_stat_until_a_file_is_described(tmp_path):
+    """A listed file costs its 32-byte record, its key, its bucket and its child record: no
+    112-byte stat until it is described, and then only the one (the node's memory at 10 million
+    files is this, times 10 million). The file's room for stats is sparse: no block of it is
+    written before a file needs it."""
+    n = 300
+    roots = tree(tmp_path / "ds", n=n)
+    at = str(tmp_path / "index-m")
+    snap, _ = load_or_walk(roots, None, describe=False, index_at=at)
+    snap.publish_index(at, snap.index_parts())
+    files = 3 * n
+    held = os.stat(at).st_blocks * 512
+    assert os.path.getsize(at) >= protocol.INDEX_ENTRY.size * files  # the room is there
+    assert held <= 96 * files, held / files  # record 32, bucket 9, key 13, child record 24, and pages' ends
+    assert snap.files.get("0/d1/f9.bin").size == 10
+    assert os.stat(at).st_blocks * 512 <= held + 4096  # one stat written: one page of the room at most
+
+
 def test_a_damaged_manifest_copy_is_removed_and_the_dataset_walked(tmp_path):
     roots = tree(tmp_path / "ds", n=3)
     manifest = tmp_path / "ds.index"
