@@ -7,11 +7,16 @@ the daemon's writers make the same bytes without an object per file."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import stat as _stat
 import struct
+import sys
+import zlib
+from array import array
 from typing import Iterable
 
-from monarch.protocol import (DT_DIR, INDEX_CHILD, INDEX_DESCRIBING, INDEX_ENTRY, INDEX_FILE, INDEX_FLAG_LISTED,
+from monarch.protocol import (DT_DIR, DT_LNK, DT_REG, INDEX_CHILD, INDEX_DESCRIBING, INDEX_ENTRY, INDEX_FILE, INDEX_FLAG_LISTED,
                               INDEX_FLAG_SYMLINK, INDEX_FLAG_UNDESCRIBED, INDEX_HEADER, INDEX_MAGIC, INDEX_VERSION,
                               key_hash)
 
@@ -30,109 +35,207 @@ def pad8(n: int) -> int:
     return n + (-n % 8)
 
 
-def undescribed_view(record: tuple) -> tuple:
-    """The INDEX_ENTRY fields Python shows for a file not described yet: its key, its listed size,
-    S_IFREG, INDEX_FLAG_UNDESCRIBED (nothing is answered from them)."""
-    return (record[0], record[1], record[2], record[3], 0, 0, 0, 0, 0, _stat.S_IFREG, 0, 0, 0,
-            INDEX_FLAG_UNDESCRIBED, 0, 0, 0, 0, 0)
+def undescribed_view(name_len: int, name_off: int, size: int) -> tuple:
+    """The INDEX_ENTRY fields Python shows for a file not described yet: its name's length and
+    offset, its listed size, S_IFREG, INDEX_FLAG_UNDESCRIBED (nothing is answered from them)."""
+    return (0, name_len, name_off, size, 0, 0, 0, 0, 0, _stat.S_IFREG, 0, 0, 0, INDEX_FLAG_UNDESCRIBED, 0, 0, 0, 0, 0)
+
+
+def bucket_count(keyed: int) -> int:
+    """Buckets for ``keyed`` files and directories: the least power of 2, at least 16, not below 3/2 x keyed."""
+    n = 16
+    while 2 * n < 3 * keyed:
+        n *= 2
+    return n
+
+
+def split_key(raw: bytes) -> tuple[bytes, bytes]:
+    """A file's key as (its directory's key, its name): a root's file's directory is ``b"<k>/"``."""
+    cut = raw.rindex(b"/")
+    parent = raw[:cut]
+    return (parent if b"/" in parent else parent + b"/"), raw[cut + 1:]
+
+
+def joined(dir_key: bytes, name: bytes) -> bytes:
+    """A file's key from its directory's key and its name."""
+    return dir_key + name if dir_key.endswith(b"/") else dir_key + b"/" + name
+
+
+def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable | None = None, sizes=None,
+         inos=None, links=(), reserved: int = 0) -> list:
+    """The index (protocol.py, "Snapshot index") as the buffers that make it up to its used end, in
+    order; every writer's layout.
+
+    ``dirs``: per directory, in the bytewise order of their keys, (key, size .. nlink of its stat,
+    flags, blocks, blksize, listing): ``listing`` None (not listed) or (its st_ino, its parent's,
+    [(name, d_type, d_ino, entry number or 0)] of its names that are not its files, sorted).
+    ``counts``: each directory's files, whose ``names`` follow one another (each directory's in
+    bytewise order; read once). ``stats``: per file in order (read once), None (not described) or
+    (size .. nlink, flags, link number, blocks, blksize): slots 1.. in file order. ``sizes``,
+    ``inos``: arrays of a u64 per file, or None. ``links``: (file number, size .. nlink, blocks,
+    blksize) of each link record, after the directories."""
+    nfiles, ndirs = sum(counts), len(dirs)
+    nbuckets = bucket_count(nfiles + ndirs)
+    mask = nbuckets - 1
+    buckets = array("I", bytes(4 * nbuckets))
+
+    def place(h: int, number: int) -> None:
+        b = h & mask
+        while buckets[b]:
+            b = (b + 1) & mask
+        buckets[b] = number
+
+    records = array("I", bytes(INDEX_FILE.size * nfiles))  # (name offset, stat slot) a file
+    keys, ranges, names = bytearray(), array("I", [0]), iter(names)
+    n = 0
+    for (key, *_), count in zip(dirs, counts):
+        seed = zlib.crc32(key if key.endswith(b"/") else key + b"/")
+        for name in itertools.islice(names, count):
+            records[2 * n] = len(keys)
+            keys += name
+            n += 1
+            place(zlib.crc32(name, seed), n)
+        ranges.append(n)
+    if n != nfiles or next(names, None) is not None:
+        raise ValueError(f"the directories hold {nfiles} files, not as many as named")
+    names_size = len(keys)
+    if names_size >= 1 << 32:
+        raise ValueError(f"the files' names take {names_size} bytes, more than an index holds (4 GiB)")
+    dir_key_at = []
+    for key, *_ in dirs:
+        dir_key_at.append(len(keys))
+        keys += key
+    for j, (key, *_) in enumerate(dirs):
+        place(zlib.crc32(key), nfiles + j + 1)
+
+    fixed, children, spare = bytearray(), bytearray(), {}
+    nchildren = 0
+    for j, (key, fields, flags, blocks, blksize, listing) in enumerate(dirs):
+        first = nchildren
+        if listing is not None:
+            ino, parent_ino, others = listing
+            children += INDEX_CHILD.pack(ino, 0, 0, 0, DT_DIR, 0) + INDEX_CHILD.pack(parent_ino, 0, 0, 0, DT_DIR, 0)
+            nchildren += 2
+            for name, d_type, d_ino, entry in others:
+                if entry > nfiles:  # a subdirectory: the tail of its key
+                    sub = entry - nfiles - 1
+                    off = dir_key_at[sub] + len(dirs[sub][0]) - len(name)
+                else:
+                    off = spare.get(name)
+                    if off is None:
+                        off = spare[name] = len(keys)
+                        keys += name
+                children += INDEX_CHILD.pack(d_ino, off, entry, len(name), d_type, 0)
+                nchildren += 1
+        fixed += INDEX_ENTRY.pack(zlib.crc32(key), len(key), dir_key_at[j], *fields, flags, 0, blocks, blksize,
+                                  nchildren - first, first)
+
+    def name_of(n: int) -> tuple[int, int]:  # file n's (from 1) name: its length and offset
+        return (records[2 * n] if n < nfiles else names_size) - records[2 * n - 2], records[2 * n - 2]
+
+    for n, *fields, blocks, blksize in links:
+        fixed += INDEX_ENTRY.pack(0, *name_of(n), *fields, 0, 0, blocks, blksize, 0, n)
+    described = bytearray()
+    used = 0
+    for n, st in enumerate(stats or (), 1):
+        if st is not None:
+            *fields, flags, link, blocks, blksize = st
+            described += INDEX_ENTRY.pack(0, *name_of(n), *fields, flags, link, blocks, blksize, 0, n)
+            used += 1
+            records[2 * n - 1] = used
+
+    if sys.byteorder != "little":
+        for a in (buckets, records, ranges, *(x for x in (sizes, inos) if x is not None)):
+            a.byteswap()
+    files_off = INDEX_HEADER.size + 4 * nbuckets
+    ranges_off = files_off + INDEX_FILE.size * nfiles
+    at = pad8(ranges_off + 4 * len(ranges))
+    sizes_off = at if sizes is not None else 0
+    at += 8 * nfiles if sizes is not None else 0
+    inos_off = at if inos is not None else 0
+    at += 8 * nfiles if inos is not None else 0
+    entries_off, keys_off = at, at + len(fixed)
+    children_off = pad8(keys_off + len(keys))
+    stats_off = pad8(children_off + len(children))
+    header = INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, nfiles + ndirs + len(links), nbuckets, reserved,
+                               INDEX_HEADER.size, entries_off, keys_off, len(keys), children_off, nchildren, nfiles,
+                               used, files_off, stats_off, stats_off + INDEX_ENTRY.size * nfiles, ndirs, 0, names_size,
+                               ranges_off, sizes_off, inos_off)
+    gap = b"\0" * (pad8(ranges_off + 4 * len(ranges)) - ranges_off - 4 * len(ranges))
+    return [header, *(memoryview(a).cast("B") for a in (buckets, records, ranges)), gap,
+            *(memoryview(a).cast("B") for a in (sizes, inos) if a is not None), fixed, keys,
+            b"\0" * (children_off - keys_off - len(keys)), children,
+            b"\0" * (stats_off - children_off - len(children)), described]
 
 
 def build_index(entries: Iterable[tuple], dirs: Iterable[tuple] = (), links: dict | None = None) -> bytes:
     """The index file's bytes up to its used end (the file is the header's ``size`` long: the
-    stats' room after them is zeros).
+    stats' room after them is zeros), its files numbered as the index orders them (each
+    directory's after the other's).
 
     ``entries``: (key, stat[, flags]) of files; a stat is an os.stat_result or a snapshot
     FileInfo (which knows whether its name is a symlink); a file whose flags have
-    INDEX_FLAG_UNDESCRIBED is listed, not described (its stat's size only is kept, as its record's).
-    ``dirs``: (key, stat, children) of directories, ``children`` a list of (name, d_type, d_ino)
-    of the whole listing (without "." and "..") or None when the directory could not be listed,
-    plus the ``".."`` st_ino as a fourth item (0 if unknown). ``links``: key -> the symlink's own
-    lstat, for keys whose name is a symlink."""
+    INDEX_FLAG_UNDESCRIBED is listed, not described (its stat's size only is kept, as its listed
+    size). ``dirs``: (key, stat, children) of directories, ``children`` a list of (name, d_type,
+    d_ino) of the whole listing (without "." and "..") or None when the directory could not be
+    listed, plus the ``".."`` st_ino as a fourth item (0 if unknown); a file's directory that is
+    not among them gets an entry flagged UNDESCRIBED. ``links``: key -> the symlink's own lstat,
+    for keys whose name is a symlink."""
     links = links or {}
-    files = []  # (raw, st, flags)
+    by_dir: dict[bytes, list] = {}
+    listed_sizes = False
     for raw, st, *rest in entries:
         flags = rest[0] if rest else 0
         if getattr(st, "link", False):
             flags |= INDEX_FLAG_SYMLINK
-        files.append((raw, st, flags))
-    folders = [(raw, st, children, parent[0] if parent else 0) for raw, st, children, *parent in dirs]
+        parent, name = split_key(raw)
+        by_dir.setdefault(parent, []).append((name, raw, st, flags))
+        listed_sizes = listed_sizes or bool(flags & INDEX_FLAG_UNDESCRIBED)
+    folders = {raw: (st, children, parent[0] if parent else 0) for raw, st, children, *parent in dirs}
+    for parent in by_dir:
+        folders.setdefault(parent, None)
+    order = sorted(folders)
+    dir_number = {}
+    files = []  # (name, raw, st, flags) in index order
+    counts = []
+    for key in order:
+        mine = sorted(by_dir.get(key, ()))
+        files.extend(mine)
+        counts.append(len(mine))
     nfiles = len(files)
-    number = {raw: n + 1 for n, (raw, *_) in enumerate(files)}
-    number.update({raw: nfiles + j + 1 for j, (raw, *_) in enumerate(folders)})
-    linked = [(raw, links[raw]) for raw, _, flags in files if flags & INDEX_FLAG_SYMLINK and raw in links]
-    link_number = {raw: nfiles + len(folders) + i + 1 for i, (raw, _) in enumerate(linked)}
-    total = nfiles + len(folders) + len(linked)
-    nbuckets = 16
-    while nbuckets < 2 * total:
-        nbuckets *= 2
-    mask = nbuckets - 1
-    buckets = [0] * nbuckets
-    keys = bytearray()
-    key_off: dict[bytes, int] = {}
-    for raw in [raw for raw, *_ in files] + [raw for raw, *_ in folders]:
-        key_off[raw] = len(keys)
-        keys += raw
-        h = key_hash(raw)
-        b = h & mask
-        while buckets[b]:
-            b = (b + 1) & mask
-        buckets[b] = number[raw]
-    records, stats = [], []
-    for n, (raw, st, flags) in enumerate(files, 1):
-        fields, blocks = stat_fields(st)
-        h = key_hash(raw)
-        if flags & INDEX_FLAG_UNDESCRIBED:
-            records.append(INDEX_FILE.pack(h, len(raw), key_off[raw], max(fields[0], 0), 0, 0))
+    number = {raw: n for n, (_, raw, _, _) in enumerate(files, 1)}
+    dir_number = {key: nfiles + j + 1 for j, key in enumerate(order)}
+    linked = [(number[raw], links[raw]) for _, raw, _, flags in files if flags & INDEX_FLAG_SYMLINK and raw in links]
+    link_number = {n: nfiles + len(order) + i + 1 for i, (n, _) in enumerate(linked)}
+    any_listed = any(v is not None and v[1] is not None for v in folders.values())
+    inos = array("Q", bytes(8 * nfiles)) if any_listed else None
+    rows = []
+    for key in order:
+        given = folders[key]
+        if given is None:
+            rows.append((key, (0,) * 6 + (_stat.S_IFDIR, 0, 0, 0), INDEX_FLAG_UNDESCRIBED, 0, 0, None))
             continue
-        stats.append(INDEX_ENTRY.pack(h, len(raw), key_off[raw], *fields, flags, link_number.get(raw, 0),
-                                      blocks[0], blocks[1], 0, n))
-        records.append(INDEX_FILE.pack(h, len(raw), key_off[raw], fields[0], len(stats), 0))
-    fixed, child_recs = [], []
-    for raw, st, children, parent_ino in folders:
-        first, count = len(child_recs), 0
+        st, children, parent_ino = given
+        fields, (blocks, blksize) = stat_fields(st)
+        listing = None
         if children is not None:
-            fields, _ = stat_fields(st)
-            prefix = raw if raw.endswith(b"/") else raw + b"/"
-            child_recs.append((fields[4], 0, 0, 0, DT_DIR, b"."))
-            child_recs.append((parent_ino, 0, 0, 0, DT_DIR, b".."))
+            others = []
             for name, d_type, d_ino in sorted(children):
-                child = prefix + name
-                if child in key_off:
-                    off, entry = key_off[child] + len(prefix), number[child]
+                child = joined(key, name)
+                if child in number:
+                    inos[number[child] - 1] = d_ino
                 else:
-                    off, entry = None, 0
-                child_recs.append((d_ino, off, entry, len(name), d_type, name))
-            count = len(child_recs) - first
-        fields, blocks = stat_fields(st)
-        fixed.append(INDEX_ENTRY.pack(key_hash(raw), len(raw), key_off[raw], *fields,
-                                      INDEX_FLAG_LISTED if children is not None else 0, 0, blocks[0], blocks[1],
-                                      count, first))
-    for raw, lst in linked:
-        fields, blocks = stat_fields(lst)
-        fixed.append(INDEX_ENTRY.pack(key_hash(raw), len(raw), key_off[raw], *fields, 0, 0, blocks[0], blocks[1],
-                                      0, 0))
-    names: dict[bytes, int] = {}
-    children_packed = []
-    for d_ino, off, entry, nlen, d_type, name in child_recs:
-        if off is None:
-            off = names.get(name)
-            if off is None:
-                off = names[name] = len(keys)
-                keys += name
-        children_packed.append(INDEX_CHILD.pack(d_ino, off, entry, nlen, d_type, 0))
-    buckets_off = INDEX_HEADER.size
-    files_off = buckets_off + 4 * nbuckets
-    entries_off = files_off + INDEX_FILE.size * nfiles
-    keys_off = entries_off + INDEX_ENTRY.size * len(fixed)
-    children_off = pad8(keys_off + len(keys))
-    stats_off = pad8(children_off + INDEX_CHILD.size * len(children_packed))
-    size = stats_off + INDEX_ENTRY.size * nfiles
-    header = INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, total, nbuckets, 0, buckets_off, entries_off, keys_off,
-                               len(keys), children_off, len(children_packed), nfiles, len(stats), files_off, stats_off,
-                               size)
-    return b"".join([header, struct.pack(f"<{nbuckets}I", *buckets), *records, *fixed, bytes(keys),
-                     b"\0" * (children_off - keys_off - len(keys)), *children_packed,
-                     b"\0" * (stats_off - children_off - INDEX_CHILD.size * len(children_packed)), *stats])
+                    others.append((name, d_type, d_ino, dir_number.get(child, 0)))
+            listing = (fields[4], parent_ino, others)
+        rows.append((key, fields, INDEX_FLAG_LISTED if children is not None else 0, blocks, blksize, listing))
+    stats, sizes = [], array("Q", bytes(8 * nfiles)) if listed_sizes else None
+    for n, (_, raw, st, flags) in enumerate(files, 1):
+        fields, (blocks, blksize) = stat_fields(st)
+        if sizes is not None:
+            sizes[n - 1] = max(fields[0], 0)
+        stats.append(None if flags & INDEX_FLAG_UNDESCRIBED else (*fields, flags, link_number.get(n, 0), blocks, blksize))
+    link_rows = [(n, *stat_fields(lst)[0], *stat_fields(lst)[1]) for n, lst in linked]
+    return b"".join(pack(rows, counts, [name for name, *_ in files], stats, sizes, inos, link_rows))
 
 
 class Index:
@@ -140,24 +243,45 @@ class Index:
     at the used end: a stats slot past it reads as not described."""
 
     def __init__(self, data: bytes):
+        if len(data) < INDEX_HEADER.size:
+            raise ValueError("not a Monarch index of version %d: %d bytes" % (INDEX_VERSION, len(data)))
         (magic, version, self.entries, self.buckets, self.reserved, self.buckets_off, self.entries_off,
          self.keys_off, self.keys_size, self.children_off, self.nchildren, self.files, self.stats_used,
-         self.files_off, self.stats_off, self.size) = INDEX_HEADER.unpack_from(data)
+         self.files_off, self.stats_off, self.size, self.dirs, _, self.names_size, self.ranges_off, self.sizes_off,
+         self.inos_off) = INDEX_HEADER.unpack_from(data)
         if magic != INDEX_MAGIC or version != INDEX_VERSION:
             raise ValueError("not a Monarch index of version %d" % INDEX_VERSION)
         self.data = data
+        self.ranges = [struct.unpack_from("<I", data, self.ranges_off + 4 * j)[0] for j in range(self.dirs + 1)]
 
     def record(self, n: int) -> tuple:
         """File ``n``'s (from 1) INDEX_FILE fields."""
         return INDEX_FILE.unpack_from(self.data, self.files_off + INDEX_FILE.size * (n - 1))
 
+    def name(self, n: int) -> bytes:
+        """File ``n``'s name."""
+        start = self.record(n)[0]
+        end = self.record(n + 1)[0] if n < self.files else self.names_size
+        return self.data[self.keys_off + start: self.keys_off + end]
+
+    def dir_of(self, n: int) -> int:
+        """The number of file ``n``'s directory."""
+        return self.files + bisect.bisect_left(self.ranges, n)
+
     def stat_slot(self, n: int) -> int:
         """The stats slot (from 1) of file ``n``, or 0 while it is not described."""
-        s = self.record(n)[4]
+        s = self.record(n)[1]
         at = self.stats_off + INDEX_ENTRY.size * (s - 1)
         if s == INDEX_DESCRIBING or not 0 < s <= self.files or at + INDEX_ENTRY.size > len(self.data):
             return 0
         return s if INDEX_ENTRY.unpack_from(self.data, at)[18] == n else 0  # its stat names it back
+
+    def file_size(self, n: int) -> int:
+        """File ``n``'s size: its stat's, else its listed size, else 0."""
+        s = self.stat_slot(n)
+        if s:
+            return INDEX_ENTRY.unpack_from(self.data, self.stats_off + INDEX_ENTRY.size * (s - 1))[3]
+        return struct.unpack_from("<Q", self.data, self.sizes_off + 8 * (n - 1))[0] if self.sizes_off else 0
 
     def entry(self, number: int) -> tuple:
         """Entry ``number`` (from 1): the INDEX_ENTRY fields (a file not described yet: its
@@ -165,18 +289,16 @@ class Index:
         if number <= self.files:
             s = self.stat_slot(number)
             if not s:
-                return undescribed_view(self.record(number))
+                return undescribed_view(len(self.name(number)), self.record(number)[0], self.file_size(number))
             return INDEX_ENTRY.unpack_from(self.data, self.stats_off + INDEX_ENTRY.size * (s - 1))
         return INDEX_ENTRY.unpack_from(self.data, self.entries_off + INDEX_ENTRY.size * (number - self.files - 1))
 
-    def head(self, number: int) -> tuple[int, int, int]:
-        """The hash, key length and key offset of entry ``number``."""
-        if number <= self.files:
-            return INDEX_FILE.unpack_from(self.data, self.files_off + INDEX_FILE.size * (number - 1))[:3]
-        return INDEX_ENTRY.unpack_from(self.data, self.entries_off + INDEX_ENTRY.size * (number - self.files - 1))[:3]
-
     def key(self, number: int) -> bytes:
-        _, length, off = self.head(number)
+        if number <= self.files:
+            return joined(self.key(self.dir_of(number)), self.name(number))
+        if number > self.files + self.dirs:  # a link record: its file's
+            return self.key(self.entry(number)[18])
+        _, length, off = INDEX_ENTRY.unpack_from(self.data, self.entries_off + INDEX_ENTRY.size * (number - self.files - 1))[:3]
         return self.data[self.keys_off + off: self.keys_off + off + length]
 
     def number(self, raw: bytes) -> int:
@@ -185,23 +307,33 @@ class Index:
         b = h & (self.buckets - 1)
         for _ in range(self.buckets):  # bounded, as the shim's look-up is
             n = struct.unpack_from("<I", self.data, self.buckets_off + 4 * b)[0]
-            if not n or n > self.entries:
+            if not n or n > self.files + self.dirs:
                 return 0
-            eh, length, off = self.head(n)
-            if eh == h and self.data[self.keys_off + off: self.keys_off + off + length] == raw:
+            if n <= self.files:
+                if raw.endswith(b"/" + self.name(n)) and raw == self.key(n):
+                    return n
+            elif self.entry(n)[0] == h and self.key(n) == raw:
                 return n
             b = (b + 1) & (self.buckets - 1)
         return 0
 
     def children(self, number: int) -> list[tuple[bytes, int, int, int]]:
-        """A listed directory's records: (name, d_type, d_ino, entry number or 0)."""
+        """A listed directory's listing: (name, d_type, d_ino, entry number or 0), "." and ".."
+        first, then its child records and its files in bytewise order of their names."""
         e = self.entry(number)
         out = []
         for i in range(e[18], e[18] + e[17]):
             d_ino, off, entry, nlen, d_type, _ = INDEX_CHILD.unpack_from(self.data, self.children_off + INDEX_CHILD.size * i)
             name = b"." if i == e[18] else b".." if i == e[18] + 1 else self.data[self.keys_off + off: self.keys_off + off + nlen]
             out.append((name, d_type, d_ino, entry))
-        return out
+        j = number - self.files - 1
+        files = []
+        for n in range(self.ranges[j] + 1, self.ranges[j + 1] + 1):
+            s = self.stat_slot(n)
+            link = s and INDEX_ENTRY.unpack_from(self.data, self.stats_off + INDEX_ENTRY.size * (s - 1))[13] & INDEX_FLAG_SYMLINK
+            d_ino = struct.unpack_from("<Q", self.data, self.inos_off + 8 * (n - 1))[0] if self.inos_off else 0
+            files.append((self.name(n), DT_LNK if link else DT_REG, d_ino, n))
+        return out[:2] + sorted(out[2:] + files)
 
 
 def index_lookup(data: bytes, raw: bytes) -> tuple | None:

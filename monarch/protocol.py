@@ -125,10 +125,11 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   descriptors: page faults read at most that),
   then EXTRA_WORDS of named counters (EXTRA_*). Slots: 0 = pfs, 1 = peer area, 2.. = tiers in order.
 
-Snapshot index (written once by the daemon, atomically, mmap'd in the shim; version INDEX_VERSION, 7;
+Snapshot index (written once by the daemon, atomically, mmap'd in the shim; version INDEX_VERSION, 8;
 built and read in Python by monarch/index_layout.py). It appears only when the snapshot is ready
 (walked, kept copies checked): a process that finds it at start maps it at once; one that does not
-asks INDEX at its first need. In the file in this order:
+asks INDEX at its first need. A file costs its 8-byte record, its name (stored once, under its
+directory) and its bucket; its 112-byte stat only once described. In the file in this order:
   header  INDEX_HEADER: u64 magic, u32 version, u32 entries (numbered: the files 1..files, then the
           directories, then the link records), u32 buckets (a power of 2), u32 reserved
           (INDEX_LISTING: a listing walk made it, no file described), u64 offsets of the buckets,
@@ -136,15 +137,29 @@ asks INDEX at its first need. In the file in this order:
           number of the child records, u32 files, u32 stats used (the stats slots taken: atomic,
           in the mapping), u64 offsets of the file records and of the stats, u64 size (the file's
           length: the stats' room at its end is sparse; a copy or a pickle may stop at the used
-          end, the offset of the stats + INDEX_ENTRY's size x the stats used)
+          end, the offset of the stats + INDEX_ENTRY's size x the stats used), u32 directories,
+          u32 reserved, u64 size of the file names (the key bytes' first), u64 offsets of the
+          directories' file ranges, of the listed sizes (0: none) and of the listed inodes (0: none)
   buckets u32[buckets]: entry number, or 0 for empty; open addressing, linear probing, starting
-          at ``key_hash(key) & (buckets - 1)``; files and directories are keyed (a root: ``"<k>/"``)
-  files   INDEX_FILE each (file n is record n - 1): u32 hash, u32 key length, u64 key offset (an
-          INDEX_ENTRY's first 16 bytes), u64 size (its stat's; before it is described, a listed
-          size or 0), u32 stat (0: not described yet; INDEX_DESCRIBING: being described; else the
-          slot from 1 of its stat), u32 reserved. A listing walk or a manifest describes no file:
-          each is described when first needed (an open, a stat) by the daemon, which writes its
-          stat in the next free slot, then ``stat`` with a release store (readers load it first).
+          at ``key_hash(key) & (buckets - 1)``; files and directories are keyed (a root: ``"<k>/"``);
+          buckets: the least power of 2, at least 16, not below 3/2 x (files + directories)
+  files   INDEX_FILE each (file n is record n - 1): u32 name offset (in the key bytes), u32 stat (0:
+          not described yet; INDEX_DESCRIBING: being described; else the slot from 1 of its stat).
+          The names are the key bytes' first ``names size`` bytes, file after file: file n's runs to
+          file n + 1's offset, the last file's to the names' size. A file's key is its directory's
+          key, "/" unless that key ends with one, and its name. A listing walk or a manifest
+          describes no file: each is described when first needed (an open, a stat) by the daemon,
+          which writes its stat in the next free slot, then ``stat`` with a release store (readers
+          load it first).
+  ranges  u32[directories + 1], then zeros to a multiple of 8: directory j (entry files + 1 + j)
+          holds the files ranges[j] + 1 .. ranges[j + 1]. Directories come in the bytewise order of
+          their keys, each one's files in the bytewise order of their names; every file's directory
+          (its key up to its last "/", a root "<k>/") has an entry (UNDESCRIBED if nothing else is
+          known of it)
+  sizes   (if its offset is not 0) u64 each file: its listed size (a manifest's), its stat's once
+          described; without it a file's size is its stat's, 0 before
+  inodes  (if its offset is not 0: an index with a listed directory) u64 each file: its name's d_ino
+          in its directory's listing (0: its directory is not listed)
   entries INDEX_ENTRY each, number m > files at (m - files - 1): u32 hash, u32 key length, u64
           key offset, u64 size, i64 mtime_ns, i64 atime_ns, i64 ctime_ns, u64 ino, u64 dev, u32
           mode, u32 uid, u32 gid, u32 nlink: the source's own ``stat`` as the snapshot saw it (a
@@ -154,22 +169,26 @@ asks INDEX at its first need. In the file in this order:
           Flags: INDEX_FLAG_SYMLINK: the name itself is a symlink (to a file), so an
           ``O_NOFOLLOW`` open of it fails and is left to the kernel, and ``lstat`` answers its
           ``link`` record; INDEX_FLAG_LISTED: a directory whose every name the walk saw (its child
-          records are its whole listing, a name not among them does not exist);
+          records and its files are its whole listing, a name not among them does not exist);
           INDEX_FLAG_UNDESCRIBED: an entry nothing is answered from (in Python, a file's view
           before its stat); INDEX_ROUTE_MASK: a file's route + 1 (routes.py's, on its static
-          facts), 0 none. The directories come first, then the link records (not keyed).
-  keys    the key bytes (and the names of undescribed children), not NUL-terminated, then zeros
-          to a multiple of 8
+          facts), 0 none. The directories come first, then the link records (not keyed; a link
+          record's key fields as its file's stat's: hash 0, the file's name's length and offset; its first
+          child record its file's number).
+  keys    the file names, the directories' keys, then the names of listed children that are no
+          entry's, each once; not NUL-terminated, then zeros to a multiple of 8
   children INDEX_CHILD each, per listed directory contiguous: u64 d_ino, u64 name offset
           (in the key bytes), u32 entry number of the child (0: a name the index does not
           describe: a symlink to a directory, a broken link, a special file), u16 name
           length, u8 d_type, u8 reserved. A directory's records are "." and ".." first (their
-          d_ino the directory's and its parent's st_ino), then its names sorted bytewise; then
-          zeros to a multiple of 8.
-  stats   room for an INDEX_ENTRY a file: slot s at (s - 1), a described file's stat (its key's
-          fields its record's, its first child record its number: a slot that does not name the
-          file back is not its stat). The files a writer describes as it writes the index (a full
-          walk) take slots 1.. in their order.
+          d_ino the directory's and its parent's st_ino), then its names that are not its files
+          (its subdirectories, names not described), sorted bytewise; then zeros to a multiple of
+          8. Its listing is those names and its files (d_type DT_REG, DT_LNK for one whose name is
+          a symlink; d_ino its inode in ``inodes``), merged in bytewise order.
+  stats   room for an INDEX_ENTRY a file: slot s at (s - 1), a described file's stat (its key
+          fields: hash 0, its name's length and offset; its first child record its number: a slot
+          that does not name the file back is not its stat). The files a writer describes as it
+          writes the index (a full walk) take slots 1.. in their order.
   key_hash is CRC-32 (zlib's, polynomial 0xEDB88320) of the key bytes.
 """
 
@@ -440,9 +459,9 @@ def read_opened_from(path: str, names: dict[int, str]) -> dict[str, dict[str, in
 
 # -- snapshot index -------------------------------------------------------------------------
 INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
-INDEX_VERSION = 7  # 5: routes renumbered (BLOCKS before PEER); 6: UNDESCRIBED files; 7: a file's stat once described
-INDEX_HEADER = struct.Struct("<QIIIIQQQQQQIIQQQ")
-INDEX_FILE = struct.Struct("<IIQQII")
+INDEX_VERSION = 8  # 6: UNDESCRIBED files; 7: a file's stat once described; 8: names under their directories
+INDEX_HEADER = struct.Struct("<QIIIIQQQQQQIIQQQIIQQQQ")
+INDEX_FILE = struct.Struct("<II")
 INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIIIQIIQ")
 INDEX_CHILD = struct.Struct("<QQIHBB")
 INDEX_DESCRIBING = 0xFFFFFFFF  # an INDEX_FILE's stat while the daemon describes it

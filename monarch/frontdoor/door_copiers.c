@@ -68,12 +68,12 @@ static void lane_end_locked(struct door *d, int why)
 
 enum { L_NONE, L_TAKEN, L_ROOM };
 
-/* The lane's next small file the door has never heard of, made BUSY for a copier (L_TAKEN);
- * L_NONE: nothing for the lane now (off, through, at its limit, or another copier waits for
+/* The lane's next small file the door has never heard of, made BUSY for a copier (L_TAKEN: its
+ * key built into ``key``, INDEX_KEY_MAX bytes); L_NONE: nothing for the lane now (off, through, at its limit, or another copier waits for
  * room); L_ROOM: the caller waits for room to be lent. The lane ends when its list does, when
  * copying is not allowed (a write by the job, a failed tier: Python's stager takes the rest)
  * or when no room is lent for AHEAD_WAITS waits in a row. Under the lock. */
-static int lane_next_locked(struct door *d, struct idx_file *f, const char **key, uint32_t *len, uint32_t *hash)
+static int lane_next_locked(struct door *d, struct idx_file *f, char *key, uint32_t *len, uint32_t *hash)
 {
     while (d->ahead.on) {
         if (d->copies_busy >= d->copiers.flow.limit)
@@ -99,8 +99,8 @@ static int lane_next_locked(struct door *d, struct idx_file *f, const char **key
             d->ahead.next++;           /* not the door's route (published in the index): Python's stager copies it */
             continue;
         }
-        *hash = monarch_crc32(*key, *len);
-        if (find(d, *key, *len, *hash)) {
+        *hash = monarch_crc32(key, *len);
+        if (find(d, key, *len, *hash)) {
             d->ahead.next++;           /* staged, being copied, or Python's */
             continue;
         }
@@ -118,7 +118,7 @@ static int lane_next_locked(struct door *d, struct idx_file *f, const char **key
         }
         d->ahead.waits = 0;
         d->ahead.next++;
-        struct entry *e = insert(d, *key, *len, *hash);
+        struct entry *e = insert(d, key, *len, *hash);
         if (!e)
             continue;
         e->state = K_BUSY;
@@ -143,7 +143,7 @@ static void *copier_main(void *arg)
     while (!d->copiers.stop) {
         struct waiter *q = d->copiers.demand;
         struct idx_file f;
-        const char *key;
+        char key[INDEX_KEY_MAX];
         uint32_t len, hash;
         int lane;
         if (q) {
@@ -156,7 +156,7 @@ static void *copier_main(void *arg)
             copy_queued_miss(w, q);
             pthread_mutex_lock(&d->mu);
             d->copiers.working--;
-        } else if ((lane = lane_next_locked(d, &f, &key, &len, &hash)) == L_TAKEN) {
+        } else if ((lane = lane_next_locked(d, &f, key, &len, &hash)) == L_TAKEN) {
             d->copiers.working++;
             pthread_mutex_unlock(&d->mu);
             copy_and_publish(w, key, len, hash, &f, EV_AHEAD, dest);

@@ -21,25 +21,17 @@ static uint32_t index_number(const struct door *d, const char *key, uint32_t len
 }
 
 /* Number n (from 1) of the index: the file's (or directory's) fields, from its stat, and its key
- * (in the mapping), if it is described and well-formed (0 for a file not described yet). The
- * mapping stays until front_door_free. */
-static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, const char **key, uint32_t *len)
+ * built into ``key`` (INDEX_KEY_MAX bytes, not NUL-terminated; NULL: not wanted), if it is
+ * described and well-formed (0 for a file not described yet). */
+static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, char *key, uint32_t *len)
 {
     const unsigned char *x = d->index.map;
     struct monarch_index_header h = index_header(x);
-    const unsigned char *head = monarch_index_head(x, &h, n), *at = monarch_index_stat(x, &h, n);
-    if (!head || !at)
-        return 0;
-    uint32_t key_len;
-    uint64_t key_off;
-    memcpy(&key_len, head + offsetof(struct monarch_index_entry, key_len), sizeof key_len);
-    memcpy(&key_off, head + offsetof(struct monarch_index_entry, key_off), sizeof key_off);
-    if (key_off > h.keys_size || key_len > h.keys_size - key_off || !key_len)
+    const unsigned char *at = monarch_index_stat(x, &h, n);
+    if (!at || (key && !(*len = monarch_index_key(x, &h, n, key, INDEX_KEY_MAX))))
         return 0;
     struct monarch_index_entry e;
     memcpy(&e, at, sizeof e);
-    *key = (const char *)x + h.keys_off + key_off;
-    *len = key_len;
     out->size = e.size;
     out->mtime = e.mtime_ns;
     out->mode = e.mode;
@@ -50,18 +42,23 @@ static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, c
 
 static int index_file(const struct door *d, const char *key, uint32_t len, struct idx_file *out)
 {
-    const char *k;
-    uint32_t l;
     uint32_t n = index_number(d, key, len, monarch_crc32(key, len));
-    return n && index_entry(d, n, out, &k, &l);
+    return n && index_entry(d, n, out, NULL, NULL);
 }
 
-/* Number n's (from 1) key in the index, or NULL if it is no well-formed, described entry. */
-static const char *index_entry_key(const struct door *d, uint32_t n, uint32_t *len)
+/* Is ``key`` (``hash``: its monarch_crc32) number n's key in the index? (The mapping stays until
+ * front_door_free.) */
+static int index_is_key(const struct door *d, uint32_t n, const char *key, uint32_t len, uint32_t hash)
 {
-    struct idx_file f;
-    const char *k;
-    return index_entry(d, n, &f, &k, len) ? k : NULL;
+    struct monarch_index_header h = index_header(d->index.map);
+    return monarch_index_is(d->index.map, &h, n, key, len, hash);
+}
+
+/* Number n's key built into ``key`` (INDEX_KEY_MAX bytes, not NUL-terminated): its length, or 0. */
+static uint32_t index_key(const struct door *d, uint32_t n, char *key)
+{
+    struct monarch_index_header h = index_header(d->index.map);
+    return monarch_index_key(d->index.map, &h, n, key, INDEX_KEY_MAX);
 }
 
 /* A mapping of the whole index file (``n`` bytes): its tables, its stats' room among them, inside it. */
@@ -85,7 +82,7 @@ static uint32_t index_listed(const struct door *d, const char *key, uint32_t len
 
 /* File n described from ``st`` (the source's lstat) in its stat slot, as the daemon would describe
  * it (monarch_index_put_stat: nothing if it is described or being described meanwhile; its route
- * from its record's own key). */
+ * from its root's number). */
 static void index_describe(struct door *d, uint32_t n, const struct stat *st)
 {
     struct monarch_route_steps t = {d->steps.smallest, d->steps.route, d->steps.nsteps, d->steps.nroots};

@@ -18,12 +18,16 @@ struct door_index {                    /* the snapshot's index (the file the shi
     int borrowed;                      /* the daemon's own copy (front_door_open_memory): not unmapped here */
 };
 
+#define INDEX_KEY_MAX MONARCH_INDEX_KEY_MAX  /* a key built from the index: "<k>/" and a path */
+
 struct door;
 /* -- what the other parts call ---------------------------------------------------------- */
 static uint32_t index_number(const struct door *d, const char *key, uint32_t len, uint32_t hash);  /* 0: none */
-static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, const char **key, uint32_t *len);
+/* a described number's facts, its key built into ``key`` (INDEX_KEY_MAX bytes; NULL: not wanted) */
+static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, char *key, uint32_t *len);
 static int index_file(const struct door *d, const char *key, uint32_t len, struct idx_file *out);
-static const char *index_entry_key(const struct door *d, uint32_t n, uint32_t *len);
+static int index_is_key(const struct door *d, uint32_t n, const char *key, uint32_t len, uint32_t hash);
+static uint32_t index_key(const struct door *d, uint32_t n, char *key);  /* its length; 0: no such key */
 static int index_valid(const unsigned char *x, size_t n);  /* a mapping's tables lie inside it */
 /* the number (from 1) of ``key`` if it is a file not described yet and the door may describe it (the
  * index is the daemon's own, the routes known), else 0; and that description (its stat slot) */

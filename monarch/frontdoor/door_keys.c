@@ -3,12 +3,12 @@
 #include "door_keys.h"
 
 /* -- the key table (open addressing; entries change state, never go) ------------------- */
-static const char *entry_key(const struct door *d, const struct entry *e, uint32_t *len)
+/* Is ``key`` (``hash``) entry e's key: the index's number ``ref`` when borrowed, else its own copy? */
+static int entry_is(const struct door *d, const struct entry *e, const char *key, uint32_t len, uint32_t hash)
 {
     if (e->borrowed)
-        return index_entry_key(d, e->ref, len);  /* checked when it was inserted */
-    *len = d->keys.own[e->ref - 1].len;
-    return d->keys.own[e->ref - 1].key;
+        return index_is_key(d, e->ref, key, len, hash);
+    return d->keys.own[e->ref - 1].len == len && !memcmp(d->keys.own[e->ref - 1].key, key, len);
 }
 
 static struct entry *find(struct door *d, const char *key, uint32_t len, uint32_t hash)
@@ -19,9 +19,7 @@ static struct entry *find(struct door *d, const char *key, uint32_t len, uint32_
         struct entry *e = &d->keys.tab[i];
         if (!e->ref)
             return NULL;
-        uint32_t elen;
-        const char *ekey;
-        if (e->hash == hash && (ekey = entry_key(d, e, &elen)) && elen == len && !memcmp(ekey, key, len))
+        if (e->hash == hash && entry_is(d, e, key, len, hash))
             return e;
     }
 }
@@ -59,9 +57,7 @@ static struct entry *insert(struct door *d, const char *key, uint32_t len, uint3
     while (d->keys.tab[i].ref)
         i = (i + 1) & (d->keys.cap - 1);
     /* a key of the index is its entry's number (the index is mapped until front_door_free) */
-    uint32_t elen, n = d->index.map ? index_number(d, key, len, hash) : 0;
-    if (n && !index_entry_key(d, n, &elen))
-        n = 0;
+    uint32_t n = d->index.map ? index_number(d, key, len, hash) : 0;
     if (!n) {
         if (d->keys.nown == d->keys.cap_own) {
             size_t cap = d->keys.cap_own ? 2 * d->keys.cap_own : 64;

@@ -36,6 +36,6 @@ static struct entry *find(struct door *d, const char *key, uint32_t len, uint32_
 static struct entry *insert(struct door *d, const char *key, uint32_t len, uint32_t hash); /* NULL: no memory */
 static struct entry *find_or_insert(struct door *d, const char *key, uint32_t len);
 static int reserve_keys(struct door *d, size_t keys);  /* room for this many keys, before the workers start */
-static const char *entry_key(const struct door *d, const struct entry *e, uint32_t *len);
+static int entry_is(const struct door *d, const struct entry *e, const char *key, uint32_t len, uint32_t hash);
 
 #endif /* MONARCH_DOOR_KEYS_H */

@@ -154,9 +154,9 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
         struct pa_copy c = pa->ring[i];
         int short_of_room = pa->used + need > pa->room && pa->nvictims < PA_FLIGHT * PA_BATCH;
         struct idx_file f;
-        const char *key;
+        char key[INDEX_KEY_MAX];
         uint32_t len;
-        if (!short_of_room || (c.pos != PA_STALE && c.pos >= pa->done) || !index_entry(d, c.entry, &f, &key, &len)) {
+        if (!short_of_room || (c.pos != PA_STALE && c.pos >= pa->done) || !index_entry(d, c.entry, &f, key, &len)) {
             pa->ring[kept++] = c;      /* not needed, or not consumed yet */
             continue;
         }
@@ -172,7 +172,7 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
         }
         e->state = K_BUSY;             /* its opens park until it is gone, then go to Python */
         d->busy++;
-        pa->victims[pa->nvictims++] = (struct pa_victim){key, len, c.hash, c.fd, c.mode, c.map, f.size, c.home};
+        pa->victims[pa->nvictims++] = (struct pa_victim){c.entry, c.hash, c.fd, c.mode, c.map, f.size, c.home};
         pa->nfds -= c.fd >= 0;
         pa->used -= c.room;
     }
@@ -316,15 +316,16 @@ static void ring_unlink_victims(struct door *d, struct peer_ahead *pa, int keep_
     struct dir_cache *dirs = &pa->w.peer_dirs;
     int top = keep_spares ? dirs_get(dirs, area, "", 0) : -1;
     for (uint32_t i = 0; i < n; i++) {
-        char path[PATH_MAX];
+        char path[PATH_MAX], key[INDEX_KEY_MAX];
         struct pa_victim *v = &pa->victims[i];
-        const char *base = memrchr(v->key, '/', v->len);
-        uint32_t dlen = base ? (uint32_t)(base - v->key) : 0;
+        uint32_t len = index_key(d, v->entry, key);
+        const char *base = memrchr(key, '/', len);
+        uint32_t dlen = base ? (uint32_t)(base - key) : 0;
         char name[NAME_MAX + 1];
-        size_t nl = v->len - (base ? dlen + 1 : 0);
-        int dir = top >= 0 && nl <= NAME_MAX ? dirs_get(dirs, area, v->key, dlen) : -1;
+        size_t nl = len - (base ? dlen + 1 : 0);
+        int dir = top >= 0 && nl <= NAME_MAX ? dirs_get(dirs, area, key, dlen) : -1;
         if (dir >= 0) {
-            memcpy(name, v->key + (v->len - nl), nl);
+            memcpy(name, key + (len - nl), nl);
             name[nl] = 0;
             if (!ring_retire(d, pa, dir, name, top, v)) {
                 unlinkat(dir, name, 0);  /* a reader that has it open keeps its bytes */
@@ -332,7 +333,7 @@ static void ring_unlink_victims(struct door *d, struct peer_ahead *pa, int keep_
             }
             dirs_put(dirs, dir);
         } else {
-            if (snprintf(path, sizeof path, "%s/%.*s", area, (int)v->len, v->key) < (int)sizeof path)
+            if (len && snprintf(path, sizeof path, "%s/%.*s", area, (int)len, key) < (int)sizeof path)
                 unlink(path);
             unlink_home(d, v->home);
         }
@@ -342,14 +343,16 @@ static void ring_unlink_victims(struct door *d, struct peer_ahead *pa, int keep_
     pthread_mutex_lock(&d->mu);
     for (uint32_t i = 0; i < n; i++) {
         struct pa_victim *v = &pa->victims[i];
-        struct entry *e = find(d, v->key, v->len, v->hash);
+        char key[INDEX_KEY_MAX];
+        uint32_t len = index_key(d, v->entry, key);
+        struct entry *e = len ? find(d, key, len, v->hash) : NULL;
         if (e) {
             e->state = K_FREE;         /* the lane may fetch it again; an open fetches it */
             e->ring = 0;
         }
         d->busy--;
         pa->unlinked++;
-        struct waiter *ready = d->answers.parked ? unpark_locked(d, v->key, v->len, v->hash) : NULL;
+        struct waiter *ready = len && d->answers.parked ? unpark_locked(d, key, len, v->hash) : NULL;
         if (ready) {
             pthread_mutex_unlock(&d->mu);
             answer_parked(d, ready, -1, NULL);
@@ -369,15 +372,15 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
         while (pa->nring && pa->nvictims < PA_FLIGHT * PA_BATCH) {
             struct pa_copy c = pa->ring[--pa->nring];
             struct idx_file f;
-            const char *key;
+            char key[INDEX_KEY_MAX];
             uint32_t len;
             pa->used -= c.room;
-            struct entry *e = index_entry(d, c.entry, &f, &key, &len) ? find(d, key, len, c.hash) : NULL;
+            struct entry *e = index_entry(d, c.entry, &f, key, &len) ? find(d, key, len, c.hash) : NULL;
             if (ring_owns(d, e)) {
                 e->state = K_BUSY;
                 d->busy++;
                 pa->victims[pa->nvictims++] =
-                    (struct pa_victim){key, len, e->hash, c.fd, c.mode, c.map, f.size, c.home};
+                    (struct pa_victim){c.entry, e->hash, c.fd, c.mode, c.map, f.size, c.home};
                 pa->nfds -= c.fd >= 0;
             } else {
                 ring_forget(d, pa, &c);
@@ -396,15 +399,15 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
 
 /* -- gathering: the next files past the progress, by owner ------------------------------------ */
 
-/* A batch being gathered for ``owner`` with room for a file of ``size`` bytes (a free one made so
- * if there is none), or NULL: every batch is in flight or being gathered. */
-static struct pa_batch *pa_batch_for(struct peer_ahead *pa, int owner, uint64_t size)
+/* A batch being gathered for ``owner`` with room for a file of ``size`` bytes and its key of ``len``
+ * (a free one made so if there is none), or NULL: every batch is in flight or being gathered. */
+static struct pa_batch *pa_batch_for(struct peer_ahead *pa, int owner, uint64_t size, uint32_t len)
 {
     struct pa_batch *free_one = NULL;
     for (int b = 0; b < PA_FLIGHT; b++) {
         struct pa_batch *B = &pa->batch[b];
         if (B->state == PB_FILLING && B->owner == owner && B->n < PA_BATCH
-            && B->bytes + (int64_t)size <= PA_BATCH_BYTES)
+            && B->bytes + (int64_t)size <= PA_BATCH_BYTES && len <= sizeof B->keys_kept - B->kept)
             return B;
         if (B->state == PB_FREE && !free_one)
             free_one = B;
@@ -414,6 +417,7 @@ static struct pa_batch *pa_batch_for(struct peer_ahead *pa, int owner, uint64_t 
         free_one->owner = owner;
         free_one->n = 0;
         free_one->bytes = 0;
+        free_one->kept = 0;
     }
     return free_one;
 }
@@ -450,10 +454,10 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
         return 0;
     while (pa->next < pa->n && pa->next < pa->done + pa->window) {
         struct idx_file f;
-        const char *key;
+        char key[INDEX_KEY_MAX];
         uint32_t len;
         uint32_t entry = pa->order[pa->next];
-        if (!index_entry(d, entry, &f, &key, &len)) {
+        if (!index_entry(d, entry, &f, key, &len)) {
             pa->next++;
             continue;
         }
@@ -473,7 +477,7 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
             pa->skipped++;
             continue;
         }
-        struct pa_batch *B = pa_batch_for(pa, owner, f.size);
+        struct pa_batch *B = pa_batch_for(pa, owner, f.size, len);
         if (!B)
             break;                     /* every batch taken: once one comes back */
         int64_t need = peer_room(d, f.size);
@@ -506,11 +510,13 @@ static int pa_gather_locked(struct door *d, struct peer_ahead *pa, int *room)
         d->busy++;
         pa->used += need;
         struct pa_file *p = &B->files[B->n];
-        B->keys[B->n] = key;           /* the index's: mapped while the door lives */
+        char *kept = memcpy(B->keys_kept + B->kept, key, len);  /* the batch's own until it is free again */
+        B->kept += len;
+        B->keys[B->n] = kept;
         B->lens[B->n] = (int)len;
         B->sizes[B->n++] = f.size;
         B->bytes += (int64_t)f.size;
-        p->key = key;
+        p->key = kept;
         p->len = len;
         p->hash = hash;
         p->pos = pa->next;

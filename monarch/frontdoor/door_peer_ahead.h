@@ -10,6 +10,7 @@
 #define PA_BATCH DP_BATCH_FILES_MAX    /* files per request to one owner (the data path's limit) */
 #define PA_BATCH_BYTES ((int64_t)DP_BATCH_BYTES_MAX) /* bytes per reply, at most (the data path's limit) */
 #define PA_FLIGHT 32                   /* batches at once (one owner's each): gathered, or in flight */
+#define PA_BATCH_KEYS (PA_BATCH * 256) /* bytes of a batch's keys (built from the index), at most */
 #define PA_WAIT_NS 20000000LL          /* no work or no room: look again after this */
 #define PA_ROOM_WAKE_NS 5000000LL     /* a wait for room wakes Python (to lend more) at most this often, */
 #define PA_ROOM_WAKE_MAX_NS 320000000LL /* ... half as often after each one it lent nothing for, down to this */
@@ -38,7 +39,7 @@ struct pa_map {
 };
 
 struct pa_file {                       /* one file of a batch under way */
-    const char *key;
+    const char *key;                   /* in its batch's keys_kept */
     uint32_t len, hash, pos, gen;      /* its position in the order, and the order's generation */
     struct idx_file f;
     int dir, fd;                       /* its directory in the peer area (pinned), its file */
@@ -64,9 +65,8 @@ struct pa_spare {                      /* a consumed copy, its key's name unlink
     uint64_t home;                     /* its own name, now its only one (pa_home_name) */
 };
 
-struct pa_victim {                     /* a copy of the ring to unlink: its key (the index's) */
-    const char *key;
-    uint32_t len, hash;
+struct pa_victim {                     /* a copy of the ring to unlink: its key's index entry */
+    uint32_t entry, hash;
     int fd;                            /* its kept descriptor, or -1 */
     mode_t mode;
     struct pa_map map;                 /* ``fd``'s */
@@ -84,11 +84,14 @@ struct pa_batch {                      /* one owner's request of the lane's: bei
     dp_test_fn *test;                 /* the lane may be turned off while it is in flight) */
     dp_take_fn *take;
     struct pa_file files[PA_BATCH];
-    const char *keys[PA_BATCH];
+    const char *keys[PA_BATCH];        /* its files' keys, in keys_kept */
     int lens[PA_BATCH];
     uint64_t sizes[PA_BATCH];
     int64_t results[PA_BATCH];
+    uint32_t kept;                     /* bytes of keys_kept taken */
+    char keys_kept[PA_BATCH_KEYS];
 };
+_Static_assert(PA_BATCH_KEYS >= INDEX_KEY_MAX, "any key fits an empty batch");
 
 struct peer_ahead {
     pthread_t thread;

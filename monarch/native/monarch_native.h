@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -97,6 +98,14 @@ static inline uint32_t monarch_crc32(const char *p, size_t n)
 }
 
 /* -- the snapshot index: protocol.index_lookup -------------------------------------------- */
+#define MONARCH_INDEX_KEY_MAX (PATH_MAX + 16) /* a key built whole: "<k>/" and a path below PATH_MAX */
+
+/* Do ``count`` items of ``size`` bytes at offset ``off`` lie inside ``len`` bytes? */
+static inline int monarch_index_table_in(uint64_t off, uint64_t count, uint64_t size, uint64_t len)
+{
+    return off <= len && count <= (len - off) / size;
+}
+
 /* Are the tables of the index whose header is ``h`` inside ``len`` bytes (a mapping, at most the
  * header's ``size``), its stats' room inside ``size``? ``stats_room``: the stats slots that must lie
  * in ``len`` too (``files`` for a mapping of the whole file; the used ones for a copy that may stop
@@ -104,29 +113,178 @@ static inline uint32_t monarch_crc32(const char *p, size_t n)
 static inline int monarch_index_bounded(const struct monarch_index_header *h, uint64_t len, uint64_t stats_room)
 {
     return h->magic == MONARCH_INDEX_MAGIC && h->version == MONARCH_INDEX_VERSION && h->buckets
-           && !(h->buckets & (h->buckets - 1)) && h->entries < h->buckets && h->files <= h->entries
+           && !(h->buckets & (h->buckets - 1)) && h->files <= h->entries
+           && h->dirs <= h->entries - h->files && (uint64_t)h->files + h->dirs < h->buckets
            && h->stats_used <= h->files && len <= h->size
-           && h->buckets_off <= len && 4ull * h->buckets <= len - h->buckets_off
-           && h->files_off <= len && (uint64_t)MONARCH_INDEX_FILE_SIZE * h->files <= len - h->files_off
-           && h->entries_off <= len
-           && (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (h->entries - h->files) <= len - h->entries_off
-           && h->keys_off <= len && h->keys_size <= len - h->keys_off
-           && h->children_off <= len && h->children_count <= (len - h->children_off) / MONARCH_INDEX_CHILD_SIZE
+           && monarch_index_table_in(h->buckets_off, h->buckets, 4, len)
+           && monarch_index_table_in(h->files_off, h->files, MONARCH_INDEX_FILE_SIZE, len)
+           && monarch_index_table_in(h->ranges_off, (uint64_t)h->dirs + 1, 4, len)
+           && (!h->sizes_off || monarch_index_table_in(h->sizes_off, h->files, 8, len))
+           && (!h->inos_off || monarch_index_table_in(h->inos_off, h->files, 8, len))
+           && monarch_index_table_in(h->entries_off, h->entries - h->files, MONARCH_INDEX_ENTRY_SIZE, len)
+           && h->keys_off <= len && h->keys_size <= len - h->keys_off && h->names_size <= h->keys_size
+           && monarch_index_table_in(h->children_off, h->children_count, MONARCH_INDEX_CHILD_SIZE, len)
            && h->stats_off <= h->size && (uint64_t)MONARCH_INDEX_ENTRY_SIZE * h->files == h->size - h->stats_off
-           && stats_room <= h->files && h->stats_off <= len
-           && (uint64_t)MONARCH_INDEX_ENTRY_SIZE * stats_room <= len - h->stats_off;
+           && stats_room <= h->files && monarch_index_table_in(h->stats_off, stats_room, MONARCH_INDEX_ENTRY_SIZE, len);
 }
 
-/* The 16-byte head (hash, key_len, key_off) of number ``n``: file n's record, or the fixed entry
- * (a directory, a link record); NULL if there is no number n. */
-static inline const unsigned char *monarch_index_head(const unsigned char *x, const struct monarch_index_header *h,
-                                                      uint32_t n)
+/* File ``n``'s name (its length in *len), or NULL if there is no file n or its offsets are not
+ * those of a name inside the names (each file's from its own offset to the next's). */
+static inline const char *monarch_index_name(const unsigned char *x, const struct monarch_index_header *h,
+                                             uint32_t n, uint32_t *len)
 {
-    if (!n || n > h->entries)
+    if (!n || n > h->files)
         return NULL;
-    if (n <= h->files)
-        return x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
-    return x + h->entries_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (n - h->files - 1);
+    const unsigned char *at = x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
+    uint32_t off, next;
+    uint64_t end = h->names_size;
+    memcpy(&off, at + offsetof(struct monarch_index_file, name_off), sizeof off);
+    if (n < h->files) {
+        memcpy(&next, at + MONARCH_INDEX_FILE_SIZE + offsetof(struct monarch_index_file, name_off), sizeof next);
+        end = next;
+    }
+    if (off >= end || end > h->names_size)
+        return NULL;  /* a name is never empty */
+    *len = (uint32_t)(end - off);
+    return (const char *)x + h->keys_off + off;
+}
+
+/* The number of file ``n``'s directory (the j with ranges[j] < n <= ranges[j + 1]: entry files + 1
+ * + j), by a binary search of the ranges; 0 if there is no file n, or the ranges say nonsense. */
+static inline uint32_t monarch_index_dir_of(const unsigned char *x, const struct monarch_index_header *h, uint32_t n)
+{
+    const unsigned char *r = x + h->ranges_off;
+    uint32_t lo = 0, hi = h->dirs, at_lo, at_hi, at;
+    if (!n || n > h->files || !hi)
+        return 0;
+    memcpy(&at_lo, r, sizeof at_lo);
+    memcpy(&at_hi, r + 4ull * hi, sizeof at_hi);
+    if (at_lo >= n || at_hi < n)
+        return 0;
+    while (hi - lo > 1) {  /* ranges[lo] < n <= ranges[hi] */
+        uint32_t mid = lo + (hi - lo) / 2;
+        memcpy(&at, r + 4ull * mid, sizeof at);
+        if (at < at_lo || at > at_hi)
+            return 0;  /* not monotonic */
+        if (at < n)
+            lo = mid, at_lo = at;
+        else
+            hi = mid, at_hi = at;
+    }
+    return h->files + 1 + lo;
+}
+
+/* Directory j's (from 0) files: *first and *count, if its range lies inside the files; else 0. */
+static inline int monarch_index_dir_files(const unsigned char *x, const struct monarch_index_header *h, uint32_t j,
+                                          uint32_t *first, uint32_t *count)
+{
+    uint32_t r[2];
+    if (j >= h->dirs)
+        return 0;
+    memcpy(r, x + h->ranges_off + 4ull * j, sizeof r);
+    if (r[0] > r[1] || r[1] > h->files)
+        return 0;
+    *first = r[0] + 1;
+    *count = r[1] - r[0];
+    return 1;
+}
+
+/* The key of fixed entry ``m`` (a directory; a link record's is its file's name), its hash in
+ * *hash if not NULL; NULL if there is no entry m or its key lies outside the key bytes. */
+static inline const char *monarch_index_fixed_key(const unsigned char *x, const struct monarch_index_header *h,
+                                                  uint32_t m, uint32_t *len, uint32_t *hash)
+{
+    if (m <= h->files || m > h->entries)
+        return NULL;
+    const unsigned char *at = x + h->entries_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (m - h->files - 1);
+    uint32_t head[2];
+    uint64_t off;
+    memcpy(head, at, sizeof head);
+    memcpy(&off, at + offsetof(struct monarch_index_entry, key_off), sizeof off);
+    if (off > h->keys_size || head[1] > h->keys_size - off || !head[1])
+        return NULL;
+    if (hash)
+        *hash = head[0];
+    *len = head[1];
+    return (const char *)x + h->keys_off + off;
+}
+
+/* The key of file ``n``'s directory, or NULL. */
+static inline const char *monarch_index_dir_key(const unsigned char *x, const struct monarch_index_header *h,
+                                                uint32_t n, uint32_t *len)
+{
+    uint32_t m = monarch_index_dir_of(x, h, n);
+    return m ? monarch_index_fixed_key(x, h, m, len, NULL) : NULL;
+}
+
+/* Does file ``n`` have the key whose last "/" is at ``key[p - 1]``? Its name first (no hash is
+ * stored for a file: the name rejects most), then its directory's key and the "/" between them
+ * (none after a key that ends with one: a root's "<k>/"). */
+static inline int monarch_index_file_is(const unsigned char *x, const struct monarch_index_header *h, uint32_t n,
+                                        const char *key, size_t len, size_t p)
+{
+    uint32_t nl = 0, dl = 0;
+    const char *name = monarch_index_name(x, h, n, &nl), *dk;
+    if (!name || !p || nl != len - p || memcmp(name, key + p, nl) || !(dk = monarch_index_dir_key(x, h, n, &dl)))
+        return 0;
+    return (dk[dl - 1] == '/' ? p == dl : p == (size_t)dl + 1) && !memcmp(dk, key, dl);
+}
+
+/* Where the last component of ``key`` starts (after its last "/"; 0 if it has none). */
+static inline size_t monarch_key_tail(const char *key, size_t len)
+{
+    size_t p = len;
+    while (p && key[p - 1] != '/')
+        p--;
+    return p;
+}
+
+/* Is ``key`` (``hash``: its monarch_crc32) the key of keyed number ``n`` (a file or a directory)? */
+static inline int monarch_index_is(const unsigned char *x, const struct monarch_index_header *h, uint32_t n,
+                                   const char *key, size_t len, uint32_t hash)
+{
+    if (n && n <= h->files)
+        return monarch_index_file_is(x, h, n, key, len, monarch_key_tail(key, len));
+    uint32_t kl = 0, kh = 0;
+    const char *k = n <= h->files + h->dirs ? monarch_index_fixed_key(x, h, n, &kl, &kh) : NULL;
+    return k && kh == hash && kl == len && !memcmp(k, key, len);
+}
+
+/* Number ``n``'s key (a file's: its directory's, "/" unless that ends with one, its name; a
+ * directory's as stored) written into ``buf`` (``cap`` bytes, not NUL-terminated): its length, or 0
+ * if there is no such keyed number, it is ill-formed, or it does not fit. */
+static inline uint32_t monarch_index_key(const unsigned char *x, const struct monarch_index_header *h, uint32_t n,
+                                         char *buf, size_t cap)
+{
+    uint32_t nl = 0, dl = 0;
+    const char *name = NULL, *dk;
+    if (!n || n > h->files + h->dirs)
+        return 0;
+    if (n <= h->files) {
+        if (!(name = monarch_index_name(x, h, n, &nl)) || !(dk = monarch_index_dir_key(x, h, n, &dl)))
+            return 0;
+    } else if (!(dk = monarch_index_fixed_key(x, h, n, &dl, NULL))) {
+        return 0;
+    }
+    size_t sep = name && dk[dl - 1] != '/', total = (size_t)dl + sep + nl;
+    if (total > cap || total > UINT32_MAX)
+        return 0;
+    memcpy(buf, dk, dl);
+    if (sep)
+        buf[dl] = '/';
+    if (nl)
+        memcpy(buf + dl + sep, name, nl);
+    return (uint32_t)total;
+}
+
+/* A file's listed u64 (``off``: the header's sizes_off or inos_off; 0 without them). */
+static inline uint64_t monarch_index_file_u64(const unsigned char *x, const struct monarch_index_header *h,
+                                              uint64_t off, uint32_t n)
+{
+    uint64_t v = 0;
+    if (off && n && n <= h->files)
+        memcpy(&v, x + off + 8ull * (n - 1), sizeof v);
+    return v;
 }
 
 /* The 112-byte stat entry of number ``n``, or NULL when nothing may be answered from it: a file
@@ -135,10 +293,10 @@ static inline const unsigned char *monarch_index_head(const unsigned char *x, co
 static inline const unsigned char *monarch_index_stat(const unsigned char *x, const struct monarch_index_header *h,
                                                       uint32_t n)
 {
-    const unsigned char *at = monarch_index_head(x, h, n);
-    if (!at)
+    if (!n || n > h->entries)
         return NULL;
     if (n <= h->files) {
+        const unsigned char *at = x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
         uint32_t s = __atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_file, stat)),
                                      __ATOMIC_ACQUIRE);
         if (!s || s > h->files)  /* DESCRIBING is > files */
@@ -148,6 +306,7 @@ static inline const unsigned char *monarch_index_stat(const unsigned char *x, co
         memcpy(&named, stat + offsetof(struct monarch_index_entry, children), sizeof named);
         return named == n ? stat : NULL;
     }
+    const unsigned char *at = x + h->entries_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (n - h->files - 1);
     uint32_t flags;
     memcpy(&flags, at + offsetof(struct monarch_index_entry, flags), sizeof flags);
     return flags & MONARCH_INDEX_FLAG_UNDESCRIBED ? NULL : at;
@@ -160,23 +319,25 @@ static inline int monarch_index_undescribed(const unsigned char *x, const struct
 }
 
 /* The number (from 1) of ``key`` (``hash``: its monarch_crc32) in the index mapped at ``x``
- * whose header is ``h``, or 0. Bounded by the table's size; a number out of range or a key
- * outside the key area ends the search (monarch_index_bounded checked the tables' bounds). */
+ * whose header is ``h``, or 0. Bounded by the table's size; an empty bucket or a number that is
+ * not keyed ends the search (monarch_index_bounded checked the tables' bounds). */
 static inline uint32_t monarch_index_find(const unsigned char *x, const struct monarch_index_header *h,
                                           const char *key, size_t len, uint32_t hash)
 {
     uint32_t mask = h->buckets - 1;
+    size_t p = monarch_key_tail(key, len);
     for (uint32_t b = hash & mask, probes = 0; probes < h->buckets; b = (b + 1) & mask, probes++) {
-        uint32_t n, head[2];
-        uint64_t key_off;
+        uint32_t n, kl = 0, kh = 0;
         memcpy(&n, x + h->buckets_off + 4ull * b, sizeof n);
-        const unsigned char *at = monarch_index_head(x, h, n);
-        if (!at)
+        if (!n || n > h->files + h->dirs)
             return 0;
-        memcpy(head, at, sizeof head);
-        memcpy(&key_off, at + 8, sizeof key_off);
-        if (head[0] == hash && head[1] == len && key_off <= h->keys_size && len <= h->keys_size - key_off &&
-            !memcmp(x + h->keys_off + key_off, key, len))
+        if (n <= h->files) {
+            if (monarch_index_file_is(x, h, n, key, len, p))
+                return n;
+            continue;
+        }
+        const char *k = monarch_index_fixed_key(x, h, n, &kl, &kh);
+        if (k && kh == hash && kl == len && !memcmp(k, key, len))
             return n;
     }
     return 0;
@@ -226,20 +387,19 @@ static inline void monarch_index_stat_fields(struct monarch_index_entry *e, cons
 
 /* File ``n`` of the index mapped writable at ``x`` (header ``h``, checked: monarch_index_bounded
  * with ``files`` slots) described with the stat fields of ``f`` (size .. nlink, blocks, blksize),
- * its route from ``steps``: the record claimed (0 -> DESCRIBING), a slot taken from the mapping's
- * stats_used, the slot written, the record's size, then its ``stat`` released. Every describer
- * (the walk's pass, the door, Python) does the same. 1 described now; 0 described or being
- * described already; -1 no such file, or no room. */
+ * its route from ``steps`` (on its directory's key: the root's number starts it): the record
+ * claimed (0 -> DESCRIBING), a slot taken from the mapping's stats_used, the slot written (its key
+ * fields the name's), the listed size, then the record's ``stat`` released. Every describer (the
+ * walk's pass, the door, Python) does the same. 1 described now; 0 described or being described
+ * already; -1 no such file, or no room. */
 static inline int monarch_index_put_fields(unsigned char *x, const struct monarch_index_header *h, uint32_t n,
                                            const struct monarch_index_entry *f, const struct monarch_route_steps *steps)
 {
-    if (!n || n > h->files)
+    uint32_t nl = 0, dl = 0;
+    const char *name = monarch_index_name(x, h, n, &nl), *dk = monarch_index_dir_key(x, h, n, &dl);
+    if (!name || !dk)
         return -1;
     unsigned char *at = x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
-    struct monarch_index_file r;
-    memcpy(&r, at, sizeof r);
-    if (r.key_off > h->keys_size || r.key_len > h->keys_size - r.key_off)
-        return -1;
     uint32_t *stat = (uint32_t *)(at + offsetof(struct monarch_index_file, stat)), zero = 0;
     if (!__atomic_compare_exchange_n(stat, &zero, MONARCH_INDEX_DESCRIBING, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return 0;
@@ -250,12 +410,13 @@ static inline int monarch_index_put_fields(unsigned char *x, const struct monarc
         return -1;
     }
     struct monarch_index_entry e = *f;
-    e.hash = r.hash, e.key_len = r.key_len, e.key_off = r.key_off;
-    e.flags = monarch_route_bits(steps, (const char *)x + h->keys_off + r.key_off, r.key_len, e.size, e.mode);
+    e.hash = 0, e.key_len = nl, e.key_off = (uint64_t)(name - (const char *)(x + h->keys_off));
+    e.flags = monarch_route_bits(steps, dk, dl, e.size, e.mode);
     e.link = 0, e.nchildren = 0;
     e.children = n;
     memcpy(x + h->stats_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (s - 1), &e, sizeof e);
-    memcpy(at + offsetof(struct monarch_index_file, size), &e.size, sizeof e.size);
+    if (h->sizes_off)
+        memcpy(x + h->sizes_off + 8ull * (n - 1), &e.size, sizeof e.size);
     __atomic_store_n(stat, s, __ATOMIC_RELEASE);
     return 1;
 }

@@ -258,8 +258,16 @@ static int monarch_children_bounded(const struct monarch_index_entry *d)
            && d->nchildren <= monarch_index_hdr.children_count - d->children;
 }
 
-/* Does listed directory d name `name`? 1 yes (or cannot tell), 0 no: a binary search of
- * its sorted names (after "." and ".."). */
+/* The bytewise order of two names (memcmp, then the shorter first): <0, 0, >0. */
+static int monarch_name_cmp(const char *a, size_t al, const char *b, size_t bl)
+{
+    int cmp = memcmp(a, b, al < bl ? al : bl);
+    return cmp ? cmp : (al > bl) - (al < bl);
+}
+
+/* Does listed directory d have a child record of `name`? 1 yes (or cannot tell), 0 no: a binary
+ * search of its sorted names (after "." and ".."). Its files are not among them: a file's key is
+ * found by its look-up. */
 static int monarch_child_named(const struct monarch_index_entry *d, const char *name, size_t nl)
 {
     if (!monarch_children_bounded(d))
@@ -271,9 +279,7 @@ static int monarch_child_named(const struct monarch_index_entry *d, const char *
         const char *cn;
         if (monarch_index_child(mid, &c, &cn) != 0)
             return 1;
-        int cmp = memcmp(cn, name, c.name_len < nl ? c.name_len : nl);
-        if (!cmp)
-            cmp = (c.name_len > nl) - (c.name_len < nl);
+        int cmp = monarch_name_cmp(cn, c.name_len, name, nl);
         if (!cmp)
             return 1;
         if (cmp < 0)
@@ -296,9 +302,10 @@ static int monarch_described_now(const char *key, size_t kl, uint32_t n, struct 
            && monarch_index_entry(n, e) == 0;
 }
 
-/* The index's answer for key (of root k): FOUND with the entry in *e, ABSENT, or PASS. */
+/* The index's answer for key (of root k): FOUND with the entry in *e (and its number in *number,
+ * if not NULL), ABSENT, or PASS. */
 static int monarch_meta_answer(const char *key, size_t kl, unsigned k, int nofollow, int wants_dir,
-                               struct monarch_index_entry *e)
+                               struct monarch_index_entry *e, uint32_t *number)
 {
     if (!monarch_meta_on(k))
         return MONARCH_META_PASS;
@@ -314,9 +321,12 @@ static int monarch_meta_answer(const char *key, size_t kl, unsigned k, int nofol
         } else if (wants_dir && !S_ISDIR(e->mode)) {
             return MONARCH_META_PASS;
         }
+        if (number)
+            *number = n;
         return MONARCH_META_FOUND;
     }
-    /* Not described: absent if its parent was listed whole without this name. */
+    /* Not described: absent if its parent was listed whole without this name (a file of it
+     * would have been found above: its child records name the rest). */
     size_t p = kl;
     while (p > 0 && key[p - 1] != '/')
         p--;
@@ -332,9 +342,10 @@ static int monarch_meta_answer(const char *key, size_t kl, unsigned k, int nofol
     return MONARCH_META_ABSENT;
 }
 
-/* Look (dirfd, path) up: NOT_OURS (no root's), or the index's answer; abs[PATH_MAX] gets
- * the absolute path when abs is not NULL. errno is kept. */
-static int monarch_meta_find(int dirfd, const char *path, int nofollow, struct monarch_index_entry *e, char *abs)
+/* Look (dirfd, path) up: NOT_OURS (no root's), or the index's answer (monarch_meta_answer's);
+ * abs[PATH_MAX] gets the absolute path when abs is not NULL. errno is kept. */
+static int monarch_meta_find(int dirfd, const char *path, int nofollow, struct monarch_index_entry *e, char *abs,
+                             uint32_t *number)
 {
     if (monarch_guard || !path || !path[0] || !monarch_start())
         return MONARCH_META_NOT_OURS;
@@ -345,7 +356,7 @@ static int monarch_meta_find(int dirfd, const char *path, int nofollow, struct m
     monarch_guard = 1;
     if (monarch_key_abs(dirfd, path, 1, key, &kl, &k, abs ? abs : buf) == 0) {
         monarch_index_ready(); /* started before the daemon's walk ended: the index, once there */
-        r = monarch_meta_answer(key, kl, k, nofollow, monarch_wants_dir(path), e);
+        r = monarch_meta_answer(key, kl, k, nofollow, monarch_wants_dir(path), e, number);
     }
     monarch_guard = 0;
     errno = saved;
@@ -360,7 +371,7 @@ static int monarch_meta_find(int dirfd, const char *path, int nofollow, struct m
                                    struct type *buf, int *r)                                 \
     {                                                                                        \
         struct monarch_index_entry e;                                                        \
-        int how = monarch_meta_find(dirfd, path, flags & AT_SYMLINK_NOFOLLOW, &e, NULL);     \
+        int how = monarch_meta_find(dirfd, path, flags & AT_SYMLINK_NOFOLLOW, &e, NULL, NULL); \
         if (how != MONARCH_META_NOT_OURS && ((int)ver != MONARCH_STAT_VER || (flags & ~MONARCH_STAT_FLAGS))) \
             how = MONARCH_META_PASS;                                                         \
         monarch_meta_count(how);                                                             \
@@ -384,7 +395,7 @@ static int monarch_meta_statx(int dirfd, const char *path, int flags, unsigned m
 {
     struct monarch_index_entry e;
     int ok = !(flags & ~(MONARCH_STAT_FLAGS | AT_STATX_DONT_SYNC)) && !(mask & ~STATX_BASIC_STATS);
-    int how = monarch_meta_find(dirfd, path, flags & AT_SYMLINK_NOFOLLOW, &e, NULL);
+    int how = monarch_meta_find(dirfd, path, flags & AT_SYMLINK_NOFOLLOW, &e, NULL, NULL);
     if (!ok && how != MONARCH_META_NOT_OURS)
         how = MONARCH_META_PASS;
     monarch_meta_count(how);
@@ -409,7 +420,7 @@ static int monarch_meta_statx(int dirfd, const char *path, int flags, unsigned m
 static int monarch_meta_access(int dirfd, const char *path, int mode, int flags, int *r)
 {
     struct monarch_index_entry e;
-    int how = monarch_meta_find(dirfd, path, flags & AT_SYMLINK_NOFOLLOW, &e, NULL);
+    int how = monarch_meta_find(dirfd, path, flags & AT_SYMLINK_NOFOLLOW, &e, NULL, NULL);
     if (how == MONARCH_META_FOUND && mode != F_OK) {
         uid_t uid = (flags & AT_EACCESS) ? geteuid() : getuid();
         if ((flags & ~(AT_EACCESS | AT_SYMLINK_NOFOLLOW)) || (mode & ~(R_OK | X_OK)) || uid == 0 || uid != e.uid)
@@ -458,15 +469,19 @@ static int monarch_meta_opendir(int dirfd, const char *path, int fd, DIR **out)
 {
     struct monarch_index_entry e;
     char abs[PATH_MAX];
+    uint32_t n = 0, file0 = 0, files = 0;
     if (fd >= 0) { /* what fdopendir refuses (O_PATH, write-only) it must refuse itself */
         long fl = syscall(SYS_fcntl, fd, F_GETFL);
         if (fl < 0 || (fl & O_PATH) || (fl & O_ACCMODE) == O_WRONLY)
             return 0;
     }
-    int how = monarch_meta_find(dirfd, path, 0, &e, abs);
+    int how = monarch_meta_find(dirfd, path, 0, &e, abs, &n);
     if (how == MONARCH_META_FOUND
-        && (!S_ISDIR(e.mode) || !(e.flags & MONARCH_INDEX_FLAG_LISTED) || !monarch_children_bounded(&e)))
-        how = MONARCH_META_PASS; /* a count beyond the child table: the kernel lists it (never 2^32 records) */
+        && (!S_ISDIR(e.mode) || !(e.flags & MONARCH_INDEX_FLAG_LISTED) || !monarch_children_bounded(&e)
+            || n <= monarch_index_hdr.files
+            || !monarch_index_dir_files(monarch_idx(), &monarch_index_hdr, n - monarch_index_hdr.files - 1, &file0,
+                                        &files)))
+        how = MONARCH_META_PASS; /* a count beyond the child table, a range beyond the files: the kernel lists it */
     if (how == MONARCH_META_ABSENT && fd >= 0)
         how = MONARCH_META_PASS; /* an open descriptor exists: the index is out of date */
     struct monarch_dir *m = NULL;
@@ -485,10 +500,63 @@ static int monarch_meta_opendir(int dirfd, const char *path, int fd, DIR **out)
     m->fd = fd;
     m->first = e.children;
     m->count = e.nchildren;
+    m->file0 = file0;
+    m->files = files;
     m->pos = 0;
     strcpy(m->path, abs);
-    MONARCH_DEBUG(2, "opendir %s: %u names from the index", abs, e.nchildren);
+    MONARCH_DEBUG(2, "opendir %s: %u names from the index", abs, e.nchildren + files);
     *out = (DIR *)(void *)m;
     return 1;
 }
 
+/* The next name of emulated DIR m: "." and "..", then its other child records and its files
+ * merged in bytewise order (both sorted). 1 with its name, d_ino and d_type, m->pos past it; 0 at
+ * the end. A record or a name outside the mapping is skipped. A file's d_type is DT_LNK when its
+ * name is a symlink (its stat says so), else DT_REG; its d_ino the listing's, else its stat's. */
+static int monarch_dir_next(struct monarch_dir *m, const char **name, size_t *nl, uint64_t *ino, unsigned char *type)
+{
+    const unsigned char *x = monarch_idx();
+    const struct monarch_index_header *h = &monarch_index_hdr;
+    uint64_t ci = (uint64_t)m->pos >> 32, fi = (uint64_t)m->pos & 0xFFFFFFFFu;
+    ci = ci < m->count ? ci : m->count; /* a seekdir past the end */
+    fi = fi < m->files ? fi : m->files;
+    for (; x; m->pos = (long)(ci << 32 | fi)) {
+        struct monarch_index_child c;
+        const char *cn = NULL, *fn = NULL;
+        uint32_t fl = 0, n = m->file0 + (uint32_t)fi;
+        if (ci < m->count && monarch_index_child(m->first + ci, &c, &cn) != 0) {
+            ci++;
+            continue;
+        }
+        if (ci >= 2 && fi < m->files && !(fn = monarch_index_name(x, h, n, &fl))) {
+            fi++;
+            continue;
+        }
+        if (ci < m->count && (ci < 2 || !fn || monarch_name_cmp(cn, c.name_len, fn, fl) <= 0)) {
+            *name = ci < 2 ? ".." : cn;
+            *nl = ci < 2 ? (size_t)ci + 1 : c.name_len;
+            *ino = c.d_ino;
+            *type = c.d_type;
+            ci++;
+        } else if (fn) {
+            const unsigned char *st = monarch_index_stat(x, h, n);
+            uint32_t flags = 0;
+            if (st)
+                memcpy(&flags, st + offsetof(struct monarch_index_entry, flags), sizeof flags);
+            *ino = 0;
+            if (h->inos_off)
+                *ino = monarch_index_file_u64(x, h, h->inos_off, n);
+            else if (st)
+                memcpy(ino, st + offsetof(struct monarch_index_entry, ino), sizeof *ino);
+            *name = fn;
+            *nl = fl;
+            *type = flags & MONARCH_INDEX_FLAG_SYMLINK ? DT_LNK : DT_REG;
+            fi++;
+        } else {
+            return 0;
+        }
+        m->pos = (long)(ci << 32 | fi);
+        return 1;
+    }
+    return 0;
+}

@@ -12,9 +12,10 @@ struct monarch_dir {
     uint64_t magic;
     struct monarch_dir *self;
     int fd;              /* fdopendir's descriptor, or dirfd()'s late open of path; -1: none yet */
-    uint64_t first;      /* its child records: first, count; pos counts from 0 */
+    uint64_t first;      /* its child records: first, count */
     uint32_t count;
-    long pos;
+    uint32_t file0, files; /* its files: the first's number, how many */
+    long pos;            /* the next child record (from 0) << 32 | the next of its files (from 0) */
     char path[PATH_MAX]; /* absolute, for dirfd() */
     union {
         struct dirent d;
@@ -22,24 +23,22 @@ struct monarch_dir {
     } ent;
 };
 
-/* The next record of an emulated DIR into its dirent (dirent or dirent64: same fields). */
+/* The next name of an emulated DIR into its dirent (dirent or dirent64: same fields). */
 #define MONARCH_FILL_DIRENT(m, ent, ok)                                                       \
     do {                                                                                      \
-        struct monarch_index_child c_;                                                        \
         const char *name_;                                                                    \
+        size_t nl_;                                                                           \
+        uint64_t ino_;                                                                        \
+        unsigned char type_;                                                                  \
         ok = 0;                                                                               \
-        while ((m)->pos >= 0 && (uint64_t)(m)->pos < (m)->count) {                            \
-            long i_ = (m)->pos++;                                                             \
-            if (monarch_index_child((m)->first + (uint64_t)i_, &c_, &name_) != 0)            \
-                continue;                                                                     \
-            size_t nl_ = i_ == 0 ? 1 : i_ == 1 ? 2 : c_.name_len;                             \
+        while (monarch_dir_next((m), &name_, &nl_, &ino_, &type_)) {                          \
             if (nl_ >= sizeof (ent).d_name)                                                   \
                 continue;                                                                     \
-            memcpy((ent).d_name, i_ < 2 ? ".." : name_, nl_);                                 \
+            memcpy((ent).d_name, name_, nl_);                                                 \
             (ent).d_name[nl_] = '\0';                                                         \
-            (ent).d_ino = c_.d_ino;                                                           \
-            (ent).d_off = i_ + 1;                                                             \
-            (ent).d_type = c_.d_type;                                                         \
+            (ent).d_ino = ino_;                                                               \
+            (ent).d_off = (m)->pos;                                                           \
+            (ent).d_type = type_;                                                             \
             (ent).d_reclen = (unsigned short)((offsetof(__typeof__(ent), d_name) + nl_ + 8) & ~(size_t)7); \
             ok = 1;                                                                           \
             break;                                                                            \
@@ -71,10 +70,11 @@ static inline uint64_t *monarch_extra(uint64_t *c, unsigned which);
 static inline uint64_t monarch_root_bit(unsigned k);
 static inline void monarch_meta_count(int how);
 static int monarch_meta_answer(const char *key, size_t kl, unsigned k, int nofollow, int wants_dir,
-                               struct monarch_index_entry *e);
+                               struct monarch_index_entry *e, uint32_t *number);
 static int monarch_meta_access(int dirfd, const char *path, int mode, int flags, int *r);
 static inline struct monarch_dir *monarch_dir_of(DIR *dirp);
 static int monarch_meta_opendir(int dirfd, const char *path, int fd, DIR **out);
-static int monarch_index_child(uint64_t i, struct monarch_index_child *c, const char **name);  /* MONARCH_FILL_DIRENT's */
+static int monarch_dir_next(struct monarch_dir *m, const char **name, size_t *nl, uint64_t *ino,
+                            unsigned char *type);  /* MONARCH_FILL_DIRENT's */
 
 #endif /* MONARCH_SHIM_INDEX_H */

@@ -445,7 +445,7 @@ static int monarch_store_xattr(const char *path, int nofollow)
     if (monarch_key_abs(AT_FDCWD, path, 1, key, &kl, &k, abs) == 0 && monarch_store_key(key)) {
         struct monarch_index_entry e;
         monarch_index_ready();
-        r = monarch_meta_answer(key, kl, k, nofollow, monarch_wants_dir(path), &e);
+        r = monarch_meta_answer(key, kl, k, nofollow, monarch_wants_dir(path), &e, NULL);
     }
     monarch_guard = 0;
     errno = saved;

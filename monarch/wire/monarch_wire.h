@@ -290,12 +290,12 @@ struct monarch_pages_request {
 
 /* ---- snapshot index: written once by the daemon, its files described in place, mapped by every process ---- */
 #define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL /* "MNCHINDX" */
-#define MONARCH_INDEX_VERSION 7 /* 4: each file's route in its flags (INDEX_ROUTE_*); 5: BLOCKS before PEER;
-                                  * 6: files listed, not yet described (INDEX_FLAG_UNDESCRIBED);
-                                  * 7: a 32-byte record per file, its stat written when described */
-#define MONARCH_INDEX_HEADER_SIZE 104
+#define MONARCH_INDEX_VERSION 8 /* 6: files listed, not yet described (INDEX_FLAG_UNDESCRIBED);
+                                  * 7: a file's stat written when described;
+                                  * 8: an 8-byte record per file, its name under its directory's range */
+#define MONARCH_INDEX_HEADER_SIZE 144
 #define MONARCH_INDEX_ENTRY_SIZE 112
-#define MONARCH_INDEX_FILE_SIZE 32
+#define MONARCH_INDEX_FILE_SIZE 8
 #define MONARCH_INDEX_CHILD_SIZE 24
 #define MONARCH_INDEX_FLAG_SYMLINK 1
 #define MONARCH_INDEX_FLAG_LISTED 2
@@ -312,9 +312,10 @@ struct monarch_pages_request {
 #define MONARCH_INDEX_ROUTE_SHIFT 8
 #define MONARCH_INDEX_ROUTE_MASK 0xF00
 
-/* In the file in this order: header, buckets, file records (numbers 1..files), fixed entries (the
- * numbers after: directories, then link records), keys, children, stats (room for ``files``
- * INDEX_ENTRYs, slot s at stats_off + 112 * (s - 1), sparse until described). */
+/* In the file in this order: header, buckets, file records (numbers 1..files), the directories'
+ * file ranges, listed sizes and inodes (each optional), fixed entries (the numbers after:
+ * directories, then link records), keys (the file names first), children, stats (room for
+ * ``files`` INDEX_ENTRYs, slot s at stats_off + 112 * (s - 1), sparse until described). */
 struct monarch_index_header {
     uint64_t magic;
     uint32_t version, entries, buckets, reserved;
@@ -322,14 +323,17 @@ struct monarch_index_header {
     uint32_t files, stats_used;   /* stats_used: slots taken (atomic in the mapping, the daemon's process only) */
     uint64_t files_off, stats_off;
     uint64_t size;                /* the file's whole length: stats_off + 112 * files */
+    uint32_t dirs, reserved2;     /* directories: entries files + 1 .. files + dirs */
+    uint64_t names_size;          /* the file names: the key bytes' first, file after file */
+    uint64_t ranges_off;          /* u32[dirs + 1]: directory j holds files ranges[j] + 1 .. ranges[j + 1] */
+    uint64_t sizes_off, inos_off; /* u64 per file, each 0 when absent: listed sizes; listing's d_ino */
 };
 
-/* File n's record (n - 1 at files_off): its key (an INDEX_ENTRY's first 16 bytes), its size, and
- * ``stat``: 0 not described, DESCRIBING, else its stat's slot, stored last (release; load acquire) */
+/* File n's record (n - 1 at files_off): its name's offset in the key bytes (its length: up to the
+ * next file's, the last's to names_size), and ``stat``: 0 not described, DESCRIBING, else its
+ * stat's slot, stored last (release; load acquire) */
 struct monarch_index_file {
-    uint32_t hash, key_len;
-    uint64_t key_off, size;
-    uint32_t stat, reserved;
+    uint32_t name_off, stat;
 };
 
 /* the source's stat as the snapshot saw it, and where the key and its listing are */
@@ -374,8 +378,9 @@ _Static_assert(offsetof(struct monarch_index_header, stats_used) == 76, "index h
 _Static_assert(offsetof(struct monarch_index_header, files_off) == 80, "index header: files_off");
 _Static_assert(offsetof(struct monarch_index_header, size) == 96, "index header: size");
 _Static_assert(sizeof(struct monarch_index_file) == MONARCH_INDEX_FILE_SIZE, "index file record layout");
-_Static_assert(offsetof(struct monarch_index_file, size) == 16, "index file record: size");
-_Static_assert(offsetof(struct monarch_index_file, stat) == 24, "index file record: stat");
+_Static_assert(offsetof(struct monarch_index_file, stat) == 4, "index file record: stat");
+_Static_assert(offsetof(struct monarch_index_header, dirs) == 104, "index header: dirs");
+_Static_assert(offsetof(struct monarch_index_header, inos_off) == 136, "index header: inos_off");
 /* every route + 1 fits an index entry's route bits (published or not: WRITEBACK never is) */
 #define MONARCH_ROUTE_BITS(route, value, smallest, largest) \
     _Static_assert((value) + 1 <= MONARCH_INDEX_ROUTE_MASK >> MONARCH_INDEX_ROUTE_SHIFT, "route bits: " #route);

@@ -255,13 +255,16 @@ def run_index(mnt: Path, manifest: Path, args, pfs: SlowPFS, watch: CpuWatch, en
 def index_parts(header: bytes, files: int) -> dict[str, float]:
     """What an index holds, in bytes per file, from its header (protocol.py, "Snapshot index"): the
     files' records, the stats of the files described, the directories' and links' entries, the hash
-    buckets, the key bytes (each file's whole key, and the names of listed children that are no
-    entry), the child records."""
-    (_, _, total, nbuckets, _, _, _, _, keys_size, _, nchildren, nfiles, used, *_) = protocol.INDEX_HEADER.unpack(header)
+    buckets, the key bytes (the files' names, then the directories' keys and the names of listed
+    children that are no entry), the listed sizes and inodes, the child records."""
+    (_, _, total, nbuckets, _, _, _, _, keys_size, _, nchildren, nfiles, used, _, _, _, dirs, _, names_size, _,
+     sizes_off, inos_off) = protocol.INDEX_HEADER.unpack(header)
     size = protocol.INDEX_ENTRY.size
     return {"file records": protocol.INDEX_FILE.size * nfiles / files, "stats": size * used / files,
-            "other entries": size * (total - nfiles) / files, "buckets": 4 * nbuckets / files, "keys": keys_size / files,
-            "child records": protocol.INDEX_CHILD.size * nchildren / files}
+            "other entries": size * (total - nfiles) / files, "buckets": 4 * nbuckets / files,
+            "names": names_size / files, "other keys": (keys_size - names_size) / files,
+            "sizes": 8 * nfiles / files if sizes_off else 0.0, "inodes": 8 * nfiles / files if inos_off else 0.0,
+            "ranges": 4 * (dirs + 1) / files, "child records": protocol.INDEX_CHILD.size * nchildren / files}
 
 
 def reader_args(mnt: Path, args, pfs: SlowPFS) -> list[str]:

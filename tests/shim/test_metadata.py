@@ -277,3 +277,24 @@ def test_outside_the_roots_nothing_is_counted(shim_env):
     shim_env.python("import os,sys; os.stat(sys.argv[1]); os.listdir(os.path.dirname(sys.argv[1]))",
                     str(shim_env.other / "f"))
     assert meta_counts(shim_env)[:2] == (0, 0)
+
+
+def test_a_farm_of_links_to_files_is_answered_from_the_index(shim_env):
+    """A dataset made of symlinks to files kept elsewhere (a link farm) has a link record for each
+    beside its key: 168 links and 2 directories give 338 entries to 256 buckets, sized on what is
+    keyed. Such an index is mapped and answers (a check on every entry against the buckets once
+    refused it, and every call went to the PFS)."""
+    store = shim_env.other / "store"
+    store.mkdir()
+    for i in range(168):
+        shim_env.write(f"f{i:03d}", size=i + 1, under=store)
+        (shim_env.root / "farm").mkdir(exist_ok=True)
+        os.symlink(store / f"f{i:03d}", shim_env.root / "farm" / f"l{i:03d}")
+    code = "import os,sys; print(sum(os.stat(os.path.join(sys.argv[1], n)).st_size for n in os.listdir(sys.argv[1])))"
+    out = same_with_and_without(shim_env, [sys.executable, "-c", code, str(shim_env.root / "farm")])
+    assert out.strip() == str(sum(range(1, 169))).encode()
+    with open(shim_env.index, "rb") as f:
+        header = protocol.INDEX_HEADER.unpack(f.read(protocol.INDEX_HEADER.size))
+    assert (header[2], header[3]) == (338, 256)  # entries, buckets
+    local, pfs, _ = meta_counts(shim_env)
+    assert local >= 169 and pfs < 10, (local, pfs)

@@ -115,17 +115,25 @@ def test_index_build_and_lookup(tmp_path):
             f.write(b"x" * i)
         entries.append((b"0/" + name, os.stat(path)))
     data = index_layout.build_index(entries)
-    (magic, version, n, nbuckets, _, boff, eoff, koff, ksize, coff, nchildren, files, used, foff, soff,
-     size) = protocol.INDEX_HEADER.unpack_from(data)
-    assert (magic, version, n, files, used) == (protocol.INDEX_MAGIC, protocol.INDEX_VERSION, len(names), n, n)
-    assert nbuckets & (nbuckets - 1) == 0 and nbuckets >= 2 * n  # always an empty bucket: lookups end
-    assert foff == boff + 4 * nbuckets and eoff == foff + protocol.INDEX_FILE.size * n and koff == eoff
+    (magic, version, n, nbuckets, _, boff, eoff, koff, ksize, coff, nchildren, files, used, foff, soff, size, dirs, _,
+     names_size, roff, sizes_off, inos_off) = protocol.INDEX_HEADER.unpack_from(data)
+    assert (magic, version, files, used, dirs) == (protocol.INDEX_MAGIC, protocol.INDEX_VERSION, len(names), len(names), 3)
+    assert n == files + dirs  # the files' directories ("0/", "0/dir", "0/many") have entries, undescribed
+    assert nbuckets & (nbuckets - 1) == 0 and 2 * nbuckets >= 3 * n  # always an empty bucket: lookups end
+    assert foff == boff + 4 * nbuckets and roff == foff + protocol.INDEX_FILE.size * n - protocol.INDEX_FILE.size * dirs
+    assert sizes_off == inos_off == 0 and eoff == roff + 16 and koff == eoff + protocol.INDEX_ENTRY.size * dirs
+    assert names_size == sum(len(name.rpartition(b"/")[2]) for name in names)  # each name once, under its directory
     assert coff >= koff + ksize and coff % 8 == 0 and nchildren == 0 and soff == coff
-    assert len(data) == size == soff + protocol.INDEX_ENTRY.size * n  # every file described: every slot taken
-    for number, (key, st) in enumerate(entries, 1):
+    assert len(data) == size == soff + protocol.INDEX_ENTRY.size * files  # every file described: every slot taken
+    index = index_layout.Index(data)
+    for key, st in entries:
         got = index_layout.index_lookup(data, key)
         assert got == (st.st_size, st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
-                       st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0, st.st_blocks, st.st_blksize, 0, number)
+                       st.st_mode, st.st_uid, st.st_gid, st.st_nlink, 0, 0, st.st_blocks, st.st_blksize, 0,
+                       index.number(key))
+        assert index.key(index.number(key)) == key
+    assert [index.key(m) for m in range(files + 1, n + 1)] == [b"0/", b"0/dir", b"0/many"]
+    assert index_layout.index_lookup(data, b"0/dir")[10] == protocol.INDEX_FLAG_UNDESCRIBED  # nothing answered from it
     flagged = index_layout.build_index([(b"0/l", entries[0][1], protocol.INDEX_FLAG_SYMLINK)])
     assert index_layout.index_lookup(flagged, b"0/l")[10:12] == (protocol.INDEX_FLAG_SYMLINK, 0)
     assert index_layout.index_lookup(data, b"0/missing") is None
@@ -165,7 +173,8 @@ def test_index_directories_links_and_listings(tmp_path):
 
 
 def test_a_file_listed_has_a_record_and_no_stat_until_it_is_described(tmp_path):
-    """A listed file costs its 32-byte record (its key, its listed size); its 112-byte stat is
+    """A listed file costs its 8-byte record (its name's offset, its stat's slot), its name and its
+    listed size; its 112-byte stat is
     written when it is described, into the next slot of the room at the index's end, the record
     naming the slot last; the bytes a copy needs grow by one stat."""
     from monarch.node.snapshot.indextable import IndexTable, used_end
@@ -184,7 +193,8 @@ def test_a_file_listed_has_a_record_and_no_stat_until_it_is_described(tmp_path):
     assert table.undescribed() == 1 and used_end(room) == len(data) + protocol.INDEX_ENTRY.size
     assert index_layout.index_lookup(bytes(room), b"0/a")[:4] == (st.st_size, st.st_mtime_ns, st.st_atime_ns,
                                                                    st.st_ctime_ns)
-    assert protocol.INDEX_FILE.unpack_from(room, header[13])[4] == 1  # its stat in slot 1
+    assert protocol.INDEX_FILE.unpack_from(room, header[13])[1] == 1  # its stat in slot 1
+    assert index_layout.Index(bytes(room)).file_size(1) == st.st_size  # its listed size now its stat's
 
 
 def _info(st):

@@ -52,9 +52,8 @@ def _from_list(roots: tuple[str, ...], spelled: tuple[str, ...], list_path: str,
                           f"({first} is not); give the root the list's paths are relative to, one path a line")
     data, gone = from_list.build(roots, listed)
     write_file_atomically(out, [data], size=index_size(data))
-    total = protocol.INDEX_HEADER.unpack_from(data)[2]
     files = files_in(data)
-    dirs = total - files
+    dirs = protocol.INDEX_HEADER.unpack_from(data)[16]
     if missing:
         print(f"monarch index: {missing} of {looked} files sampled from {list_path} are not there now "
               f"({first}): the PFS answers for them", file=sys.stderr)

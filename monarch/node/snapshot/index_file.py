@@ -49,7 +49,7 @@ class IndexFile:
             size = length = os.fstat(src).st_size
             header = os.pread(src, protocol.INDEX_HEADER.size, 0)
             if len(header) == protocol.INDEX_HEADER.size and header[:12] == _THIS_VERSION:
-                (*_, files, used, _, stats_off, whole) = protocol.INDEX_HEADER.unpack(header)
+                (*_, files, used, _, stats_off, whole) = protocol.INDEX_HEADER.unpack(header)[:16]
                 end = stats_off + protocol.INDEX_ENTRY.size * min(used, files)
                 if end <= length <= whole == stats_off + protocol.INDEX_ENTRY.size * files:
                     length, size = end, whole  # else copied as it is, for check_tables to refuse

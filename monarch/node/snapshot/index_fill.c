@@ -40,10 +40,12 @@ EXPORT int walk_routes(unsigned char *x, uint64_t size, uint64_t nfiles, const u
         if ((uint64_t)(at - (x + h.stats_off)) / MONARCH_INDEX_ENTRY_SIZE >= room)
             return -1;  /* a slot past the copy's end */
         struct monarch_index_entry e;
-        memcpy(&e, at, sizeof e);
-        if (e.key_off > h.keys_size || e.key_len > h.keys_size - e.key_off)
+        uint32_t dl;
+        const char *dk = monarch_index_dir_key(x, &h, (uint32_t)n, &dl);  /* its root's number starts it */
+        if (!dk)
             return -1;
-        uint32_t bits = monarch_route_bits(&t, (const char *)x + h.keys_off + e.key_off, e.key_len, e.size, e.mode);
+        memcpy(&e, at, sizeof e);
+        uint32_t bits = monarch_route_bits(&t, dk, dl, e.size, e.mode);
         e.flags = (e.flags & ~(uint32_t)MONARCH_INDEX_ROUTE_MASK) | bits;
         memcpy(at + offsetof(struct monarch_index_entry, flags), &e.flags, sizeof e.flags);
     }
@@ -71,23 +73,17 @@ static int describe_file(struct describe_pass *p, uint32_t n)
     const unsigned char *at = p->x + p->h.files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
     if (__atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_file, stat)), __ATOMIC_RELAXED))
         return 0;
-    struct monarch_index_file r;
-    memcpy(&r, at, sizeof r);
-    if (r.key_off > p->h.keys_size || r.key_len > p->h.keys_size - r.key_off || r.key_len >= PATH_MAX)
-        return 0;
-    const char *key = (const char *)p->x + p->h.keys_off + r.key_off;
-    const char *slash = memchr(key, '/', r.key_len);
+    char key[MONARCH_INDEX_KEY_MAX];
+    uint32_t kl = monarch_index_key(p->x, &p->h, n, key, sizeof key - 1);
+    const char *slash = kl ? memchr(key, '/', kl) : NULL;
     long k = 0;
     for (const char *c = key; slash && c < slash; c++)
         k = *c >= '0' && *c <= '9' && k < p->nroots ? 10 * k + (*c - '0') : p->nroots;
-    if (!slash || slash == key || k >= p->nroots || slash + 1 == key + r.key_len)
+    if (!slash || slash == key || k >= p->nroots || slash + 1 == key + kl || key + kl - (slash + 1) >= PATH_MAX)
         return 0;
-    char rel[PATH_MAX];
-    size_t rlen = (size_t)(key + r.key_len - (slash + 1));
-    memcpy(rel, slash + 1, rlen);
-    rel[rlen] = 0;
+    key[kl] = 0;  /* the path below the root */
     struct stat st;
-    if (fstatat(p->root_fds[k], rel, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+    if (fstatat(p->root_fds[k], slash + 1, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
         return 0;
     return monarch_index_put_stat(p->x, &p->h, n, &st, &p->routes) == 1;
 }

@@ -21,27 +21,21 @@ import mmap
 import os
 import stat
 import struct
-import sys
 import threading
 import weakref
-import zlib
 from array import array
 from typing import Callable
 
 from monarch import protocol
-from monarch.index_layout import pad8
+from monarch.index_layout import joined, pack, split_key
 from monarch.node.snapshot import walker
 from monarch.node.snapshot.indextable import IndexTable, put_stat
-from monarch.records.filetable import FileTable
 from monarch.routes import stepped
 
 Routes = tuple  # per root k: routes.size_steps of the node for root k's files
 ROUTE_STEPS = 8  # steps per root at most (monarch_native.h's MONARCH_ROUTE_STEPS)
 
 _ENTRY = protocol.INDEX_ENTRY
-_FILE = protocol.INDEX_FILE
-_CHILD = protocol.INDEX_CHILD
-_NAME_OFFSET = struct.Struct("<Q")  # a child record's second field
 # an entry's stat fields (size .. nlink), its flags, and its blocks and blksize, at their offsets
 _FLAGS, _FLAGS_AT = struct.Struct("<I"), 80
 
@@ -51,11 +45,21 @@ def _fields(st) -> tuple:
 
 
 def positions(files) -> Callable[[str], int | None]:
-    """key -> its position among the files (their order in the index), or None."""
-    if isinstance(files, (FileTable, IndexTable)):
+    """key -> its position among the files in their index (its entry number - 1), or None."""
+    if isinstance(files, IndexTable):
         return files.row_of
-    where = {key: n for n, key in enumerate(files)}
+    where = {key: n for n, key in enumerate(key for _, mine in grouped(files) for _, key in mine)}
     return where.get
+
+
+def grouped(files, dir_keys=()) -> list[tuple[bytes, list[tuple[bytes, str]]]]:
+    """``files``' keys in their index's order: per directory (those of ``dir_keys`` too, with no
+    file), in the bytewise order of the keys, (its key, [(name, key)] by name)."""
+    by_dir: dict[bytes, list] = {protocol.key_bytes(key): [] for key in dir_keys}
+    for key in files:
+        parent, name = split_key(protocol.key_bytes(key))
+        by_dir.setdefault(parent, []).append((name, key))
+    return [(parent, sorted(by_dir[parent])) for parent in sorted(by_dir)]
 
 
 def route_flags(key: str, size: int, mode: int, routes: Routes | None) -> int:
@@ -173,7 +177,8 @@ def index_bytes(snap, routes: Routes | None = None) -> bytes:
 def index_parts(snap, routes: Routes | None = None) -> list:
     """The index of ``snap`` as the buffers that make it, in order (written one after the
     other, with no joined copy), each file's route published when ``routes`` is given. A snapshot
-    read from its index is written as that index (its routes rewritten in place if given)."""
+    read from its index is written as that index (its routes rewritten in place if given); any
+    other is numbered as an index orders its files (each directory's after the other's, by name)."""
     files, dirs, links = snap.files, snap.dirs, snap.links
     if isinstance(files, IndexTable):
         if routes is None:
@@ -184,114 +189,43 @@ def index_parts(snap, routes: Routes | None = None) -> list:
         data = files.data if isinstance(files.data, (bytearray, mmap.mmap)) else bytearray(files.data)
         stamp_routes(data, files.nfiles, routes)
         return [data]
-    kb = protocol.key_bytes
-    nfiles = len(files)
-    dir_keys = list(dirs)
-    dir_position = {key: nfiles + j for j, key in enumerate(dir_keys)}
-    file_position = positions(files)
+    folders = {protocol.key_bytes(key): d for key, d in dirs.items()}
+    order = grouped(files, dirs)
+    nfiles = sum(len(mine) for _, mine in order)
+    dir_number = {key: nfiles + j + 1 for j, (key, _) in enumerate(order)}
+    listed = any(d.children is not None for d in dirs.values())
+    inos = array("Q", bytes(8 * nfiles)) if listed else None
+    linked, rows, n = [], [], 0
+    for parent, mine in order:
+        d = folders.get(parent)
+        for i, (_, key) in enumerate(mine, n + 1):
+            if key in links and files[key].link:
+                linked.append((i, key))
+        if d is None:  # a file's directory the snapshot does not hold: nothing is answered from it
+            rows.append((parent, (0,) * 6 + (stat.S_IFDIR, 0, 0, 0), protocol.INDEX_FLAG_UNDESCRIBED, 0, 0, None))
+        else:
+            listing = None
+            if d.children is not None:
+                mine_at = {name: i for i, (name, _) in enumerate(mine, n)}
+                others = []
+                for name, d_type, d_ino in sorted(d.children):
+                    at = mine_at.get(name)
+                    if at is not None:
+                        inos[at] = d_ino
+                    else:
+                        others.append((name, d_type, d_ino, dir_number.get(joined(parent, name), 0)))
+                listing = (d.info.ino, d.parent_ino, others)
+            rows.append((parent, _fields(d.info), protocol.INDEX_FLAG_LISTED if listing is not None else 0,
+                         d.info.blocks, d.info.blksize, listing))
+        n += len(mine)
+    link_number = {i: nfiles + len(order) + j + 1 for j, (i, _) in enumerate(linked)}
 
-    def position(key: str) -> int | None:
-        n = file_position(key)
-        return n if n is not None else dir_position.get(key)
+    def stats():
+        for i, (_, key) in enumerate((item for _, mine in order for item in mine), 1):
+            info = files[key]
+            flags = (protocol.INDEX_FLAG_SYMLINK if info.link else 0) | route_flags(key, info.size, info.mode, routes)
+            yield (*_fields(info), flags, link_number.get(i, 0), info.blocks, info.blksize)
 
-    items = nfiles + len(dir_keys)
-    linked = sorted((file_position(k), k) for k, _ in links.items()
-                    if file_position(k) is not None and files[k].link)  # a link's own lstat follows the items
-    link_number = {key: items + i + 1 for i, (_, key) in enumerate(linked)}
-    total = items + len(linked)
-    nbuckets = 16
-    while nbuckets < 2 * total:
-        nbuckets *= 2
-    mask = nbuckets - 1
-    buckets = array("I", bytes(4 * nbuckets))
-    records = bytearray(_FILE.size * nfiles)
-    fixed = bytearray(_ENTRY.size * (total - nfiles))
-    stats = bytearray(_ENTRY.size * nfiles)  # every file described (a snapshot's FileInfo): file n's stat in slot n
-    keys = bytearray()
-    key_offset = array("Q")
-    hashes = array("I")
-
-    def place(raw: bytes) -> int:
-        h = zlib.crc32(raw) & 0xFFFFFFFF
-        hashes.append(h)
-        key_offset.append(len(keys))
-        keys.extend(raw)
-        return h
-
-    def bucket(n: int, h: int) -> None:
-        b = h & mask
-        while buckets[b]:
-            b = (b + 1) & mask
-        buckets[b] = n + 1
-
-    # the files, their keys, records and stats; then the directories' keys (the key blob's order)
-    for n, (key, info) in enumerate(files.items()):
-        raw = kb(key)
-        h = place(raw)
-        bucket(n, h)
-        flags = (protocol.INDEX_FLAG_SYMLINK if info.link else 0) | route_flags(key, info.size, info.mode, routes)
-        _FILE.pack_into(records, n * _FILE.size, h, len(raw), key_offset[n], info.size, n + 1, 0)
-        _ENTRY.pack_into(stats, n * _ENTRY.size, h, len(raw), key_offset[n], *_fields(info), flags,
-                         link_number.get(key, 0), info.blocks, info.blksize, 0, n + 1)
-    for key in dir_keys:
-        place(kb(key))
-
-    # the directories' records and listings
-    children = bytearray()
-    nchildren = 0
-    names: dict[bytes, int] = {}  # a listed name that is no entry of the index: its bytes, once
-    spare: list[tuple[int, bytes]] = []  # (child record number, name) whose name offset comes last
-    for j, key in enumerate(dir_keys):
-        n = nfiles + j
-        d = dirs[key]
-        info = d.info
-        raw = kb(key)
-        bucket(n, hashes[n])
-        first = nchildren
-        listed = d.children is not None
-        if listed:
-            prefix = raw if raw.endswith(b"/") else raw + b"/"
-            skey = key if key.endswith("/") else key + "/"
-            children += _CHILD.pack(info.ino, 0, 0, 0, protocol.DT_DIR, 0)  # "." and "..": no name stored
-            children += _CHILD.pack(d.parent_ino, 0, 0, 0, protocol.DT_DIR, 0)
-            nchildren += 2
-            for name, d_type, d_ino in sorted(d.children):
-                c = position(skey + os.fsdecode(name))
-                if c is not None:
-                    children += _CHILD.pack(d_ino, key_offset[c] + len(prefix), c + 1, len(name), d_type, 0)
-                else:
-                    children += _CHILD.pack(d_ino, 0, 0, len(name), d_type, 0)
-                    spare.append((nchildren, name))
-                nchildren += 1
-        flags = protocol.INDEX_FLAG_LISTED if listed else 0
-        _ENTRY.pack_into(fixed, j * _ENTRY.size, hashes[n], len(raw), key_offset[n], *_fields(info), flags, 0,
-                         info.blocks, info.blksize, nchildren - first, first)
-
-    # the links' own records (reached through their file's stat, not hashed)
-    for i, (n, key) in enumerate(linked):
-        lst = links[key]
-        raw = kb(key)
-        _ENTRY.pack_into(fixed, (len(dir_keys) + i) * _ENTRY.size, zlib.crc32(raw) & 0xFFFFFFFF, len(raw),
-                         key_offset[n], *_fields(lst), 0, 0, lst.blocks, lst.blksize, 0, 0)
-
-    # names that are no entry's key: after every key, each once, in listing order
-    for record, name in spare:
-        off = names.get(name)
-        if off is None:
-            off = names[name] = len(keys)
-            keys.extend(name)
-        _NAME_OFFSET.pack_into(children, record * _CHILD.size + 8, off)
-
-    if sys.byteorder != "little":
-        buckets.byteswap()
-    buckets_off = protocol.INDEX_HEADER.size
-    files_off = buckets_off + 4 * nbuckets
-    entries_off = files_off + len(records)
-    keys_off = entries_off + len(fixed)
-    children_off = pad8(keys_off + len(keys))
-    stats_off = pad8(children_off + len(children))
-    header = protocol.INDEX_HEADER.pack(protocol.INDEX_MAGIC, protocol.INDEX_VERSION, total, nbuckets, 0, buckets_off,
-                                        entries_off, keys_off, len(keys), children_off, nchildren, nfiles, nfiles,
-                                        files_off, stats_off, stats_off + len(stats))
-    return [header, buckets.tobytes(), records, fixed, keys, b"\0" * (children_off - keys_off - len(keys)), children,
-            b"\0" * (stats_off - children_off - len(children)), stats]
+    names = (name for _, mine in order for name, _ in mine)
+    link_rows = [(i, *_fields(links[key]), links[key].blocks, links[key].blksize) for i, key in linked]
+    return pack(rows, [len(mine) for _, mine in order], names, stats(), None, inos, link_rows)

@@ -2,7 +2,7 @@
 is the daemon's table too, with no Python object per file.
 
 A million-file dataset in a ``FileTable`` still holds a key string and a dict slot per file
-(~250 bytes beside its 104 bytes of fields); here a file is its 32-byte record, its key's
+(~250 bytes beside its 104 bytes of fields); here a file is its 8-byte record, its name's
 bytes and its bucket, and its 112-byte stat once it is described; a look-up is the shim's: the
 key's CRC-32, then linear probing in the index's buckets. The C walk (``walker.c``) and a kept
 index (``snapshot.read_index``) both give one without building anything per file.
@@ -16,6 +16,9 @@ stats (``index_writer.stamp_routes``, read by ``route``); a file cannot be added
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
 import os
 import stat
 import struct
@@ -24,7 +27,8 @@ import zlib
 from typing import Callable, Iterator, MutableMapping, Sequence
 
 from monarch import protocol
-from monarch.index_layout import undescribed_view
+from monarch.protocol import DT_LNK, DT_REG
+from monarch.index_layout import joined, undescribed_view
 from monarch.records.filetable import FileInfo, Listing
 from monarch.routes import Route
 
@@ -32,12 +36,16 @@ _ENTRY = protocol.INDEX_ENTRY
 _CHILD = protocol.INDEX_CHILD
 _SIZE = _ENTRY.size
 _FILE = protocol.INDEX_FILE.size
-_HEAD = struct.Struct("<IIQ")     # an entry's or a file record's hash, key length, key offset
+_HEAD = struct.Struct("<IIQ")     # an entry's hash, key length, key offset
 _U32 = struct.Struct("<I")
-_SIZE_FIELD, _SIZE_FIELD_AT = struct.Struct("<Q"), 16  # a file record's size
-_STAT_AT = 24                     # a file record's stat slot (u32)
-_FIRST, _FIRST_AT = struct.Struct("<Q"), 104  # a stat's last field: its file's number
-_H_FILES, _H_FILES_OFF, _H_STATS_OFF = 11, 13, 14  # INDEX_HEADER's fields: files, files' and stats' offsets
+_U64 = struct.Struct("<Q")
+_STAT_AT = 4                      # a file record's stat slot (u32), after its name's offset
+_FIRST_AT = 104                   # a stat's last field: its file's number
+_FLAGS_AT = 80                    # an entry's flags (u32)
+# INDEX_HEADER's fields: files, stats used, files' and stats' offsets, size, directories, names' size,
+# the offsets of the ranges, the sizes and the inodes
+_H_FILES, _H_USED, _H_FILES_OFF, _H_STATS_OFF, _H_SIZE, _H_DIRS, _H_NAMES = 11, 12, 13, 14, 15, 16, 18
+_H_RANGES, _H_SIZES, _H_INOS = 19, 20, 21
 _STATS_USED_AT = 76               # the header's stats used (u32)
 _MODE = struct.Struct("<I")       # at offset _MODE_AT of an entry
 _MODE_AT = 64
@@ -55,22 +63,29 @@ def check_tables(data) -> None:
     stats' used end (a copy's, a pickle's): the stats' room is checked against the header's size."""
     if len(data) < protocol.INDEX_HEADER.size:
         raise ValueError(f"{len(data)} bytes, shorter than an index's header ({protocol.INDEX_HEADER.size})")
-    (magic, version, entries, buckets, _, buckets_off, entries_off, keys_off, keys_size, children_off,
-     nchildren, files, used, files_off, stats_off, size) = protocol.INDEX_HEADER.unpack_from(data)
+    (magic, version, entries, buckets, _, buckets_off, entries_off, keys_off, keys_size, children_off, nchildren,
+     files, used, files_off, stats_off, size, dirs, _, names_size, ranges_off, sizes_off,
+     inos_off) = protocol.INDEX_HEADER.unpack_from(data)
     if magic != protocol.INDEX_MAGIC or version != protocol.INDEX_VERSION:
         raise ValueError("not a Monarch index of version %d" % protocol.INDEX_VERSION)
     if not buckets or buckets & (buckets - 1):
         raise ValueError(f"its buckets ({buckets}) are not a power of two")
-    if entries >= buckets:
-        raise ValueError(f"its entries ({entries}) are not fewer than its buckets ({buckets})")
-    if files > entries or used > files:
-        raise ValueError(f"its files ({files}) or stats used ({used}) are more than it holds ({entries} entries)")
+    if files + dirs >= buckets:
+        raise ValueError(f"its files and directories ({files + dirs}) are not fewer than its buckets ({buckets})")
+    if files + dirs > entries or used > files:
+        raise ValueError(f"its files ({files}), directories ({dirs}) or stats used ({used}) are more than it "
+                         f"holds ({entries} entries)")
+    if names_size > keys_size:
+        raise ValueError(f"its names ({names_size} bytes) are more than its key bytes ({keys_size})")
     if len(data) > size:
         raise ValueError(f"{len(data)} bytes, longer than its size ({size})")
     if size != stats_off + _SIZE * files:
         raise ValueError(f"its size ({size}) is not where the room for its {files} files' stats ends")
     for what, off, length, end in (("buckets", buckets_off, 4 * buckets, len(data)),
                                    ("file records", files_off, _FILE * files, len(data)),
+                                   ("directory ranges", ranges_off, 4 * (dirs + 1), len(data)),
+                                   ("sizes", sizes_off, 8 * files if sizes_off else 0, len(data)),
+                                   ("inodes", inos_off, 8 * files if inos_off else 0, len(data)),
                                    ("entries", entries_off, _SIZE * (entries - files), len(data)),
                                    ("key bytes", keys_off, keys_size, len(data)),
                                    ("child records", children_off, _CHILD.size * nchildren, len(data)),
@@ -78,6 +93,11 @@ def check_tables(data) -> None:
                                    ("stats", stats_off, _SIZE * files, size)):
         if off > end or length > end - off:
             raise ValueError(f"its {what} ({length} bytes at {off}) lie past its end ({end} bytes)")
+    ranges = memoryview(data)[ranges_off:ranges_off + 4 * (dirs + 1)].cast("B").cast("I")
+    if ranges[0] != 0 or ranges[dirs] != files or any(a > b for a, b in zip(ranges, ranges[1:])):
+        raise ValueError(f"its directories' file ranges do not cover its {files} files in order")
+    if files and _U32.unpack_from(data, files_off + _FILE * (files - 1))[0] > names_size:
+        raise ValueError(f"its last file's name lies past its {names_size} bytes of names")
 
 
 def _info(e: tuple) -> FileInfo:
@@ -89,7 +109,8 @@ def _info(e: tuple) -> FileInfo:
 class IndexTable(MutableMapping[str, FileInfo]):
     """The files of an index (its entries 0 .. ``nfiles`` - 1) as a mapping key -> FileInfo,
     with ``FileTable``'s extras (``row_of``, ``total_size``). Entry n (from 0) is number n + 1."""
-    __slots__ = ("data", "nfiles", "total", "_buckets", "_mask", "_files", "_fixed", "_stats", "_keys", "describer")
+    __slots__ = ("data", "nfiles", "total", "ndirs", "_buckets", "_mask", "_files", "_fixed", "_stats", "_keys",
+                 "_names_size", "_ranges", "_sizes", "_inos", "describer")
 
     def __init__(self, data: bytearray | bytes, nfiles: int | None = None,
                  describer: Callable[["IndexTable", int], bool] | None = None):
@@ -97,19 +118,23 @@ class IndexTable(MutableMapping[str, FileInfo]):
         header = protocol.INDEX_HEADER.unpack_from(data)
         if nfiles is not None and nfiles != header[_H_FILES]:
             raise ValueError(f"an index of {header[_H_FILES]} files, not {nfiles}")
-        self.data = data
         self.nfiles = header[_H_FILES]
         self.total = header[2]
+        self.ndirs = header[_H_DIRS]
         self._mask = header[3] - 1
-        self._buckets = memoryview(data)[header[5]:header[5] + 4 * header[3]].cast("I")
         self._files, self._fixed, self._stats, self._keys = header[_H_FILES_OFF], header[6], header[_H_STATS_OFF], header[7]
+        self._names_size, self._sizes, self._inos = header[_H_NAMES], header[_H_SIZES], header[_H_INOS]
+        self.rebind(data)
         # a listing-mode walk's files are described when first asked for (index_writer.Describer)
         self.describer = describer
 
     def rebind(self, data) -> None:
         """The same index read from ``data`` from now on (Snapshot.rebind)."""
         header = protocol.INDEX_HEADER.unpack_from(data)
-        self._buckets = memoryview(data)[header[5]:header[5] + 4 * header[3]].cast("I")
+        view = memoryview(data).cast("B")
+        self._buckets = view[header[5]:header[5] + 4 * header[3]].cast("I")
+        ranges = header[_H_RANGES]
+        self._ranges = view[ranges:ranges + 4 * (header[_H_DIRS] + 1)].cast("I")
         self.data = data
 
     # -- the entries ---------------------------------------------------------------------
@@ -121,9 +146,20 @@ class IndexTable(MutableMapping[str, FileInfo]):
         s = _U32.unpack_from(data, self._files + _FILE * n + _STAT_AT)[0]
         if 0 < s <= self.nfiles:
             at = self._stats + _SIZE * (s - 1)
-            if at + _SIZE <= len(data) and _FIRST.unpack_from(data, at + _FIRST_AT)[0] == n + 1:
+            if at + _SIZE <= len(data) and _U64.unpack_from(data, at + _FIRST_AT)[0] == n + 1:
                 return at
         return -1
+
+    def _name_span(self, n: int) -> tuple[int, int]:
+        """File ``n``'s (from 0) name: its offset and length in the key bytes."""
+        data, at = self.data, self._files + _FILE * n
+        start = _U32.unpack_from(data, at)[0]
+        end = _U32.unpack_from(data, at + _FILE)[0] if n + 1 < self.nfiles else self._names_size
+        return start, max(end - start, 0)
+
+    def listed_size(self, n: int) -> int:
+        """File ``n``'s (from 0) size as its index lists it (0 without the sizes)."""
+        return _U64.unpack_from(self.data, self._sizes + 8 * n)[0] if self._sizes else 0
 
     def entry(self, n: int) -> tuple:
         """Entry ``n`` (from 0) as INDEX_ENTRY's fields (a file not described yet: ``undescribed_view``)."""
@@ -131,17 +167,31 @@ class IndexTable(MutableMapping[str, FileInfo]):
             return _ENTRY.unpack_from(self.data, self._fixed + _SIZE * (n - self.nfiles))
         at = self.stat_at(n)
         if at < 0:
-            return undescribed_view(protocol.INDEX_FILE.unpack_from(self.data, self._files + _FILE * n))
+            off, length = self._name_span(n)
+            return undescribed_view(length, off, self.listed_size(n))
         return _ENTRY.unpack_from(self.data, at)
 
-    def _head(self, n: int) -> tuple[int, int, int]:
-        at = self._files + _FILE * n if n < self.nfiles else self._fixed + _SIZE * (n - self.nfiles)
-        return _HEAD.unpack_from(self.data, at)
+    def dir_of(self, n: int) -> int:
+        """The entry (from 0) of file ``n``'s (from 0) directory."""
+        return self.nfiles + bisect.bisect_left(self._ranges, n + 1) - 1
+
+    def files_of(self, d: int) -> range:
+        """The files (from 0) of directory entry ``d`` (from 0)."""
+        j = d - self.nfiles
+        return range(self._ranges[j], self._ranges[j + 1])
 
     def raw_key(self, n: int) -> bytes:
-        _, length, offset = self._head(n)
+        data = self.data
+        if n < self.nfiles:
+            off, length = self._name_span(n)
+            start = self._keys + off
+            return joined(self.raw_key(self.dir_of(n)), bytes(data[start:start + length]))
+        at = self._fixed + _SIZE * (n - self.nfiles)
+        if n >= self.nfiles + self.ndirs:  # a link record: its file's
+            return self.raw_key(_U64.unpack_from(data, at + _FIRST_AT)[0] - 1)
+        _, length, offset = _HEAD.unpack_from(data, at)
         start = self._keys + offset
-        return bytes(self.data[start:start + length])
+        return bytes(data[start:start + length])
 
     def route(self, n: int) -> Route | None:
         """The route published for entry ``n`` (from 0; ``protocol.INDEX_ROUTE_MASK``), or None."""
@@ -159,16 +209,23 @@ class IndexTable(MutableMapping[str, FileInfo]):
         """The entry (from 0) keyed ``raw`` (a file's or a directory's), or -1."""
         h = zlib.crc32(raw)
         b = h & self._mask
-        data, buckets, keys, length, nfiles, total = self.data, self._buckets, self._keys, len(raw), self.nfiles, self.total
-        files, fixed, head = self._files, self._fixed, _HEAD.unpack_from
+        data, buckets, keys, nfiles, keyed = self.data, self._buckets, self._keys, self.nfiles, self.nfiles + self.ndirs
+        fixed, head = self._fixed, _HEAD.unpack_from
+        cut = raw.rfind(b"/") + 1
         probes = len(buckets)  # bounded: a table with no empty bucket ends the search too
         while probes:
             n = buckets[b]
-            if not n or n > total:
+            if not n or n > keyed:
                 return -1
-            eh, klen, koff = head(data, files + _FILE * (n - 1) if n <= nfiles else fixed + _SIZE * (n - 1 - nfiles))
-            if eh == h and klen == length and data[keys + koff:keys + koff + klen] == raw:
-                return n - 1
+            if n <= nfiles:
+                off, length = self._name_span(n - 1)
+                if length == len(raw) - cut and data[keys + off:keys + off + length] == raw[cut:] \
+                        and self.raw_key(n - 1) == raw:
+                    return n - 1
+            else:
+                eh, klen, koff = head(data, fixed + _SIZE * (n - 1 - nfiles))
+                if eh == h and klen == len(raw) and data[keys + koff:keys + koff + klen] == raw:
+                    return n - 1
             b = (b + 1) & self._mask
             probes -= 1
         return -1
@@ -185,6 +242,25 @@ class IndexTable(MutableMapping[str, FileInfo]):
             dev = _DEV.unpack_from(self.data, at + _DEV_AT)[0]
             if dev in remap:
                 _DEV.pack_into(self.data, at + _DEV_AT, remap[dev])
+
+    def listing(self, d: int, lo: int, hi: int) -> Iterator[tuple[bytes, int, int]]:
+        """Directory entry ``d``'s (from 0) listing, "." and ".." aside: its child records ``lo`` to
+        ``hi`` and its files, as (name, d_type, d_ino), in bytewise order of their names."""
+        data = self.data
+        header = protocol.INDEX_HEADER.unpack_from(data)
+        children = header[9]
+        others = []
+        for i in range(lo, hi):
+            d_ino, off, _, nlen, d_type, _ = _CHILD.unpack_from(data, children + _CHILD.size * i)
+            others.append((bytes(data[self._keys + off:self._keys + off + nlen]), d_type, d_ino))
+        files = []
+        for n in self.files_of(d):
+            off, length = self._name_span(n)
+            at = self.stat_at(n)
+            link = at >= 0 and _U32.unpack_from(data, at + _FLAGS_AT)[0] & protocol.INDEX_FLAG_SYMLINK
+            files.append((bytes(data[self._keys + off:self._keys + off + length]), DT_LNK if link else DT_REG,
+                          _U64.unpack_from(data, self._inos + 8 * n)[0] if self._inos else 0))
+        return heapq.merge(others, files)
 
     # -- the mapping -----------------------------------------------------------------------
     def row_of(self, key: str) -> int | None:
@@ -231,16 +307,22 @@ class IndexTable(MutableMapping[str, FileInfo]):
         raise TypeError("a snapshot's files are never removed")
 
     def __iter__(self) -> Iterator[str]:
-        data, files, keys, head = self.data, self._files, self._keys, _HEAD.unpack_from
-        for n in range(self.nfiles):
-            _, length, offset = head(data, files + _FILE * n)
-            yield data[keys + offset:keys + offset + length].decode(_ENCODING, _ERRORS)
+        data, keys = self.data, self._keys
+        for d in range(self.nfiles, self.nfiles + self.ndirs):
+            run = self.files_of(d)
+            if not run:
+                continue
+            parent = self.raw_key(d)
+            prefix = parent if parent.endswith(b"/") else parent + b"/"
+            for n in run:
+                off, length = self._name_span(n)
+                yield (prefix + data[keys + off:keys + off + length]).decode(_ENCODING, _ERRORS)
 
     def items(self):
         """Every file as the index holds it now: one not described yet has only its key, S_IFREG
         and its listed size or 0 (``undescribed`` counts them; ``get`` describes one)."""
-        for n in range(self.nfiles):
-            yield self.key(n), _info(self.entry(n))
+        for n, key in enumerate(self):
+            yield key, _info(self.entry(n))
 
     def values(self):
         return (_info(self.entry(n)) for n in range(self.nfiles))
@@ -248,20 +330,35 @@ class IndexTable(MutableMapping[str, FileInfo]):
     def __len__(self) -> int:
         return self.nfiles
 
-    def _record_words(self, fmt: str, at: int):
-        """One field of every file record, read in place (``fmt`` its memoryview format)."""
-        width = struct.calcsize(fmt)
-        return memoryview(self.data)[self._files:self._files + _FILE * self.nfiles].cast(fmt)[at // width::_FILE // width]
+    def _stat_slots(self):
+        """Every file record's stat slot, read in place."""
+        return memoryview(self.data).cast("B")[self._files:self._files + _FILE * self.nfiles].cast("I")[1::2]
 
     def undescribed(self) -> int:
         """How many files are not described yet."""
         if not self.nfiles:
             return 0
-        slots = self._record_words("I", _STAT_AT)
-        return sum(1 for s in slots if not s or s == protocol.INDEX_DESCRIBING)
+        return sum(1 for s in self._stat_slots() if not s or s == protocol.INDEX_DESCRIBING)
+
+    def sizes(self) -> Sequence[int] | Iterator[int]:
+        """The files' sizes in their order: each one's stat's once described, else its listed size,
+        else 0 (read in place where the index lists sizes, its describers writing theirs there too)."""
+        if not self.nfiles:
+            return ()
+        if self._sizes:
+            return memoryview(self.data).cast("B")[self._sizes:self._sizes + 8 * self.nfiles].cast("Q")
+        if not _U32.unpack_from(self.data, _STATS_USED_AT)[0]:
+            return itertools.repeat(0, self.nfiles)
+        return (_U64.unpack_from(self.data, at + 16)[0] if at >= 0 else 0
+                for at in map(self.stat_at, range(self.nfiles)))
 
     def total_size(self) -> int:
-        return sum(file_sizes(self))
+        if self._sizes or not self.nfiles:
+            return sum(self.sizes())
+        end = self.used_end()  # the stats written: a file's once (a slot not its file's is none: rare, checked)
+        return sum(_U64.unpack_from(self.data, at + 16)[0] for at in range(self._stats, end, _SIZE)
+                   if 0 < _U64.unpack_from(self.data, at + _FIRST_AT)[0] <= self.nfiles
+                   and self.stat_at(_U64.unpack_from(self.data, at + _FIRST_AT)[0] - 1) == at)
 
     def __repr__(self) -> str:
         return f"IndexTable({self.nfiles} files)"
@@ -287,37 +384,30 @@ def put_stat(table: IndexTable, n: int, fields: tuple, flags: int) -> int:
         slot = used + 1
     else:
         slot = 0
-    h, klen, koff = _HEAD.unpack_from(data, record)
+    off, length = table._name_span(n)
     (size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink, blocks, blksize) = fields
-    _ENTRY.pack_into(data, at, h, klen, koff, size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink, flags, 0,
+    _ENTRY.pack_into(data, at, 0, length, off, size, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink, flags, 0,
                      blocks, blksize, 0, n + 1)
-    _SIZE_FIELD.pack_into(data, record + _SIZE_FIELD_AT, size)
+    if table._sizes:
+        _U64.pack_into(data, table._sizes + 8 * n, size)
     if slot:
         _U32.pack_into(data, record + _STAT_AT, slot)
     return 1
 
 
 class IndexListing(Sequence[tuple[bytes, int, int]]):
-    """A listed directory's names as its index holds them (child records ``lo`` to ``hi``,
-    after "." and ".."), read when iterated: a ``Listing`` that costs nothing until used."""
-    __slots__ = ("_data", "_lo", "_hi")
+    """A listed directory's names as its index holds them ("." and ".." aside: its child records
+    ``lo`` to ``hi`` and its files), read when iterated: a ``Listing`` that costs nothing until used."""
+    __slots__ = ("_table", "_dir", "_lo", "_hi")
 
-    def __init__(self, data: bytearray | bytes, lo: int, hi: int):
-        self._data, self._lo, self._hi = data, lo, hi
+    def __init__(self, table: IndexTable, d: int, lo: int, hi: int):
+        self._table, self._dir, self._lo, self._hi = table, d, lo, hi
 
     def __len__(self) -> int:
-        return self._hi - self._lo
-
-    def rebound(self, data) -> "IndexListing":
-        return IndexListing(data, self._lo, self._hi)
+        return self._hi - self._lo + len(self._table.files_of(self._dir))
 
     def __iter__(self) -> Iterator[tuple[bytes, int, int]]:
-        data = self._data
-        header = protocol.INDEX_HEADER.unpack_from(data)
-        keys, children = header[7], header[9]
-        for i in range(self._lo, self._hi):
-            d_ino, off, _, nlen, d_type, _ = _CHILD.unpack_from(data, children + _CHILD.size * i)
-            yield bytes(data[keys + off:keys + off + nlen]), d_type, d_ino
+        return self._table.listing(self._dir, self._lo, self._hi)
 
     def __getitem__(self, i):
         return tuple(self)[i]
@@ -339,13 +429,13 @@ class IndexListing(Sequence[tuple[bytes, int, int]]):
 
 def index_size(data) -> int:
     """The length of the index file ``data`` begins (its stats' room included)."""
-    return protocol.INDEX_HEADER.unpack_from(data)[15]
+    return protocol.INDEX_HEADER.unpack_from(data)[_H_SIZE]
 
 
 def used_end(data) -> int:
     """Where the stats the index ``data`` holds end: what a copy of it needs (the rest is zeros)."""
     header = protocol.INDEX_HEADER.unpack_from(data)
-    return header[_H_STATS_OFF] + _SIZE * min(header[12], header[_H_FILES])
+    return header[_H_STATS_OFF] + _SIZE * min(header[_H_USED], header[_H_FILES])
 
 
 def files_in(data: bytearray | bytes) -> int:
@@ -355,13 +445,10 @@ def files_in(data: bytearray | bytes) -> int:
 
 
 def file_sizes(files) -> Sequence[int] | Iterator[int]:
-    """The files' sizes, in the table's order (an IndexTable's read in place from its file
-    records: the stat's size once described, else a listed size or 0; no record per file)."""
+    """The files' sizes, in the table's order (an IndexTable's: ``IndexTable.sizes``, no record per file)."""
     if not isinstance(files, IndexTable):
         return (info.size for info in files.values())
-    if not files.nfiles:
-        return ()
-    return files._record_words("Q", _SIZE_FIELD_AT)
+    return files.sizes()
 
 
 def larger_than(files, size: int) -> list[str]:

@@ -64,7 +64,7 @@ class Snapshot:
             children, parent_ino = None, 0
             if e[13] & protocol.INDEX_FLAG_LISTED:
                 first, count = e[18], e[17]
-                children = IndexListing(data, first + 2, first + count)
+                children = IndexListing(table, n, first + 2, first + count)
                 parent_ino = protocol.INDEX_CHILD.unpack_from(data, _child_at(data, first + 1))[0]
             dirs[table.key(n)] = DirInfo(_info_of(e), children, parent_ino)
         return cls(tuple(roots), table, dirs, links, index_file)
@@ -95,10 +95,7 @@ class Snapshot:
         shim maps (so that a file described later is seen there, and the node holds one copy)."""
         if not isinstance(self.files, IndexTable) or not same_index(data, self.files.data):
             raise ValueError("not this snapshot's index")
-        self.files.rebind(data)
-        for key, d in list(self.dirs.items()):
-            if isinstance(d.children, IndexListing):
-                self.dirs[key] = d._replace(children=d.children.rebound(data))
+        self.files.rebind(data)  # the directories' listings read it through the table
 
     def map_index_file(self, path: str) -> None:
         """Read the index from the file just written at ``path`` (its very bytes), mapped shared: a

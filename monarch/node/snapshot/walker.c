@@ -18,12 +18,14 @@
  * in one pass later (walk_describe); a directory is described by the fstat of the descriptor its
  * listing opens. Names of other types (a symlink, DT_UNKNOWN) are stat'ed as in a full walk.
  *
- * Memory: a file costs its name, a 32-byte listing record and a pointer while the walk runs, and
- * a described one its future stat (112 bytes: an array per directory in a full walk, one
- * allocation each in listing mode, where few are); walk_build writes the index into the caller's
- * buffer one directory at a time and frees each directory as it goes, so the peak is about one
- * index's size, not two (the buffer comes unwritten, its stats' room zeroed: its pages are touched
- * only as the index fills them, the stats' room unused never).
+ * Memory: while the walk runs a name costs its bytes and a 16-byte listing record (a file's number
+ * is its place, a subdirectory and a spare name are found in small per-directory arrays), a
+ * described file also its future stat (112 bytes: an array per directory in a full walk, one
+ * allocation each in listing mode, where few are): about 30 bytes a file in listing mode, beside
+ * the index's ~36. walk_build writes the index into the caller's buffer one directory at a time and
+ * frees each directory as it goes, so the peak is about one index's size, not two (the buffer comes
+ * unwritten, its stats' room zeroed: its pages are touched only as the index fills them, the stats'
+ * room unused never).
  *
  * Use (monarch/node/snapshot/walker.py): walk_run (blocking; the threads are its own), then
  * walk_index_size, a buffer of that size, walk_build into it, walk_free. */
@@ -59,18 +61,20 @@ struct linux_dirent64 {
     char d_name[];
 };
 
-struct dir;
-
-/* One name of a listed directory. */
+/* One name of a listed directory: what the walk holds per name, beside the name's bytes. A file's
+ * number is its place among its directory's files (they are numbered directory by directory). */
 struct ent {
     uint64_t d_ino;
     uint32_t name_off;  /* in the directory's names */
     uint16_t name_len;
     uint8_t d_type;     /* as the listing gives it (DT_REG for a file, DT_LNK for a linked one, ...) */
     uint8_t kind;
-    uint32_t number;    /* K_FILE, K_LINKED_FILE: file number; K_OTHER: its name's offset among the spare names */
-    uint32_t spare_new; /* K_OTHER: 1 if this is the first time the name is seen (its bytes are written here) */
-    struct dir *sub;    /* K_DIR: the subdirectory */
+};
+
+/* A name the walk stat'ed where no per-name array holds it (few are): by its name's offset. */
+struct stated {
+    uint32_t name_off;
+    struct monarch_index_entry *e;
 };
 
 struct dir {
@@ -85,13 +89,18 @@ struct dir {
     uint32_t n;         /* names in the listing */
     struct ent *ents;
     char *names;
-    /* a file's stat and a linked file's own lstat (stat_of, own_of): a full walk's stats in ``recs``,
-     * per name, and each linked file's own lstat alone in ``links``; a listing walk (recs NULL): in
-     * ``links``, a described file's stat, then a linked file's own lstat (NULL: not described) */
+    /* a file's stat and a linked file's own lstat: a full walk's stats in ``recs``, per name, and
+     * each linked file's own lstat alone in ``stated``; a listing walk (recs NULL): in ``stated``,
+     * a described file's stat, then a linked file's own lstat (a file not there: not described) */
     struct monarch_index_entry *recs;
-    struct monarch_index_entry **links;
+    struct stated *stated;       /* sorted by name_off once the directory is finished */
+    uint32_t nstated, cap_stated;
+    struct dir **subs;           /* its subdirectories (sorted by key once finished: its K_DIR names' order) */
+    uint32_t nsubs, cap_subs;
+    uint32_t *spare;             /* its other names' offsets among the spare names, in name order */
     int slices_left;    /* guarded by the walk's lock */
-    uint32_t number;    /* its entry number in the index (from 0) */
+    uint32_t number;    /* its place among the directories (entry files + 1 + number) */
+    uint64_t key_off;   /* its key's offset after the file names */
 };
 
 struct task {
@@ -111,8 +120,8 @@ struct walk {
     const int *root_fds;
     int describe;       /* 0: listing mode (the module doc) */
     /* the index, once laid out */
-    uint64_t nfiles, nlinked, total, nbuckets, keys_size, nchildren, spare_size, size;
-    uint64_t files_off, entries_off, keys_off, children_off, stats_off;
+    uint64_t nfiles, nlinked, total, nbuckets, names_size, keys_size, nchildren, spare_size, size;
+    uint64_t files_off, ranges_off, inos_off, entries_off, keys_off, children_off, stats_off;
     uint64_t described;  /* files stat'ed by the walk (in listing mode: links, names of unknown type) */
 };
 
@@ -120,18 +129,6 @@ static void fill(struct monarch_index_entry *e, const struct stat *st)
 {
     memset(e, 0, sizeof *e);
     monarch_index_stat_fields(e, st);
-}
-
-/* Name i's file stat (K_FILE, K_LINKED_FILE), or NULL if a listing walk did not take it. */
-static struct monarch_index_entry *stat_of(const struct dir *d, uint32_t i)
-{
-    return d->recs ? &d->recs[i] : d->links[i];
-}
-
-/* Name i's own lstat (K_LINKED_FILE). */
-static struct monarch_index_entry *own_of(const struct dir *d, uint32_t i)
-{
-    return d->recs ? d->links[i] : d->links[i] + 1;
 }
 
 static uint8_t d_type_of(mode_t mode)
@@ -164,18 +161,48 @@ static int push_locked(struct walk *w, struct dir *d, uint32_t lo, uint32_t hi)
     return 0;
 }
 
+static void free_dir(struct dir *d);
+
+/* -1 on failure: ``d`` freed unless it is among the walk's directories (walk_free's then). */
 static int add_dir_locked(struct walk *w, struct dir *d)
 {
     if (w->ndirs == w->cap_dirs) {
         size_t cap = w->cap_dirs ? 2 * w->cap_dirs : 256;
         struct dir **p = realloc(w->dirs, cap * sizeof *p);
-        if (!p)
+        if (!p) {
+            free_dir(d);
             return -1;
+        }
         w->dirs = p;
         w->cap_dirs = cap;
     }
     w->dirs[w->ndirs++] = d;
     return push_locked(w, d, 0, 0);
+}
+
+/* ``p`` (``n`` items of ``size`` bytes, room for ``*cap``) with room for one more, or NULL. */
+static void *grown(void *p, uint32_t n, uint32_t *cap, size_t size)
+{
+    if (n < *cap)
+        return p;
+    uint32_t c = *cap ? 2 * *cap : 4;
+    if ((p = realloc(p, c * size)))
+        *cap = c;
+    return p;
+}
+
+/* Name ``name_off`` of ``d`` stat'ed into ``e`` (its own allocation), kept in d->stated (slices of
+ * ``d`` add theirs at once: under the lock). */
+static int add_stated(struct walk *w, struct dir *d, uint32_t name_off, struct monarch_index_entry *e)
+{
+    pthread_mutex_lock(&w->lock);
+    struct stated *p = grown(d->stated, d->nstated, &d->cap_stated, sizeof *p);
+    if (p)
+        d->stated = p, p[d->nstated++] = (struct stated){name_off, e};
+    pthread_mutex_unlock(&w->lock);
+    if (!p)
+        free(e);
+    return p ? 0 : -1;
 }
 
 static void fail(struct walk *w)
@@ -207,44 +234,100 @@ static struct dir *new_dir(int root, const char *parent_key, uint32_t parent_len
     return d;
 }
 
-/* -- one directory ----------------------------------------------------------------------- */
-static int by_name_arg(const void *a, const void *b, void *names)
+/* Subdirectory ``name`` of ``d`` walked too: ``st`` its lstat, or NULL in listing mode (described
+ * when it is opened; its d_ino ``ino`` meanwhile). */
+static int add_sub(struct walk *w, struct dir *d, const char *name, size_t len, const struct stat *st, uint64_t ino)
 {
-    const struct ent *x = a, *y = b;
+    struct dir *sub = new_dir(d->root, d->key, d->key_len, name, len);
+    if (!sub)
+        return -1;
+    sub->rel_off = d->rel_off;
+    sub->parent_ino = d->self.ino;
+    if (st) {
+        fill(&sub->self, st);
+    } else {
+        sub->undescribed = 1;
+        sub->self.mode = S_IFDIR, sub->self.ino = ino, sub->self.dev = d->self.dev;
+    }
+    pthread_mutex_lock(&w->lock);
+    struct dir **p = grown(d->subs, d->nsubs, &d->cap_subs, sizeof *p);
+    int err = -1;
+    if (p)
+        d->subs = p, p[d->nsubs++] = sub, err = add_dir_locked(w, sub);
+    else
+        free_dir(sub);
+    pthread_mutex_unlock(&w->lock);
+    return err;
+}
+
+/* -- one directory ----------------------------------------------------------------------- */
+static int name_cmp(const char *names, const struct ent *x, const struct ent *y)
+{
     size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
-    int c = memcmp((char *)names + x->name_off, (char *)names + y->name_off, n);
+    int c = memcmp(names + x->name_off, names + y->name_off, n);
     return c ? c : (int)x->name_len - (int)y->name_len;
 }
 
-/* Every slice described: the listing sorted, the descriptor closed. */
-static void finish_dir(struct dir *d)
+static int by_name_arg(const void *a, const void *b, void *names)
+{
+    return name_cmp(names, a, b);
+}
+
+static int by_place_name(const void *a, const void *b, void *dir)
+{
+    const struct dir *d = dir;
+    return name_cmp(d->names, &d->ents[*(const uint32_t *)a], &d->ents[*(const uint32_t *)b]);
+}
+
+static int by_name_off(const void *a, const void *b)
+{
+    uint32_t x = ((const struct stated *)a)->name_off, y = ((const struct stated *)b)->name_off;
+    return (x > y) - (x < y);
+}
+
+static int by_key(const void *a, const void *b)
+{
+    const struct dir *x = *(struct dir *const *)a, *y = *(struct dir *const *)b;
+    size_t n = x->key_len < y->key_len ? x->key_len : y->key_len;
+    int c = memcmp(x->key, y->key, n);
+    return c ? c : (x->key_len > y->key_len) - (x->key_len < y->key_len);
+}
+
+/* Every slice described: the descriptor closed, the arrays cut to their size, the names sorted (a
+ * full walk's stats follow their name), the subdirectories and stat'ed names in look-up order. */
+static int finish_dir(struct dir *d)
 {
     if (d->fd >= 0)
         close(d->fd);
     d->fd = -1;
-    if (d->n < 2)
-        return;
-    /* sort the names; the per-name arrays follow their name */
-    struct ent *ents = malloc(d->n * sizeof *ents);
-    struct monarch_index_entry *recs = d->recs ? malloc(d->n * sizeof *recs) : NULL;
-    struct monarch_index_entry **links = malloc(d->n * sizeof *links);
-    if (!ents || (d->recs && !recs) || !links) {  /* cannot sort: keep it unlisted (correct, slower) */
-        free(ents), free(recs), free(links);
-        d->unlisted = 1;
-        return;
+    if (d->n) {  /* the listing grew them by doubling */
+        struct ent *last = &d->ents[d->n - 1];
+        char *names = realloc(d->names, (size_t)last->name_off + last->name_len);
+        struct ent *ents = realloc(d->ents, d->n * sizeof *ents);
+        d->names = names ? names : d->names;
+        d->ents = ents ? ents : d->ents;
     }
-    for (uint32_t i = 0; i < d->n; i++)
-        d->ents[i].number = i;  /* its place before the sort */
-    qsort_r(d->ents, d->n, sizeof *d->ents, by_name_arg, d->names);
-    for (uint32_t i = 0; i < d->n; i++) {
-        uint32_t from = d->ents[i].number;
-        ents[i] = d->ents[i];
-        if (recs)
-            recs[i] = d->recs[from];
-        links[i] = d->links[from];
+    if (d->n >= 2 && !d->recs) {
+        qsort_r(d->ents, d->n, sizeof *d->ents, by_name_arg, d->names);
+    } else if (d->n >= 2) {  /* the stats follow their name: sorted by place */
+        uint32_t *place = malloc(d->n * sizeof *place);
+        struct ent *ents = malloc(d->n * sizeof *ents);
+        struct monarch_index_entry *recs = malloc(d->n * sizeof *recs);
+        if (!place || !ents || !recs) {
+            free(place), free(ents), free(recs);
+            return -1;
+        }
+        for (uint32_t i = 0; i < d->n; i++)
+            place[i] = i;
+        qsort_r(place, d->n, sizeof *place, by_place_name, d);
+        for (uint32_t i = 0; i < d->n; i++)
+            ents[i] = d->ents[place[i]], recs[i] = d->recs[place[i]];
+        free(place), free(d->ents), free(d->recs);
+        d->ents = ents, d->recs = recs;
     }
-    free(d->ents), free(d->recs), free(d->links);
-    d->ents = ents, d->recs = recs, d->links = links;
+    qsort(d->stated, d->nstated, sizeof *d->stated, by_name_off);
+    qsort(d->subs, d->nsubs, sizeof *d->subs, by_key);  /* a sub's key is d's and its name: its name's order */
+    return 0;
 }
 
 static int list_dir(struct walk *w, struct dir *d)
@@ -309,9 +392,8 @@ static int list_dir(struct walk *w, struct dir *d)
     }
     free(buf);
     d->fd = fd;
-    d->recs = w->describe ? calloc(d->n ? d->n : 1, sizeof *d->recs) : NULL;  /* listing mode: stat_of */
-    d->links = calloc(d->n ? d->n : 1, sizeof *d->links);
-    if ((w->describe && !d->recs) || !d->links)
+    d->recs = w->describe ? calloc(d->n ? d->n : 1, sizeof *d->recs) : NULL;  /* listing mode: d->stated */
+    if (w->describe && !d->recs)
         goto nomem;
     pthread_mutex_lock(&w->lock);
     d->slices_left = d->n ? (int)((d->n + SLICE - 1) / SLICE) : 0;
@@ -353,26 +435,8 @@ static int describe(struct walk *w, struct dir *d, uint32_t lo, uint32_t hi)
         name[len] = 0;
         struct stat st, target;
         if (!w->describe && (e->d_type == DT_REG || e->d_type == DT_DIR)) {  /* listing mode: the name's type is enough */
-            if (e->d_type == DT_REG) {
-                e->kind = K_FILE;  /* no stat: links[i] stays NULL */
-                continue;
-            }
-            struct dir *sub = new_dir(d->root, d->key, d->key_len, name, len);
-            if (!sub) {
-                err = -1;
-                break;
-            }
-            sub->rel_off = d->rel_off;
-            sub->undescribed = 1;
-            sub->self.mode = S_IFDIR;
-            sub->self.ino = e->d_ino;
-            sub->self.dev = d->self.dev;
-            sub->parent_ino = d->self.ino;
-            e->kind = K_DIR, e->sub = sub;
-            pthread_mutex_lock(&w->lock);
-            err = add_dir_locked(w, sub);
-            pthread_mutex_unlock(&w->lock);
-            if (err)
+            e->kind = e->d_type == DT_REG ? K_FILE : K_DIR;  /* a file: no stat (none in d->stated) */
+            if (e->kind == K_DIR && (err = add_sub(w, d, name, len, NULL, e->d_ino)))
                 break;
             continue;
         }
@@ -381,49 +445,32 @@ static int describe(struct walk *w, struct dir *d, uint32_t lo, uint32_t hi)
             failed = 1;
             continue;
         }
+        int linked = S_ISLNK(st.st_mode);
+        if (linked) {
+            int got = fstatat(d->fd, name, &target, 0) == 0;
+            if (!got || !S_ISREG(target.st_mode)) {  /* named only: a link to a directory, a special file, nothing */
+                e->kind = got || errno == ENOENT ? K_OTHER : K_FAILED;
+                failed |= e->kind == K_FAILED, e->d_type = DT_LNK;
+                continue;
+            }
+        }
         if (S_ISDIR(st.st_mode)) {
-            struct dir *sub = new_dir(d->root, d->key, d->key_len, name, len);
-            if (!sub) {
+            e->kind = K_DIR, e->d_type = DT_DIR;
+            if ((err = add_sub(w, d, name, len, &st, 0)))
+                break;
+        } else if (S_ISREG(st.st_mode) || linked) {  /* its stat in recs or in d->stated, a link's own lstat after */
+            size_t apart = (d->recs ? 0 : 1) + (size_t)linked;  /* entries not in recs */
+            struct monarch_index_entry *r = apart ? malloc(apart * sizeof *r) : NULL;
+            if (apart && !r) {
                 err = -1;
                 break;
             }
-            sub->rel_off = d->rel_off;
-            fill(&sub->self, &st);
-            sub->parent_ino = d->self.ino;
-            e->kind = K_DIR, e->d_type = DT_DIR, e->sub = sub;
-            pthread_mutex_lock(&w->lock);
-            err = add_dir_locked(w, sub);
-            pthread_mutex_unlock(&w->lock);
-            if (err)
+            fill(d->recs ? &d->recs[i] : r, linked ? &target : &st);
+            if (linked)
+                fill(d->recs ? r : r + 1, &st);
+            if (apart && (err = add_stated(w, d, e->name_off, r)))
                 break;
-        } else if (S_ISREG(st.st_mode)) {
-            struct monarch_index_entry *r = d->recs ? &d->recs[i] : (d->links[i] = malloc(sizeof *r));
-            if (!r) {
-                err = -1;
-                break;
-            }
-            fill(r, &st);
-            e->kind = K_FILE, e->d_type = DT_REG;
-        } else if (S_ISLNK(st.st_mode)) {
-            if (fstatat(d->fd, name, &target, 0) == 0) {
-                if (S_ISREG(target.st_mode)) {
-                    if (!(d->links[i] = malloc((d->recs ? 1 : 2) * sizeof *d->links[i]))) {
-                        err = -1;
-                        break;
-                    }
-                    fill(stat_of(d, i), &target);
-                    fill(own_of(d, i), &st);
-                    e->kind = K_LINKED_FILE;
-                } else {
-                    e->kind = K_OTHER;  /* a link to a directory or a special file: named only */
-                }
-                e->d_type = DT_LNK;
-            } else if (errno == ENOENT) {
-                e->kind = K_OTHER, e->d_type = DT_LNK;  /* broken */
-            } else {
-                e->kind = K_FAILED;
-                failed = 1;
-            }
+            e->kind = linked ? K_LINKED_FILE : K_FILE, e->d_type = linked ? DT_LNK : DT_REG;
         } else {
             e->kind = K_OTHER, e->d_type = d_type_of(st.st_mode);
         }
@@ -433,9 +480,7 @@ static int describe(struct walk *w, struct dir *d, uint32_t lo, uint32_t hi)
         d->unlisted = 1;
     int last = --d->slices_left == 0;
     pthread_mutex_unlock(&w->lock);
-    if (last)
-        finish_dir(d);
-    return err;
+    return last && !err ? finish_dir(d) : err;
 }
 
 static void *worker(void *arg)
@@ -456,7 +501,7 @@ static void *worker(void *arg)
             if (!err && !t.d->unlisted && t.d->n)
                 err = describe(w, t.d, 0, t.d->n < SLICE ? t.d->n : SLICE);
             else if (!err)
-                finish_dir(t.d);
+                err = finish_dir(t.d);
         } else {
             err = describe(w, t.d, t.lo, t.hi);
         }
@@ -472,14 +517,26 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* ``d``'s names and what it holds per name freed: about the bytes they took. */
+static uint64_t drop_names(struct dir *d)
+{
+    uint64_t bytes = (uint64_t)d->n * ((d->recs ? sizeof *d->recs : 0) + sizeof *d->ents) +
+                     (d->n ? d->ents[d->n - 1].name_off + d->ents[d->n - 1].name_len : 0) +
+                     d->nstated * (sizeof *d->stated + 2 * sizeof *d->recs);
+    for (uint32_t i = 0; i < d->nstated; i++)
+        free(d->stated[i].e);
+    free(d->recs), free(d->stated), free(d->subs), free(d->spare), free(d->ents), free(d->names);
+    d->recs = NULL, d->stated = NULL, d->subs = NULL, d->spare = NULL, d->ents = NULL, d->names = NULL;
+    d->n = d->nstated = d->nsubs = 0;
+    return bytes;
+}
+
 static void free_dir(struct dir *d)
 {
     if (d->fd >= 0)
         close(d->fd);
-    if (d->links)
-        for (uint32_t i = 0; i < d->n; i++)
-            free(d->links[i]);
-    free(d->links), free(d->recs), free(d->ents), free(d->names), free(d->key), free(d);
+    drop_names(d);
+    free(d->key), free(d);
 }
 
 EXPORT void walk_free(struct walk *w)
@@ -495,58 +552,47 @@ EXPORT void walk_free(struct walk *w)
     free(w);
 }
 
-static int by_key(const void *a, const void *b)
-{
-    const struct dir *x = *(struct dir *const *)a, *y = *(struct dir *const *)b;
-    size_t n = x->key_len < y->key_len ? x->key_len : y->key_len;
-    int c = memcmp(x->key, y->key, n);
-    return c ? c : (x->key_len > y->key_len) - (x->key_len < y->key_len);
-}
-
 /* -- the spare names: listed names that are no entry's key, each stored once --------------- */
 struct spares {
-    uint64_t *slots;  /* (offset + 1) into the spare blob per slot, 0 empty */
-    const char **names;
-    uint16_t *lens;
+    struct spare {
+        uint64_t at;    /* its offset among the spare names + 1; 0: an empty slot */
+        const char *name;
+        uint16_t len;
+    } *slots;
     size_t cap, used;
 };
 
-static int spare_offset(struct spares *s, const char *name, uint16_t len, uint64_t *size, uint32_t *off, int *is_new)
+static int spare_offset(struct spares *s, const char *name, uint16_t len, uint64_t *size, uint32_t *off)
 {
     if (2 * (s->used + 1) > s->cap) {
         size_t cap = s->cap ? 2 * s->cap : 1024;
-        struct spares grown = {calloc(cap, sizeof *s->slots), calloc(cap, sizeof *s->names),
-                               calloc(cap, sizeof *s->lens), cap, s->used};
-        if (!grown.slots || !grown.names || !grown.lens) {
-            free(grown.slots), free(grown.names), free(grown.lens);
+        struct spare *slots = calloc(cap, sizeof *slots);
+        if (!slots)
             return -1;
-        }
         for (size_t i = 0; i < s->cap; i++)
-            if (s->slots[i]) {
-                size_t b = monarch_crc32_update(0, s->names[i], s->lens[i]) & (cap - 1);
-                while (grown.slots[b])
+            if (s->slots[i].at) {
+                size_t b = monarch_crc32_update(0, s->slots[i].name, s->slots[i].len) & (cap - 1);
+                while (slots[b].at)
                     b = (b + 1) & (cap - 1);
-                grown.slots[b] = s->slots[i], grown.names[b] = s->names[i], grown.lens[b] = s->lens[i];
+                slots[b] = s->slots[i];
             }
-        free(s->slots), free(s->names), free(s->lens);
-        *s = grown;
+        free(s->slots);
+        s->slots = slots, s->cap = cap;
     }
     size_t b = monarch_crc32_update(0, name, len) & (s->cap - 1);
-    while (s->slots[b]) {
-        if (s->lens[b] == len && !memcmp(s->names[b], name, len)) {
-            *off = (uint32_t)(s->slots[b] - 1);
-            *is_new = 0;
+    for (; s->slots[b].at; b = (b + 1) & (s->cap - 1))
+        if (s->slots[b].len == len && !memcmp(s->slots[b].name, name, len)) {
+            *off = (uint32_t)(s->slots[b].at - 1);
             return 0;
         }
-        b = (b + 1) & (s->cap - 1);
-    }
-    s->slots[b] = *size + 1, s->names[b] = name, s->lens[b] = len;
+    s->slots[b] = (struct spare){*size + 1, name, len};
     s->used++;
     *off = (uint32_t)*size;
-    *is_new = 1;
     *size += len;
     return 0;
 }
+
+static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
 
 /* -- the walk ---------------------------------------------------------------------------- */
 /* Walk the roots (descriptors open on each; ``indexes``: the key prefix k of each; the
@@ -556,6 +602,7 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
                              int threads, int describe)
 {
     monarch_crc_init();
+    struct spares spares = {0};
     struct walk *w = calloc(1, sizeof *w);
     if (!w)
         return NULL;
@@ -579,12 +626,8 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
         d->rel_off = (uint32_t)plen;
         fill(&d->self, &st);
         d->parent_ino = parent_inos[r];
-        if (add_dir_locked(w, d) != 0) {
-            free_dir(d);
-            walk_free(w);
-            errno = ENOMEM;
-            return NULL;
-        }
+        if (add_dir_locked(w, d) != 0)
+            goto nomem;
     }
     if (threads < 1)
         threads = 1;
@@ -599,72 +642,75 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
     for (int i = 1; ids && i <= started; i++)
         pthread_join(ids[i], NULL);
     free(ids);
-    if (w->error) {
-        walk_free(w);
-        errno = ENOMEM;
-        return NULL;
-    }
+    if (w->error)
+        goto nomem;
     free(w->tasks);
     w->tasks = NULL;
 
-    /* the layout: directories by key, each one's files by name */
+    /* the layout: directories by key, each one's files by name (numbered in that order) */
     qsort(w->dirs, w->ndirs, sizeof *w->dirs, by_key);
-    struct spares spares = {0};
-    uint64_t nfiles = 0, nlinked = 0, keys = 0, children = 0;
+    uint64_t nfiles = 0, nlinked = 0, names = 0, dir_keys = 0, children = 0, listed = 0;
     for (size_t j = 0; j < w->ndirs; j++) {
         struct dir *d = w->dirs[j];
-        uint32_t prefix = d->key_len + (d->key[d->key_len - 1] != '/');
+        uint32_t files = 0, others = 0;
         for (uint32_t i = 0; i < d->n; i++) {
             struct ent *e = &d->ents[i];
-            if (e->kind == K_FILE || e->kind == K_LINKED_FILE) {
-                w->described += stat_of(d, i) != NULL;
-                e->number = (uint32_t)nfiles++;
-                keys += prefix + e->name_len;
-                nlinked += e->kind == K_LINKED_FILE;
-            }
+            if (e->kind == K_FILE || e->kind == K_LINKED_FILE)
+                files++, names += e->name_len, nlinked += e->kind == K_LINKED_FILE;
+            else
+                others += e->kind != K_DIR;
         }
-        keys += d->key_len;
-        if (!d->unlisted)
-            children += 2 + d->n;
-    }
-    for (size_t j = 0; j < w->ndirs; j++) {
-        struct dir *d = w->dirs[j];
-        d->number = (uint32_t)(nfiles + j);
+        nfiles += files;
+        w->described += d->recs ? files : d->nstated;
+        d->number = (uint32_t)j;
+        d->key_off = dir_keys;
+        dir_keys += d->key_len;
         if (d->unlisted)
             continue;
-        for (uint32_t i = 0; i < d->n; i++) {
+        children += 2 + d->n - files;
+        listed++;
+        /* its other names' offsets among the spare names, each stored once, in child record order */
+        if (others && !(d->spare = malloc(others * sizeof *d->spare)))
+            goto nomem;
+        for (uint32_t i = 0, k = 0; i < d->n; i++) {
             struct ent *e = &d->ents[i];
-            int is_new = 0;
-            if (e->kind == K_OTHER) {
-                if (spare_offset(&spares, d->names + e->name_off, e->name_len, &w->spare_size, &e->number, &is_new)) {
-                    free(spares.slots), free(spares.names), free(spares.lens);
-                    walk_free(w);
-                    errno = ENOMEM;
-                    return NULL;
-                }
-                e->spare_new = (uint32_t)is_new;
-            }
+            if (e->kind != K_FILE && e->kind != K_LINKED_FILE && e->kind != K_DIR &&
+                spare_offset(&spares, d->names + e->name_off, e->name_len, &w->spare_size, &d->spare[k++]))
+                goto nomem;
         }
     }
-    free(spares.slots), free(spares.names), free(spares.lens);
+    free(spares.slots);
+    if (names > UINT32_MAX || nfiles + w->ndirs + nlinked >= UINT32_MAX) {  /* past the format's u32 fields */
+        walk_free(w);
+        errno = EOVERFLOW;
+        return NULL;
+    }
     w->nfiles = nfiles;
     w->nlinked = nlinked;
     w->total = nfiles + w->ndirs + nlinked;
     w->nbuckets = 16;
-    while (w->nbuckets < 2 * w->total)
+    while (2 * w->nbuckets < 3 * (nfiles + w->ndirs))  /* the link records are not keyed */
         w->nbuckets *= 2;
-    w->keys_size = keys + w->spare_size;
+    w->names_size = names;
+    w->keys_size = names + dir_keys + w->spare_size;
     w->nchildren = children;
-    /* header, buckets, file records, fixed entries (directories, link records), keys, children, stats */
+    /* header, buckets, file records, ranges, inodes, fixed entries (directories, link records),
+     * keys, children, stats */
     w->files_off = MONARCH_INDEX_HEADER_SIZE + 4 * w->nbuckets;
-    w->entries_off = w->files_off + MONARCH_INDEX_FILE_SIZE * nfiles;
+    w->ranges_off = w->files_off + MONARCH_INDEX_FILE_SIZE * nfiles;
+    w->entries_off = pad8(w->ranges_off + 4 * (w->ndirs + 1));
+    if (listed)  /* the inodes: only a listing has them */
+        w->inos_off = w->entries_off, w->entries_off += 8 * nfiles;
     w->keys_off = w->entries_off + MONARCH_INDEX_ENTRY_SIZE * (w->ndirs + nlinked);
-    w->children_off = w->keys_off + w->keys_size;
-    w->children_off += (8 - w->children_off % 8) % 8;
-    w->stats_off = w->children_off + MONARCH_INDEX_CHILD_SIZE * children;
-    w->stats_off += (8 - w->stats_off % 8) % 8;
+    w->children_off = pad8(w->keys_off + w->keys_size);
+    w->stats_off = pad8(w->children_off + MONARCH_INDEX_CHILD_SIZE * children);
     w->size = w->stats_off + MONARCH_INDEX_ENTRY_SIZE * nfiles;
     return w;
+nomem:
+    free(spares.slots);
+    walk_free(w);
+    errno = ENOMEM;
+    return NULL;
 }
 
 EXPORT uint64_t walk_index_size(struct walk *w) { return w->size; }
@@ -685,153 +731,116 @@ static void place(uint32_t *buckets, uint64_t mask, uint32_t hash, uint32_t numb
 }
 
 /* Write the index into ``out`` (walk_index_size bytes: any content but the stats' room, which comes
- * zeroed): every byte but the stats slots no file takes is written, the scattered parts zeroed
- * first, the rest in the order it fills, so that its pages are touched only as the walk's records
- * are freed and the unused stats' pages never; each directory's records freed once written (the
- * walk can only be freed after). The files the walk described take slots 1.. in their order. */
+ * zeroed): every byte but the stats slots no file takes is written, in the order it fills but the
+ * buckets, last, so that its pages are touched only as the walk's records are freed and the unused
+ * stats' pages never; each directory's records freed once written (the walk can only be freed
+ * after). The files the walk described take slots 1.. in their order. */
 EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size)
 {
     if (size != w->size)
         return -1;
-    uint64_t mask = w->nbuckets - 1, items = w->nfiles + w->ndirs;
+    uint64_t mask = w->nbuckets - 1;
     uint32_t *buckets = (uint32_t *)(out + MONARCH_INDEX_HEADER_SIZE);
     struct monarch_index_file *files = (struct monarch_index_file *)(out + w->files_off);
+    uint32_t *ranges = (uint32_t *)(out + w->ranges_off);
+    uint64_t *inos = w->inos_off ? (uint64_t *)(out + w->inos_off) : NULL;
     struct monarch_index_entry *fixed = (struct monarch_index_entry *)(out + w->entries_off);  /* number m: m - files - 1 */
     struct monarch_index_entry *stats = (struct monarch_index_entry *)(out + w->stats_off);
     char *keys = (char *)(out + w->keys_off);
     struct monarch_index_child *child = (struct monarch_index_child *)(out + w->children_off);
-    uint64_t file_keys = 0, dir_keys = 0, spare_base = 0, linked = 0, nchild = 0;
-    uint32_t slots = 0;                /* stats slots taken */
-    uint64_t freed = 0;                /* bytes of records freed since the last trim */
-    memset(out, 0, MONARCH_INDEX_HEADER_SIZE + 4 * w->nbuckets);  /* the header, the buckets (placed at random) */
-    for (size_t j = 0; j < w->ndirs; j++) {
-        struct dir *d = w->dirs[j];
-        for (uint32_t i = 0; i < d->n; i++)
-            if (d->ents[i].kind == K_FILE || d->ents[i].kind == K_LINKED_FILE)
-                dir_keys += d->key_len + (d->key[d->key_len - 1] != '/') + d->ents[i].name_len;
-    }
-    spare_base = dir_keys;  /* dir keys start after every file key; spare names after every key */
-    for (size_t j = 0; j < w->ndirs; j++)
-        spare_base += w->dirs[j]->key_len;
-    memset(keys + spare_base, 0, (size_t)(w->children_off - w->keys_off - spare_base));  /* spare names, padding */
+    uint64_t spare_base = w->keys_size - w->spare_size, nchild = 0, freed = 0;  /* freed: since the last trim */
+    uint32_t n = 0, name_off = 0, linked = 0, slots = 0;  /* files, name bytes, link records, stats slots written */
+    memset(ranges + w->ndirs + 1, 0, 4 * ((w->ndirs + 1) % 2));  /* to a multiple of 8 (ranges_off is one) */
+    memset(keys + w->keys_size, 0, (size_t)(w->children_off - w->keys_off - w->keys_size));
     memset(child + w->nchildren, 0, (size_t)(w->stats_off - w->children_off - MONARCH_INDEX_CHILD_SIZE * w->nchildren));
 
     for (size_t j = 0; j < w->ndirs; j++) {
         struct dir *d = w->dirs[j];
-        int slash = d->key[d->key_len - 1] != '/';
-        uint32_t prefix = d->key_len + (uint32_t)slash;
-        uint32_t dir_hash = monarch_crc32_update(0xFFFFFFFFu, d->key, d->key_len) ^ 0xFFFFFFFFu;
-        uint32_t prefix_hash = monarch_crc32_update(0xFFFFFFFFu, d->key, d->key_len);
-        if (slash)
-            prefix_hash = monarch_crc32_update(prefix_hash, "/", 1);
-        /* its files: key, record, stat if described, bucket */
-        for (uint32_t i = 0; i < d->n; i++) {
-            struct ent *e = &d->ents[i];
-            if (e->kind != K_FILE && e->kind != K_LINKED_FILE)
-                continue;
-            char *k = keys + file_keys;
-            memcpy(k, d->key, d->key_len);
-            if (slash)
-                k[d->key_len] = '/';
-            memcpy(k + prefix, d->names + e->name_off, e->name_len);
-            const struct monarch_index_entry *st = stat_of(d, i);
-            struct monarch_index_file *r = &files[e->number];
-            *r = (struct monarch_index_file){
-                .hash = monarch_crc32_update(prefix_hash, d->names + e->name_off, e->name_len) ^ 0xFFFFFFFFu,
-                .key_len = prefix + e->name_len, .key_off = file_keys, .size = st ? st->size : 0};
-            if (st) {
-                struct monarch_index_entry *s = &stats[slots];
-                *s = *st;
-                s->hash = r->hash, s->key_len = r->key_len, s->key_off = r->key_off;
-                s->flags = 0, s->link = 0, s->nchildren = 0;
-                s->children = e->number + 1;
-                if (e->kind == K_LINKED_FILE) {
-                    s->flags = MONARCH_INDEX_FLAG_SYMLINK;
-                    s->link = (uint32_t)(items + linked + 1);
-                }
-                r->stat = ++slots;
-            }
-            if (e->kind == K_LINKED_FILE) {  /* its own lstat, after the directories */
-                struct monarch_index_entry *l = &fixed[w->ndirs + linked];
-                *l = *own_of(d, i);
-                l->hash = r->hash, l->key_len = r->key_len, l->key_off = r->key_off;
-                linked++;
-            }
-            place(buckets, mask, r->hash, e->number);
-            file_keys += r->key_len;
-        }
-        /* its own key and record (its bucket comes after every file's: the dirs' pass below) */
         struct monarch_index_entry *r = &fixed[j];
         *r = d->self;
-        r->hash = dir_hash;
+        r->hash = monarch_crc32(d->key, d->key_len);
         r->key_len = d->key_len;
-        r->key_off = dir_keys;
-        memcpy(keys + dir_keys, d->key, d->key_len);
-        dir_keys += d->key_len;
+        r->key_off = w->names_size + d->key_off;
+        memcpy(keys + r->key_off, d->key, d->key_len);
         r->children = nchild;
         if (!d->unlisted) {
             r->flags = MONARCH_INDEX_FLAG_LISTED;
             child[nchild++] = (struct monarch_index_child){.d_ino = d->self.ino, .d_type = DT_DIR};
             child[nchild++] = (struct monarch_index_child){.d_ino = d->parent_ino, .d_type = DT_DIR};
-            for (uint32_t i = 0; i < d->n; i++) {
-                struct ent *e = &d->ents[i];
+        }
+        ranges[j] = n;
+        uint32_t subs = 0, spares = 0;
+        for (uint32_t i = 0; i < d->n; i++) {
+            struct ent *e = &d->ents[i];
+            const char *name = d->names + e->name_off;
+            if (e->kind == K_FILE || e->kind == K_LINKED_FILE) {  /* name, record, inode, stat if described */
+                const struct stated want = {e->name_off, NULL}, *st = !d->nstated ? NULL :  /* none: a listing's */
+                    bsearch(&want, d->stated, d->nstated, sizeof *st, by_name_off);  /* (bsearch may be a macro) */
+                const struct monarch_index_entry *desc = d->recs ? &d->recs[i] : st ? st->e : NULL;
+                memcpy(keys + name_off, name, e->name_len);
+                files[n] = (struct monarch_index_file){.name_off = name_off};
+                if (inos)
+                    inos[n] = d->unlisted ? 0 : e->d_ino;  /* a listing that failed names nothing */
+                if (desc) {
+                    struct monarch_index_entry *s = &stats[slots];
+                    *s = *desc;  /* (its flags, link, nchildren 0) */
+                    s->hash = 0, s->key_len = e->name_len, s->key_off = name_off, s->children = n + 1;
+                    if (e->kind == K_LINKED_FILE)
+                        s->flags = MONARCH_INDEX_FLAG_SYMLINK, s->link = (uint32_t)(w->nfiles + w->ndirs + linked + 1);
+                    files[n].stat = ++slots;
+                }
+                if (e->kind == K_LINKED_FILE) {  /* its own lstat, after the directories */
+                    struct monarch_index_entry *l = &fixed[w->ndirs + linked++];
+                    *l = d->recs ? *st->e : st->e[1];
+                    l->hash = 0, l->key_len = e->name_len, l->key_off = name_off, l->children = n + 1;
+                }
+                name_off += e->name_len;
+                n++;
+            } else if (!d->unlisted) {  /* a child record: a subdirectory, or a name no entry has */
                 struct monarch_index_child *c = &child[nchild++];
                 *c = (struct monarch_index_child){.d_ino = e->d_ino, .name_len = e->name_len, .d_type = e->d_type};
-                if (e->kind == K_FILE || e->kind == K_LINKED_FILE) {
-                    c->name_off = files[e->number].key_off + prefix;
-                    c->entry = e->number + 1;
-                } else if (e->kind == K_DIR) {
-                    c->name_off = UINT64_MAX;  /* the subdirectory's key offset, once written (below) */
-                    c->entry = e->sub->number + 1;
-                } else {
-                    c->name_off = spare_base + e->number;
-                    if (e->spare_new)
-                        memcpy(keys + spare_base + e->number, d->names + e->name_off, e->name_len);
+                if (e->kind == K_DIR) {  /* its name: its key's tail */
+                    struct dir *sub = d->subs[subs++];
+                    c->name_off = w->names_size + sub->key_off + sub->key_len - e->name_len;
+                    c->entry = (uint32_t)(w->nfiles + 1 + sub->number);
+                } else {  /* written by each directory that has it: the same bytes */
+                    c->name_off = spare_base + d->spare[spares++];
+                    memcpy(keys + c->name_off, name, e->name_len);
                 }
             }
         }
         r->nchildren = (uint32_t)(nchild - r->children);
-        /* what only the index needs from here on is kept; the rest goes now (the peak stays one index) */
-        freed += (uint64_t)d->n * ((d->recs ? sizeof *d->recs : 0) + sizeof *d->links + sizeof *d->ents);
-        for (uint32_t i = 0; i < d->n; i++) {
-            freed += d->links[i] ? sizeof *d->links[i] : 0;
-            free(d->links[i]);
-            d->links[i] = NULL;
-        }
-        free(d->recs), free(d->links), free(d->ents), free(d->names);  /* (a parent needs only its subdirectory's number) */
-        d->recs = NULL, d->links = NULL, d->ents = NULL, d->names = NULL;
-        d->n = 0;
+        freed += drop_names(d);  /* the rest of d stays: its key, its number (a parent's child record's) */
         if (freed >= TRIM_BYTES) {     /* given back as the index takes its place: the peak stays the index */
             malloc_trim(0);
             freed = 0;
         }
     }
-    /* the directories' buckets, after every file's (the Python builder's order), and their
-     * children's name offsets (a subdirectory's key is written when its own turn comes) */
-    for (size_t j = 0; j < w->ndirs; j++)
-        place(buckets, mask, fixed[j].hash, w->dirs[j]->number);
-    for (uint64_t c = 0; c < nchild; c++)
-        if (child[c].name_off == UINT64_MAX) {
-            struct monarch_index_entry *sub = &fixed[child[c].entry - 1 - w->nfiles];
-            child[c].name_off = sub->key_off + sub->key_len - child[c].name_len;
+    ranges[w->ndirs] = n;
+    /* the buckets last, once the walk's records are given back (placed at random, their pages are
+     * touched at once): the files' from their names in the index, then the directories' */
+    malloc_trim(0);
+    memset(buckets, 0, 4 * w->nbuckets);
+    for (size_t j = 0; j < w->ndirs; j++) {
+        const struct dir *d = w->dirs[j];
+        uint32_t prefix_hash = monarch_crc32_update(0xFFFFFFFFu, d->key, d->key_len);
+        if (d->key[d->key_len - 1] != '/')
+            prefix_hash = monarch_crc32_update(prefix_hash, "/", 1);
+        for (uint32_t f = ranges[j]; f < ranges[j + 1]; f++) {
+            uint32_t at = files[f].name_off, len = (f + 1 < n ? files[f + 1].name_off : name_off) - at;
+            place(buckets, mask, monarch_crc32_update(prefix_hash, keys + at, len) ^ 0xFFFFFFFFu, f);
         }
-    struct monarch_index_header *h = (struct monarch_index_header *)out;
-    h->magic = MONARCH_INDEX_MAGIC;
-    h->version = MONARCH_INDEX_VERSION;
-    h->entries = (uint32_t)w->total;
-    h->buckets = (uint32_t)w->nbuckets;
-    h->reserved = !w->describe && !w->described ? MONARCH_INDEX_LISTING : 0;  /* every file undescribed */
-    h->buckets_off = MONARCH_INDEX_HEADER_SIZE;
-    h->entries_off = w->entries_off;
-    h->keys_off = w->keys_off;
-    h->keys_size = w->keys_size;
-    h->children_off = w->children_off;
-    h->children_count = nchild;
-    h->files = (uint32_t)w->nfiles;
-    h->stats_used = slots;
-    h->files_off = w->files_off;
-    h->stats_off = w->stats_off;
-    h->size = w->size;
+    }
+    for (size_t j = 0; j < w->ndirs; j++)
+        place(buckets, mask, fixed[j].hash, (uint32_t)(w->nfiles + j));
+    *(struct monarch_index_header *)out = (struct monarch_index_header){  /* sizes_off 0: a size is its stat's */
+        .magic = MONARCH_INDEX_MAGIC, .version = MONARCH_INDEX_VERSION, .entries = (uint32_t)w->total,
+        .buckets = (uint32_t)w->nbuckets, .reserved = !w->describe && !w->described ? MONARCH_INDEX_LISTING : 0,
+        .buckets_off = MONARCH_INDEX_HEADER_SIZE, .entries_off = w->entries_off, .keys_off = w->keys_off,
+        .keys_size = w->keys_size, .children_off = w->children_off, .children_count = nchild,
+        .files = (uint32_t)w->nfiles, .stats_used = slots, .files_off = w->files_off, .stats_off = w->stats_off,
+        .size = w->size, .dirs = (uint32_t)w->ndirs, .names_size = w->names_size, .ranges_off = w->ranges_off,
+        .inos_off = w->inos_off};
     return 0;
 }
 

@@ -14,6 +14,7 @@ from monarch import protocol
 from monarch.node.snapshot import index_file as index_file_module
 from monarch.node.snapshot import walker
 from monarch.node.snapshot.index_file import IndexFile
+from monarch.node.snapshot.indextable import used_end
 from monarch.node.snapshot.snapshot import load_or_walk, write_manifest
 
 needs_c_walk = pytest.mark.skipif(walker.library() is None, reason="the C walker could not be built here")
@@ -95,10 +96,10 @@ def test_a_walk_builds_its_index_in_the_file_and_a_changed_manifest_leaves_no_co
 
 @needs_c_walk
 def test_a_listing_walks_index_holds_no_stat_until_a_file_is_described(tmp_path):
-    """A listed file costs its 32-byte record, its key, its bucket and its child record: no
-    112-byte stat until it is described, and then only the one (the node's memory at 10 million
-    files is this, times 10 million). The file's room for stats is sparse: no block of it is
-    written before a file needs it."""
+    """A listed file costs its 8-byte record, its name, its bucket and its inode: no 112-byte
+    stat until it is described, and then only the one (the node's memory at 10 million files is
+    this, times 10 million). The file's room for stats is sparse: no block of it is written before
+    a file needs it."""
     n = 300
     roots = tree(tmp_path / "ds", n=n)
     at = str(tmp_path / "index-m")
@@ -107,7 +108,7 @@ def test_a_listing_walks_index_holds_no_stat_until_a_file_is_described(tmp_path)
     files = 3 * n
     held = os.stat(at).st_blocks * 512
     assert os.path.getsize(at) >= protocol.INDEX_ENTRY.size * files  # the room is there
-    assert held <= 96 * files, held / files  # record 32, bucket 9, key 13, child record 24, and pages' ends
+    assert held <= 44 * files, held / files  # record 8, bucket 9, name 6, inode 8, and pages' ends
     assert snap.files.get("0/d1/f9.bin").size == 10
     assert os.stat(at).st_blocks * 512 <= held + 4096  # one stat written: one page of the room at most
 
@@ -124,14 +125,15 @@ def test_a_damaged_manifest_copy_is_removed_and_the_dataset_walked(tmp_path):
 
 
 _HEADER_FIELDS = ("magic", "version", "entries", "buckets", "reserved", "buckets_off", "entries_off", "keys_off",
-                  "keys_size", "children_off", "children_count", "files", "stats_used", "files_off", "stats_off", "size")
+                  "keys_size", "children_off", "children_count", "files", "stats_used", "files_off", "stats_off", "size",
+                  "dirs", "reserved2", "names_size", "ranges_off", "sizes_off", "inos_off")
 
 
 @pytest.mark.parametrize("damage, said", [
     ({"cut": protocol.INDEX_HEADER.size}, "its buckets ("),
     ({"cut": "half"}, "lie past its end"),
     ({"buckets": 3}, "its buckets (3) are not a power of two"),
-    ({"entries": 1 << 20}, "its entries (1048576) are not fewer than its buckets"),
+    ({"dirs": 1 << 20}, "are not fewer than its buckets"),
     ({"keys_off": 1 << 40}, "its key bytes ("),
     ({"children_count": 1 << 30}, "its child records ("),
     ({"stats_used": 1 << 20}, "stats used (1048576)"),
@@ -148,7 +150,7 @@ def test_a_manifest_whose_tables_the_shim_would_refuse_is_walked_instead_and_the
     write_manifest(roots, str(manifest))
     data = bytearray(manifest.read_bytes())
     if "cut" in damage:
-        del data[len(data) // 2 if damage["cut"] == "half" else damage["cut"]:]
+        del data[used_end(data) // 2 if damage["cut"] == "half" else damage["cut"]:]  # half its tables
     else:
         fields = dict(zip(_HEADER_FIELDS, protocol.INDEX_HEADER.unpack_from(data)), **damage)
         protocol.INDEX_HEADER.pack_into(data, 0, *fields.values())

@@ -159,10 +159,10 @@ def _zero_atimes(data: bytearray) -> bytearray:
     struct.pack_into("<I", out, 20, 0)
     stats = []
     for n in range(files):
-        slot = protocol.INDEX_FILE.unpack_from(out, foff + protocol.INDEX_FILE.size * n)[4]
+        slot = protocol.INDEX_FILE.unpack_from(out, foff + protocol.INDEX_FILE.size * n)[1]
         if slot:
             stats.append(bytearray(out[soff + size * (slot - 1):soff + size * slot]))
-            struct.pack_into("<I", out, foff + protocol.INDEX_FILE.size * n + 24, len(stats))
+            struct.pack_into("<I", out, foff + protocol.INDEX_FILE.size * n + 4, len(stats))
     out[soff:] = b"".join(stats)
     for at in [header[6] + size * n for n in range(header[2] - files)] + [soff + size * s for s in range(len(stats))]:
         struct.pack_into("<q", out, at + 32, 0)
