@@ -349,8 +349,8 @@ class IndexTable(MutableMapping[str, FileInfo]):
             return memoryview(self.data).cast("B")[self._sizes:self._sizes + 8 * self.nfiles].cast("Q")
         if not _U32.unpack_from(self.data, _STATS_USED_AT)[0]:
             return itertools.repeat(0, self.nfiles)
-        return (_U64.unpack_from(self.data, at + 16)[0] if at >= 0 else 0
-                for at in map(self.stat_at, range(self.nfiles)))
+        return (_U64.unpack_from(self.data, self.stat_at(n) + 16)[0] if s and self.stat_at(n) >= 0 else 0
+                for n, s in enumerate(self._stat_slots()))  # most are 0 (not described): no call for them
 
     def total_size(self) -> int:
         if self._sizes or not self.nfiles:
