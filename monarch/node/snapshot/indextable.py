@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import os
 import stat
 import struct
@@ -28,7 +27,7 @@ from typing import Callable, Iterator, MutableMapping, Sequence
 
 from monarch import protocol
 from monarch.protocol import DT_LNK, DT_REG
-from monarch.index_layout import joined, undescribed_view
+from monarch.index_layout import undescribed_view
 from monarch.records.filetable import FileInfo, Listing
 from monarch.routes import Route
 
@@ -41,6 +40,7 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _STAT_AT = 4                      # a file record's stat slot (u32), after its name's offset
 _FIRST_AT = 104                   # a stat's last field: its file's number
+_WORDS = _SIZE // 8               # a stat's u64 words
 _FLAGS_AT = 80                    # an entry's flags (u32)
 # INDEX_HEADER's fields: files, stats used, files' and stats' offsets, size, directories, names' size,
 # the offsets of the ranges, the sizes and the inodes
@@ -108,9 +108,12 @@ def _info(e: tuple) -> FileInfo:
 
 class IndexTable(MutableMapping[str, FileInfo]):
     """The files of an index (its entries 0 .. ``nfiles`` - 1) as a mapping key -> FileInfo,
-    with ``FileTable``'s extras (``row_of``, ``total_size``). Entry n (from 0) is number n + 1."""
+    with ``FileTable``'s extras (``row_of``, ``total_size``). Entry n (from 0) is number n + 1.
+    Read in place through views of its tables; the directories' key prefixes and file ranges
+    (a few per thousand files) are kept as Python objects for the look-ups."""
     __slots__ = ("data", "nfiles", "total", "ndirs", "_buckets", "_mask", "_files", "_fixed", "_stats", "_keys",
-                 "_names_size", "_ranges", "_sizes", "_inos", "describer")
+                 "_names_size", "_sizes", "_inos", "_view", "_recs", "_stat_words", "_starts", "_dir_keys", "_prefixes",
+                 "describer")
 
     def __init__(self, data: bytearray | bytes, nfiles: int | None = None,
                  describer: Callable[["IndexTable", int], bool] | None = None):
@@ -124,7 +127,15 @@ class IndexTable(MutableMapping[str, FileInfo]):
         self._mask = header[3] - 1
         self._files, self._fixed, self._stats, self._keys = header[_H_FILES_OFF], header[6], header[_H_STATS_OFF], header[7]
         self._names_size, self._sizes, self._inos = header[_H_NAMES], header[_H_SIZES], header[_H_INOS]
+        ranges = header[_H_RANGES]
+        self._starts = list(memoryview(data).cast("B")[ranges:ranges + 4 * (self.ndirs + 1)].cast("I"))
         self.rebind(data)
+        self._dir_keys = []
+        for d in range(self.nfiles, self.nfiles + self.ndirs):
+            _, length, offset = _HEAD.unpack_from(data, self._fixed + _SIZE * (d - self.nfiles))
+            self._dir_keys.append(bytes(data[self._keys + offset:self._keys + offset + length]))
+        # a file's key begins with its directory's, "/" after it unless it ends with one (a root's)
+        self._prefixes = [key if key.endswith(b"/") else key + b"/" for key in self._dir_keys]
         # a listing-mode walk's files are described when first asked for (index_writer.Describer)
         self.describer = describer
 
@@ -132,9 +143,11 @@ class IndexTable(MutableMapping[str, FileInfo]):
         """The same index read from ``data`` from now on (Snapshot.rebind)."""
         header = protocol.INDEX_HEADER.unpack_from(data)
         view = memoryview(data).cast("B")
+        self._view = view
         self._buckets = view[header[5]:header[5] + 4 * header[3]].cast("I")
-        ranges = header[_H_RANGES]
-        self._ranges = view[ranges:ranges + 4 * (header[_H_DIRS] + 1)].cast("I")
+        self._recs = view[self._files:self._files + _FILE * self.nfiles].cast("I")  # name offset, stat slot
+        end = min(len(view), self._stats + _SIZE * self.nfiles)  # a copy may stop at the used end
+        self._stat_words = view[self._stats:self._stats + (end - self._stats) // _SIZE * _SIZE].cast("Q")
         self.data = data
 
     # -- the entries ---------------------------------------------------------------------
@@ -142,20 +155,23 @@ class IndexTable(MutableMapping[str, FileInfo]):
         """Where file ``n``'s (from 0) stat is (an offset in ``data``), or -1 while it is not
         described (a slot whose stat does not name the file back, as a copy made while it was
         written may hold, is none; DESCRIBING is above every slot)."""
-        data = self.data
-        s = _U32.unpack_from(data, self._files + _FILE * n + _STAT_AT)[0]
+        s = self._recs[2 * n + 1]
         if 0 < s <= self.nfiles:
-            at = self._stats + _SIZE * (s - 1)
-            if at + _SIZE <= len(data) and _U64.unpack_from(data, at + _FIRST_AT)[0] == n + 1:
-                return at
+            last = _WORDS * s - 1  # the slot's last word: its file's number
+            if last < len(self._stat_words) and self._stat_words[last] == n + 1:
+                return self._stats + _SIZE * (s - 1)
         return -1
 
     def _name_span(self, n: int) -> tuple[int, int]:
         """File ``n``'s (from 0) name: its offset and length in the key bytes."""
-        data, at = self.data, self._files + _FILE * n
-        start = _U32.unpack_from(data, at)[0]
-        end = _U32.unpack_from(data, at + _FILE)[0] if n + 1 < self.nfiles else self._names_size
+        recs = self._recs
+        start = recs[2 * n]
+        end = recs[2 * n + 2] if n + 1 < self.nfiles else self._names_size
         return start, max(end - start, 0)
+
+    def _name(self, n: int) -> memoryview:
+        start, length = self._name_span(n)
+        return self._view[self._keys + start:self._keys + start + length]
 
     def listed_size(self, n: int) -> int:
         """File ``n``'s (from 0) size as its index lists it (0 without the sizes)."""
@@ -173,25 +189,21 @@ class IndexTable(MutableMapping[str, FileInfo]):
 
     def dir_of(self, n: int) -> int:
         """The entry (from 0) of file ``n``'s (from 0) directory."""
-        return self.nfiles + bisect.bisect_left(self._ranges, n + 1) - 1
+        return self.nfiles + bisect.bisect_left(self._starts, n + 1) - 1
 
     def files_of(self, d: int) -> range:
         """The files (from 0) of directory entry ``d`` (from 0)."""
         j = d - self.nfiles
-        return range(self._ranges[j], self._ranges[j + 1])
+        return range(self._starts[j], self._starts[j + 1])
 
     def raw_key(self, n: int) -> bytes:
-        data = self.data
         if n < self.nfiles:
-            off, length = self._name_span(n)
-            start = self._keys + off
-            return joined(self.raw_key(self.dir_of(n)), bytes(data[start:start + length]))
-        at = self._fixed + _SIZE * (n - self.nfiles)
+            recs, at = self._recs, self._keys
+            end = recs[2 * n + 2] if n + 1 < self.nfiles else self._names_size
+            return self._prefixes[bisect.bisect_left(self._starts, n + 1) - 1] + self._view[at + recs[2 * n]:at + end]
         if n >= self.nfiles + self.ndirs:  # a link record: its file's
-            return self.raw_key(_U64.unpack_from(data, at + _FIRST_AT)[0] - 1)
-        _, length, offset = _HEAD.unpack_from(data, at)
-        start = self._keys + offset
-        return bytes(data[start:start + length])
+            return self.raw_key(_U64.unpack_from(self.data, self._fixed + _SIZE * (n - self.nfiles) + _FIRST_AT)[0] - 1)
+        return self._dir_keys[n - self.nfiles]
 
     def route(self, n: int) -> Route | None:
         """The route published for entry ``n`` (from 0; ``protocol.INDEX_ROUTE_MASK``), or None."""
@@ -208,25 +220,25 @@ class IndexTable(MutableMapping[str, FileInfo]):
     def number(self, raw: bytes) -> int:
         """The entry (from 0) keyed ``raw`` (a file's or a directory's), or -1."""
         h = zlib.crc32(raw)
-        b = h & self._mask
-        data, buckets, keys, nfiles, keyed = self.data, self._buckets, self._keys, self.nfiles, self.nfiles + self.ndirs
-        fixed, head = self._fixed, _HEAD.unpack_from
+        b, mask = h & self._mask, self._mask
+        buckets, recs, view, keys = self._buckets, self._recs, self._view, self._keys
+        nfiles, keyed, last = self.nfiles, self.nfiles + self.ndirs, self.nfiles - 1
         cut = raw.rfind(b"/") + 1
+        name, prefix = raw[cut:], raw[:cut]
         probes = len(buckets)  # bounded: a table with no empty bucket ends the search too
         while probes:
             n = buckets[b]
             if not n or n > keyed:
                 return -1
-            if n <= nfiles:
-                off, length = self._name_span(n - 1)
-                if length == len(raw) - cut and data[keys + off:keys + off + length] == raw[cut:] \
-                        and self.raw_key(n - 1) == raw:
+            if n <= nfiles:  # its name first (no hash is kept for a file), then its directory's key
+                start = recs[2 * n - 2]
+                end = recs[2 * n] if n <= last else self._names_size
+                if end - start == len(name) and view[keys + start:keys + end] == name \
+                        and self._prefixes[bisect.bisect_left(self._starts, n) - 1] == prefix:
                     return n - 1
-            else:
-                eh, klen, koff = head(data, fixed + _SIZE * (n - 1 - nfiles))
-                if eh == h and klen == len(raw) and data[keys + koff:keys + koff + klen] == raw:
-                    return n - 1
-            b = (b + 1) & self._mask
+            elif self._dir_keys[n - 1 - nfiles] == raw:
+                return n - 1
+            b = (b + 1) & mask
             probes -= 1
         return -1
 
@@ -307,16 +319,11 @@ class IndexTable(MutableMapping[str, FileInfo]):
         raise TypeError("a snapshot's files are never removed")
 
     def __iter__(self) -> Iterator[str]:
-        data, keys = self.data, self._keys
-        for d in range(self.nfiles, self.nfiles + self.ndirs):
-            run = self.files_of(d)
-            if not run:
-                continue
-            parent = self.raw_key(d)
-            prefix = parent if parent.endswith(b"/") else parent + b"/"
-            for n in run:
-                off, length = self._name_span(n)
-                yield (prefix + data[keys + off:keys + off + length]).decode(_ENCODING, _ERRORS)
+        view, recs, keys, starts, nfiles = self._view, self._recs, self._keys, self._starts, self.nfiles
+        for j, prefix in enumerate(self._prefixes):
+            for n in range(starts[j], starts[j + 1]):
+                end = recs[2 * n + 2] if n + 1 < nfiles else self._names_size
+                yield (prefix + view[keys + recs[2 * n]:keys + end]).decode(_ENCODING, _ERRORS)
 
     def items(self):
         """Every file as the index holds it now: one not described yet has only its key, S_IFREG
@@ -332,7 +339,7 @@ class IndexTable(MutableMapping[str, FileInfo]):
 
     def _stat_slots(self):
         """Every file record's stat slot, read in place."""
-        return memoryview(self.data).cast("B")[self._files:self._files + _FILE * self.nfiles].cast("I")[1::2]
+        return self._recs[1::2]
 
     def undescribed(self) -> int:
         """How many files are not described yet."""
@@ -346,19 +353,27 @@ class IndexTable(MutableMapping[str, FileInfo]):
         if not self.nfiles:
             return ()
         if self._sizes:
-            return memoryview(self.data).cast("B")[self._sizes:self._sizes + 8 * self.nfiles].cast("Q")
-        if not _U32.unpack_from(self.data, _STATS_USED_AT)[0]:
-            return itertools.repeat(0, self.nfiles)
-        return (_U64.unpack_from(self.data, self.stat_at(n) + 16)[0] if s and self.stat_at(n) >= 0 else 0
-                for n, s in enumerate(self._stat_slots()))  # most are 0 (not described): no call for them
+            return self._view[self._sizes:self._sizes + 8 * self.nfiles].cast("Q")
+        words, nfiles = self._stat_words, self.nfiles
+        return (words[_WORDS * s - _WORDS + 2] if 0 < s <= nfiles and _WORDS * s <= len(words)
+                and words[_WORDS * s - 1] == n + 1 else 0
+                for n, s in enumerate(self._recs[1::2]))
+
+    def described_sizes(self) -> Iterator[tuple[int, int]]:
+        """(file from 0, size) of each file described, in the order of their stats (a slot that does
+        not name its file back, being written or cut from a copy, is none)."""
+        words, recs, nfiles = self._stat_words, self._recs, self.nfiles
+        used = min(_U32.unpack_from(self.data, _STATS_USED_AT)[0], nfiles, len(words) // _WORDS)
+        for s, (size, n) in enumerate(zip(words[2:_WORDS * used:_WORDS], words[_WORDS - 1:_WORDS * used:_WORDS]), 1):
+            if 0 < n <= nfiles and recs[2 * n - 1] == s:
+                yield n - 1, size
 
     def total_size(self) -> int:
         if self._sizes or not self.nfiles:
             return sum(self.sizes())
-        end = self.used_end()  # the stats written: a file's once (a slot not its file's is none: rare, checked)
-        return sum(_U64.unpack_from(self.data, at + 16)[0] for at in range(self._stats, end, _SIZE)
-                   if 0 < _U64.unpack_from(self.data, at + _FIRST_AT)[0] <= self.nfiles
-                   and self.stat_at(_U64.unpack_from(self.data, at + _FIRST_AT)[0] - 1) == at)
+        words = self._stat_words  # each stat taken is one file's (a slot being written adds its size or 0)
+        used = min(_U32.unpack_from(self.data, _STATS_USED_AT)[0], self.nfiles, len(words) // _WORDS)
+        return sum(words[2:_WORDS * used:_WORDS])
 
     def __repr__(self) -> str:
         return f"IndexTable({self.nfiles} files)"
@@ -456,4 +471,6 @@ def larger_than(files, size: int) -> list[str]:
     from its sizes alone: no record built per file)."""
     if not isinstance(files, IndexTable):
         return [key for key, info in files.items() if info.size > size]
-    return [files.key(n) for n, s in enumerate(file_sizes(files)) if s > size]
+    if files._sizes:
+        return [files.key(n) for n, s in enumerate(files.sizes()) if s > size]
+    return [files.key(n) for n in sorted(n for n, s in files.described_sizes() if s > size)]  # a size is a stat's
