@@ -169,10 +169,6 @@ class IndexTable(MutableMapping[str, FileInfo]):
         end = recs[2 * n + 2] if n + 1 < self.nfiles else self._names_size
         return start, max(end - start, 0)
 
-    def _name(self, n: int) -> memoryview:
-        start, length = self._name_span(n)
-        return self._view[self._keys + start:self._keys + start + length]
-
     def listed_size(self, n: int) -> int:
         """File ``n``'s (from 0) size as its index lists it (0 without the sizes)."""
         return _U64.unpack_from(self.data, self._sizes + 8 * n)[0] if self._sizes else 0
@@ -186,10 +182,6 @@ class IndexTable(MutableMapping[str, FileInfo]):
             off, length = self._name_span(n)
             return undescribed_view(length, off, self.listed_size(n))
         return _ENTRY.unpack_from(self.data, at)
-
-    def dir_of(self, n: int) -> int:
-        """The entry (from 0) of file ``n``'s (from 0) directory."""
-        return self.nfiles + bisect.bisect_left(self._starts, n + 1) - 1
 
     def files_of(self, d: int) -> range:
         """The files (from 0) of directory entry ``d`` (from 0)."""
@@ -337,15 +329,11 @@ class IndexTable(MutableMapping[str, FileInfo]):
     def __len__(self) -> int:
         return self.nfiles
 
-    def _stat_slots(self):
-        """Every file record's stat slot, read in place."""
-        return self._recs[1::2]
-
     def undescribed(self) -> int:
         """How many files are not described yet."""
         if not self.nfiles:
             return 0
-        return sum(1 for s in self._stat_slots() if not s or s == protocol.INDEX_DESCRIBING)
+        return sum(1 for s in self._recs[1::2] if not s or s == protocol.INDEX_DESCRIBING)
 
     def sizes(self) -> Sequence[int] | Iterator[int]:
         """The files' sizes in their order: each one's stat's once described, else its listed size,
