@@ -123,6 +123,7 @@ _PROTOTYPES = {
     "front_door_staged": (None, [_vp, _cp, _i, _i]),
     "front_door_forget": (None, [_vp, _cp, _i]),
     "front_door_copying": (None, [_vp, _i]),
+    "front_door_keep_sources": (None, [_vp]),
     "front_door_disable": (None, [_vp]),
     "front_door_grant": (None, [_vp, _i, _i64]),
     "front_door_reclaim": (_i64, [_vp, _i]),
@@ -229,6 +230,11 @@ class FrontDoor:
             return False
         self.index = index
         return True
+
+    def keep_sources(self) -> None:
+        """The door copies misses from the PFS: from its first, it opens the index's directories
+        beside the job and keeps them (a miss then costs the PFS its name's look-up and its open)."""
+        self._lib.front_door_keep_sources(self._door)
 
     def describe_with(self, tables: tuple) -> None:
         """A file a listing-mode walk left undescribed is described by the door at its miss, its route

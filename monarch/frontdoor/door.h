@@ -17,6 +17,7 @@
 #include "door_answers.h"
 #include "door_dirs.h"
 #include "door_copies.h"
+#include "door_sources.h"
 #include "door_peer.h"
 #include "door_copiers.h"
 #include "door_loop.h"
@@ -94,6 +95,7 @@ struct door {
     /* the parts' */
     struct door_keys keys;             /* door_keys.h */
     struct door_index index;           /* door_index.h */
+    struct door_sources sources;       /* door_sources.h: its own lock */
     struct door_answers answers;       /* door_answers.h */
     struct door_books books;           /* door_answers.h */
     struct door_copiers copiers;       /* door_copiers.h */

@@ -33,6 +33,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     d->copiers.demand_tail = &d->copiers.demand;
     d->copiers.cap = copiers_allowed();
     inflight_init(&d->copiers.flow, 0, 0, INFLIGHT_LOW, d->copiers.cap);
+    sources_init(d);                   /* after the copiers' cap: the descriptors they leave */
     d->copiers.threads = calloc(COPIERS_MAX, sizeof *d->copiers.threads);  /* zero pages until a copier starts */
     for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++) {
         d->root_fresh[d->nroots] = -1;  /* asked at the first open under it (door_copies.c) */
@@ -423,6 +424,13 @@ EXPORT int front_door_evict(struct door *d, const char *key, int len, int64_t gr
     return evict;
 }
 
+/* The door copies misses from the PFS: from the first, the index's directories are opened beside
+ * the job and kept (door_sources.c), so that a miss costs its name's look-up and its open, no more. */
+EXPORT void front_door_keep_sources(struct door *d)
+{
+    sources_want_warm(d);
+}
+
 /* Python allows (1) the door to copy misses itself, or not (0). */
 EXPORT void front_door_copying(struct door *d, int on)
 {
@@ -573,6 +581,7 @@ EXPORT void front_door_stop(struct door *d)
         close_pool(w);                 /* door_peer.c's memfds */
     }
     d->nworkers = 0;
+    sources_close(d);                  /* every thread joined: no open in them now */
     close_waiting(d);
     pthread_mutex_lock(&d->mu);
     d->gate_open = 0;
@@ -624,6 +633,7 @@ EXPORT void front_door_free(struct door *d)
     free_peer_ahead(d);                /* the peer read-ahead lane (door_peer_ahead.c) */
     pthread_mutex_destroy(&d->mu);
     pthread_mutex_destroy(&d->books.take_mu);
+    pthread_mutex_destroy(&d->sources.mu);
     pthread_cond_destroy(&d->cv);
     pthread_cond_destroy(&d->copiers.work_cv);
     free(d);

@@ -48,118 +48,6 @@ static int cached_dir(int *fd, char *for_key, uint32_t *for_len, const char *key
     return *fd;
 }
 
-/* Does an open on ``fd``'s filesystem leave the file's attributes fresh in the client's cache
- * (NFS, FUSE, GPFS: pfsmeta.FRESH_AFTER_OPEN)? Asked once per root (a root is one filesystem):
- * a statfs per source directory was one more PFS call on nearly every miss in random order. */
-static int fresh_after_open(struct door *d, long root, int fd)
-{
-    int known = __atomic_load_n(&d->root_fresh[root], __ATOMIC_RELAXED);
-    if (known >= 0)
-        return known;
-    struct statfs sf;
-    if (fstatfs(fd, &sf) != 0)
-        return 0;
-    unsigned long type = (unsigned long)sf.f_type & 0xFFFFFFFFUL;
-    known = type == 0x6969UL || type == 0x65735546UL || type == 0x47504653UL;
-    __atomic_store_n(&d->root_fresh[root], known, __ATOMIC_RELAXED);
-    return known;
-}
-
-struct statx_ts { int64_t sec; uint32_t nsec; int32_t reserved; };
-struct statx_buf {                     /* the kernel's struct statx (the fields read here) */
-    uint32_t mask, blksize;
-    uint64_t attributes;
-    uint32_t nlink, uid, gid;
-    uint16_t mode, spare0;
-    uint64_t ino, size, blocks, attributes_mask;
-    struct statx_ts atime, btime, ctime, mtime;
-    uint32_t rdev_major, rdev_minor, dev_major, dev_minor;
-    uint64_t spare[14];
-};
-_Static_assert(offsetof(struct statx_buf, mode) == 28 && offsetof(struct statx_buf, mtime) == 112, "struct statx");
-#define STATX_WANTED 0x343u            /* TYPE | MODE | MTIME | INO | SIZE */
-#define STATX_BASIC 0x7ffu             /* STATX_BASIC_STATS: what a describing needs */
-#define STATX_DONT_SYNC 0x4000         /* AT_STATX_DONT_SYNC */
-
-/* The PFS path of directory ``key`` (its first ``dlen`` bytes, "<k>/<dir>"), then ``name`` in it when
- * given, in ``path``: its root's index, or -1. */
-static long source_path(struct door *d, const char *key, uint32_t dlen, const char *name, char *path)
-{
-    const char *slash = memchr(key, '/', dlen);
-    long root = strtol(key, NULL, 10);
-    if (root < 0 || root >= d->nroots)
-        return -1;
-    int rl = slash ? (int)(dlen - (uint32_t)(slash + 1 - key)) : 0;
-    if (snprintf(path, PATH_MAX, "%s/%.*s%s%s", d->roots[root], rl, slash ? slash + 1 : "", rl && name ? "/" : "",
-                 name ? name : "") >= PATH_MAX)
-        return -1;
-    return root;
-}
-
-static int open_source_dir(struct worker *w, const char *key, uint32_t dlen)  /* dlen: "<k>/<dir>" */
-{
-    char path[PATH_MAX];
-    long root = source_path(w->d, key, dlen, NULL, path);
-    if (root < 0)
-        return -1;
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    w->src_fresh = fd >= 0 && fresh_after_open(w->d, root, fd);
-    return fd;
-}
-
-/* The source of ``key`` (its directory part ``dlen`` bytes, its name ``name``), opened as ``flags``:
- * in the worker's source directory when the key is its neighbour, that directory opened for the
- * read-ahead's keys (``in_order``) or when a second miss in a row falls in it, else by its whole
- * path, as a direct open (misses in random order: no open of a directory per miss). */
-static int open_source(struct worker *w, const char *key, uint32_t dlen, const char *name, int flags, int in_order)
-{
-    int near = w->src_dir >= 0 && w->src_dir_len == dlen && !memcmp(w->src_dir_key, key, dlen);
-    if (!near && (in_order || (w->last_dir_len == dlen && !memcmp(w->last_dir_key, key, dlen))))
-        near = cached_dir(&w->src_dir, w->src_dir_key, &w->src_dir_len, key, dlen, open_source_dir, w) >= 0;
-    if (near)
-        return openat(w->src_dir, name, flags);
-    if (dlen < PATH_MAX) {
-        memcpy(w->last_dir_key, key, dlen);
-        w->last_dir_len = dlen;
-    }
-    char path[PATH_MAX];
-    long root = source_path(w->d, key, dlen, name, path);
-    if (root < 0)
-        return -1;
-    int fd = open(path, flags);
-    w->src_fresh = fd >= 0 && fresh_after_open(w->d, root, fd);
-    return fd;
-}
-
-/* The just-opened source's stat (``want``: the STATX_ fields needed; the others may be 0). Where
- * its open refreshed them (``fresh``), as that open left them in the client's cache (statx,
- * AT_STATX_DONT_SYNC): no second round trip to the PFS's metadata server per copy, as the stager
- * (pfsmeta.opened_stat); else fstat. */
-static int source_stat(int fd, int fresh, unsigned want, struct stat *st)
-{
-#ifdef SYS_statx
-    struct statx_buf sx;
-    if (fresh && syscall(SYS_statx, fd, "", AT_EMPTY_PATH | STATX_DONT_SYNC, want, &sx) == 0 &&
-        (sx.mask & want) == want) {
-        memset(st, 0, sizeof *st);
-        st->st_mode = sx.mode;
-        st->st_size = (off_t)sx.size;
-        st->st_ino = sx.ino;
-        st->st_dev = makedev(sx.dev_major, sx.dev_minor);
-        st->st_nlink = sx.nlink;
-        st->st_uid = sx.uid;
-        st->st_gid = sx.gid;
-        st->st_blocks = (blkcnt_t)sx.blocks;
-        st->st_blksize = (blksize_t)sx.blksize;
-        st->st_atim = (struct timespec){sx.atime.sec, sx.atime.nsec};
-        st->st_mtim = (struct timespec){sx.mtime.sec, sx.mtime.nsec};
-        st->st_ctim = (struct timespec){sx.ctime.sec, sx.ctime.nsec};
-        return 0;
-    }
-#endif
-    return fstat(fd, st);
-}
-
 /* ``key``'s directory part's length (``*dlen``, "<k>/<dir>") and its last name, NUL-ended, in ``name``
  * (NAME_MAX + 1 bytes); -1 if it has no name (the key is not NUL-terminated). */
 static int key_name(const char *key, uint32_t len, uint32_t *dlen, char *name)
@@ -186,7 +74,7 @@ static int describe_listed(struct worker *w, const char *key, uint32_t len, uint
     if (key_name(key, len, &dlen, name) != 0)
         return 0;
     struct stat st;
-    int in = open_source(w, key, dlen, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0);
+    int in = open_source(w, key, dlen, name, n, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0);
     if (in < 0)
         return 0;
     if (source_stat(in, w->src_fresh, STATX_BASIC, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -268,7 +156,8 @@ static int copy_in(struct worker *w, const char *key, uint32_t len, const struct
      * opens at once instead of blocking this thread, and the daemon's exit, for ever */
     int listed = w->listed_src;        /* described from this very descriptor: its attributes are the entry's */
     w->listed_src = -1;
-    int in = listed >= 0 ? listed : open_source(w, key, dlen, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, in_order);
+    int in = listed >= 0 ? listed
+                         : open_source(w, key, dlen, name, f->entry, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, in_order);
     int r = 0;
     struct stat st;
     int fl;

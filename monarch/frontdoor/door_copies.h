@@ -14,6 +14,9 @@ struct idx_file;
 static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uint32_t hash, const struct idx_file *f,
                             uint32_t kind, char *dest);
 static void close_cached_dirs(struct worker *w);   /* the worker's directories, closed */
+/* the worker's descriptor of ``key``'s directory (its first ``dlen`` bytes) as ``open_dir`` opens it, kept */
+static int cached_dir(int *fd, char *for_key, uint32_t *for_len, const char *key, uint32_t dlen,
+                      int (*open_dir)(struct worker *, const char *, uint32_t), struct worker *w);
 /* entry ``n`` of ``key`` (index_listed) described from the PFS: 1, or 0 if it is no regular file now */
 static int describe_listed(struct worker *w, const char *key, uint32_t len, uint32_t n);
 /* the same by the name's lstat alone (a metadata call's DESCRIBE: nothing to copy) */

@@ -61,6 +61,26 @@ static uint32_t index_key(const struct door *d, uint32_t n, char *key)
     return monarch_index_key(d->index.map, &h, n, key, INDEX_KEY_MAX);
 }
 
+static const unsigned char *index_dir_stat(const struct door *d, uint32_t n, uint32_t *m)
+{
+    struct monarch_index_header h = index_header(d->index.map);
+    *m = monarch_index_dir_of(d->index.map, &h, n);
+    return *m ? monarch_index_stat(d->index.map, &h, *m) : NULL;
+}
+
+static const char *index_dir_key(const struct door *d, uint32_t j, uint32_t *len, uint32_t *first)
+{
+    struct monarch_index_header h = index_header(d->index.map);
+    uint32_t count;
+    return monarch_index_dir_files(d->index.map, &h, j, first, &count) && count
+           ? monarch_index_dir_key(d->index.map, &h, *first, len) : NULL;
+}
+
+static uint32_t index_dirs(const struct door *d)
+{
+    return index_header(d->index.map).dirs;
+}
+
 /* A mapping of the whole index file (``n`` bytes): its tables, its stats' room among them, inside it. */
 static int index_valid(const unsigned char *x, size_t n)
 {

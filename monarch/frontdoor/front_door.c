@@ -56,6 +56,7 @@
  *                      request's checks and answers, requests parked on a copy under way
  *   door_dirs.[ch]     a thread's directories of a tier, kept open by their path
  *   door_copies.[ch]   one copy from the PFS into the copy tier, published atomically
+ *   door_sources.[ch]  the PFS side of a copy: a source opened (in its directory, kept open) and stat'ed
  *   door_peer.[ch]     the peer lane: another node's file through the C data path (d->peer)
  *   door_peer_ahead.[ch] the peer read-ahead lane: a hinted order's other nodes' files fetched
  *                      ahead, in batches per owner: its state (d->pa), ring of copies, gathering
@@ -158,6 +159,7 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long ns)
 #include "door_answers.c"
 #include "door_dirs.c"
 #include "door_copies.c"
+#include "door_sources.c"
 #include "door_peer.c"
 #include "door_peer_ahead.c"
 #include "door_peer_lane.c"

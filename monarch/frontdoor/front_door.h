@@ -159,6 +159,7 @@ EXPORT void front_door_staged(struct door *d, const char *key, int len, int slot
 EXPORT void front_door_forget(struct door *d, const char *key, int len);
 EXPORT int front_door_evict(struct door *d, const char *key, int len, int64_t grace_ns);
 EXPORT void front_door_copying(struct door *d, int on);
+EXPORT void front_door_keep_sources(struct door *d);  /* from the first miss, the index's directories opened, kept */
 EXPORT void front_door_disable(struct door *d);
 EXPORT int64_t front_door_copy_to(struct door *d, int slot, int64_t bytes);
 /* room lent, by books (FRONT_DOOR_BOOKS) */

@@ -41,6 +41,18 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def _fds_under(path: str) -> int:
+    """This process's descriptors of ``path`` and what is under it."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # listdir's own, closed since
+            continue
+        n += target == path or target.startswith(path + "/")
+    return n
+
+
 def test_walk_and_copies_cost_two_and_one_operations_per_file(slow_pfs, tree):
     pfs = slow_pfs(tree.parent, open_latency_ms=0)
     root = os.path.join(pfs.mountpoint, "data")
@@ -180,19 +192,19 @@ def test_the_front_doors_copies_cost_one_operation_per_file(slow_pfs, tree, shor
         assert (tree / key.partition("/")[2]).read_bytes() == (Path(tier) / key).read_bytes()
 
 
-def test_a_miss_in_random_order_costs_the_pfs_what_a_direct_open_does(slow_pfs, tmp_path, short_tmp):
-    """Misses asked of the front door in random order over 50 directories: each costs the PFS the
-    file's open and its lookups, as a direct open does. Before, the door opened each miss's source
-    directory and asked its filesystem's type (a statfs), once per change of directory: one open
-    of a directory and one statfs per miss in random order."""
+def _misses_in_random_order(slow_pfs, tmp_path, short_tmp, dirs: int, per_dir: int, keep_sources: bool):
+    """Each file of ``dirs`` directories of ``per_dir`` read by its path, then asked of a front door
+    (``keep_sources``: told it copies from the PFS, as the daemon tells it), both in one random
+    order: the emulated PFS's counters of each pass, and the descriptors of the PFS held at the end
+    of the door's pass and after it stopped. Every copy is checked against its source."""
     import random
     import socket
     from monarch import frontdoor, protocol, routes
     if frontdoor.library() is None:
         pytest.skip("the front door cannot be built here")
     root_src = tmp_path / "src" / "data"
-    for d in range(50):
-        for i in range(2):
+    for d in range(dirs):
+        for i in range(per_dir):
             p = root_src / f"d{d:02d}" / f"{i}.bin"
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(os.urandom(2000 + d + i))
@@ -210,6 +222,8 @@ def test_a_miss_in_random_order_costs_the_pfs_what_a_direct_open_does(slow_pfs, 
         assert door.open("unused", bytearray(snap.index_bytes(routes.published(node, 1))))
         door.grant(64 << 20)
         door.copying(True)
+        if keep_sources:
+            door.keep_sources()
         pfs.reset_counters()  # direct: each file opened by its path, in the same order
         for key in keys:
             with open(os.path.join(root, key.partition("/")[2]), "rb") as f:
@@ -223,12 +237,39 @@ def test_a_miss_in_random_order_costs_the_pfs_what_a_direct_open_does(slow_pfs, 
                 while protocol.recv_answer(s)[0] == protocol.STATUS_PENDING:
                     pass
         c = pfs.counters()
-    assert c["opens"] == direct["opens"] == len(keys), (c, direct)
+        held = _fds_under(root)
+    for key in keys:
+        assert (root_src / key.partition("/")[2]).read_bytes() == (Path(tier) / key).read_bytes()
+    return c, direct, held, _fds_under(root)
+
+
+def test_a_miss_in_random_order_costs_the_pfs_what_a_direct_open_does(slow_pfs, tmp_path, short_tmp):
+    """Misses asked of the front door in random order over 50 directories: each costs the PFS the
+    file's open and its lookups, as a direct open does. Before, the door opened each miss's source
+    directory and asked its filesystem's type (a statfs), once per change of directory: one open
+    of a directory and one statfs per miss in random order."""
+    c, direct, _, _ = _misses_in_random_order(slow_pfs, tmp_path, short_tmp, 50, 2, keep_sources=False)
+    assert c["opens"] == direct["opens"] == 100, (c, direct)
     assert c["statfs"] <= 1, c           # the root's filesystem asked once (was one per miss)
     assert c["opendirs"] <= 10, c        # a directory opened only for a run of its files (was one per miss)
     assert c["lookups"] <= direct["lookups"] + 10, (c, direct)
-    for key in keys:
-        assert (root_src / key.partition("/")[2]).read_bytes() == (Path(tier) / key).read_bytes()
+
+
+def test_a_miss_in_a_directory_the_door_keeps_costs_one_lookup_less_than_a_direct_open(slow_pfs, tmp_path,
+                                                                                      short_tmp):
+    """Told that it copies from the PFS, the door opens each of the index's directories once (O_PATH:
+    a lookup, no open on the server) from its first miss, beside the job, and keeps it: a miss then
+    costs the PFS its name's lookup and its open, where a direct open by path looks its directory
+    up again too (the emulated PFS revalidates every name at every open, as its entry timeout is
+    0). 50 directories of 4 files in random order: direct 2 lookups a file, the door 1 a file and
+    1 a directory. Every descriptor is closed when the door stops."""
+    files, dirs = 200, 50
+    c, direct, held, left = _misses_in_random_order(slow_pfs, tmp_path, short_tmp, dirs, 4, keep_sources=True)
+    assert c["opens"] == direct["opens"] == files, (c, direct)
+    assert direct["lookups"] >= 2 * files, direct
+    assert c["lookups"] <= files + dirs + 5, (c, direct)
+    assert c["opendirs"] == 0 and c["statfs"] <= 1, c
+    assert held == dirs + 1 and left == 0, (held, left)  # each directory and the root, then none
 
 
 def test_a_job_given_a_manifest_asks_the_pfs_once_a_directory_not_once_a_file(slow_pfs, tree, short_tmp):

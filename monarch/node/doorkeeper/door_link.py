@@ -256,6 +256,8 @@ class DoorKeeper:
         if self._current.ready and not self.front_door.open(index_path, index):
             log.warning("the front door could not map the index %s; the Python server answers every request",
                         index_path)
+        elif self._current.ready and self.link is not None and self.link.may_copy:
+            self.front_door.keep_sources()
 
     def read_ahead(self, files, stager: Stager, sample: Callable[[list[str]], None] | None,
                    closing: Callable[[], bool], absorb: Callable[[], None],
