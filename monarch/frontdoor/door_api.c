@@ -36,7 +36,7 @@ EXPORT struct door *front_door_start(int listen_fd, const char *roots, int nroot
     sources_init(d);                   /* after the copiers' cap: the descriptors they leave */
     d->copiers.threads = calloc(COPIERS_MAX, sizeof *d->copiers.threads);  /* zero pages until a copier starts */
     for (int i = 0; i < nroots; roots += strlen(roots) + 1, i++) {
-        d->root_fresh[d->nroots] = -1;  /* asked at the first open under it (door_copies.c) */
+        d->root_fresh[d->nroots] = -1;  /* asked at the first open under it (door_sources.c) */
         d->roots[d->nroots++] = strdup(roots);
     }
     for (int i = 0; i < ntiers; tiers += strlen(tiers) + 1, i++)

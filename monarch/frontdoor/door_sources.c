@@ -4,10 +4,11 @@
  * A miss opened by its whole path makes the PFS client look up every directory on the way again
  * (at a PFS whose names are revalidated at each open, a metadata call each); opened in its
  * directory's descriptor it costs only its own name's look-up. A directory is opened O_PATH (the
- * look-up alone: no OPENDIR, no open handle on the metadata server) the first time a miss falls in
- * it, so the first miss there costs what a direct open costs and every later one a call less. It is
- * used only if it is still the directory inode the snapshot describes, and kept until the door
- * stops (insert-only, bounded: a descriptor handed to a thread is never closed under it). */
+ * look-up alone: no OPENDIR, no open handle on the metadata server), in its root's kept descriptor
+ * (no look-up above the root), by the first miss that falls in it or, from the job's first miss,
+ * by two warmers going through the index's directories beside the job. It is used only if it is
+ * still the directory inode the snapshot describes, and kept until the door stops (insert-only,
+ * bounded: a descriptor handed to a thread is never closed under it). */
 #include "door_sources.h"
 _Static_assert(SOURCES_ROOTS == MAX_ROOTS, "a kept descriptor for every root");
 

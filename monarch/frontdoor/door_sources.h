@@ -11,7 +11,7 @@ struct door_sources {                  /* insert-only until the door stops: a de
     pthread_mutex_t mu;                /* the table below (not d->mu: a copy's open holds neither) */
     uint32_t *dir;                     /* open addressing by directory number (0: empty slot) */
     int32_t *fd;                       /* its O_PATH descriptor, or -1: not the snapshot's (opened by path) */
-    uint8_t *fresh;                    /* an open in it leaves the file's attributes fresh (door_copies.c) */
+    uint8_t *fresh;                    /* an open in it leaves the file's attributes fresh (source_stat) */
     int root[SOURCES_ROOTS];           /* each root, O_PATH: directories are opened in it (no look-up above it), or -1 */
     uint32_t slots, n, limit;          /* slots: a power of two, at least 2 x limit; limit 0: none kept */
     pthread_t warmers[SOURCES_WARMERS];
