@@ -10,18 +10,19 @@ the kernel caches nothing (every lookup and read reaches the emulator). The emul
 counters (its JSON file) count each row's calls to it: metadata (lookups + readdirs + opendirs +
 statfs + accesses) and opens apart.
 
-    python scripts/node/bench_many_files.py                        # 200,000 files: 9 minutes on 2 cores
-    python scripts/node/bench_many_files.py --files 2000000        # about 30 minutes on 2 cores
-    python scripts/node/bench_many_files.py --files 10000000 --timeout 14400   # about 2.5 hours on 2 cores
+    python scripts/node/bench_many_files.py                        # 200,000 files: 2 minutes on 2 cores
+    python scripts/node/bench_many_files.py --files 2000000        # about 8 minutes on 2 cores
+    python scripts/node/bench_many_files.py --files 10000000       # about 13 minutes on 2 cores
+    python scripts/node/bench_many_files.py --files 10000000 --rows index,manifest,list-index,list,direct
     python scripts/node/bench_many_files.py --quick                # 2,000 files, 200 read: 10 s, a smoke run
 
-On 2 cores the emulator's own CPU (Python, ~160 us a call) bounds every walk: at 200,000 files
-``monarch index`` took 74 s and the first job's namespace 64 s, each about 400,000 calls, so the
-larger runs are those times scaled by the files (the sample's passes stay as they are); the walk
-of 10,000,000 files passes the default ``--timeout`` of an hour. At 10,000,000 the daemon's peak
-is ~3.4 GB and each index (the kept snapshot, the manifest) ~1.7 GB in the scratch directory.
+On 2 cores the emulator's own CPU (Python, ~160 us a call) bounds every walk: the listing walks
+make 4 calls a directory, the jobs' passes 20,000 misses whatever the files. At 10,000,000 files
+the daemon's peak is ~0.42 GB and each index (the kept snapshot, the manifests) ~0.36 GB in the
+scratch directory.
 
-The rows, in this order, each a separate process launched from here (wall: its launch to its exit):
+The rows, in this order (``--rows`` runs some of them, in this order still), each a separate
+process launched from here (wall: its launch to its exit):
 
   find            ``find MNT -type f``; the files it prints are counted and must be ``--files``.
   monarch index   ``monarch index MNT -o FILE``: walks the root once and writes the namespace
@@ -100,6 +101,9 @@ from monarch.tools.slowpfs import FLUSH_INTERVAL_S, SlowPFS  # noqa: E402
 from monarch.tools.slowpfs_generated import Generated, parse_size_range  # noqa: E402
 
 NAME = "bench_many_files"
+ROWS = ("find", "index", "first", "later", "manifest", "list-index", "list", "direct")  # in the order they run
+JOBS = ("first", "later", "manifest", "list")
+NEEDS = {"later": "first", "manifest": "index", "list": "list-index"}  # a row -> the row it reads what it made
 METADATA = ("lookups", "readdirs", "opendirs", "statfs", "accesses")  # the emulator's metadata calls
 SETTLE_S = 3 * FLUSH_INTERVAL_S  # the emulator flushes its counters every FLUSH_INTERVAL_S
 
@@ -404,13 +408,15 @@ def ratio(a, b) -> float | None:
     return a / b if a is not None and b else None
 
 
-def ratios(find: dict, first: dict, direct: dict) -> dict:
-    return {"wall": ratio(first["wall"], find["wall"]),
-            "namespace_ready": ratio(first["ready"], find["wall"]),
-            "metadata": ratio(first["metadata"], find["metadata"]),
-            "metadata_before_read": ratio(first["metadata_before_read"], find["metadata"]),
-            "cpu": ratio(sum(first["cpu"].values()), sum(find["cpu"].values())),
-            "first_pass_vs_direct": ratio(first["pass1"], direct["pass1"])}
+def ratios(find: dict | None, first: dict | None, direct: dict | None) -> dict:
+    """The first job's against find's and direct's (None where a row was not run)."""
+    find, first, direct = find or {}, first or {}, direct or {}
+    return {"wall": ratio(first.get("wall"), find.get("wall")),
+            "namespace_ready": ratio(first.get("ready"), find.get("wall")),
+            "metadata": ratio(first.get("metadata"), find.get("metadata")),
+            "metadata_before_read": ratio(first.get("metadata_before_read"), find.get("metadata")),
+            "cpu": ratio(sum(first["cpu"].values()) if first else None, sum(find["cpu"].values()) if find else None),
+            "first_pass_vs_direct": ratio(first.get("pass1"), direct.get("pass1"))}
 
 
 def fx(v: float | None) -> str:
@@ -437,7 +443,17 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", help="scratch directory (default: a new one under /tmp)")
     p.add_argument("--json", default=result_path(f"{NAME}.json"),
                    help=f"the JSON written (default: results/{NAME}.json of this checkout)")
+    p.add_argument("--rows", default=",".join(ROWS),
+                   help=f"the rows to run, comma-separated, always in the table's order (default: all: {','.join(ROWS)}); "
+                        "later needs first, manifest needs index, list needs list-index")
     args = parse_with_quick(p, argv, {"files": 2000, "per_dir": 100, "sample": 200})
+    wanted = [x.strip() for x in args.rows.split(",") if x.strip()]
+    unknown = [x for x in wanted if x not in ROWS]
+    missing = [f"{x} needs {NEEDS[x]}" for x in wanted if x in NEEDS and NEEDS[x] not in wanted]
+    if unknown or missing or not wanted:
+        p.error(f"--rows: {', '.join(unknown) + ' unknown' if unknown else '; '.join(missing) or 'no row'} "
+                f"(the rows: {','.join(ROWS)})")
+    args.rows = [x for x in ROWS if x in wanted]
     if args.files < 1 or args.per_dir < 1 or args.sample < 1:
         p.error("--files, --per-dir and --sample must be at least 1")
     try:
@@ -475,39 +491,46 @@ def main(argv=None) -> int:
                                   keep=False, manifest=manifest)
             from_list = write_config(work / "list.yaml", mnt, work / "from-list", shm / "list-ram", capacity,
                                      keep=False, manifest=work / "list.index")
-            rows = [run_find(mnt, args, pfs, watch)]
-            print(f"  find: {rows[-1]['wall']:.2f} s", flush=True)
-            rows.append(run_index(mnt, manifest, args, pfs, watch, env))
-            for name, cfg in (("first job (walk)", kept), ("later job (kept)", kept), ("manifest job", listed)):
-                rows.append(run_job(name, cfg, mnt, reader, work, args, pfs, watch, job_env))
-                r = rows[-1]
-                print(f"  {name}: {r['wall']:.2f} s, snapshot {r['snapshot']}, ready {cell(r['ready'])} s, "
-                      f"passes {r['pass1']:.3f} s, {r['pass2']:.3f} s", flush=True)
-            rows.append(run_index(mnt, work / "list.index", args, pfs, watch, env, listing=work / "files.list"))
-            rows.append(run_job("list manifest job", from_list, mnt, reader, work, args, pfs, watch, job_env))
-            r = rows[-1]
-            print(f"  list manifest job: {r['wall']:.2f} s, snapshot {r['snapshot']}, ready {cell(r['ready'])} s, "
-                  f"passes {r['pass1']:.3f} s, {r['pass2']:.3f} s", flush=True)
-            rows.append(run_direct(mnt, reader, args, pfs, watch, env))
-        find, first, later, listed_job, list_job, direct = rows[0], rows[2], rows[3], rows[4], rows[6], rows[7]
-        rat = ratios(find, first, direct)
+            by: dict[str, dict] = {}  # a row's name in ROWS -> its figures
+            for name in args.rows:
+                if name == "find":
+                    by[name] = run_find(mnt, args, pfs, watch)
+                    print(f"  find: {by[name]['wall']:.2f} s", flush=True)
+                elif name in ("index", "list-index"):
+                    listing = work / "files.list" if name == "list-index" else None
+                    by[name] = run_index(mnt, work / "list.index" if listing else manifest, args, pfs, watch, env,
+                                         listing=listing)
+                else:
+                    title, cfg = {"first": ("first job (walk)", kept), "later": ("later job (kept)", kept),
+                                  "manifest": ("manifest job", listed), "list": ("list manifest job", from_list),
+                                  "direct": (None, None)}[name]
+                    by[name] = r = (run_job(title, cfg, mnt, reader, work, args, pfs, watch, job_env) if title
+                                    else run_direct(mnt, reader, args, pfs, watch, env))
+                    print(f"  {r['row']}: {r['wall']:.2f} s, snapshot {r.get('snapshot')}, ready "
+                          f"{cell(r.get('ready'))} s, passes {r['pass1']:.3f} s, {r['pass2']:.3f} s", flush=True)
+        rows = list(by.values())
+        rat = ratios(by.get("find"), by.get("first"), by.get("direct"))
         print(f"\n{args.files:,} files, {args.per_dir:,} a directory, {low}-{high} bytes; emulated PFS latency "
               f"{args.lookup_latency_ms:g} ms a metadata call, {args.open_latency_ms:g} ms an open; READER "
               f"{args.sample_n:,} files x 2 passes; PFS meta: lookups + readdirs + opendirs + statfs + accesses")
         print_table(rows)
-        print(f"\nfirst job / find: wall {fx(rat['wall'])}, "
-              f"namespace ready {fx(rat['namespace_ready'])} of find's wall, "
-              f"PFS metadata calls {fx(rat['metadata'])} (before the first read {fx(rat['metadata_before_read'])}), "
-              f"CPU-s {fx(rat['cpu'])}")
-        met = rat["first_pass_vs_direct"]
-        print(f"first pass, first job / direct: {fx(met)} (target <= 1.00x: "
-              f"{'n/a' if met is None else 'met' if met <= 1.0 else 'NOT met'})")
+        if "find" in by and "first" in by:
+            print(f"\nfirst job / find: wall {fx(rat['wall'])}, "
+                  f"namespace ready {fx(rat['namespace_ready'])} of find's wall, "
+                  f"PFS metadata calls {fx(rat['metadata'])} (before the first read {fx(rat['metadata_before_read'])}), "
+                  f"CPU-s {fx(rat['cpu'])}")
+        jobs = [by[k] for k in JOBS if k in by]
+        if "direct" in by:
+            met = rat["first_pass_vs_direct"]
+            print("first pass / direct: " + ", ".join(f"{r['row']} {fx(ratio(r['pass1'], by['direct']['pass1']))}"
+                                                       for r in jobs if r is not by.get("later")) +
+                  f" (target, the first job's <= 1.00x: {'n/a' if met is None else 'met' if met <= 1.0 else 'NOT met'})")
         checked = sum(r["checked"] for r in rows if "checked" in r)
-        jobs = (first, later, listed_job, list_job)
         ram = [((r.get("opened_from") or {}).get("ram") or {}).get("opens", 0) for r in jobs]
         print(f"monarch: snapshots {', '.join(r['snapshot'].split(':')[0] for r in jobs)}; "
               f"opens from the ram tier {', '.join(map(str, ram))} of {2 * args.sample_n} each; "
-              f"find printed {find['printed']} of {args.files}; every byte checked, {checked} files read")
+              + (f"find printed {by['find']['printed']} of {args.files}; " if "find" in by else "")
+              + f"every byte checked, {checked} files read")
         for r in jobs:  # what the peak is made of: the index's pages are the file's
             now = r["now_per_file"]
             print(f"{r['row']}: daemon at the end, B/file: {', '.join(f'{k} {v:.0f}' for k, v in now.items())} "
