@@ -84,6 +84,8 @@ static int source_stat(int fd, int fresh, unsigned want, struct stat *st)
     return fstat(fd, st);
 }
 
+/* The table's limit (its memory is made at its first use): half the descriptors the copiers leave
+ * under the process's limit, at most SOURCES_MAX; none below 64. */
 static void sources_init(struct door *d)
 {
     struct door_sources *s = &d->sources;
@@ -110,6 +112,23 @@ static int sources_root(struct door *d, long k, int *fresh)
     *fresh = fd >= 0 && fresh_after_open(d, k, fd);
     pthread_mutex_unlock(&s->mu);
     return fd;
+}
+
+/* The table, made at its first use (a door that copies nothing from the PFS makes none): 1, or 0
+ * without the memory for it (every miss by path from then on, as before the table). Under s->mu. */
+static int sources_table_locked(struct door_sources *s)
+{
+    if (s->dir)
+        return 1;
+    s->dir = calloc(s->slots, sizeof *s->dir);
+    s->fd = calloc(s->slots, sizeof *s->fd);
+    s->fresh = calloc(s->slots, 1);
+    if (s->dir && s->fd && s->fresh)
+        return 1;
+    free(s->dir), free(s->fd), free(s->fresh);
+    s->dir = NULL, s->fd = NULL, s->fresh = NULL;
+    s->limit = 0;
+    return 0;
 }
 
 /* The slot of directory ``m``: its own, or the empty one where it would go. Under s->mu. */
@@ -162,11 +181,7 @@ static int sources_dir(struct door *d, uint32_t n, const char *key, uint32_t dle
     if (!at)
         return -1;                     /* no directory the snapshot describes: by path */
     pthread_mutex_lock(&s->mu);
-    if (!s->dir && !(s->dir = calloc(s->slots, sizeof *s->dir), s->fd = calloc(s->slots, sizeof *s->fd),
-                     s->fresh = calloc(s->slots, 1), s->dir && s->fd && s->fresh)) {
-        free(s->dir), free(s->fd), free(s->fresh);
-        s->dir = NULL, s->fd = NULL, s->fresh = NULL;
-        s->limit = 0;                  /* no memory: every miss by path, as before the table */
+    if (!sources_table_locked(s)) {
         pthread_mutex_unlock(&s->mu);
         return -1;
     }
