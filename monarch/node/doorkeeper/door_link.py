@@ -248,7 +248,8 @@ class DoorKeeper:
         self.link = None
 
     def open(self, index_path: str) -> None:
-        """The snapshot is ready: the door answers from now on (never before the index is)."""
+        """The snapshot is ready: the door answers from now on (never before the index is), and, where
+        it copies misses from the PFS, keeps their directories open from the first (door_sources.c)."""
         files = self._current.snapshot.files
         index = files.data if isinstance(files, IndexTable) and isinstance(files.data, (bytearray, mmap.mmap)) else None
         if index is not None and self._current.ready and self._current.stager.routes:
