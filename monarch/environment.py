@@ -104,7 +104,8 @@ VARIABLES: tuple[Variable, ...] = (
              "memory another process reads with process_vm_readv: docs/cluster.md)", (SHIM,)),
     Variable("MONARCH_SHIM_RAW_SYSCALLS", "str", None,
              "=1: the shim answers the system calls libraries make without libc (Rust's rustix, Go) for every "
-             "job, the dataset's opens too; =0: never; unset: for a job with write-back paths "
+             "job, the dataset's opens too; =0: never (a job with write-back paths then writes them through, to the PFS "
+             "directly); unset: for a job with write-back paths "
              "(docs/consistency.md, \"Calls Monarch cannot see\")", (SHIM,)),
     Variable("MONARCH_PROGRESS", "bool", None,
              "=0: no live progress (as --no-progress); =1: on every local rank, not only the first",

@@ -35,6 +35,7 @@ from monarch.records.node_stats import NodeStats
 from monarch.report.sharing import sharing_at_start
 from monarch.report.build import session_delta
 from monarch.report.bypass import bypass_warning
+from monarch.report.fallbacks import entry, say
 from monarch.report.text import print_report
 from monarch.shim import shim_library
 
@@ -279,6 +280,7 @@ class _Ending:
     wall: float = 0.0                       # seconds from the start to the command's end
     progress: bool = False                  # live progress on ``out`` (the command's, then the drain's)
     staged_files: int = 0                   # the last REPORT's staging.files: the copies the daemon removes
+    written_through: str | None = None      # why the job's write-back paths were written through (None: they were not)
 
     def heard(self, stats: dict | None) -> dict | None:
         """Note what a REPORT from the daemon says it staged (the tear-down's wait grows with it)."""
@@ -309,6 +311,7 @@ def run(config: Config, cmd: list[str], report_path: str | None,
         if session.run.get("run") != end.run:  # the job's standing daemon: report this run's share
             end.baseline = session.stats(brief=True)  # the counters: answered at once, even during its walk
         env = app_env(session.env, shim)
+        end.written_through = _write_through_unwatched(env, end.out)
         _say_unused_tiers(session)
     except Exception as e:  # fail open: the job runs unaccelerated
         log.error("Monarch is not active for this run (%s); reading the PFS directly", e)
@@ -406,6 +409,20 @@ def _cut_short(end: _Ending, shown, code: int, last: bool = True) -> int:
     return code
 
 
+def _write_through_unwatched(env: dict[str, str], out) -> str | None:
+    """Where the job's raw system calls cannot be watched, its write-back paths are written through:
+    the shim of no process is given them, so every file there goes to the PFS as without Monarch
+    (monarch/writeback/rawsys.py). Said here once; the report lists it. Returns why, or None."""
+    if not env.get(protocol.ENV_WRITEBACK):
+        return None
+    from monarch.writeback.rawsys import unwatched_reason
+    why = unwatched_reason(env)
+    if why is not None:
+        del env[protocol.ENV_WRITEBACK]
+        out.write("".join(say([entry("writeback-through", why)])) + "\n")
+    return why
+
+
 def _say_unused_tiers(session: Session) -> None:
     """One line per tier the daemon could not use, at the start: its own log is a file."""
     errors = session.run.get("tier_errors")
@@ -433,6 +450,8 @@ def _print_and_write(end: _Ending, code: int, stats: dict | None, last: bool = T
                                os.path.join(session.run_dir, layout.session_report(end.run)) if "scope" in meta
                                else config.report)
     report = service.build([node], meta)
+    if end.written_through:
+        report["fallbacks"].append(entry("writeback-through", end.written_through))
     try:
         service.save(report, path)
     except OSError as e:

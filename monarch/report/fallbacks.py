@@ -35,10 +35,16 @@ REASONS = {
                      "read the dataset directly",
                      "run the job as the daemon's user (podman --userns=keep-id; Apptainer and Enroot keep it)"),
     "raw-unwatched": (protocol.FALLBACK_RAW_UNWATCHED,
-                      "a process's system calls made without libc could not be watched (the kernel refused "
-                      "syscall user dispatch: a seccomp filter, or not Linux 5.11+ on x86_64): a library that "
-                      "renames or opens a write-back file by a raw call may not find it",
-                      "run the job where the kernel is Linux 5.11 or later on x86_64, or set no writeback: paths"),
+                      "a process's system calls made without libc could not be watched although the launcher's "
+                      "could (a seccomp filter inside the job, a container's): a library that renames or opens a "
+                      "write-back file by a raw call may not find it",
+                      "run the job's processes under the same seccomp profile as `monarch run`, or set no "
+                      "writeback: paths"),
+    "writeback-through": (None, "the job's system calls made without libc cannot be watched, so its write-back "
+                                "paths were written through: every file there went to the PFS as without Monarch, "
+                                "at the PFS's speed",
+                          "run the job where the kernel is Linux 5.11 or later on x86_64 with no seccomp filter "
+                          f"refusing prctl, and {protocol.ENV_RAW_SYSCALLS} unset or 1"),
     "writeback-daemon-lost": (protocol.FALLBACK_WB_LOST,
                               "the node daemon was lost after it took the job's writes: files it had not published "
                               "are kept in its write-back tier, and a change under the write-back paths since then "

@@ -26,8 +26,8 @@
  *     is watched again at its next call into the shim's write-back hooks;
  *   - calls from the dynamic loader and glibc's other libraries (libpthread before glibc 2.34)
  *     are made as they are.
- * Where the kernel has no dispatch (older than 5.11, or not x86_64), the launcher declines
- * write-back for the job and says so (monarch/writeback/rawsys.py); a program that loads no shim
+ * Where the kernel has no dispatch (older than 5.11, or not x86_64), the launcher has the whole job
+ * write through and says so (monarch/writeback/rawsys.py); a program that loads no shim
  * at all (a static binary) is not watched either (docs/consistency.md, "Calls Monarch cannot see").
  */
 #include "shim_rawsys.h"

@@ -82,3 +82,35 @@ def test_a_library_saves_under_write_back_as_directly(library, dataset, short_tm
         assert written <= 1.05 * direct_bytes, (fsync, written, direct_bytes)
         if not wb["syncs"]:
             break  # it made no fsync: the other mode would run the same job (the mode is what an fsync waits for)
+
+
+NO_DISPATCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "no_dispatch.py")
+
+
+@pytest.mark.parametrize("library", ["safetensors", "trainer", "orbax", "dcp"])
+def test_a_library_saves_where_raw_calls_cannot_be_watched(library, dataset, short_tmp, slow_pfs):
+    """Under a seccomp filter that refuses syscall user dispatch (as a kernel before 5.11 does: RHEL 8,
+    TOSS 4, arm64), with write-back configured: the job writes through, exits 0 with the direct save's
+    tree on the PFS (a Trainer's resume included), and is told once. Before, safetensors' raw renameat
+    of its temporary missed it (the Trainer died at its first save, its resume found no checkpoint)."""
+    if missing(library):
+        pytest.skip(f"{', '.join(missing(library))} not installed (scripts/install.sh installs them)")
+    ds = dataset(files=10)
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(src)
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=150, open_latency_ms=0)
+    mnt = str(pfs.mountpoint)
+    ignored = checkpoint_libraries.IGNORED.get(library, ())
+    ck = os.path.join(mnt, "ck")
+    cfg = write_config(short_tmp, ds.root, extra=f"writeback: {{paths: [{json.dumps(mnt)}]}}\n")
+    trees = {}
+    for mode, launch in (("direct", []), ("filtered", [sys.executable, NO_DISPATCH, sys.executable, "-m", "monarch",
+                                                       "run", "-c", cfg, "--no-progress", "--"])):
+        r = subprocess.run([*launch, sys.executable, SCRIPT, library, ck, "save"], env=env(), capture_output=True,
+                           text=True, timeout=240)
+        assert r.returncode == 0, f"{mode}\n{r.stderr[-4000:]}"
+        if launch:
+            assert r.stderr.count("fallback (writeback-through)") == 1, r.stderr[-4000:]
+        os.rename(os.path.join(src, "ck"), os.path.join(src, mode))
+        trees[mode] = published_tree(os.path.join(src, mode), ignored, checkpoint_libraries.RANDOM_NAMES.get(library))
+    assert trees["filtered"] == trees["direct"]
