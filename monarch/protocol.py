@@ -202,12 +202,13 @@ import zlib
 from typing import Iterable
 
 COUNTERS_MAGIC = 0x4D4F4E4152434801  # "MONARCH" + 0x01
-COUNTERS_VERSION = 12  # raised with every word added: a shim and a daemon of other versions never share one
+COUNTERS_VERSION = 13  # raised with every word added: a shim and a daemon of other versions never share one
 SLOT_FIELDS = ("opens", "bytes", "opens_uncounted", "opens_stdio", "mapped_bytes")  # a slot's words, in order
 MAX_SLOTS = 16
 HEADER_WORDS = 3
 SLOT_WORDS = len(SLOT_FIELDS)
-EXTRA_WORDS = 25
+RAW_NRS = 16  # (system call number + 1, calls) pairs after EXTRA_RAW_BY_CALL
+EXTRA_WORDS = 28 + 2 * RAW_NRS
 EXTRA_META_LOCAL = 0  # metadata calls answered from the snapshot
 EXTRA_META_PFS = 1    # metadata calls on managed paths sent to the PFS
 EXTRA_META_OFF = 2    # bit k (k < 63; 63: every k >= 63): the job changed root k (set by the shim before): metadata PFS's
@@ -227,6 +228,9 @@ EXTRA_BLOCK_FAULTS_HELD, EXTRA_BLOCK_FAULT_WAIT_NS, EXTRA_BLOCK_FAULTS_LATE, EXT
 # shim_view.c: FALLBACK_* bits said; bit k: root k named other files; processes that called under a root
 EXTRA_FALLBACKS, EXTRA_ROOTS_ELSEWHERE, EXTRA_ROOT_PROCESSES = 21, 22, 23
 EXTRA_META_UNCHECKED = 24  # bits as META_OFF's: root k's snapshot not checked yet (a manifest's): metadata the PFS's
+# shim_rawthreads.c: raw system calls answered, the ns their handler took, threads paused in a compute runtime;
+# then RAW_NRS pairs (number + 1, calls) of the first distinct calls
+EXTRA_RAW_CALLS, EXTRA_RAW_NS, EXTRA_RAW_PAUSES, EXTRA_RAW_BY_CALL = 25, 26, 27, 28
 FALLBACK_ROOT_ELSEWHERE, FALLBACK_TIERS_UNSEEN, FALLBACK_DAEMON_UNREACHABLE, FALLBACK_UID_MISMATCH = 1, 2, 4, 8
 FALLBACK_RAW_UNWATCHED, FALLBACK_WB_LOST = 16, 32  # raw calls unwatched (shim_rawsys.c); the daemon lost holding writes
 COUNTERS_SIZE = 8 * (HEADER_WORDS + SLOT_WORDS * MAX_SLOTS + EXTRA_WORDS)

@@ -8,6 +8,7 @@ import itertools
 from typing import Mapping, Sequence
 
 from monarch import protocol
+from monarch.writeback.rawsys import raw_calls
 from monarch.node.snapshot.indextable import file_sizes
 from monarch.node.stage.staged_table import StagedTable
 from monarch.records.node_stats import ShimCounters
@@ -51,6 +52,11 @@ def shim_counters(counters_path: str, slot_names: dict[int, str], roots: Sequenc
                         "faults_late": counters[protocol.EXTRA_BLOCK_FAULTS_LATE],
                         "faults_pages": counters[protocol.EXTRA_BLOCK_FAULTS_PAGES]},
         "processes_with_shim": counters[protocol.EXTRA_PROCESSES],
+        # system calls made without libc that the shim answered, and the threads it paused in a
+        # compute runtime (monarch/shim/shim_rawthreads.c)
+        "raw_calls": {"answered": counters[protocol.EXTRA_RAW_CALLS], "ns": counters[protocol.EXTRA_RAW_NS],
+                      "paused": counters[protocol.EXTRA_RAW_PAUSES],
+                      "by_call": raw_calls(counters, protocol.EXTRA_RAW_BY_CALL, protocol.RAW_NRS)},
         "view": {"fallbacks": counters[protocol.EXTRA_FALLBACKS],
                  "roots_elsewhere": [root for k, root in enumerate(roots)
                                      if counters[protocol.EXTRA_ROOTS_ELSEWHERE] & (1 << min(k, 63))],

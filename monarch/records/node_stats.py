@@ -113,6 +113,7 @@ class ShimCounters(TypedDict):
     decompression: Decompression
     block_reads: BlockReads
     processes_with_shim: int
+    raw_calls: dict[str, Any]
     view: dict[str, Any]
 
 # left out of the wire form when None: a brief REPORT (progress polls) and a lost daemon's stats have none
@@ -148,6 +149,8 @@ class NodeStats:
     # what the application's view lacked of the daemon's (shim_view.c): the shim's FALLBACK_* bits,
     # the roots that named other files for it, the processes that made a call under a root
     view: dict[str, Any] = field(default_factory=dict)
+    # system calls made without libc the shim answered: {answered, ns, paused, by_call: {name: calls}}
+    raw_calls: dict[str, Any] = field(default_factory=dict)
     writeback: dict[str, Any] | None = None  # the job's writes drained to the PFS (monarch/node/writeback.py)
     inflated_bytes: int = 0
     front_door: dict[str, Any] | None = None

@@ -100,6 +100,8 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
         "cluster": cluster_summary(nodes),
         # the job's writes under the write-back paths, over nodes (None: none configured)
         "writeback": _writeback_over_nodes(alive),
+        # system calls made without libc the shims answered, over nodes (None: none)
+        "raw_calls": _raw_calls_over_nodes(alive),
         "nodes": [n.to_dict() if n else None for n in nodes],
     }
     # each way the application came to read the dataset without Monarch, its reason and its fix
@@ -107,6 +109,18 @@ def build_report(nodes: Iterable[NodeStats | dict | None], job: dict[str, Any]) 
     bypassed = None if said else bypass_fallback(report)  # the shim's own reasons say why, where it had any
     report["fallbacks"] = said + ([bypassed] if bypassed else [])
     return report
+
+
+def _raw_calls_over_nodes(alive: list[NodeStats]) -> dict | None:
+    """What watching raw system calls cost, summed over nodes: calls answered (a SIGSYS each), by
+    system call, the ns their handler took, and the pauses in compute runtimes; None: none answered."""
+    total, by_call = collections.Counter(), collections.Counter()
+    for n in alive:
+        total.update({k: n.raw_calls.get(k, 0) for k in ("answered", "ns", "paused")})
+        by_call.update(n.raw_calls.get("by_call") or {})
+    if not total["answered"]:
+        return None
+    return {**{k: total[k] for k in ("answered", "ns", "paused")}, "by_call": dict(by_call.most_common())}
 
 
 BLOCK_FIGURES = ("files", "whole_files", "partly_staged_files", "partly_staged_bytes", "partly_staged_of_bytes",
@@ -358,10 +372,19 @@ def session_delta(end: NodeStats, start: NodeStats) -> NodeStats:
         staging=staging, resolves={k: v for k, v in minus(end.resolves, start.resolves).items() if v},
         front_door=minus(end.front_door, start.front_door or {}) if end.front_door else end.front_door,
         processes_with_shim=_minus_processes(end.processes_with_shim, start.processes_with_shim),
+        raw_calls=_minus_raw_calls(end.raw_calls, start.raw_calls),
         view=end.view | ({"processes_at_roots": _minus_processes(end.view.get("processes_at_roots"),
                                                                   start.view.get("processes_at_roots"))}
                          if end.view and start.view else {}),
         extra=end.extra | {"session_only": True})
+
+
+def _minus_raw_calls(end: dict, start: dict) -> dict:
+    if not end:
+        return end
+    by_call = {k: v - (start.get("by_call") or {}).get(k, 0) for k, v in (end.get("by_call") or {}).items()}
+    return {**{k: end.get(k, 0) - start.get(k, 0) for k in ("answered", "ns", "paused")},
+            "by_call": {k: v for k, v in by_call.items() if v}}
 
 
 def _minus_processes(end: int | None, start: int | None) -> int | None:

@@ -134,6 +134,7 @@ def print_report(report: dict, out: TextIO) -> None:
     _print_shim_presence(report, w)
     _print_fallbacks(report, w)
     _print_writeback(report.get("writeback"), w)
+    _print_raw_calls(report.get("raw_calls"), w)
     if report["nodes_lost"]:
         w(f"nodes lost: {report['nodes_lost']} (their numbers are missing)\n")
     amounts = {name: opened_from_amount(c) for name, c in report["opened_from"].items()}
@@ -295,6 +296,15 @@ def _print_writeback(wb: dict | None, w) -> None:
         w(f"            NOT PUBLISHED: {why}\n")
     for path, where in wb["unpublished"].items():
         w(f"            {path}: not on the PFS; its bytes are kept in {where} (`monarch drain` publishes them)\n")
+
+
+def _print_raw_calls(raw: dict | None, w) -> None:
+    """What watching the system calls made without libc cost (docs/consistency.md, W10)."""
+    if not raw:
+        return
+    calls = ", ".join(f"{name} {n:,}" for name, n in list(raw["by_call"].items())[:6])
+    w(f"raw calls : {raw['answered']:,} made without libc answered by the shim ({calls}), {raw['ns'] / 1e6:.1f} ms"
+      + (f"; threads paused in a compute runtime {raw['paused']:,} times" if raw.get("paused") else "") + "\n")
 
 
 # what a range or a lower bound of bytes means, in the text and the HTML report alike

@@ -233,6 +233,7 @@ MONARCH_BY_HAND(MONARCH_DECLARE_REAL)
 #include "shim_view.h"
 #include "shim_writeback.h"
 #include "shim_rawsys.h"
+#include "shim_rawthreads.h"
 
 /* The kernel's fstat, for the shim's own checks: never our wrapper, and no
  * fstat@GLIBC_2.33 import (64-bit Linux: struct stat is the kernel's). */
@@ -391,6 +392,7 @@ static inline void monarch_copy_slot(int oldfd, int newfd)
 #include "shim_fork.c"
 #include "shim_view.c"
 #include "shim_writeback.c"
+#include "shim_rawthreads.c"
 #include "shim_rawsys.c"
 
 /* ---- start-up ---- */

@@ -36,12 +36,21 @@ static int monarch_blocks_used;
 static int monarch_remapper_owed;
 
 
+/* The shim's own threads and locks call libc's functions, not the shim's interposed names: a
+ * signal mask set here is the kernel's, a thread started here is not the application's. */
+static void monarch_sigmask(int how, const sigset_t *set, sigset_t *old)
+{
+    __typeof__(real_pthread_sigmask) real_ = MONARCH_RESOLVE(pthread_sigmask);
+    if (real_)
+        real_(how, set, old);
+}
+
 static void monarch_lock_take(pthread_mutex_t *mu, unsigned *depth, sigset_t *old)
 {
     if (old) {
         sigset_t all;
         sigfillset(&all);
-        pthread_sigmask(SIG_BLOCK, &all, old);
+        monarch_sigmask(SIG_BLOCK, &all, old);
     }
     if ((*depth)++ == 0)
         pthread_mutex_lock(mu);
@@ -52,7 +61,7 @@ static void monarch_lock_give(pthread_mutex_t *mu, unsigned *depth, const sigset
     if (--(*depth) == 0)
         pthread_mutex_unlock(mu);
     if (old)
-        pthread_sigmask(SIG_SETMASK, old, NULL);
+        monarch_sigmask(SIG_SETMASK, old, NULL);
 }
 
 
@@ -692,16 +701,17 @@ static void monarch_remapper_start(void)
     pthread_attr_t attr;
     sigset_t all, old;
     sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
+    monarch_sigmask(SIG_BLOCK, &all, &old);
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &attr, monarch_remapper_main, NULL) == 0)
+    __typeof__(real_pthread_create) create = MONARCH_RESOLVE(pthread_create);
+    if (create && create(&t, &attr, monarch_remapper_main, NULL) == 0)
         monarch_remapper_running = 1;
     else
         MONARCH_DEBUG(1, "no remapper thread (%s): mappings of files staged by blocks stay on the PFS",
                       strerror(errno));
     pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    monarch_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 /* fork: both locks are taken around it, so that no other thread is inside when the process is

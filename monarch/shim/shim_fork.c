@@ -23,7 +23,7 @@ static void monarch_child_restart_init(void)
 
 static void monarch_atfork_child(void)
 {
-    monarch_raw_watch_thread(); /* dispatch is not inherited: the child's one thread watched again */
+    monarch_raw_atfork_child(); /* dispatch is not inherited: the child's one thread watched again */
     /* Per-process state: the pid (vfork detection, debug prefix) and the guard of the forking
      * thread. The counters and index mappings are inherited, the fd tables with the
      * descriptors they describe, a stop of probing holds for the child too, and the daemon is

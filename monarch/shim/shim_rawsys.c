@@ -41,8 +41,6 @@
 #define PR_SET_SYSCALL_USER_DISPATCH 59
 #endif
 #define MONARCH_SUD_ON 1
-#define MONARCH_SUD_ALLOW 0
-#define MONARCH_SUD_BLOCK 1
 #ifndef SYS_USER_DISPATCH
 #define SYS_USER_DISPATCH 2 /* si_code of a dispatch's SIGSYS */
 #endif
@@ -54,10 +52,8 @@ static uintptr_t monarch_raw_lo, monarch_raw_len; /* libc's text: its calls go t
 static uintptr_t monarch_raw_gadget;               /* a syscall instruction in it */
 static struct { uintptr_t lo, hi; } monarch_raw_system[MONARCH_RAW_SYSTEM_MAX];
 static unsigned monarch_raw_nsystem;
-static __thread char monarch_raw_selector __attribute__((tls_model("initial-exec")));
 static struct sigaction monarch_app_sigsys; /* the application's SIGSYS, while the handler is ours */
 static int monarch_sigsys_mu;
-static uint64_t monarch_raw_calls; /* raw calls seen (debug) */
 
 static void monarch_sigsys_lock(void)
 {
@@ -97,20 +93,33 @@ static int monarch_raw_object(struct dl_phdr_info *info, size_t size, void *data
     return 0;
 }
 
+static int monarch_raw_setup_pointer(char *sel)
+{
+    return prctl(PR_SET_SYSCALL_USER_DISPATCH, MONARCH_SUD_ON, monarch_raw_lo, monarch_raw_len, sel);
+}
+
 static void monarch_raw_watch_thread(void)
 {
     if (!__atomic_load_n(&monarch_raw_on, __ATOMIC_ACQUIRE))
         return;
-    monarch_raw_selector = MONARCH_SUD_BLOCK;
-    if (prctl(PR_SET_SYSCALL_USER_DISPATCH, MONARCH_SUD_ON, monarch_raw_lo, monarch_raw_len, &monarch_raw_selector))
+    char *sel = monarch_raw_selector();
+    __atomic_store_n(sel, MONARCH_SUD_BLOCK, __ATOMIC_RELAXED);
+    if (monarch_raw_setup_pointer(sel))
         MONARCH_DEBUG(1, "syscall user dispatch refused for this thread: %s", strerror(errno));
 }
 
-/* A thread whose dispatch was paused for a raw clone: watched again (at a write-back hook). */
+static void monarch_raw_atfork_child(void)
+{
+    monarch_raw_threads_atfork_child();
+    monarch_raw_watch_thread();
+}
+
+/* A thread paused (a raw clone, a compute runtime's wait): watched again (at a write-back hook). */
 static inline void monarch_raw_rearm(void)
 {
-    if (MONARCH_UNLIKELY(monarch_raw_on) && monarch_raw_selector == MONARCH_SUD_ALLOW)
-        monarch_raw_selector = MONARCH_SUD_BLOCK;
+    char *sel = monarch_raw_selector_if_any();
+    if (MONARCH_UNLIKELY(monarch_raw_on) && sel && *sel == MONARCH_SUD_ALLOW)
+        __atomic_store_n(sel, MONARCH_SUD_BLOCK, __ATOMIC_RELAXED);
 }
 
 /* A SIGSYS that is not a dispatch (seccomp's trap, kill): the application's disposition. */
@@ -304,7 +313,6 @@ static void monarch_raw_on_sigsys(int sig, siginfo_t *si, void *ctx)
     greg_t *g = ((ucontext_t *)ctx)->uc_mcontext.gregs;
     long nr = g[REG_RAX], a[6] = {g[REG_RDI], g[REG_RSI], g[REG_RDX], g[REG_R10], g[REG_R8], g[REG_R9]};
     uintptr_t at = (uintptr_t)g[REG_RIP];
-    __atomic_fetch_add(&monarch_raw_calls, 1, __ATOMIC_RELAXED);
     int system = 0;
     for (unsigned i = 0; i < monarch_raw_nsystem; i++)
         system |= at >= monarch_raw_system[i].lo && at < monarch_raw_system[i].hi;
@@ -316,22 +324,28 @@ static void monarch_raw_on_sigsys(int sig, siginfo_t *si, void *ctx)
     if (nr == SYS_vfork || nr == SYS_clone3
         || (nr == SYS_clone && ((a[0] & (MONARCH_CLONE_VM | MONARCH_CLONE_VFORK)) || a[1]))) {
         /* the child would start in this handler, on another stack: made again where it was */
-        monarch_raw_selector = MONARCH_SUD_ALLOW;
+        monarch_raw_pause();
         g[REG_RIP] -= 2; /* `syscall` is 0f 05 */
         errno = saved;
         return;
     }
     MONARCH_DEBUG(2, "raw system call %ld at %p", nr, (void *)at);
+    int64_t t0 = monarch_now_ns();
+    /* a compute runtime's own call (an OpenMP barrier's futex): this thread paused until it is watched again */
+    int paused = !system && monarch_raw_in_runtime(at);
+    if (paused)
+        monarch_raw_pause();
     long r;
-    if (system && nr != SYS_rt_sigprocmask && nr != SYS_rt_sigaction) {
+    if ((system || paused) && nr != SYS_rt_sigprocmask && nr != SYS_rt_sigaction) {
         long v = syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
         r = v == -1 ? -(long)errno : v;
     } else {
         r = monarch_raw_call(nr, a);
     }
     if (r == 0 && (nr == SYS_fork || nr == SYS_clone)) { /* a fork's child: watched too, and the shim's own */
-        monarch_raw_watch_thread();
         monarch_atfork_child();
+    } else {
+        monarch_raw_count(nr, (uint64_t)(monarch_now_ns() - t0), paused);
     }
     g[REG_RAX] = r;
     errno = saved;
@@ -368,8 +382,10 @@ static void monarch_raw_setup(void)
     sigemptyset(&sys);
     sigaddset(&sys, SIGSYS);
     pthread_sigmask(SIG_UNBLOCK, &sys, NULL);
-    monarch_raw_selector = MONARCH_SUD_BLOCK;
-    if (prctl(PR_SET_SYSCALL_USER_DISPATCH, MONARCH_SUD_ON, monarch_raw_lo, monarch_raw_len, &monarch_raw_selector)) {
+    monarch_raw_threads_setup();
+    char *sel = monarch_raw_selector();
+    __atomic_store_n(sel, MONARCH_SUD_BLOCK, __ATOMIC_RELAXED);
+    if (monarch_raw_setup_pointer(sel)) {
         /* no dispatch here (a kernel before 5.11, a seccomp filter): said once, as without it */
         const char *why = strerror(errno);
         __atomic_store_n(&monarch_raw_on, 0, __ATOMIC_RELEASE);
@@ -417,6 +433,7 @@ MONARCH_EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void
 #else /* no syscall user dispatch on this architecture: nothing watched (the launcher says so) */
 static void monarch_raw_setup(void) {}
 static void monarch_raw_watch_thread(void) {}
+static void monarch_raw_atfork_child(void) {}
 static inline void monarch_raw_rearm(void) {}
 static int monarch_raw_sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {

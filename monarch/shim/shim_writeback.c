@@ -124,6 +124,7 @@ static int monarch_wb_ask(unsigned op, const char *p1, const char *p2, long n1, 
     if (st < 0) /* not answered, or refused (a daemon without write-back): as if there were none */
         return INT_MIN;
     monarch_wb_took = 1;
+    monarch_raw_watch_all(); /* threads paused in a compute runtime: watched again, a write-back file may be new */
     if (out)
         memcpy(out, answer, strlen(answer) + 1);
     return st;
@@ -527,7 +528,9 @@ static int monarch_wb_fopen(const char *path, const char *mode, FILE **fpp)
     *fpp = fd < 0 ? NULL : MONARCH_RESOLVE(fdopen)(fd, fdmode);
     if (fd >= 0 && !*fpp) {
         int saved = errno;
-        close(fd);
+        uint32_t seq = monarch_wb_closing(fd); /* the file made here is told closed, as fclose would */
+        real_close(fd);
+        monarch_wb_closed(seq);
         errno = saved;
     }
     return 1;

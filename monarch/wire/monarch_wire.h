@@ -19,11 +19,11 @@
 
 /* ---- counters file: little-endian uint64 words, added to atomically ---- */
 #define MONARCH_COUNTERS_MAGIC 0x4D4F4E4152434801ULL
-#define MONARCH_COUNTERS_VERSION 12 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
+#define MONARCH_COUNTERS_VERSION 13 /* 4: EXTRA_PROCESSES; 5: EXTRA_ZSTD_REUSED; 6: EXTRA_EARLY_*, EXTRA_LOST_*;
                                      7: a slot's opens_stdio and mapped_bytes; 8: EXTRA_BLOCK_*;
                                      9: EXTRA_BLOCK_FAULT*; 10: EXTRA_BLOCK_FAULTS_PAGES;
                                      11: EXTRA_FALLBACKS, EXTRA_ROOTS_ELSEWHERE, EXTRA_ROOT_PROCESSES;
-                                     12: EXTRA_META_UNCHECKED */
+                                     12: EXTRA_META_UNCHECKED; 13: EXTRA_RAW_* */
 #define MONARCH_MAX_SLOTS 16
 #define MONARCH_HEADER_WORDS 3
 /* per slot: opens; bytes read (read, pread, readv ..., fread); opens_uncounted (once per descriptor
@@ -31,7 +31,8 @@
  * (a FILE: stdio's own reads have no bound); mapped_bytes (the lengths mmap mapped: at most what
  * page faults read) */
 #define MONARCH_SLOT_WORDS 5
-#define MONARCH_EXTRA_WORDS 25
+#define MONARCH_RAW_NRS 16 /* the system calls EXTRA_RAW_BY_CALL counts apart */
+#define MONARCH_EXTRA_WORDS (28 + 2 * MONARCH_RAW_NRS)
 #define MONARCH_COUNTERS_WORDS (MONARCH_HEADER_WORDS + MONARCH_SLOT_WORDS * MONARCH_MAX_SLOTS + MONARCH_EXTRA_WORDS)
 #define MONARCH_SLOT_PFS 0
 #define MONARCH_SLOT_PEER 1
@@ -80,6 +81,14 @@
 /* bits as EXTRA_META_OFF's, the daemon's alone: root k's snapshot is not checked yet (a manifest read
  * without its directories' stats): its metadata is the PFS's until the daemon clears the bit */
 #define MONARCH_EXTRA_META_UNCHECKED 24
+/* shim_rawthreads.c: system calls made without libc that the shim answered (a SIGSYS each), the ns
+ * its handler took, and the times a thread was paused in a compute runtime (its raw calls then made
+ * at once); then MONARCH_RAW_NRS pairs (system call number + 1, calls): the first distinct calls of
+ * the job, claimed by compare-and-swap (later ones counted in EXTRA_RAW_CALLS only) */
+#define MONARCH_EXTRA_RAW_CALLS 25
+#define MONARCH_EXTRA_RAW_NS 26
+#define MONARCH_EXTRA_RAW_PAUSES 27
+#define MONARCH_EXTRA_RAW_BY_CALL 28
 #define MONARCH_FALLBACK_ROOT_ELSEWHERE 1u   /* a root is another filesystem object here: read directly */
 #define MONARCH_FALLBACK_TIERS_UNSEEN 2u     /* no tier folder is the daemon's here: opens read the PFS */
 #define MONARCH_FALLBACK_DAEMON_UNREACHABLE 4u /* the run folder or socket is not here: pass-through */

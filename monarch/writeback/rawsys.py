@@ -48,3 +48,24 @@ def _dispatch_refused() -> str | None:
         return os.strerror(ctypes.get_errno())
     libc.prctl(PR_SET_SYSCALL_USER_DISPATCH, ulong(PR_SYS_DISPATCH_OFF), ulong(0), ulong(0), ulong(0))
     return None
+
+
+# the system calls a raw call is likely to be, by number (the report's names; others: "syscall N")
+CALL_NAMES = {"x86_64": {0: "read", 1: "write", 2: "open", 3: "close", 4: "stat", 5: "fstat", 6: "lstat", 8: "lseek",
+                         9: "mmap", 10: "mprotect", 11: "munmap", 13: "rt_sigaction", 14: "rt_sigprocmask",
+                         17: "pread64", 18: "pwrite64", 21: "access", 24: "sched_yield", 39: "getpid",
+                         74: "fsync", 75: "fdatasync", 82: "rename", 83: "mkdir", 84: "rmdir", 87: "unlink",
+                         186: "gettid", 202: "futex", 217: "getdents64", 228: "clock_gettime", 230: "clock_nanosleep",
+                         257: "openat", 262: "newfstatat", 263: "unlinkat", 264: "renameat", 316: "renameat2",
+                         332: "statx", 439: "faccessat2"}}
+
+
+def raw_calls(words: tuple[int, ...], by_call_at: int, pairs: int) -> dict[str, int]:
+    """The counters' (number + 1, calls) pairs as {name: calls}, most first."""
+    names = CALL_NAMES.get(platform.machine(), {})
+    out = {}
+    for i in range(pairs):
+        key, calls = words[by_call_at + 2 * i], words[by_call_at + 2 * i + 1]
+        if key:
+            out[names.get(key - 1, f"syscall {key - 1}")] = calls
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))

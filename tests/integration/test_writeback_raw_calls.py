@@ -158,3 +158,42 @@ def test_an_interposer_that_makes_its_original_by_syscall_runs_under_the_shim(da
     assert r.returncode == 0 and "mapped" in r.stdout, r.stderr[-2000:]
     with open(os.path.join(ck, "x"), "rb") as f:
         assert f.read() == b"hello"
+
+
+@pytest.fixture(scope="module")
+def omp_saves(tmp_path_factory):
+    cc = os.environ.get("CC") or "cc"
+    exe = str(tmp_path_factory.mktemp("omp") / "omp_saves")
+    r = subprocess.run([cc, "-O2", "-Wall", "-Werror", "-fopenmp", "-pthread", "-o", exe,
+                        os.path.join(HERE, "omp_saves.c")], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"no OpenMP compiler here: {r.stderr[-300:]}")
+    return exe
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall user dispatch: Linux on x86_64")
+def test_an_openmp_team_costs_no_signal_a_region_and_its_master_still_renames_raw(
+        dataset, short_tmp, slow_pfs, omp_saves):
+    """An OpenMP team's 6 x 300 parallel regions, a save after each 300 (a temporary written through libc by
+    another thread, renamed by the master with a raw renameat, then stat'ed raw): libgomp's own futex
+    calls pause their thread, so the whole job answers a few raw calls a save, not a few a region
+    (before: every futex of the team a SIGSYS, thousands), and each raw rename after the write-back
+    calls still finds its temporary in the node's tier (the PFS takes 8 MB/s: it is still pending)."""
+    ds = dataset(files=10)
+    rounds, regions = 6, 300
+    direct = os.path.join(short_tmp, "direct")
+    os.makedirs(direct)
+    subprocess.run([omp_saves, direct, str(rounds), str(regions), str(1 << 20)], check=True, timeout=120)
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(src)
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=8, open_latency_ms=0)
+    report = os.path.join(short_tmp, "report.json")
+    r = monarch("run", "-c", config(short_tmp, ds.root, str(pfs.mountpoint)), "--report", report, "--no-progress",
+                "--", omp_saves, str(pfs.mountpoint), str(rounds), str(regions), str(1 << 20), timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert f"omp_saves: ok {rounds} rounds" in r.stdout
+    assert published_tree(src) == published_tree(direct)
+    raw = load(report)["raw_calls"]
+    assert raw["by_call"].get("renameat") == rounds and raw["by_call"].get("newfstatat", 0) >= rounds, raw
+    assert raw["paused"] >= 1, raw
+    assert raw["by_call"].get("futex", 0) <= 4 * rounds, raw  # the team's regions alone make thousands
