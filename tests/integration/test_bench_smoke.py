@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import importlib.util
 import os
 import re
 import shutil
@@ -121,6 +122,9 @@ BENCHES = [
     Bench("writeback/bench_checkpoint.py", ["--quick", "--json", "{tmp}/checkpoint.json"],
           r"^loop byte check: direct (\d+)/\1 OK, monarch (\d+)/\2 OK, shm (\d+)/\3 OK; "
           r"PFS bytes written / checkpoint bytes: direct 1\.00x, monarch 1\.00x$", {"fuse"}),
+    # the loop under write-back: its checkpoints published (else exit 1), its SIGSYS counted a step
+    Bench("writeback/bench_training_loop.py", ["--quick", "--json", "{tmp}/loop.json"],
+          r"^  writeback\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+", {"torch"}),
 ]
 
 
@@ -160,6 +164,8 @@ def missing(needs: set[str]) -> str | None:
             import lmdb  # noqa: F401
         except ImportError:
             return "needs lmdb (pip install 'monarch-staging[bench]'; scripts/install.sh installs it)"
+    if "torch" in needs and importlib.util.find_spec("torch") is None:
+        return "needs torch (scripts/install.sh installs its CPU build)"
     if "cc" in needs and not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
         return "needs a C compiler (cc)"
     if "zstd" in needs:
