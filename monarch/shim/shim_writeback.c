@@ -115,8 +115,11 @@ static int monarch_wb_ask(unsigned op, const char *p1, const char *p2, long n1, 
     int saved = errno;
     monarch_guard = 1;
     int why;
+    int64_t t0 = monarch_debug >= 2 ? monarch_now_ns() : 0;
     int st = monarch_request_why(MONARCH_VERB_WB, body, (size_t)n, answer, sizeof answer, NULL, MONARCH_WB_WAIT_MS,
                                  &why);
+    MONARCH_DEBUG(2, "write-back call %u %s%s%s: %d in %.3f ms", op, p1 ? p1 : "", p2 ? " " : "", p2 ? p2 : "", st,
+                  (double)(monarch_now_ns() - t0) / 1e6);
     monarch_guard = 0;
     errno = saved;
     if (st < 0 && why == MONARCH_LOST && monarch_wb_took && monarch_wb_changes(op))
