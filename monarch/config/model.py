@@ -74,6 +74,8 @@ class WritebackConfig:
     tier: str | None = None  # the tier whose base holds the run's write-back area; None: the first tier
     room: int = 0  # bytes the pending files may take in that tier (0 when room_share is set)...
     room_share: float | None = 0.5  # ...or this share of the tier's capacity
+    keep: int = 0  # bytes of published files kept on the node for the next runs (0 when keep_share is set)...
+    keep_share: float | None = 1.0  # ...or this share of the room (0 bytes, None: none kept)
     fsync: str = "auto"  # pfs | partner | local | auto (partner on a cluster, pfs on one node): docs/consistency.md
 
     @property

@@ -61,13 +61,32 @@ def ls(places: list[str], out: TextIO) -> int:
     """One line per shared set or kept tier of the user in ``places``."""
     now = time.time()
     sets = _sets(places)
-    if not sets:
+    if not sets and not _kept_stores(places):
         out.write(f"no shared or kept copies of yours in {', '.join(places) or '(no base)'}\n")
         return 0
     for info in sets:
         roots = f"  ({', '.join(info.roots)})" if info.roots else ""
         out.write(f"{info.kind:<7}{info.path}  {info.files} files, {human(info.bytes)}; {_state(info, now)}{roots}\n")
+    for path, files, size, until, used in _kept_stores(places):
+        state = ("in use by a running job" if used else "linger over: `monarch cache drop --expired` removes it"
+                 if until is not None and until <= now else
+                 f"lingering until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(until))}" if until else "unused")
+        out.write(f"written {path}  {files} files, {human(size)}; {state} (published files kept for the next run: "
+                  f"writeback.keep)\n")
     return 0
+
+
+def _kept_stores(places: list[str]) -> list[tuple]:
+    from monarch.writeback.kept import describe
+    found = []
+    for base in places:
+        try:
+            one = describe(base)
+        except (UnsafePathError, OSError):
+            continue
+        if one is not None:
+            found.append(one)
+    return found
 
 
 def drop(places: list[str], paths: list[str], expired: bool, out: TextIO) -> int:
@@ -77,7 +96,7 @@ def drop(places: list[str], paths: list[str], expired: bool, out: TextIO) -> int
     wanted = {os.path.realpath(p) for p in paths}
     sets = _sets(places, notice=expired)
     if wanted:
-        unknown = wanted - {s.path for s in sets}
+        unknown = wanted - {s.path for s in sets} - {k[0] for k in _kept_stores(places)}
         for path in sorted(unknown):
             out.write(f"{path}: not a shared or kept copy set of yours in {', '.join(places)}; "
                       "`monarch cache ls` lists them\n")
@@ -90,6 +109,12 @@ def drop(places: list[str], paths: list[str], expired: bool, out: TextIO) -> int
             out.write(f"removed {info.path} ({info.files} files, {human(info.bytes)})\n")
         else:
             out.write(f"kept {info.path}: {why}\n")
+    from monarch.writeback.kept import drop as drop_kept
+    for path, files, size, until, _ in _kept_stores(places):
+        if (wanted and path not in wanted) or (expired and (until is None or until > now)):
+            continue
+        why = drop_kept(os.path.dirname(os.path.dirname(path)))
+        out.write(f"removed {path} ({files} files, {human(size)})\n" if why is None else f"kept {path}: {why}\n")
     return 0
 
 

@@ -17,11 +17,9 @@ had recorded at its open is on the PFS (W4: ``monarch/cluster/order.py``).
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import shutil
-import signal
 import threading
 import time
 
@@ -32,14 +30,14 @@ from monarch.protocol import ProtocolError
 from monarch.secure import open_private_file
 from monarch.writeback import wire
 from monarch.writeback.across import HEARD, write_heard
-from monarch.writeback.area import Area
+from monarch.writeback.area import Area, sole_opener
 from monarch.writeback.drain import Outcome, copy_bytes, drain, temporary_name
 from monarch.writeback.journal import Journal
+from monarch.writeback.kept import KeptWrites
 from monarch.writeback.view import Local, View
 
 log = logging.getLogger(__name__)
 
-F_SETLEASE, F_SETSIG = getattr(fcntl, "F_SETLEASE", 1024), getattr(fcntl, "F_SETSIG", 10)
 LISTS = "lists"  # the area's directories made to list a directory as the job sees it
 
 
@@ -51,30 +49,11 @@ def _pfs(path: str) -> bytes:
     return protocol.encode_answer(wire.WB_ANSWER_PFS, os.fsencode(path))
 
 
-def sole_opener(path: str) -> bool:
-    """Is no descriptor or mapping of the file at ``path`` open anywhere? (A write lease is
-    granted only then; it is given back at once.)"""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return True
-    try:
-        # an open meanwhile (the job's, the partner copy's) breaks it: SIGURG (ignored), not SIGIO (the end)
-        fcntl.fcntl(fd, F_SETSIG, signal.SIGURG)
-        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
-        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
 class WritebackRoom:
     """One run's write-back on this node: its area, view, journal and drain."""
 
     def __init__(self, paths: tuple[str, ...], base: str, run_id: str, node: int, durable: bool, room: int,
-                 fsync: str = "auto"):
+                 fsync: str = "auto", keep: int = 0, linger: float = 0.0):
         self.paths, self.run_id, self.room, self.fsync_asked = tuple(paths), run_id, room, fsync
         # what an fsync waits for: the PFS, the local flush, or the partner's copy (order_by: a cluster)
         self.fsync = "local" if fsync == "local" else "pfs"
@@ -82,6 +61,7 @@ class WritebackRoom:
         self.area = Area.create(base, run_id, node)
         self.journal = Journal(self.area.journal_path, durable=durable)
         self.view = View(self.paths, self.area, self.journal)
+        self.kept = KeptWrites.made(base, keep, linger)  # published files kept for the next runs, and theirs read (None: keep 0)
         self._cond = threading.Condition()
         self._upto = 0                # every record up to here is on the PFS (the last drain's)
         self._moving = 0              # the same, as the drain goes (what other nodes wait for)
@@ -176,6 +156,10 @@ class WritebackRoom:
                 kind, where = self.view.resolve(c.path)
                 if kind == "gone":
                     return protocol.encode_answer(wire.WB_ERRNO + errno.ENOENT)
+                if c.n1 == wire.RESOLVE_TO_READ and kind == "pfs" and where == c.path and self.kept is not None:
+                    kept = self.kept.lookup(c.path)  # an earlier run's (or this one's) published file, unchanged
+                    if kept is not None:
+                        return _pfs(kept)
                 if self.view.is_dir(c.path) and not os.path.isdir(where):  # made by the job, not drained yet
                     return _pfs(self._listing_dir(c.path))
                 entry = self.view.entry(c.path)
@@ -413,6 +397,8 @@ class WritebackRoom:
     def _wait_for_room(self) -> None:
         """A new file waits while the bytes pending fill the room (they drain meanwhile)."""
         waited = False
+        if self.kept is not None:  # the job's own writes first: the oldest kept copies leave the room
+            self.kept.make_room(self.room - self.pending_bytes())
         while True:
             pending = self.pending_bytes()
             held = self.pending_bytes(reserved=False)
@@ -464,6 +450,8 @@ class WritebackRoom:
     def _step(self, phase: str, rec) -> None:
         if phase == "applied":
             self._moving = rec.n
+            if self.kept is not None:  # (before the drain lets a published file's local copy go)
+                self.kept.follow(rec, self.area.data_path(rec["seq"]) if rec.op == "close" else "")
             if self.order is not None:
                 self.order.moved()
 
@@ -540,7 +528,8 @@ class WritebackRoom:
                 except OSError:  # published meanwhile
                     pass
             partner = dict(self.partners.figures) if self.partners is not None else {}
-            return {**self.figures, **partner, "fsync": self.fsync, "paths": list(self.paths), "area": self.area.path,
+            kept = dict(self.kept.figures) if self.kept is not None else {}
+            return {**self.figures, **partner, **kept, "fsync": self.fsync, "paths": list(self.paths), "area": self.area.path,
                     "pending_bytes": self.pending_bytes(), "records": self.journal.last_op, "applied": self._upto,
                     "failed": out.failed, "unpublished": dict(out.unpublished),
                     "not_closed": len(open_seqs), "publishing_files": len(publishing),
@@ -568,6 +557,8 @@ class WritebackRoom:
         if fd >= 0:
             os.close(fd)
         shutil.rmtree(os.path.join(self.area.path, LISTS), ignore_errors=True)
+        if self.kept is not None:
+            self.kept.close()
         if out.failed is None and not self.area.pending_data():  # (in a cluster: what a later drain may need, left)
             self.area.remove(done={"applied": self._upto, "heard": self._heard} if self.order is not None else None)
         else:
@@ -575,7 +566,6 @@ class WritebackRoom:
                       self.area.path)
             self.area.release()
         return figures
-
 
 
 def make_writeback(config, tiers: list, run_id: str, node: int) -> WritebackRoom | None:
@@ -591,9 +581,10 @@ def make_writeback(config, tiers: list, run_id: str, node: int) -> WritebackRoom
                   wb.tier or "(the first)")
         return None
     room = wb.room if wb.room_share is None else int(tier.capacity * wb.room_share)
+    keep = wb.keep if wb.keep_share is None else int(room * wb.keep_share)
     try:
         return WritebackRoom(tuple(wb.paths), cfg.path, run_id, node, durable=not is_memory_backed(cfg.path),
-                             room=room, fsync=wb.fsync)
+                             room=room, fsync=wb.fsync, keep=keep, linger=config.staging.linger)
     except OSError as e:
         log.error("write-back: cannot make its area under %s (%s): the job's writes go to the PFS directly",
                   cfg.path, e)

@@ -156,7 +156,9 @@ WRITEBACK_SUMS = ("bytes_written", "files_closed", "files_published", "bytes_pub
                   "peak_pending_bytes", "drain_seconds", "waited_for_room", "syncs", "not_closed",
                   "bytes_copied", "files_written_through", "opened_through", "ordered_files", "order_wait_seconds",
                   "app_write_seconds", "app_close_seconds", "app_sync_seconds", "partner_bytes_sent",
-                  "partner_seconds", "partner_records", "held_for_lost_published")
+                  "partner_seconds", "partner_records", "held_for_lost_published",
+                  # published files kept on the node for the next runs; earlier runs' kept copies read (not the PFS)
+                  "kept_files", "kept_bytes", "served_files", "served_bytes", "stale")
 
 
 def _writeback_over_nodes(alive: list[NodeStats]) -> dict | None:

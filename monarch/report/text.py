@@ -289,6 +289,12 @@ def _print_writeback(wb: dict | None, w) -> None:
     if wb.get("files_written_through") or wb.get("opened_through"):
         w(f"            written through to the PFS: {plural(wb.get('files_written_through') or 0, 'file')} larger "
           f"than the room, {plural(wb.get('opened_through') or 0, 'open')} for update\n")
+    if wb.get("kept_files") or wb.get("served_files") or wb.get("stale"):
+        w(f"            kept on the node for the next run: {plural(wb.get('kept_files') or 0, 'file')}, "
+          f"{human(wb.get('kept_bytes') or 0)}; read from kept copies instead of the PFS: "
+          f"{plural(wb.get('served_files') or 0, 'open')}, {human(wb.get('served_bytes') or 0)}"
+          + (f"; {plural(wb['stale'], 'kept copy', 'kept copies')} changed on the PFS since (read from it)"
+             if wb.get("stale") else "") + "\n")
     if wb["not_closed"]:
         w(f"            {plural(wb['not_closed'], 'file')} the job did not close (killed while writing): "
           f"not published, kept in {', '.join(wb['kept_in'])}\n")

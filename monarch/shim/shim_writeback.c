@@ -171,7 +171,7 @@ static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, 
     int writes = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
     int st = writes ? monarch_wb_ask(MONARCH_WB_OPEN, abs, NULL, flags, (long)(mode & ~monarch_wb_umask() & 07777),
                                      where)
-                    : monarch_wb_ask(MONARCH_WB_RESOLVE, abs, NULL, 0, 0, where);
+                    : monarch_wb_ask(MONARCH_WB_RESOLVE, abs, NULL, MONARCH_WB_RESOLVE_TO_READ, 0, where);
     if (!writes && st >= MONARCH_WB_ANSWER_LOCAL && !monarch_wb_failed(st))
         st = MONARCH_WB_ANSWER_PFS; /* a pending file's copy, to read: its mode is for stat */
     if (st == INT_MIN)

@@ -139,6 +139,7 @@
 #define MONARCH_WB_SETTLE_OTHER 0
 #define MONARCH_WB_SETTLE_TRUNCATE 1
 #define MONARCH_WB_SETTLE_CHMOD 2
+#define MONARCH_WB_RESOLVE_TO_READ 1 /* RESOLVE's n1: a read-only open (a kept copy of the unchanged PFS file will do) */
 #define MONARCH_WB_ERRNO 65536  /* status - this: the errno the call fails with */
 /* HINT body: u8 op, u64 stream, then the op's own; PROGRESS's is one u64 (positions consumed).
  * A connection whose first request is a PROGRESS of the order the front door's peer lane

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 
 from monarch.errors import MonarchError
 from monarch.secure import check_private_dir, open_private_file, private_dir, user_dir
@@ -28,6 +29,7 @@ JOURNAL, DATA, LOCK = "journal", "data", "owner.lock"
 # beside a cluster run's area its daemon removed, all published: how far its journal went and what it
 # heard of the other nodes' (across.py), for a drain of another node's area its killed daemon left
 DONE = ".done"
+F_SETLEASE, F_SETSIG = getattr(fcntl, "F_SETLEASE", 1024), getattr(fcntl, "F_SETSIG", 10)
 
 
 def run_and_node(name: str) -> tuple[str, str]:
@@ -129,3 +131,22 @@ class Area:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+
+
+def sole_opener(path: str) -> bool:
+    """Is no descriptor or mapping of the file at ``path`` open anywhere? (A write lease is
+    granted only then; it is given back at once.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        # an open meanwhile (the job's, the partner copy's) breaks it: SIGURG (ignored), not SIGIO (the end)
+        fcntl.fcntl(fd, F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
+        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

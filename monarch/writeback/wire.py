@@ -22,6 +22,7 @@ WB_ANSWER_LOCAL = 4096  # RESOLVE, + mode: a pending file's copy at the path in 
 GRANT_AHEAD = 16 << 20  # ROOM: room reserved ahead of a file's writes (at most an eighth of the room)
 GRANT_ALL = (1 << 63) - 1  # ROOM: no more to ask (the body of DONE: the bytes granted)
 SETTLE_OTHER, SETTLE_TRUNCATE, SETTLE_CHMOD = 0, 1, 2  # SETTLE's n1: what the call is
+RESOLVE_TO_READ = 1  # RESOLVE's n1: a read-only open (a kept copy of the unchanged PFS file will do), not a stat
 WB_ERRNO = 65536
 
 

@@ -43,7 +43,8 @@ PYTHON |= {name: getattr(blocks, name) for name in (
 # a write-back call's ops and answers (writeback/wire.py)
 PYTHON |= {name: getattr(wb_wire, name) for name in (
     "WB_OPEN", "WB_CLOSE", "WB_RESOLVE", "WB_RENAME", "WB_UNLINK", "WB_MKDIR", "WB_RMDIR", "WB_SYNC", "WB_LIST",
-    "WB_SETTLE", "WB_FMODE", "WB_ROOM", "WB_SPILLED", "WB_CLOSE_SYNCED", "WB_ANSWER_PFS", "WB_ANSWER_DONE", "WB_ANSWER_SPILL", "WB_ANSWER_LOCAL", "WB_ERRNO")}
+    "WB_SETTLE", "WB_FMODE", "WB_ROOM", "WB_SPILLED", "WB_CLOSE_SYNCED", "WB_ANSWER_PFS", "WB_ANSWER_DONE", "WB_ANSWER_SPILL", "WB_ANSWER_LOCAL", "WB_ERRNO", "RESOLVE_TO_READ")}
+PYTHON["WB_RESOLVE_TO_READ"] = PYTHON.pop("RESOLVE_TO_READ")
 PYTHON |= {f"WB_SETTLE_{kind}": getattr(wb_wire, f"SETTLE_{kind}") for kind in ("OTHER", "TRUNCATE", "CHMOD")}
 # the route table's size thresholds (monarch/routes.py; its rows are tests/unit/test_routes.py's)
 PYTHON |= {name: getattr(routes, name) for name in ("INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN", "ONE_MESSAGE_MAX", "SIZE_ANY")}

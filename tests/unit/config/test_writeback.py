@@ -97,7 +97,7 @@ def test_an_entry_that_expands_to_nothing_is_left_out(tmp_path, env, ckpt):
     ("writeback: {room: 0}", "writeback.room: 0 leaves no room, so every file would be written through to the PFS"),
     ("writeback: {fsync: disk}", "writeback.fsync: expected one of auto, pfs, partner, local, got 'disk'"),
     ("writeback: {fsync: no}", "writeback.fsync: expected a string, got False (YAML reads an unquoted"),
-    ("writeback: {pathz: []}", "writeback.pathz: unknown key; known keys here: fsync, paths, room, tier"),
+    ("writeback: {pathz: []}", "writeback.pathz: unknown key; known keys here: fsync, keep, paths, room, tier"),
 ])
 def test_a_wrong_key_says_where_what_and_how_to_fix_it(tmp_path, env, ds, ckpt, text, message):
     (tmp_path / "file").write_text("")

@@ -1,0 +1,287 @@
+"""Copies of the files a run published, kept on the node for the same user's next runs: a restart
+reads its checkpoint from the node's tier, not back from the PFS (docs/consistency.md, "Kept
+copies").
+
+When the drain has published a file (its bytes under its name on the PFS), its local copy is
+hard-linked here before the area lets it go, with the PFS file's identity as it stands after the
+publish: size, mtime, ctime, inode and device. The job's later renames and removals of it, applied
+on the PFS, follow it here. A later run's read-only open of that PFS path (under its write-back
+paths) is answered with the kept copy only while the PFS file still has that identity: a file
+written, replaced, renamed over or touched on the PFS since (its ctime moves with any change) is
+read from the PFS, and its kept copy dropped. Never old bytes.
+
+The store is ``<write-back tier base>/monarch-<uid>/kept-writes/``: ``data/<name>`` and
+``index.json`` ({PFS path: record}), changed under ``lock`` (flock: two runs of the user on the node
+share it) and replaced whole. It holds at most ``room`` bytes, the newest published first; the
+oldest go when it is over, or when the job's own pending writes need the room (``make_room``).
+A live run holds ``lease`` shared; once none does, the store lingers ``linger`` seconds from its
+last run's end (the index's time), as shared copies do, and ``monarch cache drop --expired`` frees
+it after that (``drop``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import stat
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Iterator
+
+from monarch.secure import private_dir, user_dir
+
+log = logging.getLogger(__name__)
+
+STORE, DATA, INDEX, LOCK, LEASE, LINGER = "kept-writes", "data", "index.json", "lock", "lease", "linger"
+IDENTITY = ("size", "mtime_ns", "ctime_ns", "ino", "dev")
+
+
+def _identity(path: str) -> dict | None:
+    """A regular file's identity on the PFS (None: not a regular file there)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino,
+            "dev": st.st_dev}
+
+
+def store_path(base: str) -> str:
+    """Where a user's kept copies are under a tier base."""
+    return os.path.join(user_dir(base), STORE)
+
+
+class KeptWrites:
+    """The user's kept copies on this node under one tier base, at most ``room`` bytes."""
+
+    def __init__(self, base: str, room: int, linger: float = 0.0):
+        self.path = private_dir(store_path(base))
+        self.data = private_dir(os.path.join(self.path, DATA))
+        self.room, self.linger = room, linger
+        self._mu = threading.Lock()
+        self._lease = os.open(os.path.join(self.path, LEASE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lease, fcntl.LOCK_SH)  # in use: `monarch cache drop` leaves it
+        self.figures = {"kept_files": 0, "kept_bytes": 0, "served_files": 0, "served_bytes": 0, "stale": 0}
+        self._files = self._read()
+
+    @classmethod
+    def made(cls, base: str, room: int, linger: float) -> "KeptWrites | None":
+        """The store for a run keeping ``room`` bytes (None: 0, or it cannot be made, said: the run
+        writes back all the same and its next run reads the PFS)."""
+        if room <= 0:
+            return None
+        try:
+            return cls(base, room, linger)
+        except OSError as e:
+            log.error("write-back: no kept copies under %s (%s): the next run reads its files from the PFS", base, e)
+            return None
+
+    def follow(self, rec, local: str) -> None:
+        """What the drain applied: a published file kept (its local copy at ``local``), a rename or a
+        removal followed (never a failure of the drain's: said, and the copy not kept)."""
+        try:
+            if rec.op == "close":
+                self.keep(rec["path"], local)
+            elif rec.op == "rename":
+                self.moved(rec["src"], rec["dst"])
+            elif rec.op in ("unlink", "rmdir"):
+                self.dropped(rec["path"])
+        except Exception:
+            log.exception("kept copies: %s not followed", rec.op)
+
+    # -- the index -------------------------------------------------------------------------------
+    def _read(self) -> dict[str, dict]:
+        try:
+            with open(os.path.join(self.path, INDEX), encoding="utf-8") as f:
+                doc = json.load(f)
+            if not isinstance(doc, dict) or not all(isinstance(r, dict) and isinstance(r.get("name"), str)
+                                                    and all(isinstance(r.get(k), int) for k in IDENTITY)
+                                                    for r in doc.values()):
+                raise ValueError("not an index of kept copies")
+            return doc
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:  # damaged: nothing trusted, every copy read from the PFS again
+            log.warning("kept copies: %s is unreadable (%s): starting empty", os.path.join(self.path, INDEX), e)
+            return {}
+
+    def _write(self) -> None:
+        tmp = os.path.join(self.path, f".{INDEX}.{os.getpid()}")
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w",
+                  encoding="utf-8") as f:
+            json.dump(self._files, f)
+        os.replace(tmp, os.path.join(self.path, INDEX))
+
+    @contextmanager
+    def _changing(self) -> Iterator[dict[str, dict]]:
+        """The index as it is now (another run may have changed it), changed and written back."""
+        with self._mu:
+            fd = os.open(os.path.join(self.path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._files = self._read()
+                yield self._files
+                self._drop_unreferenced()
+                self._write()
+            finally:
+                os.close(fd)
+
+    def _drop_unreferenced(self) -> None:
+        names = {r["name"] for r in self._files.values()}
+        for name in os.listdir(self.data):
+            if name not in names:
+                try:
+                    os.unlink(os.path.join(self.data, name))
+                except OSError:
+                    pass
+
+    def _evict(self, files: dict[str, dict], room: int) -> None:
+        """The oldest kept copies dropped until the rest fit in ``room`` bytes."""
+        total = sum(r["size"] for r in files.values())
+        for path, rec in sorted(files.items(), key=lambda kv: kv[1].get("kept", 0)):
+            if total <= room:
+                break
+            del files[path]
+            total -= rec["size"]
+
+    # -- what the drain tells ----------------------------------------------------------------------
+    def keep(self, pfs_path: str, local: str) -> None:
+        """``local``'s bytes were published at ``pfs_path``: kept, if they fit (and they are what the PFS
+        holds there: the same size and time; else nothing is kept)."""
+        try:
+            size, mtime = os.stat(local).st_size, os.stat(local).st_mtime_ns
+        except OSError:
+            return
+        pfs = _identity(pfs_path)
+        if self.room <= 0 or size > self.room or pfs is None or (pfs["size"], pfs["mtime_ns"]) != (size, mtime):
+            return
+        name = uuid.uuid4().hex
+        try:
+            with self._changing() as files:  # linked inside: another run's change drops what no record names
+                os.link(local, os.path.join(self.data, name))
+                files[pfs_path] = {**pfs, "name": name, "kept": time.time()}
+                self._evict(files, self.room)
+        except OSError as e:
+            log.warning("kept copies: %s not kept: %s", pfs_path, e)
+            return
+        self.figures["kept_files"] += 1
+        self.figures["kept_bytes"] += size
+
+    def moved(self, src: str, dst: str) -> None:
+        """The job's rename of ``src`` to ``dst`` applied on the PFS: what was kept under ``src`` (a
+        file, or everything under a directory) follows, with its identity there now."""
+        with self._changing() as files:
+            files.pop(dst, None)
+            for path in [p for p in files if p == src or p.startswith(src.rstrip("/") + "/")]:
+                rec = files.pop(path)
+                new = dst + path[len(src):]
+                now = _identity(new)  # (its inode may change: a FUSE filesystem numbers its names)
+                if now is not None and (now["size"], now["mtime_ns"]) == (rec["size"], rec["mtime_ns"]):
+                    files[new] = {**rec, **now}
+
+    def dropped(self, path: str) -> None:
+        """The job's removal of ``path`` applied on the PFS."""
+        with self._changing() as files:
+            for p in [p for p in files if p == path or p.startswith(path.rstrip("/") + "/")]:
+                del files[p]
+
+    def make_room(self, free: int) -> None:
+        """The write-back room has ``free`` bytes the job's pending files do not take: the kept copies
+        fit in them, the oldest going first (the job's own writes before an earlier run's files)."""
+        limit = max(0, min(self.room, free))
+        if sum(r["size"] for r in self._files.values()) <= limit:
+            return
+        with self._changing() as files:
+            self._evict(files, limit)
+
+    # -- a later run's open --------------------------------------------------------------------------
+    def lookup(self, pfs_path: str) -> str | None:
+        """The kept copy of ``pfs_path`` if the PFS file is still the one published (None: read the PFS)."""
+        rec = self._files.get(pfs_path)
+        if rec is None:
+            return None
+        now = _identity(pfs_path)
+        local = os.path.join(self.data, rec["name"])
+        if now is None or any(now[k] != rec[k] for k in IDENTITY) or not os.path.exists(local):
+            self.figures["stale"] += 1
+            try:
+                with self._changing() as files:
+                    if files.get(pfs_path, {}).get("name") == rec["name"]:
+                        del files[pfs_path]
+            except OSError as e:
+                log.warning("kept copies: %s could not be dropped: %s", pfs_path, e)
+            return None
+        self.figures["served_files"] += 1
+        self.figures["served_bytes"] += rec["size"]
+        return local
+
+    def close(self) -> None:
+        """The run's end: the store lingers from now (its index written), the lease given back."""
+        try:
+            with self._changing():
+                with open(os.open(os.path.join(self.path, LINGER), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                                  0o600), "w") as f:
+                    f.write(str(self.linger))
+        except OSError as e:
+            log.warning("kept copies: %s: %s", self.path, e)
+        os.close(self._lease)
+
+    def listing(self) -> list[tuple[str, int, float]]:
+        """(PFS path, bytes, when kept) of every kept copy, newest first."""
+        return sorted(((p, r["size"], r.get("kept", 0.0)) for p, r in self._read().items()), key=lambda t: -t[2])
+
+
+def describe(base: str) -> tuple[str, int, int, float | None, bool] | None:
+    """A user's kept copies under ``base``: (store, files, bytes, lingering until (None: not yet
+    known), in use by a live run); None when there is no store."""
+    path = store_path(base)
+    if not os.path.isdir(path):
+        return None
+    try:
+        with open(os.path.join(path, INDEX), encoding="utf-8") as f:
+            files = json.load(f)
+        used = os.stat(os.path.join(path, INDEX)).st_mtime
+    except (OSError, ValueError):
+        files, used = {}, None
+    try:
+        with open(os.path.join(path, LINGER), encoding="utf-8") as f:
+            until = used + float(f.read()) if used is not None else None
+    except (OSError, ValueError):
+        until = None
+    return path, len(files), sum(r.get("size", 0) for r in files.values() if isinstance(r, dict)), until, _leased(path)
+
+
+def _leased(path: str) -> bool:
+    try:
+        fd = os.open(os.path.join(path, LEASE), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def drop(base: str) -> str | None:
+    """Remove the user's kept copies under ``base``: None, or why they stay (a live run uses them)."""
+    import shutil
+    path = store_path(base)
+    fd = os.open(os.path.join(path, LEASE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "in use by a running job"
+        shutil.rmtree(path)
+        return None
+    finally:
+        os.close(fd)
