@@ -82,7 +82,7 @@ def _kept_stores(places: list[str]) -> list[tuple]:
     for base in places:
         try:
             one = describe(base)
-        except (UnsafePathError, OSError):
+        except (MonarchError, OSError):  # a base that is not there, or not the user's
             continue
         if one is not None:
             found.append(one)

@@ -32,6 +32,7 @@ import uuid
 from contextlib import contextmanager
 from typing import Iterator
 
+from monarch.errors import MonarchError
 from monarch.secure import private_dir, user_dir
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,11 @@ class KeptWrites:
         if room <= 0:
             return None
         try:
+            found = describe(base)
+            if found is not None and found[3] is not None and found[3] <= time.time() and not found[4]:
+                drop(base)  # its linger is over: what it held is for no one (as a shared set's)
             return cls(base, room, linger)
-        except OSError as e:
+        except (OSError, MonarchError) as e:
             log.error("write-back: no kept copies under %s (%s): the next run reads its files from the PFS", base, e)
             return None
 

@@ -1,0 +1,74 @@
+"""The kept copies' store (monarch/writeback/kept.py): kept only when the PFS holds those bytes, a
+changed PFS file never served, renames followed, the room kept, the linger ended by the next run."""
+
+import os
+import time
+
+from monarch.writeback.kept import KeptWrites, describe, drop, store_path
+
+
+def tier(tmp_path):
+    (tmp_path / "tier").mkdir(exist_ok=True)
+    return str(tmp_path / "tier")
+
+
+def published(tmp_path, name, data):
+    """A file as the drain leaves it: the area's copy and the PFS's, with the same bytes and time."""
+    local, pfs = tmp_path / "area" / name, tmp_path / "pfs" / name
+    for p in (local, pfs):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    os.utime(pfs, ns=(0, os.stat(local).st_mtime_ns))
+    return str(local), str(pfs)
+
+
+def test_a_kept_copy_is_served_while_the_pfs_file_is_unchanged(tmp_path):
+    kept = KeptWrites(tier(tmp_path), 1 << 20)
+    local, pfs = published(tmp_path, "a", b"x" * 100)
+    kept.keep(pfs, local)
+    os.unlink(local)  # the drain lets the area's copy go: the kept one is a link of its own
+    served = kept.lookup(pfs)
+    assert served is not None and open(served, "rb").read() == b"x" * 100
+    os.chmod(pfs, 0o600)  # any change of the PFS file moves its ctime
+    assert kept.lookup(pfs) is None and kept.figures["stale"] == 1
+    assert kept.lookup(pfs) is None  # dropped
+
+
+def test_bytes_the_pfs_does_not_hold_are_not_kept(tmp_path):
+    kept = KeptWrites(tier(tmp_path), 1 << 20)
+    local, pfs = published(tmp_path, "a", b"x" * 100)
+    with open(pfs, "ab") as f:
+        f.write(b"more")
+    kept.keep(pfs, local)
+    assert kept.lookup(pfs) is None and kept.figures["kept_files"] == 0
+
+
+def test_a_rename_is_followed_and_the_oldest_leave_the_room(tmp_path):
+    kept = KeptWrites(tier(tmp_path), 250)
+    local, pfs = published(tmp_path, "a.tmp", b"a" * 100)
+    kept.keep(pfs, local)
+    os.rename(pfs, pfs[:-4])
+    kept.moved(pfs, pfs[:-4])
+    assert kept.lookup(pfs) is None and kept.lookup(pfs[:-4]) is not None
+    for name in ("b", "c"):
+        local, p = published(tmp_path, name, name.encode() * 100)
+        kept.keep(p, local)
+    assert kept.lookup(pfs[:-4]) is None  # the oldest went: 300 bytes do not fit in 250
+    assert kept.lookup(str(tmp_path / "pfs" / "c")) is not None
+    kept.make_room(120)  # the job's own writes need the rest
+    assert [p for p, _, _ in kept.listing()] == [str(tmp_path / "pfs" / "c")]
+
+
+def test_a_store_past_its_linger_is_emptied_by_the_next_run_and_a_live_one_is_not_dropped(tmp_path):
+    base = tier(tmp_path)
+    kept = KeptWrites(base, 1 << 20, linger=0.0)
+    local, pfs = published(tmp_path, "a", b"x" * 100)
+    kept.keep(pfs, local)
+    assert drop(base) == "in use by a running job"
+    kept.close()
+    time.sleep(0.01)
+    assert describe(base)[1:3] == (1, 100)
+    again = KeptWrites.made(base, 1 << 20, 600.0)
+    assert again.lookup(pfs) is None and describe(base)[1] == 0
+    again.close()
+    assert drop(base) is None and not os.path.exists(store_path(base))
