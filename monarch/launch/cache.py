@@ -15,6 +15,7 @@ import time
 from typing import TextIO
 
 from monarch.config import Config
+from monarch.errors import MonarchError
 from monarch.node.tiers.shared_set import SetInfo, drop_set, list_sets
 from monarch.secure import UnsafePathError, user_dir
 from monarch.sizes import human
@@ -123,7 +124,6 @@ def drop_dataset(roots: list[str], config: Config | None = None) -> list[str]:
     tier bases of ``config`` (the shipped one if None) that no job uses: what a demo or a
     benchmark leaves, at its end. The paths removed."""
     from monarch.config import load_config
-    from monarch.errors import MonarchError
     from monarch.node.tiers.shared_set import set_dir
     if config is None:
         config = load_config(None, check_roots=False)
