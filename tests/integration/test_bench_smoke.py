@@ -122,6 +122,9 @@ BENCHES = [
     Bench("writeback/bench_checkpoint.py", ["--quick", "--json", "{tmp}/checkpoint.json"],
           r"^loop byte check: direct (\d+)/\1 OK, monarch (\d+)/\2 OK, shm (\d+)/\3 OK; "
           r"PFS bytes written / checkpoint bytes: direct 1\.00x, monarch 1\.00x$", {"fuse"}),
+    # a restart's load from the node's kept copies: every byte checked (else exit 1), the PFS reading none of it
+    Bench("writeback/bench_restart.py", ["--quick", "--json", "{tmp}/restart.json"],
+          r"^monarch / direct: load [\d.]+x, PFS read 0\.0\d\dx the checkpoint \(direct 1\.000x\)$", {"fuse"}),
     # the loop under write-back: its checkpoints published (else exit 1), its SIGSYS counted a step
     Bench("writeback/bench_training_loop.py", ["--quick", "--json", "{tmp}/loop.json"],
           r"^  writeback\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+", {"torch"}),
