@@ -13,6 +13,9 @@
 - Nothing is bundled: the shim loads the system's ``libzstd.so.1`` with dlopen when there is one
   (else the daemon decodes compressed copies), the daemon's zstd is the ``zstandard`` wheel's.
 
+``MONARCH_WHEEL_ARCH=aarch64 pip wheel .`` builds the same wheel for another architecture zig targets
+(``manylinux2014_aarch64``: Grace hosts) on this machine: every library cross-compiled, nothing run.
+
 The wheel is tagged ``py3-none-manylinux2014_<arch>``: the libraries are loaded with ctypes,
 not as CPython extension modules, so one wheel serves every Python 3.9 and later; it is tied
 to the platform only by the libraries, which need glibc 2.17 at most. Without ``ziglang`` (a
@@ -21,6 +24,7 @@ build without isolation that lacks it) the host's ``cc`` builds them and the whe
 """
 
 import importlib.util
+import os
 import platform
 from pathlib import Path
 
@@ -43,6 +47,11 @@ LIBRARIES = (
 )
 # the peer data path for the MPICH ABI (its name: monarch/cluster/datapath.py's PACKAGED)
 DATAPATH = ("monarch/cluster/datapath.c", "libmonarch_datapath_mpich.so", "the C peer data path (MPICH ABI)")
+
+
+def target_machine() -> str:
+    """The architecture the libraries are built for: this machine's, or ``MONARCH_WHEEL_ARCH``'s."""
+    return os.environ.get("MONARCH_WHEEL_ARCH") or platform.machine()
 
 
 def _load_builder():
@@ -72,7 +81,11 @@ class BuildPyWithLibraries(build_py):
     def run(self):
         super().run()
         builder = _load_builder()
-        compiler = builder.portable_compiler()
+        machine = target_machine()
+        compiler = builder.portable_compiler(machine)
+        if compiler is None and machine != platform.machine():
+            raise SystemExit(f"MONARCH_WHEEL_ARCH={machine}: no cross compiler for it here (the ziglang package "
+                             f"builds for {', '.join(builder.PORTABLE_TARGETS)})")
         for source, library, what in LIBRARIES:
             self._build(builder, compiler, source, library, what)
         include = mpich_include()
@@ -103,7 +116,7 @@ class PlatformWheel(bdist_wheel):
 
     def get_tag(self):
         builder = _load_builder()
-        machine = platform.machine()
+        machine = target_machine()
         portable = builder.portable_compiler(machine) is not None
         return "py3", "none", builder.PORTABLE_TARGETS[machine] if portable else f"linux_{machine}"
 

@@ -432,7 +432,7 @@ MONARCH_EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void
 
 #else /* no syscall user dispatch on this architecture: nothing watched (the launcher says so) */
 static void monarch_raw_setup(void) {}
-static void monarch_raw_watch_thread(void) {}
+static inline void monarch_raw_watch_thread(void) {}
 static void monarch_raw_atfork_child(void) {}
 static inline void monarch_raw_rearm(void) {}
 static int monarch_raw_sigaction(int sig, const struct sigaction *act, struct sigaction *old)

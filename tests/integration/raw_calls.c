@@ -2,7 +2,7 @@
  * call on the files of directory argv[1] by a raw `syscall` instruction ("asm") or by libc's
  * syscall() ("libc"). It writes a temporary (opened through libc, as Rust's std opens it), fsyncs it, renames it over its final name, reads it
  * back, lists the directory, removes another file and makes a directory; any call that does not
- * give what the kernel gives directly exits 1, said. */
+ * give what the kernel gives directly exits 1, said. x86_64 (`syscall`) and aarch64 (`svc #0`). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -22,11 +22,20 @@ static long raw6(long nr, long a, long b, long c, long d, long e, long f)
         long r = syscall(nr, a, b, c, d, e, f);
         return r == -1 ? -errno : r;
     }
+#if defined(__x86_64__)
     long r;
     register long r10 __asm__("r10") = d, r8 __asm__("r8") = e, r9 __asm__("r9") = f;
     __asm__ volatile("syscall" : "=a"(r) : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
                      : "rcx", "r11", "memory");
     return r;
+#elif defined(__aarch64__) /* `svc #0`: the number in x8, the arguments and the result in x0.. */
+    register long x8 __asm__("x8") = nr, x0 __asm__("x0") = a, x1 __asm__("x1") = b, x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d, x4 __asm__("x4") = e, x5 __asm__("x5") = f;
+    __asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5) : "memory");
+    return x0;
+#else
+#error "raw_calls: a raw system call instruction for this architecture"
+#endif
 }
 #define raw(nr, ...) RAW_(nr, __VA_ARGS__, 0L, 0L, 0L, 0L, 0L, 0L)
 #define RAW_(nr, a, b, c, d, e, f, ...) raw6(nr, (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
@@ -69,7 +78,11 @@ int main(int argc, char **argv)
     CHECK(argc == 4, "usage: raw_calls DIR asm|libc TAG | raw_calls read FILE...");
     use_asm = strcmp(argv[2], "asm") == 0;
     const char *tag = argv[3];
+#ifdef SYS_open
     long dir = raw(SYS_open, argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+#else /* aarch64 has only the *at forms */
+    long dir = raw(SYS_openat, AT_FDCWD, argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+#endif
     CHECK(dir >= 0, "open %s: %s", argv[1], strerror((int)-dir));
     char tmp[64], fin[64], gone[64], sub[64];
     snprintf(tmp, sizeof tmp, "%s.safetensors.tmpX1", tag);
