@@ -16,7 +16,7 @@ import pytest
 
 from support import checkpoint_libraries
 from support.harness import load, monarch_env, write_config
-from support.writeback import published_tree
+from support.writeback import published_tree, writable_pfs
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, pytest.mark.timeout(300)]
 
@@ -47,9 +47,7 @@ def test_a_library_saves_under_write_back_as_directly(library, dataset, short_tm
     if missing(library):
         pytest.skip(f"{', '.join(missing(library))} not installed (scripts/install.sh installs them)")
     ds = dataset(files=10)
-    src = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(src)
-    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=150, open_latency_ms=0)
+    src, pfs = writable_pfs(short_tmp, slow_pfs)
     mnt = str(pfs.mountpoint)
     ignored = checkpoint_libraries.IGNORED.get(library, ())
 
@@ -96,9 +94,7 @@ def test_a_library_saves_where_raw_calls_cannot_be_watched(library, dataset, sho
     if missing(library):
         pytest.skip(f"{', '.join(missing(library))} not installed (scripts/install.sh installs them)")
     ds = dataset(files=10)
-    src = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(src)
-    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=150, open_latency_ms=0)
+    src, pfs = writable_pfs(short_tmp, slow_pfs)
     mnt = str(pfs.mountpoint)
     ignored = checkpoint_libraries.IGNORED.get(library, ())
     ck = os.path.join(mnt, "ck")

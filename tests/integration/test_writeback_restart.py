@@ -13,6 +13,7 @@ import pytest
 
 from support import checkpoint_libraries
 from support.harness import load, monarch, monarch_env
+from support.writeback import writable_pfs
 from test_writeback_jobs import config
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, pytest.mark.timeout(300)]
@@ -46,24 +47,28 @@ def job(base, root, ck, script, extra=""):
     return r, load(report)
 
 
+def saved(dataset, short_tmp, slow_pfs):
+    """Run 1 of a test: 4 shards saved under write-back on a writable emulated PFS, all kept. The
+    dataset's root, the PFS's backing directory, the PFS, and its mount (the write-back path)."""
+    ds = dataset(files=10)
+    src, pfs = writable_pfs(short_tmp, slow_pfs, mbps=200)
+    _, report = job(short_tmp, ds.root, str(pfs.mountpoint), SAVE)
+    assert report["writeback"]["kept_files"] == 4, report["writeback"]
+    return ds.root, src, pfs, str(pfs.mountpoint)
+
+
 def test_the_next_run_reads_the_checkpoint_from_the_node_and_a_changed_file_from_the_pfs(dataset, short_tmp,
                                                                                            slow_pfs):
     """Run 1 saves 4 shards (16 MiB) under write-back; run 2 reads them back: the PFS gives none of
     their bytes (its own count), every byte is the PFS file's, and the report says 4 opens from kept
     copies. Then one shard is rewritten on the PFS behind Monarch's back, same size, its mtime set back:
     run 3 reads the new bytes (from the PFS) and the other three from the node."""
-    ds = dataset(files=10)
-    src = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(src)
-    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=200, open_latency_ms=0)
-    ck = str(pfs.mountpoint)
-    _, saved = job(short_tmp, ds.root, ck, SAVE)
-    assert saved["writeback"]["kept_files"] == 4, saved["writeback"]
+    root, src, pfs, ck = saved(dataset, short_tmp, slow_pfs)
     backing = os.path.join(src, "step")
     expected = digests(backing)
 
     pfs.reset_counters()
-    r, report = job(short_tmp, ds.root, ck, LOAD)
+    r, report = job(short_tmp, root, ck, LOAD)
     assert json.loads(r.stdout.strip().splitlines()[-1]) == expected
     assert pfs.counters()["bytes"] <= 0.05 * 4 * (4 << 20), pfs.counters()
     wb = report["writeback"]
@@ -77,7 +82,7 @@ def test_the_next_run_reads_the_checkpoint_from_the_node_and_a_changed_file_from
     os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))  # and its time as it was: only ctime tells
     expected = digests(backing)
     pfs.reset_counters()
-    r, report = job(short_tmp, ds.root, ck, LOAD)
+    r, report = job(short_tmp, root, ck, LOAD)
     assert json.loads(r.stdout.strip().splitlines()[-1]) == expected
     assert (4 << 20) <= pfs.counters()["bytes"] <= 1.05 * ((4 << 20) + 4096), pfs.counters()
     wb = report["writeback"]
@@ -87,16 +92,10 @@ def test_the_next_run_reads_the_checkpoint_from_the_node_and_a_changed_file_from
 def test_keep_0_keeps_nothing_and_the_next_run_reads_the_pfs(dataset, short_tmp, slow_pfs):
     """`monarch cache drop` frees what a run kept; with `writeback.keep: 0` nothing is kept, and the
     next run reads the PFS."""
-    ds = dataset(files=10)
-    src = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(src)
-    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=200, open_latency_ms=0)
-    ck = str(pfs.mountpoint)
-    _, saved = job(short_tmp, ds.root, ck, SAVE)
-    assert saved["writeback"]["kept_files"] == 4
+    root, _, pfs, ck = saved(dataset, short_tmp, slow_pfs)
     r = monarch("cache", "drop", "--base", f"/dev/shm{short_tmp}/ram0")  # write_config's first tier: write-back's
     assert "kept-writes (4 files" in r.stdout, r.stdout + r.stderr
-    cfg = config(short_tmp, ds.root, ck)
+    cfg = config(short_tmp, root, ck)
     with open(cfg) as f:
         text = f.read()
     with open(cfg, "w") as f:
@@ -125,9 +124,7 @@ def test_a_library_loads_its_checkpoint_from_the_node_in_the_next_run(library, d
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed (scripts/install.sh installs them)")
     ds = dataset(files=10)
-    src = os.path.join(short_tmp, "pfs-src")
-    os.makedirs(src)
-    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=200, open_latency_ms=0)
+    src, pfs = writable_pfs(short_tmp, slow_pfs, mbps=200)
     mnt = str(pfs.mountpoint)
     cfg = config(short_tmp, ds.root, mnt)
     report = os.path.join(short_tmp, "report.json")

@@ -79,3 +79,12 @@ def published_tree(d, ignored=(), random_names=None):
                 with open(p, "rb") as f:
                     out[rel] = hashlib.sha256(f.read()).hexdigest()
     return out
+
+
+def writable_pfs(short_tmp, slow_pfs, mbps=150):
+    """A writable emulated PFS (writes at ``mbps`` MB/s, no open latency) over ``short_tmp``/pfs-src:
+    that backing directory, and the mount."""
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(src)
+    return src, slow_pfs(src, writable=True, write_bandwidth_mbps=mbps, open_latency_ms=0)
+
