@@ -68,6 +68,7 @@ class KeptWrites:
         self._mu = threading.Lock()
         self._lease = os.open(os.path.join(self.path, LEASE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lease, fcntl.LOCK_SH)  # in use: `monarch cache drop` leaves it
+        self._write_linger()  # (a run killed before its end leaves a store that still expires)
         self.figures = {"kept_files": 0, "kept_bytes": 0, "served_files": 0, "served_bytes": 0, "stale": 0}
         self._files = self._read()
 
@@ -225,16 +226,21 @@ class KeptWrites:
         self.figures["served_bytes"] += rec["size"]
         return local
 
+    def _write_linger(self) -> None:
+        with open(os.open(os.path.join(self.path, LINGER), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                          0o600), "w") as f:
+            f.write(str(self.linger))
+
     def close(self) -> None:
         """The run's end: the store lingers from now (its index written), the lease given back."""
         try:
             with self._changing():
-                with open(os.open(os.path.join(self.path, LINGER), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                                  0o600), "w") as f:
-                    f.write(str(self.linger))
+                self._write_linger()
         except OSError as e:
             log.warning("kept copies: %s: %s", self.path, e)
         os.close(self._lease)
+        if not self._files:  # nothing kept: nothing left behind (unless another run holds it)
+            drop(os.path.dirname(os.path.dirname(self.path)))
 
     def listing(self) -> list[tuple[str, int, float]]:
         """(PFS path, bytes, when kept) of every kept copy, newest first."""
@@ -279,7 +285,10 @@ def drop(base: str) -> str | None:
     """Remove the user's kept copies under ``base``: None, or why they stay (a live run uses them)."""
     import shutil
     path = store_path(base)
-    fd = os.open(os.path.join(path, LEASE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(os.path.join(path, LEASE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:  # no store (gone already)
+        return None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

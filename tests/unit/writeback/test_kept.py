@@ -72,3 +72,12 @@ def test_a_store_past_its_linger_is_emptied_by_the_next_run_and_a_live_one_is_no
     assert again.lookup(pfs) is None and describe(base)[1] == 0
     again.close()
     assert drop(base) is None and not os.path.exists(store_path(base))
+
+
+def test_a_store_that_kept_nothing_is_not_left_behind(tmp_path):
+    base = tier(tmp_path)
+    kept = KeptWrites(base, 10)
+    local, pfs = published(tmp_path, "a", b"x" * 100)  # larger than the room
+    kept.keep(pfs, local)
+    kept.close()
+    assert not os.path.exists(store_path(base))
