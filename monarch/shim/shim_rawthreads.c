@@ -76,7 +76,8 @@ static void monarch_raw_slot_free(void *p)
     char *slot = p;
     monarch_raw_own = __atomic_load_n(slot, __ATOMIC_RELAXED);
     monarch_raw_sel = &monarch_raw_own;
-    (void)monarch_raw_setup_pointer(&monarch_raw_own);
+    if (__atomic_load_n(&monarch_raw_on, __ATOMIC_ACQUIRE)) /* (off: this thread's dispatch never was on) */
+        (void)monarch_raw_setup_pointer(&monarch_raw_own);
     __atomic_store_n(&monarch_raw_taken[slot - monarch_raw_slots], 0, __ATOMIC_RELEASE);
 }
 
