@@ -11,6 +11,14 @@ pytest_plugins = ["support.fixtures"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_configure(config):
+    """A host without the room the suite's data needs says so once, first (support/space.py)."""
+    from support.space import short_of_space
+    why = short_of_space()
+    if why is not None:
+        raise pytest.UsageError(why)
+
+
 @pytest.fixture
 def short_tmp(tmp_path_factory):
     """A short temporary directory: Unix socket paths must stay under 108 bytes."""

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from support.harness import load, monarch, reader
+from support.harness import NO_RESERVE, load, monarch, reader
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ def two_tiers(short_tmp, root, ram_base, ssd_base) -> str:
         f.write(f'dataset: {{roots: ["{root}"]}}\nrun_base: "{run_base}"\n'
                 f'tiers:\n  - {{name: ram, path: "{ram_base}", capacity: 1GiB}}\n'
                 f'  - {{name: ssd, path: "{ssd_base}", capacity: 1GiB}}\n'
-                'staging: {policy: on-access, threads: 2, share: false}\n')
+                'staging: {policy: on-access, threads: 2, share: false}\n' + NO_RESERVE)
     return path
 
 

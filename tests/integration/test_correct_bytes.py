@@ -269,14 +269,6 @@ def test_a_root_reached_through_a_symlink_is_managed(dataset, short_tmp):
     assert rep["opened_from"]["ram"]["opens"] == 300
 
 
-def without_reserve(cfg: str) -> str:
-    """``cfg`` with no filesystem reserve: the tier fills its filesystem until ENOSPC (what these
-    tests check: room taken by others, past any reserve), not until the reserve stops it."""
-    with open(cfg, "a") as f:
-        f.write("filesystem_reserve: 0\n")
-    return cfg
-
-
 @pytest.fixture
 def small_tmpfs(short_tmp):
     mnt = os.path.join(short_tmp, "small")
@@ -293,8 +285,9 @@ def test_a_physically_full_tier_spills_to_the_next_and_the_pfs_is_counted_right(
     ds = dataset(files=200, size="8KiB")
     pfs = slow_pfs(ds.root, open_latency_ms=0)
     mounted = ds.__class__(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
-    cfg = without_reserve(write_tier_config(short_tmp, mounted.root, f"{short_tmp}/run", small_tmpfs,
-                                            f"{short_tmp}/ssd"))
+    # no filesystem reserve (write_tier_config's): the tier fills its filesystem until ENOSPC, room
+    # taken by others past any reserve, which is what this test checks
+    cfg = write_tier_config(short_tmp, mounted.root, f"{short_tmp}/run", small_tmpfs, f"{short_tmp}/ssd")
     report = os.path.join(short_tmp, "r.json")
     r = monarch("run", "-c", cfg, "--report", report, "--", *reader(mounted, epochs=3, workers=2))
     assert r.returncode == 0, r.stderr
@@ -345,8 +338,7 @@ def test_files_a_full_tier_filesystem_refuses_go_to_the_next_tier_whoever_copies
         add_file(ds, "class_000/large.bin", 8 << 20)
     pfs = slow_pfs(ds.root, open_latency_ms=open_ms)
     mounted = ds.__class__(str(pfs.mountpoint), ds.manifest, ds.files, ds.total)
-    cfg = without_reserve(write_tier_config(short_tmp, mounted.root, f"{short_tmp}/run", tmpfs_of_3mib,
-                                            f"{short_tmp}/ssd"))
+    cfg = write_tier_config(short_tmp, mounted.root, f"{short_tmp}/run", tmpfs_of_3mib, f"{short_tmp}/ssd")
     report = os.path.join(short_tmp, "r.json")
     r = monarch("run", "-c", cfg, "--report", report, "--", *reader(mounted, epochs=3, workers=2))
     assert r.returncode == 0, r.stderr  # every digest checked

@@ -9,7 +9,7 @@ import pytest
 from monarch.launch.drained import NOTHING_LEFT
 from monarch.writeback.area import Area
 from monarch.writeback.journal import Journal
-from support.harness import monarch
+from support.harness import NO_RESERVE, monarch
 from support.writeback import checkpoint_journal, pending
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ def setup(tmp_path):
     cfg.write_text(f"run_base: {tmp_path}\n"
                    f"tiers:\n  - {{name: ram, path: {other}, capacity: 1GiB}}\n"
                    f"  - {{name: ssd, path: {base}, capacity: 1GiB}}\n"
-                   "writeback: {tier: ssd}\n")
+                   "writeback: {tier: ssd}\n" + NO_RESERVE)
     return str(cfg), str(base), pfs
 
 

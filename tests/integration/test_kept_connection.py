@@ -19,7 +19,7 @@ from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.server import NodeServer
 from monarch.shim import shim_library
-from support.harness import make_bases
+from support.harness import NO_RESERVE, make_bases
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -56,7 +56,7 @@ def served(short_tmp):
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 4MiB}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5, share: false}}
-""")
+{NO_RESERVE}""")
     make_bases(cfg)
     s = Served(cfg)
     s.root = root

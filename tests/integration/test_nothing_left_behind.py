@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from support.harness import load, make_bases, monarch, monarch_env
+from support.harness import NO_RESERVE, load, make_bases, monarch, monarch_env
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ tiers:
   - {{name: ssd, path: "{base}", capacity: 1GiB}}
 peer: {{path: "{base}", capacity: 1GiB}}
 staging: {{policy: {policy}, threads: {threads}, share: false}}
-""")
+{NO_RESERVE}""")
     make_bases(path)  # as its user would: Monarch makes only its own monarch-<uid> inside a base
     return path, base, ram
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from support.harness import finish_group, load, make_bases, monarch, monarch_env, reader, start_group
+from support.harness import NO_RESERVE, finish_group, load, make_bases, monarch, monarch_env, reader, start_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuse, pytest.mark.timeout(600)]
 
@@ -35,7 +35,7 @@ tiers:
   - {{name: ram, path: "/dev/shm{base}/ram", capacity: {ram}}}
   - {{name: ssd, path: "{base}/ssd", capacity: 1GiB}}
 staging: {{policy: {policy}, share: {str(share).lower()}, linger: {linger}}}
-""")
+{NO_RESERVE}""")
     make_bases(path)
     return path
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from support.harness import load, monarch, monarch_env, reader, write_config, write_tier_config
+from support.harness import NO_RESERVE, load, monarch, monarch_env, reader, write_config, write_tier_config
 
 pytestmark = pytest.mark.integration
 
@@ -184,7 +184,7 @@ def one_tier_config(short_tmp, root, tier_base, policy="on-access") -> str:
     with open(path, "w") as f:
         f.write(f'dataset: {{roots: ["{root}"]}}\nrun_base: "{run_base}"\n'
                 f'tiers: [{{name: ssd, path: "{tier_base}", capacity: 1GiB}}]\n'
-                f'staging: {{policy: {policy}, threads: 2, share: false}}\n')
+                f'staging: {{policy: {policy}, threads: 2, share: false}}\n' + NO_RESERVE)
     return path
 
 

@@ -140,7 +140,7 @@ def ram_tier(report: dict) -> dict:
 
 def test_a_4mib_dev_shm_filled_by_the_tier_still_takes_the_applications_1mib(dataset, short_tmp, small_shm_allowed):
     ds = dataset(files=64, size="128KiB")  # 8 MiB: twice the tmpfs
-    cfg = write_config(short_tmp, ds.root, ram="1GiB", policy="read-ahead")
+    cfg = write_config(short_tmp, ds.root, ram="1GiB", policy="read-ahead", reserve=None)  # the shipped 25%
     report = os.path.join(short_tmp, "report.json")
     r = in_small_shm("4m", short_tmp, ["run", "-c", cfg, "--report", report, "--",
                                        sys.executable, "-c", READ_THEN_WRITE, ds.root, ds.manifest])
@@ -156,7 +156,7 @@ def test_a_4mib_dev_shm_filled_by_the_tier_still_takes_the_applications_1mib(dat
 
 def test_a_64mib_dev_shm_and_a_200mib_dataset_read_by_forked_workers(dataset, short_tmp, small_shm_allowed):
     ds = dataset(files=200, size="1MiB")
-    cfg = write_config(short_tmp, ds.root, ram="1GiB", policy="read-ahead")
+    cfg = write_config(short_tmp, ds.root, ram="1GiB", policy="read-ahead", reserve=None)  # the shipped 25%
     report = os.path.join(short_tmp, "report.json")
     r = in_small_shm("64m", short_tmp, ["run", "-c", cfg, "--report", report, "--",
                                         sys.executable, "-c", POOL_READER, ds.root, ds.manifest])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support.harness import load, monarch, monarch_env, reader, write_config, make_bases
+from support.harness import NO_RESERVE, load, monarch, monarch_env, reader, write_config, make_bases
 from monarch.tools.workload import make_dataset
 
 pytestmark = pytest.mark.mpi
@@ -162,7 +162,7 @@ tiers:
   - {{name: ram, path: "/dev/shm{short_tmp}/ram${{MONARCH_NODE}}", capacity: 1GiB, compression: zstd}}
 peer: {{path: "{short_tmp}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}
 staging: {{policy: on-access, threads: 2}}
-""")
+{NO_RESERVE}""")
     make_bases(cfg, nodes=4)
     cluster = DaemonCluster(nodes, cfg, short_tmp)
     try:

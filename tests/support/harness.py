@@ -14,10 +14,20 @@ from pathlib import Path
 REPO = str(Path(__file__).resolve().parents[2])
 
 
-def write_config(base, roots, ram="1GiB", ssd="1GiB", policy="on-access", keep=False, extra="", dirs=True, share=False):
+# The configurations tests write keep no filesystem reserve (``filesystem_reserve: 0``): their tiers
+# live in /tmp and /dev/shm, and a reserve of a share of the host's filesystem would stop them on a
+# host whose disk is more than 75% full. The tests of the reserve itself set one where the host's
+# disk cannot change what they see: on a small tmpfs of their own, on a filesystem whose size and
+# free space the test gives, or larger than any filesystem.
+NO_RESERVE = "filesystem_reserve: 0\n"
+
+
+def write_config(base, roots, ram="1GiB", ssd="1GiB", policy="on-access", keep=False, extra="", dirs=True, share=False,
+                 reserve="0"):
     """A configuration in ``base`` (``share``: staging.share; off, the job stages privately, as the
     tests of everything but sharing expect). ``dirs=False`` leaves the run's directories and tiers to the
-    shipped defaults, which separate runs by their identity (set TMPDIR and MONARCH_SSD)."""
+    shipped defaults, which separate runs by their identity (set TMPDIR and MONARCH_SSD). ``reserve``:
+    its ``filesystem_reserve`` (by default none, as NO_RESERVE), or None: the shipped default's."""
     path = os.path.join(base, "monarch.yaml")
     roots_yaml = ", ".join(json.dumps(r) for r in ([roots] if isinstance(roots, str) else roots))
     places = f"""run_base: "{base}/run${{MONARCH_NODE}}"
@@ -29,6 +39,7 @@ peer: {{path: "{base}/peer${{MONARCH_NODE}}", capacity: 1GiB, timeout: 5}}
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: [{roots_yaml}]}}
 {places if dirs else ""}staging: {{policy: {policy}, threads: 2, share: {str(share).lower()}}}
+{"" if reserve is None else f"filesystem_reserve: {reserve}"}
 {extra}""")
     if dirs:
         make_bases(path, nodes=TEST_NODES)
@@ -65,13 +76,13 @@ SHARD_SPLIT = (16, 8, 4)  # ram : ssd : peer area of each node's storage, as mea
 
 def write_cluster_config(base: str, root: str, name: str, nodes: int, storage: str) -> str:
     """``base``/``name``: the dataset ``root``, each node's run base, its ``storage`` (tiers and
-    peer lines), read-ahead staging; the bases made here for nodes 0..nodes-1."""
+    peer lines), read-ahead staging, no filesystem reserve; the bases made here for nodes 0..nodes-1."""
     path = os.path.join(base, name)
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{base}/run${{MONARCH_NODE}}"
 {storage}staging: {{policy: read-ahead}}
-""")
+{NO_RESERVE}""")
     make_bases(path, nodes=nodes)
     return path
 
@@ -189,8 +200,8 @@ def run_dirs(base, node=0):
 
 
 def write_tier_config(base, root, run_base, ram_base, ssd_base, name="c.yaml", make=True):
-    """A configuration with explicit run and tier base directories (write_config derives them);
-    ``make``: make the bases that are missing."""
+    """A configuration with explicit run and tier base directories (write_config derives them), no
+    filesystem reserve; ``make``: make the bases that are missing."""
     path = os.path.join(base, name)
     with open(path, "w") as f:
         f.write(f"""dataset: {{roots: ["{root}"]}}
@@ -199,7 +210,7 @@ tiers:
   - {{name: ram, path: "{ram_base}", capacity: 1GiB}}
   - {{name: ssd, path: "{ssd_base}", capacity: 1GiB}}
 staging: {{share: false}}
-""")
+{NO_RESERVE}""")
     if make:
         make_bases(path)
     return path

@@ -6,6 +6,8 @@ import signal
 import subprocess
 import time
 
+from support.harness import NO_RESERVE
+
 
 class RedisServer:
     """``redis-server`` on ``<dir>/redis.sock`` (0700 directory), no TCP, no persistence."""
@@ -69,7 +71,8 @@ def _redis():
 
 
 def store_config(base: str, mount: str, url: str, policy: str = "read-ahead", extra: str = "") -> str:
-    """A configuration mounting the store at ``url`` on ``mount`` (which does not exist on disk)."""
+    """A configuration mounting the store at ``url`` on ``mount`` (which does not exist on disk), no
+    filesystem reserve."""
     path = os.path.join(base, "store.yaml")
     with open(path, "w") as f:
         f.write(f"""dataset:
@@ -80,7 +83,7 @@ tiers:
   - {{name: ram, path: "/dev/shm{base}/ram", capacity: 1GiB}}
   - {{name: ssd, path: "{base}/ssd", capacity: 1GiB}}
 staging: {{policy: {policy}}}
-{extra}""")
+{NO_RESERVE}{extra}""")
     for d in (f"{base}/run", f"/dev/shm{base}/ram", f"{base}/ssd"):
         os.makedirs(d, exist_ok=True)
     return path

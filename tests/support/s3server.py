@@ -91,7 +91,10 @@ class SeaweedS3:
         args = [weed(), f"-logdir={directory}/log", "server", f"-dir={directory}/data", "-ip=127.0.0.1",
                 "-ip.bind=127.0.0.1", "-s3", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
                 f"-s3.localSocket={directory}/s3.sock", f"-filer.localSocket={directory}/filer.sock",
-                "-master.volumeSizeLimitMB=1024", "-volume.max=0", "-volume.preStopSeconds=0"]
+                # volumes: a fixed count, not one per GiB of the disk's free space (a nearly full disk
+                # left no room for a second bucket's), nor read-only once 1% of the disk is left
+                "-master.volumeSizeLimitMB=1024", "-volume.max=64", "-volume.minFreeSpace=64MiB",
+                "-volume.preStopSeconds=0"]
         for name in self.ports:
             args += [f"-{name}.port={self.ports[name]}", f"-{name}.port.grpc={self.grpc[name]}"]
         self.proc = subprocess.Popen(args, cwd=directory, stdout=open(os.path.join(directory, "log", "out"), "w"),

@@ -14,7 +14,7 @@ from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.hints import Hints, HintedSampler
 from monarch.node.server import NodeServer
-from support.harness import make_bases
+from support.harness import NO_RESERVE, make_bases
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def served(short_tmp):
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: {20 * unit}}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5, share: false}}
-""")
+{NO_RESERVE}""")
     make_bases(cfg)
     daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r1")
     server = NodeServer(daemon, embedded=False)

@@ -23,7 +23,7 @@ from monarch.node.daemon import NodeDaemon
 from monarch.node.server import NodeServer
 from monarch.node.snapshot.snapshot import describe_rest
 from monarch.routes import FileFacts, Route, route_of
-from support.harness import unix_connect as connect, make_bases
+from support.harness import NO_RESERVE, unix_connect as connect, make_bases
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
 
@@ -52,18 +52,19 @@ def fast_root(short_tmp: str) -> str:
 
 @pytest.fixture
 def daemon_on(short_tmp):
-    """``start(root, policy=..., capacity=..., **staging)`` -> (daemon, server): served until teardown."""
+    """``start(root, policy=..., capacity=..., **staging)`` -> (daemon, server): served until teardown (no
+    filesystem reserve: NO_RESERVE)."""
     running = []
 
     def start(root: str, policy: str = "on-access", capacity: str = "64MiB", threads: "int | str" = 2, extra: str = "",
-              tier_path: str | None = None, serve: bool = True, top: str = ""):
+              tier_path: str | None = None, serve: bool = True):
         cfg = os.path.join(short_tmp, f"c{len(running)}.yaml")
         with open(cfg, "w") as f:
             f.write(f"""dataset: {{roots: ["{root}"]}}
 run_base: "{short_tmp}/run{len(running)}"
 tiers: [{{name: ram, path: "{tier_path or f'{short_tmp}/ram{len(running)}'}", capacity: {capacity}}}{extra}]
 staging: {{policy: {policy}, threads: {threads}, resolve_timeout: 20, share: false}}
-{top}""")
+{NO_RESERVE}""")
         make_bases(cfg)
         daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), f"r{len(running)}")
         server = NodeServer(daemon, embedded=False)
@@ -396,9 +397,8 @@ def test_a_tier_whose_filesystem_fills_stops_the_doors_copies(short_tmp, daemon_
         pytest.skip("cannot mount a tmpfs here")
     try:
         # the configuration says 64 MiB; the filesystem holds about 40 of the files, and no reserve
-        # stops the tier before it is full (room others took, past any reserve)
-        daemon, _ = daemon_on(root, tier_path=small, extra=f', {{name: ssd, path: "{short_tmp}/ssd", capacity: 64MiB}}',
-                              top="filesystem_reserve: 0\n")
+        # (daemon_on's) stops the tier before it is full (room others took, past any reserve)
+        daemon, _ = daemon_on(root, tier_path=small, extra=f', {{name: ssd, path: "{short_tmp}/ssd", capacity: 64MiB}}')
         for key, digest in sums.items():
             status, path = ask_open(daemon.socket_path, key)
             assert status >= protocol.FIRST_TIER_SLOT and md5_of(path) == digest, key

@@ -13,7 +13,7 @@ from monarch.node.daemon import NodeDaemon
 from monarch.node.resolver import PFS
 from monarch.errors import PeerError
 from monarch.node.snapshot.snapshot import take_snapshot
-from support.harness import make_bases, resolve
+from support.harness import NO_RESERVE, make_bases, resolve
 
 
 class FakeCluster:
@@ -66,7 +66,7 @@ run_base: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
 peer: {{path: "{tmp_path}/peer", capacity: {2 * unit + unit // 2}, timeout: 0.2}}  # room for two files
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5, share: false}}
-""")
+{NO_RESERVE}""")
     make_bases(cfg)
 
     def make(cluster):
@@ -157,7 +157,7 @@ run_base: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: 1MiB}}]
 peer: {{path: "{tmp_path}/peer", capacity: 50%}}
 staging: {{policy: on-access, share: false}}
-""")
+{NO_RESERVE}""")
     make_bases(cfg)
     config = load_config(str(cfg), env={"USER": "u"})
     cluster = FakeCluster(node=0)

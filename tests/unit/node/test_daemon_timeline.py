@@ -12,7 +12,7 @@ from monarch import frontdoor, protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.server import NodeServer
-from support.harness import unix_connect as connect, make_bases
+from support.harness import NO_RESERVE, unix_connect as connect, make_bases
 
 
 # -- the timeline's used.<tier> is bytes in the tier, not room lent to the front door -----------
@@ -33,7 +33,7 @@ def test_the_timeline_counts_bytes_in_the_tier_not_room_lent_to_the_front_door(s
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1GiB}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 20, share: false}}
-""")
+{NO_RESERVE}""")
     make_bases(cfg)
     daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r0")
     server = NodeServer(daemon, embedded=False)

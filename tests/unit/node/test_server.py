@@ -16,7 +16,7 @@ from monarch import protocol
 from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.server import NodeServer
-from support.harness import unix_connect as connect, make_bases
+from support.harness import NO_RESERVE, unix_connect as connect, make_bases
 
 
 @pytest.fixture(params=["front-door", "python-only"])
@@ -37,7 +37,7 @@ def served(short_tmp, request, monkeypatch):
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5, share: false}}
-""")
+{NO_RESERVE}""")
     make_bases(cfg)
     daemon = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r1")
     server = NodeServer(daemon, embedded=False)

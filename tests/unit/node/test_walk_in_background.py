@@ -19,7 +19,7 @@ from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.snapshot.gate import SnapshotState
 from monarch.node.server import NodeServer
-from support.harness import unix_connect as connect, make_bases
+from support.harness import NO_RESERVE, unix_connect as connect, make_bases
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,7 +40,7 @@ def gated(short_tmp, monkeypatch):
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 20, share: false}}
-""")
+{NO_RESERVE}""")
     make_bases(cfg)
     gate = threading.Event()
     state = {"fail": None}

@@ -12,7 +12,7 @@ import pytest
 from monarch.config import load_config
 from monarch.launch import service
 from monarch.node.daemon import NodeDaemon
-from support.harness import make_bases
+from support.harness import NO_RESERVE, make_bases
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,7 +30,7 @@ def job(short_tmp: str, keep: bool, run: str) -> str:
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram-{keep}", capacity: 1MiB, keep: {str(keep).lower()}}}]
 staging: {{policy: on-access, threads: 2, share: false}}
-""")
+{NO_RESERVE}""")
     make_bases(cfg)
     config = load_config(cfg, env={"USER": "u"})
     d = NodeDaemon(config, run)

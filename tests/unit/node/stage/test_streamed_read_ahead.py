@@ -18,7 +18,7 @@ from monarch.config import load_config
 from monarch.node.daemon import NodeDaemon
 from monarch.node.snapshot.gate import SnapshotState
 from monarch.node.snapshot.snapshot import take_snapshot
-from support.harness import make_bases
+from support.harness import NO_RESERVE, make_bases
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,7 +72,7 @@ def paused_walk(short_tmp, monkeypatch):
 run_base: "{short_tmp}/run"
 tiers: [{{name: ram, path: "{short_tmp}/ram", capacity: 1MiB, keep: {str(keep).lower()}}}]
 staging: {{policy: read-ahead, threads: 2, share: false}}
-""")
+{NO_RESERVE}""")
         make_bases(cfg)
         d = NodeDaemon(load_config(cfg, env={"USER": "u"}), "r1", background=True)
         made.append(d)

@@ -19,7 +19,7 @@ from monarch.node.stage.stager import Stager
 from monarch.node.tiers.tiers import DecodedFiles, Tier
 
 from test_codecs import compressible, tier  # noqa: E402 (tests/unit is on sys.path: pytest's prepend mode)
-from support.harness import make_bases, resolve
+from support.harness import NO_RESERVE, make_bases, resolve
 
 SIZE = 50_000
 INFO = FileInfo(0, 0, 0o100644)  # a source's stat, for DecodedFiles.put
@@ -40,7 +40,7 @@ run_base: "{tmp_path}/run"
 tiers: [{{name: ram, path: "{tmp_path}/ram", capacity: {capacity}, compression: zstd, decoded_cache: {decoded_cache},
          keep: {str(keep).lower()}}}]
 staging: {{policy: on-access, threads: 2, resolve_timeout: 5, share: false}}
-""")
+{NO_RESERVE}""")
     make_bases(cfg)
     return NodeDaemon(load_config(str(cfg), env={"USER": "u"}), "r1"), root
 

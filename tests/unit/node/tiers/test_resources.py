@@ -87,6 +87,7 @@ def test_a_disk_tier_has_no_memory_guard(tmp_path, monkeypatch, node):
 
 
 def test_capacity_share_of_available_memory(tmp_path, monkeypatch, node):
+    monkeypatch.setattr(resources, "free_space", lambda path: 64 * GiB)  # its tmpfs larger than what is available
     tier = _tier(tmp_path, monkeypatch, capacity=0, share=0.5)
     assert tier.capacity == 4 * GiB
     assert tier.describe()["capacity_from"] == "50% of available memory"
