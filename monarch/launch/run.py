@@ -36,7 +36,7 @@ from monarch.report.sharing import sharing_at_start
 from monarch.report.build import session_delta
 from monarch.report.bypass import bypass_warning
 from monarch.report.fallbacks import entry, say
-from monarch.report.text import print_report
+from monarch.report.text import no_room_words, print_report
 from monarch.shim import shim_library
 
 log = logging.getLogger(__name__)
@@ -424,10 +424,15 @@ def _write_through_unwatched(env: dict[str, str], out) -> str | None:
 
 
 def _say_unused_tiers(session: Session) -> None:
-    """One line per tier the daemon could not use, at the start: its own log is a file."""
+    """One line per tier the daemon could not use, or whose filesystem leaves it no room beside the
+    application's reserve, at the start: its own log is a file."""
     errors = session.run.get("tier_errors")
     for name, reason in (errors.items() if isinstance(errors, dict) else ()):
         log.warning("tier %s is not used (the run goes on without it): %s", name, reason)
+    room = session.run.get("tier_room")
+    for name, tier in (room.items() if isinstance(room, dict) else ()):
+        if words := no_room_words([tier], now=True):
+            log.warning("tier %s takes no file: %s", name, words)
     for line in sharing_at_start(session.run.get("tier_sharing")):
         log.warning("%s", line)
 

@@ -529,7 +529,13 @@ class NodeDaemon:
         """Who this daemon is, for a launcher deciding whether to attach."""
         return {"run": self.run_id, "node": self.node, "roots": list(self.config.dataset.roots), "pid": os.getpid(),
                 "served": served(self.config), "config": self.config.source, "tier_errors": dict(self.tier_errors),
-                "tier_sharing": shared_tier.sharing(self.tiers)}
+                "tier_sharing": shared_tier.sharing(self.tiers),
+                # each tier's filesystem's free space when it was made, and its reserve: the launcher says at
+                # the start which tier that leaves no room (report/text.py, no_room_words)
+                "tier_room": {t.name: {"filesystem_free_at_start": t.filesystem.at_start,
+                                       "filesystem_reserve": t.filesystem.reserve,
+                                       "filesystem_reserve_from": t.filesystem.whence}
+                              for t in self._all_tiers() if t.filesystem is not None}}
 
     def close(self) -> None:
         """Stop staging and remove what the run asked not to keep. The run directory keeps

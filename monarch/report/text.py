@@ -366,8 +366,10 @@ def allocation_words(used: int, allocated: int | None) -> str | None:
 def _print_tiers(report: dict, w) -> None:
     """One row per tier: its files' bytes against its capacity, how full (by what its filesystem
     allocates, what the capacity counts), and under it the allocation when it is well above
-    the bytes."""
+    the bytes, and why a tier that stopped at its filesystem's reserve, or that had no room
+    beside it from the start, stopped."""
     w(f"\n{'tier':<10}{'used':>12} / {'capacity':<18}{'files':>8}  state\n")
+    nodes = [n for n in report.get("nodes") or [] if n]
     for t in report["tiers"]:
         cap = t.get("capacity") or 0
         allocated = tier_allocation(report, t)
@@ -378,8 +380,29 @@ def _print_tiers(report: dict, w) -> None:
           f"{tier_state_words(t)}{why}\n")
         if words := allocation_words(t["used"], allocated):
             w(f"{'':<10}{'':>12}   {words} (whole blocks or pages: what the capacity counts)\n")
-        if t.get("stopped") == "filesystem_reserve" and (words := reserve_words(report, t)):
+        if not t.get("files") and (words := no_room_words(
+                [x for n in nodes for x in n.get("tiers") or [] if x.get("name") == t["name"]], len(nodes))):
+            w(f"{'':<10}{'':>12}   could take no file: {words}\n")
+        elif t.get("stopped") == "filesystem_reserve" and (words := reserve_words(report, t)):
             w(f"{'':<10}{'':>12}   {words}\n")
+
+
+def no_room_words(tiers: list[dict], nodes: int = 1, now: bool = False) -> str | None:
+    """Why a tier takes no file (``tiers``: its entries of the nodes' ``tiers``, of ``nodes``): its
+    filesystem had no more free than the application's reserve when the daemon made it (the first
+    node where it had, with how many), and the key that changes it; None where it had room."""
+    short = [t for t in tiers if t.get("filesystem_free_at_start") is not None
+             and t["filesystem_free_at_start"] <= t.get("filesystem_reserve", 0)]
+    if not short:
+        return None
+    t = short[0]
+    free, reserve = t["filesystem_free_at_start"], t.get("filesystem_reserve", 0)
+    when = "" if now else " when the daemon started"
+    where = f" on {len(short)} of {nodes} nodes" if nodes > 1 else ""
+    return (f"its filesystem {'has' if now else 'had'} {human(free)} free{when}{where}, "
+            f"{'less' if free < reserve else 'no more'} than the {human(reserve)} it leaves free for the "
+            f"application: {t.get('filesystem_reserve_from') or 'filesystem_reserve'}; a smaller filesystem_reserve "
+            "(a size, a share, or 0) lets it take files")
 
 
 def reserve_words(report: dict, tier: dict) -> str | None:

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from monarch.node.tiers.resources import mount_of
 from monarch.tools.slowpfs import fuse_unavailable_reason
 from support.harness import load, monarch, monarch_env, reader, run_dirs, write_config
 
@@ -107,6 +108,30 @@ def test_full_tiers_pin_what_they_hold_and_the_rest_stays_on_the_pfs(dataset, sh
     assert tier_opens == 3 * staged
     assert rep["opened_from"]["pfs"]["opens"] == 3 * (100 - staged)
     assert rep["pfs"]["staging_bytes"] == rep["staging"]["bytes"] <= 2 * cap
+
+
+def test_a_tier_with_no_room_beside_the_filesystem_reserve_is_said_at_the_start_and_in_the_report(dataset, short_tmp):
+    """A reserve larger than any filesystem here leaves both tiers no room (as 25% does a host whose
+    disk is more than 75% full): the job reads the PFS, and the launcher says at its start, and the
+    report under each tier, why and which key changes it."""
+    ds = dataset(files=20, size="4KiB")
+    report = os.path.join(short_tmp, "report.json")
+    cfg = write_config(short_tmp, ds.root, policy="read-ahead", reserve="4096TiB")
+    r = monarch("run", "-c", cfg, "--report", report, "--", *reader(ds, epochs=2, workers=1))
+    assert r.returncode == 0, r.stderr
+    rep = load(report)
+    assert rep["staging"]["files"] == 0 and rep["opened_from"]["pfs"]["opens"] == 40
+    why = (" less than the 4096.0 TiB it leaves free for the application: 4096.0 TiB (filesystem_reserve) on {}; "
+           "a smaller filesystem_reserve (a size, a share, or 0) lets it take files")
+    start, end = r.stderr.split("Monarch access report", 1)
+    table = end.split("\ntier ", 1)[1].splitlines()  # the report's table of the tiers
+    for name, base in (("ram", "/dev/shm"), ("ssd", f"{short_tmp}/ssd0")):
+        because = why.format(mount_of(base)[0])
+        (said,) = [line for line in start.splitlines() if f"tier {name} takes no file: its filesystem has " in line]
+        assert said.endswith(" free," + because), said
+        under = table[next(i for i, line in enumerate(table) if line.startswith(f"{name} ")) + 1].strip()
+        assert under.startswith("could take no file: its filesystem had ") and \
+            under.endswith(" free when the daemon started," + because), end
 
 
 def test_read_ahead_stages_everything_in_the_background(dataset, short_tmp):

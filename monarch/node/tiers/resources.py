@@ -190,10 +190,22 @@ class FilesystemGuard(RoomGuard):
                  read_free: Callable[[], int] | None = None):
         super().__init__(reserve, read_free or (lambda: _free_or_none(path)), max_age)
         self.path, self.whence = path, whence
+        self.at_start: int | None = None  # the free space when the tier was made (read_at_start)
 
     @property
     def reserve(self) -> int:
         return self.floor
+
+    def read_at_start(self, tier: str) -> int:
+        """The filesystem's free space now, kept as ``at_start``: a tier whose filesystem has no
+        more free than the reserve when it is made takes no file, and says so."""
+        with self._lock:
+            self._left_locked()
+            self.at_start = self._available
+        if self.at_start <= self.floor:
+            log.warning("tier %s: takes no file: its filesystem has %d bytes free, within the application's "
+                        "reserve of %d bytes, %s", tier, self.at_start, self.floor, self.whence)
+        return self.at_start
 
     def describe(self) -> dict:
         with self._lock:

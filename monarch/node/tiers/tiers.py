@@ -117,6 +117,7 @@ class Tier:
         if filesystem_reserve is not None and (filesystem_reserve[0] > 0 or filesystem_reserve[1] is not None):
             keep, whence = reserve_bytes(storage.path, *filesystem_reserve)
             kept_free = FilesystemGuard(storage.path, keep, whence)
+            kept_free.read_at_start(cfg.name)  # no room beyond the reserve: said now, by the launcher, in the report
             # the configured capacity is an upper bound: never more than the filesystem holds beside the reserve
             most = max(0, filesystem_size(storage.path) - keep)
             if capacity > most:
@@ -374,6 +375,7 @@ class Tier:
         if self.filesystem is not None:
             out["filesystem_reserve"] = self.filesystem.reserve
             out["filesystem_reserve_from"] = self.filesystem.whence
+            out["filesystem_free_at_start"] = self.filesystem.at_start  # kept_nothing_words (report/text.py)
         return out
 
 

@@ -288,6 +288,29 @@ def test_a_tier_stopped_at_its_filesystem_reserve_says_how_much_it_left_free_and
                                       "25% of the 64.0 MiB of /dev/shm (filesystem_reserve)")
 
 
+def test_a_tier_whose_filesystem_had_no_room_beside_the_reserve_says_it_could_take_no_file_and_the_key():
+    """A host whose / is 252 GiB with 60 GiB free: the tiers there keep its 25%, 63 GiB, and take
+    nothing, whether the tiers before took every file or a copy was refused; a tier that had room
+    says nothing of it."""
+    GiB = 1 << 30
+    no_room = {"filesystem_reserve": 63 * GiB, "filesystem_free_at_start": 60 * GiB,
+               "filesystem_reserve_from": "25% of the 252.0 GiB of / (filesystem_reserve)"}
+    n = node({"ram": {"opens": 10, "bytes": 10 * MiB}})
+    n["tiers"] = [{"name": "ram", "capacity": 4 * GiB, "used": 10 * MiB, "files": 10, "refused": {}, "stopped": None,
+                   "filesystem_reserve": GiB, "filesystem_free_at_start": 20 * GiB, "filesystem_reserve_from": "x"},
+                  {"name": "ssd", "capacity": 32 * GiB, "used": 0, "files": 0, "refused": {}, "stopped": None, **no_room},
+                  {"name": "disk", "capacity": 32 * GiB, "used": 0, "files": 0, "refused": {"filesystem_reserve": 5},
+                   "stopped": "filesystem_reserve", **no_room}]
+    lines = text(build_report([n], JOB)).splitlines()
+    said = ("could take no file: its filesystem had 60.0 GiB free when the daemon started, less than the 63.0 GiB it "
+            "leaves free for the application: 25% of the 252.0 GiB of / (filesystem_reserve); a smaller "
+            "filesystem_reserve (a size, a share, or 0) lets it take files")
+    for name, state in (("ssd", "offered no file"), ("disk", "stopped at its filesystem's reserve")):
+        row = next(i for i, line in enumerate(lines) if line.startswith(name + " "))
+        assert state in lines[row] and lines[row + 1].strip() == said, lines
+    assert sum("could take no file" in line for line in lines) == 2
+
+
 def as_written_before_4(report, schema):
     """``report`` as a schema before /4 wrote it: ``sources`` for ``opened_from``, in the nodes too."""
     def old(d):

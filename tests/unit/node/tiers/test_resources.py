@@ -203,6 +203,20 @@ def test_no_reserve_is_kept_with_filesystem_reserve_0(tmp_path, monkeypatch, nod
     assert tier.reserve(MiB)
 
 
+def test_a_tier_whose_filesystem_has_no_room_beside_the_reserve_says_so_when_it_is_made(tmp_path, monkeypatch, node,
+                                                                                       small_fs, caplog):
+    small_fs["free"] = 15 * MiB  # others' files took the rest: less free than the 16 MiB reserve
+    tier = _fs_tier(tmp_path, monkeypatch, capacity=4 * GiB, reserve=(0, 0.25))
+    assert not tier.reserve(4096) and tier.refused == {"filesystem_reserve": 1}
+    assert tier.describe()["filesystem_free_at_start"] == 15 * MiB  # what the launcher and the report say
+    assert "tier ram: takes no file: its filesystem has 15728640 bytes free, within the application's reserve " \
+           "of 16777216 bytes, 25% of the 64.0 MiB of " in caplog.text
+    caplog.clear()
+    small_fs["free"] = 17 * MiB
+    assert _fs_tier(tmp_path / "room", monkeypatch, capacity=4 * GiB, reserve=(0, 0.25)).reserve(4096)
+    assert "takes no file" not in caplog.text
+
+
 def test_decoded_files_of_a_compressing_tier_keep_the_reserve_too(tmp_path, monkeypatch, node, small_fs):
     from monarch.node.snapshot.snapshot import FileInfo
     info = FileInfo(0, 0, 0o100644)  # a source's stat
