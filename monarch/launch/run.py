@@ -172,6 +172,7 @@ def app_env(session_env: dict[str, str], shim: str) -> dict[str, str]:
     # what the shim takes from the daemon, only from it: a user's own MONARCH_WRITEBACK configured the
     # daemon; the shim's copy says what this daemon answers for (nothing, when it is not in the answer)
     env.pop(protocol.ENV_WRITEBACK, None)
+    env.pop(protocol.ENV_WRITEBACK_MARKS, None)
     env.update(session_env)
     preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != shim]
     env["LD_PRELOAD"] = ":".join([shim, *preload])
@@ -419,6 +420,7 @@ def _write_through_unwatched(env: dict[str, str], out) -> str | None:
     why = unwatched_reason(env)
     if why is not None:
         del env[protocol.ENV_WRITEBACK]
+        env.pop(protocol.ENV_WRITEBACK_MARKS, None)
         out.write("".join(say([entry("writeback-through", why)])) + "\n")
     return why
 

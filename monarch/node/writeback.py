@@ -34,6 +34,7 @@ from monarch.writeback.area import Area, sole_opener
 from monarch.writeback.drain import Outcome, copy_bytes, drain, temporary_name
 from monarch.writeback.journal import Journal
 from monarch.writeback.kept import KeptWrites
+from monarch.writeback.marks import NAME as MARKS, Marks
 from monarch.writeback.view import Local, View
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,16 @@ def _pfs(path: str) -> bytes:
     return protocol.encode_answer(wire.WB_ANSWER_PFS, os.fsencode(path))
 
 
+def _marks(area: Area) -> Marks | None:
+    """The area's marks for the shim (None: it cannot be made, said: the shim asks for every path)."""
+    try:
+        return Marks(os.path.join(area.path, MARKS))
+    except OSError as e:
+        log.warning("write-back: no marks of the changed paths in %s (%s): every stat under the write-back "
+                    "paths asks the daemon", area.path, e)
+        return None
+
+
 class WritebackRoom:
     """One run's write-back on this node: its area, view, journal and drain."""
 
@@ -60,8 +71,11 @@ class WritebackRoom:
         self.partners = None          # partner.Partners under fsync: partner (a cluster)
         self.area = Area.create(base, run_id, node)
         self.journal = Journal(self.area.journal_path, durable=durable)
-        self.view = View(self.paths, self.area, self.journal)
+        self.marks = _marks(self.area)
+        self.view = View(self.paths, self.area, self.journal, self.marks)
         self.kept = KeptWrites.made(base, keep, linger)  # published files kept for the next runs, and theirs read (None: keep 0)
+        if self.kept is not None and self.marks is not None:
+            self.kept.mark_in(self.marks)
         self._cond = threading.Condition()
         self._upto = 0                # every record up to here is on the PFS (the last drain's)
         self._moving = 0              # the same, as the drain goes (what other nodes wait for)
@@ -115,7 +129,10 @@ class WritebackRoom:
                 log.warning("write-back: cannot keep what the other nodes published (%s)", e)
 
     def client_env(self) -> dict[str, str]:
-        return {protocol.ENV_WRITEBACK: ":".join(self.paths)}
+        env = {protocol.ENV_WRITEBACK: ":".join(self.paths)}
+        if self.marks is not None:
+            env[protocol.ENV_WRITEBACK_MARKS] = self.marks.path
+        return env
 
     # -- the shim's calls (on the server's request threads) ------------------------------------
     def call(self, body: bytes) -> bytes:
@@ -160,7 +177,7 @@ class WritebackRoom:
                     kept = self.kept.lookup(c.path)  # an earlier run's (or this one's) published file, unchanged
                     if kept is not None:
                         return _pfs(kept)
-                if self.view.is_dir(c.path) and not os.path.isdir(where):  # made by the job, not drained yet
+                if self.view.made_dir(c.path) and not os.path.isdir(where):  # made by the job, not drained yet
                     return _pfs(self._listing_dir(c.path))
                 entry = self.view.entry(c.path)
                 if kind == "local" and isinstance(entry, Local):  # its copy's mode is 0600; the job's is this

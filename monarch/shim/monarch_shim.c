@@ -635,8 +635,10 @@ static void monarch_init(void)
         MONARCH_DEBUG(1, "%s: path longer than %zu bytes; not asking the daemon", MONARCH_ENV_SOCKET,
                       sizeof monarch_sockaddr.sun_path - 1);
     }
-    if (monarch_have_socket)
+    if (monarch_have_socket) {
         monarch_wb_parse(getenv(MONARCH_ENV_WRITEBACK)); /* the daemon answers for them: shim_writeback.c */
+        monarch_wb_map_marks(getenv(MONARCH_ENV_WRITEBACK_MARKS)); /* ... for the paths marked there */
+    }
     monarch_env_ms(MONARCH_ENV_TIMEOUT, &monarch_timeout_ms);
     monarch_env_ms(MONARCH_ENV_INDEX_WAIT, &monarch_index_wait_ms);
     monarch_view_parse();

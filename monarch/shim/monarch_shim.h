@@ -305,6 +305,7 @@ static int monarch_store_key(const char *key);  /* a key under a root served fro
 static int monarch_sys_fstat(int fd, struct stat *st);  /* the kernel's, never our wrapper */
 static int monarch_sys_lstatat(int dirfd, const char *path, struct stat *st);
 static int monarch_map_index(const char *path, int *missing);  /* the index mapped and validated */
+static void *monarch_map_file(const char *path, int writable, size_t minsize, size_t *sizep); /* ours alone */
 static void monarch_ensure_init(void);
 /* counting and the fd tables (hot path: no lock, no allocation, no log) */
 static inline uint64_t *monarch_counter(unsigned slot, unsigned which);

@@ -65,6 +65,64 @@ static void monarch_wb_parse(const char *env)
     }
 }
 
+/* The paths where the job's view differs from the PFS, as the daemon marks them (a counting Bloom
+ * filter: monarch/writeback/marks.py): a stat, access, read-only open or listing of a path with
+ * nothing marked on it or above it is the PFS's own, and asks no one. NULL: every path is asked. */
+static const uint8_t *monarch_wb_marks;
+static uint64_t monarch_wb_marks_mask;
+#define MONARCH_FNV_BASIS 0xcbf29ce484222325ULL
+#define MONARCH_FNV_PRIME 0x100000001b3ULL
+
+static void monarch_wb_map_marks(const char *path)
+{
+    if (!monarch_nwb || !path || !path[0])
+        return;
+    size_t size = 0;
+    const uint8_t *m = monarch_map_file(path, 0, MONARCH_WB_MARKS_HEADER_SIZE, &size);
+    uint32_t slots = 0;
+    if (m)
+        memcpy(&slots, m + 8, sizeof slots);
+    if (!m || memcmp(m, MONARCH_WB_MARKS_MAGIC, 8) != 0 || !slots || (slots & (slots - 1))
+        || size != MONARCH_WB_MARKS_HEADER_SIZE + (size_t)slots) {
+        MONARCH_DEBUG(1, "%s=%s: not a marks file; every path under the write-back paths is asked for",
+                      MONARCH_ENV_WRITEBACK_MARKS, path);
+        if (m)
+            munmap((void *)m, size);
+        return;
+    }
+    monarch_wb_marks_mask = slots - 1;
+    monarch_wb_marks = m + MONARCH_WB_MARKS_HEADER_SIZE;
+}
+
+static inline int monarch_wb_marked_hash(uint64_t h)
+{
+    return __atomic_load_n(&monarch_wb_marks[h & monarch_wb_marks_mask], __ATOMIC_RELAXED)
+           && __atomic_load_n(&monarch_wb_marks[(h >> 32) & monarch_wb_marks_mask], __ATOMIC_RELAXED);
+}
+
+/* Must the daemon be asked for abs (normalized, under a write-back path)? Yes where it, or a
+ * directory above it up to its write-back path (a rename or removal of one), is marked; for a
+ * listing, also where something in it is. One pass: FNV-1a's state at each '/' is its prefix's. */
+static int monarch_wb_marked(const char *abs, int list)
+{
+    if (!monarch_wb_marks)
+        return 1;
+    size_t root = 0, len = strlen(abs);
+    for (unsigned i = 0; i < monarch_nwb; i++)
+        if (len >= monarch_wb_lens[i] && memcmp(abs, monarch_wb_dirs[i], monarch_wb_lens[i]) == 0
+            && (abs[monarch_wb_lens[i]] == '/' || abs[monarch_wb_lens[i]] == '\0') && monarch_wb_lens[i] > root)
+            root = monarch_wb_lens[i];
+    uint64_t h = MONARCH_FNV_BASIS;
+    for (size_t i = 0; i < len; i++) {
+        if (abs[i] == '/' && i > 0 && i >= root && monarch_wb_marked_hash(h))
+            return 1;
+        h = (h ^ (unsigned char)abs[i]) * MONARCH_FNV_PRIME;
+    }
+    if (monarch_wb_marked_hash(h))
+        return 1;
+    return list && monarch_wb_marked_hash((h ^ (unsigned char)'/') * MONARCH_FNV_PRIME);
+}
+
 /* Is (dirfd, path) under a write-back path? Its absolute form in abs[PATH_MAX]. */
 static int monarch_wb_under(int dirfd, const char *path, char *abs)
 {
@@ -169,6 +227,8 @@ static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, 
     if (!monarch_wb_under(dirfd, path, abs))
         return 0;
     int writes = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+    if (!writes && !monarch_wb_marked(abs, 0))
+        return 0; /* nothing of the job's pending there: the PFS's file */
     int st = writes ? monarch_wb_ask(MONARCH_WB_OPEN, abs, NULL, flags, (long)(mode & ~monarch_wb_umask() & 07777),
                                      where)
                     : monarch_wb_ask(MONARCH_WB_RESOLVE, abs, NULL, MONARCH_WB_RESOLVE_TO_READ, 0, where);
@@ -219,7 +279,7 @@ static const char *monarch_wb_view(int dirfd, const char *path, int list, int *e
 {
     char abs[PATH_MAX];
     *err = 0;
-    if (MONARCH_LIKELY(!monarch_nwb) || !monarch_wb_under(dirfd, path, abs))
+    if (MONARCH_LIKELY(!monarch_nwb) || !monarch_wb_under(dirfd, path, abs) || !monarch_wb_marked(abs, list))
         return NULL;
     int st = monarch_wb_ask(list ? MONARCH_WB_LIST : MONARCH_WB_RESOLVE, abs, NULL, 0, 0, monarch_wb_buf);
     if (st == INT_MIN)

@@ -71,6 +71,7 @@ class KeptWrites:
         self._write_linger()  # (a run killed before its end leaves a store that still expires)
         self.figures = {"kept_files": 0, "kept_bytes": 0, "served_files": 0, "served_bytes": 0, "stale": 0}
         self._files = self._read()
+        self.marks, self._marked = None, set()
 
     @classmethod
     def made(cls, base: str, room: int, linger: float) -> "KeptWrites | None":
@@ -136,6 +137,24 @@ class KeptWrites:
                 self._write()
             finally:
                 os.close(fd)
+                self._remark()
+
+    def mark_in(self, marks) -> None:
+        """Its paths marked for the shim (marks.py): a read-only open of one asks for its kept copy."""
+        with self._mu:
+            self.marks = marks
+            self._remark()
+
+    def _remark(self) -> None:
+        """(under _mu) The marks made what the index names now."""
+        if self.marks is None:
+            return
+        now = set(self._files)
+        for p in now - self._marked:
+            self.marks.add(p)
+        for p in self._marked - now:
+            self.marks.remove(p)
+        self._marked = now
 
     def _drop_unreferenced(self) -> None:
         names = {r["name"] for r in self._files.values()}

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from monarch.writeback.area import Area
 from monarch.writeback.journal import Journal
+from monarch.writeback.marks import MarkedDirs, MarkedEntries, Marks
 
 
 @dataclass
@@ -72,15 +73,31 @@ def _under(path: str, directory: str) -> bool:
     return path.startswith(directory + "/")
 
 
+# what a call may need to know of the PFS (os.listdir's names are filtered by _listing)
+_LOOKS = {"isdir": os.path.isdir, "lstat": os.lstat, "listdir": os.listdir}
+_ATTEMPTS = 8  # a call retried this often (the drain changing the PFS meanwhile) then looks under the lock
+
+
+class _Look(Exception):
+    """A fact of the PFS a call needs and has not: looked at outside the view's lock, then the call runs again."""
+
+    def __init__(self, kind: str, path: str):
+        self.kind, self.path = kind, path
+
+
 class View:
     """The view of one run's write-back paths on a node, and its journal."""
 
-    def __init__(self, paths: tuple[str, ...], area: Area, journal: Journal):
+    def __init__(self, paths: tuple[str, ...], area: Area, journal: Journal, marks: Marks | None = None):
         self.paths = tuple(p.rstrip("/") or "/" for p in paths)
         self.area, self.journal = area, journal
         self._lock = threading.RLock()
-        self._entries: dict[str, Local | Moved | Gone] = {}
-        self._dirs: set[str] = set()  # made by the job, not yet on the PFS
+        self._facts: dict | None = None  # the PFS as _looking saw it, for the call holding the lock
+        self._pfs_changes = 0            # the drain's changes of the PFS (facts older than one are looked at again)
+        self._pfs_dirs: set[str] = set()  # PFS directories seen, until the job's rename or removal there is applied
+        # each path in either is marked for the shim while it is (marks.py): it asks for those alone
+        self._entries: dict[str, Local | Moved | Gone] = MarkedEntries(marks)
+        self._dirs = MarkedDirs(marks)  # made by the job, not yet on the PFS
         self._seq = max(area.pending_data(), default=0)
 
     def covers(self, path: str) -> bool:
@@ -110,13 +127,69 @@ class View:
             above = os.path.dirname(above)
         return "pfs", path
 
+    # -- the PFS, looked at outside the lock ------------------------------------------------------
+    def _looking(self, call, *args):
+        """``call(*args)`` under the lock, with what it needs of the PFS looked at outside it: each
+        PFS call under the lock (a stat of a slow PFS) would hold every other call of the job. A
+        fact the call lacks ends the attempt (the calls check before they change anything) and is
+        looked at; the facts hold until the drain changes the PFS."""
+        facts: dict = {}
+        for _ in range(_ATTEMPTS):
+            with self._lock:
+                if facts.get("changes", self._pfs_changes) != self._pfs_changes:
+                    facts = {}
+                self._facts = facts
+                try:
+                    return call(*args)
+                except _Look as e:
+                    need, facts["changes"] = e, self._pfs_changes
+                finally:
+                    self._facts = None
+            try:
+                facts[need.kind, need.path] = (_LOOKS[need.kind](need.path), None)
+            except OSError as e:
+                facts[need.kind, need.path] = (None, e)
+        with self._lock:
+            return call(*args)
+
+    def _pfs(self, kind: str, path: str):
+        """What ``os.<kind>(path)`` says, as _looking saw it (or now, for a caller outside _looking)."""
+        if self._facts is None:
+            return _LOOKS[kind](path)
+        try:
+            value, error = self._facts[kind, path]
+        except KeyError:
+            raise _Look(kind, path) from None
+        if error is not None:
+            raise error
+        return value
+
+    def _lstat(self, where: str) -> os.stat_result | None:
+        try:
+            return self._pfs("lstat", where)
+        except OSError:
+            return None
+
+    def _pfs_isdir(self, where: str) -> bool:
+        """Is ``where`` a directory on the PFS? One lstat, as much as _exists's, and none for a directory seen
+        before (the PFS's own directories do not come and go under a job, but by the job's changes)."""
+        if where in self._pfs_dirs:
+            return True
+        st = self._lstat(where)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            return self._pfs("isdir", where)  # (a link to a directory is one to the job, as to os.path.isdir)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            self._pfs_dirs.add(where)
+            return True
+        return False
+
     def _exists(self, path: str) -> bool:
         kind, where = self._resolve(path)
-        return path in self._dirs or kind == "local" or (kind == "pfs" and os.path.lexists(where))
+        return path in self._dirs or kind == "local" or (kind == "pfs" and self._lstat(where) is not None)
 
     def _is_dir(self, path: str) -> bool:
         kind, where = self._resolve(path)
-        return path in self._dirs or (kind == "pfs" and os.path.isdir(where))
+        return path in self._dirs or (kind == "pfs" and self._pfs_isdir(where))
 
     def _missing(self, path: str) -> OSError:
         """Why ``path`` is not there, as the kernel says it: a file where a directory should be
@@ -130,15 +203,14 @@ class View:
 
     def listing(self, directory: str) -> list[str]:
         """The names in ``directory`` as the job sees them (sorted)."""
-        with self._lock:
-            return self._listing(directory)
+        return self._looking(self._listing, directory)
 
     def _listing(self, directory: str) -> list[str]:
         kind, where = self._resolve(directory)
         names = set()
         if kind == "pfs" and directory not in self._dirs:  # a directory the job made holds only its own
             try:  # the drain's temporary names are its own, not the job's (drain.temporary_name)
-                names = {n for n in os.listdir(where) if not (n.startswith(".") and ".monarch-" in n)}
+                names = {n for n in self._pfs("listdir", where) if not (n.startswith(".") and ".monarch-" in n)}
             except (FileNotFoundError, NotADirectoryError):
                 pass
         for path, e in self._entries.items():
@@ -152,22 +224,24 @@ class View:
         """A file created or truncated for writing: its sequence number and where its bytes go.
         ``mode``: the app's, under its umask (what a direct create would give the file);
         ``after``: the other nodes' operations recorded before this open (W4)."""
-        with self._lock:
-            if not self._is_dir(os.path.dirname(path)):
-                raise self._missing(path)
-            if self._is_dir(path):
-                raise _error(errno.EISDIR, path)
-            exists = self._exists(path)
-            if exclusive and exists:
-                raise _error(errno.EEXIST, path)
-            e = self._entries.get(path)
-            if isinstance(e, Local) and not e.closed:
-                return e.seq, e.through or self.area.data_path(e.seq)  # the same open file, truncated by its opener
-            self._seq += 1
-            fd = os.open(self.area.data_path(self._seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            os.close(fd)
-            self._entries[path] = Local(self._seq, stat.S_IMODE(mode), over=exists, after=tuple(after))
-            return self._seq, self.area.data_path(self._seq)
+        return self._looking(self._create, path, mode, exclusive, after)
+
+    def _create(self, path: str, mode: int, exclusive: bool = False, after: tuple = ()) -> tuple[int, str]:
+        if not self._is_dir(os.path.dirname(path)):
+            raise self._missing(path)
+        if self._is_dir(path):
+            raise _error(errno.EISDIR, path)
+        exists = self._exists(path)
+        if exclusive and exists:
+            raise _error(errno.EEXIST, path)
+        e = self._entries.get(path)
+        if isinstance(e, Local) and not e.closed:
+            return e.seq, e.through or self.area.data_path(e.seq)  # the same open file, truncated by its opener
+        self._seq += 1
+        fd = os.open(self.area.data_path(self._seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+        self._entries[path] = Local(self._seq, stat.S_IMODE(mode), over=exists, after=tuple(after))
+        return self._seq, self.area.data_path(self._seq)
 
     def close(self, seq: int) -> int | None:
         """File ``seq`` closed by the job (no process holds it open): its close journaled, at the
@@ -245,8 +319,12 @@ class View:
             return False
 
     def is_dir(self, path: str) -> bool:
+        return self._looking(self._is_dir, path)
+
+    def made_dir(self, path: str) -> bool:
+        """A directory the job made that the drain has not made on the PFS yet (no PFS call)."""
         with self._lock:
-            return self._is_dir(path)
+            return path in self._dirs
 
     def pending_in(self, directory: str) -> bool:
         """Has the job changed anything directly in ``directory`` that the PFS does not show yet?"""
@@ -264,43 +342,45 @@ class View:
 
     def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
         """``noreplace``: renameat2's RENAME_NOREPLACE (EEXIST where ``dst`` is there)."""
-        with self._lock:
-            for path in (src, dst):  # both directories looked up first, as the kernel does
-                if not self._is_dir(os.path.dirname(path)):
-                    raise self._missing(path)
-            if not self._exists(src):
-                raise self._missing(src)
-            if noreplace and self._exists(dst):
-                raise _error(errno.EEXIST, dst)
-            if src == dst:
-                return
-            if _under(src, dst):
-                raise _error(errno.ENOTEMPTY, dst)  # the kernel's answer for a directory above the source
-            if self._is_dir(src):
-                self._rename_dir(src, dst)
-                return
-            if self._is_dir(dst):
-                raise _error(errno.EISDIR, dst)
-            e = self._entries.get(src)
-            replaced = self._exists(dst)
-            if isinstance(e, Local) and not e.closed and e.synced:  # being written, its fsync's copy on the PFS
-                n = self.journal.append("rename", src=src, dst=dst)  # moves there too: one name, as directly
-                self._entries[dst] = dataclasses.replace(e, over=True)
-                self._entries[src] = Gone(n)
-                return
-            if isinstance(e, Local) and not e.closed:  # still being written: its close names its new path
-                self._entries[dst] = dataclasses.replace(e, over=e.over or replaced)
-                self._forget(src, e.over)
-                return
-            n = self.journal.append("rename", src=src, dst=dst)
-            kind, where = self._resolve(src)
-            if isinstance(e, Local):
-                entry = e
-                entry.last_record = n
-                self._entries[dst] = entry
-            else:
-                self._entries[dst] = Moved(where, n)
+        return self._looking(self._rename, src, dst, noreplace)
+
+    def _rename(self, src: str, dst: str, noreplace: bool = False) -> None:
+        for path in (src, dst):  # both directories looked up first, as the kernel does
+            if not self._is_dir(os.path.dirname(path)):
+                raise self._missing(path)
+        if not self._exists(src):
+            raise self._missing(src)
+        if noreplace and self._exists(dst):
+            raise _error(errno.EEXIST, dst)
+        if src == dst:
+            return
+        if _under(src, dst):
+            raise _error(errno.ENOTEMPTY, dst)  # the kernel's answer for a directory above the source
+        if self._is_dir(src):
+            self._rename_dir(src, dst)
+            return
+        if self._is_dir(dst):
+            raise _error(errno.EISDIR, dst)
+        e = self._entries.get(src)
+        replaced = self._exists(dst)
+        if isinstance(e, Local) and not e.closed and e.synced:  # being written, its fsync's copy on the PFS
+            n = self.journal.append("rename", src=src, dst=dst)  # moves there too: one name, as directly
+            self._entries[dst] = dataclasses.replace(e, over=True)
             self._entries[src] = Gone(n)
+            return
+        if isinstance(e, Local) and not e.closed:  # still being written: its close names its new path
+            self._entries[dst] = dataclasses.replace(e, over=e.over or replaced)
+            self._forget(src, e.over)
+            return
+        n = self.journal.append("rename", src=src, dst=dst)
+        kind, where = self._resolve(src)
+        if isinstance(e, Local):
+            entry = e
+            entry.last_record = n
+            self._entries[dst] = entry
+        else:
+            self._entries[dst] = Moved(where, n)
+        self._entries[src] = Gone(n)
 
     def _rename_dir(self, src: str, dst: str) -> None:
         if _under(dst, src):
@@ -311,7 +391,7 @@ class View:
         kind, where = self._resolve(src)
         for path in [p for p in self._entries if _under(p, src)]:  # what was found through src, through dst now
             self._entries[dst + path[len(src):]] = self._entries.pop(path)
-        self._dirs = {dst + d[len(src):] if d == src or _under(d, src) else d for d in self._dirs}
+        self._dirs.keep_only(dst + d[len(src):] if d == src or _under(d, src) else d for d in self._dirs)
         self._entries[dst] = Moved(where, n)
         self._entries[src] = Gone(n)
 
@@ -324,35 +404,41 @@ class View:
             self._entries.pop(path, None)
 
     def unlink(self, path: str) -> None:
-        with self._lock:
-            if not self._exists(path):
-                raise self._missing(path)
-            if self._is_dir(path):
-                raise _error(errno.EISDIR, path)
-            e = self._entries.get(path)
-            if isinstance(e, Local) and not e.closed:  # never closed, now nameless: never published
-                self.journal.append("drop", seq=e.seq, **({"through": e.through} if e.through else {}))
-                self._forget(path, e.over)
-                return
-            self._entries[path] = Gone(self.journal.append("unlink", path=path))
+        return self._looking(self._unlink, path)
+
+    def _unlink(self, path: str) -> None:
+        if not self._exists(path):
+            raise self._missing(path)
+        if self._is_dir(path):
+            raise _error(errno.EISDIR, path)
+        e = self._entries.get(path)
+        if isinstance(e, Local) and not e.closed:  # never closed, now nameless: never published
+            self.journal.append("drop", seq=e.seq, **({"through": e.through} if e.through else {}))
+            self._forget(path, e.over)
+            return
+        self._entries[path] = Gone(self.journal.append("unlink", path=path))
 
     def mkdir(self, path: str, mode: int) -> None:
-        with self._lock:
-            if self._exists(path):
-                raise _error(errno.EEXIST, path)
-            if not self._is_dir(os.path.dirname(path)):
-                raise self._missing(path)
-            self.journal.append("mkdir", path=path, mode=stat.S_IMODE(mode))
-            self._dirs.add(path)  # a Gone entry here stays: what the PFS still holds below it is not the job's
+        return self._looking(self._mkdir, path, mode)
+
+    def _mkdir(self, path: str, mode: int) -> None:
+        if self._exists(path):
+            raise _error(errno.EEXIST, path)
+        if not self._is_dir(os.path.dirname(path)):
+            raise self._missing(path)
+        self.journal.append("mkdir", path=path, mode=stat.S_IMODE(mode))
+        self._dirs.add(path)  # a Gone entry here stays: what the PFS still holds below it is not the job's
 
     def rmdir(self, path: str) -> None:
-        with self._lock:
-            if not self._is_dir(path):
-                raise _error(errno.ENOTDIR, path) if self._exists(path) else self._missing(path)
-            if self._listing(path):
-                raise _error(errno.ENOTEMPTY, path)
-            self._entries[path] = Gone(self.journal.append("rmdir", path=path))
-            self._dirs.discard(path)
+        return self._looking(self._rmdir, path)
+
+    def _rmdir(self, path: str) -> None:
+        if not self._is_dir(path):
+            raise _error(errno.ENOTDIR, path) if self._exists(path) else self._missing(path)
+        if self._listing(path):
+            raise _error(errno.ENOTEMPTY, path)
+        self._entries[path] = Gone(self.journal.append("rmdir", path=path))
+        self._dirs.discard(path)
 
     # -- the drain's progress -------------------------------------------------------------------
     @contextlib.contextmanager
@@ -360,6 +446,10 @@ class View:
         """Held while the drain makes record ``rec``'s change on the PFS: the view changes with it
         (no call sees the PFS changed and the view not, or the reverse)."""
         with self._lock:
+            self._pfs_changes += 1
+            for gone in (rec.args.get("src"), rec.args.get("path") if rec.op in ("rmdir", "unlink") else None):
+                if gone:
+                    self._pfs_dirs = {d for d in self._pfs_dirs if d != gone and not _under(d, gone)}
             yield
             n = rec.n
             if rec.op == "close":  # published: a closed file renamed since is at its close's path now
@@ -383,7 +473,7 @@ class View:
             for path in [p for p, e in self._entries.items() if e.last_record and e.last_record <= upto
                          and (not isinstance(e, Local) or e.closed)]:
                 del self._entries[path]
-            self._dirs = {d for d in self._dirs if not os.path.isdir(d)}
+            self._dirs.keep_only([d for d in self._dirs if not os.path.isdir(d)])
 
     def pending(self) -> bool:
         """Is anything of the job's not on the PFS yet?"""

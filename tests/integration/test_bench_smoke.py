@@ -128,6 +128,9 @@ BENCHES = [
     # the loop under write-back: its checkpoints published (else exit 1), its SIGSYS counted a step
     Bench("writeback/bench_training_loop.py", ["--quick", "--json", "{tmp}/loop.json"],
           r"^  writeback\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+", {"torch"}),
+    # a library's saves under write-back: the PFS tree the direct save's (else exit 1), the ratio printed
+    Bench("writeback/bench_library_saves.py", ["--quick", "--json", "{tmp}/saves.json"],
+          r"^dcp\s+fsync-local\s+[\d.]+s\s+[\d.]+x\s+[\d.]+s\s+[\d.]+\s+[\d.]+x$", {"fuse", "torch"}),
 ]
 
 

@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from support.harness import load, monarch
+from support.harness import load, monarch, monarch_env
 from support.writeback import writable_pfs_job
-from test_writeback_jobs import run
+from test_writeback_jobs import config, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -224,3 +224,43 @@ def test_the_daemons_check_that_no_one_holds_a_file_survives_an_open_meanwhile(t
     ran = subprocess.run([sys.executable, "-c", SOLE_OPENER, str(tmp_path / "f")], env=monarch_env(),
                          capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0 and ran.stdout.startswith("alive "), (ran.returncode, ran.stderr[-2000:])
+
+
+ASKED = """
+import os, sys
+ck = sys.argv[1]
+old = os.path.join(ck, "old")
+for _ in range(20):                        # the PFS's own file: its stats and reads ask no one
+    assert os.stat(old).st_size == 3
+    with open(old, "rb") as f:
+        assert f.read() == b"old"
+os.mkdir(os.path.join(ck, "d"))            # pending: the PFS has none of these yet
+fd = os.open(os.path.join(ck, "new.tmp"), os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, b"new")
+os.rename(os.path.join(ck, "new.tmp"), os.path.join(ck, "d", "new"))
+assert os.path.isdir(os.path.join(ck, "d")) and sorted(os.listdir(ck)) == ["d", "old"], os.listdir(ck)
+assert os.stat(os.path.join(ck, "d", "new")).st_size == 3 and os.listdir(os.path.join(ck, "d")) == ["new"]
+assert not os.path.exists(os.path.join(ck, "new.tmp"))
+os.close(fd)
+"""
+
+
+def test_the_shim_asks_the_daemon_only_for_the_paths_the_job_changed(dataset, short_tmp):
+    """A stat, a read-only open or a listing of a path the job has not changed is the PFS's own: the
+    shim answers it without a round trip to the daemon (the daemon's marks, writeback/marks.py, read
+    in C); the paths the job changed and the PFS does not show yet are asked for, and seen as the job
+    left them (a marked path the shim missed would be ENOENT here: the PFS has none of them)."""
+    ds = dataset(files=10)
+    pfs = os.path.join(short_tmp, "pfs-out")
+    os.makedirs(pfs)
+    with open(os.path.join(pfs, "old"), "wb") as f:
+        f.write(b"old")
+    r = monarch("run", "-c", config(short_tmp, ds.root, pfs), "--no-progress", "--", sys.executable, "-c", ASKED, pfs,
+                env=monarch_env(MONARCH_SHIM_DEBUG=2))
+    assert r.returncode == 0, r.stderr[-4000:]
+    asked = [line.split("write-back call ", 1)[1] for line in r.stderr.splitlines() if "write-back call " in line]
+    resolved = [a.split(": ")[0][2:] for a in asked if a.startswith(("3 ", "9 "))]  # RESOLVE, LIST: the path
+    assert not [p for p in resolved if p == os.path.join(pfs, "old")], resolved
+    assert os.path.join(pfs, "d", "new") in resolved, resolved  # (open: pending until its close)
+    with open(os.path.join(pfs, "d", "new"), "rb") as f:
+        assert f.read() == b"new"

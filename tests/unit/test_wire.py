@@ -12,6 +12,7 @@ import pytest
 from monarch import protocol, routes
 from monarch.node.stage import blocks
 from monarch.node.tiers import tiers
+from monarch.writeback import marks as wb_marks
 from monarch.writeback import wire as wb_wire
 
 WIRE = Path(protocol.__file__).parent / "wire" / "monarch_wire.h"
@@ -34,7 +35,7 @@ PYTHON = {name: getattr(protocol, name) for name in (
     "EXTRA_FALLBACKS", "EXTRA_ROOTS_ELSEWHERE", "EXTRA_ROOT_PROCESSES", "EXTRA_META_UNCHECKED", "EXTRA_RAW_CALLS",
     "EXTRA_RAW_NS", "EXTRA_RAW_PAUSES", "EXTRA_RAW_BY_CALL", "RAW_NRS", "INDEX_LISTING", "FALLBACK_ROOT_ELSEWHERE", "FALLBACK_TIERS_UNSEEN",
     "FALLBACK_DAEMON_UNREACHABLE", "FALLBACK_UID_MISMATCH", "FALLBACK_RAW_UNWATCHED", "FALLBACK_WB_LOST", "ENV_RAW_SYSCALLS", "ENV_ROOT_IDS", "ENV_PROBE_IDS", "ENV_SAID",
-    "VERB_WB", "ENV_WRITEBACK",
+    "VERB_WB", "ENV_WRITEBACK", "ENV_WRITEBACK_MARKS",
     "ANSWER_BLOCKS")}
 # the block map's format is its writer's (node/stage/blocks.py)
 PYTHON |= {name: getattr(blocks, name) for name in (
@@ -45,6 +46,7 @@ PYTHON |= {name: getattr(wb_wire, name) for name in (
     "WB_OPEN", "WB_CLOSE", "WB_RESOLVE", "WB_RENAME", "WB_UNLINK", "WB_MKDIR", "WB_RMDIR", "WB_SYNC", "WB_LIST",
     "WB_SETTLE", "WB_FMODE", "WB_ROOM", "WB_SPILLED", "WB_CLOSE_SYNCED", "WB_ANSWER_PFS", "WB_ANSWER_DONE", "WB_ANSWER_SPILL", "WB_ANSWER_LOCAL", "WB_ERRNO", "RESOLVE_TO_READ")}
 PYTHON["WB_RESOLVE_TO_READ"] = PYTHON.pop("RESOLVE_TO_READ")
+PYTHON |= {"WB_MARKS_MAGIC": wb_marks.MAGIC.decode(), "WB_MARKS_HEADER_SIZE": wb_marks.HEADER.size}
 PYTHON |= {f"WB_SETTLE_{kind}": getattr(wb_wire, f"SETTLE_{kind}") for kind in ("OTHER", "TRUNCATE", "CHMOD")}
 # the route table's size thresholds (monarch/routes.py; its rows are tests/unit/test_routes.py's)
 PYTHON |= {name: getattr(routes, name) for name in ("INLINE_MAX", "BLOCKS_MIN", "RANGES_MIN", "ONE_MESSAGE_MAX", "SIZE_ANY")}

@@ -10,6 +10,7 @@ import pytest
 from monarch.writeback.area import Area
 from monarch.writeback.drain import drain
 from monarch.writeback.journal import Journal, read
+from monarch.writeback.marks import HEADER, Marks
 from monarch.writeback.view import View
 from support.writeback import RUN
 
@@ -20,8 +21,9 @@ def view(tmp_path):
     base.mkdir()
     pfs.mkdir()
     area = Area.create(str(base), RUN, 0)
-    v = View((str(pfs),), area, Journal(area.journal_path, durable=False))
-    v.pfs = pfs
+    marks = Marks(str(tmp_path / "marks"), slots=1 << 12)
+    v = View((str(pfs),), area, Journal(area.journal_path, durable=False), marks)
+    v.pfs, v.marks = pfs, marks
     yield v
     area.release()
 
@@ -183,9 +185,23 @@ def test_random_operations_leave_the_pfs_as_the_same_operations_made_directly(vi
         for d in ("", "d", "e"):  # the job sees what a direct job sees
             listed = sorted(os.listdir(direct / d)) if (direct / d).is_dir() else None
             assert (view.listing(str(pfs / d)) if view._is_dir(str(pfs / d)) else None) == listed, (seed, d)
+        assert_marked(view, [str(pfs / n) for n in NAMES + ("d", "e")])
     assert drained(view).complete
     assert _tree(pfs) == _tree(direct)
     assert not view.pending()
+    assert not any(view.marks._map[HEADER.size:]), "a mark left after everything was drained"
+
+
+def assert_marked(view, paths):
+    """The shim asks for every path the view answers otherwise than the PFS (marks.py): the path or a
+    directory above it is marked, and a directory whose listing differs is marked for its children."""
+    for p in paths:
+        above = [p] + [p.rsplit("/", k)[0] for k in range(1, p.count("/") - str(view.pfs).count("/") + 1)]
+        marked = any(view.marks.marked(a) for a in above)
+        if view.resolve(p) != ("pfs", p) or view.made_dir(p):
+            assert marked, (p, view.resolve(p))
+        if view._is_dir(p) and not marked and os.path.isdir(p):
+            assert view.listing(p) == sorted(os.listdir(p)) or view.marks.marked(p, children=True), p
 
 
 def test_a_file_renamed_after_its_close_is_found_at_every_step_of_its_drain(view):
