@@ -47,15 +47,17 @@ from monarch.tools.slowpfs import SlowPFS  # noqa: E402
 LIBRARIES = ("orbax", "dcp")
 NEEDS = {"orbax": ("torch", "orbax.checkpoint"), "dcp": ("torch",)}
 MODES = ("direct", "fsync-pfs", "fsync-local")
-# the job: the library's saves, timed inside it (its imports are not the save's)
+# the job: the library's saves, timed inside it (its imports and torch's warm-up are not the save's)
 JOB = """
 import sys, time
 from support import checkpoint_libraries as c
 library, d = sys.argv[1], sys.argv[2]
+import torch
 if library == "orbax":
     import orbax.checkpoint
 else:
     import torch.distributed.checkpoint
+c.state(0)  # (torch's first tensors: not the save's)
 started = time.monotonic()
 getattr(c, library + "_save")(d)
 print("SAVED", time.monotonic() - started)
@@ -70,7 +72,8 @@ def missing(library: str) -> list[str]:
 def config(work: Path, ck: str, fsync: str) -> str:
     """A configuration whose only business is the write-back of ``ck`` (its dataset: an empty folder)."""
     data = work / "dataset"
-    data.mkdir(exist_ok=True)
+    for d in (data, work / "run", Path(f"/dev/shm{work}/ram")):
+        d.mkdir(parents=True, exist_ok=True)
     path = work / f"monarch-{fsync}.yaml"
     path.write_text(f"""dataset: {{roots: [{json.dumps(str(data))}]}}
 run_base: {json.dumps(str(work / 'run'))}
@@ -86,8 +89,9 @@ writeback: {{paths: [{json.dumps(ck)}], fsync: {fsync}}}
 def run_once(library: str, mode: str, pfs, src: Path, work: Path, timeout: float) -> dict:
     ck = os.path.join(str(pfs.mountpoint), "ck")
     os.makedirs(ck)
-    launch = [] if mode == "direct" else [sys.executable, "-m", "monarch", "run", "-c",
-                                          config(work, ck, mode.split("-")[1]), "--no-progress", "--"]
+    report = work / "report.json"
+    launch = [] if mode == "direct" else [sys.executable, "-m", "monarch", "run", "-c", config(work, ck, mode.split("-")[1]),
+                                          "--report", str(report), "--no-progress", "--"]
     env = checkout_env(tests=True, PYTHONHASHSEED=0, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="",
                        TOKENIZERS_PARALLELISM="false")
     cpu0, t0 = children_cpu(), time.monotonic()
@@ -97,6 +101,12 @@ def run_once(library: str, mode: str, pfs, src: Path, work: Path, timeout: float
     if r.returncode != 0:
         raise SystemExit(f"{library} {mode}: exit {r.returncode}\n{r.stderr[-3000:]}")
     saved = float(next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("SAVED")))
+    if launch:  # the saves went through write-back (not written through, nor past the shim)
+        if not report.exists():
+            raise SystemExit(f"{library} {mode}: no report\n{r.stderr[-3000:]}")
+        wb = json.loads(report.read_text())["nodes"][0]["writeback"]
+        if not wb or not wb.get("files_closed") or wb.get("failed"):
+            raise SystemExit(f"{library} {mode}: the saves did not go through write-back: {wb}\n{r.stderr[-3000:]}")
     tree = published_tree(str(src / "ck"), IGNORED.get(library, ()), RANDOM_NAMES.get(library))
     shutil.rmtree(src / "ck")
     return {"save_s": saved, "wall_s": wall, "cpu_s": cpu, "tree": tree}
