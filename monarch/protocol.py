@@ -254,13 +254,15 @@ ENV_STORE_ROOTS = "MONARCH_STORE_ROOTS"
 ENV_ROOT_IDS, ENV_PROBE_IDS, ENV_SAID = "MONARCH_ROOT_IDS", "MONARCH_PROBE_IDS", "MONARCH_SHIM_SAID"
 ENV_DISABLE, ENV_WRITEBACK = "MONARCH_DISABLE", "MONARCH_WRITEBACK"
 ENV_WRITEBACK_MARKS = "MONARCH_WRITEBACK_MARKS"  # the paths the shim asks the daemon for (writeback/marks.py)
+ENV_WRITEBACK_SOCKET = "MONARCH_WRITEBACK_SOCKET"  # where the shim's write-back calls go (node/writeback_door.py)
 ENV_INDEX_WAIT = "MONARCH_SHIM_INDEX_WAIT_MS"
 ENV_SHIM_ZSTD = "MONARCH_SHIM_ZSTD"
 ENV_MAP_GUARD = "MONARCH_SHIM_MAP_GUARD"  # 0: a cluster's mappings are not guarded: their faults read the PFS
 ENV_RAW_SYSCALLS = "MONARCH_SHIM_RAW_SYSCALLS"  # 1: raw system calls watched; 0: not (default: under write-back)
 # what a launcher takes from a daemon's ATTACH answer; nothing else
 CLIENT_ENV_KEYS = (ENV_ROOTS, ENV_PROBE, ENV_SOCKET, ENV_COUNTERS, ENV_INDEX, ENV_ASK_FIRST, ENV_STORE_ROOTS,
-                   ENV_SHARED_SLOTS, ENV_ROOT_IDS, ENV_PROBE_IDS, ENV_WRITEBACK, ENV_WRITEBACK_MARKS)
+                   ENV_SHARED_SLOTS, ENV_ROOT_IDS, ENV_PROBE_IDS, ENV_WRITEBACK, ENV_WRITEBACK_MARKS,
+                   ENV_WRITEBACK_SOCKET)
 
 # -- socket frames --------------------------------------------------------------------
 VERB_OPEN, VERB_INVALIDATE, VERB_ATTACH, VERB_REPORT, VERB_STOP, VERB_HINT, VERB_INDEX = 1, 2, 3, 4, 5, 6, 7

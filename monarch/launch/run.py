@@ -173,6 +173,7 @@ def app_env(session_env: dict[str, str], shim: str) -> dict[str, str]:
     # daemon; the shim's copy says what this daemon answers for (nothing, when it is not in the answer)
     env.pop(protocol.ENV_WRITEBACK, None)
     env.pop(protocol.ENV_WRITEBACK_MARKS, None)
+    env.pop(protocol.ENV_WRITEBACK_SOCKET, None)
     env.update(session_env)
     preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != shim]
     env["LD_PRELOAD"] = ":".join([shim, *preload])
@@ -421,6 +422,7 @@ def _write_through_unwatched(env: dict[str, str], out) -> str | None:
     if why is not None:
         del env[protocol.ENV_WRITEBACK]
         env.pop(protocol.ENV_WRITEBACK_MARKS, None)
+        env.pop(protocol.ENV_WRITEBACK_SOCKET, None)
         out.write("".join(say([entry("writeback-through", why)])) + "\n")
     return why
 

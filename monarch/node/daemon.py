@@ -519,8 +519,9 @@ class NodeDaemon:
         if self.stores is not None:  # no PFS behind these roots: what the daemon cannot serve fails (EIO)
             env[protocol.ENV_STORE_ROOTS] = ",".join(str(k) for k in sorted(self.stores.mounts))
         env |= shared_tier.client_env(self.tiers)  # copies other jobs staged: checked by the shim
-        if self.writeback is not None:
-            env |= self.writeback.client_env()
+        if self.writeback is not None:  # its calls' own socket where the server made it (node/writeback_door.py)
+            door = self.instance.writeback_socket_path
+            env |= self.writeback.client_env(door if os.path.exists(door) else None)
         if self.config.staging.validate == "open":
             env[protocol.ENV_ASK_FIRST] = "1"  # every open asks the daemon, which checks the PFS once per file
         return env

@@ -74,6 +74,11 @@ class Instance:
         return self._path("sock")
 
     @property
+    def writeback_socket_path(self) -> str:
+        """The socket of the shim's write-back calls (node/writeback_door.py)."""
+        return self._path("wbsock")
+
+    @property
     def public_socket_path(self) -> str:
         """The run's socket, as launchers find it: a second name of ``socket_path``."""
         return os.path.join(self.run_dir, SOCKET)

@@ -33,6 +33,7 @@ from typing import Callable
 from monarch import protocol, secure
 from monarch.node.daemon import NodeDaemon
 from monarch.node.snapshot.gate import SnapshotState
+from monarch.node.writeback_door import WritebackDoor
 from monarch.node.outcomes import Outcome
 from monarch.errors import DaemonError
 from monarch.protocol import ProtocolError
@@ -123,6 +124,7 @@ class NodeServer:
         else:
             self._sel.register(self._listener, selectors.EVENT_READ, self._accept)
         self._sel.register(self._wake_r, selectors.EVENT_READ, self._drain_wake)
+        self.writeback_door = _writeback_door(daemon)  # the shim's write-back calls, on threads of their own
         # the request verbs (protocol.VERB_*), each to its handler: (conn, body)
         self._handlers: dict[int, Callable[[_Conn, bytes], None]] = {
             protocol.VERB_OPEN: self._open, protocol.VERB_INVALIDATE: self._invalidate,
@@ -158,6 +160,8 @@ class NodeServer:
             if self.front_door is not None:
                 self.front_door.stop()
                 self.daemon.absorb_front_door()
+            if self.writeback_door is not None:
+                self.writeback_door.stop()
             self._pool.shutdown(wait=False, cancel_futures=True)
             for conn in list(self._conns.values()):
                 self._close(conn)
@@ -361,7 +365,8 @@ class NodeServer:
             log.debug("phase report.answered")
 
     def _report_frame(self, brief: bool) -> bytes:
-        stats = self.daemon.stats(brief=brief) | {"requests_refused": dict(self.errors),
+        refused = self.errors + (self.writeback_door.refused if self.writeback_door is not None else collections.Counter())
+        stats = self.daemon.stats(brief=brief) | {"requests_refused": dict(refused),
                                                   "requests_held_for_snapshot": dict(self.held)}
         return protocol.encode_answer(0, json.dumps(stats).encode())
 
@@ -578,3 +583,17 @@ def _claim_socket(path: str) -> None:
     finally:
         probe.close()
     raise DaemonError(f"a Monarch daemon already serves {path}; stop it (monarch stop) or use another run_base")
+
+
+def _writeback_door(daemon: NodeDaemon) -> WritebackDoor | None:
+    """The write-back calls' socket, started (None: no write-back here, or it cannot be made, said:
+    the shim sends them to the main socket)."""
+    if daemon.writeback is None:
+        return None
+    try:
+        door = WritebackDoor(daemon.instance.writeback_socket_path, daemon.writeback.call)
+    except OSError as e:
+        log.warning("write-back: no socket of its own (%s): its calls go to the daemon's socket", e)
+        return None
+    door.start()
+    return door

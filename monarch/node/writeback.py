@@ -34,7 +34,7 @@ from monarch.writeback.area import Area, sole_opener
 from monarch.writeback.drain import Outcome, copy_bytes, drain, temporary_name
 from monarch.writeback.journal import Journal
 from monarch.writeback.kept import KeptWrites
-from monarch.writeback.marks import NAME as MARKS, Marks
+from monarch.writeback.marks import Marks
 from monarch.writeback.view import Local, View
 
 log = logging.getLogger(__name__)
@@ -50,16 +50,6 @@ def _pfs(path: str) -> bytes:
     return protocol.encode_answer(wire.WB_ANSWER_PFS, os.fsencode(path))
 
 
-def _marks(area: Area) -> Marks | None:
-    """The area's marks for the shim (None: it cannot be made, said: the shim asks for every path)."""
-    try:
-        return Marks(os.path.join(area.path, MARKS))
-    except OSError as e:
-        log.warning("write-back: no marks of the changed paths in %s (%s): every stat under the write-back "
-                    "paths asks the daemon", area.path, e)
-        return None
-
-
 class WritebackRoom:
     """One run's write-back on this node: its area, view, journal and drain."""
 
@@ -71,7 +61,7 @@ class WritebackRoom:
         self.partners = None          # partner.Partners under fsync: partner (a cluster)
         self.area = Area.create(base, run_id, node)
         self.journal = Journal(self.area.journal_path, durable=durable)
-        self.marks = _marks(self.area)
+        self.marks = Marks.made(self.area.path)
         self.view = View(self.paths, self.area, self.journal, self.marks)
         self.kept = KeptWrites.made(base, keep, linger)  # published files kept for the next runs, and theirs read (None: keep 0)
         if self.kept is not None and self.marks is not None:
@@ -128,11 +118,11 @@ class WritebackRoom:
             except OSError as e:  # a full tier: a later drain knows less, and keeps more
                 log.warning("write-back: cannot keep what the other nodes published (%s)", e)
 
-    def client_env(self) -> dict[str, str]:
-        env = {protocol.ENV_WRITEBACK: ":".join(self.paths)}
-        if self.marks is not None:
-            env[protocol.ENV_WRITEBACK_MARKS] = self.marks.path
-        return env
+    def client_env(self, door: str | None) -> dict[str, str]:
+        """What the shim needs: the paths, their marks, and ``door``, the socket of its calls (None: the main one)."""
+        env = {protocol.ENV_WRITEBACK: ":".join(self.paths), protocol.ENV_WRITEBACK_MARKS: self.marks and self.marks.path,
+               protocol.ENV_WRITEBACK_SOCKET: door}
+        return {k: v for k, v in env.items() if v}
 
     # -- the shim's calls (on the server's request threads) ------------------------------------
     def call(self, body: bytes) -> bytes:

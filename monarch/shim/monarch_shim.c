@@ -638,6 +638,7 @@ static void monarch_init(void)
     if (monarch_have_socket) {
         monarch_wb_parse(getenv(MONARCH_ENV_WRITEBACK)); /* the daemon answers for them: shim_writeback.c */
         monarch_wb_map_marks(getenv(MONARCH_ENV_WRITEBACK_MARKS)); /* ... for the paths marked there */
+        monarch_wb_parse_door(getenv(MONARCH_ENV_WRITEBACK_SOCKET)); /* ... on a socket of their own */
     }
     monarch_env_ms(MONARCH_ENV_TIMEOUT, &monarch_timeout_ms);
     monarch_env_ms(MONARCH_ENV_INDEX_WAIT, &monarch_index_wait_ms);

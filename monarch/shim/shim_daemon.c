@@ -123,6 +123,7 @@ static void monarch_conn_thread_exit(void *unused)
     if (monarch_conn_fd >= 0 && monarch_conn_pid == getpid())
         monarch_conn_drop();
     monarch_pages_thread_exit();
+    monarch_wb_thread_exit();
 }
 
 /* This thread's exit closes its connections (monarch_conn_thread_exit): said once it keeps one. */
@@ -155,23 +156,23 @@ static void monarch_conn_keep(int s)
 
 /* ---- one request ---- */
 
-/* A fresh connection to the daemon (its uid checked), or -1. */
-static int monarch_connect(int tmo)
+/* A fresh connection to the daemon's socket at ``addr`` (its uid checked), or -1. */
+static int monarch_connect_to(const struct sockaddr_un *addr, int tmo)
 {
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0)
         return -1;
     struct timeval tv = {tmo / 1000, (tmo % 1000) * 1000};
     setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds connect and send */
-    if (connect(s, (const struct sockaddr *)&monarch_sockaddr, sizeof monarch_sockaddr) != 0) {
-        MONARCH_DEBUG(1, "daemon %s: connect: %s", monarch_sockaddr.sun_path, strerror(errno));
+    if (connect(s, (const struct sockaddr *)addr, sizeof *addr) != 0) {
+        MONARCH_DEBUG(1, "daemon %s: connect: %s", addr->sun_path, strerror(errno));
         real_close(s);
         return -1;
     }
     struct ucred cred;
     socklen_t clen = sizeof cred;
     if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || clen != sizeof cred || cred.uid != getuid()) {
-        MONARCH_DEBUG(1, "daemon %s: peer uid %d is not ours (%d); not asking it", monarch_sockaddr.sun_path,
+        MONARCH_DEBUG(1, "daemon %s: peer uid %d is not ours (%d); not asking it", addr->sun_path,
                       clen == sizeof cred ? (int)cred.uid : -1, (int)getuid());
         if (clen == sizeof cred)
             monarch_view_daemon_uid((unsigned)cred.uid); /* never again in this process: no retry per open */
@@ -179,6 +180,12 @@ static int monarch_connect(int tmo)
         return -1;
     }
     return s;
+}
+
+/* A fresh connection to the daemon's main socket, or -1. */
+static int monarch_connect(int tmo)
+{
+    return monarch_connect_to(&monarch_sockaddr, tmo);
 }
 
 /* One request on ``s`` (the frame's flags byte ``flags``) and its answer (see

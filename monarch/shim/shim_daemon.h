@@ -21,6 +21,9 @@ static void monarch_daemon_atfork_child(void);  /* shim_fork.c's child handler: 
 /* the pieces of one exchange, for shim_pages.c's own (a fault's PAGES, on its thread's connection) */
 static long monarch_now_ms(void);
 static int monarch_connect(int tmo);
+static int monarch_connect_to(const struct sockaddr_un *addr, int tmo);
+static int monarch_exchange(int s, unsigned verb, unsigned flags, const char *key, size_t kl, char *body,
+                            size_t bodymax, int *fdp, long start, long deadline, int *busy); /* one request */
 static int monarch_recv_exact(int s, void *buf, size_t n, long deadline, int *fdp);
 static uint32_t monarch_le32(const unsigned char *p);
 static void monarch_conn_close_at_exit(void);

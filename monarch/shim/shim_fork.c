@@ -36,6 +36,7 @@ static void monarch_atfork_child(void)
     if (monarch_guard)
         monarch_guard = 0;
     monarch_daemon_atfork_child(); /* the forking thread's kept connection is the parent's: this copy closed */
+    monarch_wb_atfork_child();     /* and so is its write-back connection */
     monarch_zpool_atfork_child();
     monarch_count_process(1); /* a DataLoader worker is a process with the shim too */
     monarch_view_atfork_child(); /* and a reader of its own once it calls under a root */

@@ -123,6 +123,100 @@ static int monarch_wb_marked(const char *abs, int list)
     return list && monarch_wb_marked_hash((h ^ (unsigned char)'/') * MONARCH_FNV_PRIME);
 }
 
+/* ---- the write-back calls' own socket (MONARCH_WRITEBACK_SOCKET: node/writeback_door.py) ----
+ * The daemon serves each connection there on a thread of its own, call after call: each thread
+ * keeps one connection (no connect, accept or close per call). As the OPEN connection of
+ * shim_daemon.c: checked to be the socket it was before each use, never kept by a vfork child
+ * (another pid, the parent's memory), the forking thread's copy closed in a fork child, closed at
+ * the thread's exit. A socket that cannot be reached sends the call to the main one. */
+static struct sockaddr_un monarch_wb_door;
+static int monarch_wb_have_door;
+static __thread int monarch_wb_door_fd __attribute__((tls_model("initial-exec"))) = -1;
+static __thread pid_t monarch_wb_door_pid __attribute__((tls_model("initial-exec")));
+static __thread ino_t monarch_wb_door_ino __attribute__((tls_model("initial-exec")));
+
+static void monarch_wb_parse_door(const char *path)
+{
+    if (!monarch_nwb || !path || !path[0])
+        return;
+    if (strlen(path) >= sizeof monarch_wb_door.sun_path) {
+        MONARCH_DEBUG(1, "%s: path too long; write-back calls go to the daemon's socket", MONARCH_ENV_WRITEBACK_SOCKET);
+        return;
+    }
+    monarch_wb_door.sun_family = AF_UNIX;
+    strcpy(monarch_wb_door.sun_path, path);
+    monarch_wb_have_door = 1;
+}
+
+static void monarch_wb_door_drop(void)
+{
+    struct stat st;
+    if (monarch_wb_door_fd >= 0 && syscall(SYS_newfstatat, monarch_wb_door_fd, "", &st, AT_EMPTY_PATH) == 0
+        && S_ISSOCK(st.st_mode) && st.st_ino == monarch_wb_door_ino)
+        real_close(monarch_wb_door_fd);
+    monarch_wb_door_fd = -1;
+}
+
+static void monarch_wb_thread_exit(void)
+{
+    if (monarch_wb_door_fd >= 0 && monarch_wb_door_pid == getpid())
+        monarch_wb_door_drop();
+}
+
+static void monarch_wb_atfork_child(void)
+{
+    monarch_wb_door_drop();
+    monarch_wb_door_pid = 0;
+}
+
+/* One call on the write-back socket: its status (as monarch_request_why's), or INT_MIN with *fallback
+ * set when that socket cannot be reached (the caller asks the main one). A call sent on a kept
+ * connection is never sent again: the daemon may have made it. */
+static int monarch_wb_door_call(const char *body, size_t n, char *answer, size_t max, int wait_ms, int *why,
+                                int *fallback)
+{
+    struct stat st;
+    pid_t pid = getpid();
+    int kept = monarch_wb_door_fd >= 0 && monarch_wb_door_pid == pid;
+    int s = -1, reused = 0;
+    *fallback = 0;
+    if (kept && syscall(SYS_newfstatat, monarch_wb_door_fd, "", &st, AT_EMPTY_PATH) == 0 && S_ISSOCK(st.st_mode)
+        && st.st_ino == monarch_wb_door_ino) {
+        s = monarch_wb_door_fd;
+        reused = 1;
+    } else if (kept) {
+        monarch_wb_door_fd = -1; /* the application closed or replaced it: its descriptor now */
+    }
+    int keep = !reused && pid == monarch_pid; /* (a vfork child's pid is not monarch_pid: the parent's memory) */
+    if (s < 0 && ((s = monarch_connect_to(&monarch_wb_door, MONARCH_HEARTBEAT_TIMEOUT_MS)) < 0
+                  || syscall(SYS_newfstatat, s, "", &st, AT_EMPTY_PATH) != 0)) {
+        if (s >= 0)
+            real_close(s);
+        *fallback = 1;
+        return INT_MIN;
+    }
+    int busy = 0;
+    long start = monarch_now_ms();
+    int status = monarch_exchange(s, MONARCH_VERB_WB, 0, body, n, answer, max, NULL, start, start + wait_ms, &busy);
+    *why = status != INT_MIN ? MONARCH_ANSWERED : busy ? MONARCH_BUSY : MONARCH_LOST;
+    if (status == INT_MIN) {
+        if (reused)
+            monarch_wb_door_fd = -1;
+        real_close(s);
+        *fallback = !reused && !busy; /* a fresh connection closed at once: the door is full or gone */
+        return INT_MIN;
+    }
+    if (keep && !reused) {
+        monarch_conn_close_at_exit();
+        monarch_wb_door_fd = s;
+        monarch_wb_door_pid = pid;
+        monarch_wb_door_ino = st.st_ino;
+    } else if (!reused) {
+        real_close(s);
+    }
+    return status;
+}
+
 /* Is (dirfd, path) under a write-back path? Its absolute form in abs[PATH_MAX]. */
 static int monarch_wb_under(int dirfd, const char *path, char *abs)
 {
@@ -174,10 +268,14 @@ static int monarch_wb_ask(unsigned op, const char *p1, const char *p2, long n1, 
     monarch_guard = 1;
     int why;
     int64_t t0 = monarch_debug >= 2 ? monarch_now_ns() : 0;
-    int st = monarch_request_why(MONARCH_VERB_WB, body, (size_t)n, answer, sizeof answer, NULL, MONARCH_WB_WAIT_MS,
+    int st = INT_MIN, fallback = 1;
+    if (monarch_wb_have_door)
+        st = monarch_wb_door_call(body, (size_t)n, answer, sizeof answer, MONARCH_WB_WAIT_MS, &why, &fallback);
+    if (fallback)
+        st = monarch_request_why(MONARCH_VERB_WB, body, (size_t)n, answer, sizeof answer, NULL, MONARCH_WB_WAIT_MS,
                                  &why);
-    MONARCH_DEBUG(2, "write-back call %u %s%s%s: %d in %.3f ms", op, p1 ? p1 : "", p2 ? " " : "", p2 ? p2 : "", st,
-                  (double)(monarch_now_ns() - t0) / 1e6);
+    MONARCH_DEBUG(2, "write-back call %u %s%s%s: %d in %.3f ms (%s)", op, p1 ? p1 : "", p2 ? " " : "", p2 ? p2 : "", st,
+                  (double)(monarch_now_ns() - t0) / 1e6, fallback ? "the daemon's socket" : "its own socket");
     monarch_guard = 0;
     errno = saved;
     if (st < 0 && why == MONARCH_LOST && monarch_wb_took && monarch_wb_changes(op))

@@ -49,6 +49,9 @@ static void monarch_wb_parse(const char *env);
 static int monarch_wb_open(int dirfd, const char *path, int flags, mode_t mode, int *fdp);
 static const char *monarch_wb_view(int dirfd, const char *path, int list, int *err, int *mode);
 static void monarch_wb_map_marks(const char *path); /* MONARCH_WRITEBACK_MARKS, at the start */
+static void monarch_wb_parse_door(const char *path); /* MONARCH_WRITEBACK_SOCKET, at the start */
+static void monarch_wb_thread_exit(void);            /* this thread's connection to it closed */
+static void monarch_wb_atfork_child(void);           /* the forking thread's copy closed in the child */
 static int monarch_wb_rename(int od, const char *o, int nd, const char *n, unsigned flags);
 static int monarch_wb_unlink(int dirfd, const char *path, int flags);
 static int monarch_wb_mkdir(int dirfd, const char *path, mode_t mode);

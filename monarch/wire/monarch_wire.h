@@ -188,6 +188,7 @@
 #define MONARCH_ENV_SAID "MONARCH_SHIM_SAID" /* FALLBACK_* bits a parent process already said (no counters) */
 #define MONARCH_ENV_WRITEBACK "MONARCH_WRITEBACK" /* the write-back paths, ':'-separated (the daemon's) */
 #define MONARCH_ENV_WRITEBACK_MARKS "MONARCH_WRITEBACK_MARKS" /* the changed paths' filter (writeback/marks.py) */
+#define MONARCH_ENV_WRITEBACK_SOCKET "MONARCH_WRITEBACK_SOCKET" /* the write-back calls' socket (node/writeback_door.py) */
 #define MONARCH_WB_MARKS_MAGIC "MNWBMRK1"
 #define MONARCH_WB_MARKS_HEADER_SIZE 16 /* the magic, u32 slots (a power of two), u32 0; then u8 counters */
 #define MONARCH_ENV_DISABLE "MONARCH_DISABLE"

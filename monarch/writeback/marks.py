@@ -17,6 +17,7 @@ before it answers the call that changed it, and unmarks it only once the PFS sho
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
@@ -27,6 +28,8 @@ HEADER = struct.Struct("<8sII")
 SLOTS = 1 << 20  # 1 MiB: thousands of pending paths leave nearly every counter zero
 STICKY = 255
 NAME = "marks"
+
+log = logging.getLogger(__name__)
 
 
 def fnv1a64(data: bytes) -> int:
@@ -50,6 +53,16 @@ class Marks:
             os.close(fd)
         self._map[:HEADER.size] = HEADER.pack(MAGIC, slots, 0)
         self._lock = threading.Lock()
+
+    @classmethod
+    def made(cls, area_path: str) -> "Marks | None":
+        """The marks of a run's area (None: they cannot be made, said: the shim asks for every path)."""
+        try:
+            return cls(os.path.join(area_path, NAME))
+        except OSError as e:
+            log.warning("write-back: no marks of the changed paths in %s (%s): every stat under the write-back "
+                        "paths asks the daemon", area_path, e)
+            return None
 
     def _slots(self, key: str) -> tuple[int, int]:
         h = fnv1a64(os.fsencode(key))

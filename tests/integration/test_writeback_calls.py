@@ -249,7 +249,8 @@ def test_the_shim_asks_the_daemon_only_for_the_paths_the_job_changed(dataset, sh
     """A stat, a read-only open or a listing of a path the job has not changed is the PFS's own: the
     shim answers it without a round trip to the daemon (the daemon's marks, writeback/marks.py, read
     in C); the paths the job changed and the PFS does not show yet are asked for, and seen as the job
-    left them (a marked path the shim missed would be ENOENT here: the PFS has none of them)."""
+    left them (a marked path the shim missed would be ENOENT here: the PFS has none of them). The
+    calls go to the write-back calls' own socket."""
     ds = dataset(files=10)
     pfs = os.path.join(short_tmp, "pfs-out")
     os.makedirs(pfs)
@@ -262,5 +263,6 @@ def test_the_shim_asks_the_daemon_only_for_the_paths_the_job_changed(dataset, sh
     resolved = [a.split(": ")[0][2:] for a in asked if a.startswith(("3 ", "9 "))]  # RESOLVE, LIST: the path
     assert not [p for p in resolved if p == os.path.join(pfs, "old")], resolved
     assert os.path.join(pfs, "d", "new") in resolved, resolved  # (open: pending until its close)
+    assert asked and all(a.endswith("(its own socket)") for a in asked), asked  # (node/writeback_door.py)
     with open(os.path.join(pfs, "d", "new"), "rb") as f:
         assert f.read() == b"new"

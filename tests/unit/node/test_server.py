@@ -169,7 +169,9 @@ def test_a_session_gets_only_monarch_keys_and_its_reports(served):
         assert status == 0 and set(protocol.CLIENT_ENV_KEYS) - set(attached["env"]) == {protocol.ENV_ASK_FIRST,
                                                                                          protocol.ENV_STORE_ROOTS,
                                                                                          protocol.ENV_SHARED_SLOTS,
-                                                                                         protocol.ENV_WRITEBACK}
+                                                                                         protocol.ENV_WRITEBACK,
+                                                                                         protocol.ENV_WRITEBACK_MARKS,
+                                                                                         protocol.ENV_WRITEBACK_SOCKET}
         assert attached["run"]["roots"] == list(daemon.config.dataset.roots)
         for _ in range(2):
             s.sendall(protocol.encode_request(protocol.VERB_REPORT))
