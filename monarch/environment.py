@@ -128,6 +128,10 @@ VARIABLES: tuple[Variable, ...] = (
              (SHIM, HINTS, LAUNCHER), MONARCH),
     Variable("MONARCH_COUNTERS", "path", None, "the run's shared counters file", (SHIM, LAUNCHER, WORKLOAD), MONARCH),
     Variable("MONARCH_INDEX", "path", None, "the snapshot index the shim's fstat answers from", (SHIM,), MONARCH),
+    Variable("MONARCH_WRITEBACK_MARKS", "path", None,
+             "the paths where the job's view of its write-back paths differs from the PFS (the only ones the shim "
+             "asks the daemon for)", (SHIM,), MONARCH),
+    Variable("MONARCH_WRITEBACK_SOCKET", "path", None, "the socket of the shim's write-back calls", (SHIM,), MONARCH),
     Variable("MONARCH_ASK_FIRST", "bool", None, "=1: every managed open asks the daemon first (validate: open)",
              (SHIM,), MONARCH),
     Variable("MONARCH_STORE_ROOTS", "str", None,

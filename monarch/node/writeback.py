@@ -167,7 +167,7 @@ class WritebackRoom:
                     kept = self.kept.lookup(c.path)  # an earlier run's (or this one's) published file, unchanged
                     if kept is not None:
                         return _pfs(kept)
-                if self.view.made_dir(c.path) and not os.path.isdir(where):  # made by the job, not drained yet
+                if self.view.made_dir(c.path) and not os.path.isdir(where):  # made by the job, not on the PFS yet
                     return _pfs(self._listing_dir(c.path))
                 entry = self.view.entry(c.path)
                 if kind == "local" and isinstance(entry, Local):  # its copy's mode is 0600; the job's is this
@@ -233,6 +233,7 @@ class WritebackRoom:
             self._wait_for(self.journal.last_op)
             if self._outcome.failed:
                 raise OSError(errno.EIO, "the write-back could not publish what this call depends on", path or path2)
+        self.view.outside(path, path2)
         return _pfs(path)
 
     def _closed(self, seq: int) -> None:
@@ -297,7 +298,8 @@ class WritebackRoom:
         job's is pending there, else one made in the area with the names (files empty, dirs dirs)."""
         names = self.view.listing(directory)
         kind, where = self.view.resolve(directory)
-        if kind == "pfs" and where == directory and os.path.isdir(directory) and not self.view.pending_in(directory):
+        on_pfs = not self.view.made_dir(directory) and self.view.is_dir(directory)  # (a directory it made: not yet)
+        if kind == "pfs" and where == directory and on_pfs and not self.view.pending_in(directory):
             return directory
         with self._cond:
             self._lists += 1

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from monarch.writeback.area import Area
 from monarch.writeback.journal import Journal
+from monarch.writeback.known import ABSENT, DIR, KnownPfs
 from monarch.writeback.marks import MarkedDirs, MarkedEntries, Marks
 
 
@@ -95,6 +96,7 @@ class View:
         self._facts: dict | None = None  # the PFS as _looking saw it, for the call holding the lock
         self._pfs_changes = 0            # the drain's changes of the PFS (facts older than one are looked at again)
         self._pfs_dirs: set[str] = set()  # PFS directories seen, until the job's rename or removal there is applied
+        self._known = KnownPfs()          # what the job's applied changes made of the PFS: no call to ask it
         # each path in either is marked for the shim while it is (marks.py): it asks for those alone
         self._entries: dict[str, Local | Moved | Gone] = MarkedEntries(marks)
         self._dirs = MarkedDirs(marks)  # made by the job, not yet on the PFS
@@ -170,9 +172,19 @@ class View:
         except OSError:
             return None
 
+    def _pfs_exists(self, where: str) -> bool:
+        known = self._known.kind(where)
+        if known is not None:
+            return known != ABSENT
+        return where in self._pfs_dirs or self._lstat(where) is not None
+
     def _pfs_isdir(self, where: str) -> bool:
-        """Is ``where`` a directory on the PFS? One lstat, as much as _exists's, and none for a directory seen
-        before (the PFS's own directories do not come and go under a job, but by the job's changes)."""
+        """Is ``where`` a directory on the PFS? Known from the job's own changes, or one lstat (as much as
+        _exists's), and none for a directory seen before (the PFS's own directories do not come and go
+        under a job, but by the job's changes)."""
+        known = self._known.kind(where)
+        if known is not None:
+            return known == DIR
         if where in self._pfs_dirs:
             return True
         st = self._lstat(where)
@@ -185,7 +197,7 @@ class View:
 
     def _exists(self, path: str) -> bool:
         kind, where = self._resolve(path)
-        return path in self._dirs or kind == "local" or (kind == "pfs" and self._lstat(where) is not None)
+        return path in self._dirs or kind == "local" or (kind == "pfs" and self._pfs_exists(where))
 
     def _is_dir(self, path: str) -> bool:
         kind, where = self._resolve(path)
@@ -210,7 +222,9 @@ class View:
         names = set()
         if kind == "pfs" and directory not in self._dirs:  # a directory the job made holds only its own
             try:  # the drain's temporary names are its own, not the job's (drain.temporary_name)
-                names = {n for n in self._pfs("listdir", where) if not (n.startswith(".") and ".monarch-" in n)}
+                known = self._known.names(where)
+                names = set(known) if known is not None else \
+                    {n for n in self._pfs("listdir", where) if not (n.startswith(".") and ".monarch-" in n)}
             except (FileNotFoundError, NotADirectoryError):
                 pass
         for path, e in self._entries.items():
@@ -321,8 +335,16 @@ class View:
     def is_dir(self, path: str) -> bool:
         return self._looking(self._is_dir, path)
 
+    def outside(self, *paths: str) -> None:
+        """The kernel makes a call at these paths itself (a link, a symlink): what is known of them is not."""
+        with self._lock:
+            for p in paths:
+                if p:
+                    self._known.forget(self._resolve(p)[1] or p)
+
     def made_dir(self, path: str) -> bool:
-        """A directory the job made that the drain has not made on the PFS yet (no PFS call)."""
+        """A directory the job made that the drain had not made on the PFS when last applied (no PFS call; a
+        rename of it before its mkdir was applied moves it here: the PFS may hold it at its old name)."""
         with self._lock:
             return path in self._dirs
 
@@ -389,6 +411,8 @@ class View:
             raise _error(errno.ENOTEMPTY if self._is_dir(dst) else errno.ENOTDIR, dst)
         n = self.journal.append("rename", src=src, dst=dst)
         kind, where = self._resolve(src)
+        if src in self._dirs:  # made by the job (over a name it removed): at its own path once made on the PFS
+            where = src
         for path in [p for p in self._entries if _under(p, src)]:  # what was found through src, through dst now
             self._entries[dst + path[len(src):]] = self._entries.pop(path)
         self._dirs.keep_only(dst + d[len(src):] if d == src or _under(d, src) else d for d in self._dirs)
@@ -427,6 +451,8 @@ class View:
         if not self._is_dir(os.path.dirname(path)):
             raise self._missing(path)
         self.journal.append("mkdir", path=path, mode=stat.S_IMODE(mode))
+        if self._resolve(path) == ("pfs", path):  # where the PFS has nothing: all it will hold is the job's
+            self._known.making(path)
         self._dirs.add(path)  # a Gone entry here stays: what the PFS still holds below it is not the job's
 
     def rmdir(self, path: str) -> None:
@@ -447,6 +473,7 @@ class View:
         (no call sees the PFS changed and the view not, or the reverse)."""
         with self._lock:
             self._pfs_changes += 1
+            self._known.applied(rec.op, rec.args)
             for gone in (rec.args.get("src"), rec.args.get("path") if rec.op in ("rmdir", "unlink") else None):
                 if gone:
                     self._pfs_dirs = {d for d in self._pfs_dirs if d != gone and not _under(d, gone)}
