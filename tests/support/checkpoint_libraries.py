@@ -12,7 +12,7 @@ import sys
 # files whose bytes hold the time of their save (compared by name only)
 IGNORED = {"orbax": ("",), "dcp": (".metadata",),  # (a save's random id)
            "trainer": ("trainer_state.json", "training_args.bin"), "lightning": (".ckpt",)}
-# names a library draws at random (tensorstore's data files): compared by how many there are
+# names a library draws at random (tensorstore's data files): compared by the directories holding some
 RANDOM_NAMES = {"orbax": r"[0-9a-f]{32}"}
 LIBRARIES = ("safetensors", "h5py", "megatron", "dcp", "orbax", "lightning", "trainer")
 
