@@ -16,7 +16,7 @@ would report the old sizes (short reads, SIGBUS past the end of an mmap). So:
 - that dead state (index, counters, socket, pid file, their temporary files) is removed
   before anything of the new instance is published;
 - every file the shim trusts carries the instance's random id in its name (``index-<id>``,
-  ``counters-<id>``, ``sock-<id>``) and reaches the shim only through its launcher's
+  ``counters-<id>``, ``sock-<id>``, ``wbsock-<id>``) and reaches the shim only through its launcher's
   environment (the ATTACH answer): a process of the new run never maps a dead instance's
   index, and a process left over from the killed run is never answered by the new
   instance (its socket name is gone) nor reads its counters or index;
@@ -44,7 +44,7 @@ LOCK = DAEMON_LOCK
 CLAIM_WAIT = 0.5  # seconds a claim waits out the lock held by others judging whether the run is alive
 # what an instance leaves in the run directory: removed when a new instance takes over
 # (the plain "index" and "counters" are the names of daemons from before instances)
-_STATE = re.compile(r"(index|counters|sock)(-[0-9a-f]+)?(\.tmp-[0-9a-f]+)?|daemon\.(sock|pid)(\.tmp-[0-9a-f]+)?")
+_STATE = re.compile(r"(index|counters|sock|wbsock)(-[0-9a-f]+)?(\.tmp-[0-9a-f]+)?|daemon\.(sock|pid)(\.tmp-[0-9a-f]+)?")
 
 
 class Instance:

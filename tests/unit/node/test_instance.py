@@ -33,6 +33,9 @@ def test_a_dead_instances_state_is_removed_and_the_new_names_differ(tmp_path):
     s.bind(dead.socket_path)
     dead.publish_socket()
     s.close()
+    wb = socket.socket(socket.AF_UNIX)  # the write-back calls' socket (node/writeback_door.py)
+    wb.bind(dead.writeback_socket_path)
+    wb.close()
     os.mkdir(os.path.join(tmp_path, "index-feed"))  # not a file Monarch makes: left alone
     kept = [os.path.join(tmp_path, n) for n in ("daemon.log", "report.json", ".monarch-run", "start.lock")]
     for path in kept:
