@@ -17,17 +17,19 @@ from monarch.node.writeback_door import WritebackDoor
 @pytest.fixture
 def door(tmp_path):
     calls = []
+    release = threading.Event()  # a call of body b"wait" waits for it (as a call waits for the drain)
 
     def call(body: bytes) -> bytes:
         calls.append(body)
-        if body.startswith(b"slow"):
-            time.sleep(3 * protocol.HEARTBEAT_MS / 1000)
+        if body == b"wait":
+            release.wait(60)
         return protocol.encode_answer(len(calls), body[::-1])
 
     d = WritebackDoor(str(tmp_path / "wb.sock"), call)
     d.start()
-    d.calls = calls
+    d.calls, d.release = calls, release
     yield d
+    release.set()
     d.stop()
 
 
@@ -38,14 +40,15 @@ def connect(door):
     return s
 
 
-def ask(s, body: bytes, verb=protocol.VERB_WB):
+def ask(s, body: bytes, verb=protocol.VERB_WB, beats: list | None = None):
+    """The answer to one call: (status, body, heartbeats before it); ``beats``: each heartbeat appended as it comes."""
     s.sendall(protocol.REQUEST_HEADER.pack(verb, 0, 0, len(body)) + body)
-    beats = 0
+    beats = [] if beats is None else beats
     while True:
         status, length = protocol.ANSWER_HEADER.unpack(recv(s, protocol.ANSWER_HEADER.size))
         if status != protocol.STATUS_PENDING:
-            return status, recv(s, length), beats
-        beats += 1
+            return status, recv(s, length), len(beats)
+        beats.append(status)
 
 
 def closed(s) -> bool:
@@ -73,19 +76,21 @@ def test_calls_are_answered_one_after_another_on_one_connection(door):
 
 
 def test_a_call_that_waits_gets_heartbeats_and_the_others_go_on(door):
-    """A call waiting (for the drain) holds its own connection only; the shim, seeing heartbeats,
-    does not take the daemon for lost."""
-    slow, other = connect(door), connect(door)
-    got = {}
-    t = threading.Thread(target=lambda: got.update(slow=ask(slow, b"slow")))
+    """A call waiting (for the drain) holds its own connection only: another is answered meanwhile,
+    and the waiting one's shim gets heartbeats, so it does not take the daemon for lost."""
+    waiting, other = connect(door), connect(door)
+    waiting.settimeout(60)
+    beats, got = [], {}
+    t = threading.Thread(target=lambda: got.update(waited=ask(waiting, b"wait", beats=beats)))
     t.start()
-    time.sleep(0.05)
-    started = time.monotonic()
-    assert ask(other, b"quick")[1] == b"kciuq"
-    assert time.monotonic() - started < protocol.HEARTBEAT_MS / 1000
-    t.join(10)
-    status, body, beats = got["slow"]
-    assert body == b"wols" and beats >= 2, got
+    assert ask(other, b"quick")[1] == b"kciuq" and "waited" not in got  # answered while the other waits
+    deadline = time.monotonic() + 30  # (a bound against hanging, not a measurement)
+    while len(beats) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(beats) >= 2 and "waited" not in got, (beats, got)
+    door.release.set()
+    t.join(30)
+    assert got["waited"][1] == b"tiaw", got
 
 
 @pytest.mark.parametrize("frame", [b"\xff" * 8, protocol.REQUEST_HEADER.pack(protocol.VERB_OPEN, 0, 0, 1) + b"x",
