@@ -6,7 +6,8 @@ call costs a round trip to a metadata server. Most of those paths are the job's 
 published, directories it made, checkpoints it removes a few saves later. Once the drain applied
 a change, its result is known here: a file published, a name removed, a directory made (and,
 when the job made it where nothing was, all it holds: what the job put there since). A path not
-known is looked at on the PFS, as before. What is known can be wrong only if another process
+known is looked at on the PFS, as before; a directory it showed is remembered (the PFS's own
+directories do not come and go under a job, but by the job's changes, which are followed here). What is known can be wrong only if another process
 changes the job's own paths while it runs (the same race a direct job has); the drain's own
 call then fails, said and kept, never a wrong file published.
 
@@ -46,6 +47,10 @@ class KnownPfs:
             return None
         return [os.path.basename(p) for p, k in self._kinds.items()
                 if k != ABSENT and os.path.dirname(p) == directory]
+
+    def seen_dir(self, path: str) -> None:
+        """The PFS showed a directory at ``path`` (not one the job made: what it holds is not known)."""
+        self._set(path, DIR)
 
     def making(self, path: str) -> None:
         """The job makes a directory at ``path``, where the PFS has nothing (the view looked)."""

@@ -90,10 +90,6 @@ class Marks:
         """Would the shim ask for ``path`` (its listing: ``children``)? (Tests: the shim's own check is in C.)"""
         return all(self._map[i] for i in self._slots(path + "/" if children else path))
 
-    def close(self) -> None:
-        with self._lock:
-            self._map.close()
-
 
 class MarkedEntries(dict):
     """The view's entries (path -> entry): a path is marked while it has one."""

@@ -95,7 +95,6 @@ class View:
         self._lock = threading.RLock()
         self._facts: dict | None = None  # the PFS as _looking saw it, for the call holding the lock
         self._pfs_changes = 0            # the drain's changes of the PFS (facts older than one are looked at again)
-        self._pfs_dirs: set[str] = set()  # PFS directories seen, until the job's rename or removal there is applied
         self._known = KnownPfs()          # what the job's applied changes made of the PFS: no call to ask it
         # each path in either is marked for the shim while it is (marks.py): it asks for those alone
         self._entries: dict[str, Local | Moved | Gone] = MarkedEntries(marks)
@@ -176,22 +175,20 @@ class View:
         known = self._known.kind(where)
         if known is not None:
             return known != ABSENT
-        return where in self._pfs_dirs or self._lstat(where) is not None
+        return self._lstat(where) is not None
 
     def _pfs_isdir(self, where: str) -> bool:
-        """Is ``where`` a directory on the PFS? Known from the job's own changes, or one lstat (as much as
-        _exists's), and none for a directory seen before (the PFS's own directories do not come and go
-        under a job, but by the job's changes)."""
+        """Is ``where`` a directory on the PFS? Known (from the job's own changes, or seen before: the
+        PFS's own directories do not come and go under a job, but by its changes), or one lstat (as
+        much as _exists's)."""
         known = self._known.kind(where)
         if known is not None:
             return known == DIR
-        if where in self._pfs_dirs:
-            return True
         st = self._lstat(where)
         if st is not None and stat.S_ISLNK(st.st_mode):
             return self._pfs("isdir", where)  # (a link to a directory is one to the job, as to os.path.isdir)
         if st is not None and stat.S_ISDIR(st.st_mode):
-            self._pfs_dirs.add(where)
+            self._known.seen_dir(where)
             return True
         return False
 
@@ -473,11 +470,8 @@ class View:
         (no call sees the PFS changed and the view not, or the reverse)."""
         with self._lock:
             self._pfs_changes += 1
-            self._known.applied(rec.op, rec.args)
-            for gone in (rec.args.get("src"), rec.args.get("path") if rec.op in ("rmdir", "unlink") else None):
-                if gone:
-                    self._pfs_dirs = {d for d in self._pfs_dirs if d != gone and not _under(d, gone)}
             yield
+            self._known.applied(rec.op, rec.args)  # (made: a refused change stops the drain, and is not known)
             n = rec.n
             if rec.op == "close":  # published: a closed file renamed since is at its close's path now
                 for key, e in list(self._entries.items()):

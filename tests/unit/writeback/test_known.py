@@ -41,3 +41,13 @@ def test_a_path_the_kernel_changes_itself_is_looked_at_again():
     k.applied("unlink", {"path": "/p/d/s"})
     k.forget("/p/d/s")  # a symlink made there by the kernel (settled)
     assert k.kind("/p/d/s") is None and k.names("/p/d") is None
+
+
+def test_a_directory_the_pfs_showed_is_remembered_and_follows_the_jobs_rename():
+    k = KnownPfs()
+    k.seen_dir("/p/old")
+    assert k.kind("/p/old") == DIR and k.names("/p/old") is None and k.kind("/p/old/x") is None
+    k.applied("rename", {"src": "/p/old", "dst": "/p/new"})
+    assert (k.kind("/p/new"), k.kind("/p/old")) == (DIR, ABSENT)
+    k.applied("rmdir", {"path": "/p/new"})
+    assert k.kind("/p/new") == ABSENT
