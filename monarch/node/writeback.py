@@ -31,8 +31,8 @@ from monarch.secure import open_private_file
 from monarch.writeback import wire
 from monarch.writeback.across import HEARD, write_heard
 from monarch.writeback.area import Area, sole_opener
-from monarch.writeback.drain import Outcome, copy_bytes, drain, temporary_name
-from monarch.writeback.journal import Journal
+from monarch.writeback.drain import Following, Outcome, copy_bytes, drain, temporary_name
+from monarch.writeback.journal import Journal, Tail
 from monarch.writeback.kept import KeptWrites
 from monarch.writeback.marks import Marks
 from monarch.writeback.view import Local, View
@@ -61,6 +61,7 @@ class WritebackRoom:
         self.partners = None          # partner.Partners under fsync: partner (a cluster)
         self.area = Area.create(base, run_id, node)
         self.journal = Journal(self.area.journal_path, durable=durable)
+        self._following = Following(Tail(self.area.journal_path))  # the drain's reading of it, and what it did
         self.marks = Marks.made(self.area.path)
         self.view = View(self.paths, self.area, self.journal, self.marks)
         self.kept = KeptWrites.made(base, keep, linger)  # published files kept for the next runs, and theirs read (None: keep 0)
@@ -198,15 +199,15 @@ class WritebackRoom:
         if isinstance(entry, Local) and not entry.closed and not exclusive:  # the same file, open here already
             return protocol.encode_answer(entry.seq, os.fsencode(entry.through or self.area.data_path(entry.seq)))
         kind, where = self.view.resolve(path)
-        exists = kind != "gone" and os.path.lexists(where or "")
-        if flags & os.O_TRUNC or exclusive or (flags & os.O_CREAT and not exists):
+        # (whether it exists matters to an open that may create it: the view knows, or asks once)
+        if flags & os.O_TRUNC or exclusive or (flags & os.O_CREAT and not self.view.exists(path)):
             self._wait_for_room()
             after = tuple(sorted(self.order.counts().items())) if self.order is not None else ()
             seq, local = self.view.create(path, mode, exclusive=exclusive, after=tuple(p for p in after if p[1]))
             return protocol.encode_answer(seq, os.fsencode(local))
         if kind == "gone":
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        if entry is not None or where != path:  # pending: the PFS holds it once drained
+        if entry is not None or where != path or self.view.made_dir(path):  # pending: the PFS holds it once drained
             self._wait_for(self.journal.last_op)
             if self._outcome.failed:
                 raise OSError(errno.EIO, "the write-back could not publish what this file depends on", path)
@@ -350,8 +351,8 @@ class WritebackRoom:
                     self._reserved[seq] = max(self._reserved.get(seq, 0), grant)
                     self.figures["waited_for_room"] += waited
                     return protocol.encode_answer(wire.WB_ANSWER_DONE, str(grant).encode())
-                if self._outcome.failed or self._upto >= self.journal.last_op or self._stop:
-                    break  # nothing more will drain
+                if self._outcome.failed or self._outcome.upto >= self.journal.last_op or self._stop:
+                    break  # nothing more will drain (its pass over: what it published has left the room)
                 waited = True
                 self._cond.wait(0.05)
         with self._cond:
@@ -413,7 +414,7 @@ class WritebackRoom:
             held = self.pending_bytes(reserved=False)
             with self._cond:
                 self.figures["peak_pending_bytes"] = max(self.figures["peak_pending_bytes"], held)
-                if pending < self.room or self._outcome.failed or self._upto >= self.journal.last_op:
+                if pending < self.room or self._outcome.failed or self._outcome.upto >= self.journal.last_op:
                     break  # room, or nothing more will drain: never a deadlock on one file larger than the room
                 waited = True
                 self._cond.wait(0.05)
@@ -421,9 +422,11 @@ class WritebackRoom:
             with self._cond:
                 self.figures["waited_for_room"] += 1
 
-    def _wait_for(self, n: int) -> None:
+    def _wait_for(self, n: int, passed: bool = False) -> None:
+        """Until record ``n`` is on the PFS (``passed``: and the drain's pass that applied it is over,
+        its outcome and figures taken), or the drain stopped."""
         with self._cond:
-            while self._upto < n and not self._outcome.failed and not self._stop:
+            while (self._outcome.upto if passed else self._upto) < n and not self._outcome.failed and not self._stop:
                 self._cond.wait(0.25)
 
     def _kick(self) -> None:
@@ -442,7 +445,7 @@ class WritebackRoom:
             pending = self.pending_bytes(reserved=False)
             try:
                 out = drain(self.area, self.run_id, journal=self.journal, step=self._step, before=self._after_others,
-                            commit=self.view.applying)
+                            commit=self.view.applying, following=self._following)
             except Exception as e:  # a bug must not lose what is pending: kept, said, reported
                 log.exception("write-back: the drain failed")
                 out = Outcome(upto=self._upto, failed=f"the drain failed: {e}")
@@ -459,6 +462,9 @@ class WritebackRoom:
     def _step(self, phase: str, rec) -> None:
         if phase == "applied":
             self._moving = rec.n
+            with self._cond:  # an fsync waiting for this record returns now, not after the drain's pass
+                self._upto = max(self._upto, rec.n)
+                self._cond.notify_all()
             if self.kept is not None:  # (before the drain lets a published file's local copy go)
                 self.kept.follow(rec, self.area.data_path(rec["seq"]) if rec.op == "close" else "")
             if self.order is not None:
@@ -507,9 +513,11 @@ class WritebackRoom:
                 self.figures["job_ended_after_s"] = time.monotonic() - self._started
         for seq in sorted(self._closing):
             self._closed(seq)
-        self._wait_for(self.journal.last_op)
+        self._wait_for(self.journal.last_op, passed=True)
         if self.partners is not None:
             self.partners.finish()  # a lost node's files, published here, before the run says it is done
+        if self.kept is not None:
+            self.kept.followed(drained=True)  # (what it kept, in the figures)
         with self._cond:
             self.figures["drained_after_s"] = time.monotonic() - self._started
             out = self._outcome

@@ -27,10 +27,15 @@ from contextlib import nullcontext
 from typing import Callable, ContextManager
 
 from monarch.writeback.area import Area
-from monarch.writeback.journal import Journal, Record, read
+from monarch.writeback.journal import Journal, Record, Tail, read
 
 log = logging.getLogger(__name__)
 
+# Made on the PFS before the view changes, not while it holds its lock (the job's calls go on):
+# until it changes, the view answers these paths from its own entries (a directory made, a name
+# removed), never from the PFS. A rename is made under the lock: the view answers a renamed path
+# with the PFS path its bytes are at, which the rename changes.
+OUTSIDE_COMMIT = ("mkdir", "rmdir", "unlink")
 COPY_CHUNK = 1 << 20  # bytes per write to the PFS: a parallel filesystem's (and FUSE's) own request size
 
 
@@ -48,6 +53,16 @@ class Outcome:
     @property
     def complete(self) -> bool:
         return self.failed is None and not self.unpublished and self.damaged is None
+
+
+@dataclass
+class Following:
+    """A run's drains of the journal it appends to, one after another: the journal as they read it
+    (each only what was appended since) and what the last one did."""
+    tail: Tail
+    upto: int = 0  # every record up to here is applied
+    # file -> the copy its last fsync left under its name: (PFS path, size, mtime_ns, mode)
+    synced: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)
 
 
 def temporary_name(path: str, run_id: str, seq: int) -> str:
@@ -73,11 +88,12 @@ def copy_bytes(src_fd: int, dst_fd: int, size: int) -> None:
     buf.close()
 
 
-def publish(area: Area, rec: Record, run_id: str, commit: ContextManager = nullcontext()) -> None:
-    """File ``rec['seq']``'s bytes to its PFS path, complete under its name or not at all (a
-    ``sync``: its first ``size`` bytes, the file still being written); the rename under ``commit``."""
+def publish(area: Area, rec: Record, run_id: str, commit: ContextManager = nullcontext(),
+            following: Following | None = None) -> None:
+    """File ``rec['seq']``'s bytes to its PFS path, complete under its name or not at all; a
+    ``sync`` (its first ``size`` bytes, the file still being written) in place, as a direct
+    write and fsync leave a file; the change under ``commit``."""
     path, size = rec["path"], rec["size"]
-    tmp = temporary_name(path, run_id, rec["seq"])
     through = rec.args.get("through")  # written through: its bytes are at that PFS path already (W6)
     if through and rec.op == "close":
         if not os.path.lexists(through) and os.path.lexists(path):
@@ -86,50 +102,114 @@ def publish(area: Area, rec: Record, run_id: str, commit: ContextManager = nullc
         with commit:
             os.rename(through, path)
         return
-    if rec.op == "close" and rec.args.get("synced") and _is_its_sync(area, rec):
-        local = os.stat(area.data_path(rec["seq"]))
-        with commit:  # its fsync's copy, under its name already: its mode and times as the job left them
-            os.chmod(path, stat.S_IMODE(rec["mode"]))
-            os.utime(path, ns=(local.st_atime_ns, local.st_mtime_ns))
-        return
+    made = following.synced.pop(rec["seq"], None) if following is not None else None
+    if rec.op == "close" and rec.args.get("synced"):
+        mode = _its_sync(area, rec, made)
+        if mode is not None:  # its fsync's copy, under its name already, times and all
+            if mode != stat.S_IMODE(rec["mode"]):
+                with commit:  # (a chmod of the open file since)
+                    os.chmod(path, stat.S_IMODE(rec["mode"]))
+            return
     src = os.open(through or area.data_path(rec["seq"]), os.O_RDONLY | os.O_CLOEXEC)
     try:
         have = os.fstat(src).st_size
         if have != size and not (rec.op == "sync" and have > size):
             raise OSError(errno.EIO, f"the copy {through or area.data_path(rec['seq'])} is not its {size} bytes")
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            copy_bytes(src, dst, size)
-            os.fchmod(dst, stat.S_IMODE(rec["mode"]))  # the app's mode under its umask, as it asked
-            local = os.fstat(src)
-            os.utime(dst, ns=(local.st_atime_ns, local.st_mtime_ns))  # its last write's time (or utime's), not the drain's
-            os.fsync(dst)
-        finally:
-            os.close(dst)
+        # an fsync's bytes go under the file's name, as a direct fsync leaves them; so do a close's
+        # where an fsync of this run showed the file there already (as a direct write after an fsync)
+        before = made if made is not None and made[0] == path else None
+        if not through and (rec.op == "sync" or before is not None) and _copy_in_place(src, rec, before):
+            with commit:  # (the view's answers: the PFS's from here; until here its own, the entry's)
+                pass
+        else:
+            tmp = temporary_name(path, run_id, rec["seq"])
+            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                _fill(src, dst, rec)
+            finally:
+                os.close(dst)
+            with commit:
+                os.rename(tmp, path)
+        if rec.op == "sync" and following is not None:
+            following.synced[rec["seq"]] = (path, size, os.fstat(src).st_mtime_ns, stat.S_IMODE(rec["mode"]))
     finally:
         os.close(src)
-    with commit:
-        os.rename(tmp, path)
 
 
-def _is_its_sync(area: Area, rec: Record) -> bool:
-    """Is the file at a closed file's PFS path the copy its last fsync made (the job wrote nothing
-    since, its close said)? Checked again here: its size, and its time, which the copy took from
-    the local file's last write; anything else is copied whole."""
+def _fill(src: int, dst: int, rec: Record, cut: bool = True, set_mode: bool = True) -> None:
+    """``rec``'s bytes copied (the file cut there: ``cut``), its mode set (``set_mode``: else it was
+    made with it) and its last write's time (not the drain's), flushed."""
+    copy_bytes(src, dst, rec["size"])
+    if cut:
+        os.ftruncate(dst, rec["size"])
+    if set_mode:
+        os.fchmod(dst, stat.S_IMODE(rec["mode"]))  # the app's mode under its umask, as it asked
+    local = os.fstat(src)
+    os.utime(dst, ns=(local.st_atime_ns, local.st_mtime_ns))
+    os.fsync(dst)
+
+
+def _copy_in_place(src: int, rec: Record, before: tuple | None) -> bool:
+    """File ``rec``'s bytes written at its own name: no temporary, no rename (two path walks fewer on
+    the PFS's metadata service). ``before``: the copy this run's last fsync of it left there (path,
+    size, time, mode), None where there is none. False where the name cannot be opened as a file of
+    the job's (a symlink, a directory, a file it may not write): the temporary and the rename then."""
+    path, mode = rec["path"], stat.S_IMODE(rec["mode"])
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        pfs, local = os.lstat(rec["path"]), os.stat(area.data_path(rec["seq"]))
+        if before is None:  # a new name, mostly: made with its mode, where the daemon's umask keeps it
+            try:
+                dst = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
+                cut, set_mode = False, bool(mode & (_umask() | 0o7000))
+            except FileExistsError:
+                dst = os.open(path, flags | os.O_TRUNC)
+                cut, set_mode = False, True
+        else:  # its earlier copy: written over, cut where it was longer
+            dst = os.open(path, flags | os.O_CREAT, 0o600)
+            cut, set_mode = before[1] > rec["size"], before[3] != mode
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.EACCES, errno.EPERM, errno.ETXTBSY, errno.EROFS):
+            return False
+        raise
+    try:
+        _fill(src, dst, rec, cut, set_mode)
+    finally:
+        os.close(dst)
+    return True
+
+
+def _its_sync(area: Area, rec: Record, made: tuple | None) -> int | None:
+    """The mode of the PFS file at a closed file's path, where it is the copy its last fsync made
+    (the job wrote nothing since, its close said); None (copied whole) otherwise. Known without
+    asking the PFS where this run's drain made that copy at this path of the local file as it is
+    now (``made``: path, size, time, mode; a rename since is a record before the close, and names
+    another path); else checked on the PFS by its size and its time, which the copy took from the
+    local file's last write."""
+    local = os.stat(area.data_path(rec["seq"]))
+    if local.st_size != rec["size"]:
+        return None
+    if made is not None and made[:3] == (rec["path"], local.st_size, local.st_mtime_ns):
+        return made[3]
+    try:
+        pfs = os.lstat(rec["path"])
     except FileNotFoundError:
-        return False
-    return (stat.S_ISREG(pfs.st_mode) and pfs.st_size == local.st_size == rec["size"]
-            and pfs.st_mtime_ns == local.st_mtime_ns)
+        return None
+    if stat.S_ISREG(pfs.st_mode) and pfs.st_size == local.st_size and pfs.st_mtime_ns == local.st_mtime_ns:
+        return stat.S_IMODE(pfs.st_mode)
+    return None
 
 
-def apply(area: Area, rec: Record, run_id: str, commit: ContextManager = nullcontext()) -> None:
+def apply(area: Area, rec: Record, run_id: str, commit: ContextManager = nullcontext(),
+          following: Following | None = None) -> None:
     """One operation on the PFS; safe to apply again after a crash cut it short. ``commit``: held
     while the PFS changes (a publish's copy before it), so that the job's view changes with it."""
     op = rec.op
     if op in ("close", "sync"):
-        publish(area, rec, run_id, commit)
+        publish(area, rec, run_id, commit, following)
+    elif op in OUTSIDE_COMMIT:
+        _namespace(rec)
+        with commit:
+            pass
     else:
         with commit:
             _namespace(rec)
@@ -149,11 +229,14 @@ def _namespace(rec: Record) -> None:
         except FileNotFoundError:
             pass
     elif op == "mkdir":
+        mode = stat.S_IMODE(rec["mode"])
         try:
-            os.mkdir(rec["path"], 0o700)
+            os.mkdir(rec["path"], mode)
         except FileExistsError:
-            pass
-        os.chmod(rec["path"], stat.S_IMODE(rec["mode"]))
+            os.chmod(rec["path"], mode)
+        else:
+            if mode & (_umask() | 0o7000):  # the daemon's umask took bits the job's mkdir gave
+                os.chmod(rec["path"], mode)
     elif op == "rmdir":
         try:
             os.rmdir(rec["path"])
@@ -173,22 +256,30 @@ def _namespace(rec: Record) -> None:
 def drain(area: Area, run_id: str, journal: Journal | None = None,
           step: Callable[[str, Record], None] | None = None,
           before: Callable[[Record], None] | None = None,
-          commit: Callable[[Record], ContextManager] | None = None, start: int = 0) -> Outcome:
+          commit: Callable[[Record], ContextManager] | None = None, start: int = 0,
+          following: Following | None = None) -> Outcome:
     """Apply every operation of ``area``'s journal not yet applied, in order; ``journal``: the one
     the run appends to (else one is opened to record progress). ``step(phase, record)`` is called
     before and after each operation (``"apply"``, ``"applied"``): the tests crash the drain there.
     ``before(record)``: called before a publish that is ordered after other nodes' operations
     (its ``after``, W4): it returns once they are on the PFS, or raises OSError (refused).
     ``commit(record)``: a context held while the PFS changes (the job's view applies it there).
-    ``start``: every record up to it is known on the PFS already (applied from another copy of the journal)."""
-    records, damaged = read(area.journal_path)
-    last = max([start, *(r["upto"] for r in records if r.op == "applied")])
+    ``start``: every record up to it is known on the PFS already (applied from another copy of the journal).
+    ``following``: the run's own drains of the journal it appends to, one after another (else the
+    journal is read whole, and every local copy of a file already published is removed)."""
+    records, damaged = following.tail.read() if following is not None else read(area.journal_path)
+    if following is not None:
+        last = max(start, following.upto)
+    else:
+        last = max([start, *(r["upto"] for r in records if r.op == "applied")])
+    first = last if following is not None else 0  # (record n is records[n - 1]: numbered in order)
     applied, published, failed = 0, [], None
     own = journal is None
     journal = journal or Journal(area.journal_path, durable=True)
     try:
-        for i, rec in enumerate(records):
-            if rec.op == "applied" or rec.n <= last:
+        for i in range(last, len(records)):
+            rec = records[i]
+            if rec.op == "applied":
                 continue
             if step:
                 step("apply", rec)
@@ -196,7 +287,7 @@ def drain(area: Area, run_id: str, journal: Journal | None = None,
                 if not (rec.op == "close" and _removed_later(records, i)):
                     if before is not None and rec.args.get("after"):
                         before(rec)
-                    apply(area, rec, run_id, commit(rec) if commit else nullcontext())
+                    apply(area, rec, run_id, commit(rec) if commit else nullcontext(), following)
                 elif rec.args.get("through"):  # never published: what was written through goes
                     apply(area, Record(rec.n, "drop", {"seq": rec["seq"], "through": rec["through"]}), run_id)
             except OSError as e:
@@ -215,8 +306,10 @@ def drain(area: Area, run_id: str, journal: Journal | None = None,
     finally:
         if own:
             journal.close()
+    if following is not None:
+        following.upto = last
     unpublished = {}
-    for rec in records:
+    for rec in records[first:]:
         if rec.op == "close" and rec.n <= last:
             _remove_data(area, rec["seq"])  # published: what a crash left after its record
         elif rec.op == "close":  # still only here (or at its temporary PFS path), and where
@@ -226,6 +319,19 @@ def drain(area: Area, run_id: str, journal: Journal | None = None,
                    copied_bytes=sum(r["size"] for r in published if not r.args.get("through")),
                    failed=failed, unpublished=unpublished,
                    damaged=damaged)
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (another thread may be creating a file);
+    all bits (always chmod) where the kernel does not say."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o777
 
 
 def _removed_later(records: list[Record], i: int) -> bool:

@@ -3,9 +3,11 @@ reads its checkpoint from the node's tier, not back from the PFS (docs/consisten
 copies").
 
 When the drain has published a file (its bytes under its name on the PFS), its local copy is
-hard-linked here before the area lets it go, with the PFS file's identity as it stands after the
-publish: size, mtime, ctime, inode and device. The job's later renames and removals of it, applied
-on the PFS, follow it here. A later run's read-only open of that PFS path (under its write-back
+hard-linked here before the area lets it go (``.in-<pid>-<n>``, a name no index names yet), and a
+thread of its own records it with the PFS file's identity as it stands after the publish: size,
+mtime, ctime, inode and device, taken once the renames the drain applied meanwhile are followed (the
+drain does not wait for the PFS's answers: a checkpoint's fsync does not either). The job's later
+renames and removals of it, applied on the PFS, follow it here. A later run's read-only open of that PFS path (under its write-back
 paths) is answered with the kept copy only while the PFS file still has that identity: a file
 written, replaced, renamed over or touched on the PFS since (its ctime moves with any change) is
 read from the PFS, and its kept copy dropped. Never old bytes.
@@ -26,6 +28,7 @@ import json
 import logging
 import os
 import stat
+import sys
 import threading
 import time
 import uuid
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 
 STORE, DATA, INDEX, LOCK, LEASE, LINGER = "kept-writes", "data", "index.json", "lock", "lease", "linger"
 IDENTITY = ("size", "mtime_ns", "ctime_ns", "ino", "dev")
+INCOMING = ".in-"  # a published copy linked here, not yet recorded
 
 
 def _identity(path: str) -> dict | None:
@@ -51,6 +55,43 @@ def _identity(path: str) -> dict | None:
         return None
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino,
             "dev": st.st_dev}
+
+
+class _Op:
+    """A change as the drain's record names it (``keep``, ``moved``, ``dropped`` called directly)."""
+
+    def __init__(self, op: str, args: dict):
+        self.op, self.args = op, args
+
+    def __getitem__(self, key: str):
+        return self.args[key]
+
+
+def _under(path: str, top: str) -> bool:
+    return path.startswith(top.rstrip("/") + "/")
+
+
+def _forget(data: str, entry, linked: bool) -> None:
+    """A file no longer kept: its link gone (``linked``: one of this run's, not recorded yet; a
+    recorded one goes with the index's next write)."""
+    if linked:
+        try:
+            os.unlink(os.path.join(data, entry[0]))
+        except FileNotFoundError:
+            pass
+
+
+def _incoming_of_a_live_run(name: str) -> bool:
+    """A copy linked by a run's drain, not recorded yet (``.in-<pid>-<n>``), whose daemon still runs."""
+    if not name.startswith(INCOMING):
+        return False
+    try:
+        os.kill(int(name[len(INCOMING):].split("-")[0]), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def store_path(base: str) -> str:
@@ -72,6 +113,13 @@ class KeptWrites:
         self.figures = {"kept_files": 0, "kept_bytes": 0, "served_files": 0, "served_bytes": 0, "stale": 0}
         self._files = self._read()
         self.marks, self._marked = None, set()
+        self._queue: list[tuple] = []  # what the drain applied, not followed here yet: (record, op, ...)
+        self._queued = threading.Condition()
+        self._busy = False
+        self._told = 0       # every record up to this one the drain applied is in the queue (or was)
+        self._waiting: dict[str, tuple] = {}  # published files not found as published yet: looked at again
+        self._links = 0
+        self._thread: threading.Thread | None = None
 
     @classmethod
     def made(cls, base: str, room: int, linger: float) -> "KeptWrites | None":
@@ -89,17 +137,118 @@ class KeptWrites:
             return None
 
     def follow(self, rec, local: str) -> None:
-        """What the drain applied: a published file kept (its local copy at ``local``), a rename or a
-        removal followed (never a failure of the drain's: said, and the copy not kept)."""
+        """What the drain applied (every record, in order): a published file kept (its local copy at
+        ``local``, linked here at once), a rename or a removal followed, by the store's thread; never
+        a failure of the drain's (said, and the copy not kept)."""
+        n = getattr(rec, "n", None)  # (None: a change told directly, not by a drain that goes on)
         try:
             if rec.op == "close":
-                self.keep(rec["path"], local)
+                st = os.stat(local)
+                if self.room <= 0 or st.st_size > self.room:
+                    item: tuple | None = None
+                else:
+                    with self._queued:
+                        self._links += 1
+                        name = f"{INCOMING}{os.getpid()}-{self._links}"
+                    os.link(local, os.path.join(self.data, name))
+                    item = ("keep", rec["path"], name, st.st_size, st.st_mtime_ns)
             elif rec.op == "rename":
-                self.moved(rec["src"], rec["dst"])
+                item = ("moved", rec["src"], rec["dst"])
             elif rec.op in ("unlink", "rmdir"):
-                self.dropped(rec["path"])
+                item = ("dropped", rec["path"])
+            else:
+                item = None
         except Exception:
             log.exception("kept copies: %s not followed", rec.op)
+            item = None
+        with self._queued:
+            self._told = max(self._told, n or 0)
+            if item is None:
+                return
+            self._queue.append((n, *item))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._follow_loop, name="monarch-kept", daemon=True)
+                self._thread.start()
+            self._queued.notify_all()
+
+    def followed(self, drained: bool = False) -> None:
+        """Returns once everything the drain told is followed here (``drained``: it told all it will,
+        so a published file still not found as published is not kept)."""
+        with self._queued:
+            while self._queue or self._busy:
+                self._queued.wait()
+            if not (drained and self._waiting):
+                return
+            self._busy = True
+        try:
+            self._apply([], told=sys.maxsize)
+        finally:
+            with self._queued:
+                self._busy = False
+                self._queued.notify_all()
+
+    def _follow_loop(self) -> None:
+        while True:
+            with self._queued:
+                while not self._queue:
+                    self._queued.wait()
+                batch, self._queue, self._busy, told = self._queue, [], True, self._told
+            try:
+                self._apply(batch, told)
+            except Exception:
+                log.exception("kept copies: %d changes not followed", len(batch))
+            finally:
+                with self._queued:
+                    self._busy = False
+                    self._queued.notify_all()
+
+    def _apply(self, batch: list[tuple], told: int) -> None:
+        """The drain's changes, in its order, made to the index at once: each kept file's identity
+        taken where the batch leaves it (one PFS call a file), a rename's files checked there. A
+        file not found as published is looked at again with the next changes (the drain may have
+        renamed or removed it on the PFS before this looked, and told it after), until every record
+        the drain could have applied when it was looked at is told (``told``: all up to there)."""
+        with self._changing() as files:
+            new, self._waiting = self._waiting, {}  # PFS path -> (link, size, mtime, told when looked at)
+            recheck: set[str] = set()    # kept paths a rename moved
+            for n, op, *args in batch:
+                if op == "keep":
+                    path, link, size, mtime = args
+                    new[path] = (link, size, mtime, None if n is None else -1)
+                    files.pop(path, None)
+                elif op == "moved":
+                    src, dst = args
+                    for table in (files, new):
+                        for path in [p for p in table if p == dst or _under(p, dst)]:
+                            _forget(self.data, table.pop(path), table is new)
+                        for path in [p for p in table if p == src or _under(p, src)]:
+                            table[dst + path[len(src):]] = table.pop(path)
+                            if table is files:
+                                recheck.add(dst + path[len(src):])
+                else:
+                    for table in (files, new):
+                        for path in [p for p in table if p == args[0] or _under(p, args[0])]:
+                            _forget(self.data, table.pop(path), table is new)
+            for path, (link, size, mtime, looked) in new.items():
+                pfs = _identity(path)
+                if pfs is not None and (pfs["size"], pfs["mtime_ns"]) == (size, mtime):
+                    name = uuid.uuid4().hex
+                    os.rename(os.path.join(self.data, link), os.path.join(self.data, name))
+                    files[path] = {**pfs, "name": name, "kept": time.time()}
+                    self.figures["kept_files"] += 1
+                    self.figures["kept_bytes"] += size
+                elif looked is not None and (looked < 0 or told <= looked):  # a change may be untold yet
+                    with self._queued:
+                        self._waiting[path] = (link, size, mtime, self._told)
+                else:  # not what the PFS holds there: nothing kept
+                    _forget(self.data, (link,), True)
+            for path in recheck & set(files) - set(new):
+                now = _identity(path)  # (its inode may change: a FUSE filesystem numbers its names)
+                if now is not None and (now["size"], now["mtime_ns"]) == (files[path]["size"], files[path]["mtime_ns"]):
+                    files[path] = {**files[path], **now}
+                else:
+                    del files[path]
+            self._evict(files, self.room)
 
     # -- the index -------------------------------------------------------------------------------
     def _read(self) -> dict[str, dict]:
@@ -159,7 +308,7 @@ class KeptWrites:
     def _drop_unreferenced(self) -> None:
         names = {r["name"] for r in self._files.values()}
         for name in os.listdir(self.data):
-            if name not in names:
+            if name not in names and not _incoming_of_a_live_run(name):
                 try:
                     os.unlink(os.path.join(self.data, name))
                 except OSError:
@@ -178,42 +327,20 @@ class KeptWrites:
     def keep(self, pfs_path: str, local: str) -> None:
         """``local``'s bytes were published at ``pfs_path``: kept, if they fit (and they are what the PFS
         holds there: the same size and time; else nothing is kept)."""
-        try:
-            size, mtime = os.stat(local).st_size, os.stat(local).st_mtime_ns
-        except OSError:
-            return
-        pfs = _identity(pfs_path)
-        if self.room <= 0 or size > self.room or pfs is None or (pfs["size"], pfs["mtime_ns"]) != (size, mtime):
-            return
-        name = uuid.uuid4().hex
-        try:
-            with self._changing() as files:  # linked inside: another run's change drops what no record names
-                os.link(local, os.path.join(self.data, name))
-                files[pfs_path] = {**pfs, "name": name, "kept": time.time()}
-                self._evict(files, self.room)
-        except OSError as e:
-            log.warning("kept copies: %s not kept: %s", pfs_path, e)
-            return
-        self.figures["kept_files"] += 1
-        self.figures["kept_bytes"] += size
+        self._now(_Op("close", {"path": pfs_path}), local)
 
     def moved(self, src: str, dst: str) -> None:
         """The job's rename of ``src`` to ``dst`` applied on the PFS: what was kept under ``src`` (a
         file, or everything under a directory) follows, with its identity there now."""
-        with self._changing() as files:
-            files.pop(dst, None)
-            for path in [p for p in files if p == src or p.startswith(src.rstrip("/") + "/")]:
-                rec = files.pop(path)
-                new = dst + path[len(src):]
-                now = _identity(new)  # (its inode may change: a FUSE filesystem numbers its names)
-                if now is not None and (now["size"], now["mtime_ns"]) == (rec["size"], rec["mtime_ns"]):
-                    files[new] = {**rec, **now}
+        self._now(_Op("rename", {"src": src, "dst": dst}), "")
 
     def dropped(self, path: str) -> None:
         """The job's removal of ``path`` applied on the PFS."""
-        with self._changing() as files:
-            for p in [p for p in files if p == path or p.startswith(path.rstrip("/") + "/")]:
-                del files[p]
+        self._now(_Op("unlink", {"path": path}), "")
+
+    def _now(self, rec, local: str) -> None:
+        self.follow(rec, local)
+        self.followed()
 
     def make_room(self, free: int) -> None:
         """The write-back room has ``free`` bytes the job's pending files do not take: the kept copies
@@ -251,7 +378,9 @@ class KeptWrites:
             f.write(str(self.linger))
 
     def close(self) -> None:
-        """The run's end: the store lingers from now (its index written), the lease given back."""
+        """The run's end: what the drain told followed, the store lingers from now (its index
+        written), the lease given back."""
+        self.followed(drained=True)
         try:
             with self._changing():
                 self._write_linger()

@@ -332,6 +332,10 @@ class View:
     def is_dir(self, path: str) -> bool:
         return self._looking(self._is_dir, path)
 
+    def exists(self, path: str) -> bool:
+        """Is there anything at ``path`` as the job sees it (known, or one lstat outside the lock)?"""
+        return self._looking(self._exists, path)
+
     def outside(self, *paths: str) -> None:
         """The kernel makes a call at these paths itself (a link, a symlink): what is known of them is not."""
         with self._lock:

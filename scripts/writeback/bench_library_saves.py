@@ -14,6 +14,7 @@ the PFS tree checked against the direct save's. It prints the medians and the ra
 
     python3 scripts/writeback/bench_library_saves.py                  # orbax and dcp, 5 rounds
     python3 scripts/writeback/bench_library_saves.py --libraries orbax --rounds 3
+    python3 scripts/writeback/bench_library_saves.py --state-mib 64  # a model of 64 MiB
     python3 scripts/writeback/bench_library_saves.py --open-latency-ms 0 --lookup-latency-ms 0
     python3 scripts/writeback/bench_library_saves.py --quick          # a smoke run: dcp, 1 round
 """
@@ -86,7 +87,7 @@ writeback: {{paths: [{json.dumps(ck)}], fsync: {fsync}}}
     return str(path)
 
 
-def run_once(library: str, mode: str, pfs, src: Path, work: Path, timeout: float) -> dict:
+def run_once(library: str, mode: str, pfs, src: Path, work: Path, timeout: float, state_mib: float) -> dict:
     ck = os.path.join(str(pfs.mountpoint), "ck")
     os.makedirs(ck)
     report = work / "report.json"
@@ -94,6 +95,8 @@ def run_once(library: str, mode: str, pfs, src: Path, work: Path, timeout: float
                                           "--report", str(report), "--no-progress", "--"]
     env = checkout_env(tests=True, PYTHONHASHSEED=0, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="",
                        TOKENIZERS_PARALLELISM="false")
+    if state_mib:  # the model's embedding grown to that size (rows of 128 float32)
+        env["CHECKPOINT_EMBED_ROWS"] = str(max(1, int(state_mib * 2**20 / 512)))
     cpu0, t0 = children_cpu(), time.monotonic()
     r = subprocess.run([*launch, sys.executable, "-c", JOB, library, os.path.join(ck, "x")], env=env,
                        capture_output=True, text=True, timeout=timeout)
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the emulated PFS's ms per name looked up (default 0.2)")
     p.add_argument("--write-bandwidth", type=float, default=150.0, metavar="MBps",
                    help="the emulated PFS's write cap (default 150)")
+    p.add_argument("--state-mib", type=float, default=0.0,
+                   help="the saved state's size in MiB (default: the libraries test's, 0.17 MB)")
     p.add_argument("--json", default=result_path("bench_library_saves.json"), help="where the figures go")
     p.add_argument("--timeout", type=float, default=300, help="seconds allowed to each run")
     args = parse_with_quick(p, argv, {"libraries": "dcp", "rounds": 1})
@@ -141,12 +146,13 @@ def main(argv: list[str] | None = None) -> int:
                      lookup_latency_ms=args.lookup_latency_ms, writable=True,
                      write_bandwidth_mbps=args.write_bandwidth) as pfs:
             print(f"emulated PFS: {args.open_latency_ms:g} ms per open, {args.lookup_latency_ms:g} ms per name "
-                  f"looked up, writes capped at {args.write_bandwidth:g} MB/s, no page cache", flush=True)
+                  f"looked up, writes capped at {args.write_bandwidth:g} MB/s, no page cache; the state saved: "
+                  f"{f'{args.state_mib:g} MiB' if args.state_mib else '0.17 MB'}", flush=True)
             for lib in libraries:
                 runs: dict[str, list[dict]] = {m: [] for m in modes}
                 for rnd in range(args.rounds):
                     for mode in modes:
-                        out = run_once(lib, mode, pfs, src, work, args.timeout)
+                        out = run_once(lib, mode, pfs, src, work, args.timeout, args.state_mib)
                         runs[mode].append(out)
                         print(f"{lib} round {rnd + 1} {mode:<12} saves {out['save_s']:.2f} s, command "
                               f"{out['wall_s']:.2f} s, {out['cpu_s']:.2f} CPU-s", flush=True)

@@ -18,9 +18,12 @@ LIBRARIES = ("safetensors", "h5py", "megatron", "dcp", "orbax", "lightning", "tr
 
 
 def state(step: int):
+    """A model's state at ``step``: 170 KB, or larger by CHECKPOINT_EMBED_ROWS (rows of 512 bytes;
+    the benchmarks' checkpoints of a realistic size)."""
     import torch
     g = torch.Generator().manual_seed(step)
-    return {"embed.weight": torch.randn(256, 128, generator=g), "head.weight": torch.randn(64, 128, generator=g),
+    rows = int(os.environ.get("CHECKPOINT_EMBED_ROWS", "256"))
+    return {"embed.weight": torch.randn(rows, 128, generator=g), "head.weight": torch.randn(64, 128, generator=g),
             "head.bias": torch.randn(64, generator=g), "step": torch.tensor(step)}
 
 

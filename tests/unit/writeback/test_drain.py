@@ -7,8 +7,8 @@ import os
 import pytest
 
 from monarch.writeback.area import Area
-from monarch.writeback.drain import drain, temporary_name
-from monarch.writeback.journal import Journal
+from monarch.writeback.drain import Following, drain, temporary_name
+from monarch.writeback.journal import Journal, Tail
 from support.writeback import RUN, checkpoint_journal, pending, tier_and_pfs
 
 
@@ -82,3 +82,61 @@ def test_a_live_owners_area_is_never_drained_by_another(setup):
 
 def test_the_temporary_name_is_hidden_beside_the_file():
     assert temporary_name("/pfs/ck/model.pt", "1234.0", 7) == "/pfs/ck/.model.pt.monarch-1234.0-7"
+
+
+def _synced_then_closed(area, j, path, first: bytes, more: bytes):
+    """A file fsynced with ``first`` written (its sync record), then written on and closed."""
+    with open(area.data_path(1), "wb") as f:
+        f.write(first)
+    j.append("sync", seq=1, path=str(path), mode=0o640, size=len(first))
+    with open(area.data_path(1), "ab") as f:
+        f.write(more)
+    return j.append("close", seq=1, path=str(path), mode=0o640, size=len(first) + len(more))
+
+
+def test_an_fsynced_file_is_written_under_its_name_as_a_direct_fsync_leaves_it(setup):
+    """The run's drain writes an fsync's bytes at the file's own name (no temporary renamed over it:
+    the same inode from the fsync to the close), and the bytes written after the fsync there at the
+    close, as a direct job's writes land; the file ends whole, with its mode."""
+    base, pfs = setup
+    area = Area.create(base, RUN, 0)
+    j = Journal(area.journal_path, durable=False)
+    following = Following(Tail(area.journal_path))
+    (pfs / "old").symlink_to("elsewhere")  # a name that cannot be written in place: a temporary renamed over it
+    with open(area.data_path(2), "wb") as f:
+        f.write(b"s")
+    j.append("sync", seq=2, path=str(pfs / "old"), mode=0o600, size=1)
+    first = os.urandom(5000)
+    with open(area.data_path(1), "wb") as f:
+        f.write(first)
+    j.append("sync", seq=1, path=str(pfs / "model"), mode=0o640, size=len(first))
+    assert drain(area, RUN, journal=j, following=following).complete
+    assert (pfs / "model").read_bytes() == first and sorted(os.listdir(pfs)) == ["model", "old"]
+    assert not (pfs / "old").is_symlink() and (pfs / "old").read_bytes() == b"s"
+    inode = os.stat(pfs / "model").st_ino
+    more = os.urandom(3000)
+    with open(area.data_path(1), "ab") as f:
+        f.write(more)
+    j.append("close", seq=1, path=str(pfs / "model"), mode=0o640, size=len(first) + len(more))
+    out = drain(area, RUN, journal=j, following=following)
+    assert out.complete and out.published == [str(pfs / "model")]
+    assert (pfs / "model").read_bytes() == first + more and os.stat(pfs / "model").st_ino == inode
+    assert os.stat(pfs / "model").st_mode & 0o777 == 0o640 and sorted(os.listdir(pfs)) == ["model", "old"]
+
+
+def test_a_drain_resumed_after_a_crash_publishes_an_fsynced_file_whole(setup):
+    """A crash after the fsync's copy (the close's not applied): the drain that resumes copies the
+    closed file whole through its temporary, whatever the name held."""
+    base, pfs = setup
+    area = Area.create(base, RUN, 0)
+    j = Journal(area.journal_path, durable=True)
+    first, more = os.urandom(4000), os.urandom(100)
+    _synced_then_closed(area, j, pfs / "model", first, more)
+    def crash(phase, rec):
+        if (phase, rec.op) == ("apply", "close"):
+            raise SystemExit("killed")
+    with pytest.raises(SystemExit):
+        drain(area, RUN, journal=j, step=crash, following=Following(Tail(area.journal_path)))
+    assert (pfs / "model").read_bytes() == first  # the fsync's bytes, as a direct job's after its fsync
+    out = drain(area, RUN, journal=j)  # (a new daemon: nothing of the first drain's known)
+    assert out.complete and (pfs / "model").read_bytes() == first + more

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from monarch.writeback.journal import Journal, JournalError, decode, encode, read
+from monarch.writeback.journal import Journal, JournalError, Tail, decode, encode, read
 
 
 def test_records_are_read_back_in_order_with_their_arguments(tmp_path):
@@ -51,3 +51,23 @@ def test_a_record_missing_what_its_operation_needs_is_refused():
     with pytest.raises(JournalError, match="a 'close' record needs seq, path, mode, size"):
         encode(1, "close", {"seq": 1})
     assert decode(b"00000000 {}\n") is None
+
+
+def test_a_tail_reads_only_what_was_appended_and_leaves_a_line_being_written(tmp_path):
+    """The run's drain reads its journal as it grows: each read decodes the new lines only (the
+    records read before are the same objects), and a line not yet whole is read once it is."""
+    path = str(tmp_path / "journal")
+    j = Journal(path, durable=False)
+    tail = Tail(path)
+    j.append("mkdir", path="/p/a", mode=0o755)
+    first, _ = tail.read()
+    assert [r.op for r in first] == ["mkdir"]
+    j.append("unlink", path="/p/b")
+    line = encode(3, "rmdir", {"path": "/p/a"})
+    with open(path, "ab") as f:
+        f.write(line[:10])  # an append under way
+    records, damaged = tail.read()
+    assert damaged is None and [r.op for r in records] == ["mkdir", "unlink"] and records[0] is first[0]
+    with open(path, "ab") as f:
+        f.write(line[10:])
+    assert [r.op for r in tail.read()[0]] == ["mkdir", "unlink", "rmdir"]

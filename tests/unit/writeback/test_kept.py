@@ -2,6 +2,7 @@
 changed PFS file never served, renames followed, the room kept, the linger ended by the next run."""
 
 import os
+import threading
 import time
 
 from monarch.writeback.kept import KeptWrites, describe, drop, store_path
@@ -81,3 +82,38 @@ def test_a_store_that_kept_nothing_is_not_left_behind(tmp_path):
     kept.keep(pfs, local)
     kept.close()
     assert not os.path.exists(store_path(base))
+
+
+class _Rec:
+    """A drain's record, as ``follow`` is told it."""
+
+    def __init__(self, n, op, **args):
+        self.n, self.op, self.args = n, op, args
+
+    def __getitem__(self, key):
+        return self.args[key]
+
+
+def test_the_drain_does_not_wait_for_the_store_and_a_rename_meanwhile_is_followed(tmp_path):
+    """The drain tells the store and goes on (the copy linked at once, its PFS identity taken by the
+    store's thread): a file renamed on the PFS before the store looked is kept under its new name,
+    and its area copy may go at once."""
+    kept = KeptWrites(tier(tmp_path), 1 << 20)
+    local, pfs = published(tmp_path, "model.tmp", b"m" * 100)
+    def the_drain():
+        kept.follow(_Rec(1, "close", path=pfs), local)
+        os.unlink(local)
+        os.rename(pfs, pfs[:-4])
+        kept.follow(_Rec(2, "rename", src=pfs, dst=pfs[:-4]), "")
+
+    with kept._mu:  # the store's thread held back: the drain goes on without it
+        drain = threading.Thread(target=the_drain)
+        drain.start()
+        drain.join(30)  # (a guard against a hang, not a measure)
+        assert not drain.is_alive()
+        assert kept.lookup(pfs[:-4]) is None  # (not yet looked at: the PFS's)
+    kept.followed()
+    served = kept.lookup(pfs[:-4])
+    assert served is not None and open(served, "rb").read() == b"m" * 100 and kept.lookup(pfs) is None
+    assert kept.figures["kept_files"] == 1
+    assert [n for n in os.listdir(os.path.join(kept.path, "data")) if n.startswith(".")] == []  # no link left over
