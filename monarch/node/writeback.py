@@ -283,7 +283,7 @@ class WritebackRoom:
                 self.figures["syncs"] += 1
                 self.figures["app_sync_seconds"] += time.monotonic() - started
             return protocol.encode_answer(0)
-        n = self.view.sync(seq)
+        n = self.view.sync(seq, waited=True)
         if n is not None:
             self._kick()
             self._wait_for(n)

@@ -61,8 +61,8 @@ class Following:
     (each only what was appended since) and what the last one did."""
     tail: Tail
     upto: int = 0  # every record up to here is applied
-    # file -> the copy its last fsync left under its name: (PFS path, size, mtime_ns, mode)
-    synced: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)
+    # file -> the copy its last fsync left under its name: (PFS path, size, mtime_ns, mode, written in place)
+    synced: dict[int, tuple[str, int, int, int, bool]] = field(default_factory=dict)
 
 
 def temporary_name(path: str, run_id: str, seq: int) -> str:
@@ -91,8 +91,8 @@ def copy_bytes(src_fd: int, dst_fd: int, size: int) -> None:
 def publish(area: Area, rec: Record, run_id: str, commit: ContextManager = nullcontext(),
             following: Following | None = None) -> None:
     """File ``rec['seq']``'s bytes to its PFS path, complete under its name or not at all; a
-    ``sync`` (its first ``size`` bytes, the file still being written) in place, as a direct
-    write and fsync leave a file; the change under ``commit``."""
+    ``sync`` (its first ``size`` bytes, the file still being written) that the job waits on
+    (``waited``) in place, as a direct write and fsync leave a file; the change under ``commit``."""
     path, size = rec["path"], rec["size"]
     through = rec.args.get("through")  # written through: its bytes are at that PFS path already (W6)
     if through and rec.op == "close":
@@ -115,13 +115,15 @@ def publish(area: Area, rec: Record, run_id: str, commit: ContextManager = nullc
         have = os.fstat(src).st_size
         if have != size and not (rec.op == "sync" and have > size):
             raise OSError(errno.EIO, f"the copy {through or area.data_path(rec['seq'])} is not its {size} bytes")
-        # an fsync's bytes go under the file's name, as a direct fsync leaves them; so do a close's
-        # where an fsync of this run showed the file there already (as a direct write after an fsync)
-        before = made if made is not None and made[0] == path else None
-        if not through and (rec.op == "sync" or before is not None) and _copy_in_place(src, rec, before):
+        # the bytes of an fsync the job waits on go under the file's name, as a direct fsync leaves
+        # them; so do a close's after such an fsync (as a direct job's writes after it land there)
+        before = made if made is not None and made[0] == path and made[4] else None
+        in_place = not through and ((rec.op == "sync" and rec.args.get("waited")) or before is not None)
+        if in_place and _copy_in_place(src, rec, before):
             with commit:  # (the view's answers: the PFS's from here; until here its own, the entry's)
                 pass
         else:
+            in_place = False
             tmp = temporary_name(path, run_id, rec["seq"])
             dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
@@ -131,7 +133,7 @@ def publish(area: Area, rec: Record, run_id: str, commit: ContextManager = nullc
             with commit:
                 os.rename(tmp, path)
         if rec.op == "sync" and following is not None:
-            following.synced[rec["seq"]] = (path, size, os.fstat(src).st_mtime_ns, stat.S_IMODE(rec["mode"]))
+            following.synced[rec["seq"]] = (path, size, os.fstat(src).st_mtime_ns, stat.S_IMODE(rec["mode"]), in_place)
     finally:
         os.close(src)
 

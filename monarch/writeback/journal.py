@@ -14,8 +14,9 @@ Records (``n`` is the record's number, from 1):
   published at ``path`` with ``mode`` (the app's, under its umask);
 - ``rename src dst``, ``unlink path``, ``mkdir path mode``, ``rmdir path``, ``chmod path mode``,
   ``utime path atime_ns mtime_ns``: namespace operations, replayed as the job made them;
-- ``sync   seq path mode size``: the job asked for file ``seq``'s bytes so far on the PFS (fsync):
-  published as they are, the file still being written (its close publishes it again, whole);
+- ``sync   seq path mode size [waited]``: the job asked for file ``seq``'s bytes so far on the PFS
+  (fsync): published as they are, the file still being written (its close publishes it again,
+  whole); ``waited``: the fsync waits for them (``fsync: pfs``): written under its name;
 - ``drop   seq``: file ``seq`` was removed by the job before it was published (never written);
 - ``applied upto``: every record up to ``upto`` is on the PFS (the drain's progress).
 """

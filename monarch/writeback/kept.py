@@ -3,14 +3,15 @@ reads its checkpoint from the node's tier, not back from the PFS (docs/consisten
 copies").
 
 When the drain has published a file (its bytes under its name on the PFS), its local copy is
-hard-linked here before the area lets it go (``.in-<pid>-<n>``, a name no index names yet), and a
-thread of its own records it with the PFS file's identity as it stands after the publish: size,
-mtime, ctime, inode and device, taken once the renames the drain applied meanwhile are followed (the
-drain does not wait for the PFS's answers: a checkpoint's fsync does not either). The job's later
-renames and removals of it, applied on the PFS, follow it here. A later run's read-only open of that PFS path (under its write-back
-paths) is answered with the kept copy only while the PFS file still has that identity: a file
-written, replaced, renamed over or touched on the PFS since (its ctime moves with any change) is
-read from the PFS, and its kept copy dropped. Never old bytes.
+hard-linked here before the area lets it go (``.in-<pid>-<n>``, a name no index names yet), and
+the store's own thread records it with the PFS file's identity as it stands after the publish:
+size, mtime, ctime, inode and device, taken once the renames the drain applied meanwhile are
+followed (the drain, and a checkpoint's fsync waiting on it, do not wait for these PFS calls). The
+job's later renames and removals of it, applied on the PFS, follow it here. A later run's
+read-only open of that PFS path (under its write-back paths) is answered with the kept copy only
+while the PFS file still has that identity: a file written, replaced, renamed over or touched on
+the PFS since (its ctime moves with any change) is read from the PFS, and its kept copy dropped.
+Never old bytes.
 
 The store is ``<write-back tier base>/monarch-<uid>/kept-writes/``: ``data/<name>`` and
 ``index.json`` ({PFS path: record}), changed under ``lock`` (flock: two runs of the user on the node

@@ -268,9 +268,11 @@ class View:
                     return entry.last_record
             return None
 
-    def sync(self, seq: int) -> int | None:
+    def sync(self, seq: int, waited: bool = False) -> int | None:
         """The job asked for file ``seq``'s bytes so far on the PFS (fsync): a ``sync`` record at
-        its path now, whose number to wait for (None: not a file being written)."""
+        its path now, whose number to wait for (None: not a file being written); ``waited``: the
+        fsync waits for the PFS (``fsync: pfs``), which then holds them under its name, as a direct
+        fsync leaves them (docs/consistency.md, W2)."""
         with self._lock:
             for path, entry in self._entries.items():
                 if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
@@ -279,7 +281,7 @@ class View:
                     # close is made there too, in order
                     entry.over = entry.synced = entry.unchanged = True
                     return self.journal.append("sync", seq=seq, path=path, mode=entry.mode, size=size,
-                                               **entry.order())
+                                               **entry.order(), **({"waited": True} if waited else {}))
             return None
 
     def closing(self, seq: int, synced: bool) -> None:

@@ -88,16 +88,17 @@ def _synced_then_closed(area, j, path, first: bytes, more: bytes):
     """A file fsynced with ``first`` written (its sync record), then written on and closed."""
     with open(area.data_path(1), "wb") as f:
         f.write(first)
-    j.append("sync", seq=1, path=str(path), mode=0o640, size=len(first))
+    j.append("sync", seq=1, path=str(path), mode=0o640, size=len(first), waited=True)
     with open(area.data_path(1), "ab") as f:
         f.write(more)
     return j.append("close", seq=1, path=str(path), mode=0o640, size=len(first) + len(more))
 
 
-def test_an_fsynced_file_is_written_under_its_name_as_a_direct_fsync_leaves_it(setup):
-    """The run's drain writes an fsync's bytes at the file's own name (no temporary renamed over it:
-    the same inode from the fsync to the close), and the bytes written after the fsync there at the
-    close, as a direct job's writes land; the file ends whole, with its mode."""
+def test_an_fsync_the_job_waits_on_is_written_under_its_name_as_a_direct_fsync_leaves_it(setup):
+    """Under `fsync: pfs` the run's drain writes an fsync's bytes at the file's own name (no temporary
+    renamed over it: the same inode from the fsync to the close), and the bytes written after the
+    fsync there at the close, as a direct job's writes land; the file ends whole, with its mode. An
+    fsync the job does not wait on (`partner`) keeps W2: a temporary renamed over the name."""
     base, pfs = setup
     area = Area.create(base, RUN, 0)
     j = Journal(area.journal_path, durable=False)
@@ -105,13 +106,19 @@ def test_an_fsynced_file_is_written_under_its_name_as_a_direct_fsync_leaves_it(s
     (pfs / "old").symlink_to("elsewhere")  # a name that cannot be written in place: a temporary renamed over it
     with open(area.data_path(2), "wb") as f:
         f.write(b"s")
-    j.append("sync", seq=2, path=str(pfs / "old"), mode=0o600, size=1)
+    j.append("sync", seq=2, path=str(pfs / "old"), mode=0o600, size=1, waited=True)
     first = os.urandom(5000)
     with open(area.data_path(1), "wb") as f:
         f.write(first)
-    j.append("sync", seq=1, path=str(pfs / "model"), mode=0o640, size=len(first))
+    j.append("sync", seq=1, path=str(pfs / "model"), mode=0o640, size=len(first), waited=True)
+    with open(area.data_path(3), "wb") as f:
+        f.write(b"p" * 10)
+    j.append("sync", seq=3, path=str(pfs / "held"), mode=0o600, size=10)  # (fsync: partner)
+    (pfs / "held").write_bytes(b"before")
+    held = os.stat(pfs / "held").st_ino
     assert drain(area, RUN, journal=j, following=following).complete
-    assert (pfs / "model").read_bytes() == first and sorted(os.listdir(pfs)) == ["model", "old"]
+    assert (pfs / "held").read_bytes() == b"p" * 10 and os.stat(pfs / "held").st_ino != held
+    assert (pfs / "model").read_bytes() == first and sorted(os.listdir(pfs)) == ["held", "model", "old"]
     assert not (pfs / "old").is_symlink() and (pfs / "old").read_bytes() == b"s"
     inode = os.stat(pfs / "model").st_ino
     more = os.urandom(3000)
@@ -121,7 +128,7 @@ def test_an_fsynced_file_is_written_under_its_name_as_a_direct_fsync_leaves_it(s
     out = drain(area, RUN, journal=j, following=following)
     assert out.complete and out.published == [str(pfs / "model")]
     assert (pfs / "model").read_bytes() == first + more and os.stat(pfs / "model").st_ino == inode
-    assert os.stat(pfs / "model").st_mode & 0o777 == 0o640 and sorted(os.listdir(pfs)) == ["model", "old"]
+    assert os.stat(pfs / "model").st_mode & 0o777 == 0o640 and sorted(os.listdir(pfs)) == ["held", "model", "old"]
 
 
 def test_a_drain_resumed_after_a_crash_publishes_an_fsynced_file_whole(setup):
