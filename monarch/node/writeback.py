@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
 import threading
 import time
 
@@ -34,13 +33,11 @@ from monarch.writeback.area import Area, sole_opener
 from monarch.writeback.drain import Following, Outcome, copy_bytes, drain, temporary_name
 from monarch.writeback.journal import Journal, Tail
 from monarch.writeback.kept import KeptWrites
+from monarch.writeback.listing import Listings
 from monarch.writeback.marks import Marks
 from monarch.writeback.view import Local, View
 
 log = logging.getLogger(__name__)
-
-LISTS = "lists"  # the area's directories made to list a directory as the job sees it
-
 
 def _errno_answer(e: OSError) -> bytes:
     return protocol.encode_answer(wire.WB_ERRNO + (e.errno or errno.EIO))
@@ -64,6 +61,7 @@ class WritebackRoom:
         self._following = Following(Tail(self.area.journal_path))  # the drain's reading of it, and what it did
         self.marks = Marks.made(self.area.path)
         self.view = View(self.paths, self.area, self.journal, self.marks)
+        self.listings = Listings(self.view, self.area.path)
         self.kept = KeptWrites.made(base, keep, linger)  # published files kept for the next runs, and theirs read (None: keep 0)
         if self.kept is not None and self.marks is not None:
             self.kept.mark_in(self.marks)
@@ -81,7 +79,6 @@ class WritebackRoom:
         self._heard_fd = -1
         self._heard_lock = threading.Lock()  # (its own: the engine thread writes it, holding the order's lock)
         self._stop = False
-        self._lists = 0
         self.figures = {"bytes_written": 0, "files_closed": 0, "files_published": 0, "bytes_published": 0, "bytes_copied": 0,
                         "peak_pending_bytes": 0, "drain_seconds": 0.0, "waited_for_room": 0, "syncs": 0,
                         "ordered_files": 0, "order_wait_seconds": 0.0, "files_written_through": 0,
@@ -169,13 +166,13 @@ class WritebackRoom:
                     if kept is not None:
                         return _pfs(kept)
                 if self.view.made_dir(c.path) and not os.path.isdir(where):  # made by the job, not on the PFS yet
-                    return _pfs(self._listing_dir(c.path))
+                    return _pfs(self.listings.directory(c.path))
                 entry = self.view.entry(c.path)
                 if kind == "local" and isinstance(entry, Local):  # its copy's mode is 0600; the job's is this
                     return protocol.encode_answer(wire.WB_ANSWER_LOCAL + entry.mode, os.fsencode(where))
                 return _pfs(where)
             if c.op == wire.WB_LIST:
-                return _pfs(self._listing_dir(c.path))
+                return _pfs(self.listings.directory(c.path))
             if c.op == wire.WB_SYNC:
                 return self._sync(c.n1)
             if c.op == wire.WB_SETTLE:
@@ -293,27 +290,6 @@ class WritebackRoom:
         if self._outcome.failed:
             return protocol.encode_answer(wire.WB_ERRNO + errno.EIO)
         return protocol.encode_answer(0)
-
-    def _listing_dir(self, directory: str) -> str:
-        """A directory to open for a listing as the job sees it: the PFS's own when nothing of the
-        job's is pending there, else one made in the area with the names (files empty, dirs dirs)."""
-        names = self.view.listing(directory)
-        kind, where = self.view.resolve(directory)
-        on_pfs = not self.view.made_dir(directory) and self.view.is_dir(directory)  # (a directory it made: not yet)
-        if kind == "pfs" and where == directory and on_pfs and not self.view.pending_in(directory):
-            return directory
-        with self._cond:
-            self._lists += 1
-            made = os.path.join(self.area.path, LISTS, str(self._lists))
-        os.makedirs(made, mode=0o700)
-        for name in names:
-            child = os.path.join(directory, name)
-            k, w = self.view.resolve(child)
-            if k == "pfs" and self.view.is_dir(child):
-                os.mkdir(os.path.join(made, name), 0o700)
-            else:
-                os.close(os.open(os.path.join(made, name), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        return made
 
     # -- room and waiting --------------------------------------------------------------------------
     def pending_bytes(self, but: int = 0, reserved: bool = True) -> int:
@@ -573,7 +549,7 @@ class WritebackRoom:
             fd, self._heard_fd = self._heard_fd, -1
         if fd >= 0:
             os.close(fd)
-        shutil.rmtree(os.path.join(self.area.path, LISTS), ignore_errors=True)
+        self.listings.remove()
         if self.kept is not None:
             self.kept.close()
         if out.failed is None and not self.area.pending_data():  # (in a cluster: what a later drain may need, left)

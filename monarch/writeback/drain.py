@@ -64,6 +64,10 @@ class Following:
     # file -> the copy its last fsync left under its name: (PFS path, size, mtime_ns, mode, written in place)
     synced: dict[int, tuple[str, int, int, int, bool]] = field(default_factory=dict)
 
+    def applied(self, upto: int) -> None:
+        """Every record up to ``upto`` is applied: the next drain starts after it."""
+        self.upto = upto
+
 
 def temporary_name(path: str, run_id: str, seq: int) -> str:
     directory, name = os.path.split(path)
@@ -309,7 +313,7 @@ def drain(area: Area, run_id: str, journal: Journal | None = None,
         if own:
             journal.close()
     if following is not None:
-        following.upto = last
+        following.applied(last)
     unpublished = {}
     for rec in records[first:]:
         if rec.op == "close" and rec.n <= last:
