@@ -131,7 +131,7 @@ def publish(area: Area, rec: Record, run_id: str, commit: ContextManager = nullc
             tmp = temporary_name(path, run_id, rec["seq"])
             dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
-                _fill(src, dst, rec)
+                _fill(src, dst, rec, cut=False, set_mode=True)  # (a new file: O_TRUNC)
             finally:
                 os.close(dst)
             with commit:
@@ -142,7 +142,7 @@ def publish(area: Area, rec: Record, run_id: str, commit: ContextManager = nullc
         os.close(src)
 
 
-def _fill(src: int, dst: int, rec: Record, cut: bool = True, set_mode: bool = True) -> None:
+def _fill(src: int, dst: int, rec: Record, cut: bool, set_mode: bool) -> None:
     """``rec``'s bytes copied (the file cut there: ``cut``), its mode set (``set_mode``: else it was
     made with it) and its last write's time (not the drain's), flushed."""
     copy_bytes(src, dst, rec["size"])
