@@ -65,8 +65,9 @@ class Following:
     synced: dict[int, tuple[str, int, int, int, bool]] = field(default_factory=dict)
 
     def applied(self, upto: int) -> None:
-        """Every record up to ``upto`` is applied: the next drain starts after it."""
+        """Every record up to ``upto`` is applied: the next drain starts after it (and no longer reads them)."""
         self.upto = upto
+        self.tail.forget(upto)
 
 
 def temporary_name(path: str, run_id: str, seq: int) -> str:
@@ -278,12 +279,13 @@ def drain(area: Area, run_id: str, journal: Journal | None = None,
         last = max(start, following.upto)
     else:
         last = max([start, *(r["upto"] for r in records if r.op == "applied")])
-    first = last if following is not None else 0  # (record n is records[n - 1]: numbered in order)
+    base = following.tail.base if following is not None else 0  # (record n is records[n - 1 - base])
+    first = last - base if following is not None else 0  # where this pass's records start
     applied, published, failed = 0, [], None
     own = journal is None
     journal = journal or Journal(area.journal_path, durable=True)
     try:
-        for i in range(last, len(records)):
+        for i in range(last - base, len(records)):
             rec = records[i]
             if rec.op == "applied":
                 continue
@@ -294,8 +296,11 @@ def drain(area: Area, run_id: str, journal: Journal | None = None,
                     if before is not None and rec.args.get("after"):
                         before(rec)
                     apply(area, rec, run_id, commit(rec) if commit else nullcontext(), following)
-                elif rec.args.get("through"):  # never published: what was written through goes
-                    apply(area, Record(rec.n, "drop", {"seq": rec["seq"], "through": rec["through"]}), run_id)
+                else:  # never published: what was written through goes
+                    if following is not None:
+                        following.synced.pop(rec["seq"], None)  # (its fsync's copy: named by no close now)
+                    if rec.args.get("through"):
+                        apply(area, Record(rec.n, "drop", {"seq": rec["seq"], "through": rec["through"]}), run_id)
             except OSError as e:
                 failed = f"{rec.op} {rec.args}: {e.strerror or e}"
                 log.error("write-back: %s (nothing after it is applied; the pending bytes stay in %s)",

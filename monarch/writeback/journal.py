@@ -98,29 +98,37 @@ def read(path: str) -> tuple[list[Record], str | None]:
 
 class Tail:
     """A journal read as it grows, by the run that appends to it: each ``read`` decodes only the
-    lines appended since the last (a line still being appended is left for the next)."""
+    lines appended since the last (a line still being appended is left for the next); the records
+    up to ``base`` are let go once applied (``forget``): a long job's journal is not held whole."""
 
     def __init__(self, path: str):
         self.path = path
-        self.records: list[Record] = []
+        self.records: list[Record] = []  # records base+1, base+2, ...
+        self.base = 0
         self._offset = 0
         self._damaged: str | None = None
 
     def read(self) -> tuple[list[Record], str | None]:
-        """Every record so far, in order, and why the reading stopped early (as ``read``)."""
+        """Every record after ``base`` so far, in order, and why the reading stopped early (as ``read``)."""
         if self._damaged is None:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
                 data = f.read()
             for line in data[:data.rfind(b"\n") + 1].splitlines(keepends=True):
                 rec = decode(line)
-                if rec is None or rec.n != len(self.records) + 1:
-                    self._damaged = (f"{self.path}: record {len(self.records) + 1} is damaged or misnumbered; "
+                if rec is None or rec.n != self.base + len(self.records) + 1:
+                    self._damaged = (f"{self.path}: record {self.base + len(self.records) + 1} is damaged or misnumbered; "
                                      f"the records from there are not used")
                     break
                 self.records.append(rec)
                 self._offset += len(line)
         return self.records, self._damaged
+
+    def forget(self, upto: int) -> None:
+        """The records up to ``upto`` are applied: not needed again."""
+        if upto > self.base:
+            del self.records[:upto - self.base]
+            self.base = upto
 
 
 class Journal:

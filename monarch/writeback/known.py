@@ -7,9 +7,10 @@ published, directories it made, checkpoints it removes a few saves later. Once t
 a change, its result is known here: a file published, a name removed, a directory made (and,
 when the job made it where nothing was, all it holds: what the job put there since). A path not
 known is looked at on the PFS, as before; a directory it showed is remembered (the PFS's own
-directories do not come and go under a job, but by the job's changes, which are followed here). What is known can be wrong only if another process
-changes the job's own paths while it runs (the same race a direct job has); the drain's own
-call then fails, said and kept, never a wrong file published.
+directories do not come and go under a job, but by the job's changes, which are followed here).
+What is known can be wrong only if another process changes the job's own paths while it runs
+(the same race a direct job has); the drain's own call then fails, said and kept, never a wrong
+file published.
 
 At most ``LIMIT`` paths are known: beyond, everything is forgotten (and looked at again).
 """

@@ -71,3 +71,8 @@ def test_a_tail_reads_only_what_was_appended_and_leaves_a_line_being_written(tmp
     with open(path, "ab") as f:
         f.write(line[10:])
     assert [r.op for r in tail.read()[0]] == ["mkdir", "unlink", "rmdir"]
+    tail.forget(2)  # applied: let go
+    with open(path, "ab") as f:  # (record 3 was written past the Journal: the next by hand too)
+        f.write(encode(4, "unlink", {"path": "/p/c"}))
+    records, damaged = tail.read()
+    assert damaged is None and tail.base == 2 and [r.n for r in records] == [3, 4]
