@@ -1,5 +1,6 @@
-"""The few collectives of a job: node 0's snapshot to every node (``share``), and every
-node's capacities to every node (``allgather_ints``).
+"""The few collectives of a job: node 0's snapshot to every node (``share``), every node's
+capacities to every node (``allgather_ints``), and what each node keeps of earlier runs' writes
+(``allgather_bytes``).
 
 Each is a nonblocking MPI collective, polled (MPICH's blocking ones spin a core for as
 long as node 0 walks the PFS), with a deadline, and given up on at once when a node is
@@ -79,6 +80,17 @@ class Collectives:
         self._poll(req, deadline, "allgather_ints(): not every node answered in time")
         n = len(mine)
         return [list(out[k * n:(k + 1) * n]) for k in range(self.nodes)]
+
+    def allgather_bytes(self, payload: bytes, timeout: float | None = None) -> list[bytes]:
+        """See ``Cluster.allgather_bytes``: the lengths, then the bytes (one Iallgatherv)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sizes = [row[0] for row in self.allgather_ints([len(payload)], timeout)]
+        offsets = [sum(sizes[:k]) for k in range(self.nodes)]
+        out = bytearray(sum(sizes))
+        MPI, comm, mine = self.MPI, self.comm, bytearray(payload)
+        req = self._engine.run(lambda: comm.Iallgatherv([mine, MPI.BYTE], [out, sizes, offsets, MPI.BYTE]))
+        self._poll(req, deadline, "allgather_bytes(): not every node answered in time")
+        return [bytes(out[o:o + n]) for o, n in zip(offsets, sizes)]
 
     def _bcast(self, buf: bytearray, deadline: float | None) -> None:
         MPI, comm = self.MPI, self.comm

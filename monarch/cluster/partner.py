@@ -71,10 +71,12 @@ class Partners:
         self._folder: str | None = None                  # this node's area: held/node<k>/ in it
         self._fds: dict[tuple[int, int], int] = {}       # (node, seq) -> the held file being written
         self._closes: dict[int, dict[int, int]] = {}     # node -> record n -> seq of its close
+        self._changes: dict[int, list] = {}              # node -> its closes, renames, removals not applied yet
         self._replayed: dict[int, tuple[int, bool, bool]] = {}  # lost node -> (applied, failed, done)
         self._replays: list[threading.Thread] = []
         self._drain: Callable[[str, int], tuple[int, bool]] | None = None
         self._remember: Callable[[int, int], None] = lambda node, applied: None
+        self._published: Callable[[int, object, str], None] | None = None
         self._lost_said = False
         self.figures = {"partner_bytes_sent": 0, "partner_seconds": 0.0, "partner_records": 0}
 
@@ -83,12 +85,17 @@ class Partners:
                 Verb.WB_REPLAYED: self._on_replayed}
 
     def serve(self, folder: str, drain: Callable[[str, int, Callable[[int, bool], None]], tuple[int, bool]],
-              remember: Callable[[int, int], None] | None = None) -> None:
+              remember: Callable[[int, int], None] | None = None,
+              published: Callable[[int, object, str], None] | None = None) -> None:
         """Hold partners' copies under ``folder``; ``drain(held, node, progress)`` drains a lost node's
         held journal (the write-back's own drain, its order kept), calling ``progress(applied, failed)``;
-        ``remember(node, applied)``: a lost node's operations published for it (here or by its partner)."""
+        ``remember(node, applied)``: a lost node's operations published for it (here or by its partner);
+        ``published(node, record, held)``: each of its closes (``held``: the copy held here, to be let
+        go after the call), renames and removals once its own drain applied them, in its order (the
+        copies kept for a later run: writeback/kept.py)."""
         self._folder, self._drain = folder, drain
         self._remember = remember or self._remember
+        self._published = published
 
     def partner(self) -> int | None:
         """This node's partner now (None: a single node, or the partner is lost)."""
@@ -226,13 +233,41 @@ class Partners:
         if rec is not None:
             if rec.op == "close":
                 self._closes.setdefault(src, {})[rec.n] = rec["seq"]
+                self._hold_time(src, rec)
             elif rec.op == "drop":
                 self._forget(src, rec["seq"])
             elif rec.op == "applied":  # published by the node itself: its bytes are not needed here
+                self._applied(src, rec["upto"])
                 closes = self._closes.get(src, {})
                 for n in [n for n in closes if n <= rec["upto"]]:
                     self._forget(src, closes.pop(n))
+            if self._published is not None and rec.op in ("close", "rename", "unlink", "rmdir"):
+                self._changes.setdefault(src, []).append(rec)
         self.engine.send_obj(message(Verb.WB_HELD, tag, True), src)
+
+    def _hold_time(self, node: int, rec) -> None:
+        """A closed file's copy here takes the time its node's copy had (the drain gives it to the PFS
+        file): a copy kept for a later run is seen to be the PFS file's by its size and time."""
+        mtime = rec.args.get("mtime")
+        if isinstance(mtime, int):
+            try:
+                os.utime(os.path.join(self._held_dir(node), "data", str(int(rec["seq"]))), ns=(mtime, mtime))
+            except OSError:
+                pass
+
+    def _applied(self, node: int, upto: int) -> None:
+        """``node``'s drain applied its records up to ``upto``: its changes told to ``published``."""
+        changes = self._changes.get(node)
+        if not changes:
+            return
+        told = [rec for rec in changes if rec.n <= upto]
+        self._changes[node] = [rec for rec in changes if rec.n > upto]
+        for rec in told:
+            held = os.path.join(self._held_dir(node), "data", str(int(rec["seq"]))) if rec.op == "close" else ""
+            try:
+                self._published(node, rec, held)
+            except Exception:  # a copy not kept is a later run's read of the PFS, never this one's failure
+                log.exception("write-back: node %d's published %s not followed here", node, rec.op)
 
     def _forget(self, node: int, seq: int) -> None:
         try:

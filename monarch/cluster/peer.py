@@ -6,7 +6,8 @@ from one), one MPI engine thread that makes every MPI call, and a small pool tha
 
 ``Cluster`` is the façade; each part lives in a room of its own:
 
-  collective.py  ``share`` and ``allgather_ints`` (node 0's snapshot, the capacities)
+  collective.py  ``share``, ``allgather_ints`` and ``allgather_bytes`` (node 0's snapshot, the capacities, the
+                 kept copies)
   fetch.py       ``fetch``: copying a file from its owner
   provide.py     answering the peers' requests (``Provider``, calling ``provide``)
   liveness.py    heartbeats, pings, nodes down and lost (``on_loss``)
@@ -160,6 +161,13 @@ class Cluster:
         """Collective: every node's ``values`` (the same count of 64-bit integers on each), indexed
         by node. Polled like ``share`` (no spinning core); PeerError after ``timeout``."""
         return self._collectives.allgather_ints(values, timeout)
+
+    def allgather_bytes(self, payload: bytes, timeout: float | None = None) -> list[bytes]:
+        """Collective: every node's ``payload`` (any length), indexed by node. PeerError after ``timeout``."""
+        return self._collectives.allgather_bytes(payload, timeout)
+
+    def is_lost(self, node: int) -> bool:
+        return self._liveness.is_lost(node)
 
     # -- serving -----------------------------------------------------------------------
     def start(self, provide: Provide | None, serve_threads: int = 8,

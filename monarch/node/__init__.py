@@ -22,6 +22,8 @@ Read from the bottom up: each room imports only itself and the rooms below it
 ``instance.py``    one live daemon instance per run directory
 ``resolver.py``    where an OPEN goes (a copy, a decoded or inflated copy, the PFS)
 ``notices.py``     the job's writes (INVALIDATE) and read order (HINT)
+``kept_reads.py``  a restart's reads of what earlier runs published: this node's kept copy, a
+                   peer's (the partner's first) over the peer plane, or the PFS
 ``writeback.py``   the job's writes under the write-back paths: the shim's calls answered from
                    its view, the drain to the PFS (the core: ``monarch/writeback/``)
 ``read_ahead.py``  this node's read-ahead: its facts, the row of the table of modes they pick

@@ -111,9 +111,10 @@ class NodeDaemon:
                                                         capacity_share=config.peer.capacity_share),
                                              protocol.SLOT_PEER, "peer.path")
             self.role = ClusterRole(cluster, config, self.tiers, self.peer_area, self.current,
-                                    lambda: protocol.read_opened_from(self.counters_path, self._slot_names()))
-            if self.writeback is not None:  # published in the order of every node's (W4)
-                self.writeback.order_by(cluster.write_order, cluster.partners)
+                                    lambda: protocol.read_opened_from(self.counters_path, self._slot_names()),
+                                    kept=self.writeback.kept_reads if self.writeback is not None else None)
+            if self.writeback is not None:  # published in the order of every node's (W4); kept copies shared
+                self.writeback.order_by(cluster.write_order, cluster.partners, cluster)
         self.notices = JobNotices(self.current, self.owns, self.count, peer=bool(self.role and config.peer.fetch_ahead))
         self.read_ahead = ReadAhead(config.staging.policy, self.current, self.tiers, self.role, self.stores is not None,
                                     self.notices, self.counters_path, lambda: self._door_keeper,

@@ -24,6 +24,7 @@ import time
 
 from monarch import protocol
 from monarch.cluster.order import OrderFailed
+from monarch.node.kept_reads import KeptReads
 from monarch.node.tiers.resources import is_memory_backed
 from monarch.protocol import ProtocolError
 from monarch.secure import open_private_file
@@ -62,9 +63,10 @@ class WritebackRoom:
         self.marks = Marks.made(self.area.path)
         self.view = View(self.paths, self.area, self.journal, self.marks)
         self.listings = Listings(self.view, self.area.path)
-        self.kept = KeptWrites.made(base, keep, linger)  # published files kept for the next runs, and theirs read (None: keep 0)
+        self.kept = KeptWrites.made(base, keep, linger, self._pfs_write_rate)  # published files kept for the next runs
         if self.kept is not None and self.marks is not None:
             self.kept.mark_in(self.marks)
+        self.kept_reads = KeptReads(self.kept, self.marks) if self.kept is not None else None  # and theirs read
         self._cond = threading.Condition()
         self._upto = 0                # every record up to here is on the PFS (the last drain's)
         self._moving = 0              # the same, as the drain goes (what other nodes wait for)
@@ -89,10 +91,11 @@ class WritebackRoom:
         self._thread = threading.Thread(target=self._drain_loop, name="monarch-writeback", daemon=True)
         self._thread.start()
 
-    def order_by(self, order, partners=None) -> None:
+    def order_by(self, order, partners=None, peers=None) -> None:
         """Publish in the order of the cluster's nodes (W4): ``order`` is its ``WriteOrder``; with
         ``partners`` (fsync ``partner``, or ``auto`` on two or more nodes) each file and record is held
-        by the partner node too before the call that made it returns (docs/consistency.md, "What survives")."""
+        by the partner node too before the call that made it returns (docs/consistency.md, "What survives");
+        ``peers`` (the cluster) serve each other the copies they keep (node/kept_reads.py)."""
         self.order = order
         self._heard_fd = open_private_file(os.path.join(self.area.path, HEARD), os.O_RDWR | os.O_TRUNC)
         order.serve(lambda: self.journal.last_op, lambda: (self._moving, self._outcome.failed is not None),
@@ -100,10 +103,19 @@ class WritebackRoom:
         if partners is not None and partners.nodes > 1 and self.fsync_asked in ("auto", "partner"):
             self.partners, self.fsync = partners, "partner"
             order.use_partners(partners)
-            partners.serve(self.area.path, self._drain_held, remember=self._remember)
+            partners.serve(self.area.path, self._drain_held, remember=self._remember,
+                           published=self.kept_reads and self.kept_reads.partner_published)
             self.journal.mirror_to(partners.send_record)
         elif self.fsync_asked == "partner":
             log.warning("write-back: fsync: partner on a single node has no partner: an fsync waits for the PFS")
+        if peers is not None and self.kept_reads is not None:
+            self.kept_reads.across(peers)
+
+    def _pfs_write_rate(self) -> float | None:
+        """The PFS's bytes a second as the drain met them so far (its own time, not its waits on other nodes)."""
+        with self._cond:
+            copying = self.figures["drain_seconds"] - self.figures["order_wait_seconds"]
+            return self.figures["bytes_copied"] / copying if copying > 0 and self.figures["bytes_copied"] else None
 
     def _remember(self, node: int, applied: int) -> None:
         """Another node's operations up to ``applied`` heard on the PFS: kept for a drain after a kill (across.py)."""
@@ -162,7 +174,7 @@ class WritebackRoom:
                 if kind == "gone":
                     return protocol.encode_answer(wire.WB_ERRNO + errno.ENOENT)
                 if c.n1 == wire.RESOLVE_TO_READ and kind == "pfs" and where == c.path and self.kept is not None:
-                    kept = self.kept.lookup(c.path)  # an earlier run's (or this one's) published file, unchanged
+                    kept = self.kept_reads.open(c.path)  # an earlier run's published file, unchanged: here, or a peer's
                     if kept is not None:
                         return _pfs(kept)
                 if self.view.made_dir(c.path) and not os.path.isdir(where):  # made by the job, not on the PFS yet
@@ -494,6 +506,7 @@ class WritebackRoom:
             self.partners.finish()  # a lost node's files, published here, before the run says it is done
         if self.kept is not None:
             self.kept.followed(drained=True)  # (what it kept, in the figures)
+            self.kept_reads.followed()
         with self._cond:
             self.figures["drained_after_s"] = time.monotonic() - self._started
             out = self._outcome
@@ -521,7 +534,7 @@ class WritebackRoom:
                 except OSError:  # published meanwhile
                     pass
             partner = dict(self.partners.figures) if self.partners is not None else {}
-            kept = dict(self.kept.figures) if self.kept is not None else {}
+            kept = {**self.kept.figures, **self.kept_reads.figures} if self.kept is not None else {}
             return {**self.figures, **partner, **kept, "fsync": self.fsync, "paths": list(self.paths), "area": self.area.path,
                     "pending_bytes": self.pending_bytes(), "records": self.journal.last_op, "applied": self._upto,
                     "failed": out.failed, "unpublished": dict(out.unpublished),
@@ -551,6 +564,7 @@ class WritebackRoom:
             os.close(fd)
         self.listings.remove()
         if self.kept is not None:
+            self.kept_reads.close()
             self.kept.close()
         if out.failed is None and not self.area.pending_data():  # (in a cluster: what a later drain may need, left)
             self.area.remove(done={"applied": self._upto, "heard": self._heard} if self.order is not None else None)

@@ -158,7 +158,10 @@ WRITEBACK_SUMS = ("bytes_written", "files_closed", "files_published", "bytes_pub
                   "app_write_seconds", "app_close_seconds", "app_sync_seconds", "partner_bytes_sent",
                   "partner_seconds", "partner_records", "held_for_lost_published",
                   # published files kept on the node for the next runs; earlier runs' kept copies read (not the PFS)
-                  "kept_files", "kept_bytes", "served_files", "served_bytes", "stale")
+                  "kept_files", "kept_bytes", "served_files", "served_bytes", "stale",
+                  # a restart's reads of those files by source (node/kept_reads.py), the PFS's time they saved
+                  *(f"restart_{s}_{k}" for s in ("tier", "partner", "peer", "pfs") for k in ("files", "bytes")),
+                  "restart_fetch_seconds", "restart_saved_seconds")
 
 
 def _writeback_over_nodes(alive: list[NodeStats]) -> dict | None:

@@ -264,6 +264,20 @@ def _print_fallbacks(report: dict, w) -> None:
         w(f"fallback  : {f['reason']}: {f['detail']}; fix: {f['fix']}\n")
 
 
+def _print_restart(wb: dict, w) -> None:
+    """Where the files earlier runs published were read from (node/kept_reads.py)."""
+    sources = [(what, wb.get(f"restart_{key}_files") or 0, wb.get(f"restart_{key}_bytes") or 0)
+               for key, what in (("tier", "this node's tier"), ("partner", "the partner's copy"),
+                                 ("peer", "another node's copy"), ("pfs", "the PFS (changed since)"))]
+    if not any(files for _, files, _ in sources):
+        return
+    saved = wb.get("restart_saved_seconds") or 0
+    w("            earlier runs' files read from: "
+      + ", ".join(f"{what} {plural(files, 'file')} {human(nbytes)}" for what, files, nbytes in sources if files)
+      + (f"; about {saved:.2f} s of PFS reads saved (est., at the PFS's rate when they were written)" if saved else "")
+      + "\n")
+
+
 def _print_writeback(wb: dict | None, w) -> None:
     """What the job wrote under the write-back paths, and what reached the PFS
     (docs/consistency.md, "Write-back")."""
@@ -295,6 +309,7 @@ def _print_writeback(wb: dict | None, w) -> None:
           f"{plural(wb.get('served_files') or 0, 'open')}, {human(wb.get('served_bytes') or 0)}"
           + (f"; {plural(wb['stale'], 'kept copy', 'kept copies')} changed on the PFS since (read from it)"
              if wb.get("stale") else "") + "\n")
+    _print_restart(wb, w)
     if wb["not_closed"]:
         w(f"            {plural(wb['not_closed'], 'file')} the job did not close (killed while writing): "
           f"not published, kept in {', '.join(wb['kept_in'])}\n")

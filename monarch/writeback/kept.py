@@ -25,6 +25,7 @@ it after that (``drop``).
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from monarch.errors import MonarchError
 from monarch.secure import private_dir, user_dir
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 STORE, DATA, INDEX, LOCK, LEASE, LINGER = "kept-writes", "data", "index.json", "lock", "lease", "linger"
 IDENTITY = ("size", "mtime_ns", "ctime_ns", "ino", "dev")
 INCOMING = ".in-"  # a published copy linked here, not yet recorded
+_LINKS = itertools.count(1)  # their numbers in this process (a node's own store and its partner's copies: two stores)
+SAME_FILE = ("size", "mtime_ns", "ctime_ns", "ino")  # a PFS file's identity as every node sees it (not its device)
 
 
 def _identity(path: str) -> dict | None:
@@ -103,7 +106,10 @@ def store_path(base: str) -> str:
 class KeptWrites:
     """The user's kept copies on this node under one tier base, at most ``room`` bytes."""
 
-    def __init__(self, base: str, room: int, linger: float = 0.0):
+    def __init__(self, base: str, room: int, linger: float = 0.0, rate: Callable[[], float | None] = lambda: None):
+        """``rate()``: the PFS's bytes a second as the drain meets them now (kept with each copy: what a
+        later read of it from here saves is said at that rate)."""
+        self.base, self.rate = base, rate
         self.path = private_dir(store_path(base))
         self.data = private_dir(os.path.join(self.path, DATA))
         self.room, self.linger = room, linger
@@ -111,19 +117,20 @@ class KeptWrites:
         self._lease = os.open(os.path.join(self.path, LEASE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lease, fcntl.LOCK_SH)  # in use: `monarch cache drop` leaves it
         self._write_linger()  # (a run killed before its end leaves a store that still expires)
+        self._seen = (0, 0)  # the index's (inode, mtime) when this store last read or wrote it
         self.figures = {"kept_files": 0, "kept_bytes": 0, "served_files": 0, "served_bytes": 0, "stale": 0}
-        self._files = self._read()
+        self._reload()
         self.marks, self._marked = None, set()
         self._queue: list[tuple] = []  # what the drain applied, not followed here yet: (record, op, ...)
         self._queued = threading.Condition()
         self._busy = False
         self._told = 0       # every record up to this one the drain applied is in the queue (or was)
         self._waiting: dict[str, tuple] = {}  # published files not found as published yet: looked at again
-        self._links = 0
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def made(cls, base: str, room: int, linger: float) -> "KeptWrites | None":
+    def made(cls, base: str, room: int, linger: float,
+             rate: Callable[[], float | None] = lambda: None) -> "KeptWrites | None":
         """The store for a run keeping ``room`` bytes (None: 0, or it cannot be made, said: the run
         writes back all the same and its next run reads the PFS)."""
         if room <= 0:
@@ -132,7 +139,7 @@ class KeptWrites:
             found = describe(base)
             if found is not None and found[3] is not None and found[3] <= time.time() and not found[4]:
                 drop(base)  # its linger is over: what it held is for no one (as a shared set's)
-            return cls(base, room, linger)
+            return cls(base, room, linger, rate)
         except (OSError, MonarchError) as e:
             log.error("write-back: no kept copies under %s (%s): the next run reads its files from the PFS", base, e)
             return None
@@ -148,9 +155,7 @@ class KeptWrites:
                 if self.room <= 0 or st.st_size > self.room:
                     item: tuple | None = None
                 else:
-                    with self._queued:
-                        self._links += 1
-                        name = f"{INCOMING}{os.getpid()}-{self._links}"
+                    name = f"{INCOMING}{os.getpid()}-{next(_LINKS)}"
                     os.link(local, os.path.join(self.data, name))
                     item = ("keep", rec["path"], name, st.st_size, st.st_mtime_ns)
             elif rec.op == "rename":
@@ -235,7 +240,7 @@ class KeptWrites:
                 if pfs is not None and (pfs["size"], pfs["mtime_ns"]) == (size, mtime):
                     name = uuid.uuid4().hex
                     os.rename(os.path.join(self.data, link), os.path.join(self.data, name))
-                    files[path] = {**pfs, "name": name, "kept": time.time()}
+                    files[path] = {**pfs, "name": name, "kept": time.time(), "rate": self.rate()}
                     self.figures["kept_files"] += 1
                     self.figures["kept_bytes"] += size
                 elif looked is not None and (looked < 0 or told <= looked):  # a change may be untold yet
@@ -255,6 +260,8 @@ class KeptWrites:
     def _read(self) -> dict[str, dict]:
         try:
             with open(os.path.join(self.path, INDEX), encoding="utf-8") as f:
+                st = os.fstat(f.fileno())
+                self._read_seen = (st.st_ino, st.st_mtime_ns)
                 doc = json.load(f)
             if not isinstance(doc, dict) or not all(isinstance(r, dict) and isinstance(r.get("name"), str)
                                                     and all(isinstance(r.get(k), int) for k in IDENTITY)
@@ -273,6 +280,13 @@ class KeptWrites:
                   encoding="utf-8") as f:
             json.dump(self._files, f)
         os.replace(tmp, os.path.join(self.path, INDEX))
+        st = os.stat(os.path.join(self.path, INDEX))
+        self._seen = (st.st_ino, st.st_mtime_ns)
+
+    def _reload(self) -> None:
+        self._read_seen = (0, 0)
+        self._files = self._read()
+        self._seen = self._read_seen
 
     @contextmanager
     def _changing(self) -> Iterator[dict[str, dict]]:
@@ -281,7 +295,7 @@ class KeptWrites:
             fd = os.open(os.path.join(self.path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-                self._files = self._read()
+                self._reload()
                 yield self._files
                 self._drop_unreferenced()
                 self._write()
@@ -353,12 +367,14 @@ class KeptWrites:
             self._evict(files, limit)
 
     # -- a later run's open --------------------------------------------------------------------------
-    def lookup(self, pfs_path: str) -> str | None:
-        """The kept copy of ``pfs_path`` if the PFS file is still the one published (None: read the PFS)."""
-        rec = self._files.get(pfs_path)
+    def lookup(self, pfs_path: str, now: dict | None | bool = False) -> str | None:
+        """The kept copy of ``pfs_path`` if the PFS file is still the one published (None: read the PFS);
+        ``now``: its identity on the PFS, taken by the caller (else taken here)."""
+        rec = self._record(pfs_path)
         if rec is None:
             return None
-        now = _identity(pfs_path)
+        if now is False:
+            now = _identity(pfs_path)
         local = os.path.join(self.data, rec["name"])
         if now is None or any(now[k] != rec[k] for k in IDENTITY) or not os.path.exists(local):
             self.figures["stale"] += 1
@@ -372,6 +388,70 @@ class KeptWrites:
         self.figures["served_files"] += 1
         self.figures["served_bytes"] += rec["size"]
         return local
+
+    def _record(self, pfs_path: str) -> dict | None:
+        """``pfs_path``'s record, the index read again if another store of this process changed it (a
+        partner's copies)."""
+        try:
+            st = os.stat(os.path.join(self.path, INDEX))
+            changed = (st.st_ino, st.st_mtime_ns) != self._seen
+        except OSError:
+            changed = False
+        if changed:
+            with self._mu:
+                self._reload()
+        return self._files.get(pfs_path)
+
+    def holds(self, pfs_path: str) -> bool:
+        """Is a copy of ``pfs_path`` kept here (whatever the PFS holds there now)?"""
+        return self._record(pfs_path) is not None
+
+    def rates(self) -> dict[str, float | None]:
+        return {p: r.get("rate") for p, r in self._files.items()}
+
+    def rate_of(self, pfs_path: str) -> float | None:
+        """The PFS's rate (bytes a second) the drain met when ``pfs_path``'s copy was kept (None: not known)."""
+        rec = self._files.get(pfs_path)
+        return rec.get("rate") if rec is not None else None
+
+    def holdings(self) -> list[tuple]:
+        """(PFS path, size, mtime_ns, ctime_ns, ino) of every copy kept here: what the other nodes may
+        ask this one for (``answer``)."""
+        return [(p, *(r[k] for k in SAME_FILE)) for p, r in self._read().items()]
+
+    def answer(self, pfs_path: str, same: tuple) -> str | None:
+        """The kept copy of ``pfs_path`` for another node, if it was kept with the PFS identity ``same``
+        (size, mtime_ns, ctime_ns, ino: what that node's PFS shows now); None: not (any more)."""
+        rec = self._files.get(pfs_path) or self._read().get(pfs_path)
+        if rec is None or tuple(rec[k] for k in SAME_FILE) != tuple(same):
+            return None
+        local = os.path.join(self.data, rec["name"])
+        return local if os.path.exists(local) else None
+
+    def adopt(self, pfs_path: str, identity: dict, fill: Callable[[int], int], rate: float | None) -> str | None:
+        """A copy of ``pfs_path`` made here by ``fill(fd)`` (from another node's kept copy), kept with
+        the PFS identity the caller saw at its open (``identity``, its device this node's), as this
+        node's own; its path, or None when ``fill`` wrote another size (nothing kept) or it does not fit."""
+        if identity["size"] > self.room:
+            return None
+        link = f"{INCOMING}{os.getpid()}-{next(_LINKS)}"
+        fd = os.open(os.path.join(self.data, link), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            written = fill(fd)
+        except BaseException:
+            os.close(fd)
+            _forget(self.data, (link,), True)
+            raise
+        os.close(fd)
+        if written != identity["size"]:
+            _forget(self.data, (link,), True)
+            return None
+        name = uuid.uuid4().hex
+        os.rename(os.path.join(self.data, link), os.path.join(self.data, name))
+        with self._changing() as files:
+            files[pfs_path] = {**{k: identity[k] for k in IDENTITY}, "name": name, "kept": time.time(), "rate": rate}
+            self._evict(files, self.room)
+        return os.path.join(self.data, name) if files.get(pfs_path, {}).get("name") == name else None
 
     def _write_linger(self) -> None:
         with open(os.open(os.path.join(self.path, LINGER), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,

@@ -260,9 +260,11 @@ class View:
         with self._lock:
             for path, entry in self._entries.items():
                 if isinstance(entry, Local) and entry.seq == seq and not entry.closed:
-                    size = os.stat(entry.through or self.area.data_path(seq)).st_size
+                    st = os.stat(entry.through or self.area.data_path(seq))
                     entry.closed = True
-                    entry.last_record = self.journal.append("close", seq=seq, path=path, mode=entry.mode, size=size,
+                    # (its time: a partner's copy of it takes it, so that its copy is seen to be the PFS file's)
+                    entry.last_record = self.journal.append("close", seq=seq, path=path, mode=entry.mode,
+                                                            size=st.st_size, mtime=st.st_mtime_ns,
                                                             **entry.close_args())
                     entry.close_record = entry.last_record
                     return entry.last_record

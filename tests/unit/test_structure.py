@@ -93,7 +93,8 @@ NODE_FLOORS = (
     ("outcomes", "stats"),               # records every room above may use: OPEN's answers, statistics
     ("peer",),                           # this node's part in a cluster
     ("doorkeeper",),                     # the front door's keeper: its life, its table kept with the Python books
-    ("instance", "resolver", "notices", "read_ahead", "writeback", "writeback_door", "daemon", "server"),  # the daemon, assembled, and its sockets
+    ("instance", "resolver", "notices", "read_ahead", "kept_reads", "writeback", "writeback_door", "daemon",
+     "server"),  # the daemon, assembled, and its sockets
 )
 NODE_TOP_MAX = 12  # modules directly in monarch/node/ (its __init__ included)
 

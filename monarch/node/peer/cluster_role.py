@@ -83,9 +83,11 @@ class PeerLayer(Protocol):
 
 class ClusterRole:
     def __init__(self, cluster: PeerLayer, config: Config, tiers: list[Tier], peer_area: Tier | None,
-                 current: Current, opened_from: Callable[[], dict]):
-        """``opened_from()``: the node's open counters now (kept as they are when a node is lost)."""
+                 current: Current, opened_from: Callable[[], dict], kept=None):
+        """``opened_from()``: the node's open counters now (kept as they are when a node is lost);
+        ``kept``: the write-back's kept copies (``node/kept_reads.py``), told what the others keep."""
         self.cluster = cluster
+        self._kept = kept
         self.node = cluster.node
         self.peer_area = peer_area
         self.peers = PeerSource(cluster, config.peer.timeout)
@@ -154,6 +156,7 @@ class ClusterRole:
         copies what this node will surely own, when both are given; while ``door_copies()``,
         the front door's lane copies the small ones of the walk's first seconds), then the layout."""
         capacities = self._exchange_capacities()
+        self._exchange_kept()
         if growing is not None and stager is not None:
             snap, how = self._share_streamed(walk, growing, stager, capacities, door_copies)
         else:
@@ -178,6 +181,20 @@ class ClusterRole:
         except PeerError as e:  # fail open: rendezvous ownership, the peer area a store, the PFS when full
             log.warning("the nodes' capacities were not exchanged (%s): files are owned by rendezvous hashing", e)
             return None
+
+    def _exchange_kept(self) -> None:
+        """Collective, before the walk: what each node keeps of earlier runs' writes, to every node (a
+        restart's files read from the node that keeps them); not exchanged, each node reads its own."""
+        if not self.cluster.collective:
+            return
+        try:
+            mine = self._kept.holdings() if self._kept is not None else b"[]"
+            payloads = self.cluster.allgather_bytes(mine, 120.0)
+        except PeerError as e:
+            log.warning("the nodes' kept copies were not exchanged (%s): each node reads only its own", e)
+            payloads = None
+        if self._kept is not None:
+            self._kept.learn(payloads)
 
     def _plan(self, snap: Snapshot, capacities: list[tuple[int, int]] | None) -> None:
         """Decide replicate or shard and set the placement (the same on every node); sharded,
@@ -260,7 +277,10 @@ class ClusterRole:
     def provide(self, key: str) -> str | Compressed | Any | None:
         """A peer asks for a key this node owns: the local path once staged; for a compressed
         copy its frame as stored (``Compressed``), or its bytes decompressed (a binary file)
-        when the frame needs this tier's dictionary, which the peer does not hold; or None."""
+        when the frame needs this tier's dictionary, which the peer does not hold; or None. A
+        key of a write-back file an earlier run published is answered with the copy kept here."""
+        if self._kept is not None and (kept := self._kept.provide(key)) is not None:
+            return kept
         snapshot, stager = self._current.snapshot, self._current.stager
         if snapshot.get(key) is None or (self.sharded() and not self.owns(key)):
             return None
