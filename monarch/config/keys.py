@@ -331,7 +331,8 @@ KEYS: tuple[Key, ...] = (
         "bytes of the files the job published kept on the node after the run as checked copies of the PFS files, "
         "the newest first, or a share of `writeback.room` (they leave it first when the job's own writes need it): "
         "the same user's next run reads them from here while the PFS file is unchanged (a restart's checkpoint: "
-        "docs/consistency.md, \"Kept copies\"); `0`: none kept; `monarch cache ls` and `drop` show and free them",
+        "docs/consistency.md, \"Kept copies\"); on a cluster the partner keeps its copies too, and the nodes read "
+        "each other's; `0`: none kept; `monarch cache ls` and `drop` show and free them",
         lambda r, v, k: r.amount(v, k, "writeback.room"), fields=("keep", "keep_share")),
     Key("writeback.fsync", "one of " + ", ".join(FSYNC_MODES), "auto",
         "`pfs`: an fsync of a write-back file returns once its bytes so far are on the PFS; `partner`: once its "

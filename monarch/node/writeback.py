@@ -63,7 +63,7 @@ class WritebackRoom:
         self.marks = Marks.made(self.area.path)
         self.view = View(self.paths, self.area, self.journal, self.marks)
         self.listings = Listings(self.view, self.area.path)
-        self.kept = KeptWrites.made(base, keep, linger, self._pfs_write_rate)  # published files kept for the next runs
+        self.kept = KeptWrites.made(base, keep, linger, self._following.rate)  # published files kept for the next runs
         if self.kept is not None and self.marks is not None:
             self.kept.mark_in(self.marks)
         self.kept_reads = KeptReads(self.kept, self.marks) if self.kept is not None else None  # and theirs read
@@ -110,12 +110,6 @@ class WritebackRoom:
             log.warning("write-back: fsync: partner on a single node has no partner: an fsync waits for the PFS")
         if peers is not None and self.kept_reads is not None:
             self.kept_reads.across(peers)
-
-    def _pfs_write_rate(self) -> float | None:
-        """The PFS's bytes a second as the drain met them so far (its own time, not its waits on other nodes)."""
-        with self._cond:
-            copying = self.figures["drain_seconds"] - self.figures["order_wait_seconds"]
-            return self.figures["bytes_copied"] / copying if copying > 0 and self.figures["bytes_copied"] else None
 
     def _remember(self, node: int, applied: int) -> None:
         """Another node's operations up to ``applied`` heard on the PFS: kept for a drain after a kill (across.py)."""

@@ -22,6 +22,7 @@ import logging
 import mmap
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from contextlib import nullcontext
 from typing import Callable, ContextManager
@@ -63,6 +64,12 @@ class Following:
     upto: int = 0  # every record up to here is applied
     # file -> the copy its last fsync left under its name: (PFS path, size, mtime_ns, mode, written in place)
     synced: dict[int, tuple[str, int, int, int, bool]] = field(default_factory=dict)
+    copied: list[float] = field(default_factory=lambda: [0, 0.0])  # bytes its publishes wrote, and their seconds
+
+    def rate(self) -> float | None:
+        """The PFS's bytes a second as its publishes met them (None: none timed yet)."""
+        nbytes, seconds = self.copied
+        return nbytes / seconds if nbytes and seconds > 0 else None
 
     def applied(self, upto: int) -> None:
         """Every record up to ``upto`` is applied: the next drain starts after it (and no longer reads them)."""
@@ -212,7 +219,11 @@ def apply(area: Area, rec: Record, run_id: str, commit: ContextManager = nullcon
     while the PFS changes (a publish's copy before it), so that the job's view changes with it."""
     op = rec.op
     if op in ("close", "sync"):
+        started = time.monotonic()
         publish(area, rec, run_id, commit, following)
+        if following is not None and not (rec.args.get("through") or rec.args.get("synced")):  # (a whole copy)
+            following.copied[0] += rec["size"]
+            following.copied[1] += time.monotonic() - started
     elif op in OUTSIDE_COMMIT:
         _namespace(rec)
         with commit:

@@ -125,6 +125,10 @@ BENCHES = [
     # a restart's load from the node's kept copies: every byte checked (else exit 1), the PFS reading none of it
     Bench("writeback/bench_restart.py", ["--quick", "--json", "{tmp}/restart.json"],
           r"^monarch / direct: load [\d.]+x, PFS read 0\.0\d\dx the checkpoint \(direct 1\.000x\)$", {"fuse"}),
+    # a restart on 4 nodes from their kept copies (node 3's wiped: its partner's): every byte checked (else exit 1)
+    Bench("writeback/bench_restart_nodes.py", ["--quick", "--json", "{tmp}/restart_nodes.json"],
+          r"^monarch / direct: same load [\d.]+x, PFS 0\.0\d\dx; replaced load [\d.]+x, PFS 0\.0\d\dx; "
+          r"every load [\d.]+x, PFS 0\.0\d\dx$", {"fuse", "mpi"}),
     # the loop under write-back: its checkpoints published (else exit 1), its SIGSYS counted a step
     Bench("writeback/bench_training_loop.py", ["--quick", "--json", "{tmp}/loop.json"],
           r"^  writeback\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+", {"torch"}),

@@ -82,6 +82,30 @@ def test_a_library_saves_under_write_back_as_directly(library, dataset, short_tm
             break  # it made no fsync: the other mode would run the same job (the mode is what an fsync waits for)
 
 
+@pytest.mark.parametrize("library,then", [("trainer", "resume"), ("dcp", "load")])
+def test_the_next_job_loads_its_checkpoint_from_the_node(library, then, dataset, short_tmp, slow_pfs):
+    """A save under `monarch run`, then the next job of the chain under `monarch run` with the same
+    configuration (a Trainer that resumes from its last checkpoint, its first step the 41st; DCP's
+    load, every tensor compared): its checkpoint's files come from the node's kept copies (the
+    report's sources), the PFS gives none of their bytes."""
+    if missing(library):
+        pytest.skip(f"{', '.join(missing(library))} not installed (scripts/install.sh installs them)")
+    src, pfs = writable_pfs(short_tmp, slow_pfs)
+    ck = os.path.join(str(pfs.mountpoint), "ck")
+    os.makedirs(ck)
+    cfg = write_config(short_tmp, dataset(files=10).root, extra=f"writeback: {{paths: [{json.dumps(ck)}]}}\n")
+    for what in ("save", then):
+        pfs.reset_counters()
+        report = os.path.join(short_tmp, f"{what}.json")
+        r = subprocess.run([sys.executable, "-m", "monarch", "run", "-c", cfg, "--report", report, "--no-progress",
+                            "--", sys.executable, SCRIPT, library, ck, what], env=env(), capture_output=True, text=True,
+                           timeout=240)
+        assert r.returncode == 0, f"{what}\n{r.stderr[-4000:]}"
+    wb = load(report)["nodes"][0]["writeback"]
+    assert wb["restart_tier_files"] >= 2 and wb["restart_pfs_files"] == 0, wb
+    assert pfs.counters()["bytes"] <= 64 << 10, pfs.counters()["files"]  # (a few small files it did not save)
+
+
 NO_DISPATCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "no_dispatch.py")
 
 

@@ -196,6 +196,20 @@ def trainer_load(d: str) -> None:
     assert torch.load(os.path.join(d, "checkpoint-40", "rng_state.pth"), weights_only=False)
 
 
+def trainer_resume(d: str) -> None:
+    """The job after the save: resumes from checkpoint-40 (its first step the 41st) and trains to 50."""
+    from transformers import TrainerCallback
+    steps = []
+
+    class Steps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            steps.append(state.global_step)
+    trainer = _trainer(d, 50)
+    trainer.add_callback(Steps())
+    trainer.train(resume_from_checkpoint=True)
+    assert steps == list(range(41, 51)), steps
+
+
 def main(argv: list[str]) -> int:
     library, d, what = argv
     os.makedirs(d, exist_ok=True)
