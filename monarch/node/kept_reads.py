@@ -111,8 +111,9 @@ class KeptReads:
             if local is not None:
                 self._count("tier", now["size"], self.kept.rate_of(path))
                 return local
-        if not self._learnt.is_set():
-            self._learnt.wait(WAIT_FOR_HOLDINGS)
+        if not self._learnt.is_set() and not self._learnt.wait(WAIT_FOR_HOLDINGS):
+            log.warning("kept copies: the nodes' holdings not learnt in %gs: this node reads its own", WAIT_FOR_HOLDINGS)
+            self._learnt.set()  # (once: a start that failed before the exchange is not waited for again)
         holders = self._elsewhere.get(path)
         if not holders:
             return self._read_from_pfs(now)

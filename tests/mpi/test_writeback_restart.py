@@ -116,3 +116,19 @@ def test_a_checkpoint_changed_on_the_pfs_between_the_runs_is_read_from_the_pfs(d
     assert expected(src)[changed] != hashlib.md5(bytes([1]) * shard_size(1)).hexdigest()
     assert counters["bytes"] == NODES * shard_size(1), counters  # that file alone, once a rank
     assert all(wb["restart_pfs_files"] == 1 for wb in reports), reports
+
+
+def test_a_node_and_its_partner_both_replaced_read_what_no_node_keeps_from_the_pfs(dataset, short_tmp, slow_pfs):
+    """Nodes 3 and 0 (3's partner) both wiped: node 3's shard is kept nowhere, so every rank reads it
+    from the PFS (right bytes, once a rank); node 0's shard still comes from its partner, node 1."""
+    def replace_nodes(src):
+        for k in (0, NODES - 1):
+            lose_node(short_tmp, k)
+            for tier in (f"/dev/shm{short_tmp}/ram{k}", f"{short_tmp}/ssd{k}"):
+                os.makedirs(tier)
+
+    digests, reports, counters, src = save_then_restart(short_tmp, slow_pfs, dataset(files=5), between=replace_nodes)
+    assert digests == [expected(src)] * NODES
+    assert counters["bytes"] == NODES * shard_size(NODES - 1), counters  # the lost shard alone, once a rank
+    assert all(wb["restart_pfs_files"] == 0 for wb in reports), reports  # (kept nowhere: not asked for)
+    assert reports[0]["restart_partner_bytes"] >= shard_size(0), reports[0]

@@ -190,7 +190,7 @@ class ClusterRole:
         try:
             mine = self._kept.holdings() if self._kept is not None else b"[]"
             payloads = self.cluster.allgather_bytes(mine, 120.0)
-        except PeerError as e:
+        except Exception as e:  # (PeerError, or a store that cannot be read: never the walk's failure)
             log.warning("the nodes' kept copies were not exchanged (%s): each node reads only its own", e)
             payloads = None
         if self._kept is not None:
