@@ -33,6 +33,8 @@ no tier): the MPI between daemons, Python's protocol and the C data path.
                        a write-back open, a publish held until every node applied up to them
 ``partner.py``         the write-back's copy on a partner node: each file and record held there
                        before its call returns; a lost node's drained there, in its order
+``holdings.py``        the copies of earlier runs' writes each node keeps, told to the others as
+                       they are kept (a restart's reads: node/kept_reads.py)
 ``drains.py``          ``monarch drain`` on every node at once: each drain's progress to the others
                        over MPI (what waits for what: writeback/across.py)
 ``tuning.py``          the plane's knobs, as its parts read them from the façade

@@ -12,6 +12,7 @@ verbs and hands ``ControlTable`` a ``{verb: handler}`` mapping of them once, at 
                               ``("wb-applied", applied, failed)``
   partner copies (partner.py) ``("wb-data", tag, seq, offset, data, last)``, ``("wb-record", tag, line)``,
                               ``("wb-held", tag, ok)``, ``("wb-replayed", node, applied, failed, done)``
+  kept copies (holdings.py)   ``("kept", entries)``
 
 The engine thread calls ``ControlTable.dispatch(src, msg)`` for every message: it notes
 that ``src`` is alive, then calls the verb's handler with ``(src, *arguments)``.
@@ -45,6 +46,7 @@ class Verb(str, enum.Enum):
     WB_RECORD = "wb-record"  # (tag, line): a record of my write-back journal, to hold
     WB_HELD = "wb-held"    # (tag, ok): held (False: not, this node has no write-back)
     WB_REPLAYED = "wb-replayed"  # (node, applied, failed, done): lost node's held copies published so far
+    KEPT = "kept"          # (entries,): copies of earlier runs' writes kept on this node now (holdings.py)
 
     def __str__(self) -> str:
         return self.value

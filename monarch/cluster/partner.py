@@ -123,14 +123,21 @@ class Partners:
             spans = [(off, min(SPAN, size - off)) for off in range(0, size, SPAN)] or [(0, 0)]
             tags = [next(self._data_tags) % (1 << 20) for _ in spans]
             MPI, last = self.engine.MPI, len(spans) - 1
+            sent = threading.Semaphore(0)  # each span's send completed (MPI let go of its pages)
 
             def send() -> None:
                 for i, ((off, n), t) in enumerate(zip(spans, tags)):
                     self.engine.send_obj(message(Verb.WB_DATA, tag, seq, off, n, t, i == last), p)
                     if n:
-                        self.engine.post(self._data_comm.Isend([memoryview(buf)[off:off + n], MPI.BYTE], p, t))
+                        self.engine.post(self._data_comm.Isend([memoryview(buf)[off:off + n], MPI.BYTE], p, t),
+                                         lambda st: sent.release())
             self.engine.call(send)
             ok = self._wait_held(tag, p)
+            # unmapped before the call returns: a mapping left would keep the job's close of the file
+            # from being seen (the daemon's lease needs it to be the file's only holder)
+            for n in (n for _, n in spans if n):
+                if not sent.acquire(timeout=HELD_TIMEOUT if ok else 1.0):
+                    break
             _close_mapping(buf)
         else:
             with open(path, "rb") as f:

@@ -32,6 +32,7 @@ from .counters import PeerCounters
 from .datapath import DataPath
 from .engine import Engine
 from .fetch import Fetcher
+from .holdings import Holdings
 from .liveness import LossListener, Liveness
 from .order import WriteOrder
 from .partner import Partners
@@ -75,8 +76,10 @@ class Cluster:
         self._shutdown = Shutdown(self._engine, self._liveness, self._provider, self)
         self.write_order = WriteOrder(self._engine, self.node, self.nodes, self._liveness.is_lost)
         self.partners = Partners(self._engine, self.node, self.nodes, self._liveness.is_lost, writeback_comm)
+        self.holdings = Holdings(self._engine, self.node, self.nodes, self._liveness.is_lost)
         self._control = ControlTable(self._liveness.heard, self._provider.handlers(), self._liveness.handlers(),
-                                     self._shutdown.handlers(), self.write_order.handlers(), self.partners.handlers())
+                                     self._shutdown.handlers(), self.write_order.handlers(), self.partners.handlers(),
+                                     self.holdings.handlers())
         self._liveness.on_loss(self.partners.lost, "partner copies")  # (before the order's waits hear of it)
         self._liveness.on_loss(self.write_order.lost, "write order")
         # a lost node: the fetches waiting on it fail, the transfers to it stop, then the others hear of it

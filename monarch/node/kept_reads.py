@@ -68,14 +68,21 @@ class KeptReads:
         self._lock = threading.Lock()
         self._fetching: dict[str, threading.Lock] = {}
         self._partner_stores: dict[int, KeptWrites] = {}
+        self._tell = None  # the peer plane's word of what is kept here (cluster.holdings.tell)
         self.figures = {**{f"restart_{s}_{k}": 0 for s in SOURCES for k in ("files", "bytes")},
                         "restart_fetch_seconds": 0.0, "restart_saved_seconds": 0.0}
 
     def across(self, cluster) -> None:
-        """The nodes of ``cluster`` (the peer plane): their holdings learnt at its start (``learn``)."""
+        """The nodes of ``cluster`` (the peer plane): their holdings learnt at its start (``learn``), and
+        each copy kept later told as it is (``cluster.holdings``), both ways."""
         self._cluster, self._node, self._nodes = cluster, cluster.node, cluster.nodes
         if getattr(cluster, "collective", False):
             self._learnt.clear()
+        news = getattr(cluster, "holdings", None)
+        if news is not None:
+            news.listen(self._heard)
+            self.kept.tell_kept_to(news.tell)
+            self._tell = news.tell
 
     # -- what the nodes keep (the collective at a cluster's start: ClusterRole) ----------------------
     def holdings(self) -> bytes:
@@ -85,21 +92,26 @@ class KeptReads:
 
     def learn(self, payloads: list[bytes] | None) -> None:
         """Every node's ``holdings`` (None: they could not be exchanged: only this node's copies serve)."""
-        elsewhere: dict[str, list] = {}
         for node, payload in enumerate(payloads or []):
             if node == self._node:
                 continue
             try:
-                for path, *same, rate in json.loads(payload):
-                    if isinstance(path, str) and len(same) == len(SAME_FILE):
-                        elsewhere.setdefault(path, []).append((node, tuple(int(v) for v in same), rate))
+                self._heard(node, json.loads(payload))
             except (ValueError, TypeError) as e:
                 log.warning("kept copies: node %d's holdings are unreadable (%s): not read from there", node, e)
-        self._elsewhere = elsewhere
-        if self._marks is not None:
-            for path in elsewhere:
-                self._marks.add(path)  # (its open asks the daemon: another node may serve it)
         self._learnt.set()
+
+    def _heard(self, node: int, entries: list) -> None:
+        """Node ``node`` keeps these copies ([path, size, mtime_ns, ctime_ns, ino, rate] each)."""
+        for path, *same, rate in entries:
+            if not (isinstance(path, str) and len(same) == len(SAME_FILE)):
+                raise ValueError(f"not a kept copy: {[path, *same, rate]!r}")
+            entry = (node, tuple(int(v) for v in same), rate if isinstance(rate, (int, float)) else None)
+            with self._lock:
+                first = path not in self._elsewhere
+                self._elsewhere[path] = [e for e in self._elsewhere.get(path, []) if e[0] != node] + [entry]
+            if first and self._marks is not None:
+                self._marks.add(path)  # (its open asks the daemon: another node may serve it)
 
     # -- a read-only open on this node -------------------------------------------------------------
     def open(self, path: str) -> str | None:
@@ -199,6 +211,8 @@ class KeptReads:
             store = self._partner_stores[node] = KeptWrites(self.kept.base, self.kept.room, self.kept.linger,
                                                             self.kept.rate)
             store.mark_in(self._marks)
+            if self._tell is not None:
+                store.tell_kept_to(self._tell)
         store.follow(rec, held)
 
     def followed(self) -> None:

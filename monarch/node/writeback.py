@@ -449,6 +449,8 @@ class WritebackRoom:
                 self._cond.notify_all()
             if self.kept is not None:  # (before the drain lets a published file's local copy go)
                 self.kept.follow(rec, self.area.data_path(rec["seq"]) if rec.op == "close" else "")
+            if rec.op == "sync" and rec["seq"] in self._closing:  # the job's close came while this copy held it
+                self._closed(rec["seq"])
             if self.order is not None:
                 self.order.moved()
 
@@ -493,9 +495,13 @@ class WritebackRoom:
         with self._cond:
             if self.figures["job_ended_after_s"] is None:
                 self.figures["job_ended_after_s"] = time.monotonic() - self._started
-        for seq in sorted(self._closing):
-            self._closed(seq)
-        self._wait_for(self.journal.last_op, passed=True)
+        while True:  # (a close the drain's own copy of the file held off is journaled once that copy ends)
+            for seq in sorted(self._closing):
+                self._closed(seq)
+            held = set(self._closing)
+            self._wait_for(self.journal.last_op, passed=True)
+            if not held - self._closing or self._outcome.failed:
+                break
         if self.partners is not None:
             self.partners.finish()  # a lost node's files, published here, before the run says it is done
         if self.kept is not None:

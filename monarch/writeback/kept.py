@@ -127,6 +127,7 @@ class KeptWrites:
         self._told = 0       # every record up to this one the drain applied is in the queue (or was)
         self._waiting: dict[str, tuple] = {}  # published files not found as published yet: looked at again
         self._thread: threading.Thread | None = None
+        self._tell: Callable[[list], None] | None = None
 
     @classmethod
     def made(cls, base: str, room: int, linger: float,
@@ -217,6 +218,7 @@ class KeptWrites:
         with self._changing() as files:
             new, self._waiting = self._waiting, {}  # PFS path -> (link, size, mtime, told when looked at)
             recheck: set[str] = set()    # kept paths a rename moved
+            kept: list[list] = []        # what is kept from here, for the other nodes (``tell_kept_to``)
             for n, op, *args in batch:
                 if op == "keep":
                     path, link, size, mtime = args
@@ -241,6 +243,7 @@ class KeptWrites:
                     name = uuid.uuid4().hex
                     os.rename(os.path.join(self.data, link), os.path.join(self.data, name))
                     files[path] = {**pfs, "name": name, "kept": time.time(), "rate": self.rate()}
+                    kept.append([path, *(pfs[k] for k in SAME_FILE), files[path]["rate"]])
                     self.figures["kept_files"] += 1
                     self.figures["kept_bytes"] += size
                 elif looked is not None and (looked < 0 or told <= looked):  # a change may be untold yet
@@ -254,7 +257,11 @@ class KeptWrites:
                     files[path] = {**files[path], **now}
                 else:
                     del files[path]
+                    continue
+                kept.append([path, *(files[path][k] for k in SAME_FILE), files[path].get("rate")])
             self._evict(files, self.room)
+        if self._tell is not None and (kept := [k for k in kept if k[0] in self._files]):
+            self._tell(kept)
 
     # -- the index -------------------------------------------------------------------------------
     def _read(self) -> dict[str, dict]:
@@ -302,6 +309,11 @@ class KeptWrites:
             finally:
                 os.close(fd)
                 self._remark()
+
+    def tell_kept_to(self, tell: Callable[[list], None]) -> None:
+        """``tell(entries)`` from now on with what is kept here ([path, size, mtime_ns, ctime_ns, ino, rate]
+        each: a copy recorded, or one a rename moved), after the index says so."""
+        self._tell = tell
 
     def mark_in(self, marks) -> None:
         """Its paths marked for the shim (marks.py): a read-only open of one asks for its kept copy."""

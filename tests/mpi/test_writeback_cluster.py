@@ -410,3 +410,30 @@ def test_a_node_lost_during_the_drains_is_published_from_its_partners_copy(datas
     for r in range(NODES):
         with open(os.path.join(src, "ck", f"__{r}_0.distcp"), "rb") as f:
             assert hashlib.md5(f.read()).digest() == hashlib.md5(bytes([r]) * shard_size(r)).digest()
+
+
+FSYNCED = """
+import os, sys
+with open(os.path.join(sys.argv[1], "weights.bin"), "wb") as f:  # fsynced, then closed at once
+    f.write(bytes(range(256)) * (64 << 12))
+    os.fsync(f.fileno())
+"""
+
+
+def test_a_file_fsynced_then_closed_while_its_bytes_are_copied_is_published(dataset, short_tmp, slow_pfs):
+    """Under `fsync: partner` an fsync returns once the partner holds the bytes, and the drain copies
+    them to the PFS meanwhile (16 MiB at 20 MB/s): the job's close comes while the drain holds the file
+    open. The close is seen once that copy ends: the file is published, never reported as not closed
+    (before, a standing daemon's job said "killed while writing" and kept it)."""
+    src, ck, _, cfg, cluster, _ = dcp_cluster(short_tmp, slow_pfs, dataset(files=5), 20)
+    try:
+        job = subprocess.run([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--report",
+                              os.path.join(short_tmp, "job.json"), "--", sys.executable, "-c", textwrap.dedent(FSYNCED),
+                              ck], env=monarch_env(MONARCH_NODE=0), capture_output=True, text=True, timeout=240)
+        assert job.returncode == 0, job.stdout + job.stderr
+    finally:
+        assert cluster.stop(range(NODES)) == 0
+    wb = load(os.path.join(short_tmp, "job.json"))["writeback"]
+    assert (wb["files_closed"], wb["files_published"], wb["not_closed"]) == (1, 1, 0), wb
+    with open(os.path.join(src, "ck", "weights.bin"), "rb") as f:
+        assert f.read() == bytes(range(256)) * (64 << 12)

@@ -16,7 +16,7 @@ def test_control_messages_keep_their_wire_form():
     assert message(Verb.RANGE, 16, "0/a", 1 << 20, 4096) == ("range", 16, "0/a", 1 << 20, 4096)
     assert {v.value for v in Verb} == {"req", "range", "cancel", "ping", "pong", "done", "stats", "release", "bye",
                                        "wb-ask", "wb-told", "wb-applied", "wb-data", "wb-record", "wb-held",
-                                       "wb-replayed"}
+                                       "wb-replayed", "kept"}
     got, heard = [], []
     table = ControlTable(heard.append, {Verb.REQ: lambda src, tag, key: got.append((src, tag, key))})
     table.dispatch(3, ("req", 17, "0/b"))

@@ -113,3 +113,23 @@ def test_a_partners_held_copy_is_kept_once_its_node_applied_it(tmp_path):
     served = nodes.reads[0].open(str(pfs))
     assert open(served, "rb").read() == b"p" * 64
     assert nodes.reads[0].figures["restart_partner_files"] == 1 and nodes.fetched == [(0, 1, str(pfs))]
+
+
+def test_a_copy_kept_later_is_told_to_the_other_nodes_and_read_from_there(tmp_path):
+    """A copy kept after the start (a job of the same allocation) is told by its store to the peer
+    plane's word (``cluster/holdings.py``), and the other nodes fetch it; a word that is not one is
+    dropped, never raised on the engine thread."""
+    from monarch.cluster.control import Verb
+    from monarch.cluster.holdings import Holdings
+
+    nodes = Nodes(tmp_path, 2)
+    nodes.exchange()  # (at the start: nothing kept)
+    words = [Holdings(None, k, 2, lambda k: False) for k in range(2)]
+    for k, (reads, word) in enumerate(zip(nodes.reads, words)):
+        word.listen(reads._heard)
+        reads.kept.tell_kept_to(lambda entries, k=k: words[1 - k].handlers()[Verb.KEPT](k, entries))
+    pfs = publish(tmp_path, nodes.reads[0], "model.pt", b"w" * 4096)
+    served = nodes.reads[1].open(pfs)
+    assert served is not None and open(served, "rb").read() == b"w" * 4096 and nodes.fetched == [(1, 0, pfs)]
+    words[1].handlers()[Verb.KEPT](0, [["x", "not", "a", "copy"]])  # hostile: dropped, said
+    words[1].handlers()[Verb.KEPT](0, "junk")

@@ -132,3 +132,58 @@ def test_a_node_and_its_partner_both_replaced_read_what_no_node_keeps_from_the_p
     assert counters["bytes"] == NODES * shard_size(NODES - 1), counters  # the lost shard alone, once a rank
     assert all(wb["restart_pfs_files"] == 0 for wb in reports), reports  # (kept nowhere: not asked for)
     assert reports[0]["restart_partner_bytes"] >= shard_size(0), reports[0]
+
+
+EVERY = """
+import hashlib, os, sys
+ck, rank, what = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+path = os.path.join(ck, "model.pt")
+if what == "save":
+    if rank == 0:  # rank 0 saves the weights (a Trainer's, Lightning's): under its name, fsynced
+        with open(path, "wb") as f:
+            f.write(bytes(range(256)) * (32 << 12))
+            os.fsync(f.fileno())
+else:  # every rank loads them whole
+    with open(path, "rb") as f:
+        assert hashlib.md5(f.read()).digest() == hashlib.md5(bytes(range(256)) * (32 << 12)).digest()
+"""
+
+
+def wait_until_kept(tier, name, timeout=30):
+    import glob
+    import time
+    deadline = time.monotonic() + timeout
+    while not any(p.endswith("/" + name) for index in glob.glob(f"{tier}/monarch-*/kept-writes/index.json")
+                  for p in json.load(open(index))):
+        assert time.monotonic() < deadline, f"{name} never kept in {tier}"
+        time.sleep(0.05)
+    time.sleep(0.5)  # (the word goes to the other nodes right after the index is written)
+
+
+def test_the_next_job_of_the_same_daemons_loads_a_file_another_node_kept(dataset, short_tmp, slow_pfs):
+    """One allocation, two jobs on the same standing daemons: rank 0 saves `model.pt`, then every rank
+    loads it. The nodes that did not write it read it from a node that keeps it (told as it was
+    kept), not the PFS."""
+    src = os.path.join(short_tmp, "pfs-src")
+    os.makedirs(os.path.join(src, "ck"))
+    pfs = slow_pfs(src, writable=True, write_bandwidth_mbps=200, open_latency_ms=0)
+    ck = os.path.join(str(pfs.mountpoint), "ck")
+    cfg = write_config(short_tmp, dataset(files=5).root, extra=f'writeback: {{paths: ["{ck}"]}}\n')
+    cluster = DaemonCluster(NODES, cfg, short_tmp)
+    try:
+        for what in ("save", "load"):
+            if what == "load":  # the partner keeps its copy once it hears the drain applied it (after the job)
+                for k in (0, 1):  # (rank 0's node and its partner; each tells the others as it records it)
+                    wait_until_kept(f"/dev/shm{short_tmp}/ram{k}", "model.pt")
+            pfs.reset_counters()
+            finish([subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--report",
+                                      os.path.join(short_tmp, f"{what}{k}.json"), "--", sys.executable, "-c",
+                                      textwrap.dedent(EVERY), ck, str(k), what],
+                                     env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True) for k in range(NODES)])
+    finally:
+        assert cluster.stop(range(NODES)) == 0
+    wbs = [load(os.path.join(short_tmp, f"load{k}.json"))["writeback"] for k in range(NODES)]
+    assert pfs.counters()["bytes"] == 0, [{k: v for k, v in w.items() if "restart" in k or "kept" in k} for w in wbs]  # the load's: none of the file's 32 MiB
+    wb = [load(os.path.join(short_tmp, f"load{k}.json"))["writeback"] for k in range(NODES)]
+    assert sum(w["restart_peer_files"] + w["restart_partner_files"] for w in wb) >= NODES - 2, wb
