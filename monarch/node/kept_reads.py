@@ -30,7 +30,7 @@ import threading
 import time
 
 from monarch.errors import PeerError
-from monarch.writeback.kept import SAME_FILE, KeptWrites, _identity
+from monarch.writeback.kept import SAME_FILE, KeptWrites, pfs_identity
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class KeptReads:
         """The local path that serves a read-only open of ``path`` (None: read the PFS)."""
         now: dict | None | bool = False
         if self.kept.holds(path):
-            now = _identity(path)
+            now = pfs_identity(path)
             local = self.kept.lookup(path, now)
             if local is not None:
                 self._count("tier", now["size"], self.kept.rate_of(path))
@@ -130,7 +130,7 @@ class KeptReads:
         if not holders:
             return self._read_from_pfs(now)
         if now is False:
-            now = _identity(path)
+            now = pfs_identity(path)
         if now is None:
             return None
         same = tuple(now[k] for k in SAME_FILE)

@@ -49,7 +49,7 @@ _LINKS = itertools.count(1)  # their numbers in this process (a node's own store
 SAME_FILE = ("size", "mtime_ns", "ctime_ns", "ino")  # a PFS file's identity as every node sees it (not its device)
 
 
-def _identity(path: str) -> dict | None:
+def pfs_identity(path: str) -> dict | None:
     """A regular file's identity on the PFS (None: not a regular file there)."""
     try:
         st = os.lstat(path)
@@ -238,7 +238,7 @@ class KeptWrites:
                         for path in [p for p in table if p == args[0] or _under(p, args[0])]:
                             _forget(self.data, table.pop(path), table is new)
             for path, (link, size, mtime, looked) in new.items():
-                pfs = _identity(path)
+                pfs = pfs_identity(path)
                 if pfs is not None and (pfs["size"], pfs["mtime_ns"]) == (size, mtime):
                     name = uuid.uuid4().hex
                     os.rename(os.path.join(self.data, link), os.path.join(self.data, name))
@@ -252,7 +252,7 @@ class KeptWrites:
                 else:  # not what the PFS holds there: nothing kept
                     _forget(self.data, (link,), True)
             for path in recheck & set(files) - set(new):
-                now = _identity(path)  # (its inode may change: a FUSE filesystem numbers its names)
+                now = pfs_identity(path)  # (its inode may change: a FUSE filesystem numbers its names)
                 if now is not None and (now["size"], now["mtime_ns"]) == (files[path]["size"], files[path]["mtime_ns"]):
                     files[path] = {**files[path], **now}
                 else:
@@ -386,7 +386,7 @@ class KeptWrites:
         if rec is None:
             return None
         if now is False:
-            now = _identity(pfs_path)
+            now = pfs_identity(pfs_path)
         local = os.path.join(self.data, rec["name"])
         if now is None or any(now[k] != rec[k] for k in IDENTITY) or not os.path.exists(local):
             self.figures["stale"] += 1
