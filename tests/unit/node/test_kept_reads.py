@@ -133,3 +133,24 @@ def test_a_copy_kept_later_is_told_to_the_other_nodes_and_read_from_there(tmp_pa
     assert served is not None and open(served, "rb").read() == b"w" * 4096 and nodes.fetched == [(1, 0, pfs)]
     words[1].handlers()[Verb.KEPT](0, [["x", "not", "a", "copy"]])  # hostile: dropped, said
     words[1].handlers()[Verb.KEPT](0, "junk")
+
+
+def test_a_fetch_cut_short_keeps_nothing_and_the_next_holder_serves(tmp_path):
+    """A holder that dies mid-file (some bytes written, then the peer plane's error): nothing of it
+    is kept or served here, and the next holder's copy is."""
+    nodes = Nodes(tmp_path, 3)
+    pfs = publish(tmp_path, nodes.reads[1], "ck", b"z" * 5000)
+    publish(tmp_path, nodes.reads[2], "ck", b"z" * 5000)
+    nodes.exchange()
+    plane = nodes.reads[0]._cluster
+    whole = plane.fetch
+
+    def dies_from_node_1(owner, key, fd, size=None):
+        if owner == 1:
+            os.write(fd, b"z" * 100)
+            raise PeerError("node 1 lost mid-file", FailureReason.PEER_LOST)
+        return whole(owner, key, fd, size)
+    plane.fetch = dies_from_node_1
+    served = nodes.reads[0].open(pfs)
+    assert open(served, "rb").read() == b"z" * 5000 and nodes.fetched == [(0, 2, pfs)]
+    assert len(os.listdir(nodes.reads[0].kept.data)) == 1  # the cut copy removed, the whole one kept
