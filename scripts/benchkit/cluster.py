@@ -38,6 +38,48 @@ def stop_daemons(serve: subprocess.Popen) -> None:
         serve.wait()
 
 
+def bench_places(prefix: str) -> tuple[Path, Path, Path]:
+    """A benchmark's (work, shm, src): its work directory under /tmp (short: Unix socket paths are
+    bounded), its RAM directory under /dev/shm, and there what the emulated PFS keeps (in RAM: the
+    emulator's caps, not a disk's write-back, set the pace), with a small dataset root (``data``:
+    `monarch run` wants one)."""
+    import tempfile
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    shm = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))
+    src = shm / "pfs-src"
+    (src / "data").mkdir(parents=True)
+    (src / "data" / "sample.bin").write_bytes(os.urandom(4096))
+    return work, shm, src
+
+
+def daemon_run_dir(work: Path, job: str, k: int) -> Path:
+    """Node ``k``'s run directory of job ``job`` under the run base ``work/run<k>`` (its socket, its report)."""
+    from monarch.layout import run_name
+    return work / f"run{k}" / f"monarch-{os.getuid()}" / run_name(job, k)
+
+
+def start_daemons(cfg: str, work: Path, nodes: int, job: str, deadline: float, log: Path):
+    """``mpiexec -n N monarch serve -c CFG`` for job ``job`` (each node's run base ``work/run<k>``, its
+    output to ``log``): (the mpiexec process, its launch, seconds until every node's socket answers);
+    RuntimeError past ``deadline``, the daemons stopped."""
+    from monarch.cluster.world import daemon_launch
+    from monarch.layout import SOCKET
+    launch = daemon_launch(nodes, one_host=True)
+    t0 = time.monotonic()
+    with open(log, "w") as out:
+        serve = subprocess.Popen([*launch.argv, sys.executable, "-m", "monarch", "serve", "-c", cfg],
+                                 env=bench_env(job, **launch.env), start_new_session=True, stdout=out,
+                                 stderr=subprocess.STDOUT)
+    socks = [daemon_run_dir(work, job, k) / SOCKET for k in range(nodes)]
+    while not all(s.exists() for s in socks):
+        if serve.poll() is not None or time.monotonic() > deadline:
+            stop_daemons(serve)
+            launch.close()
+            raise RuntimeError(f"the daemons did not come up; see {log}")
+        time.sleep(0.05)
+    return serve, launch, time.monotonic() - t0
+
+
 def bench_env(job: str, **extra) -> dict:
     """This checkout's monarch and test support, Monarch on, the job named ``job``."""
     e = checkout_env(tests=True)

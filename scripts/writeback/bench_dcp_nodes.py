@@ -43,14 +43,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
 import benchkit  # noqa: E402,F401  (this checkout's monarch and tests/ first on the path)
 
-from benchkit.cluster import bench_env, stop_daemons, wait_for  # noqa: E402
+from benchkit.cluster import bench_env, bench_places, daemon_run_dir, start_daemons, stop_daemons, wait_for  # noqa: E402
 from benchkit.cpuwatch import CpuWatch, children_cpu  # noqa: E402
 from benchkit.options import fresh_bytecode, parse_with_quick, result_path, write_json  # noqa: E402
 from benchkit.pfs import pfs_unavailable  # noqa: E402
@@ -141,29 +140,7 @@ writeback: {{paths: ["{ckpt}"], fsync: {args.fsync}}}
 
 
 def run_dir(work: Path, k: int) -> Path:
-    from monarch.layout import run_name
-    return work / f"run{k}" / f"monarch-{os.getuid()}" / run_name(JOB, k)
-
-
-def start_daemons(cfg: str, work: Path, args, deadline: float):
-    """``mpiexec -n N monarch serve -c CFG``: (the mpiexec process, its launch, seconds until every
-    node's socket answers)."""
-    from monarch.cluster.world import daemon_launch
-    from monarch.layout import SOCKET
-    launch = daemon_launch(args.nodes, one_host=True)
-    t0 = time.monotonic()
-    with open(work / "serve.log", "w") as log:
-        serve = subprocess.Popen([*launch.argv, sys.executable, "-m", "monarch", "serve", "-c", cfg],
-                                 env=bench_env(JOB, **launch.env), start_new_session=True, stdout=log,
-                                 stderr=subprocess.STDOUT)
-    socks = [run_dir(work, k) / SOCKET for k in range(args.nodes)]
-    while not all(s.exists() for s in socks):
-        if serve.poll() is not None or time.monotonic() > deadline:
-            stop_daemons(serve)
-            launch.close()
-            raise RuntimeError(f"the daemons did not come up; see {work}/serve.log")
-        time.sleep(0.05)
-    return serve, launch, time.monotonic() - t0
+    return daemon_run_dir(work, JOB, k)
 
 
 def run_mode(mode: str, args, pfs: SlowPFS, src: Path, shm: Path, work: Path) -> dict:
@@ -180,7 +157,7 @@ def run_mode(mode: str, args, pfs: SlowPFS, src: Path, shm: Path, work: Path) ->
         watch = CpuWatch(pfs_pid=pfs.proc.pid).__enter__()  # the daemons: mpiexec does not pass their CPU on to ours
         watch.mark("launch")
         try:
-            serve, launch, r["daemons_up_s"] = start_daemons(cfg, work, args, deadline)
+            serve, launch, r["daemons_up_s"] = start_daemons(cfg, work, args.nodes, JOB, deadline, work / "serve.log")
         except RuntimeError:
             watch.__exit__(None, None, None)
             raise
@@ -314,11 +291,7 @@ def main(argv=None) -> int:
     fresh_bytecode()
     if pfs_unavailable("bench_dcp_nodes"):
         return 2
-    work = Path(tempfile.mkdtemp(prefix="mbdcp-", dir="/tmp"))  # short: Unix socket paths are bounded
-    shm = Path(tempfile.mkdtemp(prefix="mbdcp-", dir="/dev/shm"))
-    src = shm / "pfs-src"  # what the PFS keeps, in RAM: the emulator's cap, not a disk's write-back, sets the pace
-    (src / "data").mkdir(parents=True)
-    (src / "data" / "sample.bin").write_bytes(os.urandom(4096))  # the job's dataset root: monarch run wants one
+    work, shm, src = bench_places("mbdcp-")
     results: dict = {}
     try:
         with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=args.open_latency_ms,

@@ -37,14 +37,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchkit, what the benchmarks share
 import benchkit  # noqa: E402,F401  (this checkout's monarch and tests/ first on the path)
 
-from benchkit.cluster import bench_env, stop_daemons, wait_for  # noqa: E402
+from benchkit.cluster import bench_env, bench_places, start_daemons, stop_daemons, wait_for  # noqa: E402
 from benchkit.options import fresh_bytecode, parse_with_quick, result_path, write_json  # noqa: E402
 from benchkit.pfs import pfs_unavailable  # noqa: E402
 from monarch.tools.slowpfs import SlowPFS  # noqa: E402
@@ -142,27 +141,14 @@ writeback: {{paths: ["{self.ck}"]}}
     def job(self, cmd_of, monarch: bool) -> tuple[float, list[dict]]:
         """One job: ``cmd_of(k)`` on every node at once (under `monarch serve`'s daemons, new ones, when
         ``monarch``); its wall time and each rank's JSON line."""
-        from monarch.cluster.world import daemon_launch
-        from monarch.layout import SOCKET, run_name
         self.jobs += 1
         job = f"{JOB}{self.jobs}"
         deadline = time.monotonic() + self.args.timeout
         t0 = time.monotonic()
         serve = launch = None
         if monarch:
-            launch = daemon_launch(self.args.nodes, one_host=True)
-            with open(self.work / f"serve{self.jobs}.log", "w") as log:
-                serve = subprocess.Popen([*launch.argv, sys.executable, "-m", "monarch", "serve", "-c", str(self.cfg)],
-                                         env=bench_env(job, **launch.env), start_new_session=True, stdout=log,
-                                         stderr=subprocess.STDOUT)
-            socks = [self.work / f"run{k}" / f"monarch-{os.getuid()}" / run_name(job, k) / SOCKET
-                     for k in range(self.args.nodes)]
-            while not all(s.exists() for s in socks):
-                if serve.poll() is not None or time.monotonic() > deadline:
-                    stop_daemons(serve)
-                    launch.close()
-                    raise RuntimeError(f"the daemons did not come up; see {self.work}/serve{self.jobs}.log")
-                time.sleep(0.05)
+            serve, launch, _ = start_daemons(str(self.cfg), self.work, self.args.nodes, job, deadline,
+                                             self.work / f"serve{self.jobs}.log")
         try:
             procs = []
             for k in range(self.args.nodes):
@@ -219,6 +205,14 @@ writeback: {{paths: ["{self.ck}"]}}
         return out
 
 
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def loaded_bytes(case: str, args, sizes: dict[str, int]) -> int:
     """The bytes every rank's load reads together, the files the PFS gives direct (each rank's)."""
     if case == "every":
@@ -232,11 +226,7 @@ def main(argv=None) -> int:
     fresh_bytecode()
     if pfs_unavailable("bench_restart_nodes"):
         return 2
-    work = Path(tempfile.mkdtemp(prefix="mbrn-", dir="/tmp"))  # short: Unix socket paths are bounded
-    shm = Path(tempfile.mkdtemp(prefix="mbrn-", dir="/dev/shm"))
-    src = shm / "pfs-src"  # what the PFS keeps, in RAM: the emulator's caps set the pace
-    (src / "data").mkdir(parents=True)
-    (src / "data" / "sample.bin").write_bytes(os.urandom(4096))  # the job's dataset root: monarch run wants one
+    work, shm, src = bench_places("mbrn-")
     runs: dict = {case: {mode: [] for mode in MODES} for case in args.cases}
     try:
         with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=args.open_latency_ms,
@@ -245,13 +235,7 @@ def main(argv=None) -> int:
             bench.save()
             saved = src / "ck"
             sizes = {p.name: p.stat().st_size for p in saved.iterdir()}
-            expected = {}
-            for p in saved.iterdir():
-                h = hashlib.sha256()
-                with open(p, "rb") as f:
-                    while chunk := f.read(16 << 20):
-                        h.update(chunk)
-                expected[p.name] = h.hexdigest()
+            expected = {p.name: sha256_of(p) for p in saved.iterdir()}
             print(f"saved under write-back on {args.nodes} nodes: {', '.join(f'{n} {s / 2**20:.1f} MiB' for n, s in sorted(sizes.items()))}; "
                   f"the PFS at {args.bandwidth:g} MB/s read and write, {args.open_latency_ms:g} ms an open", flush=True)
             for _ in range(args.rounds):
