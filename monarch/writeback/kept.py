@@ -61,6 +61,10 @@ def pfs_identity(path: str) -> dict | None:
             "dev": st.st_dev}
 
 
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
 class _Op:
     """A change as the drain's record names it (``keep``, ``moved``, ``dropped`` called directly)."""
 
@@ -165,6 +169,8 @@ class KeptWrites:
                 item = ("dropped", rec["path"])
             else:
                 item = None
+        except FileNotFoundError:  # no local copy to keep (written through to the PFS, or never held here)
+            item = None
         except Exception:
             log.exception("kept copies: %s not followed", rec.op)
             item = None
@@ -272,6 +278,7 @@ class KeptWrites:
                 doc = json.load(f)
             if not isinstance(doc, dict) or not all(isinstance(r, dict) and isinstance(r.get("name"), str)
                                                     and all(isinstance(r.get(k), int) for k in IDENTITY)
+                                                    and (r.get("rate") is None or _positive(r["rate"]))
                                                     for r in doc.values()):
                 raise ValueError("not an index of kept copies")
             return doc

@@ -1,6 +1,7 @@
 """The kept copies' store (monarch/writeback/kept.py): kept only when the PFS holds those bytes, a
 changed PFS file never served, renames followed, the room kept, the linger ended by the next run."""
 
+import json
 import os
 import threading
 import time
@@ -117,3 +118,18 @@ def test_the_drain_does_not_wait_for_the_store_and_a_rename_meanwhile_is_followe
     assert served is not None and open(served, "rb").read() == b"m" * 100 and kept.lookup(pfs) is None
     assert kept.figures["kept_files"] == 1
     assert [n for n in os.listdir(os.path.join(kept.path, "data")) if n.startswith(".")] == []  # no link left over
+
+
+def test_an_index_with_a_rate_that_is_not_one_is_not_trusted(tmp_path):
+    """A damaged index (a copy's rate a string): nothing of it is served, and a read never fails on it
+    (the saved seconds are divided by it)."""
+    kept = KeptWrites(tier(tmp_path), 1 << 20)
+    local, pfs = published(tmp_path, "a", b"x" * 100)
+    kept.keep(pfs, local)
+    index = os.path.join(kept.path, "index.json")
+    doc = json.load(open(index))
+    doc[pfs]["rate"] = "fast"
+    with open(index, "w") as f:
+        json.dump(doc, f)
+    again = KeptWrites(tier(tmp_path), 1 << 20)
+    assert again.lookup(pfs) is None and again.rate_of(pfs) is None
