@@ -43,6 +43,7 @@ struct worker {                        /* one thread of the door: its own epoll 
     int key_dir_slot;                  /* the copy tier ``key_dir`` is in */
     int src_fresh;                     /* an open in ``src_dir`` leaves the file's attributes fresh */
     int listed_src;                    /* a listed file's source, opened to describe it: the copy's (or -1) */
+    uint32_t ahead_held;               /* the lane's entry it described so (from 1), not taken yet, or 0 */
     uint32_t src_dir_len, key_dir_len; /* the key's directory part they were opened for */
     char src_dir_key[PATH_MAX], key_dir_key[PATH_MAX];
     uint32_t last_dir_len;             /* the last source's directory part, its directory not opened: a */

@@ -24,6 +24,7 @@ static void staff_locked(struct door *d)
         struct worker *w = &d->copiers.threads[d->copiers.n];
         w->d = d;
         w->spare_fd = w->ep = w->src_dir = w->key_dir = w->listed_src = -1;
+        w->ahead_held = 0;
         w->tmp_seq = (uint64_t)monarch_now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)(MAX_WORKERS + d->copiers.n) << 48;
         w->copy_buf = w->copy_buf ? w->copy_buf : malloc(MONARCH_INLINE_MAX + 1);
         sigset_t all, old;
@@ -66,15 +67,65 @@ static void lane_end_locked(struct door *d, int why)
         wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
 }
 
-enum { L_NONE, L_TAKEN, L_ROOM };
+enum { L_NONE, L_TAKEN, L_ROOM, L_DESCRIBE, L_SKIP };
 
-/* The lane's next small file the door has never heard of, made BUSY for a copier (L_TAKEN: its
- * key built into ``key``, INDEX_KEY_MAX bytes); L_NONE: nothing for the lane now (off, through, at its limit, or another copier waits for
- * room); L_ROOM: the caller waits for room to be lent. The lane ends when its list does, when
- * copying is not allowed (a write by the job, a failed tier: Python's stager takes the rest)
- * or when no room is lent for AHEAD_WAITS waits in a row. Under the lock. */
-static int lane_next_locked(struct door *d, struct idx_file *f, char *key, uint32_t *len, uint32_t *hash)
+/* May the lane copy now? Else it ends (why in *why). Under the lock. */
+static int lane_may_copy_locked(const struct door *d, int *why)
 {
+    *why = d->stopped ? A_STOPPED : !d->gate_open || !d->allowed || d->never_copy ? A_NOT_COPYING : A_WHOLE;
+    return *why == A_WHOLE;
+}
+
+/* Entry ``n`` (from 1) for the lane: L_TAKEN (made BUSY, its room taken: the caller copies it),
+ * L_SKIP (not the door's: another route, staged, being copied, Python's), L_DESCRIBE (a file the
+ * walk only listed: the caller opens it and describes it from that descriptor first, outside the
+ * lock, then asks again; a read-ahead stats no file it does not copy), L_ROOM (the caller waits
+ * for room to be lent) or L_NONE (another copier times that wait; the lane ended for want of it).
+ * ``held``: described by the caller for the lane (the lane counts it busy since). Under the lock. */
+static int lane_consider_locked(struct door *d, uint32_t n, int held, struct idx_file *f, char *key, uint32_t *len,
+                                uint32_t *hash)
+{
+    if (!index_entry(d, n, f, key, len))
+        return !held && index_listed_number(d, n) && (*len = index_key(d, n, key)) ? L_DESCRIBE : L_SKIP;
+    if (!monarch_index_routes(f->flags, MONARCH_ROUTE_DOOR) || !monarch_route_fits(MONARCH_ROUTE_DOOR, f->size))
+        return L_SKIP;                 /* not the door's route (published in the index): Python's stager copies it */
+    *hash = monarch_crc32(key, *len);
+    if (find(d, key, *len, *hash))
+        return L_SKIP;                 /* staged, being copied, or Python's */
+    if ((int64_t)f->size > d->books.lease[Q_BOOKS]) {
+        if (d->ahead.room_wait)
+            return L_NONE;             /* one copier times the wait; a grant wakes them all */
+        if (++d->ahead.waits > AHEAD_WAITS) {
+            lane_end_locked(d, A_NO_ROOM);
+            return L_NONE;
+        }
+        wake_python_locked(d);         /* its books lend more when it drains them */
+        inflight_starved(&d->copiers.flow);
+        d->ahead.room_wait = 1;
+        return L_ROOM;
+    }
+    d->ahead.waits = 0;
+    struct entry *e = insert(d, key, *len, *hash);
+    if (!e)
+        return L_SKIP;
+    e->state = K_BUSY;
+    d->busy++;
+    d->copies_busy++;
+    if (!held)
+        d->ahead.busy++;               /* (a held entry's counts since its L_DESCRIBE) */
+    d->books.lease[Q_BOOKS] -= (int64_t)f->size;
+    return L_TAKEN;
+}
+
+/* The lane's next small file the door has never heard of: L_TAKEN (made BUSY for this copier, its
+ * key built into ``key``, INDEX_KEY_MAX bytes), L_DESCRIBE (entry *n to describe first: counted
+ * busy and in flight), L_NONE: nothing for the lane now (off, through, at its limit, or another
+ * copier waits for room); L_ROOM: the caller waits for room to be lent. The lane ends when its
+ * list does, when copying is not allowed (a write by the job, a failed tier: Python's stager
+ * takes the rest) or when no room is lent for AHEAD_WAITS waits in a row. Under the lock. */
+static int lane_next_locked(struct door *d, struct idx_file *f, char *key, uint32_t *len, uint32_t *hash, uint32_t *n)
+{
+    int why;
     while (d->ahead.on) {
         if (d->copies_busy >= d->copiers.flow.limit)
             return L_NONE;             /* in flight as many as the source's measure allows */
@@ -82,53 +133,59 @@ static int lane_next_locked(struct door *d, struct idx_file *f, char *key, uint3
             lane_end_locked(d, A_WHOLE);
             break;
         }
-        if (d->stopped) {
-            lane_end_locked(d, A_STOPPED);
+        if (!lane_may_copy_locked(d, &why)) {
+            lane_end_locked(d, why);
             break;
         }
-        if (!d->gate_open || !d->allowed || d->never_copy) {
-            lane_end_locked(d, A_NOT_COPYING);
-            break;
-        }
-        if (!own_file_locked(d, d->ahead.next + 1)) {
+        *n = d->ahead.next + 1;
+        if (!own_file_locked(d, *n)) {
             d->ahead.next++;           /* another node's: its owner stages it */
             continue;
         }
-        if (!index_entry(d, d->ahead.next + 1, f, key, len) || !monarch_index_routes(f->flags, MONARCH_ROUTE_DOOR) ||
-            !monarch_route_fits(MONARCH_ROUTE_DOOR, f->size)) {
-            d->ahead.next++;           /* not the door's route (published in the index): Python's stager copies it */
-            continue;
-        }
-        *hash = monarch_crc32(key, *len);
-        if (find(d, key, *len, *hash)) {
-            d->ahead.next++;           /* staged, being copied, or Python's */
-            continue;
-        }
-        if ((int64_t)f->size > d->books.lease[Q_BOOKS]) {
-            if (d->ahead.room_wait)
-                return L_NONE;         /* one copier times the wait; a grant wakes them all */
-            if (++d->ahead.waits > AHEAD_WAITS) {
-                lane_end_locked(d, A_NO_ROOM);
-                break;
-            }
-            wake_python_locked(d);     /* its books lend more when it drains them */
-            inflight_starved(&d->copiers.flow);
-            d->ahead.room_wait = 1;
-            return L_ROOM;
-        }
-        d->ahead.waits = 0;
+        int r = lane_consider_locked(d, *n, 0, f, key, len, hash);
+        if (r == L_ROOM || r == L_NONE)
+            return r;                  /* the same entry again, after the wait */
         d->ahead.next++;
-        struct entry *e = insert(d, key, *len, *hash);
-        if (!e)
-            continue;
-        e->state = K_BUSY;
-        d->busy++;
-        d->copies_busy++;
-        d->ahead.busy++;
-        d->books.lease[Q_BOOKS] -= (int64_t)f->size;
-        return L_TAKEN;
+        if (r == L_DESCRIBE) {
+            d->copies_busy++;          /* its open is a call in flight toward the PFS (until described) */
+            d->ahead.busy++;           /* the lane is not through until it is taken or let go */
+        }
+        if (r != L_SKIP)
+            return r;
     }
     return L_NONE;
+}
+
+/* A copier's described entry let go (not the door's after all, the lane stopped): its source
+ * closed, the lane's count given back, and its end told if it was the last. Under the lock. */
+static void lane_let_go_locked(struct worker *w)
+{
+    struct door *d = w->d;
+    w->ahead_held = 0;
+    if (w->listed_src >= 0) {
+        close(w->listed_src);
+        w->listed_src = -1;
+    }
+    if (--d->ahead.busy == 0 && !d->ahead.on)
+        wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
+}
+
+/* The entry a copier described for the lane (w->ahead_held, its source in w->listed_src), now
+ * taken (L_TAKEN), waited for (L_ROOM, L_NONE: the copier waits, then asks again), or let go
+ * (L_SKIP). Under the lock. */
+static int lane_held_locked(struct worker *w, struct idx_file *f, char *key, uint32_t *len, uint32_t *hash)
+{
+    struct door *d = w->d;
+    int why;
+    int r = d->ahead.end == A_WHOLE && lane_may_copy_locked(d, &why)
+            ? lane_consider_locked(d, w->ahead_held, 1, f, key, len, hash) : L_SKIP;
+    if ((r == L_ROOM || r == L_NONE) && d->ahead.end == A_WHOLE)
+        return r;
+    if (r == L_TAKEN)
+        w->ahead_held = 0;             /* counted busy since its L_DESCRIBE: copy_and_publish gives it back */
+    else
+        lane_let_go_locked(w);         /* (or the lane ended for want of room meanwhile) */
+    return r == L_TAKEN ? L_TAKEN : L_SKIP;
 }
 
 /* One copier: a queued miss if there is one, else the lane's next file while the lane is
@@ -141,10 +198,10 @@ static void *copier_main(void *arg)
     prctl(PR_SET_NAME, "monarch-copy");
     pthread_mutex_lock(&d->mu);
     while (!d->copiers.stop) {
-        struct waiter *q = d->copiers.demand;
+        struct waiter *q = w->ahead_held ? NULL : d->copiers.demand;
         struct idx_file f;
         char key[INDEX_KEY_MAX];
-        uint32_t len, hash;
+        uint32_t len, hash, n = 0;
         int lane;
         if (q) {
             d->copiers.demand = q->next;
@@ -156,21 +213,42 @@ static void *copier_main(void *arg)
             copy_queued_miss(w, q);
             pthread_mutex_lock(&d->mu);
             d->copiers.working--;
-        } else if ((lane = lane_next_locked(d, &f, key, &len, &hash)) == L_TAKEN) {
+            continue;
+        }
+        lane = w->ahead_held ? lane_held_locked(w, &f, key, &len, &hash)
+                             : lane_next_locked(d, &f, key, &len, &hash, &n);
+        if (lane == L_TAKEN) {
             d->copiers.working++;
             pthread_mutex_unlock(&d->mu);
             copy_and_publish(w, key, len, hash, &f, EV_AHEAD, dest);
             pthread_mutex_lock(&d->mu);
             d->copiers.working--;
-        } else if (lane == L_ROOM) {
-            timed_wait(&d->copiers.work_cv, &d->mu, AHEAD_WAIT_NS);
-            d->ahead.room_wait = 0;
-        } else {
+        } else if (lane == L_DESCRIBE) {
+            d->copiers.working++;
+            pthread_mutex_unlock(&d->mu);
+            int described = describe_listed(w, key, len, n);  /* its open, its stat from it: kept for the copy */
+            pthread_mutex_lock(&d->mu);
+            d->copiers.working--;
+            d->copies_busy--;          /* described: not in flight while it waits to be taken (a
+                                          change of copy tier waits for the copies in flight) */
+            pthread_cond_broadcast(&d->cv);
+            w->ahead_held = n;
+            if (!described && w->listed_src >= 0) {
+                close(w->listed_src);
+                w->listed_src = -1;
+            }
+        } else if (lane == L_ROOM || (lane == L_NONE && w->ahead_held)) {
+            timed_wait(&d->copiers.work_cv, &d->mu, AHEAD_WAIT_NS);  /* (a held entry never waits untimed) */
+            if (lane == L_ROOM)
+                d->ahead.room_wait = 0;
+        } else if (lane != L_SKIP) {
             if (!d->ahead.on)
                 inflight_starved(&d->copiers.flow);  /* a copier free and nothing to copy */
             pthread_cond_wait(&d->copiers.work_cv, &d->mu);
         }
     }
+    if (w->ahead_held)
+        lane_let_go_locked(w);         /* stopped with an entry described */
     pthread_mutex_unlock(&d->mu);
     return NULL;
 }

@@ -100,6 +100,14 @@ static uint32_t index_listed(const struct door *d, const char *key, uint32_t len
     return monarch_index_undescribed(d->index.map, &h, n) ? n : 0;
 }
 
+static int index_listed_number(const struct door *d, uint32_t n)
+{
+    if (!d->index.borrowed || !__atomic_load_n(&d->steps.known, __ATOMIC_ACQUIRE))
+        return 0;
+    struct monarch_index_header h = index_header(d->index.map);
+    return monarch_index_undescribed(d->index.map, &h, n);
+}
+
 /* File n described from ``st`` (the source's lstat) in its stat slot, as the daemon would describe
  * it (monarch_index_put_stat: nothing if it is described or being described meanwhile; its route
  * from its root's number). */

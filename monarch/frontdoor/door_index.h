@@ -37,6 +37,7 @@ static uint32_t index_dirs(const struct door *d);
 /* the number (from 1) of ``key`` if it is a file not described yet and the door may describe it (the
  * index is the daemon's own, the routes known), else 0; and that description (its stat slot) */
 static uint32_t index_listed(const struct door *d, const char *key, uint32_t len, uint32_t hash);
+static int index_listed_number(const struct door *d, uint32_t n);  /* the same test, by number */
 static void index_describe(struct door *d, uint32_t n, const struct stat *st);
 
 #endif /* MONARCH_DOOR_INDEX_H */

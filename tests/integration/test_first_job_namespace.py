@@ -92,6 +92,64 @@ def test_the_first_jobs_namespace_costs_the_pfs_what_find_costs_and_serves_the_p
     assert node["staging"]["files"] == SAMPLE, node["staging"]  # each staged on its miss: served from the node
 
 
+# Waits until the tiers hold every file of the tree (the read-ahead is through), then reads the
+# sample as READER does; the tiers' bases and the count come first.
+AFTER_READ_AHEAD = r"""
+import os, sys, time
+ram, ssd, want = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def staged():
+    return sum(name.endswith(".bin") for base in (ram, ssd) for _, _, names in os.walk(base) for name in names)
+end = time.monotonic() + 120
+while staged() < want and time.monotonic() < end:
+    time.sleep(0.1)
+print("staged", staged(), flush=True)
+sys.argv = sys.argv[3:]
+""" + READER
+
+
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_the_shipped_read_ahead_opens_each_file_once_and_stats_none(slow_pfs, short_tmp):
+    """The shipped policy (``read-ahead``) after a listing walk: each file is described from the
+    descriptor its copy is read from (the front door's lane; a file past the lane's size is
+    described there and copied by the stager), not by a stat of every file before the read-ahead
+    starts. The PFS sees the walk's calls and one name looked up per open; every file is staged,
+    each read once, and what the job sees is the PFS's own."""
+    tree = Generated(files=1200, per_dir=300, min_size=1024, max_size=320_000)  # ~1 in 5 past the lane's 256 KiB
+    large = sum(tree.size(i) > 256 * 1024 for i in range(tree.files))
+    pfs = slow_pfs(tree, open_latency_ms=0)
+    root = pfs.mountpoint
+    pfs.reset_counters()
+    subprocess.run(["find", root, "-type", "f"], capture_output=True, check=True, timeout=120)
+    find = _meta(pfs.counters())
+
+    sample = random.Random(6).sample(range(tree.files), SAMPLE)
+    paths = [os.path.join(root, tree.path(i)) for i in sample]
+    cfg = write_config(short_tmp, root, policy="read-ahead")
+    report = os.path.join(short_tmp, "report.json")
+    pfs.reset_counters()
+    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", AFTER_READ_AHEAD,
+                  f"/dev/shm{short_tmp}/ram0", f"{short_tmp}/ssd0", str(tree.files), pfs.counters_path, "0.03", *paths,
+                  env=monarch_env(MONARCH_SHIM_INDEX_WAIT_MS=120000))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"staged {tree.files}" in ran.stdout, ran.stdout
+    out = json.loads(ran.stdout.strip().splitlines()[-1])
+    c = pfs.counters()
+    with open(report) as f:
+        node = json.load(f)["nodes"][0]
+    print(f"metadata calls: find {find}, the job {_meta(c)}; opens {c['opens']} ({tree.files} files, {large} past "
+          f"the lane's size); staged {node['staging']['files']}")
+    assert node["snapshot"].startswith("walked"), node["snapshot"]
+    assert node["staging"]["files"] == tree.files and node["staging"]["pfs_files_read"] == tree.files, node["staging"]
+    assert node["staging"]["pfs_bytes_read"] == sum(tree.size(i) for i in range(tree.files)), node["staging"]
+    assert c["opens"] <= tree.files + large, c["opens"]  # a large file: the lane's open, then the stager's
+    assert _meta(c) <= 2 * find + 10 + c["opens"], (_meta(c), find, c["opens"])  # before: a stat of every file first
+    for i, p in zip(sample, paths):
+        st = os.stat(p)
+        want = [st.st_size, st.st_mode, st.st_mtime_ns, st.st_nlink, st.st_uid, st.st_gid]
+        assert out["seen"][p]["stat"] == out["seen"][p]["fstat"] == want, p
+        assert out["seen"][p]["sha"] == hashlib.sha256(tree.data(i)).hexdigest(), p
+
+
 @pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
 def test_a_job_given_a_listed_manifest_reads_before_any_check_and_checks_after(slow_pfs, short_tmp):
     """`monarch index` lists as find does; a job given its manifest asks the PFS nothing before it

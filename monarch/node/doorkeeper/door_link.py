@@ -21,7 +21,7 @@ from monarch import frontdoor, protocol
 from monarch.frontdoor import EV_AHEAD, EV_STAGED, FrontDoor
 from monarch.node.stage.current import Current
 from monarch.node.snapshot.index_writer import route_tables
-from monarch.node.snapshot.indextable import IndexTable, larger_than
+from monarch.node.snapshot.indextable import IndexTable, LargerDescribed, larger_than
 from monarch.node.outcomes import Outcome
 from monarch.node.stage.stager import Stager
 from monarch.routes import INLINE_MAX, ROWS, Route
@@ -281,20 +281,25 @@ class DoorKeeper:
         if link is None or not link.may_copy or not self.front_door.read_ahead(len(files), self._lane_fixed,
                                                                           self._lane_start):
             return False
+        found = LargerDescribed(files, ROWS[Route.DOOR].max_size)  # (first: none described meanwhile is missed)
         stager.read_ahead(order(larger_than(files, ROWS[Route.DOOR].max_size)))  # what the DOOR row does not take
-        threading.Thread(target=self._after_the_lane, args=(files, stager, sample, closing, absorb, order),
+        threading.Thread(target=self._after_the_lane, args=(files, stager, sample, closing, absorb, order, found),
                          name="monarch-ahead-rest", daemon=True).start()
         return True
 
-    def _after_the_lane(self, files, stager: Stager, sample, closing, absorb, order) -> None:
+    def _after_the_lane(self, files, stager: Stager, sample, closing, absorb, order, found: LargerDescribed) -> None:
         keys = None
         if sample is not None:
             keys = sorted(files)
             sample(keys)
         while self.front_door.read_ahead_state()["running"] and not closing():
+            if large := found.new():  # a listed file the lane opened and found past its row: the stager's
+                stager.read_ahead_more(order(large))
             time.sleep(AHEAD_POLL_SECONDS)
         if closing():
             return
+        if large := found.new():
+            stager.read_ahead_more(order(large))
         absorb()  # the lane's last copies in the books first
         link = self.link
         if link is not None and link.reclaim_lease():  # lent for the lane's copies in flight: the misses

@@ -347,12 +347,18 @@ class IndexTable(MutableMapping[str, FileInfo]):
                 and words[_WORDS * s - 1] == n + 1 else 0
                 for n, s in enumerate(self._recs[1::2]))
 
-    def described_sizes(self) -> Iterator[tuple[int, int]]:
+    def stats_used(self) -> int:
+        """How many stat slots are taken (each file described so far has one; they are taken in turn)."""
+        return min(_U32.unpack_from(self.data, _STATS_USED_AT)[0], self.nfiles, len(self._stat_words) // _WORDS)
+
+    def described_sizes(self, since: int = 0, until: int | None = None) -> Iterator[tuple[int, int]]:
         """(file from 0, size) of each file described, in the order of their stats (a slot that does
-        not name its file back, being written or cut from a copy, is none)."""
+        not name its file back, being written or cut from a copy, is none): those of slots ``since``
+        to ``until`` (from 0; default: every slot taken)."""
         words, recs, nfiles = self._stat_words, self._recs, self.nfiles
-        used = min(_U32.unpack_from(self.data, _STATS_USED_AT)[0], nfiles, len(words) // _WORDS)
-        for s, (size, n) in enumerate(zip(words[2:_WORDS * used:_WORDS], words[_WORDS - 1:_WORDS * used:_WORDS]), 1):
+        used = self.stats_used() if until is None else min(until, self.stats_used())
+        for s, (size, n) in enumerate(zip(words[_WORDS * since + 2:_WORDS * used:_WORDS],
+                                          words[_WORDS * since + _WORDS - 1:_WORDS * used:_WORDS]), since + 1):
             if 0 < n <= nfiles and recs[2 * n - 1] == s:
                 yield n - 1, size
 
@@ -456,9 +462,26 @@ def file_sizes(files) -> Sequence[int] | Iterator[int]:
 
 def larger_than(files, size: int) -> list[str]:
     """The keys of the files larger than ``size``, in the table's order (an IndexTable's read
-    from its sizes alone: no record built per file)."""
+    from its sizes alone: no record built per file; a file not described yet is not among them)."""
     if not isinstance(files, IndexTable):
         return [key for key, info in files.items() if info.size > size]
     if files._sizes:
         return [files.key(n) for n, s in enumerate(files.sizes()) if s > size]
     return [files.key(n) for n in sorted(n for n, s in files.described_sizes() if s > size)]  # a size is a stat's
+
+
+class LargerDescribed:
+    """The files of a listing-mode walk's index described larger than ``size`` since it was last
+    asked, in the order they were described (the front door's read-ahead lane describes each file
+    it opens, and leaves those past its row's size to the stager): each file once."""
+
+    def __init__(self, files, size: int):
+        self._files, self._size = files, size
+        self._seen = files.stats_used() if isinstance(files, IndexTable) and not files._sizes else None
+
+    def new(self) -> list[str]:
+        files, since = self._files, self._seen
+        if since is None:
+            return []  # every size was known at the start (larger_than gave them all)
+        self._seen = files.stats_used()
+        return [files.key(n) for n, s in files.described_sizes(since, self._seen) if s > self._size]

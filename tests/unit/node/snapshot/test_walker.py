@@ -14,7 +14,7 @@ from monarch import index_layout, protocol, routes
 from monarch.node.snapshot import snapshot, walker
 from monarch.records.filetable import FileTable
 from monarch.node.snapshot.index_writer import index_parts, stamp_routes
-from monarch.node.snapshot.indextable import IndexTable
+from monarch.node.snapshot.indextable import IndexTable, LargerDescribed, larger_than
 from monarch.node.snapshot.snapshot import Snapshot, load_or_walk, take_snapshot
 
 pytestmark = pytest.mark.skipif(walker.library() is None, reason="the C walker could not be built (no C compiler)")
@@ -226,3 +226,26 @@ def test_a_listed_file_gone_before_it_is_described_is_no_file_of_the_snapshot(tm
     (plain / "d" / "f").write_bytes(b"f")
     assert snapshot.listing_index(Snapshot.from_index((str(plain),), *walker.walk_index((str(plain),), describe=False)))
     assert not snapshot.listing_index(Snapshot.from_index((str(plain),), *walker.walk_index((str(plain),))))
+
+
+def test_the_files_described_larger_than_a_size_are_found_once_each_as_they_are_described(tmp_path):
+    """What the stager takes from the front door's lane: each file the lane described past its row's
+    size, once, in the order described; none of a listing walk's files before one is described."""
+    root = tmp_path / "t"
+    root.mkdir()
+    for i, size in enumerate((10, 5000, 20, 7000, 9000)):
+        (root / f"f{i}").write_bytes(b"x" * size)
+    listed, n = walker.walk_index((str(root),), describe=False)
+    snap = Snapshot.from_index((str(root),), listed, n)
+    snap.describe_with(routes.published(routes.NodeFacts(door=True), 1))
+    table = snap.files
+    found = LargerDescribed(table, 1000)
+    assert found.new() == [] and larger_than(table, 1000) == []
+    for key in ("0/f3", "0/f0", "0/f1"):
+        assert table.get(key) is not None  # described, as the lane describes one
+    assert found.new() == ["0/f3", "0/f1"]
+    assert found.new() == []
+    table.get("0/f4")
+    table.get("0/f3")  # (described already: no second slot)
+    assert found.new() == ["0/f4"]
+    assert sorted(larger_than(table, 1000)) == ["0/f1", "0/f3", "0/f4"]
