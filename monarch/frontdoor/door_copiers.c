@@ -226,7 +226,7 @@ static void *copier_main(void *arg)
         } else if (lane == L_DESCRIBE) {
             d->copiers.working++;
             pthread_mutex_unlock(&d->mu);
-            int described = describe_listed(w, key, len, n);  /* its open, its stat from it: kept for the copy */
+            int described = describe_listed(w, key, len, n, 1);  /* its open, its stat from it: kept for the copy */
             pthread_mutex_lock(&d->mu);
             d->copiers.working--;
             d->copies_busy--;          /* described: not in flight while it waits to be taken (a

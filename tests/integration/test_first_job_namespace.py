@@ -150,6 +150,50 @@ def test_the_shipped_read_ahead_opens_each_file_once_and_stats_none(slow_pfs, sh
         assert out["seen"][p]["sha"] == hashlib.sha256(tree.data(i)).hexdigest(), p
 
 
+# Waits until the tiers' files hold still for 2 s and then 8 s more (the lane waits 5 s for room before
+# it ends, the stager then goes on): prints how many the tiers hold.
+UNTIL_FULL = r"""
+import os, sys, time
+ram, ssd = sys.argv[1], sys.argv[2]
+def staged():
+    return sum(name.endswith(".bin") for base in (ram, ssd) for _, _, names in os.walk(base) for name in names)
+last, since, end = -1, time.monotonic(), time.monotonic() + 120
+while time.monotonic() - since < 2 and time.monotonic() < end:
+    if (now := staged()) != last:
+        last, since = now, time.monotonic()
+    time.sleep(0.1)
+time.sleep(8)
+print("staged", staged(), flush=True)
+"""
+
+
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_the_shipped_read_ahead_into_full_tiers_stats_no_file_it_cannot_keep(slow_pfs, short_tmp):
+    """Tiers that hold a tenth of the tree: the read-ahead fills them, each file it copies opened
+    once, and stops; the files it cannot keep are not stat'ed to learn that they do not fit."""
+    tree = Generated(files=6000, per_dir=500)  # 1-4 KiB
+    pfs = slow_pfs(tree, open_latency_ms=0)
+    root = pfs.mountpoint
+    pfs.reset_counters()
+    subprocess.run(["find", root, "-type", "f"], capture_output=True, check=True, timeout=120)
+    find = _meta(pfs.counters())
+    cfg = write_config(short_tmp, root, ram="1MiB", ssd="1MiB", policy="read-ahead")
+    report = os.path.join(short_tmp, "report.json")
+    pfs.reset_counters()
+    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", UNTIL_FULL,
+                  f"/dev/shm{short_tmp}/ram0", f"{short_tmp}/ssd0")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    c = pfs.counters()
+    with open(report) as f:
+        node = json.load(f)["nodes"][0]
+    staged = node["staging"]["files"]
+    print(f"metadata calls: find {find}, the job {_meta(c)}; opens {c['opens']}; staged {staged} of {tree.files}; "
+          f"{ran.stdout.strip()}")
+    assert 0 < staged < tree.files // 2, staged
+    assert c["opens"] <= staged + 64, (c["opens"], staged)  # (the copies in flight when the room ran out)
+    assert _meta(c) <= 2 * find + 10 + c["opens"], (_meta(c), find, c["opens"])
+
+
 @pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
 def test_a_job_given_a_listed_manifest_reads_before_any_check_and_checks_after(slow_pfs, short_tmp):
     """`monarch index` lists as find does; a job given its manifest asks the PFS nothing before it

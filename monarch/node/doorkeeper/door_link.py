@@ -59,6 +59,7 @@ class DoorLink(StagerListener):
         self.may_copy = (may_copy and bool(tiers) and tiers[0].codec is None
                          and front_door.copy_slot == tiers[0].slot)
         self.tier = tiers[0] if tiers else None  # the tier the door copies into, its room lent there
+        self.tiers_full = False  # it stopped copying for want of room in every raw tier
         self._copy_size = COPY_SIZE_GUESS  # a door copy's size, as its copies go (moving mean)
         with stager.lock:  # the books so far, then every event: nothing is missed in between
             stager.subscribe_locked(self)
@@ -136,6 +137,7 @@ class DoorLink(StagerListener):
             # tier with room, as the stager spills; with none the door's misses and the lane's
             # list go to the stager now, rather than once the lane has waited for room
             allowed = self._move_on()
+            self.tiers_full = not allowed
         self.front_door.copying(allowed)  # whether the PFS is fast enough for it, the door finds out itself
         if not allowed:
             self.reclaim_lease()
@@ -307,7 +309,13 @@ class DoorKeeper:
         ended = self.front_door.read_ahead_state()["ended_because"]
         if ended:  # before its list's end: the stager goes over every key (those staged are skipped)
             log.info("the front door's read-ahead ended early (%s); the staging threads take the rest", ended)
-            stager.read_ahead(order(keys if keys is not None else iter(files)))  # no list of a million keys
+            full = ended == "no_room" or (link is not None and link.tiers_full)
+            if full and isinstance(files, IndexTable) and files.undescribed():
+                # the tiers are full: only what is described is looked at (a file not described yet
+                # would be described, a stat on the PFS each, to learn it does not fit)
+                stager.read_ahead(order(files.key(n) for n in sorted(n for n, _ in files.described_sizes())))
+            else:
+                stager.read_ahead(order(keys if keys is not None else iter(files)))  # no list of a million keys
         # else every small file was copied, is being copied, or is the stager's (a claim, a
         # failed copy left to its asker): the large ones are the stager's already
 

@@ -470,6 +470,14 @@ def larger_than(files, size: int) -> list[str]:
     return [files.key(n) for n in sorted(n for n, s in files.described_sizes() if s > size)]  # a size is a stat's
 
 
+def listed_only(files, key: str) -> bool:
+    """Is ``key`` a file a listing-mode walk named and nobody described yet (its size unknown)?"""
+    if not isinstance(files, IndexTable):
+        return False
+    n = files.row_of(key)
+    return n is not None and files.stat_at(n) < 0
+
+
 class LargerDescribed:
     """The files of a listing-mode walk's index described larger than ``size`` since it was last
     asked, in the order they were described (the front door's read-ahead lane describes each file

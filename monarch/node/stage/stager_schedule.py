@@ -20,6 +20,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+from monarch.node.snapshot.indextable import listed_only
 from monarch.node.stage.stager_books import Flight, StagerBooks
 from monarch.routes import Route
 
@@ -61,6 +62,7 @@ class Schedule:
         self.replicas: Iterator[str] | None = None  # second copies still to consider (keep_replicas)
         self.replicas_running = 0
         self.replicas_no_room = 0  # second copies the tiers had no room for
+        self.no_fit = 1  # the smallest file the read-ahead found no room for (1: none yet)
 
     # -- what is asked for ---------------------------------------------------------------------
     def read_ahead_locked(self, keys: Iterable[str]) -> None:
@@ -186,6 +188,8 @@ class Schedule:
                 break
             if not self._wanted_locked(key):
                 continue
+            if listed_only(books.snapshot.files, key) and not self._fits(self.no_fit):
+                continue  # the tiers are full: not described (a stat on the PFS) only to find it does not fit
             size = books.snapshot.files[key].size
             if self._from_peer(key):
                 if (books.peer_area is None or not any(t.fits(size) for t in books.peer_places())
@@ -200,6 +204,7 @@ class Schedule:
             if self._room_for(key):
                 books.flights[key] = Flight()
                 return key, False
+            self.no_fit = max(1, size if self.no_fit == 1 else min(self.no_fit, size))
         else:
             return "", False
         books.concurrency.starved()
