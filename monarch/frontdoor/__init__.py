@@ -136,7 +136,7 @@ _PROTOTYPES = {
     "front_door_peer_copying": (None, [_vp, _i]),
     "front_door_peer_reuse": (_i, [_vp, _cp, ctypes.c_uint64]),
     "front_door_evict": (_i, [_vp, _cp, _i, _i64]),
-    "front_door_read_ahead": (_i, [_vp, ctypes.c_uint32, _i, _i]),
+    "front_door_read_ahead": (_i, [_vp, ctypes.c_uint32, ctypes.c_uint32, _i, _i]),
     "front_door_read_ahead_state": (None, [_vp, ctypes.POINTER(ReadAheadState)]),
     "front_door_inflight": (None, [_vp, ctypes.POINTER(DoorInflight)]),
     "inflight_new": (_vp, [_i, _i, _i, _i]),
@@ -291,12 +291,14 @@ class FrontDoor:
             self._door = None
 
     # -- the read-ahead lane -----------------------------------------------------------
-    def read_ahead(self, files: int, fixed: int = 0, start: int = 0) -> bool:
+    def read_ahead(self, files: int, fixed: int = 0, start: int = 0, most: int | None = None) -> bool:
         """Copy the small files among the index's first ``files`` entries (the snapshot's
         files, in its order) ahead of the reader on the door's copiers, as misses would be
         copied (events EV_AHEAD): as many at once as the door's measure of its source allows
-        (from ``start``, or ``fixed`` of them: staging.threads). False if it could not start."""
-        return self._lib.front_door_read_ahead(self._door, files, fixed, start) == 0
+        (from ``start``, or ``fixed`` of them: staging.threads). ``most``: how many its tiers
+        can hold (its table's room is made for that many). False if it could not start."""
+        most = files if most is None else min(files, most)
+        return self._lib.front_door_read_ahead(self._door, files, most, fixed, start) == 0
 
     def read_ahead_state(self) -> dict:
         """The lane: ``running`` copies in flight (at least 1 until its list is through),

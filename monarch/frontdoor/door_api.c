@@ -644,7 +644,7 @@ EXPORT void front_door_free(struct door *d)
  * of the reader, as many at once as the source's measure allows (inflight.c; ``fixed`` > 0:
  * that many, staging.threads; else from ``start``), within the room lent. Once per door: 0,
  * or -1 (errno) if a lane was asked for before or nothing could start. */
-EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start)
+EXPORT int front_door_read_ahead(struct door *d, uint32_t n, uint32_t most, int fixed, int start)
 {
     pthread_mutex_lock(&d->mu);
     if (d->ahead.asked || d->stopped || !d->gate_open) {
@@ -652,9 +652,10 @@ EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int star
         errno = EBUSY;
         return -1;
     }
-    /* room in the table for every key of the list now, while it is small: doubled as the lane
-     * fills it, its old slots would stand beside the new ones at the daemon's peak */
-    if (reserve_keys(d, d->keys.used + n) != 0) {
+    /* room in the table for every key the lane can copy (``most``: what the tiers hold, not the
+     * list's every file: each key touches a page of the table) now, while it is small: doubled
+     * as the lane fills it, its old slots would stand beside the new ones at the daemon's peak */
+    if (reserve_keys(d, d->keys.used + (most < n ? most : n)) != 0) {
         pthread_mutex_unlock(&d->mu);
         errno = ENOMEM;
         return -1;

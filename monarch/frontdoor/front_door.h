@@ -184,7 +184,7 @@ EXPORT int front_door_peer_told(struct door *d, struct front_door_peer_told *out
 EXPORT void front_door_peer_gone(struct door *d, const char *key, int len);
 EXPORT void front_door_peer_ahead_state(struct door *d, struct front_door_peer_ahead_state *out);
 /* the read-ahead lane and the copies in flight */
-EXPORT int front_door_read_ahead(struct door *d, uint32_t n, int fixed, int start);
+EXPORT int front_door_read_ahead(struct door *d, uint32_t n, uint32_t most, int fixed, int start);
 EXPORT void front_door_read_ahead_state(struct door *d, struct front_door_read_ahead_state *out);
 EXPORT void front_door_inflight(struct door *d, struct front_door_inflight *out);
 /* inflight.c's rule, for Python's lanes (monarch/node/stage/concurrency.py) */

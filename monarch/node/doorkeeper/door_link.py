@@ -280,8 +280,10 @@ class DoorKeeper:
                 return True
             self._lane_asked = True
         link = self.link
+        # a copy takes a page of its tier at least: the most files the raw tiers can hold
+        most = sum(t.capacity for t in stager.tiers if t.codec is None) // mmap.PAGESIZE + 1
         if link is None or not link.may_copy or not self.front_door.read_ahead(len(files), self._lane_fixed,
-                                                                          self._lane_start):
+                                                                          self._lane_start, most):
             return False
         found = LargerDescribed(files, ROWS[Route.DOOR].max_size)  # (first: none described meanwhile is missed)
         stager.read_ahead(order(larger_than(files, ROWS[Route.DOOR].max_size)))  # what the DOOR row does not take
