@@ -355,12 +355,18 @@ class IndexTable(MutableMapping[str, FileInfo]):
         """(file from 0, size) of each file described, in the order of their stats (a slot that does
         not name its file back, being written or cut from a copy, is none): those of slots ``since``
         to ``until`` (from 0; default: every slot taken)."""
+        for n, size in self._slots(since, until):
+            if n >= 0:
+                yield n, size
+
+    def _slots(self, since: int, until: int | None) -> Iterator[tuple[int, int]]:
+        """(file from 0, size) of stat slots ``since`` to ``until`` in turn; (-1, 0) for a slot that
+        does not name its file back."""
         words, recs, nfiles = self._stat_words, self._recs, self.nfiles
         used = self.stats_used() if until is None else min(until, self.stats_used())
         for s, (size, n) in enumerate(zip(words[_WORDS * since + 2:_WORDS * used:_WORDS],
                                           words[_WORDS * since + _WORDS - 1:_WORDS * used:_WORDS]), since + 1):
-            if 0 < n <= nfiles and recs[2 * n - 1] == s:
-                yield n - 1, size
+            yield (n - 1, size) if 0 < n <= nfiles and recs[2 * n - 1] == s else (-1, 0)
 
     def total_size(self) -> int:
         if self._sizes or not self.nfiles:
@@ -483,13 +489,23 @@ class LargerDescribed:
     asked, in the order they were described (the front door's read-ahead lane describes each file
     it opens, and leaves those past its row's size to the stager): each file once."""
 
+    WAIT = 3  # asks a slot still being written is waited for (a describer writes its stat after taking it)
+
     def __init__(self, files, size: int):
         self._files, self._size = files, size
         self._seen = files.stats_used() if isinstance(files, IndexTable) and not files._sizes else None
+        self._waited = 0
 
     def new(self) -> list[str]:
         files, since = self._files, self._seen
         if since is None:
             return []  # every size was known at the start (larger_than gave them all)
-        self._seen = files.stats_used()
-        return [files.key(n) for n, s in files.described_sizes(since, self._seen) if s > self._size]
+        found = []
+        for s, (n, size) in enumerate(files._slots(since, None), since):
+            if n < 0 and self._waited < self.WAIT:
+                self._waited += 1
+                break  # asked again from this slot
+            self._seen, self._waited = s + 1, 0
+            if size > self._size:
+                found.append(files.key(n))
+        return found
