@@ -272,11 +272,11 @@ class NodeDaemon:
 
     def _describe_all(self) -> bool:
         """Are a listing-mode walk's files all described in one pass (a stat each)? Only where the
-        read-ahead needs the dataset's bytes before it starts: a compressing tier chooses its level
-        by them. Elsewhere a file is described where it is first opened: by the read-ahead's copy
-        (the front door's lane from the descriptor it copies from; the stager as it reaches the
-        file), the job's miss or its stat; a file nobody opens costs the PFS nothing."""
-        return self.config.staging.policy != "on-access" and any(t.codec is not None for t in self.tiers)
+        read-ahead is the stager's (or a compressing tier chooses its level by the dataset's
+        bytes). Where the front door's lane reads ahead, a file is described where it is first
+        opened: by the lane's copy, from the descriptor it copies from, the job's miss or its
+        stat; a file nobody opens costs the PFS nothing."""
+        return self.config.staging.policy != "on-access" and not self.read_ahead.describes_as_it_copies()
 
     def _start_staging(self) -> None:
         """The snapshot is ready: serve peers, read ahead, then the hints that came during

@@ -72,6 +72,14 @@ class ReadAhead:
         """Does the shared walk leave the small files of its first seconds to the door's lane?"""
         return self.lanes(Where.WALKING).walk_to_door
 
+    def describes_as_it_copies(self) -> bool:
+        """Does the front door's lane read ahead here, describing each file from the descriptor it
+        copies from? Else the stager does, and a listing walk's files are described in one pass
+        first (8 threads in C: the stager would stat them one at a time, under its lock)."""
+        lanes = self.lanes()
+        return (lanes.reads_ahead and self._door_lane_here(lanes) and not lanes.codec_sample
+                and self.door_may_copy())
+
     def door_may_copy(self) -> bool:
         """May the door copy files from the PFS (asked by the door at each link)? As the table
         says, and with shared tiers only while this job is alone there."""
