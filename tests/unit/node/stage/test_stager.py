@@ -9,7 +9,7 @@ import pytest
 from monarch.config import TierConfig
 from monarch.layout import MARKER, TIER_LOCK
 from monarch.node.tiers.resources import allocated_size, allocation_unit
-from monarch.node.snapshot.snapshot import take_snapshot
+from monarch.node.snapshot.snapshot import load_or_walk, take_snapshot
 from monarch.node.stage.stager import Stager
 from monarch.node.tiers.tiers import TMP_PREFIX, Tier
 
@@ -691,3 +691,19 @@ def test_fetch_from_peers_sends_other_nodes_files_to_their_owner_from_then_on(tm
     s = stager.stats()
     assert (s["pfs_files_read"], s["peer_files_read"]) == (2, 1)
     assert digest(area.path_for(keys[5])) == digest(dataset.source_path(keys[5]))
+
+
+def test_read_ahead_into_a_full_tier_describes_no_listed_file_it_cannot_keep(tmp_path):
+    """A listing walk's files (no stat yet): the read-ahead describes each file it reaches and
+    stages what fits; once a file found no room, the files not described yet are passed over,
+    not stat'ed only to learn that they do not fit either."""
+    root = tmp_path / "pfs"
+    make_files(root, [1000] * 10)
+    snap, _ = load_or_walk((str(root),), None, describe=False)
+    assert snap.files.undescribed() == 10
+    (t,) = tiers(tmp_path, room_for(tmp_path, 4.5))
+    stager = Stager(snap, [t], threads=1)
+    stager.read_ahead(sorted(snap.files))
+    wait_idle(stager)
+    assert stager.stats()["files"] == 4 and stager.stats()["failures"] == {}
+    assert snap.files.undescribed() >= 5  # described: the four staged (and one that found no room)
