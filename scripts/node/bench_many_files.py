@@ -101,6 +101,7 @@ from benchkit.options import fresh_bytecode, parse_with_quick, result_path, writ
 from benchkit.pfs import pfs_unavailable  # noqa: E402
 from monarch import protocol  # noqa: E402
 from monarch.errors import ConfigError  # noqa: E402
+from monarch.sizes import parse_size  # noqa: E402
 from monarch.tools.slowpfs import FLUSH_INTERVAL_S, SlowPFS  # noqa: E402
 from monarch.tools.slowpfs_generated import Generated, parse_size_range  # noqa: E402
 
@@ -439,6 +440,8 @@ def main(argv=None) -> int:
                    help="the emulator's latency per metadata call: getattr, readdir, access (default 0.2)")
     p.add_argument("--open-latency-ms", type=float, default=2.0, help="the emulator's latency per open (default 2)")
     p.add_argument("--sample", type=int, default=20000, help="files READER reads, each pass (default 20,000)")
+    p.add_argument("--capacity", type=parse_size, default=None, metavar="BYTES",
+                   help="each tier's capacity, as `2GiB` (default: the sample's bytes twice over, 64 MiB at least)")
     p.add_argument("--seed", type=int, default=0, help="draws the sample (default 0)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds allowed to each row (default 3600)")
     p.add_argument("--index-wait-ms", type=int,
@@ -482,7 +485,7 @@ def main(argv=None) -> int:
         reader = work / "reader.py"
         reader.write_text(READER)
         manifest = work / "dataset.index"
-        capacity = max(64 << 20, 2 * args.sample_n * high)  # the sample, staged, twice over
+        capacity = args.capacity or max(64 << 20, 2 * args.sample_n * high)  # the sample, staged, twice over
         mnt = work / "mnt"
         env = checkout_env(TMPDIR=work / "tmp")
         env.pop("LD_PRELOAD", None)
