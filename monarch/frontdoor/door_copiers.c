@@ -179,6 +179,8 @@ static int lane_held_locked(struct worker *w, struct idx_file *f, char *key, uin
     int why;
     int r = d->ahead.end == A_WHOLE && lane_may_copy_locked(d, &why)
             ? lane_consider_locked(d, w->ahead_held, 1, f, key, len, hash) : L_SKIP;
+    if (r == L_SKIP && index_entry(d, w->ahead_held, f, NULL, NULL) && !monarch_route_fits(MONARCH_ROUTE_DOOR, f->size))
+        d->ahead.large++;              /* the stager's: past the lane's size */
     if ((r == L_ROOM || r == L_NONE) && d->ahead.end == A_WHOLE)
         return r;
     if (r == L_TAKEN)
@@ -224,9 +226,13 @@ static void *copier_main(void *arg)
             pthread_mutex_lock(&d->mu);
             d->copiers.working--;
         } else if (lane == L_DESCRIBE) {
+            /* mostly files past the lane's size so far: each looked up by name (the stager opens it
+             * to copy it); else opened, its stat taken from the open, the descriptor kept for the copy */
+            int by_name = 2 * d->ahead.large > d->ahead.described;
+            d->ahead.described++;
             d->copiers.working++;
             pthread_mutex_unlock(&d->mu);
-            int described = describe_listed(w, key, len, n, 1);  /* its open, its stat from it: kept for the copy */
+            int described = describe_listed(w, key, len, n, 1, by_name);
             pthread_mutex_lock(&d->mu);
             d->copiers.working--;
             d->copies_busy--;          /* described: not in flight while it waits to be taken (a

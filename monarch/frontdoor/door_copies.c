@@ -67,15 +67,18 @@ static int key_name(const char *key, uint32_t len, uint32_t *dlen, char *name)
 /* ``key``'s source opened as copy_in opens one and entry ``n`` (a listed file: index_listed)
  * described from that descriptor, which is kept for the copy (w->listed_src): the miss costs the
  * PFS its lookups and its open, as a direct open does (``in_order``: a read-ahead's, opened in its
- * directory's descriptor, kept for its neighbours). 1 if described. */
-static int describe_listed(struct worker *w, const char *key, uint32_t len, uint32_t n, int in_order)
+ * directory's descriptor, kept for its neighbours). ``by_name``: its name looked up only (O_PATH:
+ * no open reaches the PFS), where the file is likely too large for the door to copy; nothing kept.
+ * 1 if described. */
+static int describe_listed(struct worker *w, const char *key, uint32_t len, uint32_t n, int in_order, int by_name)
 {
     uint32_t dlen;
     char name[NAME_MAX + 1];
     if (key_name(key, len, &dlen, name) != 0)
         return 0;
     struct stat st;
-    int in = open_source(w, key, dlen, name, n, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, in_order);
+    int flags = by_name ? O_PATH | O_NOFOLLOW | O_CLOEXEC : O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+    int in = open_source(w, key, dlen, name, n, flags, in_order);
     if (in < 0)
         return 0;
     if (source_stat(in, w->src_fresh, STATX_BASIC, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -83,7 +86,10 @@ static int describe_listed(struct worker *w, const char *key, uint32_t len, uint
         return 0;
     }
     index_describe(w->d, n, &st);
-    w->listed_src = in;
+    if (by_name)
+        close(in);                     /* (the copy, if the door's after all, opens it) */
+    else
+        w->listed_src = in;
     return 1;
 }
 

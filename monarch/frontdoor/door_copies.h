@@ -18,7 +18,7 @@ static void close_cached_dirs(struct worker *w);   /* the worker's directories, 
 static int cached_dir(int *fd, char *for_key, uint32_t *for_len, const char *key, uint32_t dlen,
                       int (*open_dir)(struct worker *, const char *, uint32_t), struct worker *w);
 /* entry ``n`` of ``key`` (index_listed) described from the PFS: 1, or 0 if it is no regular file now */
-static int describe_listed(struct worker *w, const char *key, uint32_t len, uint32_t n, int in_order);
+static int describe_listed(struct worker *w, const char *key, uint32_t len, uint32_t n, int in_order, int by_name);
 /* the same by the name's lstat alone (a metadata call's DESCRIBE: nothing to copy) */
 static int describe_named(struct worker *w, const char *key, uint32_t len, uint32_t n);
 

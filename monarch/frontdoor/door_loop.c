@@ -75,7 +75,7 @@ again:
     if (why >= 0) {
         uint32_t listed = why == R_NOT_SMALL_FILE && !e && !described ? index_listed(d, key, len, hash) : 0;
         pthread_mutex_unlock(&d->mu);
-        if (listed && (described = describe_listed(w, key, len, listed, 0)))  /* outside the lock: its open */
+        if (listed && (described = describe_listed(w, key, len, listed, 0, 0)))  /* outside the lock: its open */
             goto again;
         return why;
     }

@@ -150,6 +150,31 @@ def test_the_shipped_read_ahead_opens_each_file_once_and_stats_none(slow_pfs, sh
         assert out["seen"][p]["sha"] == hashlib.sha256(tree.data(i)).hexdigest(), p
 
 
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_the_shipped_read_ahead_of_files_past_the_lanes_size_opens_each_once(slow_pfs, short_tmp):
+    """Files all past the front door's 256 KiB: once the lane has found them so, it looks each
+    name up without opening it (the stager, which copies it, opens it): each file opened once."""
+    tree = Generated(files=300, per_dir=100, min_size=300_000, max_size=500_000)
+    pfs = slow_pfs(tree, open_latency_ms=0)
+    root = pfs.mountpoint
+    cfg = write_config(short_tmp, root, policy="read-ahead")
+    report = os.path.join(short_tmp, "report.json")
+    pfs.reset_counters()
+    ran = monarch("run", "-c", cfg, "--no-progress", "--report", report, "--", sys.executable, "-c", AFTER_READ_AHEAD,
+                  f"/dev/shm{short_tmp}/ram0", f"{short_tmp}/ssd0", str(tree.files), pfs.counters_path, "0.03",
+                  os.path.join(root, tree.path(7)), env=monarch_env(MONARCH_SHIM_INDEX_WAIT_MS=120000))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"staged {tree.files}" in ran.stdout, ran.stdout
+    c = pfs.counters()
+    with open(report) as f:
+        node = json.load(f)["nodes"][0]
+    print(f"opens {c['opens']}, metadata calls {_meta(c)} for {tree.files} files")
+    assert node["staging"]["pfs_bytes_read"] == sum(tree.size(i) for i in range(tree.files)), node["staging"]
+    assert c["opens"] <= tree.files + 8, c["opens"]  # (the lane's first few, opened before it learnt)
+    out = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert out["seen"][os.path.join(root, tree.path(7))]["sha"] == hashlib.sha256(tree.data(7)).hexdigest()
+
+
 # Waits until the tiers' files hold still for 2 s and then 8 s more (the lane waits 5 s for room before
 # it ends, the stager then goes on): prints how many the tiers hold.
 UNTIL_FULL = r"""
