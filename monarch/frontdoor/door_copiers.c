@@ -78,8 +78,9 @@ static int lane_may_copy_locked(const struct door *d, int *why)
 
 /* Entry ``n`` (from 1) for the lane: L_TAKEN (made BUSY, its room taken: the caller copies it),
  * L_SKIP (not the door's: another route, staged, being copied, Python's), L_DESCRIBE (a file the
- * walk only listed: the caller opens it and describes it from that descriptor first, outside the
- * lock, then asks again; a read-ahead stats no file it does not copy), L_ROOM (the caller waits
+ * walk only listed: the caller opens it, or looks its name up, and describes it from that
+ * descriptor first, outside the lock, then asks again: no file is stat'ed ahead of the lane, and
+ * one it copies is opened once), L_ROOM (the caller waits
  * for room to be lent) or L_NONE (another copier times that wait; the lane ended for want of it).
  * ``held``: described by the caller for the lane (the lane counts it busy since). Under the lock. */
 static int lane_consider_locked(struct door *d, uint32_t n, int held, struct idx_file *f, char *key, uint32_t *len,
