@@ -142,7 +142,7 @@ def test_the_shipped_read_ahead_opens_each_file_once_and_stats_none(slow_pfs, sh
     assert node["staging"]["files"] == tree.files and node["staging"]["pfs_files_read"] == tree.files, node["staging"]
     assert node["staging"]["pfs_bytes_read"] == sum(tree.size(i) for i in range(tree.files)), node["staging"]
     assert c["opens"] <= tree.files + large, c["opens"]  # a large file: the lane's open, then the stager's
-    assert _meta(c) <= 2 * find + 10 + c["opens"], (_meta(c), find, c["opens"])  # before: a stat of every file first
+    assert _meta(c) <= 2 * find + 10 + c["opens"], (_meta(c), find, c["opens"])  # (a stat of every file first: one call more a file)
     for i, p in zip(sample, paths):
         st = os.stat(p)
         want = [st.st_size, st.st_mode, st.st_mtime_ns, st.st_nlink, st.st_uid, st.st_gid]
