@@ -6,9 +6,9 @@ A file is closed when a process of the job closed a descriptor of it (or left no
 open: the shim tells at its exit) and no descriptor or mapping of it is left anywhere: the daemon
 then takes a write lease on it, which the kernel grants only to the file's sole opener. A
 descriptor the kernel closed because its process was killed is not a close the job made: such a
-file is kept, not published. What a call waits for
-(room under ``room``, an fsync's bytes on the PFS, a pending file settled before an open for
-update) it waits for on a request thread of the server, the shim hearing heartbeats meanwhile.
+file is kept, not published. What a call waits for (room under ``room``, an fsync's bytes on the
+PFS, a pending file settled before an open for update) it waits for on a request thread of the
+server, the shim hearing heartbeats meanwhile.
 
 In a cluster (``order_by``) a file opened here is published only after what every other node
 had recorded at its open is on the PFS (W4: ``monarch/cluster/order.py``).
@@ -31,7 +31,7 @@ from monarch.secure import open_private_file
 from monarch.writeback import wire
 from monarch.writeback.across import HEARD, write_heard
 from monarch.writeback.area import Area, sole_opener
-from monarch.writeback.drain import Following, Outcome, copy_bytes, drain, temporary_name
+from monarch.writeback.drain import Following, Outcome, copy_file, drain, temporary_name
 from monarch.writeback.journal import Journal, Tail
 from monarch.writeback.kept import KeptWrites
 from monarch.writeback.listing import Listings
@@ -70,6 +70,7 @@ class WritebackRoom:
         self._cond = threading.Condition()
         self._upto = 0                # every record up to here is on the PFS (the last drain's)
         self._moving = 0              # the same, as the drain goes (what other nodes wait for)
+        self._released = 0            # the last fsync's record whose bytes are on the PFS (its times may follow)
         self.order = None             # the cluster's WriteOrder (W4); None: a single node
         self._outcome = Outcome()     # the last drain's
         self._closing: set[int] = set()  # files a process closed while another still held them
@@ -82,11 +83,10 @@ class WritebackRoom:
         self._heard_lock = threading.Lock()  # (its own: the engine thread writes it, holding the order's lock)
         self._stop = False
         self.figures = {"bytes_written": 0, "files_closed": 0, "files_published": 0, "bytes_published": 0, "bytes_copied": 0,
-                        "peak_pending_bytes": 0, "drain_seconds": 0.0, "waited_for_room": 0, "syncs": 0,
-                        "ordered_files": 0, "order_wait_seconds": 0.0, "files_written_through": 0,
-                        "opened_through": 0, "app_write_seconds": 0.0, "app_close_seconds": 0.0,
-                        "held_for_lost_published": 0,
-                        "app_sync_seconds": 0.0, "job_ended_after_s": None, "drained_after_s": None}
+                        "peak_pending_bytes": 0, "drain_seconds": 0.0, "waited_for_room": 0, "syncs": 0, "ordered_files": 0,
+                        "order_wait_seconds": 0.0, "files_written_through": 0, "opened_through": 0, "app_write_seconds": 0.0,
+                        "app_close_seconds": 0.0, "held_for_lost_published": 0, "app_sync_seconds": 0.0,
+                        "job_ended_after_s": None, "drained_after_s": None}
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._drain_loop, name="monarch-writeback", daemon=True)
         self._thread.start()
@@ -206,7 +206,9 @@ class WritebackRoom:
         if flags & os.O_TRUNC or exclusive or (flags & os.O_CREAT and not self.view.exists(path)):
             self._wait_for_room()
             after = tuple(sorted(self.order.counts().items())) if self.order is not None else ()
-            seq, local = self.view.create(path, mode, exclusive=exclusive, after=tuple(p for p in after if p[1]))
+            seq, local = self.view.create(path, mode, exclusive=exclusive, after=tuple(p for p in after if p[1]),
+                                          ahead=self.fsync == "pfs")  # (its temporary made now: drain.py)
+            self._kick()
             return protocol.encode_answer(seq, os.fsencode(local))
         if kind == "gone":
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
@@ -289,7 +291,7 @@ class WritebackRoom:
         n = self.view.sync(seq, waited=True)
         if n is not None:
             self._kick()
-            self._wait_for(n)
+            self._wait_for(n, released=True)
             with self._cond:
                 self.figures["syncs"] += 1
                 self.figures["app_sync_seconds"] += time.monotonic() - started
@@ -348,19 +350,12 @@ class WritebackRoom:
         path, entry = self.view.being_written(seq) or (None, None)
         if entry is None:
             return protocol.encode_answer(wire.WB_ANSWER_DONE)
-        if self.view.touches(os.path.dirname(path)):
+        if self.view.touches(os.path.dirname(path)) or self.fsync == "pfs":  # (pfs: its temporary made at its open)
             self._wait_for(self.journal.last_op)
+        self._following.ahead.hand_over(seq)  # (no descriptor of the drain's holds it: sole_opener)
         tmp = temporary_name(path, self.run_id, seq)
         try:
-            src = os.open(self.area.data_path(seq), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-                try:
-                    copy_bytes(src, dst, os.fstat(src).st_size)
-                finally:
-                    os.close(dst)
-            finally:
-                os.close(src)
+            copy_file(self.area.data_path(seq), tmp)
         except OSError as e:
             log.error("write-back: %s is larger than the room but cannot be written through (%s): it stays on "
                       "the node", path, e)
@@ -404,12 +399,18 @@ class WritebackRoom:
             with self._cond:
                 self.figures["waited_for_room"] += 1
 
-    def _wait_for(self, n: int, passed: bool = False) -> None:
+    def _wait_for(self, n: int, passed: bool = False, released: bool = False) -> None:
         """Until record ``n`` is on the PFS (``passed``: and the drain's pass that applied it is over,
-        its outcome and figures taken), or the drain stopped."""
+        its outcome and figures taken; ``released``: or, an fsync's, its bytes are), or the drain stopped."""
         with self._cond:
-            while (self._outcome.upto if passed else self._upto) < n and not self._outcome.failed and not self._stop:
+            while (self._outcome.upto if passed else max(self._upto, self._released if released else 0)) < n \
+                    and not self._outcome.failed and not self._stop:
                 self._cond.wait(0.25)
+
+    def _release(self, rec) -> None:
+        with self._cond:  # (the drain applies in order: every record before it is on the PFS)
+            self._released = max(self._released, rec.n)
+            self._cond.notify_all()
 
     def _kick(self) -> None:
         with self._cond:
@@ -422,12 +423,12 @@ class WritebackRoom:
                 while not self._stop and (self._upto >= self.journal.last_op or self._outcome.failed):
                     self._cond.wait(0.5)
                 if self._stop and (self._upto >= self.journal.last_op or self._outcome.failed):
-                    return
+                    return self._following.ahead.close()  # (the temporaries of files never closed)
             started = time.monotonic()
             pending = self.pending_bytes(reserved=False)
             try:
                 out = drain(self.area, self.run_id, journal=self.journal, step=self._step, before=self._after_others,
-                            commit=self.view.applying, following=self._following)
+                            commit=self.view.applying, following=self._following, released=self._release)
             except Exception as e:  # a bug must not lose what is pending: kept, said, reported
                 log.exception("write-back: the drain failed")
                 out = Outcome(upto=self._upto, failed=f"the drain failed: {e}")

@@ -10,6 +10,8 @@ published complete and in the job's order (the contract: docs/consistency.md, "W
 - ``drain.py``: the operations applied to the PFS strictly in journal order, each file's bytes
   written to a temporary name beside it and renamed, so no file is ever seen short under its
   name; progress kept in the journal, so a drain resumed after a crash writes nothing twice;
+- ``ahead.py``: what the drain makes ready before the job waits for it (``fsync: pfs``): each
+  file's temporary made on the PFS at its open, the directories it works in kept open;
 - ``orphans.py``: the areas of runs whose daemons are gone, drained and removed (or kept, and why):
   one path for ``monarch drain`` and the next ``monarch run`` on the node.
 """

@@ -10,6 +10,9 @@ operation the job was told had happened; on a RAM tier the records last as long 
 
 Records (``n`` is the record's number, from 1):
 
+- ``open   seq path mode``: file ``seq`` was created for writing at ``path`` (``fsync: pfs``): the drain
+  makes its temporary on the PFS now (drain.py); not flushed (its loss costs a temporary left
+  on the PFS, where the node itself was lost);
 - ``close  seq path mode size``: file ``seq``'s bytes (the area's ``data/<seq>``) are final, to be
   published at ``path`` with ``mode`` (the app's, under its umask);
 - ``rename src dst``, ``unlink path``, ``mkdir path mode``, ``rmdir path``, ``chmod path mode``,
@@ -33,8 +36,8 @@ from typing import Any, Callable
 from monarch.errors import MonarchError
 from monarch.secure import open_private_file
 
-OPS = ("close", "sync", "rename", "unlink", "mkdir", "rmdir", "chmod", "utime", "drop", "applied")
-NEEDS = {"close": ("seq", "path", "mode", "size"), "sync": ("seq", "path", "mode", "size"),
+OPS = ("open", "close", "sync", "rename", "unlink", "mkdir", "rmdir", "chmod", "utime", "drop", "applied")
+NEEDS = {"open": ("seq", "path", "mode"), "close": ("seq", "path", "mode", "size"), "sync": ("seq", "path", "mode", "size"),
          "rename": ("src", "dst"), "unlink": ("path",),
          "mkdir": ("path", "mode"), "rmdir": ("path",), "chmod": ("path", "mode"),
          "utime": ("path", "atime_ns", "mtime_ns"), "drop": ("seq",), "applied": ("upto",)}
@@ -157,7 +160,7 @@ class Journal:
             line = encode(self._next, op, args)
             if os.write(self._fd, line) != len(line):
                 raise JournalError(f"{self.path}: a short write of a journal record (the tier is full?)")
-            if self.durable:
+            if self.durable and op != "open":  # (an open is a hint: flushed by the next record, lost with the node only)
                 os.fsync(self._fd)
             if self.mirror is not None:
                 self.mirror(line)

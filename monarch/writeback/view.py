@@ -70,6 +70,12 @@ def _error(code: int, path: str) -> OSError:
     return OSError(code, os.strerror(code), path)
 
 
+def _temporaries(path: str) -> str:
+    """A name no job uses in ``path``'s directory, marked while a temporary of the drain's may be
+    there: the shim asks the daemon for its listing (the drain's names are not the job's)."""
+    return os.path.join(os.path.dirname(path), ".monarch-temporaries")
+
+
 def _under(path: str, directory: str) -> bool:
     return path.startswith(directory + "/")
 
@@ -100,6 +106,9 @@ class View:
         self._entries: dict[str, Local | Moved | Gone] = MarkedEntries(marks)
         self._dirs = MarkedDirs(marks)  # made by the job, not yet on the PFS
         self._seq = max(area.pending_data(), default=0)
+        # file -> the directory it was created in, marked: the drain's temporary may be there (drain.py)
+        self._made_in: dict[int, str] = {}
+        self._marks = marks
 
     def covers(self, path: str) -> bool:
         return any(path == p or _under(path, p) for p in self.paths)
@@ -204,9 +213,17 @@ class View:
         """Why ``path`` is not there, as the kernel says it: a file where a directory should be
         above it (ENOTDIR), or nothing (ENOENT)."""
         above = os.path.dirname(path)
+        kind, where = self._resolve(above)
+        if kind == "pfs" and self._known.kind(where) is None and above not in self._dirs:
+            try:  # the PFS's own answer for the directory says which (ENOENT: nothing above is a file)
+                self._pfs("lstat", where)
+            except (FileNotFoundError, NotADirectoryError) as e:
+                return _error(e.errno, path)
+            except OSError:
+                pass
         while above and above != "/":
-            if self._exists(above) and not self._is_dir(above):
-                return _error(errno.ENOTDIR, path)
+            if self._exists(above):  # (the nearest that is there: all above it are directories)
+                return _error(errno.ENOENT if self._is_dir(above) else errno.ENOTDIR, path)
             above = os.path.dirname(above)
         return _error(errno.ENOENT, path)
 
@@ -231,13 +248,16 @@ class View:
         return sorted(names)
 
     # -- the job's changes --------------------------------------------------------------------
-    def create(self, path: str, mode: int, exclusive: bool = False, after: tuple = ()) -> tuple[int, str]:
+    def create(self, path: str, mode: int, exclusive: bool = False, after: tuple = (),
+               ahead: bool = False) -> tuple[int, str]:
         """A file created or truncated for writing: its sequence number and where its bytes go.
         ``mode``: the app's, under its umask (what a direct create would give the file);
-        ``after``: the other nodes' operations recorded before this open (W4)."""
-        return self._looking(self._create, path, mode, exclusive, after)
+        ``after``: the other nodes' operations recorded before this open (W4); ``ahead``: its open
+        journaled, for the drain to make its temporary on the PFS now (drain.py)."""
+        return self._looking(self._create, path, mode, exclusive, after, ahead)
 
-    def _create(self, path: str, mode: int, exclusive: bool = False, after: tuple = ()) -> tuple[int, str]:
+    def _create(self, path: str, mode: int, exclusive: bool = False, after: tuple = (),
+                ahead: bool = False) -> tuple[int, str]:
         if not self._is_dir(os.path.dirname(path)):
             raise self._missing(path)
         if self._is_dir(path):
@@ -252,6 +272,11 @@ class View:
         fd = os.open(self.area.data_path(self._seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         os.close(fd)
         self._entries[path] = Local(self._seq, stat.S_IMODE(mode), over=exists, after=tuple(after))
+        if ahead:
+            self.journal.append("open", seq=self._seq, path=path, mode=stat.S_IMODE(mode))
+        self._made_in[self._seq] = os.path.dirname(path)
+        if self._marks is not None:
+            self._marks.add(_temporaries(path))
         return self._seq, self.area.data_path(self._seq)
 
     def close(self, seq: int) -> int | None:
@@ -356,7 +381,8 @@ class View:
     def pending_in(self, directory: str) -> bool:
         """Has the job changed anything directly in ``directory`` that the PFS does not show yet?"""
         with self._lock:
-            return any(os.path.dirname(p) == directory for p in (*self._entries, *self._dirs))
+            return any(os.path.dirname(p) == directory for p in (*self._entries, *self._dirs)) \
+                or directory in self._made_in.values()
 
     def entry(self, path: str) -> Local | Moved | Gone | None:
         with self._lock:
@@ -451,10 +477,10 @@ class View:
         return self._looking(self._mkdir, path, mode)
 
     def _mkdir(self, path: str, mode: int) -> None:
+        if not self._is_dir(os.path.dirname(path)):  # (first: makedirs tries the deepest first)
+            raise self._missing(path)
         if self._exists(path):
             raise _error(errno.EEXIST, path)
-        if not self._is_dir(os.path.dirname(path)):
-            raise self._missing(path)
         self.journal.append("mkdir", path=path, mode=stat.S_IMODE(mode))
         if self._resolve(path) == ("pfs", path):  # where the PFS has nothing: all it will hold is the job's
             self._known.making(path)
@@ -503,6 +529,12 @@ class View:
                          and (not isinstance(e, Local) or e.closed)]:
                 del self._entries[path]
             self._dirs.keep_only([d for d in self._dirs if not os.path.isdir(d)])
+            if upto >= self.journal.last_op:  # (every temporary of a file the job no longer writes is gone: drain.py)
+                open_seqs = {e.seq for e in self._entries.values() if isinstance(e, Local)}
+                for seq in [seq for seq in self._made_in if seq not in open_seqs]:
+                    directory = self._made_in.pop(seq)
+                    if self._marks is not None:
+                        self._marks.remove(_temporaries(os.path.join(directory, "f")))
 
     def pending(self) -> bool:
         """Is anything of the job's not on the PFS yet?"""

@@ -8,10 +8,11 @@ import os
 import stat
 import sys
 import textwrap
+import time
 
 import pytest
 
-from support.harness import load, monarch, monarch_env
+from support.harness import finish_group, load, monarch, monarch_env, start_group
 from support.writeback import writable_pfs_job
 from test_writeback_jobs import config, run
 
@@ -266,3 +267,42 @@ def test_the_shim_asks_the_daemon_only_for_the_paths_the_job_changed(dataset, sh
     assert asked and all(a.endswith("(its own socket)") for a in asked), asked  # (node/writeback_door.py)
     with open(os.path.join(pfs, "d", "new"), "rb") as f:
         assert f.read() == b"new"
+
+
+AHEAD = """
+import os, sys, time
+ck, flag = sys.argv[1], sys.argv[2]
+fd = os.open(os.path.join(ck, "model.pt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"m" * 100000)
+deadline = time.time() + 60
+while not os.path.exists(flag) and time.time() < deadline:  # the test looks at the PFS meanwhile
+    assert os.listdir(ck) == ["model.pt"], os.listdir(ck)   # (the drain's temporary is not the job's)
+    time.sleep(0.05)
+os.fsync(fd)
+with open(os.path.join(ck, "model.pt"), "rb") as f:
+    assert f.read() == b"m" * 100000
+os.write(fd, b"n" * 10)
+os.close(fd)
+"""
+
+
+def test_under_fsync_pfs_a_files_create_on_the_pfs_is_made_while_the_job_writes(dataset, short_tmp, slow_pfs):
+    """A direct job pays a file's create on the PFS at its open; under `fsync: pfs` the job's fsync
+    waits for the PFS: the drain makes the file's hidden temporary there at its open, while the
+    job writes (before, at the fsync: the create's round trips in the fsync's wait), and the fsync
+    renames it over the name. The job never sees it; the PFS ends with the file alone, whole."""
+    src, ck, cfg = writable_pfs_job(short_tmp, dataset(files=5).root, slow_pfs, mbps=64)
+    flag = os.path.join(short_tmp, "go")
+    job = start_group([sys.executable, "-m", "monarch", "run", "-c", cfg, "--no-progress", "--",
+                       sys.executable, "-c", AHEAD, ck, flag])
+    made, deadline = [], time.time() + 30
+    while not made and time.time() < deadline and job.poll() is None:
+        made = [n for n in os.listdir(os.path.join(src, "ck")) if n.startswith(".model.pt.monarch-")]
+        time.sleep(0.05)
+    open(flag, "w").close()
+    r = finish_group(job)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert made, "no temporary on the PFS before the job's fsync"
+    assert os.listdir(os.path.join(src, "ck")) == ["model.pt"]
+    with open(os.path.join(src, "ck", "model.pt"), "rb") as f:
+        assert f.read() == b"m" * 100000 + b"n" * 10

@@ -147,3 +147,89 @@ def test_a_drain_resumed_after_a_crash_publishes_an_fsynced_file_whole(setup):
     assert (pfs / "model").read_bytes() == first  # the fsync's bytes, as a direct job's after its fsync
     out = drain(area, RUN, journal=j)  # (a new daemon: nothing of the first drain's known)
     assert out.complete and (pfs / "model").read_bytes() == first + more
+
+
+def _temporaries(d):
+    return sorted(n for n in os.listdir(d) if ".monarch-" in n)
+
+
+def test_under_fsync_pfs_a_files_temporary_is_made_at_its_open_and_its_fsync_renames_it(setup):
+    """An ``open`` record (``fsync: pfs``): the run's drain makes the file's hidden temporary on the
+    PFS then, while the job writes; the fsync the job waits on fills it and renames it over the
+    name (the job released once the bytes are flushed there, before the times are set), and the
+    close writes what came after into the same file, kept open: no create by name while the job
+    waits, no temporary left."""
+    base, pfs = setup
+    area = Area.create(base, RUN, 0)
+    j = Journal(area.journal_path, durable=False)
+    following = Following(Tail(area.journal_path))
+    j.append("mkdir", path=str(pfs / "ck"), mode=0o755)
+    open(area.data_path(1), "wb").close()
+    j.append("open", seq=1, path=str(pfs / "ck" / "model"), mode=0o640)
+    assert drain(area, RUN, journal=j, following=following).complete
+    assert _temporaries(pfs / "ck") == [os.path.basename(temporary_name(str(pfs / "ck" / "model"), RUN, 1))]
+    made = os.stat(pfs / "ck" / _temporaries(pfs / "ck")[0]).st_ino
+    first = os.urandom(5000)
+    with open(area.data_path(1), "wb") as f:
+        f.write(first)
+    n = j.append("sync", seq=1, path=str(pfs / "ck" / "model"), mode=0o640, size=len(first), waited=True)
+    released = []
+    out = drain(area, RUN, journal=j, following=following,
+                released=lambda rec: released.append((rec.n, (pfs / "ck" / "model").read_bytes())))
+    assert out.complete and released == [(n, first)]
+    assert os.listdir(pfs / "ck") == ["model"] and os.stat(pfs / "ck" / "model").st_ino == made
+    assert os.stat(pfs / "ck" / "model").st_mtime_ns == os.stat(area.data_path(1)).st_mtime_ns  # (set after)
+    more = os.urandom(300)
+    with open(area.data_path(1), "ab") as f:
+        f.write(more)
+    j.append("close", seq=1, path=str(pfs / "ck" / "model"), mode=0o640, size=len(first) + len(more))
+    assert drain(area, RUN, journal=j, following=following).complete
+    assert (pfs / "ck" / "model").read_bytes() == first + more and os.stat(pfs / "ck" / "model").st_ino == made
+    assert os.stat(pfs / "ck" / "model").st_mode & 0o777 == 0o640 and os.listdir(pfs / "ck") == ["model"]
+    assert not following.ahead.files
+
+
+def test_a_temporary_made_at_an_open_goes_with_a_file_removed_moved_away_or_never_closed(setup):
+    """A file removed before its close, one closed then removed before it drained, one moved to
+    another directory whose first directory the job then removes (its rmdir must find it empty),
+    one renamed in its directory (published under its new name from its temporary), one never
+    closed (the run's end): no temporary is left."""
+    base, pfs = setup
+    area = Area.create(base, RUN, 0)
+    j = Journal(area.journal_path, durable=False)
+    following = Following(Tail(area.journal_path))
+    for d in ("a", "b"):
+        j.append("mkdir", path=str(pfs / d), mode=0o755)
+    for seq, path in enumerate(("a/gone", "a/moved", "b/renamed", "b/open", "b/scratch"), start=1):
+        open(area.data_path(seq), "wb").close()
+        j.append("open", seq=seq, path=str(pfs / path), mode=0o644)
+    assert drain(area, RUN, journal=j, following=following).complete
+    assert len(_temporaries(pfs / "a")) == 2 and len(_temporaries(pfs / "b")) == 3
+    pending(area, j, 5, pfs / "b" / "scratch", b"s")  # closed, then removed before the drain came to it
+    j.append("unlink", path=str(pfs / "b" / "scratch"))
+    j.append("drop", seq=1)  # (the view's records: removed while open; moved while open, its close names where)
+    j.append("rmdir", path=str(pfs / "a"))
+    pending(area, j, 3, pfs / "b" / "new", b"n" * 10)
+    pending(area, j, 2, pfs / "b" / "moved", b"m" * 20)
+    assert drain(area, RUN, journal=j, following=following).complete
+    assert not (pfs / "a").exists() and sorted(os.listdir(pfs / "b")) == \
+        sorted(["moved", "new", os.path.basename(temporary_name(str(pfs / "b" / "open"), RUN, 4))])
+    assert (pfs / "b" / "new").read_bytes() == b"n" * 10 and (pfs / "b" / "moved").read_bytes() == b"m" * 20
+    following.ahead.close()  # (the run's end: file 4 never closed)
+    assert sorted(os.listdir(pfs / "b")) == ["moved", "new"]
+
+
+def test_a_drain_resumed_after_a_crash_removes_the_temporaries_a_killed_run_made(setup):
+    """A run killed with files open: the temporaries its drain made at their opens are removed by
+    the drain that resumes (the file closed is published whole through its own)."""
+    base, pfs = setup
+    area = Area.create(base, RUN, 0)
+    j = Journal(area.journal_path, durable=True)
+    following = Following(Tail(area.journal_path))
+    for seq, name in ((1, "closed"), (2, "open")):
+        open(area.data_path(seq), "wb").close()
+        j.append("open", seq=seq, path=str(pfs / name), mode=0o644)
+    assert drain(area, RUN, journal=j, following=following).complete and len(_temporaries(pfs)) == 2
+    pending(area, j, 1, pfs / "closed", b"c" * 100)  # closed; then the daemon is killed
+    out = drain(area, RUN)  # (the next run's: the journal read whole)
+    assert out.complete and sorted(os.listdir(pfs)) == ["closed"] and (pfs / "closed").read_bytes() == b"c" * 100
