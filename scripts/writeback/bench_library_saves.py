@@ -141,14 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     src = work / "pfs-src"
     src.mkdir()
     results: dict = {}
+    print(f"emulated PFS: {args.open_latency_ms:g} ms per open, {args.lookup_latency_ms:g} ms per name "
+          f"looked up, writes capped at {args.write_bandwidth:g} MB/s, no page cache; the state saved: "
+          f"{f'{args.state_mib:g} MiB' if args.state_mib else '0.17 MB'}", flush=True)
     try:
-        with SlowPFS(src, work / "pfs", work / "pfs-counters.json", open_latency_ms=args.open_latency_ms,
-                     lookup_latency_ms=args.lookup_latency_ms, writable=True,
-                     write_bandwidth_mbps=args.write_bandwidth) as pfs:
-            print(f"emulated PFS: {args.open_latency_ms:g} ms per open, {args.lookup_latency_ms:g} ms per name "
-                  f"looked up, writes capped at {args.write_bandwidth:g} MB/s, no page cache; the state saved: "
-                  f"{f'{args.state_mib:g} MiB' if args.state_mib else '0.17 MB'}", flush=True)
-            for lib in libraries:
+        for lib in libraries:  # each on a PFS of its own: its counters of every file one library made slow the next's
+            with SlowPFS(src, work / "pfs", work / f"pfs-counters-{lib}.json", open_latency_ms=args.open_latency_ms,
+                         lookup_latency_ms=args.lookup_latency_ms, writable=True,
+                         write_bandwidth_mbps=args.write_bandwidth) as pfs:
                 runs: dict[str, list[dict]] = {m: [] for m in modes}
                 for rnd in range(args.rounds):
                     for mode in modes:
