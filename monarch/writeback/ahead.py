@@ -175,9 +175,8 @@ class Aheads:
         """The temporary of file ``seq``, or those whose path ``where(path)`` picks: removed."""
         for s in [seq] if seq is not None else list(self.files):
             ahead = self.files.get(s)
-            if ahead is not None and (seq is not None or where(ahead.path)):
-                del self.files[s]
-                ahead.let_go()
+            if ahead is not None and (seq is not None or where(ahead.path)) and self.files.pop(s, None) is ahead:
+                ahead.let_go()  # (by whoever took it from the dict: a spill's thread may take one meanwhile)
 
     def close(self) -> None:
         """The run's end: every temporary left removed, every directory let go."""
