@@ -144,8 +144,12 @@ class Aheads:
         if ahead is not None:
             ahead.let_go(remove=False)
 
-    def keep(self, seq: int, ahead: Ahead) -> None:
+    def keep(self, seq: int, ahead: Ahead) -> bool:
+        """File ``seq``'s ``ahead`` held for its next copy; False (the caller lets it go) past AHEAD_MOST."""
+        if len(self.files) >= AHEAD_MOST:
+            return False
         self.files[seq] = ahead
+        return True
 
     def follow(self, op: str, args: dict) -> None:
         """Before the drain applies a rename, a removal, a ``drop`` or a ``rmdir``: a file renamed in

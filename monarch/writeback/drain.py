@@ -209,8 +209,7 @@ def _copy(area: Area, rec: Record, run_id: str, commit: ContextManager, followin
         if rec.op == "sync" and following is not None:
             following.synced[rec["seq"]] = (path, size, os.fstat(src).st_mtime_ns, stat.S_IMODE(rec["mode"]), in_place)
             if ahead is not None and in_place:  # (the close's copy, or the next fsync's, goes to it)
-                following.ahead.keep(rec["seq"], ahead)
-                return True
+                return following.ahead.keep(rec["seq"], ahead)
         return False
     finally:
         os.close(src)

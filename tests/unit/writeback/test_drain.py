@@ -233,3 +233,32 @@ def test_a_drain_resumed_after_a_crash_removes_the_temporaries_a_killed_run_made
     pending(area, j, 1, pfs / "closed", b"c" * 100)  # closed; then the daemon is killed
     out = drain(area, RUN)  # (the next run's: the journal read whole)
     assert out.complete and sorted(os.listdir(pfs)) == ["closed"] and (pfs / "closed").read_bytes() == b"c" * 100
+
+
+def test_past_the_temporaries_held_at_once_files_are_published_as_before(setup, monkeypatch):
+    """More files open at once than the drain holds descriptors for (AHEAD_MOST, 2 here): the rest
+    have their temporary made at their publish, and a file fsynced then is reopened by name at its
+    close; every file whole, nothing left."""
+    import monarch.writeback.ahead as ahead_module
+    monkeypatch.setattr(ahead_module, "AHEAD_MOST", 2)
+    base, pfs = setup
+    area = Area.create(base, RUN, 0)
+    j = Journal(area.journal_path, durable=False)
+    following = Following(Tail(area.journal_path))
+    data = {seq: os.urandom(1000 + seq) for seq in range(1, 6)}
+    for seq in data:
+        open(area.data_path(seq), "wb").close()
+        j.append("open", seq=seq, path=str(pfs / f"f{seq}"), mode=0o644)
+    assert drain(area, RUN, journal=j, following=following).complete and len(_temporaries(pfs)) == 2
+    for seq, blob in data.items():
+        with open(area.data_path(seq), "wb") as f:
+            f.write(blob[:500])
+        j.append("sync", seq=seq, path=str(pfs / f"f{seq}"), mode=0o644, size=500, waited=True)
+    assert drain(area, RUN, journal=j, following=following).complete and len(following.ahead.files) <= 2
+    for seq, blob in data.items():
+        with open(area.data_path(seq), "wb") as f:
+            f.write(blob)
+        j.append("close", seq=seq, path=str(pfs / f"f{seq}"), mode=0o644, size=len(blob))
+    assert drain(area, RUN, journal=j, following=following).complete and not following.ahead.files
+    assert sorted(os.listdir(pfs)) == [f"f{seq}" for seq in data]
+    assert all((pfs / f"f{seq}").read_bytes() == blob for seq, blob in data.items())
