@@ -70,10 +70,10 @@ def _error(code: int, path: str) -> OSError:
     return OSError(code, os.strerror(code), path)
 
 
-def _temporaries(path: str) -> str:
-    """A name no job uses in ``path``'s directory, marked while a temporary of the drain's may be
-    there: the shim asks the daemon for its listing (the drain's names are not the job's)."""
-    return os.path.join(os.path.dirname(path), ".monarch-temporaries")
+def _temporaries(directory: str) -> str:
+    """A name no job uses in ``directory``, marked while a temporary of the drain's may be there:
+    the shim asks the daemon for its listing (the drain's names are not the job's)."""
+    return os.path.join(directory, ".monarch-temporaries")
 
 
 def _under(path: str, directory: str) -> bool:
@@ -274,9 +274,9 @@ class View:
         self._entries[path] = Local(self._seq, stat.S_IMODE(mode), over=exists, after=tuple(after))
         if ahead:
             self.journal.append("open", seq=self._seq, path=path, mode=stat.S_IMODE(mode))
-        self._made_in[self._seq] = os.path.dirname(path)
-        if self._marks is not None:
-            self._marks.add(_temporaries(path))
+            self._made_in[self._seq] = os.path.dirname(path)
+            if self._marks is not None:
+                self._marks.add(_temporaries(os.path.dirname(path)))
         return self._seq, self.area.data_path(self._seq)
 
     def close(self, seq: int) -> int | None:
@@ -534,7 +534,7 @@ class View:
                 for seq in [seq for seq in self._made_in if seq not in open_seqs]:
                     directory = self._made_in.pop(seq)
                     if self._marks is not None:
-                        self._marks.remove(_temporaries(os.path.join(directory, "f")))
+                        self._marks.remove(_temporaries(directory))
 
     def pending(self) -> bool:
         """Is anything of the job's not on the PFS yet?"""
