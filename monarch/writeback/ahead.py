@@ -6,7 +6,7 @@ the file's open (its ``open`` record, in journal order: after the ``mkdir`` of i
 while the job writes; the fsync then waits for the bytes and a rename in the directory. A
 temporary no publish takes (the file removed, moved to another directory, never closed) is
 removed when the drain applies that, and the rest when the run ends; a drain resumed after a
-crash removes what a killed run made (drain.apply). Once an fsync's copy renamed a temporary
+crash removes what a killed run made (drain._left_ahead). Once an fsync's copy renamed a temporary
 over its name it stays open, for the copy that follows (the close's, or the next fsync's): in
 place, with no open by name.
 

@@ -2,8 +2,8 @@
 before it (docs/consistency.md, "Write-back", W2 and W3).
 
 A closed file is published by writing its bytes to ``.<name>.monarch-<run>-<seq>`` in its
-directory, flushing them, and renaming that over its name: the name never shows a short file.
-After each operation an ``applied`` record is appended, so a drain resumed after a crash starts
+directory, flushing them, and renaming that over its name: the name never shows a short file
+(under ``fsync: pfs`` that temporary is made at the file's open: ahead.py). After each operation an ``applied`` record is appended, so a drain resumed after a crash starts
 at the first operation not applied. An operation cut short by the crash is applied again, and
 each is safe to apply twice: a publish writes the same bytes to the same temporary name and
 renames them again; a rename whose source is gone and whose destination is there, an unlink of
