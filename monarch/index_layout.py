@@ -17,8 +17,10 @@ from array import array
 from typing import Iterable
 
 from monarch.protocol import (DT_DIR, DT_LNK, DT_REG, INDEX_CHILD, INDEX_DESCRIBING, INDEX_ENTRY, INDEX_FILE, INDEX_FLAG_LISTED,
-                              INDEX_FLAG_SYMLINK, INDEX_FLAG_UNDESCRIBED, INDEX_HEADER, INDEX_MAGIC, INDEX_VERSION,
-                              key_hash)
+                              INDEX_FLAG_SYMLINK, INDEX_FLAG_UNDESCRIBED, INDEX_HEADER, INDEX_INOS_ONE, INDEX_MAGIC, INDEX_ROUTE_SHIFT,
+                              INDEX_SHAPE_READY, INDEX_SHORT_BLOCKS_AT, INDEX_SHORT_INO_AT, INDEX_SHORT_INO_BITS,
+                              INDEX_SHORT_ROOM, INDEX_SHORT_ROUTE_AT, INDEX_SHORT_SIZE_BITS, INDEX_SHORT_TIMES_AT,
+                              INDEX_VERSION, key_hash)
 
 
 def stat_fields(st) -> tuple:
@@ -39,6 +41,46 @@ def undescribed_view(name_len: int, name_off: int, size: int) -> tuple:
     """The INDEX_ENTRY fields Python shows for a file not described yet: its name's length and
     offset, its listed size, S_IFREG, INDEX_FLAG_UNDESCRIBED (nothing is answered from them)."""
     return (0, name_len, name_off, size, 0, 0, 0, 0, 0, _stat.S_IFREG, 0, 0, 0, INDEX_FLAG_UNDESCRIBED, 0, 0, 0, 0, 0)
+
+
+def short_blocks(how: int, size: int, blksize: int) -> int:
+    """A file's st_blocks from its size, as its short stat's ``how`` says (-1: none can be)."""
+    if how == 0:
+        return -(-size // 512)
+    if how == 1:
+        return -(-size // 4096) * 8
+    if how == 2:
+        return -(-size // blksize) * (blksize // 512) if blksize >= 512 else -1
+    return 0
+
+
+def short_words(first: int) -> int:
+    """The u64 words a short stat takes, from its first."""
+    return 1 + ((first >> INDEX_SHORT_TIMES_AT) & 3)
+
+
+def short_entry(shape: tuple, words, name_len: int, name_off: int, n: int) -> tuple | None:
+    """The INDEX_ENTRY fields of file ``n`` (from 1) whose stat is the short stat ``words`` (its
+    first word, then at least the words it says) beside its directory's ``shape`` (INDEX_ENTRY
+    fields), its name's length and offset; None if either is not whole (its first word not
+    written, the shape not ready)."""
+    word = words[0]
+    if not word >> 63 or shape[0] != INDEX_SHAPE_READY:
+        return None
+    size = word & ((1 << INDEX_SHORT_SIZE_BITS) - 1)
+    delta = (word >> INDEX_SHORT_INO_AT) & ((1 << INDEX_SHORT_INO_BITS) - 1)
+    if delta >> (INDEX_SHORT_INO_BITS - 1):
+        delta -= 1 << INDEX_SHORT_INO_BITS
+    (_, _, _, _, mtime, atime, ctime, ino, dev, mode, uid, gid, nlink, _, _, _, blksize, _, _) = shape
+    more = [w - (1 << 64) if w >> 63 else w for w in words[1:short_words(word)]]  # i64 times
+    if more:
+        mtime = more[0]
+        atime = more[1] if len(more) > 1 else mtime
+        ctime = more[2] if len(more) > 2 else mtime
+    flags = ((word >> INDEX_SHORT_ROUTE_AT) & 0xF) << INDEX_ROUTE_SHIFT
+    blocks = short_blocks((word >> INDEX_SHORT_BLOCKS_AT) & 3, size, blksize)
+    return (0, name_len, name_off, size, mtime, atime, ctime, (ino + delta) & (2**64 - 1), dev, mode, uid, gid, nlink,
+            flags, 0, blocks, blksize, 0, n)
 
 
 def bucket_count(keyed: int) -> int:
@@ -63,8 +105,8 @@ def joined(dir_key: bytes, name: bytes) -> bytes:
 
 def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable | None = None, sizes=None,
          inos=None, links=(), reserved: int = 0) -> list:
-    """The index (protocol.py, "Snapshot index") as the buffers that make it up to its used end, in
-    order; every writer's layout.
+    """The index (protocol.py, "Snapshot index") as the buffers that make it up to its used end (its
+    shapes' offset while no stat is there), in order; every writer's layout.
 
     ``dirs``: per directory, in the bytewise order of their keys, (key, size .. nlink of its stat,
     flags, blocks, blksize, listing): ``listing`` None (not listed) or (its st_ino, its parent's,
@@ -152,11 +194,15 @@ def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable 
     at = pad8(ranges_off + 4 * len(ranges))
     sizes_off = at if sizes is not None else 0
     at += 8 * nfiles if sizes is not None else 0
+    one_ino = inos is not None and len(inos) > 0 and inos.count(inos[0]) == len(inos)
+    if one_ino:  # every name listed with the same d_ino (a FUSE filesystem's unknown one): stored once
+        inos, reserved = inos[:1], reserved | INDEX_INOS_ONE
     inos_off = at if inos is not None else 0
-    at += 8 * nfiles if inos is not None else 0
+    at += 8 * len(inos) if inos is not None else 0
     entries_off, keys_off = at, at + len(fixed)
     children_off = pad8(keys_off + len(keys))
-    stats_off = pad8(children_off + len(children))
+    shapes_off = pad8(children_off + len(children))
+    stats_off = shapes_off + INDEX_ENTRY.size * ndirs + 8 * INDEX_SHORT_ROOM * nfiles  # the shapes and the shorts: zeros
     header = INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, nfiles + ndirs + len(links), nbuckets, reserved,
                                INDEX_HEADER.size, entries_off, keys_off, len(keys), children_off, nchildren, nfiles,
                                used, files_off, stats_off, stats_off + INDEX_ENTRY.size * nfiles, ndirs, 0, names_size,
@@ -165,13 +211,14 @@ def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable 
     return [header, *(memoryview(a).cast("B") for a in (buckets, records, ranges)), gap,
             *(memoryview(a).cast("B") for a in (sizes, inos) if a is not None), fixed, keys,
             b"\0" * (children_off - keys_off - len(keys)), children,
-            b"\0" * (stats_off - children_off - len(children)), described]
+            b"\0" * (shapes_off - children_off - len(children)),
+            *((bytes(stats_off - shapes_off), described) if described else ())]
 
 
 def build_index(entries: Iterable[tuple], dirs: Iterable[tuple] = (), links: dict | None = None) -> bytes:
     """The index file's bytes up to its used end (the file is the header's ``size`` long: the
-    stats' room after them is zeros), its files numbered as the index orders them (each
-    directory's after the other's).
+    room for the shapes, the shorts and the stats after them is zeros), its files numbered as the
+    index orders them (each directory's after the other's).
 
     ``entries``: (key, stat[, flags]) of files; a stat is an os.stat_result or a snapshot
     FileInfo (which knows whether its name is a symlink); a file whose flags have
@@ -268,8 +315,23 @@ class Index:
         """The number of file ``n``'s directory."""
         return self.files + bisect.bisect_left(self.ranges, n)
 
+    def short(self, n: int) -> tuple | None:
+        """File ``n``'s stat from its short stat and its directory's shape, if its record names a
+        short stat and both are whole; else None."""
+        s, room = self.record(n)[1], INDEX_SHORT_ROOM * self.files
+        shorts = self.stats_off - 8 * room
+        if s <= self.files or s == INDEX_DESCRIBING or self.stats_off > len(self.data):
+            return None
+        k = s - self.files - 1
+        words = struct.unpack_from(f"<{min(4, room - k)}Q", self.data, shorts + 8 * k) if k < room else (0,)
+        if short_words(words[0]) > len(words):
+            return None
+        shape = INDEX_ENTRY.unpack_from(self.data, shorts - INDEX_ENTRY.size * (self.files + self.dirs - self.dir_of(n) + 1))
+        return short_entry(shape, words, len(self.name(n)), self.record(n)[0], n)
+
     def stat_slot(self, n: int) -> int:
-        """The stats slot (from 1) of file ``n``, or 0 while it is not described."""
+        """The stats slot (from 1) of file ``n``, or 0 while it has none (not described, or its
+        stat a short stat)."""
         s = self.record(n)[1]
         at = self.stats_off + INDEX_ENTRY.size * (s - 1)
         if s == INDEX_DESCRIBING or not 0 < s <= self.files or at + INDEX_ENTRY.size > len(self.data):
@@ -281,6 +343,8 @@ class Index:
         s = self.stat_slot(n)
         if s:
             return INDEX_ENTRY.unpack_from(self.data, self.stats_off + INDEX_ENTRY.size * (s - 1))[3]
+        if short := self.short(n):
+            return short[3]
         return struct.unpack_from("<Q", self.data, self.sizes_off + 8 * (n - 1))[0] if self.sizes_off else 0
 
     def entry(self, number: int) -> tuple:
@@ -288,6 +352,8 @@ class Index:
         ``undescribed_view``)."""
         if number <= self.files:
             s = self.stat_slot(number)
+            if not s and (short := self.short(number)):
+                return short
             if not s:
                 return undescribed_view(len(self.name(number)), self.record(number)[0], self.file_size(number))
             return INDEX_ENTRY.unpack_from(self.data, self.stats_off + INDEX_ENTRY.size * (s - 1))
@@ -329,9 +395,9 @@ class Index:
         j = number - self.files - 1
         files = []
         for n in range(self.ranges[j] + 1, self.ranges[j + 1] + 1):
-            s = self.stat_slot(n)
-            link = s and INDEX_ENTRY.unpack_from(self.data, self.stats_off + INDEX_ENTRY.size * (s - 1))[13] & INDEX_FLAG_SYMLINK
-            d_ino = struct.unpack_from("<Q", self.data, self.inos_off + 8 * (n - 1))[0] if self.inos_off else 0
+            link = self.entry(n)[13] & INDEX_FLAG_SYMLINK
+            one = self.reserved & INDEX_INOS_ONE
+            d_ino = struct.unpack_from("<Q", self.data, self.inos_off + (0 if one else 8 * (n - 1)))[0] if self.inos_off else 0
             files.append((self.name(n), DT_LNK if link else DT_REG, d_ino, n))
         return out[:2] + sorted(out[2:] + files)
 

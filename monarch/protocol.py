@@ -125,32 +125,37 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   descriptors: page faults read at most that),
   then EXTRA_WORDS of named counters (EXTRA_*). Slots: 0 = pfs, 1 = peer area, 2.. = tiers in order.
 
-Snapshot index (written once by the daemon, atomically, mmap'd in the shim; version INDEX_VERSION, 8;
+Snapshot index (written once by the daemon, atomically, mmap'd in the shim; version INDEX_VERSION, 9;
 built and read in Python by monarch/index_layout.py). It appears only when the snapshot is ready
 (walked, kept copies checked): a process that finds it at start maps it at once; one that does not
 asks INDEX at its first need. A file costs its 8-byte record, its name (stored once, under its
-directory) and its bucket; its 112-byte stat only once described. In the file in this order:
+directory) and its bucket; once described, its short stat (8 bytes and 8 a time of its own), or its
+112-byte stat where it differs from its directory's shape in more than its size, its inode, its
+blocks and its times. In the file in this order:
   header  INDEX_HEADER: u64 magic, u32 version, u32 entries (numbered: the files 1..files, then the
           directories, then the link records), u32 buckets (a power of 2), u32 reserved
-          (INDEX_LISTING: a listing walk made it, no file described), u64 offsets of the buckets,
+          (INDEX_LISTING: a listing walk made it, no file described; INDEX_INOS_ONE: its inodes
+          table is one u64, every file's), u64 offsets of the buckets,
           of the fixed entries, of the key bytes, u64 size of the key bytes, u64 offset and u64
           number of the child records, u32 files, u32 stats used (the stats slots taken: atomic,
           in the mapping), u64 offsets of the file records and of the stats, u64 size (the file's
-          length: the stats' room at its end is sparse; a copy or a pickle may stop at the used
-          end, the offset of the stats + INDEX_ENTRY's size x the stats used), u32 directories,
-          u32 reserved, u64 size of the file names (the key bytes' first), u64 offsets of the
+          length: the rooms for the shorts and the stats are sparse; a copy or a pickle holds the
+          used parts: up to the shorts' words used, and the stats used; while no stat is used,
+          up to the shapes' offset), u32 directories,
+          u32 shorts used (the shorts' words taken: atomic, in the mapping), u64 size of the file names (the key bytes' first), u64 offsets of the
           directories' file ranges, of the listed sizes (0: none) and of the listed inodes (0: none)
   buckets u32[buckets]: entry number, or 0 for empty; open addressing, linear probing, starting
           at ``key_hash(key) & (buckets - 1)``; files and directories are keyed (a root: ``"<k>/"``);
           buckets: the least power of 2, at least 16, not below 3/2 x (files + directories)
   files   INDEX_FILE each (file n is record n - 1): u32 name offset (in the key bytes), u32 stat (0:
-          not described yet; INDEX_DESCRIBING: being described; else the slot from 1 of its stat).
+          not described yet; INDEX_DESCRIBING: being described; 1..files: the slot of its stat;
+          above: its short stat, at word stat - files - 1 of the shorts).
           The names are the key bytes' first ``names size`` bytes, file after file: file n's runs to
           file n + 1's offset, the last file's to the names' size. A file's key is its directory's
           key, "/" unless that key ends with one, and its name. A listing walk or a manifest
           describes no file: each is described when first needed (an open, a stat) by the daemon,
-          which writes its stat in the next free slot, then ``stat`` with a release store (readers
-          load it first).
+          which writes its short stat in the next free words or its stat in the next free slot,
+          then ``stat`` with a release store (readers load it first).
   ranges  u32[directories + 1], then zeros to a multiple of 8: directory j (entry files + 1 + j)
           holds the files ranges[j] + 1 .. ranges[j + 1]. Directories come in the bytewise order of
           their keys, each one's files in the bytewise order of their names; every file's directory
@@ -159,7 +164,8 @@ directory) and its bucket; its 112-byte stat only once described. In the file in
   sizes   (if its offset is not 0) u64 each file: its listed size (a manifest's), its stat's once
           described; without it a file's size is its stat's, 0 before
   inodes  (if its offset is not 0: an index with a listed directory) u64 each file: its name's d_ino
-          in its directory's listing (0: its directory is not listed)
+          in its directory's listing (0: its directory is not listed); with INDEX_INOS_ONE, one u64:
+          every file's (a FUSE filesystem's listings give every name the same unknown inode)
   entries INDEX_ENTRY each, number m > files at (m - files - 1): u32 hash, u32 key length, u64
           key offset, u64 size, i64 mtime_ns, i64 atime_ns, i64 ctime_ns, u64 ino, u64 dev, u32
           mode, u32 uid, u32 gid, u32 nlink: the source's own ``stat`` as the snapshot saw it (a
@@ -185,6 +191,22 @@ directory) and its bucket; its 112-byte stat only once described. In the file in
           (its subdirectories, names not described), sorted bytewise; then zeros to a multiple of
           8. Its listing is those names and its files (d_type DT_REG, DT_LNK for one whose name is
           a symlink; d_ino its inode in ``inodes``), merged in bytewise order.
+  shapes  an INDEX_ENTRY a directory, zeros until the first regular file of that directory is
+          described in a slot: then the fields its files share (dev, mode, uid, gid, nlink, the
+          times, blksize; its inode the base of its files'), written once, its hash word
+          INDEX_SHAPE_WRITING then INDEX_SHAPE_READY (a release store; readers load it first). They
+          end where the shorts start: stats offset - 8 x INDEX_SHORT_ROOM x files - INDEX_ENTRY's
+          size x directories
+  shorts  room for INDEX_SHORT_ROOM u64 words a file, taken in turn (shorts used), read only from
+          a record: a short stat's first word has bit 63 set, bits 0..18 the size (at most
+          INDEX_SHORT_MAX_SIZE), 19..22 the route + 1, 23..24 its blocks from its size (0:
+          ceil(size / 512); 1: ceil(size / 4096) x 8; 2: by its blksize; 3: none), 25..26 its times
+          (0: the shape's, no more words; 1: its mtime next, its atime and ctime the same; 2: its
+          mtime and atime next, its ctime its mtime; 3: its mtime, atime and ctime next), 27..62
+          its st_ino less its directory shape's (signed); the rest of its stat is the shape's. A
+          describer takes its words, writes them, then the record's stat (release). A file whose stat
+          differs otherwise, or larger, or the shape's own, or once the room is taken, takes a slot.
+          The stats offset - 8 x INDEX_SHORT_ROOM x files
   stats   room for an INDEX_ENTRY a file: slot s at (s - 1), a described file's stat (its key
           fields: hash 0, its name's length and offset; its first child record its number: a slot
           that does not name the file back is not its stat). The files a writer describes as it
@@ -466,14 +488,21 @@ def read_opened_from(path: str, names: dict[int, str]) -> dict[str, dict[str, in
 
 # -- snapshot index -------------------------------------------------------------------------
 INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
-INDEX_VERSION = 8  # 6: UNDESCRIBED files; 7: a file's stat once described; 8: names under their directories
+INDEX_VERSION = 9  # 6: UNDESCRIBED files; 7: a file's stat once described; 8: names under their directories;
+# 9: a described file's stat in a short word beside its directory's shape
 INDEX_HEADER = struct.Struct("<QIIIIQQQQQQIIQQQIIQQQQ")
 INDEX_FILE = struct.Struct("<II")
 INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIIIQIIQ")
 INDEX_CHILD = struct.Struct("<QQIHBB")
 INDEX_DESCRIBING = 0xFFFFFFFF  # an INDEX_FILE's stat while the daemon describes it
+INDEX_SHORT_ROOM = 4  # the shorts' room: u64 words a file (a short stat takes 1 to 4, in turn)
+INDEX_SHORT_MAX_SIZE = 256 << 10  # the largest file a short stat holds (routes.INLINE_MAX: the door's row)
+INDEX_SHORT_SIZE_BITS, INDEX_SHORT_ROUTE_AT, INDEX_SHORT_BLOCKS_AT = 19, 19, 23
+INDEX_SHORT_TIMES_AT, INDEX_SHORT_INO_AT, INDEX_SHORT_INO_BITS = 25, 27, 36
+INDEX_SHAPE_WRITING, INDEX_SHAPE_READY = 1, 2  # a shape's first word (its hash's place)
 INDEX_FLAG_SYMLINK, INDEX_FLAG_LISTED, INDEX_FLAG_UNDESCRIBED = 1, 2, 4
 INDEX_LISTING = 1  # INDEX_HEADER's reserved word: a listing-mode walk made it, every file undescribed
+INDEX_INOS_ONE = 2  # and: its inodes table is one u64, every file's (each name listed with the same d_ino)
 INDEX_ROUTE_SHIFT, INDEX_ROUTE_MASK = 8, 0xF00  # flags bits 8..11: a file's route + 1 (0: none published)
 
 DT_UNKNOWN, DT_FIFO, DT_CHR, DT_DIR, DT_BLK, DT_REG, DT_LNK, DT_SOCK = 0, 1, 2, 4, 6, 8, 10, 12  # <dirent.h>

@@ -201,14 +201,18 @@ def create_exclusive(path: str, mode: int = 0o600) -> int:
 
 def write_file_atomically(path: str, data: bytes | list, mode: int = 0o600, size: int | None = None) -> None:
     """Write ``data`` (bytes, or a list of buffers written one after the other: no joined
-    copy of a large file) to a fresh temporary name beside ``path`` and rename it over ``path``;
-    ``size``: the file that long before the rename (a sparse tail: no page written for it)."""
+    copy of a large file; an int in the list: that many bytes left a hole) to a fresh temporary
+    name beside ``path`` and rename it over ``path``; ``size``: the file that long before the
+    rename (a sparse tail: no page written for it)."""
     tmp = f"{path}.tmp-{secrets.token_hex(6)}"
     fd = create_exclusive(tmp, mode)
     try:
         with os.fdopen(fd, "wb") as f:
             for part in data if isinstance(data, list) else (data,):
-                f.write(part)
+                if isinstance(part, int):
+                    f.seek(part, os.SEEK_CUR)
+                else:
+                    f.write(part)
             if size is not None:
                 f.truncate(size)
         os.replace(tmp, path)

@@ -27,11 +27,9 @@ static int index_entry(const struct door *d, uint32_t n, struct idx_file *out, c
 {
     const unsigned char *x = d->index.map;
     struct monarch_index_header h = index_header(x);
-    const unsigned char *at = monarch_index_stat(x, &h, n);
-    if (!at || (key && !(*len = monarch_index_key(x, &h, n, key, INDEX_KEY_MAX))))
-        return 0;
     struct monarch_index_entry e;
-    memcpy(&e, at, sizeof e);
+    if (!monarch_index_read(x, &h, n, &e) || (key && !(*len = monarch_index_key(x, &h, n, key, INDEX_KEY_MAX))))
+        return 0;
     out->size = e.size;
     out->mtime = e.mtime_ns;
     out->mode = e.mode;
@@ -65,7 +63,7 @@ static const unsigned char *index_dir_stat(const struct door *d, uint32_t n, uin
 {
     struct monarch_index_header h = index_header(d->index.map);
     *m = monarch_index_dir_of(d->index.map, &h, n);
-    return *m ? monarch_index_stat(d->index.map, &h, *m) : NULL;
+    return *m ? monarch_index_fixed_stat(d->index.map, &h, *m) : NULL;
 }
 
 static const char *index_dir_key(const struct door *d, uint32_t j, uint32_t *len, uint32_t *first)

@@ -100,6 +100,18 @@ static inline uint32_t monarch_crc32(const char *p, size_t n)
 /* -- the snapshot index: protocol.index_lookup -------------------------------------------- */
 #define MONARCH_INDEX_KEY_MAX (PATH_MAX + 16) /* a key built whole: "<k>/" and a path below PATH_MAX */
 
+/* Where the shorts (SHORT_ROOM words a file) and the shapes (an INDEX_ENTRY a directory) lie: just
+ * before the stats, in that order backwards (monarch_index_bounded checks they fit there). */
+static inline uint64_t monarch_index_shorts_off(const struct monarch_index_header *h)
+{
+    return h->stats_off - 8ull * MONARCH_INDEX_SHORT_ROOM * h->files;
+}
+
+static inline uint64_t monarch_index_shapes_off(const struct monarch_index_header *h)
+{
+    return monarch_index_shorts_off(h) - (uint64_t)MONARCH_INDEX_ENTRY_SIZE * h->dirs;
+}
+
 /* Do ``count`` items of ``size`` bytes at offset ``off`` lie inside ``len`` bytes? */
 static inline int monarch_index_table_in(uint64_t off, uint64_t count, uint64_t size, uint64_t len)
 {
@@ -120,11 +132,15 @@ static inline int monarch_index_bounded(const struct monarch_index_header *h, ui
            && monarch_index_table_in(h->files_off, h->files, MONARCH_INDEX_FILE_SIZE, len)
            && monarch_index_table_in(h->ranges_off, (uint64_t)h->dirs + 1, 4, len)
            && (!h->sizes_off || monarch_index_table_in(h->sizes_off, h->files, 8, len))
-           && (!h->inos_off || monarch_index_table_in(h->inos_off, h->files, 8, len))
+           && (!h->inos_off || monarch_index_table_in(h->inos_off, h->reserved & MONARCH_INDEX_INOS_ONE ? 1 : h->files,
+                                                      8, len))
            && monarch_index_table_in(h->entries_off, h->entries - h->files, MONARCH_INDEX_ENTRY_SIZE, len)
            && h->keys_off <= len && h->keys_size <= len - h->keys_off && h->names_size <= h->keys_size
            && monarch_index_table_in(h->children_off, h->children_count, MONARCH_INDEX_CHILD_SIZE, len)
            && h->stats_off <= h->size && (uint64_t)MONARCH_INDEX_ENTRY_SIZE * h->files == h->size - h->stats_off
+           && h->stats_off >= 8ull * MONARCH_INDEX_SHORT_ROOM * h->files + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * h->dirs
+           && (uint64_t)h->files * (1 + MONARCH_INDEX_SHORT_ROOM) < MONARCH_INDEX_DESCRIBING
+           && h->children_off + (uint64_t)MONARCH_INDEX_CHILD_SIZE * h->children_count <= monarch_index_shapes_off(h)
            && stats_room <= h->files && monarch_index_table_in(h->stats_off, stats_room, MONARCH_INDEX_ENTRY_SIZE, len);
 }
 
@@ -277,7 +293,16 @@ static inline uint32_t monarch_index_key(const unsigned char *x, const struct mo
     return (uint32_t)total;
 }
 
-/* A file's listed u64 (``off``: the header's sizes_off or inos_off; 0 without them). */
+/* File n's d_ino in its directory's listing (0 without the inodes table; its one u64 with INOS_ONE). */
+static inline uint64_t monarch_index_listed_ino(const unsigned char *x, const struct monarch_index_header *h, uint32_t n)
+{
+    uint64_t v = 0;
+    if (h->inos_off && n && n <= h->files)
+        memcpy(&v, x + h->inos_off + (h->reserved & MONARCH_INDEX_INOS_ONE ? 0 : 8ull * (n - 1)), sizeof v);
+    return v;
+}
+
+/* A file's listed u64 (``off``: the header's sizes_off; 0 without them). */
 static inline uint64_t monarch_index_file_u64(const unsigned char *x, const struct monarch_index_header *h,
                                               uint64_t off, uint32_t n)
 {
@@ -287,26 +312,101 @@ static inline uint64_t monarch_index_file_u64(const unsigned char *x, const stru
     return v;
 }
 
-/* The 112-byte stat entry of number ``n``, or NULL when nothing may be answered from it: a file
- * not described (its record's ``stat`` 0, DESCRIBING or out of range), a fixed entry flagged
- * UNDESCRIBED. The record's ``stat`` is loaded with acquire: a slot seen is a slot whole. */
-static inline const unsigned char *monarch_index_stat(const unsigned char *x, const struct monarch_index_header *h,
-                                                      uint32_t n)
+/* Directory j's (from 0) shape, once whole: the stat fields its files' short words share; else NULL. */
+static inline const unsigned char *monarch_index_shape(const unsigned char *x, const struct monarch_index_header *h,
+                                                       uint32_t j)
+{
+    const unsigned char *at = x + monarch_index_shapes_off(h) + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * j;
+    return j < h->dirs && __atomic_load_n((const uint32_t *)at, __ATOMIC_ACQUIRE) == MONARCH_INDEX_SHAPE_READY
+           ? at : NULL;
+}
+
+/* A file's st_blocks from its size, as a short word's ``how`` says (~0: none can be). */
+static inline uint64_t monarch_short_blocks(unsigned how, uint64_t size, uint32_t blksize)
+{
+    switch (how) {
+    case MONARCH_SHORT_BLOCKS_512: return (size + 511) / 512;
+    case MONARCH_SHORT_BLOCKS_4096: return (size + 4095) / 4096 * 8;
+    case MONARCH_SHORT_BLOCKS_BLKSIZE: return blksize >= 512 ? (size + blksize - 1) / blksize * (blksize / 512) : ~0ull;
+    default: return 0;
+    }
+}
+
+/* The words a short stat takes, from its first. */
+static inline uint32_t monarch_short_words(uint64_t first)
+{
+    return 1 + (uint32_t)((first >> MONARCH_INDEX_SHORT_TIMES_AT) & 3);
+}
+
+/* File n's short stat (its first word at word k of the shorts) with its directory's shape, as a
+ * whole stat into *e (its key fields its name's, its first child its number): 1, or 0 if it is not
+ * inside the shorts' room or the shape is not whole. */
+static inline int monarch_index_short(const unsigned char *x, const struct monarch_index_header *h, uint32_t n,
+                                      uint64_t k, struct monarch_index_entry *e)
+{
+    const uint64_t *at = (const uint64_t *)(x + monarch_index_shorts_off(h)) + k;
+    uint64_t w = __atomic_load_n(at, __ATOMIC_RELAXED), t[3];  /* written before the record's release store */
+    uint32_t m = monarch_index_dir_of(x, h, n), nl = 0, more = monarch_short_words(w) - 1;
+    const unsigned char *shape = w >> 63 && m ? monarch_index_shape(x, h, m - h->files - 1) : NULL;
+    const char *name = monarch_index_name(x, h, n, &nl);
+    if (!shape || !name || k + 1 + more > (uint64_t)MONARCH_INDEX_SHORT_ROOM * h->files)
+        return 0;
+    memcpy(e, shape, sizeof *e);
+    for (uint32_t i = 0; i < more; i++)
+        t[i] = __atomic_load_n(at + 1 + i, __ATOMIC_RELAXED);
+    if (more) {  /* SHORT_TIMES_M: mtime; _MA: mtime, atime; _MAC: mtime, atime, ctime */
+        e->mtime_ns = (int64_t)t[0];
+        e->atime_ns = more > 1 ? (int64_t)t[1] : e->mtime_ns;
+        e->ctime_ns = more > 2 ? (int64_t)t[2] : e->mtime_ns;
+    }
+    int64_t delta = (int64_t)(w << 1) >> (64 - MONARCH_INDEX_SHORT_INO_BITS);  /* bits 27..62, signed */
+    e->hash = 0, e->key_len = nl, e->key_off = (uint64_t)(name - (const char *)(x + h->keys_off));
+    e->size = w & ((1u << MONARCH_INDEX_SHORT_SIZE_BITS) - 1);
+    e->ino += (uint64_t)delta;
+    e->blocks = monarch_short_blocks((unsigned)(w >> MONARCH_INDEX_SHORT_BLOCKS_AT) & 3, e->size, e->blksize);
+    e->flags = (uint32_t)((w >> MONARCH_INDEX_SHORT_ROUTE_AT) & 0xF) << MONARCH_INDEX_ROUTE_SHIFT;
+    e->link = 0, e->nchildren = 0, e->children = n;
+    return 1;
+}
+
+/* Number ``n``'s stat into *e: a file's from its slot or its short stat (monarch_index_short), a
+ * fixed entry's as stored. 0 when nothing may be answered from it: a file not described (its
+ * record's ``stat`` 0, DESCRIBING or out of range), a fixed entry flagged UNDESCRIBED. The record's
+ * ``stat`` is loaded with acquire: a slot or a short stat seen is whole. */
+static inline int monarch_index_read(const unsigned char *x, const struct monarch_index_header *h, uint32_t n,
+                                     struct monarch_index_entry *e)
 {
     if (!n || n > h->entries)
-        return NULL;
+        return 0;
     if (n <= h->files) {
         const unsigned char *at = x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
         uint32_t s = __atomic_load_n((const uint32_t *)(at + offsetof(struct monarch_index_file, stat)),
                                      __ATOMIC_ACQUIRE);
-        if (!s || s > h->files)  /* DESCRIBING is > files */
-            return NULL;
+        if (!s || s == MONARCH_INDEX_DESCRIBING)
+            return 0;
+        if (s > h->files)
+            return monarch_index_short(x, h, n, (uint64_t)s - h->files - 1, e);
         const unsigned char *stat = x + h->stats_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (s - 1);
         uint64_t named;  /* a slot whose stat does not name its file back (a copy cut while it was written) is none */
         memcpy(&named, stat + offsetof(struct monarch_index_entry, children), sizeof named);
-        return named == n ? stat : NULL;
+        if (named != n)
+            return 0;
+        memcpy(e, stat, sizeof *e);
+        return 1;
     }
     const unsigned char *at = x + h->entries_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (n - h->files - 1);
+    memcpy(e, at, sizeof *e);
+    return !(e->flags & MONARCH_INDEX_FLAG_UNDESCRIBED);
+}
+
+/* Fixed entry ``m``'s stat in place (a directory's, a link record's), NULL if there is no such
+ * entry or it is flagged UNDESCRIBED. */
+static inline const unsigned char *monarch_index_fixed_stat(const unsigned char *x, const struct monarch_index_header *h,
+                                                            uint32_t m)
+{
+    if (m <= h->files || m > h->entries)
+        return NULL;
+    const unsigned char *at = x + h->entries_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (m - h->files - 1);
     uint32_t flags;
     memcpy(&flags, at + offsetof(struct monarch_index_entry, flags), sizeof flags);
     return flags & MONARCH_INDEX_FLAG_UNDESCRIBED ? NULL : at;
@@ -315,7 +415,8 @@ static inline const unsigned char *monarch_index_stat(const unsigned char *x, co
 /* Is ``n`` a file whose stat is not there yet (not described, or being described)? */
 static inline int monarch_index_undescribed(const unsigned char *x, const struct monarch_index_header *h, uint32_t n)
 {
-    return n && n <= h->files && !monarch_index_stat(x, h, n);
+    struct monarch_index_entry e;
+    return n && n <= h->files && !monarch_index_read(x, h, n, &e);
 }
 
 /* The number (from 1) of ``key`` (``hash``: its monarch_crc32) in the index mapped at ``x``
@@ -385,24 +486,78 @@ static inline void monarch_index_stat_fields(struct monarch_index_entry *e, cons
     e->blksize = (uint32_t)st->st_blksize;
 }
 
+/* The short stat (``w``: its words, returned how many) of a file of stat ``f`` (route bits ``bits``)
+ * beside directory shape ``shape``, if it has every field the shape has but its size (at most
+ * SHORT_MAX_SIZE), its inode (within 2^35 of the shape's), its blocks (one of SHORT_BLOCKS_* of its
+ * size) and its times (SHORT_TIMES_*); else 0. */
+static inline uint32_t monarch_index_short_words(const unsigned char *shape, const struct monarch_index_entry *f,
+                                                 uint32_t bits, uint64_t w[4])
+{
+    struct monarch_index_entry t;
+    memcpy(&t, shape, sizeof t);
+    if (!S_ISREG(f->mode) || f->size > MONARCH_INDEX_SHORT_MAX_SIZE || f->dev != t.dev || f->mode != t.mode
+        || f->uid != t.uid || f->gid != t.gid || f->nlink != t.nlink || f->blksize != t.blksize)
+        return 0;
+    unsigned how = 0, times;
+    while (how < 4 && monarch_short_blocks(how, f->size, f->blksize) != f->blocks)
+        how++;
+    int64_t delta = (int64_t)(f->ino - t.ino), bound = (int64_t)1 << (MONARCH_INDEX_SHORT_INO_BITS - 1);
+    if (how == 4 || delta < -bound || delta >= bound)
+        return 0;
+    if (f->mtime_ns == t.mtime_ns && f->atime_ns == t.atime_ns && f->ctime_ns == t.ctime_ns)
+        times = MONARCH_SHORT_TIMES_SHAPE;
+    else if (f->ctime_ns != f->mtime_ns)
+        times = MONARCH_SHORT_TIMES_MAC;
+    else
+        times = f->atime_ns == f->mtime_ns ? MONARCH_SHORT_TIMES_M : MONARCH_SHORT_TIMES_MA;
+    w[0] = 1ull << 63 | f->size | (uint64_t)(bits >> MONARCH_INDEX_ROUTE_SHIFT) << MONARCH_INDEX_SHORT_ROUTE_AT
+           | (uint64_t)how << MONARCH_INDEX_SHORT_BLOCKS_AT | (uint64_t)times << MONARCH_INDEX_SHORT_TIMES_AT
+           | ((uint64_t)delta & ((1ull << MONARCH_INDEX_SHORT_INO_BITS) - 1)) << MONARCH_INDEX_SHORT_INO_AT;
+    w[1] = (uint64_t)f->mtime_ns, w[2] = (uint64_t)f->atime_ns, w[3] = (uint64_t)f->ctime_ns;
+    return 1 + times;
+}
+
 /* File ``n`` of the index mapped writable at ``x`` (header ``h``, checked: monarch_index_bounded
  * with ``files`` slots) described with the stat fields of ``f`` (size .. nlink, blocks, blksize),
  * its route from ``steps`` (on its directory's key: the root's number starts it): the record
- * claimed (0 -> DESCRIBING), a slot taken from the mapping's stats_used, the slot written (its key
- * fields the name's), the listed size, then the record's ``stat`` released. Every describer (the
- * walk's pass, the door, Python) does the same. 1 described now; 0 described or being described
- * already; -1 no such file, or no room. */
+ * claimed (0 -> DESCRIBING); then its short stat if its directory's shape has its other fields
+ * (monarch_index_short_words) and the shorts have room (words taken from the mapping's
+ * shorts_used), else a slot taken from the mapping's stats_used and written (its key fields the
+ * name's), and the directory's shape made from it if it has none (its first regular file
+ * described: claimed, written, then marked whole); the listed size; then the record's ``stat``
+ * released (files + 1 + the short's first word, or the slot). Every describer (the walk's pass, the door, Python) does
+ * the same. 1 described now; 0 described or being described already; -1 no such file, or no room. */
 static inline int monarch_index_put_fields(unsigned char *x, const struct monarch_index_header *h, uint32_t n,
                                            const struct monarch_index_entry *f, const struct monarch_route_steps *steps)
 {
-    uint32_t nl = 0, dl = 0;
+    uint32_t nl = 0, dl = 0, m = monarch_index_dir_of(x, h, n);
     const char *name = monarch_index_name(x, h, n, &nl), *dk = monarch_index_dir_key(x, h, n, &dl);
-    if (!name || !dk)
+    if (!name || !dk || !m)
         return -1;
     unsigned char *at = x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
     uint32_t *stat = (uint32_t *)(at + offsetof(struct monarch_index_file, stat)), zero = 0;
     if (!__atomic_compare_exchange_n(stat, &zero, MONARCH_INDEX_DESCRIBING, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return 0;
+    uint32_t bits = monarch_route_bits(steps, dk, dl, f->size, f->mode), j = m - h->files - 1;
+    const unsigned char *shape = monarch_index_shape(x, h, j);
+    uint64_t w[4];
+    uint32_t words = shape ? monarch_index_short_words(shape, f, bits, w) : 0;
+    uint32_t *taken = (uint32_t *)(x + offsetof(struct monarch_index_header, shorts_used));
+    uint64_t room = (uint64_t)MONARCH_INDEX_SHORT_ROOM * h->files;
+    uint32_t k = 0;
+    if (words && __atomic_load_n(taken, __ATOMIC_RELAXED) + (uint64_t)words <= room)
+        k = __atomic_fetch_add(taken, words, __ATOMIC_RELAXED);
+    else
+        words = 0;
+    if (words && (uint64_t)k + words <= room) {
+        uint64_t *at = (uint64_t *)(x + monarch_index_shorts_off(h)) + k;
+        for (uint32_t i = 0; i < words; i++)
+            __atomic_store_n(at + i, w[i], __ATOMIC_RELAXED);
+        if (h->sizes_off)
+            memcpy(x + h->sizes_off + 8ull * (n - 1), &f->size, sizeof f->size);
+        __atomic_store_n(stat, h->files + 1 + k, __ATOMIC_RELEASE);
+        return 1;
+    }  /* the shorts full (their counter past the room: left there), or no shape: a slot */
     uint32_t s = __atomic_add_fetch((uint32_t *)(x + offsetof(struct monarch_index_header, stats_used)), 1,
                                     __ATOMIC_ACQ_REL);
     if (!s || s > h->files) {
@@ -411,10 +566,20 @@ static inline int monarch_index_put_fields(unsigned char *x, const struct monarc
     }
     struct monarch_index_entry e = *f;
     e.hash = 0, e.key_len = nl, e.key_off = (uint64_t)(name - (const char *)(x + h->keys_off));
-    e.flags = monarch_route_bits(steps, dk, dl, e.size, e.mode);
+    e.flags = bits;
     e.link = 0, e.nchildren = 0;
     e.children = n;
     memcpy(x + h->stats_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (s - 1), &e, sizeof e);
+    uint32_t *state = (uint32_t *)(x + monarch_index_shapes_off(h) + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * j);
+    zero = 0;
+    if (!shape && S_ISREG(e.mode)
+        && __atomic_compare_exchange_n(state, &zero, MONARCH_INDEX_SHAPE_WRITING, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+        struct monarch_index_entry t = e;  /* what its directory's files share: never changed after */
+        t.hash = MONARCH_INDEX_SHAPE_READY, t.key_len = 0, t.key_off = 0, t.size = 0, t.flags = 0, t.blocks = 0;
+        t.children = 0;
+        memcpy((unsigned char *)state + sizeof t.hash, (const unsigned char *)&t + sizeof t.hash, sizeof t - sizeof t.hash);
+        __atomic_store_n(state, MONARCH_INDEX_SHAPE_READY, __ATOMIC_RELEASE);
+    }
     if (h->sizes_off)
         memcpy(x + h->sizes_off + 8ull * (n - 1), &e.size, sizeof e.size);
     __atomic_store_n(stat, s, __ATOMIC_RELEASE);

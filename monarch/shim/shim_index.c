@@ -26,11 +26,7 @@ static inline int monarch_index_ready(void)
 static int monarch_index_entry(uint32_t n, struct monarch_index_entry *e)
 {
     const unsigned char *m = monarch_idx();
-    const unsigned char *at = m ? monarch_index_stat(m, &monarch_index_hdr, n) : NULL;
-    if (!at)
-        return -1;
-    memcpy(e, at, sizeof *e);
-    return 0;
+    return m && monarch_index_read(m, &monarch_index_hdr, n, e) ? 0 : -1;
 }
 
 /* Number of key, or 0: protocol.index_lookup, bounded by the table size. */
@@ -49,11 +45,8 @@ static int monarch_is_plain_file(const char *key, size_t kl)
     uint32_t n = monarch_index_lookup(key, kl);
     if (!m || !n)
         return 0;
-    const unsigned char *at = monarch_index_stat(m, &monarch_index_hdr, n);
-    uint32_t flags = 0;
-    if (at)
-        memcpy(&flags, at + offsetof(struct monarch_index_entry, flags), sizeof flags);
-    return !(flags & MONARCH_INDEX_FLAG_SYMLINK);
+    struct monarch_index_entry e;
+    return !monarch_index_read(m, &monarch_index_hdr, n, &e) || !(e.flags & MONARCH_INDEX_FLAG_SYMLINK);
 }
 
 static void monarch_ns(int64_t ns, struct timespec *ts)
@@ -539,18 +532,12 @@ static int monarch_dir_next(struct monarch_dir *m, const char **name, size_t *nl
             *type = c.d_type;
             ci++;
         } else if (fn) {
-            const unsigned char *st = monarch_index_stat(x, h, n);
-            uint32_t flags = 0;
-            if (st)
-                memcpy(&flags, st + offsetof(struct monarch_index_entry, flags), sizeof flags);
-            *ino = 0;
-            if (h->inos_off)
-                *ino = monarch_index_file_u64(x, h, h->inos_off, n);
-            else if (st)
-                memcpy(ino, st + offsetof(struct monarch_index_entry, ino), sizeof *ino);
+            struct monarch_index_entry st;
+            int described = monarch_index_read(x, h, n, &st);
+            *ino = h->inos_off ? monarch_index_listed_ino(x, h, n) : described ? st.ino : 0;
             *name = fn;
             *nl = fl;
-            *type = flags & MONARCH_INDEX_FLAG_SYMLINK ? DT_LNK : DT_REG;
+            *type = described && st.flags & MONARCH_INDEX_FLAG_SYMLINK ? DT_LNK : DT_REG;
             fi++;
         } else {
             return 0;

@@ -304,9 +304,10 @@ struct monarch_pages_request {
 
 /* ---- snapshot index: written once by the daemon, its files described in place, mapped by every process ---- */
 #define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL /* "MNCHINDX" */
-#define MONARCH_INDEX_VERSION 8 /* 6: files listed, not yet described (INDEX_FLAG_UNDESCRIBED);
+#define MONARCH_INDEX_VERSION 9 /* 6: files listed, not yet described (INDEX_FLAG_UNDESCRIBED);
                                   * 7: a file's stat written when described;
-                                  * 8: an 8-byte record per file, its name under its directory's range */
+                                  * 8: an 8-byte record per file, its name under its directory's range;
+                                  * 9: a described file's stat in 8 bytes beside its directory's shape */
 #define MONARCH_INDEX_HEADER_SIZE 144
 #define MONARCH_INDEX_ENTRY_SIZE 112
 #define MONARCH_INDEX_FILE_SIZE 8
@@ -318,8 +319,33 @@ struct monarch_pages_request {
 #define MONARCH_INDEX_FLAG_UNDESCRIBED 4
 /* a file record's ``stat`` while the daemon describes it (0: not described; else its stat's slot) */
 #define MONARCH_INDEX_DESCRIBING 0xFFFFFFFFu
+/* A file record's ``stat`` above ``files`` (and not DESCRIBING): its short stat, at word stat - files - 1
+ * of the shorts (room for 4 words a file, taken in turn: the header's shorts_used). Its first word:
+ * bit 63 set; bits 0..18 the size (at most SHORT_MAX_SIZE, routes.py's INLINE_MAX: a larger file's
+ * stat is a slot's, where the daemon finds the files past the door's row); bits 19..22 the route + 1;
+ * 23..24 how its blocks follow from its size (SHORT_BLOCKS_*); 25..26 its times (SHORT_TIMES_*: the
+ * words after the first); 27..62 its st_ino less its directory shape's, signed. The rest of its stat
+ * is the shape's. */
+#define MONARCH_INDEX_SHORT_ROOM 4
+#define MONARCH_INDEX_SHORT_MAX_SIZE (256u << 10)
+#define MONARCH_INDEX_SHORT_SIZE_BITS 19
+#define MONARCH_INDEX_SHORT_ROUTE_AT 19
+#define MONARCH_INDEX_SHORT_BLOCKS_AT 23
+#define MONARCH_INDEX_SHORT_TIMES_AT 25
+#define MONARCH_INDEX_SHORT_INO_AT 27
+#define MONARCH_INDEX_SHORT_INO_BITS 36
+/* the shape's times; its mtime next, its atime and ctime the same; its mtime then its atime, its
+ * ctime the mtime; its mtime, atime and ctime next */
+enum { MONARCH_SHORT_TIMES_SHAPE, MONARCH_SHORT_TIMES_M, MONARCH_SHORT_TIMES_MA, MONARCH_SHORT_TIMES_MAC };
+enum { MONARCH_SHORT_BLOCKS_512, MONARCH_SHORT_BLOCKS_4096, MONARCH_SHORT_BLOCKS_BLKSIZE, MONARCH_SHORT_BLOCKS_NONE };
+/* a shape's ``hash`` word: being written, then whole (its other fields: the stat files of its
+ * directory share) */
+#define MONARCH_INDEX_SHAPE_WRITING 1u
+#define MONARCH_INDEX_SHAPE_READY 2u
 /* the header's ``reserved`` word: a listing-mode walk made the index and described no file */
 #define MONARCH_INDEX_LISTING 1
+/* and: the inodes table is one u64, every file's (a listing that gave every name the same d_ino) */
+#define MONARCH_INDEX_INOS_ONE 2
 /* flags bits 8..11: a file's route + 1 (0: none published: a directory, a link's own record), the
  * route table's on the file's static facts (size, kind, store) and the node's: never another
  * node's (the owners of a sharded cluster are known after the index is written) */
@@ -328,8 +354,10 @@ struct monarch_pages_request {
 
 /* In the file in this order: header, buckets, file records (numbers 1..files), the directories'
  * file ranges, listed sizes and inodes (each optional), fixed entries (the numbers after:
- * directories, then link records), keys (the file names first), children, stats (room for
- * ``files`` INDEX_ENTRYs, slot s at stats_off + 112 * (s - 1), sparse until described). */
+ * directories, then link records), keys (the file names first), children, shapes (an INDEX_ENTRY a
+ * directory), shorts (SHORT_ROOM u64 words a file), stats (room for ``files`` INDEX_ENTRYs, slot s
+ * at stats_off + 112 * (s - 1)); the last three zeros until described, the shapes and the shorts
+ * just before the stats (monarch_index_shapes_off). */
 struct monarch_index_header {
     uint64_t magic;
     uint32_t version, entries, buckets, reserved;
@@ -337,15 +365,15 @@ struct monarch_index_header {
     uint32_t files, stats_used;   /* stats_used: slots taken (atomic in the mapping, the daemon's process only) */
     uint64_t files_off, stats_off;
     uint64_t size;                /* the file's whole length: stats_off + 112 * files */
-    uint32_t dirs, reserved2;     /* directories: entries files + 1 .. files + dirs */
+    uint32_t dirs, shorts_used;   /* directories: entries files + 1 .. files + dirs; the shorts' words taken (atomic) */
     uint64_t names_size;          /* the file names: the key bytes' first, file after file */
     uint64_t ranges_off;          /* u32[dirs + 1]: directory j holds files ranges[j] + 1 .. ranges[j + 1] */
     uint64_t sizes_off, inos_off; /* u64 per file, each 0 when absent: listed sizes; listing's d_ino */
 };
 
 /* File n's record (n - 1 at files_off): its name's offset in the key bytes (its length: up to the
- * next file's, the last's to names_size), and ``stat``: 0 not described, DESCRIBING, else its
- * stat's slot, stored last (release; load acquire) */
+ * next file's, the last's to names_size), and ``stat``: 0 not described, DESCRIBING, its stat's slot
+ * (1..files), else its short stat (files + 1 + its first word), stored last (release; load acquire) */
 struct monarch_index_file {
     uint32_t name_off, stat;
 };

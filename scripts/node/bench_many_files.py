@@ -37,6 +37,12 @@ process launched from here (wall: its launch to its exit):
                   false}``, and tiers of its own (``keep: false``): the daemon walks, then reads
                   ahead what its tiers hold while READER reads its sample. Under the table: its
                   metadata calls but one a file opened (the name its open looks up) against find's.
+  every file described  the read-ahead job with its RAM tier compressed (``compression: zstd``):
+                  the read-ahead samples the dataset to choose its level, so the daemon describes
+                  every file the walk listed first (a stat each, 8 at once); READER, after its
+                  passes, waits until the index the shim maps has no file left undescribed (at most
+                  ``--timeout``) before it reads the daemon's peak. Under the table: the peak and
+                  the index per file with every file described, where the index's bytes go.
   manifest job    ``dataset: {roots: [MNT], manifest: FILE}``, a run base and tiers of its own,
                   ``keep: false``: the snapshot read from ``monarch index``'s file.
   index from a list  ``monarch index MNT -o FILE2 --from-list LIST``: LIST (each file's path
@@ -106,18 +112,20 @@ from monarch.tools.slowpfs import FLUSH_INTERVAL_S, SlowPFS  # noqa: E402
 from monarch.tools.slowpfs_generated import Generated, parse_size_range  # noqa: E402
 
 NAME = "bench_many_files"
-ROWS = ("find", "index", "first", "later", "ahead", "manifest", "list-index", "list", "direct")  # in the order they run
-JOBS = ("first", "later", "ahead", "manifest", "list")
+ROWS = ("find", "index", "first", "later", "ahead", "described", "manifest", "list-index", "list", "direct")  # in order
+JOBS = ("first", "later", "ahead", "described", "manifest", "list")
 NEEDS = {"later": "first", "manifest": "index", "list": "list-index"}  # a row -> the row it reads what it made
 METADATA = ("lookups", "readdirs", "opendirs", "statfs", "accesses")  # the emulator's metadata calls
 SETTLE_S = 3 * FLUSH_INTERVAL_S  # the emulator flushes its counters every FLUSH_INTERVAL_S
 
 # READER: under `monarch run` (a job) and alone (direct). Its argv: MNT COUNTERS FILES PER_DIR
-# LOW HIGH TREE_SEED SAMPLE PICK_SEED. Prints one RESULT line; exits 1 if a byte was wrong.
+# LOW HIGH TREE_SEED SAMPLE PICK_SEED WAIT_DESCRIBED_S. Prints one RESULT line; exits 1 if a byte
+# was wrong.
 READER = r'''
 import json, os, random, sys, time
+from array import array
 mnt, counters = sys.argv[1], sys.argv[2]
-files, per_dir, low, high, seed, sample, pick = map(int, sys.argv[3:10])
+files, per_dir, low, high, seed, sample, pick, wait_described = map(int, sys.argv[3:11])
 from monarch import layout, protocol
 from monarch.tools.slowpfs_generated import Generated
 tree = Generated(files, per_dir, low, high, seed)
@@ -154,6 +162,19 @@ for _ in range(2):
 out["checked"] = 2 * len(paths) - len(wrong)
 out["wrong"] = wrong[:10]
 sock, index = os.environ.get(protocol.ENV_SOCKET), os.environ.get(protocol.ENV_INDEX)
+if wait_described and index:  # the daemon's pass that describes every file: until none is left
+    t0 = time.perf_counter()
+    with open(index, "rb") as f:
+        head = protocol.INDEX_HEADER.unpack(f.read(protocol.INDEX_HEADER.size))
+        nfiles, files_off = head[11], head[13]
+        while True:
+            f.seek(files_off)
+            stats = array("I", f.read(8 * nfiles))[1::2]
+            left = stats.count(0) + stats.count(protocol.INDEX_DESCRIBING)
+            if not left or time.perf_counter() - t0 > wait_described:
+                break
+            time.sleep(2)
+    out["undescribed"], out["described_after"] = left, time.perf_counter() - t0
 if sock:
     try:
         with open(os.path.join(os.path.dirname(sock), layout.PID_FILE)) as f:
@@ -266,20 +287,22 @@ def index_parts(header: bytes, files: int) -> dict[str, float]:
     files' records, the stats of the files described, the directories' and links' entries, the hash
     buckets, the key bytes (the files' names, then the directories' keys and the names of listed
     children that are no entry), the listed sizes and inodes, the child records."""
-    (_, _, total, nbuckets, _, _, _, _, keys_size, _, nchildren, nfiles, used, _, _, _, dirs, _, names_size, _,
-     sizes_off, inos_off) = protocol.INDEX_HEADER.unpack(header)
+    (_, _, total, nbuckets, reserved, _, _, _, keys_size, _, nchildren, nfiles, used, _, _, _, dirs, shorts, names_size,
+     _, sizes_off, inos_off) = protocol.INDEX_HEADER.unpack(header)
+    inodes = 8 * (1 if reserved & protocol.INDEX_INOS_ONE else nfiles) if inos_off else 0
     size = protocol.INDEX_ENTRY.size
     return {"file records": protocol.INDEX_FILE.size * nfiles / files, "stats": size * used / files,
+            "short stats": 8 * shorts / files, "shapes": size * dirs / files,
             "other entries": size * (total - nfiles) / files, "buckets": 4 * nbuckets / files,
             "names": names_size / files, "other keys": (keys_size - names_size) / files,
-            "sizes": 8 * nfiles / files if sizes_off else 0.0, "inodes": 8 * nfiles / files if inos_off else 0.0,
+            "sizes": 8 * nfiles / files if sizes_off else 0.0, "inodes": inodes / files,
             "ranges": 4 * (dirs + 1) / files, "child records": protocol.INDEX_CHILD.size * nchildren / files}
 
 
-def reader_args(mnt: Path, args, pfs: SlowPFS) -> list[str]:
+def reader_args(mnt: Path, args, pfs: SlowPFS, wait_described: bool = False) -> list[str]:
     t = args.tree
     return [str(mnt), pfs.counters_path, *map(str, (t.files, t.per_dir, t.min_size, t.max_size, t.seed,
-                                                    args.sample_n, args.seed))]
+                                                    args.sample_n, args.seed, args.timeout if wait_described else 0))]
 
 
 def result_of(name: str, proc: subprocess.CompletedProcess) -> dict:
@@ -304,10 +327,10 @@ def reads(r: dict, res: dict, before: dict, args) -> dict:
 
 
 def run_job(name: str, cfg: Path, mnt: Path, reader: Path, work: Path, args, pfs: SlowPFS, watch: CpuWatch,
-            env: dict) -> dict:
+            env: dict, wait_described: bool = False) -> dict:
     report = work / f"report-{len(list(work.glob('report-*')))}.json"
     cmd = [sys.executable, "-m", "monarch", "run", "-c", str(cfg), "--no-progress", "--report", str(report), "--",
-           sys.executable, str(reader), *reader_args(mnt, args, pfs)]
+           sys.executable, str(reader), *reader_args(mnt, args, pfs, wait_described)]
     row = Row(name, pfs, watch)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout, cwd=work)
     r = row.done()
@@ -319,6 +342,7 @@ def run_job(name: str, cfg: Path, mnt: Path, reader: Path, work: Path, args, pfs
     r = reads(r, res, row.before, args)
     ready_at = node.get("snapshot_ready_at")
     r |= {"ready": node.get("snapshot_ready_seconds"), "snapshot": node.get("snapshot"),
+          "undescribed": res.get("undescribed"), "described_after": res.get("described_after"),
           "ready_after_launch": ready_at - r["launch"] if ready_at else None,
           "dataset_files": rep["dataset"]["files"], "opened_from": rep.get("opened_from"),
           "pfs_before_index": rep.get("pfs_before_index"), "warnings": []}
@@ -341,7 +365,7 @@ def run_direct(mnt: Path, reader: Path, args, pfs: SlowPFS, watch: CpuWatch, env
 
 
 def write_config(path: Path, mnt: Path, base: Path, ram_base: Path, capacity: int, keep: bool,
-                 manifest: Path | None = None, policy: str = "on-access") -> Path:
+                 manifest: Path | None = None, policy: str = "on-access", compression: str = "off") -> Path:
     """A job's configuration (tests/support/harness.py's shape): the root, a run base and tiers of its own."""
     dataset = f"roots: [{json.dumps(str(mnt))}]" + (f", manifest: {json.dumps(str(manifest))}" if manifest else "")
     for d in (base / "run", base / "ssd", ram_base):
@@ -350,7 +374,7 @@ def write_config(path: Path, mnt: Path, base: Path, ram_base: Path, capacity: in
     path.write_text(f"""dataset: {{{dataset}}}
 run_base: {json.dumps(str(base / "run"))}
 tiers:
-  - {{name: ram, path: {json.dumps(str(ram_base))}, capacity: {capacity}, keep: {k}}}
+  - {{name: ram, path: {json.dumps(str(ram_base))}, capacity: {capacity}, keep: {k}, compression: {compression}}}
   - {{name: ssd, path: {json.dumps(str(base / "ssd"))}, capacity: {capacity}, keep: {k}}}
 staging: {{policy: {policy}, share: false}}
 """)
@@ -500,6 +524,8 @@ def main(argv=None) -> int:
                                      keep=False, manifest=work / "list.index")
             ahead = write_config(work / "ahead.yaml", mnt, work / "ahead", shm / "ahead-ram", capacity, keep=False,
                                  policy="read-ahead")
+            described = write_config(work / "described.yaml", mnt, work / "described", shm / "described-ram", capacity,
+                                     keep=False, policy="read-ahead", compression="zstd")
             by: dict[str, dict] = {}  # a row's name in ROWS -> its figures
             for name in args.rows:
                 if name == "find":
@@ -512,9 +538,11 @@ def main(argv=None) -> int:
                 else:
                     title, cfg = {"first": ("first job (walk)", kept), "later": ("later job (kept)", kept),
                                   "ahead": ("read-ahead job (walk)", ahead),
+                                  "described": ("every file described", described),
                                   "manifest": ("manifest job", listed), "list": ("list manifest job", from_list),
                                   "direct": (None, None)}[name]
-                    by[name] = r = (run_job(title, cfg, mnt, reader, work, args, pfs, watch, job_env) if title
+                    by[name] = r = (run_job(title, cfg, mnt, reader, work, args, pfs, watch, job_env,
+                                            wait_described=name == "described") if title
                                     else run_direct(mnt, reader, args, pfs, watch, env))
                     print(f"  {r['row']}: {r['wall']:.2f} s, snapshot {r.get('snapshot')}, ready "
                           f"{cell(r.get('ready'))} s, passes {r['pass1']:.3f} s, {r['pass2']:.3f} s", flush=True)

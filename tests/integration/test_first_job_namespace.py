@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from monarch import protocol
 from monarch.node.snapshot import walker
 from monarch.tools.slowpfs_generated import Generated
 from support.harness import monarch, monarch_env, seen_as_directly, with_manifest, write_config
@@ -343,3 +344,77 @@ def test_the_next_job_adopts_the_copies_of_files_described_by_the_first_without_
     assert pfs.counters()["opens"] == 0
     # its directories' check, the READER's stats of the sample (answered here): nothing a file
     assert calls[1] <= 4 * (TREE.directories + 1), calls
+
+
+STATS = r"""
+import json, os, struct, sys
+from monarch import protocol
+root = sys.argv[1]
+seen = {}
+for d in sorted(os.listdir(root)):
+    for name in sorted(os.listdir(os.path.join(root, d))):
+        p = os.path.join(root, d, name)
+        st = os.lstat(p)
+        with open(p, "rb") as f:  # (nothing read: the atimes stay the direct run's)
+            fst = os.fstat(f.fileno())
+        seen[f"{d}/{name}"] = [[s.st_size, s.st_mode, s.st_ino, s.st_dev, s.st_nlink, s.st_uid, s.st_gid, s.st_atime_ns,
+                                s.st_mtime_ns, s.st_ctime_ns, s.st_blocks, s.st_blksize] for s in (st, fst, os.stat(p))]
+shorts = None
+if os.environ.get("MONARCH_INDEX"):
+    with open(os.environ["MONARCH_INDEX"], "rb") as f:
+        data = f.read()
+    files, files_off = protocol.INDEX_HEADER.unpack_from(data)[11], protocol.INDEX_HEADER.unpack_from(data)[13]
+    records = [protocol.INDEX_FILE.unpack_from(data, files_off + 8 * n)[1] for n in range(files)]
+    shorts = sum(1 for s in records if files < s != protocol.INDEX_DESCRIBING)
+print(json.dumps({"seen": seen, "shorts": shorts}))
+"""
+
+
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_files_described_in_short_stats_are_answered_by_the_shim_as_the_pfs_answers(short_tmp):
+    """A listing walk's files stat'ed by the job: each described by the daemon, most in a short stat
+    beside its directory's shape (its size, inode, blocks and times its own), one a directory and
+    the one past the short stats' largest size in a slot; lstat, stat and the staged copy's fstat
+    answered by the shim from the index, every field as a direct reader's."""
+    root = small_tree(os.path.join(short_tmp, "data"), 12)
+    with open(os.path.join(root, "d2", "large.bin"), "wb") as f:
+        f.write(b"L" * (protocol.INDEX_SHORT_MAX_SIZE + 1))
+    args = (sys.executable, "-c", STATS, root)
+    direct = json.loads(subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout)
+    cfg = write_config(short_tmp, root)
+    ran = monarch("run", "-c", cfg, "--no-progress", "--", *args)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    served = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert served["seen"] == direct["seen"] and len(served["seen"]) == 3 * 12 + 1
+    assert served["shorts"] == 3 * 11  # every file but each directory's shape and the large one
+
+
+LISTINGS = r"""
+import json, os, sys
+from monarch import protocol
+root, dirs = sys.argv[1], sys.argv[2:]
+seen = {d: sorted((e.name, e.inode(), e.is_file(follow_symlinks=False)) for e in os.scandir(os.path.join(root, d)))
+        for d in dirs}
+one = None
+if os.environ.get("MONARCH_INDEX"):
+    with open(os.environ["MONARCH_INDEX"], "rb") as f:
+        one = bool(protocol.INDEX_HEADER.unpack(f.read(protocol.INDEX_HEADER.size))[4] & protocol.INDEX_INOS_ONE)
+print(json.dumps({"seen": seen, "inos_one": one}))
+"""
+
+
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_a_listing_whose_names_share_one_inode_keeps_it_once_and_lists_as_the_pfs_lists(slow_pfs, short_tmp):
+    """A FUSE filesystem lists every name with the same unknown d_ino: the walk's index keeps it once
+    (INDEX_INOS_ONE, no u64 a file), and the job's listings, served from the index, give it as the
+    PFS does."""
+    pfs = slow_pfs(TREE, open_latency_ms=0)
+    root = pfs.mountpoint
+    args = (sys.executable, "-c", LISTINGS, root, "d000000", "d000003", "")
+    direct = json.loads(subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout)
+    assert len({ino for _, ino, _ in direct["seen"]["d000000"]}) == 1  # FUSE's unknown inode
+    cfg = write_config(short_tmp, root)
+    ran = monarch("run", "-c", cfg, "--no-progress", "--", *args, env=monarch_env(MONARCH_SHIM_INDEX_WAIT_MS=120000))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    served = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert served == {"seen": direct["seen"], "inos_one": True}

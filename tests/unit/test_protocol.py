@@ -123,7 +123,7 @@ def test_index_build_and_lookup(tmp_path):
     assert foff == boff + 4 * nbuckets and roff == foff + protocol.INDEX_FILE.size * n - protocol.INDEX_FILE.size * dirs
     assert sizes_off == inos_off == 0 and eoff == roff + 16 and koff == eoff + protocol.INDEX_ENTRY.size * dirs
     assert names_size == sum(len(name.rpartition(b"/")[2]) for name in names)  # each name once, under its directory
-    assert coff >= koff + ksize and coff % 8 == 0 and nchildren == 0 and soff == coff
+    assert coff >= koff + ksize and coff % 8 == 0 and nchildren == 0 and soff == coff + protocol.INDEX_ENTRY.size * dirs + 8 * protocol.INDEX_SHORT_ROOM * files  # shapes, shorts
     assert len(data) == size == soff + protocol.INDEX_ENTRY.size * files  # every file described: every slot taken
     index = index_layout.Index(data)
     for key, st in entries:
@@ -183,14 +183,15 @@ def test_a_file_listed_has_a_record_and_no_stat_until_it_is_described(tmp_path):
     listed = [(b"0/a", st, protocol.INDEX_FLAG_UNDESCRIBED), (b"0/b", os.stat(tmp_path), protocol.INDEX_FLAG_UNDESCRIBED)]
     data = index_layout.build_index(listed)
     header = protocol.INDEX_HEADER.unpack_from(data)
-    assert header[11:13] == (2, 0) and len(data) == used_end(data) == header[14]  # no stat yet: no byte of the room
+    shapes = header[14] - 8 * protocol.INDEX_SHORT_ROOM * 2 - protocol.INDEX_ENTRY.size * header[16]
+    assert header[11:13] == (2, 0) and len(data) == used_end(data) == shapes  # no stat yet: no byte of the room
     assert index_layout.index_lookup(data, b"0/a")[:1] + index_layout.index_lookup(data, b"0/a")[6:11] == (
         7, stat.S_IFREG, 0, 0, 0, protocol.INDEX_FLAG_UNDESCRIBED)  # its listed size; nothing to answer from
     room = bytearray(data) + bytearray(header[15] - len(data))  # the file at its size
     table = IndexTable(room)
     assert table.undescribed() == 2 and "0/a" in table
     table["0/a"] = _info(st)
-    assert table.undescribed() == 1 and used_end(room) == len(data) + protocol.INDEX_ENTRY.size
+    assert table.undescribed() == 1 and used_end(room) == header[14] + protocol.INDEX_ENTRY.size
     assert index_layout.index_lookup(bytes(room), b"0/a")[:4] == (st.st_size, st.st_mtime_ns, st.st_atime_ns,
                                                                    st.st_ctime_ns)
     assert protocol.INDEX_FILE.unpack_from(room, header[13])[1] == 1  # its stat in slot 1

@@ -17,6 +17,7 @@ import secrets
 import struct
 
 from monarch import protocol
+from monarch.node.snapshot.indextable import used_ranges
 
 _THIS_VERSION = struct.pack("<QI", protocol.INDEX_MAGIC, protocol.INDEX_VERSION)  # a header's first 12 bytes
 
@@ -42,20 +43,24 @@ class IndexFile:
     @classmethod
     def copy_of(cls, source: str, at: str) -> "IndexFile":
         """The index file ``source`` (a manifest, a kept snapshot) copied beside ``at``, mapped: its
-        bytes up to its used end, the copy as long as the index says (its room for the stats of
-        files described later is sparse, as the source's; copying it would write every page)."""
+        used parts, the copy as long as the index says (its rooms for the short stats and the stats
+        of files described later are sparse, as the source's; copying them would write every page)."""
         src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
         try:
             size = length = os.fstat(src).st_size
+            ranges = [(0, length)]
             header = os.pread(src, protocol.INDEX_HEADER.size, 0)
             if len(header) == protocol.INDEX_HEADER.size and header[:12] == _THIS_VERSION:
-                (*_, files, used, _, stats_off, whole) = protocol.INDEX_HEADER.unpack(header)[:16]
-                end = stats_off + protocol.INDEX_ENTRY.size * min(used, files)
-                if end <= length <= whole == stats_off + protocol.INDEX_ENTRY.size * files:
-                    length, size = end, whole  # else copied as it is, for check_tables to refuse
+                fields = protocol.INDEX_HEADER.unpack(header)
+                (*_, files, used, _, stats_off, whole) = fields[:16]
+                used_parts = used_ranges(fields)
+                inside = all(0 <= a <= b for a, b in used_parts) and used_parts[-1][1] <= length
+                if inside and length <= whole == stats_off + protocol.INDEX_ENTRY.size * files:
+                    ranges, size = used_parts, whole  # else copied as it is, for check_tables to refuse
             made = cls(at, size)
             try:
-                _copy(src, made._fd, length)
+                for start, end in ranges:
+                    _copy(src, made._fd, start, end)
             except BaseException:
                 made.discard()
                 raise
@@ -89,10 +94,10 @@ class IndexFile:
         self._fd = -1
 
 
-def _copy(src: int, dst: int, size: int) -> None:
-    """``size`` bytes from ``src`` to ``dst``, in the kernel: copy_file_range (a reflink or a
-    server-side copy where the filesystem has them), else sendfile across filesystems."""
-    done = 0
+def _copy(src: int, dst: int, done: int, size: int) -> None:
+    """Bytes ``done`` to ``size`` from ``src`` to ``dst``, at the same offsets, in the kernel:
+    copy_file_range (a reflink or a server-side copy where the filesystem has them), else sendfile
+    across filesystems."""
     use_range = True
     while done < size:
         if use_range:

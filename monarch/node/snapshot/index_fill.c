@@ -34,20 +34,29 @@ EXPORT int walk_routes(unsigned char *x, uint64_t size, uint64_t nfiles, const u
         return -1;
     uint64_t room = (size - h.stats_off) / MONARCH_INDEX_ENTRY_SIZE;
     for (uint64_t n = 1; n <= nfiles; n++) {
-        unsigned char *at = (unsigned char *)monarch_index_stat(x, &h, (uint32_t)n);
-        if (!at)
-            continue;
-        if ((uint64_t)(at - (x + h.stats_off)) / MONARCH_INDEX_ENTRY_SIZE >= room)
-            return -1;  /* a slot past the copy's end */
+        const unsigned char *rec = x + h.files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
+        uint32_t s = __atomic_load_n((const uint32_t *)(rec + offsetof(struct monarch_index_file, stat)), __ATOMIC_ACQUIRE);
         struct monarch_index_entry e;
+        if (!monarch_index_read(x, &h, (uint32_t)n, &e))
+            continue;
+        if (s <= h.files && s - 1 >= room)
+            return -1;  /* a slot past the copy's end */
         uint32_t dl;
         const char *dk = monarch_index_dir_key(x, &h, (uint32_t)n, &dl);  /* its root's number starts it */
         if (!dk)
             return -1;
-        memcpy(&e, at, sizeof e);
         uint32_t bits = monarch_route_bits(&t, dk, dl, e.size, e.mode);
+        if (s > h.files) {  /* the route's 4 bits in its short stat's first word */
+            uint64_t *w = (uint64_t *)(x + monarch_index_shorts_off(&h)) + (s - h.files - 1);
+            uint64_t was = __atomic_load_n(w, __ATOMIC_RELAXED);
+            uint64_t now = (was & ~(0xFull << MONARCH_INDEX_SHORT_ROUTE_AT))
+                           | (uint64_t)(bits >> MONARCH_INDEX_ROUTE_SHIFT) << MONARCH_INDEX_SHORT_ROUTE_AT;
+            __atomic_store_n(w, now, __ATOMIC_RELAXED);
+            continue;
+        }
         e.flags = (e.flags & ~(uint32_t)MONARCH_INDEX_ROUTE_MASK) | bits;
-        memcpy(at + offsetof(struct monarch_index_entry, flags), &e.flags, sizeof e.flags);
+        memcpy(x + h.stats_off + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * (s - 1) + offsetof(struct monarch_index_entry, flags),
+               &e.flags, sizeof e.flags);
     }
     return 0;
 }

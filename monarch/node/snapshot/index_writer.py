@@ -38,6 +38,7 @@ ROUTE_STEPS = 8  # steps per root at most (monarch_native.h's MONARCH_ROUTE_STEP
 _ENTRY = protocol.INDEX_ENTRY
 # an entry's stat fields (size .. nlink), its flags, and its blocks and blksize, at their offsets
 _FLAGS, _FLAGS_AT = struct.Struct("<I"), 80
+_U64 = struct.Struct("<Q")
 
 
 def _fields(st) -> tuple:
@@ -99,7 +100,12 @@ def stamp_routes(data: bytearray, nfiles: int, routes: Routes) -> None:
             del buf
         return
     table = IndexTable(data, nfiles)
+    shorts = protocol.INDEX_HEADER.unpack_from(data)[14] - 8 * nfiles
     for n in range(nfiles):
+        if (e := table.short(n)) is not None:  # the route's 4 bits in its short word
+            word = _U64.unpack_from(data, shorts + 8 * n)[0] & ~(0xF << protocol.INDEX_SHORT_ROUTE_AT)
+            bits = route_flags(table.key(n), e[3], e[9], routes) >> protocol.INDEX_ROUTE_SHIFT
+            _U64.pack_into(data, shorts + 8 * n, word | bits << protocol.INDEX_SHORT_ROUTE_AT)
         at = table.stat_at(n)
         if at >= 0:
             e = _ENTRY.unpack_from(data, at)
@@ -133,7 +139,7 @@ class Describer:
         """File ``n``'s stat taken now and written in its index (protocol.py: its stat in a free slot,
         then the slot in its record, which the shim loads first). False if the file is gone or no
         longer a regular file (it stays undescribed: nothing is served from it)."""
-        if table.stat_at(n) >= 0:
+        if table.is_described(n):
             return True
         if not isinstance(table.data, (bytearray, mmap.mmap)):
             return False  # an index received, not published here yet: its files are described once it is
@@ -159,9 +165,9 @@ class Describer:
                                        *routes, len(self.routes) if self.routes is not None else 0)
                 finally:
                     del buf
-            elif table.stat_at(n) < 0:
+            elif not table.is_described(n):
                 put_stat(table, n, fields, route_flags(key, st.st_size, st.st_mode, self.routes))
-        return table.stat_at(n) >= 0
+        return table.is_described(n)
 
 
 def _close_all(fds: dict[int, int]) -> None:

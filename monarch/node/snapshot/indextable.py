@@ -3,7 +3,9 @@ is the daemon's table too, with no Python object per file.
 
 A million-file dataset in a ``FileTable`` still holds a key string and a dict slot per file
 (~250 bytes beside its 104 bytes of fields); here a file is its 8-byte record, its name's
-bytes and its bucket, and its 112-byte stat once it is described; a look-up is the shim's: the
+bytes and its bucket, and once it is described its short stat beside its directory's shape (8
+bytes, and 8 a time of its own; a 112-byte stat where it differs from the shape in more); a look-up
+is the shim's: the
 key's CRC-32, then linear probing in the index's buckets. The C walk (``walker.c``) and a kept
 index (``snapshot.read_index``) both give one without building anything per file.
 
@@ -27,7 +29,7 @@ from typing import Callable, Iterator, MutableMapping, Sequence
 
 from monarch import protocol
 from monarch.protocol import DT_LNK, DT_REG
-from monarch.index_layout import undescribed_view
+from monarch.index_layout import short_entry, short_words, undescribed_view
 from monarch.records.filetable import FileInfo, Listing
 from monarch.routes import Route
 
@@ -45,7 +47,7 @@ _FLAGS_AT = 80                    # an entry's flags (u32)
 # INDEX_HEADER's fields: files, stats used, files' and stats' offsets, size, directories, names' size,
 # the offsets of the ranges, the sizes and the inodes
 _H_FILES, _H_USED, _H_FILES_OFF, _H_STATS_OFF, _H_SIZE, _H_DIRS, _H_NAMES = 11, 12, 13, 14, 15, 16, 18
-_H_RANGES, _H_SIZES, _H_INOS = 19, 20, 21
+_H_RANGES, _H_SIZES, _H_INOS, _H_SHORTS = 19, 20, 21, 17
 _STATS_USED_AT = 76               # the header's stats used (u32)
 _MODE = struct.Struct("<I")       # at offset _MODE_AT of an entry
 _MODE_AT = 64
@@ -63,7 +65,7 @@ def check_tables(data) -> None:
     stats' used end (a copy's, a pickle's): the stats' room is checked against the header's size."""
     if len(data) < protocol.INDEX_HEADER.size:
         raise ValueError(f"{len(data)} bytes, shorter than an index's header ({protocol.INDEX_HEADER.size})")
-    (magic, version, entries, buckets, _, buckets_off, entries_off, keys_off, keys_size, children_off, nchildren,
+    (magic, version, entries, buckets, reserved, buckets_off, entries_off, keys_off, keys_size, children_off, nchildren,
      files, used, files_off, stats_off, size, dirs, _, names_size, ranges_off, sizes_off,
      inos_off) = protocol.INDEX_HEADER.unpack_from(data)
     if magic != protocol.INDEX_MAGIC or version != protocol.INDEX_VERSION:
@@ -81,18 +83,23 @@ def check_tables(data) -> None:
         raise ValueError(f"{len(data)} bytes, longer than its size ({size})")
     if size != stats_off + _SIZE * files:
         raise ValueError(f"its size ({size}) is not where the room for its {files} files' stats ends")
+    shapes_off = stats_off - 8 * protocol.INDEX_SHORT_ROOM * files - _SIZE * dirs
     for what, off, length, end in (("buckets", buckets_off, 4 * buckets, len(data)),
                                    ("file records", files_off, _FILE * files, len(data)),
                                    ("directory ranges", ranges_off, 4 * (dirs + 1), len(data)),
                                    ("sizes", sizes_off, 8 * files if sizes_off else 0, len(data)),
-                                   ("inodes", inos_off, 8 * files if inos_off else 0, len(data)),
+                                   ("inodes", inos_off, (8 if reserved & protocol.INDEX_INOS_ONE else 8 * files)
+                                    if inos_off else 0, len(data)),
                                    ("entries", entries_off, _SIZE * (entries - files), len(data)),
                                    ("key bytes", keys_off, keys_size, len(data)),
                                    ("child records", children_off, _CHILD.size * nchildren, len(data)),
-                                   ("stats used", stats_off, _SIZE * used, len(data)),
+                                   ("shapes", shapes_off, 0, len(data)),
+                                   ("stats used", stats_off, _SIZE * used, len(data) if used else size),
                                    ("stats", stats_off, _SIZE * files, size)):
         if off > end or length > end - off:
             raise ValueError(f"its {what} ({length} bytes at {off}) lie past its end ({end} bytes)")
+    if shapes_off < children_off + _CHILD.size * nchildren:
+        raise ValueError(f"its stats ({stats_off}) leave no room for its shapes and shorts after its child records")
     ranges = memoryview(data)[ranges_off:ranges_off + 4 * (dirs + 1)].cast("B").cast("I")
     if ranges[0] != 0 or ranges[dirs] != files or any(a > b for a, b in zip(ranges, ranges[1:])):
         raise ValueError(f"its directories' file ranges do not cover its {files} files in order")
@@ -112,8 +119,8 @@ class IndexTable(MutableMapping[str, FileInfo]):
     Read in place through views of its tables; the directories' key prefixes and file ranges
     (a few per thousand files) are kept as Python objects for the look-ups."""
     __slots__ = ("data", "nfiles", "total", "ndirs", "_buckets", "_mask", "_files", "_fixed", "_stats", "_keys",
-                 "_names_size", "_sizes", "_inos", "_view", "_recs", "_stat_words", "_starts", "_dir_keys", "_prefixes",
-                 "describer")
+                 "_names_size", "_sizes", "_inos", "_one_ino", "_view", "_recs", "_stat_words", "_shorts", "_starts", "_dir_keys",
+                 "_prefixes", "describer")
 
     def __init__(self, data: bytearray | bytes, nfiles: int | None = None,
                  describer: Callable[["IndexTable", int], bool] | None = None):
@@ -127,6 +134,7 @@ class IndexTable(MutableMapping[str, FileInfo]):
         self._mask = header[3] - 1
         self._files, self._fixed, self._stats, self._keys = header[_H_FILES_OFF], header[6], header[_H_STATS_OFF], header[7]
         self._names_size, self._sizes, self._inos = header[_H_NAMES], header[_H_SIZES], header[_H_INOS]
+        self._one_ino = bool(header[4] & protocol.INDEX_INOS_ONE)  # the inodes table: one u64, every file's
         ranges = header[_H_RANGES]
         self._starts = list(memoryview(data).cast("B")[ranges:ranges + 4 * (self.ndirs + 1)].cast("I"))
         self.rebind(data)
@@ -147,7 +155,9 @@ class IndexTable(MutableMapping[str, FileInfo]):
         self._buckets = view[header[5]:header[5] + 4 * header[3]].cast("I")
         self._recs = view[self._files:self._files + _FILE * self.nfiles].cast("I")  # name offset, stat slot
         end = min(len(view), self._stats + _SIZE * self.nfiles)  # a copy may stop at the used end
-        self._stat_words = view[self._stats:self._stats + (end - self._stats) // _SIZE * _SIZE].cast("Q")
+        self._stat_words = view[self._stats:self._stats + max(end - self._stats, 0) // _SIZE * _SIZE].cast("Q")
+        shorts = self._stats - 8 * protocol.INDEX_SHORT_ROOM * self.nfiles  # read only where a record names one
+        self._shorts = view[shorts:self._stats].cast("Q") if len(view) >= self._stats else None
         self.data = data
 
     # -- the entries ---------------------------------------------------------------------
@@ -161,6 +171,25 @@ class IndexTable(MutableMapping[str, FileInfo]):
             if last < len(self._stat_words) and self._stat_words[last] == n + 1:
                 return self._stats + _SIZE * (s - 1)
         return -1
+
+    def short(self, n: int) -> tuple | None:
+        """File ``n``'s (from 0) stat as INDEX_ENTRY's fields from its short stat and its directory's
+        shape, if its record names a short stat and both are whole; else None."""
+        s, shorts, nfiles = self._recs[2 * n + 1], self._shorts, self.nfiles
+        if s <= nfiles or s == protocol.INDEX_DESCRIBING or shorts is None:
+            return None
+        k = s - nfiles - 1
+        words = shorts[k:k + 4]
+        if not words or short_words(words[0]) > len(words):
+            return None
+        j = bisect.bisect_left(self._starts, n + 1) - 1
+        shape = _ENTRY.unpack_from(self.data, self._stats - 8 * len(shorts) - _SIZE * (self.ndirs - j))
+        off, length = self._name_span(n)
+        return short_entry(shape, words, length, off, n + 1)
+
+    def is_described(self, n: int) -> bool:
+        """Has file ``n`` (from 0) its stat (in a slot or a short stat)?"""
+        return self.stat_at(n) >= 0 or self.short(n) is not None
 
     def _name_span(self, n: int) -> tuple[int, int]:
         """File ``n``'s (from 0) name: its offset and length in the key bytes."""
@@ -178,10 +207,13 @@ class IndexTable(MutableMapping[str, FileInfo]):
         if n >= self.nfiles:
             return _ENTRY.unpack_from(self.data, self._fixed + _SIZE * (n - self.nfiles))
         at = self.stat_at(n)
-        if at < 0:
+        if at >= 0:
+            return _ENTRY.unpack_from(self.data, at)
+        short = self.short(n)
+        if short is None:
             off, length = self._name_span(n)
             return undescribed_view(length, off, self.listed_size(n))
-        return _ENTRY.unpack_from(self.data, at)
+        return short
 
     def files_of(self, d: int) -> range:
         """The files (from 0) of directory entry ``d`` (from 0)."""
@@ -241,8 +273,11 @@ class IndexTable(MutableMapping[str, FileInfo]):
     def remap_devices(self, remap: dict[int, int]) -> None:
         """Every entry's st_dev through ``remap`` (another node's device numbers -> ours)."""
         fixed = [self._fixed + _SIZE * n for n in range(self.total - self.nfiles)]
+        shapes = self._stats - 8 * protocol.INDEX_SHORT_ROOM * self.nfiles - _SIZE * self.ndirs
+        ready = [at for at in range(shapes, shapes + _SIZE * self.ndirs, _SIZE)  # (their files. short stats follow)
+                 if at + _SIZE <= len(self.data) and _U32.unpack_from(self.data, at)[0] == protocol.INDEX_SHAPE_READY]
         stats = range(self._stats, self.used_end(), _SIZE)
-        for at in (*fixed, *stats):
+        for at in (*fixed, *ready, *stats):
             dev = _DEV.unpack_from(self.data, at + _DEV_AT)[0]
             if dev in remap:
                 _DEV.pack_into(self.data, at + _DEV_AT, remap[dev])
@@ -263,7 +298,7 @@ class IndexTable(MutableMapping[str, FileInfo]):
             at = self.stat_at(n)
             link = at >= 0 and _U32.unpack_from(data, at + _FLAGS_AT)[0] & protocol.INDEX_FLAG_SYMLINK
             files.append((bytes(data[self._keys + off:self._keys + off + length]), DT_LNK if link else DT_REG,
-                          _U64.unpack_from(data, self._inos + 8 * n)[0] if self._inos else 0))
+                          _U64.unpack_from(data, self._inos + (0 if self._one_ino else 8 * n))[0] if self._inos else 0))
         return heapq.merge(others, files)
 
     # -- the mapping -----------------------------------------------------------------------
@@ -275,13 +310,11 @@ class IndexTable(MutableMapping[str, FileInfo]):
     def described(self, n: int) -> tuple | None:
         """File entry ``n``'s fields, described now if a listing-mode walk left it undescribed;
         None if it cannot be (gone, no longer a regular file, nothing to describe it with)."""
-        at = self.stat_at(n)
-        if at >= 0:
-            return _ENTRY.unpack_from(self.data, at)
+        if self.is_described(n):
+            return self.entry(n)
         if self.describer is None or not self.describer(self, n):
             return None
-        at = self.stat_at(n)
-        return None if at < 0 else _ENTRY.unpack_from(self.data, at)
+        return self.entry(n) if self.is_described(n) else None
 
     def __getitem__(self, key: str) -> FileInfo:
         n = self.row_of(key)
@@ -344,20 +377,32 @@ class IndexTable(MutableMapping[str, FileInfo]):
             return self._view[self._sizes:self._sizes + 8 * self.nfiles].cast("Q")
         words, nfiles = self._stat_words, self.nfiles
         return (words[_WORDS * s - _WORDS + 2] if 0 < s <= nfiles and _WORDS * s <= len(words)
-                and words[_WORDS * s - 1] == n + 1 else 0
+                and words[_WORDS * s - 1] == n + 1 else self._short_size(n) if s > nfiles else 0
                 for n, s in enumerate(self._recs[1::2]))
+
+    def _short_size(self, n: int) -> int:
+        e = self.short(n)
+        return e[3] if e is not None else 0
+
+    def _shorted(self) -> Iterator[tuple[int, int]]:
+        """(file from 0, size) of each file whose stat is a short stat, in file order."""
+        nfiles = self.nfiles
+        for n, s in enumerate(self._recs[1::2]):
+            if s > nfiles and (e := self.short(n)) is not None:
+                yield n, e[3]
 
     def stats_used(self) -> int:
         """How many stat slots are taken (each file described so far has one; they are taken in turn)."""
         return min(_U32.unpack_from(self.data, _STATS_USED_AT)[0], self.nfiles, len(self._stat_words) // _WORDS)
 
-    def described_sizes(self, since: int = 0, until: int | None = None) -> Iterator[tuple[int, int]]:
-        """(file from 0, size) of each file described, in the order of their stats (a slot that does
-        not name its file back, being written or cut from a copy, is none): those of slots ``since``
-        to ``until`` (from 0; default: every slot taken)."""
-        for n, size in self._slots(since, until):
+    def described_sizes(self) -> Iterator[tuple[int, int]]:
+        """(file from 0, size) of each file described: those in slots in the order of their stats (a
+        slot that does not name its file back, being written or cut from a copy, is none), then
+        those in short stats (none larger than INDEX_SHORT_MAX_SIZE) in file order."""
+        for n, size in self._slots(0, None):
             if n >= 0:
                 yield n, size
+        yield from self._shorted()
 
     def _slots(self, since: int, until: int | None) -> Iterator[tuple[int, int]]:
         """(file from 0, size) of stat slots ``since`` to ``until`` in turn; (-1, 0) for a slot that
@@ -373,13 +418,17 @@ class IndexTable(MutableMapping[str, FileInfo]):
             return sum(self.sizes())
         words = self._stat_words  # each stat taken is one file's (a slot being written adds its size or 0)
         used = min(_U32.unpack_from(self.data, _STATS_USED_AT)[0], self.nfiles, len(words) // _WORDS)
-        return sum(words[2:_WORDS * used:_WORDS])
+        return sum(words[2:_WORDS * used:_WORDS]) + sum(size for _, size in self._shorted())
 
     def __repr__(self) -> str:
         return f"IndexTable({self.nfiles} files)"
 
-    def __reduce__(self):  # pickled as its index up to its used end (a share crosses MPI): ~80 bytes per file
-        return (IndexTable, (bytes(self.data[:self.used_end()]), self.nfiles))
+    def __reduce__(self):  # pickled as its index's used parts (a share crosses MPI): ~80 bytes per file
+        data = self.data
+        head, stats = used_ranges(protocol.INDEX_HEADER.unpack_from(data))[:1], used_ranges(
+            protocol.INDEX_HEADER.unpack_from(data))[1:]
+        parts = [bytes(data[a:min(b, len(data))]) for a, b in head + stats]
+        return (_unpickled, (parts, stats[0][0] - head[0][1] if stats else 0, self.nfiles))
 
 
 def put_stat(table: IndexTable, n: int, fields: tuple, flags: int) -> int:
@@ -408,6 +457,11 @@ def put_stat(table: IndexTable, n: int, fields: tuple, flags: int) -> int:
     if slot:
         _U32.pack_into(data, record + _STAT_AT, slot)
     return 1
+
+
+def _unpickled(parts: list[bytes], gap: int, nfiles: int) -> IndexTable:
+    """An IndexTable from its used parts and the zeros between them (``IndexTable.__reduce__``)."""
+    return IndexTable(parts[0] + bytes(gap) + parts[1] if len(parts) > 1 else parts[0], nfiles)
 
 
 class IndexListing(Sequence[tuple[bytes, int, int]]):
@@ -448,9 +502,21 @@ def index_size(data) -> int:
 
 
 def used_end(data) -> int:
-    """Where the stats the index ``data`` holds end: what a copy of it needs (the rest is zeros)."""
-    header = protocol.INDEX_HEADER.unpack_from(data)
-    return header[_H_STATS_OFF] + _SIZE * min(header[_H_USED], header[_H_FILES])
+    """Where the stats the index ``data`` holds end: a copy of it needs no byte past (the rest is
+    zeros): the shapes' offset while no stat is in a slot (a short stat needs its shape, whose file
+    has one)."""
+    return used_ranges(protocol.INDEX_HEADER.unpack_from(data))[-1][1]
+
+
+def used_ranges(header: tuple) -> list[tuple[int, int]]:
+    """The parts of an index (from its INDEX_HEADER fields) a copy needs, as (start, end): up to its
+    shorts' words used, then its stats used; the rest is zeros (the rooms' unused parts)."""
+    stats_off, files, used = header[_H_STATS_OFF], header[_H_FILES], header[_H_USED]
+    shorts = stats_off - 8 * protocol.INDEX_SHORT_ROOM * files
+    if not used:
+        return [(0, shorts - _SIZE * header[_H_DIRS])]
+    taken = min(header[_H_SHORTS], protocol.INDEX_SHORT_ROOM * files)
+    return [(0, shorts + 8 * taken), (stats_off, stats_off + _SIZE * min(used, files))]
 
 
 def files_in(data: bytearray | bytes) -> int:
@@ -481,7 +547,7 @@ def listed_only(files, key: str) -> bool:
     if not isinstance(files, IndexTable):
         return False
     n = files.row_of(key)
-    return n is not None and files.stat_at(n) < 0
+    return n is not None and not files.is_described(n)
 
 
 class LargerDescribed:
@@ -492,6 +558,8 @@ class LargerDescribed:
     WAIT = 3  # asks a slot still being written is waited for (a describer writes its stat after taking it)
 
     def __init__(self, files, size: int):
+        if size < protocol.INDEX_SHORT_MAX_SIZE:  # its slots alone hold every file larger
+            raise ValueError(f"files larger than {size} bytes may have short stats (up to {protocol.INDEX_SHORT_MAX_SIZE})")
         self._files, self._size = files, size
         self._seen = files.stats_used() if isinstance(files, IndexTable) and not files._sizes else None
         self._waited = 0

@@ -81,7 +81,8 @@ class ListedFiles:
         if not cache or not isinstance(files, IndexTable) or files.undescribed() == self._at_start:
             return
         head = bytearray(files.data[:protocol.INDEX_HEADER.size])
-        struct.pack_into("<I", head, _LISTING_AT, 0)  # some of its files are described now: no longer a listing's alone
+        reserved = struct.unpack_from("<I", head, _LISTING_AT)[0] & ~protocol.INDEX_LISTING
+        struct.pack_into("<I", head, _LISTING_AT, reserved)  # some of its files are described now: no longer a listing's alone
         try:
             write_index_file(cache, [head, memoryview(files.data)[len(head):]])
         except OSError as e:

@@ -31,7 +31,8 @@ from monarch.node.snapshot import index_writer
 from monarch.node.snapshot import walker
 from monarch.node.snapshot.index_file import IndexFile
 from monarch.records.filetable import DirInfo, FileInfo, FileTable, Listing
-from monarch.node.snapshot.indextable import IndexListing, IndexTable, check_tables, files_in, index_size, used_end
+from monarch.node.snapshot.indextable import (IndexListing, IndexTable, check_tables, files_in, index_size, used_end,
+                                              used_ranges)
 from monarch.node.snapshot.pfsmeta import lstats_under_roots, opened_stat
 from monarch.secure import write_file_atomically
 
@@ -365,12 +366,18 @@ def write_index_file(path: str, parts: list) -> None:
     """The index ``parts`` (``Snapshot.index_parts``'s) written at ``path`` up to their used end, the
     file as long as the index says (the room for stats written later: a sparse tail)."""
     head = bytes(parts[0][:protocol.INDEX_HEADER.size])
-    end, written, at = used_end(head), [], 0
-    for part in parts:
-        view = memoryview(part)
-        if at < end:
-            written.append(view[:end - at])
-        at += len(view)
+    written, done = [], 0
+    for start, end in used_ranges(protocol.INDEX_HEADER.unpack(head)):  # the rooms' unused parts left holes
+        if start > done:
+            written.append(start - done)
+        at = 0
+        for part in parts:
+            view = memoryview(part)
+            lo, hi = max(start, at), min(end, at + len(view))
+            if lo < hi:
+                written.append(view[lo - at:hi - at])
+            at += len(view)
+        done = end
     write_file_atomically(path, written, size=index_size(head))
 
 

@@ -27,7 +27,7 @@ _LIBRARY = OptionalLibrary(SOURCE, Path(__file__).with_name(LIBRARY_NAME), "the 
                                                   _i]),
                                "walk_index_size": (_u64, [_vp]),
                                "walk_counts": (None, [_vp, ctypes.POINTER(_u64)]),
-                               "walk_build": (_i, [_vp, _vp, _u64]),
+                               "walk_build": (_i, [_vp, _vp, _u64, _i]),
                                "walk_free": (None, [_vp]),
                                "walk_routes": (_i, [_vp, _u64, _u64, ctypes.POINTER(_u64),
                                                     ctypes.POINTER(ctypes.c_uint8), ctypes.POINTER(_i), _i]),
@@ -68,7 +68,8 @@ def walk_index(roots: tuple[str, ...], threads: int = THREADS, describe: bool = 
     None when the C walker cannot be used. A root that cannot be opened is left out, as
     the Python walk leaves it (its files are read from the PFS). ``describe`` False: listing mode
     (walker.c's doc): the files are named, not stat'ed (each described later). ``buffer``: the
-    writable buffer of a given size the index is built in (a bytearray by default)."""
+    writable buffer of a given size the index is built in, zeros (a fresh file's; by default a
+    bytearray of whatever its memory held)."""
     lib = library() if wanted() else None
     if lib is None:
         return None
@@ -96,7 +97,7 @@ def walk_index(roots: tuple[str, ...], threads: int = THREADS, describe: bool = 
             lib.walk_counts(walk, counts)
             index = (buffer or unwritten_bytearray)(lib.walk_index_size(walk))
             buf = (ctypes.c_char * len(index)).from_buffer(index)
-            if lib.walk_build(walk, ctypes.addressof(buf), len(index)) != 0:
+            if lib.walk_build(walk, ctypes.addressof(buf), len(index), int(buffer is not None)) != 0:
                 raise OSError("the C walk's index did not come out at its own size")
             del buf  # the bytearray may be resized or freed again
         finally:

@@ -151,19 +151,25 @@ def test_the_walk_holds_about_one_index_of_memory(tmp_path):
 
 def _zero_atimes(data: bytearray) -> bytearray:
     """The index with every entry's and stat's atime 0 (a walk reads directories: atimes move between
-    two), its header's word that says how it was walked 0, and its files' stats in their files'
-    order (a file described later takes the next free slot; a full walk gives file n slot n)."""
+    two), its header's word that says how it was walked 0, and its files' stats whole (a short
+    stat read with its directory's shape) in their files' order (a file described later takes the
+    next free slot, or a short stat; a full walk gives file n slot n), the shapes and shorts
+    zeros."""
     out = bytearray(data)
     header = protocol.INDEX_HEADER.unpack_from(out)
-    files, foff, soff, size = header[11], header[13], header[14], protocol.INDEX_ENTRY.size
+    files, dirs, foff, soff, size = header[11], header[16], header[13], header[14], protocol.INDEX_ENTRY.size
+    index = index_layout.Index(bytes(data))
     struct.pack_into("<I", out, 20, 0)
     stats = []
     for n in range(files):
         slot = protocol.INDEX_FILE.unpack_from(out, foff + protocol.INDEX_FILE.size * n)[1]
         if slot:
-            stats.append(bytearray(out[soff + size * (slot - 1):soff + size * slot]))
+            stats.append(bytearray(protocol.INDEX_ENTRY.pack(*index.entry(n + 1))))
             struct.pack_into("<I", out, foff + protocol.INDEX_FILE.size * n + 4, len(stats))
-    out[soff:] = b"".join(stats)
+    shapes = soff - 8 * protocol.INDEX_SHORT_ROOM * files - size * dirs
+    out[shapes:] = bytes(soff - shapes) + b"".join(stats)
+    struct.pack_into("<I", out, 76, len(stats))
+    struct.pack_into("<I", out, 108, 0)  # the shorts' words taken
     for at in [header[6] + size * n for n in range(header[2] - files)] + [soff + size * s for s in range(len(stats))]:
         struct.pack_into("<q", out, at + 32, 0)
     return out
@@ -230,17 +236,21 @@ def test_a_listed_file_gone_before_it_is_described_is_no_file_of_the_snapshot(tm
 
 def test_the_files_described_larger_than_a_size_are_found_once_each_as_they_are_described(tmp_path):
     """What the stager takes from the front door's lane: each file the lane described past its row's
-    size, once, in the order described; none of a listing walk's files before one is described."""
+    size, once, in the order described; none of a listing walk's files before one is described. A
+    smaller file's stat may be a short stat, which is never past the row."""
     root = tmp_path / "t"
     root.mkdir()
-    for i, size in enumerate((10, 5000, 20, 7000, 9000)):
+    row = routes.ROWS[routes.Route.DOOR].max_size
+    for i, size in enumerate((10, row + 5000, 20, row + 7000, row + 9000)):
         (root / f"f{i}").write_bytes(b"x" * size)
     listed, n = walker.walk_index((str(root),), describe=False)
     snap = Snapshot.from_index((str(root),), listed, n)
     snap.describe_with(routes.published(routes.NodeFacts(door=True), 1))
     table = snap.files
-    found = LargerDescribed(table, 1000)
-    assert found.new() == [] and larger_than(table, 1000) == []
+    found = LargerDescribed(table, row)
+    assert found.new() == [] and larger_than(table, row) == []
+    with pytest.raises(ValueError, match="short stats"):
+        LargerDescribed(table, 1000)
     for key in ("0/f3", "0/f0", "0/f1"):
         assert table.get(key) is not None  # described, as the lane describes one
     assert found.new() == ["0/f3", "0/f1"]
@@ -248,4 +258,5 @@ def test_the_files_described_larger_than_a_size_are_found_once_each_as_they_are_
     table.get("0/f4")
     table.get("0/f3")  # (described already: no second slot)
     assert found.new() == ["0/f4"]
-    assert sorted(larger_than(table, 1000)) == ["0/f1", "0/f3", "0/f4"]
+    assert sorted(larger_than(table, row)) == ["0/f1", "0/f3", "0/f4"]
+    assert sorted(larger_than(table, 15)) == ["0/f1", "0/f3", "0/f4"]  # f0 (10 bytes) in a slot: its directory's shape
