@@ -83,6 +83,36 @@ def short_entry(shape: tuple, words, name_len: int, name_off: int, n: int) -> tu
             flags, 0, blocks, blksize, 0, n)
 
 
+AFFIX = struct.Struct("<IHH")  # a directory's: its affix bytes' offset in the key bytes, its prefix's length, its suffix's
+
+
+def name_affixes(names: list[bytes]) -> tuple[int, int]:
+    """The common prefix's and suffix's lengths of a directory's files' ``names`` (in bytewise order)
+    stored once for it, each name's middle at least one byte: (0, 0) under two files (walker.c's
+    dir_affixes)."""
+    if len(names) < 2:
+        return 0, 0
+    shortest = min(map(len, names))
+    first, last = names[0], names[-1]
+    p = 0
+    while p + 1 < shortest and first[p] == last[p]:
+        p += 1
+    s = shortest
+    for name in names:
+        k = 0
+        while k < s and name[len(name) - 1 - k] == first[len(first) - 1 - k]:
+            k += 1
+        s = k
+        if not s:
+            break
+    return p, min(s, shortest - 1 - p)
+
+
+def affixes_off(ranges_off: int, dirs: int) -> int:
+    """Where the directories' affixes lie: after the ranges, at a multiple of 8."""
+    return pad8(ranges_off + 4 * (dirs + 1))
+
+
 def bucket_count(keyed: int) -> int:
     """Buckets for ``keyed`` files and directories: the least power of 2, at least 16, not below 3/2 x keyed."""
     n = 16
@@ -129,12 +159,16 @@ def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable 
 
     records = array("I", bytes(INDEX_FILE.size * nfiles))  # (name offset, stat slot) a file
     keys, ranges, names = bytearray(), array("I", [0]), iter(names)
+    affixes = []  # each directory's files' names' common (prefix, suffix)
     n = 0
     for (key, *_), count in zip(dirs, counts):
         seed = zlib.crc32(key if key.endswith(b"/") else key + b"/")
-        for name in itertools.islice(names, count):
+        mine = list(itertools.islice(names, count))
+        p, s = name_affixes(mine)
+        affixes.append((mine[0][:p], mine[0][len(mine[0]) - s:]) if mine else (b"", b""))
+        for name in mine:
             records[2 * n] = len(keys)
-            keys += name
+            keys += name[p:len(name) - s]  # its middle
             n += 1
             place(zlib.crc32(name, seed), n)
         ranges.append(n)
@@ -172,7 +206,12 @@ def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable 
         fixed += INDEX_ENTRY.pack(zlib.crc32(key), len(key), dir_key_at[j], *fields, flags, 0, blocks, blksize,
                                   nchildren - first, first)
 
-    def name_of(n: int) -> tuple[int, int]:  # file n's (from 1) name: its length and offset
+    affix_table = bytearray()
+    for prefix, suffix in affixes:  # the key bytes' last
+        affix_table += AFFIX.pack(len(keys), len(prefix), len(suffix))
+        keys += prefix + suffix
+
+    def name_of(n: int) -> tuple[int, int]:  # file n's (from 1) name's middle: its length and offset
         return (records[2 * n] if n < nfiles else names_size) - records[2 * n - 2], records[2 * n - 2]
 
     for n, *fields, blocks, blksize in links:
@@ -191,7 +230,7 @@ def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable 
             a.byteswap()
     files_off = INDEX_HEADER.size + 4 * nbuckets
     ranges_off = files_off + INDEX_FILE.size * nfiles
-    at = pad8(ranges_off + 4 * len(ranges))
+    at = affixes_off(ranges_off, ndirs) + AFFIX.size * ndirs
     sizes_off = at if sizes is not None else 0
     at += 8 * nfiles if sizes is not None else 0
     one_ino = inos is not None and len(inos) > 0 and inos.count(inos[0]) == len(inos)
@@ -208,7 +247,7 @@ def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable 
                                used, files_off, stats_off, stats_off + INDEX_ENTRY.size * nfiles, ndirs, 0, names_size,
                                ranges_off, sizes_off, inos_off)
     gap = b"\0" * (pad8(ranges_off + 4 * len(ranges)) - ranges_off - 4 * len(ranges))
-    return [header, *(memoryview(a).cast("B") for a in (buckets, records, ranges)), gap,
+    return [header, *(memoryview(a).cast("B") for a in (buckets, records, ranges)), gap, affix_table,
             *(memoryview(a).cast("B") for a in (sizes, inos) if a is not None), fixed, keys,
             b"\0" * (children_off - keys_off - len(keys)), children,
             b"\0" * (shapes_off - children_off - len(children)),
@@ -285,6 +324,63 @@ def build_index(entries: Iterable[tuple], dirs: Iterable[tuple] = (), links: dic
     return b"".join(pack(rows, counts, [name for name, *_ in files], stats, sizes, inos, link_rows))
 
 
+def check_tables(data) -> None:
+    """Is ``data`` an index of this version whose tables lie inside it, as the shim and the front
+    door require before they map one (monarch_shim.c, door_index.c's index_valid)? A ValueError
+    that says what is wrong if not: a file the daemon took as its snapshot and they refused would
+    leave the job with nothing staged and every metadata call the PFS's. ``data`` may end at the
+    stats' used end (a copy's, a pickle's): the stats' room is checked against the header's size."""
+    if len(data) < INDEX_HEADER.size:
+        raise ValueError(f"{len(data)} bytes, shorter than an index's header ({INDEX_HEADER.size})")
+    (magic, version, entries, buckets, reserved, buckets_off, entries_off, keys_off, keys_size, children_off, nchildren,
+     files, used, files_off, stats_off, size, dirs, _, names_size, ranges_off, sizes_off,
+     inos_off) = INDEX_HEADER.unpack_from(data)
+    if magic != INDEX_MAGIC or version != INDEX_VERSION:
+        raise ValueError("not a Monarch index of version %d" % INDEX_VERSION)
+    if not buckets or buckets & (buckets - 1):
+        raise ValueError(f"its buckets ({buckets}) are not a power of two")
+    if files + dirs >= buckets:
+        raise ValueError(f"its files and directories ({files + dirs}) are not fewer than its buckets ({buckets})")
+    if files + dirs > entries or used > files:
+        raise ValueError(f"its files ({files}), directories ({dirs}) or stats used ({used}) are more than it "
+                         f"holds ({entries} entries)")
+    if names_size > keys_size:
+        raise ValueError(f"its names ({names_size} bytes) are more than its key bytes ({keys_size})")
+    if len(data) > size:
+        raise ValueError(f"{len(data)} bytes, longer than its size ({size})")
+    if size != stats_off + INDEX_ENTRY.size * files:
+        raise ValueError(f"its size ({size}) is not where the room for its {files} files' stats ends")
+    shapes_off = stats_off - 8 * INDEX_SHORT_ROOM * files - INDEX_ENTRY.size * dirs
+    for what, off, length, end in (("buckets", buckets_off, 4 * buckets, len(data)),
+                                   ("file records", files_off, INDEX_FILE.size * files, len(data)),
+                                   ("directory ranges", ranges_off, 4 * (dirs + 1), len(data)),
+                                   ("sizes", sizes_off, 8 * files if sizes_off else 0, len(data)),
+                                   ("inodes", inos_off, (8 if reserved & INDEX_INOS_ONE else 8 * files)
+                                    if inos_off else 0, len(data)),
+                                   ("entries", entries_off, INDEX_ENTRY.size * (entries - files), len(data)),
+                                   ("key bytes", keys_off, keys_size, len(data)),
+                                   ("child records", children_off, INDEX_CHILD.size * nchildren, len(data)),
+                                   ("shapes", shapes_off, 0, len(data)),
+                                   ("stats used", stats_off, INDEX_ENTRY.size * used, len(data) if used else size),
+                                   ("stats", stats_off, INDEX_ENTRY.size * files, size)):
+        if off > end or length > end - off:
+            raise ValueError(f"its {what} ({length} bytes at {off}) lie past its end ({end} bytes)")
+    affixes = affixes_off(ranges_off, dirs)
+    if affixes + AFFIX.size * dirs > min(len(data), entries_off):
+        raise ValueError(f"its directories' affixes ({AFFIX.size * dirs} bytes at {affixes}) run past its entries")
+    for j in range(dirs):
+        a, p, s = AFFIX.unpack_from(data, affixes + AFFIX.size * j)
+        if a + p + s > keys_size:
+            raise ValueError(f"its directory {j}'s affixes ({p + s} bytes at {a}) lie past its key bytes ({keys_size})")
+    if shapes_off < children_off + INDEX_CHILD.size * nchildren:
+        raise ValueError(f"its stats ({stats_off}) leave no room for its shapes and shorts after its child records")
+    ranges = memoryview(data)[ranges_off:ranges_off + 4 * (dirs + 1)].cast("B").cast("I")
+    if ranges[0] != 0 or ranges[dirs] != files or any(a > b for a, b in zip(ranges, ranges[1:])):
+        raise ValueError(f"its directories' file ranges do not cover its {files} files in order")
+    if files and struct.unpack_from("<I", data, files_off + INDEX_FILE.size * (files - 1))[0] > names_size:
+        raise ValueError(f"its last file's name lies past its {names_size} bytes of names")
+
+
 class Index:
     """A read-only view of an index file's bytes (the shim's lookups, in Python). ``data`` may end
     at the used end: a stats slot past it reads as not described."""
@@ -305,11 +401,18 @@ class Index:
         """File ``n``'s (from 1) INDEX_FILE fields."""
         return INDEX_FILE.unpack_from(self.data, self.files_off + INDEX_FILE.size * (n - 1))
 
-    def name(self, n: int) -> bytes:
-        """File ``n``'s name."""
+    def middle(self, n: int) -> tuple[int, int]:
+        """File ``n``'s name's own bytes: their offset in the key bytes and length."""
         start = self.record(n)[0]
         end = self.record(n + 1)[0] if n < self.files else self.names_size
-        return self.data[self.keys_off + start: self.keys_off + end]
+        return start, end - start
+
+    def name(self, n: int) -> bytes:
+        """File ``n``'s name: its directory's files' common prefix, its middle, their common suffix."""
+        off, length = self.middle(n)
+        a, p, s = AFFIX.unpack_from(self.data, affixes_off(self.ranges_off, self.dirs) + AFFIX.size * (self.dir_of(n) - self.files - 1))
+        k = self.keys_off
+        return self.data[k + a:k + a + p] + self.data[k + off:k + off + length] + self.data[k + a + p:k + a + p + s]
 
     def dir_of(self, n: int) -> int:
         """The number of file ``n``'s directory."""
@@ -327,7 +430,7 @@ class Index:
         if short_words(words[0]) > len(words):
             return None
         shape = INDEX_ENTRY.unpack_from(self.data, shorts - INDEX_ENTRY.size * (self.files + self.dirs - self.dir_of(n) + 1))
-        return short_entry(shape, words, len(self.name(n)), self.record(n)[0], n)
+        return short_entry(shape, words, self.middle(n)[1], self.record(n)[0], n)
 
     def stat_slot(self, n: int) -> int:
         """The stats slot (from 1) of file ``n``, or 0 while it has none (not described, or its
@@ -355,7 +458,7 @@ class Index:
             if not s and (short := self.short(number)):
                 return short
             if not s:
-                return undescribed_view(len(self.name(number)), self.record(number)[0], self.file_size(number))
+                return undescribed_view(self.middle(number)[1], self.record(number)[0], self.file_size(number))
             return INDEX_ENTRY.unpack_from(self.data, self.stats_off + INDEX_ENTRY.size * (s - 1))
         return INDEX_ENTRY.unpack_from(self.data, self.entries_off + INDEX_ENTRY.size * (number - self.files - 1))
 

@@ -112,6 +112,12 @@ static inline uint64_t monarch_index_shapes_off(const struct monarch_index_heade
     return monarch_index_shorts_off(h) - (uint64_t)MONARCH_INDEX_ENTRY_SIZE * h->dirs;
 }
 
+/* Where the directories' affixes lie: after the ranges, at a multiple of 8. */
+static inline uint64_t monarch_index_affixes_off(const struct monarch_index_header *h)
+{
+    return (h->ranges_off + 4ull * (h->dirs + 1) + 7) & ~7ull;
+}
+
 /* Do ``count`` items of ``size`` bytes at offset ``off`` lie inside ``len`` bytes? */
 static inline int monarch_index_table_in(uint64_t off, uint64_t count, uint64_t size, uint64_t len)
 {
@@ -131,6 +137,8 @@ static inline int monarch_index_bounded(const struct monarch_index_header *h, ui
            && monarch_index_table_in(h->buckets_off, h->buckets, 4, len)
            && monarch_index_table_in(h->files_off, h->files, MONARCH_INDEX_FILE_SIZE, len)
            && monarch_index_table_in(h->ranges_off, (uint64_t)h->dirs + 1, 4, len)
+           && monarch_index_table_in(monarch_index_affixes_off(h), h->dirs, sizeof(struct monarch_index_affix), len)
+           && monarch_index_affixes_off(h) + sizeof(struct monarch_index_affix) * h->dirs <= h->entries_off
            && (!h->sizes_off || monarch_index_table_in(h->sizes_off, h->files, 8, len))
            && (!h->inos_off || monarch_index_table_in(h->inos_off, h->reserved & MONARCH_INDEX_INOS_ONE ? 1 : h->files,
                                                       8, len))
@@ -142,27 +150,6 @@ static inline int monarch_index_bounded(const struct monarch_index_header *h, ui
            && (uint64_t)h->files * (1 + MONARCH_INDEX_SHORT_ROOM) < MONARCH_INDEX_DESCRIBING
            && h->children_off + (uint64_t)MONARCH_INDEX_CHILD_SIZE * h->children_count <= monarch_index_shapes_off(h)
            && stats_room <= h->files && monarch_index_table_in(h->stats_off, stats_room, MONARCH_INDEX_ENTRY_SIZE, len);
-}
-
-/* File ``n``'s name (its length in *len), or NULL if there is no file n or its offsets are not
- * those of a name inside the names (each file's from its own offset to the next's). */
-static inline const char *monarch_index_name(const unsigned char *x, const struct monarch_index_header *h,
-                                             uint32_t n, uint32_t *len)
-{
-    if (!n || n > h->files)
-        return NULL;
-    const unsigned char *at = x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
-    uint32_t off, next;
-    uint64_t end = h->names_size;
-    memcpy(&off, at + offsetof(struct monarch_index_file, name_off), sizeof off);
-    if (n < h->files) {
-        memcpy(&next, at + MONARCH_INDEX_FILE_SIZE + offsetof(struct monarch_index_file, name_off), sizeof next);
-        end = next;
-    }
-    if (off >= end || end > h->names_size)
-        return NULL;  /* a name is never empty */
-    *len = (uint32_t)(end - off);
-    return (const char *)x + h->keys_off + off;
 }
 
 /* The number of file ``n``'s directory (the j with ranges[j] < n <= ranges[j + 1]: entry files + 1
@@ -233,15 +220,66 @@ static inline const char *monarch_index_dir_key(const unsigned char *x, const st
     return m ? monarch_index_fixed_key(x, h, m, len, NULL) : NULL;
 }
 
+/* File ``n``'s name in three parts: its directory's files' common prefix, its own middle, their
+ * common suffix (monarch_index_affix); its directory's number in ``m`` (from dir_of). 1, or 0 if
+ * there is no file n or its offsets are not those of a middle inside the names (each file's from
+ * its own offset to the next's, never empty) and affixes inside the key bytes. */
+struct monarch_index_name {
+    const char *prefix, *middle, *suffix;
+    uint32_t prefix_len, middle_len, suffix_len, dir;
+};
+
+static inline int monarch_index_name_of(const unsigned char *x, const struct monarch_index_header *h, uint32_t n,
+                                        struct monarch_index_name *out)
+{
+    uint32_t m = monarch_index_dir_of(x, h, n);
+    if (!m)
+        return 0;
+    const unsigned char *at = x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
+    uint32_t off, next;
+    uint64_t end = h->names_size;
+    memcpy(&off, at + offsetof(struct monarch_index_file, name_off), sizeof off);
+    if (n < h->files) {
+        memcpy(&next, at + MONARCH_INDEX_FILE_SIZE + offsetof(struct monarch_index_file, name_off), sizeof next);
+        end = next;
+    }
+    struct monarch_index_affix a;
+    memcpy(&a, x + monarch_index_affixes_off(h) + sizeof a * (m - h->files - 1), sizeof a);
+    if (off >= end || end > h->names_size || (uint64_t)a.off + a.prefix + a.suffix > h->keys_size)
+        return 0;
+    const char *keys = (const char *)x + h->keys_off;
+    *out = (struct monarch_index_name){keys + a.off, keys + off, keys + a.off + a.prefix, a.prefix,
+                                       (uint32_t)(end - off), a.suffix, m};
+    return 1;
+}
+
+/* ``name``'s length, whole. */
+static inline uint32_t monarch_index_name_len(const struct monarch_index_name *name)
+{
+    return name->prefix_len + name->middle_len + name->suffix_len;
+}
+
+/* ``name`` written whole at ``buf`` (monarch_index_name_len bytes). */
+static inline void monarch_index_name_copy(const struct monarch_index_name *name, char *buf)
+{
+    memcpy(buf, name->prefix, name->prefix_len);
+    memcpy(buf + name->prefix_len, name->middle, name->middle_len);
+    memcpy(buf + name->prefix_len + name->middle_len, name->suffix, name->suffix_len);
+}
+
 /* Does file ``n`` have the key whose last "/" is at ``key[p - 1]``? Its name first (no hash is
  * stored for a file: the name rejects most), then its directory's key and the "/" between them
  * (none after a key that ends with one: a root's "<k>/"). */
 static inline int monarch_index_file_is(const unsigned char *x, const struct monarch_index_header *h, uint32_t n,
                                         const char *key, size_t len, size_t p)
 {
-    uint32_t nl = 0, dl = 0;
-    const char *name = monarch_index_name(x, h, n, &nl), *dk;
-    if (!name || !p || nl != len - p || memcmp(name, key + p, nl) || !(dk = monarch_index_dir_key(x, h, n, &dl)))
+    struct monarch_index_name nm;
+    uint32_t dl = 0;
+    const char *dk;
+    if (!p || !monarch_index_name_of(x, h, n, &nm) || monarch_index_name_len(&nm) != len - p
+        || memcmp(nm.middle, key + p + nm.prefix_len, nm.middle_len) || memcmp(nm.prefix, key + p, nm.prefix_len)
+        || memcmp(nm.suffix, key + len - nm.suffix_len, nm.suffix_len)
+        || !(dk = monarch_index_fixed_key(x, h, nm.dir, &dl, NULL)))
         return 0;
     return (dk[dl - 1] == '/' ? p == dl : p == (size_t)dl + 1) && !memcmp(dk, key, dl);
 }
@@ -272,24 +310,27 @@ static inline int monarch_index_is(const unsigned char *x, const struct monarch_
 static inline uint32_t monarch_index_key(const unsigned char *x, const struct monarch_index_header *h, uint32_t n,
                                          char *buf, size_t cap)
 {
+    struct monarch_index_name nm = {0};
     uint32_t nl = 0, dl = 0;
-    const char *name = NULL, *dk;
+    const char *dk;
+    int file = n && n <= h->files;
     if (!n || n > h->files + h->dirs)
         return 0;
-    if (n <= h->files) {
-        if (!(name = monarch_index_name(x, h, n, &nl)) || !(dk = monarch_index_dir_key(x, h, n, &dl)))
+    if (file) {
+        if (!monarch_index_name_of(x, h, n, &nm) || !(dk = monarch_index_fixed_key(x, h, nm.dir, &dl, NULL)))
             return 0;
+        nl = monarch_index_name_len(&nm);
     } else if (!(dk = monarch_index_fixed_key(x, h, n, &dl, NULL))) {
         return 0;
     }
-    size_t sep = name && dk[dl - 1] != '/', total = (size_t)dl + sep + nl;
+    size_t sep = file && dk[dl - 1] != '/', total = (size_t)dl + sep + nl;
     if (total > cap || total > UINT32_MAX)
         return 0;
     memcpy(buf, dk, dl);
     if (sep)
         buf[dl] = '/';
-    if (nl)
-        memcpy(buf + dl + sep, name, nl);
+    if (file)
+        monarch_index_name_copy(&nm, buf + dl + sep);
     return (uint32_t)total;
 }
 
@@ -346,10 +387,12 @@ static inline int monarch_index_short(const unsigned char *x, const struct monar
 {
     const uint64_t *at = (const uint64_t *)(x + monarch_index_shorts_off(h)) + k;
     uint64_t w = __atomic_load_n(at, __ATOMIC_RELAXED), t[3];  /* written before the record's release store */
-    uint32_t m = monarch_index_dir_of(x, h, n), nl = 0, more = monarch_short_words(w) - 1;
-    const unsigned char *shape = w >> 63 && m ? monarch_index_shape(x, h, m - h->files - 1) : NULL;
-    const char *name = monarch_index_name(x, h, n, &nl);
-    if (!shape || !name || k + 1 + more > (uint64_t)MONARCH_INDEX_SHORT_ROOM * h->files)
+    uint32_t more = monarch_short_words(w) - 1;
+    struct monarch_index_name nm;
+    if (!(w >> 63) || !monarch_index_name_of(x, h, n, &nm) || k + 1 + more > (uint64_t)MONARCH_INDEX_SHORT_ROOM * h->files)
+        return 0;
+    const unsigned char *shape = monarch_index_shape(x, h, nm.dir - h->files - 1);
+    if (!shape)
         return 0;
     memcpy(e, shape, sizeof *e);
     for (uint32_t i = 0; i < more; i++)
@@ -360,7 +403,7 @@ static inline int monarch_index_short(const unsigned char *x, const struct monar
         e->ctime_ns = more > 2 ? (int64_t)t[2] : e->mtime_ns;
     }
     int64_t delta = (int64_t)(w << 1) >> (64 - MONARCH_INDEX_SHORT_INO_BITS);  /* bits 27..62, signed */
-    e->hash = 0, e->key_len = nl, e->key_off = (uint64_t)(name - (const char *)(x + h->keys_off));
+    e->hash = 0, e->key_len = nm.middle_len, e->key_off = (uint64_t)(nm.middle - (const char *)(x + h->keys_off));
     e->size = w & ((1u << MONARCH_INDEX_SHORT_SIZE_BITS) - 1);
     e->ino += (uint64_t)delta;
     e->blocks = monarch_short_blocks((unsigned)(w >> MONARCH_INDEX_SHORT_BLOCKS_AT) & 3, e->size, e->blksize);
@@ -530,9 +573,10 @@ static inline uint32_t monarch_index_short_words(const unsigned char *shape, con
 static inline int monarch_index_put_fields(unsigned char *x, const struct monarch_index_header *h, uint32_t n,
                                            const struct monarch_index_entry *f, const struct monarch_route_steps *steps)
 {
-    uint32_t nl = 0, dl = 0, m = monarch_index_dir_of(x, h, n);
-    const char *name = monarch_index_name(x, h, n, &nl), *dk = monarch_index_dir_key(x, h, n, &dl);
-    if (!name || !dk || !m)
+    struct monarch_index_name nm;
+    uint32_t dl = 0, m;
+    const char *dk;
+    if (!monarch_index_name_of(x, h, n, &nm) || !(dk = monarch_index_fixed_key(x, h, m = nm.dir, &dl, NULL)))
         return -1;
     unsigned char *at = x + h->files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
     uint32_t *stat = (uint32_t *)(at + offsetof(struct monarch_index_file, stat)), zero = 0;
@@ -565,7 +609,7 @@ static inline int monarch_index_put_fields(unsigned char *x, const struct monarc
         return -1;
     }
     struct monarch_index_entry e = *f;
-    e.hash = 0, e.key_len = nl, e.key_off = (uint64_t)(name - (const char *)(x + h->keys_off));
+    e.hash = 0, e.key_len = nm.middle_len, e.key_off = (uint64_t)(nm.middle - (const char *)(x + h->keys_off));
     e.flags = bits;
     e.link = 0, e.nchildren = 0;
     e.children = n;

@@ -517,13 +517,18 @@ static int monarch_dir_next(struct monarch_dir *m, const char **name, size_t *nl
         struct monarch_index_child c;
         const char *cn = NULL, *fn = NULL;
         uint32_t fl = 0, n = m->file0 + (uint32_t)fi;
+        struct monarch_index_name nm;
         if (ci < m->count && monarch_index_child(m->first + ci, &c, &cn) != 0) {
             ci++;
             continue;
         }
-        if (ci >= 2 && fi < m->files && !(fn = monarch_index_name(x, h, n, &fl))) {
-            fi++;
-            continue;
+        if (ci >= 2 && fi < m->files) {
+            if (!monarch_index_name_of(x, h, n, &nm) || (fl = monarch_index_name_len(&nm)) >= sizeof m->name) {
+                fi++;
+                continue;
+            }
+            monarch_index_name_copy(&nm, m->name);  /* given until the next call, as a dirent is */
+            fn = m->name;
         }
         if (ci < m->count && (ci < 2 || !fn || monarch_name_cmp(cn, c.name_len, fn, fl) <= 0)) {
             *name = ci < 2 ? ".." : cn;

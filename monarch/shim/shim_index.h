@@ -17,6 +17,7 @@ struct monarch_dir {
     uint32_t file0, files; /* its files: the first's number, how many */
     long pos;            /* the next child record (from 0) << 32 | the next of its files (from 0) */
     char path[PATH_MAX]; /* absolute, for dirfd() */
+    char name[256];      /* the last file name given, whole (its prefix, middle and suffix) */
     union {
         struct dirent d;
         struct dirent64 d64;

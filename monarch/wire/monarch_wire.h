@@ -307,7 +307,8 @@ struct monarch_pages_request {
 #define MONARCH_INDEX_VERSION 9 /* 6: files listed, not yet described (INDEX_FLAG_UNDESCRIBED);
                                   * 7: a file's stat written when described;
                                   * 8: an 8-byte record per file, its name under its directory's range;
-                                  * 9: a described file's stat in 8 bytes beside its directory's shape */
+                                  * 9: a described file's stat in 8 bytes beside its directory's shape;
+                                  *    a directory's files' names' common prefix and suffix stored once */
 #define MONARCH_INDEX_HEADER_SIZE 144
 #define MONARCH_INDEX_ENTRY_SIZE 112
 #define MONARCH_INDEX_FILE_SIZE 8
@@ -378,6 +379,14 @@ struct monarch_index_file {
     uint32_t name_off, stat;
 };
 
+/* directory j's (from 0) at affixes_off + 8 j (after the ranges, at a multiple of 8): its files'
+ * names' common prefix and common suffix, stored once in the key bytes at ``off`` (the prefix then
+ * the suffix); each file's own name bytes are its middle, never empty */
+struct monarch_index_affix {
+    uint32_t off;
+    uint16_t prefix, suffix;
+};
+
 /* the source's stat as the snapshot saw it, and where the key and its listing are */
 struct monarch_index_entry {
     uint32_t hash, key_len;
@@ -409,6 +418,7 @@ _Static_assert(sizeof(struct monarch_pages_request) == 32, "pages request layout
 _Static_assert(sizeof(struct monarch_index_header) == MONARCH_INDEX_HEADER_SIZE, "index header layout");
 _Static_assert(sizeof(struct monarch_index_entry) == MONARCH_INDEX_ENTRY_SIZE, "index entry layout");
 _Static_assert(sizeof(struct monarch_index_child) == MONARCH_INDEX_CHILD_SIZE, "index child layout");
+_Static_assert(sizeof(struct monarch_index_affix) == 8, "index affix layout");
 _Static_assert(offsetof(struct monarch_index_entry, size) == 16, "index entry: size");
 _Static_assert(offsetof(struct monarch_index_entry, mtime_ns) == 24, "index entry: mtime_ns");
 _Static_assert(offsetof(struct monarch_index_entry, mode) == 64, "index entry: mode");

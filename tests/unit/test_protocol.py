@@ -121,7 +121,7 @@ def test_index_build_and_lookup(tmp_path):
     assert n == files + dirs  # the files' directories ("0/", "0/dir", "0/many") have entries, undescribed
     assert nbuckets & (nbuckets - 1) == 0 and 2 * nbuckets >= 3 * n  # always an empty bucket: lookups end
     assert foff == boff + 4 * nbuckets and roff == foff + protocol.INDEX_FILE.size * n - protocol.INDEX_FILE.size * dirs
-    assert sizes_off == inos_off == 0 and eoff == roff + 16 and koff == eoff + protocol.INDEX_ENTRY.size * dirs
+    assert sizes_off == inos_off == 0 and eoff == roff + 16 + index_layout.AFFIX.size * dirs and koff == eoff + protocol.INDEX_ENTRY.size * dirs
     assert names_size == sum(len(name.rpartition(b"/")[2]) for name in names)  # each name once, under its directory
     assert coff >= koff + ksize and coff % 8 == 0 and nchildren == 0 and soff == coff + protocol.INDEX_ENTRY.size * dirs + 8 * protocol.INDEX_SHORT_ROOM * files  # shapes, shorts
     assert len(data) == size == soff + protocol.INDEX_ENTRY.size * files  # every file described: every slot taken

@@ -39,8 +39,10 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zer
     struct monarch_index_entry *stats = (struct monarch_index_entry *)(out + w->stats_off);
     char *keys = (char *)(out + w->keys_off);
     struct monarch_index_child *child = (struct monarch_index_child *)(out + w->children_off);
-    uint64_t spare_base = w->keys_size - w->spare_size, nchild = 0, freed = 0;  /* freed: since the last trim */
+    uint64_t spare_base = w->keys_size - w->affix_size - w->spare_size, nchild = 0, freed = 0;  /* freed: since the last trim */
     uint32_t n = 0, name_off = 0, linked = 0, slots = 0;  /* files, name bytes, link records, stats slots written */
+    struct monarch_index_affix *affix = (struct monarch_index_affix *)(out + w->affixes_off);
+    uint64_t affix_base = w->keys_size - w->affix_size;
     memset(ranges + w->ndirs + 1, 0, 4 * ((w->ndirs + 1) % 2));  /* to a multiple of 8 (ranges_off is one) */
     memset(keys + w->keys_size, 0, (size_t)(w->children_off - w->keys_off - w->keys_size));
     memset(child + w->nchildren, 0, (size_t)(w->shapes_off - w->children_off - MONARCH_INDEX_CHILD_SIZE * w->nchildren));
@@ -61,7 +63,8 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zer
             child[nchild++] = (struct monarch_index_child){.d_ino = d->parent_ino, .d_type = DT_DIR};
         }
         ranges[j] = n;
-        uint32_t subs = 0, spares = 0;
+        affix[j] = (struct monarch_index_affix){(uint32_t)(affix_base + d->affix_off), d->prefix, d->suffix};
+        uint32_t subs = 0, spares = 0, mid_at = d->prefix, affixed = d->prefix + d->suffix;
         for (uint32_t i = 0; i < d->n; i++) {
             struct ent *e = &d->ents[i];
             const char *name = d->names + e->name_off;
@@ -69,14 +72,19 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zer
                 const struct stated want = {e->name_off, NULL}, *st = !d->nstated ? NULL :  /* none: a listing's */
                     bsearch(&want, d->stated, d->nstated, sizeof *st, by_name_off);  /* (bsearch may be a macro) */
                 const struct monarch_index_entry *desc = d->recs ? &d->recs[i] : st ? st->e : NULL;
-                memcpy(keys + name_off, name, e->name_len);
+                uint32_t mid_len = e->name_len - affixed;  /* its middle: its own bytes */
+                if (n == ranges[j] && affixed) {  /* the directory's prefix and suffix, from its first file */
+                    memcpy(keys + affix[j].off, name, d->prefix);
+                    memcpy(keys + affix[j].off + d->prefix, name + e->name_len - d->suffix, d->suffix);
+                }
+                memcpy(keys + name_off, name + mid_at, mid_len);
                 files[n] = (struct monarch_index_file){.name_off = name_off};
                 if (inos)  /* a listing that failed names nothing */
                     inos[w->one_ino ? 0 : n] = d->unlisted ? 0 : e->d_ino;
                 if (desc) {
                     struct monarch_index_entry *s = &stats[slots];
                     *s = *desc;  /* (its flags, link, nchildren 0) */
-                    s->hash = 0, s->key_len = e->name_len, s->key_off = name_off, s->children = n + 1;
+                    s->hash = 0, s->key_len = mid_len, s->key_off = name_off, s->children = n + 1;
                     if (e->kind == K_LINKED_FILE)
                         s->flags = MONARCH_INDEX_FLAG_SYMLINK, s->link = (uint32_t)(w->nfiles + w->ndirs + linked + 1);
                     files[n].stat = ++slots;
@@ -84,9 +92,9 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zer
                 if (e->kind == K_LINKED_FILE) {  /* its own lstat, after the directories */
                     struct monarch_index_entry *l = &fixed[w->ndirs + linked++];
                     *l = d->recs ? *st->e : st->e[1];
-                    l->hash = 0, l->key_len = e->name_len, l->key_off = name_off, l->children = n + 1;
+                    l->hash = 0, l->key_len = mid_len, l->key_off = name_off, l->children = n + 1;
                 }
-                name_off += e->name_len;
+                name_off += mid_len;
                 n++;
             } else if (!d->unlisted) {  /* a child record: a subdirectory, or a name no entry has */
                 struct monarch_index_child *c = &child[nchild++];
@@ -120,9 +128,13 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zer
         uint32_t prefix_hash = monarch_crc32_update(0xFFFFFFFFu, d->key, d->key_len);
         if (d->key[d->key_len - 1] != '/')
             prefix_hash = monarch_crc32_update(prefix_hash, "/", 1);
-        for (uint32_t f = ranges[j]; f < ranges[j + 1]; f++) {
+        const struct monarch_index_affix a = affix[j];
+        prefix_hash = monarch_crc32_update(prefix_hash, keys + a.off, a.prefix);
+        for (uint32_t f = ranges[j]; f < ranges[j + 1]; f++) {  /* its key: the prefix, its middle, the suffix */
             uint32_t at = files[f].name_off, len = (f + 1 < n ? files[f + 1].name_off : name_off) - at;
-            place(buckets, mask, monarch_crc32_update(prefix_hash, keys + at, len) ^ 0xFFFFFFFFu, f);
+            uint32_t h = monarch_crc32_update(monarch_crc32_update(prefix_hash, keys + at, len), keys + a.off + a.prefix,
+                                              a.suffix);
+            place(buckets, mask, h ^ 0xFFFFFFFFu, f);
         }
     }
     for (size_t j = 0; j < w->ndirs; j++)

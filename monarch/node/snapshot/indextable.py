@@ -29,7 +29,7 @@ from typing import Callable, Iterator, MutableMapping, Sequence
 
 from monarch import protocol
 from monarch.protocol import DT_LNK, DT_REG
-from monarch.index_layout import short_entry, short_words, undescribed_view
+from monarch.index_layout import AFFIX, affixes_off, check_tables, short_entry, short_words, undescribed_view
 from monarch.records.filetable import FileInfo, Listing
 from monarch.routes import Route
 
@@ -57,56 +57,6 @@ _ENCODING = sys.getfilesystemencoding()
 _ERRORS = sys.getfilesystemencodeerrors()
 
 
-def check_tables(data) -> None:
-    """Is ``data`` an index of this version whose tables lie inside it, as the shim and the front
-    door require before they map one (monarch_shim.c, door_index.c's index_valid)? A ValueError
-    that says what is wrong if not: a file the daemon took as its snapshot and they refused would
-    leave the job with nothing staged and every metadata call the PFS's. ``data`` may end at the
-    stats' used end (a copy's, a pickle's): the stats' room is checked against the header's size."""
-    if len(data) < protocol.INDEX_HEADER.size:
-        raise ValueError(f"{len(data)} bytes, shorter than an index's header ({protocol.INDEX_HEADER.size})")
-    (magic, version, entries, buckets, reserved, buckets_off, entries_off, keys_off, keys_size, children_off, nchildren,
-     files, used, files_off, stats_off, size, dirs, _, names_size, ranges_off, sizes_off,
-     inos_off) = protocol.INDEX_HEADER.unpack_from(data)
-    if magic != protocol.INDEX_MAGIC or version != protocol.INDEX_VERSION:
-        raise ValueError("not a Monarch index of version %d" % protocol.INDEX_VERSION)
-    if not buckets or buckets & (buckets - 1):
-        raise ValueError(f"its buckets ({buckets}) are not a power of two")
-    if files + dirs >= buckets:
-        raise ValueError(f"its files and directories ({files + dirs}) are not fewer than its buckets ({buckets})")
-    if files + dirs > entries or used > files:
-        raise ValueError(f"its files ({files}), directories ({dirs}) or stats used ({used}) are more than it "
-                         f"holds ({entries} entries)")
-    if names_size > keys_size:
-        raise ValueError(f"its names ({names_size} bytes) are more than its key bytes ({keys_size})")
-    if len(data) > size:
-        raise ValueError(f"{len(data)} bytes, longer than its size ({size})")
-    if size != stats_off + _SIZE * files:
-        raise ValueError(f"its size ({size}) is not where the room for its {files} files' stats ends")
-    shapes_off = stats_off - 8 * protocol.INDEX_SHORT_ROOM * files - _SIZE * dirs
-    for what, off, length, end in (("buckets", buckets_off, 4 * buckets, len(data)),
-                                   ("file records", files_off, _FILE * files, len(data)),
-                                   ("directory ranges", ranges_off, 4 * (dirs + 1), len(data)),
-                                   ("sizes", sizes_off, 8 * files if sizes_off else 0, len(data)),
-                                   ("inodes", inos_off, (8 if reserved & protocol.INDEX_INOS_ONE else 8 * files)
-                                    if inos_off else 0, len(data)),
-                                   ("entries", entries_off, _SIZE * (entries - files), len(data)),
-                                   ("key bytes", keys_off, keys_size, len(data)),
-                                   ("child records", children_off, _CHILD.size * nchildren, len(data)),
-                                   ("shapes", shapes_off, 0, len(data)),
-                                   ("stats used", stats_off, _SIZE * used, len(data) if used else size),
-                                   ("stats", stats_off, _SIZE * files, size)):
-        if off > end or length > end - off:
-            raise ValueError(f"its {what} ({length} bytes at {off}) lie past its end ({end} bytes)")
-    if shapes_off < children_off + _CHILD.size * nchildren:
-        raise ValueError(f"its stats ({stats_off}) leave no room for its shapes and shorts after its child records")
-    ranges = memoryview(data)[ranges_off:ranges_off + 4 * (dirs + 1)].cast("B").cast("I")
-    if ranges[0] != 0 or ranges[dirs] != files or any(a > b for a, b in zip(ranges, ranges[1:])):
-        raise ValueError(f"its directories' file ranges do not cover its {files} files in order")
-    if files and _U32.unpack_from(data, files_off + _FILE * (files - 1))[0] > names_size:
-        raise ValueError(f"its last file's name lies past its {names_size} bytes of names")
-
-
 def _info(e: tuple) -> FileInfo:
     """The FileInfo of an INDEX_ENTRY tuple."""
     return FileInfo(e[3], e[4], e[9], e[5], e[6], e[7], e[8], e[10], e[11], e[12],
@@ -120,7 +70,7 @@ class IndexTable(MutableMapping[str, FileInfo]):
     (a few per thousand files) are kept as Python objects for the look-ups."""
     __slots__ = ("data", "nfiles", "total", "ndirs", "_buckets", "_mask", "_files", "_fixed", "_stats", "_keys",
                  "_names_size", "_sizes", "_inos", "_one_ino", "_view", "_recs", "_stat_words", "_shorts", "_starts", "_dir_keys",
-                 "_prefixes", "describer")
+                 "_prefixes", "_affixes", "describer")
 
     def __init__(self, data: bytearray | bytes, nfiles: int | None = None,
                  describer: Callable[["IndexTable", int], bool] | None = None):
@@ -144,6 +94,12 @@ class IndexTable(MutableMapping[str, FileInfo]):
             self._dir_keys.append(bytes(data[self._keys + offset:self._keys + offset + length]))
         # a file's key begins with its directory's, "/" after it unless it ends with one (a root's)
         self._prefixes = [key if key.endswith(b"/") else key + b"/" for key in self._dir_keys]
+        # its name: its directory's files' common prefix, its middle (its own bytes), their common suffix
+        self._affixes = []
+        for j in range(self.ndirs):
+            a, p, s = AFFIX.unpack_from(data, affixes_off(ranges, self.ndirs) + AFFIX.size * j)
+            self._affixes.append((bytes(data[self._keys + a:self._keys + a + p]),
+                                  bytes(data[self._keys + a + p:self._keys + a + p + s])))
         # a listing-mode walk's files are described when first asked for (index_writer.Describer)
         self.describer = describer
 
@@ -191,6 +147,14 @@ class IndexTable(MutableMapping[str, FileInfo]):
         """Has file ``n`` (from 0) its stat (in a slot or a short stat)?"""
         return self.stat_at(n) >= 0 or self.short(n) is not None
 
+    def _name(self, n: int, j: int | None = None) -> bytes:
+        """File ``n``'s (from 0) name, whole (``j``: its directory, from 0, if known)."""
+        if j is None:
+            j = bisect.bisect_left(self._starts, n + 1) - 1
+        off, length = self._name_span(n)
+        prefix, suffix = self._affixes[j]
+        return prefix + self._view[self._keys + off:self._keys + off + length] + suffix
+
     def _name_span(self, n: int) -> tuple[int, int]:
         """File ``n``'s (from 0) name: its offset and length in the key bytes."""
         recs = self._recs
@@ -222,9 +186,8 @@ class IndexTable(MutableMapping[str, FileInfo]):
 
     def raw_key(self, n: int) -> bytes:
         if n < self.nfiles:
-            recs, at = self._recs, self._keys
-            end = recs[2 * n + 2] if n + 1 < self.nfiles else self._names_size
-            return self._prefixes[bisect.bisect_left(self._starts, n + 1) - 1] + self._view[at + recs[2 * n]:at + end]
+            j = bisect.bisect_left(self._starts, n + 1) - 1
+            return self._prefixes[j] + self._name(n, j)
         if n >= self.nfiles + self.ndirs:  # a link record: its file's
             return self.raw_key(_U64.unpack_from(self.data, self._fixed + _SIZE * (n - self.nfiles) + _FIRST_AT)[0] - 1)
         return self._dir_keys[n - self.nfiles]
@@ -254,11 +217,14 @@ class IndexTable(MutableMapping[str, FileInfo]):
             n = buckets[b]
             if not n or n > keyed:
                 return -1
-            if n <= nfiles:  # its name first (no hash is kept for a file), then its directory's key
+            if n <= nfiles:  # its middle first (no hash is kept for a file), then its affixes, its directory's key
                 start = recs[2 * n - 2]
                 end = recs[2 * n] if n <= last else self._names_size
-                if end - start == len(name) and view[keys + start:keys + end] == name \
-                        and self._prefixes[bisect.bisect_left(self._starts, n) - 1] == prefix:
+                j = bisect.bisect_left(self._starts, n) - 1
+                before, after = self._affixes[j]
+                if end - start + len(before) + len(after) == len(name) \
+                        and view[keys + start:keys + end] == name[len(before):len(name) - len(after)] \
+                        and name.startswith(before) and name.endswith(after) and self._prefixes[j] == prefix:
                     return n - 1
             elif self._dir_keys[n - 1 - nfiles] == raw:
                 return n - 1
@@ -294,10 +260,9 @@ class IndexTable(MutableMapping[str, FileInfo]):
             others.append((bytes(data[self._keys + off:self._keys + off + nlen]), d_type, d_ino))
         files = []
         for n in self.files_of(d):
-            off, length = self._name_span(n)
             at = self.stat_at(n)
             link = at >= 0 and _U32.unpack_from(data, at + _FLAGS_AT)[0] & protocol.INDEX_FLAG_SYMLINK
-            files.append((bytes(data[self._keys + off:self._keys + off + length]), DT_LNK if link else DT_REG,
+            files.append((bytes(self._name(n, d - self.nfiles)), DT_LNK if link else DT_REG,
                           _U64.unpack_from(data, self._inos + (0 if self._one_ino else 8 * n))[0] if self._inos else 0))
         return heapq.merge(others, files)
 
@@ -346,9 +311,10 @@ class IndexTable(MutableMapping[str, FileInfo]):
     def __iter__(self) -> Iterator[str]:
         view, recs, keys, starts, nfiles = self._view, self._recs, self._keys, self._starts, self.nfiles
         for j, prefix in enumerate(self._prefixes):
+            before, after = self._affixes[j]
             for n in range(starts[j], starts[j + 1]):
                 end = recs[2 * n + 2] if n + 1 < nfiles else self._names_size
-                yield (prefix + view[keys + recs[2 * n]:keys + end]).decode(_ENCODING, _ERRORS)
+                yield (prefix + before + view[keys + recs[2 * n]:keys + end] + after).decode(_ENCODING, _ERRORS)
 
     def items(self):
         """Every file as the index holds it now: one not described yet has only its key, S_IFREG

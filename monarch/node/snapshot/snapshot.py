@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from monarch import protocol
+from monarch.index_layout import check_tables
 from monarch.node.snapshot import index_writer
 from monarch.node.snapshot import walker
 from monarch.node.snapshot.index_file import IndexFile
 from monarch.records.filetable import DirInfo, FileInfo, FileTable, Listing
-from monarch.node.snapshot.indextable import (IndexListing, IndexTable, check_tables, files_in, index_size, used_end,
-                                              used_ranges)
+from monarch.node.snapshot.indextable import IndexListing, IndexTable, files_in, index_size, used_end, used_ranges
 from monarch.node.snapshot.pfsmeta import lstats_under_roots, opened_stat
 from monarch.secure import write_file_atomically
 

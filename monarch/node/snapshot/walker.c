@@ -101,6 +101,8 @@ struct dir {
     int slices_left;    /* guarded by the walk's lock */
     uint32_t number;    /* its place among the directories (entry files + 1 + number) */
     uint64_t key_off;   /* its key's offset after the file names */
+    uint16_t prefix, suffix;  /* its files' names' common prefix and suffix (dir_affixes) */
+    uint64_t affix_off; /* where they are among the affixes (the key bytes' last) */
 };
 
 struct task {
@@ -120,8 +122,8 @@ struct walk {
     const int *root_fds;
     int describe;       /* 0: listing mode (the module doc) */
     /* the index, once laid out */
-    uint64_t nfiles, nlinked, total, nbuckets, names_size, keys_size, nchildren, spare_size, size;
-    uint64_t files_off, ranges_off, inos_off, entries_off, keys_off, children_off, shapes_off, stats_off;
+    uint64_t nfiles, nlinked, total, nbuckets, names_size, keys_size, nchildren, spare_size, affix_size, size;
+    uint64_t files_off, ranges_off, affixes_off, inos_off, entries_off, keys_off, children_off, shapes_off, stats_off;
     uint64_t described;  /* files stat'ed by the walk (in listing mode: links, names of unknown type) */
     int one_ino;         /* the inodes table is one u64 (MONARCH_INDEX_INOS_ONE) */
 };
@@ -599,6 +601,40 @@ static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
 /* Walk the roots (descriptors open on each; ``indexes``: the key prefix k of each; the
  * parent directory's inode of each) with ``threads`` threads, stat'ing every name (``describe``)
  * or in listing mode (the module doc). NULL with errno on failure. */
+/* A directory's files' names' common prefix and common suffix (each file's own bytes, its middle,
+ * at least one: every name is longer than both), stored once for the directory; none under two
+ * files. Its names are in bytewise order: the common prefix is the first's and the last's. */
+static void dir_affixes(struct dir *d)
+{
+    const struct ent *first = NULL, *last = NULL;
+    uint32_t shortest = UINT32_MAX, files = 0;
+    for (uint32_t i = 0; i < d->n; i++)
+        if (d->ents[i].kind == K_FILE || d->ents[i].kind == K_LINKED_FILE) {
+            last = &d->ents[i], first = first ? first : last, files++;
+            shortest = last->name_len < shortest ? last->name_len : shortest;
+        }
+    d->prefix = d->suffix = 0;
+    if (files < 2)
+        return;
+    const char *a = d->names + first->name_off, *b = d->names + last->name_off;
+    uint32_t p = 0, s = shortest;  /* the suffix: shortened by each name in turn */
+    while (p + 1 < shortest && a[p] == b[p])
+        p++;
+    for (uint32_t i = 0; i < d->n && s; i++) {
+        const struct ent *e = &d->ents[i];
+        if (e->kind != K_FILE && e->kind != K_LINKED_FILE)
+            continue;
+        const char *name = d->names + e->name_off;
+        uint32_t k = 0;
+        while (k < s && name[e->name_len - 1 - k] == a[first->name_len - 1 - k])
+            k++;
+        s = k;
+    }
+    if (p + s >= shortest)
+        s = shortest - 1 - p;
+    d->prefix = (uint16_t)p, d->suffix = (uint16_t)s;
+}
+
 EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint64_t *parent_inos, int nroots,
                              int threads, int describe)
 {
@@ -655,6 +691,9 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
     for (size_t j = 0; j < w->ndirs; j++) {
         struct dir *d = w->dirs[j];
         uint32_t files = 0, others = 0;
+        dir_affixes(d);
+        d->affix_off = w->affix_size;
+        w->affix_size += d->prefix + d->suffix;
         for (uint32_t i = 0; i < d->n; i++) {
             struct ent *e = &d->ents[i];
             if (e->kind == K_FILE || e->kind == K_LINKED_FILE) {
@@ -662,7 +701,7 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
                 if (!nfiles && !files)
                     first_ino = ino;
                 one_ino &= ino == first_ino;
-                files++, names += e->name_len, nlinked += e->kind == K_LINKED_FILE;
+                files++, names += e->name_len - d->prefix - d->suffix, nlinked += e->kind == K_LINKED_FILE;
             } else
                 others += e->kind != K_DIR;
         }
@@ -699,13 +738,14 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
     while (2 * w->nbuckets < 3 * (nfiles + w->ndirs))  /* the link records are not keyed */
         w->nbuckets *= 2;
     w->names_size = names;
-    w->keys_size = names + dir_keys + w->spare_size;
+    w->keys_size = names + dir_keys + w->spare_size + w->affix_size;
     w->nchildren = children;
     /* header, buckets, file records, ranges, inodes, fixed entries (directories, link records),
      * keys, children, shapes, short words, stats */
     w->files_off = MONARCH_INDEX_HEADER_SIZE + 4 * w->nbuckets;
     w->ranges_off = w->files_off + MONARCH_INDEX_FILE_SIZE * nfiles;
-    w->entries_off = pad8(w->ranges_off + 4 * (w->ndirs + 1));
+    w->affixes_off = pad8(w->ranges_off + 4 * (w->ndirs + 1));
+    w->entries_off = w->affixes_off + sizeof(struct monarch_index_affix) * w->ndirs;
     w->one_ino = nfiles && one_ino;
     if (listed)  /* the inodes: only a listing has them */
         w->inos_off = w->entries_off, w->entries_off += 8 * (w->one_ino ? 1 : nfiles);

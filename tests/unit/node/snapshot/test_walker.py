@@ -260,3 +260,33 @@ def test_the_files_described_larger_than_a_size_are_found_once_each_as_they_are_
     assert found.new() == ["0/f4"]
     assert sorted(larger_than(table, row)) == ["0/f1", "0/f3", "0/f4"]
     assert sorted(larger_than(table, 15)) == ["0/f1", "0/f3", "0/f4"]  # f0 (10 bytes) in a slot: its directory's shape
+
+
+def test_a_directorys_files_common_prefix_and_suffix_are_stored_once_and_every_name_is_found_whole(tmp_path):
+    """The walk's index (and Python's, byte for byte) keeps what a directory's file names share at
+    their start and end once for the directory (each name's own middle at least a byte); every file
+    is found by its whole key, none by a key that has the affixes but not the middle, and its key,
+    its listing and the lookups read back whole."""
+    root = tmp_path / "t"
+    (root / "imgs").mkdir(parents=True)
+    names = ["img_0001.jpg", "img_0002.jpg", "img_0010.jpg", "img_.jpg", "img_1.jpg", "img_99999.jpg"]
+    for name in names:
+        (root / "imgs" / name).write_bytes(name.encode())
+    (root / "one").mkdir()
+    (root / "one" / "alone.bin").write_bytes(b"x")
+    for describe in (True, False):
+        data, n = walker.walk_index((str(root),), describe=describe)
+        header = protocol.INDEX_HEADER.unpack_from(data)
+        # "img_" and "jpg" (".jpg" would leave "img_.jpg" no middle); a file alone keeps its name
+        assert header[18] == sum(len(name) - len("img_") - len("jpg") for name in names) + len("alone.bin")
+        index = index_layout.Index(bytes(data))
+        table = Snapshot.from_index((str(root),), bytearray(data), n).files
+        for name in names:
+            key = f"0/imgs/{name}".encode()
+            m = index.number(key)
+            assert m and index.key(m) == key and index.name(m) == name.encode() and table.row_of(key.decode()) == m - 1
+        for absent in ("img_.jpgx", "img_0001.jp", "img_jpg", "img_00001.jpg", "mg_0001.jpg", "img_0001.jpg/"):
+            assert index.number(f"0/imgs/{absent}".encode()) == 0 and table.row_of(f"0/imgs/{absent}") is None
+        listing = [c[0] for c in index.children(index.number(b"0/imgs"))][2:]
+        assert listing == sorted(name.encode() for name in names)
+        assert sorted(table) == sorted([f"0/imgs/{name}" for name in names] + ["0/one/alone.bin"])
