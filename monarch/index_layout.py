@@ -16,7 +16,7 @@ import zlib
 from array import array
 from typing import Iterable
 
-from monarch.protocol import (DT_DIR, DT_LNK, DT_REG, INDEX_CHILD, INDEX_DESCRIBING, INDEX_ENTRY, INDEX_FILE, INDEX_FLAG_LISTED,
+from monarch.protocol import (DT_DIR, DT_LNK, DT_REG, INDEX_AFFIX, INDEX_CHILD, INDEX_DESCRIBING, INDEX_ENTRY, INDEX_FILE, INDEX_FLAG_LISTED,
                               INDEX_FLAG_SYMLINK, INDEX_FLAG_UNDESCRIBED, INDEX_HEADER, INDEX_INOS_ONE, INDEX_MAGIC, INDEX_ROUTE_SHIFT,
                               INDEX_SHAPE_READY, INDEX_SHORT_BLOCKS_AT, INDEX_SHORT_INO_AT, INDEX_SHORT_INO_BITS,
                               INDEX_SHORT_ROOM, INDEX_SHORT_ROUTE_AT, INDEX_SHORT_SIZE_BITS, INDEX_SHORT_TIMES_AT,
@@ -83,7 +83,7 @@ def short_entry(shape: tuple, words, name_len: int, name_off: int, n: int) -> tu
             flags, 0, blocks, blksize, 0, n)
 
 
-AFFIX = struct.Struct("<IHH")  # a directory's: its affix bytes' offset in the key bytes, its prefix's length, its suffix's
+AFFIX = INDEX_AFFIX  # a directory's: its affix bytes' offset in the key bytes, its prefix's length, its suffix's
 
 
 def name_affixes(names: list[bytes]) -> tuple[int, int]:

@@ -128,21 +128,22 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
 Snapshot index (written once by the daemon, atomically, mmap'd in the shim; version INDEX_VERSION, 9;
 built and read in Python by monarch/index_layout.py). It appears only when the snapshot is ready
 (walked, kept copies checked): a process that finds it at start maps it at once; one that does not
-asks INDEX at its first need. A file costs its 8-byte record, its name (stored once, under its
+asks INDEX at its first need. A file costs its 8-byte record, its name's own bytes (stored once,
+under its directory; what its directory's names share at their start and end stored once for the
 directory) and its bucket; once described, its short stat (8 bytes and 8 a time of its own), or its
 112-byte stat where it differs from its directory's shape in more than its size, its inode, its
 blocks and its times. In the file in this order:
   header  INDEX_HEADER: u64 magic, u32 version, u32 entries (numbered: the files 1..files, then the
           directories, then the link records), u32 buckets (a power of 2), u32 reserved
           (INDEX_LISTING: a listing walk made it, no file described; INDEX_INOS_ONE: its inodes
-          table is one u64, every file's), u64 offsets of the buckets,
-          of the fixed entries, of the key bytes, u64 size of the key bytes, u64 offset and u64
-          number of the child records, u32 files, u32 stats used (the stats slots taken: atomic,
-          in the mapping), u64 offsets of the file records and of the stats, u64 size (the file's
-          length: the rooms for the shorts and the stats are sparse; a copy or a pickle holds the
-          used parts: up to the shorts' words used, and the stats used; while no stat is used,
-          up to the shapes' offset), u32 directories,
-          u32 shorts used (the shorts' words taken: atomic, in the mapping), u64 size of the file names (the key bytes' first), u64 offsets of the
+          table is one u64, every file's), u64 offsets of the buckets, of the fixed entries, of
+          the key bytes, u64 size of the key bytes, u64 offset and u64 number of the child
+          records, u32 files, u32 stats used (the stats slots taken: atomic, in the mapping), u64
+          offsets of the file records and of the stats, u64 size (the file's length: the rooms
+          for the shorts and the stats are sparse; a copy or a pickle holds the used parts: up to
+          the shorts' words used, and the stats used; while no stat is used, up to the shapes'
+          offset), u32 directories, u32 shorts used (the shorts' words taken: atomic, in the
+          mapping), u64 size of the names' middles (the key bytes' first), u64 offsets of the
           directories' file ranges, of the listed sizes (0: none) and of the listed inodes (0: none)
   buckets u32[buckets]: entry number, or 0 for empty; open addressing, linear probing, starting
           at ``key_hash(key) & (buckets - 1)``; files and directories are keyed (a root: ``"<k>/"``);
@@ -150,9 +151,10 @@ blocks and its times. In the file in this order:
   files   INDEX_FILE each (file n is record n - 1): u32 name offset (in the key bytes), u32 stat (0:
           not described yet; INDEX_DESCRIBING: being described; 1..files: the slot of its stat;
           above: its short stat, at word stat - files - 1 of the shorts).
-          The names are the key bytes' first ``names size`` bytes, file after file: file n's runs to
-          file n + 1's offset, the last file's to the names' size. A file's key is its directory's
-          key, "/" unless that key ends with one, and its name. A listing walk or a manifest
+          The names' middles are the key bytes' first ``names size`` bytes, file after file: file
+          n's runs to file n + 1's offset, the last file's to the names' size, never empty. A
+          file's name is its directory's affix prefix, its middle and the affix suffix; its key is
+          its directory's key, "/" unless that key ends with one, and its name. A listing walk or a manifest
           describes no file: each is described when first needed (an open, a stat) by the daemon,
           which writes its short stat in the next free words or its stat in the next free slot,
           then ``stat`` with a release store (readers load it first).
@@ -161,6 +163,10 @@ blocks and its times. In the file in this order:
           their keys, each one's files in the bytewise order of their names; every file's directory
           (its key up to its last "/", a root "<k>/") has an entry (UNDESCRIBED if nothing else is
           known of it)
+  affixes INDEX_AFFIX each directory (its ranges' order), at the ranges' end rounded up to a
+          multiple of 8: u32 offset in the key bytes, u16 prefix length, u16 suffix length: the
+          common prefix and suffix of its files' names, stored once there (the prefix, then the
+          suffix); none under two files, and every name longer than both (its middle a byte at least)
   sizes   (if its offset is not 0) u64 each file: its listed size (a manifest's), its stat's once
           described; without it a file's size is its stat's, 0 before
   inodes  (if its offset is not 0: an index with a listed directory) u64 each file: its name's d_ino
@@ -179,10 +185,11 @@ blocks and its times. In the file in this order:
           INDEX_FLAG_UNDESCRIBED: an entry nothing is answered from (in Python, a file's view
           before its stat); INDEX_ROUTE_MASK: a file's route + 1 (routes.py's, on its static
           facts), 0 none. The directories come first, then the link records (not keyed; a link
-          record's key fields as its file's stat's: hash 0, the file's name's length and offset; its first
-          child record its file's number).
-  keys    the file names, the directories' keys, then the names of listed children that are no
-          entry's, each once; not NUL-terminated, then zeros to a multiple of 8
+          record's key fields as its file's stat's: hash 0, the length and offset of its file's
+          name's middle; its first child record its file's number).
+  keys    the file names' middles, the directories' keys, the names of listed children that are no
+          entry's, each once, then the directories' affixes; not NUL-terminated, then zeros to a
+          multiple of 8
   children INDEX_CHILD each, per listed directory contiguous: u64 d_ino, u64 name offset
           (in the key bytes), u32 entry number of the child (0: a name the index does not
           describe: a symlink to a directory, a broken link, a special file), u16 name
@@ -208,8 +215,8 @@ blocks and its times. In the file in this order:
           differs otherwise, or larger, or the shape's own, or once the room is taken, takes a slot.
           The stats offset - 8 x INDEX_SHORT_ROOM x files
   stats   room for an INDEX_ENTRY a file: slot s at (s - 1), a described file's stat (its key
-          fields: hash 0, its name's length and offset; its first child record its number: a slot
-          that does not name the file back is not its stat). The files a writer describes as it
+          fields: hash 0, the length and offset of its name's middle; its first child record its
+          number: a slot that does not name the file back is not its stat). The files a writer describes as it
           writes the index (a full walk) take slots 1.. in their order.
   key_hash is CRC-32 (zlib's, polynomial 0xEDB88320) of the key bytes.
 """
@@ -494,6 +501,7 @@ INDEX_HEADER = struct.Struct("<QIIIIQQQQQQIIQQQIIQQQQ")
 INDEX_FILE = struct.Struct("<II")
 INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIIIQIIQ")
 INDEX_CHILD = struct.Struct("<QQIHBB")
+INDEX_AFFIX = struct.Struct("<IHH")
 INDEX_DESCRIBING = 0xFFFFFFFF  # an INDEX_FILE's stat while the daemon describes it
 INDEX_SHORT_ROOM = 4  # the shorts' room: u64 words a file (a short stat takes 1 to 4, in turn)
 INDEX_SHORT_MAX_SIZE = 256 << 10  # the largest file a short stat holds (routes.INLINE_MAX: the door's row)
