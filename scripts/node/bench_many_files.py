@@ -579,6 +579,10 @@ def main(argv=None) -> int:
             now = r["now_per_file"]
             print(f"{r['row']}: daemon at the end, B/file: {', '.join(f'{k} {v:.0f}' for k, v in now.items())} "
                   f"(RssFile + RssShmem: the index's pages it maps, the same pages as the index file's)")
+        for r in jobs:
+            if r.get("undescribed") is not None:  # the row's peak counts only if every file was described
+                print(f"{r['row']}: {r['undescribed']:,} files left undescribed, {r['described_after']:.1f} s after "
+                      f"READER's passes")
         for r in rows:  # where an index's bytes go: what a more compact layout would have to shrink
             if r.get("index_parts"):
                 print(f"{r['row']}: index, B/file: " + ", ".join(f"{k} {v:.1f}" for k, v in r["index_parts"].items()))
