@@ -127,7 +127,8 @@ static inline int monarch_index_table_in(uint64_t off, uint64_t count, uint64_t 
 /* Are the tables of the index whose header is ``h`` inside ``len`` bytes (a mapping, at most the
  * header's ``size``), its stats' room inside ``size``? ``stats_room``: the stats slots that must lie
  * in ``len`` too (``files`` for a mapping of the whole file; the used ones for a copy that may stop
- * there). protocol's check_tables, in C. */
+ * there, with the shorts before them; none: a copy may stop at the shapes). protocol's
+ * check_tables, in C. */
 static inline int monarch_index_bounded(const struct monarch_index_header *h, uint64_t len, uint64_t stats_room)
 {
     return h->magic == MONARCH_INDEX_MAGIC && h->version == MONARCH_INDEX_VERSION && h->buckets
@@ -149,7 +150,9 @@ static inline int monarch_index_bounded(const struct monarch_index_header *h, ui
            && h->stats_off >= 8ull * MONARCH_INDEX_SHORT_ROOM * h->files + (uint64_t)MONARCH_INDEX_ENTRY_SIZE * h->dirs
            && (uint64_t)h->files * (1 + MONARCH_INDEX_SHORT_ROOM) < MONARCH_INDEX_DESCRIBING
            && h->children_off + (uint64_t)MONARCH_INDEX_CHILD_SIZE * h->children_count <= monarch_index_shapes_off(h)
-           && stats_room <= h->files && monarch_index_table_in(h->stats_off, stats_room, MONARCH_INDEX_ENTRY_SIZE, len);
+           && stats_room <= h->files
+           && (stats_room ? monarch_index_table_in(h->stats_off, stats_room, MONARCH_INDEX_ENTRY_SIZE, len)
+                          : monarch_index_shapes_off(h) <= len);  /* a copy of an index with no stat: to the shapes */
 }
 
 /* The number of file ``n``'s directory (the j with ranges[j] < n <= ranges[j + 1]: entry files + 1

@@ -37,10 +37,10 @@ EXPORT int walk_routes(unsigned char *x, uint64_t size, uint64_t nfiles, const u
         const unsigned char *rec = x + h.files_off + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1);
         uint32_t s = __atomic_load_n((const uint32_t *)(rec + offsetof(struct monarch_index_file, stat)), __ATOMIC_ACQUIRE);
         struct monarch_index_entry e;
+        if (s && s != MONARCH_INDEX_DESCRIBING && (s <= h.files ? s - 1 >= room : size < h.stats_off))
+            return -1;  /* a slot past the copy's end; a short stat in a copy without its shorts */
         if (!monarch_index_read(x, &h, (uint32_t)n, &e))
             continue;
-        if (s <= h.files && s - 1 >= room)
-            return -1;  /* a slot past the copy's end */
         uint32_t dl;
         const char *dk = monarch_index_dir_key(x, &h, (uint32_t)n, &dl);  /* its root's number starts it */
         if (!dk)

@@ -151,3 +151,14 @@ def test_an_index_short_of_room_for_its_shorts_is_refused():
     protocol.INDEX_HEADER.pack_into(data, 0, *header)
     with pytest.raises(ValueError, match="no room for its shapes and shorts"):
         IndexTable(data)
+
+
+def test_a_copy_of_an_index_with_no_stat_ends_at_its_shapes_and_takes_its_routes():
+    """A manifest made from a list (no file described) is its bytes up to its shapes: the C library
+    takes it as an index whose routes it publishes (none yet), as a copy of one with stats."""
+    data = bytearray(index_layout.build_index([(b"0/d/a", os.stat_result((REG, 0, 0, 1, 0, 0, 5, 0, 0, 0)),
+                                                protocol.INDEX_FLAG_UNDESCRIBED)]))
+    header = protocol.INDEX_HEADER.unpack_from(data)
+    assert len(data) == header[14] - 8 * protocol.INDEX_SHORT_ROOM - protocol.INDEX_ENTRY.size * header[16]
+    stamp_routes(data, 1, routes.published(routes.NodeFacts(door=True), 1))
+    assert IndexTable(data).route(0) is None  # not described: no route yet
