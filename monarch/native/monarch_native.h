@@ -224,7 +224,7 @@ static inline const char *monarch_index_dir_key(const unsigned char *x, const st
 }
 
 /* File ``n``'s name in three parts: its directory's files' common prefix, its own middle, their
- * common suffix (monarch_index_affix); its directory's number in ``m`` (from dir_of). 1, or 0 if
+ * common suffix (monarch_index_affix); its directory's number in ``dir`` (from dir_of). 1, or 0 if
  * there is no file n or its offsets are not those of a middle inside the names (each file's from
  * its own offset to the next's, never empty) and affixes inside the key bytes. */
 struct monarch_index_name {
@@ -271,8 +271,8 @@ static inline void monarch_index_name_copy(const struct monarch_index_name *name
 }
 
 /* Does file ``n`` have the key whose last "/" is at ``key[p - 1]``? Its name first (no hash is
- * stored for a file: the name rejects most), then its directory's key and the "/" between them
- * (none after a key that ends with one: a root's "<k>/"). */
+ * stored for a file: its length and middle reject most, then its directory's affixes), then its
+ * directory's key and the "/" between them (none after a key that ends with one: a root's "<k>/"). */
 static inline int monarch_index_file_is(const unsigned char *x, const struct monarch_index_header *h, uint32_t n,
                                         const char *key, size_t len, size_t p)
 {

@@ -49,6 +49,7 @@ _FLAGS_AT = 80                    # an entry's flags (u32)
 _H_FILES, _H_USED, _H_FILES_OFF, _H_STATS_OFF, _H_SIZE, _H_DIRS, _H_NAMES = 11, 12, 13, 14, 15, 16, 18
 _H_RANGES, _H_SIZES, _H_INOS, _H_SHORTS = 19, 20, 21, 17
 _STATS_USED_AT = 76               # the header's stats used (u32)
+_SHORTS_USED_AT = 108             # the header's shorts used (u32: words)
 _MODE = struct.Struct("<I")       # at offset _MODE_AT of an entry
 _MODE_AT = 64
 _DEV_AT = 56                      # st_dev, u64
@@ -240,7 +241,7 @@ class IndexTable(MutableMapping[str, FileInfo]):
         """Every entry's st_dev through ``remap`` (another node's device numbers -> ours)."""
         fixed = [self._fixed + _SIZE * n for n in range(self.total - self.nfiles)]
         shapes = self._stats - 8 * protocol.INDEX_SHORT_ROOM * self.nfiles - _SIZE * self.ndirs
-        ready = [at for at in range(shapes, shapes + _SIZE * self.ndirs, _SIZE)  # (their files. short stats follow)
+        ready = [at for at in range(shapes, shapes + _SIZE * self.ndirs, _SIZE)  # (their files' short stats follow)
                  if at + _SIZE <= len(self.data) and _U32.unpack_from(self.data, at)[0] == protocol.INDEX_SHAPE_READY]
         stats = range(self._stats, self.used_end(), _SIZE)
         for at in (*fixed, *ready, *stats):
@@ -384,7 +385,21 @@ class IndexTable(MutableMapping[str, FileInfo]):
             return sum(self.sizes())
         words = self._stat_words  # each stat taken is one file's (a slot being written adds its size or 0)
         used = min(_U32.unpack_from(self.data, _STATS_USED_AT)[0], self.nfiles, len(words) // _WORDS)
-        return sum(words[2:_WORDS * used:_WORDS]) + sum(size for _, size in self._shorted())
+        return sum(words[2:_WORDS * used:_WORDS]) + self._short_total()
+
+    def _short_total(self) -> int:
+        """The sizes of the short stats taken, walked in turn (each first word says how many follow;
+        a word not written yet counts one, 0 bytes): no record read."""
+        shorts = self._shorts
+        if shorts is None:
+            return 0
+        taken = min(_U32.unpack_from(self.data, _SHORTS_USED_AT)[0], len(shorts))
+        total, k, mask = 0, 0, (1 << protocol.INDEX_SHORT_SIZE_BITS) - 1
+        while k < taken:
+            word = shorts[k]
+            total += word & mask if word >> 63 else 0
+            k += short_words(word) if word >> 63 else 1
+        return total
 
     def __repr__(self) -> str:
         return f"IndexTable({self.nfiles} files)"
