@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPLICATE, SHARD = "replicate", "shard"
+SIZE_SAMPLES = 64  # a listing's files node 0 describes to estimate the dataset's bytes (plan_by_count)
 
 
 @dataclass
@@ -75,7 +76,10 @@ def exchange(cluster: Cluster, tiers_bytes: int, peer_bytes: int, unit: int = 1,
 
 def plan(cluster: Cluster, files: dict, capacities: list[tuple[int, int]], unit: int = 1) -> Layout:
     """Decide, build the placement (the same on every node) and hand it to ``cluster``; each
-    file weighs what its copy takes, its size rounded up to ``unit``."""
+    file weighs what its copy takes, its size rounded up to ``unit``. A listing's files (sizes
+    unknown until each is opened) are placed by count: see ``plan_by_count``."""
+    if listed_sizes_unknown(files):
+        return plan_by_count(cluster, files, capacities, unit)
     total = sum(allocated_size(info.size, unit) for info in files.values())
     mode, why = decide(capacities, total)
     # a large file is owned by ranges, spread over every node (ranges.py), not whole by one
@@ -91,3 +95,51 @@ def plan(cluster: Cluster, files: dict, capacities: list[tuple[int, int]], unit:
             owned_bytes += info.size
     log.info("cluster layout: %s (%s); this node owns %d files, %d bytes", mode, why, owned_files, owned_bytes)
     return Layout(mode, why, placement, capacities, {"files": owned_files, "bytes": owned_bytes})
+
+
+def listed_sizes_unknown(files) -> bool:
+    """Are most of ``files`` a listing's, named without a stat (their sizes come with their opens)?"""
+    undescribed = getattr(files, "undescribed", None)  # the node's IndexTable's (a floor above this one)
+    return undescribed is not None and 2 * undescribed() > len(files)
+
+
+def plan_by_count(cluster: Cluster, files, capacities: list[tuple[int, int]], unit: int = 1) -> Layout:
+    """The placement of a listing's files, known by name only: each node's arc of the hash ring is
+    its weight's share of the ring itself (uniform hashes put its share of the files in it, within
+    a few standard deviations: sqrt(n) of n), so no size is needed and no key is held. The dataset's
+    bytes, for replicate or shard, are estimated from the files described (node 0 describes a spread
+    sample before it shares the index: ``sample_sizes``), the same on every node."""
+    sampled = [allocated_size(size, unit) for _, size in files.described_sizes()]
+    total, high = estimated_bytes(sampled, len(files))
+    mode, why = decide(capacities, high)  # replicated only where every node holds the most it may be
+    ws = weights(capacities, mode)
+    placement = Placement.build((), ws)
+    cluster.use_placement(placement)
+    share = ws[cluster.node] / sum(ws)
+    owned = {"files": round(share * len(files)), "bytes": round(share * total), "estimated": True}
+    why += f" (bytes estimated from {len(sampled)} files described of {len(files)}; placed by count)"
+    log.info("cluster layout: %s (%s); this node owns about %d files, %d bytes", mode, why, owned["files"],
+             owned["bytes"])
+    return Layout(mode, why, placement, capacities, owned)
+
+
+def estimated_bytes(sampled: list[int], files: int) -> tuple[int, int]:
+    """The bytes of ``files`` files estimated from the sizes of a sample of them: the sample's mean
+    times the count, and that plus three standard errors (an estimate low by chance would have
+    every node try to hold more than it can)."""
+    if not sampled:
+        return 0, 0
+    k = len(sampled)
+    mean = sum(sampled) / k
+    sd = (sum((s - mean) ** 2 for s in sampled) / (k - 1)) ** 0.5 if k > 1 else mean
+    return round(mean * files), round((mean + 3 * sd / k ** 0.5) * files)
+
+
+def sample_sizes(files, samples: int = SIZE_SAMPLES) -> int:
+    """Node 0, before it shares a listing's index: ``samples`` files spread over it described (a
+    stat each: far fewer than the listing's own calls), for ``plan_by_count``'s estimate. How many."""
+    got = 0
+    n = len(files)
+    for k in range(min(samples, n)):
+        got += files.described(k * n // min(samples, n)) is not None
+    return got

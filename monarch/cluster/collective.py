@@ -1,5 +1,6 @@
 """The few collectives of a job: node 0's snapshot to every node (``share``), every node's
-capacities to every node (``allgather_ints``), and what each node keeps of earlier runs' writes
+capacities to every node (``allgather_ints``), node 0's index into every node's file
+(``bcast_into``), and what each node keeps of earlier runs' writes
 (``allgather_bytes``).
 
 Each is a nonblocking MPI collective, polled (MPICH's blocking ones spin a core for as
@@ -18,6 +19,8 @@ from ..errors import FailureReason, PeerError
 from .engine import Engine
 from .liveness import Liveness
 from .streamed import StreamedShare
+
+BCAST_PIECE = 1 << 30  # bytes a broadcast sends at once (bcast_into)
 
 
 class Collectives:
@@ -70,6 +73,13 @@ class Collectives:
         self._bcast(payload, deadline)
         return payload
 
+    def bcast_into(self, buf: memoryview, deadline: float | None) -> None:
+        """Collective: node 0's ``buf`` into every node's (each the same length, writable off node 0), in
+        pieces of at most BCAST_PIECE bytes (an MPI count is an int)."""
+        view = memoryview(buf).cast("B")
+        for at in range(0, len(view), BCAST_PIECE):
+            self._bcast(view[at:at + BCAST_PIECE], deadline)
+
     def allgather_ints(self, values: list[int], timeout: float | None = None) -> list[list[int]]:
         """See ``Cluster.allgather_ints``."""
         mine = array.array("q", values)
@@ -92,7 +102,7 @@ class Collectives:
         self._poll(req, deadline, "allgather_bytes(): not every node answered in time")
         return [bytes(out[o:o + n]) for o, n in zip(offsets, sizes)]
 
-    def _bcast(self, buf: bytearray, deadline: float | None) -> None:
+    def _bcast(self, buf: bytearray | memoryview, deadline: float | None) -> None:
         MPI, comm = self.MPI, self.comm
         req = self._engine.run(lambda: comm.Ibcast([buf, MPI.BYTE], root=0))
         self._poll(req, deadline, "share(): node 0 did not send the dataset snapshot in time")

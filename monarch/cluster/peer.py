@@ -160,6 +160,11 @@ class Cluster:
         """Collective: node 0's ``payload`` (bytes) on every node (a length, then the bytes)."""
         return self._collectives.bcast_bytes(payload, deadline)
 
+    def bcast_into(self, buf: memoryview, deadline: float | None) -> None:
+        """Collective: node 0's ``buf`` written into every other node's ``buf`` (the same length):
+        node 0's index into the file each node maps, no copy in between. Polled like ``share``."""
+        self._collectives.bcast_into(buf, deadline)
+
     def allgather_ints(self, values: list[int], timeout: float | None = None) -> list[list[int]]:
         """Collective: every node's ``values`` (the same count of 64-bit integers on each), indexed
         by node. Polled like ``share`` (no spinning core); PeerError after ``timeout``."""

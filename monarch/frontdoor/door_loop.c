@@ -74,8 +74,11 @@ again:
     int why = why_not_copy_locked(d, &e, key, len, hash, &f);
     if (why >= 0) {
         uint32_t listed = why == R_NOT_SMALL_FILE && !e && !described ? index_listed(d, key, len, hash) : 0;
+        /* another node's file (a sharded node's: its owner by its hash) is opened there, never here:
+         * described by its name alone, then fetched from its owner */
+        int elsewhere = listed && d->peer.own_only && !own_file_locked(d, listed);
         pthread_mutex_unlock(&d->mu);
-        if (listed && (described = describe_listed(w, key, len, listed, 0, 0)))  /* outside the lock: its open */
+        if (listed && (described = describe_listed(w, key, len, listed, 0, elsewhere)))  /* outside the lock: a PFS call */
             goto again;
         return why;
     }

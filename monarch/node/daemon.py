@@ -378,7 +378,8 @@ class NodeDaemon:
             on_directory = stager.read_ahead_more if stager is not None else None
             snap, self.snapshot_how = self._walk(into, on_directory)
         else:
-            snap, self.snapshot_how = self.role.take_snapshot(self._walk, into, stager, self.read_ahead.walk_to_door)
+            snap, self.snapshot_how = self.role.take_snapshot(self._walk, into, stager, self.read_ahead.walk_to_door,
+                                                               self.index_path)
         self.snapshot_seconds = time.perf_counter() - t0
         log.info("snapshot (%s): %d files, %d directories, %d bytes in %.2fs", self.snapshot_how, len(snap.files),
                  len(snap.dirs), snap.total_bytes, self.snapshot_seconds)
@@ -388,9 +389,10 @@ class NodeDaemon:
         roots = self.config.dataset.roots
         if self.stores is not None:  # a store's root from its manifest (and the others walked)
             return self.stores.load_snapshot(tuple(roots), into, on_directory)
-        # alone on a node, the namespace at the listings' pace (walker.c); a cluster places files by size
+        # the namespace at the listings' pace (walker.c): each file is described where it is first opened
+        # (a cluster places files by count: cluster/capacity.plan_by_count)
         return load_or_walk(roots, self._snapshot_cache(), self.config.staging.validate == "open", into, on_directory,
-                            manifest=self.config.dataset.manifest, describe=self.role is not None,
+                            manifest=self.config.dataset.manifest, describe=False,
                             check_later=self.role is None and not any(t.keep for t in self.config.tiers),
                             index_at=self.index_path)
 

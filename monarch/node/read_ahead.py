@@ -152,7 +152,7 @@ class ReadAhead:
                                  self._absorb, iter if lanes.stager is Order.ALL else self._role.read_ahead_order):
             return False
         if lanes.stager is not Order.ALL:
-            self._role.keep_replicas(self._current.stager, sorted(self._current.snapshot.files))
+            self._role.keep_replicas(self._current.stager, lambda: sorted(self._current.snapshot.files))
         return True
 
     def _in_stager(self, lanes: Lanes) -> None:
@@ -165,7 +165,7 @@ class ReadAhead:
             self._current.stager.read_ahead(keys)
         else:
             self._current.stager.read_ahead(self._role.read_ahead_order(keys))
-            self._role.keep_replicas(self._current.stager, keys)
+            self._role.keep_replicas(self._current.stager, lambda: keys)
 
     def _sample_for_codecs(self, keys: list[str]) -> None:
         """Compressing tiers choose their level on files spread over this node's share of the

@@ -99,6 +99,7 @@ class ClusterSlice(TypedDict, total=False):
     why: str
     owned_files: int
     owned_bytes: int
+    owned_estimated: bool  # placed by count: the owned figures are the node's share of the files' count and estimated bytes
     owned_staged_files: int
     owned_staged_bytes: int
     capacities: list[tuple[int, int]]

@@ -208,7 +208,8 @@ def cluster_summary(nodes: list[NodeStats | None]) -> dict | None:
             continue
         peer, cache = n.peer or {}, cl.get("peer_cache") or {}
         rows.append({"node": n.node, "owned_files": cl.get("owned_files", 0),
-                     "owned_bytes": cl.get("owned_bytes", 0), "owned_staged_files": cl.get("owned_staged_files", 0),
+                     "owned_bytes": cl.get("owned_bytes", 0), "owned_estimated": cl.get("owned_estimated", False),
+                     "owned_staged_files": cl.get("owned_staged_files", 0),
                      "owned_staged_bytes": cl.get("owned_staged_bytes", 0),
                      "peer_bytes_sent": peer.get("bytes_sent", 0), "peer_bytes_received": peer.get("bytes_received", 0),
                      "cache_hits": cache.get("hits", 0), "cache_fetched": cache.get("fetched", 0),

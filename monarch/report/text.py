@@ -195,7 +195,8 @@ def print_report(report: dict, out: TextIO) -> None:
         cl = report["cluster"]
         w(f"cluster   : {cl['mode']} ({cl['why']})\n")
         for r in cl["per_node"]:
-            w(f"  node {r['node']}: owns {r['owned_files']} files ({human(r['owned_bytes'])}), staged "
+            about = "about " if r.get("owned_estimated") else ""
+            w(f"  node {r['node']}: owns {about}{r['owned_files']} files ({human(r['owned_bytes'])}), staged "
               f"{r['owned_staged_files']}; peers sent {human(r['peer_bytes_sent'])}, received "
               f"{human(r['peer_bytes_received'])}; cache hits {r['cache_hits']}, evictions {r['evictions']}, "
               f"transient {r['transient']}\n")

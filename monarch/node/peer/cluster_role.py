@@ -25,8 +25,11 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+from monarch import protocol
+from monarch.cluster import capacity
 from monarch.cluster.provide import Compressed
 from monarch.config import Config
 from monarch.errors import PeerError
@@ -35,6 +38,8 @@ from monarch.node.stage.current import Current
 from monarch.node.peer.block_peers import BlockPeers
 from monarch.node.peer.offers import Offers
 from monarch.node.peer.peer_cache import PeerCache
+from monarch.node.snapshot.index_file import IndexFile
+from monarch.node.snapshot.indextable import IndexTable, listed_only, used_ranges
 from monarch.node.snapshot.snapshot import Snapshot
 from monarch.node.stage.read_ahead_modes import Where, decide
 from monarch.node.stage.sources import PeerSource
@@ -55,6 +60,16 @@ SERVE_THREADS = 8         # peers' requests answered at once ...
 SHARDED_SERVE_THREADS = 32  # ... when sharded, where every other node asks this one for its share
 
 Walk = Callable[..., tuple[Snapshot, str]]  # (into, on_directory) -> (snapshot, how it was taken)
+
+
+@dataclass(frozen=True)
+class IndexShared:
+    """What node 0 shares of a walk that made an index: enough for every node to make a file of
+    its length and receive its used parts (``ranges``: [start, end) offsets) into it."""
+    roots: tuple[str, ...]
+    nfiles: int
+    size: int
+    ranges: list[tuple[int, int]]
 
 
 class PeerLayer(Protocol):
@@ -104,6 +119,7 @@ class ClusterRole:
         self.reowned_files = 0  # files of lost nodes this node took over
         self.reowned_held = 0   # ... of which it held a second copy already (peer.replicas: 2)
         self.offers: Offers | None = None  # what the C data path answers peers by itself
+        self._own_walk: Snapshot | None = None  # node 0: its walk's index, while its bytes are shared
         cluster.on_loss(self._note_loss)
 
     # -- who owns what ------------------------------------------------------------------
@@ -114,7 +130,10 @@ class ClusterRole:
 
     def by_ranges(self, key: str) -> bool:
         """Is ``key`` a large file staged by blocks, its ranges owned across the nodes?"""
-        info = self._current.snapshot.get(key)
+        files = self._current.snapshot.files
+        if listed_only(files, key):  # its size unknown (a listing's): owned whole by its hash, never stat'ed here
+            return False
+        info = files.get(key)
         if info is None or not staged_by_blocks(info.size):  # (most files: no route asked for, at a million of them)
             return False
         stager = self._current.stager
@@ -151,26 +170,64 @@ class ClusterRole:
 
     # -- the snapshot, shared ----------------------------------------------------------------
     def take_snapshot(self, walk: Walk, growing: Snapshot | None, stager: Stager | None,
-                      door_copies: Callable[[], bool] = lambda: False) -> tuple[Snapshot, str]:
+                      door_copies: Callable[[], bool] = lambda: False,
+                      index_at: str | None = None) -> tuple[Snapshot, str]:
         """Collective: node 0's walk, on every node (streamed into ``growing`` while ``stager``
         copies what this node will surely own, when both are given; while ``door_copies()``,
-        the front door's lane copies the small ones of the walk's first seconds), then the layout."""
+        the front door's lane copies the small ones of the walk's first seconds), then the layout.
+        A walk that made an index (the C walk, a kept snapshot, a manifest) is not streamed: its
+        bytes are broadcast into the file each node publishes it from, beside ``index_at``."""
         capacities = self._exchange_capacities()
         self._exchange_kept()
         if growing is not None and stager is not None:
             snap, how = self._share_streamed(walk, growing, stager, capacities, door_copies)
         else:
-            snap, how = self.cluster.share(walk)
-            snap = snap.with_local_devices()
+            snap, how = self.cluster.share(lambda: self._walked(*walk(None, None)))
+            if not isinstance(snap, IndexShared):
+                snap = snap.with_local_devices()
+        if isinstance(snap, IndexShared):
+            snap = self._index_shared(snap, index_at)
         self._plan(snap, capacities)
         if stager is not None and self.layout is not None and not self.sharded():  # replicating
             stager.fetch_from_peers(self.peers, self.peer_area)
         return snap, how
 
+    def _walked(self, snap: Snapshot, how: str) -> tuple[Snapshot | IndexShared, str]:
+        """Node 0's walk as shared: an index's header (its bytes follow, ``_index_shared``), kept
+        here meanwhile; else the snapshot itself (pickled; or as it is, where the peer layer runs no
+        collectives). A listing's sizes are sampled first."""
+        if not isinstance(snap.files, IndexTable) or not self.cluster.collective:
+            return snap, how
+        if capacity.listed_sizes_unknown(snap.files):
+            capacity.sample_sizes(snap.files)
+        self._own_walk = snap
+        header = protocol.INDEX_HEADER.unpack_from(snap.files.data)
+        return IndexShared(snap.roots, snap.files.nfiles, len(snap.files.data), used_ranges(header)), how
+
+    def _index_shared(self, head: IndexShared, index_at: str | None) -> Snapshot:
+        """Collective: node 0's index, its used parts broadcast into a file of the same length on
+        every other node (mapped: no copy in between; its rooms stay holes), read as the snapshot."""
+        if self.node == 0:
+            snap, self._own_walk = self._own_walk, None
+            for lo, hi in head.ranges:
+                self.cluster.bcast_into(memoryview(snap.files.data)[lo:hi], None)
+            return snap
+        made = IndexFile.blank(index_at, head.size) if index_at else None
+        data = made.data if made is not None else bytearray(head.size)
+        try:
+            for lo, hi in head.ranges:
+                self.cluster.bcast_into(memoryview(data)[lo:hi], None)
+        except BaseException:
+            if made is not None:
+                made.discard()
+            raise
+        snap = Snapshot.from_index(head.roots, data, head.nfiles, made)
+        snap.localize_devices()
+        return snap
+
     def _exchange_capacities(self) -> list[tuple[int, int]] | None:
         """Collective, before the walk: every node's (tiers' bytes, peer area's bytes); None
         when they could not be exchanged (files are then owned by rendezvous hashing)."""
-        from monarch.cluster import capacity
         if not self.cluster.collective:
             return None
         tiers = sum(t.capacity for t in self._tiers)
@@ -199,7 +256,6 @@ class ClusterRole:
     def _plan(self, snap: Snapshot, capacities: list[tuple[int, int]] | None) -> None:
         """Decide replicate or shard and set the placement (the same on every node); sharded,
         the peer area becomes an evicting cache."""
-        from monarch.cluster import capacity
         if capacities is not None:
             self.layout = capacity.plan(self.cluster, snap.files, capacities, self._unit)
         if self.sharded():
@@ -207,10 +263,11 @@ class ClusterRole:
 
     def _share_streamed(self, walk: Walk, growing: Snapshot, stager: Stager,
                         capacities: list[tuple[int, int]] | None,
-                        door_copies: Callable[[], bool]) -> tuple[Snapshot, str]:
+                        door_copies: Callable[[], bool]) -> tuple[Snapshot | IndexShared, str]:
         """Collective: node 0 walks into ``growing`` and streams the files it finds; every node
         keeps them in its ``growing`` and stages at once those it will surely own. Returns
-        ``growing``, whole (the stager over it goes on after the walk)."""
+        ``growing``, whole (the stager over it goes on after the walk), or the header of an index
+        the walk made (nothing streamed: ``_index_shared`` sends it)."""
         from monarch.cluster.early import EarlyShare
         early = EarlyShare(capacities, self.node) if capacities is not None else None
         started = time.monotonic()
@@ -231,6 +288,8 @@ class ClusterRole:
                 sent.update(keys)
                 publish({key: growing.files[key] for key in keys})
             snap, how = walk(growing, on_directory)
+            if isinstance(snap.files, IndexTable):  # an index: its bytes go to every node whole
+                return self._walked(snap, how)
             if snap.files is not growing.files:  # the last job's snapshot, reused whole
                 growing.files.update(snap.files)
                 growing.dirs.update(snap.dirs)
@@ -239,6 +298,8 @@ class ClusterRole:
             return Snapshot(growing.roots, {}, growing.dirs, growing.links), how  # the files went ahead
 
         rest, how = self.cluster.share(take, on_files=on_files)
+        if isinstance(rest, IndexShared):
+            return rest, how
         if self.node != 0:
             growing.dirs.update(rest.dirs)
             growing.links.update(rest.links)
@@ -259,11 +320,12 @@ class ClusterRole:
         others = () if self.sharded() else (k for k in keys if not self.owns(k))
         return itertools.chain((k for k in keys if self.owns(k)), others)
 
-    def keep_replicas(self, stager: Stager, keys: Iterable[str]) -> None:
+    def keep_replicas(self, stager: Stager, keys: Callable[[], Iterable[str]]) -> None:
         """With ``peer.replicas: 2`` (sharded, more than one node, tiers here): second copies
-        of the files this node would take over if their owner were lost."""
+        of the files this node would take over if their owner were lost (``keys()``: every file,
+        asked for only then: a list of millions of keys is most of a node's memory)."""
         if self._keeps_replicas():
-            stager.keep_replicas((k for k in keys if self._second_here(k)), self.peers)
+            stager.keep_replicas((k for k in keys() if self._second_here(k)), self.peers)
 
     def _keeps_replicas(self) -> bool:
         return (self.sharded() and self._config.peer.replicas >= 2 and self.cluster.nodes > 1
@@ -352,7 +414,8 @@ class ClusterRole:
         snapshot, stager = self._current.snapshot, self._current.stager
         mine = [k for k in stager.staged.copy() if self.owns(k)]
         return {"mode": self.layout.mode, "why": self.layout.why, "owned_files": self.layout.owned["files"],
-                "owned_bytes": self.layout.owned["bytes"], "owned_staged_files": len(mine),
+                "owned_bytes": self.layout.owned["bytes"], "owned_estimated": bool(self.layout.owned.get("estimated")),
+                "owned_staged_files": len(mine),
                 "owned_staged_bytes": sum(snapshot.files[k].size for k in mine if k in snapshot.files),
                 "capacities": self.layout.capacities, "reowned_files": self.reowned_files,
                 "replicas": self._replica_stats(stager),

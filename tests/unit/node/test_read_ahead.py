@@ -57,7 +57,7 @@ class Role:
         return (k for k in keys if self.owns(k))
 
     def keep_replicas(self, stager, keys) -> None:
-        stager.replicas.append(list(keys))
+        stager.replicas.append(list(keys()))
 
 
 def make(policy: str, keeper: Keeper | None = None, role: Role | None = None):
