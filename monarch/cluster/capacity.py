@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPLICATE, SHARD = "replicate", "shard"
-SIZE_SAMPLES = 64  # a listing's files node 0 describes to estimate the dataset's bytes (plan_by_count)
+SIZE_SAMPLES = 64  # a listing's files node 0 stats to estimate the dataset's bytes (plan_by_count)
 
 
 @dataclass
@@ -74,12 +74,14 @@ def exchange(cluster: Cluster, tiers_bytes: int, peer_bytes: int, unit: int = 1,
     return [(int(t), int(p)) for t, p, _ in gathered], max(1, max(int(u) for _, _, u in gathered))
 
 
-def plan(cluster: Cluster, files: dict, capacities: list[tuple[int, int]], unit: int = 1) -> Layout:
+def plan(cluster: Cluster, files: dict, capacities: list[tuple[int, int]], unit: int = 1,
+         sampled: list[int] | None = None) -> Layout:
     """Decide, build the placement (the same on every node) and hand it to ``cluster``; each
     file weighs what its copy takes, its size rounded up to ``unit``. A listing's files (sizes
-    unknown until each is opened) are placed by count: see ``plan_by_count``."""
+    unknown until each is opened) are placed by count: see ``plan_by_count`` (``sampled``: the
+    sizes of a spread sample of them, node 0's, the same on every node)."""
     if listed_sizes_unknown(files):
-        return plan_by_count(cluster, files, capacities, unit)
+        return plan_by_count(cluster, files, capacities, unit, sampled or [])
     total = sum(allocated_size(info.size, unit) for info in files.values())
     mode, why = decide(capacities, total)
     # a large file is owned by ranges, spread over every node (ranges.py), not whole by one
@@ -103,13 +105,13 @@ def listed_sizes_unknown(files) -> bool:
     return undescribed is not None and 2 * undescribed() > len(files)
 
 
-def plan_by_count(cluster: Cluster, files, capacities: list[tuple[int, int]], unit: int = 1) -> Layout:
+def plan_by_count(cluster: Cluster, files, capacities: list[tuple[int, int]], unit: int, sampled: list[int]) -> Layout:
     """The placement of a listing's files, known by name only: each node's arc of the hash ring is
     its weight's share of the ring itself (uniform hashes put its share of the files in it, within
     a few standard deviations: sqrt(n) of n), so no size is needed and no key is held. The dataset's
-    bytes, for replicate or shard, are estimated from the files described (node 0 describes a spread
-    sample before it shares the index: ``sample_sizes``), the same on every node."""
-    sampled = [allocated_size(size, unit) for _, size in files.described_sizes()]
+    bytes, for replicate or shard, are estimated from ``sampled``: the sizes of SIZE_SAMPLES files
+    spread over the listing, which node 0 stats before it shares the index."""
+    sampled = [allocated_size(size, unit) for size in sampled]
     total, high = estimated_bytes(sampled, len(files))
     mode, why = decide(capacities, high)  # replicated only where every node holds the most it may be
     ws = weights(capacities, mode)
@@ -117,7 +119,7 @@ def plan_by_count(cluster: Cluster, files, capacities: list[tuple[int, int]], un
     cluster.use_placement(placement)
     share = ws[cluster.node] / sum(ws)
     owned = {"files": round(share * len(files)), "bytes": round(share * total), "estimated": True}
-    why += f" (bytes estimated from {len(sampled)} files described of {len(files)}; placed by count)"
+    why += f" (bytes estimated from {len(sampled)} files of {len(files)}; placed by count)"
     log.info("cluster layout: %s (%s); this node owns about %d files, %d bytes", mode, why, owned["files"],
              owned["bytes"])
     return Layout(mode, why, placement, capacities, owned)
@@ -133,13 +135,3 @@ def estimated_bytes(sampled: list[int], files: int) -> tuple[int, int]:
     mean = sum(sampled) / k
     sd = (sum((s - mean) ** 2 for s in sampled) / (k - 1)) ** 0.5 if k > 1 else mean
     return round(mean * files), round((mean + 3 * sd / k ** 0.5) * files)
-
-
-def sample_sizes(files, samples: int = SIZE_SAMPLES) -> int:
-    """Node 0, before it shares a listing's index: ``samples`` files spread over it described (a
-    stat each: far fewer than the listing's own calls), for ``plan_by_count``'s estimate. How many."""
-    got = 0
-    n = len(files)
-    for k in range(min(samples, n)):
-        got += files.described(k * n // min(samples, n)) is not None
-    return got

@@ -64,6 +64,7 @@ struct request_header { uint32_t tag; uint16_t n; uint16_t flags; };
 #define REQ_WAITED 1u                   /* flags: an application's open waits on this reply (poll_pace.h) */
 #define REQ_RANGE 2u                    /* flags: a span of one large file's staged blocks */
 #define REQ_PAGES 4u                    /* flags: ... a fault's pages, which it waits on (poll_pace.h) */
+#define REQ_DESCRIBE 8u                 /* flags: files' stats from the owner's index, not their bytes (dp_describe) */
 struct request_item { uint64_t size; uint32_t len; uint32_t pad; };
 struct request_span { uint64_t offset, length; int64_t mtime_ns; };
 struct reply_header { uint32_t n; uint32_t pad; };
@@ -115,6 +116,9 @@ struct dp {
     uint64_t waits, idle_sleeps;         /* sleeps: requesters' while a reply was due; the owner thread's */
     uint64_t served_ranges, served_range_bytes, fetched_ranges, fetched_range_bytes;
     int64_t rtt_ns;                     /* answers' round trip, a moving average (relaxed: a hint) */
+    char *index_next;                   /* the index to map next (dp_index; "" none), under mu */
+    const unsigned char *index;         /* the owner's thread's own read-only mapping of it, or NULL */
+    size_t index_len;
 };
 
 #include "datapath_offers.c"      /* the offers, and the owner's read of one */
@@ -260,6 +264,7 @@ static void *dp_main(void *arg)
     owner_pace_init(&pace);
     while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
         close_let_go(d);
+        adopt_index(d);
         int waited = 0, took = take_requests(d, &waited);
         if (took + reap_sends(d) + reap_orphans(d)) {
             owner_pace_worked(&pace, monarch_now_ns(), took, waited);
@@ -270,6 +275,9 @@ static void *dp_main(void *arg)
         __atomic_add_fetch(&d->idle_sleeps, 1, __ATOMIC_RELAXED);
         owner_pace_slept(&pace, monarch_now_ns());
     }
+    if (d->index)
+        munmap((void *)d->index, d->index_len);
+    d->index = NULL;
     return NULL;
 }
 
@@ -318,6 +326,17 @@ EXPORT void dp_tier(struct dp *d, int slot, const char *dir)
     free(d->tiers[slot]);
     d->tiers[slot] = strdup(dir);
     d->in_ram[slot] = (unsigned char)in_ram;
+    pthread_mutex_unlock(&d->mu);
+}
+
+EXPORT void dp_index(struct dp *d, const char *path)
+{
+    char *next = strdup(path ? path : "");
+    if (!next)
+        return;
+    pthread_mutex_lock(&d->mu);
+    free(d->index_next);
+    d->index_next = next;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -545,6 +564,39 @@ EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys
     for (int i = 0; why && i < n; i++)
         results[i] = why;
     return why;
+}
+
+/* Files' stats from node ``owner``'s index (see dp_describe_fn): a fetch of each one's 112 bytes. */
+EXPORT int dp_describe(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
+                       struct monarch_index_entry *out, int64_t *results, int timeout_ms)
+{
+    short_sleeps();
+    uint64_t sizes[DP_BATCH_FILES_MAX];
+    const char *at[DP_BATCH_FILES_MAX];
+    struct dp_request *f = NULL;
+    int posted = 0, kept = 0, why = n > 0 && n <= DP_BATCH_FILES_MAX ? 0 : DP_HANDED_BACK;
+    for (int i = 0; !why && i < n; i++)
+        sizes[i] = sizeof *out;
+    if (!why)
+        why = post_batch(d, owner, n, keys, lens, sizes, NULL, REQ_WAITED | REQ_DESCRIBE, &f, &posted);
+    if (f && why == WAITING)
+        wait_answer(d, f, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &why, &posted);
+    if (f && finish_batch(d, f, why, posted, NULL, NULL, NULL, 0, &kept) == 0) {
+        reply_files(f, sizes, at, results);
+        for (int i = 0; i < n; i++)
+            if (at[i])
+                memcpy(&out[i], at[i], sizeof *out);
+    } else if (f && !posted) {
+        free_fetch(f);                  /* (else an orphan: the owner's thread frees it) */
+        f = NULL;
+    }
+    if (why || !f) {
+        for (int i = 0; i < n; i++)
+            results[i] = why ? why : DP_HANDED_BACK;
+        return why ? why : DP_HANDED_BACK;
+    }
+    free_fetch(f);
+    return 0;
 }
 
 /* A span of large file ``key`` from node ``owner``'s staged blocks: one request, one reply of the

@@ -65,12 +65,14 @@ _PROTOTYPES = {
     "dp_fetch_range": (_i64, [_vp, _i, _cp, _i, _u64, _i64, _u64, _u64, _i, _i]),
     "dp_fetch_pages": (_i64, [_vp, _i, _cp, _i, _u64, _i64, _u64, _u64, _cp, _i]),
     "dp_lost": (None, [_vp, _i]),
+    "dp_index": (None, [_vp, _cp]),
     "dp_counts": (None, [_vp, ctypes.POINTER(Counts)]),
     "dp_stop": (None, [_vp]),
     # handed to the front door by address too (front_door_peers)
     "dp_staged": (None, [_vp, _cp, _i, _i]),
     "dp_fetch": (_i64, [_vp, _i, _cp, _i, _u64, _i, _i]),
     "dp_fetch_many": (_i, [_vp, _i, _i, _cpp, _ip, _u64p, _ip, _i64p, _i]),
+    "dp_describe": (_i, [_vp, _i, _i, _cpp, _ip, _vp, _i64p, _i]),
     "dp_post": (_vp, [_vp, _i, _i, _cpp, _ip, _u64p, _i, _i, _ip]),
     "dp_test": (_i, [_vp, _vp]),
     "dp_take": (None, [_vp, _vp, _u64p, _i64p, _vp, _vp]),
@@ -213,6 +215,25 @@ class DataPath:
         results = (ctypes.c_int64 * n)()
         self._lib.dp_fetch_many(self._dp, owner, n, keys, lens, sizes, fds, results, max(1, int(timeout * 1000)))
         return list(results)
+
+    def use_index(self, path: str | None) -> None:
+        """The index this node publishes at ``path`` (None: none): a peer's DESCRIBE of a file this node
+        describes there is answered from it (dp_describe), so that the peer never stats it on the PFS."""
+        self._lib.dp_index(self._dp, os.fsencode(path) if path else None)
+
+    def describe(self, owner: int, key: str, timeout: float) -> bytes | None:
+        """``key``'s INDEX_ENTRY as node ``owner``'s index has it, or None (not described there, or no answer)."""
+        raw = key.encode("utf-8", "surrogateescape")
+        out = ctypes.create_string_buffer(protocol.INDEX_ENTRY.size)
+        result = (ctypes.c_int64 * 1)()
+        self._lib.dp_describe(self._dp, owner, 1, (ctypes.c_char_p * 1)(raw), (ctypes.c_int * 1)(len(raw)), out, result,
+                              max(1, int(timeout * 1000)))
+        return out.raw if result[0] >= 0 else None
+
+    def describe_function(self) -> int:
+        """The address of dp_describe (front_door_peer_describe: the door describes another node's
+        listed file from its owner's index)."""
+        return ctypes.cast(self._lib.dp_describe, ctypes.c_void_p).value
 
     def fetch_many_function(self) -> int:
         """The address of dp_fetch_many (front_door_peers: the door's batched fetches)."""

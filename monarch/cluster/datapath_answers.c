@@ -1,5 +1,5 @@
 /* Part of datapath.c, one translation unit: included there after datapath_offers.c. Here: the
- * owner's answers. Its thread takes the requests that came (all of them first, then a fault's
+ * owner's answers (and the index it describes files from to peers: adopt_index). Its thread takes the requests that came (all of them first, then a fault's
  * pages before any span, whose megabytes would keep a thread stopped on a page waiting), checks
  * each against its length (a peer's bytes are not trusted), and answers from the offers
  * (datapath_offers.c): a batch of whole files, or a span of a large file's staged blocks. */
@@ -78,6 +78,54 @@ static void answer_range(struct dp *d, int src, const struct request_header *rh,
     pthread_mutex_unlock(&d->mu);
 }
 
+/* The index dp_index named, mapped read-only by the owner's thread (the only one that reads it), the
+ * last one unmapped: a republished index is a new file, mapped anew. */
+static void adopt_index(struct dp *d)
+{
+    pthread_mutex_lock(&d->mu);
+    char *path = d->index_next;
+    d->index_next = NULL;
+    pthread_mutex_unlock(&d->mu);
+    if (!path)
+        return;
+    monarch_crc_init();                 /* (the index's buckets are keyed by the keys' CRC) */
+    if (d->index)
+        munmap((void *)d->index, d->index_len);
+    d->index = NULL;
+    int fd = *path ? open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct monarch_index_header)) {
+        void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        struct monarch_index_header h;
+        if (map != MAP_FAILED) {
+            memcpy(&h, map, sizeof h);
+            if (monarch_index_bounded(&h, (size_t)st.st_size, h.files))
+                d->index = map, d->index_len = (size_t)st.st_size;
+            else
+                munmap(map, (size_t)st.st_size);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    free(path);
+}
+
+/* ``key``'s entry as this node's index describes it, into ``dst`` (its 112 bytes): 0, or -1 (no index,
+ * no such file, not described here yet). */
+static int read_described(struct dp *d, const char *key, uint32_t len, char *dst)
+{
+    if (!d->index)
+        return -1;
+    struct monarch_index_header h;
+    memcpy(&h, d->index, sizeof h);
+    struct monarch_index_entry e;
+    uint32_t n = monarch_index_find(d->index, &h, key, len, monarch_crc32(key, len));
+    if (!n || n > h.files || !monarch_index_read(d->index, &h, n, &e))
+        return -1;
+    memcpy(dst, &e, sizeof e);
+    return 0;
+}
+
 /* Answer one request; PACE_WAITED if an application's open waits on it (REQ_WAITED), PACE_PAGES if a
  * fault does (REQ_PAGES). */
 static int answer(struct dp *d, int src, const char *msg, int count)
@@ -101,7 +149,9 @@ static int answer(struct dp *d, int src, const char *msg, int count)
     const char *key = (const char *)(items + rh.n);
     uint64_t at = 0, ok = 0, bytes = 0;
     for (uint32_t i = 0; i < rh.n; key += items[i].len, i++) {
-        int staged = read_staged(d, key, items[i].len, items[i].size, buf + head + at) == 0;
+        int staged = rh.flags & REQ_DESCRIBE
+                     ? items[i].size == sizeof(struct monarch_index_entry) && read_described(d, key, items[i].len, buf + head + at) == 0
+                     : read_staged(d, key, items[i].len, items[i].size, buf + head + at) == 0;
         struct reply_item r = {.status = staged ? ST_OK : ST_HANDED_BACK, .size = staged ? items[i].size : 0};
         memcpy(&out[i], &r, sizeof r);
         at += r.size;
@@ -110,6 +160,8 @@ static int answer(struct dp *d, int src, const char *msg, int count)
     }
     if (send_reply(d, src, rh.tag, buf, head + at) != 0)
         return waited;
+    if (rh.flags & REQ_DESCRIBE)        /* stats, not files: counted as requests only */
+        ok = bytes = 0;
     pthread_mutex_lock(&d->mu);
     d->served_requests++;
     d->served_files += ok;

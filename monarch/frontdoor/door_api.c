@@ -366,6 +366,13 @@ EXPORT void front_door_own_only(struct door *d, int on)
     pthread_mutex_unlock(&d->mu);
 }
 
+EXPORT void front_door_peer_describe(struct door *d, dp_describe_fn *describe)
+{
+    pthread_mutex_lock(&d->mu);
+    d->peer.describe = describe;
+    pthread_mutex_unlock(&d->mu);
+}
+
 /* Whether the peer lane may fetch now (Python: the area is usable, the job wrote nothing). */
 EXPORT void front_door_peer_copying(struct door *d, int on)
 {

@@ -93,6 +93,48 @@ static int describe_listed(struct worker *w, const char *key, uint32_t len, uint
     return 1;
 }
 
+/* Whom to ask for listed entry ``n``'s stat: its owner, when another node owns it (a sharded node's),
+ * with the data path's dp_describe; else owner -1 (and describe NULL: the PFS's). Under the lock. */
+static struct owner_ask owner_ask_locked(const struct door *d, uint32_t n)
+{
+    struct owner_ask a = {.owner = -1};
+    if (n && d->peer.own_only && !own_file_locked(d, n) && d->peer.owners && n <= d->peer.nowners)
+        a.owner = d->peer.owners[n - 1];
+    a.describe = a.owner >= 0 ? d->peer.describe : NULL;
+    a.dp = d->peer.dp, a.timeout_ms = d->peer.timeout_ms;
+    a.owners = d->peer.owners, a.nowners = d->peer.nowners;
+    return a;
+}
+
+/* Entry ``n`` (a listed file ``ask->owner`` owns) described from that owner's index (``ask->describe``:
+ * datapath.c's dp_describe), with the next listed files of that owner in the index (its directory's,
+ * mostly: a reader opens them too), up to DESCRIBE_AHEAD in one round trip: no PFS call here. 1 if
+ * ``n`` is described; 0 (not described there yet, no answer in time): the caller asks the PFS. */
+static int describe_from_owner(struct worker *w, const struct owner_ask *ask, const char *key, uint32_t len, uint32_t n)
+{
+    struct door *d = w->d;
+    uint32_t nums[DESCRIBE_AHEAD] = {n};
+    const char *keys[DESCRIBE_AHEAD] = {key};
+    int lens[DESCRIBE_AHEAD] = {(int)len}, count = 1;
+    char *more = malloc((size_t)(DESCRIBE_AHEAD - 1) * INDEX_KEY_MAX);
+    for (uint32_t m = n + 1; more && count < DESCRIBE_AHEAD && m <= ask->nowners && m <= n + 4 * DESCRIBE_AHEAD; m++) {
+        char *k = more + (size_t)(count - 1) * INDEX_KEY_MAX;
+        uint32_t kl;
+        if (ask->owners[m - 1] == ask->owner && index_listed_number(d, m) && (kl = index_key(d, m, k)) != 0) {
+            nums[count] = m, keys[count] = k, lens[count] = (int)kl;
+            count++;
+        }
+    }
+    struct monarch_index_entry e[DESCRIBE_AHEAD];
+    int64_t results[DESCRIBE_AHEAD];
+    if (ask->describe(ask->dp, ask->owner, count, keys, lens, e, results, ask->timeout_ms) == 0)
+        for (int i = 0; i < count; i++)
+            if (results[i] >= 0 && S_ISREG(e[i].mode))
+                index_describe_fields(d, nums[i], &e[i]);
+    free(more);
+    return !index_listed_number(d, n);
+}
+
 static int describe_named(struct worker *w, const char *key, uint32_t len, uint32_t n)
 {
     uint32_t dlen;

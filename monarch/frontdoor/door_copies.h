@@ -21,5 +21,11 @@ static int cached_dir(int *fd, char *for_key, uint32_t *for_len, const char *key
 static int describe_listed(struct worker *w, const char *key, uint32_t len, uint32_t n, int in_order, int by_name);
 /* the same by the name's lstat alone (a metadata call's DESCRIBE: nothing to copy) */
 static int describe_named(struct worker *w, const char *key, uint32_t len, uint32_t n);
+/* whom listed entry ``n``'s stat is asked of: another node that owns it (sharded), else none (the PFS) */
+static struct owner_ask owner_ask_locked(const struct door *d, uint32_t n);
+/* entry ``n`` described from its owner's index over the data path, with its next listed files of that
+ * owner (DESCRIBE_AHEAD in all at most): 1, or 0 (the caller asks the PFS) */
+#define DESCRIBE_AHEAD 32
+static int describe_from_owner(struct worker *w, const struct owner_ask *ask, const char *key, uint32_t len, uint32_t n);
 
 #endif /* MONARCH_DOOR_COPIES_H */

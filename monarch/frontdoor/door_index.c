@@ -106,6 +106,22 @@ static int index_listed_number(const struct door *d, uint32_t n)
     return monarch_index_undescribed(d->index.map, &h, n);
 }
 
+/* File n described with ``f``, the stat its owner (another node) has in its index: the device this
+ * node's (its directory's: a node's own device numbers), the rest as the owner's (the PFS's). */
+static void index_describe_fields(struct door *d, uint32_t n, struct monarch_index_entry *f)
+{
+    struct monarch_route_steps t = {d->steps.smallest, d->steps.route, d->steps.nsteps, d->steps.nroots};
+    if (!d->index.borrowed)
+        return;
+    struct monarch_index_header h = index_header(d->index.map);
+    uint32_t m;
+    const unsigned char *dir = index_dir_stat(d, n, &m);
+    if (!dir)
+        return;
+    memcpy(&f->dev, dir + offsetof(struct monarch_index_entry, dev), sizeof f->dev);
+    monarch_index_put_fields((unsigned char *)d->index.map, &h, n, f, &t);
+}
+
 /* File n described from ``st`` (the source's lstat) in its stat slot, as the daemon would describe
  * it (monarch_index_put_stat: nothing if it is described or being described meanwhile; its route
  * from its root's number). */

@@ -39,5 +39,6 @@ static uint32_t index_dirs(const struct door *d);
 static uint32_t index_listed(const struct door *d, const char *key, uint32_t len, uint32_t hash);
 static int index_listed_number(const struct door *d, uint32_t n);  /* the same test, by number */
 static void index_describe(struct door *d, uint32_t n, const struct stat *st);
+static void index_describe_fields(struct door *d, uint32_t n, struct monarch_index_entry *f);  /* another node's stat */
 
 #endif /* MONARCH_DOOR_INDEX_H */

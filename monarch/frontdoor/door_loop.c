@@ -76,9 +76,10 @@ again:
         uint32_t listed = why == R_NOT_SMALL_FILE && !e && !described ? index_listed(d, key, len, hash) : 0;
         /* another node's file (a sharded node's: its owner by its hash) is opened there, never here:
          * described by its name alone, then fetched from its owner */
-        int elsewhere = listed && d->peer.own_only && !own_file_locked(d, listed);
+        struct owner_ask ask = owner_ask_locked(d, listed);
         pthread_mutex_unlock(&d->mu);
-        if (listed && (described = describe_listed(w, key, len, listed, 0, elsewhere)))  /* outside the lock: a PFS call */
+        if (listed && (described = (ask.describe && describe_from_owner(w, &ask, key, len, listed))
+                                   || describe_listed(w, key, len, listed, 0, ask.owner >= 0)))  /* outside the lock */
             goto again;
         return why;
     }
@@ -166,13 +167,14 @@ static int try_describe(struct worker *w, int fd, const char *key, uint32_t len)
     uint32_t n = ours ? index_listed(d, key, len, hash) : 0;
     struct idx_file f;
     int described = ours && !n && index_file(d, key, len, &f);
+    struct owner_ask ask = owner_ask_locked(d, n);
     pthread_mutex_unlock(&d->mu);
     if (!open)
         return R_CLOSED_GATE;
     if (!ours)
         return R_OTHER;
-    if (n)
-        described = describe_named(w, key, len, n);  /* outside the lock: a PFS call */
+    if (n)  /* outside the lock: another node's from its owner, else a PFS call */
+        described = (ask.describe && describe_from_owner(w, &ask, key, len, n)) || describe_named(w, key, len, n);
     send_answer(fd, described ? 0 : 1, "", 0);     /* unsent: the shim asks the PFS */
     close(fd);
     return -1;

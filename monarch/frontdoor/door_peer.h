@@ -39,6 +39,7 @@ struct door_peer {
     dp_test_fn *test;
     dp_take_fn *take;
     dp_staged_fn *offer;               /* the door's own copies offered to other nodes (own_only) */
+    dp_describe_fn *describe;          /* another node's listed file described from its owner's index */
     struct dp *dp;
     /* whose file is whose */
     int own_only;                      /* a sharded node: copy only the files ``owners`` gives to no other */
@@ -56,6 +57,14 @@ struct door_peer {
     uint64_t fetches, failures, transient;
     uint64_t batches, batched;         /* requests sent, files in them */
     uint64_t waits;                    /* fetchers' waits for an answer, serving their connections (atomic) */
+};
+
+struct owner_ask {                     /* whom a listed file's stat is asked of (owner_ask_locked) */
+    int owner, timeout_ms;
+    dp_describe_fn *describe;
+    struct dp *dp;
+    const int16_t *owners;             /* the door's owner table (its neighbours of that owner asked too) */
+    uint32_t nowners;
 };
 
 struct door;

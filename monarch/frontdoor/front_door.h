@@ -175,6 +175,10 @@ EXPORT int front_door_peers(struct door *d, dp_fetch_fn *fetch, dp_staged_fn *of
 EXPORT int front_door_pages(struct door *d, dp_fetch_pages_fn *fetch_pages, struct dp *dp, int self_node,
                              int timeout_ms);
 EXPORT void front_door_own_only(struct door *d, int on);
+/* a sharded node's: a file its listing left undescribed that another node owns described from that
+ * owner's index with ``describe`` (the data path's dp_describe, on front_door_peers' ``dp``), never
+ * stat'ed on the PFS here; NULL: by its name (a lookup) */
+EXPORT void front_door_peer_describe(struct door *d, dp_describe_fn *describe);
 EXPORT void front_door_peer_copying(struct door *d, int on);
 EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offset);
 /* the peer read-ahead lane (door_peer_ahead.c): a hinted order's other nodes' files fetched ahead */

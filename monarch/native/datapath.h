@@ -78,6 +78,9 @@ EXPORT void dp_blocks(struct dp *d, const char *key, int len, int slot);
 EXPORT int64_t dp_fetch_range(struct dp *d, int owner, const char *key, int len, uint64_t size, int64_t mtime_ns,
                               uint64_t offset, uint64_t length, int fd, int timeout_ms);
 EXPORT void dp_lost(struct dp *d, int node);
+/* the index this node publishes (its path; NULL: none): the owner's thread maps it read-only and
+ * answers a peer's DESCRIBE (dp_describe) of a file it describes there */
+EXPORT void dp_index(struct dp *d, const char *path);
 EXPORT void dp_counts(struct dp *d, struct dp_counts *out);
 EXPORT void dp_stop(struct dp *d);
 
@@ -91,6 +94,12 @@ typedef int64_t dp_fetch_fn(struct dp *d, int owner, const char *key, int len, u
  * results[i] its bytes or a DP_*; 0, or a DP_* for the whole batch */
 typedef int dp_fetch_many_fn(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
                              const uint64_t *sizes, const int *fds, int64_t *results, int timeout_ms);
+/* ``n`` files' stats as their owner ``owner`` has them in its index (files this node's listing left
+ * undescribed: described here from their owner's, never from the PFS), in one request and one reply:
+ * out[i] filled where results[i] >= 0, else results[i] a DP_* (DP_HANDED_BACK: not described there);
+ * 0, or a DP_* for the whole batch */
+typedef int dp_describe_fn(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
+                           struct monarch_index_entry *out, int64_t *results, int timeout_ms);
 /* such a request posted, not waited for (NULL: *why a DP_*), looked at (1: ended), and taken:
  * its reply handed to ``got`` (bytes[i] valid during the call only), the request freed */
 typedef void dp_reply_fn(void *arg, const char *const *bytes, const int64_t *results);
@@ -107,6 +116,7 @@ EXPORT dp_fetch_pages_fn dp_fetch_pages;
 EXPORT dp_staged_fn dp_staged;
 EXPORT dp_fetch_fn dp_fetch;
 EXPORT dp_fetch_many_fn dp_fetch_many;
+EXPORT dp_describe_fn dp_describe;
 EXPORT dp_post_fn dp_post;
 EXPORT dp_test_fn dp_test;
 EXPORT dp_take_fn dp_take;

@@ -74,11 +74,11 @@ class ReadAhead:
 
     def describes_as_it_copies(self) -> bool:
         """Does the front door's lane read ahead here, describing each file from the descriptor it
-        copies from? Else the stager does, and a listing walk's files are described in one pass
-        first (8 threads in C: the stager would stat them one at a time, under its lock)."""
+        copies from (on a sharded node too, where the peer lane starts it: the other nodes' files are
+        described from their owners)? Else the stager does, and a listing walk's files are described
+        in one pass first (8 threads in C: the stager would stat them one at a time, under its lock)."""
         lanes = self.lanes()
-        return (lanes.reads_ahead and self._door_lane_here(lanes) and not lanes.codec_sample
-                and self.door_may_copy())
+        return lanes.reads_ahead and lanes.door_lane and not lanes.codec_sample and self.door_may_copy()
 
     def door_may_copy(self) -> bool:
         """May the door copy files from the PFS (asked by the door at each link)? As the table

@@ -1,15 +1,18 @@
 """A cluster's namespace at the listings' pace: node 0 lists the dataset (no stat a file), every node
 receives its index whole into the file it publishes, the files are placed by count on the hash ring,
-and each file is opened on the PFS once, by its owner (a node that reads another's file describes it
-by its name, never opens it there). Counted by the emulated PFS itself."""
+and each file is opened on the PFS once, by its owner, which describes it as it copies it: a sharded
+node reading another's file asks that owner for its stat over the peer plane (dp_describe), never the
+PFS. Counted by the emulated PFS itself."""
 
 import os
 import subprocess
 import sys
 import time
+from array import array
 
 import pytest
 
+from monarch import protocol
 from monarch.cluster.capacity import SIZE_SAMPLES
 from monarch.node.snapshot import walker
 from monarch.tools.slowpfs_generated import Generated
@@ -81,6 +84,9 @@ def test_node_0_lists_the_dataset_and_each_file_is_opened_once_on_the_pfs(layout
     assert total <= counted["bytes"] <= 1.05 * total
     # each file opened on the PFS once, by its owner: a node reading another's file never opens it there
     assert counted["opens"] <= 1.05 * TREE.files, counted["opens"]
+    if layout == "shard":  # and described once, by its owner as it copies it: the others ask the owner (a pass
+        # that stats every file on every node, or each reader's node asking the PFS, would be thousands more)
+        assert metadata(counted) <= find_calls + 3 * SIZE_SAMPLES + 20 * NODES + 1.5 * TREE.files, counted
     rep = load(os.path.join(cluster.run_dir(0), "report.json"))
     # (a remote open that waits past its deadlines reads the PFS: fail open, a few on a loaded machine)
     assert rep["nodes_reporting"] == NODES and rep["opened_from"]["pfs"]["opens"] <= 0.01 * 2 * NODES * TREE.files
@@ -90,3 +96,47 @@ def test_node_0_lists_the_dataset_and_each_file_is_opened_once_on_the_pfs(layout
     assert all(row["owned_estimated"] for row in rows)
     # placed by count: each node owns about a third of the files, and stages what it owns
     assert all(abs(row["owned_files"] - TREE.files / NODES) < 0.1 * TREE.files for row in rows), rows
+
+
+def undescribed(cluster: DaemonCluster, k: int) -> int:
+    """Files node ``k``'s published index has not described (their records' stat 0)."""
+    name = next(n for n in os.listdir(cluster.run_dir(k)) if n.startswith("index-") and ".tmp-" not in n)
+    with open(os.path.join(cluster.run_dir(k), name), "rb") as f:
+        head = protocol.INDEX_HEADER.unpack(f.read(protocol.INDEX_HEADER.size))
+        nfiles, files_off = head[11], head[13]
+        f.seek(files_off)
+        stats = array("I", f.read(8 * nfiles))[1::2]
+    return stats.count(0)
+
+
+def staged_files(base: str) -> int:
+    return sum(1 for k in range(NODES) for _, _, fs in os.walk(f"/dev/shm{base}/ram{k}") for f in fs
+               if not f.startswith(".monarch"))
+
+
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_a_node_reading_another_nodes_files_asks_their_owner_for_their_stats_not_the_pfs(short_tmp, slow_pfs):
+    pfs = slow_pfs(TREE, open_latency_ms=0)
+    root = str(pfs.mountpoint)
+    cfg = ram_peer_config(short_tmp, root, 4096 * TREE.files // 2, 4096 * TREE.files // 4, NODES, "shard.yaml")
+    cluster = DaemonCluster(NODES, cfg, short_tmp)
+    try:
+        deadline = time.monotonic() + 120
+        while staged_files(short_tmp) < TREE.files:  # each owner's read-ahead staged (and described) its share
+            assert time.monotonic() < deadline, f"the owners staged {staged_files(short_tmp)} of {TREE.files} files"
+            time.sleep(0.2)
+        pfs.reset_counters()
+        before = [undescribed(cluster, k) for k in range(NODES)]
+        finish([subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--", sys.executable, "-c", READER,
+                                  root, str(TREE.files), str(TREE.per_dir), str(k)],
+                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True) for k in range(NODES)])  # each read every file twice, every byte checked
+        counted = pfs.counters()
+        after = [undescribed(cluster, k) for k in range(NODES)]
+    finally:
+        assert cluster.stop(range(NODES)) == 0
+    # two thirds of each node's opens are another node's files, each undescribed in this node's index: each
+    # is described from its owner's index over the peer plane (asked of the PFS by name, 2 lookups, before)
+    assert all(n > TREE.files / 2 for n in before) and after == [0] * NODES, (before, after)  # no pass described them
+    assert counted["opens"] == 0 and counted["bytes"] == 0, counted
+    assert metadata(counted) <= 0.05 * TREE.files, {k: counted[k] for k in METADATA}

@@ -62,6 +62,19 @@ SHARDED_SERVE_THREADS = 32  # ... when sharded, where every other node asks this
 Walk = Callable[..., tuple[Snapshot, str]]  # (into, on_directory) -> (snapshot, how it was taken)
 
 
+def sample_sizes(snap: Snapshot, samples: int = capacity.SIZE_SAMPLES) -> list[int]:
+    """The sizes of ``samples`` files spread over a listing (a stat each, far fewer than the
+    listing's own calls; nothing written in the index: its files are described with their routes)."""
+    files, sizes = snap.files, []
+    n = len(files)
+    for k in range(min(samples, n)):
+        try:
+            sizes.append(os.stat(snap.source_path(files.key(k * n // min(samples, n))), follow_symlinks=False).st_size)
+        except OSError:
+            pass  # gone since the listing: one sample less
+    return sizes
+
+
 @dataclass(frozen=True)
 class IndexShared:
     """What node 0 shares of a walk that made an index: enough for every node to make a file of
@@ -70,6 +83,7 @@ class IndexShared:
     nfiles: int
     size: int
     ranges: list[tuple[int, int]]
+    sampled: list[int]  # a listing's: the sizes of files spread over it (capacity.plan_by_count)
 
 
 class PeerLayer(Protocol):
@@ -120,6 +134,7 @@ class ClusterRole:
         self.reowned_held = 0   # ... of which it held a second copy already (peer.replicas: 2)
         self.offers: Offers | None = None  # what the C data path answers peers by itself
         self._own_walk: Snapshot | None = None  # node 0: its walk's index, while its bytes are shared
+        self._index_at: str | None = None  # where this node publishes its index (peers are described from it)
         cluster.on_loss(self._note_loss)
 
     # -- who owns what ------------------------------------------------------------------
@@ -177,6 +192,7 @@ class ClusterRole:
         the front door's lane copies the small ones of the walk's first seconds), then the layout.
         A walk that made an index (the C walk, a kept snapshot, a manifest) is not streamed: its
         bytes are broadcast into the file each node publishes it from, beside ``index_at``."""
+        self._index_at = index_at
         capacities = self._exchange_capacities()
         self._exchange_kept()
         if growing is not None and stager is not None:
@@ -185,9 +201,10 @@ class ClusterRole:
             snap, how = self.cluster.share(lambda: self._walked(*walk(None, None)))
             if not isinstance(snap, IndexShared):
                 snap = snap.with_local_devices()
+        sampled = None
         if isinstance(snap, IndexShared):
-            snap = self._index_shared(snap, index_at)
-        self._plan(snap, capacities)
+            sampled, snap = snap.sampled, self._index_shared(snap, index_at)
+        self._plan(snap, capacities, sampled)
         if stager is not None and self.layout is not None and not self.sharded():  # replicating
             stager.fetch_from_peers(self.peers, self.peer_area)
         return snap, how
@@ -198,11 +215,10 @@ class ClusterRole:
         collectives). A listing's sizes are sampled first."""
         if not isinstance(snap.files, IndexTable) or not self.cluster.collective:
             return snap, how
-        if capacity.listed_sizes_unknown(snap.files):
-            capacity.sample_sizes(snap.files)
+        sampled = sample_sizes(snap) if capacity.listed_sizes_unknown(snap.files) else []
         self._own_walk = snap
         header = protocol.INDEX_HEADER.unpack_from(snap.files.data)
-        return IndexShared(snap.roots, snap.files.nfiles, len(snap.files.data), used_ranges(header)), how
+        return IndexShared(snap.roots, snap.files.nfiles, len(snap.files.data), used_ranges(header), sampled), how
 
     def _index_shared(self, head: IndexShared, index_at: str | None) -> Snapshot:
         """Collective: node 0's index, its used parts broadcast into a file of the same length on
@@ -253,11 +269,11 @@ class ClusterRole:
         if self._kept is not None:
             self._kept.learn(payloads)
 
-    def _plan(self, snap: Snapshot, capacities: list[tuple[int, int]] | None) -> None:
+    def _plan(self, snap: Snapshot, capacities: list[tuple[int, int]] | None, sampled: list[int] | None = None) -> None:
         """Decide replicate or shard and set the placement (the same on every node); sharded,
         the peer area becomes an evicting cache."""
         if capacities is not None:
-            self.layout = capacity.plan(self.cluster, snap.files, capacities, self._unit)
+            self.layout = capacity.plan(self.cluster, snap.files, capacities, self._unit, sampled)
         if self.sharded():
             self.peer_cache = PeerCache(self.cluster, self.peer_area, snap)
 
@@ -311,6 +327,8 @@ class ClusterRole:
         """Serve peers from now on (the C data path what it can, Python's protocol the rest)."""
         if self.cluster.datapath is not None:
             self.offers = Offers(self.cluster.datapath, self.owns, self._current.stager, self._tiers)
+            if self._index_at is not None:  # the files this node describes, described to its peers from there
+                self.cluster.datapath.use_index(self._index_at)
         self.cluster.start(self.provide, SHARDED_SERVE_THREADS if self.sharded() else SERVE_THREADS,
                            provide_range=self.provide_range)
 

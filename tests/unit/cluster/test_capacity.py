@@ -80,3 +80,35 @@ def test_the_plan_weighs_each_file_by_what_its_copy_takes_in_the_tiers():
     layout = plan(cluster, files, [(100 << 10, 0), (100 << 10, 0)], unit=4096)
     assert layout.mode == SHARD and cluster.placement is layout.placement
     assert plan(FakeCluster(1), files, [(100 << 10, 0), (100 << 10, 0)], unit=1).mode == REPLICATE
+
+
+class Listing(dict):
+    """A listing's files as capacity.py sees them (the node's IndexTable): their count, and how many
+    have no size yet (all of them)."""
+
+    def undescribed(self) -> int:
+        return len(self)
+
+
+def test_a_listing_is_placed_by_count_the_same_on_every_node_with_no_key_held():
+    files = Listing((f"0/d{i // 1000}/f{i:06d}", Info(0)) for i in range(40_000))
+    capacities = [(96 << 20, 0), (32 << 20, 0)]  # tiers 3:1, the dataset (160 MiB) larger than either: shard
+    sampled = [3000] * 64
+    layouts = [plan(FakeCluster(node), files, capacities, unit=4096, sampled=sampled) for node in range(2)]
+    assert {lay.mode for lay in layouts} == {SHARD} and "placed by count" in layouts[0].why
+    assert len(layouts[0].placement) == 0  # cut on the ring itself: no key held, no size needed
+    owners = [lay.placement.owner(k) for k in files for lay in layouts]
+    assert owners[0::2] == owners[1::2]  # the same owner on every node
+    share = owners[0::2].count(0) / len(files)
+    assert abs(share - 0.75) < 0.01  # its weight's share of the files, within a few sqrt(n) of n
+    assert layouts[0].owned == {"files": 30_000, "bytes": 30_000 * 4096, "estimated": True}
+
+
+def test_a_listing_is_replicated_only_where_every_node_holds_the_most_its_bytes_may_be():
+    files = Listing((f"0/f{i}", Info(0)) for i in range(1000))
+    even = [4096] * 64  # every sample one page: the estimate is exact
+    assert plan(FakeCluster(0), files, [(1000 * 4096, 0)] * 2, 4096, even).mode == REPLICATE
+    # the same mean with a spread: the estimate's margin (3 standard errors) no longer fits
+    spread = [4096, 3 * 4096] * 32
+    assert plan(FakeCluster(0), files, [(2000 * 4096, 0)] * 2, 4096, spread).mode == SHARD
+    assert plan(FakeCluster(0), files, [(2400 * 4096, 0)] * 2, 4096, spread).mode == REPLICATE

@@ -30,6 +30,7 @@ CTYPES = {
     "struct dp_counts *": _p(datapath.Counts),
     # pointers Python passes as addresses: the path, a posted request, a callback and its argument
     "struct dp *": ctypes.c_void_p, "struct dp_request *": ctypes.c_void_p, "dp_reply_fn *": ctypes.c_void_p,
+    "struct monarch_index_entry *": ctypes.c_void_p,  # an INDEX_ENTRY's bytes (a buffer of protocol.INDEX_ENTRY.size)
     "void *": ctypes.c_void_p,
 }
 FIELD_TYPES = {"uint64_t": ctypes.c_uint64}
