@@ -299,10 +299,13 @@ def index_parts(header: bytes, files: int) -> dict[str, float]:
             "ranges": 4 * (dirs + 1) / files, "child records": protocol.INDEX_CHILD.size * nchildren / files}
 
 
-def reader_args(mnt: Path, args, pfs: SlowPFS, wait_described: bool = False) -> list[str]:
+def reader_args(mnt: Path, args, pfs: SlowPFS, wait_described: bool = False, seed: int | None = None) -> list[str]:
+    """READER's argv after its path; ``seed`` draws its sample (default ``args.seed``: a cluster's
+    node k draws with ``args.seed + k``, scripts/cluster/bench_cluster_namespace.py)."""
     t = args.tree
+    pick = args.seed if seed is None else seed
     return [str(mnt), pfs.counters_path, *map(str, (t.files, t.per_dir, t.min_size, t.max_size, t.seed,
-                                                    args.sample_n, args.seed, args.timeout if wait_described else 0))]
+                                                    args.sample_n, pick, args.timeout if wait_described else 0))]
 
 
 def result_of(name: str, proc: subprocess.CompletedProcess) -> dict:

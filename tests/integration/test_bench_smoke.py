@@ -115,6 +115,10 @@ BENCHES = [
     Bench("cluster/bench_cluster_blocks.py", ["--quick", "--json", "{tmp}/blocks.json"],
           r"^\| weights \| share \| [\d.]+ s \| [\d.]+ s \| [\d.]+x \| [\d.]+x \| [\d.]+ \| \d+ \| [\d.]+ \|$",
           {"fuse", "mpi", "root"}),
+    # 2 nodes over 2,000 generated files, each READER's bytes checked (else exit 1); the layout and snapshot: the report's
+    Bench("cluster/bench_cluster_namespace.py", ["--quick", "--json", "{tmp}/cluster_namespace.json"],
+          r"^bytes checked: 800 files read on 2 nodes \(2 x 200 x 2 passes\), 0 wrong; layout shard; node 0's snapshot "
+          r"\w+; the READERs' opens sent to the PFS [\d,]+$", {"fuse", "mpi"}),
     Bench("cluster/bench_cluster_faults.py", ["--nodes", "2", "--files", "120", "--epochs", "2", "--victim", "1",
                                       "--open-latency-ms", "2", "--timeout", "60", "--json", "{tmp}/faults.json"],
           r"^  ok\s+\| direct: True \| monarch: True \| kill: True \| replicas: True$", {"fuse", "mpi"}),
