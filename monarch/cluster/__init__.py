@@ -46,7 +46,8 @@ no tier): the MPI between daemons, Python's protocol and the C data path.
                        on a communicator of its own, the owner's one thread answers requests,
                        a requester posts and polls its own
 ``datapath_offers.c``  its part: the keys this node may serve, and the owner's read of one
-``datapath_answers.c`` its part: the owner's answers to the requests that came (a fault's pages first)
+``datapath_answers.c`` its part: the owner's answers to the requests that came (a fault's pages first;
+                       files' stats from the index its node publishes, ``dp_describe``)
 =====================  ======================================================================
 
 In the node daemon (the floor ``node``): this node's part in the cluster.
