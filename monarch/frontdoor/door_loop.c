@@ -75,7 +75,7 @@ again:
     if (why >= 0) {
         uint32_t listed = why == R_NOT_SMALL_FILE && !e && !described ? index_listed(d, key, len, hash) : 0;
         /* another node's file (a sharded node's: its owner by its hash) is opened there, never here:
-         * described by its name alone, then fetched from its owner */
+         * described from its owner's index (else by its name alone), then fetched from its owner */
         struct owner_ask ask = owner_ask_locked(d, listed);
         pthread_mutex_unlock(&d->mu);
         if (listed && (described = (ask.describe && describe_from_owner(w, &ask, key, len, listed))
