@@ -63,7 +63,10 @@ def test_other_readers_get_the_same_bytes(dataset, short_tmp, kind):
                 *reader(ds, epochs=2, workers=2, reader_kind=kind))
     assert r.returncode == 0, r.stderr
     rep = load(report)
-    assert rep["opened_from"]["ram"]["opens"] == 400 and rep["opened_from"]["pfs"]["opens"] == 0
+    node = rep["nodes"][0]
+    assert rep["opened_from"]["ram"]["opens"] == 400 and rep["opened_from"]["pfs"]["opens"] == 0, (
+        rep["opened_from"], node.get("snapshot"), node.get("snapshot_ready_seconds"), node.get("metadata"),
+        node.get("resolves"), r.stderr[-2000:])
     assert rep["pfs"]["staging_bytes"] == ds.total
 
 
