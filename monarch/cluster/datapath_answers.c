@@ -1,8 +1,9 @@
 /* Part of datapath.c, one translation unit: included there after datapath_offers.c. Here: the
- * owner's answers (and the index it describes files from to peers: adopt_index). Its thread takes the requests that came (all of them first, then a fault's
+ * owner's answers. Its thread takes the requests that came (all of them first, then a fault's
  * pages before any span, whose megabytes would keep a thread stopped on a page waiting), checks
  * each against its length (a peer's bytes are not trusted), and answers from the offers
- * (datapath_offers.c): a batch of whole files, or a span of a large file's staged blocks. */
+ * (datapath_offers.c): a batch of whole files, or a span of a large file's staged blocks; or
+ * files' stats from the index its node publishes (adopt_index, read_described). */
 
 /* A request's items and keys, checked against its length (a peer's bytes are not trusted):
  * the items, or NULL. */
