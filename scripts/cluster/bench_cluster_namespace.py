@@ -79,10 +79,8 @@ from benchkit.cluster import bench_env, daemon_run_dir, mpiexec, start_daemons, 
 from benchkit.cpuwatch import CpuWatch  # noqa: E402
 from benchkit.options import fresh_bytecode, parse_with_quick, result_path, write_json  # noqa: E402
 from benchkit.pfs import pfs_unavailable  # noqa: E402
-from monarch.errors import ConfigError  # noqa: E402
 from monarch.sizes import allocated_size, parse_size  # noqa: E402
 from monarch.tools.slowpfs import SlowPFS  # noqa: E402
-from monarch.tools.slowpfs_generated import Generated, parse_size_range  # noqa: E402
 
 NAME = "bench_cluster_namespace"
 JOB = "benchnamespace"
@@ -303,14 +301,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=result_path(f"{NAME}.json"),
                    help=f"the JSON written (default: results/{NAME}.json of this checkout)")
     args = parse_with_quick(p, argv, {"files": 2000, "per_dir": 100, "sample": 200, "nodes": 2})
-    if args.files < 1 or args.per_dir < 1 or args.sample < 1 or args.nodes < 2:
-        p.error("--files, --per-dir and --sample must be at least 1, --nodes at least 2")
-    try:
-        low, high = parse_size_range(args.file_size)
-    except ConfigError as e:
-        p.error(str(e))
-    args.tree = Generated(args.files, args.per_dir, low, high)
-    args.sample_n = min(args.sample, args.files)
+    if args.nodes < 2:
+        p.error("--nodes must be at least 2")
+    low, high = many.tree_of(p, args)
     args.wait_ms = int(min(args.timeout, 24 * 3600) * 1000)
     dataset = args.files * allocated_size((low + high) // 2, PAGE)  # what the tiers count, about
     capacity = args.capacity or -(-int(1.25 * dataset / args.nodes) // (1 << 20)) << 20
@@ -319,9 +312,7 @@ def main(argv=None) -> int:
         return 2
     mpiexec(NAME)  # exits with how to install it where there is none
     print(many.machine(), flush=True)
-    print(f"emulated PFS: generated tree of {args.files:,} files, {args.per_dir:,} a directory "
-          f"({args.tree.directories:,} directories), {low}-{high} bytes; latency {args.lookup_latency_ms:g} ms a "
-          f"metadata call, {args.open_latency_ms:g} ms an open; {args.nodes} nodes, each a RAM tier of "
+    print(f"{many.tree_line(args, low, high)}; {args.nodes} nodes, each a RAM tier of "
           f"{capacity / 2**20:.0f} MiB and a peer area of {capacity / 4 / 2**20:.0f} MiB; READER on each: "
           f"{args.sample_n:,} files at random, 2 passes", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bcn-", dir=args.workdir or "/tmp"))  # short: socket paths are bounded

@@ -299,6 +299,27 @@ def index_parts(header: bytes, files: int) -> dict[str, float]:
             "ranges": 4 * (dirs + 1) / files, "child records": protocol.INDEX_CHILD.size * nchildren / files}
 
 
+def tree_of(p: argparse.ArgumentParser, args) -> tuple[int, int]:
+    """The generated tree of the options (``args.tree``, ``args.sample_n``), or ``p.error``: the
+    files' sizes, least and most."""
+    if args.files < 1 or args.per_dir < 1 or args.sample < 1:
+        p.error("--files, --per-dir and --sample must be at least 1")
+    try:
+        low, high = parse_size_range(args.file_size)
+    except ConfigError as e:
+        p.error(str(e))
+    args.tree = Generated(args.files, args.per_dir, low, high)
+    args.sample_n = min(args.sample, args.files)
+    return low, high
+
+
+def tree_line(args, low: int, high: int) -> str:
+    """The emulated PFS the rows read, in words (the line under the machine's)."""
+    return (f"emulated PFS: generated tree of {args.files:,} files, {args.per_dir:,} a directory "
+            f"({args.tree.directories:,} directories), {low}-{high} bytes; latency {args.lookup_latency_ms:g} ms a "
+            f"metadata call, {args.open_latency_ms:g} ms an open")
+
+
 def reader_args(mnt: Path, args, pfs: SlowPFS, wait_described: bool = False, seed: int | None = None) -> list[str]:
     """READER's argv after its path; ``seed`` draws its sample (default ``args.seed``: a cluster's
     node k draws with ``args.seed + k``, scripts/cluster/bench_cluster_namespace.py)."""
@@ -488,23 +509,13 @@ def main(argv=None) -> int:
         p.error(f"--rows: {', '.join(unknown) + ' unknown' if unknown else '; '.join(missing) or 'no row'} "
                 f"(the rows: {','.join(ROWS)})")
     args.rows = [x for x in ROWS if x in wanted]
-    if args.files < 1 or args.per_dir < 1 or args.sample < 1:
-        p.error("--files, --per-dir and --sample must be at least 1")
-    try:
-        low, high = parse_size_range(args.file_size)
-    except ConfigError as e:
-        p.error(str(e))
-    args.tree = Generated(args.files, args.per_dir, low, high)
-    args.sample_n = min(args.sample, args.files)
+    low, high = tree_of(p, args)
     wait_ms = args.index_wait_ms or int(min(args.timeout, 24 * 3600) * 1000)
     fresh_bytecode()
     if pfs_unavailable(NAME):
         return 2
     print(machine(), flush=True)
-    print(f"emulated PFS: generated tree of {args.files:,} files, {args.per_dir:,} a directory "
-          f"({args.tree.directories:,} directories), {low}-{high} bytes; latency {args.lookup_latency_ms:g} ms a "
-          f"metadata call, {args.open_latency_ms:g} ms an open; READER: {args.sample_n:,} files at random, 2 passes",
-          flush=True)
+    print(f"{tree_line(args, low, high)}; READER: {args.sample_n:,} files at random, 2 passes", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bmf-", dir=args.workdir or "/tmp"))  # short: socket paths are bounded
     shm = Path(tempfile.mkdtemp(prefix="bmf-", dir="/dev/shm"))
     try:
