@@ -53,7 +53,7 @@
 
 #define TAG_REQUEST 1
 #define FIRST_TAG 16
-enum { ST_OK = 0, ST_HANDED_BACK = 1 };  /* a file's status in a reply */
+enum { ST_OK = 0, ST_HANDED_BACK = 1, ST_COMING = 2 };  /* a file's status in a reply (ST_COMING: DP_COMING) */
 
 /* One request names up to DP_BATCH_FILES_MAX files (their items, then their keys back to back);
  * its reply has one item per file, then the bytes of those answered ST_OK, back to back: a
@@ -65,6 +65,7 @@ struct request_header { uint32_t tag; uint16_t n; uint16_t flags; };
 #define REQ_RANGE 2u                    /* flags: a span of one large file's staged blocks */
 #define REQ_PAGES 4u                    /* flags: ... a fault's pages, which it waits on (poll_pace.h) */
 #define REQ_DESCRIBE 8u                 /* flags: files' stats from the owner's index, not their bytes (dp_describe) */
+#define REQ_WANTED 16u                  /* flags: ... the first one opened now: copied by its owner if not described */
 struct request_item { uint64_t size; uint32_t len; uint32_t pad; };
 struct request_span { uint64_t offset, length; int64_t mtime_ns; };
 struct reply_header { uint32_t n; uint32_t pad; };
@@ -90,6 +91,8 @@ struct dp_request {                     /* one request of this node's, posted */
 struct sending { struct sending *next; MPI_Request req; char *buf; };
 struct block_offer { struct block_offer *next; uint32_t len; uint8_t slot; char key[]; };
 struct let_go { int fd; char *map; uint64_t mapped; };  /* a withdrawn offer's kept file (datapath_offers.c) */
+
+#define WANTED_MAX 256                  /* entries wanted and not taken yet: a peer asked beyond them reads its name */
 
 struct dp {
     MPI_Comm comm;
@@ -119,6 +122,11 @@ struct dp {
     char *index_next;                   /* the index to map next (dp_index; "" none), under mu */
     const unsigned char *index;         /* the owner's thread's own read-only mapping of it, or NULL */
     size_t index_len;
+    uint32_t wanted[WANTED_MAX];        /* entries peers want now, for the door's lane (dp_take_wanted), under mu */
+    int nwanted, wanted_on;             /* how many; whether that lane takes them (its last word) */
+    uint32_t taken[WANTED_MAX];         /* the last ones it took (a ring): asked again while their copy is under
+                                           way, never handed to it twice (a second open of the file) */
+    int ntaken, taken_next;
 };
 
 #include "datapath_offers.c"      /* the offers, and the owner's read of one */
@@ -361,7 +369,8 @@ static void reply_files(struct dp_request *f, const uint64_t *sizes, const char 
     for (int i = 0; !bad && i < f->n; i++) {
         struct reply_item r;
         memcpy(&r, &items[i], sizeof r);
-        bad = (r.status == ST_OK && r.size != sizes[i]) || (r.status != ST_OK && (r.status != ST_HANDED_BACK || r.size));
+        bad = (r.status == ST_OK && r.size != sizes[i]) ||
+              (r.status != ST_OK && ((r.status != ST_HANDED_BACK && r.status != ST_COMING) || r.size));
         bytes += r.size;
     }
     bad = bad || (uint64_t)f->got != head + bytes;
@@ -370,7 +379,7 @@ static void reply_files(struct dp_request *f, const uint64_t *sizes, const char 
         struct reply_item r;
         memcpy(&r, &items[i], sizeof r);
         at[i] = !bad && r.status == ST_OK ? next : NULL;
-        results[i] = bad ? DP_CORRUPT : r.status == ST_OK ? (int64_t)r.size : DP_HANDED_BACK;
+        results[i] = bad ? DP_CORRUPT : r.status == ST_OK ? (int64_t)r.size : r.status == ST_COMING ? DP_COMING : DP_HANDED_BACK;
         next += bad ? 0 : r.size;
     }
 }
@@ -566,9 +575,29 @@ EXPORT int dp_fetch_many(struct dp *d, int owner, int n, const char *const *keys
     return why;
 }
 
+/* The entries peers want now (want), taken by the door's read-ahead lane (see dp_take_wanted_fn). */
+EXPORT int dp_take_wanted(struct dp *d, uint32_t *entries, int most, int on)
+{
+    pthread_mutex_lock(&d->mu);
+    d->wanted_on = on;
+    int n = on ? (most < d->nwanted ? most : d->nwanted) : 0;
+    if (n > 0) {
+        memcpy(entries, d->wanted, (size_t)n * sizeof *entries);
+        memmove(d->wanted, d->wanted + n, (size_t)(d->nwanted - n) * sizeof *entries);
+        for (int i = 0; i < n; i++) {
+            d->taken[d->taken_next] = entries[i];
+            d->taken_next = (d->taken_next + 1) % WANTED_MAX;
+            d->ntaken += d->ntaken < WANTED_MAX;
+        }
+    }
+    d->nwanted = on ? d->nwanted - n : 0;
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
 /* Files' stats from node ``owner``'s index (see dp_describe_fn): a fetch of each one's 112 bytes. */
 EXPORT int dp_describe(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
-                       struct monarch_index_entry *out, int64_t *results, int timeout_ms)
+                       struct monarch_index_entry *out, int64_t *results, int wanted, int timeout_ms)
 {
     short_sleeps();
     uint64_t sizes[DP_BATCH_FILES_MAX];
@@ -578,7 +607,7 @@ EXPORT int dp_describe(struct dp *d, int owner, int n, const char *const *keys, 
     for (int i = 0; !why && i < n; i++)
         sizes[i] = sizeof *out;
     if (!why)
-        why = post_batch(d, owner, n, keys, lens, sizes, NULL, REQ_WAITED | REQ_DESCRIBE, &f, &posted);
+        why = post_batch(d, owner, n, keys, lens, sizes, NULL, REQ_WAITED | REQ_DESCRIBE | (wanted ? REQ_WANTED : 0), &f, &posted);
     if (f && why == WAITING)
         wait_answer(d, f, monarch_now_ns() + (int64_t)timeout_ms * 1000000LL, &why, &posted);
     if (f && finish_batch(d, f, why, posted, NULL, NULL, NULL, 0, &kept) == 0) {

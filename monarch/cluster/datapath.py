@@ -37,7 +37,7 @@ MPICH_ABI = "libmpi.so.12"
 
 # datapath.h is the one definition of each name below (DATAPATH_ANSWERS, DATAPATH_LIMITS, struct dp_counts)
 # what a fetch answers for a file below 0 (>= 0: its bytes written)
-HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST = -1, -2, -3, -4, -5, -6, -7
+HANDED_BACK, TIMEOUT, MPI_ERROR, CORRUPT, LOCAL_IO, STOPPED, LOST, COMING = -1, -2, -3, -4, -5, -6, -7, -8
 BATCH_FILES_MAX = 64  # files in one request (fetch_many), ...
 BATCH_BYTES_MAX = 4 << 20  # ... and their bytes together: one reply
 KEY_MAX = 4096  # a key's bytes
@@ -72,7 +72,8 @@ _PROTOTYPES = {
     "dp_staged": (None, [_vp, _cp, _i, _i]),
     "dp_fetch": (_i64, [_vp, _i, _cp, _i, _u64, _i, _i]),
     "dp_fetch_many": (_i, [_vp, _i, _i, _cpp, _ip, _u64p, _ip, _i64p, _i]),
-    "dp_describe": (_i, [_vp, _i, _i, _cpp, _ip, _vp, _i64p, _i]),
+    "dp_describe": (_i, [_vp, _i, _i, _cpp, _ip, _vp, _i64p, _i, _i]),
+    "dp_take_wanted": (_i, [_vp, ctypes.POINTER(ctypes.c_uint32), _i, _i]),
     "dp_post": (_vp, [_vp, _i, _i, _cpp, _ip, _u64p, _i, _i, _ip]),
     "dp_test": (_i, [_vp, _vp]),
     "dp_take": (None, [_vp, _vp, _u64p, _i64p, _vp, _vp]),
@@ -221,19 +222,21 @@ class DataPath:
         describes there is answered from it (dp_describe), so that the peer never stats it on the PFS."""
         self._lib.dp_index(self._dp, os.fsencode(path) if path else None)
 
-    def describe(self, owner: int, key: str, timeout: float) -> bytes | None:
-        """``key``'s INDEX_ENTRY as node ``owner``'s index has it, or None (not described there, or no answer)."""
+    def describe(self, owner: int, key: str, timeout: float, wanted: bool = False) -> bytes | int:
+        """``key``'s INDEX_ENTRY as node ``owner``'s index has it, or why not (HANDED_BACK: not described
+        there; COMING, with ``wanted``: not yet, its owner copies it now; another answer below 0)."""
         raw = key.encode("utf-8", "surrogateescape")
         out = ctypes.create_string_buffer(protocol.INDEX_ENTRY.size)
         result = (ctypes.c_int64 * 1)()
         self._lib.dp_describe(self._dp, owner, 1, (ctypes.c_char_p * 1)(raw), (ctypes.c_int * 1)(len(raw)), out, result,
-                              max(1, int(timeout * 1000)))
-        return out.raw if result[0] >= 0 else None
+                              int(wanted), max(1, int(timeout * 1000)))
+        return out.raw if result[0] >= 0 else result[0]
 
-    def describe_function(self) -> int:
-        """The address of dp_describe (front_door_peer_describe: the door describes another node's
-        listed file from its owner's index)."""
-        return ctypes.cast(self._lib.dp_describe, ctypes.c_void_p).value
+    def describe_functions(self) -> tuple[int, int]:
+        """The addresses of dp_describe and dp_take_wanted (front_door_peer_describe: the door describes
+        another node's listed file from its owner's index; its lane copies first what peers want)."""
+        return (ctypes.cast(self._lib.dp_describe, ctypes.c_void_p).value,
+                ctypes.cast(self._lib.dp_take_wanted, ctypes.c_void_p).value)
 
     def fetch_many_function(self) -> int:
         """The address of dp_fetch_many (front_door_peers: the door's batched fetches)."""

@@ -3,7 +3,8 @@
  * pages before any span, whose megabytes would keep a thread stopped on a page waiting), checks
  * each against its length (a peer's bytes are not trusted), and answers from the offers
  * (datapath_offers.c): a batch of whole files, or a span of a large file's staged blocks; or
- * files' stats from the index its node publishes (adopt_index, read_described). */
+ * files' stats from the index its node publishes (adopt_index, read_described), a file a peer opens
+ * that is not described yet wanted first by this node's door (want, dp_take_wanted). */
 
 /* A request's items and keys, checked against its length (a peer's bytes are not trusted):
  * the items, or NULL. */
@@ -112,19 +113,41 @@ static void adopt_index(struct dp *d)
 }
 
 /* ``key``'s entry as this node's index describes it, into ``dst`` (its 112 bytes): 0, or -1 (no index,
- * no such file, not described here yet). */
-static int read_described(struct dp *d, const char *key, uint32_t len, char *dst)
+ * no such file, not described here yet: then *listed its entry, from 1, if the index lists it). */
+static int read_described(struct dp *d, const char *key, uint32_t len, char *dst, uint32_t *listed)
 {
+    *listed = 0;
     if (!d->index)
         return -1;
     struct monarch_index_header h;
     memcpy(&h, d->index, sizeof h);
     struct monarch_index_entry e;
     uint32_t n = monarch_index_find(d->index, &h, key, len, monarch_crc32(key, len));
-    if (!n || n > h.files || !monarch_index_read(d->index, &h, n, &e))
+    if (!n || n > h.files)
         return -1;
+    if (!monarch_index_read(d->index, &h, n, &e)) {
+        *listed = n;
+        return -1;
+    }
     memcpy(dst, &e, sizeof e);
     return 0;
+}
+
+/* Listed entry ``n``, opened on a peer now, wanted first by this node's door's lane (which
+ * describes it as it copies it): 1 if that lane takes such entries (dp_take_wanted), else 0. */
+static int want(struct dp *d, uint32_t n)
+{
+    pthread_mutex_lock(&d->mu);
+    int known = 0;                      /* wanted already, or taken by the lane (its copy under way) */
+    for (int i = 0; !known && i < d->nwanted; i++)
+        known = d->wanted[i] == n;
+    for (int i = 0; !known && i < d->ntaken; i++)
+        known = d->taken[i] == n;
+    int coming = d->wanted_on && (known || d->nwanted < WANTED_MAX);
+    if (coming && !known)
+        d->wanted[d->nwanted++] = n;
+    pthread_mutex_unlock(&d->mu);
+    return coming;
 }
 
 /* Answer one request; PACE_WAITED if an application's open waits on it (REQ_WAITED), PACE_PAGES if a
@@ -150,10 +173,12 @@ static int answer(struct dp *d, int src, const char *msg, int count)
     const char *key = (const char *)(items + rh.n);
     uint64_t at = 0, ok = 0, bytes = 0;
     for (uint32_t i = 0; i < rh.n; key += items[i].len, i++) {
+        uint32_t listed = 0;
         int staged = rh.flags & REQ_DESCRIBE
-                     ? items[i].size == sizeof(struct monarch_index_entry) && read_described(d, key, items[i].len, buf + head + at) == 0
+                     ? items[i].size == sizeof(struct monarch_index_entry) && read_described(d, key, items[i].len, buf + head + at, &listed) == 0
                      : read_staged(d, key, items[i].len, items[i].size, buf + head + at) == 0;
-        struct reply_item r = {.status = staged ? ST_OK : ST_HANDED_BACK, .size = staged ? items[i].size : 0};
+        int coming = !staged && listed && i == 0 && (rh.flags & REQ_WANTED) && want(d, listed);
+        struct reply_item r = {.status = staged ? ST_OK : coming ? ST_COMING : ST_HANDED_BACK, .size = staged ? items[i].size : 0};
         memcpy(&out[i], &r, sizeof r);
         at += r.size;
         ok += staged;

@@ -132,7 +132,7 @@ _PROTOTYPES = {
     "front_door_peers": (_i, [_vp, _vp, _vp, _vp, _vp, ctypes.c_uint32, _i, _i, _i, _i64, _vp, _vp, _vp, _vp]),
     "front_door_pages": (_i, [_vp, _vp, _vp, _i, _i]),
     "front_door_own_only": (None, [_vp, _i]),
-    "front_door_peer_describe": (None, [_vp, _vp]),
+    "front_door_peer_describe": (None, [_vp, _vp, _vp]),
     "front_door_copy_to": (_i64, [_vp, _i, _i64]),
     "front_door_peer_copying": (None, [_vp, _i]),
     "front_door_peer_reuse": (_i, [_vp, _cp, ctypes.c_uint64]),
@@ -365,10 +365,12 @@ class FrontDoor:
         says who owns which)."""
         self._lib.front_door_own_only(self._door, int(on))
 
-    def peer_describe(self, describe: int | None) -> None:
+    def peer_describe(self, describe: int | None, take_wanted: int | None = None) -> None:
         """A sharded node's door: another node's file the listing left undescribed is described from
-        its owner's index with the C function ``describe`` (datapath.c's dp_describe), not on the PFS."""
-        self._lib.front_door_peer_describe(self._door, describe)
+        its owner's index with the C function ``describe`` (datapath.c's dp_describe), not on the PFS;
+        its read-ahead lane copies first this node's such files that peers open (``take_wanted``:
+        dp_take_wanted), describing them as it does."""
+        self._lib.front_door_peer_describe(self._door, describe, take_wanted)
 
     def peer_copying(self, on: bool) -> None:
         self._lib.front_door_peer_copying(self._door, int(on))

@@ -54,6 +54,7 @@ struct worker {                        /* one thread of the door: its own epoll 
     int npool, pool_next, pool_off;
     int fetching;                      /* in run_owner: the opens it reads meanwhile wait in their queues (under the lock) */
     int stopping;                      /* it saw the stop while an answer was due: sleeps, no more serving */
+    int waiting;                       /* serving its connections while an answer is due (wait_serving) */
 };
 
 struct door_counters {                 /* front_door_counts' (the peer lane's: d->peer) */

@@ -366,10 +366,11 @@ EXPORT void front_door_own_only(struct door *d, int on)
     pthread_mutex_unlock(&d->mu);
 }
 
-EXPORT void front_door_peer_describe(struct door *d, dp_describe_fn *describe)
+EXPORT void front_door_peer_describe(struct door *d, dp_describe_fn *describe, dp_take_wanted_fn *take_wanted)
 {
     pthread_mutex_lock(&d->mu);
     d->peer.describe = describe;
+    d->peer.take_wanted = take_wanted;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -673,6 +674,7 @@ EXPORT int front_door_read_ahead(struct door *d, uint32_t n, uint32_t most, int 
     d->ahead.asked = 1;
     d->ahead.n = n;
     d->ahead.next = 0;
+    d->ahead.wanted = 0;
     d->ahead.end = A_WHOLE;
     d->ahead.on = 1;
     staff_locked(d);

@@ -60,6 +60,8 @@ static void copy_queued_miss(struct worker *w, struct waiter *q)
 static void lane_end_locked(struct door *d, int why)
 {
     d->ahead.on = 0;
+    if (d->peer.take_wanted)
+        d->peer.take_wanted(d->peer.dp, NULL, 0, 0);  /* peers read the names of what they open from now */
     if (why != A_WHOLE && d->ahead.end == A_WHOLE)
         d->ahead.end = why;
     inflight_starved(&d->copiers.flow);        /* no more work for every slot: the window says nothing */
@@ -137,6 +139,24 @@ static int lane_next_locked(struct door *d, struct idx_file *f, char *key, uint3
         if (!lane_may_copy_locked(d, &why)) {
             lane_end_locked(d, why);
             break;
+        }
+        *n = d->ahead.wanted;          /* one that waited for room, else one a peer wants now */
+        d->ahead.wanted = 0;
+        if (*n || (d->peer.take_wanted && d->peer.take_wanted(d->peer.dp, n, 1, 1) == 1)) {
+            /* a file of this node's a peer opens now, not described there: first, described as it
+             * is copied (unless the lane passed it: described, or its open under way) */
+            if (*n <= d->ahead.next || *n > d->ahead.n || !own_file_locked(d, *n))
+                continue;
+            int r = lane_consider_locked(d, *n, 0, f, key, len, hash);
+            if (r == L_DESCRIBE) {
+                d->copies_busy++;
+                d->ahead.busy++;
+            }
+            if (r == L_ROOM || r == L_NONE)
+                d->ahead.wanted = *n;  /* first again, after the wait */
+            if (r != L_SKIP)
+                return r;
+            continue;
         }
         *n = d->ahead.next + 1;
         if (!own_file_locked(d, *n)) {

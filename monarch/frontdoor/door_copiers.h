@@ -29,6 +29,7 @@ struct door_ahead {                    /* the read-ahead lane: small files copie
     int waits, room_wait;              /* its waits for room lent in a row; waiting for it now */
     uint32_t n, next;                  /* it goes through index entries 1 to n; the next one, from 0 */
     uint32_t described, large;         /* listed files it described; of those, past its size */
+    uint32_t wanted;                   /* an entry a peer wants (dp_take_wanted) that waits for room, or 0 */
     uint64_t copies;
 };
 

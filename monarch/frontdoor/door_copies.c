@@ -106,10 +106,43 @@ static struct owner_ask owner_ask_locked(const struct door *d, uint32_t n)
     return a;
 }
 
+/* Entry ``n`` (a listed file ``ask->owner`` owns and has not described) asked again until the owner,
+ * which copies it first (DP_COMING), has described it: 1, or 0 when it says it will not, or after
+ * COMING_WAIT_MS (the caller asks the PFS). Looks at the pace of an answer's round trip, serving the
+ * worker's connections meanwhile. */
+static int described_when_copied(struct worker *w, const struct owner_ask *ask, const char *key, uint32_t len, uint32_t n)
+{
+    struct door *d = w->d;
+    int64_t rtt = __atomic_load_n(&d->peer.rtt_ns, __ATOMIC_RELAXED), sleep = pace_first_look(rtt);
+    int64_t end = monarch_now_ns() + (int64_t)COMING_WAIT_MS * 1000000LL;
+    int first = 1;
+    for (;;) {
+        int64_t now = monarch_now_ns();
+        if (now >= end)
+            return 0;
+        wait_serving(w, sleep < end - now ? sleep : end - now);
+        sleep = pace_next_look(sleep, rtt, first);
+        first = 0;
+        if (!index_listed_number(d, n))
+            return 1;                  /* described meanwhile (this node's own look-up, another worker's ask) */
+        const char *keys[1] = {key};
+        int lens[1] = {(int)len};
+        struct monarch_index_entry e;
+        int64_t result;
+        if (ask->describe(ask->dp, ask->owner, 1, keys, lens, &e, &result, 1, ask->timeout_ms) != 0 || result != DP_COMING) {
+            if (result >= 0 && S_ISREG(e.mode))
+                index_describe_fields(d, n, &e);
+            return !index_listed_number(d, n);
+        }
+    }
+}
+
 /* Entry ``n`` (a listed file ``ask->owner`` owns) described from that owner's index (``ask->describe``:
  * datapath.c's dp_describe), with the next listed files of that owner in the index (its directory's,
- * mostly: a reader opens them too), up to DESCRIBE_AHEAD in one round trip: no PFS call here. 1 if
- * ``n`` is described; 0 (not described there yet, no answer in time): the caller asks the PFS. */
+ * mostly: a reader opens them too), up to DESCRIBE_AHEAD in one round trip: no PFS call here. An owner
+ * that has not described ``n`` copies it first, and is asked again until it has
+ * (described_when_copied). 1 if ``n`` is described; 0 (not described there, no answer in time): the
+ * caller asks the PFS. */
 static int describe_from_owner(struct worker *w, const struct owner_ask *ask, const char *key, uint32_t len, uint32_t n)
 {
     struct door *d = w->d;
@@ -127,12 +160,15 @@ static int describe_from_owner(struct worker *w, const struct owner_ask *ask, co
     }
     struct monarch_index_entry e[DESCRIBE_AHEAD];
     int64_t results[DESCRIBE_AHEAD];
-    if (ask->describe(ask->dp, ask->owner, count, keys, lens, e, results, ask->timeout_ms) == 0)
+    int coming = 0;
+    if (ask->describe(ask->dp, ask->owner, count, keys, lens, e, results, 1, ask->timeout_ms) == 0) {
         for (int i = 0; i < count; i++)
             if (results[i] >= 0 && S_ISREG(e[i].mode))
                 index_describe_fields(d, nums[i], &e[i]);
+        coming = results[0] == DP_COMING;
+    }
     free(more);
-    return !index_listed_number(d, n);
+    return !index_listed_number(d, n) || (coming && described_when_copied(w, ask, key, len, n));
 }
 
 static int describe_named(struct worker *w, const char *key, uint32_t len, uint32_t n)

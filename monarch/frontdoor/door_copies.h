@@ -26,6 +26,10 @@ static struct owner_ask owner_ask_locked(const struct door *d, uint32_t n);
 /* entry ``n`` described from its owner's index over the data path, with its next listed files of that
  * owner (DESCRIBE_AHEAD in all at most): 1, or 0 (the caller asks the PFS) */
 #define DESCRIBE_AHEAD 32
+/* an owner copying a file a worker waits on (DP_COMING) is asked again for this long at most: a
+ * copy waits behind the lane's copies in flight, one open of the PFS each */
+#define COMING_WAIT_MS 1000
+static int described_when_copied(struct worker *w, const struct owner_ask *ask, const char *key, uint32_t len, uint32_t n);
 static int describe_from_owner(struct worker *w, const struct owner_ask *ask, const char *key, uint32_t len, uint32_t n);
 
 #endif /* MONARCH_DOOR_COPIES_H */

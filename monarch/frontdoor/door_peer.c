@@ -185,11 +185,13 @@ static void wait_serving(struct worker *w, int64_t ns)
 {
     struct door *d = w->d;
     struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
-    if (!w->stopping && !__atomic_load_n(&d->peer.pwait2_off, __ATOMIC_RELAXED)) {
+    if (!w->stopping && !w->waiting && !__atomic_load_n(&d->peer.pwait2_off, __ATOMIC_RELAXED)) {
         struct epoll_event evs[16];
         long n = syscall(SYS_epoll_pwait2, w->ep, evs, 16, &ts, NULL, 0);
         if (n >= 0) {
+            w->waiting = 1;            /* a request served meanwhile that waits too sleeps: no deeper */
             w->stopping = n > 0 && serve_events(w, evs, (int)n);
+            w->waiting = 0;
             return;
         }
         if (errno == EINTR)

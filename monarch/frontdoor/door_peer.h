@@ -40,6 +40,7 @@ struct door_peer {
     dp_take_fn *take;
     dp_staged_fn *offer;               /* the door's own copies offered to other nodes (own_only) */
     dp_describe_fn *describe;          /* another node's listed file described from its owner's index */
+    dp_take_wanted_fn *take_wanted;    /* the files not described yet that peers open now, first in the lane */
     struct dp *dp;
     /* whose file is whose */
     int own_only;                      /* a sharded node: copy only the files ``owners`` gives to no other */
@@ -77,6 +78,8 @@ static int64_t peer_room(const struct door *d, uint64_t size);  /* a file's room
 static int own_file_locked(const struct door *d, uint32_t entry);
 /* The owner of ``f`` if the peer lane fetches it, else -1. Under the lock. */
 static int peer_owner_locked(const struct door *d, const struct idx_file *f);
+/* ``ns`` waited, the worker's own connections served meanwhile (none while it waits already). */
+static void wait_serving(struct worker *w, int64_t ns);
 /* An OPEN of another node's file, under the lock, which this lets go. -1, or R_*. */
 static int remote_open(struct worker *w, int fd, const char *req, uint32_t got, const char *key, uint32_t len,
                        uint32_t hash, struct entry *e, const struct idx_file *f, int owner);

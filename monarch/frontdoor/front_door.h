@@ -177,8 +177,9 @@ EXPORT int front_door_pages(struct door *d, dp_fetch_pages_fn *fetch_pages, stru
 EXPORT void front_door_own_only(struct door *d, int on);
 /* a sharded node's: a file its listing left undescribed that another node owns described from that
  * owner's index with ``describe`` (the data path's dp_describe, on front_door_peers' ``dp``), never
- * stat'ed on the PFS here; NULL: by its name (a lookup) */
-EXPORT void front_door_peer_describe(struct door *d, dp_describe_fn *describe);
+ * stat'ed on the PFS here; NULL: by its name (a lookup). ``take_wanted`` (dp_take_wanted): such files
+ * of this node's that peers open now, copied first by the read-ahead lane (which describes them) */
+EXPORT void front_door_peer_describe(struct door *d, dp_describe_fn *describe, dp_take_wanted_fn *take_wanted);
 EXPORT void front_door_peer_copying(struct door *d, int on);
 EXPORT int front_door_peer_reuse(struct door *d, const char *path, uint64_t offset);
 /* the peer read-ahead lane (door_peer_ahead.c): a hinted order's other nodes' files fetched ahead */

@@ -29,7 +29,9 @@
     X(DP_CORRUPT, -4)     /* the owner's reply does not match the request */          \
     X(DP_LOCAL_IO, -5)    /* no memory here, or the destination could not be written */ \
     X(DP_STOPPED, -6)     /* the path was stopped (dp_stop) */                        \
-    X(DP_LOST, -7)        /* the owner is lost (dp_lost) */
+    X(DP_LOST, -7)        /* the owner is lost (dp_lost) */                          \
+    X(DP_COMING, -8)      /* not described there yet: its owner copies it now (dp_describe's wanted), \
+                             asked again shortly */
 
 /* -- the path's limits: beyond them a file is handed back (Python's protocol) ------------- */
 #define DATAPATH_LIMITS(X)                                                            \
@@ -97,9 +99,15 @@ typedef int dp_fetch_many_fn(struct dp *d, int owner, int n, const char *const *
 /* ``n`` files' stats as their owner ``owner`` has them in its index (files this node's listing left
  * undescribed: described here from their owner's, never from the PFS), in one request and one reply:
  * out[i] filled where results[i] >= 0, else results[i] a DP_* (DP_HANDED_BACK: not described there);
- * 0, or a DP_* for the whole batch */
+ * 0, or a DP_* for the whole batch. ``wanted``: keys[0] is opened here now: an owner that has not
+ * described it puts it first in its door's read-ahead lane (dp_take_wanted), which describes it as
+ * it copies it, and answers DP_COMING for it */
 typedef int dp_describe_fn(struct dp *d, int owner, int n, const char *const *keys, const int *lens,
-                           struct monarch_index_entry *out, int64_t *results, int timeout_ms);
+                           struct monarch_index_entry *out, int64_t *results, int wanted, int timeout_ms);
+/* the owner's door's lane takes up to ``most`` index entries (from 1) peers want now into
+ * ``entries`` (the count; ``on`` 0: the lane is off, nothing is taken and a peer is answered
+ * DP_HANDED_BACK from now on, not DP_COMING) */
+typedef int dp_take_wanted_fn(struct dp *d, uint32_t *entries, int most, int on);
 /* such a request posted, not waited for (NULL: *why a DP_*), looked at (1: ended), and taken:
  * its reply handed to ``got`` (bytes[i] valid during the call only), the request freed */
 typedef void dp_reply_fn(void *arg, const char *const *bytes, const int64_t *results);
@@ -117,6 +125,7 @@ EXPORT dp_staged_fn dp_staged;
 EXPORT dp_fetch_fn dp_fetch;
 EXPORT dp_fetch_many_fn dp_fetch_many;
 EXPORT dp_describe_fn dp_describe;
+EXPORT dp_take_wanted_fn dp_take_wanted;
 EXPORT dp_post_fn dp_post;
 EXPORT dp_test_fn dp_test;
 EXPORT dp_take_fn dp_take;

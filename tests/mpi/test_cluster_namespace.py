@@ -84,6 +84,7 @@ def test_node_0_lists_the_dataset_and_each_file_is_opened_once_on_the_pfs(layout
     assert total <= counted["bytes"] <= 1.05 * total
     # each file opened on the PFS once, by its owner: a node reading another's file never opens it there
     assert counted["opens"] <= 1.05 * TREE.files, counted["opens"]
+    print("COUNTED", layout, metadata(counted), counted["opens"], find_calls)
     if layout == "shard":  # and described once, by its owner as it copies it: the others ask the owner (a pass
         # that stats every file on every node, or each reader's node asking the PFS, would be thousands more)
         assert metadata(counted) <= find_calls + 3 * SIZE_SAMPLES + 20 * NODES + 1.5 * TREE.files, counted
@@ -140,3 +141,39 @@ def test_a_node_reading_another_nodes_files_asks_their_owner_for_their_stats_not
     assert all(n > TREE.files / 2 for n in before) and after == [0] * NODES, (before, after)  # no pass described them
     assert counted["opens"] == 0 and counted["bytes"] == 0, counted
     assert metadata(counted) <= 0.05 * TREE.files, {k: counted[k] for k in METADATA}
+
+
+@pytest.mark.skipif(walker.library() is None, reason="the C walker cannot be built here")
+def test_a_file_another_node_opens_before_its_owner_copied_it_is_copied_first_and_costs_no_stat(short_tmp, slow_pfs):
+    """The readers start with the daemons, whose read-ahead copies one file at a time (staging.threads:
+    1, 5 ms an open): most files a node opens of another's are not copied yet. The owner copies such a
+    file first, describing it from that open, and the reader's node asks it again until it has: no
+    stat of it on either node (before: a lookup by name on the reader's node, then the owner's stat
+    before its open, 2-3 calls each)."""
+    pfs = slow_pfs(TREE, open_latency_ms=5)
+    root = str(pfs.mountpoint)
+    pfs.reset_counters()
+    subprocess.run(["find", root, "-type", "f"], capture_output=True, check=True)
+    find_calls = metadata(pfs.counters())
+    cfg = ram_peer_config(short_tmp, root, 4096 * TREE.files // 2, 4096 * TREE.files // 4, NODES, "shard.yaml")
+    with open(cfg) as f:
+        text = f.read()
+    with open(cfg, "w") as f:
+        f.write(text.replace("staging: {policy: read-ahead}", "staging: {policy: read-ahead, threads: 1}"))
+    pfs.reset_counters()
+    cluster = DaemonCluster(NODES, cfg, short_tmp)
+    try:
+        finish([subprocess.Popen([sys.executable, "-m", "monarch", "run", "-c", cfg, "--", sys.executable, "-c", READER,
+                                  root, str(TREE.files), str(TREE.per_dir), str(k)],
+                                 env=monarch_env(MONARCH_NODE=k), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True) for k in range(NODES)])  # each read every file twice, every byte checked
+        staged_by_readers = staged_files(short_tmp)
+    finally:
+        assert cluster.stop(range(NODES)) == 0
+    counted = pfs.counters()
+    rep = load(os.path.join(cluster.run_dir(0), "report.json"))
+    assert staged_by_readers == TREE.files and rep["opened_from"]["pfs"]["opens"] <= 0.01 * 2 * NODES * TREE.files
+    assert counted["opens"] <= TREE.files + 0.01 * TREE.files, counted["opens"]  # each file opened once, by its owner
+    # beyond each open's look-up, the namespace's calls alone (as the first test's): no stat of a file
+    beyond = metadata(counted) - counted["opens"]
+    assert beyond <= find_calls + 3 * SIZE_SAMPLES + 20 * NODES + 0.05 * TREE.files, (beyond, find_calls, counted)

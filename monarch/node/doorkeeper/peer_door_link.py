@@ -133,7 +133,7 @@ class PeerDoorLink(StagerListener):
         if not front_door.peers(*datapath.fetch_function(), owners, node, self.area.slot, timeout, self.area.unit,
                           datapath.fetch_many_function(), datapath.flight_functions()):
             raise OSError("the front door has no peer area to fetch into")
-        front_door.peer_describe(datapath.describe_function())  # another node's listed file: its owner's stat
+        front_door.peer_describe(*datapath.describe_functions())  # another node's listed file: its owner's stat
         # which fetches the area keeps: measured from the shim's opens there (the rest are memfds)
         if counters_path is not None and not front_door.peer_reuse(counters_path):
             log.warning("the shim's counters %s cannot be read: every remote file goes into the peer area",

@@ -27,6 +27,7 @@ CTYPES = {
     "intptr_t": ctypes.c_ssize_t, "const char *": ctypes.c_char_p, "char *": ctypes.c_char_p,
     "int *": _p(ctypes.c_int), "const int *": _p(ctypes.c_int), "const char * const *": _p(ctypes.c_char_p),
     "const uint64_t *": _p(ctypes.c_uint64), "int64_t *": _p(ctypes.c_int64), "const int64_t *": _p(ctypes.c_int64),
+    "uint32_t *": _p(ctypes.c_uint32),
     "struct dp_counts *": _p(datapath.Counts),
     # pointers Python passes as addresses: the path, a posted request, a callback and its argument
     "struct dp *": ctypes.c_void_p, "struct dp_request *": ctypes.c_void_p, "dp_reply_fn *": ctypes.c_void_p,
@@ -104,7 +105,7 @@ def disagreements(c: dict, py=datapath) -> list[str]:
 
 def test_python_agrees_with_the_datapath_header():
     c = parse(HEADER.read_text())
-    assert [n for n, _ in c["answers"]][:2] == ["DP_HANDED_BACK", "DP_TIMEOUT"] and len(c["answers"]) == 7
+    assert [n for n, _ in c["answers"]][:2] == ["DP_HANDED_BACK", "DP_TIMEOUT"] and len(c["answers"]) == 8
     assert {"dp_fetch", "dp_post", "dp_take", "dp_counts", "dp_start"} <= set(c["prototypes"])
     assert len(c["counts"]) == 15
     assert disagreements(c) == []

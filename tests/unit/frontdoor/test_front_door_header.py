@@ -42,7 +42,7 @@ CTYPES = {
     "struct front_door_inflight *": ctypes.POINTER(frontdoor.DoorInflight),
     # the peer data path's functions and its handle (monarch/native/datapath.h), as addresses
     "struct dp *": ctypes.c_void_p, "dp_fetch_fn *": ctypes.c_void_p, "dp_staged_fn *": ctypes.c_void_p,
-    "dp_fetch_many_fn *": ctypes.c_void_p, "dp_fetch_pages_fn *": ctypes.c_void_p, "dp_describe_fn *": ctypes.c_void_p, "dp_post_fn *": ctypes.c_void_p, "dp_test_fn *": ctypes.c_void_p,
+    "dp_fetch_many_fn *": ctypes.c_void_p, "dp_fetch_pages_fn *": ctypes.c_void_p, "dp_describe_fn *": ctypes.c_void_p, "dp_take_wanted_fn *": ctypes.c_void_p, "dp_post_fn *": ctypes.c_void_p, "dp_test_fn *": ctypes.c_void_p,
     "dp_take_fn *": ctypes.c_void_p,
 }
 FORMAT_OF = {"uint32_t": "I", "int32_t": "i", "uint64_t": "Q", "int64_t": "q"}
