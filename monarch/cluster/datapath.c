@@ -119,8 +119,10 @@ struct dp {
     uint64_t waits, idle_sleeps;         /* sleeps: requesters' while a reply was due; the owner thread's */
     uint64_t served_ranges, served_range_bytes, fetched_ranges, fetched_range_bytes;
     int64_t rtt_ns;                     /* answers' round trip, a moving average (relaxed: a hint) */
-    char *index_next;                   /* the index to map next (dp_index; "" none), under mu */
-    const unsigned char *index;         /* the owner's thread's own read-only mapping of it, or NULL */
+    const unsigned char *index_next;    /* the index lent next (dp_index), under mu ... */
+    size_t index_next_len;
+    int index_lent;                     /* ... once lent */
+    const unsigned char *index;         /* the index the owner's thread reads (the daemon's mapping), or NULL */
     size_t index_len;
     uint32_t wanted[WANTED_MAX];        /* entries peers want now, for the door's lane (dp_take_wanted), under mu */
     int nwanted, wanted_on;             /* how many; whether that lane takes them (its last word) */
@@ -283,8 +285,6 @@ static void *dp_main(void *arg)
         __atomic_add_fetch(&d->idle_sleeps, 1, __ATOMIC_RELAXED);
         owner_pace_slept(&pace, monarch_now_ns());
     }
-    if (d->index)
-        munmap((void *)d->index, d->index_len);
     d->index = NULL;
     return NULL;
 }
@@ -337,14 +337,12 @@ EXPORT void dp_tier(struct dp *d, int slot, const char *dir)
     pthread_mutex_unlock(&d->mu);
 }
 
-EXPORT void dp_index(struct dp *d, const char *path)
+EXPORT void dp_index(struct dp *d, const unsigned char *p, uint64_t n)
 {
-    char *next = strdup(path ? path : "");
-    if (!next)
-        return;
     pthread_mutex_lock(&d->mu);
-    free(d->index_next);
-    d->index_next = next;
+    d->index_next = p;
+    d->index_next_len = (size_t)n;
+    d->index_lent = 1;
     pthread_mutex_unlock(&d->mu);
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ _PROTOTYPES = {
     "dp_fetch_range": (_i64, [_vp, _i, _cp, _i, _u64, _i64, _u64, _u64, _i, _i]),
     "dp_fetch_pages": (_i64, [_vp, _i, _cp, _i, _u64, _i64, _u64, _u64, _cp, _i]),
     "dp_lost": (None, [_vp, _i]),
-    "dp_index": (None, [_vp, _cp]),
+    "dp_index": (None, [_vp, _vp, _u64]),
     "dp_counts": (None, [_vp, ctypes.POINTER(Counts)]),
     "dp_stop": (None, [_vp]),
     # handed to the front door by address too (front_door_peers)
@@ -149,6 +150,7 @@ class DataPath:
         self._dp = handle
         self._comm = comm  # kept: the C side uses its handle
         self._stopped = False
+        self._indexes: list = []  # the indexes lent (use_index): the owner's thread may read each until it stops
 
     @classmethod
     def start(cls, MPI: Any, comm: Any) -> DataPath | None:
@@ -217,10 +219,16 @@ class DataPath:
         self._lib.dp_fetch_many(self._dp, owner, n, keys, lens, sizes, fds, results, max(1, int(timeout * 1000)))
         return list(results)
 
-    def use_index(self, path: str | None) -> None:
-        """The index this node publishes at ``path`` (None: none): a peer's DESCRIBE of a file this node
-        describes there is answered from it (dp_describe), so that the peer never stats it on the PFS."""
-        self._lib.dp_index(self._dp, os.fsencode(path) if path else None)
+    def use_index(self, index: bytearray | mmap.mmap | None) -> None:
+        """The index this node publishes, as the daemon holds it (its mapping: lent, held here while
+        the path runs; None: none): a peer's DESCRIBE of a file this node describes there is answered
+        from it (dp_describe), so that the peer never stats it on the PFS."""
+        if index is None:
+            self._lib.dp_index(self._dp, None, 0)
+            return
+        lent = (ctypes.c_char * len(index)).from_buffer(index)  # held: the bytes stay where they are
+        self._indexes.append(lent)
+        self._lib.dp_index(self._dp, ctypes.addressof(lent), len(index))
 
     def describe(self, owner: int, key: str, timeout: float, wanted: bool = False) -> bytes | int:
         """``key``'s INDEX_ENTRY as node ``owner``'s index has it, or why not (HANDED_BACK: not described

@@ -3,7 +3,7 @@
  * pages before any span, whose megabytes would keep a thread stopped on a page waiting), checks
  * each against its length (a peer's bytes are not trusted), and answers from the offers
  * (datapath_offers.c): a batch of whole files, or a span of a large file's staged blocks; or
- * files' stats from the index its node publishes (adopt_index, read_described), a file a peer opens
+ * files' stats from the index its node publishes, lent by the daemon (adopt_index, read_described), a file a peer opens
  * that is not described yet wanted first by this node's door (want, dp_take_wanted). */
 
 /* A request's items and keys, checked against its length (a peer's bytes are not trusted):
@@ -80,36 +80,23 @@ static void answer_range(struct dp *d, int src, const struct request_header *rh,
     pthread_mutex_unlock(&d->mu);
 }
 
-/* The index dp_index named, mapped read-only by the owner's thread (the only one that reads it), the
- * last one unmapped: a republished index is a new file, mapped anew. */
+/* The index dp_index lent, read from now on (the last one is the caller's, kept until dp_stop). */
 static void adopt_index(struct dp *d)
 {
     pthread_mutex_lock(&d->mu);
-    char *path = d->index_next;
-    d->index_next = NULL;
+    int lent = d->index_lent;
+    const unsigned char *p = d->index_next;
+    size_t len = d->index_next_len;
+    d->index_lent = 0;
     pthread_mutex_unlock(&d->mu);
-    if (!path)
+    if (!lent)
         return;
     monarch_crc_init();                 /* (the index's buckets are keyed by the keys' CRC) */
-    if (d->index)
-        munmap((void *)d->index, d->index_len);
-    d->index = NULL;
-    int fd = *path ? open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct monarch_index_header)) {
-        void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-        struct monarch_index_header h;
-        if (map != MAP_FAILED) {
-            memcpy(&h, map, sizeof h);
-            if (monarch_index_bounded(&h, (size_t)st.st_size, h.files))
-                d->index = map, d->index_len = (size_t)st.st_size;
-            else
-                munmap(map, (size_t)st.st_size);
-        }
-    }
-    if (fd >= 0)
-        close(fd);
-    free(path);
+    struct monarch_index_header h;
+    if (p && len >= sizeof h)
+        memcpy(&h, p, sizeof h);
+    d->index = p && len >= sizeof h && monarch_index_bounded(&h, len, h.files) ? p : NULL;
+    d->index_len = d->index ? len : 0;
 }
 
 /* ``key``'s entry as this node's index describes it, into ``dst`` (its 112 bytes): 0, or -1 (no index,

@@ -80,9 +80,10 @@ EXPORT void dp_blocks(struct dp *d, const char *key, int len, int slot);
 EXPORT int64_t dp_fetch_range(struct dp *d, int owner, const char *key, int len, uint64_t size, int64_t mtime_ns,
                               uint64_t offset, uint64_t length, int fd, int timeout_ms);
 EXPORT void dp_lost(struct dp *d, int node);
-/* the index this node publishes (its path; NULL: none): the owner's thread maps it read-only and
- * answers a peer's DESCRIBE (dp_describe) of a file it describes there */
-EXPORT void dp_index(struct dp *d, const char *path);
+/* the index this node publishes, ``n`` bytes at ``p`` as the daemon holds it mapped (NULL: none; kept by
+ * the caller until dp_stop: a second mapping of the file would count its pages twice in the daemon's
+ * resident size): the owner's thread answers a peer's DESCRIBE (dp_describe) of a file described there */
+EXPORT void dp_index(struct dp *d, const unsigned char *p, uint64_t n);
 EXPORT void dp_counts(struct dp *d, struct dp_counts *out);
 EXPORT void dp_stop(struct dp *d);
 

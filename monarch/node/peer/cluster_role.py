@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import logging
+import mmap
 import os
 import threading
 import time
@@ -327,8 +328,11 @@ class ClusterRole:
         """Serve peers from now on (the C data path what it can, Python's protocol the rest)."""
         if self.cluster.datapath is not None:
             self.offers = Offers(self.cluster.datapath, self.owns, self._current.stager, self._tiers)
-            if self._index_at is not None:  # the files this node describes, described to its peers from there
-                self.cluster.datapath.use_index(self._index_at)
+            # the files this node describes, described to its peers from the index it publishes, as mapped here
+            files = self._current.snapshot.files
+            if self._index_at is not None and isinstance(files, IndexTable) and isinstance(files.data, (bytearray,
+                                                                                                       mmap.mmap)):
+                self.cluster.datapath.use_index(files.data)
         self.cluster.start(self.provide, SHARDED_SERVE_THREADS if self.sharded() else SERVE_THREADS,
                            provide_range=self.provide_range)
 

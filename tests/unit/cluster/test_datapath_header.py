@@ -27,7 +27,7 @@ CTYPES = {
     "intptr_t": ctypes.c_ssize_t, "const char *": ctypes.c_char_p, "char *": ctypes.c_char_p,
     "int *": _p(ctypes.c_int), "const int *": _p(ctypes.c_int), "const char * const *": _p(ctypes.c_char_p),
     "const uint64_t *": _p(ctypes.c_uint64), "int64_t *": _p(ctypes.c_int64), "const int64_t *": _p(ctypes.c_int64),
-    "uint32_t *": _p(ctypes.c_uint32),
+    "uint32_t *": _p(ctypes.c_uint32), "const unsigned char *": ctypes.c_void_p,  # the index lent (dp_index)
     "struct dp_counts *": _p(datapath.Counts),
     # pointers Python passes as addresses: the path, a posted request, a callback and its argument
     "struct dp *": ctypes.c_void_p, "struct dp_request *": ctypes.c_void_p, "dp_reply_fn *": ctypes.c_void_p,
