@@ -59,8 +59,10 @@ def test_pfs_bytes_counted_independently_by_the_emulated_pfs(dataset, short_tmp,
 def test_other_readers_get_the_same_bytes(dataset, short_tmp, kind):
     ds = dataset(files=200, size="16KiB")
     report = os.path.join(short_tmp, "report.json")
+    # the readers wait for the snapshot (a first open past the default wait reads the PFS: fail open), which
+    # an emulated arm64 daemon (the arm64 stage, qemu-user) took 26 s to walk in one run (its report said so)
     r = monarch("run", "-c", write_config(short_tmp, ds.root), "--report", report, "--",
-                *reader(ds, epochs=2, workers=2, reader_kind=kind))
+                *reader(ds, epochs=2, workers=2, reader_kind=kind), env=monarch_env(MONARCH_SHIM_INDEX_WAIT_MS=120000))
     assert r.returncode == 0, r.stderr
     rep = load(report)
     node = rep["nodes"][0]
