@@ -172,7 +172,8 @@ def test_a_file_another_node_opens_before_its_owner_copied_it_is_copied_first_an
         assert cluster.stop(range(NODES)) == 0
     counted = pfs.counters()
     rep = load(os.path.join(cluster.run_dir(0), "report.json"))
-    assert staged_by_readers == TREE.files and rep["opened_from"]["pfs"]["opens"] <= 0.01 * 2 * NODES * TREE.files
+    # (a remote open that waits past its deadlines reads the PFS: fail open, a few on a loaded machine)
+    assert staged_by_readers >= 0.99 * TREE.files and rep["opened_from"]["pfs"]["opens"] <= 0.01 * 2 * NODES * TREE.files
     assert counted["opens"] <= TREE.files + 0.01 * TREE.files, counted["opens"]  # each file opened once, by its owner
     # beyond each open's look-up, the namespace's calls alone (as the first test's): no stat of a file
     beyond = metadata(counted) - counted["opens"]
