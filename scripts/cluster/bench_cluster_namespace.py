@@ -283,12 +283,7 @@ def print_ratios(find: dict, c: dict, rat: dict, args) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=4, help="simulated nodes, a daemon each (default 4)")
-    p.add_argument("--files", type=int, default=200_000, help="files in the generated tree (default 200,000)")
-    p.add_argument("--per-dir", type=int, default=1000, help="files a directory (default 1,000)")
-    p.add_argument("--file-size", default="1KiB-4KiB", metavar="MIN-MAX", help="file sizes (default 1KiB-4KiB)")
-    p.add_argument("--lookup-latency-ms", type=float, default=0.2,
-                   help="the emulator's latency per metadata call: getattr, readdir, access (default 0.2)")
-    p.add_argument("--open-latency-ms", type=float, default=2.0, help="the emulator's latency per open (default 2)")
+    many.add_tree_arguments(p)
     p.add_argument("--sample", type=int, default=20000,
                    help="files each node's READER reads, each pass (default 20,000)")
     p.add_argument("--capacity", type=parse_size, default=None, metavar="BYTES",

@@ -299,6 +299,16 @@ def index_parts(header: bytes, files: int) -> dict[str, float]:
             "ranges": 4 * (dirs + 1) / files, "child records": protocol.INDEX_CHILD.size * nchildren / files}
 
 
+def add_tree_arguments(p: argparse.ArgumentParser) -> None:
+    """The generated tree's options and the emulator's latencies (tree_of reads them)."""
+    p.add_argument("--files", type=int, default=200_000, help="files in the generated tree (default 200,000)")
+    p.add_argument("--per-dir", type=int, default=1000, help="files a directory (default 1,000)")
+    p.add_argument("--file-size", default="1KiB-4KiB", metavar="MIN-MAX", help="file sizes (default 1KiB-4KiB)")
+    p.add_argument("--lookup-latency-ms", type=float, default=0.2,
+                   help="the emulator's latency per metadata call: getattr, readdir, access (default 0.2)")
+    p.add_argument("--open-latency-ms", type=float, default=2.0, help="the emulator's latency per open (default 2)")
+
+
 def tree_of(p: argparse.ArgumentParser, args) -> tuple[int, int]:
     """The generated tree of the options (``args.tree``, ``args.sample_n``), or ``p.error``: the
     files' sizes, least and most."""
@@ -481,12 +491,7 @@ def fx(v: float | None) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--files", type=int, default=200_000, help="files in the generated tree (default 200,000)")
-    p.add_argument("--per-dir", type=int, default=1000, help="files a directory (default 1,000)")
-    p.add_argument("--file-size", default="1KiB-4KiB", metavar="MIN-MAX", help="file sizes (default 1KiB-4KiB)")
-    p.add_argument("--lookup-latency-ms", type=float, default=0.2,
-                   help="the emulator's latency per metadata call: getattr, readdir, access (default 0.2)")
-    p.add_argument("--open-latency-ms", type=float, default=2.0, help="the emulator's latency per open (default 2)")
+    add_tree_arguments(p)
     p.add_argument("--sample", type=int, default=20000, help="files READER reads, each pass (default 20,000)")
     p.add_argument("--capacity", type=parse_size, default=None, metavar="BYTES",
                    help="each tier's capacity, as `2GiB` (default: the sample's bytes twice over, 64 MiB at least)")
