@@ -84,7 +84,6 @@ def test_node_0_lists_the_dataset_and_each_file_is_opened_once_on_the_pfs(layout
     assert total <= counted["bytes"] <= 1.05 * total
     # each file opened on the PFS once, by its owner: a node reading another's file never opens it there
     assert counted["opens"] <= 1.05 * TREE.files, counted["opens"]
-    print("COUNTED", layout, metadata(counted), counted["opens"], find_calls)
     if layout == "shard":  # and described once, by its owner as it copies it: the others ask the owner (a pass
         # that stats every file on every node, or each reader's node asking the PFS, would be thousands more)
         assert metadata(counted) <= find_calls + 3 * SIZE_SAMPLES + 20 * NODES + 1.5 * TREE.files, counted
