@@ -92,6 +92,7 @@ struct sending { struct sending *next; MPI_Request req; char *buf; };
 struct block_offer { struct block_offer *next; uint32_t len; uint8_t slot; char key[]; };
 struct let_go { int fd; char *map; uint64_t mapped; };  /* a withdrawn offer's kept file (datapath_offers.c) */
 
+#define OFFER_GENS 1024                 /* a kept descriptor's check that its entry's offer still stands */
 #define WANTED_MAX 256                  /* entries wanted and not taken yet: a peer asked beyond them reads its name */
 
 struct dp {
@@ -103,8 +104,12 @@ struct dp {
     struct dp_request *active;          /* posted fetches: their tags are taken */
     struct sending *sends;
     int next_tag;
-    struct staged **buckets;            /* the offers (datapath_offers.c) */
-    uint32_t nbuckets, nstaged;
+    struct staged **buckets;            /* the offers by key (datapath_offers.c): keys the index lacks, kept files */
+    uint32_t nbuckets, nlinked, nstaged; /* nstaged: every offer, by key or by entry */
+    const unsigned char *offer_index;   /* the index whose entries number the other offers (the last lent), or NULL */
+    struct monarch_index_header offer_head;
+    uint8_t *offer_slot;                /* by its entry - 1: an offered file's slot + 1, 0 none */
+    uint32_t offer_gens[OFFER_GENS];    /* entry offers made or withdrawn, by entry % OFFER_GENS */
     uint64_t offers;                    /* offers made: each one's generation */
     uint32_t kept_fds, fds_allowed;     /* descriptors kept open, at most */
     struct let_go *closing;             /* withdrawn offers' kept files, for the owner's thread to close */
@@ -339,7 +344,9 @@ EXPORT void dp_tier(struct dp *d, int slot, const char *dir)
 
 EXPORT void dp_index(struct dp *d, const unsigned char *p, uint64_t n)
 {
+    monarch_crc_init();                 /* (offers are found by their keys' CRC in it) */
     pthread_mutex_lock(&d->mu);
+    renumber_offers_locked(d, p, (size_t)n);
     d->index_next = p;
     d->index_next_len = (size_t)n;
     d->index_lent = 1;

@@ -3,6 +3,12 @@
  * ``dp_forget`` before a copy is dropped) and the owner's read of one, by a descriptor kept
  * from its first read while the offer stands.
  *
+ * A file of the index the daemon lent (dp_index) is offered by a byte at its entry, its slot:
+ * a node's share of a cluster's files, every one staged, costs a byte a file of the index
+ * (before, a record with its key: ~100 bytes a copy). Other keys, and the few files whose
+ * descriptor is kept, have a record in a hash table by key (``struct staged``). When another
+ * index is lent, the offers are numbered anew by its entries (renumber_offers_locked).
+ *
  * A kept descriptor spares each later read the open (a walk of the tier's path), fstat and
  * close, about half a read's cost for a small file (docs/performance.md). Only the owner's thread reads and closes them: an offer withdrawn
  * or made again leaves its descriptor on ``closing``, which that thread closes at its next
@@ -24,6 +30,7 @@ struct staged {
     struct staged *next;
     uint32_t hash, len;
     uint8_t slot;
+    uint8_t by_entry;                   /* the offer is its entry's byte: this record keeps its file only */
     int fd;                             /* kept from the first read (the owner's thread's), or -1 */
     char *map;                          /* its file mapped (a file in RAM), or NULL */
     uint64_t gen;                       /* which offer: made anew by every dp_staged of the key */
@@ -45,6 +52,53 @@ static struct staged **find_locked(struct dp *d, const char *key, uint32_t len, 
     while (*p && !((*p)->hash == h && (*p)->len == len && !memcmp((*p)->key, key, len)))
         p = &(*p)->next;
     return p;
+}
+
+static void grow_locked(struct dp *d);
+
+/* ``key``'s file entry (from 1) in the index the offers are numbered by, or 0: offered by key.
+ * Under the lock. */
+static uint32_t offer_entry_locked(const struct dp *d, const char *key, uint32_t len)
+{
+    if (!d->offer_slot)
+        return 0;
+    uint32_t n = monarch_index_find(d->offer_index, &d->offer_head, key, len, monarch_crc32(key, len));
+    return n <= d->offer_head.files ? n : 0;
+}
+
+/* A new record of ``key`` at ``p`` (find_locked's), or NULL if there is no memory. Under the lock. */
+static struct staged *link_locked(struct dp *d, struct staged **p, const char *key, uint32_t len, uint32_t h,
+                                  int slot, int by_entry)
+{
+    struct staged *s = malloc(sizeof *s + (size_t)len);
+    if (!s)
+        return NULL;
+    s->next = NULL;
+    s->hash = h;
+    s->len = len;
+    s->slot = (uint8_t)slot;
+    s->by_entry = (uint8_t)by_entry;
+    s->fd = -1;
+    s->map = NULL;
+    s->gen = ++d->offers;
+    s->size = 0;
+    memcpy(s->key, key, (size_t)len);
+    *p = s;
+    if (++d->nlinked > 2 * d->nbuckets)
+        grow_locked(d);
+    return s;
+}
+
+static void let_go_fd_locked(struct dp *d, struct staged *s);
+
+/* The record at ``p`` gone, its kept file handed to the owner's thread to close. Under the lock. */
+static void unlink_locked(struct dp *d, struct staged **p)
+{
+    struct staged *s = *p;
+    *p = s->next;
+    let_go_fd_locked(d, s);
+    free(s);
+    d->nlinked--;
 }
 
 static void grow_locked(struct dp *d)
@@ -151,11 +205,13 @@ static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t siz
     uint32_t h = hash_of(key, len);
     pthread_mutex_lock(&d->mu);
     struct staged *s = *find_locked(d, key, len, h);
+    uint32_t e = s ? 0 : offer_entry_locked(d, key, len);   /* offered by its entry's byte, no record yet */
+    int slot = s ? s->slot : e ? d->offer_slot[e - 1] - 1 : -1;
     int kept = s ? s->fd : -1, n = -1;
     const char *kept_map = s ? s->map : NULL;
     int to_map = s && kept >= 0 && !kept_map && d->in_ram[s->slot] && s->size == size && size > 0;
-    uint64_t gen = s ? s->gen : 0, kept_size = s ? s->size : 0;
-    const char *dir = s && kept < 0 ? d->tiers[s->slot] : NULL;
+    uint64_t gen = s ? s->gen : e ? d->offer_gens[e % OFFER_GENS] : 0, kept_size = s ? s->size : 0;
+    const char *dir = kept < 0 && slot >= 0 ? d->tiers[slot] : NULL;
     if (dir)
         n = snprintf(path, sizeof path, "%s/%.*s", dir, (int)len, key);
     pthread_mutex_unlock(&d->mu);
@@ -188,8 +244,13 @@ static int read_staged(struct dp *d, const char *key, uint32_t len, uint64_t siz
     struct stat st;
     int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size && read_all_from(fd, dst, size, 0) == 0;
     pthread_mutex_lock(&d->mu);         /* kept if the same offer stands (not withdrawn or made anew meanwhile) */
-    s = *find_locked(d, key, len, h);
-    int keep = ok && s && s->gen == gen && s->fd < 0 && d->kept_fds < d->fds_allowed;
+    struct staged **p = find_locked(d, key, len, h);
+    int room = ok && d->kept_fds < d->fds_allowed, keep;
+    if (!e)
+        keep = room && (s = *p) && s->gen == gen && s->fd < 0;
+    else                                /* the entry's byte unchanged (an index lent anew changes every gen) */
+        keep = room && !*p && d->offer_slot && d->offer_slot[e - 1] == slot + 1 &&
+               d->offer_gens[e % OFFER_GENS] == gen && (s = link_locked(d, p, key, len, h, slot, 1));
     if (keep) {
         s->fd = fd;
         s->size = (uint64_t)st.st_size;
@@ -208,26 +269,21 @@ EXPORT void dp_staged(struct dp *d, const char *key, int len, int slot)
     uint32_t h = hash_of(key, (size_t)len);
     pthread_mutex_lock(&d->mu);
     struct staged **p = find_locked(d, key, (uint32_t)len, h);
-    if (*p) {                           /* offered anew (another copy, another tier): read afresh */
+    uint32_t e = offer_entry_locked(d, key, (uint32_t)len);
+    if (e) {                            /* its entry's byte; a record of the offer before goes (read afresh) */
+        if (*p) {
+            d->nstaged -= !(*p)->by_entry;
+            unlink_locked(d, p);
+        }
+        d->nstaged += !d->offer_slot[e - 1];
+        d->offer_slot[e - 1] = (uint8_t)(slot + 1);
+        d->offer_gens[e % OFFER_GENS]++;
+    } else if (*p) {                    /* offered anew (another copy, another tier): read afresh */
         let_go_fd_locked(d, *p);
         (*p)->slot = (uint8_t)slot;
         (*p)->gen = ++d->offers;
-    } else {
-        struct staged *s = malloc(sizeof *s + (size_t)len);
-        if (s) {
-            s->next = NULL;
-            s->hash = h;
-            s->len = (uint32_t)len;
-            s->slot = (uint8_t)slot;
-            s->fd = -1;
-            s->map = NULL;
-            s->gen = ++d->offers;
-            s->size = 0;
-            memcpy(s->key, key, (size_t)len);
-            *p = s;
-            if (++d->nstaged > 2 * d->nbuckets)
-                grow_locked(d);
-        }
+    } else if (link_locked(d, p, key, (uint32_t)len, h, slot, 0)) {
+        d->nstaged++;
     }
     pthread_mutex_unlock(&d->mu);
 }
@@ -239,13 +295,64 @@ EXPORT void dp_forget(struct dp *d, const char *key, int len)
     pthread_mutex_lock(&d->mu);
     struct staged **p = find_locked(d, key, (uint32_t)len, hash_of(key, (size_t)len));
     if (*p) {
-        struct staged *s = *p;
-        *p = s->next;
-        let_go_fd_locked(d, s);
-        free(s);
+        d->nstaged -= !(*p)->by_entry;
+        unlink_locked(d, p);
+    }
+    uint32_t e = offer_entry_locked(d, key, (uint32_t)len);
+    if (e && d->offer_slot[e - 1]) {
+        d->offer_slot[e - 1] = 0;
+        d->offer_gens[e % OFFER_GENS]++;
         d->nstaged--;
     }
     pthread_mutex_unlock(&d->mu);
+}
+
+/* The offers numbered by the entries of index ``x`` (``len`` bytes, lent by dp_index; NULL:
+ * none): those of the index before become records by key, then every record of a file of
+ * ``x`` without a kept descriptor its entry's byte. Every gen changes: a descriptor opened
+ * under the index before is not kept. Under the lock. */
+static void renumber_offers_locked(struct dp *d, const unsigned char *x, size_t len)
+{
+    char key[DP_KEY_MAX];
+    for (uint32_t e = 1; d->offer_slot && e <= d->offer_head.files; e++) {
+        int slot = d->offer_slot[e - 1] - 1;
+        uint32_t kl = slot < 0 ? 0 : monarch_index_key(d->offer_index, &d->offer_head, e, key, sizeof key);
+        uint32_t h = kl ? hash_of(key, kl) : 0;
+        struct staged **p = kl ? find_locked(d, key, kl, h) : NULL;
+        if (p && *p)                    /* its kept file's record: the offer's own from now on */
+            (*p)->by_entry = 0;
+        else if (slot >= 0 && !(p && link_locked(d, p, key, kl, h, slot, 0)))
+            d->nstaged--;               /* no key, no memory: not offered (a peer asks Python's protocol) */
+    }
+    free(d->offer_slot);
+    d->offer_slot = NULL;
+    d->offer_index = NULL;
+    for (uint32_t i = 0; i < OFFER_GENS; i++)
+        d->offer_gens[i]++;
+    struct monarch_index_header hd;
+    if (!x || len < sizeof hd)
+        return;
+    memcpy(&hd, x, sizeof hd);
+    if (!hd.files || !hd.buckets || !monarch_index_bounded(&hd, len, hd.files) || !(d->offer_slot = calloc(hd.files, 1)))
+        return;                         /* every offer by key */
+    d->offer_index = x;
+    d->offer_head = hd;
+    for (uint32_t i = 0; i < d->nbuckets; i++)
+        for (struct staged **p = &d->buckets[i]; *p;) {
+            struct staged *s = *p;
+            uint32_t e = offer_entry_locked(d, s->key, s->len);
+            if (!e) {
+                p = &s->next;
+                continue;
+            }
+            d->offer_slot[e - 1] = (uint8_t)(s->slot + 1);
+            if (s->fd >= 0) {           /* kept: the record stays for its file */
+                s->by_entry = 1;
+                p = &s->next;
+            } else {
+                unlink_locked(d, p);
+            }
+        }
 }
 
 /* ---- large files staged by blocks: spans of their STAGED blocks ---- */
@@ -310,9 +417,11 @@ static int read_range(struct dp *d, const char *key, uint32_t len, uint64_t size
     int n = -1, m = -1, whole = 0;
     pthread_mutex_lock(&d->mu);
     struct staged *s = *find_locked(d, key, len, hash_of(key, len));
-    struct block_offer *b = s ? NULL : *find_blocks_locked(d, key, len);
-    const char *dir = s ? d->tiers[s->slot] : b ? d->tiers[b->slot] : NULL;
-    if (dir && s) {
+    uint32_t e = s ? 0 : offer_entry_locked(d, key, len);
+    int slot = s ? s->slot : e ? d->offer_slot[e - 1] - 1 : -1;
+    struct block_offer *b = slot >= 0 ? NULL : *find_blocks_locked(d, key, len);
+    const char *dir = slot >= 0 ? d->tiers[slot] : b ? d->tiers[b->slot] : NULL;
+    if (dir && slot >= 0) {
         whole = 1;
         n = snprintf(path, sizeof path, "%s/%.*s", dir, (int)len, key);
     } else if (dir) {

@@ -82,7 +82,8 @@ EXPORT int64_t dp_fetch_range(struct dp *d, int owner, const char *key, int len,
 EXPORT void dp_lost(struct dp *d, int node);
 /* the index this node publishes, ``n`` bytes at ``p`` as the daemon holds it mapped (NULL: none; kept by
  * the caller until dp_stop: a second mapping of the file would count its pages twice in the daemon's
- * resident size): the owner's thread answers a peer's DESCRIBE (dp_describe) of a file described there */
+ * resident size): the owner's thread answers a peer's DESCRIBE (dp_describe) of a file described there,
+ * and the offers of its files are bytes at their entries (dp_staged) */
 EXPORT void dp_index(struct dp *d, const unsigned char *p, uint64_t n);
 EXPORT void dp_counts(struct dp *d, struct dp_counts *out);
 EXPORT void dp_stop(struct dp *d);

@@ -1,6 +1,12 @@
 """The C peer data path between two real MPI ranks (test_datapath.py): node 1 offers staged
-files, node 0 fetches them; every answer of dp_fetch is reached for real."""
+files, node 0 fetches them; every answer of dp_fetch is reached for real.
 
+With ``index`` after the work directory, node 1 lends an index listing the files first (as a
+cluster's daemon lends its snapshot's), so its offers are bytes at their entries; it lends a
+copy of it again between the rounds (the offers numbered anew, their kept files with them), and
+at the end offers the files of an index of INDEXED files and reports what that cost it."""
+
+import ctypes
 import json
 import os
 import shutil
@@ -8,13 +14,36 @@ import struct
 import sys
 import time
 
+from monarch import index_layout, protocol
 from monarch.cluster import datapath as dp
 from monarch.cluster import world
 from monarch.node.stage.block_map import (BLOCK, BLOCK_ABSENT, BLOCK_SHIFT, BLOCK_STAGED, BLOCKMAP_HEADER,
                                           BLOCKMAP_MAGIC, BLOCKMAP_VERSION)
 from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR
 
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def allocated() -> int:
+    """The bytes malloc has handed out and not taken back (glibc's mallinfo2: its heap's, its mmaps')."""
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def lendable(index: bytes) -> bytearray:
+    """``index`` (build_index's: up to its used end) as long as its file would be (its header's size)."""
+    return bytearray(index).ljust(protocol.INDEX_HEADER.unpack_from(index)[15], b"\0")
+
+
 work = sys.argv[1]
+by_index = sys.argv[2:] == ["index"]
+INDEXED = 200_000
 MPI = world.load_mpi()
 comm = MPI.COMM_WORLD
 path = dp.DataPath.start(MPI, comm)
@@ -31,6 +60,11 @@ if path is not None:
             with open(os.path.join(tier, key), "wb") as f:
                 f.write(data)
         path.tier(3, tier)
+        if by_index:
+            listed = [*files, "0/withdrawn.bin", "0/other.bin"]
+            st = os.stat(os.path.join(tier, "0/a/small.bin"))
+            index = index_layout.build_index([(key.encode(), st) for key in listed])
+            path.use_index(lendable(index))
         for key in files:
             if key != "0/not-offered.bin":
                 path.offer(key, 3)
@@ -80,6 +114,9 @@ if path is not None:
         out["too_many"] = path.fetch_many(1, [("0/a/small.bin", 100, 1)] * (dp.BATCH_FILES_MAX + 1), 1.0)[0]
     comm.Barrier()
     out["counts"] = path.counts()
+    if by_index and comm.rank == 1:  # the same index lent anew: its offers, kept files and all, renumbered
+        path.use_index(lendable(index))
+        out["offered_after_renumbering"] = path.counts()["offered"]
     comm.Barrier()
     # spans of a large file staged by blocks (its copy and map, as blocks.py writes them): those
     # whose blocks are all STAGED cross in C, written at their offset; anything else is handed back
@@ -178,6 +215,27 @@ if path is not None:
         time.sleep(0.2)                # the owner's thread closes them at its next turn (1 ms idle at most)
         out["kept_after_withdrawal"] = tier_fds()
         out["maps_after_withdrawal"] = tier_maps()
+    comm.Barrier()
+    if by_index:  # a node's share of many files offered: their cost in the owner's memory
+        keys = [f"0/many/d{i // 1000}/f{i}.bin" for i in range(INDEXED)]
+        if comm.rank == 1:
+            path.use_index(lendable(index_layout.build_index([(key.encode(), st) for key in keys])))
+            os.makedirs(os.path.join(tier, "0/many/d7"))
+            with open(os.path.join(tier, keys[7777]), "wb") as f:
+                f.write(b"seven" * 20)
+            before = allocated()
+            for key in keys:
+                path.offer(key, 3)
+            out["many"] = {"offered": path.counts()["offered"], "allocated": allocated() - before}
+        comm.Barrier()
+        if comm.rank == 0:
+            n, data = fetch(keys[7777], 100)
+            out["many_fetched"] = [n, data == b"seven" * 20]
+        comm.Barrier()
+        if comm.rank == 1:
+            for key in keys:
+                path.withdraw(key)
+            out["many"]["after_withdrawal"] = path.counts()["offered"]
     comm.Barrier()
     if comm.rank == 1:
         path.stop()                    # its thread gone: a request to it is never answered
