@@ -661,9 +661,11 @@ EXPORT int front_door_read_ahead(struct door *d, uint32_t n, uint32_t most, int 
         return -1;
     }
     /* room in the table for every key the lane can copy (``most``: what the tiers hold, not the
-     * list's every file: each key touches a page of the table) now, while it is small: doubled
-     * as the lane fills it, its old slots would stand beside the new ones at the daemon's peak */
-    if (reserve_keys(d, d->keys.used + (most < n ? most : n)) != 0) {
+     * list's every file: each key touches a page of the table; a sharded node's own files) now,
+     * while it is small: doubled as the lane fills it, its old slots would stand beside the new
+     * ones at the daemon's peak */
+    uint32_t keys = own_files_locked(d, n);
+    if (reserve_keys(d, d->keys.used + (most < keys ? most : keys)) != 0) {
         pthread_mutex_unlock(&d->mu);
         errno = ENOMEM;
         return -1;
@@ -695,6 +697,7 @@ EXPORT void front_door_read_ahead_state(struct door *d, struct front_door_read_a
     out->through = d->ahead.next;
     out->copies = d->ahead.copies;
     out->ended_because = (uint64_t)d->ahead.end;
+    out->key_slots = d->keys.cap;
     pthread_mutex_unlock(&d->mu);
 }
 

@@ -51,7 +51,9 @@ static int reserve_keys(struct door *d, size_t keys)
 
 static struct entry *insert(struct door *d, const char *key, uint32_t len, uint32_t hash)
 {
-    if (reserve_keys(d, d->keys.used + 1) != 0)
+    /* grown (doubled at least) past three quarters full: room reserved for the keys expected stays
+     * half empty, and keys past them (another node's files read here) fill it further first */
+    if (4 * (d->keys.used + 1) > 3 * d->keys.cap && reserve_keys(d, d->keys.used + 1) != 0)
         return NULL;
     size_t i = hash & (d->keys.cap - 1);
     while (d->keys.tab[i].ref)

@@ -16,6 +16,18 @@ static int own_file_locked(const struct door *d, uint32_t entry)
     return !d->peer.own_only || (d->peer.owners && entry > 0 && entry <= d->peer.nowners && d->peer.owners[entry - 1] < 0);
 }
 
+/* How many of index entries 1 to ``n`` the door may copy: all alone on a node, and on a sharded
+ * node before its owners are known (its lane waits for them). Under the lock. */
+static uint32_t own_files_locked(const struct door *d, uint32_t n)
+{
+    if (!d->peer.own_only || !d->peer.owners)
+        return n;
+    uint32_t own = 0;
+    for (uint32_t e = 1; e <= n; e++)
+        own += own_file_locked(d, e);
+    return own;
+}
+
 /* The owner of the file ``f`` if the peer lane fetches it (another node's, small), else -1.
  * Under the lock. Not the route published in the index: that one is the file's static route on
  * this node (size, kind, store), written before a sharded cluster's owners arrive; whose file it

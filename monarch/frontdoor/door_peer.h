@@ -76,6 +76,7 @@ struct idx_file;
 static int64_t peer_room(const struct door *d, uint64_t size);  /* a file's room in the area */
 /* May the door copy index entry ``entry`` from the PFS (not another node's)? Under the lock. */
 static int own_file_locked(const struct door *d, uint32_t entry);
+static uint32_t own_files_locked(const struct door *d, uint32_t n);  /* of entries 1..n, those it may copy */
 /* The owner of ``f`` if the peer lane fetches it, else -1. Under the lock. */
 static int peer_owner_locked(const struct door *d, const struct idx_file *f);
 /* ``ns`` waited, the worker's own connections served meanwhile (none while it waits already). */

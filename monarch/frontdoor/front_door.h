@@ -99,6 +99,7 @@ struct front_door_read_ahead_state {        /* the read-ahead lane (front_door_r
     uint64_t running;                       /* copies in flight (at least 1 while its list is not through) */
     uint64_t through, copies;               /* entries gone through, files copied */
     uint64_t ended_because;                 /* FRONT_DOOR_AHEAD_ENDED (A_WHOLE: it did not end early) */
+    uint64_t key_slots;                     /* the door's key table's slots (16 bytes each), made for the lane's keys */
 };
 struct front_door_peer_told {               /* the last progress the door answered itself */
     uint64_t stream, consumed;              /* its hint stream, the positions consumed */
@@ -128,7 +129,7 @@ struct front_door_inflight {                /* the door's own lane toward its so
     uint64_t copiers, in_flight;            /* its copier threads; copies under way now */
 };
 _Static_assert(sizeof(struct front_door_counts) == 8 * (MONARCH_MAX_SLOTS + R_REASONS + 15), "the counters: words");
-_Static_assert(sizeof(struct front_door_read_ahead_state) == 8 * 4, "the read-ahead lane's state: words");
+_Static_assert(sizeof(struct front_door_read_ahead_state) == 8 * 5, "the read-ahead lane's state: words");
 _Static_assert(sizeof(struct front_door_peer_told) == 8 * 3, "the progress told: words");
 _Static_assert(sizeof(struct front_door_peer_ahead_state) == 8 * 18, "the peer read-ahead lane's state: words");
 _Static_assert(sizeof(struct inflight_state) == 8 * 6, "a lane's copies in flight: words");

@@ -107,6 +107,19 @@ def test_the_door_copies_and_offers_its_own_files_only(sharded_door):
     assert not any(e.kind == EV_STAGED for e in d.front_door.events(PEER_BOOKS))
 
 
+def test_the_key_table_is_made_for_the_nodes_own_files(short_tmp):
+    """A sharded node's lane copies its own files only: the door's key table is made for those
+    (half of 3,000 here), not for every file of the list; another node's files read here later
+    fill it to three quarters before it grows."""
+    for d in make_sharded_door(short_tmp, workers=2, files=3000):
+        assert d.link()
+        d.front_door.peer_copying(True)
+        assert d.front_door.read_ahead(3000, 2)
+        mine = len(d.mine)
+        assert mine == 1500 and d.front_door.read_ahead_state()["key_slots"] == 4096  # at most half full
+        wait_lane(d.front_door, timeout=60)
+
+
 def test_the_leases_are_apart(sharded_door):
     """Room lent in the copy tier is not room in the peer area, and back from each apart."""
     d = sharded_door.front_door
