@@ -72,7 +72,7 @@ class DoorCounts(ctypes.Structure):
 
 class ReadAheadState(ctypes.Structure):
     """front_door_read_ahead_state's record (struct front_door_read_ahead_state)."""
-    _fields_ = _words("running", "through", "copies", "ended_because", "key_slots")
+    _fields_ = _words("running", "through", "copies", "ended_because", "key_bytes")
 
 
 class PeerTold(ctypes.Structure):
@@ -304,13 +304,13 @@ class FrontDoor:
     def read_ahead_state(self) -> dict:
         """The lane: ``running`` copies in flight (at least 1 until its list is through),
         ``through`` entries gone through, ``copies`` made, ``ended_because`` ("" unless it
-        stopped before its list ended), ``key_slots`` (the door's key table, 16 bytes a slot)."""
+        stopped before its list ended), ``key_bytes`` (the door's records of the keys it heard of)."""
         s = ReadAheadState()
         self._lib.front_door_read_ahead_state(self._door, ctypes.byref(s))
         why = s.ended_because
         return {"running": s.running, "through": s.through, "copies": s.copies,
                 "ended_because": AHEAD_ENDED_BECAUSE[why] if why < len(AHEAD_ENDED_BECAUSE) else str(why),
-                "key_slots": s.key_slots}
+                "key_bytes": s.key_bytes}
 
     def inflight(self) -> dict:
         """The door's copies in flight toward its source: the limit its measure settled on,

@@ -618,6 +618,7 @@ EXPORT void front_door_free(struct door *d)
         free(d->keys.own[i].key);
     free(d->keys.own);
     free(d->keys.tab);
+    free(d->keys.dense);
     for (int i = 0; i < d->nroots; i++)
         free(d->roots[i]);
     for (int i = 0; i < MONARCH_MAX_SLOTS; i++)
@@ -697,7 +698,7 @@ EXPORT void front_door_read_ahead_state(struct door *d, struct front_door_read_a
     out->through = d->ahead.next;
     out->copies = d->ahead.copies;
     out->ended_because = (uint64_t)d->ahead.end;
-    out->key_slots = d->keys.cap;
+    out->key_bytes = key_room(d);
     pthread_mutex_unlock(&d->mu);
 }
 

@@ -79,6 +79,12 @@ static uint32_t index_dirs(const struct door *d)
     return index_header(d->index.map).dirs;
 }
 
+static size_t index_entries(const struct door *d)
+{
+    struct monarch_index_header h = index_header(d->index.map);
+    return (size_t)h.files + h.dirs;
+}
+
 /* A mapping of the whole index file (``n`` bytes): its tables, its stats' room among them, inside it. */
 static int index_valid(const unsigned char *x, size_t n)
 {

@@ -34,6 +34,7 @@ static const unsigned char *index_dir_stat(const struct door *d, uint32_t n, uin
 /* directory ``j`` (from 0, of index_dirs): its key and its first file, or NULL if it holds none */
 static const char *index_dir_key(const struct door *d, uint32_t j, uint32_t *len, uint32_t *first);
 static uint32_t index_dirs(const struct door *d);
+static size_t index_entries(const struct door *d);  /* its files and directories: the numbers index_number gives */
 /* the number (from 1) of ``key`` if it is a file not described yet and the door may describe it (the
  * index is the daemon's own, the routes known), else 0; and that description (its stat slot) */
 static uint32_t index_listed(const struct door *d, const char *key, uint32_t len, uint32_t hash);

@@ -8,24 +8,38 @@
  * or fetches it now), STAGED (answerable), or PYTHON (anything else: handed over). */
 enum { K_FREE = 0, K_PYTHON = 1, K_BUSY = 2, K_STAGED = 3 };
 
-struct entry {                         /* one key the door has heard of: 16 bytes (a million keys, two million slots) */
-    uint32_t hash;
-    uint32_t ref;                      /* 0: a free slot; its key: the index's entry ``ref`` (from 1) when
-                                          borrowed (a million staged files cost no copy of their keys),
-                                          else the door's own copy, own[ref - 1] */
-    uint8_t state, slot, borrowed, ring;  /* ring: a STAGED copy of the peer read-ahead lane's (BUSY: on its way) */
+struct entry {                         /* one key the door has heard of: 8 bytes */
+    uint8_t state, slot;
+    uint8_t held;                      /* H_NONE: no key here; H_INDEX: the index's entry; H_OWN: the door's copy */
+    uint8_t ring;                      /* ring: a STAGED copy of the peer read-ahead lane's (BUSY: on its way) */
     uint32_t answered;                 /* when the door last answered it: door_ms (front_door_evict), 0 never */
 };
-_Static_assert(sizeof(struct entry) == 16, "the key table's slot");
+_Static_assert(sizeof(struct entry) == 8, "a key's record");
+enum { H_NONE = 0, H_INDEX = 1, H_OWN = 2 };
+
+struct key_slot {                      /* a slot of the table by hash: 16 bytes (a million keys, two million slots) */
+    uint32_t hash;
+    uint32_t ref;                      /* 0: a free slot; its key: the index's entry ``ref`` (from 1) when
+                                          e.held is H_INDEX (a million staged files cost no copy of their
+                                          keys), else the door's own copy, own[ref - 1] */
+    struct entry e;
+};
+_Static_assert(sizeof(struct key_slot) == 16, "the key table's slot");
 
 struct own_key {                       /* a key not in the index (asked before the index was open) */
     char *key;
     uint32_t len;
 };
 
-struct door_keys {                     /* the table: open addressing; entries change state, never go */
-    struct entry *tab;
-    size_t cap, used;
+/* The keys: a table by hash (open addressing: entries change state, never go) while they are few
+ * against the index; once the table would take more room than a record for every entry of the
+ * index, the index's keys move to ``dense``, a record at each entry (8 bytes a file of the index,
+ * its pages touched where keys are), and the table keeps the door's own keys only. */
+struct door_keys {
+    struct key_slot *tab;
+    size_t cap, used;                  /* the table's slots, its keys */
+    struct entry *dense;               /* by index entry - 1, or NULL (the table holds every key) */
+    size_t ndense, dense_used;         /* its entries (the index's files and directories), its keys */
     struct own_key *own;               /* the keys the table does not borrow from the index */
     size_t nown, cap_own;
 };
@@ -36,6 +50,6 @@ static struct entry *find(struct door *d, const char *key, uint32_t len, uint32_
 static struct entry *insert(struct door *d, const char *key, uint32_t len, uint32_t hash); /* NULL: no memory */
 static struct entry *find_or_insert(struct door *d, const char *key, uint32_t len);
 static int reserve_keys(struct door *d, size_t keys);  /* room for this many keys, before the workers start */
-static int entry_is(const struct door *d, const struct entry *e, const char *key, uint32_t len, uint32_t hash);
+static size_t key_room(const struct door *d);          /* the bytes the keys' records take (their slots) */
 
 #endif /* MONARCH_DOOR_KEYS_H */

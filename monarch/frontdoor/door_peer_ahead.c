@@ -380,7 +380,7 @@ static void ring_drop_locked(struct door *d, struct peer_ahead *pa)
                 e->state = K_BUSY;
                 d->busy++;
                 pa->victims[pa->nvictims++] =
-                    (struct pa_victim){c.entry, e->hash, c.fd, c.mode, c.map, f.size, c.home};
+                    (struct pa_victim){c.entry, c.hash, c.fd, c.mode, c.map, f.size, c.home};
                 pa->nfds -= c.fd >= 0;
             } else {
                 ring_forget(d, pa, &c);

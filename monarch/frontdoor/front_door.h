@@ -99,7 +99,7 @@ struct front_door_read_ahead_state {        /* the read-ahead lane (front_door_r
     uint64_t running;                       /* copies in flight (at least 1 while its list is not through) */
     uint64_t through, copies;               /* entries gone through, files copied */
     uint64_t ended_because;                 /* FRONT_DOOR_AHEAD_ENDED (A_WHOLE: it did not end early) */
-    uint64_t key_slots;                     /* the door's key table's slots (16 bytes each), made for the lane's keys */
+    uint64_t key_bytes;                     /* the door's records of the keys it heard of (its key table) */
 };
 struct front_door_peer_told {               /* the last progress the door answered itself */
     uint64_t stream, consumed;              /* its hint stream, the positions consumed */
