@@ -5,7 +5,7 @@
  *
  * A file of the index the daemon lent (dp_index) is offered by a byte at its entry, its slot:
  * a node's share of a cluster's files, every one staged, costs a byte a file of the index
- * (before, a record with its key: ~100 bytes a copy). Other keys, and the few files whose
+ * (a record with its key costs ~85 bytes). Other keys, and the few files whose
  * descriptor is kept, have a record in a hash table by key (``struct staged``). When another
  * index is lent, the offers are numbered anew by its entries (renumber_offers_locked).
  *
