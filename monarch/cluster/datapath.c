@@ -106,9 +106,9 @@ struct dp {
     int next_tag;
     struct staged **buckets;            /* the offers by key (datapath_offers.c): keys the index lacks, kept files */
     uint32_t nbuckets, nlinked, nstaged; /* nstaged: every offer, by key or by entry */
-    const unsigned char *offer_index;   /* the index whose entries number the other offers (the last lent), or NULL */
+    const unsigned char *offer_index;   /* the index lent last (checked), whose entries may number offers, or NULL */
     struct monarch_index_header offer_head;
-    uint8_t *offer_slot;                /* by its entry - 1: an offered file's slot + 1, 0 none */
+    uint8_t *offer_slot;                /* by its entry - 1: an offered file's slot + 1, 0 none; NULL: by key */
     uint32_t offer_gens[OFFER_GENS];    /* entry offers made or withdrawn, by entry % OFFER_GENS */
     uint64_t offers;                    /* offers made: each one's generation */
     uint32_t kept_fds, fds_allowed;     /* descriptors kept open, at most */

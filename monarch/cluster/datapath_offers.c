@@ -3,11 +3,12 @@
  * ``dp_forget`` before a copy is dropped) and the owner's read of one, by a descriptor kept
  * from its first read while the offer stands.
  *
- * A file of the index the daemon lent (dp_index) is offered by a byte at its entry, its slot:
- * a node's share of a cluster's files, every one staged, costs a byte a file of the index
- * (a record with its key costs ~85 bytes). Other keys, and the few files whose
- * descriptor is kept, have a record in a hash table by key (``struct staged``). When another
- * index is lent, the offers are numbered anew by its entries (renumber_offers_locked).
+ * An offer is a record with its key in a hash table (``struct staged``: ~85 bytes with a short
+ * key) until the records outweigh a byte at each file of the index the daemon lent (dp_index);
+ * from then on a file of that index is offered by a byte at its entry, its slot (a node's share
+ * of a cluster's files, every one staged, costs a byte a file of the index), and only other
+ * keys and the few files whose descriptor is kept have records. When another index is lent,
+ * the offers are numbered anew by its entries (renumber_offers_locked).
  *
  * A kept descriptor spares each later read the open (a walk of the tier's path), fstat and
  * close, about half a read's cost for a small file (docs/performance.md). Only the owner's thread reads and closes them: an offer withdrawn
@@ -25,6 +26,7 @@
  * says EIO). */
 
 #define DP_FDS_MAX 16384
+#define OFFER_RECORD 64                 /* a record's bytes at the least (its key's beyond): against a byte a file */
 
 struct staged {
     struct staged *next;
@@ -55,6 +57,7 @@ static struct staged **find_locked(struct dp *d, const char *key, uint32_t len, 
 }
 
 static void grow_locked(struct dp *d);
+static void offers_by_entry_locked(struct dp *d);
 
 /* ``key``'s file entry (from 1) in the index the offers are numbered by, or 0: offered by key.
  * Under the lock. */
@@ -284,6 +287,7 @@ EXPORT void dp_staged(struct dp *d, const char *key, int len, int slot)
         (*p)->gen = ++d->offers;
     } else if (link_locked(d, p, key, (uint32_t)len, h, slot, 0)) {
         d->nstaged++;
+        offers_by_entry_locked(d);
     }
     pthread_mutex_unlock(&d->mu);
 }
@@ -307,10 +311,35 @@ EXPORT void dp_forget(struct dp *d, const char *key, int len)
     pthread_mutex_unlock(&d->mu);
 }
 
+/* The offers by entry from now on, once their records outweigh a byte a file of the index lent:
+ * every record of a file of it without a kept descriptor becomes its entry's byte. Under the lock. */
+static void offers_by_entry_locked(struct dp *d)
+{
+    if (d->offer_slot || !d->offer_index || (uint64_t)d->nlinked * OFFER_RECORD < d->offer_head.files ||
+        !(d->offer_slot = calloc(d->offer_head.files, 1)))
+        return;
+    for (uint32_t i = 0; i < d->nbuckets; i++)
+        for (struct staged **p = &d->buckets[i]; *p;) {
+            struct staged *s = *p;
+            uint32_t e = offer_entry_locked(d, s->key, s->len);
+            if (!e) {
+                p = &s->next;
+                continue;
+            }
+            d->offer_slot[e - 1] = (uint8_t)(s->slot + 1);
+            if (s->fd >= 0) {           /* kept: the record stays for its file */
+                s->by_entry = 1;
+                p = &s->next;
+            } else {
+                unlink_locked(d, p);
+            }
+        }
+}
+
 /* The offers numbered by the entries of index ``x`` (``len`` bytes, lent by dp_index; NULL:
- * none): those of the index before become records by key, then every record of a file of
- * ``x`` without a kept descriptor its entry's byte. Every gen changes: a descriptor opened
- * under the index before is not kept. Under the lock. */
+ * none): those of the index before become records by key, then by entry again where that pays
+ * (offers_by_entry_locked). Every gen changes: a descriptor opened under the index before is not
+ * kept. Under the lock. */
 static void renumber_offers_locked(struct dp *d, const unsigned char *x, size_t len)
 {
     char key[DP_KEY_MAX];
@@ -333,26 +362,11 @@ static void renumber_offers_locked(struct dp *d, const unsigned char *x, size_t 
     if (!x || len < sizeof hd)
         return;
     memcpy(&hd, x, sizeof hd);
-    if (!hd.files || !hd.buckets || !monarch_index_bounded(&hd, len, hd.files) || !(d->offer_slot = calloc(hd.files, 1)))
+    if (!hd.files || !hd.buckets || !monarch_index_bounded(&hd, len, hd.files))
         return;                         /* every offer by key */
     d->offer_index = x;
     d->offer_head = hd;
-    for (uint32_t i = 0; i < d->nbuckets; i++)
-        for (struct staged **p = &d->buckets[i]; *p;) {
-            struct staged *s = *p;
-            uint32_t e = offer_entry_locked(d, s->key, s->len);
-            if (!e) {
-                p = &s->next;
-                continue;
-            }
-            d->offer_slot[e - 1] = (uint8_t)(s->slot + 1);
-            if (s->fd >= 0) {           /* kept: the record stays for its file */
-                s->by_entry = 1;
-                p = &s->next;
-            } else {
-                unlink_locked(d, p);
-            }
-        }
+    offers_by_entry_locked(d);
 }
 
 /* ---- large files staged by blocks: spans of their STAGED blocks ---- */

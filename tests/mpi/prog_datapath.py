@@ -224,9 +224,13 @@ if path is not None:
             with open(os.path.join(tier, keys[7777]), "wb") as f:
                 f.write(b"seven" * 20)
             before = allocated()
-            for key in keys:
+            for key in keys[:1000]:
                 path.offer(key, 3)
-            out["many"] = {"offered": path.counts()["offered"], "allocated": allocated() - before}
+            first = allocated() - before  # by key while the records weigh less than a byte a file
+            for key in keys[1000:]:
+                path.offer(key, 3)
+            out["many"] = {"offered": path.counts()["offered"], "allocated": allocated() - before,
+                           "first_thousand": first}
         comm.Barrier()
         if comm.rank == 0:
             n, data = fetch(keys[7777], 100)
