@@ -2,9 +2,10 @@
 files, node 0 fetches them; every answer of dp_fetch is reached for real.
 
 With ``index`` after the work directory, node 1 lends an index listing the files first (as a
-cluster's daemon lends its snapshot's), so its offers are bytes at their entries; it lends a
-copy of it again between the rounds (the offers numbered anew, their kept files with them), and
-at the end offers the files of an index of INDEXED files and reports what that cost it."""
+cluster's daemon lends its snapshot's), so its offers are bytes at their entries; between the
+rounds it lends none (every offer by key again), then a copy of it (the offers numbered anew,
+their kept files with them), and at the end offers the files of an index of INDEXED files and
+reports what that cost it."""
 
 import ctypes
 import json
@@ -114,7 +115,9 @@ if path is not None:
         out["too_many"] = path.fetch_many(1, [("0/a/small.bin", 100, 1)] * (dp.BATCH_FILES_MAX + 1), 1.0)[0]
     comm.Barrier()
     out["counts"] = path.counts()
-    if by_index and comm.rank == 1:  # the same index lent anew: its offers, kept files and all, renumbered
+    if by_index and comm.rank == 1:  # none lent (every offer by key), then the same index anew: renumbered
+        path.use_index(None)
+        out["offered_without_index"] = path.counts()["offered"]
         path.use_index(lendable(index))
         out["offered_after_renumbering"] = path.counts()["offered"]
     comm.Barrier()
