@@ -16,8 +16,9 @@ static int own_file_locked(const struct door *d, uint32_t entry)
     return !d->peer.own_only || (d->peer.owners && entry > 0 && entry <= d->peer.nowners && d->peer.owners[entry - 1] < 0);
 }
 
-/* How many of index entries 1 to ``n`` the door may copy: all alone on a node, and on a sharded
- * node before its owners are known (its lane waits for them). Under the lock. */
+/* How many of index entries 1 to ``n`` the door may copy: all alone on a node; on a sharded node
+ * its own, or all of them before its owners are known (room made as if it were alone). Under the
+ * lock. */
 static uint32_t own_files_locked(const struct door *d, uint32_t n)
 {
     if (!d->peer.own_only || !d->peer.owners)
