@@ -43,7 +43,6 @@ static int remake_table(struct door *d, size_t cap)
             continue;
         if (d->keys.dense && s.e.held == H_INDEX) {
             d->keys.dense[s.ref - 1] = s.e;
-            d->keys.dense_used++;
             continue;
         }
         size_t i = s.hash & (cap - 1);
@@ -121,7 +120,6 @@ static struct entry *insert(struct door *d, const char *key, uint32_t len, uint3
     if (n && d->keys.dense) {
         struct entry *e = &d->keys.dense[n - 1];
         *e = (struct entry){.state = K_FREE, .held = H_INDEX};
-        d->keys.dense_used++;
         return e;
     }
     if (4 * (d->keys.used + 1) > 3 * d->keys.cap && table_room(d, d->keys.used + 1) != 0)

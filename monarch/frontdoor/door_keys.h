@@ -39,7 +39,7 @@ struct door_keys {
     struct key_slot *tab;
     size_t cap, used;                  /* the table's slots, its keys */
     struct entry *dense;               /* by index entry - 1, or NULL (the table holds every key) */
-    size_t ndense, dense_used;         /* its entries (the index's files and directories), its keys */
+    size_t ndense;                     /* its entries (the index's files and directories) */
     struct own_key *own;               /* the keys the table does not borrow from the index */
     size_t nown, cap_own;
 };

@@ -24,16 +24,18 @@ from monarch.node.tiers.tiers import BLOCKMAP_DIR, BLOCKS_DIR
 
 
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+MALLINFO = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
 
 
 def allocated() -> int:
-    """The bytes malloc has handed out and not taken back (glibc's mallinfo2: its heap's, its mmaps')."""
+    """The bytes malloc has handed out and not taken back, its heap's and its mmaps' (glibc's
+    mallinfo2; before glibc 2.33 mallinfo, whose ints hold these few megabytes as well)."""
     libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = MallInfo2
-    info = libc.mallinfo2()
+    wide = hasattr(libc, "mallinfo2")
+    fn = libc.mallinfo2 if wide else libc.mallinfo
+    fn.restype = type("MallInfo", (ctypes.Structure,),
+                      {"_fields_": [(name, ctypes.c_size_t if wide else ctypes.c_int) for name in MALLINFO]})
+    info = fn()
     return info.uordblks + info.hblkhd
 
 
