@@ -88,6 +88,7 @@ def test_the_lane_copies_the_rings_own_files_and_fetches_the_others_from_their_o
     fd.peer_copying(True)
     mine = {key for key in files if placement.owner(key) == node}
     assert {key for key in files if not owners.remote(door.row(key))} == mine
+    assert owners.stats() == {"by": "ring", "own": len(mine)}
     others = sorted(set(files) - mine)[:5]
     for key in others:  # another node's file: asked of the owner the ring names, never read from the PFS
         assert handed_over(door, key)
@@ -99,3 +100,25 @@ def test_the_lane_copies_the_rings_own_files_and_fetches_the_others_from_their_o
     assert state["through"] == FILES and state["copies"] == len(mine) - 1
     copied = {os.fsdecode(p.relative_to(door.tier)) for p in Path(door.tier).rglob("*") if p.is_file()}
     assert copied == mine and door.fetched == others
+
+
+def test_without_a_ring_the_door_is_given_each_files_owner_by_python(door):
+    """No placement yet (or a node lost, or a snapshot whose files are not an index's): the table
+    of every file's owner, computed here, as before the ring."""
+    placement = Placement.build((), [1, 1])
+    files, node = door.snap.files, 0
+
+    class Cluster:  # peer.Cluster with no ring to give
+        owner = staticmethod(placement.owner)
+
+        @staticmethod
+        def ring():
+            return None
+
+    owners = EntryOwners.of(files, Cluster, node)
+    assert owners.stats() == {"by": "none", "own": 0}
+    table = owners.give_to(door.front_door)
+    mine = {key for key in files if placement.owner(key) == node}
+    assert [table[door.row(key)] < 0 for key in files] == [key in mine for key in files]
+    assert owners.stats() == {"by": "table", "own": len(mine)}
+    assert {key for key in files if not owners.remote(door.row(key))} == mine
