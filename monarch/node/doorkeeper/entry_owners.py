@@ -5,8 +5,9 @@ Where the placement is a ring (``Placement``, no node lost yet) the door is give
 finds an entry's owner itself: one pass of C over the index's keys keeps a bit an entry (this
 node's or not), and another node's file is looked up on the ring when it is fetched. Only where
 there is no such ring (no placement, a node lost before the lane starts, a snapshot whose files
-are not an index's) does Python compute the owner of every entry: a table of 2 bytes an entry, one call of
-``owner`` each (at 2 million files 4 MB and seconds of a core; at 100 million, 200 MB and minutes).
+are not an index's) does Python compute the owner of every entry: a table of 2 bytes an entry,
+one call of ``owner`` each (at 2 million files 4 MB and seconds of a core; at 100 million, 200 MB
+and minutes).
 """
 
 from __future__ import annotations
