@@ -19,10 +19,10 @@ from monarch.node.doorkeeper.door_link import DoorKeeper
 from monarch.node.doorkeeper.peer_door_link import PeerDoorLink, owners_by_entry
 from monarch.node.notices import JobNotices
 from monarch.node.peer.cluster_role import ClusterRole
+from monarch.node.snapshot.key_order import in_order, spread_over
 from monarch.node.stage.current import Current
 from monarch.node.stage.read_ahead_modes import Lanes, Order, Where, decide
 from monarch.node.tiers import shared_tier
-from monarch.node.tiers.codecs import spread
 from monarch.node.tiers.tiers import Tier
 
 log = logging.getLogger(__name__)
@@ -148,26 +148,27 @@ class ReadAhead:
         self._open_door()  # the index is written and the gate ready (the server opens it too, a moment later)
         sample = self._sample_for_codecs if lanes.codec_sample else None
         gate = self._current.gate
-        if not keeper.read_ahead(self._current.snapshot.files, self._current.stager, sample, lambda: gate.closing,
+        files = self._current.snapshot.files
+        if not keeper.read_ahead(files, self._current.stager, sample, lambda: gate.closing,
                                  self._absorb, iter if lanes.stager is Order.ALL else self._role.read_ahead_order):
             return False
         if lanes.stager is not Order.ALL:
-            self._role.keep_replicas(self._current.stager, lambda: sorted(self._current.snapshot.files))
+            self._role.keep_replicas(self._current.stager, lambda: in_order(files))
         return True
 
     def _in_stager(self, lanes: Lanes) -> None:
         """The stager reads ahead alone: every file (a cluster node's own first, or only), then
         the second copies (peer.replicas: 2)."""
-        keys = sorted(self._current.snapshot.files)
+        keys = in_order(self._current.snapshot.files)
         if lanes.codec_sample:
-            self._sample_for_codecs(keys)
+            self._sample_for_codecs()
         if lanes.stager is Order.ALL:
             self._current.stager.read_ahead(keys)
         else:
             self._current.stager.read_ahead(self._role.read_ahead_order(keys))
             self._role.keep_replicas(self._current.stager, lambda: keys)
 
-    def _sample_for_codecs(self, keys: list[str]) -> None:
+    def _sample_for_codecs(self) -> None:
         """Compressing tiers choose their level on files spread over this node's share of the
         dataset, staged ahead of the rest of the read-ahead: the walk's first files are one
         directory's, which may compress unlike the others (docs/compression.md)."""
@@ -177,7 +178,8 @@ class ReadAhead:
         stager, files = self._current.stager, self._current.snapshot.files
         busy = stager.busy_keys()
         owns = self._role.owns if self._role is not None else (lambda key: True)
-        sample = spread([k for k in keys if owns(k) and k not in busy and files[k].size > 0], codecs[0].sample_files)
+        sample = spread_over(files, codecs[0].sample_files,
+                             lambda k: owns(k) and k not in busy and files[k].size > 0)
         for codec in codecs:
             codec.sample_from(sample)
         stager.read_ahead_first(sample)

@@ -41,7 +41,8 @@ process launched from here (wall: its launch to its exit):
                   the read-ahead samples the dataset to choose its level, so the daemon describes
                   every file the walk listed first (a stat each, 8 at once); READER, after its
                   passes, waits until the index the shim maps has no file left undescribed (at most
-                  ``--timeout``) before it reads the daemon's peak. Under the table: the peak and
+                  ``--timeout``), then AHEAD_S (20 s) more, the read-ahead under way over every file,
+                  before it reads the daemon's peak. Under the table: the peak and
                   the index per file with every file described, where the index's bytes go.
   manifest job    ``dataset: {roots: [MNT], manifest: FILE}``, a run base and tiers of its own,
                   ``keep: false``: the snapshot read from ``monarch index``'s file.
@@ -117,6 +118,7 @@ JOBS = ("first", "later", "ahead", "described", "manifest", "list")
 NEEDS = {"later": "first", "manifest": "index", "list": "list-index"}  # a row -> the row it reads what it made
 METADATA = ("lookups", "readdirs", "opendirs", "statfs", "accesses")  # the emulator's metadata calls
 SETTLE_S = 3 * FLUSH_INTERVAL_S  # the emulator flushes its counters every FLUSH_INTERVAL_S
+AHEAD_S = 20  # the described row: READER reads the daemon's peak this long after the last file is described
 
 # READER: under `monarch run` (a job) and alone (direct). Its argv: MNT COUNTERS FILES PER_DIR
 # LOW HIGH TREE_SEED SAMPLE PICK_SEED WAIT_DESCRIBED_S. Prints one RESULT line; exits 1 if a byte
@@ -175,6 +177,7 @@ if wait_described and index:  # the daemon's pass that describes every file: unt
                 break
             time.sleep(2)
     out["undescribed"], out["described_after"] = left, time.perf_counter() - t0
+    time.sleep(%(ahead)d)  # the read-ahead, which starts once every file is described, under way
 if sock:
     try:
         with open(os.path.join(os.path.dirname(sock), layout.PID_FILE)) as f:
@@ -191,7 +194,7 @@ if out["index_bytes"]:
         out["index_header"] = f.read(protocol.INDEX_HEADER.size).hex()
 print("RESULT " + json.dumps(out), flush=True)
 sys.exit(1 if wrong else 0)
-''' % {"settle": SETTLE_S}
+''' % {"settle": SETTLE_S, "ahead": AHEAD_S}
 
 
 # --------------------------------------------------------------------------- the emulator's counters

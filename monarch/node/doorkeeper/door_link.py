@@ -22,6 +22,7 @@ from monarch.frontdoor import EV_AHEAD, EV_STAGED, FrontDoor
 from monarch.node.stage.current import Current
 from monarch.node.snapshot.index_writer import route_tables
 from monarch.node.snapshot.indextable import IndexTable, LargerDescribed, larger_than
+from monarch.node.snapshot.key_order import in_order
 from monarch.node.outcomes import Outcome
 from monarch.node.stage.stager import Stager
 from monarch.routes import INLINE_MAX, ROWS, Route
@@ -262,7 +263,7 @@ class DoorKeeper:
         elif self._current.ready and self.link is not None and self.link.may_copy:
             self.front_door.keep_sources()
 
-    def read_ahead(self, files, stager: Stager, sample: Callable[[list[str]], None] | None,
+    def read_ahead(self, files, stager: Stager, sample: Callable[[], None] | None,
                    closing: Callable[[], bool], absorb: Callable[[], None],
                    order: Callable[[Iterable[str]], Iterable[str]] = iter) -> bool:
         """The door's C lane copies the small files of ``files`` (the snapshot's, in their index
@@ -270,7 +271,7 @@ class DoorKeeper:
         file, where the door may copy misses itself (a raw first tier); ``stager`` copies the
         large ones meanwhile and, if the lane ends before its list does (a write by the job, no
         room), every key left, each time in ``order`` (a cluster node's: its own
-        files). ``sample`` (given the sorted keys) stages the compressing tiers' sample first.
+        files). ``sample`` stages the compressing tiers' sample first.
         Asked where the table of modes names the door's lane (``monarch/node/read_ahead.py``).
         Once per door (the walk's thread and a door attached after the walk may both ask):
         True if the lane started now or was asked for before; False if the stager reads ahead
@@ -292,10 +293,8 @@ class DoorKeeper:
         return True
 
     def _after_the_lane(self, files, stager: Stager, sample, closing, absorb, order, found: LargerDescribed) -> None:
-        keys = None
         if sample is not None:
-            keys = sorted(files)
-            sample(keys)
+            sample()
         while self.front_door.read_ahead_state()["running"] and not closing():
             if large := found.new():  # a listed file the lane opened and found past its row: the stager's
                 stager.read_ahead_more(order(large))
@@ -317,7 +316,7 @@ class DoorKeeper:
                 # would be described, a stat on the PFS each, to learn it does not fit)
                 stager.read_ahead(order(files.key(n) for n in sorted(n for n, _ in files.described_sizes())))
             else:
-                stager.read_ahead(order(keys if keys is not None else iter(files)))  # no list of a million keys
+                stager.read_ahead(order(in_order(files)))  # no list of a million keys
         # else every small file was copied, is being copied, or is the stager's (a claim, a
         # failed copy left to its asker): the large ones are the stager's already
 

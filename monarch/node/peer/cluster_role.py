@@ -336,9 +336,9 @@ class ClusterRole:
         self.cluster.start(self.provide, SHARDED_SERVE_THREADS if self.sharded() else SERVE_THREADS,
                            provide_range=self.provide_range)
 
-    def read_ahead_order(self, keys: list[str]) -> Iterator[str]:
+    def read_ahead_order(self, keys: Iterable[str]) -> Iterator[str]:
         """This node's own files (from the PFS) first, then, replicating, the others' (from
-        their owners)."""
+        their owners): ``keys`` iterated again for the others."""
         others = () if self.sharded() else (k for k in keys if not self.owns(k))
         return itertools.chain((k for k in keys if self.owns(k)), others)
 

@@ -6,6 +6,8 @@
 - ``walker`` (``walker.c``, ``index_fill.c``): the walk in C, writing the index with no Python object
   per file, in listing mode (names and types, no stat per file) or describing every file
 - ``indextable``: the snapshot's files read from its index in place (``IndexTable``)
+- ``key_order``: its keys in the read-ahead's order and a sample spread over them, with no list
+  of millions of keys
 - ``index_file``: the index built in the file the shim will map (copied there by the kernel, or
   walked into it), published by a rename: the node holds it once
 - ``from_list``: a manifest from a list of files the user already has (paths, sizes optional):

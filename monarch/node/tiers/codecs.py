@@ -99,13 +99,6 @@ def _measure(samples: list[bytes], level: int, dict_data: zstandard.ZstdCompress
             "decompress_mbps": raw / max(t2 - t1, 1e-9) / 1e6}
 
 
-def spread(keys: list[str], n: int) -> list[str]:
-    """``n`` of ``keys`` evenly spaced over them (all of them when there are no more than ``n``)."""
-    if len(keys) <= n:
-        return list(keys)
-    return [keys[(2 * i + 1) * len(keys) // (2 * n)] for i in range(n)]
-
-
 def _best_ratio(cands: list[dict]) -> dict:
     """The best ratio, the lower level when ratios are within 2 % (it decodes faster)."""
     best = cands[0]

@@ -158,15 +158,6 @@ def test_named_sample_files_that_never_come_do_not_hold_the_choice_forever():
     assert c.choice.reason != "sampling" and c.choice.sample_files == 1
 
 
-def test_spread_takes_keys_evenly_over_the_dataset():
-    keys = [f"class_{c}/{i:03d}" for c in range(6) for i in range(100)]
-    picked = codecs.spread(keys, 32)
-    assert len(picked) == 32 and len(set(picked)) == 32
-    per_class = [sum(k.startswith(f"class_{c}/") for k in picked) for c in range(6)]
-    assert min(per_class) >= 5 and max(per_class) <= 6, per_class
-    assert codecs.spread(keys[:10], 32) == keys[:10]
-
-
 def test_codec_keeps_incompressible_files_raw_and_counts_both():
     codec = Codec("zstd", sample_files=2)
     assert codec.encode(os.urandom(10_000)) is None
