@@ -63,6 +63,8 @@ In the node daemon (the floor ``node``): this node's part in the cluster.
                                        data path (``dp_staged``, ``dp_forget``)
 ``node/doorkeeper/peer_door_link.py``  ``PeerDoorLink``: the door's peer lanes kept in step with
                                        peer cache's books; the hinted order handed to the door
+``node/doorkeeper/entry_owners.py``    ``EntryOwners``: whose file each index entry is, as the
+                                       door is told it (the placement's ring, else a table)
 =====================================  ======================================================
 
 In the front door (the floor ``frontdoor``): C parts of ``frontdoor/front_door.c``'s one
@@ -70,6 +72,8 @@ translation unit, which call the data path through the addresses Python hands th
 (``front_door_peers``), typed in ``native/datapath.h``.
 
 ===================================  ========================================================
+``frontdoor/door_owners.c``          whose file an entry is: a bit an entry from the placement's
+                                     ring (XXH64, ``native/xxh64.h``), else Python's table
 ``frontdoor/door_peer.c``            the peer lane: a remote open queued by owner, fetched in
                                      batches, published in the peer area or a sealed memfd
                                      (the memfd rule: which remote files the area keeps)

@@ -127,6 +127,11 @@ class Cluster:
         live = [n for n in range(self.nodes) if n not in lost] or [self.node]
         return max(live, key=lambda n: (rendezvous.weight(key, n), -n))
 
+    def ring(self) -> tuple[list[int], list[int]] | None:
+        """The placement's ring (``Placement.ring``), from which ``owner`` answers while no node
+        is lost; None when there is no placement or a node is lost."""
+        return self.placement.ring() if self.placement is not None and not self._lost else None
+
     def range_owner(self, key: str, size: int, r: int) -> int:
         """The node that owns range ``r`` of large file ``key`` (``ranges.py``): its first owner,
         else, once that node is lost, a survivor (only the lost node's ranges move)."""

@@ -173,6 +173,11 @@ class Placement:
         rest.sort(key=lambda n: (-weight(key, n), n))
         yield from rest
 
+    def ring(self) -> tuple[list[int], list[int]]:
+        """The ring's parts while no node is lost: (starts, nodes), part i the hashes from
+        starts[i] (starts[0] 0) to the next start, nodes[i]'s (equal starts: empty parts)."""
+        return list(self._ring.starts), list(self._ring.nodes)
+
     def owner(self, key: str, lost: Collection[int] = ()) -> int:
         """The node that owns ``key`` while the nodes in ``lost`` are gone.
 

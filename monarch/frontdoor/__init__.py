@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+from array import array
 from pathlib import Path
 from typing import NamedTuple
 
@@ -130,6 +131,8 @@ _PROTOTYPES = {
     "front_door_lease": (_i64, [_vp, _i]),
     "front_door_counts": (None, [_vp, ctypes.POINTER(DoorCounts)]),
     "front_door_peers": (_i, [_vp, _vp, _vp, _vp, _vp, ctypes.c_uint32, _i, _i, _i, _i64, _vp, _vp, _vp, _vp]),
+    "front_door_ring": (_i64, [_vp, _vp, ctypes.c_uint64, _vp, _vp, ctypes.c_uint32, ctypes.c_uint64, _i,
+                            ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint32]),
     "front_door_pages": (_i, [_vp, _vp, _vp, _i, _i]),
     "front_door_own_only": (None, [_vp, _i]),
     "front_door_peer_describe": (None, [_vp, _vp, _vp]),
@@ -337,7 +340,7 @@ class FrontDoor:
               peer_slot: int, timeout: float, unit: int = 1, fetch_many: int | None = None,
               flight: tuple[int, int, int] | None = None) -> bool:
         """The peer lane: misses of the files ``owners`` (an ``array('h')`` by index entry, -1:
-        none) gives to another node fetched with the C function ``fetch`` (datapath.c's dp_fetch,
+        this node's; None: the ring given by ``ring``) gives to another node fetched with the C function ``fetch`` (datapath.c's dp_fetch,
         on ``datapath``) into the tier of ``peer_slot``, each paying its size rounded up to
         ``unit`` (the tier's allocation) out of the peer area's lease; the door's own copies
         offered with ``offer`` (dp_staged); ``fetch_many`` (dp_fetch_many) fetches many of one
@@ -347,12 +350,35 @@ class FrontDoor:
         if fetch is None:
             return self._lib.front_door_peers(self._door, None, None, None, None, 0, self_node, peer_slot, 0, 1,
                                               None, None, None, None) == 0
-        address, n = owners.buffer_info()
+        address, n = owners.buffer_info() if owners is not None else (None, 0)
         ok = self._lib.front_door_peers(self._door, fetch, offer, datapath, address, n, self_node, peer_slot,
                                         max(1, int(timeout * 1000)), unit, fetch_many, *(flight or (None,) * 3)) == 0
         if ok:
             self._owners = owners  # the door reads it: kept alive with the door
         return ok
+
+    def ring(self, index, starts: list[int], nodes: list[int], seed: int, self_node: int,
+             entries: int) -> tuple[memoryview, int] | None:
+        """Whose file each of the first ``entries`` entries of ``index`` (the bytes of the index the
+        door answers from, or will once ``open``) is, by the placement's ring (part i: hashes from
+        ``starts[i]`` on, ``nodes[i]``'s; a key's hash XXH64 with ``seed``): the door hashes every
+        key once and keeps a bit an entry, set where it is ``self_node``'s, until the next ``ring``
+        or ``peers`` with a table. Returns (those bits, as 64-bit words by entry - 1, and how many
+        are set), or None: not an index, or a bad ring."""
+        starts_a, nodes_a = array("Q", starts), array("h", nodes)
+        bits = array("Q", bytes(8 * max(1, (entries + 63) // 64)))
+        try:
+            view = (ctypes.c_char * len(index)).from_buffer(index)
+        except (TypeError, ValueError):  # read-only bytes: not the daemon's own index
+            return None
+        own = self._lib.front_door_ring(self._door, ctypes.addressof(view), len(index), starts_a.buffer_info()[0],
+                                        nodes_a.buffer_info()[0], len(starts_a), seed, self_node,
+                                        (ctypes.c_uint64 * len(bits)).from_buffer(bits), entries)
+        del view  # (the door keeps no pointer into ``index``: an mmap may close later)
+        if own < 0:
+            return None
+        self._ring = (starts_a, nodes_a, bits)  # the door reads them: kept alive with the door
+        return memoryview(bits), own
 
     def pages(self, fetch_pages: int | None, datapath: int | None, self_node: int, timeout: float) -> bool:
         """A cluster's: a shim's PAGES (a guarded fault's pages of another owner's block) fetched with

@@ -18,6 +18,7 @@
 #include "door_dirs.h"
 #include "door_copies.h"
 #include "door_sources.h"
+#include "door_owners.h"
 #include "door_peer.h"
 #include "door_copiers.h"
 #include "door_loop.h"

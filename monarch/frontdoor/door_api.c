@@ -279,8 +279,8 @@ EXPORT int front_door_claim(struct door *d, const char *key, int len)
  * one owner's files in one request; ``post``, ``test`` and ``take`` (dp_post, dp_test, dp_take:
  * all or none) keep the read-ahead lane's requests in flight from its one thread (none: it
  * fetches one batch at a time). The door's own copies are offered with ``offer(dp, ...)``
- * (may be NULL). ``owners`` stays the caller's, and is not read once this returns after
- * another call. */
+ * (may be NULL). ``owners`` (NULL: the ring front_door_ring gave) stays the caller's, and is
+ * not read once this returns after another call. */
 EXPORT int front_door_peers(struct door *d, dp_fetch_fn *fetch, dp_staged_fn *offer, struct dp *dp, const int16_t *owners,
                             uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
                             dp_fetch_many_fn *fetch_many, dp_post_fn *post, dp_test_fn *test, dp_take_fn *take)
@@ -296,14 +296,44 @@ EXPORT int front_door_peers(struct door *d, dp_fetch_fn *fetch, dp_staged_fn *of
     d->peer.take = flight ? take : NULL;
     d->peer.offer = fetch ? offer : NULL;
     d->peer.dp = dp;
-    d->peer.owners = fetch ? owners : NULL;
-    d->peer.nowners = fetch ? nowners : 0;
+    if (!fetch)
+        d->peer.owners = (struct entry_owners){.self = self_node};
+    else if (owners)
+        d->peer.owners = (struct entry_owners){.table = owners, .n = nowners, .self = self_node};
+    /* (else whose file is whose stays front_door_ring's) */
     d->peer.self_node = self_node;
     d->peer.slot = peer_slot;
     d->peer.timeout_ms = timeout_ms;
     d->peer.unit = unit > 0 ? unit : 1;
     pthread_mutex_unlock(&d->mu);
     return 0;
+}
+
+/* Whose file each of index entries 1..``n`` is, from the placement's ring: ``parts`` parts,
+ * part i the hashes from ``starts[i]`` (``starts[0]`` 0, never decreasing) to the next start, owned
+ * by ``nodes[i]``; a key's hash is XXH64 of its bytes with ``seed``. ``bits`` (a bit an entry,
+ * (n + 63) / 64 words) is filled here from the keys of ``index`` (``len`` bytes: the index the door
+ * answers from, or will once it opens: the lane may start first), set where the entry is
+ * ``self_node``'s. ``starts``, ``nodes`` and ``bits`` stay the caller's, read until the next call
+ * here or to front_door_peers with owners. ``n`` at most the index's files. This node's entries,
+ * or -1 (a bad ring or index). */
+EXPORT int64_t front_door_ring(struct door *d, const unsigned char *index, uint64_t len, const uint64_t *starts,
+                               const int16_t *nodes, uint32_t parts, uint64_t seed, int self_node, uint64_t *bits,
+                               uint32_t n)
+{
+    if (!index || !index_valid(index, (size_t)len) || !starts || !nodes || !bits || parts == 0 || starts[0] != 0 ||
+        n > index_header(index).files)
+        return -1;
+    for (uint32_t i = 1; i < parts; i++)
+        if (starts[i] < starts[i - 1])
+            return -1;
+    struct entry_owners o = {.mine = bits, .starts = starts, .nodes = nodes, .parts = parts, .seed = seed,
+                             .n = n, .self = self_node};
+    ring_bits(index, &o, bits);        /* (a pass over the index's keys, outside the lock) */
+    pthread_mutex_lock(&d->mu);
+    d->peer.owners = o;
+    pthread_mutex_unlock(&d->mu);
+    return entries_mine(&o, n);
 }
 
 /* -- the peer lane's memfd rule (door_peer.c) ------------------------------------------- */
@@ -425,7 +455,7 @@ EXPORT int front_door_evict(struct door *d, const char *key, int len, int64_t gr
     while ((e = find(d, key, (uint32_t)len, hash)) && e->state == K_BUSY)
         pthread_cond_wait(&d->cv, &d->mu);
     int evict = !(e && e->state == K_STAGED && e->answered &&
-                  (int64_t)(uint32_t)(door_ms(d) - e->answered) * 1000000 < grace_ns);
+                  (int64_t)answered_ago_ms(e, door_ms(d)) * 1000000 < grace_ns);
     if (e && evict)
         e->state = K_PYTHON;
     pthread_mutex_unlock(&d->mu);

@@ -98,11 +98,11 @@ static int describe_listed(struct worker *w, const char *key, uint32_t len, uint
 static struct owner_ask owner_ask_locked(const struct door *d, uint32_t n)
 {
     struct owner_ask a = {.owner = -1};
-    if (n && d->peer.own_only && !own_file_locked(d, n) && d->peer.owners && n <= d->peer.nowners)
-        a.owner = d->peer.owners[n - 1];
+    if (n && d->peer.own_only && !own_file_locked(d, n))
+        a.owner = entry_owner(d, &d->peer.owners, n);
     a.describe = a.owner >= 0 ? d->peer.describe : NULL;
     a.dp = d->peer.dp, a.timeout_ms = d->peer.timeout_ms;
-    a.owners = d->peer.owners, a.nowners = d->peer.nowners;
+    a.owners = d->peer.owners;
     return a;
 }
 
@@ -150,10 +150,10 @@ static int describe_from_owner(struct worker *w, const struct owner_ask *ask, co
     const char *keys[DESCRIBE_AHEAD] = {key};
     int lens[DESCRIBE_AHEAD] = {(int)len}, count = 1;
     char *more = malloc((size_t)(DESCRIBE_AHEAD - 1) * INDEX_KEY_MAX);
-    for (uint32_t m = n + 1; more && count < DESCRIBE_AHEAD && m <= ask->nowners && m <= n + 4 * DESCRIBE_AHEAD; m++) {
+    for (uint32_t m = n + 1; more && count < DESCRIBE_AHEAD && m <= ask->owners.n && m <= n + 4 * DESCRIBE_AHEAD; m++) {
         char *k = more + (size_t)(count - 1) * INDEX_KEY_MAX;
         uint32_t kl;
-        if (ask->owners[m - 1] == ask->owner && index_listed_number(d, m) && (kl = index_key(d, m, k)) != 0) {
+        if (index_listed_number(d, m) && entry_owner(d, &ask->owners, m) == ask->owner && (kl = index_key(d, m, k)) != 0) {
             nums[count] = m, keys[count] = k, lens[count] = (int)kl;
             count++;
         }
@@ -356,7 +356,7 @@ static int copy_and_publish(struct worker *w, const char *key, uint32_t len, uin
     }
     struct waiter *ready = d->answers.parked ? unpark_locked(d, key, len, hash) : NULL;
     if (ready && published >= 0)
-        e->answered = door_ms(d);
+        mark_answered(e, door_ms(d));
     if (kind == EV_AHEAD && --d->ahead.busy == 0 && !d->ahead.on)
         wake_python_locked(d);         /* its books see the lane's last copies, and that it ended */
     d->busy--;

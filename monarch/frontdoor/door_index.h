@@ -29,6 +29,7 @@ static int index_file(const struct door *d, const char *key, uint32_t len, struc
 static int index_is_key(const struct door *d, uint32_t n, const char *key, uint32_t len, uint32_t hash);
 static uint32_t index_key(const struct door *d, uint32_t n, char *key);  /* its length; 0: no such key */
 static int index_valid(const unsigned char *x, size_t n);  /* a mapping's tables lie inside it */
+static struct monarch_index_header index_header(const unsigned char *x);  /* a valid one's */
 /* file ``n``'s directory: its number in *m, and its stat, or NULL if the index describes none */
 static const unsigned char *index_dir_stat(const struct door *d, uint32_t n, uint32_t *m);
 /* directory ``j`` (from 0, of index_dirs): its key and its first file, or NULL if it holds none */

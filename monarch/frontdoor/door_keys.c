@@ -81,8 +81,8 @@ static int make_dense(struct door *d)
 }
 
 /* Room in the table for ``keys`` keys, at most half its slots full: 0, or -1 if it could not be
- * made. Where the table would take more room than a record at every entry of the index (8 bytes
- * against 16 a slot), the index's keys go there instead. */
+ * made. Where the table would take more room than a record at every entry of the index (4 bytes
+ * against 12 a slot), the index's keys go there instead. */
 static int table_room(struct door *d, size_t keys)
 {
     if (2 * keys <= d->keys.cap)

@@ -54,7 +54,7 @@ again:
     if (e && e->state == K_STAGED) {
         int slot = e->slot;
         const char *tier = d->tiers[slot];
-        e->answered = door_ms(d);
+        mark_answered(e, door_ms(d));
         int pl = snprintf(dest, sizeof dest, "%s/%.*s", tier, (int)len, key);
         int keep = pl < (int)sizeof dest && keep_locked(d, asks_keep(req));
         pthread_mutex_unlock(&d->mu);

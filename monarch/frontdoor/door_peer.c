@@ -10,10 +10,10 @@ static int64_t peer_room(const struct door *d, uint64_t size)   /* sizes.allocat
 }
 
 /* May the door copy index entry ``entry`` from the PFS? Alone on a node, any; on a sharded
- * node only its own (``owners``: -1), and none before the owners are known. Under the lock. */
+ * node only its own, and none before the owners are known. Under the lock. */
 static int own_file_locked(const struct door *d, uint32_t entry)
 {
-    return !d->peer.own_only || (d->peer.owners && entry > 0 && entry <= d->peer.nowners && d->peer.owners[entry - 1] < 0);
+    return !d->peer.own_only || entry_is_mine(&d->peer.owners, entry);
 }
 
 /* How many of index entries 1 to ``n`` the door may copy: all alone on a node; on a sharded node
@@ -21,12 +21,9 @@ static int own_file_locked(const struct door *d, uint32_t entry)
  * lock. */
 static uint32_t own_files_locked(const struct door *d, uint32_t n)
 {
-    if (!d->peer.own_only || !d->peer.owners)
+    if (!d->peer.own_only || !(d->peer.owners.table || d->peer.owners.mine))
         return n;
-    uint32_t own = 0;
-    for (uint32_t e = 1; e <= n; e++)
-        own += own_file_locked(d, e);
-    return own;
+    return entries_mine(&d->peer.owners, n);
 }
 
 /* The owner of the file ``f`` if the peer lane fetches it (another node's, small), else -1.
@@ -37,9 +34,9 @@ static uint32_t own_files_locked(const struct door *d, uint32_t n)
 static int peer_owner_locked(const struct door *d, const struct idx_file *f)
 {
     if (!d->peer.fetch || !d->peer.allowed || d->never_copy || !S_ISREG(f->mode) ||
-        !monarch_route_fits(MONARCH_ROUTE_PEER_LANE, f->size) || f->entry == 0 || f->entry > d->peer.nowners)
+        !monarch_route_fits(MONARCH_ROUTE_PEER_LANE, f->size))
         return -1;
-    int owner = d->peer.owners[f->entry - 1];
+    int owner = entry_owner(d, &d->peer.owners, f->entry);
     return owner >= 0 && owner != d->peer.self_node ? owner : -1;
 }
 
@@ -388,7 +385,7 @@ static void remote_done(struct door *d, struct waiter *q, int out, int pooled, i
         e->state = K_STAGED;
         e->slot = (uint8_t)d->peer.slot;
         e->ring = 0;
-        e->answered = door_ms(d);
+        mark_answered(e, door_ms(d));
         d->peer.fetches++;
         post_event_locked(d, Q_PEER, EV_STAGED, (uint32_t)d->peer.slot, key, q->len, f->entry, f->size, 0, ns);
     } else if (ok) {

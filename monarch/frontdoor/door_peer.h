@@ -44,8 +44,7 @@ struct door_peer {
     struct dp *dp;
     /* whose file is whose */
     int own_only;                      /* a sharded node: copy only the files ``owners`` gives to no other */
-    const int16_t *owners;             /* by index entry - 1: the owning node, -1 none (Python's array) */
-    uint32_t nowners;
+    struct entry_owners owners;        /* Python's table or the placement's ring (door_owners.h) */
     int self_node, slot, timeout_ms, allowed;
     int64_t unit;                      /* the area's allocation unit: a fetch pays its size rounded up to it */
     /* the opens of one owner, gathered */
@@ -64,8 +63,7 @@ struct owner_ask {                     /* whom a listed file's stat is asked of 
     int owner, timeout_ms;
     dp_describe_fn *describe;
     struct dp *dp;
-    const int16_t *owners;             /* the door's owner table (its neighbours of that owner asked too) */
-    uint32_t nowners;
+    struct entry_owners owners;        /* the door's (its neighbours of that owner asked too) */
 };
 
 struct door;

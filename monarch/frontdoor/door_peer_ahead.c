@@ -166,7 +166,7 @@ static int ring_room_locked(struct door *d, struct peer_ahead *pa, int64_t need)
             ring_forget(d, pa, &c);
             continue;
         }
-        if (e->answered && (uint32_t)(now - e->answered) < PA_GRACE_MS) {
+        if (e->answered && answered_ago_ms(e, now) < PA_GRACE_MS) {
             pa->ring[kept++] = c;      /* the door just named it to a reader */
             continue;
         }

@@ -166,7 +166,7 @@ static void pa_publish(struct door *d, struct peer_ahead *pa, struct pa_file *fi
         for (struct waiter *q = ready; q; q = q->next)
             pa->waited++;
         if (ok && ready && (p->gen != pa->gen || p->pos < pa->done))
-            e->answered = door_ms(d);
+            mark_answered(e, door_ms(d));
         d->busy--;
         pthread_cond_broadcast(&d->cv);
         pthread_mutex_unlock(&d->mu);

@@ -95,6 +95,7 @@
 
 #include "../wire/monarch_wire.h" /* frames, index layout, limits: one definition (tests/unit/test_wire.py) */
 #include "../native/monarch_native.h" /* EXPORT, the clock, CRC-32, the index look-up: shared */
+#include "../native/xxh64.h"         /* the ring hash of the placement (an entry's owner) */
 #include "../native/poll_pace.h"     /* the looks at a fetch's answer (as the data path's own) */
 #include "front_door.h"                /* events, reasons, the event record, what Python calls: the contract */
 
@@ -160,6 +161,7 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long ns)
 #include "door_dirs.c"
 #include "door_copies.c"
 #include "door_sources.c"
+#include "door_owners.c"
 #include "door_peer.c"
 #include "door_peer_ahead.c"
 #include "door_peer_lane.c"

@@ -171,6 +171,9 @@ EXPORT int64_t front_door_lease(struct door *d, int q);
 EXPORT int front_door_peers(struct door *d, dp_fetch_fn *fetch, dp_staged_fn *offer, struct dp *dp, const int16_t *owners,
                             uint32_t nowners, int self_node, int peer_slot, int timeout_ms, int64_t unit,
                             dp_fetch_many_fn *fetch_many, dp_post_fn *post, dp_test_fn *test, dp_take_fn *take);
+EXPORT int64_t front_door_ring(struct door *d, const unsigned char *index, uint64_t len, const uint64_t *starts,
+                               const int16_t *nodes, uint32_t parts, uint64_t seed, int self_node, uint64_t *bits,
+                               uint32_t n);
 /* a cluster's: a shim's PAGES (a guarded fault's pages of another owner's block) fetched with
  * ``fetch_pages`` (the data path's dp_fetch_pages, on ``dp``) from the owner it names; NULL: refused */
 EXPORT int front_door_pages(struct door *d, dp_fetch_pages_fn *fetch_pages, struct dp *dp, int self_node,

@@ -16,7 +16,8 @@ import threading
 from typing import Callable
 
 from monarch.node.doorkeeper.door_link import DoorKeeper
-from monarch.node.doorkeeper.peer_door_link import PeerDoorLink, owners_by_entry
+from monarch.node.doorkeeper.entry_owners import EntryOwners
+from monarch.node.doorkeeper.peer_door_link import PeerDoorLink
 from monarch.node.notices import JobNotices
 from monarch.node.peer.cluster_role import ClusterRole
 from monarch.node.snapshot.key_order import in_order, spread_over
@@ -120,7 +121,7 @@ class ReadAhead:
 
         def link() -> None:
             try:
-                dp, owners = role.cluster.datapath, owners_by_entry(snap.files, role.cluster.owner, role.node)
+                dp, owners = role.cluster.datapath, EntryOwners.of(snap.files, role.cluster, role.node)
                 keeper.use_peer_link(lane := PeerDoorLink(keeper.front_door, role.peer_cache, dp, owners, role.node,
                                                           role.cluster.heartbeat_timeout, snap.files,
                                                           self._counters_path),

@@ -96,6 +96,9 @@ def test_node_0_lists_the_dataset_and_each_file_is_opened_once_on_the_pfs(layout
     assert all(row["owned_estimated"] for row in rows)
     # placed by count: each node owns about a third of the files, and stages what it owns
     assert all(abs(row["owned_files"] - TREE.files / NODES) < 0.1 * TREE.files for row in rows), rows
+    if layout == "shard":  # each door found its own files on the ring itself (no table of every file's owner):
+        owners = [n["front_door"]["peer_owners"] for n in rep["nodes"]]  # together, every file once
+        assert all(o["by"] == "ring" for o in owners) and sum(o["own"] for o in owners) == TREE.files, owners
 
 
 def undescribed(cluster: DaemonCluster, k: int) -> int:

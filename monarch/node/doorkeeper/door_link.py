@@ -348,6 +348,7 @@ class DoorKeeper:
         counts["in_flight"] = self.front_door.inflight()
         if self.peer_link is not None:  # the hinted orders' other nodes' files, fetched ahead
             counts["peer_ahead"] = self.peer_link.ahead_stats()
+            counts["peer_owners"] = self.peer_link.owners.stats()
         return counts
 
     def stop(self) -> None:

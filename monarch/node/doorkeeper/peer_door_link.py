@@ -32,8 +32,8 @@ came while the read-ahead fetched their file (answered once it was there: not lo
 reader's progress requests are answered by the door itself; the stager's share of them is
 taken here when Python drains the door (``told``).
 
-The door knows who owns a file from an array by index entry (the snapshot's order of files),
-computed once here. After a node is lost its files have new owners the array does not know:
+The door knows who owns a file from the placement's ring, or else from a table by index entry
+(``entry_owners.py``), given once here. After a node is lost its files have new owners neither knows:
 the door's fetches from the lost node end at once (the data path knows it is lost) and
 those opens are handed over to Python, which asks the new owner.
 """
@@ -50,6 +50,7 @@ from monarch import protocol
 from monarch.cluster.datapath import DataPath
 from monarch.frontdoor import EV_STAGED, EV_TRANSIENT, PEER_BOOKS, FrontDoor
 from monarch.node.doorkeeper.door_link import LEASE_MAX, LEASE_SHARE
+from monarch.node.doorkeeper.entry_owners import EntryOwners
 from monarch.node.snapshot.index_writer import positions
 from monarch.node.peer.peer_cache import GRACE, PeerCache
 from monarch.node.stage.stager_books import StagerListener
@@ -57,7 +58,6 @@ from monarch.node.tiers.tiers import Tier
 
 log = logging.getLogger(__name__)
 
-OWNER_NONE = -1
 LEASE_MIN = 64 << 10  # room lent to the door at a time, at least (a few small files)
 # the GRACE of a copy answered while a hinted order steers: its reader opens it at once, and the
 # read-ahead needs the room back within an epoch (a copy gone first is read from the PFS: fail open)
@@ -70,19 +70,7 @@ WINDOW_SHARE = 0.8
 SIZE_SAMPLES = 64
 
 
-def owners_by_entry(files, owner: Callable[[str], int], node: int) -> array:
-    """The owner of each of ``files`` (a snapshot's) at its entry in the index (index_writer's
-    positions); OWNER_NONE for this node's own."""
-    position = positions(files)
-    out = array("h", [OWNER_NONE]) * len(files)
-    for key in files:
-        who = owner(key)
-        if who != node:
-            out[position(key)] = who
-    return out
-
-
-def extend_order(order: array, keys, position: Callable[[str], int | None], owners: array,
+def extend_order(order: array, keys, position: Callable[[str], int | None], remote_at: Callable[[int], bool],
                  size_of: Callable[[str], int], samples: int = SIZE_SAMPLES) -> tuple[int, int]:
     """``keys``' index entries (from 1) appended to ``order``; returns how many of them are other
     nodes' files and their bytes, estimated from the sizes (``size_of``) of at most about ``samples``
@@ -94,7 +82,7 @@ def extend_order(order: array, keys, position: Callable[[str], int | None], owne
         at = position(key)
         if at is not None:
             order.append(at + 1)
-            if owners[at] >= 0:
+            if remote_at(at):
                 remote += 1
                 if (remote - 1) % every == 0:  # the first, then every ``every``-th
                     sampled += 1
@@ -106,13 +94,13 @@ class PeerDoorLink(StagerListener):
     """``front_door``'s peer lane kept with ``cache``'s books, fetching through ``datapath`` (the C
     peer data path: its functions are called by the door)."""
 
-    def __init__(self, front_door: FrontDoor, cache: PeerCache, datapath: DataPath, owners: array, node: int,
+    def __init__(self, front_door: FrontDoor, cache: PeerCache, datapath: DataPath, owners: EntryOwners, node: int,
                  timeout: float, files=None, counters_path: str | None = None):
         """``files``: the snapshot's, for the hinted orders (None: hints steer no fetch);
         ``counters_path``: the shim's counters, whose opens in the peer slot measure which
         fetches the area keeps (None: every one while it has room)."""
         self.front_door = front_door
-        self._owners = owners
+        self.owners = owners
         self._position = positions(files) if files is not None else None
         self._files = files
         self._order = array("I")        # the hinted order's index entries (the last stream's)
@@ -130,7 +118,8 @@ class PeerDoorLink(StagerListener):
             books.subscribe_locked(self)
             for key in books.flights:  # fetches under way are the cache's
                 front_door.claim(key)
-        if not front_door.peers(*datapath.fetch_function(), owners, node, self.area.slot, timeout, self.area.unit,
+        if not front_door.peers(*datapath.fetch_function(), owners.give_to(front_door), node, self.area.slot,
+                                timeout, self.area.unit,
                           datapath.fetch_many_function(), datapath.flight_functions()):
             raise OSError("the front door has no peer area to fetch into")
         front_door.peer_describe(*datapath.describe_functions())  # another node's listed file: its owner's stat
@@ -227,7 +216,7 @@ class PeerDoorLink(StagerListener):
                 self._new_epoch()
                 self._order, self._stream, self._remote, self._remote_bytes = array("I"), stream, 0, 0
             files, allocated = self._files, self.area.allocated
-            remote, remote_bytes = extend_order(self._order, keys, self._position, self._owners,
+            remote, remote_bytes = extend_order(self._order, keys, self._position, self.owners.remote,
                                                 lambda key: allocated(files[key].size))
             self._remote += remote
             self._remote_bytes += remote_bytes

@@ -25,7 +25,7 @@ from monarch import frontdoor, protocol
 from monarch.frontdoor import BOOKS, EV_AHEAD, EV_STAGED, PEER_BOOKS
 from monarch.node.tiers.tiers import TMP_PREFIX
 from support.harness import unix_connect as connect
-from support.sharded_door import FETCH, FETCH_MANY, FILES, link_flight, make_sharded_door
+from support.sharded_door import FETCH, FETCH_MANY, FILES, ask_open, handed_over, link_flight, make_sharded_door, wait_lane
 
 pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front door cannot be built here")
 
@@ -34,40 +34,6 @@ pytestmark = pytest.mark.skipif(frontdoor.library() is None, reason="the front d
 def sharded_door(short_tmp):
     """A door over FILES small files, as a sharded node's (support.sharded_door), two workers."""
     yield from make_sharded_door(short_tmp, workers=2)
-
-
-def ask_open(path: str, key: str) -> tuple[int, bytes]:
-    with connect(path) as s:
-        s.sendall(protocol.encode_request(protocol.VERB_OPEN, key.encode()))
-        return protocol.recv_answer(s)
-
-
-def handed_over(d, key: str, timeout: float = 10) -> bool:
-    """Ask for ``key`` on a thread and wait until the door hands the connection to Python."""
-    def ask() -> None:
-        try:
-            ask_open(d.socket, key)
-        except (OSError, EOFError, ValueError):
-            pass  # closed unanswered: as the shim sees it, read the PFS
-    asker = threading.Thread(target=ask, daemon=True)
-    asker.start()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        taken = d.front_door.take()
-        for fd, _ in taken:
-            os.close(fd)  # the asker's shim would read the PFS
-        if taken:
-            asker.join(5)
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def wait_lane(door, timeout: float = 20) -> dict:
-    deadline = time.monotonic() + timeout
-    while (state := door.read_ahead_state())["running"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return state
 
 
 def test_before_the_owners_are_known_the_door_copies_nothing(sharded_door):
@@ -110,15 +76,15 @@ def test_the_door_copies_and_offers_its_own_files_only(sharded_door):
 def test_the_key_table_is_made_for_the_nodes_own_files(short_tmp):
     """A sharded node's lane copies its own files only: the door's key table is made for those
     (half of 3,000 here), not for every file of the list; a table by hash that would take more
-    room than a record (8 bytes) at each entry of the index becomes those records."""
+    room than a record (4 bytes) at each entry of the index becomes those records."""
     for d in make_sharded_door(short_tmp, workers=2, files=3000):
         assert d.link()
         d.front_door.peer_copying(True)
         assert d.front_door.read_ahead(3000, 2)
         entries = len(d.snap.files) + 4  # its files, its 3 directories and their root
-        assert len(d.mine) == 1500 and d.front_door.read_ahead_state()["key_bytes"] == 8 * entries
+        assert len(d.mine) == 1500 and d.front_door.read_ahead_state()["key_bytes"] == 4 * entries
         state = wait_lane(d.front_door, timeout=60)
-        assert state["key_bytes"] == 8 * entries and state["copies"] > 0
+        assert state["key_bytes"] == 4 * entries and state["copies"] > 0
 
 
 def test_the_leases_are_apart(sharded_door):
