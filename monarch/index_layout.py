@@ -114,11 +114,14 @@ def affixes_off(ranges_off: int, dirs: int) -> int:
 
 
 def bucket_count(keyed: int) -> int:
-    """Buckets for ``keyed`` files and directories: the least power of 2, at least 16, not below 3/2 x keyed."""
-    n = 16
-    while 2 * n < 3 * keyed:
-        n *= 2
-    return n
+    """Buckets for ``keyed`` files and directories: 3/2 x keyed rounded up to a multiple of 16 (the
+    tables after them start on 64 bytes, as they did after a power of 2), at least 16."""
+    return max(16, (3 * keyed + 31) // 32 * 16)
+
+
+def first_bucket(h: int, buckets: int) -> int:
+    """The bucket a key of hash ``h`` is looked for first: its place in [0, buckets)."""
+    return h * buckets >> 32
 
 
 def split_key(raw: bytes) -> tuple[bytes, bytes]:
@@ -148,13 +151,12 @@ def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable 
     blksize) of each link record, after the directories."""
     nfiles, ndirs = sum(counts), len(dirs)
     nbuckets = bucket_count(nfiles + ndirs)
-    mask = nbuckets - 1
     buckets = array("I", bytes(4 * nbuckets))
 
     def place(h: int, number: int) -> None:
-        b = h & mask
+        b = first_bucket(h, nbuckets)
         while buckets[b]:
-            b = (b + 1) & mask
+            b = b + 1 if b + 1 < nbuckets else 0
         buckets[b] = number
 
     records = array("I", bytes(INDEX_FILE.size * nfiles))  # (name offset, stat slot) a file
@@ -337,8 +339,8 @@ def check_tables(data) -> None:
      inos_off) = INDEX_HEADER.unpack_from(data)
     if magic != INDEX_MAGIC or version != INDEX_VERSION:
         raise ValueError("not a Monarch index of version %d" % INDEX_VERSION)
-    if not buckets or buckets & (buckets - 1):
-        raise ValueError(f"its buckets ({buckets}) are not a power of two")
+    if not buckets:
+        raise ValueError("its buckets (0) hold no key")
     if files + dirs >= buckets:
         raise ValueError(f"its files and directories ({files + dirs}) are not fewer than its buckets ({buckets})")
     if files + dirs > entries or used > files:
@@ -473,7 +475,7 @@ class Index:
     def number(self, raw: bytes) -> int:
         """Entry number (from 1) of ``raw``, or 0."""
         h = key_hash(raw)
-        b = h & (self.buckets - 1)
+        b = first_bucket(h, self.buckets)
         for _ in range(self.buckets):  # bounded, as the shim's look-up is
             n = struct.unpack_from("<I", self.data, self.buckets_off + 4 * b)[0]
             if not n or n > self.files + self.dirs:
@@ -483,7 +485,7 @@ class Index:
                     return n
             elif self.entry(n)[0] == h and self.key(n) == raw:
                 return n
-            b = (b + 1) & (self.buckets - 1)
+            b = b + 1 if b + 1 < self.buckets else 0
         return 0
 
     def children(self, number: int) -> list[tuple[bytes, int, int, int]]:

@@ -134,7 +134,7 @@ directory) and its bucket; once described, its short stat (8 bytes and 8 a time 
 112-byte stat where it differs from its directory's shape in more than its size, its inode, its
 blocks and its times. In the file in this order:
   header  INDEX_HEADER: u64 magic, u32 version, u32 entries (numbered: the files 1..files, then the
-          directories, then the link records), u32 buckets (a power of 2), u32 reserved
+          directories, then the link records), u32 buckets, u32 reserved
           (INDEX_LISTING: a listing walk made it, no file described; INDEX_INOS_ONE: its inodes
           table is one u64, every file's), u64 offsets of the buckets, of the fixed entries, of
           the key bytes, u64 size of the key bytes, u64 offset and u64 number of the child
@@ -145,9 +145,11 @@ blocks and its times. In the file in this order:
           offset), u32 directories, u32 shorts used (the shorts' words taken: atomic, in the
           mapping), u64 size of the names' middles (the key bytes' first), u64 offsets of the
           directories' file ranges, of the listed sizes (0: none) and of the listed inodes (0: none)
-  buckets u32[buckets]: entry number, or 0 for empty; open addressing, linear probing, starting
-          at ``key_hash(key) & (buckets - 1)``; files and directories are keyed (a root: ``"<k>/"``);
-          buckets: the least power of 2, at least 16, not below 3/2 x (files + directories)
+  buckets u32[buckets]: entry number, or 0 for empty; open addressing, linear probing (after the
+          last bucket the first), starting at ``key_hash(key) * buckets >> 32`` (the hash's place
+          in [0, buckets): any count, no power of 2 to round up to); files and directories are
+          keyed (a root: ``"<k>/"``); buckets: 3/2 x (files + directories) rounded up to a multiple
+          of 16, at least 16
   files   INDEX_FILE each (file n is record n - 1): u32 name offset (in the key bytes), u32 stat (0:
           not described yet; INDEX_DESCRIBING: being described; 1..files: the slot of its stat;
           above: its short stat, at word stat - files - 1 of the shorts).
@@ -495,8 +497,8 @@ def read_opened_from(path: str, names: dict[int, str]) -> dict[str, dict[str, in
 
 # -- snapshot index -------------------------------------------------------------------------
 INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
-INDEX_VERSION = 9  # 6: UNDESCRIBED files; 7: a file's stat once described; 8: names under their directories;
-# 9: a described file's stat in a short word beside its directory's shape
+INDEX_VERSION = 10  # 6: UNDESCRIBED files; 7: a file's stat once described; 8: names under their directories;
+# 9: a described file's stat in a short word beside its directory's shape; 10: buckets 3/2 of the keys (any count)
 INDEX_HEADER = struct.Struct("<QIIIIQQQQQQIIQQQIIQQQQ")
 INDEX_FILE = struct.Struct("<II")
 INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIIIQIIQ")

@@ -132,7 +132,7 @@ static inline int monarch_index_table_in(uint64_t off, uint64_t count, uint64_t 
 static inline int monarch_index_bounded(const struct monarch_index_header *h, uint64_t len, uint64_t stats_room)
 {
     return h->magic == MONARCH_INDEX_MAGIC && h->version == MONARCH_INDEX_VERSION && h->buckets
-           && !(h->buckets & (h->buckets - 1)) && h->files <= h->entries
+           && h->files <= h->entries
            && h->dirs <= h->entries - h->files && (uint64_t)h->files + h->dirs < h->buckets
            && h->stats_used <= h->files && len <= h->size
            && monarch_index_table_in(h->buckets_off, h->buckets, 4, len)
@@ -465,15 +465,22 @@ static inline int monarch_index_undescribed(const unsigned char *x, const struct
     return n && n <= h->files && !monarch_index_read(x, h, n, &e);
 }
 
+/* The first of ``buckets`` buckets a key of hash ``hash`` is looked for in: the hash's place in
+ * [0, buckets), so that any count of buckets serves (protocol.py, "Snapshot index"). */
+static inline uint32_t monarch_index_bucket(uint32_t hash, uint32_t buckets)
+{
+    return (uint32_t)(((uint64_t)hash * buckets) >> 32);
+}
+
 /* The number (from 1) of ``key`` (``hash``: its monarch_crc32) in the index mapped at ``x``
  * whose header is ``h``, or 0. Bounded by the table's size; an empty bucket or a number that is
  * not keyed ends the search (monarch_index_bounded checked the tables' bounds). */
 static inline uint32_t monarch_index_find(const unsigned char *x, const struct monarch_index_header *h,
                                           const char *key, size_t len, uint32_t hash)
 {
-    uint32_t mask = h->buckets - 1;
     size_t p = monarch_key_tail(key, len);
-    for (uint32_t b = hash & mask, probes = 0; probes < h->buckets; b = (b + 1) & mask, probes++) {
+    for (uint32_t b = monarch_index_bucket(hash, h->buckets), probes = 0; probes < h->buckets;
+         b = b + 1 == h->buckets ? 0 : b + 1, probes++) {
         uint32_t n, kl = 0, kh = 0;
         memcpy(&n, x + h->buckets_off + 4ull * b, sizeof n);
         if (!n || n > h->files + h->dirs)

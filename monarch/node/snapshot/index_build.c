@@ -11,11 +11,11 @@ EXPORT void walk_counts(struct walk *w, uint64_t *out)
     out[2] = w->nlinked;
 }
 
-static void place(uint32_t *buckets, uint64_t mask, uint32_t hash, uint32_t number)
+static void place(uint32_t *buckets, uint32_t nbuckets, uint32_t hash, uint32_t number)
 {
-    uint64_t b = hash & mask;
+    uint32_t b = monarch_index_bucket(hash, nbuckets);
     while (buckets[b])
-        b = (b + 1) & mask;
+        b = b + 1 == nbuckets ? 0 : b + 1;
     buckets[b] = number + 1;
 }
 
@@ -30,7 +30,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zer
 {
     if (size != w->size)
         return -1;
-    uint64_t mask = w->nbuckets - 1;
+    uint32_t nbuckets = (uint32_t)w->nbuckets;
     uint32_t *buckets = (uint32_t *)(out + MONARCH_INDEX_HEADER_SIZE);
     struct monarch_index_file *files = (struct monarch_index_file *)(out + w->files_off);
     uint32_t *ranges = (uint32_t *)(out + w->ranges_off);
@@ -134,11 +134,11 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zer
             uint32_t at = files[f].name_off, len = (f + 1 < n ? files[f + 1].name_off : name_off) - at;
             uint32_t h = monarch_crc32_update(monarch_crc32_update(prefix_hash, keys + at, len), keys + a.off + a.prefix,
                                               a.suffix);
-            place(buckets, mask, h ^ 0xFFFFFFFFu, f);
+            place(buckets, nbuckets, h ^ 0xFFFFFFFFu, f);
         }
     }
     for (size_t j = 0; j < w->ndirs; j++)
-        place(buckets, mask, fixed[j].hash, (uint32_t)(w->nfiles + j));
+        place(buckets, nbuckets, fixed[j].hash, (uint32_t)(w->nfiles + j));
     *(struct monarch_index_header *)out = (struct monarch_index_header){  /* sizes_off 0: a size is its stat's */
         .magic = MONARCH_INDEX_MAGIC, .version = MONARCH_INDEX_VERSION, .entries = (uint32_t)w->total,
         .buckets = (uint32_t)w->nbuckets, .reserved = (!w->describe && !w->described ? MONARCH_INDEX_LISTING : 0)

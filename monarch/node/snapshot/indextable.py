@@ -29,7 +29,8 @@ from typing import Callable, Iterator, MutableMapping, Sequence
 
 from monarch import protocol
 from monarch.protocol import DT_LNK, DT_REG
-from monarch.index_layout import AFFIX, affixes_off, check_tables, short_entry, short_words, undescribed_view
+from monarch.index_layout import (AFFIX, affixes_off, check_tables, first_bucket, short_entry, short_words,
+                                  undescribed_view)
 from monarch.records.filetable import FileInfo, Listing
 from monarch.routes import Route
 
@@ -69,7 +70,7 @@ class IndexTable(MutableMapping[str, FileInfo]):
     with ``FileTable``'s extras (``row_of``, ``total_size``). Entry n (from 0) is number n + 1.
     Read in place through views of its tables; the directories' key prefixes and file ranges
     (a few per thousand files) are kept as Python objects for the look-ups."""
-    __slots__ = ("data", "nfiles", "total", "ndirs", "_buckets", "_mask", "_files", "_fixed", "_stats", "_keys",
+    __slots__ = ("data", "nfiles", "total", "ndirs", "_buckets", "_nbuckets", "_files", "_fixed", "_stats", "_keys",
                  "_names_size", "_sizes", "_inos", "_one_ino", "_view", "_recs", "_stat_words", "_shorts", "_starts", "_dir_keys",
                  "_prefixes", "_affixes", "describer")
 
@@ -82,7 +83,7 @@ class IndexTable(MutableMapping[str, FileInfo]):
         self.nfiles = header[_H_FILES]
         self.total = header[2]
         self.ndirs = header[_H_DIRS]
-        self._mask = header[3] - 1
+        self._nbuckets = header[3]
         self._files, self._fixed, self._stats, self._keys = header[_H_FILES_OFF], header[6], header[_H_STATS_OFF], header[7]
         self._names_size, self._sizes, self._inos = header[_H_NAMES], header[_H_SIZES], header[_H_INOS]
         self._one_ino = bool(header[4] & protocol.INDEX_INOS_ONE)  # the inodes table: one u64, every file's
@@ -208,7 +209,8 @@ class IndexTable(MutableMapping[str, FileInfo]):
     def number(self, raw: bytes) -> int:
         """The entry (from 0) keyed ``raw`` (a file's or a directory's), or -1."""
         h = zlib.crc32(raw)
-        b, mask = h & self._mask, self._mask
+        nbuckets = self._nbuckets
+        b = first_bucket(h, nbuckets)
         buckets, recs, view, keys = self._buckets, self._recs, self._view, self._keys
         nfiles, keyed, last = self.nfiles, self.nfiles + self.ndirs, self.nfiles - 1
         cut = raw.rfind(b"/") + 1
@@ -229,7 +231,7 @@ class IndexTable(MutableMapping[str, FileInfo]):
                     return n - 1
             elif self._dir_keys[n - 1 - nfiles] == raw:
                 return n - 1
-            b = (b + 1) & mask
+            b = b + 1 if b + 1 < nbuckets else 0
             probes -= 1
         return -1
 

@@ -132,7 +132,7 @@ _HEADER_FIELDS = ("magic", "version", "entries", "buckets", "reserved", "buckets
 @pytest.mark.parametrize("damage, said", [
     ({"cut": protocol.INDEX_HEADER.size}, "its buckets ("),
     ({"cut": "half"}, "lie past its end"),
-    ({"buckets": 3}, "its buckets (3) are not a power of two"),
+    ({"buckets": 0}, "its buckets (0) hold no key"),
     ({"dirs": 1 << 20}, "are not fewer than its buckets"),
     ({"keys_off": 1 << 40}, "its key bytes ("),
     ({"children_count": 1 << 30}, "its child records ("),
@@ -143,7 +143,7 @@ _HEADER_FIELDS = ("magic", "version", "entries", "buckets", "reserved", "buckets
 def test_a_manifest_whose_tables_the_shim_would_refuse_is_walked_instead_and_the_damage_said(tmp_path, damage, said,
                                                                                            index_at):
     """A manifest (or a kept snapshot) the shim and the front door would refuse to map (a table
-    out of bounds, buckets that are no power of two) is never the job's snapshot: taken, it left
+    out of bounds, no bucket) is never the job's snapshot: taken, it left
     the job with nothing staged and every metadata call the PFS's, or no snapshot at all."""
     roots = tree(tmp_path / "ds", n=4)
     manifest = tmp_path / "ds.index"
