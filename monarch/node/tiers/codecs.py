@@ -32,13 +32,14 @@ frame says how to decode it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import zstandard
 
@@ -203,12 +204,12 @@ class Codec:
         self._offered = 0                          # files offered since sample_from
         self._early: list[str] = []                # stored compressed before the choice (DEFAULT_LEVEL)
         self.choice = Choice()
-        self._cctx = threading.local()
-        self._dctx = threading.local()  # a decompression context per inflate thread (and dictionary)
         self._level = DEFAULT_LEVEL
         self._dict: zstandard.ZstdCompressionDict | None = None
         self._dicts: dict[int, zstandard.ZstdCompressionDict] = {}
         self._generation = 0
+        self._cctxs = self._compressors()  # the level's and dictionary's (replaced with them)
+        self._dctxs: dict[int, Contexts] = {}  # by dictionary id (0: none)
         self.files_compressed = 0
         self.files_raw = 0
         self.logical_in = 0     # bytes offered
@@ -229,9 +230,10 @@ class Codec:
         self._take_sample(data, key)
         if not self.choice.enabled:
             return self._account(len(data), None)
-        generation = self._generation
-        cctx = self._compressor()
-        out = cctx.compress(data)
+        with self._lock:
+            generation, cctxs = self._generation, self._cctxs
+        with cctxs.lent() as cctx:
+            out = cctx.compress(data)
         out = self._account(len(data), out if len(data) >= MIN_RATIO * len(out) else None)
         if out is not None and generation == 0 and key is not None:
             with self._lock:
@@ -248,7 +250,8 @@ class Codec:
 
     def reencode(self, data) -> bytes:
         """``data`` compressed as the tier's files are now (the chosen level and dictionary)."""
-        return self._compressor().compress(data)
+        with self._cctxs.lent() as cctx:
+            return cctx.compress(data)
 
     def recoded(self, saved: int) -> None:
         """A copy was re-encoded, ``saved`` stored bytes smaller."""
@@ -265,12 +268,9 @@ class Codec:
                 self.files_compressed += 1
         return out
 
-    def _compressor(self) -> zstandard.ZstdCompressor:
-        local = self._cctx
-        if getattr(local, "generation", None) != self._generation:
-            local.cctx = zstandard.ZstdCompressor(level=self._level, dict_data=self._dict, write_content_size=True)
-            local.generation = self._generation
-        return local.cctx
+    def _compressors(self) -> Contexts:
+        level, dict_data = self._level, self._dict
+        return Contexts(lambda: zstandard.ZstdCompressor(level=level, dict_data=dict_data, write_content_size=True))
 
     @property
     def sample_files(self) -> int:
@@ -331,6 +331,7 @@ class Codec:
             self._level, self._dict = choice.level, dict_data
             self.choice = choice
             self._generation += 1
+            self._cctxs = self._compressors()
         log.info("compression: level %d%s, sample %d files %d bytes: ratio %.2f, decompression %.0f MB/s, "
                  "compression %.0f MB/s (%s)", choice.level, " with a dictionary" if choice.dictionary else "",
                  choice.sample_files, choice.sample_bytes, choice.ratio, choice.decompress_mbps,
@@ -361,7 +362,8 @@ class Codec:
             frame = os.read(fd, os.fstat(fd).st_size + 1)
         finally:
             os.close(fd)
-        data = self._decompressor(frame, path).decompress(frame, max_output_size=size)
+        with self._decompressors(frame, path).lent() as dctx:
+            data = dctx.decompress(frame, max_output_size=size)
         if len(data) != size:
             raise OSError(f"{path}: decodes to {len(data)} bytes, the snapshot says {size}")
         return data
@@ -371,19 +373,16 @@ class Codec:
         with one write (no Python copy of the decoded bytes)."""
         return sealed_memfd(self.decode(path, size), name)
 
-    def _decompressor(self, frame: bytes, path: str) -> zstandard.ZstdDecompressor:
+    def _decompressors(self, frame: bytes, path: str) -> Contexts:
         dict_id = zstandard.get_frame_parameters(frame).dict_id
-        local = self._dctx
-        dctx = getattr(local, "by_dict", None)
-        if dctx is None:
-            dctx = local.by_dict = {}
-        d = dctx.get(dict_id)
-        if d is None:
-            dict_data = self._dicts.get(dict_id) if dict_id else None
-            if dict_id and dict_data is None:
-                raise OSError(f"{path}: frame needs dictionary {dict_id}, which this tier does not hold")
-            d = dctx[dict_id] = zstandard.ZstdDecompressor(dict_data=dict_data)
-        return d
+        with self._lock:
+            pool = self._dctxs.get(dict_id)
+            if pool is None:
+                dict_data = self._dicts.get(dict_id) if dict_id else None
+                if dict_id and dict_data is None:
+                    raise OSError(f"{path}: frame needs dictionary {dict_id}, which this tier does not hold")
+                pool = self._dctxs[dict_id] = Contexts(lambda: zstandard.ZstdDecompressor(dict_data=dict_data))
+        return pool
 
     def describe(self) -> dict:
         with self._lock:
@@ -391,6 +390,37 @@ class Codec:
             return {"mode": self.mode, "level": c["level"], "dictionary": c["dictionary"], "enabled": c["enabled"],
                     "files_compressed": self.files_compressed, "files_raw": self.files_raw,
                     "selection": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in c.items()}}
+
+
+class Contexts:
+    """zstd contexts lent to whichever thread compresses (or decodes) now and kept for the next
+    one. A context holds ~100 kB of tables: one per thread (a stager's read-ahead runs up to 256)
+    held 25 MB, where only about a core's worth work at once (zstd releases the GIL). At most
+    ``KEEP`` are kept; more are made while more threads are inside zstd at once."""
+
+    KEEP = max(4, 2 * (os.cpu_count() or 1))
+
+    def __init__(self, make: Callable[[], object]):
+        self._make = make
+        self._free: list = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def lent(self) -> Iterator:
+        with self._lock:
+            ctx = self._free.pop() if self._free else None
+        if ctx is None:
+            ctx = self._make()
+        try:
+            yield ctx
+        finally:
+            with self._lock:
+                if len(self._free) < self.KEEP:
+                    self._free.append(ctx)
+
+    def kept(self) -> int:
+        with self._lock:
+            return len(self._free)
 
 
 def sealed_memfd(data, name: str = "monarch") -> int:

@@ -4,6 +4,7 @@ the sealed memfd an open is served from (the decoded files kept for re-opens: te
 import fcntl
 import os
 import random
+import threading
 import time
 
 import pytest
@@ -327,3 +328,43 @@ def test_a_file_read_for_a_trial_compression_always_finds_a_tier(tmp_path):
         f.result(timeout=30)
     s = stager.stats()
     assert s["files"] == t.files > 0 and s["pfs_files_read"] == s["files"]
+
+
+def test_threads_share_a_few_contexts_not_one_each(monkeypatch, tmp_path):
+    """A stager's read-ahead runs up to 256 threads: a zstd context each (~100 kB) was 25 MB of
+    the daemon. 64 threads alive at once, encoding and decoding one after another, make one
+    context of each kind, and every frame decodes to its bytes."""
+    codec = Codec("zstd", sample_files=2)
+    for i in range(2):
+        codec.encode(compressible(10_000, i))
+    assert codec.choice.reason != "sampling" and codec.choice.enabled
+    made = {"c": 0, "d": 0}
+    real_c, real_d = zstandard.ZstdCompressor, zstandard.ZstdDecompressor
+
+    def counted(kind, real):
+        def make(*a, **k):
+            made[kind] += 1
+            return real(*a, **k)
+        return make
+
+    monkeypatch.setattr(zstandard, "ZstdCompressor", counted("c", real_c))
+    monkeypatch.setattr(zstandard, "ZstdDecompressor", counted("d", real_d))
+    turn, done = threading.Lock(), threading.Barrier(64)
+    wrong = []
+
+    def work(i, path):
+        with turn:
+            data = compressible(5_000 + i, i)
+            frame = codec.encode(data)
+            with open(path, "wb") as f:
+                f.write(frame)
+            if codec.decode(str(path), len(data)) != data:
+                wrong.append(i)
+        done.wait(timeout=30)  # every thread alive until all have worked
+
+    threads = [threading.Thread(target=work, args=(i, tmp_path / f"frame-{i}")) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong and made["c"] <= 1 and made["d"] <= 1, made
