@@ -4,6 +4,8 @@ the sealed memfd an open is served from (the decoded files kept for re-opens: te
 import fcntl
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 
@@ -368,3 +370,29 @@ def test_threads_share_a_few_contexts_not_one_each(monkeypatch, tmp_path):
     for t in threads:
         t.join()
     assert not wrong and made["c"] <= 1 and made["d"] <= 1, made
+
+
+DICT_PEAK = r'''
+import json, random, sys
+from monarch.node.tiers import codecs
+def rec(i):
+    r = random.Random(i)
+    return json.dumps([{"id": r.randrange(10**6), "label": r.choice(["cat", "dog", "bird"]),
+                        "caption": " ".join(r.choice(["a", "photo", "of", "small", "red", "on"]) for _ in range(12))}
+                       for _ in range(r.randrange(8, 30))]).encode()
+samples = [rec(i) for i in range(32)]
+hwm = lambda: int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0])
+before = hwm()
+choice, d = codecs.select(samples, "zstd")
+print(hwm() - before, int(d is not None))
+'''
+
+
+def test_a_dictionary_is_trained_with_a_table_the_size_of_its_samples():
+    """The trainer's default table (f 20: 4 MB of counters) raised a daemon's peak by 7-11 MB to
+    train on 16 small files; sized to the samples' bytes it takes well under 4 MB."""
+    grew, _ = map(int, subprocess.run([sys.executable, "-c", DICT_PEAK], capture_output=True, text=True,
+                                      check=True).stdout.split())  # (whether the dictionary is chosen or not)
+    assert grew < 4096, f"selecting a level grew the peak by {grew} kB"
+    assert codecs.fastcover_f([b"x" * 40_000] * 2) == 18 and codecs.fastcover_f([b"x"]) == 12
+    assert codecs.fastcover_f([b"x" * (16 << 20)]) == 20
