@@ -479,16 +479,13 @@ MALLOC_ARENAS = 2  # glibc malloc arenas the daemon's threads share (M_ARENA_MAX
 
 
 def limit_malloc_arenas() -> None:
-    """The daemon's threads (the stager's copies, up to 256, and the door's copiers) share
-    MALLOC_ARENAS of glibc's malloc arenas instead of up to 8 a core: each arena keeps its own
-    freed memory resident, and the stager's threads held ~10 MB so. Their allocations are small
-    and few beside the copies' I/O, so sharing costs no measurable time. A MALLOC_ARENA_MAX in the
-    environment is left to rule; without glibc's mallopt, nothing changes."""
-    if os.environ.get("MALLOC_ARENA_MAX"):
-        return
+    """The daemon's threads (up to 256 stager copies, the door's copiers) share MALLOC_ARENAS of
+    glibc's arenas, not up to 8 a core, each keeping its freed memory resident (~10 MB). The
+    environment's MALLOC_ARENA_MAX rules; without glibc's mallopt nothing changes."""
     import ctypes
     try:
-        ctypes.CDLL(None).mallopt(-8, MALLOC_ARENAS)  # M_ARENA_MAX
+        if not os.environ.get("MALLOC_ARENA_MAX"):
+            ctypes.CDLL(None).mallopt(-8, MALLOC_ARENAS)  # M_ARENA_MAX
     except (OSError, AttributeError):
         pass
 
