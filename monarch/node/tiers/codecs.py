@@ -403,8 +403,8 @@ class Codec:
 
 class Contexts:
     """zstd contexts lent to whichever thread compresses (or decodes) now and kept for the next
-    one. A context holds ~100 kB of tables: one per thread (a stager's read-ahead runs up to 256)
-    held 25 MB, where only about a core's worth work at once (zstd releases the GIL). At most
+    one. A context holds ~100 kB of tables: one per thread would be 25 MB at the 256 threads of a
+    stager's read-ahead, where about a core's worth work at once (zstd releases the GIL). At most
     ``KEEP`` are kept; more are made while more threads are inside zstd at once."""
 
     KEEP = max(4, 2 * (os.cpu_count() or 1))
@@ -426,10 +426,6 @@ class Contexts:
             with self._lock:
                 if len(self._free) < self.KEEP:
                     self._free.append(ctx)
-
-    def kept(self) -> int:
-        with self._lock:
-            return len(self._free)
 
 
 def sealed_memfd(data, name: str = "monarch") -> int:

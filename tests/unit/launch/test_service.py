@@ -43,7 +43,8 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-path = tempfile.mktemp()
+fd, path = tempfile.mkstemp()
+os.close(fd)
 fp = libc.fopen(path.encode(), b"w")
 libc.malloc_info(0, fp)
 libc.fclose(fp)
