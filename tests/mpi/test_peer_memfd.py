@@ -87,7 +87,10 @@ def test_files_read_once_are_answered_as_memfds_in_batches(dataset, short_tmp):
     assert remote > FILES // 3 and opened["pfs"]["opens"] == 0, opened
     assert not door["peer_fetch_failures"]
     # the area holds only the sample the door measures reuse with; every other file was a memfd
-    assert door["peer_fetches"] + door["peer_transient"] == remote, json.dumps(door)
+    # (but an open the door handed to Python while it was not copying, which Python's path
+    # serves: one such in a run of the whole suite on 2 cores)
+    python = door["handed_over_because"].get("not_copying", 0)
+    assert remote - python <= door["peer_fetches"] + door["peer_transient"] <= remote, json.dumps(door)
     assert door["peer_fetches"] <= remote // SAMPLE + 1 and area <= remote // SAMPLE + 2, (area, door["peer_fetches"])
     assert door["peer_area_rule"]["keep_all"] is False and door["peer_area_rule"]["reuse"] < 0.5, door["peer_area_rule"]
     # 8 readers, one owner: their opens went to it gathered, more than one file per request
