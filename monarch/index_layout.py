@@ -113,10 +113,11 @@ def affixes_off(ranges_off: int, dirs: int) -> int:
     return pad8(ranges_off + 4 * (dirs + 1))
 
 
-def bucket_count(keyed: int) -> int:
-    """Buckets for ``keyed`` files and directories: 3/2 x keyed rounded up to a multiple of 16 (the
-    tables after them start on 64 bytes, as they did after a power of 2), at least 16."""
-    return max(16, (3 * keyed + 31) // 32 * 16)
+def bucket_count(dirs: int) -> int:
+    """Buckets for ``dirs`` directories (only they are keyed: a file is found by name in its
+    directory's range): 3/2 x dirs rounded up to a multiple of 16 (the tables after them start on
+    64 bytes), at least 16."""
+    return max(16, (3 * dirs + 31) // 32 * 16)
 
 
 def first_bucket(h: int, buckets: int) -> int:
@@ -150,7 +151,7 @@ def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable 
     ``inos``: arrays of a u64 per file, or None. ``links``: (file number, size .. nlink, blocks,
     blksize) of each link record, after the directories."""
     nfiles, ndirs = sum(counts), len(dirs)
-    nbuckets = bucket_count(nfiles + ndirs)
+    nbuckets = bucket_count(ndirs)
     buckets = array("I", bytes(4 * nbuckets))
 
     def place(h: int, number: int) -> None:
@@ -164,7 +165,6 @@ def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable 
     affixes = []  # each directory's files' names' common (prefix, suffix)
     n = 0
     for (key, *_), count in zip(dirs, counts):
-        seed = zlib.crc32(key if key.endswith(b"/") else key + b"/")
         mine = list(itertools.islice(names, count))
         p, s = name_affixes(mine)
         affixes.append((mine[0][:p], mine[0][len(mine[0]) - s:]) if mine else (b"", b""))
@@ -172,7 +172,6 @@ def pack(dirs: list, counts: list[int], names: Iterable[bytes], stats: Iterable 
             records[2 * n] = len(keys)
             keys += name[p:len(name) - s]  # its middle
             n += 1
-            place(zlib.crc32(name, seed), n)
         ranges.append(n)
     if n != nfiles or next(names, None) is not None:
         raise ValueError(f"the directories hold {nfiles} files, not as many as named")
@@ -341,8 +340,8 @@ def check_tables(data) -> None:
         raise ValueError("not a Monarch index of version %d" % INDEX_VERSION)
     if not buckets:
         raise ValueError("its buckets (0) hold no key")
-    if files + dirs >= buckets:
-        raise ValueError(f"its files and directories ({files + dirs}) are not fewer than its buckets ({buckets})")
+    if dirs >= buckets:
+        raise ValueError(f"its directories ({dirs}) are not fewer than its buckets ({buckets})")
     if files + dirs > entries or used > files:
         raise ValueError(f"its files ({files}), directories ({dirs}) or stats used ({used}) are more than it "
                          f"holds ({entries} entries)")
@@ -473,17 +472,35 @@ class Index:
         return self.data[self.keys_off + off: self.keys_off + off + length]
 
     def number(self, raw: bytes) -> int:
-        """Entry number (from 1) of ``raw``, or 0."""
+        """Entry number (from 1) of ``raw``, or 0: a file's by a binary search of its directory's
+        names (each directory's files lie in the bytewise order of their names), else a directory's
+        by its bucket."""
+        cut = raw.rfind(b"/")
+        if 0 < cut < len(raw) - 1 and raw[cut - 1] != 0x2F:  # "a//b" names no file
+            parent, name = split_key(raw)
+            m = self.dir_number(parent)
+            if m:
+                j = m - self.files - 1
+                lo, hi = struct.unpack_from("<II", self.data, self.ranges_off + 4 * j)
+                lo += 1
+                hi += 1
+                while lo < hi:
+                    n = (lo + hi) // 2
+                    here = self.name(n)
+                    if here == name:
+                        return n
+                    lo, hi = (lo, n) if name < here else (n + 1, hi)
+        return self.dir_number(raw)
+
+    def dir_number(self, raw: bytes) -> int:
+        """Entry number (from 1) of directory ``raw``, or 0."""
         h = key_hash(raw)
         b = first_bucket(h, self.buckets)
         for _ in range(self.buckets):  # bounded, as the shim's look-up is
             n = struct.unpack_from("<I", self.data, self.buckets_off + 4 * b)[0]
-            if not n or n > self.files + self.dirs:
+            if n <= self.files or n > self.files + self.dirs:
                 return 0
-            if n <= self.files:
-                if raw.endswith(b"/" + self.name(n)) and raw == self.key(n):
-                    return n
-            elif self.entry(n)[0] == h and self.key(n) == raw:
+            if self.entry(n)[0] == h and self.key(n) == raw:
                 return n
             b = b + 1 if b + 1 < self.buckets else 0
         return 0

@@ -125,12 +125,12 @@ so counts survive forked workers that leave with ``_exit`` and processes that ar
   descriptors: page faults read at most that),
   then EXTRA_WORDS of named counters (EXTRA_*). Slots: 0 = pfs, 1 = peer area, 2.. = tiers in order.
 
-Snapshot index (written once by the daemon, atomically, mmap'd in the shim; version INDEX_VERSION, 9;
+Snapshot index (written once by the daemon, atomically, mmap'd in the shim; version INDEX_VERSION, 11;
 built and read in Python by monarch/index_layout.py). It appears only when the snapshot is ready
 (walked, kept copies checked): a process that finds it at start maps it at once; one that does not
-asks INDEX at its first need. A file costs its 8-byte record, its name's own bytes (stored once,
+asks INDEX at its first need. A file costs its 8-byte record and its name's own bytes (stored once,
 under its directory; what its directory's names share at their start and end stored once for the
-directory) and its bucket; once described, its short stat (8 bytes and 8 a time of its own), or its
+directory); once described, its short stat (8 bytes and 8 a time of its own), or its
 112-byte stat where it differs from its directory's shape in more than its size, its inode, its
 blocks and its times. In the file in this order:
   header  INDEX_HEADER: u64 magic, u32 version, u32 entries (numbered: the files 1..files, then the
@@ -145,11 +145,13 @@ blocks and its times. In the file in this order:
           offset), u32 directories, u32 shorts used (the shorts' words taken: atomic, in the
           mapping), u64 size of the names' middles (the key bytes' first), u64 offsets of the
           directories' file ranges, of the listed sizes (0: none) and of the listed inodes (0: none)
-  buckets u32[buckets]: entry number, or 0 for empty; open addressing, linear probing (after the
-          last bucket the first), starting at ``key_hash(key) * buckets >> 32`` (the hash's place
-          in [0, buckets): any count, no power of 2 to round up to); files and directories are
-          keyed (a root: ``"<k>/"``); buckets: 3/2 x (files + directories) rounded up to a multiple
-          of 16, at least 16
+  buckets u32[buckets]: a directory's entry number, or 0 for empty; open addressing, linear
+          probing (after the last bucket the first), starting at ``key_hash(key) * buckets >> 32``
+          (the hash's place in [0, buckets): any count, no power of 2 to round up to); only the
+          directories are keyed (a root: ``"<k>/"``): a file is found by a binary search of its
+          directory's files, which lie in the bytewise order of their names (its key up to its last
+          "/" is its directory's; a root's file's, "<k>/"); buckets: 3/2 x directories rounded up
+          to a multiple of 16, at least 16
   files   INDEX_FILE each (file n is record n - 1): u32 name offset (in the key bytes), u32 stat (0:
           not described yet; INDEX_DESCRIBING: being described; 1..files: the slot of its stat;
           above: its short stat, at word stat - files - 1 of the shorts).
@@ -497,8 +499,9 @@ def read_opened_from(path: str, names: dict[int, str]) -> dict[str, dict[str, in
 
 # -- snapshot index -------------------------------------------------------------------------
 INDEX_MAGIC = 0x58444E4948434E4D  # "MNCHINDX"
-INDEX_VERSION = 10  # 6: UNDESCRIBED files; 7: a file's stat once described; 8: names under their directories;
-# 9: a described file's stat in a short word beside its directory's shape; 10: buckets 3/2 of the keys (any count)
+INDEX_VERSION = 11  # 6: UNDESCRIBED files; 7: a file's stat once described; 8: names under their directories;
+# 9: a described file's stat in a short word beside its directory's shape; 10: buckets 3/2 of the keys (any count);
+# 11: only the directories in the buckets (a file found by name in its directory's range)
 INDEX_HEADER = struct.Struct("<QIIIIQQQQQQIIQQQIIQQQQ")
 INDEX_FILE = struct.Struct("<II")
 INDEX_ENTRY = struct.Struct("<IIQQqqqQQIIIIIIQIIQ")

@@ -109,7 +109,7 @@ static int read_described(struct dp *d, const char *key, uint32_t len, char *dst
     struct monarch_index_header h;
     memcpy(&h, d->index, sizeof h);
     struct monarch_index_entry e;
-    uint32_t n = monarch_index_find(d->index, &h, key, len, monarch_crc32(key, len));
+    uint32_t n = monarch_index_find_key(d->index, &h, key, len);
     if (!n || n > h.files)
         return -1;
     if (!monarch_index_read(d->index, &h, n, &e)) {

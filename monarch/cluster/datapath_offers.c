@@ -65,7 +65,7 @@ static uint32_t offer_entry_locked(const struct dp *d, const char *key, uint32_t
 {
     if (!d->offer_slot)
         return 0;
-    uint32_t n = monarch_index_find(d->offer_index, &d->offer_head, key, len, monarch_crc32(key, len));
+    uint32_t n = monarch_index_find_key(d->offer_index, &d->offer_head, key, len);
     return n <= d->offer_head.files ? n : 0;
 }
 

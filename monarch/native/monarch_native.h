@@ -133,7 +133,7 @@ static inline int monarch_index_bounded(const struct monarch_index_header *h, ui
 {
     return h->magic == MONARCH_INDEX_MAGIC && h->version == MONARCH_INDEX_VERSION && h->buckets
            && h->files <= h->entries
-           && h->dirs <= h->entries - h->files && (uint64_t)h->files + h->dirs < h->buckets
+           && h->dirs <= h->entries - h->files && h->dirs < h->buckets
            && h->stats_used <= h->files && len <= h->size
            && monarch_index_table_in(h->buckets_off, h->buckets, 4, len)
            && monarch_index_table_in(h->files_off, h->files, MONARCH_INDEX_FILE_SIZE, len)
@@ -472,29 +472,102 @@ static inline uint32_t monarch_index_bucket(uint32_t hash, uint32_t buckets)
     return (uint32_t)(((uint64_t)hash * buckets) >> 32);
 }
 
-/* The number (from 1) of ``key`` (``hash``: its monarch_crc32) in the index mapped at ``x``
- * whose header is ``h``, or 0. Bounded by the table's size; an empty bucket or a number that is
- * not keyed ends the search (monarch_index_bounded checked the tables' bounds). */
-static inline uint32_t monarch_index_find(const unsigned char *x, const struct monarch_index_header *h,
-                                          const char *key, size_t len, uint32_t hash)
+/* The bytewise order of ``q`` (``ql`` bytes) against ``a`` and ``b`` joined: < 0, 0 or > 0. */
+static inline int monarch_cmp_joined(const char *q, size_t ql, const char *a, size_t al, const char *b, size_t bl)
 {
-    size_t p = monarch_key_tail(key, len);
+    int c = memcmp(q, a, ql < al ? ql : al);
+    if (c || ql <= al)
+        return c ? c : ql < al || bl ? -1 : 0;
+    q += al, ql -= al;
+    c = memcmp(q, b, ql < bl ? ql : bl);
+    return c ? c : ql < bl ? -1 : ql > bl;
+}
+
+/* The number of the file named ``name`` (``len`` bytes) in directory ``m`` (its entry number), or
+ * 0: a binary search of its files, which lie in the bytewise order of their names (so no file
+ * has a bucket). Its directory's prefix and suffix are checked once, its files' middles and the
+ * suffix compared at each step; offsets that are not a middle's end the search. */
+static inline uint32_t monarch_index_find_in(const unsigned char *x, const struct monarch_index_header *h, uint32_t m,
+                                             const char *name, size_t len)
+{
+    uint32_t lo, count;
+    if (m <= h->files || !monarch_index_dir_files(x, h, m - h->files - 1, &lo, &count))
+        return 0;
+    struct monarch_index_affix a;
+    memcpy(&a, x + monarch_index_affixes_off(h) + sizeof a * (m - h->files - 1), sizeof a);
+    const char *keys = (const char *)x + h->keys_off, *suffix = keys + a.off + a.prefix;
+    if ((uint64_t)a.off + a.prefix + a.suffix > h->keys_size || len <= (size_t)a.prefix + a.suffix
+        || memcmp(name, keys + a.off, a.prefix) || memcmp(name + len - a.suffix, suffix, a.suffix))
+        return 0;
+    const char *q = name + a.prefix;
+    size_t ql = len - a.prefix;  /* its middle and the suffix */
+    const unsigned char *recs = x + h->files_off + offsetof(struct monarch_index_file, name_off);
+    for (uint32_t hi = lo + count; lo < hi;) {  /* files lo .. hi - 1 (numbered from 1) */
+        uint32_t n = lo + (hi - lo) / 2, off, end = (uint32_t)h->names_size;
+        memcpy(&off, recs + (uint64_t)MONARCH_INDEX_FILE_SIZE * (n - 1), sizeof off);
+        if (n < h->files)
+            memcpy(&end, recs + (uint64_t)MONARCH_INDEX_FILE_SIZE * n, sizeof end);
+        if (off >= end || end > h->names_size)
+            return 0;
+        int c = monarch_cmp_joined(q, ql, keys + off, end - off, suffix, a.suffix);
+        if (!c)
+            return n;
+        if (c < 0)
+            hi = n;
+        else
+            lo = n + 1;
+    }
+    return 0;
+}
+
+/* The number (from 1) of directory ``key`` (``hash``: its monarch_crc32), or 0: its bucket, then
+ * the next ones. Bounded by the table's size; an empty bucket or a number that is no directory's
+ * ends the search (monarch_index_bounded checked the tables' bounds). */
+static inline uint32_t monarch_index_find_dir(const unsigned char *x, const struct monarch_index_header *h,
+                                              const char *key, size_t len, uint32_t hash)
+{
     for (uint32_t b = monarch_index_bucket(hash, h->buckets), probes = 0; probes < h->buckets;
          b = b + 1 == h->buckets ? 0 : b + 1, probes++) {
         uint32_t n, kl = 0, kh = 0;
         memcpy(&n, x + h->buckets_off + 4ull * b, sizeof n);
-        if (!n || n > h->files + h->dirs)
+        if (n <= h->files || n > h->files + h->dirs)
             return 0;
-        if (n <= h->files) {
-            if (monarch_index_file_is(x, h, n, key, len, p))
-                return n;
-            continue;
-        }
         const char *k = monarch_index_fixed_key(x, h, n, &kl, &kh);
         if (k && kh == hash && kl == len && !memcmp(k, key, len))
             return n;
     }
     return 0;
+}
+
+/* The number (from 1) of file ``key`` in the index mapped at ``x`` whose header is ``h``, or 0:
+ * its directory's key (up to its last "/"; a root's file's, "<k>/"), then its name in that
+ * directory. */
+static inline uint32_t monarch_index_find_file(const unsigned char *x, const struct monarch_index_header *h,
+                                               const char *key, size_t len)
+{
+    size_t p = monarch_key_tail(key, len);
+    if (p < 2 || p == len || key[p - 2] == '/')  /* no name, or "a//b": no file's */
+        return 0;
+    size_t dl = memchr(key, '/', p - 1) ? p - 1 : p;
+    uint32_t m = monarch_index_find_dir(x, h, key, dl, monarch_crc32(key, dl));
+    return m ? monarch_index_find_in(x, h, m, key + p, len - p) : 0;
+}
+
+/* The number (from 1) of ``key`` (``hash``: its monarch_crc32) in the index, or 0: a file's,
+ * else a directory's. */
+static inline uint32_t monarch_index_find(const unsigned char *x, const struct monarch_index_header *h,
+                                          const char *key, size_t len, uint32_t hash)
+{
+    uint32_t n = monarch_index_find_file(x, h, key, len);
+    return n ? n : monarch_index_find_dir(x, h, key, len, hash);
+}
+
+/* monarch_index_find for a caller without the key's hash: made only if no file has the key. */
+static inline uint32_t monarch_index_find_key(const unsigned char *x, const struct monarch_index_header *h,
+                                              const char *key, size_t len)
+{
+    uint32_t n = monarch_index_find_file(x, h, key, len);
+    return n ? n : monarch_index_find_dir(x, h, key, len, monarch_crc32(key, len));
 }
 
 /* -- a file's stat, written when it is described (the daemon's process only) --------------- */

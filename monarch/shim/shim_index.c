@@ -33,7 +33,7 @@ static int monarch_index_entry(uint32_t n, struct monarch_index_entry *e)
 static uint32_t monarch_index_lookup(const char *key, size_t kl)
 {
     const unsigned char *m = monarch_idx();
-    return m ? monarch_index_find(m, &monarch_index_hdr, key, kl, monarch_crc32(key, kl)) : 0;
+    return m ? monarch_index_find_key(m, &monarch_index_hdr, key, kl) : 0;
 }
 
 /* Is key a file of the snapshot whose name is not a symlink? (O_NOFOLLOW opens: only

@@ -304,13 +304,15 @@ struct monarch_pages_request {
 
 /* ---- snapshot index: written once by the daemon, its files described in place, mapped by every process ---- */
 #define MONARCH_INDEX_MAGIC 0x58444E4948434E4DULL /* "MNCHINDX" */
-#define MONARCH_INDEX_VERSION 10 /* 6: files listed, not yet described (INDEX_FLAG_UNDESCRIBED);
+#define MONARCH_INDEX_VERSION 11 /* 6: files listed, not yet described (INDEX_FLAG_UNDESCRIBED);
                                   * 7: a file's stat written when described;
                                   * 8: an 8-byte record per file, its name under its directory's range;
                                   * 9: a described file's stat in 8 bytes beside its directory's shape;
                                   *    a directory's files' names' common prefix and suffix stored once;
                                   * 10: buckets 3/2 of the keys (a multiple of 16, no power of 2):
-                                  *    a key's first bucket (hash x buckets) >> 32 */
+                                  *    a key's first bucket (hash x buckets) >> 32;
+                                  * 11: only the directories in the buckets: a file found by
+                                  *    name in its directory's range */
 #define MONARCH_INDEX_HEADER_SIZE 144
 #define MONARCH_INDEX_ENTRY_SIZE 112
 #define MONARCH_INDEX_FILE_SIZE 8

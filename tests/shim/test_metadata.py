@@ -281,8 +281,8 @@ def test_outside_the_roots_nothing_is_counted(shim_env):
 
 def test_a_farm_of_links_to_files_is_answered_from_the_index(shim_env):
     """A dataset made of symlinks to files kept elsewhere (a link farm) has a link record for each
-    beside its key: 168 links and 2 directories give 338 entries to 256 buckets, sized on what is
-    keyed. Such an index is mapped and answers (a check on every entry against the buckets once
+    beside its key: 168 links and 2 directories give 338 entries to 16 buckets, sized on what is
+    keyed (the directories). Such an index is mapped and answers (a check on every entry against the buckets once
     refused it, and every call went to the PFS)."""
     store = shim_env.other / "store"
     store.mkdir()
@@ -295,6 +295,6 @@ def test_a_farm_of_links_to_files_is_answered_from_the_index(shim_env):
     assert out.strip() == str(sum(range(1, 169))).encode()
     with open(shim_env.index, "rb") as f:
         header = protocol.INDEX_HEADER.unpack(f.read(protocol.INDEX_HEADER.size))
-    assert (header[2], header[3]) == (338, 256)  # entries, buckets
+    assert (header[2], header[3]) == (338, 16)  # entries, buckets
     local, pfs, _ = meta_counts(shim_env)
     assert local >= 169 and pfs < 10, (local, pfs)

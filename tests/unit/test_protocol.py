@@ -119,7 +119,7 @@ def test_index_build_and_lookup(tmp_path):
      names_size, roff, sizes_off, inos_off) = protocol.INDEX_HEADER.unpack_from(data)
     assert (magic, version, files, used, dirs) == (protocol.INDEX_MAGIC, protocol.INDEX_VERSION, len(names), len(names), 3)
     assert n == files + dirs  # the files' directories ("0/", "0/dir", "0/many") have entries, undescribed
-    assert nbuckets == max(16, (3 * n + 31) // 32 * 16) > n  # 3/2 of the keys, no power of 2: always an empty bucket
+    assert nbuckets == max(16, (3 * dirs + 31) // 32 * 16) > dirs  # 3/2 of the directories (a file has none): an empty one
     assert foff == boff + 4 * nbuckets and roff == foff + protocol.INDEX_FILE.size * n - protocol.INDEX_FILE.size * dirs
     assert sizes_off == inos_off == 0 and eoff == roff + 16 + index_layout.AFFIX.size * dirs and koff == eoff + protocol.INDEX_ENTRY.size * dirs
     assert names_size == sum(len(name.rpartition(b"/")[2]) for name in names)  # each name once, under its directory

@@ -22,8 +22,8 @@ static void place(uint32_t *buckets, uint32_t nbuckets, uint32_t hash, uint32_t 
 /* Write the index into ``out`` (walk_index_size bytes, any content; ``zeroed``: its room for the
  * shorts is zeros already, a fresh file's): every byte but the stats slots no file takes and the
  * shorts' room (written zeros where it is not zeroed and a slot is taken: a copy writes it out) is
- * written, in the order it fills but the buckets, last, so that its pages are touched only as the
- * walk's records are freed and the unused stats' pages never; each directory's records freed once
+ * written, in the order it fills, so that its pages are touched only as the walk's records are
+ * freed and the unused stats' pages never; each directory's records freed once
  * written (the walk can only be freed after). The files the walk described take slots 1.. in their
  * order. */
 EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zeroed)
@@ -119,24 +119,9 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zer
     ranges[w->ndirs] = n;
     if (!zeroed && slots)  /* the shorts' room lies inside the used end, which a copy writes out */
         memset(out + w->shapes_off + MONARCH_INDEX_ENTRY_SIZE * w->ndirs, 0, 8 * MONARCH_INDEX_SHORT_ROOM * w->nfiles);
-    /* the buckets last, once the walk's records are given back (placed at random, their pages are
-     * touched at once): the files' from their names in the index, then the directories' */
+    /* the buckets last (the directories': a file is found by name in its directory's range) */
     malloc_trim(0);
     memset(buckets, 0, 4 * w->nbuckets);
-    for (size_t j = 0; j < w->ndirs; j++) {
-        const struct dir *d = w->dirs[j];
-        uint32_t prefix_hash = monarch_crc32_update(0xFFFFFFFFu, d->key, d->key_len);
-        if (d->key[d->key_len - 1] != '/')
-            prefix_hash = monarch_crc32_update(prefix_hash, "/", 1);
-        const struct monarch_index_affix a = affix[j];
-        prefix_hash = monarch_crc32_update(prefix_hash, keys + a.off, a.prefix);
-        for (uint32_t f = ranges[j]; f < ranges[j + 1]; f++) {  /* its key: the prefix, its middle, the suffix */
-            uint32_t at = files[f].name_off, len = (f + 1 < n ? files[f + 1].name_off : name_off) - at;
-            uint32_t h = monarch_crc32_update(monarch_crc32_update(prefix_hash, keys + at, len), keys + a.off + a.prefix,
-                                              a.suffix);
-            place(buckets, nbuckets, h ^ 0xFFFFFFFFu, f);
-        }
-    }
     for (size_t j = 0; j < w->ndirs; j++)
         place(buckets, nbuckets, fixed[j].hash, (uint32_t)(w->nfiles + j));
     *(struct monarch_index_header *)out = (struct monarch_index_header){  /* sizes_off 0: a size is its stat's */

@@ -2,11 +2,11 @@
 is the daemon's table too, with no Python object per file.
 
 A million-file dataset in a ``FileTable`` still holds a key string and a dict slot per file
-(~250 bytes beside its 104 bytes of fields); here a file is its 8-byte record, its name's
-bytes and its bucket, and once it is described its short stat beside its directory's shape (8
+(~250 bytes beside its 104 bytes of fields); here a file is its 8-byte record and its name's
+bytes, and once it is described its short stat beside its directory's shape (8
 bytes, and 8 a time of its own; a 112-byte stat where it differs from the shape in more); a look-up
-is the shim's: the
-key's CRC-32, then linear probing in the index's buckets. The C walk (``walker.c``) and a kept
+is the shim's: its directory's key's CRC-32 and linear probing in the index's buckets (only the
+directories have one), then a binary search of that directory's names. The C walk (``walker.c``) and a kept
 index (``snapshot.read_index``) both give one without building anything per file.
 
 The index is the whole snapshot's (its files, directories and links), so the daemon writes
@@ -207,32 +207,51 @@ class IndexTable(MutableMapping[str, FileInfo]):
             _MODE.unpack_from(self.data, self._fixed + _SIZE * (n - self.nfiles) + _MODE_AT)[0])
 
     def number(self, raw: bytes) -> int:
-        """The entry (from 0) keyed ``raw`` (a file's or a directory's), or -1."""
-        h = zlib.crc32(raw)
-        nbuckets = self._nbuckets
-        b = first_bucket(h, nbuckets)
-        buckets, recs, view, keys = self._buckets, self._recs, self._view, self._keys
-        nfiles, keyed, last = self.nfiles, self.nfiles + self.ndirs, self.nfiles - 1
+        """The entry (from 0) keyed ``raw`` (a file's or a directory's), or -1: a file's by its
+        directory's key and a binary search of that directory's names (in their bytewise order),
+        else a directory's by its bucket."""
         cut = raw.rfind(b"/") + 1
-        name, prefix = raw[cut:], raw[:cut]
-        probes = len(buckets)  # bounded: a table with no empty bucket ends the search too
-        while probes:
+        if 1 < cut < len(raw) and raw[cut - 2] != 0x2F:  # "a//b" names no file
+            parent = raw[:cut - 1]
+            d = self._dir_number(parent if b"/" in parent else raw[:cut])  # a root's file: "<k>/"
+            if d >= 0:
+                n = self._find_in(d - self.nfiles, raw[cut:])
+                if n >= 0:
+                    return n
+        return self._dir_number(raw)
+
+    def _find_in(self, j: int, name: bytes) -> int:
+        """File ``name``'s entry (from 0) in directory ``j`` (from 0), or -1."""
+        prefix, suffix = self._affixes[j]
+        if len(name) <= len(prefix) + len(suffix) or not name.startswith(prefix) or not name.endswith(suffix):
+            return -1
+        rest = name[len(prefix):]  # its middle and the suffix: the order of the directory's names
+        lo, hi = self._starts[j], self._starts[j + 1]
+        view, keys = self._view, self._keys
+        while lo < hi:
+            n = (lo + hi) // 2
+            off, length = self._name_span(n)
+            here = bytes(view[keys + off:keys + off + length]) + suffix
+            if here == rest:
+                return n
+            if rest < here:
+                hi = n
+            else:
+                lo = n + 1
+        return -1
+
+    def _dir_number(self, raw: bytes) -> int:
+        """The entry (from 0) of directory ``raw``, or -1: the shim's look-up, the key's CRC-32 then
+        linear probing in the buckets (bounded: a table with no empty bucket ends the search too)."""
+        nbuckets, buckets, nfiles = self._nbuckets, self._buckets, self.nfiles
+        b = first_bucket(zlib.crc32(raw), nbuckets)
+        for _ in range(nbuckets):
             n = buckets[b]
-            if not n or n > keyed:
+            if n <= nfiles or n > nfiles + self.ndirs:
                 return -1
-            if n <= nfiles:  # its middle first (no hash is kept for a file), then its affixes, its directory's key
-                start = recs[2 * n - 2]
-                end = recs[2 * n] if n <= last else self._names_size
-                j = bisect.bisect_left(self._starts, n) - 1
-                before, after = self._affixes[j]
-                if end - start + len(before) + len(after) == len(name) \
-                        and view[keys + start:keys + end] == name[len(before):len(name) - len(after)] \
-                        and name.startswith(before) and name.endswith(after) and self._prefixes[j] == prefix:
-                    return n - 1
-            elif self._dir_keys[n - 1 - nfiles] == raw:
+            if self._dir_keys[n - 1 - nfiles] == raw:
                 return n - 1
             b = b + 1 if b + 1 < nbuckets else 0
-            probes -= 1
         return -1
 
     def used_end(self) -> int:

@@ -725,7 +725,7 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
         }
     }
     free(spares.slots);
-    if (names > UINT32_MAX || nfiles + w->ndirs + nlinked >= UINT32_MAX || (3 * (nfiles + w->ndirs) + 31) / 32 * 16 > UINT32_MAX
+    if (names > UINT32_MAX || nfiles + w->ndirs + nlinked >= UINT32_MAX
         || nfiles * (1 + MONARCH_INDEX_SHORT_ROOM) >= MONARCH_INDEX_DESCRIBING) {  /* past the format's u32 fields */
         walk_free(w);
         errno = EOVERFLOW;
@@ -734,9 +734,9 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
     w->nfiles = nfiles;
     w->nlinked = nlinked;
     w->total = nfiles + w->ndirs + nlinked;
-    /* 3/2 of the keys (the link records are not), rounded up to 16 (the tables after them start on
-     * 64 bytes); index_layout.py's bucket_count */
-    w->nbuckets = (3 * (nfiles + w->ndirs) + 31) / 32 * 16;
+    /* 3/2 of the directories (only they are keyed: a file is found in its directory's range),
+     * rounded up to 16 (the tables after them start on 64 bytes); index_layout.py's bucket_count */
+    w->nbuckets = (3 * w->ndirs + 31) / 32 * 16;
     if (w->nbuckets < 16)
         w->nbuckets = 16;
     w->names_size = names;
