@@ -14,7 +14,6 @@ can redirect it, before the check or after. A base must exist.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import stat
 import struct
@@ -185,7 +184,7 @@ def user_dir(base: str) -> str:
 def new_private_dir(parent: str, prefix: str) -> str:
     """A fresh 0700 directory with an unpredictable name inside a private ``parent``."""
     for _ in range(100):
-        path = os.path.join(parent, f"{prefix}{secrets.token_hex(4)}")
+        path = os.path.join(parent, f"{prefix}{os.urandom(4).hex()}")
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
@@ -204,7 +203,7 @@ def write_file_atomically(path: str, data: bytes | list, mode: int = 0o600, size
     copy of a large file; an int in the list: that many bytes left a hole) to a fresh temporary
     name beside ``path`` and rename it over ``path``; ``size``: the file that long before the
     rename (a sparse tail: no page written for it)."""
-    tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+    tmp = f"{path}.tmp-{os.urandom(6).hex()}"
     fd = create_exclusive(tmp, mode)
     try:
         with os.fdopen(fd, "wb") as f:

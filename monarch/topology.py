@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import secrets
 import socket
 import string
 from typing import Mapping
@@ -114,7 +113,7 @@ def _ancestor(names: frozenset[str], proc: str = "/proc") -> tuple[int, str] | N
 
 def new_run_id() -> str:
     """A fresh identity for a run no launcher names: unique on this node and over time."""
-    return _sanitise(f"run-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}")
+    return _sanitise(f"run-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}")
 
 
 _SAFE = frozenset(string.ascii_letters + string.digits + "._-")

@@ -20,7 +20,6 @@ holds this module to it.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import mmap
 import os
@@ -117,7 +116,7 @@ def library() -> ctypes.CDLL | None:
 
 
 def _load() -> ctypes.CDLL:
-    from monarch.native.build import build_library, installed_current, source_digest
+    from monarch.native.build import build_library, installed_current, sha256, source_digest
     libmpi = loaded_libmpi()
     if libmpi is None:
         raise OSError("no MPI library is loaded in this process")
@@ -127,7 +126,7 @@ def _load() -> ctypes.CDLL:
     include = libmpi.resolve().parent.parent / "include"
     if not (include / "mpi.h").exists():
         raise OSError(f"no mpi.h beside {libmpi} (looked in {include})")
-    h = hashlib.sha256(source_digest(SOURCE).encode() + str(libmpi.resolve()).encode()).hexdigest()[:16]
+    h = sha256(source_digest(SOURCE).encode() + str(libmpi.resolve()).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "monarch"
     built = cache / f"{h}-libmonarch_datapath.so"
     if not built.exists():

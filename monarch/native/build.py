@@ -17,12 +17,19 @@ tells a packaged library from a checkout whose source has changed since.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 import shutil
 import subprocess
 from pathlib import Path
+
+try:  # CPython's own SHA-256, hashlib's digest without OpenSSL's libcrypto (3.4 MB resident in each daemon)
+    from _sha2 import sha256  # 3.12 and later
+except ImportError:
+    try:
+        from _sha256 import sha256
+    except ImportError:
+        from hashlib import sha256
 
 
 NATIVE = Path(__file__).parent                       # the headers every library includes (monarch_native.h)
@@ -81,7 +88,7 @@ def source_digest(source: Path) -> str:
     """A hash of a library's source: the main file, every other C or header file beside it (the
     parts it includes: the shim's ``shim_*.c``, the front door's ``door_*.c`` and header), the
     shared headers (``monarch/native/``), the wire header and the data path's."""
-    h = hashlib.sha256()
+    h = sha256()
     beside = sorted(p for p in source.parent.iterdir() if p.suffix in (".c", ".h") and p != source)
     shared = sorted(p for p in NATIVE.iterdir() if p.suffix in (".c", ".h"))
     for path in [source, *beside, *shared, WIRE_HEADER, DATAPATH_HEADER]:

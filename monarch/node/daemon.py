@@ -46,7 +46,6 @@ from monarch.node.snapshot.listed import ListedFiles
 from monarch.node.snapshot.snapshot import Snapshot, load_or_walk
 from monarch.node.stage.stager import Stager
 from monarch.node.stats import shim_counters, size_classes
-from monarch.node.stage.store_source import StoreSet
 from monarch.node.tiers import shared_tier
 from monarch.node.tiers.tiers import Tier
 from monarch.records.filetable import FileTable
@@ -97,7 +96,10 @@ class NodeDaemon:
         self.dataset_bytes = 0
         self._listed: ListedFiles | None = None  # the snapshot's files not described yet, once its index is written
         self._unsized = 0  # of those, never described (their bytes are not in dataset_bytes), at the last full REPORT
-        self.stores = StoreSet.of(config, cluster is not None)  # roots served from a key-value store (None: none)
+        self.stores = None  # roots served from a key-value store (None: none)
+        if config.dataset.stores:  # the store clients only then: hashlib's import maps OpenSSL (3.4 MB resident)
+            from monarch.node.stage.store_source import StoreSet
+            self.stores = StoreSet.of(config, cluster is not None)
         self._in_cluster = cluster is not None  # a cluster's daemon stages its own share: its tiers are not shared
         self.current = Current(self.gate, Snapshot(tuple(config.dataset.roots), FileTable()))  # nothing until the walk ends
         self.tiers = [t for t in (self._make_tier(cfg, protocol.tier_slot(i), f"tiers[{i}].path")

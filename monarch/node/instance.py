@@ -30,7 +30,6 @@ import fcntl
 import logging
 import os
 import re
-import secrets
 import stat
 import time
 
@@ -53,7 +52,7 @@ class Instance:
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
         self._lock_fd: int | None = _claim(run_dir)
-        self.id = secrets.token_hex(4)
+        self.id = os.urandom(4).hex()
         for name in remove_dead_state(run_dir):
             log.info("removed %s of a daemon of this run that is gone", os.path.join(run_dir, name))
 
@@ -86,7 +85,7 @@ class Instance:
     def publish_socket(self) -> None:
         """Name the listening socket ``daemon.sock`` (atomically: a launcher finds either the
         dead instance's name, which refuses it, or this one)."""
-        tmp = f"{self.public_socket_path}.tmp-{secrets.token_hex(6)}"
+        tmp = f"{self.public_socket_path}.tmp-{os.urandom(6).hex()}"
         os.link(self.socket_path, tmp)
         try:
             os.replace(tmp, self.public_socket_path)

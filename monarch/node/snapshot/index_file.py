@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import secrets
 import struct
 
 from monarch import protocol
@@ -29,7 +28,7 @@ class IndexFile:
     def __init__(self, at: str, size: int):
         if size <= 0:
             raise ValueError("an index is never empty")
-        self.path: str | None = f"{at}.tmp-{secrets.token_hex(6)}"
+        self.path: str | None = f"{at}.tmp-{os.urandom(6).hex()}"
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, size)

@@ -46,7 +46,6 @@ import fcntl
 import json
 import logging
 import os
-import secrets
 import shutil
 import socket
 import stat
@@ -118,7 +117,7 @@ def _live_leases(control: str, mine: str | None = None) -> list[str]:
 def _new_lease(control: str, name: str) -> int:
     """This job's lease ``name``, locked before it is in ``leases/``: a job counting the leases
     meanwhile (outside the join lock: ``others_live``, ``list_sets``) never takes it for a dead one's."""
-    tmp = os.path.join(control, f".lease-{secrets.token_hex(8)}")
+    tmp = os.path.join(control, f".lease-{os.urandom(8).hex()}")
     fd = open_private_file(tmp, os.O_RDWR | os.O_CREAT)
     try:
         _lock(fd)
@@ -228,7 +227,7 @@ class SharedSet:
                     others = _live_leases(control)
                     lease = f"{run_id}-{os.getpid()}"
                     if lease in others:
-                        lease = f"{lease}-{secrets.token_hex(4)}"
+                        lease = f"{lease}-{os.urandom(4).hex()}"
                     lease_fd = _new_lease(control, lease)
                     room_fd = open_private_file(os.path.join(control, ROOM), os.O_RDWR | os.O_CREAT)
                     _lock(room_fd)

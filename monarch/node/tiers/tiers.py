@@ -17,7 +17,6 @@ import collections
 import errno
 import logging
 import os
-import secrets
 import threading
 from typing import Callable
 
@@ -562,7 +561,7 @@ def write_atomically(dest: str, fill: Callable[[int], int], mtime_ns: int, mode:
     without a second read of the PFS or the store.
     """
     directory = os.path.dirname(dest)
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{secrets.token_hex(8)}")
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.urandom(8).hex()}")
     try:
         fd = create_exclusive(tmp, mode)
     except FileNotFoundError:
