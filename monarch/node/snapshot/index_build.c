@@ -64,7 +64,7 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zer
         }
         ranges[j] = n;
         affix[j] = (struct monarch_index_affix){(uint32_t)(affix_base + d->affix_off), d->prefix, d->suffix};
-        uint32_t subs = 0, spares = 0, mid_at = d->prefix, affixed = d->prefix + d->suffix;
+        uint32_t subs = 0, spares = 0, affixed = d->prefix + d->suffix;
         for (uint32_t i = 0; i < d->n; i++) {
             struct ent *e = &d->ents[i];
             const char *name = d->names + e->name_off;
@@ -72,12 +72,10 @@ EXPORT int walk_build(struct walk *w, unsigned char *out, uint64_t size, int zer
                 const struct stated want = {e->name_off, NULL}, *st = !d->nstated ? NULL :  /* none: a listing's */
                     bsearch(&want, d->stated, d->nstated, sizeof *st, by_name_off);  /* (bsearch may be a macro) */
                 const struct monarch_index_entry *desc = d->recs ? &d->recs[i] : st ? st->e : NULL;
-                uint32_t mid_len = e->name_len - affixed;  /* its middle: its own bytes */
-                if (n == ranges[j] && affixed) {  /* the directory's prefix and suffix, from its first file */
-                    memcpy(keys + affix[j].off, name, d->prefix);
-                    memcpy(keys + affix[j].off + d->prefix, name + e->name_len - d->suffix, d->suffix);
-                }
-                memcpy(keys + name_off, name + mid_at, mid_len);
+                uint32_t mid_len = e->name_len;  /* its middle: its own bytes (keep_middles) */
+                if (n == ranges[j] && affixed)  /* the directory's prefix and suffix, once */
+                    memcpy(keys + affix[j].off, d->names + d->affix_at, affixed);
+                memcpy(keys + name_off, name, mid_len);
                 files[n] = (struct monarch_index_file){.name_off = name_off};
                 if (inos)  /* a listing that failed names nothing */
                     inos[w->one_ino ? 0 : n] = d->unlisted ? 0 : e->d_ino;

@@ -102,6 +102,8 @@ struct dir {
     uint32_t number;    /* its place among the directories (entry files + 1 + number) */
     uint64_t key_off;   /* its key's offset after the file names */
     uint16_t prefix, suffix;  /* its files' names' common prefix and suffix (dir_affixes) */
+    uint32_t affix_at;  /* those bytes' offset in names, once its files' are cut to their middles */
+    int middles;        /* its files' names are their middles (name_off, name_len), as in the index */
     uint64_t affix_off; /* where they are among the affixes (the key bytes' last) */
 };
 
@@ -296,6 +298,99 @@ static int by_key(const void *a, const void *b)
     return c ? c : (x->key_len > y->key_len) - (x->key_len < y->key_len);
 }
 
+/* A directory's files' names' common prefix and common suffix (each file's own bytes, its middle,
+ * at least one: every name is longer than both), stored once for the directory; none under two
+ * files. Its names are in bytewise order: the common prefix is the first's and the last's. */
+static void dir_affixes(struct dir *d)
+{
+    const struct ent *first = NULL, *last = NULL;
+    uint32_t shortest = UINT32_MAX, files = 0;
+    for (uint32_t i = 0; i < d->n; i++)
+        if (d->ents[i].kind == K_FILE || d->ents[i].kind == K_LINKED_FILE) {
+            last = &d->ents[i], first = first ? first : last, files++;
+            shortest = last->name_len < shortest ? last->name_len : shortest;
+        }
+    d->prefix = d->suffix = 0;
+    if (files < 2)
+        return;
+    const char *a = d->names + first->name_off, *b = d->names + last->name_off;
+    uint32_t p = 0, s = shortest;  /* the suffix: shortened by each name in turn */
+    while (p + 1 < shortest && a[p] == b[p])
+        p++;
+    for (uint32_t i = 0; i < d->n && s; i++) {
+        const struct ent *e = &d->ents[i];
+        if (e->kind != K_FILE && e->kind != K_LINKED_FILE)
+            continue;
+        const char *name = d->names + e->name_off;
+        uint32_t k = 0;
+        while (k < s && name[e->name_len - 1 - k] == a[first->name_len - 1 - k])
+            k++;
+        s = k;
+    }
+    if (p + s >= shortest)
+        s = shortest - 1 - p;
+    d->prefix = (uint16_t)p, d->suffix = (uint16_t)s;
+}
+
+static int is_file(const struct ent *e)
+{
+    return e->kind == K_FILE || e->kind == K_LINKED_FILE;
+}
+
+static int by_name_off_arg(const void *a, const void *b, void *ents)
+{
+    uint32_t x = ((const struct ent *)ents)[*(const uint32_t *)a].name_off;
+    uint32_t y = ((const struct ent *)ents)[*(const uint32_t *)b].name_off;
+    return (x > y) - (x < y);
+}
+
+/* ``d``'s files' names cut to their middles in place, their common prefix and suffix (dir_affixes)
+ * stored once after the names (at d->affix_at), its other names whole: until the index is written
+ * a listed file costs the walk its ent and its middle, as it will cost the index, not its whole
+ * name (a dataset's names share most of their bytes: "n01440764_10026.JPEG"). Moved in the order
+ * of their offsets (each to one no later), so the buffer is only shrunk: no new one beside it.
+ * d->stated (sorted by offset) follow their names. 0, or -1: no memory. */
+static int keep_middles(struct dir *d)
+{
+    dir_affixes(d);
+    uint32_t cut = d->prefix + d->suffix, at = 0, s = 0;
+    uint32_t *order = d->n ? malloc(d->n * sizeof *order) : NULL;
+    if (d->n && !order)
+        return -1;
+    char affix[2 * 256];  /* (a name is 255 bytes at most, longer than both) */
+    int copied = !cut;
+    for (uint32_t i = 0; i < d->n; i++) {
+        order[i] = i;
+        const struct ent *e = &d->ents[i];
+        if (!copied && is_file(e)) {  /* from the first file */
+            memcpy(affix, d->names + e->name_off, d->prefix);
+            memcpy(affix + d->prefix, d->names + e->name_off + e->name_len - d->suffix, d->suffix);
+            copied = 1;
+        }
+    }
+    if (d->n)
+        qsort_r(order, d->n, sizeof *order, by_name_off_arg, d->ents);
+    for (uint32_t k = 0; k < d->n; k++) {
+        struct ent *e = &d->ents[order[k]];
+        uint32_t skip = is_file(e) ? d->prefix : 0, len = is_file(e) ? e->name_len - cut : e->name_len;
+        memmove(d->names + at, d->names + e->name_off + skip, len);
+        while (s < d->nstated && d->stated[s].name_off < e->name_off)
+            s++;
+        if (s < d->nstated && d->stated[s].name_off == e->name_off)
+            d->stated[s++].name_off = at;  /* (new offsets rise as the old ones did: still sorted) */
+        e->name_off = at, e->name_len = (uint16_t)len;
+        at += len;
+    }
+    free(order);
+    if (at + cut) {  /* shrunk: the names' bytes were at least this many */
+        char *names = realloc(d->names, at + cut);
+        d->names = names ? names : d->names;
+        memcpy(d->names + at, affix, cut);
+    }
+    d->affix_at = at, d->middles = 1;
+    return 0;
+}
+
 /* Every slice described: the descriptor closed, the arrays cut to their size, the names sorted (a
  * full walk's stats follow their name), the subdirectories and stat'ed names in look-up order. */
 static int finish_dir(struct dir *d)
@@ -330,7 +425,7 @@ static int finish_dir(struct dir *d)
     }
     qsort(d->stated, d->nstated, sizeof *d->stated, by_name_off);
     qsort(d->subs, d->nsubs, sizeof *d->subs, by_key);  /* a sub's key is d's and its name: its name's order */
-    return 0;
+    return keep_middles(d);
 }
 
 static int list_dir(struct walk *w, struct dir *d)
@@ -601,40 +696,6 @@ static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
 /* Walk the roots (descriptors open on each; ``indexes``: the key prefix k of each; the
  * parent directory's inode of each) with ``threads`` threads, stat'ing every name (``describe``)
  * or in listing mode (the module doc). NULL with errno on failure. */
-/* A directory's files' names' common prefix and common suffix (each file's own bytes, its middle,
- * at least one: every name is longer than both), stored once for the directory; none under two
- * files. Its names are in bytewise order: the common prefix is the first's and the last's. */
-static void dir_affixes(struct dir *d)
-{
-    const struct ent *first = NULL, *last = NULL;
-    uint32_t shortest = UINT32_MAX, files = 0;
-    for (uint32_t i = 0; i < d->n; i++)
-        if (d->ents[i].kind == K_FILE || d->ents[i].kind == K_LINKED_FILE) {
-            last = &d->ents[i], first = first ? first : last, files++;
-            shortest = last->name_len < shortest ? last->name_len : shortest;
-        }
-    d->prefix = d->suffix = 0;
-    if (files < 2)
-        return;
-    const char *a = d->names + first->name_off, *b = d->names + last->name_off;
-    uint32_t p = 0, s = shortest;  /* the suffix: shortened by each name in turn */
-    while (p + 1 < shortest && a[p] == b[p])
-        p++;
-    for (uint32_t i = 0; i < d->n && s; i++) {
-        const struct ent *e = &d->ents[i];
-        if (e->kind != K_FILE && e->kind != K_LINKED_FILE)
-            continue;
-        const char *name = d->names + e->name_off;
-        uint32_t k = 0;
-        while (k < s && name[e->name_len - 1 - k] == a[first->name_len - 1 - k])
-            k++;
-        s = k;
-    }
-    if (p + s >= shortest)
-        s = shortest - 1 - p;
-    d->prefix = (uint16_t)p, d->suffix = (uint16_t)s;
-}
-
 EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint64_t *parent_inos, int nroots,
                              int threads, int describe)
 {
@@ -691,7 +752,8 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
     for (size_t j = 0; j < w->ndirs; j++) {
         struct dir *d = w->dirs[j];
         uint32_t files = 0, others = 0;
-        dir_affixes(d);
+        if (!d->middles && keep_middles(d) != 0)  /* (every finished directory has them already) */
+            goto nomem;
         d->affix_off = w->affix_size;
         w->affix_size += d->prefix + d->suffix;
         for (uint32_t i = 0; i < d->n; i++) {
@@ -701,7 +763,7 @@ EXPORT struct walk *walk_run(const int *root_fds, const int *indexes, const uint
                 if (!nfiles && !files)
                     first_ino = ino;
                 one_ino &= ino == first_ino;
-                files++, names += e->name_len - d->prefix - d->suffix, nlinked += e->kind == K_LINKED_FILE;
+                files++, names += e->name_len, nlinked += e->kind == K_LINKED_FILE;
             } else
                 others += e->kind != K_DIR;
         }
