@@ -151,6 +151,37 @@ def test_a_waiting_client_gets_heartbeats_until_its_answer(served, monkeypatch):
     assert frames[-1] == protocol.tier_slot(0) and frames.count(protocol.STATUS_PENDING) >= 2
 
 
+def test_a_last_report_is_made_beside_the_loop_which_answers_meanwhile(served, monkeypatch):
+    """A last full REPORT (over an index of millions of files: seconds) is made on a request
+    thread: the loop answers others and takes the front door's copies into the books meanwhile
+    (made on the loop, the door's news piled up in it: 17 MB at 2 million files). Here the report
+    waits until another client's progress poll (a brief REPORT, the loop's) has been answered: made
+    on the loop, it never would be."""
+    daemon, *_ = served
+    answered, real = threading.Event(), daemon.stats
+
+    def held(brief: bool = False):
+        if not brief:
+            answered.wait(30)
+        return real(brief=brief)
+
+    monkeypatch.setattr(daemon, "stats", held)
+    report: list = []
+    asker = threading.Thread(target=lambda: report.append(ask(daemon.socket_path, protocol.VERB_REPORT)))
+    asker.start()
+    try:
+        time.sleep(0.2)  # the report asked first (its order does not matter to what is checked)
+        with connect(daemon.socket_path) as s:
+            s.settimeout(10)
+            s.sendall(protocol.encode_request(protocol.VERB_REPORT, protocol.REPORT_BRIEF))
+            assert protocol.recv_answer(s)[0] == 0
+    finally:
+        answered.set()
+        asker.join(30)
+    status, body = report[0]
+    assert status == 0 and json.loads(body)["dataset"]["files"] == 4
+
+
 def test_invalidate_drops_the_copy_before_answering(served):
     daemon, _, root, _ = served
     status, path = ask(daemon.socket_path, protocol.VERB_OPEN, b"0/d/a.bin")
