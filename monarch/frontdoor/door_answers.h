@@ -15,6 +15,7 @@
                                           one per application thread; beyond, closed once answered */
 #define EVENT_BATCH 256                /* copies reported per wake-up of Python, at most */
 #define EVENT_HEAD ((int)sizeof(struct front_door_event_head))  /* front_door.h: the record head */
+#define EVENTS_KEPT (1u << 20)         /* an event buffer larger than this is freed once drained */
 
 struct conn {                          /* a connection whose request has not all arrived, or kept idle
                                           (``kept``: on the door's list, in a worker's epoll, not swept) */

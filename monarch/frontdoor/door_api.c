@@ -171,6 +171,11 @@ EXPORT int front_door_events(struct door *d, int q, char *buf, int cap)
         used += EVENT_HEAD + (int)len;
         queue->out_off += EVENT_HEAD + len;
     }
+    if (queue->out_off == queue->out_len && queue->out_cap > EVENTS_KEPT) {
+        free(queue->out);              /* a burst's room (Python busy meanwhile) given back once taken */
+        queue->out = NULL;
+        queue->out_cap = queue->out_off = queue->out_len = 0;
+    }
     pthread_mutex_unlock(&d->books.take_mu);
     return used;
 }
