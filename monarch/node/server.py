@@ -354,14 +354,10 @@ class NodeServer:
             return
         conn.done = conn.done or body == protocol.REPORT_FINAL
         if not brief and (conn.done or not conn.session):
-            # a last report (the connection closes after it) is made on a request thread: over an
-            # index of millions of files it takes seconds, and the loop goes on meanwhile, answering
-            # and taking the front door's copies into the books (else they pile up in the door: 17
-            # MB at 2 million files). The run's last report tells what the job's writes became:
-            # once they are on the PFS (a brief one is a poll, answered at once: the launcher's line
-            # while it waits, W7)
-            self._begin_waiting(conn)
-            writeback = self.daemon.writeback
+            # a last report, on a request thread: seconds over millions of files, while the loop
+            # answers and takes the door's copies (else they pile up in it); it tells what the job's
+            # writes became once on the PFS (a brief one is a poll: the launcher's line, W7)
+            writeback, _ = self.daemon.writeback, self._begin_waiting(conn)
             work = lambda: (writeback is not None and writeback.finish(), self._report_frame(brief))[1]  # noqa: E731
             self._pool.submit(work).add_done_callback(lambda f, c=conn: self._finished(c, f))
             return
