@@ -130,21 +130,29 @@ def test_switched_off_the_python_walk_takes_over(tmp_path, monkeypatch):
     assert isinstance(snap.files, FileTable) and len(snap.files) == 707
 
 
-def test_the_walk_holds_about_one_index_of_memory(tmp_path):
-    """A file costs its index entry, not an object: the walk's peak beside the index it
-    returns is a few dozen bytes per file (measured in a fresh process, by its high water)."""
-    root = tmp_path / "many"
-    for d in range(20):
-        (root / f"class{d:03d}").mkdir(parents=True)
-        for i in range(2500):
-            (root / f"class{d:03d}" / f"img_{i:06d}.JPEG").write_bytes(b"")
-    code = ("import resource,sys; from monarch.node.snapshot import walker; walker.library();"
+def walk_peak(root, dirs: int, per_dir: int, name: str, listing: bool = False) -> tuple[int, int, int]:
+    """``dirs`` directories of ``per_dir`` empty files named ``name.format(d, i)`` under ``root``,
+    walked in a fresh process: (files, the index's bytes, the process's peak grown by the walk).
+    ``listing``: listing mode, the index built in zero pages (a fresh file's, as the daemon's)."""
+    for d in range(dirs):
+        (root / f"n{d:08d}").mkdir(parents=True)
+        for i in range(per_dir):
+            (root / f"n{d:08d}" / name.format(d, i)).write_bytes(b"")
+    how = ", describe=False, buffer=lambda size: mmap.mmap(-1, size)" if listing else ""
+    code = ("import mmap,resource,sys; from monarch.node.snapshot import walker; walker.library();"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
-            "index, n = walker.walk_index((sys.argv[1],));"
+            f"index, n = walker.walk_index((sys.argv[1],){how});"
             "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
             "print(n, len(index), (after - before) * 1024)")
     out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, check=True).stdout
     n, size, grown = map(int, out.split())
+    return n, size, grown
+
+
+def test_the_walk_holds_about_one_index_of_memory(tmp_path):
+    """A file costs its index entry, not an object: the walk's peak beside the index it
+    returns is a few dozen bytes per file (measured in a fresh process, by its high water)."""
+    n, size, grown = walk_peak(tmp_path / "many", 20, 2500, "img_{1:06d}.JPEG")
     assert n == 50_000
     assert grown / n < size / n + 100, f"{grown / n:.0f} B per file at the peak, the index {size / n:.0f}"
 
@@ -154,18 +162,8 @@ def test_a_listing_walk_holds_each_files_middle_not_its_whole_name(tmp_path):
     middle of its name (what its directory's names do not share), as it costs the index: the
     walk's peak over the index it fills (a fresh file's zero pages, as the daemon's) is measured
     in a fresh process, names of 55 bytes sharing 49."""
-    root = tmp_path / "many"
-    for d in range(10):
-        (root / f"n{d:08d}").mkdir(parents=True)
-        for i in range(4000):
-            (root / f"n{d:08d}" / f"n{d:08d}_a_training_image_of_the_collection_{i:06d}.JPEG").write_bytes(b"")
-    code = ("import mmap,resource,sys; from monarch.node.snapshot import walker; walker.library();"
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
-            "index, n = walker.walk_index((sys.argv[1],), describe=False, buffer=lambda size: mmap.mmap(-1, size));"
-            "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
-            "print(n, (after - before) * 1024)")
-    out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, check=True).stdout
-    n, grown = map(int, out.split())
+    n, _, grown = walk_peak(tmp_path / "many", 10, 4000, "n{0:08d}_a_training_image_of_the_collection_{1:06d}.JPEG",
+                            listing=True)
     assert n == 40_000
     assert grown / n < 104, f"{grown / n:.0f} B per file at the peak"  # 90-92; whole names held: 115-125
 
